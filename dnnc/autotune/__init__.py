@@ -1,0 +1,1 @@
+"""Autotuning (to come)."""

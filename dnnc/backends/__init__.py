@@ -1,0 +1,1 @@
+"""Targets: `numpy` (the reference interpreter) and, later, `llvm` and `cuda`."""

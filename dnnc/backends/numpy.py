@@ -1,0 +1,21 @@
+"""The `numpy` target: runs the graph with the registry's references. The oracle that every
+other target is tested against; it never rewrites the graph it is given."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import Graph
+from ..ir.interpreter import run_graph
+
+
+class NumpyRuntime:
+    """Executes a graph by interpretation; thread-safe (no state is kept between calls)."""
+
+    name = "numpy"
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+
+    def run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
+        return run_graph(self.graph, inputs, dict(bindings))

@@ -1,0 +1,1 @@
+"""The user-facing layer: `compile()`, CompiledModel, and the `dnnc` command."""

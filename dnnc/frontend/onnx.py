@@ -1,0 +1,398 @@
+"""ONNX -> Graph: loading, the importer registry, and graph construction.
+
+Importers are registered explicitly per ONNX op and the opset it changed in
+(`@onnx_op("Clip", since=11)`), in `frontend/onnx_ops/<family>.py`; an importer translates one
+ONNX node into registered dnnc ops (older opsets' attributes that became inputs turn into
+constants). Before building anything, every node (subgraphs included) is checked for an importer,
+so one `UnsupportedOpError` lists all unsupported ops at once.
+This module never evaluates a graph and never imports a backend.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from .. import errors
+from ..errors import ModelFormatError, UnsupportedOpError, UnsupportedTypeError
+from ..ir import types as T
+from ..ir.graph import Graph, Value
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+DTYPE_FROM_ONNX: dict[int, T.DType] = {
+    TensorProto.BOOL: T.bool_, TensorProto.INT8: T.int8, TensorProto.INT16: T.int16,
+    TensorProto.INT32: T.int32, TensorProto.INT64: T.int64, TensorProto.UINT8: T.uint8,
+    TensorProto.UINT16: T.uint16, TensorProto.UINT32: T.uint32, TensorProto.UINT64: T.uint64,
+    TensorProto.FLOAT16: T.float16, TensorProto.BFLOAT16: T.bfloat16,
+    TensorProto.FLOAT: T.float32, TensorProto.DOUBLE: T.float64,
+}
+ONNX_FROM_DTYPE = {d.name: code for code, d in DTYPE_FROM_ONNX.items()}
+
+
+def dtype_from_onnx(code: int, where: str = "") -> T.DType:
+    try:
+        return DTYPE_FROM_ONNX[code]
+    except KeyError:
+        name = TensorProto.DataType.Name(code) if code in TensorProto.DataType.values() \
+            else str(code)
+        raise UnsupportedTypeError(f"element type {name} is not supported"
+                                   f"{' (' + where + ')' if where else ''}") from None
+
+
+def tensor_to_array(tensor: TensorProto, where: str = "") -> np.ndarray:
+    dtype = dtype_from_onnx(tensor.data_type, where or tensor.name)
+    try:
+        array = numpy_helper.to_array(tensor)
+    except Exception as exc:
+        raise ModelFormatError(f"tensor {tensor.name!r}{' in ' + where if where else ''} "
+                               f"cannot be read: {exc}") from exc
+    return np.ascontiguousarray(array.astype(dtype.np, copy=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# Importer registry
+
+Importer = Callable[["ImportContext"], "list[Value] | Value"]
+_IMPORTERS: dict[str, list[tuple[int, Importer]]] = defaultdict(list)
+
+
+def onnx_op(op_type: str, since: int = 1):
+    """Register an importer for `op_type` at opset versions >= `since` (until a newer one)."""
+
+    def register(fn: Importer) -> Importer:
+        _IMPORTERS[op_type].append((since, fn))
+        _IMPORTERS[op_type].sort(key=lambda entry: entry[0])
+        return fn
+
+    return register
+
+
+def direct(op_type: str, since: int = 1, op: str | None = None) -> None:
+    """Import `op_type` as the dnnc op of the same meaning, inputs and attributes unchanged."""
+    target = op or op_type
+
+    def importer(ctx: "ImportContext"):
+        return ctx.emit(target, ctx.inputs, ctx.attrs)
+
+    onnx_op(op_type, since)(importer)
+
+
+def find_importer(op_type: str, opset: int) -> Importer | None:
+    _load_importers()
+    best = None
+    for since, fn in _IMPORTERS.get(op_type, ()):
+        if since <= opset:
+            best = fn
+    return best
+
+
+def _load_importers() -> None:
+    from . import onnx_ops  # noqa: F401  (importing registers every family's importers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Import context handed to importers
+
+
+class ImportContext:
+    """One ONNX node being translated: its inputs as Values, attributes, opset, and emitters."""
+
+    def __init__(self, builder: "_GraphBuilder", graph: Graph, node: onnx.NodeProto,
+                 name: str, inputs: list[Value | None], opset: int):
+        self.builder = builder
+        self.graph = graph
+        self.node = node
+        self.name = name
+        self.op_type = node.op_type
+        self.opset = opset
+        self.inputs = inputs
+        self.num_outputs = len(node.output)
+        self.attrs = {a.name: _attribute_value(a, name) for a in node.attribute}
+        self._emitted = 0
+
+    def emit(self, op: str, inputs: list[Value | None], attrs: dict | None = None,
+             num_outputs: int | None = None) -> list[Value]:
+        """Add a dnnc node named after this ONNX node; returns its outputs."""
+        name = self.name if self._emitted == 0 else f"{self.name}/{self._emitted}"
+        self._emitted += 1
+        return self.graph.add_node(op, list(inputs), attrs or {}, name=name,
+                                   num_outputs=num_outputs or self.num_outputs)
+
+    def add(self, op: str, *inputs: Value | None, **attrs) -> Value:
+        """Add a single-output helper node (for multi-node translations)."""
+        return self.emit(op, list(inputs), attrs, num_outputs=1)[0]
+
+    def const(self, array, dtype: T.DType | None = None) -> Value:
+        array = np.asarray(array, dtype=None if dtype is None else dtype.np)
+        return constant_value(self.graph.fresh_name(f"{self.name}.const"), array)
+
+    def value(self, i: int) -> np.ndarray | None:
+        """Input i's array when it is a compile-time constant."""
+        if i < len(self.inputs) and self.inputs[i] is not None:
+            return self.inputs[i].const
+        return None
+
+    def input(self, i: int) -> Value | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def subgraph(self, attr: str, input_types: list[T.TensorType] | None = None) -> Graph:
+        """Import the GraphProto attribute `attr`; it may read this graph's values."""
+        proto = self.attrs[attr]
+        return self.builder.build(proto, outer=True, input_types=input_types,
+                                  name=f"{self.name}.{attr}")
+
+    def fail(self, message: str) -> errors.DNNCError:
+        return ModelFormatError(f"{self.op_type} node {self.name!r}: {message}")
+
+
+def constant_value(name: str, array: np.ndarray) -> Value:
+    array = np.ascontiguousarray(array)
+    try:
+        dtype = T.DType.from_numpy(array.dtype)
+    except TypeError:
+        raise UnsupportedTypeError(f"constant {name!r} has unsupported dtype "
+                                   f"{array.dtype}") from None
+    return Value(name, T.TensorType(dtype, array.shape), const=array)
+
+
+def _attribute_value(attr: onnx.AttributeProto, node_name: str):
+    A = onnx.AttributeProto
+    if attr.ref_attr_name:
+        raise ModelFormatError(f"node {node_name!r}: attribute references are only valid "
+                               f"inside functions")
+    if attr.type == A.FLOAT:
+        return float(attr.f)
+    if attr.type == A.INT:
+        return int(attr.i)
+    if attr.type == A.STRING:
+        return attr.s.decode("utf-8", errors="replace")
+    if attr.type == A.TENSOR:
+        return tensor_to_array(attr.t, f"attribute {attr.name} of node {node_name!r}")
+    if attr.type == A.GRAPH:
+        return attr.g
+    if attr.type == A.FLOATS:
+        return [float(x) for x in attr.floats]
+    if attr.type == A.INTS:
+        return [int(x) for x in attr.ints]
+    if attr.type == A.STRINGS:
+        return [s.decode("utf-8", errors="replace") for s in attr.strings]
+    if attr.type == A.TENSORS:
+        return [tensor_to_array(t, node_name) for t in attr.tensors]
+    if attr.type == A.GRAPHS:
+        return list(attr.graphs)
+    if attr.type == A.SPARSE_TENSOR:
+        return numpy_helper.to_array(attr.sparse_tensor)
+    if attr.type == A.TYPE_PROTO:
+        return attr.tp
+    raise ModelFormatError(f"node {node_name!r}: attribute {attr.name!r} has unknown type "
+                           f"{attr.type}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_model_proto(src) -> onnx.ModelProto:
+    """A ModelProto from a path, bytes or a ModelProto (external data loaded beside the file)."""
+    if isinstance(src, onnx.ModelProto):
+        return src
+    try:
+        if isinstance(src, (bytes, bytearray, memoryview)):
+            return onnx.load_from_string(bytes(src))
+        path = os.fspath(src)
+        if not os.path.exists(path):
+            raise ModelFormatError(f"model file {path!r} does not exist")
+        return onnx.load(path, load_external_data=True)
+    except ModelFormatError:
+        raise
+    except Exception as exc:  # protobuf DecodeError, missing external data, ...
+        raise ModelFormatError(f"cannot read the ONNX model ({type(exc).__name__}: {exc}); "
+                               f"the file may be truncated or not an ONNX model") from exc
+
+
+def opset_of(model: onnx.ModelProto) -> dict[str, int]:
+    opsets = {}
+    for entry in model.opset_import:
+        opsets["" if entry.domain == "ai.onnx" else entry.domain] = entry.version
+    if "" not in opsets:
+        opsets[""] = 1 if model.ir_version < 3 else onnx.defs.onnx_opset_version()
+    return opsets
+
+
+def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[str]]]:
+    """Every (op, domain, opset, node names) without an importer, subgraphs included."""
+    opsets = opset_of(model)
+    local_functions = {(f.domain, f.name) for f in model.functions}
+    missing: dict[tuple[str, str], list[str]] = defaultdict(list)
+
+    def scan(graph: onnx.GraphProto):
+        for i, node in enumerate(graph.node):
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            name = node.name or f"{node.op_type}_{i}"
+            if (node.domain, node.op_type) in local_functions:
+                missing[(node.op_type, domain)].append(name + " (model-local function)")
+            elif domain != "" or find_importer(node.op_type, opsets[""]) is None:
+                missing[(node.op_type, domain)].append(name)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    scan(attr.g)
+                for g in attr.graphs:
+                    scan(g)
+
+    scan(model.graph)
+    return [(op, dom, opsets.get(dom, 1), names) for (op, dom), names in sorted(missing.items())]
+
+
+def import_onnx(src, input_shapes: dict[str, tuple] | None = None) -> Graph:
+    """Translate an ONNX model (path, bytes or ModelProto) into a typed Graph."""
+    model = load_model_proto(src)
+    if not model.HasField("graph"):
+        raise ModelFormatError("the model has no graph; the file may be truncated")
+    unsupported = find_unsupported(model)
+    if unsupported:
+        raise UnsupportedOpError(unsupported)
+    builder = _GraphBuilder(opset_of(model)[""], input_shapes or {})
+    graph = builder.build(model.graph)
+    graph.name = model.graph.name or "main"
+    return graph
+
+
+class _GraphBuilder:
+    def __init__(self, opset: int, input_shapes: dict[str, tuple]):
+        self.opset = opset
+        self.input_shapes = input_shapes
+        self.scopes: list[dict[str, Value]] = []
+
+    def lookup(self, name: str) -> Value | None:
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope[name]
+        return None
+
+    def build(self, proto: onnx.GraphProto, outer: bool = False,
+              input_types: list[T.TensorType] | None = None, name: str = "main") -> Graph:
+        graph = Graph(name)
+        scope: dict[str, Value] = {}
+        self.scopes.append(scope)
+        try:
+            initializers = {t.name for t in proto.initializer}
+            for t in proto.initializer:
+                scope[t.name] = constant_value(t.name, tensor_to_array(t, "initializer"))
+            for sp in proto.sparse_initializer:
+                array = numpy_helper.to_array(sp)
+                scope[sp.values.name] = constant_value(sp.values.name, array)
+            real_inputs = [vi for vi in proto.input if vi.name not in initializers]
+            for k, vi in enumerate(real_inputs):
+                given = input_types[k] if input_types and k < len(input_types) else None
+                scope[vi.name] = graph.add_input(vi.name, given or self._input_type(vi, outer))
+            for i, node in enumerate(_sorted_nodes(proto, scope, self)):
+                self._import_node(graph, scope, node, i)
+            for vi in proto.output:
+                value = self.lookup(vi.name)
+                if value is None:
+                    raise ModelFormatError(f"graph output {vi.name!r} is never produced; "
+                                           f"the model may be truncated")
+                graph.outputs.append(value)
+        finally:
+            self.scopes.pop()
+        return graph
+
+    def _input_type(self, vi: onnx.ValueInfoProto, outer: bool) -> T.TensorType:
+        kind = vi.type.WhichOneof("value")
+        if kind != "tensor_type":
+            raise UnsupportedTypeError(f"input {vi.name!r} is a {kind}; only tensors are "
+                                       f"supported")
+        tt = vi.type.tensor_type
+        dtype = dtype_from_onnx(tt.elem_type, f"input {vi.name!r}")
+        if vi.name in self.input_shapes and not outer:
+            return T.TensorType(dtype, tuple(self.input_shapes[vi.name]))
+        if not tt.HasField("shape"):
+            if outer:  # subgraph inputs without shapes (Loop bodies): the importer gives types
+                return T.TensorType(dtype, ())
+            raise ModelFormatError(f"input {vi.name!r} has no shape; give one with "
+                                   f"input_shapes={{{vi.name!r}: (...)}}")
+        dims = []
+        for k, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value >= 0:
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param:
+                dims.append(_symbol(d.dim_param))
+            else:
+                dims.append(f"{_symbol(vi.name)}_{k}")
+        return T.TensorType(dtype, tuple(dims))
+
+    def _import_node(self, graph: Graph, scope: dict, node: onnx.NodeProto, index: int):
+        name = node.name or f"{node.op_type}_{index}"
+        inputs = []
+        for input_name in node.input:
+            if input_name == "":
+                inputs.append(None)
+                continue
+            value = self.lookup(input_name)
+            if value is None:
+                raise ModelFormatError(f"{node.op_type} node {name!r} reads {input_name!r}, "
+                                       f"which no node, input or initializer defines")
+            inputs.append(value)
+        ctx = ImportContext(self, graph, node, name, inputs, self.opset)
+        importer = find_importer(node.op_type, self.opset)
+        first_new = len(graph.nodes)
+        try:
+            result = importer(ctx)
+        except errors.DNNCError:
+            raise
+        except Exception as exc:
+            raise errors.CompileError(f"{node.op_type} node {name!r}: import failed: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+        outputs = [result] if isinstance(result, Value) else list(result)
+        new_nodes = {id(n) for n in graph.nodes[first_new:]}
+        for out_name, value in zip(node.output, outputs):
+            if out_name == "":
+                continue
+            if value.producer is not None and id(value.producer) in new_nodes or \
+                    value.is_const and value.name.startswith(f"{name}.const"):
+                value.name = out_name  # a value this node created takes its ONNX name
+            scope[out_name] = value
+
+
+def _symbol(name: str) -> str:
+    """A dim_param as a symbolic dim name (no characters that the dim arithmetic reads)."""
+    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return cleaned if cleaned and not cleaned[0].isdigit() else f"d_{cleaned}"
+
+
+def _sorted_nodes(proto: onnx.GraphProto, scope: dict, builder: _GraphBuilder):
+    """Nodes in a valid order: as written when it is valid (the usual case), else sorted."""
+    nodes = list(proto.node)
+    available = set(scope) | {n for s in builder.scopes for n in s} | {""}
+    ok = True
+    for node in nodes:
+        if any(i not in available for i in node.input):
+            ok = False
+            break
+        available.update(node.output)
+    if ok:
+        return nodes
+    producers = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    order, state = [], {}
+
+    def visit(i):
+        if state.get(i) == 2:
+            return
+        if state.get(i) == 1:
+            raise ModelFormatError(f"the graph has a cycle through node {nodes[i].name!r}")
+        state[i] = 1
+        for name in nodes[i].input:
+            if name in producers:
+                visit(producers[name])
+        state[i] = 2
+        order.append(nodes[i])
+
+    for i in range(len(nodes)):
+        visit(i)
+    return order

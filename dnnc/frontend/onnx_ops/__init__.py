@@ -1,0 +1,16 @@
+"""ONNX importers, one module per op family (mirroring `dnnc/ir/ops/`)."""
+
+from . import (  # noqa: F401
+    attention,
+    control,
+    elementwise,
+    image,
+    indexing,
+    linalg,
+    nn,
+    quant,
+    reduce,
+    rnn,
+    shape,
+    signal,
+)

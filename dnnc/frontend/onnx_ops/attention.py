@@ -1,0 +1,1 @@
+"""ONNX importers for attention ops (to be filled)."""

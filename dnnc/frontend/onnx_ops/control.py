@@ -1,0 +1,1 @@
+"""ONNX importers for control ops (to be filled)."""

@@ -1,0 +1,1 @@
+"""ONNX importers for image ops (to be filled)."""

@@ -1,0 +1,1 @@
+"""ONNX importers for indexing ops (to be filled)."""

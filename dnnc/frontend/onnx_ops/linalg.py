@@ -1,0 +1,1 @@
+"""ONNX importers for linalg ops (to be filled)."""

@@ -1,0 +1,1 @@
+"""ONNX importers for nn ops (to be filled)."""

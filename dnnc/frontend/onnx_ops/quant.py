@@ -1,0 +1,1 @@
+"""ONNX importers for quant ops (to be filled)."""

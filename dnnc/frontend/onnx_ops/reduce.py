@@ -1,0 +1,1 @@
+"""ONNX importers for reduce ops (to be filled)."""

@@ -1,0 +1,1 @@
+"""ONNX importers for rnn ops (to be filled)."""

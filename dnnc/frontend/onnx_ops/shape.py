@@ -1,0 +1,1 @@
+"""ONNX importers for shape ops (to be filled)."""

@@ -1,0 +1,1 @@
+"""ONNX importers for signal ops (to be filled)."""

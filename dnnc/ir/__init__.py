@@ -1,0 +1,1 @@
+"""The IRs: element and tensor types, the graph IR, the op registry, and the interpreter."""

@@ -1,0 +1,1 @@
+"""attention ops (to be filled)."""

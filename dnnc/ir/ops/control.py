@@ -1,0 +1,1 @@
+"""control ops (to be filled)."""

@@ -1,0 +1,1 @@
+"""image ops (to be filled)."""

@@ -1,0 +1,1 @@
+"""indexing ops (to be filled)."""

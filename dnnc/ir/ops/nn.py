@@ -1,0 +1,1 @@
+"""nn ops (to be filled)."""

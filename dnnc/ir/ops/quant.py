@@ -1,0 +1,1 @@
+"""quant ops (to be filled)."""

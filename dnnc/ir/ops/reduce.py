@@ -1,0 +1,1 @@
+"""reduce ops (to be filled)."""

@@ -1,0 +1,1 @@
+"""rnn ops (to be filled)."""

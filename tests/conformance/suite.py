@@ -1,0 +1,95 @@
+"""The ONNX node test suite, generated in-process, run against a dnnc target.
+
+Each case is imported, compiled and run on its stored inputs; outputs are compared with the
+case's own rtol/atol, and dtype and shape must match exactly. A failure gets a short reason
+("unsupported op X", "unsupported type T", "mismatch", "error: ...") for grouping.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+EXPECTED_DIR = HERE / "expected"
+
+
+@functools.lru_cache(maxsize=1)
+def all_cases() -> dict:
+    """name -> onnx TestCase, for every node case onnx generates (about 1900)."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return {c.name: c for c in collect_testcases(None)}
+
+
+@dataclass
+class Result:
+    name: str
+    passed: bool
+    reason: str = ""
+
+
+def _values(case):
+    inputs, outputs = case.data_sets[0]
+    scalar = (np.generic,)  # 0-d inputs are stored as NumPy scalars
+    return ([np.asarray(x) if isinstance(x, scalar) else x for x in inputs],
+            [np.asarray(x) if isinstance(x, scalar) else x for x in outputs])
+
+
+def run_case(case, target: str) -> Result:
+    import dnnc
+    from dnnc import errors
+
+    inputs, expected = _values(case)
+    if any(not isinstance(x, np.ndarray) for x in list(inputs) + list(expected)):
+        return Result(case.name, False, "unsupported type: sequence/optional values")
+    try:
+        model = dnnc.compile(case.model, target=target)
+        with np.errstate(all="ignore"):
+            outputs = model.run(*inputs)
+    except errors.UnsupportedOpError as exc:
+        ops = ", ".join(op for op, *_ in exc.ops)
+        return Result(case.name, False, f"unsupported op {ops}")
+    except errors.UnsupportedTypeError as exc:
+        m = re.search(r"(element type|dtype) (\w+)", str(exc))
+        return Result(case.name, False, f"unsupported type: {m.group(2) if m else exc}")
+    except errors.DNNCError as exc:
+        return Result(case.name, False, f"{type(exc).__name__}: {_first_line(exc)}")
+    except Exception as exc:  # a dnnc bug; grouped by exception type
+        return Result(case.name, False, f"crash {type(exc).__name__}: {_first_line(exc)}")
+    if len(outputs) != len(expected):
+        return Result(case.name, False, f"wrong output count {len(outputs)}")
+    for i, (got, want) in enumerate(zip(outputs, expected)):
+        if got.dtype != want.dtype:
+            return Result(case.name, False, f"output {i} dtype {got.dtype}, want {want.dtype}")
+        if got.shape != want.shape:
+            return Result(case.name, False, f"output {i} shape {got.shape}, want {want.shape}")
+        try:
+            if want.dtype.kind in "fc" or want.dtype.name == "bfloat16":
+                np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                                           rtol=case.rtol, atol=case.atol, equal_nan=True)
+            else:
+                np.testing.assert_array_equal(got, want)
+        except AssertionError:
+            return Result(case.name, False, "mismatch")
+    return Result(case.name, True)
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:160] if text else ""
+
+
+def expected_passes(target: str) -> list[str]:
+    path = EXPECTED_DIR / f"{target}.txt"
+    if not path.exists():
+        return []
+    return [line.strip() for line in path.read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
