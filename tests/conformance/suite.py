@@ -38,16 +38,31 @@ class Result:
 
 def _values(case):
     inputs, outputs = case.data_sets[0]
-    scalar = (np.generic,)  # 0-d inputs are stored as NumPy scalars
-    return ([np.asarray(x) if isinstance(x, scalar) else x for x in inputs],
-            [np.asarray(x) if isinstance(x, scalar) else x for x in outputs])
+    return [_as_array(x) for x in inputs], [_as_array(x) for x in outputs]
+
+
+def _as_array(x):
+    """Stored values as arrays: 0-d ones come as NumPy scalars, some as TensorProtos."""
+    from onnx import TensorProto
+
+    from dnnc.frontend.onnx import tensor_to_array
+
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    if isinstance(x, TensorProto):
+        return tensor_to_array(x)
+    return x
 
 
 def run_case(case, target: str) -> Result:
     import dnnc
     from dnnc import errors
 
-    inputs, expected = _values(case)
+    try:
+        inputs, expected = _values(case)
+    except errors.UnsupportedTypeError as exc:
+        m = re.search(r"element type (\w+)", str(exc))
+        return Result(case.name, False, f"unsupported type: {m.group(1) if m else exc}")
     if any(not isinstance(x, np.ndarray) for x in list(inputs) + list(expected)):
         return Result(case.name, False, "unsupported type: sequence/optional values")
     try:
