@@ -1,0 +1,123 @@
+"""The ONNX frontend: loading, error reporting, symbolic dims and call-time checks."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import dnnc
+from dnnc.errors import InputError, ModelFormatError, UnsupportedOpError
+from dnnc.frontend.onnx import import_onnx
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=20):
+    graph = helper.make_graph(nodes, "m", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _vi(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _add_relu(shape=("N", 3)):
+    return _model([helper.make_node("Add", ["x", "y"], ["s"], name="add"),
+                   helper.make_node("Relu", ["s"], ["r"], name="relu")],
+                  [_vi("x", shape), _vi("y", [3])], [_vi("r", None)])
+
+
+def test_every_unsupported_op_reported_at_once():
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="ok"),
+             helper.make_node("FancyOpOne", ["a"], ["b"], name="one"),
+             helper.make_node("FancyOpTwo", ["b"], ["c"], name="two"),
+             helper.make_node("FancyOpOne", ["c"], ["d"], name="one_again"),
+             helper.make_node("Custom", ["d"], ["e"], name="custom", domain="com.example")]
+    model = _model(nodes, [_vi("x", [2])], [_vi("e", None)])
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(UnsupportedOpError) as info:
+        import_onnx(model)
+    found = {op: (dom, opset, names) for op, dom, opset, names in info.value.ops}
+    assert set(found) == {"FancyOpOne", "FancyOpTwo", "Custom"}
+    assert found["FancyOpOne"] == ("", 20, ["one", "one_again"])
+    assert found["Custom"][0] == "com.example"
+    message = str(info.value)
+    for name in ("FancyOpOne", "FancyOpTwo", "com.example::Custom", "'one_again'", "opset 20"):
+        assert name in message
+
+
+def test_truncated_file_is_a_model_format_error(tmp_path):
+    data = _add_relu().SerializeToString()
+    path = tmp_path / "cut.onnx"
+    for cut in (len(data) // 3, len(data) // 2, len(data) - 5):
+        path.write_bytes(data[:cut])
+        with pytest.raises(ModelFormatError):
+            import_onnx(str(path))
+
+
+def test_garbage_and_missing_files():
+    with pytest.raises(ModelFormatError):
+        import_onnx(b"\x08\x07 this is not a model \xff\xff")
+    with pytest.raises(ModelFormatError, match="does not exist"):
+        import_onnx("/nonexistent/model.onnx")
+
+
+def test_reading_an_undefined_value_names_the_node():
+    model = _model([helper.make_node("Relu", ["nope"], ["r"], name="r1")],
+                   [_vi("x", [2])], [_vi("r", None)])
+    with pytest.raises(ModelFormatError, match="'r1' reads 'nope'"):
+        import_onnx(model)
+
+
+def test_symbolic_dims_kept_and_fixable(tmp_path):
+    graph = import_onnx(_add_relu())
+    assert graph.outputs[0].type.shape == ("N", 3)
+    fixed = import_onnx(_add_relu(), input_shapes={"x": (7, 3)})
+    assert fixed.outputs[0].type.shape == (7, 3)
+    path = tmp_path / "m.onnx"
+    onnx.save(_add_relu(), str(path))
+    assert import_onnx(path).outputs[0].type.shape == ("N", 3)
+
+
+def test_initializers_listed_as_inputs_are_constants():
+    y = helper.make_tensor("y", TensorProto.FLOAT, [3], [1.0, -2.0, 3.0])
+    model = _model([helper.make_node("Add", ["x", "y"], ["r"])],
+                   [_vi("x", [2, 3]), _vi("y", [3])], [_vi("r", None)], [y])
+    graph = import_onnx(model)
+    assert [v.name for v in graph.inputs] == ["x"]
+    out = dnnc.compile(model, target="numpy")(np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(out, np.ones((2, 3)) + [1, -2, 3])
+
+
+def test_dynamic_batch_runs_for_any_value_and_checks_inputs():
+    model = dnnc.compile(_add_relu(), target="numpy")
+    rng = np.random.default_rng()
+    y = rng.standard_normal(3).astype(np.float32)
+    for n in (1, 5, 9):
+        x = rng.standard_normal((n, 3)).astype(np.float32)
+        np.testing.assert_allclose(model(x, y), np.maximum(x + y, 0))
+    np.testing.assert_allclose(model(x=x, y=y), np.maximum(x + y, 0))
+    with pytest.raises(InputError, match=r"input 'x': expected float32\[N,3\], given float64"):
+        model(x.astype(np.float64), y)
+    with pytest.raises(InputError, match=r"input 'y': expected float32\[3\].*\[4\]"):
+        model(x, np.ones(4, np.float32))
+    with pytest.raises(InputError, match="missing input"):
+        model(x)
+    with pytest.raises(InputError, match="takes 2 input"):
+        model(x, y, y)
+    with pytest.raises(InputError, match="no input 'z'"):
+        model(x, y=y, z=y)
+
+
+def test_symbolic_dim_bound_consistently_across_inputs():
+    model = _model([helper.make_node("Add", ["a", "b"], ["r"])],
+                   [_vi("a", ["N", 2]), _vi("b", ["N", 2])], [_vi("r", None)])
+    compiled = dnnc.compile(model, target="numpy")
+    with pytest.raises(InputError, match="symbolic dim 'N' is 3 elsewhere"):
+        compiled(np.ones((3, 2), np.float32), np.ones((4, 2), np.float32))
+
+
+def test_old_opset_clip_attributes_become_inputs():
+    model = _model([helper.make_node("Clip", ["x"], ["r"], min=-0.5, max=0.25)],
+                   [_vi("x", [4])], [_vi("r", None)], opset=6)
+    x = np.random.default_rng().standard_normal(4).astype(np.float32)
+    np.testing.assert_array_equal(dnnc.compile(model, target="numpy")(x),
+                                  np.clip(x, -0.5, 0.25))
