@@ -121,3 +121,23 @@ def test_old_opset_clip_attributes_become_inputs():
     x = np.random.default_rng().standard_normal(4).astype(np.float32)
     np.testing.assert_array_equal(dnnc.compile(model, target="numpy")(x),
                                   np.clip(x, -0.5, 0.25))
+
+
+def test_external_data_and_bytes(tmp_path):
+    rng = np.random.default_rng()
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    init = onnx.numpy_helper.from_array(w, "w")
+    model = _model([helper.make_node("Add", ["x", "w"], ["r"])],
+                   [_vi("x", [64, 64])], [_vi("r", None)], [init])
+    inline_bytes = model.SerializeToString()
+    path = tmp_path / "ext.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.bin", size_threshold=0)
+    assert (tmp_path / "ext.bin").exists()
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    np.testing.assert_array_equal(dnnc.compile(str(path), target="numpy")(x), x + w)
+    np.testing.assert_array_equal(dnnc.compile(inline_bytes, target="numpy")(x),
+                                  x + w)
+    (tmp_path / "ext.bin").unlink()
+    with pytest.raises(ModelFormatError):
+        import_onnx(str(path))

@@ -1,0 +1,1 @@
+"""ONNX importers for loss ops (to be filled)."""

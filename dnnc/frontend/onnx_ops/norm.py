@@ -1,0 +1,1 @@
+"""ONNX importers for norm ops (to be filled)."""

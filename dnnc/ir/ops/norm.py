@@ -1,0 +1,1 @@
+"""norm ops (to be filled)."""
