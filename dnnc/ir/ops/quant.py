@@ -1,1 +1,178 @@
-"""quant ops (to be filled)."""
+"""Quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, QLinearMatMul.
+
+Integer types only (int8, uint8, int16, uint16); the float8 / int4 families are outside dnnc's
+dtypes and rejected by the frontend. Scales and zero points are scalars, per-axis vectors, or
+(since opset 21) blocks along `axis`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from .infer import check_dtype, normalize_axis
+from .registry import Pattern, register_op
+
+QUANT_DTYPES = (T.uint8, T.int8, T.uint16, T.int16)
+
+
+def expand_param(param: np.ndarray, shape: tuple, axis: int, block_size: int) -> np.ndarray:
+    """A scale or zero point broadcastable against `shape`: scalar, per-axis or blocked."""
+    if param.size == 1:
+        return param.reshape(())
+    if block_size:
+        full = np.repeat(param, block_size, axis=axis)
+        return np.take(full, np.arange(shape[axis]), axis=axis)
+    dims = [1] * len(shape)
+    dims[axis] = param.size
+    return param.reshape(dims)
+
+
+def _check_param(ctx, i: int, axis: int, block_size: int, what: str) -> None:
+    """Per-tensor, per-axis or blocked shapes of a scale or zero point."""
+    if not ctx.has(i):
+        return
+    x, p = ctx.shape(0), ctx.shape(i)
+    if block_size:
+        ok = len(p) == len(x) and all(
+            (d == -(-x[k] // block_size) if k == axis else d == x[k])
+            for k, d in enumerate(p) if isinstance(d, int) and isinstance(x[k], int))
+    else:
+        ok = len(p) == 0 or p == (1,) or (len(p) == 1 and (
+            not isinstance(p[0], int) or not isinstance(x[axis], int) or p[0] == x[axis]))
+    if not ok:
+        raise ctx.fail(f"{what} of shape {p} fits neither per-tensor, per-axis (axis {axis}) "
+                       f"nor block_size {block_size} quantization of shape {x}")
+
+
+def _axis(ctx) -> int:
+    """The quantization axis; only checked when the scale is not a scalar."""
+    rank = len(ctx.shape(0))
+    per_tensor = len(ctx.shape(1)) == 0 or ctx.shape(1) == (1,)
+    return 0 if per_tensor or not rank else normalize_axis(ctx, ctx.attrs["axis"], rank)
+
+
+# -- QuantizeLinear -----------------------------------------------------------------------------
+
+
+def _quantize_infer(ctx):
+    check_dtype(ctx, 0, T.FLOAT_DTYPES + (T.int32,), "x")
+    axis = _axis(ctx)
+    _check_param(ctx, 1, axis, ctx.attrs["block_size"], "y_scale")
+    _check_param(ctx, 2, axis, ctx.attrs["block_size"], "y_zero_point")
+    out = ctx.attrs["output_dtype"]
+    if ctx.has(2):
+        if out is not None and out != ctx.dtype(2):
+            raise ctx.fail(f"output_dtype {out.name} differs from the zero point's type "
+                           f"{ctx.dtype(2).name}")
+        out = ctx.dtype(2)
+    out = out or T.uint8
+    if out not in QUANT_DTYPES:
+        raise ctx.fail(f"cannot quantize to {out.name}")
+    return [T.TensorType(out, ctx.shape(0))]
+
+
+def quantize_linear(x, y_scale, y_zero_point=None, *, axis, block_size, output_dtype,
+                    saturate, precision):
+    out = (y_zero_point.dtype if y_zero_point is not None
+           else (output_dtype or T.uint8).np)
+    axis = axis % x.ndim if x.ndim and y_scale.size > 1 else 0
+    scale = expand_param(y_scale, x.shape, axis, block_size)
+    if precision is not None:
+        q = x.astype(precision.np) / scale.astype(precision.np)
+    else:
+        q = x.astype(np.float32) / scale.astype(np.float32)
+    q = np.rint(q.astype(np.float32))
+    if y_zero_point is not None:
+        q = q + expand_param(y_zero_point, x.shape, axis, block_size).astype(np.float32)
+    info = np.iinfo(out)
+    return np.clip(q, info.min, info.max).astype(out)
+
+
+register_op("QuantizeLinear", pattern=Pattern.ELEMWISE, infer=_quantize_infer,
+            evaluate=quantize_linear, inputs=(2, 3),
+            attrs={"axis": 1, "block_size": 0, "output_dtype": None, "saturate": 1,
+                   "precision": None})
+
+
+# -- DequantizeLinear ---------------------------------------------------------------------------
+
+
+def _dequantize_infer(ctx):
+    check_dtype(ctx, 0, QUANT_DTYPES + (T.int32,), "x")
+    check_dtype(ctx, 1, T.FLOAT_DTYPES, "x_scale")
+    if ctx.has(2) and ctx.dtype(2) != ctx.dtype(0):
+        raise ctx.fail(f"zero point type {ctx.dtype(2).name} differs from x's "
+                       f"{ctx.dtype(0).name}")
+    axis = _axis(ctx)
+    _check_param(ctx, 1, axis, ctx.attrs["block_size"], "x_scale")
+    _check_param(ctx, 2, axis, ctx.attrs["block_size"], "x_zero_point")
+    return [T.TensorType(ctx.attrs["output_dtype"] or ctx.dtype(1), ctx.shape(0))]
+
+
+def dequantize_linear(x, x_scale, x_zero_point=None, *, axis, block_size, output_dtype):
+    axis = axis % x.ndim if x.ndim and x_scale.size > 1 else 0
+    dx = x.astype(np.float32)
+    if x_zero_point is not None:
+        dx = dx - expand_param(x_zero_point, x.shape, axis, block_size).astype(np.float32)
+    y = dx * expand_param(x_scale, x.shape, axis, block_size).astype(np.float32)
+    return y.astype(output_dtype.np if output_dtype else x_scale.dtype)
+
+
+register_op("DequantizeLinear", pattern=Pattern.ELEMWISE, infer=_dequantize_infer,
+            evaluate=dequantize_linear, inputs=(2, 3),
+            attrs={"axis": 1, "block_size": 0, "output_dtype": None})
+
+
+# -- DynamicQuantizeLinear ----------------------------------------------------------------------
+
+
+def _dynamic_quantize_infer(ctx):
+    check_dtype(ctx, 0, (T.float32,), "x")
+    return [T.TensorType(T.uint8, ctx.shape(0)), T.TensorType(T.float32, ()),
+            T.TensorType(T.uint8, ())]
+
+
+def dynamic_quantize_linear(x):
+    """uint8 asymmetric quantization over [min(x, 0), max(x, 0)], as ONNX specifies."""
+    hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))
+    lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
+    scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
+    zero_point = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
+    y = np.clip(np.rint(x / scale) + zero_point, 0, 255)
+    return (y.astype(np.uint8), np.array(scale, np.float32),
+            np.array(zero_point, np.float32).astype(np.uint8))
+
+
+register_op("DynamicQuantizeLinear", pattern=Pattern.OPAQUE, infer=_dynamic_quantize_infer,
+            evaluate=dynamic_quantize_linear, outputs=3)
+
+
+# -- QLinearMatMul ------------------------------------------------------------------------------
+
+
+def _qlinear_matmul_infer(ctx):
+    from .linalg import matmul_shape
+
+    check_dtype(ctx, 0, (T.int8, T.uint8), "a")
+    check_dtype(ctx, 3, (T.int8, T.uint8), "b")
+    out = ctx.dtype(7) if ctx.has(7) else ctx.dtype(0)
+    return [T.TensorType(out, matmul_shape(ctx, ctx.shape(0), ctx.shape(3)))]
+
+
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
+                   y_zero_point=None):
+    acc = np.matmul(a.astype(np.int32) - a_zero_point.astype(np.int32),
+                    b.astype(np.int32) - b_zero_point.astype(np.int32))
+    # the multiplier is formed in the scales' own precision, as onnx's reference does
+    multiplier = a_scale * b_scale / y_scale
+    y = np.rint(acc * multiplier.astype(np.float64))
+    out = a.dtype if y_zero_point is None else y_zero_point.dtype
+    if y_zero_point is not None:
+        y = y + y_zero_point.astype(np.float32)
+    info = np.iinfo(out)
+    return np.clip(y, info.min, info.max).astype(out)
+
+
+register_op("QLinearMatMul", pattern=Pattern.OUT_FUSABLE, infer=_qlinear_matmul_infer,
+            evaluate=qlinear_matmul, inputs=(7, 8))
