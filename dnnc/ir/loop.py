@@ -239,6 +239,8 @@ def const(value, dtype: T.DType | None = None) -> Expr:
     """`value` as an Expr: Exprs pass through, Python numbers become `Const`s."""
     if isinstance(value, Expr):
         return value
+    if isinstance(value, IterVar):  # a reduce axis used as an index
+        return value.var
     if dtype is None:
         dtype = T.bool_ if isinstance(value, bool) else INDEX if isinstance(value, int) \
             else T.float32
@@ -269,6 +271,21 @@ def minimum(a, b) -> BinOp:
 def maximum(a, b) -> BinOp:
     a = const(a)
     return BinOp("max", a, const(b, a.dtype))
+
+
+def logical_and(*conds) -> Expr:
+    """All of `conds` (true when none are given)."""
+    out: Expr | None = None
+    for c in conds:
+        out = c if out is None else BinOp("and", out, c)
+    return Const(True, T.bool_) if out is None else out
+
+
+def logical_or(*conds) -> Expr:
+    out: Expr | None = None
+    for c in conds:
+        out = c if out is None else BinOp("or", out, c)
+    return Const(False, T.bool_) if out is None else out
 
 
 def call(name: str, *args, dtype: T.DType | None = None) -> Call:
