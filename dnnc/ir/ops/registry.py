@@ -12,7 +12,7 @@ objects, so that Reshape of a dynamic batch still infers a symbolic output shape
 from __future__ import annotations
 
 import enum
-import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -184,8 +184,6 @@ _MAX_KNOWN_ELEMENTS = 64  # shape arithmetic only; larger tensors are data, not 
 class InferContext:
     """What `infer` sees: input types, attributes, and known input values."""
 
-    _counter = itertools.count()
-
     def __init__(self, op: OpDef, node_name: str, inputs, attrs: dict, num_outputs: int):
         self.op = op
         self.node_name = node_name
@@ -193,6 +191,7 @@ class InferContext:
         self.inputs: list[TensorType | None] = [None if v is None else v.type for v in inputs]
         self.attrs = attrs
         self.num_outputs = num_outputs
+        self._fresh = 0
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -238,8 +237,13 @@ class InferContext:
         return None if known is None else to_dims(known)
 
     def fresh_dim(self, hint: str = "") -> str:
-        """A new symbolic dim for a size known only at run time."""
-        return f"{hint or self.op.name.lower()}{next(InferContext._counter)}"
+        """A new symbolic dim for a size known only at run time.
+
+        Named after the node, so inferring the same node again (`Graph.verify`) gives the
+        same name, and two nodes never share one."""
+        self._fresh += 1
+        node = re.sub(r"[^A-Za-z0-9_]", "_", self.node_name) or "node"
+        return f"{hint or self.op.name.lower()}_{node}_{self._fresh}"
 
     def fail(self, message: str) -> ShapeError:
         return ShapeError(f"{self.op.name} node {self.node_name!r}: {message}")
