@@ -1,1 +1,435 @@
-"""indexing ops (to be filled)."""
+"""Indexing ops: gathers, scatters, selections with data-dependent sizes, TopK, OneHot, Unique,
+NonMaxSuppression.
+
+References follow the newest ONNX semantics (negative indices wrap; ScatterElements/ScatterND
+reductions none/add/mul/max/min; TopK ties go to the lower index). Ops whose output size
+depends on the data (NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time k)
+get a fresh symbolic dim. Gather and friends also run on object arrays of SymDims, so that
+Shape -> Gather -> Concat -> Reshape keeps a dynamic batch symbolic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from .infer import check_dtype, check_same_dtype, normalize_axis
+from .registry import Pattern, register_op
+
+INDEX_DTYPES = (T.int32, T.int64)
+NUMERIC = T.FLOAT_DTYPES + T.INT_DTYPES
+_LOW_PRECISION = ("float16", "bfloat16")
+
+
+def _wrap(indices: np.ndarray, size) -> np.ndarray:
+    """Negative indices counted from the end, as ONNX allows for every indexing op."""
+    indices = np.asarray(indices)
+    return np.where(indices < 0, indices + size, indices)
+
+
+def _scalar_count(ctx, i: int, what: str):
+    """A one-element integer input (k, depth) as an int, a symbolic dim, or None if unknown."""
+    t = ctx.type(i)
+    if t.numel is not None and t.numel != 1:
+        raise ctx.fail(f"{what} must hold exactly one element, given {t}")
+    known = ctx.value(i)
+    if known is not None:
+        return int(np.asarray(known).reshape(-1)[0])
+    dims = ctx.dims(i)
+    return dims[0] if dims is not None and len(dims) == 1 else None
+
+
+# -- Gather, GatherElements, GatherND -----------------------------------------------------------
+
+
+def _gather_infer(ctx):
+    check_dtype(ctx, 1, INDEX_DTYPES, "indices")
+    data = ctx.shape(0)
+    if not data:
+        raise ctx.fail("data must have rank >= 1")
+    axis = normalize_axis(ctx, ctx.attrs["axis"], len(data))
+    shape = data[:axis] + ctx.shape(1) + data[axis + 1:]
+    return [T.TensorType(ctx.dtype(0), shape)]
+
+
+def gather(data, indices, axis):
+    axis = axis % data.ndim
+    return np.asarray(np.take(data, _wrap(indices, data.shape[axis]), axis=axis))
+
+
+def _gather_elements_infer(ctx):
+    check_dtype(ctx, 1, INDEX_DTYPES, "indices")
+    rank = ctx.type(0).rank
+    if rank == 0 or ctx.type(1).rank != rank:
+        raise ctx.fail(f"data and indices must have the same rank >= 1, given "
+                       f"{ctx.type(0)} and {ctx.type(1)}")
+    normalize_axis(ctx, ctx.attrs["axis"], rank)
+    return [T.TensorType(ctx.dtype(0), ctx.shape(1))]
+
+
+def gather_elements(data, indices, axis):
+    axis = axis % data.ndim
+    return np.take_along_axis(data, _wrap(indices, data.shape[axis]), axis=axis)
+
+
+def _gather_nd_infer(ctx):
+    check_dtype(ctx, 1, (T.int64,), "indices")
+    data, idx, b = ctx.shape(0), ctx.shape(1), ctx.attrs["batch_dims"]
+    if not idx or not data:
+        raise ctx.fail("data and indices must have rank >= 1")
+    k = idx[-1]
+    if not isinstance(k, int):
+        raise ctx.fail(f"the last dim of indices must be static, given {ctx.type(1)}")
+    if not 0 <= b < min(len(data), len(idx)) or b + k > len(data):
+        raise ctx.fail(f"batch_dims {b} and index depth {k} do not fit data {ctx.type(0)} "
+                       f"and indices {ctx.type(1)}")
+    return [T.TensorType(ctx.dtype(0), idx[:-1] + data[b + k:])]
+
+
+def gather_nd(data, indices, batch_dims):
+    b, k = batch_dims, indices.shape[-1]
+    batch = data.shape[:b]
+    flat_data = data.reshape((-1,) + data.shape[b:])
+    flat_idx = indices.reshape((flat_data.shape[0], -1, k))
+    out = []
+    for d, idx in zip(flat_data, flat_idx):
+        idx = _wrap(idx, np.array(d.shape[:k]))
+        out.append(np.stack([d[tuple(i)] for i in idx]) if len(idx) else
+                   np.empty((0,) + d.shape[k:], data.dtype))
+    out = np.stack(out) if out else np.empty((0, 0) + data.shape[b + k:], data.dtype)
+    return out.reshape(indices.shape[:-1] + data.shape[b + k:])
+
+
+register_op("Gather", pattern=Pattern.INJECTIVE, infer=_gather_infer, evaluate=gather,
+            attrs={"axis": 0}, inputs=2, shape_arith=True)
+register_op("GatherElements", pattern=Pattern.INJECTIVE, infer=_gather_elements_infer,
+            evaluate=gather_elements, attrs={"axis": 0}, inputs=2, shape_arith=True)
+register_op("GatherND", pattern=Pattern.INJECTIVE, infer=_gather_nd_infer, evaluate=gather_nd,
+            attrs={"batch_dims": 0}, inputs=2, shape_arith=True)
+
+# -- ScatterElements, ScatterND, TensorScatter ---------------------------------------------------
+
+_REDUCE_AT = {"add": np.add.at, "mul": np.multiply.at, "max": np.maximum.at,
+              "min": np.minimum.at}
+
+
+def _check_reduction(ctx):
+    if ctx.attrs["reduction"] not in ("none", *_REDUCE_AT):
+        raise ctx.fail(f"reduction {ctx.attrs['reduction']!r} is not one of none, add, mul, "
+                       f"max, min")
+
+
+def _scatter(out, index, updates, reduction):
+    """out[index] = updates, or combined with `reduction`, in index order (duplicates apply)."""
+    dtype = out.dtype
+    low = dtype.name in _LOW_PRECISION and reduction != "none"
+    if low:  # ufunc.at has no float16/bfloat16 loops everywhere; combine in float32
+        out, updates = out.astype(np.float32), updates.astype(np.float32)
+    if reduction == "none":
+        out[index] = updates
+    else:
+        _REDUCE_AT[reduction](out, index, updates)
+    return out.astype(dtype) if low else out
+
+
+def _scatter_elements_infer(ctx):
+    check_dtype(ctx, 1, INDEX_DTYPES, "indices")
+    check_same_dtype(ctx, 0, 2)
+    _check_reduction(ctx)
+    rank = ctx.type(0).rank
+    if rank == 0 or ctx.type(1).rank != rank or ctx.type(2).rank != rank:
+        raise ctx.fail(f"data, indices and updates must have one rank >= 1, given "
+                       f"{ctx.type(0)}, {ctx.type(1)} and {ctx.type(2)}")
+    normalize_axis(ctx, ctx.attrs["axis"], rank)
+    return [ctx.type(0)]
+
+
+def scatter_elements(data, indices, updates, axis, reduction):
+    axis = axis % data.ndim
+    index = list(np.indices(indices.shape, sparse=True))
+    index[axis] = _wrap(indices, data.shape[axis])
+    return _scatter(data.copy(), tuple(index), updates, reduction)
+
+
+def _scatter_nd_infer(ctx):
+    check_dtype(ctx, 1, (T.int64,), "indices")
+    check_same_dtype(ctx, 0, 2)
+    _check_reduction(ctx)
+    data, idx, upd = ctx.shape(0), ctx.shape(1), ctx.shape(2)
+    if not idx or not data:
+        raise ctx.fail("data and indices must have rank >= 1")
+    k = idx[-1]
+    if isinstance(k, int):
+        if k > len(data):
+            raise ctx.fail(f"index depth {k} exceeds the rank of data {ctx.type(0)}")
+        want = idx[:-1] + data[k:]
+        if len(upd) != len(want) or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                        for a, b in zip(upd, want)):
+            raise ctx.fail(f"updates must have shape {list(want)}, given {ctx.type(2)}")
+    return [ctx.type(0)]
+
+
+def scatter_nd(data, indices, updates, reduction):
+    k = indices.shape[-1]
+    idx = indices.reshape(-1, k)
+    upd = updates.reshape((idx.shape[0],) + data.shape[k:])
+    return _scatter(data.copy(), tuple(idx.T), upd, reduction)
+
+
+register_op("ScatterElements", pattern=Pattern.OPAQUE, infer=_scatter_elements_infer,
+            evaluate=scatter_elements, attrs={"axis": 0, "reduction": "none"}, inputs=3,
+            shape_arith=True)
+register_op("ScatterND", pattern=Pattern.OPAQUE, infer=_scatter_nd_infer, evaluate=scatter_nd,
+            attrs={"reduction": "none"}, inputs=3, shape_arith=True)
+
+
+def _tensor_scatter_infer(ctx):
+    check_same_dtype(ctx, 0, 1)
+    check_dtype(ctx, 2, (T.int64,), "write_indices")
+    if ctx.attrs["mode"] not in ("linear", "circular"):
+        raise ctx.fail(f"mode {ctx.attrs['mode']!r} is not linear or circular")
+    cache, update = ctx.shape(0), ctx.shape(1)
+    axis = normalize_axis(ctx, ctx.attrs["axis"], len(cache))
+    if axis == 0 or len(update) != len(cache):
+        raise ctx.fail(f"axis {ctx.attrs['axis']} must not be the batch axis, and update "
+                       f"{ctx.type(1)} must have the rank of past_cache {ctx.type(0)}")
+    return [ctx.type(0)]
+
+
+def tensor_scatter(cache, update, write_indices=None, axis=-2, mode="linear"):
+    axis = axis % cache.ndim
+    out = cache.copy()
+    size, length = cache.shape[axis], update.shape[axis]
+    starts = np.zeros(cache.shape[0], np.int64) if write_indices is None else write_indices
+    for b, start in enumerate(starts):
+        pos = start + np.arange(length)
+        if mode == "circular":
+            pos = pos % size
+        dst = np.moveaxis(out[b], axis - 1, 0)  # a view: writing it writes `out`
+        dst[pos] = np.moveaxis(update[b], axis - 1, 0)
+    return out
+
+
+register_op("TensorScatter", pattern=Pattern.OPAQUE, infer=_tensor_scatter_infer,
+            evaluate=tensor_scatter, attrs={"axis": -2, "mode": "linear"}, inputs=(2, 3))
+
+# -- selections of data-dependent size: Compress, NonZero ----------------------------------------
+
+
+def _compress_infer(ctx):
+    check_dtype(ctx, 1, (T.bool_,), "condition")
+    if ctx.type(1).rank != 1:
+        raise ctx.fail(f"condition must be 1-D, given {ctx.type(1)}")
+    cond = ctx.value(1)
+    size = int(np.count_nonzero(cond)) if cond is not None else ctx.fresh_dim()
+    axis = ctx.attrs["axis"]
+    if axis is None:
+        return [T.TensorType(ctx.dtype(0), (size,))]
+    shape = list(ctx.shape(0))
+    axis = normalize_axis(ctx, axis, len(shape))
+    shape[axis] = size
+    return [T.TensorType(ctx.dtype(0), shape)]
+
+
+def compress(data, condition, axis):
+    return np.compress(condition, data, axis=axis)
+
+
+def nonzero(x):
+    if x.ndim == 0:  # NumPy 2 refuses 0-d nonzero; a scalar has no coordinates to list
+        return np.zeros((0, int(x != 0)), np.int64)
+    return np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)
+
+
+register_op("Compress", pattern=Pattern.OPAQUE, infer=_compress_infer, evaluate=compress,
+            attrs={"axis": None}, inputs=2)
+register_op("NonZero", pattern=Pattern.OPAQUE, evaluate=nonzero,
+            infer=lambda ctx: [T.TensorType(T.int64, (ctx.type(0).rank, ctx.fresh_dim()))])
+
+# -- TopK ----------------------------------------------------------------------------------------
+
+
+def _topk_infer(ctx):
+    check_dtype(ctx, 0, NUMERIC)
+    check_dtype(ctx, 1, (T.int64,), "K")
+    shape = list(ctx.shape(0))
+    if not shape:
+        raise ctx.fail("X must have rank >= 1")
+    axis = normalize_axis(ctx, ctx.attrs["axis"], len(shape))
+    k = _scalar_count(ctx, 1, "K")
+    if isinstance(k, int) and (k < 0 or isinstance(shape[axis], int) and k > shape[axis]):
+        raise ctx.fail(f"k = {k} is out of range for axis size {shape[axis]}")
+    shape[axis] = ctx.fresh_dim("k") if k is None else k
+    return [T.TensorType(ctx.dtype(0), shape), T.TensorType(T.int64, shape)]
+
+
+def topk(x, k, axis, largest, sorted):
+    k = int(np.asarray(k).reshape(-1)[0])
+    axis = axis % x.ndim
+    keys = x.astype(np.float32) if x.dtype.name in _LOW_PRECISION else x
+    if largest:
+        # stable ascending sort of the reversed axis, reversed back: descending, and equal
+        # values keep the lower index first (as ONNX requires)
+        n = x.shape[axis]
+        order = np.flip(np.argsort(np.flip(keys, axis), axis=axis, kind="stable"), axis)
+        order = n - 1 - order
+    else:
+        order = np.argsort(keys, axis=axis, kind="stable")
+    indices = np.take(order, np.arange(k), axis=axis).astype(np.int64)
+    return np.take_along_axis(x, indices, axis=axis), indices
+
+
+register_op("TopK", pattern=Pattern.OPAQUE, infer=_topk_infer, evaluate=topk,
+            attrs={"axis": -1, "largest": 1, "sorted": 1}, inputs=2, outputs=2)
+
+# -- ReverseSequence, OneHot ---------------------------------------------------------------------
+
+
+def _reverse_sequence_infer(ctx):
+    check_dtype(ctx, 1, INDEX_DTYPES, "sequence_lens")
+    rank = ctx.type(0).rank
+    axes = {ctx.attrs["batch_axis"], ctx.attrs["time_axis"]}
+    if rank < 2 or not axes <= {0, 1} or len(axes) != 2:
+        raise ctx.fail(f"batch_axis and time_axis must be 0 and 1 in some order, on input of "
+                       f"rank >= 2, given {ctx.attrs} on {ctx.type(0)}")
+    return [ctx.type(0)]
+
+
+def reverse_sequence(x, lens, batch_axis, time_axis):
+    out = x.copy()
+    seq = np.moveaxis(out, (batch_axis, time_axis), (0, 1))  # a view of `out`
+    src = np.moveaxis(x, (batch_axis, time_axis), (0, 1))
+    for b, n in enumerate(lens):
+        seq[b, :n] = src[b, :n][::-1]
+    return out
+
+
+register_op("ReverseSequence", pattern=Pattern.INJECTIVE, infer=_reverse_sequence_infer,
+            evaluate=reverse_sequence, attrs={"batch_axis": 1, "time_axis": 0}, inputs=2)
+
+
+def _one_hot_infer(ctx):
+    check_dtype(ctx, 0, NUMERIC, "indices")
+    check_dtype(ctx, 1, NUMERIC, "depth")
+    values = ctx.shape(2)
+    if len(values) != 1 or isinstance(values[0], int) and values[0] != 2:
+        raise ctx.fail(f"values must be [off_value, on_value], given {ctx.type(2)}")
+    shape = list(ctx.shape(0))
+    axis = normalize_axis(ctx, ctx.attrs["axis"], len(shape) + 1)
+    depth = _scalar_count(ctx, 1, "depth")
+    shape.insert(axis, ctx.fresh_dim("depth") if depth is None else depth)
+    return [T.TensorType(ctx.dtype(2), shape)]
+
+
+def one_hot(indices, depth, values, axis):
+    depth = int(np.asarray(depth).reshape(-1)[0])
+    indices = _wrap(indices.astype(np.int64), depth)
+    axis = axis % (indices.ndim + 1)
+    classes = np.arange(depth).reshape((-1,) + (1,) * (indices.ndim - axis))
+    hot = np.expand_dims(indices, axis) == classes
+    return np.where(hot, values[1], values[0]).astype(values.dtype)
+
+
+register_op("OneHot", pattern=Pattern.INJECTIVE, infer=_one_hot_infer, evaluate=one_hot,
+            attrs={"axis": -1}, inputs=3)
+
+# -- Unique --------------------------------------------------------------------------------------
+
+
+def _unique_infer(ctx):
+    x = ctx.type(0)
+    n = ctx.fresh_dim("unique")
+    axis = ctx.attrs["axis"]
+    if axis is None:
+        total = 1
+        for d in x.shape:
+            total = T.dim_mul(total, d)
+        y, inverse = (n,), (total,)
+    else:
+        axis = normalize_axis(ctx, axis, x.rank)
+        y = x.shape[:axis] + (n,) + x.shape[axis + 1:]
+        inverse = (x.shape[axis],)
+    return [x.with_shape(y), T.TensorType(T.int64, (n,)), T.TensorType(T.int64, inverse),
+            T.TensorType(T.int64, (n,))]
+
+
+def unique(x, axis, sorted):
+    keys = x.astype(np.float32) if x.dtype.name in _LOW_PRECISION else x
+    _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True,
+                                          return_counts=True, axis=axis)
+    inverse = inverse.reshape(-1)
+    if not sorted:  # order of first occurrence instead of ascending
+        order = np.argsort(first, kind="stable")
+        first, counts = first[order], counts[order]
+        inverse = np.argsort(order)[inverse]
+    y = x.reshape(-1)[first] if axis is None else np.take(x, first, axis=axis)
+    return y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)
+
+
+register_op("Unique", pattern=Pattern.OPAQUE, infer=_unique_infer, evaluate=unique,
+            attrs={"axis": None, "sorted": 1}, outputs=(1, 4))
+
+# -- NonMaxSuppression ---------------------------------------------------------------------------
+
+
+def _nms_infer(ctx):
+    check_dtype(ctx, 0, T.FLOAT_DTYPES, "boxes")
+    check_same_dtype(ctx, 0, 1)
+    check_dtype(ctx, 2, (T.int64,), "max_output_boxes_per_class")
+    boxes, scores = ctx.type(0), ctx.type(1)
+    if boxes.rank != 3 or scores.rank != 3 or isinstance(boxes.shape[2], int) and \
+            boxes.shape[2] != 4:
+        raise ctx.fail(f"boxes must be [batches, boxes, 4] and scores [batches, classes, "
+                       f"boxes], given {boxes} and {scores}")
+    if ctx.attrs["center_point_box"] not in (0, 1):
+        raise ctx.fail(f"center_point_box must be 0 or 1, given {ctx.attrs['center_point_box']}")
+    return [T.TensorType(T.int64, (ctx.fresh_dim("selected"), 3))]
+
+
+def _corners(boxes, center_point_box):
+    """Boxes as (y_min, x_min, y_max, x_max), whatever corner order or format they came in."""
+    if center_point_box:
+        xc, yc, w, h = boxes.T
+        return np.stack([yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2], axis=1)
+    y1, x1, y2, x2 = boxes.T
+    return np.stack([np.minimum(y1, y2), np.minimum(x1, x2),
+                     np.maximum(y1, y2), np.maximum(x1, x2)], axis=1)
+
+
+def _iou(a, b):
+    h = min(a[2], b[2]) - max(a[0], b[0])
+    w = min(a[3], b[3]) - max(a[1], b[1])
+    if h <= 0 or w <= 0:
+        return 0.0
+    inter = h * w
+    area_a = (a[2] - a[0]) * (a[3] - a[1])
+    area_b = (b[2] - b[0]) * (b[3] - b[1])
+    return inter / (area_a + area_b - inter)
+
+
+def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
+                        score_threshold=None, center_point_box=0):
+    limit = 0 if max_output_boxes_per_class is None else \
+        int(np.asarray(max_output_boxes_per_class).reshape(-1)[0])
+    iou_limit = 0.0 if iou_threshold is None else float(np.asarray(iou_threshold).reshape(-1)[0])
+    selected = []
+    for b in range(boxes.shape[0]):
+        corners = _corners(boxes[b].astype(np.float64), center_point_box)
+        for c in range(scores.shape[1]):
+            s = scores[b, c].astype(np.float64)
+            candidates = np.argsort(-s, kind="stable")  # by score, ties to the lower index
+            if score_threshold is not None:
+                candidates = candidates[s[candidates] > float(np.asarray(score_threshold)
+                                                              .reshape(-1)[0])]
+            kept = []
+            for i in candidates:
+                if len(kept) >= limit:
+                    break
+                if all(_iou(corners[i], corners[j]) <= iou_limit for j in kept):
+                    kept.append(i)
+            selected += [(b, c, i) for i in kept]
+    return np.array(selected, dtype=np.int64).reshape(-1, 3)
+
+
+register_op("NonMaxSuppression", pattern=Pattern.OPAQUE, infer=_nms_infer,
+            evaluate=non_max_suppression, attrs={"center_point_box": 0}, inputs=(2, 5))
