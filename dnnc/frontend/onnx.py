@@ -52,7 +52,7 @@ def tensor_to_array(tensor: TensorProto, where: str = "") -> np.ndarray:
     except Exception as exc:
         raise ModelFormatError(f"tensor {tensor.name!r}{' in ' + where if where else ''} "
                                f"cannot be read: {exc}") from exc
-    return np.ascontiguousarray(array.astype(dtype.np, copy=False))
+    return np.require(array.astype(dtype.np, copy=False), requirements="C")  # keeps 0-d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ class ImportContext:
 
 
 def constant_value(name: str, array: np.ndarray) -> Value:
-    array = np.ascontiguousarray(array)
+    array = np.require(array, requirements="C")  # (ascontiguousarray makes 0-d arrays 1-d)
     try:
         dtype = T.DType.from_numpy(array.dtype)
     except TypeError:

@@ -269,8 +269,7 @@ def evaluate(outputs: list[Tensor], feeds: dict[str, np.ndarray],
             grid[k] = n
             env[var] = np.arange(n, dtype=np.int64).reshape(grid)
         value = ev.eval(t.body, env)
-        arrays[t.name] = np.ascontiguousarray(np.broadcast_to(value, shape)).astype(
-            t.dtype.np)
+        arrays[t.name] = np.broadcast_to(value, shape).astype(t.dtype.np)  # a fresh copy
     return [arrays[t.name] for t in outputs]
 
 
