@@ -29,3 +29,4 @@ def import_dequantize_linear(ctx: ImportContext):
 
 direct("DynamicQuantizeLinear", since=11)
 direct("QLinearMatMul", since=10)
+direct("QLinearConv", since=10)

@@ -176,3 +176,44 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
 
 register_op("QLinearMatMul", pattern=Pattern.OUT_FUSABLE, infer=_qlinear_matmul_infer,
             evaluate=qlinear_matmul, inputs=(7, 8))
+
+
+# -- QLinearConv --------------------------------------------------------------------------------
+
+
+def _qlinear_conv_infer(ctx):
+    from .nn import _conv_shape
+
+    check_dtype(ctx, 0, (T.int8, T.uint8), "x")
+    check_dtype(ctx, 3, (T.int8, T.uint8), "w")
+    check_dtype(ctx, 8, (T.int32,), "B")
+    out = ctx.dtype(7) if ctx.has(7) else ctx.dtype(0)
+    return [T.TensorType(out, _conv_shape(ctx, 0, 3))]
+
+
+def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point=None,
+                 b=None, **conv_attrs):
+    """Integer convolution of zero-point-shifted operands, requantized to y's scale."""
+    from .nn import conv
+
+    xi = x.astype(np.int32) - (0 if x_zero_point is None else x_zero_point.astype(np.int32))
+    wi = w.astype(np.int32)
+    if w_zero_point is not None:
+        zp = w_zero_point.astype(np.int32)
+        wi = wi - (zp.reshape((-1,) + (1,) * (w.ndim - 1)) if zp.size > 1 else zp)
+    acc = conv(xi, wi, None, **conv_attrs)
+    if b is not None:
+        acc = acc + b.astype(np.int32).reshape((1, -1) + (1,) * (acc.ndim - 2))
+    w_scale = w_scale.reshape((1, -1) + (1,) * (acc.ndim - 2)) if w_scale.size > 1 else w_scale
+    y = np.rint(acc * (x_scale * w_scale / y_scale).astype(np.float64))
+    out = x.dtype if y_zero_point is None else y_zero_point.dtype
+    if y_zero_point is not None:
+        y = y + y_zero_point.astype(np.float64)
+    info = np.iinfo(out)
+    return np.clip(y, info.min, info.max).astype(out)
+
+
+register_op("QLinearConv", pattern=Pattern.OUT_FUSABLE, infer=_qlinear_conv_infer,
+            evaluate=qlinear_conv, inputs=(8, 9),
+            attrs={"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
+                   "pads": None, "strides": None})

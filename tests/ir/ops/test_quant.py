@@ -100,3 +100,22 @@ def test_mismatched_per_axis_scale_is_a_shape_error():
     with pytest.raises(ShapeError, match="QuantizeLinear"):
         dnnc.compile(_model("QuantizeLinear", [("x", x)], inits, TensorProto.UINT8),
                      target="numpy")
+
+
+def test_qlinear_conv_matches_onnxruntime():
+    rng = np.random.default_rng()
+    x = rng.integers(0, 255, (1, 4, 7, 7), dtype=np.uint8)
+    w = rng.integers(0, 255, (6, 4, 3, 3), dtype=np.uint8)
+    bias = rng.integers(-500, 500, 6, dtype=np.int32)
+    params = [("xs", np.float32(0.01)), ("xz", np.uint8(100)), ("w", w),
+              ("ws", np.float32(0.005)), ("wz", np.uint8(128)), ("ys", np.float32(0.2)),
+              ("yz", np.uint8(90)), ("b", bias)]
+    inits = [numpy_helper.from_array(np.array(v), n) for n, v in params]
+    node = helper.make_node("QLinearConv", ["x"] + [n for n, _ in params], ["y"],
+                            pads=[1, 1, 1, 1], strides=[2, 2])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    got, expected = _run_both(model, {"x": x})
+    np.testing.assert_array_equal(got[0], expected[0])
