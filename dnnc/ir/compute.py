@@ -52,6 +52,8 @@ class Tensor(Buffer):
 
     axes: tuple[Var, ...] = ()
     body: Expr | None = None
+    # a placeholder's contents when known at compile time (shape inputs, weights)
+    value: np.ndarray | None = None
 
     def __eq__(self, other):
         return self is other
@@ -79,8 +81,15 @@ def producers(t: Tensor) -> list[Tensor]:
     return list(seen.values())
 
 
-def placeholder(name: str, dtype: T.DType, shape) -> Tensor:
-    return Tensor(name, dtype, tuple(d if isinstance(d, Expr) else dim_expr(d) for d in shape))
+def placeholder(name: str, dtype: T.DType, shape, value: np.ndarray | None = None) -> Tensor:
+    return Tensor(name, dtype, tuple(d if isinstance(d, Expr) else dim_expr(d) for d in shape),
+                  value=value)
+
+
+class NoCompute(Exception):
+    """Raised by a compute rule for a node it cannot express as loops (a shape that depends on
+    data, an input that must be known at compile time but is not); the node then runs as a
+    host fallback, which compiled models count and `dnnc inspect` lists."""
 
 
 def compute(shape, fn, name: str = "", dtype: T.DType | None = None) -> Tensor:
@@ -92,6 +101,15 @@ def compute(shape, fn, name: str = "", dtype: T.DType | None = None) -> Tensor:
     if dtype is not None and body.dtype is not dtype:
         body = Cast(dtype, body)
     return Tensor(name, body.dtype, shape, axes=axes, body=body)
+
+
+def broadcast_load(t: Tensor, index) -> Expr:
+    """`t` read at an output index under NumPy broadcasting: trailing axes align, and axes of
+    extent 1 are read at 0."""
+    index = tuple(index)
+    lead = len(index) - t.ndim
+    idx = tuple(const(0) if d == const(1) else index[lead + k] for k, d in enumerate(t.shape))
+    return t[idx] if idx else t[()]
 
 
 def reduce_axis(extent, name: str = "") -> IterVar:
@@ -186,8 +204,12 @@ class _Evaluator:
         if isinstance(e, BinOp):
             a, b = self.eval(e.a, env), self.eval(e.b, env)
             with np.errstate(all="ignore"):
-                if e.op == "/":
+                if e.op == "/" and e.dtype.is_float:
                     return np.true_divide(a, b).astype(e.dtype.np)
+                if e.op == "/":  # C division, truncating toward zero
+                    safe = np.where(b == 0, 1, b)
+                    q = np.floor_divide(a, safe)
+                    return (q + ((q < 0) & (q * safe != a))).astype(e.dtype.np)
                 if e.op in ("//", "%"):
                     if e.dtype.is_float:
                         out = np.floor_divide(a, b) if e.op == "//" else np.fmod(a, b)
@@ -281,3 +303,49 @@ def _postorder(tensors, order, seen):
         _postorder(producers(t), order, seen)
         order.append(t)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one op's compute rule (tests, and checks of new rules)
+
+
+def apply_rule(op_name: str, inputs: list, attrs: dict, out_types: list) -> list[Tensor]:
+    """Call op `op_name`'s compute rule; `inputs` are Tensors (None for absent ones)."""
+    from .ops.registry import get_op
+
+    op = get_op(op_name)
+    if op.compute is None:
+        raise NoCompute(f"{op_name} has no compute rule")
+    out = op.compute(list(inputs), list(out_types), **attrs)
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    for t, want in zip(outs, out_types):
+        if t.dtype is not want.dtype or len(t.shape) != len(want.shape):
+            raise ComputeEvalError(f"{op_name}'s compute rule gives {t.dtype.name} of rank "
+                                   f"{len(t.shape)}; inferred {want}")
+    return outs
+
+
+def run_rule(op_name: str, arrays: list, attrs: dict | None = None, const_inputs=(),
+             num_outputs: int | None = None) -> list[np.ndarray]:
+    """Run an op's compute rule on NumPy arrays through `evaluate`: the same contract as
+    `OpDef.run`, so tests compare the two. Inputs listed in `const_inputs` are compile-time
+    constants (their values are visible to the rule, as shape inputs are in a model)."""
+    from .graph import Value
+    from .ops.registry import infer_node
+
+    values = []
+    for k, a in enumerate(arrays):
+        if a is None:
+            values.append(None)
+            continue
+        a = np.asarray(a)
+        values.append(Value(f"in{k}", T.TensorType(T.DType.from_numpy(a.dtype), a.shape),
+                            const=a if k in const_inputs else None))
+    from .ops.registry import get_op
+    nout = num_outputs or get_op(op_name).num_outputs[0]
+    types, _, full = infer_node(op_name, values, dict(attrs or {}), nout, op_name)
+    tensors = [None if v is None else placeholder(v.name, v.type.dtype, v.type.shape,
+                                                   value=v.const) for v in values]
+    outs = apply_rule(op_name, tensors, full, types)
+    feeds = {f"in{k}": np.asarray(a) for k, a in enumerate(arrays) if a is not None}
+    return evaluate(outs, feeds)

@@ -106,8 +106,9 @@ BITWISE = ("&", "|", "^", "<<", ">>")
 
 @dataclass(frozen=True, eq=True)
 class BinOp(Expr):
-    """`//` and `%` are floor division and its modulo (Python's), on integers; `/` is true
-    division on floats. Comparisons and logic ops have dtype bool."""
+    """On integers `//` and `%` are floor division and its modulo (Python's) and `/` divides
+    truncating toward zero (C's); on floats `/` is true division, `//` floor(a / b) and `%`
+    fmod. Comparisons and logic ops have dtype bool."""
 
     op: str
     a: Expr

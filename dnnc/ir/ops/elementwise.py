@@ -11,7 +11,10 @@ import math
 
 import numpy as np
 
+from .. import loop as L
 from .. import types as T
+from ..compute import broadcast_load, compute
+from ..loop import Cast, Select, call, const, maximum, minimum
 from .infer import broadcast_to, check_dtype, check_same_dtype, same_as_input
 from .registry import Pattern, register_op
 
@@ -20,8 +23,25 @@ NUMERIC = T.FLOAT_DTYPES + T.INT_DTYPES
 BOOL = (T.bool_,)
 
 
-def unary(name: str, fn, attrs: dict | None = None, dtypes=None, **options):
-    """Register an elementwise op of one input whose output has the input's type."""
+def elementwise_rule(expr):
+    """A compute rule for elementwise and broadcasting ops: `out[i] = expr(x[i], ...,
+    **attrs)`, each present input read under broadcasting (absent optional inputs are None)."""
+
+    def rule(inputs, outputs, **attrs):
+        out = outputs[0]
+
+        def element(*idx):
+            args = [None if t is None else broadcast_load(t, idx) for t in inputs]
+            return expr(*args, **attrs)
+
+        return [compute(out.shape, element, dtype=out.dtype)]
+
+    return rule
+
+
+def unary(name: str, fn, attrs: dict | None = None, dtypes=None, expr=None, **options):
+    """Register an elementwise op of one input whose output has the input's type;
+    `expr(x, **attrs)` is its loop-IR expression."""
 
     def infer(ctx):
         if dtypes is not None:
@@ -29,11 +49,12 @@ def unary(name: str, fn, attrs: dict | None = None, dtypes=None, **options):
         return same_as_input(ctx)
 
     return register_op(name, pattern=Pattern.ELEMWISE, infer=infer, evaluate=fn,
-                       attrs=attrs, **options)
+                       attrs=attrs, compute=expr and elementwise_rule(expr), **options)
 
 
-def binary(name: str, fn, out_dtype: T.DType | None = None, dtypes=None, **options):
-    """Register a broadcasting op of two same-typed inputs."""
+def binary(name: str, fn, out_dtype: T.DType | None = None, dtypes=None, expr=None,
+           **options):
+    """Register a broadcasting op of two same-typed inputs; `expr(a, b, **attrs)`."""
     rule = broadcast_to(out_dtype)
 
     def infer(ctx):
@@ -43,11 +64,12 @@ def binary(name: str, fn, out_dtype: T.DType | None = None, dtypes=None, **optio
         return rule(ctx)
 
     return register_op(name, pattern=Pattern.BROADCAST, infer=infer, evaluate=fn,
-                       inputs=2, **options)
+                       inputs=2, compute=expr and elementwise_rule(expr), **options)
 
 
-def variadic(name: str, fn):
-    """Register a broadcasting op over one or more same-typed inputs, folded with `fn`."""
+def variadic(name: str, fn, expr):
+    """Register a broadcasting op over one or more same-typed inputs, folded with `fn`
+    (and `expr` in loop IR)."""
     rule = broadcast_to()
 
     def infer(ctx):
@@ -60,8 +82,14 @@ def variadic(name: str, fn):
             out = fn(out, x)
         return np.broadcast_to(out, np.broadcast_shapes(*(x.shape for x in xs))).copy()
 
+    def fold(*xs):
+        out = xs[0]
+        for x in xs[1:]:
+            out = expr(out, x)
+        return out
+
     return register_op(name, pattern=Pattern.BROADCAST, infer=infer, evaluate=evaluate,
-                       inputs=(1, None), shape_arith=True)
+                       inputs=(1, None), shape_arith=True, compute=elementwise_rule(fold))
 
 
 # -- math ------------------------------------------------------------------------------------
@@ -82,56 +110,93 @@ def softplus(x):
     return np.logaddexp(np.zeros((), x.dtype), x)
 
 
-unary("Abs", np.abs, dtypes=NUMERIC, shape_arith=True)
-unary("Neg", np.negative, dtypes=NUMERIC, shape_arith=True)
-unary("Sign", np.sign, dtypes=NUMERIC)
-unary("Reciprocal", np.reciprocal, dtypes=FLOATS)
-unary("Sqrt", np.sqrt, dtypes=FLOATS)
-unary("Exp", np.exp, dtypes=FLOATS)
-unary("Log", np.log, dtypes=FLOATS)
-unary("Ceil", np.ceil, dtypes=FLOATS)
-unary("Floor", np.floor, dtypes=FLOATS)
-unary("Round", np.round, dtypes=FLOATS)  # half to even, as ONNX
-unary("Sin", np.sin, dtypes=FLOATS)
-unary("Cos", np.cos, dtypes=FLOATS)
-unary("Tan", np.tan, dtypes=FLOATS)
-unary("Asin", np.arcsin, dtypes=FLOATS)
-unary("Acos", np.arccos, dtypes=FLOATS)
-unary("Atan", np.arctan, dtypes=FLOATS)
-unary("Sinh", np.sinh, dtypes=FLOATS)
-unary("Cosh", np.cosh, dtypes=FLOATS)
-unary("Asinh", np.arcsinh, dtypes=FLOATS)
-unary("Acosh", np.arccosh, dtypes=FLOATS)
-unary("Atanh", np.arctanh, dtypes=FLOATS)
-unary("Tanh", np.tanh, dtypes=FLOATS)
-unary("Erf", erf, dtypes=FLOATS)
-unary("Identity", lambda x: x, shape_arith=True)
+unary("Abs", np.abs, dtypes=NUMERIC, shape_arith=True, expr=lambda x: call("abs", x))
+unary("Neg", np.negative, dtypes=NUMERIC, shape_arith=True, expr=lambda x: call("neg", x))
+unary("Sign", np.sign, dtypes=NUMERIC, expr=lambda x: call("sign", x))
+unary("Reciprocal", np.reciprocal, dtypes=FLOATS, expr=lambda x: const(1.0, x.dtype) / x)
+unary("Sqrt", np.sqrt, dtypes=FLOATS, expr=lambda x: call("sqrt", x))
+unary("Exp", np.exp, dtypes=FLOATS, expr=lambda x: call("exp", x))
+unary("Log", np.log, dtypes=FLOATS, expr=lambda x: call("log", x))
+unary("Ceil", np.ceil, dtypes=FLOATS, expr=lambda x: call("ceil", x))
+unary("Floor", np.floor, dtypes=FLOATS, expr=lambda x: call("floor", x))
+unary("Round", np.round, dtypes=FLOATS, expr=lambda x: call("round", x))  # half to even, as ONNX
+unary("Sin", np.sin, dtypes=FLOATS, expr=lambda x: call("sin", x))
+unary("Cos", np.cos, dtypes=FLOATS, expr=lambda x: call("cos", x))
+unary("Tan", np.tan, dtypes=FLOATS, expr=lambda x: call("tan", x))
+unary("Asin", np.arcsin, dtypes=FLOATS, expr=lambda x: call("asin", x))
+unary("Acos", np.arccos, dtypes=FLOATS, expr=lambda x: call("acos", x))
+unary("Atan", np.arctan, dtypes=FLOATS, expr=lambda x: call("atan", x))
+unary("Sinh", np.sinh, dtypes=FLOATS, expr=lambda x: call("sinh", x))
+unary("Cosh", np.cosh, dtypes=FLOATS, expr=lambda x: call("cosh", x))
+unary("Asinh", np.arcsinh, dtypes=FLOATS, expr=lambda x: call("asinh", x))
+unary("Acosh", np.arccosh, dtypes=FLOATS, expr=lambda x: call("acosh", x))
+unary("Atanh", np.arctanh, dtypes=FLOATS, expr=lambda x: call("atanh", x))
+unary("Tanh", np.tanh, dtypes=FLOATS, expr=lambda x: call("tanh", x))
+unary("Erf", erf, dtypes=FLOATS, expr=lambda x: call("erf", x))
+unary("Identity", lambda x: x, shape_arith=True, expr=lambda x: x)
 
 # -- activations -------------------------------------------------------------------------------
 
-unary("Relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), dtypes=NUMERIC)
-unary("Sigmoid", sigmoid, dtypes=FLOATS)
-unary("LeakyRelu", lambda x, alpha: np.where(x >= 0, x, x * alpha), {"alpha": 0.01}, FLOATS)
+
+def _relu_expr(x):
+    zero = const(0, x.dtype)
+    return maximum(x, zero) if x.dtype.is_float else Select(x > zero, x, zero)
+
+
+def _celu_expr(x, alpha):
+    return maximum(x, const(0.0, x.dtype)) + minimum(const(0.0, x.dtype),
+                                                      call("expm1", x / alpha) * alpha)
+
+
+def _hard_sigmoid_expr(x, alpha, beta):
+    return minimum(maximum(x * alpha + beta, const(0.0, x.dtype)), const(1.0, x.dtype))
+
+
+def _hard_swish_expr(x):
+    return x * _hard_sigmoid_expr(x, 1 / 6, 0.5)
+
+
+def _softplus_expr(x):
+    # log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|))
+    return maximum(x, const(0.0, x.dtype)) + call("log1p", call("exp", -call("abs", x)))
+
+
+def _shrink_expr(x, bias, lambd):
+    zero = const(0, x.dtype)
+    return Select(x < -lambd if x.dtype.is_float else x < const(-lambd, x.dtype), x + bias,
+                  Select(x > lambd, x - bias, zero))
+
+
+def _gelu_expr(x, approximate):
+    if approximate == "tanh":
+        inner = (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)
+        return x * 0.5 * (call("tanh", inner) + 1.0)
+    return x * 0.5 * (call("erf", x / math.sqrt(2)) + 1.0)
+
+
+unary("Relu", lambda x: np.maximum(x, np.zeros((), x.dtype)), dtypes=NUMERIC, expr=_relu_expr)
+unary("Sigmoid", sigmoid, dtypes=FLOATS, expr=lambda x: call("sigmoid", x))
+unary("LeakyRelu", lambda x, alpha: np.where(x >= 0, x, x * alpha), {"alpha": 0.01}, FLOATS, expr=lambda x, alpha: Select(x >= 0.0, x, x * alpha))
 unary("Elu", lambda x, alpha: np.where(x > 0, x, alpha * np.expm1(x)).astype(x.dtype),
-      {"alpha": 1.0}, FLOATS)
+      {"alpha": 1.0}, FLOATS, expr=lambda x, alpha: Select(x > 0.0, x, call("expm1", x) * alpha))
 unary("Selu", lambda x, alpha, gamma: (gamma * np.where(x > 0, x, alpha * np.expm1(x)))
       .astype(x.dtype),
-      {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}, FLOATS)
+      {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}, FLOATS, expr=lambda x, alpha, gamma: Select(x > 0.0, x, call("expm1", x) * alpha) * gamma)
 unary("Celu", lambda x, alpha: (np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha)))
-      .astype(x.dtype), {"alpha": 1.0}, FLOATS)
+      .astype(x.dtype), {"alpha": 1.0}, FLOATS, expr=_celu_expr)
 unary("HardSigmoid", lambda x, alpha, beta: np.clip(alpha * x + beta, 0, 1).astype(x.dtype),
-      {"alpha": 0.2, "beta": 0.5}, FLOATS)
-unary("HardSwish", lambda x: (x * np.clip(x / 6 + 0.5, 0, 1)).astype(x.dtype), dtypes=FLOATS)
-unary("Softplus", softplus, dtypes=FLOATS)
-unary("Softsign", lambda x: x / (1 + np.abs(x)), dtypes=FLOATS)
-unary("Mish", lambda x: (x * np.tanh(softplus(x))).astype(x.dtype), dtypes=FLOATS)
+      {"alpha": 0.2, "beta": 0.5}, FLOATS, expr=_hard_sigmoid_expr)
+unary("HardSwish", lambda x: (x * np.clip(x / 6 + 0.5, 0, 1)).astype(x.dtype), dtypes=FLOATS, expr=_hard_swish_expr)
+unary("Softplus", softplus, dtypes=FLOATS, expr=_softplus_expr)
+unary("Softsign", lambda x: x / (1 + np.abs(x)), dtypes=FLOATS, expr=lambda x: x / (call("abs", x) + 1.0))
+unary("Mish", lambda x: (x * np.tanh(softplus(x))).astype(x.dtype), dtypes=FLOATS, expr=lambda x: x * call("tanh", _softplus_expr(x)))
 unary("ThresholdedRelu", lambda x, alpha: np.where(x > alpha, x, 0).astype(x.dtype),
-      {"alpha": 1.0}, FLOATS)
+      {"alpha": 1.0}, FLOATS, expr=lambda x, alpha: Select(x > alpha, x, const(0, x.dtype)))
 unary("Shrink", lambda x, bias, lambd: np.where(x < -lambd, x + bias,
                                                 np.where(x > lambd, x - bias, 0)).astype(x.dtype),
-      {"bias": 0.0, "lambd": 0.5}, NUMERIC)
+      {"bias": 0.0, "lambd": 0.5}, NUMERIC, expr=_shrink_expr)
 unary("Swish", lambda x, alpha: (x * sigmoid(x * np.asarray(alpha, x.dtype))).astype(x.dtype),
-      {"alpha": 1.0}, FLOATS)
+      {"alpha": 1.0}, FLOATS, expr=lambda x, alpha: x * call("sigmoid", x * alpha))
 
 
 def gelu(x, approximate):
@@ -141,7 +206,7 @@ def gelu(x, approximate):
     return (0.5 * x * (1 + erf(x / np.asarray(math.sqrt(2), x.dtype)))).astype(x.dtype)
 
 
-unary("Gelu", gelu, {"approximate": "none"}, FLOATS)
+unary("Gelu", gelu, {"approximate": "none"}, FLOATS, expr=_gelu_expr)
 
 # -- predicates ----------------------------------------------------------------------------------
 
@@ -151,11 +216,20 @@ def _predicate_infer(ctx):
     return [T.TensorType(T.bool_, ctx.shape(0))]
 
 
-register_op("IsNaN", pattern=Pattern.ELEMWISE, infer=_predicate_infer, evaluate=np.isnan)
+def _is_inf_expr(x, detect_negative, detect_positive):
+    zero = const(0.0, x.dtype)
+    return L.logical_and(call("isinf", x), L.logical_or(
+        L.logical_and(const(bool(detect_negative)), x < zero),
+        L.logical_and(const(bool(detect_positive)), x > zero)))
+
+
+register_op("IsNaN", pattern=Pattern.ELEMWISE, infer=_predicate_infer, evaluate=np.isnan,
+            compute=elementwise_rule(lambda x: call("isnan", x)))
 register_op("IsInf", pattern=Pattern.ELEMWISE, infer=_predicate_infer,
             evaluate=lambda x, detect_negative, detect_positive:
             (np.isneginf(x) & bool(detect_negative)) | (np.isposinf(x) & bool(detect_positive)),
-            attrs={"detect_negative": 1, "detect_positive": 1})
+            attrs={"detect_negative": 1, "detect_positive": 1},
+            compute=elementwise_rule(_is_inf_expr))
 
 # -- binary arithmetic ---------------------------------------------------------------------------
 
@@ -186,38 +260,71 @@ def bitshift(x, y, direction):
     return np.left_shift(x, y) if direction == "LEFT" else np.right_shift(x, y)
 
 
-binary("Add", np.add, dtypes=NUMERIC, shape_arith=True)
-binary("Sub", np.subtract, dtypes=NUMERIC, shape_arith=True)
-binary("Mul", np.multiply, dtypes=NUMERIC, shape_arith=True)
-binary("Div", div, dtypes=NUMERIC, shape_arith=True)
-binary("Mod", mod, dtypes=NUMERIC, attrs={"fmod": 0}, shape_arith=True)
-register_op("Pow", pattern=Pattern.BROADCAST, infer=_pow_infer, evaluate=power, inputs=2)
-register_op("BitShift", pattern=Pattern.BROADCAST, infer=broadcast_to(), evaluate=bitshift,
-            attrs={"direction": "LEFT"}, inputs=2)
-binary("PRelu", lambda x, slope: np.where(x < 0, x * slope, x).astype(x.dtype), dtypes=NUMERIC)
+def _mod_expr(a, b, fmod):
+    if fmod:
+        if a.dtype.is_float:
+            return call("fmod", a, b)
+        return a - (a / b) * b                      # C remainder: sign of the dividend
+    if a.dtype.is_int:
+        return a % b                                # floor modulo: sign of the divisor
+    r = call("fmod", a, b)
+    zero = const(0.0, a.dtype)
+    return Select(L.logical_and(L.ne(r, zero), L.ne(r < zero, b < zero)), r + b, r)
 
-variadic("Sum", np.add)
-variadic("Max", np.maximum)
-variadic("Min", np.minimum)
+
+def _bitwise_not_expr(x):
+    ones = -1 if x.dtype.kind == "i" else (1 << (8 * x.dtype.itemsize)) - 1
+    return L.BinOp("^", x, const(ones, x.dtype))
+
+
+binary("Add", np.add, dtypes=NUMERIC, shape_arith=True, expr=lambda a, b: a + b)
+binary("Sub", np.subtract, dtypes=NUMERIC, shape_arith=True, expr=lambda a, b: a - b)
+binary("Mul", np.multiply, dtypes=NUMERIC, shape_arith=True, expr=lambda a, b: a * b)
+binary("Div", div, dtypes=NUMERIC, shape_arith=True, expr=lambda a, b: a / b)
+binary("Mod", mod, dtypes=NUMERIC, attrs={"fmod": 0}, shape_arith=True, expr=_mod_expr)
+def _pow_expr(a, b):
+    if a.dtype.is_int:  # exact below 2**53, as integer powers that fit the type are
+        return Cast(a.dtype, call("pow", Cast(T.float64, a), Cast(T.float64, b)))
+    return call("pow", a, b if b.dtype is a.dtype else Cast(a.dtype, b))
+
+
+register_op("Pow", pattern=Pattern.BROADCAST, infer=_pow_infer, evaluate=power, inputs=2,
+            compute=elementwise_rule(_pow_expr))
+register_op("BitShift", pattern=Pattern.BROADCAST, infer=broadcast_to(), evaluate=bitshift,
+            attrs={"direction": "LEFT"}, inputs=2, compute=elementwise_rule(
+                lambda x, y, direction: L.BinOp("<<" if direction == "LEFT" else ">>", x, y)))
+binary("PRelu", lambda x, slope: np.where(x < 0, x * slope, x).astype(x.dtype), dtypes=NUMERIC, expr=lambda x, slope: Select(x < const(0, x.dtype), x * slope, x))
+
+variadic("Sum", np.add, lambda a, b: a + b)
+variadic("Max", np.maximum, maximum)
+variadic("Min", np.minimum, minimum)
 register_op("Mean", pattern=Pattern.BROADCAST, infer=broadcast_to(),
             evaluate=lambda *xs: (sum(xs[1:], xs[0]) / len(xs)).astype(xs[0].dtype),
-            inputs=(1, None))
+            inputs=(1, None), compute=elementwise_rule(
+                lambda *xs: _sum_exprs(xs) / const(len(xs), xs[0].dtype)))
+
+
+def _sum_exprs(xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = out + x
+    return out
 
 # -- logic, comparison, bitwise ------------------------------------------------------------------
 
-binary("And", np.logical_and, dtypes=BOOL)
-binary("Or", np.logical_or, dtypes=BOOL)
-binary("Xor", np.logical_xor, dtypes=BOOL)
-unary("Not", np.logical_not, dtypes=BOOL, shape_arith=True)
-binary("Equal", np.equal, T.bool_, shape_arith=True)
-binary("Less", np.less, T.bool_, NUMERIC, shape_arith=True)
-binary("LessOrEqual", np.less_equal, T.bool_, NUMERIC, shape_arith=True)
-binary("Greater", np.greater, T.bool_, NUMERIC, shape_arith=True)
-binary("GreaterOrEqual", np.greater_equal, T.bool_, NUMERIC, shape_arith=True)
-binary("BitwiseAnd", np.bitwise_and, dtypes=T.INT_DTYPES)
-binary("BitwiseOr", np.bitwise_or, dtypes=T.INT_DTYPES)
-binary("BitwiseXor", np.bitwise_xor, dtypes=T.INT_DTYPES)
-unary("BitwiseNot", np.invert, dtypes=T.INT_DTYPES)
+binary("And", np.logical_and, dtypes=BOOL, expr=lambda a, b: L.BinOp("and", a, b))
+binary("Or", np.logical_or, dtypes=BOOL, expr=lambda a, b: L.BinOp("or", a, b))
+binary("Xor", np.logical_xor, dtypes=BOOL, expr=lambda a, b: L.ne(a, b))
+unary("Not", np.logical_not, dtypes=BOOL, shape_arith=True, expr=lambda x: call("not", x))
+binary("Equal", np.equal, T.bool_, shape_arith=True, expr=L.eq)
+binary("Less", np.less, T.bool_, NUMERIC, shape_arith=True, expr=lambda a, b: a < b)
+binary("LessOrEqual", np.less_equal, T.bool_, NUMERIC, shape_arith=True, expr=lambda a, b: a <= b)
+binary("Greater", np.greater, T.bool_, NUMERIC, shape_arith=True, expr=lambda a, b: a > b)
+binary("GreaterOrEqual", np.greater_equal, T.bool_, NUMERIC, shape_arith=True, expr=lambda a, b: a >= b)
+binary("BitwiseAnd", np.bitwise_and, dtypes=T.INT_DTYPES, expr=lambda a, b: L.BinOp("&", a, b))
+binary("BitwiseOr", np.bitwise_or, dtypes=T.INT_DTYPES, expr=lambda a, b: L.BinOp("|", a, b))
+binary("BitwiseXor", np.bitwise_xor, dtypes=T.INT_DTYPES, expr=lambda a, b: L.BinOp("^", a, b))
+unary("BitwiseNot", np.invert, dtypes=T.INT_DTYPES, expr=_bitwise_not_expr)
 
 # -- Clip, Where, Cast ---------------------------------------------------------------------------
 
@@ -239,7 +346,16 @@ def _clip_infer(ctx):
     return same_as_input(ctx)
 
 
-register_op("Clip", pattern=Pattern.ELEMWISE, infer=_clip_infer, evaluate=clip, inputs=(1, 3))
+def _clip_expr(x, lo=None, hi=None):
+    if lo is not None:
+        x = maximum(x, lo) if x.dtype.is_float else Select(x < lo, lo, x)
+    if hi is not None:
+        x = minimum(x, hi) if x.dtype.is_float else Select(x > hi, hi, x)
+    return x
+
+
+register_op("Clip", pattern=Pattern.ELEMWISE, infer=_clip_infer, evaluate=clip, inputs=(1, 3),
+            compute=elementwise_rule(_clip_expr))
 
 
 def _where_infer(ctx):
@@ -249,7 +365,8 @@ def _where_infer(ctx):
 
 
 register_op("Where", pattern=Pattern.BROADCAST, infer=_where_infer, inputs=3,
-            evaluate=lambda c, x, y: np.where(c, x, y), shape_arith=True)
+            evaluate=lambda c, x, y: np.where(c, x, y), shape_arith=True,
+            compute=elementwise_rule(Select))
 
 
 def cast(x, to):
@@ -266,4 +383,5 @@ def cast(x, to):
 
 register_op("Cast", pattern=Pattern.ELEMWISE,
             infer=lambda ctx: [T.TensorType(ctx.attrs["to"], ctx.shape(0))],
-            evaluate=cast, attrs={"to": T.float32}, shape_arith=True)
+            evaluate=cast, attrs={"to": T.float32}, shape_arith=True,
+            compute=elementwise_rule(lambda x, to: Cast(to, x)))

@@ -1,0 +1,565 @@
+"""Render operator-IR PrimFuncs as LLVM IR (llvmlite's IR builder).
+
+Each PrimFunc becomes `void @name(ptr noalias %buf..., i64 %size...)`; a `_packed` twin taking
+`(ptr args, ptr sizes)` arrays lets tests and the runtime call any kernel through one ctypes
+signature. Parallel loops are outlined into `@name_par<k>(ptr closure, i64 start, i64 end)`
+and handed to the runtime's `dnnc_parallel_for`.
+
+Values live in registers in their *compute* type: float16 and bfloat16 are computed in float32
+(rounded to their precision at casts and stores), bool is i1 (i8 in memory). Integer `//` and
+`%` floor as in Python, cheaply when bounds prove both operands non-negative; float `%` is fmod.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from ...ir import loop as L
+from ...ir import types as T
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), \
+    ir.IntType(64)
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+
+_INT_BITS = {1: I8, 2: I16, 4: I32, 8: I64}
+
+
+def compute_type(dtype: T.DType) -> ir.Type:
+    """The register type values of `dtype` are computed in."""
+    if dtype.kind == "b":
+        return I1
+    if dtype.is_int:
+        return _INT_BITS[dtype.itemsize]
+    return F64 if dtype is T.float64 else F32
+
+
+def memory_type(dtype: T.DType) -> ir.Type:
+    """The type `dtype` is stored as."""
+    if dtype.kind == "b":
+        return I8
+    if dtype is T.float16:
+        return F16
+    if dtype is T.bfloat16:
+        return I16
+    return compute_type(dtype)
+
+
+# intrinsics with an LLVM counterpart (vectorisable by LLVM); the rest call libm
+_LLVM_INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt",
+                   "sin": "llvm.sin", "cos": "llvm.cos", "floor": "llvm.floor",
+                   "ceil": "llvm.ceil", "round": "llvm.roundeven", "trunc": "llvm.trunc",
+                   "pow": "llvm.pow", "tan": "llvm.tan", "asin": "llvm.asin",
+                   "acos": "llvm.acos", "atan": "llvm.atan", "sinh": "llvm.sinh",
+                   "cosh": "llvm.cosh", "tanh": "llvm.tanh"}
+_LIBM = {"erf": "erf", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
+         "log1p": "log1p", "expm1": "expm1", "fmod": "fmod", "atan2": "atan2"}
+
+
+class CodegenError(Exception):
+    """A PrimFunc the LLVM backend cannot render (a compiler bug or a GPU-only construct)."""
+
+
+class ModuleBuilder:
+    """Collects kernels into one LLVM module."""
+
+    def __init__(self, name: str = "dnnc"):
+        self.module = ir.Module(name=name)
+        self._decls: dict[str, ir.Function] = {}
+        self.parallel_for = ir.Function(
+            self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64]), "dnnc_parallel_for")
+
+    def declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        fn = self._decls.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, args), name)
+            self._decls[name] = fn
+        return fn
+
+    def intrinsic(self, name: str, ty: ir.Type, nargs: int = 1) -> ir.Function:
+        suffix = {F32: "f32", F64: "f64"}.get(ty) or f"i{ty.width}"
+        return self.declare(f"{name}.{suffix}", ty, [ty] * nargs)
+
+    def add(self, func: L.PrimFunc, noalias: bool = True) -> ir.Function:
+        """Render `func`; returns the LLVM function."""
+        return _FunctionBuilder(self, func, noalias).build()
+
+    def __str__(self) -> str:
+        return str(self.module)
+
+
+def _c_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+class _FunctionBuilder:
+    def __init__(self, mb: ModuleBuilder, func: L.PrimFunc, noalias: bool):
+        self.mb = mb
+        self.func = func
+        self.noalias = noalias
+        self.name = _c_name(func.name)
+        self.outlined = 0
+
+    # -- entry points ------------------------------------------------------------------------
+
+    def build(self) -> ir.Function:
+        f = self.func
+        arg_types = [PTR] * len(f.params) + [I64] * len(f.size_vars)
+        fn = ir.Function(self.mb.module, ir.FunctionType(ir.VoidType(), arg_types), self.name)
+        for k, b in enumerate(f.params):
+            fn.args[k].name = _c_name(b.name)
+            if self.noalias:
+                fn.args[k].add_attribute("noalias")
+        env: dict[L.Var, ir.Value] = {}
+        bounds: dict[L.Var, L.Bounds] = {}
+        for k, v in enumerate(f.size_vars):
+            arg = fn.args[len(f.params) + k]
+            arg.name = _c_name(v.name)
+            env[v] = arg
+            bounds[v] = L.Bounds(1, None)
+        builder = ir.IRBuilder(fn.append_basic_block("entry"))
+        buffers = {b.name: fn.args[k] for k, b in enumerate(f.params)}
+        emitter = _Emitter(self, fn, builder, env, bounds, buffers)
+        emitter.stmt(f.body)
+        emitter.finish()
+        self._packed(fn)
+        return fn
+
+    def _packed(self, fn: ir.Function) -> None:
+        """`void name_packed(ptr args, ptr sizes)`: one signature for every kernel."""
+        packed = ir.Function(self.mb.module, ir.FunctionType(ir.VoidType(), [PTR, PTR]),
+                             f"{self.name}_packed")
+        b = ir.IRBuilder(packed.append_basic_block("entry"))
+        args = []
+        nparams = len(self.func.params)
+        for k in range(nparams):
+            slot = b.gep(packed.args[0], [ir.Constant(I64, k)], inbounds=True, source_etype=PTR)
+            args.append(b.load(slot, typ=PTR))
+        for k in range(len(self.func.size_vars)):
+            slot = b.gep(packed.args[1], [ir.Constant(I64, k)], inbounds=True, source_etype=I64)
+            args.append(b.load(slot, typ=I64))
+        b.call(fn, args)
+        b.ret_void()
+
+    def outline_name(self) -> str:
+        self.outlined += 1
+        return f"{self.name}_par{self.outlined}"
+
+
+class _Emitter:
+    """Emits statements and expressions of one LLVM function."""
+
+    def __init__(self, fb: _FunctionBuilder, fn: ir.Function, builder: ir.IRBuilder,
+                 env: dict, bounds: dict, buffers: dict):
+        self.fb = fb
+        self.mb = fb.mb
+        self.fn = fn
+        self.b = builder
+        self.env = env          # Var -> ir.Value
+        self.bounds = bounds    # Var -> Bounds, for cheap division
+        self.buffers = buffers  # buffer name -> pointer
+        self.strides: dict[str, list[ir.Value]] = {}
+        # allocas go to a block of their own that runs once per call (see `finish`)
+        self.allocas = ir.IRBuilder(fn.entry_basic_block)
+        start = fn.append_basic_block("start")
+        builder.position_at_end(start)
+        self.start = start
+
+    def finish(self) -> None:
+        """Close the function: the alloca block falls through to the code."""
+        self.b.ret_void()
+        self.allocas.branch(self.start)
+
+    def entry_alloca(self, ty: ir.Type, count: int = 1, name: str = "") -> ir.Value:
+        """Stack memory allocated once per call, never inside a loop."""
+        return self.allocas.alloca(ty, size=None if count == 1 else ir.Constant(I64, count),
+                                   name=name)
+
+    # -- statements --------------------------------------------------------------------------
+
+    def stmt(self, s: L.Stmt) -> None:
+        if isinstance(s, L.Seq):
+            for x in s.stmts:
+                self.stmt(x)
+        elif isinstance(s, L.For):
+            if s.kind is L.ForKind.PARALLEL:
+                self.parallel_for(s)
+            elif s.kind.is_gpu_block or s.kind.is_gpu_thread:
+                raise CodegenError(f"{self.fb.func.name}: loop bound to {s.kind.value} cannot "
+                                   f"run on a CPU")
+            else:
+                self.serial_for(s)
+        elif isinstance(s, L.Store):
+            ptr = self.address(s.buffer, s.indices)
+            value = self.expr(s.value)
+            self.b.store(self.to_memory(value, s.buffer.dtype), ptr)
+        elif isinstance(s, L.Let):
+            self.env[s.var] = self.expr(s.value)
+            self.bounds[s.var] = L.bounds(s.value, self.bounds)
+            self.stmt(s.body)
+        elif isinstance(s, L.If):
+            cond = self.expr(s.cond)
+            if s.orelse is None:
+                with self.b.if_then(cond):
+                    self.stmt(s.then)
+            else:
+                with self.b.if_else(cond) as (then, otherwise):
+                    with then:
+                        self.stmt(s.then)
+                    with otherwise:
+                        self.stmt(s.orelse)
+        elif isinstance(s, L.Allocate):
+            self.allocate(s)
+        elif isinstance(s, L.Barrier):
+            raise CodegenError(f"{self.fb.func.name}: barriers are GPU-only")
+        else:
+            raise CodegenError(f"cannot render {s!r}")
+
+    def serial_for(self, s: L.For, start: ir.Value | None = None,
+                   end: ir.Value | None = None) -> None:
+        lo = start if start is not None else ir.Constant(I64, 0)
+        hi = end if end is not None else self.expr(s.extent)
+        pre = self.b.block
+        header = self.fn.append_basic_block(f"{_c_name(s.var.name)}.header")
+        body = self.fn.append_basic_block(f"{_c_name(s.var.name)}.body")
+        exit_ = self.fn.append_basic_block(f"{_c_name(s.var.name)}.exit")
+        self.b.branch(header)
+        self.b.position_at_end(header)
+        phi = self.b.phi(I64, name=_c_name(s.var.name))
+        phi.add_incoming(lo, pre)
+        self.b.cbranch(self.b.icmp_signed("<", phi, hi), body, exit_)
+        self.b.position_at_end(body)
+        self.env[s.var] = phi
+        hi_bound = L.bounds(s.extent, self.bounds).hi
+        self.bounds[s.var] = L.Bounds(0, None if hi_bound is None else hi_bound - 1)
+        self.stmt(s.body)
+        nxt = self.b.add(phi, ir.Constant(I64, 1), flags=["nsw"])
+        phi.add_incoming(nxt, self.b.block)
+        self.b.branch(header)
+        self.b.position_at_end(exit_)
+
+    def parallel_for(self, s: L.For) -> None:
+        """Outline the loop body into `f(closure, start, end)`; run it on the pool."""
+        captured_vars = sorted((v for v in L.free_vars(s.body) if v != s.var),
+                               key=lambda v: v.name)
+        captured_vars += [v for v in self._shape_vars(s.body) if v not in captured_vars]
+        names = sorted({n.buffer.name for n in L.walk(s.body)
+                        if isinstance(n, (L.Load, L.Store))} & set(self.buffers))
+        missing = [v.name for v in captured_vars if v not in self.env]
+        if missing:
+            raise CodegenError(f"{self.fb.func.name}: unbound {missing} in a parallel loop")
+        values = [self.env[v] for v in captured_vars] + [self.buffers[n] for n in names]
+        closure_ty = ir.LiteralStructType([v.type for v in values])
+        closure = self.entry_alloca(closure_ty, name="closure")
+        for k, v in enumerate(values):
+            self.b.store(v, self.b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, k)],
+                                       inbounds=True))
+        outlined = ir.Function(self.mb.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
+                               self.fb.outline_name())
+        outlined.linkage = "internal"
+        ob = ir.IRBuilder(outlined.append_basic_block("entry"))
+        env, buffers = {}, {}
+        for k, v in enumerate(values):
+            slot = ob.gep(outlined.args[0], [ir.Constant(I32, 0), ir.Constant(I32, k)],
+                          inbounds=True, source_etype=closure_ty)
+            loaded = ob.load(slot, typ=v.type)
+            if k < len(captured_vars):
+                env[captured_vars[k]] = loaded
+            else:
+                buffers[names[k - len(captured_vars)]] = loaded
+        inner = _Emitter(self.fb, outlined, ob, env, dict(self.bounds), buffers)
+        inner.serial_for(s, start=outlined.args[1], end=outlined.args[2])
+        inner.finish()
+        self.b.call(self.mb.parallel_for, [outlined, closure, self.expr(s.extent)])
+
+    def _shape_vars(self, node) -> list[L.Var]:
+        out: list[L.Var] = []
+        for n in L.walk(node):
+            if isinstance(n, (L.Load, L.Store)):
+                for d in n.buffer.shape:
+                    for v in L.free_vars(d):
+                        if v not in out:
+                            out.append(v)
+        return out
+
+    def allocate(self, s: L.Allocate) -> None:
+        buf = s.buffer
+        ty = memory_type(buf.dtype)
+        count = self.expr(_product(buf.shape))
+        static = all(isinstance(d, L.Const) for d in buf.shape)
+        size = math.prod(d.value for d in buf.shape) if static else None
+        if static and size * buf.dtype.itemsize <= 1 << 16:
+            # small scratch: on the stack, allocated once in the entry block
+            ptr = self.entry_alloca(ty, max(size, 1), name=_c_name(buf.name))
+            ptr.align = 64
+            self.buffers[buf.name] = ptr
+            self.stmt(s.body)
+        else:
+            malloc = self.mb.declare("malloc", PTR, [I64])
+            free = self.mb.declare("free", ir.VoidType(), [PTR])
+            nbytes = self.b.mul(count, ir.Constant(I64, buf.dtype.itemsize))
+            ptr = self.b.call(malloc, [nbytes], name=_c_name(buf.name))
+            self.buffers[buf.name] = ptr
+            self.stmt(s.body)
+            self.b.call(free, [ptr])
+        del self.buffers[buf.name]
+        self.strides.pop(buf.name, None)
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def address(self, buf: L.Buffer, indices) -> ir.Value:
+        base = self.buffers.get(buf.name)
+        if base is None:
+            raise CodegenError(f"{self.fb.func.name}: buffer {buf.name} is not in scope")
+        offset = L.const(0)
+        stride: L.Expr = L.const(1)
+        for idx, dim in reversed(list(zip(indices, buf.shape))):
+            offset = offset + idx * stride if offset != L.const(0) else idx * stride
+            stride = stride * dim
+        offset = L.simplify_expr(offset, self.bounds)
+        return self.b.gep(base, [self.expr(offset)], inbounds=True,
+                          source_etype=memory_type(buf.dtype))
+
+    def to_memory(self, value: ir.Value, dtype: T.DType) -> ir.Value:
+        if dtype.kind == "b":
+            return self.b.zext(value, I8)
+        if dtype is T.float16:
+            return self.b.fptrunc(value, F16)
+        if dtype is T.bfloat16:
+            return self.b.trunc(self.b.lshr(self._round_bf16_bits(value), ir.Constant(I32, 16)),
+                                I16)
+        return value
+
+    def from_memory(self, value: ir.Value, dtype: T.DType) -> ir.Value:
+        if dtype.kind == "b":
+            return self.b.icmp_unsigned("!=", value, ir.Constant(I8, 0))
+        if dtype is T.float16:
+            return self.b.fpext(value, F32)
+        if dtype is T.bfloat16:
+            wide = self.b.shl(self.b.zext(value, I32), ir.Constant(I32, 16))
+            return self.b.bitcast(wide, F32)
+        return value
+
+    def _round_bf16_bits(self, value: ir.Value) -> ir.Value:
+        """float32 bits rounded to bfloat16 (nearest even; NaN stays NaN)."""
+        bits = self.b.bitcast(value, I32)
+        lsb = self.b.and_(self.b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+        rounded = self.b.add(bits, self.b.add(ir.Constant(I32, 0x7FFF), lsb))
+        is_nan = self.b.fcmp_unordered("uno", value, value)
+        return self.b.select(is_nan, self.b.or_(bits, ir.Constant(I32, 0x400000)), rounded)
+
+    # -- expressions -------------------------------------------------------------------------
+
+    def expr(self, e: L.Expr) -> ir.Value:
+        if isinstance(e, L.Const):
+            return self.constant(e.value, e.dtype)
+        if isinstance(e, L.Var):
+            try:
+                return self.env[e]
+            except KeyError:
+                raise CodegenError(f"{self.fb.func.name}: variable {e.name} is unbound") \
+                    from None
+        if isinstance(e, L.Load):
+            ptr = self.address(e.buffer, e.indices)
+            return self.from_memory(self.b.load(ptr, typ=memory_type(e.buffer.dtype)),
+                                    e.buffer.dtype)
+        if isinstance(e, L.BinOp):
+            return self.binop(e)
+        if isinstance(e, L.Cast):
+            return self.cast(self.expr(e.value), e.value.dtype, e.dtype)
+        if isinstance(e, L.Select):
+            return self.b.select(self.expr(e.cond), self.expr(e.true), self.expr(e.false))
+        if isinstance(e, L.Call):
+            return self.call(e)
+        if isinstance(e, L.Reduce):
+            raise CodegenError(f"{self.fb.func.name}: Reduce must be lowered before codegen")
+        raise CodegenError(f"cannot render {e!r}")
+
+    def constant(self, value, dtype: T.DType) -> ir.Constant:
+        ty = compute_type(dtype)
+        if dtype.kind == "b":
+            return ir.Constant(I1, int(bool(value)))
+        if dtype.is_int:
+            return ir.Constant(ty, int(value))
+        value = float(value)
+        if dtype is T.float16:
+            value = float(__import__("numpy").float16(value))
+        elif dtype is T.bfloat16:
+            value = float(T.bfloat16.np.type(value))
+        return ir.Constant(ty, value)
+
+    def binop(self, e: L.BinOp) -> ir.Value:
+        a, b = self.expr(e.a), self.expr(e.b)
+        dt = e.a.dtype
+        op = e.op
+        bld = self.b
+        if op in ("and", "or"):
+            return bld.and_(a, b) if op == "and" else bld.or_(a, b)
+        if dt.is_float:
+            if op in L.COMPARE:
+                return bld.fcmp_unordered("!=", a, b) if op == "!=" else \
+                    bld.fcmp_ordered(op, a, b)
+            if op == "+":
+                out = bld.fadd(a, b)
+            elif op == "-":
+                out = bld.fsub(a, b)
+            elif op == "*":
+                out = bld.fmul(a, b)
+            elif op == "/":
+                out = bld.fdiv(a, b)
+            elif op == "//":
+                out = bld.call(self.mb.intrinsic("llvm.floor", a.type), [bld.fdiv(a, b)])
+            elif op == "%":
+                out = bld.frem(a, b)
+            elif op in ("min", "max"):
+                # NaN-propagating, as NumPy's minimum / maximum
+                name = "llvm.minimum" if op == "min" else "llvm.maximum"
+                out = bld.call(self.mb.intrinsic(name, a.type, 2), [a, b])
+            else:
+                raise CodegenError(f"operator {op} on floats")
+            return self._round_to(out, dt)
+        signed = dt.kind == "i"
+        if op in L.COMPARE:
+            return bld.icmp_signed(op, a, b) if signed else bld.icmp_unsigned(op, a, b)
+        if op == "+":
+            return bld.add(a, b)
+        if op == "-":
+            return bld.sub(a, b)
+        if op == "*":
+            return bld.mul(a, b)
+        if op in ("min", "max"):
+            pick = (bld.icmp_signed if signed else bld.icmp_unsigned)(
+                "<" if op == "min" else ">", a, b)
+            return bld.select(pick, a, b)
+        if op == "&":
+            return bld.and_(a, b)
+        if op == "|":
+            return bld.or_(a, b)
+        if op == "^":
+            return bld.xor(a, b)
+        if op == "<<":
+            return bld.shl(a, b)
+        if op == ">>":
+            return bld.ashr(a, b) if signed else bld.lshr(a, b)
+        if op in ("//", "%", "/"):
+            return self.int_divmod(op, e, a, b, signed)
+        raise CodegenError(f"operator {op} on integers")
+
+    def int_divmod(self, op, e: L.BinOp, a, b, signed: bool) -> ir.Value:
+        bld = self.b
+        if not signed:
+            return bld.udiv(a, b) if op in ("//", "/") else bld.urem(a, b)
+        if op == "/":  # C division
+            return bld.sdiv(a, b)
+        ba, bb = L.bounds(e.a, self.bounds), L.bounds(e.b, self.bounds)
+        if ba.lo is not None and ba.lo >= 0 and bb.lo is not None and bb.lo > 0:
+            return bld.udiv(a, b) if op in ("//", "/") else bld.urem(a, b)
+        q = bld.sdiv(a, b)
+        r = bld.srem(a, b)
+        zero = ir.Constant(a.type, 0)
+        # floor semantics: adjust when the remainder is non-zero and signs differ
+        adjust = bld.and_(bld.icmp_signed("!=", r, zero),
+                          bld.icmp_signed("!=", bld.icmp_signed("<", r, zero),
+                                          bld.icmp_signed("<", b, zero)))
+        if op == "//":
+            return bld.sub(q, bld.zext(adjust, a.type))
+        return bld.select(adjust, bld.add(r, b), r)
+
+    def _round_to(self, value: ir.Value, dtype: T.DType) -> ir.Value:
+        """Round a float32 register to float16 / bfloat16 precision (others unchanged)."""
+        if dtype is T.float16:
+            return self.b.fpext(self.b.fptrunc(value, F16), F32)
+        if dtype is T.bfloat16:
+            bits = self.b.and_(self._round_bf16_bits(value), ir.Constant(I32, 0xFFFF0000))
+            return self.b.bitcast(bits, F32)
+        return value
+
+    def cast(self, v: ir.Value, src: T.DType, dst: T.DType) -> ir.Value:
+        bld = self.b
+        if src is dst:
+            return v
+        ty = compute_type(dst)
+        if dst.kind == "b":
+            if src.is_float:
+                return bld.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0))
+            return bld.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+        if src.kind == "b":
+            return bld.uitofp(v, ty) if dst.is_float else bld.zext(v, ty)
+        if src.is_float and dst.is_float:
+            if v.type != ty:
+                v = bld.fpext(v, ty) if ty == F64 else bld.fptrunc(v, ty)
+            return self._round_to(v, dst)
+        if src.is_float:
+            return bld.fptosi(v, ty) if dst.kind == "i" else bld.fptoui(v, ty)
+        if dst.is_float:
+            out = bld.sitofp(v, ty) if src.kind == "i" else bld.uitofp(v, ty)
+            return self._round_to(out, dst)
+        if ty.width < v.type.width:
+            return bld.trunc(v, ty)
+        if ty.width > v.type.width:
+            return bld.sext(v, ty) if src.kind == "i" else bld.zext(v, ty)
+        return v
+
+    def call(self, e: L.Call) -> ir.Value:
+        bld = self.b
+        args = [self.expr(a) for a in e.args]
+        x = args[0]
+        dt = e.args[0].dtype
+        name = e.name
+        if name == "isnan":
+            return bld.fcmp_unordered("uno", x, x) if dt.is_float else ir.Constant(I1, 0)
+        if name == "isinf":
+            if not dt.is_float:
+                return ir.Constant(I1, 0)
+            absx = bld.call(self.mb.intrinsic("llvm.fabs", x.type), [x])
+            return bld.fcmp_ordered("==", absx, ir.Constant(x.type, math.inf))
+        if name == "not":
+            return bld.xor(x, ir.Constant(x.type, 1))
+        if name == "neg":
+            return bld.fneg(x) if dt.is_float else bld.sub(ir.Constant(x.type, 0), x)
+        if name == "abs":
+            if dt.is_float:
+                return bld.call(self.mb.intrinsic("llvm.fabs", x.type), [x])
+            if dt.kind == "u":
+                return x
+            neg = bld.icmp_signed("<", x, ir.Constant(x.type, 0))
+            return bld.select(neg, bld.sub(ir.Constant(x.type, 0), x), x)
+        if name == "sign":
+            zero = ir.Constant(x.type, 0.0 if dt.is_float else 0)
+            one = ir.Constant(x.type, 1.0 if dt.is_float else 1)
+            minus = ir.Constant(x.type, -1.0 if dt.is_float else -1)
+            if dt.is_float:
+                pos = bld.select(bld.fcmp_ordered(">", x, zero), one, zero)
+                out = bld.select(bld.fcmp_ordered("<", x, zero), minus, pos)
+                return bld.select(bld.fcmp_unordered("uno", x, x), x, out)
+            gt = bld.icmp_signed(">", x, zero) if dt.kind == "i" else \
+                bld.icmp_unsigned(">", x, zero)
+            pos = bld.select(gt, one, zero)
+            if dt.kind == "u":
+                return pos
+            return bld.select(bld.icmp_signed("<", x, zero), minus, pos)
+        if not dt.is_float:
+            raise CodegenError(f"intrinsic {name} on {dt.name}")
+        if name == "sigmoid":
+            ex = bld.call(self.mb.intrinsic("llvm.exp", x.type), [bld.fneg(x)])
+            out = bld.fdiv(ir.Constant(x.type, 1.0), bld.fadd(ir.Constant(x.type, 1.0), ex))
+        elif name == "rsqrt":
+            sq = bld.call(self.mb.intrinsic("llvm.sqrt", x.type), [x])
+            out = bld.fdiv(ir.Constant(x.type, 1.0), sq)
+        elif name in _LLVM_INTRINSIC:
+            out = bld.call(self.mb.intrinsic(_LLVM_INTRINSIC[name], x.type, len(args)), args)
+        elif name in _LIBM:
+            fname = _LIBM[name] + ("f" if x.type == F32 else "")
+            out = bld.call(self.mb.declare(fname, x.type, [x.type] * len(args)), args)
+        else:
+            raise CodegenError(f"no LLVM rendering for intrinsic {name}")
+        return self._round_to(out, e.dtype)
+
+
+def _product(dims) -> L.Expr:
+    out: L.Expr = L.const(1)
+    for d in dims:
+        out = out * d
+    return L.simplify_expr(out)

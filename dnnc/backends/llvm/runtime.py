@@ -1,0 +1,327 @@
+"""The LLVM backend's runtime: JIT compilation with the host's CPU features, and the persistent
+worker pool that parallel loops run on.
+
+The pool is written in LLVM IR (it needs only libc's pthread functions, which every Python
+process has loaded), compiled once per process, and exported to generated code as the symbol
+`dnnc_parallel_for(fn, closure, n)`: `fn(closure, start, end)` is called on chunks of [0, n)
+by the calling thread and the workers together. Workers spin briefly after a region, then
+sleep on a condition variable. One region runs at a time; a second caller (another Python
+thread, or a nested parallel loop) runs its loop serially instead of waiting.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+
+_lock = threading.RLock()
+_initialized = False
+
+
+def initialize() -> None:
+    global _initialized
+    with _lock:
+        if not _initialized:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _initialized = True
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    """What the generated code may use: the CPU name and its feature string."""
+
+    name: str
+    features: str
+
+    @property
+    def feature_set(self) -> set[str]:
+        return {f[1:] for f in self.features.split(",") if f.startswith("+")}
+
+    @property
+    def vector_bits(self) -> int:
+        fs = self.feature_set
+        if "avx512f" in fs:
+            return 512
+        if "avx" in fs or "avx2" in fs:
+            return 256
+        return 128
+
+
+def host_cpu() -> HostCPU:
+    initialize()
+    return HostCPU(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+
+
+def target_machine(cpu: HostCPU, opt: int = 3):
+    initialize()
+    target = llvm.Target.from_default_triple()
+    # reloc/code model defaults suit MCJIT on x86-64 and aarch64 alike
+    return target.create_target_machine(cpu=cpu.name, features=cpu.features, opt=opt)
+
+
+def optimize(module, tm, speed_level: int = 3) -> None:
+    """The new pass manager's standard pipeline: loop and SLP vectorizers for `tm`'s ISA."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pm = pb.getModulePassManager()
+    pm.run(module, pb)
+
+
+class JITModule:
+    """One compiled LLVM module, alive as long as this object."""
+
+    def __init__(self, ir_text: str, cpu: HostCPU, opt_level: int = 3, name: str = "dnnc"):
+        initialize()
+        ensure_pool()
+        self.cpu = cpu
+        self.module = llvm.parse_assembly(ir_text)
+        self.module.name = name
+        self.module.verify()
+        self.tm = target_machine(cpu, opt=min(opt_level, 3))
+        self.module.triple = self.tm.triple
+        self.module.data_layout = str(self.tm.target_data)
+        if opt_level > 0:
+            optimize(self.module, self.tm, speed_level=min(opt_level, 3))
+        self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
+        self.engine.finalize_object()
+        self.engine.run_static_constructors()
+
+    def address(self, name: str) -> int:
+        addr = self.engine.get_function_address(name)
+        if not addr:
+            raise KeyError(f"no function {name!r} in module {self.module.name}")
+        return addr
+
+    def optimized_ir(self) -> str:
+        return str(self.module)
+
+    def assembly(self) -> str:
+        return self.tm.emit_assembly(self.module)
+
+    def object_code(self) -> bytes:
+        return self.tm.emit_object(self.module)
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker pool
+
+_POOL_IR = r"""
+declare i32 @pthread_create(ptr, ptr, ptr, ptr)
+declare i32 @pthread_mutex_lock(ptr)
+declare i32 @pthread_mutex_unlock(ptr)
+declare i32 @pthread_cond_wait(ptr, ptr)
+declare i32 @pthread_cond_broadcast(ptr)
+declare i32 @pthread_cond_signal(ptr)
+
+; zero-filled pthread_mutex_t / pthread_cond_t are the static initialisers on glibc and musl
+@mutex = internal global [128 x i8] zeroinitializer, align 64
+@work_cond = internal global [128 x i8] zeroinitializer, align 64
+@done_cond = internal global [128 x i8] zeroinitializer, align 64
+@task_fn = internal global ptr null, align 64
+@task_ctx = internal global ptr null
+@task_n = internal global i64 0
+@task_chunk = internal global i64 1
+@next = internal global i64 0, align 64
+@generation = internal global i64 0, align 64
+@active = internal global i64 0, align 64
+@busy = internal global i32 0, align 64
+@nthreads = internal global i64 1
+
+define internal void @run_chunks() {
+entry:
+  %fn = load ptr, ptr @task_fn
+  %ctx = load ptr, ptr @task_ctx
+  %n = load i64, ptr @task_n
+  %chunk = load i64, ptr @task_chunk
+  br label %loop
+loop:
+  %s = atomicrmw add ptr @next, i64 %chunk monotonic
+  %more = icmp slt i64 %s, %n
+  br i1 %more, label %body, label %done
+body:
+  %e0 = add i64 %s, %chunk
+  %lt = icmp slt i64 %e0, %n
+  %e = select i1 %lt, i64 %e0, i64 %n
+  call void %fn(ptr %ctx, i64 %s, i64 %e)
+  br label %loop
+done:
+  ret void
+}
+
+define internal ptr @worker(ptr %arg) {
+entry:
+  %seen = alloca i64
+  store i64 0, ptr %seen
+  br label %spin_start
+spin_start:
+  br label %spin
+spin:
+  %k = phi i64 [ 0, %spin_start ], [ %k1, %spin_more ]
+  %g0 = load atomic i64, ptr @generation acquire, align 8
+  %s0 = load i64, ptr %seen
+  %changed = icmp ne i64 %g0, %s0
+  br i1 %changed, label %lock, label %spin_more
+spin_more:
+  %k1 = add i64 %k, 1
+  %spinning = icmp slt i64 %k1, 200000
+  br i1 %spinning, label %spin, label %lock
+lock:
+  %r0 = call i32 @pthread_mutex_lock(ptr @mutex)
+  br label %check
+check:
+  %g = load i64, ptr @generation
+  %s = load i64, ptr %seen
+  %same = icmp eq i64 %g, %s
+  br i1 %same, label %sleep, label %go
+sleep:
+  %r1 = call i32 @pthread_cond_wait(ptr @work_cond, ptr @mutex)
+  br label %check
+go:
+  store i64 %g, ptr %seen
+  %r2 = call i32 @pthread_mutex_unlock(ptr @mutex)
+  call void @run_chunks()
+  %left = atomicrmw sub ptr @active, i64 1 acq_rel
+  %last = icmp eq i64 %left, 1
+  br i1 %last, label %signal, label %spin_start
+signal:
+  %r3 = call i32 @pthread_mutex_lock(ptr @mutex)
+  %r4 = call i32 @pthread_cond_signal(ptr @done_cond)
+  %r5 = call i32 @pthread_mutex_unlock(ptr @mutex)
+  br label %spin_start
+}
+
+define i64 @dnnc_pool_start(i64 %n) {
+entry:
+  store i64 %n, ptr @nthreads
+  %tid = alloca i64
+  br label %loop
+loop:
+  %i = phi i64 [ 1, %entry ], [ %i1, %body ]
+  %more = icmp slt i64 %i, %n
+  br i1 %more, label %body, label %done
+body:
+  %r = call i32 @pthread_create(ptr %tid, ptr null, ptr @worker, ptr null)
+  %i1 = add i64 %i, 1
+  br label %loop
+done:
+  ret i64 %n
+}
+
+; a forked child has no workers: it runs every loop serially
+define void @dnnc_pool_serial() {
+entry:
+  store i64 1, ptr @nthreads
+  store atomic i32 0, ptr @busy release, align 4
+  ret void
+}
+
+define void @dnnc_parallel_for(ptr %fn, ptr %ctx, i64 %n) {
+entry:
+  %nt = load i64, ptr @nthreads
+  %single = icmp sle i64 %nt, 1
+  %small = icmp sle i64 %n, 1
+  %serial0 = or i1 %single, %small
+  br i1 %serial0, label %serial, label %claim
+claim:
+  %pair = cmpxchg ptr @busy, i32 0, i32 1 acquire monotonic
+  %ok = extractvalue { i32, i1 } %pair, 1
+  br i1 %ok, label %start, label %serial
+serial:
+  call void %fn(ptr %ctx, i64 0, i64 %n)
+  ret void
+start:
+  %r0 = call i32 @pthread_mutex_lock(ptr @mutex)
+  store ptr %fn, ptr @task_fn
+  store ptr %ctx, ptr @task_ctx
+  store i64 %n, ptr @task_n
+  ; about four chunks per thread balances uneven iterations without many atomics
+  %parts = mul i64 %nt, 4
+  %c0 = sdiv i64 %n, %parts
+  %cz = icmp slt i64 %c0, 1
+  %chunk = select i1 %cz, i64 1, i64 %c0
+  store i64 %chunk, ptr @task_chunk
+  store i64 0, ptr @next
+  %workers = sub i64 %nt, 1
+  store atomic i64 %workers, ptr @active release, align 8
+  %g = load i64, ptr @generation
+  %g1 = add i64 %g, 1
+  store atomic i64 %g1, ptr @generation release, align 8
+  %r1 = call i32 @pthread_cond_broadcast(ptr @work_cond)
+  %r2 = call i32 @pthread_mutex_unlock(ptr @mutex)
+  call void @run_chunks()
+  br label %spin
+spin:
+  %k = phi i64 [ 0, %start ], [ %k1, %spin_more ]
+  %a = load atomic i64, ptr @active acquire, align 8
+  %finished = icmp eq i64 %a, 0
+  br i1 %finished, label %release, label %spin_more
+spin_more:
+  %k1 = add i64 %k, 1
+  %spinning = icmp slt i64 %k1, 1000000
+  br i1 %spinning, label %spin, label %wait_lock
+wait_lock:
+  %r3 = call i32 @pthread_mutex_lock(ptr @mutex)
+  br label %wait_check
+wait_check:
+  %a2 = load atomic i64, ptr @active acquire, align 8
+  %finished2 = icmp eq i64 %a2, 0
+  br i1 %finished2, label %wait_done, label %wait
+wait:
+  %r4 = call i32 @pthread_cond_wait(ptr @done_cond, ptr @mutex)
+  br label %wait_check
+wait_done:
+  %r5 = call i32 @pthread_mutex_unlock(ptr @mutex)
+  br label %release
+release:
+  store atomic i32 0, ptr @busy release, align 4
+  ret void
+}
+"""
+
+_pool = None
+
+
+def num_threads() -> int:
+    """Threads parallel loops use: DNNC_NUM_THREADS, else the cores this process may use."""
+    env = os.environ.get("DNNC_NUM_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class _Pool:
+    def __init__(self, threads: int):
+        cpu = host_cpu()
+        module = llvm.parse_assembly(_POOL_IR)
+        module.verify()
+        tm = target_machine(cpu, opt=2)
+        self.engine = llvm.create_mcjit_compiler(module, tm)
+        self.engine.finalize_object()
+        self.parallel_for = self.engine.get_function_address("dnnc_parallel_for")
+        llvm.add_symbol("dnnc_parallel_for", self.parallel_for)
+        start = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(
+            self.engine.get_function_address("dnnc_pool_start"))
+        self.threads = start(threads)
+        self._serial = ctypes.CFUNCTYPE(None)(self.engine.get_function_address("dnnc_pool_serial"))
+        os.register_at_fork(after_in_child=self._serial)
+
+
+def ensure_pool() -> int:
+    """Start the worker pool once per process; returns its thread count."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            initialize()
+            _pool = _Pool(num_threads())
+    return _pool.threads
