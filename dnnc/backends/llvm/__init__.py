@@ -1,0 +1,1 @@
+"""The LLVM CPU backend: schedules, the LLVM IR renderer and the JIT runtime."""
