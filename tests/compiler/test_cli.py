@@ -1,0 +1,188 @@
+"""The `dnnc` command: `zoo` writes models, `inspect` summarises them (exact counts and FLOPs
+for an MLP), `--ir` prints the graph, and user mistakes end in one line and exit status 1."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from dnnc import zoo
+from dnnc.compiler.cli import main
+from dnnc.compiler.inspect import Count, node_flops, summarize
+from dnnc.frontend.onnx import import_onnx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def mlp_file(tmp_path, capsys, batch="2", hidden="(64, 32)", in_features=20, classes=5):
+    path = tmp_path / "mlp.onnx"
+    code, out, err = run_cli(capsys, "zoo", "mlp", "-o", path, "--batch", batch,
+                             "--set", f"hidden={hidden}", "--set", f"in_features={in_features}",
+                             "--set", f"classes={classes}")
+    assert code == 0 and not err and "wrote" in out
+    return path
+
+
+def test_zoo_writes_the_model(tmp_path, capsys):
+    model = onnx.load(mlp_file(tmp_path, capsys))
+    onnx.checker.check_model(model)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [2, 20]
+    assert [n.op_type for n in model.graph.node] == ["Gemm", "Relu", "Gemm", "Relu", "Gemm"]
+    expected = zoo.build("mlp", batch=2, hidden=(64, 32), in_features=20, classes=5)
+    assert model.graph.initializer[0].raw_data == expected.graph.initializer[0].raw_data
+
+
+def test_zoo_symbolic_batch_and_bool_setting(tmp_path, capsys):
+    path = tmp_path / "bert.onnx"
+    code, _, _ = run_cli(capsys, "zoo", "bert", "-o", path, "--batch", "N", "--set", "layers=1",
+                         "--set", "embeddings=false", "--set", "seq=8")
+    assert code == 0
+    model = onnx.load(path)
+    assert [i.name for i in model.graph.input] == ["hidden_states"]
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+
+
+def test_zoo_list(capsys):
+    code, out, _ = run_cli(capsys, "zoo", "--list")
+    assert code == 0
+    assert {line.split()[0] for line in out.splitlines()} == set(zoo.MODELS)
+
+
+def mlp_flops(batch, sizes):
+    """Gemm: 2*M*K*N multiply-adds plus M*N bias adds; Relu: one per element."""
+    gemms = sum(2 * batch * k * n + batch * n for k, n in zip(sizes, sizes[1:]))
+    relus = sum(batch * n for n in sizes[1:-1])
+    return gemms, relus
+
+
+def test_inspect_mlp_counts_and_flops(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys)
+    code, out, err = run_cli(capsys, "inspect", path, "--json")
+    assert code == 0 and not err
+    summary = json.loads(out)
+    sizes = [20, 64, 32, 5]
+    gemms, relus = mlp_flops(2, sizes)
+    assert summary["op_counts"] == {"Gemm": 3, "Relu": 2}
+    assert summary["inputs"] == {"input": "float32[2,20]"}
+    assert summary["outputs"] == {"logits": "float32[2,5]"}
+    assert summary["parameters"] == sum(k * n + n for k, n in zip(sizes, sizes[1:]))
+    assert summary["parameter_bytes"] == 4 * summary["parameters"]
+    assert summary["flops_by_op"] == {"Gemm": gemms, "Relu": relus}
+    assert summary["flops"] == gemms + relus
+
+    code, text, _ = run_cli(capsys, "inspect", path)
+    assert code == 0
+    assert "float32[2,20]" in text and "float32[2,5]" in text
+    assert f"FLOPs: {gemms + relus:,}" in text
+    assert f"parameters: {summary['parameters']:,}" in text
+
+
+def test_inspect_symbolic_batch_and_input_shape(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys, batch="B")
+    gemms, relus = mlp_flops(1, [20, 64, 32, 5])
+    code, out, _ = run_cli(capsys, "inspect", path, "--json")
+    assert code == 0 and json.loads(out)["flops"] == f"{gemms + relus}*B"
+    code, out, _ = run_cli(capsys, "inspect", path, "--json", "--input-shape", "input=7,20")
+    assert code == 0 and json.loads(out)["flops"] == 7 * (gemms + relus)
+
+
+def test_inspect_ir_prints_the_graph(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys)
+    code, out, _ = run_cli(capsys, "inspect", path, "--ir")
+    assert code == 0
+    ir = str(import_onnx(path))
+    assert ir in out and ir.startswith("graph mlp(") and "= Gemm(" in ir
+
+
+def test_conv_flops():
+    n, cin, cout, k, size, group = 2, 8, 12, 3, 10, 4
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], group=group)
+    rng = np.random.default_rng()
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                      [n, cin, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(rng.standard_normal((cout, cin // group, k, k))
+                                      .astype(np.float32), "w"),
+         onnx.numpy_helper.from_array(np.zeros(cout, np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    [conv] = import_onnx(model).nodes
+    outputs = n * cout * size * size
+    assert node_flops(conv) == 2 * outputs * (cin // group) * k * k + outputs
+
+
+def test_resnet50_flops_sanity():
+    # ResNet-50 is 4.1 G multiply-adds at 224x224 (He et al. 2016, Table 1: 3.8 G for v1;
+    # torchvision's v1.5 with the stride on the 3x3 conv: 4.09 G)
+    summary = summarize(import_onnx(zoo.build("resnet50")))
+    conv_and_fc = summary.flops_by_op["Conv"].value + summary.flops_by_op["Gemm"].value
+    assert 2 * 4.0e9 < conv_and_fc < 2 * 4.2e9
+    assert summary.flops.value > conv_and_fc
+    assert summary.op_counts["Conv"] == 53 and not summary.unestimated
+
+
+def test_count_polynomial():
+    flops = Count.of(["N", 3]) * Count.of(["2*N*S"]) + Count.of([5])
+    assert flops == Count({("N", "N", "S"): 6, (): 5}) and flops.value is None
+    assert str(flops) == "6*N*N*S + 5" and (2 * Count.of([4])).value == 8
+
+
+# -- mistakes ----------------------------------------------------------------------------------
+
+
+def _cli_subprocess(*argv, cwd):
+    return subprocess.run([sys.executable, "-m", "dnnc", *map(str, argv)], capture_output=True,
+                          text=True, cwd=cwd, env={"PYTHONPATH": str(REPO), "PATH": ""})
+
+
+def test_bad_file_is_one_line_and_exit_1(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage, not a model")
+    result = _cli_subprocess("inspect", bad, cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("dnnc: error:") and "ONNX model" in result.stderr
+
+
+def test_unsupported_ops_are_one_line(tmp_path, capsys):
+    nodes = [helper.make_node("NoSuchOp", ["x"], ["y"], name="first"),
+             helper.make_node("AlsoMissing", ["y"], ["z"], name="second")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [2])],
+                              [helper.make_tensor_value_info("z", 1, [2])])
+    path = tmp_path / "unsupported.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code, out, err = run_cli(capsys, "inspect", path)
+    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert "NoSuchOp" in err and "AlsoMissing" in err and "'first'" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["inspect", "missing.onnx"], "does not exist"),
+    (["zoo", "nosuchnet", "-o", "x.onnx"], "unknown zoo model"),
+    (["zoo", "mlp", "-o", "x.onnx", "--set", "depth=3"], "no option"),
+    (["zoo", "mlp", "-o", "x.onnx", "--set", "hidden"], "key=value"),
+    (["zoo", "mlp", "-o", "no/such/dir/x.onnx"], "cannot write"),
+    (["zoo", "mlp"], "-o FILE"),
+])
+def test_mistakes_exit_1_with_one_line(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1 and len(err.splitlines()) == 1 and message in err
+
+
+def test_input_shape_of_unknown_input(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys)
+    code, _, err = run_cli(capsys, "inspect", path, "--input-shape", "pixels=1,20")
+    assert code == 1 and "pixels" in err and len(err.splitlines()) == 1

@@ -1,0 +1,130 @@
+"""Every zoo model runs on the numpy target and matches onnxruntime on fresh random inputs;
+the zoo's architectures are the published ones (parameter counts) and its API behaves."""
+
+import numpy as np
+import onnx
+import pytest
+
+import dnnc
+from dnnc import zoo
+
+ort = pytest.importorskip("onnxruntime")
+
+CASES = [(name, 1) for name in zoo.MODELS] + [("mlp", 2), ("cnn", 2)]
+# BERT-Base's full depth and width, at sequence 32 instead of 128: the numpy reference spends
+# ~4x less time in its matmuls (test_published_parameter_counts checks the full model)
+CONFIG = {"bert_base": {"seq": 32}}
+
+
+def _fresh_rng():
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    return np.random.default_rng(seed), seed
+
+
+def _onnxruntime(model, feeds):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("name,batch", CASES, ids=[f"{n}-b{b}" for n, b in CASES])
+def test_zoo_model_matches_onnxruntime(name, batch):
+    model = zoo.build(name, batch=batch, **CONFIG.get(name, {}))
+    rng, seed = _fresh_rng()
+    feeds = zoo.inputs_for(model, rng)
+    compiled = dnnc.compile(model, target="numpy")
+    outputs = compiled.run(*feeds.values())
+    expected = _onnxruntime(model, feeds)
+    assert len(outputs) == len(expected)
+    for out, ref in zip(outputs, expected):
+        assert out.dtype == ref.dtype and out.shape == ref.shape
+        assert np.std(ref) > 0.1, "the model's output should not be trivially constant"
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{name} batch {batch}, input seed {seed}")
+
+
+@pytest.mark.parametrize("name", list(zoo.MODELS))
+def test_onnx_checker_accepts(name):
+    config = {"layers": 2} if name == "bert_base" else {}  # the full checker on 440 MB is slow
+    onnx.checker.check_model(zoo.build(name, batch="N", **config), full_check=True)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "bert_tiny"])
+def test_symbolic_batch(name):
+    model = zoo.build(name, batch="N")
+    compiled = dnnc.compile(model)
+    assert compiled.input_types[0].shape[0] == "N"
+    assert compiled.output_types[0].shape[0] == "N"
+    rng, seed = _fresh_rng()
+    feeds = zoo.inputs_for(model, rng, dims={"N": 3})
+    assert next(iter(feeds.values())).shape[0] == 3
+    for out, ref in zip(compiled.run(**feeds), _onnxruntime(model, feeds)):
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5, err_msg=f"seed {seed}")
+
+
+def _trainable_parameters(model) -> int:
+    """Float weights of rank >= 1, BatchNorm's running statistics (buffers) left out."""
+    return sum(int(np.prod(t.dims)) for t in model.graph.initializer
+               if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) > 0
+               and "running_" not in t.name)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("resnet18", 11_689_512),       # torchvision.models.resnet18
+    ("resnet50", 25_557_032),       # torchvision.models.resnet50
+    ("mobilenet_v2", 3_504_872),    # torchvision.models.mobilenet_v2
+    ("bert_base", 108_891_648),     # transformers BertModel (bert-base-uncased) less its pooler
+])
+def test_published_parameter_counts(name, expected):
+    assert _trainable_parameters(zoo.build(name)) == expected
+
+
+def test_resnet50_is_bottleneck_3_4_6_3():
+    ops = [n.op_type for n in zoo.build("resnet50").graph.node]
+    # stem + 16 bottlenecks x 3 + 4 downsample projections
+    assert ops.count("Conv") == 1 + 16 * 3 + 4
+    assert ops.count("BatchNormalization") == ops.count("Conv")
+    assert ops.count("Add") == 16
+
+
+def test_bert_writes_attention_like_exporters():
+    model = zoo.build("bert", layers=3, hidden=64, heads=4, seq=16)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("LayerNormalization") == 1 + 2 * 3
+    assert ops.count("Softmax") == 3 and ops.count("Erf") == 3
+    assert "Gelu" not in ops and "Attention" not in ops
+    assert [i.name for i in model.graph.input] == ["input_ids", "token_type_ids",
+                                                   "attention_mask"]
+    hidden_only = zoo.build("bert", layers=1, embeddings=False, seq=8)
+    assert [i.name for i in hidden_only.graph.input] == ["hidden_states"]
+
+
+def test_weights_are_seeded():
+    a, b, c = zoo.build("cnn"), zoo.build("cnn"), zoo.build("cnn", seed=1)
+    assert a.SerializeToString() == b.SerializeToString()
+    assert a.graph.initializer[0].raw_data != c.graph.initializer[0].raw_data
+
+
+def test_inputs_for():
+    model = zoo.build("bert_tiny", batch=4, seq=32)
+    feeds = zoo.inputs_for(model, np.random.default_rng(0))
+    ids, types, mask = feeds["input_ids"], feeds["token_type_ids"], feeds["attention_mask"]
+    assert ids.dtype == np.int64 and ids.shape == (4, 32)
+    assert 0 <= ids.min() and ids.max() < 30522 and ids.max() > 2
+    assert set(np.unique(types)) <= {0, 1}
+    assert mask.shape == (4, 32) and np.all(mask[:, 0] == 1)
+    # padding only on the right: every row is ones then zeros
+    assert np.all(np.diff(mask, axis=1) <= 0)
+    image = zoo.inputs_for(zoo.build("cnn", batch=2))["input"]
+    assert image.dtype == np.float32 and image.shape == (2, 3, 32, 32) and np.std(image) > 0.5
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: zoo.build("alexnet"), "unknown zoo model"),
+    (lambda: zoo.build("mlp", depth=3), "no option"),
+    (lambda: zoo.build("resnet18", layers=(1, 1, 1, 1)), "no option"),
+    (lambda: zoo.build("mlp", batch=0), "batch"),
+    (lambda: zoo.build("bert", hidden=100, heads=3), "multiple of heads"),
+])
+def test_build_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
