@@ -47,3 +47,9 @@ def import_clip_attrs(ctx: ImportContext):
 
 
 direct("Clip", since=11)
+
+
+@onnx_op("BitCast", since=26)
+def import_bitcast(ctx: ImportContext):
+    to = dtype_from_onnx(ctx.attrs["to"], f"BitCast node {ctx.name!r}")
+    return ctx.emit("BitCast", ctx.inputs[:1], {"to": to})

@@ -16,7 +16,7 @@ from .. import types as T
 from ..compute import broadcast_load, compute
 from ..loop import Cast, Select, call, const, maximum, minimum
 from .infer import broadcast_to, check_dtype, check_same_dtype, same_as_input
-from .registry import Pattern, register_op
+from .registry import REQUIRED, Pattern, register_op
 
 FLOATS = T.FLOAT_DTYPES
 NUMERIC = T.FLOAT_DTYPES + T.INT_DTYPES
@@ -385,3 +385,19 @@ register_op("Cast", pattern=Pattern.ELEMWISE,
             infer=lambda ctx: [T.TensorType(ctx.attrs["to"], ctx.shape(0))],
             evaluate=cast, attrs={"to": T.float32}, shape_arith=True,
             compute=elementwise_rule(lambda x, to: Cast(to, x)))
+
+
+def _bitcast_infer(ctx):
+    to = ctx.attrs["to"]
+    if to.itemsize != ctx.dtype(0).itemsize:
+        raise ctx.fail(f"cannot reinterpret {ctx.dtype(0).name} as {to.name}: bit widths "
+                       f"differ")
+    return [T.TensorType(to, ctx.shape(0))]
+
+
+def bitcast(x, to):
+    return np.ascontiguousarray(x).view(to.np).reshape(x.shape)
+
+
+register_op("BitCast", pattern=Pattern.ELEMWISE, infer=_bitcast_infer, evaluate=bitcast,
+            attrs={"to": REQUIRED})

@@ -123,3 +123,22 @@ def test_clip_where_cast():
     for to in ("int32", "float16", "bool", "uint8", "float64"):
         from dnnc.ir.types import DType
         _check("Cast", [np.abs(x[1:]) * 10], {"to": DType.from_name(to)})
+
+
+def test_bitcast_reinterprets_bits_and_rejects_width_changes():
+    import dnnc
+    from dnnc.errors import ShapeError
+    from dnnc.ir import types as T
+    from dnnc.ir.graph import Graph
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(get_op("BitCast").run([x], {"to": T.int32})[0],
+                                  x.view(np.int32))
+    g = Graph("g")
+    v = g.add_input("x", T.TensorType(T.float32, ("N", 4)))
+    with pytest.raises(ShapeError, match="bit widths"):
+        g.add("BitCast", v, to=T.int16)
+    g.outputs = [g.add("BitCast", v, to=T.uint32)]
+    out = dnnc.compile(g, target="numpy").run(x)[0]
+    np.testing.assert_array_equal(out, x.view(np.uint32))
