@@ -181,6 +181,7 @@ class Graph:
         """Check order, arity, attributes and types; raises ValueError naming the first fault."""
         from .ops.registry import get_op, infer_node
 
+        outer = list(outer)  # values of every enclosing graph, passed on to nested bodies
         defined = {id(v) for v in outer} | {id(v) for v in self.inputs}
         for node in self.nodes:
             op = get_op(node.op)
@@ -191,7 +192,7 @@ class Graph:
                 if v is not None and not v.is_const and id(v) not in defined:
                     raise ValueError(f"node {node.name!r} reads {v.name!r} before it is defined")
             for sub in node.subgraphs():
-                sub.verify(outer=[v for v in _all_defined(self, defined)])
+                sub.verify(outer=outer + list(_all_defined(self, defined)))
             types, _, _ = infer_node(node.op, node.inputs, node.attrs, len(node.outputs),
                                      node.name)
             for out, t in zip(node.outputs, types):
