@@ -10,7 +10,17 @@ from ..errors import CompileError
 from ..ir.graph import Graph
 from .module import CompiledModel
 
-TARGETS = {"numpy": NumpyRuntime}
+def _llvm_runtime(graph: Graph, opt_level: int):
+    from ..backends.llvm.executable import LLVMRuntime
+
+    return LLVMRuntime(graph, opt_level=opt_level)
+
+
+def _numpy_runtime(graph: Graph, opt_level: int):
+    return NumpyRuntime(graph)
+
+
+TARGETS = {"numpy": _numpy_runtime, "llvm": _llvm_runtime}
 
 
 def load_graph(model, input_shapes: dict | None = None) -> Graph:
@@ -29,7 +39,9 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
         raise CompileError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
     start = time.perf_counter()
     graph = load_graph(model, input_shapes)
-    runtime = TARGETS[target](graph)
+    runtime = TARGETS[target](graph, 3 if opt_level is None else opt_level)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
-             "host_fallback_ops": 0}
+             "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),
+             "kernels": getattr(runtime, "kernels", 0),
+             "arena_bytes": getattr(runtime, "arena_bytes", 0)}
     return CompiledModel(graph, runtime, target, stats)

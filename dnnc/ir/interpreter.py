@@ -52,6 +52,21 @@ def run_graph(graph: Graph, inputs: list[np.ndarray],
         _ENV.reset(token)
 
 
+def run_node(node: Node, args: list, env: dict[int, np.ndarray]) -> list[np.ndarray]:
+    """Evaluate one node outside `run_graph` (a compiled model's host fallback); `env` maps
+    value ids to arrays, for the subgraphs of control-flow ops to read."""
+    token = _ENV.set(ChainMap(env))
+    try:
+        outs = _evaluate(node, args)
+        bindings: dict[str, int] = {}
+        for value, array in zip(node.outputs, outs):
+            if value.type.is_static:
+                _check(node, value, array, bindings)
+        return outs
+    finally:
+        _ENV.reset(token)
+
+
 def run_subgraph(graph: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Run the body of a control-flow op (called from its `evaluate`)."""
     return run_graph(graph, inputs)

@@ -43,6 +43,15 @@ def main() -> int:
         groups[r.reason].append(r.name)
     print(f"\ntarget {args.target}: {len(passed)} passed, {len(failed)} failed of "
           f"{len(names)} cases ({time.time() - start:.0f} s)")
+    through = [r for r in results if r.passed and r.fallbacks]
+    if args.target != "numpy":
+        ops = collections.Counter(op for r in through for op in r.fallbacks)
+        print(f"  passed with no host fallback: {len(passed) - len(through)} "
+              f"({100 * (len(passed) - len(through)) / max(len(passed), 1):.1f}%); through a "
+              f"fallback: {len(through)}")
+        if ops:
+            print("  fallback ops (cases): " + ", ".join(f"{op} {n}" for op, n in
+                                                         ops.most_common()))
     for reason, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         shown = members if args.verbose else members[:4]
         more = "" if len(shown) == len(members) else f" … (+{len(members) - len(shown)})"

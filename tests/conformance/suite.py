@@ -34,6 +34,7 @@ class Result:
     name: str
     passed: bool
     reason: str = ""
+    fallbacks: tuple = ()   # ops that ran as host fallbacks (compiled targets)
 
 
 def _values(case):
@@ -94,7 +95,9 @@ def run_case(case, target: str) -> Result:
                 np.testing.assert_array_equal(got, want)
         except AssertionError:
             return Result(case.name, False, "mismatch")
-    return Result(case.name, True)
+    runtime = getattr(model, "runtime", None)
+    fallbacks = tuple(sorted({f.split(" ")[0] for f in getattr(runtime, "host_fallback_ops", ())}))
+    return Result(case.name, True, fallbacks=fallbacks)
 
 
 def _first_line(exc) -> str:

@@ -86,6 +86,24 @@ class ModuleBuilder:
         """Render `func`; returns the LLVM function."""
         return _FunctionBuilder(self, func, noalias).build()
 
+    def add_entry(self, name: str, calls: list[tuple[str, list[tuple[str, int]]]]) -> None:
+        """`void name(ptr slots, ptr arena)` calling kernels in order; each argument is
+        ("ext", k): the pointer in slots[k], or ("arena", offset): arena + offset bytes."""
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR]), name)
+        slots, arena = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        for kernel, args in calls:
+            values = []
+            for kind, k in args:
+                if kind == "ext":
+                    slot = b.gep(slots, [ir.Constant(I64, k)], inbounds=True, source_etype=PTR)
+                    values.append(b.load(slot, typ=PTR))
+                else:
+                    values.append(b.gep(arena, [ir.Constant(I64, k)], inbounds=True,
+                                        source_etype=I8))
+            b.call(self.module.globals[kernel], values)
+        b.ret_void()
+
     def __str__(self) -> str:
         return str(self.module)
 

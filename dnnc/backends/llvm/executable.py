@@ -1,0 +1,372 @@
+"""The `llvm` target's runtime: a graph compiled into native segments.
+
+The graph's nodes run in order as *steps*: maximal runs of nodes with compute rules form a
+*segment*, compiled into one LLVM module whose entry function calls every kernel of the
+segment (one foreign call per segment; a graph without host fallbacks is one call); a node
+without a loop form (`NoCompute`) runs between segments as a host fallback through its NumPy
+reference.
+
+Shapes: a segment is specialised to the concrete shapes of its inputs when it first meets
+them, and cached: a dynamic batch compiles once per batch size seen, never again for a size
+seen before; sizes that depend on data (after NonZero, say) are handled the same way, since a
+segment after a fallback is specialised on the shapes the fallback actually produced.
+
+Memory: values a segment produces for later steps are fresh arrays per call (outputs escape);
+values used only inside a segment live in one arena per segment and thread, placed by a
+best-fit allocator over the kernels' order, so concurrent calls from several threads are safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import CompileError
+from ...ir import loop as L
+from ...ir import types as T
+from ...ir.graph import Graph, Node, Value
+from ...ir.ops.registry import get_op, infer_node
+from ..lower import Kernel, NoCompute, lower_group
+from .codegen import ModuleBuilder
+from .runtime import HostCPU, JITModule, ensure_pool, host_cpu
+from .schedules import schedule
+
+ALIGN = 64
+
+
+@dataclass
+class Segment:
+    """Consecutive nodes compiled together."""
+
+    index: int
+    nodes: list[Node]
+    inputs: list[Value] = field(default_factory=list)     # read from earlier steps
+    escaping: list[Value] = field(default_factory=list)   # needed by later steps / outputs
+
+
+@dataclass
+class HostStep:
+    node: Node
+
+
+class LLVMRuntime:
+    """Runs a graph as native segments and host steps; thread-safe."""
+
+    name = "llvm"
+
+    def __init__(self, graph: Graph, cpu: HostCPU | None = None, opt_level: int = 3,
+                 progress: bool | None = None):
+        self.graph = graph
+        self.cpu = cpu or host_cpu()
+        self.opt_level = opt_level
+        self.threads = ensure_pool()
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.steps = self._plan()
+        self._cache: dict[tuple, _CompiledSegment] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self.compile_seconds = 0.0
+        if all(v.type.is_static for v in graph.inputs):
+            self._warm_up()
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def _plan(self) -> list:
+        steps: list = []
+        run: list[Node] = []
+        for node in self.graph.nodes:
+            if _has_loop_form(node):
+                run.append(node)
+                continue
+            if run:
+                steps.append(Segment(len(steps), run))
+                run = []
+            steps.append(HostStep(node))
+        if run:
+            steps.append(Segment(len(steps), run))
+        later_uses = _later_uses(self.graph, steps)
+        for k, step in enumerate(steps):
+            if isinstance(step, Segment):
+                inside = {id(v) for n in step.nodes for v in n.outputs}
+                seen = set()
+                for n in step.nodes:
+                    for v in n.inputs:
+                        if v is not None and id(v) not in inside and id(v) not in seen:
+                            seen.add(id(v))
+                            step.inputs.append(v)
+                step.escaping = [v for n in step.nodes for v in n.outputs
+                                 if later_uses.get(id(v), -1) > k]
+        return steps
+
+    @property
+    def host_fallback_ops(self) -> list[str]:
+        return [f"{s.node.op} ({s.node.name})" for s in self.steps if isinstance(s, HostStep)]
+
+    @property
+    def kernels(self) -> int:
+        return sum(len(s.nodes) for s in self.steps if isinstance(s, Segment))
+
+    def _warm_up(self) -> None:
+        """Compile every segment now when the inputs' shapes are static (shapes after host
+        steps are found by inference; segments after data-dependent ones compile on first
+        call)."""
+        types = {id(v): v.type for v in self.graph.inputs}
+        for v in self.graph.constants():
+            types[id(v)] = v.type
+        for step in self.steps:
+            if isinstance(step, HostStep):
+                for v in step.node.outputs:
+                    types[id(v)] = v.type
+                continue
+            in_types = [types.get(id(v), v.type) for v in step.inputs]
+            if not all(t.is_static for t in in_types):
+                return
+            seg = self._compiled(step, tuple(t.shape for t in in_types))
+            for v, t in zip(step.escaping, seg.escaping_types):
+                types[id(v)] = t
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
+        env: dict[int, np.ndarray] = {}
+        for v, a in zip(self.graph.inputs, inputs):
+            env[id(v)] = a
+        for step in self.steps:
+            if isinstance(step, HostStep):
+                self._run_host(step.node, env)
+            else:
+                arrays = [self._value(v, env) for v in step.inputs]
+                seg = self._compiled(step, tuple(a.shape for a in arrays))
+                outs = seg.run(arrays, self._arena(seg))
+                for v, a in zip(step.escaping, outs):
+                    env[id(v)] = a
+        return [self._value(v, env) for v in self.graph.outputs]
+
+    def _value(self, v: Value, env) -> np.ndarray:
+        if v.const is not None:
+            return v.const
+        return env[id(v)]
+
+    def _run_host(self, node: Node, env) -> None:
+        from ...ir.interpreter import run_node
+
+        args = [None if v is None else self._value(v, env) for v in node.inputs]
+        outs = run_node(node, args, env)
+        for v, a in zip(node.outputs, outs):
+            env[id(v)] = a
+
+    def _arena(self, seg: "_CompiledSegment") -> np.ndarray:
+        arenas = getattr(self._local, "arenas", None)
+        if arenas is None:
+            arenas = self._local.arenas = {}
+        arena = arenas.get(id(seg))
+        if arena is None:
+            raw = np.empty(seg.arena_bytes + ALIGN, np.uint8)
+            skip = (-raw.ctypes.data) % ALIGN
+            arena = arenas[id(seg)] = raw[skip:skip + seg.arena_bytes]
+        return arena
+
+    def _compiled(self, step: Segment, shapes: tuple) -> "_CompiledSegment":
+        key = (step.index, shapes)
+        seg = self._cache.get(key)
+        if seg is None:
+            with self._lock:
+                seg = self._cache.get(key)
+                if seg is None:
+                    start = time.perf_counter()
+                    seg = _CompiledSegment(step, shapes, self)
+                    self._cache[key] = seg
+                    self.compile_seconds += time.perf_counter() - start
+        return seg
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def compiled_segments(self) -> list["_CompiledSegment"]:
+        return list(self._cache.values())
+
+    @property
+    def arena_bytes(self) -> int:
+        return max((s.arena_bytes for s in self._cache.values()), default=0)
+
+    def source(self, kind: str = "llvm") -> str:
+        parts = []
+        for seg in self._cache.values():
+            if kind in ("llvm", "llvm-ir"):
+                parts.append(seg.jit.optimized_ir())
+            elif kind == "asm":
+                parts.append(seg.jit.assembly())
+            elif kind == "loop":
+                parts.extend(str(k.func) for k in seg.kernels)
+            else:
+                raise ValueError(f"unknown source kind {kind!r}: llvm, asm or loop")
+        return "\n".join(parts)
+
+
+def _has_loop_form(node: Node) -> bool:
+    try:
+        lower_group([node], "probe")
+    except NoCompute:
+        return False
+    return True
+
+
+def _later_uses(graph: Graph, steps: list) -> dict[int, int]:
+    """Value id -> index of the last step reading it (graph outputs: past the end)."""
+    last: dict[int, int] = {}
+    for k, step in enumerate(steps):
+        nodes = step.nodes if isinstance(step, Segment) else [step.node]
+        for n in nodes:
+            for v in n.inputs:
+                if v is not None:
+                    last[id(v)] = k
+            for sub in n.subgraphs():
+                for v in _outer_reads(sub):
+                    last[id(v)] = k
+    for v in graph.outputs:
+        last[id(v)] = len(steps)
+    return last
+
+
+def _outer_reads(g: Graph):
+    inner = {id(v) for v in g.inputs} | {id(v) for n in g.nodes for v in n.outputs}
+    for n in g.nodes:
+        for v in n.inputs:
+            if v is not None and id(v) not in inner and v.const is None:
+                yield v
+
+
+class _CompiledSegment:
+    """One segment specialised to concrete input shapes: kernels, module, arena layout."""
+
+    def __init__(self, step: Segment, shapes: tuple, rt: LLVMRuntime):
+        self.step = step
+        nodes, values = _specialize(step, shapes)
+        self.escaping_types = [values[id(v)].type for v in step.escaping]
+        if rt.progress:
+            print(f"dnnc: compiling segment {step.index} ({len(nodes)} kernels) for "
+                  f"{rt.cpu.name}", file=sys.stderr)
+        self.kernels: list[Kernel] = []
+        mb = ModuleBuilder(f"segment{step.index}")
+        for k, node in enumerate(nodes):
+            kernel = lower_group([node], f"k{k}_{node.op}")
+            if kernel.func.size_vars:
+                raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic "
+                                   f"after specialisation: {kernel.func.size_vars}")
+            pattern = get_op(node.op).pattern
+            kernel.func = schedule(kernel.func, pattern, rt.threads)
+            self.kernels.append(kernel)
+            mb.add(kernel.func, noalias=True)
+        # slots: inputs, escaping outputs, constants, then arena-resident intermediates
+        escaping = [values[id(v)] for v in step.escaping]
+        ext: list[Value] = [values[id(v)] for v in step.inputs if v.const is None] + escaping
+        consts = []
+        for n in nodes:
+            for v in n.inputs:
+                if v is not None and v.const is not None and all(v is not c for c in consts):
+                    consts.append(v)
+        ext_index = {id(v): k for k, v in enumerate(ext + consts)}
+        self.n_inputs = sum(1 for v in step.inputs if v.const is None)
+        self.escaping = escaping
+        self.consts = [np.ascontiguousarray(v.const) for v in consts]
+        self.offsets, self.arena_bytes = _plan_arena(self.kernels, ext_index)
+        calls = []
+        for kernel in self.kernels:
+            args = []
+            for v in kernel.inputs + kernel.outputs:
+                if id(v) in ext_index:
+                    args.append(("ext", ext_index[id(v)]))
+                else:
+                    args.append(("arena", self.offsets[id(v)]))
+            calls.append((kernel.func.name, args))
+        mb.add_entry("entry", calls)
+        try:
+            self.jit = JITModule(str(mb), rt.cpu, rt.opt_level, name=f"segment{step.index}")
+        except RuntimeError as exc:
+            names = ", ".join(f"{n.op} {n.name!r}" for n in nodes[:5])
+            raise CompileError(f"LLVM rejected the code for segment {step.index} ({names}"
+                               f"{', ...' if len(nodes) > 5 else ''}): {exc}") from exc
+        self.entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
+            self.jit.address("entry"))
+        self.slots = len(ext) + len(consts)
+        self._const_ptrs = [c.ctypes.data for c in self.consts]
+
+    def run(self, inputs: list[np.ndarray], arena: np.ndarray) -> list[np.ndarray]:
+        arrays = [np.ascontiguousarray(a) for v, a in zip(self.step.inputs, inputs)
+                  if v.const is None]
+        outs = [np.empty(v.type.shape, v.type.dtype.np) for v in self.escaping]
+        ptrs = (ctypes.c_void_p * max(self.slots, 1))(
+            *[a.ctypes.data for a in arrays], *[o.ctypes.data for o in outs],
+            *self._const_ptrs)
+        self.entry(ptrs, arena.ctypes.data)
+        return outs
+
+
+def _specialize(step: Segment, shapes: tuple) -> tuple[list[Node], dict[int, Value]]:
+    """Copies of the segment's nodes whose types are inferred from concrete input shapes."""
+    values: dict[int, Value] = {}
+    for v, shape in zip(step.inputs, shapes):
+        if v.const is not None:
+            values[id(v)] = v
+        else:
+            nv = Value(v.name, T.TensorType(v.type.dtype, shape))
+            nv.known = v.known if v.known is not None and v.type.is_static else None
+            values[id(v)] = nv
+    nodes = []
+    for n in step.nodes:
+        ins = [None if v is None else values[id(v)] for v in n.inputs]
+        types, known, attrs = infer_node(n.op, ins, n.attrs, len(n.outputs), n.name)
+        outs = []
+        for v, t, kv in zip(n.outputs, types, known):
+            nv = Value(v.name, t)
+            nv.known = kv
+            values[id(v)] = nv
+            outs.append(nv)
+        node = Node(n.op, ins, outs, attrs, n.name)
+        for o in outs:
+            o.producer = node
+        nodes.append(node)
+    return nodes, values
+
+
+def _plan_arena(kernels: list[Kernel], external: dict[int, int]) -> tuple[dict[int, int], int]:
+    """Offsets of intermediates in one arena: best-fit reuse of freed blocks, by liveness
+    over the kernel order; 64-byte aligned."""
+    last_use: dict[int, int] = {}
+    for k, kernel in enumerate(kernels):
+        for v in kernel.inputs:
+            last_use[id(v)] = k
+    free: list[tuple[int, int]] = []   # (offset, size)
+    offsets: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    top = 0
+    for k, kernel in enumerate(kernels):
+        for v in kernel.outputs:
+            if id(v) in external:
+                continue
+            size = max(ALIGN, -(-v.type.numel * v.type.dtype.itemsize // ALIGN) * ALIGN)
+            best = None
+            for j, (off, sz) in enumerate(free):
+                if sz >= size and (best is None or sz < free[best][1]):
+                    best = j
+            if best is not None:
+                off, sz = free.pop(best)
+                if sz > size:
+                    free.append((off + size, sz - size))
+            else:
+                off = top
+                top += size
+            offsets[id(v)] = off
+            sizes[id(v)] = size
+        # values whose last reader is this kernel are free for the next ones
+        for v in kernel.inputs:
+            if last_use.get(id(v)) == k and id(v) in offsets and id(v) in sizes:
+                free.append((offsets[id(v)], sizes.pop(id(v))))
+        for v in kernel.outputs:  # produced but never read
+            if id(v) in sizes and id(v) not in last_use:
+                free.append((offsets[id(v)], sizes.pop(id(v))))
+    return offsets, top

@@ -1,0 +1,283 @@
+"""Lowering: a group of graph nodes becomes one PrimFunc.
+
+Each node's compute rule (from the op registry) builds tensor expressions over the group's
+inputs; stages without reductions are inlined into their consumers, stages with reductions
+are materialised (into the output buffer, or a scratch buffer); every `Reduce` becomes an
+accumulator and a loop nest. Without fusion a group is one node; `fuse_ops` forms larger
+groups and they go through this same path.
+
+The PrimFunc takes the group's inputs then its outputs as buffer parameters (in that order,
+named after the graph values) and any symbolic sizes as `size_vars`. Loops come out serial and
+in the natural order; a target's schedule then decides what runs in parallel or vectorised.
+This module must never import a backend's renderer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from ..errors import CompileError
+from ..ir import loop as L
+from ..ir import types as T
+from ..ir.compute import NoCompute, Tensor, apply_rule, placeholder, producers
+from ..ir.graph import Node, Value
+from ..ir.ops.registry import get_op
+
+__all__ = ["Kernel", "NoCompute", "lower_group"]
+
+
+@dataclass
+class Kernel:
+    """A lowered group: `func`'s params are `inputs` then `outputs` (graph values)."""
+
+    name: str
+    func: L.PrimFunc
+    inputs: list[Value]
+    outputs: list[Value]
+    nodes: list[Node]
+
+    @property
+    def anchor(self) -> Node:
+        """The group's most complex node (what its schedule template is chosen by)."""
+        return max(self.nodes, key=lambda n: get_op(n.op).pattern)
+
+
+def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None,
+                sizes: dict[str, int] | None = None) -> Kernel:
+    """Lower `nodes` (in topological order) into one PrimFunc named `name`.
+
+    `outputs` are the group's values needed outside it (default: every node output).
+    Raises NoCompute when a node has no loop form (it then runs as a host fallback).
+    """
+    produced = {id(v) for n in nodes for v in n.outputs}
+    inputs: list[Value] = []
+    tensors: dict[int, Tensor] = {}
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None and id(v) not in produced and id(v) not in tensors:
+                inputs.append(v)
+                tensors[id(v)] = placeholder(_buffer_name(v), v.type.dtype, v.type.shape,
+                                             value=v.const)
+    for n in nodes:
+        op = get_op(n.op)
+        if op.compute is None:
+            raise NoCompute(f"{n.op} has no compute rule")
+        args = [None if v is None else tensors[id(v)] for v in n.inputs]
+        try:
+            outs = apply_rule(n.op, args, n.attrs, [v.type for v in n.outputs])
+        except NoCompute:
+            raise
+        except Exception as exc:  # a rule that fails is a compiler bug; name the node
+            raise CompileError(f"{n.op} node {n.name!r}: its compute rule failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        for v, t in zip(n.outputs, outs):
+            tensors[id(v)] = t
+    outputs = list(outputs if outputs is not None else [v for n in nodes for v in n.outputs])
+    out_tensors = []
+    for v in outputs:
+        t = tensors[id(v)]
+        if t.body is None or any(t is o for o in out_tensors):
+            t = _copy(t)  # an output that is an input, or repeated: stored by a copy stage
+        out_tensors.append(t)
+    params = [_param(tensors[id(v)], v) for v in inputs] + \
+        [L.Buffer(_buffer_name(v), v.type.dtype, tuple(t.shape)) for v, t in
+         zip(outputs, out_tensors)]
+    body = _Lowering(inputs, tensors, sizes or {}).lower(out_tensors, params[len(inputs):])
+    size_vars = _size_vars(params, body)
+    func = L.PrimFunc(name, tuple(params), body, tuple(size_vars))
+    func = L.simplify(func)
+    return Kernel(name, func, inputs, outputs, nodes)
+
+
+def _copy(t: Tensor) -> Tensor:
+    from ..ir.compute import compute
+    return compute(t.shape, lambda *i: t[i], name=f"{t.name}_copy")
+
+
+def _buffer_name(v: Value) -> str:
+    return "v_" + "".join(c if c.isalnum() else "_" for c in v.name)
+
+
+def _param(t: Tensor, v: Value) -> L.Buffer:
+    return L.Buffer(t.name, t.dtype, tuple(t.shape))
+
+
+def _size_vars(params, body) -> list[L.Var]:
+    found: dict[str, L.Var] = {}
+    for b in params:
+        for d in b.shape:
+            for var in L.free_vars(d):
+                found.setdefault(var.name, var)
+    for var in L.free_vars(body):
+        found.setdefault(var.name, var)
+    return sorted(found.values(), key=lambda v: v.name)
+
+
+_ACC_DTYPE = {"float16": T.float32, "bfloat16": T.float32}
+
+
+def _init_value(combiner: str, dtype: T.DType) -> L.Expr:
+    if combiner in ("sum", "or"):
+        return L.const(0 if dtype.kind != "b" else False, dtype)
+    if combiner in ("prod", "and"):
+        return L.const(1 if dtype.kind != "b" else True, dtype)
+    if dtype.is_float:
+        return L.const(-np.inf if combiner == "max" else np.inf, dtype)
+    if dtype.kind == "b":
+        return L.const(combiner == "min", dtype)
+    info = np.iinfo(dtype.np)
+    return L.const(int(info.min if combiner == "max" else info.max), dtype)
+
+
+def _combine(combiner: str, acc: L.Expr, x: L.Expr) -> L.Expr:
+    if combiner == "sum":
+        return acc + x
+    if combiner == "prod":
+        return acc * x
+    if combiner == "and":
+        return L.BinOp("and", acc, x)
+    if combiner == "or":
+        return L.BinOp("or", acc, x)
+    # NaN-propagating max/min for floats (as NumPy); plain for integers
+    return L.BinOp(combiner, acc, x)
+
+
+class _Lowering:
+    def __init__(self, inputs: list[Value], tensors: dict[int, Tensor], sizes: dict):
+        self.sizes = sizes
+        self.materialized: dict[int, L.Buffer] = {}
+        self.scratch: list[L.Buffer] = []
+        self.counter = 0
+        self.constants = {id(t): t for t in tensors.values() if t.body is None and
+                          t.value is not None and np.asarray(t.value).size == 1}
+
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        return f"{hint}{self.counter}"
+
+    def lower(self, outputs: list[Tensor], out_buffers: list[L.Buffer]) -> L.Stmt:
+        order: list[Tensor] = []
+        _postorder(outputs, order, set())
+        out_index = {id(t): b for t, b in zip(outputs, out_buffers)}
+        stages: list[tuple[Tensor, L.Buffer]] = []
+        for t in order:
+            if t.body is None:
+                continue
+            if id(t) in out_index:
+                buf = out_index[id(t)]
+            elif _has_reduce(t.body):
+                buf = L.Buffer(self.fresh(f"{t.name}_"), t.dtype, tuple(t.shape))
+                self.scratch.append(buf)
+            else:
+                continue  # inlined into its consumers
+            self.materialized[id(t)] = buf
+            stages.append((t, buf))
+        # an output that is also read by a later stage is read back from its buffer
+        body = L.seq(*(self.stage(t, buf) for t, buf in stages))
+        for buf in reversed(self.scratch):
+            body = L.Allocate(buf, body)
+        return body
+
+    def stage(self, t: Tensor, buf: L.Buffer) -> L.Stmt:
+        axes = [L.Var(self.fresh("i")) for _ in t.axes]
+        expr = L.substitute(self.inline(t.body), dict(zip(t.axes, axes)))
+        allocs, value = self.lower_reduces(expr)
+        store = L.Store(buf, tuple(axes), value if value.dtype is buf.dtype
+                        else L.Cast(buf.dtype, value))
+        return L.loop_nest(zip(axes, t.shape), _wrap(allocs, store))
+
+    def inline(self, e: L.Expr) -> L.Expr:
+        """Replace reads of tensors: materialised ones read their buffer, others are
+        substituted by their expression; scalar constants become literals."""
+
+        def rewrite(n):
+            if not isinstance(n, L.Load) or not isinstance(n.buffer, Tensor):
+                return None
+            t = n.buffer
+            if id(t) in self.constants:
+                return L.const(np.asarray(t.value).reshape(()).item(), t.dtype)
+            if t.body is None:
+                return L.Load(t.as_buffer(), n.indices)
+            if id(t) in self.materialized:
+                return L.Load(self.materialized[id(t)], n.indices)
+            body = self.inline(t.body)
+            return L.substitute(body, dict(zip(t.axes, n.indices)))
+
+        return L.transform(e, rewrite)
+
+    def lower_reduces(self, e: L.Expr) -> tuple[list, L.Expr]:
+        """Hoist every Reduce into an accumulator and its loop nest.
+
+        Returns ([(accumulator, statement computing it)], the expression reading the
+        accumulators). A Reduce nested in another's source is hoisted inside the outer one's
+        loops, where it is evaluated.
+        """
+        allocs: list[tuple[L.Buffer, L.Stmt]] = []
+
+        def visit(n):
+            if isinstance(n, L.Reduce):
+                return self.reduce(n, allocs)
+            if isinstance(n, L.Expr):
+                return _map_children(n, visit)
+            return n
+
+        return allocs, visit(e)
+
+    def reduce(self, n: L.Reduce, allocs: list) -> L.Expr:
+        acc_dtype = _ACC_DTYPE.get(n.dtype.name, n.dtype)
+        acc = L.Buffer(self.fresh("acc"), acc_dtype, (L.const(1),), L.Scope.LOCAL)
+        inner, src = self.lower_reduces(n.source)
+        if src.dtype is not acc_dtype:
+            src = L.Cast(acc_dtype, src)
+        update: L.Stmt = L.Store(acc, (L.const(0),), _combine(n.combiner, acc[0], src))
+        update = _wrap(inner, update)
+        if n.condition is not None:
+            cond_allocs, cond = self.lower_reduces(n.condition)
+            update = _wrap(cond_allocs, L.If(cond, update))
+        loops = L.loop_nest([(a.var, a.extent) for a in n.axes], update)
+        init = L.Store(acc, (L.const(0),), _init_value(n.combiner, acc_dtype))
+        allocs.append((acc, L.seq(init, loops)))
+        value = acc[0]
+        return value if acc_dtype is n.dtype else L.Cast(n.dtype, value)
+
+
+def _wrap(allocs: list, stmt: L.Stmt) -> L.Stmt:
+    """Each accumulator is allocated around its computation and every later use."""
+    for acc, compute in reversed(allocs):
+        stmt = L.Allocate(acc, L.seq(compute, stmt))
+    return stmt
+
+
+def _map_children(node, fn):
+    """`node` rebuilt with `fn` applied to its direct Expr children (top-down traversal)."""
+    changes = {}
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, L.Expr):
+            new = fn(value)
+            if new is not value:
+                changes[f.name] = new
+        elif isinstance(value, tuple) and any(isinstance(v, L.Expr) for v in value):
+            new = tuple(fn(v) if isinstance(v, L.Expr) else v for v in value)
+            if any(a is not b for a, b in zip(new, value)):
+                changes[f.name] = new
+    if not changes:
+        return node
+    values = {f.name: getattr(node, f.name) for f in fields(node)}
+    values.update(changes)
+    return type(node)(**values)
+
+
+def _has_reduce(e: L.Expr) -> bool:
+    return any(isinstance(n, L.Reduce) for n in L.walk(e))
+
+
+def _postorder(tensors, order, seen):
+    for t in tensors:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        _postorder(producers(t), order, seen)
+        order.append(t)
