@@ -163,7 +163,7 @@ _NP_CALL = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 
             "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "pow": np.power,
             "fmod": np.fmod, "isnan": np.isnan, "isinf": np.isinf, "not": np.logical_not,
             "neg": np.negative, "log1p": np.log1p, "expm1": np.expm1, "sign": np.sign,
-            "atan2": np.arctan2}
+            "atan2": np.arctan2, "fma": lambda a, b, c: a * b + c}
 
 _NP_REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "and": np.all,
               "or": np.any}

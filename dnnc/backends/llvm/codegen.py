@@ -53,7 +53,7 @@ _LLVM_INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt",
                    "ceil": "llvm.ceil", "round": "llvm.roundeven", "trunc": "llvm.trunc",
                    "pow": "llvm.pow", "tan": "llvm.tan", "asin": "llvm.asin",
                    "acos": "llvm.acos", "atan": "llvm.atan", "sinh": "llvm.sinh",
-                   "cosh": "llvm.cosh", "tanh": "llvm.tanh"}
+                   "cosh": "llvm.cosh", "tanh": "llvm.tanh", "fma": "llvm.fmuladd"}
 _LIBM = {"erf": "erf", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
          "log1p": "log1p", "expm1": "expm1", "fmod": "fmod", "atan2": "atan2"}
 
@@ -207,6 +207,11 @@ class _Emitter:
             elif s.kind.is_gpu_block or s.kind.is_gpu_thread:
                 raise CodegenError(f"{self.fb.func.name}: loop bound to {s.kind.value} cannot "
                                    f"run on a CPU")
+            elif s.kind is L.ForKind.UNROLLED and isinstance(s.extent, L.Const):
+                self.unrolled_for(s)
+            elif s.kind is L.ForKind.VECTORIZED and isinstance(s.extent, L.Const) and \
+                    2 <= s.extent.value <= 64 and _vectorizable(s.body):
+                _VectorLoop(self, s).emit()
             else:
                 self.serial_for(s)
         elif isinstance(s, L.Store):
@@ -257,6 +262,13 @@ class _Emitter:
         phi.add_incoming(nxt, self.b.block)
         self.b.branch(header)
         self.b.position_at_end(exit_)
+
+    def unrolled_for(self, s: L.For) -> None:
+        """The body once per iteration, the loop variable a constant in each copy."""
+        for k in range(s.extent.value):
+            self.env[s.var] = ir.Constant(I64, k)
+            self.bounds[s.var] = L.Bounds(k, k)
+            self.stmt(s.body)
 
     def parallel_for(self, s: L.For) -> None:
         """Outline the loop body into `f(closure, start, end)`; run it on the pool."""
@@ -328,17 +340,33 @@ class _Emitter:
     # -- memory ------------------------------------------------------------------------------
 
     def address(self, buf: L.Buffer, indices) -> ir.Value:
+        """Row-major element address; static strides are folded as constants (LLVM folds
+        constant index terms, so no IR-level simplification is needed here)."""
         base = self.buffers.get(buf.name)
         if base is None:
             raise CodegenError(f"{self.fb.func.name}: buffer {buf.name} is not in scope")
-        offset = L.const(0)
-        stride: L.Expr = L.const(1)
+        offset: ir.Value | None = None
+        stride: int | ir.Value = 1
         for idx, dim in reversed(list(zip(indices, buf.shape))):
-            offset = offset + idx * stride if offset != L.const(0) else idx * stride
-            stride = stride * dim
-        offset = L.simplify_expr(offset, self.bounds)
-        return self.b.gep(base, [self.expr(offset)], inbounds=True,
-                          source_etype=memory_type(buf.dtype))
+            if isinstance(idx, L.Const) and idx.value == 0:
+                term = None
+            elif isinstance(stride, int):
+                value = self.expr(idx)
+                term = value if stride == 1 else self.b.mul(value, ir.Constant(I64, stride),
+                                                            flags=["nsw"])
+            else:
+                term = self.b.mul(self.expr(idx), stride, flags=["nsw"])
+            if term is not None:
+                offset = term if offset is None else self.b.add(offset, term, flags=["nsw"])
+            if isinstance(dim, L.Const) and isinstance(stride, int):
+                stride = stride * dim.value
+            else:
+                dim_value = self.expr(dim)
+                stride = self.b.mul(ir.Constant(I64, stride) if isinstance(stride, int)
+                                    else stride, dim_value, flags=["nsw"])
+        if offset is None:
+            offset = ir.Constant(I64, 0)
+        return self.b.gep(base, [offset], inbounds=True, source_etype=memory_type(buf.dtype))
 
     def to_memory(self, value: ir.Value, dtype: T.DType) -> ir.Value:
         if dtype.kind == "b":
@@ -581,3 +609,214 @@ def _product(dims) -> L.Expr:
     for d in dims:
         out = out * d
     return L.simplify_expr(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Explicit vectorisation of VECTORIZED loops of constant extent
+
+
+def _vectorizable(body: L.Stmt) -> bool:
+    """Bodies of stores and lets only (no control flow) become straight-line vector code."""
+    if isinstance(body, L.Seq):
+        return all(_vectorizable(x) for x in body.stmts)
+    if isinstance(body, L.Let):
+        return _vectorizable(body.body)
+    return isinstance(body, L.Store)
+
+
+def _lane_coefficient(e: L.Expr, var: L.Var, vector_vars) -> int | None:
+    """The coefficient of `var` in `e` when `e` is affine in it (0: invariant), else None."""
+    free = L.free_vars(e)
+    if var not in free and not (free & vector_vars):
+        return 0
+    if e == var:
+        return 1
+    if isinstance(e, L.BinOp) and e.op in ("+", "-"):
+        a = _lane_coefficient(e.a, var, vector_vars)
+        b = _lane_coefficient(e.b, var, vector_vars)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "+" else a - b
+    if isinstance(e, L.BinOp) and e.op == "*":
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(y, L.Const):
+                cx = _lane_coefficient(x, var, vector_vars)
+                return None if cx is None else cx * y.value
+    return None
+
+
+_VECTOR_INTRINSIC = {"fma": "llvm.fmuladd", "exp": "llvm.exp", "log": "llvm.log",
+                     "sqrt": "llvm.sqrt", "floor": "llvm.floor", "ceil": "llvm.ceil",
+                     "round": "llvm.roundeven", "trunc": "llvm.trunc", "abs": "llvm.fabs"}
+
+
+class _VectorLoop:
+    """Straight-line vector code for `for v in range(L): body`: contiguous loads and stores
+    become vector memory operations, arithmetic vector instructions, anything else is
+    computed lane by lane (always correct, fast where it matters)."""
+
+    def __init__(self, em: "_Emitter", loop: L.For):
+        self.em = em
+        self.b = em.b
+        self.var = loop.var
+        self.lanes = loop.extent.value
+        self.body = loop.body
+        self.vectors: dict[L.Var, ir.Value] = {}   # let-bound vector values
+
+    def emit(self) -> None:
+        self.em.bounds[self.var] = L.Bounds(0, self.lanes - 1)
+        self.stmt(self.body)
+
+    def vtype(self, dtype: T.DType) -> ir.VectorType:
+        return ir.VectorType(compute_type(dtype), self.lanes)
+
+    def splat(self, value: ir.Value) -> ir.Value:
+        ty = ir.VectorType(value.type, self.lanes)
+        undef = ir.Constant(ty, ir.Undefined)
+        one = self.b.insert_element(undef, value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, undef, ir.Constant(ir.VectorType(I32, self.lanes),
+                                                             [0] * self.lanes))
+
+    def stmt(self, s: L.Stmt) -> None:
+        if isinstance(s, L.Seq):
+            for x in s.stmts:
+                self.stmt(x)
+        elif isinstance(s, L.Let):
+            value, is_vector = self.expr(s.value)
+            if is_vector:
+                self.vectors[s.var] = value
+            else:
+                self.em.env[s.var] = value
+            self.stmt(s.body)
+            self.vectors.pop(s.var, None)
+        else:
+            self.store(s)
+
+    def _contiguous(self, indices) -> bool | None:
+        """True: lanes are consecutive elements; False: all lanes one element; None: neither."""
+        coefs = [_lane_coefficient(i, self.var, set(self.vectors)) for i in indices]
+        if any(c is None for c in coefs):
+            return None
+        if all(c == 0 for c in coefs):
+            return False
+        if coefs and coefs[-1] == 1 and all(c == 0 for c in coefs[:-1]):
+            return True
+        return None
+
+    def _base_address(self, buf, indices):
+        zero = {self.var: L.const(0)}
+        return self.em.address(buf, tuple(L.substitute(i, zero) for i in indices))
+
+    def store(self, s: L.Store) -> None:
+        value, is_vector = self.expr(s.value)
+        kind = self._contiguous(s.indices)
+        dtype = s.buffer.dtype
+        if kind is True and dtype is not T.bfloat16:
+            vec = value if is_vector else self.splat(value)
+            ptr = self._base_address(s.buffer, s.indices)
+            mem = self._to_memory(vec, dtype)
+            ptr = self.b.bitcast(ptr, ir.PointerType(mem.type))
+            self.b.store(mem, ptr, align=dtype.itemsize)
+            return
+        for k in range(self.lanes):   # scatter, lane by lane
+            with self._lane(k):
+                lane_value = self.b.extract_element(value, ir.Constant(I32, k)) \
+                    if is_vector else value
+                ptr = self.em.address(s.buffer, s.indices)
+                self.b.store(self.em.to_memory(lane_value, dtype), ptr)
+
+    def _to_memory(self, vec, dtype):
+        if dtype.kind == "b":
+            return self.b.zext(vec, ir.VectorType(I8, self.lanes))
+        if dtype is T.float16:
+            return self.b.fptrunc(vec, ir.VectorType(F16, self.lanes))
+        return vec
+
+    def _lane(self, k: int):
+        em, var, vectors = self.em, self.var, self.vectors
+        b = self.b
+
+        class Lane:
+            def __enter__(self_):
+                self_.saved = {v: em.env.get(v) for v in [var, *vectors]}
+                em.env[var] = ir.Constant(I64, k)
+                for v, vec in vectors.items():
+                    em.env[v] = b.extract_element(vec, ir.Constant(I32, k))
+
+            def __exit__(self_, *exc):
+                for v, old in self_.saved.items():
+                    if old is None:
+                        em.env.pop(v, None)
+                    else:
+                        em.env[v] = old
+
+        return Lane()
+
+    def lanewise(self, e: L.Expr) -> ir.Value:
+        out = ir.Constant(self.vtype(e.dtype), ir.Undefined)
+        for k in range(self.lanes):
+            with self._lane(k):
+                out = self.b.insert_element(out, self.em.expr(e), ir.Constant(I32, k))
+        return out
+
+    def expr(self, e: L.Expr) -> tuple[ir.Value, bool]:
+        free = L.free_vars(e)
+        if self.var not in free and not (free & set(self.vectors)):
+            return self.em.expr(e), False
+        if e == self.var:
+            return ir.Constant(ir.VectorType(I64, self.lanes), list(range(self.lanes))), True
+        if isinstance(e, L.Var) and e in self.vectors:
+            return self.vectors[e], True
+        if isinstance(e, L.Load):
+            kind = self._contiguous(e.indices)
+            dtype = e.buffer.dtype
+            if kind is True and dtype is not T.bfloat16:
+                ptr = self._base_address(e.buffer, e.indices)
+                mem = ir.VectorType(memory_type(dtype), self.lanes)
+                ptr = self.b.bitcast(ptr, ir.PointerType(mem))
+                vec = self.b.load(ptr, typ=mem, align=dtype.itemsize)
+                if dtype.kind == "b":
+                    vec = self.b.icmp_unsigned("!=", vec, ir.Constant(mem, [0] * self.lanes))
+                elif dtype is T.float16:
+                    vec = self.b.fpext(vec, self.vtype(dtype))
+                return vec, True
+            return self.lanewise(e), True
+        if isinstance(e, L.BinOp) and e.op in ("+", "-", "*", "/", "min", "max") and \
+                e.a.dtype.is_float and e.a.dtype in (T.float32, T.float64):
+            a, b = self._both(e.a, e.b)
+            if e.op in ("min", "max"):
+                name = "llvm.minimum" if e.op == "min" else "llvm.maximum"
+                return self.b.call(self._intrinsic(name, a.type, 2), [a, b]), True
+            fn = {"+": self.b.fadd, "-": self.b.fsub, "*": self.b.fmul, "/": self.b.fdiv}[e.op]
+            return fn(a, b), True
+        if isinstance(e, L.BinOp) and e.op in ("+", "-", "*") and e.a.dtype.is_int:
+            a, b = self._both(e.a, e.b)
+            fn = {"+": self.b.add, "-": self.b.sub, "*": self.b.mul}[e.op]
+            return fn(a, b), True
+        if isinstance(e, L.Call) and e.name in _VECTOR_INTRINSIC and \
+                e.dtype in (T.float32, T.float64):
+            args = [self._as_vector(a) for a in e.args]
+            fn = self._intrinsic(_VECTOR_INTRINSIC[e.name], args[0].type, len(args))
+            return self.b.call(fn, args), True
+        if isinstance(e, L.Select) and e.dtype in (T.float32, T.float64):
+            cond = self._as_vector(e.cond)
+            a, b = self._both(e.true, e.false)
+            return self.b.select(cond, a, b), True
+        if isinstance(e, L.BinOp) and e.op in L.COMPARE and e.a.dtype in (T.float32,
+                                                                            T.float64):
+            a, b = self._both(e.a, e.b)
+            if e.op == "!=":
+                return self.b.fcmp_unordered("!=", a, b), True
+            return self.b.fcmp_ordered(e.op, a, b), True
+        return self.lanewise(e), True
+
+    def _as_vector(self, e: L.Expr) -> ir.Value:
+        value, is_vector = self.expr(e)
+        return value if is_vector else self.splat(value)
+
+    def _both(self, a: L.Expr, b: L.Expr):
+        return self._as_vector(a), self._as_vector(b)
+
+    def _intrinsic(self, name: str, ty: ir.VectorType, nargs: int) -> ir.Function:
+        elem = "f32" if ty.element == F32 else "f64"
+        return self.em.mb.declare(f"{name}.v{ty.count}{elem}", ty, [ty] * nargs)

@@ -34,7 +34,7 @@ from ...ir.ops.registry import get_op, infer_node
 from ..lower import Kernel, NoCompute, lower_group
 from .codegen import ModuleBuilder
 from .runtime import HostCPU, JITModule, ensure_pool, host_cpu
-from .schedules import schedule
+from .schedules import schedule_kernel
 
 ALIGN = 64
 
@@ -258,7 +258,7 @@ class _CompiledSegment:
                 raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic "
                                    f"after specialisation: {kernel.func.size_vars}")
             pattern = get_op(node.op).pattern
-            kernel.func = schedule(kernel.func, pattern, rt.threads)
+            kernel.func = schedule_kernel(kernel, rt.cpu, rt.threads)
             self.kernels.append(kernel)
             mb.add(kernel.func, noalias=True)
         # slots: inputs, escaping outputs, constants, then arena-resident intermediates

@@ -171,7 +171,7 @@ spin:
   br i1 %changed, label %lock, label %spin_more
 spin_more:
   %k1 = add i64 %k, 1
-  %spinning = icmp slt i64 %k1, 200000
+  %spinning = icmp slt i64 %k1, 50000
   br i1 %spinning, label %spin, label %lock
 lock:
   %r0 = call i32 @pthread_mutex_lock(ptr @mutex)
@@ -265,7 +265,7 @@ spin:
   br i1 %finished, label %release, label %spin_more
 spin_more:
   %k1 = add i64 %k, 1
-  %spinning = icmp slt i64 %k1, 1000000
+  %spinning = icmp slt i64 %k1, 20000
   br i1 %spinning, label %spin, label %wait_lock
 wait_lock:
   %r3 = call i32 @pthread_mutex_lock(ptr @mutex)

@@ -10,7 +10,6 @@ pooling (issue 4) plug into the same table.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ...ir import loop as L
@@ -96,10 +95,31 @@ def _fuse_outer(loop: L.For, threads: int) -> L.For:
     return _fuse_outer(merged, threads)
 
 
-def parallel_loops(func: L.PrimFunc) -> int:
-    return sum(1 for n in L.walk(func.body) if isinstance(n, L.For) and
-               n.kind is L.ForKind.PARALLEL)
+def _dense(kernel, cpu, threads):
+    from .dense import dense_schedule
+
+    return dense_schedule(kernel, cpu.vector_bits, threads)
 
 
-def static_work(func: L.PrimFunc) -> int:
-    return math.prod([1])
+def _conv2d(kernel, cpu, threads):
+    from .conv import conv2d_schedule
+
+    return conv2d_schedule(kernel, cpu.vector_bits, threads)
+
+
+TEMPLATES = {"MatMul": _dense, "Gemm": _dense, "Conv": _conv2d}
+"""anchor op -> template building the kernel's PrimFunc (None: not applicable)."""
+
+
+def schedule_kernel(kernel, cpu, threads: int) -> L.PrimFunc:
+    """The scheduled PrimFunc of a lowered kernel: the anchor op's template where one applies,
+    else the default schedule of its pattern."""
+    from ...ir.ops.registry import get_op
+
+    anchor = kernel.anchor
+    template = TEMPLATES.get(anchor.op)
+    if template is not None:
+        func = template(kernel, cpu, threads)
+        if func is not None:
+            return func
+    return schedule(kernel.func, get_op(anchor.op).pattern, threads)

@@ -1,7 +1,8 @@
 """Linear algebra ops: MatMul, Gemm, MatMulInteger, Einsum, Det.
 
 References compute low-precision floats (float16, bfloat16) in float32 and round once at the
-end, as the kernels will; integer matmuls accumulate in int32 as ONNX specifies.
+end, as the kernels will; integer matmuls accumulate in int32 as ONNX specifies. Compute rules
+are one `reduce_sum` over the contracted axes (TE's matmul), with the same accumulation types.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..compute import NoCompute, Tensor, compute, reduce_axis, reduce_sum
+from ..loop import Cast, Const, Expr, const
 from ..types import broadcast_shapes
 from .infer import check_dtype, check_same_dtype
 from .registry import Pattern, register_op
@@ -40,6 +43,47 @@ def matmul_shape(ctx, a: tuple, b: tuple) -> tuple:
     return out
 
 
+def acc_dtype(dtype: T.DType) -> T.DType:
+    """The type a rule sums `dtype` products in: float32 for 16-bit floats, else its own."""
+    return T.float32 if dtype.is_float and dtype.itemsize < 4 else dtype
+
+
+def widen(dtype: T.DType, e: Expr) -> Expr:
+    """`e` cast to `dtype`, or `e` itself when it has that type already."""
+    return e if e.dtype is dtype else Cast(dtype, e)
+
+
+def _extent(*dims: Expr) -> Expr:
+    """One of several dims known to be equal, a constant one when there is one."""
+    return next((d for d in dims if isinstance(d, Const)), dims[0])
+
+
+def _batch_index(shape: tuple, batch: tuple) -> tuple:
+    """An operand's batch axes read at the output's batch index (broadcast axes of extent 1
+    read at 0)."""
+    lead = len(batch) - len(shape)
+    return tuple(const(0) if d == const(1) else batch[lead + q] for q, d in enumerate(shape))
+
+
+def matmul_operands(a: Tensor, b: Tensor):
+    """The index maps of NumPy's matmul: `(k, fn)` where k is the contraction's reduce axis
+    and `fn(idx, k)` gives a's and b's indices for output index `idx` (batch axes broadcast,
+    a 1-D operand promoted to a matrix and the promoted axis absent from the output)."""
+    ra, rb = a.ndim, b.ndim
+    k = reduce_axis(_extent(a.shape[-1], b.shape[0] if rb == 1 else b.shape[-2]), "k")
+
+    def indices(idx, k):
+        idx = tuple(idx)
+        j = idx[-1] if rb >= 2 else None
+        i = (idx[-2] if rb >= 2 else idx[-1]) if ra >= 2 else None
+        batch = idx[:len(idx) - (ra >= 2) - (rb >= 2)]
+        a_idx = _batch_index(a.shape[:-2], batch) + (i, k) if ra >= 2 else (k,)
+        b_idx = _batch_index(b.shape[:-2], batch) + (k, j) if rb >= 2 else (k,)
+        return a_idx, b_idx
+
+    return k, indices
+
+
 # -- MatMul -------------------------------------------------------------------------------------
 
 
@@ -53,8 +97,21 @@ def matmul(a, b):
     return np.matmul(_widened(a), _widened(b)).astype(a.dtype)
 
 
+def _matmul_rule(inputs, outputs):
+    a, b = inputs
+    out = outputs[0]
+    acc = acc_dtype(out.dtype)
+    k, indices = matmul_operands(a, b)
+
+    def element(*idx):
+        ai, bi = indices(idx, k.var)
+        return reduce_sum(widen(acc, a[ai]) * widen(acc, b[bi]), k)
+
+    return [compute(out.shape, element, "matmul", out.dtype)]
+
+
 register_op("MatMul", pattern=Pattern.OUT_FUSABLE, infer=_matmul_infer, evaluate=matmul,
-            inputs=2)
+            inputs=2, compute=_matmul_rule)
 
 
 # -- Gemm ---------------------------------------------------------------------------------------
@@ -92,8 +149,33 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB):
     return np.asarray(y).astype(dtype)
 
 
+def _gemm_rule(inputs, outputs, *, alpha, beta, transA, transB):
+    a, b, c = (list(inputs) + [None])[:3]
+    out = outputs[0]
+    acc = acc_dtype(out.dtype)
+    # integers scaled by a float alpha or beta go through float64, as NumPy promotes them
+    scaled = alpha != 1 or (c is not None and beta != 1)
+    epilogue = T.float64 if out.dtype.is_int and scaled else acc
+    k = reduce_axis(_extent(a.shape[0] if transA else a.shape[1],
+                            b.shape[1] if transB else b.shape[0]), "k")
+
+    def element(i, j):
+        av = a[k.var, i] if transA else a[i, k.var]
+        bv = b[j, k.var] if transB else b[k.var, j]
+        y = widen(epilogue, reduce_sum(widen(acc, av) * widen(acc, bv), k))
+        if alpha != 1:
+            y = const(alpha, epilogue) * y
+        if c is not None:
+            cv = widen(epilogue, c[_batch_index(c.shape, (i, j))])
+            y = y + (const(beta, epilogue) * cv if beta != 1 else cv)
+        return y
+
+    return [compute(out.shape, element, "gemm", out.dtype)]
+
+
 register_op("Gemm", pattern=Pattern.OUT_FUSABLE, infer=_gemm_infer, evaluate=gemm,
-            attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, inputs=(2, 3))
+            attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, inputs=(2, 3),
+            compute=_gemm_rule)
 
 
 # -- MatMulInteger ------------------------------------------------------------------------------
@@ -121,8 +203,32 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     return np.matmul(a, b).astype(np.int32)
 
 
+def _matmul_integer_rule(inputs, outputs):
+    a, b, a_zp, b_zp = (list(inputs) + [None] * 2)[:4]
+    k, indices = matmul_operands(a, b)
+    # as the reference: a 1-D zero point of more than one entry is per row of a 2-D+ A
+    a_per_row = a_zp is not None and a_zp.ndim == 1 and a.ndim >= 2 and a_zp.shape[0] != const(1)
+    for zp, operand in ((a_zp, a), (b_zp, b)):
+        if zp is not None and (zp.ndim > operand.ndim or (zp.ndim == 1 and not isinstance(
+                zp.shape[0], Const))):
+            raise NoCompute(f"zero point of shape {zp.shape} for an operand of rank "
+                            f"{operand.ndim}")
+
+    def element(*idx):
+        ai, bi = indices(idx, k.var)
+        av, bv = widen(T.int32, a[ai]), widen(T.int32, b[bi])
+        if a_zp is not None:
+            av = av - widen(T.int32, a_zp[(ai[-2],) if a_per_row
+                                          else _batch_index(a_zp.shape, ai)])
+        if b_zp is not None:
+            bv = bv - widen(T.int32, b_zp[_batch_index(b_zp.shape, bi)])
+        return reduce_sum(av * bv, k)
+
+    return [compute(outputs[0].shape, element, "matmul_integer", T.int32)]
+
+
 register_op("MatMulInteger", pattern=Pattern.OUT_FUSABLE, infer=_matmul_integer_infer,
-            evaluate=matmul_integer, inputs=(2, 4))
+            evaluate=matmul_integer, inputs=(2, 4), compute=_matmul_integer_rule)
 
 
 # -- Einsum -------------------------------------------------------------------------------------
@@ -188,8 +294,42 @@ def einsum(*xs, equation):
     return np.einsum(equation, *(_widened(x) for x in xs)).astype(xs[0].dtype)
 
 
+def _einsum_rule(inputs, outputs, *, equation):
+    """Output letters index the output, every other letter is a reduce axis; a letter repeated
+    in one term reads that term's diagonal (the same variable on both axes)."""
+    terms, out_term = parse_einsum(equation, [t.ndim for t in inputs])
+    if len(set(out_term)) != len(out_term):
+        raise NoCompute(f"einsum {equation!r} repeats an output index")
+    extents: dict[str, Expr] = {}
+    for term, t in zip(terms, inputs):
+        for letter, d in zip(term, t.shape):
+            # an ellipsis axis of extent 1 broadcasts: take a wider one when there is one
+            if letter not in extents or extents[letter] == const(1):
+                extents[letter] = d
+            elif not isinstance(extents[letter], Const) and isinstance(d, Const) \
+                    and d != const(1):
+                extents[letter] = d
+    summed = [letter for letter in dict.fromkeys("".join(terms)) if letter not in out_term]
+    axes = [reduce_axis(extents[letter], f"sum_{letter}") for letter in summed]
+    out = outputs[0]
+    acc = acc_dtype(out.dtype)
+
+    def element(*idx):
+        var = dict(zip(out_term, idx))
+        var.update((letter, ax.var) for letter, ax in zip(summed, axes))
+        product = None
+        for term, t in zip(terms, inputs):
+            index = tuple(const(0) if d == const(1) else var[letter]
+                          for letter, d in zip(term, t.shape))
+            v = widen(acc, t[index])
+            product = v if product is None else product * v
+        return reduce_sum(product, axes) if axes else product
+
+    return [compute(out.shape, element, "einsum", out.dtype)]
+
+
 register_op("Einsum", pattern=Pattern.OUT_FUSABLE, infer=_einsum_infer, evaluate=einsum,
-            attrs={"equation": ""}, inputs=(1, None))
+            attrs={"equation": ""}, inputs=(1, None), compute=_einsum_rule)
 
 
 # -- Det ----------------------------------------------------------------------------------------
@@ -207,4 +347,8 @@ def det(x):
     return np.asarray(np.linalg.det(_widened(x))).astype(x.dtype)
 
 
-register_op("Det", pattern=Pattern.OPAQUE, infer=_det_infer, evaluate=det)
+def _det_rule(inputs, outputs):
+    raise NoCompute("Det is an LU factorisation with pivoting, not a loop nest")
+
+
+register_op("Det", pattern=Pattern.OPAQUE, infer=_det_infer, evaluate=det, compute=_det_rule)

@@ -6,6 +6,12 @@ the numpy target runs whole models (ResNet-50) with them, so a convolution is on
 im2col matrix gathered with one strided slice per kernel offset, and a pool reduces the same
 slices; nothing loops over output pixels in Python. `conv` is public for other families
 (QLinearConv).
+
+Compute rules are written as TVM's topi writes them: a convolution is one `reduce_sum` over
+(input channel, kernel window) per output element and a pool one reduction over its window,
+padding and ceil_mode overhang excluded by a `where` condition so that no load outside the
+input is ever taken; padding decisions come from the same geometry helpers as the references.
+`conv_sum` is public for QLinearConv.
 """
 
 from __future__ import annotations
@@ -17,7 +23,11 @@ import math
 import numpy as np
 
 from .. import types as T
+from ..compute import (
+    NoCompute, Tensor, compute, reduce_axis, reduce_max, reduce_min, reduce_sum)
+from ..loop import Const, Expr, call, const, eq, logical_and, maximum, minimum
 from .infer import check_dtype, check_same_dtype
+from .linalg import acc_dtype, widen
 from .registry import REQUIRED, Pattern, register_op
 
 FLOATS = T.FLOAT_DTYPES
@@ -64,6 +74,117 @@ def window_geometry(sizes, kernel, strides, dilations, pads, auto_pad="NOTSET", 
         begins.append(begin)
         ends.append(end)
     return outs, begins, ends
+
+
+def rule_pads(sizes, kernel, strides, dilations, pads, auto_pad="NOTSET", ceil_mode=0):
+    """Begin and end pads of sliding windows over input sizes given as Exprs, for compute
+    rules: window_geometry's own ints on a static axis; on a symbolic axis only SAME pads
+    depend on the size, and they are window_geometry's formula written over Exprs."""
+    nd = len(sizes)
+    begins, ends = [], []
+    for i, n in enumerate(sizes):
+        k, s, d = kernel[i], strides[i], dilations[i]
+        if isinstance(n, Const) or auto_pad not in SAME:
+            size = n.value if isinstance(n, Const) else 1 << 30  # pads independent of n
+            _, b, e = window_geometry([size], [k], [s], [d], [pads[i], pads[nd + i]],
+                                      auto_pad, ceil_mode)
+            begins.append(b[0])
+            ends.append(e[0])
+            continue
+        span = d * (k - 1) + 1
+        # total = max(0, (ceil(n / s) - 1) * s + span - n), constant when s is 1
+        total = max(0, span - 1) if s == 1 else maximum((n + (s - 1)) // s * s + (span - s) - n,
+                                                        0)
+        begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        begins.append(begin)
+        ends.append(total - begin)
+    return begins, ends
+
+
+def _static(e: Expr) -> int | None:
+    return e.value if isinstance(e, Const) else None
+
+
+def _exact_div(d: Expr, q: int):
+    """d // q as an int when d is constant (q divides d, as inference checked)."""
+    return d.value // q if isinstance(d, Const) else d // q
+
+
+def _kernel_axes(kernel, prefix="rk"):
+    """One reduce axis per kernel axis; None for an axis of extent 1 (read at offset 0)."""
+    return [None if k == 1 else reduce_axis(k, f"{prefix}{i}") for i, k in enumerate(kernel)]
+
+
+def _offsets(axes):
+    return [const(0) if a is None else a.var for a in axes]
+
+
+def _reduced(*axes):
+    """The reduce axes in use; an extent-1 axis when there are none, so that a `where` still
+    guards the single load."""
+    used = [a for a in axes if a is not None]
+    return used or [reduce_axis(1, "r1")]
+
+
+class Windows:
+    """The sliding windows of a conv or pool over x's spatial axes, for compute rules:
+    window o of an axis reads input position o*s - begin + k*d at kernel offset k."""
+
+    def __init__(self, x: Tensor, out_shape, kernel, strides, dilations, begins, ends,
+                 ceil_mode=0):
+        self.sizes = list(x.shape[2:])
+        self.outs = [d if isinstance(d, int) else None for d in out_shape[2:]]
+        self.kernel, self.strides, self.dilations = list(kernel), strides, dilations
+        self.begins, self.ends, self.ceil_mode = begins, ends, ceil_mode
+
+    @classmethod
+    def of(cls, x: Tensor, out_shape, kernel, attrs):
+        nd = x.ndim - 2
+        strides, dilations, pads = window_attrs(nd, attrs.get("strides"),
+                                                attrs.get("dilations"), attrs.get("pads"))
+        ceil_mode = attrs.get("ceil_mode", 0)
+        begins, ends = rule_pads(x.shape[2:], kernel, strides, dilations, pads,
+                                 attrs["auto_pad"], ceil_mode)
+        return cls(x, out_shape, kernel, strides, dilations, begins, ends, ceil_mode)
+
+    def start(self, i: int, o: Expr) -> Expr:
+        """The input position window o of axis i begins at (its kernel offset 0)."""
+        s, b = self.strides[i], self.begins[i]
+        pos = o if s == 1 else o * s
+        return pos if isinstance(b, int) and b == 0 else pos - b
+
+    def reads(self, o, ks):
+        """Input positions read at kernel offsets ks by output position o, and the condition
+        that all are inside x (None when no window leaves x)."""
+        pos, conds = [], []
+        for i, (oi, k) in enumerate(zip(o, ks)):
+            d = self.dilations[i]
+            p = self.start(i, oi) + (k if d == 1 else k * d)
+            pos.append(p)
+            if not (isinstance(self.begins[i], int) and self.begins[i] <= 0):
+                conds.append(p >= 0)
+            if self._may_overhang(i):
+                conds.append(p < self.sizes[i])
+        return pos, (logical_and(*conds) if conds else None)
+
+    def _may_overhang(self, i: int) -> bool:
+        """Whether a window of axis i can read past the input's end."""
+        n, out, b, e = _static(self.sizes[i]), self.outs[i], self.begins[i], self.ends[i]
+        span = self.dilations[i] * (self.kernel[i] - 1) + 1
+        if n is not None and out is not None and isinstance(b, int):
+            return (out - 1) * self.strides[i] - b + span > n
+        return bool(self.ceil_mode) or not (isinstance(e, int) and e <= 0)
+
+    def count(self, i: int, o: Expr, lo, hi) -> Expr:
+        """How many of window o's positions on axis i fall in [lo, hi)."""
+        k, d = self.kernel[i], self.dilations[i]
+        start = self.start(i, o)
+        if d == 1:
+            first, last = maximum(lo - start, 0), minimum(hi - 1 - start, k - 1)
+        else:  # k >= ceil((lo - start) / d) and k <= floor((hi - 1 - start) / d)
+            first = maximum(-((start - lo) // d), 0)
+            last = minimum((hi - 1 - start) // d, k - 1)
+        return maximum(last - first + 1, 0)
 
 
 def _window_dims(ctx, sizes, kernel, strides, dilations, pads, auto_pad, ceil_mode=0):
@@ -190,7 +311,7 @@ def conv(x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
     strides, dilations, pads = window_attrs(nd, strides, dilations, pads)
     outs, begins, _ = window_geometry(x.shape[2:], kernel, strides, dilations, pads, auto_pad)
     acc = _compute_dtype(x.dtype)
-    n, c, m = x.shape[0], x.shape[1], w.shape[0]
+    n, m = x.shape[0], w.shape[0]
     xp = _pad_for_windows(x.astype(acc, copy=False), outs, kernel, strides, dilations, begins, 0)
     # im2col: (N, C, K, *outs) -> (N, G, C/G*K, P), matching w's (M, C/G, *kernel) layout
     cols = np.stack(list(_window_slices(xp, outs, kernel, strides, dilations)), axis=2)
@@ -247,8 +368,48 @@ def _conv_infer(ctx):
 CONV_ATTRS = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
               "pads": None, "strides": None}
 
+
+def conv_sum(x: Tensor, w: Tensor, out_shape, attrs, term):
+    """A convolution's sum as `fn(n, m, *o)`: reduce_sum over the group's input channels c and
+    the kernel offsets of `term(x value, w value, m)`, padding excluded by `where`."""
+    kernel = [_static(d) for d in w.shape[2:]]
+    if None in kernel:
+        kernel = attrs.get("kernel_shape")
+        if not kernel:
+            raise NoCompute(f"kernel sizes {w.shape[2:]} are not known")
+    win = Windows.of(x, out_shape, kernel, attrs)
+    group, cg = attrs["group"], w.shape[1]
+    mg = _exact_div(w.shape[0], group)    # output channels per group
+    rc = None if cg == const(1) else reduce_axis(cg, "rc")
+    rk = _kernel_axes(kernel)
+    axes = _reduced(rc, *rk)
+
+    def total(n, m, *o):
+        c = const(0) if rc is None else rc.var
+        g = m if isinstance(mg, int) and mg == 1 else m // mg    # m's group
+        ic = c if group == 1 else g * cg + c
+        ks = _offsets(rk)
+        pos, inside = win.reads(o, ks)
+        return reduce_sum(term(x[(n, ic, *pos)], w[(m, c, *ks)], m), axes, where=inside)
+
+    return total
+
+
+def _conv_rule(inputs, outputs, **attrs):
+    x, w, b = (list(inputs) + [None])[:3]
+    out = outputs[0]
+    acc = acc_dtype(out.dtype)
+    total = conv_sum(x, w, out.shape, attrs, lambda xv, wv, m: widen(acc, xv) * widen(acc, wv))
+
+    def element(n, m, *o):
+        y = total(n, m, *o)
+        return y if b is None else y + widen(acc, b[m])
+
+    return [compute(out.shape, element, "conv", out.dtype)]
+
+
 register_op("Conv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer, evaluate=conv,
-            attrs=CONV_ATTRS, inputs=(2, 3))
+            attrs=CONV_ATTRS, inputs=(2, 3), compute=_conv_rule)
 
 
 def _zero_point(zp, shape):
@@ -279,8 +440,34 @@ def _conv_integer_infer(ctx):
     return [T.TensorType(T.int32, shape)]
 
 
+def scalar_or_per_channel(p: Tensor | None, m: Expr) -> Expr:
+    """A zero point or scale in int32 or its own float type: the tensor's one value, or entry
+    m of a vector of one per output channel."""
+    if p is None:
+        return const(0, T.int32)
+    if all(d == const(1) for d in p.shape):
+        return p[(0,) * p.ndim] if p.ndim else p[()]
+    if p.ndim != 1:
+        raise NoCompute(f"a per-channel parameter of shape {p.shape} is not a vector")
+    return p[m]
+
+
+def _conv_integer_rule(inputs, outputs, **attrs):
+    x, w, x_zp, w_zp = (list(inputs) + [None] * 2)[:4]
+    out = outputs[0]
+
+    def term(xv, wv, m):
+        # zero points are subtracted from loaded pixels only: padding stays 0, as the reference
+        xz, wz = scalar_or_per_channel(x_zp, m), scalar_or_per_channel(w_zp, m)
+        return (widen(T.int32, xv) - widen(T.int32, xz)) * (widen(T.int32, wv) -
+                                                            widen(T.int32, wz))
+
+    return [compute(out.shape, conv_sum(x, w, out.shape, attrs, term), "conv_integer",
+                    T.int32)]
+
+
 register_op("ConvInteger", pattern=Pattern.OUT_FUSABLE, infer=_conv_integer_infer,
-            evaluate=conv_integer, attrs=CONV_ATTRS, inputs=(2, 4))
+            evaluate=conv_integer, attrs=CONV_ATTRS, inputs=(2, 4), compute=_conv_integer_rule)
 
 # -- ConvTranspose, Col2Im ---------------------------------------------------------------------
 
@@ -375,9 +562,53 @@ def _conv_transpose_infer(ctx):
     return [T.TensorType(ctx.dtype(0), (xs[0], m) + tuple(dims))]
 
 
+def _conv_transpose_rule(inputs, outputs, *, auto_pad, dilations, group, kernel_shape,
+                         output_padding, output_shape, pads, strides):
+    """Gather form of the scatter: output o sums x[i] * w[k] over the (i, k) with
+    i*s + k*d = o + begin, i.e. over kernel offsets k where (o + begin - k*d) is a multiple
+    of s whose quotient i lies inside x."""
+    x, w, b = (list(inputs) + [None])[:3]
+    out = outputs[0]
+    nd = x.ndim - 2
+    kernel = [_static(d) for d in w.shape[2:]]
+    strides, dilations, pads = window_attrs(nd, strides, dilations, pads)
+    sizes = [_static(d) for d in x.shape[2:]]
+    if None in sizes and output_shape:
+        raise NoCompute("the pads of a given output_shape depend on symbolic input sizes")
+    # without output_shape the begin pads do not depend on the input sizes
+    _, begins = transpose_geometry([1] * nd if None in sizes else sizes, kernel, strides,
+                                   dilations, pads, output_padding, output_shape, auto_pad)
+    acc = acc_dtype(out.dtype)
+    cg, mg = _exact_div(w.shape[0], group), w.shape[1]
+    rc = None if isinstance(cg, int) and cg == 1 else reduce_axis(cg, "rc")
+    rk = _kernel_axes(kernel)
+    axes = _reduced(rc, *rk)
+
+    def element(n, m, *o):
+        c = const(0) if rc is None else rc.var
+        g, mm = (const(0), m) if group == 1 else (m // mg, m % mg)
+        ic = c if group == 1 else g * cg + c
+        ks = _offsets(rk)
+        pos, conds = [], []
+        for i, (oi, k) in enumerate(zip(o, ks)):
+            s, d = strides[i], dilations[i]
+            t = oi + begins[i] - (k if d == 1 else k * d)
+            p = t if s == 1 else t // s
+            if s != 1:
+                conds.append(eq(t % s, 0))
+            conds += [t >= 0, p < x.shape[2 + i]]
+            pos.append(p)
+        y = reduce_sum(widen(acc, x[(n, ic, *pos)]) * widen(acc, w[(ic, mm, *ks)]), axes,
+                       where=logical_and(*conds))
+        return y if b is None else y + widen(acc, b[m])
+
+    return [compute(out.shape, element, "conv_transpose", out.dtype)]
+
+
 register_op("ConvTranspose", pattern=Pattern.OUT_FUSABLE, infer=_conv_transpose_infer,
             evaluate=conv_transpose, inputs=(2, 3),
-            attrs={**CONV_ATTRS, "output_padding": None, "output_shape": None})
+            attrs={**CONV_ATTRS, "output_padding": None, "output_shape": None},
+            compute=_conv_transpose_rule)
 
 
 def col2im(x, image_shape, block_shape, dilations=None, pads=None, strides=None):
@@ -412,8 +643,12 @@ def _col2im_infer(ctx):
     return [T.TensorType(ctx.dtype(0), (n, T.dim_div(ck, k)) + tuple(image))]
 
 
+def _col2im_rule(inputs, outputs, **attrs):
+    raise NoCompute("Col2Im is a scatter-add; it runs on the host")
+
+
 register_op("Col2Im", pattern=Pattern.OPAQUE, infer=_col2im_infer, evaluate=col2im, inputs=3,
-            attrs={"dilations": None, "pads": None, "strides": None})
+            attrs={"dilations": None, "pads": None, "strides": None}, compute=_col2im_rule)
 
 # -- CausalConvWithState ------------------------------------------------------------------------
 
@@ -514,10 +749,15 @@ def _deform_conv_infer(ctx):
     return [T.TensorType(ctx.dtype(0), shape)]
 
 
+def _deform_conv_rule(inputs, outputs, **attrs):
+    raise NoCompute("DeformConv samples x at data-dependent positions; it runs on the host")
+
+
 register_op("DeformConv", pattern=Pattern.OPAQUE, infer=_deform_conv_infer,
             evaluate=deform_conv, inputs=(3, 5),
             attrs={"dilations": None, "group": 1, "kernel_shape": None,
-                   "offset_group": 1, "pads": None, "strides": None})
+                   "offset_group": 1, "pads": None, "strides": None},
+            compute=_deform_conv_rule)
 
 # -- windowed pools ----------------------------------------------------------------------------
 
@@ -625,16 +865,122 @@ def _pool_infer(dtypes, indices=False):
     return infer
 
 
+def _max_pool_rule(inputs, outputs, **attrs):
+    """The window maximum; Indices as a second stage: the first kernel offset (C order, as
+    the reference's strict `>` keeps) holding that maximum, decoded into a flat position."""
+    x = inputs[0]
+    kernel = attrs["kernel_shape"]
+    win = Windows.of(x, outputs[0].shape, kernel, attrs)
+
+    def window_max(n, c, *o):
+        rk = _kernel_axes(kernel)
+        pos, inside = win.reads(o, _offsets(rk))
+        return reduce_max(x[(n, c, *pos)], _reduced(*rk), where=inside)
+
+    y = compute(outputs[0].shape, window_max, "max_pool", x.dtype)
+    if len(outputs) == 1:
+        return [y]
+    nd = len(kernel)
+    after = [math.prod(kernel[i + 1:]) for i in range(nd)]   # C-order strides of offsets
+
+    def first_max(n, c, *o):
+        rk = _kernel_axes(kernel)
+        ks = _offsets(rk)
+        pos, inside = win.reads(o, ks)
+        # clamped, the load stays inside x where `inside` is false (a condition is not lazy)
+        safe = [minimum(maximum(p, 0), size - 1) for p, size in zip(pos, win.sizes)]
+        hit = eq(x[(n, c, *safe)], y[(n, c, *o)])
+        j = sum((k * a for k, a in zip(ks, after)), const(0))
+        return reduce_min(j, _reduced(*rk), where=hit if inside is None
+                          else logical_and(inside, hit))
+
+    best = compute(outputs[0].shape, first_max, "max_pool_offset", T.int64)
+    total = math.prod(kernel)
+
+    def flat_index(n, c, *o):
+        # a window wholly in padding has no hit: the reference then reports offset 0
+        j = minimum(best[(n, c, *o)], total - 1)
+        pos = [win.start(i, o[i]) + (j // after[i]) % kernel[i] * win.dilations[i]
+               for i in range(nd)]
+        order = range(nd) if attrs["storage_order"] == 0 else reversed(range(nd))
+        spatial = const(0)
+        for i in order:
+            spatial = spatial * win.sizes[i] + pos[i]
+        plane = n * x.shape[1] + c
+        return plane * math.prod(win.sizes[1:], start=win.sizes[0]) + spatial
+
+    return [y, compute(outputs[0].shape, flat_index, "max_pool_indices", T.int64)]
+
+
+def _average_pool_rule(inputs, outputs, **attrs):
+    """Window sum over the pixels inside x, divided by a count computed in closed form per
+    axis: of the positions inside x, or (count_include_pad) inside the padded extent."""
+    x = inputs[0]
+    out = outputs[0]
+    kernel = attrs["kernel_shape"]
+    win = Windows.of(x, out.shape, kernel, attrs)
+    acc = acc_dtype(out.dtype)
+
+    def element(n, c, *o):
+        rk = _kernel_axes(kernel)
+        pos, inside = win.reads(o, _offsets(rk))
+        total = reduce_sum(widen(acc, x[(n, c, *pos)]), _reduced(*rk), where=inside)
+        count = const(1)
+        for i, oi in enumerate(o):
+            if attrs["count_include_pad"]:
+                lo, hi = -win.begins[i], win.sizes[i] + win.ends[i]
+            else:
+                lo, hi = 0, win.sizes[i]
+            count = count * win.count(i, oi, lo, hi)
+        return total / widen(acc, maximum(count, 1))
+
+    return [compute(out.shape, element, "average_pool", out.dtype)]
+
+
+def _power(v: Expr, p: int) -> Expr:
+    """v ** p as the reference's NumPy computes it (squares and roots by their fast paths)."""
+    if p == 1:
+        return v
+    if p == 2:
+        return v * v
+    return call("pow", v, const(p, v.dtype))
+
+
+def _root(v: Expr, p: int) -> Expr:
+    if p == 1:
+        return v
+    if p == 2:
+        return call("sqrt", v)
+    return call("pow", v, const(1.0 / p, v.dtype))
+
+
+def _lp_pool_rule(inputs, outputs, **attrs):
+    x = inputs[0]
+    out = outputs[0]
+    kernel, p = attrs["kernel_shape"], attrs["p"]
+    win = Windows.of(x, out.shape, kernel, attrs)
+    acc = acc_dtype(out.dtype)
+
+    def element(n, c, *o):
+        rk = _kernel_axes(kernel)
+        pos, inside = win.reads(o, _offsets(rk))
+        v = call("abs", widen(acc, x[(n, c, *pos)]))
+        return _root(reduce_sum(_power(v, p), _reduced(*rk), where=inside), p)
+
+    return [compute(out.shape, element, "lp_pool", out.dtype)]
+
+
 POOL_ATTRS = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None,
               "kernel_shape": REQUIRED, "pads": None, "strides": None}
 
 register_op("MaxPool", pattern=Pattern.OPAQUE, evaluate=max_pool, outputs=(1, 2),
             infer=_pool_infer(FLOATS + (T.int8, T.uint8), indices=True),
-            attrs={**POOL_ATTRS, "storage_order": 0})
+            attrs={**POOL_ATTRS, "storage_order": 0}, compute=_max_pool_rule)
 register_op("AveragePool", pattern=Pattern.OPAQUE, evaluate=average_pool,
-            infer=_pool_infer(FLOATS), attrs={**POOL_ATTRS, "count_include_pad": 0})
+            infer=_pool_infer(FLOATS), attrs={**POOL_ATTRS, "count_include_pad": 0},
+            compute=_average_pool_rule)
 register_op("LpPool", pattern=Pattern.OPAQUE, evaluate=lp_pool, infer=_pool_infer(FLOATS),
-            attrs={**POOL_ATTRS, "p": 2})
+            attrs={**POOL_ATTRS, "p": 2}, compute=_lp_pool_rule)
 
 # -- global pools ------------------------------------------------------------------------------
 
@@ -660,12 +1006,41 @@ def global_lp_pool(x, p=2):
     return (total ** (1.0 / p)).astype(x.dtype)
 
 
+def _global_rule(reducer, name):
+    """A global pool's rule: `reducer(x, x[n, c, *r], r, acc)` over spatial reduce axes r."""
+
+    def rule(inputs, outputs, **attrs):
+        x = inputs[0]
+        out = outputs[0]
+        acc = acc_dtype(out.dtype)
+
+        def element(n, c, *_):
+            r = [reduce_axis(d, f"r{i}") for i, d in enumerate(x.shape[2:])]
+            return reducer(x, x[(n, c, *(a.var for a in r))], r, acc, **attrs)
+
+        return [compute(out.shape, element, name, out.dtype)]
+
+    return rule
+
+
+def _global_mean(x, v, r, acc):
+    count = math.prod(x.shape[3:], start=x.shape[2])
+    return reduce_sum(widen(acc, v), r) / widen(acc, count)
+
+
+def _global_lp(x, v, r, acc, p):
+    return _root(reduce_sum(_power(call("abs", widen(acc, v)), p), r), p)
+
+
 register_op("GlobalAveragePool", pattern=Pattern.REDUCE, infer=_global_infer,
-            evaluate=global_average_pool)
+            evaluate=global_average_pool,
+            compute=_global_rule(_global_mean, "global_average_pool"))
 register_op("GlobalMaxPool", pattern=Pattern.REDUCE, infer=_global_infer,
-            evaluate=lambda x: x.max(axis=_spatial_axes(x), keepdims=True))
+            evaluate=lambda x: x.max(axis=_spatial_axes(x), keepdims=True),
+            compute=_global_rule(lambda x, v, r, acc: reduce_max(v, r), "global_max_pool"))
 register_op("GlobalLpPool", pattern=Pattern.REDUCE, infer=_global_infer,
-            evaluate=global_lp_pool, attrs={"p": 2})
+            evaluate=global_lp_pool, attrs={"p": 2},
+            compute=_global_rule(_global_lp, "global_lp_pool"))
 
 # -- MaxUnpool ---------------------------------------------------------------------------------
 
@@ -712,5 +1087,10 @@ def _max_unpool_infer(ctx):
     return [T.TensorType(ctx.dtype(0), tuple(xs[:2]) + tuple(dims))]
 
 
+def _max_unpool_rule(inputs, outputs, **attrs):
+    raise NoCompute("MaxUnpool scatters to data-dependent positions; it runs on the host")
+
+
 register_op("MaxUnpool", pattern=Pattern.OPAQUE, infer=_max_unpool_infer, evaluate=max_unpool,
-            inputs=(2, 3), attrs={"kernel_shape": REQUIRED, "pads": None, "strides": None})
+            inputs=(2, 3), attrs={"kernel_shape": REQUIRED, "pads": None, "strides": None},
+            compute=_max_unpool_rule)

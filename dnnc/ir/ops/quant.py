@@ -3,6 +3,9 @@
 Integer types only (int8, uint8, int16, uint16); the float8 / int4 families are outside dnnc's
 dtypes and rejected by the frontend. Scales and zero points are scalars, per-axis vectors, or
 (since opset 21) blocks along `axis`.
+
+Compute rules mirror the references' arithmetic types exactly (float32 quotients, rint as
+round-half-to-even, saturation by clamping) since a one-off rounding changes a quantized value.
 """
 
 from __future__ import annotations
@@ -10,7 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..compute import (
+    NoCompute, Tensor, broadcast_load, compute, reduce_axis, reduce_max, reduce_min, reduce_sum)
+from ..loop import Cast, Expr, Select, call, const, eq, maximum, minimum
 from .infer import check_dtype, normalize_axis
+from .linalg import matmul_operands, widen
+from .nn import conv_sum, scalar_or_per_channel
 from .registry import Pattern, register_op
 
 QUANT_DTYPES = (T.uint8, T.int8, T.uint16, T.int16)
@@ -26,6 +34,27 @@ def expand_param(param: np.ndarray, shape: tuple, axis: int, block_size: int) ->
     dims = [1] * len(shape)
     dims[axis] = param.size
     return param.reshape(dims)
+
+
+def param_at(p: Tensor, idx: tuple, axis: int, block_size: int) -> Expr:
+    """A scale or zero point read at x's index `idx`, as `expand_param` broadcasts it."""
+    if all(d == const(1) for d in p.shape):
+        return p[(0,) * p.ndim] if p.ndim else p[()]
+    if block_size:
+        return p[tuple(i // block_size if k == axis else i for k, i in enumerate(idx))]
+    return p[idx[axis]]
+
+
+def _saturate(q: Expr, dtype: T.DType) -> Expr:
+    """q (float) clamped to dtype's range and converted, as np.clip then astype."""
+    info = np.iinfo(dtype.np)
+    return Cast(dtype, minimum(maximum(q, const(info.min, q.dtype)), const(info.max, q.dtype)))
+
+
+def _rule_axis(x: Tensor, scale: Tensor, axis: int) -> int:
+    """The references' axis: `axis` of a non-scalar scale, else unused."""
+    per_tensor = all(d == const(1) for d in scale.shape)
+    return axis % x.ndim if x.ndim and not per_tensor else 0
 
 
 def _check_param(ctx, i: int, axis: int, block_size: int, what: str) -> None:
@@ -89,8 +118,24 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis, block_size, output_d
     return np.clip(q, info.min, info.max).astype(out)
 
 
+def _quantize_rule(inputs, outputs, *, axis, block_size, output_dtype, saturate, precision):
+    x, scale, zp = (list(inputs) + [None])[:3]
+    out = outputs[0]
+    axis = _rule_axis(x, scale, axis)
+    div = precision or T.float32
+
+    def element(*idx):
+        q = widen(div, x[idx]) / widen(div, param_at(scale, idx, axis, block_size))
+        q = call("round", widen(T.float32, q))
+        if zp is not None:
+            q = q + widen(T.float32, param_at(zp, idx, axis, block_size))
+        return _saturate(q, out.dtype)
+
+    return [compute(out.shape, element, "quantize", out.dtype)]
+
+
 register_op("QuantizeLinear", pattern=Pattern.ELEMWISE, infer=_quantize_infer,
-            evaluate=quantize_linear, inputs=(2, 3),
+            evaluate=quantize_linear, inputs=(2, 3), compute=_quantize_rule,
             attrs={"axis": 1, "block_size": 0, "output_dtype": None, "saturate": 1,
                    "precision": None})
 
@@ -119,8 +164,21 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis, block_size, output
     return y.astype(output_dtype.np if output_dtype else x_scale.dtype)
 
 
+def _dequantize_rule(inputs, outputs, *, axis, block_size, output_dtype):
+    x, scale, zp = (list(inputs) + [None])[:3]
+    axis = _rule_axis(x, scale, axis)
+
+    def element(*idx):
+        v = widen(T.float32, x[idx])
+        if zp is not None:
+            v = v - widen(T.float32, param_at(zp, idx, axis, block_size))
+        return v * widen(T.float32, param_at(scale, idx, axis, block_size))
+
+    return [compute(outputs[0].shape, element, "dequantize", outputs[0].dtype)]
+
+
 register_op("DequantizeLinear", pattern=Pattern.ELEMWISE, infer=_dequantize_infer,
-            evaluate=dequantize_linear, inputs=(2, 3),
+            evaluate=dequantize_linear, inputs=(2, 3), compute=_dequantize_rule,
             attrs={"axis": 1, "block_size": 0, "output_dtype": None})
 
 
@@ -144,8 +202,37 @@ def dynamic_quantize_linear(x):
             np.array(zero_point, np.float32).astype(np.uint8))
 
 
+def _dynamic_quantize_rule(inputs, outputs):
+    """Three stages: x's max and min (each a full reduction), then scale, zero point and the
+    elementwise quantization reading them."""
+    x = inputs[0]
+    f32 = T.float32
+
+    def whole(reducer):
+        def fn():
+            r = [reduce_axis(d, f"r{i}") for i, d in enumerate(x.shape)]
+            return reducer(x[tuple(a.var for a in r)], r) if r else x[()]
+        return fn
+
+    hi = compute((), whole(reduce_max), "dq_max", f32)
+    lo = compute((), whole(reduce_min), "dq_min", f32)
+    # range widened to include 0, as the reference
+    top, bottom = maximum(hi[()], const(0.0)), minimum(lo[()], const(0.0))
+    scale = compute((), lambda: Select(eq(top, bottom), const(1.0), top - bottom)
+                    / const(255.0), "dq_scale", f32)
+
+    def zero_point():
+        return call("round", minimum(maximum(const(0.0) - bottom / scale[()], const(0.0)),
+                                     const(255.0)))
+
+    zp = compute((), zero_point, "dq_zero_point", f32)
+    y = compute(outputs[0].shape, lambda *i: _saturate(call("round", x[i] / scale[()])
+                                                        + zp[()], T.uint8), "dq_y", T.uint8)
+    return [y, scale, compute((), lambda: Cast(T.uint8, zp[()]), "dq_zp", T.uint8)]
+
+
 register_op("DynamicQuantizeLinear", pattern=Pattern.OPAQUE, infer=_dynamic_quantize_infer,
-            evaluate=dynamic_quantize_linear, outputs=3)
+            evaluate=dynamic_quantize_linear, outputs=3, compute=_dynamic_quantize_rule)
 
 
 # -- QLinearMatMul ------------------------------------------------------------------------------
@@ -174,8 +261,46 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
     return np.clip(y, info.min, info.max).astype(out)
 
 
+def _requantize(acc: Expr, multiplier: Expr, y_zp: Expr | None, dtype: T.DType) -> Expr:
+    """rint(acc * multiplier) + y's zero point, saturated: the references' float64 epilogue."""
+    y = call("round", widen(T.float64, acc) * widen(T.float64, multiplier))
+    if y_zp is not None:
+        y = y + widen(T.float64, y_zp)
+    return _saturate(y, dtype)
+
+
+def _promote(*ts: Tensor) -> T.DType:
+    return T.DType.from_numpy(np.result_type(*(t.dtype.np for t in ts)))
+
+
+def _qlinear_matmul_rule(inputs, outputs):
+    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = (list(inputs) + [None])[:8]
+    out = outputs[0]
+    k, indices = matmul_operands(a, b)
+    # parameters broadcast as NumPy broadcasts them in the reference: zero points against
+    # their operand, scales and y's zero point against the output
+    for p, rank in ((a_zp, a.ndim), (b_zp, b.ndim), (a_scale, len(out.shape)),
+                    (b_scale, len(out.shape)), (y_scale, len(out.shape)),
+                    (y_zp, len(out.shape))):
+        if p is not None and p.ndim > rank:
+            raise NoCompute(f"a parameter of rank {p.ndim} broadcasts beyond rank {rank}")
+    # the multiplier is formed in the scales' own precision, as the reference
+    ms = _promote(a_scale, b_scale, y_scale)
+
+    def element(*idx):
+        ai, bi = indices(idx, k.var)
+        av = widen(T.int32, a[ai]) - widen(T.int32, broadcast_load(a_zp, ai))
+        bv = widen(T.int32, b[bi]) - widen(T.int32, broadcast_load(b_zp, bi))
+        scales = [widen(ms, broadcast_load(t, idx)) for t in (a_scale, b_scale, y_scale)]
+        zp = None if y_zp is None else broadcast_load(y_zp, idx)
+        return _requantize(reduce_sum(av * bv, k), scales[0] * scales[1] / scales[2], zp,
+                           out.dtype)
+
+    return [compute(out.shape, element, "qlinear_matmul", out.dtype)]
+
+
 register_op("QLinearMatMul", pattern=Pattern.OUT_FUSABLE, infer=_qlinear_matmul_infer,
-            evaluate=qlinear_matmul, inputs=(7, 8))
+            evaluate=qlinear_matmul, inputs=(7, 8), compute=_qlinear_matmul_rule)
 
 
 # -- QLinearConv --------------------------------------------------------------------------------
@@ -213,7 +338,32 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
     return np.clip(y, info.min, info.max).astype(out)
 
 
+def _qlinear_conv_rule(inputs, outputs, **attrs):
+    x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b = (list(inputs) + [None] * 2)[:9]
+    out = outputs[0]
+    ms = _promote(x_scale, w_scale, y_scale)
+
+    def term(xv, wv, m):
+        # zero points shift loaded pixels only: padding stays 0, as the reference
+        return ((widen(T.int32, xv) - widen(T.int32, scalar_or_per_channel(x_zp, m)))
+                * (widen(T.int32, wv) - widen(T.int32, scalar_or_per_channel(w_zp, m))))
+
+    total = conv_sum(x, w, out.shape, attrs, term)
+
+    def element(n, m, *o):
+        acc = total(n, m, *o)
+        if b is not None:
+            acc = acc + widen(T.int32, b[m])
+        multiplier = (widen(ms, scalar_or_per_channel(x_scale, m))
+                      * widen(ms, scalar_or_per_channel(w_scale, m))
+                      / widen(ms, scalar_or_per_channel(y_scale, m)))
+        zp = None if y_zp is None else scalar_or_per_channel(y_zp, m)
+        return _requantize(acc, multiplier, zp, out.dtype)
+
+    return [compute(out.shape, element, "qlinear_conv", out.dtype)]
+
+
 register_op("QLinearConv", pattern=Pattern.OUT_FUSABLE, infer=_qlinear_conv_infer,
-            evaluate=qlinear_conv, inputs=(8, 9),
+            evaluate=qlinear_conv, inputs=(8, 9), compute=_qlinear_conv_rule,
             attrs={"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
                    "pads": None, "strides": None})

@@ -364,3 +364,199 @@ def test_causal_conv_with_state_streams():
     np.testing.assert_allclose(np.concatenate([first, second], axis=2), whole, rtol=1e-6)
     plain = conv(np.pad(x, [(0, 0), (0, 0), (3, 0)]), w, group=3)
     np.testing.assert_allclose(whole, plain / (1 + np.exp(-plain)), rtol=1e-5, atol=1e-6)
+
+
+# -- compute rules -------------------------------------------------------------------------------
+# Each rule, interpreted by NumPy over its loop IR, against the op's reference on fresh inputs.
+
+from dnnc.ir.compute import NoCompute, apply_rule, evaluate, placeholder, run_rule  # noqa: E402
+from dnnc.ir.graph import Value  # noqa: E402
+from dnnc.ir.ops.registry import get_op, infer_node  # noqa: E402
+
+
+def _check_rule(op, arrays, attrs=None, tol=1e-4, num_outputs=1, dims=None):
+    """Rule against reference; `dims` ({input: {axis: name}}) makes those input axes symbolic,
+    their sizes (and the output's) bound only when the rule's tensors are evaluated."""
+    attrs = dict(attrs or {})
+    want = get_op(op).run(arrays, {**get_op(op).attrs, **attrs})
+    if dims is None:
+        got = run_rule(op, arrays, attrs, num_outputs=num_outputs)
+    else:
+        values = [None if a is None else Value(f"in{k}", T.TensorType(
+            T.DType.from_numpy(a.dtype), tuple(dims.get(k, {}).get(ax, n)
+                                               for ax, n in enumerate(a.shape))))
+            for k, a in enumerate(arrays)]
+        types, _, full = infer_node(op, values, attrs, num_outputs, op)
+        sizes = {name: arrays[k].shape[ax] for k, m in dims.items() for ax, name in m.items()}
+        for t, w in zip(types, want):
+            sizes.update((d, n) for d, n in zip(t.shape, w.shape) if isinstance(d, str))
+        tensors = [None if v is None else placeholder(v.name, v.type.dtype, v.type.shape)
+                   for v in values]
+        got = evaluate(apply_rule(op, tensors, full, types),
+                       {f"in{k}": a for k, a in enumerate(arrays) if a is not None}, sizes)
+    assert len(got) == num_outputs
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
+                                   atol=tol)
+
+
+def _randn(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+RULE_CONV_CASES = [
+    ((1, 4, 8, 8), (6, 4, 3, 3), {}),
+    ((2, 4, 9, 7), (6, 2, 3, 2), dict(group=2, strides=[2, 1], pads=[1, 0, 2, 1],
+                                      dilations=[1, 2])),
+    ((1, 4, 8), (4, 1, 3), dict(group=4, pads=[1, 1])),                         # depthwise
+    ((1, 4, 8), (8, 1, 3), dict(group=4, pads=[2, 0], strides=[3])),            # multiplier 2
+    ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), dict(pads=[1, 0, 1, 0, 1, 1], strides=[1, 2, 2])),
+    ((1, 3, 7, 7), (4, 3, 1, 1), {}),                                           # pointwise
+    ((1, 3, 7, 7), (3, 1, 1, 1), dict(group=3, pads=[1, 1, 1, 1])),             # all-pad rim
+    ((1, 3, 7, 8), (4, 3, 3, 2), dict(auto_pad="SAME_UPPER", strides=[2, 2])),
+    ((1, 3, 7, 8), (4, 3, 3, 2), dict(auto_pad="SAME_LOWER", strides=[3, 2])),
+    ((1, 3, 7, 8), (4, 3, 3, 2), dict(auto_pad="VALID", strides=[2, 3])),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", RULE_CONV_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_conv_rule(xs, ws, attrs, dtype):
+    rng = np.random.default_rng()
+    x, w, b = _randn(rng, xs, dtype), _randn(rng, ws, dtype), _randn(rng, ws[:1], dtype)
+    tol = 1e-2 if dtype == np.float16 else 1e-4
+    _check_rule("Conv", [x, w], attrs, tol)
+    _check_rule("Conv", [x, w, b], attrs, tol)
+
+
+@pytest.mark.parametrize("attrs", [dict(pads=[1, 1, 1, 1]),
+                                   dict(auto_pad="SAME_UPPER", strides=[2, 2]),
+                                   dict(auto_pad="SAME_LOWER", strides=[2, 3])])
+def test_conv_rule_with_symbolic_batch_and_spatial_dims(attrs):
+    rng = np.random.default_rng()
+    arrays = [_randn(rng, (2, 3, 7, 8)), _randn(rng, (4, 3, 3, 3)), _randn(rng, (4,))]
+    _check_rule("Conv", arrays, attrs, dims={0: {0: "N", 2: "H", 3: "W"}})
+
+
+@pytest.mark.parametrize("xtype,wtype,zps", [(np.uint8, np.int8, "per_channel"),
+                                             (np.uint8, np.uint8, "scalar"),
+                                             (np.int8, np.int8, None)])
+def test_conv_integer_rule(xtype, wtype, zps):
+    rng = np.random.default_rng()
+    x = rng.integers(0 if xtype == np.uint8 else -128, 128, (1, 3, 6, 6)).astype(xtype)
+    w = rng.integers(-128 if wtype == np.int8 else 0, 128, (4, 3, 3, 3)).astype(wtype)
+    arrays = [x, w]
+    if zps:
+        arrays += [np.array([7], xtype), rng.integers(0, 9, 4 if zps == "per_channel"
+                                                      else ()).astype(wtype)]
+    _check_rule("ConvInteger", arrays, dict(pads=[1, 0, 1, 2], strides=[2, 1]), tol=0)
+
+
+RULE_CONV_T_CASES = [
+    ((1, 4, 5, 5), (4, 3, 3, 3), {}),
+    ((1, 4, 5, 6), (4, 2, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 0])),
+    ((2, 4, 5, 6), (4, 1, 3, 2), dict(strides=[2, 3], group=2, dilations=[2, 1])),
+    ((1, 3, 5), (3, 2, 4), dict(strides=[3], auto_pad="SAME_UPPER")),
+    ((1, 3, 5), (3, 2, 4), dict(strides=[2], auto_pad="SAME_LOWER")),
+    ((1, 3, 5, 5), (3, 2, 3, 3), dict(strides=[2, 2], output_shape=[12, 11])),
+    ((1, 3, 4, 4, 4), (3, 2, 2, 2, 2), dict(strides=[2, 2, 2])),
+    ((1, 4, 5, 5), (4, 1, 3, 3), dict(group=4, strides=[2, 2], pads=[1, 1, 1, 1])),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", RULE_CONV_T_CASES)
+def test_conv_transpose_rule(xs, ws, attrs):
+    rng = np.random.default_rng()
+    x, w = _randn(rng, xs), _randn(rng, ws)
+    _check_rule("ConvTranspose", [x, w], attrs)
+    _check_rule("ConvTranspose", [x, w, _randn(rng, (ws[1] * attrs.get("group", 1),))], attrs)
+
+
+def test_conv_transpose_rule_half_and_symbolic_dims():
+    rng = np.random.default_rng()
+    x, w = _randn(rng, (2, 4, 5, 6)), _randn(rng, (4, 2, 3, 3))
+    attrs = dict(strides=[2, 2], pads=[1, 1, 1, 1], group=2)
+    _check_rule("ConvTranspose", [x.astype(np.float16), w.astype(np.float16)], attrs, tol=1e-2)
+    _check_rule("ConvTranspose", [x, w], attrs, dims={0: {0: "N", 2: "H", 3: "W"}})
+    _check_rule("ConvTranspose", [x, w], dict(strides=[2, 2], auto_pad="SAME_UPPER"),
+                dims={0: {0: "N", 2: "H"}})
+
+
+RULE_POOL_CASES = [
+    ((1, 2, 8, 8), dict(kernel_shape=[3, 3])),
+    ((1, 2, 9, 9), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((2, 3, 10), dict(kernel_shape=[4], strides=[3], ceil_mode=1)),
+    ((1, 2, 11, 11), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, pads=[1, 1, 1, 1])),
+    ((1, 2, 7, 8), dict(kernel_shape=[2, 3], auto_pad="SAME_UPPER", strides=[2, 2])),
+    ((1, 2, 7, 8), dict(kernel_shape=[2, 3], auto_pad="SAME_LOWER", strides=[2, 3])),
+    ((1, 2, 9, 9), dict(kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 1, 2, 1], strides=[2, 2],
+                        ceil_mode=1)),
+    ((1, 1, 5, 6, 7), dict(kernel_shape=[2, 2, 3], strides=[2, 2, 2], pads=[1, 0, 1, 1, 0, 1])),
+    ((1, 2, 6, 6), dict(kernel_shape=[2, 2], strides=[2, 2], auto_pad="VALID")),
+    ((1, 2, 5, 5), dict(kernel_shape=[1, 1], pads=[2, 2, 2, 2])),      # windows wholly in pads
+]
+
+
+@pytest.mark.parametrize("xs,attrs", RULE_POOL_CASES)
+def test_max_pool_rule(xs, attrs):
+    rng = np.random.default_rng()
+    x = _randn(rng, xs)
+    for order in (0, 1):
+        _check_rule("MaxPool", [x], dict(attrs, storage_order=order), num_outputs=2, tol=0)
+    _check_rule("MaxPool", [x.astype(np.float16)], attrs, tol=0)
+    # int8 with repeated values: the first maximum's index, as the reference
+    xi = rng.integers(-100, 4, xs).astype(np.int8)
+    _check_rule("MaxPool", [xi], attrs, num_outputs=2, tol=0)
+
+
+@pytest.mark.parametrize("xs,attrs", RULE_POOL_CASES)
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_average_pool_rule(xs, attrs, count_include_pad):
+    rng = np.random.default_rng()
+    x = _randn(rng, xs)
+    attrs = dict(attrs, count_include_pad=count_include_pad)
+    _check_rule("AveragePool", [x], attrs)
+    _check_rule("AveragePool", [x.astype(np.float16)], attrs, tol=3e-3)
+
+
+@pytest.mark.parametrize("xs,attrs", RULE_POOL_CASES)
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_lp_pool_rule(xs, attrs, p):
+    _check_rule("LpPool", [_randn(np.random.default_rng(), xs)], dict(attrs, p=p))
+
+
+def test_pool_rules_with_symbolic_dims():
+    rng = np.random.default_rng()
+    x = _randn(rng, (2, 3, 11, 10))
+    dims = {0: {0: "N", 2: "H", 3: "W"}}
+    _check_rule("MaxPool", [x], dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+                num_outputs=2, dims=dims)
+    _check_rule("AveragePool", [x], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                         count_include_pad=1), dims=dims)
+    _check_rule("AveragePool", [x], dict(kernel_shape=[3, 3], strides=[2, 2],
+                                         auto_pad="SAME_LOWER"), dims=dims)
+
+
+@pytest.mark.parametrize("op,attrs", [("GlobalAveragePool", {}), ("GlobalMaxPool", {}),
+                                      ("GlobalLpPool", {}), ("GlobalLpPool", {"p": 3})])
+@pytest.mark.parametrize("xs", [(2, 3, 4, 5), (1, 2, 7), (1, 2, 3, 4, 2)])
+def test_global_pool_rules(op, attrs, xs):
+    rng = np.random.default_rng()
+    _check_rule(op, [_randn(rng, xs)], attrs)
+    _check_rule(op, [_randn(rng, xs, np.float16)], attrs, tol=1e-2)
+    _check_rule(op, [_randn(rng, xs)], attrs, dims={0: {0: "N", 2: "H"}})
+
+
+def test_scatter_and_sampling_ops_have_no_compute_rule():
+    rng = np.random.default_rng()
+    x = _randn(rng, (1, 1, 2, 2))
+    with pytest.raises(NoCompute):
+        run_rule("MaxUnpool", [x, np.array([0, 3, 8, 10]).reshape(1, 1, 2, 2)],
+                 dict(kernel_shape=[2, 2], strides=[2, 2]))
+    with pytest.raises(NoCompute):
+        run_rule("Col2Im", [_randn(rng, (1, 4, 4)), np.array([3, 3]), np.array([2, 2])],
+                 const_inputs=(1, 2))
+    with pytest.raises(NoCompute):
+        run_rule("DeformConv", [_randn(rng, (1, 1, 3, 3)), _randn(rng, (1, 1, 2, 2)),
+                                np.zeros((1, 8, 2, 2), np.float32)])

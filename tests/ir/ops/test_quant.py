@@ -119,3 +119,139 @@ def test_qlinear_conv_matches_onnxruntime():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     got, expected = _run_both(model, {"x": x})
     np.testing.assert_array_equal(got[0], expected[0])
+
+
+# -- compute rules ------------------------------------------------------------------------------
+# Each rule, interpreted by NumPy over its loop IR, against the op's reference on fresh inputs;
+# quantized outputs must match exactly (one rounding step off is a different integer).
+
+from dnnc.ir import types as T  # noqa: E402
+from dnnc.ir.compute import apply_rule, evaluate, placeholder, run_rule  # noqa: E402
+from dnnc.ir.graph import Value  # noqa: E402
+from dnnc.ir.ops.registry import get_op, infer_node  # noqa: E402
+
+
+def _check_rule(op, arrays, attrs=None, num_outputs=1, tol=0.0, dims=None):
+    """Rule against reference; `dims` ({input: {axis: name}}) makes those input axes
+    symbolic, their sizes bound only when the rule's tensors are evaluated."""
+    attrs = dict(attrs or {})
+    arrays = [None if a is None else np.asarray(a) for a in arrays]
+    want = get_op(op).run(arrays, {**get_op(op).attrs, **attrs})
+    if dims is None:
+        got = run_rule(op, arrays, attrs, num_outputs=num_outputs)
+    else:
+        values = [None if a is None else Value(f"in{k}", T.TensorType(
+            T.DType.from_numpy(a.dtype), tuple(dims.get(k, {}).get(ax, n)
+                                               for ax, n in enumerate(a.shape))))
+            for k, a in enumerate(arrays)]
+        types, _, full = infer_node(op, values, attrs, num_outputs, op)
+        tensors = [None if v is None else placeholder(v.name, v.type.dtype, v.type.shape)
+                   for v in values]
+        sizes = {name: arrays[k].shape[ax] for k, m in dims.items() for ax, name in m.items()}
+        got = evaluate(apply_rule(op, tensors, full, types),
+                       {f"in{k}": a for k, a in enumerate(arrays) if a is not None}, sizes)
+    assert len(got) == num_outputs
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
+                                   atol=tol)
+
+
+def _ints(rng, dtype, shape, lo=None, hi=None):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min if lo is None else lo, (info.max if hi is None else hi) + 1,
+                        shape).astype(dtype)
+
+
+def _scales(rng, shape):
+    return rng.uniform(0.01, 0.1, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("zp_dtype", [np.uint8, np.int8, np.uint16, np.int16, None])
+def test_quantize_linear_rule_per_tensor(zp_dtype):
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((2, 3, 4)) * 4).astype(np.float32)
+    x[0, 0, :2] = [0.025, -0.075]            # exact halves of the scale: ties to even
+    arrays = [x, np.float32(0.05)]
+    if zp_dtype is not None:
+        arrays.append(_ints(rng, zp_dtype, (), -3 if zp_dtype in (np.int8, np.int16) else 0, 3))
+    _check_rule("QuantizeLinear", arrays)
+
+
+@pytest.mark.parametrize("axis, block_size", [(1, 0), (-1, 0), (2, 2), (0, 1)])
+def test_quantize_dequantize_rules_per_axis_and_blocked(axis, block_size):
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((2, 3, 4)) * 3).astype(np.float32)
+    n = x.shape[axis]
+    shape = (n,) if not block_size else tuple(
+        -(-d // block_size) if k == axis % 3 else d for k, d in enumerate(x.shape))
+    scale, zp = _scales(rng, shape), _ints(rng, np.int8, shape, -5, 5)
+    attrs = dict(axis=axis, block_size=block_size)
+    _check_rule("QuantizeLinear", [x, scale, zp], attrs)
+    _check_rule("DequantizeLinear", [_ints(rng, np.int8, x.shape), scale, zp], attrs, tol=1e-6)
+
+
+def test_quantize_linear_rule_other_inputs():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((3, 5)).astype(np.float16)
+    _check_rule("QuantizeLinear", [x, np.float16(0.02), np.int8(1)])
+    _check_rule("QuantizeLinear", [x.astype(np.float32), np.float32(0.02)],
+                dict(precision=T.float16))
+    xi = rng.integers(-1000, 1000, (3, 4)).astype(np.int32)
+    _check_rule("QuantizeLinear", [xi, np.float32(3.0), np.int16(1)])
+    _check_rule("QuantizeLinear", [x.astype(np.float32), np.float32(0.02)], dims={0: {0: "N"}})
+
+
+def test_dequantize_linear_rule_types():
+    rng = np.random.default_rng()
+    _check_rule("DequantizeLinear", [_ints(rng, np.uint8, (2, 3)), np.float32(0.02),
+                                     np.uint8(128)], tol=1e-6)
+    _check_rule("DequantizeLinear", [_ints(rng, np.int32, (3, 4), -999, 999),
+                                     np.float16(0.5)], tol=1e-3)
+    _check_rule("DequantizeLinear", [_ints(rng, np.int8, (2, 3)), np.float32(0.02)],
+                dict(output_dtype=T.float16), tol=1e-3)
+    _check_rule("DequantizeLinear", [_ints(rng, np.int8, (2, 3)), np.float32(0.02)],
+                tol=1e-6, dims={0: {0: "N"}})
+
+
+@pytest.mark.parametrize("sign", [1, 0, -1])
+def test_dynamic_quantize_linear_rule(sign):
+    rng = np.random.default_rng()
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    x = np.abs(x) * sign if sign else x
+    _check_rule("DynamicQuantizeLinear", [x], num_outputs=3)
+    _check_rule("DynamicQuantizeLinear", [x], num_outputs=3, dims={0: {0: "N"}})
+    _check_rule("DynamicQuantizeLinear", [np.zeros(4, np.float32)], num_outputs=3)
+
+
+@pytest.mark.parametrize("a_shape, b_shape, dtype, per_column, y_zp", [
+    ((3, 4), (4, 5), np.uint8, False, True), ((2, 3, 4), (4, 5), np.int8, True, True),
+    ((3, 4), (4, 5), np.uint8, False, False), ((4,), (4, 5), np.uint8, True, True)])
+def test_qlinear_matmul_rule(a_shape, b_shape, dtype, per_column, y_zp):
+    rng = np.random.default_rng()
+    n = b_shape[-1]
+    arrays = [_ints(rng, dtype, a_shape), np.float32(0.05), _ints(rng, dtype, (), 0, 9),
+              _ints(rng, dtype, b_shape), _scales(rng, (n,) if per_column else ()),
+              _ints(rng, dtype, (n,) if per_column else (), 0, 9), np.float32(0.5)]
+    if y_zp:
+        arrays.append(_ints(rng, dtype, (), 0, 9))
+    _check_rule("QLinearMatMul", arrays)
+
+
+@pytest.mark.parametrize("attrs, per_channel, bias", [
+    (dict(pads=[1, 1, 1, 1]), True, True), (dict(strides=[2, 2]), False, False),
+    (dict(group=4, strides=[2, 2], pads=[0, 1, 1, 0]), True, True),
+    (dict(auto_pad="SAME_UPPER", dilations=[2, 1]), False, True)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qlinear_conv_rule(attrs, per_channel, bias, dtype):
+    rng = np.random.default_rng()
+    cg = 1 if attrs.get("group") else 4
+    m = 4
+    arrays = [_ints(rng, dtype, (2, 4, 6, 6)), np.float32(0.05), _ints(rng, dtype, (), 0, 9),
+              _ints(rng, dtype, (m, cg, 3, 3)), _scales(rng, (m,) if per_channel else ()),
+              _ints(rng, dtype, (m,) if per_channel else (), 0, 9), np.float32(0.2),
+              _ints(rng, dtype, (), 0, 9)]
+    if bias:
+        arrays.append(_ints(rng, np.int32, (m,), -500, 500))
+    _check_rule("QLinearConv", arrays, attrs)
+    _check_rule("QLinearConv", arrays, attrs, dims={0: {0: "N"}})

@@ -1,0 +1,128 @@
+"""The 2-D convolution schedule template for CPUs: direct convolution as an implicit GEMM.
+
+Output pixels along a row play GEMM's rows and output channels its columns: an MR-pixel by
+NR-channel tile of the output stays in accumulators while the reduction runs over input
+channels and the kernel window, each step one broadcast input pixel times a vector of NR
+weights (the dense template's micro-kernel; see dense.py). Weights are repacked per call into
+[channel block, in-channel, kh, kw, NR] so the NR weights of a step are one contiguous vector
+(zero-padded past the last channel); the input is copied once into a zero-padded buffer so the
+inner loops never test bounds. Rows of the output (batch x height) are shared by the worker
+pool.
+
+Knobs (`ConvConfig`): mr (pixels), nr (vectors of channels). Applies to float32 NCHW Conv with
+group 1 and static shapes; depthwise and grouped convolutions use the default schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from ..lower import Kernel
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    mr: int = 6
+    nr_vectors: int = 2
+
+
+def _dims(shape):
+    if not all(isinstance(d, L.Const) for d in shape):
+        return None
+    return [d.value for d in shape]
+
+
+def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
+                    config: ConvConfig | None = None) -> L.PrimFunc | None:
+    from ...ir.ops.nn import window_attrs, window_geometry
+
+    config = config or ConvConfig()
+    node = kernel.anchor
+    if len(kernel.nodes) != 1 or node.op != "Conv" or node.attrs.get("group", 1) != 1:
+        return None
+    params = kernel.func.params
+    index = {id(v): k for k, v in enumerate(kernel.inputs)}
+    x = params[index[id(node.inputs[0])]]
+    w = params[index[id(node.inputs[1])]]
+    has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
+    bias = params[index[id(node.inputs[2])]] if has_bias else None
+    y = params[-1]
+    xd, wd, yd = _dims(x.shape), _dims(w.shape), _dims(y.shape)
+    if y.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
+        return None
+    n, c, h, wid = xd
+    oc, _, kh, kw = wd
+    _, _, oh, ow = yd
+    strides, dilations, pads = window_attrs(2, node.attrs.get("strides"),
+                                            node.attrs.get("dilations"), node.attrs.get("pads"))
+    outs, begins, _ = window_geometry([h, wid], [kh, kw], strides, dilations, pads,
+                                      node.attrs.get("auto_pad", "NOTSET"))
+    if list(outs) != [oh, ow]:
+        return None
+    sh, sw = strides
+    dh, dw = dilations
+    ph, pw = begins
+    # padded input big enough for every window the output reads
+    hp = max(h + ph, (oh - 1) * sh + (kh - 1) * dh + 1)
+    wp = max(wid + pw, (ow - 1) * sw + (kw - 1) * dw + 1)
+    nr = config.nr_vectors * (vector_bits // 32)
+    mr = config.mr
+    ocb_n = -(-oc // nr)
+    owb_n = -(-ow // mr)
+    par = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
+
+    stmts = []
+    padded = (ph, pw) != (0, 0) or hp != h or wp != wid
+    if padded:
+        xpad = L.Buffer("xpad", T.float32, (n, c, hp, wp))
+        nc, i_h, i_w = L.Var("pnc"), L.Var("ph"), L.Var("pw")
+        i_n, i_c = nc // c, nc % c
+        src_h, src_w = i_h - ph, i_w - pw
+        inside = L.logical_and(src_h >= 0, src_h < h, src_w >= 0, src_w < wid)
+        value = L.Select(inside, x[i_n, i_c, L.maximum(L.minimum(src_h, h - 1), 0),
+                                   L.maximum(L.minimum(src_w, wid - 1), 0)], L.const(0.0))
+        stmts.append(L.For(nc, n * c, L.For(i_h, hp, L.For(
+            i_w, wp, L.Store(xpad, (i_n, i_c, i_h, i_w), value))), par))
+    else:
+        xpad = x
+    wpk = L.Buffer("wpack", T.float32, (ocb_n, c, kh, kw, nr))
+    q, ic, r, s, jj = (L.Var(v) for v in ("q", "ic", "r", "s", "j"))
+    o = q * nr + jj
+    wval = L.Select(o < oc, w[L.minimum(o, oc - 1), ic, r, s], L.const(0.0))
+    stmts.append(L.For(q, ocb_n, L.For(ic, c, L.For(r, kh, L.For(s, kw, L.For(
+        jj, nr, L.Store(wpk, (q, ic, r, s, jj), wval)))))))
+
+    row, ob, pb, ii = L.Var("row"), L.Var("ob"), L.Var("pb"), L.Var("ii")
+    bn, boh = row // oh, row % oh
+    acc = L.Buffer("acc", T.float32, (mr * nr,), L.Scope.LOCAL)
+    ow0 = pb * mr
+    pix = L.minimum(ow0 + ii, ow - 1)   # pixels past the row's end repeat; never stored
+    a = L.Var("a", T.float32)
+    init = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), L.const(0.0)),
+                               L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
+    # one flat reduction loop over (in-channel, kh, kw): a single loop keeps the MR x NR
+    # accumulators in registers (nested loops made LLVM keep them scalar)
+    kk = L.Var("kk")
+    ic_, r_, s_ = kk // (kh * kw), (kk // kw) % kh, kk % kw
+    wflat = L.Buffer("wpack", T.float32, (ocb_n, c * kh * kw, nr))
+    step = L.For(ii, mr, L.Let(a, xpad[bn, ic_, boh * sh + r_ * dh, pix * sw + s_ * dw], L.For(
+        jj, nr, L.Store(acc, (ii * nr + jj,), L.call("fma", a, wflat[ob, kk, jj],
+                                                        acc[ii * nr + jj])),
+        L.ForKind.VECTORIZED)), L.ForKind.UNROLLED)
+    reduction = L.For(kk, c * kh * kw, step)
+    out_c = ob * nr + jj
+    value = acc[ii * nr + jj]
+    if bias is not None:
+        value = value + bias[L.minimum(out_c, oc - 1)]
+    store = L.For(ii, mr, L.If(ow0 + ii < ow, L.For(jj, nr, L.If(
+        out_c < oc, L.Store(y, (bn, out_c, boh, ow0 + ii), value)), L.ForKind.UNROLLED)),
+        L.ForKind.UNROLLED)
+    tile = L.Allocate(acc, L.seq(init, reduction, store))
+    main = L.For(row, n * oh, L.For(ob, ocb_n, L.For(pb, owb_n, tile)), par)
+    stmts.append(main)
+    body = L.Allocate(wpk, L.seq(*stmts))
+    if padded:
+        body = L.Allocate(xpad, body)
+    return L.simplify(L.PrimFunc(kernel.func.name, params, body))

@@ -1,0 +1,178 @@
+"""The dense (MatMul / Gemm) schedule template for CPUs.
+
+A register-blocked micro-kernel in the style of BLIS/GotoBLAS: an MR x NR block of C lives in
+accumulators while k runs over a KC-long slice of A's rows and B's columns; NR is two vector
+registers wide, so the fully unrolled block becomes broadcast-A / vector-B fused multiply-adds
+(6 x 16 on AVX2: 12 ymm accumulators + B's 2 + A's broadcast, as BLIS's Haswell sgemm;
+6 x 32 on AVX-512). Rows are split into MC-row blocks that the worker pool shares; k is split
+into KC-deep slices so a slice of B stays in L2. Partial sums of earlier slices are kept in
+the output itself; the epilogue (Gemm's alpha, beta*C) applies after the last slice.
+
+Knobs (`DenseConfig`): mr, nr (in vectors), kc, mc. Applies to float32 2-D products (batch
+dims of A folded into rows) and to batched products with equal batch dims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from ..lower import Kernel
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    mr: int = 6
+    nr_vectors: int = 2
+    kc: int = 256
+    mc: int = 72
+
+
+def _const_dims(shape) -> list[int] | None:
+    dims = []
+    for d in shape:
+        if not isinstance(d, L.Const):
+            return None
+        dims.append(d.value)
+    return dims
+
+
+def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
+                   config: DenseConfig | None = None) -> L.PrimFunc | None:
+    """The tiled PrimFunc for a MatMul/Gemm kernel, or None when the template does not apply
+    (the default schedule is used then)."""
+    config = config or DenseConfig()
+    node = kernel.anchor
+    if len(kernel.nodes) != 1 or node.op not in ("MatMul", "Gemm"):
+        return None
+    params = kernel.func.params
+    y = params[-1]
+    if y.dtype is not T.float32:
+        return None
+    index = {id(v): k for k, v in enumerate(kernel.inputs)}
+    a = params[index[id(node.inputs[0])]]
+    b = params[index[id(node.inputs[1])]]
+    c = params[index[id(node.inputs[2])]] if len(node.inputs) > 2 and \
+        node.inputs[2] is not None else None
+    a_dims, b_dims, y_dims = _const_dims(a.shape), _const_dims(b.shape), _const_dims(y.shape)
+    if a_dims is None or b_dims is None or y_dims is None or len(a_dims) < 2 or \
+            len(b_dims) < 2:
+        return None
+    attrs = node.attrs if node.op == "Gemm" else {}
+    trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    if len(b_dims) == 2:
+        batch = 1
+        m = y_dims[-2] * _prod(y_dims[:-2]) if len(y_dims) >= 2 else 1
+        k = a_dims[0] if trans_a else a_dims[-1]
+        n = y_dims[-1]
+        if len(a_dims) > 2 and trans_a:
+            return None
+    else:
+        if len(a_dims) != len(b_dims) or a_dims[:-2] != b_dims[:-2]:
+            return None
+        batch = _prod(a_dims[:-2])
+        m, k, n = a_dims[-2], a_dims[-1], b_dims[-1]
+    if min(m, n, k) == 0:
+        return None
+    vec = vector_bits // 32
+    nr = config.nr_vectors * vec
+    mr = config.mr
+    kc = min(config.kc, k)
+    mc = max(mr, min(config.mc, -(-m // mr) * mr))
+    # buffers viewed as 3-D [batch, rows, cols] (the pointers are the params')
+    a3 = L.Buffer(a.name, T.float32, (batch, k, m) if trans_a else (batch, m, k))
+    b3 = L.Buffer(b.name, T.float32, (1 if len(b_dims) == 2 else batch,) +
+                  ((n, k) if trans_b else (k, n)))
+    y3 = L.Buffer(y.name, T.float32, (batch, m, n))
+    bias = None
+    if c is not None:
+        c_dims = _const_dims(c.shape)
+        bias = L.Buffer(c.name, c.dtype, tuple(c_dims))
+
+    def a_at(bi, i, kk):
+        return a3[bi, kk, i] if trans_a else a3[bi, i, kk]
+
+    def b_at(bi, kk, j):
+        bb = 0 if len(b_dims) == 2 else bi
+        return b3[bb, j, kk] if trans_b else b3[bb, kk, j]
+
+    def epilogue(value, i, j):
+        if alpha != 1.0:
+            value = value * alpha
+        if bias is not None:
+            idx = []
+            rank = len(bias.shape)
+            full = [i, j][2 - rank:] if rank else []
+            for d, e in zip(bias.shape, full):
+                idx.append(L.const(0) if d == L.const(1) else e)
+            term = bias[tuple(idx)] if idx else bias[()]
+            value = value + (term * beta if beta != 1.0 else term)
+        return value
+
+    n_main = (n // nr) * nr
+    n_kb = -(-k // kc)
+    bi, kb, mb, jp, ib = (L.Var(x) for x in ("b", "kb", "mb", "jp", "ib"))
+
+    def tile(width: int, j0: L.Expr) -> L.Stmt:
+        """One MR x width block of C at rows i0.., columns j0..: init, k loop, store."""
+        i0 = L.Var("i0")
+        kk = L.Var("k")
+        acc = L.Buffer("acc", T.float32, (mr * width,), L.Scope.LOCAL)
+        ii, jj = L.Var("ii"), L.Var("jj")
+        row = L.minimum(i0 + ii, m - 1)   # rows past M repeat the last row; never stored
+        vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+        init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), L.Select(
+            L.eq(kb, 0), L.const(0.0), y3[bi, row, j0 + jj])), vec),
+            L.ForKind.UNROLLED)
+        kglob = kb * kc + kk
+        update = L.For(ii, mr, L.Let(L.Var("a", T.float32), a_at(bi, row, kglob), L.For(
+            jj, width, L.Store(acc, (ii * width + jj,), L.call(
+                "fma", L.Var("a", T.float32), b_at(bi, kglob, j0 + jj), acc[ii * width + jj])),
+            vec)), L.ForKind.UNROLLED)
+        kloop = L.For(kk, L.minimum(L.const(kc), k - kb * kc), update)
+        value = acc[ii * width + jj]
+        last = L.eq(kb, n_kb - 1)
+        store = L.For(ii, mr, L.If(i0 + ii < m, L.For(jj, width, L.Store(
+            y3, (bi, i0 + ii, j0 + jj), L.Select(last, epilogue(value, i0 + ii, j0 + jj),
+                                                 value)), vec)),
+            L.ForKind.UNROLLED)
+        body = L.Allocate(acc, L.seq(init, kloop, store))
+        return L.Let(i0, mb * mc + ib * mr, L.If(i0 < m, body))
+
+    panels = []
+    if n_main:
+        panels.append(L.For(jp, n_main // nr, tile(nr, jp * nr)))
+    if n > n_main:
+        panels.append(tile(n - n_main, L.const(n_main)))
+    row_blocks = L.For(ib, mc // mr, L.seq(*panels))
+    n_mb = -(-m // mc)
+    kind = L.ForKind.PARALLEL if threads > 1 and n_mb * batch > 1 else L.ForKind.SERIAL
+    if batch > 1:
+        bm = L.Var("bm")
+        inner = L.substitute(row_blocks, {bi: bm // n_mb, mb: bm % n_mb})
+        outer = L.For(bm, batch * n_mb, inner, kind)
+    else:
+        outer = L.For(mb, n_mb, L.substitute(row_blocks, {bi: L.const(0)}), kind)
+    body = L.For(kb, n_kb, outer)
+    new_params = []
+    for p in params:
+        if p.name == a.name:
+            new_params.append(a3)
+        elif p.name == b.name:
+            new_params.append(b3)
+        elif p.name == y.name:
+            new_params.append(y3)
+        elif bias is not None and p.name == bias.name:
+            new_params.append(bias)
+        else:
+            new_params.append(p)
+    return L.simplify(L.PrimFunc(kernel.func.name, tuple(new_params), body))
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
