@@ -6,6 +6,11 @@ reductions none/add/mul/max/min; TopK ties go to the lower index). Ops whose out
 depends on the data (NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time k)
 get a fresh symbolic dim. Gather and friends also run on object arrays of SymDims, so that
 Shape -> Gather -> Concat -> Reshape keeps a dynamic batch symbolic.
+
+Compute rules read indices as data: an index is a Load of the indices tensor, wrapped when
+negative and clamped into range (as TVM's `take` mode "clip"), so no load ever leaves its
+buffer, even at a bad index or in the arm of a Select not taken. Scatters, sorting and
+selections of data-dependent size have no loop form here (NoCompute: a host fallback).
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_sum
+from ..loop import Select, const, eq, logical_and, minimum
 from .infer import check_dtype, check_same_dtype, normalize_axis
 from .registry import Pattern, register_op
+from .shape import as_index, check_sizes_bound, clamp_index, unravel
 
 INDEX_DTYPES = (T.int32, T.int64)
 NUMERIC = T.FLOAT_DTYPES + T.INT_DTYPES
@@ -25,6 +33,21 @@ def _wrap(indices: np.ndarray, size) -> np.ndarray:
     """Negative indices counted from the end, as ONNX allows for every indexing op."""
     indices = np.asarray(indices)
     return np.where(indices < 0, indices + size, indices)
+
+
+def _index(value, size):
+    """A read index into an axis of `size`: negative values count from the end; clamped."""
+    value = as_index(value)
+    return clamp_index(Select(value < 0, value + size, value), size)
+
+
+def _host_only(reason: str):
+    """The rule of an op with no loop form: its node runs as a host fallback."""
+
+    def rule(inputs, outputs, **attrs):
+        raise NoCompute(reason)
+
+    return rule
 
 
 def _scalar_count(ctx, i: int, what: str):
@@ -100,12 +123,54 @@ def gather_nd(data, indices, batch_dims):
     return out.reshape(indices.shape[:-1] + data.shape[b + k:])
 
 
+def _gather_rule(inputs, outputs, axis):
+    data, indices = inputs
+    axis %= data.ndim
+    size, q = data.shape[axis], indices.ndim
+    known = indices.value
+    fixed = None
+    if known is not None and known.size == 1:  # x[:, k]: a constant index, no load of it
+        k = int(known.reshape(-1)[0])
+        fixed = const(k) if k >= 0 else size + k
+
+    def element(*i):
+        at = fixed if fixed is not None else _index(indices[tuple(i[axis:axis + q])], size)
+        return data[tuple(i[:axis]) + (at,) + tuple(i[axis + q:])]
+
+    return [compute(outputs[0].shape, element, dtype=outputs[0].dtype)]
+
+
+def _gather_elements_rule(inputs, outputs, axis):
+    data, indices = inputs
+    axis %= data.ndim
+
+    def element(*i):
+        at = _index(indices[i], data.shape[axis])
+        return data[tuple(i[:axis]) + (at,) + tuple(i[axis + 1:])]
+
+    return [compute(outputs[0].shape, element, dtype=outputs[0].dtype)]
+
+
+def _gather_nd_rule(inputs, outputs, batch_dims):
+    data, indices = inputs
+    b, q, k = batch_dims, indices.ndim, indices.shape[-1].value
+
+    def element(*i):
+        # output axes: indices' leading q - 1 axes (batch axes first), then data's trailing axes
+        lead = tuple(i[:q - 1])
+        at = tuple(_index(indices[lead + (const(j),)], data.shape[b + j]) for j in range(k))
+        return data[tuple(i[:b]) + at + tuple(i[q - 1:])]
+
+    return [compute(outputs[0].shape, element, dtype=outputs[0].dtype)]
+
+
 register_op("Gather", pattern=Pattern.INJECTIVE, infer=_gather_infer, evaluate=gather,
-            attrs={"axis": 0}, inputs=2, shape_arith=True)
+            attrs={"axis": 0}, inputs=2, shape_arith=True, compute=_gather_rule)
 register_op("GatherElements", pattern=Pattern.INJECTIVE, infer=_gather_elements_infer,
-            evaluate=gather_elements, attrs={"axis": 0}, inputs=2, shape_arith=True)
+            evaluate=gather_elements, attrs={"axis": 0}, inputs=2, shape_arith=True,
+            compute=_gather_elements_rule)
 register_op("GatherND", pattern=Pattern.INJECTIVE, infer=_gather_nd_infer, evaluate=gather_nd,
-            attrs={"batch_dims": 0}, inputs=2, shape_arith=True)
+            attrs={"batch_dims": 0}, inputs=2, shape_arith=True, compute=_gather_nd_rule)
 
 # -- ScatterElements, ScatterND, TensorScatter ---------------------------------------------------
 
@@ -176,11 +241,16 @@ def scatter_nd(data, indices, updates, reduction):
     return _scatter(data.copy(), tuple(idx.T), upd, reduction)
 
 
+# An output element of a scatter is whichever update lands on it last (or all of them,
+# combined): with colliding run-time indices that is a search over every update per element,
+# quadratic, so scatters run on the host.
+_SCATTER_ON_HOST = _host_only("scatters write where their run-time indices say; an output "
+                              "element is not an expression of its own index")
 register_op("ScatterElements", pattern=Pattern.OPAQUE, infer=_scatter_elements_infer,
             evaluate=scatter_elements, attrs={"axis": 0, "reduction": "none"}, inputs=3,
-            shape_arith=True)
+            shape_arith=True, compute=_SCATTER_ON_HOST)
 register_op("ScatterND", pattern=Pattern.OPAQUE, infer=_scatter_nd_infer, evaluate=scatter_nd,
-            attrs={"reduction": "none"}, inputs=3, shape_arith=True)
+            attrs={"reduction": "none"}, inputs=3, shape_arith=True, compute=_SCATTER_ON_HOST)
 
 
 def _tensor_scatter_infer(ctx):
@@ -210,8 +280,31 @@ def tensor_scatter(cache, update, write_indices=None, axis=-2, mode="linear"):
     return out
 
 
+def _tensor_scatter_rule(inputs, outputs, axis, mode):
+    # unlike the general scatters, each batch writes one contiguous (or circular) run, so an
+    # output element knows which update element lands on it: a per-element expression
+    cache, update, starts = (list(inputs) + [None])[:3]
+    axis %= cache.ndim
+    size, length = cache.shape[axis], update.shape[axis]
+
+    def element(*i):
+        start = const(0) if starts is None else as_index(starts[i[0]])
+        offset = i[axis] - start
+        if mode == "circular":
+            offset = offset % size
+            # when the run is longer than the cache, its last lap wins
+            offset = offset + (length - 1 - offset) // size * size
+        src = list(i)
+        src[axis] = clamp_index(offset, length)
+        written = logical_and(offset >= 0, offset < length)
+        return Select(written, update[tuple(src)], cache[i])
+
+    return [compute(outputs[0].shape, element, dtype=outputs[0].dtype)]
+
+
 register_op("TensorScatter", pattern=Pattern.OPAQUE, infer=_tensor_scatter_infer,
-            evaluate=tensor_scatter, attrs={"axis": -2, "mode": "linear"}, inputs=(2, 3))
+            evaluate=tensor_scatter, attrs={"axis": -2, "mode": "linear"}, inputs=(2, 3),
+            compute=_tensor_scatter_rule)
 
 # -- selections of data-dependent size: Compress, NonZero ----------------------------------------
 
@@ -241,10 +334,49 @@ def nonzero(x):
     return np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)
 
 
+def _picked_positions(condition, count):
+    """Position of the i-th true of `condition`, a tensor of `count` elements: the number of
+    places whose running count of trues is still <= i (two small reduction stages)."""
+    n = condition.shape[0]
+    q, p = reduce_axis(n), reduce_axis(n)
+    seen = compute((n,), lambda at: reduce_sum(Select(condition[q], const(1), const(0)), q,
+                                               where=q.var <= at))
+    return compute((count,), lambda i: reduce_sum(Select(seen[p] <= i, const(1), const(0)), p))
+
+
+def _compress_rule(inputs, outputs, axis):
+    data, condition = inputs
+    if condition.value is None:
+        raise NoCompute("Compress: the condition decides the output size; it must be known at "
+                        "compile time")
+    out = outputs[0]
+    axis = None if axis is None else axis % data.ndim
+    picked = np.flatnonzero(condition.value)
+    if len(picked) < 2 or len(set(np.diff(picked))) == 1:  # evenly spaced, as a slice
+        step = int(picked[1] - picked[0]) if len(picked) > 1 else 1
+        first = int(picked[0]) if len(picked) else 0
+
+        def position(i):
+            return i * step + first
+    else:
+        table = _picked_positions(condition, dim_expr(out.shape[axis or 0]))
+
+        def position(i):
+            return table[i]
+
+    def element(*i):
+        if axis is None:
+            return data[tuple(unravel(position(i[0]), data.shape))]
+        return data[tuple(i[:axis]) + (position(i[axis]),) + tuple(i[axis + 1:])]
+
+    return [compute(out.shape, element, dtype=out.dtype)]
+
+
 register_op("Compress", pattern=Pattern.OPAQUE, infer=_compress_infer, evaluate=compress,
-            attrs={"axis": None}, inputs=2)
+            attrs={"axis": None}, inputs=2, compute=_compress_rule)
 register_op("NonZero", pattern=Pattern.OPAQUE, evaluate=nonzero,
-            infer=lambda ctx: [T.TensorType(T.int64, (ctx.type(0).rank, ctx.fresh_dim()))])
+            infer=lambda ctx: [T.TensorType(T.int64, (ctx.type(0).rank, ctx.fresh_dim()))],
+            compute=_host_only("NonZero: the output size depends on the data"))
 
 # -- TopK ----------------------------------------------------------------------------------------
 
@@ -280,7 +412,8 @@ def topk(x, k, axis, largest, sorted):
 
 
 register_op("TopK", pattern=Pattern.OPAQUE, infer=_topk_infer, evaluate=topk,
-            attrs={"axis": -1, "largest": 1, "sorted": 1}, inputs=2, outputs=2)
+            attrs={"axis": -1, "largest": 1, "sorted": 1}, inputs=2, outputs=2,
+            compute=_host_only("TopK: a sort has no loop form here"))
 
 # -- ReverseSequence, OneHot ---------------------------------------------------------------------
 
@@ -304,8 +437,24 @@ def reverse_sequence(x, lens, batch_axis, time_axis):
     return out
 
 
+def _reverse_sequence_rule(inputs, outputs, batch_axis, time_axis):
+    x, lens = inputs
+    steps = x.shape[time_axis]
+
+    def element(*i):
+        # the first n steps of each sequence reversed, the rest kept; n past the end means all
+        n = minimum(as_index(lens[i[batch_axis]]), steps)
+        t = i[time_axis]
+        src = list(i)
+        src[time_axis] = Select(t < n, n - 1 - t, t)
+        return x[tuple(src)]
+
+    return [compute(outputs[0].shape, element, dtype=outputs[0].dtype)]
+
+
 register_op("ReverseSequence", pattern=Pattern.INJECTIVE, infer=_reverse_sequence_infer,
-            evaluate=reverse_sequence, attrs={"batch_axis": 1, "time_axis": 0}, inputs=2)
+            evaluate=reverse_sequence, attrs={"batch_axis": 1, "time_axis": 0}, inputs=2,
+            compute=_reverse_sequence_rule)
 
 
 def _one_hot_infer(ctx):
@@ -330,8 +479,24 @@ def one_hot(indices, depth, values, axis):
     return np.where(hot, values[1], values[0]).astype(values.dtype)
 
 
+def _one_hot_rule(inputs, outputs, axis):
+    indices, depth, values = inputs
+    out = outputs[0]
+    if depth.value is None:
+        check_sizes_bound(inputs, outputs, "OneHot")
+    axis %= len(out.shape)
+    classes = dim_expr(out.shape[axis])  # the depth, as inferred
+
+    def element(*i):
+        k = as_index(indices[tuple(i[:axis]) + tuple(i[axis + 1:])])  # floats truncate
+        k = Select(k < 0, k + classes, k)
+        return Select(eq(k, i[axis]), values[const(1)], values[const(0)])
+
+    return [compute(out.shape, element, dtype=out.dtype)]
+
+
 register_op("OneHot", pattern=Pattern.INJECTIVE, infer=_one_hot_infer, evaluate=one_hot,
-            attrs={"axis": -1}, inputs=3)
+            attrs={"axis": -1}, inputs=3, compute=_one_hot_rule)
 
 # -- Unique --------------------------------------------------------------------------------------
 
@@ -367,7 +532,8 @@ def unique(x, axis, sorted):
 
 
 register_op("Unique", pattern=Pattern.OPAQUE, infer=_unique_infer, evaluate=unique,
-            attrs={"axis": None, "sorted": 1}, outputs=(1, 4))
+            attrs={"axis": None, "sorted": 1}, outputs=(1, 4),
+            compute=_host_only("Unique: the output size depends on the data"))
 
 # -- NonMaxSuppression ---------------------------------------------------------------------------
 
@@ -432,4 +598,5 @@ def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_thre
 
 
 register_op("NonMaxSuppression", pattern=Pattern.OPAQUE, infer=_nms_infer,
-            evaluate=non_max_suppression, attrs={"center_point_box": 0}, inputs=(2, 5))
+            evaluate=non_max_suppression, attrs={"center_point_box": 0}, inputs=(2, 5),
+            compute=_host_only("NonMaxSuppression: a greedy, data-dependent selection"))
