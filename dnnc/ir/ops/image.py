@@ -14,6 +14,9 @@ import math
 import numpy as np
 
 from .. import types as T
+from ..compute import NoCompute, compute, reduce_axis, reduce_sum
+from ..loop import INDEX, Cast, Const, Select, call, const, eq, logical_and, logical_or, maximum, \
+    minimum
 from .infer import check_dtype, normalize_axis
 from .registry import Pattern, register_op
 
@@ -32,6 +35,58 @@ def _to_dtype(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def _present(a):
     """An optional 1-D input; an empty tensor means absent (as exporters write for opset 11)."""
     return None if a is None or np.asarray(a).size == 0 else np.asarray(a)
+
+
+# -- compute-rule helpers ------------------------------------------------------------------------
+
+_stage_ids = itertools.count()
+
+
+def _stage(hint: str) -> str:
+    """A unique name for a rule's stage or reduce axis (two nodes may share one kernel)."""
+    return f"{hint}{next(_stage_ids)}"
+
+
+def _input(inputs, i):
+    """Input i's Tensor, None when absent (lowering passes trailing absent inputs too)."""
+    return inputs[i] if i < len(inputs) else None
+
+
+def _acc_dtype(dtype: T.DType) -> T.DType:
+    """What resampling sums in: float32 for float32 and narrower floats; float64 for float64
+    and integers (an int32 pixel needs more than float32's 24 bits, and integer results round
+    as the float64 reference does)."""
+    return T.float32 if dtype.is_float and dtype.itemsize <= 4 else T.float64
+
+
+def _as(dtype: T.DType, e):
+    return e if e.dtype is dtype else Cast(dtype, e)
+
+
+def _from_acc(v, dtype: T.DType):
+    """An accumulated value as `dtype`: integers round half to even and saturate."""
+    if dtype.is_float:
+        return _as(dtype, v)
+    info = np.iinfo(dtype.np)
+    v = call("round", v)
+    v = maximum(minimum(v, const(float(info.max), v.dtype)), const(float(info.min), v.dtype))
+    return Cast(dtype, v)
+
+
+def _clamped_index(f, last):
+    """An integer-valued float `f` as an index in [0, last]. NaN and infinities land inside too:
+    NaN > 0 is false, so the Select picks 0 (a float-to-int cast of NaN or of a value out of
+    range is undefined in LLVM and C, so the clamp happens before the cast)."""
+    zero = const(0.0, f.dtype)
+    return Cast(INDEX, Select(f > zero, minimum(f, Cast(f.dtype, const(last))), zero))
+
+
+def _keys_expr(t, a: float):
+    """`_keys` in loop IR."""
+    t = call("abs", t)
+    near = (t * (a + 2) - (a + 3)) * t * t + 1.0
+    far = ((t * a - 5 * a) * t + 8 * a) * t - 4 * a
+    return Select(t <= 1.0, near, Select(t < 2.0, far, const(0.0, t.dtype)))
 
 
 # -- Resize --------------------------------------------------------------------------------------
@@ -214,8 +269,159 @@ def _resize_infer(ctx):
     return [T.TensorType(ctx.dtype(0), tuple(out))]
 
 
+def _known(inputs, i: int, what: str):
+    """An optional 1-D input's constant value; None when absent or empty."""
+    t = _input(inputs, i)
+    if t is None:
+        return None
+    if t.value is None:
+        if any(d == const(0) for d in t.shape):
+            return None
+        raise NoCompute(f"Resize's {what} is known only at run time")
+    return _present(t.value)
+
+
+def _resize_coord(mode: str, o, out_len: int, in_len: int, scale: float, box):
+    """`_source_coords` of output index `o`, in float64 as the reference: in float32, 3 / 0.6f
+    rounds to 5.0 instead of 4.9999998, and a floor picks another pixel."""
+    y = Cast(T.float64, o)
+    out_f = scale * in_len
+    if mode == "half_pixel":
+        return (y + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = in_len / 2 * (1 - out_len / out_f)
+        return (y + 0.5) / scale + offset - 0.5  # the reference's order of operations
+    if mode == "pytorch_half_pixel":
+        return const(0.0, T.float64) if out_len == 1 else (y + 0.5) / scale - 0.5
+    if mode == "align_corners":
+        return const(0.0, T.float64) if out_f == 1 else y * (in_len - 1) / (out_f - 1)
+    if mode == "asymmetric":
+        return y / scale
+    start, end = box  # tf_crop_and_resize
+    if out_f == 1:
+        return const((end - start) * (in_len - 1) / 2 + start * (in_len - 1), T.float64)
+    return y * (end - start) * (in_len - 1) / (out_f - 1) + start * (in_len - 1)
+
+
+def _nearest_expr(x, nearest_mode: str):
+    if nearest_mode == "round_prefer_floor":
+        return call("ceil", x - 0.5)
+    if nearest_mode == "round_prefer_ceil":
+        return call("floor", x + 0.5)
+    return call("floor" if nearest_mode == "floor" else "ceil", x)
+
+
+def _resize_taps(coord, out_len: int, in_len: int, scale: float, acc: T.DType, attrs):
+    """One resampled axis's taps, as `_taps_and_weights`: (count, index stage, weight stage),
+    both stages [out_len, count] (functions of one output axis: lowering may hoist them)."""
+    linear = attrs["mode"] == "linear"
+    s = min(scale, 1.0) if attrs["antialias"] else 1.0  # antialias widens the kernel
+    first = int(math.floor(-(1 if linear else 2) / s)) + 1
+    count = 2 - 2 * first
+
+    def position(o, tap):  # (the tap's input index as a float, its offset from x)
+        x = coord(o)
+        base = call("ceil", x) - 1.0  # an integer x counts as the right end of a cell
+        k = Cast(T.float64, tap + first)
+        return base + k, (k - (x - base)) * s
+
+    def raw_weight(o, tap):
+        i, t = position(o, tap)
+        w = maximum(minimum(1.0 - call("abs", t), 1.0), 0.0) if linear else \
+            _keys_expr(t, attrs["cubic_coeff_a"])
+        if attrs["exclude_outside"]:
+            w = Select(logical_or(i < 0.0, i > in_len - 1.0), const(0.0, T.float64), w)
+        return w
+
+    raw = compute((out_len, count), raw_weight, name=_stage("resize_raw_weight"))
+    if attrs["antialias"] or attrs["exclude_outside"]:  # weights renormalised to sum to 1
+        k = reduce_axis(count, _stage("resize_k"))
+        total = compute((out_len,), lambda o: reduce_sum(raw[o, k], k),
+                        name=_stage("resize_total"))
+        safe_total = compute((out_len,), lambda o: Select(eq(total[o], 0.0),
+                                                          const(1.0, T.float64), total[o]))
+
+        def weight(o, tap):
+            return raw[o, tap] / safe_total[o]
+    else:
+        def weight(o, tap):
+            return raw[o, tap]
+
+    index = compute((out_len, count),
+                    lambda o, tap: _clamped_index(position(o, tap)[0], in_len - 1),
+                    name=_stage("resize_index"))
+    weights = compute((out_len, count), lambda o, tap: _as(acc, weight(o, tap)),
+                      name=_stage("resize_weight"))
+    return count, index, weights
+
+
+def _resize_rule(inputs, outputs, **attrs):
+    """Nearest: a gather at per-axis indices. Linear and cubic: per resampled axis, a weighted
+    sum over its taps (separable weights, one kernel, sums nested)."""
+    x, out = inputs[0], outputs[0]
+    ctm = attrs["coordinate_transformation_mode"]
+    roi = _known(inputs, 1, "roi") if ctm == "tf_crop_and_resize" else None  # else unused
+    scales, sizes = _known(inputs, 2, "scales"), _known(inputs, 3, "sizes")
+    axes = _resize_axes(attrs["axes"], x.ndim)
+    in_shape = [d.value if isinstance(d, Const) else None for d in x.shape]
+    for i, a in enumerate(axes):  # a symbolic axis can only pass through unchanged
+        if in_shape[a] is None and (scales is None or float(scales[i]) != 1.0):
+            raise NoCompute("Resize of an axis of symbolic length: its output length and "
+                            "scale are known only at run time")
+    sizes_or_ones = [1 if d is None else d for d in in_shape]
+    out_len, scale = resize_plan(sizes_or_ones, axes, scales, sizes,
+                                 attrs["keep_aspect_ratio_policy"])
+    coords = {}  # resampled axis -> its source coordinate as a function of the output index
+    for i, a in enumerate(axes):
+        box = (0.0, 1.0) if roi is None else (float(roi[i]), float(roi[i + len(axes)]))
+        if in_shape[a] is None or (math.isclose(scale[a], 1.0) and out_len[a] == in_shape[a]
+                                   and box == (0.0, 1.0)):
+            continue  # identity along this axis, as the reference
+        coords[a] = (lambda o, a=a, box=box: _resize_coord(ctm, o, out_len[a], in_shape[a],
+                                                           scale[a], box))
+    acc = _acc_dtype(x.dtype)
+
+    def extrapolated(v, o, resampled):
+        """tf_crop_and_resize: extrapolation_value where an axis in `resampled` samples
+        outside the input."""
+        if ctm != "tf_crop_and_resize" or not resampled:
+            return v
+        outside = logical_or(*(logical_or(c < 0.0, c > in_shape[a] - 1.0)
+                               for a, c in ((a, coords[a](o[a])) for a in resampled)))
+        value = _to_dtype(np.array(attrs["extrapolation_value"], np.float64), v.dtype.np)
+        return Select(outside, const(value.item(), v.dtype), v)
+
+    if attrs["mode"] == "nearest" or not coords:
+        def element(*o):
+            idx = list(o)
+            for a, coord in coords.items():
+                idx[a] = _clamped_index(_nearest_expr(coord(o[a]), attrs["nearest_mode"]),
+                                        in_shape[a] - 1)
+            return extrapolated(x[tuple(idx)], o, list(coords))
+
+        return [compute(out.shape, element, name=_stage("resize"), dtype=out.dtype)]
+
+    taps = {a: _resize_taps(coord, out_len[a], in_shape[a], scale[a], acc, attrs)
+            for a, coord in coords.items()}
+
+    def element(*o):
+        # one sum per resampled axis, nested in the reference's order (the first axis
+        # innermost), so results round as it does: integer outputs hit its exact .5 ties
+        idx, tap_vars = list(o), {}
+        for a, (count, index, _) in taps.items():
+            tap_vars[a] = reduce_axis(count, _stage("resize_tap"))
+            idx[a] = index[o[a], tap_vars[a].var]
+        v = _as(acc, x[tuple(idx)])
+        for a, (_, _, weights) in taps.items():
+            v = reduce_sum(v * weights[o[a], tap_vars[a].var], tap_vars[a])
+            v = extrapolated(v, o, [a])
+        return _from_acc(v, x.dtype)
+
+    return [compute(out.shape, element, name=_stage("resize"), dtype=out.dtype)]
+
+
 register_op("Resize", pattern=Pattern.INJECTIVE, infer=_resize_infer, evaluate=resize,
-            inputs=(1, 4),
+            inputs=(1, 4), compute=_resize_rule,
             attrs={"antialias": 0, "axes": None, "coordinate_transformation_mode": "half_pixel",
                    "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0,
                    "keep_aspect_ratio_policy": "stretch", "mode": "nearest",
@@ -312,8 +518,116 @@ def _grid_sample_infer(ctx):
     return [T.TensorType(ctx.dtype(0), (batch, xs[1]) + tuple(gs[1:-1]))]
 
 
+def _reflect_expr(v, lo, hi):
+    """`_reflect` in loop IR, as a fold of the period 2 (hi - lo) (v appears 6 times rather
+    than the reference's ~30: it is inlined into every tap)."""
+    span = hi - lo
+    u = v - lo
+    m = u - call("floor", u / (span * 2.0)) * (span * 2.0)  # in [0, 2 span)
+    return Select(span > 0.0, lo + Select(m <= span, m, span * 2.0 - m), lo)
+
+
+def _reflect_index(i, d, align_corners):
+    """The reference's trunc(_reflect(i)) of an integer tap index, in integers: a fold of the
+    period 2 (d - 1) (align_corners: the border pixels are not repeated) or 2 d. The result
+    lies in [0, d) by construction."""
+    if align_corners:
+        period = maximum(d * 2 - 2, const(1))  # d == 1 folds everything onto 0
+        m = i % period
+        return Select(m < d, m, period - m)
+    m = i % (d * 2)
+    return Select(m < d, m, d * 2 - 1 - m)
+
+
+def _grid_sample_rule(inputs, outputs, align_corners, mode, padding_mode, **_):
+    """A sum over each spatial dim's taps (1 nearest, 2 linear, 4 cubic) of weighted input
+    reads at positions read from the grid. Positions are data: every index is clamped or
+    folded into the input (NaN and infinite grid values included) before it is loaded, and
+    zeros padding is a `where=`."""
+    x, grid, out = inputs[0], inputs[1], outputs[0]
+    r = x.ndim - 2
+    cdt = T.float64 if grid.dtype is T.float64 else T.float32  # coordinate arithmetic
+    acc = _acc_dtype(x.dtype)
+    first, count = {"nearest": (0, 1), "linear": (0, 2), "cubic": (-1, 4)}[mode]
+    x_batch = (lambda n: const(0)) if x.shape[0] == const(1) else (lambda n: n)
+    grid_batch = (lambda n: const(0)) if grid.shape[0] == const(1) else (lambda n: n)
+
+    def bounds(k):  # the dim's length and the range reflection folds into, as floats
+        d = Cast(cdt, x.shape[2 + k])
+        return (d, const(0.0, cdt), d - 1.0) if align_corners else (d, const(-0.5, cdt), d - 0.5)
+
+    def position(n, o, k):  # the sampling position along spatial dim k, as grid_sample
+        d, lo, hi = bounds(k)
+        g = _as(cdt, grid[(grid_batch(n),) + tuple(o) + (const(r - 1 - k),)])
+        v = (g + 1.0) / 2.0 * (d - 1.0) if align_corners else ((g + 1.0) * d - 1.0) / 2.0
+        if mode == "nearest":
+            v = call("round", v)  # half to even, as PyTorch
+        if padding_mode == "border" and mode != "cubic":
+            v = Select(logical_or(v < lo, v > hi),
+                       maximum(minimum(v, d - 1.0), const(0.0, cdt)), v)
+        elif padding_mode == "reflection":
+            v = _reflect_expr(v, lo, hi)
+        return v
+
+    def tap(v, k, t):
+        """(input index, weight, in-bounds condition) of tap t (None: the only tap)."""
+        d, lo, hi = bounds(k)
+        if padding_mode == "reflection":
+            # v lies in [lo, hi] unless the grid held NaN, infinities or values too large for
+            # the fold to be exact: those read at lo, so the casts below stay defined
+            safe = Select(logical_and(v >= lo, v <= hi), v, lo)
+            if t is None:  # trunc of a folded position is inside already
+                return Cast(INDEX, call("trunc", safe)), None, None
+            i = Cast(INDEX, call("floor", safe)) + (t + first)
+            offset = v - Cast(cdt, i)
+            index = _reflect_index(i, x.shape[2 + k], align_corners)
+            valid = None
+        else:
+            i = call("trunc", v) if t is None else call("floor", v) + Cast(cdt, t + first)
+            offset = v - i
+            index = _clamped_index(i, x.shape[2 + k] - 1)
+            valid = logical_and(i >= 0.0, i < d)
+        weight = None
+        if mode == "linear":
+            weight = 1.0 - call("abs", offset)
+        elif mode == "cubic":
+            weight = _keys_expr(offset, -0.75)
+        return index, weight, valid
+
+    # one stage per spatial dim: the sampling positions, shared by all channels and taps
+    positions = [compute((out.shape[0],) + tuple(out.shape[2:]),
+                         lambda n, *o, k=k: position(n, o, k), name=_stage("grid_position"))
+                 for k in range(r)]
+
+    def at(n, o, k):
+        return positions[k][(n,) + tuple(o)]
+
+    if mode == "nearest":
+        def element(n, c, *o):
+            taps = [tap(at(n, o, k), k, None) for k in range(r)]
+            v = x[(x_batch(n), c) + tuple(i for i, _, _ in taps)]
+            if padding_mode == "zeros":
+                v = Select(logical_and(*(ok for _, _, ok in taps)), v, const(0, x.dtype))
+            return v
+
+        return [compute(out.shape, element, name=_stage("grid_sample"), dtype=out.dtype)]
+
+    def element(n, c, *o):
+        axes = [reduce_axis(count, _stage("grid_tap")) for _ in range(r)]
+        taps = [tap(at(n, o, k), k, a.var) for k, a in enumerate(axes)]
+        weight = taps[0][1]
+        for _, w, _ in taps[1:]:
+            weight = weight * w
+        read = _as(acc, weight) * _as(acc, x[(x_batch(n), c) + tuple(i for i, _, _ in taps)])
+        where = logical_and(*(ok for _, _, ok in taps)) if padding_mode == "zeros" else None
+        return _from_acc(reduce_sum(read, axes, where=where), x.dtype)
+
+    return [compute(out.shape, element, name=_stage("grid_sample"), dtype=out.dtype)]
+
+
 register_op("GridSample", pattern=Pattern.OPAQUE, infer=_grid_sample_infer, evaluate=grid_sample,
-            inputs=2, attrs={"align_corners": 0, "mode": "linear", "padding_mode": "zeros"})
+            inputs=2, attrs={"align_corners": 0, "mode": "linear", "padding_mode": "zeros"},
+            compute=_grid_sample_rule)
 
 
 # -- AffineGrid ----------------------------------------------------------------------------------
@@ -350,8 +664,32 @@ def _affine_grid_infer(ctx):
     return [T.TensorType(ctx.dtype(0), (ts[0], *spatial, r))]
 
 
+def _affine_grid_rule(inputs, outputs, align_corners, **_):
+    """grid[n, *s, i] = theta[n, i, r] + sum_k theta[n, i, k] * base coordinate k of s."""
+    theta, size, out = inputs[0], inputs[1], outputs[0]
+    if size.value is None:
+        raise NoCompute("AffineGrid's size is known only at run time")
+    spatial = [int(d) for d in np.asarray(size.value).reshape(-1)[2:]]
+    r = len(spatial)
+    cdt = T.float64 if theta.dtype is T.float64 else T.float32
+
+    def base(j, d):  # `_base_coords`
+        if not align_corners:
+            return (Cast(cdt, j) * 2.0 + 1.0) / float(d) - 1.0
+        return const(-1.0, cdt) if d == 1 else Cast(cdt, j) * (2.0 / (d - 1)) - 1.0
+
+    def element(n, *rest):
+        s, i = rest[:-1], rest[-1]
+        total = _as(cdt, theta[n, i, r])
+        for k in range(r):  # points list the innermost spatial dim first
+            total = total + _as(cdt, theta[n, i, k]) * base(s[r - 1 - k], spatial[r - 1 - k])
+        return total
+
+    return [compute(out.shape, element, name=_stage("affine_grid"), dtype=out.dtype)]
+
+
 register_op("AffineGrid", pattern=Pattern.OPAQUE, infer=_affine_grid_infer, evaluate=affine_grid,
-            inputs=2, attrs={"align_corners": 0})
+            inputs=2, attrs={"align_corners": 0}, compute=_affine_grid_rule)
 
 
 # -- RoiAlign ------------------------------------------------------------------------------------
@@ -428,8 +766,14 @@ def _roi_align_infer(ctx):
                                         a["output_width"]))]
 
 
+def _roi_align_rule(inputs, outputs, **attrs):
+    raise NoCompute("RoiAlign: each ROI's box and (with sampling_ratio 0) its number of samples "
+                    "per bin come from the rois data; it runs on the host")
+
+
 register_op("RoiAlign", pattern=Pattern.OPAQUE, infer=_roi_align_infer, evaluate=roi_align,
             inputs=3,
             attrs={"coordinate_transformation_mode": "half_pixel", "mode": "avg",
                    "output_height": 1, "output_width": 1, "sampling_ratio": 0,
-                   "spatial_scale": 1.0})
+                   "spatial_scale": 1.0},
+            compute=_roi_align_rule)

@@ -5,6 +5,11 @@ References compute float16 and bfloat16 inputs in float32 (float64 stays float64
 results back, so outputs keep the input's element type. Ops with a `stash_type` compute their
 statistics in that type, as ONNX's function bodies do, then scale and shift in the input's type.
 This module holds op meanings only; it never reads ONNX (importers translate older opsets).
+
+Compute rules follow the references stage by stage: a mean stage, a variance stage (two-pass,
+as np.var: the mean of squared deviations, finished into 1/sqrt(var + eps) or sqrt(var + eps)
+as the reference uses it), then the output, so each statistic is materialised once per group
+of elements it normalises.
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ import numpy as np
 
 from ...errors import DNNCError
 from .. import types as T
+from ..compute import NoCompute, broadcast_load, compute, reduce_axis, reduce_sum
+from ..loop import Cast, Select, call, const, eq, logical_and
 from ..types import TensorType
 from .infer import check_dtype, check_same_dtype, normalize_axis, same_as_input
+from .reduce import count_of, input_at, spread, stage_name
 from .registry import REQUIRED, Pattern, register_op
 
 FLOATS = T.FLOAT_DTYPES
@@ -54,6 +62,51 @@ def _check_stash(ctx) -> T.DType:
     return stash
 
 
+def _wide_dtype(*dtypes: T.DType) -> T.DType:
+    """The type `_wide` gives (float64 if any input is float64, else float32)."""
+    return T.float64 if T.float64 in dtypes else T.float32
+
+
+def _acc_dtype(dtype: T.DType) -> T.DType:
+    """Sums of a 16-bit statistic type run in float32, as np.mean does for float16."""
+    return T.float32 if dtype.itemsize < 4 else dtype
+
+
+def _moments(shape, read, extents, dtype, finish=None, hint="norm"):
+    """Mean and variance stages of shape `shape`: `read(i, r)` is the element (in `dtype`)
+    at statistics index i and reduce axes r over `extents`. The variance is the mean of
+    squared deviations from the mean stage (np.var's two passes); `finish(var)` turns it
+    into what the output reads (an inverse std), so that too is computed once per group."""
+    acc = _acc_dtype(dtype)
+
+    def mean_of(*i):
+        r = [reduce_axis(n) for n in extents]
+        return Cast(dtype, reduce_sum(Cast(acc, read(i, r)), r) / count_of(r, acc))
+
+    mean = compute(shape, mean_of, name=stage_name(f"{hint}_mean"))
+
+    def var_of(*i):
+        r = [reduce_axis(n) for n in extents]
+        centered = read(i, r) - mean[i]
+        var = Cast(dtype, reduce_sum(Cast(acc, centered * centered), r) / count_of(r, acc))
+        return var if finish is None else finish(var)
+
+    return mean, compute(shape, var_of, name=stage_name(f"{hint}_var"))
+
+
+def _inv_std(epsilon):
+    return lambda var: const(1.0, var.dtype) / call("sqrt", var + epsilon)
+
+
+def _std(epsilon):
+    return lambda var: call("sqrt", var + epsilon)
+
+
+def _channel(t, i):
+    """A per-channel vector [C] read at the channel (axis 1) of index i."""
+    return t[i[1]]
+
+
 # -- BatchNormalization ----------------------------------------------------------------------
 
 
@@ -91,9 +144,49 @@ def batch_norm(x, scale, bias, mean, var, epsilon, momentum, training_mode):
     return y, running_mean.astype(mean.dtype), running_var.astype(var.dtype)
 
 
+def _batch_norm_rule(inputs, outputs, epsilon, momentum, training_mode):
+    """Inference: per-channel (x - mean) * 1/sqrt(var + eps) * scale + bias. Training: the
+    mean and variance over (N, spatial) are stages first, and the running statistics are
+    blended with `momentum`."""
+    x, scale, bias, mean, var = inputs
+    dtype = _wide_dtype(*(t.dtype for t in inputs))
+    if training_mode:
+        stat_dtype = _wide_dtype(x.dtype)
+        extents = [x.shape[0]] + list(x.shape[2:])
+
+        def read(i, r):  # i: (channel,), r: batch and spatial axes
+            return Cast(stat_dtype, x[spread(x.ndim, {1: i[0]}, [a.var for a in r])])
+
+        use_mean, use_var = _moments((x.shape[1],), read, extents, stat_dtype,
+                                     hint="batchnorm")
+    else:
+        use_mean, use_var = mean, var
+
+    def element(*i):
+        inv_std = const(1.0, dtype) / call("sqrt", Cast(dtype, _channel(use_var, i)) + epsilon)
+        centered = Cast(dtype, x[i]) - Cast(dtype, _channel(use_mean, i))
+        return centered * inv_std * Cast(dtype, _channel(scale, i)) + \
+            Cast(dtype, _channel(bias, i))
+
+    outs = [compute(outputs[0].shape, element, name=stage_name("batchnorm"),
+                    dtype=outputs[0].dtype)]
+    for given, used, out in zip((mean, var), (use_mean, use_var), outputs[1:]):
+        outs.append(_running_stat(given, used, momentum, out))
+    return outs
+
+
+def _running_stat(given, used, momentum, out):
+    """given * momentum + used * (1 - momentum): a running mean or variance."""
+    dtype = _wide_dtype(given.dtype, used.dtype)
+    return compute(out.shape, lambda c: Cast(dtype, given[c]) * momentum +
+                   Cast(dtype, used[c]) * (1 - momentum), name=stage_name("running_stat"),
+                   dtype=out.dtype)
+
+
 register_op("BatchNormalization", pattern=Pattern.OPAQUE, infer=_batch_norm_infer,
             evaluate=batch_norm, inputs=5, outputs=(1, 3),
-            attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0})
+            attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0},
+            compute=_batch_norm_rule)
 
 # -- InstanceNormalization -------------------------------------------------------------------
 
@@ -118,8 +211,29 @@ def instance_norm(x, scale, bias, epsilon):
     return y.astype(x.dtype)
 
 
+def _instance_norm_rule(inputs, outputs, epsilon):
+    """Mean and sqrt(var + eps) per (n, c) over the spatial axes, then the affine map."""
+    x, scale, bias = inputs
+    dtype = _wide_dtype(x.dtype)
+
+    def read(i, r):  # i: (n, c), r: the spatial axes
+        return Cast(dtype, x[tuple(i) + tuple(a.var for a in r)])
+
+    mean, std = _moments(x.shape[:2], read, x.shape[2:], dtype, _std(epsilon),
+                         hint="instancenorm")
+
+    def element(*i):
+        n_c = i[:2]
+        return (Cast(dtype, x[i]) - mean[n_c]) / std[n_c] * Cast(dtype, _channel(scale, i)) \
+            + Cast(dtype, _channel(bias, i))
+
+    return [compute(outputs[0].shape, element, name=stage_name("instancenorm"),
+                    dtype=outputs[0].dtype)]
+
+
 register_op("InstanceNormalization", pattern=Pattern.OPAQUE, infer=_instance_norm_infer,
-            evaluate=instance_norm, inputs=3, attrs={"epsilon": 1e-5})
+            evaluate=instance_norm, inputs=3, attrs={"epsilon": 1e-5},
+            compute=_instance_norm_rule)
 
 # -- LayerNormalization, RMSNormalization ------------------------------------------------------
 
@@ -164,9 +278,47 @@ def layer_norm(x, scale, bias=None, axis=-1, epsilon=1e-5, stash_type=T.float32)
     return y.astype(x.dtype), mean.astype(stash), inv_std.astype(stash)
 
 
+class _Trailing:
+    """The axes [axis, rank) a LayerNorm / RMSNorm normalises over, and its statistics'
+    shape: x's leading dims, then 1s."""
+
+    def __init__(self, x, axis):
+        self.x, self.axis = x, axis % x.ndim
+        self.shape = tuple(x.shape[:self.axis]) + (const(1),) * (x.ndim - self.axis)
+        self.extents = list(x.shape[self.axis:])
+
+    def read(self, dtype):
+        """`read(i, r)` of `_moments`: x at statistics index i along the reduce axes r."""
+        return lambda i, r: Cast(dtype, self.x[tuple(i[:self.axis]) + tuple(a.var for a in r)])
+
+    def stat(self, i):
+        return tuple(i[:self.axis]) + (const(0),) * (self.x.ndim - self.axis)
+
+
+def _layer_norm_rule(inputs, outputs, axis, epsilon, stash_type):
+    """Mean and 1/sqrt(var + eps) stages in stash_type; the output normalises in stash_type,
+    then scales and shifts in x's type (as ONNX's function body). The mean and inv_std
+    outputs are those stages."""
+    x, scale, bias = inputs[0], inputs[1], input_at(inputs, 2)
+    rows = _Trailing(x, axis)
+    mean, inv_std = _moments(rows.shape, rows.read(stash_type), rows.extents, stash_type,
+                             _inv_std(epsilon), hint="layernorm")
+
+    def element(*i):
+        s = rows.stat(i)
+        y = Cast(x.dtype, (Cast(stash_type, x[i]) - mean[s]) * inv_std[s]) * \
+            broadcast_load(scale, i)
+        return y if bias is None else y + broadcast_load(bias, i)
+
+    outs = [compute(outputs[0].shape, element, name=stage_name("layernorm"),
+                    dtype=outputs[0].dtype), mean, inv_std]
+    return outs[:len(outputs)]
+
+
 register_op("LayerNormalization", pattern=Pattern.OPAQUE, infer=_layer_norm_infer,
             evaluate=layer_norm, inputs=(2, 3), outputs=(1, 3),
-            attrs={"axis": -1, "epsilon": 1e-5, "stash_type": T.float32})
+            attrs={"axis": -1, "epsilon": 1e-5, "stash_type": T.float32},
+            compute=_layer_norm_rule)
 
 
 def _rms_norm_infer(ctx):
@@ -181,9 +333,33 @@ def rms_norm(x, scale, axis, epsilon, stash_type):
     return ((xs * inv_rms).astype(x.dtype) * scale).astype(x.dtype)
 
 
+def _rms_norm_rule(inputs, outputs, axis, epsilon, stash_type):
+    """A 1/sqrt(mean(x*x) + eps) stage in stash_type, then x * it, scaled in x's type."""
+    x, scale = inputs
+    rows = _Trailing(x, axis)
+    read = rows.read(stash_type)
+    acc = _acc_dtype(stash_type)
+
+    def inv_rms_of(*i):
+        r = [reduce_axis(n) for n in rows.extents]
+        v = read(i, r)
+        mean_square = Cast(stash_type, reduce_sum(Cast(acc, v * v), r) / count_of(r, acc))
+        return const(1.0, stash_type) / call("sqrt", mean_square + epsilon)
+
+    inv_rms = compute(rows.shape, inv_rms_of, name=stage_name("rmsnorm_inv"))
+
+    def element(*i):
+        y = Cast(x.dtype, Cast(stash_type, x[i]) * inv_rms[rows.stat(i)])
+        return y * broadcast_load(scale, i)
+
+    return [compute(outputs[0].shape, element, name=stage_name("rmsnorm"),
+                    dtype=outputs[0].dtype)]
+
+
 register_op("RMSNormalization", pattern=Pattern.OPAQUE, infer=_rms_norm_infer,
             evaluate=rms_norm, inputs=2,
-            attrs={"axis": -1, "epsilon": 1e-5, "stash_type": T.float32})
+            attrs={"axis": -1, "epsilon": 1e-5, "stash_type": T.float32},
+            compute=_rms_norm_rule)
 
 # -- GroupNormalization (opset 21: scale and bias per channel) ---------------------------------
 
@@ -213,9 +389,34 @@ def group_norm(x, scale, bias, num_groups, epsilon, stash_type):
     return (normalized * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
 
 
+def _group_norm_rule(inputs, outputs, num_groups, epsilon, stash_type):
+    """Mean and sqrt(var + eps) per (n, group) over the group's channels and the spatial
+    axes, in stash_type; the normalised value is cast to x's type, then scaled and shifted
+    per channel."""
+    x, scale, bias = inputs
+    per_group = x.shape[1] // num_groups
+
+    def read(i, r):  # i: (n, g); r: the channel within the group, then the spatial axes
+        channel = i[1] * per_group + r[0].var
+        return Cast(stash_type, x[(i[0], channel) + tuple(a.var for a in r[1:])])
+
+    mean, std = _moments((x.shape[0], const(num_groups)), read,
+                         [per_group] + list(x.shape[2:]), stash_type, _std(epsilon),
+                         hint="groupnorm")
+
+    def element(*i):
+        group = (i[0], i[1] // per_group)
+        normalized = Cast(x.dtype, (Cast(stash_type, x[i]) - mean[group]) / std[group])
+        return normalized * _channel(scale, i) + _channel(bias, i)
+
+    return [compute(outputs[0].shape, element, name=stage_name("groupnorm"),
+                    dtype=outputs[0].dtype)]
+
+
 register_op("GroupNormalization", pattern=Pattern.OPAQUE, infer=_group_norm_infer,
             evaluate=group_norm, inputs=3,
-            attrs={"num_groups": REQUIRED, "epsilon": 1e-5, "stash_type": T.float32})
+            attrs={"num_groups": REQUIRED, "epsilon": 1e-5, "stash_type": T.float32},
+            compute=_group_norm_rule)
 
 # -- LRN, MeanVarianceNormalization, LpNormalization -------------------------------------------
 
@@ -240,8 +441,33 @@ def lrn(x, size, alpha, beta, bias):
     return (_wide(x) / (bias + alpha / size * square_sum) ** beta).astype(x.dtype)
 
 
+def _lrn_rule(inputs, outputs, size, alpha, beta, bias):
+    """The square sum over the channel window [c - floor((size-1)/2), c + ceil((size-1)/2)]
+    is a stage (a reduction over the window with the channels outside [0, C) filtered out by
+    `where=`, as a pooling window's padding); the output divides by a power of it."""
+    x = inputs[0]
+    dtype = _wide_dtype(x.dtype)
+    before = (size - 1) // 2
+
+    def square_sum_of(*i):
+        j = reduce_axis(size)
+        channel = i[1] - before + j.var
+        v = Cast(dtype, x[(i[0], channel) + tuple(i[2:])])  # read only inside [0, C)
+        return reduce_sum(v * v, j, where=logical_and(channel >= 0, channel < x.shape[1]))
+
+    square_sum = compute(x.shape, square_sum_of, name=stage_name("lrn_square_sum"))
+
+    def element(*i):
+        base = square_sum[i] * (alpha / size) + bias
+        return Cast(dtype, x[i]) / call("pow", base, const(beta, dtype))
+
+    return [compute(outputs[0].shape, element, name=stage_name("lrn"),
+                    dtype=outputs[0].dtype)]
+
+
 register_op("LRN", pattern=Pattern.OPAQUE, infer=_lrn_infer, evaluate=lrn,
-            attrs={"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0})
+            attrs={"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0},
+            compute=_lrn_rule)
 
 
 def _axes_infer(ctx):
@@ -262,8 +488,34 @@ def mean_variance_norm(x, axes):
     return (centered / (std + 1e-9)).astype(x.dtype)
 
 
+def _mean_variance_norm_rule(inputs, outputs, axes):
+    """Mean and std stages over `axes` (statistics keep those axes as 1s), then
+    (x - mean) / (std + 1e-9)."""
+    x = inputs[0]
+    dtype = _wide_dtype(x.dtype)
+    axes = sorted({a % x.ndim for a in axes})
+    shape = tuple(const(1) if d in axes else n for d, n in enumerate(x.shape))
+
+    def read(i, r):
+        kept = [v for d, v in enumerate(i) if d not in axes]
+        return Cast(dtype, x[spread(x.ndim, {d: a.var for d, a in zip(axes, r)}, kept)])
+
+    def stat(i):
+        return tuple(const(0) if d in axes else v for d, v in enumerate(i))
+
+    mean, std = _moments(shape, read, [x.shape[d] for d in axes], dtype,
+                         lambda var: call("sqrt", var), hint="mvn")
+
+    def element(*i):
+        return (Cast(dtype, x[i]) - mean[stat(i)]) / (std[stat(i)] + 1e-9)
+
+    return [compute(outputs[0].shape, element, name=stage_name("mvn"),
+                    dtype=outputs[0].dtype)]
+
+
 register_op("MeanVarianceNormalization", pattern=Pattern.OPAQUE, infer=_axes_infer,
-            evaluate=mean_variance_norm, attrs={"axes": [0, 2, 3]})
+            evaluate=mean_variance_norm, attrs={"axes": [0, 2, 3]},
+            compute=_mean_variance_norm_rule)
 
 
 def _lp_norm_infer(ctx):
@@ -281,8 +533,31 @@ def lp_norm(x, axis, p):
     return np.where(norm == 0, 0, xw / safe).astype(x.dtype)
 
 
+def _lp_norm_rule(inputs, outputs, axis, p):
+    """A norm stage along `axis` (sqrt of the sum of squares, or the sum of magnitudes),
+    then x / norm, 0 where the norm is 0."""
+    x = inputs[0]
+    dtype = _wide_dtype(x.dtype)
+    axis = axis % x.ndim
+    shape = tuple(const(1) if d == axis else n for d, n in enumerate(x.shape))
+
+    def norm_of(*i):
+        k = reduce_axis(x.shape[axis])
+        v = Cast(dtype, x[i[:axis] + (k.var,) + i[axis + 1:]])
+        return call("sqrt", reduce_sum(v * v, k)) if p == 2 else reduce_sum(call("abs", v), k)
+
+    norm = compute(shape, norm_of, name=stage_name("lpnorm_norm"))
+
+    def element(*i):
+        n = norm[i[:axis] + (const(0),) + i[axis + 1:]]
+        return Select(eq(n, const(0.0, dtype)), const(0.0, dtype), Cast(dtype, x[i]) / n)
+
+    return [compute(outputs[0].shape, element, name=stage_name("lpnorm"),
+                    dtype=outputs[0].dtype)]
+
+
 register_op("LpNormalization", pattern=Pattern.OPAQUE, infer=_lp_norm_infer, evaluate=lp_norm,
-            attrs={"axis": -1, "p": 2})
+            attrs={"axis": -1, "p": 2}, compute=_lp_norm_rule)
 
 # -- Dropout ---------------------------------------------------------------------------------
 
@@ -318,5 +593,24 @@ def dropout(x, ratio=None, training_mode=None, seed=None):
     return (_wide(x) * mask * scale).astype(x.dtype), mask
 
 
+def _dropout_rule(inputs, outputs, seed):
+    """Inference (no training_mode, or a known False, or a known ratio of 0): the identity
+    and an all-true mask. Training drops elements by NumPy's generator: a host fallback."""
+    x, ratio, training = inputs[0], input_at(inputs, 1), input_at(inputs, 2)
+    if training is not None:
+        if training.value is None:
+            raise NoCompute("Dropout's training_mode is computed at run time")
+        dropping = bool(training.value) and (ratio is None or ratio.value is None or
+                                             float(ratio.value) > 0)
+        if dropping:
+            raise NoCompute("Dropout in training mode draws its mask on the host")
+    outs = [compute(outputs[0].shape, lambda *i: x[i], name=stage_name("dropout"),
+                    dtype=outputs[0].dtype)]
+    if len(outputs) > 1:
+        outs.append(compute(outputs[1].shape, lambda *i: const(True),
+                            name=stage_name("dropout_mask")))
+    return outs
+
+
 register_op("Dropout", pattern=Pattern.OPAQUE, infer=_dropout_infer, evaluate=dropout,
-            inputs=(1, 3), outputs=(1, 2), attrs={"seed": None})
+            inputs=(1, 3), outputs=(1, 2), attrs={"seed": None}, compute=_dropout_rule)

@@ -8,6 +8,10 @@ supplies only its cell: one time step from (x_t, state) to the new state.
 Activations are named as in ONNX and take `activation_alpha` / `activation_beta` in order,
 only the functions that use them consuming values (as onnxruntime reads them).
 float16 and bfloat16 run in float32 and are cast back.
+
+No compute rule gives them loops: each time step reads the state the previous one wrote, which
+one loop nest of independent output elements cannot say, so they raise NoCompute and run as
+host fallbacks (until lowering grows a sequential time loop or a Scan of cells).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..compute import NoCompute
 from ..types import TensorType
 from .infer import check_dtype
 from .registry import Pattern, register_op
@@ -192,6 +197,14 @@ def _recurrent_op(op: str, make_cell, x, w, r, b, sequence_lens, initial, extra,
     return tuple(a.astype(dtype) for a in [y] + final)
 
 
+def _recurrence_rule(op: str):
+    def rule(inputs, outputs, **attrs):
+        raise NoCompute(f"{op}: a recurrence over time steps (each step reads the state the "
+                        f"previous one wrote) is not one loop nest; it runs as a host fallback")
+
+    return rule
+
+
 _COMMON_ATTRS = {"activation_alpha": None, "activation_beta": None, "activations": None,
                  "clip": None, "direction": "forward", "hidden_size": None, "layout": 0}
 
@@ -213,7 +226,8 @@ def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, **attrs):
 
 
 register_op("RNN", pattern=Pattern.OPAQUE, infer=_rnn_infer("RNN", (5,)), evaluate=rnn,
-            inputs=(3, 6), outputs=(1, 2), attrs=dict(_COMMON_ATTRS))
+            inputs=(3, 6), outputs=(1, 2), attrs=dict(_COMMON_ATTRS),
+            compute=_recurrence_rule("RNN"))
 
 # -- LSTM -----------------------------------------------------------------------------------------
 
@@ -245,7 +259,8 @@ def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=
 
 
 register_op("LSTM", pattern=Pattern.OPAQUE, infer=_rnn_infer("LSTM", (5, 6)), evaluate=lstm,
-            inputs=(3, 8), outputs=(1, 3), attrs={**_COMMON_ATTRS, "input_forget": 0})
+            inputs=(3, 8), outputs=(1, 3), attrs={**_COMMON_ATTRS, "input_forget": 0},
+            compute=_recurrence_rule("LSTM"))
 
 # -- GRU ------------------------------------------------------------------------------------------
 
@@ -276,4 +291,5 @@ def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, linear_before_reset
 
 
 register_op("GRU", pattern=Pattern.OPAQUE, infer=_rnn_infer("GRU", (5,)), evaluate=gru,
-            inputs=(3, 6), outputs=(1, 2), attrs={**_COMMON_ATTRS, "linear_before_reset": 0})
+            inputs=(3, 6), outputs=(1, 2), attrs={**_COMMON_ATTRS, "linear_before_reset": 0},
+            compute=_recurrence_rule("GRU"))

@@ -4,13 +4,23 @@ Complex tensors are real tensors whose last dim holds (real, imaginary) pairs; r
 last dim of 1. References transform with NumPy's FFT in the input's precision (complex64 for
 float32 and narrower, complex128 for float64, as onnx's reference) and cast back to the input's
 element type; window and mel generators produce their `output_datatype` exactly.
+
+Compute rules: DFT and STFT are direct transforms, a `reduce_sum` over the signal with the
+twiddle factor computed in the expression (its angle reduced modulo the length in integers first,
+so float32 cos/sin stay accurate), summed in float32 (float64 for float64), cast back once.
+Lengths, axes and steps must be constants; the windows need a constant size.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+import itertools
+import math
+
 from .. import types as T
+from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_sum
+from ..loop import Cast, Const, Select, call, const, eq, free_vars, logical_or, minimum
 from .infer import check_dtype
 from .registry import Pattern, register_op
 
@@ -35,6 +45,63 @@ def _size(ctx, i: int, what: str, hint: str):
     if value is not None and value < 0:
         raise ctx.fail(f"{what} must not be negative, given {value}")
     return ctx.fresh_dim(hint) if value is None else value
+
+
+# -- compute-rule helpers ------------------------------------------------------------------------
+
+_stage_ids = itertools.count()
+
+
+def _stage(hint: str) -> str:
+    """A unique name for a rule's stage or reduce axis (two nodes may share one kernel)."""
+    return f"{hint}{next(_stage_ids)}"
+
+
+def _input(inputs, i):
+    """Input i's Tensor, None when absent (lowering passes trailing absent inputs too)."""
+    return inputs[i] if i < len(inputs) else None
+
+
+def _const_scalar(t, op: str, what: str) -> int:
+    if t.value is None:
+        raise NoCompute(f"{op}'s {what} is known only at run time")
+    return int(np.asarray(t.value).reshape(-1)[0])
+
+
+def _check_bound(out: T.TensorType, inputs, op: str):
+    """NoCompute when an output dim is a fresh symbol that no input's shape defines (a length
+    known only at run time): no kernel argument could give its value."""
+    known = set()
+    for t in inputs:
+        if t is not None:
+            for d in t.shape:
+                known |= free_vars(d)
+    if any(free_vars(dim_expr(d)) - known for d in out.shape):
+        raise NoCompute(f"{op}'s output shape {out.shape} is known only at run time")
+
+
+def _as(dtype: T.DType, e):
+    return e if e.dtype is dtype else Cast(dtype, e)
+
+
+def _angle(k, m, n, dtype: T.DType):
+    """2 pi (k m mod n) / n: the product is reduced in integers first, so cos and sin see
+    angles in [0, 2 pi) and float32 keeps its accuracy for long transforms."""
+    p = Cast(dtype, (k * m) % n)
+    if isinstance(n, int):
+        return p * (2 * math.pi / n)
+    return p * (2 * math.pi) / Cast(dtype, n)
+
+
+def _rotated(xr, xi, angle, sign: int):
+    """(real, imaginary) of (xr + i xi) e^(sign i angle); xi None for a real signal."""
+    cos, sin = call("cos", angle), call("sin", angle)
+    if xi is None:
+        im = xr * sin
+        return xr * cos, im if sign > 0 else -im
+    if sign > 0:
+        return xr * cos - xi * sin, xi * cos + xr * sin
+    return xr * cos + xi * sin, xi * cos - xr * sin
 
 
 # -- DFT -----------------------------------------------------------------------------------------
@@ -111,8 +178,60 @@ def _dft_infer(ctx):
     return [T.TensorType(ctx.dtype(0), tuple(shape))]
 
 
+def _dft_rule(inputs, outputs, inverse, onesided, **_):
+    """out[.., k, .., c] = sum_m x[.., m, ..] e^(-+2 pi i k m / n), component c of it; the
+    inverse one-sided form sums the Hermitian half spectrum (bins other than DC and Nyquist
+    twice, the imaginary parts of those two ignored, as numpy's irfft)."""
+    x, out = inputs[0], outputs[0]
+    length, axis_input = _input(inputs, 1), _input(inputs, 2)
+    _check_bound(out, inputs, "DFT")
+    axis = -2 if axis_input is None else _const_scalar(axis_input, "DFT", "axis")
+    axis %= x.ndim
+    if not isinstance(x.shape[-1], Const):
+        raise NoCompute("DFT of a signal whose last dim (real or complex) is symbolic")
+    complex_in = x.shape[-1].value == 2
+    irfft = bool(inverse and onesided)
+    given = x.shape[axis]
+    if length is not None:
+        n = _const_scalar(length, "DFT", "dft_length")
+    elif isinstance(given, Const):
+        n = 2 * (given.value - 1) if irfft else given.value
+    elif irfft:
+        raise NoCompute("inverse one-sided DFT of a symbolic length")
+    else:
+        n = given  # a symbolic length transformed whole
+    if isinstance(n, int) and n <= 0:
+        raise NoCompute(f"DFT of length {n}")
+    used = n // 2 + 1 if irfft else n  # the input is truncated or zero-padded to this
+    if isinstance(given, Const):
+        extent = min(used, given.value)
+    else:
+        extent = given if used is given else minimum(given, const(used))
+    cdt = T.float64 if x.dtype is T.float64 else T.float32
+    m = reduce_axis(extent, _stage("dft_m"))
+
+    def element(*idx):
+        src = list(idx[:-1])
+        src[axis] = m.var
+        xr = _as(cdt, x[tuple(src) + (const(0),)])
+        xi = _as(cdt, x[tuple(src) + (const(1),)]) if complex_in else None
+        angle = _angle(idx[axis], m.var, n, cdt)
+        if irfft:
+            edge = logical_or(eq(m.var, 0), eq(m.var * 2, n))
+            re = xr * call("cos", angle) * Select(edge, const(1.0 / n, cdt), const(2.0 / n, cdt))
+            im = xi * call("sin", angle) * Select(edge, const(0.0, cdt), const(2.0 / n, cdt))
+            return reduce_sum(re - im, m)
+        re, im = _rotated(xr, xi, angle, 1 if inverse else -1)
+        term = Select(eq(idx[-1], 0), re, im)
+        if inverse:
+            term = term * (1.0 / n) if isinstance(n, int) else term / Cast(cdt, n)
+        return reduce_sum(term, m)
+
+    return [compute(out.shape, element, name=_stage("dft"), dtype=out.dtype)]
+
+
 register_op("DFT", pattern=Pattern.OPAQUE, infer=_dft_infer, evaluate=dft, inputs=(1, 3),
-            attrs={"inverse": 0, "onesided": 0})
+            attrs={"inverse": 0, "onesided": 0}, compute=_dft_rule)
 
 
 # -- STFT ----------------------------------------------------------------------------------------
@@ -169,8 +288,41 @@ def _stft_infer(ctx):
     return [T.TensorType(ctx.dtype(0), (shape[0], frames, bins, 2))]
 
 
+def _stft_rule(inputs, outputs, onesided, **_):
+    """out[b, f, k, c] = sum_m window[m] signal[b, f step + m] e^(-2 pi i k m / size), as DFT
+    over each frame (frames never read past the signal: their count is 1 + (L - size) // step)."""
+    signal, step_input, window, length = (_input(inputs, i) for i in range(4))
+    out = outputs[0]
+    _check_bound(out, inputs, "STFT")
+    step = _const_scalar(step_input, "STFT", "frame_step")
+    if length is not None:
+        size = _const_scalar(length, "STFT", "frame_length")
+    else:
+        size = window.shape[0] if window is not None else signal.shape[1]
+        if not isinstance(size, Const):
+            raise NoCompute("STFT with a symbolic frame length")
+        size = size.value
+    if size <= 0:
+        raise NoCompute(f"STFT with frame length {size}")
+    complex_in = signal.shape[-1] == const(2)
+    cdt = T.float64 if signal.dtype is T.float64 else T.float32
+    m = reduce_axis(size, _stage("stft_m"))
+
+    def element(b, f, k, c):
+        at = f * step + m.var
+        xr = _as(cdt, signal[b, at, 0])
+        xi = _as(cdt, signal[b, at, 1]) if complex_in else None
+        if window is not None:
+            w = _as(cdt, window[m.var])
+            xr, xi = xr * w, None if xi is None else xi * w
+        re, im = _rotated(xr, xi, _angle(k, m.var, size, cdt), -1)
+        return reduce_sum(Select(eq(c, 0), re, im), m)
+
+    return [compute(out.shape, element, name=_stage("stft"), dtype=out.dtype)]
+
+
 register_op("STFT", pattern=Pattern.OPAQUE, infer=_stft_infer, evaluate=stft, inputs=(2, 4),
-            attrs={"onesided": 1})
+            attrs={"onesided": 1}, compute=_stft_rule)
 
 
 # -- windows -------------------------------------------------------------------------------------
@@ -197,8 +349,24 @@ def _window(name: str, cosines: tuple[float, ...]):
             raise ctx.fail(f"output_datatype {ctx.attrs['output_datatype']} is not numeric")
         return [T.TensorType(ctx.attrs["output_datatype"], (_size(ctx, 0, "size", "window"),))]
 
+    def rule(inputs, outputs, output_datatype, periodic, **_):
+        size = _const_scalar(inputs[0], name, "size")
+        period = size if periodic else size - 1
+
+        def element(n):  # the reference's float64 arithmetic, in its order
+            if period == 0:
+                return const(1.0, T.float64)
+            w = None
+            for k, a in enumerate(cosines):
+                term = call("cos", Cast(T.float64, n) * (2 * np.pi * k) / period) * a
+                w = term if w is None else w + term
+            return w
+
+        return [compute(outputs[0].shape, element, name=_stage(name.lower()),
+                        dtype=output_datatype)]
+
     register_op(name, pattern=Pattern.OPAQUE, infer=infer, evaluate=evaluate,
-                attrs={"output_datatype": T.float32, "periodic": 1})
+                attrs={"output_datatype": T.float32, "periodic": 1}, compute=rule)
 
 
 _window("HannWindow", (0.5, -0.5))  # sin^2(pi n / N)
@@ -251,5 +419,11 @@ def _mel_infer(ctx):
                          (bins, _size(ctx, 0, "num_mel_bins", "mels")))]
 
 
+def _mel_rule(inputs, outputs, **_):
+    raise NoCompute("MelWeightMatrix: its bins come from its (scalar) inputs' values; with "
+                    "constant inputs it folds to a constant, otherwise it runs on the host")
+
+
 register_op("MelWeightMatrix", pattern=Pattern.OPAQUE, infer=_mel_infer,
-            evaluate=mel_weight_matrix, inputs=5, attrs={"output_datatype": T.float32})
+            evaluate=mel_weight_matrix, inputs=5, attrs={"output_datatype": T.float32},
+            compute=_mel_rule)

@@ -3,6 +3,7 @@ onnxruntime (every importer opset), inference with symbolic dims, and errors."""
 
 import itertools
 import math
+from unittest import mock
 
 import numpy as np
 import onnxruntime as ort
@@ -12,9 +13,13 @@ from onnx import helper, numpy_helper
 import dnnc
 from dnnc.errors import DNNCError, ShapeError
 from dnnc.frontend.onnx import ONNX_FROM_DTYPE
+from dnnc.ir import compute as compute_ir
 from dnnc.ir import types as T
+from dnnc.ir.compute import NoCompute, apply_rule, placeholder, run_rule
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
+from dnnc.ir.loop import Load
+from dnnc.ir.ops.registry import get_op, infer_node
 
 RNG = np.random.default_rng(20240612)
 
@@ -382,3 +387,190 @@ def test_roi_align_inference_and_errors():
         _infer("RoiAlign", [T.TensorType(T.float32, (1, 8, 4, 4)),
                             T.TensorType(T.float32, (2, 4)), T.TensorType(T.int64, (2,))],
                {"mode": "sum"})
+
+
+# -- compute rules (loop IR interpreted by NumPy) against the references ----------------------
+
+
+def _rule_arrays(op, arrays, attrs, const_inputs=(), symbolic=(), check_loads=False):
+    """The op's compute rule on `arrays`; `symbolic` lists (input, axis) dims typed "N".
+    `check_loads`: assert every load stays inside its buffer (the interpreter would clamp it
+    silently; a backend would read out of bounds), taken branch or not."""
+    values = []
+    for k, a in enumerate(arrays):
+        if a is None:
+            values.append(None)
+            continue
+        shape = tuple("N" if (k, ax) in symbolic else d for ax, d in enumerate(a.shape))
+        values.append(Value(f"in{k}", T.TensorType(T.DType.from_numpy(a.dtype), shape),
+                            const=a if k in const_inputs else None))
+    types, _, full = infer_node(op, values, dict(attrs), 1, op)
+    if (0, 0) in symbolic:  # a symbolic batch stays symbolic in the output
+        assert "N" in types[0].shape, types[0]
+    tensors = [None if v is None else placeholder(v.name, v.type.dtype, v.type.shape,
+                                                   value=v.const) for v in values]
+    outs = apply_rule(op, tensors, full, types)
+    feeds = {f"in{k}": a for k, a in enumerate(arrays) if a is not None}
+    original = compute_ir._Evaluator.eval
+
+    def checked(self, e, env):
+        if isinstance(e, Load) and e.buffer.name in self.arrays:
+            for axis, (i, n) in enumerate(zip(e.indices, self.arrays[e.buffer.name].shape)):
+                v = original(self, i, env)
+                assert np.all((v >= 0) & (v < n)), f"{e.buffer.name} read out of axis {axis}"
+        return original(self, e, env)
+
+    with mock.patch.object(compute_ir._Evaluator, "eval", checked if check_loads else original):
+        sizes = {"N": arrays[k].shape[ax] for k, ax in symbolic}
+        return compute_ir.evaluate(outs, feeds, sizes=sizes)
+
+
+def _check_rule(op, arrays, attrs, const_inputs=(), symbolic=(), tol=1e-5, check_loads=False):
+    want = get_op(op).run(arrays, {**get_op(op).attrs, **attrs})
+    got = _rule_arrays(op, arrays, attrs, const_inputs, symbolic, check_loads)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        if g.dtype.kind == "f":
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
+                                       atol=tol)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+def _resize_inputs(x, scales=None, sizes=None, roi=None):
+    return [x, None if roi is None else np.array(roi, np.float32),
+            None if scales is None else np.array(scales, np.float32),
+            None if sizes is None else np.array(sizes, np.int64)]
+
+
+@pytest.mark.parametrize("attrs,scales,sizes", RESIZE_CASES)
+def test_resize_rule(attrs, scales, sizes):
+    x = np.random.default_rng().uniform(-2, 2, (2, 3, 5, 6)).astype(np.float32)
+    _check_rule("Resize", _resize_inputs(x, scales, sizes), attrs, (1, 2, 3), check_loads=True)
+
+
+@pytest.mark.parametrize("ctm,nearest", itertools.product(
+    ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric"),
+    ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")))
+def test_resize_rule_nearest_picks_the_references_pixels(ctm, nearest):
+    # scales such as 0.6 and 1/3 put coordinates within float32 rounding of integers
+    x = np.random.default_rng().uniform(-2, 2, (1, 2, 5, 9)).astype(np.float32)
+    attrs = {"coordinate_transformation_mode": ctm, "nearest_mode": nearest}
+    _check_rule("Resize", _resize_inputs(x, [1, 1, 0.6, 1 / 3]), attrs, (1, 2, 3))
+    _check_rule("Resize", _resize_inputs(x, [1, 1, 3, 2.5]), attrs, (1, 2, 3))
+    _check_rule("Resize", _resize_inputs(x, sizes=[1, 2, 7, 1]), attrs, (1, 2, 3))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+def test_resize_rule_tf_crop_and_resize(mode):
+    x = np.random.default_rng().uniform(-2, 2, (1, 2, 6, 5)).astype(np.float32)
+    roi = [0, 0, 0.3, -0.2, 1, 1, 1.2, 0.9]
+    attrs = {"mode": mode, "coordinate_transformation_mode": "tf_crop_and_resize",
+             "extrapolation_value": 7.5}
+    _check_rule("Resize", _resize_inputs(x, sizes=[1, 2, 4, 7], roi=roi), attrs, (1, 2, 3),
+                check_loads=True)
+    roi = [0.2, 0.6, 0.9, 0.8]
+    _check_rule("Resize", _resize_inputs(x, [0.5, 1.5], roi=roi), {**attrs, "axes": [2, 3]},
+                (1, 2, 3))
+
+
+@pytest.mark.parametrize("dtype,mode", [(np.float16, "linear"), (np.float16, "cubic"),
+                                        (np.float64, "cubic"), (np.uint8, "cubic"),
+                                        (np.uint8, "linear"), (np.int32, "linear"),
+                                        (np.int8, "nearest")])
+def test_resize_rule_dtypes(dtype, mode):
+    rng = np.random.default_rng()
+    if np.dtype(dtype).kind == "f":
+        x = rng.uniform(-2, 2, (2, 3, 4, 5)).astype(dtype)
+    else:
+        info = np.iinfo(dtype)
+        x = rng.integers(max(info.min, -1000), min(info.max, 1000), (2, 3, 4, 5),
+                         endpoint=True).astype(dtype)
+    tol = 2e-3 if dtype == np.float16 else 1e-5
+    _check_rule("Resize", _resize_inputs(x, [1, 1, 1.5, 0.7]), {"mode": mode}, (1, 2, 3),
+                tol=tol)
+    _check_rule("Resize", _resize_inputs(x, sizes=[2, 3, 9, 2]),
+                {"mode": mode, "exclude_outside": int(mode == "cubic")}, (1, 2, 3), tol=tol)
+
+
+def test_resize_rule_symbolic_batch():
+    x = np.random.default_rng().uniform(-2, 2, (3, 2, 4, 5)).astype(np.float32)
+    _check_rule("Resize", _resize_inputs(x, [1, 1, 2, 0.6]), {"mode": "linear"}, (1, 2, 3),
+                symbolic=((0, 0),))
+    _check_rule("Resize", _resize_inputs(x, [2, 0.6]), {"axes": [2, 3]}, (1, 2, 3),
+                symbolic=((0, 0),))
+
+
+def test_resize_rule_needs_constant_scales_sizes_and_static_resized_axes():
+    x = np.random.default_rng().uniform(-2, 2, (1, 2, 4, 5)).astype(np.float32)
+    with pytest.raises(NoCompute, match="scales"):
+        run_rule("Resize", _resize_inputs(x, [1, 1, 2, 2]), {})
+    with pytest.raises(NoCompute, match="sizes"):
+        run_rule("Resize", _resize_inputs(x, sizes=[1, 2, 8, 8]), {})
+    with pytest.raises(NoCompute, match="roi"):
+        run_rule("Resize", _resize_inputs(x, sizes=[1, 2, 8, 8], roi=[0] * 4 + [1] * 4),
+                 {"coordinate_transformation_mode": "tf_crop_and_resize"}, const_inputs=(3,))
+    with pytest.raises(NoCompute, match="symbolic"):
+        _rule_arrays("Resize", _resize_inputs(x, sizes=[1, 2, 8, 8]), {}, (1, 2, 3),
+                     symbolic=((0, 2),))
+
+
+GRID_CASES = list(itertools.product(("linear", "nearest", "cubic"),
+                                    ("zeros", "border", "reflection"), (0, 1)))
+
+
+@pytest.mark.parametrize("mode,padding,align", GRID_CASES)
+def test_grid_sample_rule(mode, padding, align):
+    rng = np.random.default_rng()
+    attrs = {"mode": mode, "padding_mode": padding, "align_corners": align}
+    x = rng.uniform(-2, 2, (2, 3, 5, 6)).astype(np.float32)
+    grid = rng.uniform(-1.7, 1.7, (2, 4, 3, 2)).astype(np.float32)
+    _check_rule("GridSample", [x, grid], attrs, tol=1e-4)
+    if mode != "cubic":  # 3-D, and one spatial dim of length 1 (reflection's span is 0)
+        x = rng.uniform(-2, 2, (1, 2, 3, 1, 5)).astype(np.float32)
+        grid = rng.uniform(-1.5, 1.5, (1, 2, 3, 2, 3)).astype(np.float32)
+        _check_rule("GridSample", [x, grid], attrs, tol=1e-4)
+
+
+@pytest.mark.parametrize("dtype,grid_dtype", [(np.float16, np.float16), (np.float64, np.float64),
+                                              (np.uint8, np.float32), (np.int32, np.float32)])
+def test_grid_sample_rule_dtypes(dtype, grid_dtype):
+    rng = np.random.default_rng()
+    x = rng.uniform(-2, 2, (2, 3, 4, 5)) if np.dtype(dtype).kind == "f" else \
+        rng.integers(0, 200, (2, 3, 4, 5))
+    grid = rng.uniform(-1.2, 1.2, (2, 3, 3, 2)).astype(grid_dtype)
+    for mode in ("linear", "cubic", "nearest"):
+        _check_rule("GridSample", [x.astype(dtype), grid], {"mode": mode, "padding_mode": "border"},
+                    tol=3e-3 if dtype == np.float16 else 1e-4)
+
+
+def test_grid_sample_rule_symbolic_batch_and_wild_grids_stay_in_bounds():
+    rng = np.random.default_rng()
+    x = rng.uniform(-2, 2, (3, 2, 4, 5)).astype(np.float32)
+    grid = rng.uniform(-1.2, 1.2, (3, 3, 2, 2)).astype(np.float32)
+    _check_rule("GridSample", [x, grid], {}, symbolic=((0, 0), (1, 0)), tol=1e-4)
+    grid.reshape(-1)[:6] = [np.nan, np.inf, -np.inf, 1e30, -1e30, 3e9]
+    for mode, padding in itertools.product(("linear", "nearest", "cubic"),
+                                           ("zeros", "border", "reflection")):
+        with np.errstate(invalid="ignore"):
+            out = _rule_arrays("GridSample", [x, grid], {"mode": mode, "padding_mode": padding},
+                               check_loads=True)
+        assert out[0].shape == (3, 2, 3, 2)
+
+
+@pytest.mark.parametrize("size,align,dtype", itertools.product(
+    ([2, 3, 4, 5], [2, 1, 3, 4, 2], [2, 3, 1, 1]), (0, 1), (np.float32, np.float64)))
+def test_affine_grid_rule(size, align, dtype):
+    r = len(size) - 2
+    theta = np.random.default_rng().uniform(-2, 2, (2, r, r + 1)).astype(dtype)
+    _check_rule("AffineGrid", [theta, np.array(size, np.int64)], {"align_corners": align},
+                (1,), symbolic=((0, 0),))
+
+
+def test_affine_grid_and_roi_align_without_loops():
+    theta = np.random.default_rng().uniform(-2, 2, (2, 2, 3)).astype(np.float32)
+    with pytest.raises(NoCompute, match="size"):
+        run_rule("AffineGrid", [theta, np.array([2, 3, 4, 5], np.int64)], {})
+    with pytest.raises(NoCompute, match="RoiAlign"):
+        run_rule("RoiAlign", [_f32(2, 3, 10, 9), _rois(), np.array([0, 1, 1, 0, 1], np.int64)],
+                 {})

@@ -1,5 +1,6 @@
 """NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss: references against naive loops,
-inference, errors, and the importers against onnxruntime."""
+inference, errors, the importers against onnxruntime, and the compute rules against the
+references."""
 
 import math
 
@@ -11,8 +12,10 @@ from onnx import TensorProto, helper
 import dnnc
 from dnnc.errors import ShapeError
 from dnnc.ir import types as T
-from dnnc.ir.graph import Graph
+from dnnc.ir.compute import apply_rule, evaluate, placeholder, run_rule
+from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
+from dnnc.ir.ops.registry import get_op, infer_node
 
 RNG = np.random.default_rng(77)
 F = T.TensorType
@@ -161,3 +164,54 @@ def test_importers_against_onnxruntime(op, opset, shape, weighted, ignore_index,
     for g_, w_ in zip(got, want):
         assert g_.dtype == w_.dtype and g_.shape == w_.shape
         np.testing.assert_allclose(g_, w_, rtol=1e-5, atol=1e-6)
+
+
+# -- compute rules (loop IR, interpreted by NumPy) against the references ------------------------
+
+LOSSES = ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"]
+
+
+def _check_rule(op, arrays, attrs, num_outputs=1, tol=1e-5):
+    want = get_op(op).run(arrays, {**get_op(op).attrs, **attrs})
+    got = run_rule(op, arrays, attrs, num_outputs=num_outputs)
+    assert len(got) == num_outputs
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
+                                   atol=tol)
+
+
+@pytest.mark.parametrize("op", LOSSES)
+@pytest.mark.parametrize("shape,weighted,ignore_index,reduction", CASES)
+def test_loss_rules(op, shape, weighted, ignore_index, reduction):
+    x, target, weight = _inputs(shape, weighted, ignore_index)
+    attrs = {"ignore_index": ignore_index, "reduction": reduction}
+    _check_rule(op, [x, target, weight], attrs)
+    _check_rule(op, [x, target.astype(np.int32)] + ([weight] if weighted else []), attrs)
+    if op == "SoftmaxCrossEntropyLoss":
+        _check_rule(op, [x, target, weight], attrs, num_outputs=2)
+
+
+@pytest.mark.parametrize("op", LOSSES)
+@pytest.mark.parametrize("dtype,tol", [(np.float16, 3e-3), (np.float64, 1e-12)])
+def test_loss_rules_half_and_double(op, dtype, tol):
+    x, target, weight = _inputs((4, 5, 3), True, 2, dtype)
+    for reduction in ("none", "mean"):
+        _check_rule(op, [x, target, weight], {"ignore_index": 2, "reduction": reduction},
+                    num_outputs=2 if op == "SoftmaxCrossEntropyLoss" else 1, tol=tol)
+
+
+@pytest.mark.parametrize("op", LOSSES)
+def test_loss_rules_batch_dim(op):
+    """Scores [N, C, S] and targets [N, S] with N symbolic, bound only when evaluating."""
+    x, target, weight = _inputs((3, 4, 5), True, 1)
+    values = [Value("x", F(T.float32, ("N", 4, 5))), Value("t", F(T.int64, ("N", 5))),
+              Value("w", F(T.float32, (4,)))]
+    for reduction in ("none", "mean"):
+        attrs = {"ignore_index": 1, "reduction": reduction}
+        types, _, full = infer_node(op, values, attrs, 1, op)
+        tensors = [placeholder(v.name, v.type.dtype, v.type.shape) for v in values]
+        got, = evaluate(apply_rule(op, tensors, full, types),
+                        {"x": x, "t": target, "w": weight}, sizes={"N": 3})
+        want = get_op(op).run([x, target, weight], attrs)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
 """Normalization ops and Dropout: references against naive loops and onnxruntime (including
-the importers of older opsets), symbolic-dim inference, and errors."""
+the importers of older opsets), symbolic-dim inference, errors, and the compute rules against
+the references."""
 
 import math
 
@@ -12,8 +13,10 @@ import dnnc
 from dnnc.errors import DNNCError, ShapeError
 from dnnc.frontend.onnx import ONNX_FROM_DTYPE
 from dnnc.ir import types as T
+from dnnc.ir.compute import NoCompute, apply_rule, evaluate, placeholder, run_rule
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
+from dnnc.ir.ops.registry import get_op, infer_node
 
 RNG = np.random.default_rng(90210)
 
@@ -335,3 +338,114 @@ def test_dropout_constant_training_without_seed_fails_at_inference():
         g.add_node("Dropout", [x, None, train], {})
     out = g.add_node("Dropout", [x], {}, num_outputs=2)
     assert out[1].type == T.TensorType(T.bool_, ("N", 4))
+
+
+# -- compute rules (loop IR, interpreted by NumPy) against the references ------------------------
+
+
+def _check_rule(op, arrays, attrs=None, consts=(), num_outputs=1, tol=1e-5):
+    attrs = attrs or {}
+    want = get_op(op).run(arrays, {**get_op(op).attrs, **attrs})
+    got = run_rule(op, arrays, attrs, const_inputs=consts, num_outputs=num_outputs)
+    assert len(got) == num_outputs
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
+                                   atol=tol)
+
+
+def _fresh(*shape, dtype=np.float32, lo=None):
+    rng = np.random.default_rng()
+    x = rng.standard_normal(shape) if lo is None else rng.uniform(lo, lo + 1.5, shape)
+    return x.astype(dtype)
+
+
+RULE_DTYPES = [(np.float32, 1e-5), (np.float16, 5e-3), (np.float64, 1e-10)]
+
+
+@pytest.mark.parametrize("dtype,tol", RULE_DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 4), (2, 3, 4, 5)])
+def test_batch_norm_rules(dtype, tol, shape):
+    c = shape[1]
+    stats = [_fresh(c, dtype=dtype), _fresh(c, dtype=dtype), _fresh(c, dtype=dtype),
+             _fresh(c, dtype=dtype, lo=0.5)]
+    _check_rule("BatchNormalization", [_fresh(*shape, dtype=dtype)] + stats,
+                {"epsilon": 1e-3}, tol=tol)
+    _check_rule("BatchNormalization", [_fresh(*shape, dtype=dtype)] + stats,
+                {"training_mode": 1, "momentum": 0.8}, num_outputs=3, tol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", RULE_DTYPES)
+def test_instance_group_norm_and_lrn_rules(dtype, tol):
+    x = _fresh(2, 6, 4, 5, dtype=dtype)
+    c = [_fresh(6, dtype=dtype) for _ in range(2)]
+    _check_rule("InstanceNormalization", [x] + c, {"epsilon": 1e-3}, tol=tol)
+    _check_rule("InstanceNormalization", [x[..., 0]] + c, tol=tol)
+    for groups in (1, 3, 6):
+        _check_rule("GroupNormalization", [x] + c, {"num_groups": groups}, tol=tol)
+    _check_rule("GroupNormalization", [x[:, :, 0, 0]] + c, {"num_groups": 2}, tol=tol)
+    _check_rule("LRN", [x], {"size": 3}, tol=tol)
+    _check_rule("LRN", [x[..., 0]], {"size": 4, "alpha": 0.01, "beta": 0.5, "bias": 2.0},
+                tol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", RULE_DTYPES)
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_layer_rms_lp_norm_rules(dtype, tol, axis):
+    x = _fresh(2, 3, 4, dtype=dtype)
+    scale = _fresh(*x.shape[axis % 3:], dtype=dtype)
+    bias = _fresh(x.shape[-1], dtype=dtype)  # broadcast along the normalised axes
+    for num_outputs in (1, 3):
+        _check_rule("LayerNormalization", [x, scale, bias], {"axis": axis},
+                    num_outputs=num_outputs, tol=tol)
+    _check_rule("LayerNormalization", [x, scale], {"axis": axis, "stash_type": T.float64},
+                num_outputs=3, tol=tol)
+    _check_rule("RMSNormalization", [x, scale], {"axis": axis}, tol=tol)
+    for p in (1, 2):
+        _check_rule("LpNormalization", [x], {"axis": axis, "p": p}, tol=tol)
+
+
+def test_mean_variance_and_lp_norm_rules_edge_cases():
+    x = _fresh(2, 3, 4, 5)
+    _check_rule("MeanVarianceNormalization", [x])
+    _check_rule("MeanVarianceNormalization", [x], {"axes": [1, -1]})
+    _check_rule("MeanVarianceNormalization", [x.astype(np.float16)], tol=5e-3)
+    zeros = _fresh(3, 4)
+    zeros[1] = 0  # a zero norm gives 0, not NaN
+    _check_rule("LpNormalization", [zeros])
+    _check_rule("LpNormalization", [zeros], {"p": 1})
+
+
+def test_norm_rules_with_symbolic_batch():
+    """N stays symbolic in the rules' shapes; it is bound only when evaluating."""
+    x = _fresh(3, 4, 5)
+    vec = [_fresh(4), _fresh(4), _fresh(4), _fresh(4, lo=0.5)]
+    cases = [("BatchNormalization", vec, {}), ("InstanceNormalization", vec[:2], {}),
+             ("GroupNormalization", vec[:2], {"num_groups": 2}),
+             ("LayerNormalization", [_fresh(5), _fresh(5)], {}),
+             ("RMSNormalization", [_fresh(5)], {}), ("LRN", [], {"size": 3}),
+             ("MeanVarianceNormalization", [], {"axes": [0, 2]}), ("LpNormalization", [], {})]
+    for op, params, attrs in cases:
+        arrays = [x] + params
+        values = [Value("x", T.TensorType(T.float32, ("N", 4, 5)))] + [
+            Value(f"p{k}", T.TensorType(T.float32, a.shape)) for k, a in enumerate(params)]
+        types, _, full = infer_node(op, values, attrs, 1, op)
+        assert types[0].shape == ("N", 4, 5)
+        tensors = [placeholder(v.name, v.type.dtype, v.type.shape) for v in values]
+        got, = evaluate(apply_rule(op, tensors, full, types),
+                        dict(zip([v.name for v in values], arrays)), sizes={"N": 3})
+        want = get_op(op).run(arrays, full)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=op)
+
+
+def test_dropout_rules():
+    x = _fresh(3, 4)
+    ratio, off, on = np.array(0.3, np.float32), np.array(False), np.array(True)
+    _check_rule("Dropout", [x], num_outputs=2)
+    _check_rule("Dropout", [x, ratio, off], consts={1, 2}, num_outputs=2)
+    _check_rule("Dropout", [x, np.array(0.0, np.float32), on], consts={1, 2}, num_outputs=2)
+    _check_rule("Dropout", [x.astype(np.float16), ratio.astype(np.float16)], consts={1})
+    with pytest.raises(NoCompute, match="training"):
+        run_rule("Dropout", [x, ratio, on], {"seed": 1}, const_inputs={1, 2})
+    with pytest.raises(NoCompute, match="run time"):
+        run_rule("Dropout", [x, ratio, off], const_inputs={1})

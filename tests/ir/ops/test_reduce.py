@@ -1,6 +1,6 @@
 """Reductions, arg-extremes, scans and the softmax family: references against naive loops,
-inference with symbolic dims, errors, and the ONNX importers of every opset against
-onnxruntime."""
+inference with symbolic dims, errors, the ONNX importers of every opset against onnxruntime,
+and the compute rules against the references."""
 
 import itertools
 import math
@@ -15,8 +15,10 @@ import dnnc
 from dnnc.errors import ShapeError
 from dnnc.frontend.onnx import ONNX_FROM_DTYPE
 from dnnc.ir import types as T
+from dnnc.ir.compute import NoCompute, apply_rule, evaluate, placeholder, run_rule
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
+from dnnc.ir.ops.registry import get_op, infer_node
 
 RNG = np.random.default_rng(20240611)
 
@@ -442,3 +444,149 @@ def test_cumsum_importer(exclusive, reverse):
     node = helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive,
                             reverse=reverse)
     _check_against_ort(node, [x], 14, [axis])
+
+
+# -- compute rules (loop IR, interpreted by NumPy) against the references ------------------------
+
+REDUCE_OPS = sorted(NAIVE)
+
+
+def _check_rule(op, arrays, attrs=None, consts=(), num_outputs=None, tol=1e-5):
+    """The rule (through `run_rule`) against the op's reference on the same inputs."""
+    attrs = attrs or {}
+    want = get_op(op).run([None if a is None else np.asarray(a) for a in arrays],
+                          {**get_op(op).attrs, **attrs})
+    got = run_rule(op, arrays, attrs, const_inputs=consts, num_outputs=num_outputs)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (op, g.dtype, w.dtype, g.shape, w.shape)
+        if g.dtype.kind == "f":
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
+                                       atol=tol, err_msg=op)
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=op)
+
+
+def _rule_with_batch_dim(op, arrays, attrs=None, consts=(), num_outputs=1):
+    """Run the rule with axis 0 of input 0 a symbolic "N" (bound only when evaluating);
+    returns the outputs' inferred types and values."""
+    values = []
+    for k, a in enumerate(arrays):
+        shape = ("N",) + a.shape[1:] if k == 0 else a.shape
+        values.append(Value(f"in{k}", T.TensorType(T.DType.from_numpy(a.dtype), shape),
+                            const=a if k in consts else None))
+    types, _, full = infer_node(op, values, dict(attrs or {}), num_outputs, op)
+    tensors = [placeholder(v.name, v.type.dtype, v.type.shape, value=v.const) for v in values]
+    outs = apply_rule(op, tensors, full, types)
+    feeds = {f"in{k}": a for k, a in enumerate(arrays)}
+    return types, evaluate(outs, feeds, sizes={"N": arrays[0].shape[0]})
+
+
+def _rule_input(dtype, shape=(3, 4, 5)):
+    rng = np.random.default_rng()
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(-4, 5, size=shape).astype(dtype)
+    return rng.uniform(0.2, 2.0, size=shape).astype(dtype)
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("axes,keepdims", [(None, 1), ([1], 0), ([-1], 1), ([2, 0], 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_reduce_rules(op, axes, keepdims, dtype):
+    x = _rule_input(dtype)
+    if op == "ReduceLogSum" and dtype == np.int32:
+        x = np.abs(x) + 1
+    inputs = [x] if axes is None else [x, np.array(axes, np.int64)]
+    _check_rule(op, inputs, {"keepdims": keepdims}, consts={1},
+                tol=2e-3 if dtype == np.float16 else 1e-5)
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reduce_rules_empty_axes_empty_sets_and_batch_dim(op):
+    x = _rule_input(np.float32)
+    none = np.zeros(0, np.int64)
+    _check_rule(op, [x, none], {"noop_with_empty_axes": 1}, consts={1})
+    _check_rule(op, [x, none], {"noop_with_empty_axes": 0}, consts={1})
+    _check_rule(op, [np.zeros((3, 0, 2), np.float32), np.array([1])], consts={1})
+    _check_rule(op, [np.float32(1.5)])
+    types, (got,) = _rule_with_batch_dim(op, [x, np.array([-1])], {"keepdims": 0}, consts={1})
+    assert types[0].shape == ("N", 4)
+    want, = get_op(op).run([x, np.array([-1])], {"keepdims": 0, "noop_with_empty_axes": 0})
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_reduce_rules_nan_inf_and_bool():
+    x = _rule_input(np.float32)
+    x[0, 1, 2], x[1, 2, :] = np.nan, -np.inf
+    for op in ("ReduceMax", "ReduceMin", "ReduceLogSumExp", "ReduceSum"):
+        _check_rule(op, [x, np.array([2])], consts={1})
+    b = np.random.default_rng().random((3, 4)) > 0.5
+    b[0], b[1] = True, False
+    for op in ("ReduceMax", "ReduceMin"):
+        _check_rule(op, [b, np.array([1])], consts={1})
+
+
+def test_reduce_rule_needs_known_axes():
+    x = _rule_input(np.float32)
+    with pytest.raises(NoCompute, match="run time"):
+        run_rule("ReduceSum", [x, np.array([1])], {"keepdims": 1})
+    _check_rule("ReduceSum", [x, np.zeros(0, np.int64)])  # no axes is known without values
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis,keepdims,last", [(0, 1, 0), (1, 0, 1), (-1, 1, 1), (2, 0, 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.bool_])
+def test_arg_rules_ties_and_nan(op, axis, keepdims, last, dtype):
+    x = np.random.default_rng().integers(0, 3, (3, 4, 5)).astype(dtype)  # many ties
+    if dtype == np.float32:
+        x[0, 1, 2] = x[0, 1, 4] = x[2, 0, 0] = np.nan  # NaN is the extreme, as np.argmax
+    _check_rule(op, [x], {"axis": axis, "keepdims": keepdims, "select_last_index": last})
+
+
+def test_arg_rule_batch_dim():
+    x = _rule_input(np.float32)
+    types, (got,) = _rule_with_batch_dim("ArgMax", [x], {"axis": 1, "keepdims": 0})
+    assert types[0].shape == ("N", 5)
+    np.testing.assert_array_equal(got, np.argmax(x, axis=1))
+
+
+@pytest.mark.parametrize("op", ["CumSum", "CumProd"])
+@pytest.mark.parametrize("axis,exclusive,reverse", [(0, 0, 0), (1, 1, 0), (-1, 0, 1), (1, 1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_scan_rules(op, axis, exclusive, reverse, dtype):
+    x = np.random.default_rng().uniform(0.5, 1.5, (3, 4, 5)).astype(dtype) \
+        if dtype != np.int32 else _rule_input(dtype)
+    _check_rule(op, [x, np.array(axis)], {"exclusive": exclusive, "reverse": reverse},
+                consts={1}, tol=3e-3 if dtype == np.float16 else 1e-5)
+
+
+def test_scan_rule_needs_known_axis_and_keeps_batch_dim():
+    x = _rule_input(np.float32)
+    with pytest.raises(NoCompute, match="axis"):
+        run_rule("CumSum", [x, np.array(1)])
+    types, (got,) = _rule_with_batch_dim("CumSum", [x, np.array(0)], consts={1})
+    assert types[0].shape == ("N", 4, 5)
+    np.testing.assert_allclose(got, np.cumsum(x, axis=0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", sorted(ROWS))
+@pytest.mark.parametrize("axis,coerce_2d", [(0, 0), (1, 0), (-1, 0), (0, 1), (1, 1), (-1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_softmax_family_rules(op, axis, coerce_2d, dtype):
+    x = (np.random.default_rng().standard_normal((3, 4, 5)) * 5).astype(dtype)
+    if op == "Hardmax":
+        x = np.round(x)  # ties: the first maximum wins
+    _check_rule(op, [x], {"axis": axis, "coerce_2d": coerce_2d},
+                tol=2e-3 if dtype == np.float16 else 1e-5)
+
+
+@pytest.mark.parametrize("op", sorted(ROWS))
+def test_softmax_family_rules_nan_scalar_and_batch_dim(op):
+    x = (np.random.default_rng().standard_normal((3, 4, 5)) * 50).astype(np.float32)
+    x[0, 0, 3] = np.nan
+    _check_rule(op, [x], {"axis": -1})
+    _check_rule(op, [x], {"axis": 1, "coerce_2d": 1})
+    _check_rule(op, [np.float32(2.5)])
+    types, (got,) = _rule_with_batch_dim(op, [x], {"axis": 1, "coerce_2d": 1})
+    assert types[0].shape == ("N", 4, 5)
+    want, = get_op(op).run([x], {"axis": 1, "coerce_2d": 1})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -10,7 +10,9 @@ import dnnc
 from dnnc.errors import ShapeError
 from dnnc.frontend.onnx import ONNX_FROM_DTYPE
 from dnnc.ir import types as T
+from dnnc.ir.compute import NoCompute, run_rule
 from dnnc.ir.graph import Graph
+from dnnc.ir.ops.registry import get_op
 
 RNG = np.random.default_rng(7130)
 GATES = {"RNN": 1, "LSTM": 4, "GRU": 3}
@@ -179,3 +181,16 @@ def test_errors(attrs, types, match):
     types = types or [(4, 3, 5), (1, 6, 5), (1, 6, 6)]
     with pytest.raises(ShapeError, match=match):
         _infer("RNN", [T.TensorType(T.float32, s) for s in types], attrs, 2)
+
+
+# -- compute rules --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["RNN", "LSTM", "GRU"])
+def test_recurrences_say_why_they_have_no_loop_form(op):
+    # explicit rules that raise NoCompute: the nodes run as host fallbacks, counted as such
+    assert get_op(op).compute is not None
+    feed = _inputs(op, init=True)
+    arrays = [feed.get(name) for name in INPUT_NAMES[op][:6 if op != "LSTM" else 7]]
+    with pytest.raises(NoCompute, match=f"{op}: a recurrence over time steps"):
+        run_rule(op, arrays, {"hidden_size": 6}, num_outputs=2)

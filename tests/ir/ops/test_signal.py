@@ -12,8 +12,11 @@ import dnnc
 from dnnc.errors import ShapeError
 from dnnc.frontend.onnx import ONNX_FROM_DTYPE
 from dnnc.ir import types as T
+from dnnc.ir.compute import NoCompute, apply_rule, evaluate, placeholder, run_rule
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
+from dnnc.ir.ops.registry import get_op, infer_node
+from dnnc.ir.ops.signal import dft
 
 RNG = np.random.default_rng(20240613)
 
@@ -297,3 +300,122 @@ def test_mel_weight_matrix_inference():
     t = _infer("MelWeightMatrix", [T.TensorType(T.int64, ())] * 3 +
                [T.TensorType(T.float32, ())] * 2)
     assert t.dtype is T.float32 and all(isinstance(d, str) for d in t.shape)
+
+
+# -- compute rules (loop IR interpreted by NumPy) against the references ----------------------
+
+
+def _rule(op, arrays, attrs, const_inputs, symbolic=()):
+    """The op's compute rule on `arrays`; `symbolic` lists (input, axis) dims typed "N"."""
+    values = []
+    for k, a in enumerate(arrays):
+        if a is None:
+            values.append(None)
+            continue
+        shape = tuple("N" if (k, ax) in symbolic else d for ax, d in enumerate(a.shape))
+        values.append(Value(f"in{k}", T.TensorType(T.DType.from_numpy(a.dtype), shape),
+                            const=a if k in const_inputs else None))
+    types, _, full = infer_node(op, values, dict(attrs), 1, op)
+    if symbolic:
+        assert "N" in types[0].shape, types[0]
+    tensors = [None if v is None else placeholder(v.name, v.type.dtype, v.type.shape,
+                                                   value=v.const) for v in values]
+    outs = apply_rule(op, tensors, full, types)
+    feeds = {f"in{k}": a for k, a in enumerate(arrays) if a is not None}
+    return evaluate(outs, feeds, sizes={"N": arrays[k].shape[ax] for k, ax in symbolic})
+
+
+def _check_rule(op, arrays, attrs, const_inputs, symbolic=(), tol=1e-5):
+    want = get_op(op).run(arrays, {**get_op(op).attrs, **attrs})[0]
+    got = _rule(op, arrays, attrs, const_inputs, symbolic)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape,
+                                                                 want.dtype, want.shape)
+    if got.dtype.kind == "f":
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol,
+                                   atol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+DFT_RULE_CASES = DFT_CASES + [  # (shape, axis, dft_length, inverse, onesided)
+    ((2, 8, 2), None, None, 1, 1),   # irfft of an even length
+    ((2, 5, 2), -2, None, 1, 1),
+    ((2, 5, 2), 1, 9, 1, 1),         # odd output length, spectrum zero-padded
+    ((2, 8, 2), 1, 3, 1, 1),         # spectrum cut
+    ((2, 6, 1), 1, 12, 0, 1),
+    ((2, 64, 2), 1, None, 0, 0),     # long enough for twiddle accuracy to matter
+]
+
+
+@pytest.mark.parametrize("shape,axis,n,inverse,onesided", DFT_RULE_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_dft_rule(shape, axis, n, inverse, onesided, dtype):
+    x = np.random.default_rng().standard_normal(shape).astype(dtype)
+    arrays = [x, None if n is None else np.array(n, np.int64),
+              None if axis is None else np.array(axis, np.int64)]
+    tol = {np.float16: 3e-2, np.float32: 1e-4, np.float64: 1e-10}[dtype]
+    _check_rule("DFT", arrays, {"inverse": inverse, "onesided": onesided}, (1, 2), tol=tol)
+
+
+def test_dft_rule_symbolic_batch_and_length():
+    x = np.random.default_rng().standard_normal((3, 8, 2)).astype(np.float32)
+    _check_rule("DFT", [x], {}, (), symbolic=((0, 0),), tol=1e-4)
+    _check_rule("DFT", [x, np.array(6, np.int64)], {"inverse": 1}, (1,), symbolic=((0, 0),),
+                tol=1e-4)
+    got = _rule("DFT", [x], {}, (), symbolic=((0, 1),))[0]  # a symbolic transformed length
+    np.testing.assert_allclose(got, dft(x), rtol=1e-4, atol=1e-4)
+
+
+def test_dft_rule_needs_constant_axis_and_length():
+    x = np.random.default_rng().standard_normal((2, 8, 2)).astype(np.float32)
+    with pytest.raises(NoCompute, match="axis"):
+        run_rule("DFT", [x, None, np.array(1, np.int64)], {})
+    with pytest.raises(NoCompute, match="dft_length|run time"):
+        run_rule("DFT", [x, np.array(4, np.int64)], {})
+
+
+STFT_CASES = [  # (length, parts, frame_step, window length, frame_length, onesided)
+    (32, 1, 4, 8, None, 1),
+    (32, 2, 3, None, 8, 0),
+    (20, 1, 5, None, None, 1),
+    (30, 2, 4, 10, 10, 1),
+    (17, 1, 2, 6, 6, 0),
+]
+
+
+@pytest.mark.parametrize("length,parts,step,window,frame,onesided", STFT_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stft_rule(length, parts, step, window, frame, onesided, dtype):
+    rng = np.random.default_rng()
+    arrays = [rng.standard_normal((2, length, parts)).astype(dtype), np.array(step, np.int64),
+              None if window is None else rng.random(window).astype(dtype),
+              None if frame is None else np.array(frame, np.int64)]
+    _check_rule("STFT", arrays, {"onesided": onesided}, (1, 3),
+                tol=1e-4 if dtype == np.float32 else 1e-10)
+    if window is not None:  # a symbolic batch
+        _check_rule("STFT", arrays, {"onesided": onesided}, (1, 3), symbolic=((0, 0),),
+                    tol=1e-4 if dtype == np.float32 else 1e-10)
+
+
+def test_stft_rule_needs_a_constant_step():
+    signal = np.random.default_rng().standard_normal((1, 16, 1)).astype(np.float32)
+    with pytest.raises(NoCompute, match="frame_step|run time"):
+        run_rule("STFT", [signal, np.array(4, np.int64), None, np.array(8, np.int64)], {},
+                 const_inputs=(3,))
+
+
+@pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
+@pytest.mark.parametrize("dtype", [T.float32, T.float64, T.float16, T.int32, T.uint8])
+def test_window_rules(op, dtype):
+    for size, periodic in itertools.product((1, 2, 7, 16), (0, 1)):
+        _check_rule(op, [np.array(size, np.int64)],
+                    {"output_datatype": dtype, "periodic": periodic}, (0,), tol=1e-6)
+    with pytest.raises(NoCompute, match="size"):
+        run_rule(op, [np.array(8, np.int64)], {"output_datatype": dtype})
+
+
+def test_mel_weight_matrix_has_no_loop_form():
+    args = [np.array(8, np.int64), np.array(64, np.int64), np.array(16000, np.int64),
+            np.array(0.0, np.float32), np.array(8000.0, np.float32)]
+    with pytest.raises(NoCompute, match="MelWeightMatrix"):
+        run_rule("MelWeightMatrix", args, {}, const_inputs=range(5))
