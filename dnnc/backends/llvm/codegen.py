@@ -534,6 +534,8 @@ class _Emitter:
         if src.kind == "b":
             return bld.uitofp(v, ty) if dst.is_float else bld.zext(v, ty)
         if src.is_float and dst.is_float:
+            if src is T.float64 and dst is T.float16:
+                return self._round_to(self._f64_to_f32_odd(v), dst)
             if v.type != ty:
                 v = bld.fpext(v, ty) if ty == F64 else bld.fptrunc(v, ty)
             return self._round_to(v, dst)
@@ -548,6 +550,22 @@ class _Emitter:
             return bld.sext(v, ty) if src.kind == "i" else bld.zext(v, ty)
         return v
 
+    def _f64_to_f32_odd(self, v: ir.Value) -> ir.Value:
+        """float64 -> float32 rounded to odd, so that a second rounding to float16 equals
+        NumPy's single one (1 + 2**-11 + 2**-40 would tie at float32 and round down); a
+        direct fptrunc to half needs __truncdfhf2, which the JIT's process may lack."""
+        bld = self.b
+        r = bld.fptrunc(v, F32)
+        back = bld.fpext(r, F64)
+        fabs = self.mb.intrinsic("llvm.fabs", F64)
+        bits = bld.bitcast(r, I32)
+        # round toward zero: one step down in magnitude when rounding went up
+        up = bld.fcmp_ordered(">", bld.call(fabs, [back]), bld.call(fabs, [v]))
+        bits = bld.select(up, bld.sub(bits, ir.Constant(I32, 1)), bits)
+        inexact = bld.fcmp_ordered("!=", back, v)
+        bits = bld.select(inexact, bld.or_(bits, ir.Constant(I32, 1)), bits)
+        return bld.bitcast(bits, F32)
+
     def call(self, e: L.Call) -> ir.Value:
         bld = self.b
         args = [self.expr(a) for a in e.args]
@@ -561,8 +579,12 @@ class _Emitter:
                 return ir.Constant(I1, 0)
             absx = bld.call(self.mb.intrinsic("llvm.fabs", x.type), [x])
             return bld.fcmp_ordered("==", absx, ir.Constant(x.type, math.inf))
-        if name == "not":
-            return bld.xor(x, ir.Constant(x.type, 1))
+        if name == "not":  # logical not, as np.logical_not (any dtype in, bool out)
+            if dt.kind == "b":
+                return bld.xor(x, ir.Constant(x.type, 1))
+            if dt.is_float:
+                return bld.fcmp_ordered("==", x, ir.Constant(x.type, 0.0))
+            return bld.icmp_unsigned("==", x, ir.Constant(x.type, 0))
         if name == "neg":
             return bld.fneg(x) if dt.is_float else bld.sub(ir.Constant(x.type, 0), x)
         if name == "abs":

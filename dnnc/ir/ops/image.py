@@ -425,7 +425,7 @@ register_op("Resize", pattern=Pattern.INJECTIVE, infer=_resize_infer, evaluate=r
             attrs={"antialias": 0, "axes": None, "coordinate_transformation_mode": "half_pixel",
                    "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0,
                    "keep_aspect_ratio_policy": "stretch", "mode": "nearest",
-                   "nearest_mode": "round_prefer_floor"})
+                   "nearest_mode": "round_prefer_floor"}, params=(1, 2, 3))
 
 
 # -- GridSample ----------------------------------------------------------------------------------
@@ -689,7 +689,7 @@ def _affine_grid_rule(inputs, outputs, align_corners, **_):
 
 
 register_op("AffineGrid", pattern=Pattern.OPAQUE, infer=_affine_grid_infer, evaluate=affine_grid,
-            inputs=2, attrs={"align_corners": 0}, compute=_affine_grid_rule)
+            inputs=2, attrs={"align_corners": 0}, compute=_affine_grid_rule, params=(1,))
 
 
 # -- RoiAlign ------------------------------------------------------------------------------------

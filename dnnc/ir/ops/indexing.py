@@ -373,7 +373,7 @@ def _compress_rule(inputs, outputs, axis):
 
 
 register_op("Compress", pattern=Pattern.OPAQUE, infer=_compress_infer, evaluate=compress,
-            attrs={"axis": None}, inputs=2, compute=_compress_rule)
+            attrs={"axis": None}, inputs=2, compute=_compress_rule, params=(1,))
 register_op("NonZero", pattern=Pattern.OPAQUE, evaluate=nonzero,
             infer=lambda ctx: [T.TensorType(T.int64, (ctx.type(0).rank, ctx.fresh_dim()))],
             compute=_host_only("NonZero: the output size depends on the data"))
@@ -413,7 +413,7 @@ def topk(x, k, axis, largest, sorted):
 
 register_op("TopK", pattern=Pattern.OPAQUE, infer=_topk_infer, evaluate=topk,
             attrs={"axis": -1, "largest": 1, "sorted": 1}, inputs=2, outputs=2,
-            compute=_host_only("TopK: a sort has no loop form here"))
+            compute=_host_only("TopK: a sort has no loop form here"), params=(1,))
 
 # -- ReverseSequence, OneHot ---------------------------------------------------------------------
 
@@ -496,7 +496,7 @@ def _one_hot_rule(inputs, outputs, axis):
 
 
 register_op("OneHot", pattern=Pattern.INJECTIVE, infer=_one_hot_infer, evaluate=one_hot,
-            attrs={"axis": -1}, inputs=3, compute=_one_hot_rule)
+            attrs={"axis": -1}, inputs=3, compute=_one_hot_rule, params=(1,))
 
 # -- Unique --------------------------------------------------------------------------------------
 

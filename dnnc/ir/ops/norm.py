@@ -613,4 +613,4 @@ def _dropout_rule(inputs, outputs, seed):
 
 
 register_op("Dropout", pattern=Pattern.OPAQUE, infer=_dropout_infer, evaluate=dropout,
-            inputs=(1, 3), outputs=(1, 2), attrs={"seed": None}, compute=_dropout_rule)
+            inputs=(1, 3), outputs=(1, 2), attrs={"seed": None}, compute=_dropout_rule, params=(1, 2))

@@ -178,7 +178,7 @@ def reduction(name: str, fn, dtypes=NUMERIC, expr=None, **options):
 
     return register_op(name, pattern=Pattern.REDUCE, infer=_reduce_infer(dtypes),
                        evaluate=evaluate, attrs={"keepdims": 1, "noop_with_empty_axes": 0},
-                       inputs=(1, 2), compute=_reduction_rule(body), **options)
+                       inputs=(1, 2), compute=_reduction_rule(body), params=(1,), **options)
 
 
 def _sum(x, axes, keepdims):
@@ -415,10 +415,10 @@ def _scan_rule(reducer):
 
 
 register_op("CumSum", pattern=Pattern.OPAQUE, infer=_scan_infer, evaluate=_scan(np.cumsum, 0),
-            attrs={"exclusive": 0, "reverse": 0}, inputs=2, compute=_scan_rule(reduce_sum))
+            attrs={"exclusive": 0, "reverse": 0}, inputs=2, compute=_scan_rule(reduce_sum), params=(1,))
 register_op("CumProd", pattern=Pattern.OPAQUE, infer=_scan_infer,
             evaluate=_scan(np.cumprod, 1), attrs={"exclusive": 0, "reverse": 0}, inputs=2,
-            compute=_scan_rule(reduce_prod))
+            compute=_scan_rule(reduce_prod), params=(1,))
 
 # -- Softmax, LogSoftmax, Hardmax --------------------------------------------------------------
 # `coerce_2d=1` is the meaning before ONNX opset 13: the input is viewed as a matrix

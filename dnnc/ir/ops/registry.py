@@ -54,6 +54,9 @@ class OpDef:
     shape_arith: bool = False
     # computes the known value of the output from types alone (Shape, Size)
     known: Callable[["InferContext"], np.ndarray | None] | None = None
+    # inputs that parameterise the op rather than carry data (axes, shapes, pads, scales):
+    # compiled targets specialise on their values when they are only known at run time
+    params: tuple[int, ...] = ()
 
     def run(self, inputs: list, attrs: dict) -> list[np.ndarray]:
         """Evaluate the NumPy reference; always returns a list of outputs."""

@@ -289,7 +289,7 @@ def _reshape_rule(inputs, outputs, allowzero):
 
 
 register_op("Reshape", pattern=Pattern.INJECTIVE, infer=_reshape_infer, evaluate=reshape,
-            attrs={"allowzero": 0}, inputs=2, shape_arith=True, compute=_reshape_rule)
+            attrs={"allowzero": 0}, inputs=2, shape_arith=True, compute=_reshape_rule, params=(1,))
 
 
 def _flatten_infer(ctx):
@@ -346,7 +346,7 @@ def _unit_axes_rule(op: str):
 
 
 register_op("Squeeze", pattern=Pattern.INJECTIVE, infer=_squeeze_infer, evaluate=squeeze,
-            inputs=(1, 2), shape_arith=True, compute=_unit_axes_rule("Squeeze"))
+            inputs=(1, 2), shape_arith=True, compute=_unit_axes_rule("Squeeze"), params=(1,))
 
 
 def _unsqueeze_infer(ctx):
@@ -365,7 +365,7 @@ def unsqueeze(x, axes):
 
 
 register_op("Unsqueeze", pattern=Pattern.INJECTIVE, infer=_unsqueeze_infer, evaluate=unsqueeze,
-            inputs=2, shape_arith=True, compute=_unit_axes_rule("Unsqueeze"))
+            inputs=2, shape_arith=True, compute=_unit_axes_rule("Unsqueeze"), params=(1,))
 
 
 def _transpose_perm(ctx) -> list[int]:
@@ -515,7 +515,7 @@ def _split_rule(inputs, outputs, axis, num_outputs):
 
 register_op("Split", pattern=Pattern.INJECTIVE, infer=_split_infer, evaluate=split,
             attrs={"axis": 0, "num_outputs": None}, inputs=(1, 2), outputs=(1, None),
-            shape_arith=True, compute=_split_rule)
+            shape_arith=True, compute=_split_rule, params=(1,))
 
 # -- Slice -------------------------------------------------------------------------------------
 
@@ -605,7 +605,7 @@ def _slice_rule(inputs, outputs):
 
 
 register_op("Slice", pattern=Pattern.INJECTIVE, infer=_slice_infer, evaluate=slice_,
-            inputs=(3, 5), shape_arith=True, compute=_slice_rule)
+            inputs=(3, 5), shape_arith=True, compute=_slice_rule, params=(1, 2, 3, 4))
 
 # -- Expand, Tile, Pad, CenterCropPad ------------------------------------------------------------
 
@@ -639,7 +639,7 @@ def _expand_rule(inputs, outputs):
 
 
 register_op("Expand", pattern=Pattern.BROADCAST, infer=_expand_infer, evaluate=expand,
-            inputs=2, shape_arith=True, compute=_expand_rule)
+            inputs=2, shape_arith=True, compute=_expand_rule, params=(1,))
 
 
 def _tile_infer(ctx):
@@ -671,7 +671,7 @@ def _tile_rule(inputs, outputs):
 
 register_op("Tile", pattern=Pattern.INJECTIVE, infer=_tile_infer,
             evaluate=lambda x, repeats: np.tile(x, _ints(repeats)), inputs=2, shape_arith=True,
-            compute=_tile_rule)
+            compute=_tile_rule, params=(1,))
 
 PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -787,7 +787,7 @@ def _pad_rule(inputs, outputs, mode):
 
 
 register_op("Pad", pattern=Pattern.INJECTIVE, infer=_pad_infer, evaluate=pad,
-            attrs={"mode": "constant"}, inputs=(2, 4), compute=_pad_rule)
+            attrs={"mode": "constant"}, inputs=(2, 4), compute=_pad_rule, params=(1, 2, 3))
 
 
 def _center_crop_pad_infer(ctx):
@@ -854,7 +854,7 @@ def _center_crop_pad_rule(inputs, outputs, axes):
 
 register_op("CenterCropPad", pattern=Pattern.INJECTIVE, infer=_center_crop_pad_infer,
             evaluate=center_crop_pad, attrs={"axes": None}, inputs=2,
-            compute=_center_crop_pad_rule)
+            compute=_center_crop_pad_rule, params=(1, 2))
 
 # -- ConstantOfShape, Range, EyeLike, Trilu ------------------------------------------------------
 
@@ -893,7 +893,7 @@ def _constant_of_shape_rule(inputs, outputs, value):
 
 register_op("ConstantOfShape", pattern=Pattern.OPAQUE, infer=_constant_of_shape_infer,
             evaluate=constant_of_shape, attrs={"value": None}, shape_arith=True,
-            compute=_constant_of_shape_rule)
+            compute=_constant_of_shape_rule, params=(0,))
 
 
 def range_length(start, limit, delta) -> int:
@@ -953,7 +953,7 @@ def _range_rule(inputs, outputs, stash_type):
 
 
 register_op("Range", pattern=Pattern.OPAQUE, infer=_range_infer, evaluate=range_, inputs=3,
-            attrs={"stash_type": T.float32}, shape_arith=True, compute=_range_rule)
+            attrs={"stash_type": T.float32}, shape_arith=True, compute=_range_rule, params=(0, 1, 2))
 
 
 def _eye_like_infer(ctx):
@@ -1007,7 +1007,7 @@ def _trilu_rule(inputs, outputs, upper):
 
 
 register_op("Trilu", pattern=Pattern.INJECTIVE, infer=_trilu_infer, evaluate=trilu,
-            attrs={"upper": 1}, inputs=(1, 2), compute=_trilu_rule)
+            attrs={"upper": 1}, inputs=(1, 2), compute=_trilu_rule, params=(1,))
 
 # -- DepthToSpace, SpaceToDepth ------------------------------------------------------------------
 

@@ -231,7 +231,7 @@ def _dft_rule(inputs, outputs, inverse, onesided, **_):
 
 
 register_op("DFT", pattern=Pattern.OPAQUE, infer=_dft_infer, evaluate=dft, inputs=(1, 3),
-            attrs={"inverse": 0, "onesided": 0}, compute=_dft_rule)
+            attrs={"inverse": 0, "onesided": 0}, compute=_dft_rule, params=(1, 2))
 
 
 # -- STFT ----------------------------------------------------------------------------------------
@@ -322,7 +322,7 @@ def _stft_rule(inputs, outputs, onesided, **_):
 
 
 register_op("STFT", pattern=Pattern.OPAQUE, infer=_stft_infer, evaluate=stft, inputs=(2, 4),
-            attrs={"onesided": 1}, compute=_stft_rule)
+            attrs={"onesided": 1}, compute=_stft_rule, params=(1, 2))
 
 
 # -- windows -------------------------------------------------------------------------------------
@@ -366,7 +366,7 @@ def _window(name: str, cosines: tuple[float, ...]):
                         dtype=output_datatype)]
 
     register_op(name, pattern=Pattern.OPAQUE, infer=infer, evaluate=evaluate,
-                attrs={"output_datatype": T.float32, "periodic": 1}, compute=rule)
+                attrs={"output_datatype": T.float32, "periodic": 1}, compute=rule, params=(0,))
 
 
 _window("HannWindow", (0.5, -0.5))  # sin^2(pi n / N)
@@ -426,4 +426,4 @@ def _mel_rule(inputs, outputs, **_):
 
 register_op("MelWeightMatrix", pattern=Pattern.OPAQUE, infer=_mel_infer,
             evaluate=mel_weight_matrix, inputs=5, attrs={"output_datatype": T.float32},
-            compute=_mel_rule)
+            compute=_mel_rule, params=(0, 1, 2, 3, 4))

@@ -1,0 +1,263 @@
+"""The LLVM runtime: parallel loops on the worker pool (outlining, captures, nesting, threads,
+fork), JIT modules, and the `llvm` target end to end against the `numpy` target."""
+
+import ctypes
+import os
+import select
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.backends.llvm.codegen import ModuleBuilder
+from dnnc.backends.llvm.runtime import JITModule, ensure_pool, host_cpu, num_threads
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph
+from dnnc.ir.types import TensorType
+
+
+def jit(*funcs: L.PrimFunc, opt: int = 2) -> JITModule:
+    mb = ModuleBuilder("rt")
+    for f in funcs:
+        L.verify(f)
+        mb.add(f)
+    return JITModule(str(mb), host_cpu(), opt)
+
+
+def call(jm: JITModule, func: L.PrimFunc, arrays, sizes=()) -> None:
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
+        jm.address(f"{func.name}_packed"))
+    ptrs = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
+    szs = (ctypes.c_int64 * max(len(sizes), 1))(*sizes)
+    fn(ptrs, szs)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+PAR = L.ForKind.PARALLEL
+
+
+def _capturing_kernel() -> L.PrimFunc:
+    """An outer serial loop `b`, then a parallel loop over rows that captures: the outer loop
+    var `b`, size vars N and M, a Let bound outside (`scale`), a scratch buffer allocated
+    outside (read-only inside) and one allocated inside (a per-iteration row), and a Let
+    inside."""
+    B, n, m = L.Var("B"), L.Var("N"), L.Var("M")
+    x = L.Buffer("x", T.float32, (B, n, m))
+    y = L.Buffer("y", T.float32, (B, n, m))
+    table = L.Buffer("table", T.float32, (m,))           # shared, filled before the loop
+    row = L.Buffer("row", T.float32, (m,))               # dynamic (malloc), per iteration
+    small = L.Buffer("small", T.float32, (4,))           # static (stack), per iteration
+    b, i, j, k = L.Var("b"), L.Var("i"), L.Var("j"), L.Var("k")
+    scale, off = L.Var("scale", T.float32), L.Var("off")
+    fill = L.For(j, m, L.Store(table, (j,), L.Cast(T.float32, j * j)))
+    inner = L.Let(off, i * 3 + b, L.Allocate(row, L.Allocate(small, L.seq(
+        L.For(k, 4, L.Store(small, (k,), L.Cast(T.float32, k + off)), L.ForKind.UNROLLED),
+        L.For(j, m, L.Store(row, (j,), x[b, i, m - 1 - j] * scale + table[j])),
+        L.For(j, m, L.Store(y, (b, i, j), row[j] + small[j % 4]))))))
+    body = L.Allocate(table, L.seq(fill, L.For(b, B, L.Let(
+        scale, L.Cast(T.float32, b + n), L.For(i, n, inner, PAR)))))
+    return L.PrimFunc("capture", (x, y), body, (B, n, m))
+
+
+def _capturing_reference(a: np.ndarray) -> np.ndarray:
+    B, n, m = a.shape
+    b = np.arange(B)[:, None, None]
+    i = np.arange(n)[None, :, None]
+    j = np.arange(m)[None, None, :]
+    scale = (b + n).astype(np.float32)
+    row = a[:, :, ::-1] * scale + (j * j).astype(np.float32)
+    return (row + ((j % 4) + i * 3 + b).astype(np.float32)).astype(np.float32)
+
+
+def test_parallel_loop_captures_loop_size_let_vars_and_scratch(rng):
+    f = _capturing_kernel()
+    jm = jit(f)
+    assert "capture_par1" in str(jm.module)  # the loop was outlined
+    for shape in ((3, 301, 9), (1, 2, 5), (2, 1, 3)):
+        a = rng.standard_normal(shape).astype(np.float32)
+        out = np.empty_like(a)
+        call(jm, f, [a, out], shape)
+        np.testing.assert_allclose(out, _capturing_reference(a), rtol=1e-6)
+
+
+def test_parallel_loop_of_zero_and_one_iterations(rng):
+    f = _capturing_kernel()
+    jm = jit(f)
+    empty = np.empty((2, 0, 4), np.float32)
+    call(jm, f, [empty, empty], (2, 0, 4))
+    a = rng.standard_normal((2, 1, 4)).astype(np.float32)
+    out = np.empty_like(a)
+    call(jm, f, [a, out], a.shape)
+    np.testing.assert_allclose(out, _capturing_reference(a), rtol=1e-6)
+
+
+def _nested_kernel() -> L.PrimFunc:
+    """A parallel loop inside a parallel loop: the inner one runs serially on whichever
+    thread runs the outer iteration, and every element is still written once."""
+    n, m = L.Var("N"), L.Var("M")
+    x, y = L.Buffer("x", T.int64, (n, m)), L.Buffer("y", T.int64, (n, m))
+    i, j = L.Var("i"), L.Var("j")
+    body = L.For(i, n, L.For(j, m, L.Store(y, (i, j), x[i, j] * (i + 1) + j), PAR), PAR)
+    return L.PrimFunc("nested", (x, y), body, (n, m))
+
+
+def test_nested_parallel_loops(rng):
+    f = _nested_kernel()
+    jm = jit(f)
+    assert "nested_par2" in str(jm.module)
+    for shape in ((64, 1000), (3, 5)):
+        a = rng.integers(-1000, 1000, shape)
+        out = np.full(shape, -7, np.int64)
+        call(jm, f, [a, out], shape)
+        np.testing.assert_array_equal(out, a * (np.arange(shape[0])[:, None] + 1)
+                                      + np.arange(shape[1]))
+
+
+def test_calls_from_four_python_threads_at_once(rng):
+    """One region runs at a time; the others run their loops serially. Each thread checks
+    its own results over many calls."""
+    f = _capturing_kernel()
+    jm = jit(f)
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def worker(seed):
+        local = np.random.default_rng(seed)
+        try:
+            barrier.wait()
+            for _ in range(25):
+                shape = (2, int(local.integers(50, 400)), int(local.integers(1, 17)))
+                a = local.standard_normal(shape).astype(np.float32)
+                out = np.empty_like(a)
+                call(jm, f, [a, out], shape)
+                np.testing.assert_allclose(out, _capturing_reference(a), rtol=1e-6)
+        except Exception as exc:  # reported in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(int(rng.integers(1 << 30)),))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread hung in the pool"
+    assert not errors, errors[0]
+
+
+def test_forked_child_runs_parallel_loops_serially(rng):
+    """A forked child has no pool workers; its parallel loops must still complete and be
+    correct (the pool marks itself serial after fork)."""
+    f = _nested_kernel()
+    jm = jit(f)
+    a = rng.integers(-1000, 1000, (256, 300))
+    ref = a * (np.arange(256)[:, None] + 1) + np.arange(300)
+    out = np.empty_like(a)
+    call(jm, f, [a, out], a.shape)  # the pool has run in the parent before the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report 0 for correct, 1 for wrong, 2 for an exception
+        code = 2
+        try:
+            child_out = np.empty_like(a)
+            for _ in range(3):
+                call(jm, f, [a, child_out], a.shape)
+            code = 0 if np.array_equal(child_out, ref) else 1
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 30)
+        if not ready:  # a child waiting for workers it does not have would hang here
+            os.kill(pid, signal.SIGKILL)
+        got = os.read(read, 1) if ready else b"hung"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert got == b"\x00"
+    # and the parent's pool still works after the fork
+    call(jm, f, [a, out], a.shape)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_pool_size_and_host_cpu(monkeypatch):
+    threads = ensure_pool()
+    assert threads >= 1 and ensure_pool() == threads  # started once
+    monkeypatch.setenv("DNNC_NUM_THREADS", "3")
+    assert num_threads() == 3
+    cpu = host_cpu()
+    assert cpu.name and cpu.vector_bits in (128, 256, 512)
+
+
+def test_jit_module_exposes_ir_assembly_and_object_code():
+    y = L.Buffer("y", T.float32, (16,))
+    i = L.Var("i")
+    jm = jit(L.PrimFunc("fill", (y,), L.For(i, 16, L.Store(y, (i,), L.const(2.5)))))
+    assert "define" in jm.optimized_ir() and "fill" in jm.assembly()
+    assert len(jm.object_code()) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the llvm target end to end
+
+
+def _graph() -> Graph:
+    g = Graph("ew")
+    x = g.add_input("x", TensorType(T.float32, ("N", 8)))
+    b = g.add_input("b", TensorType(T.float32, (8,)))
+    h = g.add("Add", x, b)
+    s = g.add("Sigmoid", h)
+    r = g.add("Relu", g.add("Sub", h, s))
+    t = g.add("Tanh", g.add("Mul", r, s))
+    m = g.add("Max", t, g.add("Neg", x))
+    g.outputs = [g.add("Exp", m), s]
+    return g
+
+
+def test_llvm_target_matches_numpy_with_a_symbolic_batch(rng):
+    llvm = dnnc.compile(_graph(), target="llvm")
+    ref = dnnc.compile(_graph(), target="numpy")
+    rt = llvm.runtime
+    bias = rng.standard_normal(8).astype(np.float32)
+    for k, batch in enumerate((3, 17, 3)):
+        x = rng.standard_normal((batch, 8)).astype(np.float32)
+        out, want = llvm(x, bias), ref(x, bias)
+        for o, w in zip(out, want):
+            assert o.shape == w.shape and o.dtype == w.dtype
+            np.testing.assert_allclose(o, w, rtol=2e-6, atol=1e-7)
+        # compiled once per batch size: the third call (batch 3 again) compiles nothing
+        assert len(rt._cache) == [1, 2, 2][k] * len(
+            [s for s in rt.steps if hasattr(s, "nodes")])
+
+
+def test_llvm_target_from_onnx_with_integer_ops(rng):
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Div", ["a", "b"], ["q"]),
+             helper.make_node("Mod", ["a", "b"], ["r"]),
+             helper.make_node("Mul", ["q", "b"], ["qb"]),
+             helper.make_node("Add", ["qb", "r"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "int_ops",
+        [helper.make_tensor_value_info("a", TensorProto.INT32, ["N", 5]),
+         helper.make_tensor_value_info("b", TensorProto.INT32, ["N", 5])],
+        [helper.make_tensor_value_info("q", TensorProto.INT32, ["N", 5]),
+         helper.make_tensor_value_info("r", TensorProto.INT32, ["N", 5]),
+         helper.make_tensor_value_info("y", TensorProto.INT32, ["N", 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    llvm = dnnc.compile(model.SerializeToString(), target="llvm")
+    ref = dnnc.compile(model.SerializeToString(), target="numpy")
+    for batch in (4, 9):
+        a = rng.integers(-100, 100, (batch, 5)).astype(np.int32)
+        b = rng.integers(1, 9, (batch, 5)).astype(np.int32) * rng.choice([-1, 1], (batch, 5))
+        b = b.astype(np.int32)
+        for o, w in zip(llvm(a, b), ref(a, b)):
+            np.testing.assert_array_equal(o, w)
