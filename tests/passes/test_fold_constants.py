@@ -1,0 +1,59 @@
+"""fold_constants: what it folds (static shape arithmetic) and what it must leave alone."""
+
+import numpy as np
+
+import dnnc
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.passes.fold_constants import fold_constants
+
+
+def _shape_chain(batch):
+    """x.reshape(x.shape[0], -1) written as exporters write it."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (batch, 3, 4)))
+    shape = g.add("Shape", x)
+    first = g.add("Gather", shape, Value("zero", T.TensorType(T.int64, ()),
+                                         const=np.array(0, np.int64)), axis=0)
+    dims = g.add("Unsqueeze", first, Value("ax", T.TensorType(T.int64, (1,)),
+                                           const=np.array([0], np.int64)))
+    target = g.add("Concat", dims, Value("m1", T.TensorType(T.int64, (1,)),
+                                         const=np.array([-1], np.int64)), axis=0)
+    g.outputs = [g.add("Reshape", x, target)]
+    return g
+
+
+def test_static_shape_arithmetic_disappears():
+    g = _shape_chain(2)
+    assert fold_constants(g) == 4
+    assert [n.op for n in g.nodes] == ["Reshape"]
+    np.testing.assert_array_equal(g.nodes[0].inputs[1].const, [2, -1])
+    g.verify()
+    x = np.random.default_rng().standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(dnnc.compile(g, target="numpy").run(x)[0], x.reshape(2, 12))
+
+
+def test_symbolic_shape_arithmetic_stays():
+    g = _shape_chain("N")
+    assert fold_constants(g) == 0
+    assert len(g.nodes) == 5
+
+
+def test_random_ops_and_large_materialisations_are_left_alone():
+    g = Graph("g")
+    shape = Value("s", T.TensorType(T.int64, (2,)), const=np.array([1024, 1024], np.int64))
+    big = g.add("ConstantOfShape", shape)                     # 4 MiB from 16 bytes
+    small = g.add("ConstantOfShape", Value("s2", T.TensorType(T.int64, (1,)),
+                                           const=np.array([4], np.int64)))
+    g.outputs = [big, small]
+    assert fold_constants(g) == 1
+    assert [n.op for n in g.nodes] == ["ConstantOfShape"]
+    assert g.outputs[1].const is not None and g.outputs[1].const.shape == (4,)
+
+
+def test_scalar_results_stay_scalars():
+    g = Graph("g")
+    a = Value("a", T.TensorType(T.float32, ()), const=np.array(2.0, np.float32))
+    g.outputs = [g.add("Mul", a, a)]
+    fold_constants(g)
+    assert g.outputs[0].const.shape == () and float(g.outputs[0].const) == 4.0
