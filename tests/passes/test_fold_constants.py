@@ -57,3 +57,21 @@ def test_scalar_results_stay_scalars():
     g.outputs = [g.add("Mul", a, a)]
     fold_constants(g)
     assert g.outputs[0].const.shape == () and float(g.outputs[0].const) == 4.0
+
+
+def test_specialize_binds_shapes_and_parameter_inputs():
+    from dnnc.passes.specialize import param_inputs, specialize
+
+    g = _shape_chain("N")
+    assert param_inputs(g) == []
+    s = specialize(g, [(5, 3, 4)])
+    assert [n.op for n in s.nodes] == ["Reshape"] and s.outputs[0].type.shape == (5, 12)
+    assert g.outputs[0].type.shape == ("N", 12)          # the original is untouched
+
+    h = Graph("h")
+    x = h.add_input("x", T.TensorType(T.float32, ("N", 6)))
+    axes = h.add_input("axes", T.TensorType(T.int64, (1,)))
+    h.outputs = [h.add("ReduceSum", x, axes, keepdims=0)]
+    assert param_inputs(h) == [1]
+    hs = specialize(h, [(2, 6), (1,)], {1: np.array([1])})
+    assert hs.nodes[0].inputs[1].const is not None and hs.outputs[0].type.shape == (2,)
