@@ -44,7 +44,7 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     (the default schedule is used then)."""
     config = config or DenseConfig()
     node = kernel.anchor
-    if len(kernel.nodes) != 1 or node.op not in ("MatMul", "Gemm"):
+    if len(kernel.nodes) != 1 or node.op not in ("MatMul", "Gemm", "MatMulPacked"):
         return None
     params = kernel.func.params
     y = params[-1]
@@ -59,10 +59,15 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     if a_dims is None or b_dims is None or y_dims is None or len(a_dims) < 2 or \
             len(b_dims) < 2:
         return None
-    attrs = node.attrs if node.op == "Gemm" else {}
+    attrs = node.attrs if node.op != "MatMul" else {}
     trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
-    if len(b_dims) == 2:
+    packed = node.op == "MatMulPacked"
+    if packed:
+        # B arrives as [panels, K, NR] (convert_layout packed it at compile time)
+        batch, n, k = 1, attrs["n"], a_dims[-1]
+        m = _prod(a_dims[:-1])
+    elif len(b_dims) == 2:
         batch = 1
         m = y_dims[-2] * _prod(y_dims[:-2]) if len(y_dims) >= 2 else 1
         k = a_dims[0] if trans_a else a_dims[-1]
@@ -77,14 +82,17 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     if min(m, n, k) == 0:
         return None
     vec = vector_bits // 32
-    nr = config.nr_vectors * vec
+    nr = b_dims[2] if packed else config.nr_vectors * vec
     mr = config.mr
     kc = min(config.kc, k)
     mc = max(mr, min(config.mc, -(-m // mr) * mr))
     # buffers viewed as 3-D [batch, rows, cols] (the pointers are the params')
     a3 = L.Buffer(a.name, T.float32, (batch, k, m) if trans_a else (batch, m, k))
-    b3 = L.Buffer(b.name, T.float32, (1 if len(b_dims) == 2 else batch,) +
-                  ((n, k) if trans_b else (k, n)))
+    if packed:
+        b3 = L.Buffer(b.name, T.float32, tuple(b_dims))
+    else:
+        b3 = L.Buffer(b.name, T.float32, (1 if len(b_dims) == 2 else batch,) +
+                      ((n, k) if trans_b else (k, n)))
     y3 = L.Buffer(y.name, T.float32, (batch, m, n))
     bias = None
     if c is not None:
@@ -95,6 +103,8 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         return a3[bi, kk, i] if trans_a else a3[bi, i, kk]
 
     def b_at(bi, kk, j):
+        if packed:
+            return b3[j // nr, kk, j % nr]
         bb = 0 if len(b_dims) == 2 else bi
         return b3[bb, j, kk] if trans_b else b3[bb, kk, j]
 

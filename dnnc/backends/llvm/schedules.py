@@ -107,7 +107,7 @@ def _conv2d(kernel, cpu, threads):
     return conv2d_schedule(kernel, cpu.vector_bits, threads)
 
 
-TEMPLATES = {"MatMul": _dense, "Gemm": _dense, "Conv": _conv2d}
+TEMPLATES = {"MatMul": _dense, "Gemm": _dense, "MatMulPacked": _dense, "Conv": _conv2d}
 """anchor op -> template building the kernel's PrimFunc (None: not applicable)."""
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from ..compute import NoCompute, Tensor, compute, reduce_axis, reduce_sum
+from ..compute import NoCompute, Tensor, broadcast_load, compute, reduce_axis, reduce_sum
 from ..loop import Cast, Const, Expr, const
 from ..types import broadcast_shapes
 from .infer import check_dtype, check_same_dtype
-from .registry import Pattern, register_op
+from .registry import REQUIRED, Pattern, register_op
 
 MATMUL_DTYPES = T.FLOAT_DTYPES + (T.int32, T.int64, T.uint32, T.uint64)
 QUANT_INT8 = (T.int8, T.uint8)
@@ -352,3 +352,69 @@ def _det_rule(inputs, outputs):
 
 
 register_op("Det", pattern=Pattern.OPAQUE, infer=_det_infer, evaluate=det, compute=_det_rule)
+
+
+# -- MatMulPacked (a layout the CPU dense template reads contiguously) --------------------------
+
+
+def pack_panels(b: np.ndarray, nr: int) -> np.ndarray:
+    """[K, N] -> [ceil(N/nr), K, nr]: each NR-column panel contiguous, zero-padded."""
+    k, n = b.shape
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), b.dtype)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+
+
+def _packed_infer(ctx):
+    check_dtype(ctx, 0, T.FLOAT_DTYPES)
+    check_same_dtype(ctx)
+    a, bp = ctx.shape(0), ctx.shape(1)
+    n = ctx.attrs["n"]
+    if len(a) < 2 or len(bp) != 3:
+        raise ctx.fail(f"expects A of rank >= 2 and packed B [panels, K, NR], given {a}, {bp}")
+    if isinstance(a[-1], int) and isinstance(bp[1], int) and a[-1] != bp[1]:
+        raise ctx.fail(f"inner dimensions differ: {a} and packed {bp}")
+    out = tuple(a[:-1]) + (n,)
+    if ctx.has(2):
+        broadcast_shapes(out, ctx.shape(2))
+    return [T.TensorType(ctx.dtype(0), out)]
+
+
+def matmul_packed(a, bp, c=None, *, n, alpha, beta):
+    panels, k, nr = bp.shape
+    b = bp.transpose(1, 0, 2).reshape(k, panels * nr)[:, :n]
+    y = np.matmul(_widened(a), _widened(b))
+    if alpha != 1:
+        y = alpha * y
+    if c is not None:
+        y = y + (beta * _widened(c) if beta != 1 else _widened(c))
+    return np.asarray(y).astype(a.dtype)
+
+
+def _packed_rule(inputs, outputs, n, alpha, beta):
+    a, bp = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
+    out = outputs[0]
+    acc = acc_dtype(out.dtype)
+    nr = bp.shape[2]
+    k = reduce_axis(a.shape[-1], "k")
+
+    def element(*idx):
+        j = idx[-1]
+        value = reduce_sum(widen(acc, a[tuple(idx[:-1]) + (k.var,)]) *
+                           widen(acc, bp[j // nr, k.var, j % nr]), k)
+        if alpha != 1:
+            value = value * alpha
+        if c is not None:
+            term = widen(acc, broadcast_load(c, idx))
+            value = value + (term * beta if beta != 1 else term)
+        return value
+
+    return [compute(out.shape, element, "matmul_packed", out.dtype)]
+
+
+register_op("MatMulPacked", pattern=Pattern.OUT_FUSABLE, infer=_packed_infer,
+            evaluate=matmul_packed, inputs=(2, 3), attrs={"n": REQUIRED, "alpha": 1.0,
+                                                          "beta": 1.0},
+            compute=_packed_rule)

@@ -1,0 +1,24 @@
+"""Targets are data: what a compile is for, readable by every layer.
+
+A `Target` names the backend and describes the machine (vector width, cores, CPU name and
+features) so passes can make target-dependent choices (layouts, fusion limits) by reading it,
+without importing a backend. Backends build the Target for the machine they run on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                      # "numpy", "llvm", "cuda"
+    cpu: str = ""
+    features: tuple[str, ...] = field(default_factory=tuple)
+    vector_bits: int = 128
+    threads: int = 1
+
+    @property
+    def dense_panel(self) -> int:
+        """Columns of B per packed panel: two vector registers of float32."""
+        return 2 * self.vector_bits // 32
