@@ -1,0 +1,47 @@
+"""convert_layout: constant dense weights are packed once; meaning is preserved."""
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.ir.target import Target
+from dnnc.passes.convert_layout import convert_layout
+
+CPU = Target("llvm", vector_bits=256)
+
+
+def _graph(op, b_const=True, **attrs):
+    rng = np.random.default_rng()
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (5, 7)))
+    shape = (11, 7) if attrs.get("transB") else (7, 11)
+    bv = rng.standard_normal(shape).astype(np.float32)
+    b = Value("b", T.TensorType(T.float32, shape), const=bv) if b_const else \
+        g.add_input("b", T.TensorType(T.float32, shape))
+    extra = [Value("c", T.TensorType(T.float32, (11,)),
+                   const=rng.standard_normal(11).astype(np.float32))] if op == "Gemm" else []
+    g.outputs = [g.add(op, a, b, *extra, **attrs)]
+    return g
+
+
+@pytest.mark.parametrize("op, attrs", [("MatMul", {}), ("Gemm", {}),
+                                       ("Gemm", {"transB": 1, "alpha": 0.5, "beta": 2.0})])
+def test_constant_weights_are_packed_and_results_kept(op, attrs):
+    g = _graph(op, **attrs)
+    x = np.random.default_rng().standard_normal((5, 7)).astype(np.float32)
+    before = dnnc.compile(g, target="numpy").run(x)[0]
+    assert convert_layout(g, CPU) == 1
+    g.verify()
+    assert [n.op for n in g.nodes] == ["MatMulPacked"]
+    assert g.nodes[0].inputs[1].type.shape == (1, 7, 16)        # one 16-column panel
+    for target in ("numpy", "llvm"):
+        np.testing.assert_allclose(dnnc.compile(g, target=target).run(x)[0], before,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_variable_weights_and_transposed_a_are_left_alone():
+    assert convert_layout(_graph("MatMul", b_const=False), CPU) == 0
+    assert convert_layout(_graph("Gemm", transA=0, b_const=False), CPU) == 0
+    assert convert_layout(_graph("MatMul"), Target("numpy")) == 0
