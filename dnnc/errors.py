@@ -47,3 +47,8 @@ class CompileError(DNNCError):
 
 class InputError(DNNCError):
     """A compiled model was called with the wrong number, shapes or dtypes of inputs."""
+
+
+class ArtifactError(DNNCError):
+    """A saved artifact cannot be loaded here: corrupt or truncated, another format or dnnc
+    version, or compiled for CPU features this machine lacks (the message names them)."""

@@ -2,7 +2,13 @@
 
     dnnc zoo NAME -o FILE.onnx [--batch N] [--set key=value ...]   write a zoo model
     dnnc zoo --list                                                 list zoo models and options
-    dnnc inspect MODEL.onnx [--ir] [--json] [--input-shape name=1,3,224,224 ...]
+    dnnc inspect MODEL.onnx|MODEL.dnnc [--ir] [--json] [--input-shape name=1,3,224,224 ...]
+    dnnc compile MODEL.onnx [--target llvm] [-o MODEL.dnnc] [--opt-level N] [--input-shape ...]
+                 [--emit llvm-ir|asm|loop DIR ...] [--mcpu NAME] [--mattr +avx2,...] [-q]
+    dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
+             [--dim N=4 ...] [--seed S] [--output-dir DIR]
+    dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
+               [--threads N] [--no-onnxruntime]
 
 A user mistake (a bad file, an unknown op, a bad option) prints one line on stderr and exits
 with status 1; argparse's usage errors exit with 2. A traceback means a dnnc bug.
@@ -13,7 +19,13 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
+import re
 import sys
+import time
+from pathlib import Path
+
+import numpy as np
 
 from ..errors import DNNCError
 
@@ -96,21 +108,343 @@ def cmd_inspect(args) -> int:
     from ..frontend.onnx import import_onnx
     from .inspect import format_summary, summarize
 
+    from .artifact import is_artifact, load
+
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
-    graph = import_onnx(args.model, input_shapes=shapes)
+    artifact = None
+    if is_artifact(args.model):
+        if shapes:
+            raise UsageError("--input-shape applies to ONNX models, not artifacts")
+        artifact = load(args.model, progress=False)
+        graph = artifact.graph
+    else:
+        graph = import_onnx(args.model, input_shapes=shapes)
     unknown = sorted(set(shapes) - {v.name for v in graph.inputs})
     if unknown:
         raise UsageError(f"--input-shape names {', '.join(unknown)}, but the model's inputs "
                          f"are {', '.join(v.name for v in graph.inputs)}")
     summary = summarize(graph)
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=2))
+        doc = summary.to_dict()
+        if artifact is not None:
+            doc["artifact"] = _artifact_summary(artifact)
+        print(json.dumps(doc, indent=2))
     else:
         print(format_summary(summary))
+        if artifact is not None:
+            info = _artifact_summary(artifact)
+            print(f"artifact: dnnc {info['dnnc_version']}, target {info['target']}"
+                  f"{', cpu ' + info['cpu'] if info.get('cpu') else ''}, "
+                  f"{info['kernels']} kernels, {info['specializations']} compiled "
+                  f"specialisation(s)")
+            for op in info["host_fallbacks"]:
+                print(f"  host fallback: {op}")
     if args.ir:
         print()
         print(graph)
     return 0
+
+
+def _say(args, message: str) -> None:
+    """A progress line on stderr (compiles of big models take a while)."""
+    if not getattr(args, "quiet", False):
+        print(f"dnnc: {message}", file=sys.stderr, flush=True)
+
+
+def _cpu_option(args):
+    """A HostCPU from --mcpu/--mattr, or None for the host. --mattr edits the host's
+    features when the CPU is the host's (or unnamed); with another --mcpu it is the whole list."""
+    if args.mcpu is None and args.mattr is None:
+        return None
+    if args.target != "llvm":
+        raise UsageError("--mcpu/--mattr apply to the llvm target only")
+    from ..backends.llvm.runtime import HostCPU, host_cpu
+
+    host = host_cpu()
+    name = args.mcpu or host.name
+    features: dict[str, str] = {}
+    if name == host.name:
+        for f in host.features.split(","):
+            if f:
+                features[f[1:]] = f[0]
+    for f in (args.mattr or "").split(","):
+        f = f.strip()
+        if not f:
+            continue
+        sign, feature = (f[0], f[1:]) if f[0] in "+-" else ("+", f)
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", feature):
+            raise UsageError(f"--mattr: {f!r} is not a feature name (+avx2,-avx512f,...)")
+        features.pop(feature, None)  # last in the string: LLVM applies features in order
+        features[feature] = sign
+    return HostCPU(name, ",".join(sign + f for f, sign in features.items()))
+
+
+def _import(path: str, shapes: dict):
+    from .driver import load_graph
+
+    graph = load_graph(path, input_shapes=shapes)
+    unknown = sorted(set(shapes) - {v.name for v in graph.inputs})
+    if unknown:
+        raise UsageError(f"--input-shape names {', '.join(unknown)}, but the model's inputs "
+                         f"are {', '.join(v.name for v in graph.inputs)}")
+    return graph
+
+
+def _model_for(args, shapes: dict | None = None):
+    """A CompiledModel from an artifact (loaded) or an ONNX file (compiled for --target)."""
+    from .artifact import is_artifact, load
+    from .driver import compile
+
+    if is_artifact(args.model):
+        if shapes:
+            raise UsageError("--input-shape applies to ONNX models; an artifact's shapes are "
+                             "fixed when it is compiled")
+        _say(args, f"loading {args.model}")
+        model = load(args.model, progress=not getattr(args, "quiet", False))
+        if args.target and args.target != model.target:
+            raise UsageError(f"{args.model} was compiled for target {model.target}, not "
+                             f"{args.target}")
+        return model
+    graph = _import(args.model, shapes or {})
+    target = args.target or "llvm"
+    _say(args, f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
+    return compile(graph, target=target, progress=not getattr(args, "quiet", False))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def cmd_compile(args) -> int:
+    from ..backends.llvm.runtime import host_cpu
+    from .driver import compile
+
+    shapes = dict(_parse_input_shape(s) for s in args.input_shape)
+    cpu = _cpu_option(args)
+    emits = []
+    for kind, folder in args.emit:
+        if kind not in EMIT_SUFFIX:
+            raise UsageError(f"--emit {kind!r}: one of {', '.join(EMIT_SUFFIX)}")
+        emits.append((kind, Path(folder)))
+    output = Path(args.output) if args.output else Path(args.model).with_suffix(".dnnc")
+    _say(args, f"importing {args.model}")
+    graph = _import(args.model, shapes)
+    where = ""
+    if args.target == "llvm":
+        shown = cpu or host_cpu()
+        where = f" (cpu {shown.name}, {shown.vector_bits}-bit vectors)"
+    _say(args, f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
+    model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
+                    progress=not args.quiet)
+    stats = model.stats
+    symbolic = sorted({d for t in model.input_types for d in t.shape if isinstance(d, str)})
+    if symbolic and args.target == "llvm":
+        _say(args, f"input dim(s) {', '.join(symbolic)} are symbolic: kernels are compiled "
+                   f"for each shape on first use (fix them with --input-shape to compile "
+                   f"ahead)")
+    for kind, folder in emits:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            target_file = folder / (Path(args.model).stem + EMIT_SUFFIX[kind])
+            code = model.source(kind)
+            target_file.write_text(code)
+        except OSError as exc:
+            raise UsageError(f"cannot write into {str(folder)!r}: {exc.strerror or exc}") \
+                from exc
+        _say(args, f"wrote {target_file}" + ("" if code else " (empty: nothing is compiled "
+                                                       "before the shapes are known)"))
+    _say(args, f"saving {output}")
+    model.save(output)
+    fallbacks = stats["host_fallback_ops"]
+    print(f"wrote {output}: {args.target}, {stats['kernels']} kernels, {fallbacks} host "
+          f"fallback op(s){': ' + ', '.join(stats['host_fallbacks']) if fallbacks else ''}, "
+          f"arena {stats['arena_bytes']:,} bytes, compiled in "
+          f"{stats['compile_seconds']:.2f} s")
+    return 0
+
+
+EMIT_SUFFIX = {"llvm-ir": ".ll", "asm": ".s", "loop": ".loop"}
+
+
+def _random_inputs(model, given: dict, dims: dict[str, int], rng) -> dict:
+    """Random arrays for the inputs not `given`: floats standard normal, integers 0 or 1
+    (valid as ids and masks), booleans fair coins; symbolic dims from `dims`, else 1."""
+    feeds = {}
+    for name, t in zip(model.input_names, model.input_types):
+        if name in given:
+            continue
+        shape = tuple(d if isinstance(d, int) else dims.get(d, 1) for d in t.shape)
+        if t.dtype.is_float:
+            feeds[name] = rng.standard_normal(shape).astype(t.dtype.np)
+        elif t.dtype.is_int:
+            feeds[name] = rng.integers(0, 2, size=shape).astype(t.dtype.np)
+        else:
+            feeds[name] = rng.random(shape) < 0.5
+    return feeds
+
+
+def _parse_dim(text: str) -> tuple[str, int]:
+    name, sep, size = text.partition("=")
+    if not sep or not name.strip() or not size.strip().isdigit():
+        raise UsageError(f"--dim expects NAME=SIZE, not {text!r}")
+    return name.strip(), int(size)
+
+
+def _read_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise UsageError(f"--input expects name=file.npy, not {spec!r}")
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--input {name}: cannot read {file!r}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from exc
+    return feeds
+
+
+def _safe_file_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name) or "output"
+
+
+def cmd_run(args) -> int:
+    given = _read_inputs(args.input)
+    shapes = dict(_parse_input_shape(s) for s in args.input_shape)
+    model = _model_for(args, shapes)
+    missing = [n for n in model.input_names if n not in given]
+    if missing and not args.random:
+        raise UsageError(f"no data for input(s) {', '.join(missing)}: give --input "
+                         f"name=file.npy or --random")
+    dims = dict(_parse_dim(d) for d in args.dim)
+    feeds = {**given, **_random_inputs(model, given, dims, np.random.default_rng(args.seed))}
+    jit_before = model.stats.get("jit_seconds", 0.0)
+    start = time.perf_counter()
+    outputs = model.run(**feeds)
+    elapsed = time.perf_counter() - start
+    jit = model.stats.get("jit_seconds", 0.0) - jit_before
+    if args.output_dir:
+        folder = Path(args.output_dir)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, out in zip(model.output_names, outputs):
+                np.save(folder / (_safe_file_name(name) + ".npy"), out)
+        except OSError as exc:
+            raise UsageError(f"cannot write into {str(folder)!r}: {exc.strerror or exc}") \
+                from exc
+    for name, out in zip(model.output_names, outputs):
+        summary = ""
+        if out.size and out.dtype.kind in "fiub":
+            values = out.astype(np.float64)
+            finite = np.isfinite(values)
+            summary = (f"  min {values[finite].min() if finite.any() else float('nan'):.6g}"
+                       f"  max {values[finite].max() if finite.any() else float('nan'):.6g}"
+                       f"  mean {values[finite].mean() if finite.any() else float('nan'):.6g}")
+            if not finite.all():
+                summary += f"  ({int((~finite).sum())} non-finite)"
+        print(f"{name}: {out.dtype}{list(out.shape)}{summary}")
+    saved = f", outputs saved in {args.output_dir}" if args.output_dir else ""
+    compiling = f" (of which {jit:.2f} s compiling for these shapes)" if jit > 0 else ""
+    print(f"ran in {_ms(elapsed)} on {model.target}{compiling}{saved}")
+    return 0
+
+
+def _median_ms(fn, repeat: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def _ort_session(path: str, threads: int):
+    """An onnxruntime session with `threads` intra-op threads, or None when not installed."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def cmd_bench(args) -> int:
+    from .artifact import is_artifact
+
+    if args.repeat < 1 or args.warmup < 0:
+        raise UsageError("--repeat must be at least 1 and --warmup at least 0")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError("--threads must be at least 1")
+        os.environ["DNNC_NUM_THREADS"] = str(args.threads)  # read when the pool starts
+    shapes = dict(_parse_input_shape(s) for s in args.input_shape)
+    model = _model_for(args, shapes)
+    threads = 1
+    if model.target == "llvm":
+        from ..backends.llvm.runtime import ensure_pool
+
+        threads = ensure_pool()
+    batch_dims = sorted({t.shape[0] for t in model.input_types
+                         if t.rank and isinstance(t.shape[0], str)})
+    batches: list[int | None] = [None]
+    if args.batch:
+        try:
+            batches = [int(b) for b in args.batch.split(",")]
+        except ValueError:
+            raise UsageError(f"--batch expects sizes like 1,8, not {args.batch!r}") from None
+        if not batch_dims:
+            fixed = {t.shape[0] for t in model.input_types if t.rank}
+            raise UsageError(f"the model's batch is fixed ({', '.join(map(str, fixed))}); "
+                             f"write it with a symbolic batch (dnnc zoo ... --batch N) to "
+                             f"bench other sizes")
+    session = None
+    if not args.no_onnxruntime and not is_artifact(args.model):
+        session = _ort_session(args.model, threads)
+    cpu = getattr(model.runtime, "cpu", None)
+    header = [f"dnnc bench: {args.model}, target {model.target}"]
+    if cpu is not None:
+        header.append(f"cpu {cpu.name} ({cpu.vector_bits}-bit vectors)")
+    header.append(f"{threads} thread(s), median of {args.repeat} after {args.warmup} warm-up")
+    if session is not None:
+        import onnxruntime
+
+        header.append(f"onnxruntime {onnxruntime.__version__}")
+    print(", ".join(header))
+    print(f"{'batch':>6} {'dnnc ms':>12} {'onnxruntime ms':>15} {'dnnc/ort':>9}")
+    rng = np.random.default_rng(args.seed)
+    for batch in batches:
+        dims = {d: batch for d in batch_dims} if batch is not None else {}
+        feeds = _random_inputs(model, {}, dims, rng)
+        if batch is not None:
+            _say(args, f"batch {batch}: compiling and warming up")
+        ours = _median_ms(lambda: model.run(**feeds), args.repeat, args.warmup)
+        theirs = None
+        if session is not None:
+            names = [i.name for i in session.get_inputs()]
+            ort_feeds = {n: feeds[n] for n in names if n in feeds}
+            theirs = _median_ms(lambda: session.run(None, ort_feeds), args.repeat,
+                                args.warmup)
+        label = "-" if batch is None else str(batch)
+        if batch is None and model.input_types and model.input_types[0].rank:
+            label = str(next(iter(feeds.values())).shape[0]) if feeds else "-"
+        print(f"{label:>6} {ours:>12.4f} "
+              f"{(f'{theirs:.4f}' if theirs is not None else 'n/a'):>15} "
+              f"{(f'{ours / theirs:.2f}' if theirs else 'n/a'):>9}")
+    return 0
+
+
+def _artifact_summary(model) -> dict:
+    manifest, stats = model.manifest, model.stats
+    return {"dnnc_version": manifest["dnnc_version"], "target": model.target,
+            "cpu": manifest["target"].get("cpu"), "kernels": stats["kernels"],
+            "specializations": stats.get("specializations", 0),
+            "host_fallbacks": stats["host_fallbacks"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,16 +464,82 @@ def build_parser() -> argparse.ArgumentParser:
     zoo.add_argument("--list", action="store_true", help="list the models and their options")
     zoo.set_defaults(run=cmd_zoo)
 
-    ins = sub.add_parser("inspect", help="summarise an ONNX model as dnnc imports it",
+    ins = sub.add_parser("inspect", help="summarise an ONNX model or an artifact",
                          description="Inputs, outputs, op counts, parameters and estimated "
                                      "FLOPs of a model.")
-    ins.add_argument("model", help="an .onnx file")
+    ins.add_argument("model", help="an .onnx file or a .dnnc artifact")
     ins.add_argument("--ir", action="store_true", help="also print the whole graph IR")
     ins.add_argument("--json", action="store_true", help="print the summary as JSON")
     ins.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                      help="fix an input's shape (dims may be symbolic names; repeatable)")
     ins.set_defaults(run=cmd_inspect)
+
+    comp = sub.add_parser("compile", help="compile an ONNX model into an artifact (.dnnc)",
+                          description="Compile an ONNX model for a target and save the result "
+                                      "as one self-contained artifact file.")
+    comp.add_argument("model", help="an .onnx file")
+    comp.add_argument("-o", "--output", help="the artifact to write (default: MODEL.dnnc)")
+    comp.add_argument("--target", default="llvm", choices=["llvm", "numpy"],
+                      help="target (default llvm)")
+    comp.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
+                      help="optimisation level (default 3)")
+    _shape_option(comp)
+    comp.add_argument("--emit", nargs=2, action="append", default=[], metavar=("KIND", "DIR"),
+                      help="also write the generated code: llvm-ir, asm or loop (repeatable)")
+    _cpu_options(comp)
+    comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    comp.set_defaults(run=cmd_compile)
+
+    run = sub.add_parser("run", help="run an artifact or an ONNX model once",
+                         description="Run a model on inputs from .npy files or random ones; "
+                                     "print each output's shape and a summary.")
+    run.add_argument("model", help="a .dnnc artifact or an .onnx file")
+    run.add_argument("--target", default=None, choices=["llvm", "numpy"],
+                     help="target for an ONNX model (default llvm)")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                     help="an input's data (repeatable)")
+    run.add_argument("--random", action="store_true",
+                     help="random data for the inputs not given with --input")
+    run.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                     help="size of a symbolic dim for --random (default 1; repeatable)")
+    run.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
+    run.add_argument("--output-dir", help="save each output as DIR/NAME.npy")
+    _shape_option(run)
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    run.set_defaults(run=cmd_run)
+
+    bench = sub.add_parser("bench", help="median latency, next to onnxruntime's",
+                           description="Median latency of a model on random inputs, and "
+                                       "onnxruntime's in the same run with the same thread "
+                                       "count when it is installed.")
+    bench.add_argument("model", help="an .onnx file (or a .dnnc artifact: no onnxruntime)")
+    bench.add_argument("--target", default=None, choices=["llvm", "numpy"],
+                       help="target for an ONNX model (default llvm)")
+    bench.add_argument("--repeat", type=int, default=50, help="timed calls (default 50)")
+    bench.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
+    bench.add_argument("--batch", help="batch sizes for a symbolic batch dim, e.g. 1,8")
+    bench.add_argument("--threads", type=int, default=None,
+                       help="threads for dnnc and onnxruntime (default: DNNC_NUM_THREADS, "
+                            "else every core this process may use)")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    bench.add_argument("--no-onnxruntime", action="store_true",
+                       help="skip the onnxruntime comparison")
+    _shape_option(bench)
+    bench.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    bench.set_defaults(run=cmd_bench)
     return parser
+
+
+def _shape_option(parser) -> None:
+    parser.add_argument("--input-shape", action="append", default=[],
+                        metavar="NAME=D0,D1,...",
+                        help="fix an input's shape (dims may be symbolic names; repeatable)")
+
+
+def _cpu_options(parser) -> None:
+    parser.add_argument("--mcpu", help="CPU to compile for (default: this machine's)")
+    parser.add_argument("--mattr", help="CPU features, e.g. +avx2,+fma,-avx512f (default: "
+                                        "this machine's)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,13 +10,13 @@ from ..errors import CompileError
 from ..ir.graph import Graph
 from .module import CompiledModel
 
-def _llvm_runtime(graph: Graph, opt_level: int):
+def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None):
     from ..backends.llvm.executable import LLVMRuntime
 
-    return LLVMRuntime(graph, opt_level=opt_level)
+    return LLVMRuntime(graph, cpu=cpu, opt_level=opt_level, progress=progress)
 
 
-def _numpy_runtime(graph: Graph, opt_level: int):
+def _numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None):
     return NumpyRuntime(graph)
 
 
@@ -33,13 +33,19 @@ def load_graph(model, input_shapes: dict | None = None) -> Graph:
 
 
 def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
-            opt_level: int | None = None, tuning_log=None) -> CompiledModel:
-    """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`."""
+            opt_level: int | None = None, tuning_log=None, cpu=None,
+            progress: bool | None = None) -> CompiledModel:
+    """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`.
+
+    `cpu` (a `backends.llvm.runtime.HostCPU`) overrides the host's CPU name and features for
+    the llvm target; `progress` prints compile stages on stderr (default: when it is a tty).
+    """
     if target not in TARGETS:
         raise CompileError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
     start = time.perf_counter()
     graph = load_graph(model, input_shapes)
-    runtime = TARGETS[target](graph, 3 if opt_level is None else opt_level)
+    runtime = TARGETS[target](graph, 3 if opt_level is None else opt_level, cpu=cpu,
+                              progress=progress)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),
              "kernels": getattr(runtime, "kernels", 0),

@@ -1,7 +1,8 @@
 """CompiledModel: the callable a compile returns; checks its inputs and runs a target runtime.
 
 Call-time checks raise `InputError` naming the input, what was expected and what was given;
-symbolic dims are bound from the inputs and must agree across them.
+symbolic dims are bound from the inputs and must agree across them. `save` writes an artifact
+(`dnnc/compiler/artifact.py`), `dnnc.load` reads one back.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import CompileError, InputError
 from ..ir.graph import Graph
 from ..ir.interpreter import shape_mismatch
 from ..ir.types import TensorType
@@ -36,7 +37,41 @@ class CompiledModel:
         self.input_types: list[TensorType] = [v.type for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
         self.output_types: list[TensorType] = [v.type for v in graph.outputs]
-        self.stats = dict(stats or {})
+        self._stats = dict(stats or {})
+        self.tuning = {"log": None, "records_applied": 0}  # provenance; the tuner fills it
+        self.manifest: dict | None = None  # set when loaded from an artifact
+
+    @property
+    def stats(self) -> dict:
+        """Counts of the compiled model; the runtime's live values (kernels, fallbacks, arena,
+        time spent specialising, also at call time) over what compile/load recorded."""
+        out = dict(self._stats)
+        rt = self.runtime
+        fallbacks = list(getattr(rt, "host_fallback_ops", ()))
+        out["host_fallback_ops"] = len(fallbacks)
+        out["host_fallbacks"] = fallbacks
+        out["kernels"] = getattr(rt, "kernels", 0)
+        out["arena_bytes"] = getattr(rt, "arena_bytes", 0)
+        if hasattr(rt, "compiled_segments"):
+            out["specializations"] = len(rt.compiled_segments())
+            out["jit_seconds"] = rt.compile_seconds
+        return out
+
+    def save(self, path) -> None:
+        """Write this model to one self-contained file; `dnnc.load(path)` restores it."""
+        from .artifact import save
+
+        save(self, path)
+
+    def source(self, kind: str = "llvm-ir") -> str:
+        """The generated code of every specialisation compiled so far: `llvm-ir`, `asm` or
+        `loop` (the scheduled loop IR)."""
+        kinds = ("llvm-ir", "llvm", "asm", "loop")
+        if kind not in kinds:
+            raise ValueError(f"unknown source kind {kind!r}; one of llvm-ir, asm, loop")
+        if not hasattr(self.runtime, "source"):
+            raise CompileError(f"target {self.target} generates no code to show")
+        return self.runtime.source(kind)
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{n}: {t}" for n, t in zip(self.input_names, self.input_types))

@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import dnnc
 from dnnc import zoo
 from dnnc.compiler.cli import main
 from dnnc.compiler.inspect import Count, node_flops, summarize
@@ -186,3 +187,95 @@ def test_input_shape_of_unknown_input(tmp_path, capsys):
     path = mlp_file(tmp_path, capsys)
     code, _, err = run_cli(capsys, "inspect", path, "--input-shape", "pixels=1,20")
     assert code == 1 and "pixels" in err and len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# compile, run, bench (llvm target)
+
+
+def test_compile_then_run_the_artifact(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys)
+    out_file = tmp_path / "mlp.dnnc"
+    code, out, err = run_cli(capsys, "compile", path, "--target", "llvm", "-o", out_file,
+                             "--opt-level", "2", "--emit", "llvm-ir", tmp_path / "ir",
+                             "--emit", "loop", tmp_path / "ir")
+    assert code == 0, err
+    assert out.startswith(f"wrote {out_file}: llvm, 5 kernels, 0 host fallback")
+    assert "compiling" in err  # progress lines go to stderr
+    assert "define" in (tmp_path / "ir" / "mlp.ll").read_text()
+    assert "for " in (tmp_path / "ir" / "mlp.loop").read_text()
+    x = np.random.default_rng(1).standard_normal((2, 20)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code, out, err = run_cli(capsys, "run", out_file, "--input", f"input={tmp_path / 'x.npy'}",
+                             "--output-dir", tmp_path / "outs")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("logits: float32[2, 5]  min ")
+    want = dnnc.compile(str(path), target="numpy")(x)
+    np.testing.assert_allclose(np.load(tmp_path / "outs" / "logits.npy"), want, rtol=1e-5,
+                               atol=1e-6)
+    code, out, _ = run_cli(capsys, "inspect", out_file)
+    assert code == 0 and "Gemm" in out
+    assert out.splitlines()[-1].startswith(f"artifact: dnnc {dnnc.__version__}, target llvm")
+
+
+def test_run_onnx_with_random_inputs_and_a_symbolic_batch(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys, batch="N")
+    code, out, err = run_cli(capsys, "run", path, "--random", "--dim", "N=3", "--seed", "4",
+                             "--output-dir", tmp_path / "o")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("logits: float32[3, 5]")
+    assert "compiling for these shapes" in out
+    x = np.random.default_rng(4).standard_normal((3, 20)).astype(np.float32)
+    want = dnnc.compile(str(path), target="numpy")(x)
+    np.testing.assert_allclose(np.load(tmp_path / "o" / "logits.npy"), want, rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_compile_for_a_cpu_subset(tmp_path, capsys):
+    """--mattr edits the host's features; the artifact records (and needs) only those."""
+    path = mlp_file(tmp_path, capsys)
+    code, _, err = run_cli(capsys, "compile", path, "-o", tmp_path / "sse.dnnc", "-q",
+                           "--mattr=-avx512f,-avx2,-avx,-fma")
+    assert code == 0 and err == ""
+    from dnnc.compiler.artifact import read_manifest
+
+    features = set(read_manifest(tmp_path / "sse.dnnc")["target"]["features"])
+    assert not features & {"avx512f", "avx2", "avx", "fma"}
+    code, out, _ = run_cli(capsys, "run", tmp_path / "sse.dnnc", "--random", "-q")
+    assert code == 0 and out.startswith("logits: float32[2, 5]")
+
+
+def test_bench_prints_medians(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys, batch="N")
+    code, out, err = run_cli(capsys, "bench", path, "--repeat", "3", "--warmup", "1",
+                             "--batch", "1,4")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"dnnc bench: {path}, target llvm") and "thread" in lines[0]
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["1", "4"]
+    assert all(float(r[1]) > 0 for r in rows)
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        assert all(r[2] == "n/a" for r in rows)
+    else:
+        assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "{mlp}"], "--random"),
+    (["run", "{mlp}", "--input", "input=nothere.npy"], "cannot read"),
+    (["run", "{bad}", "--random"], "corrupt or truncated"),
+    (["compile", "{mlp}", "--emit", "ptx", "out"], "--emit 'ptx'"),
+    (["compile", "{mlp}", "--target", "numpy", "--mcpu", "znver4"], "llvm target only"),
+    (["bench", "{mlp}", "--batch", "8"], "batch is fixed"),
+])
+def test_compile_run_bench_mistakes(tmp_path, capsys, monkeypatch, argv, message):
+    mlp = mlp_file(tmp_path, capsys)
+    bad = tmp_path / "bad.dnnc"
+    bad.write_bytes(b"PK\x03\x04" + b"\x00" * 40)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, *[a.format(mlp=mlp, bad=bad) for a in argv])
+    assert code == 1 and len(err.strip().splitlines()[-1:]) == 1
+    assert err.strip().splitlines()[-1].startswith("dnnc: error:") and message in err

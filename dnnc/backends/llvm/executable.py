@@ -14,6 +14,11 @@ segment after a fallback is specialised on the shapes the fallback actually prod
 Memory: values a segment produces for later steps are fresh arrays per call (outputs escape);
 values used only inside a segment live in one arena per segment and thread, placed by a
 best-fit allocator over the kernels' order, so concurrent calls from several threads are safe.
+
+Artifacts: `plan()` and `images()` describe the steps and every compiled specialisation
+(object code and its calling layout) as plain data; `LLVMRuntime.restore` rebuilds a runtime
+from them without lowering or LLVM passes, loading each object file into its own MCJIT engine
+(`ObjectModule`). `dnnc/compiler/artifact.py` owns the file format.
 """
 
 from __future__ import annotations
@@ -24,16 +29,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import llvmlite.binding as llvm
 import numpy as np
 
 from ...errors import CompileError
-from ...ir import loop as L
 from ...ir import types as T
 from ...ir.graph import Graph, Node, Value
-from ...ir.ops.registry import get_op, infer_node
+from ...ir.ops.registry import infer_node
 from ..lower import Kernel, NoCompute, lower_group
 from .codegen import ModuleBuilder
-from .runtime import HostCPU, JITModule, ensure_pool, host_cpu
+from .runtime import HostCPU, JITModule, ensure_pool, host_cpu, initialize, target_machine
 from .schedules import schedule_kernel
 
 ALIGN = 64
@@ -54,25 +59,56 @@ class HostStep:
     node: Node
 
 
+@dataclass
+class SegmentImage:
+    """A compiled specialisation as plain data: what an artifact stores to call it again."""
+
+    step: int                              # index of its Segment in the plan
+    shapes: tuple                          # the input shapes it was specialised to (cache key)
+    escaping_types: list[T.TensorType]     # of the segment's outputs, in slot order
+    consts: list[tuple[int, int]]          # constant slots: (node in segment, input position)
+    n_inputs: int
+    slots: int
+    arena_bytes: int
+    entry: str
+    object_code: bytes
+    llvm_ir: str = ""                      # for `source()` after a load; optional
+    loop_ir: str = ""
+
+
 class LLVMRuntime:
     """Runs a graph as native segments and host steps; thread-safe."""
 
     name = "llvm"
 
     def __init__(self, graph: Graph, cpu: HostCPU | None = None, opt_level: int = 3,
-                 progress: bool | None = None):
+                 progress: bool | None = None, plan: list[dict] | None = None):
         self.graph = graph
         self.cpu = cpu or host_cpu()
         self.opt_level = opt_level
         self.threads = ensure_pool()
         self.progress = sys.stderr.isatty() if progress is None else progress
-        self.steps = self._plan()
+        self.steps = self._plan() if plan is None else self._steps_from(plan)
         self._cache: dict[tuple, _CompiledSegment] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
         self.compile_seconds = 0.0
-        if all(v.type.is_static for v in graph.inputs):
+        if plan is None and all(v.type.is_static for v in graph.inputs):
             self._warm_up()
+
+    @classmethod
+    def restore(cls, graph: Graph, plan: list[dict], images: list[SegmentImage],
+                cpu: HostCPU, opt_level: int = 3,
+                progress: bool | None = None) -> "LLVMRuntime":
+        """A runtime from a saved plan and compiled specialisations: no lowering, no LLVM
+        passes; shapes not among `images` still compile on first use."""
+        rt = cls(graph, cpu=cpu, opt_level=opt_level, progress=progress, plan=plan)
+        for image in images:
+            step = rt.steps[image.step]
+            if not isinstance(step, Segment):
+                raise ValueError(f"image for step {image.step}, which is not a segment")
+            rt._cache[(step.index, image.shapes)] = _CompiledSegment.from_image(step, image, rt)
+        return rt
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -89,6 +125,11 @@ class LLVMRuntime:
             steps.append(HostStep(node))
         if run:
             steps.append(Segment(len(steps), run))
+        self._connect(steps)
+        return steps
+
+    def _connect(self, steps: list) -> None:
+        """Each segment's inputs (read from earlier steps) and escaping values."""
         later_uses = _later_uses(self.graph, steps)
         for k, step in enumerate(steps):
             if isinstance(step, Segment):
@@ -101,7 +142,33 @@ class LLVMRuntime:
                             step.inputs.append(v)
                 step.escaping = [v for n in step.nodes for v in n.outputs
                                  if later_uses.get(id(v), -1) > k]
+
+    def _steps_from(self, plan: list[dict]) -> list:
+        """Steps from `plan()`'s description; the same later-use analysis as `_plan`."""
+        nodes = self.graph.nodes
+        steps: list = []
+        for entry in plan:
+            if "host" in entry:
+                steps.append(HostStep(nodes[entry["host"]]))
+            else:
+                steps.append(Segment(len(steps), [nodes[k] for k in entry["segment"]]))
+        covered = sorted(k for e in plan for k in (e["segment"] if "segment" in e
+                                                   else [e["host"]]))
+        if covered != list(range(len(nodes))):
+            raise ValueError("the plan does not cover every node of the graph once")
+        self._connect(steps)
         return steps
+
+    def plan(self) -> list[dict]:
+        """The steps as plain data: `{"segment": [node indices]}` or `{"host": node index}`."""
+        index = {id(n): k for k, n in enumerate(self.graph.nodes)}
+        return [{"host": index[id(s.node)]} if isinstance(s, HostStep)
+                else {"segment": [index[id(n)] for n in s.nodes]} for s in self.steps]
+
+    def images(self) -> list[SegmentImage]:
+        """Every specialisation compiled so far, as data an artifact can store."""
+        with self._lock:
+            return [seg.image() for seg in self._cache.values()]
 
     @property
     def host_fallback_ops(self) -> list[str]:
@@ -201,7 +268,7 @@ class LLVMRuntime:
             elif kind == "asm":
                 parts.append(seg.jit.assembly())
             elif kind == "loop":
-                parts.extend(str(k.func) for k in seg.kernels)
+                parts.append(seg.loop_source())
             else:
                 raise ValueError(f"unknown source kind {kind!r}: llvm, asm or loop")
         return "\n".join(parts)
@@ -245,6 +312,7 @@ class _CompiledSegment:
 
     def __init__(self, step: Segment, shapes: tuple, rt: LLVMRuntime):
         self.step = step
+        self.shapes = shapes
         nodes, values = _specialize(step, shapes)
         self.escaping_types = [values[id(v)].type for v in step.escaping]
         if rt.progress:
@@ -257,22 +325,21 @@ class _CompiledSegment:
             if kernel.func.size_vars:
                 raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic "
                                    f"after specialisation: {kernel.func.size_vars}")
-            pattern = get_op(node.op).pattern
             kernel.func = schedule_kernel(kernel, rt.cpu, rt.threads)
             self.kernels.append(kernel)
             mb.add(kernel.func, noalias=True)
         # slots: inputs, escaping outputs, constants, then arena-resident intermediates
         escaping = [values[id(v)] for v in step.escaping]
         ext: list[Value] = [values[id(v)] for v in step.inputs if v.const is None] + escaping
-        consts = []
-        for n in nodes:
-            for v in n.inputs:
+        consts: list[Value] = []
+        self.const_refs: list[tuple[int, int]] = []   # where each constant is read, for images
+        for k, n in enumerate(nodes):
+            for j, v in enumerate(n.inputs):
                 if v is not None and v.const is not None and all(v is not c for c in consts):
                     consts.append(v)
+                    self.const_refs.append((k, j))
         ext_index = {id(v): k for k, v in enumerate(ext + consts)}
         self.n_inputs = sum(1 for v in step.inputs if v.const is None)
-        self.escaping = escaping
-        self.consts = [np.ascontiguousarray(v.const) for v in consts]
         self.offsets, self.arena_bytes = _plan_arena(self.kernels, ext_index)
         calls = []
         for kernel in self.kernels:
@@ -285,25 +352,103 @@ class _CompiledSegment:
             calls.append((kernel.func.name, args))
         mb.add_entry("entry", calls)
         try:
-            self.jit = JITModule(str(mb), rt.cpu, rt.opt_level, name=f"segment{step.index}")
+            jit = JITModule(str(mb), rt.cpu, rt.opt_level, name=f"segment{step.index}")
         except RuntimeError as exc:
             names = ", ".join(f"{n.op} {n.name!r}" for n in nodes[:5])
             raise CompileError(f"LLVM rejected the code for segment {step.index} ({names}"
                                f"{', ...' if len(nodes) > 5 else ''}): {exc}") from exc
-        self.entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
-            self.jit.address("entry"))
-        self.slots = len(ext) + len(consts)
+        self._bind(jit, "entry", [v.const for v in consts], len(ext) + len(consts))
+
+    @classmethod
+    def from_image(cls, step: Segment, image: SegmentImage, rt: LLVMRuntime):
+        """A specialisation restored from an artifact: its object code is loaded, nothing is
+        lowered or optimised again."""
+        self = cls.__new__(cls)
+        self.step = step
+        self.shapes = image.shapes
+        self.escaping_types = list(image.escaping_types)
+        self.kernels = []
+        self.const_refs = list(image.consts)
+        self.n_inputs = image.n_inputs
+        self.offsets = {}
+        self.arena_bytes = image.arena_bytes
+        self._loop_ir = image.loop_ir
+        jit = ObjectModule(image.object_code, rt.cpu, name=f"segment{step.index}",
+                           llvm_ir=image.llvm_ir)
+        consts = [step.nodes[k].inputs[j].const for k, j in image.consts]
+        self._bind(jit, image.entry, consts, image.slots)
+        return self
+
+    def _bind(self, jit, entry: str, consts: list[np.ndarray], slots: int) -> None:
+        self.jit = jit
+        self.entry_name = entry
+        self.entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jit.address(entry))
+        self.consts = [np.ascontiguousarray(c) for c in consts]
+        self.slots = slots
         self._const_ptrs = [c.ctypes.data for c in self.consts]
 
     def run(self, inputs: list[np.ndarray], arena: np.ndarray) -> list[np.ndarray]:
         arrays = [np.ascontiguousarray(a) for v, a in zip(self.step.inputs, inputs)
                   if v.const is None]
-        outs = [np.empty(v.type.shape, v.type.dtype.np) for v in self.escaping]
+        outs = [np.empty(t.shape, t.dtype.np) for t in self.escaping_types]
         ptrs = (ctypes.c_void_p * max(self.slots, 1))(
             *[a.ctypes.data for a in arrays], *[o.ctypes.data for o in outs],
             *self._const_ptrs)
         self.entry(ptrs, arena.ctypes.data)
         return outs
+
+    def loop_source(self) -> str:
+        if self.kernels:
+            return "\n".join(str(k.func) for k in self.kernels)
+        return getattr(self, "_loop_ir", "")
+
+    def image(self, with_source: bool = True) -> SegmentImage:
+        return SegmentImage(
+            step=self.step.index, shapes=self.shapes, escaping_types=list(self.escaping_types),
+            consts=list(self.const_refs), n_inputs=self.n_inputs, slots=self.slots,
+            arena_bytes=self.arena_bytes, entry=self.entry_name,
+            object_code=self.jit.object_code(),
+            llvm_ir=self.jit.optimized_ir() if with_source else "",
+            loop_ir=self.loop_source() if with_source else "")
+
+
+class ObjectModule:
+    """Machine code loaded from an object file (a segment an artifact stored), in its own
+    MCJIT engine; `dnnc_parallel_for` and libc/libm symbols resolve as for `JITModule`."""
+
+    def __init__(self, data: bytes, cpu: HostCPU, name: str = "dnnc", llvm_ir: str = ""):
+        initialize()
+        ensure_pool()  # registers dnnc_parallel_for before the object's relocations resolve
+        self.cpu = cpu
+        self.name = name
+        self.tm = target_machine(cpu)
+        empty = llvm.parse_assembly("")
+        empty.triple = self.tm.triple
+        empty.data_layout = str(self.tm.target_data)
+        self.engine = llvm.create_mcjit_compiler(empty, self.tm)
+        self._data = bytes(data)
+        self._object = llvm.ObjectFileRef.from_data(self._data)
+        self.engine.add_object_file(self._object)
+        self.engine.finalize_object()
+        self._ir = llvm_ir
+
+    def address(self, name: str) -> int:
+        addr = self.engine.get_function_address(name)
+        if not addr:
+            raise KeyError(f"no function {name!r} in object {self.name}")
+        return addr
+
+    def optimized_ir(self) -> str:
+        return self._ir
+
+    def assembly(self) -> str:
+        """Assembly of the stored IR (not a disassembly of the loaded object)."""
+        if not self._ir:
+            return ""
+        return self.tm.emit_assembly(llvm.parse_assembly(self._ir))
+
+    def object_code(self) -> bytes:
+        return self._data
 
 
 def _specialize(step: Segment, shapes: tuple) -> tuple[list[Node], dict[int, Value]]:

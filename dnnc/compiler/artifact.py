@@ -1,0 +1,473 @@
+"""Artifacts: a CompiledModel saved as one self-contained file, and loaded back.
+
+The file is a zip archive (see docs/artifacts.md):
+
+    manifest.json        format and dnnc versions, target (triple, CPU name and features,
+                         threads, opt level), input/output signature with symbolic dims, the
+                         plan of steps, one entry per compiled specialisation, tuning provenance
+    graph.json           the optimised graph: values, nodes, attributes (DType values and
+                         nested Graphs of control flow included), subgraphs
+    tensors/K.npy        constants and tensor attributes, referenced from graph.json by K
+    segments/K.o         object code of specialisation K; .ll and .loop hold its LLVM IR and
+                         loop IR, for `source()` after a load
+
+Loading checks the manifest first and refuses, with an `ArtifactError` naming what is wrong, a
+file of another format version or dnnc version, another architecture, or code compiled for CPU
+features this machine lacks; then it rebuilds the graph and the target's runtime from the stored
+plan and object code, without running passes or lowering. A shape not seen before the save is
+compiled from the stored graph on first use, as after `dnnc.compile`.
+
+This module owns the file format; the target runtimes only describe themselves as plain data
+(`LLVMRuntime.plan()`, `images()`, `restore()`). It must never import a frontend.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import ArtifactError, DNNCError
+from ..ir.graph import Graph, Node, Value
+from ..ir.types import DType, TensorType
+
+FORMAT = "dnnc-artifact"
+FORMAT_VERSION = 1
+MAGIC = b"PK\x03\x04"  # a zip archive
+
+# CPU names whose code needs no feature beyond the architecture's baseline
+_BASELINE_CPUS = {"generic", "x86-64"}
+
+
+def _dnnc_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def is_artifact(path) -> bool:
+    """Whether `path` looks like a dnnc artifact (a zip archive) rather than an ONNX file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == MAGIC
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Graph serialisation: one flat value table shared by the graph and its subgraphs (bodies read
+# enclosing values directly), nodes referring to values by index, tensors as .npy blobs.
+
+
+class _Writer:
+    """Collects the tensor blobs a graph document refers to."""
+
+    def __init__(self):
+        self.blobs: list[np.ndarray] = []
+        self.values: list[dict] = []
+        self.index: dict[int, int] = {}
+
+    def tensor(self, array: np.ndarray) -> int:
+        self.blobs.append(array)
+        return len(self.blobs) - 1
+
+    def value(self, v: Value) -> int:
+        k = self.index.get(id(v))
+        if k is not None:
+            return k
+        entry = {"name": v.name, "dtype": v.type.dtype.name, "shape": list(v.type.shape)}
+        if v.const is not None:
+            entry["const"] = self.tensor(np.asarray(v.const))
+        known = _encode_known(v.known)
+        if known is not None:
+            entry["known"] = known
+        self.index[id(v)] = k = len(self.values)
+        self.values.append(entry)
+        return k
+
+    def graph(self, g: Graph) -> dict:
+        doc = {"name": g.name, "inputs": [self.value(v) for v in g.inputs], "nodes": []}
+        for n in g.nodes:
+            doc["nodes"].append({
+                "op": n.op, "name": n.name,
+                "inputs": [None if v is None else self.value(v) for v in n.inputs],
+                "outputs": [self.value(v) for v in n.outputs],
+                "attrs": {k: self.attr(a, f"{n.op} node {n.name!r} attribute {k!r}")
+                          for k, a in n.attrs.items()}})
+        doc["outputs"] = [self.value(v) for v in g.outputs]
+        return doc
+
+    def attr(self, a, where: str):
+        """Attribute values as JSON; what JSON cannot say exactly is tagged `{"$": kind}`."""
+        if a is None or isinstance(a, (bool, str)):
+            return a
+        if isinstance(a, (int, np.integer)):
+            return int(a)
+        if isinstance(a, (float, np.floating)):
+            a = float(a)
+            return a if math.isfinite(a) else {"$": "float", "v": repr(a)}
+        if isinstance(a, DType):
+            return {"$": "dtype", "v": a.name}
+        if isinstance(a, TensorType):
+            return {"$": "type", "dtype": a.dtype.name, "shape": list(a.shape)}
+        if isinstance(a, Graph):
+            return {"$": "graph", "v": self.graph(a)}
+        if isinstance(a, np.ndarray):
+            return {"$": "tensor", "v": self.tensor(a)}
+        if isinstance(a, bytes):
+            return {"$": "bytes", "v": base64.b64encode(a).decode("ascii")}
+        if isinstance(a, list):
+            return [self.attr(x, where) for x in a]
+        if isinstance(a, tuple):
+            return {"$": "tuple", "v": [self.attr(x, where) for x in a]}
+        if isinstance(a, dict) and all(isinstance(k, str) for k in a):
+            return {"$": "dict", "v": {k: self.attr(x, where) for k, x in a.items()}}
+        raise ArtifactError(f"cannot save {where}: values of type {type(a).__name__} have no "
+                            f"serialised form")
+
+
+def _encode_known(known) -> dict | None:
+    """A known shape value (ints and SymDims) as JSON; None when it holds anything else."""
+    from ..ir.ops.registry import SymDim
+
+    if known is None:
+        return None
+    items = []
+    for x in np.asarray(known, dtype=object).reshape(-1):
+        if isinstance(x, SymDim):
+            items.append({"sym": x.dim})
+        elif isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+            items.append(int(x))
+        else:
+            return None  # only an inference hint: dropping it loses nothing at run time
+    return {"shape": list(np.shape(known)), "items": items}
+
+
+def _decode_known(doc: dict) -> np.ndarray:
+    from ..ir.ops.registry import SymDim
+
+    items = [SymDim(x["sym"]) if isinstance(x, dict) else int(x) for x in doc["items"]]
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out.reshape(doc["shape"])
+
+
+class _Reader:
+    def __init__(self, doc: dict, tensor):
+        self.tensor = tensor  # index -> np.ndarray
+        self.values: list[Value] = []
+        for entry in doc["values"]:
+            dtype = DType.from_name(entry["dtype"])
+            const = None
+            if "const" in entry:
+                const = _as_dtype(tensor(entry["const"]), dtype)
+                if const.shape != tuple(entry["shape"]):
+                    raise ValueError(f"constant {entry['name']!r} has shape {const.shape}, "
+                                     f"its type says {tuple(entry['shape'])}")
+            v = Value(entry["name"], TensorType(dtype, tuple(entry["shape"])), const)
+            if "known" in entry:
+                v.known = _decode_known(entry["known"])
+            self.values.append(v)
+
+    def graph(self, doc: dict) -> Graph:
+        vals = self.values
+        nodes = []
+        for nd in doc["nodes"]:
+            attrs = {k: self.attr(a) for k, a in nd["attrs"].items()}
+            nodes.append(Node(nd["op"], [None if k is None else vals[k] for k in nd["inputs"]],
+                              [vals[k] for k in nd["outputs"]], attrs, nd["name"]))
+        return Graph(doc["name"], [vals[k] for k in doc["inputs"]],
+                     [vals[k] for k in doc["outputs"]], nodes)
+
+    def attr(self, a):
+        if isinstance(a, list):
+            return [self.attr(x) for x in a]
+        if not isinstance(a, dict):
+            return a
+        kind = a["$"]
+        if kind == "float":
+            return float(a["v"])
+        if kind == "dtype":
+            return DType.from_name(a["v"])
+        if kind == "type":
+            return TensorType(DType.from_name(a["dtype"]), tuple(a["shape"]))
+        if kind == "graph":
+            return self.graph(a["v"])
+        if kind == "tensor":
+            return self.tensor(a["v"])
+        if kind == "bytes":
+            return base64.b64decode(a["v"])
+        if kind == "tuple":
+            return tuple(self.attr(x) for x in a["v"])
+        if kind == "dict":
+            return {k: self.attr(x) for k, x in a["v"].items()}
+        raise ValueError(f"unknown attribute tag {kind!r}")
+
+
+def _as_dtype(array: np.ndarray, dtype: DType) -> np.ndarray:
+    return array if array.dtype == dtype.np else array.view(dtype.np)
+
+
+def graph_to_doc(graph: Graph) -> tuple[dict, list[np.ndarray]]:
+    """A graph as a JSON-able document and the tensors it refers to by index."""
+    w = _Writer()
+    body = w.graph(graph)
+    return {"values": w.values, "graph": body}, w.blobs
+
+
+def graph_from_doc(doc: dict, tensors) -> Graph:
+    """The inverse of `graph_to_doc`; `tensors(k)` returns blob k."""
+    return _Reader(doc, tensors).graph(doc["graph"])
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    array = np.asarray(array, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
+    if array.dtype == ml_dtypes.bfloat16:  # .npy has no bfloat16: stored as its bits
+        array = array.view(np.uint16)
+    if array.dtype.hasobject:
+        raise ArtifactError(f"cannot save an object array of shape {array.shape}")
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-target parts: what a target's runtime adds to the manifest and archive, and how it comes
+# back. Keyed by target name.
+
+
+def _numpy_export(runtime, manifest: dict, files: dict) -> None:
+    manifest["target"] = {"name": "numpy"}
+
+
+def _numpy_restore(graph: Graph, manifest: dict, archive, progress):
+    from ..backends.numpy import NumpyRuntime
+
+    return NumpyRuntime(graph)
+
+
+def _llvm_export(runtime, manifest: dict, files: dict) -> None:
+    import llvmlite.binding as llvm
+
+    cpu = runtime.cpu
+    manifest["target"] = {
+        "name": "llvm", "triple": llvm.get_process_triple(), "cpu": cpu.name,
+        "features": sorted(cpu.feature_set), "feature_string": cpu.features,
+        "threads": runtime.threads, "opt_level": runtime.opt_level}
+    manifest["plan"] = runtime.plan()
+    segments = []
+    for k, image in enumerate(runtime.images()):
+        base = f"segments/{k}"
+        files[f"{base}.o"] = image.object_code
+        entry = {"step": image.step, "shapes": [list(s) for s in image.shapes],
+                 "escaping": [_type_doc(t) for t in image.escaping_types],
+                 "consts": [list(c) for c in image.consts], "n_inputs": image.n_inputs,
+                 "slots": image.slots, "arena_bytes": image.arena_bytes,
+                 "entry": image.entry, "object": f"{base}.o"}
+        if image.llvm_ir:
+            files[f"{base}.ll"] = image.llvm_ir.encode()
+            entry["llvm_ir"] = f"{base}.ll"
+        if image.loop_ir:
+            files[f"{base}.loop"] = image.loop_ir.encode()
+            entry["loop_ir"] = f"{base}.loop"
+        segments.append(entry)
+    manifest["segments"] = segments
+
+
+def _llvm_check(manifest: dict, path) -> None:
+    """Refuse code this machine cannot run: another architecture, or missing CPU features."""
+    import llvmlite.binding as llvm
+
+    from ..backends.llvm.runtime import host_cpu
+
+    target = manifest["target"]
+    triple = llvm.get_process_triple()
+    if target["triple"].split("-")[0] != triple.split("-")[0]:
+        raise ArtifactError(f"{path}: compiled for {target['triple']}, this machine is "
+                            f"{triple}")
+    host = host_cpu()
+    missing = sorted(set(target["features"]) - host.feature_set)
+    if missing:
+        raise ArtifactError(
+            f"{path}: compiled for CPU {target['cpu']} with feature(s) this machine "
+            f"({host.name}) lacks: {', '.join(missing)}; recompile the model here "
+            f"(dnnc compile ..., or --mcpu/--mattr for a common subset)")
+    if not target["features"] and target["cpu"] not in _BASELINE_CPUS | {host.name}:
+        raise ArtifactError(f"{path}: compiled for CPU {target['cpu']} without a feature "
+                            f"list, so it cannot be checked against this machine "
+                            f"({host.name}); recompile with --mattr")
+
+
+def _llvm_restore(graph: Graph, manifest: dict, archive, progress):
+    from ..backends.llvm.executable import LLVMRuntime, SegmentImage
+    from ..backends.llvm.runtime import HostCPU
+
+    target = manifest["target"]
+    cpu = HostCPU(target["cpu"], target["feature_string"])
+    images = []
+    for entry in manifest["segments"]:
+        images.append(SegmentImage(
+            step=entry["step"], shapes=tuple(tuple(s) for s in entry["shapes"]),
+            escaping_types=[_type_from(t) for t in entry["escaping"]],
+            consts=[tuple(c) for c in entry["consts"]], n_inputs=entry["n_inputs"],
+            slots=entry["slots"], arena_bytes=entry["arena_bytes"], entry=entry["entry"],
+            object_code=archive.read(entry["object"]),
+            llvm_ir=archive.read(entry["llvm_ir"]).decode() if "llvm_ir" in entry else "",
+            loop_ir=archive.read(entry["loop_ir"]).decode() if "loop_ir" in entry else ""))
+    return LLVMRuntime.restore(graph, manifest["plan"], images, cpu,
+                               opt_level=target["opt_level"], progress=progress)
+
+
+def _no_check(manifest: dict, path) -> None:
+    pass
+
+
+TARGETS = {
+    "numpy": (_numpy_export, _no_check, _numpy_restore),
+    "llvm": (_llvm_export, _llvm_check, _llvm_restore),
+}
+
+
+def _type_doc(t: TensorType) -> dict:
+    return {"dtype": t.dtype.name, "shape": list(t.shape)}
+
+
+def _type_from(doc: dict) -> TensorType:
+    return TensorType(DType.from_name(doc["dtype"]), tuple(doc["shape"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Save and load
+
+
+def save(model, path) -> None:
+    """Write `model` (a CompiledModel) to `path` as one artifact file, atomically."""
+    if model.target not in TARGETS:
+        raise ArtifactError(f"target {model.target!r} cannot be saved; savable targets: "
+                            f"{', '.join(TARGETS)}")
+    doc, blobs = graph_to_doc(model.graph)
+    stats = model.stats
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "dnnc_version": _dnnc_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": {"machine": platform.machine(), "python": platform.python_version()},
+        "inputs": [dict(name=v.name, **_type_doc(v.type)) for v in model.graph.inputs],
+        "outputs": [dict(name=v.name, **_type_doc(v.type)) for v in model.graph.outputs],
+        "tuning": dict(model.tuning) if getattr(model, "tuning", None) else
+                  {"log": None, "records_applied": 0},
+        "stats": {k: stats[k] for k in ("kernels", "host_fallback_ops", "compile_seconds")
+                  if k in stats},
+    }
+    files: dict[str, bytes] = {}
+    TARGETS[model.target][0](model.runtime, manifest, files)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp",
+                               dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w") as z:
+            deflate = zipfile.ZIP_DEFLATED
+            z.writestr("manifest.json", json.dumps(manifest, indent=1), compress_type=deflate)
+            z.writestr("graph.json", json.dumps(doc, allow_nan=False), compress_type=deflate)
+            # weights and machine code are stored, not deflated: loading stays a plain read
+            for k, array in enumerate(blobs):
+                z.writestr(f"tensors/{k}.npy", _npy_bytes(array))
+            for name, data in files.items():
+                z.writestr(name, data, compress_type=deflate if name.endswith(
+                    (".ll", ".loop")) else zipfile.ZIP_STORED)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; an artifact is a plain file
+        os.replace(tmp, path)
+    except OSError as exc:
+        os.unlink(tmp) if os.path.exists(tmp) else None
+        raise ArtifactError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from exc
+    except BaseException:
+        os.unlink(tmp) if os.path.exists(tmp) else None
+        raise
+
+
+def read_manifest(path) -> dict:
+    """The manifest of an artifact, checked for format and version, nothing loaded."""
+    with _open(path) as archive:
+        return _manifest(archive, path)
+
+
+def _open(path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise ArtifactError(f"{path}: not a dnnc artifact, or the file is corrupt or "
+                            f"truncated ({exc})") from None
+
+
+def _manifest(archive: zipfile.ZipFile, path) -> dict:
+    try:
+        manifest = json.loads(archive.read("manifest.json"))
+    except KeyError:
+        raise ArtifactError(f"{path}: not a dnnc artifact (no manifest.json)") from None
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as exc:
+        raise ArtifactError(f"{path}: the manifest is corrupt ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: not a dnnc artifact (format "
+                            f"{manifest.get('format') if isinstance(manifest, dict) else '?'})")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: artifact format version {manifest.get('format_version')}"
+                            f", this dnnc reads version {FORMAT_VERSION}; recompile the model")
+    # 0.x has no stable ABI between generated code and runtime: the versions must match
+    version = _dnnc_version()
+    if manifest.get("dnnc_version") != version:
+        raise ArtifactError(f"{path}: written by dnnc {manifest.get('dnnc_version')}, this is "
+                            f"dnnc {version}; recompile the model with this version")
+    target = manifest.get("target", {}).get("name")
+    if target not in TARGETS:
+        raise ArtifactError(f"{path}: unknown target {target!r}")
+    return manifest
+
+
+def load(path, *, progress: bool | None = None):
+    """Restore a CompiledModel saved by `CompiledModel.save`; see the module docstring."""
+    from .module import CompiledModel
+
+    start = time.perf_counter()
+    with _open(path) as archive:
+        manifest = _manifest(archive, path)
+        _, check, restore = TARGETS[manifest["target"]["name"]]
+        try:
+            check(manifest, path)
+        except KeyError as exc:
+            raise ArtifactError(f"{path}: the manifest is corrupt (no {exc})") from None
+        try:
+            doc = json.loads(archive.read("graph.json"))
+
+            def tensor(k: int) -> np.ndarray:
+                with archive.open(f"tensors/{k}.npy") as f:
+                    return np.lib.format.read_array(f, allow_pickle=False)
+
+            graph = graph_from_doc(doc, tensor)
+            graph.verify()
+            runtime = restore(graph, manifest, archive, progress)
+        except DNNCError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, EOFError, OSError,
+                zipfile.BadZipFile, RuntimeError) as exc:
+            raise ArtifactError(f"{path}: corrupt artifact ({type(exc).__name__}: {exc})") \
+                from None
+    stats = dict(manifest.get("stats", {}))
+    stats["load_seconds"] = time.perf_counter() - start
+    model = CompiledModel(graph, runtime, manifest["target"]["name"], stats)
+    model.manifest = manifest
+    return model
