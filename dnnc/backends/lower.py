@@ -23,7 +23,7 @@ from ..ir import loop as L
 from ..ir import types as T
 from ..ir.compute import NoCompute, Tensor, apply_rule, placeholder, producers
 from ..ir.graph import Node, Value
-from ..ir.ops.registry import get_op
+from ..ir.ops.registry import get_op, known_constant
 
 __all__ = ["Kernel", "NoCompute", "lower_group"]
 
@@ -59,7 +59,7 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
             if v is not None and id(v) not in produced and id(v) not in tensors:
                 inputs.append(v)
                 tensors[id(v)] = placeholder(_buffer_name(v), v.type.dtype, v.type.shape,
-                                             value=v.const)
+                                             value=known_constant(v))
     for n in nodes:
         op = get_op(n.op)
         if op.compute is None:

@@ -12,12 +12,19 @@ from .module import CompiledModel
 
 def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None):
     from ..backends.llvm.executable import LLVMRuntime
+    from ..backends.llvm.runtime import host_cpu, num_threads
+    from ..ir.target import Target
+    from ..passes.manager import optimize
 
-    return LLVMRuntime(graph, cpu=cpu, opt_level=opt_level, progress=progress)
+    cpu = cpu or host_cpu()
+    target = Target("llvm", cpu.name, tuple(sorted(cpu.feature_set)), cpu.vector_bits,
+                    num_threads())
+    graph = optimize(graph, target, opt_level)
+    return graph, LLVMRuntime(graph, cpu=cpu, opt_level=opt_level, progress=progress)
 
 
 def _numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None):
-    return NumpyRuntime(graph)
+    return graph, NumpyRuntime(graph)
 
 
 TARGETS = {"numpy": _numpy_runtime, "llvm": _llvm_runtime}
@@ -44,8 +51,8 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
         raise CompileError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
     start = time.perf_counter()
     graph = load_graph(model, input_shapes)
-    runtime = TARGETS[target](graph, 3 if opt_level is None else opt_level, cpu=cpu,
-                              progress=progress)
+    graph, runtime = TARGETS[target](graph, 3 if opt_level is None else opt_level, cpu=cpu,
+                                     progress=progress)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),
              "kernels": getattr(runtime, "kernels", 0),

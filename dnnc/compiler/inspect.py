@@ -130,6 +130,13 @@ def _gemm(node: Node) -> Count:
     return flops + _numel(out) if has_c else flops
 
 
+def _gemm_like_packed(node: Node) -> Count:
+    """MatMulPacked (a MatMul/Gemm whose B convert_layout packed): A's last dim is K."""
+    flops = _matmul(node)
+    has_c = len(node.inputs) > 2 and node.inputs[2] is not None
+    return flops + _numel(node.outputs[0]) if has_c else flops
+
+
 def _einsum(node: Node) -> Count:
     """A multiply-add over the whole index space of the equation."""
     lhs = node.attrs["equation"].replace(" ", "").split("->")[0]
@@ -172,7 +179,7 @@ def _per_input(n: int) -> Callable[[Node], Count]:
 FLOP_RULES: dict[str, Callable[[Node], Count]] = {
     "Conv": _conv, "ConvTranspose": _conv, "ConvInteger": _conv, "QLinearConv": _conv,
     "MatMul": _matmul, "MatMulInteger": _matmul, "QLinearMatMul": _matmul,
-    "Gemm": _gemm, "Einsum": _einsum,
+    "Gemm": _gemm, "Einsum": _einsum, "MatMulPacked": _gemm_like_packed,
     "RNN": _recurrent, "GRU": _recurrent, "LSTM": _recurrent,
     "Attention": _attention,
     "MaxPool": _window, "AveragePool": _window, "LpPool": _window,

@@ -13,21 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Value
-from ..ir.ops.registry import SymDim, get_op
+from ..ir.ops.registry import get_op, known_constant
 
 MAX_GROWTH_BYTES = 1 << 20
 """A folded output may exceed its inputs' size by at most this much."""
-
-
-def known_constant(v: Value | None) -> np.ndarray | None:
-    """`v`'s contents when fully known at compile time, else None."""
-    if v is None:
-        return None
-    if v.const is not None:
-        return v.const
-    if v.known is not None and not any(isinstance(x, SymDim) for x in v.known.flat):
-        return np.asarray(v.known.astype(v.type.dtype.np)).reshape(v.type.shape)
-    return None
 
 
 def fold_constants(graph: Graph, max_growth: int = MAX_GROWTH_BYTES) -> int:

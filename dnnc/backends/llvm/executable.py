@@ -24,6 +24,7 @@ from them without lowering or LLVM passes, loading each object file into its own
 from __future__ import annotations
 
 import ctypes
+import re
 import sys
 import threading
 import time
@@ -35,7 +36,8 @@ import numpy as np
 from ...errors import CompileError
 from ...ir import types as T
 from ...ir.graph import Graph, Node, Value
-from ...ir.ops.registry import infer_node
+from ...ir import loop as L
+from ...ir.ops.registry import get_op, infer_node, known_constant
 from ..lower import Kernel, NoCompute, lower_group
 from .codegen import ModuleBuilder
 from .runtime import HostCPU, JITModule, ensure_pool, host_cpu, initialize, target_machine
@@ -52,6 +54,9 @@ class Segment:
     nodes: list[Node]
     inputs: list[Value] = field(default_factory=list)     # read from earlier steps
     escaping: list[Value] = field(default_factory=list)   # needed by later steps / outputs
+    # positions in `inputs` of parameter inputs (axes, shapes...) only known at run time:
+    # the segment is specialised on their values as well as on shapes
+    value_inputs: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -74,6 +79,7 @@ class SegmentImage:
     object_code: bytes
     llvm_ir: str = ""                      # for `source()` after a load; optional
     loop_ir: str = ""
+    values: tuple = ()                     # ((input position, (ints...)), ...): value key
 
 
 class LLVMRuntime:
@@ -88,6 +94,7 @@ class LLVMRuntime:
         self.opt_level = opt_level
         self.threads = ensure_pool()
         self.progress = sys.stderr.isatty() if progress is None else progress
+        self._forced_host: frozenset = frozenset()
         self.steps = self._plan() if plan is None else self._steps_from(plan)
         self._cache: dict[tuple, _CompiledSegment] = {}
         self._lock = threading.Lock()
@@ -107,18 +114,27 @@ class LLVMRuntime:
             step = rt.steps[image.step]
             if not isinstance(step, Segment):
                 raise ValueError(f"image for step {image.step}, which is not a segment")
-            rt._cache[(step.index, image.shapes)] = _CompiledSegment.from_image(step, image, rt)
+            rt._cache[(step.index, image.shapes, image.values)] = \
+                _CompiledSegment.from_image(step, image, rt)
         return rt
 
     # -- planning ------------------------------------------------------------------------------
 
-    def _plan(self) -> list:
+    def _plan(self, forced_host: frozenset = frozenset()) -> list:
         steps: list = []
         run: list[Node] = []
         for node in self.graph.nodes:
-            if _has_loop_form(node):
-                run.append(node)
-                continue
+            if id(node) not in forced_host:
+                if _has_loop_form(node):
+                    run.append(node)
+                    continue
+                if _unknown_params(node):
+                    # its parameters come from earlier steps: a new segment starts here and
+                    # is specialised on their values
+                    if run:
+                        steps.append(Segment(len(steps), run))
+                    run = [node]
+                    continue
             if run:
                 steps.append(Segment(len(steps), run))
                 run = []
@@ -142,6 +158,10 @@ class LLVMRuntime:
                             step.inputs.append(v)
                 step.escaping = [v for n in step.nodes for v in n.outputs
                                  if later_uses.get(id(v), -1) > k]
+                params = {id(n.inputs[i]) for n in step.nodes for i in get_op(n.op).params
+                          if i < len(n.inputs) and n.inputs[i] is not None}
+                step.value_inputs = [i for i, v in enumerate(step.inputs)
+                                     if id(v) in params and known_constant(v) is None]
 
     def _steps_from(self, plan: list[dict]) -> list:
         """Steps from `plan()`'s description; the same later-use analysis as `_plan`."""
@@ -191,7 +211,7 @@ class LLVMRuntime:
                     types[id(v)] = v.type
                 continue
             in_types = [types.get(id(v), v.type) for v in step.inputs]
-            if not all(t.is_static for t in in_types):
+            if not all(t.is_static for t in in_types) or step.value_inputs:
                 return
             seg = self._compiled(step, tuple(t.shape for t in in_types))
             for v, t in zip(step.escaping, seg.escaping_types):
@@ -200,6 +220,18 @@ class LLVMRuntime:
     # -- running -------------------------------------------------------------------------------
 
     def run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
+        while True:
+            try:
+                return self._run(inputs)
+            except _HostAfterAll as exc:
+                # a node specialised on run-time parameters still has no loop form for them:
+                # it runs on the host from now on (one re-plan, then cached as usual)
+                with self._lock:
+                    self._forced_host = self._forced_host | {id(exc.node)}
+                    self.steps = self._plan(self._forced_host)
+                    self._cache.clear()
+
+    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         env: dict[int, np.ndarray] = {}
         for v, a in zip(self.graph.inputs, inputs):
             env[id(v)] = a
@@ -208,7 +240,9 @@ class LLVMRuntime:
                 self._run_host(step.node, env)
             else:
                 arrays = [self._value(v, env) for v in step.inputs]
-                seg = self._compiled(step, tuple(a.shape for a in arrays))
+                values = tuple((i, tuple(int(x) for x in np.asarray(arrays[i]).reshape(-1)))
+                               for i in step.value_inputs)
+                seg = self._compiled(step, tuple(a.shape for a in arrays), values)
                 outs = seg.run(arrays, self._arena(seg))
                 for v, a in zip(step.escaping, outs):
                     env[id(v)] = a
@@ -238,15 +272,16 @@ class LLVMRuntime:
             arena = arenas[id(seg)] = raw[skip:skip + seg.arena_bytes]
         return arena
 
-    def _compiled(self, step: Segment, shapes: tuple) -> "_CompiledSegment":
-        key = (step.index, shapes)
+    def _compiled(self, step: Segment, shapes: tuple, values: tuple = ()
+                  ) -> "_CompiledSegment":
+        key = (step.index, shapes, values)
         seg = self._cache.get(key)
         if seg is None:
             with self._lock:
                 seg = self._cache.get(key)
                 if seg is None:
                     start = time.perf_counter()
-                    seg = _CompiledSegment(step, shapes, self)
+                    seg = _CompiledSegment(step, shapes, self, values)
                     self._cache[key] = seg
                     self.compile_seconds += time.perf_counter() - start
         return seg
@@ -272,6 +307,29 @@ class LLVMRuntime:
             else:
                 raise ValueError(f"unknown source kind {kind!r}: llvm, asm or loop")
         return "\n".join(parts)
+
+
+class _HostAfterAll(Exception):
+    def __init__(self, node: Node):
+        self.node = node
+
+
+def _unknown_params(node: Node) -> bool:
+    """Whether some parameter input of `node` is not known at compile time."""
+    for i in get_op(node.op).params:
+        if i < len(node.inputs) and node.inputs[i] is not None and \
+                known_constant(node.inputs[i]) is None:
+            return True
+    return False
+
+
+def _signature(func: L.PrimFunc) -> str:
+    """The kernel's text with its own and its parameters' names abstracted."""
+    text = str(func).split("\n", 1)[1]
+    for k, b in enumerate(func.params):
+        text = re.sub(rf"\b{re.escape(b.name)}\b", f"p{k}", text)
+    params = ", ".join(f"{b.dtype.name}{[str(d) for d in b.shape]}" for b in func.params)
+    return params + "\n" + text
 
 
 def _has_loop_form(node: Node) -> bool:
@@ -310,23 +368,34 @@ def _outer_reads(g: Graph):
 class _CompiledSegment:
     """One segment specialised to concrete input shapes: kernels, module, arena layout."""
 
-    def __init__(self, step: Segment, shapes: tuple, rt: LLVMRuntime):
+    def __init__(self, step: Segment, shapes: tuple, rt: LLVMRuntime, key_values: tuple = ()):
         self.step = step
         self.shapes = shapes
-        nodes, values = _specialize(step, shapes)
+        self.key_values = key_values
+        nodes, values = _specialize(step, shapes, dict(key_values))
         self.escaping_types = [values[id(v)].type for v in step.escaping]
         if rt.progress:
             print(f"dnnc: compiling segment {step.index} ({len(nodes)} kernels) for "
                   f"{rt.cpu.name}", file=sys.stderr)
         self.kernels: list[Kernel] = []
         mb = ModuleBuilder(f"segment{step.index}")
+        rendered: dict[str, str] = {}   # identical kernels (repeated layers) compile once
         for k, node in enumerate(nodes):
-            kernel = lower_group([node], f"k{k}_{node.op}")
+            try:
+                kernel = lower_group([node], f"k{k}_{node.op}")
+            except NoCompute:
+                raise _HostAfterAll(step.nodes[k]) from None
             if kernel.func.size_vars:
                 raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic "
                                    f"after specialisation: {kernel.func.size_vars}")
             kernel.func = schedule_kernel(kernel, rt.cpu, rt.threads)
             self.kernels.append(kernel)
+            signature = _signature(kernel.func)
+            if signature in rendered:
+                kernel.func = L.PrimFunc(rendered[signature], kernel.func.params,
+                                         kernel.func.body, kernel.func.size_vars)
+                continue
+            rendered[signature] = kernel.func.name
             mb.add(kernel.func, noalias=True)
         # slots: inputs, escaping outputs, constants, then arena-resident intermediates
         escaping = [values[id(v)] for v in step.escaping]
@@ -366,6 +435,7 @@ class _CompiledSegment:
         self = cls.__new__(cls)
         self.step = step
         self.shapes = image.shapes
+        self.key_values = image.values
         self.escaping_types = list(image.escaping_types)
         self.kernels = []
         self.const_refs = list(image.consts)
@@ -409,7 +479,8 @@ class _CompiledSegment:
             arena_bytes=self.arena_bytes, entry=self.entry_name,
             object_code=self.jit.object_code(),
             llvm_ir=self.jit.optimized_ir() if with_source else "",
-            loop_ir=self.loop_source() if with_source else "")
+            loop_ir=self.loop_source() if with_source else "",
+            values=self.key_values)
 
 
 class ObjectModule:
@@ -451,15 +522,20 @@ class ObjectModule:
         return self._data
 
 
-def _specialize(step: Segment, shapes: tuple) -> tuple[list[Node], dict[int, Value]]:
-    """Copies of the segment's nodes whose types are inferred from concrete input shapes."""
+def _specialize(step: Segment, shapes: tuple, known: dict | None = None
+                ) -> tuple[list[Node], dict[int, Value]]:
+    """Copies of the segment's nodes whose types are inferred from concrete input shapes;
+    inputs in `known` (position -> ints) have those contents at compile time."""
+    known = known or {}
     values: dict[int, Value] = {}
-    for v, shape in zip(step.inputs, shapes):
+    for i, (v, shape) in enumerate(zip(step.inputs, shapes)):
         if v.const is not None:
             values[id(v)] = v
         else:
             nv = Value(v.name, T.TensorType(v.type.dtype, shape))
             nv.known = v.known if v.known is not None and v.type.is_static else None
+            if i in known:
+                nv.known = np.array(known[i], dtype=object).reshape(shape)
             values[id(v)] = nv
     nodes = []
     for n in step.nodes:

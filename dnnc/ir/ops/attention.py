@@ -3,6 +3,9 @@ sliding windows), RotaryEmbedding, and the SwiGLU gate of transformer MLPs.
 
 RotaryEmbedding and SwiGLU compute float16 and bfloat16 inputs in float32 and cast back;
 Attention computes in its input type, step by step as its ONNX function body (see there).
+Compute rules follow the references step for step and in the same types: Attention as stages
+(QK^T scores, the softmax's row max and row sum, the probabilities, the weighted sum over
+keys), the mask and the KV-cache concatenation as index expressions read inside them.
 Attention follows ONNX opset 25: the causal and window masks are bottom-right aligned (a query's absolute position is its index plus the count of keys
 before its block), and a query row with no attendable key gives zeros, never NaN.
 This module holds op meanings only; it never reads ONNX (importers translate older opsets).
@@ -13,9 +16,15 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
+from ..compute import Tensor, broadcast_load, compute, reduce_axis, reduce_max, reduce_sum
+from ..loop import Cast, Const, Expr, Select, call, const, eq, logical_and, maximum, minimum
 from ..types import TensorType, dim_add, dim_div, dim_mul
+from .elementwise import elementwise_rule
 from .infer import check_dtype, check_same_dtype
+from .linalg import acc_dtype, widen
+from .reduce import stage_name
 from .registry import Pattern, register_op
+from .shape import add, clamp_index, sub
 
 FLOATS = T.FLOAT_DTYPES
 MASK_DTYPES = (T.bool_,) + T.FLOAT_DTYPES + T.INT_DTYPES
@@ -213,8 +222,208 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     return y.astype(t1), present_key, present_value, qk.astype(t1)
 
 
+# The rule's stages, each as the reference computes it and in its types (T1 throughout, a
+# 16-bit T1's dot products summed in float32 and rounded once, as NumPy's matmul does):
+#   scores[b, h, i, j] = sum_d (Q * root)[.., i, d] * (K * root)[.., j, d]   (reduce, kept)
+#   logits = softcap(scores) + bias          bias: mask, causal, windows, padding (0 or -inf)
+#   top, total: the softmax's row max and row sum of exp(logits - top)       (reduce, kept)
+#   probs = exp(logits - top) / total, 0 in a row with no attendable key    (kept, see below)
+#   Y[b, h, i, e] = sum_j probs[.., i, j] * V[.., j, e]                      (reduce)
+# present_key/value are [past, new] along the sequence: a Select on the key index, both loads
+# clamped in bounds (a Select evaluates both arms on CPUs).
+
+
+def _div(e: Expr, n) -> Expr:
+    """e // n for a size expression, folded when both are constants."""
+    n = const(n)
+    if isinstance(e, Const) and isinstance(n, Const):
+        return const(e.value // n.value)
+    return e if n == const(1) else e // n
+
+
+def _head_reader(x: Tensor, heads):
+    """x read as (batch, heads, seq, size): a 3-D x's hidden axis split into `heads` heads."""
+    if x.ndim == 4:
+        return lambda b, h, s, d: x[b, h, s, d]
+    size = _div(x.shape[2], heads)
+    return lambda b, h, s, d: x[b, s, h * size + d]
+
+
+def _kv_cache(cur: Tensor, past: Tensor | None, heads, name: str, dtype: T.DType):
+    """present = [past, cur] along the sequence, as a (batch, heads, total, size) tensor."""
+    read = _head_reader(cur, heads)
+    length = cur.shape[1] if cur.ndim == 3 else cur.shape[2]
+    size = _div(cur.shape[2], heads) if cur.ndim == 3 else cur.shape[3]
+    batch, heads = cur.shape[0], const(heads) if cur.ndim == 3 else cur.shape[1]
+    if past is None or past.shape[2] == const(0):
+        return compute((batch, heads, length, size), read, name=stage_name(name), dtype=dtype)
+    p = past.shape[2]
+
+    def element(b, h, j, d):
+        old = past[b, h, minimum(j, sub(p, 1)), d]
+        new = read(b, h, maximum(sub(j, p), 0), d)
+        return Select(j < p, old, new)
+
+    return compute((batch, heads, add(p, length), size), element, name=stage_name(name),
+                   dtype=dtype)
+
+
+def _bias_expr(mask, nonpad, past_len, q_len, total, is_causal, left, right, dtype):
+    """`bias(b, h, i, j)`, the additive mask of `_attention_bias` as an expression (None when
+    every key is attended)."""
+    neg_inf = const(-np.inf, dtype)
+    if mask is None and nonpad is None and not is_causal and left < 0 and right < 0:
+        return None
+
+    def bias(b, h, i, j):
+        # a query's absolute position: its index plus the keys before its block
+        pos = add(i, past_len)
+        seen = None
+        if nonpad is not None:
+            seen = broadcast_load(nonpad, (b,))
+            pos = i + (seen - q_len)
+        allowed = []
+        if is_causal:
+            allowed.append(j <= pos)
+        if left >= 0:
+            allowed.append(j >= pos - left)
+        if right >= 0:
+            allowed.append(j <= pos + right)
+        if seen is not None:
+            allowed.append(j < seen)
+        term = Select(logical_and(*allowed), const(0.0, dtype), neg_inf) if allowed else None
+        if mask is None:
+            return term
+        length = mask.shape[-1]
+        short = length != total  # a short mask is padded with "not attended"
+        jm = minimum(j, sub(length, 1)) if short else j
+        m = broadcast_load(mask, (b, h, i, jm))
+        m = Select(m, const(0.0, dtype), neg_inf) if m.dtype is T.bool_ else \
+            (m if m.dtype is dtype else Cast(dtype, m))
+        if short:
+            m = Select(j < length, m, neg_inf)
+        return m if term is None else m + term
+
+    return bias
+
+
+def _kept(shape, fn, name: str, dtype: T.DType) -> Tensor:
+    """A stage without a reduction that lowering should still keep in a buffer: it inlines
+    such stages into their readers, which would recompute the probabilities' exp once per
+    element of V's head. A sum over one element (exact) marks it as a reduction."""
+    one = reduce_axis(1, "one")
+    return compute(shape, lambda *i: reduce_sum(fn(*i), one), name=stage_name(name),
+                   dtype=dtype)
+
+
+def _attention_rule(inputs, outputs, *, scale, is_causal, q_num_heads, kv_num_heads,
+                    softmax_precision, softcap, qk_matmul_output_mode, left_window_size,
+                    right_window_size):
+    q, k, v, mask, past_key, past_value, nonpad = (list(inputs) + [None] * 7)[:7]
+    t1, t2 = q.dtype, v.dtype
+    acc = acc_dtype(t1)
+    rank3 = q.ndim == 3
+    batch = q.shape[0]
+    heads = const(q_num_heads) if rank3 else q.shape[1]
+    q_len = q.shape[1] if rank3 else q.shape[2]
+    head_size = _div(q.shape[2], q_num_heads) if rank3 else q.shape[3]
+    read_q = _head_reader(q, q_num_heads)
+    keys = _kv_cache(k, past_key, kv_num_heads, "attn_present_key", t1)
+    values = _kv_cache(v, past_value, kv_num_heads, "attn_present_value", t2)
+    kv_heads, total = keys.shape[1], keys.shape[2]
+    group = _div(heads, kv_heads)
+    past_len = const(0) if past_key is None else past_key.shape[2]
+
+    # Q and K are each scaled by sqrt(scale), rounded to T1 as the reference does
+    if scale is not None or isinstance(head_size, Const):
+        s = 1 / np.sqrt(head_size.value) if scale is None else scale
+        root = const(float(np.asarray(np.sqrt(s), t1.np)), t1)
+    else:  # a symbolic head size: the same float64 arithmetic, at run time
+        root = Cast(t1, call("sqrt", 1.0 / call("sqrt", Cast(T.float64, head_size))))
+
+    def score(b, h, i, j):
+        d = reduce_axis(head_size, "d")
+        qd = read_q(b, h, i, d.var) * root
+        kd = keys[b, _div(h, group), j, d.var] * root
+        return reduce_sum(widen(acc, qd) * widen(acc, kd), d)
+
+    rows = (batch, heads, q_len, total)
+    scores = compute(rows, score, name=stage_name("attn_scores"), dtype=t1)
+    bias = _bias_expr(mask, nonpad, past_len, q_len, total, is_causal, left_window_size,
+                      right_window_size, t1)
+
+    def capped(*i):
+        if softcap <= 0:
+            return scores[i]
+        return softcap * call("tanh", scores[i] / softcap)
+
+    def logits(*i):
+        return capped(*i) if bias is None else capped(*i) + bias(*i)
+
+    sp = t1 if softmax_precision is None else softmax_precision
+    stat = (batch, heads, q_len, const(1))
+
+    def top_of(b, h, i, _):
+        j = reduce_axis(total, "j")
+        return reduce_max(widen(sp, logits(b, h, i, j.var)), j)
+
+    top = compute(stat, top_of, name=stage_name("attn_max"))
+
+    def shift(b, h, i, _):  # a row of -inf logits is shifted by 0: its exps are 0, not NaN
+        t = top[b, h, i, 0]
+        return Select(logical_and(call("isinf", t), t < 0), const(0.0, sp), t)
+
+    def exp_of(b, h, i, j):
+        return call("exp", widen(sp, logits(b, h, i, j)) - shift(b, h, i, 0))
+
+    def total_of(b, h, i, _):
+        j = reduce_axis(total, "j")
+        return reduce_sum(exp_of(b, h, i, j.var), j)
+
+    row_sum = compute(stat, total_of, name=stage_name("attn_sum"))
+    dead = None
+    if mask is not None or nonpad is not None or left_window_size >= 0 or \
+            right_window_size >= 0:
+        # a row with no attendable key is zero, decided on the bias (its logits may be NaN)
+        def bias_max(b, h, i, _):
+            j = reduce_axis(total, "j")
+            return reduce_max(bias(b, h, i, j.var), j)
+
+        dead = compute(stat, bias_max, name=stage_name("attn_bias_max"))
+
+    def prob(b, h, i, j):
+        t = row_sum[b, h, i, 0]
+        p = exp_of(b, h, i, j) / Select(eq(t, 0), const(1.0, sp), t)
+        if dead is not None:
+            m = dead[b, h, i, 0]
+            p = Select(logical_and(call("isinf", m), m < 0), const(0.0, sp), p)
+        return p
+
+    probs = _kept(rows, prob, "attn_probs", t1)
+
+    def weighted(b, h, i, e):
+        j = reduce_axis(total, "j")
+        ve = widen(t1, values[b, _div(h, group), j.var, e])
+        return reduce_sum(widen(acc, probs[b, h, i, j.var]) * widen(acc, ve), j)
+
+    y_type = outputs[0]
+    if rank3:
+        v_size = values.shape[3]
+        y = compute(y_type.shape, lambda b, i, c: weighted(b, _div(c, v_size), i, c % v_size),
+                    name=stage_name("attention"), dtype=t1)
+    else:
+        y = compute(y_type.shape, weighted, name=stage_name("attention"), dtype=t1)
+    out = [y, keys, values]
+    if len(outputs) > 3:
+        mode = qk_matmul_output_mode
+        out.append(scores if mode == 0 else probs if mode == 3 else
+                   compute(rows, capped if mode == 1 else logits, name=stage_name("attn_qk"),
+                           dtype=t1))
+    return out[:len(outputs)]
+
+
 register_op("Attention", pattern=Pattern.OPAQUE, infer=_attention_infer, evaluate=attention,
-            inputs=(3, 7), outputs=(1, 4),
+            inputs=(3, 7), outputs=(1, 4), compute=_attention_rule,
             attrs={"scale": None, "is_causal": 0, "q_num_heads": None, "kv_num_heads": None,
                    "softmax_precision": None, "softcap": 0.0, "qk_matmul_output_mode": 0,
                    "left_window_size": -1, "right_window_size": -1})
@@ -285,8 +494,51 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=
     return out.astype(x.dtype)
 
 
+def _rotary_rule(inputs, outputs, *, interleaved, rotary_embedding_dim, num_heads):
+    """Each output element from its rotation pair, (x_k, x_{k + rot/2}) or, interleaved,
+    (x_2k, x_2k+1), turned by angle k of its position's cache row; the first rot elements of
+    a head rotate, the rest pass through. 16-bit floats in float32, as the reference."""
+    x, cos_cache, sin_cache, position_ids = (list(inputs) + [None])[:4]
+    out = outputs[0]
+    wide = T.float64 if x.dtype is T.float64 else T.float32
+    head = x.shape[3] if x.ndim == 4 else _div(x.shape[2], num_heads)
+    rot = const(rotary_embedding_dim) if rotary_embedding_dim else head
+    half = _div(rot, 2)
+    partial = rot != head
+
+    def cache(c: Tensor, b, s, k):
+        if position_ids is None:
+            return widen(wide, broadcast_load(c, (b, s, k)))
+        pos = clamp_index(broadcast_load(position_ids, (b, s)), c.shape[0])
+        return widen(wide, c[pos, k])
+
+    def rotated(b, s, read, d):
+        """Element d of the head that `read(e)` loads, at batch b and position s."""
+        if interleaved:
+            # past rot, k is clamped to stay in the caches; the value is not used there
+            k = minimum(d // 2, sub(half, 1)) if partial else d // 2
+            i1, i2, first = 2 * k, 2 * k + 1, eq(d % 2, 0)
+        else:
+            k = d % half
+            i1, i2, first = k, add(k, half), d < half
+        cos, sin = cache(cos_cache, b, s, k), cache(sin_cache, b, s, k)
+        x1, x2 = widen(wide, read(i1)), widen(wide, read(i2))
+        value = Select(first, cos * x1 - sin * x2, sin * x1 + cos * x2)
+        return Select(d < rot, value, widen(wide, read(d))) if partial else value
+
+    if x.ndim == 4:  # (batch, heads, seq, head)
+        def element(b, h, s, d):
+            return rotated(b, s, lambda e: x[b, h, s, e], d)
+    else:  # (batch, seq, heads * head): element c is element c % head of head c // head
+        def element(b, s, c):
+            d = c % head
+            return rotated(b, s, lambda e: x[b, s, c - d + e], d)
+
+    return [compute(out.shape, element, name=stage_name("rotary"), dtype=out.dtype)]
+
+
 register_op("RotaryEmbedding", pattern=Pattern.OPAQUE, infer=_rotary_infer,
-            evaluate=rotary_embedding, inputs=(3, 4),
+            evaluate=rotary_embedding, inputs=(3, 4), compute=_rotary_rule,
             attrs={"interleaved": 0, "rotary_embedding_dim": 0, "num_heads": 0})
 
 
@@ -310,5 +562,12 @@ def swiglu(a, b, alpha=1.0):
     return (swish * b.astype(wide)).astype(a.dtype)
 
 
+def _swiglu_expr(a, b, alpha):
+    wide = T.float64 if a.dtype is T.float64 else T.float32
+    gate = widen(wide, a)
+    swish = gate / (1 + call("exp", -alpha * gate))
+    return swish * widen(wide, b)
+
+
 register_op("SwiGLU", pattern=Pattern.ELEMWISE, infer=_swiglu_infer, evaluate=swiglu,
-            inputs=2, attrs={"alpha": 1.0})
+            inputs=2, attrs={"alpha": 1.0}, compute=elementwise_rule(_swiglu_expr))

@@ -25,7 +25,7 @@ import numpy as np
 from .. import types as T
 from ..compute import (
     NoCompute, Tensor, compute, reduce_axis, reduce_max, reduce_min, reduce_sum)
-from ..loop import Const, Expr, call, const, eq, logical_and, maximum, minimum
+from ..loop import Cast, Const, Expr, Select, call, const, eq, logical_and, maximum, minimum
 from .infer import check_dtype, check_same_dtype
 from .linalg import acc_dtype, widen
 from .registry import REQUIRED, Pattern, register_op
@@ -686,9 +686,44 @@ def _causal_conv_infer(ctx):
     return [ctx.type(0), T.TensorType(ctx.dtype(0), state)]
 
 
+def _causal_conv_rule(inputs, outputs, activation):
+    """The depthwise conv as one reduce_sum over the kernel window of [past_state, x], read
+    through a Select on the position (both loads clamped in bounds), plus bias, then the SiLU
+    in float32 as the reference; the next state is the sequence's last k-1 positions."""
+    x, w, b, past = (list(inputs) + [None] * 2)[:4]
+    y_type = outputs[0]
+    acc = acc_dtype(x.dtype)
+    k = w.shape[2].value
+    length = x.shape[2]
+
+    def padded(n, c, u):  # [past_state (or zeros), x] at position u
+        new = x[n, c, maximum(u - (k - 1), 0) if k > 1 else u]
+        if k == 1:
+            return new
+        old = const(0.0, x.dtype) if past is None else past[n, c, minimum(u, k - 2)]
+        return Select(u < k - 1, old, new)
+
+    def conv_at(n, c, t):
+        r = reduce_axis(k, "r")
+        y = reduce_sum(widen(acc, padded(n, c, t + r.var)) * widen(acc, w[c, 0, r.var]), r)
+        y = y if b is None else y + widen(acc, b[c])
+        y = Cast(x.dtype, y) if y.dtype is not x.dtype else y
+        if activation in ("silu", "swish"):
+            y32 = Cast(T.float32, y) if y.dtype is not T.float32 else y
+            y = y32 / (1 + call("exp", -y32))
+        return y
+
+    out = [compute(y_type.shape, conv_at, "causal_conv", y_type.dtype)]
+    if len(outputs) > 1:
+        state = compute(outputs[1].shape, lambda n, c, s: padded(n, c, length + s),
+                        "causal_conv_state", outputs[1].dtype)
+        out.append(state)
+    return out
+
+
 register_op("CausalConvWithState", pattern=Pattern.OPAQUE, infer=_causal_conv_infer,
             evaluate=causal_conv_with_state, inputs=(2, 4), outputs=(1, 2),
-            attrs={"activation": "none"})
+            attrs={"activation": "none"}, compute=_causal_conv_rule)
 
 # -- DeformConv --------------------------------------------------------------------------------
 

@@ -169,6 +169,18 @@ class SymDim:
         return f"SymDim({self.dim!r})"
 
 
+def known_constant(v) -> np.ndarray | None:
+    """A Value's contents when fully known at compile time (a constant, or a value inference
+    knows without symbols, as Shape of a static tensor), else None."""
+    if v is None:
+        return None
+    if v.const is not None:
+        return v.const
+    if v.known is not None and not any(isinstance(x, SymDim) for x in v.known.flat):
+        return np.asarray(v.known.astype(v.type.dtype.np)).reshape(v.type.shape)
+    return None
+
+
 def to_dims(known: np.ndarray) -> list[Dim]:
     """A known 1-D shape value as a list of dims (ints and symbolic names)."""
     return [x.dim if isinstance(x, SymDim) else int(x) for x in np.asarray(known).reshape(-1)]
