@@ -273,7 +273,8 @@ def _llvm_export(runtime, manifest: dict, files: dict) -> None:
                  "escaping": [_type_doc(t) for t in image.escaping_types],
                  "consts": [list(c) for c in image.consts], "n_inputs": image.n_inputs,
                  "slots": image.slots, "arena_bytes": image.arena_bytes,
-                 "entry": image.entry, "object": f"{base}.o"}
+                 "entry": image.entry, "object": f"{base}.o",
+                 "values": [[i, list(v)] for i, v in image.values]}
         if image.llvm_ir:
             files[f"{base}.ll"] = image.llvm_ir.encode()
             entry["llvm_ir"] = f"{base}.ll"
@@ -323,7 +324,8 @@ def _llvm_restore(graph: Graph, manifest: dict, archive, progress):
             slots=entry["slots"], arena_bytes=entry["arena_bytes"], entry=entry["entry"],
             object_code=archive.read(entry["object"]),
             llvm_ir=archive.read(entry["llvm_ir"]).decode() if "llvm_ir" in entry else "",
-            loop_ir=archive.read(entry["loop_ir"]).decode() if "loop_ir" in entry else ""))
+            loop_ir=archive.read(entry["loop_ir"]).decode() if "loop_ir" in entry else "",
+            values=tuple((i, tuple(v)) for i, v in entry.get("values", []))))
     return LLVMRuntime.restore(graph, manifest["plan"], images, cpu,
                                opt_level=target["opt_level"], progress=progress)
 
