@@ -240,7 +240,7 @@ class LLVMRuntime:
                 self._run_host(step.node, env)
             else:
                 arrays = [self._value(v, env) for v in step.inputs]
-                values = tuple((i, tuple(int(x) for x in np.asarray(arrays[i]).reshape(-1)))
+                values = tuple((i, tuple(np.asarray(arrays[i]).reshape(-1).tolist()))
                                for i in step.value_inputs)
                 seg = self._compiled(step, tuple(a.shape for a in arrays), values)
                 outs = seg.run(arrays, self._arena(seg))
