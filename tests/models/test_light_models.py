@@ -89,3 +89,27 @@ def test_light_model_logits_match_onnxruntime(name):
     logits = dnnc.compile(model, target="numpy").run(*feeds.values())[-1]
     expected = session.run([last.input[0]], feeds)[0]
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_light_model_on_llvm_matches_onnxruntime(name):
+    """The llvm target, no host fallbacks, on a fresh random input: every output and the
+    logits (the final Softmax's input) equal onnxruntime's (rtol 1e-4, atol 1e-5)."""
+    ort = pytest.importorskip("onnxruntime")
+    model = onnx.load(LIGHT_DIR / f"light_{name}.onnx")
+    last = model.graph.node[-1]
+    if last.op_type == "Softmax":
+        model.graph.output.append(helper.make_tensor_value_info(
+            last.input[0], onnx.TensorProto.FLOAT, None))
+    initializers = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng()
+    feeds = {vi.name: rng.standard_normal(runner_input(vi).shape).astype(np.float32)
+             for vi in model.graph.input if vi.name not in initializers}
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    compiled = dnnc.compile(model, target="llvm")
+    assert compiled.stats["host_fallback_ops"] == 0, compiled.runtime.host_fallback_ops
+    for got, want in zip(compiled.run(*feeds.values()), session.run(None, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -26,12 +26,15 @@ def _onnxruntime(model, feeds):
     return session.run(None, feeds)
 
 
+@pytest.mark.parametrize("target", ["numpy", "llvm"])
 @pytest.mark.parametrize("name,batch", CASES, ids=[f"{n}-b{b}" for n, b in CASES])
-def test_zoo_model_matches_onnxruntime(name, batch):
+def test_zoo_model_matches_onnxruntime(name, batch, target):
     model = zoo.build(name, batch=batch, **CONFIG.get(name, {}))
     rng, seed = _fresh_rng()
     feeds = zoo.inputs_for(model, rng)
-    compiled = dnnc.compile(model, target="numpy")
+    compiled = dnnc.compile(model, target=target)
+    if target == "llvm":
+        assert compiled.stats["host_fallback_ops"] == 0, compiled.runtime.host_fallback_ops
     outputs = compiled.run(*feeds.values())
     expected = _onnxruntime(model, feeds)
     assert len(outputs) == len(expected)
@@ -48,10 +51,11 @@ def test_onnx_checker_accepts(name):
     onnx.checker.check_model(zoo.build(name, batch="N", **config), full_check=True)
 
 
+@pytest.mark.parametrize("target", ["numpy", "llvm"])
 @pytest.mark.parametrize("name", ["mlp", "cnn", "bert_tiny"])
-def test_symbolic_batch(name):
+def test_symbolic_batch(name, target):
     model = zoo.build(name, batch="N")
-    compiled = dnnc.compile(model)
+    compiled = dnnc.compile(model, target=target)
     assert compiled.input_types[0].shape[0] == "N"
     assert compiled.output_types[0].shape[0] == "N"
     rng, seed = _fresh_rng()

@@ -233,6 +233,10 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
 # clamped in bounds (a Select evaluates both arms on CPUs).
 
 
+_BF16_CHAIN = 64
+"""The longest softmax row summed in bfloat16 like the reference (see `_attention_rule`)."""
+
+
 def _div(e: Expr, n) -> Expr:
     """e // n for a size expression, folded when both are constants."""
     n = const(n)
@@ -316,6 +320,62 @@ def _kept(shape, fn, name: str, dtype: T.DType) -> Tensor:
                    dtype=dtype)
 
 
+def _softmax_stages(logits, bias, rows, sp: T.DType, t1: T.DType) -> Tensor:
+    """`_masked_softmax` of `logits(b, h, i, j)` over j in type `sp`, as T1 probabilities: the
+    row max, the row sum of exp(logits - max), then exp(logits - max) / sum, zero in the rows
+    whose `bias` (when given) is all -inf."""
+    batch, heads, q_len, total = rows
+    stat = (batch, heads, q_len, const(1))
+
+    def top_of(b, h, i, _):
+        j = reduce_axis(total, "j")
+        return reduce_max(widen(sp, logits(b, h, i, j.var)), j)
+
+    top = compute(stat, top_of, name=stage_name("attn_max"))
+
+    def exp_of(b, h, i, j):
+        t = top[b, h, i, 0]  # a row of -inf logits is shifted by 0: its exps are 0, not NaN
+        shift = Select(logical_and(call("isinf", t), t < 0), const(0.0, sp), t)
+        return call("exp", widen(sp, logits(b, h, i, j)) - shift)
+
+    def total_of(b, h, i, _):
+        j = reduce_axis(total, "j")
+        return reduce_sum(exp_of(b, h, i, j.var), j)
+
+    def chained_total_of(b, h, i, _):
+        row = exp_of(b, h, i, const(0))
+        for j in range(1, total.value):
+            row = row + exp_of(b, h, i, const(j))
+        return row
+
+    # NumPy sums a bfloat16 row one element at a time in bfloat16 (ml_dtypes has no wider
+    # accumulator), while a Reduce accumulates 16-bit floats in float32; the node suite checks
+    # bfloat16 to rtol 1e-3, under one ulp, so a short static row is summed as a chain of
+    # bfloat16 adds. Longer rows sum in float32, more accurately than the reference.
+    if sp is T.bfloat16 and isinstance(total, Const) and 0 < total.value <= _BF16_CHAIN:
+        row_sum = _kept(stat, chained_total_of, "attn_sum", sp)
+    else:
+        row_sum = compute(stat, total_of, name=stage_name("attn_sum"))
+    dead = None
+    if bias is not None:
+        # a row with no attendable key is zero, decided on the bias (its logits may be NaN)
+        def bias_max(b, h, i, _):
+            j = reduce_axis(total, "j")
+            return reduce_max(bias(b, h, i, j.var), j)
+
+        dead = compute(stat, bias_max, name=stage_name("attn_bias_max"))
+
+    def prob(b, h, i, j):
+        t = row_sum[b, h, i, 0]
+        p = exp_of(b, h, i, j) / Select(eq(t, 0), const(1.0, sp), t)
+        if dead is not None:
+            m = dead[b, h, i, 0]
+            p = Select(logical_and(call("isinf", m), m < 0), const(0.0, sp), p)
+        return p
+
+    return _kept(rows, prob, "attn_probs", t1)
+
+
 def _attention_rule(inputs, outputs, *, scale, is_causal, q_num_heads, kv_num_heads,
                     softmax_precision, softcap, qk_matmul_output_mode, left_window_size,
                     right_window_size):
@@ -339,7 +399,8 @@ def _attention_rule(inputs, outputs, *, scale, is_causal, q_num_heads, kv_num_he
         s = 1 / np.sqrt(head_size.value) if scale is None else scale
         root = const(float(np.asarray(np.sqrt(s), t1.np)), t1)
     else:  # a symbolic head size: the same float64 arithmetic, at run time
-        root = Cast(t1, call("sqrt", 1.0 / call("sqrt", Cast(T.float64, head_size))))
+        inverse = const(1.0, T.float64) / call("sqrt", Cast(T.float64, head_size))
+        root = Cast(t1, call("sqrt", inverse))
 
     def score(b, h, i, j):
         d = reduce_axis(head_size, "d")
@@ -361,45 +422,10 @@ def _attention_rule(inputs, outputs, *, scale, is_causal, q_num_heads, kv_num_he
         return capped(*i) if bias is None else capped(*i) + bias(*i)
 
     sp = t1 if softmax_precision is None else softmax_precision
-    stat = (batch, heads, q_len, const(1))
-
-    def top_of(b, h, i, _):
-        j = reduce_axis(total, "j")
-        return reduce_max(widen(sp, logits(b, h, i, j.var)), j)
-
-    top = compute(stat, top_of, name=stage_name("attn_max"))
-
-    def shift(b, h, i, _):  # a row of -inf logits is shifted by 0: its exps are 0, not NaN
-        t = top[b, h, i, 0]
-        return Select(logical_and(call("isinf", t), t < 0), const(0.0, sp), t)
-
-    def exp_of(b, h, i, j):
-        return call("exp", widen(sp, logits(b, h, i, j)) - shift(b, h, i, 0))
-
-    def total_of(b, h, i, _):
-        j = reduce_axis(total, "j")
-        return reduce_sum(exp_of(b, h, i, j.var), j)
-
-    row_sum = compute(stat, total_of, name=stage_name("attn_sum"))
-    dead = None
-    if mask is not None or nonpad is not None or left_window_size >= 0 or \
-            right_window_size >= 0:
-        # a row with no attendable key is zero, decided on the bias (its logits may be NaN)
-        def bias_max(b, h, i, _):
-            j = reduce_axis(total, "j")
-            return reduce_max(bias(b, h, i, j.var), j)
-
-        dead = compute(stat, bias_max, name=stage_name("attn_bias_max"))
-
-    def prob(b, h, i, j):
-        t = row_sum[b, h, i, 0]
-        p = exp_of(b, h, i, j) / Select(eq(t, 0), const(1.0, sp), t)
-        if dead is not None:
-            m = dead[b, h, i, 0]
-            p = Select(logical_and(call("isinf", m), m < 0), const(0.0, sp), p)
-        return p
-
-    probs = _kept(rows, prob, "attn_probs", t1)
+    # causal masking alone always leaves key 0 to a query; the other masks can leave none
+    may_be_empty = mask is not None or nonpad is not None or left_window_size >= 0 or \
+        right_window_size >= 0
+    probs = _softmax_stages(logits, bias if may_be_empty else None, rows, sp, t1)
 
     def weighted(b, h, i, e):
         j = reduce_axis(total, "j")

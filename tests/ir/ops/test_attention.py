@@ -342,3 +342,154 @@ def test_swiglu(dtype, alpha):
     with pytest.raises(ShapeError, match="does not broadcast"):
         g.add("SwiGLU", x, y)
 
+
+
+# -- compute rules ---------------------------------------------------------------------------
+# Each rule, interpreted by NumPy over its loop IR, against the op's reference on fresh inputs.
+
+from dnnc.ir.compute import apply_rule, evaluate, placeholder, run_rule  # noqa: E402
+from dnnc.ir.graph import Value  # noqa: E402
+from dnnc.ir.ops.registry import get_op, infer_node  # noqa: E402
+
+
+def _rule_outputs(op, arrays, attrs, num_outputs=1, dims=None):
+    """The rule's outputs; `dims` ({input: {axis: name}}) makes those input axes symbolic,
+    their sizes bound only when the rule's tensors are evaluated."""
+    if dims is None:
+        return run_rule(op, arrays, attrs, num_outputs=num_outputs)
+    values = [None if a is None else Value(f"in{k}", T.TensorType(
+        T.DType.from_numpy(a.dtype), tuple(dims.get(k, {}).get(ax, n)
+                                           for ax, n in enumerate(a.shape))))
+        for k, a in enumerate(arrays)]
+    types, _, full = infer_node(op, values, dict(attrs), num_outputs, op)
+    sizes = {name: arrays[k].shape[ax] for k, m in dims.items() for ax, name in m.items()}
+    tensors = [None if v is None else placeholder(v.name, v.type.dtype, v.type.shape)
+               for v in values]
+    return evaluate(apply_rule(op, tensors, full, types),
+                    {f"in{k}": a for k, a in enumerate(arrays) if a is not None}, sizes)
+
+
+def _check_rule(op, arrays, attrs=None, tol=1e-5, num_outputs=1, dims=None):
+    attrs = dict(attrs or {})
+    want = get_op(op).run(arrays, {**get_op(op).attrs, **attrs})[:num_outputs]
+    got = _rule_outputs(op, arrays, attrs, num_outputs, dims)
+    assert len(got) == num_outputs
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
+                                   atol=tol, equal_nan=True)
+    return got, want
+
+
+def _fresh_inputs(case, dtype=np.float32):
+    """A case of ATTENTION_CASES on fresh random inputs, floats in `dtype`."""
+    qs, ks, vs, extra, attrs = ATTENTION_CASES[case]
+    rng = np.random.default_rng()
+    inputs = _attention_inputs(qs, ks, vs, extra, attrs)
+    return [x if x is None or x.dtype.kind in "bi" else
+            rng.standard_normal(x.shape).astype(dtype) for x in inputs], attrs
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION_CASES))
+@pytest.mark.parametrize("mode", [0, 3])
+def test_attention_rule(name, mode):
+    inputs, attrs = _fresh_inputs(name)
+    _check_rule("Attention", inputs, dict(attrs, qk_matmul_output_mode=mode), num_outputs=4)
+    _check_rule("Attention", inputs, attrs)  # Y alone
+
+
+@pytest.mark.parametrize("mode", range(4))
+def test_attention_rule_qk_output_modes(mode):
+    inputs, _ = _fresh_inputs("float_mask_4d_past")
+    attrs = {"softcap": 1.5, "qk_matmul_output_mode": mode, "is_causal": 1, "scale": 0.7}
+    _check_rule("Attention", inputs, attrs, num_outputs=4)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value")
+def test_attention_rule_int_mask_float64_and_empty_rows():
+    inputs, _ = _fresh_inputs("mha", np.float64)
+    inputs[3] = RNG.integers(-3, 3, (4, 6))
+    _check_rule("Attention", inputs, {"qk_matmul_output_mode": 2}, tol=1e-12, num_outputs=4)
+    q, k, v = _rand(1, 1, 3, 4), _rand(1, 1, 4, 4), _rand(1, 1, 4, 4)
+    q[0, 0, 1] = np.inf  # NaN logits in a fully masked row: still zeros
+    mask = np.array([[True, False, True, True], [False] * 4, [True] * 4])
+    got, _ = _check_rule("Attention", [q, k, v, mask], {"qk_matmul_output_mode": 3},
+                         num_outputs=4)
+    np.testing.assert_array_equal(got[0][0, 0, 1], 0)
+    _check_rule("Attention", [q, k, v, None, None, None, np.array([2], np.int64)],
+                {"is_causal": 1})  # leading rows see no valid key
+
+
+@pytest.mark.parametrize("dtype, precision, total", [
+    (np.float16, None, 6), (np.float16, T.float32, 6), (T.bfloat16.np, None, 40),
+    (T.bfloat16.np, T.float32, 6)])
+def test_attention_rule_half_precision_rounds_like_the_reference(dtype, precision, total):
+    # bfloat16 rows are summed in bfloat16 as NumPy does: a float32 sum differs in ~20% of the
+    # outputs by an ulp or more; an odd dot product may still round the other way
+    q, k, v = _rand(2, 4, 5, 8, dtype=dtype), _rand(2, 2, total, 8, dtype=dtype), \
+        _rand(2, 2, total, 8, dtype=dtype)
+    mask = _rand(5, total).astype(dtype)
+    got, want = _check_rule("Attention", [q, k, v, mask],
+                            {"softmax_precision": precision, "is_causal": 1}, tol=3e-2)
+    assert np.mean(got[0] != want[0]) < 0.03
+
+
+def test_attention_rule_long_bfloat16_rows_sum_in_float32():
+    bf16 = T.bfloat16.np
+    q, k, v = _rand(1, 1, 2, 8, dtype=bf16), _rand(1, 1, 100, 8, dtype=bf16), \
+        _rand(1, 1, 100, 8, dtype=bf16)
+    (got,) = run_rule("Attention", [q, k, v], {})
+    want, _ = _naive_attention(q, k, v)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name, dims", [
+    ("causal_past", {0: {0: "B", 2: "S"}, 1: {0: "B", 2: "S"}, 2: {0: "B", 2: "S"},
+                     4: {0: "B", 2: "P"}, 5: {0: "B", 2: "P"}}),
+    ("bool_mask_short", {0: {0: "B"}, 1: {0: "B", 2: "L"}, 2: {0: "B", 2: "L"}}),
+    ("nonpad_causal", {0: {0: "B"}, 1: {0: "B"}, 2: {0: "B"}, 6: {0: "B"}}),
+    ("3d_gqa", {0: {0: "B", 1: "S", 2: "E"}, 1: {0: "B", 1: "L", 2: "F"},
+                2: {0: "B", 1: "L"}}),  # symbolic head size: the scale is computed at run time
+])
+def test_attention_rule_with_symbolic_dims(name, dims):
+    inputs, attrs = _fresh_inputs(name)
+    _check_rule("Attention", inputs, dict(attrs, qk_matmul_output_mode=3), num_outputs=4,
+                dims=dims)
+
+
+ROTARY_RULE_CASES = [  # x shape, position_ids, interleaved, rotary_embedding_dim, num_heads
+    ((2, 3, 5, 8), True, 0, 0, 0), ((2, 3, 5, 8), True, 1, 4, 0), ((2, 3, 5, 8), True, 0, 6, 0),
+    ((2, 5, 12), False, 0, 0, 3), ((1, 4, 16), False, 1, 2, 2), ((2, 2, 3, 6), False, 0, 4, 0),
+    ((1, 4, 24), True, 1, 0, 3)]
+
+
+@pytest.mark.parametrize("shape, positions, interleaved, rot, num_heads", ROTARY_RULE_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, T.bfloat16.np])
+def test_rotary_embedding_rule(shape, positions, interleaved, rot, num_heads, dtype):
+    rng = np.random.default_rng()
+    batch, seq = shape[0], (shape[2] if len(shape) == 4 else shape[1])
+    head = shape[-1] if len(shape) == 4 else shape[-1] // num_heads
+    half = (rot or head) // 2
+    x = rng.standard_normal(shape).astype(dtype)
+    cache = (10, half) if positions else (batch, seq, half)
+    cos, sin = (rng.standard_normal(cache).astype(dtype) for _ in range(2))
+    pos = rng.integers(0, 10, (batch, seq)) if positions else None
+    attrs = {"interleaved": interleaved, "rotary_embedding_dim": rot, "num_heads": num_heads}
+    # the same float32 arithmetic as the reference: equal to the last bit
+    _check_rule("RotaryEmbedding", [x, cos, sin, pos], attrs, tol=0)
+
+
+def test_rotary_embedding_rule_with_symbolic_batch_and_sequence():
+    rng = np.random.default_rng()
+    x, cos, sin = (rng.standard_normal(s).astype(np.float32)
+                   for s in ((2, 5, 12), (2, 5, 2), (2, 5, 2)))
+    _check_rule("RotaryEmbedding", [x, cos, sin], {"num_heads": 3}, tol=0,
+                dims={0: {0: "B", 1: "S"}, 1: {0: "B", 1: "S"}, 2: {0: "B", 1: "S"}})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, T.bfloat16.np])
+def test_swiglu_rule(dtype):
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal((3, 7)).astype(dtype) for _ in range(2))
+    _check_rule("SwiGLU", [a, b], {"alpha": 1.702}, tol=0)
+    _check_rule("SwiGLU", [a, b], {}, tol=0, dims={0: {0: "N"}, 1: {0: "N"}})

@@ -560,3 +560,21 @@ def test_scatter_and_sampling_ops_have_no_compute_rule():
     with pytest.raises(NoCompute):
         run_rule("DeformConv", [_randn(rng, (1, 1, 3, 3)), _randn(rng, (1, 1, 2, 2)),
                                 np.zeros((1, 8, 2, 2), np.float32)])
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("length", [1, 2, 7])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_causal_conv_with_state_rule(k, length, activation):
+    rng = np.random.default_rng()
+    for dtype, tol in ((np.float32, 1e-5), (np.float16, 1e-2), (np.float64, 1e-12)):
+        x, w = _randn(rng, (2, 3, length), dtype), _randn(rng, (3, 1, k), dtype)
+        b, state = _randn(rng, (3,), dtype), _randn(rng, (2, 3, k - 1), dtype)
+        attrs = {"activation": activation}
+        _check_rule("CausalConvWithState", [x, w], attrs, tol, num_outputs=2)
+        _check_rule("CausalConvWithState", [x, w, b, state], attrs, tol, num_outputs=2)
+        _check_rule("CausalConvWithState", [x, w, None, state], attrs, tol)
+    _check_rule("CausalConvWithState", [_randn(rng, (2, 3, length)), _randn(rng, (3, 1, k)),
+                                        None, _randn(rng, (2, 3, k - 1))],
+                {"activation": activation}, num_outputs=2,
+                dims={0: {0: "N", 2: "L"}, 3: {0: "N"}})
