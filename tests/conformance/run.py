@@ -70,6 +70,18 @@ def main() -> int:
                         f"regenerate with tests/conformance/run.py --write-expected\n"
                         + "\n".join(passed) + "\n")
         print(f"wrote {path} ({len(passed)} cases)")
+        if args.target != "numpy":
+            native = sorted(r.name for r in results if r.passed and not r.fallbacks)
+            path = EXPECTED_DIR / f"{args.target}.native.txt"
+            path.write_text(f"# cases passing on {args.target} with no host fallback\n"
+                            + "\n".join(native) + "\n")
+            print(f"wrote {path} ({len(native)} cases)")
+            reasons = {r.name: r.reason for r in failed}
+            missing = sorted(set(expected_passes("numpy")) - set(passed))
+            path = EXPECTED_DIR / f"{args.target}.exceptions.txt"
+            path.write_text(f"# numpy-target passes that fail on {args.target}, with reasons\n"
+                            + "".join(f"{n}: {reasons.get(n, 'not run')}\n" for n in missing))
+            print(f"wrote {path} ({len(missing)} cases)")
     return 1 if regressed else 0
 
 

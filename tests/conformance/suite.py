@@ -94,7 +94,11 @@ def run_case(case, target: str) -> Result:
             else:
                 np.testing.assert_array_equal(got, want)
         except AssertionError:
-            return Result(case.name, False, "mismatch")
+            with np.errstate(all="ignore"):
+                err = np.nanmax(np.abs(got.astype(np.float64) - want.astype(np.float64))) \
+                    if got.size else 0.0
+            return Result(case.name, False, f"mismatch (max abs error {err:.1e}; rtol "
+                                            f"{case.rtol:g}, atol {case.atol:g})")
     runtime = getattr(model, "runtime", None)
     fallbacks = tuple(sorted({f.split(" ")[0] for f in getattr(runtime, "host_fallback_ops", ())}))
     return Result(case.name, True, fallbacks=fallbacks)
@@ -105,9 +109,24 @@ def _first_line(exc) -> str:
     return text[0][:160] if text else ""
 
 
-def expected_passes(target: str) -> list[str]:
-    path = EXPECTED_DIR / f"{target}.txt"
+def expected_passes(target: str, kind: str = "") -> list[str]:
+    """Cases expected to pass on `target` (kind "native": without any host fallback)."""
+    path = EXPECTED_DIR / f"{target}{'.' + kind if kind else ''}.txt"
     if not path.exists():
         return []
     return [line.strip() for line in path.read_text().splitlines()
             if line.strip() and not line.startswith("#")]
+
+
+def known_exceptions(target: str) -> dict[str, str]:
+    """Cases the numpy target passes that `target` does not, each with its reason
+    (expected/<target>.exceptions.txt: `name: reason` lines)."""
+    path = EXPECTED_DIR / f"{target}.exceptions.txt"
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, reason = line.partition(":")
+            out[name.strip()] = reason.strip()
+    return out

@@ -290,9 +290,22 @@ def _pow_expr(a, b):
 
 register_op("Pow", pattern=Pattern.BROADCAST, infer=_pow_infer, evaluate=power, inputs=2,
             compute=elementwise_rule(_pow_expr))
+def _bitshift_expr(x, y, direction):
+    """Shifts outside [0, bits) give NumPy's results (0, or -1 for a negative value shifted
+    right), not the undefined behaviour of a machine shift."""
+    bits = 8 * x.dtype.itemsize
+    ok = L.logical_and(y >= const(0, y.dtype), y < const(bits, y.dtype))
+    safe = Select(ok, y, const(0, y.dtype))
+    if direction == "LEFT":
+        return Select(ok, L.BinOp("<<", x, safe), const(0, x.dtype))
+    out_of_range = const(0, x.dtype)
+    if x.dtype.kind == "i":
+        out_of_range = Select(x < const(0, x.dtype), const(-1, x.dtype), const(0, x.dtype))
+    return Select(ok, L.BinOp(">>", x, safe), out_of_range)
+
+
 register_op("BitShift", pattern=Pattern.BROADCAST, infer=broadcast_to(), evaluate=bitshift,
-            attrs={"direction": "LEFT"}, inputs=2, compute=elementwise_rule(
-                lambda x, y, direction: L.BinOp("<<" if direction == "LEFT" else ">>", x, y)))
+            attrs={"direction": "LEFT"}, inputs=2, compute=elementwise_rule(_bitshift_expr))
 binary("PRelu", lambda x, slope: np.where(x < 0, x * slope, x).astype(x.dtype), dtypes=NUMERIC, expr=lambda x, slope: Select(x < const(0, x.dtype), x * slope, x))
 
 variadic("Sum", np.add, lambda a, b: a + b)
