@@ -28,6 +28,7 @@ DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_ti
 
 
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:
+    time.sleep(1.0)  # let the previous timing's spinning threads idle
     for _ in range(warmup):
         fn()
     times = []
@@ -61,15 +62,17 @@ def main() -> None:
         start = time.perf_counter()
         compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level)
         compile_s = time.perf_counter() - start
+        # each side is timed before the other runs: onnxruntime's idle threads spin after a
+        # call and would steal the cores from a timing that follows it
+        ours = median_ms(lambda: compiled.run(*inputs.values()), args.repeat)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         session = ort.InferenceSession(model.SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
+        peer = median_ms(lambda: session.run(None, inputs), args.repeat)
         ours_out = compiled.run(*inputs.values())
         ref = session.run(None, inputs)
         ok = all(np.allclose(o, r, rtol=1e-4, atol=1e-5) for o, r in zip(ours_out, ref))
-        ours = median_ms(lambda: compiled.run(*inputs.values()), args.repeat)
-        peer = median_ms(lambda: session.run(None, inputs), args.repeat)
         ratios.append(ours / peer)
         print(f"{name:14} {compile_s:9.1f} {compiled.stats['host_fallback_ops']:9d} "
               f"{compiled.stats['kernels']:8d} {ours:9.2f} {peer:9.2f} {ours / peer:7.2f}  "

@@ -29,6 +29,7 @@ from dnnc.ir.graph import Graph, Value  # noqa: E402
 
 
 def median_ms(fn, repeat: int, warmup: int = 3) -> float:
+    time.sleep(1.0)  # let the previous timing's spinning threads (OpenBLAS, onnxruntime) idle
     for _ in range(warmup):
         fn()
     times = []
@@ -47,10 +48,11 @@ def dense_case(m, k, n, repeat):
     x = g.add_input("a", T.TensorType(T.float32, (m, k)))
     g.outputs = [g.add("MatMul", x, Value("b", T.TensorType(T.float32, (k, n)), const=b))]
     compiled = dnnc.compile(g, target="llvm")
-    got = compiled.run(a)[0]
-    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
+    # each side is timed before the other runs at all: OpenBLAS's and onnxruntime's idle
+    # threads spin for a while after a call and would steal the cores from the next timing
     ours = median_ms(lambda: compiled.run(a), repeat)
     peer = median_ms(lambda: a @ b, repeat)
+    np.testing.assert_allclose(compiled.run(a)[0], a @ b, rtol=1e-4, atol=1e-3)
     return 2 * m * n * k, ours, peer
 
 
@@ -67,14 +69,14 @@ def conv_case(repeat, threads):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
     compiled = dnnc.compile(model, target="llvm")
+    ours = median_ms(lambda: compiled.run(x), repeat)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
+    peer = median_ms(lambda: session.run(None, {"x": x}), repeat)
     np.testing.assert_allclose(compiled.run(x)[0], session.run(None, {"x": x})[0], rtol=1e-4,
                                atol=1e-4)
-    ours = median_ms(lambda: compiled.run(x), repeat)
-    peer = median_ms(lambda: session.run(None, {"x": x}), repeat)
     return 2 * 64 * 64 * 9 * 56 * 56, ours, peer
 
 
