@@ -4,7 +4,7 @@ with the reference, print the timing.
     python examples/quickstart.py [--model resnet18] [--target numpy]
 
 The reference is onnxruntime when it is installed (the `test` extra), else dnnc's own numpy
-target. Until the LLVM backend lands, `numpy` (the reference interpreter) is the only target.
+target.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dnnc import zoo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet18", choices=sorted(zoo.MODELS))
-    parser.add_argument("--target", default="numpy")
+    parser.add_argument("--target", default="llvm", choices=["llvm", "numpy"])
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
 
