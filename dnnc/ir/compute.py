@@ -218,6 +218,9 @@ class _Evaluator:
                         out = np.floor_divide(a, safe) if e.op == "//" else np.mod(a, safe)
                     return out.astype(e.dtype.np)
                 return _NP_BINARY[e.op](a, b).astype(e.dtype.np)
+        if isinstance(e, Call) and e.name == "bitcast":
+            value = np.ascontiguousarray(self.eval(e.args[0], env))
+            return value.view(e.dtype.np).reshape(value.shape)
         if isinstance(e, Call):
             args = [self.eval(a, env) for a in e.args]
             with np.errstate(all="ignore"):

@@ -125,8 +125,9 @@ class BinOp(Expr):
 INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil",
               "round", "trunc", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
-              "log1p", "expm1", "sign", "atan2", "fma")
-"""`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products)."""
+              "log1p", "expm1", "sign", "atan2", "fma", "bitcast")
+"""`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
+`bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T."""
 
 
 @dataclass(frozen=True, eq=True)

@@ -572,6 +572,9 @@ class _Emitter:
         x = args[0]
         dt = e.args[0].dtype
         name = e.name
+        if name == "bitcast":  # through the memory representations, which share a width
+            bits = bld.bitcast(self.to_memory(x, dt), memory_type(e.dtype))
+            return self.from_memory(bits, e.dtype)
         if name == "isnan":
             return bld.fcmp_unordered("uno", x, x) if dt.is_float else ir.Constant(I1, 0)
         if name == "isinf":

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import types as T
 from ..graph import Graph
+from ..compute import NoCompute
 from ..types import TensorType
 from .infer import check_dtype, normalize_axis
 from .registry import REQUIRED, Pattern, register_op
@@ -83,8 +84,14 @@ def if_(cond, *, then_branch: Graph, else_branch: Graph):
     return run_body(then_branch if bool(cond.reshape(-1)[0]) else else_branch, [])
 
 
+def _host_only(inputs, outputs, **attrs):
+    """Control flow is not a loop nest: the op runs its subgraphs on the host, each body
+    through the reference interpreter (a counted host fallback)."""
+    raise NoCompute("control flow runs its subgraphs on the host")
+
+
 register_op("If", pattern=Pattern.OPAQUE, infer=_if_infer, evaluate=if_, outputs=(1, None),
-            attrs={"then_branch": REQUIRED, "else_branch": REQUIRED})
+            attrs={"then_branch": REQUIRED, "else_branch": REQUIRED}, compute=_host_only)
 
 
 # -- Loop ------------------------------------------------------------------------------------
@@ -150,7 +157,7 @@ def loop(m, cond, *carried, body: Graph):
 
 
 register_op("Loop", pattern=Pattern.OPAQUE, infer=_loop_infer, evaluate=loop,
-            inputs=(2, None), outputs=(1, None), attrs={"body": REQUIRED})
+            inputs=(2, None), outputs=(1, None), attrs={"body": REQUIRED}, compute=_host_only)
 
 
 # -- Scan ------------------------------------------------------------------------------------
@@ -242,4 +249,4 @@ register_op("Scan", pattern=Pattern.OPAQUE, infer=_scan_infer, evaluate=scan,
             inputs=(1, None), outputs=(1, None),
             attrs={"body": REQUIRED, "num_scan_inputs": REQUIRED, "scan_input_axes": None,
                    "scan_input_directions": None, "scan_output_axes": None,
-                   "scan_output_directions": None})
+                   "scan_output_directions": None}, compute=_host_only)

@@ -413,4 +413,5 @@ def bitcast(x, to):
 
 
 register_op("BitCast", pattern=Pattern.ELEMWISE, infer=_bitcast_infer, evaluate=bitcast,
-            attrs={"to": REQUIRED})
+            attrs={"to": REQUIRED},
+            compute=elementwise_rule(lambda x, to: call("bitcast", x, dtype=to)))

@@ -142,3 +142,13 @@ def test_bitcast_reinterprets_bits_and_rejects_width_changes():
     g.outputs = [g.add("BitCast", v, to=T.uint32)]
     out = dnnc.compile(g, target="numpy").run(x)[0]
     np.testing.assert_array_equal(out, x.view(np.uint32))
+
+
+@pytest.mark.parametrize("src, dst", [(np.float32, np.int32), (np.int32, np.float32),
+                                      (np.float16, np.int16), (np.uint8, np.int8),
+                                      (np.float64, np.uint64)])
+def test_bitcast_rule(src, dst):
+    from dnnc.ir.types import DType
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((3, 5)) * 100).astype(src)
+    _check("BitCast", [x], {"to": DType.from_numpy(dst)})
