@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import CompileError
 from ..ir import loop as L
 from ..ir import types as T
-from ..ir.compute import NoCompute, Tensor, apply_rule, placeholder, producers
+from ..ir.compute import NoCompute, Tensor, apply_rule, placeholder, stages
 from ..ir.graph import Node, Value
 from ..ir.ops.registry import get_op, known_constant
 
@@ -158,10 +158,9 @@ class _Lowering:
         return f"{hint}{self.counter}"
 
     def lower(self, outputs: list[Tensor], out_buffers: list[L.Buffer]) -> L.Stmt:
-        order: list[Tensor] = []
-        _postorder(outputs, order, set())
+        order = stages(outputs)
         out_index = {id(t): b for t, b in zip(outputs, out_buffers)}
-        stages: list[tuple[Tensor, L.Buffer]] = []
+        stored: list[tuple[Tensor, L.Buffer]] = []
         for t in order:
             if t.body is None:
                 continue
@@ -173,9 +172,9 @@ class _Lowering:
             else:
                 continue  # inlined into its consumers
             self.materialized[id(t)] = buf
-            stages.append((t, buf))
+            stored.append((t, buf))
         # an output that is also read by a later stage is read back from its buffer
-        body = L.seq(*(self.stage(t, buf) for t, buf in stages))
+        body = L.seq(*(self.stage(t, buf) for t, buf in stored))
         for buf in reversed(self.scratch):
             body = L.Allocate(buf, body)
         return body
@@ -273,11 +272,3 @@ def _map_children(node, fn):
 def _has_reduce(e: L.Expr) -> bool:
     return any(isinstance(n, L.Reduce) for n in L.walk(e))
 
-
-def _postorder(tensors, order, seen):
-    for t in tensors:
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        _postorder(producers(t), order, seen)
-        order.append(t)

@@ -280,9 +280,7 @@ def evaluate(outputs: list[Tensor], feeds: dict[str, np.ndarray],
     """Compute `outputs` from placeholder arrays `feeds` (by tensor name), stage by stage."""
     arrays = dict(feeds)
     ev = _Evaluator(arrays, dict(sizes or {}))
-    order: list[Tensor] = []
-    _postorder(outputs, order, set())
-    for t in order:
+    for t in stages(outputs):
         if t.body is None:
             if t.name not in arrays:
                 raise ComputeEvalError(f"no value fed for placeholder {t.name}")
@@ -296,6 +294,13 @@ def evaluate(outputs: list[Tensor], feeds: dict[str, np.ndarray],
         value = ev.eval(t.body, env)
         arrays[t.name] = np.broadcast_to(value, shape).astype(t.dtype.np)  # a fresh copy
     return [arrays[t.name] for t in outputs]
+
+
+def stages(outputs: list[Tensor]) -> list[Tensor]:
+    """Every tensor `outputs` depend on, producers before their consumers."""
+    order: list[Tensor] = []
+    _postorder(outputs, order, set())
+    return order
 
 
 def _postorder(tensors, order, seen):

@@ -64,7 +64,18 @@ def specialize(graph: Graph, shapes: list[tuple], values: dict[int, np.ndarray] 
         else:
             mapping[id(v)] = nv
     out = Graph(graph.name, inputs=inputs)
-    for node in graph.nodes:
+    out.nodes = reinfer(graph.nodes, mapping)
+    out.outputs = [mapping.get(id(v), v) for v in graph.outputs]
+    if fold:
+        fold_constants(out)
+    return out
+
+
+def reinfer(nodes: list[Node], mapping: dict[int, Value]) -> list[Node]:
+    """Copies of `nodes` reading `mapping`'s replacements of their inputs, every output type
+    (and known value) inferred again; `mapping` gains the new outputs."""
+    out = []
+    for node in nodes:
         ins = [None if v is None else mapping.get(id(v), v) for v in node.inputs]
         attrs = {k: _clone(a, mapping) if isinstance(a, Graph) else a
                  for k, a in node.attrs.items()}
@@ -75,13 +86,7 @@ def specialize(graph: Graph, shapes: list[tuple], values: dict[int, np.ndarray] 
             nv.known = kv
             mapping[id(v)] = nv
             outs.append(nv)
-        new = Node(node.op, ins, outs, attrs, node.name)
-        for o in outs:
-            o.producer = new
-        out.nodes.append(new)
-    out.outputs = [mapping.get(id(v), v) for v in graph.outputs]
-    if fold:
-        fold_constants(out)
+        out.append(Node(node.op, ins, outs, attrs, node.name))
     return out
 
 

@@ -37,7 +37,8 @@ from ...errors import CompileError
 from ...ir import types as T
 from ...ir.graph import Graph, Node, Value
 from ...ir import loop as L
-from ...ir.ops.registry import get_op, infer_node, known_constant
+from ...ir.ops.registry import get_op, known_constant
+from ...passes.specialize import reinfer
 from ..lower import Kernel, NoCompute, lower_group
 from .codegen import ModuleBuilder
 from .runtime import HostCPU, JITModule, ensure_pool, host_cpu, initialize, target_machine
@@ -537,20 +538,7 @@ def _specialize(step: Segment, shapes: tuple, known: dict | None = None
             if i in known:
                 nv.known = np.array(known[i], dtype=object).reshape(shape)
             values[id(v)] = nv
-    nodes = []
-    for n in step.nodes:
-        ins = [None if v is None else values[id(v)] for v in n.inputs]
-        types, known, attrs = infer_node(n.op, ins, n.attrs, len(n.outputs), n.name)
-        outs = []
-        for v, t, kv in zip(n.outputs, types, known):
-            nv = Value(v.name, t)
-            nv.known = kv
-            values[id(v)] = nv
-            outs.append(nv)
-        node = Node(n.op, ins, outs, attrs, n.name)
-        for o in outs:
-            o.producer = node
-        nodes.append(node)
+    nodes = reinfer(step.nodes, values)
     return nodes, values
 
 

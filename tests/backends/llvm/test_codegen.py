@@ -368,7 +368,7 @@ _BINARY = {"pow": (np.power, 0.1, 4), "fmod": (np.fmod, -9, 9), "atan2": (np.arc
 
 def test_every_intrinsic_is_rendered_or_rejected():
     """Each name in loop.INTRINSICS has a test below (a new one must get one)."""
-    tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma"}
+    tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma", "bitcast"}
     assert tested == set(L.INTRINSICS)
 
 
@@ -623,3 +623,14 @@ def _malformed():
 def test_verify_rejects_malformed_funcs(case):
     with pytest.raises(L.LoopIRError):
         L.verify(_malformed()[case])
+
+
+@pytest.mark.parametrize("src, dst", [("float32", "int32"), ("int32", "float32"),
+                                      ("float16", "int16"), ("bfloat16", "uint16"),
+                                      ("uint16", "bfloat16"), ("float64", "uint64"),
+                                      ("int8", "uint8")])
+def test_bitcast_keeps_the_bits(rng, src, dst):
+    s, d = T.DType.from_name(src), T.DType.from_name(dst)
+    func = elementwise(f"bitcast_{src}_{dst}", [s], d, lambda x: L.call("bitcast", x, dtype=d))
+    x = random(rng, s)
+    assert_same(run1(jit(func, opt=3), func, [x], d), x.view(d.np))
