@@ -272,3 +272,31 @@ def _map_children(node, fn):
 def _has_reduce(e: L.Expr) -> bool:
     return any(isinstance(n, L.Reduce) for n in L.walk(e))
 
+
+
+def epilogue(kernel: Kernel):
+    """For a group of an anchor and the elementwise chain after it: `fn(value, index)` giving
+    the group's output element from the anchor's output element `value` at output `index`.
+    Templates compute the anchor their own way and apply this where they store."""
+    nodes = kernel.nodes
+    if len(nodes) == 1:
+        return lambda value, index: value
+    anchor_out = nodes[0].outputs[0]
+    tensors: dict[int, Tensor] = {
+        id(v): placeholder(_buffer_name(v), v.type.dtype, v.type.shape, value=known_constant(v))
+        for v in kernel.inputs}
+    anchor = placeholder("anchor_value", anchor_out.type.dtype, anchor_out.type.shape)
+    tensors[id(anchor_out)] = anchor
+    for n in nodes[1:]:
+        args = [None if v is None else tensors[id(v)] for v in n.inputs]
+        outs = apply_rule(n.op, args, n.attrs, [v.type for v in n.outputs])
+        tensors[id(n.outputs[0])] = outs[0]
+    final = tensors[id(nodes[-1].outputs[0])]
+    body = _Lowering(kernel.inputs, tensors, {}).inline(final.body)
+
+    def apply(value: L.Expr, index) -> L.Expr:
+        e = L.substitute(body, dict(zip(final.axes, index)))
+        return L.transform(e, lambda n: value if isinstance(n, L.Load) and
+                           n.buffer.name == "anchor_value" else None)
+
+    return apply

@@ -200,7 +200,7 @@ def test_compile_then_run_the_artifact(tmp_path, capsys):
                              "--opt-level", "2", "--emit", "llvm-ir", tmp_path / "ir",
                              "--emit", "loop", tmp_path / "ir")
     assert code == 0, err
-    assert out.startswith(f"wrote {out_file}: llvm, 5 kernels, 0 host fallback")
+    assert out.startswith(f"wrote {out_file}: llvm, 3 kernels, 0 host fallback")  # 5 nodes, fused
     assert "compiling" in err  # progress lines go to stderr
     assert "define" in (tmp_path / "ir" / "mlp.ll").read_text()
     assert "for " in (tmp_path / "ir" / "mlp.loop").read_text()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ...ir import loop as L
 from ...ir import types as T
-from ..lower import Kernel
+from ..lower import Kernel, epilogue
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
 
     config = config or ConvConfig()
     node = kernel.anchor
-    if len(kernel.nodes) != 1 or node.op != "Conv" or node.attrs.get("group", 1) != 1:
+    then = epilogue(kernel)
+    if node is not kernel.nodes[0] or node.op != "Conv" or node.attrs.get("group", 1) != 1:
         return None
     params = kernel.func.params
     index = {id(v): k for k, v in enumerate(kernel.inputs)}
@@ -115,6 +116,7 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     value = acc[ii * nr + jj]
     if bias is not None:
         value = value + bias[L.minimum(out_c, oc - 1)]
+    value = then(value, (bn, out_c, boh, ow0 + ii))   # the fused epilogue (bias, ReLU, add)
     store = L.For(ii, mr, L.If(ow0 + ii < ow, L.For(jj, nr, L.If(
         out_c < oc, L.Store(y, (bn, out_c, boh, ow0 + ii), value)), L.ForKind.UNROLLED)),
         L.ForKind.UNROLLED)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ...ir import loop as L
 from ...ir import types as T
-from ..lower import Kernel
+from ..lower import Kernel, epilogue
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,9 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     (the default schedule is used then)."""
     config = config or DenseConfig()
     node = kernel.anchor
-    if len(kernel.nodes) != 1 or node.op not in ("MatMul", "Gemm", "MatMulPacked"):
+    if node is not kernel.nodes[0] or node.op not in ("MatMul", "Gemm", "MatMulPacked"):
         return None
+    then = epilogue(kernel)
     params = kernel.func.params
     y = params[-1]
     if y.dtype is not T.float32:
@@ -108,7 +109,21 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         bb = 0 if len(b_dims) == 2 else bi
         return b3[bb, j, kk] if trans_b else b3[bb, kk, j]
 
-    def epilogue(value, i, j):
+    def finish(value, i, j):
+        """Gemm's alpha and beta * C, then the fused consumers at the output's own index."""
+        value = _gemm_epilogue(value, i, j)
+        if batch > 1:
+            i = bi * m + i
+        rows = y_dims[:-1]
+        index = []
+        for d in reversed(rows[1:]):
+            index.append(i % d)
+            i = i // d
+        index.append(i)
+        return then(value, tuple(reversed(index)) + (j,)) if len(y_dims) >= 2 else \
+            then(value, (j,))
+
+    def _gemm_epilogue(value, i, j):
         if alpha != 1.0:
             value = value * alpha
         if bias is not None:
@@ -145,7 +160,7 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         value = acc[ii * width + jj]
         last = L.eq(kb, n_kb - 1)
         store = L.For(ii, mr, L.If(i0 + ii < m, L.For(jj, width, L.Store(
-            y3, (bi, i0 + ii, j0 + jj), L.Select(last, epilogue(value, i0 + ii, j0 + jj),
+            y3, (bi, i0 + ii, j0 + jj), L.Select(last, finish(value, i0 + ii, j0 + jj),
                                                  value)), vec)),
             L.ForKind.UNROLLED)
         body = L.Allocate(acc, L.seq(init, kloop, store))

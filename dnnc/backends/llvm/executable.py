@@ -43,6 +43,7 @@ from ..lower import Kernel, NoCompute, lower_group
 from .codegen import ModuleBuilder
 from .runtime import HostCPU, JITModule, ensure_pool, host_cpu, initialize, target_machine
 from .schedules import schedule_kernel
+from ...passes.fuse_ops import fusion_groups
 
 ALIGN = 64
 
@@ -93,6 +94,7 @@ class LLVMRuntime:
         self.graph = graph
         self.cpu = cpu or host_cpu()
         self.opt_level = opt_level
+        self.fuse = opt_level >= 2   # fuse_ops groups kernels from opt level 2
         self.threads = ensure_pool()
         self.progress = sys.stderr.isatty() if progress is None else progress
         self._forced_host: frozenset = frozenset()
@@ -197,7 +199,13 @@ class LLVMRuntime:
 
     @property
     def kernels(self) -> int:
-        return sum(len(s.nodes) for s in self.steps if isinstance(s, Segment))
+        """Kernels per call: of each segment's first compiled specialisation (fused groups
+        count once), or its node count before it is compiled."""
+        compiled = {}
+        for (index, *_), seg in list(self._cache.items()):
+            compiled.setdefault(index, len(seg.kernels) or len(seg.step.nodes))
+        return sum(compiled.get(s.index, len(s.nodes)) for s in self.steps
+                   if isinstance(s, Segment))
 
     def _warm_up(self) -> None:
         """Compile every segment now when the inputs' shapes are static (shapes after host
@@ -381,11 +389,22 @@ class _CompiledSegment:
         self.kernels: list[Kernel] = []
         mb = ModuleBuilder(f"segment{step.index}")
         rendered: dict[str, str] = {}   # identical kernels (repeated layers) compile once
-        for k, node in enumerate(nodes):
+        original = {id(n): o for n, o in zip(nodes, step.nodes)}
+        escaping_ids = {id(values[id(v)]) for v in step.escaping}
+        groups = fusion_groups(nodes, escaping_ids) if rt.fuse else [[n] for n in nodes]
+        for k, group in enumerate(groups):
+            node = group[0]
+            needed = [v for v in group[-1].outputs] + \
+                [v for n in group[:-1] for v in n.outputs if id(v) in escaping_ids]
             try:
-                kernel = lower_group([node], f"k{k}_{node.op}")
+                kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed)
             except NoCompute:
-                raise _HostAfterAll(step.nodes[k]) from None
+                for n in group:   # the node without a loop form runs on the host from now on
+                    try:
+                        lower_group([n], "probe")
+                    except NoCompute:
+                        raise _HostAfterAll(original[id(n)]) from None
+                raise
             if kernel.func.size_vars:
                 raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic "
                                    f"after specialisation: {kernel.func.size_vars}")
