@@ -64,3 +64,22 @@ def test_fused_kernels_match_the_reference():
     unfused = dnnc.compile(g, target="llvm", opt_level=1)
     assert unfused.stats["kernels"] == 4
     np.testing.assert_allclose(unfused.run(x)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fused_cast_changes_the_stored_type_safely():
+    """MatMul (float32) + Cast(float16): the template's output has the group's type, and a
+    reduction long enough to be split in k still sums in float32 before the one cast."""
+    rng = np.random.default_rng()
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (2, 7, 600)))
+    b = Value("b", T.TensorType(T.float32, (600, 20)),
+              const=rng.standard_normal((600, 20)).astype(np.float32))
+    g.outputs = [g.add("Cast", g.add("MatMul", a, b), to=T.float16)]
+    x = rng.standard_normal((2, 7, 600)).astype(np.float32)
+    want = dnnc.compile(g, target="numpy").run(x)[0]
+    compiled = dnnc.compile(g, target="llvm")
+    assert compiled.stats["kernels"] == 1
+    got = compiled.run(x)[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3,
+                               atol=2e-2)

@@ -52,7 +52,8 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     bias = params[index[id(node.inputs[2])]] if has_bias else None
     y = params[-1]
     xd, wd, yd = _dims(x.shape), _dims(w.shape), _dims(y.shape)
-    if y.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
+    if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
+            w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
         return None
     n, c, h, wid = xd
     oc, _, kh, kw = wd

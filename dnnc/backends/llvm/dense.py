@@ -49,13 +49,15 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     then = epilogue(kernel)
     params = kernel.func.params
     y = params[-1]
-    if y.dtype is not T.float32:
+    if node.outputs[0].type.dtype is not T.float32:   # the anchor's own type, not the group's
         return None
     index = {id(v): k for k, v in enumerate(kernel.inputs)}
     a = params[index[id(node.inputs[0])]]
     b = params[index[id(node.inputs[1])]]
     c = params[index[id(node.inputs[2])]] if len(node.inputs) > 2 and \
         node.inputs[2] is not None else None
+    if a.dtype is not T.float32 or b.dtype is not T.float32:
+        return None
     a_dims, b_dims, y_dims = _const_dims(a.shape), _const_dims(b.shape), _const_dims(y.shape)
     if a_dims is None or b_dims is None or y_dims is None or len(a_dims) < 2 or \
             len(b_dims) < 2:
@@ -85,7 +87,9 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     vec = vector_bits // 32
     nr = b_dims[2] if packed else config.nr_vectors * vec
     mr = config.mr
-    kc = min(config.kc, k)
+    # partial sums of earlier k-slices wait in the output, so an output of another type (a
+    # fused Cast) takes the whole reduction in one slice
+    kc = min(config.kc, k) if y.dtype is T.float32 else k
     mc = max(mr, min(config.mc, -(-m // mr) * mr))
     # buffers viewed as 3-D [batch, rows, cols] (the pointers are the params')
     a3 = L.Buffer(a.name, T.float32, (batch, k, m) if trans_a else (batch, m, k))
@@ -94,7 +98,7 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     else:
         b3 = L.Buffer(b.name, T.float32, (1 if len(b_dims) == 2 else batch,) +
                       ((n, k) if trans_b else (k, n)))
-    y3 = L.Buffer(y.name, T.float32, (batch, m, n))
+    y3 = L.Buffer(y.name, y.dtype, (batch, m, n))
     bias = None
     if c is not None:
         c_dims = _const_dims(c.shape)
@@ -148,9 +152,10 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         ii, jj = L.Var("ii"), L.Var("jj")
         row = L.minimum(i0 + ii, m - 1)   # rows past M repeat the last row; never stored
         vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
-        init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), L.Select(
-            L.eq(kb, 0), L.const(0.0), y3[bi, row, j0 + jj])), vec),
-            L.ForKind.UNROLLED)
+        start = L.const(0.0) if n_kb == 1 else L.Select(L.eq(kb, 0), L.const(0.0),
+                                                          y3[bi, row, j0 + jj])
+        init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), start), vec),
+                     L.ForKind.UNROLLED)
         kglob = kb * kc + kk
         update = L.For(ii, mr, L.Let(L.Var("a", T.float32), a_at(bi, row, kglob), L.For(
             jj, width, L.Store(acc, (ii * width + jj,), L.call(
@@ -158,11 +163,11 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
             vec)), L.ForKind.UNROLLED)
         kloop = L.For(kk, L.minimum(L.const(kc), k - kb * kc), update)
         value = acc[ii * width + jj]
-        last = L.eq(kb, n_kb - 1)
+        done = finish(value, i0 + ii, j0 + jj)
+        if n_kb > 1:
+            done = L.Select(L.eq(kb, n_kb - 1), done, value)
         store = L.For(ii, mr, L.If(i0 + ii < m, L.For(jj, width, L.Store(
-            y3, (bi, i0 + ii, j0 + jj), L.Select(last, finish(value, i0 + ii, j0 + jj),
-                                                 value)), vec)),
-            L.ForKind.UNROLLED)
+            y3, (bi, i0 + ii, j0 + jj), done), vec)), L.ForKind.UNROLLED)
         body = L.Allocate(acc, L.seq(init, kloop, store))
         return L.Let(i0, mb * mc + ib * mr, L.If(i0 < m, body))
 
