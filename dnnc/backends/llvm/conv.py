@@ -128,3 +128,82 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     if padded:
         body = L.Allocate(xpad, body)
     return L.simplify(L.PrimFunc(kernel.func.name, params, body))
+
+
+def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFunc | None:
+    """Depthwise 2-D convolution (group == channels, one filter per channel): each output row
+    in vectors of pixels, the window's taps broadcast from the filter; full vectors read the
+    padded input contiguously (at stride 1), the row's tail runs narrower."""
+    from ...ir.ops.nn import window_attrs, window_geometry
+
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "Conv":
+        return None
+    params = kernel.func.params
+    index = {id(v): k for k, v in enumerate(kernel.inputs)}
+    x = params[index[id(node.inputs[0])]]
+    w = params[index[id(node.inputs[1])]]
+    has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
+    bias = params[index[id(node.inputs[2])]] if has_bias else None
+    y = params[-1]
+    xd, wd, yd = _dims(x.shape), _dims(w.shape), _dims(y.shape)
+    if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
+            w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
+        return None
+    n, c, h, wid = xd
+    oc, cg, kh, kw = wd
+    if node.attrs.get("group", 1) != c or oc != c or cg != 1:
+        return None
+    _, _, oh, ow = yd
+    strides, dilations, pads = window_attrs(2, node.attrs.get("strides"),
+                                            node.attrs.get("dilations"), node.attrs.get("pads"))
+    outs, begins, _ = window_geometry([h, wid], [kh, kw], strides, dilations, pads,
+                                      node.attrs.get("auto_pad", "NOTSET"))
+    if list(outs) != [oh, ow]:
+        return None
+    sh, sw = strides
+    dh, dw = dilations
+    ph, pw = begins
+    hp = max(h + ph, (oh - 1) * sh + (kh - 1) * dh + 1)
+    wp = max(wid + pw, (ow - 1) * sw + (kw - 1) * dw + 1)
+    lanes = vector_bits // 32
+    then = epilogue(kernel)
+    par = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
+
+    nc, i_h, i_w = L.Var("pnc"), L.Var("ph"), L.Var("pw")
+    xpad = L.Buffer("xpad", T.float32, (n, c, hp, wp))
+    pad_stmt = L.For(nc, n * c, L.seq(
+        L.For(i_h, hp, L.For(i_w, wp, L.Store(xpad, (nc // c, nc % c, i_h, i_w),
+                                                L.const(0.0)))),
+        L.For(i_h, h, L.For(i_w, wid, L.Store(xpad, (nc // c, nc % c, i_h + ph, i_w + pw),
+                                                x[nc // c, nc % c, i_h, i_w])))), par)
+
+    plane, row = L.Var("plane"), L.Var("row")
+    bn, ch = plane // c, plane % c
+    r, s, jj = L.Var("r"), L.Var("s"), L.Var("j")
+    wv = L.Var("wv", T.float32)
+
+    def block(width: int, ow0: L.Expr) -> L.Stmt:
+        acc = L.Buffer("acc", T.float32, (width,), L.Scope.LOCAL)
+        kind = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+        init = L.For(jj, width, L.Store(acc, (jj,), L.const(0.0)), kind)
+        tap = L.Let(wv, w[ch, 0, r, s], L.For(jj, width, L.Store(acc, (jj,), L.call(
+            "fma", xpad[bn, ch, row * sh + r * dh, (ow0 + jj) * sw + s * dw], wv, acc[jj])),
+            kind))
+        value = acc[jj]
+        if bias is not None:
+            value = value + bias[ch]
+        value = then(value, (bn, ch, row, ow0 + jj))
+        store = L.For(jj, width, L.Store(y, (bn, ch, row, ow0 + jj), value), kind)
+        return L.Allocate(acc, L.seq(init, L.For(r, kh, L.For(s, kw, tap)), store))
+
+    pb = L.Var("pb")
+    full = ow // lanes
+    parts = []
+    if full:
+        parts.append(L.For(pb, full, block(lanes, pb * lanes)))
+    if ow % lanes:
+        parts.append(block(ow % lanes, L.const(full * lanes)))
+    main = L.For(plane, n * c, L.For(row, oh, L.seq(*parts)), par)
+    body = L.Allocate(xpad, L.seq(pad_stmt, main))
+    return L.simplify(L.PrimFunc(kernel.func.name, params, body))

@@ -102,9 +102,10 @@ def _dense(kernel, cpu, threads):
 
 
 def _conv2d(kernel, cpu, threads):
-    from .conv import conv2d_schedule
+    from .conv import conv2d_schedule, depthwise_schedule
 
-    return conv2d_schedule(kernel, cpu.vector_bits, threads)
+    return conv2d_schedule(kernel, cpu.vector_bits, threads) or \
+        depthwise_schedule(kernel, cpu.vector_bits, threads)
 
 
 TEMPLATES = {"MatMul": _dense, "Gemm": _dense, "MatMulPacked": _dense, "Conv": _conv2d}

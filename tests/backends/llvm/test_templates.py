@@ -87,3 +87,24 @@ def test_conv2d_template_matches_reference(cfg):
     assert "wpack" in compiled.runtime.source("loop")
     want = dnnc.compile(model, target="numpy").run(x)[0]
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("c,h,w,k,stride,pad", [(8, 9, 13, 3, 1, 1), (5, 12, 12, 3, 2, 1),
+                                               (3, 7, 20, 5, 1, 2), (4, 6, 6, 1, 1, 0)])
+def test_depthwise_template_matches_reference(c, h, w, k, stride, pad):
+    rng = np.random.default_rng()
+    weights = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[pad] * 4,
+                            strides=[stride] * 2)
+    relu = helper.make_node("Relu", ["y"], ["z"])
+    graph = helper.make_graph([node, relu], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, c, h, w])], [helper.make_tensor_value_info(
+            "z", TensorProto.FLOAT, None)], initializer=[
+                numpy_helper.from_array(weights, "w"),
+                numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((2, c, h, w)).astype(np.float32)
+    compiled = dnnc.compile(model, target="llvm")
+    assert "xpad" in compiled.runtime.source("loop") and compiled.stats["kernels"] == 1
+    want = dnnc.compile(model, target="numpy").run(x)[0]
+    np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-5, atol=1e-5)
