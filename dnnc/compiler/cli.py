@@ -527,7 +527,43 @@ def build_parser() -> argparse.ArgumentParser:
     _shape_option(bench)
     bench.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     bench.set_defaults(run=cmd_bench)
+
+    cmp_ = sub.add_parser("compare", help="find the first node (and pass) a target gets wrong",
+                          description="Run the model on a target and on the numpy reference "
+                                      "with the same random inputs; report the first node, in "
+                                      "the model's names, whose output differs.")
+    cmp_.add_argument("model", help="an .onnx file")
+    cmp_.add_argument("--target", default="llvm", choices=["llvm", "numpy"])
+    cmp_.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3])
+    cmp_.add_argument("--bisect-passes", action="store_true",
+                      help="also find the first pass after which the results change")
+    cmp_.add_argument("--rtol", type=float, default=1e-4)
+    cmp_.add_argument("--atol", type=float, default=1e-5)
+    cmp_.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    cmp_.set_defaults(run=cmd_compare)
     return parser
+
+
+def cmd_compare(args) -> int:
+    from .compare import bisect_passes, compare
+
+    options = dict(rtol=args.rtol, atol=args.atol, seed=args.seed)
+    if args.bisect_passes:
+        found = bisect_passes(args.model, args.target, args.opt_level, **options)
+        if found is None:
+            print(f"no divergence: {args.target} matches the reference after every pass")
+            return 0
+        culprit, where = found
+        print(f"first diverging pass: {culprit}")
+    else:
+        where = compare(args.model, args.target, args.opt_level, **options)
+        if where is None:
+            print(f"no divergence: every node's output on {args.target} matches the reference")
+            return 0
+    if where is not None:
+        print(f"first diverging node: {where.node} ({where.op}), output {where.value}, max abs "
+              f"error {where.max_abs_error:.3g} (rtol {args.rtol:g}, atol {args.atol:g})")
+    return 1
 
 
 def _shape_option(parser) -> None:

@@ -10,20 +10,22 @@ from ..errors import CompileError
 from ..ir.graph import Graph
 from .module import CompiledModel
 
-def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None):
+def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None):
     from ..backends.llvm.executable import LLVMRuntime
     from ..backends.llvm.runtime import host_cpu, num_threads
     from ..ir.target import Target
-    from ..passes.manager import optimize
+    from ..passes.manager import optimize, passes_at
 
     cpu = cpu or host_cpu()
     target = Target("llvm", cpu.name, tuple(sorted(cpu.feature_set)), cpu.vector_bits,
                     num_threads())
-    graph = optimize(graph, target, opt_level)
-    return graph, LLVMRuntime(graph, cpu=cpu, opt_level=opt_level, progress=progress)
+    graph = optimize(graph, target, opt_level, passes=passes)
+    fuse = "fuse_ops" in passes_at(opt_level)[:passes]
+    return graph, LLVMRuntime(graph, cpu=cpu, opt_level=opt_level, progress=progress,
+                              fuse=fuse)
 
 
-def _numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None):
+def _numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None):
     return graph, NumpyRuntime(graph)
 
 
@@ -41,18 +43,19 @@ def load_graph(model, input_shapes: dict | None = None) -> Graph:
 
 def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
             opt_level: int | None = None, tuning_log=None, cpu=None,
-            progress: bool | None = None) -> CompiledModel:
+            progress: bool | None = None, passes: int | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`.
 
     `cpu` (a `backends.llvm.runtime.HostCPU`) overrides the host's CPU name and features for
-    the llvm target; `progress` prints compile stages on stderr (default: when it is a tty).
+    the llvm target; `progress` prints compile stages on stderr (default: when it is a tty);
+    `passes` stops the pass pipeline after its first N passes (for finding a miscompile).
     """
     if target not in TARGETS:
         raise CompileError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
     start = time.perf_counter()
     graph = load_graph(model, input_shapes)
     graph, runtime = TARGETS[target](graph, 3 if opt_level is None else opt_level, cpu=cpu,
-                                     progress=progress)
+                                     progress=progress, passes=passes)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),
              "kernels": getattr(runtime, "kernels", 0),

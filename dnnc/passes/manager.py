@@ -1,12 +1,15 @@
-"""The pass pipeline per opt level (a first slice of the PassManager; fusion, simplification
-and memory planning join it in the graph-passes issue).
+"""The pass pipeline per opt level (a first slice of the PassManager; memory planning and the
+rest of simplify join it in the graph-passes issue).
 
     0  the graph as imported
     1  fold_constants (on a copy bound to the inputs' declared shapes), simplify
-    2  + convert_layout (the target's weight layouts, converted once at compile time)
+    2  + convert_layout (the target's weight layouts, converted once at compile time),
+       + fuse_ops (applied by the backend when it forms kernels)
     3  the same as 2 today (the default: the fastest correct level)
 
-The input graph is never modified: a pipeline works on `specialize`'s copy.
+`PIPELINE` names every pass with the level it starts at; `optimize(..., passes=k)` stops after
+the first k of them, which is how `dnnc compare --bisect-passes` finds the pass that changes
+a result. The input graph is never modified: a pipeline works on `specialize`'s copy.
 """
 
 from __future__ import annotations
@@ -22,22 +25,44 @@ from .specialize import specialize
 DEFAULT_OPT_LEVEL = 3
 
 
+def _fold(graph: Graph, target: Target) -> Graph:
+    return specialize(graph, [v.type.shape for v in graph.inputs], fold=True)
+
+
+def _simplify(graph: Graph, target: Target) -> Graph:
+    simplify(graph)
+    return graph
+
+
+def _layout(graph: Graph, target: Target) -> Graph:
+    convert_layout(graph, target)
+    return graph
+
+
+def _fuse(graph: Graph, target: Target) -> Graph:
+    return graph   # the backend groups kernels (`fuse_ops.fusion_groups`) when it is on
+
+
+PIPELINE = [("fold_constants", 1, _fold), ("simplify", 1, _simplify),
+            ("convert_layout", 2, _layout), ("fuse_ops", 2, _fuse)]
+"""(name, first opt level, pass) in order; a pass takes and returns the graph."""
+
+
+def passes_at(opt_level: int) -> list[str]:
+    return [name for name, level, _ in PIPELINE if opt_level >= level]
+
+
 def optimize(graph: Graph, target: Target, opt_level: int = DEFAULT_OPT_LEVEL,
-             timings: dict | None = None) -> Graph:
-    """The graph to compile for `target` at `opt_level`."""
-    if opt_level <= 0:
-        return graph
-    start = time.perf_counter()
-    out = specialize(graph, [v.type.shape for v in graph.inputs], fold=True)
-    if timings is not None:
-        timings["fold_constants"] = time.perf_counter() - start
-    start = time.perf_counter()
-    simplify(out)
-    if timings is not None:
-        timings["simplify"] = time.perf_counter() - start
-    if opt_level >= 2:
+             timings: dict | None = None, passes: int | None = None) -> Graph:
+    """The graph to compile for `target` at `opt_level` (only its first `passes` passes when
+    given)."""
+    names = passes_at(opt_level)[:passes]
+    out = graph
+    for name, _, run in PIPELINE:
+        if name not in names:
+            continue
         start = time.perf_counter()
-        convert_layout(out, target)
+        out = run(out, target)
         if timings is not None:
-            timings["convert_layout"] = time.perf_counter() - start
+            timings[name] = time.perf_counter() - start
     return out

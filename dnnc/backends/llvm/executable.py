@@ -90,11 +90,12 @@ class LLVMRuntime:
     name = "llvm"
 
     def __init__(self, graph: Graph, cpu: HostCPU | None = None, opt_level: int = 3,
-                 progress: bool | None = None, plan: list[dict] | None = None):
+                 progress: bool | None = None, plan: list[dict] | None = None,
+                 fuse: bool | None = None):
         self.graph = graph
         self.cpu = cpu or host_cpu()
         self.opt_level = opt_level
-        self.fuse = opt_level >= 2   # fuse_ops groups kernels from opt level 2
+        self.fuse = opt_level >= 2 if fuse is None else fuse   # fuse_ops from opt level 2
         self.threads = ensure_pool()
         self.progress = sys.stderr.isatty() if progress is None else progress
         self._forced_host: frozenset = frozenset()

@@ -1,0 +1,104 @@
+"""Finding a miscompile: a target's results next to the numpy reference's, node by node, and
+the first pass of the pipeline whose output changes the result.
+
+`compare` runs the model on the target with every node's output made a graph output (so no
+value is fused away) and on the numpy reference, with the same inputs, and reports the first
+node, in the source model's order and names, whose output differs beyond tolerance.
+`bisect_passes` compiles with the first k passes of the pipeline for k = 0, 1, ... and
+reports the first pass after which the model's outputs differ from the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.graph import Graph
+from ..ir.interpreter import run_graph
+from ..passes.manager import passes_at
+from .driver import compile, load_graph
+
+
+@dataclass
+class Divergence:
+    node: str          # the source model's node name
+    op: str
+    value: str         # the output that differs
+    max_abs_error: float
+    checked: int       # values compared before (and including) this one
+
+
+def _inputs(graph: Graph, rng, dims: dict | None = None) -> list[np.ndarray]:
+    arrays = []
+    for v in graph.inputs:
+        shape = tuple(d if isinstance(d, int) else (dims or {}).get(d, 1) for d in v.type.shape)
+        if v.type.dtype.is_float:
+            arrays.append(rng.standard_normal(shape).astype(v.type.dtype.np))
+        elif v.type.dtype.kind == "b":
+            arrays.append(rng.random(shape) < 0.5)
+        else:
+            arrays.append(rng.integers(0, 4, shape).astype(v.type.dtype.np))
+    return arrays
+
+
+def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple[bool, float]:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False, float("inf")
+    if want.dtype.kind not in "fc" and want.dtype.name != "bfloat16":
+        diff = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) \
+            if got.size else 0.0
+        return bool(np.array_equal(got, want)), diff
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(all="ignore"):
+        err = float(np.nanmax(np.abs(g - w))) if g.size else 0.0
+        ok = bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+    return ok, err
+
+
+def compare(model, target: str = "llvm", opt_level: int | None = None, *, rtol: float = 1e-4,
+            atol: float = 1e-5, seed: int = 0, passes: int | None = None,
+            inputs: list[np.ndarray] | None = None) -> Divergence | None:
+    """The first node whose output differs between `target` and the reference, or None."""
+    graph = load_graph(model)
+    arrays = inputs if inputs is not None else _inputs(graph, np.random.default_rng(seed))
+    reference: dict[str, np.ndarray] = {}
+
+    def observe(node, outs):
+        for v, a in zip(node.outputs, outs):
+            reference[v.name] = a
+
+    run_graph(graph, arrays, observe=observe)
+    probed = Graph(graph.name, inputs=graph.inputs, nodes=graph.nodes,
+                   outputs=list(graph.outputs) + [v for n in graph.nodes for v in n.outputs
+                                                  if v not in graph.outputs])
+    compiled = compile(probed, target=target, opt_level=opt_level, passes=passes)
+    results = dict(zip(compiled.output_names, compiled.run(*arrays)))
+    checked = 0
+    for node in graph.nodes:
+        for v in node.outputs:
+            if v.name not in results or v.name not in reference:
+                continue
+            checked += 1
+            ok, err = _close(results[v.name], reference[v.name], rtol, atol)
+            if not ok:
+                return Divergence(node.name, node.op, v.name, err, checked)
+    return None
+
+
+def bisect_passes(model, target: str = "llvm", opt_level: int | None = None, *,
+                  rtol: float = 1e-4, atol: float = 1e-5, seed: int = 0
+                  ) -> tuple[str, Divergence] | None:
+    """(the first pass after which results diverge, where they first diverge), or None."""
+    graph = load_graph(model)
+    arrays = _inputs(graph, np.random.default_rng(seed))
+    names = passes_at(3 if opt_level is None else opt_level)
+    want = run_graph(graph, arrays)
+    for k in range(len(names) + 1):
+        outs = compile(graph, target=target, opt_level=opt_level, passes=k).run(*arrays)
+        if not all(_close(g, w, rtol, atol)[0] for g, w in zip(outs, want)):
+            found = compare(graph, target, opt_level, rtol=rtol, atol=atol, passes=k,
+                            inputs=arrays)
+            culprit = "the target's code generation (no pass)" if k == 0 else names[k - 1]
+            return culprit, found
+    return None

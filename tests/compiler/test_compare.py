@@ -1,0 +1,63 @@
+"""Finding a miscompile: a wrong rewrite slipped into the pipeline is named by
+`bisect_passes`, with the first node whose result it changes."""
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.compiler.compare import bisect_passes, compare
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Node, Value
+from dnnc.passes import simplify as simplify_module
+
+
+def _model():
+    rng = np.random.default_rng(0)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (4, 8)))
+    w = Value("w", T.TensorType(T.float32, (8, 8)),
+              const=rng.standard_normal((8, 8)).astype(np.float32))
+    h = g.add("MatMul", x, w, name="dense")
+    r = g.add("Relu", h, name="act")
+    g.outputs = [g.add("Exp", r, name="exp")]
+    return g
+
+
+def _wrong_relu(graph, node, users):
+    """A deliberately wrong rewrite: Relu(x) -> Abs(x)."""
+    if node.op != "Relu":
+        return False
+    graph.nodes[graph.nodes.index(node)] = Node("Abs", node.inputs, node.outputs, {},
+                                                node.name)
+    return True
+
+
+def test_a_correct_pipeline_has_no_divergence():
+    assert compare(_model(), "llvm") is None
+    assert bisect_passes(_model(), "llvm") is None
+
+
+def test_bisect_names_the_wrong_pass_and_the_first_diverging_node(monkeypatch):
+    monkeypatch.setattr(simplify_module, "RULES", simplify_module.RULES + [_wrong_relu])
+    monkeypatch.setattr(simplify_module.simplify, "__defaults__", (simplify_module.RULES,))
+    found = bisect_passes(_model(), "llvm")
+    assert found is not None
+    culprit, where = found
+    assert culprit == "simplify"
+    assert where is not None and where.node == "act" and where.op == "Relu"
+
+
+def test_cli_compare(tmp_path, capsys):
+    from onnx import TensorProto, helper, numpy_helper
+    from dnnc.compiler.cli import main
+
+    w = numpy_helper.from_array(np.eye(3, dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[w])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17)]).SerializeToString())
+    assert main(["compare", str(path), "--target", "llvm", "--bisect-passes"]) == 0
+    assert "no divergence" in capsys.readouterr().out
