@@ -19,47 +19,50 @@ MAX_GROWTH_BYTES = 1 << 20
 """A folded output may exceed its inputs' size by at most this much."""
 
 
+def folded_outputs(node, max_growth: int = MAX_GROWTH_BYTES) -> list[Value] | None:
+    """Constant Values for `node`'s outputs when it can be evaluated at compile time (every
+    input known, deterministic, no subgraphs, no large materialisation), else None."""
+    op = get_op(node.op)
+    if not op.deterministic:
+        return None
+    outs_known = [known_constant(v) for v in node.outputs]
+    if all(a is not None for a in outs_known):
+        # inference already knows the result (Shape, Size of static inputs)
+        return [Value(v.name, v.type, const=np.require(a, requirements="C"))
+                for v, a in zip(node.outputs, outs_known)]
+    args = [known_constant(v) for v in node.inputs]
+    if node.subgraphs() or any(a is None and v is not None for a, v in zip(args, node.inputs)):
+        return None
+    in_bytes = sum(a.nbytes for a in args if a is not None)
+    out_bytes = sum((v.type.numel or 0) * v.type.dtype.itemsize for v in node.outputs)
+    if any(v.type.numel is None for v in node.outputs) or out_bytes > in_bytes + max_growth:
+        return None
+    try:
+        with np.errstate(all="ignore"):
+            outs = op.run(args, node.attrs)
+    except Exception:  # the reference rejects these inputs; run time will report it
+        return None
+    consts = []
+    for v, a in zip(node.outputs, outs):
+        a = np.asarray(a)
+        if a.shape != tuple(v.type.shape) or a.dtype != v.type.dtype.np:
+            return None
+        consts.append(Value(v.name, v.type, const=np.require(a, requirements="C")))
+    return consts
+
+
 def fold_constants(graph: Graph, max_growth: int = MAX_GROWTH_BYTES) -> int:
-    """Fold in place; returns how many nodes were folded."""
+    """Fold in place; returns how many nodes were folded. (Types downstream are not inferred
+    again: `specialize(fold=True)` folds during its inference walk, which refines them.)"""
     kept = []
     folded = 0
     for node in graph.nodes:
-        op = get_op(node.op)
-        outs_known = [known_constant(v) for v in node.outputs]
-        if op.deterministic and all(a is not None for a in outs_known):
-            # inference already knows the result (Shape, Size of static inputs)
-            for v, a in zip(node.outputs, outs_known):
-                graph.replace_all_uses(v, Value(v.name, v.type, const=np.require(
-                    a, requirements="C")))
-            folded += 1
-            continue
-        args = [known_constant(v) for v in node.inputs]
-        if not op.deterministic or node.subgraphs() or \
-                any(a is None and v is not None for a, v in zip(args, node.inputs)):
+        consts = folded_outputs(node, max_growth)
+        if consts is None:
             kept.append(node)
             continue
-        in_bytes = sum(a.nbytes for a in args if a is not None)
-        out_bytes = sum((v.type.numel or 0) * v.type.dtype.itemsize for v in node.outputs)
-        if any(v.type.numel is None for v in node.outputs) or \
-                out_bytes > in_bytes + max_growth:
-            kept.append(node)
-            continue
-        try:
-            with np.errstate(all="ignore"):
-                outs = op.run(args, node.attrs)
-        except Exception:  # the reference rejects these inputs; run time will report it
-            kept.append(node)
-            continue
-        for v, a in zip(node.outputs, outs):
-            a = np.asarray(a)
-            if a.shape != tuple(v.type.shape) or a.dtype != v.type.dtype.np:
-                break
-        else:
-            for v, a in zip(node.outputs, outs):
-                const = Value(v.name, v.type, const=np.require(a, requirements="C"))
-                graph.replace_all_uses(v, const)
-            folded += 1
-            continue
-        kept.append(node)
+        for v, c in zip(node.outputs, consts):
+            graph.replace_all_uses(v, c)
+        folded += 1
     graph.nodes = kept
     return folded

@@ -14,8 +14,10 @@ a result. The input graph is never modified: a pipeline works on `specialize`'s 
 
 from __future__ import annotations
 
+import os
 import time
 
+from ..errors import CompileError
 from ..ir.graph import Graph
 from ..ir.target import Target
 from .convert_layout import convert_layout
@@ -53,9 +55,13 @@ def passes_at(opt_level: int) -> list[str]:
 
 
 def optimize(graph: Graph, target: Target, opt_level: int = DEFAULT_OPT_LEVEL,
-             timings: dict | None = None, passes: int | None = None) -> Graph:
+             timings: dict | None = None, passes: int | None = None,
+             verify: bool | None = None) -> Graph:
     """The graph to compile for `target` at `opt_level` (only its first `passes` passes when
-    given)."""
+    given). With `verify` (default: the DNNC_VERIFY environment variable, which the test
+    suite sets) the graph is verified after every pass, naming the pass that broke it."""
+    if verify is None:
+        verify = os.environ.get("DNNC_VERIFY", "") not in ("", "0")
     names = passes_at(opt_level)[:passes]
     out = graph
     for name, _, run in PIPELINE:
@@ -65,4 +71,9 @@ def optimize(graph: Graph, target: Target, opt_level: int = DEFAULT_OPT_LEVEL,
         out = run(out, target)
         if timings is not None:
             timings[name] = time.perf_counter() - start
+        if verify:
+            try:
+                out.verify()
+            except Exception as exc:
+                raise CompileError(f"the graph is invalid after pass {name}: {exc}") from exc
     return out

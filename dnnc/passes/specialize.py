@@ -16,7 +16,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.registry import get_op, infer_node
-from .fold_constants import fold_constants
+from .fold_constants import folded_outputs
 
 MAX_PARAM_ELEMENTS = 64
 
@@ -64,16 +64,16 @@ def specialize(graph: Graph, shapes: list[tuple], values: dict[int, np.ndarray] 
         else:
             mapping[id(v)] = nv
     out = Graph(graph.name, inputs=inputs)
-    out.nodes = reinfer(graph.nodes, mapping)
+    out.nodes = reinfer(graph.nodes, mapping, fold=fold)
     out.outputs = [mapping.get(id(v), v) for v in graph.outputs]
-    if fold:
-        fold_constants(out)
     return out
 
 
-def reinfer(nodes: list[Node], mapping: dict[int, Value]) -> list[Node]:
+def reinfer(nodes: list[Node], mapping: dict[int, Value], fold: bool = False) -> list[Node]:
     """Copies of `nodes` reading `mapping`'s replacements of their inputs, every output type
-    (and known value) inferred again; `mapping` gains the new outputs."""
+    (and known value) inferred again; `mapping` gains the new outputs. With `fold`, nodes
+    computable at compile time become constants on the way, so the types after them are
+    inferred from the folded values."""
     out = []
     for node in nodes:
         ins = [None if v is None else mapping.get(id(v), v) for v in node.inputs]
@@ -86,7 +86,13 @@ def reinfer(nodes: list[Node], mapping: dict[int, Value]) -> list[Node]:
             nv.known = kv
             mapping[id(v)] = nv
             outs.append(nv)
-        out.append(Node(node.op, ins, outs, attrs, node.name))
+        new = Node(node.op, ins, outs, attrs, node.name)
+        consts = folded_outputs(new) if fold else None
+        if consts is not None:
+            for v, c in zip(node.outputs, consts):
+                mapping[id(v)] = c
+            continue
+        out.append(new)
     return out
 
 
