@@ -2,7 +2,8 @@
 rest of simplify join it in the graph-passes issue).
 
     0  the graph as imported
-    1  fold_constants (on a copy bound to the inputs' declared shapes), simplify
+    1  fold_constants (on a copy bound to the inputs' declared shapes), simplify,
+       eliminate (common subexpressions, then dead code)
     2  + convert_layout (the target's weight layouts, converted once at compile time),
        + fuse_ops (applied by the backend when it forms kernels)
     3  the same as 2 today (the default: the fastest correct level)
@@ -21,6 +22,7 @@ from ..errors import CompileError
 from ..ir.graph import Graph
 from ..ir.target import Target
 from .convert_layout import convert_layout
+from .eliminate import eliminate_common_subexpressions, eliminate_dead_code
 from .simplify import simplify
 from .specialize import specialize
 
@@ -36,6 +38,12 @@ def _simplify(graph: Graph, target: Target) -> Graph:
     return graph
 
 
+def _eliminate(graph: Graph, target: Target) -> Graph:
+    eliminate_common_subexpressions(graph)
+    eliminate_dead_code(graph)
+    return graph
+
+
 def _layout(graph: Graph, target: Target) -> Graph:
     convert_layout(graph, target)
     return graph
@@ -46,7 +54,8 @@ def _fuse(graph: Graph, target: Target) -> Graph:
 
 
 PIPELINE = [("fold_constants", 1, _fold), ("simplify", 1, _simplify),
-            ("convert_layout", 2, _layout), ("fuse_ops", 2, _fuse)]
+            ("eliminate", 1, _eliminate), ("convert_layout", 2, _layout),
+            ("fuse_ops", 2, _fuse)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""
 
 
