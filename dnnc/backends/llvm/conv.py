@@ -35,14 +35,49 @@ def _dims(shape):
     return [d.value for d in shape]
 
 
-def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
-                    config: ConvConfig | None = None) -> L.PrimFunc | None:
+@dataclass(frozen=True)
+class _Conv2d:
+    """A float32 NCHW 2-D Conv kernel's buffers and geometry, static shapes only."""
+
+    node: object
+    x: L.Buffer
+    w: L.Buffer
+    bias: L.Buffer | None
+    y: L.Buffer
+    x_dims: list
+    w_dims: list
+    y_dims: list
+    strides: list
+    dilations: list
+    begins: list
+    padded_hw: tuple   # an input plane big enough for every window the output reads
+
+    def pad_input(self, par: L.ForKind, always: bool = False
+                  ) -> tuple[L.Buffer, L.Stmt | None]:
+        """The input copied into a zero-padded buffer (None when no padding is needed): zero
+        the plane, then copy the image into its middle, two simple loops LLVM vectorises (a
+        per-element bounds test would not be)."""
+        n, c, h, wid = self.x_dims
+        hp, wp = self.padded_hw
+        ph, pw = self.begins
+        if not always and (ph, pw) == (0, 0) and (hp, wp) == (h, wid):
+            return self.x, None
+        xpad = L.Buffer("xpad", T.float32, (n, c, hp, wp))
+        nc, i_h, i_w = L.Var("pnc"), L.Var("ph"), L.Var("pw")
+        i_n, i_c = nc // c, nc % c
+        zero = L.For(i_h, hp, L.For(i_w, wp, L.Store(xpad, (i_n, i_c, i_h, i_w),
+                                                      L.const(0.0))))
+        copy = L.For(i_h, h, L.For(i_w, wid, L.Store(xpad, (i_n, i_c, i_h + ph, i_w + pw),
+                                                      self.x[i_n, i_c, i_h, i_w])))
+        return xpad, L.For(nc, n * c, L.seq(zero, copy), par)
+
+
+def _conv2d(kernel: Kernel) -> _Conv2d | None:
+    """The kernel's Conv anchor as a `_Conv2d`, or None when no 2-D template applies."""
     from ...ir.ops.nn import window_attrs, window_geometry
 
-    config = config or ConvConfig()
     node = kernel.anchor
-    then = epilogue(kernel)
-    if node is not kernel.nodes[0] or node.op != "Conv" or node.attrs.get("group", 1) != 1:
+    if node is not kernel.nodes[0] or node.op != "Conv":
         return None
     params = kernel.func.params
     index = {id(v): k for k, v in enumerate(kernel.inputs)}
@@ -55,42 +90,42 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
             w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
         return None
-    n, c, h, wid = xd
-    oc, _, kh, kw = wd
-    _, _, oh, ow = yd
+    h, wid = xd[2:]
+    kh, kw = wd[2:]
+    oh, ow = yd[2:]
     strides, dilations, pads = window_attrs(2, node.attrs.get("strides"),
                                             node.attrs.get("dilations"), node.attrs.get("pads"))
     outs, begins, _ = window_geometry([h, wid], [kh, kw], strides, dilations, pads,
                                       node.attrs.get("auto_pad", "NOTSET"))
     if list(outs) != [oh, ow]:
         return None
-    sh, sw = strides
-    dh, dw = dilations
-    ph, pw = begins
-    # padded input big enough for every window the output reads
-    hp = max(h + ph, (oh - 1) * sh + (kh - 1) * dh + 1)
-    wp = max(wid + pw, (ow - 1) * sw + (kw - 1) * dw + 1)
+    (sh, sw), (dh, dw), (ph, pw) = strides, dilations, begins
+    padded_hw = (max(h + ph, (oh - 1) * sh + (kh - 1) * dh + 1),
+                 max(wid + pw, (ow - 1) * sw + (kw - 1) * dw + 1))
+    return _Conv2d(node, x, w, bias, y, xd, wd, yd, strides, dilations, list(begins),
+                   padded_hw)
+
+
+def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
+                    config: ConvConfig | None = None) -> L.PrimFunc | None:
+    config = config or ConvConfig()
+    conv = _conv2d(kernel)
+    if conv is None or conv.node.attrs.get("group", 1) != 1:
+        return None
+    then = epilogue(kernel)
+    w, bias, y = conv.w, conv.bias, conv.y
+    n, c, h, wid = conv.x_dims
+    oc, _, kh, kw = conv.w_dims
+    _, _, oh, ow = conv.y_dims
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
     nr = config.nr_vectors * (vector_bits // 32)
     mr = config.mr
     ocb_n = -(-oc // nr)
     owb_n = -(-ow // mr)
     par = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
 
-    stmts = []
-    padded = (ph, pw) != (0, 0) or hp != h or wp != wid
-    if padded:
-        xpad = L.Buffer("xpad", T.float32, (n, c, hp, wp))
-        nc, i_h, i_w = L.Var("pnc"), L.Var("ph"), L.Var("pw")
-        i_n, i_c = nc // c, nc % c
-        # zero the padded plane, then copy the image into its middle: two simple loops LLVM
-        # vectorises (a per-element bounds test would not be)
-        zero = L.For(i_h, hp, L.For(i_w, wp, L.Store(xpad, (i_n, i_c, i_h, i_w),
-                                                      L.const(0.0))))
-        copy = L.For(i_h, h, L.For(i_w, wid, L.Store(xpad, (i_n, i_c, i_h + ph, i_w + pw),
-                                                      x[i_n, i_c, i_h, i_w])))
-        stmts.append(L.For(nc, n * c, L.seq(zero, copy), par))
-    else:
-        xpad = x
+    xpad, pad_stmt = conv.pad_input(par)
+    stmts = [pad_stmt] if pad_stmt is not None else []
     wpk = L.Buffer("wpack", T.float32, (ocb_n, c, kh, kw, nr))
     q, ic, r, s, jj = (L.Var(v) for v in ("q", "ic", "r", "s", "j"))
     o = q * nr + jj
@@ -125,58 +160,30 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     main = L.For(row, n * oh, L.For(ob, ocb_n, L.For(pb, owb_n, tile)), par)
     stmts.append(main)
     body = L.Allocate(wpk, L.seq(*stmts))
-    if padded:
+    if pad_stmt is not None:
         body = L.Allocate(xpad, body)
-    return L.simplify(L.PrimFunc(kernel.func.name, params, body))
+    return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, body))
 
 
 def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFunc | None:
     """Depthwise 2-D convolution (group == channels, one filter per channel): each output row
     in vectors of pixels, the window's taps broadcast from the filter; full vectors read the
     padded input contiguously (at stride 1), the row's tail runs narrower."""
-    from ...ir.ops.nn import window_attrs, window_geometry
-
-    node = kernel.anchor
-    if node is not kernel.nodes[0] or node.op != "Conv":
+    conv = _conv2d(kernel)
+    if conv is None:
         return None
-    params = kernel.func.params
-    index = {id(v): k for k, v in enumerate(kernel.inputs)}
-    x = params[index[id(node.inputs[0])]]
-    w = params[index[id(node.inputs[1])]]
-    has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
-    bias = params[index[id(node.inputs[2])]] if has_bias else None
-    y = params[-1]
-    xd, wd, yd = _dims(x.shape), _dims(w.shape), _dims(y.shape)
-    if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
-            w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
+    w, bias, y = conv.w, conv.bias, conv.y
+    n, c, h, wid = conv.x_dims
+    oc, cg, kh, kw = conv.w_dims
+    if conv.node.attrs.get("group", 1) != c or oc != c or cg != 1:
         return None
-    n, c, h, wid = xd
-    oc, cg, kh, kw = wd
-    if node.attrs.get("group", 1) != c or oc != c or cg != 1:
-        return None
-    _, _, oh, ow = yd
-    strides, dilations, pads = window_attrs(2, node.attrs.get("strides"),
-                                            node.attrs.get("dilations"), node.attrs.get("pads"))
-    outs, begins, _ = window_geometry([h, wid], [kh, kw], strides, dilations, pads,
-                                      node.attrs.get("auto_pad", "NOTSET"))
-    if list(outs) != [oh, ow]:
-        return None
-    sh, sw = strides
-    dh, dw = dilations
-    ph, pw = begins
-    hp = max(h + ph, (oh - 1) * sh + (kh - 1) * dh + 1)
-    wp = max(wid + pw, (ow - 1) * sw + (kw - 1) * dw + 1)
+    _, _, oh, ow = conv.y_dims
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
     lanes = vector_bits // 32
     then = epilogue(kernel)
     par = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
 
-    nc, i_h, i_w = L.Var("pnc"), L.Var("ph"), L.Var("pw")
-    xpad = L.Buffer("xpad", T.float32, (n, c, hp, wp))
-    pad_stmt = L.For(nc, n * c, L.seq(
-        L.For(i_h, hp, L.For(i_w, wp, L.Store(xpad, (nc // c, nc % c, i_h, i_w),
-                                                L.const(0.0)))),
-        L.For(i_h, h, L.For(i_w, wid, L.Store(xpad, (nc // c, nc % c, i_h + ph, i_w + pw),
-                                                x[nc // c, nc % c, i_h, i_w])))), par)
+    xpad, pad_stmt = conv.pad_input(par, always=True)
 
     plane, row = L.Var("plane"), L.Var("row")
     bn, ch = plane // c, plane % c
@@ -206,4 +213,4 @@ def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
         parts.append(block(ow % lanes, L.const(full * lanes)))
     main = L.For(plane, n * c, L.For(row, oh, L.seq(*parts)), par)
     body = L.Allocate(xpad, L.seq(pad_stmt, main))
-    return L.simplify(L.PrimFunc(kernel.func.name, params, body))
+    return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, body))
