@@ -21,6 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
+from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm.runtime import host_cpu, num_threads  # noqa: E402
 
@@ -28,15 +29,8 @@ DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_ti
 
 
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:
-    time.sleep(1.0)  # let the previous timing's spinning threads idle
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+    time.sleep(1.0)  # let the previous timing's spinning threads (OpenBLAS, onnxruntime) idle
+    return float(np.median(call_times_ms(fn, repeat, warmup)))
 
 
 def main() -> None:

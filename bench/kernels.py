@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
+from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc.backends.llvm.runtime import host_cpu, num_threads  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
@@ -30,14 +31,7 @@ from dnnc.ir.graph import Graph, Value  # noqa: E402
 
 def median_ms(fn, repeat: int, warmup: int = 3) -> float:
     time.sleep(1.0)  # let the previous timing's spinning threads (OpenBLAS, onnxruntime) idle
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+    return float(np.median(call_times_ms(fn, repeat, warmup)))
 
 
 def dense_case(m, k, n, repeat):

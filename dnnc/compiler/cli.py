@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DNNCError
+from .module import call_times_ms
 
 
 class UsageError(Exception):
@@ -350,14 +351,7 @@ def cmd_run(args) -> int:
 
 
 def _median_ms(fn, repeat: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+    return float(np.median(call_times_ms(fn, repeat, warmup)))
 
 
 def _ort_session(path: str, threads: int):

@@ -26,6 +26,18 @@ def as_array(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def call_times_ms(fn, repeat: int, warmup: int) -> list[float]:
+    """Milliseconds of each of `repeat` calls of `fn`, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
 class CompiledModel:
     """A compiled graph: call it with arrays (positionally or by input name)."""
 
@@ -122,12 +134,6 @@ class CompiledModel:
     def benchmark(self, *args, repeat: int = 20, warmup: int = 3) -> dict:
         """Median and min latency in milliseconds over `repeat` calls."""
         inputs, bindings = self.check_inputs(args, {})
-        for _ in range(warmup):
-            self.runtime.run(inputs, bindings)
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            self.runtime.run(inputs, bindings)
-            times.append((time.perf_counter() - start) * 1e3)
+        times = call_times_ms(lambda: self.runtime.run(inputs, bindings), repeat, warmup)
         return {"median_ms": float(np.median(times)), "min_ms": float(np.min(times)),
                 "repeat": repeat}
