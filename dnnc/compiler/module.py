@@ -56,14 +56,27 @@ class CompiledModel:
     @property
     def stats(self) -> dict:
         """Counts of the compiled model; the runtime's live values (kernels, fallbacks, arena,
-        time spent specialising, also at call time) over what compile/load recorded."""
+        time spent specialising, also at call time) over what compile/load recorded.
+
+        Memory (llvm): `arena_bytes` is what one calling thread holds, the sum over the
+        arenas of every compiled specialisation (one per segment for static shapes);
+        `naive_bytes` (every intermediate in a block of its own) and `live_lower_bound_bytes`
+        (per arena, the most bytes live at once) are summed the same way, so
+        `arena_bytes <= live_lower_bound_bytes` would mean every arena is optimal (in-place
+        kernels can even go below it); both are absent for specialisations restored from an
+        artifact. `pass_seconds` holds each pass's seconds, plan_memory's summed over the
+        specialisations planned so far."""
         out = dict(self._stats)
+        out["pass_seconds"] = dict(out.get("pass_seconds", {}))
         rt = self.runtime
         fallbacks = list(getattr(rt, "host_fallback_ops", ()))
         out["host_fallback_ops"] = len(fallbacks)
         out["host_fallbacks"] = fallbacks
         out["kernels"] = getattr(rt, "kernels", 0)
         out["arena_bytes"] = getattr(rt, "arena_bytes", 0)
+        out.update(getattr(rt, "memory_stats", {}))
+        if "plan_memory" in out["pass_seconds"]:
+            out["pass_seconds"]["plan_memory"] += getattr(rt, "plan_seconds", 0.0)
         if hasattr(rt, "compiled_segments"):
             out["specializations"] = len(rt.compiled_segments())
             out["jit_seconds"] = rt.compile_seconds

@@ -1,22 +1,34 @@
-"""The pass pipeline per opt level (a first slice of the PassManager; memory planning and the
-rest of simplify join it in the graph-passes issue).
+"""The pass pipeline per opt level: a table of named passes, run in order, each verified, timed
+and optionally dumped.
 
-    0  the graph as imported
+    0  the graph as imported; every intermediate in an arena block of its own
     1  fold_constants (on a copy bound to the inputs' declared shapes), simplify,
-       eliminate (common subexpressions, then dead code)
+       eliminate (common subexpressions, then dead code), plan_memory
     2  + convert_layout (the target's weight layouts, converted once at compile time),
-       + fuse_ops (applied by the backend when it forms kernels)
+       + fuse_ops
     3  the same as 2 today (the default: the fastest correct level)
+
+Two entries of the table act in the backend, over what only it knows, and leave the graph
+as it is here: fuse_ops (the llvm backend groups each segment's nodes into kernels with
+`fuse_ops.fusion_groups`) and plan_memory (the backend places every intermediate of a segment in
+one arena over the final kernel order with `plan_memory.plan_memory`, in-place where an
+elementwise kernel is the last reader of its input). They are in the table so that levels,
+`--dump-ir`, `dnnc inspect --passes` and bisection name them like the others; a backend asks
+`passes_at(level)` whether they are on.
 
 `PIPELINE` names every pass with the level it starts at; `optimize(..., passes=k)` stops after
 the first k of them, which is how `dnnc compare --bisect-passes` finds the pass that changes
 a result. The input graph is never modified: a pipeline works on `specialize`'s copy.
+After every pass the manager (never the pass) verifies the graph (`verify`), records the pass's
+seconds (`timings`), writes the graph's text to `dump_ir`/NN_pass.txt and calls `after_pass`.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+from typing import Callable
 
 from ..errors import CompileError
 from ..ir.graph import Graph
@@ -53,9 +65,13 @@ def _fuse(graph: Graph, target: Target) -> Graph:
     return graph   # the backend groups kernels (`fuse_ops.fusion_groups`) when it is on
 
 
+def _plan_memory(graph: Graph, target: Target) -> Graph:
+    return graph   # the backend plans each segment's arena over its final kernel order
+
+
 PIPELINE = [("fold_constants", 1, _fold), ("simplify", 1, _simplify),
             ("eliminate", 1, _eliminate), ("convert_layout", 2, _layout),
-            ("fuse_ops", 2, _fuse)]
+            ("fuse_ops", 2, _fuse), ("plan_memory", 1, _plan_memory)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""
 
 
@@ -65,12 +81,21 @@ def passes_at(opt_level: int) -> list[str]:
 
 def optimize(graph: Graph, target: Target, opt_level: int = DEFAULT_OPT_LEVEL,
              timings: dict | None = None, passes: int | None = None,
-             verify: bool | None = None) -> Graph:
+             verify: bool | None = None, dump_ir: str | Path | None = None,
+             after_pass: Callable[[str, Graph], None] | None = None) -> Graph:
     """The graph to compile for `target` at `opt_level` (only its first `passes` passes when
     given). With `verify` (default: the DNNC_VERIFY environment variable, which the test
-    suite sets) the graph is verified after every pass, naming the pass that broke it."""
+    suite sets) the graph is verified after every pass, naming the pass that broke it.
+    `timings` receives each pass's seconds by name; `dump_ir` is a folder that receives
+    `00_input.txt` and, after the k-th pass run, `NN_name.txt` (NN = k, two digits) holding
+    the graph's text form; `after_pass(name, graph)` is called after each pass."""
     if verify is None:
         verify = os.environ.get("DNNC_VERIFY", "") not in ("", "0")
+    folder = None
+    if dump_ir is not None:
+        folder = Path(dump_ir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "00_input.txt").write_text(str(graph) + "\n")
     names = passes_at(opt_level)[:passes]
     out = graph
     for name, _, run in PIPELINE:
@@ -85,4 +110,9 @@ def optimize(graph: Graph, target: Target, opt_level: int = DEFAULT_OPT_LEVEL,
                 out.verify()
             except Exception as exc:
                 raise CompileError(f"the graph is invalid after pass {name}: {exc}") from exc
+        if folder is not None:
+            number = names.index(name) + 1
+            (folder / f"{number:02d}_{name}.txt").write_text(str(out) + "\n")
+        if after_pass is not None:
+            after_pass(name, out)
     return out

@@ -12,8 +12,10 @@ seen before; sizes that depend on data (after NonZero, say) are handled the same
 segment after a fallback is specialised on the shapes the fallback actually produced.
 
 Memory: values a segment produces for later steps are fresh arrays per call (outputs escape);
-values used only inside a segment live in one arena per segment and thread, placed by a
-best-fit allocator over the kernels' order, so concurrent calls from several threads are safe.
+values used only inside a segment live in one arena per segment and thread, placed by
+`passes.plan_memory` over the kernels' order (an elementwise kernel may write over an input it
+is the last reader of: that kernel is rendered without `noalias`), so concurrent calls from
+several threads are safe.
 
 Artifacts: `plan()` and `images()` describe the steps and every compiled specialisation
 (object code and its calling layout) as plain data; `LLVMRuntime.restore` rebuilds a runtime
@@ -37,15 +39,14 @@ from ...errors import CompileError
 from ...ir import types as T
 from ...ir.graph import Graph, Node, Value
 from ...ir import loop as L
-from ...ir.ops.registry import get_op, known_constant
+from ...ir.ops.registry import Pattern, get_op, known_constant
 from ...passes.specialize import reinfer
 from ..lower import Kernel, NoCompute, lower_group
 from .codegen import ModuleBuilder
 from .runtime import HostCPU, JITModule, ensure_pool, host_cpu, initialize, target_machine
 from .schedules import schedule_kernel
 from ...passes.fuse_ops import fusion_groups
-
-ALIGN = 64
+from ...passes.plan_memory import ALIGN, Step, plan_memory
 
 
 @dataclass
@@ -91,11 +92,15 @@ class LLVMRuntime:
 
     def __init__(self, graph: Graph, cpu: HostCPU | None = None, opt_level: int = 3,
                  progress: bool | None = None, plan: list[dict] | None = None,
-                 fuse: bool | None = None):
+                 fuse: bool | None = None, reuse_memory: bool | None = None,
+                 warm_up: bool = True):
         self.graph = graph
         self.cpu = cpu or host_cpu()
         self.opt_level = opt_level
         self.fuse = opt_level >= 2 if fuse is None else fuse   # fuse_ops from opt level 2
+        # plan_memory from opt level 1; without it every intermediate has a block of its own
+        self.plan_memory = opt_level >= 1 if reuse_memory is None else reuse_memory
+        self.plan_seconds = 0.0
         self.threads = ensure_pool()
         self.progress = sys.stderr.isatty() if progress is None else progress
         self._forced_host: frozenset = frozenset()
@@ -104,7 +109,7 @@ class LLVMRuntime:
         self._lock = threading.Lock()
         self._local = threading.local()
         self.compile_seconds = 0.0
-        if plan is None and all(v.type.is_static for v in graph.inputs):
+        if warm_up and plan is None and all(v.type.is_static for v in graph.inputs):
             self._warm_up()
 
     @classmethod
@@ -201,12 +206,18 @@ class LLVMRuntime:
     @property
     def kernels(self) -> int:
         """Kernels per call: of each segment's first compiled specialisation (fused groups
-        count once), or its node count before it is compiled."""
+        count once), or before it is compiled the groups its nodes fuse into (`warm_up=False`
+        counts a graph's kernels without lowering or compiling them)."""
         compiled = {}
         for (index, *_), seg in list(self._cache.items()):
             compiled.setdefault(index, len(seg.kernels) or len(seg.step.nodes))
-        return sum(compiled.get(s.index, len(s.nodes)) for s in self.steps
-                   if isinstance(s, Segment))
+        return sum(compiled[s.index] if s.index in compiled else self._planned_kernels(s)
+                   for s in self.steps if isinstance(s, Segment))
+
+    def _planned_kernels(self, step: Segment) -> int:
+        if not self.fuse:
+            return len(step.nodes)
+        return len(fusion_groups(step.nodes, {id(v) for v in step.escaping}))
 
     def _warm_up(self) -> None:
         """Compile every segment now when the inputs' shapes are static (shapes after host
@@ -303,7 +314,22 @@ class LLVMRuntime:
 
     @property
     def arena_bytes(self) -> int:
-        return max((s.arena_bytes for s in self._cache.values()), default=0)
+        """Arena bytes a calling thread holds: the sum over every compiled specialisation
+        (each segment and shape has an arena of its own, all kept)."""
+        return sum(s.arena_bytes for s in list(self._cache.values()))
+
+    @property
+    def memory_stats(self) -> dict[str, int]:
+        """`plan_memory`'s figures summed like `arena_bytes`: `naive_bytes` (every
+        intermediate in a block of its own) and `live_lower_bound_bytes` (per arena, the most
+        bytes live at once); empty when no specialisation was planned in this process (all
+        restored from an artifact)."""
+        plans = [s.memory for s in list(self._cache.values()) if s.memory is not None]
+        if not plans:
+            return {}
+        return {"naive_bytes": sum(p.naive_bytes for p in plans),
+                "live_lower_bound_bytes": sum(p.live_lower_bound_bytes for p in plans),
+                "inplace_kernels": sum(len(p.inplace) for p in plans)}
 
     def source(self, kind: str = "llvm") -> str:
         parts = []
@@ -389,7 +415,6 @@ class _CompiledSegment:
                   f"{rt.cpu.name}", file=sys.stderr)
         self.kernels: list[Kernel] = []
         mb = ModuleBuilder(f"segment{step.index}")
-        rendered: dict[str, str] = {}   # identical kernels (repeated layers) compile once
         original = {id(n): o for n, o in zip(nodes, step.nodes)}
         escaping_ids = {id(values[id(v)]) for v in step.escaping}
         groups = fusion_groups(nodes, escaping_ids) if rt.fuse else [[n] for n in nodes]
@@ -411,13 +436,6 @@ class _CompiledSegment:
                                    f"after specialisation: {kernel.func.size_vars}")
             kernel.func = schedule_kernel(kernel, rt.cpu, rt.threads)
             self.kernels.append(kernel)
-            signature = _signature(kernel.func)
-            if signature in rendered:
-                kernel.func = L.PrimFunc(rendered[signature], kernel.func.params,
-                                         kernel.func.body, kernel.func.size_vars)
-                continue
-            rendered[signature] = kernel.func.name
-            mb.add(kernel.func, noalias=True)
         # slots: inputs, escaping outputs, constants, then arena-resident intermediates
         escaping = [values[id(v)] for v in step.escaping]
         ext: list[Value] = [values[id(v)] for v in step.inputs if v.const is None] + escaping
@@ -430,7 +448,22 @@ class _CompiledSegment:
                     self.const_refs.append((k, j))
         ext_index = {id(v): k for k, v in enumerate(ext + consts)}
         self.n_inputs = sum(1 for v in step.inputs if v.const is None)
-        self.offsets, self.arena_bytes = _plan_arena(self.kernels, ext_index)
+        start = time.perf_counter()
+        self.memory = plan_memory(*_memory_steps(self.kernels, ext_index), reuse=rt.plan_memory)
+        rt.plan_seconds += time.perf_counter() - start
+        self.offsets, self.arena_bytes = self.memory.offsets, self.memory.arena_bytes
+        # a kernel writing over its input in place may not declare its buffers noalias;
+        # identical kernels (repeated layers) compile once per aliasing choice
+        rendered: dict[tuple[str, bool], str] = {}
+        for kernel in self.kernels:
+            noalias = not any(id(v) in self.memory.inplace for v in kernel.outputs)
+            signature = (_signature(kernel.func), noalias)
+            if signature in rendered:
+                kernel.func = L.PrimFunc(rendered[signature], kernel.func.params,
+                                         kernel.func.body, kernel.func.size_vars)
+                continue
+            rendered[signature] = kernel.func.name
+            mb.add(kernel.func, noalias=noalias)
         calls = []
         for kernel in self.kernels:
             args = []
@@ -462,6 +495,7 @@ class _CompiledSegment:
         self.const_refs = list(image.consts)
         self.n_inputs = image.n_inputs
         self.offsets = {}
+        self.memory = None
         self.arena_bytes = image.arena_bytes
         self._loop_ir = image.loop_ir
         jit = ObjectModule(image.object_code, rt.cpu, name=f"segment{step.index}",
@@ -562,40 +596,23 @@ def _specialize(step: Segment, shapes: tuple, known: dict | None = None
     return nodes, values
 
 
-def _plan_arena(kernels: list[Kernel], external: dict[int, int]) -> tuple[dict[int, int], int]:
-    """Offsets of intermediates in one arena: best-fit reuse of freed blocks, by liveness
-    over the kernel order; 64-byte aligned."""
-    last_use: dict[int, int] = {}
-    for k, kernel in enumerate(kernels):
-        for v in kernel.inputs:
-            last_use[id(v)] = k
-    free: list[tuple[int, int]] = []   # (offset, size)
-    offsets: dict[int, int] = {}
-    sizes: dict[int, int] = {}
-    top = 0
-    for k, kernel in enumerate(kernels):
-        for v in kernel.outputs:
-            if id(v) in external:
-                continue
-            size = max(ALIGN, -(-v.type.numel * v.type.dtype.itemsize // ALIGN) * ALIGN)
-            best = None
-            for j, (off, sz) in enumerate(free):
-                if sz >= size and (best is None or sz < free[best][1]):
-                    best = j
-            if best is not None:
-                off, sz = free.pop(best)
-                if sz > size:
-                    free.append((off + size, sz - size))
-            else:
-                off = top
-                top += size
-            offsets[id(v)] = off
-            sizes[id(v)] = size
-        # values whose last reader is this kernel are free for the next ones
-        for v in kernel.inputs:
-            if last_use.get(id(v)) == k and id(v) in offsets and id(v) in sizes:
-                free.append((offsets[id(v)], sizes.pop(id(v))))
-        for v in kernel.outputs:  # produced but never read
-            if id(v) in sizes and id(v) not in last_use:
-                free.append((offsets[id(v)], sizes.pop(id(v))))
-    return offsets, top
+def _memory_steps(kernels: list[Kernel], external: dict[int, int]) -> tuple:
+    """`plan_memory`'s input for a segment's kernels: values by id, byte sizes, external ids;
+    a kernel of elementwise / broadcasting ops with one output may write over an input of the
+    output's own shape and dtype (each element is read only to write the same element)."""
+    steps, sizes = [], {}
+    for kernel in kernels:
+        for v in kernel.inputs + kernel.outputs:
+            sizes[id(v)] = v.type.numel * v.type.dtype.itemsize
+        inplace = ()
+        if len(kernel.outputs) == 1 and all(get_op(n.op).pattern in _IN_PLACE_PATTERNS
+                                            for n in kernel.nodes):
+            out = kernel.outputs[0].type
+            inplace = tuple(id(v) for v in kernel.inputs
+                            if v.type.shape == out.shape and v.type.dtype == out.dtype)
+        steps.append(Step([id(v) for v in kernel.inputs], [id(v) for v in kernel.outputs],
+                          inplace))
+    return steps, sizes, set(external)
+
+
+_IN_PLACE_PATTERNS = (Pattern.ELEMWISE, Pattern.BROADCAST)
