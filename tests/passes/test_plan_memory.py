@@ -1,0 +1,283 @@
+"""plan_memory: hand-built kernel orders (reuse, alignment, in-place where legal and never over
+a value still needed), random orders checked for overlaps, and whole models compiled with the
+planner against the numpy reference."""
+
+import re
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.passes.plan_memory import ALIGN, Step, _best_fit, _Block, aligned, plan_memory
+
+
+def lifetimes(steps, external=()):
+    """value -> (first step, last step), as the planner defines liveness."""
+    span = {}
+    for k, step in enumerate(steps):
+        for v in step.writes:
+            if v not in external:
+                span[v] = (k, k)
+        for v in step.reads:
+            if v not in external:
+                span[v] = (span[v][0], k)
+    return span
+
+
+def assert_valid(plan, steps, sizes, external=()):
+    """Every planned value is aligned, inside the arena, and overlaps no value live at the same
+    time, except the input an in-place step overwrites."""
+    span = lifetimes(steps, external)
+    assert set(plan.offsets) == set(span)
+    shared = {frozenset(p) for p in plan.inplace.items()}
+    for v, off in plan.offsets.items():
+        assert off % ALIGN == 0
+        assert off + aligned(sizes[v]) <= plan.arena_bytes
+    items = list(plan.offsets.items())
+    for i, (a, oa) in enumerate(items):
+        for b, ob in items[i + 1:]:
+            (sa, ea), (sb, eb) = span[a], span[b]
+            if sa <= eb and sb <= ea and frozenset((a, b)) not in shared:
+                assert oa + aligned(sizes[a]) <= ob or ob + aligned(sizes[b]) <= oa, \
+                    f"{a} and {b} are live together and overlap"
+
+
+def chain(n, size=1000):
+    """x -> v0 -> v1 -> ... -> v{n-1} -> y, one step each."""
+    names = ["x"] + [f"v{k}" for k in range(n)] + ["y"]
+    steps = [Step([a], [b]) for a, b in zip(names, names[1:])]
+    return steps, {v: size for v in names}, {"x", "y"}
+
+
+def test_a_chain_reuses_two_blocks():
+    steps, sizes, external = chain(6)
+    plan = plan_memory(steps, sizes, external)
+    assert_valid(plan, steps, sizes, external)
+    block = aligned(1000)
+    assert plan.naive_bytes == 6 * block
+    assert plan.live_lower_bound_bytes == 2 * block
+    assert plan.arena_bytes == 2 * block
+    assert plan.offsets["v0"] == plan.offsets["v2"] == plan.offsets["v4"]
+    assert plan.inplace == {}
+
+
+def test_offsets_and_sizes_are_aligned():
+    steps = [Step(["x"], ["a"]), Step(["a"], ["b"]), Step(["a", "b"], ["c"]),
+             Step(["c", "a"], ["y"])]
+    sizes = {"x": 4, "a": 1, "b": 100, "c": 65, "y": 4}
+    plan = plan_memory(steps, sizes, {"x", "y"})
+    assert_valid(plan, steps, sizes, {"x", "y"})
+    assert all(off % 64 == 0 for off in plan.offsets.values())
+    assert plan.naive_bytes == 64 + 128 + 128
+    # a, b and c are live together at step 2
+    assert plan.live_lower_bound_bytes == 64 + 128 + 128
+    assert plan.arena_bytes == 320
+    assert aligned(0) == 64 and aligned(64) == 64 and aligned(65) == 128
+
+
+def test_freed_blocks_are_reused_by_a_smaller_value():
+    # big dies after step 1; small (written at step 2) fits in its block
+    steps = [Step(["x"], ["big"]), Step(["big"], ["mid"]), Step(["mid"], ["small"]),
+             Step(["small", "mid"], ["y"])]
+    sizes = {"x": 8, "big": 4096, "mid": 1024, "small": 512, "y": 8}
+    plan = plan_memory(steps, sizes, {"x", "y"})
+    assert_valid(plan, steps, sizes, {"x", "y"})
+    assert plan.arena_bytes == 4096 + 1024 == plan.live_lower_bound_bytes
+    assert plan.offsets["big"] <= plan.offsets["small"] < plan.offsets["big"] + 4096
+
+
+def test_best_fit_coalesces_adjacent_free_blocks():
+    # a and b (64 each) die at step 1; c (128) needs both blocks merged to fit below the top
+    a, b, c = _Block(64, 0, 1, ["a"]), _Block(64, 0, 1, ["b"]), _Block(128, 2, 2, ["c"])
+    d = _Block(64, 0, 2, ["d"])   # keeps the top of the arena busy
+    offsets, top = _best_fit([d, a, b, c], 3)
+    assert top == 192
+    assert offsets[id(c)] in (offsets[id(a)], offsets[id(b)])
+    assert {offsets[id(a)], offsets[id(b)]} == {offsets[id(c)], offsets[id(c)] + 64}
+
+
+def test_in_place_is_taken_where_the_input_dies_at_the_step():
+    steps = [Step(["x"], ["h"]), Step(["h"], ["r"], inplace=("h",)),
+             Step(["r"], ["e"], inplace=("r",)), Step(["e"], ["y"])]
+    sizes = {v: 4096 for v in ("x", "h", "r", "e", "y")}
+    plan = plan_memory(steps, sizes, {"x", "y"})
+    assert_valid(plan, steps, sizes, {"x", "y"})
+    assert plan.inplace == {"r": "h", "e": "r"}
+    assert plan.offsets["h"] == plan.offsets["r"] == plan.offsets["e"]
+    assert plan.arena_bytes == 4096 < plan.live_lower_bound_bytes == 8192
+
+
+def test_no_in_place_write_over_a_value_still_needed():
+    # r = relu(h) could overwrite h, but h is read again by the last step
+    steps = [Step(["x"], ["h"]), Step(["h"], ["r"], inplace=("h",)),
+             Step(["r", "h"], ["s"], inplace=("r", "h")), Step(["s"], ["y"])]
+    sizes = {v: 4096 for v in ("x", "h", "r", "s", "y")}
+    plan = plan_memory(steps, sizes, {"x", "y"})
+    assert_valid(plan, steps, sizes, {"x", "y"})
+    assert "r" not in plan.inplace
+    assert plan.offsets["r"] != plan.offsets["h"]
+    # at the last step both die: s takes the first candidate, r
+    assert plan.inplace == {"s": "r"}
+
+
+@pytest.mark.parametrize("case", ["external", "size", "two writes", "not named", "no reuse"])
+def test_in_place_refused(case):
+    sizes = {v: 256 for v in ("x", "h", "r", "q", "y")}
+    external = {"x", "y"}
+    reuse = True
+    if case == "external":    # never write over a model input
+        steps = [Step(["x"], ["r"], inplace=("x",)), Step(["r"], ["y"])]
+    elif case == "size":
+        sizes["r"] = 512
+        steps = [Step(["x"], ["h"]), Step(["h"], ["r"], inplace=("h",)), Step(["r"], ["y"])]
+    elif case == "two writes":  # a multi-output kernel stores in several loop nests
+        steps = [Step(["x"], ["h"]), Step(["h"], ["r", "q"], inplace=("h",)),
+                 Step(["r", "q"], ["y"])]
+    elif case == "not named":  # the step is not elementwise in that input
+        steps = [Step(["x"], ["h"]), Step(["h"], ["r"]), Step(["r"], ["y"])]
+    else:
+        reuse = False
+        steps = [Step(["x"], ["h"]), Step(["h"], ["r"], inplace=("h",)), Step(["r"], ["y"])]
+    plan = plan_memory(steps, sizes, external, reuse=reuse)
+    assert_valid(plan, steps, sizes, external)
+    assert plan.inplace == {}
+
+
+def test_without_reuse_every_value_has_its_own_block():
+    steps, sizes, external = chain(5)
+    plan = plan_memory(steps, sizes, external, reuse=False)
+    assert plan.arena_bytes == plan.naive_bytes == 5 * aligned(1000)
+    assert len(set(plan.offsets.values())) == 5
+
+
+def test_a_value_read_before_it_is_written_is_an_error():
+    with pytest.raises(ValueError, match="no earlier step writes"):
+        plan_memory([Step(["ghost"], ["a"]), Step(["a"], ["y"])], {"ghost": 4, "a": 4, "y": 4},
+                    {"y"})
+
+
+def test_a_value_never_read_is_live_during_its_step_only():
+    steps = [Step(["x"], ["a", "unused"]), Step(["a"], ["b"]), Step(["b"], ["y"])]
+    sizes = {"x": 64, "a": 64, "unused": 640, "b": 640, "y": 64}
+    plan = plan_memory(steps, sizes, {"x", "y"})
+    assert_valid(plan, steps, sizes, {"x", "y"})
+    assert plan.live_lower_bound_bytes == 704 == plan.arena_bytes
+
+
+@pytest.mark.parametrize("seed", [3, 17, 29, 101])
+def test_random_kernel_orders_never_overlap_live_values(seed):
+    rng = np.random.default_rng(seed)
+    values = ["x"]
+    steps, sizes = [], {"x": 100}
+    for k in range(60):
+        reads = list(rng.choice(values[-6:], size=min(len(values), int(rng.integers(1, 4))),
+                                replace=False))
+        out = f"v{k}"
+        sizes[out] = int(rng.choice([64, 100, 1000, 4096, 70000]))
+        same = tuple(v for v in reads if sizes[v] == sizes[out])
+        steps.append(Step(reads, [out], inplace=same if rng.random() < 0.5 else ()))
+        values.append(out)
+    steps.append(Step([values[-1]], ["y"]))
+    sizes["y"] = 4
+    plan = plan_memory(steps, sizes, {"x", "y"})
+    assert_valid(plan, steps, sizes, {"x", "y"})
+    assert plan.arena_bytes <= plan.naive_bytes
+    plain = plan_memory([Step(s.reads, s.writes) for s in steps], sizes, {"x", "y"})
+    assert_valid(plain, steps, sizes, {"x", "y"})
+    assert plain.live_lower_bound_bytes <= plain.arena_bytes <= \
+        1.15 * plain.live_lower_bound_bytes
+
+
+# -- the llvm backend with the planner -----------------------------------------------------------
+
+
+def _elementwise_graph():
+    """h = x @ w; r = Relu(h) (h dies: in place); s = Sigmoid(r); t = s * r (r read again,
+    so Sigmoid may not overwrite it; Mul is its last reader); out = t @ w2."""
+    rng = np.random.default_rng(7)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (16, 32)))
+    w = Value("w", T.TensorType(T.float32, (32, 32)),
+              const=rng.standard_normal((32, 32)).astype(np.float32) / 6)
+    w2 = Value("w2", T.TensorType(T.float32, (32, 8)),
+               const=rng.standard_normal((32, 8)).astype(np.float32) / 6)
+    h = g.add("MatMul", x, w, name="h")
+    r = g.add("Relu", h, name="r")
+    s = g.add("Sigmoid", r, name="s")
+    t = g.add("Mul", s, r, name="t")
+    g.outputs = [g.add("MatMul", t, w2, name="out")]
+    return g
+
+
+def test_in_place_kernels_run_correctly_and_drop_noalias():
+    # opt level 1: no fusion, so each elementwise node is a kernel of its own
+    g = _elementwise_graph()
+    x = np.random.default_rng(11).standard_normal((16, 32)).astype(np.float32)
+    ref = dnnc.compile(g, target="numpy").run(x)[0]
+    model = dnnc.compile(g, target="llvm", opt_level=1, progress=False)
+    np.testing.assert_allclose(model.run(x)[0], ref, rtol=1e-5, atol=1e-5)
+    (seg,) = model.runtime.compiled_segments()
+    by_op = {}
+    for k in seg.kernels:
+        by_op.setdefault(k.nodes[0].op, k)   # the first MatMul: h
+    inplace = seg.memory.inplace
+    assert inplace[id(by_op["Relu"].outputs[0])] == id(by_op["MatMul"].outputs[0])
+    assert id(by_op["Sigmoid"].outputs[0]) not in inplace    # r is read again by Mul
+    assert inplace[id(by_op["Mul"].outputs[0])] == id(by_op["Sigmoid"].outputs[0])
+    assert seg.offsets[id(by_op["Sigmoid"].outputs[0])] != seg.offsets[id(by_op["Relu"].outputs[0])]
+    assert model.stats["inplace_kernels"] == 2
+    ir = model.source("llvm-ir")
+    for op, aliased in (("Relu", True), ("Sigmoid", False), ("Mul", True), ("MatMul", False)):
+        name = by_op[op].func.name
+        define = re.search(rf"define [^\n]*@{name}\(([^)]*)\)", ir)
+        assert define is not None, name
+        assert ("noalias" in define.group(1)) != aliased, (op, define.group(0))
+    # the same x twice: the arena is reused across calls without stale values mattering
+    np.testing.assert_allclose(model.run(x)[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_identical_kernels_differing_in_aliasing_are_rendered_twice():
+    # two Relu kernels of the same shape: the first writes in place (its input dies), the
+    # second must not (its input is read again), so they cannot share one function
+    rng = np.random.default_rng(5)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (8, 16)))
+    w = Value("w", T.TensorType(T.float32, (16, 16)),
+              const=rng.standard_normal((16, 16)).astype(np.float32) / 4)
+    a = g.add("MatMul", x, w, name="a")
+    ra = g.add("Relu", a, name="ra")          # a dies here: in place
+    b = g.add("MatMul", ra, w, name="b")
+    rb = g.add("Relu", b, name="rb")          # b is read again below: not in place
+    g.outputs = [g.add("MatMul", g.add("Sub", rb, b, name="d"), w, name="out")]
+    xs = rng.standard_normal((8, 16)).astype(np.float32)
+    ref = dnnc.compile(g, target="numpy").run(xs)[0]
+    model = dnnc.compile(g, target="llvm", opt_level=1, progress=False)
+    np.testing.assert_allclose(model.run(xs)[0], ref, rtol=1e-5, atol=1e-5)
+    (seg,) = model.runtime.compiled_segments()
+    relus = [k for k in seg.kernels if k.nodes[0].op == "Relu"]
+    assert [id(k.outputs[0]) in seg.memory.inplace for k in relus] == [True, False]
+    assert relus[0].func.name != relus[1].func.name
+    # two MatMuls of the same shape (a, b) are still deduplicated
+    matmuls = [k for k in seg.kernels if k.nodes[0].op == "MatMul"][:2]
+    assert matmuls[0].func.name == matmuls[1].func.name
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+@pytest.mark.parametrize("opt_level", [0, 1, 3])
+def test_zoo_models_match_numpy(name, opt_level):
+    model = zoo.build(name, batch=2)
+    inputs = zoo.inputs_for(model, np.random.default_rng(1000 + opt_level))
+    ref = dnnc.compile(model, target="numpy").run(*inputs.values())
+    compiled = dnnc.compile(model, target="llvm", opt_level=opt_level, progress=False)
+    for out, expected in zip(compiled.run(*inputs.values()), ref):
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    stats = compiled.stats
+    assert stats["live_lower_bound_bytes"] <= stats["naive_bytes"]
+    if opt_level == 0:   # no plan_memory: every intermediate in a block of its own
+        assert stats["arena_bytes"] == stats["naive_bytes"]
+    else:
+        assert stats["arena_bytes"] <= 1.15 * stats["live_lower_bound_bytes"]
+        assert stats["arena_bytes"] < stats["naive_bytes"] or name == "mlp"
