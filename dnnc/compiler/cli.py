@@ -3,8 +3,10 @@
     dnnc zoo NAME -o FILE.onnx [--batch N] [--set key=value ...]   write a zoo model
     dnnc zoo --list                                                 list zoo models and options
     dnnc inspect MODEL.onnx|MODEL.dnnc [--ir] [--json] [--input-shape name=1,3,224,224 ...]
+                 [--passes [--target llvm] [--opt-level N]]
     dnnc compile MODEL.onnx [--target llvm] [-o MODEL.dnnc] [--opt-level N] [--input-shape ...]
-                 [--emit llvm-ir|asm|loop DIR ...] [--mcpu NAME] [--mattr +avx2,...] [-q]
+                 [--emit llvm-ir|asm|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
+                 [--mattr +avx2,...] [-q]
     dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
              [--dim N=4 ...] [--seed S] [--output-dir DIR]
     dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
@@ -107,15 +109,20 @@ def _numel(dims) -> int:
 
 def cmd_inspect(args) -> int:
     from ..frontend.onnx import import_onnx
-    from .inspect import format_summary, summarize
+    from .inspect import format_passes, format_summary, pass_report, summarize
 
     from .artifact import is_artifact, load
 
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
     artifact = None
+    if not args.passes and (args.target is not None or args.opt_level is not None):
+        raise UsageError("--target and --opt-level go with --passes")
     if is_artifact(args.model):
         if shapes:
             raise UsageError("--input-shape applies to ONNX models, not artifacts")
+        if args.passes:
+            raise UsageError("--passes applies to ONNX models: an artifact's graph is "
+                             "already optimised")
         artifact = load(args.model, progress=False)
         graph = artifact.graph
     else:
@@ -125,13 +132,21 @@ def cmd_inspect(args) -> int:
         raise UsageError(f"--input-shape names {', '.join(unknown)}, but the model's inputs "
                          f"are {', '.join(v.name for v in graph.inputs)}")
     summary = summarize(graph)
+    target = args.target or "llvm"
+    opt_level = 3 if args.opt_level is None else args.opt_level
+    rows = pass_report(graph, target, opt_level) if args.passes else None
     if args.json:
         doc = summary.to_dict()
         if artifact is not None:
             doc["artifact"] = _artifact_summary(artifact)
+        if rows is not None:
+            doc["passes"] = {"target": target, "opt_level": opt_level,
+                             "after": [r.to_dict() for r in rows]}
         print(json.dumps(doc, indent=2))
     else:
         print(format_summary(summary))
+        if rows is not None:
+            print(format_passes(rows, target, opt_level))
         if artifact is not None:
             info = _artifact_summary(artifact)
             print(f"artifact: dnnc {info['dnnc_version']}, target {info['target']}"
@@ -228,6 +243,8 @@ def cmd_compile(args) -> int:
             raise UsageError(f"--emit {kind!r}: one of {', '.join(EMIT_SUFFIX)}")
         emits.append((kind, Path(folder)))
     output = Path(args.output) if args.output else Path(args.model).with_suffix(".dnnc")
+    if args.dump_ir and args.target != "llvm":
+        raise UsageError(f"--dump-ir: the {args.target} target runs no passes")
     _say(args, f"importing {args.model}")
     graph = _import(args.model, shapes)
     where = ""
@@ -235,8 +252,13 @@ def cmd_compile(args) -> int:
         shown = cpu or host_cpu()
         where = f" (cpu {shown.name}, {shown.vector_bits}-bit vectors)"
     _say(args, f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
-    model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
-                    progress=not args.quiet)
+    try:
+        model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
+                        progress=not args.quiet, dump_ir=args.dump_ir)
+    except OSError as exc:   # the --dump-ir folder
+        raise UsageError(f"cannot write into {args.dump_ir!r}: {exc.strerror or exc}") from exc
+    if args.dump_ir:
+        _say(args, f"wrote the graph after each pass into {args.dump_ir}")
     stats = model.stats
     symbolic = sorted({d for t in model.input_types for d in t.shape if isinstance(d, str)})
     if symbolic and args.target == "llvm":
@@ -466,6 +488,12 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--json", action="store_true", help="print the summary as JSON")
     ins.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                      help="fix an input's shape (dims may be symbolic names; repeatable)")
+    ins.add_argument("--passes", action="store_true",
+                     help="run the pass pipeline and print nodes and kernels after each pass")
+    ins.add_argument("--target", default=None, choices=["llvm", "numpy"],
+                     help="target of --passes (default llvm)")
+    ins.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
+                     help="optimisation level of --passes (default 3)")
     ins.set_defaults(run=cmd_inspect)
 
     comp = sub.add_parser("compile", help="compile an ONNX model into an artifact (.dnnc)",
@@ -480,6 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     _shape_option(comp)
     comp.add_argument("--emit", nargs=2, action="append", default=[], metavar=("KIND", "DIR"),
                       help="also write the generated code: llvm-ir, asm or loop (repeatable)")
+    comp.add_argument("--dump-ir", metavar="DIR",
+                      help="write the graph IR after every pass as DIR/NN_pass.txt")
     _cpu_options(comp)
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(run=cmd_compile)

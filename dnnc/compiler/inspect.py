@@ -5,6 +5,10 @@ FLOPs are an estimate per op family, counting a multiply-add as 2: Conv and Conv
 element), normalisations and softmax (a few per element), reductions (one per input element),
 elementwise ops (one per output element). Data movement (reshape, transpose, gather, ...) costs
 0. Symbolic dims stay symbolic: the total is a polynomial in them (`7.3 G*N`).
+
+`pass_report` runs the pass pipeline of a target and level on a copy and counts, after each
+pass, the graph's nodes and the kernels the llvm backend would form from it (fusion groups over
+its segments, without lowering or compiling them): what `dnnc inspect --passes` prints.
 This module only reads a graph; it never changes one.
 """
 
@@ -305,4 +309,74 @@ def format_summary(s: ModelSummary) -> str:
         lines.append(f"  {op:<{op_width}}  {exact_and_human(c)}")
     if s.unestimated:
         lines.append(f"  (no estimate for: {', '.join(s.unestimated)})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline, pass by pass
+
+
+@dataclass
+class PassRow:
+    """The graph after one pass (or as imported, `index` 0)."""
+
+    index: int
+    name: str
+    level: int | None          # the opt level the pass starts at; None for the imported graph
+    nodes: int
+    kernels: int | None        # kernels the llvm backend would form; None for other targets
+    seconds: float | None
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "pass": self.name, "level": self.level,
+                "nodes": self.nodes, "kernels": self.kernels, "seconds": self.seconds}
+
+
+def pass_report(graph: Graph, target: str = "llvm", opt_level: int = 3,
+                cpu=None) -> list[PassRow]:
+    """One row for the imported graph, then one per pass the pipeline of `target` at
+    `opt_level` runs (the numpy target runs none). Kernels count fusion groups only once
+    fuse_ops has run; fuse_ops and plan_memory act in the backend, so they change no node."""
+    from ..passes.manager import PIPELINE, optimize
+
+    def kernels(g: Graph, fuse: bool) -> int | None:
+        if target != "llvm":
+            return None
+        from ..backends.llvm.executable import LLVMRuntime
+
+        return LLVMRuntime(g, cpu=cpu, fuse=fuse, warm_up=False, progress=False).kernels
+
+    rows = [PassRow(0, "(imported)", None, len(graph.nodes), kernels(graph, False), None)]
+    if target != "llvm":
+        return rows
+    from .driver import llvm_target
+
+    levels = {name: level for name, level, _ in PIPELINE}
+    timings: dict[str, float] = {}
+    fused = []
+
+    def after(name: str, g: Graph) -> None:
+        if name == "fuse_ops":
+            fused.append(name)
+        rows.append(PassRow(len(rows), name, levels[name], len(g.nodes),
+                            kernels(g, bool(fused)), timings[name]))
+
+    optimize(graph, llvm_target(cpu), opt_level, timings=timings, after_pass=after)
+    return rows
+
+
+def format_passes(rows: list[PassRow], target: str, opt_level: int) -> str:
+    width = max(len(r.name) for r in rows)
+    lines = [f"passes for {target} at opt level {opt_level}:",
+             f"  {'#':>2}  {'pass':<{width}}  {'level':>5}  {'nodes':>6}  {'kernels':>7}  "
+             f"{'ms':>8}"]
+    for r in rows:
+        level = "-" if r.level is None else str(r.level)
+        kernels = "-" if r.kernels is None else str(r.kernels)
+        ms = "-" if r.seconds is None else f"{r.seconds * 1e3:.2f}"
+        lines.append(f"  {r.index:>2}  {r.name:<{width}}  {level:>5}  {r.nodes:>6}  "
+                     f"{kernels:>7}  {ms:>8}")
+    if len(rows) == 1:
+        lines.append(f"  (the {target} target runs no passes)" if target != "llvm"
+                     else f"  (no pass runs at opt level {opt_level})")
     return "\n".join(lines)

@@ -279,3 +279,82 @@ def test_compile_run_bench_mistakes(tmp_path, capsys, monkeypatch, argv, message
     code, out, err = run_cli(capsys, *[a.format(mlp=mlp, bad=bad) for a in argv])
     assert code == 1 and len(err.strip().splitlines()[-1:]) == 1
     assert err.strip().splitlines()[-1].startswith("dnnc: error:") and message in err
+
+
+# ---------------------------------------------------------------------------------------------
+# the pass pipeline: inspect --passes, compile --dump-ir
+
+
+def _pass_rows(out: str) -> dict[str, list[str]]:
+    """The rows of `inspect --passes`' table by pass name."""
+    lines = out.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("passes for "))
+    return {line.split()[1]: line.split() for line in lines[start + 2:]
+            if line.split() and line.split()[0].isdigit()}
+
+
+def test_inspect_passes_prints_nodes_and_kernels_after_each_pass(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys)
+    code, out, err = run_cli(capsys, "inspect", path, "--passes")
+    assert code == 0 and not err
+    assert "passes for llvm at opt level 3:" in out
+    rows = _pass_rows(out)
+    assert list(rows) == ["(imported)", "fold_constants", "simplify", "eliminate",
+                          "convert_layout", "fuse_ops", "plan_memory"]
+    # columns: index, pass, level, nodes, kernels, ms
+    assert rows["(imported)"][2:5] == ["-", "5", "5"]
+    assert rows["convert_layout"][3:5] == ["5", "5"]
+    assert rows["fuse_ops"][3:5] == ["5", "3"]    # Gemm + Relu fused twice
+    assert rows["plan_memory"][2] == "1" and float(rows["plan_memory"][5]) >= 0
+    model = dnnc.compile(str(path), target="llvm", progress=False)
+    assert int(rows["plan_memory"][4]) == model.stats["kernels"]
+
+
+def test_inspect_passes_level_and_json(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys)
+    code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--opt-level", "1")
+    assert code == 0
+    assert list(_pass_rows(out)) == ["(imported)", "fold_constants", "simplify", "eliminate",
+                                     "plan_memory"]
+    assert _pass_rows(out)["plan_memory"][3:5] == ["5", "5"]   # no fusion at level 1
+    code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--json")
+    passes = json.loads(out)["passes"]
+    assert passes["target"] == "llvm" and passes["opt_level"] == 3
+    assert [r["pass"] for r in passes["after"]][-2:] == ["fuse_ops", "plan_memory"]
+    assert passes["after"][-1]["kernels"] == 3 and passes["after"][0]["seconds"] is None
+    code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--target", "numpy")
+    assert code == 0 and list(_pass_rows(out)) == ["(imported)"]
+    assert "runs no passes" in out
+
+
+def test_compile_dump_ir_writes_the_graph_after_every_pass(tmp_path, capsys):
+    path = mlp_file(tmp_path, capsys)
+    code, out, err = run_cli(capsys, "compile", path, "-o", tmp_path / "m.dnnc",
+                             "--dump-ir", tmp_path / "ir")
+    assert code == 0, err
+    files = sorted(p.name for p in (tmp_path / "ir").iterdir())
+    assert files == ["00_input.txt", "01_fold_constants.txt", "02_simplify.txt",
+                     "03_eliminate.txt", "04_convert_layout.txt", "05_fuse_ops.txt",
+                     "06_plan_memory.txt"]
+    assert "Gemm" in (tmp_path / "ir" / "00_input.txt").read_text()
+    assert "MatMulPacked" in (tmp_path / "ir" / "04_convert_layout.txt").read_text()
+    assert "MatMulPacked" not in (tmp_path / "ir" / "03_eliminate.txt").read_text()
+    assert f"into {tmp_path / 'ir'}" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["inspect", "{mlp}", "--opt-level", "2"], "go with --passes"),
+    (["inspect", "{mlp}", "--target", "llvm"], "go with --passes"),
+    (["inspect", "{art}", "--passes"], "already optimised"),
+    (["compile", "{mlp}", "--target", "numpy", "--dump-ir", "ir"], "runs no passes"),
+    (["compile", "{mlp}", "--dump-ir", "{file}/ir"], "cannot write"),
+])
+def test_pass_option_mistakes(tmp_path, capsys, monkeypatch, argv, message):
+    mlp = mlp_file(tmp_path, capsys)
+    art = tmp_path / "m.dnnc"
+    if "{art}" in argv:
+        assert run_cli(capsys, "compile", mlp, "-o", art, "-q")[0] == 0
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, *[a.format(mlp=mlp, art=art, file=mlp) for a in argv])
+    assert code == 1 and err.strip().splitlines()[-1].startswith("dnnc: error:")
+    assert message in err
