@@ -4,7 +4,10 @@ constant weights once at compile time.
 Per target, a table of rewrites (no target `if` chains): on CPUs (llvm) a MatMul or Gemm whose
 B is a constant becomes MatMulPacked, its B repacked into NR-column panels that the dense
 micro-kernel streams contiguously (GotoBLAS's packed B, done once instead of per call). A
-rewrite keeps the node's output Value, so its users are untouched.
+MatMul whose product only an Add of a constant bias over the last axis reads takes that bias
+as MatMulPacked's C (simplify already made the 2-D case a Gemm; an N-D A has no ONNX op with a
+bias), so the dense kernel adds it in its epilogue. A rewrite keeps the output Value of the
+last node it replaces, so its users are untouched.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from ..ir.target import Target
 from ..ir.types import TensorType, float32
 
 
-def _pack_dense(node: Node, target: Target) -> Node | None:
-    """MatMul(A, B const) / Gemm(A, B const, C) -> MatMulPacked(A, panels(B), C)."""
+def _pack_dense(graph: Graph, node: Node, users, target: Target):
+    """MatMul(A, B const) / Gemm(A, B const, C) -> MatMulPacked(A, panels(B), C);
+    MatMul(A, B const) + bias -> MatMulPacked(A, panels(B), bias) when the Add is the
+    product's only reader and the bias is a constant over the last axis (N,), (1, .., N)."""
     if node.op not in ("MatMul", "Gemm"):
         return None
     a, b = node.inputs[0], node.inputs[1]
@@ -29,6 +34,11 @@ def _pack_dense(node: Node, target: Target) -> Node | None:
     attrs = {"n": 0, "alpha": 1.0, "beta": 1.0}
     weights = b.const
     bias = None
+    add = _bias_add(graph, node, users) if node.op == "MatMul" else None
+    outputs = node.outputs
+    if add is not None:
+        add, bias = add
+        outputs = add.outputs
     if node.op == "Gemm":
         if node.attrs["transA"]:
             return None
@@ -41,24 +51,53 @@ def _pack_dense(node: Node, target: Target) -> Node | None:
     pv = Value(f"{b.name}.packed", TensorType(float32, packed.shape), const=packed)
     inputs = [a, pv] + ([bias] if bias is not None else [])
     types, _, full = infer_node("MatMulPacked", inputs, attrs, 1, node.name)
-    if types[0] != node.outputs[0].type:
+    if types[0] != outputs[0].type:
         return None
-    return Node("MatMulPacked", inputs, node.outputs, full, node.name)
+    return Node("MatMulPacked", inputs, outputs, full, node.name), [add] if add else []
+
+
+def _bias_add(graph: Graph, node: Node, users):
+    """(the Add, its bias as a 1-D constant of N) when the product of MatMul `node` is read
+    only by an Add of a constant that broadcasts over its last axis without growing it."""
+    product = node.outputs[0]
+    readers = users.get(product, [])
+    if len(readers) != 1 or readers[0].op != "Add" or any(v is product for v in graph.outputs):
+        return None
+    add = readers[0]
+    bias = add.inputs[1] if add.inputs[0] is product else add.inputs[0]
+    if bias is product or bias.const is None or add.outputs[0].type != product.type or \
+            bias.type.dtype is not product.type.dtype:
+        return None
+    c, n = np.asarray(bias.const), product.type.shape[-1]
+    if c.ndim > product.type.rank or any(d != 1 for d in c.shape[:-1]) or \
+            (c.ndim and c.shape[-1] not in (1, n)):
+        return None
+    c = np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (n,)))
+    return add, Value(f"{bias.name}.row", TensorType(bias.type.dtype, c.shape), const=c)
 
 
 REWRITES = {"llvm": [_pack_dense]}
-"""target name -> layout rewrites, each node -> replacement node or None."""
+"""target name -> layout rewrites: (graph, node, users, target) -> None, or the replacement
+node and the later nodes it takes over (their outputs are its own)."""
 
 
 def convert_layout(graph: Graph, target: Target) -> int:
     """Apply the target's rewrites in place; returns how many nodes changed."""
     rules = REWRITES.get(target.name, [])
+    if not rules:
+        return 0
+    users = graph.users()
+    absorbed: set[int] = set()
     changed = 0
     for k, node in enumerate(graph.nodes):
+        if id(node) in absorbed:
+            continue
         for rule in rules:
-            new = rule(node, target)
+            new = rule(graph, node, users, target)
             if new is not None:
-                graph.nodes[k] = new
+                graph.nodes[k] = new[0]
+                absorbed.update(id(n) for n in new[1])
                 changed += 1
                 break
+    graph.nodes = [n for n in graph.nodes if id(n) not in absorbed]
     return changed
