@@ -2,6 +2,7 @@
 meaning kept (numpy target before and after)."""
 
 import numpy as np
+import pytest
 
 import dnnc
 from dnnc.ir import types as T
@@ -71,3 +72,218 @@ def test_training_dropout_and_an_identity_output_stay():
     d = g.add("Dropout", x, ratio, mode, seed=0)
     g.outputs = [d, g.add("Identity", x)]
     assert simplify(g) == 0
+
+
+# -- helpers for the rules below ------------------------------------------------------------
+
+
+def _c(name, array, dtype=np.float32):
+    array = np.asarray(array, dtype)
+    return Value(name, T.TensorType(T.DType.from_numpy(array.dtype), array.shape), const=array)
+
+
+def _input(g, name, shape):
+    return g.add_input(name, T.TensorType(T.float32, shape))
+
+
+def _feeds(g, rng):
+    return [rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
+
+
+def _ops(g):
+    return [n.op for n in g.nodes]
+
+
+def _rewrites_and_keeps_meaning(g, expected_ops, rtol=1e-5, atol=1e-6, opt_levels=(3,)):
+    """simplify `g`; its ops become `expected_ops`, it verifies, and numpy and llvm compile
+    it (at `opt_levels`) to the values the graph as built (opt level 0) computes."""
+    rng = np.random.default_rng()
+    feeds = _feeds(g, rng)
+    before = dnnc.compile(g, target="numpy", opt_level=0).run(*feeds)
+    for got, want in zip(dnnc.compile(g, target="llvm", opt_level=0).run(*feeds), before):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    assert simplify(g) >= 1
+    g.verify()
+    assert _ops(g) == expected_ops
+    for target in ("numpy", "llvm"):
+        for level in opt_levels:
+            after = dnnc.compile(g, target=target, opt_level=level).run(*feeds)
+            for got, want in zip(after, before):
+                np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return g
+
+
+def _kept(g):
+    """simplify leaves `g` as it is (the same ops, reading the same values)."""
+    text = str(g)
+    assert simplify(g) == 0
+    assert str(g) == text
+
+
+# -- BatchNormalization into the dense op before it ----------------------------------------------
+
+
+def _dense_bn(rng, op="MatMul", a_shape=(5, 6), const_b=True, const_stats=True,
+              extra_use=False, **attrs):
+    g = Graph("g")
+    a = _input(g, "a", a_shape)
+    b_shape = (4, 6) if attrs.get("transB") else (6, 4)
+    b = _c("w", rng.standard_normal(b_shape)) if const_b else _input(g, "w", b_shape)
+    args = [a, b] + ([_c("cb", rng.standard_normal(attrs.pop("c_shape")))]
+                     if "c_shape" in attrs else [])
+    y = g.add(op, *args, name="dense", **attrs)
+    stats = [_c(n, rng.standard_normal(4)) for n in ("scale", "bias", "mean")]
+    if not const_stats:
+        stats[2] = _input(g, "mean", (4,))
+    channels = y.type.shape[1]
+    if channels != 4:   # a 3-D product normalised over its axis 1
+        stats = [_c(n, rng.standard_normal(channels)) for n in ("scale", "bias", "mean")]
+    var = _c("var", rng.random(channels) + 0.5)
+    z = g.add("BatchNormalization", y, *stats, var, epsilon=1e-3, name="bn")
+    g.outputs = [z] + ([y] if extra_use else [])
+    return g
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("MatMul", {}), ("Gemm", {}), ("Gemm", {"c_shape": (4,), "alpha": 0.5, "beta": 2.0}),
+    ("Gemm", {"c_shape": (5, 4), "transB": 1, "beta": -1.5}),
+    ("Gemm", {"c_shape": (1,), "transB": 1})])
+def test_batch_norm_folds_into_the_dense_op_before_it(op, attrs):
+    g = _dense_bn(np.random.default_rng(), op, **attrs)
+    g = _rewrites_and_keeps_meaning(g, ["Gemm"])
+    assert g.nodes[0].attrs["beta"] == 1.0 and g.nodes[0].inputs[1].const is not None
+
+
+def test_batch_norm_stays_after_a_dense_op_it_cannot_fold_into():
+    rng = np.random.default_rng()
+    _kept(_dense_bn(rng, const_b=False))                # weights are an input
+    _kept(_dense_bn(rng, const_stats=False))            # statistics are an input
+    _kept(_dense_bn(rng, extra_use=True))               # the product is read too
+    _kept(_dense_bn(rng, a_shape=(2, 5, 6)))            # 3-D product: channel axis 1 is not N
+
+
+# -- values passed through unchanged ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("op, const_first, value", [
+    ("Mul", False, 1.0), ("Mul", True, 1.0), ("Add", False, 0.0), ("Add", True, 0.0),
+    ("Sub", False, 0.0), ("Div", False, 1.0)])
+def test_neutral_constants_disappear(op, const_first, value):
+    for shape in ((), (1,), (3,), (2, 3)):      # every shape broadcasting keeps x's
+        g = Graph("g")
+        x = _input(g, "x", (2, 3))
+        c = _c("c", np.full(shape, value))
+        y = g.add(op, *((c, x) if const_first else (x, c)))
+        g.outputs = [g.add("Exp", y)]
+        _rewrites_and_keeps_meaning(g, ["Exp"])
+        assert g.nodes[0].inputs[0] is x
+
+
+@pytest.mark.parametrize("op, const_first, value, shape", [
+    ("Sub", True, 0.0, ()),          # 0 - x is -x
+    ("Div", True, 1.0, ()),          # 1 / x is a reciprocal
+    ("Mul", False, 1.0, (4, 2, 3)),  # broadcasting makes x bigger
+    ("Add", False, 0.0, (4, 1, 1)),
+    ("Mul", False, 0.0, ()),         # not the neutral element
+    ("Add", False, 1.0, ()),
+    ("Mul", False, 1.0000001, ())])
+def test_constants_that_change_x_stay(op, const_first, value, shape):
+    g = Graph("g")
+    x = _input(g, "x", (2, 3))
+    c = _c("c", np.full(shape, value))
+    g.outputs = [g.add("Exp", g.add(op, *((c, x) if const_first else (x, c))))]
+    _kept(g)
+
+
+def test_a_neutral_constant_that_is_not_all_ones_stays():
+    g = Graph("g")
+    x = _input(g, "x", (2, 3))
+    g.outputs = [g.add("Exp", g.add("Mul", x, _c("c", [1.0, 1.0, 2.0])))]
+    _kept(g)
+
+
+def test_neutral_op_between_an_input_and_an_output_stays():
+    g = Graph("g")
+    x = _input(g, "x", (2, 3))
+    g.outputs = [g.add("Add", x, _c("zero", 0.0))]     # the output would be the input
+    _kept(g)
+
+
+def test_cast_to_its_own_type_disappears_and_a_real_cast_stays():
+    g = Graph("g")
+    x = _input(g, "x", (2, 3))
+    g.outputs = [g.add("Exp", g.add("Cast", x, to=T.float32))]
+    _rewrites_and_keeps_meaning(g, ["Exp"])
+    g = Graph("g")
+    x = _input(g, "x", (2, 3))
+    g.outputs = [g.add("Cast", g.add("Cast", x, to=T.float64), to=T.float32)]
+    _kept(g)
+
+
+# -- chains merged ---------------------------------------------------------------------------
+
+
+def test_transposes_compose_into_one():
+    g = Graph("g")
+    x = _input(g, "x", (2, 3, 4, 5))
+    y = g.add("Transpose", x, perm=[0, 2, 1, 3])
+    z = g.add("Transpose", y, perm=[3, 0, 2, 1])
+    g.outputs = [g.add("Relu", z)]
+    g = _rewrites_and_keeps_meaning(g, ["Transpose", "Relu"])
+    assert g.nodes[0].attrs["perm"] == [3, 0, 1, 2] and g.nodes[0].inputs[0] is x
+
+
+def test_transposes_that_cancel_and_an_identity_transpose_disappear():
+    g = Graph("g")
+    x = _input(g, "x", (2, 3, 4))
+    y = g.add("Transpose", x, perm=[1, 2, 0])
+    z = g.add("Transpose", y, perm=[2, 0, 1])
+    w = g.add("Transpose", g.add("Relu", z), perm=[0, 1, 2])
+    g.outputs = [g.add("Exp", w)]
+    g = _rewrites_and_keeps_meaning(g, ["Relu", "Exp"])
+    assert g.nodes[0].inputs[0] is x
+    g = Graph("g")
+    x = _input(g, "x", (2, 3))
+    g.outputs = [g.add("Relu", g.add("Transpose", g.add("Transpose", x)))]   # default perms
+    _rewrites_and_keeps_meaning(g, ["Relu"])
+
+
+def test_a_transpose_read_elsewhere_is_not_merged():
+    g = Graph("g")
+    x = _input(g, "x", (2, 3, 4))
+    y = g.add("Transpose", x, perm=[1, 2, 0])
+    g.outputs = [g.add("Transpose", y, perm=[1, 0, 2]), g.add("Relu", y)]
+    _kept(g)
+
+
+def test_reshape_likes_merge_into_one_reshape():
+    g = Graph("g")
+    x = _input(g, "x", (2, 3, 4))
+    y = g.add("Reshape", x, _c("s1", [6, 4], np.int64))
+    y = g.add("Unsqueeze", y, _c("axes", [0], np.int64))
+    y = g.add("Flatten", y, axis=1)
+    y = g.add("Squeeze", y, _c("axes2", [0], np.int64))
+    g.outputs = [g.add("Relu", g.add("Reshape", y, _c("s2", [4, -1], np.int64)))]
+    g = _rewrites_and_keeps_meaning(g, ["Reshape", "Relu"])
+    assert g.nodes[0].inputs[0] is x and g.nodes[0].inputs[1].const.tolist() == [4, 6]
+
+
+def test_a_reshape_to_the_same_shape_disappears():
+    g = Graph("g")
+    x = _input(g, "x", (2, 3))
+    y = g.add("Reshape", g.add("Relu", x), _c("s", [2, -1], np.int64))
+    g.outputs = [g.add("Exp", g.add("Squeeze", y))]      # no unit axes: the same shape too
+    _rewrites_and_keeps_meaning(g, ["Relu", "Exp"])
+
+
+def test_reshapes_of_dynamic_shapes_or_read_elsewhere_stay():
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, ("n", 6)))
+    y = g.add("Reshape", x, _c("s1", [-1, 2, 3], np.int64))
+    g.outputs = [g.add("Reshape", y, _c("s2", [-1, 3, 2], np.int64))]
+    _kept(g)
+    g = Graph("g")
+    x = _input(g, "x", (2, 6))
+    y = g.add("Reshape", x, _c("s1", [4, 3], np.int64))
+    g.outputs = [g.add("Reshape", y, _c("s2", [3, 4], np.int64)), g.add("Relu", y)]
+    _kept(g)
