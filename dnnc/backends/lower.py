@@ -276,9 +276,10 @@ def _has_reduce(e: L.Expr) -> bool:
 
 def epilogue(kernel: Kernel):
     """For a group of an anchor and the elementwise chain after it: `fn(value, index)` giving
-    the group's output element from the anchor's output element `value` at output `index`.
-    Templates compute the anchor their own way and apply this where they store."""
-    nodes = kernel.nodes
+    the value stored for the anchor's output element `value` at the anchor's `index`.
+    Templates compute the anchor their own way and apply this where they store; a layout tail
+    after the chain (see `store_index`) only moves where the value goes."""
+    nodes = kernel.nodes[:1 + len(_elementwise_chain(kernel))]
     if len(nodes) == 1:
         return lambda value, index: value
     anchor_out = nodes[0].outputs[0]
@@ -300,3 +301,90 @@ def epilogue(kernel: Kernel):
                            n.buffer.name == "anchor_value" else None)
 
     return apply
+
+
+def _elementwise_chain(kernel: Kernel) -> list[Node]:
+    """The group's nodes after its anchor up to its layout tail (all of them without one)."""
+    from ..ir.ops.registry import Pattern
+
+    chain = []
+    for n in kernel.nodes[1:]:
+        if get_op(n.op).pattern not in (Pattern.ELEMWISE, Pattern.BROADCAST):
+            break
+        chain.append(n)
+    return chain
+
+
+def layout_tail(kernel: Kernel) -> list[Node]:
+    """The layout ops (Reshape, Transpose) that end an anchor's group after its epilogue."""
+    return kernel.nodes[1 + len(_elementwise_chain(kernel)):]
+
+
+def store_index(kernel: Kernel):
+    """`fn(index)`: where the group's output stores the element computed at the anchor's
+    `index`, through the layout tail after its elementwise chain (the identity without one);
+    None when some tail op has no known index map (the template does not apply then)."""
+    maps = []
+    for n in layout_tail(kernel):
+        rule = STORE_REMAPS.get(n.op)
+        shapes = [_static(n.inputs[0].type.shape), _static(n.outputs[0].type.shape)]
+        if rule is None or None in shapes:
+            return None
+        maps.append((rule, n, *shapes))
+
+    def apply(index):
+        index = tuple(index)
+        for rule, n, in_shape, out_shape in maps:
+            index = rule(n, in_shape, out_shape, index)
+        return index
+
+    return apply
+
+
+def _static(shape) -> tuple[int, ...] | None:
+    return tuple(shape) if all(isinstance(d, int) for d in shape) else None
+
+
+def _transpose_index(node: Node, in_shape, out_shape, index) -> tuple:
+    perm = node.attrs.get("perm")
+    perm = list(perm) if perm is not None else list(reversed(range(len(in_shape))))
+    return tuple(index[p] for p in perm)
+
+
+def _same_order_index(node: Node, in_shape, out_shape, index) -> tuple:
+    """Reshape (and its special cases) keeps the row-major order: blocks of dims whose sizes
+    multiply to the same extent map to each other; a block is raveled and unraveled alone,
+    so (s, c) -> (s, c // 64, c % 64) rather than through one flat offset."""
+    ins = [(k, d) for k, d in enumerate(in_shape) if d != 1]
+    outs = [(k, d) for k, d in enumerate(out_shape) if d != 1]
+    out: list[L.Expr] = [L.const(0)] * len(out_shape)
+    i = j = 0
+    while i < len(ins) or j < len(outs):
+        block_in, block_out = [ins[i]], [outs[j]]
+        size_in, size_out = ins[i][1], outs[j][1]
+        i, j = i + 1, j + 1
+        while size_in != size_out:
+            if size_in < size_out:
+                block_in.append(ins[i])
+                size_in *= ins[i][1]
+                i += 1
+            else:
+                block_out.append(outs[j])
+                size_out *= outs[j][1]
+                j += 1
+        flat: L.Expr = L.const(0)
+        for k, d in block_in:
+            flat = flat * d + index[k]
+        stride = size_out
+        for n, (k, d) in enumerate(block_out):
+            stride //= d
+            e = flat if stride == 1 else flat // stride
+            out[k] = e if n == 0 else e % d
+    return tuple(L.simplify_expr(e) for e in out)
+
+
+STORE_REMAPS = {"Transpose": _transpose_index, "Reshape": _same_order_index,
+                "Squeeze": _same_order_index, "Unsqueeze": _same_order_index,
+                "Flatten": _same_order_index, "Identity": _same_order_index}
+"""Layout ops a template can store through: op -> fn(node, in shape, out shape, index in its
+input) -> the index in its output that element moves to. (Each is a bijection of elements.)"""

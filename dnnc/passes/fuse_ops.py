@@ -1,71 +1,235 @@
 """fuse_ops: partition nodes into groups that lower to one kernel each.
 
-By op pattern, as TVM fuses: an OUT_FUSABLE anchor (Conv, MatMul, Gemm, ...) takes the chain
-of elementwise / broadcasting consumers that follows it (bias, activation, residual add) as
-its epilogue; a chain of elementwise ops becomes one loop nest. A value inside a group must be
-read by nothing outside it (nothing is computed twice), and a group's output keeps the
-anchor's shape (an epilogue may not broadcast it bigger). Reductions and opaque ops stay
-alone in this first slice.
+By op pattern, as TVM fuses (Chen et al., OSDI 2018, section 3), in two phases:
+
+1. An OUT_FUSABLE anchor (Conv, MatMul, Gemm, ...) takes the elementwise / broadcasting
+   consumers that follow it (bias, activation, residual add, a GELU written op by op) as its
+   epilogue, all at the anchor's own shape; where the anchor's template can store through an
+   index map (`store_remaps`), a tail of layout ops (Reshape, Transpose) after the epilogue
+   joins too, so the product is written straight into the layout its reader wants.
+2. Every other group of elementwise, broadcast and injective ops fuses into the group that
+   reads it: chains become one loop nest, and a reduction takes its producers (an Add before
+   a ReduceMax) so they are computed where they are read instead of stored and loaded.
+
+What stays apart: an anchor never fuses into what it reads or what reads it beyond its
+epilogue (a conv or matmul is computed once, by its template); a value read outside its group
+(by another group or after the segment) is a group's last output and nothing inside it is
+needed elsewhere (nothing is computed twice); a group holds at most one reduction; an
+expensive elementwise stage (exp, erf, ...) is not inlined where it would be recomputed (into a
+reduction, which reads its input several times, or under a broadcast); OPAQUE ops stay alone.
+Merging two groups is refused when a path leaves one of them through an outside group and
+comes back, which would make the groups' order cyclic.
 """
 
 from __future__ import annotations
 
+import networkx as nx
+
+from ..ir import loop as L
+from ..ir.compute import NoCompute, apply_rule, placeholder, stages
 from ..ir.graph import Node, Value
-from ..ir.ops.registry import Pattern, get_op
+from ..ir.ops.registry import Pattern, get_op, known_constant
 
 MAX_GROUP = 8
 """Nodes per group at most (compile time grows with the expression size)."""
 
-_CHAINABLE = (Pattern.ELEMWISE, Pattern.BROADCAST)
+_EPILOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST)
+_INLINED = (Pattern.ELEMWISE, Pattern.BROADCAST, Pattern.INJECTIVE)
+
+# intrinsics that cost tens of instructions: a stage using one is not recomputed per read
+_EXPENSIVE = frozenset({"exp", "log", "erf", "tanh", "sigmoid", "pow", "sin", "cos", "tan",
+                        "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+                        "log1p", "expm1", "atan2", "fmod"})
 
 
-def fusion_groups(nodes: list[Node], needed_outside: set[int],
-                  max_group: int = MAX_GROUP) -> list[list[Node]]:
-    """Groups of `nodes` (kept in order); `needed_outside` holds ids of values read after
-    these nodes (segment outputs), which may only leave a group as its last output."""
-    readers: dict[int, int] = {}
-    for n in nodes:
-        for v in n.inputs:
-            if v is not None:
-                readers[id(v)] = readers.get(id(v), 0) + 1
-    groups: list[list[Node]] = []
-    position = {id(n): k for k, n in enumerate(nodes)}
-    taken: set[int] = set()
-    for node in nodes:
-        if id(node) in taken:
-            continue
-        pattern = get_op(node.op).pattern
-        group = [node]
-        taken.add(id(node))
-        if pattern == Pattern.OUT_FUSABLE or pattern in _CHAINABLE:
-            tail = node
-            while len(group) < max_group and len(tail.outputs) == 1:
-                out = tail.outputs[0]
-                if id(out) in needed_outside or readers.get(id(out), 0) != 1:
-                    break
-                nxt = _only_reader(nodes, out, position[id(tail)])
-                if nxt is None or id(nxt) in taken or get_op(nxt.op).pattern not in _CHAINABLE \
-                        or len(nxt.outputs) != 1 or nxt.outputs[0].type.shape != out.type.shape:
-                    break
-                # every other input of the next node must exist before the group runs
-                if any(v is not None and v is not out and v.producer is not None and
-                       id(v.producer) in taken and v.producer not in group
-                       for v in nxt.inputs):
-                    break
-                group.append(nxt)
-                taken.add(id(nxt))
-                tail = nxt
-        groups.append(group)
-    return _in_order(groups, position)
+def fusion_groups(nodes: list[Node], needed_outside: set[int], max_group: int = MAX_GROUP,
+                  store_remaps: dict[str, frozenset[str]] | None = None
+                  ) -> list[list[Node]]:
+    """Groups of `nodes` (each in topological order, groups in an order that runs them).
+
+    `needed_outside` holds ids of values read after these nodes (segment outputs): such a
+    value may only leave a group as its last output. `store_remaps` maps an anchor op to the
+    layout ops its template can store through (default: none).
+    """
+    return _Fusion(nodes, needed_outside, max_group, store_remaps or {}).run()
 
 
-def _only_reader(nodes: list[Node], value: Value, after: int) -> Node | None:
-    for n in nodes[after + 1:]:
-        if any(v is value for v in n.inputs):
-            return n
-    return None
+class _Fusion:
+    def __init__(self, nodes, needed_outside, max_group, store_remaps):
+        self.nodes = nodes
+        self.max_group = max_group
+        self.store_remaps = store_remaps
+        self.position = {id(n): k for k, n in enumerate(nodes)}
+        self.dataflow = nx.DiGraph()
+        self.dataflow.add_nodes_from(range(len(nodes)))
+        produced = {id(v): k for k, n in enumerate(nodes) for v in n.outputs}
+        self.produced = produced
+        self.readers: dict[int, list[int]] = {}
+        for k, n in enumerate(nodes):
+            for v in n.inputs:
+                if v is not None and id(v) in produced:
+                    self.dataflow.add_edge(produced[id(v)], k)
+                    self.readers.setdefault(id(v), [])
+                    if k not in self.readers[id(v)]:
+                        self.readers[id(v)].append(k)
+        self.needed_outside = needed_outside
+        self.pattern = [get_op(n.op).pattern for n in nodes]
+        self.group = list(range(len(nodes)))               # node -> group id
+        self.members = {k: [k] for k in range(len(nodes))}  # group id -> nodes, in order
+        self._expensive: dict[int, bool] = {}
+
+    # -- the two phases ------------------------------------------------------------------------
+
+    def run(self) -> list[list[Node]]:
+        for k in nx.topological_sort(self.dataflow):
+            if self.pattern[k] == Pattern.OUT_FUSABLE and len(self.nodes[k].outputs) == 1:
+                self.take_epilogue(k)
+        for k in nx.topological_sort(self.dataflow):
+            self.take_producers(k)
+        groups = [[self.nodes[k] for k in sorted(ks)] for ks in self.members.values()]
+        return sorted(groups, key=lambda g: self.position[id(g[-1])])
+
+    def take_epilogue(self, anchor: int) -> None:
+        """Grow the anchor's group by its elementwise consumers (then a layout tail), and
+        keep the longest prefix of them after which only the last node's value leaves."""
+        shape = self.nodes[anchor].outputs[0].type.shape
+        remaps = self.store_remaps.get(self.nodes[anchor].op, frozenset())
+        chosen = [anchor]
+        best = 1
+        remapping = False
+        while len(chosen) < self.max_group:
+            nxt = self._next_consumer(chosen, shape, remaps, remapping)
+            if nxt is None:
+                break
+            remapping = remapping or self.pattern[nxt] not in _EPILOGUE
+            chosen.append(nxt)
+            if self._single_output(chosen):
+                best = len(chosen)
+        for k in chosen[1:best]:
+            self._merge(self.group[anchor], self.group[k])
+
+    def _next_consumer(self, chosen: list[int], shape, remaps, remapping: bool) -> int | None:
+        inside = set(chosen)
+        candidates = sorted({c for k in chosen for c in self.dataflow.successors(k)} - inside)
+        for c in candidates:
+            node = self.nodes[c]
+            if len(self.members.get(c, ())) != 1 or len(node.outputs) != 1:
+                continue   # already in a group (another anchor's)
+            if remapping or self.pattern[c] not in _EPILOGUE:
+                # layout tail: each op reads the previous one's value, all its other inputs
+                # known at compile time
+                if node.op not in remaps or node.inputs[0] is None or \
+                        self.produced.get(id(node.inputs[0])) != chosen[-1] or \
+                        not self._single_output(chosen) or \
+                        any(v is not None and known_constant(v) is None
+                            for v in node.inputs[1:]):
+                    continue
+            elif node.outputs[0].type.shape != shape:
+                continue   # an epilogue is computed at the anchor's own index
+            if not self._acyclic(inside | {c}):
+                continue
+            return c
+        return None
+
+    def take_producers(self, k: int) -> None:
+        """Fuse into `k`'s group each producer group that only `k`'s group reads."""
+        node = self.nodes[k]
+        for v in node.inputs:
+            if v is None or id(v) not in self.produced:
+                continue
+            p = self.produced[id(v)]
+            gp, gc = self.group[p], self.group[k]
+            if gp != gc and self._may_fuse_into(gp, gc, p, v):
+                self._merge(gc, gp)
+
+    def _may_fuse_into(self, gp: int, gc: int, p: int, v: Value) -> bool:
+        producer, consumer = self.members[gp], self.members[gc]
+        if len(producer) + len(consumer) > self.max_group or producer[-1] != p:
+            return False
+        if id(v) in self.needed_outside or \
+                any(self.group[r] != gc for r in self.readers.get(id(v), [])):
+            return False   # the value is needed elsewhere: it stays a group output
+        kinds = [self.pattern[k] for k in producer + consumer]
+        if any(kind not in _INLINED + (Pattern.REDUCE,) for kind in kinds):
+            return False   # anchors take epilogues only; opaque ops stay alone
+        if sum(kind == Pattern.REDUCE for kind in kinds) > 1:
+            return False
+        if any(len(self.nodes[k].outputs) != 1 for k in producer + consumer):
+            return False
+        consumer_reduces = any(self.pattern[k] == Pattern.REDUCE for k in consumer)
+        grows = _size(self.nodes[consumer[-1]].outputs[0]) != _size(v)
+        if (consumer_reduces or grows) and any(self._is_expensive(k) for k in producer):
+            return False   # it would be recomputed for every read
+        return self._acyclic(set(producer) | set(consumer))
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    def _single_output(self, chosen: list[int]) -> bool:
+        """Only the last node's value leaves the group; every other value stays inside."""
+        inside = set(chosen)
+        for k in chosen[:-1]:
+            v = self.nodes[k].outputs[0]
+            if id(v) in self.needed_outside or \
+                    any(r not in inside for r in self.readers.get(id(v), [])) or \
+                    not self.readers.get(id(v)):
+                return False
+        return True
+
+    def _acyclic(self, merged: set[int]) -> bool:
+        """Whether the group order stays acyclic when `merged` (nodes; a union of groups) is
+        one group: no path leaves it through an outside group and comes back."""
+        merged_groups = {self.group[k] for k in merged}
+        inside = set()
+        for g in merged_groups:
+            inside.update(self.members[g])
+        inside |= merged
+        last = max(inside)   # node indices are topological: a group after it cannot reach it
+        frontier = [s for k in inside for s in self.dataflow.successors(k) if s not in inside]
+        seen: set[int] = set()
+        while frontier:
+            k = frontier.pop()
+            group = self.members[self.group[k]]
+            if k in seen or group[0] > last:
+                continue
+            seen.add(k)
+            # the whole outside group of k runs as one: any of its nodes' successors follow
+            for m in group:
+                for s in self.dataflow.successors(m):
+                    if s in inside:
+                        return False
+                    if s not in seen:
+                        frontier.append(s)
+                seen.add(m)
+        return True
+
+    def _merge(self, keep: int, other: int) -> None:
+        for k in self.members[other]:
+            self.group[k] = keep
+        self.members[keep] = sorted(self.members[keep] + self.members.pop(other))
+
+    def _is_expensive(self, k: int) -> bool:
+        """Whether node k's compute rule calls a costly intrinsic (or cannot be told)."""
+        if k not in self._expensive:
+            self._expensive[k] = _calls_expensive(self.nodes[k])
+        return self._expensive[k]
 
 
-def _in_order(groups: list[list[Node]], position: dict[int, int]) -> list[list[Node]]:
-    """Groups ordered by their last node, so every group's inputs are computed before it."""
-    return sorted(groups, key=lambda g: position[id(g[-1])])
+def _size(v: Value) -> int | None:
+    n = 1
+    for d in v.type.shape:
+        if not isinstance(d, int):
+            return None
+        n *= d
+    return n
+
+
+def _calls_expensive(node: Node) -> bool:
+    args = [None if v is None else placeholder(f"in{k}", v.type.dtype, v.type.shape,
+                                                value=known_constant(v))
+            for k, v in enumerate(node.inputs)]
+    try:
+        outs = apply_rule(node.op, args, node.attrs, [v.type for v in node.outputs])
+    except (NoCompute, Exception):   # no loop form (or none for these types): keep it alone
+        return True
+    return any(isinstance(e, L.Call) and e.name in _EXPENSIVE
+               for t in stages(outs) if t.body is not None for e in L.walk(t.body))

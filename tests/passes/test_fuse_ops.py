@@ -83,3 +83,190 @@ def test_a_fused_cast_changes_the_stored_type_safely():
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3,
                                atol=2e-2)
+
+
+# -- grouping by pattern (TVM's rules), with the order of groups valid --------------------------
+
+
+def _const(name, array):
+    array = np.asarray(array)
+    return Value(name, T.TensorType(T.DType.from_numpy(array.dtype), array.shape), const=array)
+
+
+def _groups(g, max_group=None, **options):
+    """fusion_groups of g's nodes as names, checked to be a partition run in a valid order."""
+    kwargs = {} if max_group is None else {"max_group": max_group}
+    groups = fusion_groups(g.nodes, {id(v) for v in g.outputs}, **kwargs, **options)
+    assert sorted(n.name for gr in groups for n in gr) == sorted(n.name for n in g.nodes)
+    done = {id(v) for v in g.inputs}
+    for group in groups:
+        inside = {id(v) for n in group for v in n.outputs}
+        for n in group:
+            for v in n.inputs:
+                assert v is None or v.const is not None or id(v) in done or id(v) in inside, \
+                    f"{n.name} reads {v.name} before it is computed"
+        done |= inside
+    return _names(groups)
+
+
+def _check_llvm(g, kernels, *arrays, rtol=1e-5, atol=1e-5):
+    """The fused llvm build has `kernels` kernels and matches the numpy target."""
+    want = dnnc.compile(g, target="numpy").run(*arrays)
+    compiled = dnnc.compile(g, target="llvm")
+    assert compiled.stats["kernels"] == kernels
+    for got, ref in zip(compiled.run(*arrays), want):
+        np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol)
+
+
+def test_injective_and_elementwise_ops_form_one_loop_nest():
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (4, 6)))
+    t = g.add("Transpose", x, perm=[1, 0], name="transpose")
+    r = g.add("Reshape", t, _const("shape", np.array([2, 3, 4], np.int64)), name="reshape")
+    y = g.add("Relu", r, name="relu")
+    g.outputs = [g.add("Add", y, _const("b", np.ones(4, np.float32)), name="add")]
+    assert _groups(g) == [["transpose", "reshape", "relu", "add"]]
+    _check_llvm(g, 1, np.random.default_rng().standard_normal((4, 6)).astype(np.float32))
+
+
+def test_a_reduction_takes_its_elementwise_producers():
+    """Add(mask) -> ReduceMax: the add is computed where the reduction reads it."""
+    rng = np.random.default_rng()
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (2, 8, 16)))
+    m = g.add_input("m", T.TensorType(T.float32, (1, 1, 16)))
+    s = g.add("Add", x, m, name="mask")
+    g.outputs = [g.add("ReduceMax", s, _const("axes", np.array([-1], np.int64)), keepdims=1,
+                       name="max")]
+    assert _groups(g) == [["mask", "max"]]
+    _check_llvm(g, 1, rng.standard_normal((2, 8, 16)).astype(np.float32),
+                rng.standard_normal((1, 1, 16)).astype(np.float32))
+
+
+def test_an_expensive_stage_is_not_recomputed_per_read():
+    """Exp into a reduction (or under a broadcast) would be computed again for every read."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (8, 16)))
+    e = g.add("Exp", x, name="exp")
+    g.outputs = [g.add("ReduceSum", e, _const("axes", np.array([1], np.int64)), name="sum")]
+    assert _groups(g) == [["exp"], ["sum"]]
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (16,)))
+    y = g.add_input("y", T.TensorType(T.float32, (8, 16)))
+    g.outputs = [g.add("Add", g.add("Exp", x, name="exp"), y, name="add")]
+    assert _groups(g) == [["exp"], ["add"]]
+    g = Graph("g")   # a cheap one is inlined under the broadcast
+    x = g.add_input("x", T.TensorType(T.float32, (16,)))
+    y = g.add_input("y", T.TensorType(T.float32, (8, 16)))
+    g.outputs = [g.add("Add", g.add("Neg", x, name="neg"), y, name="add")]
+    assert _groups(g) == [["neg", "add"]]
+
+
+def test_opaque_ops_stay_alone():
+    """Softmax is registered OPAQUE: it neither takes its producers nor joins an epilogue."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (2, 16)))
+    m = g.add_input("m", T.TensorType(T.float32, (16,)))
+    g.outputs = [g.add("Softmax", g.add("Add", x, m, name="mask"), axis=-1, name="softmax")]
+    assert _groups(g) == [["mask"], ["softmax"]]
+
+
+def _dense_graph(rng, tail, m=24, k=40, n=32):
+    """x @ W + b, then `tail(graph, value)`: an anchor, its epilogue and maybe a layout tail."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, m, k)))
+    w = _const("w", rng.standard_normal((k, n)).astype(np.float32))
+    y = g.add("MatMul", x, w, name="matmul")
+    y = g.add("Add", y, _const("bias", rng.standard_normal(n).astype(np.float32)), name="bias")
+    g.outputs = [tail(g, y)]
+    return g, rng.standard_normal((1, m, k)).astype(np.float32)
+
+
+def _heads(perm):
+    def tail(g, y):
+        r = g.add("Reshape", y, _const("split", np.array([0, 0, 2, 16], np.int64)),
+                  name="reshape")
+        return g.add("Transpose", r, perm=perm, name="transpose")
+    return tail
+
+
+def test_a_matmul_stores_through_its_layout_tail():
+    """BERT's Q/K/V: MatMul, bias, Reshape to heads, Transpose: one kernel, the dense template
+    writing each element where the transposed layout wants it."""
+    rng = np.random.default_rng()
+    for perm in ([0, 2, 1, 3], [0, 2, 3, 1]):
+        g, x = _dense_graph(rng, _heads(perm))
+        remaps = {"MatMul": frozenset({"Reshape", "Transpose"})}
+        assert _groups(g, store_remaps=remaps) == [["matmul", "bias", "reshape", "transpose"]]
+        assert _groups(g) == [["matmul", "bias"], ["reshape", "transpose"]]   # no remaps given
+        _check_llvm(g, 1, x, rtol=1e-4, atol=1e-4)
+
+
+def test_a_layout_tail_after_a_batched_matmul():
+    """BERT's context: batched MatMul, Transpose back, Reshape to [1, seq, hidden]."""
+    rng = np.random.default_rng()
+    g = Graph("g")
+    p = g.add_input("p", T.TensorType(T.float32, (1, 2, 24, 24)))
+    v = g.add_input("v", T.TensorType(T.float32, (1, 2, 24, 16)))
+    c = g.add("MatMul", p, v, name="context")
+    t = g.add("Transpose", c, perm=[0, 2, 1, 3], name="transpose")
+    g.outputs = [g.add("Reshape", t, _const("merge", np.array([0, 0, 32], np.int64)),
+                       name="reshape")]
+    assert _groups(g, store_remaps={"MatMul": frozenset({"Reshape", "Transpose"})}) == \
+        [["context", "transpose", "reshape"]]
+    _check_llvm(g, 1, rng.standard_normal((1, 2, 24, 24)).astype(np.float32),
+                rng.standard_normal((1, 2, 24, 16)).astype(np.float32), rtol=1e-4, atol=1e-4)
+
+
+def test_an_epilogue_may_read_a_value_twice_inside_the_group():
+    """GELU as exporters write it reads h twice (Div and Mul); both reads are inside the
+    group, so h never leaves the registers."""
+    rng = np.random.default_rng()
+
+    def gelu(g, h):
+        e = g.add("Erf", g.add("Div", h, _const("sqrt2", np.float32(2 ** 0.5)), name="div"),
+                  name="erf")
+        one = g.add("Add", e, _const("one", np.float32(1)), name="add1")
+        return g.add("Mul", g.add("Mul", h, one, name="mul"), _const("half", np.float32(0.5)),
+                     name="half")
+
+    g, x = _dense_graph(rng, gelu)
+    assert _groups(g) == [["matmul", "bias", "div", "erf", "add1", "mul", "half"]]
+    want = dnnc.compile(g, target="numpy").run(x)[0]
+    compiled = dnnc.compile(g, target="llvm", opt_level=2)   # before any Gelu rewrite
+    assert compiled.stats["kernels"] == 1
+    np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_matmul_read_by_two_groups_is_computed_once():
+    rng = np.random.default_rng()
+    g, x = _dense_graph(rng, lambda g, y: g.add("Relu", y, name="relu"))
+    mm = g.outputs[0].producer.inputs[0]   # the bias add's value, read by relu and neg too
+    g.outputs = g.outputs + [g.add("Neg", mm, name="neg")]
+    assert _groups(g) == [["matmul", "bias"], ["relu"], ["neg"]]
+    _check_llvm(g, 3, x, rtol=1e-4, atol=1e-4)
+
+
+def test_no_group_makes_the_order_cyclic():
+    """m -> relu -> matmul2 -> add <- relu: adding `add` to m's group would need matmul2
+    both after and before that group."""
+    rng = np.random.default_rng()
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (8, 8)))
+    w1 = _const("w1", rng.standard_normal((8, 8)).astype(np.float32))
+    w2 = _const("w2", rng.standard_normal((8, 8)).astype(np.float32))
+    r = g.add("Relu", g.add("MatMul", x, w1, name="m1"), name="relu")
+    z = g.add("MatMul", r, w2, name="m2")
+    g.outputs = [g.add("Add", r, z, name="add")]
+    assert _groups(g) == [["m1", "relu"], ["m2", "add"]]
+    _check_llvm(g, 2, rng.standard_normal((8, 8)).astype(np.float32), rtol=1e-4, atol=1e-4)
+
+
+def test_max_group_bounds_a_chain():
+    g = Graph("g")
+    y = g.add_input("x", T.TensorType(T.float32, (5,)))
+    for k in range(10):
+        y = g.add("Neg", y, name=f"n{k}")
+    g.outputs = [y]
+    groups = _groups(g, max_group=4)
+    assert max(len(gr) for gr in groups) == 4 and len(groups) == 3

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 from ...ir import loop as L
 from ...ir import types as T
-from ..lower import Kernel, epilogue
+from ..lower import STORE_REMAPS, Kernel, epilogue, layout_tail, store_index
+
+
+LAYOUT_TAILS = {op: frozenset(STORE_REMAPS) for op in ("MatMul", "Gemm", "MatMulPacked")}
+"""anchor op -> the layout ops after its epilogue this template stores through (fuse_ops'
+`store_remaps`): the QKV projections write heads-first straight from the accumulators."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,9 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     if node is not kernel.nodes[0] or node.op not in ("MatMul", "Gemm", "MatMulPacked"):
         return None
     then = epilogue(kernel)
+    where = store_index(kernel)
+    if where is None:
+        return None
     params = kernel.func.params
     y = params[-1]
     if node.outputs[0].type.dtype is not T.float32:   # the anchor's own type, not the group's
@@ -59,8 +67,11 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     if a.dtype is not T.float32 or b.dtype is not T.float32:
         return None
     a_dims, b_dims, y_dims = _const_dims(a.shape), _const_dims(b.shape), _const_dims(y.shape)
+    # the anchor's own output: the group's output differs by a layout tail (`store_index`)
+    anchor_dims = list(node.outputs[0].type.shape)
+    remapped = bool(layout_tail(kernel))
     if a_dims is None or b_dims is None or y_dims is None or len(a_dims) < 2 or \
-            len(b_dims) < 2:
+            len(b_dims) < 2 or not all(isinstance(d, int) for d in anchor_dims):
         return None
     attrs = node.attrs if node.op != "MatMul" else {}
     trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
@@ -72,9 +83,9 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         m = _prod(a_dims[:-1])
     elif len(b_dims) == 2:
         batch = 1
-        m = y_dims[-2] * _prod(y_dims[:-2]) if len(y_dims) >= 2 else 1
+        m = anchor_dims[-2] * _prod(anchor_dims[:-2]) if len(anchor_dims) >= 2 else 1
         k = a_dims[0] if trans_a else a_dims[-1]
-        n = y_dims[-1]
+        n = anchor_dims[-1]
         if len(a_dims) > 2 and trans_a:
             return None
     else:
@@ -99,6 +110,26 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         b3 = L.Buffer(b.name, T.float32, (1 if len(b_dims) == 2 else batch,) +
                       ((n, k) if trans_b else (k, n)))
     y3 = L.Buffer(y.name, y.dtype, (batch, m, n))
+    y_full = L.Buffer(y.name, y.dtype, tuple(y_dims))
+
+    def y_at(bi, i, j):
+        """The output element the anchor's element (bi, i, j) is stored at."""
+        if not remapped:
+            return y3[bi, i, j]
+        return y_full[where(anchor_index(bi, i, j))]
+
+    def anchor_index(bi, i, j) -> tuple:
+        """Rows i of batch bi (batch dims folded into rows) as the anchor's own index."""
+        if len(anchor_dims) < 2:
+            return (j,)
+        if batch > 1:
+            i = bi * m + i
+        index = []
+        for d in reversed(anchor_dims[1:-1]):
+            index.append(i % d)
+            i = i // d
+        index.append(i)
+        return tuple(reversed(index)) + (j,)
     bias = None
     if c is not None:
         c_dims = _const_dims(c.shape)
@@ -115,17 +146,7 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
 
     def finish(value, i, j):
         """Gemm's alpha and beta * C, then the fused consumers at the output's own index."""
-        value = _gemm_epilogue(value, i, j)
-        if batch > 1:
-            i = bi * m + i
-        rows = y_dims[:-1]
-        index = []
-        for d in reversed(rows[1:]):
-            index.append(i % d)
-            i = i // d
-        index.append(i)
-        return then(value, tuple(reversed(index)) + (j,)) if len(y_dims) >= 2 else \
-            then(value, (j,))
+        return then(_gemm_epilogue(value, i, j), anchor_index(bi, i, j))
 
     def _gemm_epilogue(value, i, j):
         if alpha != 1.0:
@@ -153,7 +174,7 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         row = L.minimum(i0 + ii, m - 1)   # rows past M repeat the last row; never stored
         vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
         start = L.const(0.0) if n_kb == 1 else L.Select(L.eq(kb, 0), L.const(0.0),
-                                                          y3[bi, row, j0 + jj])
+                                                          y_at(bi, row, j0 + jj))
         init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), start), vec),
                      L.ForKind.UNROLLED)
         kglob = kb * kc + kk
@@ -166,8 +187,9 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         done = finish(value, i0 + ii, j0 + jj)
         if n_kb > 1:
             done = L.Select(L.eq(kb, n_kb - 1), done, value)
+        target = y_at(bi, i0 + ii, j0 + jj)
         store = L.For(ii, mr, L.If(i0 + ii < m, L.For(jj, width, L.Store(
-            y3, (bi, i0 + ii, j0 + jj), done), vec)), L.ForKind.UNROLLED)
+            target.buffer, target.indices, done), vec)), L.ForKind.UNROLLED)
         body = L.Allocate(acc, L.seq(init, kloop, store))
         return L.Let(i0, mb * mc + ib * mr, L.If(i0 < m, body))
 
@@ -193,7 +215,7 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         elif p.name == b.name:
             new_params.append(b3)
         elif p.name == y.name:
-            new_params.append(y3)
+            new_params.append(y_full if remapped else y3)
         elif bias is not None and p.name == bias.name:
             new_params.append(bias)
         else:

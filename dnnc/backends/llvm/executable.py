@@ -46,6 +46,7 @@ from .codegen import ModuleBuilder
 from .runtime import HostCPU, JITModule, ensure_pool, host_cpu, initialize, target_machine
 from .schedules import schedule_kernel
 from ...passes.fuse_ops import fusion_groups
+from .dense import LAYOUT_TAILS
 from ...passes.plan_memory import ALIGN, Step, plan_memory
 
 
@@ -417,7 +418,8 @@ class _CompiledSegment:
         mb = ModuleBuilder(f"segment{step.index}")
         original = {id(n): o for n, o in zip(nodes, step.nodes)}
         escaping_ids = {id(values[id(v)]) for v in step.escaping}
-        groups = fusion_groups(nodes, escaping_ids) if rt.fuse else [[n] for n in nodes]
+        groups = fusion_groups(nodes, escaping_ids, store_remaps=LAYOUT_TAILS) if rt.fuse \
+            else [[n] for n in nodes]
         for k, group in enumerate(groups):
             node = group[0]
             needed = [v for v in group[-1].outputs] + \
