@@ -216,9 +216,7 @@ class LLVMRuntime:
                    for s in self.steps if isinstance(s, Segment))
 
     def _planned_kernels(self, step: Segment) -> int:
-        if not self.fuse:
-            return len(step.nodes)
-        return len(fusion_groups(step.nodes, {id(v) for v in step.escaping}))
+        return len(kernel_groups(step.nodes, {id(v) for v in step.escaping}, self.fuse))
 
     def _warm_up(self) -> None:
         """Compile every segment now when the inputs' shapes are static (shapes after host
@@ -351,6 +349,16 @@ class _HostAfterAll(Exception):
         self.node = node
 
 
+def kernel_groups(nodes: list[Node], needed_outside: set[int], fuse: bool
+                  ) -> list[list[Node]]:
+    """The kernels a segment's nodes form: fuse_ops' groups (anchors storing through the
+    layout tails the dense template supports) when fusion is on, else one per node. The one
+    place compiling and `kernels` before compiling (`dnnc inspect --passes`) both ask."""
+    if not fuse:
+        return [[n] for n in nodes]
+    return fusion_groups(nodes, needed_outside, store_remaps=LAYOUT_TAILS)
+
+
 def _unknown_params(node: Node) -> bool:
     """Whether some parameter input of `node` is not known at compile time."""
     for i in get_op(node.op).params:
@@ -418,8 +426,7 @@ class _CompiledSegment:
         mb = ModuleBuilder(f"segment{step.index}")
         original = {id(n): o for n, o in zip(nodes, step.nodes)}
         escaping_ids = {id(values[id(v)]) for v in step.escaping}
-        groups = fusion_groups(nodes, escaping_ids, store_remaps=LAYOUT_TAILS) if rt.fuse \
-            else [[n] for n in nodes]
+        groups = kernel_groups(nodes, escaping_ids, rt.fuse)
         for k, group in enumerate(groups):
             node = group[0]
             needed = [v for v in group[-1].outputs] + \
