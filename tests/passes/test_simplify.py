@@ -287,3 +287,224 @@ def test_reshapes_of_dynamic_shapes_or_read_elsewhere_stay():
     y = g.add("Reshape", x, _c("s1", [4, 3], np.int64))
     g.outputs = [g.add("Reshape", y, _c("s2", [3, 4], np.int64)), g.add("Relu", y)]
     _kept(g)
+
+
+# -- subgraphs recognised as one op ------------------------------------------------------------
+
+
+def _gelu_erf(g, x, order):
+    """x * 0.5 * (1 + erf(x / sqrt 2)) in one of the orders exporters write."""
+    if order == "mul_inverse":
+        e = g.add("Erf", g.add("Mul", _c("r", 1 / np.sqrt(2)), x))
+    else:
+        e = g.add("Erf", g.add("Div", x, _c("sqrt2", np.sqrt(2))))
+    t = g.add("Add", _c("one", 1.0), e) if order == "one_first" else \
+        g.add("Add", e, _c("one", 1.0))
+    half = _c("half", 0.5)
+    if order in ("torch", "mul_inverse"):        # (x * t) * 0.5
+        return g.add("Mul", g.add("Mul", x, t), half)
+    if order == "hf":                            # (x * 0.5) * t
+        return g.add("Mul", g.add("Mul", x, half), t)
+    return g.add("Mul", x, g.add("Mul", half, t))   # x * (0.5 * t)
+
+
+def _gelu_tanh(g, x, cube="mul"):
+    """0.5 * (x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))) as PyTorch exports it."""
+    x3 = g.add("Pow", x, _c("three", 3.0)) if cube == "pow" else \
+        g.add("Mul", x, g.add("Mul", x, x))
+    inner = g.add("Add", x, g.add("Mul", _c("k", 0.044715), x3))
+    th = g.add("Tanh", g.add("Mul", _c("s", np.sqrt(2 / np.pi)), inner))
+    return g.add("Mul", _c("half", 0.5), g.add("Mul", x, g.add("Add", _c("one", 1.0), th)))
+
+
+@pytest.mark.parametrize("order", ["torch", "hf", "one_first", "mul_inverse"])
+def test_gelu_erf_form_becomes_one_gelu(order):
+    g = Graph("g")
+    x = g.add("Relu", _input(g, "h", (4, 16)))
+    g.outputs = [g.add("Exp", _gelu_erf(g, x, order))]
+    g = _rewrites_and_keeps_meaning(g, ["Relu", "Gelu", "Exp"])
+    assert g.nodes[1].attrs["approximate"] == "none" and g.nodes[1].inputs[0] is x
+
+
+@pytest.mark.parametrize("cube", ["mul", "pow"])
+def test_gelu_tanh_form_becomes_one_gelu(cube):
+    g = Graph("g")
+    x = _input(g, "x", (4, 16))
+    g.outputs = [_gelu_tanh(g, x, cube)]
+    g = _rewrites_and_keeps_meaning(g, ["Gelu"])
+    assert g.nodes[0].attrs["approximate"] == "tanh"
+
+
+def test_gelu_like_subgraphs_that_differ_stay():
+    g = Graph("g")                     # erf read by another node too
+    x = _input(g, "x", (4, 16))
+    out = _gelu_erf(g, x, "torch")
+    erf = next(n for n in g.nodes if n.op == "Erf").outputs[0]
+    g.outputs = [out, g.add("Relu", erf)]
+    _kept(g)
+    g = Graph("g")                     # a middle value is a graph output
+    x = _input(g, "x", (4, 16))
+    out = _gelu_erf(g, x, "hf")
+    g.outputs = [out, next(n for n in g.nodes if n.op == "Add").outputs[0]]
+    _kept(g)
+    g = Graph("g")                     # multiplied by another tensor than erf's argument
+    x, y = _input(g, "x", (4, 16)), _input(g, "y", (4, 16))
+    e = g.add("Erf", g.add("Div", x, _c("sqrt2", np.sqrt(2))))
+    g.outputs = [g.add("Mul", g.add("Mul", y, g.add("Add", e, _c("one", 1.0))), _c("h", 0.5))]
+    _kept(g)
+    g = Graph("g")                     # a wrong constant (x / 2)
+    x = _input(g, "x", (4, 16))
+    e = g.add("Erf", g.add("Div", x, _c("two", 2.0)))
+    g.outputs = [g.add("Mul", g.add("Mul", x, g.add("Add", e, _c("one", 1.0))), _c("h", 0.5))]
+    _kept(g)
+    g = Graph("g")                     # the half broadcasts x bigger
+    x = _input(g, "x", (4, 16))
+    e = g.add("Erf", g.add("Div", x, _c("sqrt2", np.sqrt(2))))
+    g.outputs = [g.add("Mul", g.add("Mul", x, g.add("Add", e, _c("one", 1.0))),
+                       _c("h", np.full((2, 1, 1), 0.5)))]
+    _kept(g)
+
+
+def _layer_norm(g, x, axes=(-1,), square="pow", gamma=True, beta=True, eps=1e-5,
+                second_axes=None):
+    axes_v = _c("axes", list(axes), np.int64)
+    mean = g.add("ReduceMean", x, axes_v)
+    d = g.add("Sub", x, mean)
+    sq = g.add("Pow", d, _c("two", 2.0)) if square == "pow" else g.add("Mul", d, d)
+    var = g.add("ReduceMean", sq, _c("axes2", list(second_axes or axes), np.int64))
+    y = g.add("Div", d, g.add("Sqrt", g.add("Add", var, _c("eps", eps))))
+    rng = np.random.default_rng()
+    c = x.type.shape[-1]
+    if gamma:
+        y = g.add("Mul", y, _c("gamma", 1 + 0.1 * rng.standard_normal(c)))
+    if beta:
+        y = g.add("Add", _c("beta", rng.standard_normal(c)), y)
+    return y
+
+
+@pytest.mark.parametrize("square, gamma, beta", [("pow", True, True), ("mul", True, True),
+                                                 ("pow", True, False), ("pow", False, False)])
+def test_layer_norm_written_out_becomes_one_op(square, gamma, beta):
+    g = Graph("g")
+    x = _input(g, "x", (2, 5, 16))
+    g.outputs = [g.add("Relu", _layer_norm(g, x, square=square, gamma=gamma, beta=beta))]
+    g = _rewrites_and_keeps_meaning(g, ["LayerNormalization", "Relu"])
+    ln = g.nodes[0]
+    assert ln.attrs["axis"] == 2 and ln.attrs["epsilon"] == pytest.approx(1e-5)
+    assert len(ln.inputs) == 2 + beta
+
+
+def test_layer_norm_over_several_trailing_axes():
+    g = Graph("g")
+    x = _input(g, "x", (2, 5, 16))
+    g.outputs = [_layer_norm(g, x, axes=(1, 2), gamma=False, beta=False, eps=1e-3)]
+    g = _rewrites_and_keeps_meaning(g, ["LayerNormalization"])
+    assert g.nodes[0].attrs["axis"] == 1
+
+
+def test_layer_norm_like_subgraphs_that_differ_stay():
+    g = Graph("g")
+    x = _input(g, "x", (2, 5, 16))
+    g.outputs = [_layer_norm(g, x, axes=(1,))]                    # not the trailing axes
+    _kept(g)
+    g = Graph("g")
+    x = _input(g, "x", (2, 5, 16))
+    g.outputs = [_layer_norm(g, x, axes=(-1,), second_axes=(1, 2))]   # means differ
+    _kept(g)
+    g = Graph("g")
+    x = _input(g, "x", (2, 5, 16))
+    out = _layer_norm(g, x)
+    centered = next(n for n in g.nodes if n.op == "Sub").outputs[0]
+    g.outputs = [out, g.add("Relu", centered)]                    # x - mean read too
+    _kept(g)
+
+
+def test_layer_norm_keeps_a_gamma_product_read_elsewhere_outside():
+    g = Graph("g")
+    x = _input(g, "x", (2, 16))
+    y = _layer_norm(g, x, beta=False)
+    g.outputs = [g.add("Add", y, _c("beta", np.ones(16))), g.add("Relu", y)]
+    g = _rewrites_and_keeps_meaning(g, ["LayerNormalization", "Add", "Relu"])
+    assert len(g.nodes[0].inputs) == 2      # the Mul by gamma is in, the shared product is out
+
+
+def _softmax(g, x, axis=-1, sum_axis=None):
+    e = g.add("Exp", g.add("Sub", x, g.add("ReduceMax", x, _c("a", [axis], np.int64))))
+    total = g.add("ReduceSum", e, _c("b", [axis if sum_axis is None else sum_axis], np.int64))
+    return g.add("Div", e, total)
+
+
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_softmax_written_out_becomes_one_op(axis):
+    g = Graph("g")
+    x = _input(g, "x", (3, 5, 7))
+    g.outputs = [_softmax(g, g.add("Relu", x), axis)]
+    g = _rewrites_and_keeps_meaning(g, ["Relu", "Softmax"])
+    assert g.nodes[1].attrs["axis"] == axis % 3
+
+
+def test_softmax_like_subgraphs_that_differ_stay():
+    g = Graph("g")
+    x = _input(g, "x", (3, 5, 7))
+    g.outputs = [_softmax(g, x, -1, sum_axis=1)]
+    _kept(g)
+    g = Graph("g")
+    x = _input(g, "x", (3, 5, 7))
+    out = _softmax(g, x)
+    g.outputs = [out, next(n for n in g.nodes if n.op == "Exp").outputs[0]]
+    _kept(g)
+
+
+# -- one dense op with its bias -----------------------------------------------------------------
+
+
+def _matmul_add(rng, a_shape=(9, 8), bias_shape=(11,), const_b=True, const_bias=True,
+                bias_first=False, extra_use=False):
+    g = Graph("g")
+    a = _input(g, "a", a_shape)
+    b = _c("w", rng.standard_normal((8, 11))) if const_b else _input(g, "w", (8, 11))
+    bias = _c("bias", rng.standard_normal(bias_shape)) if const_bias else \
+        _input(g, "bias", bias_shape)
+    y = g.add("MatMul", a, b)
+    z = g.add("Add", *((bias, y) if bias_first else (y, bias)))
+    g.outputs = [g.add("Relu", z)] + ([y] if extra_use else [])
+    return g
+
+
+@pytest.mark.parametrize("bias_shape, bias_first, const_b", [
+    ((11,), False, True), ((11,), True, True), ((1, 11), False, True), ((9, 11), False, True),
+    ((), True, True), ((11,), False, False)])
+def test_matmul_and_bias_become_one_gemm_the_dense_template_compiles(bias_shape, bias_first,
+                                                                      const_b):
+    rng = np.random.default_rng()
+    g = _matmul_add(rng, bias_shape=bias_shape, bias_first=bias_first, const_b=const_b)
+    g = _rewrites_and_keeps_meaning(g, ["Gemm", "Relu"],
+                                    opt_levels=(1, 3))
+    for level in (1, 3):                # the dense micro-kernel (fma) runs the Gemm
+        assert "fma(" in dnnc.compile(g, target="llvm", opt_level=level).runtime.source("loop")
+
+
+def test_matmul_and_add_that_are_not_a_bias_stay():
+    rng = np.random.default_rng()
+    _kept(_matmul_add(rng, const_bias=False))              # added tensor is an input
+    _kept(_matmul_add(rng, extra_use=True))                # product read elsewhere
+    _kept(_matmul_add(rng, bias_shape=(2, 9, 11)))         # the Add broadcasts it bigger
+    _kept(_matmul_add(rng, a_shape=(2, 9, 8)))             # 3-D: convert_layout's bias
+
+
+def test_zoo_bert_gelu_becomes_one_op():
+    from dnnc import zoo
+    from dnnc.compiler.driver import load_graph
+
+    g = load_graph(zoo.build("bert_tiny", layers=1, hidden=32, heads=2, seq=8), None)
+    rng = np.random.default_rng()
+    feeds = [rng.integers(0, 2, v.type.shape).astype(v.type.dtype.np) if v.type.dtype.is_int
+             else rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
+    before = dnnc.compile(g, target="numpy", opt_level=0).run(*feeds)
+    assert _ops(g).count("Erf") == 1
+    simplify(g)
+    g.verify()
+    assert _ops(g).count("Gelu") == 1 and "Erf" not in _ops(g)
+    for target in ("numpy", "llvm"):
+        after = dnnc.compile(g, target=target).run(*feeds)
+        np.testing.assert_allclose(after[0], before[0], rtol=1e-5, atol=1e-6)
