@@ -45,3 +45,41 @@ def test_variable_weights_and_transposed_a_are_left_alone():
     assert convert_layout(_graph("MatMul", b_const=False), CPU) == 0
     assert convert_layout(_graph("Gemm", transA=0, b_const=False), CPU) == 0
     assert convert_layout(_graph("MatMul"), Target("numpy")) == 0
+
+
+def _matmul_bias(bias_shape, a_shape=(2, 5, 7), extra_use=False, const_bias=True):
+    rng = np.random.default_rng()
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, a_shape))
+    b = Value("b", T.TensorType(T.float32, (7, 11)),
+              const=rng.standard_normal((7, 11)).astype(np.float32))
+    c = Value("c", T.TensorType(T.float32, bias_shape),
+              const=rng.standard_normal(bias_shape).astype(np.float32)) if const_bias else \
+        g.add_input("c", T.TensorType(T.float32, bias_shape))
+    y = g.add("MatMul", a, b)
+    g.outputs = [g.add("Relu", g.add("Add", c, y))] + ([y] if extra_use else [])
+    return g
+
+
+@pytest.mark.parametrize("bias_shape", [(11,), (1, 1, 11), (1,), ()])
+def test_an_nd_matmul_takes_its_bias_add_into_the_packed_op(bias_shape):
+    g = _matmul_bias(bias_shape)
+    x = np.random.default_rng().standard_normal((2, 5, 7)).astype(np.float32)
+    before = dnnc.compile(g, target="numpy", opt_level=0).run(x)[0]
+    assert convert_layout(g, CPU) == 1
+    g.verify()
+    assert [n.op for n in g.nodes] == ["MatMulPacked", "Relu"]
+    assert g.nodes[0].inputs[2].type.shape == (11,)
+    for target in ("numpy", "llvm"):
+        compiled = dnnc.compile(g, target=target, opt_level=1)
+        np.testing.assert_allclose(compiled.run(x)[0], before, rtol=1e-5, atol=1e-6)
+    assert "fma(" in compiled.runtime.source("loop")      # the dense template, bias included
+
+
+def test_a_bias_that_is_not_over_the_last_axis_stays_an_add():
+    for g in (_matmul_bias((5, 11)), _matmul_bias((2, 1, 11)), _matmul_bias((11,), extra_use=True),
+              _matmul_bias((11,), const_bias=False)):
+        assert convert_layout(g, CPU) == 1
+        g.verify()
+        assert [n.op for n in g.nodes] == ["MatMulPacked", "Add", "Relu"]
+        assert len(g.nodes[0].inputs) == 2
