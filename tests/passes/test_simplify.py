@@ -508,3 +508,54 @@ def test_zoo_bert_gelu_becomes_one_op():
     for target in ("numpy", "llvm"):
         after = dnnc.compile(g, target=target).run(*feeds)
         np.testing.assert_allclose(after[0], before[0], rtol=1e-5, atol=1e-6)
+
+
+def test_torchscript_exports_of_gelu_layer_norm_and_softmax_become_single_ops():
+    """PyTorch's TorchScript exporter writes nn.GELU (both forms), nn.LayerNorm (before opset
+    17) and a hand-written softmax op by op; each becomes the one registered op and the
+    model still matches onnxruntime."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    import io
+    import warnings
+
+    from dnnc.compiler.driver import load_graph
+    from dnnc.ir.target import Target
+    from dnnc.passes.manager import optimize
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 32)
+            self.gelu, self.gelu_tanh = torch.nn.GELU(), torch.nn.GELU(approximate="tanh")
+            self.norm = torch.nn.LayerNorm(32)
+
+        def forward(self, x):
+            h = self.norm(self.gelu(self.fc(x)) + self.gelu_tanh(x).sum(-1, keepdim=True))
+            e = torch.exp(h - h.max(dim=-1, keepdim=True).values)
+            return e / e.sum(dim=-1, keepdim=True)
+
+    torch.manual_seed(0)
+    model = Block().eval()
+    with torch.no_grad():
+        model.norm.weight.add_(0.1 * torch.randn(32))
+        model.norm.bias.add_(0.1 * torch.randn(32))
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(2, 5, 16),), f, opset_version=14, dynamo=False,
+                          input_names=["x"])
+    onnx_bytes = f.getvalue()
+    x = np.random.default_rng().standard_normal((2, 5, 16)).astype(np.float32)
+    want = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    level1 = optimize(load_graph(onnx_bytes), Target("numpy"), opt_level=1)
+    compiled = [dnnc.compile(level1, target="numpy"), dnnc.compile(level1, target="llvm"),
+                dnnc.compile(onnx_bytes, target="llvm")]
+    for model in compiled:
+        ops = _ops(model.graph)
+        assert ops.count("Gelu") == 2 and ops.count("LayerNormalization") == 1 and \
+            ops.count("Softmax") == 1, ops
+        assert not {"Erf", "Tanh", "ReduceMean", "ReduceMax", "Sqrt", "Exp"} & set(ops), ops
+        np.testing.assert_allclose(model.run(x)[0], want, rtol=1e-5, atol=1e-6)
