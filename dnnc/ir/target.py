@@ -22,3 +22,8 @@ class Target:
     def dense_panel(self) -> int:
         """Columns of B per packed panel: two vector registers of float32."""
         return 2 * self.vector_bits // 32
+
+    @property
+    def conv_panel(self) -> int:
+        """Output channels per packed conv weight block: two vector registers of float32."""
+        return 2 * self.vector_bits // 32

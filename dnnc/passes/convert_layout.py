@@ -6,7 +6,9 @@ B is a constant becomes MatMulPacked, its B repacked into NR-column panels that 
 micro-kernel streams contiguously (GotoBLAS's packed B, done once instead of per call). A
 MatMul whose product only an Add of a constant bias over the last axis reads takes that bias
 as MatMulPacked's C (simplify already made the 2-D case a Gemm; an N-D A has no ONNX op with a
-bias), so the dense kernel adds it in its epilogue. A rewrite keeps the output Value of the
+bias), so the dense kernel adds it in its epilogue. A 2-D Conv (group 1) with constant weights
+becomes ConvPacked, its weights in the [channel block, C, kh, kw, NR] order the conv
+template's micro-kernel reads as one vector per step. A rewrite keeps the output Value of the
 last node it replaces, so its users are untouched.
 """
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import pack_panels
+from ..ir.ops.packed import pack_conv_weights
 from ..ir.ops.registry import infer_node
 from ..ir.target import Target
 from ..ir.types import TensorType, float32
@@ -76,7 +79,25 @@ def _bias_add(graph: Graph, node: Node, users):
     return add, Value(f"{bias.name}.row", TensorType(bias.type.dtype, c.shape), const=c)
 
 
-REWRITES = {"llvm": [_pack_dense]}
+def _pack_conv(graph: Graph, node: Node, users, target: Target):
+    """Conv(x, W const, B) (2-D, group 1, float32) -> ConvPacked(x, blocks(W), B)."""
+    if node.op != "Conv" or node.attrs.get("group", 1) != 1:
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    if w is None or w.const is None or w.type.rank != 4 or x.type.dtype is not float32:
+        return None
+    packed = pack_conv_weights(np.asarray(w.const), target.conv_panel)
+    pv = Value(f"{w.name}.packed", TensorType(float32, packed.shape), const=packed)
+    attrs = dict(node.attrs, oc=int(w.const.shape[0]),
+                 kernel_shape=list(node.attrs.get("kernel_shape") or w.const.shape[2:]))
+    inputs = [x, pv] + list(node.inputs[2:])
+    types, _, full = infer_node("ConvPacked", inputs, attrs, 1, node.name)
+    if types[0] != node.outputs[0].type:
+        return None
+    return Node("ConvPacked", inputs, node.outputs, full, node.name), []
+
+
+REWRITES = {"llvm": [_pack_dense, _pack_conv]}
 """target name -> layout rewrites: (graph, node, users, target) -> None, or the replacement
 node and the later nodes it takes over (their outputs are its own)."""
 

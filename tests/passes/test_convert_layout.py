@@ -1,4 +1,4 @@
-"""convert_layout: constant dense weights are packed once; meaning is preserved."""
+"""convert_layout: constant dense and conv weights are packed once; meaning is preserved."""
 
 import numpy as np
 import pytest
@@ -83,3 +83,45 @@ def test_a_bias_that_is_not_over_the_last_axis_stays_an_add():
         g.verify()
         assert [n.op for n in g.nodes] == ["MatMulPacked", "Add", "Relu"]
         assert len(g.nodes[0].inputs) == 2
+
+
+def _conv_graph(group=1, w_const=True, c=6, oc=20):
+    rng = np.random.default_rng()
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (2, c, 9, 8)))
+    shape = (oc, c // group, 3, 3)
+    wv = (rng.standard_normal(shape) * 0.3).astype(np.float32)
+    w = Value("w", T.TensorType(T.float32, shape), const=wv) if w_const else \
+        g.add_input("w", T.TensorType(T.float32, shape))
+    b = Value("b", T.TensorType(T.float32, (oc,)), const=rng.standard_normal(oc).astype(
+        np.float32))
+    g.outputs = [g.add("Conv", x, w, b, pads=[1, 0, 1, 2], strides=[1, 2], group=group)]
+    return g
+
+
+@pytest.mark.parametrize("use_template", [True, False])
+def test_constant_conv_weights_are_packed_in_channel_blocks(monkeypatch, use_template):
+    """ConvPacked keeps Conv's meaning through its reference, its template and, without the
+    template, its compute rule (which unpacks the weights inside the loads)."""
+    from dnnc.backends.llvm import schedules
+
+    if not use_template:
+        monkeypatch.delitem(schedules.TEMPLATES, "ConvPacked")
+    g = _conv_graph()
+    x = np.random.default_rng().standard_normal((2, 6, 9, 8)).astype(np.float32)
+    before = dnnc.compile(g, target="numpy").run(x)[0]
+    assert convert_layout(g, CPU) == 1
+    g.verify()
+    assert [n.op for n in g.nodes] == ["ConvPacked"]
+    assert g.nodes[0].inputs[1].type.shape == (2, 6, 3, 3, 16)   # 20 channels: 2 blocks of 16
+    for target in ("numpy", "llvm"):
+        compiled = dnnc.compile(g, target=target, opt_level=1)
+        np.testing.assert_allclose(compiled.run(x)[0], before, rtol=1e-5, atol=1e-5)
+        if target == "llvm":
+            assert ("acc = alloc" in compiled.source("loop")) == use_template
+
+
+def test_grouped_convs_and_variable_conv_weights_are_left_alone():
+    assert convert_layout(_conv_graph(group=2), CPU) == 0
+    assert convert_layout(_conv_graph(group=6, oc=6), CPU) == 0
+    assert convert_layout(_conv_graph(w_const=False), CPU) == 0

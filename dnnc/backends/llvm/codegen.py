@@ -728,6 +728,26 @@ class _VectorLoop:
             return True
         return None
 
+    def _strided(self, indices) -> int | None:
+        """The stride (2 to 4) when lane k reads element base + stride * k, else None."""
+        coefs = [_lane_coefficient(i, self.var, set(self.vectors)) for i in indices]
+        if coefs and all(c == 0 for c in coefs[:-1]) and coefs[-1] in (2, 3, 4):
+            return coefs[-1]
+        return None
+
+    def _strided_load(self, e: L.Load, stride: int) -> ir.Value:
+        """Lanes at a constant stride: one contiguous load of the span the lanes cover (never
+        past the last lane's element) and a shuffle picking every stride-th element, as
+        LLVM's interleaved-access lowering does, instead of a scalar load per lane."""
+        span = stride * (self.lanes - 1) + 1
+        ptr = self._base_address(e.buffer, e.indices)
+        mem = ir.VectorType(memory_type(e.buffer.dtype), span)
+        wide = self.b.load(self.b.bitcast(ptr, ir.PointerType(mem)), typ=mem,
+                           align=e.buffer.dtype.itemsize)
+        picks = ir.Constant(ir.VectorType(I32, self.lanes),
+                            [stride * k for k in range(self.lanes)])
+        return self.b.shuffle_vector(wide, ir.Constant(mem, ir.Undefined), picks)
+
     def _base_address(self, buf, indices):
         zero = {self.var: L.const(0)}
         return self.em.address(buf, tuple(L.substitute(i, zero) for i in indices))
@@ -795,6 +815,9 @@ class _VectorLoop:
         if isinstance(e, L.Load):
             kind = self._contiguous(e.indices)
             dtype = e.buffer.dtype
+            stride = self._strided(e.indices) if kind is None else None
+            if stride is not None and dtype in (T.float32, T.float64):
+                return self._strided_load(e, stride), True
             if kind is True and dtype is not T.bfloat16:
                 ptr = self._base_address(e.buffer, e.indices)
                 mem = ir.VectorType(memory_type(dtype), self.lanes)

@@ -24,9 +24,14 @@ from ..lower import Kernel, epilogue
 
 @dataclass(frozen=True)
 class ConvConfig:
-    # 4 pixels x 2 vectors: measured fastest of 3..14 x 1..4 on the resnet50 3x3 conv (AVX2)
-    mr: int = 4
+    mr: int | None = None      # pixels per tile; None: MR_BY_VECTOR_BITS
     nr_vectors: int = 2
+
+
+MR_BY_VECTOR_BITS = {512: 8}
+"""Pixels per tile by vector width, else 4. AVX2 (16 ymm): 4 x 2 vectors, measured fastest of
+3..14 x 1..4 on the resnet50 3x3 conv. AVX-512 (32 zmm): 8 x 2 = 16 accumulators, 10-25% faster
+than 4 x 2 on the resnet and mobilenet convs (znver4)."""
 
 
 def _dims(shape):
@@ -41,16 +46,17 @@ class _Conv2d:
 
     node: object
     x: L.Buffer
-    w: L.Buffer
+    w: L.Buffer        # [M, C, kh, kw], or packed [M/NR, C, kh, kw, NR] (ConvPacked)
     bias: L.Buffer | None
     y: L.Buffer
     x_dims: list
-    w_dims: list
+    w_dims: list       # [M, C, kh, kw] (unpacked)
     y_dims: list
     strides: list
     dilations: list
     begins: list
     padded_hw: tuple   # an input plane big enough for every window the output reads
+    packed_nr: int     # NR of packed weights, 0 when the weights are a plain [M, C, kh, kw]
 
     def pad_input(self, par: L.ForKind, always: bool = False
                   ) -> tuple[L.Buffer, L.Stmt | None]:
@@ -72,12 +78,28 @@ class _Conv2d:
         return xpad, L.For(nc, n * c, L.seq(zero, copy), par)
 
 
+    def pad_plane(self, bn: L.Expr, ch: L.Expr) -> tuple[L.Buffer, L.Stmt]:
+        """One input plane copied into a zero-padded [hp, wp] buffer: done inside the loop
+        over planes, it stays in cache for the taps that read it (a whole padded image
+        would go out to memory and back: at 3x3 depthwise that copy cost more than the
+        convolution)."""
+        _, _, h, wid = self.x_dims
+        hp, wp = self.padded_hw
+        ph, pw = self.begins
+        plane = L.Buffer("xplane", T.float32, (hp, wp))
+        i_h, i_w = L.Var("ph"), L.Var("pw")
+        zero = L.For(i_h, hp, L.For(i_w, wp, L.Store(plane, (i_h, i_w), L.const(0.0))))
+        copy = L.For(i_h, h, L.For(i_w, wid, L.Store(plane, (i_h + ph, i_w + pw),
+                                                      self.x[bn, ch, i_h, i_w])))
+        return plane, L.seq(zero, copy)
+
+
 def _conv2d(kernel: Kernel) -> _Conv2d | None:
     """The kernel's Conv anchor as a `_Conv2d`, or None when no 2-D template applies."""
     from ...ir.ops.nn import window_attrs, window_geometry
 
     node = kernel.anchor
-    if node is not kernel.nodes[0] or node.op != "Conv":
+    if node is not kernel.nodes[0] or node.op not in ("Conv", "ConvPacked"):
         return None
     params = kernel.func.params
     index = {id(v): k for k, v in enumerate(kernel.inputs)}
@@ -90,6 +112,12 @@ def _conv2d(kernel: Kernel) -> _Conv2d | None:
     if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
             w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
         return None
+    packed_nr = 0
+    if node.op == "ConvPacked":
+        if len(wd) != 5:
+            return None
+        packed_nr = wd[-1]
+        wd = [node.attrs["oc"]] + wd[1:4]
     h, wid = xd[2:]
     kh, kw = wd[2:]
     oh, ow = yd[2:]
@@ -103,7 +131,7 @@ def _conv2d(kernel: Kernel) -> _Conv2d | None:
     padded_hw = (max(h + ph, (oh - 1) * sh + (kh - 1) * dh + 1),
                  max(wid + pw, (ow - 1) * sw + (kw - 1) * dw + 1))
     return _Conv2d(node, x, w, bias, y, xd, wd, yd, strides, dilations, list(begins),
-                   padded_hw)
+                   padded_hw, packed_nr)
 
 
 def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
@@ -118,32 +146,58 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     oc, _, kh, kw = conv.w_dims
     _, _, oh, ow = conv.y_dims
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
-    nr = config.nr_vectors * (vector_bits // 32)
-    mr = config.mr
+    nr = conv.packed_nr or config.nr_vectors * (vector_bits // 32)
+    mr = config.mr or MR_BY_VECTOR_BITS.get(vector_bits, 4)
     ocb_n = -(-oc // nr)
-    owb_n = -(-ow // mr)
     par = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
 
     xpad, pad_stmt = conv.pad_input(par)
     stmts = [pad_stmt] if pad_stmt is not None else []
-    wpk = L.Buffer("wpack", T.float32, (ocb_n, c, kh, kw, nr))
     q, ic, r, s, jj = (L.Var(v) for v in ("q", "ic", "r", "s", "j"))
-    o = q * nr + jj
-    wval = L.Select(o < oc, w[L.minimum(o, oc - 1), ic, r, s], L.const(0.0))
-    stmts.append(L.For(q, ocb_n, L.For(ic, c, L.For(r, kh, L.For(s, kw, L.For(
-        jj, nr, L.Store(wpk, (q, ic, r, s, jj), wval)))))))
+    if conv.packed_nr:
+        wpk = w   # convert_layout packed the weights at compile time
+    else:
+        wpk = L.Buffer("wpack", T.float32, (ocb_n, c, kh, kw, nr))
+        o = q * nr + jj
+        wval = L.Select(o < oc, w[L.minimum(o, oc - 1), ic, r, s], L.const(0.0))
+        stmts.append(L.For(q, ocb_n, L.For(ic, c, L.For(r, kh, L.For(s, kw, L.For(
+            jj, nr, L.Store(wpk, (q, ic, r, s, jj), wval)))))))
 
-    row, ob, pb, ii = L.Var("row"), L.Var("ob"), L.Var("pb"), L.Var("ii")
-    bn, boh = row // oh, row % oh
+    ii = L.Var("ii")
     acc = L.Buffer("acc", T.float32, (mr * nr,), L.Scope.LOCAL)
-    ow0 = pb * mr
-    pix = L.minimum(ow0 + ii, ow - 1)   # pixels past the row's end repeat; never stored
     a = L.Var("a", T.float32)
+    # a 1x1 stride-1 conv without padding is a GEMM over all pixels of an image: tiles run
+    # across row ends (no ragged tile per row), and every (channel block, pixel block) pair
+    # is a unit of parallel work
+    flat = (kh, kw, sh, sw) == (1, 1, 1, 1) and pad_stmt is None
+    if flat:
+        hw = oh * ow
+        xf = L.Buffer(xpad.name, T.float32, (n, c, h * wid))
+        yf = L.Buffer(y.name, y.dtype, (n, oc, hw))
+        pbn = -(-hw // mr)
+        t = L.Var("t")
+        bn, ob, pb = t // (ocb_n * pbn), (t // pbn) % ocb_n, t % pbn
+        p0 = pb * mr
+        pix = L.minimum(p0 + ii, hw - 1)   # pixels past the image's end repeat; never stored
+        load = xf[bn, ic, pix]
+        p = p0 + ii
+        out_index = (bn, ob * nr + jj, p // ow, p % ow)
+        limit = hw
+    else:
+        row, pb = L.Var("row"), L.Var("pb")
+        bn, boh = row // oh, row % oh
+        ob = L.Var("ob")
+        ow0 = pb * mr
+        pix = L.minimum(ow0 + ii, ow - 1)   # pixels past the row's end repeat; never stored
+        load = xpad[bn, ic, boh * sh + r * dh, pix * sw + s * dw]
+        p = ow0 + ii
+        out_index = (bn, ob * nr + jj, boh, p)
+        limit = ow
     init = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), L.const(0.0)),
                                L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
     # the reduction over (in-channel, kh, kw) as three loops; the weights of one step are one
-    # contiguous NR-vector (wpack), the input one broadcast pixel per accumulator row
-    step = L.For(ii, mr, L.Let(a, xpad[bn, ic, boh * sh + r * dh, pix * sw + s * dw], L.For(
+    # contiguous NR-vector, the input one broadcast pixel per accumulator row
+    step = L.For(ii, mr, L.Let(a, load, L.For(
         jj, nr, L.Store(acc, (ii * nr + jj,), L.call("fma", a, wpk[ob, ic, r, s, jj],
                                                         acc[ii * nr + jj])),
         L.ForKind.VECTORIZED)), L.ForKind.UNROLLED)
@@ -152,30 +206,39 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     value = acc[ii * nr + jj]
     if bias is not None:
         value = value + bias[L.minimum(out_c, oc - 1)]
-    value = then(value, (bn, out_c, boh, ow0 + ii))   # the fused epilogue (bias, ReLU, add)
-    store = L.For(ii, mr, L.If(ow0 + ii < ow, L.For(jj, nr, L.If(
-        out_c < oc, L.Store(y, (bn, out_c, boh, ow0 + ii), value)), L.ForKind.UNROLLED)),
-        L.ForKind.UNROLLED)
+    value = then(value, out_index)   # the fused epilogue (bias, ReLU, add)
+    target = L.Store(yf, (bn, out_c, p), value) if flat else L.Store(y, out_index, value)
+    if oc % nr == 0:   # whole channel blocks: one vector store per pixel
+        row_store = L.For(jj, nr, target, L.ForKind.VECTORIZED)
+    else:
+        row_store = L.For(jj, nr, L.If(out_c < oc, target), L.ForKind.UNROLLED)
+    store = L.For(ii, mr, L.If(p < limit, row_store), L.ForKind.UNROLLED)
     tile = L.Allocate(acc, L.seq(init, reduction, store))
-    main = L.For(row, n * oh, L.For(ob, ocb_n, L.For(pb, owb_n, tile)), par)
+    if flat:
+        main = L.For(t, n * ocb_n * pbn, tile, par)
+    else:
+        main = L.For(row, n * oh, L.For(ob, ocb_n, L.For(pb, -(-ow // mr), tile)), par)
     stmts.append(main)
-    body = L.Allocate(wpk, L.seq(*stmts))
+    body = L.seq(*stmts)
+    if not conv.packed_nr:
+        body = L.Allocate(wpk, body)
     if pad_stmt is not None:
         body = L.Allocate(xpad, body)
     return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, body))
 
 
 def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFunc | None:
-    """Depthwise 2-D convolution (group == channels, one filter per channel): each output row
-    in vectors of pixels, the window's taps broadcast from the filter; full vectors read the
-    padded input contiguously (at stride 1), the row's tail runs narrower."""
+    """Depthwise 2-D convolution (group == channels, one filter per channel): per plane, the
+    input padded in a cached buffer, then each output row in vectors of pixels, the window's
+    taps broadcast from the filter; full vectors read the padded plane contiguously (at stride
+    1; strided loads become one load and a shuffle), the row's tail runs narrower."""
     conv = _conv2d(kernel)
     if conv is None:
         return None
     w, bias, y = conv.w, conv.bias, conv.y
     n, c, h, wid = conv.x_dims
     oc, cg, kh, kw = conv.w_dims
-    if conv.node.attrs.get("group", 1) != c or oc != c or cg != 1:
+    if conv.node.attrs.get("group", 1) != c or oc != c or cg != 1 or conv.packed_nr:
         return None
     _, _, oh, ow = conv.y_dims
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
@@ -183,10 +246,9 @@ def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
     then = epilogue(kernel)
     par = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
 
-    xpad, pad_stmt = conv.pad_input(par, always=True)
-
     plane, row = L.Var("plane"), L.Var("row")
     bn, ch = plane // c, plane % c
+    xpad, pad_stmt = conv.pad_plane(bn, ch)
     r, s, jj = L.Var("r"), L.Var("s"), L.Var("j")
     wv = L.Var("wv", T.float32)
 
@@ -195,7 +257,7 @@ def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
         kind = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
         init = L.For(jj, width, L.Store(acc, (jj,), L.const(0.0)), kind)
         tap = L.Let(wv, w[ch, 0, r, s], L.For(jj, width, L.Store(acc, (jj,), L.call(
-            "fma", xpad[bn, ch, row * sh + r * dh, (ow0 + jj) * sw + s * dw], wv, acc[jj])),
+            "fma", xpad[row * sh + r * dh, (ow0 + jj) * sw + s * dw], wv, acc[jj])),
             kind))
         value = acc[jj]
         if bias is not None:
@@ -211,6 +273,6 @@ def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
         parts.append(L.For(pb, full, block(lanes, pb * lanes)))
     if ow % lanes:
         parts.append(block(ow % lanes, L.const(full * lanes)))
-    main = L.For(plane, n * c, L.For(row, oh, L.seq(*parts)), par)
-    body = L.Allocate(xpad, L.seq(pad_stmt, main))
+    body = L.For(plane, n * c, L.Allocate(xpad, L.seq(pad_stmt, L.For(row, oh,
+                                                                     L.seq(*parts)))), par)
     return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, body))

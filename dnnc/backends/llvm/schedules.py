@@ -108,7 +108,8 @@ def _conv2d(kernel, cpu, threads):
         depthwise_schedule(kernel, cpu.vector_bits, threads)
 
 
-TEMPLATES = {"MatMul": _dense, "Gemm": _dense, "MatMulPacked": _dense, "Conv": _conv2d}
+TEMPLATES = {"MatMul": _dense, "Gemm": _dense, "MatMulPacked": _dense, "Conv": _conv2d,
+             "ConvPacked": _conv2d}
 """anchor op -> template building the kernel's PrimFunc (None: not applicable)."""
 
 

@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     loss,
     nn,
     norm,
+    packed,
     quant,
     reduce,
     rnn,

@@ -634,3 +634,24 @@ def test_bitcast_keeps_the_bits(rng, src, dst):
     func = elementwise(f"bitcast_{src}_{dst}", [s], d, lambda x: L.call("bitcast", x, dtype=d))
     x = random(rng, s)
     assert_same(run1(jit(func, opt=3), func, [x], d), x.view(d.np))
+
+
+@pytest.mark.parametrize("stride", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [T.float32, T.float64])
+def test_strided_loads_in_vectorized_loops(rng, stride, dtype):
+    """Lanes reading every stride-th element (a strided depthwise conv's input) load one span
+    and shuffle; the span never reads past the last lane's element (the buffer ends there)."""
+    lanes, blocks = 8, 3
+    n = stride * (lanes * blocks - 1) + 1
+    x = L.Buffer("x", dtype, (n,))
+    y = L.Buffer("y", dtype, (lanes * blocks,))
+    b, j = L.Var("b"), L.Var("j")
+    idx = (b * lanes + j) * stride
+    func = L.PrimFunc("strided", (x, y), L.For(b, blocks, L.For(
+        j, lanes, L.Store(y, (b * lanes + j,), x[idx] * 2.0 + x[b * lanes + j]),
+        L.ForKind.VECTORIZED)))
+    xs = rng.standard_normal(n).astype(dtype.np)
+    for opt in (0, 3):
+        out = np.empty(lanes * blocks, dtype.np)
+        call(jit(func, opt=opt), func, [xs, out])
+        np.testing.assert_array_equal(out, xs[::stride] * 2 + xs[:lanes * blocks])

@@ -79,18 +79,49 @@ def _conv(c, oc, h, w, k, stride=1, pad=1, dilation=1, bias=True):
                                  dict(c=4, oc=17, h=6, w=6, k=1, pad=0, bias=False),
                                  dict(c=5, oc=7, h=10, w=10, k=3, dilation=2, pad=2),
                                  dict(c=2, oc=33, h=5, w=19, k=5, pad=2)])
-def test_conv2d_template_matches_reference(cfg):
+@pytest.mark.parametrize("opt_level", [1, 3])
+def test_conv2d_template_matches_reference(cfg, opt_level):
+    """At level 1 the template packs the weights on every call (Conv); from level 2
+    convert_layout packed them at compile time (ConvPacked) and the template reads them."""
     model = _conv(**cfg)
     x = np.random.default_rng().standard_normal((1, cfg["c"], cfg["h"], cfg["w"])).astype(
         np.float32)
-    compiled = dnnc.compile(model, target="llvm")
-    assert "wpack" in compiled.runtime.source("loop")
+    compiled = dnnc.compile(model, target="llvm", opt_level=opt_level)
+    source = compiled.runtime.source("loop")
+    assert "acc = alloc" in source                                 # the template's tile
+    assert ("wpack" in source) == (opt_level == 1)
+    assert [n.op for n in compiled.graph.nodes] == ["Conv" if opt_level == 1 else "ConvPacked"]
     want = dnnc.compile(model, target="numpy").run(x)[0]
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n,c,oc,h,w", [(1, 16, 64, 7, 7), (2, 9, 20, 5, 3), (3, 32, 32, 1, 1)])
+def test_pointwise_conv_runs_as_one_gemm_over_pixels(n, c, oc, h, w):
+    """1x1 stride-1 unpadded convs tile pixels across row ends; the fused epilogue (bias,
+    a residual read at the 4-d index, ReLU) is applied at the flat index's position."""
+    rng = np.random.default_rng()
+    weights = (rng.standard_normal((oc, c, 1, 1)) * 0.2).astype(np.float32)
+    res = rng.standard_normal((n, oc, h, w)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"]),
+             helper.make_node("Add", ["y", "r"], ["s"]),
+             helper.make_node("Relu", ["s"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w]),
+        helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, oc, h, w])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], initializer=[
+            numpy_helper.from_array(weights, "w"),
+            numpy_helper.from_array(rng.standard_normal(oc).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    compiled = dnnc.compile(model, target="llvm")
+    assert compiled.stats["kernels"] == 1 and "for t in range(" in compiled.source("loop")
+    want = dnnc.compile(model, target="numpy").run(x, res)[0]
+    np.testing.assert_allclose(compiled.run(x, res)[0], want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("c,h,w,k,stride,pad", [(8, 9, 13, 3, 1, 1), (5, 12, 12, 3, 2, 1),
-                                               (3, 7, 20, 5, 1, 2), (4, 6, 6, 1, 1, 0)])
+                                               (3, 7, 20, 5, 1, 2), (4, 6, 6, 1, 1, 0),
+                                               (3, 40, 41, 3, 2, 1), (2, 13, 50, 3, 3, 0)])
 def test_depthwise_template_matches_reference(c, h, w, k, stride, pad):
     rng = np.random.default_rng()
     weights = rng.standard_normal((c, 1, k, k)).astype(np.float32)
@@ -105,6 +136,6 @@ def test_depthwise_template_matches_reference(c, h, w, k, stride, pad):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = rng.standard_normal((2, c, h, w)).astype(np.float32)
     compiled = dnnc.compile(model, target="llvm")
-    assert "xpad" in compiled.runtime.source("loop") and compiled.stats["kernels"] == 1
+    assert "xplane" in compiled.runtime.source("loop") and compiled.stats["kernels"] == 1
     want = dnnc.compile(model, target="numpy").run(x)[0]
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-5, atol=1e-5)

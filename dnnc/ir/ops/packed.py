@@ -1,0 +1,71 @@
+"""Ops over weights stored in a packed layout: what `convert_layout` makes of an op whose
+weights are constant, so a target's template streams them contiguously without repacking
+them on every call. Frontends never produce these ops.
+
+ConvPacked(x, w_packed, b) is Conv(x, unpack(w_packed), b): w_packed is
+[ceil(M / NR), C / group, *kernel, NR], output channel m at [m // NR, ..., m % NR], channels
+past M zero. `oc` (M) and the Conv attributes are attributes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from ..compute import compute
+from ..graph import Value
+from .nn import CONV_ATTRS, _conv_rule, conv
+from .registry import REQUIRED, Pattern, infer_node, register_op
+
+
+def pack_conv_weights(w: np.ndarray, nr: int) -> np.ndarray:
+    """[M, C, *kernel] -> [ceil(M/nr), C, *kernel, nr], zero-padded past M."""
+    m = w.shape[0]
+    blocks = -(-m // nr)
+    padded = np.zeros((blocks * nr,) + w.shape[1:], w.dtype)
+    padded[:m] = w
+    lead = padded.reshape((blocks, nr) + w.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(lead, 1, -1))
+
+
+def unpack_conv_weights(wp: np.ndarray, oc: int) -> np.ndarray:
+    blocks, nr = wp.shape[0], wp.shape[-1]
+    full = np.moveaxis(wp, -1, 1).reshape((blocks * nr,) + wp.shape[1:-1])
+    return full[:oc]
+
+
+def _conv_attrs(attrs: dict) -> dict:
+    return {k: attrs[k] for k in CONV_ATTRS}
+
+
+def _unpacked_type(wp: T.TensorType, oc: int) -> T.TensorType:
+    return T.TensorType(wp.dtype, (oc,) + tuple(wp.shape[1:-1]))
+
+
+def _conv_packed_infer(ctx):
+    wp = ctx.type(1)
+    if wp.rank < 3:
+        raise ctx.fail(f"packed weights need rank >= 3, given {wp}")
+    w = Value("w.unpacked", _unpacked_type(wp, ctx.attrs["oc"]))
+    inputs = [ctx.values[0], w] + ([ctx.values[2]] if ctx.has(2) else [])
+    types, _, _ = infer_node("Conv", inputs, _conv_attrs(ctx.attrs), 1, ctx.node_name)
+    return types
+
+
+def conv_packed(x, wp, b=None, *, oc, **attrs):
+    return conv(x, unpack_conv_weights(wp, oc), b, **_conv_attrs(attrs))
+
+
+def _conv_packed_rule(inputs, outputs, *, oc, **attrs):
+    x, wp = inputs[0], inputs[1]
+    nr = wp.shape[-1]
+    shape = (oc,) + tuple(wp.shape[1:-1])
+    # the unpacking stage has no reduction: lowering inlines it into the conv's loads
+    w = compute(shape, lambda m, *rest: wp[(m // nr,) + rest + (m % nr,)], "unpack",
+                wp.dtype)
+    return _conv_rule([x, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
+
+
+register_op("ConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
+            evaluate=conv_packed, attrs={**CONV_ATTRS, "oc": REQUIRED}, inputs=(2, 3),
+            compute=_conv_packed_rule)
