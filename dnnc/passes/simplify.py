@@ -73,6 +73,14 @@ def _const_and_other(node: Node, value: float, rtol: float = 1e-6,
     return None
 
 
+def _only_reader(graph: Graph, users, v: Value, op: str) -> Node | None:
+    """The one node reading `v` when it is an `op` node and `v` is no graph output."""
+    readers = users.get(v, [])
+    if len(readers) != 1 or readers[0].op != op or any(o is v for o in graph.outputs):
+        return None
+    return readers[0]
+
+
 def _private(graph: Graph, users, nodes: list[Node], root: Node) -> bool:
     """Whether every value the matched `nodes` compute, but `root`'s, is read only by them
     and is no graph output."""
@@ -452,14 +460,6 @@ def recognize_layer_norm(graph: Graph, node: Node, users) -> bool:
     inputs = [x, scale] + ([bias] if bias is not None else [])
     return _rewrite(graph, users, matched, root, "LayerNormalization", inputs,
                     {"axis": axis, "epsilon": float(np.asarray(eps).reshape(-1)[0])})
-
-
-def _only_reader(graph: Graph, users, v: Value, op: str) -> Node | None:
-    """The one node reading `v` when it is an `op` node and `v` is no graph output."""
-    readers = users.get(v, [])
-    if len(readers) != 1 or readers[0].op != op or any(o is v for o in graph.outputs):
-        return None
-    return readers[0]
 
 
 def recognize_softmax(graph: Graph, node: Node, users) -> bool:
