@@ -1,18 +1,24 @@
 """Schedules for the LLVM backend: which loops run in parallel, which are vectorised.
 
 A schedule is chosen per kernel from its anchor op's pattern (a table, not an `if` chain) and
-applied to the lowered PrimFunc. This first template set is the default for every pattern:
-each stage's outermost loops are fused into one parallel loop when the stage does enough work
-to pay for waking the worker pool, and the innermost loop is marked vectorised (LLVM's loop
-vectorizer does the rest for the host's vector width). Tiled templates for dense, conv and
-pooling (issue 4) plug into the same table.
+applied to the lowered PrimFunc. The default template serves every pattern without a tiled
+one (dense, conv): consecutive stages that walk the same rows (softmax's max, sum and
+normalisation; layernorm's mean, variance and scaling) become one loop, so a row is finished
+while it is in L1 and the worker pool starts once; each stage's outermost loops are fused
+into one parallel loop when the stage does enough work to pay for waking the pool; a float
+reduction along a row keeps one partial result per vector lane (LLVM does not reassociate
+float adds on its own, so a scalar accumulator would stay scalar); the inner loops are left to
+LLVM's loop vectoriser. Calls to exp and erf on float32 become polynomials (`FAST_MATH`)
+that vectorise, where libm's would run lane by lane.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from ...ir import loop as L
+from ...ir import types as T
 
 # a parallel region costs a few microseconds to start; below this many inner iterations
 # a stage stays serial
@@ -25,11 +31,17 @@ class Config:
 
     parallel: bool = True
     min_parallel_work: int = MIN_PARALLEL_WORK
+    # partial results per float reduction (one vector of float32; 1: a scalar accumulator)
+    reduce_lanes: int = 8
+    fuse_rows: bool = True
 
 
 def default_schedule(func: L.PrimFunc, config: Config = Config(), threads: int = 1
                      ) -> L.PrimFunc:
-    body = _schedule_stmt(func.body, config, threads)
+    body = func.body
+    if config.reduce_lanes > 1:
+        body = L.transform(body, lambda n: _split_reduction(n, config.reduce_lanes))
+    body = _schedule_stmt(body, config, threads)
     return L.PrimFunc(func.name, func.params, body, func.size_vars, func.attrs)
 
 
@@ -45,12 +57,106 @@ def schedule(func: L.PrimFunc, pattern, threads: int, config: Config | None = No
 
 def _schedule_stmt(s: L.Stmt, config: Config, threads: int) -> L.Stmt:
     if isinstance(s, L.Seq):
-        return L.seq(*(_schedule_stmt(x, config, threads) for x in s.stmts))
+        stmts = [_fuse_outer(x, threads) if isinstance(x, L.For) else x for x in s.stmts]
+        if config.fuse_rows:
+            stmts = _fuse_row_loops(stmts)
+        return L.seq(*(_schedule_stmt(x, config, threads) for x in stmts))
     if isinstance(s, L.Allocate):
         return L.Allocate(s.buffer, _schedule_stmt(s.body, config, threads))
     if isinstance(s, L.For):
         return _schedule_nest(s, config, threads)
     return s
+
+
+def _fuse_row_loops(stmts: list[L.Stmt]) -> list[L.Stmt]:
+    """Consecutive loops over the same rows become one where each iteration only reads what
+    the same iteration of the earlier loops wrote (softmax's row max, then its sum, then
+    the output row): a row is done while it is in cache, and one parallel region runs."""
+    out: list[L.Stmt] = []
+    for s in stmts:
+        prev = out[-1] if out else None
+        if isinstance(s, L.For) and isinstance(prev, L.For) and s.kind == prev.kind and \
+                isinstance(s.extent, L.Const) and s.extent == prev.extent:
+            body = L.substitute(s.body, {s.var: prev.var})
+            if _row_local(prev.body, body, prev.var):
+                out[-1] = L.For(prev.var, prev.extent, L.seq(prev.body, body), prev.kind)
+                continue
+        out.append(s)
+    return out
+
+
+def _accesses(s: L.Stmt) -> tuple[dict, dict]:
+    """Buffers stored and loaded in `s`: name -> the set of index tuples used."""
+    stores: dict[str, set] = {}
+    loads: dict[str, set] = {}
+    for n in L.walk(s):
+        if isinstance(n, L.Store):
+            stores.setdefault(n.buffer.name, set()).add(n.indices)
+        elif isinstance(n, L.Load):
+            loads.setdefault(n.buffer.name, set()).add(n.indices)
+    return stores, loads
+
+
+def _row_local(first: L.Stmt, second: L.Stmt, var: L.Var) -> bool:
+    """Whether running `second` right after `first` for each value of `var` (instead of after
+    all of `first`) keeps every read: what they share is written and read at one index that
+    depends on `var` alone (the row), and nothing `second` writes is touched by `first`."""
+    w1, r1 = _accesses(first)
+    w2, r2 = _accesses(second)
+    for name in w2:
+        if name in w1 or name in r1:
+            return False
+    for name, written in w1.items():
+        if name not in r2 and name not in w2:
+            continue
+        if name in w2 or len(written) != 1 or r2[name] != written:
+            return False
+        (index,) = written
+        used = set().union(*(L.free_vars(i) for i in index)) if index else set()
+        if used != {var}:
+            return False
+    return True
+
+
+_IDENTITY = {"+": 0.0, "max": float("-inf"), "min": float("inf")}
+
+
+def _split_reduction(n, lanes: int):
+    """`for r in R: acc[0] = acc[0] (op) f(r)` over float32 becomes `lanes` partial results,
+    `for ro in R // lanes: for l in lanes: part[l] = part[l] (op) f(ro * lanes + l)`, folded
+    into acc after the loop (and a scalar tail): the inner loop vectorises. Sums round
+    differently (as a pairwise sum does); max and min are exact."""
+    if not isinstance(n, L.For) or not isinstance(n.extent, L.Const) or \
+            n.extent.value < 2 * lanes or not isinstance(n.body, L.Store):
+        return None
+    store = n.body
+    acc = store.buffer
+    value = store.value
+    if acc.scope is not L.Scope.LOCAL or acc.dtype is not T.float32 or \
+            store.indices != (L.const(0),) or not isinstance(value, L.BinOp) or \
+            value.op not in _IDENTITY or value.a != L.Load(acc, (L.const(0),)):
+        return None
+    source = value.b
+    if any(isinstance(x, (L.Load, L.Store)) and x.buffer.name == acc.name
+           for x in L.walk(source)):
+        return None
+    extent = n.extent.value
+    main = extent // lanes * lanes
+    part = L.Buffer(f"{acc.name}_lanes", T.float32, (L.const(lanes),), L.Scope.LOCAL)
+    ro, lane, k = L.Var(f"{n.var.name}_o"), L.Var(f"{n.var.name}_l"), L.Var(f"{n.var.name}_k")
+    identity = L.const(_IDENTITY[value.op], T.float32)
+    init = L.For(lane, lanes, L.Store(part, (lane,), identity))
+    update = L.For(ro, main // lanes, L.For(lane, lanes, L.Store(
+        part, (lane,), L.BinOp(value.op, part[lane],
+                               L.substitute(source, {n.var: ro * lanes + lane})))))
+    fold = L.For(k, lanes, L.Store(acc, (L.const(0),), L.BinOp(
+        value.op, L.Load(acc, (L.const(0),)), part[k])))
+    stmts = [init, update, fold]
+    if main < extent:
+        stmts.append(L.For(n.var, extent - main, L.Store(acc, (L.const(0),), L.BinOp(
+            value.op, L.Load(acc, (L.const(0),)),
+            L.substitute(source, {n.var: n.var + main})))))
+    return L.Allocate(part, L.seq(*stmts))
 
 
 def _nest_work(s: L.Stmt) -> int | None:
@@ -95,6 +201,103 @@ def _fuse_outer(loop: L.For, threads: int) -> L.For:
     return _fuse_outer(merged, threads)
 
 
+# -- vectorisable float32 math ------------------------------------------------------------------
+
+
+def _f32(value: float) -> L.Expr:
+    return L.const(value, T.float32)
+
+
+def _horner(x: L.Expr, coefficients) -> L.Expr:
+    """c0 + x * (c1 + x * (c2 + ...)), coefficients lowest first."""
+    out = _f32(coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        out = out * x + c
+    return out
+
+
+def _erf_f32(x: L.Expr, let) -> L.Expr:
+    """erf as Eigen's and XLA's float32 rational approximation: odd degree-13 over even
+    degree-8 polynomial on x clamped to [-4, 4] (where erf is +-1 in float32); max abs error
+    4.2e-7 against math.erf over [-6, 6]. Only +, *, /, min, max: it vectorises."""
+    x = let(L.minimum(L.maximum(x, _f32(-4.0)), _f32(4.0)))
+    x2 = let(x * x)
+    p = x * _horner(x2, (-1.60960333262415e-02, -2.95459980854025e-03, -7.34990630326855e-04,
+                         -5.69250639462346e-05, -2.10102402082508e-06, 2.77068142495902e-08,
+                         -2.72614225801306e-10))
+    q = _horner(x2, (-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03,
+                     -2.13374055278905e-04, -1.45660718464996e-05))
+    return p / q
+
+
+_EXP_HI, _EXP_LO = 88.72283935546875, -87.33654022216797   # exp overflows / leaves normals
+
+
+def _exp_f32(x: L.Expr, let) -> L.Expr:
+    """exp as Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2, a degree-5 polynomial for e^r,
+    2^n built in the exponent bits; within 3 ulp (the worst just below overflow, where n
+    stops at 127 and r grows to 0.7). Overflow gives inf, below the normal range 0, NaN
+    stays NaN (n is taken as 0 then so the bit trick never sees it)."""
+    x = let(x)
+    xc = let(L.minimum(L.maximum(x, _f32(_EXP_LO)), _f32(_EXP_HI)))
+    n = let(L.minimum(L.call("floor", xc * 1.44269504088896341 + 0.5), _f32(127.0)))
+    n = let(L.Select(L.eq(n, n), n, _f32(0.0)))
+    r = let(xc - n * 0.693359375 + n * 2.12194440e-4)
+    poly = _horner(r, (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
+                       1.3981999507e-3, 1.9875691500e-4))
+    y = poly * (r * r) + r + 1.0
+    bits = L.BinOp("<<", L.Cast(T.int32, n + 127.0), L.const(23, T.int32))
+    out = y * L.call("bitcast", bits, dtype=T.float32)
+    out = L.Select(x > _EXP_HI, _f32(float("inf")), out)
+    return L.Select(x < _EXP_LO, _f32(0.0), out)
+
+
+FAST_MATH = {"erf": _erf_f32, "exp": _exp_f32}
+"""float32 intrinsic -> fn(x, let) giving its vectorisable expansion (`let(e)` names a value
+used more than once). libm's erff and expf run a lane at a time: bert's GELU epilogue spent
+most of its time in erff."""
+
+
+def fast_math(func: L.PrimFunc) -> L.PrimFunc:
+    """`func` with every float32 call in FAST_MATH expanded, in stores and lets (the parts
+    bound by `let` become Let statements around the statement using them)."""
+    names = itertools.count()
+
+    def expand(e: L.Expr, binds: list) -> L.Expr:
+        def let(value: L.Expr) -> L.Expr:
+            if isinstance(value, (L.Var, L.Const)):
+                return value
+            var = L.Var(f"fm{next(names)}", value.dtype)
+            binds.append((var, value))
+            return var
+
+        def rule(n):
+            if isinstance(n, L.Call) and n.dtype is T.float32 and n.name in FAST_MATH:
+                return FAST_MATH[n.name](n.args[0], let)
+            return None
+
+        return L.transform(e, rule)
+
+    def wrap(binds, stmt):
+        for var, value in reversed(binds):
+            stmt = L.Let(var, value, stmt)
+        return stmt
+
+    def rule(n):
+        if isinstance(n, L.Store):
+            binds: list = []
+            value = expand(n.value, binds)
+            return wrap(binds, L.Store(n.buffer, n.indices, value)) if binds else None
+        if isinstance(n, L.Let):
+            binds = []
+            value = expand(n.value, binds)
+            return wrap(binds, L.Let(n.var, value, n.body)) if binds else None
+        return None
+
+    return L.PrimFunc(func.name, func.params, L.transform(func.body, rule), func.size_vars,
+                      func.attrs)
+
+
 def _dense(kernel, cpu, threads):
     from .dense import dense_schedule
 
@@ -123,5 +326,6 @@ def schedule_kernel(kernel, cpu, threads: int) -> L.PrimFunc:
     if template is not None:
         func = template(kernel, cpu, threads)
         if func is not None:
-            return func
-    return schedule(kernel.func, get_op(anchor.op).pattern, threads)
+            return fast_math(func)
+    config = Config(reduce_lanes=max(1, cpu.vector_bits // 32))
+    return fast_math(schedule(kernel.func, get_op(anchor.op).pattern, threads, config))

@@ -1,0 +1,111 @@
+"""The default schedule: row stages fused into one loop only where each row reads its own
+results, float reductions with one partial result per lane (tails included), and the float32
+exp / erf expansions (accuracy, overflow, NaN) — each against NumPy on fresh random inputs."""
+
+import math
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.backends.llvm.schedules import Config, _fuse_row_loops, default_schedule
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+
+
+def _unary(op, n):
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (n,)))
+    g.outputs = [g.add(op, x)]
+    return dnnc.compile(g, target="llvm")
+
+
+def test_exp_expansion_is_accurate_and_keeps_specials():
+    rng = np.random.default_rng()
+    x = np.concatenate([rng.uniform(-90, 90, 20000), rng.standard_normal(5000),
+                        [0.0, -0.0, 88.7, 88.73, 100.0, -87.3, -87.4, -200.0,
+                         np.inf, -np.inf, np.nan]]).astype(np.float32)
+    got = _unary("Exp", x.size).run(x)[0]
+    with np.errstate(over="ignore"):
+        want = np.exp(x)
+    normal = np.isfinite(want) & (np.abs(want) >= np.finfo(np.float32).tiny)
+    np.testing.assert_allclose(got[normal], want[normal], rtol=4e-7)   # 3 ulp at most
+    assert np.all(np.isinf(got[want == np.inf]))              # overflow, +inf
+    assert np.all(np.abs(got[~normal & np.isfinite(want)]) < 1.2e-38)   # underflow
+    assert np.isnan(got[-1])
+
+
+def test_erf_expansion_is_accurate_and_keeps_specials():
+    rng = np.random.default_rng()
+    x = np.concatenate([rng.uniform(-6, 6, 20000), rng.standard_normal(5000) * 1e-3,
+                        [0.0, 4.0, -4.0, 10.0, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    got = _unary("Erf", x.size).run(x)[0]
+    want = np.vectorize(math.erf)(x[:-1].astype(np.float64))
+    np.testing.assert_allclose(got[:-1], want, rtol=1e-6, atol=5e-7)
+    assert np.isnan(got[-1])
+
+
+@pytest.mark.parametrize("n", [128, 100, 7])
+def test_split_reductions_match_numpy_with_tails(n):
+    """n = 100: a 16-lane split leaves a tail of 4; n = 7 is too short to split."""
+    rng = np.random.default_rng()
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (5, n)))
+    axes = Value("axes", T.TensorType(T.int64, (1,)), const=np.array([1], np.int64))
+    g.outputs = [g.add("ReduceSum", x, axes), g.add("ReduceMax", x, axes),
+                 g.add("ReduceMin", x, axes)]
+    compiled = dnnc.compile(g, target="llvm")
+    a = rng.standard_normal((5, n)).astype(np.float32)
+    a[2, n // 2] = np.nan          # max and min propagate NaN whichever lane holds it
+    s, mx, mn = compiled.run(a)
+    np.testing.assert_allclose(s, a.sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(mx, a.max(1, keepdims=True))
+    np.testing.assert_array_equal(mn, a.min(1, keepdims=True))
+    if n >= 32:
+        assert "_lanes" in compiled.runtime.source("loop")
+
+
+@pytest.mark.parametrize("op,kwargs", [("Softmax", {"axis": -1}),
+                                       ("LayerNormalization", {"axis": -1})])
+def test_row_stages_run_as_one_parallel_loop(op, kwargs):
+    rng = np.random.default_rng()
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (2, 96, 80)))
+    args = [x]
+    if op == "LayerNormalization":
+        args += [Value("s", T.TensorType(T.float32, (80,)),
+                       const=rng.standard_normal(80).astype(np.float32)),
+                 Value("b", T.TensorType(T.float32, (80,)),
+                       const=rng.standard_normal(80).astype(np.float32))]
+    g.outputs = [g.add(op, *args, **kwargs)]
+    a = (rng.standard_normal((2, 96, 80)) * 4).astype(np.float32)
+    want = dnnc.compile(g, target="numpy").run(a)[0]
+    compiled = dnnc.compile(g, target="llvm")
+    np.testing.assert_allclose(compiled.run(a)[0], want, rtol=1e-5, atol=1e-5)
+    source = compiled.runtime.source("loop")
+    assert source.count("for ") - source.count("for r") > 0
+    outer = [line for line in source.splitlines() if line.startswith("  for ")]
+    assert len(outer) == 1, source   # every stage inside the one row loop
+
+
+def _loop(var, body):
+    return L.For(var, L.const(8), body)
+
+
+def test_row_fusion_refuses_a_read_of_another_row():
+    """The second loop reads t[i + 1] (written by a later iteration of the first): fusing
+    would read it before it is written. Reading t[i] fuses."""
+    t = L.Buffer("t", T.float32, (L.const(9),))
+    x = L.Buffer("x", T.float32, (L.const(9),))
+    y = L.Buffer("y", T.float32, (L.const(9),))
+    i, j = L.Var("i"), L.Var("j")
+    first = _loop(i, L.Store(t, (i,), x[i] * 2.0))
+    same = _loop(j, L.Store(y, (j,), t[j] + 1.0))
+    other = _loop(j, L.Store(y, (j,), t[j + 1] + 1.0))
+    assert len(_fuse_row_loops([first, same])) == 1
+    assert len(_fuse_row_loops([first, other])) == 2
+    writes_back = _loop(j, L.Store(x, (j,), t[j]))   # overwrites what the first loop reads
+    assert len(_fuse_row_loops([first, writes_back])) == 2
+    func = L.PrimFunc("f", (x, t, y), L.seq(first, other))
+    assert default_schedule(func, Config(), 2).body == L.seq(first, other)
