@@ -268,6 +268,37 @@ class LLVMRuntime:
                     env[id(v)] = a
         return [self._value(v, env) for v in self.graph.outputs]
 
+    def profile(self, inputs: list[np.ndarray], repeat: int = 20
+                ) -> tuple[list[np.ndarray], list[dict]]:
+        """The outputs, and the median milliseconds of each kernel called alone, in call
+        order, and of each host step: where a model's time goes (bench/profile.py). Specialisations restored
+        from an artifact keep no kernel list: compile from the model to profile them."""
+        env: dict[int, np.ndarray] = {}
+        for v, a in zip(self.graph.inputs, inputs):
+            env[id(v)] = a
+        rows = []
+        for step in self.steps:
+            if isinstance(step, HostStep):
+                start = time.perf_counter()
+                self._run_host(step.node, env)
+                rows.append({"kernel": f"host {step.node.op}", "nodes": [step.node.name],
+                             "ms": (time.perf_counter() - start) * 1e3})
+                continue
+            arrays = [self._value(v, env) for v in step.inputs]
+            values = tuple((i, tuple(np.asarray(arrays[i]).reshape(-1).tolist()))
+                           for i in step.value_inputs)
+            seg = self._compiled(step, tuple(a.shape for a in arrays), values)
+            if not getattr(seg, "calls", None):
+                raise CompileError("this segment was restored from an artifact without its "
+                                   "kernel list; compile the model to profile it")
+            outs, times = seg.profile(arrays, self._arena(seg), repeat)
+            for kernel, ms in times:
+                rows.append({"kernel": kernel.func.name, "nodes": [n.name for n in kernel.nodes],
+                             "ms": ms})
+            for v, a in zip(step.escaping, outs):
+                env[id(v)] = a
+        return [self._value(v, env) for v in self.graph.outputs], rows
+
     def _value(self, v: Value, env) -> np.ndarray:
         if v.const is not None:
             return v.const
@@ -483,6 +514,7 @@ class _CompiledSegment:
                     args.append(("arena", self.offsets[id(v)]))
             calls.append((kernel.func.name, args))
         mb.add_entry("entry", calls)
+        self.calls = calls   # for `profile`: each kernel called on its own
         try:
             jit = JITModule(str(mb), rt.cpu, rt.opt_level, name=f"segment{step.index}")
         except RuntimeError as exc:
@@ -530,6 +562,34 @@ class _CompiledSegment:
             *self._const_ptrs)
         self.entry(ptrs, arena.ctypes.data)
         return outs
+
+    def profile(self, inputs: list[np.ndarray], arena: np.ndarray, repeat: int
+                ) -> tuple[list[np.ndarray], list[tuple[Kernel, float]]]:
+        """The segment's outputs, and each kernel's median milliseconds over `repeat` calls
+        of that kernel alone (in order, on the data the kernels before it left; the outputs
+        equal `run`'s)."""
+        arrays = [np.ascontiguousarray(a) for v, a in zip(self.step.inputs, inputs)
+                  if v.const is None]
+        outs = [np.empty(t.shape, t.dtype.np) for t in self.escaping_types]
+        slots = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + \
+            self._const_ptrs
+        base = arena.ctypes.data
+        rows = []
+        for kernel, (name, args) in zip(self.kernels, self.calls):
+            ptrs = [slots[k] if kind == "ext" else base + k for kind, k in args]
+            fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(ptrs))(self.jit.address(name))
+            # an in-place kernel applies itself again on every timed call: restore the arena
+            # after timing, then run the kernel once more for the kernels after it
+            saved = arena.copy()
+            times = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                fn(*ptrs)
+                times.append((time.perf_counter() - start) * 1e3)
+            arena[...] = saved
+            fn(*ptrs)
+            rows.append((kernel, float(np.median(times))))
+        return outs, rows
 
     def loop_source(self) -> str:
         if self.kernels:

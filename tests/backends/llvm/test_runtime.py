@@ -261,3 +261,32 @@ def test_llvm_target_from_onnx_with_integer_ops(rng):
         b = b.astype(np.int32)
         for o, w in zip(llvm(a, b), ref(a, b)):
             np.testing.assert_array_equal(o, w)
+
+
+@pytest.mark.parametrize("opt_level", [1, 3])
+def test_profile_times_every_kernel_and_keeps_the_results(rng, opt_level):
+    """Each kernel timed alone; in-place kernels (level 1: x+1 over a dead input) run again
+    while timed, yet the outputs equal a normal call's."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType(T.float32, (64, 33)))
+    one = dnnc.ir.graph.Value("one", TensorType(T.float32, ()), const=np.array(1, np.float32))
+    a = g.add("Add", g.add("Exp", x, name="exp"), one, name="add")
+    g.outputs = [g.add("Neg", g.add("Add", a, one, name="add2"), name="neg")]
+    compiled = dnnc.compile(g, target="llvm", opt_level=opt_level)
+    assert (compiled.stats["inplace_kernels"] > 0) == (opt_level == 1)
+    data = rng.standard_normal((64, 33)).astype(np.float32)
+    outs, rows = compiled.runtime.profile([data], repeat=5)
+    np.testing.assert_array_equal(outs[0], compiled.run(data)[0])
+    assert len(rows) == compiled.stats["kernels"] and all(r["ms"] >= 0 for r in rows)
+    assert {n for r in rows for n in r["nodes"]} == {"exp", "add", "add2", "neg"}
+
+
+def test_profile_lists_host_steps(rng):
+    g = Graph("g")
+    x = g.add_input("x", TensorType(T.float32, (5, 7)))
+    g.outputs = [g.add("NonZero", g.add("Relu", x, name="relu"), name="nz")]
+    compiled = dnnc.compile(g, target="llvm")
+    data = rng.standard_normal((5, 7)).astype(np.float32)
+    outs, rows = compiled.runtime.profile([data], repeat=2)
+    np.testing.assert_array_equal(outs[0], np.array(np.nonzero(np.maximum(data, 0))))
+    assert [r["kernel"].split("_")[-1] for r in rows] == ["Relu", "host NonZero"]
