@@ -17,6 +17,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...ir import loop as L
 from ...ir import types as T
 
@@ -78,7 +80,7 @@ def _fuse_row_loops(stmts: list[L.Stmt]) -> list[L.Stmt]:
         if isinstance(s, L.For) and isinstance(prev, L.For) and s.kind == prev.kind and \
                 isinstance(s.extent, L.Const) and s.extent == prev.extent:
             body = L.substitute(s.body, {s.var: prev.var})
-            if _row_local(prev.body, body, prev.var):
+            if _row_local(prev.body, body, prev.var, s.extent.value):
                 out[-1] = L.For(prev.var, prev.extent, L.seq(prev.body, body), prev.kind)
                 continue
         out.append(s)
@@ -97,10 +99,11 @@ def _accesses(s: L.Stmt) -> tuple[dict, dict]:
     return stores, loads
 
 
-def _row_local(first: L.Stmt, second: L.Stmt, var: L.Var) -> bool:
+def _row_local(first: L.Stmt, second: L.Stmt, var: L.Var, extent: int) -> bool:
     """Whether running `second` right after `first` for each value of `var` (instead of after
     all of `first`) keeps every read: what they share is written and read at one index that
-    depends on `var` alone (the row), and nothing `second` writes is touched by `first`."""
+    depends on `var` alone (the row) and differs for each of its values, and nothing
+    `second` writes is touched by `first`."""
     w1, r1 = _accesses(first)
     w2, r2 = _accesses(second)
     for name in w2:
@@ -113,9 +116,24 @@ def _row_local(first: L.Stmt, second: L.Stmt, var: L.Var) -> bool:
             return False
         (index,) = written
         used = set().union(*(L.free_vars(i) for i in index)) if index else set()
-        if used != {var}:
+        if used != {var} or not _injective(index, var, extent):
             return False
     return True
+
+
+def _injective(index: tuple, var: L.Var, extent: int) -> bool:
+    """Whether each value of `var` in [0, extent) writes its own element (then the fused
+    loop's reads see the same iteration's write, as the unfused order would)."""
+    from ...ir.compute import ComputeEvalError, _Evaluator
+
+    grid = np.arange(extent, dtype=np.int64)
+    try:
+        columns = [np.broadcast_to(_Evaluator({}, {}).eval(i, {var: grid}), grid.shape)
+                   for i in index]
+    except (ComputeEvalError, KeyError):
+        return False
+    rows = np.stack(columns, axis=1)
+    return len(np.unique(rows, axis=0)) == extent
 
 
 _IDENTITY = {"+": 0.0, "max": float("-inf"), "min": float("inf")}
@@ -146,9 +164,14 @@ def _split_reduction(n, lanes: int):
     ro, lane, k = L.Var(f"{n.var.name}_o"), L.Var(f"{n.var.name}_l"), L.Var(f"{n.var.name}_k")
     identity = L.const(_IDENTITY[value.op], T.float32)
     init = L.For(lane, lanes, L.Store(part, (lane,), identity))
+    # a source of plain arithmetic is vectorised by our codegen (LLVM's vectoriser turns the
+    # max of a row into gathers); one calling exp is left to LLVM, which vectorises the
+    # expansion's integer steps where ours would run them a lane at a time
+    kind = L.ForKind.SERIAL if any(isinstance(x, (L.Call, L.Cast)) for x in L.walk(source)) \
+        else L.ForKind.VECTORIZED
     update = L.For(ro, main // lanes, L.For(lane, lanes, L.Store(
         part, (lane,), L.BinOp(value.op, part[lane],
-                               L.substitute(source, {n.var: ro * lanes + lane})))))
+                               L.substitute(source, {n.var: ro * lanes + lane}))), kind))
     fold = L.For(k, lanes, L.Store(acc, (L.const(0),), L.BinOp(
         value.op, L.Load(acc, (L.const(0),)), part[k])))
     stmts = [init, update, fold]

@@ -105,6 +105,8 @@ def test_row_fusion_refuses_a_read_of_another_row():
     other = _loop(j, L.Store(y, (j,), t[j + 1] + 1.0))
     assert len(_fuse_row_loops([first, same])) == 1
     assert len(_fuse_row_loops([first, other])) == 2
+    halves = _loop(i, L.Store(t, (i // 2,), x[i]))   # iterations 2k and 2k+1 share t[k]
+    assert len(_fuse_row_loops([halves, _loop(j, L.Store(y, (j,), t[j // 2]))])) == 2
     writes_back = _loop(j, L.Store(x, (j,), t[j]))   # overwrites what the first loop reads
     assert len(_fuse_row_loops([first, writes_back])) == 2
     func = L.PrimFunc("f", (x, t, y), L.seq(first, other))
