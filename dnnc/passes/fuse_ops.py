@@ -157,7 +157,8 @@ class _Fusion:
         if any(len(self.nodes[k].outputs) != 1 for k in producer + consumer):
             return False
         consumer_reduces = any(self.pattern[k] == Pattern.REDUCE for k in consumer)
-        grows = _size(self.nodes[consumer[-1]].outputs[0]) != _size(v)
+        out = self.nodes[consumer[-1]].outputs[0]
+        grows = _size(out) != _size(v) or (_size(v) is None and out.type.shape != v.type.shape)
         if (consumer_reduces or grows) and any(self._is_expensive(k) for k in producer):
             return False   # it would be recomputed for every read
         return self._acyclic(set(producer) | set(consumer))

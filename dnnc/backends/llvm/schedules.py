@@ -262,10 +262,12 @@ def _exp_f32(x: L.Expr, let) -> L.Expr:
     stops at 127 and r grows to 0.7). Overflow gives inf, below the normal range 0, NaN
     stays NaN (n is taken as 0 then so the bit trick never sees it)."""
     x = let(x)
-    xc = let(L.minimum(L.maximum(x, _f32(_EXP_LO)), _f32(_EXP_HI)))
-    n = let(L.minimum(L.call("floor", xc * 1.44269504088896341 + 0.5), _f32(127.0)))
+    # n clamped by selects (cheaper than NaN-propagating min/max; outside [LO, HI] the
+    # result is replaced below, so r may be anything there)
+    n = let(L.call("floor", x * 1.44269504088896341 + 0.5))
+    n = let(L.Select(n < -126.0, _f32(-126.0), L.Select(n > 127.0, _f32(127.0), n)))
     n = let(L.Select(L.eq(n, n), n, _f32(0.0)))
-    r = let(xc - n * 0.693359375 + n * 2.12194440e-4)
+    r = let(x - n * 0.693359375 + n * 2.12194440e-4)
     poly = _horner(r, (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
                        1.3981999507e-3, 1.9875691500e-4))
     y = poly * (r * r) + r + 1.0
