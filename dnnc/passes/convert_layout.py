@@ -86,9 +86,13 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
     x, w = node.inputs[0], node.inputs[1]
     if w is None or w.const is None or w.type.rank != 4 or x.type.dtype is not float32:
         return None
-    packed = pack_conv_weights(np.asarray(w.const), target.conv_panel)
+    oc = int(w.const.shape[0])
+    # a layer of at most one vector of channels is packed one vector wide: two would compute
+    # zeros in half the accumulators
+    nr = target.conv_panel if 2 * oc > target.conv_panel else target.conv_panel // 2
+    packed = pack_conv_weights(np.asarray(w.const), nr)
     pv = Value(f"{w.name}.packed", TensorType(float32, packed.shape), const=packed)
-    attrs = dict(node.attrs, oc=int(w.const.shape[0]),
+    attrs = dict(node.attrs, oc=oc,
                  kernel_shape=list(node.attrs.get("kernel_shape") or w.const.shape[2:]))
     inputs = [x, pv] + list(node.inputs[2:])
     types, _, full = infer_node("ConvPacked", inputs, attrs, 1, node.name)

@@ -125,3 +125,13 @@ def test_grouped_convs_and_variable_conv_weights_are_left_alone():
     assert convert_layout(_conv_graph(group=2), CPU) == 0
     assert convert_layout(_conv_graph(group=6, oc=6), CPU) == 0
     assert convert_layout(_conv_graph(w_const=False), CPU) == 0
+
+
+def test_a_conv_of_at_most_one_vector_of_channels_is_packed_one_vector_wide():
+    g = _conv_graph(oc=8)
+    x = np.random.default_rng().standard_normal((2, 6, 9, 8)).astype(np.float32)
+    before = dnnc.compile(g, target="numpy").run(x)[0]
+    assert convert_layout(g, CPU) == 1
+    assert g.nodes[0].inputs[1].type.shape == (1, 6, 3, 3, 8)     # 8 lanes, not 16
+    np.testing.assert_allclose(dnnc.compile(g, target="llvm", opt_level=1).run(x)[0], before,
+                               rtol=1e-5, atol=1e-5)

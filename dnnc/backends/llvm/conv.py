@@ -146,8 +146,10 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     oc, _, kh, kw = conv.w_dims
     _, _, oh, ow = conv.y_dims
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
-    nr = conv.packed_nr or config.nr_vectors * (vector_bits // 32)
-    mr = config.mr or MR_BY_VECTOR_BITS.get(vector_bits, 4)
+    lanes = vector_bits // 32
+    nr = conv.packed_nr or config.nr_vectors * lanes
+    # as many accumulators whatever NR is: a one-vector-wide block takes twice the pixels
+    mr = config.mr or MR_BY_VECTOR_BITS.get(vector_bits, 4) * max(2 // max(nr // lanes, 1), 1)
     ocb_n = -(-oc // nr)
     par = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
 

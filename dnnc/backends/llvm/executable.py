@@ -263,7 +263,7 @@ class LLVMRuntime:
                 values = tuple((i, tuple(np.asarray(arrays[i]).reshape(-1).tolist()))
                                for i in step.value_inputs)
                 seg = self._compiled(step, tuple(a.shape for a in arrays), values)
-                outs = seg.run(arrays, self._arena(seg))
+                outs = seg.run(arrays, self._frame(seg))
                 for v, a in zip(step.escaping, outs):
                     env[id(v)] = a
         return [self._value(v, env) for v in self.graph.outputs]
@@ -271,8 +271,9 @@ class LLVMRuntime:
     def profile(self, inputs: list[np.ndarray], repeat: int = 20
                 ) -> tuple[list[np.ndarray], list[dict]]:
         """The outputs, and the median milliseconds of each kernel called alone, in call
-        order, and of each host step: where a model's time goes (bench/profile.py). Specialisations restored
-        from an artifact keep no kernel list: compile from the model to profile them."""
+        order, and of each host step: where a model's time goes (bench/profile.py).
+        Specialisations restored from an artifact keep no kernel list: compile from the model
+        to profile them."""
         env: dict[int, np.ndarray] = {}
         for v, a in zip(self.graph.inputs, inputs):
             env[id(v)] = a
@@ -291,7 +292,7 @@ class LLVMRuntime:
             if not getattr(seg, "calls", None):
                 raise CompileError("this segment was restored from an artifact without its "
                                    "kernel list; compile the model to profile it")
-            outs, times = seg.profile(arrays, self._arena(seg), repeat)
+            outs, times = seg.profile(arrays, self._frame(seg).arena, repeat)
             for kernel, ms in times:
                 rows.append({"kernel": kernel.func.name, "nodes": [n.name for n in kernel.nodes],
                              "ms": ms})
@@ -312,16 +313,15 @@ class LLVMRuntime:
         for v, a in zip(node.outputs, outs):
             env[id(v)] = a
 
-    def _arena(self, seg: "_CompiledSegment") -> np.ndarray:
-        arenas = getattr(self._local, "arenas", None)
-        if arenas is None:
-            arenas = self._local.arenas = {}
-        arena = arenas.get(id(seg))
-        if arena is None:
-            raw = np.empty(seg.arena_bytes + ALIGN, np.uint8)
-            skip = (-raw.ctypes.data) % ALIGN
-            arena = arenas[id(seg)] = raw[skip:skip + seg.arena_bytes]
-        return arena
+    def _frame(self, seg: "_CompiledSegment") -> "_Frame":
+        """This thread's arena and slots for `seg` (concurrent calls never share them)."""
+        frames = getattr(self._local, "frames", None)
+        if frames is None:
+            frames = self._local.frames = {}
+        frame = frames.get(id(seg))
+        if frame is None:
+            frame = frames[id(seg)] = seg.frame()
+        return frame
 
     def _compiled(self, step: Segment, shapes: tuple, values: tuple = ()
                   ) -> "_CompiledSegment":
@@ -373,6 +373,22 @@ class LLVMRuntime:
             else:
                 raise ValueError(f"unknown source kind {kind!r}: llvm, asm or loop")
         return "\n".join(parts)
+
+
+@dataclass
+class _Frame:
+    arena: np.ndarray
+    arena_ptr: int
+    slots: ctypes.Array
+
+
+def _address(a: np.ndarray) -> int:
+    """The data pointer of a contiguous array (5x cheaper than `a.ctypes.data` where the
+    buffer is writable, which every array but a read-only view is)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):
+        return a.ctypes.data
 
 
 class _HostAfterAll(Exception):
@@ -552,15 +568,28 @@ class _CompiledSegment:
         self.consts = [np.ascontiguousarray(c) for c in consts]
         self.slots = slots
         self._const_ptrs = [c.ctypes.data for c in self.consts]
+        self._data_inputs = [i for i, v in enumerate(self.step.inputs) if v.const is None]
 
-    def run(self, inputs: list[np.ndarray], arena: np.ndarray) -> list[np.ndarray]:
-        arrays = [np.ascontiguousarray(a) for v, a in zip(self.step.inputs, inputs)
-                  if v.const is None]
+    def frame(self) -> "_Frame":
+        """What one thread needs to call this segment: its arena and a slot array with the
+        constants' pointers already in place (building a ctypes array of a hundred pointers
+        costs more than a small model's kernels)."""
+        raw = np.empty(self.arena_bytes + ALIGN, np.uint8)
+        skip = (-raw.ctypes.data) % ALIGN
+        arena = raw[skip:skip + self.arena_bytes]
+        slots = (ctypes.c_void_p * max(self.slots, 1))()
+        first = self.n_inputs + len(self.escaping_types)
+        for k, ptr in enumerate(self._const_ptrs):
+            slots[first + k] = ptr
+        return _Frame(arena, arena.ctypes.data, slots)
+
+    def run(self, inputs: list[np.ndarray], frame: "_Frame") -> list[np.ndarray]:
+        slots = frame.slots
+        arrays = [np.ascontiguousarray(inputs[i]) for i in self._data_inputs]
         outs = [np.empty(t.shape, t.dtype.np) for t in self.escaping_types]
-        ptrs = (ctypes.c_void_p * max(self.slots, 1))(
-            *[a.ctypes.data for a in arrays], *[o.ctypes.data for o in outs],
-            *self._const_ptrs)
-        self.entry(ptrs, arena.ctypes.data)
+        for k, a in enumerate(arrays + outs):
+            slots[k] = _address(a)
+        self.entry(slots, frame.arena_ptr)
         return outs
 
     def profile(self, inputs: list[np.ndarray], arena: np.ndarray, repeat: int
