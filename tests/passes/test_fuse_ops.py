@@ -2,6 +2,7 @@
 stay apart (a value read twice, a value needed outside), and the fused kernels' results."""
 
 import numpy as np
+import pytest
 
 import dnnc
 from dnnc.ir import types as T
@@ -182,20 +183,22 @@ def _dense_graph(rng, tail, m=24, k=40, n=32):
     return g, rng.standard_normal((1, m, k)).astype(np.float32)
 
 
-def _heads(perm):
+def _heads(perm, heads=2, size=16):
     def tail(g, y):
-        r = g.add("Reshape", y, _const("split", np.array([0, 0, 2, 16], np.int64)),
+        r = g.add("Reshape", y, _const("split", np.array([0, 0, heads, size], np.int64)),
                   name="reshape")
         return g.add("Transpose", r, perm=perm, name="transpose")
     return tail
 
 
-def test_a_matmul_stores_through_its_layout_tail():
+@pytest.mark.parametrize("heads,size", [(2, 16), (2, 64), (3, 40)])
+def test_a_matmul_stores_through_its_layout_tail(heads, size):
     """BERT's Q/K/V: MatMul, bias, Reshape to heads, Transpose: one kernel, the dense template
-    writing each element where the transposed layout wants it."""
+    writing each element where the transposed layout wants it (heads of 64 columns hold
+    whole panels, stored a vector at a time; 16 and 40 split panels)."""
     rng = np.random.default_rng()
     for perm in ([0, 2, 1, 3], [0, 2, 3, 1]):
-        g, x = _dense_graph(rng, _heads(perm))
+        g, x = _dense_graph(rng, _heads(perm, heads, size), n=heads * size)
         remaps = {"MatMul": frozenset({"Reshape", "Transpose"})}
         assert _groups(g, store_remaps=remaps) == [["matmul", "bias", "reshape", "transpose"]]
         assert _groups(g) == [["matmul", "bias"], ["reshape", "transpose"]]   # no remaps given

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...ir import loop as L
 from ...ir import types as T
 from ..lower import STORE_REMAPS, Kernel, epilogue, layout_tail, store_index
@@ -112,11 +114,15 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     y3 = L.Buffer(y.name, y.dtype, (batch, m, n))
     y_full = L.Buffer(y.name, y.dtype, tuple(y_dims))
 
-    def y_at(bi, i, j):
-        """The output element the anchor's element (bi, i, j) is stored at."""
+    def y_at(bi, i, j0, jj):
+        """The output element the anchor's element (bi, i, j0 + jj) is stored at (j0: the
+        panel's first column)."""
         if not remapped:
-            return y3[bi, i, j]
-        return y_full[where(anchor_index(bi, i, j))]
+            return y3[bi, i, j0 + jj]
+        if panels_contiguous:
+            base = where(anchor_index(bi, i, j0))
+            return y_full[base[:-1] + (base[-1] + jj,)]
+        return y_full[where(anchor_index(bi, i, j0 + jj))]
 
     def anchor_index(bi, i, j) -> tuple:
         """Rows i of batch bi (batch dims folded into rows) as the anchor's own index."""
@@ -163,6 +169,8 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
 
     n_main = (n // nr) * nr
     n_kb = -(-k // kc)
+    panels_contiguous = remapped and _panels_contiguous(where, anchor_index, batch * m, n,
+                                                        nr, n_main)
     bi, kb, mb, jp, ib = (L.Var(x) for x in ("b", "kb", "mb", "jp", "ib"))
 
     def tile(width: int, j0: L.Expr) -> L.Stmt:
@@ -174,7 +182,7 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         row = L.minimum(i0 + ii, m - 1)   # rows past M repeat the last row; never stored
         vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
         start = L.const(0.0) if n_kb == 1 else L.Select(L.eq(kb, 0), L.const(0.0),
-                                                          y_at(bi, row, j0 + jj))
+                                                          y_at(bi, row, j0, jj))
         init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), start), vec),
                      L.ForKind.UNROLLED)
         kglob = kb * kc + kk
@@ -187,7 +195,7 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         done = finish(value, i0 + ii, j0 + jj)
         if n_kb > 1:
             done = L.Select(L.eq(kb, n_kb - 1), done, value)
-        target = y_at(bi, i0 + ii, j0 + jj)
+        target = y_at(bi, i0 + ii, j0, jj)
         store = L.For(ii, mr, L.If(i0 + ii < m, L.For(jj, width, L.Store(
             target.buffer, target.indices, done), vec)), L.ForKind.UNROLLED)
         body = L.Allocate(acc, L.seq(init, kloop, store))
@@ -221,6 +229,29 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         else:
             new_params.append(p)
     return L.simplify(L.PrimFunc(kernel.func.name, tuple(new_params), body))
+
+
+def _panels_contiguous(where, anchor_index, rows: int, n: int, nr: int, n_main: int) -> bool:
+    """Whether a layout tail keeps each panel's columns consecutive in the output (heads of
+    64 columns hold whole 32-column panels): then a panel row is stored as one vector at its
+    first column's place. Checked on every element (skipped, as False, past 4M)."""
+    from ...ir.compute import ComputeEvalError, _Evaluator
+
+    if rows * n > 1 << 22:
+        return False
+    i, j = L.Var("i"), L.Var("j")
+    grid = {i: np.arange(rows).reshape(-1, 1), j: np.arange(n).reshape(1, -1)}
+    try:
+        comps = [np.broadcast_to(_Evaluator({}, {}).eval(e, grid), (rows, n))
+                 for e in where(anchor_index(L.const(0), i, j))]
+    except ComputeEvalError:
+        return False
+    cols = np.arange(n)
+    first = np.where(cols < n_main, cols // nr * nr, n_main)
+    for c in comps[:-1]:
+        if not np.array_equal(c, c[:, first]):
+            return False
+    return bool(np.array_equal(comps[-1], comps[-1][:, first] + (cols - first)))
 
 
 def _prod(xs) -> int:
