@@ -1,6 +1,7 @@
 """dnnc (llvm target) next to onnxruntime on the zoo, measured in one run.
 
     python bench/cpu.py [--models mlp,resnet18,...] [--batch 1] [--repeat 20] [--opt-level N]
+                         [--mattr -avx512f]
 
 Both run with the same thread count (dnnc's worker pool size, DNNC_NUM_THREADS or the cores
 this process may use; onnxruntime's intra-op threads set to match). Prints median latencies,
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dnnc  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc import zoo  # noqa: E402
-from dnnc.backends.llvm.runtime import host_cpu, num_threads  # noqa: E402
+from dnnc.backends.llvm.runtime import cpu_from, host_cpu, num_threads  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
 
@@ -41,10 +42,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--opt-level", type=int, default=None)
+    parser.add_argument("--mattr", default=None,
+                        help="edit the host's CPU features for dnnc, e.g. -avx512f to see how "
+                             "an AVX2-only machine's code fares (onnxruntime is unchanged)")
     args = parser.parse_args()
     threads = num_threads()
-    cpu = host_cpu()
-    print(f"# {platform.machine()} {cpu.name} ({cpu.vector_bits}-bit vectors), {threads} "
+    cpu = cpu_from(mattr=args.mattr) if args.mattr else host_cpu()
+    print(f"# {platform.machine()} {cpu.name} ({cpu.vector_bits}-bit vectors"
+          f"{', ' + args.mattr if args.mattr else ''}), {threads} "
           f"threads each; dnnc {dnnc.__version__}, onnxruntime {ort.__version__}, "
           f"batch {args.batch}")
     print(f"{'model':14} {'compile s':>9} {'fallbacks':>9} {'kernels':>8} {'dnnc ms':>9} "
@@ -54,7 +59,7 @@ def main() -> None:
         model = zoo.build(name, batch=args.batch)
         inputs = zoo.inputs_for(model, np.random.default_rng(0))
         start = time.perf_counter()
-        compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level)
+        compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
         compile_s = time.perf_counter() - start
         # each side is timed before the other runs: onnxruntime's idle threads spin after a
         # call and would steal the cores from a timing that follows it

@@ -174,25 +174,12 @@ def _cpu_option(args):
         return None
     if args.target != "llvm":
         raise UsageError("--mcpu/--mattr apply to the llvm target only")
-    from ..backends.llvm.runtime import HostCPU, host_cpu
+    from ..backends.llvm.runtime import cpu_from
 
-    host = host_cpu()
-    name = args.mcpu or host.name
-    features: dict[str, str] = {}
-    if name == host.name:
-        for f in host.features.split(","):
-            if f:
-                features[f[1:]] = f[0]
-    for f in (args.mattr or "").split(","):
-        f = f.strip()
-        if not f:
-            continue
-        sign, feature = (f[0], f[1:]) if f[0] in "+-" else ("+", f)
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", feature):
-            raise UsageError(f"--mattr: {f!r} is not a feature name (+avx2,-avx512f,...)")
-        features.pop(feature, None)  # last in the string: LLVM applies features in order
-        features[feature] = sign
-    return HostCPU(name, ",".join(sign + f for f, sign in features.items()))
+    try:
+        return cpu_from(args.mcpu, args.mattr)
+    except ValueError as exc:
+        raise UsageError(f"--mattr: {exc}") from None
 
 
 def _import(path: str, shapes: dict):

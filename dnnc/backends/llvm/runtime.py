@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from dataclasses import dataclass
 
@@ -55,6 +56,28 @@ class HostCPU:
 def host_cpu() -> HostCPU:
     initialize()
     return HostCPU(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+
+
+def cpu_from(name: str | None = None, mattr: str | None = None) -> HostCPU:
+    """A CPU to compile for: `name` (default the host's) with `mattr` ("+avx2,-avx512f")
+    editing the host's features when the CPU is the host's, else the whole feature list."""
+    host = host_cpu()
+    name = name or host.name
+    features: dict[str, str] = {}
+    if name == host.name:
+        for f in host.features.split(","):
+            if f:
+                features[f[1:]] = f[0]
+    for f in (mattr or "").split(","):
+        f = f.strip()
+        if not f:
+            continue
+        sign, feature = (f[0], f[1:]) if f[0] in "+-" else ("+", f)
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", feature):
+            raise ValueError(f"{f!r} is not a feature name (+avx2,-avx512f,...)")
+        features.pop(feature, None)  # last in the string: LLVM applies features in order
+        features[feature] = sign
+    return HostCPU(name, ",".join(sign + f for f, sign in features.items()))
 
 
 def target_machine(cpu: HostCPU, opt: int = 3):
