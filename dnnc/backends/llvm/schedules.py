@@ -336,8 +336,14 @@ def _conv2d(kernel, cpu, threads):
         depthwise_schedule(kernel, cpu.vector_bits, threads)
 
 
+def _pool2d(kernel, cpu, threads):
+    from .pool import pool2d_schedule
+
+    return pool2d_schedule(kernel, cpu.vector_bits, threads)
+
+
 TEMPLATES = {"MatMul": _dense, "Gemm": _dense, "MatMulPacked": _dense, "Conv": _conv2d,
-             "ConvPacked": _conv2d}
+             "ConvPacked": _conv2d, "MaxPool": _pool2d, "AveragePool": _pool2d}
 """anchor op -> template building the kernel's PrimFunc (None: not applicable)."""
 
 
