@@ -104,6 +104,11 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     # fused Cast) takes the whole reduction in one slice
     kc = min(config.kc, k) if y.dtype is T.float32 else k
     mc = max(mr, min(config.mc, -(-m // mr) * mr))
+    if threads > 1 and batch == 1:
+        # row blocks in a multiple of the threads, as even as MR allows: 128 rows on 2
+        # threads as 66 + 62 rather than 72 + 56 (the slower thread sets the time)
+        blocks = -(-(-(-m // mc)) // threads) * threads
+        mc = max(mr, -(-(-(-m // blocks)) // mr) * mr)
     # buffers viewed as 3-D [batch, rows, cols] (the pointers are the params')
     a3 = L.Buffer(a.name, T.float32, (batch, k, m) if trans_a else (batch, m, k))
     if packed:
