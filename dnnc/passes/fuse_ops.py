@@ -166,7 +166,11 @@ class _Fusion:
     # -- invariants ----------------------------------------------------------------------------
 
     def _single_output(self, chosen: list[int]) -> bool:
-        """Only the last node's value leaves the group; every other value stays inside."""
+        """Only the last node's value leaves the group, and that node comes last in the
+        segment's order (the backend stores the last node's value); every other value stays
+        inside."""
+        if chosen[-1] != max(chosen):
+            return False
         inside = set(chosen)
         for k in chosen[:-1]:
             v = self.nodes[k].outputs[0]
