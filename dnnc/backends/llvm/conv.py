@@ -28,6 +28,10 @@ class ConvConfig:
     nr_vectors: int = 2
 
 
+MIN_PARALLEL_MACS = 1 << 20
+"""Multiply-adds below which a conv runs on one thread: waking the pool costs microseconds,
+and a smaller layer is done in about that time."""
+
 MR_BY_VECTOR_BITS = {512: 8}
 """Pixels per tile by vector width, else 4. AVX2 (16 ymm): 4 x 2 vectors, measured fastest of
 3..14 x 1..4 on the resnet50 3x3 conv. AVX-512 (32 zmm): 8 x 2 = 16 accumulators, 10-25% faster
@@ -227,6 +231,100 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     if pad_stmt is not None:
         body = L.Allocate(xpad, body)
     return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, body))
+
+
+POINTWISE_CHANNELS = {512: 8}
+"""Output channels per pointwise tile by vector width, else 4: with two vectors of pixels,
+8 x 2 = 16 accumulators of the 32 zmm registers, 4 x 2 = 8 of the 16 ymm."""
+
+
+def pointwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFunc | None:
+    """A 1x1 stride-1 unpadded conv as a GEMM with the pixels in the vector lanes: an
+    output tile is CM channels by two vectors of consecutive pixels, each step one broadcast
+    weight per channel times the input channel's pixel vectors. NCHW keeps an image's pixels
+    contiguous, so every load and every store is a whole vector (the channel-vector tile of
+    `conv2d_schedule` would store its outputs one lane at a time: at 24 input channels that
+    cost more than the multiply-adds)."""
+    conv = _conv2d(kernel)
+    if conv is None or conv.node.attrs.get("group", 1) != 1:
+        return None
+    n, c, h, wid = conv.x_dims
+    oc, _, kh, kw = conv.w_dims
+    _, _, oh, ow = conv.y_dims
+    if (kh, kw) != (1, 1) or tuple(conv.strides) != (1, 1) or tuple(conv.begins) != (0, 0) \
+            or (oh, ow) != (h, wid):
+        return None
+    then = epilogue(kernel)
+    w, bias, y, x = conv.w, conv.bias, conv.y, conv.x
+    hw = h * wid
+    lanes = vector_bits // 32
+    cm_full = POINTWISE_CHANNELS.get(vector_bits, 4)
+    pw_full = 2 * lanes
+    xf = L.Buffer(x.name, T.float32, (n, c, hw))
+    yf = L.Buffer(y.name, y.dtype, (n, oc, hw))
+    flat_reads = _flat_epilogue_reads(kernel, (n, oc, oh, ow))
+    ic, cm, q, t = L.Var("ic"), L.Var("cm"), L.Var("q"), L.Var("t")
+    a = L.Var("a", T.float32)
+    nr = conv.packed_nr
+
+    def weight(o):
+        return w[o // nr, ic, 0, 0, o % nr] if nr else w[o, ic, 0, 0]
+
+    def block(bn, o0, p0, channels: int, width: int) -> L.Stmt:
+        acc = L.Buffer("acc", T.float32, (channels * width,), L.Scope.LOCAL)
+        vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+        init = L.For(cm, channels, L.For(q, width, L.Store(acc, (cm * width + q,),
+                                                             L.const(0.0)), vec),
+                     L.ForKind.UNROLLED)
+        step = L.For(cm, channels, L.Let(a, weight(o0 + cm), L.For(q, width, L.Store(
+            acc, (cm * width + q,), L.call("fma", a, xf[bn, ic, p0 + q], acc[cm * width + q])),
+            vec)), L.ForKind.UNROLLED)
+        o, p = o0 + cm, p0 + q
+        value = acc[cm * width + q]
+        if bias is not None:
+            value = value + bias[o]
+        # the epilogue reads its other inputs at the 4-d index; where they all have the
+        # output's shape (or broadcast over whole images) the flat pixel is the same element
+        value = then(value, (bn, o, L.const(0), p) if flat_reads else (bn, o, p // ow, p % ow))
+        store = L.For(cm, channels, L.For(q, width, L.Store(yf, (bn, o, p), value), vec),
+                      L.ForKind.UNROLLED)
+        return L.Allocate(acc, L.seq(init, L.For(ic, c, step), store))
+
+    # a last block of channels or pixels that would be partial starts earlier instead,
+    # overlapping the one before (its values are computed twice, identically): every block
+    # has the full width, no narrow tail code
+    cms, pws = min(cm_full, oc), min(pw_full, hw)
+    cbs, pbs = -(-oc // cms), -(-hw // pws)
+    # channel blocks inner: an input block (C x two vectors of pixels) stays in L1 while every
+    # channel block uses it
+    bn, pb, cb = t // (pbs * cbs), (t // cbs) % pbs, t % cbs
+    o0 = L.minimum(cb * cms, oc - cms) if oc % cms else cb * cms
+    p0 = L.minimum(pb * pws, hw - pws) if hw % pws else pb * pws
+    tile = block(bn, o0, p0, cms, pws)
+    work = n * oc * hw * c
+    par = L.ForKind.PARALLEL if threads > 1 and work >= MIN_PARALLEL_MACS else \
+        L.ForKind.SERIAL
+    main = L.For(t, n * pbs * cbs, tile, par)
+    return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, main))
+
+
+def _flat_epilogue_reads(kernel: Kernel, out_shape) -> bool:
+    """Whether every tensor the epilogue reads besides the anchor's value is indexed the same
+    at (n, c, 0, h * W + w) as at (n, c, h, w): it has the output's image shape, or reads a
+    whole image at one place (trailing dims of 1, as a bias)."""
+    produced = {id(v) for node in kernel.nodes for v in node.outputs}
+    anchor = kernel.anchor
+    for node in kernel.nodes:
+        if node is anchor:
+            continue
+        for v in node.inputs:
+            if v is None or id(v) in produced:
+                continue
+            shape = tuple(v.type.shape)
+            image = shape[-2:] if len(shape) >= 2 else (1,) * (2 - len(shape)) + shape
+            if tuple(image) not in ((1, 1), tuple(out_shape[2:])):
+                return False
+    return True
 
 
 def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFunc | None:

@@ -330,9 +330,10 @@ def _dense(kernel, cpu, threads):
 
 
 def _conv2d(kernel, cpu, threads):
-    from .conv import conv2d_schedule, depthwise_schedule
+    from .conv import conv2d_schedule, depthwise_schedule, pointwise_schedule
 
-    return conv2d_schedule(kernel, cpu.vector_bits, threads) or \
+    return pointwise_schedule(kernel, cpu.vector_bits, threads) or \
+        conv2d_schedule(kernel, cpu.vector_bits, threads) or \
         depthwise_schedule(kernel, cpu.vector_bits, threads)
 
 

@@ -89,25 +89,31 @@ def test_conv2d_template_matches_reference(cfg, opt_level):
     compiled = dnnc.compile(model, target="llvm", opt_level=opt_level)
     source = compiled.runtime.source("loop")
     assert "acc = alloc" in source                                 # the template's tile
-    assert ("wpack" in source) == (opt_level == 1)
+    pointwise = cfg["k"] == 1 and cfg.get("pad", 1) == 0 and cfg.get("stride", 1) == 1
+    assert ("wpack" in source) == (opt_level == 1 and not pointwise)
     assert [n.op for n in compiled.graph.nodes] == ["Conv" if opt_level == 1 else "ConvPacked"]
     want = dnnc.compile(model, target="numpy").run(x)[0]
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("n,c,oc,h,w", [(1, 16, 64, 7, 7), (2, 9, 20, 5, 3), (3, 32, 32, 1, 1)])
-def test_pointwise_conv_runs_as_one_gemm_over_pixels(n, c, oc, h, w):
-    """1x1 stride-1 unpadded convs tile pixels across row ends; the fused epilogue (bias,
-    a residual read at the 4-d index, ReLU) is applied at the flat index's position."""
+@pytest.mark.parametrize("n,c,oc,h,w,res_shape", [
+    (1, 16, 64, 7, 7, None), (2, 9, 20, 5, 3, None), (3, 32, 32, 1, 1, None),
+    (1, 24, 37, 13, 11, (1, 37, 1, 1)), (2, 5, 9, 6, 7, (1, 1, 6, 7)),
+    (1, 6, 10, 6, 7, (1, 10, 6, 1)), (1, 7, 12, 5, 40, (1, 1, 1, 40))])
+def test_pointwise_conv_runs_as_one_gemm_over_pixels(n, c, oc, h, w, res_shape):
+    """1x1 stride-1 unpadded convs tile pixels across row ends with the pixels in vector lanes
+    (tails of channels and pixels included); the fused epilogue (bias, an added tensor of the
+    output's shape or broadcast into it, ReLU) reads its inputs at the right element whether
+    it may index them by flat pixel or needs the row and column."""
     rng = np.random.default_rng()
     weights = (rng.standard_normal((oc, c, 1, 1)) * 0.2).astype(np.float32)
-    res = rng.standard_normal((n, oc, h, w)).astype(np.float32)
+    res = rng.standard_normal(res_shape or (n, oc, h, w)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"]),
              helper.make_node("Add", ["y", "r"], ["s"]),
              helper.make_node("Relu", ["s"], ["z"])]
     graph = helper.make_graph(nodes, "g", [
         helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w]),
-        helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, oc, h, w])],
+        helper.make_tensor_value_info("r", TensorProto.FLOAT, list(res.shape))],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], initializer=[
             numpy_helper.from_array(weights, "w"),
             numpy_helper.from_array(rng.standard_normal(oc).astype(np.float32), "b")])
