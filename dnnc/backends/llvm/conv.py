@@ -38,6 +38,11 @@ MR_BY_VECTOR_BITS = {512: 8}
 than 4 x 2 on the resnet and mobilenet convs (znver4)."""
 
 
+def _parallel(threads: int, macs: int) -> L.ForKind:
+    return L.ForKind.PARALLEL if threads > 1 and macs >= MIN_PARALLEL_MACS else \
+        L.ForKind.SERIAL
+
+
 def _dims(shape):
     if not all(isinstance(d, L.Const) for d in shape):
         return None
@@ -155,7 +160,7 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     # as many accumulators whatever NR is: a one-vector-wide block takes twice the pixels
     mr = config.mr or MR_BY_VECTOR_BITS.get(vector_bits, 4) * max(2 // max(nr // lanes, 1), 1)
     ocb_n = -(-oc // nr)
-    par = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
+    par = _parallel(threads, n * oc * oh * ow * c * kh * kw)
 
     xpad, pad_stmt = conv.pad_input(par)
     stmts = [pad_stmt] if pad_stmt is not None else []
@@ -301,9 +306,7 @@ def pointwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
     o0 = L.minimum(cb * cms, oc - cms) if oc % cms else cb * cms
     p0 = L.minimum(pb * pws, hw - pws) if hw % pws else pb * pws
     tile = block(bn, o0, p0, cms, pws)
-    work = n * oc * hw * c
-    par = L.ForKind.PARALLEL if threads > 1 and work >= MIN_PARALLEL_MACS else \
-        L.ForKind.SERIAL
+    par = _parallel(threads, n * oc * hw * c)
     main = L.For(t, n * pbs * cbs, tile, par)
     return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, main))
 
@@ -344,7 +347,7 @@ def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     lanes = vector_bits // 32
     then = epilogue(kernel)
-    par = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
+    par = _parallel(threads, n * c * oh * ow * kh * kw)
 
     plane, row = L.Var("plane"), L.Var("row")
     bn, ch = plane // c, plane % c
