@@ -88,19 +88,36 @@ class _Conv2d:
 
 
     def pad_plane(self, bn: L.Expr, ch: L.Expr) -> tuple[L.Buffer, L.Stmt]:
-        """One input plane copied into a zero-padded [hp, wp] buffer: done inside the loop
-        over planes, it stays in cache for the taps that read it (a whole padded image
-        would go out to memory and back: at 3x3 depthwise that copy cost more than the
-        convolution)."""
-        _, _, h, wid = self.x_dims
-        hp, wp = self.padded_hw
-        ph, pw = self.begins
-        plane = L.Buffer("xplane", T.float32, (hp, wp))
-        i_h, i_w = L.Var("ph"), L.Var("pw")
-        zero = L.For(i_h, hp, L.For(i_w, wp, L.Store(plane, (i_h, i_w), L.const(0.0))))
-        copy = L.For(i_h, h, L.For(i_w, wid, L.Store(plane, (i_h + ph, i_w + pw),
-                                                      self.x[bn, ch, i_h, i_w])))
-        return plane, L.seq(zero, copy)
+        """One input plane in a zero-padded buffer (see `pad_plane`)."""
+        return pad_plane(self.x, bn, ch, self.x_dims[2:], self.begins, self.padded_hw)
+
+
+def pad_plane(x: L.Buffer, bn: L.Expr, ch: L.Expr, image_hw, begins, padded_hw,
+              fill: float = 0.0) -> tuple[L.Buffer, L.Stmt]:
+    """Plane (bn, ch) of NCHW `x` copied into a [hp, wp] buffer filled with `fill` around it:
+    done inside the loop over planes, it stays in cache for the taps that read it (a whole
+    padded image would go out to memory and back: at 3x3 depthwise that copy cost more than
+    the convolution)."""
+    (h, wid), (ph, pw), (hp, wp) = image_hw, begins, padded_hw
+    plane = L.Buffer("xplane", T.float32, (hp, wp))
+    i_h, i_w = L.Var("ph"), L.Var("pw")
+    around = L.For(i_h, hp, L.For(i_w, wp, L.Store(plane, (i_h, i_w), L.const(fill))))
+    copy = L.For(i_h, h, L.For(i_w, wid, L.Store(plane, (i_h + ph, i_w + pw),
+                                                  x[bn, ch, i_h, i_w])))
+    return plane, L.seq(around, copy)
+
+
+def row_in_vectors(block, width: int, lanes: int) -> L.Stmt:
+    """A row of `width` pixels as `block(lanes, start)` for each whole vector, then one
+    narrower `block(rest, start)`."""
+    pb = L.Var("pb")
+    full = width // lanes
+    parts = []
+    if full:
+        parts.append(L.For(pb, full, block(lanes, pb * lanes)))
+    if width % lanes:
+        parts.append(block(width % lanes, L.const(full * lanes)))
+    return L.seq(*parts)
 
 
 def _conv2d(kernel: Kernel) -> _Conv2d | None:
@@ -369,13 +386,6 @@ def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
         store = L.For(jj, width, L.Store(y, (bn, ch, row, ow0 + jj), value), kind)
         return L.Allocate(acc, L.seq(init, L.For(r, kh, L.For(s, kw, tap)), store))
 
-    pb = L.Var("pb")
-    full = ow // lanes
-    parts = []
-    if full:
-        parts.append(L.For(pb, full, block(lanes, pb * lanes)))
-    if ow % lanes:
-        parts.append(block(ow % lanes, L.const(full * lanes)))
-    body = L.For(plane, n * c, L.Allocate(xpad, L.seq(pad_stmt, L.For(row, oh,
-                                                                     L.seq(*parts)))), par)
+    body = L.For(plane, n * c, L.Allocate(xpad, L.seq(pad_stmt, L.For(
+        row, oh, row_in_vectors(block, ow, lanes)))), par)
     return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, body))

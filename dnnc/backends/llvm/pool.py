@@ -16,6 +16,7 @@ from __future__ import annotations
 from ...ir import loop as L
 from ...ir import types as T
 from ..lower import Kernel
+from .conv import pad_plane, row_in_vectors
 from .schedules import MIN_PARALLEL_WORK
 
 
@@ -62,11 +63,8 @@ def pool2d_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFun
     bn, ch = plane // c, plane % c
     stmts = []
     if padded:
-        src = L.Buffer("xplane", T.float32, (hp, wp))
-        i_h, i_w = L.Var("ph"), L.Var("pw")
-        stmts.append(L.For(i_h, hp, L.For(i_w, wp, L.Store(src, (i_h, i_w), fill))))
-        stmts.append(L.For(i_h, h, L.For(i_w, wid, L.Store(src, (i_h + ph, i_w + pw),
-                                                             x[bn, ch, i_h, i_w]))))
+        src, copy = pad_plane(x, bn, ch, (h, wid), (ph, pw), (hp, wp), fill.value)
+        stmts.append(copy)
 
         def tap(i, j):
             return src[i, j]
@@ -89,14 +87,7 @@ def pool2d_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFun
         store = L.For(jj, width, L.Store(y, (bn, ch, row, ow0 + jj), out), kind)
         return L.Allocate(acc, L.seq(init, taps, store))
 
-    pb = L.Var("pb")
-    full = ow // lanes
-    parts = []
-    if full:
-        parts.append(L.For(pb, full, block(lanes, pb * lanes)))
-    if ow % lanes:
-        parts.append(block(ow % lanes, L.const(full * lanes)))
-    stmts.append(L.For(row, oh, L.seq(*parts)))
+    stmts.append(L.For(row, oh, row_in_vectors(block, ow, lanes)))
     body = L.seq(*stmts)
     if padded:
         body = L.Allocate(src, body)

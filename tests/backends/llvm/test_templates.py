@@ -157,14 +157,17 @@ def test_depthwise_template_matches_reference(c, h, w, k, stride, pad):
                          count_include_pad=1)),
     ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER",
                          count_include_pad=1))])
-def test_pool_template_matches_reference(op, attrs):
-    rng = np.random.default_rng()
+def _pool(op, attrs, shape):
     node = helper.make_node(op, ["x"], ["y"], **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [2, 3, 23, 37])], [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(shape))], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
-    x = rng.standard_normal((2, 3, 23, 37)).astype(np.float32)
+    return model, np.random.default_rng().standard_normal(shape).astype(np.float32)
+
+
+def test_pool_template_matches_reference(op, attrs):
+    model, x = _pool(op, attrs, (2, 3, 23, 37))
     compiled = dnnc.compile(model, target="llvm")
     assert "for plane in range(6)" in compiled.source("loop")        # the template's loop
     want = dnnc.compile(model, target="numpy").run(x)[0]
@@ -175,13 +178,7 @@ def test_pool_template_matches_reference(op, attrs):
     ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),      # border divisors vary
     ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1))])
 def test_pools_the_template_declines_keep_the_default_schedule(op, attrs):
-    rng = np.random.default_rng()
-    node = helper.make_node(op, ["x"], ["y"], **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [1, 2, 10, 11])], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
-    x = rng.standard_normal((1, 2, 10, 11)).astype(np.float32)
+    model, x = _pool(op, attrs, (1, 2, 10, 11))
     compiled = dnnc.compile(model, target="llvm")
     assert "for plane in range" not in compiled.source("loop")
     want = dnnc.compile(model, target="numpy").run(x)[0]
