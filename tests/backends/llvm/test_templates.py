@@ -147,6 +147,15 @@ def test_depthwise_template_matches_reference(c, h, w, k, stride, pad):
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-5, atol=1e-5)
 
 
+def _pool(op, attrs, shape):
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(shape))], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    return model, np.random.default_rng().standard_normal(shape).astype(np.float32)
+
+
 @pytest.mark.parametrize("op,attrs", [
     ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2])),
     ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
@@ -157,15 +166,6 @@ def test_depthwise_template_matches_reference(c, h, w, k, stride, pad):
                          count_include_pad=1)),
     ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER",
                          count_include_pad=1))])
-def _pool(op, attrs, shape):
-    node = helper.make_node(op, ["x"], ["y"], **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, list(shape))], [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
-    return model, np.random.default_rng().standard_normal(shape).astype(np.float32)
-
-
 def test_pool_template_matches_reference(op, attrs):
     model, x = _pool(op, attrs, (2, 3, 23, 37))
     compiled = dnnc.compile(model, target="llvm")
