@@ -1,14 +1,17 @@
 """dnnc: a deep-learning compiler in Python.
 
-User API: `dnnc.compile`, `dnnc.load`, `dnnc.Graph`, `dnnc.errors` (more to come: trace, jit,
-tune).
+User API: `dnnc.compile`, `dnnc.load`, `dnnc.trace`, `dnnc.jit`, `dnnc.export_onnx`, `dnnc.Graph`,
+`dnnc.errors` (more to come: tune).
 """
 
 from . import errors
 from .compiler.artifact import load
 from .compiler.driver import compile
 from .compiler.module import CompiledModel
+from .frontend.onnx_export import export_onnx
+from .frontend.trace import jit, trace
 from .ir.graph import Graph
 
 __version__ = "0.1.0"
-__all__ = ["compile", "load", "CompiledModel", "Graph", "errors", "__version__"]
+__all__ = ["compile", "load", "trace", "jit", "export_onnx", "CompiledModel", "Graph", "errors",
+           "__version__"]
