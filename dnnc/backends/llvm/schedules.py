@@ -164,11 +164,13 @@ def _split_reduction(n, lanes: int):
     ro, lane, k = L.Var(f"{n.var.name}_o"), L.Var(f"{n.var.name}_l"), L.Var(f"{n.var.name}_k")
     identity = L.const(_IDENTITY[value.op], T.float32)
     init = L.For(lane, lanes, L.Store(part, (lane,), identity))
-    # a source of plain arithmetic is vectorised by our codegen (LLVM's vectoriser turns the
-    # max of a row into gathers); one calling exp is left to LLVM, which vectorises the
-    # expansion's integer steps where ours would run them a lane at a time
-    kind = L.ForKind.SERIAL if any(isinstance(x, (L.Call, L.Cast)) for x in L.walk(source)) \
-        else L.ForKind.VECTORIZED
+    # a source of plain arithmetic over the innermost axis is vectorised by our codegen
+    # (LLVM's vectoriser turns the max of a row into gathers); one calling exp is left to
+    # LLVM, which vectorises the expansion's integer steps where ours would run them a lane at
+    # a time, and so is a reduction over an outer axis (strided: LLVM chooses)
+    plain = not any(isinstance(x, (L.Call, L.Cast)) or (isinstance(x, L.Load) and any(
+        n.var in L.free_vars(i) for i in x.indices[:-1])) for x in L.walk(source))
+    kind = L.ForKind.VECTORIZED if plain else L.ForKind.SERIAL
     update = L.For(ro, main // lanes, L.For(lane, lanes, L.Store(
         part, (lane,), L.BinOp(value.op, part[lane],
                                L.substitute(source, {n.var: ro * lanes + lane}))), kind))

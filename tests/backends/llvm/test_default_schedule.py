@@ -111,3 +111,16 @@ def test_row_fusion_refuses_a_read_of_another_row():
     assert len(_fuse_row_loops([first, writes_back])) == 2
     func = L.PrimFunc("f", (x, t, y), L.seq(first, other))
     assert default_schedule(func, Config(), 2).body == L.seq(first, other)
+
+
+def test_split_reduction_over_an_outer_axis():
+    """The reduced axis is not the innermost one: lanes read strided elements."""
+    rng = np.random.default_rng()
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (3, 70, 5)))
+    axes = Value("axes", T.TensorType(T.int64, (1,)), const=np.array([1], np.int64))
+    g.outputs = [g.add("ReduceSum", x, axes, keepdims=0), g.add("ReduceMax", x, axes)]
+    a = rng.standard_normal((3, 70, 5)).astype(np.float32)
+    s, mx = dnnc.compile(g, target="llvm").run(a)
+    np.testing.assert_allclose(s, a.sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(mx, a.max(1, keepdims=True))
