@@ -1,8 +1,10 @@
 """Run the ONNX node suite against a target; print pass counts and failures grouped by reason.
 
-    python tests/conformance/run.py --target numpy [--filter REGEX] [--write-expected] [-v]
+    python tests/conformance/run.py --target numpy [--filter REGEX] [--opt-level N]
+                                    [--write-expected] [-v]
 
-`--write-expected` rewrites tests/conformance/expected/TARGET.txt with the cases that pass.
+`--write-expected` rewrites tests/conformance/expected/TARGET.txt with the cases that pass (at
+the default opt level only: the expected lists hold for every level).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="numpy")
     parser.add_argument("--filter", default="", help="only cases whose name matches REGEX")
+    parser.add_argument("--opt-level", type=int, default=None,
+                        help="compile at this opt level (default: dnnc's)")
     parser.add_argument("--write-expected", action="store_true")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every failure")
     args = parser.parse_args()
@@ -33,7 +37,7 @@ def main() -> int:
     start = time.time()
     results = []
     for i, name in enumerate(names):
-        results.append(run_case(cases[name], args.target))
+        results.append(run_case(cases[name], args.target, opt_level=args.opt_level))
         if sys.stderr.isatty() and i % 50 == 0:
             print(f"\r{i}/{len(names)} cases", end="", file=sys.stderr)
     passed = [r.name for r in results if r.passed]
@@ -41,7 +45,8 @@ def main() -> int:
     groups = collections.defaultdict(list)
     for r in failed:
         groups[r.reason].append(r.name)
-    print(f"\ntarget {args.target}: {len(passed)} passed, {len(failed)} failed of "
+    level = "" if args.opt_level is None else f" at opt level {args.opt_level}"
+    print(f"\ntarget {args.target}{level}: {len(passed)} passed, {len(failed)} failed of "
           f"{len(names)} cases ({time.time() - start:.0f} s)")
     through = [r for r in results if r.passed and r.fallbacks]
     if args.target != "numpy":
@@ -61,8 +66,9 @@ def main() -> int:
     if regressed:
         print(f"REGRESSIONS ({len(regressed)}): {' '.join(regressed)}")
     if args.write_expected:
-        if args.filter:
-            print("refusing to write the expected list from a filtered run", file=sys.stderr)
+        if args.filter or args.opt_level is not None:
+            print("refusing to write the expected list from a filtered run or one with "
+                  "--opt-level", file=sys.stderr)
             return 2
         EXPECTED_DIR.mkdir(exist_ok=True)
         path = EXPECTED_DIR / f"{args.target}.txt"

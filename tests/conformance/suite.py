@@ -35,6 +35,7 @@ class Result:
     passed: bool
     reason: str = ""
     fallbacks: tuple = ()   # ops that ran as host fallbacks (compiled targets)
+    kernels: int = 0        # kernels compiled (compiled targets)
 
 
 def _values(case):
@@ -55,7 +56,9 @@ def _as_array(x):
     return x
 
 
-def run_case(case, target: str) -> Result:
+def run_case(case, target: str, opt_level: int | None = None) -> Result:
+    """`case` compiled for `target` at `opt_level` (default: dnnc's), run on its stored inputs
+    and checked against its stored outputs."""
     import dnnc
     from dnnc import errors
 
@@ -67,7 +70,7 @@ def run_case(case, target: str) -> Result:
     if any(not isinstance(x, np.ndarray) for x in list(inputs) + list(expected)):
         return Result(case.name, False, "unsupported type: sequence/optional values")
     try:
-        model = dnnc.compile(case.model, target=target)
+        model = dnnc.compile(case.model, target=target, opt_level=opt_level)
         with np.errstate(all="ignore"):
             outputs = model.run(*inputs)
     except errors.UnsupportedOpError as exc:
@@ -101,7 +104,7 @@ def run_case(case, target: str) -> Result:
                                             f"{case.rtol:g}, atol {case.atol:g})")
     runtime = getattr(model, "runtime", None)
     fallbacks = tuple(sorted({f.split(" ")[0] for f in getattr(runtime, "host_fallback_ops", ())}))
-    return Result(case.name, True, fallbacks=fallbacks)
+    return Result(case.name, True, fallbacks=fallbacks, kernels=model.stats.get("kernels", 0))
 
 
 def _first_line(exc) -> str:

@@ -1,5 +1,6 @@
-"""Every zoo model runs on the numpy target and matches onnxruntime on fresh random inputs;
-the zoo's architectures are the published ones (parameter counts) and its API behaves."""
+"""Every zoo model runs on the numpy target and matches onnxruntime on fresh random inputs, and
+gives the same results on llvm at the highest opt level as at level 0; the zoo's architectures
+are the published ones (parameter counts) and its API behaves."""
 
 import numpy as np
 import onnx
@@ -14,6 +15,7 @@ CASES = [(name, 1) for name in zoo.MODELS] + [("mlp", 2), ("cnn", 2)]
 # BERT-Base's full depth and width, at sequence 32 instead of 128: the numpy reference spends
 # ~4x less time in its matmuls (test_published_parameter_counts checks the full model)
 CONFIG = {"bert_base": {"seq": 32}}
+HIGHEST_OPT_LEVEL = 3   # dnnc.passes.manager names no highest level; 3 is also its default
 
 
 def _fresh_rng():
@@ -43,6 +45,29 @@ def test_zoo_model_matches_onnxruntime(name, batch, target):
         assert np.std(ref) > 0.1, "the model's output should not be trivially constant"
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5,
                                    err_msg=f"{name} batch {batch}, input seed {seed}")
+
+
+@pytest.mark.parametrize("name", list(zoo.MODELS))
+def test_zoo_model_same_at_every_opt_level(name):
+    # the passes (folding, simplification, elimination, layouts, fusion, memory planning) and
+    # LLVM's own optimisation preserve meaning: level 0 compiles the graph as imported
+    model = zoo.build(name, batch=1, **CONFIG.get(name, {}))
+    rng, seed = _fresh_rng()
+    feeds = zoo.inputs_for(model, rng)
+    unoptimised = dnnc.compile(model, target="llvm", opt_level=0)
+    optimised = dnnc.compile(model, target="llvm", opt_level=HIGHEST_OPT_LEVEL)
+    assert unoptimised.stats["nodes"] == unoptimised.stats["imported_nodes"]
+    assert optimised.stats["kernels"] < unoptimised.stats["kernels"], \
+        "the highest opt level should fuse something, or this test compares level 0 twice"
+    outputs = optimised.run(*feeds.values())
+    expected = unoptimised.run(*feeds.values())
+    assert len(outputs) == len(expected)
+    for out, ref in zip(outputs, expected):
+        assert out.dtype == ref.dtype and out.shape == ref.shape
+        assert np.std(ref) > 0.1, "the model's output should not be trivially constant"
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{name} at opt level {HIGHEST_OPT_LEVEL} against "
+                                           f"level 0, input seed {seed}")
 
 
 @pytest.mark.parametrize("name", list(zoo.MODELS))
