@@ -133,6 +133,7 @@ class TracerArray:
             raise TraceError(f"{name}: out= and where= are not supported when tracing")
         if method == "reduce" and ufunc in _UFUNC_REDUCTIONS:
             kwargs.pop("out", None)
+            kwargs.setdefault("axis", 0)  # ufunc.reduce's default, unlike np.sum's
             return _reduce(_UFUNC_REDUCTIONS[ufunc], name, inputs[0], **kwargs)
         if method != "__call__" or ufunc not in UFUNCS:
             raise TraceError(f"{name} is not supported by dnnc.trace")
@@ -305,6 +306,12 @@ class TracerArray:
 
     def argmax(self, axis=None, keepdims=False):
         return _argmax(self, axis, keepdims=keepdims)
+
+    def any(self, axis=None, keepdims=False):
+        return _any(self, axis, keepdims=keepdims)
+
+    def all(self, axis=None, keepdims=False):
+        return _all(self, axis, keepdims=keepdims)
 
     def clip(self, min=None, max=None):
         return _clip(self, min, max)
@@ -581,6 +588,21 @@ def _argmax(x, axis=None, out=None, keepdims=False):
     return _wrap(x._trace, out_value)
 
 
+def _truth_reduction(op: str, where: str):
+    """any / all: the truth values as int32 (Reduce* take no bool), Reduce{Max,Min}, bool."""
+
+    def handler(x, axis=None, out=None, keepdims=False, **kw):
+        x = _tracer(x, where)
+        truth = _astype(_astype(x, bool), np.int32)
+        return _astype(_reduce(op, where, truth, axis, None, keepdims, out=out, **kw), bool)
+
+    return handler
+
+
+_any = _truth_reduction("ReduceMax", "numpy.any")
+_all = _truth_reduction("ReduceMin", "numpy.all")
+
+
 _UFUNC_REDUCTIONS = {np.add: "ReduceSum", np.multiply: "ReduceProd", np.maximum: "ReduceMax",
                      np.minimum: "ReduceMin"}
 """`ufunc.reduce` as a Reduce* op (axis=0 by default, as NumPy)."""
@@ -803,7 +825,8 @@ def _full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None):
 
 FUNCTIONS: dict[Callable, Callable] = {
     np.sum: _sum, np.mean: _mean, np.max: _max, np.amax: _max, np.min: _min, np.amin: _min,
-    np.prod: _prod, np.var: _var, np.std: _std, np.argmax: _argmax,
+    np.prod: _prod, np.var: _var, np.std: _std, np.argmax: _argmax, np.any: _any,
+    np.all: _all,
     np.reshape: lambda a, shape=None, order="C", **kw: _reshape(a, kw.get("newshape", shape),
                                                                    order),
     np.transpose: _transpose, np.swapaxes: _swapaxes, np.moveaxis: _moveaxis,
@@ -861,8 +884,8 @@ def _getitem(x: TracerArray, index) -> TracerArray:
                              "tracing")
     starts, ends, steps, axes, squeeze, unsqueeze = [], [], [], [], [], []
     array_at = None
-    axis = 0      # axis of x
-    out_axis = 0  # axis of the result of slicing, before squeezes
+    axis = 0      # axis of x (Slice keeps the rank; Squeeze and Gather read x's axes)
+    out_axis = 0  # axis of the result (Unsqueeze writes the result's axes)
     for i in items:
         if i is None:
             unsqueeze.append(out_axis)
@@ -878,19 +901,20 @@ def _getitem(x: TracerArray, index) -> TracerArray:
                 raise TraceError(f"index {i} is out of bounds for axis {axis} with size {n}")
             k = int(i) % n
             starts.append(k), ends.append(k + 1), steps.append(1), axes.append(axis)
-            squeeze.append(out_axis)
+            squeeze.append(axis)
         elif isinstance(i, slice):
             start, stop, step = i.indices(n)
             if (start, stop, step) != (0, n, 1):
                 if step < 0 and stop < 0:
                     stop = _INT64_MIN  # "before index 0" (a negative end counts from the end)
                 starts.append(start), ends.append(stop), steps.append(step), axes.append(axis)
+            out_axis += 1
         elif _is_array_index(i):
-            array_at = (out_axis, i)
+            array_at = (axis, i)
+            out_axis += len(_shape_of(i))
         else:
             raise TraceError(f"index of type {type(i).__name__} is not supported")
         axis += 1
-        out_axis += 1
     value = x._value
     if axes:
         consts = [trace.const(np.array(v, np.int64)) for v in (starts, ends, axes, steps)]
@@ -912,7 +936,6 @@ def _getitem(x: TracerArray, index) -> TracerArray:
         squeeze = [s + shift if s > at else s for s in squeeze]
     if squeeze:
         value = trace.add(where, "Squeeze", value, trace.const(np.array(squeeze, np.int64)))[0]
-        unsqueeze = [u - sum(s < u for s in squeeze) for u in unsqueeze]
     if unsqueeze:
         value = trace.add(where, "Unsqueeze", value,
                           trace.const(np.array(unsqueeze, np.int64)))[0]

@@ -1,0 +1,356 @@
+"""dnnc.trace and dnnc.jit: traced NumPy models compiled for numpy and llvm equal running the
+function on NumPy arrays (fresh random inputs, not the ones traced); NumPy's dtype rules; the
+errors tracing raises."""
+
+import math
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.compiler import driver
+from dnnc.frontend.trace import TraceError
+
+TARGETS = ("numpy", "llvm")
+
+
+def _rng():
+    return np.random.default_rng()  # fresh seed each run
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+# -- the models of the issue -------------------------------------------------------------------
+
+
+def softmax(x):
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def layernorm(x, gamma, beta):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-5) * gamma + beta
+
+
+def mlp(x, w1, b1, w2, b2):
+    h = np.maximum(x @ w1 + b1, 0.0)
+    return softmax(h @ w2 + b2)
+
+
+def attention(q, k, v):
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    return softmax(scores) @ v
+
+
+def variance(a):
+    """nervanagpu's one-kernel variance expression."""
+    return np.mean(np.square(a - np.mean(a, axis=1, keepdims=True)), axis=1)
+
+
+def batchnorm(x, gamma, beta):
+    """Batch normalisation by the batch's mean and variance (axis 0)."""
+    mean = np.mean(x, axis=0, keepdims=True)
+    var = np.var(x, axis=0, keepdims=True)
+    return gamma * (x - mean) / np.sqrt(var + 1e-5) + beta
+
+
+MODELS = {
+    "softmax": (softmax, lambda r: [_f32(r, 6, 33)]),
+    "layernorm": (layernorm, lambda r: [_f32(r, 5, 64), _f32(r, 64), _f32(r, 64)]),
+    "mlp": (mlp, lambda r: [_f32(r, 4, 20), _f32(r, 20, 32), _f32(r, 32), _f32(r, 32, 10),
+                            _f32(r, 10)]),
+    "attention": (attention, lambda r: [_f32(r, 2, 7, 16), _f32(r, 2, 9, 16),
+                                        _f32(r, 2, 9, 16)]),
+    "variance": (variance, lambda r: [_f32(r, 12, 40) * 3 + 1]),
+    "batchnorm": (batchnorm, lambda r: [_f32(r, 16, 24), _f32(r, 24), _f32(r, 24)]),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_traced_model_equals_numpy(name, target):
+    fn, make = MODELS[name]
+    rng = _rng()
+    graph = dnnc.trace(fn, *make(rng))
+    model = dnnc.compile(graph, target)
+    for _ in range(2):
+        args = make(rng)  # fresh inputs, not the traced ones
+        want = fn(*args)
+        got = model(*args)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_trace_records_registered_ops_and_constants():
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)  # closed over: becomes a constant
+
+    def fn(x):
+        return x @ w
+
+    graph = dnnc.trace(fn, np.ones((2, 3), np.float32))
+    assert [n.op for n in graph.nodes] == ["MatMul"]
+    assert [v.name for v in graph.inputs] == ["x"]
+    (const,) = graph.constants()
+    np.testing.assert_array_equal(const.const, w)
+    x = _f32(_rng(), 2, 3)
+    np.testing.assert_allclose(dnnc.compile(graph)(x), fn(x), rtol=1e-6)
+
+
+def test_python_control_flow_records_the_path_taken():
+    def fn(x, mode):
+        for _ in range(3):
+            x = x * 2.0 if x.shape[0] > 2 else x + 1.0
+        return np.tanh(x) if mode == "tanh" else np.exp(x)
+
+    big = dnnc.trace(fn, np.ones((4, 2), np.float32), "tanh")
+    small = dnnc.trace(fn, np.ones((2, 2), np.float32), "exp")
+    assert [n.op for n in big.nodes] == ["Mul"] * 3 + ["Tanh"]
+    assert [n.op for n in small.nodes] == ["Add"] * 3 + ["Exp"]
+
+
+def test_branch_on_a_traced_value_is_a_clear_error():
+    def fn(x):
+        return x if (x > 0).all() else -x
+
+    with pytest.raises(TraceError, match="truth value"):
+        dnnc.trace(fn, np.ones(3, np.float32))
+
+    def fn2(x):
+        return x if x[0] > 0 else -x
+
+    with pytest.raises(TraceError, match="truth value"):
+        dnnc.trace(fn2, np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda x: np.cumsum(x), "numpy.cumsum"),
+    (lambda x: np.sort(x), "numpy.sort"),
+    (lambda x: np.arctan2(x, x), "numpy.arctan2"),
+    (lambda x: np.add.accumulate(x), "numpy.add.accumulate"),
+])
+def test_unsupported_numpy_function_names_it(call, name):
+    with pytest.raises(TraceError, match=name.replace(".", r"\.")):
+        dnnc.trace(call, np.ones(4, np.float32))
+
+
+# -- NumPy's dtype rules -----------------------------------------------------------------------
+
+DTYPE_CASES = {
+    "f32 * python float stays f32": (lambda x, i: x * 2.5, np.float32),
+    "f32 + python int stays f32": (lambda x, i: 1 + x, np.float32),
+    "f32 + f64 array is f64": (lambda x, i: x + np.ones(3), np.float64),
+    "f32 * np.float64 scalar is f64": (lambda x, i: x * np.float64(2.0), np.float64),
+    "i32 / i32 is f64": (lambda x, i: i / i, np.float64),
+    "i32 + python int stays i32": (lambda x, i: i + 7, np.int32),
+    "i32 * python float is f64": (lambda x, i: i * 0.5, np.float64),
+    "i32 + f32 is f64": (lambda x, i: i + x, np.float64),
+    "comparison is bool": (lambda x, i: x > 0.5, np.bool_),
+    "i32 sum is int64": (lambda x, i: i.sum(axis=0), np.int64),
+    "i32 mean is f64": (lambda x, i: i.mean(), np.float64),
+    "bool sum is int64": (lambda x, i: (x > 0).sum(), np.int64),
+    "where with python scalar stays f32": (lambda x, i: np.where(x > 0, x, 0.0), np.float32),
+    "exp of int is f64": (lambda x, i: np.exp(i), np.float64),
+    "astype": (lambda x, i: x.astype(np.int64) + i, np.int64),
+    "x ** 2 stays f32": (lambda x, i: x ** 2, np.float32),
+    "x ** 3 stays f32": (lambda x, i: x ** 3, np.float32),
+    "int remainder": (lambda x, i: i % 3, np.int32),
+    "float floor division": (lambda x, i: x // 0.3, np.float32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DTYPE_CASES))
+def test_numpy_dtype_rules(case):
+    fn, dtype = DTYPE_CASES[case]
+    rng = _rng()
+    x = rng.random(3, dtype=np.float32)
+    i = rng.integers(1, 100, 3, dtype=np.int32)
+    want = np.asarray(fn(x, i))
+    assert want.dtype == dtype  # the case states NumPy's rule correctly
+    got = dnnc.compile(dnnc.trace(fn, x, i))(x, i)
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_python_int_overflowing_the_dtype_is_refused_as_numpy_does():
+    with pytest.raises(OverflowError):
+        np.ones(3, np.int8) + 1000
+    with pytest.raises(TraceError, match="int8"):
+        dnnc.trace(lambda x: x + 1000, np.ones(3, np.int8))
+
+
+def test_integer_floor_division_is_refused():
+    with pytest.raises(TraceError, match="floor division"):
+        dnnc.trace(lambda i: i // 2, np.ones(3, np.int32))
+
+
+# -- indexing, shapes, reductions, functions -----------------------------------------------------
+
+INDEXING = [
+    lambda x: x[1],
+    lambda x: x[-1, 2:],
+    lambda x: x[:, ::2, 1],
+    lambda x: x[::-1, 3:0:-2],
+    lambda x: x[..., 1:3],
+    lambda x: x[None, 1:, None, :, -1],
+    lambda x: x[[2, 0, 1]],
+    lambda x: x[:, np.array([[0, 4], [3, 3]])],
+    lambda x: x[0, [1, 0]],
+    lambda x: x[1:3, :, [0, -1]],
+    lambda x: x[:, 1, [0, 2]],
+    lambda x: x.T[2],
+]
+
+
+@pytest.mark.parametrize("k", range(len(INDEXING)))
+def test_indexing(k):
+    fn = INDEXING[k]
+    x = _f32(_rng(), 4, 5, 3)
+    graph = dnnc.trace(fn, x)
+    x = _f32(_rng(), 4, 5, 3)
+    for target in TARGETS:
+        np.testing.assert_array_equal(dnnc.compile(graph, target)(x), fn(x))
+
+
+def test_indexing_by_a_traced_integer_array():
+    def fn(table, ids):
+        return table[ids] * 2.0
+
+    rng = _rng()
+    table, ids = _f32(rng, 10, 4), rng.integers(0, 10, (3, 2))
+    got = dnnc.compile(dnnc.trace(fn, table, ids))(table, ids)
+    np.testing.assert_array_equal(got, fn(table, ids))
+
+
+def test_unsupported_indexing_is_refused():
+    x = np.ones((4, 5, 3), np.float32)
+    with pytest.raises(TraceError, match="boolean mask"):
+        dnnc.trace(lambda x: x[x > 0], x)
+    with pytest.raises(TraceError, match="more than one integer array"):
+        dnnc.trace(lambda x: x[[0, 1], [1, 2]], x)
+    with pytest.raises(TraceError, match="moves"):
+        dnnc.trace(lambda x: x[0, :, [0, 1]], x)
+
+
+FUNCTIONS = {
+    "reshape": lambda x: x.reshape(6, -1) + np.reshape(x, (-1,))[:1],
+    "transpose": lambda x: np.transpose(x, (1, 2, 0)) * x.transpose(1, 2, 0),
+    "moveaxis": lambda x: np.moveaxis(x, 0, -1),
+    "squeeze_expand": lambda x: np.squeeze(np.expand_dims(x, 1), axis=1),
+    "sum_axes": lambda x: x.sum(axis=(0, 2)),
+    "mean_keepdims": lambda x: np.mean(x, axis=-1, keepdims=True),
+    "max_all": lambda x: np.max(x),
+    "min_axis": lambda x: x.min(axis=1),
+    "prod": lambda x: np.prod(x, axis=0),
+    "std": lambda x: np.std(x, axis=1, ddof=1),
+    "argmax": lambda x: np.argmax(x, axis=2),
+    "ufunc_reduce": lambda x: np.add.reduce(x)[:, :1] + np.maximum.reduce(x, axis=(0, 2))[:, None],
+    "concatenate": lambda x: np.concatenate([x, x * 2.0, np.ones((4, 5, 1), np.float32)],
+                                            axis=-1),
+    "stack": lambda x: np.stack([x[0], x[1]], axis=1),
+    "split": lambda x: tuple(np.split(x, [1, 3], axis=0)),
+    "split_sections": lambda x: np.split(x, 2)[1] - 1.0,
+    "einsum": lambda x: np.einsum("abc,abd->acd", x, x),
+    "pad": lambda x: np.pad(x, ((1, 0), (0, 2), (1, 1)), constant_values=0.5),
+    "pad_edge": lambda x: np.pad(x, 1, mode="edge"),
+    "clip": lambda x: np.clip(x, -0.5, 0.5),
+    "where": lambda x: np.where(x > 0, x, np.abs(x) * 0.1),
+    "abs_log_sqrt": lambda x: np.log(np.sqrt(np.abs(x) + 1.0)),
+    "minimum": lambda x: np.minimum(x, 0.25) - np.maximum(0.0, x),
+    "broadcast_to": lambda x: np.broadcast_to(x[:, :1], (4, 5, 3)) + x,
+    "dot": lambda x: np.dot(x[0], x[1].T),
+    "like": lambda x: x + np.ones_like(x) + np.full_like(x, 2.0),
+    "logic": lambda x: np.logical_and(x > 0, ~(x > 0.5)) | (x == x[0]),
+    "not_equal": lambda x: x != x[:, :1],
+    "any_all": lambda x: np.any(x > 1.0, axis=0) | (x > -1.0).all(axis=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+@pytest.mark.parametrize("target", TARGETS)
+def test_numpy_functions(name, target):
+    fn = FUNCTIONS[name]
+    rng = _rng()
+    graph = dnnc.trace(fn, _f32(rng, 4, 5, 3))
+    x = _f32(rng, 4, 5, 3)
+    want = fn(x)
+    got = dnnc.compile(graph, target)(x)
+    wants = want if isinstance(want, tuple) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    assert len(gots) == len(wants)
+    for g, w in zip(gots, wants):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-6)
+
+
+# -- fusion: nervanagpu's variance as one kernel -----------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fuse_ops allows at most one reduction per group (_may_fuse_into: `sum(kind == REDUCE) > 1`"
+    " refuses), so ReduceMean(keepdims) -> Sub -> Mul -> ReduceMean lowers to two kernels; "
+    "needs a fusion rule for a reduction reading a same-axes keepdims reduction of its own "
+    "input (nervanagpu's two-stage reduction in one kernel)"))
+def test_variance_compiles_to_one_kernel():
+    x = _f32(_rng(), 64, 256)
+    model = dnnc.compile(dnnc.trace(variance, x), "llvm")
+    assert model.stats["kernels"] == 1
+    np.testing.assert_allclose(model(x), variance(x), rtol=2e-5, atol=1e-6)
+
+
+def test_variance_kernel_count_today():
+    """What the xfail above is about: two kernels, one per reduction (fails when fuse_ops
+    learns the rule, so the xfail above is revisited)."""
+    x = _f32(_rng(), 64, 256)
+    model = dnnc.compile(dnnc.trace(variance, x), "llvm")
+    assert [n.op for n in model.graph.nodes].count("ReduceMean") == 2
+    assert model.stats["kernels"] == 2
+
+
+# -- jit ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_jit_compiles_once_per_signature(monkeypatch, target):
+    compiles = []
+    real_compile = driver.compile
+
+    def counting_compile(*args, **kwargs):
+        compiles.append(args[0])
+        return real_compile(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "compile", counting_compile)
+    traced = []
+
+    @dnnc.jit(target=target)
+    def f(x, y):
+        traced.append(x.shape)
+        return np.tanh(x) * y + 1.0, x.sum(axis=0)
+
+    rng = _rng()
+    for shape in [(3, 4), (3, 4), (3, 4), (5, 4), (3, 4), (5, 4)]:
+        x, y = _f32(rng, *shape), _f32(rng, shape[-1])
+        got = f(x, y)
+        assert isinstance(got, tuple) and len(got) == 2
+        np.testing.assert_allclose(got[0], np.tanh(x) * y + 1.0, rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(got[1], x.sum(axis=0), rtol=2e-6, atol=2e-6)
+    assert len(compiles) == 2 and f.compiles == 2
+    assert traced == [(3, 4), (5, 4)]
+    f(np.ones((3, 4), np.float64), np.ones(4, np.float64))  # a new dtype: a new signature
+    assert len(compiles) == 3
+
+
+def test_jit_without_parentheses_and_static_arguments():
+    @dnnc.jit
+    def scale(x, k):
+        return x * k
+
+    x = _f32(_rng(), 6)
+    np.testing.assert_allclose(scale(x, 2), x * 2, rtol=1e-6)
+    np.testing.assert_allclose(scale(x, 3), x * 3, rtol=1e-6)
+    assert scale.compiles == 2  # a Python argument is part of the signature
+    assert scale(x, 2).dtype == np.float32
+    assert scale.compiles == 2
