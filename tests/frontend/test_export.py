@@ -130,6 +130,16 @@ def test_internal_ops_are_refused_by_name():
     assert isinstance(ExportError("x"), dnnc.errors.DNNCError)
 
 
+def test_compiled_graph_with_packed_weights_is_refused():
+    w = np.random.default_rng().standard_normal((8, 16)).astype(np.float32)
+    graph = dnnc.trace(lambda x: x @ w, np.ones((4, 8), np.float32))
+    dnnc.export_onnx(graph)  # before passes: a MatMul
+    compiled = dnnc.compile(graph, "llvm")
+    assert "MatMulPacked" in [n.op for n in compiled.graph.nodes]
+    with pytest.raises(ExportError, match="(?s)before compiling.*MatMulPacked: nodes"):
+        dnnc.export_onnx(compiled.graph)
+
+
 def test_dnnc_attributes_without_onnx_form_are_refused():
     g = Graph("softmax2d")
     x = g.add_input("x", T.TensorType(T.float32, (2, 3, 4)))
