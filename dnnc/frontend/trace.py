@@ -333,7 +333,9 @@ def _find_trace(operands) -> _Trace:
 
 
 def _is_weak(x) -> bool:
-    return type(x) in (int, float, bool)
+    """Python int and float adopt the other operand's precision (NEP 50); a Python bool is
+    NumPy's bool (the lowest type, so either way the same)."""
+    return type(x) in (int, float)
 
 
 def _np_type(x):
@@ -710,10 +712,11 @@ def _broadcast_to(x, shape):
     return _wrap(x._trace, out)
 
 
-def _common(where: str, arrays) -> tuple[_Trace, list[Value], np.dtype]:
+def _common(where: str, arrays, trace: _Trace | None = None
+            ) -> tuple[_Trace, list[Value], np.dtype]:
     """A sequence of operands as Values of NumPy's common dtype (np.result_type)."""
     arrays = list(arrays)
-    trace = _find_trace(arrays)
+    trace = trace or _find_trace(arrays)
     dtype = np.result_type(*(_np_type(a) if not _is_weak(a) else a for a in arrays))
     return trace, [_as_value(trace, a, dtype, where) for a in arrays], dtype
 
@@ -777,7 +780,7 @@ def _where(condition, x=None, y=None):
                          "data-dependent shape and cannot be traced")
     trace = _find_trace([condition, x, y])
     cond = _as_value(trace, condition, np.dtype(bool), "numpy.where")
-    _, (xv, yv), _ = _common("numpy.where", [x, y])
+    _, (xv, yv), _ = _common("numpy.where", [x, y], trace)
     return _wrap(trace, trace.add("numpy.where", "Where", cond, xv, yv)[0])
 
 
