@@ -214,19 +214,13 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
     row_blocks = L.For(ib, mc // mr, L.seq(*panels))
     n_mb = -(-m // mc)
     kind = L.ForKind.PARALLEL if threads > 1 and n_mb * batch > 1 else L.ForKind.SERIAL
-    # with at most one row block per thread, each block runs all its k-slices in one
-    # parallel region (no barrier per slice: bert_base's FFN output took 12); with more, the
-    # slices stay outermost so a slice of B is read from L2 by every block in turn
-    slices_inside = n_mb * batch <= threads
-    if slices_inside:
-        row_blocks = L.For(kb, n_kb, row_blocks)
     if batch > 1:
         bm = L.Var("bm")
         inner = L.substitute(row_blocks, {bi: bm // n_mb, mb: bm % n_mb})
         outer = L.For(bm, batch * n_mb, inner, kind)
     else:
         outer = L.For(mb, n_mb, L.substitute(row_blocks, {bi: L.const(0)}), kind)
-    body = outer if slices_inside else L.For(kb, n_kb, outer)
+    body = L.For(kb, n_kb, outer)
     new_params = []
     for p in params:
         if p.name == a.name:
