@@ -870,21 +870,67 @@ def _is_array_index(i) -> bool:
     return isinstance(i, (TracerArray, np.ndarray, list))
 
 
+def _check_no_masks(items) -> None:
+    for i in items:
+        if isinstance(i, (bool, np.bool_)) or \
+                isinstance(i, (np.ndarray, TracerArray)) and i.dtype == bool or \
+                isinstance(i, list) and np.asarray(i).dtype == bool:
+            raise TraceError("boolean mask indexing has a data-dependent shape and cannot be "
+                             "traced (use np.where)")
+
+
+def _index_value(trace: _Trace, i, n: int, where: str) -> TracerArray:
+    """An integer or integer-array index as an int64 tracer, constants checked and made
+    non-negative at trace time."""
+    if isinstance(i, TracerArray):
+        if i.dtype.kind not in "iu":
+            raise TraceError(f"arrays used as indices must be of integer type, given {i.dtype}")
+        return _astype(i, np.int64)
+    idx = np.asarray(i)
+    if idx.dtype.kind not in "iu":
+        raise TraceError(f"arrays used as indices must be of integer type, given {idx.dtype}")
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise TraceError(f"an index is out of bounds for an axis with size {n}")
+    return _lift(trace, np.where(idx < 0, idx + n, idx).astype(np.int64), where)
+
+
+def _advanced_getitem(x: TracerArray, items: list) -> TracerArray:
+    """Several integer arrays (integers among them count as 0-d arrays), as NumPy: the
+    broadcast index dims replace the indexed axes where these are adjacent, else lead.
+    Slices first, then the indexed axes moved to the front for one GatherND."""
+    where = "indexing"
+    if any(i is None for i in items):
+        raise TraceError("None (np.newaxis) together with several integer-array indices is "
+                         "not supported when tracing")
+    trace = x._trace
+    basic = [i if isinstance(i, slice) else slice(None) for i in items]
+    sliced = _getitem(x, tuple(basic)) if any(b != slice(None) for b in basic) else x
+    adv = [k for k, i in enumerate(items) if not isinstance(i, slice)]
+    rest = [k for k in range(x.ndim) if k not in adv]
+    indices = [_index_value(trace, items[k], sliced.shape[k], where) for k in adv]
+    batch = np.broadcast_shapes(*(t.shape for t in indices))
+    stacked = _stack([_broadcast_to(t, batch) if t.shape != batch else t for t in indices],
+                     axis=-1)
+    data = _transpose(sliced, adv + rest)
+    out = _wrap(trace, trace.add(where, "GatherND", data._value, stacked._value)[0])
+    if adv == list(range(adv[0], adv[-1] + 1)) and adv[0] > 0:  # adjacent: dims stay there
+        b, first = len(batch), adv[0]
+        out = _transpose(out, [b + j for j in range(first)] + list(range(b))
+                         + [b + j for j in range(first, len(rest))])
+    return out
+
+
 def _getitem(x: TracerArray, index) -> TracerArray:
     trace = x._trace
     where = "indexing"
     items = _index_tuple(x, index)
+    _check_no_masks(items)
     arrays = [k for k, i in enumerate(items) if _is_array_index(i)]
-    if len(arrays) > 1:
-        raise TraceError("indexing with more than one integer array is not supported when "
-                         "tracing")
     if arrays:
         advanced = [k for k, i in enumerate(items)
                     if _is_array_index(i) or isinstance(i, (int, np.integer))]
-        if advanced != list(range(advanced[0], advanced[-1] + 1)):
-            raise TraceError("an integer-array index separated from integer indices moves "
-                             "dimensions (NumPy's advanced indexing); not supported when "
-                             "tracing")
+        if len(arrays) > 1 or advanced != list(range(advanced[0], advanced[-1] + 1)):
+            return _advanced_getitem(x, items)
     starts, ends, steps, axes, squeeze, unsqueeze = [], [], [], [], [], []
     array_at = None
     axis = 0      # axis of x (Slice keeps the rank; Squeeze and Gather read x's axes)
@@ -895,10 +941,6 @@ def _getitem(x: TracerArray, index) -> TracerArray:
             out_axis += 1
             continue
         n = x.shape[axis]
-        if isinstance(i, (bool, np.bool_)) or \
-                isinstance(i, (np.ndarray, TracerArray)) and i.dtype == bool:
-            raise TraceError("boolean mask indexing has a data-dependent shape and cannot be "
-                             "traced (use np.where)")
         if isinstance(i, (int, np.integer)):
             if not -n <= i < n:
                 raise TraceError(f"index {i} is out of bounds for axis {axis} with size {n}")

@@ -205,6 +205,11 @@ INDEXING = [
     lambda x: x[1:3, :, [0, -1]],
     lambda x: x[:, 1, [0, 2]],
     lambda x: x.T[2],
+    lambda x: x[[0, 1], [1, 2]],
+    lambda x: x[[0, -1], 1:, [[1], [2]]],
+    lambda x: x[1:, [0, 3], [2, -1]],
+    lambda x: x[0, :, [0, 1]],
+    lambda x: x[::-1, np.array([4, 0]), 1],
 ]
 
 
@@ -220,22 +225,27 @@ def test_indexing(k):
 
 def test_indexing_by_a_traced_integer_array():
     def fn(table, ids):
-        return table[ids] * 2.0
+        return table[ids] * 2.0, table[ids, 1:3], table[ids, ids % 4], table[-ids - 1]
 
     rng = _rng()
     table, ids = _f32(rng, 10, 4), rng.integers(0, 10, (3, 2))
-    got = dnnc.compile(dnnc.trace(fn, table, ids))(table, ids)
-    np.testing.assert_array_equal(got, fn(table, ids))
+    graph = dnnc.trace(fn, table, ids)
+    table, ids = _f32(rng, 10, 4), rng.integers(0, 10, (3, 2))
+    for target in TARGETS:
+        for got, want in zip(dnnc.compile(graph, target)(table, ids), fn(table, ids)):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_unsupported_indexing_is_refused():
     x = np.ones((4, 5, 3), np.float32)
     with pytest.raises(TraceError, match="boolean mask"):
         dnnc.trace(lambda x: x[x > 0], x)
-    with pytest.raises(TraceError, match="more than one integer array"):
-        dnnc.trace(lambda x: x[[0, 1], [1, 2]], x)
-    with pytest.raises(TraceError, match="moves"):
-        dnnc.trace(lambda x: x[0, :, [0, 1]], x)
+    with pytest.raises(TraceError, match="boolean mask"):
+        dnnc.trace(lambda x: x[[True, False, True, True]], x)
+    with pytest.raises(TraceError, match="out of bounds"):
+        dnnc.trace(lambda x: x[[0, 1], [1, 5]], x)
+    with pytest.raises(TraceError, match="None"):
+        dnnc.trace(lambda x: x[[0, 1], None, [1, 2]], x)
 
 
 FUNCTIONS = {
