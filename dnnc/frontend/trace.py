@@ -507,7 +507,7 @@ def _reduce(op: str, where: str, x, axis=None, dtype=None, keepdims=False,
     """Reduce<op> over `axis` (None: all) with NumPy's accumulator dtype `out_dtype`."""
     x = _tracer(x, where)
     unsupported = {k: v for k, v in unsupported.items() if v is not None}
-    if unsupported or keepdims is np._NoValue:
+    if unsupported:
         raise TraceError(f"{where}: arguments {sorted(unsupported)} are not supported")
     trace = x._trace
     target = np.dtype(dtype) if dtype is not None else (out_dtype or x.dtype)
