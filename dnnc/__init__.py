@@ -9,7 +9,8 @@ from .compiler.artifact import load
 from .compiler.driver import compile
 from .compiler.module import CompiledModel
 from .frontend.onnx_export import export_onnx
-from .frontend.trace import jit, trace
+from .compiler.jit import jit
+from .frontend.trace import trace
 from .ir.graph import Graph
 
 __version__ = "0.1.0"

@@ -52,3 +52,12 @@ class InputError(DNNCError):
 class ArtifactError(DNNCError):
     """A saved artifact cannot be loaded here: corrupt or truncated, another format or dnnc
     version, or compiled for CPU features this machine lacks (the message names them)."""
+
+
+class TraceError(DNNCError):
+    """`fn` did something tracing cannot record: an unsupported NumPy function, a branch on a
+    traced value, a promotion dnnc would compute differently from NumPy."""
+
+
+class ExportError(DNNCError):
+    """The graph has ops or attributes with no ONNX form at the requested opset."""

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import DNNCError
+from ..errors import ExportError
 from ..ir import types as T
 from ..ir.graph import Graph, Value
 from ..ir.ops.registry import REQUIRED, get_op
@@ -27,10 +27,6 @@ from .onnx import ONNX_FROM_DTYPE
 DEFAULT_OPSET = 21
 """Opset written by default: Reduce* axes and Split num_outputs as dnnc has them need >= 18;
 21 is the newest that onnxruntime releases since 1.18 (2024) all run."""
-
-
-class ExportError(DNNCError):
-    """The graph has ops or attributes with no ONNX form at the requested opset."""
 
 
 def export_onnx(graph: Graph, path=None, *, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:

@@ -1,4 +1,5 @@
-"""Define-by-run tracing of NumPy code: `dnnc.trace(fn, *example_args) -> Graph`, `dnnc.jit`.
+"""Define-by-run tracing of NumPy code: `dnnc.trace(fn, *example_args) -> Graph` (`dnnc.jit`,
+in compiler/jit.py, compiles traced functions per signature).
 
 The array arguments of `fn` become `TracerArray`s, which implement NumPy's `__array_ufunc__`
 and `__array_function__` protocols and the ndarray methods a model uses; each NumPy call on
@@ -13,24 +14,18 @@ imports a backend.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import DNNCError
+from ..errors import DNNCError, TraceError
 from ..ir import types as T
 from ..ir.graph import Graph, Value
 from .onnx import constant_value
 
-__all__ = ["trace", "jit", "TracerArray", "TraceError", "JitFunction"]
-
-
-class TraceError(DNNCError):
-    """`fn` did something tracing cannot record: an unsupported NumPy function, a branch on a
-    traced value, a promotion dnnc would compute differently from NumPy."""
+__all__ = ["trace", "trace_graph", "TracerArray"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,8 +469,7 @@ UFUNCS: dict[Any, Callable] = {
 }
 """NumPy ufunc -> handler(where, ufunc, *operands); matmul is a gufunc with the same rules."""
 
-_FAST_POWERS = {2: np.square, 2.0: np.square, 1: np.positive, 1.0: np.positive,
-                0.5: np.sqrt, -1: np.reciprocal, -1.0: np.reciprocal}
+_FAST_POWERS = {2: np.square, 1: np.positive, 0.5: np.sqrt, -1: np.reciprocal}
 """Scalar exponents `ndarray.__pow__` evaluates by another ufunc (numpy fast_scalar_power)."""
 
 
@@ -988,10 +982,10 @@ def _getitem(x: TracerArray, index) -> TracerArray:
 
 
 # ---------------------------------------------------------------------------------------------
-# trace and jit
+# trace
 
 
-def _is_array_arg(x) -> bool:
+def is_array_arg(x) -> bool:
     return isinstance(x, (np.ndarray, np.generic)) or \
         hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, TracerArray)
 
@@ -1014,16 +1008,16 @@ def trace(fn: Callable, *example_args) -> Graph:
     graph inputs named after `fn`'s parameters; other arguments are passed through unchanged
     and fixed in the graph. `fn` returns a traced array or a tuple / list of them.
     """
-    return _trace_graph(fn, example_args)[0]
+    return trace_graph(fn, example_args)[0]
 
 
-def _trace_graph(fn: Callable, example_args) -> tuple[Graph, bool]:
+def trace_graph(fn: Callable, example_args) -> tuple[Graph, bool]:
     """The traced Graph, and whether `fn` returned a tuple / list."""
     t = _Trace(getattr(fn, "__name__", "traced"))
     names = _param_names(fn, len(example_args))
     args = []
     for name, arg in zip(names, example_args):
-        if _is_array_arg(arg):
+        if is_array_arg(arg):
             dtype = _dtype_of(np.dtype(arg.dtype), f"argument {name!r}")
             value = t.graph.add_input(name, T.TensorType(dtype, tuple(int(d) for d in
                                                                       arg.shape)))
@@ -1045,54 +1039,3 @@ def _trace_graph(fn: Callable, example_args) -> tuple[Graph, bool]:
         t.graph.outputs.append(value)
     t.graph.verify()
     return t.graph, isinstance(result, (tuple, list))
-
-
-class JitFunction:
-    """`fn` compiled per input signature (argument shapes and dtypes, other arguments' values).
-
-    `compiled` maps each signature to its CompiledModel; `compiles` counts compilations."""
-
-    def __init__(self, fn: Callable, target: str, compile_options: dict):
-        self.fn = fn
-        self.target = target
-        self.compile_options = compile_options
-        self.compiled: dict[tuple, Any] = {}
-        self.compiles = 0
-        functools.update_wrapper(self, fn)
-
-    def signature(self, args) -> tuple:
-        key = []
-        for a in args:
-            if _is_array_arg(a):
-                key.append(("array", tuple(np.shape(a)), np.dtype(a.dtype).str))
-            else:
-                try:
-                    hash(a)
-                except TypeError:
-                    raise TraceError(f"jit: argument of type {type(a).__name__} is neither an "
-                                     f"array nor hashable") from None
-                key.append(("static", type(a), a))
-        return tuple(key)
-
-    def __call__(self, *args):
-        key = self.signature(args)
-        entry = self.compiled.get(key)
-        if entry is None:
-            from ..compiler import driver  # the compiler sits above the frontend
-
-            graph, returns_tuple = _trace_graph(self.fn, args)
-            entry = (driver.compile(graph, self.target, **self.compile_options), returns_tuple)
-            self.compiled[key] = entry
-            self.compiles += 1
-        model, returns_tuple = entry
-        outs = model.run(*[a for a in args if _is_array_arg(a)])
-        return tuple(outs) if returns_tuple else outs[0]
-
-
-def jit(fn: Callable | None = None, *, target: str = "llvm", **compile_options):
-    """Decorator: trace and compile `fn` on the first call per input signature, then reuse.
-
-    `@dnnc.jit` or `@dnnc.jit(target="numpy", opt_level=2)`; options go to `dnnc.compile`."""
-    if fn is None:
-        return lambda f: JitFunction(f, target, compile_options)
-    return JitFunction(fn, target, compile_options)

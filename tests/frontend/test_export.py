@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import dnnc
-from dnnc.frontend.onnx_export import ExportError
+from dnnc.errors import ExportError
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph
 from dnnc.ir.ops.packed import pack_conv_weights

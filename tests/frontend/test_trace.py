@@ -9,7 +9,7 @@ import pytest
 
 import dnnc
 from dnnc.compiler import driver
-from dnnc.frontend.trace import TraceError
+from dnnc.errors import TraceError
 
 TARGETS = ("numpy", "llvm")
 
