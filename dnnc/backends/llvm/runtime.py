@@ -193,8 +193,11 @@ spin:
   %changed = icmp ne i64 %g0, %s0
   br i1 %changed, label %lock, label %spin_more
 spin_more:
+  ; ~1 ms of spinning before sleeping: waking a sleeping worker took 50-100 us on the VMs
+  ; measured (2-3x the time of a small model with 15 us of spin), and a model's serial kernels
+  ; and the Python between calls leave gaps that long
   %k1 = add i64 %k, 1
-  %spinning = icmp slt i64 %k1, 50000
+  %spinning = icmp slt i64 %k1, 3000000
   br i1 %spinning, label %spin, label %lock
 lock:
   %r0 = call i32 @pthread_mutex_lock(ptr @mutex)
@@ -288,7 +291,7 @@ spin:
   br i1 %finished, label %release, label %spin_more
 spin_more:
   %k1 = add i64 %k, 1
-  %spinning = icmp slt i64 %k1, 20000
+  %spinning = icmp slt i64 %k1, 3000000
   br i1 %spinning, label %spin, label %wait_lock
 wait_lock:
   %r3 = call i32 @pthread_mutex_lock(ptr @mutex)
