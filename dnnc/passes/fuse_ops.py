@@ -9,13 +9,14 @@ By op pattern, as TVM fuses (Chen et al., OSDI 2018, section 3), in two phases:
    joins too, so the product is written straight into the layout its reader wants.
 2. Every other group of elementwise, broadcast and injective ops fuses into the group that
    reads it: chains become one loop nest, and a reduction takes its producers (an Add before
-   a ReduceMax) so they are computed where they are read instead of stored and loaded.
+   a ReduceMax) so they are computed where they are read instead of stored and loaded. A
+   reduction read by another (a mean, then the variance around it) joins it: lowering keeps
+   it as a scratch stage of the one kernel, as nervanagpu compiles such expressions.
 
 What stays apart: an anchor never fuses into what it reads or what reads it beyond its
 epilogue (a conv or matmul is computed once, by its template); a value read outside its group
 (by another group or after the segment) is a group's last output and nothing inside it is
-needed elsewhere (nothing is computed twice); a group holds at most one reduction; an
-expensive elementwise stage (exp, erf, ...) is not inlined where it would be recomputed (into a
+needed elsewhere (nothing is computed twice); an expensive elementwise stage (exp, erf, ...) is not inlined where it would be recomputed (into a
 reduction, which reads its input several times, or under a broadcast); OPAQUE ops stay alone.
 Merging two groups is refused when a path leaves one of them through an outside group and
 comes back, which would make the groups' order cyclic.
@@ -152,8 +153,6 @@ class _Fusion:
         kinds = [self.pattern[k] for k in producer + consumer]
         if any(kind not in _INLINED + (Pattern.REDUCE,) for kind in kinds):
             return False   # anchors take epilogues only; opaque ops stay alone
-        if sum(kind == Pattern.REDUCE for kind in kinds) > 1:
-            return False
         if any(len(self.nodes[k].outputs) != 1 for k in producer + consumer):
             return False
         consumer_reduces = any(self.pattern[k] == Pattern.REDUCE for k in consumer)

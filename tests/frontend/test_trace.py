@@ -302,25 +302,31 @@ def test_numpy_functions(name, target):
 # -- fusion: nervanagpu's variance as one kernel -----------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fuse_ops allows at most one reduction per group (_may_fuse_into: `sum(kind == REDUCE) > 1`"
-    " refuses), so ReduceMean(keepdims) -> Sub -> Mul -> ReduceMean lowers to two kernels; "
-    "needs a fusion rule for a reduction reading a same-axes keepdims reduction of its own "
-    "input (nervanagpu's two-stage reduction in one kernel)"))
 def test_variance_compiles_to_one_kernel():
+    """Both reductions and the elementwise work between them in one kernel (the mean is a
+    scratch stage of the variance's kernel), as nervanagpu compiles it."""
     x = _f32(_rng(), 64, 256)
     model = dnnc.compile(dnnc.trace(variance, x), "llvm")
+    assert [n.op for n in model.graph.nodes].count("ReduceMean") == 2
     assert model.stats["kernels"] == 1
     np.testing.assert_allclose(model(x), variance(x), rtol=2e-5, atol=1e-6)
 
 
-def test_variance_kernel_count_today():
-    """What the xfail above is about: two kernels, one per reduction (fails when fuse_ops
-    learns the rule, so the xfail above is revisited)."""
-    x = _f32(_rng(), 64, 256)
-    model = dnnc.compile(dnnc.trace(variance, x), "llvm")
-    assert [n.op for n in model.graph.nodes].count("ReduceMean") == 2
-    assert model.stats["kernels"] == 2
+@pytest.mark.parametrize("name", ["softmax", "layernorm", "batchnorm"])
+def test_traced_normalisations_fuse_their_reductions(name):
+    """Reductions fuse with each other and with the elementwise work reading them (softmax is
+    recognised as one op first): at most two kernels where level 0 runs one per op, and the
+    results still equal NumPy's."""
+    fn, shapes = {"softmax": (softmax, [(32, 100)]),
+                  "layernorm": (layernorm, [(32, 100), (100,), (100,)]),
+                  "batchnorm": (batchnorm, [(64, 20), (20,), (20,)])}[name]
+    rng = _rng()
+    args = [_f32(rng, *s) for s in shapes]
+    graph = dnnc.trace(fn, *args)
+    model = dnnc.compile(graph, "llvm")
+    unfused = dnnc.compile(graph, "llvm", opt_level=0).stats["kernels"]
+    assert model.stats["kernels"] <= 2 and unfused >= 5
+    np.testing.assert_allclose(model(*args), fn(*args), rtol=2e-5, atol=2e-6)
 
 
 # -- jit ---------------------------------------------------------------------------------------

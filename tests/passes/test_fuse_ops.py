@@ -144,6 +144,26 @@ def test_a_reduction_takes_its_elementwise_producers():
                 rng.standard_normal((1, 1, 16)).astype(np.float32))
 
 
+def test_a_reduction_read_by_another_joins_it():
+    """mean -> (x - mean)^2 -> mean: the first mean is a scratch stage of the variance's
+    kernel; a mean read outside (also a graph output) stays a group of its own."""
+    rng = np.random.default_rng()
+    for keep_mean in (False, True):
+        g = Graph("g")
+        x = g.add_input("x", T.TensorType(T.float32, (6, 50)))
+        axes = _const("axes", np.array([1], np.int64))
+        mu = g.add("ReduceMean", x, axes, keepdims=1, name="mean")
+        d = g.add("Sub", x, mu, name="sub")
+        var = g.add("ReduceMean", g.add("Mul", d, d, name="square"), axes, keepdims=0,
+                    name="var")
+        g.outputs = [var] + ([mu] if keep_mean else [])
+        if keep_mean:
+            assert _groups(g) == [["mean"], ["sub", "square", "var"]]
+        else:
+            assert _groups(g) == [["mean", "sub", "square", "var"]]
+        _check_llvm(g, 2 if keep_mean else 1, rng.standard_normal((6, 50)).astype(np.float32))
+
+
 def test_an_expensive_stage_is_not_recomputed_per_read():
     """Exp into a reduction (or under a broadcast) would be computed again for every read."""
     g = Graph("g")
@@ -164,12 +184,32 @@ def test_an_expensive_stage_is_not_recomputed_per_read():
 
 
 def test_opaque_ops_stay_alone():
-    """Softmax is registered OPAQUE: it neither takes its producers nor joins an epilogue."""
+    """CumSum is registered OPAQUE: it neither takes its producers nor joins an epilogue."""
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (2, 16)))
     m = g.add_input("m", T.TensorType(T.float32, (16,)))
-    g.outputs = [g.add("Softmax", g.add("Add", x, m, name="mask"), axis=-1, name="softmax")]
-    assert _groups(g) == [["mask"], ["softmax"]]
+    s = g.add("CumSum", g.add("Add", x, m, name="mask"), _const("axis", np.array(1, np.int64)),
+              name="cumsum")
+    g.outputs = [g.add("Relu", s, name="relu")]
+    assert _groups(g) == [["mask"], ["cumsum"], ["relu"]]
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LayerNormalization"])
+def test_softmax_and_layer_norm_take_their_producers(op):
+    """Softmax and LayerNormalization are reductions: the mask or residual Add (and a
+    Gather feeding it, as BERT's embeddings) is computed where they read it."""
+    rng = np.random.default_rng()
+    g = Graph("g")
+    table = _const("table", rng.standard_normal((10, 16)).astype(np.float32))
+    ids = g.add_input("ids", T.TensorType(T.int64, (2, 5)))
+    m = g.add_input("m", T.TensorType(T.float32, (16,)))
+    e = g.add("Gather", table, ids, name="gather")
+    a = g.add("Add", e, m, name="add")
+    extra = [_const("gamma", rng.standard_normal(16).astype(np.float32))] \
+        if op == "LayerNormalization" else []
+    g.outputs = [g.add(op, a, *extra, axis=-1, name="norm")]
+    assert _groups(g) == [["gather", "add", "norm"]]
+    _check_llvm(g, 1, rng.integers(0, 10, (2, 5)), rng.standard_normal(16).astype(np.float32))
 
 
 def _dense_graph(rng, tail, m=24, k=40, n=32):

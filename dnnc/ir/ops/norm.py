@@ -315,7 +315,7 @@ def _layer_norm_rule(inputs, outputs, axis, epsilon, stash_type):
     return outs[:len(outputs)]
 
 
-register_op("LayerNormalization", pattern=Pattern.OPAQUE, infer=_layer_norm_infer,
+register_op("LayerNormalization", pattern=Pattern.REDUCE, infer=_layer_norm_infer,
             evaluate=layer_norm, inputs=(2, 3), outputs=(1, 3),
             attrs={"axis": -1, "epsilon": 1e-5, "stash_type": T.float32},
             compute=_layer_norm_rule)

@@ -564,5 +564,5 @@ def _hardmax_rule(inputs, outputs, axis, coerce_2d):
 for _name, _fn, _rule in (("Softmax", _softmax, _softmax_rule(False)),
                           ("LogSoftmax", _log_softmax, _softmax_rule(True)),
                           ("Hardmax", _hardmax, _hardmax_rule)):
-    register_op(_name, pattern=Pattern.OPAQUE, infer=_softmax_infer, evaluate=_over_axis(_fn),
+    register_op(_name, pattern=Pattern.REDUCE, infer=_softmax_infer, evaluate=_over_axis(_fn),
                 attrs={"axis": -1, "coerce_2d": 0}, compute=_rule)
