@@ -38,12 +38,12 @@ MR_BY_VECTOR_BITS = {512: 8}
 than 4 x 2 on the resnet and mobilenet convs (znver4)."""
 
 
-def _parallel(threads: int, macs: int) -> L.ForKind:
-    return L.ForKind.PARALLEL if threads > 1 and macs >= MIN_PARALLEL_MACS else \
-        L.ForKind.SERIAL
+def parallel_kind(threads: int, work: int, minimum: int = MIN_PARALLEL_MACS) -> L.ForKind:
+    """PARALLEL when there are threads to share and `work` reaches `minimum`."""
+    return L.ForKind.PARALLEL if threads > 1 and work >= minimum else L.ForKind.SERIAL
 
 
-def _dims(shape):
+def static_dims(shape):
     if not all(isinstance(d, L.Const) for d in shape):
         return None
     return [d.value for d in shape]
@@ -67,15 +67,14 @@ class _Conv2d:
     padded_hw: tuple   # an input plane big enough for every window the output reads
     packed_nr: int     # NR of packed weights, 0 when the weights are a plain [M, C, kh, kw]
 
-    def pad_input(self, par: L.ForKind, always: bool = False
-                  ) -> tuple[L.Buffer, L.Stmt | None]:
+    def pad_input(self, par: L.ForKind) -> tuple[L.Buffer, L.Stmt | None]:
         """The input copied into a zero-padded buffer (None when no padding is needed): zero
         the plane, then copy the image into its middle, two simple loops LLVM vectorises (a
         per-element bounds test would not be)."""
         n, c, h, wid = self.x_dims
         hp, wp = self.padded_hw
         ph, pw = self.begins
-        if not always and (ph, pw) == (0, 0) and (hp, wp) == (h, wid):
+        if (ph, pw) == (0, 0) and (hp, wp) == (h, wid):
             return self.x, None
         xpad = L.Buffer("xpad", T.float32, (n, c, hp, wp))
         nc, i_h, i_w = L.Var("pnc"), L.Var("ph"), L.Var("pw")
@@ -85,7 +84,6 @@ class _Conv2d:
         copy = L.For(i_h, h, L.For(i_w, wid, L.Store(xpad, (i_n, i_c, i_h + ph, i_w + pw),
                                                       self.x[i_n, i_c, i_h, i_w])))
         return xpad, L.For(nc, n * c, L.seq(zero, copy), par)
-
 
     def pad_plane(self, bn: L.Expr, ch: L.Expr) -> tuple[L.Buffer, L.Stmt]:
         """One input plane in a zero-padded buffer (see `pad_plane`)."""
@@ -122,8 +120,6 @@ def row_in_vectors(block, width: int, lanes: int) -> L.Stmt:
 
 def _conv2d(kernel: Kernel) -> _Conv2d | None:
     """The kernel's Conv anchor as a `_Conv2d`, or None when no 2-D template applies."""
-    from ...ir.ops.nn import window_attrs, window_geometry
-
     node = kernel.anchor
     if node is not kernel.nodes[0] or node.op not in ("Conv", "ConvPacked"):
         return None
@@ -134,7 +130,7 @@ def _conv2d(kernel: Kernel) -> _Conv2d | None:
     has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
     bias = params[index[id(node.inputs[2])]] if has_bias else None
     y = params[-1]
-    xd, wd, yd = _dims(x.shape), _dims(w.shape), _dims(y.shape)
+    xd, wd, yd = static_dims(x.shape), static_dims(w.shape), static_dims(y.shape)
     if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
             w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
         return None
@@ -144,20 +140,30 @@ def _conv2d(kernel: Kernel) -> _Conv2d | None:
             return None
         packed_nr = wd[-1]
         wd = [node.attrs["oc"]] + wd[1:4]
-    h, wid = xd[2:]
-    kh, kw = wd[2:]
-    oh, ow = yd[2:]
-    strides, dilations, pads = window_attrs(2, node.attrs.get("strides"),
-                                            node.attrs.get("dilations"), node.attrs.get("pads"))
-    outs, begins, _ = window_geometry([h, wid], [kh, kw], strides, dilations, pads,
-                                      node.attrs.get("auto_pad", "NOTSET"))
-    if list(outs) != [oh, ow]:
+    geometry = plane_geometry(node.attrs, xd[2:], wd[2:], yd[2:])
+    if geometry is None:
         return None
+    return _Conv2d(node, x, w, bias, y, xd, wd, yd, *geometry, packed_nr)
+
+
+def plane_geometry(attrs: dict, image_hw, kernel_hw, out_hw):
+    """(strides, dilations, begin pads, padded plane (hp, wp)) of a 2-D window op's attrs,
+    the plane big enough for every window the output reads; None when the output size does
+    not match the attrs."""
+    from ...ir.ops.nn import window_attrs, window_geometry
+
+    strides, dilations, pads = window_attrs(2, attrs.get("strides"), attrs.get("dilations"),
+                                            attrs.get("pads"))
+    outs, begins, _ = window_geometry(list(image_hw), list(kernel_hw), strides, dilations,
+                                      pads, attrs.get("auto_pad", "NOTSET"),
+                                      attrs.get("ceil_mode", 0))
+    if list(outs) != list(out_hw):
+        return None
+    (h, wid), (kh, kw), (oh, ow) = image_hw, kernel_hw, out_hw
     (sh, sw), (dh, dw), (ph, pw) = strides, dilations, begins
     padded_hw = (max(h + ph, (oh - 1) * sh + (kh - 1) * dh + 1),
                  max(wid + pw, (ow - 1) * sw + (kw - 1) * dw + 1))
-    return _Conv2d(node, x, w, bias, y, xd, wd, yd, strides, dilations, list(begins),
-                   padded_hw, packed_nr)
+    return strides, dilations, list(begins), padded_hw
 
 
 def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
@@ -177,7 +183,7 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     # as many accumulators whatever NR is: a one-vector-wide block takes twice the pixels
     mr = config.mr or MR_BY_VECTOR_BITS.get(vector_bits, 4) * max(2 // max(nr // lanes, 1), 1)
     ocb_n = -(-oc // nr)
-    par = _parallel(threads, n * oc * oh * ow * c * kh * kw)
+    par = parallel_kind(threads, n * oc * oh * ow * c * kh * kw)
 
     xpad, pad_stmt = conv.pad_input(par)
     stmts = [pad_stmt] if pad_stmt is not None else []
@@ -194,33 +200,14 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     ii = L.Var("ii")
     acc = L.Buffer("acc", T.float32, (mr * nr,), L.Scope.LOCAL)
     a = L.Var("a", T.float32)
-    # a 1x1 stride-1 conv without padding is a GEMM over all pixels of an image: tiles run
-    # across row ends (no ragged tile per row), and every (channel block, pixel block) pair
-    # is a unit of parallel work
-    flat = (kh, kw, sh, sw) == (1, 1, 1, 1) and pad_stmt is None
-    if flat:
-        hw = oh * ow
-        xf = L.Buffer(xpad.name, T.float32, (n, c, h * wid))
-        yf = L.Buffer(y.name, y.dtype, (n, oc, hw))
-        pbn = -(-hw // mr)
-        t = L.Var("t")
-        bn, ob, pb = t // (ocb_n * pbn), (t // pbn) % ocb_n, t % pbn
-        p0 = pb * mr
-        pix = L.minimum(p0 + ii, hw - 1)   # pixels past the image's end repeat; never stored
-        load = xf[bn, ic, pix]
-        p = p0 + ii
-        out_index = (bn, ob * nr + jj, p // ow, p % ow)
-        limit = hw
-    else:
-        row, pb = L.Var("row"), L.Var("pb")
-        bn, boh = row // oh, row % oh
-        ob = L.Var("ob")
-        ow0 = pb * mr
-        pix = L.minimum(ow0 + ii, ow - 1)   # pixels past the row's end repeat; never stored
-        load = xpad[bn, ic, boh * sh + r * dh, pix * sw + s * dw]
-        p = ow0 + ii
-        out_index = (bn, ob * nr + jj, boh, p)
-        limit = ow
+    # (1x1 stride-1 convs without padding never get here: `pointwise_schedule` takes them)
+    row, ob, pb = L.Var("row"), L.Var("ob"), L.Var("pb")
+    bn, boh = row // oh, row % oh
+    ow0 = pb * mr
+    pix = L.minimum(ow0 + ii, ow - 1)   # pixels past the row's end repeat; never stored
+    load = xpad[bn, ic, boh * sh + r * dh, pix * sw + s * dw]
+    p = ow0 + ii
+    out_index = (bn, ob * nr + jj, boh, p)
     init = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), L.const(0.0)),
                                L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
     # the reduction over (in-channel, kh, kw) as three loops; the weights of one step are one
@@ -235,17 +222,14 @@ def conv2d_schedule(kernel: Kernel, vector_bits: int, threads: int,
     if bias is not None:
         value = value + bias[L.minimum(out_c, oc - 1)]
     value = then(value, out_index)   # the fused epilogue (bias, ReLU, add)
-    target = L.Store(yf, (bn, out_c, p), value) if flat else L.Store(y, out_index, value)
+    target = L.Store(y, out_index, value)
     if oc % nr == 0:   # whole channel blocks: one vector store per pixel
         row_store = L.For(jj, nr, target, L.ForKind.VECTORIZED)
     else:
         row_store = L.For(jj, nr, L.If(out_c < oc, target), L.ForKind.UNROLLED)
-    store = L.For(ii, mr, L.If(p < limit, row_store), L.ForKind.UNROLLED)
+    store = L.For(ii, mr, L.If(p < ow, row_store), L.ForKind.UNROLLED)
     tile = L.Allocate(acc, L.seq(init, reduction, store))
-    if flat:
-        main = L.For(t, n * ocb_n * pbn, tile, par)
-    else:
-        main = L.For(row, n * oh, L.For(ob, ocb_n, L.For(pb, -(-ow // mr), tile)), par)
+    main = L.For(row, n * oh, L.For(ob, ocb_n, L.For(pb, -(-ow // mr), tile)), par)
     stmts.append(main)
     body = L.seq(*stmts)
     if not conv.packed_nr:
@@ -323,7 +307,7 @@ def pointwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
     o0 = L.minimum(cb * cms, oc - cms) if oc % cms else cb * cms
     p0 = L.minimum(pb * pws, hw - pws) if hw % pws else pb * pws
     tile = block(bn, o0, p0, cms, pws)
-    par = _parallel(threads, n * oc * hw * c)
+    par = parallel_kind(threads, n * oc * hw * c)
     main = L.For(t, n * pbs * cbs, tile, par)
     return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, main))
 
@@ -364,7 +348,7 @@ def depthwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     lanes = vector_bits // 32
     then = epilogue(kernel)
-    par = _parallel(threads, n * c * oh * ow * kh * kw)
+    par = parallel_kind(threads, n * c * oh * ow * kh * kw)
 
     plane, row = L.Var("plane"), L.Var("row")
     bn, ch = plane // c, plane % c

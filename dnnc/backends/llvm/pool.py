@@ -16,25 +16,17 @@ from __future__ import annotations
 from ...ir import loop as L
 from ...ir import types as T
 from ..lower import Kernel
-from .conv import pad_plane, row_in_vectors
+from .conv import pad_plane, parallel_kind, plane_geometry, row_in_vectors, static_dims
 from .schedules import MIN_PARALLEL_WORK
 
 
-def _static(shape):
-    if not all(isinstance(d, L.Const) for d in shape):
-        return None
-    return [d.value for d in shape]
-
-
 def pool2d_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFunc | None:
-    from ...ir.ops.nn import window_attrs, window_geometry
-
     node = kernel.anchor
     if len(kernel.nodes) != 1 or node.op not in ("MaxPool", "AveragePool") or \
             len(node.outputs) != 1 or len(kernel.func.params) != 2:
         return None
     x, y = kernel.func.params
-    xd, yd = _static(x.shape), _static(y.shape)
+    xd, yd = static_dims(x.shape), static_dims(y.shape)
     if x.dtype is not T.float32 or y.dtype is not T.float32 or xd is None or yd is None or \
             len(xd) != 4:
         return None
@@ -42,16 +34,10 @@ def pool2d_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFun
     _, _, oh, ow = yd
     attrs = node.attrs
     kh, kw = attrs["kernel_shape"]
-    strides, dilations, pads = window_attrs(2, attrs.get("strides"), attrs.get("dilations"),
-                                            attrs.get("pads"))
-    outs, begins, _ = window_geometry([h, wid], [kh, kw], strides, dilations, pads,
-                                      attrs.get("auto_pad", "NOTSET"),
-                                      attrs.get("ceil_mode", 0))
-    if list(outs) != [oh, ow]:
+    geometry = plane_geometry(attrs, (h, wid), (kh, kw), (oh, ow))
+    if geometry is None:
         return None
-    (sh, sw), (dh, dw), (ph, pw) = strides, dilations, begins
-    hp = max(h + ph, (oh - 1) * sh + (kh - 1) * dh + 1)
-    wp = max(wid + pw, (ow - 1) * sw + (kw - 1) * dw + 1)
+    (sh, sw), (dh, dw), (ph, pw), (hp, wp) = geometry
     padded = (ph, pw, hp, wp) != (0, 0, h, wid)
     is_max = node.op == "MaxPool"
     if not is_max and ((padded and not attrs.get("count_include_pad", 0)) or
@@ -91,8 +77,6 @@ def pool2d_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFun
     body = L.seq(*stmts)
     if padded:
         body = L.Allocate(src, body)
-    work = n * c * oh * ow * kh * kw
-    par = L.ForKind.PARALLEL if threads > 1 and work >= MIN_PARALLEL_WORK else \
-        L.ForKind.SERIAL
+    par = parallel_kind(threads, n * c * oh * ow * kh * kw, MIN_PARALLEL_WORK)
     main = L.For(plane, n * c, body, par)
     return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, main))
