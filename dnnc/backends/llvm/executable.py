@@ -259,14 +259,19 @@ class LLVMRuntime:
             if isinstance(step, HostStep):
                 self._run_host(step.node, env)
             else:
-                arrays = [self._value(v, env) for v in step.inputs]
-                values = tuple((i, tuple(np.asarray(arrays[i]).reshape(-1).tolist()))
-                               for i in step.value_inputs)
-                seg = self._compiled(step, tuple(a.shape for a in arrays), values)
+                seg, arrays = self._segment_call(step, env)
                 outs = seg.run(arrays, self._frame(seg))
                 for v, a in zip(step.escaping, outs):
                     env[id(v)] = a
         return [self._value(v, env) for v in self.graph.outputs]
+
+    def _segment_call(self, step: Segment, env) -> tuple["_CompiledSegment", list]:
+        """The specialisation of `step` for the inputs in `env` (compiled on first use), and
+        those inputs."""
+        arrays = [self._value(v, env) for v in step.inputs]
+        values = tuple((i, tuple(np.asarray(arrays[i]).reshape(-1).tolist()))
+                       for i in step.value_inputs)
+        return self._compiled(step, tuple(a.shape for a in arrays), values), arrays
 
     def profile(self, inputs: list[np.ndarray], repeat: int = 20
                 ) -> tuple[list[np.ndarray], list[dict]]:
@@ -285,14 +290,11 @@ class LLVMRuntime:
                 rows.append({"kernel": f"host {step.node.op}", "nodes": [step.node.name],
                              "ms": (time.perf_counter() - start) * 1e3})
                 continue
-            arrays = [self._value(v, env) for v in step.inputs]
-            values = tuple((i, tuple(np.asarray(arrays[i]).reshape(-1).tolist()))
-                           for i in step.value_inputs)
-            seg = self._compiled(step, tuple(a.shape for a in arrays), values)
+            seg, arrays = self._segment_call(step, env)
             if not getattr(seg, "calls", None):
                 raise CompileError("this segment was restored from an artifact without its "
                                    "kernel list; compile the model to profile it")
-            outs, times = seg.profile(arrays, self._frame(seg).arena, repeat)
+            outs, times = seg.profile(arrays, self._frame(seg), repeat)
             for kernel, ms in times:
                 rows.append({"kernel": kernel.func.name, "nodes": [n.name for n in kernel.nodes],
                              "ms": ms})
@@ -583,29 +585,31 @@ class _CompiledSegment:
             slots[first + k] = ptr
         return _Frame(arena, arena.ctypes.data, slots)
 
-    def run(self, inputs: list[np.ndarray], frame: "_Frame") -> list[np.ndarray]:
-        slots = frame.slots
+    def _fill(self, inputs: list[np.ndarray], frame: "_Frame") -> tuple[list, list]:
+        """The call's data inputs (contiguous; kept alive by the caller until the call
+        returns) and fresh outputs, their pointers written into the frame's slots."""
         arrays = [np.ascontiguousarray(inputs[i]) for i in self._data_inputs]
         outs = [np.empty(t.shape, t.dtype.np) for t in self.escaping_types]
         for k, a in enumerate(arrays + outs):
-            slots[k] = _address(a)
-        self.entry(slots, frame.arena_ptr)
+            frame.slots[k] = _address(a)
+        return arrays, outs
+
+    def run(self, inputs: list[np.ndarray], frame: "_Frame") -> list[np.ndarray]:
+        arrays, outs = self._fill(inputs, frame)
+        self.entry(frame.slots, frame.arena_ptr)
         return outs
 
-    def profile(self, inputs: list[np.ndarray], arena: np.ndarray, repeat: int
+    def profile(self, inputs: list[np.ndarray], frame: "_Frame", repeat: int
                 ) -> tuple[list[np.ndarray], list[tuple[Kernel, float]]]:
         """The segment's outputs, and each kernel's median milliseconds over `repeat` calls
         of that kernel alone (in order, on the data the kernels before it left; the outputs
         equal `run`'s)."""
-        arrays = [np.ascontiguousarray(a) for v, a in zip(self.step.inputs, inputs)
-                  if v.const is None]
-        outs = [np.empty(t.shape, t.dtype.np) for t in self.escaping_types]
-        slots = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + \
-            self._const_ptrs
-        base = arena.ctypes.data
+        arrays, outs = self._fill(inputs, frame)
+        arena = frame.arena
         rows = []
         for kernel, (name, args) in zip(self.kernels, self.calls):
-            ptrs = [slots[k] if kind == "ext" else base + k for kind, k in args]
+            ptrs = [frame.slots[k] if kind == "ext" else frame.arena_ptr + k
+                    for kind, k in args]
             fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(ptrs))(self.jit.address(name))
             # an in-place kernel applies itself again on every timed call: restore the arena
             # after timing, then run the kernel once more for the kernels after it
