@@ -1,8 +1,6 @@
 """dnnc.export_onnx: traced and imported graphs written as ONNX run in onnxruntime with the
 results of the original function / model; ops with no ONNX form are refused by name."""
 
-import math
-
 import numpy as np
 import onnx
 import pytest
@@ -12,27 +10,9 @@ from dnnc.errors import ExportError
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph
 from dnnc.ir.ops.packed import pack_conv_weights
+from traced_models import attention, f32 as _f32, mlp
 
 ort = pytest.importorskip("onnxruntime")
-
-
-def _f32(rng, *shape):
-    return rng.standard_normal(shape, dtype=np.float32)
-
-
-def _softmax(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def mlp(x, w1, b1, w2, b2):
-    h = np.maximum(x @ w1 + b1, 0.0)
-    return _softmax(h @ w2 + b2)
-
-
-def attention(q, k, v):
-    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
-    return _softmax(scores) @ v
 
 
 def split_heads_attention(x, wq, wk, wv):
