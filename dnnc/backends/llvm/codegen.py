@@ -717,23 +717,17 @@ class _VectorLoop:
         else:
             self.store(s)
 
+    def _lane_stride(self, indices) -> int | None:
+        """Elements between consecutive lanes' addresses: 0 when every lane reads one element,
+        k when lane i reads base + k * i along the last axis, None otherwise."""
+        coefs = [_lane_coefficient(i, self.var, set(self.vectors)) for i in indices]
+        if any(c is None for c in coefs) or any(c != 0 for c in coefs[:-1]):
+            return None
+        return coefs[-1] if coefs else 0
+
     def _contiguous(self, indices) -> bool | None:
         """True: lanes are consecutive elements; False: all lanes one element; None: neither."""
-        coefs = [_lane_coefficient(i, self.var, set(self.vectors)) for i in indices]
-        if any(c is None for c in coefs):
-            return None
-        if all(c == 0 for c in coefs):
-            return False
-        if coefs and coefs[-1] == 1 and all(c == 0 for c in coefs[:-1]):
-            return True
-        return None
-
-    def _strided(self, indices) -> int | None:
-        """The stride (2 to 4) when lane k reads element base + stride * k, else None."""
-        coefs = [_lane_coefficient(i, self.var, set(self.vectors)) for i in indices]
-        if coefs and all(c == 0 for c in coefs[:-1]) and coefs[-1] in (2, 3, 4):
-            return coefs[-1]
-        return None
+        return {0: False, 1: True}.get(self._lane_stride(indices))
 
     def _strided_load(self, e: L.Load, stride: int) -> ir.Value:
         """Lanes at a constant stride: one contiguous load of the span the lanes cover (never
@@ -813,10 +807,10 @@ class _VectorLoop:
         if isinstance(e, L.Var) and e in self.vectors:
             return self.vectors[e], True
         if isinstance(e, L.Load):
-            kind = self._contiguous(e.indices)
+            stride = self._lane_stride(e.indices)
+            kind = {0: False, 1: True}.get(stride)
             dtype = e.buffer.dtype
-            stride = self._strided(e.indices) if kind is None else None
-            if stride is not None and dtype in (T.float32, T.float64):
+            if stride in (2, 3, 4) and dtype in (T.float32, T.float64):
                 return self._strided_load(e, stride), True
             if kind is True and dtype is not T.bfloat16:
                 ptr = self._base_address(e.buffer, e.indices)
