@@ -61,3 +61,18 @@ class TraceError(DNNCError):
 
 class ExportError(DNNCError):
     """The graph has ops or attributes with no ONNX form at the requested opset."""
+
+
+class ArgumentError(DNNCError, ValueError):
+    """An argument of a dnnc function, method or command has the wrong type or value, or does
+    not apply (an option of another target, a name the model lacks); the message names it."""
+
+
+class UnsupportedOpsetError(DNNCError):
+    """The model imports a version of the default ONNX domain newer than dnnc knows, whose ops
+    may mean something its importers do not implement."""
+
+
+class OutOfMemoryError(DNNCError, MemoryError):
+    """A tensor needs more memory than this machine has: refused at compile time when its
+    size is static, reported at call time otherwise; names the node (or the call's dims)."""

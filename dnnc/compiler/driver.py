@@ -1,14 +1,21 @@
 """`dnnc.compile`: model in, CompiledModel out. The pipeline is one straight line:
-import -> (graph passes, per opt level) -> target runtime."""
+check the arguments -> import -> refuse absurd tensor sizes -> (graph passes, per opt level)
+-> target runtime."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from ..backends.numpy import NumpyRuntime
-from ..errors import CompileError
+from ..errors import ArgumentError, OutOfMemoryError
 from ..ir.graph import Graph
+from ..passes.manager import DEFAULT_OPT_LEVEL
+from .arguments import check_choice, check_int, check_optional_bool, check_optional_path
 from .module import CompiledModel
+
+OPT_LEVELS = range(0, 4)
+"""LLVM's -O0 to -O3; the graph pipeline's passes start at levels 1 and 2."""
 
 def llvm_target(cpu=None):
     """The `Target` the llvm backend compiles for: `cpu` (default: this machine's)."""
@@ -41,14 +48,83 @@ def _numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes
 
 TARGETS = {"numpy": _numpy_runtime, "llvm": _llvm_runtime}
 
+TARGET_OPTIONS = {"numpy": (), "llvm": ("cpu", "passes", "dump_ir")}
+"""The options of `compile` only some targets use; the others refuse them rather than ignore
+them (the numpy reference runs the graph as imported: no passes, no CPU, no dumps)."""
+
+
+def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,
+                  passes=None, dump_ir=None) -> None:
+    """Raise `ArgumentError` for a compile option of the wrong type or range, or one that
+    `target` does not use (also what `dnnc.jit` checks when it decorates)."""
+    check_choice("target", target, TARGETS)
+    check_int("opt_level", opt_level, OPT_LEVELS[0], OPT_LEVELS[-1], optional=True)
+    check_int("passes", passes, 0, optional=True)
+    check_optional_bool("progress", progress)
+    check_optional_path("dump_ir", dump_ir)
+    if tuning_log is not None:
+        raise ArgumentError("tuning_log: tuning records are not applied yet (dnnc has no "
+                            "tuner); leave it out")
+    for name, value in {"cpu": cpu, "passes": passes, "dump_ir": dump_ir}.items():
+        if value is not None and name not in TARGET_OPTIONS[target]:
+            users = [t for t, options in TARGET_OPTIONS.items() if name in options]
+            raise ArgumentError(f"{name} does not apply to the {target} target, only to "
+                                f"{', '.join(users)}")
+    if cpu is not None:
+        from ..backends.llvm.runtime import HostCPU
+
+        if not isinstance(cpu, HostCPU):
+            raise ArgumentError(f"cpu must be a HostCPU (backends.llvm.runtime.cpu_from), not "
+                                f"{type(cpu).__name__}")
+
 
 def load_graph(model, input_shapes: dict | None = None) -> Graph:
     """A Graph from a Graph, an ONNX path, bytes or ModelProto."""
     if isinstance(model, Graph):
+        if input_shapes is not None:
+            raise ArgumentError("input_shapes applies to ONNX models; a Graph's input shapes "
+                                "are already fixed")
         return model
+    import onnx
+
+    if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview,
+                              onnx.ModelProto)):
+        raise ArgumentError(f"model must be an ONNX file path, bytes, an onnx.ModelProto or a "
+                            f"dnnc.Graph, not {type(model).__name__}")
     from ..frontend.onnx import import_onnx
 
     return import_onnx(model, input_shapes=input_shapes)
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's RAM, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_tensor_sizes(graph: Graph, limit: int | None) -> None:
+    """Refuse a graph with a tensor of static size above `limit` bytes: it would compile and
+    then fail when the call allocates it (a 4 TiB ConstantOfShape)."""
+    if limit is None:
+        return
+    for node in graph.walk():
+        for value in node.outputs:
+            numel = value.type.numel
+            if numel is not None and numel * value.type.dtype.itemsize > limit:
+                size = numel * value.type.dtype.itemsize
+                raise OutOfMemoryError(f"{node.op} node {node.name!r}: output {value.name!r} "
+                                       f"({value.type}) needs {_bytes(size)}; this machine has "
+                                       f"{_bytes(limit)} of memory")
+
+
+def _bytes(size: int) -> str:
+    """4398046511104 -> "4.00 TiB"."""
+    for shift, unit in ((60, "EiB"), (50, "PiB"), (40, "TiB"), (30, "GiB"), (20, "MiB")):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.2f} {unit}"
+    return f"{size:,} bytes"
 
 
 def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
@@ -61,16 +137,20 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     the llvm target; `progress` prints compile stages on stderr (default: when it is a tty);
     `passes` stops the pass pipeline after its first N passes (for finding a miscompile);
     `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
+    `cpu`, `passes` and `dump_ir` apply to the llvm target only. Every argument is checked
+    here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this
+    machine's memory raises `OutOfMemoryError` naming its node.
     """
-    if target not in TARGETS:
-        raise CompileError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
+    check_options(target, opt_level, tuning_log=tuning_log, cpu=cpu, progress=progress,
+                  passes=passes, dump_ir=dump_ir)
     start = time.perf_counter()
     graph = load_graph(model, input_shapes)
+    check_tensor_sizes(graph, physical_memory_bytes())
     imported_nodes = len(graph.nodes)
     timings: dict[str, float] = {}
-    graph, runtime = TARGETS[target](graph, 3 if opt_level is None else opt_level, cpu=cpu,
-                                     progress=progress, passes=passes, timings=timings,
-                                     dump_ir=dump_ir)
+    level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
+    graph, runtime = TARGETS[target](graph, level, cpu=cpu, progress=progress, passes=passes,
+                                     timings=timings, dump_ir=dump_ir)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "imported_nodes": imported_nodes, "pass_seconds": timings,
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),

@@ -7,11 +7,12 @@ arguments' shapes and dtypes (and other arguments' values) and calls them.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import ArgumentError, TraceError
 from ..frontend.trace import is_array_arg, trace_graph
 from . import driver
 
@@ -59,7 +60,20 @@ class JitFunction:
 def jit(fn: Callable | None = None, *, target: str = "llvm", **compile_options):
     """Decorator: trace and compile `fn` on the first call per input signature, then reuse.
 
-    `@dnnc.jit` or `@dnnc.jit(target="numpy", opt_level=2)`; options go to `dnnc.compile`."""
+    `@dnnc.jit` or `@dnnc.jit(target="numpy", opt_level=2)`; options go to `dnnc.compile`
+    and are checked here, when decorating, not at the first call."""
+    options = set(inspect.signature(driver.check_options).parameters) - {"target"}
+    unknown = sorted(set(compile_options) - options)
+    if unknown:
+        raise ArgumentError(f"dnnc.jit takes the compile options {', '.join(sorted(options))}, "
+                            f"not {', '.join(unknown)}")
+    driver.check_options(target, **compile_options)
     if fn is None:
-        return lambda f: JitFunction(f, target, compile_options)
-    return JitFunction(fn, target, compile_options)
+        return lambda f: JitFunction(_callable(f), target, compile_options)
+    return JitFunction(_callable(fn), target, compile_options)
+
+
+def _callable(fn):
+    if not callable(fn):
+        raise ArgumentError(f"dnnc.jit decorates a function, not {type(fn).__name__}")
+    return fn

@@ -11,10 +11,11 @@ import time
 
 import numpy as np
 
-from ..errors import CompileError, InputError
+from ..errors import ArgumentError, CompileError, InputError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.interpreter import shape_mismatch
 from ..ir.types import TensorType
+from .arguments import check_int
 
 
 def as_array(x) -> np.ndarray:
@@ -91,9 +92,9 @@ class CompiledModel:
     def source(self, kind: str = "llvm-ir") -> str:
         """The generated code of every specialisation compiled so far: `llvm-ir`, `asm` or
         `loop` (the scheduled loop IR)."""
-        kinds = ("llvm-ir", "llvm", "asm", "loop")
-        if kind not in kinds:
-            raise ValueError(f"unknown source kind {kind!r}; one of llvm-ir, asm, loop")
+        if kind not in ("llvm-ir", "llvm", "asm", "loop"):
+            raise ArgumentError(f"unknown source kind {kind!r}: kind must be llvm-ir, asm or "
+                                f"loop")
         if not hasattr(self.runtime, "source"):
             raise CompileError(f"target {self.target} generates no code to show")
         return self.runtime.source(kind)
@@ -111,7 +112,18 @@ class CompiledModel:
     def run(self, *args, **kwargs) -> list[np.ndarray]:
         """Run the model; always returns the list of outputs."""
         inputs, bindings = self.check_inputs(args, kwargs)
-        return self.runtime.run(inputs, bindings)
+        return self._run(inputs, bindings)
+
+    def _run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
+        try:
+            return self.runtime.run(inputs, bindings)
+        except MemoryError as exc:
+            if isinstance(exc, OutOfMemoryError):
+                raise
+            dims = ", ".join(f"{k}={v}" for k, v in bindings.items())
+            raise OutOfMemoryError(f"running the model{' with ' + dims if dims else ''} "
+                                   f"needs more memory than this machine could allocate: "
+                                   f"{exc}") from exc
 
     def check_inputs(self, args, kwargs) -> tuple[list[np.ndarray], dict[str, int]]:
         names = self.input_names
@@ -145,8 +157,11 @@ class CompiledModel:
         return arrays, bindings
 
     def benchmark(self, *args, repeat: int = 20, warmup: int = 3) -> dict:
-        """Median and min latency in milliseconds over `repeat` calls."""
+        """Median and min latency in milliseconds over `repeat` calls (at least 1), after
+        `warmup` untimed ones."""
+        check_int("repeat", repeat, 1)
+        check_int("warmup", warmup, 0)
         inputs, bindings = self.check_inputs(args, {})
-        times = call_times_ms(lambda: self.runtime.run(inputs, bindings), repeat, warmup)
+        times = call_times_ms(lambda: self._run(inputs, bindings), repeat, warmup)
         return {"median_ms": float(np.median(times)), "min_ms": float(np.min(times)),
                 "repeat": repeat}

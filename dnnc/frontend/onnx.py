@@ -249,11 +249,60 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[s
     return [(op, dom, opsets.get(dom, 1), names) for (op, dom), names in sorted(missing.items())]
 
 
+NEWEST_OPSET = 28
+"""The newest default-domain opset whose op changes the importers follow (onnx 1.23's); a
+newer one may change what an op means, so it is refused, as onnxruntime refuses it. Older
+opsets are checked per op: an op without an importer at the model's opset is unsupported."""
+
+
+def check_opset(model: onnx.ModelProto) -> None:
+    opset = opset_of(model)[""]
+    if opset > NEWEST_OPSET:
+        raise errors.UnsupportedOpsetError(
+            f"the model imports ONNX opset {opset}; dnnc supports opsets up to {NEWEST_OPSET} "
+            f"(7 to {NEWEST_OPSET} in full, older ones op by op)")
+
+
+def check_input_shapes(model: onnx.ModelProto, input_shapes) -> None:
+    """`input_shapes` maps inputs of the model to shapes of its rank, whose dims are sizes
+    (ints >= 0) or symbolic names and agree with the dims the model fixes."""
+    if not isinstance(input_shapes, dict):
+        raise errors.ArgumentError(f"input_shapes must be a dict of input name -> shape, not "
+                                   f"{type(input_shapes).__name__}")
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = {vi.name: vi for vi in model.graph.input if vi.name not in initializers}
+    for name, shape in input_shapes.items():
+        where = f"input_shapes[{name!r}]"
+        if name not in inputs:
+            raise errors.ArgumentError(f"input_shapes names {name!r}, but the model's inputs "
+                                       f"are {', '.join(inputs) or '(none)'}")
+        if not isinstance(shape, (tuple, list)) or not all(
+                isinstance(d, str) and d.isidentifier()
+                or isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
+                for d in shape):
+            raise errors.ArgumentError(f"{where} must be a tuple of sizes (ints >= 0) and "
+                                       f"symbolic dim names, not {shape!r}")
+        tt = inputs[name].type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        declared = tt.shape.dim
+        if len(declared) != len(shape):
+            raise errors.ArgumentError(f"{where} = {tuple(shape)} has rank {len(shape)}; the "
+                                       f"model's input {name!r} has rank {len(declared)}")
+        for k, (d, given) in enumerate(zip(declared, shape)):
+            if d.HasField("dim_value") and d.dim_value != given:
+                raise errors.ArgumentError(f"{where}: dim {k} is fixed to {d.dim_value} by "
+                                           f"the model, not {given}")
+
+
 def import_onnx(src, input_shapes: dict[str, tuple] | None = None) -> Graph:
     """Translate an ONNX model (path, bytes or ModelProto) into a typed Graph."""
     model = load_model_proto(src)
     if not model.HasField("graph"):
         raise ModelFormatError("the model has no graph; the file may be truncated")
+    check_opset(model)
+    if input_shapes is not None:
+        check_input_shapes(model, input_shapes)
     unsupported = find_unsupported(model)
     if unsupported:
         raise UnsupportedOpError(unsupported)
@@ -379,20 +428,25 @@ def _sorted_nodes(proto: onnx.GraphProto, scope: dict, builder: _GraphBuilder):
     if ok:
         return nodes
     producers = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    order, state = [], {}
-
-    def visit(i):
-        if state.get(i) == 2:
-            return
-        if state.get(i) == 1:
-            raise ModelFormatError(f"the graph has a cycle through node {nodes[i].name!r}")
-        state[i] = 1
-        for name in nodes[i].input:
-            if name in producers:
-                visit(producers[name])
-        state[i] = 2
-        order.append(nodes[i])
-
-    for i in range(len(nodes)):
-        visit(i)
+    order, state = [], {}   # state: 1 while a node's producers are being placed, 2 placed
+    for root in range(len(nodes)):
+        # depth-first with an explicit stack: a chain of thousands of nodes written in
+        # reverse would exceed Python's recursion limit
+        stack = [(root, False)]
+        while stack:
+            i, expanded = stack.pop()
+            if expanded:
+                state[i] = 2
+                order.append(nodes[i])
+                continue
+            if state.get(i) == 2:
+                continue
+            if state.get(i) == 1:
+                raise ModelFormatError(f"the graph has a cycle through node {nodes[i].name!r}")
+            state[i] = 1
+            stack.append((i, True))
+            for name in reversed(nodes[i].input):
+                p = producers.get(name)
+                if p is not None and state.get(p) != 2:
+                    stack.append((p, False))
     return order

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import DNNCError, TraceError
+from ..errors import ArgumentError, DNNCError, TraceError
 from ..ir import types as T
 from ..ir.graph import Graph, Value
 from .onnx import constant_value
@@ -1008,6 +1008,8 @@ def trace(fn: Callable, *example_args) -> Graph:
     graph inputs named after `fn`'s parameters; other arguments are passed through unchanged
     and fixed in the graph. `fn` returns a traced array or a tuple / list of them.
     """
+    if not callable(fn):
+        raise ArgumentError(f"dnnc.trace traces a function, not {type(fn).__name__}")
     return trace_graph(fn, example_args)[0]
 
 

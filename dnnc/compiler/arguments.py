@@ -1,0 +1,44 @@
+"""Checks of the user API's arguments where they enter (`dnnc.compile`, `dnnc.jit`,
+`CompiledModel` methods): each raises `ArgumentError` naming the argument, what it must be and
+what was given, so nothing is accepted and then ignored or misused further down.
+
+The CLI parses its options into these same arguments, so `dnnc compile --opt-level` and
+`dnnc.compile(opt_level=)` obey one rule. This module only checks; it never converts a value
+into another meaning.
+"""
+
+from __future__ import annotations
+
+import os
+from numbers import Integral
+
+from ..errors import ArgumentError
+
+
+def check_int(name: str, value, low: int, high: int | None = None, *,
+              optional: bool = False) -> None:
+    """`value` is an int (not a bool) in [low, high], or None when `optional`."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ArgumentError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+    if value < low or (high is not None and value > high):
+        bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise ArgumentError(f"{name} must be {bounds}, not {value}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    """`value` is one of `choices` (strings)."""
+    if not isinstance(value, str) or value not in choices:
+        raise ArgumentError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+
+
+def check_optional_bool(name: str, value) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be True, False or None, not {value!r}")
+
+
+def check_optional_path(name: str, value) -> None:
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise ArgumentError(f"{name} must be a path (str or os.PathLike), not "
+                            f"{type(value).__name__}")
