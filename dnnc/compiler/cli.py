@@ -12,8 +12,10 @@
     dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
                [--threads N] [--no-onnxruntime]
 
-A user mistake (a bad file, an unknown op, a bad option) prints one line on stderr and exits
-with status 1; argparse's usage errors exit with 2. A traceback means a dnnc bug.
+Every option is checked before any work starts, every failure ends in one line on stderr, and
+`main` maps outcomes to exit statuses in one table (`EXIT_STATUS`, docs/cli.md "Exit codes"):
+0 ok, 1 a finding (`compare`: a divergence), 2 bad usage or input, 3 dnnc failed on valid input
+(an internal error: a bug to report), 130 interrupted. `DNNC_DEBUG=1` adds the traceback.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import argparse
 import ast
 import json
 import os
+import math
 import re
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import DNNCError
+from ..errors import ArgumentError, CompileError, DNNCError
 from .module import call_times_ms
 
 
@@ -37,12 +41,49 @@ class UsageError(Exception):
     """A bad option value the CLI itself found; printed as one line."""
 
 
-def _symbolic_or_int(text: str):
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are `UsageError`s: one line and exit 2 through `main`'s
+    table, like every other mistake, instead of a usage text and `sys.exit` from inside."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _int_at_least(low: int):
+    """An argparse type: an int >= `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects an integer, not {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+
+    return parse
+
+
+def _tolerance(text: str) -> float:
+    """An argparse type: a finite float >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number, not {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text}")
+    return value
+
+
+def _symbolic_or_int(text: str, option: str, low: int):
+    """A size (an int >= `low`) or a symbolic dim name, as `option` takes it."""
     text = text.strip()
     if text.lstrip("-").isdigit():
+        if int(text) < low:
+            raise UsageError(f"{option}: a size must be at least {low}, not {text}")
         return int(text)
     if not text.isidentifier():
-        raise UsageError(f"{text!r} is neither a size nor a symbolic dim name")
+        raise UsageError(f"{option}: {text!r} is neither a size nor a symbolic dim name")
     return text
 
 
@@ -66,8 +107,19 @@ def _parse_input_shape(text: str) -> tuple[str, tuple]:
     name, sep, dims = text.rpartition("=")
     if not sep or not name:
         raise UsageError(f"--input-shape expects name=d0,d1,..., not {text!r}")
-    shape = tuple(_symbolic_or_int(d) for d in dims.split(",")) if dims.strip() else ()
+    shape = tuple(_symbolic_or_int(d, "--input-shape", 0) for d in dims.split(",")) \
+        if dims.strip() else ()
     return name, shape
+
+
+def _import_onnx(path, shapes: dict):
+    """The graph of an ONNX file, with `--input-shape`'s mistakes named as the option."""
+    from ..frontend.onnx import import_onnx
+
+    try:
+        return import_onnx(path, input_shapes=shapes)
+    except ArgumentError as exc:   # only input_shapes can be wrong here
+        raise UsageError(f"--input-shape: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,7 +137,8 @@ def cmd_zoo(args) -> int:
         raise UsageError("dnnc zoo needs a model NAME and -o FILE (or --list)")
     config = dict(_parse_setting(s) for s in args.set)
     try:
-        model = zoo.build(args.name, batch=_symbolic_or_int(args.batch), **config)
+        model = zoo.build(args.name, batch=_symbolic_or_int(args.batch, "--batch", 1),
+                          **config)
     except (ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     import onnx
@@ -108,7 +161,6 @@ def _numel(dims) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from ..frontend.onnx import import_onnx
     from .inspect import format_passes, format_summary, pass_report, summarize
 
     from .artifact import is_artifact, load
@@ -126,11 +178,7 @@ def cmd_inspect(args) -> int:
         artifact = load(args.model, progress=False)
         graph = artifact.graph
     else:
-        graph = import_onnx(args.model, input_shapes=shapes)
-    unknown = sorted(set(shapes) - {v.name for v in graph.inputs})
-    if unknown:
-        raise UsageError(f"--input-shape names {', '.join(unknown)}, but the model's inputs "
-                         f"are {', '.join(v.name for v in graph.inputs)}")
+        graph = _import_onnx(args.model, shapes)
     summary = summarize(graph)
     target = args.target or "llvm"
     opt_level = 3 if args.opt_level is None else args.opt_level
@@ -182,19 +230,9 @@ def _cpu_option(args):
         raise UsageError(f"--mattr: {exc}") from None
 
 
-def _import(path: str, shapes: dict):
-    from .driver import load_graph
-
-    graph = load_graph(path, input_shapes=shapes)
-    unknown = sorted(set(shapes) - {v.name for v in graph.inputs})
-    if unknown:
-        raise UsageError(f"--input-shape names {', '.join(unknown)}, but the model's inputs "
-                         f"are {', '.join(v.name for v in graph.inputs)}")
-    return graph
-
-
-def _model_for(args, shapes: dict | None = None):
-    """A CompiledModel from an artifact (loaded) or an ONNX file (compiled for --target)."""
+def _model_for(args, shapes: dict | None = None, check=None):
+    """A CompiledModel from an artifact (loaded) or an ONNX file (compiled for --target);
+    `check(input_names, input_types)` vets options against the model before compiling."""
     from .artifact import is_artifact, load
     from .driver import compile
 
@@ -207,8 +245,12 @@ def _model_for(args, shapes: dict | None = None):
         if args.target and args.target != model.target:
             raise UsageError(f"{args.model} was compiled for target {model.target}, not "
                              f"{args.target}")
+        if check is not None:
+            check(model.input_names, model.input_types)
         return model
-    graph = _import(args.model, shapes or {})
+    graph = _import_onnx(args.model, shapes or {})
+    if check is not None:
+        check([v.name for v in graph.inputs], [v.type for v in graph.inputs])
     target = args.target or "llvm"
     _say(args, f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
     return compile(graph, target=target, progress=not getattr(args, "quiet", False))
@@ -228,12 +270,22 @@ def cmd_compile(args) -> int:
     for kind, folder in args.emit:
         if kind not in EMIT_SUFFIX:
             raise UsageError(f"--emit {kind!r}: one of {', '.join(EMIT_SUFFIX)}")
+        if args.target != "llvm":
+            raise UsageError(f"--emit: the {args.target} target generates no code")
         emits.append((kind, Path(folder)))
     output = Path(args.output) if args.output else Path(args.model).with_suffix(".dnnc")
+    _check_writable(output, "-o")
     if args.dump_ir and args.target != "llvm":
         raise UsageError(f"--dump-ir: the {args.target} target runs no passes")
     _say(args, f"importing {args.model}")
-    graph = _import(args.model, shapes)
+    graph = _import_onnx(args.model, shapes)
+    symbolic = sorted({d for v in graph.inputs for d in v.type.shape if isinstance(d, str)})
+    if emits and symbolic:
+        fixed = " ".join(f"--input-shape {v.name}={_example_shape(v.type.shape)}"
+                         for v in graph.inputs if not v.type.is_static)
+        raise UsageError(f"--emit {emits[0][0]}: input dim(s) {', '.join(symbolic)} are "
+                         f"symbolic, so no code is compiled before a call gives them sizes; "
+                         f"fix them to emit code, e.g. {fixed}")
     where = ""
     if args.target == "llvm":
         shown = cpu or host_cpu()
@@ -247,7 +299,6 @@ def cmd_compile(args) -> int:
     if args.dump_ir:
         _say(args, f"wrote the graph after each pass into {args.dump_ir}")
     stats = model.stats
-    symbolic = sorted({d for t in model.input_types for d in t.shape if isinstance(d, str)})
     if symbolic and args.target == "llvm":
         _say(args, f"input dim(s) {', '.join(symbolic)} are symbolic: kernels are compiled "
                    f"for each shape on first use (fix them with --input-shape to compile "
@@ -261,8 +312,8 @@ def cmd_compile(args) -> int:
         except OSError as exc:
             raise UsageError(f"cannot write into {str(folder)!r}: {exc.strerror or exc}") \
                 from exc
-        _say(args, f"wrote {target_file}" + ("" if code else " (empty: nothing is compiled "
-                                                       "before the shapes are known)"))
+        _say(args, f"wrote {target_file}" + ("" if code else " (empty: the model needs no "
+                                                       "kernel)"))
     _say(args, f"saving {output}")
     model.save(output)
     fallbacks = stats["host_fallback_ops"]
@@ -274,6 +325,22 @@ def cmd_compile(args) -> int:
 
 
 EMIT_SUFFIX = {"llvm-ir": ".ll", "asm": ".s", "loop": ".loop"}
+
+
+def _example_shape(shape) -> str:
+    """`N,20` -> `1,20`: a shape for --input-shape with every symbolic dim 1."""
+    return ",".join(str(d) if isinstance(d, int) else "1" for d in shape)
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """Refuse a file that cannot be written before spending minutes compiling for it."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{option} {str(path)!r}: folder {str(folder)!r} does not exist")
+    if path.is_dir():
+        raise UsageError(f"{option} {str(path)!r} is a folder, not a file")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{option} {str(path)!r}: folder {str(folder)!r} is not writable")
 
 
 def _random_inputs(model, given: dict, dims: dict[str, int], rng) -> dict:
@@ -293,19 +360,48 @@ def _random_inputs(model, given: dict, dims: dict[str, int], rng) -> dict:
     return feeds
 
 
-def _parse_dim(text: str) -> tuple[str, int]:
-    name, sep, size = text.partition("=")
-    if not sep or not name.strip() or not size.strip().isdigit():
-        raise UsageError(f"--dim expects NAME=SIZE, not {text!r}")
-    return name.strip(), int(size)
+def _parse_dims(specs: list[str], names: list[str], types, given) -> dict[str, int]:
+    """`--dim NAME=SIZE`s: each names a symbolic dim of an input --random fills, once, with a
+    size of at least 1."""
+    randomised = sorted({d for name, t in zip(names, types)
+                         if name not in given for d in t.shape if isinstance(d, str)})
+    dims = {}
+    for text in specs:
+        name, sep, size = (part.strip() for part in text.partition("="))
+        if not sep or not name or not size.isdigit():
+            raise UsageError(f"--dim expects NAME=SIZE, not {text!r}")
+        if name not in randomised:
+            raise UsageError(f"--dim {name}: not a symbolic dim of an input --random fills "
+                             f"({', '.join(randomised) or 'there is none'})")
+        if name in dims:
+            raise UsageError(f"--dim {name} given twice")
+        if int(size) < 1:
+            raise UsageError(f"--dim {name}: a size must be at least 1, not {size}")
+        dims[name] = int(size)
+    return dims
 
 
-def _read_inputs(specs: list[str]) -> dict[str, np.ndarray]:
-    feeds = {}
+def _input_names(specs: list[str], names: list[str]) -> list[str]:
+    """The inputs `--input NAME=FILE.npy`s name, each an input of the model, once."""
+    named = []
     for spec in specs:
         name, sep, file = spec.partition("=")
         if not sep or not name or not file:
             raise UsageError(f"--input expects name=file.npy, not {spec!r}")
+        if name not in names:
+            raise UsageError(f"--input {name}: the model has no such input; its inputs are "
+                             f"{', '.join(names)}")
+        if name in named:
+            raise UsageError(f"--input {name} given twice")
+        named.append(name)
+    return named
+
+
+def _read_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    """The arrays of `--input NAME=FILE.npy`s (checked by `_input_names`)."""
+    feeds = {}
+    for spec in specs:
+        name, _, file = spec.partition("=")
         try:
             feeds[name] = np.load(file, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -319,14 +415,22 @@ def _safe_file_name(name: str) -> str:
 
 
 def cmd_run(args) -> int:
-    given = _read_inputs(args.input)
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
-    model = _model_for(args, shapes)
-    missing = [n for n in model.input_names if n not in given]
-    if missing and not args.random:
-        raise UsageError(f"no data for input(s) {', '.join(missing)}: give --input "
-                         f"name=file.npy or --random")
-    dims = dict(_parse_dim(d) for d in args.dim)
+    dims: dict[str, int] = {}
+    given: dict[str, np.ndarray] = {}
+
+    def check(names, types):   # before compiling: a mistake costs no compile time
+        named = _input_names(args.input, names)
+        missing = [n for n in names if n not in named]
+        if missing and not args.random:
+            raise UsageError(f"no data for input(s) {', '.join(missing)}: give --input "
+                             f"name=file.npy or --random")
+        if args.random and not missing:
+            raise UsageError("--random: every input is given with --input")
+        dims.update(_parse_dims(args.dim, names, types, named))
+        given.update(_read_inputs(args.input))
+
+    model = _model_for(args, shapes, check)
     feeds = {**given, **_random_inputs(model, given, dims, np.random.default_rng(args.seed))}
     jit_before = model.stats.get("jit_seconds", 0.0)
     start = time.perf_counter()
@@ -380,11 +484,7 @@ def _ort_session(path: str, threads: int):
 def cmd_bench(args) -> int:
     from .artifact import is_artifact
 
-    if args.repeat < 1 or args.warmup < 0:
-        raise UsageError("--repeat must be at least 1 and --warmup at least 0")
     if args.threads is not None:
-        if args.threads < 1:
-            raise UsageError("--threads must be at least 1")
         os.environ["DNNC_NUM_THREADS"] = str(args.threads)  # read when the pool starts
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
     model = _model_for(args, shapes)
@@ -401,6 +501,8 @@ def cmd_bench(args) -> int:
             batches = [int(b) for b in args.batch.split(",")]
         except ValueError:
             raise UsageError(f"--batch expects sizes like 1,8, not {args.batch!r}") from None
+        if min(batches) < 1:
+            raise UsageError(f"--batch: a size must be at least 1, not {min(batches)}")
         if not batch_dims:
             fixed = {t.shape[0] for t in model.input_types if t.rank}
             raise UsageError(f"the model's batch is fixed ({', '.join(map(str, fixed))}); "
@@ -451,7 +553,7 @@ def _artifact_summary(model) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dnnc", description="dnnc, a deep-learning compiler: build, inspect and compile "
                                  "models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -513,7 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="random data for the inputs not given with --input")
     run.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                      help="size of a symbolic dim for --random (default 1; repeatable)")
-    run.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
+    run.add_argument("--seed", type=_int_at_least(0), default=0,
+                     help="seed of --random (default 0)")
     run.add_argument("--output-dir", help="save each output as DIR/NAME.npy")
     _shape_option(run)
     run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
@@ -526,13 +629,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("model", help="an .onnx file (or a .dnnc artifact: no onnxruntime)")
     bench.add_argument("--target", default=None, choices=["llvm", "numpy"],
                        help="target for an ONNX model (default llvm)")
-    bench.add_argument("--repeat", type=int, default=50, help="timed calls (default 50)")
-    bench.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
+    bench.add_argument("--repeat", type=_int_at_least(1), default=50,
+                       help="timed calls (default 50)")
+    bench.add_argument("--warmup", type=_int_at_least(0), default=5,
+                       help="untimed calls first (default 5)")
     bench.add_argument("--batch", help="batch sizes for a symbolic batch dim, e.g. 1,8")
-    bench.add_argument("--threads", type=int, default=None,
+    bench.add_argument("--threads", type=_int_at_least(1), default=None,
                        help="threads for dnnc and onnxruntime (default: DNNC_NUM_THREADS, "
                             "else every core this process may use)")
-    bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    bench.add_argument("--seed", type=_int_at_least(0), default=0,
+                       help="seed of the random inputs")
     bench.add_argument("--no-onnxruntime", action="store_true",
                        help="skip the onnxruntime comparison")
     _shape_option(bench)
@@ -548,16 +654,25 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3])
     cmp_.add_argument("--bisect-passes", action="store_true",
                       help="also find the first pass after which the results change")
-    cmp_.add_argument("--rtol", type=float, default=1e-4)
-    cmp_.add_argument("--atol", type=float, default=1e-5)
-    cmp_.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    cmp_.add_argument("--rtol", type=_tolerance, default=1e-4,
+                      help="relative tolerance, >= 0 (default 1e-4)")
+    cmp_.add_argument("--atol", type=_tolerance, default=1e-5,
+                      help="absolute tolerance, >= 0 (default 1e-5)")
+    cmp_.add_argument("--seed", type=_int_at_least(0), default=0,
+                      help="seed of the random inputs")
     cmp_.set_defaults(run=cmd_compare)
     return parser
 
 
 def cmd_compare(args) -> int:
+    from .artifact import is_artifact
     from .compare import bisect_passes, compare
 
+    if is_artifact(args.model):
+        raise UsageError(f"{args.model} is an artifact; compare takes the ONNX model, to run "
+                         f"on the reference too")
+    if args.bisect_passes and args.target == "numpy":
+        raise UsageError("--bisect-passes: the numpy target runs no passes")
     options = dict(rtol=args.rtol, atol=args.atol, seed=args.seed)
     if args.bisect_passes:
         found = bisect_passes(args.model, args.target, args.opt_level, **options)
@@ -574,7 +689,7 @@ def cmd_compare(args) -> int:
     if where is not None:
         print(f"first diverging node: {where.node} ({where.op}), output {where.value}, max abs "
               f"error {where.max_abs_error:.3g} (rtol {args.rtol:g}, atol {args.atol:g})")
-    return 1
+    return EXIT_FINDING
 
 
 def _shape_option(parser) -> None:
@@ -589,19 +704,49 @@ def _cpu_options(parser) -> None:
                                         "this machine's)")
 
 
+EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+EXIT_STATUS = [
+    (UsageError, EXIT_USAGE, "error"),
+    (CompileError, EXIT_FAILED, "error"),   # a stage of dnnc failed on input it accepted
+    (DNNCError, EXIT_USAGE, "error"),       # a bad or unsupported model, input or argument
+    (OSError, EXIT_USAGE, "error"),         # a path that cannot be read or written
+    (Exception, EXIT_FAILED, "internal error"),
+]
+"""What each failure exits with and how its line starts; the first row whose type matches."""
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    # multi-line messages (UnsupportedOpError's list) are joined
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    if isinstance(exc, (DNNCError, UsageError, OSError)):
+        return text
+    return f"{type(exc).__name__}: {text} (a dnnc bug: please report it with the traceback " \
+           f"that DNNC_DEBUG=1 prints)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `dnnc` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the `dnnc` console script; returns the exit status (`EXIT_STATUS`)."""
+    debug = os.environ.get("DNNC_DEBUG", "") not in ("", "0")
     try:
+        args = build_parser().parse_args(argv)
         return args.run(args)
-    except (DNNCError, UsageError) as exc:
-        # one line: multi-line messages (UnsupportedOpError's list) are joined
-        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"dnnc: error: {message}", file=sys.stderr)
-        return 1
     except BrokenPipeError:  # `dnnc inspect --ir model.onnx | head`
         sys.stderr.close()
-        return 0
+        return EXIT_OK
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print("dnnc: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        status, kind = next((s, k) for t, s, k in EXIT_STATUS if isinstance(exc, t))
+        if debug:
+            traceback.print_exc()
+        print(f"dnnc: {kind}: {_one_line(exc)}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The `dnnc` command: `zoo` writes models, `inspect` summarises them (exact counts and FLOPs
-for an MLP), `--ir` prints the graph, and user mistakes end in one line and exit status 1."""
+for an MLP), `--ir` prints the graph, and user mistakes end in one line and exit status 2."""
 
 import json
 import subprocess
@@ -148,11 +148,11 @@ def _cli_subprocess(*argv, cwd):
                           text=True, cwd=cwd, env={"PYTHONPATH": str(REPO), "PATH": ""})
 
 
-def test_bad_file_is_one_line_and_exit_1(tmp_path):
+def test_bad_file_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x07garbage, not a model")
     result = _cli_subprocess("inspect", bad, cwd=tmp_path)
-    assert result.returncode == 1 and result.stdout == ""
+    assert result.returncode == 2 and result.stdout == ""
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith("dnnc: error:") and "ONNX model" in result.stderr
 
@@ -165,7 +165,7 @@ def test_unsupported_ops_are_one_line(tmp_path, capsys):
     path = tmp_path / "unsupported.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     code, out, err = run_cli(capsys, "inspect", path)
-    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
     assert "NoSuchOp" in err and "AlsoMissing" in err and "'first'" in err
 
 
@@ -177,16 +177,16 @@ def test_unsupported_ops_are_one_line(tmp_path, capsys):
     (["zoo", "mlp", "-o", "no/such/dir/x.onnx"], "cannot write"),
     (["zoo", "mlp"], "-o FILE"),
 ])
-def test_mistakes_exit_1_with_one_line(tmp_path, capsys, monkeypatch, argv, message):
+def test_mistakes_exit_2_with_one_line(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
     code, out, err = run_cli(capsys, *argv)
-    assert code == 1 and len(err.splitlines()) == 1 and message in err
+    assert code == 2 and len(err.splitlines()) == 1 and message in err
 
 
 def test_input_shape_of_unknown_input(tmp_path, capsys):
     path = mlp_file(tmp_path, capsys)
     code, _, err = run_cli(capsys, "inspect", path, "--input-shape", "pixels=1,20")
-    assert code == 1 and "pixels" in err and len(err.splitlines()) == 1
+    assert code == 2 and "pixels" in err and len(err.splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def test_compile_run_bench_mistakes(tmp_path, capsys, monkeypatch, argv, message
     bad.write_bytes(b"PK\x03\x04" + b"\x00" * 40)
     monkeypatch.chdir(tmp_path)
     code, out, err = run_cli(capsys, *[a.format(mlp=mlp, bad=bad) for a in argv])
-    assert code == 1 and len(err.strip().splitlines()[-1:]) == 1
+    assert code == 2 and len(err.strip().splitlines()[-1:]) == 1
     assert err.strip().splitlines()[-1].startswith("dnnc: error:") and message in err
 
 
@@ -356,5 +356,5 @@ def test_pass_option_mistakes(tmp_path, capsys, monkeypatch, argv, message):
         assert run_cli(capsys, "compile", mlp, "-o", art, "-q")[0] == 0
     monkeypatch.chdir(tmp_path)
     code, out, err = run_cli(capsys, *[a.format(mlp=mlp, art=art, file=mlp) for a in argv])
-    assert code == 1 and err.strip().splitlines()[-1].startswith("dnnc: error:")
+    assert code == 2 and err.strip().splitlines()[-1].startswith("dnnc: error:")
     assert message in err
