@@ -427,7 +427,35 @@ def build(name: str, batch=1, **config) -> onnx.ModelProto:
     if unknown:
         raise ValueError(f"zoo model {name!r} has no option(s) {', '.join(unknown)}; its "
                          f"options are {', '.join(config_options(name))}")
+    builder, _ = _PRESETS.get(MODELS[name], (MODELS[name], ()))
+    defaults = {k: p.default for k, p in inspect.signature(builder).parameters.items()}
+    for key, value in config.items():
+        _check_option(key, value, defaults[key])
     return MODELS[name](batch, **config)
+
+
+def _check_option(key: str, value, default) -> None:
+    """An option takes its default's kind of value: a bool, sizes (ints >= 1; a seed >= 0),
+    a tuple of sizes, a positive number; so `layers=-1` or `hidden=(0,)` is refused rather
+    than built into a broken model."""
+    def size(v, low=1):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "True or False"
+    elif key == "seed":
+        ok, kind = size(value, 0), "an int >= 0"
+    elif isinstance(default, tuple):
+        ok = isinstance(value, (tuple, list)) and all(map(size, value))
+        kind = "a tuple of ints >= 1"
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value) and value > 0
+        kind = "a number > 0"
+    else:   # int sizes, and None defaults that stand for a size (intermediate)
+        ok, kind = size(value) or (default is None and value is None), "an int >= 1"
+    if not ok:
+        raise ValueError(f"option {key} must be {kind}, not {value!r}")
 
 
 def inputs_for(model: onnx.ModelProto, rng: np.random.Generator | None = None,
