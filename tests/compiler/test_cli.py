@@ -358,3 +358,121 @@ def test_pass_option_mistakes(tmp_path, capsys, monkeypatch, argv, message):
     code, out, err = run_cli(capsys, *[a.format(mlp=mlp, art=art, file=mlp) for a in argv])
     assert code == 2 and err.strip().splitlines()[-1].startswith("dnnc: error:")
     assert message in err
+
+
+# ---------------------------------------------------------------------------------------------
+# every option checked before work starts; exit statuses (docs/cli.md, "Exit codes")
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([], "required: COMMAND"),
+    (["nosuch"], "invalid choice: 'nosuch'"),
+    (["zoo", "mlp", "-o", "x.onnx", "--batch", "0"], "--batch: a size must be at least 1"),
+    (["zoo", "mlp", "-o", "x.onnx", "--batch", "-3"], "--batch: a size must be at least 1"),
+    (["zoo", "mlp", "-o", "x.onnx", "--set", "hidden=(0,)"], "option hidden must be a tuple"),
+    (["zoo", "bert", "-o", "x.onnx", "--set", "layers=-1"], "option layers must be an int"),
+    (["zoo", "bert", "-o", "x.onnx", "--set", "embeddings=1"], "option embeddings must be"),
+    (["zoo", "mlp", "-o", "x.onnx", "--set", "seed=-1"], "option seed must be an int >= 0"),
+    (["inspect", "{mlp}", "--input-shape", "input=-1,20"], "a size must be at least 0"),
+    (["inspect", "{mlp}", "--input-shape", "input=3,20"], "dim 0 is fixed to 2 by the model"),
+    (["inspect", "{mlp}", "--input-shape", "input=2,20,1"], "has rank 3"),
+    (["compile", "{mlp}", "--opt-level", "7"], "argument --opt-level: invalid choice"),
+    (["compile", "{mlp}", "-o", "no/such/dir/m.dnnc"], "folder 'no/such/dir' does not exist"),
+    (["compile", "{mlp}", "-o", "."], "is a folder"),
+    (["compile", "{sym}", "--emit", "asm", "out"], "input dim(s) N are symbolic"),
+    (["compile", "{mlp}", "--target", "numpy", "--emit", "asm", "out"], "generates no code"),
+    (["run", "{sym}", "--random", "--dim", "Q=3"], "--dim Q: not a symbolic dim of an input "
+                                                    "--random fills (N)"),
+    (["run", "{sym}", "--random", "--dim", "N=0"], "--dim N: a size must be at least 1"),
+    (["run", "{sym}", "--random", "--dim", "N=2", "--dim", "N=3"], "--dim N given twice"),
+    (["run", "{mlp}", "--random", "--dim", "N=3"], "(there is none)"),
+    (["run", "{sym}", "--input", "nope=x.npy"], "--input nope: the model has no such input; "
+                                                "its inputs are input"),
+    (["run", "{mlp}", "--input", "input=x.npy", "--input", "input=x.npy"], "given twice"),
+    (["run", "{mlp}", "--input", "input=x.npy", "--random"], "every input is given"),
+    (["run", "{mlp}", "--random", "--seed", "-1"], "argument --seed: must be at least 0"),
+    (["bench", "{sym}", "--batch", "0"], "--batch: a size must be at least 1, not 0"),
+    (["bench", "{sym}", "--repeat", "0"], "argument --repeat: must be at least 1, not 0"),
+    (["bench", "{sym}", "--warmup", "-1"], "argument --warmup: must be at least 0"),
+    (["bench", "{sym}", "--threads", "0"], "argument --threads: must be at least 1"),
+    (["bench", "{sym}", "--repeat", "x"], "argument --repeat: expects an integer"),
+    (["compare", "{mlp}", "--rtol", "-1"], "argument --rtol: must be a finite number >= 0"),
+    (["compare", "{mlp}", "--atol", "nan"], "argument --atol: must be a finite number >= 0"),
+    (["compare", "{mlp}", "--target", "numpy", "--bisect-passes"], "runs no passes"),
+    (["compare", "missing.onnx"], "does not exist"),
+    (["compare", "{art}"], "is an artifact"),
+])
+def test_bad_options_exit_2_with_one_line_before_any_work(tmp_path, capsys, monkeypatch, argv,
+                                                          message):
+    mlp = mlp_file(tmp_path, capsys)
+    sym = tmp_path / "sym.onnx"
+    sym.write_bytes(zoo.build("mlp", batch="N", hidden=(8,), in_features=20,
+                              classes=5).SerializeToString())
+    art = tmp_path / "m.dnnc"
+    art.write_bytes(b"PK\x03\x04" + b"\x00" * 40)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((2, 20), np.float32))
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, out, err = run_cli(capsys, *[a.format(mlp=mlp, sym=sym, art=art) for a in argv])
+    assert code == 2 and out == "" and message in err, err
+    assert err.splitlines()[-1].startswith("dnnc: error:") and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before   # nothing written
+
+
+def test_emit_with_the_symbolic_dims_fixed(tmp_path, capsys):
+    sym = tmp_path / "sym.onnx"
+    sym.write_bytes(zoo.build("mlp", batch="N", hidden=(8,), in_features=20,
+                              classes=5).SerializeToString())
+    code, _, err = run_cli(capsys, "compile", sym, "-o", tmp_path / "m.dnnc", "--emit", "asm",
+                           tmp_path / "asm", "--input-shape", "input=3,20")
+    assert code == 0, err
+    assert "entry" in (tmp_path / "asm" / "sym.s").read_text()
+
+
+@pytest.mark.parametrize("raised,status,start", [
+    (RuntimeError("boom"), 3, "dnnc: internal error: RuntimeError: boom (a dnnc bug"),
+    (dnnc.errors.CompileError("LLVM rejected it"), 3, "dnnc: error: LLVM rejected it"),
+    (dnnc.errors.ShapeError("bad shape"), 2, "dnnc: error: bad shape"),
+    (FileNotFoundError(2, "No such file or directory", "x.npy"), 2,
+     "dnnc: error: x.npy: No such file or directory"),
+    (KeyboardInterrupt(), 130, "dnnc: interrupted"),
+])
+def test_one_table_maps_failures_to_exit_statuses(capsys, monkeypatch, raised, status, start):
+    from dnnc.compiler import cli
+
+    def fail(args):
+        raise raised
+
+    monkeypatch.setattr(cli, "cmd_inspect", fail)
+    code, out, err = run_cli(capsys, "inspect", "m.onnx")
+    assert code == status and err.startswith(start) and len(err.splitlines()) == 1
+    monkeypatch.setenv("DNNC_DEBUG", "1")
+    code, out, err = run_cli(capsys, "inspect", "m.onnx")
+    assert code == status and "Traceback" in err and err.splitlines()[-1].startswith(start)
+
+
+def test_unwritable_output_in_a_subprocess_is_one_line_and_exit_2(tmp_path, capsys):
+    mlp = mlp_file(tmp_path, capsys)
+    result = _cli_subprocess("compile", mlp, "-o", "/nonexistent/x.dnnc", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "dnnc: error: -o '/nonexistent/x.dnnc': folder '/nonexistent' " \
+                            "does not exist\n"
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys):
+    import signal
+
+    mlp = mlp_file(tmp_path, capsys)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dnnc", "bench", str(mlp), "--target", "numpy",
+         "--no-onnxruntime", "--repeat", "100000000"], cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={"PYTHONPATH": str(REPO), "PATH": ""})
+    try:
+        first = process.stderr.readline()   # inside main: the model is being compiled
+        assert first.startswith("dnnc: compiling"), first
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and err == "dnnc: interrupted\n"

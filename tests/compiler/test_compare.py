@@ -61,3 +61,31 @@ def test_cli_compare(tmp_path, capsys):
         helper.make_opsetid("", 17)]).SerializeToString())
     assert main(["compare", str(path), "--target", "llvm", "--bisect-passes"]) == 0
     assert "no divergence" in capsys.readouterr().out
+
+
+def test_cli_compare_exits_1_for_a_divergence_and_2_for_a_bad_file(tmp_path, capsys,
+                                                                    monkeypatch):
+    """A finding and a mistake are told apart by the exit status (docs/cli.md)."""
+    from onnx import TensorProto, helper, numpy_helper
+    from dnnc.compiler.cli import main
+
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((3, 3))
+                                .astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                               helper.make_node("Relu", ["h"], ["y"], name="act")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[w])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17)]).SerializeToString())
+    monkeypatch.setattr(simplify_module, "RULES", simplify_module.RULES + [_wrong_relu])
+    monkeypatch.setattr(simplify_module.simplify, "__defaults__", (simplify_module.RULES,))
+    assert main(["compare", str(path), "--bisect-passes"]) == 1
+    out, err = capsys.readouterr()
+    assert "first diverging pass: simplify" in out and err == ""
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07 not a model")
+    assert main(["compare", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("dnnc: error: cannot read the ONNX model")
