@@ -10,7 +10,7 @@ import time
 from ..backends.numpy import NumpyRuntime
 from ..errors import ArgumentError, OutOfMemoryError
 from ..ir.graph import Graph
-from ..passes.manager import DEFAULT_OPT_LEVEL
+from ..passes.manager import DEFAULT_OPT_LEVEL, passes_at
 from .arguments import check_choice, check_int, check_optional_bool, check_optional_path
 from .module import CompiledModel
 
@@ -59,7 +59,8 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     `target` does not use (also what `dnnc.jit` checks when it decorates)."""
     check_choice("target", target, TARGETS)
     check_int("opt_level", opt_level, OPT_LEVELS[0], OPT_LEVELS[-1], optional=True)
-    check_int("passes", passes, 0, optional=True)
+    level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
+    check_int("passes", passes, 0, len(passes_at(level)), optional=True)
     check_optional_bool("progress", progress)
     check_optional_path("dump_ir", dump_ir)
     if tuning_log is not None:
