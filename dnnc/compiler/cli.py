@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import math
+import os
 import re
 import sys
 import time
@@ -486,28 +486,32 @@ def cmd_bench(args) -> int:
 
     if args.threads is not None:
         os.environ["DNNC_NUM_THREADS"] = str(args.threads)  # read when the pool starts
-    shapes = dict(_parse_input_shape(s) for s in args.input_shape)
-    model = _model_for(args, shapes)
-    threads = 1
-    if model.target == "llvm":
-        from ..backends.llvm.runtime import ensure_pool
-
-        threads = ensure_pool()
-    batch_dims = sorted({t.shape[0] for t in model.input_types
-                         if t.rank and isinstance(t.shape[0], str)})
     batches: list[int | None] = [None]
-    if args.batch:
+    if args.batch is not None:
         try:
             batches = [int(b) for b in args.batch.split(",")]
         except ValueError:
             raise UsageError(f"--batch expects sizes like 1,8, not {args.batch!r}") from None
         if min(batches) < 1:
             raise UsageError(f"--batch: a size must be at least 1, not {min(batches)}")
-        if not batch_dims:
-            fixed = {t.shape[0] for t in model.input_types if t.rank}
+    shapes = dict(_parse_input_shape(s) for s in args.input_shape)
+    batch_dims: list[str] = []
+
+    def check(names, types):   # before compiling: a mistake costs no compile time
+        batch_dims.extend(sorted({t.shape[0] for t in types
+                                  if t.rank and isinstance(t.shape[0], str)}))
+        if args.batch is not None and not batch_dims:
+            fixed = {t.shape[0] for t in types if t.rank}
             raise UsageError(f"the model's batch is fixed ({', '.join(map(str, fixed))}); "
                              f"write it with a symbolic batch (dnnc zoo ... --batch N) to "
                              f"bench other sizes")
+
+    model = _model_for(args, shapes, check)
+    threads = 1
+    if model.target == "llvm":
+        from ..backends.llvm.runtime import ensure_pool
+
+        threads = ensure_pool()
     session = None
     if not args.no_onnxruntime and not is_artifact(args.model):
         session = _ort_session(args.model, threads)
