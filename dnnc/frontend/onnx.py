@@ -360,7 +360,8 @@ class _GraphBuilder:
         tt = vi.type.tensor_type
         dtype = dtype_from_onnx(tt.elem_type, f"input {vi.name!r}")
         if vi.name in self.input_shapes and not outer:
-            return T.TensorType(dtype, tuple(self.input_shapes[vi.name]))
+            return T.TensorType(dtype, tuple(d if isinstance(d, str) else int(d)
+                                             for d in self.input_shapes[vi.name]))
         if not tt.HasField("shape"):
             if outer:  # subgraph inputs without shapes (Loop bodies): the importer gives types
                 return T.TensorType(dtype, ())

@@ -61,7 +61,7 @@ def test_compile_takes_what_it_documents(mlp):
     assert fixed.input_types[0].shape == ("B", 4)
     np.testing.assert_array_equal(fixed(x), want)
     sized = dnnc.compile(mlp, "numpy", input_shapes={"input": (np.int64(2), 4)})
-    assert sized.input_types[0].shape == (2, 4)
+    assert sized.input_types[0].shape == (2, 4) and type(sized.input_types[0].shape[0]) is int
 
 
 def test_model_of_the_wrong_type_and_shapes_for_a_graph(mlp):
