@@ -9,8 +9,9 @@ into another meaning.
 
 from __future__ import annotations
 
+import math
 import os
-from numbers import Integral
+from numbers import Integral, Real
 
 from ..errors import ArgumentError
 
@@ -25,6 +26,13 @@ def check_int(name: str, value, low: int, high: int | None = None, *,
     if value < low or (high is not None and value > high):
         bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
         raise ArgumentError(f"{name} must be {bounds}, not {value}")
+
+
+def check_tolerance(name: str, value) -> None:
+    """`value` is a finite real number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
+            or value < 0:
+        raise ArgumentError(f"{name} must be a finite number >= 0, not {value!r}")
 
 
 def check_choice(name: str, value, choices) -> None:

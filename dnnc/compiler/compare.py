@@ -17,6 +17,7 @@ import numpy as np
 from ..ir.graph import Graph
 from ..ir.interpreter import run_graph
 from ..passes.manager import passes_at
+from .arguments import check_int, check_tolerance
 from .driver import compile, load_graph
 
 
@@ -42,6 +43,12 @@ def _inputs(graph: Graph, rng, dims: dict | None = None) -> list[np.ndarray]:
     return arrays
 
 
+def _check(rtol, atol, seed) -> None:
+    check_tolerance("rtol", rtol)
+    check_tolerance("atol", atol)
+    check_int("seed", seed, 0)
+
+
 def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple[bool, float]:
     if got.shape != want.shape or got.dtype != want.dtype:
         return False, float("inf")
@@ -60,6 +67,7 @@ def compare(model, target: str = "llvm", opt_level: int | None = None, *, rtol: 
             atol: float = 1e-5, seed: int = 0, passes: int | None = None,
             inputs: list[np.ndarray] | None = None) -> Divergence | None:
     """The first node whose output differs between `target` and the reference, or None."""
+    _check(rtol, atol, seed)
     graph = load_graph(model)
     arrays = inputs if inputs is not None else _inputs(graph, np.random.default_rng(seed))
     reference: dict[str, np.ndarray] = {}
@@ -90,6 +98,7 @@ def bisect_passes(model, target: str = "llvm", opt_level: int | None = None, *,
                   rtol: float = 1e-4, atol: float = 1e-5, seed: int = 0
                   ) -> tuple[str, Divergence] | None:
     """(the first pass after which results diverge, where they first diverge), or None."""
+    _check(rtol, atol, seed)
     graph = load_graph(model)
     arrays = _inputs(graph, np.random.default_rng(seed))
     names = passes_at(3 if opt_level is None else opt_level)

@@ -89,6 +89,19 @@ def test_compiled_model_methods(compiled, call, message):
         call(compiled, x)
 
 
+@pytest.mark.parametrize("options,message", [
+    ({"rtol": -1}, "rtol must be a finite number >= 0, not -1"),
+    ({"atol": float("nan")}, "atol must be a finite number >= 0, not nan"),
+    ({"seed": -2}, "seed must be at least 0, not -2"),
+])
+def test_compare_checks_its_tolerances(options, message):
+    from dnnc.compiler.compare import bisect_passes, compare
+
+    for find in (compare, bisect_passes):
+        with pytest.raises(ArgumentError, match=message):
+            find(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "numpy", **options)
+
+
 @pytest.mark.parametrize("decorate,message", [
     (lambda f: dnnc.jit(f, target="cuda"), "target must be one of numpy, llvm"),
     (lambda f: dnnc.jit(target="numpy", opt_level=9)(f), "opt_level must be from 0 to 3"),
