@@ -34,6 +34,7 @@ import re
 import tempfile
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import ml_dtypes
@@ -507,7 +508,10 @@ def _member(archive: zipfile.ZipFile, name: str, path, limit: int = _MAX_TEXT) -
         raise ArtifactError(f"{path}: member {name} declares {info.file_size:,} bytes "
                             f"({info.compress_size:,} compressed, method "
                             f"{info.compress_type}), which this file cannot hold")
-    return archive.read(name)
+    try:
+        return archive.read(name)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        raise ArtifactError(f"{path}: member {name} is corrupt ({exc})") from None
 
 
 def _manifest(archive: zipfile.ZipFile, path) -> dict:

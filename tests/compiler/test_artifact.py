@@ -4,6 +4,7 @@ another dnnc or format version, or needing CPU features this machine lacks, and 
 are refused with an ArtifactError naming the problem."""
 
 import json
+import platform
 import subprocess
 import sys
 import textwrap
@@ -271,3 +272,67 @@ def test_saved_code_is_the_code_that_ran(tmp_path):
     loaded = _python(_LOAD, tmp_path, len(_NATIVE_MODELS), env=env)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert loaded.stdout.split() == ["ok", str(len(_NATIVE_MODELS))]
+
+
+# --mcpu/--mattr (issue 10, item 5): the CPU name must not add features the record leaves
+# out, an artifact records every feature its code may use, unknown names are refused.
+_EVEX = r"zmm|%k[0-7]\b|\{1to\d+\}|[xy]mm(1[6-9]|2\d|3[01])\b|vpternlog|vpermt2|vpermi2"
+
+_CPUS = """
+import json, re, sys
+import numpy as np, dnnc
+from dnnc import zoo
+from dnnc.backends.llvm.runtime import CPU_LEVELS, cpu_from, host_cpu
+from dnnc.errors import ArtifactError
+folder = sys.argv[1]
+onnx_model = zoo.build("mlp", batch=64, seed=3)
+x = np.random.default_rng(3).standard_normal((64, 784)).astype(np.float32)
+want = dnnc.compile(onnx_model, target="numpy")(x)
+# a CPU name with an explicit feature list: the name only tunes
+model = dnnc.compile(onnx_model, target="llvm", cpu=cpu_from("sapphirerapids", "+avx2"))
+assert not re.search(sys.argv[2], model.source("asm")), "AVX-512 code for +avx2"
+model.save(f"{folder}/spr.dnnc")
+loaded = dnnc.load(f"{folder}/spr.dnnc")
+baseline = set(CPU_LEVELS["x86_64"]["x86-64"])
+assert set(loaded.manifest["target"]["features"]) == baseline | {"avx2"}
+np.testing.assert_allclose(loaded(x), want, rtol=1e-4, atol=1e-4)
+# a level: every feature it implies is recorded and checked
+model = dnnc.compile(onnx_model, target="llvm", cpu=cpu_from("x86-64-v4"))
+model.save(f"{folder}/v4.dnnc")
+v4 = set(CPU_LEVELS["x86_64"]["x86-64-v4"])
+missing = sorted(v4 - host_cpu().feature_set)
+try:
+    np.testing.assert_allclose(dnnc.load(f"{folder}/v4.dnnc")(x), want, rtol=1e-4, atol=1e-4)
+    assert not missing, "loaded code needing " + ", ".join(missing)
+except ArtifactError as exc:
+    assert missing and all(f in str(exc) for f in missing), exc
+print("ok", len(missing))
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="x86-64 CPU names and levels")
+def test_cpu_names_only_tune_and_levels_record_their_features(tmp_path):
+    done = _python(_CPUS, tmp_path, _EVEX)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[0] == "ok"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--mcpu", "bogus"], "'bogus' is not a CPU LLVM knows"),
+    (["--mattr=+avx2,+nonsense"], "'+nonsense' is not a CPU feature"),
+    (["--mcpu", "sapphirerapids"], "cannot tell which features CPU 'sapphirerapids' has"),
+    (["--mattr=-sse2"], "code without it cannot be made"),
+])
+def test_unknown_cpu_and_feature_names_are_refused(tmp_path, flags, message):
+    import onnx
+
+    onnx.save(zoo.build("mlp", batch=2, hidden=(8,), seed=1), tmp_path / "m.onnx")
+    done = subprocess.run([sys.executable, "-m", "dnnc", "compile", str(tmp_path / "m.onnx"),
+                           "-o", str(tmp_path / "m.dnnc"), "-q", *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    # a usage error (its exit status is docs/cli.md's business), one line, no LLVM abort
+    assert done.returncode > 0, done.stderr
+    assert message in done.stderr and "LLVM ERROR" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "m.dnnc").exists()
