@@ -8,13 +8,19 @@ The file is a zip archive (see docs/artifacts.md):
     graph.json           the optimised graph: values, nodes, attributes (DType values and
                          nested Graphs of control flow included), subgraphs
     tensors/K.npy        constants and tensor attributes, referenced from graph.json by K
-    segments/K.o         object code of specialisation K; .ll and .loop hold its LLVM IR and
-                         loop IR, for `source()` after a load
+    segments/K.o         object code of specialisation K (the object MCJIT ran when it was
+                         compiled); .ll and .loop hold its LLVM IR and loop IR, for `source()`
+                         after a load
 
-Loading checks the manifest first and refuses, with an `ArtifactError` naming what is wrong, a
-file of another format version or dnnc version, another architecture, or code compiled for CPU
-features this machine lacks; then it rebuilds the graph and the target's runtime from the stored
-plan and object code, without running passes or lowering. A shape not seen before the save is
+Loading checks before it trusts, and refuses with an `ArtifactError` naming what is wrong: a
+file of another format or dnnc version, a manifest field of the wrong type or range, a member
+whose size is impossible or whose SHA-256 differs from the manifest's, another architecture,
+code needing CPU features this machine lacks, an object file that is malformed or for another
+machine (`backends/llvm/objfile.py`), and code whose compiled-in layout digest disagrees with
+the manifest and graph (`executable.layout_digest`). Then it rebuilds the graph and the
+target's runtime from the stored plan and object code, without running passes or lowering.
+None of this makes a deliberately crafted file safe: an artifact is native code, to be loaded
+from trusted sources only (docs/artifacts.md). A shape not seen before the save is
 compiled from the stored graph on first use, as after `dnnc.compile`.
 
 This module owns the file format; the target runtimes only describe themselves as plain data

@@ -20,7 +20,9 @@ several threads are safe.
 Artifacts: `plan()` and `images()` describe the steps and every compiled specialisation
 (object code and its calling layout) as plain data; `LLVMRuntime.restore` rebuilds a runtime
 from them without lowering or LLVM passes, loading each object file into its own MCJIT engine
-(`ObjectModule`). `dnnc/compiler/artifact.py` owns the file format.
+(`ObjectModule`) after `objfile.check_object`, and refusing one whose compiled-in layout digest
+(`layout_digest`) differs from the plan's and graph's. `dnnc/compiler/artifact.py` owns the
+file format.
 """
 
 from __future__ import annotations
