@@ -245,6 +245,23 @@ def graph_from_doc(doc: dict, tensors) -> Graph:
     return _Reader(doc, tensors).graph(doc["graph"])
 
 
+def _npy(data: bytes) -> np.ndarray:
+    """An array from .npy bytes whose header's shape and dtype must account for exactly the
+    bytes that follow it (so a header cannot make the read allocate more)."""
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read_header is None:
+        raise ValueError(f".npy format version {version}")
+    shape, _, dtype = read_header(f)
+    if dtype.hasobject or math.prod(shape) * dtype.itemsize != len(data) - f.tell():
+        raise ValueError(f".npy header ({dtype}, {shape}) does not match its "
+                         f"{len(data) - f.tell()} data bytes")
+    f.seek(0)
+    return np.lib.format.read_array(f, allow_pickle=False)
+
+
 def _npy_bytes(array: np.ndarray) -> bytes:
     array = np.asarray(array, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
     if array.dtype == ml_dtypes.bfloat16:  # .npy has no bfloat16: stored as its bits
@@ -380,9 +397,8 @@ def _check_llvm_manifest(manifest: dict) -> None:
         _need(type(e.get("entry")) is str and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*",
                                                            e["entry"]) is not None,
               what + " entry")
-        _need(all(type(e.get(m)) is str and e[m] in files for m in ("object", "llvm_ir",
-                                                                     "loop_ir")
-                  if m == "object" or m in e), what + " members")
+        members = [e.get("object")] + [e[m] for m in ("llvm_ir", "loop_ir") if m in e]
+        _need(all(type(m) is str and m in files for m in members), what + " members")
         _need(type(e.get("values", [])) is list and all(
             type(v) is list and len(v) == 2 and _int(v[0], 0, 1 << 20) and
             _ints(v[1], -(1 << 63), (1 << 63) - 1) for v in e.get("values", [])),
@@ -501,7 +517,8 @@ def _open(path) -> zipfile.ZipFile:
 
 
 def _member(archive: zipfile.ZipFile, name: str, path, limit: int = _MAX_TEXT) -> bytes:
-    """Member `name`, its declared sizes checked before it is read."""
+    """Member `name`, its declared sizes checked before it is read: a stored member must fit
+    in the file, a deflated one inflate to at most `limit` bytes."""
     try:
         info = archive.getinfo(name)
     except KeyError:
@@ -509,7 +526,8 @@ def _member(archive: zipfile.ZipFile, name: str, path, limit: int = _MAX_TEXT) -
     stored = info.compress_type == zipfile.ZIP_STORED
     archive.fp.seek(0, os.SEEK_END)
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or \
-            (stored and info.file_size != info.compress_size) or info.file_size > limit or \
+            (stored and info.file_size != info.compress_size) or \
+            (not stored and info.file_size > limit) or \
             info.header_offset + info.compress_size > archive.fp.tell():
         raise ArtifactError(f"{path}: member {name} declares {info.file_size:,} bytes "
                             f"({info.compress_size:,} compressed, method "
@@ -584,8 +602,7 @@ def load(path, *, progress: bool | None = None):
             def tensor(k: int) -> np.ndarray:
                 if type(k) is not int:
                     raise ValueError(f"tensor reference {k!r}")
-                return np.lib.format.read_array(io.BytesIO(read(f"tensors/{k}.npy")),
-                                                allow_pickle=False)
+                return _npy(read(f"tensors/{k}.npy"))
 
             graph = graph_from_doc(doc, tensor)
             graph.verify()

@@ -8,6 +8,7 @@ All cases load (and, if one loads, run) in one child process that prints one lin
 a crash there fails the test and the last line names the case."""
 
 import hashlib
+import io
 import json
 import os
 import struct
@@ -133,6 +134,34 @@ def _feature_dropped(manifest):
     target["features"].remove(dropped)
 
 
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array))
+    return buf.getvalue()
+
+
+def _npy_header_lie(members):
+    """tensors/0.npy's header claims twice the rows its data holds."""
+    data = members["tensors/0.npy"]
+    array = np.load(io.BytesIO(data))
+    header = _npy(array)[:len(data) - array.nbytes]
+    shape = str(array.shape).encode()
+    bigger = str((2 * array.shape[0],) + array.shape[1:]).encode()
+    lie = header.replace(shape, bigger)[:-1].ljust(len(header) - 1) + b"\n"
+    return {**members, "tensors/0.npy": lie + data[len(header):]}
+
+
+def _smaller_constant(members):
+    """A weight and its type in graph.json both halved: a consistent graph, other code."""
+    doc = json.loads(members["graph.json"])
+    entry = next(v for v in doc["values"] if "const" in v and v["shape"] and v["shape"][-1] > 1)
+    name = f"tensors/{entry['const']}.npy"
+    array = np.load(io.BytesIO(members[name]))
+    smaller = array[..., :array.shape[-1] // 2]
+    entry["shape"] = list(smaller.shape)
+    return {**members, "graph.json": json.dumps(doc).encode(), name: _npy(smaller)}
+
+
 def _swap_consts(s):
     s["consts"] = s["consts"][::-1]
 
@@ -191,6 +220,8 @@ LIES = {
     "object-section-table-past-end": _object(
         lambda d: d[:40] + struct.pack("<Q", len(d) - 8) + d[48:]),
     "object-of-other-segment-shape": None,   # made in the test: another batch's object
+    "tensor-header-lie": _npy_header_lie,
+    "constant-smaller": _smaller_constant,
     "missing-graph": _without("graph.json"),
     "missing-tensor": _without("tensors/0.npy"),
     "missing-object": _without("segments/0.o"),
@@ -251,7 +282,9 @@ def test_crafted_artifacts_are_refused(base):
     case("bomb-graph", _declared_size(data, "graph.json", 0xFFFFFFF0))
     case("stored-size-lie", _declared_size(data, "tensors/0.npy", 1 << 20))
 
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(base), "good", *cases],
+    # the good files must still load: the original, and a loaded model saved again with a
+    # specialisation compiled after the load
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(base), "good", "two", *cases],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "DNNC_NUM_THREADS": "2"})
     lines = done.stdout.splitlines()
@@ -259,7 +292,7 @@ def test_crafted_artifacts_are_refused(base):
     assert done.returncode == 0, f"crashed ({done.returncode}) on {lines[-1:]}:\n" \
                                  f"{done.stderr[-2000:]}"
     results = dict(line.split(" ", 2)[1:] for line in lines)
-    assert results.pop("good") == "ran same"
+    assert results.pop("good") == "ran same" and results.pop("two") == "ran same"
     wrong = {name: r for name, r in results.items() if not r.startswith("refused")}
     assert not wrong, "\n".join(f"{n}: {r}" for n, r in wrong.items())
     assert len(results) == len(cases)

@@ -72,7 +72,8 @@ _X86_64_V4 = _X86_64_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx51
 CPU_LEVELS = {
     "x86_64": {"x86-64": _X86_64, "x86-64-v2": _X86_64_V2, "x86-64-v3": _X86_64_V3,
                "x86-64-v4": _X86_64_V4},
-    "aarch64": {"generic": ()},
+    # every AArch64 CPU an OS runs on has FP and Advanced SIMD
+    "aarch64": {"generic": ("fp-armv8", "neon")},
 }
 _GENERIC = {"generic": ()}
 
@@ -211,16 +212,15 @@ class JITModule:
         if opt_level > 0:
             optimize(self.module, self.tm, speed_level=min(opt_level, 3))
         self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
-        # keep the object MCJIT itself compiled: emitting the module again (tm.emit_object)
-        # runs codegen a second time on IR the first run already rewrote, and gave code with
-        # another stack layout that crashed when loaded (issue 10, item 1)
-        self._object: bytes | None = None
-        self.engine.set_object_cache(notify_func=self._compiled)
+        # keep the object MCJIT compiled and runs: emitting the module again
+        # (tm.emit_object) gives other code (an MLP's: 10,416 bytes against the 10,384 that
+        # ran), whose `entry` stack layout crashed when an artifact loaded it (issue 10,
+        # item 1). A list, not self, receives it: no cycle keeps the engine alive.
+        compiled: list[bytes] = []
+        self.engine.set_object_cache(notify_func=lambda _, data: compiled.append(bytes(data)))
         self.engine.finalize_object()
         self.engine.run_static_constructors()
-
-    def _compiled(self, module, data: bytes) -> None:
-        self._object = bytes(data)
+        self._object = compiled[0] if compiled else None
 
     def address(self, name: str) -> int:
         addr = self.engine.get_function_address(name)
