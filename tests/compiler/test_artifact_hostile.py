@@ -117,6 +117,19 @@ def _elf_machine(data: bytes) -> bytes:
     return data[:18] + struct.pack("<H", other) + data[20:]
 
 
+def _object_needing_a_missing_symbol(_) -> bytes:
+    """A well-formed object whose `entry` calls a function no process has: loaded, it would
+    jump to address 0."""
+    import llvmlite.binding as llvm
+
+    from dnnc.backends.llvm.runtime import host_cpu, target_machine
+
+    module = llvm.parse_assembly("declare void @dnnc_no_such_function()\n"
+                                 "define void @entry(ptr %s, ptr %a) {\n"
+                                 "  call void @dnnc_no_such_function()\n  ret void\n}\n")
+    return target_machine(host_cpu()).emit_object(module)
+
+
 def _feature_host_lacks(manifest):
     from dnnc.backends.llvm.runtime import feature_names, host_cpu
 
@@ -217,6 +230,7 @@ LIES = {
         len(d) - 64)),
     "object-truncated": _object(lambda d: d[:len(d) // 2]),
     "object-empty": _object(lambda d: b""),
+    "object-missing-symbol": _object(_object_needing_a_missing_symbol),
     "object-section-table-past-end": _object(
         lambda d: d[:40] + struct.pack("<Q", len(d) - 8) + d[48:]),
     "object-of-other-segment-shape": None,   # made in the test: another batch's object

@@ -671,9 +671,14 @@ class ObjectModule:
         empty = llvm.parse_assembly("")
         empty.triple = self.tm.triple
         empty.data_layout = str(self.tm.target_data)
-        self.engine = llvm.create_mcjit_compiler(empty, self.tm)
         self._data = bytes(data)
-        check_object(self._data)   # LLVM trusts the file: a malformed one crashes it
+        needed = check_object(self._data)   # LLVM trusts the file: a malformed one crashes it
+        self.engine = llvm.create_mcjit_compiler(empty, self.tm)
+        # looked up after the engine exists (it makes the process's symbols searchable)
+        missing = [sym for sym in needed if not llvm.address_of_symbol(sym)]
+        if missing:
+            raise ArtifactError(f"object code of {name} needs symbol(s) this process does not "
+                                f"have: {', '.join(sorted(missing)[:10])}")
         self._object = llvm.ObjectFileRef.from_data(self._data)
         self.engine.add_object_file(self._object)
         self.engine.finalize_object()

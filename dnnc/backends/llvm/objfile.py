@@ -2,9 +2,11 @@
 
 LLVM's object loader (RuntimeDyld, behind `add_object_file`) trusts its input: a truncated
 file, offsets past the end or a relocation naming a symbol that does not exist crash the
-process. `check_object` refuses, with an `ArtifactError`, a file that is not an object for
-this machine's architecture or whose ELF tables point outside it; what the code does once it
-is loaded is beyond any such check (docs/artifacts.md).
+process, and a symbol it cannot resolve is left as address 0 for the code to jump to.
+`check_object` refuses, with an `ArtifactError`, a file that is not an object for this
+machine's architecture or whose ELF tables point outside it, and returns the symbols it needs
+from the process, for the loader to look up first; what the code does once it is loaded is
+beyond any such check (docs/artifacts.md).
 
 ELF (Linux, the BSDs) is checked in full: header, section table, symbol tables and
 relocations. Mach-O and COFF objects are only checked for their magic and machine.
@@ -40,14 +42,17 @@ _SYMBOL = [("name", "u4"), ("info", "u1"), ("other", "u1"), ("shndx", "u2"),
 _RELA = [("offset", "u8"), ("info", "u8"), ("addend", "i8")]
 _REL = [("offset", "u8"), ("info", "u8")]
 _SHN_LORESERVE = 0xFF00
+_STB_WEAK = 2
 
 
-def check_object(data: bytes) -> None:
-    """Raise ArtifactError unless `data` is a well-formed object for this architecture."""
+def check_object(data: bytes) -> list[str]:
+    """Raise ArtifactError unless `data` is a well-formed object for this architecture;
+    return the names of the (non-weak) symbols it leaves undefined (ELF only: [] for other
+    formats)."""
     arch = llvm.get_process_triple().split("-")[0]
     elf, macho, coff = _MACHINES.get(arch, (None, None, None))
     if data[:4] == b"\x7fELF":
-        _check_elf(data, arch, elf)
+        return _check_elf(data, arch, elf)
     elif data[:4] in (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf"):
         order = "<" if data[:1] == b"\xcf" else ">"
         if len(data) < 32 or struct.unpack_from(order + "i", data, 4)[0] != macho:
@@ -57,9 +62,10 @@ def check_object(data: bytes) -> None:
     else:
         raise ArtifactError(f"object code is not an object file for {arch} "
                             f"(starts with {data[:4].hex()})")
+    return []
 
 
-def _check_elf(data: bytes, arch: str, machine: int | None) -> None:
+def _check_elf(data: bytes, arch: str, machine: int | None) -> list[str]:
     if len(data) < 64:
         raise ArtifactError(f"object code truncated: {len(data)} bytes")
     if data[4] != 2:
@@ -89,6 +95,7 @@ def _check_elf(data: bytes, arch: str, machine: int | None) -> None:
         return data[offset:offset + size]
 
     names = table(shstrndx, "section names")
+    undefined: list[str] = []
     for k, s in enumerate(sections):
         kind = int(s["type"])
         align = int(s["addralign"])
@@ -98,13 +105,15 @@ def _check_elf(data: bytes, arch: str, machine: int | None) -> None:
         if kind not in (_SHT_NULL, _SHT_NOBITS):
             table(k, "section")
         if kind == _SHT_SYMTAB:
-            _check_symbols(table(k, "symbol table"), s, sections, order, k,
-                           table(int(s["link"]), "symbol names"))
+            undefined += _check_symbols(table(k, "symbol table"), s, sections, order, k,
+                                        table(int(s["link"]), "symbol names"))
         elif kind in (_SHT_RELA, _SHT_REL):
             _check_relocations(table(k, "relocations"), s, sections, order, k)
+    return undefined
 
 
-def _check_symbols(body: bytes, s, sections, order: str, k: int, names: bytes) -> None:
+def _check_symbols(body: bytes, s, sections, order: str, k: int, names: bytes
+                   ) -> list[str]:
     if int(s["entsize"]) != 24 or len(body) % 24 or \
             int(sections[int(s["link"])]["type"]) != _SHT_STRTAB:
         raise ArtifactError(f"object code's symbol table (section {k}) is malformed")
@@ -114,6 +123,8 @@ def _check_symbols(body: bytes, s, sections, order: str, k: int, names: bytes) -
             np.any((shndx >= len(sections)) & (shndx < _SHN_LORESERVE)):
         raise ArtifactError(f"object code's symbol table (section {k}) points outside the "
                             f"file")
+    needed = symbols[(shndx == 0) & (symbols["name"] > 0) & (symbols["info"] >> 4 != _STB_WEAK)]
+    return [names[n:names.find(b"\0", n)].decode("ascii", "replace") for n in needed["name"]]
 
 
 def _check_relocations(body: bytes, s, sections, order: str, k: int) -> None:
