@@ -12,6 +12,7 @@ thread, or a nested parallel loop) runs its loop serially instead of waiting.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import subprocess
@@ -81,7 +82,9 @@ _GENERIC = {"generic": ()}
 _known_cpu_names: set[str] = set()
 
 
+@functools.cache
 def host_cpu() -> HostCPU:
+    """This machine's CPU (asked once: LLVM's detection takes ~0.3 ms a call)."""
     initialize()
     return HostCPU(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
 
