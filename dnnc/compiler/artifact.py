@@ -8,13 +8,19 @@ The file is a zip archive (see docs/artifacts.md):
     graph.json           the optimised graph: values, nodes, attributes (DType values and
                          nested Graphs of control flow included), subgraphs
     tensors/K.npy        constants and tensor attributes, referenced from graph.json by K
-    segments/K.o         object code of specialisation K; .ll and .loop hold its LLVM IR and
-                         loop IR, for `source()` after a load
+    segments/K.o         object code of specialisation K (the object MCJIT ran when it was
+                         compiled); .ll and .loop hold its LLVM IR and loop IR, for `source()`
+                         after a load
 
-Loading checks the manifest first and refuses, with an `ArtifactError` naming what is wrong, a
-file of another format version or dnnc version, another architecture, or code compiled for CPU
-features this machine lacks; then it rebuilds the graph and the target's runtime from the stored
-plan and object code, without running passes or lowering. A shape not seen before the save is
+Loading checks before it trusts, and refuses with an `ArtifactError` naming what is wrong: a
+file of another format or dnnc version, a manifest field of the wrong type or range, a member
+whose size is impossible or whose SHA-256 differs from the manifest's, another architecture,
+code needing CPU features this machine lacks, an object file that is malformed or for another
+machine (`backends/llvm/objfile.py`), and code whose compiled-in layout digest disagrees with
+the manifest and graph (`executable.layout_digest`). Then it rebuilds the graph and the
+target's runtime from the stored plan and object code, without running passes or lowering.
+None of this makes a deliberately crafted file safe: an artifact is native code, to be loaded
+from trusted sources only (docs/artifacts.md). A shape not seen before the save is
 compiled from the stored graph on first use, as after `dnnc.compile`.
 
 This module owns the file format; the target runtimes only describe themselves as plain data
@@ -24,14 +30,17 @@ This module owns the file format; the target runtimes only describe themselves a
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import math
 import os
 import platform
+import re
 import tempfile
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import ml_dtypes
@@ -42,11 +51,17 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.types import DType, TensorType
 
 FORMAT = "dnnc-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = b"PK\x03\x04"  # a zip archive
 
-# CPU names whose code needs no feature beyond the architecture's baseline
-_BASELINE_CPUS = {"generic", "x86-64"}
+# Declared sizes a load accepts before reading anything: a deflated member may inflate
+# ~1000x, so the JSON and IR texts are capped instead of trusted (a zip bomb stops here)
+_MAX_MANIFEST = 64 << 20
+_MAX_TEXT = 1 << 30
+# bounds of the manifest's numbers: past them a file is lying, not describing a model
+_MAX_DIM = 1 << 40
+_MAX_SLOTS = 1 << 20
+_MAX_ARENA = 1 << 44
 
 
 def _dnnc_version() -> str:
@@ -230,6 +245,23 @@ def graph_from_doc(doc: dict, tensors) -> Graph:
     return _Reader(doc, tensors).graph(doc["graph"])
 
 
+def _npy(data: bytes) -> np.ndarray:
+    """An array from .npy bytes whose header's shape and dtype must account for exactly the
+    bytes that follow it (so a header cannot make the read allocate more)."""
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read_header is None:
+        raise ValueError(f".npy format version {version}")
+    shape, _, dtype = read_header(f)
+    if dtype.hasobject or math.prod(shape) * dtype.itemsize != len(data) - f.tell():
+        raise ValueError(f".npy header ({dtype}, {shape}) does not match its "
+                         f"{len(data) - f.tell()} data bytes")
+    f.seek(0)
+    return np.lib.format.read_array(f, allow_pickle=False)
+
+
 def _npy_bytes(array: np.ndarray) -> bytes:
     array = np.asarray(array, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
     if array.dtype == ml_dtypes.bfloat16:  # .npy has no bfloat16: stored as its bits
@@ -250,7 +282,7 @@ def _numpy_export(runtime, manifest: dict, files: dict) -> None:
     manifest["target"] = {"name": "numpy"}
 
 
-def _numpy_restore(graph: Graph, manifest: dict, archive, progress):
+def _numpy_restore(graph: Graph, manifest: dict, read, progress):
     from ..backends.numpy import NumpyRuntime
 
     return NumpyRuntime(graph)
@@ -286,12 +318,23 @@ def _llvm_export(runtime, manifest: dict, files: dict) -> None:
 
 
 def _llvm_check(manifest: dict, path) -> None:
-    """Refuse code this machine cannot run: another architecture, or missing CPU features."""
+    """Refuse a manifest with numbers of the wrong type or range, and code this machine
+    cannot run: another architecture, or CPU features it lacks. The features are the `+`
+    ones of the complete feature string the code was compiled with (`HostCPU`), so they
+    include those the CPU name implies."""
     import llvmlite.binding as llvm
 
-    from ..backends.llvm.runtime import host_cpu
+    from ..backends.llvm.runtime import HostCPU, host_cpu
 
+    try:
+        _check_llvm_manifest(manifest)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{path}: {exc}") from None
     target = manifest["target"]
+    if target["features"] != sorted(HostCPU(target["cpu"], target["feature_string"])
+                                    .feature_set):
+        raise ArtifactError(f"{path}: the manifest's feature list disagrees with its feature "
+                            f"string")
     triple = llvm.get_process_triple()
     if target["triple"].split("-")[0] != triple.split("-")[0]:
         raise ArtifactError(f"{path}: compiled for {target['triple']}, this machine is "
@@ -303,13 +346,66 @@ def _llvm_check(manifest: dict, path) -> None:
             f"{path}: compiled for CPU {target['cpu']} with feature(s) this machine "
             f"({host.name}) lacks: {', '.join(missing)}; recompile the model here "
             f"(dnnc compile ..., or --mcpu/--mattr for a common subset)")
-    if not target["features"] and target["cpu"] not in _BASELINE_CPUS | {host.name}:
-        raise ArtifactError(f"{path}: compiled for CPU {target['cpu']} without a feature "
-                            f"list, so it cannot be checked against this machine "
-                            f"({host.name}); recompile with --mattr")
 
 
-def _llvm_restore(graph: Graph, manifest: dict, archive, progress):
+def _need(ok: bool, what: str) -> None:
+    if not ok:
+        raise ArtifactError(f"the manifest's {what} is malformed or out of range")
+
+
+def _int(x, lo: int = 0, hi: int = _MAX_DIM) -> bool:
+    return type(x) is int and lo <= x <= hi
+
+
+def _ints(x, lo: int = 0, hi: int = _MAX_DIM) -> bool:
+    return type(x) is list and all(_int(v, lo, hi) for v in x)
+
+
+def _strs(x) -> bool:
+    return type(x) is list and all(type(v) is str for v in x)
+
+
+def _check_llvm_manifest(manifest: dict) -> None:
+    """Every field the llvm target reads, checked for type and range before it is used."""
+    target = manifest.get("target")
+    _need(type(target) is dict and all(type(target.get(k)) is str
+                                       for k in ("triple", "cpu", "feature_string")) and
+          _strs(target.get("features")) and _int(target.get("threads"), 1, 1 << 16) and
+          _int(target.get("opt_level"), 0, 3), "target")
+    plan = manifest.get("plan")
+    _need(type(plan) is list and all(
+        type(e) is dict and len(e) == 1 and
+        (_ints(e.get("segment"), 0, 1 << 40) or _int(e.get("host"), 0, 1 << 40))
+        for e in plan), "plan")
+    segments = manifest.get("segments")
+    _need(type(segments) is list, "segments")
+    files = manifest["files"]
+    for k, e in enumerate(segments):
+        what = f"segment entry {k}"
+        _need(type(e) is dict and _int(e.get("step"), 0, len(plan) - 1) and
+              "segment" in plan[e["step"]], what + " step")
+        _need(type(e.get("shapes")) is list and all(_ints(s) for s in e["shapes"]),
+              what + " shapes")
+        _need(type(e.get("escaping")) is list and all(
+            type(t) is dict and type(t.get("dtype")) is str and _ints(t.get("shape"))
+            for t in e["escaping"]), what + " escaping types")
+        _need(type(e.get("consts")) is list and all(_ints(c, 0, 1 << 20) and len(c) == 2
+                                                    for c in e["consts"]), what + " consts")
+        _need(_int(e.get("n_inputs"), 0, _MAX_SLOTS) and _int(e.get("slots"), 0, _MAX_SLOTS),
+              what + " slots")
+        _need(_int(e.get("arena_bytes"), 0, _MAX_ARENA), what + " arena_bytes")
+        _need(type(e.get("entry")) is str and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*",
+                                                           e["entry"]) is not None,
+              what + " entry")
+        members = [e.get("object")] + [e[m] for m in ("llvm_ir", "loop_ir") if m in e]
+        _need(all(type(m) is str and m in files for m in members), what + " members")
+        _need(type(e.get("values", [])) is list and all(
+            type(v) is list and len(v) == 2 and _int(v[0], 0, 1 << 20) and
+            _ints(v[1], -(1 << 63), (1 << 63) - 1) for v in e.get("values", [])),
+            what + " values")
+
+
+def _llvm_restore(graph: Graph, manifest: dict, read, progress):
     from ..backends.llvm.executable import LLVMRuntime, SegmentImage
     from ..backends.llvm.runtime import HostCPU
 
@@ -322,9 +418,9 @@ def _llvm_restore(graph: Graph, manifest: dict, archive, progress):
             escaping_types=[_type_from(t) for t in entry["escaping"]],
             consts=[tuple(c) for c in entry["consts"]], n_inputs=entry["n_inputs"],
             slots=entry["slots"], arena_bytes=entry["arena_bytes"], entry=entry["entry"],
-            object_code=archive.read(entry["object"]),
-            llvm_ir=archive.read(entry["llvm_ir"]).decode() if "llvm_ir" in entry else "",
-            loop_ir=archive.read(entry["loop_ir"]).decode() if "loop_ir" in entry else "",
+            object_code=read(entry["object"]),
+            llvm_ir=read(entry["llvm_ir"]).decode() if "llvm_ir" in entry else "",
+            loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else "",
             values=tuple((i, tuple(v)) for i, v in entry.get("values", []))))
     return LLVMRuntime.restore(graph, manifest["plan"], images, cpu,
                                opt_level=target["opt_level"], progress=progress)
@@ -372,6 +468,13 @@ def save(model, path) -> None:
     }
     files: dict[str, bytes] = {}
     TARGETS[model.target][0](model.runtime, manifest, files)
+    members = {"graph.json": json.dumps(doc, allow_nan=False).encode()}
+    members.update((f"tensors/{k}.npy", _npy_bytes(array)) for k, array in enumerate(blobs))
+    members.update(files)
+    # what a load compares each member with: accidents the CRC-32 misses, and a member
+    # swapped for one of another artifact
+    manifest["files"] = {name: hashlib.sha256(data).hexdigest()
+                         for name, data in members.items()}
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp",
                                dir=path.parent if str(path.parent) else ".")
@@ -379,13 +482,10 @@ def save(model, path) -> None:
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w") as z:
             deflate = zipfile.ZIP_DEFLATED
             z.writestr("manifest.json", json.dumps(manifest, indent=1), compress_type=deflate)
-            z.writestr("graph.json", json.dumps(doc, allow_nan=False), compress_type=deflate)
             # weights and machine code are stored, not deflated: loading stays a plain read
-            for k, array in enumerate(blobs):
-                z.writestr(f"tensors/{k}.npy", _npy_bytes(array))
-            for name, data in files.items():
+            for name, data in members.items():
                 z.writestr(name, data, compress_type=deflate if name.endswith(
-                    (".ll", ".loop")) else zipfile.ZIP_STORED)
+                    (".json", ".ll", ".loop")) else zipfile.ZIP_STORED)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; an artifact is a plain file
@@ -416,12 +516,34 @@ def _open(path) -> zipfile.ZipFile:
                             f"truncated ({exc})") from None
 
 
+def _member(archive: zipfile.ZipFile, name: str, path, limit: int = _MAX_TEXT) -> bytes:
+    """Member `name`, its declared sizes checked before it is read: a stored member must fit
+    in the file, a deflated one inflate to at most `limit` bytes."""
+    try:
+        info = archive.getinfo(name)
+    except KeyError:
+        raise ArtifactError(f"{path}: member {name} is missing") from None
+    stored = info.compress_type == zipfile.ZIP_STORED
+    archive.fp.seek(0, os.SEEK_END)
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or \
+            (stored and info.file_size != info.compress_size) or \
+            (not stored and info.file_size > limit) or \
+            info.header_offset + info.compress_size > archive.fp.tell():
+        raise ArtifactError(f"{path}: member {name} declares {info.file_size:,} bytes "
+                            f"({info.compress_size:,} compressed, method "
+                            f"{info.compress_type}), which this file cannot hold")
+    try:
+        return archive.read(name)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        raise ArtifactError(f"{path}: member {name} is corrupt ({exc})") from None
+
+
 def _manifest(archive: zipfile.ZipFile, path) -> dict:
     try:
-        manifest = json.loads(archive.read("manifest.json"))
+        manifest = json.loads(_member(archive, "manifest.json", path, _MAX_MANIFEST))
     except KeyError:
         raise ArtifactError(f"{path}: not a dnnc artifact (no manifest.json)") from None
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as exc:
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError, RecursionError) as exc:
         raise ArtifactError(f"{path}: the manifest is corrupt ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{path}: not a dnnc artifact (format "
@@ -434,10 +556,31 @@ def _manifest(archive: zipfile.ZipFile, path) -> dict:
     if manifest.get("dnnc_version") != version:
         raise ArtifactError(f"{path}: written by dnnc {manifest.get('dnnc_version')}, this is "
                             f"dnnc {version}; recompile the model with this version")
-    target = manifest.get("target", {}).get("name")
+    target = manifest.get("target")
+    target = target.get("name") if type(target) is dict else None
     if target not in TARGETS:
         raise ArtifactError(f"{path}: unknown target {target!r}")
+    files = manifest.get("files")
+    if type(files) is not dict or not all(
+            type(h) is str and re.fullmatch("[0-9a-f]{64}", h) for h in files.values()):
+        raise ArtifactError(f"{path}: the manifest's file list is malformed")
     return manifest
+
+
+def _reader(archive: zipfile.ZipFile, manifest: dict, path):
+    """`read(name)`: a member listed in the manifest, checked against its SHA-256 there."""
+    files = manifest["files"]
+
+    def read(name: str) -> bytes:
+        if name not in files:
+            raise ArtifactError(f"{path}: member {name} is not in the manifest's file list")
+        data = _member(archive, name, path)
+        if hashlib.sha256(data).hexdigest() != files[name]:
+            raise ArtifactError(f"{path}: member {name} does not match its SHA-256 in the "
+                                f"manifest (corrupt, or taken from another artifact)")
+        return data
+
+    return read
 
 
 def load(path, *, progress: bool | None = None):
@@ -452,23 +595,30 @@ def load(path, *, progress: bool | None = None):
             check(manifest, path)
         except KeyError as exc:
             raise ArtifactError(f"{path}: the manifest is corrupt (no {exc})") from None
+        read = _reader(archive, manifest, path)
         try:
-            doc = json.loads(archive.read("graph.json"))
+            doc = json.loads(read("graph.json"))
 
             def tensor(k: int) -> np.ndarray:
-                with archive.open(f"tensors/{k}.npy") as f:
-                    return np.lib.format.read_array(f, allow_pickle=False)
+                if type(k) is not int:
+                    raise ValueError(f"tensor reference {k!r}")
+                return _npy(read(f"tensors/{k}.npy"))
 
             graph = graph_from_doc(doc, tensor)
             graph.verify()
-            runtime = restore(graph, manifest, archive, progress)
+            runtime = restore(graph, manifest, read, progress)
+        except ArtifactError as exc:
+            if str(exc).startswith(f"{path}:"):
+                raise
+            raise ArtifactError(f"{path}: {exc}") from None
         except DNNCError:
             raise
         except (KeyError, IndexError, TypeError, ValueError, EOFError, OSError,
-                zipfile.BadZipFile, RuntimeError) as exc:
+                zipfile.BadZipFile, RuntimeError, AttributeError, OverflowError,
+                MemoryError) as exc:
             raise ArtifactError(f"{path}: corrupt artifact ({type(exc).__name__}: {exc})") \
                 from None
-    stats = dict(manifest.get("stats", {}))
+    stats = dict(manifest["stats"]) if type(manifest.get("stats")) is dict else {}
     stats["load_seconds"] = time.perf_counter() - start
     model = CompiledModel(graph, runtime, manifest["target"]["name"], stats)
     model.manifest = manifest

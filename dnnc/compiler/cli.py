@@ -216,8 +216,8 @@ def _say(args, message: str) -> None:
 
 
 def _cpu_option(args):
-    """A HostCPU from --mcpu/--mattr, or None for the host. --mattr edits the host's
-    features when the CPU is the host's (or unnamed); with another --mcpu it is the whole list."""
+    """A HostCPU from --mcpu/--mattr, or None for the host: `cpu_from` says what they mean
+    and refuses unknown CPU or feature names."""
     if args.mcpu is None and args.mattr is None:
         return None
     if args.target != "llvm":
@@ -227,7 +227,7 @@ def _cpu_option(args):
     try:
         return cpu_from(args.mcpu, args.mattr)
     except ValueError as exc:
-        raise UsageError(f"--mattr: {exc}") from None
+        raise UsageError(f"--mcpu/--mattr: {exc}") from None
 
 
 def _model_for(args, shapes: dict | None = None, check=None):

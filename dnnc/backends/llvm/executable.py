@@ -20,12 +20,16 @@ several threads are safe.
 Artifacts: `plan()` and `images()` describe the steps and every compiled specialisation
 (object code and its calling layout) as plain data; `LLVMRuntime.restore` rebuilds a runtime
 from them without lowering or LLVM passes, loading each object file into its own MCJIT engine
-(`ObjectModule`). `dnnc/compiler/artifact.py` owns the file format.
+(`ObjectModule`) after `objfile.check_object`, and refusing one whose compiled-in layout digest
+(`layout_digest`) differs from the plan's and graph's. `dnnc/compiler/artifact.py` owns the
+file format.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import re
 import sys
 import threading
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 import llvmlite.binding as llvm
 import numpy as np
 
-from ...errors import CompileError
+from ...errors import ArtifactError, CompileError
 from ...ir import types as T
 from ...ir.graph import Graph, Node, Value
 from ...ir import loop as L
@@ -43,6 +47,7 @@ from ...ir.ops.registry import Pattern, get_op, known_constant
 from ...passes.specialize import reinfer
 from ..lower import Kernel, NoCompute, lower_group
 from .codegen import ModuleBuilder
+from .objfile import check_object
 from .runtime import HostCPU, JITModule, ensure_pool, host_cpu, initialize, target_machine
 from .schedules import schedule_kernel
 from ...passes.fuse_ops import fusion_groups
@@ -533,13 +538,18 @@ class _CompiledSegment:
             calls.append((kernel.func.name, args))
         mb.add_entry("entry", calls)
         self.calls = calls   # for `profile`: each kernel called on its own
+        slots = len(ext) + len(consts)
+        digest = layout_digest(step, shapes, key_values, self.escaping_types, self.const_refs,
+                               [v.const for v in consts], self.n_inputs, slots,
+                               self.arena_bytes, "entry", rt.cpu)
         try:
-            jit = JITModule(str(mb), rt.cpu, rt.opt_level, name=f"segment{step.index}")
+            jit = JITModule(str(mb) + _layout_global(digest), rt.cpu, rt.opt_level,
+                            name=f"segment{step.index}")
         except RuntimeError as exc:
             names = ", ".join(f"{n.op} {n.name!r}" for n in nodes[:5])
             raise CompileError(f"LLVM rejected the code for segment {step.index} ({names}"
                                f"{', ...' if len(nodes) > 5 else ''}): {exc}") from exc
-        self._bind(jit, "entry", [v.const for v in consts], len(ext) + len(consts))
+        self._bind(jit, "entry", [v.const for v in consts], slots)
 
     @classmethod
     def from_image(cls, step: Segment, image: SegmentImage, rt: LLVMRuntime):
@@ -557,9 +567,17 @@ class _CompiledSegment:
         self.memory = None
         self.arena_bytes = image.arena_bytes
         self._loop_ir = image.loop_ir
+        consts = _image_consts(step, image)
         jit = ObjectModule(image.object_code, rt.cpu, name=f"segment{step.index}",
                            llvm_ir=image.llvm_ir)
-        consts = [step.nodes[k].inputs[j].const for k, j in image.consts]
+        want = layout_digest(step, image.shapes, image.values, image.escaping_types,
+                             image.consts, consts, image.n_inputs, image.slots,
+                             image.arena_bytes, image.entry, rt.cpu)
+        if jit.layout() != want:
+            raise ArtifactError(
+                f"the object code of segment {step.index} (shapes {list(image.shapes)}) was "
+                f"compiled for another calling layout, graph or CPU than the manifest and "
+                f"graph describe")
         self._bind(jit, image.entry, consts, image.slots)
         return self
 
@@ -653,8 +671,14 @@ class ObjectModule:
         empty = llvm.parse_assembly("")
         empty.triple = self.tm.triple
         empty.data_layout = str(self.tm.target_data)
-        self.engine = llvm.create_mcjit_compiler(empty, self.tm)
         self._data = bytes(data)
+        needed = check_object(self._data)   # LLVM trusts the file: a malformed one crashes it
+        self.engine = llvm.create_mcjit_compiler(empty, self.tm)
+        # looked up after the engine exists (it makes the process's symbols searchable)
+        missing = [sym for sym in needed if not llvm.address_of_symbol(sym)]
+        if missing:
+            raise ArtifactError(f"object code of {name} needs symbol(s) this process does not "
+                                f"have: {', '.join(sorted(missing)[:10])}")
         self._object = llvm.ObjectFileRef.from_data(self._data)
         self.engine.add_object_file(self._object)
         self.engine.finalize_object()
@@ -665,6 +689,11 @@ class ObjectModule:
         if not addr:
             raise KeyError(f"no function {name!r} in object {self.name}")
         return addr
+
+    def layout(self) -> bytes | None:
+        """The layout digest compiled into the object (`layout_digest`), None without one."""
+        addr = self.engine.get_global_value_address(LAYOUT_SYMBOL)
+        return ctypes.string_at(addr, LAYOUT_BYTES) if addr else None
 
     def optimized_ir(self) -> str:
         return self._ir
@@ -677,6 +706,63 @@ class ObjectModule:
 
     def object_code(self) -> bytes:
         return self._data
+
+
+# Each segment's object carries the SHA-256 of its calling layout as a global constant, read
+# back after an artifact's object is loaded: code whose slots, arena, shapes, constants or CPU
+# differ from what the manifest and graph say is refused instead of called.
+LAYOUT_SYMBOL = "dnnc_layout"
+LAYOUT_BYTES = 32
+
+
+def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, const_arrays,
+                  n_inputs: int, slots: int, arena_bytes: int, entry: str,
+                  cpu: HostCPU) -> bytes:
+    """The SHA-256 of everything a call of the segment's code relies on."""
+    doc = {"nodes": [[n.op, n.name] for n in step.nodes],
+           "inputs": [[v.type.dtype.name, v.const is not None] for v in step.inputs],
+           "shapes": [list(s) for s in shapes], "values": [[i, list(v)] for i, v in values],
+           "escaping": [v.type.dtype.name for v in step.escaping],
+           "escaping_types": [[t.dtype.name, list(t.shape)] for t in escaping_types],
+           "consts": [[k, j, c.dtype.name, list(c.shape)]
+                      for (k, j), c in zip(const_refs, const_arrays)],
+           "n_inputs": n_inputs, "slots": slots, "arena_bytes": arena_bytes, "entry": entry,
+           "cpu": [cpu.name, cpu.features]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).digest()
+
+
+def _layout_global(digest: bytes) -> str:
+    text = "".join(f"\\{b:02X}" for b in digest)
+    return f'\n@{LAYOUT_SYMBOL} = constant [{len(digest)} x i8] c"{text}", align 1\n'
+
+
+def _image_consts(step: Segment, image: SegmentImage) -> list[np.ndarray]:
+    """The constants an image's slots point to, after checking the image fits the segment:
+    counts, ranks and fixed dims of its shapes, and that each constant slot names one."""
+    if len(image.shapes) != len(step.inputs):
+        raise ArtifactError(f"segment {step.index} has {len(step.inputs)} inputs, its "
+                            f"compiled code's key has {len(image.shapes)} shapes")
+    for v, shape in zip(step.inputs, image.shapes):
+        if len(shape) != v.type.rank or any(isinstance(d, int) and d != s
+                                            for d, s in zip(v.type.shape, shape)):
+            raise ArtifactError(f"segment {step.index}: input {v.name!r} of type {v.type} "
+                                f"cannot have shape {list(shape)}")
+    if len(image.escaping_types) != len(step.escaping) or any(
+            t.dtype != v.type.dtype for t, v in zip(image.escaping_types, step.escaping)):
+        raise ArtifactError(f"segment {step.index}: its outputs' types do not match the "
+                            f"graph's")
+    consts = []
+    for k, j in image.consts:
+        if not (0 <= k < len(step.nodes) and 0 <= j < len(step.nodes[k].inputs)) or \
+                step.nodes[k].inputs[j] is None or step.nodes[k].inputs[j].const is None:
+            raise ArtifactError(f"segment {step.index}: constant slot ({k}, {j}) names no "
+                                f"constant input")
+        consts.append(step.nodes[k].inputs[j].const)
+    if image.n_inputs != sum(1 for v in step.inputs if v.const is None) or \
+            image.slots != image.n_inputs + len(step.escaping) + len(consts):
+        raise ArtifactError(f"segment {step.index}: {image.n_inputs} inputs and {image.slots}"
+                            f" slots do not match its graph")
+    return consts
 
 
 def _specialize(step: Segment, shapes: tuple, known: dict | None = None

@@ -12,8 +12,11 @@ thread, or a nested parallel loop) runs its loop serially instead of waiting.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -34,7 +37,12 @@ def initialize() -> None:
 
 @dataclass(frozen=True)
 class HostCPU:
-    """What the generated code may use: the CPU name and its feature string."""
+    """What the generated code may use: the CPU name and its feature string.
+
+    The feature string names every ISA feature LLVM detects on this architecture with a sign
+    (`host_cpu` and `cpu_from` make it so, and `target_machine` completes a partial one with
+    `-`): the CPU name then only tunes, and the `+` features are all the code may use beyond
+    the architecture's baseline, which is what an artifact records and checks at load."""
 
     name: str
     features: str
@@ -53,38 +61,131 @@ class HostCPU:
         return 128
 
 
+# CPU names `cpu_from` knows the features of without asking LLVM, per architecture: the
+# x86-64 micro-architecture levels of the psABI (each adds to the one before), in LLVM's
+# feature names. The first entry is the baseline every CPU of the architecture has.
+_X86_64 = ("64bit", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2")
+_X86_64_V2 = _X86_64 + ("cx16", "sahf", "popcnt", "crc32", "sse3", "ssse3", "sse4.1",
+                        "sse4.2")
+_X86_64_V3 = _X86_64_V2 + ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe",
+                           "xsave")
+_X86_64_V4 = _X86_64_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+CPU_LEVELS = {
+    "x86_64": {"x86-64": _X86_64, "x86-64-v2": _X86_64_V2, "x86-64-v3": _X86_64_V3,
+               "x86-64-v4": _X86_64_V4},
+    # every AArch64 CPU an OS runs on has FP and Advanced SIMD
+    "aarch64": {"generic": ("fp-armv8", "neon")},
+}
+_GENERIC = {"generic": ()}
+
+# CPU names LLVM accepted when asked in a child process (`_check_cpu_name`)
+_known_cpu_names: set[str] = set()
+
+
+@functools.cache
 def host_cpu() -> HostCPU:
+    """This machine's CPU (asked once: LLVM's detection takes ~0.3 ms a call)."""
     initialize()
     return HostCPU(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
 
 
+def _levels() -> dict[str, tuple[str, ...]]:
+    return CPU_LEVELS.get(llvm.get_process_triple().split("-")[0], _GENERIC)
+
+
+def feature_names() -> frozenset[str]:
+    """Every ISA feature LLVM detects on this architecture (the host's list names them all,
+    present or not)."""
+    return frozenset(f[1:] for f in host_cpu().features.split(",") if f)
+
+
 def cpu_from(name: str | None = None, mattr: str | None = None) -> HostCPU:
-    """A CPU to compile for: `name` (default the host's) with `mattr` ("+avx2,-avx512f")
-    editing the host's features when the CPU is the host's, else the whole feature list."""
+    """A CPU to compile for, with a complete feature list. `name` is this machine's CPU
+    (the default) or a level of `CPU_LEVELS` (x86-64-v3, ...), whose features dnnc knows;
+    `mattr` ("+avx2,-avx512f") edits those. Any other CPU name LLVM knows only tunes the code
+    and needs `mattr`, the whole list of features it may use. Raises ValueError for an
+    unknown CPU or feature name instead of letting LLVM abort the process."""
     host = host_cpu()
-    name = name or host.name
+    known = feature_names()
+    levels = _levels()
+    baseline = levels[next(iter(levels))]
     features: dict[str, str] = {}
-    if name == host.name:
+    if name is None or name == host.name:
+        name = host.name
         for f in host.features.split(","):
             if f:
                 features[f[1:]] = f[0]
+    elif name in levels:
+        features = {f: "+" if f in levels[name] else "-" for f in sorted(known)}
+    else:
+        _check_cpu_name(name)
+        if not (mattr or "").strip():
+            raise ValueError(
+                f"dnnc cannot tell which features CPU {name!r} has: list them with --mattr "
+                f"(e.g. --mattr=+avx2,+fma), or name a level whose features it knows: "
+                f"{', '.join(levels)} (this machine: {host.name})")
+        features = {f: "+" if f in baseline else "-" for f in sorted(known)}
     for f in (mattr or "").split(","):
         f = f.strip()
         if not f:
             continue
         sign, feature = (f[0], f[1:]) if f[0] in "+-" else ("+", f)
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", feature):
-            raise ValueError(f"{f!r} is not a feature name (+avx2,-avx512f,...)")
+        if feature not in known:
+            raise ValueError(f"{f!r} is not a CPU feature LLVM knows on this architecture "
+                             f"(e.g. +avx2,-avx512f)")
+        if sign == "-" and feature in baseline:
+            raise ValueError(f"{f!r}: every {llvm.get_process_triple().split('-')[0]} CPU "
+                             f"has {feature}, code without it cannot be made")
         features.pop(feature, None)  # last in the string: LLVM applies features in order
         features[feature] = sign
     return HostCPU(name, ",".join(sign + f for f, sign in features.items()))
 
 
+_PROBE = """
+import sys, llvmlite.binding as llvm
+llvm.initialize_native_target(); llvm.initialize_native_asmprinter()
+tm = llvm.Target.from_default_triple().create_target_machine(cpu=sys.argv[1])
+"""
+
+
+def _check_cpu_name(name: str) -> None:
+    """Refuse a CPU name LLVM does not know. LLVM only warns on stderr and goes on with a
+    CPU that may lack 64-bit mode, aborting the process later ("LLVM ERROR"): so the name is
+    tried in a child process (about 0.3 s, once per name and process)."""
+    if name in _known_cpu_names:
+        return
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        raise ValueError(f"{name!r} is not a CPU name")
+    probe = subprocess.run([sys.executable, "-c", _PROBE, name], capture_output=True,
+                           text=True, timeout=60)
+    if probe.returncode != 0 or "not a recognized processor" in probe.stderr:
+        raise ValueError(f"{name!r} is not a CPU LLVM knows for "
+                         f"{llvm.get_process_triple()}; levels dnnc knows the features of: "
+                         f"{', '.join(_levels())} (this machine: {host_cpu().name})")
+    _known_cpu_names.add(name)
+
+
+def _llvm_cpu(cpu: HostCPU) -> tuple[str, str]:
+    """The CPU name and feature string to hand LLVM. Features the string does not mention
+    are turned off, so the name cannot add any (the baseline's stay: LLVM needs them); a
+    name not checked in this process (from an artifact made elsewhere) is replaced by the
+    baseline level, which changes tuning only."""
+    levels = _levels()
+    baseline = next(iter(levels))
+    name = cpu.name
+    if name not in levels and name not in _known_cpu_names and name != host_cpu().name:
+        name = baseline
+    mentioned = {f[1:] for f in cpu.features.split(",") if f}
+    off = sorted(feature_names() - mentioned - set(levels[baseline]))
+    return name, ",".join(["-" + f for f in off] + ([cpu.features] if cpu.features else []))
+
+
 def target_machine(cpu: HostCPU, opt: int = 3):
     initialize()
     target = llvm.Target.from_default_triple()
+    name, features = _llvm_cpu(cpu)
     # reloc/code model defaults suit MCJIT on x86-64 and aarch64 alike
-    return target.create_target_machine(cpu=cpu.name, features=cpu.features, opt=opt)
+    return target.create_target_machine(cpu=name, features=features, opt=opt)
 
 
 def optimize(module, tm, speed_level: int = 3) -> None:
@@ -114,8 +215,15 @@ class JITModule:
         if opt_level > 0:
             optimize(self.module, self.tm, speed_level=min(opt_level, 3))
         self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
+        # keep the object MCJIT compiled and runs: emitting the module again
+        # (tm.emit_object) gives other code (an MLP's: 10,416 bytes against the 10,384 that
+        # ran), whose `entry` stack layout crashed when an artifact loaded it (issue 10,
+        # item 1). A list, not self, receives it: no cycle keeps the engine alive.
+        compiled: list[bytes] = []
+        self.engine.set_object_cache(notify_func=lambda _, data: compiled.append(bytes(data)))
         self.engine.finalize_object()
         self.engine.run_static_constructors()
+        self._object = compiled[0] if compiled else None
 
     def address(self, name: str) -> int:
         addr = self.engine.get_function_address(name)
@@ -130,7 +238,11 @@ class JITModule:
         return self.tm.emit_assembly(self.module)
 
     def object_code(self) -> bytes:
-        return self.tm.emit_object(self.module)
+        """The object file MCJIT loaded and runs (not a fresh emission of the module)."""
+        if self._object is None:
+            raise RuntimeError(f"MCJIT compiled module {self.module.name} without reporting "
+                               f"its object code")
+        return self._object
 
 
 # ---------------------------------------------------------------------------------------------
