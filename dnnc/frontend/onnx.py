@@ -281,6 +281,7 @@ class _GraphBuilder:
         scope: dict[str, Value] = {}
         self.scopes.append(scope)
         try:
+            _check_single_assignment(proto)
             initializers = {t.name for t in proto.initializer}
             for t in proto.initializer:
                 scope[t.name] = constant_value(t.name, tensor_to_array(t, "initializer"))
@@ -358,6 +359,27 @@ class _GraphBuilder:
                     value.is_const and value.name.startswith(f"{name}.const"):
                 value.name = out_name  # a value this node created takes its ONNX name
             scope[out_name] = value
+
+
+def _check_single_assignment(proto: onnx.GraphProto) -> None:
+    """Refuse a graph that assigns a value name twice (ONNX graphs are SSA): a node writing
+    one of its own inputs, two nodes (or one node twice) writing one name, or a node writing
+    a graph input's or an initializer's name. The later write would otherwise silently
+    shadow the earlier value for some readers and not others."""
+    defined = {vi.name: f"graph input {vi.name!r}" for vi in proto.input}
+    defined.update({t.name: f"initializer {t.name!r}" for t in proto.initializer})
+    for i, node in enumerate(proto.node):
+        label = f"{node.op_type} node {node.name or f'{node.op_type}_{i}'!r}"
+        for out in node.output:
+            if not out:
+                continue
+            if out in node.input:
+                raise ModelFormatError(f"{label} writes {out!r}, which it also reads; a value "
+                                       f"is assigned once (SSA)")
+            if out in defined:
+                raise ModelFormatError(f"{label} writes {out!r}, already defined by "
+                                       f"{defined[out]}; a value is assigned once (SSA)")
+            defined[out] = label
 
 
 def _symbol(name: str) -> str:
