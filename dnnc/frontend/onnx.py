@@ -268,6 +268,7 @@ class _GraphBuilder:
         self.opset = opset
         self.input_shapes = input_shapes
         self.scopes: list[dict[str, Value]] = []
+        self.symbols: set[str] = set()   # symbolic dim names handed out or reserved
 
     def lookup(self, name: str) -> Value | None:
         for scope in reversed(self.scopes):
@@ -282,6 +283,8 @@ class _GraphBuilder:
         self.scopes.append(scope)
         try:
             _check_single_assignment(proto)
+            self.symbols.update(_symbol(d.dim_param) for vi in proto.input
+                                for d in vi.type.tensor_type.shape.dim if d.dim_param)
             initializers = {t.name for t in proto.initializer}
             for t in proto.initializer:
                 scope[t.name] = constant_value(t.name, tensor_to_array(t, "initializer"))
@@ -325,8 +328,19 @@ class _GraphBuilder:
             elif d.HasField("dim_param") and d.dim_param:
                 dims.append(_symbol(d.dim_param))
             else:
-                dims.append(f"{_symbol(vi.name)}_{k}")
+                dims.append(self._unnamed_dim(vi.name, k))
         return T.TensorType(dtype, tuple(dims))
+
+    def _unnamed_dim(self, input_name: str, k: int) -> str:
+        """A symbol of its own for dim `k` of an input that names none: inputs whose names
+        sanitise alike (`a.b`, `a_b`) must not share one, nor meet a dim_param's."""
+        base = f"{_symbol(input_name)}_{k}"
+        name, n = base, 1
+        while name in self.symbols:
+            n += 1
+            name = f"{base}_{n}"
+        self.symbols.add(name)
+        return name
 
     def _import_node(self, graph: Graph, scope: dict, node: onnx.NodeProto, index: int):
         name = node.name or f"{node.op_type}_{index}"
