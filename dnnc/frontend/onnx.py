@@ -268,7 +268,8 @@ class _GraphBuilder:
         self.opset = opset
         self.input_shapes = input_shapes
         self.scopes: list[dict[str, Value]] = []
-        self.symbols: set[str] = set()   # symbolic dim names handed out or reserved
+        self.symbols: set[str] = set()   # symbolic dim names handed out
+        self.dim_params: dict[str, str] = {}   # ONNX dim_param -> its symbol
 
     def lookup(self, name: str) -> Value | None:
         for scope in reversed(self.scopes):
@@ -283,8 +284,10 @@ class _GraphBuilder:
         self.scopes.append(scope)
         try:
             _check_single_assignment(proto)
-            self.symbols.update(_symbol(d.dim_param) for vi in proto.input
-                                for d in vi.type.tensor_type.shape.dim if d.dim_param)
+            for vi in proto.input:   # dim_params first: they keep their names if they can
+                for d in vi.type.tensor_type.shape.dim:
+                    if d.dim_param and d.dim_param not in self.dim_params:
+                        self.dim_params[d.dim_param] = self._fresh_symbol(_symbol(d.dim_param))
             initializers = {t.name for t in proto.initializer}
             for t in proto.initializer:
                 scope[t.name] = constant_value(t.name, tensor_to_array(t, "initializer"))
@@ -326,15 +329,15 @@ class _GraphBuilder:
             if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
             elif d.HasField("dim_param") and d.dim_param:
-                dims.append(_symbol(d.dim_param))
+                dims.append(self.dim_params[d.dim_param])
             else:
-                dims.append(self._unnamed_dim(vi.name, k))
+                dims.append(self._fresh_symbol(f"{_symbol(vi.name)}_{k}"))
         return T.TensorType(dtype, tuple(dims))
 
-    def _unnamed_dim(self, input_name: str, k: int) -> str:
-        """A symbol of its own for dim `k` of an input that names none: inputs whose names
-        sanitise alike (`a.b`, `a_b`) must not share one, nor meet a dim_param's."""
-        base = f"{_symbol(input_name)}_{k}"
+    def _fresh_symbol(self, base: str) -> str:
+        """`base`, or `base_2`, `base_3`, ... where taken: a symbolic dim is one size, so
+        names that sanitise alike (dim_params `n.1` and `n_1`, the unnamed dims of inputs
+        `a.b` and `a_b`) must not share one."""
         name, n = base, 1
         while name in self.symbols:
             n += 1

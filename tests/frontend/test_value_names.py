@@ -111,8 +111,9 @@ def test_ssa_violations_are_refused(case):
 
 def test_unnamed_dims_of_inputs_named_alike_are_independent():
     """`a.b` and `a_b` with unnamed dims: each dim its own symbol (they once shared `a_b_0`,
-    and a call with lengths 3 and 5 was refused), and none takes a dim_param's name."""
-    dims = {"a.b": [None], "a_b": [None], "c": ["a_b_0"]}
+    and a call with lengths 3 and 5 was refused), and none takes a dim_param's name; nor do
+    dim_params `n.1` and `n_1` share one."""
+    dims = {"a.b": [None], "a_b": [None], "c": ["a_b_0"], "d": ["n.1"], "e": ["n_1"]}
     graph = helper.make_graph(
         [helper.make_node("Relu", [name], [f"o{k}"]) for k, name in enumerate(dims)], "g",
         [helper.make_tensor_value_info(name, F, d) for name, d in dims.items()],
@@ -120,7 +121,7 @@ def test_unnamed_dims_of_inputs_named_alike_are_independent():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model, full_check=True)
     rng = np.random.default_rng(2)
-    feeds = [rng.standard_normal(n).astype(np.float32) for n in (3, 5, 4)]
+    feeds = [rng.standard_normal(n).astype(np.float32) for n in (3, 5, 4, 6, 7)]
     for target in ("numpy", "llvm"):
         got = dnnc.compile(model.SerializeToString(), target)(*feeds)
         for g, x in zip(got, feeds):
