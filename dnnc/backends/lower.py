@@ -7,7 +7,8 @@ accumulator and a loop nest. Without fusion a group is one node; `fuse_ops` form
 groups and they go through this same path.
 
 The PrimFunc takes the group's inputs then its outputs as buffer parameters (in that order,
-named after the graph values) and any symbolic sizes as `size_vars`. Loops come out serial and
+named after the graph values, sanitised and kept unique: `a.b` and `a_b` are two buffers)
+and any symbolic sizes as `size_vars`. Loops come out serial and
 in the natural order; a target's schedule then decides what runs in parallel or vectorised.
 This module must never import a backend's renderer.
 """
@@ -37,6 +38,7 @@ class Kernel:
     inputs: list[Value]
     outputs: list[Value]
     nodes: list[Node]
+    names: dict[int, str]   # id(value) -> its buffer's name, for inputs and outputs
 
     @property
     def anchor(self) -> Node:
@@ -52,14 +54,17 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
     Raises NoCompute when a node has no loop form (it then runs as a host fallback).
     """
     produced = {id(v) for n in nodes for v in n.outputs}
-    inputs: list[Value] = []
-    tensors: dict[int, Tensor] = {}
+    found: dict[int, Value] = {}
     for n in nodes:
         for v in n.inputs:
-            if v is not None and id(v) not in produced and id(v) not in tensors:
-                inputs.append(v)
-                tensors[id(v)] = placeholder(_buffer_name(v), v.type.dtype, v.type.shape,
-                                             value=known_constant(v))
+            if v is not None and id(v) not in produced:
+                found.setdefault(id(v), v)
+    inputs = list(found.values())
+    outputs = list(outputs if outputs is not None else [v for n in nodes for v in n.outputs])
+    names = _buffer_names(inputs + outputs)
+    tensors: dict[int, Tensor] = {
+        id(v): placeholder(names[id(v)], v.type.dtype, v.type.shape, value=known_constant(v))
+        for v in inputs}
     for n in nodes:
         op = get_op(n.op)
         if op.compute is None:
@@ -74,7 +79,6 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
                                f"{type(exc).__name__}: {exc}") from exc
         for v, t in zip(n.outputs, outs):
             tensors[id(v)] = t
-    outputs = list(outputs if outputs is not None else [v for n in nodes for v in n.outputs])
     out_tensors = []
     for v in outputs:
         t = tensors[id(v)]
@@ -82,13 +86,14 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
             t = _copy(t)  # an output that is an input, or repeated: stored by a copy stage
         out_tensors.append(t)
     params = [_param(tensors[id(v)], v) for v in inputs] + \
-        [L.Buffer(_buffer_name(v), v.type.dtype, tuple(t.shape)) for v, t in
+        [L.Buffer(names[id(v)], v.type.dtype, tuple(t.shape)) for v, t in
          zip(outputs, out_tensors)]
-    body = _Lowering(inputs, tensors, sizes or {}).lower(out_tensors, params[len(inputs):])
+    body = _Lowering(inputs, tensors, sizes or {}, taken=set(names.values())).lower(
+        out_tensors, params[len(inputs):])
     size_vars = _size_vars(params, body)
     func = L.PrimFunc(name, tuple(params), body, tuple(size_vars))
     func = L.simplify(func)
-    return Kernel(name, func, inputs, outputs, nodes)
+    return Kernel(name, func, inputs, outputs, nodes, names)
 
 
 def _copy(t: Tensor) -> Tensor:
@@ -96,8 +101,24 @@ def _copy(t: Tensor) -> Tensor:
     return compute(t.shape, lambda *i: t[i], name=f"{t.name}_copy")
 
 
-def _buffer_name(v: Value) -> str:
-    return "v_" + "".join(c if c.isalnum() else "_" for c in v.name)
+def _buffer_names(values: list[Value]) -> dict[int, str]:
+    """id(value) -> a buffer name: `v_` and the value's name with every character but
+    letters and digits made `_`, then `_2`, `_3`, ... where an earlier value took that name
+    (ONNX names may differ only in such characters: `x:0` and `x/0`). A value listed twice
+    (an output that is also an input) keeps one name."""
+    names: dict[int, str] = {}
+    taken: set[str] = set()
+    for v in values:
+        if id(v) in names:
+            continue
+        base = "v_" + "".join(c if c.isascii() and c.isalnum() else "_" for c in v.name)
+        name, k = base, 1
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        names[id(v)] = name
+        taken.add(name)
+    return names
 
 
 def _param(t: Tensor, v: Value) -> L.Buffer:
@@ -145,8 +166,10 @@ def _combine(combiner: str, acc: L.Expr, x: L.Expr) -> L.Expr:
 
 
 class _Lowering:
-    def __init__(self, inputs: list[Value], tensors: dict[int, Tensor], sizes: dict):
+    def __init__(self, inputs: list[Value], tensors: dict[int, Tensor], sizes: dict,
+                 taken: set[str] = frozenset()):
         self.sizes = sizes
+        self.taken = taken   # the parameters' names, which scratch buffers must not take
         self.materialized: dict[int, L.Buffer] = {}
         self.scratch: list[L.Buffer] = []
         self.counter = 0
@@ -155,6 +178,8 @@ class _Lowering:
 
     def fresh(self, hint: str) -> str:
         self.counter += 1
+        while f"{hint}{self.counter}" in self.taken:
+            self.counter += 1
         return f"{hint}{self.counter}"
 
     def lower(self, outputs: list[Tensor], out_buffers: list[L.Buffer]) -> L.Stmt:
@@ -284,7 +309,8 @@ def epilogue(kernel: Kernel):
         return lambda value, index: value
     anchor_out = nodes[0].outputs[0]
     tensors: dict[int, Tensor] = {
-        id(v): placeholder(_buffer_name(v), v.type.dtype, v.type.shape, value=known_constant(v))
+        id(v): placeholder(kernel.names[id(v)], v.type.dtype, v.type.shape,
+                           value=known_constant(v))
         for v in kernel.inputs}
     anchor = placeholder("anchor_value", anchor_out.type.dtype, anchor_out.type.shape)
     tensors[id(anchor_out)] = anchor

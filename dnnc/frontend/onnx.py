@@ -317,6 +317,8 @@ class _GraphBuilder:
         self.opset = opset
         self.input_shapes = input_shapes
         self.scopes: list[dict[str, Value]] = []
+        self.symbols: set[str] = set()   # symbolic dim names handed out
+        self.dim_params: dict[str, str] = {}   # ONNX dim_param -> its symbol
 
     def lookup(self, name: str) -> Value | None:
         for scope in reversed(self.scopes):
@@ -330,6 +332,11 @@ class _GraphBuilder:
         scope: dict[str, Value] = {}
         self.scopes.append(scope)
         try:
+            _check_single_assignment(proto)
+            for vi in proto.input:   # dim_params first: they keep their names if they can
+                for d in vi.type.tensor_type.shape.dim:
+                    if d.dim_param and d.dim_param not in self.dim_params:
+                        self.dim_params[d.dim_param] = self._fresh_symbol(_symbol(d.dim_param))
             initializers = {t.name for t in proto.initializer}
             for t in proto.initializer:
                 scope[t.name] = constant_value(t.name, tensor_to_array(t, "initializer"))
@@ -372,10 +379,21 @@ class _GraphBuilder:
             if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
             elif d.HasField("dim_param") and d.dim_param:
-                dims.append(_symbol(d.dim_param))
+                dims.append(self.dim_params[d.dim_param])
             else:
-                dims.append(f"{_symbol(vi.name)}_{k}")
+                dims.append(self._fresh_symbol(f"{_symbol(vi.name)}_{k}"))
         return T.TensorType(dtype, tuple(dims))
+
+    def _fresh_symbol(self, base: str) -> str:
+        """`base`, or `base_2`, `base_3`, ... where taken: a symbolic dim is one size, so
+        names that sanitise alike (dim_params `n.1` and `n_1`, the unnamed dims of inputs
+        `a.b` and `a_b`) must not share one."""
+        name, n = base, 1
+        while name in self.symbols:
+            n += 1
+            name = f"{base}_{n}"
+        self.symbols.add(name)
+        return name
 
     def _import_node(self, graph: Graph, scope: dict, node: onnx.NodeProto, index: int):
         name = node.name or f"{node.op_type}_{index}"
@@ -408,6 +426,27 @@ class _GraphBuilder:
                     value.is_const and value.name.startswith(f"{name}.const"):
                 value.name = out_name  # a value this node created takes its ONNX name
             scope[out_name] = value
+
+
+def _check_single_assignment(proto: onnx.GraphProto) -> None:
+    """Refuse a graph that assigns a value name twice (ONNX graphs are SSA): a node writing
+    one of its own inputs, two nodes (or one node twice) writing one name, or a node writing
+    a graph input's or an initializer's name. The later write would otherwise silently
+    shadow the earlier value for some readers and not others."""
+    defined = {vi.name: f"graph input {vi.name!r}" for vi in proto.input}
+    defined.update({t.name: f"initializer {t.name!r}" for t in proto.initializer})
+    for i, node in enumerate(proto.node):
+        label = f"{node.op_type} node {node.name or f'{node.op_type}_{i}'!r}"
+        for out in node.output:
+            if not out:
+                continue
+            if out in node.input:
+                raise ModelFormatError(f"{label} writes {out!r}, which it also reads; a value "
+                                       f"is assigned once (SSA)")
+            if out in defined:
+                raise ModelFormatError(f"{label} writes {out!r}, already defined by "
+                                       f"{defined[out]}; a value is assigned once (SSA)")
+            defined[out] = label
 
 
 def _symbol(name: str) -> str:

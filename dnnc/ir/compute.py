@@ -206,16 +206,21 @@ class _Evaluator:
             with np.errstate(all="ignore"):
                 if e.op == "/" and e.dtype.is_float:
                     return np.true_divide(a, b).astype(e.dtype.np)
-                if e.op == "/":  # C division, truncating toward zero
-                    safe = np.where(b == 0, 1, b)
-                    q = np.floor_divide(a, safe)
-                    return (q + ((q < 0) & (q * safe != a))).astype(e.dtype.np)
-                if e.op in ("//", "%"):
-                    if e.dtype.is_float:
-                        out = np.floor_divide(a, b) if e.op == "//" else np.fmod(a, b)
+                if e.op in ("/", "//", "%") and not e.dtype.is_float:
+                    # by 0: 0; MIN by -1: the quotient wraps to MIN (see BinOp)
+                    a, b = np.asarray(a, e.dtype.np), np.asarray(b, e.dtype.np)
+                    safe = b
+                    if e.dtype.np.kind == "i":
+                        safe = np.where((a == np.iinfo(a.dtype).min) & (b == -1), 1, b)
+                    safe = np.where(b == 0, 1, safe).astype(e.dtype.np)
+                    if e.op == "/":  # C division, truncating toward zero
+                        q = np.floor_divide(a, safe)
+                        out = q + ((q < 0) & (q * safe != a))
                     else:
-                        safe = np.where(b == 0, 1, b)
                         out = np.floor_divide(a, safe) if e.op == "//" else np.mod(a, safe)
+                    return np.where(b == 0, 0, out).astype(e.dtype.np)
+                if e.op in ("//", "%"):
+                    out = np.floor_divide(a, b) if e.op == "//" else np.fmod(a, b)
                     return out.astype(e.dtype.np)
                 return _NP_BINARY[e.op](a, b).astype(e.dtype.np)
         if isinstance(e, Call) and e.name == "bitcast":

@@ -107,8 +107,9 @@ BITWISE = ("&", "|", "^", "<<", ">>")
 @dataclass(frozen=True, eq=True)
 class BinOp(Expr):
     """On integers `//` and `%` are floor division and its modulo (Python's) and `/` divides
-    truncating toward zero (C's); on floats `/` is true division, `//` floor(a / b) and `%`
-    fmod. Comparisons and logic ops have dtype bool."""
+    truncating toward zero (C's); none traps: by 0 each gives 0, and MIN divided by -1 gives
+    MIN (the quotient wraps; the remainder is 0). On floats `/` is true division, `//`
+    floor(a / b) and `%` fmod. Comparisons and logic ops have dtype bool."""
 
     op: str
     a: Expr
@@ -779,7 +780,7 @@ def _fold_constants(e, env):
     if e.op in _FOLD:
         return Const(_FOLD[e.op](a, b), e.dtype) if e.op not in ("&", "|", "^") or \
             e.dtype.is_int else None
-    if e.op in ("//", "%") and e.dtype.is_int and b != 0:
+    if e.op in ("//", "%") and e.dtype.is_int and b not in (0, -1):   # (see BinOp)
         return Const(a // b if e.op == "//" else a % b, e.dtype)
     if e.op == "/" and e.dtype.is_float and b != 0:
         return Const(a / b, e.dtype)

@@ -196,3 +196,24 @@ def test_simplification_preserves_values(e, vi, vj, vk):
     env = {i: Bounds(0, 7), j: Bounds(0, 3), k: Bounds(0, 15)}
     values = {i: vi, j: vj, k: vk}
     assert _evaluate(simplify_expr(e, env), values) == _evaluate(e, values)
+
+
+@pytest.mark.parametrize("dtype", [T.int8, T.int32, T.int64])
+def test_integer_division_by_zero_and_min_by_minus_one_is_defined(dtype):
+    """BinOp's rule (issue 10, item 3): by 0 every integer division gives 0; MIN / -1 and
+    MIN // -1 wrap to MIN, MIN % -1 is 0. The evaluator follows it and the simplifier never
+    folds such a division into a constant outside the type."""
+    import numpy as np
+
+    from dnnc.ir.compute import _Evaluator
+
+    lo = int(np.iinfo(dtype.np).min)
+    cases = [(7, 0, {"/": 0, "//": 0, "%": 0}), (lo, 0, {"/": 0, "//": 0, "%": 0}),
+             (lo, -1, {"/": lo, "//": lo, "%": 0}), (-7, 2, {"/": -3, "//": -4, "%": 1})]
+    for a, b, want in cases:
+        for op, value in want.items():
+            e = BinOp(op, Const(a, dtype), Const(b, dtype))
+            assert int(_Evaluator({}, {}).eval(e, {})) == value, (a, op, b)
+            folded = simplify_expr(e)
+            if isinstance(folded, Const):
+                assert folded.value == value, (a, op, b)

@@ -494,12 +494,36 @@ class _Emitter:
         raise CodegenError(f"operator {op} on integers")
 
     def int_divmod(self, op, e: L.BinOp, a, b, signed: bool) -> ir.Value:
+        """Integer `/` (truncating), `//` and `%` (floor) without a trap: x / 0 and x % 0 are
+        0, MIN / -1 wraps to MIN and MIN % -1 is 0, as the numpy target's (`ir/ops/
+        elementwise.py`). LLVM's sdiv by 0 or of MIN by -1 is undefined even where a select
+        discards it, so the divisor itself is made safe (1) first; by 1 the quotient of MIN
+        is MIN and the remainder 0, as wanted, and a zero divisor's result becomes 0."""
+        bld = self.b
+        ba, bb = L.bounds(e.a, self.bounds), L.bounds(e.b, self.bounds)
+        by_zero = None
+        if bb.lo is None or bb.lo <= 0:   # (index arithmetic divides by positive constants)
+            zero, one = ir.Constant(b.type, 0), ir.Constant(b.type, 1)
+            by_zero = bld.icmp_signed("==", b, zero)
+            unsafe = by_zero
+            if signed and (bb.lo is None or bb.lo <= -1) and (bb.hi is None or bb.hi >= -1):
+                minimum = ir.Constant(a.type, -(1 << (a.type.width - 1)))
+                overflow = bld.and_(bld.icmp_signed("==", a, minimum),
+                                    bld.icmp_signed("==", b, ir.Constant(b.type, -1)))
+                unsafe = bld.or_(unsafe, overflow)
+            b = bld.select(unsafe, one, b)
+        out = self._divmod(op, a, b, signed, ba, bb)
+        if by_zero is not None:
+            out = bld.select(by_zero, ir.Constant(out.type, 0), out)
+        return out
+
+    def _divmod(self, op, a, b, signed: bool, ba: L.Bounds, bb: L.Bounds) -> ir.Value:
+        """`a op b` for a divisor that does not trap."""
         bld = self.b
         if not signed:
             return bld.udiv(a, b) if op in ("//", "/") else bld.urem(a, b)
         if op == "/":  # C division
             return bld.sdiv(a, b)
-        ba, bb = L.bounds(e.a, self.bounds), L.bounds(e.b, self.bounds)
         if ba.lo is not None and ba.lo >= 0 and bb.lo is not None and bb.lo > 0:
             return bld.udiv(a, b) if op in ("//", "/") else bld.urem(a, b)
         q = bld.sdiv(a, b)

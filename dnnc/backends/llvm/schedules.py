@@ -10,6 +10,12 @@ reduction along a row keeps one partial result per vector lane (LLVM does not re
 float adds on its own, so a scalar accumulator would stay scalar); the inner loops are left to
 LLVM's loop vectoriser. Calls to exp and erf on float32 become polynomials (`FAST_MATH`)
 that vectorise, where libm's would run lane by lane.
+
+A parallel loop never carries state between its iterations (`_carried`): every element it
+writes belongs to one iteration. A big reduction with too few outputs to share out (a sum of
+a whole tensor) is split into a fixed number of chunks (`_chunk_reduction`), each reducing
+into its own partial result in parallel, combined afterwards in chunk order: the result does
+not depend on how the chunks were scheduled, nor on the thread count.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from ...ir import types as T
 # a parallel region costs a few microseconds to start; below this many inner iterations
 # a stage stays serial
 MIN_PARALLEL_WORK = 1 << 15
+# chunks of a split reduction: fixed (not the thread count) so that its rounding is the same
+# on every machine; 64 keeps up to 64 cores busy and costs 64 combining steps
+REDUCE_CHUNKS = 64
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,8 @@ class Config:
 def default_schedule(func: L.PrimFunc, config: Config = Config(), threads: int = 1
                      ) -> L.PrimFunc:
     body = func.body
+    if config.parallel:
+        body = _chunk_reductions(body, config)
     if config.reduce_lanes > 1:
         body = L.transform(body, lambda n: _split_reduction(n, config.reduce_lanes))
     body = _schedule_stmt(body, config, threads)
@@ -80,8 +91,11 @@ def _fuse_row_loops(stmts: list[L.Stmt]) -> list[L.Stmt]:
         if isinstance(s, L.For) and isinstance(prev, L.For) and s.kind == prev.kind and \
                 isinstance(s.extent, L.Const) and s.extent == prev.extent:
             body = L.substitute(s.body, {s.var: prev.var})
-            if _row_local(prev.body, body, prev.var, s.extent.value):
-                out[-1] = L.For(prev.var, prev.extent, L.seq(prev.body, body), prev.kind)
+            fused = L.For(prev.var, prev.extent, L.seq(prev.body, body), prev.kind)
+            # (a loop carrying a reduction, as a split reduction's combining step, would
+            # make the fused loop serial)
+            if _row_local(prev.body, body, prev.var, s.extent.value) and not _carried(fused):
+                out[-1] = fused
                 continue
         out.append(s)
     return out
@@ -205,14 +219,149 @@ def _schedule_nest(loop: L.For, config: Config, threads: int) -> L.For:
     work = _nest_work(loop)
     if config.parallel and threads > 1 and (work is None or work >= config.min_parallel_work):
         loop = _fuse_outer(loop, threads)
-        return L.For(loop.var, loop.extent, loop.body, L.ForKind.PARALLEL)
+        if not _carried(loop):
+            return L.For(loop.var, loop.extent, loop.body, L.ForKind.PARALLEL)
     return loop
+
+
+def _carried(loop: L.For) -> set[str]:
+    """Buffers through which iterations of `loop` may see each other's work (so it must not
+    run in parallel): written, and read or written at an element not the iteration's own.
+    An element is an iteration's own when every access to the buffer has the same components
+    that depend on the loop variable alone, and these differ for each of its values (the
+    output rows of a stage); an accumulator's `acc[0]` has none. Buffers allocated inside
+    the loop are private to an iteration."""
+    private = {n.buffer.name for n in L.walk(loop.body) if isinstance(n, L.Allocate)}
+    stores, loads = _accesses(loop.body)
+    carried = set()
+    for name, written in stores.items():
+        if name in private:
+            continue
+        keys = {_own_components(index, loop.var) for index in written | loads.get(name, set())}
+        key = keys.pop()
+        if keys or not key or not _distinct_per_iteration(tuple(e for _, e in key), loop):
+            carried.add(name)
+    return carried
+
+
+def _own_components(index: tuple, var: L.Var) -> tuple:
+    """(position, component) of the index components that depend on `var` and nothing else."""
+    return tuple((k, e) for k, e in enumerate(index) if L.free_vars(e) == {var})
+
+
+def _distinct_per_iteration(components: tuple, loop: L.For) -> bool:
+    if loop.var in components:
+        return True
+    if not isinstance(loop.extent, L.Const) or loop.extent.value > 1 << 16:
+        return False   # not checked: taken as shared
+    return _injective(components, loop.var, loop.extent.value)
+
+
+def _chunk_reductions(s: L.Stmt, config: Config) -> L.Stmt:
+    """Every big reduction outside any loop (a stage with one output element) computed in
+    `REDUCE_CHUNKS` chunks by `_chunk_reduction`; loops of one iteration are looked through."""
+    if isinstance(s, L.Allocate):
+        return L.Allocate(s.buffer, _chunk_reductions(s.body, config))
+    if isinstance(s, L.For) and isinstance(s.extent, L.Const) and s.extent.value == 1:
+        return _chunk_reductions(L.substitute(s.body, {s.var: L.const(0)}), config)
+    if not isinstance(s, L.Seq):
+        return s
+    out: list[L.Stmt] = []
+    for x in s.stmts:
+        prev = out[-1] if out else None
+        split = _chunk_reduction(prev, x, config) if isinstance(prev, L.Store) and \
+            isinstance(x, L.For) else None
+        if split is not None:
+            out[-1] = split
+        else:
+            out.append(_chunk_reductions(x, config))
+    return L.seq(*out)
+
+
+_COMBINERS = ("+", "*", "max", "min", "and", "or")
+
+
+def _chunk_reduction(init: L.Store, loop: L.For, config: Config) -> L.Stmt | None:
+    """`acc[0] = identity; for r in R: acc[0] = acc[0] (op) f(r)` (the loop nest's outer
+    loops fused to at least `REDUCE_CHUNKS` iterations) becomes
+
+        for c in C: part = identity; for t in R // C: part = part (op) f(c * (R // C) + t);
+                    partial[c] = part          (no state shared: may run in parallel)
+        for k in C: acc[0] = acc[0] (op) partial[k]
+        for t in R % C: acc[0] = acc[0] (op) f(C * (R // C) + t)
+
+    The order of combination is fixed by the shape alone. None unless `loop` is big enough
+    and updates nothing outside but `acc`, and `acc` only so."""
+    acc = init.buffer
+    work = _nest_work(loop)
+    if acc.scope is not L.Scope.LOCAL or init.indices != (L.const(0),) or \
+            not isinstance(init.value, L.Const) or work is None or \
+            work < config.min_parallel_work:
+        return None
+    loop = _fuse_until(loop, REDUCE_CHUNKS)
+    op = _update_op(loop.body, acc)
+    if op is None or _carried(loop) != {acc.name}:
+        return None
+    extent = loop.extent.value
+    chunks = min(REDUCE_CHUNKS, extent)
+    size = extent // chunks
+    name = loop.var.name
+    c, t, k = L.Var(f"{name}_c"), L.Var(f"{name}_t"), L.Var(f"{name}_k")
+    partial = L.Buffer(f"{acc.name}_chunks", acc.dtype, (L.const(chunks),), L.Scope.LOCAL)
+    part = L.Buffer(f"{acc.name}_chunk", acc.dtype, (L.const(1),), L.Scope.LOCAL)
+    body = _rename_buffer(loop.body, acc, part)
+    chunk = L.For(c, chunks, L.Allocate(part, L.seq(
+        L.Store(part, (L.const(0),), init.value),
+        L.For(t, size, L.substitute(body, {loop.var: c * size + t})),
+        L.Store(partial, (c,), part[L.const(0)]))))
+    combine = L.For(k, chunks, L.Store(acc, (L.const(0),),
+                                       L.BinOp(op, acc[L.const(0)], partial[k])))
+    stmts = [init, L.Allocate(partial, L.seq(chunk, combine))]
+    if extent > chunks * size:
+        stmts.append(L.For(t, extent - chunks * size,
+                           L.substitute(loop.body, {loop.var: t + chunks * size})))
+    return L.seq(*stmts)
+
+
+def _update_op(body: L.Stmt, acc: L.Buffer) -> str | None:
+    """`op` when every access to `acc` in `body` is an update `acc[0] = acc[0] (op) x` (x not
+    reading acc), all with one associative `op`; else None."""
+    zero = (L.const(0),)
+    ops, loads = set(), 0
+    for n in L.walk(body):
+        if isinstance(n, L.Load) and n.buffer.name == acc.name:
+            loads += 1
+        elif isinstance(n, L.Store) and n.buffer.name == acc.name:
+            v = n.value
+            if n.indices != zero or not isinstance(v, L.BinOp) or v.op not in _COMBINERS or \
+                    v.a != L.Load(acc, zero):
+                return None
+            ops.add(v.op)
+    stores = sum(1 for n in L.walk(body) if isinstance(n, L.Store) and n.buffer.name == acc.name)
+    return ops.pop() if len(ops) == 1 and loads == stores else None
+
+
+def _rename_buffer(node, old: L.Buffer, new: L.Buffer):
+    """`node` with every access to `old` made to `new`."""
+    def rule(n):
+        if isinstance(n, L.Load) and n.buffer.name == old.name:
+            return L.Load(new, n.indices)
+        if isinstance(n, L.Store) and n.buffer.name == old.name:
+            return L.Store(new, n.indices, n.value)
+        return None
+
+    return L.transform(node, rule)
 
 
 def _fuse_outer(loop: L.For, threads: int) -> L.For:
     """Fuse perfectly nested outer loops until there are enough iterations to share out
     (an N=1 batch loop alone would leave every core but one idle)."""
-    want = 4 * threads
+    return _fuse_until(loop, 4 * threads)
+
+
+def _fuse_until(loop: L.For, want: int) -> L.For:
+    """`loop` fused with the perfectly nested loops inside it until it has `want` iterations
+    (or nothing is left to fuse)."""
     extent = loop.extent
     if not isinstance(extent, L.Const) or extent.value >= want:
         return loop
@@ -223,7 +372,7 @@ def _fuse_outer(loop: L.For, threads: int) -> L.For:
     fused = L.Var(f"{loop.var.name}_{inner.var.name}")
     body = L.substitute(inner.body, {loop.var: fused // n_in, inner.var: fused % n_in})
     merged = L.For(fused, L.const(extent.value * n_in), body)
-    return _fuse_outer(merged, threads)
+    return _fuse_until(merged, want)
 
 
 # -- vectorisable float32 math ------------------------------------------------------------------

@@ -234,14 +234,32 @@ register_op("IsInf", pattern=Pattern.ELEMWISE, infer=_predicate_infer,
 # -- binary arithmetic ---------------------------------------------------------------------------
 
 
+def _safe_divisor(a, b):
+    """(divisor, by_zero) for integer division without a trap: a divisor of 0 becomes 1 and
+    the result there is 0 (x / 0 = x % 0 = 0, NumPy's value), and so does -1 under MIN, where
+    the quotient wraps to MIN and the remainder is 0. The llvm target emits the same rule
+    (`int_divmod` in backends/llvm/codegen.py)."""
+    by_zero = b == 0
+    unsafe = by_zero
+    if a.dtype.kind == "i":
+        unsafe = unsafe | ((a == np.iinfo(a.dtype).min) & (b == -1))
+    return np.where(unsafe, np.ones_like(b), b), by_zero
+
+
 def div(a, b):
     if a.dtype.kind in "iu":  # integer division truncates toward zero, as C and ONNX
-        q = np.floor_divide(a, b)
-        return q + ((q < 0) & (q * b != a)).astype(a.dtype)
+        safe, by_zero = _safe_divisor(a, b)
+        q = np.floor_divide(a, safe)
+        q = q + ((q < 0) & (q * safe != a)).astype(a.dtype)
+        return np.where(by_zero, np.zeros_like(q), q)
     return np.divide(a, b)
 
 
 def mod(a, b, fmod):
+    if a.dtype.kind in "iu":
+        safe, by_zero = _safe_divisor(a, b)
+        r = np.fmod(a, safe) if fmod else np.mod(a, safe)
+        return np.where(by_zero, np.zeros_like(r), r)
     return np.fmod(a, b) if fmod else np.mod(a, b)
 
 
@@ -264,7 +282,8 @@ def _mod_expr(a, b, fmod):
     if fmod:
         if a.dtype.is_float:
             return call("fmod", a, b)
-        return a - (a / b) * b                      # C remainder: sign of the dividend
+        # C remainder (sign of the dividend); x % 0 is 0, as `/` and `%` give by 0
+        return Select(L.eq(b, const(0, b.dtype)), const(0, a.dtype), a - (a / b) * b)
     if a.dtype.is_int:
         return a % b                                # floor modulo: sign of the divisor
     r = call("fmod", a, b)

@@ -124,3 +124,75 @@ def test_split_reduction_over_an_outer_axis():
     s, mx = dnnc.compile(g, target="llvm").run(a)
     np.testing.assert_allclose(s, a.sum(1), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(mx, a.max(1, keepdims=True))
+
+
+# -- parallel loops never carry a reduction (issue 10, item 2) -----------------------------
+
+
+def _sum_all(shape):
+    """`acc = 0; for r0, r1: acc += x[r0, r1]; y[] = acc`, as lowering writes a reduction
+    with one output element."""
+    x = L.Buffer("x", T.float32, tuple(L.const(d) for d in shape))
+    y = L.Buffer("y", T.float32, ())
+    acc = L.Buffer("acc", T.float32, (L.const(1),), L.Scope.LOCAL)
+    r0, r1 = L.Var("r0"), L.Var("r1")
+    zero = (L.const(0),)
+    update = L.Store(acc, zero, L.Load(acc, zero) + x[r0, r1])
+    body = L.Allocate(acc, L.seq(L.Store(acc, zero, L.const(0.0, T.float32)),
+                                 L.loop_nest([(r0, shape[0]), (r1, shape[1])], update),
+                                 L.Store(y, (), L.Load(acc, zero))))
+    return L.PrimFunc("sum_all", (x, y), body)
+
+
+def _parallel_loops(func):
+    return [n for n in L.walk(func.body) if isinstance(n, L.For) and
+            n.kind is L.ForKind.PARALLEL]
+
+
+def test_carried_state_is_found():
+    from dnnc.backends.llvm.schedules import _carried
+
+    x = L.Buffer("x", T.float32, (L.const(64),))
+    y = L.Buffer("y", T.float32, (L.const(64),))
+    i = L.Var("i")
+    own = L.For(i, 64, L.Store(y, (i,), x[i] + 1.0))
+    assert _carried(own) == set()
+    # two iterations write one element (i // 2), or one reads its neighbour's
+    assert _carried(L.For(i, 64, L.Store(y, (i // 2,), x[i]))) == {"y"}
+    assert _carried(L.For(i, 63, L.Store(y, (i + 1,), y[i]))) == {"y"}
+    # the fused index of two loops is the iteration's own
+    assert _carried(L.For(i, 64, L.Store(L.Buffer("z", T.float32, (L.const(8),) * 2),
+                                         (i // 8, i % 8), x[i])) ) == set()
+    func = _sum_all((64, 64))
+    (loop,) = [n for n in L.walk(func.body) if isinstance(n, L.For) and n.var.name == "r0"]
+    assert _carried(loop) == {"acc"}
+
+
+@pytest.mark.parametrize("threads", [1, 2, 8])
+def test_big_reduction_is_split_into_fixed_chunks(threads):
+    func = default_schedule(_sum_all((256, 300)), Config(reduce_lanes=1), threads)
+    chunked = [n for n in L.walk(func.body) if isinstance(n, L.For) and
+               n.var.name.endswith("_c")]
+    assert [c.extent for c in chunked] == [L.const(64)]
+    assert len(_parallel_loops(func)) == (1 if threads > 1 else 0)
+    for loop in _parallel_loops(func):
+        assert loop is chunked[0] or loop.var == chunked[0].var
+        stored = {n.buffer.name for n in L.walk(loop.body) if isinstance(n, L.Store)}
+        assert "acc" not in stored and "y" not in stored
+    # the same code at any thread count but for the parallel marks
+    serial = default_schedule(_sum_all((256, 300)), Config(reduce_lanes=1), 1)
+    unmarked = L.transform(func.body, lambda n: L.For(n.var, n.extent, n.body)
+                           if isinstance(n, L.For) else None)
+    assert L.print_stmt(unmarked) == L.print_stmt(serial.body)
+
+
+def test_small_or_unsplittable_reduction_stays_serial():
+    small = default_schedule(_sum_all((16, 16)), Config(), 2)
+    assert _parallel_loops(small) == []
+    # an update that is not `acc = acc op x` (ArgMax's, keeping an index) cannot be chunked
+    func = _sum_all((256, 300))
+    odd = L.transform(func.body, lambda n: L.Store(n.buffer, n.indices, L.Select(
+        n.value.b > 0.5, n.value, n.value.b)) if isinstance(n, L.Store) and
+        n.buffer.name == "acc" and isinstance(n.value, L.BinOp) else None)
+    scheduled = default_schedule(L.PrimFunc("odd", func.params, odd), Config(), 2)
+    assert _parallel_loops(scheduled) == []
