@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     attention,
     control,
+    creation,
     elementwise,
     image,
     indexing,
@@ -16,4 +17,5 @@ from . import (  # noqa: F401
     rnn,
     shape,
     signal,
+    slicing,
 )
