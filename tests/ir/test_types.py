@@ -24,6 +24,11 @@ def test_tensor_type_text_and_static():
     assert s.is_static and s.numel == 6
 
 
+def test_static_shape_is_ints_or_none():
+    assert T.static_shape([2, 3]) == (2, 3) and T.static_shape(()) == ()
+    assert T.static_shape((2, "N")) is None
+
+
 @pytest.mark.parametrize("a,b,product", [
     (2, 3, 6), ("N", 1, "N"), ("N", 3, "3*N"), ("3*N", "S", "3*N*S"), ("S", "N", "N*S"),
 ])

@@ -43,12 +43,6 @@ def parallel_kind(threads: int, work: int, minimum: int = MIN_PARALLEL_MACS) -> 
     return L.ForKind.PARALLEL if threads > 1 and work >= minimum else L.ForKind.SERIAL
 
 
-def static_dims(shape):
-    if not all(isinstance(d, L.Const) for d in shape):
-        return None
-    return [d.value for d in shape]
-
-
 @dataclass(frozen=True)
 class _Conv2d:
     """A float32 NCHW 2-D Conv kernel's buffers and geometry, static shapes only."""
@@ -58,9 +52,9 @@ class _Conv2d:
     w: L.Buffer        # [M, C, kh, kw], or packed [M/NR, C, kh, kw, NR] (ConvPacked)
     bias: L.Buffer | None
     y: L.Buffer
-    x_dims: list
-    w_dims: list       # [M, C, kh, kw] (unpacked)
-    y_dims: list
+    x_dims: tuple
+    w_dims: tuple      # [M, C, kh, kw] (unpacked)
+    y_dims: tuple
     strides: list
     dilations: list
     begins: list
@@ -130,7 +124,7 @@ def _conv2d(kernel: Kernel) -> _Conv2d | None:
     has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
     bias = params[index[id(node.inputs[2])]] if has_bias else None
     y = params[-1]
-    xd, wd, yd = static_dims(x.shape), static_dims(w.shape), static_dims(y.shape)
+    xd, wd, yd = L.static_shape(x.shape), L.static_shape(w.shape), L.static_shape(y.shape)
     if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
             w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
         return None
@@ -139,7 +133,7 @@ def _conv2d(kernel: Kernel) -> _Conv2d | None:
         if len(wd) != 5:
             return None
         packed_nr = wd[-1]
-        wd = [node.attrs["oc"]] + wd[1:4]
+        wd = (node.attrs["oc"],) + wd[1:4]
     geometry = plane_geometry(node.attrs, xd[2:], wd[2:], yd[2:])
     if geometry is None:
         return None

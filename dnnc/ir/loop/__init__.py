@@ -3,7 +3,8 @@
 One package, one concern a module, all names re-exported here (`from dnnc.ir import loop as L;
 L.For(...)`):
 
-- `nodes`: Expr, Stmt, Buffer, IterVar, PrimFunc and constructors (`const`, `call`, `seq`, ...)
+- `nodes`: Expr, Stmt, Buffer, IterVar, PrimFunc, constructors (`const`, `call`, `seq`, ...),
+  `static_shape`
 - `traversal`: children, walk, transform, substitute, free_vars, structural_equal
 - `printer`: the stable text form (`print_expr`, `print_stmt`, `print_func`)
 - `verifier`: `verify` and `LoopIRError`
@@ -17,7 +18,7 @@ from .nodes import (
     ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, REDUCE_COMBINERS, Allocate, Barrier, BinOp,
     Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let, Load, PrimFunc, Reduce,
     Scope, Select, Seq, Stmt, Store, Var, call, const, eq, logical_and, logical_or, loop_nest,
-    maximum, minimum, ne, seq)
+    maximum, minimum, ne, seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
 from .simplifier import EXPR_RULES, UNBOUNDED, Bounds, bounds, simplify, simplify_expr
 from .traversal import children, free_vars, structural_equal, substitute, transform, walk
@@ -29,7 +30,7 @@ __all__ = [
     "Allocate", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const", "Expr", "For", "ForKind",
     "If", "IterVar", "Let", "Load", "PrimFunc", "Reduce", "Scope", "Select", "Seq", "Stmt",
     "Store", "Var", "call", "const", "eq", "logical_and", "logical_or", "loop_nest", "maximum",
-    "minimum", "ne", "seq",
+    "minimum", "ne", "seq", "static_shape",
     # traversal
     "children", "free_vars", "structural_equal", "substitute", "transform", "walk",
     # printer

@@ -300,6 +300,12 @@ def call(name: str, *args, dtype: T.DType | None = None) -> Call:
                                       else args[0].dtype))
 
 
+def static_shape(shape) -> tuple[int, ...] | None:
+    """A buffer shape (index expressions, or ints) as ints when every dim is a constant, None
+    when any is symbolic; graph shapes pass through unchanged (`types.static_shape`)."""
+    return T.static_shape(d.value if isinstance(d, Const) else d for d in shape)
+
+
 # ---------------------------------------------------------------------------------------------
 # Statements
 

@@ -26,6 +26,7 @@ from .. import types as T
 from ..compute import (
     NoCompute, Tensor, compute, reduce_axis, reduce_max, reduce_min, reduce_sum)
 from ..loop import Cast, Const, Expr, Select, call, const, eq, logical_and, maximum, minimum
+from .index_exprs import const_int
 from .infer import check_dtype, check_same_dtype
 from .linalg import acc_dtype, widen
 from .registry import REQUIRED, Pattern, register_op
@@ -101,10 +102,6 @@ def rule_pads(sizes, kernel, strides, dilations, pads, auto_pad="NOTSET", ceil_m
     return begins, ends
 
 
-def _static(e: Expr) -> int | None:
-    return e.value if isinstance(e, Const) else None
-
-
 def _exact_div(d: Expr, q: int):
     """d // q as an int when d is constant (q divides d, as inference checked)."""
     return d.value // q if isinstance(d, Const) else d // q
@@ -169,7 +166,7 @@ class Windows:
 
     def _may_overhang(self, i: int) -> bool:
         """Whether a window of axis i can read past the input's end."""
-        n, out, b, e = _static(self.sizes[i]), self.outs[i], self.begins[i], self.ends[i]
+        n, out, b, e = const_int(self.sizes[i]), self.outs[i], self.begins[i], self.ends[i]
         span = self.dilations[i] * (self.kernel[i] - 1) + 1
         if n is not None and out is not None and isinstance(b, int):
             return (out - 1) * self.strides[i] - b + span > n
@@ -332,7 +329,7 @@ def _conv_shape(ctx, x_i=0, w_i=1):
     if len(ws) != nd + 2:
         raise ctx.fail(f"weights must have rank {nd + 2} for this input, given {ctx.type(w_i)}")
     kernel = ctx.attrs.get("kernel_shape") or ws[2:]
-    if not all(isinstance(k, int) for k in kernel):
+    if T.static_shape(kernel) is None:
         raise ctx.fail(f"kernel_shape is needed when the weights' shape {ctx.type(w_i)} is "
                        f"symbolic")
     kernel, strides, dilations, pads = _spatial_attrs(ctx, nd, kernel)
@@ -372,7 +369,7 @@ CONV_ATTRS = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape
 def conv_sum(x: Tensor, w: Tensor, out_shape, attrs, term):
     """A convolution's sum as `fn(n, m, *o)`: reduce_sum over the group's input channels c and
     the kernel offsets of `term(x value, w value, m)`, padding excluded by `where`."""
-    kernel = [_static(d) for d in w.shape[2:]]
+    kernel = [const_int(d) for d in w.shape[2:]]
     if None in kernel:
         kernel = attrs.get("kernel_shape")
         if not kernel:
@@ -526,7 +523,7 @@ def _conv_transpose_infer(ctx):
     check_same_dtype(ctx)
     nd = _check_image(ctx)
     xs, ws = ctx.shape(0), ctx.shape(1)
-    if len(ws) != nd + 2 or not all(isinstance(k, int) for k in ws[2:]):
+    if len(ws) != nd + 2 or T.static_shape(ws[2:]) is None:
         raise ctx.fail(f"weights must have rank {nd + 2} with static kernel sizes, "
                        f"given {ctx.type(1)}")
     kernel, strides, dilations, pads = _spatial_attrs(ctx, nd, ws[2:])
@@ -570,9 +567,9 @@ def _conv_transpose_rule(inputs, outputs, *, auto_pad, dilations, group, kernel_
     x, w, b = (list(inputs) + [None])[:3]
     out = outputs[0]
     nd = x.ndim - 2
-    kernel = [_static(d) for d in w.shape[2:]]
+    kernel = [const_int(d) for d in w.shape[2:]]
     strides, dilations, pads = window_attrs(nd, strides, dilations, pads)
-    sizes = [_static(d) for d in x.shape[2:]]
+    sizes = [const_int(d) for d in x.shape[2:]]
     if None in sizes and output_shape:
         raise NoCompute("the pads of a given output_shape depend on symbolic input sizes")
     # without output_shape the begin pads do not depend on the input sizes
