@@ -21,8 +21,8 @@ def llvm_target(cpu=None):
 
 
 def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
-                  **pipeline):
-    from ..backends.llvm.executable import LLVMRuntime
+                  cache_size=None, **pipeline):
+    from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
     from ..backends.llvm.runtime import host_cpu
     from ..passes.manager import optimize, passes_at
 
@@ -31,11 +31,12 @@ def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=
     enabled = passes_at(opt_level)[:passes]
     return graph, LLVMRuntime(graph, cpu=cpu, opt_level=opt_level, progress=progress,
                               fuse="fuse_ops" in enabled,
-                              reuse_memory="plan_memory" in enabled)
+                              reuse_memory="plan_memory" in enabled,
+                              cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
 
 
 def _numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
-                   **pipeline):
+                   cache_size=None, **pipeline):
     return graph, NumpyRuntime(graph)   # the reference interprets the graph as imported
 
 
@@ -54,13 +55,15 @@ def load_graph(model, input_shapes: dict | None = None) -> Graph:
 def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
             opt_level: int | None = None, tuning_log=None, cpu=None,
             progress: bool | None = None, passes: int | None = None,
-            dump_ir=None) -> CompiledModel:
+            dump_ir=None, cache_size: int | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`.
 
     `cpu` (a `backends.llvm.runtime.HostCPU`) overrides the host's CPU name and features for
     the llvm target; `progress` prints compile stages on stderr (default: when it is a tty);
     `passes` stops the pass pipeline after its first N passes (for finding a miscompile);
-    `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
+    `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`);
+    `cache_size` bounds the shape specialisations the llvm target keeps per segment (least
+    recently used dropped first; default 32).
     """
     if target not in TARGETS:
         raise CompileError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
@@ -70,7 +73,7 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     timings: dict[str, float] = {}
     graph, runtime = TARGETS[target](graph, 3 if opt_level is None else opt_level, cpu=cpu,
                                      progress=progress, passes=passes, timings=timings,
-                                     dump_ir=dump_ir)
+                                     dump_ir=dump_ir, cache_size=cache_size)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "imported_nodes": imported_nodes, "pass_seconds": timings,
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),

@@ -79,6 +79,7 @@ class CompiledModel:
             out["pass_seconds"]["plan_memory"] += getattr(rt, "plan_seconds", 0.0)
         if hasattr(rt, "compiled_segments"):
             out["specializations"] = len(rt.compiled_segments())
+            out["evictions"] = getattr(rt, "evictions", 0)
             out["jit_seconds"] = rt.compile_seconds
         return out
 
