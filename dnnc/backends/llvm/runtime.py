@@ -1,12 +1,26 @@
 """The LLVM backend's runtime: JIT compilation with the host's CPU features, and the persistent
 worker pool that parallel loops run on.
 
-The pool is written in LLVM IR (it needs only libc's pthread functions, which every Python
-process has loaded), compiled once per process, and exported to generated code as the symbol
-`dnnc_parallel_for(fn, closure, n)`: `fn(closure, start, end)` is called on chunks of [0, n)
-by the calling thread and the workers together. Workers spin briefly after a region, then
-sleep on a condition variable. One region runs at a time; a second caller (another Python
-thread, or a nested parallel loop) runs its loop serially instead of waiting.
+The pool is written in LLVM IR (it needs only libc's pthread, sched_yield and clock_gettime,
+which every Python process has loaded), compiled once per process, and exported to generated
+code as the symbol `dnnc_parallel_for(fn, closure, n)`: `fn(closure, start, end)` is called on
+chunks of [0, n) by the calling thread and the workers together. It is built to degrade
+gracefully when the machine is busy (another process, or more threads than cores):
+
+- chunks are *claimed* from an atomic counter, never assigned, so whoever runs takes the work;
+- the caller runs chunks too and, when none are left, waits only for workers that entered the
+  region and are running chunks they claimed; a worker that has not started yet is never
+  waited for, and one that arrives after the region closed sees it closed and touches nothing
+  of it (the closure lives on the caller's stack);
+- a waiting thread backs off by time (PAUSE, then sched_yield, then sleep on a condition
+  variable), and sleeps at once when sched_yield shows another thread wanted its core;
+- the thread count follows the process's affinity mask and its cgroup CPU quota;
+  DNNC_NUM_THREADS overrides both.
+
+One region runs at a time; a second caller (another Python thread, or a nested parallel
+loop) runs its loop serially instead of waiting. Fork: every lock of this module and of the
+runtimes built on it is reset in the child, which also gets a pool of its own (see
+`_after_fork_in_child`). docs/llvm_backend.md ("Threads") has the measurements behind this.
 """
 
 from __future__ import annotations
