@@ -15,6 +15,8 @@ each condition the median of its blocks, with the blocks' spread (max/min). Prin
 slowdown = loaded / alone for both and dnnc's slowdown over onnxruntime's.
 `--load alternate`: dnnc and onnxruntime called alternately, call by call (each one's idle
 threads are the other's load), next to each timed alone.
+On a machine with more cores, confine the run to two (`taskset -c 2,3 python bench/cpu.py
+--load busy`): the thread count and the busy process both follow the affinity mask.
 """
 
 from __future__ import annotations
