@@ -151,15 +151,17 @@ def test_calls_from_four_python_threads_at_once(rng):
     assert not errors, errors[0]
 
 
-def test_forked_child_runs_parallel_loops_serially(rng):
-    """A forked child has no pool workers; its parallel loops must still complete and be
-    correct (the pool marks itself serial after fork)."""
+def test_forked_child_runs_parallel_loops(rng):
+    """A forked child inherits none of the pool's workers (and maybe a lock one held): the
+    pool resets itself and starts workers of its own; the child's loops complete, correctly,
+    on as many threads as the parent's."""
     f = _nested_kernel()
     jm = jit(f)
     a = rng.integers(-1000, 1000, (256, 300))
     ref = a * (np.arange(256)[:, None] + 1) + np.arange(300)
     out = np.empty_like(a)
     call(jm, f, [a, out], a.shape)  # the pool has run in the parent before the fork
+    threads = ensure_pool()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: report 0 for correct, 1 for wrong, 2 for an exception
@@ -168,7 +170,7 @@ def test_forked_child_runs_parallel_loops_serially(rng):
             child_out = np.empty_like(a)
             for _ in range(3):
                 call(jm, f, [a, child_out], a.shape)
-            code = 0 if np.array_equal(child_out, ref) else 1
+            code = 0 if np.array_equal(child_out, ref) and ensure_pool() == threads else 1
         finally:
             os.write(write, bytes([code]))
             os._exit(0)
@@ -460,3 +462,24 @@ def test_specialisation_cache_is_bounded_lru(rng):
     assert model.stats["evictions"] == 8
     with pytest.raises(dnnc.errors.CompileError, match="cache_size"):
         dnnc.compile(_graph(), target="llvm", cache_size=0)
+
+
+def test_restored_specialisations_survive_a_smaller_cache(rng):
+    """Specialisations restored from an artifact are all kept and run without compiling;
+    the cache shrinks to its size (least recently used first) when it next compiles."""
+    from dnnc.backends.llvm.executable import LLVMRuntime
+
+    model = dnnc.compile(_graph(), target="llvm")
+    bias = rng.standard_normal(8).astype(np.float32)
+    for batch in (1, 2, 3, 4):
+        model(rng.standard_normal((batch, 8)).astype(np.float32), bias)
+    rt = model.runtime
+    restored = LLVMRuntime.restore(model.graph, rt.plan(), rt.images(), rt.cpu, cache_size=2)
+    assert len(restored._cache) == 4 and restored.compile_seconds == 0.0
+    ref = dnnc.compile(_graph(), target="numpy")
+    for batch in (4, 1, 5):   # 4 and 1 restored, 5 compiled: keeps 1 and 5
+        x = rng.standard_normal((batch, 8)).astype(np.float32)
+        for o, w in zip(restored.run([x, bias], {}), ref(x, bias)):
+            np.testing.assert_allclose(o, w, rtol=2e-6, atol=1e-7)
+    assert sorted(k[1][0][0] for k in restored._cache) == [1, 5]
+    assert restored.evictions == 3
