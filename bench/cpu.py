@@ -1,6 +1,6 @@
 """dnnc (llvm target) next to onnxruntime on the zoo, measured in one run.
 
-    python bench/cpu.py [--models mlp,resnet18,...] [--batch 1] [--repeat 20] [--opt-level N]
+    python bench/cpu.py [--models mlp,resnet18,FILE.onnx,...] [--batch 1] [--repeat 20] [--opt-level N]
                          [--mattr -avx512f] [--load busy|alternate] [--blocks 5]
 
 Both run with the same thread count (dnnc's worker pool size, DNNC_NUM_THREADS or the cores
@@ -41,6 +41,21 @@ from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm.runtime import cpu_from, host_cpu, num_threads  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
+
+
+def load_model(name: str, batch: int):
+    """A zoo model by name, or an ONNX file (a path ending in .onnx: torch's exports from
+    bench/torch_models.py, onnx's light models) with its symbolic dims set to `batch`; the
+    model, its random inputs (seeded) and the name to print."""
+    import onnx
+
+    if not name.endswith(".onnx"):
+        model = zoo.build(name, batch=batch)
+        return model, zoo.inputs_for(model, np.random.default_rng(0)), name
+    model = onnx.load(name)
+    dims = {d.dim_param: batch for vi in model.graph.input
+            for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    return model, zoo.inputs_for(model, np.random.default_rng(0), dims), Path(name).stem
 
 
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:
@@ -88,7 +103,7 @@ def load_busy(name: str, ours, peer, args, busy: BusyProcess) -> dict:
             busy.off()
     med = {k: float(np.median(v)) for k, v in times.items()}
     slow = {who: med[who, "busy"] / med[who, "alone"] for who in ("dnnc", "ort")}
-    print(f"{name:14} {med['dnnc', 'alone']:8.2f} {med['dnnc', 'busy']:8.2f} "
+    print(f"{name:20} {med['dnnc', 'alone']:8.2f} {med['dnnc', 'busy']:8.2f} "
           f"{slow['dnnc']:6.2f}x {med['ort', 'alone']:8.2f} {med['ort', 'busy']:8.2f} "
           f"{slow['ort']:6.2f}x {slow['dnnc'] / slow['ort']:7.2f}  "
           f"{max(spread(v) for v in times.values()):6.2f}", flush=True)
@@ -113,16 +128,16 @@ def load_alternate(name: str, ours, peer, args) -> dict:
             alt[who].append(float(np.median(pairs[who][2:])))
     a = {w: float(np.median(v)) for w, v in alone.items()}
     b = {w: float(np.median(v)) for w, v in alt.items()}
-    print(f"{name:14} {a['dnnc']:8.2f} {b['dnnc']:8.2f} {a['ort']:8.2f} {b['ort']:8.2f} "
+    print(f"{name:20} {a['dnnc']:8.2f} {b['dnnc']:8.2f} {a['ort']:8.2f} {b['ort']:8.2f} "
           f"{a['dnnc'] / a['ort']:7.2f} {b['dnnc'] / b['ort']:7.2f}  "
           f"{max(spread(v) for d in (alone, alt) for v in d.values()):6.2f}", flush=True)
     return {"ratio": b["dnnc"] / b["ort"], "alone": a["dnnc"] / a["ort"]}
 
 
 LOAD_HEADERS = {
-    "busy": f"{'model':14} {'dnnc ms':>8} {'+busy':>8} {'slow':>7} {'ort ms':>8} {'+busy':>8} "
+    "busy": f"{'model':20} {'dnnc ms':>8} {'+busy':>8} {'slow':>7} {'ort ms':>8} {'+busy':>8} "
             f"{'slow':>7} {'dnnc/ort slowdown':>7}  spread",
-    "alternate": f"{'model':14} {'dnnc ms':>8} {'alt':>8} {'ort ms':>8} {'alt':>8} "
+    "alternate": f"{'model':20} {'dnnc ms':>8} {'alt':>8} {'ort ms':>8} {'alt':>8} "
                  f"{'ratio':>7} {'alt ratio':>7}  spread",
 }
 
@@ -151,12 +166,11 @@ def main() -> None:
           f"{', ' + args.mattr if args.mattr else ''}), {threads} "
           f"threads each; dnnc {dnnc.__version__}, onnxruntime {ort.__version__}, "
           f"batch {args.batch}")
-    print(f"{'model':14} {'compile s':>9} {'fallbacks':>9} {'kernels':>8} {'dnnc ms':>9} "
+    print(f"{'model':20} {'compile s':>9} {'fallbacks':>9} {'kernels':>8} {'dnnc ms':>9} "
           f"{'ort ms':>9} {'ratio':>7}  check")
     ratios = []
-    for name in args.models.split(","):
-        model = zoo.build(name, batch=args.batch)
-        inputs = zoo.inputs_for(model, np.random.default_rng(0))
+    for entry in args.models.split(","):
+        model, inputs, name = load_model(entry, args.batch)
         start = time.perf_counter()
         compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
         compile_s = time.perf_counter() - start
@@ -172,7 +186,7 @@ def main() -> None:
         ref = session.run(None, inputs)
         ok = all(np.allclose(o, r, rtol=1e-4, atol=1e-5) for o, r in zip(ours_out, ref))
         ratios.append(ours / peer)
-        print(f"{name:14} {compile_s:9.1f} {compiled.stats['host_fallback_ops']:9d} "
+        print(f"{name:20} {compile_s:9.1f} {compiled.stats['host_fallback_ops']:9d} "
               f"{compiled.stats['kernels']:8d} {ours:9.2f} {peer:9.2f} {ours / peer:7.2f}  "
               f"{'ok' if ok else 'MISMATCH'}")
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
@@ -190,9 +204,8 @@ def main_load(args, ort) -> None:
     busy = BusyProcess() if args.load == "busy" else None
     rows = []
     try:
-        for name in args.models.split(","):
-            model = zoo.build(name, batch=args.batch)
-            inputs = zoo.inputs_for(model, np.random.default_rng(0))
+        for entry in args.models.split(","):
+            model, inputs, name = load_model(entry, args.batch)
             compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
