@@ -144,7 +144,7 @@ def plane_geometry(attrs: dict, image_hw, kernel_hw, out_hw):
     """(strides, dilations, begin pads, padded plane (hp, wp)) of a 2-D window op's attrs,
     the plane big enough for every window the output reads; None when the output size does
     not match the attrs."""
-    from ...ir.ops.nn import window_attrs, window_geometry
+    from ...ir.ops.window import window_attrs, window_geometry
 
     strides, dilations, pads = window_attrs(2, attrs.get("strides"), attrs.get("dilations"),
                                             attrs.get("pads"))

@@ -12,7 +12,7 @@ import dnnc
 from dnnc.errors import ShapeError
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph
-from dnnc.ir.ops.nn import conv
+from dnnc.ir.ops.conv import conv
 
 ONNX_TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16,
               np.float64: TensorProto.DOUBLE, np.uint8: TensorProto.UINT8,
@@ -125,7 +125,7 @@ def test_conv_transpose_is_the_adjoint_of_conv():
     y = conv(x, w, **geo)
     r = rng.standard_normal(y.shape)
     out_pad = [1, 1]  # recovers the 9x7 input extent
-    from dnnc.ir.ops.nn import conv_transpose
+    from dnnc.ir.ops.conv import conv_transpose
     back = conv_transpose(r, w, **geo, output_padding=out_pad)
     assert back.shape == x.shape
     np.testing.assert_allclose((y * r).sum(), (x * back).sum(), rtol=1e-10)
@@ -142,7 +142,7 @@ def test_conv_integer_against_onnxruntime(xtype, wtype, per_channel):
     xz = np.array(rng.integers(0, 20), xtype)
     wz = rng.integers(0, 9, 4 if per_channel else ()).astype(wtype)
     if per_channel:  # onnxruntime's CPU kernel takes a scalar w_zero_point only
-        got = dnnc.ir.ops.nn.conv_integer(x, w, xz, wz, pads=[1, 0, 0, 1])
+        got = dnnc.ir.ops.conv.conv_integer(x, w, xz, wz, pads=[1, 0, 0, 1])
         want = _naive_conv(x.astype(np.int64) - xz, w.astype(np.int64) - wz.reshape(4, 1, 1, 1),
                            None, [1, 1], [1, 1], [1, 0, 0, 1], 1)
         assert got.dtype == np.int32
@@ -207,7 +207,7 @@ def test_global_pools_against_onnxruntime(op):
 
 def test_global_lp_pool():
     # onnxruntime has no GlobalLpPool kernel; the definition is a p-norm over spatial axes
-    from dnnc.ir.ops.nn import global_lp_pool
+    from dnnc.ir.ops.pool import global_lp_pool
     x = np.random.default_rng(9).standard_normal((2, 3, 4, 5)).astype(np.float32)
     for p in (1, 2, 3):
         want = np.linalg.norm(x.reshape(2, 3, -1).astype(np.float64), ord=p, axis=-1)
@@ -219,7 +219,7 @@ def test_global_lp_pool():
 def test_max_unpool_inverts_max_pool():
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2, 3, 6, 8)).astype(np.float32)
-    from dnnc.ir.ops.nn import max_pool, max_unpool
+    from dnnc.ir.ops.pool import max_pool, max_unpool
     y, idx = max_pool(x, kernel_shape=[2, 2], strides=[2, 2])
     back = max_unpool(y, idx, kernel_shape=[2, 2], strides=[2, 2])
     # every window keeps exactly its maximum, in place
@@ -236,7 +236,7 @@ def test_max_unpool_inverts_max_pool():
 
 def test_col2im_is_the_adjoint_of_im2col():
     rng = np.random.default_rng(8)
-    from dnnc.ir.ops.nn import col2im
+    from dnnc.ir.ops.conv import col2im
     image, block = [6, 5], [2, 3]
     geo = dict(strides=[2, 1], dilations=[1, 2], pads=[1, 0, 0, 1])
     bh = (6 + 1 + 0 - 2) // 2 + 1
@@ -332,7 +332,7 @@ def test_conv_rejects_integer_inputs():
 
 
 def test_deform_conv_with_zero_offsets_is_conv_and_shifts_sample():
-    from dnnc.ir.ops.nn import deform_conv
+    from dnnc.ir.ops.conv import deform_conv
     rng = np.random.default_rng(12)
     x = rng.standard_normal((2, 4, 6, 7)).astype(np.float32)
     w = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
@@ -354,7 +354,7 @@ def test_deform_conv_with_zero_offsets_is_conv_and_shifts_sample():
 
 
 def test_causal_conv_with_state_streams():
-    from dnnc.ir.ops.nn import causal_conv_with_state
+    from dnnc.ir.ops.conv import causal_conv_with_state
     rng = np.random.default_rng(13)
     x = rng.standard_normal((2, 3, 10)).astype(np.float32)
     w = rng.standard_normal((3, 1, 4)).astype(np.float32)
