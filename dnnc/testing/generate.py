@@ -393,9 +393,23 @@ def gen_conv(g: Builder):
         attrs["auto_pad"] = g.choice(["SAME_UPPER", "SAME_LOWER", "VALID"])
     elif g.chance(0.6):
         attrs["pads"] = [int(g.rng.integers(0, k)) for k in (kh, kw, kh, kw)]
+    _check_windows((h, w), attrs)
     wt = g.weight((m, c // group, kh, kw), c // group * kh * kw)
     bias = [g.weight((m,), 1)] if g.chance(0.6) else []
     g.node("Conv", [x, wt] + bias, **attrs)
+
+
+def _check_windows(sizes, attrs) -> None:
+    """Rejects a conv or pool whose (dilated) window is larger than its padded input: ONNX's
+    shape inference rounds the negative length up to one output."""
+    kernel = attrs["kernel_shape"]
+    dilations = attrs.get("dilations", [1] * len(kernel))
+    pads = attrs.get("pads", [0] * 2 * len(kernel))
+    if attrs.get("auto_pad", "NOTSET").startswith("SAME"):
+        return
+    for i, (n, k, d) in enumerate(zip(sizes, kernel, dilations)):
+        if n + pads[i] + pads[i + len(kernel)] < d * (k - 1) + 1:
+            raise Rejected
 
 
 def gen_matmul(g: Builder):
@@ -470,6 +484,7 @@ def gen_pool(g: Builder):
         attrs["dilations"] = [g.choice([1, 2]), 1]
     if op == "AveragePool" and g.chance(0.4):
         attrs["count_include_pad"] = 1
+    _check_windows(x.shape[2:], attrs)
     g.node(op, [x], exact=x.exact and op == "MaxPool", **attrs)
 
 
