@@ -172,7 +172,7 @@ class Worker:
         self.argv = argv or [sys.executable, "-m", "dnnc.testing.worker"]
         self.proc: subprocess.Popen | None = None
         self.stderr = tempfile.TemporaryFile()
-        self.restarts = 0
+        self.starts = 0
 
     def _start(self) -> None:
         env = dict(os.environ)
@@ -180,13 +180,12 @@ class Worker:
             env["DNNC_NUM_THREADS"] = str(self.threads)
         self.stderr.seek(0)
         self.stderr.truncate()
+        self.starts += 1
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, env=env, bufsize=0)
 
     def submit(self, request: dict) -> None:
         if self.proc is None or self.proc.poll() is not None:
-            if self.proc is not None:
-                self.restarts += 1
             self._start()
         try:
             worker_protocol.write_message(self.proc.stdin, request)
@@ -211,6 +210,11 @@ class Worker:
         how = (signal.Signals(-code).name if code < 0 and -code in signal.valid_signals()
                else f"exit {code}")
         return {"crash": how, "stderr": tail}
+
+    @property
+    def restarts(self) -> int:
+        """Workers started after a crash or a timeout ended the previous one."""
+        return max(0, self.starts - 1)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -747,15 +747,15 @@ def _start(g: Builder) -> None:
     n = g.batch_dim
     kind = g.choice(["image"] * 6 + ["sequence"] * 3 + ["matrix"] * 2)
     if kind == "image":
-        if g.big:
-            shape = (n, g.choice([8, 16]), g.choice([32, 33]), g.choice([32, 40]))
+        if g.big:   # >= MIN_PARALLEL_WORK elements per image; 3x3 convs >= 1M MACs
+            shape = (n, g.choice([16, 24]), g.choice([48, 49]), g.choice([48, 64]))
         else:
             shape = (n, g.size((1, 2, 3, 4, 5, 8)), g.size((1, 2, 3, 5, 7, 8, 9)),
                      g.size((1, 3, 4, 6, 7, 10, 13)))
     elif kind == "sequence":
-        shape = (n, g.size((1, 3, 5, 7, 16), (64, 128)), g.size((1, 2, 4, 8, 13), (64, 96)))
+        shape = (n, g.size((1, 3, 5, 7, 16), (128, 130)), g.size((1, 2, 4, 8, 13), (256, 300)))
     else:
-        shape = (n, g.size((1, 2, 3, 5, 8, 17, 31), (1024, 2048)))
+        shape = (n, g.size((1, 2, 3, 5, 8, 17, 31), (32768, 40000)))
     g.add_input(shape, F32)
     if g.chance(0.2):
         g.add_input(shape, F32)

@@ -1,10 +1,11 @@
 """Shrinking a failing fuzz case to the few nodes that still fail (delta debugging).
 
 `minimize(model, runs, fails)` keeps one failing output, then, node by node from the outputs
-back, tries two edits and keeps each one after which `fails(model, runs)` still holds: *cut*
-(the node goes and its outputs become graph inputs, fed the values the numpy reference
-computed for them, so everything upstream of them goes too) and *bypass* (the node goes and
-its readers read its input instead, when the types agree). It repeats until a pass changes
+back, tries three edits and keeps each one after which `fails(model, runs)` still holds:
+*truncate* (a node writing an output goes and its inputs become the outputs), *bypass* (the
+node goes and its readers read its input instead, when the types agree) and *cut* (the node
+goes and its outputs become graph inputs, fed the values the numpy reference computed for
+them, so everything upstream of them goes too). It repeats until a pass changes
 nothing or the budget is spent. The result is always a model that fails: the input, if no
 edit kept the failure.
 """
@@ -56,7 +57,7 @@ def minimize(model: onnx.ModelProto, runs: list[dict], fails, max_trials: int = 
         for name in [n.name for n in reversed(best.graph.node)]:
             if all(n.name != name for n in best.graph.node):
                 continue   # pruned by an earlier edit of this pass
-            for edit in (_bypass, _cut):
+            for edit in (_truncate, _bypass, _cut):
                 made = edit(best, name, values)
                 if made is None:
                     continue
@@ -71,8 +72,9 @@ def minimize(model: onnx.ModelProto, runs: list[dict], fails, max_trials: int = 
 
 
 def _intermediates(model: onnx.ModelProto, runs: list[dict]) -> list[dict] | None:
-    """Every value the numpy reference computes, per run, or None when it cannot run."""
-    from .fuzz import numpy_outputs
+    """Every value the numpy reference computes, per run (onnxruntime's when the reference
+    is what fails), or None when neither runs."""
+    from .fuzz import numpy_outputs, ort_outputs
 
     inferred = onnx.shape_inference.infer_shapes(model)
     known = {v.name: v for v in inferred.graph.value_info}
@@ -82,9 +84,14 @@ def _intermediates(model: onnx.ModelProto, runs: list[dict]) -> list[dict] | Non
     probe.CopyFrom(model)
     del probe.graph.output[:]
     probe.graph.output.extend(known[n] for n in names)
-    try:
-        outs = numpy_outputs(probe.SerializeToString(), runs)
-    except Exception:
+    outs = None
+    for reference in (numpy_outputs, ort_outputs):
+        try:
+            outs = reference(probe.SerializeToString(), runs)
+            break
+        except Exception:   # a reference that fails on the model: try the next one
+            continue
+    if outs is None:
         return None
     return [dict(zip(names, run)) for run in outs]
 
@@ -130,14 +137,34 @@ def _cut(model: onnx.ModelProto, name: str, values: list[dict]) -> onnx.ModelPro
     del out.graph.node[:]
     out.graph.node.extend(n for n in model.graph.node if n.name != name)
     read = {i for n in out.graph.node for i in n.input}
-    for o in node.output:
-        if o in read:
-            arrays = [run[o] for run in values]
-            dims = [d if all(a.shape[k] == d for a in arrays) else BATCH
-                    for k, d in enumerate(arrays[0].shape)]
-            out.graph.input.append(helper.make_tensor_value_info(
-                o, ONNX_DTYPE[arrays[0].dtype], dims))
+    out.graph.input.extend(_value_info(o, values) for o in node.output if o in read)
     return out
+
+
+def _truncate(model: onnx.ModelProto, name: str, values: list[dict]
+              ) -> onnx.ModelProto | None:
+    """`name`'s node, which writes graph outputs, removed; its computed inputs become the
+    graph's outputs in their place."""
+    node = next(n for n in model.graph.node if n.name == name)
+    outputs = [o.name for o in model.graph.output]
+    if not any(o in outputs for o in node.output):
+        return None
+    computed = [i for i in node.input if i in values[0] and i not in outputs]
+    if not computed:
+        return None
+    kept = [o for o in model.graph.output if o.name not in node.output]
+    out = _with_outputs(model, kept + [_value_info(i, values) for i in dict.fromkeys(computed)])
+    del out.graph.node[:]
+    out.graph.node.extend(n for n in model.graph.node if n.name != name)
+    return out
+
+
+def _value_info(name: str, values: list[dict]) -> onnx.ValueInfoProto:
+    """A value's type from its arrays in every run: a dim that differs is the batch."""
+    arrays = [run[name] for run in values]
+    dims = [d if all(a.shape[k] == d for a in arrays) else BATCH
+            for k, d in enumerate(arrays[0].shape)]
+    return helper.make_tensor_value_info(name, ONNX_DTYPE[arrays[0].dtype], dims)
 
 
 def _bypass(model: onnx.ModelProto, name: str, values: list[dict]) -> onnx.ModelProto | None:
