@@ -42,9 +42,10 @@ FLOAT_ATOL = 1e-4
 """float32 results agree when |got - want| <= RTOL * |want| + ATOL * max(1, mean |want|).
 The cases chain up to ten ops of unit-scale values; reordered float32 sums (dnnc's vectorised
 and blocked reductions next to onnxruntime's MLAS, next to NumPy's pairwise sums) differ by a
-few ulps per term, and dnnc's polynomial exp/erf by ~2 ulps: measured over 2000 passing cases,
-the largest such difference was below 2e-5 of the output's mean magnitude. Wrong indexing,
-races and wrong semantics give errors of the order of the values themselves. The absolute
+few ulps per term, and dnnc's polynomial exp/erf by a few ulps: over 300 cases (seed 21, llvm,
+opt level 3) the largest |got - want| / (|want| + max(1, mean |want|)) was 4.3e-6 against
+the numpy target and 3.6e-6 against onnxruntime (outside known differences), 23x below the
+limit. Wrong indexing, races and wrong semantics give errors of the order of the values. The absolute
 part scales with the output's mean magnitude so that an element near zero, left by the
 cancellation of large terms, is judged against the size of those terms. Integers and
 booleans must be equal."""
