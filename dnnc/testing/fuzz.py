@@ -80,13 +80,15 @@ def close(got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
 class KnownDifference:
     """A place where onnxruntime's result differs from the ONNX spec's reading, which dnnc
     follows. A mismatch with onnxruntime only (dnnc's targets agree with each other) in an
-    output that such a node feeds is classified under `name`, never hidden."""
+    output that such a node feeds is classified under `name`, never hidden; a `nan_only`
+    entry applies only when a differing element is NaN on one side."""
 
     name: str
-    op: str
+    ops: tuple
     applies: object          # fn(attrs, [(shape, constant value or None) per input]) -> bool
     spec: str                # the spec's reading, which dnnc implements
     onnxruntime: str         # what onnxruntime does instead
+    nan_only: bool = False
 
 
 def _resize_fractional_align_corners(attrs: dict, inputs: list) -> bool:
@@ -99,26 +101,44 @@ def _resize_fractional_align_corners(attrs: dict, inputs: list) -> bool:
                for n, s in zip(shape, scales.astype(np.float64)))
 
 
+def _resize_interpolating(attrs: dict, inputs: list) -> bool:
+    return attrs.get("mode", b"nearest") in (b"linear", b"cubic")
+
+
 KNOWN_DIFFERENCES = [
     KnownDifference(
-        "resize-align-corners-fractional", "Resize", _resize_fractional_align_corners,
+        "resize-align-corners-fractional", ("Resize",), _resize_fractional_align_corners,
         spec="align_corners maps x_resized to x_resized * (length_original - 1) / "
              "(length_resized - 1), with length_resized = floor(length_original * scale) "
              "(onnx.reference agrees)",
         onnxruntime="when length_original * scale is not whole, onnxruntime samples other "
                     "positions (measured: 5 -> 3 rows at scale 0.75, any mode); whole "
                     "lengths agree"),
+    KnownDifference(
+        "nan-in-max", ("MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"),
+        lambda attrs, inputs: True, nan_only=True,
+        spec="the spec does not say; dnnc propagates a NaN in a window or reduced slice, as "
+             "np.max, the Max op (NaN in, NaN out) and every other dnnc reduction do",
+        onnxruntime="ReduceMax, ReduceMin and GlobalMaxPool drop NaNs; MaxPool propagates a "
+                    "NaN from some window positions only"),
+    KnownDifference(
+        "nan-in-resize-taps", ("Resize",), _resize_interpolating, nan_only=True,
+        spec="a NaN reaches the outputs whose interpolation reads it (onnx.reference agrees)",
+        onnxruntime="linear resize spreads a NaN to a different set of outputs (measured: "
+                    "4x4 -> 8x8, half_pixel: 25 NaN outputs where onnx.reference has 16)"),
 ]
-"""Known differences from onnxruntime, each checked against onnx.reference; docs/fuzzing.md
-lists them too."""
+"""Known differences from onnxruntime, each checked against onnx.reference where it has a
+reading; docs/fuzzing.md lists them too."""
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def known_difference(model: onnx.ModelProto, output: str) -> KnownDifference | None:
-    """The known difference some node upstream of `output` matches, if any."""
+def known_difference(model: onnx.ModelProto, output: str, nan: bool = False
+                     ) -> KnownDifference | None:
+    """The known difference some node upstream of `output` matches, if any; `nan`: a
+    differing element is NaN on one side."""
     producer = {o: n for n in model.graph.node for o in n.output}
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {v.name: tuple(d.dim_value if d.HasField("dim_value") else d.dim_param
@@ -140,7 +160,8 @@ def known_difference(model: onnx.ModelProto, output: str) -> KnownDifference | N
         seen.add(name)
         inputs = [(shapes.get(i), constants.get(i)) for i in node.input]
         for known in KNOWN_DIFFERENCES:
-            if known.op == node.op_type and known.applies(_attrs(node), inputs):
+            if node.op_type in known.ops and (nan or not known.nan_only) and \
+                    known.applies(_attrs(node), inputs):
                 return known
         stack.extend(node.input)
     return None
@@ -266,10 +287,13 @@ def first_difference(got: list[list[np.ndarray]], want: list[list[np.ndarray]],
                      names: list[str]) -> dict | None:
     for run, (g_outs, w_outs) in enumerate(zip(got, want)):
         for name, g, w in zip(names, g_outs, w_outs):
-            ok, err = close(np.asarray(g), np.asarray(w))
+            g, w = np.asarray(g), np.asarray(w)
+            ok, err = close(g, w)
             if not ok:
+                nan = bool(g.shape == w.shape and w.dtype.kind == "f" and
+                           np.any(np.isnan(g) != np.isnan(w)))
                 return {"run": run, "output": name, "error": err, "got_shape": list(g.shape),
-                        "want_shape": list(w.shape), "dtype": str(w.dtype)}
+                        "want_shape": list(w.shape), "dtype": str(w.dtype), "nan": nan}
     return None
 
 
@@ -323,7 +347,7 @@ class Checker:
         diff = first_difference(got, ort_result, names)
         if not diff:
             return Outcome("pass")
-        known = known_difference(model, diff["output"])
+        known = known_difference(model, diff["output"], diff["nan"])
         if known is not None:
             return Outcome("known", known.name, diff)
         return Outcome("mismatch", f"onnxruntime:{producer.get(diff['output'], '?')}", diff)
