@@ -220,3 +220,13 @@ def test_ci_batch_of_100_cases_finds_nothing(tmp_path):
         capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "cases 100, passed" in proc.stdout
+
+
+def test_nan_known_differences_apply_only_to_nan_mismatches():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], name="p")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    assert fuzz.known_difference(model, "y", nan=True).name == "nan-in-max"
+    assert fuzz.known_difference(model, "y", nan=False) is None
