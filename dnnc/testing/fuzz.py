@@ -450,6 +450,8 @@ def parse_args(argv):
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds a case may take before it counts as a hang (default 120)")
     p.add_argument("--no-minimize", action="store_true", help="save findings unminimised")
+    p.add_argument("--minimize-seconds", type=float, default=60.0,
+                   help="time budget for minimising one finding (default 60)")
     p.add_argument("--no-onnxruntime", action="store_true",
                    help="compare with the numpy target only")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -467,6 +469,8 @@ def parse_args(argv):
         problems.append(f"--threads must be at least 1, got {args.threads}")
     if args.timeout <= 0:
         problems.append(f"--timeout must be positive, got {args.timeout}")
+    if args.minimize_seconds <= 0:
+        problems.append(f"--minimize-seconds must be positive, got {args.minimize_seconds}")
     for problem in problems:
         p.error(problem)   # exits with status 2
     return args
@@ -498,7 +502,8 @@ def fuzz(args, progress: Progress | None = None, worker_argv=None) -> dict:
                 folder = save_finding(Path(args.out), case, runs, outcome, args)
                 note = f"case {index}: {outcome.status} {outcome.cls} -> {folder}"
                 if not args.no_minimize and outcome.status != "timeout":
-                    small = minimize(case.model, runs, _same_failure(checker, outcome))
+                    small = minimize(case.model, runs, _same_failure(checker, outcome),
+                                     max_seconds=args.minimize_seconds)
                     onnx.save(small.model, folder / "minimized.onnx")
                     _save_inputs(folder / "minimized_inputs.npz", small.runs)
                     note += (f" (minimised to {len(small.model.graph.node)} node(s): "

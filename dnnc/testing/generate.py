@@ -12,7 +12,7 @@ shape inference (`infer_node_outputs`), so the declared types are the spec's.
 What is never generated, because the spec leaves the result undefined or ill-conditioned and
 a comparison would mean nothing: NaN-producing arithmetic (Sqrt/Log of negatives, 0/0),
 division by values near zero, integer division by zero, float-to-int casts out of range,
-integer products that overflow, and comparisons, casts or rounding of floats computed with
+integer products that overflow, LayerNormalization of rows that may be constant, and comparisons, casts or rounding of floats computed with
 rounding (two correct implementations may round a sum differently and flip a comparison);
 those consume only *exact* values (inputs, data movement, max/min). `docs/fuzzing.md`.
 """
@@ -452,6 +452,11 @@ def gen_layernorm(g: Builder):
     if g.opset < 17:
         raise Rejected
     x = g.pick(lambda v: v.rank >= 1 and v.static(-1))
+    if x.name not in {s.name for s in g.inputs}:
+        # a computed row may be constant (a broadcast, a Where): its rounding in x - mean,
+        # divided by sqrt(epsilon), would decide the result. A residual input of x's shape
+        # (LayerNorm(x + residual), as in transformers) keeps every row well-conditioned.
+        x = g.node("Add", [x, g.add_input(x.shape, F32)])[0]
     axes = [a for a in range(-x.rank, 0) if all(x.static(i) for i in range(a, 0))]
     axis = g.choice(axes)
     inner = x.shape[axis:]

@@ -207,7 +207,8 @@ def test_fuzz_saves_and_minimises_a_crash(tmp_path, monkeypatch):
 # --- the command ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv", [["--cases", "0"], ["--opt-level", "7"], ["--threads", "0"],
-                                  ["--target", "nope"], ["--timeout", "-1"]])
+                                  ["--target", "nope"], ["--timeout", "-1"],
+                                  ["--minimize-seconds", "0"]])
 def test_bad_usage_exits_2(argv):
     with pytest.raises(SystemExit) as exc:
         fuzz.parse_args(argv)
