@@ -101,6 +101,22 @@ def _resize_fractional_align_corners(attrs: dict, inputs: list) -> bool:
                for n, s in zip(shape, scales.astype(np.float64)))
 
 
+def _resize_nearest_fractional_downscale(attrs: dict, inputs: list) -> bool:
+    if attrs.get("mode", b"nearest") != b"nearest":
+        return False
+    shape = inputs[0][0]
+    scales = inputs[2][1] if len(inputs) > 2 and inputs[2][1] is not None and \
+        len(inputs[2][1]) else None
+    sizes = inputs[3][1] if len(inputs) > 3 else None
+    if scales is not None:
+        ratios = [float(s) for s in scales]
+    elif sizes is not None:
+        ratios = [o / n if isinstance(n, int) else 1.0 for o, n in zip(sizes, shape)]
+    else:
+        return False
+    return any(0 < r < 1 and not float(1 / r).is_integer() for r in ratios)
+
+
 def _resize_interpolating(attrs: dict, inputs: list) -> bool:
     return attrs.get("mode", b"nearest") in (b"linear", b"cubic")
 
@@ -114,6 +130,14 @@ KNOWN_DIFFERENCES = [
         onnxruntime="when length_original * scale is not whole, onnxruntime samples other "
                     "positions (measured: 5 -> 3 rows at scale 0.75, any mode); whole "
                     "lengths agree"),
+    KnownDifference(
+        "resize-nearest-fractional-downscale", ("Resize",),
+        _resize_nearest_fractional_downscale,
+        spec="x_original from the coordinate transformation, then nearest_mode's rounding "
+             "(onnx.reference agrees)",
+        onnxruntime="downscaling by a ratio whose inverse is not whole (0.6, 1/3, 2/13), "
+                    "some outputs take the input pixel before (measured: 6 -> 3 at scale 0.6, "
+                    "half_pixel, floor); whole inverses (0.5) and upscaling agree"),
     KnownDifference(
         "nan-in-max", ("MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"),
         lambda attrs, inputs: True, nan_only=True,

@@ -233,3 +233,18 @@ def test_nan_known_differences_apply_only_to_nan_mismatches():
                               opset_imports=[helper.make_opsetid("", 18)])
     assert fuzz.known_difference(model, "y", nan=True).name == "nan-in-max"
     assert fuzz.known_difference(model, "y", nan=False) is None
+
+
+def test_resize_nearest_downscale_difference_matches_only_fractional_inverses():
+    def model(scale):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 6, 6])
+        n = int(6 * scale)
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, n, n])
+        scales = helper.make_tensor("s", TensorProto.FLOAT, [4], [1, 1, scale, scale])
+        node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest",
+                                nearest_mode="floor", name="r")
+        return helper.make_model(helper.make_graph([node], "g", [x], [y], [scales]),
+                                 opset_imports=[helper.make_opsetid("", 18)])
+    assert fuzz.known_difference(model(0.6), "y").name == "resize-nearest-fractional-downscale"
+    assert fuzz.known_difference(model(0.5), "y") is None
+    assert fuzz.known_difference(model(2.0), "y") is None
