@@ -129,7 +129,7 @@ class Builder:
         self.consumed: set[str] = set()
         self.types: dict[str, onnx.TypeProto] = {}
         self.data: dict[str, onnx.TensorProto] = {}   # constant values, for shape inference
-        self.style = rng.choice(["plain", "torch"])
+        self.style = rng.choice(["plain", "torch", "colliding"])
         self.count = 0
 
     # --- naming -------------------------------------------------------------------------------
@@ -137,6 +137,8 @@ class Builder:
         self.count += 1
         if self.style == "torch":   # names as PyTorch's exporter writes them
             return f"/layer{self.count}/{hint}_output_0"
+        if self.style == "colliding":   # pairs that a C identifier sanitiser maps to one name
+            return f"v{'.:/_'[self.count % 4]}{self.count // 2}"   # v/1 and v_1, v.2 and v:2
         return f"{hint.lower()}{self.count}"
 
     # --- sizes --------------------------------------------------------------------------------
