@@ -444,7 +444,7 @@ class _Legalizer:
         for rule in self.rules:
             new = rule(out, self)
             if new is not None:
-                self.origin[id(new)] = (new, self._origin(out))
+                self.origin.setdefault(id(new), (new, self._origin(out)))
                 out = self.expr(new)
                 break
         self.memo[id(e)] = (e, out)
@@ -453,9 +453,14 @@ class _Legalizer:
         return out
 
     def _origin(self, e: L.Expr) -> L.Expr:
-        # (each entry holds its node, so that no other node can take its id)
-        hit = self.origin.get(id(e))
-        return e if hit is None else hit[1]
+        """The expression `e` was legalized from, through every rewrite (each entry holds
+        its node, so that no other node can take its id while the pass runs)."""
+        for _ in range(64):   # (a chain is as long as the rewrites of one node)
+            hit = self.origin.get(id(e))
+            if hit is None or hit[1] is e:
+                break
+            e = hit[1]
+        return e
 
     def _children(self, e: L.Expr) -> L.Expr:
         if isinstance(e, (L.Var, L.Const)):
