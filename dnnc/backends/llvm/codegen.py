@@ -642,6 +642,8 @@ _VECTOR_BINARY = {("f", op) for op in ("+", "-", "*", "/", "min", "max", *L.COMP
 operations serve legalized bfloat16 conversions."""
 _VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc", "abs", "neg"}
 """`_CALLS` entries emitted as vector intrinsics on _VECTOR_FLOATS; the rest lane by lane."""
+_VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
+"""Selects of these dtypes are vector selects (uint32: bfloat16 rounding's NaN case)."""
 _VECTOR_CASTS = (T.float16, T.float32, T.float64, T.uint16, T.uint32)
 """Casts among these are vector instructions (float16 and bfloat16 data computed in float32:
 fpext / fptrunc, and the zext / trunc of bfloat16's bits)."""
@@ -766,46 +768,61 @@ class _VectorLoop:
         return out
 
     def expr(self, e: L.Expr) -> tuple[ir.Value, bool]:
+        """(value, is_vector): invariant expressions stay scalars; the rest is vector code
+        where `_VECTOR_EXPR` has a vector emitter for the node, else lane by lane."""
         free = L.free_vars(e)
         if self.var not in free and not (free & set(self.vectors)):
             return self.em.expr(e), False
         if e == self.var:
             return ir.Constant(ir.VectorType(I64, self.lanes), list(range(self.lanes))), True
-        if isinstance(e, L.Var) and e in self.vectors:
-            return self.vectors[e], True
-        if isinstance(e, L.Load):
-            stride = self._lane_stride(e.indices)
-            kind = {0: False, 1: True}.get(stride)
-            dtype = e.buffer.dtype
-            if stride in (2, 3, 4) and dtype in (T.float32, T.float64):
-                return self._strided_load(e, stride), True
-            if kind is True:
-                ptr = self._base_address(e.buffer, e.indices)
-                mem = ir.VectorType(memory_type(dtype), self.lanes)
-                ptr = self.b.bitcast(ptr, ir.PointerType(mem))
-                vec = self.b.load(ptr, typ=mem, align=dtype.itemsize)
-                if dtype.kind == "b":
-                    vec = self.b.icmp_unsigned("!=", vec, ir.Constant(mem, [0] * self.lanes))
-                return vec, True
-            return self.lanewise(e), True
-        if isinstance(e, L.BinOp) and (_class(e.a.dtype), e.op) in _VECTOR_BINARY and \
-                (not e.a.dtype.is_float or e.a.dtype in _VECTOR_FLOATS):
-            a, b = self._both(e.a, e.b)
-            return _BINARY[_class(e.a.dtype), e.op](self.em, a, b), True
-        if isinstance(e, L.Call) and e.name in _VECTOR_CALLS and e.dtype in _VECTOR_FLOATS:
-            return _CALLS["f", e.name](self.em, *[self._as_vector(a) for a in e.args]), True
-        if isinstance(e, L.Select) and e.dtype in _VECTOR_FLOATS + (T.uint32,):
-            cond = self._as_vector(e.cond)
-            a, b = self._both(e.true, e.false)
-            return self.b.select(cond, a, b), True
-        if isinstance(e, L.Cast) and e.dtype in _VECTOR_CASTS and \
-                e.value.dtype in _VECTOR_CASTS:
-            emit = _CASTS[_cast_class(e.value.dtype), _cast_class(e.dtype)]
-            return emit(self.em, self._as_vector(e.value), self.vtype(e.dtype)), True
-        if isinstance(e, L.Call) and e.name == "bitcast" and e.dtype.kind != "b":
+        emit = _VECTOR_EXPR.get(type(e))
+        value = None if emit is None else emit(self, e)
+        return (self.lanewise(e) if value is None else value), True
+
+    # vector emitters: a vector value, or None for "lane by lane"
+
+    def var(self, e: L.Var) -> ir.Value | None:
+        return self.vectors.get(e)
+
+    def load(self, e: L.Load) -> ir.Value | None:
+        stride = self._lane_stride(e.indices)
+        dtype = e.buffer.dtype
+        if stride in (2, 3, 4) and dtype in _VECTOR_FLOATS:
+            return self._strided_load(e, stride)
+        if stride != 1:
+            return None
+        ptr = self._base_address(e.buffer, e.indices)
+        mem = ir.VectorType(memory_type(dtype), self.lanes)
+        ptr = self.b.bitcast(ptr, ir.PointerType(mem))
+        vec = self.b.load(ptr, typ=mem, align=dtype.itemsize)
+        if dtype.kind == "b":
+            vec = self.b.icmp_unsigned("!=", vec, ir.Constant(mem, [0] * self.lanes))
+        return vec
+
+    def binop(self, e: L.BinOp) -> ir.Value | None:
+        key = (_class(e.a.dtype), e.op)
+        if key not in _VECTOR_BINARY or (e.a.dtype.is_float and e.a.dtype not in _VECTOR_FLOATS):
+            return None
+        return _BINARY[key](self.em, *self._both(e.a, e.b))
+
+    def call(self, e: L.Call) -> ir.Value | None:
+        if e.name == "bitcast" and e.dtype.kind != "b":
             value, ty = self._as_vector(e.args[0]), self.vtype(e.dtype)
-            return (value if value.type == ty else self.b.bitcast(value, ty)), True
-        return self.lanewise(e), True
+            return value if value.type == ty else self.b.bitcast(value, ty)
+        if e.name in _VECTOR_CALLS and e.dtype in _VECTOR_FLOATS:
+            return _CALLS["f", e.name](self.em, *[self._as_vector(a) for a in e.args])
+        return None
+
+    def select(self, e: L.Select) -> ir.Value | None:
+        if e.dtype not in _VECTOR_SELECTS:
+            return None
+        return self.b.select(self._as_vector(e.cond), *self._both(e.true, e.false))
+
+    def cast(self, e: L.Cast) -> ir.Value | None:
+        if e.dtype not in _VECTOR_CASTS or e.value.dtype not in _VECTOR_CASTS:
+            return None
+        emit = _CASTS[_cast_class(e.value.dtype), _cast_class(e.dtype)]
+        return emit(self.em, self._as_vector(e.value), self.vtype(e.dtype))
 
     def _as_vector(self, e: L.Expr) -> ir.Value:
         value, is_vector = self.expr(e)
@@ -813,3 +830,9 @@ class _VectorLoop:
 
     def _both(self, a: L.Expr, b: L.Expr):
         return self._as_vector(a), self._as_vector(b)
+
+
+_VECTOR_EXPR: dict[type, Callable] = {
+    L.Var: _VectorLoop.var, L.Load: _VectorLoop.load, L.BinOp: _VectorLoop.binop,
+    L.Call: _VectorLoop.call, L.Select: _VectorLoop.select, L.Cast: _VectorLoop.cast,
+}
