@@ -384,42 +384,65 @@ class _Legalizer:
     # -- statements -------------------------------------------------------------------------
 
     def stmt(self, s: L.Stmt) -> L.Stmt:
-        if isinstance(s, L.Seq):
-            return L.seq(*(self.stmt(x) for x in s.stmts))
-        if isinstance(s, L.Allocate):
-            return L.Allocate(self.buffer(s.buffer), self.stmt(s.body))
-        if isinstance(s, L.Barrier):
-            return s
-        outer, self.bindings, self.memo, self.bound = self.bindings, [], {}, {}
+        emit = _STATEMENTS.get(type(s))
+        if emit is None:
+            raise IllegalOpError(f"{self.func.name}: cannot legalize {s!r}")
+        return emit(self, s)
+
+    def own(self, legalize_head: Callable):
+        """Run `legalize_head` (a statement's own expressions, not its body) with bindings
+        of its own; returns its result and the statement with those Lets around it."""
+        outer = self.bindings, self.memo, self.bound
+        self.bindings, self.memo, self.bound = [], {}, {}
         try:
-            if isinstance(s, L.For):
-                extent = self.expr(s.extent)
-                hi = L.bounds(s.extent, self.env).hi
-                self.env[s.var] = L.Bounds(0, None if hi is None else hi - 1)
-                out = L.For(s.var, extent, s.body, s.kind)
-            elif isinstance(s, L.Let):
-                value = self.expr(s.value)
-                self.env[s.var] = L.bounds(s.value, self.env)
-                out = L.Let(s.var, value, s.body)
-            elif isinstance(s, L.If):
-                out = L.If(self.expr(s.cond), s.then, s.orelse)
-            elif isinstance(s, L.Store):
-                out = L.Store(self.buffer(s.buffer), tuple(self.expr(i) for i in s.indices),
-                              self.expr(s.value))
-            else:
-                raise IllegalOpError(f"{self.func.name}: cannot legalize {s!r}")
+            head = legalize_head()
             bindings = self.bindings
         finally:
-            self.bindings, self.memo = outer, {}
-        # the bodies are statements of their own, in the scope of this one's bindings
-        if isinstance(out, (L.For, L.Let)):
-            out = type(out)(**{**_fields(out), "body": self.stmt(out.body)})
-        elif isinstance(out, L.If):
-            out = L.If(out.cond, self.stmt(out.then),
-                       None if out.orelse is None else self.stmt(out.orelse))
-        for var, value in reversed(bindings):
-            out = L.Let(var, value, out)
-        return out
+            self.bindings, self.memo, self.bound = outer
+
+        def wrap(out: L.Stmt) -> L.Stmt:
+            for var, value in reversed(bindings):
+                out = L.Let(var, value, out)
+            return out
+        return head, wrap
+
+    # each statement's body is a statement of its own, inside the scope of its head's Lets
+
+    def seq(self, s: L.Seq) -> L.Stmt:
+        return L.seq(*(self.stmt(x) for x in s.stmts))
+
+    def allocate(self, s: L.Allocate) -> L.Stmt:
+        return L.Allocate(self.buffer(s.buffer), self.stmt(s.body))
+
+    def barrier(self, s: L.Barrier) -> L.Stmt:
+        return s
+
+    def loop(self, s: L.For) -> L.Stmt:
+        def head():
+            extent = self.expr(s.extent)
+            hi = L.bounds(s.extent, self.env).hi
+            self.env[s.var] = L.Bounds(0, None if hi is None else hi - 1)
+            return extent
+        extent, wrap = self.own(head)
+        return wrap(L.For(s.var, extent, self.stmt(s.body), s.kind))
+
+    def let(self, s: L.Let) -> L.Stmt:
+        def head():
+            value = self.expr(s.value)
+            self.env[s.var] = L.bounds(s.value, self.env)
+            return value
+        value, wrap = self.own(head)
+        return wrap(L.Let(s.var, value, self.stmt(s.body)))
+
+    def if_(self, s: L.If) -> L.Stmt:
+        cond, wrap = self.own(lambda: self.expr(s.cond))
+        return wrap(L.If(cond, self.stmt(s.then),
+                         None if s.orelse is None else self.stmt(s.orelse)))
+
+    def store(self, s: L.Store) -> L.Stmt:
+        (buffer, indices, value), wrap = self.own(lambda: (
+            self.buffer(s.buffer), tuple(self.expr(i) for i in s.indices), self.expr(s.value)))
+        return wrap(L.Store(buffer, indices, value))
 
     def buffer(self, b: L.Buffer) -> L.Buffer:
         """`b` with its shape legal (once per buffer, so every access names the same one;
@@ -480,6 +503,13 @@ class _Legalizer:
             if new is not value:
                 changes[name] = new
         return type(e)(**{**_fields(e), **changes}) if changes else e
+
+
+_STATEMENTS: dict[type, Callable] = {
+    L.Seq: _Legalizer.seq, L.Allocate: _Legalizer.allocate, L.Barrier: _Legalizer.barrier,
+    L.For: _Legalizer.loop, L.Let: _Legalizer.let, L.If: _Legalizer.if_,
+    L.Store: _Legalizer.store,
+}
 
 
 def _fields(node) -> dict:
