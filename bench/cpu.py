@@ -1,18 +1,32 @@
 """dnnc (llvm target) next to onnxruntime on the zoo, measured in one run.
 
-    python bench/cpu.py [--models mlp,resnet18,...] [--batch 1] [--repeat 20] [--opt-level N]
-                         [--mattr -avx512f]
+    python bench/cpu.py [--models mlp,resnet18,FILE.onnx,...] [--batch 1] [--repeat 20] [--opt-level N]
+                         [--mattr -avx512f] [--load busy|alternate] [--blocks 5]
 
 Both run with the same thread count (dnnc's worker pool size, DNNC_NUM_THREADS or the cores
 this process may use; onnxruntime's intra-op threads set to match). Prints median latencies,
 the ratio dnnc / onnxruntime per model, and their geometric mean.
+
+`--load busy`: how each runtime degrades beside one unrelated busy process (a Python loop
+spinning on one core). The busy process is started once and stopped/continued with
+SIGSTOP/SIGCONT, so "alone" and "loaded" blocks interleave (alone, loaded, alone, ... for
+dnnc, then for onnxruntime, `--blocks` times); each block is the median of `--repeat` calls,
+each condition the median of its blocks, with the blocks' spread (max/min). Prints
+slowdown = loaded / alone for both and dnnc's slowdown over onnxruntime's.
+`--load alternate`: dnnc and onnxruntime called alternately, call by call (each one's idle
+threads are the other's load), next to each timed alone.
+On a machine with more cores, confine the run to two (`taskset -c 2,3 python bench/cpu.py
+--load busy`): the thread count and the busy process both follow the affinity mask.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,9 +43,103 @@ from dnnc.backends.llvm.runtime import cpu_from, host_cpu, num_threads  # noqa: 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
 
 
+def load_model(name: str, batch: int):
+    """A zoo model by name, or an ONNX file (a path ending in .onnx: torch's exports from
+    bench/torch_models.py, onnx's light models) with its symbolic dims set to `batch`; the
+    model, its random inputs (seeded) and the name to print."""
+    import onnx
+
+    if not name.endswith(".onnx"):
+        model = zoo.build(name, batch=batch)
+        return model, zoo.inputs_for(model, np.random.default_rng(0)), name
+    model = onnx.load(name)
+    dims = {d.dim_param: batch for vi in model.graph.input
+            for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    return model, zoo.inputs_for(model, np.random.default_rng(0), dims), Path(name).stem
+
+
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:
     time.sleep(1.0)  # let the previous timing's spinning threads (OpenBLAS, onnxruntime) idle
     return float(np.median(call_times_ms(fn, repeat, warmup)))
+
+
+class BusyProcess:
+    """One unrelated process spinning on a core, switched on and off by signals."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        self.off()
+
+    def on(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+        time.sleep(0.05)   # let the scheduler see it running
+
+    def off(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        time.sleep(0.05)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def block_ms(fn, repeat: int) -> float:
+    time.sleep(0.2)   # the previous block's spinning threads (onnxruntime's, dnnc's) go idle
+    return float(np.median(call_times_ms(fn, repeat, 2)))
+
+
+def spread(blocks: list[float]) -> float:
+    return max(blocks) / min(blocks)
+
+
+def load_busy(name: str, ours, peer, args, busy: BusyProcess) -> dict:
+    """Interleaved alone/loaded blocks for each runtime: medians and spreads."""
+    times = {(who, cond): [] for who in ("dnnc", "ort") for cond in ("alone", "busy")}
+    for _ in range(args.blocks):
+        for who, fn in (("dnnc", ours), ("ort", peer)):
+            times[who, "alone"].append(block_ms(fn, args.repeat))
+            busy.on()
+            times[who, "busy"].append(block_ms(fn, args.repeat))
+            busy.off()
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    slow = {who: med[who, "busy"] / med[who, "alone"] for who in ("dnnc", "ort")}
+    print(f"{name:20} {med['dnnc', 'alone']:8.2f} {med['dnnc', 'busy']:8.2f} "
+          f"{slow['dnnc']:6.2f}x {med['ort', 'alone']:8.2f} {med['ort', 'busy']:8.2f} "
+          f"{slow['ort']:6.2f}x {slow['dnnc'] / slow['ort']:7.2f}  "
+          f"{max(spread(v) for v in times.values()):6.2f}", flush=True)
+    return {"ratio": slow["dnnc"] / slow["ort"], "alone": med["dnnc", "alone"] / med["ort", "alone"]}
+
+
+def load_alternate(name: str, ours, peer, args) -> dict:
+    """dnnc and onnxruntime called alternately (blocks of pairs), next to each alone."""
+    alone = {"dnnc": [], "ort": []}
+    alt = {"dnnc": [], "ort": []}
+    for _ in range(args.blocks):
+        alone["dnnc"].append(block_ms(ours, args.repeat))
+        alone["ort"].append(block_ms(peer, args.repeat))
+        time.sleep(0.2)
+        pairs = {"dnnc": [], "ort": []}
+        for _ in range(args.repeat + 2):
+            for who, fn in (("dnnc", ours), ("ort", peer)):
+                start = time.perf_counter()
+                fn()
+                pairs[who].append((time.perf_counter() - start) * 1e3)
+        for who in pairs:
+            alt[who].append(float(np.median(pairs[who][2:])))
+    a = {w: float(np.median(v)) for w, v in alone.items()}
+    b = {w: float(np.median(v)) for w, v in alt.items()}
+    print(f"{name:20} {a['dnnc']:8.2f} {b['dnnc']:8.2f} {a['ort']:8.2f} {b['ort']:8.2f} "
+          f"{a['dnnc'] / a['ort']:7.2f} {b['dnnc'] / b['ort']:7.2f}  "
+          f"{max(spread(v) for d in (alone, alt) for v in d.values()):6.2f}", flush=True)
+    return {"ratio": b["dnnc"] / b["ort"], "alone": a["dnnc"] / a["ort"]}
+
+
+LOAD_HEADERS = {
+    "busy": f"{'model':20} {'dnnc ms':>8} {'+busy':>8} {'slow':>7} {'ort ms':>8} {'+busy':>8} "
+            f"{'slow':>7} {'dnnc/ort slowdown':>7}  spread",
+    "alternate": f"{'model':20} {'dnnc ms':>8} {'alt':>8} {'ort ms':>8} {'alt':>8} "
+                 f"{'ratio':>7} {'alt ratio':>7}  spread",
+}
 
 
 def main() -> None:
@@ -45,19 +153,24 @@ def main() -> None:
     parser.add_argument("--mattr", default=None,
                         help="edit the host's CPU features for dnnc, e.g. -avx512f to see how "
                              "an AVX2-only machine's code fares (onnxruntime is unchanged)")
+    parser.add_argument("--load", choices=["busy", "alternate"], default=None,
+                        help="measure under load (see the module docstring)")
+    parser.add_argument("--blocks", type=int, default=5,
+                        help="interleaved blocks per condition with --load")
     args = parser.parse_args()
+    if args.load:
+        return main_load(args, ort)
     threads = num_threads()
     cpu = cpu_from(mattr=args.mattr) if args.mattr else host_cpu()
     print(f"# {platform.machine()} {cpu.name} ({cpu.vector_bits}-bit vectors"
           f"{', ' + args.mattr if args.mattr else ''}), {threads} "
           f"threads each; dnnc {dnnc.__version__}, onnxruntime {ort.__version__}, "
           f"batch {args.batch}")
-    print(f"{'model':14} {'compile s':>9} {'fallbacks':>9} {'kernels':>8} {'dnnc ms':>9} "
+    print(f"{'model':20} {'compile s':>9} {'fallbacks':>9} {'kernels':>8} {'dnnc ms':>9} "
           f"{'ort ms':>9} {'ratio':>7}  check")
     ratios = []
-    for name in args.models.split(","):
-        model = zoo.build(name, batch=args.batch)
-        inputs = zoo.inputs_for(model, np.random.default_rng(0))
+    for entry in args.models.split(","):
+        model, inputs, name = load_model(entry, args.batch)
         start = time.perf_counter()
         compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
         compile_s = time.perf_counter() - start
@@ -73,11 +186,42 @@ def main() -> None:
         ref = session.run(None, inputs)
         ok = all(np.allclose(o, r, rtol=1e-4, atol=1e-5) for o, r in zip(ours_out, ref))
         ratios.append(ours / peer)
-        print(f"{name:14} {compile_s:9.1f} {compiled.stats['host_fallback_ops']:9d} "
+        print(f"{name:20} {compile_s:9.1f} {compiled.stats['host_fallback_ops']:9d} "
               f"{compiled.stats['kernels']:8d} {ours:9.2f} {peer:9.2f} {ours / peer:7.2f}  "
               f"{'ok' if ok else 'MISMATCH'}")
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"geometric mean dnnc/onnxruntime: {geo:.2f}  (worst {max(ratios):.2f})")
+
+
+
+def main_load(args, ort) -> None:
+    threads = num_threads()
+    cpu = host_cpu()
+    print(f"# {platform.machine()} {cpu.name}, {os.cpu_count()} cpus, {threads} threads each; "
+          f"dnnc {dnnc.__version__}, onnxruntime {ort.__version__}, batch {args.batch}, "
+          f"load {args.load}, {args.blocks} blocks of {args.repeat} calls")
+    print(LOAD_HEADERS[args.load])
+    busy = BusyProcess() if args.load == "busy" else None
+    rows = []
+    try:
+        for entry in args.models.split(","):
+            model, inputs, name = load_model(entry, args.batch)
+            compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            session = ort.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+            ours = lambda: compiled.run(*inputs.values())   # noqa: E731
+            peer = lambda: session.run(None, inputs)         # noqa: E731
+            rows.append(load_busy(name, ours, peer, args, busy) if busy
+                        else load_alternate(name, ours, peer, args))
+    finally:
+        if busy:
+            busy.close()
+    ratios = [r["ratio"] for r in rows]
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    what = "slowdown dnnc/ort" if busy else "alternating dnnc/ort"
+    print(f"geometric mean {what}: {geo:.2f} (worst {max(ratios):.2f})")
 
 
 if __name__ == "__main__":

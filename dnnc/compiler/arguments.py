@@ -46,7 +46,12 @@ def check_optional_bool(name: str, value) -> None:
         raise ArgumentError(f"{name} must be True, False or None, not {value!r}")
 
 
-def check_optional_path(name: str, value) -> None:
-    if value is not None and not isinstance(value, (str, os.PathLike)):
+def check_path(name: str, value) -> None:
+    if not isinstance(value, (str, os.PathLike)):
         raise ArgumentError(f"{name} must be a path (str or os.PathLike), not "
                             f"{type(value).__name__}")
+
+
+def check_optional_path(name: str, value) -> None:
+    if value is not None:
+        check_path(name, value)

@@ -47,6 +47,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import ArtifactError, DNNCError
+from .arguments import check_path
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import DType, TensorType
 
@@ -450,6 +451,7 @@ def _type_from(doc: dict) -> TensorType:
 
 def save(model, path) -> None:
     """Write `model` (a CompiledModel) to `path` as one artifact file, atomically."""
+    check_path("path", path)
     if model.target not in TARGETS:
         raise ArtifactError(f"target {model.target!r} cannot be saved; savable targets: "
                             f"{', '.join(TARGETS)}")
@@ -587,6 +589,7 @@ def load(path, *, progress: bool | None = None):
     """Restore a CompiledModel saved by `CompiledModel.save`; see the module docstring."""
     from .module import CompiledModel
 
+    check_path("path", path)
     start = time.perf_counter()
     with _open(path) as archive:
         manifest = _manifest(archive, path)

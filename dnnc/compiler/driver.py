@@ -28,8 +28,8 @@ def llvm_target(cpu=None):
 
 
 def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
-                  **pipeline):
-    from ..backends.llvm.executable import LLVMRuntime
+                  cache_size=None, **pipeline):
+    from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
     from ..backends.llvm.runtime import host_cpu
     from ..passes.manager import optimize, passes_at
 
@@ -38,23 +38,24 @@ def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=
     enabled = passes_at(opt_level)[:passes]
     return graph, LLVMRuntime(graph, cpu=cpu, opt_level=opt_level, progress=progress,
                               fuse="fuse_ops" in enabled,
-                              reuse_memory="plan_memory" in enabled)
+                              reuse_memory="plan_memory" in enabled,
+                              cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
 
 
 def _numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
-                   **pipeline):
+                   cache_size=None, **pipeline):
     return graph, NumpyRuntime(graph)   # the reference interprets the graph as imported
 
 
 TARGETS = {"numpy": _numpy_runtime, "llvm": _llvm_runtime}
 
-TARGET_OPTIONS = {"numpy": (), "llvm": ("cpu", "passes", "dump_ir")}
+TARGET_OPTIONS = {"numpy": (), "llvm": ("cpu", "passes", "dump_ir", "cache_size")}
 """The options of `compile` only some targets use; the others refuse them rather than ignore
 them (the numpy reference runs the graph as imported: no passes, no CPU, no dumps)."""
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,
-                  passes=None, dump_ir=None) -> None:
+                  passes=None, dump_ir=None, cache_size=None) -> None:
     """Raise `ArgumentError` for a compile option of the wrong type or range, or one that
     `target` does not use (also what `dnnc.jit` checks when it decorates)."""
     check_choice("target", target, TARGETS)
@@ -63,10 +64,12 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     check_int("passes", passes, 0, len(passes_at(level)), optional=True)
     check_optional_bool("progress", progress)
     check_optional_path("dump_ir", dump_ir)
+    check_int("cache_size", cache_size, 1, optional=True)
     if tuning_log is not None:
         raise ArgumentError("tuning_log: tuning records are not applied yet (dnnc has no "
                             "tuner); leave it out")
-    for name, value in {"cpu": cpu, "passes": passes, "dump_ir": dump_ir}.items():
+    for name, value in {"cpu": cpu, "passes": passes, "dump_ir": dump_ir,
+                        "cache_size": cache_size}.items():
         if value is not None and name not in TARGET_OPTIONS[target]:
             users = [t for t, options in TARGET_OPTIONS.items() if name in options]
             raise ArgumentError(f"{name} does not apply to the {target} target, only to "
@@ -131,19 +134,21 @@ def _bytes(size: int) -> str:
 def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
             opt_level: int | None = None, tuning_log=None, cpu=None,
             progress: bool | None = None, passes: int | None = None,
-            dump_ir=None) -> CompiledModel:
+            dump_ir=None, cache_size: int | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`.
 
     `cpu` (a `backends.llvm.runtime.HostCPU`) overrides the host's CPU name and features for
     the llvm target; `progress` prints compile stages on stderr (default: when it is a tty);
     `passes` stops the pass pipeline after its first N passes (for finding a miscompile);
     `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
-    `cpu`, `passes` and `dump_ir` apply to the llvm target only. Every argument is checked
-    here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this
-    machine's memory raises `OutOfMemoryError` naming its node.
+    `cache_size` bounds the shape specialisations the llvm target keeps per segment (least
+    recently used dropped first; default 32). `cpu`, `passes`, `dump_ir` and `cache_size` apply
+    to the llvm target only. Every argument is checked here: a wrong one raises `ArgumentError`
+    naming it; a tensor of static size beyond this machine's memory raises `OutOfMemoryError`
+    naming its node.
     """
     check_options(target, opt_level, tuning_log=tuning_log, cpu=cpu, progress=progress,
-                  passes=passes, dump_ir=dump_ir)
+                  passes=passes, dump_ir=dump_ir, cache_size=cache_size)
     start = time.perf_counter()
     graph = load_graph(model, input_shapes)
     check_tensor_sizes(graph, physical_memory_bytes())
@@ -151,7 +156,7 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     timings: dict[str, float] = {}
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
     graph, runtime = TARGETS[target](graph, level, cpu=cpu, progress=progress, passes=passes,
-                                     timings=timings, dump_ir=dump_ir)
+                                     timings=timings, dump_ir=dump_ir, cache_size=cache_size)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "imported_nodes": imported_nodes, "pass_seconds": timings,
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),

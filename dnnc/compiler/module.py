@@ -66,7 +66,8 @@ class CompiledModel:
         `arena_bytes <= live_lower_bound_bytes` would mean every arena is optimal (in-place
         kernels can even go below it); both are absent for specialisations restored from an
         artifact. `pass_seconds` holds each pass's seconds, plan_memory's summed over the
-        specialisations planned so far."""
+        specialisations planned so far. `specializations` counts those kept (at most
+        `cache_size` per segment) and `evictions` those dropped as least recently used."""
         out = dict(self._stats)
         out["pass_seconds"] = dict(out.get("pass_seconds", {}))
         rt = self.runtime
@@ -80,6 +81,7 @@ class CompiledModel:
             out["pass_seconds"]["plan_memory"] += getattr(rt, "plan_seconds", 0.0)
         if hasattr(rt, "compiled_segments"):
             out["specializations"] = len(rt.compiled_segments())
+            out["evictions"] = getattr(rt, "evictions", 0)
             out["jit_seconds"] = rt.compile_seconds
         return out
 

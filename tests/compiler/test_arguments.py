@@ -89,6 +89,15 @@ def test_compiled_model_methods(compiled, call, message):
         call(compiled, x)
 
 
+@pytest.mark.parametrize("path,kind", [(42, "int"), (None, "NoneType"), (b"m.dnnc", "bytes")])
+def test_load_and_save_take_paths(compiled, path, kind):
+    message = f"path must be a path \\(str or os.PathLike\\), not {kind}"
+    with pytest.raises(ArgumentError, match=message):
+        dnnc.load(path)
+    with pytest.raises(ArgumentError, match=message):
+        compiled.save(path)
+
+
 @pytest.mark.parametrize("options,message", [
     ({"rtol": -1}, "rtol must be a finite number >= 0, not -1"),
     ({"atol": float("nan")}, "atol must be a finite number >= 0, not nan"),

@@ -34,6 +34,7 @@ import re
 import sys
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
@@ -48,7 +49,8 @@ from ...passes.specialize import reinfer
 from ..lower import Kernel, NoCompute, lower_group
 from .codegen import ModuleBuilder
 from .objfile import check_object
-from .runtime import HostCPU, JITModule, ensure_pool, host_cpu, initialize, target_machine
+from .runtime import (HostCPU, JITModule, at_fork_in_child, ensure_pool, host_cpu, initialize,
+                      llvm_lock, target_machine)
 from .schedules import schedule_kernel
 from ...passes.fuse_ops import fusion_groups
 from .dense import LAYOUT_TAILS
@@ -91,15 +93,27 @@ class SegmentImage:
     values: tuple = ()                     # ((input position, (ints...)), ...): value key
 
 
+# specialisations kept per segment: each costs its machine code and, per calling thread, its
+# arena (200 batch sizes of an MLP held 274 MB before the cache was bounded)
+DEFAULT_CACHE_SIZE = 32
+
+
 class LLVMRuntime:
-    """Runs a graph as native segments and host steps; thread-safe."""
+    """Runs a graph as native segments and host steps; thread-safe and fork-safe.
+
+    `cache_size` bounds the specialisations kept per segment (one per input shapes seen):
+    beyond it the least recently used one is dropped (`evictions` counts them) and compiles
+    again if its shapes come back."""
 
     name = "llvm"
 
     def __init__(self, graph: Graph, cpu: HostCPU | None = None, opt_level: int = 3,
                  progress: bool | None = None, plan: list[dict] | None = None,
                  fuse: bool | None = None, reuse_memory: bool | None = None,
-                 warm_up: bool = True):
+                 warm_up: bool = True, cache_size: int = DEFAULT_CACHE_SIZE):
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            raise CompileError(f"cache_size must be a positive integer (specialisations kept "
+                               f"per segment), not {cache_size!r}")
         self.graph = graph
         self.cpu = cpu or host_cpu()
         self.opt_level = opt_level
@@ -111,9 +125,12 @@ class LLVMRuntime:
         self.progress = sys.stderr.isatty() if progress is None else progress
         self._forced_host: frozenset = frozenset()
         self.steps = self._plan() if plan is None else self._steps_from(plan)
-        self._cache: dict[tuple, _CompiledSegment] = {}
+        self.cache_size = cache_size
+        self.evictions = 0
+        # least recently used first; a hit moves its key to the end
+        self._cache: OrderedDict[tuple, _CompiledSegment] = OrderedDict()
         self._lock = threading.Lock()
-        self._local = threading.local()
+        at_fork_in_child(self)
         self.compile_seconds = 0.0
         if warm_up and plan is None and all(v.type.is_static for v in graph.inputs):
             self._warm_up()
@@ -121,10 +138,13 @@ class LLVMRuntime:
     @classmethod
     def restore(cls, graph: Graph, plan: list[dict], images: list[SegmentImage],
                 cpu: HostCPU, opt_level: int = 3,
-                progress: bool | None = None) -> "LLVMRuntime":
+                progress: bool | None = None,
+                cache_size: int = DEFAULT_CACHE_SIZE) -> "LLVMRuntime":
         """A runtime from a saved plan and compiled specialisations: no lowering, no LLVM
-        passes; shapes not among `images` still compile on first use."""
-        rt = cls(graph, cpu=cpu, opt_level=opt_level, progress=progress, plan=plan)
+        passes; shapes not among `images` still compile on first use. Every image is kept,
+        even past `cache_size`; the cache shrinks to its size when it next compiles."""
+        rt = cls(graph, cpu=cpu, opt_level=opt_level, progress=progress, plan=plan,
+                 cache_size=cache_size)
         for image in images:
             step = rt.steps[image.step]
             if not isinstance(step, Segment):
@@ -203,7 +223,7 @@ class LLVMRuntime:
     def images(self) -> list[SegmentImage]:
         """Every specialisation compiled so far, as data an artifact can store."""
         with self._lock:
-            return [seg.image() for seg in self._cache.values()]
+            return [seg.image() for seg in list(self._cache.values())]
 
     @property
     def host_fallback_ops(self) -> list[str]:
@@ -321,28 +341,45 @@ class LLVMRuntime:
             env[id(v)] = a
 
     def _frame(self, seg: "_CompiledSegment") -> "_Frame":
-        """This thread's arena and slots for `seg` (concurrent calls never share them)."""
-        frames = getattr(self._local, "frames", None)
-        if frames is None:
-            frames = self._local.frames = {}
-        frame = frames.get(id(seg))
+        """This thread's arena and slots for `seg` (concurrent calls never share them; they
+        live on `seg`, so an evicted specialisation's arenas go with it)."""
+        frame = getattr(seg.frames, "frame", None)
         if frame is None:
-            frame = frames[id(seg)] = seg.frame()
+            frame = seg.frames.frame = seg.frame()
         return frame
 
     def _compiled(self, step: Segment, shapes: tuple, values: tuple = ()
                   ) -> "_CompiledSegment":
         key = (step.index, shapes, values)
         seg = self._cache.get(key)
-        if seg is None:
-            with self._lock:
-                seg = self._cache.get(key)
-                if seg is None:
-                    start = time.perf_counter()
-                    seg = _CompiledSegment(step, shapes, self, values)
-                    self._cache[key] = seg
-                    self.compile_seconds += time.perf_counter() - start
+        if seg is not None:
+            try:
+                self._cache.move_to_end(key)
+            except KeyError:   # evicted by another thread meanwhile: `seg` still works
+                pass
+            return seg
+        with self._lock:
+            seg = self._cache.get(key)
+            if seg is None:
+                start = time.perf_counter()
+                seg = _CompiledSegment(step, shapes, self, values)
+                self._cache[key] = seg
+                self._evict(step.index)
+                self.compile_seconds += time.perf_counter() - start
         return seg
+
+    def _evict(self, index: int) -> None:
+        """Drop segment `index`'s least recently used specialisations beyond `cache_size`
+        (a call running one keeps it alive until it returns)."""
+        keys = [k for k in list(self._cache) if k[0] == index]   # list(): one atomic copy
+        for key in keys[:max(0, len(keys) - self.cache_size)]:
+            del self._cache[key]
+            self.evictions += 1
+
+    def _after_fork_in_child(self) -> None:
+        """The forking thread is the child's only one: a lock another thread held at fork
+        time would never be released (a child needing a new shape would hang)."""
+        self._lock = threading.Lock()
 
     # -- introspection -------------------------------------------------------------------------
 
@@ -370,7 +407,7 @@ class LLVMRuntime:
 
     def source(self, kind: str = "llvm") -> str:
         parts = []
-        for seg in self._cache.values():
+        for seg in list(self._cache.values()):
             if kind in ("llvm", "llvm-ir"):
                 parts.append(seg.jit.optimized_ir())
             elif kind == "asm":
@@ -588,6 +625,7 @@ class _CompiledSegment:
         self.consts = [np.ascontiguousarray(c) for c in consts]
         self.slots = slots
         self._const_ptrs = [c.ctypes.data for c in self.consts]
+        self.frames = threading.local()   # each calling thread's `_Frame`
         self._data_inputs = [i for i, v in enumerate(self.step.inputs) if v.const is None]
 
     def frame(self) -> "_Frame":
@@ -668,20 +706,21 @@ class ObjectModule:
         self.cpu = cpu
         self.name = name
         self.tm = target_machine(cpu)
-        empty = llvm.parse_assembly("")
-        empty.triple = self.tm.triple
-        empty.data_layout = str(self.tm.target_data)
         self._data = bytes(data)
         needed = check_object(self._data)   # LLVM trusts the file: a malformed one crashes it
-        self.engine = llvm.create_mcjit_compiler(empty, self.tm)
-        # looked up after the engine exists (it makes the process's symbols searchable)
-        missing = [sym for sym in needed if not llvm.address_of_symbol(sym)]
-        if missing:
-            raise ArtifactError(f"object code of {name} needs symbol(s) this process does not "
-                                f"have: {', '.join(sorted(missing)[:10])}")
-        self._object = llvm.ObjectFileRef.from_data(self._data)
-        self.engine.add_object_file(self._object)
-        self.engine.finalize_object()
+        with llvm_lock():   # LLVM's locks are never held across a fork (runtime.py)
+            empty = llvm.parse_assembly("")
+            empty.triple = self.tm.triple
+            empty.data_layout = str(self.tm.target_data)
+            self.engine = llvm.create_mcjit_compiler(empty, self.tm)
+            # looked up after the engine exists (it makes the process's symbols searchable)
+            missing = [sym for sym in needed if not llvm.address_of_symbol(sym)]
+            if missing:
+                raise ArtifactError(f"object code of {name} needs symbol(s) this process does "
+                                    f"not have: {', '.join(sorted(missing)[:10])}")
+            self._object = llvm.ObjectFileRef.from_data(self._data)
+            self.engine.add_object_file(self._object)
+            self.engine.finalize_object()
         self._ir = llvm_ir
 
     def address(self, name: str) -> int:

@@ -1,23 +1,40 @@
 """The LLVM backend's runtime: JIT compilation with the host's CPU features, and the persistent
 worker pool that parallel loops run on.
 
-The pool is written in LLVM IR (it needs only libc's pthread functions, which every Python
-process has loaded), compiled once per process, and exported to generated code as the symbol
-`dnnc_parallel_for(fn, closure, n)`: `fn(closure, start, end)` is called on chunks of [0, n)
-by the calling thread and the workers together. Workers spin briefly after a region, then
-sleep on a condition variable. One region runs at a time; a second caller (another Python
-thread, or a nested parallel loop) runs its loop serially instead of waiting.
+The pool is written in LLVM IR (it needs only libc's pthread, sched_yield and clock_gettime,
+which every Python process has loaded), compiled once per process, and exported to generated
+code as the symbol `dnnc_parallel_for(fn, closure, n)`: `fn(closure, start, end)` is called on
+chunks of [0, n) by the calling thread and the workers together. It is built to degrade
+gracefully when the machine is busy (another process, or more threads than cores):
+
+- chunks are *claimed* from an atomic counter, never assigned, so whoever runs takes the work;
+- the caller runs chunks too and, when none are left, waits only for workers that entered the
+  region and are running chunks they claimed; a worker that has not started yet is never
+  waited for, and one that arrives after the region closed sees it closed and touches nothing
+  of it (the closure lives on the caller's stack);
+- a waiting thread backs off by time (PAUSE, then sched_yield, then sleep on a condition
+  variable), and sleeps at once when sched_yield shows another thread wanted its core;
+- the thread count follows the process's affinity mask and its cgroup CPU quota;
+  DNNC_NUM_THREADS overrides both.
+
+One region runs at a time; a second caller (another Python thread, or a nested parallel
+loop) runs its loop serially instead of waiting. Fork: every lock of this module and of the
+runtimes built on it is reset in the child, which also gets a pool of its own (see
+`_after_fork_in_child`). docs/llvm_backend.md ("Threads") has the measurements behind this.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
+import platform
 import re
 import subprocess
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -206,24 +223,26 @@ class JITModule:
         initialize()
         ensure_pool()
         self.cpu = cpu
-        self.module = llvm.parse_assembly(ir_text)
-        self.module.name = name
-        self.module.verify()
-        self.tm = target_machine(cpu, opt=min(opt_level, 3))
-        self.module.triple = self.tm.triple
-        self.module.data_layout = str(self.tm.target_data)
-        if opt_level > 0:
-            optimize(self.module, self.tm, speed_level=min(opt_level, 3))
-        self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
-        # keep the object MCJIT compiled and runs: emitting the module again
-        # (tm.emit_object) gives other code (an MLP's: 10,416 bytes against the 10,384 that
-        # ran), whose `entry` stack layout crashed when an artifact loaded it (issue 10,
-        # item 1). A list, not self, receives it: no cycle keeps the engine alive.
-        compiled: list[bytes] = []
-        self.engine.set_object_cache(notify_func=lambda _, data: compiled.append(bytes(data)))
-        self.engine.finalize_object()
-        self.engine.run_static_constructors()
-        self._object = compiled[0] if compiled else None
+        with _lock:   # see fork safety below
+            self.module = llvm.parse_assembly(ir_text)
+            self.module.name = name
+            self.module.verify()
+            self.tm = target_machine(cpu, opt=min(opt_level, 3))
+            self.module.triple = self.tm.triple
+            self.module.data_layout = str(self.tm.target_data)
+            if opt_level > 0:
+                optimize(self.module, self.tm, speed_level=min(opt_level, 3))
+            self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
+            # keep the object MCJIT compiled and runs: emitting the module again
+            # (tm.emit_object) gives other code (an MLP's: 10,416 bytes against the 10,384 that
+            # ran), whose `entry` stack layout crashed when an artifact loaded it (issue 10,
+            # item 1). A list, not self, receives it: no cycle keeps the engine alive.
+            compiled: list[bytes] = []
+            self.engine.set_object_cache(
+                notify_func=lambda _, data: compiled.append(bytes(data)))
+            self.engine.finalize_object()
+            self.engine.run_static_constructors()
+            self._object = compiled[0] if compiled else None
 
     def address(self, name: str) -> int:
         addr = self.engine.get_function_address(name)
@@ -247,6 +266,40 @@ class JITModule:
 
 # ---------------------------------------------------------------------------------------------
 # The worker pool
+#
+# A region's life: the caller fills the task (fn, closure, n, chunk size), *opens* the region
+# (`state` = 0 workers inside) and bumps `generation`, waking sleeping workers only when there
+# are any. Everyone, caller included, claims chunks from the `next` counter until none are
+# left. A worker enters a region by incrementing `state`'s count with a compare-and-swap that
+# fails once the region is closed, so a worker that arrives late never reads the task of a
+# region whose closure is gone. When the caller runs out of chunks it *closes* the region
+# (sets CLOSED in `state`) and waits only for the workers counted inside, which are running
+# chunks they claimed; a worker that never started is never waited for.
+#
+# Waiting (a worker for the next region, the caller for workers inside) backs off by time:
+# PAUSE for SPIN_NS, then sched_yield until BLOCK_NS, then sleep on a condition variable.
+# A sched_yield that takes longer than BUSY_YIELD_NS gave the core to another runnable thread:
+# the machine is oversubscribed, so the waiter sleeps at once instead of competing (libgomp
+# throttles its spin count, and libomp yields, when threads outnumber CPUs, for this reason).
+
+_SPIN_NS = 20_000
+_BLOCK_NS = 1_000_000
+_BUSY_YIELD_NS = 50_000
+# chunks per thread: a worker descheduled while running a chunk delays the region by at most
+# that chunk, so finer chunks bound the damage under load; the cost is one atomic add and an
+# indirect call each. Beside one busy process on 2 cores, 16 rather than 4 took mobilenet_v2
+# from 1.61x to 1.18-1.49x its time alone and resnet18 from 1.78x to 1.64-1.69x, with no
+# measurable loss alone (docs/llvm_backend.md, "Threads")
+_CHUNKS_PER_THREAD = 16
+
+_CLOSED = 1 << 40   # in `state`: the region takes no more workers; low bits count those inside
+
+# the spin-wait hint per architecture (llvmlite's triple's first component)
+_PAUSE = {
+    "x86_64": ("declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"),
+    "aarch64": ("declare void @llvm.aarch64.hint(i32)", "call void @llvm.aarch64.hint(i32 1)"),
+}
+_NO_PAUSE = ("", "")
 
 _POOL_IR = r"""
 declare i32 @pthread_create(ptr, ptr, ptr, ptr)
@@ -255,6 +308,10 @@ declare i32 @pthread_mutex_unlock(ptr)
 declare i32 @pthread_cond_wait(ptr, ptr)
 declare i32 @pthread_cond_broadcast(ptr)
 declare i32 @pthread_cond_signal(ptr)
+declare i32 @sched_yield()
+declare i32 @clock_gettime(i32, ptr)
+declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
+PAUSE_DECL
 
 ; zero-filled pthread_mutex_t / pthread_cond_t are the static initialisers on glibc and musl
 @mutex = internal global [128 x i8] zeroinitializer, align 64
@@ -265,10 +322,46 @@ declare i32 @pthread_cond_signal(ptr)
 @task_n = internal global i64 0
 @task_chunk = internal global i64 1
 @next = internal global i64 0, align 64
+@state = internal global i64 CLOSED, align 64
 @generation = internal global i64 0, align 64
-@active = internal global i64 0, align 64
+@sleepers = internal global i64 0, align 64
 @busy = internal global i32 0, align 64
 @nthreads = internal global i64 1
+
+define internal i64 @now_ns() {
+entry:
+  %ts = alloca [2 x i64]
+  %r = call i32 @clock_gettime(i32 1, ptr %ts)   ; CLOCK_MONOTONIC, through the vDSO
+  %sec = load i64, ptr %ts
+  %p = getelementptr [2 x i64], ptr %ts, i64 0, i64 1
+  %nsec = load i64, ptr %p
+  %s = mul i64 %sec, 1000000000
+  %t = add i64 %s, %nsec
+  ret i64 %t
+}
+
+; one step of a wait that began at %t0: false when the waiter should sleep instead
+define internal i1 @backoff(i64 %t0) {
+entry:
+  %t = call i64 @now_ns()
+  %dt = sub i64 %t, %t0
+  %spin = icmp slt i64 %dt, SPIN_NS
+  br i1 %spin, label %pause, label %yield_or_stop
+pause:
+  PAUSE_CALL
+  ret i1 true
+yield_or_stop:
+  %within = icmp slt i64 %dt, BLOCK_NS
+  br i1 %within, label %yield, label %stop
+yield:
+  %r = call i32 @sched_yield()
+  %t1 = call i64 @now_ns()
+  %took = sub i64 %t1, %t
+  %idle = icmp slt i64 %took, BUSY_YIELD_NS
+  ret i1 %idle
+stop:
+  ret i1 false
+}
 
 define internal void @run_chunks() {
 entry:
@@ -293,52 +386,67 @@ done:
 
 define internal ptr @worker(ptr %arg) {
 entry:
-  %seen = alloca i64
-  store i64 0, ptr %seen
-  br label %spin_start
-spin_start:
-  br label %spin
-spin:
-  %k = phi i64 [ 0, %spin_start ], [ %k1, %spin_more ]
-  %g0 = load atomic i64, ptr @generation acquire, align 8
-  %s0 = load i64, ptr %seen
-  %changed = icmp ne i64 %g0, %s0
-  br i1 %changed, label %lock, label %spin_more
-spin_more:
-  ; ~1 ms of spinning before sleeping: waking a sleeping worker took 50-100 us on the VMs
-  ; measured (2-3x the time of a small model with 15 us of spin), and a model's serial kernels
-  ; and the Python between calls leave gaps that long
-  %k1 = add i64 %k, 1
-  %spinning = icmp slt i64 %k1, 3000000
-  br i1 %spinning, label %spin, label %lock
-lock:
+  %gen0 = load atomic i64, ptr @generation acquire, align 8
+  br label %wait
+wait:
+  %seen = phi i64 [ %gen0, %entry ], [ %g, %next_region ]
+  %t0 = call i64 @now_ns()
+  br label %poll
+poll:
+  %g1 = load atomic i64, ptr @generation acquire, align 8
+  %changed = icmp ne i64 %g1, %seen
+  br i1 %changed, label %join, label %poll_more
+poll_more:
+  %again = call i1 @backoff(i64 %t0)
+  br i1 %again, label %poll, label %sleep_lock
+sleep_lock:
   %r0 = call i32 @pthread_mutex_lock(ptr @mutex)
-  br label %check
-check:
-  %g = load i64, ptr @generation
-  %s = load i64, ptr %seen
-  %same = icmp eq i64 %g, %s
-  br i1 %same, label %sleep, label %go
+  %sl0 = atomicrmw add ptr @sleepers, i64 1 seq_cst
+  br label %sleep_check
+sleep_check:
+  %g2 = load atomic i64, ptr @generation seq_cst, align 8
+  %same = icmp eq i64 %g2, %seen
+  br i1 %same, label %sleep, label %woken
 sleep:
   %r1 = call i32 @pthread_cond_wait(ptr @work_cond, ptr @mutex)
-  br label %check
-go:
-  store i64 %g, ptr %seen
+  br label %sleep_check
+woken:
+  %sl1 = atomicrmw sub ptr @sleepers, i64 1 seq_cst
   %r2 = call i32 @pthread_mutex_unlock(ptr @mutex)
+  br label %join
+join:
+  %g = phi i64 [ %g1, %poll ], [ %g2, %woken ]
+  %st0 = load atomic i64, ptr @state acquire, align 8
+  br label %try
+try:
+  %cur = phi i64 [ %st0, %join ], [ %found, %cas ]
+  %closed_bit = and i64 %cur, CLOSED
+  %closed = icmp ne i64 %closed_bit, 0
+  br i1 %closed, label %next_region, label %cas
+cas:
+  %inc = add i64 %cur, 1
+  %pair = cmpxchg ptr @state, i64 %cur, i64 %inc acq_rel acquire
+  %found = extractvalue { i64, i1 } %pair, 0
+  %ok = extractvalue { i64, i1 } %pair, 1
+  br i1 %ok, label %work, label %try
+work:
   call void @run_chunks()
-  %left = atomicrmw sub ptr @active, i64 1 acq_rel
-  %last = icmp eq i64 %left, 1
-  br i1 %last, label %signal, label %spin_start
+  %old = atomicrmw sub ptr @state, i64 1 acq_rel
+  %last = icmp eq i64 %old, LAST_OUT
+  br i1 %last, label %signal, label %next_region
 signal:
+  ; the caller may be asleep waiting for this worker, the last inside a closed region
   %r3 = call i32 @pthread_mutex_lock(ptr @mutex)
   %r4 = call i32 @pthread_cond_signal(ptr @done_cond)
   %r5 = call i32 @pthread_mutex_unlock(ptr @mutex)
-  br label %spin_start
+  br label %next_region
+next_region:
+  br label %wait
 }
 
+; starts up to %n - 1 workers; returns the threads running loops (the caller's included)
 define i64 @dnnc_pool_start(i64 %n) {
 entry:
-  store i64 %n, ptr @nthreads
   %tid = alloca i64
   br label %loop
 loop:
@@ -347,16 +455,26 @@ loop:
   br i1 %more, label %body, label %done
 body:
   %r = call i32 @pthread_create(ptr %tid, ptr null, ptr @worker, ptr null)
+  %ok = icmp eq i32 %r, 0
   %i1 = add i64 %i, 1
-  br label %loop
+  br i1 %ok, label %loop, label %done
 done:
-  ret i64 %n
+  %started = phi i64 [ %i, %loop ], [ %i, %body ]
+  store i64 %started, ptr @nthreads
+  ret i64 %started
 }
 
-; a forked child has no workers: it runs every loop serially
-define void @dnnc_pool_serial() {
+; in a forked child: the workers are gone and a lock may be held by a thread that no longer
+; exists; everything is reset to its static initial state (serial until workers restart)
+define void @dnnc_pool_reset() {
 entry:
+  call void @llvm.memset.p0.i64(ptr @mutex, i8 0, i64 128, i1 false)
+  call void @llvm.memset.p0.i64(ptr @work_cond, i8 0, i64 128, i1 false)
+  call void @llvm.memset.p0.i64(ptr @done_cond, i8 0, i64 128, i1 false)
   store i64 1, ptr @nthreads
+  store i64 CLOSED, ptr @state
+  store i64 0, ptr @sleepers
+  store i64 0, ptr @next
   store atomic i32 0, ptr @busy release, align 4
   ret void
 }
@@ -369,53 +487,59 @@ entry:
   %serial0 = or i1 %single, %small
   br i1 %serial0, label %serial, label %claim
 claim:
+  ; one region at a time: a nested loop or another Python thread's runs serially
   %pair = cmpxchg ptr @busy, i32 0, i32 1 acquire monotonic
   %ok = extractvalue { i32, i1 } %pair, 1
-  br i1 %ok, label %start, label %serial
+  br i1 %ok, label %open, label %serial
 serial:
   call void %fn(ptr %ctx, i64 0, i64 %n)
   ret void
-start:
-  %r0 = call i32 @pthread_mutex_lock(ptr @mutex)
+open:
   store ptr %fn, ptr @task_fn
   store ptr %ctx, ptr @task_ctx
   store i64 %n, ptr @task_n
-  ; about four chunks per thread balances uneven iterations without many atomics
-  %parts = mul i64 %nt, 4
+  %parts = mul i64 %nt, CHUNKS_PER_THREAD
   %c0 = sdiv i64 %n, %parts
   %cz = icmp slt i64 %c0, 1
   %chunk = select i1 %cz, i64 1, i64 %c0
   store i64 %chunk, ptr @task_chunk
   store i64 0, ptr @next
-  %workers = sub i64 %nt, 1
-  store atomic i64 %workers, ptr @active release, align 8
-  %g = load i64, ptr @generation
-  %g1 = add i64 %g, 1
-  store atomic i64 %g1, ptr @generation release, align 8
+  store atomic i64 0, ptr @state release, align 8
+  %g = atomicrmw add ptr @generation, i64 1 seq_cst
+  %sl = load atomic i64, ptr @sleepers seq_cst, align 8
+  %asleep = icmp ne i64 %sl, 0
+  br i1 %asleep, label %wake, label %run
+wake:
+  %r0 = call i32 @pthread_mutex_lock(ptr @mutex)
   %r1 = call i32 @pthread_cond_broadcast(ptr @work_cond)
   %r2 = call i32 @pthread_mutex_unlock(ptr @mutex)
+  br label %run
+run:
   call void @run_chunks()
-  br label %spin
-spin:
-  %k = phi i64 [ 0, %start ], [ %k1, %spin_more ]
-  %a = load atomic i64, ptr @active acquire, align 8
-  %finished = icmp eq i64 %a, 0
-  br i1 %finished, label %release, label %spin_more
-spin_more:
-  %k1 = add i64 %k, 1
-  %spinning = icmp slt i64 %k1, 3000000
-  br i1 %spinning, label %spin, label %wait_lock
-wait_lock:
-  %r3 = call i32 @pthread_mutex_lock(ptr @mutex)
-  br label %wait_check
-wait_check:
-  %a2 = load atomic i64, ptr @active acquire, align 8
-  %finished2 = icmp eq i64 %a2, 0
-  br i1 %finished2, label %wait_done, label %wait
+  %before = atomicrmw or ptr @state, i64 CLOSED acq_rel
+  %none_inside = icmp eq i64 %before, 0
+  br i1 %none_inside, label %release, label %wait
 wait:
+  %t0 = call i64 @now_ns()
+  br label %poll
+poll:
+  %st = load atomic i64, ptr @state acquire, align 8
+  %drained = icmp eq i64 %st, CLOSED
+  br i1 %drained, label %release, label %poll_more
+poll_more:
+  %again = call i1 @backoff(i64 %t0)
+  br i1 %again, label %poll, label %sleep_lock
+sleep_lock:
+  %r3 = call i32 @pthread_mutex_lock(ptr @mutex)
+  br label %sleep_check
+sleep_check:
+  %st2 = load atomic i64, ptr @state acquire, align 8
+  %drained2 = icmp eq i64 %st2, CLOSED
+  br i1 %drained2, label %woken, label %sleep
+sleep:
   %r4 = call i32 @pthread_cond_wait(ptr @done_cond, ptr @mutex)
-  br label %wait_check
-wait_done:
+  br label %sleep_check
+woken:
   %r5 = call i32 @pthread_mutex_unlock(ptr @mutex)
   br label %release
 release:
@@ -424,35 +548,125 @@ release:
 }
 """
 
-_pool = None
+
+def _pool_ir(arch: str) -> str:
+    decl, call = _PAUSE.get(arch, _NO_PAUSE)
+    subs = {"PAUSE_DECL": decl, "PAUSE_CALL": call, "SPIN_NS": _SPIN_NS,
+            "BLOCK_NS": _BLOCK_NS, "BUSY_YIELD_NS": _BUSY_YIELD_NS, "LAST_OUT": _CLOSED + 1,
+            "CLOSED": _CLOSED, "CHUNKS_PER_THREAD": _CHUNKS_PER_THREAD}
+    return re.sub("|".join(sorted(subs, key=len, reverse=True)),
+                  lambda m: str(subs[m.group(0)]), _POOL_IR)
+
+
+# ---------------------------------------------------------------------------------------------
+# How many threads
 
 
 def num_threads() -> int:
-    """Threads parallel loops use: DNNC_NUM_THREADS, else the cores this process may use."""
+    """Threads parallel loops use: DNNC_NUM_THREADS, else the cores this process may use
+    (its affinity mask), capped by its cgroup's CPU quota (a container limited to 2 CPUs on
+    a 64-core host must not start 64 threads that the quota then throttles)."""
     env = os.environ.get("DNNC_NUM_THREADS")
     if env:
         return max(1, int(env))
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return max(1, cores)
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup"
+                     ) -> float | None:
+    """The CPUs' worth of time this process's cgroup may use (quota / period), the tightest
+    over its cgroup and the ones above it; None when unlimited or unknown. Reads cgroup v2's
+    `cpu.max` ("max 100000" or "200000 100000") and v1's `cpu.cfs_quota_us` (-1: none) over
+    `cpu.cfs_period_us`."""
+    try:
+        with open(membership) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":                          # v2: "0::/path"
+            for folder in _cgroup_ancestors(root, path):
+                limits.append(_v2_quota(folder))
+        elif "cpu" in controllers.split(","):          # v1: "3:cpu,cpuacct:/path"
+            for mount in (controllers, "cpu", "cpu,cpuacct"):
+                for folder in _cgroup_ancestors(os.path.join(root, mount), path):
+                    limits.append(_v1_quota(folder))
+    limits = [q for q in limits if q is not None]
+    return min(limits) if limits else None
+
+
+def _cgroup_ancestors(root: str, path: str) -> list[str]:
+    """`root/path` and each folder above it up to `root` (inside a container the cgroup is
+    often mounted as the root itself, its path reading "/")."""
+    parts = [p for p in path.strip("/").split("/") if p]
+    return [os.path.join(root, *parts[:k]) for k in range(len(parts), -1, -1)]
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _v2_quota(folder: str) -> float | None:
+    text = _read(os.path.join(folder, "cpu.max"))
+    if not text:
+        return None
+    fields = text.split()
+    if fields[0] == "max" or len(fields) < 2 or not int(fields[1]):
+        return None
+    return int(fields[0]) / int(fields[1])
+
+
+def _v1_quota(folder: str) -> float | None:
+    quota, period = (_read(os.path.join(folder, name))
+                     for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+    if quota is None or period is None or int(quota) <= 0 or int(period) <= 0:
+        return None
+    return int(quota) / int(period)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pool's life in this process, and fork
 
 
 class _Pool:
     def __init__(self, threads: int):
-        cpu = host_cpu()
-        module = llvm.parse_assembly(_POOL_IR)
+        module = llvm.parse_assembly(_pool_ir(platform.machine()))
         module.verify()
-        tm = target_machine(cpu, opt=2)
+        tm = target_machine(host_cpu(), opt=2)
         self.engine = llvm.create_mcjit_compiler(module, tm)
         self.engine.finalize_object()
         self.parallel_for = self.engine.get_function_address("dnnc_parallel_for")
         llvm.add_symbol("dnnc_parallel_for", self.parallel_for)
-        start = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(
+        self._start = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(
             self.engine.get_function_address("dnnc_pool_start"))
-        self.threads = start(threads)
-        self._serial = ctypes.CFUNCTYPE(None)(self.engine.get_function_address("dnnc_pool_serial"))
-        os.register_at_fork(after_in_child=self._serial)
+        self._reset = ctypes.CFUNCTYPE(None)(self.engine.get_function_address("dnnc_pool_reset"))
+        self.wanted = threads
+        self.threads = self._start(threads)
+
+    def after_fork_in_child(self) -> None:
+        """The child has only the forking thread: reset the pool's locks and counters and
+        start workers of its own, so it runs parallel loops like its parent."""
+        self._reset()
+        self.threads = self._start(self.wanted)
+
+
+_pool: _Pool | None = None
 
 
 def ensure_pool() -> int:
@@ -463,3 +677,42 @@ def ensure_pool() -> int:
             initialize()
             _pool = _Pool(num_threads())
     return _pool.threads
+
+
+# Fork safety. `_lock` is held around every LLVM compilation in this process (JITModule,
+# object loading, the pool's own): LLVM's internal mutexes (symbol tables, MCJIT) must not be
+# held by another thread at fork time, or the child deadlocks inside LLVM. So a fork waits for
+# a compilation in progress to end, and the child starts with every lock free and a working
+# pool. Other dnnc objects with locks register a reset through `at_fork_in_child`.
+_child_resets: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def at_fork_in_child(obj) -> None:
+    """Call `obj._after_fork_in_child()` in every forked child while `obj` lives."""
+    _child_resets.add(obj)
+
+
+def _before_fork() -> None:
+    _lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()
+    if _pool is not None:
+        _pool.after_fork_in_child()
+    for obj in list(_child_resets):
+        obj._after_fork_in_child()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
+
+
+def llvm_lock() -> threading.RLock:
+    """The lock to hold around LLVM work that may take LLVM's own locks (see fork safety)."""
+    return _lock
