@@ -644,9 +644,11 @@ _VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc",
 """`_CALLS` entries emitted as vector intrinsics on _VECTOR_FLOATS; the rest lane by lane."""
 _VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
 """Selects of these dtypes are vector selects (uint32: bfloat16 rounding's NaN case)."""
-_VECTOR_CASTS = (T.float16, T.float32, T.float64, T.uint16, T.uint32)
-"""Casts among these are vector instructions (float16 and bfloat16 data computed in float32:
-fpext / fptrunc, and the zext / trunc of bfloat16's bits)."""
+_VECTOR_CASTS = ((T.float16, T.float32, T.float64), (T.uint16, T.uint32))
+"""Casts within one of these groups are vector instructions: float16 and bfloat16 data
+computed in float32 (fpext / fptrunc, and the zext / trunc of bfloat16's bits). Float to
+integer stays lane by lane: out of range, LLVM's vector and scalar conversions differ (both
+are undefined there, as in C; NumPy's result is the scalar one)."""
 
 
 class _VectorLoop:
@@ -819,7 +821,7 @@ class _VectorLoop:
         return self.b.select(self._as_vector(e.cond), *self._both(e.true, e.false))
 
     def cast(self, e: L.Cast) -> ir.Value | None:
-        if e.dtype not in _VECTOR_CASTS or e.value.dtype not in _VECTOR_CASTS:
+        if not any(e.dtype in group and e.value.dtype in group for group in _VECTOR_CASTS):
             return None
         emit = _CASTS[_cast_class(e.value.dtype), _cast_class(e.dtype)]
         return emit(self.em, self._as_vector(e.value), self.vtype(e.dtype))
