@@ -315,7 +315,10 @@ def pointwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
 def _flat_epilogue_reads(kernel: Kernel, out_shape) -> bool:
     """Whether every tensor the epilogue reads besides the anchor's value is indexed the same
     at (n, c, 0, h * W + w) as at (n, c, h, w): it has the output's image shape, or reads a
-    whole image at one place (trailing dims of 1, as a bias)."""
+    whole image at one place (trailing dims of 1, as a bias). Never for images one pixel
+    wide: the flat pixel would index a width axis of size 1, which broadcasting reads at 0."""
+    if out_shape[3] == 1:
+        return False
     produced = {id(v) for node in kernel.nodes for v in node.outputs}
     anchor = kernel.anchor
     for node in kernel.nodes:

@@ -832,10 +832,13 @@ def max_pool(x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=Non
     fill = -np.inf if work.dtype.kind == "f" else np.iinfo(work.dtype).min
     views, outs, begins, _, strides, dilations = _pool_windows(
         work, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, fill)
-    # running maximum; a later equal value never replaces an earlier one
+    # running maximum; a later equal value never replaces an earlier one, and a NaN wins (it
+    # propagates, as in np.max, Max, ReduceMax and the compute rule)
     y, best = views[0].copy(), np.zeros(views[0].shape, np.intp)
     for j, view in enumerate(views[1:], 1):
         better = view > y
+        if work.dtype.kind == "f":
+            better |= np.isnan(view) & ~np.isnan(y)
         np.copyto(y, view, where=better)
         np.copyto(best, j, where=better)
     y = y.astype(x.dtype, copy=False)

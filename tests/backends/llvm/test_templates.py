@@ -99,7 +99,10 @@ def test_conv2d_template_matches_reference(cfg, opt_level):
 @pytest.mark.parametrize("n,c,oc,h,w,res_shape", [
     (1, 16, 64, 7, 7, None), (2, 9, 20, 5, 3, None), (3, 32, 32, 1, 1, None),
     (1, 24, 37, 13, 11, (1, 37, 1, 1)), (2, 5, 9, 6, 7, (1, 1, 6, 7)),
-    (1, 6, 10, 6, 7, (1, 10, 6, 1)), (1, 7, 12, 5, 40, (1, 1, 1, 40))])
+    (1, 6, 10, 6, 7, (1, 10, 6, 1)), (1, 7, 12, 5, 40, (1, 1, 1, 40)),
+    # images one pixel wide with a full-shape residual (found by the fuzzer: the flat pixel
+    # went to the width axis of size 1, which reads only index 0)
+    (2, 1, 1, 5, 1, None), (2, 3, 4, 6, 1, None)])
 def test_pointwise_conv_runs_as_one_gemm_over_pixels(n, c, oc, h, w, res_shape):
     """1x1 stride-1 unpadded convs tile pixels across row ends with the pixels in vector lanes
     (tails of channels and pixels included); the fused epilogue (bias, an added tensor of the

@@ -152,3 +152,13 @@ def test_bitcast_rule(src, dst):
     rng = np.random.default_rng()
     x = (rng.standard_normal((3, 5)) * 100).astype(src)
     _check("BitCast", [x], {"to": DType.from_numpy(dst)})
+
+
+@pytest.mark.parametrize("op", UNARY_FLOAT)
+def test_unary_references_take_rank_0_inputs(op):
+    """A rank-0 input (ReduceSum with keepdims=0 over all axes feeding it) gives a rank-0
+    array (found by the fuzzer: Erf's reference returned a Python float and failed)."""
+    x = np.asarray(np.random.default_rng(11).uniform(*DOMAIN.get(op, (-2, 2))), np.float32)
+    out, = get_op(op).run([x], {**_defaults(op), **ATTRS.get(op, {})})
+    assert np.shape(out) == ()
+    _check(op, [x], ATTRS.get(op))

@@ -578,3 +578,21 @@ def test_causal_conv_with_state_rule(k, length, activation):
                                         None, _randn(rng, (2, 3, k - 1))],
                 {"activation": activation}, num_outputs=2,
                 dims={0: {0: "N", 2: "L"}, 3: {0: "N"}})
+
+
+@pytest.mark.parametrize("target", ["numpy", "llvm"])
+def test_max_pool_propagates_nan(target):
+    """A window holding a NaN gives NaN, as np.max, Max and ReduceMax do (found by the fuzzer:
+    the reference's running `>` kept a NaN only when it came first in its window, so the numpy
+    target disagreed with the llvm target's rule)."""
+    x = np.random.default_rng(3).standard_normal((1, 2, 5, 5)).astype(np.float32)
+    x[0, 0, 1, 1] = x[0, 1, 3, 4] = np.nan
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2])
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    want = np.lib.stride_tricks.sliding_window_view(x, (2, 2), axis=(2, 3)).max(axis=(-2, -1))
+    assert np.isnan(want).sum() == 6
+    got = dnnc.compile(model.SerializeToString(), target=target)(x)
+    np.testing.assert_array_equal(got, want)
