@@ -5,19 +5,24 @@ Each PrimFunc becomes `void @name(ptr noalias %buf..., i64 %size...)`; a `_packe
 signature. Parallel loops are outlined into `@name_par<k>(ptr closure, i64 start, i64 end)`
 and handed to the runtime's `dnnc_parallel_for`.
 
-Values live in registers in their *compute* type: float16 and bfloat16 are computed in float32
-(rounded to their precision at casts and stores), bool is i1 (i8 in memory). Integer `//` and
-`%` floor as in Python, cheaply when bounds prove both operands non-negative; float `%` is fmod.
+A PrimFunc is legalized first (`backends/legalize.py`): what ops mean (sigmoid, sign, floor
+division, integer division by zero, float16 arithmetic in float32, ...) is settled there, so
+this module only says how LLVM spells the primitive ops that remain, in tables: `_BINARY`,
+`_CALLS` and `_CASTS` ((operand class, op) -> emitter), and the statement, loop-kind and
+expression dispatch tables. Values live in registers in their own type (float16 as `half`,
+bfloat16 as its `i16` bits, which legalize only moves and converts), bool as i1 (i8 in memory).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from llvmlite import ir
 
 from ...ir import loop as L
 from ...ir import types as T
+from ..legalize import check_legal, legalize
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), \
     ir.IntType(64)
@@ -25,37 +30,165 @@ F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 
 _INT_BITS = {1: I8, 2: I16, 4: I32, 8: I64}
+_FLOAT_TYPES = {T.float16: F16, T.float32: F32, T.float64: F64}
+_FLOAT_BITS = {F16: 16, F32: 32, F64: 64}
+
+NATIVE: frozenset[str] = frozenset()
+"""Legalize rules whose ops this renderer renders itself: none. LLVM has no exact rsqrt or
+sigmoid instruction, and its direct double -> half and float -> bfloat conversions call
+compiler-rt helpers (__truncdfhf2, __truncsfbf2) the JIT's process may lack."""
 
 
 def compute_type(dtype: T.DType) -> ir.Type:
     """The register type values of `dtype` are computed in."""
     if dtype.kind == "b":
         return I1
-    if dtype.is_int:
-        return _INT_BITS[dtype.itemsize]
-    return F64 if dtype is T.float64 else F32
+    return _FLOAT_TYPES.get(dtype) or _INT_BITS[dtype.itemsize]   # bfloat16: its bits
 
 
 def memory_type(dtype: T.DType) -> ir.Type:
     """The type `dtype` is stored as."""
-    if dtype.kind == "b":
-        return I8
-    if dtype is T.float16:
-        return F16
-    if dtype is T.bfloat16:
-        return I16
-    return compute_type(dtype)
+    return I8 if dtype.kind == "b" else compute_type(dtype)
 
 
-# intrinsics with an LLVM counterpart (vectorisable by LLVM); the rest call libm
-_LLVM_INTRINSIC = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt",
-                   "sin": "llvm.sin", "cos": "llvm.cos", "floor": "llvm.floor",
-                   "ceil": "llvm.ceil", "round": "llvm.roundeven", "trunc": "llvm.trunc",
-                   "pow": "llvm.pow", "tan": "llvm.tan", "asin": "llvm.asin",
-                   "acos": "llvm.acos", "atan": "llvm.atan", "sinh": "llvm.sinh",
-                   "cosh": "llvm.cosh", "tanh": "llvm.tanh", "fma": "llvm.fmuladd"}
-_LIBM = {"erf": "erf", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
-         "log1p": "log1p", "expm1": "expm1", "fmod": "fmod", "atan2": "atan2"}
+def _class(dtype: T.DType) -> str:
+    """`dtype`'s key in the op tables: f(loat), s(igned) or u(nsigned, bool included)."""
+    return "f" if dtype.is_float else "s" if dtype.kind == "i" else "u"
+
+
+def _cast_class(dtype: T.DType) -> str:
+    """`dtype`'s key in `_CASTS`: as `_class`, with b(ool) apart."""
+    return "b" if dtype.kind == "b" else _class(dtype)
+
+
+def _suffix(ty: ir.Type) -> str:
+    """LLVM's overloaded-intrinsic suffix: f32, i64, v8f32, ..."""
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{_suffix(ty.element)}"
+    return {F16: "f16", F32: "f32", F64: "f64"}.get(ty) or f"i{ty.width}"
+
+
+def _scalar(ty: ir.Type) -> ir.Type:
+    return ty.element if isinstance(ty, ir.VectorType) else ty
+
+
+def _zero(ty: ir.Type) -> ir.Constant:
+    """0 of `ty`, a scalar or a vector type."""
+    zero = 0.0 if _scalar(ty) in _FLOAT_BITS else 0
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [zero] * ty.count)
+    return ir.Constant(ty, zero)
+
+
+# ---------------------------------------------------------------------------------------------
+# Op tables: each emitter takes the _Emitter (its builder `b`, its module `mb`) and LLVM
+# values, scalars or vectors alike.
+
+
+def _intrinsic(name: str) -> Callable:
+    def emit(em, *args):
+        return em.b.call(em.mb.intrinsic(name, args[0].type, len(args)), list(args))
+    return emit
+
+
+def _libm(name: str) -> Callable:
+    """A C library call: `name` for double, `name`f for float (scalars only)."""
+    def emit(em, *args):
+        ty = args[0].type
+        fname = name + ("f" if ty == F32 else "")
+        return em.b.call(em.mb.declare(fname, ty, [ty] * len(args)), list(args))
+    return emit
+
+
+def _int_min_max(pred: str, signed: bool) -> Callable:
+    def emit(em, a, b):
+        cmp = em.b.icmp_signed if signed else em.b.icmp_unsigned
+        return em.b.select(cmp(pred, a, b), a, b)
+    return emit
+
+
+_BINARY: dict[tuple[str, str], Callable] = {
+    ("f", "+"): lambda em, a, b: em.b.fadd(a, b),
+    ("f", "-"): lambda em, a, b: em.b.fsub(a, b),
+    ("f", "*"): lambda em, a, b: em.b.fmul(a, b),
+    ("f", "/"): lambda em, a, b: em.b.fdiv(a, b),
+    # NaN-propagating, as NumPy's minimum / maximum (minnum would drop the NaN)
+    ("f", "min"): _intrinsic("llvm.minimum"),
+    ("f", "max"): _intrinsic("llvm.maximum"),
+    # ordered compares are false on NaN; != is unordered, so true on NaN (IEEE, NumPy)
+    **{("f", op): (lambda em, a, b, op=op: em.b.fcmp_ordered(op, a, b))
+       for op in ("==", "<", "<=", ">", ">=")},
+    ("f", "!="): lambda em, a, b: em.b.fcmp_unordered("!=", a, b),
+    **{(c, op): fn for c in "su" for op, fn in (
+        ("+", lambda em, a, b: em.b.add(a, b)), ("-", lambda em, a, b: em.b.sub(a, b)),
+        ("*", lambda em, a, b: em.b.mul(a, b)), ("&", lambda em, a, b: em.b.and_(a, b)),
+        ("|", lambda em, a, b: em.b.or_(a, b)), ("^", lambda em, a, b: em.b.xor(a, b)),
+        ("<<", lambda em, a, b: em.b.shl(a, b)), ("and", lambda em, a, b: em.b.and_(a, b)),
+        ("or", lambda em, a, b: em.b.or_(a, b)))},
+    ("s", ">>"): lambda em, a, b: em.b.ashr(a, b),
+    ("u", ">>"): lambda em, a, b: em.b.lshr(a, b),
+    **{("s", op): (lambda em, a, b, op=op: em.b.icmp_signed(op, a, b)) for op in L.COMPARE},
+    **{("u", op): (lambda em, a, b, op=op: em.b.icmp_unsigned(op, a, b)) for op in L.COMPARE},
+    ("s", "min"): _int_min_max("<", True), ("s", "max"): _int_min_max(">", True),
+    ("u", "min"): _int_min_max("<", False), ("u", "max"): _int_min_max(">", False),
+}
+"""(class of the operands, BinOp op) -> emitter(em, a, b)."""
+
+_CALLS: dict[tuple[str, str], Callable] = {
+    # intrinsics with an LLVM counterpart (vectorisable by LLVM); the rest call libm
+    **{("f", name): _intrinsic(llvm) for name, llvm in (
+        ("exp", "llvm.exp"), ("log", "llvm.log"), ("sqrt", "llvm.sqrt"), ("sin", "llvm.sin"),
+        ("cos", "llvm.cos"), ("tan", "llvm.tan"), ("asin", "llvm.asin"),
+        ("acos", "llvm.acos"), ("atan", "llvm.atan"), ("sinh", "llvm.sinh"),
+        ("cosh", "llvm.cosh"), ("tanh", "llvm.tanh"), ("floor", "llvm.floor"),
+        ("ceil", "llvm.ceil"), ("round", "llvm.roundeven"), ("trunc", "llvm.trunc"),
+        ("pow", "llvm.pow"), ("fma", "llvm.fmuladd"), ("abs", "llvm.fabs"))},
+    **{("f", name): _libm(name) for name in ("erf", "asinh", "acosh", "atanh", "log1p",
+                                             "expm1", "fmod", "atan2")},
+    ("f", "neg"): lambda em, x: em.b.fneg(x),
+    # legalize's primitives: C's truncating quotient and remainder, the divisor made safe
+    ("s", "idiv"): lambda em, a, b: em.b.sdiv(a, b),
+    ("u", "idiv"): lambda em, a, b: em.b.udiv(a, b),
+    ("s", "irem"): lambda em, a, b: em.b.srem(a, b),
+    ("u", "irem"): lambda em, a, b: em.b.urem(a, b),
+}
+"""(class of the first argument, Call name) -> emitter(em, *args); `bitcast` is apart."""
+
+
+def _resize(signed: bool) -> Callable:
+    def emit(em, v, ty):
+        src, dst = _scalar(v.type).width, _scalar(ty).width
+        if dst < src:
+            return em.b.trunc(v, ty)
+        if dst > src:
+            return em.b.sext(v, ty) if signed else em.b.zext(v, ty)
+        return v
+    return emit
+
+
+def _float_resize(em, v, ty):
+    src, dst = _FLOAT_BITS[_scalar(v.type)], _FLOAT_BITS[_scalar(ty)]
+    if dst == src:
+        return v
+    return em.b.fpext(v, ty) if dst > src else em.b.fptrunc(v, ty)
+
+
+_CASTS: dict[tuple[str, str], Callable] = {
+    ("f", "f"): _float_resize,
+    ("f", "s"): lambda em, v, ty: em.b.fptosi(v, ty),
+    ("f", "u"): lambda em, v, ty: em.b.fptoui(v, ty),
+    ("s", "f"): lambda em, v, ty: em.b.sitofp(v, ty),
+    ("u", "f"): lambda em, v, ty: em.b.uitofp(v, ty),
+    ("b", "f"): lambda em, v, ty: em.b.uitofp(v, ty),
+    ("f", "b"): lambda em, v, ty: em.b.fcmp_unordered("!=", v, _zero(v.type)),  # NaN: true
+    ("s", "b"): lambda em, v, ty: em.b.icmp_unsigned("!=", v, _zero(v.type)),
+    ("u", "b"): lambda em, v, ty: em.b.icmp_unsigned("!=", v, _zero(v.type)),
+    ("b", "s"): lambda em, v, ty: em.b.zext(v, ty),
+    ("b", "u"): lambda em, v, ty: em.b.zext(v, ty),
+    ("s", "s"): _resize(True), ("s", "u"): _resize(True),
+    ("u", "s"): _resize(False), ("u", "u"): _resize(False),
+}
+"""(source class, destination class) -> emitter(em, value, destination type)."""
 
 
 class CodegenError(Exception):
@@ -79,11 +212,13 @@ class ModuleBuilder:
         return fn
 
     def intrinsic(self, name: str, ty: ir.Type, nargs: int = 1) -> ir.Function:
-        suffix = {F32: "f32", F64: "f64"}.get(ty) or f"i{ty.width}"
-        return self.declare(f"{name}.{suffix}", ty, [ty] * nargs)
+        """The overloaded intrinsic `name` on `ty` (scalar or vector): `llvm.exp.v8f32`."""
+        return self.declare(f"{name}.{_suffix(ty)}", ty, [ty] * nargs)
 
     def add(self, func: L.PrimFunc, noalias: bool = True) -> ir.Function:
-        """Render `func`; returns the LLVM function."""
+        """Legalize and render `func`; returns the LLVM function."""
+        func = legalize(func, NATIVE)
+        check_legal(func, NATIVE)   # (~1% of compile time: mobilenet_v2 44 ms of 5.7 s)
         return _FunctionBuilder(self, func, noalias).build()
 
     def add_entry(self, name: str, calls: list[tuple[str, list[tuple[str, int]]]]) -> None:
@@ -131,15 +266,13 @@ class _FunctionBuilder:
             if self.noalias:
                 fn.args[k].add_attribute("noalias")
         env: dict[L.Var, ir.Value] = {}
-        bounds: dict[L.Var, L.Bounds] = {}
         for k, v in enumerate(f.size_vars):
             arg = fn.args[len(f.params) + k]
             arg.name = _c_name(v.name)
             env[v] = arg
-            bounds[v] = L.Bounds(1, None)
         builder = ir.IRBuilder(fn.append_basic_block("entry"))
         buffers = {b.name: fn.args[k] for k, b in enumerate(f.params)}
-        emitter = _Emitter(self, fn, builder, env, bounds, buffers)
+        emitter = _Emitter(self, fn, builder, env, buffers)
         emitter.stmt(f.body)
         emitter.finish()
         self._packed(fn)
@@ -170,13 +303,12 @@ class _Emitter:
     """Emits statements and expressions of one LLVM function."""
 
     def __init__(self, fb: _FunctionBuilder, fn: ir.Function, builder: ir.IRBuilder,
-                 env: dict, bounds: dict, buffers: dict):
+                 env: dict, buffers: dict):
         self.fb = fb
         self.mb = fb.mb
         self.fn = fn
         self.b = builder
         self.env = env          # Var -> ir.Value
-        self.bounds = bounds    # Var -> Bounds, for cheap division
         self.buffers = buffers  # buffer name -> pointer
         self.strides: dict[str, list[ir.Value]] = {}
         # allocas go to a block of their own that runs once per call (see `finish`)
@@ -195,50 +327,51 @@ class _Emitter:
         return self.allocas.alloca(ty, size=None if count == 1 else ir.Constant(I64, count),
                                    name=name)
 
-    # -- statements --------------------------------------------------------------------------
+    def fail(self, what: str):
+        raise CodegenError(f"{self.fb.func.name}: {what}")
+
+    # -- statements (dispatched through _STMT) -----------------------------------------------
 
     def stmt(self, s: L.Stmt) -> None:
-        if isinstance(s, L.Seq):
-            for x in s.stmts:
-                self.stmt(x)
-        elif isinstance(s, L.For):
-            if s.kind is L.ForKind.PARALLEL:
-                self.parallel_for(s)
-            elif s.kind.is_gpu_block or s.kind.is_gpu_thread:
-                raise CodegenError(f"{self.fb.func.name}: loop bound to {s.kind.value} cannot "
-                                   f"run on a CPU")
-            elif s.kind is L.ForKind.UNROLLED and isinstance(s.extent, L.Const):
-                self.unrolled_for(s)
-            elif s.kind is L.ForKind.VECTORIZED and isinstance(s.extent, L.Const) and \
-                    2 <= s.extent.value <= 64 and _vectorizable(s.body):
-                _VectorLoop(self, s).emit()
-            else:
-                self.serial_for(s)
-        elif isinstance(s, L.Store):
-            ptr = self.address(s.buffer, s.indices)
-            value = self.expr(s.value)
-            self.b.store(self.to_memory(value, s.buffer.dtype), ptr)
-        elif isinstance(s, L.Let):
-            self.env[s.var] = self.expr(s.value)
-            self.bounds[s.var] = L.bounds(s.value, self.bounds)
-            self.stmt(s.body)
-        elif isinstance(s, L.If):
-            cond = self.expr(s.cond)
-            if s.orelse is None:
-                with self.b.if_then(cond):
-                    self.stmt(s.then)
-            else:
-                with self.b.if_else(cond) as (then, otherwise):
-                    with then:
-                        self.stmt(s.then)
-                    with otherwise:
-                        self.stmt(s.orelse)
-        elif isinstance(s, L.Allocate):
-            self.allocate(s)
-        elif isinstance(s, L.Barrier):
-            raise CodegenError(f"{self.fb.func.name}: barriers are GPU-only")
-        else:
+        emit = _STMT.get(type(s))
+        if emit is None:
             raise CodegenError(f"cannot render {s!r}")
+        emit(self, s)
+
+    def seq(self, s: L.Seq) -> None:
+        for x in s.stmts:
+            self.stmt(x)
+
+    def loop(self, s: L.For) -> None:
+        emit = _LOOP.get(s.kind)
+        if emit is None:
+            self.fail(f"loop bound to {s.kind.value} cannot run on a CPU")
+        emit(self, s)
+
+    def store(self, s: L.Store) -> None:
+        ptr = self.address(s.buffer, s.indices)
+        self.b.store(self.to_memory(self.expr(s.value), s.buffer.dtype), ptr)
+
+    def let(self, s: L.Let) -> None:
+        self.env[s.var] = self.expr(s.value)
+        self.stmt(s.body)
+
+    def if_(self, s: L.If) -> None:
+        cond = self.expr(s.cond)
+        if s.orelse is None:
+            with self.b.if_then(cond):
+                self.stmt(s.then)
+        else:
+            with self.b.if_else(cond) as (then, otherwise):
+                with then:
+                    self.stmt(s.then)
+                with otherwise:
+                    self.stmt(s.orelse)
+
+    def barrier(self, s: L.Barrier) -> None:
+        self.fail("barriers are GPU-only")
+
+    # -- loops (dispatched through _LOOP by kind) --------------------------------------------
 
     def serial_for(self, s: L.For, start: ir.Value | None = None,
                    end: ir.Value | None = None) -> None:
@@ -255,8 +388,6 @@ class _Emitter:
         self.b.cbranch(self.b.icmp_signed("<", phi, hi), body, exit_)
         self.b.position_at_end(body)
         self.env[s.var] = phi
-        hi_bound = L.bounds(s.extent, self.bounds).hi
-        self.bounds[s.var] = L.Bounds(0, None if hi_bound is None else hi_bound - 1)
         self.stmt(s.body)
         nxt = self.b.add(phi, ir.Constant(I64, 1), flags=["nsw"])
         phi.add_incoming(nxt, self.b.block)
@@ -265,10 +396,18 @@ class _Emitter:
 
     def unrolled_for(self, s: L.For) -> None:
         """The body once per iteration, the loop variable a constant in each copy."""
+        if not isinstance(s.extent, L.Const):
+            return self.serial_for(s)
         for k in range(s.extent.value):
             self.env[s.var] = ir.Constant(I64, k)
-            self.bounds[s.var] = L.Bounds(k, k)
             self.stmt(s.body)
+
+    def vectorized_for(self, s: L.For) -> None:
+        """Straight-line vector code for bodies without control flow, of 2 to 64 lanes."""
+        if isinstance(s.extent, L.Const) and 2 <= s.extent.value <= 64 and \
+                _vectorizable(s.body):
+            return _VectorLoop(self, s).emit()
+        self.serial_for(s)
 
     def parallel_for(self, s: L.For) -> None:
         """Outline the loop body into `f(closure, start, end)`; run it on the pool."""
@@ -279,7 +418,7 @@ class _Emitter:
                         if isinstance(n, (L.Load, L.Store))} & set(self.buffers))
         missing = [v.name for v in captured_vars if v not in self.env]
         if missing:
-            raise CodegenError(f"{self.fb.func.name}: unbound {missing} in a parallel loop")
+            self.fail(f"unbound {missing} in a parallel loop")
         values = [self.env[v] for v in captured_vars] + [self.buffers[n] for n in names]
         closure_ty = ir.LiteralStructType([v.type for v in values])
         closure = self.entry_alloca(closure_ty, name="closure")
@@ -299,7 +438,7 @@ class _Emitter:
                 env[captured_vars[k]] = loaded
             else:
                 buffers[names[k - len(captured_vars)]] = loaded
-        inner = _Emitter(self.fb, outlined, ob, env, dict(self.bounds), buffers)
+        inner = _Emitter(self.fb, outlined, ob, env, buffers)
         inner.serial_for(s, start=outlined.args[1], end=outlined.args[2])
         inner.finish()
         self.b.call(self.mb.parallel_for, [outlined, closure, self.expr(s.extent)])
@@ -344,7 +483,7 @@ class _Emitter:
         constant index terms, so no IR-level simplification is needed here)."""
         base = self.buffers.get(buf.name)
         if base is None:
-            raise CodegenError(f"{self.fb.func.name}: buffer {buf.name} is not in scope")
+            self.fail(f"buffer {buf.name} is not in scope")
         offset: ir.Value | None = None
         stride: int | ir.Value = 1
         for idx, dim in reversed(list(zip(indices, buf.shape))):
@@ -369,288 +508,90 @@ class _Emitter:
         return self.b.gep(base, [offset], inbounds=True, source_etype=memory_type(buf.dtype))
 
     def to_memory(self, value: ir.Value, dtype: T.DType) -> ir.Value:
-        if dtype.kind == "b":
-            return self.b.zext(value, I8)
-        if dtype is T.float16:
-            return self.b.fptrunc(value, F16)
-        if dtype is T.bfloat16:
-            return self.b.trunc(self.b.lshr(self._round_bf16_bits(value), ir.Constant(I32, 16)),
-                                I16)
-        return value
+        """A register value as stored: bool's i1 widens to i8, the rest is stored as is."""
+        return self.b.zext(value, I8) if dtype.kind == "b" else value
 
     def from_memory(self, value: ir.Value, dtype: T.DType) -> ir.Value:
-        if dtype.kind == "b":
-            return self.b.icmp_unsigned("!=", value, ir.Constant(I8, 0))
-        if dtype is T.float16:
-            return self.b.fpext(value, F32)
-        if dtype is T.bfloat16:
-            wide = self.b.shl(self.b.zext(value, I32), ir.Constant(I32, 16))
-            return self.b.bitcast(wide, F32)
-        return value
+        return self.b.icmp_unsigned("!=", value, ir.Constant(I8, 0)) if dtype.kind == "b" \
+            else value
 
-    def _round_bf16_bits(self, value: ir.Value) -> ir.Value:
-        """float32 bits rounded to bfloat16 (nearest even; NaN stays NaN)."""
-        bits = self.b.bitcast(value, I32)
-        lsb = self.b.and_(self.b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
-        rounded = self.b.add(bits, self.b.add(ir.Constant(I32, 0x7FFF), lsb))
-        is_nan = self.b.fcmp_unordered("uno", value, value)
-        return self.b.select(is_nan, self.b.or_(bits, ir.Constant(I32, 0x400000)), rounded)
-
-    # -- expressions -------------------------------------------------------------------------
+    # -- expressions (dispatched through _EXPR) ----------------------------------------------
 
     def expr(self, e: L.Expr) -> ir.Value:
-        if isinstance(e, L.Const):
-            return self.constant(e.value, e.dtype)
-        if isinstance(e, L.Var):
-            try:
-                return self.env[e]
-            except KeyError:
-                raise CodegenError(f"{self.fb.func.name}: variable {e.name} is unbound") \
-                    from None
-        if isinstance(e, L.Load):
-            ptr = self.address(e.buffer, e.indices)
-            return self.from_memory(self.b.load(ptr, typ=memory_type(e.buffer.dtype)),
-                                    e.buffer.dtype)
-        if isinstance(e, L.BinOp):
-            return self.binop(e)
-        if isinstance(e, L.Cast):
-            return self.cast(self.expr(e.value), e.value.dtype, e.dtype)
-        if isinstance(e, L.Select):
-            return self.b.select(self.expr(e.cond), self.expr(e.true), self.expr(e.false))
-        if isinstance(e, L.Call):
-            return self.call(e)
-        if isinstance(e, L.Reduce):
-            raise CodegenError(f"{self.fb.func.name}: Reduce must be lowered before codegen")
-        raise CodegenError(f"cannot render {e!r}")
+        emit = _EXPR.get(type(e))
+        if emit is None:
+            raise CodegenError(f"cannot render {e!r}")
+        return emit(self, e)
 
-    def constant(self, value, dtype: T.DType) -> ir.Constant:
-        ty = compute_type(dtype)
+    def constant(self, e: L.Const) -> ir.Constant:
+        dtype, value = e.dtype, e.value
         if dtype.kind == "b":
             return ir.Constant(I1, int(bool(value)))
         if dtype.is_int:
-            return ir.Constant(ty, int(value))
-        value = float(value)
-        if dtype is T.float16:
-            value = float(__import__("numpy").float16(value))
-        elif dtype is T.bfloat16:
-            value = float(T.bfloat16.np.type(value))
-        return ir.Constant(ty, value)
-
-    def binop(self, e: L.BinOp) -> ir.Value:
-        a, b = self.expr(e.a), self.expr(e.b)
-        dt = e.a.dtype
-        op = e.op
-        bld = self.b
-        if op in ("and", "or"):
-            return bld.and_(a, b) if op == "and" else bld.or_(a, b)
-        if dt.is_float:
-            if op in L.COMPARE:
-                return bld.fcmp_unordered("!=", a, b) if op == "!=" else \
-                    bld.fcmp_ordered(op, a, b)
-            if op == "+":
-                out = bld.fadd(a, b)
-            elif op == "-":
-                out = bld.fsub(a, b)
-            elif op == "*":
-                out = bld.fmul(a, b)
-            elif op == "/":
-                out = bld.fdiv(a, b)
-            elif op == "//":
-                out = bld.call(self.mb.intrinsic("llvm.floor", a.type), [bld.fdiv(a, b)])
-            elif op == "%":
-                out = bld.frem(a, b)
-            elif op in ("min", "max"):
-                # NaN-propagating, as NumPy's minimum / maximum
-                name = "llvm.minimum" if op == "min" else "llvm.maximum"
-                out = bld.call(self.mb.intrinsic(name, a.type, 2), [a, b])
-            else:
-                raise CodegenError(f"operator {op} on floats")
-            return self._round_to(out, dt)
-        signed = dt.kind == "i"
-        if op in L.COMPARE:
-            return bld.icmp_signed(op, a, b) if signed else bld.icmp_unsigned(op, a, b)
-        if op == "+":
-            return bld.add(a, b)
-        if op == "-":
-            return bld.sub(a, b)
-        if op == "*":
-            return bld.mul(a, b)
-        if op in ("min", "max"):
-            pick = (bld.icmp_signed if signed else bld.icmp_unsigned)(
-                "<" if op == "min" else ">", a, b)
-            return bld.select(pick, a, b)
-        if op == "&":
-            return bld.and_(a, b)
-        if op == "|":
-            return bld.or_(a, b)
-        if op == "^":
-            return bld.xor(a, b)
-        if op == "<<":
-            return bld.shl(a, b)
-        if op == ">>":
-            return bld.ashr(a, b) if signed else bld.lshr(a, b)
-        if op in ("//", "%", "/"):
-            return self.int_divmod(op, e, a, b, signed)
-        raise CodegenError(f"operator {op} on integers")
-
-    def int_divmod(self, op, e: L.BinOp, a, b, signed: bool) -> ir.Value:
-        """Integer `/` (truncating), `//` and `%` (floor) without a trap: x / 0 and x % 0 are
-        0, MIN / -1 wraps to MIN and MIN % -1 is 0, as the numpy target's (`ir/ops/
-        elementwise.py`). LLVM's sdiv by 0 or of MIN by -1 is undefined even where a select
-        discards it, so the divisor itself is made safe (1) first; by 1 the quotient of MIN
-        is MIN and the remainder 0, as wanted, and a zero divisor's result becomes 0."""
-        bld = self.b
-        ba, bb = L.bounds(e.a, self.bounds), L.bounds(e.b, self.bounds)
-        by_zero = None
-        if bb.lo is None or bb.lo <= 0:   # (index arithmetic divides by positive constants)
-            zero, one = ir.Constant(b.type, 0), ir.Constant(b.type, 1)
-            by_zero = bld.icmp_signed("==", b, zero)
-            unsafe = by_zero
-            if signed and (bb.lo is None or bb.lo <= -1) and (bb.hi is None or bb.hi >= -1):
-                minimum = ir.Constant(a.type, -(1 << (a.type.width - 1)))
-                overflow = bld.and_(bld.icmp_signed("==", a, minimum),
-                                    bld.icmp_signed("==", b, ir.Constant(b.type, -1)))
-                unsafe = bld.or_(unsafe, overflow)
-            b = bld.select(unsafe, one, b)
-        out = self._divmod(op, a, b, signed, ba, bb)
-        if by_zero is not None:
-            out = bld.select(by_zero, ir.Constant(out.type, 0), out)
-        return out
-
-    def _divmod(self, op, a, b, signed: bool, ba: L.Bounds, bb: L.Bounds) -> ir.Value:
-        """`a op b` for a divisor that does not trap."""
-        bld = self.b
-        if not signed:
-            return bld.udiv(a, b) if op in ("//", "/") else bld.urem(a, b)
-        if op == "/":  # C division
-            return bld.sdiv(a, b)
-        if ba.lo is not None and ba.lo >= 0 and bb.lo is not None and bb.lo > 0:
-            return bld.udiv(a, b) if op in ("//", "/") else bld.urem(a, b)
-        q = bld.sdiv(a, b)
-        r = bld.srem(a, b)
-        zero = ir.Constant(a.type, 0)
-        # floor semantics: adjust when the remainder is non-zero and signs differ
-        adjust = bld.and_(bld.icmp_signed("!=", r, zero),
-                          bld.icmp_signed("!=", bld.icmp_signed("<", r, zero),
-                                          bld.icmp_signed("<", b, zero)))
-        if op == "//":
-            return bld.sub(q, bld.zext(adjust, a.type))
-        return bld.select(adjust, bld.add(r, b), r)
-
-    def _round_to(self, value: ir.Value, dtype: T.DType) -> ir.Value:
-        """Round a float32 register to float16 / bfloat16 precision (others unchanged)."""
-        if dtype is T.float16:
-            return self.b.fpext(self.b.fptrunc(value, F16), F32)
+            return ir.Constant(compute_type(dtype), int(value))
+        value = dtype.np.type(value)   # rounded to the dtype's own precision
         if dtype is T.bfloat16:
-            bits = self.b.and_(self._round_bf16_bits(value), ir.Constant(I32, 0xFFFF0000))
-            return self.b.bitcast(bits, F32)
+            return ir.Constant(I16, int(value.view("uint16")))
+        return ir.Constant(compute_type(dtype), float(value))
+
+    def var(self, e: L.Var) -> ir.Value:
+        value = self.env.get(e)
+        if value is None:
+            self.fail(f"variable {e.name} is unbound")
         return value
 
-    def cast(self, v: ir.Value, src: T.DType, dst: T.DType) -> ir.Value:
-        bld = self.b
-        if src is dst:
-            return v
-        ty = compute_type(dst)
-        if dst.kind == "b":
-            if src.is_float:
-                return bld.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0))
-            return bld.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
-        if src.kind == "b":
-            return bld.uitofp(v, ty) if dst.is_float else bld.zext(v, ty)
-        if src.is_float and dst.is_float:
-            if src is T.float64 and dst is T.float16:
-                return self._round_to(self._f64_to_f32_odd(v), dst)
-            if v.type != ty:
-                v = bld.fpext(v, ty) if ty == F64 else bld.fptrunc(v, ty)
-            return self._round_to(v, dst)
-        if src.is_float:
-            return bld.fptosi(v, ty) if dst.kind == "i" else bld.fptoui(v, ty)
-        if dst.is_float:
-            out = bld.sitofp(v, ty) if src.kind == "i" else bld.uitofp(v, ty)
-            return self._round_to(out, dst)
-        if ty.width < v.type.width:
-            return bld.trunc(v, ty)
-        if ty.width > v.type.width:
-            return bld.sext(v, ty) if src.kind == "i" else bld.zext(v, ty)
-        return v
+    def load(self, e: L.Load) -> ir.Value:
+        ptr = self.address(e.buffer, e.indices)
+        return self.from_memory(self.b.load(ptr, typ=memory_type(e.buffer.dtype)),
+                                e.buffer.dtype)
 
-    def _f64_to_f32_odd(self, v: ir.Value) -> ir.Value:
-        """float64 -> float32 rounded to odd, so that a second rounding to float16 equals
-        NumPy's single one (1 + 2**-11 + 2**-40 would tie at float32 and round down); a
-        direct fptrunc to half needs __truncdfhf2, which the JIT's process may lack."""
-        bld = self.b
-        r = bld.fptrunc(v, F32)
-        back = bld.fpext(r, F64)
-        fabs = self.mb.intrinsic("llvm.fabs", F64)
-        bits = bld.bitcast(r, I32)
-        # round toward zero: one step down in magnitude when rounding went up
-        up = bld.fcmp_ordered(">", bld.call(fabs, [back]), bld.call(fabs, [v]))
-        bits = bld.select(up, bld.sub(bits, ir.Constant(I32, 1)), bits)
-        inexact = bld.fcmp_ordered("!=", back, v)
-        bits = bld.select(inexact, bld.or_(bits, ir.Constant(I32, 1)), bits)
-        return bld.bitcast(bits, F32)
+    def select(self, e: L.Select) -> ir.Value:
+        return self.b.select(self.expr(e.cond), self.expr(e.true), self.expr(e.false))
+
+    def binop(self, e: L.BinOp) -> ir.Value:
+        emit = _BINARY.get((_class(e.a.dtype), e.op))
+        if emit is None:
+            self.fail(f"no LLVM rendering for operator {e.op} on {e.a.dtype.name} (legalized?)")
+        return emit(self, self.expr(e.a), self.expr(e.b))
 
     def call(self, e: L.Call) -> ir.Value:
-        bld = self.b
         args = [self.expr(a) for a in e.args]
-        x = args[0]
-        dt = e.args[0].dtype
-        name = e.name
-        if name == "bitcast":  # through the memory representations, which share a width
-            bits = bld.bitcast(self.to_memory(x, dt), memory_type(e.dtype))
-            return self.from_memory(bits, e.dtype)
-        if name == "isnan":
-            return bld.fcmp_unordered("uno", x, x) if dt.is_float else ir.Constant(I1, 0)
-        if name == "isinf":
-            if not dt.is_float:
-                return ir.Constant(I1, 0)
-            absx = bld.call(self.mb.intrinsic("llvm.fabs", x.type), [x])
-            return bld.fcmp_ordered("==", absx, ir.Constant(x.type, math.inf))
-        if name == "not":  # logical not, as np.logical_not (any dtype in, bool out)
-            if dt.kind == "b":
-                return bld.xor(x, ir.Constant(x.type, 1))
-            if dt.is_float:
-                return bld.fcmp_ordered("==", x, ir.Constant(x.type, 0.0))
-            return bld.icmp_unsigned("==", x, ir.Constant(x.type, 0))
-        if name == "neg":
-            return bld.fneg(x) if dt.is_float else bld.sub(ir.Constant(x.type, 0), x)
-        if name == "abs":
-            if dt.is_float:
-                return bld.call(self.mb.intrinsic("llvm.fabs", x.type), [x])
-            if dt.kind == "u":
-                return x
-            neg = bld.icmp_signed("<", x, ir.Constant(x.type, 0))
-            return bld.select(neg, bld.sub(ir.Constant(x.type, 0), x), x)
-        if name == "sign":
-            zero = ir.Constant(x.type, 0.0 if dt.is_float else 0)
-            one = ir.Constant(x.type, 1.0 if dt.is_float else 1)
-            minus = ir.Constant(x.type, -1.0 if dt.is_float else -1)
-            if dt.is_float:
-                pos = bld.select(bld.fcmp_ordered(">", x, zero), one, zero)
-                out = bld.select(bld.fcmp_ordered("<", x, zero), minus, pos)
-                return bld.select(bld.fcmp_unordered("uno", x, x), x, out)
-            gt = bld.icmp_signed(">", x, zero) if dt.kind == "i" else \
-                bld.icmp_unsigned(">", x, zero)
-            pos = bld.select(gt, one, zero)
-            if dt.kind == "u":
-                return pos
-            return bld.select(bld.icmp_signed("<", x, zero), minus, pos)
-        if not dt.is_float:
-            raise CodegenError(f"intrinsic {name} on {dt.name}")
-        if name == "sigmoid":
-            ex = bld.call(self.mb.intrinsic("llvm.exp", x.type), [bld.fneg(x)])
-            out = bld.fdiv(ir.Constant(x.type, 1.0), bld.fadd(ir.Constant(x.type, 1.0), ex))
-        elif name == "rsqrt":
-            sq = bld.call(self.mb.intrinsic("llvm.sqrt", x.type), [x])
-            out = bld.fdiv(ir.Constant(x.type, 1.0), sq)
-        elif name in _LLVM_INTRINSIC:
-            out = bld.call(self.mb.intrinsic(_LLVM_INTRINSIC[name], x.type, len(args)), args)
-        elif name in _LIBM:
-            fname = _LIBM[name] + ("f" if x.type == F32 else "")
-            out = bld.call(self.mb.declare(fname, x.type, [x.type] * len(args)), args)
-        else:
-            raise CodegenError(f"no LLVM rendering for intrinsic {name}")
-        return self._round_to(out, e.dtype)
+        src = e.args[0].dtype
+        if e.name == "bitcast":   # through the memory representations, which share a width
+            bits = self.to_memory(args[0], src)
+            ty = memory_type(e.dtype)
+            return self.from_memory(bits if bits.type == ty else self.b.bitcast(bits, ty),
+                                    e.dtype)
+        emit = _CALLS.get((_class(src), e.name))
+        if emit is None:
+            self.fail(f"no LLVM rendering for intrinsic {e.name} on {src.name} (legalized?)")
+        return emit(self, *args)
+
+    def cast(self, e: L.Cast) -> ir.Value:
+        value, src, dst = self.expr(e.value), e.value.dtype, e.dtype
+        if src is dst:
+            return value
+        emit = _CASTS[_cast_class(src), _cast_class(dst)]
+        return emit(self, value, compute_type(dst))
+
+    def reduce(self, e: L.Reduce) -> ir.Value:
+        self.fail("Reduce must be lowered before codegen")
+
+
+_STMT: dict[type, Callable] = {
+    L.Seq: _Emitter.seq, L.For: _Emitter.loop, L.Store: _Emitter.store, L.Let: _Emitter.let,
+    L.If: _Emitter.if_, L.Allocate: _Emitter.allocate, L.Barrier: _Emitter.barrier,
+}
+_LOOP: dict[L.ForKind, Callable] = {
+    L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.parallel_for,
+    L.ForKind.UNROLLED: _Emitter.unrolled_for, L.ForKind.VECTORIZED: _Emitter.vectorized_for,
+}
+"""Loop kind -> emitter; GPU-bound kinds are missing on purpose (a CodegenError)."""
+_EXPR: dict[type, Callable] = {
+    L.Const: _Emitter.constant, L.Var: _Emitter.var, L.Load: _Emitter.load,
+    L.BinOp: _Emitter.binop, L.Call: _Emitter.call, L.Cast: _Emitter.cast,
+    L.Select: _Emitter.select, L.Reduce: _Emitter.reduce,
+}
 
 
 def _product(dims) -> L.Expr:
@@ -694,9 +635,20 @@ def _lane_coefficient(e: L.Expr, var: L.Var, vector_vars) -> int | None:
     return None
 
 
-_VECTOR_INTRINSIC = {"fma": "llvm.fmuladd", "exp": "llvm.exp", "log": "llvm.log",
-                     "sqrt": "llvm.sqrt", "floor": "llvm.floor", "ceil": "llvm.ceil",
-                     "round": "llvm.roundeven", "trunc": "llvm.trunc", "abs": "llvm.fabs"}
+_VECTOR_FLOATS = (T.float32, T.float64)
+_VECTOR_BINARY = {("f", op) for op in ("+", "-", "*", "/", "min", "max", *L.COMPARE)} | \
+    {(c, op) for c in "su" for op in ("+", "-", "*", "&", "|", "^", "<<", ">>")}
+"""`_BINARY` entries emitted as vector instructions (floats: on _VECTOR_FLOATS); the bit
+operations serve legalized bfloat16 conversions."""
+_VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc", "abs", "neg"}
+"""`_CALLS` entries emitted as vector intrinsics on _VECTOR_FLOATS; the rest lane by lane."""
+_VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
+"""Selects of these dtypes are vector selects (uint32: bfloat16 rounding's NaN case)."""
+_VECTOR_CASTS = ((T.float16, T.float32, T.float64), (T.uint16, T.uint32))
+"""Casts within one of these groups are vector instructions: float16 and bfloat16 data
+computed in float32 (fpext / fptrunc, and the zext / trunc of bfloat16's bits). Float to
+integer stays lane by lane: out of range, LLVM's vector and scalar conversions differ (both
+are undefined there, as in C; NumPy's result is the scalar one)."""
 
 
 class _VectorLoop:
@@ -713,7 +665,6 @@ class _VectorLoop:
         self.vectors: dict[L.Var, ir.Value] = {}   # let-bound vector values
 
     def emit(self) -> None:
-        self.em.bounds[self.var] = L.Bounds(0, self.lanes - 1)
         self.stmt(self.body)
 
     def vtype(self, dtype: T.DType) -> ir.VectorType:
@@ -774,7 +725,7 @@ class _VectorLoop:
         value, is_vector = self.expr(s.value)
         kind = self._contiguous(s.indices)
         dtype = s.buffer.dtype
-        if kind is True and dtype is not T.bfloat16:
+        if kind is True:
             vec = value if is_vector else self.splat(value)
             ptr = self._base_address(s.buffer, s.indices)
             mem = self._to_memory(vec, dtype)
@@ -789,11 +740,7 @@ class _VectorLoop:
                 self.b.store(self.em.to_memory(lane_value, dtype), ptr)
 
     def _to_memory(self, vec, dtype):
-        if dtype.kind == "b":
-            return self.b.zext(vec, ir.VectorType(I8, self.lanes))
-        if dtype is T.float16:
-            return self.b.fptrunc(vec, ir.VectorType(F16, self.lanes))
-        return vec
+        return self.b.zext(vec, ir.VectorType(I8, self.lanes)) if dtype.kind == "b" else vec
 
     def _lane(self, k: int):
         em, var, vectors = self.em, self.var, self.vectors
@@ -823,58 +770,61 @@ class _VectorLoop:
         return out
 
     def expr(self, e: L.Expr) -> tuple[ir.Value, bool]:
+        """(value, is_vector): invariant expressions stay scalars; the rest is vector code
+        where `_VECTOR_EXPR` has a vector emitter for the node, else lane by lane."""
         free = L.free_vars(e)
         if self.var not in free and not (free & set(self.vectors)):
             return self.em.expr(e), False
         if e == self.var:
             return ir.Constant(ir.VectorType(I64, self.lanes), list(range(self.lanes))), True
-        if isinstance(e, L.Var) and e in self.vectors:
-            return self.vectors[e], True
-        if isinstance(e, L.Load):
-            stride = self._lane_stride(e.indices)
-            kind = {0: False, 1: True}.get(stride)
-            dtype = e.buffer.dtype
-            if stride in (2, 3, 4) and dtype in (T.float32, T.float64):
-                return self._strided_load(e, stride), True
-            if kind is True and dtype is not T.bfloat16:
-                ptr = self._base_address(e.buffer, e.indices)
-                mem = ir.VectorType(memory_type(dtype), self.lanes)
-                ptr = self.b.bitcast(ptr, ir.PointerType(mem))
-                vec = self.b.load(ptr, typ=mem, align=dtype.itemsize)
-                if dtype.kind == "b":
-                    vec = self.b.icmp_unsigned("!=", vec, ir.Constant(mem, [0] * self.lanes))
-                elif dtype is T.float16:
-                    vec = self.b.fpext(vec, self.vtype(dtype))
-                return vec, True
-            return self.lanewise(e), True
-        if isinstance(e, L.BinOp) and e.op in ("+", "-", "*", "/", "min", "max") and \
-                e.a.dtype.is_float and e.a.dtype in (T.float32, T.float64):
-            a, b = self._both(e.a, e.b)
-            if e.op in ("min", "max"):
-                name = "llvm.minimum" if e.op == "min" else "llvm.maximum"
-                return self.b.call(self._intrinsic(name, a.type, 2), [a, b]), True
-            fn = {"+": self.b.fadd, "-": self.b.fsub, "*": self.b.fmul, "/": self.b.fdiv}[e.op]
-            return fn(a, b), True
-        if isinstance(e, L.BinOp) and e.op in ("+", "-", "*") and e.a.dtype.is_int:
-            a, b = self._both(e.a, e.b)
-            fn = {"+": self.b.add, "-": self.b.sub, "*": self.b.mul}[e.op]
-            return fn(a, b), True
-        if isinstance(e, L.Call) and e.name in _VECTOR_INTRINSIC and \
-                e.dtype in (T.float32, T.float64):
-            args = [self._as_vector(a) for a in e.args]
-            fn = self._intrinsic(_VECTOR_INTRINSIC[e.name], args[0].type, len(args))
-            return self.b.call(fn, args), True
-        if isinstance(e, L.Select) and e.dtype in (T.float32, T.float64):
-            cond = self._as_vector(e.cond)
-            a, b = self._both(e.true, e.false)
-            return self.b.select(cond, a, b), True
-        if isinstance(e, L.BinOp) and e.op in L.COMPARE and e.a.dtype in (T.float32,
-                                                                            T.float64):
-            a, b = self._both(e.a, e.b)
-            if e.op == "!=":
-                return self.b.fcmp_unordered("!=", a, b), True
-            return self.b.fcmp_ordered(e.op, a, b), True
-        return self.lanewise(e), True
+        emit = _VECTOR_EXPR.get(type(e))
+        value = None if emit is None else emit(self, e)
+        return (self.lanewise(e) if value is None else value), True
+
+    # vector emitters: a vector value, or None for "lane by lane"
+
+    def var(self, e: L.Var) -> ir.Value | None:
+        return self.vectors.get(e)
+
+    def load(self, e: L.Load) -> ir.Value | None:
+        stride = self._lane_stride(e.indices)
+        dtype = e.buffer.dtype
+        if stride in (2, 3, 4) and dtype in _VECTOR_FLOATS:
+            return self._strided_load(e, stride)
+        if stride != 1:
+            return None
+        ptr = self._base_address(e.buffer, e.indices)
+        mem = ir.VectorType(memory_type(dtype), self.lanes)
+        ptr = self.b.bitcast(ptr, ir.PointerType(mem))
+        vec = self.b.load(ptr, typ=mem, align=dtype.itemsize)
+        if dtype.kind == "b":
+            vec = self.b.icmp_unsigned("!=", vec, ir.Constant(mem, [0] * self.lanes))
+        return vec
+
+    def binop(self, e: L.BinOp) -> ir.Value | None:
+        key = (_class(e.a.dtype), e.op)
+        if key not in _VECTOR_BINARY or (e.a.dtype.is_float and e.a.dtype not in _VECTOR_FLOATS):
+            return None
+        return _BINARY[key](self.em, *self._both(e.a, e.b))
+
+    def call(self, e: L.Call) -> ir.Value | None:
+        if e.name == "bitcast" and e.dtype.kind != "b":
+            value, ty = self._as_vector(e.args[0]), self.vtype(e.dtype)
+            return value if value.type == ty else self.b.bitcast(value, ty)
+        if e.name in _VECTOR_CALLS and e.dtype in _VECTOR_FLOATS:
+            return _CALLS["f", e.name](self.em, *[self._as_vector(a) for a in e.args])
+        return None
+
+    def select(self, e: L.Select) -> ir.Value | None:
+        if e.dtype not in _VECTOR_SELECTS:
+            return None
+        return self.b.select(self._as_vector(e.cond), *self._both(e.true, e.false))
+
+    def cast(self, e: L.Cast) -> ir.Value | None:
+        if not any(e.dtype in group and e.value.dtype in group for group in _VECTOR_CASTS):
+            return None
+        emit = _CASTS[_cast_class(e.value.dtype), _cast_class(e.dtype)]
+        return emit(self.em, self._as_vector(e.value), self.vtype(e.dtype))
 
     def _as_vector(self, e: L.Expr) -> ir.Value:
         value, is_vector = self.expr(e)
@@ -883,6 +833,8 @@ class _VectorLoop:
     def _both(self, a: L.Expr, b: L.Expr):
         return self._as_vector(a), self._as_vector(b)
 
-    def _intrinsic(self, name: str, ty: ir.VectorType, nargs: int) -> ir.Function:
-        elem = "f32" if ty.element == F32 else "f64"
-        return self.em.mb.declare(f"{name}.v{ty.count}{elem}", ty, [ty] * nargs)
+
+_VECTOR_EXPR: dict[type, Callable] = {
+    L.Var: _VectorLoop.var, L.Load: _VectorLoop.load, L.BinOp: _VectorLoop.binop,
+    L.Call: _VectorLoop.call, L.Select: _VectorLoop.select, L.Cast: _VectorLoop.cast,
+}

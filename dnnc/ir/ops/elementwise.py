@@ -240,7 +240,7 @@ def _safe_divisor(a, b):
     """(divisor, by_zero) for integer division without a trap: a divisor of 0 becomes 1 and
     the result there is 0 (x / 0 = x % 0 = 0, NumPy's value), and so does -1 under MIN, where
     the quotient wraps to MIN and the remainder is 0. The llvm target emits the same rule
-    (`int_divmod` in backends/llvm/codegen.py)."""
+    (`_int_div_mod` in backends/legalize.py)."""
     by_zero = b == 0
     unsafe = by_zero
     if a.dtype.kind == "i":

@@ -533,6 +533,53 @@ def test_unrolled_and_vectorized_loops(rng):
     np.testing.assert_array_equal(out, a[:, ::-1] + np.arange(4, dtype=np.float32))
 
 
+@pytest.mark.parametrize("kind", [L.ForKind.VECTORIZED, L.ForKind.PARALLEL])
+def test_guarded_integer_division_inside_vector_and_parallel_loops(kind):
+    """Legalize binds the operands of a guarded floor modulo with lets inside the loop body:
+    vector values in a vectorized loop, captured values in an outlined parallel one."""
+    from dnnc.ir.ops.elementwise import mod
+    rng = np.random.default_rng(7)
+    a, b = L.Buffer("a", T.int32, (N, 8)), L.Buffer("b", T.int32, (N, 8))
+    y = L.Buffer("y", T.int32, (N, 8))
+    i, j = L.Var("i"), L.Var("j")
+    inner = L.For(j, 8, L.Store(y, (i, j), a[i, j] % b[i, j] + a[i, j] // b[i, j]),
+                  kind if kind is L.ForKind.VECTORIZED else L.ForKind.SERIAL)
+    f = L.PrimFunc("divmod", (a, b, y), L.For(i, N, inner, kind if kind is L.ForKind.PARALLEL
+                                                else L.ForKind.SERIAL))
+    xa, xb = random(rng, T.int32, N * 8).reshape(N, 8), random(rng, T.int32, N * 8, -3, 3)
+    xb = xb.reshape(N, 8)
+    xa[0, :3], xb[0, :3] = [7, -2 ** 31, -2 ** 31], [0, -1, 0]
+    with np.errstate(all="ignore"):
+        ref = mod(xa, xb, 0) + np.where(xb == 0, 0, np.floor_divide(xa, np.where(xb == 0, 1, xb)))
+    for opt in (0, 3):
+        out = np.empty_like(xa)
+        call(jit(f, opt=opt), f, [xa, xb, out])
+        assert_same(out, ref, f"opt {opt}")
+
+
+@pytest.mark.parametrize("dtype", [T.float16, T.bfloat16])
+def test_half_arithmetic_in_vectorized_loops_is_vector_code_in_float32(dtype):
+    """Legalized float16 / bfloat16 arithmetic (float32 between casts) stays vector code:
+    no per-lane extractelement, one vector add of float32 lanes."""
+    rng = np.random.default_rng(8)
+    x, y = L.Buffer("x", dtype, (N, 8)), L.Buffer("y", dtype, (N, 8))
+    i, j = L.Var("i"), L.Var("j")
+    f = L.PrimFunc("half_vec", (x, y), L.For(i, N, L.For(
+        j, 8, L.Store(y, (i, j), x[i, j] + x[i, j] * L.Const(0.5, dtype)),
+        L.ForKind.VECTORIZED)))
+    mb = ModuleBuilder("test")
+    mb.add(f)
+    text = str(mb)
+    assert "fadd <8 x float>" in text and "extractelement" not in text
+    a = random(rng, dtype, N * 8).reshape(N, 8)
+    out = np.empty_like(a)
+    call(JITModule(text, host_cpu(), 3), f, [a, out])
+    with np.errstate(all="ignore"):
+        half = (a.astype(np.float32) * np.float32(0.5)).astype(dtype.np)
+        ref = (a.astype(np.float32) + half.astype(np.float32)).astype(dtype.np)
+    assert_same(out, ref)
+
+
 def test_module_with_several_kernels_and_entry(rng):
     """`add_entry` chains kernels through external slots and arena offsets."""
     x, t, y = (L.Buffer(n, T.float32, (N,)) for n in ("x", "t", "y"))
