@@ -236,11 +236,14 @@ def _blocked(update, into: L.Buffer, count: int, block: int, start: L.Expr | Non
     partial = L.Buffer(f"{into.name}_b{k}", into.dtype, into.shape, L.Scope.LOCAL)
     lanes = into.shape[0].value
     here = b * size if start is None else start + b * size
+
+    def each_lane(store, kind=L.ForKind.SERIAL):
+        return store(L.const(0)) if lanes == 1 else L.For(lane, lanes, store(lane), kind)
+
     inner = L.Allocate(partial, L.seq(
-        L.For(lane, lanes, L.Store(partial, (lane,), L.const(0.0, into.dtype))),
+        each_lane(lambda i: L.Store(partial, (i,), L.const(0.0, into.dtype))),
         _blocked(update, partial, size, block, here, names),
-        L.For(lane, lanes, L.Store(into, (lane,), into[lane] + partial[lane]),
-              L.ForKind.VECTORIZED)))
+        each_lane(lambda i: L.Store(into, (i,), into[i] + partial[i]), L.ForKind.VECTORIZED)))
     stmts = [L.For(b, blocks, inner)]
     if rest:
         after = blocks * size
@@ -274,7 +277,10 @@ def _block_outer_sum(n, block: int):
         step = r if start is None else start + r
         return L.For(r, count, _rename_buffer(L.substitute(n.body, {n.var: step}), acc, part))
 
-    per_block = max(2, block // adds)
+    # iterations a block: the fewest blocks of at most `block` additions, all of one size
+    # where the extent allows (a tail is one more copy of the body)
+    blocks = -(-n.extent.value * adds // block)
+    per_block = max(2, -(-n.extent.value // blocks))
     return L.Allocate(into, L.seq(
         L.Store(into, (L.const(0),), L.const(0.0, T.float32)),
         _blocked(update, into, n.extent.value, per_block, None, itertools.count()),
