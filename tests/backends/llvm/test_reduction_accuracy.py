@@ -22,11 +22,12 @@ BLOCK = 128        # elements a lane sums per block (schedules.REDUCE_BLOCK)
 
 def _depth(n: int) -> int:
     """Most roundings on the way of one element into a blocked sum of n elements: at most
-    BLOCK per level of blocks, log_BLOCK(n) levels (more for the outer axes of a multi-axis
-    sum: at most one level per 2**7), plus the fold of up to 16 lanes, a tail of up to 15,
-    and the 64 chunks of a single-output sum. The sum's error is at most depth * u * sum|x|
-    (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., 4.2); a sequential
-    sum has depth n (n / 8 with 8 lanes: 4096 for a row of 32768)."""
+    BLOCK per level of blocks and ceil(log_BLOCK(n)) levels, plus the fold of up to 16 lanes,
+    a tail of up to 15, and the 64 chunks of a single-output sum (the [512, 512] planes of
+    the two-axis case take 64 in a lane, 128 in a block of rows, 16 + 2 + 1 above: 211).
+    The sum's error is at most depth * u * sum|x| (Higham, Accuracy and Stability of
+    Numerical Algorithms, 2nd ed., 4.2); a sequential sum has depth n (n / 8 with 8 lanes:
+    4096 for a row of 32768)."""
     return BLOCK * math.ceil(math.log(n, BLOCK)) + 16 + 15 + 64
 
 
@@ -198,12 +199,15 @@ def test_long_reduction_is_accurate(results, name):
 
 
 def test_blocked_sum_stays_vectorised():
-    """The block's inner loop is still one vector add an iteration in the optimised IR."""
+    """The block's inner loop is a vectorised loop over the lanes adding into the block's
+    partial result, rendered as vector adds."""
     import dnnc
 
     op, attrs, make, shape, dtype = CASES["mean_constant_2e18"]
     model = dnnc.compile(_model(op, attrs, shape, dtype).SerializeToString(), "llvm")
     model(make(np.random.default_rng(0), shape, dtype))
+    assert re.search(r"# vectorized\n\s+(\w+_b\d+)\[\w+\] = \1\[\w+\] \+ v_x\[",
+                     model.source("loop"))
     assert re.search(r"fadd <\d+ x float>", model.source("llvm-ir"))
 
 
