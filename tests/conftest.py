@@ -1,5 +1,24 @@
-"""Test-wide settings: every compile verifies the graph after each pass."""
+"""Test-wide settings: every compile verifies the graph after each pass; random inputs come from
+the `rng` fixture, seeded per test so that a failure reproduces."""
 
 import os
+import zlib
+
+import numpy as np
+import pytest
 
 os.environ.setdefault("DNNC_VERIFY", "1")
+
+SEED = int(os.environ.get("DNNC_TEST_SEED", "0"))
+"""The session's seed; set DNNC_TEST_SEED to draw other inputs (the header shows it)."""
+
+
+def pytest_report_header(config):
+    return f"dnnc test seed: {SEED} (DNNC_TEST_SEED)"
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A generator seeded by the session seed and the test's id: the same inputs whether the
+    test runs alone or in the suite, in any order."""
+    return np.random.default_rng([SEED, zlib.crc32(request.node.nodeid.encode())])

@@ -353,7 +353,7 @@ def store_index(kernel: Kernel):
     maps = []
     for n in layout_tail(kernel):
         rule = STORE_REMAPS.get(n.op)
-        shapes = [_static(n.inputs[0].type.shape), _static(n.outputs[0].type.shape)]
+        shapes = [L.static_shape(n.inputs[0].type.shape), L.static_shape(n.outputs[0].type.shape)]
         if rule is None or None in shapes:
             return None
         maps.append((rule, n, *shapes))
@@ -365,10 +365,6 @@ def store_index(kernel: Kernel):
         return index
 
     return apply
-
-
-def _static(shape) -> tuple[int, ...] | None:
-    return tuple(shape) if all(isinstance(d, int) for d in shape) else None
 
 
 def _transpose_index(node: Node, in_shape, out_shape, index) -> tuple:

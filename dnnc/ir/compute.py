@@ -4,7 +4,7 @@ A `Tensor` is a named n-d array defined either as a placeholder (a kernel input)
 expression over its output index variables (`compute(shape, fn)`), with reductions over
 `reduce_axis`es. Reading a tensor (`t[i, j]`) is a `Load` of its buffer, so lowering can inline
 a producer's expression into its consumer or materialise it, and the expression language is the
-operator IR's own (`ir/loop.py`). Stages beyond the outputs (softmax's row max and sum) are
+operator IR's own (`ir/loop/`). Stages beyond the outputs (softmax's row max and sum) are
 ordinary Tensors that lowering materialises.
 
 `evaluate(tensors, feeds)` interprets a compute DAG with NumPy, vectorised over whole index

@@ -83,6 +83,13 @@ _BY_NAME = {d.name: d for d in ALL_DTYPES}
 _BY_NUMPY = {d.np: d for d in ALL_DTYPES}
 
 
+def static_shape(shape) -> tuple[int, ...] | None:
+    """`shape` as ints when every dim is known (an int), None when any is symbolic. The one
+    static-shape test: the loop IR's `static_shape` maps its constant dims onto it."""
+    shape = tuple(shape)
+    return shape if all(isinstance(d, int) for d in shape) else None
+
+
 @dataclass(frozen=True)
 class TensorType:
     """A tensor's element type and shape; shape entries are ints or symbolic names."""
@@ -99,7 +106,7 @@ class TensorType:
 
     @property
     def is_static(self) -> bool:
-        return all(isinstance(d, int) for d in self.shape)
+        return static_shape(self.shape) is not None
 
     @property
     def numel(self) -> int | None:

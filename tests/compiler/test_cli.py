@@ -107,10 +107,9 @@ def test_inspect_ir_prints_the_graph(tmp_path, capsys):
     assert ir in out and ir.startswith("graph mlp(") and "= Gemm(" in ir
 
 
-def test_conv_flops():
+def test_conv_flops(rng):
     n, cin, cout, k, size, group = 2, 8, 12, 3, 10, 4
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], group=group)
-    rng = np.random.default_rng()
     graph = helper.make_graph(
         [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                       [n, cin, size, size])],

@@ -45,9 +45,8 @@ def _run_ort(path, args):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_exported_trace_runs_in_onnxruntime(name, tmp_path):
+def test_exported_trace_runs_in_onnxruntime(rng, name, tmp_path):
     fn, make = MODELS[name]
-    rng = np.random.default_rng()
     graph = dnnc.trace(fn, *make(rng))
     path = tmp_path / f"{name}.onnx"
     model = dnnc.export_onnx(graph, path)
@@ -61,12 +60,11 @@ def test_exported_trace_runs_in_onnxruntime(name, tmp_path):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
-def test_export_keeps_dtypes_casts_and_integer_indices(tmp_path):
+def test_export_keeps_dtypes_casts_and_integer_indices(rng, tmp_path):
     def fn(x, ids):
         picked = x[ids]                       # Gather by a traced int64 array
         return (picked * 2).astype(np.float64).sum(axis=1), np.argmax(x, axis=-1)
 
-    rng = np.random.default_rng()
     x, ids = _f32(rng, 6, 4), rng.integers(0, 6, 5)
     path = tmp_path / "dtypes.onnx"
     dnnc.export_onnx(dnnc.trace(fn, x, ids), path)
@@ -77,7 +75,7 @@ def test_export_keeps_dtypes_casts_and_integer_indices(tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
-def test_import_export_round_trip(tmp_path):
+def test_import_export_round_trip(rng, tmp_path):
     from dnnc import zoo
     from dnnc.frontend.onnx import import_onnx
 
@@ -85,7 +83,7 @@ def test_import_export_round_trip(tmp_path):
     graph = import_onnx(source)
     path = tmp_path / "round_trip.onnx"
     dnnc.export_onnx(graph, path)
-    x = np.random.default_rng().standard_normal((2, 12), dtype=np.float32)
+    x = rng.standard_normal((2, 12), dtype=np.float32)
     want = _run_ort_model(source, x)
     (got,) = _run_ort(path, [x])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -96,10 +94,10 @@ def _run_ort_model(model, x):
     return session.run(None, {session.get_inputs()[0].name: x})[0]
 
 
-def test_internal_ops_are_refused_by_name():
+def test_internal_ops_are_refused_by_name(rng):
     g = Graph("packed")
     x = g.add_input("x", T.TensorType(T.float32, (1, 3, 8, 8)))
-    w = np.random.default_rng().standard_normal((4, 3, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     from dnnc.frontend.onnx import constant_value
 
     wp = constant_value("wp", pack_conv_weights(w, 8))
@@ -110,8 +108,8 @@ def test_internal_ops_are_refused_by_name():
     assert isinstance(ExportError("x"), dnnc.errors.DNNCError)
 
 
-def test_compiled_graph_with_packed_weights_is_refused():
-    w = np.random.default_rng().standard_normal((8, 16)).astype(np.float32)
+def test_compiled_graph_with_packed_weights_is_refused(rng):
+    w = rng.standard_normal((8, 16)).astype(np.float32)
     graph = dnnc.trace(lambda x: x @ w, np.ones((4, 8), np.float32))
     dnnc.export_onnx(graph)  # before passes: a MatMul
     compiled = dnnc.compile(graph, "llvm")

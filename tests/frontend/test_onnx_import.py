@@ -87,9 +87,8 @@ def test_initializers_listed_as_inputs_are_constants():
     np.testing.assert_array_equal(out, np.ones((2, 3)) + [1, -2, 3])
 
 
-def test_dynamic_batch_runs_for_any_value_and_checks_inputs():
+def test_dynamic_batch_runs_for_any_value_and_checks_inputs(rng):
     model = dnnc.compile(_add_relu(), target="numpy")
-    rng = np.random.default_rng()
     y = rng.standard_normal(3).astype(np.float32)
     for n in (1, 5, 9):
         x = rng.standard_normal((n, 3)).astype(np.float32)
@@ -115,16 +114,15 @@ def test_symbolic_dim_bound_consistently_across_inputs():
         compiled(np.ones((3, 2), np.float32), np.ones((4, 2), np.float32))
 
 
-def test_old_opset_clip_attributes_become_inputs():
+def test_old_opset_clip_attributes_become_inputs(rng):
     model = _model([helper.make_node("Clip", ["x"], ["r"], min=-0.5, max=0.25)],
                    [_vi("x", [4])], [_vi("r", None)], opset=6)
-    x = np.random.default_rng().standard_normal(4).astype(np.float32)
+    x = rng.standard_normal(4).astype(np.float32)
     np.testing.assert_array_equal(dnnc.compile(model, target="numpy")(x),
                                   np.clip(x, -0.5, 0.25))
 
 
-def test_external_data_and_bytes(tmp_path):
-    rng = np.random.default_rng()
+def test_external_data_and_bytes(rng, tmp_path):
     w = rng.standard_normal((64, 64)).astype(np.float32)
     init = onnx.numpy_helper.from_array(w, "w")
     model = _model([helper.make_node("Add", ["x", "w"], ["r"])],

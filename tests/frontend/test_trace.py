@@ -14,10 +14,6 @@ from traced_models import (attention, batchnorm, f32 as _f32, layernorm,
 TARGETS = ("numpy", "llvm")
 
 
-def _rng():
-    return np.random.default_rng()  # fresh seed each run
-
-
 MODELS = {
     "softmax": (softmax, lambda r: [_f32(r, 6, 33)]),
     "layernorm": (layernorm, lambda r: [_f32(r, 5, 64), _f32(r, 64), _f32(r, 64)]),
@@ -32,9 +28,8 @@ MODELS = {
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_traced_model_equals_numpy(name, target):
+def test_traced_model_equals_numpy(rng, name, target):
     fn, make = MODELS[name]
-    rng = _rng()
     graph = dnnc.trace(fn, *make(rng))
     model = dnnc.compile(graph, target)
     for _ in range(2):
@@ -45,7 +40,7 @@ def test_traced_model_equals_numpy(name, target):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
-def test_trace_records_registered_ops_and_constants():
+def test_trace_records_registered_ops_and_constants(rng):
     w = np.arange(12, dtype=np.float32).reshape(3, 4)  # closed over: becomes a constant
 
     def fn(x):
@@ -56,7 +51,7 @@ def test_trace_records_registered_ops_and_constants():
     assert [v.name for v in graph.inputs] == ["x"]
     (const,) = graph.constants()
     np.testing.assert_array_equal(const.const, w)
-    x = _f32(_rng(), 2, 3)
+    x = _f32(rng, 2, 3)
     np.testing.assert_allclose(dnnc.compile(graph)(x), fn(x), rtol=1e-6)
 
 
@@ -126,9 +121,8 @@ DTYPE_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(DTYPE_CASES))
-def test_numpy_dtype_rules(case):
+def test_numpy_dtype_rules(rng, case):
     fn, dtype = DTYPE_CASES[case]
-    rng = _rng()
     x = rng.random(3, dtype=np.float32)
     i = rng.integers(1, 100, 3, dtype=np.int32)
     want = np.asarray(fn(x, i))
@@ -174,20 +168,19 @@ INDEXING = [
 
 
 @pytest.mark.parametrize("k", range(len(INDEXING)))
-def test_indexing(k):
+def test_indexing(rng, k):
     fn = INDEXING[k]
-    x = _f32(_rng(), 4, 5, 3)
+    x = _f32(rng, 4, 5, 3)
     graph = dnnc.trace(fn, x)
-    x = _f32(_rng(), 4, 5, 3)
+    x = _f32(rng, 4, 5, 3)
     for target in TARGETS:
         np.testing.assert_array_equal(dnnc.compile(graph, target)(x), fn(x))
 
 
-def test_indexing_by_a_traced_integer_array():
+def test_indexing_by_a_traced_integer_array(rng):
     def fn(table, ids):
         return table[ids] * 2.0, table[ids, 1:3], table[ids, ids % 4], table[-ids - 1]
 
-    rng = _rng()
     table, ids = _f32(rng, 10, 4), rng.integers(0, 10, (3, 2))
     graph = dnnc.trace(fn, table, ids)
     table, ids = _f32(rng, 10, 4), rng.integers(0, 10, (3, 2))
@@ -244,9 +237,8 @@ FUNCTIONS = {
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 @pytest.mark.parametrize("target", TARGETS)
-def test_numpy_functions(name, target):
+def test_numpy_functions(rng, name, target):
     fn = FUNCTIONS[name]
-    rng = _rng()
     graph = dnnc.trace(fn, _f32(rng, 4, 5, 3))
     x = _f32(rng, 4, 5, 3)
     want = fn(x)
@@ -262,10 +254,10 @@ def test_numpy_functions(name, target):
 # -- fusion: nervanagpu's variance as one kernel -----------------------------------------------
 
 
-def test_variance_compiles_to_one_kernel():
+def test_variance_compiles_to_one_kernel(rng):
     """Both reductions and the elementwise work between them in one kernel (the mean is a
     scratch stage of the variance's kernel), as nervanagpu compiles it."""
-    x = _f32(_rng(), 64, 256)
+    x = _f32(rng, 64, 256)
     model = dnnc.compile(dnnc.trace(variance, x), "llvm")
     assert [n.op for n in model.graph.nodes].count("ReduceMean") == 2
     assert model.stats["kernels"] == 1
@@ -273,14 +265,13 @@ def test_variance_compiles_to_one_kernel():
 
 
 @pytest.mark.parametrize("name", ["softmax", "layernorm", "batchnorm"])
-def test_traced_normalisations_fuse_their_reductions(name):
+def test_traced_normalisations_fuse_their_reductions(rng, name):
     """Reductions fuse with each other and with the elementwise work reading them (softmax is
     recognised as one op first): at most two kernels where level 0 runs one per op, and the
     results still equal NumPy's."""
     fn, shapes = {"softmax": (softmax, [(32, 100)]),
                   "layernorm": (layernorm, [(32, 100), (100,), (100,)]),
                   "batchnorm": (batchnorm, [(64, 20), (20,), (20,)])}[name]
-    rng = _rng()
     args = [_f32(rng, *s) for s in shapes]
     graph = dnnc.trace(fn, *args)
     model = dnnc.compile(graph, "llvm")
@@ -293,7 +284,7 @@ def test_traced_normalisations_fuse_their_reductions(name):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_jit_compiles_once_per_signature(monkeypatch, target):
+def test_jit_compiles_once_per_signature(rng, monkeypatch, target):
     compiles = []
     real_compile = driver.compile
 
@@ -309,7 +300,6 @@ def test_jit_compiles_once_per_signature(monkeypatch, target):
         traced.append(x.shape)
         return np.tanh(x) * y + 1.0, x.sum(axis=0)
 
-    rng = _rng()
     for shape in [(3, 4), (3, 4), (3, 4), (5, 4), (3, 4), (5, 4)]:
         x, y = _f32(rng, *shape), _f32(rng, shape[-1])
         got = f(x, y)
@@ -322,12 +312,12 @@ def test_jit_compiles_once_per_signature(monkeypatch, target):
     assert len(compiles) == 3
 
 
-def test_jit_without_parentheses_and_static_arguments():
+def test_jit_without_parentheses_and_static_arguments(rng):
     @dnnc.jit
     def scale(x, k):
         return x * k
 
-    x = _f32(_rng(), 6)
+    x = _f32(rng, 6)
     np.testing.assert_allclose(scale(x, 2), x * 2, rtol=1e-6)
     np.testing.assert_allclose(scale(x, 3), x * 3, rtol=1e-6)
     assert scale.compiles == 2  # a Python argument is part of the signature

@@ -24,8 +24,7 @@ def _softmax(x):
     return compute((n, c), lambda i, j: e[i, j] / s[i], "softmax")
 
 
-def test_multi_stage_softmax_with_symbolic_batch():
-    rng = np.random.default_rng()
+def test_multi_stage_softmax_with_symbolic_batch(rng):
     x = placeholder("x", T.float32, ("N", 10))
     y = _softmax(x)
     assert [t.name for t in producers(y)] == ["e", "rowsum"]
@@ -35,8 +34,7 @@ def test_multi_stage_softmax_with_symbolic_batch():
     np.testing.assert_allclose(out, ref / ref.sum(1, keepdims=True), rtol=1e-6)
 
 
-def test_matmul_reduction():
-    rng = np.random.default_rng()
+def test_matmul_reduction(rng):
     a, b = rng.standard_normal((3, 7)), rng.standard_normal((7, 5))
     x, w = placeholder("x", T.float64, (3, 7)), placeholder("w", T.float64, (7, 5))
     r = reduce_axis(7)
@@ -44,9 +42,8 @@ def test_matmul_reduction():
     np.testing.assert_allclose(evaluate([y], {"x": a, "w": b})[0], a @ b, rtol=1e-12)
 
 
-def test_conditional_reduction_is_a_padded_window():
+def test_conditional_reduction_is_a_padded_window(rng):
     """1-D max pool, kernel 3, pad 1: out-of-range taps are filtered by the condition."""
-    rng = np.random.default_rng()
     a = rng.standard_normal(9).astype(np.float32)
     x = placeholder("x", T.float32, (9,))
     r = reduce_axis(3, "r")
@@ -58,7 +55,7 @@ def test_conditional_reduction_is_a_padded_window():
     np.testing.assert_array_equal(evaluate([y], {"x": a})[0], expected)
 
 
-def test_select_cast_and_empty_reduction():
+def test_select_cast_and_empty_reduction(rng):
     x = placeholder("x", T.int32, (4, 0))
     r = reduce_axis(0)
     s = compute((4,), lambda i: reduce_sum(x[i, r], r))
@@ -66,7 +63,7 @@ def test_select_cast_and_empty_reduction():
                                   np.zeros(4, np.int32))
     v = placeholder("v", T.float32, (5,))
     relu = compute((5,), lambda i: Select(v[i] > 0.0, v[i], const(0.0)), dtype=T.float16)
-    a = np.random.default_rng().standard_normal(5).astype(np.float32)
+    a = rng.standard_normal(5).astype(np.float32)
     out = evaluate([relu], {"v": a})[0]
     assert out.dtype == np.float16
     np.testing.assert_array_equal(out, np.maximum(a, 0).astype(np.float16))

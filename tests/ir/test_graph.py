@@ -66,8 +66,8 @@ def test_bad_arity_and_attributes_are_clear_errors():
         g.add("Add", x, y)
 
 
-def test_graph_compiles_for_numpy_target():
+def test_graph_compiles_for_numpy_target(rng):
     g, *_ = _small_graph()
     model = dnnc.compile(g, target="numpy")
-    x = np.random.default_rng().standard_normal((5, 4)).astype(np.float32)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
     np.testing.assert_allclose(model(x), np.maximum(x + np.arange(4, dtype=np.float32), 0))

@@ -13,7 +13,8 @@ from dnnc.ir import types as T
 from dnnc.ir.loop import (
     Allocate, Barrier, BinOp, Bounds, Buffer, Cast, Const, For, ForKind, If, Let, Load,
     LoopIRError, PrimFunc, Reduce, IterVar, Scope, Select, Store, Var, call, const, eq,
-    free_vars, maximum, minimum, seq, simplify, simplify_expr, structural_equal, verify)
+    free_vars, maximum, minimum, seq, simplify, simplify_expr, static_shape, structural_equal,
+    verify)
 
 i, j, k, n = Var("i"), Var("j"), Var("k"), Var("n")
 
@@ -76,6 +77,12 @@ def test_structural_equality_ignores_bound_variable_names():
         f.params[1], (i, j), call("log", f.params[0][i, j])), ForKind.VECTORIZED),
         ForKind.PARALLEL), (n,))
     assert not structural_equal(other, f)
+
+
+def test_static_shape_of_buffer_and_graph_dims():
+    assert static_shape(Buffer("A", T.float32, (4, 16)).shape) == (4, 16)
+    assert static_shape(Buffer("A", T.float32, (n, 16)).shape) is None
+    assert static_shape((4, "N")) is None and static_shape((4, 5)) == (4, 5)
 
 
 def test_free_vars():

@@ -92,7 +92,7 @@ def test_light_model_logits_match_onnxruntime(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_light_model_on_llvm_matches_onnxruntime(name):
+def test_light_model_on_llvm_matches_onnxruntime(rng, name):
     """The llvm target, no host fallbacks, on a fresh random input: every output and the
     logits (the final Softmax's input) equal onnxruntime's (rtol 1e-4, atol 1e-5)."""
     ort = pytest.importorskip("onnxruntime")
@@ -102,7 +102,6 @@ def test_light_model_on_llvm_matches_onnxruntime(name):
         model.graph.output.append(helper.make_tensor_value_info(
             last.input[0], onnx.TensorProto.FLOAT, None))
     initializers = {t.name for t in model.graph.initializer}
-    rng = np.random.default_rng()
     feeds = {vi.name: rng.standard_normal(runner_input(vi).shape).astype(np.float32)
              for vi in model.graph.input if vi.name not in initializers}
     options = ort.SessionOptions()

@@ -79,7 +79,7 @@ def _export(model, example, dynamic, path, dynamo):
     ("convnet", lambda: _randomize_bn(ConvNet()), (2, 3, 16, 16), {0: "batch"},
      [(1, 3, 16, 16), (3, 3, 16, 16)]),
 ])
-def test_exported_model_matches_torch(tmp_path, name, make, example_shape, dynamic,
+def test_exported_model_matches_torch(rng, tmp_path, name, make, example_shape, dynamic,
                                       run_shapes, dynamo):
     torch.manual_seed(0)
     model = make()
@@ -89,7 +89,6 @@ def test_exported_model_matches_torch(tmp_path, name, make, example_shape, dynam
     # dynamic axes stay symbolic: no dim of the output is fixed to the example's size
     out_shape = compiled.output_types[0].shape
     assert isinstance(out_shape[0], str), compiled
-    rng = np.random.default_rng()
     for shape in run_shapes:
         x = rng.standard_normal(shape).astype(np.float32)
         with torch.no_grad():

@@ -12,8 +12,7 @@ from dnnc.passes.convert_layout import convert_layout
 CPU = Target("llvm", vector_bits=256)
 
 
-def _graph(op, b_const=True, **attrs):
-    rng = np.random.default_rng()
+def _graph(rng, op, b_const=True, **attrs):
     g = Graph("g")
     a = g.add_input("a", T.TensorType(T.float32, (5, 7)))
     shape = (11, 7) if attrs.get("transB") else (7, 11)
@@ -28,9 +27,9 @@ def _graph(op, b_const=True, **attrs):
 
 @pytest.mark.parametrize("op, attrs", [("MatMul", {}), ("Gemm", {}),
                                        ("Gemm", {"transB": 1, "alpha": 0.5, "beta": 2.0})])
-def test_constant_weights_are_packed_and_results_kept(op, attrs):
-    g = _graph(op, **attrs)
-    x = np.random.default_rng().standard_normal((5, 7)).astype(np.float32)
+def test_constant_weights_are_packed_and_results_kept(rng, op, attrs):
+    g = _graph(rng, op, **attrs)
+    x = rng.standard_normal((5, 7)).astype(np.float32)
     before = dnnc.compile(g, target="numpy").run(x)[0]
     assert convert_layout(g, CPU) == 1
     g.verify()
@@ -41,14 +40,13 @@ def test_constant_weights_are_packed_and_results_kept(op, attrs):
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_variable_weights_and_transposed_a_are_left_alone():
-    assert convert_layout(_graph("MatMul", b_const=False), CPU) == 0
-    assert convert_layout(_graph("Gemm", transA=0, b_const=False), CPU) == 0
-    assert convert_layout(_graph("MatMul"), Target("numpy")) == 0
+def test_variable_weights_and_transposed_a_are_left_alone(rng):
+    assert convert_layout(_graph(rng, "MatMul", b_const=False), CPU) == 0
+    assert convert_layout(_graph(rng, "Gemm", transA=0, b_const=False), CPU) == 0
+    assert convert_layout(_graph(rng, "MatMul"), Target("numpy")) == 0
 
 
-def _matmul_bias(bias_shape, a_shape=(2, 5, 7), extra_use=False, const_bias=True):
-    rng = np.random.default_rng()
+def _matmul_bias(rng, bias_shape, a_shape=(2, 5, 7), extra_use=False, const_bias=True):
     g = Graph("g")
     a = g.add_input("a", T.TensorType(T.float32, a_shape))
     b = Value("b", T.TensorType(T.float32, (7, 11)),
@@ -62,9 +60,9 @@ def _matmul_bias(bias_shape, a_shape=(2, 5, 7), extra_use=False, const_bias=True
 
 
 @pytest.mark.parametrize("bias_shape", [(11,), (1, 1, 11), (1,), ()])
-def test_an_nd_matmul_takes_its_bias_add_into_the_packed_op(bias_shape):
-    g = _matmul_bias(bias_shape)
-    x = np.random.default_rng().standard_normal((2, 5, 7)).astype(np.float32)
+def test_an_nd_matmul_takes_its_bias_add_into_the_packed_op(rng, bias_shape):
+    g = _matmul_bias(rng, bias_shape)
+    x = rng.standard_normal((2, 5, 7)).astype(np.float32)
     before = dnnc.compile(g, target="numpy", opt_level=0).run(x)[0]
     assert convert_layout(g, CPU) == 1
     g.verify()
@@ -76,17 +74,16 @@ def test_an_nd_matmul_takes_its_bias_add_into_the_packed_op(bias_shape):
     assert "fma(" in compiled.runtime.source("loop")      # the dense template, bias included
 
 
-def test_a_bias_that_is_not_over_the_last_axis_stays_an_add():
-    for g in (_matmul_bias((5, 11)), _matmul_bias((2, 1, 11)), _matmul_bias((11,), extra_use=True),
-              _matmul_bias((11,), const_bias=False)):
+def test_a_bias_that_is_not_over_the_last_axis_stays_an_add(rng):
+    for g in (_matmul_bias(rng, (5, 11)), _matmul_bias(rng, (2, 1, 11)),
+              _matmul_bias(rng, (11,), extra_use=True), _matmul_bias(rng, (11,), const_bias=False)):
         assert convert_layout(g, CPU) == 1
         g.verify()
         assert [n.op for n in g.nodes] == ["MatMulPacked", "Add", "Relu"]
         assert len(g.nodes[0].inputs) == 2
 
 
-def _conv_graph(group=1, w_const=True, c=6, oc=20):
-    rng = np.random.default_rng()
+def _conv_graph(rng, group=1, w_const=True, c=6, oc=20):
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (2, c, 9, 8)))
     shape = (oc, c // group, 3, 3)
@@ -100,15 +97,15 @@ def _conv_graph(group=1, w_const=True, c=6, oc=20):
 
 
 @pytest.mark.parametrize("use_template", [True, False])
-def test_constant_conv_weights_are_packed_in_channel_blocks(monkeypatch, use_template):
+def test_constant_conv_weights_are_packed_in_channel_blocks(rng, monkeypatch, use_template):
     """ConvPacked keeps Conv's meaning through its reference, its template and, without the
     template, its compute rule (which unpacks the weights inside the loads)."""
     from dnnc.backends.llvm import schedules
 
     if not use_template:
         monkeypatch.delitem(schedules.TEMPLATES, "ConvPacked")
-    g = _conv_graph()
-    x = np.random.default_rng().standard_normal((2, 6, 9, 8)).astype(np.float32)
+    g = _conv_graph(rng)
+    x = rng.standard_normal((2, 6, 9, 8)).astype(np.float32)
     before = dnnc.compile(g, target="numpy").run(x)[0]
     assert convert_layout(g, CPU) == 1
     g.verify()
@@ -121,15 +118,15 @@ def test_constant_conv_weights_are_packed_in_channel_blocks(monkeypatch, use_tem
             assert ("acc = alloc" in compiled.source("loop")) == use_template
 
 
-def test_grouped_convs_and_variable_conv_weights_are_left_alone():
-    assert convert_layout(_conv_graph(group=2), CPU) == 0
-    assert convert_layout(_conv_graph(group=6, oc=6), CPU) == 0
-    assert convert_layout(_conv_graph(w_const=False), CPU) == 0
+def test_grouped_convs_and_variable_conv_weights_are_left_alone(rng):
+    assert convert_layout(_conv_graph(rng, group=2), CPU) == 0
+    assert convert_layout(_conv_graph(rng, group=6, oc=6), CPU) == 0
+    assert convert_layout(_conv_graph(rng, w_const=False), CPU) == 0
 
 
-def test_a_conv_of_at_most_one_vector_of_channels_is_packed_one_vector_wide():
-    g = _conv_graph(oc=8)
-    x = np.random.default_rng().standard_normal((2, 6, 9, 8)).astype(np.float32)
+def test_a_conv_of_at_most_one_vector_of_channels_is_packed_one_vector_wide(rng):
+    g = _conv_graph(rng, oc=8)
+    x = rng.standard_normal((2, 6, 9, 8)).astype(np.float32)
     before = dnnc.compile(g, target="numpy").run(x)[0]
     assert convert_layout(g, CPU) == 1
     assert g.nodes[0].inputs[1].type.shape == (1, 6, 3, 3, 8)     # 8 lanes, not 16

@@ -31,13 +31,13 @@ def _names(groups):
     return [[n.name for n in group] for group in groups]
 
 
-def test_conv_takes_its_elementwise_epilogue():
-    g = _conv_block(np.random.default_rng())
+def test_conv_takes_its_elementwise_epilogue(rng):
+    g = _conv_block(rng)
     assert _names(fusion_groups(g.nodes, set())) == [["conv", "relu", "residual", "relu6"]]
 
 
-def test_a_value_read_outside_the_group_ends_it():
-    g = _conv_block(np.random.default_rng(), residual_read_twice=True)
+def test_a_value_read_outside_the_group_ends_it(rng):
+    g = _conv_block(rng, residual_read_twice=True)
     needed = {id(v) for v in g.outputs}
     assert _names(fusion_groups(g.nodes, needed)) == [["conv"], ["relu", "residual", "relu6"]]
 
@@ -54,8 +54,7 @@ def test_a_value_with_two_readers_is_not_fused_into_either():
     assert sum(len(gr) for gr in groups) == 4
 
 
-def test_fused_kernels_match_the_reference():
-    rng = np.random.default_rng()
+def test_fused_kernels_match_the_reference(rng):
     g = _conv_block(rng)
     x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
     want = dnnc.compile(g, target="numpy").run(x)[0]
@@ -67,10 +66,9 @@ def test_fused_kernels_match_the_reference():
     np.testing.assert_allclose(unfused.run(x)[0], want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_fused_cast_changes_the_stored_type_safely():
+def test_a_fused_cast_changes_the_stored_type_safely(rng):
     """MatMul (float32) + Cast(float16): the template's output has the group's type, and a
     reduction long enough to be split in k still sums in float32 before the one cast."""
-    rng = np.random.default_rng()
     g = Graph("g")
     a = g.add_input("a", T.TensorType(T.float32, (2, 7, 600)))
     b = Value("b", T.TensorType(T.float32, (600, 20)),
@@ -119,7 +117,7 @@ def _check_llvm(g, kernels, *arrays, rtol=1e-5, atol=1e-5):
         np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol)
 
 
-def test_injective_and_elementwise_ops_form_one_loop_nest():
+def test_injective_and_elementwise_ops_form_one_loop_nest(rng):
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (4, 6)))
     t = g.add("Transpose", x, perm=[1, 0], name="transpose")
@@ -127,12 +125,11 @@ def test_injective_and_elementwise_ops_form_one_loop_nest():
     y = g.add("Relu", r, name="relu")
     g.outputs = [g.add("Add", y, _const("b", np.ones(4, np.float32)), name="add")]
     assert _groups(g) == [["transpose", "reshape", "relu", "add"]]
-    _check_llvm(g, 1, np.random.default_rng().standard_normal((4, 6)).astype(np.float32))
+    _check_llvm(g, 1, rng.standard_normal((4, 6)).astype(np.float32))
 
 
-def test_a_reduction_takes_its_elementwise_producers():
+def test_a_reduction_takes_its_elementwise_producers(rng):
     """Add(mask) -> ReduceMax: the add is computed where the reduction reads it."""
-    rng = np.random.default_rng()
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (2, 8, 16)))
     m = g.add_input("m", T.TensorType(T.float32, (1, 1, 16)))
@@ -144,10 +141,9 @@ def test_a_reduction_takes_its_elementwise_producers():
                 rng.standard_normal((1, 1, 16)).astype(np.float32))
 
 
-def test_a_reduction_read_by_another_joins_it():
+def test_a_reduction_read_by_another_joins_it(rng):
     """mean -> (x - mean)^2 -> mean: the first mean is a scratch stage of the variance's
     kernel; a mean read outside (also a graph output) stays a group of its own."""
-    rng = np.random.default_rng()
     for keep_mean in (False, True):
         g = Graph("g")
         x = g.add_input("x", T.TensorType(T.float32, (6, 50)))
@@ -195,10 +191,9 @@ def test_opaque_ops_stay_alone():
 
 
 @pytest.mark.parametrize("op", ["Softmax", "LayerNormalization"])
-def test_softmax_and_layer_norm_take_their_producers(op):
+def test_softmax_and_layer_norm_take_their_producers(rng, op):
     """Softmax and LayerNormalization are reductions: the mask or residual Add (and a
     Gather feeding it, as BERT's embeddings) is computed where they read it."""
-    rng = np.random.default_rng()
     g = Graph("g")
     table = _const("table", rng.standard_normal((10, 16)).astype(np.float32))
     ids = g.add_input("ids", T.TensorType(T.int64, (2, 5)))
@@ -232,11 +227,10 @@ def _heads(perm, heads=2, size=16):
 
 
 @pytest.mark.parametrize("heads,size", [(2, 16), (2, 64), (3, 40)])
-def test_a_matmul_stores_through_its_layout_tail(heads, size):
+def test_a_matmul_stores_through_its_layout_tail(rng, heads, size):
     """BERT's Q/K/V: MatMul, bias, Reshape to heads, Transpose: one kernel, the dense template
     writing each element where the transposed layout wants it (heads of 64 columns hold
     whole panels, stored a vector at a time; 16 and 40 split panels)."""
-    rng = np.random.default_rng()
     for perm in ([0, 2, 1, 3], [0, 2, 3, 1]):
         g, x = _dense_graph(rng, _heads(perm, heads, size), n=heads * size)
         remaps = {"MatMul": frozenset({"Reshape", "Transpose"})}
@@ -245,9 +239,8 @@ def test_a_matmul_stores_through_its_layout_tail(heads, size):
         _check_llvm(g, 1, x, rtol=1e-4, atol=1e-4)
 
 
-def test_a_layout_tail_after_a_batched_matmul():
+def test_a_layout_tail_after_a_batched_matmul(rng):
     """BERT's context: batched MatMul, Transpose back, Reshape to [1, seq, hidden]."""
-    rng = np.random.default_rng()
     g = Graph("g")
     p = g.add_input("p", T.TensorType(T.float32, (1, 2, 24, 24)))
     v = g.add_input("v", T.TensorType(T.float32, (1, 2, 24, 16)))
@@ -261,10 +254,9 @@ def test_a_layout_tail_after_a_batched_matmul():
                 rng.standard_normal((1, 2, 24, 16)).astype(np.float32), rtol=1e-4, atol=1e-4)
 
 
-def test_an_epilogue_may_read_a_value_twice_inside_the_group():
+def test_an_epilogue_may_read_a_value_twice_inside_the_group(rng):
     """GELU as exporters write it reads h twice (Div and Mul); both reads are inside the
     group, so h never leaves the registers."""
-    rng = np.random.default_rng()
 
     def gelu(g, h):
         e = g.add("Erf", g.add("Div", h, _const("sqrt2", np.float32(2 ** 0.5)), name="div"),
@@ -281,8 +273,7 @@ def test_an_epilogue_may_read_a_value_twice_inside_the_group():
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_matmul_read_by_two_groups_is_computed_once():
-    rng = np.random.default_rng()
+def test_a_matmul_read_by_two_groups_is_computed_once(rng):
     g, x = _dense_graph(rng, lambda g, y: g.add("Relu", y, name="relu"))
     mm = g.outputs[0].producer.inputs[0]   # the bias add's value, read by relu and neg too
     g.outputs = g.outputs + [g.add("Neg", mm, name="neg")]
@@ -290,10 +281,9 @@ def test_a_matmul_read_by_two_groups_is_computed_once():
     _check_llvm(g, 3, x, rtol=1e-4, atol=1e-4)
 
 
-def test_no_group_makes_the_order_cyclic():
+def test_no_group_makes_the_order_cyclic(rng):
     """m -> relu -> matmul2 -> add <- relu: adding `add` to m's group would need matmul2
     both after and before that group."""
-    rng = np.random.default_rng()
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (8, 8)))
     w1 = _const("w1", rng.standard_normal((8, 8)).astype(np.float32))

@@ -34,8 +34,7 @@ def _run(g, feeds):
     return dnnc.compile(g, target="numpy").run(*feeds)
 
 
-def test_batch_norm_folds_into_the_conv_before_it():
-    rng = np.random.default_rng()
+def test_batch_norm_folds_into_the_conv_before_it(rng):
     for bias in (True, False):
         g = _conv_bn(rng, bias=bias)
         x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
@@ -46,8 +45,7 @@ def test_batch_norm_folds_into_the_conv_before_it():
         np.testing.assert_allclose(_run(g, [x])[0], before[0], rtol=1e-5, atol=1e-5)
 
 
-def test_batch_norm_stays_when_it_cannot_fold():
-    rng = np.random.default_rng()
+def test_batch_norm_stays_when_it_cannot_fold(rng):
     assert simplify(_conv_bn(rng, const_stats=False)) == 0      # statistics are inputs
     assert simplify(_conv_bn(rng, extra_use=True)) == 0         # the conv's output is read too
 
@@ -94,10 +92,9 @@ def _ops(g):
     return [n.op for n in g.nodes]
 
 
-def _rewrites_and_keeps_meaning(g, expected_ops, rtol=1e-5, atol=1e-6, opt_levels=(3,)):
+def _rewrites_and_keeps_meaning(rng, g, expected_ops, rtol=1e-5, atol=1e-6, opt_levels=(3,)):
     """simplify `g`; its ops become `expected_ops`, it verifies, and numpy and llvm compile
     it (at `opt_levels`) to the values the graph as built (opt level 0) computes."""
-    rng = np.random.default_rng()
     feeds = _feeds(g, rng)
     before = dnnc.compile(g, target="numpy", opt_level=0).run(*feeds)
     for got, want in zip(dnnc.compile(g, target="llvm", opt_level=0).run(*feeds), before):
@@ -148,14 +145,13 @@ def _dense_bn(rng, op="MatMul", a_shape=(5, 6), const_b=True, const_stats=True,
     ("MatMul", {}), ("Gemm", {}), ("Gemm", {"c_shape": (4,), "alpha": 0.5, "beta": 2.0}),
     ("Gemm", {"c_shape": (5, 4), "transB": 1, "beta": -1.5}),
     ("Gemm", {"c_shape": (1,), "transB": 1})])
-def test_batch_norm_folds_into_the_dense_op_before_it(op, attrs):
-    g = _dense_bn(np.random.default_rng(), op, **attrs)
-    g = _rewrites_and_keeps_meaning(g, ["Gemm"])
+def test_batch_norm_folds_into_the_dense_op_before_it(rng, op, attrs):
+    g = _dense_bn(rng, op, **attrs)
+    g = _rewrites_and_keeps_meaning(rng, g, ["Gemm"])
     assert g.nodes[0].attrs["beta"] == 1.0 and g.nodes[0].inputs[1].const is not None
 
 
-def test_batch_norm_stays_after_a_dense_op_it_cannot_fold_into():
-    rng = np.random.default_rng()
+def test_batch_norm_stays_after_a_dense_op_it_cannot_fold_into(rng):
     _kept(_dense_bn(rng, const_b=False))                # weights are an input
     _kept(_dense_bn(rng, const_stats=False))            # statistics are an input
     _kept(_dense_bn(rng, extra_use=True))               # the product is read too
@@ -168,14 +164,14 @@ def test_batch_norm_stays_after_a_dense_op_it_cannot_fold_into():
 @pytest.mark.parametrize("op, const_first, value", [
     ("Mul", False, 1.0), ("Mul", True, 1.0), ("Add", False, 0.0), ("Add", True, 0.0),
     ("Sub", False, 0.0), ("Div", False, 1.0)])
-def test_neutral_constants_disappear(op, const_first, value):
+def test_neutral_constants_disappear(rng, op, const_first, value):
     for shape in ((), (1,), (3,), (2, 3)):      # every shape broadcasting keeps x's
         g = Graph("g")
         x = _input(g, "x", (2, 3))
         c = _c("c", np.full(shape, value))
         y = g.add(op, *((c, x) if const_first else (x, c)))
         g.outputs = [g.add("Exp", y)]
-        _rewrites_and_keeps_meaning(g, ["Exp"])
+        _rewrites_and_keeps_meaning(rng, g, ["Exp"])
         assert g.nodes[0].inputs[0] is x
 
 
@@ -209,11 +205,11 @@ def test_neutral_op_between_an_input_and_an_output_stays():
     _kept(g)
 
 
-def test_cast_to_its_own_type_disappears_and_a_real_cast_stays():
+def test_cast_to_its_own_type_disappears_and_a_real_cast_stays(rng):
     g = Graph("g")
     x = _input(g, "x", (2, 3))
     g.outputs = [g.add("Exp", g.add("Cast", x, to=T.float32))]
-    _rewrites_and_keeps_meaning(g, ["Exp"])
+    _rewrites_and_keeps_meaning(rng, g, ["Exp"])
     g = Graph("g")
     x = _input(g, "x", (2, 3))
     g.outputs = [g.add("Cast", g.add("Cast", x, to=T.float64), to=T.float32)]
@@ -223,29 +219,29 @@ def test_cast_to_its_own_type_disappears_and_a_real_cast_stays():
 # -- chains merged ---------------------------------------------------------------------------
 
 
-def test_transposes_compose_into_one():
+def test_transposes_compose_into_one(rng):
     g = Graph("g")
     x = _input(g, "x", (2, 3, 4, 5))
     y = g.add("Transpose", x, perm=[0, 2, 1, 3])
     z = g.add("Transpose", y, perm=[3, 0, 2, 1])
     g.outputs = [g.add("Relu", z)]
-    g = _rewrites_and_keeps_meaning(g, ["Transpose", "Relu"])
+    g = _rewrites_and_keeps_meaning(rng, g, ["Transpose", "Relu"])
     assert g.nodes[0].attrs["perm"] == [3, 0, 1, 2] and g.nodes[0].inputs[0] is x
 
 
-def test_transposes_that_cancel_and_an_identity_transpose_disappear():
+def test_transposes_that_cancel_and_an_identity_transpose_disappear(rng):
     g = Graph("g")
     x = _input(g, "x", (2, 3, 4))
     y = g.add("Transpose", x, perm=[1, 2, 0])
     z = g.add("Transpose", y, perm=[2, 0, 1])
     w = g.add("Transpose", g.add("Relu", z), perm=[0, 1, 2])
     g.outputs = [g.add("Exp", w)]
-    g = _rewrites_and_keeps_meaning(g, ["Relu", "Exp"])
+    g = _rewrites_and_keeps_meaning(rng, g, ["Relu", "Exp"])
     assert g.nodes[0].inputs[0] is x
     g = Graph("g")
     x = _input(g, "x", (2, 3))
     g.outputs = [g.add("Relu", g.add("Transpose", g.add("Transpose", x)))]   # default perms
-    _rewrites_and_keeps_meaning(g, ["Relu"])
+    _rewrites_and_keeps_meaning(rng, g, ["Relu"])
 
 
 def test_a_transpose_read_elsewhere_is_not_merged():
@@ -256,7 +252,7 @@ def test_a_transpose_read_elsewhere_is_not_merged():
     _kept(g)
 
 
-def test_reshape_likes_merge_into_one_reshape():
+def test_reshape_likes_merge_into_one_reshape(rng):
     g = Graph("g")
     x = _input(g, "x", (2, 3, 4))
     y = g.add("Reshape", x, _c("s1", [6, 4], np.int64))
@@ -264,16 +260,16 @@ def test_reshape_likes_merge_into_one_reshape():
     y = g.add("Flatten", y, axis=1)
     y = g.add("Squeeze", y, _c("axes2", [0], np.int64))
     g.outputs = [g.add("Relu", g.add("Reshape", y, _c("s2", [4, -1], np.int64)))]
-    g = _rewrites_and_keeps_meaning(g, ["Reshape", "Relu"])
+    g = _rewrites_and_keeps_meaning(rng, g, ["Reshape", "Relu"])
     assert g.nodes[0].inputs[0] is x and g.nodes[0].inputs[1].const.tolist() == [4, 6]
 
 
-def test_a_reshape_to_the_same_shape_disappears():
+def test_a_reshape_to_the_same_shape_disappears(rng):
     g = Graph("g")
     x = _input(g, "x", (2, 3))
     y = g.add("Reshape", g.add("Relu", x), _c("s", [2, -1], np.int64))
     g.outputs = [g.add("Exp", g.add("Squeeze", y))]      # no unit axes: the same shape too
-    _rewrites_and_keeps_meaning(g, ["Relu", "Exp"])
+    _rewrites_and_keeps_meaning(rng, g, ["Relu", "Exp"])
 
 
 def test_reshapes_of_dynamic_shapes_or_read_elsewhere_stay():
@@ -318,20 +314,20 @@ def _gelu_tanh(g, x, cube="mul"):
 
 
 @pytest.mark.parametrize("order", ["torch", "hf", "one_first", "mul_inverse"])
-def test_gelu_erf_form_becomes_one_gelu(order):
+def test_gelu_erf_form_becomes_one_gelu(rng, order):
     g = Graph("g")
     x = g.add("Relu", _input(g, "h", (4, 16)))
     g.outputs = [g.add("Exp", _gelu_erf(g, x, order))]
-    g = _rewrites_and_keeps_meaning(g, ["Relu", "Gelu", "Exp"])
+    g = _rewrites_and_keeps_meaning(rng, g, ["Relu", "Gelu", "Exp"])
     assert g.nodes[1].attrs["approximate"] == "none" and g.nodes[1].inputs[0] is x
 
 
 @pytest.mark.parametrize("cube", ["mul", "pow"])
-def test_gelu_tanh_form_becomes_one_gelu(cube):
+def test_gelu_tanh_form_becomes_one_gelu(rng, cube):
     g = Graph("g")
     x = _input(g, "x", (4, 16))
     g.outputs = [_gelu_tanh(g, x, cube)]
-    g = _rewrites_and_keeps_meaning(g, ["Gelu"])
+    g = _rewrites_and_keeps_meaning(rng, g, ["Gelu"])
     assert g.nodes[0].attrs["approximate"] == "tanh"
 
 
@@ -365,7 +361,7 @@ def test_gelu_like_subgraphs_that_differ_stay():
     _kept(g)
 
 
-def _layer_norm(g, x, axes=(-1,), square="pow", gamma=True, beta=True, eps=1e-5,
+def _layer_norm(rng, g, x, axes=(-1,), square="pow", gamma=True, beta=True, eps=1e-5,
                 second_axes=None):
     axes_v = _c("axes", list(axes), np.int64)
     mean = g.add("ReduceMean", x, axes_v)
@@ -373,7 +369,6 @@ def _layer_norm(g, x, axes=(-1,), square="pow", gamma=True, beta=True, eps=1e-5,
     sq = g.add("Pow", d, _c("two", 2.0)) if square == "pow" else g.add("Mul", d, d)
     var = g.add("ReduceMean", sq, _c("axes2", list(second_axes or axes), np.int64))
     y = g.add("Div", d, g.add("Sqrt", g.add("Add", var, _c("eps", eps))))
-    rng = np.random.default_rng()
     c = x.type.shape[-1]
     if gamma:
         y = g.add("Mul", y, _c("gamma", 1 + 0.1 * rng.standard_normal(c)))
@@ -384,47 +379,47 @@ def _layer_norm(g, x, axes=(-1,), square="pow", gamma=True, beta=True, eps=1e-5,
 
 @pytest.mark.parametrize("square, gamma, beta", [("pow", True, True), ("mul", True, True),
                                                  ("pow", True, False), ("pow", False, False)])
-def test_layer_norm_written_out_becomes_one_op(square, gamma, beta):
+def test_layer_norm_written_out_becomes_one_op(rng, square, gamma, beta):
     g = Graph("g")
     x = _input(g, "x", (2, 5, 16))
-    g.outputs = [g.add("Relu", _layer_norm(g, x, square=square, gamma=gamma, beta=beta))]
-    g = _rewrites_and_keeps_meaning(g, ["LayerNormalization", "Relu"])
+    g.outputs = [g.add("Relu", _layer_norm(rng, g, x, square=square, gamma=gamma, beta=beta))]
+    g = _rewrites_and_keeps_meaning(rng, g, ["LayerNormalization", "Relu"])
     ln = g.nodes[0]
     assert ln.attrs["axis"] == 2 and ln.attrs["epsilon"] == pytest.approx(1e-5)
     assert len(ln.inputs) == 2 + beta
 
 
-def test_layer_norm_over_several_trailing_axes():
+def test_layer_norm_over_several_trailing_axes(rng):
     g = Graph("g")
     x = _input(g, "x", (2, 5, 16))
-    g.outputs = [_layer_norm(g, x, axes=(1, 2), gamma=False, beta=False, eps=1e-3)]
-    g = _rewrites_and_keeps_meaning(g, ["LayerNormalization"])
+    g.outputs = [_layer_norm(rng, g, x, axes=(1, 2), gamma=False, beta=False, eps=1e-3)]
+    g = _rewrites_and_keeps_meaning(rng, g, ["LayerNormalization"])
     assert g.nodes[0].attrs["axis"] == 1
 
 
-def test_layer_norm_like_subgraphs_that_differ_stay():
+def test_layer_norm_like_subgraphs_that_differ_stay(rng):
     g = Graph("g")
     x = _input(g, "x", (2, 5, 16))
-    g.outputs = [_layer_norm(g, x, axes=(1,))]                    # not the trailing axes
+    g.outputs = [_layer_norm(rng, g, x, axes=(1,))]                    # not the trailing axes
     _kept(g)
     g = Graph("g")
     x = _input(g, "x", (2, 5, 16))
-    g.outputs = [_layer_norm(g, x, axes=(-1,), second_axes=(1, 2))]   # means differ
+    g.outputs = [_layer_norm(rng, g, x, axes=(-1,), second_axes=(1, 2))]   # means differ
     _kept(g)
     g = Graph("g")
     x = _input(g, "x", (2, 5, 16))
-    out = _layer_norm(g, x)
+    out = _layer_norm(rng, g, x)
     centered = next(n for n in g.nodes if n.op == "Sub").outputs[0]
     g.outputs = [out, g.add("Relu", centered)]                    # x - mean read too
     _kept(g)
 
 
-def test_layer_norm_keeps_a_gamma_product_read_elsewhere_outside():
+def test_layer_norm_keeps_a_gamma_product_read_elsewhere_outside(rng):
     g = Graph("g")
     x = _input(g, "x", (2, 16))
-    y = _layer_norm(g, x, beta=False)
+    y = _layer_norm(rng, g, x, beta=False)
     g.outputs = [g.add("Add", y, _c("beta", np.ones(16))), g.add("Relu", y)]
-    g = _rewrites_and_keeps_meaning(g, ["LayerNormalization", "Add", "Relu"])
+    g = _rewrites_and_keeps_meaning(rng, g, ["LayerNormalization", "Add", "Relu"])
     assert len(g.nodes[0].inputs) == 2      # the Mul by gamma is in, the shared product is out
 
 
@@ -435,11 +430,11 @@ def _softmax(g, x, axis=-1, sum_axis=None):
 
 
 @pytest.mark.parametrize("axis", [-1, 1, 0])
-def test_softmax_written_out_becomes_one_op(axis):
+def test_softmax_written_out_becomes_one_op(rng, axis):
     g = Graph("g")
     x = _input(g, "x", (3, 5, 7))
     g.outputs = [_softmax(g, g.add("Relu", x), axis)]
-    g = _rewrites_and_keeps_meaning(g, ["Relu", "Softmax"])
+    g = _rewrites_and_keeps_meaning(rng, g, ["Relu", "Softmax"])
     assert g.nodes[1].attrs["axis"] == axis % 3
 
 
@@ -474,30 +469,27 @@ def _matmul_add(rng, a_shape=(9, 8), bias_shape=(11,), const_b=True, const_bias=
 @pytest.mark.parametrize("bias_shape, bias_first, const_b", [
     ((11,), False, True), ((11,), True, True), ((1, 11), False, True), ((9, 11), False, True),
     ((), True, True), ((11,), False, False)])
-def test_matmul_and_bias_become_one_gemm_the_dense_template_compiles(bias_shape, bias_first,
+def test_matmul_and_bias_become_one_gemm_the_dense_template_compiles(rng, bias_shape, bias_first,
                                                                       const_b):
-    rng = np.random.default_rng()
     g = _matmul_add(rng, bias_shape=bias_shape, bias_first=bias_first, const_b=const_b)
-    g = _rewrites_and_keeps_meaning(g, ["Gemm", "Relu"],
+    g = _rewrites_and_keeps_meaning(rng, g, ["Gemm", "Relu"],
                                     opt_levels=(1, 3))
     for level in (1, 3):                # the dense micro-kernel (fma) runs the Gemm
         assert "fma(" in dnnc.compile(g, target="llvm", opt_level=level).runtime.source("loop")
 
 
-def test_matmul_and_add_that_are_not_a_bias_stay():
-    rng = np.random.default_rng()
+def test_matmul_and_add_that_are_not_a_bias_stay(rng):
     _kept(_matmul_add(rng, const_bias=False))              # added tensor is an input
     _kept(_matmul_add(rng, extra_use=True))                # product read elsewhere
     _kept(_matmul_add(rng, bias_shape=(2, 9, 11)))         # the Add broadcasts it bigger
     _kept(_matmul_add(rng, a_shape=(2, 9, 8)))             # 3-D: convert_layout's bias
 
 
-def test_zoo_bert_gelu_becomes_one_op():
+def test_zoo_bert_gelu_becomes_one_op(rng):
     from dnnc import zoo
     from dnnc.compiler.driver import load_graph
 
     g = load_graph(zoo.build("bert_tiny", layers=1, hidden=32, heads=2, seq=8), None)
-    rng = np.random.default_rng()
     feeds = [rng.integers(0, 2, v.type.shape).astype(v.type.dtype.np) if v.type.dtype.is_int
              else rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
     before = dnnc.compile(g, target="numpy", opt_level=0).run(*feeds)
@@ -510,7 +502,7 @@ def test_zoo_bert_gelu_becomes_one_op():
         np.testing.assert_allclose(after[0], before[0], rtol=1e-5, atol=1e-6)
 
 
-def test_torchscript_exports_of_gelu_layer_norm_and_softmax_become_single_ops():
+def test_torchscript_exports_of_gelu_layer_norm_and_softmax_become_single_ops(rng):
     """PyTorch's TorchScript exporter writes nn.GELU (both forms), nn.LayerNorm (before opset
     17) and a hand-written softmax op by op; each becomes the one registered op and the
     model still matches onnxruntime."""
@@ -547,7 +539,7 @@ def test_torchscript_exports_of_gelu_layer_norm_and_softmax_become_single_ops():
         torch.onnx.export(model, (torch.randn(2, 5, 16),), f, opset_version=14, dynamo=False,
                           input_names=["x"])
     onnx_bytes = f.getvalue()
-    x = np.random.default_rng().standard_normal((2, 5, 16)).astype(np.float32)
+    x = rng.standard_normal((2, 5, 16)).astype(np.float32)
     want = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"]).run(
         None, {"x": x})[0]
     level1 = optimize(load_graph(onnx_bytes), Target("numpy"), opt_level=1)

@@ -43,12 +43,6 @@ def parallel_kind(threads: int, work: int, minimum: int = MIN_PARALLEL_MACS) -> 
     return L.ForKind.PARALLEL if threads > 1 and work >= minimum else L.ForKind.SERIAL
 
 
-def static_dims(shape):
-    if not all(isinstance(d, L.Const) for d in shape):
-        return None
-    return [d.value for d in shape]
-
-
 @dataclass(frozen=True)
 class _Conv2d:
     """A float32 NCHW 2-D Conv kernel's buffers and geometry, static shapes only."""
@@ -58,9 +52,9 @@ class _Conv2d:
     w: L.Buffer        # [M, C, kh, kw], or packed [M/NR, C, kh, kw, NR] (ConvPacked)
     bias: L.Buffer | None
     y: L.Buffer
-    x_dims: list
-    w_dims: list       # [M, C, kh, kw] (unpacked)
-    y_dims: list
+    x_dims: tuple
+    w_dims: tuple      # [M, C, kh, kw] (unpacked)
+    y_dims: tuple
     strides: list
     dilations: list
     begins: list
@@ -130,7 +124,7 @@ def _conv2d(kernel: Kernel) -> _Conv2d | None:
     has_bias = len(node.inputs) > 2 and node.inputs[2] is not None
     bias = params[index[id(node.inputs[2])]] if has_bias else None
     y = params[-1]
-    xd, wd, yd = static_dims(x.shape), static_dims(w.shape), static_dims(y.shape)
+    xd, wd, yd = L.static_shape(x.shape), L.static_shape(w.shape), L.static_shape(y.shape)
     if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
             w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
         return None
@@ -139,7 +133,7 @@ def _conv2d(kernel: Kernel) -> _Conv2d | None:
         if len(wd) != 5:
             return None
         packed_nr = wd[-1]
-        wd = [node.attrs["oc"]] + wd[1:4]
+        wd = (node.attrs["oc"],) + wd[1:4]
     geometry = plane_geometry(node.attrs, xd[2:], wd[2:], yd[2:])
     if geometry is None:
         return None
@@ -150,7 +144,7 @@ def plane_geometry(attrs: dict, image_hw, kernel_hw, out_hw):
     """(strides, dilations, begin pads, padded plane (hp, wp)) of a 2-D window op's attrs,
     the plane big enough for every window the output reads; None when the output size does
     not match the attrs."""
-    from ...ir.ops.nn import window_attrs, window_geometry
+    from ...ir.ops.window import window_attrs, window_geometry
 
     strides, dilations, pads = window_attrs(2, attrs.get("strides"), attrs.get("dilations"),
                                             attrs.get("pads"))
@@ -315,7 +309,10 @@ def pointwise_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.Prim
 def _flat_epilogue_reads(kernel: Kernel, out_shape) -> bool:
     """Whether every tensor the epilogue reads besides the anchor's value is indexed the same
     at (n, c, 0, h * W + w) as at (n, c, h, w): it has the output's image shape, or reads a
-    whole image at one place (trailing dims of 1, as a bias)."""
+    whole image at one place (trailing dims of 1, as a bias). Never for images one pixel
+    wide: the flat pixel would index a width axis of size 1, which broadcasting reads at 0."""
+    if out_shape[3] == 1:
+        return False
     produced = {id(v) for node in kernel.nodes for v in node.outputs}
     anchor = kernel.anchor
     for node in kernel.nodes:

@@ -36,15 +36,6 @@ class DenseConfig:
     mc: int = 72
 
 
-def _const_dims(shape) -> list[int] | None:
-    dims = []
-    for d in shape:
-        if not isinstance(d, L.Const):
-            return None
-        dims.append(d.value)
-    return dims
-
-
 def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
                    config: DenseConfig | None = None) -> L.PrimFunc | None:
     """The tiled PrimFunc for a MatMul/Gemm kernel, or None when the template does not apply
@@ -68,12 +59,12 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         node.inputs[2] is not None else None
     if a.dtype is not T.float32 or b.dtype is not T.float32:
         return None
-    a_dims, b_dims, y_dims = _const_dims(a.shape), _const_dims(b.shape), _const_dims(y.shape)
+    a_dims, b_dims, y_dims = (L.static_shape(t.shape) for t in (a, b, y))
     # the anchor's own output: the group's output differs by a layout tail (`store_index`)
     anchor_dims = list(node.outputs[0].type.shape)
     remapped = bool(layout_tail(kernel))
     if a_dims is None or b_dims is None or y_dims is None or len(a_dims) < 2 or \
-            len(b_dims) < 2 or not all(isinstance(d, int) for d in anchor_dims):
+            len(b_dims) < 2 or L.static_shape(anchor_dims) is None:
         return None
     attrs = node.attrs if node.op != "MatMul" else {}
     trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
@@ -143,7 +134,7 @@ def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
         return tuple(reversed(index)) + (j,)
     bias = None
     if c is not None:
-        c_dims = _const_dims(c.shape)
+        c_dims = L.static_shape(c.shape)
         bias = L.Buffer(c.name, c.dtype, tuple(c_dims))
 
     def a_at(bi, i, kk):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ...ir import loop as L
 from ...ir import types as T
 from ..lower import Kernel
-from .conv import pad_plane, parallel_kind, plane_geometry, row_in_vectors, static_dims
+from .conv import pad_plane, parallel_kind, plane_geometry, row_in_vectors
 from .schedules import MIN_PARALLEL_WORK
 
 
@@ -26,7 +26,7 @@ def pool2d_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFun
             len(node.outputs) != 1 or len(kernel.func.params) != 2:
         return None
     x, y = kernel.func.params
-    xd, yd = static_dims(x.shape), static_dims(y.shape)
+    xd, yd = L.static_shape(x.shape), L.static_shape(y.shape)
     if x.dtype is not T.float32 or y.dtype is not T.float32 or xd is None or yd is None or \
             len(xd) != 4:
         return None

@@ -20,11 +20,11 @@ from ..compute import Tensor, broadcast_load, compute, reduce_axis, reduce_max, 
 from ..loop import Cast, Const, Expr, Select, call, const, eq, logical_and, maximum, minimum
 from ..types import TensorType, dim_add, dim_div, dim_mul
 from .elementwise import elementwise_rule
+from .index_exprs import add, clamp_index, sub
 from .infer import check_dtype, check_same_dtype
 from .linalg import acc_dtype, widen
 from .reduce import stage_name
 from .registry import Pattern, register_op
-from .shape import add, clamp_index, sub
 
 FLOATS = T.FLOAT_DTYPES
 MASK_DTYPES = (T.bool_,) + T.FLOAT_DTYPES + T.INT_DTYPES

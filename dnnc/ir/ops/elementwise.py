@@ -98,7 +98,9 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def erf(x):
-    return _erf(x.astype(np.float64)).astype(x.dtype) if x.size else x.copy()
+    # np.asarray: on a rank-0 input the ufunc from frompyfunc returns a Python float
+    return np.asarray(_erf(x.astype(np.float64)), np.float64).astype(x.dtype) if x.size \
+        else x.copy()
 
 
 def sigmoid(x):

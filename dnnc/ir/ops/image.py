@@ -15,8 +15,9 @@ import numpy as np
 
 from .. import types as T
 from ..compute import NoCompute, compute, reduce_axis, reduce_sum
-from ..loop import INDEX, Cast, Const, Select, call, const, eq, logical_and, logical_or, maximum, \
+from ..loop import INDEX, Cast, Select, call, const, eq, logical_and, logical_or, maximum, \
     minimum
+from .index_exprs import const_int
 from .infer import check_dtype, normalize_axis
 from .registry import Pattern, register_op
 
@@ -256,8 +257,8 @@ def _resize_infer(ctx):
                 out[ax] = ctx.fresh_dim("resize")
     else:
         sizes = ctx.dims(3)
-        static = sizes is not None and all(isinstance(d, int) for d in sizes) and \
-            all(isinstance(shape[ax], int) for ax in axes)
+        static = sizes is not None and T.static_shape(sizes) is not None and \
+            T.static_shape(shape[ax] for ax in axes) is not None
         if static and a["keep_aspect_ratio_policy"] != "stretch":
             out, _ = resize_plan(shape, axes, None, sizes, a["keep_aspect_ratio_policy"])
         elif sizes is not None and a["keep_aspect_ratio_policy"] == "stretch":
@@ -363,7 +364,7 @@ def _resize_rule(inputs, outputs, **attrs):
     roi = _known(inputs, 1, "roi") if ctm == "tf_crop_and_resize" else None  # else unused
     scales, sizes = _known(inputs, 2, "scales"), _known(inputs, 3, "sizes")
     axes = _resize_axes(attrs["axes"], x.ndim)
-    in_shape = [d.value if isinstance(d, Const) else None for d in x.shape]
+    in_shape = [const_int(d) for d in x.shape]
     for i, a in enumerate(axes):  # a symbolic axis can only pass through unchanged
         if in_shape[a] is None and (scales is None or float(scales[i]) != 1.0):
             raise NoCompute("Resize of an axis of symbolic length: its output length and "

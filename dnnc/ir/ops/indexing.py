@@ -20,9 +20,9 @@ import numpy as np
 from .. import types as T
 from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_sum
 from ..loop import Select, const, eq, logical_and, minimum
+from .index_exprs import as_index, check_sizes_bound, clamp_index, unravel
 from .infer import check_dtype, check_same_dtype, normalize_axis
 from .registry import Pattern, register_op
-from .shape import as_index, check_sizes_bound, clamp_index, unravel
 
 INDEX_DTYPES = (T.int32, T.int64)
 NUMERIC = T.FLOAT_DTYPES + T.INT_DTYPES

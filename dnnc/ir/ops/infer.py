@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..types import Dim, DType, TensorType, broadcast_shapes
 from .registry import InferContext
 
@@ -50,3 +52,35 @@ def reduced_shape(shape: tuple[Dim, ...], axes, keepdims: bool) -> tuple[Dim, ..
     if keepdims:
         return tuple(1 if i in axes else d for i, d in enumerate(shape))
     return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def int_list(values) -> list[int]:
+    """An integer array's values, flattened, as Python ints."""
+    return [int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def shape_length(ctx: InferContext, i: int, what: str) -> int:
+    """The length of 1-D shape-like input i; it must be static to know the output rank."""
+    shape = ctx.shape(i)
+    if len(shape) != 1 or not isinstance(shape[0], int):
+        raise ctx.fail(f"input {i} ({what}) must be a 1-D tensor of static length, "
+                       f"given {ctx.type(i)}")
+    return shape[0]
+
+
+def known_ints(ctx: InferContext, i: int, what: str) -> list[int] | None:
+    """Input i's values as ints when known exactly (axes, repeats, pads ...), else None."""
+    value = ctx.value(i)
+    if value is None:
+        return None
+    if value.dtype.kind not in "iu":
+        raise ctx.fail(f"input {i} ({what}) must be an integer tensor, given {ctx.type(i)}")
+    return int_list(value)
+
+
+def normalize_axes(ctx: InferContext, axes, rank: int) -> list[int]:
+    """`normalize_axis` of each of `axes`; raises ShapeError when one repeats."""
+    out = [normalize_axis(ctx, int(a), rank) for a in axes]
+    if len(set(out)) != len(out):
+        raise ctx.fail(f"axes {list(axes)} repeat an axis")
+    return out

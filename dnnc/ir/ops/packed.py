@@ -14,7 +14,7 @@ import numpy as np
 from .. import types as T
 from ..compute import compute
 from ..graph import Value
-from .nn import CONV_ATTRS, _conv_rule, conv
+from .conv import CONV_ATTRS, conv, conv_rule
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 
@@ -63,7 +63,7 @@ def _conv_packed_rule(inputs, outputs, *, oc, **attrs):
     # the unpacking stage has no reduction: lowering inlines it into the conv's loads
     w = compute(shape, lambda m, *rest: wp[(m // nr,) + rest + (m % nr,)], "unpack",
                 wp.dtype)
-    return _conv_rule([x, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
+    return conv_rule([x, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
 
 
 register_op("ConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,

@@ -18,7 +18,7 @@ from ..compute import (
 from ..loop import Cast, Expr, Select, call, const, eq, maximum, minimum
 from .infer import check_dtype, normalize_axis
 from .linalg import matmul_operands, widen
-from .nn import conv_sum, scalar_or_per_channel
+from .conv import conv_sum, scalar_or_per_channel
 from .registry import Pattern, register_op
 
 QUANT_DTYPES = (T.uint8, T.int8, T.uint16, T.int16)
@@ -307,19 +307,19 @@ register_op("QLinearMatMul", pattern=Pattern.OUT_FUSABLE, infer=_qlinear_matmul_
 
 
 def _qlinear_conv_infer(ctx):
-    from .nn import _conv_shape
+    from .conv import conv_shape
 
     check_dtype(ctx, 0, (T.int8, T.uint8), "x")
     check_dtype(ctx, 3, (T.int8, T.uint8), "w")
     check_dtype(ctx, 8, (T.int32,), "B")
     out = ctx.dtype(7) if ctx.has(7) else ctx.dtype(0)
-    return [T.TensorType(out, _conv_shape(ctx, 0, 3))]
+    return [T.TensorType(out, conv_shape(ctx, 0, 3))]
 
 
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point=None,
                  b=None, **conv_attrs):
     """Integer convolution of zero-point-shifted operands, requantized to y's scale."""
-    from .nn import conv
+    from .conv import conv
 
     xi = x.astype(np.int32) - (0 if x_zero_point is None else x_zero_point.astype(np.int32))
     wi = w.astype(np.int32)

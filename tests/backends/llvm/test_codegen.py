@@ -92,11 +92,6 @@ def assert_close(out, ref, dtype: T.DType, what: str = "", ulps: float = 4) -> N
                                atol=tol, equal_nan=True, err_msg=what)
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng()
-
-
 # ---------------------------------------------------------------------------------------------
 # dtypes: loads, stores, casts
 

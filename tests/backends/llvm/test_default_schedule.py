@@ -21,8 +21,7 @@ def _unary(op, n):
     return dnnc.compile(g, target="llvm")
 
 
-def test_exp_expansion_is_accurate_and_keeps_specials():
-    rng = np.random.default_rng()
+def test_exp_expansion_is_accurate_and_keeps_specials(rng):
     x = np.concatenate([rng.uniform(-90, 90, 20000), rng.standard_normal(5000),
                         [0.0, -0.0, 88.7, 88.73, 100.0, -87.3, -87.4, -200.0,
                          np.inf, -np.inf, np.nan]]).astype(np.float32)
@@ -36,8 +35,7 @@ def test_exp_expansion_is_accurate_and_keeps_specials():
     assert np.isnan(got[-1])
 
 
-def test_erf_expansion_is_accurate_and_keeps_specials():
-    rng = np.random.default_rng()
+def test_erf_expansion_is_accurate_and_keeps_specials(rng):
     x = np.concatenate([rng.uniform(-6, 6, 20000), rng.standard_normal(5000) * 1e-3,
                         [0.0, 4.0, -4.0, 10.0, np.inf, -np.inf, np.nan]]).astype(np.float32)
     got = _unary("Erf", x.size).run(x)[0]
@@ -47,9 +45,8 @@ def test_erf_expansion_is_accurate_and_keeps_specials():
 
 
 @pytest.mark.parametrize("n", [128, 100, 7])
-def test_split_reductions_match_numpy_with_tails(n):
+def test_split_reductions_match_numpy_with_tails(rng, n):
     """n = 100: a 16-lane split leaves a tail of 4; n = 7 is too short to split."""
-    rng = np.random.default_rng()
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (5, n)))
     axes = Value("axes", T.TensorType(T.int64, (1,)), const=np.array([1], np.int64))
@@ -68,8 +65,7 @@ def test_split_reductions_match_numpy_with_tails(n):
 
 @pytest.mark.parametrize("op,kwargs", [("Softmax", {"axis": -1}),
                                        ("LayerNormalization", {"axis": -1})])
-def test_row_stages_run_as_one_parallel_loop(op, kwargs):
-    rng = np.random.default_rng()
+def test_row_stages_run_as_one_parallel_loop(rng, op, kwargs):
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (2, 96, 80)))
     args = [x]
@@ -113,9 +109,8 @@ def test_row_fusion_refuses_a_read_of_another_row():
     assert default_schedule(func, Config(), 2).body == L.seq(first, other)
 
 
-def test_split_reduction_over_an_outer_axis():
+def test_split_reduction_over_an_outer_axis(rng):
     """The reduced axis is not the innermost one: lanes read strided elements."""
-    rng = np.random.default_rng()
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (3, 70, 5)))
     axes = Value("axes", T.TensorType(T.int64, (1,)), const=np.array([1], np.int64))

@@ -35,11 +35,6 @@ def call(jm: JITModule, func: L.PrimFunc, arrays, sizes=()) -> None:
     fn(ptrs, szs)
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng()
-
-
 PAR = L.ForKind.PARALLEL
 
 

@@ -12,8 +12,7 @@ from dnnc.ir.target import Target
 from dnnc.passes.convert_layout import convert_layout
 
 
-def _dense(m, k, n, batch=(), const_b=True, packed=False):
-    rng = np.random.default_rng()
+def _dense(rng, m, k, n, batch=(), const_b=True, packed=False):
     g = Graph("g")
     a = g.add_input("a", T.TensorType(T.float32, batch + (m, k)))
     bv = rng.standard_normal((k, n)).astype(np.float32)
@@ -28,24 +27,23 @@ def _dense(m, k, n, batch=(), const_b=True, packed=False):
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 13, 37), (6, 300, 16), (13, 520, 33),
                                    (64, 64, 64)])
 @pytest.mark.parametrize("packed", [False, True])
-def test_dense_template_matches_numpy(m, k, n, packed):
-    g, bv = _dense(m, k, n, packed=packed)
+def test_dense_template_matches_numpy(rng, m, k, n, packed):
+    g, bv = _dense(rng, m, k, n, packed=packed)
     compiled = dnnc.compile(g, target="llvm", opt_level=0)
-    a = np.random.default_rng().standard_normal((m, k)).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float32)
     np.testing.assert_allclose(compiled.run(a)[0], a @ bv, rtol=1e-4, atol=1e-4)
     assert "fma(" in compiled.runtime.source("loop")
 
 
-def test_dense_template_folds_batch_dims_into_rows():
-    g, bv = _dense(5, 9, 20, batch=(2, 3))
+def test_dense_template_folds_batch_dims_into_rows(rng):
+    g, bv = _dense(rng, 5, 9, 20, batch=(2, 3))
     compiled = dnnc.compile(g, target="llvm", opt_level=0)
-    a = np.random.default_rng().standard_normal((2, 3, 5, 9)).astype(np.float32)
+    a = rng.standard_normal((2, 3, 5, 9)).astype(np.float32)
     np.testing.assert_allclose(compiled.run(a)[0], a @ bv, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("trans_b,alpha,beta", [(0, 1.0, 1.0), (1, 0.5, 2.0)])
-def test_gemm_epilogue(trans_b, alpha, beta):
-    rng = np.random.default_rng()
+def test_gemm_epilogue(rng, trans_b, alpha, beta):
     b = rng.standard_normal((11, 8) if trans_b else (8, 11)).astype(np.float32)
     c = rng.standard_normal((11,)).astype(np.float32)
     g = Graph("g")
@@ -60,8 +58,7 @@ def test_gemm_epilogue(trans_b, alpha, beta):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def _conv(c, oc, h, w, k, stride=1, pad=1, dilation=1, bias=True):
-    rng = np.random.default_rng()
+def _conv(rng, c, oc, h, w, k, stride=1, pad=1, dilation=1, bias=True):
     weights = (rng.standard_normal((oc, c, k, k)) * 0.2).astype(np.float32)
     inits = [numpy_helper.from_array(weights, "w")]
     if bias:
@@ -80,11 +77,11 @@ def _conv(c, oc, h, w, k, stride=1, pad=1, dilation=1, bias=True):
                                  dict(c=5, oc=7, h=10, w=10, k=3, dilation=2, pad=2),
                                  dict(c=2, oc=33, h=5, w=19, k=5, pad=2)])
 @pytest.mark.parametrize("opt_level", [1, 3])
-def test_conv2d_template_matches_reference(cfg, opt_level):
+def test_conv2d_template_matches_reference(rng, cfg, opt_level):
     """At level 1 the template packs the weights on every call (Conv); from level 2
     convert_layout packed them at compile time (ConvPacked) and the template reads them."""
-    model = _conv(**cfg)
-    x = np.random.default_rng().standard_normal((1, cfg["c"], cfg["h"], cfg["w"])).astype(
+    model = _conv(rng, **cfg)
+    x = rng.standard_normal((1, cfg["c"], cfg["h"], cfg["w"])).astype(
         np.float32)
     compiled = dnnc.compile(model, target="llvm", opt_level=opt_level)
     source = compiled.runtime.source("loop")
@@ -99,13 +96,15 @@ def test_conv2d_template_matches_reference(cfg, opt_level):
 @pytest.mark.parametrize("n,c,oc,h,w,res_shape", [
     (1, 16, 64, 7, 7, None), (2, 9, 20, 5, 3, None), (3, 32, 32, 1, 1, None),
     (1, 24, 37, 13, 11, (1, 37, 1, 1)), (2, 5, 9, 6, 7, (1, 1, 6, 7)),
-    (1, 6, 10, 6, 7, (1, 10, 6, 1)), (1, 7, 12, 5, 40, (1, 1, 1, 40))])
-def test_pointwise_conv_runs_as_one_gemm_over_pixels(n, c, oc, h, w, res_shape):
+    (1, 6, 10, 6, 7, (1, 10, 6, 1)), (1, 7, 12, 5, 40, (1, 1, 1, 40)),
+    # images one pixel wide with a full-shape residual (found by the fuzzer: the flat pixel
+    # went to the width axis of size 1, which reads only index 0)
+    (2, 1, 1, 5, 1, None), (2, 3, 4, 6, 1, None)])
+def test_pointwise_conv_runs_as_one_gemm_over_pixels(rng, n, c, oc, h, w, res_shape):
     """1x1 stride-1 unpadded convs tile pixels across row ends with the pixels in vector lanes
     (tails of channels and pixels included); the fused epilogue (bias, an added tensor of the
     output's shape or broadcast into it, ReLU) reads its inputs at the right element whether
     it may index them by flat pixel or needs the row and column."""
-    rng = np.random.default_rng()
     weights = (rng.standard_normal((oc, c, 1, 1)) * 0.2).astype(np.float32)
     res = rng.standard_normal(res_shape or (n, oc, h, w)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"]),
@@ -128,8 +127,7 @@ def test_pointwise_conv_runs_as_one_gemm_over_pixels(n, c, oc, h, w, res_shape):
 @pytest.mark.parametrize("c,h,w,k,stride,pad", [(8, 9, 13, 3, 1, 1), (5, 12, 12, 3, 2, 1),
                                                (3, 7, 20, 5, 1, 2), (4, 6, 6, 1, 1, 0),
                                                (3, 40, 41, 3, 2, 1), (2, 13, 50, 3, 3, 0)])
-def test_depthwise_template_matches_reference(c, h, w, k, stride, pad):
-    rng = np.random.default_rng()
+def test_depthwise_template_matches_reference(rng, c, h, w, k, stride, pad):
     weights = rng.standard_normal((c, 1, k, k)).astype(np.float32)
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[pad] * 4,
                             strides=[stride] * 2)
@@ -147,13 +145,13 @@ def test_depthwise_template_matches_reference(c, h, w, k, stride, pad):
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-5, atol=1e-5)
 
 
-def _pool(op, attrs, shape):
+def _pool(rng, op, attrs, shape):
     node = helper.make_node(op, ["x"], ["y"], **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, list(shape))], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
-    return model, np.random.default_rng().standard_normal(shape).astype(np.float32)
+    return model, rng.standard_normal(shape).astype(np.float32)
 
 
 @pytest.mark.parametrize("op,attrs", [
@@ -166,8 +164,8 @@ def _pool(op, attrs, shape):
                          count_include_pad=1)),
     ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER",
                          count_include_pad=1))])
-def test_pool_template_matches_reference(op, attrs):
-    model, x = _pool(op, attrs, (2, 3, 23, 37))
+def test_pool_template_matches_reference(rng, op, attrs):
+    model, x = _pool(rng, op, attrs, (2, 3, 23, 37))
     compiled = dnnc.compile(model, target="llvm")
     assert "for plane in range(6)" in compiled.source("loop")        # the template's loop
     want = dnnc.compile(model, target="numpy").run(x)[0]
@@ -177,8 +175,8 @@ def test_pool_template_matches_reference(op, attrs):
 @pytest.mark.parametrize("op,attrs", [
     ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),      # border divisors vary
     ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1))])
-def test_pools_the_template_declines_keep_the_default_schedule(op, attrs):
-    model, x = _pool(op, attrs, (1, 2, 10, 11))
+def test_pools_the_template_declines_keep_the_default_schedule(rng, op, attrs):
+    model, x = _pool(rng, op, attrs, (1, 2, 10, 11))
     compiled = dnnc.compile(model, target="llvm")
     assert "for plane in range" not in compiled.source("loop")
     want = dnnc.compile(model, target="numpy").run(x)[0]

@@ -381,10 +381,9 @@ def _check_rule(op, arrays, attrs=None, tol=1e-5, num_outputs=1, dims=None):
     return got, want
 
 
-def _fresh_inputs(case, dtype=np.float32):
+def _fresh_inputs(rng, case, dtype=np.float32):
     """A case of ATTENTION_CASES on fresh random inputs, floats in `dtype`."""
     qs, ks, vs, extra, attrs = ATTENTION_CASES[case]
-    rng = np.random.default_rng()
     inputs = _attention_inputs(qs, ks, vs, extra, attrs)
     return [x if x is None or x.dtype.kind in "bi" else
             rng.standard_normal(x.shape).astype(dtype) for x in inputs], attrs
@@ -392,22 +391,22 @@ def _fresh_inputs(case, dtype=np.float32):
 
 @pytest.mark.parametrize("name", sorted(ATTENTION_CASES))
 @pytest.mark.parametrize("mode", [0, 3])
-def test_attention_rule(name, mode):
-    inputs, attrs = _fresh_inputs(name)
+def test_attention_rule(rng, name, mode):
+    inputs, attrs = _fresh_inputs(rng, name)
     _check_rule("Attention", inputs, dict(attrs, qk_matmul_output_mode=mode), num_outputs=4)
     _check_rule("Attention", inputs, attrs)  # Y alone
 
 
 @pytest.mark.parametrize("mode", range(4))
-def test_attention_rule_qk_output_modes(mode):
-    inputs, _ = _fresh_inputs("float_mask_4d_past")
+def test_attention_rule_qk_output_modes(rng, mode):
+    inputs, _ = _fresh_inputs(rng, "float_mask_4d_past")
     attrs = {"softcap": 1.5, "qk_matmul_output_mode": mode, "is_causal": 1, "scale": 0.7}
     _check_rule("Attention", inputs, attrs, num_outputs=4)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value")
-def test_attention_rule_int_mask_float64_and_empty_rows():
-    inputs, _ = _fresh_inputs("mha", np.float64)
+def test_attention_rule_int_mask_float64_and_empty_rows(rng):
+    inputs, _ = _fresh_inputs(rng, "mha", np.float64)
     inputs[3] = RNG.integers(-3, 3, (4, 6))
     _check_rule("Attention", inputs, {"qk_matmul_output_mode": 2}, tol=1e-12, num_outputs=4)
     q, k, v = _rand(1, 1, 3, 4), _rand(1, 1, 4, 4), _rand(1, 1, 4, 4)
@@ -451,8 +450,8 @@ def test_attention_rule_long_bfloat16_rows_sum_in_float32():
     ("3d_gqa", {0: {0: "B", 1: "S", 2: "E"}, 1: {0: "B", 1: "L", 2: "F"},
                 2: {0: "B", 1: "L"}}),  # symbolic head size: the scale is computed at run time
 ])
-def test_attention_rule_with_symbolic_dims(name, dims):
-    inputs, attrs = _fresh_inputs(name)
+def test_attention_rule_with_symbolic_dims(rng, name, dims):
+    inputs, attrs = _fresh_inputs(rng, name)
     _check_rule("Attention", inputs, dict(attrs, qk_matmul_output_mode=3), num_outputs=4,
                 dims=dims)
 
@@ -465,8 +464,7 @@ ROTARY_RULE_CASES = [  # x shape, position_ids, interleaved, rotary_embedding_di
 
 @pytest.mark.parametrize("shape, positions, interleaved, rot, num_heads", ROTARY_RULE_CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, T.bfloat16.np])
-def test_rotary_embedding_rule(shape, positions, interleaved, rot, num_heads, dtype):
-    rng = np.random.default_rng()
+def test_rotary_embedding_rule(rng, shape, positions, interleaved, rot, num_heads, dtype):
     batch, seq = shape[0], (shape[2] if len(shape) == 4 else shape[1])
     head = shape[-1] if len(shape) == 4 else shape[-1] // num_heads
     half = (rot or head) // 2
@@ -479,8 +477,7 @@ def test_rotary_embedding_rule(shape, positions, interleaved, rot, num_heads, dt
     _check_rule("RotaryEmbedding", [x, cos, sin, pos], attrs, tol=0)
 
 
-def test_rotary_embedding_rule_with_symbolic_batch_and_sequence():
-    rng = np.random.default_rng()
+def test_rotary_embedding_rule_with_symbolic_batch_and_sequence(rng):
     x, cos, sin = (rng.standard_normal(s).astype(np.float32)
                    for s in ((2, 5, 12), (2, 5, 2), (2, 5, 2)))
     _check_rule("RotaryEmbedding", [x, cos, sin], {"num_heads": 3}, tol=0,
@@ -488,8 +485,7 @@ def test_rotary_embedding_rule_with_symbolic_batch_and_sequence():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, T.bfloat16.np])
-def test_swiglu_rule(dtype):
-    rng = np.random.default_rng()
+def test_swiglu_rule(rng, dtype):
     a, b = (rng.standard_normal((3, 7)).astype(dtype) for _ in range(2))
     _check_rule("SwiGLU", [a, b], {"alpha": 1.702}, tol=0)
     _check_rule("SwiGLU", [a, b], {}, tol=0, dims={0: {0: "N"}, 1: {0: "N"}})

@@ -39,8 +39,7 @@ def _defaults(op):
 
 @pytest.mark.parametrize("op", UNARY_FLOAT)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_unary_float_rule(op, dtype):
-    rng = np.random.default_rng()
+def test_unary_float_rule(rng, op, dtype):
     lo, hi = DOMAIN.get(op, (-3, 3))
     x = rng.uniform(lo, hi, (3, 7)).astype(dtype)
     if op in ("IsNaN", "IsInf"):
@@ -49,8 +48,7 @@ def test_unary_float_rule(op, dtype):
 
 
 @pytest.mark.parametrize("op", ["Relu", "Exp", "Tanh", "Gelu", "Add", "Div"])
-def test_half_precision_rules_round_like_the_reference(op):
-    rng = np.random.default_rng()
+def test_half_precision_rules_round_like_the_reference(rng, op):
     arrays = [rng.standard_normal((4, 5)).astype(np.float16)]
     if op in ("Add", "Div"):
         arrays.append((rng.uniform(0.5, 2, (5,))).astype(np.float16))
@@ -61,8 +59,7 @@ def test_half_precision_rules_round_like_the_reference(op):
                                 "PRelu", "Equal", "Less", "LessOrEqual", "Greater",
                                 "GreaterOrEqual"])
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.int64])
-def test_binary_rules_broadcast(op, dtype):
-    rng = np.random.default_rng()
+def test_binary_rules_broadcast(rng, op, dtype):
     if dtype == np.float32:
         a = rng.standard_normal((2, 3, 4)).astype(dtype)
         b = rng.uniform(0.5, 2, (3, 1)).astype(dtype)
@@ -77,23 +74,20 @@ def test_binary_rules_broadcast(op, dtype):
 
 @pytest.mark.parametrize("fmod", [0, 1])
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
-def test_mod_both_conventions(fmod, dtype):
-    rng = np.random.default_rng()
+def test_mod_both_conventions(rng, fmod, dtype):
     a = (rng.standard_normal((5, 6)) * 10).astype(dtype)
     b = (rng.choice([-3, -2, 2, 3], (6,)) * (1.5 if dtype == np.float32 else 1)).astype(dtype)
     _check("Mod", [a, b], {"fmod": fmod})
 
 
 @pytest.mark.parametrize("op", ["And", "Or", "Xor"])
-def test_logic(op):
-    rng = np.random.default_rng()
+def test_logic(rng, op):
     _check(op, [rng.random((3, 4)) > 0.5, rng.random((4,)) > 0.5])
     _check("Not", [rng.random((3, 4)) > 0.5])
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.uint64])
-def test_bitwise(dtype):
-    rng = np.random.default_rng()
+def test_bitwise(rng, dtype):
     info = np.iinfo(dtype)
     a = rng.integers(info.min, info.max, (3, 5), dtype=dtype, endpoint=True)
     b = rng.integers(info.min, info.max, (5,), dtype=dtype, endpoint=True)
@@ -102,16 +96,14 @@ def test_bitwise(dtype):
     _check("BitwiseNot", [a])
 
 
-def test_bitshift():
-    rng = np.random.default_rng()
+def test_bitshift(rng):
     a = rng.integers(0, 200, (4, 3), dtype=np.uint32)
     s = rng.integers(0, 5, (3,), dtype=np.uint32)
     _check("BitShift", [a, s], {"direction": "LEFT"})
     _check("BitShift", [a, s], {"direction": "RIGHT"})
 
 
-def test_clip_where_cast():
-    rng = np.random.default_rng()
+def test_clip_where_cast(rng):
     x = rng.standard_normal((3, 4)).astype(np.float32)
     x[0, 0] = np.nan
     _check("Clip", [x, np.float32(-0.5), np.float32(0.7)])
@@ -125,13 +117,12 @@ def test_clip_where_cast():
         _check("Cast", [np.abs(x[1:]) * 10], {"to": DType.from_name(to)})
 
 
-def test_bitcast_reinterprets_bits_and_rejects_width_changes():
+def test_bitcast_reinterprets_bits_and_rejects_width_changes(rng):
     import dnnc
     from dnnc.errors import ShapeError
     from dnnc.ir import types as T
     from dnnc.ir.graph import Graph
 
-    rng = np.random.default_rng()
     x = rng.standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_array_equal(get_op("BitCast").run([x], {"to": T.int32})[0],
                                   x.view(np.int32))
@@ -147,8 +138,17 @@ def test_bitcast_reinterprets_bits_and_rejects_width_changes():
 @pytest.mark.parametrize("src, dst", [(np.float32, np.int32), (np.int32, np.float32),
                                       (np.float16, np.int16), (np.uint8, np.int8),
                                       (np.float64, np.uint64)])
-def test_bitcast_rule(src, dst):
+def test_bitcast_rule(rng, src, dst):
     from dnnc.ir.types import DType
-    rng = np.random.default_rng()
     x = (rng.standard_normal((3, 5)) * 100).astype(src)
     _check("BitCast", [x], {"to": DType.from_numpy(dst)})
+
+
+@pytest.mark.parametrize("op", UNARY_FLOAT)
+def test_unary_references_take_rank_0_inputs(op):
+    """A rank-0 input (ReduceSum with keepdims=0 over all axes feeding it) gives a rank-0
+    array (found by the fuzzer: Erf's reference returned a Python float and failed)."""
+    x = np.asarray(np.random.default_rng(11).uniform(*DOMAIN.get(op, (-2, 2))), np.float32)
+    out, = get_op(op).run([x], {**_defaults(op), **ATTRS.get(op, {})})
+    assert np.shape(out) == ()
+    _check(op, [x], ATTRS.get(op))

@@ -444,17 +444,17 @@ def _resize_inputs(x, scales=None, sizes=None, roi=None):
 
 
 @pytest.mark.parametrize("attrs,scales,sizes", RESIZE_CASES)
-def test_resize_rule(attrs, scales, sizes):
-    x = np.random.default_rng().uniform(-2, 2, (2, 3, 5, 6)).astype(np.float32)
+def test_resize_rule(rng, attrs, scales, sizes):
+    x = rng.uniform(-2, 2, (2, 3, 5, 6)).astype(np.float32)
     _check_rule("Resize", _resize_inputs(x, scales, sizes), attrs, (1, 2, 3), check_loads=True)
 
 
 @pytest.mark.parametrize("ctm,nearest", itertools.product(
     ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric"),
     ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")))
-def test_resize_rule_nearest_picks_the_references_pixels(ctm, nearest):
+def test_resize_rule_nearest_picks_the_references_pixels(rng, ctm, nearest):
     # scales such as 0.6 and 1/3 put coordinates within float32 rounding of integers
-    x = np.random.default_rng().uniform(-2, 2, (1, 2, 5, 9)).astype(np.float32)
+    x = rng.uniform(-2, 2, (1, 2, 5, 9)).astype(np.float32)
     attrs = {"coordinate_transformation_mode": ctm, "nearest_mode": nearest}
     _check_rule("Resize", _resize_inputs(x, [1, 1, 0.6, 1 / 3]), attrs, (1, 2, 3))
     _check_rule("Resize", _resize_inputs(x, [1, 1, 3, 2.5]), attrs, (1, 2, 3))
@@ -462,8 +462,8 @@ def test_resize_rule_nearest_picks_the_references_pixels(ctm, nearest):
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
-def test_resize_rule_tf_crop_and_resize(mode):
-    x = np.random.default_rng().uniform(-2, 2, (1, 2, 6, 5)).astype(np.float32)
+def test_resize_rule_tf_crop_and_resize(rng, mode):
+    x = rng.uniform(-2, 2, (1, 2, 6, 5)).astype(np.float32)
     roi = [0, 0, 0.3, -0.2, 1, 1, 1.2, 0.9]
     attrs = {"mode": mode, "coordinate_transformation_mode": "tf_crop_and_resize",
              "extrapolation_value": 7.5}
@@ -478,8 +478,7 @@ def test_resize_rule_tf_crop_and_resize(mode):
                                         (np.float64, "cubic"), (np.uint8, "cubic"),
                                         (np.uint8, "linear"), (np.int32, "linear"),
                                         (np.int8, "nearest")])
-def test_resize_rule_dtypes(dtype, mode):
-    rng = np.random.default_rng()
+def test_resize_rule_dtypes(rng, dtype, mode):
     if np.dtype(dtype).kind == "f":
         x = rng.uniform(-2, 2, (2, 3, 4, 5)).astype(dtype)
     else:
@@ -493,16 +492,16 @@ def test_resize_rule_dtypes(dtype, mode):
                 {"mode": mode, "exclude_outside": int(mode == "cubic")}, (1, 2, 3), tol=tol)
 
 
-def test_resize_rule_symbolic_batch():
-    x = np.random.default_rng().uniform(-2, 2, (3, 2, 4, 5)).astype(np.float32)
+def test_resize_rule_symbolic_batch(rng):
+    x = rng.uniform(-2, 2, (3, 2, 4, 5)).astype(np.float32)
     _check_rule("Resize", _resize_inputs(x, [1, 1, 2, 0.6]), {"mode": "linear"}, (1, 2, 3),
                 symbolic=((0, 0),))
     _check_rule("Resize", _resize_inputs(x, [2, 0.6]), {"axes": [2, 3]}, (1, 2, 3),
                 symbolic=((0, 0),))
 
 
-def test_resize_rule_needs_constant_scales_sizes_and_static_resized_axes():
-    x = np.random.default_rng().uniform(-2, 2, (1, 2, 4, 5)).astype(np.float32)
+def test_resize_rule_needs_constant_scales_sizes_and_static_resized_axes(rng):
+    x = rng.uniform(-2, 2, (1, 2, 4, 5)).astype(np.float32)
     with pytest.raises(NoCompute, match="scales"):
         run_rule("Resize", _resize_inputs(x, [1, 1, 2, 2]), {})
     with pytest.raises(NoCompute, match="sizes"):
@@ -520,8 +519,7 @@ GRID_CASES = list(itertools.product(("linear", "nearest", "cubic"),
 
 
 @pytest.mark.parametrize("mode,padding,align", GRID_CASES)
-def test_grid_sample_rule(mode, padding, align):
-    rng = np.random.default_rng()
+def test_grid_sample_rule(rng, mode, padding, align):
     attrs = {"mode": mode, "padding_mode": padding, "align_corners": align}
     x = rng.uniform(-2, 2, (2, 3, 5, 6)).astype(np.float32)
     grid = rng.uniform(-1.7, 1.7, (2, 4, 3, 2)).astype(np.float32)
@@ -534,8 +532,7 @@ def test_grid_sample_rule(mode, padding, align):
 
 @pytest.mark.parametrize("dtype,grid_dtype", [(np.float16, np.float16), (np.float64, np.float64),
                                               (np.uint8, np.float32), (np.int32, np.float32)])
-def test_grid_sample_rule_dtypes(dtype, grid_dtype):
-    rng = np.random.default_rng()
+def test_grid_sample_rule_dtypes(rng, dtype, grid_dtype):
     x = rng.uniform(-2, 2, (2, 3, 4, 5)) if np.dtype(dtype).kind == "f" else \
         rng.integers(0, 200, (2, 3, 4, 5))
     grid = rng.uniform(-1.2, 1.2, (2, 3, 3, 2)).astype(grid_dtype)
@@ -544,8 +541,7 @@ def test_grid_sample_rule_dtypes(dtype, grid_dtype):
                     tol=3e-3 if dtype == np.float16 else 1e-4)
 
 
-def test_grid_sample_rule_symbolic_batch_and_wild_grids_stay_in_bounds():
-    rng = np.random.default_rng()
+def test_grid_sample_rule_symbolic_batch_and_wild_grids_stay_in_bounds(rng):
     x = rng.uniform(-2, 2, (3, 2, 4, 5)).astype(np.float32)
     grid = rng.uniform(-1.2, 1.2, (3, 3, 2, 2)).astype(np.float32)
     _check_rule("GridSample", [x, grid], {}, symbolic=((0, 0), (1, 0)), tol=1e-4)
@@ -560,15 +556,15 @@ def test_grid_sample_rule_symbolic_batch_and_wild_grids_stay_in_bounds():
 
 @pytest.mark.parametrize("size,align,dtype", itertools.product(
     ([2, 3, 4, 5], [2, 1, 3, 4, 2], [2, 3, 1, 1]), (0, 1), (np.float32, np.float64)))
-def test_affine_grid_rule(size, align, dtype):
+def test_affine_grid_rule(rng, size, align, dtype):
     r = len(size) - 2
-    theta = np.random.default_rng().uniform(-2, 2, (2, r, r + 1)).astype(dtype)
+    theta = rng.uniform(-2, 2, (2, r, r + 1)).astype(dtype)
     _check_rule("AffineGrid", [theta, np.array(size, np.int64)], {"align_corners": align},
                 (1,), symbolic=((0, 0),))
 
 
-def test_affine_grid_and_roi_align_without_loops():
-    theta = np.random.default_rng().uniform(-2, 2, (2, 2, 3)).astype(np.float32)
+def test_affine_grid_and_roi_align_without_loops(rng):
+    theta = rng.uniform(-2, 2, (2, 2, 3)).astype(np.float32)
     with pytest.raises(NoCompute, match="size"):
         run_rule("AffineGrid", [theta, np.array([2, 3, 4, 5], np.int64)], {})
     with pytest.raises(NoCompute, match="RoiAlign"):

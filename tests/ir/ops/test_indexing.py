@@ -348,64 +348,63 @@ def _same(got, want):
         np.testing.assert_array_equal(g, w)  # data movement: exact
 
 
-def _data(*shape, dtype=np.float32):
-    rng = np.random.default_rng()
+def _data(rng, *shape, dtype=np.float32):
     if np.dtype(dtype).kind in "iu":
         return rng.integers(-50, 50, shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
 
 
-def _indices(n, shape, dtype=np.int64):
+def _indices(rng, n, shape, dtype=np.int64):
     """Random indices in [-n, n): negatives wrap."""
-    return np.random.default_rng().integers(-n, n, shape).astype(dtype)
+    return rng.integers(-n, n, shape).astype(dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-def test_gather_rule(dtype, axis, index_dtype):
-    x = _data(4, 5, 6, dtype=dtype)
+def test_gather_rule(rng, dtype, axis, index_dtype):
+    x = _data(rng, 4, 5, 6, dtype=dtype)
     n = x.shape[axis]
-    _check_rule("Gather", [x, _indices(n, (2, 3), index_dtype)], {"axis": axis})
-    _check_rule("Gather", [x, _indices(n, (), index_dtype)], {"axis": axis})
+    _check_rule("Gather", [x, _indices(rng, n, (2, 3), index_dtype)], {"axis": axis})
+    _check_rule("Gather", [x, _indices(rng, n, (), index_dtype)], {"axis": axis})
     for k in (-1, 2):  # a constant index: no load of it
         _check_rule("Gather", [x, np.array(k, index_dtype)], {"axis": axis}, const_inputs=(1,))
         _check_rule("Gather", [x, np.array([k], index_dtype)], {"axis": axis},
                     const_inputs=(1,))
-    _check_rule("Gather", [x, _indices(n, (7,), index_dtype)], {"axis": axis},
+    _check_rule("Gather", [x, _indices(rng, n, (7,), index_dtype)], {"axis": axis},
                 const_inputs=(1,))
 
 
-def test_gather_rule_clamps_bad_indices_instead_of_reading_outside():
-    x = _data(4, 3)
+def test_gather_rule_clamps_bad_indices_instead_of_reading_outside(rng):
+    x = _data(rng, 4, 3)
     got = run_rule("Gather", [x, np.array([9, -9], np.int64)])[0]
     np.testing.assert_array_equal(got, x[[3, 0]])
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
-def test_gather_elements_rule(axis):
-    x = _data(4, 5, 3, dtype=np.int32)
+def test_gather_elements_rule(rng, axis):
+    x = _data(rng, 4, 5, 3, dtype=np.int32)
     shape = [4, 5, 3]
     shape[axis] = 6
-    _check_rule("GatherElements", [x, _indices(x.shape[axis], tuple(shape), np.int32)],
+    _check_rule("GatherElements", [x, _indices(rng, x.shape[axis], tuple(shape), np.int32)],
                 {"axis": axis})
 
 
 @pytest.mark.parametrize("data, idx, batch_dims", [
     ((4, 5, 6), (3, 2), 0), ((4, 5, 6), (2, 3, 1), 0), ((4, 5, 6), (2, 3), 0),
     ((3, 5, 6), (3, 2, 1), 1), ((3, 4, 5, 6), (3, 4, 2), 2), ((3, 5, 6), (3, 2), 1)])
-def test_gather_nd_rule(data, idx, batch_dims):
-    x = _data(*data)
+def test_gather_nd_rule(rng, data, idx, batch_dims):
+    x = _data(rng, *data)
     k = idx[-1]
     dims = data[batch_dims:batch_dims + k]
-    cols = [_indices(d, idx[:-1] + (1,)) for d in dims]
+    cols = [_indices(rng, d, idx[:-1] + (1,)) for d in dims]
     _check_rule("GatherND", [x, np.concatenate(cols, axis=-1)], {"batch_dims": batch_dims})
 
 
 @pytest.mark.parametrize("axis", [-1, 0, 1])
 @pytest.mark.parametrize("index_dtype", [np.int64, np.int32, np.float32])
-def test_one_hot_rule(axis, index_dtype):
-    idx = _indices(5, (3, 4)).astype(index_dtype)
+def test_one_hot_rule(rng, axis, index_dtype):
+    idx = _indices(rng, 5, (3, 4)).astype(index_dtype)
     values = np.array([-1.5, 2.0], np.float32)
     _check_rule("OneHot", [idx, np.int64(5), values], {"axis": axis}, const_inputs=(1,))
     _check_rule("OneHot", [idx, np.array([5.0], np.float32), np.array([0, 1], np.int64)],
@@ -413,8 +412,8 @@ def test_one_hot_rule(axis, index_dtype):
 
 
 @pytest.mark.parametrize("batch_axis, time_axis", [(1, 0), (0, 1)])
-def test_reverse_sequence_rule(batch_axis, time_axis):
-    x = _data(4, 3, 2) if batch_axis == 1 else _data(3, 4, 2)
+def test_reverse_sequence_rule(rng, batch_axis, time_axis):
+    x = _data(rng, 4, 3, 2) if batch_axis == 1 else _data(rng, 3, 4, 2)
     lens = np.array([4, 1, 0], np.int64)
     _check_rule("ReverseSequence", [x, lens], {"batch_axis": batch_axis,
                                                "time_axis": time_axis})
@@ -425,19 +424,19 @@ def test_reverse_sequence_rule(batch_axis, time_axis):
 @pytest.mark.parametrize("axis", [None, 0, 1, -1])
 @pytest.mark.parametrize("condition", [[1, 0, 1, 1, 0], [0, 1, 0, 1, 0], [0, 0, 1, 0, 0],
                                        [0, 0, 0, 0, 0], [1, 1, 0]])
-def test_compress_rule(axis, condition):
-    x = _data(5, 5, dtype=np.int64)
+def test_compress_rule(rng, axis, condition):
+    x = _data(rng, 5, 5, dtype=np.int64)
     _check_rule("Compress", [x, np.array(condition, bool)], {"axis": axis}, const_inputs=(1,))
 
 
-def test_compress_rule_needs_a_known_condition():
+def test_compress_rule_needs_a_known_condition(rng):
     with pytest.raises(NoCompute, match="condition"):
-        run_rule("Compress", [_data(5, 2), np.ones(5, bool)], {"axis": 0})
+        run_rule("Compress", [_data(rng, 5, 2), np.ones(5, bool)], {"axis": 0})
 
 
 @pytest.mark.parametrize("mode", ["linear", "circular"])
-def test_tensor_scatter_rule(mode):
-    cache, update = _data(3, 2, 6, 4), _data(3, 2, 2, 4)
+def test_tensor_scatter_rule(rng, mode):
+    cache, update = _data(rng, 3, 2, 6, 4), _data(rng, 3, 2, 2, 4)
     starts = np.array([0, 4, 2] if mode == "linear" else [5, 4, 1], np.int64)
     attrs = {"mode": mode, "axis": -2}
     _check_rule("TensorScatter", [cache, update, starts], attrs)
@@ -445,12 +444,12 @@ def test_tensor_scatter_rule(mode):
     _check_rule("TensorScatter", [cache[:, :, :3], update[:, :, :2, :].copy()],
                 {"mode": mode, "axis": 2})
     if mode == "circular":  # a run longer than the cache: its last lap is what remains
-        _check_rule("TensorScatter", [cache[:, :, :3], _data(3, 2, 5, 4), starts], attrs)
+        _check_rule("TensorScatter", [cache[:, :, :3], _data(rng, 3, 2, 5, 4), starts], attrs)
 
 
-def test_rules_on_symbolic_batch():
+def test_rules_on_symbolic_batch(rng):
     n, s = 3, 4
-    x, ids = _data(10, 8), _indices(10, (n, s))
+    x, ids = _data(rng, 10, 8), _indices(rng, 10, (n, s))
     values = [Value("in0", T.TensorType(T.float32, (10, 8))),
               Value("in1", T.TensorType(T.int64, ("N", "S")))]
     types, _, full = infer_node("Gather", values, {}, 1, "g")

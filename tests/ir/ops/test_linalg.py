@@ -44,16 +44,14 @@ def _rand(rng, *shape, dtype=np.float32):
 @pytest.mark.parametrize("a_shape, b_shape", [
     ((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)),
     ((2, 1, 3, 4), (5, 4, 6)), ((1, 3, 4), (2, 4, 2))])
-def test_matmul_matches_onnxruntime(a_shape, b_shape):
-    rng = np.random.default_rng()
+def test_matmul_matches_onnxruntime(rng, a_shape, b_shape):
     _check_against_ort("MatMul", [_rand(rng, *a_shape), _rand(rng, *b_shape)])
 
 
 @pytest.mark.parametrize("trans_a, trans_b, alpha, beta, c_shape", [
     (0, 0, 1.0, 1.0, None), (1, 0, 0.5, 2.0, (5,)), (0, 1, 1.0, 0.3, (3, 1)),
     (1, 1, 2.0, 1.0, (3, 5)), (0, 0, 1.0, 1.0, ())])
-def test_gemm_matches_onnxruntime(trans_a, trans_b, alpha, beta, c_shape):
-    rng = np.random.default_rng()
+def test_gemm_matches_onnxruntime(rng, trans_a, trans_b, alpha, beta, c_shape):
     a = _rand(rng, *((4, 3) if trans_a else (3, 4)))
     b = _rand(rng, *((5, 4) if trans_b else (4, 5)))
     arrays = [a, b] + ([] if c_shape is None else [_rand(rng, *c_shape)])
@@ -65,13 +63,11 @@ def test_gemm_matches_onnxruntime(trans_a, trans_b, alpha, beta, c_shape):
     ("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
     ("ii->i", [(4, 4)]), ("...ii->...i", [(2, 3, 3)]), ("ij->", [(3, 4)]),
     ("i,i", [(5,), (5,)]), ("ji", [(3, 4)]), ("bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)])])
-def test_einsum_matches_onnxruntime(equation, shapes):
-    rng = np.random.default_rng()
+def test_einsum_matches_onnxruntime(rng, equation, shapes):
     _check_against_ort("Einsum", [_rand(rng, *s) for s in shapes], dict(equation=equation))
 
 
-def test_matmul_integer_with_zero_points():
-    rng = np.random.default_rng()
+def test_matmul_integer_with_zero_points(rng):
     a = rng.integers(0, 255, (3, 4), dtype=np.uint8)
     b = rng.integers(0, 255, (4, 5), dtype=np.uint8)
     zp_a, zp_b = np.array(12, np.uint8), np.array(200, np.uint8)
@@ -82,8 +78,7 @@ def test_matmul_integer_with_zero_points():
     np.testing.assert_array_equal(got, expected)
 
 
-def test_det_matches_numpy_in_float64():
-    rng = np.random.default_rng()
+def test_det_matches_numpy_in_float64(rng):
     x = _rand(rng, 2, 3, 3)
     g = Graph("g")
     v = g.add_input("x", T.TensorType(T.float32, (2, 3, 3)))
@@ -152,23 +147,20 @@ def _check_rule(op, arrays, attrs=None, tol=1e-5, dims=None):
     ((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)), ((2, 1, 3, 4), (5, 4, 6)),
     ((2, 3, 4), (4, 6)), ((3, 4), (2, 4, 6))])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
-def test_matmul_rule(a_shape, b_shape, dtype):
-    rng = np.random.default_rng()
+def test_matmul_rule(rng, a_shape, b_shape, dtype):
     arrays = [rng.integers(-9, 9, s).astype(dtype) if dtype == np.int32 else
               _rand(rng, *s, dtype=dtype) for s in (a_shape, b_shape)]
     _check_rule("MatMul", arrays, tol=2e-3 if dtype == np.float16 else 1e-5)
 
 
-def test_matmul_rule_with_symbolic_batch():
-    rng = np.random.default_rng()
+def test_matmul_rule_with_symbolic_batch(rng):
     _check_rule("MatMul", [_rand(rng, 2, 3, 4), _rand(rng, 4, 5)], dims={0: {0: "N", 1: "S"}})
 
 
 @pytest.mark.parametrize("trans_a", [0, 1])
 @pytest.mark.parametrize("trans_b", [0, 1])
 @pytest.mark.parametrize("c_shape", [None, (), (5,), (3, 1), (3, 5)])
-def test_gemm_rule(trans_a, trans_b, c_shape):
-    rng = np.random.default_rng()
+def test_gemm_rule(rng, trans_a, trans_b, c_shape):
     arrays = [_rand(rng, *((4, 3) if trans_a else (3, 4))),
               _rand(rng, *((5, 4) if trans_b else (4, 5)))]
     if c_shape is not None:
@@ -179,8 +171,7 @@ def test_gemm_rule(trans_a, trans_b, c_shape):
 @pytest.mark.parametrize("dtype, alpha, beta", [(np.float16, 1.0, 1.0), (np.float16, 0.5, 2.0),
                                                 (np.int32, 1.0, 1.0), (np.int32, 0.5, 2.5),
                                                 (np.int64, 1.0, 3.0)])
-def test_gemm_rule_dtypes_and_scaling(dtype, alpha, beta):
-    rng = np.random.default_rng()
+def test_gemm_rule_dtypes_and_scaling(rng, dtype, alpha, beta):
     if dtype == np.float16:
         arrays = [_rand(rng, 3, 8, dtype=dtype), _rand(rng, 8, 5, dtype=dtype),
                   _rand(rng, 5, dtype=dtype)]
@@ -189,8 +180,7 @@ def test_gemm_rule_dtypes_and_scaling(dtype, alpha, beta):
     _check_rule("Gemm", arrays, dict(alpha=alpha, beta=beta), tol=2e-3)
 
 
-def test_gemm_rule_with_symbolic_rows():
-    rng = np.random.default_rng()
+def test_gemm_rule_with_symbolic_rows(rng):
     _check_rule("Gemm", [_rand(rng, 3, 4), _rand(rng, 5, 4), _rand(rng, 5)], dict(transB=1),
                 dims={0: {0: "N"}})
 
@@ -198,8 +188,7 @@ def test_gemm_rule_with_symbolic_rows():
 @pytest.mark.parametrize("a_shape, b_shape, a_zp, b_zp", [
     ((3, 4), (4, 5), (), (5,)), ((2, 3, 4), (4, 5), (3,), (1,)), ((4,), (4, 5), None, None),
     ((3, 4), (4, 5), (1,), None)])
-def test_matmul_integer_rule(a_shape, b_shape, a_zp, b_zp):
-    rng = np.random.default_rng()
+def test_matmul_integer_rule(rng, a_shape, b_shape, a_zp, b_zp):
     u8 = lambda s: rng.integers(0, 256, s).astype(np.uint8)  # noqa: E731
     i8 = lambda s: rng.integers(-128, 128, s).astype(np.int8)  # noqa: E731
     arrays = [u8(a_shape), i8(b_shape)]
@@ -214,13 +203,11 @@ def test_matmul_integer_rule(a_shape, b_shape, a_zp, b_zp):
     ("ij->ji", [(3, 4)]), ("ij->", [(3, 4)]), ("i,j->ij", [(3,), (4,)]),
     ("...ij,...jk", [(2, 3, 4), (1, 4, 5)]), ("bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)]),
     ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)])])
-def test_einsum_rule(equation, shapes):
-    rng = np.random.default_rng()
+def test_einsum_rule(rng, equation, shapes):
     _check_rule("Einsum", [_rand(rng, *s) for s in shapes], dict(equation=equation))
 
 
-def test_einsum_rule_half_and_symbolic_batch():
-    rng = np.random.default_rng()
+def test_einsum_rule_half_and_symbolic_batch(rng):
     arrays = [_rand(rng, 2, 3, 4, dtype=np.float16), _rand(rng, 2, 4, 5, dtype=np.float16)]
     _check_rule("Einsum", arrays, dict(equation="bij,bjk->bik"), tol=2e-3)
     _check_rule("Einsum", [a.astype(np.float32) for a in arrays],

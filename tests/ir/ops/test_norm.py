@@ -354,8 +354,7 @@ def _check_rule(op, arrays, attrs=None, consts=(), num_outputs=1, tol=1e-5):
                                    atol=tol)
 
 
-def _fresh(*shape, dtype=np.float32, lo=None):
-    rng = np.random.default_rng()
+def _fresh(rng, *shape, dtype=np.float32, lo=None):
     x = rng.standard_normal(shape) if lo is None else rng.uniform(lo, lo + 1.5, shape)
     return x.astype(dtype)
 
@@ -365,20 +364,20 @@ RULE_DTYPES = [(np.float32, 1e-5), (np.float16, 5e-3), (np.float64, 1e-10)]
 
 @pytest.mark.parametrize("dtype,tol", RULE_DTYPES)
 @pytest.mark.parametrize("shape", [(2, 3), (2, 3, 4), (2, 3, 4, 5)])
-def test_batch_norm_rules(dtype, tol, shape):
+def test_batch_norm_rules(rng, dtype, tol, shape):
     c = shape[1]
-    stats = [_fresh(c, dtype=dtype), _fresh(c, dtype=dtype), _fresh(c, dtype=dtype),
-             _fresh(c, dtype=dtype, lo=0.5)]
-    _check_rule("BatchNormalization", [_fresh(*shape, dtype=dtype)] + stats,
+    stats = [_fresh(rng, c, dtype=dtype), _fresh(rng, c, dtype=dtype), _fresh(rng, c, dtype=dtype),
+             _fresh(rng, c, dtype=dtype, lo=0.5)]
+    _check_rule("BatchNormalization", [_fresh(rng, *shape, dtype=dtype)] + stats,
                 {"epsilon": 1e-3}, tol=tol)
-    _check_rule("BatchNormalization", [_fresh(*shape, dtype=dtype)] + stats,
+    _check_rule("BatchNormalization", [_fresh(rng, *shape, dtype=dtype)] + stats,
                 {"training_mode": 1, "momentum": 0.8}, num_outputs=3, tol=tol)
 
 
 @pytest.mark.parametrize("dtype,tol", RULE_DTYPES)
-def test_instance_group_norm_and_lrn_rules(dtype, tol):
-    x = _fresh(2, 6, 4, 5, dtype=dtype)
-    c = [_fresh(6, dtype=dtype) for _ in range(2)]
+def test_instance_group_norm_and_lrn_rules(rng, dtype, tol):
+    x = _fresh(rng, 2, 6, 4, 5, dtype=dtype)
+    c = [_fresh(rng, 6, dtype=dtype) for _ in range(2)]
     _check_rule("InstanceNormalization", [x] + c, {"epsilon": 1e-3}, tol=tol)
     _check_rule("InstanceNormalization", [x[..., 0]] + c, tol=tol)
     # GroupNorm's statistics are in stash_type (float32 unless given), whose rounding differs
@@ -399,10 +398,10 @@ def test_instance_group_norm_and_lrn_rules(dtype, tol):
 
 @pytest.mark.parametrize("dtype,tol", RULE_DTYPES)
 @pytest.mark.parametrize("axis", [-1, 1, 0])
-def test_layer_rms_lp_norm_rules(dtype, tol, axis):
-    x = _fresh(2, 3, 4, dtype=dtype)
-    scale = _fresh(*x.shape[axis % 3:], dtype=dtype)
-    bias = _fresh(x.shape[-1], dtype=dtype)  # broadcast along the normalised axes
+def test_layer_rms_lp_norm_rules(rng, dtype, tol, axis):
+    x = _fresh(rng, 2, 3, 4, dtype=dtype)
+    scale = _fresh(rng, *x.shape[axis % 3:], dtype=dtype)
+    bias = _fresh(rng, x.shape[-1], dtype=dtype)  # broadcast along the normalised axes
     # statistics in stash_type (float32 unless given) round differently from NumPy's (the
     # rule's mean is shifted by the row's first element): float32 statistics are checked at
     # float32's tolerance
@@ -417,25 +416,25 @@ def test_layer_rms_lp_norm_rules(dtype, tol, axis):
         _check_rule("LpNormalization", [x], {"axis": axis, "p": p}, tol=tol)
 
 
-def test_mean_variance_and_lp_norm_rules_edge_cases():
-    x = _fresh(2, 3, 4, 5)
+def test_mean_variance_and_lp_norm_rules_edge_cases(rng):
+    x = _fresh(rng, 2, 3, 4, 5)
     _check_rule("MeanVarianceNormalization", [x])
     _check_rule("MeanVarianceNormalization", [x], {"axes": [1, -1]})
     _check_rule("MeanVarianceNormalization", [x.astype(np.float16)], tol=5e-3)
-    zeros = _fresh(3, 4)
+    zeros = _fresh(rng, 3, 4)
     zeros[1] = 0  # a zero norm gives 0, not NaN
     _check_rule("LpNormalization", [zeros])
     _check_rule("LpNormalization", [zeros], {"p": 1})
 
 
-def test_norm_rules_with_symbolic_batch():
+def test_norm_rules_with_symbolic_batch(rng):
     """N stays symbolic in the rules' shapes; it is bound only when evaluating."""
-    x = _fresh(3, 4, 5)
-    vec = [_fresh(4), _fresh(4), _fresh(4), _fresh(4, lo=0.5)]
+    x = _fresh(rng, 3, 4, 5)
+    vec = [_fresh(rng, 4), _fresh(rng, 4), _fresh(rng, 4), _fresh(rng, 4, lo=0.5)]
     cases = [("BatchNormalization", vec, {}), ("InstanceNormalization", vec[:2], {}),
              ("GroupNormalization", vec[:2], {"num_groups": 2}),
-             ("LayerNormalization", [_fresh(5), _fresh(5)], {}),
-             ("RMSNormalization", [_fresh(5)], {}), ("LRN", [], {"size": 3}),
+             ("LayerNormalization", [_fresh(rng, 5), _fresh(rng, 5)], {}),
+             ("RMSNormalization", [_fresh(rng, 5)], {}), ("LRN", [], {"size": 3}),
              ("MeanVarianceNormalization", [], {"axes": [0, 2]}), ("LpNormalization", [], {})]
     for op, params, attrs in cases:
         arrays = [x] + params
@@ -450,8 +449,8 @@ def test_norm_rules_with_symbolic_batch():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=op)
 
 
-def test_dropout_rules():
-    x = _fresh(3, 4)
+def test_dropout_rules(rng):
+    x = _fresh(rng, 3, 4)
     ratio, off, on = np.array(0.3, np.float32), np.array(False), np.array(True)
     _check_rule("Dropout", [x], num_outputs=2)
     _check_rule("Dropout", [x, ratio, off], consts={1, 2}, num_outputs=2)

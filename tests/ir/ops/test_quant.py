@@ -31,8 +31,7 @@ def _run_both(model, feeds):
 @pytest.mark.parametrize("zp_dtype, scale_shape, axis", [
     (np.uint8, (), 1), (np.int8, (), 1), (np.uint8, (3,), 1), (np.int8, (4,), 2),
     (np.int16, (), 1)])
-def test_quantize_dequantize_round_trip_matches_onnxruntime(zp_dtype, scale_shape, axis):
-    rng = np.random.default_rng()
+def test_quantize_dequantize_round_trip_matches_onnxruntime(rng, zp_dtype, scale_shape, axis):
     x = rng.standard_normal((2, 3, 4)).astype(np.float32) * 4
     scale = (rng.random(scale_shape) * 0.05 + 0.01).astype(np.float32)
     info = np.iinfo(zp_dtype)
@@ -58,8 +57,7 @@ def test_quantize_saturates_and_rounds_half_to_even():
     np.testing.assert_array_equal(got, np.array([0, 2, 2, 0, 127, -128], np.int8))
 
 
-def test_dynamic_quantize_linear_matches_onnxruntime():
-    rng = np.random.default_rng()
+def test_dynamic_quantize_linear_matches_onnxruntime(rng):
     x = rng.standard_normal((3, 5)).astype(np.float32)
     node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
     graph = helper.make_graph(
@@ -73,8 +71,7 @@ def test_dynamic_quantize_linear_matches_onnxruntime():
     np.testing.assert_array_equal(got[2], expected[2])
 
 
-def test_qlinear_matmul_matches_onnxruntime():
-    rng = np.random.default_rng()
+def test_qlinear_matmul_matches_onnxruntime(rng):
     a = rng.integers(0, 255, (2, 3, 4), dtype=np.uint8)
     b = rng.integers(0, 255, (4, 5), dtype=np.uint8)
     params = [("as", np.float32(0.02)), ("az", np.uint8(110)), ("bs", np.float32(0.03)),
@@ -102,8 +99,7 @@ def test_mismatched_per_axis_scale_is_a_shape_error():
                      target="numpy")
 
 
-def test_qlinear_conv_matches_onnxruntime():
-    rng = np.random.default_rng()
+def test_qlinear_conv_matches_onnxruntime(rng):
     x = rng.integers(0, 255, (1, 4, 7, 7), dtype=np.uint8)
     w = rng.integers(0, 255, (6, 4, 3, 3), dtype=np.uint8)
     bias = rng.integers(-500, 500, 6, dtype=np.int32)
@@ -168,8 +164,7 @@ def _scales(rng, shape):
 
 
 @pytest.mark.parametrize("zp_dtype", [np.uint8, np.int8, np.uint16, np.int16, None])
-def test_quantize_linear_rule_per_tensor(zp_dtype):
-    rng = np.random.default_rng()
+def test_quantize_linear_rule_per_tensor(rng, zp_dtype):
     x = (rng.standard_normal((2, 3, 4)) * 4).astype(np.float32)
     x[0, 0, :2] = [0.025, -0.075]            # exact halves of the scale: ties to even
     arrays = [x, np.float32(0.05)]
@@ -179,8 +174,7 @@ def test_quantize_linear_rule_per_tensor(zp_dtype):
 
 
 @pytest.mark.parametrize("axis, block_size", [(1, 0), (-1, 0), (2, 2), (0, 1)])
-def test_quantize_dequantize_rules_per_axis_and_blocked(axis, block_size):
-    rng = np.random.default_rng()
+def test_quantize_dequantize_rules_per_axis_and_blocked(rng, axis, block_size):
     x = (rng.standard_normal((2, 3, 4)) * 3).astype(np.float32)
     n = x.shape[axis]
     shape = (n,) if not block_size else tuple(
@@ -191,8 +185,7 @@ def test_quantize_dequantize_rules_per_axis_and_blocked(axis, block_size):
     _check_rule("DequantizeLinear", [_ints(rng, np.int8, x.shape), scale, zp], attrs, tol=1e-6)
 
 
-def test_quantize_linear_rule_other_inputs():
-    rng = np.random.default_rng()
+def test_quantize_linear_rule_other_inputs(rng):
     x = rng.standard_normal((3, 5)).astype(np.float16)
     _check_rule("QuantizeLinear", [x, np.float16(0.02), np.int8(1)])
     _check_rule("QuantizeLinear", [x.astype(np.float32), np.float32(0.02)],
@@ -202,8 +195,7 @@ def test_quantize_linear_rule_other_inputs():
     _check_rule("QuantizeLinear", [x.astype(np.float32), np.float32(0.02)], dims={0: {0: "N"}})
 
 
-def test_dequantize_linear_rule_types():
-    rng = np.random.default_rng()
+def test_dequantize_linear_rule_types(rng):
     _check_rule("DequantizeLinear", [_ints(rng, np.uint8, (2, 3)), np.float32(0.02),
                                      np.uint8(128)], tol=1e-6)
     _check_rule("DequantizeLinear", [_ints(rng, np.int32, (3, 4), -999, 999),
@@ -215,8 +207,7 @@ def test_dequantize_linear_rule_types():
 
 
 @pytest.mark.parametrize("sign", [1, 0, -1])
-def test_dynamic_quantize_linear_rule(sign):
-    rng = np.random.default_rng()
+def test_dynamic_quantize_linear_rule(rng, sign):
     x = rng.standard_normal((3, 5)).astype(np.float32)
     x = np.abs(x) * sign if sign else x
     _check_rule("DynamicQuantizeLinear", [x], num_outputs=3)
@@ -227,8 +218,7 @@ def test_dynamic_quantize_linear_rule(sign):
 @pytest.mark.parametrize("a_shape, b_shape, dtype, per_column, y_zp", [
     ((3, 4), (4, 5), np.uint8, False, True), ((2, 3, 4), (4, 5), np.int8, True, True),
     ((3, 4), (4, 5), np.uint8, False, False), ((4,), (4, 5), np.uint8, True, True)])
-def test_qlinear_matmul_rule(a_shape, b_shape, dtype, per_column, y_zp):
-    rng = np.random.default_rng()
+def test_qlinear_matmul_rule(rng, a_shape, b_shape, dtype, per_column, y_zp):
     n = b_shape[-1]
     arrays = [_ints(rng, dtype, a_shape), np.float32(0.05), _ints(rng, dtype, (), 0, 9),
               _ints(rng, dtype, b_shape), _scales(rng, (n,) if per_column else ()),
@@ -243,8 +233,7 @@ def test_qlinear_matmul_rule(a_shape, b_shape, dtype, per_column, y_zp):
     (dict(group=4, strides=[2, 2], pads=[0, 1, 1, 0]), True, True),
     (dict(auto_pad="SAME_UPPER", dilations=[2, 1]), False, True)])
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
-def test_qlinear_conv_rule(attrs, per_channel, bias, dtype):
-    rng = np.random.default_rng()
+def test_qlinear_conv_rule(rng, attrs, per_channel, bias, dtype):
     cg = 1 if attrs.get("group") else 4
     m = 4
     arrays = [_ints(rng, dtype, (2, 4, 6, 6)), np.float32(0.05), _ints(rng, dtype, (), 0, 9),

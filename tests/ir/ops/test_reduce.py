@@ -481,8 +481,7 @@ def _rule_with_batch_dim(op, arrays, attrs=None, consts=(), num_outputs=1):
     return types, evaluate(outs, feeds, sizes={"N": arrays[0].shape[0]})
 
 
-def _rule_input(dtype, shape=(3, 4, 5)):
-    rng = np.random.default_rng()
+def _rule_input(rng, dtype, shape=(3, 4, 5)):
     if np.dtype(dtype).kind in "iu":
         return rng.integers(-4, 5, size=shape).astype(dtype)
     return rng.uniform(0.2, 2.0, size=shape).astype(dtype)
@@ -491,8 +490,8 @@ def _rule_input(dtype, shape=(3, 4, 5)):
 @pytest.mark.parametrize("op", REDUCE_OPS)
 @pytest.mark.parametrize("axes,keepdims", [(None, 1), ([1], 0), ([-1], 1), ([2, 0], 0)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
-def test_reduce_rules(op, axes, keepdims, dtype):
-    x = _rule_input(dtype)
+def test_reduce_rules(rng, op, axes, keepdims, dtype):
+    x = _rule_input(rng, dtype)
     if op == "ReduceLogSum" and dtype == np.int32:
         x = np.abs(x) + 1
     inputs = [x] if axes is None else [x, np.array(axes, np.int64)]
@@ -501,8 +500,8 @@ def test_reduce_rules(op, axes, keepdims, dtype):
 
 
 @pytest.mark.parametrize("op", REDUCE_OPS)
-def test_reduce_rules_empty_axes_empty_sets_and_batch_dim(op):
-    x = _rule_input(np.float32)
+def test_reduce_rules_empty_axes_empty_sets_and_batch_dim(rng, op):
+    x = _rule_input(rng, np.float32)
     none = np.zeros(0, np.int64)
     _check_rule(op, [x, none], {"noop_with_empty_axes": 1}, consts={1})
     _check_rule(op, [x, none], {"noop_with_empty_axes": 0}, consts={1})
@@ -514,19 +513,19 @@ def test_reduce_rules_empty_axes_empty_sets_and_batch_dim(op):
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
-def test_reduce_rules_nan_inf_and_bool():
-    x = _rule_input(np.float32)
+def test_reduce_rules_nan_inf_and_bool(rng):
+    x = _rule_input(rng, np.float32)
     x[0, 1, 2], x[1, 2, :] = np.nan, -np.inf
     for op in ("ReduceMax", "ReduceMin", "ReduceLogSumExp", "ReduceSum"):
         _check_rule(op, [x, np.array([2])], consts={1})
-    b = np.random.default_rng().random((3, 4)) > 0.5
+    b = rng.random((3, 4)) > 0.5
     b[0], b[1] = True, False
     for op in ("ReduceMax", "ReduceMin"):
         _check_rule(op, [b, np.array([1])], consts={1})
 
 
-def test_reduce_rule_needs_known_axes():
-    x = _rule_input(np.float32)
+def test_reduce_rule_needs_known_axes(rng):
+    x = _rule_input(rng, np.float32)
     with pytest.raises(NoCompute, match="run time"):
         run_rule("ReduceSum", [x, np.array([1])], {"keepdims": 1})
     _check_rule("ReduceSum", [x, np.zeros(0, np.int64)])  # no axes is known without values
@@ -535,15 +534,15 @@ def test_reduce_rule_needs_known_axes():
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
 @pytest.mark.parametrize("axis,keepdims,last", [(0, 1, 0), (1, 0, 1), (-1, 1, 1), (2, 0, 0)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.bool_])
-def test_arg_rules_ties_and_nan(op, axis, keepdims, last, dtype):
-    x = np.random.default_rng().integers(0, 3, (3, 4, 5)).astype(dtype)  # many ties
+def test_arg_rules_ties_and_nan(rng, op, axis, keepdims, last, dtype):
+    x = rng.integers(0, 3, (3, 4, 5)).astype(dtype)  # many ties
     if dtype == np.float32:
         x[0, 1, 2] = x[0, 1, 4] = x[2, 0, 0] = np.nan  # NaN is the extreme, as np.argmax
     _check_rule(op, [x], {"axis": axis, "keepdims": keepdims, "select_last_index": last})
 
 
-def test_arg_rule_batch_dim():
-    x = _rule_input(np.float32)
+def test_arg_rule_batch_dim(rng):
+    x = _rule_input(rng, np.float32)
     types, (got,) = _rule_with_batch_dim("ArgMax", [x], {"axis": 1, "keepdims": 0})
     assert types[0].shape == ("N", 5)
     np.testing.assert_array_equal(got, np.argmax(x, axis=1))
@@ -552,15 +551,15 @@ def test_arg_rule_batch_dim():
 @pytest.mark.parametrize("op", ["CumSum", "CumProd"])
 @pytest.mark.parametrize("axis,exclusive,reverse", [(0, 0, 0), (1, 1, 0), (-1, 0, 1), (1, 1, 1)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
-def test_scan_rules(op, axis, exclusive, reverse, dtype):
-    x = np.random.default_rng().uniform(0.5, 1.5, (3, 4, 5)).astype(dtype) \
-        if dtype != np.int32 else _rule_input(dtype)
+def test_scan_rules(rng, op, axis, exclusive, reverse, dtype):
+    x = rng.uniform(0.5, 1.5, (3, 4, 5)).astype(dtype) \
+        if dtype != np.int32 else _rule_input(rng, dtype)
     _check_rule(op, [x, np.array(axis)], {"exclusive": exclusive, "reverse": reverse},
                 consts={1}, tol=3e-3 if dtype == np.float16 else 1e-5)
 
 
-def test_scan_rule_needs_known_axis_and_keeps_batch_dim():
-    x = _rule_input(np.float32)
+def test_scan_rule_needs_known_axis_and_keeps_batch_dim(rng):
+    x = _rule_input(rng, np.float32)
     with pytest.raises(NoCompute, match="axis"):
         run_rule("CumSum", [x, np.array(1)])
     types, (got,) = _rule_with_batch_dim("CumSum", [x, np.array(0)], consts={1})
@@ -571,8 +570,8 @@ def test_scan_rule_needs_known_axis_and_keeps_batch_dim():
 @pytest.mark.parametrize("op", sorted(ROWS))
 @pytest.mark.parametrize("axis,coerce_2d", [(0, 0), (1, 0), (-1, 0), (0, 1), (1, 1), (-1, 1)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
-def test_softmax_family_rules(op, axis, coerce_2d, dtype):
-    x = (np.random.default_rng().standard_normal((3, 4, 5)) * 5).astype(dtype)
+def test_softmax_family_rules(rng, op, axis, coerce_2d, dtype):
+    x = (rng.standard_normal((3, 4, 5)) * 5).astype(dtype)
     if op == "Hardmax":
         x = np.round(x)  # ties: the first maximum wins
     _check_rule(op, [x], {"axis": axis, "coerce_2d": coerce_2d},
@@ -580,8 +579,8 @@ def test_softmax_family_rules(op, axis, coerce_2d, dtype):
 
 
 @pytest.mark.parametrize("op", sorted(ROWS))
-def test_softmax_family_rules_nan_scalar_and_batch_dim(op):
-    x = (np.random.default_rng().standard_normal((3, 4, 5)) * 50).astype(np.float32)
+def test_softmax_family_rules_nan_scalar_and_batch_dim(rng, op):
+    x = (rng.standard_normal((3, 4, 5)) * 50).astype(np.float32)
     x[0, 0, 3] = np.nan
     _check_rule(op, [x], {"axis": -1})
     _check_rule(op, [x], {"axis": 1, "coerce_2d": 1})

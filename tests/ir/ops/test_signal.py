@@ -349,16 +349,16 @@ DFT_RULE_CASES = DFT_CASES + [  # (shape, axis, dft_length, inverse, onesided)
 
 @pytest.mark.parametrize("shape,axis,n,inverse,onesided", DFT_RULE_CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
-def test_dft_rule(shape, axis, n, inverse, onesided, dtype):
-    x = np.random.default_rng().standard_normal(shape).astype(dtype)
+def test_dft_rule(rng, shape, axis, n, inverse, onesided, dtype):
+    x = rng.standard_normal(shape).astype(dtype)
     arrays = [x, None if n is None else np.array(n, np.int64),
               None if axis is None else np.array(axis, np.int64)]
     tol = {np.float16: 3e-2, np.float32: 1e-4, np.float64: 1e-10}[dtype]
     _check_rule("DFT", arrays, {"inverse": inverse, "onesided": onesided}, (1, 2), tol=tol)
 
 
-def test_dft_rule_symbolic_batch_and_length():
-    x = np.random.default_rng().standard_normal((3, 8, 2)).astype(np.float32)
+def test_dft_rule_symbolic_batch_and_length(rng):
+    x = rng.standard_normal((3, 8, 2)).astype(np.float32)
     _check_rule("DFT", [x], {}, (), symbolic=((0, 0),), tol=1e-4)
     _check_rule("DFT", [x, np.array(6, np.int64)], {"inverse": 1}, (1,), symbolic=((0, 0),),
                 tol=1e-4)
@@ -366,8 +366,8 @@ def test_dft_rule_symbolic_batch_and_length():
     np.testing.assert_allclose(got, dft(x), rtol=1e-4, atol=1e-4)
 
 
-def test_dft_rule_needs_constant_axis_and_length():
-    x = np.random.default_rng().standard_normal((2, 8, 2)).astype(np.float32)
+def test_dft_rule_needs_constant_axis_and_length(rng):
+    x = rng.standard_normal((2, 8, 2)).astype(np.float32)
     with pytest.raises(NoCompute, match="axis"):
         run_rule("DFT", [x, None, np.array(1, np.int64)], {})
     with pytest.raises(NoCompute, match="dft_length|run time"):
@@ -385,8 +385,7 @@ STFT_CASES = [  # (length, parts, frame_step, window length, frame_length, onesi
 
 @pytest.mark.parametrize("length,parts,step,window,frame,onesided", STFT_CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_stft_rule(length, parts, step, window, frame, onesided, dtype):
-    rng = np.random.default_rng()
+def test_stft_rule(rng, length, parts, step, window, frame, onesided, dtype):
     arrays = [rng.standard_normal((2, length, parts)).astype(dtype), np.array(step, np.int64),
               None if window is None else rng.random(window).astype(dtype),
               None if frame is None else np.array(frame, np.int64)]
@@ -397,8 +396,8 @@ def test_stft_rule(length, parts, step, window, frame, onesided, dtype):
                     tol=1e-4 if dtype == np.float32 else 1e-10)
 
 
-def test_stft_rule_needs_a_constant_step():
-    signal = np.random.default_rng().standard_normal((1, 16, 1)).astype(np.float32)
+def test_stft_rule_needs_a_constant_step(rng):
+    signal = rng.standard_normal((1, 16, 1)).astype(np.float32)
     with pytest.raises(NoCompute, match="frame_step|run time"):
         run_rule("STFT", [signal, np.array(4, np.int64), None, np.array(8, np.int64)], {},
                  const_inputs=(3,))

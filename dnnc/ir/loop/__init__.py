@@ -1,0 +1,42 @@
+"""The operator IR: target-neutral loop nests that every backend renders.
+
+One package, one concern a module, all names re-exported here (`from dnnc.ir import loop as L;
+L.For(...)`):
+
+- `nodes`: Expr, Stmt, Buffer, IterVar, PrimFunc, constructors (`const`, `call`, `seq`, ...),
+  `static_shape`
+- `traversal`: children, walk, transform, substitute, free_vars, structural_equal
+- `printer`: the stable text form (`print_expr`, `print_stmt`, `print_func`)
+- `verifier`: `verify` and `LoopIRError`
+- `simplifier`: `Bounds`, `bounds`, the `EXPR_RULES` table, `simplify_expr`, `simplify`
+
+Backends must never need a second IR, and this package knows nothing of graphs, ONNX or any
+backend.
+"""
+
+from .nodes import (
+    ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, REDUCE_COMBINERS, Allocate, Barrier, BinOp,
+    Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let, Load, PrimFunc, Reduce,
+    Scope, Select, Seq, Stmt, Store, Var, call, const, eq, logical_and, logical_or, loop_nest,
+    maximum, minimum, ne, seq, static_shape)
+from .printer import print_expr, print_func, print_stmt
+from .simplifier import EXPR_RULES, UNBOUNDED, Bounds, bounds, simplify, simplify_expr
+from .traversal import children, free_vars, structural_equal, substitute, transform, walk
+from .verifier import LoopIRError, verify
+
+__all__ = [
+    # nodes
+    "ARITH", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LOGIC", "REDUCE_COMBINERS",
+    "Allocate", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const", "Expr", "For", "ForKind",
+    "If", "IterVar", "Let", "Load", "PrimFunc", "Reduce", "Scope", "Select", "Seq", "Stmt",
+    "Store", "Var", "call", "const", "eq", "logical_and", "logical_or", "loop_nest", "maximum",
+    "minimum", "ne", "seq", "static_shape",
+    # traversal
+    "children", "free_vars", "structural_equal", "substitute", "transform", "walk",
+    # printer
+    "print_expr", "print_func", "print_stmt",
+    # verifier
+    "LoopIRError", "verify",
+    # simplifier
+    "EXPR_RULES", "UNBOUNDED", "Bounds", "bounds", "simplify", "simplify_expr",
+]

@@ -1,0 +1,447 @@
+"""Operator-IR nodes: expressions, statements, buffers and `PrimFunc`, with their constructors.
+
+Expressions (`Var`, `Const`, `BinOp`, `Call`, `Cast`, `Select`, `Load`, `Reduce`) and statements
+(`For`, `Store`, `Let`, `If`, `Allocate`, `Seq`, `Barrier`) are immutable dataclasses, so `==`
+is structural equality and nodes hash. Arithmetic operators build expressions (`i * 4 + j`);
+comparisons other than `==`/`!=` do too (`i < n`); use `eq(a, b)` / `ne(a, b)` for those two.
+
+`Reduce` appears only in op `compute` rules (an output element as a reduction over reduce axes);
+lowering turns it into loops. A `For` names how it runs: serial, parallel (CPU cores),
+vectorized, unrolled, or bound to a GPU axis (blockIdx.x, threadIdx.y, ...); an `Allocate` names
+its memory scope (global, shared, local).
+
+This module only defines the nodes: it never traverses, prints, verifies or rewrites them
+(see `traversal`, `printer`, `verifier`, `simplifier`), and knows nothing of graphs, ONNX or any
+backend.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .. import types as T
+
+INDEX = T.int64
+"""The dtype of loop variables and index arithmetic."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Expressions
+
+
+class Expr:
+    """Base of all expressions; arithmetic operators build `BinOp`s."""
+
+    dtype: T.DType
+
+    def __add__(self, o):
+        return BinOp("+", self, const(o, self.dtype))
+
+    def __radd__(self, o):
+        return BinOp("+", const(o, self.dtype), self)
+
+    def __sub__(self, o):
+        return BinOp("-", self, const(o, self.dtype))
+
+    def __rsub__(self, o):
+        return BinOp("-", const(o, self.dtype), self)
+
+    def __mul__(self, o):
+        return BinOp("*", self, const(o, self.dtype))
+
+    def __rmul__(self, o):
+        return BinOp("*", const(o, self.dtype), self)
+
+    def __truediv__(self, o):
+        return BinOp("/", self, const(o, self.dtype))
+
+    def __floordiv__(self, o):
+        return BinOp("//", self, const(o, self.dtype))
+
+    def __mod__(self, o):
+        return BinOp("%", self, const(o, self.dtype))
+
+    def __neg__(self):
+        return BinOp("-", Const(0, self.dtype), self)
+
+    def __lt__(self, o):
+        return BinOp("<", self, const(o, self.dtype))
+
+    def __le__(self, o):
+        return BinOp("<=", self, const(o, self.dtype))
+
+    def __gt__(self, o):
+        return BinOp(">", self, const(o, self.dtype))
+
+    def __ge__(self, o):
+        return BinOp(">=", self, const(o, self.dtype))
+
+
+@dataclass(frozen=True, eq=True)
+class Var(Expr):
+    """A loop variable, a let-bound name, or a symbolic size (a graph's symbolic dim)."""
+
+    name: str
+    dtype: T.DType = INDEX
+
+    def __hash__(self):
+        return hash(("Var", self.name))
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    value: int | float | bool
+    dtype: T.DType = INDEX
+
+    def __hash__(self):
+        return hash(("Const", self.value, self.dtype.name))
+
+
+ARITH = ("+", "-", "*", "/", "//", "%", "min", "max")
+COMPARE = ("==", "!=", "<", "<=", ">", ">=")
+LOGIC = ("and", "or")
+BITWISE = ("&", "|", "^", "<<", ">>")
+
+
+@dataclass(frozen=True, eq=True)
+class BinOp(Expr):
+    """On integers `//` and `%` are floor division and its modulo (Python's) and `/` divides
+    truncating toward zero (C's); none traps: by 0 each gives 0, and MIN divided by -1 gives
+    MIN (the quotient wraps; the remainder is 0). On floats `/` is true division, `//`
+    floor(a / b) and `%` fmod. Comparisons and logic ops have dtype bool."""
+
+    op: str
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> T.DType:
+        return T.bool_ if self.op in COMPARE or self.op in LOGIC else self.a.dtype
+
+    def __hash__(self):
+        return hash(("BinOp", self.op, self.a, self.b))
+
+
+INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil",
+              "round", "trunc", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+              "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
+              "log1p", "expm1", "sign", "atan2", "fma", "bitcast")
+"""`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
+`bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T."""
+
+
+@dataclass(frozen=True, eq=True)
+class Call(Expr):
+    """An intrinsic (`exp`, `tanh`, `erf`, `sqrt`, ...) applied to arguments."""
+
+    name: str
+    args: tuple[Expr, ...]
+    dtype: T.DType
+
+    def __hash__(self):
+        return hash(("Call", self.name, self.args))
+
+
+@dataclass(frozen=True, eq=True)
+class Cast(Expr):
+    dtype: T.DType
+    value: Expr
+
+    def __hash__(self):
+        return hash(("Cast", self.dtype.name, self.value))
+
+
+@dataclass(frozen=True, eq=True)
+class Select(Expr):
+    cond: Expr
+    true: Expr
+    false: Expr
+
+    @property
+    def dtype(self) -> T.DType:
+        return self.true.dtype
+
+    def __hash__(self):
+        return hash(("Select", self.cond, self.true, self.false))
+
+
+class Scope(str, enum.Enum):
+    GLOBAL = "global"
+    SHARED = "shared"   # per GPU block
+    LOCAL = "local"     # per thread / registers
+
+
+@dataclass(frozen=True, eq=True)
+class Buffer:
+    """A named n-d array in a memory scope; row-major over `shape` (ints or size Vars)."""
+
+    name: str
+    dtype: T.DType
+    shape: tuple[Expr, ...]
+    scope: Scope = Scope.GLOBAL
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(const(d) if isinstance(d, int) else d
+                                                for d in self.shape))
+
+    def __getitem__(self, indices) -> "Load":
+        if not isinstance(indices, tuple):
+            indices = (indices,)
+        return Load(self, tuple(const(i) for i in indices))
+
+    def __hash__(self):
+        return hash(("Buffer", self.name))
+
+
+@dataclass(frozen=True, eq=True)
+class Load(Expr):
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> T.DType:
+        return self.buffer.dtype
+
+    def __hash__(self):
+        return hash(("Load", self.buffer.name, self.indices))
+
+
+@dataclass(frozen=True, eq=True)
+class IterVar:
+    """A reduction axis: `var` ranges over [0, extent)."""
+
+    var: Var
+    extent: Expr
+
+    def __hash__(self):
+        return hash(("IterVar", self.var, self.extent))
+
+
+REDUCE_COMBINERS = ("sum", "prod", "max", "min", "and", "or")
+
+
+@dataclass(frozen=True, eq=True)
+class Reduce(Expr):
+    """`combiner` of `source` over the reduce axes (compute rules only)."""
+
+    combiner: str
+    source: Expr
+    axes: tuple[IterVar, ...]
+    # filters the reduced elements (a pooling window's padding, a masked softmax)
+    condition: Expr | None = None
+
+    @property
+    def dtype(self) -> T.DType:
+        return self.source.dtype
+
+    def __hash__(self):
+        return hash(("Reduce", self.combiner, self.source, self.axes, self.condition))
+
+
+def const(value, dtype: T.DType | None = None) -> Expr:
+    """`value` as an Expr: Exprs pass through, Python numbers become `Const`s."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, IterVar):  # a reduce axis used as an index
+        return value.var
+    if dtype is None:
+        dtype = T.bool_ if isinstance(value, bool) else INDEX if isinstance(value, int) \
+            else T.float32
+    if dtype.is_float:
+        value = float(value)
+    elif dtype.kind == "b":
+        value = bool(value)
+    else:
+        value = int(value)
+    return Const(value, dtype)
+
+
+def eq(a, b) -> BinOp:
+    a = const(a)
+    return BinOp("==", a, const(b, a.dtype))
+
+
+def ne(a, b) -> BinOp:
+    a = const(a)
+    return BinOp("!=", a, const(b, a.dtype))
+
+
+def minimum(a, b) -> BinOp:
+    a = const(a)
+    return BinOp("min", a, const(b, a.dtype))
+
+
+def maximum(a, b) -> BinOp:
+    a = const(a)
+    return BinOp("max", a, const(b, a.dtype))
+
+
+def logical_and(*conds) -> Expr:
+    """All of `conds` (true when none are given)."""
+    out: Expr | None = None
+    for c in conds:
+        out = c if out is None else BinOp("and", out, c)
+    return Const(True, T.bool_) if out is None else out
+
+
+def logical_or(*conds) -> Expr:
+    out: Expr | None = None
+    for c in conds:
+        out = c if out is None else BinOp("or", out, c)
+    return Const(False, T.bool_) if out is None else out
+
+
+def call(name: str, *args, dtype: T.DType | None = None) -> Call:
+    if name not in INTRINSICS:
+        raise ValueError(f"unknown intrinsic {name!r}")
+    args = tuple(const(a) for a in args)
+    return Call(name, args, dtype or (T.bool_ if name in ("isnan", "isinf", "not")
+                                      else args[0].dtype))
+
+
+def static_shape(shape) -> tuple[int, ...] | None:
+    """A buffer shape (index expressions, or ints) as ints when every dim is a constant, None
+    when any is symbolic; graph shapes pass through unchanged (`types.static_shape`)."""
+    return T.static_shape(d.value if isinstance(d, Const) else d for d in shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Statements
+
+
+class Stmt:
+    """Base of all statements."""
+
+
+class ForKind(str, enum.Enum):
+    SERIAL = "serial"
+    PARALLEL = "parallel"
+    VECTORIZED = "vectorized"
+    UNROLLED = "unrolled"
+    BLOCK_X = "blockIdx.x"
+    BLOCK_Y = "blockIdx.y"
+    BLOCK_Z = "blockIdx.z"
+    THREAD_X = "threadIdx.x"
+    THREAD_Y = "threadIdx.y"
+    THREAD_Z = "threadIdx.z"
+
+    @property
+    def is_gpu_block(self) -> bool:
+        return self.value.startswith("blockIdx")
+
+    @property
+    def is_gpu_thread(self) -> bool:
+        return self.value.startswith("threadIdx")
+
+
+@dataclass(frozen=True, eq=True)
+class For(Stmt):
+    """`for var in [0, extent)`, run as `kind` says."""
+
+    var: Var
+    extent: Expr
+    body: Stmt
+    kind: ForKind = ForKind.SERIAL
+
+    def __post_init__(self):
+        object.__setattr__(self, "extent", const(self.extent))
+
+    def __hash__(self):
+        return hash(("For", self.var, self.extent, self.body, self.kind))
+
+
+@dataclass(frozen=True, eq=True)
+class Store(Stmt):
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    value: Expr
+
+    def __post_init__(self):
+        object.__setattr__(self, "indices", tuple(const(i) for i in self.indices))
+
+    def __hash__(self):
+        return hash(("Store", self.buffer.name, self.indices, self.value))
+
+
+@dataclass(frozen=True, eq=True)
+class Let(Stmt):
+    var: Var
+    value: Expr
+    body: Stmt
+
+    def __hash__(self):
+        return hash(("Let", self.var, self.value, self.body))
+
+
+@dataclass(frozen=True, eq=True)
+class If(Stmt):
+    cond: Expr
+    then: Stmt
+    orelse: Stmt | None = None
+
+    def __hash__(self):
+        return hash(("If", self.cond, self.then, self.orelse))
+
+
+@dataclass(frozen=True, eq=True)
+class Allocate(Stmt):
+    """`buffer` exists (in its scope) for the duration of `body`."""
+
+    buffer: Buffer
+    body: Stmt
+
+    def __hash__(self):
+        return hash(("Allocate", self.buffer, self.body))
+
+
+@dataclass(frozen=True, eq=True)
+class Seq(Stmt):
+    stmts: tuple[Stmt, ...]
+
+    def __hash__(self):
+        return hash(("Seq", self.stmts))
+
+
+@dataclass(frozen=True, eq=True)
+class Barrier(Stmt):
+    """All threads of a GPU block wait here (__syncthreads)."""
+
+    def __hash__(self):
+        return hash("Barrier")
+
+
+def seq(*stmts: Stmt) -> Stmt:
+    """A Seq, flattened; one statement stays itself."""
+    flat: list[Stmt] = []
+    for s in stmts:
+        if isinstance(s, Seq):
+            flat.extend(s.stmts)
+        elif s is not None:
+            flat.append(s)
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def loop_nest(vars_extents, body: Stmt, kind: ForKind = ForKind.SERIAL) -> Stmt:
+    """Nested serial loops, outermost first."""
+    for var, extent in reversed(list(vars_extents)):
+        body = For(var, extent, body, kind)
+    return body
+
+
+@dataclass(frozen=True, eq=True)
+class PrimFunc:
+    """One kernel: buffer parameters (inputs then outputs), symbolic size vars, a body."""
+
+    name: str
+    params: tuple[Buffer, ...]
+    body: Stmt
+    size_vars: tuple[Var, ...] = ()
+    attrs: tuple[tuple[str, object], ...] = field(default_factory=tuple)
+
+    def __hash__(self):
+        return hash(("PrimFunc", self.name, self.params, self.body))
+
+    def __str__(self) -> str:
+        from .printer import print_func  # the printer imports these nodes
+        return print_func(self)

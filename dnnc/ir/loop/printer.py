@@ -1,0 +1,80 @@
+"""The operator IR's text form: `print_expr`, `print_stmt`, `print_func` (what `str(func)` shows).
+
+The text is stable and diffable: tests and `dnnc inspect` compare it, so change it on purpose
+only. It must never be parsed back or used as a key (compare with `structural_equal`).
+"""
+
+from __future__ import annotations
+
+from .nodes import (
+    INDEX, Allocate, Barrier, BinOp, Call, Cast, Const, Expr, For, ForKind, If, Let, Load,
+    PrimFunc, Reduce, Select, Seq, Stmt, Store, Var)
+
+
+_PRECEDENCE = {"or": 1, "and": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
+               "|": 4, "^": 5, "&": 6, "<<": 7, ">>": 7, "+": 8, "-": 8, "*": 9, "/": 9,
+               "//": 9, "%": 9}
+
+
+def print_expr(e: Expr, parent: int = 0) -> str:
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Const):
+        if e.dtype is INDEX or e.dtype.kind == "b":
+            return repr(e.value)
+        return f"{e.dtype.name}({e.value!r})"
+    if isinstance(e, BinOp):
+        if e.op in ("min", "max"):
+            return f"{e.op}({print_expr(e.a)}, {print_expr(e.b)})"
+        p = _PRECEDENCE[e.op]
+        text = f"{print_expr(e.a, p)} {e.op} {print_expr(e.b, p + 1)}"
+        return f"({text})" if p < parent else text
+    if isinstance(e, Call):
+        return f"{e.name}({', '.join(print_expr(a) for a in e.args)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype.name}({print_expr(e.value)})"
+    if isinstance(e, Select):
+        return (f"select({print_expr(e.cond)}, {print_expr(e.true)}, "
+                f"{print_expr(e.false)})")
+    if isinstance(e, Load):
+        return f"{e.buffer.name}[{', '.join(print_expr(i) for i in e.indices)}]"
+    if isinstance(e, Reduce):
+        axes = ", ".join(f"{a.var.name} < {print_expr(a.extent)}" for a in e.axes)
+        where = "" if e.condition is None else f" if {print_expr(e.condition)}"
+        return f"{e.combiner}({print_expr(e.source)} for {axes}{where})"
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def print_stmt(s: Stmt, indent: int = 0) -> str:
+    pad = "  " * indent
+    if isinstance(s, For):
+        kind = "" if s.kind is ForKind.SERIAL else f"  # {s.kind.value}"
+        return (f"{pad}for {s.var.name} in range({print_expr(s.extent)}):{kind}\n"
+                + print_stmt(s.body, indent + 1))
+    if isinstance(s, Store):
+        idx = ", ".join(print_expr(i) for i in s.indices)
+        return f"{pad}{s.buffer.name}[{idx}] = {print_expr(s.value)}\n"
+    if isinstance(s, Let):
+        return f"{pad}{s.var.name} = {print_expr(s.value)}\n" + print_stmt(s.body, indent)
+    if isinstance(s, If):
+        text = f"{pad}if {print_expr(s.cond)}:\n" + print_stmt(s.then, indent + 1)
+        if s.orelse is not None:
+            text += f"{pad}else:\n" + print_stmt(s.orelse, indent + 1)
+        return text
+    if isinstance(s, Allocate):
+        b = s.buffer
+        dims = ", ".join(print_expr(d) for d in b.shape)
+        return (f"{pad}{b.name} = alloc({b.dtype.name}[{dims}], scope={b.scope.value})\n"
+                + print_stmt(s.body, indent))
+    if isinstance(s, Seq):
+        return "".join(print_stmt(x, indent) for x in s.stmts)
+    if isinstance(s, Barrier):
+        return f"{pad}barrier()\n"
+    raise TypeError(f"not a statement: {s!r}")
+
+
+def print_func(f: PrimFunc) -> str:
+    params = ", ".join(f"{b.name}: {b.dtype.name}[{', '.join(print_expr(d) for d in b.shape)}]"
+                       for b in f.params)
+    sizes = f" sizes({', '.join(v.name for v in f.size_vars)})" if f.size_vars else ""
+    return f"def {f.name}({params}){sizes}:\n" + print_stmt(f.body, 1)

@@ -1,0 +1,98 @@
+"""Generic traversal of operator-IR nodes: children, walk, bottom-up transform, substitution,
+free variables and structural equality up to bound-variable names.
+
+Everything here is generic over node fields (dataclass introspection), so a new node kind needs
+no change here. It must never know what a node means (no simplification, no checking).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Callable, Iterator
+
+from .nodes import Expr, For, IterVar, Let, Stmt, Var
+
+
+def children(node) -> Iterator:
+    """The IR nodes directly inside `node` (Exprs, Stmts, Buffers, IterVars)."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, (Expr, Stmt, IterVar)):
+            yield value
+        elif isinstance(value, tuple):
+            for item in value:
+                if isinstance(item, (Expr, Stmt, IterVar)):
+                    yield item
+
+
+def walk(node) -> Iterator:
+    """Every node under `node`, pre-order, `node` included."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(list(children(n))))
+
+
+def transform(node, fn: Callable):
+    """Rebuild `node` bottom-up: children first, then `fn(rebuilt)`; `fn` returns a
+    replacement or None to keep the node."""
+    changes = {}
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, (Expr, Stmt, IterVar)):
+            new = transform(value, fn)
+            if new is not value:
+                changes[f.name] = new
+        elif isinstance(value, tuple) and any(isinstance(v, (Expr, Stmt, IterVar))
+                                              for v in value):
+            new = tuple(transform(v, fn) if isinstance(v, (Expr, Stmt, IterVar)) else v
+                        for v in value)
+            if any(a is not b for a, b in zip(new, value)):
+                changes[f.name] = new
+    if changes:
+        node = _replace(node, changes)
+    out = fn(node)
+    return node if out is None else out
+
+
+def _replace(node, changes: dict):
+    values = {f.name: getattr(node, f.name) for f in fields(node)}
+    values.update(changes)
+    return type(node)(**values)
+
+
+def substitute(node, mapping: dict):
+    """Replace Vars (by Var) with Exprs."""
+    if not mapping:
+        return node
+    return transform(node, lambda n: mapping.get(n) if isinstance(n, Var) else None)
+
+
+def free_vars(node) -> set[Var]:
+    """Vars read in `node` that it does not bind itself."""
+    bound: set[Var] = set()
+    used: set[Var] = set()
+    for n in walk(node):
+        if isinstance(n, (For, Let)):
+            bound.add(n.var)
+        elif isinstance(n, IterVar):
+            bound.add(n.var)
+        elif isinstance(n, Var):
+            used.add(n)
+    return used - bound
+
+
+def structural_equal(a, b) -> bool:
+    """Equality up to the names of bound loop and let variables."""
+    return _alpha_normal(a) == _alpha_normal(b)
+
+
+def _alpha_normal(node):
+    counter = iter(range(1 << 30))
+    renames: dict[Var, Var] = {}
+    binders = [n for n in walk(node) if isinstance(n, (For, Let, IterVar))]
+    for b in binders:
+        if b.var not in renames:
+            renames[b.var] = Var(f"_v{next(counter)}", b.var.dtype)
+    return substitute(node, renames)

@@ -1,0 +1,118 @@
+"""The operator IR's invariants, checked by `verify(func)`: scoping of vars and buffers, index
+arity and dtypes, and GPU placement rules (block/thread loops, shared memory, barriers).
+
+A failure raises `LoopIRError`: a compiler bug, not a user error. It must never modify a
+function nor accept one a backend could not render.
+"""
+
+from __future__ import annotations
+
+from .nodes import (
+    Allocate, Barrier, BinOp, For, If, Let, Load, PrimFunc, Reduce, Scope, Select, Seq, Store,
+    Var)
+from .printer import print_expr
+from .traversal import walk
+
+
+class LoopIRError(Exception):
+    """A PrimFunc breaks an invariant of the operator IR (a compiler bug, not a user error)."""
+
+
+def verify(func: PrimFunc) -> None:
+    """Check scoping of vars and buffers, index arity, dtypes, and GPU placement rules."""
+    params = {b.name: b for b in func.params}
+    if len(params) != len(func.params):
+        raise LoopIRError(f"{func.name}: duplicate parameter names")
+    scope_vars = set(func.size_vars)
+    for b in func.params:
+        if b.scope is not Scope.GLOBAL:
+            raise LoopIRError(f"{func.name}: parameter {b.name} must be in global scope")
+        _check_expr_vars(func, b.shape, scope_vars)
+    _verify_stmt(func, func.body, scope_vars, dict(params), gpu=set())
+
+
+def _check_expr_vars(func, exprs, scope_vars) -> None:
+    for e in exprs:
+        for n in walk(e):
+            if isinstance(n, Reduce):
+                raise LoopIRError(f"{func.name}: Reduce must be lowered before a PrimFunc")
+            if isinstance(n, Var) and n not in scope_vars:
+                raise LoopIRError(f"{func.name}: variable {n.name} used out of scope")
+            if isinstance(n, BinOp):
+                if n.a.dtype is not n.b.dtype:
+                    raise LoopIRError(f"{func.name}: {print_expr(n)} mixes dtypes "
+                                      f"{n.a.dtype.name} and {n.b.dtype.name}")
+            if isinstance(n, Select) and n.true.dtype is not n.false.dtype:
+                raise LoopIRError(f"{func.name}: {print_expr(n)} mixes dtypes")
+
+
+def _check_access(func, buffer, indices, buffers) -> None:
+    known = buffers.get(buffer.name)
+    if known is None:
+        raise LoopIRError(f"{func.name}: buffer {buffer.name} is neither a parameter nor "
+                          f"allocated here")
+    if known != buffer:
+        raise LoopIRError(f"{func.name}: buffer {buffer.name} accessed with another type")
+    if len(indices) != len(buffer.shape):
+        raise LoopIRError(f"{func.name}: {buffer.name} has rank {len(buffer.shape)}, "
+                          f"accessed with {len(indices)} indices")
+    for i in indices:
+        if not i.dtype.is_int:
+            raise LoopIRError(f"{func.name}: index {print_expr(i)} of {buffer.name} is not "
+                              f"an integer")
+
+
+def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
+    def exprs(*es):
+        _check_expr_vars(func, es, scope_vars)
+        for e in es:
+            for n in walk(e):
+                if isinstance(n, Load):
+                    _check_access(func, n.buffer, n.indices, buffers)
+
+    if isinstance(s, For):
+        exprs(s.extent)
+        if s.var in scope_vars:
+            raise LoopIRError(f"{func.name}: loop variable {s.var.name} rebinds a name")
+        inner_gpu = gpu
+        if s.kind.is_gpu_block or s.kind.is_gpu_thread:
+            if s.kind.value in gpu:
+                raise LoopIRError(f"{func.name}: {s.kind.value} bound twice")
+            if s.kind.is_gpu_block and any(k.startswith("threadIdx") for k in gpu):
+                raise LoopIRError(f"{func.name}: {s.kind.value} inside a thread loop")
+            inner_gpu = gpu | {s.kind.value}
+        _verify_stmt(func, s.body, scope_vars | {s.var}, buffers, inner_gpu)
+    elif isinstance(s, Store):
+        exprs(*s.indices, s.value)
+        _check_access(func, s.buffer, s.indices, buffers)
+        if s.value.dtype is not s.buffer.dtype:
+            raise LoopIRError(f"{func.name}: storing {s.value.dtype.name} into "
+                              f"{s.buffer.dtype.name} buffer {s.buffer.name}")
+    elif isinstance(s, Let):
+        exprs(s.value)
+        if s.var.dtype is not s.value.dtype:
+            raise LoopIRError(f"{func.name}: let {s.var.name} has the wrong dtype")
+        _verify_stmt(func, s.body, scope_vars | {s.var}, buffers, gpu)
+    elif isinstance(s, If):
+        exprs(s.cond)
+        if s.cond.dtype.kind != "b":
+            raise LoopIRError(f"{func.name}: condition {print_expr(s.cond)} is not bool")
+        _verify_stmt(func, s.then, scope_vars, buffers, gpu)
+        if s.orelse is not None:
+            _verify_stmt(func, s.orelse, scope_vars, buffers, gpu)
+    elif isinstance(s, Allocate):
+        b = s.buffer
+        if b.name in buffers:
+            raise LoopIRError(f"{func.name}: buffer {b.name} allocated twice")
+        if b.scope is Scope.SHARED and not any(k.startswith("blockIdx") for k in gpu):
+            raise LoopIRError(f"{func.name}: shared buffer {b.name} outside a GPU block loop")
+        _check_expr_vars(func, b.shape, scope_vars)
+        _verify_stmt(func, s.body, scope_vars, {**buffers, b.name: b}, gpu)
+    elif isinstance(s, Seq):
+        for x in s.stmts:
+            _verify_stmt(func, x, scope_vars, buffers, gpu)
+    elif isinstance(s, Barrier):
+        if not any(k.startswith("threadIdx") for k in gpu):
+            raise LoopIRError(f"{func.name}: barrier outside a GPU thread loop")
+    else:
+        raise LoopIRError(f"{func.name}: not a statement: {s!r}")

@@ -1,0 +1,250 @@
+"""The differential fuzzer: its generator, its minimiser, its crash capture, and a seeded batch
+of 100 cases on the llvm target (CI's fuzzing run)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from dnnc.testing import fuzz
+from dnnc.testing.generate import generate
+from dnnc.testing.minimize import minimize
+
+ROOT = Path(__file__).resolve().parents[2]
+CI_SEED = 10
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+# --- generator --------------------------------------------------------------------------------
+
+def test_generated_models_are_valid_and_reproduce_from_seed_and_index():
+    for index in range(40):
+        case = generate(3, index)
+        onnx.checker.check_model(case.model, full_check=True)
+        onnx.shape_inference.infer_shapes(case.model, strict_mode=True)
+        again = generate(3, index)
+        assert again.model.SerializeToString() == case.model.SerializeToString()
+        first, second = case.draw_inputs(0), again.draw_inputs(0)
+        for k in first:
+            np.testing.assert_array_equal(first[k], second[k])   # NaN equals NaN here
+        # the second run draws fresh data (and a new batch size when the batch is symbolic)
+        other = case.draw_inputs(1)
+        assert any(first[k].shape != other[k].shape or
+                   not np.array_equal(first[k], other[k], equal_nan=first[k].dtype.kind == "f")
+                   for k in first)
+    assert generate(3, 0).model.SerializeToString() != generate(4, 0).model.SerializeToString()
+
+
+def test_ci_batch_covers_the_op_families_symbolic_batch_and_parallel_sizes():
+    cases = [generate(CI_SEED, i) for i in range(100)]
+    ops = set().union(*(c.ops for c in cases))
+    for op in ("Conv", "MatMul", "Gemm", "Add", "Div", "Mod", "Softmax", "LayerNormalization",
+               "BatchNormalization", "MaxPool", "AveragePool", "Reshape", "Transpose",
+               "Concat", "Split", "Slice", "Gather", "ReduceSum", "ReduceMean", "Pad",
+               "Resize", "Cast", "Where", "Expand", "Erf"):
+        assert op in ops, op
+    assert sum(c.symbolic for c in cases) >= 20
+    big = [c for c in cases if c.big]
+    assert len(big) >= 3
+    # the big cases cross the llvm target's parallel threshold (elements per stage)
+    from dnnc.backends.llvm.schedules import MIN_PARALLEL_WORK
+
+    def largest(case):
+        return max(int(np.prod(a.shape)) for a in case.draw_inputs(0).values())
+    assert all(largest(c) >= MIN_PARALLEL_WORK for c in big)
+    int_inputs = [s for c in cases for s in c.inputs if s.dtype.kind == "i"]
+    assert int_inputs
+
+
+# --- comparison -------------------------------------------------------------------------------
+
+def test_close_is_exact_for_integers_and_scaled_for_floats():
+    a = np.arange(6, dtype=np.int64)
+    assert fuzz.close(a, a.copy())[0]
+    assert not fuzz.close(a + (a == 3), a)[0]
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    assert fuzz.close(x * np.float32(1 + 3e-5), x)[0]
+    bad = x.copy()
+    bad[17] += 0.01
+    assert not fuzz.close(bad, x)[0]
+    assert not fuzz.close(x[:999], x)[0]
+    nan = np.array([np.nan, 1.0], np.float32)
+    assert fuzz.close(nan, nan.copy())[0]
+    assert not fuzz.close(np.array([0.0, 1.0], np.float32), nan)[0]
+
+
+def _resize_model(scale: float):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 5, 4])
+    h_out, w_out = int(5 * scale), int(4 * scale)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, h_out, w_out])
+    scales = helper.make_tensor("s", TensorProto.FLOAT, [4], [1, 1, scale, scale])
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear",
+                            coordinate_transformation_mode="align_corners", name="r")
+    return helper.make_model(helper.make_graph([node], "g", [x], [y], [scales]),
+                             opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_known_difference_matches_only_its_condition():
+    known = fuzz.known_difference(_resize_model(0.75), "y")
+    assert known is not None and known.name == "resize-align-corners-fractional"
+    assert fuzz.known_difference(_resize_model(2.0), "y") is None
+
+
+def test_known_difference_is_real_and_dnnc_follows_the_spec():
+    ort = pytest.importorskip("onnxruntime")
+    from onnx.reference import ReferenceEvaluator
+
+    model = _resize_model(0.75)
+    x = np.random.default_rng(1).standard_normal((1, 1, 5, 4)).astype(np.float32)
+    spec = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    ours = fuzz.numpy_outputs(model.SerializeToString(), [{"x": x}])[0][0]
+    theirs = ort.InferenceSession(model.SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert fuzz.close(ours, spec)[0]
+    assert not fuzz.close(theirs, spec)[0]
+
+
+# --- minimiser --------------------------------------------------------------------------------
+
+def test_minimizer_shrinks_a_planted_failure_to_the_guilty_node():
+    case = next(c for c in (generate(5, i) for i in range(200))
+                if "Softmax" in c.ops and len(c.model.graph.node) >= 6)
+    runs = [case.draw_inputs(r) for r in range(2)]
+
+    def fails(model, model_runs):   # the planted bug: any Softmax
+        assert [set(r) for r in model_runs] == [{v.name for v in model.graph.input}] * 2
+        return any(n.op_type == "Softmax" for n in model.graph.node)
+
+    small = minimize(case.model, runs, fails)
+    assert [n.op_type for n in small.model.graph.node] == ["Softmax"]
+    onnx.checker.check_model(small.model, full_check=True)
+    # the minimised model runs on the inputs saved with it
+    outs = fuzz.numpy_outputs(small.model.SerializeToString(), small.runs)
+    assert len(outs) == 2
+
+
+def test_minimizer_keeps_the_model_when_no_edit_keeps_the_failure():
+    case = generate(5, 1)
+    runs = [case.draw_inputs(r) for r in range(2)]
+    original = case.model.SerializeToString()
+    small = minimize(case.model, runs, lambda m, r: m.SerializeToString() == original)
+    assert small.model.SerializeToString() == original
+
+
+# --- crashes and hangs ------------------------------------------------------------------------
+
+FAKE_WORKER = """
+import os, signal, sys, time
+from dnnc.testing.worker import read_message, write_message, handle
+channel = os.fdopen(os.dup(1), "wb")
+while True:
+    request = read_message(sys.stdin.buffer)
+    if request is None:
+        break
+    if b"Softmax" in request["model"]:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if b"Tanh" in request["model"]:
+        time.sleep(60)
+    write_message(channel, handle(request))
+"""
+
+
+def _single_op_model(op: str):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    return helper.make_model(helper.make_graph([helper.make_node(op, ["x"], ["y"], name="n")],
+                                               "g", [x], [y]),
+                             opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_worker_killed_by_a_signal_is_a_crash_and_a_hang_a_timeout(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    worker = fuzz.Worker(1, timeout=20, argv=[sys.executable, "-c", FAKE_WORKER])
+    checker = fuzz.Checker(worker, "llvm", 0, use_ort=False)
+    runs = [{"x": np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)}]
+    try:
+        assert checker.check(_single_op_model("Relu"), runs).status == "pass"
+        crash = checker.check(_single_op_model("Softmax"), runs)
+        assert (crash.status, crash.cls) == ("crash", "SIGSEGV")
+        assert crash.finding
+        worker.timeout = 2
+        hang = checker.check(_single_op_model("Tanh"), runs)
+        assert hang.status == "timeout"
+        worker.timeout = 20
+        assert checker.check(_single_op_model("Sigmoid"), runs).status == "pass"  # restarted
+        assert worker.restarts == 2
+    finally:
+        worker.stop()
+
+
+def test_fuzz_saves_and_minimises_a_crash(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    index = next(i for i in range(200) if "Softmax" in generate(5, i).ops)
+    args = fuzz.parse_args(["--seed", "5", "--case", str(index), "--out", str(tmp_path),
+                            "--threads", "1", "--quiet", "--no-onnxruntime"])
+    summary = fuzz.fuzz(args, worker_argv=[sys.executable, "-c", FAKE_WORKER])
+    assert summary["crashes"] == {"SIGSEGV": 1} and fuzz.has_finding(summary)
+    folder = tmp_path / f"seed5_case{index}"
+    info = json.loads((folder / "finding.json").read_text())
+    assert info["status"] == "crash" and "--case" in info["reproduce"]
+    small = onnx.load(folder / "minimized.onnx")
+    assert [n.op_type for n in small.graph.node] == ["Softmax"]
+    runs = fuzz.load_inputs(folder / "minimized_inputs.npz")
+    assert set(runs[0]) == {v.name for v in small.graph.input}
+
+
+# --- the command ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["--cases", "0"], ["--opt-level", "7"], ["--threads", "0"],
+                                  ["--target", "nope"], ["--timeout", "-1"],
+                                  ["--minimize-seconds", "0"]])
+def test_bad_usage_exits_2(argv):
+    with pytest.raises(SystemExit) as exc:
+        fuzz.parse_args(argv)
+    assert exc.value.code == 2
+
+
+def test_ci_batch_of_100_cases_finds_nothing(tmp_path):
+    """CI's fuzzing run: 100 seeded cases on the llvm target, 2 threads, opt level 3."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dnnc.testing.fuzz", "--cases", "100", "--seed", str(CI_SEED),
+         "--threads", "2", "--out", str(tmp_path)],
+        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "cases 100, passed" in proc.stdout
+
+
+def test_nan_known_differences_apply_only_to_nan_mismatches():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], name="p")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    assert fuzz.known_difference(model, "y", nan=True).name == "nan-in-max"
+    assert fuzz.known_difference(model, "y", nan=False) is None
+
+
+def test_resize_nearest_downscale_difference_matches_only_fractional_inverses():
+    def model(scale):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 6, 6])
+        n = int(6 * scale)
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, n, n])
+        scales = helper.make_tensor("s", TensorProto.FLOAT, [4], [1, 1, scale, scale])
+        node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest",
+                                nearest_mode="floor", name="r")
+        return helper.make_model(helper.make_graph([node], "g", [x], [y], [scales]),
+                                 opset_imports=[helper.make_opsetid("", 18)])
+    assert fuzz.known_difference(model(0.6), "y").name == "resize-nearest-fractional-downscale"
+    assert fuzz.known_difference(model(0.5), "y") is None
+    assert fuzz.known_difference(model(2.0), "y") is None
