@@ -7,8 +7,11 @@ normalisation; layernorm's mean, variance and scaling) become one loop, so a row
 while it is in L1 and the worker pool starts once; each stage's outermost loops are fused
 into one parallel loop when the stage does enough work to pay for waking the pool; a float
 reduction along a row keeps one partial result per vector lane (LLVM does not reassociate
-float adds on its own, so a scalar accumulator would stay scalar); the inner loops are left to
-LLVM's loop vectoriser. Calls to exp and erf on float32 become polynomials (`FAST_MATH`)
+float adds on its own, so a scalar accumulator would stay scalar), and a long float sum is
+blocked (`_blocked`: each lane sums `REDUCE_BLOCK` elements into a fresh partial result, added
+to the running total when the block ends, blocks of blocks above that), so its rounding error
+grows with the logarithm of the row, not with the row; the inner loops are left to LLVM's loop
+vectoriser. Calls to exp and erf on float32 become polynomials (`FAST_MATH`)
 that vectorise, where libm's would run lane by lane.
 
 A parallel loop never carries state between its iterations (`_carried`): every element it
@@ -34,6 +37,10 @@ MIN_PARALLEL_WORK = 1 << 15
 # chunks of a split reduction: fixed (not the thread count) so that its rounding is the same
 # on every machine; 64 keeps up to 64 cores busy and costs 64 combining steps
 REDUCE_CHUNKS = 64
+# elements per lane in a block of a float sum (`_blocked`): 128 costs nothing measurable
+# (ReduceSum [4096, 4096], LayerNorm [8, 32768]: within noise, docs/llvm_backend.md); 16-64
+# fully unroll a 1024-wide row into straight-line code, 1.5x slower on [64, 1024, 1024]
+REDUCE_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,9 @@ class Config:
     min_parallel_work: int = MIN_PARALLEL_WORK
     # partial results per float reduction (one vector of float32; 1: a scalar accumulator)
     reduce_lanes: int = 8
+    # elements a lane sums into a fresh partial result before adding it to the running total
+    # (`_blocked`): rounding error grows with the block, not the row
+    reduce_block: int = REDUCE_BLOCK
     fuse_rows: bool = True
 
 
@@ -53,7 +63,9 @@ def default_schedule(func: L.PrimFunc, config: Config = Config(), threads: int =
     if config.parallel:
         body = _chunk_reductions(body, config)
     if config.reduce_lanes > 1:
-        body = L.transform(body, lambda n: _split_reduction(n, config.reduce_lanes))
+        body = L.transform(body, lambda n: _split_reduction(n, config.reduce_lanes,
+                                                            config.reduce_block))
+        body = L.transform(body, lambda n: _block_outer_sum(n, config.reduce_block))
     body = _schedule_stmt(body, config, threads)
     return L.PrimFunc(func.name, func.params, body, func.size_vars, func.attrs)
 
@@ -153,7 +165,7 @@ def _injective(index: tuple, var: L.Var, extent: int) -> bool:
 _IDENTITY = {"+": 0.0, "max": float("-inf"), "min": float("inf")}
 
 
-def _split_reduction(n, lanes: int):
+def _split_reduction(n, lanes: int, block_size: int):
     """`for r in R: acc[0] = acc[0] (op) f(r)` over float32 becomes `lanes` partial results,
     `for ro in R // lanes: for l in lanes: part[l] = part[l] (op) f(ro * lanes + l)`, folded
     into acc after the loop (and a scalar tail): the inner loop vectorises. Sums round
@@ -185,17 +197,111 @@ def _split_reduction(n, lanes: int):
     plain = not any(isinstance(x, (L.Call, L.Cast)) or (isinstance(x, L.Load) and any(
         n.var in L.free_vars(i) for i in x.indices[:-1])) for x in L.walk(source))
     kind = L.ForKind.VECTORIZED if plain else L.ForKind.SERIAL
-    update = L.For(ro, main // lanes, L.For(lane, lanes, L.Store(
-        part, (lane,), L.BinOp(value.op, part[lane],
-                               L.substitute(source, {n.var: ro * lanes + lane}))), kind))
+
+    def update(into: L.Buffer, start: L.Expr | None, count: int) -> L.Stmt:
+        step = ro if start is None else start + ro
+        return L.For(ro, count, L.For(lane, lanes, L.Store(into, (lane,), L.BinOp(
+            value.op, into[lane], L.substitute(source, {n.var: step * lanes + lane}))), kind))
+
+    # max and min are exact in any order: only sums are blocked
+    block = block_size if value.op == "+" else main // lanes
+    stmts = [init, _blocked(update, part, main // lanes, block, None, itertools.count())]
     fold = L.For(k, lanes, L.Store(acc, (L.const(0),), L.BinOp(
         value.op, L.Load(acc, (L.const(0),)), part[k])))
-    stmts = [init, update, fold]
+    stmts.append(fold)
     if main < extent:
         stmts.append(L.For(n.var, extent - main, L.Store(acc, (L.const(0),), L.BinOp(
             value.op, L.Load(acc, (L.const(0),)),
             L.substitute(source, {n.var: n.var + main})))))
     return L.Allocate(part, L.seq(*stmts))
+
+
+def _blocked(update, into: L.Buffer, count: int, block: int, start: L.Expr | None,
+             names) -> L.Stmt:
+    """`update(into, start, count)` (add elements start .. start + count - 1, lane by lane,
+    into `into`) in blocks: above `block` elements a lane, each block of `size` (the largest
+    power of `block` below `count`) sums into a fresh partial result, added to `into` when
+    the block ends; blocks are blocked again. An element's sum then passes through at most
+    `block` roundings per level and log_block(count) levels, instead of `count` roundings:
+    the bound of a blocked sum (Higham, Accuracy and Stability of Numerical Algorithms, 4.2;
+    NumPy's pairwise sum and Eigen's reductions do the same)."""
+    if count <= block:
+        return update(into, start, count)
+    size = block
+    while size * block < count:
+        size *= block
+    blocks, rest = divmod(count, size)
+    k = next(names)
+    b, lane = L.Var(f"{into.name}_bi{k}"), L.Var(f"{into.name}_bl{k}")
+    partial = L.Buffer(f"{into.name}_b{k}", into.dtype, into.shape, L.Scope.LOCAL)
+    lanes = into.shape[0].value
+    here = b * size if start is None else start + b * size
+
+    def each_lane(store, kind=L.ForKind.SERIAL):
+        return store(L.const(0)) if lanes == 1 else L.For(lane, lanes, store(lane), kind)
+
+    inner = L.Allocate(partial, L.seq(
+        each_lane(lambda i: L.Store(partial, (i,), L.const(0.0, into.dtype))),
+        _blocked(update, partial, size, block, here, names),
+        each_lane(lambda i: L.Store(into, (i,), into[i] + partial[i]), L.ForKind.VECTORIZED)))
+    stmts = [L.For(b, blocks, inner)]
+    if rest:
+        after = blocks * size
+        tail = L.const(after) if start is None else start + after
+        stmts.append(_blocked(update, into, rest, block, tail, names))
+    return L.seq(*stmts)
+
+
+def _block_outer_sum(n, block: int):
+    """An outer loop of a float32 sum over several axes, `for r in R: <body adding into
+    acc[0] only>` (as `for r2: <the split row sum over r3>`), blocked by `_blocked` on its
+    iterations so that each block's partial result takes about `block` additions: otherwise
+    acc[0] takes every row's partial results in sequence."""
+    if not isinstance(n, L.For) or not isinstance(n.extent, L.Const) or \
+            isinstance(n.body, L.Store):
+        return None
+    private = {x.buffer.name for x in L.walk(n.body) if isinstance(x, L.Allocate)}
+    written = {x.buffer.name: x.buffer for x in L.walk(n.body)
+               if isinstance(x, L.Store) and x.buffer.name not in private}
+    if len(written) != 1:
+        return None
+    (acc,) = written.values()
+    adds = _updates(n.body, acc)
+    if acc.scope is not L.Scope.LOCAL or acc.dtype is not T.float32 or \
+            _update_op(n.body, acc) != "+" or not adds or n.extent.value * adds <= block:
+        return None
+    r = L.Var(f"{n.var.name}_i")
+    into = L.Buffer(f"{acc.name}_{n.var.name}", acc.dtype, (L.const(1),), L.Scope.LOCAL)
+
+    def update(part: L.Buffer, start: L.Expr | None, count: int) -> L.Stmt:
+        step = r if start is None else start + r
+        return L.For(r, count, _rename_buffer(L.substitute(n.body, {n.var: step}), acc, part))
+
+    # iterations a block: the fewest blocks of at most `block` additions, all of one size
+    # where the extent allows (a tail is one more copy of the body)
+    blocks = -(-n.extent.value * adds // block)
+    per_block = max(2, -(-n.extent.value // blocks))
+    return L.Allocate(into, L.seq(
+        L.Store(into, (L.const(0),), L.const(0.0, T.float32)),
+        _blocked(update, into, n.extent.value, per_block, None, itertools.count()),
+        L.Store(acc, (L.const(0),), acc[L.const(0)] + into[L.const(0)])))
+
+
+def _updates(s: L.Stmt, acc: L.Buffer) -> int | None:
+    """Stores into `acc` one run of `s` makes (None when a loop's extent is symbolic)."""
+    if isinstance(s, L.Store):
+        return int(s.buffer.name == acc.name)
+    if isinstance(s, L.For):
+        inner = _updates(s.body, acc)
+        if inner is None or not isinstance(s.extent, L.Const):
+            return None
+        return s.extent.value * inner
+    if isinstance(s, L.Seq):
+        parts = [_updates(x, acc) for x in s.stmts]
+        return None if None in parts else sum(parts)
+    if isinstance(s, (L.Allocate, L.Let)):
+        return _updates(s.body, acc)
+    return None
 
 
 def _nest_work(s: L.Stmt) -> int | None:

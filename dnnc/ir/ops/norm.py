@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import DNNCError
 from .. import types as T
 from ..compute import NoCompute, broadcast_load, compute, reduce_axis, reduce_sum
-from ..loop import Cast, Select, call, const, eq, logical_and
+from ..loop import Cast, Select, call, const, eq, logical_and, substitute
 from ..types import TensorType
 from .infer import check_dtype, check_same_dtype, normalize_axis, same_as_input
 from .reduce import count_of, input_at, spread, stage_name
@@ -76,12 +76,20 @@ def _moments(shape, read, extents, dtype, finish=None, hint="norm"):
     """Mean and variance stages of shape `shape`: `read(i, r)` is the element (in `dtype`)
     at statistics index i and reduce axes r over `extents`. The variance is the mean of
     squared deviations from the mean stage (np.var's two passes); `finish(var)` turns it
-    into what the output reads (an inverse std), so that too is computed once per group."""
+    into what the output reads (an inverse std), so that too is computed once per group.
+
+    The mean is taken of the elements shifted by the group's first one, x0 + mean(x - x0):
+    of a constant group it is exact, and of a nearly constant one (where the output divides
+    x - mean by sqrt(var + eps) ~ sqrt(eps)) its rounding is relative to the spread, not
+    to |x| (onnxruntime gets there by summing in float64)."""
     acc = _acc_dtype(dtype)
 
     def mean_of(*i):
         r = [reduce_axis(n) for n in extents]
-        return Cast(dtype, reduce_sum(Cast(acc, read(i, r)), r) / count_of(r, acc))
+        x = read(i, r)
+        first = substitute(x, {a.var: const(0) for a in r})
+        shifted = reduce_sum(Cast(acc, x - first), r) / count_of(r, acc)
+        return first + Cast(dtype, shifted)
 
     mean = compute(shape, mean_of, name=stage_name(f"{hint}_mean"))
 
