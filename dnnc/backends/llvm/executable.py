@@ -301,7 +301,7 @@ class LLVMRuntime:
     def profile(self, inputs: list[np.ndarray], repeat: int = 20
                 ) -> tuple[list[np.ndarray], list[dict]]:
         """The outputs, and the median milliseconds of each kernel called alone, in call
-        order, and of each host step: where a model's time goes (bench/profile.py).
+        order, and of each host step: where a model's time goes (bench/kernel_profile.py).
         Specialisations restored from an artifact keep no kernel list: compile from the model
         to profile them."""
         env: dict[int, np.ndarray] = {}

@@ -1,6 +1,6 @@
 """Where a zoo model's time goes on the llvm target: each kernel called alone.
 
-    python bench/profile.py resnet50 [--top 15] [--repeat 20] [--batch 1]
+    python bench/kernel_profile.py resnet50 [--top 15] [--repeat 20] [--batch 1]
 
 Prints each kernel (by its fused nodes) with its median milliseconds, sorted by time, the sum
 over kernels next to the whole model's median call (the difference is the per-call overhead),
