@@ -188,7 +188,8 @@ def export(name: str, path: Path, exporter: str = "torchscript") -> Path:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
-            shapes = {"x": {axis: torch.export.Dim(dim) for axis, dim in dynamic.items()}}
+            # a tuple, by position: a dict must use forward()'s own argument names
+            shapes = ({axis: torch.export.Dim(dim) for axis, dim in dynamic.items()},)
             torch.onnx.export(model, (x,), str(path), dynamo=True, input_names=["x"],
                               output_names=["y"], dynamic_shapes=shapes, verbose=False)
         else:
