@@ -32,6 +32,10 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+# numpy imports its random package on first use; Cython's module setup there swallows any
+# exception, so a Ctrl-C that lands in it was lost and `dnnc bench` ran on (seen 1 in ~25
+# tries under load). Imported here, before any work a user might interrupt.
+import numpy.random  # noqa: F401
 
 from ..errors import ArgumentError, CompileError, DNNCError
 from .module import call_times_ms
