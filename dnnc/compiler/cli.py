@@ -26,7 +26,9 @@ import json
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -735,8 +737,40 @@ def _one_line(exc: BaseException) -> str:
            f"that DNNC_DEBUG=1 prints)"
 
 
+FORCE_EXIT_SECONDS = 3.0
+"""How long a Ctrl-C waits for the KeyboardInterrupt to end the command before dnnc exits
+anyway: third-party code may swallow it (Cython's module setup in numpy's lazily imported
+random package did, 1 in ~25 tries under load), and a second Ctrl-C exits at once."""
+
+
+def _force_exit() -> None:
+    os.write(2, b"dnnc: interrupted\n")
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _on_interrupt(signum, frame) -> None:
+    if getattr(_on_interrupt, "pending", False):   # a second Ctrl-C
+        _force_exit()
+    _on_interrupt.pending = True
+    watchdog = threading.Timer(FORCE_EXIT_SECONDS, _force_exit)
+    watchdog.daemon = True    # never keeps a finished process alive
+    watchdog.start()
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `dnnc` console script; returns the exit status (`EXIT_STATUS`)."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_interrupt) if in_main_thread else None
+    _on_interrupt.pending = False
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     debug = os.environ.get("DNNC_DEBUG", "") not in ("", "0")
     try:
         args = build_parser().parse_args(argv)

@@ -475,3 +475,34 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys):
     finally:
         process.kill()
     assert process.returncode == 130 and err == "dnnc: interrupted\n"
+
+
+def test_ctrl_c_ends_dnnc_even_when_the_interrupt_is_swallowed():
+    """Third-party code may catch the KeyboardInterrupt (Cython's module setup in numpy's lazy
+    random import did): dnnc still exits 130 with one line, after FORCE_EXIT_SECONDS."""
+    import signal
+
+    script = (
+        "import os, time\n"
+        "from dnnc.compiler import cli\n"
+        "def swallowing(argv):\n"
+        "    os.write(2, b'ready\\n')\n"
+        "    end = time.time() + 60\n"
+        "    while time.time() < end:\n"
+        "        try:\n"
+        "            time.sleep(0.01)\n"
+        "        except KeyboardInterrupt:\n"
+        "            pass\n"
+        "    return 0\n"
+        "cli._main = swallowing\n"
+        "raise SystemExit(cli.main([]))\n")
+    process = subprocess.Popen([sys.executable, "-c", script], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={"PYTHONPATH": str(REPO), "PATH": ""})
+    try:
+        assert process.stderr.readline() == "ready\n"
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and err == "dnnc: interrupted\n"
