@@ -75,11 +75,6 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
 )}
 
 
-def target(name: str) -> TargetSpec:
-    """The registry entry of `name` (callers have checked it is one)."""
-    return REGISTRY[name]
-
-
 def default_target() -> str:
     """The fastest target available on this host (llvm on a CPU)."""
     return max((s for s in REGISTRY.values() if s.available()), key=lambda s: s.speed).name
