@@ -276,20 +276,20 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 # ---------------------------------------------------------------------------------------------
 # Per-target parts: what a target's runtime adds to the manifest and archive, and how it comes
-# back. Keyed by target name.
+# back. The registry (targets.py) names them as each target's codec.
 
 
-def _numpy_export(runtime, manifest: dict, files: dict) -> None:
+def numpy_export(runtime, manifest: dict, files: dict) -> None:
     manifest["target"] = {"name": "numpy"}
 
 
-def _numpy_restore(graph: Graph, manifest: dict, read, progress):
+def numpy_restore(graph: Graph, manifest: dict, read, progress):
     from ..backends.numpy import NumpyRuntime
 
     return NumpyRuntime(graph)
 
 
-def _llvm_export(runtime, manifest: dict, files: dict) -> None:
+def llvm_export(runtime, manifest: dict, files: dict) -> None:
     import llvmlite.binding as llvm
 
     cpu = runtime.cpu
@@ -318,7 +318,7 @@ def _llvm_export(runtime, manifest: dict, files: dict) -> None:
     manifest["segments"] = segments
 
 
-def _llvm_check(manifest: dict, path) -> None:
+def llvm_check(manifest: dict, path) -> None:
     """Refuse a manifest with numbers of the wrong type or range, and code this machine
     cannot run: another architecture, or CPU features it lacks. The features are the `+`
     ones of the complete feature string the code was compiled with (`HostCPU`), so they
@@ -406,7 +406,7 @@ def _check_llvm_manifest(manifest: dict) -> None:
             what + " values")
 
 
-def _llvm_restore(graph: Graph, manifest: dict, read, progress):
+def llvm_restore(graph: Graph, manifest: dict, read, progress):
     from ..backends.llvm.executable import LLVMRuntime, SegmentImage
     from ..backends.llvm.runtime import HostCPU
 
@@ -427,14 +427,8 @@ def _llvm_restore(graph: Graph, manifest: dict, read, progress):
                                opt_level=target["opt_level"], progress=progress)
 
 
-def _no_check(manifest: dict, path) -> None:
+def no_check(manifest: dict, path) -> None:
     pass
-
-
-TARGETS = {
-    "numpy": (_numpy_export, _no_check, _numpy_restore),
-    "llvm": (_llvm_export, _llvm_check, _llvm_restore),
-}
 
 
 def _type_doc(t: TensorType) -> dict:
@@ -451,10 +445,13 @@ def _type_from(doc: dict) -> TensorType:
 
 def save(model, path) -> None:
     """Write `model` (a CompiledModel) to `path` as one artifact file, atomically."""
+    from .targets import REGISTRY
+
     check_path("path", path)
-    if model.target not in TARGETS:
+    savable = [name for name, spec in REGISTRY.items() if spec.codec is not None]
+    if model.target not in savable:
         raise ArtifactError(f"target {model.target!r} cannot be saved; savable targets: "
-                            f"{', '.join(TARGETS)}")
+                            f"{', '.join(savable)}")
     doc, blobs = graph_to_doc(model.graph)
     stats = model.stats
     manifest = {
@@ -469,7 +466,7 @@ def save(model, path) -> None:
                   if k in stats},
     }
     files: dict[str, bytes] = {}
-    TARGETS[model.target][0](model.runtime, manifest, files)
+    REGISTRY[model.target].codec.export(model.runtime, manifest, files)
     members = {"graph.json": json.dumps(doc, allow_nan=False).encode()}
     members.update((f"tensors/{k}.npy", _npy_bytes(array)) for k, array in enumerate(blobs))
     members.update(files)
@@ -541,6 +538,8 @@ def _member(archive: zipfile.ZipFile, name: str, path, limit: int = _MAX_TEXT) -
 
 
 def _manifest(archive: zipfile.ZipFile, path) -> dict:
+    from .targets import REGISTRY
+
     try:
         manifest = json.loads(_member(archive, "manifest.json", path, _MAX_MANIFEST))
     except KeyError:
@@ -560,7 +559,7 @@ def _manifest(archive: zipfile.ZipFile, path) -> dict:
                             f"dnnc {version}; recompile the model with this version")
     target = manifest.get("target")
     target = target.get("name") if type(target) is dict else None
-    if target not in TARGETS:
+    if target not in REGISTRY or REGISTRY[target].codec is None:
         raise ArtifactError(f"{path}: unknown target {target!r}")
     files = manifest.get("files")
     if type(files) is not dict or not all(
@@ -588,14 +587,15 @@ def _reader(archive: zipfile.ZipFile, manifest: dict, path):
 def load(path, *, progress: bool | None = None):
     """Restore a CompiledModel saved by `CompiledModel.save`; see the module docstring."""
     from .module import CompiledModel
+    from .targets import REGISTRY
 
     check_path("path", path)
     start = time.perf_counter()
     with _open(path) as archive:
         manifest = _manifest(archive, path)
-        _, check, restore = TARGETS[manifest["target"]["name"]]
+        codec = REGISTRY[manifest["target"]["name"]].codec
         try:
-            check(manifest, path)
+            codec.check(manifest, path)
         except KeyError as exc:
             raise ArtifactError(f"{path}: the manifest is corrupt (no {exc})") from None
         read = _reader(archive, manifest, path)
@@ -609,7 +609,7 @@ def load(path, *, progress: bool | None = None):
 
             graph = graph_from_doc(doc, tensor)
             graph.verify()
-            runtime = restore(graph, manifest, read, progress)
+            runtime = codec.restore(graph, manifest, read, progress)
         except ArtifactError as exc:
             if str(exc).startswith(f"{path}:"):
                 raise

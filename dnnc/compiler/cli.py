@@ -168,6 +168,7 @@ def _numel(dims) -> int:
 
 def cmd_inspect(args) -> int:
     from .inspect import format_passes, format_summary, pass_report, summarize
+    from .targets import default_target
 
     from .artifact import is_artifact, load
 
@@ -186,7 +187,7 @@ def cmd_inspect(args) -> int:
     else:
         graph = _import_onnx(args.model, shapes)
     summary = summarize(graph)
-    target = args.target or "llvm"
+    target = args.target or default_target()
     opt_level = 3 if args.opt_level is None else args.opt_level
     rows = pass_report(graph, target, opt_level) if args.passes else None
     if args.json:
@@ -226,8 +227,10 @@ def _cpu_option(args):
     and refuses unknown CPU or feature names."""
     if args.mcpu is None and args.mattr is None:
         return None
-    if args.target != "llvm":
-        raise UsageError("--mcpu/--mattr apply to the llvm target only")
+    from .targets import using
+
+    if args.target not in using("cpu"):
+        raise UsageError(f"--mcpu/--mattr apply to the {', '.join(using('cpu'))} target only")
     from ..backends.llvm.runtime import cpu_from
 
     try:
@@ -241,6 +244,7 @@ def _model_for(args, shapes: dict | None = None, check=None):
     `check(input_names, input_types)` vets options against the model before compiling."""
     from .artifact import is_artifact, load
     from .driver import compile
+    from .targets import default_target
 
     if is_artifact(args.model):
         if shapes:
@@ -257,7 +261,7 @@ def _model_for(args, shapes: dict | None = None, check=None):
     graph = _import_onnx(args.model, shapes or {})
     if check is not None:
         check([v.name for v in graph.inputs], [v.type for v in graph.inputs])
-    target = args.target or "llvm"
+    target = args.target or default_target()
     _say(args, f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
     return compile(graph, target=target, progress=not getattr(args, "quiet", False))
 
@@ -267,21 +271,25 @@ def _ms(seconds: float) -> str:
 
 
 def cmd_compile(args) -> int:
-    from ..backends.llvm.runtime import host_cpu
     from .driver import compile
+    from .targets import REGISTRY
 
+    spec = REGISTRY[args.target]
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
     cpu = _cpu_option(args)
     emits = []
     for kind, folder in args.emit:
         if kind not in EMIT_SUFFIX:
             raise UsageError(f"--emit {kind!r}: one of {', '.join(EMIT_SUFFIX)}")
-        if args.target != "llvm":
+        if not spec.generates_code:
             raise UsageError(f"--emit: the {args.target} target generates no code")
+        if kind not in spec.emits:
+            raise UsageError(f"--emit {kind!r}: the {args.target} target emits "
+                             f"{', '.join(spec.emits)}")
         emits.append((kind, Path(folder)))
     output = Path(args.output) if args.output else Path(args.model).with_suffix(".dnnc")
     _check_writable(output, "-o")
-    if args.dump_ir and args.target != "llvm":
+    if args.dump_ir and not spec.runs_passes:
         raise UsageError(f"--dump-ir: the {args.target} target runs no passes")
     _say(args, f"importing {args.model}")
     graph = _import_onnx(args.model, shapes)
@@ -293,9 +301,9 @@ def cmd_compile(args) -> int:
                          f"symbolic, so no code is compiled before a call gives them sizes; "
                          f"fix them to emit code, e.g. {fixed}")
     where = ""
-    if args.target == "llvm":
-        shown = cpu or host_cpu()
-        where = f" (cpu {shown.name}, {shown.vector_bits}-bit vectors)"
+    if "cpu" in spec.options:
+        shown = spec.machine(cpu)
+        where = f" (cpu {shown.cpu}, {shown.vector_bits}-bit vectors)"
     _say(args, f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
     try:
         model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
@@ -305,7 +313,7 @@ def cmd_compile(args) -> int:
     if args.dump_ir:
         _say(args, f"wrote the graph after each pass into {args.dump_ir}")
     stats = model.stats
-    if symbolic and args.target == "llvm":
+    if symbolic and spec.generates_code:
         _say(args, f"input dim(s) {', '.join(symbolic)} are symbolic: kernels are compiled "
                    f"for each shape on first use (fix them with --input-shape to compile "
                    f"ahead)")
@@ -489,6 +497,7 @@ def _ort_session(path: str, threads: int):
 
 def cmd_bench(args) -> int:
     from .artifact import is_artifact
+    from .targets import REGISTRY
 
     if args.threads is not None:
         os.environ["DNNC_NUM_THREADS"] = str(args.threads)  # read when the pool starts
@@ -513,11 +522,8 @@ def cmd_bench(args) -> int:
                              f"bench other sizes")
 
     model = _model_for(args, shapes, check)
-    threads = 1
-    if model.target == "llvm":
-        from ..backends.llvm.runtime import ensure_pool
-
-        threads = ensure_pool()
+    start_pool = REGISTRY[model.target].threads
+    threads = 1 if start_pool is None else start_pool()
     session = None
     if not args.no_onnxruntime and not is_artifact(args.model):
         session = _ort_session(args.model, threads)
@@ -563,6 +569,9 @@ def _artifact_summary(model) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .targets import default_target, fastest_first
+
+    targets, default = fastest_first(), default_target()
     parser = _Parser(
         prog="dnnc", description="dnnc, a deep-learning compiler: build, inspect and compile "
                                  "models.")
@@ -589,8 +598,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fix an input's shape (dims may be symbolic names; repeatable)")
     ins.add_argument("--passes", action="store_true",
                      help="run the pass pipeline and print nodes and kernels after each pass")
-    ins.add_argument("--target", default=None, choices=["llvm", "numpy"],
-                     help="target of --passes (default llvm)")
+    ins.add_argument("--target", default=None, choices=targets,
+                     help=f"target of --passes (default {default})")
     ins.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
                      help="optimisation level of --passes (default 3)")
     ins.set_defaults(run=cmd_inspect)
@@ -600,8 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "as one self-contained artifact file.")
     comp.add_argument("model", help="an .onnx file")
     comp.add_argument("-o", "--output", help="the artifact to write (default: MODEL.dnnc)")
-    comp.add_argument("--target", default="llvm", choices=["llvm", "numpy"],
-                      help="target (default llvm)")
+    comp.add_argument("--target", default=default, choices=targets,
+                      help=f"target (default {default})")
     comp.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
                       help="optimisation level (default 3)")
     _shape_option(comp)
@@ -617,8 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run a model on inputs from .npy files or random ones; "
                                      "print each output's shape and a summary.")
     run.add_argument("model", help="a .dnnc artifact or an .onnx file")
-    run.add_argument("--target", default=None, choices=["llvm", "numpy"],
-                     help="target for an ONNX model (default llvm)")
+    run.add_argument("--target", default=None, choices=targets,
+                     help=f"target for an ONNX model (default {default})")
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                      help="an input's data (repeatable)")
     run.add_argument("--random", action="store_true",
@@ -637,8 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "onnxruntime's in the same run with the same thread "
                                        "count when it is installed.")
     bench.add_argument("model", help="an .onnx file (or a .dnnc artifact: no onnxruntime)")
-    bench.add_argument("--target", default=None, choices=["llvm", "numpy"],
-                       help="target for an ONNX model (default llvm)")
+    bench.add_argument("--target", default=None, choices=targets,
+                       help=f"target for an ONNX model (default {default})")
     bench.add_argument("--repeat", type=_int_at_least(1), default=50,
                        help="timed calls (default 50)")
     bench.add_argument("--warmup", type=_int_at_least(0), default=5,
@@ -660,7 +669,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "with the same random inputs; report the first node, in "
                                       "the model's names, whose output differs.")
     cmp_.add_argument("model", help="an .onnx file")
-    cmp_.add_argument("--target", default="llvm", choices=["llvm", "numpy"])
+    cmp_.add_argument("--target", default=default, choices=targets)
     cmp_.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3])
     cmp_.add_argument("--bisect-passes", action="store_true",
                       help="also find the first pass after which the results change")
@@ -677,11 +686,12 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_compare(args) -> int:
     from .artifact import is_artifact
     from .compare import bisect_passes, compare
+    from .targets import REGISTRY
 
     if is_artifact(args.model):
         raise UsageError(f"{args.model} is an artifact; compare takes the ONNX model, to run "
                          f"on the reference too")
-    if args.bisect_passes and args.target == "numpy":
+    if args.bisect_passes and not REGISTRY[args.target].runs_passes:
         raise UsageError("--bisect-passes: the numpy target runs no passes")
     options = dict(rtol=args.rtol, atol=args.atol, seed=args.seed)
     if args.bisect_passes:

@@ -19,6 +19,7 @@ from ..ir.interpreter import run_graph
 from ..passes.manager import passes_at
 from .arguments import check_int, check_tolerance
 from .driver import compile, load_graph
+from .targets import default_target
 
 
 @dataclass
@@ -63,11 +64,13 @@ def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple
     return ok, err
 
 
-def compare(model, target: str = "llvm", opt_level: int | None = None, *, rtol: float = 1e-4,
+def compare(model, target: str | None = None, opt_level: int | None = None, *, rtol: float = 1e-4,
             atol: float = 1e-5, seed: int = 0, passes: int | None = None,
             inputs: list[np.ndarray] | None = None) -> Divergence | None:
-    """The first node whose output differs between `target` and the reference, or None."""
+    """The first node whose output differs between `target` (default: the host's, see
+    targets.py) and the reference, or None."""
     _check(rtol, atol, seed)
+    target = default_target() if target is None else target
     graph = load_graph(model)
     arrays = inputs if inputs is not None else _inputs(graph, np.random.default_rng(seed))
     reference: dict[str, np.ndarray] = {}
@@ -94,11 +97,12 @@ def compare(model, target: str = "llvm", opt_level: int | None = None, *, rtol: 
     return None
 
 
-def bisect_passes(model, target: str = "llvm", opt_level: int | None = None, *,
+def bisect_passes(model, target: str | None = None, opt_level: int | None = None, *,
                   rtol: float = 1e-4, atol: float = 1e-5, seed: int = 0
                   ) -> tuple[str, Divergence] | None:
     """(the first pass after which results diverge, where they first diverge), or None."""
     _check(rtol, atol, seed)
+    target = default_target() if target is None else target
     graph = load_graph(model)
     arrays = _inputs(graph, np.random.default_rng(seed))
     names = passes_at(3 if opt_level is None else opt_level)

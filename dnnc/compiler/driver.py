@@ -27,7 +27,7 @@ def llvm_target(cpu=None):
                   num_threads())
 
 
-def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
+def llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
                   cache_size=None, **pipeline):
     from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
     from ..backends.llvm.runtime import host_cpu
@@ -42,23 +42,19 @@ def _llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=
                               cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
 
 
-def _numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
+def numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
                    cache_size=None, **pipeline):
     return graph, NumpyRuntime(graph)   # the reference interprets the graph as imported
-
-
-TARGETS = {"numpy": _numpy_runtime, "llvm": _llvm_runtime}
-
-TARGET_OPTIONS = {"numpy": (), "llvm": ("cpu", "passes", "dump_ir", "cache_size")}
-"""The options of `compile` only some targets use; the others refuse them rather than ignore
-them (the numpy reference runs the graph as imported: no passes, no CPU, no dumps)."""
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,
                   passes=None, dump_ir=None, cache_size=None) -> None:
     """Raise `ArgumentError` for a compile option of the wrong type or range, or one that
-    `target` does not use (also what `dnnc.jit` checks when it decorates)."""
-    check_choice("target", target, TARGETS)
+    `target` does not use (also what `dnnc.jit` checks when it decorates). The numpy reference
+    runs the graph as imported, so it refuses the llvm options rather than ignore them."""
+    from .targets import REGISTRY, using
+
+    check_choice("target", target, REGISTRY)
     check_int("opt_level", opt_level, OPT_LEVELS[0], OPT_LEVELS[-1], optional=True)
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
     check_int("passes", passes, 0, len(passes_at(level)), optional=True)
@@ -70,8 +66,8 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
                             "tuner); leave it out")
     for name, value in {"cpu": cpu, "passes": passes, "dump_ir": dump_ir,
                         "cache_size": cache_size}.items():
-        if value is not None and name not in TARGET_OPTIONS[target]:
-            users = [t for t, options in TARGET_OPTIONS.items() if name in options]
+        if value is not None and name not in REGISTRY[target].options:
+            users = using(name)
             raise ArgumentError(f"{name} does not apply to the {target} target, only to "
                                 f"{', '.join(users)}")
     if cpu is not None:
@@ -155,8 +151,11 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     imported_nodes = len(graph.nodes)
     timings: dict[str, float] = {}
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
-    graph, runtime = TARGETS[target](graph, level, cpu=cpu, progress=progress, passes=passes,
-                                     timings=timings, dump_ir=dump_ir, cache_size=cache_size)
+    from .targets import REGISTRY
+
+    graph, runtime = REGISTRY[target].runtime(graph, level, cpu=cpu, progress=progress,
+                                              passes=passes, timings=timings, dump_ir=dump_ir,
+                                              cache_size=cache_size)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "imported_nodes": imported_nodes, "pass_seconds": timings,
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),

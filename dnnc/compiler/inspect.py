@@ -332,25 +332,23 @@ class PassRow:
                 "nodes": self.nodes, "kernels": self.kernels, "seconds": self.seconds}
 
 
-def pass_report(graph: Graph, target: str = "llvm", opt_level: int = 3,
+def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
                 cpu=None) -> list[PassRow]:
-    """One row for the imported graph, then one per pass the pipeline of `target` at
-    `opt_level` runs (the numpy target runs none). Kernels count fusion groups only once
-    fuse_ops has run; fuse_ops and plan_memory act in the backend, so they change no node."""
+    """One row for the imported graph, then one per pass the pipeline of `target` (default:
+    the host's, see targets.py) at `opt_level` runs (a target without passes, like numpy, runs
+    none). Kernels count fusion groups only once fuse_ops has run; fuse_ops and plan_memory
+    act in the backend, so they change no node."""
     from ..passes.manager import PIPELINE, optimize
+    from .targets import REGISTRY, default_target
+
+    spec = REGISTRY[target or default_target()]
 
     def kernels(g: Graph, fuse: bool) -> int | None:
-        if target != "llvm":
-            return None
-        from ..backends.llvm.executable import LLVMRuntime
-
-        return LLVMRuntime(g, cpu=cpu, fuse=fuse, warm_up=False, progress=False).kernels
+        return None if spec.kernels is None else spec.kernels(g, cpu, fuse)
 
     rows = [PassRow(0, "(imported)", None, len(graph.nodes), kernels(graph, False), None)]
-    if target != "llvm":
+    if not spec.runs_passes:
         return rows
-    from .driver import llvm_target
-
     levels = {name: level for name, level, _ in PIPELINE}
     timings: dict[str, float] = {}
     fused = []
@@ -361,11 +359,13 @@ def pass_report(graph: Graph, target: str = "llvm", opt_level: int = 3,
         rows.append(PassRow(len(rows), name, levels[name], len(g.nodes),
                             kernels(g, bool(fused)), timings[name]))
 
-    optimize(graph, llvm_target(cpu), opt_level, timings=timings, after_pass=after)
+    optimize(graph, spec.machine(cpu), opt_level, timings=timings, after_pass=after)
     return rows
 
 
 def format_passes(rows: list[PassRow], target: str, opt_level: int) -> str:
+    from .targets import REGISTRY
+
     width = max(len(r.name) for r in rows)
     lines = [f"passes for {target} at opt level {opt_level}:",
              f"  {'#':>2}  {'pass':<{width}}  {'level':>5}  {'nodes':>6}  {'kernels':>7}  "
@@ -377,6 +377,7 @@ def format_passes(rows: list[PassRow], target: str, opt_level: int) -> str:
         lines.append(f"  {r.index:>2}  {r.name:<{width}}  {level:>5}  {r.nodes:>6}  "
                      f"{kernels:>7}  {ms:>8}")
     if len(rows) == 1:
-        lines.append(f"  (the {target} target runs no passes)" if target != "llvm"
-                     else f"  (no pass runs at opt level {opt_level})")
+        lines.append(f"  (no pass runs at opt level {opt_level})"
+                     if REGISTRY[target].runs_passes
+                     else f"  (the {target} target runs no passes)")
     return "\n".join(lines)

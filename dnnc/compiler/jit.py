@@ -57,16 +57,20 @@ class JitFunction:
         return tuple(outs) if returns_tuple else outs[0]
 
 
-def jit(fn: Callable | None = None, *, target: str = "llvm", **compile_options):
+def jit(fn: Callable | None = None, *, target: str | None = None, **compile_options):
     """Decorator: trace and compile `fn` on the first call per input signature, then reuse.
 
     `@dnnc.jit` or `@dnnc.jit(target="numpy", opt_level=2)`; options go to `dnnc.compile`
-    and are checked here, when decorating, not at the first call."""
+    and are checked here, when decorating, not at the first call. `target` defaults to the
+    host's (see targets.py)."""
+    from .targets import default_target
+
     options = set(inspect.signature(driver.check_options).parameters) - {"target"}
     unknown = sorted(set(compile_options) - options)
     if unknown:
         raise ArgumentError(f"dnnc.jit takes the compile options {', '.join(sorted(options))}, "
                             f"not {', '.join(unknown)}")
+    target = default_target() if target is None else target
     driver.check_options(target, **compile_options)
     if fn is None:
         return lambda f: JitFunction(_callable(f), target, compile_options)

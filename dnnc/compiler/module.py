@@ -39,6 +39,10 @@ def call_times_ms(fn, repeat: int, warmup: int) -> list[float]:
     return times
 
 
+SOURCE_KINDS = ("llvm-ir", "llvm", "asm", "loop")
+"""The kinds `CompiledModel.source` knows ("llvm" is llvm-ir's older spelling)."""
+
+
 class CompiledModel:
     """A compiled graph: call it with arrays (positionally or by input name)."""
 
@@ -94,7 +98,7 @@ class CompiledModel:
     def source(self, kind: str = "llvm-ir") -> str:
         """The generated code of every specialisation compiled so far: `llvm-ir`, `asm` or
         `loop` (the scheduled loop IR)."""
-        if kind not in ("llvm-ir", "llvm", "asm", "loop"):
+        if kind not in SOURCE_KINDS:
             raise ArgumentError(f"unknown source kind {kind!r}: kind must be llvm-ir, asm or "
                                 f"loop")
         if not hasattr(self.runtime, "source"):

@@ -1,0 +1,90 @@
+"""The registry of targets: what each target is and can do, as data. The compiler layer and the
+CLI read it and never compare a target's name (tests/compiler/test_targets.py enforces that).
+
+A new target is one package under `dnnc/backends/` plus one `TargetSpec` line in `REGISTRY`.
+The runtime factories and artifact codecs named here live with the code they drive
+(`driver.py`, `artifact.py`); those modules import this one lazily, inside functions, because
+this one imports them."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+from . import artifact, driver
+
+
+@dataclass(frozen=True)
+class ArtifactCodec:
+    """How a target's runtime goes into an artifact and comes back (see artifact.py)."""
+    export: Callable      # (runtime, manifest, files) -> None
+    check: Callable       # (manifest, path) -> None: raise if this machine cannot run it
+    restore: Callable     # (graph, manifest, read, progress) -> runtime
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    description: str
+    runtime: Callable                  # (graph, opt_level, **options) -> (graph, runtime)
+    options: tuple[str, ...] = ()      # the compile options beyond the common ones it uses
+    emits: tuple[str, ...] = ()        # source kinds `CompiledModel.source` gives (--emit)
+    codec: ArtifactCodec | None = None  # None: its models cannot be saved
+    runs_passes: bool = False          # the graph pipeline: --dump-ir, --bisect-passes, ...
+    machine: Callable | None = None    # (cpu) -> ir Target the passes optimise for
+    kernels: Callable | None = None    # (graph, cpu, fuse) -> kernel count (inspect --passes)
+    threads: Callable | None = None    # () -> threads it runs on, starting its pool
+    speed: int = 0                     # rank among the targets available on the host
+    available: Callable = lambda: True  # () -> whether this host can run it
+
+    @property
+    def generates_code(self) -> bool:
+        return bool(self.emits)
+
+
+def _has_llvmlite() -> bool:
+    return importlib.util.find_spec("llvmlite") is not None
+
+
+def _llvm_kernels(graph, cpu, fuse: bool) -> int:
+    from ..backends.llvm.executable import LLVMRuntime
+
+    return LLVMRuntime(graph, cpu=cpu, fuse=fuse, warm_up=False, progress=False).kernels
+
+
+def _llvm_threads() -> int:
+    from ..backends.llvm.runtime import ensure_pool
+
+    return ensure_pool()
+
+
+# Listed in the order messages name them (the reference first).
+REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
+    # the reference interprets the graph as imported: no passes, no CPU, no code
+    TargetSpec("numpy", "the NumPy reference interpreter", driver.numpy_runtime,
+               codec=ArtifactCodec(artifact.numpy_export, artifact.no_check,
+                                   artifact.numpy_restore)),
+    TargetSpec("llvm", "native code for this CPU through LLVM", driver.llvm_runtime,
+               options=("cpu", "passes", "dump_ir", "cache_size"),
+               emits=("llvm-ir", "asm", "loop"),
+               codec=ArtifactCodec(artifact.llvm_export, artifact.llvm_check,
+                                   artifact.llvm_restore),
+               runs_passes=True, machine=driver.llvm_target, kernels=_llvm_kernels,
+               threads=_llvm_threads, speed=10, available=_has_llvmlite),
+)}
+
+
+def default_target() -> str:
+    """The fastest target available on this host (llvm on a CPU)."""
+    return max((s for s in REGISTRY.values() if s.available()), key=lambda s: s.speed).name
+
+
+def fastest_first() -> list[str]:
+    """Every target's name, the fastest first (the order the CLI offers them in)."""
+    return [s.name for s in sorted(REGISTRY.values(), key=lambda s: -s.speed)]
+
+
+def using(option: str) -> list[str]:
+    """The targets that use compile option `option`."""
+    return [s.name for s in REGISTRY.values() if option in s.options]
