@@ -6,8 +6,6 @@ at 1 and at 2 threads (a crash fails the test), then compared with NumPy.
 Run as a script (`python test_parallel_reductions.py OUT.npz`) it is the child: it writes every
 case's outputs, run after run."""
 
-import os
-import subprocess
 import sys
 
 import numpy as np
@@ -121,21 +119,6 @@ def _child(path):
     for run in range(RUNS):
         out[f"var_axis0/{run}"] = np.asarray(traced(x))
     np.savez(path, **out)
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """{threads: {key: array}} from one child process per thread count."""
-    out = {}
-    for threads in (1, 2):
-        path = tmp_path_factory.mktemp(f"t{threads}") / "out.npz"
-        env = dict(os.environ, DNNC_NUM_THREADS=str(threads))
-        proc = subprocess.run([sys.executable, __file__, str(path)], env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"threads={threads}: rc {proc.returncode}\n{proc.stderr}"
-        with np.load(path) as data:
-            out[threads] = dict(data)
-    return out
 
 
 NAMES = list(CASES) + ["var_axis0"]

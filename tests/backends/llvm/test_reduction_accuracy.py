@@ -7,9 +7,7 @@ a child process at 1 and at 2 threads, then compared with float64 NumPy.
 Run as a script (`python test_reduction_accuracy.py OUT.npz`) it is the child."""
 
 import math
-import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -122,21 +120,6 @@ def _child(path):
         out[f"{name}/x"] = x
         out[f"{name}/y"] = np.asarray(dnnc.compile(model.SerializeToString(), "llvm")(x))
     np.savez(path, **out)
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """{threads: {key: array}} from one child process per thread count."""
-    out = {}
-    for threads in (1, 2):
-        path = tmp_path_factory.mktemp(f"t{threads}") / "out.npz"
-        env = dict(os.environ, DNNC_NUM_THREADS=str(threads))
-        proc = subprocess.run([sys.executable, __file__, str(path)], env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"threads={threads}: rc {proc.returncode}\n{proc.stderr}"
-        with np.load(path) as data:
-            out[threads] = dict(data)
-    return out
 
 
 def _layer_norm64(x, scale, bias, epsilon):
