@@ -73,10 +73,9 @@ def ops_after_simplify(model) -> dict[str, int]:
 def planned_kernels(model) -> int:
     """The kernels the llvm backend forms for `model` at the highest level, counted without
     lowering or compiling (what `dnnc inspect --passes` prints)."""
-    from dnnc.backends.llvm.executable import LLVMRuntime
+    from dnnc.backends.plan import count_kernels
 
-    graph = optimize(load_graph(model), llvm_target(), HIGHEST)
-    return LLVMRuntime(graph, fuse=True, warm_up=False, progress=False).kernels
+    return count_kernels(optimize(load_graph(model), llvm_target(), HIGHEST))
 
 
 def measure(name: str, batch: int, repeat: int) -> dict:

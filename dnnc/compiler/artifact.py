@@ -121,6 +121,9 @@ class _Writer:
                 "attrs": {k: self.attr(a, f"{n.op} node {n.name!r} attribute {k!r}")
                           for k, a in n.attrs.items()}})
         doc["outputs"] = [self.value(v) for v in g.outputs]
+        if g.groups is not None:   # fuse_ops' kernels, as node indices
+            index = {id(n): k for k, n in enumerate(g.nodes)}
+            doc["groups"] = [[index[id(n)] for n in group] for group in g.groups]
         return doc
 
     def attr(self, a, where: str):
@@ -202,8 +205,17 @@ class _Reader:
             attrs = {k: self.attr(a) for k, a in nd["attrs"].items()}
             nodes.append(Node(nd["op"], [None if k is None else vals[k] for k in nd["inputs"]],
                               [vals[k] for k in nd["outputs"]], attrs, nd["name"]))
-        return Graph(doc["name"], [vals[k] for k in doc["inputs"]],
-                     [vals[k] for k in doc["outputs"]], nodes)
+        g = Graph(doc["name"], [vals[k] for k in doc["inputs"]],
+                  [vals[k] for k in doc["outputs"]], nodes)
+        if "groups" in doc:
+            groups = doc["groups"]
+            if type(groups) is not list or not all(
+                    type(gr) is list and gr and all(type(k) is int for k in gr)
+                    for gr in groups) or \
+                    sorted(k for gr in groups for k in gr) != list(range(len(nodes))):
+                raise ValueError("its fusion groups do not cover every node once")
+            g.groups = [[nodes[k] for k in gr] for gr in groups]
+        return g
 
     def attr(self, a):
         if isinstance(a, list):

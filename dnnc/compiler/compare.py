@@ -107,11 +107,14 @@ def bisect_passes(model, target: str | None = None, opt_level: int | None = None
     arrays = _inputs(graph, np.random.default_rng(seed))
     names = passes_at(3 if opt_level is None else opt_level)
     want = run_graph(graph, arrays)
-    for k in range(len(names) + 1):
+    # passes=k runs the first k passes and leaves memory reuse off; passes=None is the
+    # whole compile, memory planning included (it runs outside the pass pipeline)
+    for k in list(range(len(names) + 1)) + [None]:
         outs = compile(graph, target=target, opt_level=opt_level, passes=k).run(*arrays)
         if not all(_close(g, w, rtol, atol)[0] for g, w in zip(outs, want)):
             found = compare(graph, target, opt_level, rtol=rtol, atol=atol, passes=k,
                             inputs=arrays)
-            culprit = "the target's code generation (no pass)" if k == 0 else names[k - 1]
+            culprit = "the target's code generation (no pass)" if k == 0 else \
+                "memory planning (arena reuse)" if k is None else names[k - 1]
             return culprit, found
     return None

@@ -19,26 +19,25 @@ OPT_LEVELS = range(0, 4)
 
 def llvm_target(cpu=None):
     """The `Target` the llvm backend compiles for: `cpu` (default: this machine's)."""
+    from ..backends.llvm import FUSION
     from ..backends.llvm.runtime import host_cpu, num_threads
     from ..ir.target import Target
 
     cpu = cpu or host_cpu()
     return Target("llvm", cpu.name, tuple(sorted(cpu.feature_set)), cpu.vector_bits,
-                  num_threads())
+                  num_threads(), FUSION)
 
 
 def llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
                   cache_size=None, **pipeline):
     from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
     from ..backends.llvm.runtime import host_cpu
-    from ..passes.manager import optimize, passes_at
+    from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
 
     cpu = cpu or host_cpu()
     graph = optimize(graph, llvm_target(cpu), opt_level, passes=passes, **pipeline)
-    enabled = passes_at(opt_level)[:passes]
     return graph, LLVMRuntime(graph, cpu=cpu, opt_level=opt_level, progress=progress,
-                              fuse="fuse_ops" in enabled,
-                              reuse_memory="plan_memory" in enabled,
+                              reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
                               cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
 
 
@@ -135,7 +134,8 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
 
     `cpu` (a `backends.llvm.runtime.HostCPU`) overrides the host's CPU name and features for
     the llvm target; `progress` prints compile stages on stderr (default: when it is a tty);
-    `passes` stops the pass pipeline after its first N passes (for finding a miscompile);
+    `passes` stops the pass pipeline after its first N passes and leaves arena memory
+    unshared (for finding a miscompile: `dnnc compare --bisect-passes`);
     `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
     `cache_size` bounds the shape specialisations the llvm target keeps per segment (least
     recently used dropped first; default 32). `cpu`, `passes`, `dump_ir` and `cache_size` apply

@@ -336,28 +336,26 @@ def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
                 cpu=None) -> list[PassRow]:
     """One row for the imported graph, then one per pass the pipeline of `target` (default:
     the host's, see targets.py) at `opt_level` runs (a target without passes, like numpy, runs
-    none). Kernels count fusion groups only once fuse_ops has run; fuse_ops and plan_memory
-    act in the backend, so they change no node."""
+    none). Kernels (of a target that generates code) count a node each until fuse_ops has
+    grouped them; fuse_ops changes no node."""
+    from ..backends.plan import count_kernels
     from ..passes.manager import PIPELINE, optimize
     from .targets import REGISTRY, default_target
 
     spec = REGISTRY[target or default_target()]
 
-    def kernels(g: Graph, fuse: bool) -> int | None:
-        return None if spec.kernels is None else spec.kernels(g, cpu, fuse)
+    def kernels(g: Graph) -> int | None:
+        return count_kernels(g) if spec.generates_code else None
 
-    rows = [PassRow(0, "(imported)", None, len(graph.nodes), kernels(graph, False), None)]
+    rows = [PassRow(0, "(imported)", None, len(graph.nodes), kernels(graph), None)]
     if not spec.runs_passes:
         return rows
     levels = {name: level for name, level, _ in PIPELINE}
     timings: dict[str, float] = {}
-    fused = []
 
     def after(name: str, g: Graph) -> None:
-        if name == "fuse_ops":
-            fused.append(name)
-        rows.append(PassRow(len(rows), name, levels[name], len(g.nodes),
-                            kernels(g, bool(fused)), timings[name]))
+        rows.append(PassRow(len(rows), name, levels[name], len(g.nodes), kernels(g),
+                            timings[name]))
 
     optimize(graph, spec.machine(cpu), opt_level, timings=timings, after_pass=after)
     return rows

@@ -69,8 +69,8 @@ class CompiledModel:
         (per arena, the most bytes live at once) are summed the same way, so
         `arena_bytes <= live_lower_bound_bytes` would mean every arena is optimal (in-place
         kernels can even go below it); both are absent for specialisations restored from an
-        artifact. `pass_seconds` holds each pass's seconds, plan_memory's summed over the
-        specialisations planned so far. `specializations` counts those kept (at most
+        artifact. `pass_seconds` holds each pass's seconds; `memory_plan_seconds` the memory
+        planner's, summed over the specialisations planned so far. `specializations` counts those kept (at most
         `cache_size` per segment) and `evictions` those dropped as least recently used."""
         out = dict(self._stats)
         out["pass_seconds"] = dict(out.get("pass_seconds", {}))
@@ -81,8 +81,8 @@ class CompiledModel:
         out["kernels"] = getattr(rt, "kernels", 0)
         out["arena_bytes"] = getattr(rt, "arena_bytes", 0)
         out.update(getattr(rt, "memory_stats", {}))
-        if "plan_memory" in out["pass_seconds"]:
-            out["pass_seconds"]["plan_memory"] += getattr(rt, "plan_seconds", 0.0)
+        if hasattr(rt, "plan_seconds"):
+            out["memory_plan_seconds"] = rt.plan_seconds
         if hasattr(rt, "compiled_segments"):
             out["specializations"] = len(rt.compiled_segments())
             out["evictions"] = getattr(rt, "evictions", 0)

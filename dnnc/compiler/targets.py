@@ -33,7 +33,6 @@ class TargetSpec:
     codec: ArtifactCodec | None = None  # None: its models cannot be saved
     runs_passes: bool = False          # the graph pipeline: --dump-ir, --bisect-passes, ...
     machine: Callable | None = None    # (cpu) -> ir Target the passes optimise for
-    kernels: Callable | None = None    # (graph, cpu, fuse) -> kernel count (inspect --passes)
     threads: Callable | None = None    # () -> threads it runs on, starting its pool
     speed: int = 0                     # rank among the targets available on the host
     available: Callable = lambda: True  # () -> whether this host can run it
@@ -45,12 +44,6 @@ class TargetSpec:
 
 def _has_llvmlite() -> bool:
     return importlib.util.find_spec("llvmlite") is not None
-
-
-def _llvm_kernels(graph, cpu, fuse: bool) -> int:
-    from ..backends.llvm.executable import LLVMRuntime
-
-    return LLVMRuntime(graph, cpu=cpu, fuse=fuse, warm_up=False, progress=False).kernels
 
 
 def _llvm_threads() -> int:
@@ -70,7 +63,7 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                emits=("llvm-ir", "asm", "loop"),
                codec=ArtifactCodec(artifact.llvm_export, artifact.llvm_check,
                                    artifact.llvm_restore),
-               runs_passes=True, machine=driver.llvm_target, kernels=_llvm_kernels,
+               runs_passes=True, machine=driver.llvm_target,
                threads=_llvm_threads, speed=10, available=_has_llvmlite),
 )}
 

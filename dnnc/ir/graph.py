@@ -79,6 +79,9 @@ class Graph:
         self.inputs: list[Value] = list(inputs or [])
         self.outputs: list[Value] = list(outputs or [])
         self.nodes: list[Node] = list(nodes or [])
+        # the kernels the fuse_ops pass chose: each the nodes of one kernel, in order; None
+        # before it runs (every node a kernel of its own). A rewrite of `nodes` drops it.
+        self.groups: list[list[Node]] | None = None
         self._names = itertools.count()
 
     # -- building ----------------------------------------------------------------------------
@@ -205,6 +208,10 @@ class Graph:
         for v in self.outputs:
             if not v.is_const and id(v) not in defined:
                 raise ValueError(f"graph output {v.name!r} is never defined")
+        if self.groups is not None:
+            grouped = sorted(id(n) for g in self.groups for n in g)
+            if grouped != sorted(id(n) for n in self.nodes):
+                raise ValueError("the fusion groups do not cover every node of the graph once")
 
     # -- printing ----------------------------------------------------------------------------
 
@@ -266,5 +273,7 @@ def _print_graph(graph: Graph, indent: str) -> list[str]:
             lines.extend(_print_graph(sub, indent + "    "))
     outs = ", ".join(f"%{v.name}" for v in graph.outputs)
     lines.append(f"{indent}  return {outs}")
+    for k, group in enumerate(graph.groups or ()):
+        lines.append(f"{indent}  kernel {k}: " + ", ".join(n.name for n in group))
     lines.append(f"{indent}}}")
     return lines

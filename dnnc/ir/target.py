@@ -11,12 +11,23 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Fusion:
+    """What a target's kernels can take as one (read by the fuse_ops pass)."""
+
+    max_group: int = 8   # nodes per kernel at most (compile time grows with the expression)
+    # anchor op -> the layout ops (Reshape, Transpose, ...) after its epilogue its template
+    # can store through, as pairs (hashable)
+    store_remaps: tuple[tuple[str, frozenset[str]], ...] = ()
+
+
+@dataclass(frozen=True)
 class Target:
     name: str                      # "numpy", "llvm", "cuda"
     cpu: str = ""
     features: tuple[str, ...] = field(default_factory=tuple)
     vector_bits: int = 128
     threads: int = 1
+    fusion: Fusion = Fusion()
 
     @property
     def dense_panel(self) -> int:

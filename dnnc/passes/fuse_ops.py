@@ -1,5 +1,12 @@
 """fuse_ops: partition nodes into groups that lower to one kernel each.
 
+The pass (`fuse_ops`) records the partition on the graph (`Graph.groups`): for each segment
+(`ir.segments`: the runs of nodes a target compiles, between host fallbacks) the groups below,
+within the target's fusion limits (`Target.fusion`: nodes per group, the layout ops an
+anchor's template can store through). Every compiled target's orchestration
+(`backends/plan.py`) lowers one kernel per group; without this pass (opt level < 2, or a
+bisection stopping before it) every node is a kernel of its own.
+
 By op pattern, as TVM fuses (Chen et al., OSDI 2018, section 3), in two phases:
 
 1. An OUT_FUSABLE anchor (Conv, MatMul, Gemm, ...) takes the elementwise / broadcasting
@@ -28,11 +35,10 @@ import networkx as nx
 
 from ..ir import loop as L
 from ..ir.compute import NoCompute, apply_rule, placeholder, stages
-from ..ir.graph import Node, Value
+from ..ir.graph import Graph, Node, Value
 from ..ir.ops.registry import Pattern, get_op, known_constant
-
-MAX_GROUP = 8
-"""Nodes per group at most (compile time grows with the expression size)."""
+from ..ir.segments import Segment, plan_steps
+from ..ir.target import Fusion, Target
 
 _EPILOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST)
 _INLINED = (Pattern.ELEMWISE, Pattern.BROADCAST, Pattern.INJECTIVE)
@@ -43,7 +49,21 @@ _EXPENSIVE = frozenset({"exp", "log", "erf", "tanh", "sigmoid", "pow", "sin", "c
                         "log1p", "expm1", "atan2", "fmod"})
 
 
-def fusion_groups(nodes: list[Node], needed_outside: set[int], max_group: int = MAX_GROUP,
+def fuse_ops(graph: Graph, target: Target) -> Graph:
+    """Record on `graph` the kernels its nodes form for `target` (`Graph.groups`)."""
+    limits = target.fusion
+    groups: list[list[Node]] = []
+    for step in plan_steps(graph):
+        if isinstance(step, Segment):
+            groups += fusion_groups(step.nodes, {id(v) for v in step.escaping},
+                                    limits.max_group, dict(limits.store_remaps))
+        else:
+            groups.append([step.node])
+    graph.groups = groups
+    return graph
+
+
+def fusion_groups(nodes: list[Node], needed_outside: set[int], max_group: int = Fusion.max_group,
                   store_remaps: dict[str, frozenset[str]] | None = None
                   ) -> list[list[Node]]:
     """Groups of `nodes` (each in topological order, groups in an order that runs them).

@@ -1,20 +1,17 @@
 """The pass pipeline per opt level: a table of named passes, run in order, each verified, timed
 and optionally dumped.
 
-    0  the graph as imported; every intermediate in an arena block of its own
+    0  the graph as imported; every node a kernel, every intermediate in an arena block of
+       its own
     1  fold_constants (on a copy bound to the inputs' declared shapes), simplify,
-       eliminate (common subexpressions, then dead code), plan_memory
+       eliminate (common subexpressions, then dead code)
     2  + convert_layout (the target's weight layouts, converted once at compile time),
-       + fuse_ops
+       + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
     3  the same as 2 today (the default: the fastest correct level)
 
-Two entries of the table act in the backend, over what only it knows, and leave the graph
-as it is here: fuse_ops (the llvm backend groups each segment's nodes into kernels with
-`fuse_ops.fusion_groups`) and plan_memory (the backend places every intermediate of a segment in
-one arena over the final kernel order with `plan_memory.plan_memory`, in-place where an
-elementwise kernel is the last reader of its input). They are in the table so that levels,
-`--dump-ir`, `dnnc inspect --passes` and bisection name them like the others; a backend asks
-`passes_at(level)` whether they are on.
+Memory planning is not a graph pass: arena offsets need the final kernels and concrete sizes,
+which exist once a segment is specialised to the shapes of a call; the shared orchestration
+(`backends/plan.py`) plans every specialisation from level 1 (`MEMORY_REUSE_LEVEL`).
 
 `PIPELINE` names every pass with the level it starts at; `optimize(..., passes=k)` stops after
 the first k of them, which is how `dnnc compare --bisect-passes` finds the pass that changes
@@ -35,10 +32,13 @@ from ..ir.graph import Graph
 from ..ir.target import Target
 from .convert_layout import convert_layout
 from .eliminate import eliminate_common_subexpressions, eliminate_dead_code
+from .fuse_ops import fuse_ops
 from .simplify import simplify
 from .specialize import specialize
 
 DEFAULT_OPT_LEVEL = 3
+MEMORY_REUSE_LEVEL = 1
+"""The opt level from which the compiled targets reuse arena memory (`backends/memory.py`)."""
 
 
 def _fold(graph: Graph, target: Target) -> Graph:
@@ -61,17 +61,9 @@ def _layout(graph: Graph, target: Target) -> Graph:
     return graph
 
 
-def _fuse(graph: Graph, target: Target) -> Graph:
-    return graph   # the backend groups kernels (`fuse_ops.fusion_groups`) when it is on
-
-
-def _plan_memory(graph: Graph, target: Target) -> Graph:
-    return graph   # the backend plans each segment's arena over its final kernel order
-
-
 PIPELINE = [("fold_constants", 1, _fold), ("simplify", 1, _simplify),
             ("eliminate", 1, _eliminate), ("convert_layout", 2, _layout),
-            ("fuse_ops", 2, _fuse), ("plan_memory", 1, _plan_memory)]
+            ("fuse_ops", 2, fuse_ops)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""
 
 

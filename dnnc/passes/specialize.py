@@ -5,8 +5,7 @@ arithmetic folds away and kernels get constant extents. Graph inputs that only e
 an op's *parameter* slots (Reduce axes, Reshape shapes, Slice starts, Resize scales: the
 `params` of its registration) are bound by value too, as constants, so those ops compile to
 loops instead of running as host fallbacks; `param_inputs` says which inputs qualify.
-Subgraphs of control-flow ops are copied with their reads of outer values redirected (their
-own types are kept: they are inferred again when they run).
+The copies are `ir.reinfer`'s (which the compiled targets also use to specialise a segment).
 """
 
 from __future__ import annotations
@@ -14,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import types as T
-from ..ir.graph import Graph, Node, Value
-from ..ir.ops.registry import get_op, infer_node
+from ..ir.graph import Graph, Value
+from ..ir.ops.registry import get_op
+from ..ir.reinfer import reinfer
 from .fold_constants import folded_outputs
 
 MAX_PARAM_ELEMENTS = 64
@@ -64,57 +64,6 @@ def specialize(graph: Graph, shapes: list[tuple], values: dict[int, np.ndarray] 
         else:
             mapping[id(v)] = nv
     out = Graph(graph.name, inputs=inputs)
-    out.nodes = reinfer(graph.nodes, mapping, fold=fold)
+    out.nodes = reinfer(graph.nodes, mapping, fold=folded_outputs if fold else None)
     out.outputs = [mapping.get(id(v), v) for v in graph.outputs]
-    return out
-
-
-def reinfer(nodes: list[Node], mapping: dict[int, Value], fold: bool = False) -> list[Node]:
-    """Copies of `nodes` reading `mapping`'s replacements of their inputs, every output type
-    (and known value) inferred again; `mapping` gains the new outputs. With `fold`, nodes
-    computable at compile time become constants on the way, so the types after them are
-    inferred from the folded values."""
-    out = []
-    for node in nodes:
-        ins = [None if v is None else mapping.get(id(v), v) for v in node.inputs]
-        attrs = {k: _clone(a, mapping) if isinstance(a, Graph) else a
-                 for k, a in node.attrs.items()}
-        types, known, attrs = infer_node(node.op, ins, attrs, len(node.outputs), node.name)
-        outs = []
-        for v, t, kv in zip(node.outputs, types, known):
-            nv = Value(v.name, t)
-            nv.known = kv
-            mapping[id(v)] = nv
-            outs.append(nv)
-        new = Node(node.op, ins, outs, attrs, node.name)
-        consts = folded_outputs(new) if fold else None
-        if consts is not None:
-            for v, c in zip(node.outputs, consts):
-                mapping[id(v)] = c
-            continue
-        out.append(new)
-    return out
-
-
-def _clone(sub: Graph, outer: dict[int, Value]) -> Graph:
-    """A copy of subgraph `sub` reading `outer`'s replacements of enclosing values."""
-    mapping = dict(outer)
-    inputs = []
-    for v in sub.inputs:
-        nv = Value(v.name, v.type)
-        mapping[id(v)] = nv
-        inputs.append(nv)
-    out = Graph(sub.name, inputs=inputs)
-    for node in sub.nodes:
-        ins = [None if v is None else mapping.get(id(v), v) for v in node.inputs]
-        attrs = {k: _clone(a, mapping) if isinstance(a, Graph) else a
-                 for k, a in node.attrs.items()}
-        outs = []
-        for v in node.outputs:
-            nv = Value(v.name, v.type)
-            nv.known = v.known
-            mapping[id(v)] = nv
-            outs.append(nv)
-        out.nodes.append(Node(node.op, ins, outs, attrs, node.name))
-    out.outputs = [mapping.get(id(v), v) for v in sub.outputs]
     return out

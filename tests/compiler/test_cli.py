@@ -299,27 +299,26 @@ def test_inspect_passes_prints_nodes_and_kernels_after_each_pass(tmp_path, capsy
     assert "passes for llvm at opt level 3:" in out
     rows = _pass_rows(out)
     assert list(rows) == ["(imported)", "fold_constants", "simplify", "eliminate",
-                          "convert_layout", "fuse_ops", "plan_memory"]
+                          "convert_layout", "fuse_ops"]
     # columns: index, pass, level, nodes, kernels, ms
     assert rows["(imported)"][2:5] == ["-", "5", "5"]
     assert rows["convert_layout"][3:5] == ["5", "5"]
     assert rows["fuse_ops"][3:5] == ["5", "3"]    # Gemm + Relu fused twice
-    assert rows["plan_memory"][2] == "1" and float(rows["plan_memory"][5]) >= 0
+    assert rows["fuse_ops"][2] == "2" and float(rows["fuse_ops"][5]) >= 0
     model = dnnc.compile(str(path), target="llvm", progress=False)
-    assert int(rows["plan_memory"][4]) == model.stats["kernels"]
+    assert int(rows["fuse_ops"][4]) == model.stats["kernels"]
 
 
 def test_inspect_passes_level_and_json(tmp_path, capsys):
     path = mlp_file(tmp_path, capsys)
     code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--opt-level", "1")
     assert code == 0
-    assert list(_pass_rows(out)) == ["(imported)", "fold_constants", "simplify", "eliminate",
-                                     "plan_memory"]
-    assert _pass_rows(out)["plan_memory"][3:5] == ["5", "5"]   # no fusion at level 1
+    assert list(_pass_rows(out)) == ["(imported)", "fold_constants", "simplify", "eliminate"]
+    assert _pass_rows(out)["eliminate"][3:5] == ["5", "5"]   # no fusion at level 1
     code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--json")
     passes = json.loads(out)["passes"]
     assert passes["target"] == "llvm" and passes["opt_level"] == 3
-    assert [r["pass"] for r in passes["after"]][-2:] == ["fuse_ops", "plan_memory"]
+    assert [r["pass"] for r in passes["after"]][-2:] == ["convert_layout", "fuse_ops"]
     assert passes["after"][-1]["kernels"] == 3 and passes["after"][0]["seconds"] is None
     code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--target", "numpy")
     assert code == 0 and list(_pass_rows(out)) == ["(imported)"]
@@ -333,8 +332,7 @@ def test_compile_dump_ir_writes_the_graph_after_every_pass(tmp_path, capsys):
     assert code == 0, err
     files = sorted(p.name for p in (tmp_path / "ir").iterdir())
     assert files == ["00_input.txt", "01_fold_constants.txt", "02_simplify.txt",
-                     "03_eliminate.txt", "04_convert_layout.txt", "05_fuse_ops.txt",
-                     "06_plan_memory.txt"]
+                     "03_eliminate.txt", "04_convert_layout.txt", "05_fuse_ops.txt"]
     assert "Gemm" in (tmp_path / "ir" / "00_input.txt").read_text()
     assert "MatMulPacked" in (tmp_path / "ir" / "04_convert_layout.txt").read_text()
     assert "MatMulPacked" not in (tmp_path / "ir" / "03_eliminate.txt").read_text()

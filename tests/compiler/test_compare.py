@@ -89,3 +89,28 @@ def test_cli_compare_exits_1_for_a_divergence_and_2_for_a_bad_file(tmp_path, cap
     assert main(["compare", str(bad)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("dnnc: error: cannot read the ONNX model")
+
+
+def test_bisect_names_memory_planning_when_only_the_arena_is_wrong(monkeypatch, rng):
+    """Memory planning runs outside the pass pipeline: a truncated pipeline leaves it off, so
+    a planner that overlaps live values is named after every pass is cleared."""
+    from dnnc.backends import plan as plan_module
+
+    def overlapping(steps, sizes, external, reuse=True):
+        out = plan_module.plan_memory.__wrapped__(steps, sizes, external, reuse=reuse)
+        if reuse:   # every value at offset 0: two live values overwrite each other
+            out.offsets = {k: 0 for k in out.offsets}
+        return out
+
+    overlapping.__wrapped__ = plan_module.plan_memory
+    g = Graph("two_live")
+    x = g.add_input("x", T.TensorType(T.float32, (4, 8)))
+    a = g.add("Exp", x, name="a")
+    b = g.add("Sin", x, name="b")
+    # a and b are each read twice, so each is a kernel of its own and both are live at once
+    g.outputs = [g.add("Sub", g.add("Mul", a, b, name="ab"), g.add("Add", a, b, name="apb"),
+                       name="out")]
+    assert bisect_passes(g, "llvm", seed=int(rng.integers(1 << 16))) is None
+    monkeypatch.setattr(plan_module, "plan_memory", overlapping)
+    found = bisect_passes(g, "llvm", seed=int(rng.integers(1 << 16)))
+    assert found is not None and found[0] == "memory planning (arena reuse)"

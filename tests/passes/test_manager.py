@@ -37,9 +37,16 @@ def _conv_bn_graph():
 
 def test_levels():
     assert passes_at(0) == []
-    assert passes_at(1) == ["fold_constants", "simplify", "eliminate", "plan_memory"]
+    assert passes_at(1) == ["fold_constants", "simplify", "eliminate"]
     assert passes_at(2) == passes_at(3) == [name for name, _, _ in PIPELINE]
-    assert PIPELINE[-1][0] == "plan_memory"   # over the final kernel order, in the backend
+    assert PIPELINE[-1][0] == "fuse_ops"   # groups the final graph's nodes into kernels
+
+
+def test_fuse_ops_records_the_kernels_on_the_graph():
+    graph = optimize(_conv_bn_graph(), llvm_target(), 3)
+    assert [[n.name for n in g] for g in graph.groups] == [["conv", "relu", "add"]]
+    assert "  kernel 0: conv, relu, add\n" in str(graph)
+    assert optimize(_conv_bn_graph(), llvm_target(), 1).groups is None
 
 
 @pytest.mark.parametrize("opt_level", [0, 1, 3])
@@ -48,17 +55,19 @@ def test_pass_seconds_reach_the_stats(opt_level):
     seconds = model.stats["pass_seconds"]
     assert list(seconds) == passes_at(opt_level)
     assert all(s >= 0 for s in seconds.values())
-    if opt_level:
-        # plan_memory's seconds are the backend's planning of every segment
-        assert seconds["plan_memory"] > 0
-        assert model.runtime.plan_seconds > 0
+    # the memory planner runs for every specialisation, outside the pass pipeline
+    assert model.stats["memory_plan_seconds"] == model.runtime.plan_seconds > 0
 
 
 def test_pass_seconds_of_a_truncated_pipeline():
     model = dnnc.compile(_conv_bn_graph(), target="llvm", passes=2, progress=False)
     assert list(model.stats["pass_seconds"]) == ["fold_constants", "simplify"]
-    # without plan_memory every intermediate has a block of its own
+    assert model.runtime.kernels == 3   # no fuse_ops: a kernel per node
+    # a truncated pipeline (bisection) also leaves memory planning off: every intermediate
+    # has a block of its own, so a planner bug shows only in the whole compile
     assert model.stats["arena_bytes"] == model.stats["naive_bytes"]
+    whole = dnnc.compile(_conv_bn_graph(), target="llvm", opt_level=1, progress=False)
+    assert whole.stats["arena_bytes"] < whole.stats["naive_bytes"]
 
 
 def test_dump_ir_after_every_pass(tmp_path):
@@ -108,7 +117,6 @@ def test_pass_report_counts_nodes_and_kernels():
     assert by_name["(imported)"].nodes == 4 and by_name["(imported)"].kernels == 4
     assert by_name["simplify"].nodes == 3 and by_name["simplify"].kernels == 3
     assert by_name["fuse_ops"].kernels == 1   # conv + relu + add as one kernel
-    assert by_name["plan_memory"].kernels == 1
     assert all(r.seconds >= 0 for r in rows[1:])
     assert pass_report(_conv_bn_graph(), "numpy", 3)[0].kernels is None
     assert [r.name for r in pass_report(_conv_bn_graph(), "llvm", 0)] == ["(imported)"]

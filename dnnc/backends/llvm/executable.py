@@ -1,21 +1,11 @@
-"""The `llvm` target's runtime: a graph compiled into native segments.
+"""The `llvm` target's runtime: the shared plan (`backends/plan.py`) rendered as LLVM modules.
 
-The graph's nodes run in order as *steps*: maximal runs of nodes with compute rules form a
-*segment*, compiled into one LLVM module whose entry function calls every kernel of the
-segment (one foreign call per segment; a graph without host fallbacks is one call); a node
-without a loop form (`NoCompute`) runs between segments as a host fallback through its NumPy
-reference.
-
-Shapes: a segment is specialised to the concrete shapes of its inputs when it first meets
-them, and cached: a dynamic batch compiles once per batch size seen, never again for a size
-seen before; sizes that depend on data (after NonZero, say) are handled the same way, since a
-segment after a fallback is specialised on the shapes the fallback actually produced.
-
-Memory: values a segment produces for later steps are fresh arrays per call (outputs escape);
-values used only inside a segment live in one arena per segment and thread, placed by
-`passes.plan_memory` over the kernels' order (an elementwise kernel may write over an input it
-is the last reader of: that kernel is rendered without `noalias`), so concurrent calls from
-several threads are safe.
+Each segment specialisation (`plan.Program`) becomes one LLVM module whose entry function calls
+every kernel of the segment in order (one foreign call per segment; a graph without host
+fallbacks is one call), its kernels rendered by `codegen.ModuleBuilder`, compiled by MCJIT and
+bound to a calling thread's arena and slot array. Everything before rendering (segments,
+specialisation, lowering, kernel de-duplication, memory planning, the LRU cache, host steps)
+is the shared orchestration's.
 
 Artifacts: `plan()` and `images()` describe the steps and every compiled specialisation
 (object code and its calling layout) as plain data; `LLVMRuntime.restore` rebuilds a runtime
@@ -30,49 +20,26 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import re
-import sys
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 import numpy as np
 
 from ...errors import ArtifactError, CompileError
-from ...ir import types as T
-from ...ir.graph import Graph, Node, Value
 from ...ir import loop as L
-from ...ir.ops.registry import Pattern, get_op, known_constant
-from ...passes.specialize import reinfer
-from ..lower import Kernel, NoCompute, lower_group
+from ...ir import types as T
+from ...ir.graph import Graph
+from ...ir.segments import Segment
+from ..lower import Kernel
+from ..memory import ALIGN
+from ..plan import DEFAULT_CACHE_SIZE, Executable, Program
 from .codegen import ModuleBuilder
 from .objfile import check_object
 from .runtime import (HostCPU, JITModule, at_fork_in_child, ensure_pool, host_cpu, initialize,
                       llvm_lock, target_machine)
 from .schedules import schedule_kernel
-from ...passes.fuse_ops import fusion_groups
-from .dense import LAYOUT_TAILS
-from ...passes.plan_memory import ALIGN, Step, plan_memory
-
-
-@dataclass
-class Segment:
-    """Consecutive nodes compiled together."""
-
-    index: int
-    nodes: list[Node]
-    inputs: list[Value] = field(default_factory=list)     # read from earlier steps
-    escaping: list[Value] = field(default_factory=list)   # needed by later steps / outputs
-    # positions in `inputs` of parameter inputs (axes, shapes...) only known at run time:
-    # the segment is specialised on their values as well as on shapes
-    value_inputs: list[int] = field(default_factory=list)
-
-
-@dataclass
-class HostStep:
-    node: Node
 
 
 @dataclass
@@ -93,47 +60,21 @@ class SegmentImage:
     values: tuple = ()                     # ((input position, (ints...)), ...): value key
 
 
-# specialisations kept per segment: each costs its machine code and, per calling thread, its
-# arena (200 batch sizes of an MLP held 274 MB before the cache was bounded)
-DEFAULT_CACHE_SIZE = 32
-
-
-class LLVMRuntime:
-    """Runs a graph as native segments and host steps; thread-safe and fork-safe.
-
-    `cache_size` bounds the specialisations kept per segment (one per input shapes seen):
-    beyond it the least recently used one is dropped (`evictions` counts them) and compiles
-    again if its shapes come back."""
+class LLVMRuntime(Executable):
+    """Runs a graph as native segments and host steps; thread-safe and fork-safe."""
 
     name = "llvm"
 
     def __init__(self, graph: Graph, cpu: HostCPU | None = None, opt_level: int = 3,
                  progress: bool | None = None, plan: list[dict] | None = None,
-                 fuse: bool | None = None, reuse_memory: bool | None = None,
-                 warm_up: bool = True, cache_size: int = DEFAULT_CACHE_SIZE):
-        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
-            raise CompileError(f"cache_size must be a positive integer (specialisations kept "
-                               f"per segment), not {cache_size!r}")
-        self.graph = graph
+                 reuse_memory: bool | None = None, warm_up: bool = True,
+                 cache_size: int = DEFAULT_CACHE_SIZE):
+        super().__init__(graph, opt_level=opt_level, progress=progress, plan=plan,
+                         reuse_memory=reuse_memory, warm_up=warm_up, cache_size=cache_size)
         self.cpu = cpu or host_cpu()
-        self.opt_level = opt_level
-        self.fuse = opt_level >= 2 if fuse is None else fuse   # fuse_ops from opt level 2
-        # plan_memory from opt level 1; without it every intermediate has a block of its own
-        self.plan_memory = opt_level >= 1 if reuse_memory is None else reuse_memory
-        self.plan_seconds = 0.0
         self.threads = ensure_pool()
-        self.progress = sys.stderr.isatty() if progress is None else progress
-        self._forced_host: frozenset = frozenset()
-        self.steps = self._plan() if plan is None else self._steps_from(plan)
-        self.cache_size = cache_size
-        self.evictions = 0
-        # least recently used first; a hit moves its key to the end
-        self._cache: OrderedDict[tuple, _CompiledSegment] = OrderedDict()
-        self._lock = threading.Lock()
         at_fork_in_child(self)
-        self.compile_seconds = 0.0
-        if warm_up and plan is None and all(v.type.is_static for v in graph.inputs):
-            self._warm_up()
+        self.start()
 
     @classmethod
     def restore(cls, graph: Graph, plan: list[dict], images: list[SegmentImage],
@@ -153,257 +94,19 @@ class LLVMRuntime:
                 _CompiledSegment.from_image(step, image, rt)
         return rt
 
-    # -- planning ------------------------------------------------------------------------------
+    def schedule(self, kernel: Kernel) -> L.PrimFunc:
+        return schedule_kernel(kernel, self.cpu, self.threads)
 
-    def _plan(self, forced_host: frozenset = frozenset()) -> list:
-        steps: list = []
-        run: list[Node] = []
-        for node in self.graph.nodes:
-            if id(node) not in forced_host:
-                if _has_loop_form(node):
-                    run.append(node)
-                    continue
-                if _unknown_params(node):
-                    # its parameters come from earlier steps: a new segment starts here and
-                    # is specialised on their values
-                    if run:
-                        steps.append(Segment(len(steps), run))
-                    run = [node]
-                    continue
-            if run:
-                steps.append(Segment(len(steps), run))
-                run = []
-            steps.append(HostStep(node))
-        if run:
-            steps.append(Segment(len(steps), run))
-        self._connect(steps)
-        return steps
+    def compile_segment(self, program: Program) -> "_CompiledSegment":
+        return _CompiledSegment(program, self)
 
-    def _connect(self, steps: list) -> None:
-        """Each segment's inputs (read from earlier steps) and escaping values."""
-        later_uses = _later_uses(self.graph, steps)
-        for k, step in enumerate(steps):
-            if isinstance(step, Segment):
-                inside = {id(v) for n in step.nodes for v in n.outputs}
-                seen = set()
-                for n in step.nodes:
-                    for v in n.inputs:
-                        if v is not None and id(v) not in inside and id(v) not in seen:
-                            seen.add(id(v))
-                            step.inputs.append(v)
-                step.escaping = [v for n in step.nodes for v in n.outputs
-                                 if later_uses.get(id(v), -1) > k]
-                params = {id(n.inputs[i]) for n in step.nodes for i in get_op(n.op).params
-                          if i < len(n.inputs) and n.inputs[i] is not None}
-                step.value_inputs = [i for i, v in enumerate(step.inputs)
-                                     if id(v) in params and known_constant(v) is None]
-
-    def _steps_from(self, plan: list[dict]) -> list:
-        """Steps from `plan()`'s description; the same later-use analysis as `_plan`."""
-        nodes = self.graph.nodes
-        steps: list = []
-        for entry in plan:
-            if "host" in entry:
-                steps.append(HostStep(nodes[entry["host"]]))
-            else:
-                steps.append(Segment(len(steps), [nodes[k] for k in entry["segment"]]))
-        covered = sorted(k for e in plan for k in (e["segment"] if "segment" in e
-                                                   else [e["host"]]))
-        if covered != list(range(len(nodes))):
-            raise ValueError("the plan does not cover every node of the graph once")
-        self._connect(steps)
-        return steps
-
-    def plan(self) -> list[dict]:
-        """The steps as plain data: `{"segment": [node indices]}` or `{"host": node index}`."""
-        index = {id(n): k for k, n in enumerate(self.graph.nodes)}
-        return [{"host": index[id(s.node)]} if isinstance(s, HostStep)
-                else {"segment": [index[id(n)] for n in s.nodes]} for s in self.steps]
+    def describe_machine(self) -> str:
+        return self.cpu.name
 
     def images(self) -> list[SegmentImage]:
         """Every specialisation compiled so far, as data an artifact can store."""
         with self._lock:
             return [seg.image() for seg in list(self._cache.values())]
-
-    @property
-    def host_fallback_ops(self) -> list[str]:
-        return [f"{s.node.op} ({s.node.name})" for s in self.steps if isinstance(s, HostStep)]
-
-    @property
-    def kernels(self) -> int:
-        """Kernels per call: of each segment's first compiled specialisation (fused groups
-        count once), or before it is compiled the groups its nodes fuse into (`warm_up=False`
-        counts a graph's kernels without lowering or compiling them)."""
-        compiled = {}
-        for (index, *_), seg in list(self._cache.items()):
-            compiled.setdefault(index, len(seg.kernels) or len(seg.step.nodes))
-        return sum(compiled[s.index] if s.index in compiled else self._planned_kernels(s)
-                   for s in self.steps if isinstance(s, Segment))
-
-    def _planned_kernels(self, step: Segment) -> int:
-        return len(kernel_groups(step.nodes, {id(v) for v in step.escaping}, self.fuse))
-
-    def _warm_up(self) -> None:
-        """Compile every segment now when the inputs' shapes are static (shapes after host
-        steps are found by inference; segments after data-dependent ones compile on first
-        call)."""
-        types = {id(v): v.type for v in self.graph.inputs}
-        for v in self.graph.constants():
-            types[id(v)] = v.type
-        for step in self.steps:
-            if isinstance(step, HostStep):
-                for v in step.node.outputs:
-                    types[id(v)] = v.type
-                continue
-            in_types = [types.get(id(v), v.type) for v in step.inputs]
-            if not all(t.is_static for t in in_types) or step.value_inputs:
-                return
-            seg = self._compiled(step, tuple(t.shape for t in in_types))
-            for v, t in zip(step.escaping, seg.escaping_types):
-                types[id(v)] = t
-
-    # -- running -------------------------------------------------------------------------------
-
-    def run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
-        while True:
-            try:
-                return self._run(inputs)
-            except _HostAfterAll as exc:
-                # a node specialised on run-time parameters still has no loop form for them:
-                # it runs on the host from now on (one re-plan, then cached as usual)
-                with self._lock:
-                    self._forced_host = self._forced_host | {id(exc.node)}
-                    self.steps = self._plan(self._forced_host)
-                    self._cache.clear()
-
-    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        env: dict[int, np.ndarray] = {}
-        for v, a in zip(self.graph.inputs, inputs):
-            env[id(v)] = a
-        for step in self.steps:
-            if isinstance(step, HostStep):
-                self._run_host(step.node, env)
-            else:
-                seg, arrays = self._segment_call(step, env)
-                outs = seg.run(arrays, self._frame(seg))
-                for v, a in zip(step.escaping, outs):
-                    env[id(v)] = a
-        return [self._value(v, env) for v in self.graph.outputs]
-
-    def _segment_call(self, step: Segment, env) -> tuple["_CompiledSegment", list]:
-        """The specialisation of `step` for the inputs in `env` (compiled on first use), and
-        those inputs."""
-        arrays = [self._value(v, env) for v in step.inputs]
-        values = tuple((i, tuple(np.asarray(arrays[i]).reshape(-1).tolist()))
-                       for i in step.value_inputs)
-        return self._compiled(step, tuple(a.shape for a in arrays), values), arrays
-
-    def profile(self, inputs: list[np.ndarray], repeat: int = 20
-                ) -> tuple[list[np.ndarray], list[dict]]:
-        """The outputs, and the median milliseconds of each kernel called alone, in call
-        order, and of each host step: where a model's time goes (bench/kernel_profile.py).
-        Specialisations restored from an artifact keep no kernel list: compile from the model
-        to profile them."""
-        env: dict[int, np.ndarray] = {}
-        for v, a in zip(self.graph.inputs, inputs):
-            env[id(v)] = a
-        rows = []
-        for step in self.steps:
-            if isinstance(step, HostStep):
-                start = time.perf_counter()
-                self._run_host(step.node, env)
-                rows.append({"kernel": f"host {step.node.op}", "nodes": [step.node.name],
-                             "ms": (time.perf_counter() - start) * 1e3})
-                continue
-            seg, arrays = self._segment_call(step, env)
-            if not getattr(seg, "calls", None):
-                raise CompileError("this segment was restored from an artifact without its "
-                                   "kernel list; compile the model to profile it")
-            outs, times = seg.profile(arrays, self._frame(seg), repeat)
-            for kernel, ms in times:
-                rows.append({"kernel": kernel.func.name, "nodes": [n.name for n in kernel.nodes],
-                             "ms": ms})
-            for v, a in zip(step.escaping, outs):
-                env[id(v)] = a
-        return [self._value(v, env) for v in self.graph.outputs], rows
-
-    def _value(self, v: Value, env) -> np.ndarray:
-        if v.const is not None:
-            return v.const
-        return env[id(v)]
-
-    def _run_host(self, node: Node, env) -> None:
-        from ...ir.interpreter import run_node
-
-        args = [None if v is None else self._value(v, env) for v in node.inputs]
-        outs = run_node(node, args, env)
-        for v, a in zip(node.outputs, outs):
-            env[id(v)] = a
-
-    def _frame(self, seg: "_CompiledSegment") -> "_Frame":
-        """This thread's arena and slots for `seg` (concurrent calls never share them; they
-        live on `seg`, so an evicted specialisation's arenas go with it)."""
-        frame = getattr(seg.frames, "frame", None)
-        if frame is None:
-            frame = seg.frames.frame = seg.frame()
-        return frame
-
-    def _compiled(self, step: Segment, shapes: tuple, values: tuple = ()
-                  ) -> "_CompiledSegment":
-        key = (step.index, shapes, values)
-        seg = self._cache.get(key)
-        if seg is not None:
-            try:
-                self._cache.move_to_end(key)
-            except KeyError:   # evicted by another thread meanwhile: `seg` still works
-                pass
-            return seg
-        with self._lock:
-            seg = self._cache.get(key)
-            if seg is None:
-                start = time.perf_counter()
-                seg = _CompiledSegment(step, shapes, self, values)
-                self._cache[key] = seg
-                self._evict(step.index)
-                self.compile_seconds += time.perf_counter() - start
-        return seg
-
-    def _evict(self, index: int) -> None:
-        """Drop segment `index`'s least recently used specialisations beyond `cache_size`
-        (a call running one keeps it alive until it returns)."""
-        keys = [k for k in list(self._cache) if k[0] == index]   # list(): one atomic copy
-        for key in keys[:max(0, len(keys) - self.cache_size)]:
-            del self._cache[key]
-            self.evictions += 1
-
-    def _after_fork_in_child(self) -> None:
-        """The forking thread is the child's only one: a lock another thread held at fork
-        time would never be released (a child needing a new shape would hang)."""
-        self._lock = threading.Lock()
-
-    # -- introspection -------------------------------------------------------------------------
-
-    def compiled_segments(self) -> list["_CompiledSegment"]:
-        return list(self._cache.values())
-
-    @property
-    def arena_bytes(self) -> int:
-        """Arena bytes a calling thread holds: the sum over every compiled specialisation
-        (each segment and shape has an arena of its own, all kept)."""
-        return sum(s.arena_bytes for s in list(self._cache.values()))
-
-    @property
-    def memory_stats(self) -> dict[str, int]:
-        """`plan_memory`'s figures summed like `arena_bytes`: `naive_bytes` (every
-        intermediate in a block of its own) and `live_lower_bound_bytes` (per arena, the most
-        bytes live at once); empty when no specialisation was planned in this process (all
-        restored from an artifact)."""
-        plans = [s.memory for s in list(self._cache.values()) if s.memory is not None]
-        if not plans:
-            return {}
-        return {"naive_bytes": sum(p.naive_bytes for p in plans),
-                "live_lower_bound_bytes": sum(p.live_lower_bound_bytes for p in plans),
-                "inplace_kernels": sum(len(p.inplace) for p in plans)}
 
     def source(self, kind: str = "llvm") -> str:
         parts = []
@@ -435,158 +138,37 @@ def _address(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
-class _HostAfterAll(Exception):
-    def __init__(self, node: Node):
-        self.node = node
-
-
-def kernel_groups(nodes: list[Node], needed_outside: set[int], fuse: bool
-                  ) -> list[list[Node]]:
-    """The kernels a segment's nodes form: fuse_ops' groups (anchors storing through the
-    layout tails the dense template supports) when fusion is on, else one per node. The one
-    place compiling and `kernels` before compiling (`dnnc inspect --passes`) both ask."""
-    if not fuse:
-        return [[n] for n in nodes]
-    return fusion_groups(nodes, needed_outside, store_remaps=LAYOUT_TAILS)
-
-
-def _unknown_params(node: Node) -> bool:
-    """Whether some parameter input of `node` is not known at compile time."""
-    for i in get_op(node.op).params:
-        if i < len(node.inputs) and node.inputs[i] is not None and \
-                known_constant(node.inputs[i]) is None:
-            return True
-    return False
-
-
-def _signature(func: L.PrimFunc) -> str:
-    """The kernel's text with its own and its parameters' names abstracted."""
-    text = str(func).split("\n", 1)[1]
-    for k, b in enumerate(func.params):
-        text = re.sub(rf"\b{re.escape(b.name)}\b", f"p{k}", text)
-    params = ", ".join(f"{b.dtype.name}{[str(d) for d in b.shape]}" for b in func.params)
-    return params + "\n" + text
-
-
-def _has_loop_form(node: Node) -> bool:
-    try:
-        lower_group([node], "probe")
-    except NoCompute:
-        return False
-    return True
-
-
-def _later_uses(graph: Graph, steps: list) -> dict[int, int]:
-    """Value id -> index of the last step reading it (graph outputs: past the end)."""
-    last: dict[int, int] = {}
-    for k, step in enumerate(steps):
-        nodes = step.nodes if isinstance(step, Segment) else [step.node]
-        for n in nodes:
-            for v in n.inputs:
-                if v is not None:
-                    last[id(v)] = k
-            for sub in n.subgraphs():
-                for v in _outer_reads(sub):
-                    last[id(v)] = k
-    for v in graph.outputs:
-        last[id(v)] = len(steps)
-    return last
-
-
-def _outer_reads(g: Graph):
-    inner = {id(v) for v in g.inputs} | {id(v) for n in g.nodes for v in n.outputs}
-    for n in g.nodes:
-        for v in n.inputs:
-            if v is not None and id(v) not in inner and v.const is None:
-                yield v
-
-
 class _CompiledSegment:
     """One segment specialised to concrete input shapes: kernels, module, arena layout."""
 
-    def __init__(self, step: Segment, shapes: tuple, rt: LLVMRuntime, key_values: tuple = ()):
+    def __init__(self, program: Program, rt: LLVMRuntime):
+        step = program.step
         self.step = step
-        self.shapes = shapes
-        self.key_values = key_values
-        nodes, values = _specialize(step, shapes, dict(key_values))
-        self.escaping_types = [values[id(v)].type for v in step.escaping]
-        if rt.progress:
-            print(f"dnnc: compiling segment {step.index} ({len(nodes)} kernels) for "
-                  f"{rt.cpu.name}", file=sys.stderr)
-        self.kernels: list[Kernel] = []
+        self.shapes = program.shapes
+        self.key_values = program.key_values
+        self.escaping_types = program.escaping_types
+        self.kernels = program.kernels
+        self.const_refs = program.const_refs
+        self.n_inputs = program.n_inputs
+        self.memory = program.memory
+        self.arena_bytes = program.arena_bytes
+        self.calls = program.calls   # for `profile`: each kernel called on its own
         mb = ModuleBuilder(f"segment{step.index}")
-        original = {id(n): o for n, o in zip(nodes, step.nodes)}
-        escaping_ids = {id(values[id(v)]) for v in step.escaping}
-        groups = kernel_groups(nodes, escaping_ids, rt.fuse)
-        for k, group in enumerate(groups):
-            node = group[0]
-            needed = [v for v in group[-1].outputs] + \
-                [v for n in group[:-1] for v in n.outputs if id(v) in escaping_ids]
-            try:
-                kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed)
-            except NoCompute:
-                for n in group:   # the node without a loop form runs on the host from now on
-                    try:
-                        lower_group([n], "probe")
-                    except NoCompute:
-                        raise _HostAfterAll(original[id(n)]) from None
-                raise
-            if kernel.func.size_vars:
-                raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic "
-                                   f"after specialisation: {kernel.func.size_vars}")
-            kernel.func = schedule_kernel(kernel, rt.cpu, rt.threads)
-            self.kernels.append(kernel)
-        # slots: inputs, escaping outputs, constants, then arena-resident intermediates
-        escaping = [values[id(v)] for v in step.escaping]
-        ext: list[Value] = [values[id(v)] for v in step.inputs if v.const is None] + escaping
-        consts: list[Value] = []
-        self.const_refs: list[tuple[int, int]] = []   # where each constant is read, for images
-        for k, n in enumerate(nodes):
-            for j, v in enumerate(n.inputs):
-                if v is not None and v.const is not None and all(v is not c for c in consts):
-                    consts.append(v)
-                    self.const_refs.append((k, j))
-        ext_index = {id(v): k for k, v in enumerate(ext + consts)}
-        self.n_inputs = sum(1 for v in step.inputs if v.const is None)
-        start = time.perf_counter()
-        self.memory = plan_memory(*_memory_steps(self.kernels, ext_index), reuse=rt.plan_memory)
-        rt.plan_seconds += time.perf_counter() - start
-        self.offsets, self.arena_bytes = self.memory.offsets, self.memory.arena_bytes
-        # a kernel writing over its input in place may not declare its buffers noalias;
-        # identical kernels (repeated layers) compile once per aliasing choice
-        rendered: dict[tuple[str, bool], str] = {}
-        for kernel in self.kernels:
-            noalias = not any(id(v) in self.memory.inplace for v in kernel.outputs)
-            signature = (_signature(kernel.func), noalias)
-            if signature in rendered:
-                kernel.func = L.PrimFunc(rendered[signature], kernel.func.params,
-                                         kernel.func.body, kernel.func.size_vars)
-                continue
-            rendered[signature] = kernel.func.name
-            mb.add(kernel.func, noalias=noalias)
-        calls = []
-        for kernel in self.kernels:
-            args = []
-            for v in kernel.inputs + kernel.outputs:
-                if id(v) in ext_index:
-                    args.append(("ext", ext_index[id(v)]))
-                else:
-                    args.append(("arena", self.offsets[id(v)]))
-            calls.append((kernel.func.name, args))
-        mb.add_entry("entry", calls)
-        self.calls = calls   # for `profile`: each kernel called on its own
-        slots = len(ext) + len(consts)
-        digest = layout_digest(step, shapes, key_values, self.escaping_types, self.const_refs,
-                               [v.const for v in consts], self.n_inputs, slots,
-                               self.arena_bytes, "entry", rt.cpu)
+        for func, noalias in program.unique:
+            mb.add(func, noalias=noalias)
+        mb.add_entry("entry", [(c.func, c.args) for c in program.calls])
+        digest = layout_digest(step, program.shapes, program.key_values,
+                               program.escaping_types, program.const_refs, program.consts,
+                               program.n_inputs, program.slots, program.arena_bytes, "entry",
+                               rt.cpu)
         try:
             jit = JITModule(str(mb) + _layout_global(digest), rt.cpu, rt.opt_level,
                             name=f"segment{step.index}")
         except RuntimeError as exc:
-            names = ", ".join(f"{n.op} {n.name!r}" for n in nodes[:5])
+            names = ", ".join(f"{n.op} {n.name!r}" for n in step.nodes[:5])
             raise CompileError(f"LLVM rejected the code for segment {step.index} ({names}"
-                               f"{', ...' if len(nodes) > 5 else ''}): {exc}") from exc
-        self._bind(jit, "entry", [v.const for v in consts], slots)
+                               f"{', ...' if len(step.nodes) > 5 else ''}): {exc}") from exc
+        self._bind(jit, "entry", program.consts, program.slots)
 
     @classmethod
     def from_image(cls, step: Segment, image: SegmentImage, rt: LLVMRuntime):
@@ -600,8 +182,8 @@ class _CompiledSegment:
         self.kernels = []
         self.const_refs = list(image.consts)
         self.n_inputs = image.n_inputs
-        self.offsets = {}
         self.memory = None
+        self.calls = []
         self.arena_bytes = image.arena_bytes
         self._loop_ir = image.loop_ir
         consts = _image_consts(step, image)
@@ -663,10 +245,11 @@ class _CompiledSegment:
         arrays, outs = self._fill(inputs, frame)
         arena = frame.arena
         rows = []
-        for kernel, (name, args) in zip(self.kernels, self.calls):
+        for kernel, call in zip(self.kernels, self.calls):
             ptrs = [frame.slots[k] if kind == "ext" else frame.arena_ptr + k
-                    for kind, k in args]
-            fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(ptrs))(self.jit.address(name))
+                    for kind, k in call.args]
+            fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(ptrs))(
+                self.jit.address(call.func))
             # an in-place kernel applies itself again on every timed call: restore the arena
             # after timing, then run the kernel once more for the kernels after it
             saved = arena.copy()
@@ -802,44 +385,3 @@ def _image_consts(step: Segment, image: SegmentImage) -> list[np.ndarray]:
         raise ArtifactError(f"segment {step.index}: {image.n_inputs} inputs and {image.slots}"
                             f" slots do not match its graph")
     return consts
-
-
-def _specialize(step: Segment, shapes: tuple, known: dict | None = None
-                ) -> tuple[list[Node], dict[int, Value]]:
-    """Copies of the segment's nodes whose types are inferred from concrete input shapes;
-    inputs in `known` (position -> ints) have those contents at compile time."""
-    known = known or {}
-    values: dict[int, Value] = {}
-    for i, (v, shape) in enumerate(zip(step.inputs, shapes)):
-        if v.const is not None:
-            values[id(v)] = v
-        else:
-            nv = Value(v.name, T.TensorType(v.type.dtype, shape))
-            nv.known = v.known if v.known is not None and v.type.is_static else None
-            if i in known:
-                nv.known = np.array(known[i], dtype=object).reshape(shape)
-            values[id(v)] = nv
-    nodes = reinfer(step.nodes, values)
-    return nodes, values
-
-
-def _memory_steps(kernels: list[Kernel], external: dict[int, int]) -> tuple:
-    """`plan_memory`'s input for a segment's kernels: values by id, byte sizes, external ids;
-    a kernel of elementwise / broadcasting ops with one output may write over an input of the
-    output's own shape and dtype (each element is read only to write the same element)."""
-    steps, sizes = [], {}
-    for kernel in kernels:
-        for v in kernel.inputs + kernel.outputs:
-            sizes[id(v)] = v.type.numel * v.type.dtype.itemsize
-        inplace = ()
-        if len(kernel.outputs) == 1 and all(get_op(n.op).pattern in _IN_PLACE_PATTERNS
-                                            for n in kernel.nodes):
-            out = kernel.outputs[0].type
-            inplace = tuple(id(v) for v in kernel.inputs
-                            if v.type.shape == out.shape and v.type.dtype == out.dtype)
-        steps.append(Step([id(v) for v in kernel.inputs], [id(v) for v in kernel.outputs],
-                          inplace))
-    return steps, sizes, set(external)
-
-
-_IN_PLACE_PATTERNS = (Pattern.ELEMWISE, Pattern.BROADCAST)

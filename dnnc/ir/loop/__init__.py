@@ -21,7 +21,8 @@ from .nodes import (
     maximum, minimum, ne, seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
 from .simplifier import EXPR_RULES, UNBOUNDED, Bounds, bounds, simplify, simplify_expr
-from .traversal import children, free_vars, structural_equal, substitute, transform, walk
+from .traversal import (alpha_normal, children, free_vars, structural_equal, substitute,
+                        transform, walk)
 from .verifier import LoopIRError, verify
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
     "Store", "Var", "call", "const", "eq", "logical_and", "logical_or", "loop_nest", "maximum",
     "minimum", "ne", "seq", "static_shape",
     # traversal
-    "children", "free_vars", "structural_equal", "substitute", "transform", "walk",
+    "alpha_normal", "children", "free_vars", "structural_equal", "substitute", "transform", "walk",
     # printer
     "print_expr", "print_func", "print_stmt",
     # verifier

@@ -85,10 +85,11 @@ def free_vars(node) -> set[Var]:
 
 def structural_equal(a, b) -> bool:
     """Equality up to the names of bound loop and let variables."""
-    return _alpha_normal(a) == _alpha_normal(b)
+    return alpha_normal(a) == alpha_normal(b)
 
 
-def _alpha_normal(node):
+def alpha_normal(node):
+    """`node` with its bound loop and let variables renamed in binding order (`_v0`, ...)."""
     counter = iter(range(1 << 30))
     renames: dict[Var, Var] = {}
     binders = [n for n in walk(node) if isinstance(n, (For, Let, IterVar))]

@@ -1,4 +1,4 @@
-"""plan_memory: static memory planning over a final kernel order.
+"""Static memory planning over a final kernel order (`plan_memory`).
 
 The input is the order kernels run in, as `Step`s (the values each reads and writes), the size
 of every value and which values are *external* (inputs, outputs, constants: they live in their
@@ -24,8 +24,10 @@ Placement: two heuristics, the smaller arena wins:
 Greedy by size is usually within a few percent of `live_lower_bound_bytes` on CNNs and
 transformers; best fit wins on some long chains, where it is also exact.
 
-This module is pure bookkeeping: it never looks at a graph, a kernel or a backend; the llvm
-backend (`backends/llvm/executable.py`) calls it for each segment it compiles.
+This module is pure bookkeeping: it never looks at a graph, a kernel or a target. It is not a
+graph pass: offsets need the final kernel order and concrete sizes, which exist only once a
+segment is specialised to the shapes a call brings, so the shared orchestration
+(`backends/plan.py`) runs it for every specialisation, from opt level 1.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""plan_memory: hand-built kernel orders (reuse, alignment, in-place where legal and never over
+"""Memory planning (`backends.memory.plan_memory`): hand-built kernel orders (reuse, alignment, in-place where legal and never over
 a value still needed), random orders checked for overlaps, and whole models compiled with the
 planner against the numpy reference."""
 
@@ -11,7 +11,7 @@ import dnnc
 from dnnc import zoo
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
-from dnnc.passes.plan_memory import ALIGN, Step, _best_fit, _Block, aligned, plan_memory
+from dnnc.backends.memory import ALIGN, Step, _best_fit, _Block, aligned, plan_memory
 
 
 def lifetimes(steps, external=()):
@@ -227,7 +227,7 @@ def test_in_place_kernels_run_correctly_and_drop_noalias():
     assert inplace[id(by_op["Relu"].outputs[0])] == id(by_op["MatMul"].outputs[0])
     assert id(by_op["Sigmoid"].outputs[0]) not in inplace    # r is read again by Mul
     assert inplace[id(by_op["Mul"].outputs[0])] == id(by_op["Sigmoid"].outputs[0])
-    assert seg.offsets[id(by_op["Sigmoid"].outputs[0])] != seg.offsets[id(by_op["Relu"].outputs[0])]
+    assert seg.memory.offsets[id(by_op["Sigmoid"].outputs[0])] != seg.memory.offsets[id(by_op["Relu"].outputs[0])]
     assert model.stats["inplace_kernels"] == 2
     ir = model.source("llvm-ir")
     for op, aliased in (("Relu", True), ("Sigmoid", False), ("Mul", True), ("MatMul", False)):

@@ -1,0 +1,493 @@
+"""The one compile path every compiled target shares: graph -> segments -> kernels -> plan.
+
+    graph (after the passes; `Graph.groups` from fuse_ops)
+      -> steps (`ir.segments`): segments of nodes with a loop form, host fallbacks between
+      -> per segment and input shapes seen, a `Program`: the segment's nodes specialised to
+         the shapes (`ir.reinfer`), one kernel per fusion group (`lower_group`, then the
+         target's `schedule`), identical kernels found by structural signature, constants
+         and arena slots, the memory plan (`memory.plan_memory`) and the call order
+      -> the target renders the program's kernels and binds the plan into something callable.
+
+`Executable` is the runtime every target's runtime extends: it runs the steps in order (host
+steps through the NumPy reference), keeps the compiled specialisations of each segment in a
+bounded LRU cache (a dynamic batch compiles once per batch size seen), compiles every
+segment ahead of the first call when the inputs' shapes are static, and re-plans once when a
+node specialised on run-time parameters turns out to have no loop form. A target supplies
+`compile_segment(program)`, returning an object that runs the program (see `Executable`).
+
+Shapes: a segment is specialised to the concrete shapes of its inputs when it first meets
+them; sizes that depend on data (after NonZero, say) are handled the same way, since a
+segment after a fallback is specialised on the shapes the fallback actually produced.
+
+Memory: values a segment produces for later steps are fresh arrays per call (outputs escape);
+values used only inside a segment live in one arena per segment and thread, placed by
+`plan_memory` over the kernels' order (an elementwise kernel may write over an input it is
+the last reader of: that kernel must be rendered without `noalias`), so concurrent calls from
+several threads are safe.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import CompileError
+from ..ir import loop as L
+from ..ir import types as T
+from ..ir.graph import Graph, Node, Value
+from ..ir.ops.registry import Pattern, get_op
+from ..ir.reinfer import reinfer
+from ..ir.segments import HostStep, Segment, describe, has_loop_form, plan_steps, steps_from
+from .lower import Kernel, NoCompute, lower_group
+from .memory import MemoryPlan, Step, plan_memory
+
+# specialisations kept per segment: each costs its machine code and, per calling thread, its
+# arena (200 batch sizes of an MLP held 274 MB before the cache was bounded)
+DEFAULT_CACHE_SIZE = 32
+
+
+@dataclass
+class Call:
+    """One kernel call of a program: the kernel's function name (shared by identical
+    kernels) and, per parameter, where its buffer is: ("ext", slot) or ("arena", offset)."""
+
+    func: str
+    args: list[tuple[str, int]]
+
+
+@dataclass
+class Program:
+    """A segment specialised to concrete input shapes: everything a target renders and binds.
+
+    Slots, in order: the segment's data inputs, its escaping outputs, its constants; every
+    other value lives in the arena at `memory.offsets`."""
+
+    step: Segment
+    shapes: tuple                        # the input shapes (the cache key, with key_values)
+    key_values: tuple                    # ((input position, ints), ...) of value inputs
+    escaping_types: list[T.TensorType]   # of the segment's outputs, in slot order
+    kernels: list[Kernel]                # in call order, scheduled
+    unique: list[tuple[L.PrimFunc, bool]]   # (func, noalias) to render: one per signature
+    calls: list[Call]
+    consts: list[np.ndarray]             # constant slots' arrays
+    const_refs: list[tuple[int, int]]    # where each constant is read: (node, input position)
+    n_inputs: int                        # data inputs
+    memory: MemoryPlan
+    plan_seconds: float = 0.0            # spent in plan_memory
+
+    @property
+    def slots(self) -> int:
+        return self.n_inputs + len(self.escaping_types) + len(self.consts)
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.memory.arena_bytes
+
+
+class HostAfterAll(Exception):
+    """A node specialised on run-time parameters still has no loop form for them."""
+
+    def __init__(self, node: Node):
+        self.node = node
+
+
+def segment_groups(step: Segment, groups: list[list[Node]] | None) -> list[list[int]]:
+    """The kernels of `step` as positions in its nodes: fuse_ops' groups that lie inside it
+    (the rest of a group cut by a host step re-plan, one node each); one node each without
+    groups."""
+    position = {id(n): k for k, n in enumerate(step.nodes)}
+    out: list[list[int]] = []
+    taken: set[int] = set()
+    for group in groups or ():
+        inside = [position[id(n)] for n in group if id(n) in position]
+        if not inside:
+            continue
+        if len(inside) == len(group):
+            out.append(inside)
+        else:
+            out += [[k] for k in inside]
+        taken.update(inside)
+    out += [[k] for k in range(len(step.nodes)) if k not in taken]
+    # groups run in the order of their last node (fuse_ops' order, a topological one)
+    return sorted(out, key=lambda g: g[-1])
+
+
+def count_kernels(graph: Graph) -> int:
+    """The kernels a call of `graph` runs, counted without lowering or compiling: its
+    segments' fusion groups (a node each before fuse_ops)."""
+    return sum(len(segment_groups(s, graph.groups)) for s in plan_steps(graph)
+               if isinstance(s, Segment))
+
+
+def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[list[int]],
+                  schedule: Callable[[Kernel], L.PrimFunc], reuse_memory: bool) -> Program:
+    """Specialise `step` to `shapes` (and the values of its value inputs), lower one kernel
+    per group, schedule each with the target's `schedule`, and plan the memory."""
+    nodes, values = _specialize(step, shapes, dict(key_values))
+    escaping = [values[id(v)] for v in step.escaping]
+    escaping_ids = {id(v) for v in escaping}
+    kernels = []
+    for k, members in enumerate(groups):
+        group = [nodes[i] for i in members]
+        node = group[0]
+        needed = list(group[-1].outputs) + \
+            [v for n in group[:-1] for v in n.outputs if id(v) in escaping_ids]
+        try:
+            kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed)
+        except NoCompute:
+            for i in members:   # the node without a loop form runs on the host from now on
+                if not has_loop_form(nodes[i]):
+                    raise HostAfterAll(step.nodes[i]) from None
+            raise
+        if kernel.func.size_vars:
+            raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic after "
+                               f"specialisation: {kernel.func.size_vars}")
+        kernel.func = schedule(kernel)
+        kernels.append(kernel)
+    # slots: inputs, escaping outputs, constants, then arena-resident intermediates
+    ext: list[Value] = [values[id(v)] for v in step.inputs if v.const is None] + escaping
+    consts: list[Value] = []
+    const_refs: list[tuple[int, int]] = []
+    for k, n in enumerate(nodes):
+        for j, v in enumerate(n.inputs):
+            if v is not None and v.const is not None and all(v is not c for c in consts):
+                consts.append(v)
+                const_refs.append((k, j))
+    slot = {id(v): k for k, v in enumerate(ext + consts)}
+    start = time.perf_counter()
+    memory = plan_memory(*_memory_steps(kernels, slot), reuse=reuse_memory)
+    seconds = time.perf_counter() - start
+    unique, calls = _calls(kernels, slot, memory)
+    return Program(step, shapes, key_values, [v.type for v in escaping], kernels, unique,
+                   calls, [v.const for v in consts], const_refs,
+                   sum(1 for v in step.inputs if v.const is None), memory, seconds)
+
+
+def _calls(kernels: list[Kernel], slot: dict[int, int], memory: MemoryPlan
+           ) -> tuple[list[tuple[L.PrimFunc, bool]], list[Call]]:
+    """The functions to render, one per structural signature and aliasing choice (a kernel
+    writing over its input in place may not declare its buffers noalias; repeated layers
+    compile once per choice), and the calls in order."""
+    rendered: dict[tuple, str] = {}
+    unique = []
+    for kernel in kernels:
+        noalias = not any(id(v) in memory.inplace for v in kernel.outputs)
+        signature = (signature_of(kernel.func), noalias)
+        if signature in rendered:
+            kernel.func = L.PrimFunc(rendered[signature], kernel.func.params,
+                                     kernel.func.body, kernel.func.size_vars, kernel.func.attrs)
+            continue
+        rendered[signature] = kernel.func.name
+        unique.append((kernel.func, noalias))
+    calls = [Call(kernel.func.name,
+                  [("ext", slot[id(v)]) if id(v) in slot else ("arena", memory.offsets[id(v)])
+                   for v in kernel.inputs + kernel.outputs])
+             for kernel in kernels]
+    return unique, calls
+
+
+def signature_of(func: L.PrimFunc) -> tuple:
+    """A kernel's structural signature: its parameters' dtypes and shapes and its body with
+    the parameters named by position and bound variables by order (`L.structural_equal`'s
+    normal form): two kernels with equal signatures compute the same thing."""
+    positional = {b.name: L.Buffer(f"p{k}", b.dtype, b.shape, b.scope)
+                  for k, b in enumerate(func.params)}
+
+    def rename(n):
+        if isinstance(n, (L.Load, L.Store)) and n.buffer.name in positional:
+            buffer = positional[n.buffer.name]
+            return L.Load(buffer, n.indices) if isinstance(n, L.Load) else \
+                L.Store(buffer, n.indices, n.value)
+        return None
+
+    params = tuple((b.dtype.name, b.shape, b.scope) for b in func.params)
+    return params, L.alpha_normal(L.transform(func.body, rename))
+
+
+def _specialize(step: Segment, shapes: tuple, known: dict | None = None
+                ) -> tuple[list[Node], dict[int, Value]]:
+    """Copies of the segment's nodes whose types are inferred from concrete input shapes;
+    inputs in `known` (position -> ints) have those contents at compile time."""
+    known = known or {}
+    values: dict[int, Value] = {}
+    for i, (v, shape) in enumerate(zip(step.inputs, shapes)):
+        if v.const is not None:
+            values[id(v)] = v
+        else:
+            nv = Value(v.name, T.TensorType(v.type.dtype, shape))
+            nv.known = v.known if v.known is not None and v.type.is_static else None
+            if i in known:
+                nv.known = np.array(known[i], dtype=object).reshape(shape)
+            values[id(v)] = nv
+    nodes = reinfer(step.nodes, values)
+    return nodes, values
+
+
+def _memory_steps(kernels: list[Kernel], external: dict[int, int]) -> tuple:
+    """`plan_memory`'s input for a segment's kernels: values by id, byte sizes, external ids;
+    a kernel of elementwise / broadcasting ops with one output may write over an input of the
+    output's own shape and dtype (each element is read only to write the same element)."""
+    steps, sizes = [], {}
+    for kernel in kernels:
+        for v in kernel.inputs + kernel.outputs:
+            sizes[id(v)] = v.type.numel * v.type.dtype.itemsize
+        inplace = ()
+        if len(kernel.outputs) == 1 and all(get_op(n.op).pattern in _IN_PLACE_PATTERNS
+                                            for n in kernel.nodes):
+            out = kernel.outputs[0].type
+            inplace = tuple(id(v) for v in kernel.inputs
+                            if v.type.shape == out.shape and v.type.dtype == out.dtype)
+        steps.append(Step([id(v) for v in kernel.inputs], [id(v) for v in kernel.outputs],
+                          inplace))
+    return steps, sizes, set(external)
+
+
+_IN_PLACE_PATTERNS = (Pattern.ELEMWISE, Pattern.BROADCAST)
+
+
+class Executable:
+    """Runs a graph as compiled segments and host steps; thread-safe and fork-safe.
+
+    A target's runtime extends it with `compile_segment(program)`, returning an object with
+    `step`, `shapes`, `key_values`, `escaping_types`, `kernels` (empty when restored without
+    them), `memory` (None when restored), `arena_bytes`, `frames` (a `threading.local`),
+    `frame()` (one calling thread's state), `run(arrays, frame)` -> escaping outputs and
+    `profile(arrays, frame, repeat)` -> (outputs, [(kernel, ms)]).
+
+    `cache_size` bounds the specialisations kept per segment (one per input shapes seen):
+    beyond it the least recently used one is dropped (`evictions` counts them) and compiles
+    again if its shapes come back."""
+
+    name = ""
+
+    def __init__(self, graph: Graph, opt_level: int = 3, progress: bool | None = None,
+                 plan: list[dict] | None = None, reuse_memory: bool | None = None,
+                 warm_up: bool = True, cache_size: int = DEFAULT_CACHE_SIZE):
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            raise CompileError(f"cache_size must be a positive integer (specialisations kept "
+                               f"per segment), not {cache_size!r}")
+        self.graph = graph
+        self.opt_level = opt_level
+        # memory reuse from opt level 1; without it every intermediate has a block of its own
+        self.reuse_memory = opt_level >= 1 if reuse_memory is None else reuse_memory
+        self.plan_seconds = 0.0
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self._forced_host: frozenset = frozenset()
+        self.steps = plan_steps(graph) if plan is None else steps_from(graph, plan)
+        self.cache_size = cache_size
+        self.evictions = 0
+        # least recently used first; a hit moves its key to the end
+        self._cache: OrderedDict[tuple, object] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compile_seconds = 0.0
+        self._warm = warm_up and plan is None and all(v.type.is_static for v in graph.inputs)
+
+    def start(self) -> None:
+        """Compile every segment now when the inputs' shapes are static (a target's
+        constructor calls it once it is ready to compile)."""
+        if self._warm:
+            self._warm_up()
+
+    # -- what a target supplies ----------------------------------------------------------------
+
+    def compile_segment(self, program: Program):
+        raise NotImplementedError
+
+    def schedule(self, kernel: Kernel) -> L.PrimFunc:
+        """The target's scheduled PrimFunc of a lowered kernel."""
+        raise NotImplementedError
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def plan(self) -> list[dict]:
+        """The steps as plain data: `{"segment": [node indices]}` or `{"host": node index}`."""
+        return describe(self.graph, self.steps)
+
+    @property
+    def host_fallback_ops(self) -> list[str]:
+        return [f"{s.node.op} ({s.node.name})" for s in self.steps if isinstance(s, HostStep)]
+
+    @property
+    def kernels(self) -> int:
+        """Kernels per call: of each segment's first compiled specialisation, or before it is
+        compiled the groups its nodes form (`warm_up=False` counts a graph's kernels without
+        lowering or compiling them)."""
+        compiled = {}
+        for (index, *_), seg in list(self._cache.items()):
+            compiled.setdefault(index, len(seg.kernels) or len(seg.step.nodes))
+        return sum(compiled[s.index] if s.index in compiled
+                   else len(segment_groups(s, self.graph.groups))
+                   for s in self.steps if isinstance(s, Segment))
+
+    def _warm_up(self) -> None:
+        """Compile every segment whose input shapes are known ahead of the first call (shapes
+        after host steps are found by inference; segments after data-dependent ones compile
+        on first call)."""
+        types = {id(v): v.type for v in self.graph.inputs}
+        for v in self.graph.constants():
+            types[id(v)] = v.type
+        for step in self.steps:
+            if isinstance(step, HostStep):
+                for v in step.node.outputs:
+                    types[id(v)] = v.type
+                continue
+            in_types = [types.get(id(v), v.type) for v in step.inputs]
+            if not all(t.is_static for t in in_types) or step.value_inputs:
+                return
+            seg = self._compiled(step, tuple(t.shape for t in in_types))
+            for v, t in zip(step.escaping, seg.escaping_types):
+                types[id(v)] = t
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
+        while True:
+            try:
+                return self._run(inputs)
+            except HostAfterAll as exc:
+                # a node specialised on run-time parameters still has no loop form for them:
+                # it runs on the host from now on (one re-plan, then cached as usual)
+                with self._lock:
+                    self._forced_host = self._forced_host | {id(exc.node)}
+                    self.steps = plan_steps(self.graph, self._forced_host)
+                    self._cache.clear()
+
+    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        env = {id(v): a for v, a in zip(self.graph.inputs, inputs)}
+        for step in self.steps:
+            if isinstance(step, HostStep):
+                self._run_host(step.node, env)
+            else:
+                seg, arrays = self._segment_call(step, env)
+                outs = seg.run(arrays, self._frame(seg))
+                for v, a in zip(step.escaping, outs):
+                    env[id(v)] = a
+        return [self._value(v, env) for v in self.graph.outputs]
+
+    def _segment_call(self, step: Segment, env) -> tuple[object, list]:
+        """The specialisation of `step` for the inputs in `env` (compiled on first use), and
+        those inputs."""
+        arrays = [self._value(v, env) for v in step.inputs]
+        values = tuple((i, tuple(np.asarray(arrays[i]).reshape(-1).tolist()))
+                       for i in step.value_inputs)
+        return self._compiled(step, tuple(a.shape for a in arrays), values), arrays
+
+    def profile(self, inputs: list[np.ndarray], repeat: int = 20
+                ) -> tuple[list[np.ndarray], list[dict]]:
+        """The outputs, and the median milliseconds of each kernel called alone, in call
+        order, and of each host step: where a model's time goes (bench/kernel_profile.py).
+        Specialisations restored from an artifact keep no kernel list: compile from the model
+        to profile them."""
+        env = {id(v): a for v, a in zip(self.graph.inputs, inputs)}
+        rows = []
+        for step in self.steps:
+            if isinstance(step, HostStep):
+                start = time.perf_counter()
+                self._run_host(step.node, env)
+                rows.append({"kernel": f"host {step.node.op}", "nodes": [step.node.name],
+                             "ms": (time.perf_counter() - start) * 1e3})
+                continue
+            seg, arrays = self._segment_call(step, env)
+            if not seg.kernels:
+                raise CompileError("this segment was restored from an artifact without its "
+                                   "kernel list; compile the model to profile it")
+            outs, times = seg.profile(arrays, self._frame(seg), repeat)
+            for kernel, ms in times:
+                rows.append({"kernel": kernel.func.name, "nodes": [n.name for n in kernel.nodes],
+                             "ms": ms})
+            for v, a in zip(step.escaping, outs):
+                env[id(v)] = a
+        return [self._value(v, env) for v in self.graph.outputs], rows
+
+    def _value(self, v: Value, env) -> np.ndarray:
+        if v.const is not None:
+            return v.const
+        return env[id(v)]
+
+    def _run_host(self, node: Node, env) -> None:
+        from ..ir.interpreter import run_node
+
+        args = [None if v is None else self._value(v, env) for v in node.inputs]
+        outs = run_node(node, args, env)
+        for v, a in zip(node.outputs, outs):
+            env[id(v)] = a
+
+    def _frame(self, seg):
+        """This thread's state for calling `seg` (concurrent calls never share it; it lives on
+        `seg`, so an evicted specialisation's arenas go with it)."""
+        frame = getattr(seg.frames, "frame", None)
+        if frame is None:
+            frame = seg.frames.frame = seg.frame()
+        return frame
+
+    def _compiled(self, step: Segment, shapes: tuple, values: tuple = ()):
+        key = (step.index, shapes, values)
+        seg = self._cache.get(key)
+        if seg is not None:
+            try:
+                self._cache.move_to_end(key)
+            except KeyError:   # evicted by another thread meanwhile: `seg` still works
+                pass
+            return seg
+        with self._lock:
+            seg = self._cache.get(key)
+            if seg is None:
+                start = time.perf_counter()
+                if self.progress:
+                    print(f"dnnc: compiling segment {step.index} ({len(step.nodes)} nodes) "
+                          f"for {self.describe_machine()}", file=sys.stderr)
+                groups = segment_groups(step, self.graph.groups)
+                program = build_program(step, shapes, values, groups, self.schedule,
+                                        self.reuse_memory)
+                self.plan_seconds += program.plan_seconds
+                seg = self.compile_segment(program)
+                self._cache[key] = seg
+                self._evict(step.index)
+                self.compile_seconds += time.perf_counter() - start
+        return seg
+
+    def describe_machine(self) -> str:
+        return self.name
+
+    def _evict(self, index: int) -> None:
+        """Drop segment `index`'s least recently used specialisations beyond `cache_size`
+        (a call running one keeps it alive until it returns)."""
+        keys = [k for k in list(self._cache) if k[0] == index]   # list(): one atomic copy
+        for key in keys[:max(0, len(keys) - self.cache_size)]:
+            del self._cache[key]
+            self.evictions += 1
+
+    def _after_fork_in_child(self) -> None:
+        """The forking thread is the child's only one: a lock another thread held at fork
+        time would never be released (a child needing a new shape would hang)."""
+        self._lock = threading.Lock()
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def compiled_segments(self) -> list:
+        return list(self._cache.values())
+
+    @property
+    def arena_bytes(self) -> int:
+        """Arena bytes a calling thread holds: the sum over every compiled specialisation
+        (each segment and shape has an arena of its own, all kept)."""
+        return sum(s.arena_bytes for s in list(self._cache.values()))
+
+    @property
+    def memory_stats(self) -> dict[str, int]:
+        """`plan_memory`'s figures summed like `arena_bytes`: `naive_bytes` (every
+        intermediate in a block of its own) and `live_lower_bound_bytes` (per arena, the most
+        bytes live at once); empty when no specialisation was planned in this process (all
+        restored from an artifact)."""
+        plans = [s.memory for s in list(self._cache.values()) if s.memory is not None]
+        if not plans:
+            return {}
+        return {"naive_bytes": sum(p.naive_bytes for p in plans),
+                "live_lower_bound_bytes": sum(p.live_lower_bound_bytes for p in plans),
+                "inplace_kernels": sum(len(p.inplace) for p in plans)}
