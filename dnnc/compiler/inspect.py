@@ -342,9 +342,10 @@ def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
     from .targets import REGISTRY, default_target
 
     spec = REGISTRY[target or default_target()]
+    machine = spec.target(cpu)
 
     def kernels(g: Graph, fuse: bool) -> int | None:
-        return None if spec.kernels is None else spec.kernels(g, cpu, fuse)
+        return None if spec.kernels is None else spec.kernels(g, machine, fuse)
 
     rows = [PassRow(0, "(imported)", None, len(graph.nodes), kernels(graph, False), None)]
     if not spec.runs_passes:
@@ -359,7 +360,7 @@ def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
         rows.append(PassRow(len(rows), name, levels[name], len(g.nodes),
                             kernels(g, bool(fused)), timings[name]))
 
-    optimize(graph, spec.machine(cpu), opt_level, timings=timings, after_pass=after)
+    optimize(graph, machine, opt_level, timings=timings, after_pass=after)
     return rows
 
 

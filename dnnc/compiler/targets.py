@@ -9,9 +9,10 @@ this one imports them."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
+from ..ir.target import Target
 from . import artifact, driver
 
 
@@ -27,14 +28,13 @@ class ArtifactCodec:
 class TargetSpec:
     name: str
     description: str
-    runtime: Callable                  # (graph, opt_level, **options) -> (graph, runtime)
+    runtime: Callable                  # (graph, opt_level, target, **options) -> (graph, runtime)
     options: tuple[str, ...] = ()      # the compile options beyond the common ones it uses
     emits: tuple[str, ...] = ()        # source kinds `CompiledModel.source` gives (--emit)
     codec: ArtifactCodec | None = None  # None: its models cannot be saved
     runs_passes: bool = False          # the graph pipeline: --dump-ir, --bisect-passes, ...
-    machine: Callable | None = None    # (cpu) -> ir Target the passes optimise for
-    kernels: Callable | None = None    # (graph, cpu, fuse) -> kernel count (inspect --passes)
-    threads: Callable | None = None    # () -> threads it runs on, starting its pool
+    machine: Callable | None = None    # () -> this host's Target (None: no machine to describe)
+    kernels: Callable | None = None    # (graph, target, fuse) -> kernel count (inspect --passes)
     speed: int = 0                     # rank among the targets available on the host
     available: Callable = lambda: True  # () -> whether this host can run it
 
@@ -42,21 +42,27 @@ class TargetSpec:
     def generates_code(self) -> bool:
         return bool(self.emits)
 
+    def target(self, cpu: Target | None = None) -> Target:
+        """The Target a compile for this target reads, passes and runtime alike: the machine
+        `cpu` describes (the `cpu` option), else this host's."""
+        machine = cpu or (self.machine() if self.machine else Target(self.name))
+        return replace(machine, name=self.name)
+
 
 def _has_llvmlite() -> bool:
     return importlib.util.find_spec("llvmlite") is not None
 
 
-def _llvm_kernels(graph, cpu, fuse: bool) -> int:
+def _llvm_host() -> Target:
+    from ..backends.llvm.runtime import host_target
+
+    return host_target()
+
+
+def _llvm_kernels(graph, target: Target, fuse: bool) -> int:
     from ..backends.llvm.executable import LLVMRuntime
 
-    return LLVMRuntime(graph, cpu=cpu, fuse=fuse, warm_up=False, progress=False).kernels
-
-
-def _llvm_threads() -> int:
-    from ..backends.llvm.runtime import ensure_pool
-
-    return ensure_pool()
+    return LLVMRuntime(graph, target=target, fuse=fuse, warm_up=False, progress=False).kernels
 
 
 # Listed in the order messages name them (the reference first).
@@ -70,8 +76,8 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                emits=("llvm-ir", "asm", "loop"),
                codec=ArtifactCodec(artifact.llvm_export, artifact.llvm_check,
                                    artifact.llvm_restore),
-               runs_passes=True, machine=driver.llvm_target, kernels=_llvm_kernels,
-               threads=_llvm_threads, speed=10, available=_has_llvmlite),
+               runs_passes=True, machine=_llvm_host, kernels=_llvm_kernels,
+               speed=10, available=_has_llvmlite),
 )}
 
 

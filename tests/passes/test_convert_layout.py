@@ -9,7 +9,7 @@ from dnnc.ir.graph import Graph, Value
 from dnnc.ir.target import Target
 from dnnc.passes.convert_layout import convert_layout
 
-CPU = Target("llvm", vector_bits=256)
+CPU = Target("llvm", features="+avx,+avx2")   # 256-bit vectors
 
 
 def _graph(rng, op, b_const=True, **attrs):

@@ -7,7 +7,8 @@ import pytest
 
 import dnnc
 from dnnc import zoo
-from dnnc.compiler.driver import llvm_target, load_graph
+from dnnc.compiler.driver import load_graph
+from dnnc.compiler.targets import REGISTRY
 from dnnc.compiler.inspect import pass_report
 from dnnc.errors import CompileError
 from dnnc.ir import types as T
@@ -77,14 +78,14 @@ def test_dump_ir_after_every_pass(tmp_path):
 
 
 def test_dump_ir_of_a_truncated_pipeline(tmp_path):
-    optimize(_conv_bn_graph(), llvm_target(), 3, passes=1, dump_ir=tmp_path)
+    optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 3, passes=1, dump_ir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["00_input.txt",
                                                           "01_fold_constants.txt"]
 
 
 def test_after_pass_sees_every_pass_in_order():
     seen = []
-    optimize(_conv_bn_graph(), llvm_target(), 3,
+    optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 3,
              after_pass=lambda name, g: seen.append((name, len(g.nodes))))
     assert [name for name, _ in seen] == passes_at(3)
     assert dict(seen)["fold_constants"] == 4 and dict(seen)["simplify"] == 3
@@ -98,7 +99,7 @@ def test_a_pass_that_breaks_the_graph_is_named(monkeypatch):
     table = [(n, lvl, broken if n == "eliminate" else run) for n, lvl, run in PIPELINE]
     monkeypatch.setattr(manager, "PIPELINE", table)
     with pytest.raises(CompileError, match="after pass eliminate"):
-        optimize(_conv_bn_graph(), llvm_target(), 3, verify=True)
+        optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 3, verify=True)
 
 
 def test_pass_report_counts_nodes_and_kernels():

@@ -45,11 +45,12 @@ from ...ir import types as T
 from ...ir.graph import Graph, Node, Value
 from ...ir import loop as L
 from ...ir.ops.registry import Pattern, get_op, known_constant
+from ...ir.target import Target
 from ...passes.specialize import reinfer
 from ..lower import Kernel, NoCompute, lower_group
 from .codegen import ModuleBuilder
 from .objfile import check_object
-from .runtime import (HostCPU, JITModule, at_fork_in_child, ensure_pool, host_cpu, initialize,
+from .runtime import (JITModule, at_fork_in_child, ensure_pool, host_target, initialize,
                       llvm_lock, target_machine)
 from .schedules import schedule_kernel
 from ...passes.fuse_ops import fusion_groups
@@ -107,7 +108,7 @@ class LLVMRuntime:
 
     name = "llvm"
 
-    def __init__(self, graph: Graph, cpu: HostCPU | None = None, opt_level: int = 3,
+    def __init__(self, graph: Graph, target: Target | None = None, opt_level: int = 3,
                  progress: bool | None = None, plan: list[dict] | None = None,
                  fuse: bool | None = None, reuse_memory: bool | None = None,
                  warm_up: bool = True, cache_size: int = DEFAULT_CACHE_SIZE):
@@ -115,13 +116,13 @@ class LLVMRuntime:
             raise CompileError(f"cache_size must be a positive integer (specialisations kept "
                                f"per segment), not {cache_size!r}")
         self.graph = graph
-        self.cpu = cpu or host_cpu()
+        self.target = target or host_target()
         self.opt_level = opt_level
         self.fuse = opt_level >= 2 if fuse is None else fuse   # fuse_ops from opt level 2
         # plan_memory from opt level 1; without it every intermediate has a block of its own
         self.plan_memory = opt_level >= 1 if reuse_memory is None else reuse_memory
         self.plan_seconds = 0.0
-        self.threads = ensure_pool()
+        self.threads = self.target.threads
         self.progress = sys.stderr.isatty() if progress is None else progress
         self._forced_host: frozenset = frozenset()
         self.steps = self._plan() if plan is None else self._steps_from(plan)
@@ -137,13 +138,13 @@ class LLVMRuntime:
 
     @classmethod
     def restore(cls, graph: Graph, plan: list[dict], images: list[SegmentImage],
-                cpu: HostCPU, opt_level: int = 3,
+                target: Target, opt_level: int = 3,
                 progress: bool | None = None,
                 cache_size: int = DEFAULT_CACHE_SIZE) -> "LLVMRuntime":
         """A runtime from a saved plan and compiled specialisations: no lowering, no LLVM
         passes; shapes not among `images` still compile on first use. Every image is kept,
         even past `cache_size`; the cache shrinks to its size when it next compiles."""
-        rt = cls(graph, cpu=cpu, opt_level=opt_level, progress=progress, plan=plan,
+        rt = cls(graph, target=target, opt_level=opt_level, progress=progress, plan=plan,
                  cache_size=cache_size)
         for image in images:
             step = rt.steps[image.step]
@@ -512,7 +513,7 @@ class _CompiledSegment:
         self.escaping_types = [values[id(v)].type for v in step.escaping]
         if rt.progress:
             print(f"dnnc: compiling segment {step.index} ({len(nodes)} kernels) for "
-                  f"{rt.cpu.name}", file=sys.stderr)
+                  f"{rt.target.cpu}", file=sys.stderr)
         self.kernels: list[Kernel] = []
         mb = ModuleBuilder(f"segment{step.index}")
         original = {id(n): o for n, o in zip(nodes, step.nodes)}
@@ -534,7 +535,7 @@ class _CompiledSegment:
             if kernel.func.size_vars:
                 raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic "
                                    f"after specialisation: {kernel.func.size_vars}")
-            kernel.func = schedule_kernel(kernel, rt.cpu, rt.threads)
+            kernel.func = schedule_kernel(kernel, rt.target, rt.threads)
             self.kernels.append(kernel)
         # slots: inputs, escaping outputs, constants, then arena-resident intermediates
         escaping = [values[id(v)] for v in step.escaping]
@@ -578,9 +579,9 @@ class _CompiledSegment:
         slots = len(ext) + len(consts)
         digest = layout_digest(step, shapes, key_values, self.escaping_types, self.const_refs,
                                [v.const for v in consts], self.n_inputs, slots,
-                               self.arena_bytes, "entry", rt.cpu)
+                               self.arena_bytes, "entry", rt.target)
         try:
-            jit = JITModule(str(mb) + _layout_global(digest), rt.cpu, rt.opt_level,
+            jit = JITModule(str(mb) + _layout_global(digest), rt.target, rt.opt_level,
                             name=f"segment{step.index}")
         except RuntimeError as exc:
             names = ", ".join(f"{n.op} {n.name!r}" for n in nodes[:5])
@@ -605,11 +606,11 @@ class _CompiledSegment:
         self.arena_bytes = image.arena_bytes
         self._loop_ir = image.loop_ir
         consts = _image_consts(step, image)
-        jit = ObjectModule(image.object_code, rt.cpu, name=f"segment{step.index}",
+        jit = ObjectModule(image.object_code, rt.target, name=f"segment{step.index}",
                            llvm_ir=image.llvm_ir)
         want = layout_digest(step, image.shapes, image.values, image.escaping_types,
                              image.consts, consts, image.n_inputs, image.slots,
-                             image.arena_bytes, image.entry, rt.cpu)
+                             image.arena_bytes, image.entry, rt.target)
         if jit.layout() != want:
             raise ArtifactError(
                 f"the object code of segment {step.index} (shapes {list(image.shapes)}) was "
@@ -700,12 +701,12 @@ class ObjectModule:
     """Machine code loaded from an object file (a segment an artifact stored), in its own
     MCJIT engine; `dnnc_parallel_for` and libc/libm symbols resolve as for `JITModule`."""
 
-    def __init__(self, data: bytes, cpu: HostCPU, name: str = "dnnc", llvm_ir: str = ""):
+    def __init__(self, data: bytes, target: Target, name: str = "dnnc", llvm_ir: str = ""):
         initialize()
         ensure_pool()  # registers dnnc_parallel_for before the object's relocations resolve
-        self.cpu = cpu
+        self.target = target
         self.name = name
-        self.tm = target_machine(cpu)
+        self.tm = target_machine(target)
         self._data = bytes(data)
         needed = check_object(self._data)   # LLVM trusts the file: a malformed one crashes it
         with llvm_lock():   # LLVM's locks are never held across a fork (runtime.py)
@@ -756,7 +757,7 @@ LAYOUT_BYTES = 32
 
 def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, const_arrays,
                   n_inputs: int, slots: int, arena_bytes: int, entry: str,
-                  cpu: HostCPU) -> bytes:
+                  target: Target) -> bytes:
     """The SHA-256 of everything a call of the segment's code relies on."""
     doc = {"nodes": [[n.op, n.name] for n in step.nodes],
            "inputs": [[v.type.dtype.name, v.const is not None] for v in step.inputs],
@@ -766,7 +767,7 @@ def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, con
            "consts": [[k, j, c.dtype.name, list(c.shape)]
                       for (k, j), c in zip(const_refs, const_arrays)],
            "n_inputs": n_inputs, "slots": slots, "arena_bytes": arena_bytes, "entry": entry,
-           "cpu": [cpu.name, cpu.features]}
+           "cpu": [target.cpu, target.features]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).digest()
 
 
