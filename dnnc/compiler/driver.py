@@ -124,8 +124,9 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`.
 
     `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.runtime.cpu_from`) is the
-    machine to compile for instead of this host (CPU name, features, threads); `progress`
-    prints compile stages on stderr (default: when it is a tty); `passes` stops the pass pipeline after its first N passes (for finding a miscompile);
+    machine to compile for instead of this host (CPU name, features, threads; the layouts are
+    the target's own); `progress` prints compile stages on stderr (default: when it is a tty);
+    `passes` stops the pass pipeline after its first N passes (for finding a miscompile);
     `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
     `cache_size` bounds the shape specialisations the llvm target keeps per segment (least
     recently used dropped first; default 32). `cpu`, `passes`, `dump_ir` and `cache_size` apply

@@ -34,6 +34,7 @@ class TargetSpec:
     codec: ArtifactCodec | None = None  # None: its models cannot be saved
     runs_passes: bool = False          # the graph pipeline: --dump-ir, --bisect-passes, ...
     machine: Callable | None = None    # () -> this host's Target (None: no machine to describe)
+    layouts: tuple[str, ...] = ()      # the layout rewrites it wants (passes/convert_layout.py)
     kernels: Callable | None = None    # (graph, target, fuse) -> kernel count (inspect --passes)
     speed: int = 0                     # rank among the targets available on the host
     available: Callable = lambda: True  # () -> whether this host can run it
@@ -44,9 +45,9 @@ class TargetSpec:
 
     def target(self, cpu: Target | None = None) -> Target:
         """The Target a compile for this target reads, passes and runtime alike: the machine
-        `cpu` describes (the `cpu` option), else this host's."""
+        `cpu` describes (the `cpu` option), else this host's, with this target's layouts."""
         machine = cpu or (self.machine() if self.machine else Target(self.name))
-        return replace(machine, name=self.name)
+        return replace(machine, name=self.name, layouts=self.layouts)
 
 
 def _has_llvmlite() -> bool:
@@ -76,7 +77,9 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                emits=("llvm-ir", "asm", "loop"),
                codec=ArtifactCodec(artifact.llvm_export, artifact.llvm_check,
                                    artifact.llvm_restore),
-               runs_passes=True, machine=_llvm_host, kernels=_llvm_kernels,
+               runs_passes=True, machine=_llvm_host,
+               # dense and conv weights packed into the micro-kernels' panels (convert_layout)
+               layouts=("pack_dense", "pack_conv"), kernels=_llvm_kernels,
                speed=10, available=_has_llvmlite),
 )}
 

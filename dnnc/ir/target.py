@@ -2,8 +2,8 @@
 
 A `Target` is the one description of the machine a compile is for: the target's name in the
 registry (`compiler/targets.py`, which builds it), the CPU name and its complete feature
-string, the threads the code runs on, and a GPU architecture for a GPU target. Passes and
-runtimes read
+string, the threads the code runs on, a GPU architecture for a GPU target, and the layouts
+the target's kernels want (`passes/convert_layout.py` applies them). Passes and runtimes read
 their target-dependent choices from it, without importing a backend or comparing names; the
 runtime and the passes of one compile get the same Target. Backends probe the machine they
 run on (`backends/llvm/runtime.py: host_target`).
@@ -26,6 +26,7 @@ class Target:
     features: str = ""
     threads: int = 1                # threads the code is scheduled for (the worker pool's)
     arch: str = ""                  # GPU architecture ("sm_90"); "" for a CPU
+    layouts: tuple[str, ...] = ()   # layout rewrites convert_layout applies, by name
 
     def __post_init__(self):
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or \
@@ -36,6 +37,8 @@ class Target:
         if unsigned:
             raise ArgumentError(f"Target features are signed (+avx2 or -avx512f), not "
                                 f"{', '.join(map(repr, unsigned))}")
+        if isinstance(self.layouts, str):   # ("pack_dense") is a string, not a tuple
+            raise ArgumentError(f"Target layouts is a tuple of names, not {self.layouts!r}")
 
     @property
     def feature_set(self) -> frozenset[str]:

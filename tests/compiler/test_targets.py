@@ -14,7 +14,7 @@ import dnnc
 import dnnc.compiler
 from dnnc import zoo
 from dnnc.passes import manager
-from dnnc.passes.convert_layout import convert_layout
+from dnnc.passes.convert_layout import REWRITES, convert_layout
 from dnnc.compiler import driver
 from dnnc.errors import ArgumentError
 from dnnc.compiler.targets import REGISTRY, default_target, fastest_first, using
@@ -73,12 +73,14 @@ def test_entries_are_consistent():
         # running passes means a machine to optimise for and the pass-control options
         assert spec.runs_passes == (spec.machine is not None), spec.name
         assert spec.runs_passes == ({"passes", "dump_ir"} <= set(spec.options)), spec.name
+        assert set(spec.layouts) <= set(REWRITES), spec.name
     assert using("cpu") == ["llvm"]
+    assert REGISTRY["llvm"].layouts == ("pack_dense", "pack_conv")
 
 
 def test_the_passes_and_the_runtime_read_the_one_target_the_registry_builds(monkeypatch):
-    """The machine given as `cpu` (its CPU, features and threads): the same object for
-    convert_layout and the runtime."""
+    """The machine given as `cpu` (its CPU, features and threads) with the layouts the
+    registry declares for the target: the same object for convert_layout and the runtime."""
     from dnnc.backends.llvm.runtime import CPU_LEVELS, cpu_from
 
     seen = []
@@ -91,8 +93,9 @@ def test_the_passes_and_the_runtime_read_the_one_target_the_registry_builds(monk
     machine = replace(cpu_from(baseline), threads=1)   # not this host's CPU, nor its threads
     model = dnnc.compile(mlp, "llvm", cpu=machine)
     assert seen == [model.runtime.target]
-    assert model.runtime.target == machine
+    assert model.runtime.target == replace(machine, layouts=REGISTRY["llvm"].layouts)
     assert model.runtime.threads == 1 and model.runtime.target.vector_bits == 128
+    assert "MatMulPacked" in str(model.graph)     # the registry's layouts were applied
     np.testing.assert_allclose(model(x), dnnc.compile(mlp, "numpy")(x), rtol=1e-5, atol=1e-6)
 
 

@@ -21,10 +21,10 @@ def test_feature_set_and_vector_width_follow_the_feature_string(features, bits):
 
 
 def test_a_target_is_frozen_and_hashable():
-    a = Target("llvm", "znver3", AVX2, threads=2)
-    assert a == Target("llvm", "znver3", AVX2, threads=2)
-    assert len({a, Target("llvm", "znver3", AVX2, threads=2),
-                Target("llvm", "znver3", AVX2, threads=1)}) == 2
+    a = Target("llvm", "znver3", AVX2, threads=2, layouts=("pack_dense",))
+    assert a == Target("llvm", "znver3", AVX2, threads=2, layouts=("pack_dense",))
+    assert len({a, Target("llvm", "znver3", AVX2, threads=2, layouts=("pack_dense",)),
+                Target("llvm", "znver3", AVX2, threads=1, layouts=("pack_dense",))}) == 2
     with pytest.raises(AttributeError):
         a.threads = 4
 
@@ -34,6 +34,7 @@ def test_a_target_is_frozen_and_hashable():
     ({"threads": 2.0}, "Target threads must be a positive integer, not 2.0"),
     ({"threads": True}, "Target threads must be a positive integer, not True"),
     ({"features": "+avx,avx2"}, "Target features are signed .*, not 'avx2'"),
+    ({"layouts": "pack_dense"}, "Target layouts is a tuple of names, not 'pack_dense'"),
 ])
 def test_a_target_that_describes_no_machine_is_refused(fields, message):
     with pytest.raises(ArgumentError, match=message):
