@@ -282,7 +282,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def numpy_export(runtime, manifest: dict, files: dict) -> None:
-    manifest["target"] = {"name": "numpy"}
+    manifest["target"] = {"name": runtime.target.name}
 
 
 def numpy_restore(graph: Graph, manifest: dict, read, progress):

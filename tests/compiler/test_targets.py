@@ -45,6 +45,28 @@ def test_no_compiler_module_compares_a_target_name():
     assert not found, "\n".join(found)
 
 
+def name_literals(source: str, names) -> list[int]:
+    """Lines of `source` with one of `names` as a string literal (`{"llvm": [...]}`)."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Constant) and node.value in names)
+
+
+def test_no_module_below_the_targets_names_one():
+    """Passes, IR, frontends and shared backend code read the Target's fields (layouts,
+    features, threads), never its name: only the compiler layer (the registry, the default
+    target), a target's own package and the testing tools, which run targets as a user
+    does, spell one."""
+    root = COMPILER.parent
+    allowed = [COMPILER, root / "testing", root / "backends" / "llvm"]
+    modules = [p for p in sorted(root.rglob("*.py"))
+               if not any(folder in p.parents for folder in allowed)
+               and p != root / "backends" / "numpy.py"]
+    assert root / "passes" / "convert_layout.py" in modules
+    found = [f"{path.relative_to(root)}:{line}" for path in modules
+             for line in name_literals(path.read_text(), set(REGISTRY))]
+    assert not found, found
+
+
 @pytest.mark.parametrize("planted", [
     'if target != "llvm":\n    pass',
     'ok = "numpy" == model.target',
