@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dnnc  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc import zoo  # noqa: E402
-from dnnc.backends.llvm.runtime import cpu_from, host_cpu, num_threads  # noqa: E402
+from dnnc.backends.llvm.runtime import cpu_from, host_target  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
 
@@ -160,9 +160,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.load:
         return main_load(args, ort)
-    threads = num_threads()
-    cpu = cpu_from(mattr=args.mattr) if args.mattr else host_cpu()
-    print(f"# {platform.machine()} {cpu.name} ({cpu.vector_bits}-bit vectors"
+    cpu = cpu_from(mattr=args.mattr) if args.mattr else host_target()
+    threads = cpu.threads
+    print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors"
           f"{', ' + args.mattr if args.mattr else ''}), {threads} "
           f"threads each; dnnc {dnnc.__version__}, onnxruntime {ort.__version__}, "
           f"batch {args.batch}")
@@ -195,9 +195,9 @@ def main() -> None:
 
 
 def main_load(args, ort) -> None:
-    threads = num_threads()
-    cpu = host_cpu()
-    print(f"# {platform.machine()} {cpu.name}, {os.cpu_count()} cpus, {threads} threads each; "
+    cpu = host_target()
+    threads = cpu.threads
+    print(f"# {platform.machine()} {cpu.cpu}, {os.cpu_count()} cpus, {threads} threads each; "
           f"dnnc {dnnc.__version__}, onnxruntime {ort.__version__}, batch {args.batch}, "
           f"load {args.load}, {args.blocks} blocks of {args.repeat} calls")
     print(LOAD_HEADERS[args.load])

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
-from dnnc.backends.llvm.runtime import host_cpu, num_threads  # noqa: E402
+from dnnc.backends.llvm.runtime import host_target  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
 
 
@@ -34,8 +34,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
-    threads, cpu = num_threads(), host_cpu()
-    print(f"# {platform.machine()} {cpu.name} ({cpu.vector_bits}-bit vectors), {threads} "
+    cpu = host_target()
+    threads = cpu.threads
+    print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors), {threads} "
           f"threads; dnnc {dnnc.__version__}, onnxruntime {ort.__version__}")
     model = zoo.build(args.model, batch=args.batch)
     inputs = zoo.inputs_for(model, np.random.default_rng(0))

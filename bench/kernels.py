@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
-from dnnc.backends.llvm.runtime import host_cpu, num_threads  # noqa: E402
+from dnnc.backends.llvm.runtime import host_target  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 
@@ -78,9 +78,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
-    threads = num_threads()
-    cpu = host_cpu()
-    print(f"# {platform.machine()} {cpu.name} ({cpu.vector_bits}-bit vectors), {threads} "
+    cpu = host_target()
+    threads = cpu.threads
+    print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors), {threads} "
           f"threads, dnnc {dnnc.__version__}, numpy {np.__version__}; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}")
     print(f"{'kernel':34} {'dnnc GFLOP/s':>13} {'peer GFLOP/s':>13} {'ratio':>7}  peer")

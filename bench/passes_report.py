@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
-from dnnc.backends.llvm.runtime import host_cpu, num_threads  # noqa: E402
-from dnnc.compiler.driver import llvm_target, load_graph  # noqa: E402
+from dnnc.backends.llvm.runtime import host_target  # noqa: E402
+from dnnc.compiler.driver import load_graph  # noqa: E402
+from dnnc.compiler.targets import REGISTRY  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc.passes.manager import DEFAULT_OPT_LEVEL, optimize  # noqa: E402
 
@@ -66,7 +67,7 @@ def ops_after_simplify(model) -> dict[str, int]:
             for node in graph.nodes:
                 counts[node.op] = counts.get(node.op, 0) + 1
 
-    optimize(load_graph(model), llvm_target(), HIGHEST, after_pass=after)
+    optimize(load_graph(model), REGISTRY["llvm"].target(), HIGHEST, after_pass=after)
     return counts
 
 
@@ -75,7 +76,7 @@ def planned_kernels(model) -> int:
     lowering or compiling (what `dnnc inspect --passes` prints)."""
     from dnnc.backends.plan import count_kernels
 
-    return count_kernels(optimize(load_graph(model), llvm_target(), HIGHEST))
+    return count_kernels(optimize(load_graph(model), REGISTRY["llvm"].target(), HIGHEST))
 
 
 def measure(name: str, batch: int, repeat: int) -> dict:
@@ -161,9 +162,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args()
     assert HIGHEST == DEFAULT_OPT_LEVEL
-    cpu = host_cpu()
-    print(f"# {platform.machine()} {cpu.name} ({cpu.vector_bits}-bit vectors), "
-          f"{num_threads()} threads; dnnc {dnnc.__version__}, llvmlite {llvmlite.__version__}, "
+    cpu = host_target()
+    print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors), "
+          f"{cpu.threads} threads; dnnc {dnnc.__version__}, llvmlite {llvmlite.__version__}, "
           f"numpy {np.__version__}, python {platform.python_version()}; batch {args.batch}, "
           f"median of {args.repeat}")
     print(f"{'model':13} {'nodes':>9} {'kernels':>7} {'fallbk':>6} {'arena KiB':>10} "

@@ -7,15 +7,15 @@ import numpy as np
 
 from ..ir.graph import Graph
 from ..ir.interpreter import run_graph
+from ..ir.target import Target
 
 
 class NumpyRuntime:
     """Executes a graph by interpretation; thread-safe (no state is kept between calls)."""
 
-    name = "numpy"
-
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, target: Target):
         self.graph = graph
+        self.target = target   # what the registry describes it as (one thread, no CPU)
 
     def run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
         return run_graph(self.graph, inputs, dict(bindings))

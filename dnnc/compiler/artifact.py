@@ -41,14 +41,16 @@ import tempfile
 import time
 import zipfile
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
-from ..errors import ArtifactError, DNNCError
+from ..errors import ArgumentError, ArtifactError, DNNCError
 from .arguments import check_path
 from ..ir.graph import Graph, Node, Value
+from ..ir.target import Target
 from ..ir.types import DType, TensorType
 
 FORMAT = "dnnc-artifact"
@@ -292,22 +294,23 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def numpy_export(runtime, manifest: dict, files: dict) -> None:
-    manifest["target"] = {"name": "numpy"}
+    manifest["target"] = {"name": runtime.target.name}
 
 
 def numpy_restore(graph: Graph, manifest: dict, read, progress):
     from ..backends.numpy import NumpyRuntime
+    from .targets import REGISTRY
 
-    return NumpyRuntime(graph)
+    return NumpyRuntime(graph, REGISTRY[manifest["target"]["name"]].target())
 
 
 def llvm_export(runtime, manifest: dict, files: dict) -> None:
     import llvmlite.binding as llvm
 
-    cpu = runtime.cpu
+    target = runtime.target
     manifest["target"] = {
-        "name": "llvm", "triple": llvm.get_process_triple(), "cpu": cpu.name,
-        "features": sorted(cpu.feature_set), "feature_string": cpu.features,
+        "name": target.name, "triple": llvm.get_process_triple(), "cpu": target.cpu,
+        "features": sorted(target.feature_set), "feature_string": target.features,
         "threads": runtime.threads, "opt_level": runtime.opt_level}
     manifest["plan"] = runtime.plan()
     segments = []
@@ -333,31 +336,34 @@ def llvm_export(runtime, manifest: dict, files: dict) -> None:
 def llvm_check(manifest: dict, path) -> None:
     """Refuse a manifest with numbers of the wrong type or range, and code this machine
     cannot run: another architecture, or CPU features it lacks. The features are the `+`
-    ones of the complete feature string the code was compiled with (`HostCPU`), so they
-    include those the CPU name implies."""
+    ones of the complete feature string the code was compiled with (`Target.features`), so
+    they include those the CPU name implies."""
     import llvmlite.binding as llvm
 
-    from ..backends.llvm.runtime import HostCPU, host_cpu
+    from ..backends.llvm.runtime import host_target
 
     try:
         _check_llvm_manifest(manifest)
     except ArtifactError as exc:
         raise ArtifactError(f"{path}: {exc}") from None
     target = manifest["target"]
-    if target["features"] != sorted(HostCPU(target["cpu"], target["feature_string"])
-                                    .feature_set):
+    try:
+        compiled_for = Target(target["name"], target["cpu"], target["feature_string"])
+    except ArgumentError:   # a feature without its sign
+        compiled_for = None
+    if compiled_for is None or target["features"] != sorted(compiled_for.feature_set):
         raise ArtifactError(f"{path}: the manifest's feature list disagrees with its feature "
                             f"string")
     triple = llvm.get_process_triple()
     if target["triple"].split("-")[0] != triple.split("-")[0]:
         raise ArtifactError(f"{path}: compiled for {target['triple']}, this machine is "
                             f"{triple}")
-    host = host_cpu()
+    host = host_target()
     missing = sorted(set(target["features"]) - host.feature_set)
     if missing:
         raise ArtifactError(
             f"{path}: compiled for CPU {target['cpu']} with feature(s) this machine "
-            f"({host.name}) lacks: {', '.join(missing)}; recompile the model here "
+            f"({host.cpu}) lacks: {', '.join(missing)}; recompile the model here "
             f"(dnnc compile ..., or --mcpu/--mattr for a common subset)")
 
 
@@ -420,10 +426,14 @@ def _check_llvm_manifest(manifest: dict) -> None:
 
 def llvm_restore(graph: Graph, manifest: dict, read, progress):
     from ..backends.llvm.executable import LLVMRuntime, SegmentImage
-    from ..backends.llvm.runtime import HostCPU
+    from ..backends.llvm.runtime import host_target
+    from .targets import REGISTRY
 
     target = manifest["target"]
-    cpu = HostCPU(target["cpu"], target["feature_string"])
+    # the CPU the code was compiled for, on this machine's threads (a shape compiled after
+    # the load is scheduled for them)
+    machine = REGISTRY[target["name"]].target(
+        replace(host_target(), cpu=target["cpu"], features=target["feature_string"]))
     images = []
     for entry in manifest["segments"]:
         images.append(SegmentImage(
@@ -435,7 +445,7 @@ def llvm_restore(graph: Graph, manifest: dict, read, progress):
             llvm_ir=read(entry["llvm_ir"]).decode() if "llvm_ir" in entry else "",
             loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else "",
             values=tuple((i, tuple(v)) for i, v in entry.get("values", []))))
-    return LLVMRuntime.restore(graph, manifest["plan"], images, cpu,
+    return LLVMRuntime.restore(graph, manifest["plan"], images, machine,
                                opt_level=target["opt_level"], progress=progress)
 
 

@@ -223,8 +223,8 @@ def _say(args, message: str) -> None:
 
 
 def _cpu_option(args):
-    """A HostCPU from --mcpu/--mattr, or None for the host: `cpu_from` says what they mean
-    and refuses unknown CPU or feature names."""
+    """The Target --mcpu/--mattr describe, or None for the host: `cpu_from` says what they
+    mean and refuses unknown CPU or feature names."""
     if args.mcpu is None and args.mattr is None:
         return None
     from .targets import using
@@ -302,7 +302,7 @@ def cmd_compile(args) -> int:
                          f"fix them to emit code, e.g. {fixed}")
     where = ""
     if "cpu" in spec.options:
-        shown = spec.machine(cpu)
+        shown = spec.target(cpu)
         where = f" (cpu {shown.cpu}, {shown.vector_bits}-bit vectors)"
     _say(args, f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
     try:
@@ -497,7 +497,6 @@ def _ort_session(path: str, threads: int):
 
 def cmd_bench(args) -> int:
     from .artifact import is_artifact
-    from .targets import REGISTRY
 
     if args.threads is not None:
         os.environ["DNNC_NUM_THREADS"] = str(args.threads)  # read when the pool starts
@@ -522,15 +521,14 @@ def cmd_bench(args) -> int:
                              f"bench other sizes")
 
     model = _model_for(args, shapes, check)
-    start_pool = REGISTRY[model.target].threads
-    threads = 1 if start_pool is None else start_pool()
+    machine = model.runtime.target
+    threads = machine.threads
     session = None
     if not args.no_onnxruntime and not is_artifact(args.model):
         session = _ort_session(args.model, threads)
-    cpu = getattr(model.runtime, "cpu", None)
     header = [f"dnnc bench: {args.model}, target {model.target}"]
-    if cpu is not None:
-        header.append(f"cpu {cpu.name} ({cpu.vector_bits}-bit vectors)")
+    if machine.cpu:
+        header.append(f"cpu {machine.cpu} ({machine.vector_bits}-bit vectors)")
     header.append(f"{threads} thread(s), median of {args.repeat} after {args.warmup} warm-up")
     if session is not None:
         import onnxruntime

@@ -10,6 +10,7 @@ import time
 from ..backends.numpy import NumpyRuntime
 from ..errors import ArgumentError, OutOfMemoryError
 from ..ir.graph import Graph
+from ..ir.target import Target
 from ..passes.manager import DEFAULT_OPT_LEVEL, passes_at
 from .arguments import check_choice, check_int, check_optional_bool, check_optional_path
 from .module import CompiledModel
@@ -17,33 +18,20 @@ from .module import CompiledModel
 OPT_LEVELS = range(0, 4)
 """LLVM's -O0 to -O3; the graph pipeline's passes start at levels 1 and 2."""
 
-def llvm_target(cpu=None):
-    """The `Target` the llvm backend compiles for: `cpu` (default: this machine's)."""
-    from ..backends.llvm import FUSION
-    from ..backends.llvm.runtime import host_cpu, num_threads
-    from ..ir.target import Target
-
-    cpu = cpu or host_cpu()
-    return Target("llvm", cpu.name, tuple(sorted(cpu.feature_set)), cpu.vector_bits,
-                  num_threads(), FUSION)
-
-
-def llvm_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
-                  cache_size=None, **pipeline):
+def llvm_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
+                 cache_size=None, **pipeline):
     from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
-    from ..backends.llvm.runtime import host_cpu
     from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
 
-    cpu = cpu or host_cpu()
-    graph = optimize(graph, llvm_target(cpu), opt_level, passes=passes, **pipeline)
-    return graph, LLVMRuntime(graph, cpu=cpu, opt_level=opt_level, progress=progress,
+    graph = optimize(graph, target, opt_level, passes=passes, **pipeline)
+    return graph, LLVMRuntime(graph, target=target, opt_level=opt_level, progress=progress,
                               reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
                               cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
 
 
-def numpy_runtime(graph: Graph, opt_level: int, cpu=None, progress=None, passes=None,
-                   cache_size=None, **pipeline):
-    return graph, NumpyRuntime(graph)   # the reference interprets the graph as imported
+def numpy_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
+                  cache_size=None, **pipeline):
+    return graph, NumpyRuntime(graph, target)   # the reference interprets the graph as imported
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,
@@ -69,12 +57,13 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
             users = using(name)
             raise ArgumentError(f"{name} does not apply to the {target} target, only to "
                                 f"{', '.join(users)}")
-    if cpu is not None:
-        from ..backends.llvm.runtime import HostCPU
-
-        if not isinstance(cpu, HostCPU):
-            raise ArgumentError(f"cpu must be a HostCPU (backends.llvm.runtime.cpu_from), not "
-                                f"{type(cpu).__name__}")
+    if cpu is not None and not isinstance(cpu, Target):
+        raise ArgumentError(f"cpu must be a dnnc.ir.target.Target (for llvm: "
+                            f"backends.llvm.runtime.cpu_from or host_target), not "
+                            f"{type(cpu).__name__}")
+    if cpu is not None and cpu.name != target:
+        raise ArgumentError(f"cpu describes a machine for the {cpu.name!r} target, not for "
+                            f"{target}")
 
 
 def load_graph(model, input_shapes: dict | None = None) -> Graph:
@@ -132,8 +121,9 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
             dump_ir=None, cache_size: int | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`.
 
-    `cpu` (a `backends.llvm.runtime.HostCPU`) overrides the host's CPU name and features for
-    the llvm target; `progress` prints compile stages on stderr (default: when it is a tty);
+    `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.runtime.cpu_from`) is the
+    machine to compile for instead of this host (CPU name, features, threads; the layouts are
+    the target's own); `progress` prints compile stages on stderr (default: when it is a tty);
     `passes` stops the pass pipeline after its first N passes and leaves arena memory
     unshared (for finding a miscompile: `dnnc compare --bisect-passes`);
     `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
@@ -153,9 +143,10 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
     from .targets import REGISTRY
 
-    graph, runtime = REGISTRY[target].runtime(graph, level, cpu=cpu, progress=progress,
-                                              passes=passes, timings=timings, dump_ir=dump_ir,
-                                              cache_size=cache_size)
+    spec = REGISTRY[target]
+    graph, runtime = spec.runtime(graph, level, spec.target(cpu), progress=progress,
+                                  passes=passes, timings=timings, dump_ir=dump_ir,
+                                  cache_size=cache_size)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "imported_nodes": imported_nodes, "pass_seconds": timings,
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),

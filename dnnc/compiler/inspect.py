@@ -343,6 +343,7 @@ def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
     from .targets import REGISTRY, default_target
 
     spec = REGISTRY[target or default_target()]
+    machine = spec.target(cpu)
 
     def kernels(g: Graph) -> int | None:
         return count_kernels(g) if spec.generates_code else None
@@ -357,7 +358,7 @@ def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
         rows.append(PassRow(len(rows), name, levels[name], len(g.nodes), kernels(g),
                             timings[name]))
 
-    optimize(graph, spec.machine(cpu), opt_level, timings=timings, after_pass=after)
+    optimize(graph, machine, opt_level, timings=timings, after_pass=after)
     return rows
 
 

@@ -9,9 +9,10 @@ this one imports them."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
+from ..ir.target import Fusion, Target
 from . import artifact, driver
 
 
@@ -27,13 +28,14 @@ class ArtifactCodec:
 class TargetSpec:
     name: str
     description: str
-    runtime: Callable                  # (graph, opt_level, **options) -> (graph, runtime)
+    runtime: Callable                  # (graph, opt_level, target, **options) -> (graph, runtime)
     options: tuple[str, ...] = ()      # the compile options beyond the common ones it uses
     emits: tuple[str, ...] = ()        # source kinds `CompiledModel.source` gives (--emit)
     codec: ArtifactCodec | None = None  # None: its models cannot be saved
     runs_passes: bool = False          # the graph pipeline: --dump-ir, --bisect-passes, ...
-    machine: Callable | None = None    # (cpu) -> ir Target the passes optimise for
-    threads: Callable | None = None    # () -> threads it runs on, starting its pool
+    machine: Callable | None = None    # () -> this host's Target (None: no machine to describe)
+    layouts: tuple[str, ...] = ()      # the layout rewrites it wants (passes/convert_layout.py)
+    fusion: Callable | None = None     # () -> Fusion: what its kernels can take as one (fuse_ops)
     speed: int = 0                     # rank among the targets available on the host
     available: Callable = lambda: True  # () -> whether this host can run it
 
@@ -41,15 +43,29 @@ class TargetSpec:
     def generates_code(self) -> bool:
         return bool(self.emits)
 
+    def target(self, cpu: Target | None = None) -> Target:
+        """The Target a compile for this target reads, passes and runtime alike: the machine
+        `cpu` describes (the `cpu` option), else this host's, with this target's layouts and
+        fusion limits."""
+        machine = cpu or (self.machine() if self.machine else Target(self.name))
+        return replace(machine, name=self.name, layouts=self.layouts,
+                       fusion=self.fusion() if self.fusion else Fusion())
+
 
 def _has_llvmlite() -> bool:
     return importlib.util.find_spec("llvmlite") is not None
 
 
-def _llvm_threads() -> int:
-    from ..backends.llvm.runtime import ensure_pool
+def _llvm_host() -> Target:
+    from ..backends.llvm.runtime import host_target
 
-    return ensure_pool()
+    return host_target()
+
+
+def _llvm_fusion() -> Fusion:
+    from ..backends.llvm import FUSION
+
+    return FUSION
 
 
 # Listed in the order messages name them (the reference first).
@@ -63,8 +79,10 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                emits=("llvm-ir", "asm", "loop"),
                codec=ArtifactCodec(artifact.llvm_export, artifact.llvm_check,
                                    artifact.llvm_restore),
-               runs_passes=True, machine=driver.llvm_target,
-               threads=_llvm_threads, speed=10, available=_has_llvmlite),
+               runs_passes=True, machine=_llvm_host,
+               # dense and conv weights packed into the micro-kernels' panels (convert_layout)
+               layouts=("pack_dense", "pack_conv"), fusion=_llvm_fusion,
+               speed=10, available=_has_llvmlite),
 )}
 
 

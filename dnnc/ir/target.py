@@ -1,13 +1,19 @@
 """Targets are data: what a compile is for, readable by every layer.
 
-A `Target` names the backend and describes the machine (vector width, cores, CPU name and
-features) so passes can make target-dependent choices (layouts, fusion limits) by reading it,
-without importing a backend. Backends build the Target for the machine they run on.
+A `Target` is the one description of the machine a compile is for: the target's name in the
+registry (`compiler/targets.py`, which builds it), the CPU name and its complete feature
+string, the threads the code runs on, a GPU architecture for a GPU target, and the layouts
+the target's kernels want (`passes/convert_layout.py` applies them). Passes and runtimes read
+their target-dependent choices from it, without importing a backend or comparing names; the
+runtime and the passes of one compile get the same Target. Backends probe the machine they
+run on (`backends/llvm/runtime.py: host_target`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ..errors import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -22,12 +28,42 @@ class Fusion:
 
 @dataclass(frozen=True)
 class Target:
-    name: str                      # "numpy", "llvm", "cuda"
-    cpu: str = ""
-    features: tuple[str, ...] = field(default_factory=tuple)
-    vector_bits: int = 128
-    threads: int = 1
-    fusion: Fusion = Fusion()
+    name: str                       # the registry's name: "numpy", "llvm", ...
+    cpu: str = ""                   # CPU name as LLVM spells it: "znver3", "x86-64-v3"
+    # every ISA feature of the architecture with a sign ("+avx2,-avx512f,..."): the CPU name
+    # then only tunes, and the `+` ones are all the code may use beyond the baseline, which
+    # is what an artifact records and checks at load
+    features: str = ""
+    threads: int = 1                # threads the code is scheduled for (the worker pool's)
+    arch: str = ""                  # GPU architecture ("sm_90"); "" for a CPU
+    layouts: tuple[str, ...] = ()   # layout rewrites convert_layout applies, by name
+    fusion: Fusion = Fusion()       # what its kernels can take as one (fuse_ops)
+
+    def __post_init__(self):
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or \
+                self.threads < 1:
+            raise ArgumentError(f"Target threads must be a positive integer, not "
+                                f"{self.threads!r}")
+        unsigned = [f for f in self.features.split(",") if f and f[0] not in "+-"]
+        if unsigned:
+            raise ArgumentError(f"Target features are signed (+avx2 or -avx512f), not "
+                                f"{', '.join(map(repr, unsigned))}")
+        if isinstance(self.layouts, str):   # ("pack_dense") is a string, not a tuple
+            raise ArgumentError(f"Target layouts is a tuple of names, not {self.layouts!r}")
+
+    @property
+    def feature_set(self) -> frozenset[str]:
+        """The features the code may use (the `+` ones)."""
+        return frozenset(f[1:] for f in self.features.split(",") if f.startswith("+"))
+
+    @property
+    def vector_bits(self) -> int:
+        fs = self.feature_set
+        if "avx512f" in fs:
+            return 512
+        if "avx" in fs or "avx2" in fs:
+            return 256
+        return 128
 
     @property
     def dense_panel(self) -> int:

@@ -1,21 +1,23 @@
 """convert_layout: rewrite ops into the layouts a target's kernels read fastest, converting
 constant weights once at compile time.
 
-Per target, a table of rewrites (no target `if` chains): on CPUs (llvm) a MatMul or Gemm whose
-B is a constant becomes MatMulPacked, its B repacked into NR-column panels that the dense
-micro-kernel streams contiguously (GotoBLAS's packed B, done once instead of per call). A
-MatMul whose product only an Add of a constant bias over the last axis reads takes that bias
-as MatMulPacked's C (simplify already made the 2-D case a Gemm; an N-D A has no ONNX op with a
-bias), so the dense kernel adds it in its epilogue. A 2-D Conv (group 1) with constant weights
-becomes ConvPacked, its weights in the [channel block, C, kh, kw, NR] order the conv
-template's micro-kernel reads as one vector per step. A rewrite keeps the output Value of the
-last node it replaces, so its users are untouched.
+A table of rewrites keyed by layout name; a target lists the layouts it wants
+(`Target.layouts`, declared in the target registry), so this pass never reads a target's name.
+"pack_dense": a MatMul or Gemm whose B is a constant becomes MatMulPacked, its B repacked into
+NR-column panels that the dense micro-kernel streams contiguously (GotoBLAS's packed B, done
+once instead of per call). A MatMul whose product only an Add of a constant bias over the last
+axis reads takes that bias as MatMulPacked's C (simplify already made the 2-D case a Gemm; an
+N-D A has no ONNX op with a bias), so the dense kernel adds it in its epilogue. "pack_conv": a
+2-D Conv (group 1) with constant weights becomes ConvPacked, its weights in the [channel block,
+C, kh, kw, NR] order the conv template's micro-kernel reads as one vector per step. A rewrite
+keeps the output Value of the last node it replaces, so its users are untouched.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import pack_panels
 from ..ir.ops.packed import pack_conv_weights
@@ -101,14 +103,19 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
     return Node("ConvPacked", inputs, node.outputs, full, node.name), []
 
 
-REWRITES = {"llvm": [_pack_dense, _pack_conv]}
-"""target name -> layout rewrites: (graph, node, users, target) -> None, or the replacement
-node and the later nodes it takes over (their outputs are its own)."""
+REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv}
+"""layout name -> its rewrite: (graph, node, users, target) -> None, or the replacement node
+and the later nodes it takes over (their outputs are its own)."""
 
 
 def convert_layout(graph: Graph, target: Target) -> int:
-    """Apply the target's rewrites in place; returns how many nodes changed."""
-    rules = REWRITES.get(target.name, [])
+    """Apply the rewrites of the layouts `target` lists, in place; returns how many nodes
+    changed."""
+    unknown = [name for name in target.layouts if name not in REWRITES]
+    if unknown:
+        raise CompileError(f"target {target.name} wants layout(s) {', '.join(unknown)}, which "
+                           f"convert_layout does not know (it knows {', '.join(REWRITES)})")
+    rules = [REWRITES[name] for name in target.layouts]
     if not rules:
         return 0
     users = graph.users()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dnnc.backends.llvm.codegen import ModuleBuilder
-from dnnc.backends.llvm.runtime import JITModule, host_cpu
+from dnnc.backends.llvm.runtime import JITModule, host_target
 from dnnc.backends.lower import _Lowering, _size_vars, lower_group
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
@@ -22,7 +22,7 @@ def run(func: L.PrimFunc, arrays, sizes=()) -> None:
     L.verify(func)
     mb = ModuleBuilder("lower")
     mb.add(func)
-    jm = JITModule(str(mb), host_cpu(), 1)
+    jm = JITModule(str(mb), host_target(), 1)
     fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
         jm.address(f"{func.name}_packed"))
     ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])

@@ -11,7 +11,7 @@ import numpy as np
 import dnnc
 import dnnc.backends
 from dnnc.backends.plan import build_program, count_kernels, segment_groups, signature_of
-from dnnc.compiler.driver import llvm_target
+from dnnc.compiler.targets import REGISTRY
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
@@ -71,7 +71,7 @@ def _layers(n_layers=3, width=16, host_between=False, rng=None):
 
 
 def test_fusion_groups_are_the_kernels_compiled(rng):
-    graph = optimize(_layers(rng=rng), llvm_target(), 3)
+    graph = optimize(_layers(rng=rng), REGISTRY["llvm"].target(), 3)
     assert [[n.name for n in g] for g in graph.groups] == \
         [[f"mm{k}", f"relu{k}"] for k in range(3)]
     model = dnnc.compile(_layers(rng=rng), target="llvm", progress=False)
@@ -109,7 +109,7 @@ def test_signature_ignores_names_not_structure():
 
 
 def test_groups_cut_by_a_host_step_stay_inside_their_segments(rng):
-    graph = optimize(_layers(host_between=True, rng=rng), llvm_target(), 3)
+    graph = optimize(_layers(host_between=True, rng=rng), REGISTRY["llvm"].target(), 3)
     steps = plan_steps(graph)
     assert [s.node.op if isinstance(s, HostStep) else [n.name for n in s.nodes]
             for s in steps] == [["mm0", "relu0"], "NonZero",
@@ -133,7 +133,7 @@ def test_groups_cut_by_a_host_step_stay_inside_their_segments(rng):
 
 def test_a_program_is_target_neutral_data(rng):
     """build_program needs only a schedule function: here the lowered loops unscheduled."""
-    graph = optimize(_layers(rng=rng), llvm_target(), 3)
+    graph = optimize(_layers(rng=rng), REGISTRY["llvm"].target(), 3)
     (step,) = [s for s in plan_steps(graph) if isinstance(s, Segment)]
     program = build_program(step, ((4, 16),), (), segment_groups(step, graph.groups),
                             schedule=lambda kernel: kernel.func, reuse_memory=True)

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper
 import dnnc
 from dnnc import zoo
 from dnnc.errors import ArgumentError, DNNCError, OutOfMemoryError
+from dnnc.ir.target import Target
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,9 @@ def compiled(mlp):
     ({"dump_ir": "ir"}, "dump_ir does not apply to the numpy target"),
     ({"dump_ir": 3, "target": "llvm"}, "dump_ir must be a path"),
     ({"cpu": "znver3"}, "cpu does not apply to the numpy target"),
-    ({"cpu": "znver3", "target": "llvm"}, "cpu must be a HostCPU"),
+    ({"cpu": "znver3", "target": "llvm"}, "cpu must be a dnnc.ir.target.Target .*, not str"),
+    ({"cpu": Target("numpy"), "target": "llvm"}, "cpu describes a machine for the 'numpy' "
+                                                 "target, not for llvm"),
     ({"progress": "yes"}, "progress must be True, False or None"),
     ({"tuning_log": "log.jsonl"}, "tuning_log: tuning records are not applied yet"),
 ])

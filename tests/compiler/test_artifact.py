@@ -74,8 +74,8 @@ def test_manifest_describes_the_model(mlp_artifact):
     assert manifest["inputs"] == [{"name": "input", "dtype": "float32", "shape": [3, 12]}]
     assert manifest["outputs"] == [{"name": "logits", "dtype": "float32", "shape": [3, 4]}]
     target = manifest["target"]
-    assert target["name"] == "llvm" and target["cpu"] == model.runtime.cpu.name
-    assert set(target["features"]) == model.runtime.cpu.feature_set
+    assert target["name"] == "llvm" and target["cpu"] == model.runtime.target.cpu
+    assert set(target["features"]) == model.runtime.target.feature_set
     assert manifest["plan"] == [{"segment": [0, 1, 2, 3, 4]}]
     [segment] = manifest["segments"]
     assert segment["shapes"][0] == [3, 12] and segment["entry"] == "entry"
@@ -180,9 +180,9 @@ def test_refuses_another_format_version(mlp_artifact, tmp_path):
 
 
 def test_refuses_cpu_features_this_machine_lacks(mlp_artifact, tmp_path):
-    from dnnc.backends.llvm.runtime import host_cpu
+    from dnnc.backends.llvm.runtime import host_target
 
-    have = host_cpu().feature_set
+    have = host_target().feature_set
     absent = [f for f in ("avx512vnni", "avx512fp16", "amx-tile") if f not in have][:1]
     wanted = absent + ["dnnc-imaginary-feature"]
 
@@ -282,7 +282,7 @@ _CPUS = """
 import json, re, sys
 import numpy as np, dnnc
 from dnnc import zoo
-from dnnc.backends.llvm.runtime import CPU_LEVELS, cpu_from, feature_names, host_cpu
+from dnnc.backends.llvm.runtime import CPU_LEVELS, cpu_from, feature_names, host_target
 from dnnc.errors import ArtifactError
 folder = sys.argv[1]
 onnx_model = zoo.build("mlp", batch=64, seed=3)
@@ -300,7 +300,7 @@ np.testing.assert_allclose(loaded(x), want, rtol=1e-4, atol=1e-4)
 model = dnnc.compile(onnx_model, target="llvm", cpu=cpu_from("x86-64-v4"))
 model.save(f"{folder}/v4.dnnc")
 v4 = set(CPU_LEVELS["x86_64"]["x86-64-v4"]) & feature_names()
-missing = sorted(v4 - host_cpu().feature_set)
+missing = sorted(v4 - host_target().feature_set)
 try:
     np.testing.assert_allclose(dnnc.load(f"{folder}/v4.dnnc")(x), want, rtol=1e-4, atol=1e-4)
     assert not missing, "loaded code needing " + ", ".join(missing)

@@ -122,18 +122,18 @@ def _object_needing_a_missing_symbol(_) -> bytes:
     jump to address 0."""
     import llvmlite.binding as llvm
 
-    from dnnc.backends.llvm.runtime import host_cpu, target_machine
+    from dnnc.backends.llvm.runtime import host_target, target_machine
 
     module = llvm.parse_assembly("declare void @dnnc_no_such_function()\n"
                                  "define void @entry(ptr %s, ptr %a) {\n"
                                  "  call void @dnnc_no_such_function()\n  ret void\n}\n")
-    return target_machine(host_cpu()).emit_object(module)
+    return target_machine(host_target()).emit_object(module)
 
 
 def _feature_host_lacks(manifest):
-    from dnnc.backends.llvm.runtime import feature_names, host_cpu
+    from dnnc.backends.llvm.runtime import feature_names, host_target
 
-    absent = sorted(feature_names() - host_cpu().feature_set)[0]
+    absent = sorted(feature_names() - host_target().feature_set)[0]
     target = manifest["target"]
     target["feature_string"] += f",+{absent}"
     target["features"] = sorted(set(target["features"]) | {absent})

@@ -2,11 +2,19 @@
 name (issue 11, "targets as data")."""
 
 import ast
+import platform
 from pathlib import Path
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
+import dnnc
 import dnnc.compiler
+from dnnc import zoo
+from dnnc.passes import manager
+from dnnc.passes.convert_layout import REWRITES, convert_layout
 from dnnc.compiler import driver
 from dnnc.errors import ArgumentError
 from dnnc.compiler.targets import REGISTRY, default_target, fastest_first, using
@@ -37,6 +45,28 @@ def test_no_compiler_module_compares_a_target_name():
     assert not found, "\n".join(found)
 
 
+def name_literals(source: str, names) -> list[int]:
+    """Lines of `source` with one of `names` as a string literal (`{"llvm": [...]}`)."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Constant) and node.value in names)
+
+
+def test_no_module_below_the_targets_names_one():
+    """Passes, IR, frontends and shared backend code read the Target's fields (layouts,
+    features, threads), never its name: only the compiler layer (the registry, the default
+    target), a target's own package and the testing tools, which run targets as a user
+    does, spell one."""
+    root = COMPILER.parent
+    allowed = [COMPILER, root / "testing", root / "backends" / "llvm"]
+    modules = [p for p in sorted(root.rglob("*.py"))
+               if not any(folder in p.parents for folder in allowed)
+               and p != root / "backends" / "numpy.py"]
+    assert root / "passes" / "convert_layout.py" in modules
+    found = [f"{path.relative_to(root)}:{line}" for path in modules
+             for line in name_literals(path.read_text(), set(REGISTRY))]
+    assert not found, found
+
+
 @pytest.mark.parametrize("planted", [
     'if target != "llvm":\n    pass',
     'ok = "numpy" == model.target',
@@ -65,7 +95,38 @@ def test_entries_are_consistent():
         # running passes means a machine to optimise for and the pass-control options
         assert spec.runs_passes == (spec.machine is not None), spec.name
         assert spec.runs_passes == ({"passes", "dump_ir"} <= set(spec.options)), spec.name
+        assert set(spec.layouts) <= set(REWRITES), spec.name
     assert using("cpu") == ["llvm"]
+    assert REGISTRY["llvm"].layouts == ("pack_dense", "pack_conv")
+
+
+def test_the_passes_and_the_runtime_read_the_one_target_the_registry_builds(monkeypatch):
+    """The machine given as `cpu` (its CPU, features and threads) with the layouts and fusion
+    limits the registry declares for the target: the same object for convert_layout and the runtime."""
+    from dnnc.backends.llvm.runtime import CPU_LEVELS, cpu_from
+
+    seen = []
+    monkeypatch.setattr(manager, "convert_layout",
+                        lambda graph, target: seen.append(target) or convert_layout(graph,
+                                                                                    target))
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    mlp = zoo.build("mlp", batch=3, hidden=(8,), in_features=4, classes=3)
+    baseline = next(iter(CPU_LEVELS.get(platform.machine(), {"generic": ()})))
+    machine = replace(cpu_from(baseline), threads=1)   # not this host's CPU, nor its threads
+    model = dnnc.compile(mlp, "llvm", cpu=machine)
+    assert seen == [model.runtime.target]
+    assert model.runtime.target == replace(machine, layouts=REGISTRY["llvm"].layouts,
+                                           fusion=REGISTRY["llvm"].fusion())
+    assert model.runtime.threads == 1 and model.runtime.target.vector_bits == 128
+    assert "MatMulPacked" in str(model.graph)     # the registry's layouts were applied
+    np.testing.assert_allclose(model(x), dnnc.compile(mlp, "numpy")(x), rtol=1e-5, atol=1e-6)
+
+
+def test_every_runtime_carries_its_target():
+    mlp = zoo.build("mlp", batch=2, hidden=(8,), in_features=4, classes=3)
+    for name in fastest_first():
+        target = dnnc.compile(mlp, name).runtime.target
+        assert target == REGISTRY[name].target() and target.name == name
 
 
 def test_an_option_a_target_does_not_use_names_the_targets_that_do():

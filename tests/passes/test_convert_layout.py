@@ -4,12 +4,13 @@ import numpy as np
 import pytest
 
 import dnnc
+from dnnc.errors import CompileError
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.target import Target
 from dnnc.passes.convert_layout import convert_layout
 
-CPU = Target("llvm", vector_bits=256)
+CPU = Target("llvm", features="+avx,+avx2", layouts=("pack_dense", "pack_conv"))  # 256 bits
 
 
 def _graph(rng, op, b_const=True, **attrs):
@@ -44,6 +45,24 @@ def test_variable_weights_and_transposed_a_are_left_alone(rng):
     assert convert_layout(_graph(rng, "MatMul", b_const=False), CPU) == 0
     assert convert_layout(_graph(rng, "Gemm", transA=0, b_const=False), CPU) == 0
     assert convert_layout(_graph(rng, "MatMul"), Target("numpy")) == 0
+
+
+def test_a_target_gets_the_layouts_it_lists_whatever_its_name(rng):
+    """Layouts are keyed by their own names: the target's name chooses nothing."""
+    assert convert_layout(_graph(rng, "MatMul"), Target("llvm", features="+avx2")) == 0
+    convs_only = Target("llvm", features="+avx2", layouts=("pack_conv",))
+    assert convert_layout(_graph(rng, "MatMul"), convs_only) == 0
+    assert convert_layout(_conv_graph(rng), convs_only) == 1
+    g = _graph(rng, "MatMul")
+    assert convert_layout(g, Target("newcpu", features="+avx2", layouts=("pack_dense",))) == 1
+    assert [n.op for n in g.nodes] == ["MatMulPacked"]
+
+
+def test_a_layout_no_rewrite_implements_is_refused_by_name(rng):
+    with pytest.raises(CompileError, match=r"target llvm wants layout\(s\) nchw16c, which "
+                                           r"convert_layout does not know \(it knows "
+                                           r"pack_dense, pack_conv\)"):
+        convert_layout(_graph(rng, "MatMul"), Target("llvm", layouts=("pack_dense", "nchw16c")))
 
 
 def _matmul_bias(rng, bias_shape, a_shape=(2, 5, 7), extra_use=False, const_bias=True):

@@ -7,7 +7,8 @@ import pytest
 
 import dnnc
 from dnnc import zoo
-from dnnc.compiler.driver import llvm_target, load_graph
+from dnnc.compiler.driver import load_graph
+from dnnc.compiler.targets import REGISTRY
 from dnnc.compiler.inspect import pass_report
 from dnnc.errors import CompileError
 from dnnc.ir import types as T
@@ -43,10 +44,10 @@ def test_levels():
 
 
 def test_fuse_ops_records_the_kernels_on_the_graph():
-    graph = optimize(_conv_bn_graph(), llvm_target(), 3)
+    graph = optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 3)
     assert [[n.name for n in g] for g in graph.groups] == [["conv", "relu", "add"]]
     assert "  kernel 0: conv, relu, add\n" in str(graph)
-    assert optimize(_conv_bn_graph(), llvm_target(), 1).groups is None
+    assert optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 1).groups is None
 
 
 @pytest.mark.parametrize("opt_level", [0, 1, 3])
@@ -86,14 +87,14 @@ def test_dump_ir_after_every_pass(tmp_path):
 
 
 def test_dump_ir_of_a_truncated_pipeline(tmp_path):
-    optimize(_conv_bn_graph(), llvm_target(), 3, passes=1, dump_ir=tmp_path)
+    optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 3, passes=1, dump_ir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["00_input.txt",
                                                           "01_fold_constants.txt"]
 
 
 def test_after_pass_sees_every_pass_in_order():
     seen = []
-    optimize(_conv_bn_graph(), llvm_target(), 3,
+    optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 3,
              after_pass=lambda name, g: seen.append((name, len(g.nodes))))
     assert [name for name, _ in seen] == passes_at(3)
     assert dict(seen)["fold_constants"] == 4 and dict(seen)["simplify"] == 3
@@ -107,7 +108,7 @@ def test_a_pass_that_breaks_the_graph_is_named(monkeypatch):
     table = [(n, lvl, broken if n == "eliminate" else run) for n, lvl, run in PIPELINE]
     monkeypatch.setattr(manager, "PIPELINE", table)
     with pytest.raises(CompileError, match="after pass eliminate"):
-        optimize(_conv_bn_graph(), llvm_target(), 3, verify=True)
+        optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 3, verify=True)
 
 
 def test_pass_report_counts_nodes_and_kernels():

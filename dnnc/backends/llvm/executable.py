@@ -35,9 +35,10 @@ from ...ir.segments import Segment
 from ..lower import Kernel
 from ..memory import ALIGN
 from ..plan import DEFAULT_CACHE_SIZE, Executable, Program
+from ...ir.target import Target
 from .codegen import ModuleBuilder
 from .objfile import check_object
-from .runtime import (HostCPU, JITModule, at_fork_in_child, ensure_pool, host_cpu, initialize,
+from .runtime import (JITModule, at_fork_in_child, ensure_pool, host_target, initialize,
                       llvm_lock, target_machine)
 from .schedules import schedule_kernel
 
@@ -65,26 +66,26 @@ class LLVMRuntime(Executable):
 
     name = "llvm"
 
-    def __init__(self, graph: Graph, cpu: HostCPU | None = None, opt_level: int = 3,
+    def __init__(self, graph: Graph, target: Target | None = None, opt_level: int = 3,
                  progress: bool | None = None, plan: list[dict] | None = None,
                  reuse_memory: bool | None = None, warm_up: bool = True,
                  cache_size: int = DEFAULT_CACHE_SIZE):
         super().__init__(graph, opt_level=opt_level, progress=progress, plan=plan,
                          reuse_memory=reuse_memory, warm_up=warm_up, cache_size=cache_size)
-        self.cpu = cpu or host_cpu()
-        self.threads = ensure_pool()
+        self.target = target or host_target()
+        self.threads = self.target.threads
         at_fork_in_child(self)
         self.start()
 
     @classmethod
     def restore(cls, graph: Graph, plan: list[dict], images: list[SegmentImage],
-                cpu: HostCPU, opt_level: int = 3,
+                target: Target, opt_level: int = 3,
                 progress: bool | None = None,
                 cache_size: int = DEFAULT_CACHE_SIZE) -> "LLVMRuntime":
         """A runtime from a saved plan and compiled specialisations: no lowering, no LLVM
         passes; shapes not among `images` still compile on first use. Every image is kept,
         even past `cache_size`; the cache shrinks to its size when it next compiles."""
-        rt = cls(graph, cpu=cpu, opt_level=opt_level, progress=progress, plan=plan,
+        rt = cls(graph, target=target, opt_level=opt_level, progress=progress, plan=plan,
                  cache_size=cache_size)
         for image in images:
             step = rt.steps[image.step]
@@ -95,13 +96,13 @@ class LLVMRuntime(Executable):
         return rt
 
     def schedule(self, kernel: Kernel) -> L.PrimFunc:
-        return schedule_kernel(kernel, self.cpu, self.threads)
+        return schedule_kernel(kernel, self.target, self.threads)
 
     def compile_segment(self, program: Program) -> "_CompiledSegment":
         return _CompiledSegment(program, self)
 
     def describe_machine(self) -> str:
-        return self.cpu.name
+        return self.target.cpu
 
     def images(self) -> list[SegmentImage]:
         """Every specialisation compiled so far, as data an artifact can store."""
@@ -160,9 +161,9 @@ class _CompiledSegment:
         digest = layout_digest(step, program.shapes, program.key_values,
                                program.escaping_types, program.const_refs, program.consts,
                                program.n_inputs, program.slots, program.arena_bytes, "entry",
-                               rt.cpu)
+                               rt.target)
         try:
-            jit = JITModule(str(mb) + _layout_global(digest), rt.cpu, rt.opt_level,
+            jit = JITModule(str(mb) + _layout_global(digest), rt.target, rt.opt_level,
                             name=f"segment{step.index}")
         except RuntimeError as exc:
             names = ", ".join(f"{n.op} {n.name!r}" for n in step.nodes[:5])
@@ -187,11 +188,11 @@ class _CompiledSegment:
         self.arena_bytes = image.arena_bytes
         self._loop_ir = image.loop_ir
         consts = _image_consts(step, image)
-        jit = ObjectModule(image.object_code, rt.cpu, name=f"segment{step.index}",
+        jit = ObjectModule(image.object_code, rt.target, name=f"segment{step.index}",
                            llvm_ir=image.llvm_ir)
         want = layout_digest(step, image.shapes, image.values, image.escaping_types,
                              image.consts, consts, image.n_inputs, image.slots,
-                             image.arena_bytes, image.entry, rt.cpu)
+                             image.arena_bytes, image.entry, rt.target)
         if jit.layout() != want:
             raise ArtifactError(
                 f"the object code of segment {step.index} (shapes {list(image.shapes)}) was "
@@ -283,12 +284,12 @@ class ObjectModule:
     """Machine code loaded from an object file (a segment an artifact stored), in its own
     MCJIT engine; `dnnc_parallel_for` and libc/libm symbols resolve as for `JITModule`."""
 
-    def __init__(self, data: bytes, cpu: HostCPU, name: str = "dnnc", llvm_ir: str = ""):
+    def __init__(self, data: bytes, target: Target, name: str = "dnnc", llvm_ir: str = ""):
         initialize()
         ensure_pool()  # registers dnnc_parallel_for before the object's relocations resolve
-        self.cpu = cpu
+        self.target = target
         self.name = name
-        self.tm = target_machine(cpu)
+        self.tm = target_machine(target)
         self._data = bytes(data)
         needed = check_object(self._data)   # LLVM trusts the file: a malformed one crashes it
         with llvm_lock():   # LLVM's locks are never held across a fork (runtime.py)
@@ -339,7 +340,7 @@ LAYOUT_BYTES = 32
 
 def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, const_arrays,
                   n_inputs: int, slots: int, arena_bytes: int, entry: str,
-                  cpu: HostCPU) -> bytes:
+                  target: Target) -> bytes:
     """The SHA-256 of everything a call of the segment's code relies on."""
     doc = {"nodes": [[n.op, n.name] for n in step.nodes],
            "inputs": [[v.type.dtype.name, v.const is not None] for v in step.inputs],
@@ -349,7 +350,7 @@ def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, con
            "consts": [[k, j, c.dtype.name, list(c.shape)]
                       for (k, j), c in zip(const_refs, const_arrays)],
            "n_inputs": n_inputs, "slots": slots, "arena_bytes": arena_bytes, "entry": entry,
-           "cpu": [cpu.name, cpu.features]}
+           "cpu": [target.cpu, target.features]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).digest()
 
 

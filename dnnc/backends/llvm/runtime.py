@@ -1,5 +1,6 @@
-"""The LLVM backend's runtime: JIT compilation with the host's CPU features, and the persistent
-worker pool that parallel loops run on.
+"""The LLVM backend's runtime: the machine code is compiled for, as an `ir.Target`
+(`host_target` probes this one, `cpu_from` describes another CPU), JIT compilation for it, and
+the persistent worker pool that parallel loops run on.
 
 The pool is written in LLVM IR (it needs only libc's pthread, sched_yield and clock_gettime,
 which every Python process has loaded), compiled once per process, and exported to generated
@@ -35,9 +36,11 @@ import subprocess
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import replace
 
 import llvmlite.binding as llvm
+
+from ...ir.target import Target
 
 _lock = threading.RLock()
 _initialized = False
@@ -50,32 +53,6 @@ def initialize() -> None:
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
             _initialized = True
-
-
-@dataclass(frozen=True)
-class HostCPU:
-    """What the generated code may use: the CPU name and its feature string.
-
-    The feature string names every ISA feature LLVM detects on this architecture with a sign
-    (`host_cpu` and `cpu_from` make it so, and `target_machine` completes a partial one with
-    `-`): the CPU name then only tunes, and the `+` features are all the code may use beyond
-    the architecture's baseline, which is what an artifact records and checks at load."""
-
-    name: str
-    features: str
-
-    @property
-    def feature_set(self) -> set[str]:
-        return {f[1:] for f in self.features.split(",") if f.startswith("+")}
-
-    @property
-    def vector_bits(self) -> int:
-        fs = self.feature_set
-        if "avx512f" in fs:
-            return 512
-        if "avx" in fs or "avx2" in fs:
-            return 256
-        return 128
 
 
 # CPU names `cpu_from` knows the features of without asking LLVM, per architecture: the
@@ -100,10 +77,18 @@ _known_cpu_names: set[str] = set()
 
 
 @functools.cache
-def host_cpu() -> HostCPU:
-    """This machine's CPU (asked once: LLVM's detection takes ~0.3 ms a call)."""
+def _host_cpu() -> tuple[str, str]:
+    """This machine's CPU name and complete feature string (asked once: LLVM's detection
+    takes ~0.3 ms a call)."""
     initialize()
-    return HostCPU(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+def host_target() -> Target:
+    """This machine as the llvm target compiles for it: its CPU, every feature LLVM detects
+    on the architecture (signed), and the threads of the worker pool (started here)."""
+    name, features = _host_cpu()
+    return Target("llvm", name, features, threads=ensure_pool())
 
 
 def _levels() -> dict[str, tuple[str, ...]]:
@@ -113,22 +98,23 @@ def _levels() -> dict[str, tuple[str, ...]]:
 def feature_names() -> frozenset[str]:
     """Every ISA feature LLVM detects on this architecture (the host's list names them all,
     present or not)."""
-    return frozenset(f[1:] for f in host_cpu().features.split(",") if f)
+    return frozenset(f[1:] for f in _host_cpu()[1].split(",") if f)
 
 
-def cpu_from(name: str | None = None, mattr: str | None = None) -> HostCPU:
-    """A CPU to compile for, with a complete feature list. `name` is this machine's CPU
-    (the default) or a level of `CPU_LEVELS` (x86-64-v3, ...), whose features dnnc knows;
-    `mattr` ("+avx2,-avx512f") edits those. Any other CPU name LLVM knows only tunes the code
+def cpu_from(name: str | None = None, mattr: str | None = None) -> Target:
+    """The Target to compile for CPU `name` (what --mcpu/--mattr say), with a complete feature
+    list and this machine's threads. `name` is this machine's CPU (the default) or a level of
+    `CPU_LEVELS` (x86-64-v3, ...), whose features dnnc knows; `mattr` ("+avx2,-avx512f")
+    edits those. Any other CPU name LLVM knows only tunes the code
     and needs `mattr`, the whole list of features it may use. Raises ValueError for an
     unknown CPU or feature name instead of letting LLVM abort the process."""
-    host = host_cpu()
+    host = host_target()
     known = feature_names()
     levels = _levels()
     baseline = levels[next(iter(levels))]
     features: dict[str, str] = {}
-    if name is None or name == host.name:
-        name = host.name
+    if name is None or name == host.cpu:
+        name = host.cpu
         for f in host.features.split(","):
             if f:
                 features[f[1:]] = f[0]
@@ -140,7 +126,7 @@ def cpu_from(name: str | None = None, mattr: str | None = None) -> HostCPU:
             raise ValueError(
                 f"dnnc cannot tell which features CPU {name!r} has: list them with --mattr "
                 f"(e.g. --mattr=+avx2,+fma), or name a level whose features it knows: "
-                f"{', '.join(levels)} (this machine: {host.name})")
+                f"{', '.join(levels)} (this machine: {host.cpu})")
         features = {f: "+" if f in baseline else "-" for f in sorted(known)}
     for f in (mattr or "").split(","):
         f = f.strip()
@@ -155,7 +141,7 @@ def cpu_from(name: str | None = None, mattr: str | None = None) -> HostCPU:
                              f"has {feature}, code without it cannot be made")
         features.pop(feature, None)  # last in the string: LLVM applies features in order
         features[feature] = sign
-    return HostCPU(name, ",".join(sign + f for f, sign in features.items()))
+    return replace(host, cpu=name, features=",".join(sign + f for f, sign in features.items()))
 
 
 _PROBE = """
@@ -178,31 +164,32 @@ def _check_cpu_name(name: str) -> None:
     if probe.returncode != 0 or "not a recognized processor" in probe.stderr:
         raise ValueError(f"{name!r} is not a CPU LLVM knows for "
                          f"{llvm.get_process_triple()}; levels dnnc knows the features of: "
-                         f"{', '.join(_levels())} (this machine: {host_cpu().name})")
+                         f"{', '.join(_levels())} (this machine: {_host_cpu()[0]})")
     _known_cpu_names.add(name)
 
 
-def _llvm_cpu(cpu: HostCPU) -> tuple[str, str]:
+def _llvm_cpu(target: Target) -> tuple[str, str]:
     """The CPU name and feature string to hand LLVM. Features the string does not mention
     are turned off, so the name cannot add any (the baseline's stay: LLVM needs them); a
     name not checked in this process (from an artifact made elsewhere) is replaced by the
     baseline level, which changes tuning only."""
     levels = _levels()
     baseline = next(iter(levels))
-    name = cpu.name
-    if name not in levels and name not in _known_cpu_names and name != host_cpu().name:
+    name = target.cpu
+    if name not in levels and name not in _known_cpu_names and name != _host_cpu()[0]:
         name = baseline
-    mentioned = {f[1:] for f in cpu.features.split(",") if f}
+    mentioned = {f[1:] for f in target.features.split(",") if f}
     off = sorted(feature_names() - mentioned - set(levels[baseline]))
-    return name, ",".join(["-" + f for f in off] + ([cpu.features] if cpu.features else []))
+    return name, ",".join(["-" + f for f in off] + ([target.features] if target.features
+                                                     else []))
 
 
-def target_machine(cpu: HostCPU, opt: int = 3):
+def target_machine(target: Target, opt: int = 3):
     initialize()
-    target = llvm.Target.from_default_triple()
-    name, features = _llvm_cpu(cpu)
+    name, features = _llvm_cpu(target)
     # reloc/code model defaults suit MCJIT on x86-64 and aarch64 alike
-    return target.create_target_machine(cpu=name, features=features, opt=opt)
+    return llvm.Target.from_default_triple().create_target_machine(cpu=name, features=features,
+                                                                   opt=opt)
 
 
 def optimize(module, tm, speed_level: int = 3) -> None:
@@ -219,15 +206,15 @@ def optimize(module, tm, speed_level: int = 3) -> None:
 class JITModule:
     """One compiled LLVM module, alive as long as this object."""
 
-    def __init__(self, ir_text: str, cpu: HostCPU, opt_level: int = 3, name: str = "dnnc"):
+    def __init__(self, ir_text: str, target: Target, opt_level: int = 3, name: str = "dnnc"):
         initialize()
         ensure_pool()
-        self.cpu = cpu
+        self.target = target
         with _lock:   # see fork safety below
             self.module = llvm.parse_assembly(ir_text)
             self.module.name = name
             self.module.verify()
-            self.tm = target_machine(cpu, opt=min(opt_level, 3))
+            self.tm = target_machine(target, opt=min(opt_level, 3))
             self.module.triple = self.tm.triple
             self.module.data_layout = str(self.tm.target_data)
             if opt_level > 0:
@@ -648,7 +635,7 @@ class _Pool:
     def __init__(self, threads: int):
         module = llvm.parse_assembly(_pool_ir(platform.machine()))
         module.verify()
-        tm = target_machine(host_cpu(), opt=2)
+        tm = target_machine(Target("llvm", *_host_cpu()), opt=2)
         self.engine = llvm.create_mcjit_compiler(module, tm)
         self.engine.finalize_object()
         self.parallel_for = self.engine.get_function_address("dnnc_parallel_for")

@@ -13,7 +13,7 @@ import pytest
 import scipy.special
 
 from dnnc.backends.llvm.codegen import CodegenError, ModuleBuilder
-from dnnc.backends.llvm.runtime import JITModule, host_cpu
+from dnnc.backends.llvm.runtime import JITModule, host_target
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 
@@ -33,7 +33,7 @@ def jit(*funcs: L.PrimFunc, opt: int = 0) -> JITModule:
     for f in funcs:
         L.verify(f)
         mb.add(f)
-    return JITModule(str(mb), host_cpu(), opt)
+    return JITModule(str(mb), host_target(), opt)
 
 
 def call(jm: JITModule, func: L.PrimFunc, arrays, sizes=()) -> None:
@@ -573,7 +573,7 @@ def test_half_arithmetic_in_vectorized_loops_is_vector_code_in_float32(dtype):
     assert "fadd <8 x float>" in text and "extractelement" not in text
     a = random(rng, dtype, N * 8).reshape(N, 8)
     out = np.empty_like(a)
-    call(JITModule(text, host_cpu(), 3), f, [a, out])
+    call(JITModule(text, host_target(), 3), f, [a, out])
     with np.errstate(all="ignore"):
         half = (a.astype(np.float32) * np.float32(0.5)).astype(dtype.np)
         ref = (a.astype(np.float32) + half.astype(np.float32)).astype(dtype.np)
@@ -591,7 +591,7 @@ def test_module_with_several_kernels_and_entry(rng):
     mb.add(k2)
     mb.add_entry("entry", [("k1", [("ext", 0), ("arena", 64)]),
                            ("k2", [("arena", 64), ("ext", 1)])])
-    jm = JITModule(str(mb), host_cpu(), 2)
+    jm = JITModule(str(mb), host_target(), 2)
     a = rng.standard_normal(N).astype(np.float32)
     out = np.empty_like(a)
     arena = np.empty(64 + 4 * N, np.uint8)

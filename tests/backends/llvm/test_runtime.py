@@ -12,7 +12,7 @@ import pytest
 
 import dnnc
 from dnnc.backends.llvm.codegen import ModuleBuilder
-from dnnc.backends.llvm.runtime import JITModule, ensure_pool, host_cpu, num_threads
+from dnnc.backends.llvm.runtime import JITModule, ensure_pool, host_target, num_threads
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph
@@ -24,7 +24,7 @@ def jit(*funcs: L.PrimFunc, opt: int = 2) -> JITModule:
     for f in funcs:
         L.verify(f)
         mb.add(f)
-    return JITModule(str(mb), host_cpu(), opt)
+    return JITModule(str(mb), host_target(), opt)
 
 
 def call(jm: JITModule, func: L.PrimFunc, arrays, sizes=()) -> None:
@@ -184,13 +184,14 @@ def test_forked_child_runs_parallel_loops(rng):
     np.testing.assert_array_equal(out, ref)
 
 
-def test_pool_size_and_host_cpu(monkeypatch):
+def test_pool_size_and_host_target(monkeypatch):
     threads = ensure_pool()
     assert threads >= 1 and ensure_pool() == threads  # started once
     monkeypatch.setenv("DNNC_NUM_THREADS", "3")
     assert num_threads() == 3
-    cpu = host_cpu()
-    assert cpu.name and cpu.vector_bits in (128, 256, 512)
+    host = host_target()
+    assert host.cpu and host.vector_bits in (128, 256, 512)
+    assert host.threads == threads    # the code is scheduled for the pool it runs on
 
 
 def test_jit_module_exposes_ir_assembly_and_object_code():
@@ -359,7 +360,7 @@ def test_caller_does_not_wait_for_workers_that_never_started():
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         from dnnc.ir import loop as L, types as T
         from dnnc.backends.llvm.codegen import ModuleBuilder
-        from dnnc.backends.llvm.runtime import JITModule, host_cpu, ensure_pool
+        from dnnc.backends.llvm.runtime import JITModule, host_target, ensure_pool
         assert ensure_pool() == 4
         n = L.Var("N")
         x, y = L.Buffer("x", T.float32, (n,)), L.Buffer("y", T.float32, (n,))
@@ -367,7 +368,7 @@ def test_caller_does_not_wait_for_workers_that_never_started():
         f = L.PrimFunc("twice", (x, y), L.For(i, n, L.Store(y, (i,), x[i] * 2.0),
                                               L.ForKind.PARALLEL), (n,))
         mb = ModuleBuilder("rt"); mb.add(f)
-        jm = JITModule(str(mb), host_cpu(), 2)
+        jm = JITModule(str(mb), host_target(), 2)
         fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jm.address("twice_packed"))
         rng = np.random.default_rng(0)
         # a fresh input and output per region: a worker arriving late, after its region
@@ -469,7 +470,7 @@ def test_restored_specialisations_survive_a_smaller_cache(rng):
     for batch in (1, 2, 3, 4):
         model(rng.standard_normal((batch, 8)).astype(np.float32), bias)
     rt = model.runtime
-    restored = LLVMRuntime.restore(model.graph, rt.plan(), rt.images(), rt.cpu, cache_size=2)
+    restored = LLVMRuntime.restore(model.graph, rt.plan(), rt.images(), rt.target, cache_size=2)
     assert len(restored._cache) == 4 and restored.compile_seconds == 0.0
     ref = dnnc.compile(_graph(), target="numpy")
     for batch in (4, 1, 5):   # 4 and 1 restored, 5 compiled: keeps 1 and 5
