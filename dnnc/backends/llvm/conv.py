@@ -88,8 +88,8 @@ def pad_plane(x: L.Buffer, bn: L.Expr, ch: L.Expr, image_hw, begins, padded_hw,
 
 
 def row_in_vectors(block, width: int, lanes: int) -> L.Stmt:
-    """A row of `width` pixels as `block(lanes, start)` for each whole vector, then one
-    narrower `block(rest, start)`."""
+    """A row of `width` pixels as `block(lanes, start)` for each whole block of `lanes`
+    pixels, then one narrower `block(rest, start)`."""
     pb = L.Var("pb")
     full = width // lanes
     parts = []
@@ -100,10 +100,10 @@ def row_in_vectors(block, width: int, lanes: int) -> L.Stmt:
     return L.seq(*parts)
 
 
-def pixel_blocks(vector_bits: int) -> list[int]:
-    """Pixels per block a row-in-vectors template may take: half a vector to three."""
-    lanes = vector_bits // 32
-    return sorted({max(1, lanes // 2), lanes, 2 * lanes, 3 * lanes})
+PIXEL_BLOCKS = range(1, 33)
+"""Pixels per block a row-in-blocks template (depthwise, pool) may take: 1 to 32 (two AVX-512
+vectors); a block of one pixel is scalar code, wider blocks are vector code, the row's tail
+one narrower block."""
 
 
 def _channel_blocks(packed_nr: int, vector_bits: int) -> tuple[list[int], list[Constraint]]:
@@ -217,10 +217,9 @@ def pointwise_space(p: Conv2d, machine) -> Space:
     # `pointwise_build`)
     lanes = machine.vector_bits // 32
     oc, hw = p.w_dims[0], p.x_dims[2] * p.x_dims[3]
-    pixels = {v * lanes for v in (1, 2, 3, 4) if v * lanes <= hw} | {min(hw, 2 * lanes)}
     return Space("pointwise", PointwiseConfig,
                  {"channels": range(1, min(oc, max(POINTWISE_CHANNELS.values())) + 1),
-                  "pixels": sorted(pixels)})
+                  "pixels": range(1, min(hw, 4 * lanes) + 1)})
 
 
 def pointwise_default(p: Conv2d, machine) -> PointwiseConfig:
@@ -297,7 +296,7 @@ class DepthwiseConfig:
 
 
 def depthwise_space(p: Conv2d, machine) -> Space:
-    return Space("depthwise", DepthwiseConfig, {"pixels": pixel_blocks(machine.vector_bits)})
+    return Space("depthwise", DepthwiseConfig, {"pixels": PIXEL_BLOCKS})
 
 
 def depthwise_default(p: Conv2d, machine) -> DepthwiseConfig:

@@ -20,7 +20,7 @@ from ...ir import types as T
 from .. import problems
 from ..problems import Pool2d
 from ..space import Space, Template
-from .conv import pad_plane, parallel_kind, pixel_blocks, row_in_vectors
+from .conv import PIXEL_BLOCKS, pad_plane, parallel_kind, row_in_vectors
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def applies(p: Pool2d) -> bool:
 
 
 def space(p: Pool2d, machine) -> Space:
-    return Space("pool2d", PoolConfig, {"pixels": pixel_blocks(machine.vector_bits)})
+    return Space("pool2d", PoolConfig, {"pixels": PIXEL_BLOCKS})
 
 
 def default(p: Pool2d, machine) -> PoolConfig:

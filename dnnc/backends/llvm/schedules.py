@@ -1,9 +1,14 @@
 """Schedules for the LLVM backend: which loops run in parallel, which are vectorised.
 
-A schedule is chosen per kernel from its anchor op's pattern (a table, not an `if` chain) and
-applied to the lowered PrimFunc. The default template serves every pattern without a tiled
-one (dense, conv): consecutive stages that walk the same rows (softmax's max, sum and
-normalisation; layernorm's mean, variance and scaling) become one loop, so a row is finished
+A kernel's template is chosen from a table keyed by (target, anchor pattern) (`TEMPLATES`:
+the templates tried in order, the first whose problem describes the kernel and that applies
+wins) and builds the scheduled PrimFunc from the kernel's problem (`backends/problems.py`) and
+a config of its knob space (`backends/space.py`); `schedule_kernel` is the entry point.
+
+The default template (`ROWS`, knobs `Config`) serves every kernel without a tiled one (dense,
+conv, pool: `dense.py`, `conv.py`, `pool.py`): consecutive stages that walk the same rows
+(softmax's max, sum and normalisation; layernorm's mean, variance and scaling) become one
+loop, so a row is finished
 while it is in L1 and the worker pool starts once; each stage's outermost loops are fused
 into one parallel loop when the stage does enough work to pay for waking the pool; a float
 reduction along a row keeps one partial result per vector lane (LLVM does not reassociate
