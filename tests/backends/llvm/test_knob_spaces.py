@@ -237,3 +237,46 @@ def test_a_config_of_another_template_or_a_packed_panel_is_refused(rng):
     _refusal(kernel, dataclasses.replace(default, nr=2 * panel), f"nr == {panel}",
              "packed in panels")
     _refusal(kernel, ConvConfig(4, panel), "'dense' takes a DenseConfig, not ConvConfig")
+
+
+@pytest.mark.parametrize("vector_bits", [128, 256, 512])
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_defaults_lie_in_their_spaces_on_every_machine(vector_bits, threads):
+    rng = np.random.default_rng(0)
+    machine = Machine(vector_bits, threads)
+    for name, build, packed, _, _ in CASES:
+        kernel, _, _ = _kernel(rng, build, packed)
+        template, problem = template_for(kernel)
+        default = template.default(problem, machine)
+        assert template.space(problem, machine).check(default) == default, name
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tiles:
+    x: int
+    y: int
+    flag: bool
+
+
+def _tiles_space(size: int):
+    from dnnc.backends.space import Constraint, Space
+
+    return Space("tiles", _Tiles, {"x": range(1, size + 1), "y": range(1, size + 1),
+                                   "flag": (False, True)},
+                 [Constraint("x <= y", lambda c: c.x <= c.y)])
+
+
+def test_a_space_lists_and_samples_only_valid_distinct_configs(rng):
+    small = _tiles_space(4)
+    every = list(small.configs())
+    assert len(every) == 2 * (4 * 5 // 2) and all(c.x <= c.y for c in every)
+    assert sorted(small.sample(rng, 100), key=every.index) == every   # all of them
+    # a product too big to list (300 * 300 * 2): drawn at random, distinct and valid
+    big = _tiles_space(300)
+    drawn = big.sample(rng, 50)
+    assert len(set(drawn)) == 50 and all(big.check(c) == c for c in drawn)
+    with pytest.raises(ConfigError, match=r"'tiles'.*breaks the constraint: x <= y"):
+        big.check(_Tiles(5, 4, True))
+    with pytest.raises(ConfigError, match=r"knob flag=1 is not one of its allowed values "
+                                          r"False, True"):
+        big.check({"x": 1, "y": 2, "flag": 1})
