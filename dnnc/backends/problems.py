@@ -304,6 +304,8 @@ POOLS = {"MaxPool": "max", "AveragePool": "average"}
 
 
 def pool2d(kernel: Kernel) -> Pool2d | None:
+    """A float32 NCHW 2-D MaxPool / AveragePool alone in `kernel` (one output, static
+    shapes) as a `Pool2d`; None otherwise."""
     node = kernel.anchor
     if len(kernel.nodes) != 1 or node.op not in POOLS or len(node.outputs) != 1 or \
             len(kernel.func.params) != 2:
@@ -338,4 +340,5 @@ class Rows:
 
 
 def rows(kernel: Kernel) -> Rows:
+    """Every kernel as a `Rows`."""
     return Rows(kernel.func, get_op(kernel.anchor.op).pattern)
