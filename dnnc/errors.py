@@ -45,6 +45,11 @@ class CompileError(DNNCError):
     """A stage of compilation failed; the message names the node or kernel."""
 
 
+class ConfigError(DNNCError):
+    """A schedule config outside its template's knob space: names the template, the knob and
+    its allowed values, or the constraint between knobs it breaks."""
+
+
 class InputError(DNNCError):
     """A compiled model was called with the wrong number, shapes or dtypes of inputs."""
 

@@ -120,9 +120,11 @@ def test_constant_conv_weights_are_packed_in_channel_blocks(rng, monkeypatch, us
     """ConvPacked keeps Conv's meaning through its reference, its template and, without the
     template, its compute rule (which unpacks the weights inside the loads)."""
     from dnnc.backends.llvm import schedules
+    from dnnc.ir.ops.registry import Pattern
 
     if not use_template:
-        monkeypatch.delitem(schedules.TEMPLATES, "ConvPacked")
+        monkeypatch.setitem(schedules.TEMPLATES, ("llvm", Pattern.OUT_FUSABLE),
+                            (schedules.ROWS,))
     g = _conv_graph(rng)
     x = rng.standard_normal((2, 6, 9, 8)).astype(np.float32)
     before = dnnc.compile(g, target="numpy").run(x)[0]

@@ -1,4 +1,4 @@
-"""The dense (MatMul / Gemm) schedule template for CPUs.
+"""The dense (MatMul / Gemm / MatMulPacked) schedule template for CPUs.
 
 A register-blocked micro-kernel in the style of BLIS/GotoBLAS: an MR x NR block of C lives in
 accumulators while k runs over a KC-long slice of A's rows and B's columns; NR is two vector
@@ -6,10 +6,12 @@ registers wide, so the fully unrolled block becomes broadcast-A / vector-B fused
 (6 x 16 on AVX2: 12 ymm accumulators + B's 2 + A's broadcast, as BLIS's Haswell sgemm;
 6 x 32 on AVX-512). Rows are split into MC-row blocks that the worker pool shares; k is split
 into KC-deep slices so a slice of B stays in L2. Partial sums of earlier slices are kept in
-the output itself; the epilogue (Gemm's alpha, beta*C) applies after the last slice.
+the output itself; the epilogue (Gemm's alpha, beta*C, the fused consumers) applies after the
+last slice.
 
-Knobs (`DenseConfig`): mr, nr (in vectors), kc, mc. Applies to float32 2-D products (batch
-dims of A folded into rows) and to batched products with equal batch dims.
+The problem is a `problems.Dense` (2-D products, batch dims of A folded into rows, and
+batched products with equal batch dims). Knobs (`DenseConfig`): mr, nr, kc and mc_tiles
+(MC = mc_tiles x MR); a packed B fixes nr to its panel width.
 """
 
 from __future__ import annotations
@@ -20,211 +22,182 @@ import numpy as np
 
 from ...ir import loop as L
 from ...ir import types as T
-from ..lower import STORE_REMAPS, Kernel, epilogue, layout_tail, store_index
+from .. import problems
+from ..lower import STORE_REMAPS
+from ..problems import Dense
+from ..space import Constraint, Space, Template
 
-
-LAYOUT_TAILS = {op: frozenset(STORE_REMAPS) for op in ("MatMul", "Gemm", "MatMulPacked")}
+LAYOUT_TAILS = {op: frozenset(STORE_REMAPS) for op in problems.DENSE_OPS}
 """anchor op -> the layout ops after its epilogue this template stores through (fuse_ops'
 `store_remaps`): the QKV projections write heads-first straight from the accumulators."""
+
+MR = 6      # rows per tile: 6 x 2 vectors = 12 accumulators of AVX2's 16 ymm (BLIS Haswell)
+KC = 256    # k per slice: a slice of B stays in L2
+MC = 72     # rows per block at most (the worker pool's unit of work)
+
+
+def default_panel(vector_bits: int) -> int:
+    """Columns of B per tile (and per packed panel): two vector registers of float32."""
+    return 2 * vector_bits // 32
 
 
 @dataclass(frozen=True)
 class DenseConfig:
-    mr: int = 6
-    nr_vectors: int = 2
-    kc: int = 256
-    mc: int = 72
+    mr: int          # rows of a tile
+    nr: int          # columns of a tile (a packed B's panel width)
+    kc: int          # k per slice; partial sums of earlier slices wait in the output
+    mc_tiles: int    # MR-row tiles per row block (the worker pool's unit)
 
 
-def dense_schedule(kernel: Kernel, vector_bits: int, threads: int,
-                   config: DenseConfig | None = None) -> L.PrimFunc | None:
-    """The tiled PrimFunc for a MatMul/Gemm kernel, or None when the template does not apply
-    (the default schedule is used then)."""
-    config = config or DenseConfig()
-    node = kernel.anchor
-    if node is not kernel.nodes[0] or node.op not in ("MatMul", "Gemm", "MatMulPacked"):
-        return None
-    then = epilogue(kernel)
-    where = store_index(kernel)
-    if where is None:
-        return None
-    params = kernel.func.params
-    y = params[-1]
-    if node.outputs[0].type.dtype is not T.float32:   # the anchor's own type, not the group's
-        return None
-    index = {id(v): k for k, v in enumerate(kernel.inputs)}
-    a = params[index[id(node.inputs[0])]]
-    b = params[index[id(node.inputs[1])]]
-    c = params[index[id(node.inputs[2])]] if len(node.inputs) > 2 and \
-        node.inputs[2] is not None else None
-    if a.dtype is not T.float32 or b.dtype is not T.float32:
-        return None
-    a_dims, b_dims, y_dims = (L.static_shape(t.shape) for t in (a, b, y))
-    # the anchor's own output: the group's output differs by a layout tail (`store_index`)
-    anchor_dims = list(node.outputs[0].type.shape)
-    remapped = bool(layout_tail(kernel))
-    if a_dims is None or b_dims is None or y_dims is None or len(a_dims) < 2 or \
-            len(b_dims) < 2 or L.static_shape(anchor_dims) is None:
-        return None
-    attrs = node.attrs if node.op != "MatMul" else {}
-    trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
-    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
-    packed = node.op == "MatMulPacked"
-    if packed:
-        # B arrives as [panels, K, NR] (convert_layout packed it at compile time)
-        batch, n, k = 1, attrs["n"], a_dims[-1]
-        m = _prod(a_dims[:-1])
-    elif len(b_dims) == 2:
-        batch = 1
-        m = anchor_dims[-2] * _prod(anchor_dims[:-2]) if len(anchor_dims) >= 2 else 1
-        k = a_dims[0] if trans_a else a_dims[-1]
-        n = anchor_dims[-1]
-        if len(a_dims) > 2 and trans_a:
-            return None
+def space(p: Dense, machine) -> Space:
+    lanes = machine.vector_bits // 32
+    widths = {v * lanes for v in (1, 2, 3, 4)} | ({p.packed_panel} if p.packed_panel else set())
+    if p.y.dtype is T.float32:
+        slices = {s for s in (16, 32, 64, 128, 256, 512) if s < p.k} | {p.k}
     else:
-        if len(a_dims) != len(b_dims) or a_dims[:-2] != b_dims[:-2]:
-            return None
-        batch = _prod(a_dims[:-2])
-        m, k, n = a_dims[-2], a_dims[-1], b_dims[-1]
-    if min(m, n, k) == 0:
-        return None
-    vec = vector_bits // 32
-    nr = b_dims[2] if packed else config.nr_vectors * vec
-    mr = config.mr
-    # partial sums of earlier k-slices wait in the output, so an output of another type (a
-    # fused Cast) takes the whole reduction in one slice
-    kc = min(config.kc, k) if y.dtype is T.float32 else k
-    mc = max(mr, min(config.mc, -(-m // mr) * mr))
-    if threads > 1 and batch == 1:
+        slices = {p.k}   # partial sums cannot wait in an output of another type (a fused Cast)
+    constraints = [Constraint(
+        f"mc_tiles <= ceil(m / mr) with m = {p.m}: a row block reaches no tile past the last "
+        f"row", lambda c: c.mc_tiles <= -(-p.m // c.mr))]
+    if p.packed_panel:
+        constraints.append(Constraint(
+            f"nr == {p.packed_panel}: B is packed in panels of {p.packed_panel} columns",
+            lambda c: c.nr == p.packed_panel))
+    return Space("dense", DenseConfig, {"mr": range(1, 9), "nr": sorted(widths),
+                                        "kc": sorted(slices),
+                                        "mc_tiles": range(1, min(p.m, 64) + 1)}, constraints)
+
+
+def default(p: Dense, machine) -> DenseConfig:
+    m = p.m
+    mc = max(MR, min(MC, -(-m // MR) * MR))
+    if machine.threads > 1 and p.batch == 1:
         # row blocks in a multiple of the threads, as even as MR allows: 128 rows on 2
         # threads as 66 + 62 rather than 72 + 56 (the slower thread sets the time)
-        blocks = -(-(-(-m // mc)) // threads) * threads
-        mc = max(mr, -(-(-(-m // blocks)) // mr) * mr)
-    # buffers viewed as 3-D [batch, rows, cols] (the pointers are the params')
-    a3 = L.Buffer(a.name, T.float32, (batch, k, m) if trans_a else (batch, m, k))
-    if packed:
-        b3 = L.Buffer(b.name, T.float32, tuple(b_dims))
-    else:
-        b3 = L.Buffer(b.name, T.float32, (1 if len(b_dims) == 2 else batch,) +
-                      ((n, k) if trans_b else (k, n)))
-    y3 = L.Buffer(y.name, y.dtype, (batch, m, n))
-    y_full = L.Buffer(y.name, y.dtype, tuple(y_dims))
+        blocks = -(-(-(-m // mc)) // machine.threads) * machine.threads
+        mc = max(MR, -(-(-(-m // blocks)) // MR) * MR)
+    kc = min(KC, p.k) if p.y.dtype is T.float32 else p.k
+    return DenseConfig(MR, p.packed_panel or default_panel(machine.vector_bits), kc, mc // MR)
 
-    def y_at(bi, i, j0, jj):
-        """The output element the anchor's element (bi, i, j0 + jj) is stored at (j0: the
+
+def build(p: Dense, config: DenseConfig, machine) -> L.PrimFunc:
+    views = _Views(p, config.nr)
+    body = _Blocking(p, config, views).loops(machine.threads)
+    return L.simplify(L.PrimFunc(p.name, views.params(), body))
+
+
+class _Views:
+    """A, B and Y as the micro-kernel indexes them: the parameters viewed as 3-D [batch,
+    rows, cols] (same pointers), B as its panels when packed, Y through the layout tail when
+    the group has one."""
+
+    def __init__(self, p: Dense, nr: int):
+        self.p, self.nr = p, nr
+        batch, m, n, k = p.batch, p.m, p.n, p.k
+        self.a = L.Buffer(p.a.name, T.float32, (batch, k, m) if p.trans_a else (batch, m, k))
+        if p.packed_panel:
+            self.b = L.Buffer(p.b.name, T.float32, p.b_dims)
+        else:
+            self.b = L.Buffer(p.b.name, T.float32, (batch if p.b_batched else 1,) +
+                              ((n, k) if p.trans_b else (k, n)))
+        self.y = L.Buffer(p.y.name, p.y.dtype, (batch, m, n))
+        self.y_full = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
+        self.panels_contiguous = p.store_index is not None and _panels_contiguous(
+            p.store_index, p.anchor_index, batch * m, n, nr, (n // nr) * nr)
+
+    def a_at(self, bi, i, kk) -> L.Expr:
+        return self.a[bi, kk, i] if self.p.trans_a else self.a[bi, i, kk]
+
+    def b_at(self, bi, kk, j) -> L.Expr:
+        if self.p.packed_panel:
+            return self.b[j // self.nr, kk, j % self.nr]
+        bb = bi if self.p.b_batched else 0
+        return self.b[bb, j, kk] if self.p.trans_b else self.b[bb, kk, j]
+
+    def y_at(self, bi, i, j0, jj) -> L.Load:
+        """The output element the product's element (bi, i, j0 + jj) is stored at (j0: the
         panel's first column)."""
-        if not remapped:
-            return y3[bi, i, j0 + jj]
-        if panels_contiguous:
-            base = where(anchor_index(bi, i, j0))
-            return y_full[base[:-1] + (base[-1] + jj,)]
-        return y_full[where(anchor_index(bi, i, j0 + jj))]
+        where = self.p.store_index
+        if where is None:
+            return self.y[bi, i, j0 + jj]
+        if self.panels_contiguous:
+            base = where(self.p.anchor_index(bi, i, j0))
+            return self.y_full[base[:-1] + (base[-1] + jj,)]
+        return self.y_full[where(self.p.anchor_index(bi, i, j0 + jj))]
 
-    def anchor_index(bi, i, j) -> tuple:
-        """Rows i of batch bi (batch dims folded into rows) as the anchor's own index."""
-        if len(anchor_dims) < 2:
-            return (j,)
-        if batch > 1:
-            i = bi * m + i
-        index = []
-        for d in reversed(anchor_dims[1:-1]):
-            index.append(i % d)
-            i = i // d
-        index.append(i)
-        return tuple(reversed(index)) + (j,)
-    bias = None
-    if c is not None:
-        c_dims = L.static_shape(c.shape)
-        bias = L.Buffer(c.name, c.dtype, tuple(c_dims))
+    def params(self) -> tuple:
+        """The kernel's parameters with A, B and Y as viewed here."""
+        p = self.p
+        views: dict[str, L.Buffer] = {}
+        for buffer in (self.a, self.b, self.y if p.store_index is None else self.y_full, p.c):
+            if buffer is not None:
+                views.setdefault(buffer.name, buffer)   # A first, should A also be B
+        return tuple(views.get(x.name, x) for x in p.params)
 
-    def a_at(bi, i, kk):
-        return a3[bi, kk, i] if trans_a else a3[bi, i, kk]
 
-    def b_at(bi, kk, j):
-        if packed:
-            return b3[j // nr, kk, j % nr]
-        bb = 0 if len(b_dims) == 2 else bi
-        return b3[bb, j, kk] if trans_b else b3[bb, kk, j]
+class _Blocking:
+    """The loop nest: k-slices outermost (kb), then row blocks of MC rows (mb, shared by the
+    worker pool; fused with the batch into bm), tiles of MR rows (ib), panels of NR columns
+    (jp, then one narrower panel for the columns left), each tile an MR x NR block of
+    accumulators."""
 
-    def finish(value, i, j):
-        """Gemm's alpha and beta * C, then the fused consumers at the output's own index."""
-        return then(_gemm_epilogue(value, i, j), anchor_index(bi, i, j))
+    def __init__(self, p: Dense, config: DenseConfig, views: _Views):
+        self.p, self.views = p, views
+        self.mr, self.nr, self.kc = config.mr, config.nr, config.kc
+        self.mc = config.mc_tiles * config.mr
+        self.n_kb = -(-p.k // self.kc)
+        self.bi, self.kb, self.mb, self.jp, self.ib = (
+            L.Var(x) for x in ("b", "kb", "mb", "jp", "ib"))
 
-    def _gemm_epilogue(value, i, j):
-        if alpha != 1.0:
-            value = value * alpha
-        if bias is not None:
-            idx = []
-            rank = len(bias.shape)
-            full = [i, j][2 - rank:] if rank else []
-            for d, e in zip(bias.shape, full):
-                idx.append(L.const(0) if d == L.const(1) else e)
-            term = bias[tuple(idx)] if idx else bias[()]
-            value = value + (term * beta if beta != 1.0 else term)
-        return value
+    def loops(self, threads: int) -> L.Stmt:
+        p, nr, bi, mb = self.p, self.nr, self.bi, self.mb
+        n_main = (p.n // nr) * nr
+        panels = []
+        if n_main:
+            panels.append(L.For(self.jp, n_main // nr, self.tile(nr, self.jp * nr)))
+        if p.n > n_main:
+            panels.append(self.tile(p.n - n_main, L.const(n_main)))
+        row_blocks = L.For(self.ib, self.mc // self.mr, L.seq(*panels))
+        n_mb = -(-p.m // self.mc)
+        kind = L.ForKind.PARALLEL if threads > 1 and n_mb * p.batch > 1 else \
+            L.ForKind.SERIAL
+        if p.batch > 1:
+            bm = L.Var("bm")
+            inner = L.substitute(row_blocks, {bi: bm // n_mb, mb: bm % n_mb})
+            outer = L.For(bm, p.batch * n_mb, inner, kind)
+        else:
+            outer = L.For(mb, n_mb, L.substitute(row_blocks, {bi: L.const(0)}), kind)
+        return L.For(self.kb, self.n_kb, outer)
 
-    n_main = (n // nr) * nr
-    n_kb = -(-k // kc)
-    panels_contiguous = remapped and _panels_contiguous(where, anchor_index, batch * m, n,
-                                                        nr, n_main)
-    bi, kb, mb, jp, ib = (L.Var(x) for x in ("b", "kb", "mb", "jp", "ib"))
-
-    def tile(width: int, j0: L.Expr) -> L.Stmt:
-        """One MR x width block of C at rows i0.., columns j0..: init, k loop, store."""
-        i0 = L.Var("i0")
-        kk = L.Var("k")
+    def tile(self, width: int, j0: L.Expr) -> L.Stmt:
+        """One MR x width block of Y at rows i0.., columns j0..: init, k loop, store."""
+        p, views, mr, kc, n_kb = self.p, self.views, self.mr, self.kc, self.n_kb
+        bi, kb = self.bi, self.kb
+        i0, kk, ii, jj = L.Var("i0"), L.Var("k"), L.Var("ii"), L.Var("jj")
         acc = L.Buffer("acc", T.float32, (mr * width,), L.Scope.LOCAL)
-        ii, jj = L.Var("ii"), L.Var("jj")
-        row = L.minimum(i0 + ii, m - 1)   # rows past M repeat the last row; never stored
+        row = L.minimum(i0 + ii, p.m - 1)   # rows past M repeat the last row; never stored
         vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+        # later k-slices start from the partial sums the earlier ones left in the output
         start = L.const(0.0) if n_kb == 1 else L.Select(L.eq(kb, 0), L.const(0.0),
-                                                          y_at(bi, row, j0, jj))
+                                                          views.y_at(bi, row, j0, jj))
         init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), start), vec),
                      L.ForKind.UNROLLED)
         kglob = kb * kc + kk
-        update = L.For(ii, mr, L.Let(L.Var("a", T.float32), a_at(bi, row, kglob), L.For(
+        a = L.Var("a", T.float32)
+        update = L.For(ii, mr, L.Let(a, views.a_at(bi, row, kglob), L.For(
             jj, width, L.Store(acc, (ii * width + jj,), L.call(
-                "fma", L.Var("a", T.float32), b_at(bi, kglob, j0 + jj), acc[ii * width + jj])),
+                "fma", a, views.b_at(bi, kglob, j0 + jj), acc[ii * width + jj])),
             vec)), L.ForKind.UNROLLED)
-        kloop = L.For(kk, L.minimum(L.const(kc), k - kb * kc), update)
+        kloop = L.For(kk, L.minimum(L.const(kc), p.k - kb * kc), update)
         value = acc[ii * width + jj]
-        done = finish(value, i0 + ii, j0 + jj)
+        done = p.finish(value, bi, i0 + ii, j0 + jj)
         if n_kb > 1:
             done = L.Select(L.eq(kb, n_kb - 1), done, value)
-        target = y_at(bi, i0 + ii, j0, jj)
-        store = L.For(ii, mr, L.If(i0 + ii < m, L.For(jj, width, L.Store(
+        target = views.y_at(bi, i0 + ii, j0, jj)
+        store = L.For(ii, mr, L.If(i0 + ii < p.m, L.For(jj, width, L.Store(
             target.buffer, target.indices, done), vec)), L.ForKind.UNROLLED)
         body = L.Allocate(acc, L.seq(init, kloop, store))
-        return L.Let(i0, mb * mc + ib * mr, L.If(i0 < m, body))
-
-    panels = []
-    if n_main:
-        panels.append(L.For(jp, n_main // nr, tile(nr, jp * nr)))
-    if n > n_main:
-        panels.append(tile(n - n_main, L.const(n_main)))
-    row_blocks = L.For(ib, mc // mr, L.seq(*panels))
-    n_mb = -(-m // mc)
-    kind = L.ForKind.PARALLEL if threads > 1 and n_mb * batch > 1 else L.ForKind.SERIAL
-    if batch > 1:
-        bm = L.Var("bm")
-        inner = L.substitute(row_blocks, {bi: bm // n_mb, mb: bm % n_mb})
-        outer = L.For(bm, batch * n_mb, inner, kind)
-    else:
-        outer = L.For(mb, n_mb, L.substitute(row_blocks, {bi: L.const(0)}), kind)
-    body = L.For(kb, n_kb, outer)
-    new_params = []
-    for p in params:
-        if p.name == a.name:
-            new_params.append(a3)
-        elif p.name == b.name:
-            new_params.append(b3)
-        elif p.name == y.name:
-            new_params.append(y_full if remapped else y3)
-        elif bias is not None and p.name == bias.name:
-            new_params.append(bias)
-        else:
-            new_params.append(p)
-    return L.simplify(L.PrimFunc(kernel.func.name, tuple(new_params), body))
+        return L.Let(i0, self.mb * self.mc + self.ib * mr, L.If(i0 < p.m, body))
 
 
 def _panels_contiguous(where, anchor_index, rows: int, n: int, nr: int, n_main: int) -> bool:
@@ -250,8 +223,4 @@ def _panels_contiguous(where, anchor_index, rows: int, n: int, nr: int, n_main: 
     return bool(np.array_equal(comps[-1], comps[-1][:, first] + (cols - first)))
 
 
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
+DENSE = Template("dense", problems.dense, lambda p: True, space, default, build)

@@ -3,53 +3,60 @@
 Per plane (image x channel): the input plane, when the windows reach into padding, is copied
 into a cache-resident buffer filled with the pooling's identity (-inf for max, 0 for an
 average that counts the padding), so the taps never test bounds; then each output row runs in
-vectors of pixels, every tap one vector load (a shuffle of one load at stride 2 to 4) combined
+blocks of pixels, every tap one vector load (a shuffle of one load at stride 2 to 4) combined
 into the accumulators. Planes are shared by the worker pool when the work pays for it.
 
-Applies to float32 NCHW pools with static shapes and one output; MaxPool's Indices output,
-and averages that exclude padding from their divisor where a window reaches into it, keep
-the default schedule.
+The problem is a `problems.Pool2d`; averages that exclude padding from their divisor where a
+window reaches into it (or whose windows ceil_mode lets run past the image) keep the default
+schedule. Knob (`PoolConfig`): pixels per block.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...ir import loop as L
 from ...ir import types as T
-from ..lower import Kernel
-from .conv import pad_plane, parallel_kind, plane_geometry, row_in_vectors
-from .schedules import MIN_PARALLEL_WORK
+from .. import problems
+from ..problems import Pool2d
+from ..space import Space, Template
+from .conv import PIXEL_BLOCKS, pad_plane, parallel_kind, row_in_vectors
 
 
-def pool2d_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFunc | None:
-    node = kernel.anchor
-    if len(kernel.nodes) != 1 or node.op not in ("MaxPool", "AveragePool") or \
-            len(node.outputs) != 1 or len(kernel.func.params) != 2:
-        return None
-    x, y = kernel.func.params
-    xd, yd = L.static_shape(x.shape), L.static_shape(y.shape)
-    if x.dtype is not T.float32 or y.dtype is not T.float32 or xd is None or yd is None or \
-            len(xd) != 4:
-        return None
-    n, c, h, wid = xd
-    _, _, oh, ow = yd
-    attrs = node.attrs
-    kh, kw = attrs["kernel_shape"]
-    geometry = plane_geometry(attrs, (h, wid), (kh, kw), (oh, ow))
-    if geometry is None:
-        return None
-    (sh, sw), (dh, dw), (ph, pw), (hp, wp) = geometry
-    padded = (ph, pw, hp, wp) != (0, 0, h, wid)
-    is_max = node.op == "MaxPool"
-    if not is_max and ((padded and not attrs.get("count_include_pad", 0)) or
-                       attrs.get("ceil_mode", 0)):
-        return None   # the divisor would vary at the borders
+@dataclass(frozen=True)
+class PoolConfig:
+    pixels: int    # output pixels per block of a row (a narrower block ends the row)
+
+
+def applies(p: Pool2d) -> bool:
+    """Not for averages whose divisor would vary at the borders."""
+    return p.kind == "max" or not ((p.padded and not p.count_include_pad) or p.ceil_mode)
+
+
+def space(p: Pool2d, machine) -> Space:
+    return Space("pool2d", PoolConfig, {"pixels": PIXEL_BLOCKS})
+
+
+def default(p: Pool2d, machine) -> PoolConfig:
+    return PoolConfig(machine.vector_bits // 32)
+
+
+def build(p: Pool2d, config: PoolConfig, machine) -> L.PrimFunc:
+    from .schedules import MIN_PARALLEL_WORK   # (schedules imports this module's template)
+
+    x, y = p.x, p.y
+    n, c, h, wid = p.x_dims
+    _, _, oh, ow = p.y_dims
+    kh, kw = p.kernel_hw
+    (sh, sw), (dh, dw) = p.strides, p.dilations
+    is_max = p.kind == "max"
     fill = L.const(float("-inf") if is_max else 0.0)
 
     plane, row = L.Var("plane"), L.Var("row")
     bn, ch = plane // c, plane % c
     stmts = []
-    if padded:
-        src, copy = pad_plane(x, bn, ch, (h, wid), (ph, pw), (hp, wp), fill.value)
+    if p.padded:
+        src, copy = pad_plane(x, bn, ch, (h, wid), p.begins, p.padded_hw, fill.value)
         stmts.append(copy)
 
         def tap(i, j):
@@ -58,7 +65,6 @@ def pool2d_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFun
         def tap(i, j):
             return x[bn, ch, i, j]
 
-    lanes = vector_bits // 32
     r, s, jj = L.Var("r"), L.Var("s"), L.Var("j")
 
     def block(width: int, ow0: L.Expr) -> L.Stmt:
@@ -73,10 +79,13 @@ def pool2d_schedule(kernel: Kernel, vector_bits: int, threads: int) -> L.PrimFun
         store = L.For(jj, width, L.Store(y, (bn, ch, row, ow0 + jj), out), kind)
         return L.Allocate(acc, L.seq(init, taps, store))
 
-    stmts.append(L.For(row, oh, row_in_vectors(block, ow, lanes)))
+    stmts.append(L.For(row, oh, row_in_vectors(block, ow, config.pixels)))
     body = L.seq(*stmts)
-    if padded:
+    if p.padded:
         body = L.Allocate(src, body)
-    par = parallel_kind(threads, n * c * oh * ow * kh * kw, MIN_PARALLEL_WORK)
+    par = parallel_kind(machine.threads, n * c * oh * ow * kh * kw, MIN_PARALLEL_WORK)
     main = L.For(plane, n * c, body, par)
-    return L.simplify(L.PrimFunc(kernel.func.name, kernel.func.params, main))
+    return L.simplify(L.PrimFunc(p.name, p.params, main))
+
+
+POOL2D = Template("pool2d", problems.pool2d, applies, space, default, build)

@@ -1,9 +1,14 @@
 """Schedules for the LLVM backend: which loops run in parallel, which are vectorised.
 
-A schedule is chosen per kernel from its anchor op's pattern (a table, not an `if` chain) and
-applied to the lowered PrimFunc. The default template serves every pattern without a tiled
-one (dense, conv): consecutive stages that walk the same rows (softmax's max, sum and
-normalisation; layernorm's mean, variance and scaling) become one loop, so a row is finished
+A kernel's template is chosen from a table keyed by (target, anchor pattern) (`TEMPLATES`:
+the templates tried in order, the first whose problem describes the kernel and that applies
+wins) and builds the scheduled PrimFunc from the kernel's problem (`backends/problems.py`) and
+a config of its knob space (`backends/space.py`); `schedule_kernel` is the entry point.
+
+The default template (`ROWS`, knobs `Config`) serves every kernel without a tiled one (dense,
+conv, pool: `dense.py`, `conv.py`, `pool.py`): consecutive stages that walk the same rows
+(softmax's max, sum and normalisation; layernorm's mean, variance and scaling) become one
+loop, so a row is finished
 while it is in L1 and the worker pool starts once; each stage's outermost loops are fused
 into one parallel loop when the stage does enough work to pay for waking the pool; a float
 reduction along a row keeps one partial result per vector lane (LLVM does not reassociate
@@ -25,11 +30,19 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from ...errors import CompileError
 from ...ir import loop as L
 from ...ir import types as T
+from ...ir.ops.registry import Pattern, get_op
+from .. import problems
+from ..space import Constraint, Space, Template
+from .conv import CONV2D, DEPTHWISE, POINTWISE
+from .dense import DENSE
+from .pool import POOL2D
 
 # a parallel region costs a few microseconds to start; below this many inner iterations
 # a stage stays serial
@@ -68,16 +81,6 @@ def default_schedule(func: L.PrimFunc, config: Config = Config(), threads: int =
         body = L.transform(body, lambda n: _block_outer_sum(n, config.reduce_block))
     body = _schedule_stmt(body, config, threads)
     return L.PrimFunc(func.name, func.params, body, func.size_vars, func.attrs)
-
-
-SCHEDULES = {}
-"""anchor pattern -> schedule function; patterns without an entry use `default_schedule`."""
-
-
-def schedule(func: L.PrimFunc, pattern, threads: int, config: Config | None = None
-             ) -> L.PrimFunc:
-    fn = SCHEDULES.get(pattern, default_schedule)
-    return fn(func, config or Config(), threads)
 
 
 def _schedule_stmt(s: L.Stmt, config: Config, threads: int) -> L.Stmt:
@@ -580,41 +583,76 @@ def fast_math(func: L.PrimFunc) -> L.PrimFunc:
                       func.attrs)
 
 
-def _dense(kernel, cpu, threads):
-    from .dense import dense_schedule
-
-    return dense_schedule(kernel, cpu.vector_bits, threads)
+# -- the default template and the template table -----------------------------------------------
 
 
-def _conv2d(kernel, cpu, threads):
-    from .conv import conv2d_schedule, depthwise_schedule, pointwise_schedule
+class Machine(NamedTuple):
+    """What templates read of the machine (a `Target` has both)."""
 
-    return pointwise_schedule(kernel, cpu.vector_bits, threads) or \
-        conv2d_schedule(kernel, cpu.vector_bits, threads) or \
-        depthwise_schedule(kernel, cpu.vector_bits, threads)
-
-
-def _pool2d(kernel, cpu, threads):
-    from .pool import pool2d_schedule
-
-    return pool2d_schedule(kernel, cpu.vector_bits, threads)
+    vector_bits: int
+    threads: int
 
 
-TEMPLATES = {"MatMul": _dense, "Gemm": _dense, "MatMulPacked": _dense, "Conv": _conv2d,
-             "ConvPacked": _conv2d, "MaxPool": _pool2d, "AveragePool": _pool2d}
-"""anchor op -> template building the kernel's PrimFunc (None: not applicable)."""
+def rows_space(p: problems.Rows, machine) -> Space:
+    lanes = max(1, machine.vector_bits // 32)
+    return Space("rows", Config, {
+        "parallel": (False, True),
+        "min_parallel_work": (1 << 12, MIN_PARALLEL_WORK, 1 << 18),
+        "reduce_lanes": sorted({1, 2, 4, 8, 16, lanes}),
+        "reduce_block": (32, REDUCE_BLOCK, 512),
+        "fuse_rows": (False, True),
+    }, [Constraint(f"min_parallel_work == {MIN_PARALLEL_WORK} when not parallel (it has no "
+                   f"effect then)",
+                   lambda c: c.parallel or c.min_parallel_work == MIN_PARALLEL_WORK),
+        Constraint(f"reduce_block == {REDUCE_BLOCK} when reduce_lanes is 1 (no sum is split "
+                   f"or blocked then)",
+                   lambda c: c.reduce_lanes > 1 or c.reduce_block == REDUCE_BLOCK)])
 
 
-def schedule_kernel(kernel, cpu, threads: int) -> L.PrimFunc:
-    """The scheduled PrimFunc of a lowered kernel: the anchor op's template where one applies,
-    else the default schedule of its pattern."""
-    from ...ir.ops.registry import get_op
+def rows_default(p: problems.Rows, machine) -> Config:
+    # one vector of float32 partial results per reduction
+    return Config(reduce_lanes=max(1, machine.vector_bits // 32))
 
-    anchor = kernel.anchor
-    template = TEMPLATES.get(anchor.op)
-    if template is not None:
-        func = template(kernel, cpu, threads)
-        if func is not None:
-            return fast_math(func)
-    config = Config(reduce_lanes=max(1, cpu.vector_bits // 32))
-    return fast_math(schedule(kernel.func, get_op(anchor.op).pattern, threads, config))
+
+def rows_build(p: problems.Rows, config: Config, machine) -> L.PrimFunc:
+    return default_schedule(p.func, config, machine.threads)
+
+
+ROWS = Template("rows", problems.rows, lambda p: True, rows_space, rows_default, rows_build)
+
+
+TEMPLATES = {
+    **{("llvm", pattern): (ROWS,) for pattern in Pattern},
+    ("llvm", Pattern.OUT_FUSABLE): (DENSE, POINTWISE, CONV2D, DEPTHWISE, ROWS),
+    ("llvm", Pattern.OPAQUE): (POOL2D, ROWS),
+}
+"""(target name, anchor pattern) -> the templates tried in order: the first whose problem
+kind describes the kernel and that applies to that problem builds it (ROWS, last, serves
+every kernel)."""
+
+
+def template_for(kernel, target: str = "llvm") -> tuple[Template, object]:
+    """The template that schedules `kernel` on `target`, and the kernel's problem as that
+    template reads it (each problem kind is described once)."""
+    described: dict = {}
+    for template in TEMPLATES[(target, get_op(kernel.anchor.op).pattern)]:
+        if template.problem not in described:
+            described[template.problem] = template.problem(kernel)
+        problem = described[template.problem]
+        if problem is not None and template.applies(problem):
+            return template, problem
+    raise CompileError(f"kernel {kernel.name}: no {target} template applies")
+
+
+def schedule_kernel(kernel, machine, threads: int, config=None) -> L.PrimFunc:
+    """The scheduled PrimFunc of a lowered kernel: its template (`template_for`) built with
+    `config` (checked against the template's space: ConfigError outside it) or, by default,
+    the template's default config for the problem and the machine (its `vector_bits`, and
+    `threads`)."""
+    template, problem = template_for(kernel)
+    machine = Machine(machine.vector_bits, threads)
+    if config is None:
+        config = template.default(problem, machine)
+    else:
+        config = template.space(problem, machine).check(config)
+    return fast_math(template.build(problem, config, machine))

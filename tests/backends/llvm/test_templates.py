@@ -1,4 +1,4 @@
-"""The dense and conv2d schedule templates: correct on shapes with tails in every blocked
+"""The dense, conv2d and pool2d schedule templates: correct on shapes with tails in every blocked
 dimension, and actually chosen for the ops they serve (their micro-kernel uses fma)."""
 
 import numpy as np
@@ -181,3 +181,34 @@ def test_pools_the_template_declines_keep_the_default_schedule(rng, op, attrs):
     assert "for plane in range" not in compiled.source("loop")
     want = dnnc.compile(model, target="numpy").run(x)[0]
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-6, atol=1e-6)
+
+
+def _one_op(rng, op, shapes, consts=(), dtype=T.float32, **attrs):
+    g = Graph("g")
+    inputs = [g.add_input(f"x{k}", T.TensorType(dtype, s)) for k, s in enumerate(shapes)]
+    inputs += [Value(f"c{k}", T.TensorType(dtype, s), const=rng.standard_normal(s).astype(
+        dtype.np)) for k, s in enumerate(consts)]
+    g.outputs = [g.add(op, *inputs, **attrs)]
+    return g
+
+
+@pytest.mark.parametrize("op,shapes,consts,attrs,dtype,template", [
+    ("MatMul", [(5, 7)], [(7, 9)], {}, T.float32, "dense"),
+    ("MatMul", [(5, 7), (7, 9)], [], {}, T.int32, "rows"),               # not float32
+    ("Gemm", [(5, 7)], [(9, 7)], {"transB": 1}, T.float32, "dense"),
+    ("Conv", [(1, 4, 6, 6)], [(8, 4, 1, 1)], {}, T.float32, "pointwise"),
+    ("Conv", [(1, 4, 6, 6)], [(8, 4, 3, 3)], {}, T.float32, "conv2d"),
+    ("Conv", [(1, 4, 6, 6)], [(4, 1, 3, 3)], {"group": 4}, T.float32, "depthwise"),
+    ("Conv", [(1, 4, 6, 6)], [(6, 2, 3, 3)], {"group": 2}, T.float32, "rows"),   # grouped
+    ("MaxPool", [(1, 2, 6, 6)], [], {"kernel_shape": [2, 2]}, T.float32, "pool2d"),
+    ("AveragePool", [(1, 2, 6, 6)], [], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+     T.float32, "rows"),                                                 # border divisors
+    ("Softmax", [(3, 5)], [], {}, T.float32, "rows")])
+def test_the_template_table_chooses_by_anchor_pattern_then_problem(rng, op, shapes, consts,
+                                                                   attrs, dtype, template):
+    from dnnc.backends.llvm.schedules import template_for
+    from dnnc.backends.lower import lower_group
+
+    g = _one_op(rng, op, shapes, consts, dtype, **attrs)
+    chosen, problem = template_for(lower_group(g.nodes, "k", outputs=g.outputs))
+    assert chosen.name == template and chosen.applies(problem)

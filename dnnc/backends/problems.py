@@ -1,0 +1,344 @@
+"""Problem descriptors: what a lowered kernel computes, in the terms schedule templates read.
+
+Each descriptor is built once from a `Kernel` (`lower.py`) and holds plain data: the kernel's
+buffers, its sizes, the op's parameters (transposes, scaling, bias, strides, pads, packed
+layouts) and the fused epilogue as a function of the anchor's value and index. Templates read
+only the problem, never graph nodes, so a target's templates and the autotuner see the same
+description. A builder returns None when the kernel is not of its kind (another op, another
+dtype, symbolic shapes): the next template in the table is tried then.
+
+Descriptors are target-neutral: nothing here chooses tiles, vector widths or threads. This
+module must never import a backend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from ..ir import loop as L
+from ..ir import types as T
+from ..ir.ops.registry import Pattern, get_op
+from .lower import Kernel, epilogue, layout_tail, store_index
+
+Epilogue = Callable[[L.Expr, tuple], L.Expr]
+"""fn(value, index): the value stored for the anchor's output element `value` at the anchor's
+`index` (the group's fused elementwise consumers)."""
+
+
+# -- dense ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dense:
+    """Batched matrix product: for bi < batch, i < m, j < n,
+    Y[bi, i, j] = epilogue(alpha * sum_k A[bi, i, k] B[bi, k, j] + beta * C[i, j]), with A
+    stored [k, m] when `trans_a`, B [n, k] when `trans_b`, B shared by every batch when not
+    `b_batched`, and B packed [n / panel, k, panel] when `packed_panel` (MatMulPacked).
+    Batch dims of an A multiplied by a 2-D B are folded into m. The output is stored through
+    `store_index` (a layout tail) when there is one."""
+
+    name: str                    # the kernel's PrimFunc name
+    params: tuple                # its buffer parameters, in order
+    a: L.Buffer
+    b: L.Buffer
+    c: L.Buffer | None           # Gemm's C / MatMulPacked's bias (static shape), if any
+    y: L.Buffer
+    b_dims: tuple
+    y_dims: tuple
+    anchor_dims: tuple           # the anchor's own output shape (the epilogue's index space)
+    batch: int
+    m: int
+    n: int
+    k: int
+    trans_a: bool
+    trans_b: bool
+    alpha: float
+    beta: float
+    b_batched: bool
+    packed_panel: int            # columns per panel of a packed B; 0 when B is plain
+    epilogue: Epilogue
+    store_index: Callable | None   # anchor index -> output index; None without a layout tail
+
+    def anchor_index(self, bi, i, j) -> tuple:
+        """Row i of batch bi and column j (batch dims folded into rows) as the anchor's own
+        output index."""
+        if len(self.anchor_dims) < 2:
+            return (j,)
+        if self.batch > 1:
+            i = bi * self.m + i
+        index = []
+        for d in reversed(self.anchor_dims[1:-1]):
+            index.append(i % d)
+            i = i // d
+        index.append(i)
+        return tuple(reversed(index)) + (j,)
+
+    def scaled(self, value: L.Expr, i, j) -> L.Expr:
+        """Gemm's alpha * value + beta * C[i, j] (C broadcast over the rows or columns it
+        lacks)."""
+        if self.alpha != 1.0:
+            value = value * self.alpha
+        bias = self.c
+        if bias is not None:
+            idx = []
+            rank = len(bias.shape)
+            full = [i, j][2 - rank:] if rank else []
+            for d, e in zip(bias.shape, full):
+                idx.append(L.const(0) if d == L.const(1) else e)
+            term = bias[tuple(idx)] if idx else bias[()]
+            value = value + (term * self.beta if self.beta != 1.0 else term)
+        return value
+
+    def finish(self, value: L.Expr, bi, i, j) -> L.Expr:
+        """The stored value of the product's element (bi, i, j): scaled, then the epilogue."""
+        return self.epilogue(self.scaled(value, i, j), self.anchor_index(bi, i, j))
+
+
+DENSE_OPS = ("MatMul", "Gemm", "MatMulPacked")
+
+
+def dense(kernel: Kernel) -> Dense | None:
+    """A float32 MatMul / Gemm / MatMulPacked anchoring `kernel` (first in its group, static
+    shapes) as a `Dense`; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op not in DENSE_OPS:
+        return None
+    where = store_index(kernel)
+    if where is None or node.outputs[0].type.dtype is not T.float32:
+        return None   # the anchor's own type, not the group's (a fused Cast)
+    params = kernel.func.params
+    a, b, c = _operands(kernel, node, 3)
+    y = params[-1]
+    if a.dtype is not T.float32 or b.dtype is not T.float32:
+        return None
+    a_dims, b_dims, y_dims = (L.static_shape(t.shape) for t in (a, b, y))
+    # the anchor's own output: the group's output differs by a layout tail
+    anchor_dims = L.static_shape(node.outputs[0].type.shape)
+    c_dims = L.static_shape(c.shape) if c is not None else ()
+    if a_dims is None or b_dims is None or y_dims is None or anchor_dims is None or \
+            c_dims is None or len(a_dims) < 2 or len(b_dims) < 2:
+        return None
+    attrs = node.attrs if node.op != "MatMul" else {}
+    trans_a, trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
+    packed = node.op == "MatMulPacked"
+    if packed:
+        # B arrives as [panels, K, NR] (convert_layout packed it at compile time)
+        batch, n, k = 1, attrs["n"], a_dims[-1]
+        m = math.prod(a_dims[:-1])
+    elif len(b_dims) == 2:
+        if len(a_dims) > 2 and trans_a:
+            return None
+        batch = 1
+        m = anchor_dims[-2] * math.prod(anchor_dims[:-2]) if len(anchor_dims) >= 2 else 1
+        k = a_dims[0] if trans_a else a_dims[-1]
+        n = anchor_dims[-1]
+    else:
+        if len(a_dims) != len(b_dims) or a_dims[:-2] != b_dims[:-2]:
+            return None
+        batch = math.prod(a_dims[:-2])
+        m, k, n = a_dims[-2], a_dims[-1], b_dims[-1]
+    if min(m, n, k) == 0:
+        return None
+    return Dense(
+        name=kernel.func.name, params=params, a=a, b=b,
+        c=L.Buffer(c.name, c.dtype, tuple(c_dims)) if c is not None else None, y=y,
+        b_dims=tuple(b_dims), y_dims=tuple(y_dims), anchor_dims=tuple(anchor_dims),
+        batch=batch, m=m, n=n, k=k, trans_a=trans_a, trans_b=trans_b,
+        alpha=attrs.get("alpha", 1.0), beta=attrs.get("beta", 1.0),
+        b_batched=not packed and len(b_dims) > 2, packed_panel=b_dims[2] if packed else 0,
+        epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None)
+
+
+def _operands(kernel: Kernel, node, count: int) -> list:
+    """The kernel's buffer parameters of `node`'s first `count` inputs (None for an absent
+    optional input)."""
+    index = {id(v): k for k, v in enumerate(kernel.inputs)}
+    params = kernel.func.params
+    inputs = list(node.inputs[:count]) + [None] * (count - len(node.inputs))
+    return [None if v is None else params[index[id(v)]] for v in inputs]
+
+
+# -- 2-D windows: conv and pool ----------------------------------------------------------------
+
+
+def plane_geometry(attrs: dict, image_hw, kernel_hw, out_hw):
+    """(strides, dilations, begin pads, padded plane (hp, wp)) of a 2-D window op's attrs,
+    the plane big enough for every window the output reads; None when the output size does
+    not match the attrs."""
+    from ..ir.ops.window import window_attrs, window_geometry
+
+    strides, dilations, pads = window_attrs(2, attrs.get("strides"), attrs.get("dilations"),
+                                            attrs.get("pads"))
+    outs, begins, _ = window_geometry(list(image_hw), list(kernel_hw), strides, dilations,
+                                      pads, attrs.get("auto_pad", "NOTSET"),
+                                      attrs.get("ceil_mode", 0))
+    if list(outs) != list(out_hw):
+        return None
+    (h, wid), (kh, kw), (oh, ow) = image_hw, kernel_hw, out_hw
+    (sh, sw), (dh, dw), (ph, pw) = strides, dilations, begins
+    padded_hw = (max(h + ph, (oh - 1) * sh + (kh - 1) * dh + 1),
+                 max(wid + pw, (ow - 1) * sw + (kw - 1) * dw + 1))
+    return strides, dilations, list(begins), padded_hw
+
+
+@dataclass(frozen=True)
+class Conv2d:
+    """A float32 NCHW 2-D convolution, static shapes: y = epilogue(conv(x, w) + bias), the
+    weights [M, C / group, kh, kw], or packed [M / NR, C, kh, kw, NR] (ConvPacked,
+    `packed_nr` = NR) with channels past M zero."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    w: L.Buffer
+    bias: L.Buffer | None
+    y: L.Buffer
+    x_dims: tuple
+    w_dims: tuple        # [M, C / group, kh, kw] (unpacked)
+    y_dims: tuple
+    group: int
+    strides: tuple
+    dilations: tuple
+    begins: tuple
+    padded_hw: tuple     # an input plane big enough for every window the output reads
+    packed_nr: int       # NR of packed weights, 0 when the weights are a plain [M, C, kh, kw]
+    epilogue: Epilogue
+    # every tensor the epilogue reads is indexed the same at (n, c, 0, h * W + w) as at
+    # (n, c, h, w) (see `_flat_epilogue_reads`)
+    flat_epilogue_reads: bool
+
+    @property
+    def pointwise(self) -> bool:
+        """A 1x1, stride-1, unpadded, ungrouped conv: a GEMM over pixels."""
+        n, c, h, wid = self.x_dims
+        _, _, kh, kw = self.w_dims
+        return self.group == 1 and (kh, kw) == (1, 1) and tuple(self.strides) == (1, 1) and \
+            tuple(self.begins) == (0, 0) and tuple(self.y_dims[2:]) == (h, wid)
+
+    @property
+    def depthwise(self) -> bool:
+        """One filter per channel (group == channels == output channels), unpacked."""
+        c, (oc, cg) = self.x_dims[1], self.w_dims[:2]
+        return self.group == c and oc == c and cg == 1 and not self.packed_nr
+
+
+def conv2d(kernel: Kernel) -> Conv2d | None:
+    """A float32 NCHW 2-D Conv / ConvPacked anchoring `kernel` (first in its group, static
+    shapes) as a `Conv2d`; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op not in ("Conv", "ConvPacked"):
+        return None
+    x, w, bias = _operands(kernel, node, 3)
+    y = kernel.func.params[-1]
+    xd, wd, yd = L.static_shape(x.shape), L.static_shape(w.shape), L.static_shape(y.shape)
+    if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
+            w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
+        return None
+    packed_nr = 0
+    if node.op == "ConvPacked":
+        if len(wd) != 5:
+            return None
+        packed_nr = wd[-1]
+        wd = (node.attrs["oc"],) + tuple(wd[1:4])
+    geometry = plane_geometry(node.attrs, xd[2:], wd[2:], yd[2:])
+    if geometry is None:
+        return None
+    strides, dilations, begins, padded_hw = geometry
+    return Conv2d(kernel.func.name, kernel.func.params, x, w, bias, y, tuple(xd), tuple(wd),
+                  tuple(yd), node.attrs.get("group", 1), tuple(strides), tuple(dilations),
+                  tuple(begins), tuple(padded_hw), packed_nr, epilogue(kernel),
+                  _flat_epilogue_reads(kernel, yd))
+
+
+def _flat_epilogue_reads(kernel: Kernel, out_shape) -> bool:
+    """Whether every tensor the epilogue reads besides the anchor's value is indexed the same
+    at (n, c, 0, h * W + w) as at (n, c, h, w): it has the output's image shape, or reads a
+    whole image at one place (trailing dims of 1, as a bias). Never for images one pixel
+    wide: the flat pixel would index a width axis of size 1, which broadcasting reads at 0."""
+    if out_shape[3] == 1:
+        return False
+    produced = {id(v) for node in kernel.nodes for v in node.outputs}
+    anchor = kernel.anchor
+    for node in kernel.nodes:
+        if node is anchor:
+            continue
+        for v in node.inputs:
+            if v is None or id(v) in produced:
+                continue
+            shape = tuple(v.type.shape)
+            image = shape[-2:] if len(shape) >= 2 else (1,) * (2 - len(shape)) + shape
+            if tuple(image) not in ((1, 1), tuple(out_shape[2:])):
+                return False
+    return True
+
+
+@dataclass(frozen=True)
+class Pool2d:
+    """A float32 NCHW 2-D MaxPool or AveragePool alone in its kernel, one output, static
+    shapes."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    y: L.Buffer
+    x_dims: tuple
+    y_dims: tuple
+    kind: str            # "max" or "average"
+    kernel_hw: tuple
+    strides: tuple
+    dilations: tuple
+    begins: tuple
+    padded_hw: tuple
+    count_include_pad: bool
+    ceil_mode: bool
+
+    @property
+    def padded(self) -> bool:
+        """Whether some window reaches past the image."""
+        return tuple(self.begins) + tuple(self.padded_hw) != (0, 0) + tuple(self.x_dims[2:])
+
+
+POOLS = {"MaxPool": "max", "AveragePool": "average"}
+
+
+def pool2d(kernel: Kernel) -> Pool2d | None:
+    """A float32 NCHW 2-D MaxPool / AveragePool alone in `kernel` (one output, static
+    shapes) as a `Pool2d`; None otherwise."""
+    node = kernel.anchor
+    if len(kernel.nodes) != 1 or node.op not in POOLS or len(node.outputs) != 1 or \
+            len(kernel.func.params) != 2:
+        return None
+    x, y = kernel.func.params
+    xd, yd = L.static_shape(x.shape), L.static_shape(y.shape)
+    if x.dtype is not T.float32 or y.dtype is not T.float32 or xd is None or yd is None or \
+            len(xd) != 4:
+        return None
+    attrs = node.attrs
+    kernel_hw = tuple(attrs["kernel_shape"])
+    geometry = plane_geometry(attrs, xd[2:], kernel_hw, yd[2:])
+    if geometry is None:
+        return None
+    strides, dilations, begins, padded_hw = geometry
+    return Pool2d(kernel.func.name, kernel.func.params, x, y, tuple(xd), tuple(yd),
+                  POOLS[node.op], kernel_hw, tuple(strides), tuple(dilations), tuple(begins),
+                  tuple(padded_hw), bool(attrs.get("count_include_pad", 0)),
+                  bool(attrs.get("ceil_mode", 0)))
+
+
+# -- rows: everything else ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Any kernel, as lowered: its PrimFunc (loop nests over output rows, reductions as
+    accumulators) and its anchor's pattern."""
+
+    func: L.PrimFunc
+    pattern: Pattern
+
+
+def rows(kernel: Kernel) -> Rows:
+    """Every kernel as a `Rows`."""
+    return Rows(kernel.func, get_op(kernel.anchor.op).pattern)
