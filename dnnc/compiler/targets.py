@@ -36,6 +36,8 @@ class TargetSpec:
     machine: Callable | None = None    # () -> this host's Target (None: no machine to describe)
     layouts: tuple[str, ...] = ()      # the layout rewrites it wants (passes/convert_layout.py)
     fusion: Callable | None = None     # () -> Fusion: what its kernels can take as one (fuse_ops)
+    panels: Callable | None = None     # (vector bits) -> ((layout, panel width), ...)
+    templates: Callable | None = None  # () -> {(target, anchor pattern): templates, in order}
     speed: int = 0                     # rank among the targets available on the host
     available: Callable = lambda: True  # () -> whether this host can run it
 
@@ -46,10 +48,11 @@ class TargetSpec:
     def target(self, cpu: Target | None = None) -> Target:
         """The Target a compile for this target reads, passes and runtime alike: the machine
         `cpu` describes (the `cpu` option), else this host's, with this target's layouts and
-        fusion limits."""
+        fusion limits, and its templates' panel widths on that machine."""
         machine = cpu or (self.machine() if self.machine else Target(self.name))
         return replace(machine, name=self.name, layouts=self.layouts,
-                       fusion=self.fusion() if self.fusion else Fusion())
+                       fusion=self.fusion() if self.fusion else Fusion(),
+                       panels=self.panels(machine.vector_bits) if self.panels else ())
 
 
 def _has_llvmlite() -> bool:
@@ -68,6 +71,18 @@ def _llvm_fusion() -> Fusion:
     return FUSION
 
 
+def _llvm_templates() -> dict:
+    from ..backends.llvm.schedules import TEMPLATES
+
+    return TEMPLATES
+
+
+def _llvm_panels(vector_bits: int) -> tuple[tuple[str, int], ...]:
+    from ..backends.llvm import panels
+
+    return panels(vector_bits)
+
+
 # Listed in the order messages name them (the reference first).
 REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
     # the reference interprets the graph as imported: no passes, no CPU, no code
@@ -81,7 +96,8 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                                    artifact.llvm_restore),
                runs_passes=True, machine=_llvm_host,
                # dense and conv weights packed into the micro-kernels' panels (convert_layout)
-               layouts=("pack_dense", "pack_conv"), fusion=_llvm_fusion,
+               layouts=("pack_dense", "pack_conv"), fusion=_llvm_fusion, panels=_llvm_panels,
+               templates=_llvm_templates,
                speed=10, available=_has_llvmlite),
 )}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, CompileError
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class Target:
     arch: str = ""                  # GPU architecture ("sm_90"); "" for a CPU
     layouts: tuple[str, ...] = ()   # layout rewrites convert_layout applies, by name
     fusion: Fusion = Fusion()       # what its kernels can take as one (fuse_ops)
+    # (layout, panel width) its templates read packed weights in, by default: dense B panels'
+    # columns, conv weight blocks' output channels
+    panels: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or \
@@ -65,12 +68,11 @@ class Target:
             return 256
         return 128
 
-    @property
-    def dense_panel(self) -> int:
-        """Columns of B per packed panel: two vector registers of float32."""
-        return 2 * self.vector_bits // 32
-
-    @property
-    def conv_panel(self) -> int:
-        """Output channels per packed conv weight block: two vector registers of float32."""
-        return 2 * self.vector_bits // 32
+    def panel(self, layout: str) -> int:
+        """The panel width the target's templates read weights packed by `layout` in (their
+        default config's: a knob of the template, which the layout must agree with)."""
+        for name, width in self.panels:
+            if name == layout:
+                return width
+        raise CompileError(f"target {self.name} declares no panel width for layout "
+                           f"{layout!r} (it has: {', '.join(n for n, _ in self.panels)})")

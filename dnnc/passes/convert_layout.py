@@ -52,7 +52,7 @@ def _pack_dense(graph: Graph, node: Node, users, target: Target):
         attrs["alpha"], attrs["beta"] = node.attrs["alpha"], node.attrs["beta"]
         bias = node.inputs[2] if len(node.inputs) > 2 else None
     attrs["n"] = int(weights.shape[1])
-    packed = pack_panels(np.asarray(weights), target.dense_panel)
+    packed = pack_panels(np.asarray(weights), target.panel("pack_dense"))
     pv = Value(f"{b.name}.packed", TensorType(float32, packed.shape), const=packed)
     inputs = [a, pv] + ([bias] if bias is not None else [])
     types, _, full = infer_node("MatMulPacked", inputs, attrs, 1, node.name)
@@ -91,7 +91,8 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
     oc = int(w.const.shape[0])
     # a layer of at most one vector of channels is packed one vector wide: two would compute
     # zeros in half the accumulators
-    nr = target.conv_panel if 2 * oc > target.conv_panel else target.conv_panel // 2
+    panel = target.panel("pack_conv")
+    nr = panel if 2 * oc > panel else panel // 2
     packed = pack_conv_weights(np.asarray(w.const), nr)
     pv = Value(f"{w.name}.packed", TensorType(float32, packed.shape), const=packed)
     attrs = dict(node.attrs, oc=oc,

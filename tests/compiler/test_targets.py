@@ -10,6 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dnnc.ir.ops.registry import Pattern
+
 import dnnc
 import dnnc.compiler
 from dnnc import zoo
@@ -96,6 +98,14 @@ def test_entries_are_consistent():
         assert spec.runs_passes == (spec.machine is not None), spec.name
         assert spec.runs_passes == ({"passes", "dump_ir"} <= set(spec.options)), spec.name
         assert set(spec.layouts) <= set(REWRITES), spec.name
+        # a target that generates code schedules every anchor pattern with its own templates
+        # and gives a panel width for every layout it packs
+        if spec.generates_code:
+            table = spec.templates()
+            assert {key for key in table if key[0] == spec.name} == \
+                {(spec.name, pattern) for pattern in Pattern}, spec.name
+            machine = spec.target()
+            assert all(machine.panel(layout) > 0 for layout in spec.layouts), spec.name
     assert using("cpu") == ["llvm"]
     assert REGISTRY["llvm"].layouts == ("pack_dense", "pack_conv")
 
@@ -115,8 +125,10 @@ def test_the_passes_and_the_runtime_read_the_one_target_the_registry_builds(monk
     machine = replace(cpu_from(baseline), threads=1)   # not this host's CPU, nor its threads
     model = dnnc.compile(mlp, "llvm", cpu=machine)
     assert seen == [model.runtime.target]
+    # 128-bit vectors: the templates' default panels are two vectors of float32
     assert model.runtime.target == replace(machine, layouts=REGISTRY["llvm"].layouts,
-                                           fusion=REGISTRY["llvm"].fusion())
+                                           fusion=REGISTRY["llvm"].fusion(),
+                                           panels=(("pack_dense", 8), ("pack_conv", 8)))
     assert model.runtime.threads == 1 and model.runtime.target.vector_bits == 128
     assert "MatMulPacked" in str(model.graph)     # the registry's layouts were applied
     np.testing.assert_allclose(model(x), dnnc.compile(mlp, "numpy")(x), rtol=1e-5, atol=1e-6)

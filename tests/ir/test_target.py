@@ -3,7 +3,7 @@ string, and a Target that cannot describe a machine is refused where it is made.
 
 import pytest
 
-from dnnc.errors import ArgumentError
+from dnnc.errors import ArgumentError, CompileError
 from dnnc.ir.target import Target
 
 AVX2 = "+avx,+avx2,-avx512f,+fma,+sse4.2"
@@ -17,7 +17,16 @@ def test_feature_set_and_vector_width_follow_the_feature_string(features, bits):
     target = Target("llvm", "x86-64-v3", features)
     assert target.feature_set == {f[1:] for f in features.split(",") if f.startswith("+")}
     assert target.vector_bits == bits
-    assert target.dense_panel == target.conv_panel == 2 * bits // 32
+    # the registry gives it the llvm templates' default panels: two vectors of float32
+    from dnnc.compiler.targets import REGISTRY
+
+    packed = REGISTRY["llvm"].target(target)
+    assert packed.panel("pack_dense") == packed.panel("pack_conv") == 2 * bits // 32
+
+
+def test_a_layout_without_a_panel_width_is_refused():
+    with pytest.raises(CompileError, match="no panel width for layout 'pack_dense'"):
+        Target("llvm", layouts=("pack_dense",)).panel("pack_dense")
 
 
 def test_a_target_is_frozen_and_hashable():

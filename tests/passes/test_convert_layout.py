@@ -10,7 +10,8 @@ from dnnc.ir.graph import Graph, Value
 from dnnc.ir.target import Target
 from dnnc.passes.convert_layout import convert_layout
 
-CPU = Target("llvm", features="+avx,+avx2", layouts=("pack_dense", "pack_conv"))  # 256 bits
+PANELS = (("pack_dense", 16), ("pack_conv", 16))   # the templates' defaults at 256 bits
+CPU = Target("llvm", features="+avx,+avx2", layouts=("pack_dense", "pack_conv"), panels=PANELS)
 
 
 def _graph(rng, op, b_const=True, **attrs):
@@ -50,11 +51,11 @@ def test_variable_weights_and_transposed_a_are_left_alone(rng):
 def test_a_target_gets_the_layouts_it_lists_whatever_its_name(rng):
     """Layouts are keyed by their own names: the target's name chooses nothing."""
     assert convert_layout(_graph(rng, "MatMul"), Target("llvm", features="+avx2")) == 0
-    convs_only = Target("llvm", features="+avx2", layouts=("pack_conv",))
+    convs_only = Target("llvm", features="+avx2", layouts=("pack_conv",), panels=PANELS)
     assert convert_layout(_graph(rng, "MatMul"), convs_only) == 0
     assert convert_layout(_conv_graph(rng), convs_only) == 1
     g = _graph(rng, "MatMul")
-    assert convert_layout(g, Target("newcpu", features="+avx2", layouts=("pack_dense",))) == 1
+    assert convert_layout(g, Target("newcpu", features="+avx2", layouts=("pack_dense",), panels=PANELS)) == 1
     assert [n.op for n in g.nodes] == ["MatMulPacked"]
 
 

@@ -96,7 +96,7 @@ class LLVMRuntime(Executable):
         return rt
 
     def schedule(self, kernel: Kernel) -> L.PrimFunc:
-        return schedule_kernel(kernel, self.target, self.threads)
+        return schedule_kernel(kernel, self.target)
 
     def compile_segment(self, program: Program) -> "_CompiledSegment":
         return _CompiledSegment(program, self)

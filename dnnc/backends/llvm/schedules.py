@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -586,13 +585,6 @@ def fast_math(func: L.PrimFunc) -> L.PrimFunc:
 # -- the default template and the template table -----------------------------------------------
 
 
-class Machine(NamedTuple):
-    """What templates read of the machine (a `Target` has both)."""
-
-    vector_bits: int
-    threads: int
-
-
 def rows_space(p: problems.Rows, machine) -> Space:
     lanes = max(1, machine.vector_bits // 32)
     return Space("rows", Config, {
@@ -644,13 +636,12 @@ def template_for(kernel, target: str = "llvm") -> tuple[Template, object]:
     raise CompileError(f"kernel {kernel.name}: no {target} template applies")
 
 
-def schedule_kernel(kernel, machine, threads: int, config=None) -> L.PrimFunc:
+def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
     """The scheduled PrimFunc of a lowered kernel: its template (`template_for`) built with
     `config` (checked against the template's space: ConfigError outside it) or, by default,
-    the template's default config for the problem and the machine (its `vector_bits`, and
-    `threads`)."""
+    the template's default config for the problem and the machine (the `Target`: its
+    `vector_bits` and `threads`)."""
     template, problem = template_for(kernel)
-    machine = Machine(machine.vector_bits, threads)
     if config is None:
         config = template.default(problem, machine)
     else:

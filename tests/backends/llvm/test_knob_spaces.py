@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 
 from dnnc.backends.llvm.codegen import ModuleBuilder
-from dnnc.backends.llvm.runtime import JITModule, ensure_pool, host_cpu
-from dnnc.backends.llvm.schedules import Machine, schedule_kernel, template_for
+from dnnc.backends.llvm.runtime import JITModule, host_target
+from dnnc.backends.llvm.schedules import schedule_kernel, template_for
 from dnnc.backends.lower import lower_group
 from dnnc.errors import ConfigError
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
+from dnnc.compiler.targets import REGISTRY
 from dnnc.ir.target import Target
 from dnnc.passes.convert_layout import convert_layout
 from dnnc.passes.specialize import specialize
@@ -129,8 +130,12 @@ CASES = [
 INTEGER_INPUTS = {"rows-sum"}
 
 
-def _machine() -> Machine:
-    return Machine(host_cpu().vector_bits, ensure_pool())
+def _machine() -> Target:
+    return host_target()
+
+
+# a machine of each vector width (the features decide it), for templates' defaults and spaces
+FEATURES = {128: "+sse2", 256: "+avx,+avx2,+fma", 512: "+avx,+avx2,+fma,+avx512f"}
 
 
 def _kernel(rng, build, packed, integers=False):
@@ -143,7 +148,7 @@ def _kernel(rng, build, packed, integers=False):
              .astype(np.float32) for s in shapes]
     want = run_graph(graph, feeds)
     if packed:
-        assert convert_layout(graph, Target("llvm", vector_bits=host_cpu().vector_bits)) == 1
+        assert convert_layout(graph, REGISTRY["llvm"].target()) == 1
     kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
     assert not kernel.func.size_vars
     arrays = {id(v): a for v, a in zip(graph.inputs, feeds)}
@@ -156,7 +161,7 @@ def _run_all(funcs, inputs, outputs_like):
     mb = ModuleBuilder("configs")
     for f in funcs:
         mb.add(f)
-    jit = JITModule(str(mb), host_cpu(), 2)
+    jit = JITModule(str(mb), host_target(), 2)
     results = []
     for f in funcs:
         outs = [np.full(like.shape, np.nan, np.float32) for like in outputs_like]
@@ -186,7 +191,7 @@ def test_every_sampled_config_matches_the_reference(rng, name, build, packed, te
     assert all(c in every for c in configs)
     funcs = []
     for k, config in enumerate(configs):
-        func = schedule_kernel(kernel, machine, machine.threads, config=config)
+        func = schedule_kernel(kernel, machine, config=config)
         funcs.append(L.PrimFunc(f"k{k}", func.params, func.body, func.size_vars, func.attrs))
     for config, got in zip(configs, _run_all(funcs, inputs, want)):
         for out, ref in zip(got, want):
@@ -211,7 +216,7 @@ def test_every_template_is_drawn_twenty_configs():
 
 def _refusal(kernel, config, *words):
     with pytest.raises(ConfigError) as info:
-        schedule_kernel(kernel, _machine(), 2, config=config)
+        schedule_kernel(kernel, dataclasses.replace(_machine(), threads=2), config=config)
     for word in words:
         assert word in str(info.value), str(info.value)
 
@@ -248,7 +253,8 @@ def test_a_config_of_another_template_or_a_packed_panel_is_refused(rng):
 @pytest.mark.parametrize("threads", [1, 3, 8])
 def test_defaults_lie_in_their_spaces_on_every_machine(vector_bits, threads):
     rng = np.random.default_rng(0)
-    machine = Machine(vector_bits, threads)
+    machine = Target("llvm", features=FEATURES[vector_bits], threads=threads)
+    assert machine.vector_bits == vector_bits
     for name, build, packed, _, _ in CASES:
         kernel, _, _ = _kernel(rng, build, packed)
         template, problem = template_for(kernel)

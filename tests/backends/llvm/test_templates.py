@@ -20,7 +20,8 @@ def _dense(rng, m, k, n, batch=(), const_b=True, packed=False):
         g.add_input("b", T.TensorType(T.float32, (k, n)))
     g.outputs = [g.add("MatMul", a, b)]
     if packed:
-        convert_layout(g, Target("llvm", features="+avx2", layouts=("pack_dense",)))
+        convert_layout(g, Target("llvm", features="+avx2", layouts=("pack_dense",),
+                              panels=(("pack_dense", 16),)))
     return g, bv
 
 
