@@ -264,8 +264,6 @@ class Executable:
     beyond it the least recently used one is dropped (`evictions` counts them) and compiles
     again if its shapes come back."""
 
-    name = ""
-
     def __init__(self, graph: Graph, opt_level: int = 3, progress: bool | None = None,
                  plan: list[dict] | None = None, reuse_memory: bool | None = None,
                  warm_up: bool = True, cache_size: int = DEFAULT_CACHE_SIZE):
@@ -301,6 +299,10 @@ class Executable:
 
     def schedule(self, kernel: Kernel) -> L.PrimFunc:
         """The target's scheduled PrimFunc of a lowered kernel."""
+        raise NotImplementedError
+
+    def describe_machine(self) -> str:
+        """The machine, as the progress line names it."""
         raise NotImplementedError
 
     # -- planning ------------------------------------------------------------------------------
@@ -451,9 +453,6 @@ class Executable:
                 self._evict(step.index)
                 self.compile_seconds += time.perf_counter() - start
         return seg
-
-    def describe_machine(self) -> str:
-        return self.name
 
     def _evict(self, index: int) -> None:
         """Drop segment `index`'s least recently used specialisations beyond `cache_size`

@@ -70,8 +70,8 @@ class CompiledModel:
         `arena_bytes <= live_lower_bound_bytes` would mean every arena is optimal (in-place
         kernels can even go below it); both are absent for specialisations restored from an
         artifact. `pass_seconds` holds each pass's seconds; `memory_plan_seconds` the memory
-        planner's, summed over the specialisations planned so far. `specializations` counts those kept (at most
-        `cache_size` per segment) and `evictions` those dropped as least recently used."""
+        planner's, summed over the specialisations planned so far. `specializations` counts
+        those kept (at most `cache_size` per segment) and `evictions` those dropped as least recently used."""
         out = dict(self._stats)
         out["pass_seconds"] = dict(out.get("pass_seconds", {}))
         rt = self.runtime

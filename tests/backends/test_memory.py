@@ -1,6 +1,6 @@
-"""Memory planning (`backends.memory.plan_memory`): hand-built kernel orders (reuse, alignment, in-place where legal and never over
-a value still needed), random orders checked for overlaps, and whole models compiled with the
-planner against the numpy reference."""
+"""Memory planning (`backends.memory.plan_memory`): hand-built kernel orders (reuse,
+alignment, in-place where legal and never over a value still needed), random orders checked
+for overlaps, and whole models compiled with the planner against the numpy reference."""
 
 import re
 
@@ -227,7 +227,8 @@ def test_in_place_kernels_run_correctly_and_drop_noalias():
     assert inplace[id(by_op["Relu"].outputs[0])] == id(by_op["MatMul"].outputs[0])
     assert id(by_op["Sigmoid"].outputs[0]) not in inplace    # r is read again by Mul
     assert inplace[id(by_op["Mul"].outputs[0])] == id(by_op["Sigmoid"].outputs[0])
-    assert seg.memory.offsets[id(by_op["Sigmoid"].outputs[0])] != seg.memory.offsets[id(by_op["Relu"].outputs[0])]
+    offsets = seg.memory.offsets
+    assert offsets[id(by_op["Sigmoid"].outputs[0])] != offsets[id(by_op["Relu"].outputs[0])]
     assert model.stats["inplace_kernels"] == 2
     ir = model.source("llvm-ir")
     for op, aliased in (("Relu", True), ("Sigmoid", False), ("Mul", True), ("MatMul", False)):

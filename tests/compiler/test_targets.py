@@ -112,7 +112,8 @@ def test_entries_are_consistent():
 
 def test_the_passes_and_the_runtime_read_the_one_target_the_registry_builds(monkeypatch):
     """The machine given as `cpu` (its CPU, features and threads) with the layouts and fusion
-    limits the registry declares for the target: the same object for convert_layout and the runtime."""
+    limits the registry declares for the target: the same object for convert_layout and the
+    runtime."""
     from dnnc.backends.llvm.runtime import CPU_LEVELS, cpu_from
 
     seen = []

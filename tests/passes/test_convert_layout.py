@@ -55,7 +55,8 @@ def test_a_target_gets_the_layouts_it_lists_whatever_its_name(rng):
     assert convert_layout(_graph(rng, "MatMul"), convs_only) == 0
     assert convert_layout(_conv_graph(rng), convs_only) == 1
     g = _graph(rng, "MatMul")
-    assert convert_layout(g, Target("newcpu", features="+avx2", layouts=("pack_dense",), panels=PANELS)) == 1
+    assert convert_layout(g, Target("newcpu", features="+avx2", layouts=("pack_dense",),
+                                    panels=PANELS)) == 1
     assert [n.op for n in g.nodes] == ["MatMulPacked"]
 
 

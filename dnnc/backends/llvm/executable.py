@@ -64,8 +64,6 @@ class SegmentImage:
 class LLVMRuntime(Executable):
     """Runs a graph as native segments and host steps; thread-safe and fork-safe."""
 
-    name = "llvm"
-
     def __init__(self, graph: Graph, target: Target | None = None, opt_level: int = 3,
                  progress: bool | None = None, plan: list[dict] | None = None,
                  reuse_memory: bool | None = None, warm_up: bool = True,
