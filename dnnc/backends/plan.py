@@ -28,6 +28,7 @@ several threads are safe.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 import time
@@ -208,6 +209,14 @@ def signature_of(func: L.PrimFunc) -> tuple:
 
     params = tuple((b.dtype.name, b.shape, b.scope) for b in func.params)
     return params, L.alpha_normal(L.transform(func.body, rename))
+
+
+def task_key(func: L.PrimFunc) -> str:
+    """A lowered (unscheduled) kernel's identity across processes and runs: the SHA-256 of its
+    structural signature's text. Identical layers share it, so a tuning record serves all."""
+    params, body = signature_of(func)
+    text = repr(params) + "\n" + str(L.PrimFunc("task", (), body))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _specialize(step: Segment, shapes: tuple, known: dict | None = None

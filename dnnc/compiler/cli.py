@@ -306,8 +306,11 @@ def cmd_compile(args) -> int:
         where = f" (cpu {shown.cpu}, {shown.vector_bits}-bit vectors)"
     _say(args, f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
     try:
+        if args.tuning_log and "tuning_log" not in spec.options:
+            raise UsageError(f"--tuning-log: the {args.target} target is not tuned")
         model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
-                        progress=not args.quiet, dump_ir=args.dump_ir)
+                        progress=not args.quiet, dump_ir=args.dump_ir,
+                        tuning_log=args.tuning_log)
     except OSError as exc:   # the --dump-ir folder
         raise UsageError(f"cannot write into {args.dump_ir!r}: {exc.strerror or exc}") from exc
     if args.dump_ir:
@@ -334,7 +337,26 @@ def cmd_compile(args) -> int:
     print(f"wrote {output}: {args.target}, {stats['kernels']} kernels, {fallbacks} host "
           f"fallback op(s){': ' + ', '.join(stats['host_fallbacks']) if fallbacks else ''}, "
           f"arena {stats['arena_bytes']:,} bytes, compiled in "
-          f"{stats['compile_seconds']:.2f} s")
+          f"{stats['compile_seconds']:.2f} s"
+          + (f", {stats['tuned_kernels']} kernel(s) tuned" if args.tuning_log else ""))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from ..autotune.tuner import table
+    from .tune import tune
+
+    shapes = dict(_parse_input_shape(s) for s in args.input_shape)
+    _check_writable(Path(args.log), "--log")
+    _say(args, f"importing {args.model}")
+    graph = _import_onnx(args.model, shapes)
+    start = time.perf_counter()
+    reports = tune(graph, args.target, log=args.log, trials=args.trials,
+                   opt_level=args.opt_level, timeout=args.timeout, seed=args.seed,
+                   progress=not args.quiet)
+    print(table(reports))
+    print(f"tuned {len(reports)} task(s) in {time.perf_counter() - start:.1f} s; records in "
+          f"{args.log} (compile with --tuning-log {args.log})")
     return 0
 
 
@@ -616,6 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also write the generated code: llvm-ir, asm or loop (repeatable)")
     comp.add_argument("--dump-ir", metavar="DIR",
                       help="write the graph IR after every pass as DIR/NN_pass.txt")
+    comp.add_argument("--tuning-log", metavar="FILE",
+                      help="apply the best configs `dnnc tune` measured on this machine")
     _cpu_options(comp)
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(run=cmd_compile)
@@ -661,6 +685,26 @@ def build_parser() -> argparse.ArgumentParser:
     _shape_option(bench)
     bench.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     bench.set_defaults(run=cmd_bench)
+
+    tune = sub.add_parser("tune", help="tune a model's kernels; records go to a log",
+                          description="Search each kernel's schedule knobs, measuring "
+                                      "candidates in worker processes; every result is "
+                                      "appended to the log (a run resumes it), and `dnnc "
+                                      "compile --tuning-log` applies the best.")
+    tune.add_argument("model", help="an .onnx file")
+    tune.add_argument("--target", default=default, choices=targets,
+                      help=f"target (default {default})")
+    tune.add_argument("--log", required=True, help="the JSON Lines tuning log (appended)")
+    tune.add_argument("--trials", type=_int_at_least(1), default=200,
+                      help="measurements for the whole model (default 200)")
+    tune.add_argument("--timeout", type=_tolerance, default=60.0,
+                      help="seconds one candidate may take (default 60)")
+    tune.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
+                      help="optimisation level, as the compile that uses the log (default 3)")
+    tune.add_argument("--seed", type=_int_at_least(0), default=0, help="search seed")
+    _shape_option(tune)
+    tune.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    tune.set_defaults(run=cmd_tune)
 
     cmp_ = sub.add_parser("compare", help="find the first node (and pass) a target gets wrong",
                           description="Run the model on a target and on the numpy reference "

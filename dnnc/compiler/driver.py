@@ -19,13 +19,14 @@ OPT_LEVELS = range(0, 4)
 """LLVM's -O0 to -O3; the graph pipeline's passes start at levels 1 and 2."""
 
 def llvm_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                 cache_size=None, **pipeline):
+                 cache_size=None, tuned=None, **pipeline):
     from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
     from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
 
     graph = optimize(graph, target, opt_level, passes=passes, **pipeline)
     return graph, LLVMRuntime(graph, target=target, opt_level=opt_level, progress=progress,
                               reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
+                              tuned=tuned,
                               cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
 
 
@@ -48,11 +49,12 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     check_optional_bool("progress", progress)
     check_optional_path("dump_ir", dump_ir)
     check_int("cache_size", cache_size, 1, optional=True)
-    if tuning_log is not None:
-        raise ArgumentError("tuning_log: tuning records are not applied yet (dnnc has no "
-                            "tuner); leave it out")
+    check_optional_path("tuning_log", tuning_log)
+    if tuning_log is not None and not os.path.isfile(tuning_log):
+        raise ArgumentError(f"tuning_log: no file {os.fspath(tuning_log)!r} (write one with "
+                            f"`dnnc tune`)")
     for name, value in {"cpu": cpu, "passes": passes, "dump_ir": dump_ir,
-                        "cache_size": cache_size}.items():
+                        "cache_size": cache_size, "tuning_log": tuning_log}.items():
         if value is not None and name not in REGISTRY[target].options:
             users = using(name)
             raise ArgumentError(f"{name} does not apply to the {target} target, only to "
@@ -128,8 +130,10 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     unshared (for finding a miscompile: `dnnc compare --bisect-passes`);
     `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
     `cache_size` bounds the shape specialisations the llvm target keeps per segment (least
-    recently used dropped first; default 32). `cpu`, `passes`, `dump_ir` and `cache_size` apply
-    to the llvm target only. Every argument is checked here: a wrong one raises `ArgumentError`
+    recently used dropped first; default 32). `tuning_log` is a log `dnnc tune` wrote: each
+    kernel takes the best config measured for it on this machine (`stats["tuned_kernels"]`
+    counts them; others keep their defaults). `cpu`, `passes`, `dump_ir`, `cache_size` and
+    `tuning_log` apply to the llvm target only. Every argument is checked here: a wrong one raises `ArgumentError`
     naming it; a tensor of static size beyond this machine's memory raises `OutOfMemoryError`
     naming its node.
     """
@@ -144,12 +148,22 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     from .targets import REGISTRY
 
     spec = REGISTRY[target]
-    graph, runtime = spec.runtime(graph, level, spec.target(cpu), progress=progress,
+    machine = spec.target(cpu)
+    tuned = None
+    if tuning_log is not None:
+        from ..autotune.records import best_configs, read
+
+        tuned = best_configs(read(tuning_log), machine.key)
+    graph, runtime = spec.runtime(graph, level, machine, progress=progress,
                                   passes=passes, timings=timings, dump_ir=dump_ir,
-                                  cache_size=cache_size)
+                                  cache_size=cache_size, tuned=tuned)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "imported_nodes": imported_nodes, "pass_seconds": timings,
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),
              "kernels": getattr(runtime, "kernels", 0),
-             "arena_bytes": getattr(runtime, "arena_bytes", 0)}
-    return CompiledModel(graph, runtime, target, stats)
+             "arena_bytes": getattr(runtime, "arena_bytes", 0),
+             "tuned_kernels": getattr(runtime, "tuned_kernels", 0)}
+    model = CompiledModel(graph, runtime, target, stats)
+    if tuning_log is not None:
+        model.tuning = {"log": os.fspath(tuning_log), "records_applied": stats["tuned_kernels"]}
+    return model

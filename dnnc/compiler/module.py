@@ -79,6 +79,7 @@ class CompiledModel:
         out["host_fallback_ops"] = len(fallbacks)
         out["host_fallbacks"] = fallbacks
         out["kernels"] = getattr(rt, "kernels", 0)
+        out["tuned_kernels"] = getattr(rt, "tuned_kernels", 0)
         out["arena_bytes"] = getattr(rt, "arena_bytes", 0)
         out.update(getattr(rt, "memory_stats", {}))
         if hasattr(rt, "plan_seconds"):

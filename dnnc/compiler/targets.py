@@ -38,6 +38,7 @@ class TargetSpec:
     fusion: Callable | None = None     # () -> Fusion: what its kernels can take as one (fuse_ops)
     panels: Callable | None = None     # (vector bits) -> ((layout, panel width), ...)
     templates: Callable | None = None  # () -> {(target, anchor pattern): templates, in order}
+    tuning: Callable | None = None     # () -> what the tuner needs (backends/llvm/tuning.py)
     speed: int = 0                     # rank among the targets available on the host
     available: Callable = lambda: True  # () -> whether this host can run it
 
@@ -77,6 +78,12 @@ def _llvm_templates() -> dict:
     return TEMPLATES
 
 
+def _llvm_tuning():
+    from ..backends.llvm import tuning
+
+    return tuning
+
+
 def _llvm_panels(vector_bits: int) -> tuple[tuple[str, int], ...]:
     from ..backends.llvm import panels
 
@@ -90,14 +97,14 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                codec=ArtifactCodec(artifact.numpy_export, artifact.no_check,
                                    artifact.numpy_restore)),
     TargetSpec("llvm", "native code for this CPU through LLVM", driver.llvm_runtime,
-               options=("cpu", "passes", "dump_ir", "cache_size"),
+               options=("cpu", "passes", "dump_ir", "cache_size", "tuning_log"),
                emits=("llvm-ir", "asm", "loop"),
                codec=ArtifactCodec(artifact.llvm_export, artifact.llvm_check,
                                    artifact.llvm_restore),
                runs_passes=True, machine=_llvm_host,
                # dense and conv weights packed into the micro-kernels' panels (convert_layout)
                layouts=("pack_dense", "pack_conv"), fusion=_llvm_fusion, panels=_llvm_panels,
-               templates=_llvm_templates,
+               templates=_llvm_templates, tuning=_llvm_tuning,
                speed=10, available=_has_llvmlite),
 )}
 

@@ -68,6 +68,12 @@ class Target:
             return 256
         return 128
 
+    @property
+    def key(self) -> str:
+        """What tuning results depend on: the target, and its CPU and features or its GPU
+        architecture (not the thread count). A tuning record applies where the key matches."""
+        return f"{self.name}:{self.arch or self.cpu}:{self.features}"
+
     def panel(self, layout: str) -> int:
         """The panel width the target's templates read weights packed by `layout` in (their
         default config's: a knob of the template, which the layout must agree with)."""

@@ -49,7 +49,9 @@ def compiled(mlp):
     ({"cpu": Target("numpy"), "target": "llvm"}, "cpu describes a machine for the 'numpy' "
                                                  "target, not for llvm"),
     ({"progress": "yes"}, "progress must be True, False or None"),
-    ({"tuning_log": "log.jsonl"}, "tuning_log: tuning records are not applied yet"),
+    ({"tuning_log": "no-such-log.jsonl", "target": "llvm"},
+     "tuning_log: no file 'no-such-log.jsonl'"),
+    ({"tuning_log": 7, "target": "llvm"}, "tuning_log must be a path"),
 ])
 def test_compile_refuses_a_bad_argument_naming_it(mlp, options, message):
     options = {"target": "numpy", **options}

@@ -93,7 +93,8 @@ def test_default_target_is_the_fastest_available():
 
 def test_entries_are_consistent():
     for spec in REGISTRY.values():
-        assert set(spec.options) <= {"cpu", "passes", "dump_ir", "cache_size"}, spec.name
+        assert set(spec.options) <= {"cpu", "passes", "dump_ir", "cache_size", "tuning_log"}, \
+            spec.name
         # running passes means a machine to optimise for and the pass-control options
         assert spec.runs_passes == (spec.machine is not None), spec.name
         assert spec.runs_passes == ({"passes", "dump_ir"} <= set(spec.options)), spec.name

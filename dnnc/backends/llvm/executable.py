@@ -22,19 +22,20 @@ import hashlib
 import json
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 import numpy as np
 
-from ...errors import ArtifactError, CompileError
+from ...errors import ArtifactError, CompileError, ConfigError
 from ...ir import loop as L
 from ...ir import types as T
 from ...ir.graph import Graph
 from ...ir.segments import Segment
 from ..lower import Kernel
 from ..memory import ALIGN
-from ..plan import DEFAULT_CACHE_SIZE, Executable, Program
+from ..plan import DEFAULT_CACHE_SIZE, Executable, Program, task_key
 from ...ir.target import Target
 from .codegen import ModuleBuilder
 from .objfile import check_object
@@ -67,10 +68,13 @@ class LLVMRuntime(Executable):
     def __init__(self, graph: Graph, target: Target | None = None, opt_level: int = 3,
                  progress: bool | None = None, plan: list[dict] | None = None,
                  reuse_memory: bool | None = None, warm_up: bool = True,
-                 cache_size: int = DEFAULT_CACHE_SIZE):
+                 cache_size: int = DEFAULT_CACHE_SIZE, tuned: dict | None = None):
         super().__init__(graph, opt_level=opt_level, progress=progress, plan=plan,
                          reuse_memory=reuse_memory, warm_up=warm_up, cache_size=cache_size)
         self.target = target or host_target()
+        # task key -> the config a tuning log measured best for it on this machine
+        self.tuned = dict(tuned or {})
+        self.tuned_kernels = 0
         self.threads = self.target.threads
         at_fork_in_child(self)
         self.start()
@@ -94,6 +98,17 @@ class LLVMRuntime(Executable):
         return rt
 
     def schedule(self, kernel: Kernel) -> L.PrimFunc:
+        """The kernel's template with the tuned config where the log has one for it, else
+        the template's default (also when the template no longer accepts a logged config)."""
+        config = self.tuned.get(task_key(kernel.func)) if self.tuned else None
+        if config is not None:
+            try:
+                func = schedule_kernel(kernel, self.target, config=config)
+            except ConfigError as exc:
+                warnings.warn(f"tuning log: {exc}; the default config is used", stacklevel=2)
+            else:
+                self.tuned_kernels += 1
+                return func
         return schedule_kernel(kernel, self.target)
 
     def compile_segment(self, program: Program) -> "_CompiledSegment":

@@ -1,0 +1,180 @@
+"""`tune`: search each task's knob space, measure candidates, append every result to the log.
+
+1. The tasks of the model (`tasks.extract`), each measured once with its template's default
+   config: its default time, and the reference outputs every candidate must reproduce.
+2. The trial budget (the whole model's) is shared by expected gain: in proportion to each
+   task's weight, its kernel count times its default time (Ansor's task scheduler shares by
+   gradient; the weight is its first step), at least one trial each while the budget lasts.
+3. Each task's trials: candidates drawn from its knob space (`search.py`), configs the log
+   already holds for this task and target skipped (a resumed tune measures nothing twice),
+   measured in batches in worker processes (`measure.py`), every result appended to the log
+   as it comes; a task stops early when `patience` trials in a row found nothing faster.
+
+The log is the only state: stopping a tune loses at most the batch in flight, and running it
+again resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import __version__
+from ..ir.target import Target
+from . import records as R
+from .measure import measure
+from .search import RandomSearch
+from .tasks import Task
+
+BATCH = 8   # candidates measured between two log appends
+
+
+@dataclass
+class TaskReport:
+    task: Task
+    default_ms: float | None
+    best_ms: float | None
+    trials: int = 0
+    errors: int = 0
+
+    @property
+    def weight(self) -> float:
+        return self.task.count * (self.default_ms or 0.0)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.default_ms is None or self.best_ms is None:
+            return None
+        return self.default_ms / self.best_ms
+
+
+def _config_dict(config) -> dict:
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+
+
+def tune(tasks: list[Task], target: Target, hooks, log, trials: int, *, timeout: float = 60.0,
+         seed: int = 0, patience: int = 64, progress: bool = True) -> list[TaskReport]:
+    """Tune `tasks` on `target` with `trials` measurements in all (defaults included),
+    appending every result to the JSON Lines file `log`."""
+    known = R.read(log)
+    reports, references = [], {}
+    for task in tasks:
+        default = task.template.default(task.problem, target)
+        old = [r for r in known if r.task == task.key and r.target == target.key and
+               r.config == _config_dict(default) and r.error is None]
+        # the default's outputs are every candidate's reference; its time is measured once
+        # (a resumed tune only runs it again, untimed, for the outputs)
+        result = measure(hooks, task.kernel, target, [default], seed=seed, timeout=timeout,
+                         timed=not old)[0]
+        references[task.key] = result.outputs
+        if not old:
+            _append(log, task, target, [result])
+        ms = old[0].ms if old else result.ms
+        best = min([r.ms for r in known if r.task == task.key and r.target == target.key and
+                    r.error is None] + ([ms] if ms is not None else []), default=None)
+        reports.append(TaskReport(task, ms, best, errors=int(result.error is not None)))
+    budget = max(0, trials - sum(1 for r in reports))
+    shares = _shares([r.weight for r in reports], budget)
+    for report, share in sorted(zip(reports, shares), key=lambda p: -p[0].weight):
+        if share == 0 or references[report.task.key] is None:
+            continue   # no budget, or its default config does not run (nothing to compare)
+        _tune_task(report, share, target, hooks, log, references[report.task.key], known,
+                   timeout=timeout, seed=seed, patience=patience, progress=progress)
+    return reports
+
+
+def _shares(weights: list[float], budget: int) -> list[int]:
+    """`budget` trials shared in proportion to `weights` (largest remainders), every task with
+    a weight getting one before any gets two while the budget lasts."""
+    n = len(weights)
+    if not n or not budget:
+        return [0] * n
+    order = sorted(range(n), key=lambda k: -weights[k])
+    shares = [0] * n
+    for k in order[:budget]:
+        shares[k] = 1
+    rest = budget - sum(shares)
+    total = sum(weights)
+    if rest <= 0 or total <= 0:
+        return shares
+    exact = [rest * w / total for w in weights]
+    floors = [math.floor(x) for x in exact]
+    for k in range(n):
+        shares[k] += floors[k]
+    left = rest - sum(floors)
+    for k in sorted(range(n), key=lambda k: floors[k] - exact[k])[:left]:
+        shares[k] += 1
+    return shares
+
+
+def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, reference, known,
+               *, timeout, seed, patience, progress) -> None:
+    task = report.task
+    space = task.template.space(task.problem, target)
+    done = R.measured(known, task.key, target.key)
+    search = RandomSearch(space, np.random.default_rng([seed, int(task.key[:8], 16)]), done)
+    bar = _bar(task, share, progress)
+    since_better = 0
+    try:
+        while report.trials < share and since_better < patience:
+            batch = search.next(min(BATCH, share - report.trials))
+            if not batch:
+                break   # the space is exhausted
+            results = measure(hooks, task.kernel, target, batch, reference=reference,
+                              seed=seed, timeout=timeout)
+            _append(log, task, target, results)
+            for result in results:
+                report.trials += 1
+                if result.error is not None:
+                    report.errors += 1
+                    since_better += 1
+                elif report.best_ms is None or result.ms < report.best_ms:
+                    report.best_ms = result.ms
+                    since_better = 0
+                else:
+                    since_better += 1
+            if bar is not None:
+                bar.set_postfix_str(_postfix(report))
+                bar.update(len(results))
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _append(log, task: Task, target: Target, results) -> None:
+    R.append(log, [R.Record(task.key, task.template.name, target.key, _config_dict(r.config),
+                            r.ms if r.error is None else None, r.error, time.time(),
+                            __version__) for r in results])
+
+
+def _bar(task: Task, total: int, progress: bool):
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=task.name[:40], unit="trial", file=sys.stderr,
+                leave=True, dynamic_ncols=True)
+
+
+def _postfix(report: TaskReport) -> str:
+    best = "-" if report.best_ms is None else f"{report.best_ms:.3f}"
+    default = "-" if report.default_ms is None else f"{report.default_ms:.3f}"
+    return f"best {best} ms, default {default} ms, errors {report.errors}"
+
+
+def table(reports: list[TaskReport]) -> str:
+    """The closing table: task, weight, default and best time, speedup, trials, errors."""
+    lines = [f"{'task':44} {'count':>5} {'default ms':>10} {'best ms':>9} {'speedup':>7} "
+             f"{'trials':>6} {'errors':>6}"]
+    for r in sorted(reports, key=lambda r: -r.weight):
+        default = "-" if r.default_ms is None else f"{r.default_ms:.3f}"
+        best = "-" if r.best_ms is None else f"{r.best_ms:.3f}"
+        speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
+        lines.append(f"{r.task.name[:44]:44} {r.task.count:5d} {default:>10} {best:>9} "
+                     f"{speed:>7} {r.trials:6d} {r.errors:6d}")
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""What the autotuner (`dnnc/autotune/`) needs from the llvm target, and nothing else: the
+template and problem of a kernel, the kernel built with a config, and a compiled kernel to
+call on arrays. The same three functions are all a target gives the tuner."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ...ir import loop as L
+from ...ir.target import Target
+from ..lower import Kernel
+from .codegen import ModuleBuilder
+from .runtime import JITModule
+from .schedules import schedule_kernel, template_for as _template_for
+
+
+def template_for(kernel: Kernel):
+    """(template, problem) of `kernel` on llvm."""
+    return _template_for(kernel, "llvm")
+
+
+def build(kernel: Kernel, target: Target, config) -> L.PrimFunc:
+    """`kernel` scheduled with `config` (a config of its template's space: ConfigError
+    otherwise)."""
+    return schedule_kernel(kernel, target, config=config)
+
+
+def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
+    """A function of no arguments calling `func` (compiled alone) on `arrays` (its params in
+    order: contiguous, kept alive by the caller)."""
+    mb = ModuleBuilder("tune")
+    mb.add(func)
+    jit = JITModule(str(mb), target, 3, name="tune")
+    entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
+        jit.address(f"{func.name}_packed"))
+    slots = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    sizes = (ctypes.c_int64 * 1)()
+
+    def call() -> None:
+        entry(slots, sizes)
+
+    call.jit = jit   # the module lives as long as the function
+    return call

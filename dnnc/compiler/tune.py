@@ -1,0 +1,54 @@
+"""`dnnc.tune`: a model's kernels tuned for a target, every measurement appended to a log that
+`dnnc.compile(..., tuning_log=...)` applies (the search itself is `dnnc/autotune/`)."""
+
+from __future__ import annotations
+
+from ..errors import ArgumentError
+from ..passes.manager import DEFAULT_OPT_LEVEL, optimize
+from .arguments import check_int, check_optional_bool, check_path
+from .driver import OPT_LEVELS, load_graph
+
+
+def tune(model, target: str | None = None, *, log, trials: int = 200,
+         input_shapes: dict | None = None, opt_level: int | None = None, cpu=None,
+         timeout: float = 60.0, seed: int = 0, progress: bool | None = None):
+    """Tune `model`'s kernels for `target` (default: the host's fastest) with `trials`
+    measurements in all, appending each to the JSON Lines file `log` (created if absent; an
+    existing log is resumed: no config is measured twice). Returns the per-task reports
+    (`autotune.tuner.table(reports)` prints them). Compile with the same `opt_level` and
+    `input_shapes` and `tuning_log=log` to use the results."""
+    import sys
+
+    from ..autotune import tuner
+    from ..autotune.tasks import extract
+    from .targets import REGISTRY, default_target
+
+    target = default_target() if target is None else target
+    if target not in REGISTRY:
+        raise ArgumentError(f"target must be one of {', '.join(REGISTRY)}, not {target!r}")
+    spec = REGISTRY[target]
+    if spec.tuning is None:
+        raise ArgumentError(f"the {target} target has no schedule templates to tune")
+    check_path("log", log)
+    check_int("trials", trials, 1)
+    check_int("opt_level", opt_level, OPT_LEVELS[0], OPT_LEVELS[-1], optional=True)
+    check_optional_bool("progress", progress)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ArgumentError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    graph = load_graph(model, input_shapes)
+    if not all(v.type.is_static for v in graph.inputs):
+        dynamic = [f"{v.name} {list(v.type.shape)}" for v in graph.inputs
+                   if not v.type.is_static]
+        raise ArgumentError(f"tuning needs static input shapes; give input_shapes for "
+                            f"{', '.join(dynamic)}")
+    machine = spec.target(cpu)
+    level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
+    graph = optimize(graph, machine, level)
+    hooks = spec.tuning()
+    tasks = extract(graph, hooks)
+    show = sys.stderr.isatty() if progress is None else progress
+    if show:
+        print(f"dnnc: tuning {len(tasks)} task(s) for {machine.key.split(':')[0]} "
+              f"({machine.cpu or machine.arch}), {trials} trials", file=sys.stderr)
+    return tuner.tune(tasks, machine, hooks, log, trials, timeout=timeout, seed=seed,
+                      progress=show)

@@ -1,0 +1,155 @@
+"""Tuning (issue 13, first slice): records that survive bad lines, candidates that crash, hang
+or compute wrong results recorded as errors and never applied, resumed tunes that measure no
+config twice, logs of another machine not applied, and tuned compiles that match the
+reference."""
+
+import dataclasses
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from dnnc.autotune import records as R
+from dnnc.autotune.measure import measure
+from dnnc.autotune.tasks import extract
+from dnnc.autotune.tuner import tune
+from dnnc.backends.llvm import tuning as llvm_tuning
+from dnnc.compiler.targets import REGISTRY
+from dnnc.passes.manager import optimize
+
+
+def _mlp():
+    return zoo.build("mlp", batch=4, hidden=(24,), in_features=20, classes=5)
+
+
+def _tasks():
+    machine = REGISTRY["llvm"].target()
+    graph = optimize(dnnc.compiler.driver.load_graph(_mlp()), machine, 3)
+    return machine, extract(graph, llvm_tuning)
+
+
+def test_a_bad_line_is_skipped_with_a_warning_naming_it(tmp_path):
+    log = tmp_path / "log.jsonl"
+    good = R.Record("t1", "dense", "llvm:x:+a", {"mr": 4}, ms=0.5)
+    log.write_text("\n".join([good.to_json(), "{not json", json.dumps({"task": "t2"}),
+                              json.dumps(dict(json.loads(good.to_json()), ms=-1)),
+                              good.to_json()[:20]]) + "\n")
+    with pytest.warns(R.TuningLogWarning) as caught:
+        records = R.read(log)
+    assert [r.task for r in records] == ["t1"]
+    assert [str(w.message).split(":")[1] for w in caught] == ["2", "3", "4", "5"]
+    assert R.best_configs(records, "llvm:x:+a") == {"t1": {"mr": 4}}
+    assert R.best_configs(records, "llvm:y:+a") == {}   # another machine's records
+
+
+class Misbehaving:
+    """The llvm hooks, except that chosen configs crash, hang or compute a wrong result."""
+
+    def __init__(self, crash, hang, wrong):
+        self.crash, self.hang, self.wrong = crash, hang, wrong
+        self.template_for = llvm_tuning.template_for
+        self.build = llvm_tuning.build
+
+    def compile_kernel(self, func, arrays, target):
+        call = llvm_tuning.compile_kernel(func, arrays, target)
+        config = self.current
+
+        def bad():
+            if config == self.crash:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if config == self.hang:
+                time.sleep(3600)
+            call()
+            if config == self.wrong:
+                arrays[-1].reshape(-1)[0] += 1.0
+
+        return bad
+
+
+def test_crashing_hanging_and_wrong_candidates_are_errors(rng):
+    machine, tasks = _tasks()
+    task = next(t for t in tasks if t.template.name == "dense")
+    space = task.template.space(task.problem, machine)
+    default = task.template.default(task.problem, machine)
+    crash, hang, wrong, fine = [c for c in space.sample(rng, 10) if c != default][:4]
+    hooks = Misbehaving(crash, hang, wrong)
+    build = hooks.build
+
+    def remembering_build(kernel, target, config):
+        hooks.current = config
+        return build(kernel, target, config)
+
+    hooks.build = remembering_build
+    (ref,) = measure(hooks, task.kernel, machine, [default])
+    assert ref.error is None and ref.outputs is not None
+    results = measure(hooks, task.kernel, machine, [crash, hang, wrong, fine],
+                      reference=ref.outputs, timeout=5)
+    errors = [r.error for r in results]
+    assert "signal 11" in errors[0]
+    assert "timed out" in errors[1]
+    assert "wrong result" in errors[2]
+    assert errors[3] is None and results[3].ms > 0
+
+
+def test_a_tune_resumes_without_measuring_a_config_twice_and_its_log_applies(tmp_path, rng):
+    log = tmp_path / "log.jsonl"
+    machine, tasks = _tasks()
+    tune(tasks, machine, llvm_tuning, log, trials=12, progress=False)
+    tune(tasks, machine, llvm_tuning, log, trials=12, progress=False)
+    records = R.read(log)
+    seen = [(r.task, R.canonical(r.config)) for r in records]
+    assert len(seen) == len(set(seen)) and len(seen) > 12
+    model = dnnc.compile(_mlp(), "llvm", tuning_log=log)
+    assert model.stats["tuned_kernels"] == len(tasks) == 2   # hidden layer, head
+    assert model.tuning["records_applied"] == 2
+    x = rng.standard_normal((4, 20)).astype(np.float32)
+    np.testing.assert_allclose(model(x), dnnc.compile(_mlp(), "numpy")(x), rtol=1e-5,
+                               atol=1e-5)
+    # the same log on another machine (another CPU name or features) applies nothing
+    other = tmp_path / "other.jsonl"
+    R.append(other, [dataclasses.replace(r, target=r.target.replace(machine.cpu, "other-cpu"))
+                     for r in records])
+    assert dnnc.compile(_mlp(), "llvm", tuning_log=other).stats["tuned_kernels"] == 0
+
+
+def test_errors_are_never_applied(tmp_path):
+    """A record with an error (however fast it claims nothing) never wins."""
+    machine, tasks = _tasks()
+    task = tasks[0]
+    config = dataclasses.asdict(task.template.default(task.problem, machine))
+    log = tmp_path / "log.jsonl"
+    R.append(log, [R.Record(task.key, task.template.name, machine.key, config,
+                            error="wrong result")])
+    assert R.best_configs(R.read(log), machine.key) == {}
+    assert dnnc.compile(_mlp(), "llvm", tuning_log=log).stats["tuned_kernels"] == 0
+
+
+def test_dnnc_tune_refuses_what_it_cannot_tune(tmp_path):
+    with pytest.raises(dnnc.errors.ArgumentError, match="no schedule templates"):
+        dnnc.tune(_mlp(), "numpy", log=tmp_path / "l.jsonl")
+    with pytest.raises(dnnc.errors.ArgumentError, match="trials"):
+        dnnc.tune(_mlp(), "llvm", log=tmp_path / "l.jsonl", trials=0)
+
+
+def test_the_tune_command_and_compile_with_its_log(tmp_path, capsys):
+    from dnnc.compiler.cli import main
+
+    model, log = tmp_path / "mlp.onnx", tmp_path / "log.jsonl"
+    import onnx
+
+    onnx.save(_mlp(), model)
+    assert main(["tune", str(model), "--log", str(log), "--trials", "8", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "speedup" in out and "tuned 2 task(s)" in out
+    assert len(R.read(log)) == 8
+    assert main(["compile", str(model), "-o", str(tmp_path / "m.dnnc"), "--tuning-log",
+                 str(log), "-q"]) == 0
+    assert "2 kernel(s) tuned" in capsys.readouterr().out
+    assert main(["compile", str(model), "--target", "numpy", "-o", str(tmp_path / "n.dnnc"),
+                 "--tuning-log", str(log), "-q"]) == 2
+    assert "not tuned" in capsys.readouterr().err
