@@ -5,10 +5,13 @@
 2. The trial budget (the whole model's) is shared by expected gain: in proportion to each
    task's weight, its kernel count times its default time (Ansor's task scheduler shares by
    gradient; the weight is its first step), at least one trial each while the budget lasts.
-3. Each task's trials: candidates drawn from its knob space (`search.py`), configs the log
-   already holds for this task and target skipped (a resumed tune measures nothing twice),
-   measured in batches in worker processes (`measure.py`), every result appended to the log
-   as it comes; a task stops early when `patience` trials in a row found nothing faster.
+3. Each task's trials: candidates from its knob space, proposed by the XGBoost cost model
+   (`search.ModelSearch`, `cost_model.py`: one model for all tasks, trained on every measured
+   record of this target in the log and this run, retrained after each batch) or at random
+   (`search="random"`, the baseline); configs the log already holds for this task and target
+   are skipped (a resumed tune measures nothing twice); measured in batches in worker
+   processes (`measure.py`), every result appended to the log as it comes; a task stops early
+   when `patience` trials in a row found nothing faster.
 
 The log is the only state: stopping a tune loses at most the batch in flight, and running it
 again resumes where it stopped.
@@ -27,9 +30,13 @@ import numpy as np
 from .. import __version__
 from ..ir.target import Target
 from . import records as R
+from .cost_model import CostModel
+from .features import features
 from .measure import measure
-from .search import RandomSearch
+from .search import ModelSearch, RandomSearch
 from .tasks import Task
+
+SEARCHES = ("xgb", "random")
 
 BATCH = 8   # candidates measured between two log appends
 
@@ -58,10 +65,15 @@ def _config_dict(config) -> dict:
 
 
 def tune(tasks: list[Task], target: Target, hooks, log, trials: int, *, timeout: float = 60.0,
-         seed: int = 0, patience: int = 64, progress: bool = True) -> list[TaskReport]:
+         seed: int = 0, patience: int = 64, progress: bool = True,
+         search: str = "xgb") -> list[TaskReport]:
     """Tune `tasks` on `target` with `trials` measurements in all (defaults included),
-    appending every result to the JSON Lines file `log`."""
+    appending every result to the JSON Lines file `log`; `search` is "xgb" (the cost model)
+    or "random"."""
+    if search not in SEARCHES:
+        raise ValueError(f"search must be one of {', '.join(SEARCHES)}, not {search!r}")
     known = R.read(log)
+    model = CostModel(seed) if search == "xgb" else None
     reports, references = [], {}
     for task in tasks:
         default = task.template.default(task.problem, target)
@@ -78,14 +90,31 @@ def tune(tasks: list[Task], target: Target, hooks, log, trials: int, *, timeout:
         best = min([r.ms for r in known if r.task == task.key and r.target == target.key and
                     r.error is None] + ([ms] if ms is not None else []), default=None)
         reports.append(TaskReport(task, ms, best, errors=int(result.error is not None)))
+        if model is not None and ms is not None:   # warm start: this task's earlier records
+            for r in known:
+                if r.task == task.key and r.target == target.key and r.error is None:
+                    _learn(model, task, target, hooks, r.config, ms / r.ms)
     budget = max(0, trials - sum(1 for r in reports))
     shares = _shares([r.weight for r in reports], budget)
     for report, share in sorted(zip(reports, shares), key=lambda p: -p[0].weight):
         if share == 0 or references[report.task.key] is None:
             continue   # no budget, or its default config does not run (nothing to compare)
         _tune_task(report, share, target, hooks, log, references[report.task.key], known,
-                   timeout=timeout, seed=seed, patience=patience, progress=progress)
+                   model, timeout=timeout, seed=seed, patience=patience, progress=progress)
     return reports
+
+
+def _featurize(task: Task, target: Target, hooks, config) -> np.ndarray:
+    config = task.template.space(task.problem, target).check(config)
+    return features(hooks.build(task.kernel, target, config))
+
+
+def _learn(model: CostModel, task: Task, target: Target, hooks, config, speedup: float):
+    """One measured config as a training row: its features, its speedup over the default."""
+    try:
+        model.add(task.key, _featurize(task, target, hooks, config), speedup)
+    except Exception:   # a logged config this template no longer builds: nothing to learn
+        pass
 
 
 def _shares(weights: list[float], budget: int) -> list[int]:
@@ -113,11 +142,17 @@ def _shares(weights: list[float], budget: int) -> list[int]:
 
 
 def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, reference, known,
-               *, timeout, seed, patience, progress) -> None:
+               model, *, timeout, seed, patience, progress) -> None:
     task = report.task
     space = task.template.space(task.problem, target)
     done = R.measured(known, task.key, target.key)
-    search = RandomSearch(space, np.random.default_rng([seed, int(task.key[:8], 16)]), done)
+    rng = np.random.default_rng([seed, int(task.key[:8], 16)])
+    if model is None:
+        search = RandomSearch(space, rng, done)
+    else:
+        model.fit()
+        search = ModelSearch(space, rng, done, model,
+                             lambda c: _featurize(task, target, hooks, c))
     bar = _bar(task, share, progress)
     since_better = 0
     try:
@@ -128,6 +163,12 @@ def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, refer
             results = measure(hooks, task.kernel, target, batch, reference=reference,
                               seed=seed, timeout=timeout)
             _append(log, task, target, results)
+            if model is not None and report.default_ms is not None:
+                for result in results:
+                    if result.error is None:
+                        _learn(model, task, target, hooks, result.config,
+                               report.default_ms / result.ms)
+                model.fit()
             for result in results:
                 report.trials += 1
                 if result.error is not None:

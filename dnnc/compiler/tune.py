@@ -11,12 +11,14 @@ from .driver import OPT_LEVELS, load_graph
 
 def tune(model, target: str | None = None, *, log, trials: int = 200,
          input_shapes: dict | None = None, opt_level: int | None = None, cpu=None,
-         timeout: float = 60.0, seed: int = 0, progress: bool | None = None):
+         timeout: float = 60.0, seed: int = 0, progress: bool | None = None,
+         search: str = "xgb"):
     """Tune `model`'s kernels for `target` (default: the host's fastest) with `trials`
     measurements in all, appending each to the JSON Lines file `log` (created if absent; an
     existing log is resumed: no config is measured twice). Returns the per-task reports
     (`autotune.tuner.table(reports)` prints them). Compile with the same `opt_level` and
-    `input_shapes` and `tuning_log=log` to use the results."""
+    `input_shapes` and `tuning_log=log` to use the results. `search` is "xgb" (candidates
+    the XGBoost cost model ranks fastest) or "random"."""
     import sys
 
     from ..autotune import tuner
@@ -33,6 +35,9 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     check_int("trials", trials, 1)
     check_int("opt_level", opt_level, OPT_LEVELS[0], OPT_LEVELS[-1], optional=True)
     check_optional_bool("progress", progress)
+    if search not in tuner.SEARCHES:
+        raise ArgumentError(f"search must be one of {', '.join(tuner.SEARCHES)}, not "
+                            f"{search!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ArgumentError(f"timeout must be a positive number of seconds, not {timeout!r}")
     graph = load_graph(model, input_shapes)
@@ -51,4 +56,4 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
         print(f"dnnc: tuning {len(tasks)} task(s) for {machine.key.split(':')[0]} "
               f"({machine.cpu or machine.arch}), {trials} trials", file=sys.stderr)
     return tuner.tune(tasks, machine, hooks, log, trials, timeout=timeout, seed=seed,
-                      progress=show)
+                      progress=show, search=search)

@@ -153,3 +153,21 @@ def test_the_tune_command_and_compile_with_its_log(tmp_path, capsys):
     assert main(["compile", str(model), "--target", "numpy", "-o", str(tmp_path / "n.dnnc"),
                  "--tuning-log", str(log), "-q"]) == 2
     assert "not tuned" in capsys.readouterr().err
+
+
+def test_the_cost_model_learns_an_order_within_tasks(rng):
+    """Rows whose label grows with feature 0 (in two tasks of unlike scales): the trained
+    model ranks unseen rows of either task in that order."""
+    from dnnc.autotune.cost_model import CostModel
+
+    model = CostModel(seed=0)
+    for task, scale in (("a", 1.0), ("b", 100.0)):
+        for _ in range(40):
+            f = rng.uniform(0, 10, 8)
+            model.add(task, f, scale * (1 + f[0]) + rng.normal(0, 0.01))
+    assert not model.trained
+    model.fit()
+    probe = np.zeros((5, 8))
+    probe[:, 0] = [0.5, 2.5, 4.5, 6.5, 8.5]
+    probe[:, 1:] = rng.uniform(0, 10, (5, 7))
+    assert list(np.argsort(model.predict(probe))) == [0, 1, 2, 3, 4]
