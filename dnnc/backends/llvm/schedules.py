@@ -31,14 +31,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from ...errors import CompileError
 from ...ir import loop as L
 from ...ir import types as T
-from ...ir.ops.registry import Pattern, get_op
+from ...ir.ops.registry import Pattern
 from .. import problems
 from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, rename_buffer,
                              update_op)
-from ..space import Constraint, Space, Template
+from ..space import Constraint, Space, Template, choose_template
 from .conv import CONV2D, DEPTHWISE, POINTWISE
 from .dense import DENSE
 from .pool import POOL2D
@@ -481,15 +480,8 @@ every kernel)."""
 
 def template_for(kernel, target: str = "llvm") -> tuple[Template, object]:
     """The template that schedules `kernel` on `target`, and the kernel's problem as that
-    template reads it (each problem kind is described once)."""
-    described: dict = {}
-    for template in TEMPLATES[(target, get_op(kernel.anchor.op).pattern)]:
-        if template.problem not in described:
-            described[template.problem] = template.problem(kernel)
-        problem = described[template.problem]
-        if problem is not None and template.applies(problem):
-            return template, problem
-    raise CompileError(f"kernel {kernel.name}: no {target} template applies")
+    template reads it."""
+    return choose_template(kernel, TEMPLATES, target)
 
 
 def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
