@@ -357,6 +357,11 @@ DEFAULT = Template("cuda_default", problems.rows, lambda p: True, default_space,
 ROWS = Template("cuda_rows", problems.rows, _has_row_reduction, rows_space,
                 lambda p, machine: RowsConfig(), rows_build)
 
-TEMPLATES = {("cuda", pattern): (ROWS, DEFAULT) for pattern in Pattern}
+TEMPLATES = {
+    **{("cuda", pattern): (ROWS, DEFAULT) for pattern in Pattern},
+    # dense and conv: one thread per output element (a block per output would idle most of
+    # its threads on a short reduction), until tiled templates exist
+    ("cuda", Pattern.OUT_FUSABLE): (DEFAULT,),
+}
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a block per row, DEFAULT (every kernel) otherwise."""

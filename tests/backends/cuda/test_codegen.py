@@ -1,0 +1,305 @@
+"""The cuda renderer and schedules without a GPU.
+
+- the renderer on hand-built PrimFuncs: guards, barriers, restrict, workspace parameters,
+  launches, dtypes and literals;
+- the schedules' results computed on the CPU: a scheduled PrimFunc with its GPU loops run
+  serially (a block's threads one after another between barriers, which is CUDA's meaning
+  for these schedules: no thread reads what another writes before the next barrier) through
+  the llvm renderer, against the NumPy reference, for every kernel of every zoo model and
+  every config of the templates' spaces on reductions with tails;
+- where nvcc is on PATH, `nvcc -arch=sm_90 --ptx` of the modules rendered for every zoo
+  model and a sample of node-suite kernels.
+"""
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from cuda_kernels import (MACHINE, SMALL, programs, reference, renamed, suite_cases,
+                          suite_sample, zoo_model, zoo_programs)
+from dnnc.backends.cuda.codegen import CudaCodegenError, render_func, render_module, stages
+from dnnc.backends.cuda.schedules import DEFAULT, ROWS, schedule_kernel, template_for
+from dnnc.backends.llvm.codegen import ModuleBuilder
+from dnnc.backends.llvm.runtime import JITModule, host_target
+from dnnc.backends.lower import lower_group
+from dnnc.frontend.onnx import import_onnx
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+
+ZOO = sorted(SMALL)
+
+
+# -- harness -------------------------------------------------------------------------------------
+
+
+def emulated(func: L.PrimFunc) -> L.PrimFunc:
+    """`func` with its GPU loops serial and its barriers gone: what one block's threads do,
+    one after another between barriers."""
+    def rule(n):
+        if isinstance(n, L.For) and n.kind.value.startswith(("blockIdx", "threadIdx")):
+            return L.For(n.var, n.extent, n.body)
+        if isinstance(n, L.Seq) and any(isinstance(x, L.Barrier) for x in n.stmts):
+            return L.seq(*(x for x in n.stmts if not isinstance(x, L.Barrier)))
+        return None
+    return L.PrimFunc(func.name, func.params, L.transform(func.body, rule), func.size_vars,
+                      func.attrs)
+
+
+def run_on_cpu(funcs: list[L.PrimFunc], arrays: dict[str, list[np.ndarray]]) -> None:
+    """Run each of `funcs` emulated (`emulated`) on its arrays (params in order), in place."""
+    mb = ModuleBuilder("cuda_emulated")
+    for f in funcs:
+        mb.add(emulated(f))
+    jm = JITModule(str(mb), host_target(), 0)
+    for f in funcs:
+        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
+            jm.address(f"{f.name}_packed"))
+        ptrs = (ctypes.c_void_p * len(f.params))(*[a.ctypes.data for a in arrays[f.name]])
+        fn(ptrs, (ctypes.c_int64 * 1)())
+
+
+def poisoned(dtype: np.dtype, shape) -> np.ndarray:
+    """An output buffer that is wrong unless written: NaN for floats, 0x5A bytes else."""
+    out = np.empty(shape, dtype)
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        out[...] = np.nan
+    else:
+        out.view(np.uint8)[...] = 0x5A
+    return out
+
+
+def check_program_on_cpu(graph, program, values):
+    """Every kernel of `program` run emulated on its reference inputs, against its reference
+    outputs (rtol 1e-4, atol 1e-5)."""
+    funcs, arrays, expected = [], {}, {}
+    for kernel in program.kernels:
+        if kernel.func.name in arrays:
+            name = f"{kernel.func.name}_{len(funcs)}"
+            func = L.PrimFunc(name, kernel.func.params, kernel.func.body)
+        else:
+            func, name = kernel.func, kernel.func.name
+        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+               for v in kernel.inputs]
+        outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+        funcs.append(func)
+        arrays[name] = ins + outs
+        expected[name] = [values[v.name] for v in kernel.outputs]
+    run_on_cpu(funcs, arrays)
+    for name, want in expected.items():
+        got = arrays[name][-len(want):]
+        for g, w in zip(got, want):
+            if w.dtype.kind == "f":
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, equal_nan=True,
+                                           err_msg=name)
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def _graph(op, shape, dtype=T.float32, **attrs):
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(dtype, shape))
+    g.outputs = [g.add(op, x, **attrs)]
+    return g
+
+
+def _kernel(op, shape, dtype=T.float32, **attrs):
+    g = _graph(op, shape, dtype, **attrs)
+    return lower_group(list(g.nodes), f"k_{op}")
+
+
+# -- the renderer on hand-built kernels ----------------------------------------------------------
+
+
+def test_elementwise_launch_covers_the_extent_with_a_guard():
+    kernel = _kernel("Relu", (5, 77))
+    text, k = render_func(schedule_kernel(kernel, MACHINE))
+    (launch,) = k.launches
+    assert launch.grid[0] * launch.block[0] >= 5 * 77 > (launch.grid[0] - 1) * launch.block[0]
+    assert re.search(r"if \(\(\w+ < 385LL\)\)", text)          # the tail is guarded
+    assert 'extern "C" __global__' in text and "__restrict__" in text
+    assert "const float* __restrict__ v_x" in text             # an input is const
+
+
+def test_no_restrict_when_buffers_may_alias():
+    func = schedule_kernel(_kernel("Relu", (64,)), MACHINE)
+    text, _ = render_func(func, noalias=False)
+    assert "__restrict__" not in text
+
+
+def test_softmax_rows_one_launch_with_barriers_and_workspace():
+    kernel = _kernel("Softmax", (6, 300), axis=-1)
+    assert template_for(kernel)[0] is ROWS
+    func = schedule_kernel(kernel, MACHINE)
+    text, k = render_func(func)
+    assert len(k.launches) == 1                     # max, sum and output fused per row
+    assert k.launches[0].grid == (6, 1, 1)          # a block per row
+    assert k.workspace == [6 * 4, 6 * 4]            # the row max and sum scratch
+    assert "__shared__ float" in text and "__syncthreads();" in text
+    # every kernel takes the params, then the workspace pointers
+    params = re.search(r"k_Softmax\((.*?)\)", text).group(1).split(", ")
+    assert len(params) == 4 and params[2].startswith("float*")
+
+
+def test_stages_are_launches_in_order():
+    x = L.Buffer("x", T.float32, (100,))
+    y = L.Buffer("y", T.float32, (100,))
+    tmp = L.Buffer("tmp", T.float32, (100,))
+    i, j = L.Var("i"), L.Var("j")
+    body = L.Allocate(tmp, L.seq(L.For(i, 100, L.Store(tmp, (i,), x[i] * 2.0)),
+                                 L.For(j, 100, L.Store(y, (j,), tmp[99 - j]))))
+    func = L.PrimFunc("two", (x, y), body)
+    from dnnc.backends.cuda.schedules import Config, schedule
+    scheduled = schedule(func, Config(threads=64))
+    text, k = render_func(scheduled)
+    assert [launch.name for launch in k.launches] == ["two_s0", "two_s1"]
+    assert k.workspace == [400]
+    assert all(launch.grid == (2, 1, 1) and launch.block == (64, 1, 1) for launch in k.launches)
+    assert text.index("two_s0(") < text.index("two_s1(")
+    # correct: the second stage reads what other threads of the first wrote
+    xs = np.arange(100, dtype=np.float32)
+    ys = poisoned(np.dtype(np.float32), (100,))
+    run_on_cpu([scheduled], {"two": [xs, ys]})
+    np.testing.assert_array_equal(ys, (xs * 2)[::-1])
+
+
+def test_whole_tensor_reduction_is_a_block_tree():
+    kernel = _kernel("ReduceSum", (37, 29), keepdims=0)
+    func = schedule_kernel(kernel, MACHINE)
+    text, k = render_func(func)
+    (launch,) = k.launches
+    assert launch.grid == (1, 1, 1) and launch.block == (256, 1, 1)
+    assert text.count("__syncthreads();") == 9      # after the partials, then 8 tree steps
+
+
+@pytest.mark.parametrize("dtype,needle", [
+    (T.float16, "dnnc_h2f("), (T.bfloat16, "__uint_as_float("), (T.float64, "double"),
+    (T.int8, "signed char"), (T.uint16, "unsigned short")])
+def test_dtypes(dtype, needle):
+    op = "Abs" if dtype.is_int else "Neg"
+    text, _ = render_func(schedule_kernel(_kernel(op, (33,), dtype), MACHINE))
+    assert needle in text
+
+
+def test_literals():
+    x = L.Buffer("x", T.float32, (4,))
+    y = L.Buffer("y", T.float32, (4,))
+    i = L.Var("i")
+    value = L.Select(x[i] > L.const(float("inf"), T.float32), L.const(float("-inf"), T.float32),
+                     x[i] + L.const(0.1, T.float32))
+    func = L.PrimFunc("lit", (x, y), L.For(i, 4, L.Store(y, (i,), value), L.ForKind.THREAD_X))
+    text, k = render_func(func)
+    assert "__uint_as_float(0x7f800000u)" in text and "__uint_as_float(0xff800000u)" in text
+    assert "0.10000000149011612f" in text           # the float32 nearest 0.1, exactly
+    assert k.launches[0].block == (4, 1, 1)
+
+
+def test_global_scratch_inside_a_loop_is_refused():
+    x = L.Buffer("x", T.float32, (4,))
+    tmp = L.Buffer("tmp", T.float32, (4,))
+    i = L.Var("i")
+    func = L.PrimFunc("bad", (x,), L.For(i, 4, L.Allocate(tmp, L.Store(x, (i,), L.const(1.0))),
+                                         L.ForKind.THREAD_X))
+    with pytest.raises(CudaCodegenError, match="top of the function"):
+        render_func(func)
+
+
+def test_stages_split_inside_scratch():
+    a, b = L.Buffer("a", T.float32, (2,)), L.Buffer("b", T.float32, (2,))
+    s1, s2 = L.Store(a, (0,), L.const(1.0)), L.Store(a, (1,), L.const(2.0))
+    workspace, body = stages(L.Allocate(b, L.seq(s1, L.Allocate(a, s2))))
+    assert [w.name for w in workspace] == ["b", "a"] and body == [s1, s2]
+
+
+# -- schedules computed on the CPU ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("template", [DEFAULT, ROWS])
+@pytest.mark.parametrize("op,shape,attrs", [
+    ("Softmax", (3, 5, 70), {"axis": -1}), ("ReduceSum", (1, 130), {"keepdims": 0}),
+    ("ArgMax", (7, 33, 9), {"axis": 1}),
+    ("LayerNormalization", (4, 65), {"axis": -1})])
+def test_every_config_is_correct(rng, template, op, shape, attrs):
+    g = Graph("g")
+    args = [g.add_input("x", T.TensorType(T.float32, shape))]
+    if op == "LayerNormalization":
+        args.append(Value("s", T.TensorType(T.float32, shape[-1:]),
+                          const=rng.standard_normal(shape[-1:]).astype(np.float32)))
+    g.outputs = [g.add(op, *args, **attrs)]
+    node = list(g.nodes)[0]
+    kernel = lower_group([node], "k")
+    problem = template.problem(kernel)
+    xs = rng.standard_normal(shape).astype(np.float32)
+    want = reference(g, {"x": xs})[node.outputs[0].name]
+    space = template.space(problem, MACHINE)
+    configs = space.sample(np.random.default_rng(0), 12) + [template.default(problem, MACHINE)]
+    funcs, arrays = [], {}
+    for c, config in enumerate(configs):
+        func = template.build(problem, space.check(config), MACHINE)
+        func = L.PrimFunc(f"k{c}", func.params, func.body)
+        render_func(func)   # renders
+        funcs.append(func)
+        consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
+        arrays[func.name] = [xs] + consts + [poisoned(want.dtype, want.shape)]
+    run_on_cpu(funcs, arrays)
+    for func, config in zip(funcs, configs):
+        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-5,
+                                   err_msg=str(config))
+
+
+@pytest.mark.parametrize("model", ZOO)
+def test_zoo_kernels_on_cpu(model):
+    graph, progs = zoo_programs(model)
+    from dnnc import zoo
+    values = reference(graph, zoo.inputs_for(zoo_model(model), np.random.default_rng(0)))
+    for program in progs:
+        module = render_module(program.unique)
+        for kernel in program.kernels:
+            launches = module.kernels[kernel.func.name].launches
+            assert launches and all(max(lc.block) <= 1024 for lc in launches)
+        check_program_on_cpu(graph, program, values)
+
+
+# -- nvcc, compile only --------------------------------------------------------------------------
+
+nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+
+def ptx(source: str, tmp_path) -> None:
+    path = tmp_path / "module.cu"
+    path.write_text(source)
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-std=c++17", "-o",
+                           str(tmp_path / "module.ptx"), str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@nvcc
+def test_zoo_modules_compile_with_nvcc(tmp_path):
+    funcs = []
+    for m, model in enumerate(ZOO):
+        _, progs = zoo_programs(model)
+        for p, program in enumerate(progs):
+            funcs += renamed(program, f"m{m}p{p}_")
+    ptx(render_module(funcs).source, tmp_path)
+
+
+@nvcc
+def test_node_suite_sample_compiles_with_nvcc(tmp_path):
+    funcs = []
+    for c, (name, case) in enumerate(suite_cases(suite_sample(60)).items()):
+        try:
+            graph = import_onnx(case.model)
+            _, progs = programs(graph)
+        except Exception as exc:   # a case dnnc cannot import is the conformance suite's
+            if type(exc).__module__.startswith("dnnc"):
+                continue
+            raise
+        for p, program in enumerate(progs):
+            funcs += renamed(program, f"c{c}p{p}_")
+    assert len(funcs) > 40
+    ptx(render_module(funcs).source, tmp_path)
