@@ -319,7 +319,7 @@ _CALLS: dict[tuple[str, str], Callable] = {
     **{("f", name): _libm(name) for name in _MATH},
     ("f", "abs"): _libm("fabs"),
     ("f", "round"): _libm("rint"),   # half to even, as NumPy's round
-    ("f", "neg"): lambda x, dt: f"(-{x})",
+    ("f", "neg"): lambda x, dt: f"(-({x}))",   # (not `--1.0f` for a negative literal)
     # legalize's primitives: C's truncating quotient and remainder (divisor made safe)
     **{(c, "idiv"): _int_infix("/") for c in "su"},
     **{(c, "irem"): _int_infix("%") for c in "su"},

@@ -93,12 +93,16 @@ def suite_sample(count: int, every: int = 1) -> list[str]:
 def suite_cases(names: list[str]) -> dict:
     """name -> onnx TestCase of the node suite (tests/conformance/suite.py generates them)."""
     import importlib.util
+    import sys
     from pathlib import Path
 
-    path = Path(__file__).parents[2] / "conformance" / "suite.py"
-    spec = importlib.util.spec_from_file_location("conformance_suite", path)
-    suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite)
+    suite = sys.modules.get("conformance_suite")
+    if suite is None:
+        path = Path(__file__).parents[2] / "conformance" / "suite.py"
+        spec = importlib.util.spec_from_file_location("conformance_suite", path)
+        suite = importlib.util.module_from_spec(spec)
+        sys.modules["conformance_suite"] = suite   # (its dataclasses look themselves up)
+        spec.loader.exec_module(suite)
     everything = suite.all_cases()
     return {n: everything[n] for n in names if n in everything}
 

@@ -195,6 +195,9 @@ def test_literals():
     text, k = render_func(func)
     assert "__uint_as_float(0x7f800000u)" in text and "__uint_as_float(0xff800000u)" in text
     assert "0.10000000149011612f" in text           # the float32 nearest 0.1, exactly
+    neg = L.PrimFunc("neg", (y,), L.For(i, 4, L.Store(y, (i,), L.call(
+        "neg", L.const(-1.0, T.float32))), L.ForKind.THREAD_X))
+    assert "(-(-1.0f))" in render_func(neg)[0]      # not `--1.0f`, a decrement
     assert k.launches[0].block == (4, 1, 1)
 
 
@@ -213,6 +216,73 @@ def test_stages_split_inside_scratch():
     s1, s2 = L.Store(a, (0,), L.const(1.0)), L.Store(a, (1,), L.const(2.0))
     workspace, body = stages(L.Allocate(b, L.seq(s1, L.Allocate(a, s2))))
     assert [w.name for w in workspace] == ["b", "a"] and body == [s1, s2]
+
+
+# -- nvcc, compile only --------------------------------------------------------------------------
+
+nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+
+def ptx(source: str, tmp_path) -> None:
+    path = tmp_path / "module.cu"
+    path.write_text(source)
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-std=c++17", "-o",
+                           str(tmp_path / "module.ptx"), str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _every_op() -> list[L.PrimFunc]:
+    """One kernel per (dtype, op) of the IR: every BinOp, intrinsic, cast and bit cast on
+    every dtype it takes, one thread per element."""
+    funcs = []
+    i = L.Var("i")
+
+    def kernel(name, in_dtypes, out_dtype, fn):
+        xs = tuple(L.Buffer(f"x{k}", d, (7,)) for k, d in enumerate(in_dtypes))
+        y = L.Buffer("y", out_dtype, (7,))
+        body = L.For(i, 7, L.Store(y, (i,), fn(*[x[i] for x in xs])), L.ForKind.THREAD_X)
+        funcs.append(L.PrimFunc(f"f{len(funcs)}_{name}", xs + (y,), body))
+
+    for dt in T.ALL_DTYPES:
+        ops = [*L.COMPARE]
+        if dt.kind != "b":
+            ops += list(L.ARITH)
+        if dt.is_int or dt.kind == "b":
+            ops += list(L.BITWISE) if dt.kind != "b" else ["&", "|", "^"]
+        if dt.kind == "b":
+            ops += list(L.LOGIC)
+        for op in ops:
+            out = T.bool_ if op in L.COMPARE or op in L.LOGIC else dt
+            kernel(f"{dt.name}_{op}", (dt, dt), out, lambda a, b, op=op: L.BinOp(op, a, b))
+        calls = [n for n in L.INTRINSICS if n not in ("bitcast", "fma", "pow", "fmod",
+                                                      "atan2")]
+        if not dt.is_float:
+            calls = ["abs", "neg", "sign", "not", "isnan", "isinf"] if dt.kind != "b" \
+                else ["not"]
+        for name in calls:
+            kernel(f"{dt.name}_{name}", (dt,), T.bool_ if name in ("isnan", "isinf", "not")
+                   else dt, lambda a, name=name: L.call(name, a))
+        if dt.is_float:
+            for name in ("fma", "pow", "fmod", "atan2"):
+                arity = 3 if name == "fma" else 2
+                kernel(f"{dt.name}_{name}", (dt,) * arity, dt,
+                       lambda *a, name=name: L.call(name, *a))
+        for dst in T.ALL_DTYPES:
+            if dst is not dt:
+                kernel(f"{dt.name}_to_{dst.name}", (dt,), dst,
+                       lambda a, dst=dst: L.Cast(dst, a))
+            if dst.itemsize == dt.itemsize and dst is not dt and T.bool_ not in (dt, dst):
+                kernel(f"{dt.name}_as_{dst.name}", (dt,), dst,
+                       lambda a, dst=dst: L.call("bitcast", a, dtype=dst))
+    return funcs
+
+
+@nvcc
+def test_every_op_on_every_dtype_compiles(tmp_path):
+    funcs = _every_op()
+    assert len(funcs) > 500
+    ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
 
 
 # -- schedules computed on the CPU ---------------------------------------------------------------
@@ -262,20 +332,6 @@ def test_zoo_kernels_on_cpu(model):
             launches = module.kernels[kernel.func.name].launches
             assert launches and all(max(lc.block) <= 1024 for lc in launches)
         check_program_on_cpu(graph, program, values)
-
-
-# -- nvcc, compile only --------------------------------------------------------------------------
-
-nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-
-
-def ptx(source: str, tmp_path) -> None:
-    path = tmp_path / "module.cu"
-    path.write_text(source)
-    proc = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-std=c++17", "-o",
-                           str(tmp_path / "module.ptx"), str(path)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 @nvcc
