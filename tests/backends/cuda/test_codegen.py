@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from cuda_kernels import (MACHINE, SMALL, programs, reference, renamed, suite_cases,
-                          suite_sample, zoo_model, zoo_programs)
+                          suite_inputs, suite_sample, zoo_model, zoo_programs)
 from dnnc.backends.cuda.codegen import CudaCodegenError, render_func, render_module, stages
 from dnnc.backends.cuda.schedules import DEFAULT, ROWS, schedule_kernel, template_for
 from dnnc.backends.llvm.codegen import ModuleBuilder
@@ -112,7 +112,7 @@ def _kernel(op, shape, dtype=T.float32, **attrs):
     return lower_group(list(g.nodes), f"k_{op}")
 
 
-# -- the renderer on hand-built kernels ----------------------------------------------------------
+# -- the renderer on hand-built kernels --------------------------------------------------------
 
 
 def test_elementwise_launch_covers_the_extent_with_a_guard():
@@ -218,7 +218,67 @@ def test_stages_split_inside_scratch():
     assert [w.name for w in workspace] == ["b", "a"] and body == [s1, s2]
 
 
-# -- nvcc, compile only --------------------------------------------------------------------------
+# -- schedules computed on the CPU -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("template", [DEFAULT, ROWS])
+@pytest.mark.parametrize("op,shape,attrs", [
+    ("Softmax", (3, 5, 70), {"axis": -1}), ("ReduceSum", (1, 130), {"keepdims": 0}),
+    ("ArgMax", (7, 33, 9), {"axis": 1}),
+    ("LayerNormalization", (4, 65), {"axis": -1})])
+def test_every_config_is_correct(rng, template, op, shape, attrs):
+    g = Graph("g")
+    args = [g.add_input("x", T.TensorType(T.float32, shape))]
+    if op == "LayerNormalization":
+        args.append(Value("s", T.TensorType(T.float32, shape[-1:]),
+                          const=rng.standard_normal(shape[-1:]).astype(np.float32)))
+    g.outputs = [g.add(op, *args, **attrs)]
+    node = list(g.nodes)[0]
+    kernel = lower_group([node], "k")
+    problem = template.problem(kernel)
+    xs = rng.standard_normal(shape).astype(np.float32)
+    want = reference(g, {"x": xs})[node.outputs[0].name]
+    space = template.space(problem, MACHINE)
+    configs = space.sample(np.random.default_rng(0), 12) + [template.default(problem, MACHINE)]
+    funcs, arrays = [], {}
+    for c, config in enumerate(configs):
+        func = template.build(problem, space.check(config), MACHINE)
+        func = L.PrimFunc(f"k{c}", func.params, func.body)
+        render_func(func)   # renders
+        funcs.append(func)
+        consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
+        arrays[func.name] = [xs] + consts + [poisoned(want.dtype, want.shape)]
+    run_on_cpu(funcs, arrays)
+    for func, config in zip(funcs, configs):
+        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-5,
+                                   err_msg=str(config))
+
+
+@pytest.mark.parametrize("model", ZOO)
+def test_zoo_kernels_on_cpu(model):
+    graph, progs = zoo_programs(model)
+    from dnnc import zoo
+    values = reference(graph, zoo.inputs_for(zoo_model(model), np.random.default_rng(0)))
+    for program in progs:
+        module = render_module(program.unique)
+        for kernel in program.kernels:
+            launches = module.kernels[kernel.func.name].launches
+            assert launches and all(max(lc.block) <= 1024 for lc in launches)
+        check_program_on_cpu(graph, program, values)
+
+
+def test_node_suite_sample_on_cpu():
+    checked = 0
+    for name, case in suite_cases(suite_sample(100)).items():
+        graph, progs = programs(import_onnx(case.model))
+        values = reference(graph, dict(zip((v.name for v in graph.inputs), suite_inputs(case))))
+        for program in progs:
+            check_program_on_cpu(graph, program, values)
+            checked += 1
+    assert checked > 60
+
+
+# -- nvcc, compile only ------------------------------------------------------------------------
 
 nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -283,55 +343,6 @@ def test_every_op_on_every_dtype_compiles(tmp_path):
     funcs = _every_op()
     assert len(funcs) > 500
     ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
-
-
-# -- schedules computed on the CPU ---------------------------------------------------------------
-
-
-@pytest.mark.parametrize("template", [DEFAULT, ROWS])
-@pytest.mark.parametrize("op,shape,attrs", [
-    ("Softmax", (3, 5, 70), {"axis": -1}), ("ReduceSum", (1, 130), {"keepdims": 0}),
-    ("ArgMax", (7, 33, 9), {"axis": 1}),
-    ("LayerNormalization", (4, 65), {"axis": -1})])
-def test_every_config_is_correct(rng, template, op, shape, attrs):
-    g = Graph("g")
-    args = [g.add_input("x", T.TensorType(T.float32, shape))]
-    if op == "LayerNormalization":
-        args.append(Value("s", T.TensorType(T.float32, shape[-1:]),
-                          const=rng.standard_normal(shape[-1:]).astype(np.float32)))
-    g.outputs = [g.add(op, *args, **attrs)]
-    node = list(g.nodes)[0]
-    kernel = lower_group([node], "k")
-    problem = template.problem(kernel)
-    xs = rng.standard_normal(shape).astype(np.float32)
-    want = reference(g, {"x": xs})[node.outputs[0].name]
-    space = template.space(problem, MACHINE)
-    configs = space.sample(np.random.default_rng(0), 12) + [template.default(problem, MACHINE)]
-    funcs, arrays = [], {}
-    for c, config in enumerate(configs):
-        func = template.build(problem, space.check(config), MACHINE)
-        func = L.PrimFunc(f"k{c}", func.params, func.body)
-        render_func(func)   # renders
-        funcs.append(func)
-        consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
-        arrays[func.name] = [xs] + consts + [poisoned(want.dtype, want.shape)]
-    run_on_cpu(funcs, arrays)
-    for func, config in zip(funcs, configs):
-        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-5,
-                                   err_msg=str(config))
-
-
-@pytest.mark.parametrize("model", ZOO)
-def test_zoo_kernels_on_cpu(model):
-    graph, progs = zoo_programs(model)
-    from dnnc import zoo
-    values = reference(graph, zoo.inputs_for(zoo_model(model), np.random.default_rng(0)))
-    for program in progs:
-        module = render_module(program.unique)
-        for kernel in program.kernels:
-            launches = module.kernels[kernel.func.name].launches
-            assert launches and all(max(lc.block) <= 1024 for lc in launches)
-        check_program_on_cpu(graph, program, values)
 
 
 @nvcc
