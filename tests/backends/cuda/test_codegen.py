@@ -39,14 +39,46 @@ ZOO = sorted(SMALL)
 
 def emulated(func: L.PrimFunc) -> L.PrimFunc:
     """`func` with its GPU loops serial and its barriers gone: what one block's threads do,
-    one after another between barriers."""
-    def rule(n):
-        if isinstance(n, L.For) and n.kind.value.startswith(("blockIdx", "threadIdx")):
-            return L.For(n.var, n.extent, n.body)
-        if isinstance(n, L.Seq) and any(isinstance(x, L.Barrier) for x in n.stmts):
-            return L.seq(*(x for x in n.stmts if not isinstance(x, L.Barrier)))
-        return None
-    return L.PrimFunc(func.name, func.params, L.transform(func.body, rule), func.size_vars,
+    one after another between barriers. A LOCAL buffer allocated outside the thread loops
+    (a dense tile's accumulators, which live across barriers) gets one copy per thread."""
+    gpu = {k for k in L.ForKind if k.value.startswith(("blockIdx", "threadIdx"))}
+    copies: dict[str, L.Buffer] = {}
+
+    def expr(e, t):
+        def rule(n):
+            if isinstance(n, L.Load) and n.buffer.name in copies:
+                return L.Load(copies[n.buffer.name], (t,) + n.indices)
+            return None
+        return L.transform(e, rule)
+
+    def stmt(s, t):
+        if isinstance(s, L.For):
+            inner = s.var if s.kind.is_gpu_thread else t
+            return L.For(s.var, s.extent, stmt(s.body, inner),
+                         L.ForKind.SERIAL if s.kind in gpu else s.kind)
+        if isinstance(s, L.Allocate):
+            b = s.buffer
+            threads = [n.extent.value for n in L.walk(s.body)
+                       if isinstance(n, L.For) and n.kind.is_gpu_thread]
+            if b.scope is L.Scope.LOCAL and t is None and threads:
+                copies[b.name] = L.Buffer(b.name, b.dtype, (max(threads),) + b.shape, b.scope)
+                return L.Allocate(copies[b.name], stmt(s.body, t))
+            return L.Allocate(b, stmt(s.body, t))
+        if isinstance(s, L.Seq):
+            return L.seq(*(stmt(x, t) for x in s.stmts if not isinstance(x, L.Barrier)))
+        if isinstance(s, L.Let):
+            return L.Let(s.var, expr(s.value, t), stmt(s.body, t))
+        if isinstance(s, L.If):
+            return L.If(expr(s.cond, t), stmt(s.then, t),
+                        None if s.orelse is None else stmt(s.orelse, t))
+        if isinstance(s, L.Store):
+            indices = tuple(expr(i, t) for i in s.indices)
+            if s.buffer.name in copies:
+                return L.Store(copies[s.buffer.name], (t,) + indices, expr(s.value, t))
+            return L.Store(s.buffer, indices, expr(s.value, t))
+        return s
+
+    return L.PrimFunc(func.name, func.params, stmt(func.body, None), func.size_vars,
                       func.attrs)
 
 
@@ -251,6 +283,48 @@ def test_every_config_is_correct(rng, template, op, shape, attrs):
     run_on_cpu(funcs, arrays)
     for func, config in zip(funcs, configs):
         np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-5,
+                                   err_msg=str(config))
+
+
+@pytest.mark.parametrize("case", ["17x13x37", "33x70x65 transB", "2x20x9x33 batched",
+                                  "3x16x40x24 shared-B relu"])
+def test_dense_configs_are_correct(rng, case):
+    from dnnc.backends.cuda.dense import DENSE
+
+    dims = [int(d) for d in case.split()[0].split("x")]
+    *batch, m, k, n = dims
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (*batch, m, k)))
+    bv = rng.standard_normal(((*batch, k, n) if "batched" in case else (n, k) if "transB" in case
+                              else (k, n))).astype(np.float32)
+    b = Value("b", T.TensorType(T.float32, bv.shape), const=bv)
+    if "transB" in case:
+        cv = rng.standard_normal((n,)).astype(np.float32)
+        out = g.add("Gemm", a, b, Value("c", T.TensorType(T.float32, (n,)), const=cv),
+                    transB=1, alpha=0.5, beta=2.0)
+    else:
+        out = g.add("MatMul", a, b)
+    if "relu" in case:
+        out = g.add("Relu", out)
+    g.outputs = [out]
+    kernel = lower_group(list(g.nodes), "k", outputs=[out])
+    problem = DENSE.problem(kernel)
+    assert problem is not None and DENSE.applies(problem)
+    xs = rng.standard_normal((*batch, m, k)).astype(np.float32)
+    want = reference(g, {"a": xs})[out.name]
+    space = DENSE.space(problem, MACHINE)
+    configs = space.sample(np.random.default_rng(1), 10) + [DENSE.default(problem, MACHINE)]
+    funcs, arrays = [], {}
+    for c, config in enumerate(configs):
+        func = DENSE.build(problem, space.check(config), MACHINE)
+        func = L.PrimFunc(f"k{c}", func.params, func.body)
+        render_func(func)
+        funcs.append(func)
+        consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
+        arrays[func.name] = [xs] + consts + [poisoned(want.dtype, want.shape)]
+    run_on_cpu(funcs, arrays)
+    for func, config in zip(funcs, configs):
+        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-4,
                                    err_msg=str(config))
 
 
