@@ -18,6 +18,7 @@ Not yet: double buffering, vector loads, tensor cores.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ...ir import loop as L
 from ...ir import types as T
@@ -74,48 +75,72 @@ def applies(p: problems.Dense) -> bool:
 
 
 def build(p: problems.Dense, c: DenseConfig, machine) -> L.PrimFunc:
-    bm, bk = c.tile_m, c.tile_k
     a = L.Buffer(p.a.name, T.float32, (p.batch, p.k, p.m) if p.trans_a else (p.batch, p.m, p.k))
     b = L.Buffer(p.b.name, T.float32, (p.batch if p.b_batched else 1,) +
                  ((p.n, p.k) if p.trans_b else (p.k, p.n)))
     y = L.Buffer(p.y.name, p.y.dtype, (p.batch, p.m, p.n))
     y_full = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
+
+    def a_at(bi, i, k):
+        return a[bi, k, i] if p.trans_a else a[bi, i, k]
+
+    def b_at(bi, j, k):
+        bb = bi if p.b_batched else L.const(0)
+        return b[bb, j, k] if p.trans_b else b[bb, k, j]
+
+    def store(bi, i, j, value):
+        target = y[bi, i, j] if p.store_index is None else \
+            y_full[p.store_index(p.anchor_index(bi, i, j))]
+        return L.Store(target.buffer, target.indices, p.finish(value, bi, i, j))
+
+    body = tiled_product(c, p.batch, p.m, p.n, p.k, Operand(a_at, p.trans_a),
+                         Operand(b_at, not p.trans_b), store)
+    views: dict[str, L.Buffer] = {}
+    for x in (a, b, y if p.store_index is None else y_full, p.c):
+        if x is not None:
+            views.setdefault(x.name, x)   # A first, should A also be B
+    return L.PrimFunc(p.name, tuple(views.get(x.name, x) for x in p.params), body)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How a tiled product reads one operand: `at(bi, row, k)` its element (row: i of A, j of
+    B; indices in range), and whether consecutive rows are consecutive in memory (else
+    consecutive k are): the copy into shared memory walks that dimension fastest."""
+
+    at: Callable[[L.Expr, L.Expr, L.Expr], L.Expr]
+    rows_contiguous: bool
+
+
+def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand,
+                  b: Operand, store: Callable) -> L.Stmt:
+    """The blocks, threads and loops of Y[bi, i, j] = sum_k A[bi, i, k] B[bi, k, j] (see the
+    module's docstring); `store(bi, i, j, value)` is the statement storing an element."""
+    bm, bn, bk = c.tile_m, c.tile_n, c.tile_k
     bi, by, bx, kt = L.Var("bi"), L.Var("by"), L.Var("bx"), L.Var("kt")
     threads = c.threads
-    across_m, across_n = c.tile_m // c.thread_m, c.tile_n // c.thread_n
+    across_m, across_n = bm // c.thread_m, bn // c.thread_n
     a_tile = L.Buffer("a_tile", T.float32, (bk * bm,), L.Scope.SHARED)
-    b_tile = L.Buffer("b_tile", T.float32, (bk * c.tile_n,), L.Scope.SHARED)
+    b_tile = L.Buffer("b_tile", T.float32, (bk * bn,), L.Scope.SHARED)
     acc = L.Buffer("acc", T.float32, (c.thread_m * c.thread_n,), L.Scope.LOCAL)
-    row0, col0, k0 = by * bm, bx * c.tile_n, kt * bk
-    bb = bi if p.b_batched else L.const(0)
+    row0, col0, k0 = by * bm, bx * bn, kt * bk
 
-    def copy(tile, rows, contiguous_rows, load):
-        """tile[kk * rows + r] = operand at (k0 + kk, r) for a bk x rows slice, consecutive
-        threads walking the operand's contiguous dimension."""
-        t, e = L.Var("t"), L.Var("e")
+    def copy(tile: L.Buffer, rows: int, first: L.Expr, extent: int, operand: Operand):
+        """tile[kk * rows + r] = the operand at (first + r, k0 + kk) for a bk x rows slice
+        (0 past the operand's extent or k), consecutive threads walking its contiguous
+        dimension."""
+        t, e, step = L.Var("t"), L.Var("e"), L.Var("l")
         count = bk * rows
         steps = -(-count // threads)
-        if contiguous_rows:   # the slice's rows are contiguous in memory: r fastest
-            r, kk = e % rows, e // rows
-        else:
-            r, kk = e // bk, e % bk
-        body = L.Store(tile, (kk * rows + r,), load(r, kk))
+        r, kk = (e % rows, e // rows) if operand.rows_contiguous else (e // bk, e % bk)
+        row, kg = first + r, k0 + kk
+        value = operand.at(bi, L.minimum(row, extent - 1), L.minimum(kg, k - 1))
+        body = L.Store(tile, (kk * rows + r,), L.Select(
+            L.logical_and(row < extent, kg < k), value, L.const(0.0, T.float32)))
         if steps * threads > count:
             body = L.If(e < count, body)
-        return L.For(t, threads, L.For(L.Var("l"), steps, L.Let(
-            e, L.Var("l") * threads + t, body), L.ForKind.UNROLLED), L.ForKind.THREAD_X)
-
-    def a_value(r, kk):
-        i, k = row0 + r, k0 + kk
-        ci, ck = L.minimum(i, p.m - 1), L.minimum(k, p.k - 1)
-        value = a[bi, ck, ci] if p.trans_a else a[bi, ci, ck]
-        return L.Select(L.logical_and(i < p.m, k < p.k), value, L.const(0.0, T.float32))
-
-    def b_value(r, kk):
-        j, k = col0 + r, k0 + kk
-        cj, ck = L.minimum(j, p.n - 1), L.minimum(k, p.k - 1)
-        value = b[bb, cj, ck] if p.trans_b else b[bb, ck, cj]
-        return L.Select(L.logical_and(j < p.n, k < p.k), value, L.const(0.0, T.float32))
+        return L.For(t, threads, L.For(step, steps, L.Let(e, step * threads + t, body),
+                                       L.ForKind.UNROLLED), L.ForKind.THREAD_X)
 
     t, kk, ii, jj = L.Var("t"), L.Var("kk"), L.Var("ii"), L.Var("jj")
     tm, tn = L.Var("tm"), L.Var("tn")
@@ -132,28 +157,16 @@ def build(p: problems.Dense, c: DenseConfig, machine) -> L.PrimFunc:
     slot = (ii * c.thread_n + jj,)
     init = per_thread(each(L.Store(acc, slot, L.const(0.0, T.float32))))
     update = per_thread(L.For(kk, bk, each(L.Store(acc, slot, L.call(
-        "fma", a_tile[kk * bm + tm + ii * across_m],
-        b_tile[kk * c.tile_n + tn + jj * across_n], acc[slot]))), L.ForKind.UNROLLED))
-    k_loop = L.For(kt, -(-p.k // bk), L.seq(
-        copy(a_tile, bm, p.trans_a, a_value), copy(b_tile, c.tile_n, not p.trans_b, b_value),
-        L.Barrier(), update, L.Barrier()))
+        "fma", a_tile[kk * bm + tm + ii * across_m], b_tile[kk * bn + tn + jj * across_n],
+        acc[slot]))), L.ForKind.UNROLLED))
+    k_loop = L.For(kt, -(-k // bk), L.seq(
+        copy(a_tile, bm, row0, m, a), copy(b_tile, bn, col0, n, b), L.Barrier(), update,
+        L.Barrier()))
     i, j = row0 + tm + ii * across_m, col0 + tn + jj * across_n
-    if p.store_index is None:
-        target = y[bi, i, j]
-    else:
-        target = y_full[p.store_index(p.anchor_index(bi, i, j))]
-    store = per_thread(each(L.If(L.logical_and(i < p.m, j < p.n), L.Store(
-        target.buffer, target.indices, p.finish(acc[slot], bi, i, j)))))
-    body = L.Allocate(a_tile, L.Allocate(b_tile, L.Allocate(acc, L.seq(init, k_loop, store))))
-    grid = L.For(bi, p.batch, L.For(by, -(-p.m // bm), L.For(
-        bx, -(-p.n // c.tile_n), body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y),
-        L.ForKind.BLOCK_Z)
-    views: dict[str, L.Buffer] = {}
-    for x in (a, b, y if p.store_index is None else y_full, p.c):
-        if x is not None:
-            views.setdefault(x.name, x)   # A first, should A also be B
-    params = tuple(views.get(x.name, x) for x in p.params)
-    return L.PrimFunc(p.name, params, grid)
+    done = per_thread(each(L.If(L.logical_and(i < m, j < n), store(bi, i, j, acc[slot]))))
+    body = L.Allocate(a_tile, L.Allocate(b_tile, L.Allocate(acc, L.seq(init, k_loop, done))))
+    return L.For(bi, batch, L.For(by, -(-m // bm), L.For(
+        bx, -(-n // bn), body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y), L.ForKind.BLOCK_Z)
 
 
 DENSE = Template("cuda_dense", problems.dense, applies, space, default, build)

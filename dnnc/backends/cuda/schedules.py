@@ -43,6 +43,7 @@ from .. import problems
 from ..loop_analysis import carried, fuse_row_loops, fuse_until, nest_work, update_op
 from ..space import Space, Template, choose_template
 from .codegen import stages
+from .conv import CONV2D
 from .dense import DENSE
 
 # blocks of a grid-stride stage at most: 8 per SM of an H100 (132 SMs), rounded
@@ -360,9 +361,9 @@ ROWS = Template("cuda_rows", problems.rows, _has_row_reduction, rows_space,
 
 TEMPLATES = {
     **{("cuda", pattern): (ROWS, DEFAULT) for pattern in Pattern},
-    # dense tiled; conv one thread per output element (a block per output would idle most
-    # of its threads on a short reduction) until an implicit-GEMM template exists
-    ("cuda", Pattern.OUT_FUSABLE): (DENSE, DEFAULT),
+    # dense and ungrouped conv tiled; the rest (depthwise) one thread per output element (a
+    # block per output would idle most of its threads on a short reduction)
+    ("cuda", Pattern.OUT_FUSABLE): (DENSE, CONV2D, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a block per row, DEFAULT (every kernel) otherwise."""

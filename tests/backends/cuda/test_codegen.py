@@ -328,6 +328,46 @@ def test_dense_configs_are_correct(rng, case):
                                    err_msg=str(config))
 
 
+@pytest.mark.parametrize("cfg", [dict(c=3, oc=5, h=9, w=7, k=3, stride=1, pad=1),
+                                 dict(c=8, oc=20, h=11, w=13, k=3, stride=2, pad=1),
+                                 dict(c=5, oc=7, h=10, w=10, k=3, stride=1, pad=2, dilation=2),
+                                 dict(c=4, oc=17, h=6, w=6, k=1, stride=1, pad=0, batch=2)])
+def test_conv_configs_are_correct(rng, cfg):
+    from dnnc.backends.cuda.conv import CONV2D
+
+    batch = cfg.get("batch", 1)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (batch, cfg["c"], cfg["h"], cfg["w"])))
+    wv = (rng.standard_normal((cfg["oc"], cfg["c"], cfg["k"], cfg["k"])) * 0.2).astype(
+        np.float32)
+    bv = rng.standard_normal(cfg["oc"]).astype(np.float32)
+    conv = g.add("Conv", x, Value("w", T.TensorType(T.float32, wv.shape), const=wv),
+                 Value("b", T.TensorType(T.float32, bv.shape), const=bv),
+                 pads=[cfg["pad"]] * 4, strides=[cfg["stride"]] * 2,
+                 dilations=[cfg.get("dilation", 1)] * 2)
+    out = g.add("Relu", conv)
+    g.outputs = [out]
+    kernel = lower_group(list(g.nodes), "k", outputs=[out])
+    problem = CONV2D.problem(kernel)
+    assert problem is not None and CONV2D.applies(problem)
+    xs = rng.standard_normal((batch, cfg["c"], cfg["h"], cfg["w"])).astype(np.float32)
+    want = reference(g, {"x": xs})[out.name]
+    space = CONV2D.space(problem, MACHINE)
+    configs = space.sample(np.random.default_rng(2), 8) + [CONV2D.default(problem, MACHINE)]
+    funcs, arrays = [], {}
+    for c, config in enumerate(configs):
+        func = CONV2D.build(problem, space.check(config), MACHINE)
+        func = L.PrimFunc(f"k{c}", func.params, func.body)
+        render_func(func)
+        funcs.append(func)
+        ins = [xs if v.const is None else np.ascontiguousarray(v.const) for v in kernel.inputs]
+        arrays[func.name] = ins + [poisoned(want.dtype, want.shape)]
+    run_on_cpu(funcs, arrays)
+    for func, config in zip(funcs, configs):
+        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-4,
+                                   err_msg=str(config))
+
+
 @pytest.mark.parametrize("model", ZOO)
 def test_zoo_kernels_on_cpu(model):
     graph, progs = zoo_programs(model)
