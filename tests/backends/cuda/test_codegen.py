@@ -21,7 +21,8 @@ import pytest
 
 from cuda_kernels import (MACHINE, SMALL, programs, reference, renamed, suite_cases,
                           suite_inputs, suite_sample, zoo_model, zoo_programs)
-from dnnc.backends.cuda.codegen import CudaCodegenError, render_func, render_module, stages
+from dnnc.backends.cuda.codegen import (CudaCodegenError, c_name, render_func, render_module,
+                                        stages)
 from dnnc.backends.cuda.schedules import DEFAULT, ROWS, schedule_kernel, template_for
 from dnnc.backends.llvm.codegen import ModuleBuilder
 from dnnc.backends.llvm.runtime import JITModule, host_target
@@ -90,7 +91,7 @@ def run_on_cpu(funcs: list[L.PrimFunc], arrays: dict[str, list[np.ndarray]]) -> 
     jm = JITModule(str(mb), host_target(), 0)
     for f in funcs:
         fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
-            jm.address(f"{f.name}_packed"))
+            jm.address(f"{c_name(f.name)}_packed"))
         ptrs = (ctypes.c_void_p * len(f.params))(*[a.ctypes.data for a in arrays[f.name]])
         fn(ptrs, (ctypes.c_int64 * 1)())
 
