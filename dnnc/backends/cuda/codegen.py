@@ -130,6 +130,7 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         raise CudaCodegenError(f"{func.name}: shapes must be static, not {func.size_vars}")
     func = legalize(linearize(func), NATIVE)
     check_legal(func, NATIVE)
+    func = narrow_division(func)
     workspace, body = stages(func.body)
     stored = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Store)}
     restrict = " __restrict__" if noalias else ""
@@ -207,6 +208,94 @@ def linearize(func: L.PrimFunc) -> L.PrimFunc:
 
     params = tuple(buffer(b) for b in func.params)
     return L.PrimFunc(func.name, params, stmt(func.body, {}), func.size_vars, func.attrs)
+
+
+_U32_MAX = (1 << 32) - 1
+
+
+def narrow_division(func: L.PrimFunc) -> L.PrimFunc:
+    """`func` (legalized) with every unsigned 64-bit `idiv` / `irem` whose operands provably
+    lie in [0, 2**32) done in 32 bits: index arithmetic is int64 in the IR, and a 64-bit
+    division by a constant costs several times a 32-bit one on a GPU (no 64-bit multiply-high
+    instruction)."""
+    def rewrite(e: L.Expr, env) -> L.Expr:
+        def rule(n):
+            if isinstance(n, L.Call) and n.name in ("idiv", "irem") and n.dtype is T.uint64:
+                a, b = (_range(x, env) for x in n.args)
+                if a and b and a[0] >= 0 and b[0] > 0 and a[1] <= _U32_MAX and \
+                        b[1] <= _U32_MAX:
+                    narrow = tuple(L.Cast(T.uint32, x) for x in n.args)
+                    return L.Cast(T.uint64, L.Call(n.name, narrow, T.uint32))
+            return None
+        return L.transform(e, rule)
+
+    def stmt(s: L.Stmt, env) -> L.Stmt:
+        if isinstance(s, L.For):
+            inner = {**env, s.var: (0, s.extent.value - 1)} \
+                if isinstance(s.extent, L.Const) else env
+            return L.For(s.var, s.extent, stmt(s.body, inner), s.kind)
+        if isinstance(s, L.Let):
+            value = rewrite(s.value, env)
+            return L.Let(s.var, value, stmt(s.body, {**env, s.var: _range(s.value, env)}))
+        if isinstance(s, L.Store):
+            return L.Store(s.buffer, tuple(rewrite(i, env) for i in s.indices),
+                           rewrite(s.value, env))
+        if isinstance(s, L.Allocate):
+            return L.Allocate(s.buffer, stmt(s.body, env))
+        if isinstance(s, L.If):
+            return L.If(rewrite(s.cond, env), stmt(s.then, env),
+                        None if s.orelse is None else stmt(s.orelse, env))
+        if isinstance(s, L.Seq):
+            return L.Seq(tuple(stmt(x, env) for x in s.stmts))
+        return s
+
+    return L.PrimFunc(func.name, func.params, stmt(func.body, {}), func.size_vars, func.attrs)
+
+
+def _range(e: L.Expr, env) -> tuple[int, int] | None:
+    """Integer bounds (lo, hi) of `e` from the loop and let variables' in `env`; None when
+    unknown (a load, a float, an op not followed here)."""
+    if isinstance(e, L.Const) and e.dtype.is_int:
+        return int(e.value), int(e.value)
+    if isinstance(e, L.Var):
+        return env.get(e)
+    if isinstance(e, L.Cast) and e.dtype.is_int and e.value.dtype.is_int:
+        inner = _range(e.value, env)
+        info = np.iinfo(e.dtype.np)
+        return inner if inner and info.min <= inner[0] and inner[1] <= info.max else None
+    if isinstance(e, L.BinOp) and e.dtype.is_int and e.op in _INTERVAL:
+        a, b = _range(e.a, env), _range(e.b, env)
+        if a is None or b is None:
+            return None
+        lo, hi = _INTERVAL[e.op](a, b)
+        info = np.iinfo(e.dtype.np)
+        return (lo, hi) if info.min <= lo and hi <= info.max else None   # (no wrapping)
+    if isinstance(e, L.Call) and e.name in ("idiv", "irem") and e.dtype.kind == "u":
+        a, b = (_range(x, env) for x in e.args)
+        if a is None or b is None or b[0] <= 0 or a[0] < 0:
+            return None
+        return (a[0] // b[1], a[1] // b[0]) if e.name == "idiv" else (0, min(a[1], b[1] - 1))
+    if isinstance(e, L.Select):
+        a, b = _range(e.true, env), _range(e.false, env)
+        return (min(a[0], b[0]), max(a[1], b[1])) if a and b else None
+    return None
+
+
+def _corners(f):
+    def bounds(a, b):
+        values = [f(x, y) for x in a for y in b]
+        return min(values), max(values)
+    return bounds
+
+
+_INTERVAL = {
+    "+": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+    "-": lambda a, b: (a[0] - b[1], a[1] - b[0]),
+    "*": _corners(lambda x, y: x * y),
+    "min": lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
+    "max": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
+}
+"""BinOp -> the bounds of its result from its operands' (interval arithmetic)."""
 
 
 def stages(body: L.Stmt) -> tuple[list[L.Buffer], list[L.Stmt]]:
