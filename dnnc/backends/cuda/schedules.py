@@ -132,7 +132,7 @@ class _Names:
 def _stage(s: L.Stmt, config, block_rows: bool, names: _Names) -> L.Stmt:
     if isinstance(s, L.For):
         loop = _independent_prefix(s)
-        if loop is not None:
+        if loop is not None and loop.extent.value > 0:   # (an empty tensor: one thread)
             if block_rows and _is_row_reduction(loop):
                 return _block_per_row(loop, config.row_threads, names)
             return _thread_per_iteration(loop, config, names)

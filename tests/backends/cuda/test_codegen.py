@@ -159,6 +159,13 @@ def test_elementwise_launch_covers_the_extent_with_a_guard():
     assert "const float* __restrict__ v_x" in text             # an input is const
 
 
+@pytest.mark.parametrize("op,shape,attrs", [("Relu", (0, 5), {}),
+                                            ("ReduceSum", (0, 7), {"keepdims": 0})])
+def test_empty_tensors_launch_one_idle_block(op, shape, attrs):
+    _, k = render_func(schedule_kernel(_kernel(op, shape, **attrs), MACHINE))
+    assert all(min(launch.grid) >= 1 and min(launch.block) >= 1 for launch in k.launches)
+
+
 def test_no_restrict_when_buffers_may_alias():
     func = schedule_kernel(_kernel("Relu", (64,)), MACHINE)
     text, _ = render_func(func, noalias=False)
