@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -182,7 +181,12 @@ def main(argv=None) -> int:
     return 0 if not failures else 1
 
 
-# -- as pytest tests: skip without a GPU -------------------------------------------------------
+if __name__ == "__main__":
+    sys.exit(main())
+
+# -- as pytest tests: skip without a GPU (the script itself needs no pytest) -------------------
+
+import pytest  # noqa: E402
 
 gpu = pytest.mark.skipif(_cupy() is None, reason="needs CuPy and a CUDA GPU")
 
@@ -202,7 +206,3 @@ def test_node_suite_kernels_on_gpu():
     for name, case in suite_cases(suite_sample(100)).items():
         problems += [f"{name}: {p}" for p in check_case(cp, case)[3]]
     assert not problems, "\n".join(problems)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
