@@ -130,7 +130,7 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         raise CudaCodegenError(f"{func.name}: shapes must be static, not {func.size_vars}")
     func = legalize(linearize(func), NATIVE)
     check_legal(func, NATIVE)
-    func = narrow_division(func)
+    func = narrow_indices(func)
     workspace, body = stages(func.body)
     stored = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Store)}
     restrict = " __restrict__" if noalias else ""
@@ -211,13 +211,16 @@ def linearize(func: L.PrimFunc) -> L.PrimFunc:
 
 
 _U32_MAX = (1 << 32) - 1
+_I32 = (-(1 << 31), (1 << 31) - 1)
 
 
-def narrow_division(func: L.PrimFunc) -> L.PrimFunc:
-    """`func` (legalized) with every unsigned 64-bit `idiv` / `irem` whose operands provably
-    lie in [0, 2**32) done in 32 bits: index arithmetic is int64 in the IR, and a 64-bit
-    division by a constant costs several times a 32-bit one on a GPU (no 64-bit multiply-high
-    instruction)."""
+def narrow_indices(func: L.PrimFunc) -> L.PrimFunc:
+    """`func` (legalized) with index arithmetic in 32 bits where interval bounds from the
+    loops prove every intermediate value fits: the IR's index type is int64, and a GPU does
+    64-bit integer arithmetic in several 32-bit instructions (a division by a constant far
+    more: there is no 64-bit multiply-high). An unsigned 64-bit `idiv` / `irem` whose
+    operands lie in [0, 2**32) becomes a 32-bit one; a buffer offset whose every
+    subexpression lies in the int32 range is computed in int32."""
     def rewrite(e: L.Expr, env) -> L.Expr:
         def rule(n):
             if isinstance(n, L.Call) and n.name in ("idiv", "irem") and n.dtype is T.uint64:
@@ -226,8 +229,14 @@ def narrow_division(func: L.PrimFunc) -> L.PrimFunc:
                         b[1] <= _U32_MAX:
                     narrow = tuple(L.Cast(T.uint32, x) for x in n.args)
                     return L.Cast(T.uint64, L.Call(n.name, narrow, T.uint32))
+            if isinstance(n, L.Load):
+                return L.Load(n.buffer, tuple(offset(i, env) for i in n.indices))
             return None
         return L.transform(e, rule)
+
+    def offset(e: L.Expr, env) -> L.Expr:
+        narrow = _int32(e, env) if e.dtype is L.INDEX else None
+        return e if narrow is None or isinstance(e, L.Const) else L.Cast(L.INDEX, narrow)
 
     def stmt(s: L.Stmt, env) -> L.Stmt:
         if isinstance(s, L.For):
@@ -238,7 +247,7 @@ def narrow_division(func: L.PrimFunc) -> L.PrimFunc:
             value = rewrite(s.value, env)
             return L.Let(s.var, value, stmt(s.body, {**env, s.var: _range(s.value, env)}))
         if isinstance(s, L.Store):
-            return L.Store(s.buffer, tuple(rewrite(i, env) for i in s.indices),
+            return L.Store(s.buffer, tuple(offset(rewrite(i, env), env) for i in s.indices),
                            rewrite(s.value, env))
         if isinstance(s, L.Allocate):
             return L.Allocate(s.buffer, stmt(s.body, env))
@@ -252,9 +261,25 @@ def narrow_division(func: L.PrimFunc) -> L.PrimFunc:
     return L.PrimFunc(func.name, func.params, stmt(func.body, {}), func.size_vars, func.attrs)
 
 
+def _int32(e: L.Expr, env) -> L.Expr | None:
+    """`e` (an integer) computed in int32, when it and every subexpression provably lie in
+    int32's range; else None."""
+    r = _range(e, env)
+    if r is None or r[0] < _I32[0] or r[1] > _I32[1]:
+        return None
+    if isinstance(e, L.Const):
+        return L.Const(int(e.value), T.int32)
+    if isinstance(e, L.BinOp) and e.op in _INTERVAL:
+        a, b = _int32(e.a, env), _int32(e.b, env)
+        return None if a is None or b is None else L.BinOp(e.op, a, b)
+    return e if e.dtype is T.int32 else L.Cast(T.int32, e)   # a value in range: exact
+
+
 def _range(e: L.Expr, env) -> tuple[int, int] | None:
     """Integer bounds (lo, hi) of `e` from the loop and let variables' in `env`; None when
     unknown (a load, a float, an op not followed here)."""
+    if not e.dtype.is_int:
+        return None
     if isinstance(e, L.Const) and e.dtype.is_int:
         return int(e.value), int(e.value)
     if isinstance(e, L.Var):

@@ -166,6 +166,22 @@ def test_empty_tensors_launch_one_idle_block(op, shape, attrs):
     assert all(min(launch.grid) >= 1 and min(launch.block) >= 1 for launch in k.launches)
 
 
+@pytest.mark.parametrize("rows,narrow", [(4, True), (3, False)])
+def test_index_arithmetic_in_32_bits_where_it_fits(rows, narrow):
+    cols = 100 if narrow else 1 << 30      # 3 x 2**30 elements: offsets past int32
+    x = L.Buffer("x", T.float32, (rows, cols))
+    i, j = L.Var("i"), L.Var("j")
+    body = L.For(i, rows, L.For(j, cols, L.Store(x, (i, j), L.const(1.0)), L.ForKind.THREAD_X),
+                 L.ForKind.BLOCK_X)
+    if not narrow:
+        body = L.For(i, rows, L.For(j, 64, L.For(L.Var("k"), cols // 64, L.Store(
+            x, (i, j * (cols // 64) + L.Var("k")), L.const(1.0))), L.ForKind.THREAD_X),
+            L.ForKind.BLOCK_X)
+    text, _ = render_func(L.PrimFunc("f", (x,), body))
+    assert ("x[((long long)((((int)(j)) + (((int)(i)) * 100))))]" in text) == narrow
+    assert ("(int)" in text) == narrow
+
+
 def test_no_restrict_when_buffers_may_alias():
     func = schedule_kernel(_kernel("Relu", (64,)), MACHINE)
     text, _ = render_func(func, noalias=False)
