@@ -1,7 +1,7 @@
 """The CUDA backend: operator-IR kernels rendered as CUDA C and compiled by NVRTC.
 
 `schedules.py` binds each kernel's loops to blocks and threads (templates with knobs, as on
-llvm); `codegen.py` renders the scheduled PrimFuncs of a program as one CUDA C translation
+llvm: `dense.py` and `conv.py` tile products in shared memory); `codegen.py` renders the scheduled PrimFuncs of a program as one CUDA C translation
 unit and says how each is launched (its docstring holds the interface the runtime reads).
 """
 

@@ -29,14 +29,17 @@ loop renders as its index variable (`blockIdx.x`, ...), guarded by `if (v < exte
 its extent is below the launch size (so several thread loops of different extents can
 share one block between barriers); a stage without GPU loops runs on one thread.
 
-The PrimFunc is legalized first (`backends/legalize.py`), then every remaining primitive is
-spelled through tables, as tinygrad's `code_for_op`: `_BINARY`, `_CALLS`, `_CASTS` and
+The PrimFunc's accesses become single row-major offsets simplified with the loop bounds
+(`linearize`), it is legalized (`backends/legalize.py`), its index arithmetic goes to 32 bits
+where interval bounds allow (`narrow_indices`), and every remaining primitive is spelled
+through tables, as tinygrad's `code_for_op`: `_BINARY`, `_CALLS`, `_CASTS` and
 `_BITCASTS`, and the statement / loop-kind / expression dispatch tables. Types: bool as
 `bool`, integers as their C types, float32/float64 as float/double; float16 and bfloat16 are
 stored as `unsigned short` bits (legalize leaves them only loads, stores, selects, bit casts
 and conversions to and from float32): float16 converts through PTX `cvt` in two small device
 functions of the prelude (what cuda_fp16.h does, without needing its header), bfloat16 by
-legalize's own integer bit operations. Index arithmetic is `long long` (the IR's int64).
+legalize's own integer bit operations. Index arithmetic is `long long` (the IR's int64)
+unless `narrow_indices` proves 32 bits enough.
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).

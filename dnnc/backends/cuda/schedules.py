@@ -34,7 +34,6 @@ has no shuffle primitive; dense and conv run as one thread per output element).
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 from ...ir import loop as L

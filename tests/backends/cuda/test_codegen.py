@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from cuda_kernels import (MACHINE, SMALL, programs, reference, renamed, suite_cases,
-                          suite_inputs, suite_sample, zoo_model, zoo_programs)
+                          suite_sample, zoo_model, zoo_programs)
 from dnnc.backends.cuda.codegen import (CudaCodegenError, c_name, render_func, render_module,
                                         stages)
 from dnnc.backends.cuda.schedules import DEFAULT, ROWS, schedule_kernel, template_for

@@ -102,7 +102,8 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
     lib = tmp_path / "kernels.so"
     # -fwrapv: signed overflow wraps, as the IR says (CUDA C leaves it undefined; nvcc does
     # not exploit it in these kernels)
-    proc = subprocess.run(["g++", "-std=c++20", "-pthread", "-O1", "-fwrapv", "-shared", "-fPIC", "-w",
+    proc = subprocess.run(["g++", "-std=c++20", "-pthread", "-O1", "-fwrapv", "-shared",
+                           "-fPIC", "-w",
                            "-o", str(lib), str(path)], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
