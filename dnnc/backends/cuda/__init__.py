@@ -1,8 +1,9 @@
 """The CUDA backend: operator-IR kernels rendered as CUDA C and compiled by NVRTC.
 
 `schedules.py` binds each kernel's loops to blocks and threads (templates with knobs, as on
-llvm: `dense.py` and `conv.py` tile products in shared memory); `codegen.py` renders the scheduled PrimFuncs of a program as one CUDA C translation
-unit and says how each is launched (its docstring holds the interface the runtime reads).
+llvm: `dense.py` and `conv.py` tile products in shared memory); `codegen.py` renders the
+scheduled PrimFuncs of a program as one CUDA C translation unit and says how each is
+launched (its docstring holds the interface the runtime reads).
 """
 
 from ...ir.target import Fusion
