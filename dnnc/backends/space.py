@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from ..errors import ConfigError
+from ..errors import CompileError, ConfigError
+from ..ir.ops.registry import get_op
 
 
 @dataclass(frozen=True)
@@ -148,3 +149,18 @@ class Template:
     space: Callable[[Any, Any], Space]
     default: Callable[[Any, Any], Any]
     build: Callable[[Any, Any, Any], Any]
+
+
+def choose_template(kernel, templates: Mapping, target: str) -> tuple[Template, Any]:
+    """The template of a template table (`{(target, anchor pattern): templates in order}`)
+    that schedules `kernel` on `target`: the first whose problem kind describes the kernel
+    and that applies to it; and the kernel's problem as that template reads it (each problem
+    kind is described once)."""
+    described: dict = {}
+    for template in templates[(target, get_op(kernel.anchor.op).pattern)]:
+        if template.problem not in described:
+            described[template.problem] = template.problem(kernel)
+        problem = described[template.problem]
+        if problem is not None and template.applies(problem):
+            return template, problem
+    raise CompileError(f"kernel {kernel.name}: no {target} template applies")

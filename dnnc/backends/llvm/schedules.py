@@ -19,7 +19,7 @@ grows with the logarithm of the row, not with the row; the inner loops are left 
 vectoriser. Calls to exp and erf on float32 become polynomials (`FAST_MATH`)
 that vectorise, where libm's would run lane by lane.
 
-A parallel loop never carries state between its iterations (`_carried`): every element it
+A parallel loop never carries state between its iterations (`carried`): every element it
 writes belongs to one iteration. A big reduction with too few outputs to share out (a sum of
 a whole tensor) is split into a fixed number of chunks (`_chunk_reduction`), each reducing
 into its own partial result in parallel, combined afterwards in chunk order: the result does
@@ -31,14 +31,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-import numpy as np
-
-from ...errors import CompileError
 from ...ir import loop as L
 from ...ir import types as T
-from ...ir.ops.registry import Pattern, get_op
+from ...ir.ops.registry import Pattern
 from .. import problems
-from ..space import Constraint, Space, Template
+from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, rename_buffer,
+                             update_op)
+from ..space import Constraint, Space, Template, choose_template
 from .conv import CONV2D, DEPTHWISE, POINTWISE
 from .dense import DENSE
 from .pool import POOL2D
@@ -86,7 +85,7 @@ def _schedule_stmt(s: L.Stmt, config: Config, threads: int) -> L.Stmt:
     if isinstance(s, L.Seq):
         stmts = [_fuse_outer(x, threads) if isinstance(x, L.For) else x for x in s.stmts]
         if config.fuse_rows:
-            stmts = _fuse_row_loops(stmts)
+            stmts = fuse_row_loops(stmts)
         return L.seq(*(_schedule_stmt(x, config, threads) for x in stmts))
     if isinstance(s, L.Allocate):
         return L.Allocate(s.buffer, _schedule_stmt(s.body, config, threads))
@@ -95,73 +94,12 @@ def _schedule_stmt(s: L.Stmt, config: Config, threads: int) -> L.Stmt:
     return s
 
 
-def _fuse_row_loops(stmts: list[L.Stmt]) -> list[L.Stmt]:
-    """Consecutive loops over the same rows become one where each iteration only reads what
-    the same iteration of the earlier loops wrote (softmax's row max, then its sum, then
-    the output row): a row is done while it is in cache, and one parallel region runs."""
-    out: list[L.Stmt] = []
-    for s in stmts:
-        prev = out[-1] if out else None
-        if isinstance(s, L.For) and isinstance(prev, L.For) and s.kind == prev.kind and \
-                isinstance(s.extent, L.Const) and s.extent == prev.extent:
-            body = L.substitute(s.body, {s.var: prev.var})
-            fused = L.For(prev.var, prev.extent, L.seq(prev.body, body), prev.kind)
-            # (a loop carrying a reduction, as a split reduction's combining step, would
-            # make the fused loop serial)
-            if _row_local(prev.body, body, prev.var, s.extent.value) and not _carried(fused):
-                out[-1] = fused
-                continue
-        out.append(s)
-    return out
 
 
-def _accesses(s: L.Stmt) -> tuple[dict, dict]:
-    """Buffers stored and loaded in `s`: name -> the set of index tuples used."""
-    stores: dict[str, set] = {}
-    loads: dict[str, set] = {}
-    for n in L.walk(s):
-        if isinstance(n, L.Store):
-            stores.setdefault(n.buffer.name, set()).add(n.indices)
-        elif isinstance(n, L.Load):
-            loads.setdefault(n.buffer.name, set()).add(n.indices)
-    return stores, loads
 
 
-def _row_local(first: L.Stmt, second: L.Stmt, var: L.Var, extent: int) -> bool:
-    """Whether running `second` right after `first` for each value of `var` (instead of after
-    all of `first`) keeps every read: what they share is written and read at one index that
-    depends on `var` alone (the row) and differs for each of its values, and nothing
-    `second` writes is touched by `first`."""
-    w1, r1 = _accesses(first)
-    w2, r2 = _accesses(second)
-    for name in w2:
-        if name in w1 or name in r1:
-            return False
-    for name, written in w1.items():
-        if name not in r2 and name not in w2:
-            continue
-        if name in w2 or len(written) != 1 or r2[name] != written:
-            return False
-        (index,) = written
-        used = set().union(*(L.free_vars(i) for i in index)) if index else set()
-        if used != {var} or not _injective(index, var, extent):
-            return False
-    return True
 
 
-def _injective(index: tuple, var: L.Var, extent: int) -> bool:
-    """Whether each value of `var` in [0, extent) writes its own element (then the fused
-    loop's reads see the same iteration's write, as the unfused order would)."""
-    from ...ir.compute import ComputeEvalError, _Evaluator
-
-    grid = np.arange(extent, dtype=np.int64)
-    try:
-        columns = [np.broadcast_to(_Evaluator({}, {}).eval(i, {var: grid}), grid.shape)
-                   for i in index]
-    except (ComputeEvalError, KeyError):
-        return False
-    rows = np.stack(columns, axis=1)
-    return len(np.unique(rows, axis=0)) == extent
 
 
 _IDENTITY = {"+": 0.0, "max": float("-inf"), "min": float("inf")}
@@ -270,14 +208,14 @@ def _block_outer_sum(n, block: int):
     (acc,) = written.values()
     adds = _updates(n.body, acc)
     if acc.scope is not L.Scope.LOCAL or acc.dtype is not T.float32 or \
-            _update_op(n.body, acc) != "+" or not adds or n.extent.value * adds <= block:
+            update_op(n.body, acc) != "+" or not adds or n.extent.value * adds <= block:
         return None
     r = L.Var(f"{n.var.name}_i")
     into = L.Buffer(f"{acc.name}_{n.var.name}", acc.dtype, (L.const(1),), L.Scope.LOCAL)
 
     def update(part: L.Buffer, start: L.Expr | None, count: int) -> L.Stmt:
         step = r if start is None else start + r
-        return L.For(r, count, _rename_buffer(L.substitute(n.body, {n.var: step}), acc, part))
+        return L.For(r, count, rename_buffer(L.substitute(n.body, {n.var: step}), acc, part))
 
     # iterations a block: the fewest blocks of at most `block` additions, all of one size
     # where the extent allows (a tail is one more copy of the body)
@@ -306,63 +244,21 @@ def _updates(s: L.Stmt, acc: L.Buffer) -> int | None:
     return None
 
 
-def _nest_work(s: L.Stmt) -> int | None:
-    """Iterations of the innermost statements of a loop nest (None when symbolic)."""
-    if isinstance(s, L.For):
-        if not isinstance(s.extent, L.Const):
-            return None
-        inner = _nest_work(s.body)
-        return None if inner is None else s.extent.value * inner
-    if isinstance(s, L.Seq):
-        parts = [_nest_work(x) for x in s.stmts]
-        return None if any(p is None for p in parts) else max(sum(parts), 1)
-    if isinstance(s, (L.Allocate, L.Let)):
-        return _nest_work(s.body)
-    if isinstance(s, L.If):
-        return _nest_work(s.then)
-    return 1
 
 
 def _schedule_nest(loop: L.For, config: Config, threads: int) -> L.For:
-    work = _nest_work(loop)
+    work = nest_work(loop)
     if config.parallel and threads > 1 and (work is None or work >= config.min_parallel_work):
         loop = _fuse_outer(loop, threads)
-        if not _carried(loop):
+        if not carried(loop):
             return L.For(loop.var, loop.extent, loop.body, L.ForKind.PARALLEL)
     return loop
 
 
-def _carried(loop: L.For) -> set[str]:
-    """Buffers through which iterations of `loop` may see each other's work (so it must not
-    run in parallel): written, and read or written at an element not the iteration's own.
-    An element is an iteration's own when every access to the buffer has the same components
-    that depend on the loop variable alone, and these differ for each of its values (the
-    output rows of a stage); an accumulator's `acc[0]` has none. Buffers allocated inside
-    the loop are private to an iteration."""
-    private = {n.buffer.name for n in L.walk(loop.body) if isinstance(n, L.Allocate)}
-    stores, loads = _accesses(loop.body)
-    carried = set()
-    for name, written in stores.items():
-        if name in private:
-            continue
-        keys = {_own_components(index, loop.var) for index in written | loads.get(name, set())}
-        key = keys.pop()
-        if keys or not key or not _distinct_per_iteration(tuple(e for _, e in key), loop):
-            carried.add(name)
-    return carried
 
 
-def _own_components(index: tuple, var: L.Var) -> tuple:
-    """(position, component) of the index components that depend on `var` and nothing else."""
-    return tuple((k, e) for k, e in enumerate(index) if L.free_vars(e) == {var})
 
 
-def _distinct_per_iteration(components: tuple, loop: L.For) -> bool:
-    if loop.var in components:
-        return True
-    if not isinstance(loop.extent, L.Const) or loop.extent.value > 1 << 16:
-        return False   # not checked: taken as shared
-    return _injective(components, loop.var, loop.extent.value)
 
 
 def _chunk_reductions(s: L.Stmt, config: Config) -> L.Stmt:
@@ -386,7 +282,6 @@ def _chunk_reductions(s: L.Stmt, config: Config) -> L.Stmt:
     return L.seq(*out)
 
 
-_COMBINERS = ("+", "*", "max", "min", "and", "or")
 
 
 def _chunk_reduction(init: L.Store, loop: L.For, config: Config) -> L.Stmt | None:
@@ -401,14 +296,14 @@ def _chunk_reduction(init: L.Store, loop: L.For, config: Config) -> L.Stmt | Non
     The order of combination is fixed by the shape alone. None unless `loop` is big enough
     and updates nothing outside but `acc`, and `acc` only so."""
     acc = init.buffer
-    work = _nest_work(loop)
+    work = nest_work(loop)
     if acc.scope is not L.Scope.LOCAL or init.indices != (L.const(0),) or \
             not isinstance(init.value, L.Const) or work is None or \
             work < config.min_parallel_work:
         return None
-    loop = _fuse_until(loop, REDUCE_CHUNKS)
-    op = _update_op(loop.body, acc)
-    if op is None or _carried(loop) != {acc.name}:
+    loop = fuse_until(loop, REDUCE_CHUNKS)
+    op = update_op(loop.body, acc)
+    if op is None or carried(loop) != {acc.name}:
         return None
     extent = loop.extent.value
     chunks = min(REDUCE_CHUNKS, extent)
@@ -417,7 +312,7 @@ def _chunk_reduction(init: L.Store, loop: L.For, config: Config) -> L.Stmt | Non
     c, t, k = L.Var(f"{name}_c"), L.Var(f"{name}_t"), L.Var(f"{name}_k")
     partial = L.Buffer(f"{acc.name}_chunks", acc.dtype, (L.const(chunks),), L.Scope.LOCAL)
     part = L.Buffer(f"{acc.name}_chunk", acc.dtype, (L.const(1),), L.Scope.LOCAL)
-    body = _rename_buffer(loop.body, acc, part)
+    body = rename_buffer(loop.body, acc, part)
     chunk = L.For(c, chunks, L.Allocate(part, L.seq(
         L.Store(part, (L.const(0),), init.value),
         L.For(t, size, L.substitute(body, {loop.var: c * size + t})),
@@ -431,56 +326,16 @@ def _chunk_reduction(init: L.Store, loop: L.For, config: Config) -> L.Stmt | Non
     return L.seq(*stmts)
 
 
-def _update_op(body: L.Stmt, acc: L.Buffer) -> str | None:
-    """`op` when every access to `acc` in `body` is an update `acc[0] = acc[0] (op) x` (x not
-    reading acc), all with one associative `op`; else None."""
-    zero = (L.const(0),)
-    ops, loads = set(), 0
-    for n in L.walk(body):
-        if isinstance(n, L.Load) and n.buffer.name == acc.name:
-            loads += 1
-        elif isinstance(n, L.Store) and n.buffer.name == acc.name:
-            v = n.value
-            if n.indices != zero or not isinstance(v, L.BinOp) or v.op not in _COMBINERS or \
-                    v.a != L.Load(acc, zero):
-                return None
-            ops.add(v.op)
-    stores = sum(1 for n in L.walk(body) if isinstance(n, L.Store) and n.buffer.name == acc.name)
-    return ops.pop() if len(ops) == 1 and loads == stores else None
 
 
-def _rename_buffer(node, old: L.Buffer, new: L.Buffer):
-    """`node` with every access to `old` made to `new`."""
-    def rule(n):
-        if isinstance(n, L.Load) and n.buffer.name == old.name:
-            return L.Load(new, n.indices)
-        if isinstance(n, L.Store) and n.buffer.name == old.name:
-            return L.Store(new, n.indices, n.value)
-        return None
-
-    return L.transform(node, rule)
 
 
 def _fuse_outer(loop: L.For, threads: int) -> L.For:
     """Fuse perfectly nested outer loops until there are enough iterations to share out
     (an N=1 batch loop alone would leave every core but one idle)."""
-    return _fuse_until(loop, 4 * threads)
+    return fuse_until(loop, 4 * threads)
 
 
-def _fuse_until(loop: L.For, want: int) -> L.For:
-    """`loop` fused with the perfectly nested loops inside it until it has `want` iterations
-    (or nothing is left to fuse)."""
-    extent = loop.extent
-    if not isinstance(extent, L.Const) or extent.value >= want:
-        return loop
-    inner = loop.body
-    if not isinstance(inner, L.For) or not isinstance(inner.extent, L.Const):
-        return loop
-    n_in = inner.extent.value
-    fused = L.Var(f"{loop.var.name}_{inner.var.name}")
-    body = L.substitute(inner.body, {loop.var: fused // n_in, inner.var: fused % n_in})
-    merged = L.For(fused, L.const(extent.value * n_in), body)
-    return _fuse_until(merged, want)
 
 
 # -- vectorisable float32 math ------------------------------------------------------------------
@@ -625,15 +480,8 @@ every kernel)."""
 
 def template_for(kernel, target: str = "llvm") -> tuple[Template, object]:
     """The template that schedules `kernel` on `target`, and the kernel's problem as that
-    template reads it (each problem kind is described once)."""
-    described: dict = {}
-    for template in TEMPLATES[(target, get_op(kernel.anchor.op).pattern)]:
-        if template.problem not in described:
-            described[template.problem] = template.problem(kernel)
-        problem = described[template.problem]
-        if problem is not None and template.applies(problem):
-            return template, problem
-    raise CompileError(f"kernel {kernel.name}: no {target} template applies")
+    template reads it."""
+    return choose_template(kernel, TEMPLATES, target)
 
 
 def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:

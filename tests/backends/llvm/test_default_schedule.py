@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import dnnc
-from dnnc.backends.llvm.schedules import Config, _fuse_row_loops, default_schedule
+from dnnc.backends.llvm.schedules import Config, default_schedule
+from dnnc.backends.loop_analysis import fuse_row_loops
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
@@ -99,12 +100,12 @@ def test_row_fusion_refuses_a_read_of_another_row():
     first = _loop(i, L.Store(t, (i,), x[i] * 2.0))
     same = _loop(j, L.Store(y, (j,), t[j] + 1.0))
     other = _loop(j, L.Store(y, (j,), t[j + 1] + 1.0))
-    assert len(_fuse_row_loops([first, same])) == 1
-    assert len(_fuse_row_loops([first, other])) == 2
+    assert len(fuse_row_loops([first, same])) == 1
+    assert len(fuse_row_loops([first, other])) == 2
     halves = _loop(i, L.Store(t, (i // 2,), x[i]))   # iterations 2k and 2k+1 share t[k]
-    assert len(_fuse_row_loops([halves, _loop(j, L.Store(y, (j,), t[j // 2]))])) == 2
+    assert len(fuse_row_loops([halves, _loop(j, L.Store(y, (j,), t[j // 2]))])) == 2
     writes_back = _loop(j, L.Store(x, (j,), t[j]))   # overwrites what the first loop reads
-    assert len(_fuse_row_loops([first, writes_back])) == 2
+    assert len(fuse_row_loops([first, writes_back])) == 2
     func = L.PrimFunc("f", (x, t, y), L.seq(first, other))
     assert default_schedule(func, Config(), 2).body == L.seq(first, other)
 
@@ -145,22 +146,22 @@ def _parallel_loops(func):
 
 
 def test_carried_state_is_found():
-    from dnnc.backends.llvm.schedules import _carried
+    from dnnc.backends.loop_analysis import carried
 
     x = L.Buffer("x", T.float32, (L.const(64),))
     y = L.Buffer("y", T.float32, (L.const(64),))
     i = L.Var("i")
     own = L.For(i, 64, L.Store(y, (i,), x[i] + 1.0))
-    assert _carried(own) == set()
+    assert carried(own) == set()
     # two iterations write one element (i // 2), or one reads its neighbour's
-    assert _carried(L.For(i, 64, L.Store(y, (i // 2,), x[i]))) == {"y"}
-    assert _carried(L.For(i, 63, L.Store(y, (i + 1,), y[i]))) == {"y"}
+    assert carried(L.For(i, 64, L.Store(y, (i // 2,), x[i]))) == {"y"}
+    assert carried(L.For(i, 63, L.Store(y, (i + 1,), y[i]))) == {"y"}
     # the fused index of two loops is the iteration's own
-    assert _carried(L.For(i, 64, L.Store(L.Buffer("z", T.float32, (L.const(8),) * 2),
+    assert carried(L.For(i, 64, L.Store(L.Buffer("z", T.float32, (L.const(8),) * 2),
                                          (i // 8, i % 8), x[i])) ) == set()
     func = _sum_all((64, 64))
     (loop,) = [n for n in L.walk(func.body) if isinstance(n, L.For) and n.var.name == "r0"]
-    assert _carried(loop) == {"acc"}
+    assert carried(loop) == {"acc"}
 
 
 @pytest.mark.parametrize("threads", [1, 2, 8])

@@ -1,0 +1,676 @@
+"""Render scheduled operator-IR PrimFuncs as one CUDA C translation unit (NVRTC-ready).
+
+The interface the cuda runtime codes against:
+
+    render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule
+        `funcs` is `Program.unique`: each scheduled PrimFunc and whether its buffers may be
+        declared `__restrict__` (noalias).
+    CudaModule.source: str            one translation unit; every kernel `extern "C" __global__`;
+                                      no #include (only what NVRTC has built in)
+    CudaModule.kernels: dict[str, CudaKernel]   keyed by PrimFunc name
+    CudaKernel.launches: list[Launch] run in this order, every one with the SAME arguments
+    CudaKernel.workspace: list[int]   byte sizes of the PrimFunc's top-level GLOBAL scratch
+                                      Allocates, in order (the runtime carves them from device
+                                      memory, each aligned as cudaMalloc's, 256 bytes)
+    Launch.name, .grid, .block, .shared_bytes
+        the `__global__` symbol, (x, y, z) blocks and threads, dynamic shared memory bytes
+        (always 0 here: shared buffers are static arrays)
+
+Every `__global__` takes, in order, one pointer per PrimFunc parameter (the element type's
+pointer, `const` for buffers it never stores) and then one pointer per workspace buffer
+(`unsigned char*`-compatible: declared with its element type). Shapes are static.
+
+A PrimFunc's body, inside its top-level GLOBAL Allocates (the workspace), is a sequence of
+*stages* (`stages`); each stage becomes one `__global__` function and one launch (launches
+run in stream order, which is the grid-wide synchronisation stages need between them). A
+stage's launch size is read from its GPU-bound loops: grid = the largest extent of its
+blockIdx loops per axis, block = the largest extent of its threadIdx loops per axis. A GPU
+loop renders as its index variable (`blockIdx.x`, ...), guarded by `if (v < extent)` where
+its extent is below the launch size (so several thread loops of different extents can
+share one block between barriers); a stage without GPU loops runs on one thread.
+
+The PrimFunc's accesses become single row-major offsets simplified with the loop bounds
+(`linearize`), it is legalized (`backends/legalize.py`), its index arithmetic goes to 32 bits
+where interval bounds allow (`narrow_indices`), and every remaining primitive is spelled
+through tables, as tinygrad's `code_for_op`: `_BINARY`, `_CALLS`, `_CASTS` and
+`_BITCASTS`, and the statement / loop-kind / expression dispatch tables. Types: bool as
+`bool`, integers as their C types, float32/float64 as float/double; float16 and bfloat16 are
+stored as `unsigned short` bits (legalize leaves them only loads, stores, selects, bit casts
+and conversions to and from float32): float16 converts through PTX `cvt` in two small device
+functions of the prelude (what cuda_fp16.h does, without needing its header), bfloat16 by
+legalize's own integer bit operations. Index arithmetic is `long long` (the IR's int64)
+unless `narrow_indices` proves 32 bits enough.
+Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
+intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
+not exploit in this straight-line code (noted, not guarded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ...ir import loop as L
+from ...ir import types as T
+from ..legalize import check_legal, legalize
+
+NATIVE: frozenset[str] = frozenset()
+"""Legalize rules whose ops this renderer renders itself: none (CUDA's rsqrtf is not
+correctly rounded; its half conversions are the prelude's)."""
+
+PRELUDE = r"""// dnnc: CUDA C for NVRTC (built-in headers only)
+__device__ __forceinline__ float dnnc_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ unsigned short dnnc_f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+// NaN-propagating, as NumPy's maximum / minimum (fmaxf would drop the NaN)
+template <typename T> __device__ __forceinline__ T dnnc_fmax(T a, T b) {
+  return a != a ? a : b != b ? b : a > b ? a : b;
+}
+template <typename T> __device__ __forceinline__ T dnnc_fmin(T a, T b) {
+  return a != a ? a : b != b ? b : a < b ? a : b;
+}
+template <typename T> __device__ __forceinline__ T dnnc_imax(T a, T b) { return a > b ? a : b; }
+template <typename T> __device__ __forceinline__ T dnnc_imin(T a, T b) { return a < b ? a : b; }
+"""
+
+C_TYPES: dict[T.DType, str] = {
+    T.bool_: "bool", T.int8: "signed char", T.int16: "short", T.int32: "int",
+    T.int64: "long long", T.uint8: "unsigned char", T.uint16: "unsigned short",
+    T.uint32: "unsigned int", T.uint64: "unsigned long long", T.float32: "float",
+    T.float64: "double", T.float16: "unsigned short", T.bfloat16: "unsigned short",
+}
+"""dtype -> the C type it is stored and computed in (narrow floats: their bits)."""
+
+# the most threads a block may have and blocks a grid axis may have (CUDA's limits)
+MAX_BLOCK_THREADS = 1024
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
+
+class CudaCodegenError(Exception):
+    """A PrimFunc the CUDA renderer cannot render (a compiler bug in a schedule)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    name: str                      # the __global__ symbol
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0          # dynamic shared memory
+
+
+@dataclass
+class CudaKernel:
+    launches: list[Launch]
+    workspace: list[int] = field(default_factory=list)
+
+
+@dataclass
+class CudaModule:
+    source: str
+    kernels: dict[str, CudaKernel]
+
+
+def render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule:
+    """One translation unit holding every function of `funcs` ((PrimFunc, noalias) pairs)."""
+    parts = [PRELUDE]
+    kernels: dict[str, CudaKernel] = {}
+    for func, noalias in funcs:
+        text, kernel = render_func(func, noalias)
+        parts.append(text)
+        kernels[func.name] = kernel
+    return CudaModule("\n".join(parts), kernels)
+
+
+def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel]:
+    """The `__global__` functions of one PrimFunc (legalized here) and their launches."""
+    if func.size_vars:
+        raise CudaCodegenError(f"{func.name}: shapes must be static, not {func.size_vars}")
+    func = legalize(linearize(func), NATIVE)
+    check_legal(func, NATIVE)
+    func = narrow_indices(func)
+    workspace, body = stages(func.body)
+    stored = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Store)}
+    restrict = " __restrict__" if noalias else ""
+    params = [f"{'' if b.name in stored else 'const '}{C_TYPES[b.dtype]}*{restrict} "
+              f"{c_name(b.name)}" for b in func.params]
+    params += [f"{C_TYPES[b.dtype]}*{restrict} {c_name(b.name)}" for b in workspace]
+    base = c_name(func.name)
+    texts, launches = [], []
+    for k, stage in enumerate(body):
+        name = base if len(body) == 1 else f"{base}_s{k}"
+        grid, block = launch_dims(stage, func.name)
+        em = _Emitter(func.name, grid, block)
+        em.stmt(stage, 1)
+        threads = math.prod(block)
+        texts.append(f'extern "C" __global__ void __launch_bounds__({threads})\n'
+                     f"{name}({', '.join(params)}) {{\n" + "\n".join(em.lines) + "\n}\n")
+        launches.append(Launch(name, grid, block))
+    sizes = []
+    for b in workspace:
+        shape = L.static_shape(b.shape)
+        if shape is None:
+            raise CudaCodegenError(f"{func.name}: scratch {b.name} has a symbolic shape")
+        sizes.append(max(1, math.prod(shape)) * b.dtype.itemsize)
+    return "\n".join(texts), CudaKernel(launches, sizes)
+
+
+def linearize(func: L.PrimFunc) -> L.PrimFunc:
+    """`func` with every buffer access a single row-major offset, simplified with the bounds
+    of the loop and let variables in scope: a schedule's fused index (`i // 100 * 100 +
+    i % 100`) folds back to `i` before legalize turns its divisions into calls."""
+    flat: dict[str, L.Buffer] = {}
+
+    def buffer(b: L.Buffer) -> L.Buffer:
+        if b.name not in flat:
+            shape = L.static_shape(b.shape)
+            if shape is None:
+                raise CudaCodegenError(f"{func.name}: buffer {b.name} has a symbolic shape")
+            flat[b.name] = L.Buffer(b.name, b.dtype, (max(1, math.prod(shape)),), b.scope)
+        return flat[b.name]
+
+    def offset(b: L.Buffer, indices, env) -> tuple:
+        out: L.Expr = L.const(0)
+        stride: L.Expr = L.const(1)
+        for idx, dim in reversed(list(zip(indices, b.shape))):
+            out = out + idx * stride
+            stride = stride * dim
+        return (L.simplify_expr(out, env),)
+
+    def expr(e: L.Expr, env) -> L.Expr:
+        def rule(n):
+            if isinstance(n, L.Load):   # (bottom-up: its indices are done, once)
+                return L.Load(buffer(n.buffer), offset(n.buffer, n.indices, env))
+            return None
+        return L.transform(e, rule)
+
+    def stmt(s: L.Stmt, env) -> L.Stmt:
+        if isinstance(s, L.For):
+            inner = {**env, s.var: L.Bounds(0, s.extent.value - 1)} \
+                if isinstance(s.extent, L.Const) else env
+            return L.For(s.var, s.extent, stmt(s.body, inner), s.kind)
+        if isinstance(s, L.Let):
+            value = expr(s.value, env)
+            return L.Let(s.var, value, stmt(s.body, {**env, s.var: L.bounds(s.value, env)}))
+        if isinstance(s, L.Store):
+            return L.Store(buffer(s.buffer), offset(s.buffer, s.indices, env),
+                           expr(s.value, env))
+        if isinstance(s, L.Allocate):
+            return L.Allocate(buffer(s.buffer), stmt(s.body, env))
+        if isinstance(s, L.If):
+            return L.If(expr(s.cond, env), stmt(s.then, env),
+                        None if s.orelse is None else stmt(s.orelse, env))
+        if isinstance(s, L.Seq):
+            return L.Seq(tuple(stmt(x, env) for x in s.stmts))
+        return s
+
+    params = tuple(buffer(b) for b in func.params)
+    return L.PrimFunc(func.name, params, stmt(func.body, {}), func.size_vars, func.attrs)
+
+
+_U32_MAX = (1 << 32) - 1
+_I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def narrow_indices(func: L.PrimFunc) -> L.PrimFunc:
+    """`func` (legalized) with index arithmetic in 32 bits where interval bounds from the
+    loops prove every intermediate value fits: the IR's index type is int64, and a GPU does
+    64-bit integer arithmetic in several 32-bit instructions (a division by a constant far
+    more: there is no 64-bit multiply-high). An unsigned 64-bit `idiv` / `irem` whose
+    operands lie in [0, 2**32) becomes a 32-bit one; a buffer offset whose every
+    subexpression lies in the int32 range is computed in int32."""
+    def rewrite(e: L.Expr, env) -> L.Expr:
+        def rule(n):
+            if isinstance(n, L.Call) and n.name in ("idiv", "irem") and n.dtype is T.uint64:
+                a, b = (_range(x, env) for x in n.args)
+                if a and b and a[0] >= 0 and b[0] > 0 and a[1] <= _U32_MAX and \
+                        b[1] <= _U32_MAX:
+                    narrow = tuple(L.Cast(T.uint32, x) for x in n.args)
+                    return L.Cast(T.uint64, L.Call(n.name, narrow, T.uint32))
+            if isinstance(n, L.Load):
+                return L.Load(n.buffer, tuple(offset(i, env) for i in n.indices))
+            return None
+        return L.transform(e, rule)
+
+    def offset(e: L.Expr, env) -> L.Expr:
+        narrow = _int32(e, env) if e.dtype is L.INDEX else None
+        return e if narrow is None or isinstance(e, L.Const) else L.Cast(L.INDEX, narrow)
+
+    def stmt(s: L.Stmt, env) -> L.Stmt:
+        if isinstance(s, L.For):
+            inner = {**env, s.var: (0, s.extent.value - 1)} \
+                if isinstance(s.extent, L.Const) else env
+            return L.For(s.var, s.extent, stmt(s.body, inner), s.kind)
+        if isinstance(s, L.Let):
+            value = rewrite(s.value, env)
+            return L.Let(s.var, value, stmt(s.body, {**env, s.var: _range(s.value, env)}))
+        if isinstance(s, L.Store):
+            return L.Store(s.buffer, tuple(offset(rewrite(i, env), env) for i in s.indices),
+                           rewrite(s.value, env))
+        if isinstance(s, L.Allocate):
+            return L.Allocate(s.buffer, stmt(s.body, env))
+        if isinstance(s, L.If):
+            return L.If(rewrite(s.cond, env), stmt(s.then, env),
+                        None if s.orelse is None else stmt(s.orelse, env))
+        if isinstance(s, L.Seq):
+            return L.Seq(tuple(stmt(x, env) for x in s.stmts))
+        return s
+
+    return L.PrimFunc(func.name, func.params, stmt(func.body, {}), func.size_vars, func.attrs)
+
+
+def _int32(e: L.Expr, env) -> L.Expr | None:
+    """`e` (an integer) computed in int32, when it and every subexpression provably lie in
+    int32's range; else None."""
+    r = _range(e, env)
+    if r is None or r[0] < _I32[0] or r[1] > _I32[1]:
+        return None
+    if isinstance(e, L.Const):
+        return L.Const(int(e.value), T.int32)
+    if isinstance(e, L.BinOp) and e.op in _INTERVAL:
+        a, b = _int32(e.a, env), _int32(e.b, env)
+        return None if a is None or b is None else L.BinOp(e.op, a, b)
+    return e if e.dtype is T.int32 else L.Cast(T.int32, e)   # a value in range: exact
+
+
+def _range(e: L.Expr, env) -> tuple[int, int] | None:
+    """Integer bounds (lo, hi) of `e` from the loop and let variables' in `env`; None when
+    unknown (a load, a float, an op not followed here)."""
+    if not e.dtype.is_int:
+        return None
+    if isinstance(e, L.Const) and e.dtype.is_int:
+        return int(e.value), int(e.value)
+    if isinstance(e, L.Var):
+        return env.get(e)
+    if isinstance(e, L.Cast) and e.dtype.is_int and e.value.dtype.is_int:
+        inner = _range(e.value, env)
+        info = np.iinfo(e.dtype.np)
+        return inner if inner and info.min <= inner[0] and inner[1] <= info.max else None
+    if isinstance(e, L.BinOp) and e.dtype.is_int and e.op in _INTERVAL:
+        a, b = _range(e.a, env), _range(e.b, env)
+        if a is None or b is None:
+            return None
+        lo, hi = _INTERVAL[e.op](a, b)
+        info = np.iinfo(e.dtype.np)
+        return (lo, hi) if info.min <= lo and hi <= info.max else None   # (no wrapping)
+    if isinstance(e, L.Call) and e.name in ("idiv", "irem") and e.dtype.kind == "u":
+        a, b = (_range(x, env) for x in e.args)
+        if a is None or b is None or b[0] <= 0 or a[0] < 0:
+            return None
+        return (a[0] // b[1], a[1] // b[0]) if e.name == "idiv" else (0, min(a[1], b[1] - 1))
+    if isinstance(e, L.Select):
+        a, b = _range(e.true, env), _range(e.false, env)
+        return (min(a[0], b[0]), max(a[1], b[1])) if a and b else None
+    return None
+
+
+def _corners(f):
+    def bounds(a, b):
+        values = [f(x, y) for x in a for y in b]
+        return min(values), max(values)
+    return bounds
+
+
+_INTERVAL = {
+    "+": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+    "-": lambda a, b: (a[0] - b[1], a[1] - b[0]),
+    "*": _corners(lambda x, y: x * y),
+    "min": lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
+    "max": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
+}
+"""BinOp -> the bounds of its result from its operands' (interval arithmetic)."""
+
+
+def stages(body: L.Stmt) -> tuple[list[L.Buffer], list[L.Stmt]]:
+    """A PrimFunc body as (its top-level GLOBAL scratch buffers, its stages in order): the
+    statements of its sequence inside those Allocates, each run as one launch."""
+    workspace: list[L.Buffer] = []
+    out: list[L.Stmt] = []
+
+    def visit(s: L.Stmt) -> None:
+        if isinstance(s, L.Allocate) and s.buffer.scope is L.Scope.GLOBAL:
+            workspace.append(s.buffer)
+            visit(s.body)
+        elif isinstance(s, L.Seq):
+            for x in s.stmts:
+                visit(x)
+        else:
+            out.append(s)
+
+    visit(body)
+    return workspace, out
+
+
+_AXES = {kind: (k % 3) for k, kind in enumerate(
+    (L.ForKind.BLOCK_X, L.ForKind.BLOCK_Y, L.ForKind.BLOCK_Z,
+     L.ForKind.THREAD_X, L.ForKind.THREAD_Y, L.ForKind.THREAD_Z))}
+
+
+def launch_dims(stage: L.Stmt, name: str = "") -> tuple[tuple, tuple]:
+    """(grid, block) of a stage: per axis, the largest extent of its GPU loops (1 without)."""
+    grid, block = [1, 1, 1], [1, 1, 1]
+    for n in L.walk(stage):
+        if isinstance(n, L.For) and n.kind in _AXES:
+            if not isinstance(n.extent, L.Const):
+                raise CudaCodegenError(f"{name}: loop {n.var.name} bound to {n.kind.value} "
+                                       f"has a symbolic extent")
+            dims = grid if n.kind.is_gpu_block else block
+            axis = _AXES[n.kind]
+            dims[axis] = max(dims[axis], n.extent.value)
+    if math.prod(block) > MAX_BLOCK_THREADS:
+        raise CudaCodegenError(f"{name}: a block of {block} threads exceeds "
+                               f"{MAX_BLOCK_THREADS}")
+    if any(g > m for g, m in zip(grid, MAX_GRID)):
+        raise CudaCodegenError(f"{name}: grid {grid} exceeds CUDA's {MAX_GRID}")
+    return tuple(grid), tuple(block)
+
+
+def c_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Op tables: emitters take rendered operand strings and the result's dtype, and return C.
+
+
+def _class(dtype: T.DType) -> str:
+    """`dtype`'s key in the op tables: f(loat), s(igned), u(nsigned), b(ool), h(alf bits)."""
+    if dtype in (T.float16, T.bfloat16):
+        return "h"
+    if dtype.is_float:
+        return "f"
+    return "b" if dtype.kind == "b" else "s" if dtype.kind == "i" else "u"
+
+
+def _wrap(text: str, dtype: T.DType) -> str:
+    """C promotes integers narrower than int (and bool) to int: the IR's result is cast
+    back, so that it wraps at its own width."""
+    return f"(({C_TYPES[dtype]})({text}))" if dtype.itemsize < 4 or dtype.kind == "b" \
+        else f"({text})"
+
+
+def _infix(op: str) -> Callable:
+    return lambda a, b, dt: f"({a} {op} {b})"
+
+
+def _int_infix(op: str) -> Callable:
+    return lambda a, b, dt: _wrap(f"{a} {op} {b}", dt)
+
+
+def _func(name: str) -> Callable:
+    return lambda *args: f"{name}({', '.join(args[:-1])})"
+
+
+_BINARY: dict[tuple[str, str], Callable] = {
+    **{("f", op): _infix(op) for op in ("+", "-", "*", "/")},
+    ("f", "min"): _func("dnnc_fmin"), ("f", "max"): _func("dnnc_fmax"),
+    # C's ordered compares are false on NaN and != is true on it: IEEE's, NumPy's
+    **{(c, op): _infix(op) for c in "fsub" for op in L.COMPARE},
+    **{(c, op): _int_infix(op) for c in "sub" for op in ("+", "-", "*", "&", "|", "^")},
+    **{(c, op): _int_infix(op) for c in "su" for op in ("<<", ">>")},  # >>: arithmetic on s
+    **{(c, op): _func(fn) for c in "su" for op, fn in (("min", "dnnc_imin"),
+                                                       ("max", "dnnc_imax"))},
+    ("b", "and"): _infix("&&"), ("b", "or"): _infix("||"),
+}
+"""(class of the operands, BinOp op) -> emitter(a, b, result dtype)."""
+
+_MATH = ("exp", "log", "sqrt", "tanh", "erf", "floor", "ceil", "trunc", "sin", "cos", "tan",
+         "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "fmod",
+         "log1p", "expm1", "atan2", "fma")
+
+
+def _libm(name: str) -> Callable:
+    """CUDA's math function `name` for double, `name`f for float."""
+    def emit(*args):
+        *xs, dt = args
+        return f"{name}{'f' if dt is T.float32 else ''}({', '.join(xs)})"
+    return emit
+
+
+_CALLS: dict[tuple[str, str], Callable] = {
+    **{("f", name): _libm(name) for name in _MATH},
+    ("f", "abs"): _libm("fabs"),
+    ("f", "round"): _libm("rint"),   # half to even, as NumPy's round
+    ("f", "neg"): lambda x, dt: f"(-({x}))",   # (not `--1.0f` for a negative literal)
+    # legalize's primitives: C's truncating quotient and remainder (divisor made safe)
+    **{(c, "idiv"): _int_infix("/") for c in "su"},
+    **{(c, "irem"): _int_infix("%") for c in "su"},
+}
+"""(class of the first argument, Call name) -> emitter(*args, result dtype)."""
+
+
+def _convert(x: str, dt: T.DType) -> str:
+    return f"(({C_TYPES[dt]})({x}))"
+
+
+_CASTS: dict[tuple[str, str], Callable] = {
+    **{(a, b): _convert for a in "fsub" for b in "fsu"},
+    **{(a, "b"): (lambda x, dt: f"(({x}) != 0)") for a in "fsu"},   # NaN: true
+    ("h", "f"): lambda x, dt: f"dnnc_h2f({x})",   # (float16 <-> float32 only, after legalize)
+    ("f", "h"): lambda x, dt: f"dnnc_f2h({x})",
+}
+"""(source class, destination class) -> emitter(value, destination dtype)."""
+
+_BITCASTS: dict[tuple[T.DType, T.DType], Callable] = {
+    (T.float32, T.uint32): _func("__float_as_uint"),
+    (T.float32, T.int32): _func("__float_as_int"),
+    (T.uint32, T.float32): _func("__uint_as_float"),
+    (T.int32, T.float32): _func("__int_as_float"),
+    (T.float64, T.int64): _func("__double_as_longlong"),
+    (T.int64, T.float64): _func("__longlong_as_double"),
+    (T.float64, T.uint64): lambda x, dt: f"((unsigned long long)__double_as_longlong({x}))",
+    (T.uint64, T.float64): lambda x, dt: f"__longlong_as_double((long long)({x}))",
+}
+"""(source, destination) -> emitter for bit casts between differently stored types; types of
+one storage (float16, bfloat16 and 16-bit integers; signed and unsigned of a width) convert
+as C integers, which keeps the bits."""
+
+
+def _float_literal(value: float, dtype: T.DType) -> str:
+    if math.isfinite(value):
+        text = repr(float(dtype.np.type(value)))   # exact: the double holding the value
+        return text + ("f" if dtype is T.float32 else "")
+    if dtype is T.float32:
+        bits = int(np.array(value, np.float32).view(np.uint32))
+        return f"__uint_as_float({bits:#x}u)"
+    bits = int(np.array(value, np.float64).view(np.uint64))
+    return f"__longlong_as_double({bits:#x}LL)"
+
+
+def _int_literal(value: int, dtype: T.DType) -> str:
+    bits = 8 * dtype.itemsize
+    if dtype.kind == "u":
+        return f"{value}u" if bits == 32 else f"{value}ULL" if bits == 64 else \
+            _convert(str(value), dtype)
+    if value == -(1 << (bits - 1)) and bits >= 32:   # (no literal for MIN itself)
+        return f"({value + 1}{'LL' if bits == 64 else ''} - 1)"
+    text = f"{value}LL" if bits == 64 else str(value)
+    return text if bits >= 32 else _convert(text, dtype)
+
+
+class _Emitter:
+    """Renders one stage's statements as C lines and expressions as strings."""
+
+    def __init__(self, func: str, grid: tuple, block: tuple):
+        self.func = func
+        self.grid = grid
+        self.block = block
+        self.lines: list[str] = []
+
+    def fail(self, what: str):
+        raise CudaCodegenError(f"{self.func}: {what}")
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("  " * depth + text)
+
+    # -- statements (dispatched through _STMT) -----------------------------------------------
+
+    def stmt(self, s: L.Stmt, depth: int) -> None:
+        emit = _STMT.get(type(s))
+        if emit is None:
+            self.fail(f"cannot render {s!r}")
+        emit(self, s, depth)
+
+    def seq(self, s: L.Seq, depth: int) -> None:
+        for x in s.stmts:
+            self.stmt(x, depth)
+
+    def loop(self, s: L.For, depth: int) -> None:
+        _LOOP[s.kind](self, s, depth)
+
+    def serial_for(self, s: L.For, depth: int, pragma: str = "") -> None:
+        if pragma:
+            self.emit(depth, pragma)
+        v = c_name(s.var.name)
+        self.emit(depth, f"for (long long {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{")
+        self.stmt(s.body, depth + 1)
+        self.emit(depth, "}")
+
+    def unrolled_for(self, s: L.For, depth: int) -> None:
+        self.serial_for(s, depth, "#pragma unroll")
+
+    def gpu_for(self, s: L.For, depth: int) -> None:
+        """The loop's variable is the block's or thread's index on its axis; guarded where
+        the launch has more blocks or threads on that axis than the loop iterations."""
+        axis = _AXES[s.kind]
+        size = (self.grid if s.kind.is_gpu_block else self.block)[axis]
+        v = c_name(s.var.name)
+        self.emit(depth, f"{{ const long long {v} = {s.kind.value};")
+        if s.extent.value < size:
+            self.emit(depth + 1, f"if ({v} < {s.extent.value}LL) {{")
+            self.stmt(s.body, depth + 2)
+            self.emit(depth + 1, "}")
+        else:
+            self.stmt(s.body, depth + 1)
+        self.emit(depth, "}")
+
+    def store(self, s: L.Store, depth: int) -> None:
+        self.emit(depth, f"{self.address(s.buffer, s.indices)} = {self.expr(s.value)};")
+
+    def let(self, s: L.Let, depth: int) -> None:
+        self.emit(depth, f"{{ const {C_TYPES[s.var.dtype]} {c_name(s.var.name)} = "
+                         f"{self.expr(s.value)};")
+        self.stmt(s.body, depth + 1)
+        self.emit(depth, "}")
+
+    def if_(self, s: L.If, depth: int) -> None:
+        self.emit(depth, f"if ({self.expr(s.cond)}) {{")
+        self.stmt(s.then, depth + 1)
+        if s.orelse is not None:
+            self.emit(depth, "} else {")
+            self.stmt(s.orelse, depth + 1)
+        self.emit(depth, "}")
+
+    def allocate(self, s: L.Allocate, depth: int) -> None:
+        b = s.buffer
+        storage = _STORAGE.get(b.scope)
+        if storage is None:
+            self.fail(f"GLOBAL scratch {b.name} must be allocated at the top of the function")
+        shape = L.static_shape(b.shape)
+        if shape is None:
+            self.fail(f"{b.scope.value} buffer {b.name} has a symbolic shape")
+        self.emit(depth, "{")
+        self.emit(depth + 1, f"{storage}{C_TYPES[b.dtype]} {c_name(b.name)}"
+                             f"[{max(1, math.prod(shape))}];")
+        self.stmt(s.body, depth + 1)
+        self.emit(depth, "}")
+
+    def barrier(self, s: L.Barrier, depth: int) -> None:
+        self.emit(depth, "__syncthreads();")
+
+    # -- expressions (dispatched through _EXPR) ----------------------------------------------
+
+    def expr(self, e: L.Expr) -> str:
+        emit = _EXPR.get(type(e))
+        if emit is None:
+            self.fail(f"cannot render {e!r}")
+        return emit(self, e)
+
+    def address(self, buf: L.Buffer, indices) -> str:
+        """`name[offset]`: after `linearize` every access has one index, its offset."""
+        (offset,) = indices
+        return f"{c_name(buf.name)}[{self.expr(offset)}]"
+
+    def constant(self, e: L.Const) -> str:
+        dtype = e.dtype
+        if dtype.kind == "b":
+            return "true" if e.value else "false"
+        if dtype in (T.float16, T.bfloat16):
+            bits = int(np.array(e.value, dtype.np).view(np.uint16))
+            return f"((unsigned short){bits:#x})"
+        if dtype.is_float:
+            return _float_literal(e.value, dtype)
+        return _int_literal(int(e.value), dtype)
+
+    def var(self, e: L.Var) -> str:
+        return c_name(e.name)
+
+    def load(self, e: L.Load) -> str:
+        return self.address(e.buffer, e.indices)
+
+    def select(self, e: L.Select) -> str:
+        return f"({self.expr(e.cond)} ? {self.expr(e.true)} : {self.expr(e.false)})"
+
+    def binop(self, e: L.BinOp) -> str:
+        emit = _BINARY.get((_class(e.a.dtype), e.op))
+        if emit is None:
+            self.fail(f"no CUDA rendering for operator {e.op} on {e.a.dtype.name} "
+                      f"(legalized?)")
+        return emit(self.expr(e.a), self.expr(e.b), e.dtype)
+
+    def call(self, e: L.Call) -> str:
+        args = [self.expr(a) for a in e.args]
+        src = e.args[0].dtype
+        if e.name == "bitcast":
+            if C_TYPES[src] == C_TYPES[e.dtype]:
+                return args[0]
+            emit = _BITCASTS.get((src, e.dtype))
+            same_width = src.itemsize == e.dtype.itemsize
+            if emit is None and same_width and (src.is_int or src in (T.float16, T.bfloat16)):
+                emit = _convert   # integers of one width (and 16-bit float bits)
+            if emit is None:
+                self.fail(f"no CUDA bit cast from {src.name} to {e.dtype.name}")
+            return emit(args[0], e.dtype)
+        emit = _CALLS.get((_class(src), e.name))
+        if emit is None:
+            self.fail(f"no CUDA rendering for intrinsic {e.name} on {src.name} (legalized?)")
+        return emit(*args, e.dtype)
+
+    def cast(self, e: L.Cast) -> str:
+        src, dst = e.value.dtype, e.dtype
+        value = self.expr(e.value)
+        if src is dst:
+            return value
+        emit = _CASTS.get((_class(src), _class(dst)))
+        if emit is None:
+            self.fail(f"no CUDA cast from {src.name} to {dst.name} (legalized?)")
+        return emit(value, dst)
+
+    def reduce(self, e: L.Reduce) -> str:
+        self.fail("Reduce must be lowered before codegen")
+
+
+_STORAGE = {L.Scope.LOCAL: "", L.Scope.SHARED: "__shared__ "}
+"""Scope of a nested Allocate -> its C declaration's qualifier (GLOBAL: the workspace)."""
+
+_STMT: dict[type, Callable] = {
+    L.Seq: _Emitter.seq, L.For: _Emitter.loop, L.Store: _Emitter.store, L.Let: _Emitter.let,
+    L.If: _Emitter.if_, L.Allocate: _Emitter.allocate, L.Barrier: _Emitter.barrier,
+}
+_LOOP: dict[L.ForKind, Callable] = {
+    L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,
+    L.ForKind.VECTORIZED: _Emitter.serial_for, L.ForKind.UNROLLED: _Emitter.unrolled_for,
+    **{kind: _Emitter.gpu_for for kind in _AXES},
+}
+"""Loop kind -> emitter: CPU kinds run serially within a thread (parallel / vectorized loops
+are a CPU schedule's; a GPU schedule binds loops to blocks and threads instead)."""
+_EXPR: dict[type, Callable] = {
+    L.Const: _Emitter.constant, L.Var: _Emitter.var, L.Load: _Emitter.load,
+    L.BinOp: _Emitter.binop, L.Call: _Emitter.call, L.Cast: _Emitter.cast,
+    L.Select: _Emitter.select, L.Reduce: _Emitter.reduce,
+}

@@ -1,0 +1,82 @@
+"""The cuda conv2d template: an ungrouped NCHW convolution as an implicit GEMM.
+
+Y[img, o, oy, ox] = sum over (c, ky, kx) of W[o, c, ky, kx] X[img, c, oy sh - ph + ky dh,
+ox sw - pw + kx dw] is a product of W viewed as [M = out channels, K = C kh kw] and the
+image's patches [K, N = images x output pixels], which are never materialised: the tiled
+product of `dense.py` (`tiled_product`) gathers each patch element into shared memory as it
+copies a B slice, padding read as 0 (consecutive threads take consecutive output pixels:
+consecutive input columns at stride 1). The bias and the fused epilogue apply on the store.
+Grouped and depthwise convolutions keep the default template (one thread per output).
+"""
+
+from __future__ import annotations
+
+from ...ir import loop as L
+from ...ir import types as T
+from .. import problems
+from ..space import Template
+from .dense import DEFAULTS, MIN_BLOCKS, DenseConfig, Operand, space, tiled_product
+
+MAX_GRID_Y = 65535
+
+
+def default(p: problems.Conv2d, machine) -> DenseConfig:
+    m, n, _ = _gemm(p)
+    configs = [DenseConfig(*d) for d in DEFAULTS]
+    for config in configs:
+        if -(-m // config.tile_m) * -(-n // config.tile_n) >= MIN_BLOCKS:
+            return config
+    return configs[-1]
+
+
+def _gemm(p: problems.Conv2d) -> tuple[int, int, int]:
+    """(M, N, K) of the implicit product."""
+    images, _, _, _ = p.x_dims
+    oc, cg, kh, kw = p.w_dims
+    _, _, oh, ow = p.y_dims
+    return oc, images * oh * ow, cg * kh * kw
+
+
+def applies(p: problems.Conv2d) -> bool:
+    images, c = p.x_dims[:2]
+    return p.group == 1 and not p.packed_nr and tuple(p.y_dims[:2]) == (images, p.w_dims[0]) \
+        and -(-p.w_dims[0] // 16) <= MAX_GRID_Y
+
+
+def build(p: problems.Conv2d, c: DenseConfig, machine) -> L.PrimFunc:
+    m, n, k = _gemm(p)
+    _, _, h, wid = p.x_dims
+    oc, cg, kh, kw = p.w_dims
+    _, _, oh, ow = p.y_dims
+    (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
+    w = L.Buffer(p.w.name, T.float32, (oc, k))
+    x = L.Buffer(p.x.name, T.float32, p.x_dims)
+    y = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
+
+    def pixel(j):
+        """(image, output row, output column) of output pixel j."""
+        return j // (oh * ow), j // ow % oh, j % ow
+
+    def patch(bi, j, kk):
+        img, oy, ox = pixel(j)
+        ch, ky, kx = kk // (kh * kw), kk // kw % kh, kk % kw
+        iy, ix = oy * sh - ph + ky * dh, ox * sw - pw + kx * dw
+        inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < wid)
+        clamped = x[img, ch, L.minimum(L.maximum(iy, 0), h - 1),
+                    L.minimum(L.maximum(ix, 0), wid - 1)]
+        return L.Select(inside, clamped, L.const(0.0, T.float32))
+
+    def store(bi, i, j, value):
+        img, oy, ox = pixel(j)
+        if p.bias is not None:
+            value = value + p.bias[i]
+        index = (img, i, oy, ox)
+        return L.Store(y, index, p.epilogue(value, index))
+
+    body = tiled_product(c, 1, m, n, k, Operand(lambda bi, i, kk: w[i, kk], False),
+                         Operand(patch, True), store)
+    views = {w.name: w, x.name: x, y.name: y}
+    return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
+
+
+CONV2D = Template("cuda_conv2d", problems.conv2d, applies, space, default, build)

@@ -1,0 +1,173 @@
+"""Loop-nest analysis and rewrites every target's schedules share.
+
+What a loop's iterations share (`carried`: a loop may run its iterations on several cores or
+GPU threads only when it carries nothing), which consecutive loops walk the same rows
+(`fuse_row_loops`: softmax's max, sum and normalisation become one loop over rows), the
+accumulator updates a reduction makes (`update_op`), and the small rewrites built on them
+(`fuse_until`, `rename_buffer`). Pure functions of the operator IR: this module never
+chooses a schedule and never imports a backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import loop as L
+
+COMBINERS = ("+", "*", "max", "min", "and", "or")
+"""Associative update ops a reduction's accumulator may take (`update_op`)."""
+
+
+def fuse_row_loops(stmts: list[L.Stmt]) -> list[L.Stmt]:
+    """Consecutive loops over the same rows become one where each iteration only reads what
+    the same iteration of the earlier loops wrote (softmax's row max, then its sum, then
+    the output row): a row is done while it is in cache, and one parallel region runs."""
+    out: list[L.Stmt] = []
+    for s in stmts:
+        prev = out[-1] if out else None
+        if isinstance(s, L.For) and isinstance(prev, L.For) and s.kind == prev.kind and \
+                isinstance(s.extent, L.Const) and s.extent == prev.extent:
+            body = L.substitute(s.body, {s.var: prev.var})
+            fused = L.For(prev.var, prev.extent, L.seq(prev.body, body), prev.kind)
+            # (a loop carrying a reduction, as a split reduction's combining step, would
+            # make the fused loop serial)
+            if row_local(prev.body, body, prev.var, s.extent.value) and not carried(fused):
+                out[-1] = fused
+                continue
+        out.append(s)
+    return out
+
+def accesses(s: L.Stmt) -> tuple[dict, dict]:
+    """Buffers stored and loaded in `s`: name -> the set of index tuples used."""
+    stores: dict[str, set] = {}
+    loads: dict[str, set] = {}
+    for n in L.walk(s):
+        if isinstance(n, L.Store):
+            stores.setdefault(n.buffer.name, set()).add(n.indices)
+        elif isinstance(n, L.Load):
+            loads.setdefault(n.buffer.name, set()).add(n.indices)
+    return stores, loads
+
+def row_local(first: L.Stmt, second: L.Stmt, var: L.Var, extent: int) -> bool:
+    """Whether running `second` right after `first` for each value of `var` (instead of after
+    all of `first`) keeps every read: what they share is written and read at one index that
+    depends on `var` alone (the row) and differs for each of its values, and nothing
+    `second` writes is touched by `first`."""
+    w1, r1 = accesses(first)
+    w2, r2 = accesses(second)
+    for name in w2:
+        if name in w1 or name in r1:
+            return False
+    for name, written in w1.items():
+        if name not in r2 and name not in w2:
+            continue
+        if name in w2 or len(written) != 1 or r2[name] != written:
+            return False
+        (index,) = written
+        used = set().union(*(L.free_vars(i) for i in index)) if index else set()
+        if used != {var} or not injective(index, var, extent):
+            return False
+    return True
+
+def injective(index: tuple, var: L.Var, extent: int) -> bool:
+    """Whether each value of `var` in [0, extent) writes its own element (then the fused
+    loop's reads see the same iteration's write, as the unfused order would)."""
+    from ..ir.compute import ComputeEvalError, _Evaluator
+
+    grid = np.arange(extent, dtype=np.int64)
+    try:
+        columns = [np.broadcast_to(_Evaluator({}, {}).eval(i, {var: grid}), grid.shape)
+                   for i in index]
+    except (ComputeEvalError, KeyError):
+        return False
+    rows = np.stack(columns, axis=1)
+    return len(np.unique(rows, axis=0)) == extent
+
+def nest_work(s: L.Stmt) -> int | None:
+    """Iterations of the innermost statements of a loop nest (None when symbolic)."""
+    if isinstance(s, L.For):
+        if not isinstance(s.extent, L.Const):
+            return None
+        inner = nest_work(s.body)
+        return None if inner is None else s.extent.value * inner
+    if isinstance(s, L.Seq):
+        parts = [nest_work(x) for x in s.stmts]
+        return None if any(p is None for p in parts) else max(sum(parts), 1)
+    if isinstance(s, (L.Allocate, L.Let)):
+        return nest_work(s.body)
+    if isinstance(s, L.If):
+        return nest_work(s.then)
+    return 1
+
+def carried(loop: L.For) -> set[str]:
+    """Buffers through which iterations of `loop` may see each other's work (so it must not
+    run in parallel): written, and read or written at an element not the iteration's own.
+    An element is an iteration's own when every access to the buffer has the same components
+    that depend on the loop variable alone, and these differ for each of its values (the
+    output rows of a stage); an accumulator's `acc[0]` has none. Buffers allocated inside
+    the loop are private to an iteration."""
+    private = {n.buffer.name for n in L.walk(loop.body) if isinstance(n, L.Allocate)}
+    stores, loads = accesses(loop.body)
+    carried = set()
+    for name, written in stores.items():
+        if name in private:
+            continue
+        keys = {own_components(index, loop.var) for index in written | loads.get(name, set())}
+        key = keys.pop()
+        if keys or not key or not distinct_per_iteration(tuple(e for _, e in key), loop):
+            carried.add(name)
+    return carried
+
+def own_components(index: tuple, var: L.Var) -> tuple:
+    """(position, component) of the index components that depend on `var` and nothing else."""
+    return tuple((k, e) for k, e in enumerate(index) if L.free_vars(e) == {var})
+
+def distinct_per_iteration(components: tuple, loop: L.For) -> bool:
+    if loop.var in components:
+        return True
+    if not isinstance(loop.extent, L.Const) or loop.extent.value > 1 << 16:
+        return False   # not checked: taken as shared
+    return injective(components, loop.var, loop.extent.value)
+
+def update_op(body: L.Stmt, acc: L.Buffer) -> str | None:
+    """`op` when every access to `acc` in `body` is an update `acc[0] = acc[0] (op) x` (x not
+    reading acc), all with one associative `op`; else None."""
+    zero = (L.const(0),)
+    ops, loads = set(), 0
+    for n in L.walk(body):
+        if isinstance(n, L.Load) and n.buffer.name == acc.name:
+            loads += 1
+        elif isinstance(n, L.Store) and n.buffer.name == acc.name:
+            v = n.value
+            if n.indices != zero or not isinstance(v, L.BinOp) or v.op not in COMBINERS or \
+                    v.a != L.Load(acc, zero):
+                return None
+            ops.add(v.op)
+    stores = sum(1 for n in L.walk(body) if isinstance(n, L.Store) and n.buffer.name == acc.name)
+    return ops.pop() if len(ops) == 1 and loads == stores else None
+
+def rename_buffer(node, old: L.Buffer, new: L.Buffer):
+    """`node` with every access to `old` made to `new`."""
+    def rule(n):
+        if isinstance(n, L.Load) and n.buffer.name == old.name:
+            return L.Load(new, n.indices)
+        if isinstance(n, L.Store) and n.buffer.name == old.name:
+            return L.Store(new, n.indices, n.value)
+        return None
+
+    return L.transform(node, rule)
+
+def fuse_until(loop: L.For, want: int) -> L.For:
+    """`loop` fused with the perfectly nested loops inside it until it has `want` iterations
+    (or nothing is left to fuse)."""
+    extent = loop.extent
+    if not isinstance(extent, L.Const) or extent.value >= want:
+        return loop
+    inner = loop.body
+    if not isinstance(inner, L.For) or not isinstance(inner.extent, L.Const):
+        return loop
+    n_in = inner.extent.value
+    fused = L.Var(f"{loop.var.name}_{inner.var.name}")
+    body = L.substitute(inner.body, {loop.var: fused // n_in, inner.var: fused % n_in})
+    merged = L.For(fused, L.const(extent.value * n_in), body)
+    return fuse_until(merged, want)

@@ -1,0 +1,500 @@
+"""The cuda renderer and schedules without a GPU.
+
+- the renderer on hand-built PrimFuncs: guards, barriers, restrict, workspace parameters,
+  launches, dtypes and literals;
+- the schedules' results computed on the CPU: a scheduled PrimFunc with its GPU loops run
+  serially (a block's threads one after another between barriers, which is CUDA's meaning
+  for these schedules: no thread reads what another writes before the next barrier) through
+  the llvm renderer, against the NumPy reference, for every kernel of every zoo model and
+  sampled configs of every template on shapes with tails (tests/backends/cuda/
+  test_host_semantics.py runs the rendered CUDA C itself on the host);
+- where nvcc is on PATH, `nvcc -arch=sm_90 --ptx` of the modules rendered for every zoo
+  model and a sample of node-suite kernels.
+"""
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from cuda_kernels import (MACHINE, SMALL, programs, reference, renamed, suite_cases,
+                          suite_sample, zoo_model, zoo_programs)
+from dnnc.backends.cuda.codegen import (CudaCodegenError, c_name, render_func, render_module,
+                                        stages)
+from dnnc.backends.cuda.schedules import DEFAULT, ROWS, schedule_kernel, template_for
+from dnnc.backends.llvm.codegen import ModuleBuilder
+from dnnc.backends.llvm.runtime import JITModule, host_target
+from dnnc.backends.lower import lower_group
+from dnnc.frontend.onnx import import_onnx
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+
+ZOO = sorted(SMALL)
+
+
+# -- harness -------------------------------------------------------------------------------------
+
+
+def emulated(func: L.PrimFunc) -> L.PrimFunc:
+    """`func` with its GPU loops serial and its barriers gone: what one block's threads do,
+    one after another between barriers. A LOCAL buffer allocated outside the thread loops
+    (a dense tile's accumulators, which live across barriers) gets one copy per thread."""
+    gpu = {k for k in L.ForKind if k.value.startswith(("blockIdx", "threadIdx"))}
+    copies: dict[str, L.Buffer] = {}
+
+    def expr(e, t):
+        def rule(n):
+            if isinstance(n, L.Load) and n.buffer.name in copies:
+                return L.Load(copies[n.buffer.name], (t,) + n.indices)
+            return None
+        return L.transform(e, rule)
+
+    def stmt(s, t):
+        if isinstance(s, L.For):
+            inner = s.var if s.kind.is_gpu_thread else t
+            return L.For(s.var, s.extent, stmt(s.body, inner),
+                         L.ForKind.SERIAL if s.kind in gpu else s.kind)
+        if isinstance(s, L.Allocate):
+            b = s.buffer
+            threads = [n.extent.value for n in L.walk(s.body)
+                       if isinstance(n, L.For) and n.kind.is_gpu_thread]
+            if b.scope is L.Scope.LOCAL and t is None and threads:
+                copies[b.name] = L.Buffer(b.name, b.dtype, (max(threads),) + b.shape, b.scope)
+                return L.Allocate(copies[b.name], stmt(s.body, t))
+            return L.Allocate(b, stmt(s.body, t))
+        if isinstance(s, L.Seq):
+            return L.seq(*(stmt(x, t) for x in s.stmts if not isinstance(x, L.Barrier)))
+        if isinstance(s, L.Let):
+            return L.Let(s.var, expr(s.value, t), stmt(s.body, t))
+        if isinstance(s, L.If):
+            return L.If(expr(s.cond, t), stmt(s.then, t),
+                        None if s.orelse is None else stmt(s.orelse, t))
+        if isinstance(s, L.Store):
+            indices = tuple(expr(i, t) for i in s.indices)
+            if s.buffer.name in copies:
+                return L.Store(copies[s.buffer.name], (t,) + indices, expr(s.value, t))
+            return L.Store(s.buffer, indices, expr(s.value, t))
+        return s
+
+    return L.PrimFunc(func.name, func.params, stmt(func.body, None), func.size_vars,
+                      func.attrs)
+
+
+def run_on_cpu(funcs: list[L.PrimFunc], arrays: dict[str, list[np.ndarray]]) -> None:
+    """Run each of `funcs` emulated (`emulated`) on its arrays (params in order), in place."""
+    mb = ModuleBuilder("cuda_emulated")
+    for f in funcs:
+        mb.add(emulated(f))
+    jm = JITModule(str(mb), host_target(), 0)
+    for f in funcs:
+        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
+            jm.address(f"{c_name(f.name)}_packed"))
+        ptrs = (ctypes.c_void_p * len(f.params))(*[a.ctypes.data for a in arrays[f.name]])
+        fn(ptrs, (ctypes.c_int64 * 1)())
+
+
+def poisoned(dtype: np.dtype, shape) -> np.ndarray:
+    """An output buffer that is wrong unless written: NaN for floats, 0x5A bytes else."""
+    out = np.empty(shape, dtype)
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        out[...] = np.nan
+    else:
+        out.view(np.uint8)[...] = 0x5A
+    return out
+
+
+def check_program_on_cpu(graph, program, values):
+    """Every kernel of `program` run emulated on its reference inputs, against its reference
+    outputs (rtol 1e-4, atol 1e-5)."""
+    funcs, arrays, expected = [], {}, {}
+    for kernel in program.kernels:
+        if kernel.func.name in arrays:
+            name = f"{kernel.func.name}_{len(funcs)}"
+            func = L.PrimFunc(name, kernel.func.params, kernel.func.body)
+        else:
+            func, name = kernel.func, kernel.func.name
+        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+               for v in kernel.inputs]
+        outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+        funcs.append(func)
+        arrays[name] = ins + outs
+        expected[name] = [values[v.name] for v in kernel.outputs]
+    run_on_cpu(funcs, arrays)
+    for name, want in expected.items():
+        got = arrays[name][-len(want):]
+        for g, w in zip(got, want):
+            if w.dtype.kind == "f":
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, equal_nan=True,
+                                           err_msg=name)
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def _graph(op, shape, dtype=T.float32, **attrs):
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(dtype, shape))
+    g.outputs = [g.add(op, x, **attrs)]
+    return g
+
+
+def _kernel(op, shape, dtype=T.float32, **attrs):
+    g = _graph(op, shape, dtype, **attrs)
+    return lower_group(list(g.nodes), f"k_{op}")
+
+
+# -- the renderer on hand-built kernels --------------------------------------------------------
+
+
+def test_elementwise_launch_covers_the_extent_with_a_guard():
+    kernel = _kernel("Relu", (5, 77))
+    text, k = render_func(schedule_kernel(kernel, MACHINE))
+    (launch,) = k.launches
+    assert launch.grid[0] * launch.block[0] >= 5 * 77 > (launch.grid[0] - 1) * launch.block[0]
+    assert re.search(r"if \(\(\w+ < 385LL\)\)", text)          # the tail is guarded
+    assert 'extern "C" __global__' in text and "__restrict__" in text
+    assert "const float* __restrict__ v_x" in text             # an input is const
+
+
+@pytest.mark.parametrize("op,shape,attrs", [("Relu", (0, 5), {}),
+                                            ("ReduceSum", (0, 7), {"keepdims": 0})])
+def test_empty_tensors_launch_one_idle_block(op, shape, attrs):
+    _, k = render_func(schedule_kernel(_kernel(op, shape, **attrs), MACHINE))
+    assert all(min(launch.grid) >= 1 and min(launch.block) >= 1 for launch in k.launches)
+
+
+@pytest.mark.parametrize("rows,narrow", [(4, True), (3, False)])
+def test_index_arithmetic_in_32_bits_where_it_fits(rows, narrow):
+    cols = 100 if narrow else 1 << 30      # 3 x 2**30 elements: offsets past int32
+    x = L.Buffer("x", T.float32, (rows, cols))
+    i, j = L.Var("i"), L.Var("j")
+    body = L.For(i, rows, L.For(j, cols, L.Store(x, (i, j), L.const(1.0)), L.ForKind.THREAD_X),
+                 L.ForKind.BLOCK_X)
+    if not narrow:
+        body = L.For(i, rows, L.For(j, 64, L.For(L.Var("k"), cols // 64, L.Store(
+            x, (i, j * (cols // 64) + L.Var("k")), L.const(1.0))), L.ForKind.THREAD_X),
+            L.ForKind.BLOCK_X)
+    text, _ = render_func(L.PrimFunc("f", (x,), body))
+    assert ("x[((long long)((((int)(j)) + (((int)(i)) * 100))))]" in text) == narrow
+    assert ("(int)" in text) == narrow
+
+
+def test_no_restrict_when_buffers_may_alias():
+    func = schedule_kernel(_kernel("Relu", (64,)), MACHINE)
+    text, _ = render_func(func, noalias=False)
+    assert "__restrict__" not in text
+
+
+def test_softmax_rows_one_launch_with_barriers_and_workspace():
+    kernel = _kernel("Softmax", (6, 300), axis=-1)
+    assert template_for(kernel)[0] is ROWS
+    func = schedule_kernel(kernel, MACHINE)
+    text, k = render_func(func)
+    assert len(k.launches) == 1                     # max, sum and output fused per row
+    assert k.launches[0].grid == (6, 1, 1)          # a block per row
+    assert k.workspace == [6 * 4, 6 * 4]            # the row max and sum scratch
+    assert "__shared__ float" in text and "__syncthreads();" in text
+    # every kernel takes the params, then the workspace pointers
+    params = re.search(r"k_Softmax\((.*?)\)", text).group(1).split(", ")
+    assert len(params) == 4 and params[2].startswith("float*")
+
+
+def test_stages_are_launches_in_order():
+    x = L.Buffer("x", T.float32, (100,))
+    y = L.Buffer("y", T.float32, (100,))
+    tmp = L.Buffer("tmp", T.float32, (100,))
+    i, j = L.Var("i"), L.Var("j")
+    body = L.Allocate(tmp, L.seq(L.For(i, 100, L.Store(tmp, (i,), x[i] * 2.0)),
+                                 L.For(j, 100, L.Store(y, (j,), tmp[99 - j]))))
+    func = L.PrimFunc("two", (x, y), body)
+    from dnnc.backends.cuda.schedules import Config, schedule
+    scheduled = schedule(func, Config(threads=64))
+    text, k = render_func(scheduled)
+    assert [launch.name for launch in k.launches] == ["two_s0", "two_s1"]
+    assert k.workspace == [400]
+    assert all(launch.grid == (2, 1, 1) and launch.block == (64, 1, 1) for launch in k.launches)
+    assert text.index("two_s0(") < text.index("two_s1(")
+    # correct: the second stage reads what other threads of the first wrote
+    xs = np.arange(100, dtype=np.float32)
+    ys = poisoned(np.dtype(np.float32), (100,))
+    run_on_cpu([scheduled], {"two": [xs, ys]})
+    np.testing.assert_array_equal(ys, (xs * 2)[::-1])
+
+
+def test_whole_tensor_reduction_is_a_block_tree():
+    kernel = _kernel("ReduceSum", (37, 29), keepdims=0)
+    func = schedule_kernel(kernel, MACHINE)
+    text, k = render_func(func)
+    (launch,) = k.launches
+    assert launch.grid == (1, 1, 1) and launch.block == (256, 1, 1)
+    assert text.count("__syncthreads();") == 9      # after the partials, then 8 tree steps
+
+
+@pytest.mark.parametrize("dtype,needle", [
+    (T.float16, "dnnc_h2f("), (T.bfloat16, "__uint_as_float("), (T.float64, "double"),
+    (T.int8, "signed char"), (T.uint16, "unsigned short")])
+def test_dtypes(dtype, needle):
+    op = "Abs" if dtype.is_int else "Neg"
+    text, _ = render_func(schedule_kernel(_kernel(op, (33,), dtype), MACHINE))
+    assert needle in text
+
+
+def test_literals():
+    x = L.Buffer("x", T.float32, (4,))
+    y = L.Buffer("y", T.float32, (4,))
+    i = L.Var("i")
+    value = L.Select(x[i] > L.const(float("inf"), T.float32), L.const(float("-inf"), T.float32),
+                     x[i] + L.const(0.1, T.float32))
+    func = L.PrimFunc("lit", (x, y), L.For(i, 4, L.Store(y, (i,), value), L.ForKind.THREAD_X))
+    text, k = render_func(func)
+    assert "__uint_as_float(0x7f800000u)" in text and "__uint_as_float(0xff800000u)" in text
+    assert "0.10000000149011612f" in text           # the float32 nearest 0.1, exactly
+    neg = L.PrimFunc("neg", (y,), L.For(i, 4, L.Store(y, (i,), L.call(
+        "neg", L.const(-1.0, T.float32))), L.ForKind.THREAD_X))
+    assert "(-(-1.0f))" in render_func(neg)[0]      # not `--1.0f`, a decrement
+    assert k.launches[0].block == (4, 1, 1)
+
+
+def test_global_scratch_inside_a_loop_is_refused():
+    x = L.Buffer("x", T.float32, (4,))
+    tmp = L.Buffer("tmp", T.float32, (4,))
+    i = L.Var("i")
+    func = L.PrimFunc("bad", (x,), L.For(i, 4, L.Allocate(tmp, L.Store(x, (i,), L.const(1.0))),
+                                         L.ForKind.THREAD_X))
+    with pytest.raises(CudaCodegenError, match="top of the function"):
+        render_func(func)
+
+
+def test_stages_split_inside_scratch():
+    a, b = L.Buffer("a", T.float32, (2,)), L.Buffer("b", T.float32, (2,))
+    s1, s2 = L.Store(a, (0,), L.const(1.0)), L.Store(a, (1,), L.const(2.0))
+    workspace, body = stages(L.Allocate(b, L.seq(s1, L.Allocate(a, s2))))
+    assert [w.name for w in workspace] == ["b", "a"] and body == [s1, s2]
+
+
+# -- schedules computed on the CPU -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("template", [DEFAULT, ROWS])
+@pytest.mark.parametrize("op,shape,attrs", [
+    ("Softmax", (3, 5, 70), {"axis": -1}), ("ReduceSum", (1, 130), {"keepdims": 0}),
+    ("ArgMax", (7, 33, 9), {"axis": 1}),
+    ("LayerNormalization", (4, 65), {"axis": -1})])
+def test_every_config_is_correct(rng, template, op, shape, attrs):
+    g = Graph("g")
+    args = [g.add_input("x", T.TensorType(T.float32, shape))]
+    if op == "LayerNormalization":
+        args.append(Value("s", T.TensorType(T.float32, shape[-1:]),
+                          const=rng.standard_normal(shape[-1:]).astype(np.float32)))
+    g.outputs = [g.add(op, *args, **attrs)]
+    node = list(g.nodes)[0]
+    kernel = lower_group([node], "k")
+    problem = template.problem(kernel)
+    xs = rng.standard_normal(shape).astype(np.float32)
+    want = reference(g, {"x": xs})[node.outputs[0].name]
+    space = template.space(problem, MACHINE)
+    configs = space.sample(np.random.default_rng(0), 12) + [template.default(problem, MACHINE)]
+    funcs, arrays = [], {}
+    for c, config in enumerate(configs):
+        func = template.build(problem, space.check(config), MACHINE)
+        func = L.PrimFunc(f"k{c}", func.params, func.body)
+        render_func(func)   # renders
+        funcs.append(func)
+        consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
+        arrays[func.name] = [xs] + consts + [poisoned(want.dtype, want.shape)]
+    run_on_cpu(funcs, arrays)
+    for func, config in zip(funcs, configs):
+        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-5,
+                                   err_msg=str(config))
+
+
+@pytest.mark.parametrize("case", ["17x13x37", "33x70x65 transB", "2x20x9x33 batched",
+                                  "3x16x40x24 shared-B relu"])
+def test_dense_configs_are_correct(rng, case):
+    from dnnc.backends.cuda.dense import DENSE
+
+    dims = [int(d) for d in case.split()[0].split("x")]
+    *batch, m, k, n = dims
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (*batch, m, k)))
+    bv = rng.standard_normal(((*batch, k, n) if "batched" in case else (n, k) if "transB" in case
+                              else (k, n))).astype(np.float32)
+    b = Value("b", T.TensorType(T.float32, bv.shape), const=bv)
+    if "transB" in case:
+        cv = rng.standard_normal((n,)).astype(np.float32)
+        out = g.add("Gemm", a, b, Value("c", T.TensorType(T.float32, (n,)), const=cv),
+                    transB=1, alpha=0.5, beta=2.0)
+    else:
+        out = g.add("MatMul", a, b)
+    if "relu" in case:
+        out = g.add("Relu", out)
+    g.outputs = [out]
+    kernel = lower_group(list(g.nodes), "k", outputs=[out])
+    problem = DENSE.problem(kernel)
+    assert problem is not None and DENSE.applies(problem)
+    xs = rng.standard_normal((*batch, m, k)).astype(np.float32)
+    want = reference(g, {"a": xs})[out.name]
+    space = DENSE.space(problem, MACHINE)
+    configs = space.sample(np.random.default_rng(1), 5) + [DENSE.default(problem, MACHINE)]
+    funcs, arrays = [], {}
+    for c, config in enumerate(configs):
+        func = DENSE.build(problem, space.check(config), MACHINE)
+        func = L.PrimFunc(f"k{c}", func.params, func.body)
+        render_func(func)
+        funcs.append(func)
+        consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
+        arrays[func.name] = [xs] + consts + [poisoned(want.dtype, want.shape)]
+    run_on_cpu(funcs, arrays)
+    for func, config in zip(funcs, configs):
+        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-4,
+                                   err_msg=str(config))
+
+
+@pytest.mark.parametrize("cfg", [dict(c=3, oc=5, h=9, w=7, k=3, stride=1, pad=1),
+                                 dict(c=8, oc=20, h=11, w=13, k=3, stride=2, pad=1),
+                                 dict(c=5, oc=7, h=10, w=10, k=3, stride=1, pad=2, dilation=2),
+                                 dict(c=4, oc=17, h=6, w=6, k=1, stride=1, pad=0, batch=2)])
+def test_conv_configs_are_correct(rng, cfg):
+    from dnnc.backends.cuda.conv import CONV2D
+
+    batch = cfg.get("batch", 1)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (batch, cfg["c"], cfg["h"], cfg["w"])))
+    wv = (rng.standard_normal((cfg["oc"], cfg["c"], cfg["k"], cfg["k"])) * 0.2).astype(
+        np.float32)
+    bv = rng.standard_normal(cfg["oc"]).astype(np.float32)
+    conv = g.add("Conv", x, Value("w", T.TensorType(T.float32, wv.shape), const=wv),
+                 Value("b", T.TensorType(T.float32, bv.shape), const=bv),
+                 pads=[cfg["pad"]] * 4, strides=[cfg["stride"]] * 2,
+                 dilations=[cfg.get("dilation", 1)] * 2)
+    out = g.add("Relu", conv)
+    g.outputs = [out]
+    kernel = lower_group(list(g.nodes), "k", outputs=[out])
+    problem = CONV2D.problem(kernel)
+    assert problem is not None and CONV2D.applies(problem)
+    xs = rng.standard_normal((batch, cfg["c"], cfg["h"], cfg["w"])).astype(np.float32)
+    want = reference(g, {"x": xs})[out.name]
+    space = CONV2D.space(problem, MACHINE)
+    configs = space.sample(np.random.default_rng(2), 4) + [CONV2D.default(problem, MACHINE)]
+    funcs, arrays = [], {}
+    for c, config in enumerate(configs):
+        func = CONV2D.build(problem, space.check(config), MACHINE)
+        func = L.PrimFunc(f"k{c}", func.params, func.body)
+        render_func(func)
+        funcs.append(func)
+        ins = [xs if v.const is None else np.ascontiguousarray(v.const) for v in kernel.inputs]
+        arrays[func.name] = ins + [poisoned(want.dtype, want.shape)]
+    run_on_cpu(funcs, arrays)
+    for func, config in zip(funcs, configs):
+        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-4,
+                                   err_msg=str(config))
+
+
+@pytest.mark.parametrize("model", ZOO)
+def test_zoo_kernels_on_cpu(model):
+    graph, progs = zoo_programs(model)
+    from dnnc import zoo
+    values = reference(graph, zoo.inputs_for(zoo_model(model), np.random.default_rng(0)))
+    for program in progs:
+        module = render_module(program.unique)
+        for kernel in program.kernels:
+            launches = module.kernels[kernel.func.name].launches
+            assert launches and all(max(lc.block) <= 1024 for lc in launches)
+        check_program_on_cpu(graph, program, values)
+
+
+# -- nvcc, compile only ------------------------------------------------------------------------
+
+nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+
+def ptx(source: str, tmp_path) -> None:
+    path = tmp_path / "module.cu"
+    path.write_text(source)
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-std=c++17", "-o",
+                           str(tmp_path / "module.ptx"), str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _every_op() -> list[L.PrimFunc]:
+    """One kernel per (dtype, op) of the IR: every BinOp, intrinsic, cast and bit cast on
+    every dtype it takes, one thread per element."""
+    funcs = []
+    i = L.Var("i")
+
+    def kernel(name, in_dtypes, out_dtype, fn):
+        xs = tuple(L.Buffer(f"x{k}", d, (7,)) for k, d in enumerate(in_dtypes))
+        y = L.Buffer("y", out_dtype, (7,))
+        body = L.For(i, 7, L.Store(y, (i,), fn(*[x[i] for x in xs])), L.ForKind.THREAD_X)
+        funcs.append(L.PrimFunc(f"f{len(funcs)}_{name}", xs + (y,), body))
+
+    for dt in T.ALL_DTYPES:
+        ops = [*L.COMPARE]
+        if dt.kind != "b":
+            ops += list(L.ARITH)
+        if dt.is_int or dt.kind == "b":
+            ops += list(L.BITWISE) if dt.kind != "b" else ["&", "|", "^"]
+        if dt.kind == "b":
+            ops += list(L.LOGIC)
+        for op in ops:
+            out = T.bool_ if op in L.COMPARE or op in L.LOGIC else dt
+            kernel(f"{dt.name}_{op}", (dt, dt), out, lambda a, b, op=op: L.BinOp(op, a, b))
+        calls = [n for n in L.INTRINSICS if n not in ("bitcast", "fma", "pow", "fmod",
+                                                      "atan2")]
+        if not dt.is_float:
+            calls = ["abs", "neg", "sign", "not", "isnan", "isinf"] if dt.kind != "b" \
+                else ["not"]
+        for name in calls:
+            kernel(f"{dt.name}_{name}", (dt,), T.bool_ if name in ("isnan", "isinf", "not")
+                   else dt, lambda a, name=name: L.call(name, a))
+        if dt.is_float:
+            for name in ("fma", "pow", "fmod", "atan2"):
+                arity = 3 if name == "fma" else 2
+                kernel(f"{dt.name}_{name}", (dt,) * arity, dt,
+                       lambda *a, name=name: L.call(name, *a))
+        for dst in T.ALL_DTYPES:
+            if dst is not dt:
+                kernel(f"{dt.name}_to_{dst.name}", (dt,), dst,
+                       lambda a, dst=dst: L.Cast(dst, a))
+            if dst.itemsize == dt.itemsize and dst is not dt and T.bool_ not in (dt, dst):
+                kernel(f"{dt.name}_as_{dst.name}", (dt,), dst,
+                       lambda a, dst=dst: L.call("bitcast", a, dtype=dst))
+    return funcs
+
+
+@nvcc
+def test_every_op_on_every_dtype_compiles(tmp_path):
+    funcs = _every_op()
+    assert len(funcs) > 500
+    ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
+
+
+@nvcc
+def test_zoo_modules_compile_with_nvcc(tmp_path):
+    funcs = []
+    for m, model in enumerate(ZOO):
+        _, progs = zoo_programs(model)
+        for p, program in enumerate(progs):
+            funcs += renamed(program, f"m{m}p{p}_")
+    ptx(render_module(funcs).source, tmp_path)
+
+
+@nvcc
+def test_node_suite_sample_compiles_with_nvcc(tmp_path):
+    funcs = []
+    for c, (name, case) in enumerate(suite_cases(suite_sample(60)).items()):
+        try:
+            graph = import_onnx(case.model)
+            _, progs = programs(graph)
+        except Exception as exc:   # a case dnnc cannot import is the conformance suite's
+            if type(exc).__module__.startswith("dnnc"):
+                continue
+            raise
+        for p, program in enumerate(progs):
+            funcs += renamed(program, f"c{c}p{p}_")
+    assert len(funcs) > 40
+    ptx(render_module(funcs).source, tmp_path)

@@ -1,0 +1,234 @@
+"""The CUDA C the renderer writes means what the IR means, checked without a GPU: the module
+compiled as host C++ by g++ with a small shim for CUDA's built-ins, where a launch runs one
+host thread per CUDA thread of a block (thread-local threadIdx, `__syncthreads` a
+std::barrier, `__shared__` static), the blocks one after another.
+
+- every op on every dtype (test_codegen's `_every_op`) against the same PrimFuncs rendered
+  by the llvm backend (the IR's tested meaning), on random inputs: the op tables, literals,
+  casts, bit casts and the float16 conversions' rounding;
+- every kernel of small zoo models and of a node-suite sample, scheduled for cuda, against
+  the NumPy reference: linearised and narrowed indexing, shared memory, barriers, launches.
+
+The GPU's own math library is gpu_check.py's to check."""
+
+import ctypes
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from dnnc.backends.cuda.codegen import C_TYPES, PRELUDE, c_name, render_module, stages
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from cuda_kernels import (programs, reference, renamed, suite_cases, suite_inputs, suite_sample,
+                          zoo_model, zoo_programs)
+from dnnc.frontend.onnx import import_onnx
+from test_codegen import _every_op, poisoned, run_on_cpu
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+
+SHIM = r"""
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+struct dnnc_dim3 { unsigned x = 0, y = 0, z = 0; };
+static thread_local dnnc_dim3 threadIdx, blockIdx;
+static std::barrier<>* dnnc_block;
+extern "C" void dnnc_set_thread(unsigned x) { threadIdx.x = x; }
+// one host thread per CUDA thread of a block; the blocks in order, a barrier between them
+// (static "shared" arrays are then one block's at a time)
+extern "C" void dnnc_launch(void (*kernel)(void**), void** args, unsigned gx, unsigned gy,
+                            unsigned gz, unsigned bx) {
+  std::barrier<> block(bx);
+  dnnc_block = &block;
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < bx; ++t)
+    threads.emplace_back([=, &block] {
+      threadIdx.x = t;
+      for (unsigned z = 0; z < gz; ++z)
+        for (unsigned y = 0; y < gy; ++y)
+          for (unsigned x = 0; x < gx; ++x) {
+            blockIdx.x = x; blockIdx.y = y; blockIdx.z = z;
+            kernel(args);
+            block.arrive_and_wait();
+          }
+    });
+  for (auto& th : threads) th.join();
+}
+#define __syncthreads() dnnc_block->arrive_and_wait()
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __restrict__ __restrict
+template <typename To, typename From> static inline To dnnc_bits(From x) {
+  To y; std::memcpy(&y, &x, sizeof y); return y;
+}
+static inline float __uint_as_float(unsigned x) { return dnnc_bits<float>(x); }
+static inline float __int_as_float(int x) { return dnnc_bits<float>(x); }
+static inline unsigned __float_as_uint(float x) { return dnnc_bits<unsigned>(x); }
+static inline int __float_as_int(float x) { return dnnc_bits<int>(x); }
+static inline long long __double_as_longlong(double x) { return dnnc_bits<long long>(x); }
+static inline double __longlong_as_double(long long x) { return dnnc_bits<double>(x); }
+// the PTX conversions of the prelude, as the host rounds them (to nearest even)
+static inline float dnnc_h2f(unsigned short h) { return (float)dnnc_bits<_Float16>(h); }
+static inline unsigned short dnnc_f2h(float f) { return dnnc_bits<unsigned short>((_Float16)f); }
+"""
+
+
+def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
+    """The rendered module of `funcs` ((PrimFunc, noalias) pairs) as a host library, with
+    `<launch>_host(void** args)` calling each `__global__` with its arguments."""
+    module = module or render_module(funcs)
+    source = module.source
+    assert source.startswith(PRELUDE)
+    device_only = PRELUDE[PRELUDE.index("// NaN-propagating"):]   # the templates stay
+    wrappers = []
+    for func, _ in funcs:
+        kernel = module.kernels[func.name]
+        types = [C_TYPES[b.dtype] for b in func.params + tuple(stages(func.body)[0])]
+        assert len(types) == len(func.params) + len(kernel.workspace)
+        args = ", ".join(f"({t}*)a[{k}]" for k, t in enumerate(types))
+        wrappers += [f'extern "C" void {launch.name}_host(void** a) {{ {launch.name}({args}); }}'
+                     for launch in kernel.launches]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "kernels.cc"
+    path.write_text(SHIM + device_only + source[len(PRELUDE):] + "\n".join(wrappers) + "\n")
+    lib = tmp_path / "kernels.so"
+    # -fwrapv: signed overflow wraps, as the IR says (CUDA C leaves it undefined; nvcc does
+    # not exploit it in these kernels)
+    proc = subprocess.run(["g++", "-std=c++20", "-pthread", "-O1", "-fwrapv", "-shared",
+                           "-fPIC", "-w",
+                           "-o", str(lib), str(path)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return ctypes.CDLL(str(lib))
+
+
+def _random(rng, dtype: T.DType, n: int) -> np.ndarray:
+    if dtype.kind == "b":
+        return rng.random(n) < 0.5
+    if dtype.is_int:
+        info = np.iinfo(dtype.np)
+        return rng.integers(info.min, info.max, n, dtype=dtype.np, endpoint=True)
+    x = rng.standard_normal(n) * 10.0 ** rng.integers(-2, 3, n)
+    x[:3] = (np.inf, -np.inf, np.nan)[: n]
+    return x.astype(dtype.np)
+
+
+def _inputs(rng, func: L.PrimFunc) -> list[np.ndarray]:
+    """Inputs on which C and the IR agree: shift amounts below the width, float -> int
+    casts within range."""
+    name = func.name.split("_", 1)[1]
+    out = []
+    for b in func.params[:-1]:
+        n = b.shape[0].value
+        x = _random(rng, b.dtype, n)
+        if name.endswith(("_<<", "_>>")) and b is func.params[1]:
+            x = (rng.integers(0, 8 * b.dtype.itemsize, n)).astype(b.dtype.np)
+        dst = func.params[-1].dtype
+        if "_to_" in name and b.dtype.is_float and dst.is_int:
+            info = np.iinfo(dst.np)
+            lo, hi = max(float(info.min), -3e4), min(float(info.max), 3e4)
+            x = rng.uniform(lo, hi, n).astype(b.dtype.np)
+        out.append(x)
+    return out
+
+
+def test_every_op_means_what_the_ir_means(rng, tmp_path):
+    funcs = _every_op()
+    lib = host_library([(f, True) for f in funcs], tmp_path)
+    inputs = {f.name: _inputs(rng, f) for f in funcs}
+    cuda, llvm = {}, {}
+    for f in funcs:
+        y = f.params[-1]
+        cuda[f.name] = inputs[f.name] + [np.zeros(y.shape[0].value, y.dtype.np)]
+        llvm[f.name] = [x.copy() for x in inputs[f.name]] + [np.zeros_like(cuda[f.name][-1])]
+    run_on_cpu(funcs, llvm)
+    failures = []
+    for f in funcs:
+        args = [a.ctypes.data for a in cuda[f.name]]
+        fn = getattr(lib, c_name(f.name))
+        fn.restype = None
+        for t in range(f.params[-1].shape[0].value):
+            lib.dnnc_set_thread(t)
+            fn(*[ctypes.c_void_p(a) for a in args])
+        got, want = cuda[f.name][-1], llvm[f.name][-1]
+        if got.dtype.kind == "f" or got.dtype == ml_dtypes.bfloat16:
+            g, w = got.astype(np.float64), want.astype(np.float64)
+            bad = ~((g == w) | (np.isnan(g) & np.isnan(w)))
+        else:
+            bad = got != want
+        if bad.any():
+            failures.append(f"{f.name}: {got[bad][:3]} != {want[bad][:3]} "
+                            f"(inputs {[x[bad][:3] for x in inputs[f.name]]})")
+    assert not failures, "\n".join(failures[:40])
+
+
+def run_on_host(lib, module, program, values) -> list[str]:
+    """Every kernel of `program` launched on the host library (inputs from `values`, outputs
+    poisoned), against `values`: the mismatches."""
+    problems = []
+    for kernel in program.kernels:
+        info = module.kernels[kernel.func.name]
+        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+               for v in kernel.inputs]
+        outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+        scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
+        arrays = ins + outs + scratch
+        args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        for launch in info.launches:
+            assert launch.block[1:] == (1, 1)   # (the shim runs threadIdx.x only)
+            host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+            lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                            ctypes.c_uint(launch.block[0]))
+        for v, got in zip(kernel.outputs, outs):
+            want = np.asarray(values[v.name])
+            try:
+                if want.dtype.kind == "f":
+                    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+                else:
+                    np.testing.assert_array_equal(got, want)
+            except AssertionError as exc:
+                problems.append(f"{kernel.func.name} {v.name}: {str(exc).strip()[:300]}")
+    return problems
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "bert_tiny"])
+def test_zoo_kernels_on_host(model, tmp_path):
+    from dnnc import zoo
+
+    graph, progs = zoo_programs(model)
+    values = reference(graph, zoo.inputs_for(zoo_model(model), np.random.default_rng(0)))
+    problems = []
+    for p, program in enumerate(progs):
+        module = render_module(program.unique)
+        lib = host_library(program.unique, tmp_path / f"p{p}", module)
+        problems += run_on_host(lib, module, program, values)
+    assert not problems, "\n".join(problems)
+
+
+def test_node_suite_sample_on_host(tmp_path):
+    funcs, jobs = [], []
+    for c, (name, case) in enumerate(suite_cases(suite_sample(100)).items()):
+        graph, progs = programs(import_onnx(case.model))
+        values = reference(graph, dict(zip((v.name for v in graph.inputs), suite_inputs(case))))
+        for p, program in enumerate(progs):
+            prefix = f"c{c}p{p}_"
+            for kernel in program.kernels:
+                kernel.func = L.PrimFunc(prefix + kernel.func.name, kernel.func.params,
+                                         kernel.func.body)
+            program.unique = renamed(program, prefix)
+            funcs += program.unique
+            jobs.append((name, program, values))
+    module = render_module(funcs)
+    lib = host_library(funcs, tmp_path, module)
+    problems = []
+    for name, program, values in jobs:
+        problems += [f"{name}: {x}" for x in run_on_host(lib, module, program, values)]
+    assert len(jobs) > 60 and not problems, "\n".join(problems)
