@@ -426,7 +426,7 @@ def _contiguous_address(a, cupy, keep: list) -> int:
         return face["data"][0]
     copy = cupy.ascontiguousarray(cupy.asarray(a))
     keep.append(copy)
-    return copy.data.ptr
+    return copy.__cuda_array_interface__["data"][0]
 
 
 def _c_strides(shape: tuple, itemsize: int) -> tuple:

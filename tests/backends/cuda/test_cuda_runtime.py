@@ -409,3 +409,226 @@ def test_host_fallback_between_gpu_segments(rng):
     assert compiled.stats["host_fallback_ops"] >= 1
     x = rng.standard_normal((2, 5)).astype(np.float32)
     np.testing.assert_array_equal(compiled(x), dnnc.compile(model, "numpy")(x))
+
+
+# -- the runtime's bookkeeping on a simulated device ----------------------------------------------
+#
+# A stand-in for CuPy whose "device memory" is host memory and whose kernels copy their first
+# parameter's bytes into their last: enough to check, without a GPU, that the runtime copies
+# inputs into the slots the launches read, resolves every argument, captures the launches once
+# and replays them, and hands back what the output slots hold.
+
+class _FakeArray(np.ndarray):
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
+                "data": (self.ctypes.data, False),
+                "strides": None if self.flags.c_contiguous else self.strides}
+
+
+class _FakeMemory:
+    def __init__(self, buffer, offset=0):
+        self.buffer, self.offset = buffer, offset
+        self.ptr = buffer.ctypes.data + offset
+
+    def __add__(self, offset):
+        return _FakeMemory(self.buffer, self.offset + offset)
+
+
+class _FakeStream:
+    ptr = 0
+
+    def __init__(self, non_blocking=False):
+        self.recording = None
+
+    def begin_capture(self):
+        self.recording = []
+
+    def end_capture(self):
+        graph, self.recording = _FakeGraph(self.recording), None
+        _FAKE.graphs.append(graph)
+        return graph
+
+    def synchronize(self):
+        pass
+
+
+class _FakeGraph:
+    def __init__(self, work):
+        self.work, self.launches = work, 0
+
+    def launch(self, stream=None):
+        self.launches += 1
+        for run in self.work:
+            run()
+
+
+class _FakeFunction:
+    def __init__(self, sizes):
+        self.sizes, self.ptr = sizes, 0
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        assert all(isinstance(a, np.uint64) for a in args) and len(args) >= len(self.sizes)
+
+        def run():
+            import ctypes
+            ctypes.memmove(int(args[len(self.sizes) - 1]), int(args[0]), self.sizes[-1])
+
+        if stream is not None and stream.recording is not None:
+            stream.recording.append(run)
+        else:
+            run()
+
+
+def _fake_cupy():
+    import ctypes
+
+    def memcpy(dst, src, n, kind, stream=0):
+        ctypes.memmove(dst, src, n)
+
+    def alloc(n):
+        return _FakeMemory(np.zeros(n, np.uint8))
+
+    def ndarray(shape, dtype, memptr):
+        n = int(np.prod(shape, dtype=np.int64))
+        raw = memptr.buffer[memptr.offset:memptr.offset + n * np.dtype(dtype).itemsize]
+        return raw.view(dtype).reshape(shape).view(_FakeArray)
+
+    class Module:
+        def load(self, cubin):
+            self.sizes = _FAKE.sizes
+
+        def get_function(self, name):
+            return _FakeFunction(self.sizes[name])
+
+    class Event:
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1, memcpy=memcpy, memcpyAsync=memcpy, memcpyHostToDevice=1,
+        memcpyDeviceToHost=2, memcpyDeviceToDevice=3)
+    stream = _FakeStream()
+    cuda = types.SimpleNamespace(
+        runtime=runtime, alloc=alloc, Stream=_FakeStream, get_current_stream=lambda: stream,
+        function=types.SimpleNamespace(Module=Module), Event=Event,
+        get_elapsed_time=lambda a, b: 0.25, driver=None)
+    fake = types.SimpleNamespace(
+        cuda=cuda, ndarray=ndarray, __version__="fake",
+        asnumpy=lambda a, stream=None: np.array(a),
+        asarray=lambda a: np.array(a).view(_FakeArray),
+        ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_FakeArray))
+    return fake
+
+
+class _Fake:
+    graphs: list = []
+    sizes: dict = {}
+
+
+_FAKE = _Fake()
+
+
+@pytest.fixture
+def simulated(monkeypatch, tmp_path):
+    """A CUDARuntime factory on the simulated device, with a renderer whose kernels copy
+    their first parameter into their last."""
+    from dnnc.backends.cuda import executable
+    from dnnc.ir.target import Target
+
+    _FAKE.graphs, _FAKE.sizes = [], {}
+
+    def render_module(funcs):
+        kernels = {}
+        for func, _ in funcs:
+            _FAKE.sizes[func.name] = [
+                int(np.prod([int(getattr(d, "value", d)) for d in b.shape], dtype=np.int64))
+                * b.dtype.itemsize for b in func.params]
+            kernels[func.name] = FakeKernel([FakeLaunch(func.name, (1, 1, 1), (32, 1, 1))],
+                                            workspace=[64])
+        return types.SimpleNamespace(source="// fake", kernels=kernels)
+
+    codegen = types.ModuleType("dnnc.backends.cuda.codegen")
+    codegen.render_module = render_module
+    schedules = types.ModuleType("dnnc.backends.cuda.schedules")
+    schedules.schedule_kernel = lambda kernel, machine, config=None: kernel.func
+    monkeypatch.setitem(sys.modules, "dnnc.backends.cuda.codegen", codegen)
+    monkeypatch.setitem(sys.modules, "dnnc.backends.cuda.schedules", schedules)
+    fake = _fake_cupy()
+    monkeypatch.setattr(device, "import_cupy", lambda: fake)
+    monkeypatch.setattr(device, "describe", lambda: "simulated GPU (sm_90)")
+    cache = device.ModuleCache(tmp_path, compile=lambda s, a, o: b"cubin", toolkit=lambda: "0")
+
+    def build(model, **options):
+        from dnnc.frontend.onnx import import_onnx
+        from dnnc.passes.manager import optimize
+
+        target = Target("cuda", arch="sm_90")
+        graph = optimize(import_onnx(model), target, 3)
+        return executable.CUDARuntime(graph, target=target, module_cache=cache, **options)
+
+    return build
+
+
+def _relu_model(shape):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_runtime_copies_in_captures_once_replays_and_copies_out(simulated, rng):
+    rt = simulated(_relu_model([3, 5]))
+    assert rt.describe_machine() == "simulated GPU (sm_90)" and rt.source("cuda") == "// fake"
+    for _ in range(3):   # positive inputs: the simulated kernel's copy is the Relu
+        x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+        (y,) = rt.run([x], {})
+        assert type(y) is np.ndarray
+        np.testing.assert_array_equal(y, x)
+    assert len(_FAKE.graphs) == 1 and _FAKE.graphs[0].launches == 3
+    # a device array is read in place (device to device), strided ones in C order
+    x = rng.uniform(0.5, 2.0, (3, 10)).astype(np.float32)
+    np.testing.assert_array_equal(rt.run([x[:, ::2].view(_FakeArray)], {})[0], x[:, ::2])
+
+
+def test_runtime_cupy_outputs_are_the_callers(simulated, rng):
+    rt = simulated(_relu_model([4]), outputs="cupy")
+    a, b = (rng.uniform(0.5, 2.0, 4).astype(np.float32) for _ in range(2))
+    (first,) = rt.run([a], {})
+    (second,) = rt.run([b], {})
+    assert hasattr(first, "__cuda_array_interface__")
+    np.testing.assert_array_equal(np.asarray(first), a)   # not overwritten by the 2nd call
+    np.testing.assert_array_equal(np.asarray(second), b)
+    with pytest.raises(dnnc.errors.ArgumentError, match="outputs must be one of numpy, cupy"):
+        rt.outputs = "torch"
+
+
+def test_runtime_threads_get_frames_of_their_own(simulated, rng):
+    rt = simulated(_relu_model([64]))
+    inputs = [rng.uniform(0.5, 2.0, 64).astype(np.float32) for _ in range(4)]
+    results = {}
+
+    def work(k):
+        results[k] = [rt.run([inputs[k]], {})[0] for _ in range(10)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        assert all(np.array_equal(r, inputs[k]) for r in results[k])
+    assert len(_FAKE.graphs) == 4   # one capture per thread's frame
+
+
+def test_runtime_profile_rows(simulated, rng):
+    rt = simulated(_relu_model([2, 3]))
+    x = rng.uniform(0.5, 2.0, (2, 3)).astype(np.float32)
+    outs, rows = rt.profile([x], repeat=3)
+    np.testing.assert_array_equal(outs[0], x)
+    assert [r["ms"] for r in rows] == [0.25] * rt.kernels
