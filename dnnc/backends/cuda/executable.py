@@ -286,14 +286,10 @@ class _CompiledSegment:
     def _function(self, launch: BoundLaunch):
         """The loaded __global__ function, allowed the dynamic shared memory its largest
         launch asks for (beyond 48 KiB needs the attribute set)."""
-        cupy = self.cupy
         fn = self._module.get_function(launch.name)
         shared = max(b.shared_bytes for b in self.launches if b.name == launch.name)
         if shared > 48 * 1024:
-            driver = cupy.cuda.driver
-            driver.funcSetAttribute(fn.ptr,
-                                    driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    shared)
+            fn.max_dynamic_shared_size_bytes = shared
         return fn
 
     def _upload_constants(self, consts: list[np.ndarray]) -> None:

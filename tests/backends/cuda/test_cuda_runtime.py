@@ -337,8 +337,8 @@ def test_cupy_inputs_and_outputs(rng):
     expected = compiled(x)
     np.testing.assert_array_equal(compiled(cupy.asarray(x)), expected)
     # a strided device array is copied to C order first
-    wide = cupy.asarray(np.concatenate([x, x], axis=3))
-    np.testing.assert_array_equal(compiled(wide[:, :, :, ::2]), compiled(x[:, :, :, :]))
+    wide = cupy.asarray(np.repeat(x, 2, axis=3))   # every other column is x
+    np.testing.assert_array_equal(compiled(wide[:, :, :, ::2]), expected)
     compiled.runtime.outputs = "cupy"
     first = compiled(cupy.asarray(x))
     second = compiled(cupy.asarray(-x))   # the first result is the caller's, not overwritten
@@ -385,7 +385,8 @@ def test_second_compile_reads_the_module_cache(tmp_path, monkeypatch):
     first = dnnc.compile(model, "cuda")
     second = dnnc.compile(model, "cuda")
     assert first.runtime.module_cache.misses >= 1 and second.runtime.module_cache.misses == 0
-    assert second.runtime.module_cache.hits == first.runtime.module_cache.misses
+    cached = first.runtime.module_cache
+    assert second.runtime.module_cache.hits == cached.misses + cached.hits
     assert list((tmp_path / "cuda").glob("*.cubin"))
 
 
