@@ -191,19 +191,16 @@ class CUDARuntime(Executable):
     def _deliver(self, outs: list) -> list:
         """The model's outputs as `outputs` says: device arrays (which may be a frame's
         reused buffers) copied or moved to the host."""
-        cupy = self.cupy
-        delivered = []
-        for v, a in zip(self.graph.outputs, outs):
-            if self._outputs == "cupy":
-                delivered.append(a.copy() if _is_device(a) else cupy.asarray(a))
-            else:
-                delivered.append(self._to_host(a, v.type.dtype.np))
-        return delivered
+        if self._outputs == "cupy":
+            return [self.cupy.array(a) for a in outs]   # a copy, on the current stream
+        return [self._to_host(a, v.type.dtype.np) for v, a in zip(self.graph.outputs, outs)]
 
     def _to_host(self, a, dtype: np.dtype) -> np.ndarray:
         if not _is_device(a):
             return a
-        return self.cupy.asnumpy(a, stream=self.cupy.cuda.get_current_stream()).view(dtype)
+        cupy = self.cupy
+        host = cupy.asnumpy(cupy.asarray(a), stream=cupy.cuda.get_current_stream())
+        return host.view(dtype)
 
     def _segment_call(self, step, env):
         """A segment's value inputs (read at compile time) come to the host first."""

@@ -520,7 +520,8 @@ def _fake_cupy():
     fake = types.SimpleNamespace(
         cuda=cuda, ndarray=ndarray, __version__="fake",
         asnumpy=lambda a, stream=None: np.array(a),
-        asarray=lambda a: np.array(a).view(_FakeArray),
+        asarray=lambda a: a if isinstance(a, _FakeArray) else np.array(a).view(_FakeArray),
+        array=lambda a: np.array(a).view(_FakeArray),
         ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_FakeArray))
     return fake
 
@@ -595,6 +596,30 @@ def test_runtime_copies_in_captures_once_replays_and_copies_out(simulated, rng):
     # a device array is read in place (device to device), strided ones in C order
     x = rng.uniform(0.5, 2.0, (3, 10)).astype(np.float32)
     np.testing.assert_array_equal(rt.run([x[:, ::2].view(_FakeArray)], {})[0], x[:, ::2])
+    # through the model: its call-time checks read a device array's shape and dtype in place
+    from dnnc.compiler.module import CompiledModel
+
+    model = CompiledModel(rt.graph, rt, "cuda")
+    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(model(_Interface(x)), x)
+    with pytest.raises(dnnc.errors.InputError, match=r"given float64\[3, 5\]"):
+        model(_Interface(x.astype(np.float64)))
+
+
+class _Interface:
+    """A device array of another library: only `__cuda_array_interface__` (as PyTorch's)."""
+
+    def __init__(self, a):
+        self.a = a.view(_FakeArray)
+        self.__cuda_array_interface__ = self.a.__cuda_array_interface__
+
+
+def test_a_device_array_given_to_a_cpu_target_is_refused_clearly(rng):
+    model = dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "llvm")
+    x = rng.standard_normal((1, 4)).astype(np.float32)
+    with pytest.raises(dnnc.errors.InputError, match="a GPU array \\(_Interface\\) was given "
+                                                     "to a target that runs on the CPU"):
+        model(_Interface(x))
 
 
 def test_runtime_cupy_outputs_are_the_callers(simulated, rng):
