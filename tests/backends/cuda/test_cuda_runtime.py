@@ -292,6 +292,31 @@ def test_render_only_model_gives_source_and_refuses_to_run(no_gpu, rng):
         model(rng.standard_normal((1, 4)).astype(np.float32))
 
 
+@pytest.mark.codegen
+@pytest.mark.parametrize("name,config", [("cnn", {"size": 16, "width": 4}),
+                                         ("bert", {"layers": 1, "hidden": 32, "seq": 8})])
+def test_every_launch_matches_a_kernel_of_the_source(no_gpu, name, config):
+    """The renderer's launches and the source agree with the runtime's launch list: each
+    launch names an `extern "C" __global__` function of the unit, passes as many pointers as
+    it declares (the call's buffers, then its workspace) and fits its launch bounds."""
+    import re
+
+    model = dnnc.compile(zoo.build(name, **config), "cuda", render_only=True)
+    segments = model.runtime.compiled_segments()
+    assert segments
+    for seg in segments:
+        declared = {m.group(2): (m.group(1), m.group(3)) for m in re.finditer(
+            r'extern "C" __global__ void\s*(?:__launch_bounds__\((\d+)\))?\s*(\w+)\(([^)]*)\)',
+            seg.module.source)}
+        assert seg.launches
+        for launch in seg.launches:
+            bound, params = declared[launch.name]
+            assert len(launch.args) == len([p for p in params.split(",") if p.strip()]), \
+                launch.name
+            threads = launch.block[0] * launch.block[1] * launch.block[2]
+            assert bound is None or threads <= int(bound), launch.name
+
+
 def test_render_only_applies_to_targets_that_generate_code():
     with pytest.raises(dnnc.errors.ArgumentError, match="numpy target generates no code"):
         dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "numpy",
