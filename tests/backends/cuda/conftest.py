@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(config, items):
     from dnnc.backends.cuda import device
 
     for item in items:
-        if "gpu" in item.keywords and not device.available():
+        if item.get_closest_marker("gpu") and not device.available():
             item.add_marker(pytest.mark.skip(reason=f"no GPU: {device.unavailable_reason()}"))
-        if "codegen" in item.keywords and not has_codegen():
+        if item.get_closest_marker("codegen") and not has_codegen():
             item.add_marker(pytest.mark.skip(reason="no CUDA schedules and renderer in this "
                                                     "tree (dnnc/backends/cuda/)"))
