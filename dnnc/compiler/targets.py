@@ -123,9 +123,10 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                layouts=("pack_dense", "pack_conv"), fusion=_llvm_fusion, panels=_llvm_panels,
                templates=_llvm_templates,
                speed=10, available=_has_llvmlite),
-    # no codec yet: a cuda model cannot be saved (artifact.save says so)
     TargetSpec("cuda", "NVIDIA GPUs through NVRTC (CuPy)", driver.cuda_runtime,
                options=("passes", "dump_ir", "cache_size"), emits=("cuda", "loop"),
+               codec=ArtifactCodec(artifact.cuda_export, artifact.cuda_check,
+                                   artifact.cuda_restore),
                runs_passes=True, machine=_cuda_device, layouts=(), fusion=_cuda_fusion,
                templates=_cuda_templates, speed=20, available=_has_gpu),
 )}

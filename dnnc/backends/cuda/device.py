@@ -163,11 +163,11 @@ class ModuleCache:
     `compile(source, arch, options) -> bytes` and `toolkit` (a version string) are injectable
     for tests; `hits` and `misses` count this object's lookups."""
 
-    def __init__(self, folder: Path | None = None, compile: Callable = nvrtc_compile,
-                 toolkit: Callable[[], str] = toolkit_version):
+    def __init__(self, folder: Path | None = None, compile: Callable | None = None,
+                 toolkit: Callable[[], str] | None = None):
         self.folder = Path(folder) if folder is not None else cache_dir()
-        self._compile = compile
-        self._toolkit = toolkit
+        self._compile = compile or nvrtc_compile
+        self._toolkit = toolkit or toolkit_version
         self.hits = 0
         self.misses = 0
 

@@ -31,12 +31,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import ArgumentError, CompileError, DeviceError
+from ...errors import ArgumentError, ArtifactError, CompileError, DeviceError
 from ...ir import loop as L
+from ...ir import types as T
 from ...ir.graph import Graph, Node
+from ...ir.segments import Segment
 from ...ir.target import Target
 from ..lower import Kernel
-from ..plan import DEFAULT_CACHE_SIZE, Call, Executable, Program
+from ..plan import DEFAULT_CACHE_SIZE, Call, Executable, Program, image_consts
 from . import device
 
 DEVICE_ALIGN = 256
@@ -90,6 +92,41 @@ def resolve(args: tuple[tuple[str, int], ...], ext: list[int], arena: int,
     """A launch's argument places as device addresses."""
     base = {"arena": arena, "workspace": workspace}
     return tuple(ext[k] if kind == "ext" else base[kind] + k for kind, k in args)
+
+
+@dataclass
+class SegmentImage:
+    """A compiled specialisation as plain data: what an artifact stores to run it again."""
+
+    step: int                              # index of its Segment in the plan
+    shapes: tuple                          # the input shapes it was specialised to
+    values: tuple                          # ((input position, (ints...)), ...): value key
+    escaping_types: list[T.TensorType]     # of the segment's outputs, in slot order
+    consts: list[tuple[int, int]]          # constant slots: (node in segment, input position)
+    n_inputs: int
+    arena_bytes: int
+    workspace_bytes: int
+    launches: list[BoundLaunch]
+    source: str                            # the CUDA C unit
+    arch: str                              # what `cubin` was built for
+    cubin: bytes
+    loop_ir: str = ""
+
+    @property
+    def slots(self) -> int:
+        return self.n_inputs + len(self.escaping_types) + len(self.consts)
+
+
+def _check_launches(step: Segment, image: SegmentImage) -> None:
+    """Refuse launches that would reach outside the segment's buffers: every argument a slot
+    the segment has or an offset inside the arena or the workspace (an `ArtifactError`)."""
+    bounds = {"ext": image.slots, "arena": max(image.arena_bytes, 1),
+              "workspace": max(image.workspace_bytes, 1)}
+    for launch in image.launches:
+        for kind, k in launch.args:
+            if kind not in bounds or not 0 <= k < bounds[kind]:
+                raise ArtifactError(f"segment {step.index}: launch {launch.name} has argument "
+                                    f"({kind}, {k}) outside the segment's buffers")
 
 
 @dataclass(frozen=True)
@@ -217,6 +254,33 @@ class CUDARuntime(Executable):
                 env[id(v)] = self._to_host(env[id(v)], v.type.dtype.np)
         super()._run_host(node, env)
 
+    # -- artifacts ----------------------------------------------------------------------------
+
+    @classmethod
+    def restore(cls, graph: Graph, plan: list[dict], images: list["SegmentImage"],
+                target: Target, opt_level: int = 3, progress: bool | None = None,
+                cache_size: int = DEFAULT_CACHE_SIZE) -> "CUDARuntime":
+        """A runtime from a saved plan and compiled specialisations: no passes, no lowering;
+        a cubin built for another architecture is rebuilt from its source; shapes not among
+        `images` compile on first use."""
+        rt = cls(graph, target=target, opt_level=opt_level, progress=progress, plan=plan,
+                 cache_size=cache_size)
+        for image in images:
+            step = rt.steps[image.step]
+            if not isinstance(step, Segment):
+                raise ArtifactError(f"image for step {image.step}, which is not a segment")
+            rt._cache[(step.index, image.shapes, image.values)] = \
+                _CompiledSegment.from_image(step, image, rt)
+        return rt
+
+    def images(self) -> list["SegmentImage"]:
+        """Every specialisation compiled so far, as data an artifact can store."""
+        if self.render_only:
+            raise DeviceError(f"a cuda model built for its source only cannot be saved: "
+                              f"{device.unavailable_reason() or 'compile it on a GPU'}")
+        with self._lock:
+            return [seg.image() for seg in list(self._cache.values())]
+
     # -- introspection ------------------------------------------------------------------------
 
     def source(self, kind: str = "cuda") -> str:
@@ -224,9 +288,9 @@ class CUDARuntime(Executable):
         scheduled loop IR."""
         segments = list(self._cache.values())
         if kind == "cuda":
-            return "\n".join(seg.module.source for seg in segments)
+            return "\n".join(seg.source for seg in segments)
         if kind == "loop":
-            return "\n".join(str(k.func) for seg in segments for k in seg.kernels)
+            return "\n".join(seg.loop_source() for seg in segments)
         raise ValueError(f"unknown source kind {kind!r}: cuda or loop")
 
 
@@ -247,8 +311,7 @@ class _CompiledSegment:
     """One segment specialised to concrete input shapes: module, launch list, constants."""
 
     def __init__(self, program: Program, module, rt: CUDARuntime):
-        step = program.step
-        self.step = step
+        self.step = program.step
         self.shapes = program.shapes
         self.key_values = program.key_values
         self.escaping_types = program.escaping_types
@@ -258,27 +321,72 @@ class _CompiledSegment:
         self.memory = program.memory
         self.arena_bytes = program.arena_bytes
         self.calls = program.calls
-        self.module = module
+        self.source = module.source
+        self._loop_ir = ""
         self.launches, self.workspace_bytes = launch_list(program.calls, module.kernels)
+        self._bind(rt, program.consts, None, "")
+
+    @classmethod
+    def from_image(cls, step: Segment, image: "SegmentImage", rt: CUDARuntime):
+        """A specialisation restored from an artifact: its cubin is loaded when it was built
+        for this GPU's architecture, else its source is compiled again for this one."""
+        self = cls.__new__(cls)
+        self.step = step
+        self.shapes = image.shapes
+        self.key_values = image.values
+        self.escaping_types = list(image.escaping_types)
+        self.kernels = []
+        self.const_refs = list(image.consts)
+        self.n_inputs = image.n_inputs
+        self.memory = None
+        self.arena_bytes = image.arena_bytes
+        self.calls = []
+        self.source = image.source
+        self._loop_ir = image.loop_ir
+        self.launches, self.workspace_bytes = list(image.launches), image.workspace_bytes
+        consts = image_consts(step, image)
+        _check_launches(step, image)
+        self._bind(rt, consts, image.cubin, image.arch)
+        return self
+
+    def _bind(self, rt: CUDARuntime, consts: list[np.ndarray], cubin: bytes | None,
+              built_for: str) -> None:
+        """Frame layout, and on a GPU the module (`cubin` when it was built for this GPU's
+        architecture, else compiled from the source) and the constants on the device."""
+        step = self.step
         self.frames = threading.local()
         data = [i for i, v in enumerate(step.inputs) if v.const is None]
-        self.input_types = [(program.shapes[i], step.inputs[i].type.dtype.np) for i in data]
-        self.output_types = [(tuple(t.shape), t.dtype.np) for t in program.escaping_types]
-        self.layout = _Layout.of(program.arena_bytes, self.workspace_bytes,
+        self.input_types = [(self.shapes[i], step.inputs[i].type.dtype.np) for i in data]
+        self.output_types = [(tuple(t.shape), t.dtype.np) for t in self.escaping_types]
+        self.layout = _Layout.of(self.arena_bytes, self.workspace_bytes,
                                  [_nbytes(s, d) for s, d in self.input_types],
                                  [_nbytes(s, d) for s, d in self.output_types])
         self.cupy = rt.cupy
+        self.arch = rt.target.arch
+        self.cubin = b""
         if self.cupy is None:   # rendering only
             return
-        arch = rt.target.arch
-        cubin = rt.module_cache.get(module.source, arch, device.nvrtc_options(arch))
+        if cubin is None or built_for != self.arch:
+            cubin = rt.module_cache.get(self.source, self.arch, device.nvrtc_options(self.arch))
+        self.cubin = cubin
         self._module = self.cupy.cuda.function.Module()
         self._module.load(cubin)
         self._functions = {}
         for launch in self.launches:
             if launch.name not in self._functions:
                 self._functions[launch.name] = self._function(launch)
-        self._upload_constants(program.consts)
+        self._upload_constants(consts)
+
+    def loop_source(self) -> str:
+        return "\n".join(str(k.func) for k in self.kernels) if self.kernels else self._loop_ir
+
+    def image(self) -> "SegmentImage":
+        return SegmentImage(
+            step=self.step.index, shapes=self.shapes, values=self.key_values,
+            escaping_types=list(self.escaping_types), consts=list(self.const_refs),
+            n_inputs=self.n_inputs, arena_bytes=self.arena_bytes,
+            workspace_bytes=self.workspace_bytes, launches=list(self.launches),
+            source=self.source, arch=self.arch, cubin=self.cubin, loop_ir=self.loop_source())
 
     def _function(self, launch: BoundLaunch):
         """The loaded __global__ function, allowed the dynamic shared memory its largest

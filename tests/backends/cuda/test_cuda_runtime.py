@@ -283,13 +283,15 @@ def test_cli_emit_cuda_without_a_gpu_writes_the_source(no_gpu, tmp_path, capsys)
 
 
 @pytest.mark.codegen
-def test_render_only_model_gives_source_and_refuses_to_run(no_gpu, rng):
+def test_render_only_model_gives_source_and_refuses_to_run(no_gpu, rng, tmp_path):
     model = dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "cuda",
                          render_only=True)
     assert model.source("cuda").count('extern "C" __global__') >= 1
     assert "for" in model.source("loop")
     with pytest.raises(DeviceError, match="no CUDA GPU is visible"):
         model(rng.standard_normal((1, 4)).astype(np.float32))
+    with pytest.raises(DeviceError, match="built for its source only cannot be saved"):
+        model.save(tmp_path / "m.dnnc")
 
 
 @pytest.mark.codegen
@@ -563,8 +565,10 @@ _FAKE = _Fake()
 def simulated(monkeypatch, tmp_path):
     """A CUDARuntime factory on the simulated device, with a renderer whose kernels copy
     their first parameter into their last."""
+    from dataclasses import replace
+
     from dnnc.backends.cuda import executable
-    from dnnc.ir.target import Target
+    from dnnc.ir.target import Fusion, Target
 
     _FAKE.graphs, _FAKE.sizes = [], {}
 
@@ -587,15 +591,25 @@ def simulated(monkeypatch, tmp_path):
     fake = _fake_cupy()
     monkeypatch.setattr(device, "import_cupy", lambda: fake)
     monkeypatch.setattr(device, "describe", lambda: "simulated GPU (sm_90)")
-    cache = device.ModuleCache(tmp_path, compile=lambda s, a, o: b"cubin", toolkit=lambda: "0")
+    # NVRTC: a cubin naming its architecture; counted
+    _FAKE.compiles = []
+    monkeypatch.setattr(device, "nvrtc_compile",
+                        lambda s, arch, o: _FAKE.compiles.append(arch) or arch.encode())
+    monkeypatch.setattr(device, "toolkit_version", lambda: "0")
+    monkeypatch.setenv("DNNC_CACHE_DIR", str(tmp_path / "cache"))
+    # the registry's cuda machine, whose architecture a test may change
+    _FAKE.arch = "sm_90"
+    monkeypatch.setitem(REGISTRY, "cuda", replace(
+        REGISTRY["cuda"], machine=lambda: Target("cuda", arch=_FAKE.arch),
+        fusion=lambda: Fusion()))
 
     def build(model, **options):
         from dnnc.frontend.onnx import import_onnx
         from dnnc.passes.manager import optimize
 
-        target = Target("cuda", arch="sm_90")
+        target = REGISTRY["cuda"].target()
         graph = optimize(import_onnx(model), target, 3)
-        return executable.CUDARuntime(graph, target=target, module_cache=cache, **options)
+        return executable.CUDARuntime(graph, target=target, **options)
 
     return build
 
@@ -683,3 +697,71 @@ def test_runtime_profile_rows(simulated, rng):
     outs, rows = rt.profile([x], repeat=3)
     np.testing.assert_array_equal(outs[0], x)
     assert [r["ms"] for r in rows] == [0.25] * rt.kernels
+
+
+def test_artifact_round_trip_loads_the_cubin_or_rebuilds_for_another_arch(simulated, rng,
+                                                                          tmp_path):
+    from dnnc.compiler.module import CompiledModel
+
+    rt = simulated(_relu_model([3, 5]))
+    assert _FAKE.compiles == ["sm_90"]
+    CompiledModel(rt.graph, rt, "cuda").save(tmp_path / "m.dnnc")
+    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+    loaded = dnnc.load(tmp_path / "m.dnnc")
+    np.testing.assert_array_equal(loaded(x), x)
+    assert loaded.source("cuda") == "// fake" and "Relu" in loaded.source("loop")
+    assert _FAKE.compiles == ["sm_90"]     # the stored cubin, not NVRTC
+    _FAKE.arch = "sm_80"                   # another GPU: the source is compiled for it
+    np.testing.assert_array_equal(dnnc.load(tmp_path / "m.dnnc")(x), x)
+    assert _FAKE.compiles == ["sm_90", "sm_80"]
+
+
+def _rewrite_manifest(path, edit):
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(members["manifest.json"])
+    edit(manifest)
+    members["manifest.json"] = json.dumps(manifest).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m["segments"][0]["launches"][0]["args"].append(["arena", 1 << 20]),
+     r"argument \(arena, 1048576\) outside the segment's buffers"),
+    (lambda m: m["segments"][0]["launches"][0]["args"].__setitem__(0, ["ext", 9]),
+     r"argument \(ext, 9\) outside"),
+    (lambda m: m["segments"][0]["launches"][0]["args"].__setitem__(0, ["host", 0]),
+     r"argument \(host, 0\) outside"),
+    (lambda m: m["segments"][0]["launches"][0].update(block=[2048, 1, 1]),
+     "segment entry 0 launches is malformed"),
+    (lambda m: m["segments"][0]["launches"][0].update(name="k0; rm"),
+     "segment entry 0 launches is malformed"),
+    (lambda m: m["segments"][0].update(arch="compute_90"), "segment entry 0 arch"),
+    (lambda m: m["target"].update(arch=90), "target is malformed"),
+])
+def test_artifact_with_impossible_launches_is_refused(simulated, tmp_path, edit, message):
+    from dnnc.compiler.module import CompiledModel
+
+    rt = simulated(_relu_model([3, 5]))
+    path = tmp_path / "m.dnnc"
+    CompiledModel(rt.graph, rt, "cuda").save(path)
+    _rewrite_manifest(path, edit)
+    with pytest.raises(dnnc.errors.ArtifactError, match=message):
+        dnnc.load(path)
+
+
+def test_artifact_without_a_gpu_says_what_is_missing(simulated, tmp_path, monkeypatch):
+    from dnnc.compiler.module import CompiledModel
+
+    rt = simulated(_relu_model([3, 5]))
+    path = tmp_path / "m.dnnc"
+    CompiledModel(rt.graph, rt, "cuda").save(path)
+    monkeypatch.setattr(device, "import_cupy", lambda: (_ for _ in ()).throw(
+        DeviceError("no CUDA GPU is visible to CuPy")))
+    with pytest.raises(DeviceError, match="no CUDA GPU is visible"):
+        dnnc.load(path)
