@@ -309,7 +309,7 @@ def test_every_launch_matches_a_kernel_of_the_source(no_gpu, name, config):
     for seg in segments:
         declared = {m.group(2): (m.group(1), m.group(3)) for m in re.finditer(
             r'extern "C" __global__ void\s*(?:__launch_bounds__\((\d+)\))?\s*(\w+)\(([^)]*)\)',
-            seg.module.source)}
+            seg.source)}
         assert seg.launches
         for launch in seg.launches:
             bound, params = declared[launch.name]
