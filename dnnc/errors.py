@@ -81,3 +81,9 @@ class UnsupportedOpsetError(DNNCError):
 class OutOfMemoryError(DNNCError, MemoryError):
     """A tensor needs more memory than this machine has: refused at compile time when its
     size is static, reported at call time otherwise; names the node (or the call's dims)."""
+
+
+class DeviceError(DNNCError):
+    """A target's device cannot be used here: its library is not installed (CuPy for the cuda
+    target; the message names the pip package) or no device is visible (no CUDA GPU, a driver
+    too old); the message says which."""

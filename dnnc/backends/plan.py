@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import CompileError
+from ..errors import ArtifactError, CompileError
 from ..ir import loop as L
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
@@ -499,3 +499,35 @@ class Executable:
         return {"naive_bytes": sum(p.naive_bytes for p in plans),
                 "live_lower_bound_bytes": sum(p.live_lower_bound_bytes for p in plans),
                 "inplace_kernels": sum(len(p.inplace) for p in plans)}
+
+
+def image_consts(step: Segment, image) -> list[np.ndarray]:
+    """The constants a stored specialisation (a target's segment image: `shapes`,
+    `escaping_types`, `consts` as (node, input position), `n_inputs`, `slots`) reads, after
+    checking that it fits the segment: counts, ranks and fixed dims of its shapes, its
+    outputs' dtypes, and that each constant slot names a constant (an `ArtifactError`
+    otherwise)."""
+    if len(image.shapes) != len(step.inputs):
+        raise ArtifactError(f"segment {step.index} has {len(step.inputs)} inputs, its "
+                            f"compiled code's key has {len(image.shapes)} shapes")
+    for v, shape in zip(step.inputs, image.shapes):
+        if len(shape) != v.type.rank or any(isinstance(d, int) and d != s
+                                            for d, s in zip(v.type.shape, shape)):
+            raise ArtifactError(f"segment {step.index}: input {v.name!r} of type {v.type} "
+                                f"cannot have shape {list(shape)}")
+    if len(image.escaping_types) != len(step.escaping) or any(
+            t.dtype != v.type.dtype for t, v in zip(image.escaping_types, step.escaping)):
+        raise ArtifactError(f"segment {step.index}: its outputs' types do not match the "
+                            f"graph's")
+    consts = []
+    for k, j in image.consts:
+        if not (0 <= k < len(step.nodes) and 0 <= j < len(step.nodes[k].inputs)) or \
+                step.nodes[k].inputs[j] is None or step.nodes[k].inputs[j].const is None:
+            raise ArtifactError(f"segment {step.index}: constant slot ({k}, {j}) names no "
+                                f"constant input")
+        consts.append(step.nodes[k].inputs[j].const)
+    if image.n_inputs != sum(1 for v in step.inputs if v.const is None) or \
+            image.slots != image.n_inputs + len(step.escaping) + len(consts):
+        raise ArtifactError(f"segment {step.index}: {image.n_inputs} inputs and {image.slots}"
+                            f" slots do not match its graph")
+    return consts

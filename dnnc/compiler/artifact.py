@@ -449,6 +449,120 @@ def llvm_restore(graph: Graph, manifest: dict, read, progress):
                                opt_level=target["opt_level"], progress=progress)
 
 
+def cuda_export(runtime, manifest: dict, files: dict) -> None:
+    manifest["target"] = {"name": runtime.target.name, "arch": runtime.target.arch,
+                          "opt_level": runtime.opt_level}
+    manifest["plan"] = runtime.plan()
+    segments = []
+    for k, image in enumerate(runtime.images()):
+        base = f"segments/{k}"
+        files[f"{base}.cu"] = image.source.encode()
+        files[f"{base}.cubin"] = image.cubin
+        entry = {"step": image.step, "shapes": [list(s) for s in image.shapes],
+                 "values": [[i, list(v)] for i, v in image.values],
+                 "escaping": [_type_doc(t) for t in image.escaping_types],
+                 "consts": [list(c) for c in image.consts], "n_inputs": image.n_inputs,
+                 "arena_bytes": image.arena_bytes, "workspace_bytes": image.workspace_bytes,
+                 "launches": [{"call": b.call, "name": b.name, "grid": list(b.grid),
+                               "block": list(b.block), "shared_bytes": b.shared_bytes,
+                               "args": [[kind, at] for kind, at in b.args]}
+                              for b in image.launches],
+                 "arch": image.arch, "source": f"{base}.cu", "cubin": f"{base}.cubin"}
+        if image.loop_ir:
+            files[f"{base}.loop"] = image.loop_ir.encode()
+            entry["loop_ir"] = f"{base}.loop"
+        segments.append(entry)
+    manifest["segments"] = segments
+
+
+def cuda_check(manifest: dict, path) -> None:
+    """Refuse a manifest with fields of the wrong type or range, and a machine without CuPy
+    or a GPU (the `DeviceError` says which is missing)."""
+    from ..backends.cuda import device
+
+    try:
+        _check_cuda_manifest(manifest)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{path}: {exc}") from None
+    device.import_cupy()
+
+
+_ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_cuda_manifest(manifest: dict) -> None:
+    """Every field the cuda target reads, checked for type and range before it is used."""
+    target = manifest.get("target")
+    _need(type(target) is dict and type(target.get("arch")) is str and
+          _ARCH.fullmatch(target["arch"]) is not None and _int(target.get("opt_level"), 0, 3),
+          "target")
+    plan = manifest.get("plan")
+    _need(type(plan) is list and all(
+        type(e) is dict and len(e) == 1 and
+        (_ints(e.get("segment"), 0, 1 << 40) or _int(e.get("host"), 0, 1 << 40))
+        for e in plan), "plan")
+    segments = manifest.get("segments")
+    _need(type(segments) is list, "segments")
+    files = manifest["files"]
+    for k, e in enumerate(segments):
+        what = f"segment entry {k}"
+        _need(type(e) is dict and _int(e.get("step"), 0, len(plan) - 1) and
+              "segment" in plan[e["step"]], what + " step")
+        _need(type(e.get("shapes")) is list and all(_ints(s) for s in e["shapes"]),
+              what + " shapes")
+        _need(type(e.get("escaping")) is list and all(
+            type(t) is dict and type(t.get("dtype")) is str and _ints(t.get("shape"))
+            for t in e["escaping"]), what + " escaping types")
+        _need(type(e.get("consts")) is list and all(_ints(c, 0, 1 << 20) and len(c) == 2
+                                                    for c in e["consts"]), what + " consts")
+        _need(_int(e.get("n_inputs"), 0, _MAX_SLOTS), what + " n_inputs")
+        _need(_int(e.get("arena_bytes"), 0, _MAX_ARENA) and
+              _int(e.get("workspace_bytes"), 0, _MAX_ARENA), what + " arena and workspace")
+        _need(type(e.get("arch")) is str and _ARCH.fullmatch(e["arch"]) is not None,
+              what + " arch")
+        _need(type(e.get("launches")) is list and all(
+            type(b) is dict and _int(b.get("call"), 0, 1 << 20) and
+            type(b.get("name")) is str and _SYMBOL.fullmatch(b["name"]) is not None and
+            _ints(b.get("grid"), 1, (1 << 31) - 1) and len(b["grid"]) == 3 and
+            _ints(b.get("block"), 1, 1024) and len(b["block"]) == 3 and
+            _int(b.get("shared_bytes"), 0, 1 << 20) and type(b.get("args")) is list and
+            all(type(a) is list and len(a) == 2 and type(a[0]) is str and _int(a[1], 0, _MAX_ARENA)
+                for a in b["args"])
+            for b in e["launches"]), what + " launches")
+        members = [e.get("source"), e.get("cubin")] + [e[m] for m in ("loop_ir",) if m in e]
+        _need(all(type(m) is str and m in files for m in members), what + " members")
+        _need(type(e.get("values", [])) is list and all(
+            type(v) is list and len(v) == 2 and _int(v[0], 0, 1 << 20) and
+            _ints(v[1], -(1 << 63), (1 << 63) - 1) for v in e.get("values", [])),
+            what + " values")
+
+
+def cuda_restore(graph: Graph, manifest: dict, read, progress):
+    from ..backends.cuda.executable import BoundLaunch, CUDARuntime, SegmentImage
+    from .targets import REGISTRY
+
+    target = manifest["target"]
+    images = []
+    for entry in manifest["segments"]:
+        launches = [BoundLaunch(b["call"], b["name"], tuple(b["grid"]), tuple(b["block"]),
+                                b["shared_bytes"], tuple((kind, at) for kind, at in b["args"]))
+                    for b in entry["launches"]]
+        images.append(SegmentImage(
+            step=entry["step"], shapes=tuple(tuple(s) for s in entry["shapes"]),
+            values=tuple((i, tuple(v)) for i, v in entry.get("values", [])),
+            escaping_types=[_type_from(t) for t in entry["escaping"]],
+            consts=[tuple(c) for c in entry["consts"]], n_inputs=entry["n_inputs"],
+            arena_bytes=entry["arena_bytes"], workspace_bytes=entry["workspace_bytes"],
+            launches=launches, source=read(entry["source"]).decode(), arch=entry["arch"],
+            cubin=read(entry["cubin"]),
+            loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else ""))
+    # this machine's GPU: a cubin built for another architecture is rebuilt from its source
+    return CUDARuntime.restore(graph, manifest["plan"], images,
+                               REGISTRY[target["name"]].target(),
+                               opt_level=target["opt_level"], progress=progress)
+
+
 def no_check(manifest: dict, path) -> None:
     pass
 
@@ -506,7 +620,7 @@ def save(model, path) -> None:
             # weights and machine code are stored, not deflated: loading stays a plain read
             for name, data in members.items():
                 z.writestr(name, data, compress_type=deflate if name.endswith(
-                    (".json", ".ll", ".loop")) else zipfile.ZIP_STORED)
+                    (".json", ".ll", ".loop", ".cu")) else zipfile.ZIP_STORED)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; an artifact is a plain file

@@ -5,7 +5,7 @@
     dnnc inspect MODEL.onnx|MODEL.dnnc [--ir] [--json] [--input-shape name=1,3,224,224 ...]
                  [--passes [--target llvm] [--opt-level N]]
     dnnc compile MODEL.onnx [--target llvm] [-o MODEL.dnnc] [--opt-level N] [--input-shape ...]
-                 [--emit llvm-ir|asm|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
+                 [--emit llvm-ir|asm|cuda|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
                  [--mattr +avx2,...] [-q]
     dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
              [--dim N=4 ...] [--seed S] [--output-dir DIR]
@@ -287,8 +287,14 @@ def cmd_compile(args) -> int:
             raise UsageError(f"--emit {kind!r}: the {args.target} target emits "
                              f"{', '.join(spec.emits)}")
         emits.append((kind, Path(folder)))
+    # a machine without the target's device (a GPU) can still write the code --emit asks for
+    render_only = bool(emits) and not spec.available()
+    if render_only and args.output:
+        raise UsageError(f"-o: this machine cannot run the {args.target} target, so no "
+                         f"artifact can be compiled here; --emit alone writes the code")
     output = Path(args.output) if args.output else Path(args.model).with_suffix(".dnnc")
-    _check_writable(output, "-o")
+    if not render_only:
+        _check_writable(output, "-o")
     if args.dump_ir and not spec.runs_passes:
         raise UsageError(f"--dump-ir: the {args.target} target runs no passes")
     _say(args, f"importing {args.model}")
@@ -301,16 +307,17 @@ def cmd_compile(args) -> int:
                          f"symbolic, so no code is compiled before a call gives them sizes; "
                          f"fix them to emit code, e.g. {fixed}")
     where = ""
-    if "cpu" in spec.options:
+    if spec.machine is not None:
         shown = spec.target(cpu)
-        where = f" (cpu {shown.cpu}, {shown.vector_bits}-bit vectors)"
+        where = f" (cpu {shown.cpu}, {shown.vector_bits}-bit vectors)" if shown.cpu else \
+            f" ({shown.arch}{', code only: no device here' if render_only else ''})"
     _say(args, f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
     try:
         if args.tuning_log and "tuning_log" not in spec.options:
             raise UsageError(f"--tuning-log: the {args.target} target is not tuned")
         model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
                         progress=not args.quiet, dump_ir=args.dump_ir,
-                        tuning_log=args.tuning_log)
+                        tuning_log=args.tuning_log, render_only=render_only)
     except OSError as exc:   # the --dump-ir folder
         raise UsageError(f"cannot write into {args.dump_ir!r}: {exc.strerror or exc}") from exc
     if args.dump_ir:
@@ -331,6 +338,10 @@ def cmd_compile(args) -> int:
                 from exc
         _say(args, f"wrote {target_file}" + ("" if code else " (empty: the model needs no "
                                                        "kernel)"))
+    if render_only:
+        print(f"wrote the {', '.join(kind for kind, _ in emits)} code of {stats['kernels']} "
+              f"kernels; no artifact: this machine cannot run the {args.target} target")
+        return 0
     _say(args, f"saving {output}")
     model.save(output)
     fallbacks = stats["host_fallback_ops"]
@@ -360,7 +371,7 @@ def cmd_tune(args) -> int:
     return 0
 
 
-EMIT_SUFFIX = {"llvm-ir": ".ll", "asm": ".s", "loop": ".loop"}
+EMIT_SUFFIX = {"llvm-ir": ".ll", "asm": ".s", "cuda": ".cu", "loop": ".loop"}
 
 
 def _example_shape(shape) -> str:
@@ -635,7 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="optimisation level (default 3)")
     _shape_option(comp)
     comp.add_argument("--emit", nargs=2, action="append", default=[], metavar=("KIND", "DIR"),
-                      help="also write the generated code: llvm-ir, asm or loop (repeatable)")
+                      help="also write the generated code: llvm-ir, asm, cuda or loop "
+                           "(repeatable; the target's kinds)")
     comp.add_argument("--dump-ir", metavar="DIR",
                       help="write the graph IR after every pass as DIR/NN_pass.txt")
     comp.add_argument("--tuning-log", metavar="FILE",

@@ -19,7 +19,8 @@ OPT_LEVELS = range(0, 4)
 """LLVM's -O0 to -O3; the graph pipeline's passes start at levels 1 and 2."""
 
 def llvm_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                 cache_size=None, tuned=None, **pipeline):
+                 cache_size=None, tuned=None, render_only=False, **pipeline):
+    # render_only changes nothing here: the CPU that compiles is the one that runs
     from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
     from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
 
@@ -31,8 +32,25 @@ def llvm_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
 
 
 def numpy_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                  cache_size=None, **pipeline):
+                  cache_size=None, render_only=False, **pipeline):
     return graph, NumpyRuntime(graph, target)   # the reference interprets the graph as imported
+
+
+def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
+                 cache_size=None, render_only=False, **pipeline):
+    """The passes, then a `CUDARuntime`; without CuPy or a GPU a `DeviceError` saying which is
+    missing, before any pass runs, unless only the sources are wanted (`render_only`)."""
+    from ..backends.cuda.device import import_cupy
+    from ..backends.cuda.executable import DEFAULT_CACHE_SIZE, CUDARuntime
+    from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
+
+    if not render_only:
+        import_cupy()
+    graph = optimize(graph, target, opt_level, passes=passes, **pipeline)
+    return graph, CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
+                              reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
+                              cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size,
+                              render_only=render_only)
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,
@@ -120,7 +138,8 @@ def _bytes(size: int) -> str:
 def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
             opt_level: int | None = None, tuning_log=None, cpu=None,
             progress: bool | None = None, passes: int | None = None,
-            dump_ir=None, cache_size: int | None = None) -> CompiledModel:
+            dump_ir=None, cache_size: int | None = None,
+            render_only: bool = False) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`.
 
     `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.runtime.cpu_from`) is the
@@ -129,24 +148,31 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     `passes` stops the pass pipeline after its first N passes and leaves arena memory
     unshared (for finding a miscompile: `dnnc compare --bisect-passes`);
     `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
-    `cache_size` bounds the shape specialisations the llvm target keeps per segment (least
+    `cache_size` bounds the shape specialisations a compiled target keeps per segment (least
     recently used dropped first; default 32). `tuning_log` is a log `dnnc tune` wrote: each
     kernel takes the best config measured for it on this machine (`stats["tuned_kernels"]`
-    counts them; others keep their defaults). `cpu`, `passes`, `dump_ir`, `cache_size` and
-    `tuning_log` apply to the llvm target only. Every argument is checked here: a wrong one raises `ArgumentError`
+    counts them; others keep their defaults). `cpu`, `passes`, `dump_ir` and `cache_size` apply
+    to the targets that compile code (llvm, cuda; `cpu` and `tuning_log` to llvm only).
+    `render_only` generates the code without the device that would run it (`dnnc compile
+    --emit cuda` on a machine without a GPU): `source()` works, calling the model raises
+    `DeviceError`. Every argument is checked here: a wrong one raises `ArgumentError`
     naming it; a tensor of static size beyond this machine's memory raises `OutOfMemoryError`
     naming its node.
     """
     check_options(target, opt_level, tuning_log=tuning_log, cpu=cpu, progress=progress,
                   passes=passes, dump_ir=dump_ir, cache_size=cache_size)
+    from .targets import REGISTRY
+
+    if not isinstance(render_only, bool):
+        raise ArgumentError(f"render_only must be True or False, not {render_only!r}")
+    if render_only and not REGISTRY[target].generates_code:
+        raise ArgumentError(f"render_only: the {target} target generates no code")
     start = time.perf_counter()
     graph = load_graph(model, input_shapes)
     check_tensor_sizes(graph, physical_memory_bytes())
     imported_nodes = len(graph.nodes)
     timings: dict[str, float] = {}
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
-    from .targets import REGISTRY
-
     spec = REGISTRY[target]
     machine = spec.target(cpu)
     tuned = None
@@ -156,7 +182,7 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
         tuned = best_configs(read(tuning_log), machine.key)
     graph, runtime = spec.runtime(graph, level, machine, progress=progress,
                                   passes=passes, timings=timings, dump_ir=dump_ir,
-                                  cache_size=cache_size, tuned=tuned)
+                                  cache_size=cache_size, tuned=tuned, render_only=render_only)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "imported_nodes": imported_nodes, "pass_seconds": timings,
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),

@@ -18,10 +18,32 @@ from ..ir.types import TensorType
 from .arguments import check_int
 
 
+class DeviceArray:
+    """An array in GPU memory (anything with `__cuda_array_interface__`: CuPy, PyTorch,
+    Numba), seen through that interface without copying: shape and dtype for the call-time
+    checks, the interface itself for a GPU target's runtime, which reads its data in place."""
+
+    def __init__(self, obj):
+        face = obj.__cuda_array_interface__
+        self.obj = obj
+        self.__cuda_array_interface__ = face
+        self.shape = tuple(face["shape"])
+        self.ndim = len(self.shape)
+        self.dtype = np.dtype(face["typestr"])
+
+    def __array__(self, dtype=None, copy=None):
+        raise InputError(f"a GPU array ({type(self.obj).__name__}) was given to a target that "
+                         f"runs on the CPU: copy it to the host first (cupy.asnumpy, "
+                         f"tensor.cpu())")
+
+
 def as_array(x) -> np.ndarray:
-    """Anything array-like (NumPy, `__array__`, DLPack) as a NumPy array without copying."""
+    """Anything array-like (NumPy, `__array__`, DLPack) as a NumPy array without copying; a
+    GPU array (`__cuda_array_interface__`) as a `DeviceArray`, left where it is."""
     if isinstance(x, np.ndarray):
         return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return DeviceArray(x)
     if hasattr(x, "__dlpack__") and not hasattr(x, "__array__"):
         return np.from_dlpack(x)
     return np.asarray(x)
@@ -39,7 +61,7 @@ def call_times_ms(fn, repeat: int, warmup: int) -> list[float]:
     return times
 
 
-SOURCE_KINDS = ("llvm-ir", "llvm", "asm", "loop")
+SOURCE_KINDS = ("llvm-ir", "llvm", "asm", "cuda", "loop")
 """The kinds `CompiledModel.source` knows ("llvm" is llvm-ir's older spelling)."""
 
 
@@ -97,11 +119,11 @@ class CompiledModel:
         save(self, path)
 
     def source(self, kind: str = "llvm-ir") -> str:
-        """The generated code of every specialisation compiled so far: `llvm-ir`, `asm` or
-        `loop` (the scheduled loop IR)."""
+        """The generated code of every specialisation compiled so far: `llvm-ir`, `asm`,
+        `cuda` or `loop` (the scheduled loop IR), as the target emits (its registry entry)."""
         if kind not in SOURCE_KINDS:
-            raise ArgumentError(f"unknown source kind {kind!r}: kind must be llvm-ir, asm or "
-                                f"loop")
+            raise ArgumentError(f"unknown source kind {kind!r}: kind must be one of "
+                                f"{', '.join(SOURCE_KINDS)}")
         if not hasattr(self.runtime, "source"):
             raise CompileError(f"target {self.target} generates no code to show")
         return self.runtime.source(kind)

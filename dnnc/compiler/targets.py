@@ -90,6 +90,30 @@ def _llvm_panels(vector_bits: int) -> tuple[tuple[str, int], ...]:
     return panels(vector_bits)
 
 
+def _has_gpu() -> bool:
+    from ..backends.cuda import device
+
+    return device.available()
+
+
+def _cuda_device() -> Target:
+    from ..backends.cuda import device
+
+    return device.machine()
+
+
+def _cuda_fusion() -> Fusion:
+    from ..backends.cuda import FUSION
+
+    return FUSION
+
+
+def _cuda_templates() -> dict:
+    from ..backends.cuda.schedules import TEMPLATES
+
+    return TEMPLATES
+
+
 # Listed in the order messages name them (the reference first).
 REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
     # the reference interprets the graph as imported: no passes, no CPU, no code
@@ -106,11 +130,17 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                layouts=("pack_dense", "pack_conv"), fusion=_llvm_fusion, panels=_llvm_panels,
                templates=_llvm_templates, tuning=_llvm_tuning,
                speed=10, available=_has_llvmlite),
+    TargetSpec("cuda", "NVIDIA GPUs through NVRTC (CuPy)", driver.cuda_runtime,
+               options=("passes", "dump_ir", "cache_size"), emits=("cuda", "loop"),
+               codec=ArtifactCodec(artifact.cuda_export, artifact.cuda_check,
+                                   artifact.cuda_restore),
+               runs_passes=True, machine=_cuda_device, layouts=(), fusion=_cuda_fusion,
+               templates=_cuda_templates, speed=20, available=_has_gpu),
 )}
 
 
 def default_target() -> str:
-    """The fastest target available on this host (llvm on a CPU)."""
+    """The fastest target available on this host (cuda with CuPy and a GPU, else llvm)."""
     return max((s for s in REGISTRY.values() if s.available()), key=lambda s: s.speed).name
 
 

@@ -37,7 +37,7 @@ def compiled(mlp):
     ({"input_shapes": {"input": (-1, 4)}}, r"input_shapes\['input'\] must be a tuple of sizes"),
     ({"input_shapes": {"input": (2.5, 4)}}, r"input_shapes\['input'\] must be a tuple"),
     ({"input_shapes": [(2, 4)]}, "input_shapes must be a dict"),
-    ({"target": "cuda"}, "target must be one of numpy, llvm, not 'cuda'"),
+    ({"target": "tpu"}, "target must be one of numpy, llvm, cuda, not 'tpu'"),
     ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 5"),
     ({"passes": 6, "target": "llvm"}, "passes must be from 0 to 5, not 6"),   # 5 at level 3
     ({"passes": 4, "opt_level": 1, "target": "llvm"}, "passes must be from 0 to 3, not 4"),
@@ -117,7 +117,7 @@ def test_compare_checks_its_tolerances(options, message):
 
 
 @pytest.mark.parametrize("decorate,message", [
-    (lambda f: dnnc.jit(f, target="cuda"), "target must be one of numpy, llvm"),
+    (lambda f: dnnc.jit(f, target="tpu"), "target must be one of numpy, llvm, cuda"),
     (lambda f: dnnc.jit(target="numpy", opt_level=9)(f), "opt_level must be from 0 to 3"),
     (lambda f: dnnc.jit(f, target="numpy", bogus=1), "dnnc.jit takes the compile options "
                                                      r".*, not bogus"),

@@ -35,7 +35,7 @@ from ...ir.graph import Graph
 from ...ir.segments import Segment
 from ..lower import Kernel
 from ..memory import ALIGN
-from ..plan import DEFAULT_CACHE_SIZE, Executable, Program, task_key
+from ..plan import DEFAULT_CACHE_SIZE, Executable, Program, image_consts, task_key
 from ...ir.target import Target
 from .codegen import ModuleBuilder
 from .objfile import check_object
@@ -200,7 +200,7 @@ class _CompiledSegment:
         self.calls = []
         self.arena_bytes = image.arena_bytes
         self._loop_ir = image.loop_ir
-        consts = _image_consts(step, image)
+        consts = image_consts(step, image)
         jit = ObjectModule(image.object_code, rt.target, name=f"segment{step.index}",
                            llvm_ir=image.llvm_ir)
         want = layout_digest(step, image.shapes, image.values, image.escaping_types,
@@ -370,32 +370,3 @@ def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, con
 def _layout_global(digest: bytes) -> str:
     text = "".join(f"\\{b:02X}" for b in digest)
     return f'\n@{LAYOUT_SYMBOL} = constant [{len(digest)} x i8] c"{text}", align 1\n'
-
-
-def _image_consts(step: Segment, image: SegmentImage) -> list[np.ndarray]:
-    """The constants an image's slots point to, after checking the image fits the segment:
-    counts, ranks and fixed dims of its shapes, and that each constant slot names one."""
-    if len(image.shapes) != len(step.inputs):
-        raise ArtifactError(f"segment {step.index} has {len(step.inputs)} inputs, its "
-                            f"compiled code's key has {len(image.shapes)} shapes")
-    for v, shape in zip(step.inputs, image.shapes):
-        if len(shape) != v.type.rank or any(isinstance(d, int) and d != s
-                                            for d, s in zip(v.type.shape, shape)):
-            raise ArtifactError(f"segment {step.index}: input {v.name!r} of type {v.type} "
-                                f"cannot have shape {list(shape)}")
-    if len(image.escaping_types) != len(step.escaping) or any(
-            t.dtype != v.type.dtype for t, v in zip(image.escaping_types, step.escaping)):
-        raise ArtifactError(f"segment {step.index}: its outputs' types do not match the "
-                            f"graph's")
-    consts = []
-    for k, j in image.consts:
-        if not (0 <= k < len(step.nodes) and 0 <= j < len(step.nodes[k].inputs)) or \
-                step.nodes[k].inputs[j] is None or step.nodes[k].inputs[j].const is None:
-            raise ArtifactError(f"segment {step.index}: constant slot ({k}, {j}) names no "
-                                f"constant input")
-        consts.append(step.nodes[k].inputs[j].const)
-    if image.n_inputs != sum(1 for v in step.inputs if v.const is None) or \
-            image.slots != image.n_inputs + len(step.escaping) + len(consts):
-        raise ArtifactError(f"segment {step.index}: {image.n_inputs} inputs and {image.slots}"
-                            f" slots do not match its graph")
-    return consts

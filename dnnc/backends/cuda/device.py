@@ -1,0 +1,219 @@
+"""The GPU the cuda target runs on: CuPy, the device and its architecture, NVRTC, the module
+cache.
+
+`import_cupy()` imports CuPy whichever wheel provides it (cupy-cuda12x, cupy-cuda13x, a source
+build: all install the module `cupy`) and checks that a CUDA GPU is visible, raising a
+`DeviceError` that says which of the two is missing; `available()` is the registry's cheap,
+cached, never-raising form of the same check. `machine()` is the `Target` a compile reads: the
+visible GPU's architecture, else `DEFAULT_ARCH` (what `dnnc compile --emit cuda` renders for
+on a machine without a GPU).
+
+Compiled modules are cached on disk (`ModuleCache`): one cubin per (source, architecture,
+NVRTC version, options), written atomically (a temporary file in the cache folder, then
+`os.replace`) so that processes compiling the same model at once never read a partial file;
+the last writer wins with identical bytes. This module never renders code: it compiles and
+loads what `codegen.py` renders.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from ...errors import CompileError, DeviceError
+from ...ir.target import Target
+
+DEFAULT_ARCH = "sm_90"
+"""The architecture rendered for without a GPU to ask: the H100's, dnnc's reference GPU."""
+
+CACHE_SCHEMA = 1
+"""Part of every cache key: bump it when what a cached file holds changes meaning."""
+
+CUPY_PACKAGES = "cupy-cuda12x (CUDA 12) or cupy-cuda13x (CUDA 13)"
+
+
+@functools.cache
+def _probe() -> tuple[object | None, str | None]:
+    """(the cupy module, None) when CuPy imports and sees a GPU, else (None, why not).
+    Cached: asking the driver initialises CUDA in this process, once."""
+    if importlib.util.find_spec("cupy") is None:
+        return None, (f"the cuda target needs CuPy, which is not installed: pip install "
+                      f"{CUPY_PACKAGES}, matching the CUDA driver")
+    try:
+        import cupy
+    except Exception as exc:   # a wheel for another CUDA, a missing library
+        return None, f"CuPy is installed but does not import: {type(exc).__name__}: {exc}"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:   # CUDARuntimeError: no driver, a driver too old for the wheel
+        return None, f"no CUDA GPU is visible to CuPy {cupy.__version__}: {exc}"
+    if count < 1:
+        return None, (f"no CUDA GPU is visible to CuPy {cupy.__version__} (CUDA_VISIBLE_DEVICES="
+                      f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})")
+    return cupy, None
+
+
+def import_cupy():
+    """The cupy module, once a GPU is known to be visible; else a `DeviceError` saying whether
+    CuPy or the GPU is missing."""
+    cupy, why = _probe()
+    if cupy is None:
+        raise DeviceError(why)
+    return cupy
+
+
+def available() -> bool:
+    """Whether the cuda target can run here: CuPy imports and a GPU is visible (cached; never
+    raises; imports nothing when CuPy is not installed)."""
+    return _probe()[0] is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the cuda target cannot run here, or None when it can."""
+    return _probe()[1]
+
+
+def gpu_arch() -> str:
+    """The current device's architecture as NVRTC names it: "sm_90" on an H100."""
+    return "sm_" + import_cupy().cuda.Device().compute_capability
+
+
+def gpu_name() -> str:
+    cupy = import_cupy()
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def machine() -> Target:
+    """The Target of this host's GPU (threads 1: parallelism is the grid's), or of
+    `DEFAULT_ARCH` where there is none (rendering only)."""
+    return Target("cuda", arch=gpu_arch() if available() else DEFAULT_ARCH)
+
+
+def versions() -> dict[str, str]:
+    """The driver, CUDA runtime, NVRTC and CuPy versions (bench headers, cache keys)."""
+    cupy = import_cupy()
+    runtime = cupy.cuda.runtime
+
+    def dotted(v: int) -> str:   # 12090 -> "12.9"
+        return f"{v // 1000}.{v % 1000 // 10}"
+
+    return {"driver": dotted(runtime.driverGetVersion()),
+            "runtime": dotted(runtime.runtimeGetVersion()),
+            "nvrtc": ".".join(map(str, cupy.cuda.nvrtc.getVersion())),
+            "cupy": cupy.__version__}
+
+
+def describe() -> str:
+    """The device, as progress lines and benchmark headers name it."""
+    if not available():
+        return f"{DEFAULT_ARCH} (rendering only: {unavailable_reason()})"
+    return f"{gpu_name()} ({gpu_arch()})"
+
+
+# -- compiling ----------------------------------------------------------------------------------
+
+def nvrtc_options(arch: str) -> tuple[str, ...]:
+    """NVRTC's options for `arch`: an `sm_` architecture gives a cubin (machine code, no JIT at
+    load; CuPy does the same, cupy#5097), C++17 for the renderer's `constexpr` and `auto`."""
+    return (f"--gpu-architecture={arch}", "--std=c++17")
+
+
+def nvrtc_compile(source: str, arch: str, options: tuple[str, ...]) -> bytes:
+    """The cubin of CUDA C `source` for `arch` through NVRTC; a `CompileError` with NVRTC's
+    log when it rejects the source."""
+    nvrtc = import_cupy().cuda.nvrtc
+    prog = nvrtc.createProgram(source, "dnnc.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, options)
+        except nvrtc.NVRTCError as exc:
+            log = nvrtc.getProgramLog(prog).strip().splitlines()
+            shown = "; ".join(log[:8]) + (f"; ... ({len(log) - 8} more lines)"
+                                          if len(log) > 8 else "")
+            raise CompileError(f"NVRTC rejected the generated CUDA source for {arch}: "
+                               f"{shown or exc}") from None
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def toolkit_version() -> str:
+    """The NVRTC version, part of the cache key (another NVRTC may generate other code)."""
+    return ".".join(map(str, import_cupy().cuda.nvrtc.getVersion()))
+
+
+def cache_dir() -> Path:
+    """$DNNC_CACHE_DIR/cuda, else $XDG_CACHE_HOME/dnnc/cuda, else ~/.cache/dnnc/cuda."""
+    root = os.environ.get("DNNC_CACHE_DIR")
+    if root:
+        return Path(root) / "cuda"
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "dnnc" / "cuda"
+
+
+class ModuleCache:
+    """Compiled modules on disk, one file per key (see the module docstring).
+
+    `compile(source, arch, options) -> bytes` and `toolkit` (a version string) are injectable
+    for tests; `hits` and `misses` count this object's lookups."""
+
+    def __init__(self, folder: Path | None = None, compile: Callable | None = None,
+                 toolkit: Callable[[], str] | None = None):
+        self.folder = Path(folder) if folder is not None else cache_dir()
+        self._compile = compile or nvrtc_compile
+        self._toolkit = toolkit or toolkit_version
+        self.hits = 0
+        self.misses = 0
+
+    def key(self, source: str, arch: str, options: tuple[str, ...]) -> str:
+        """The SHA-256 of everything the compiled bytes depend on."""
+        h = hashlib.sha256()
+        for part in (f"dnnc-cuda-cache {CACHE_SCHEMA}", arch, self._toolkit(),
+                     "\0".join(options), source):
+            h.update(part.encode())
+            h.update(b"\0\1")   # separator: no two tuples of parts hash alike
+        return h.hexdigest()
+
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}.cubin"
+
+    def get(self, source: str, arch: str, options: tuple[str, ...]) -> bytes:
+        """The compiled module of `source`: read from the cache, else compiled and stored.
+        A cache folder that cannot be written only costs the caching."""
+        file = self.path(self.key(source, arch, options))
+        try:
+            data = file.read_bytes()
+            if data:
+                self.hits += 1
+                return data
+        except OSError:
+            pass
+        self.misses += 1
+        data = self._compile(source, arch, options)
+        try:
+            self._store(file, data)
+        except OSError:
+            pass
+        return data
+
+    @staticmethod
+    def _store(file: Path, data: bytes) -> None:
+        """Write `data` to `file` atomically: readers see the old file or the whole new one."""
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(tmp, file)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise

@@ -1,0 +1,767 @@
+"""The cuda target's runtime: the module cache, the launch list, the registry and CLI without a
+GPU (one clear error; `--emit cuda` renders anyway), and on a GPU (`gpu` tests) whole models
+against onnxruntime and the reference.
+
+Named test_cuda_runtime.py: the test folders have no __init__.py, so a second
+test_runtime.py (tests/backends/llvm/ has one) would not import."""
+
+import importlib.machinery
+import os
+import sys
+import threading
+import time
+import types
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from dnnc.backends.cuda import device
+from dnnc.backends.cuda.executable import (DEVICE_ALIGN, BoundLaunch, _Layout, launch_list,
+                                           resolve)
+from dnnc.backends.plan import Call
+from dnnc.compiler import cli
+from dnnc.compiler.targets import REGISTRY, default_target
+from dnnc.errors import CompileError, DeviceError
+
+
+# -- the module cache ---------------------------------------------------------------------------
+
+class FakeCompiler:
+    """Stands in for NVRTC: the "cubin" names what it was compiled from; counts calls."""
+
+    def __init__(self, delay: float = 0.0):
+        self.calls = 0
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    def __call__(self, source, arch, options):
+        with self.lock:
+            self.calls += 1
+        time.sleep(self.delay)
+        return f"cubin[{arch}|{' '.join(options)}|{source}]".encode() * 1000
+
+
+def test_cache_compiles_once_then_reads_the_file(tmp_path):
+    compiler = FakeCompiler()
+    cache = device.ModuleCache(tmp_path, compile=compiler, toolkit=lambda: "12.9")
+    options = device.nvrtc_options("sm_90")
+    first = cache.get("__global__ void k() {}", "sm_90", options)
+    again = device.ModuleCache(tmp_path, compile=compiler, toolkit=lambda: "12.9")
+    assert again.get("__global__ void k() {}", "sm_90", options) == first
+    assert compiler.calls == 1 and (cache.misses, again.hits, again.misses) == (1, 1, 0)
+    assert [p.name for p in tmp_path.iterdir()] == \
+        [cache.key("__global__ void k() {}", "sm_90", options) + ".cubin"]
+
+
+def test_cache_key_covers_source_arch_toolkit_and_options(tmp_path):
+    def key(source="k", arch="sm_90", toolkit="12.9", options=("-a",)):
+        return device.ModuleCache(tmp_path, compile=FakeCompiler(),
+                                  toolkit=lambda: toolkit).key(source, arch, options)
+
+    keys = {key(), key(source="k2"), key(arch="sm_80"), key(toolkit="13.0"),
+            key(options=("-b",)), key(options=("-a", "-b"))}
+    assert len(keys) == 6
+    assert key() == key()
+    # parts are delimited: moving text between two parts changes the key
+    assert key(source="ab", options=("x",)) != key(source="b", options=("xa",))
+
+
+def test_cache_writes_atomically_through_a_temporary_file(tmp_path, monkeypatch):
+    seen = []
+    real_replace = os.replace
+
+    def spy(src, dst):
+        # at the moment of the rename the whole file is in the temporary, in the same folder,
+        # and the final name does not exist yet
+        seen.append((os.path.dirname(src), os.path.getsize(src), os.path.exists(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(device.os, "replace", spy)
+    compiler = FakeCompiler()
+    cache = device.ModuleCache(tmp_path / "sub", compile=compiler, toolkit=lambda: "12.9")
+    data = cache.get("src", "sm_90", ())
+    assert seen == [(str(tmp_path / "sub"), len(data), False)]
+    assert [p.suffix for p in (tmp_path / "sub").iterdir()] == [".cubin"]   # no temporaries
+
+
+def test_cache_concurrent_compiles_of_one_module_agree(tmp_path):
+    compiler = FakeCompiler(delay=0.05)
+    results = []
+
+    def work():
+        cache = device.ModuleCache(tmp_path, compile=compiler, toolkit=lambda: "12.9")
+        results.append(cache.get("same source", "sm_90", ()))
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 6 and len(set(results)) == 1 and len(results[0]) > 1000
+    assert [p.suffix for p in tmp_path.iterdir()] == [".cubin"]
+
+
+def test_cache_folder_that_cannot_be_written_only_costs_the_caching(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    compiler = FakeCompiler()
+    cache = device.ModuleCache(blocker / "cuda", compile=compiler, toolkit=lambda: "12.9")
+    assert cache.get("s", "sm_90", ()) == cache.get("s", "sm_90", ())
+    assert compiler.calls == 2
+
+
+def test_cache_an_empty_file_is_compiled_again(tmp_path):
+    compiler = FakeCompiler()
+    cache = device.ModuleCache(tmp_path, compile=compiler, toolkit=lambda: "12.9")
+    cache.path(cache.key("s", "sm_90", ())).write_bytes(b"")
+    assert cache.get("s", "sm_90", ()).startswith(b"cubin[")
+    assert compiler.calls == 1
+
+
+def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DNNC_CACHE_DIR", str(tmp_path / "d"))
+    assert device.cache_dir() == tmp_path / "d" / "cuda"
+    monkeypatch.delenv("DNNC_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert device.cache_dir() == tmp_path / "x" / "dnnc" / "cuda"
+
+
+# -- the launch list ----------------------------------------------------------------------------
+
+@dataclass
+class FakeLaunch:
+    name: str
+    grid: tuple
+    block: tuple
+    shared_bytes: int = 0
+
+
+@dataclass
+class FakeKernel:
+    launches: list
+    workspace: list = field(default_factory=list)
+
+
+def test_launch_list_keeps_call_order_and_appends_workspace_pointers():
+    kernels = {
+        "k0_dense": FakeKernel([FakeLaunch("k0_dense_split", (4, 1, 1), (128, 1, 1), 8192),
+                                FakeLaunch("k0_dense_reduce", (1, 1, 1), (32, 1, 1))],
+                               workspace=[100, 300]),
+        "k1_relu": FakeKernel([FakeLaunch("k1_relu", (2, 1, 1), (256, 1, 1))]),
+        "k2_softmax": FakeKernel([FakeLaunch("k2_softmax", (1, 1, 1), (64, 1, 1))],
+                                 workspace=[1000]),
+    }
+    calls = [Call("k0_dense", [("ext", 0), ("ext", 3), ("arena", 0)]),
+             Call("k1_relu", [("arena", 0), ("arena", 512)]),
+             Call("k1_relu", [("arena", 512), ("arena", 0)]),   # a de-duplicated kernel
+             Call("k2_softmax", [("arena", 0), ("ext", 1)])]
+    launches, workspace = launch_list(calls, kernels)
+    assert [(b.call, b.name) for b in launches] == [
+        (0, "k0_dense_split"), (0, "k0_dense_reduce"), (1, "k1_relu"), (2, "k1_relu"),
+        (3, "k2_softmax")]
+    dense = (("ext", 0), ("ext", 3), ("arena", 0), ("workspace", 0),
+             ("workspace", DEVICE_ALIGN))   # 100 bytes rounded up to the alignment
+    assert launches[0].args == launches[1].args == dense
+    assert launches[0].shared_bytes == 8192 and launches[0].grid == (4, 1, 1)
+    assert launches[3].args == (("arena", 512), ("arena", 0))
+    assert launches[4].args == (("arena", 0), ("ext", 1), ("workspace", 0))
+    # calls run one after another: the region fits the hungriest kernel, not the sum
+    assert workspace == max(DEVICE_ALIGN + 512, 1024)
+
+
+def test_launch_list_names_a_function_the_module_lacks():
+    with pytest.raises(CompileError, match="no kernel for function 'k9_gelu'"):
+        launch_list([Call("k9_gelu", [("ext", 0)])], {})
+
+
+def test_resolve_places_every_argument():
+    launch = BoundLaunch(0, "k", (1, 1, 1), (1, 1, 1), 0,
+                         (("ext", 2), ("arena", 64), ("workspace", 256), ("ext", 0)))
+    ext = [0x1000, 0x2000, 0x3000]
+    assert resolve(launch.args, ext, arena=0x10000, workspace=0x20000) == \
+        (0x3000, 0x10040, 0x20100, 0x1000)
+
+
+def test_frame_layout_aligns_every_buffer_and_gives_empty_ones_room():
+    layout = _Layout.of(1000, 0, [12, 0], [4096])
+    places = [layout.arena, layout.workspace, *layout.inputs, *layout.outputs]
+    assert places == sorted(set(places)) and all(p % DEVICE_ALIGN == 0 for p in places)
+    assert layout.workspace >= 1000 and layout.outputs[0] + 4096 <= layout.total
+
+
+# -- without a GPU ------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """This process as on a machine with CuPy installed but no GPU visible."""
+    fake = types.ModuleType("cupy")
+    fake.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+    fake.__version__ = "14.2.0"
+
+    def no_device():
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_device))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    device._probe.cache_clear()
+    yield
+    device._probe.cache_clear()
+
+
+@pytest.fixture
+def no_cupy(monkeypatch):
+    """This process as on a machine without CuPy."""
+    real = device.importlib.util.find_spec
+    monkeypatch.setattr(device.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "cupy" else real(name, *a))
+    device._probe.cache_clear()
+    yield
+    device._probe.cache_clear()
+
+
+def test_without_cupy_the_error_names_the_wheels(no_cupy):
+    assert not device.available() and not REGISTRY["cuda"].available()
+    with pytest.raises(DeviceError, match="needs CuPy, which is not installed: pip install "
+                                          "cupy-cuda12x .* or cupy-cuda13x"):
+        device.import_cupy()
+    assert default_target() == "llvm"
+
+
+@pytest.mark.codegen
+def test_without_a_gpu_the_error_says_so(no_gpu):
+    assert not device.available()
+    with pytest.raises(DeviceError, match="no CUDA GPU is visible to CuPy 14.2.0: "
+                                          "cudaErrorNoDevice"):
+        dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "cuda")
+    # the machine is still described, for rendering
+    assert device.machine().arch == device.DEFAULT_ARCH
+
+
+@pytest.mark.codegen
+def test_cli_without_a_gpu_fails_with_one_line(no_gpu, tmp_path, capsys):
+    import onnx
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), path)
+    for argv in (["compile", str(path), "--target", "cuda", "-q"],
+                 ["run", str(path), "--target", "cuda", "--random", "-q"],
+                 ["bench", str(path), "--target", "cuda", "-q"]):
+        assert cli.main(argv) == cli.EXIT_USAGE, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("dnnc: error: no CUDA GPU is visible"), err
+    assert not (tmp_path / "mlp.dnnc").exists()
+
+
+def test_cli_emit_without_a_gpu_refuses_an_artifact_path(no_gpu, tmp_path, capsys):
+    import onnx
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), path)
+    argv = ["compile", str(path), "--target", "cuda", "--emit", "cuda", str(tmp_path / "cu"),
+            "-o", str(tmp_path / "m.dnnc"), "-q"]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert "-o: this machine cannot run the cuda target" in capsys.readouterr().err
+
+
+@pytest.mark.codegen
+def test_cli_emit_cuda_without_a_gpu_writes_the_source(no_gpu, tmp_path, capsys):
+    import onnx
+
+    path = tmp_path / "cnn.onnx"
+    onnx.save(zoo.build("cnn", size=16, width=4), path)
+    argv = ["compile", str(path), "--target", "cuda", "--emit", "cuda", str(tmp_path / "cu"),
+            "--emit", "loop", str(tmp_path / "cu"), "-q"]
+    assert cli.main(argv) == cli.EXIT_OK, capsys.readouterr().err
+    source = (tmp_path / "cu" / "cnn.cu").read_text()
+    assert source.count('extern "C" __global__') >= 3
+    assert (tmp_path / "cu" / "cnn.loop").read_text()
+    assert "no artifact" in capsys.readouterr().out
+    assert not (tmp_path / "cnn.dnnc").exists()
+
+
+@pytest.mark.codegen
+def test_render_only_model_gives_source_and_refuses_to_run(no_gpu, rng, tmp_path):
+    model = dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "cuda",
+                         render_only=True)
+    assert model.source("cuda").count('extern "C" __global__') >= 1
+    assert "for" in model.source("loop")
+    with pytest.raises(DeviceError, match="no CUDA GPU is visible"):
+        model(rng.standard_normal((1, 4)).astype(np.float32))
+    with pytest.raises(DeviceError, match="built for its source only cannot be saved"):
+        model.save(tmp_path / "m.dnnc")
+
+
+@pytest.mark.codegen
+@pytest.mark.parametrize("name,config", [("cnn", {"size": 16, "width": 4}),
+                                         ("bert", {"layers": 1, "hidden": 32, "seq": 8})])
+def test_every_launch_matches_a_kernel_of_the_source(no_gpu, name, config):
+    """The renderer's launches and the source agree with the runtime's launch list: each
+    launch names an `extern "C" __global__` function of the unit, passes as many pointers as
+    it declares (the call's buffers, then its workspace) and fits its launch bounds."""
+    import re
+
+    model = dnnc.compile(zoo.build(name, **config), "cuda", render_only=True)
+    segments = model.runtime.compiled_segments()
+    assert segments
+    for seg in segments:
+        declared = {m.group(2): (m.group(1), m.group(3)) for m in re.finditer(
+            r'extern "C" __global__ void\s*(?:__launch_bounds__\((\d+)\))?\s*(\w+)\(([^)]*)\)',
+            seg.source)}
+        assert seg.launches
+        for launch in seg.launches:
+            bound, params = declared[launch.name]
+            assert len(launch.args) == len([p for p in params.split(",") if p.strip()]), \
+                launch.name
+            threads = launch.block[0] * launch.block[1] * launch.block[2]
+            assert bound is None or threads <= int(bound), launch.name
+
+
+def test_render_only_applies_to_targets_that_generate_code():
+    with pytest.raises(dnnc.errors.ArgumentError, match="numpy target generates no code"):
+        dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "numpy",
+                     render_only=True)
+
+
+# -- on a GPU -----------------------------------------------------------------------------------
+
+GPU_MODELS = [("mlp", 1), ("mlp", 4), ("cnn", 1), ("resnet18", 1), ("mobilenet_v2", 1),
+              ("bert_tiny", 1), ("bert_tiny", 2)]
+
+
+def _onnxruntime(model, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,batch", GPU_MODELS, ids=[f"{n}-b{b}" for n, b in GPU_MODELS])
+def test_zoo_model_on_the_gpu_matches_onnxruntime(name, batch, rng):
+    model = zoo.build(name, batch=batch)
+    compiled = dnnc.compile(model, "cuda")
+    assert compiled.stats["host_fallback_ops"] == 0, compiled.runtime.host_fallback_ops
+    for _ in range(2):   # the first call captures the CUDA graph, the second replays it
+        feeds = zoo.inputs_for(model, rng)
+        outputs = compiled.run(*feeds.values())
+        expected = _onnxruntime(model, feeds)
+        for out, ref in zip(outputs, expected):
+            assert isinstance(out, np.ndarray) and out.dtype == ref.dtype
+            assert out.shape == ref.shape and np.std(ref) > 0.1
+            np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.gpu
+def test_cupy_inputs_and_outputs(rng):
+    import cupy
+
+    model = zoo.build("cnn", batch=2, size=16, width=4)
+    compiled = dnnc.compile(model, "cuda")
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    expected = compiled(x)
+    np.testing.assert_array_equal(compiled(cupy.asarray(x)), expected)
+    # a strided device array is copied to C order first
+    wide = cupy.asarray(np.repeat(x, 2, axis=3))   # every other column is x
+    np.testing.assert_array_equal(compiled(wide[:, :, :, ::2]), expected)
+    compiled.runtime.outputs = "cupy"
+    first = compiled(cupy.asarray(x))
+    second = compiled(cupy.asarray(-x))   # the first result is the caller's, not overwritten
+    assert isinstance(first, cupy.ndarray)
+    np.testing.assert_array_equal(cupy.asnumpy(first), expected)
+    assert not np.array_equal(cupy.asnumpy(second), expected)
+
+
+@pytest.mark.gpu
+def test_threads_each_get_a_frame(rng):
+    model = zoo.build("mlp", batch=3)
+    compiled = dnnc.compile(model, "cuda")
+    inputs = [rng.standard_normal((3, 784)).astype(np.float32) for _ in range(4)]
+    reference = dnnc.compile(model, "numpy")
+    results = {}
+
+    def work(k):
+        for _ in range(20):
+            results[k] = compiled(inputs[k])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        np.testing.assert_allclose(results[k], reference(inputs[k]), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_profile_times_every_kernel(rng):
+    model = zoo.build("cnn", size=16, width=4)
+    compiled = dnnc.compile(model, "cuda")
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    outs, rows = compiled.runtime.profile([x], repeat=3)
+    assert len(rows) == compiled.stats["kernels"] and all(r["ms"] > 0 for r in rows)
+    np.testing.assert_allclose(outs[0], compiled(x), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.gpu
+def test_second_compile_reads_the_module_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DNNC_CACHE_DIR", str(tmp_path))
+    model = zoo.build("mlp", hidden=(32,), in_features=16, classes=5)
+    first = dnnc.compile(model, "cuda")
+    second = dnnc.compile(model, "cuda")
+    assert first.runtime.module_cache.misses >= 1 and second.runtime.module_cache.misses == 0
+    cached = first.runtime.module_cache
+    assert second.runtime.module_cache.hits == cached.misses + cached.hits
+    assert list((tmp_path / "cuda").glob("*.cubin"))
+
+
+@pytest.mark.gpu
+def test_host_fallback_between_gpu_segments(rng):
+    """A node without a loop form runs on the host between two GPU segments: the boundary
+    moves its input to NumPy and its output back to the GPU."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("NonZero", ["a"], ["nz"]),
+             helper.make_node("Cast", ["nz"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Neg", ["f"], ["y"])]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    compiled = dnnc.compile(model, "cuda")
+    assert compiled.stats["host_fallback_ops"] >= 1
+    x = rng.standard_normal((2, 5)).astype(np.float32)
+    np.testing.assert_array_equal(compiled(x), dnnc.compile(model, "numpy")(x))
+
+
+# -- the runtime's bookkeeping on a simulated device ----------------------------------------------
+#
+# A stand-in for CuPy whose "device memory" is host memory and whose kernels copy their first
+# parameter's bytes into their last: enough to check, without a GPU, that the runtime copies
+# inputs into the slots the launches read, resolves every argument, captures the launches once
+# and replays them, and hands back what the output slots hold.
+
+class _FakeArray(np.ndarray):
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
+                "data": (self.ctypes.data, False),
+                "strides": None if self.flags.c_contiguous else self.strides}
+
+
+class _FakeMemory:
+    def __init__(self, buffer, offset=0):
+        self.buffer, self.offset = buffer, offset
+        self.ptr = buffer.ctypes.data + offset
+
+    def __add__(self, offset):
+        return _FakeMemory(self.buffer, self.offset + offset)
+
+
+class _FakeStream:
+    ptr = 0
+
+    def __init__(self, non_blocking=False):
+        self.recording = None
+
+    def begin_capture(self):
+        self.recording = []
+
+    def end_capture(self):
+        graph, self.recording = _FakeGraph(self.recording), None
+        _FAKE.graphs.append(graph)
+        return graph
+
+    def synchronize(self):
+        pass
+
+
+class _FakeGraph:
+    def __init__(self, work):
+        self.work, self.launches = work, 0
+
+    def launch(self, stream=None):
+        self.launches += 1
+        for run in self.work:
+            run()
+
+
+class _FakeFunction:
+    def __init__(self, sizes):
+        self.sizes, self.ptr = sizes, 0
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        assert all(isinstance(a, np.uint64) for a in args) and len(args) >= len(self.sizes)
+
+        def run():
+            import ctypes
+            ctypes.memmove(int(args[len(self.sizes) - 1]), int(args[0]), self.sizes[-1])
+
+        if stream is not None and stream.recording is not None:
+            stream.recording.append(run)
+        else:
+            run()
+
+
+def _fake_cupy():
+    import ctypes
+
+    def memcpy(dst, src, n, kind, stream=0):
+        ctypes.memmove(dst, src, n)
+
+    def alloc(n):
+        return _FakeMemory(np.zeros(n, np.uint8))
+
+    def ndarray(shape, dtype, memptr):
+        n = int(np.prod(shape, dtype=np.int64))
+        raw = memptr.buffer[memptr.offset:memptr.offset + n * np.dtype(dtype).itemsize]
+        return raw.view(dtype).reshape(shape).view(_FakeArray)
+
+    class Module:
+        def load(self, cubin):
+            self.sizes = _FAKE.sizes
+
+        def get_function(self, name):
+            return _FakeFunction(self.sizes[name])
+
+    class Event:
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1, memcpy=memcpy, memcpyAsync=memcpy, memcpyHostToDevice=1,
+        memcpyDeviceToHost=2, memcpyDeviceToDevice=3)
+    stream = _FakeStream()
+    cuda = types.SimpleNamespace(
+        runtime=runtime, alloc=alloc, Stream=_FakeStream, get_current_stream=lambda: stream,
+        function=types.SimpleNamespace(Module=Module), Event=Event,
+        get_elapsed_time=lambda a, b: 0.25, driver=None)
+    fake = types.SimpleNamespace(
+        cuda=cuda, ndarray=ndarray, __version__="fake",
+        asnumpy=lambda a, stream=None: np.array(a),
+        asarray=lambda a: a if isinstance(a, _FakeArray) else np.array(a).view(_FakeArray),
+        array=lambda a: np.array(a).view(_FakeArray),
+        ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_FakeArray))
+    return fake
+
+
+class _Fake:
+    graphs: list = []
+    sizes: dict = {}
+
+
+_FAKE = _Fake()
+
+
+@pytest.fixture
+def simulated(monkeypatch, tmp_path):
+    """A CUDARuntime factory on the simulated device, with a renderer whose kernels copy
+    their first parameter into their last."""
+    from dataclasses import replace
+
+    from dnnc.backends.cuda import executable
+    from dnnc.ir.target import Fusion, Target
+
+    _FAKE.graphs, _FAKE.sizes = [], {}
+
+    def render_module(funcs):
+        kernels = {}
+        for func, _ in funcs:
+            _FAKE.sizes[func.name] = [
+                int(np.prod([int(getattr(d, "value", d)) for d in b.shape], dtype=np.int64))
+                * b.dtype.itemsize for b in func.params]
+            kernels[func.name] = FakeKernel([FakeLaunch(func.name, (1, 1, 1), (32, 1, 1))],
+                                            workspace=[64])
+        return types.SimpleNamespace(source="// fake", kernels=kernels)
+
+    codegen = types.ModuleType("dnnc.backends.cuda.codegen")
+    codegen.render_module = render_module
+    schedules = types.ModuleType("dnnc.backends.cuda.schedules")
+    schedules.schedule_kernel = lambda kernel, machine, config=None: kernel.func
+    monkeypatch.setitem(sys.modules, "dnnc.backends.cuda.codegen", codegen)
+    monkeypatch.setitem(sys.modules, "dnnc.backends.cuda.schedules", schedules)
+    fake = _fake_cupy()
+    monkeypatch.setattr(device, "import_cupy", lambda: fake)
+    monkeypatch.setattr(device, "describe", lambda: "simulated GPU (sm_90)")
+    # NVRTC: a cubin naming its architecture; counted
+    _FAKE.compiles = []
+    monkeypatch.setattr(device, "nvrtc_compile",
+                        lambda s, arch, o: _FAKE.compiles.append(arch) or arch.encode())
+    monkeypatch.setattr(device, "toolkit_version", lambda: "0")
+    monkeypatch.setenv("DNNC_CACHE_DIR", str(tmp_path / "cache"))
+    # the registry's cuda machine, whose architecture a test may change
+    _FAKE.arch = "sm_90"
+    monkeypatch.setitem(REGISTRY, "cuda", replace(
+        REGISTRY["cuda"], machine=lambda: Target("cuda", arch=_FAKE.arch),
+        fusion=lambda: Fusion()))
+
+    def build(model, **options):
+        from dnnc.frontend.onnx import import_onnx
+        from dnnc.passes.manager import optimize
+
+        target = REGISTRY["cuda"].target()
+        graph = optimize(import_onnx(model), target, 3)
+        return executable.CUDARuntime(graph, target=target, **options)
+
+    return build
+
+
+def _relu_model(shape):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_runtime_copies_in_captures_once_replays_and_copies_out(simulated, rng):
+    rt = simulated(_relu_model([3, 5]))
+    assert rt.describe_machine() == "simulated GPU (sm_90)" and rt.source("cuda") == "// fake"
+    for _ in range(3):   # positive inputs: the simulated kernel's copy is the Relu
+        x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+        (y,) = rt.run([x], {})
+        assert type(y) is np.ndarray
+        np.testing.assert_array_equal(y, x)
+    assert len(_FAKE.graphs) == 1 and _FAKE.graphs[0].launches == 3
+    # a device array is read in place (device to device), strided ones in C order
+    x = rng.uniform(0.5, 2.0, (3, 10)).astype(np.float32)
+    np.testing.assert_array_equal(rt.run([x[:, ::2].view(_FakeArray)], {})[0], x[:, ::2])
+    # through the model: its call-time checks read a device array's shape and dtype in place
+    from dnnc.compiler.module import CompiledModel
+
+    model = CompiledModel(rt.graph, rt, "cuda")
+    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(model(_Interface(x)), x)
+    with pytest.raises(dnnc.errors.InputError, match=r"given float64\[3, 5\]"):
+        model(_Interface(x.astype(np.float64)))
+
+
+class _Interface:
+    """A device array of another library: only `__cuda_array_interface__` (as PyTorch's)."""
+
+    def __init__(self, a):
+        self.a = a.view(_FakeArray)
+        self.__cuda_array_interface__ = self.a.__cuda_array_interface__
+
+
+def test_a_device_array_given_to_a_cpu_target_is_refused_clearly(rng):
+    model = dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "llvm")
+    x = rng.standard_normal((1, 4)).astype(np.float32)
+    with pytest.raises(dnnc.errors.InputError, match="a GPU array \\(_Interface\\) was given "
+                                                     "to a target that runs on the CPU"):
+        model(_Interface(x))
+
+
+def test_runtime_cupy_outputs_are_the_callers(simulated, rng):
+    rt = simulated(_relu_model([4]), outputs="cupy")
+    a, b = (rng.uniform(0.5, 2.0, 4).astype(np.float32) for _ in range(2))
+    (first,) = rt.run([a], {})
+    (second,) = rt.run([b], {})
+    assert hasattr(first, "__cuda_array_interface__")
+    np.testing.assert_array_equal(np.asarray(first), a)   # not overwritten by the 2nd call
+    np.testing.assert_array_equal(np.asarray(second), b)
+    with pytest.raises(dnnc.errors.ArgumentError, match="outputs must be one of numpy, cupy"):
+        rt.outputs = "torch"
+
+
+def test_runtime_threads_get_frames_of_their_own(simulated, rng):
+    rt = simulated(_relu_model([64]))
+    inputs = [rng.uniform(0.5, 2.0, 64).astype(np.float32) for _ in range(4)]
+    results = {}
+
+    def work(k):
+        results[k] = [rt.run([inputs[k]], {})[0] for _ in range(10)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        assert all(np.array_equal(r, inputs[k]) for r in results[k])
+    assert len(_FAKE.graphs) == 4   # one capture per thread's frame
+
+
+def test_runtime_profile_rows(simulated, rng):
+    rt = simulated(_relu_model([2, 3]))
+    x = rng.uniform(0.5, 2.0, (2, 3)).astype(np.float32)
+    outs, rows = rt.profile([x], repeat=3)
+    np.testing.assert_array_equal(outs[0], x)
+    assert [r["ms"] for r in rows] == [0.25] * rt.kernels
+
+
+def test_artifact_round_trip_loads_the_cubin_or_rebuilds_for_another_arch(simulated, rng,
+                                                                          tmp_path):
+    from dnnc.compiler.module import CompiledModel
+
+    rt = simulated(_relu_model([3, 5]))
+    assert _FAKE.compiles == ["sm_90"]
+    CompiledModel(rt.graph, rt, "cuda").save(tmp_path / "m.dnnc")
+    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+    loaded = dnnc.load(tmp_path / "m.dnnc")
+    np.testing.assert_array_equal(loaded(x), x)
+    assert loaded.source("cuda") == "// fake" and "Relu" in loaded.source("loop")
+    assert _FAKE.compiles == ["sm_90"]     # the stored cubin, not NVRTC
+    _FAKE.arch = "sm_80"                   # another GPU: the source is compiled for it
+    np.testing.assert_array_equal(dnnc.load(tmp_path / "m.dnnc")(x), x)
+    assert _FAKE.compiles == ["sm_90", "sm_80"]
+
+
+def _rewrite_manifest(path, edit):
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(members["manifest.json"])
+    edit(manifest)
+    members["manifest.json"] = json.dumps(manifest).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m["segments"][0]["launches"][0]["args"].append(["arena", 1 << 20]),
+     r"argument \(arena, 1048576\) outside the segment's buffers"),
+    (lambda m: m["segments"][0]["launches"][0]["args"].__setitem__(0, ["ext", 9]),
+     r"argument \(ext, 9\) outside"),
+    (lambda m: m["segments"][0]["launches"][0]["args"].__setitem__(0, ["host", 0]),
+     r"argument \(host, 0\) outside"),
+    (lambda m: m["segments"][0]["launches"][0].update(block=[2048, 1, 1]),
+     "segment entry 0 launches is malformed"),
+    (lambda m: m["segments"][0]["launches"][0].update(name="k0; rm"),
+     "segment entry 0 launches is malformed"),
+    (lambda m: m["segments"][0].update(arch="compute_90"), "segment entry 0 arch"),
+    (lambda m: m["target"].update(arch=90), "target is malformed"),
+])
+def test_artifact_with_impossible_launches_is_refused(simulated, tmp_path, edit, message):
+    from dnnc.compiler.module import CompiledModel
+
+    rt = simulated(_relu_model([3, 5]))
+    path = tmp_path / "m.dnnc"
+    CompiledModel(rt.graph, rt, "cuda").save(path)
+    _rewrite_manifest(path, edit)
+    with pytest.raises(dnnc.errors.ArtifactError, match=message):
+        dnnc.load(path)
+
+
+def test_artifact_without_a_gpu_says_what_is_missing(simulated, tmp_path, monkeypatch):
+    from dnnc.compiler.module import CompiledModel
+
+    rt = simulated(_relu_model([3, 5]))
+    path = tmp_path / "m.dnnc"
+    CompiledModel(rt.graph, rt, "cuda").save(path)
+    monkeypatch.setattr(device, "import_cupy", lambda: (_ for _ in ()).throw(
+        DeviceError("no CUDA GPU is visible to CuPy")))
+    with pytest.raises(DeviceError, match="no CUDA GPU is visible"):
+        dnnc.load(path)
