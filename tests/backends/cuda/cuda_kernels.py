@@ -1,7 +1,7 @@
 """Kernels of zoo models and node-suite cases as the cuda target schedules them, without the
 cuda runtime: the graph through the passes for a cuda `Target`, every segment planned with
 the cuda schedules (`backends/plan.build_program`), and each value's reference array (the
-NumPy interpreter on the optimised graph) by name. Shared by test_codegen.py (rendering and
+NumPy interpreter on the optimised graph) by name. Shared by test_cuda_codegen.py (rendering and
 nvcc compile-only checks) and gpu_check.py (runs on a GPU)."""
 
 from __future__ import annotations
