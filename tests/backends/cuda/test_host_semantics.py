@@ -3,7 +3,7 @@ compiled as host C++ by g++ with a small shim for CUDA's built-ins, where a laun
 host thread per CUDA thread of a block (thread-local threadIdx, `__syncthreads` a
 std::barrier, `__shared__` static), the blocks one after another.
 
-- every op on every dtype (test_codegen's `_every_op`) against the same PrimFuncs rendered
+- every op on every dtype (test_cuda_codegen's `_every_op`) against the same PrimFuncs rendered
   by the llvm backend (the IR's tested meaning), on random inputs: the op tables, literals,
   casts, bit casts and the float16 conversions' rounding;
 - every kernel of small zoo models and of a node-suite sample, scheduled for cuda, against
@@ -25,7 +25,7 @@ from dnnc.ir import types as T
 from cuda_kernels import (programs, reference, renamed, suite_cases, suite_inputs, suite_sample,
                           zoo_model, zoo_programs)
 from dnnc.frontend.onnx import import_onnx
-from test_codegen import _every_op, poisoned, run_on_cpu
+from test_cuda_codegen import _every_op, poisoned, run_on_cpu
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
 
