@@ -84,8 +84,8 @@ def tune(tasks: list[Task], target: Target, hooks, log, trials: int, *, timeout:
         result = measure(hooks, task.kernel, target, [default], seed=seed, timeout=timeout,
                          timed=not old)[0]
         references[task.key] = result.outputs
-        if not old:
-            _append(log, task, target, [result])
+        if not old:   # known to the search from now on: never proposed again
+            known += _append(log, task, target, [result])
         ms = old[0].ms if old else result.ms
         best = min([r.ms for r in known if r.task == task.key and r.target == target.key and
                     r.error is None] + ([ms] if ms is not None else []), default=None)
@@ -187,10 +187,12 @@ def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, refer
             bar.close()
 
 
-def _append(log, task: Task, target: Target, results) -> None:
-    R.append(log, [R.Record(task.key, task.template.name, target.key, _config_dict(r.config),
-                            r.ms if r.error is None else None, r.error, time.time(),
-                            __version__) for r in results])
+def _append(log, task: Task, target: Target, results) -> list[R.Record]:
+    records = [R.Record(task.key, task.template.name, target.key, _config_dict(r.config),
+                        r.ms if r.error is None else None, r.error, time.time(), __version__)
+               for r in results]
+    R.append(log, records)
+    return records
 
 
 def _bar(task: Task, total: int, progress: bool):

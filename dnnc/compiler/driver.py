@@ -37,9 +37,10 @@ def numpy_runtime(graph: Graph, opt_level: int, target: Target, progress=None, p
 
 
 def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                 cache_size=None, render_only=False, **pipeline):
+                 cache_size=None, render_only=False, tuned=None, **pipeline):
     """The passes, then a `CUDARuntime`; without CuPy or a GPU a `DeviceError` saying which is
-    missing, before any pass runs, unless only the sources are wanted (`render_only`)."""
+    missing, before any pass runs, unless only the sources are wanted (`render_only`).
+    `tuned` is always None here: the cuda target takes no tuning log yet."""
     from ..backends.cuda.device import import_cupy
     from ..backends.cuda.executable import DEFAULT_CACHE_SIZE, CUDARuntime
     from ..passes.manager import MEMORY_REUSE_LEVEL, optimize

@@ -171,3 +171,14 @@ def test_the_cost_model_learns_an_order_within_tasks(rng):
     probe[:, 0] = [0.5, 2.5, 4.5, 6.5, 8.5]
     probe[:, 1:] = rng.uniform(0, 10, (5, 7))
     assert list(np.argsort(model.predict(probe))) == [0, 1, 2, 3, 4]
+
+
+def test_the_default_config_is_measured_once(tmp_path):
+    """Its record is written first; the search never proposes it again in the same run."""
+    log = tmp_path / "log.jsonl"
+    machine, tasks = _tasks()
+    task = tasks[-1]   # the head: a small space, so a search would soon reach the default
+    size = len(list(task.template.space(task.problem, machine).configs()))
+    tune([task], machine, llvm_tuning, log, trials=size + 5, progress=False, search="random")
+    seen = [R.canonical(r.config) for r in R.read(log)]
+    assert len(seen) == len(set(seen)) == size   # the whole space, each config once

@@ -430,7 +430,8 @@ def test_host_fallback_between_gpu_segments(rng):
              helper.make_node("Neg", ["f"], ["y"])]
     graph = helper.make_graph(nodes, "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                             [2, "nonzeros"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     compiled = dnnc.compile(model, "cuda")
