@@ -118,11 +118,11 @@ def measure_task(name: str, random_trials: int, seed: int) -> dict:
             "measured": ok}
 
 
-def _task_in_child(args):
-    name, trials, seed, core = args
-    if core is not None:
-        os.sched_setaffinity(0, {core})
-    return measure_task(name, trials, seed)
+def _task_in_child(name, trials, seed, core, queue):
+    # (a Process of its own, not a Pool's: a pool's daemonic workers may not fork the
+    # measurement's worker processes)
+    os.sched_setaffinity(0, {core})
+    queue.put(measure_task(name, trials, seed))
 
 
 def replay_random(times: list[float], bar: float, rng) -> int:
@@ -202,9 +202,17 @@ def main() -> None:
     if args.parallel:
         os.environ["DNNC_NUM_THREADS"] = "1"
         cores = sorted(os.sched_getaffinity(0))
-        jobs = [(n, args.random_trials, 0, cores[k % len(cores)]) for k, n in enumerate(names)]
-        with multiprocessing.get_context("spawn").Pool(min(len(names), len(cores))) as pool:
-            rows = pool.map(_task_in_child, jobs)
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        procs = [context.Process(target=_task_in_child,
+                                 args=(n, args.random_trials, 0, cores[k % len(cores)], queue))
+                 for k, n in enumerate(names)]
+        for p in procs:
+            p.start()
+        done = {row["name"]: row for row in (queue.get() for _ in procs)}
+        for p in procs:
+            p.join()
+        rows = [done[n] for n in names]
     else:
         rows = [measure_task(n, args.random_trials, 0) for n in names]
     print(f"\n{'task':10} {'template':10} {'configs':>7} {'default':>8} {'best ms':>8} "

@@ -82,7 +82,10 @@ def _error(got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
     both_nan = np.isnan(g) & np.isnan(w)
     with np.errstate(all="ignore"):
         diff = np.where(both_nan | (g == w), 0.0, np.abs(g - w))
-        scaled = diff / (atol + rtol * np.abs(w)) if rtol or atol else (diff > 0) * 2.0
+        # an element equal to the reference (NaN included) is exact whatever its scale: a NaN
+        # reference would make the scale NaN, and 0 / NaN read as an infinite error
+        scaled = np.where(diff == 0, 0.0, diff / (atol + rtol * np.abs(w))) if rtol or atol \
+            else (diff > 0) * 2.0
     worst = float(np.nanmax(np.where(np.isnan(scaled), np.inf, scaled))) if scaled.size else 0.0
     return worst <= 1.0, worst
 

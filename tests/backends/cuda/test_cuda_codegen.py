@@ -498,3 +498,19 @@ def test_node_suite_sample_compiles_with_nvcc(tmp_path):
             funcs += renamed(program, f"c{c}p{p}_")
     assert len(funcs) > 40
     ptx(render_module(funcs).source, tmp_path)
+
+
+def test_the_gpu_checks_comparison_takes_equal_nans_and_infinities_as_exact():
+    """gpu_check's `_error`: an element equal to its reference is exact, NaN and inf included
+    (a NaN reference once made every case holding one fail with an 'infinite' error)."""
+    from gpu_check import _error
+
+    want = np.array([0.5, np.nan, np.inf, -np.inf, 1.0], np.float32)
+    assert _error(want.copy(), want) == (True, 0.0)
+    assert _error(want.astype(np.float16), want.astype(np.float16)) == (True, 0.0)
+    wrong = want.copy()
+    wrong[4] = 1.5
+    assert not _error(wrong, want)[0]
+    wrong = want.copy()
+    wrong[1] = 0.0   # a number where NaN is due
+    assert not _error(wrong, want)[0]
