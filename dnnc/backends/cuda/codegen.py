@@ -465,6 +465,10 @@ _BITCASTS: dict[tuple[T.DType, T.DType], Callable] = {
     (T.int64, T.float64): _func("__longlong_as_double"),
     (T.float64, T.uint64): lambda x, dt: f"((unsigned long long)__double_as_longlong({x}))",
     (T.uint64, T.float64): lambda x, dt: f"__longlong_as_double((long long)({x}))",
+    # a bool's byte is 0 or 1: its bits as a byte are its value (the other way a byte of 2
+    # would have to stay 2 in a bool, which C cannot hold: no entry)
+    (T.bool_, T.uint8): _convert,
+    (T.bool_, T.int8): _convert,
 }
 """(source, destination) -> emitter for bit casts between differently stored types; types of
 one storage (float16, bfloat16 and 16-bit integers; signed and unsigned of a width) convert
