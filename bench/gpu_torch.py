@@ -52,13 +52,11 @@ def bench(name: str, args, folder: Path) -> str:
     import torch
 
     import dnnc
-    from torch_models import MODELS, export, randomize_batchnorm
+    from torch_models import build, export
 
-    make, example, _ = MODELS[name]
     path = export(name, folder / f"{name}.onnx")
-    torch.manual_seed(0)
-    module = randomize_batchnorm(make(), torch.manual_seed(0)).eval().cuda()
-    x = example().cuda()
+    module, x = build(name)   # the exported weights and example input
+    module, x = module.cuda(), x.cuda()
     sync = torch.cuda.synchronize
     with torch.no_grad():
         want = module(x).float().cpu().numpy()

@@ -39,7 +39,7 @@ class DecoderBlock(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         scores = q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
         att = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.ln2(x))
@@ -56,7 +56,7 @@ class GPT2(nn.Module):
         self.head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, ids):
-        positions = torch.arange(ids.shape[1]).unsqueeze(0)
+        positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
         return self.head(self.ln(self.blocks(self.tok(ids) + self.pos(positions))))
 
 
@@ -179,12 +179,19 @@ def randomize_batchnorm(model: nn.Module, gen: torch.Generator) -> nn.Module:
     return model
 
 
-def export(name: str, path: Path, exporter: str = "torchscript") -> Path:
-    """Export model `name` (seeded weights) to `path` with one of torch's exporters."""
-    make, example, dynamic = MODELS[name]
+def build(name: str) -> tuple[nn.Module, torch.Tensor]:
+    """Model `name` with its seeded weights (in eval mode) and an example input: the same
+    weights every call, so an export and a module built later (bench/gpu_torch.py) agree."""
+    make, example, _ = MODELS[name]
     gen = torch.manual_seed(0)
     model = randomize_batchnorm(make(), gen).eval()
-    x = example()
+    return model, example()
+
+
+def export(name: str, path: Path, exporter: str = "torchscript") -> Path:
+    """Export model `name` (seeded weights) to `path` with one of torch's exporters."""
+    _, _, dynamic = MODELS[name]
+    model, x = build(name)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":

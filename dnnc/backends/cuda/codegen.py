@@ -4,7 +4,8 @@ The interface the cuda runtime codes against:
 
     render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule
         `funcs` is `Program.unique`: each scheduled PrimFunc and whether its buffers may be
-        declared `__restrict__` (noalias).
+        declared `__restrict__` (noalias; never a buffer the kernel both writes and reads:
+        threads of one launch communicate through it).
     CudaModule.source: str            one translation unit; every kernel `extern "C" __global__`;
                                       no #include (only what NVRTC has built in)
     CudaModule.kernels: dict[str, CudaKernel]   keyed by PrimFunc name
@@ -136,10 +137,19 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
     func = narrow_indices(func)
     workspace, body = stages(func.body)
     stored = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Store)}
-    restrict = " __restrict__" if noalias else ""
-    params = [f"{'' if b.name in stored else 'const '}{C_TYPES[b.dtype]}*{restrict} "
+    loaded = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Load)}
+
+    def restrict(b: L.Buffer) -> str:
+        # a buffer one thread writes and other threads then read in the same launch (a row's
+        # mean written by thread 0, read by all after a barrier) is not `__restrict__`: the
+        # qualifier tells nvcc that nothing else changes it during the kernel, and nvcc then
+        # dropped the store (a LayerNorm's 1/std stayed unwritten on an H100)
+        written_and_read = b.name in stored and b.name in loaded
+        return " __restrict__" if noalias and not written_and_read else ""
+
+    params = [f"{'' if b.name in stored else 'const '}{C_TYPES[b.dtype]}*{restrict(b)} "
               f"{c_name(b.name)}" for b in func.params]
-    params += [f"{C_TYPES[b.dtype]}*{restrict} {c_name(b.name)}" for b in workspace]
+    params += [f"{C_TYPES[b.dtype]}*{restrict(b)} {c_name(b.name)}" for b in workspace]
     base = c_name(func.name)
     texts, launches = [], []
     for k, stage in enumerate(body):

@@ -64,7 +64,7 @@ def _poisoned(cp, dtype: np.dtype, shape):
     if dtype.kind == "f":
         return cp.full(shape, np.nan, dtype)
     out = cp.empty(shape, dtype)
-    out.view(cp.uint8)[...] = 0x5A
+    out.reshape(-1).view(cp.uint8)[...] = 0x5A   # (flat: a 0-d array cannot change itemsize)
     return out
 
 

@@ -514,3 +514,32 @@ def test_the_gpu_checks_comparison_takes_equal_nans_and_infinities_as_exact():
     wrong = want.copy()
     wrong[1] = 0.0   # a number where NaN is due
     assert not _error(wrong, want)[0]
+
+
+def test_a_buffer_threads_communicate_through_is_not_restrict():
+    """A LayerNorm row on one block: thread 0 writes the row's mean and 1/std, every thread
+    reads them after a barrier. `__restrict__` on those buffers let nvcc drop the store on
+    an H100 (every output NaN); inputs and the output stay `__restrict__`."""
+    import re
+
+    from dnnc.backends.cuda.codegen import render_module
+    from dnnc.backends.cuda.schedules import schedule_kernel
+    from dnnc.backends.lower import lower_group
+    from dnnc.ir.graph import Graph, Value
+    from dnnc.ir.target import Target
+
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 64, 768)))
+    s = Value("s", T.TensorType(T.float32, (768,)), const=np.ones(768, np.float32))
+    b = Value("b", T.TensorType(T.float32, (768,)), const=np.zeros(768, np.float32))
+    g.outputs = [g.add("LayerNormalization", x, s, b, axis=-1, epsilon=1e-5, name="ln")]
+    kernel = lower_group(g.nodes, "k", outputs=g.outputs)
+    func = schedule_kernel(kernel, Target("cuda", arch="sm_90"))
+    module = render_module([(func, True)])
+    header = re.search(r"\bk\(([^)]*)\)\s*\{", module.source).group(1)   # k(params) {
+    params = dict(reversed(re.match(r"(.*?)\s*(\w+)$", p.strip()).groups())
+                  for p in header.split(","))
+    assert len(module.kernels["k"].workspace) == 2
+    scratch = [name for name in params if name.startswith("layernorm_")]
+    assert len(scratch) == 2 and all("__restrict__" not in params[n] for n in scratch)
+    assert "__restrict__" in params["v_x"] and "__restrict__" in params["v_ln"]
