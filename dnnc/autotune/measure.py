@@ -144,3 +144,33 @@ def _time(call, repeat: int, min_batch: float) -> float:
             call()
         samples.append((time.perf_counter() - start) / n)
     return float(np.median(samples)) * 1e3
+
+
+def measure_on(client, target_name: str, kernel: Kernel, target: Target, configs: list, *,
+               reference=None, seed: int = 0, timeout: float = 60.0) -> list[Result]:
+    """`measure` on a Dask cluster (`client`: a `distributed.Client`): one cluster task per
+    config, each measured in a worker process of its own on a worker whose machine is
+    `target`'s (a worker of another CPU refuses: results from unlike machines never mix).
+    The workers must not be daemonic (`distributed.worker.daemon: False`), since each forks
+    its measurement."""
+    futures = [client.submit(_measure_remote, target_name, kernel, target, config, reference,
+                             seed, timeout, pure=False) for config in configs]
+    out = []
+    for config, future in zip(configs, futures):
+        try:
+            out.append(future.result(timeout=timeout + 60))
+        except Exception as exc:   # a worker lost, a timeout: this candidate's error
+            future.cancel()
+            out.append(Result(config, error=f"cluster: {type(exc).__name__}: {exc}"[:500]))
+    return out
+
+
+def _measure_remote(target_name, kernel, target, config, reference, seed, timeout):
+    from ..compiler.targets import REGISTRY
+
+    spec = REGISTRY[target_name]
+    here = spec.target()
+    if here.key != target.key:
+        return Result(config, error=f"the worker's machine is {here.key}, not {target.key}")
+    return measure(spec.tuning(), kernel, target, [config], reference=reference, seed=seed,
+                   timeout=timeout)[0]

@@ -32,7 +32,7 @@ from ..ir.target import Target
 from . import records as R
 from .cost_model import CostModel
 from .features import features
-from .measure import measure
+from .measure import measure, measure_on
 from .search import ModelSearch, RandomSearch
 from .tasks import Task
 
@@ -66,10 +66,11 @@ def _config_dict(config) -> dict:
 
 def tune(tasks: list[Task], target: Target, hooks, log, trials: int, *, timeout: float = 60.0,
          seed: int = 0, patience: int = 64, progress: bool = True,
-         search: str = "xgb") -> list[TaskReport]:
+         search: str = "xgb", client=None) -> list[TaskReport]:
     """Tune `tasks` on `target` with `trials` measurements in all (defaults included),
     appending every result to the JSON Lines file `log`; `search` is "xgb" (the cost model)
-    or "random"."""
+    or "random"; `client` (a `distributed.Client`) measures the candidates on a Dask cluster
+    instead of local worker processes."""
     if search not in SEARCHES:
         raise ValueError(f"search must be one of {', '.join(SEARCHES)}, not {search!r}")
     known = R.read(log)
@@ -100,7 +101,8 @@ def tune(tasks: list[Task], target: Target, hooks, log, trials: int, *, timeout:
         if share == 0 or references[report.task.key] is None:
             continue   # no budget, or its default config does not run (nothing to compare)
         _tune_task(report, share, target, hooks, log, references[report.task.key], known,
-                   model, timeout=timeout, seed=seed, patience=patience, progress=progress)
+                   model, timeout=timeout, seed=seed, patience=patience, progress=progress,
+                   client=client)
     return reports
 
 
@@ -142,7 +144,7 @@ def _shares(weights: list[float], budget: int) -> list[int]:
 
 
 def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, reference, known,
-               model, *, timeout, seed, patience, progress) -> None:
+               model, *, timeout, seed, patience, progress, client=None) -> None:
     task = report.task
     space = task.template.space(task.problem, target)
     done = R.measured(known, task.key, target.key)
@@ -160,8 +162,12 @@ def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, refer
             batch = search.next(min(BATCH, share - report.trials))
             if not batch:
                 break   # the space is exhausted
-            results = measure(hooks, task.kernel, target, batch, reference=reference,
-                              seed=seed, timeout=timeout)
+            if client is None:
+                results = measure(hooks, task.kernel, target, batch, reference=reference,
+                                  seed=seed, timeout=timeout)
+            else:
+                results = measure_on(client, target.name, task.kernel, target, batch,
+                                     reference=reference, seed=seed, timeout=timeout)
             _append(log, task, target, results)
             if model is not None and report.default_ms is not None:
                 for result in results:

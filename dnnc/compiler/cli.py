@@ -364,7 +364,7 @@ def cmd_tune(args) -> int:
     start = time.perf_counter()
     reports = tune(graph, args.target, log=args.log, trials=args.trials,
                    opt_level=args.opt_level, timeout=args.timeout, seed=args.seed,
-                   progress=not args.quiet, search=args.search)
+                   progress=not args.quiet, search=args.search, scheduler=args.scheduler)
     print(table(reports))
     print(f"tuned {len(reports)} task(s) in {time.perf_counter() - start:.1f} s; records in "
           f"{args.log} (compile with --tuning-log {args.log})")
@@ -714,6 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
                       help="optimisation level, as the compile that uses the log (default 3)")
     tune.add_argument("--seed", type=_int_at_least(0), default=0, help="search seed")
+    tune.add_argument("--scheduler", metavar="ADDR",
+                      help="measure on a Dask cluster (tcp://HOST:8786; pip install "
+                           "'dnnc[cluster]')")
     tune.add_argument("--search", default="xgb", choices=["xgb", "random"],
                       help="candidates the XGBoost cost model ranks fastest (default), or "
                            "random ones")

@@ -12,13 +12,15 @@ from .driver import OPT_LEVELS, load_graph
 def tune(model, target: str | None = None, *, log, trials: int = 200,
          input_shapes: dict | None = None, opt_level: int | None = None, cpu=None,
          timeout: float = 60.0, seed: int = 0, progress: bool | None = None,
-         search: str = "xgb"):
+         search: str = "xgb", scheduler: str | None = None):
     """Tune `model`'s kernels for `target` (default: the host's fastest) with `trials`
     measurements in all, appending each to the JSON Lines file `log` (created if absent; an
     existing log is resumed: no config is measured twice). Returns the per-task reports
     (`autotune.tuner.table(reports)` prints them). Compile with the same `opt_level` and
     `input_shapes` and `tuning_log=log` to use the results. `search` is "xgb" (candidates
-    the XGBoost cost model ranks fastest) or "random"."""
+    the XGBoost cost model ranks fastest) or "random". `scheduler` is the address of a Dask
+    scheduler (`tcp://HOST:8786`) whose workers measure the candidates (`pip install
+    dnnc[cluster]`; each worker must be a machine like this one: others refuse)."""
     import sys
 
     from ..autotune import tuner
@@ -55,5 +57,18 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     if show:
         print(f"dnnc: tuning {len(tasks)} task(s) for {machine.key.split(':')[0]} "
               f"({machine.cpu or machine.arch}), {trials} trials", file=sys.stderr)
-    return tuner.tune(tasks, machine, hooks, log, trials, timeout=timeout, seed=seed,
-                      progress=show, search=search)
+    if scheduler is None:
+        return tuner.tune(tasks, machine, hooks, log, trials, timeout=timeout, seed=seed,
+                          progress=show, search=search)
+    try:
+        import distributed
+    except ImportError:
+        raise ArgumentError("scheduler: measuring on a Dask cluster needs dask[distributed] "
+                            "(pip install 'dnnc[cluster]')") from None
+    try:
+        client = distributed.Client(scheduler, timeout=30)
+    except (OSError, TimeoutError) as exc:
+        raise ArgumentError(f"scheduler: cannot reach {scheduler}: {exc}") from None
+    with client:
+        return tuner.tune(tasks, machine, hooks, log, trials, timeout=timeout, seed=seed,
+                          progress=show, search=search, client=client)

@@ -182,3 +182,20 @@ def test_the_default_config_is_measured_once(tmp_path):
     tune([task], machine, llvm_tuning, log, trials=size + 5, progress=False, search="random")
     seen = [R.canonical(r.config) for r in R.read(log)]
     assert len(seen) == len(set(seen)) == size   # the whole space, each config once
+
+
+def test_a_small_task_tunes_on_a_dask_cluster(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    machine, tasks = _tasks()
+    log = tmp_path / "log.jsonl"
+    with dask.config.set({"distributed.worker.daemon": False}), \
+            distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                     dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        reports = tune(tasks[-1:], machine, llvm_tuning, log, trials=6, progress=False,
+                       search="random", client=client)
+    records = R.read(log)
+    assert len(records) == 6 and all(r.error is None and r.ms > 0 for r in records)
+    assert reports[0].trials == 5
