@@ -312,6 +312,9 @@ def llvm_export(runtime, manifest: dict, files: dict) -> None:
         "name": target.name, "triple": llvm.get_process_triple(), "cpu": target.cpu,
         "features": sorted(target.feature_set), "feature_string": target.features,
         "threads": runtime.threads, "opt_level": runtime.opt_level}
+    if runtime.tuned:   # a tuning log's configs: shapes compiled after a load use them too
+        manifest["target"]["tuned"] = {task: dict(config)
+                                       for task, config in sorted(runtime.tuned.items())}
     manifest["plan"] = runtime.plan()
     segments = []
     for k, image in enumerate(runtime.images()):
@@ -391,6 +394,13 @@ def _check_llvm_manifest(manifest: dict) -> None:
                                        for k in ("triple", "cpu", "feature_string")) and
           _strs(target.get("features")) and _int(target.get("threads"), 1, 1 << 16) and
           _int(target.get("opt_level"), 0, 3), "target")
+    tuned = target.get("tuned", {})
+    # task -> {knob: value}; a value the template's space does not hold is refused when a
+    # kernel is scheduled (ConfigError: the default is used), so only the types matter here
+    _need(type(tuned) is dict and all(
+        type(task) is str and type(config) is dict and
+        all(type(k) is str and type(v) in (int, bool, str, float) for k, v in config.items())
+        for task, config in tuned.items()), "target's tuned configs")
     plan = manifest.get("plan")
     _need(type(plan) is list and all(
         type(e) is dict and len(e) == 1 and
@@ -446,7 +456,8 @@ def llvm_restore(graph: Graph, manifest: dict, read, progress):
             loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else "",
             values=tuple((i, tuple(v)) for i, v in entry.get("values", []))))
     return LLVMRuntime.restore(graph, manifest["plan"], images, machine,
-                               opt_level=target["opt_level"], progress=progress)
+                               opt_level=target["opt_level"], progress=progress,
+                               tuned=target.get("tuned"))
 
 
 def cuda_export(runtime, manifest: dict, files: dict) -> None:

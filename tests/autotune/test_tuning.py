@@ -199,3 +199,21 @@ def test_a_small_task_tunes_on_a_dask_cluster(tmp_path):
     records = R.read(log)
     assert len(records) == 6 and all(r.error is None and r.ms > 0 for r in records)
     assert reports[0].trials == 5
+
+
+def test_an_artifact_keeps_its_tuned_configs_for_shapes_compiled_after_a_load(tmp_path, rng):
+    """A dynamic batch: nothing is compiled before the first call, so the kernels built after
+    `dnnc.load` take the log's configs from the artifact."""
+    dynamic = zoo.build("mlp", batch="N", hidden=(24,), in_features=20, classes=5)
+    name = dynamic.graph.input[0].name
+    log = tmp_path / "log.jsonl"
+    dnnc.tune(dynamic, "llvm", log=log, trials=6, input_shapes={name: (4, 20)},
+              progress=False)
+    model = dnnc.compile(dynamic, "llvm", tuning_log=log)
+    assert model.stats["tuned_kernels"] == 0   # nothing compiled yet
+    model.save(tmp_path / "m.dnnc")
+    loaded = dnnc.load(tmp_path / "m.dnnc")
+    x = rng.standard_normal((4, 20)).astype(np.float32)
+    np.testing.assert_allclose(loaded(x), dnnc.compile(dynamic, "numpy")(x), rtol=1e-5,
+                               atol=1e-5)
+    assert loaded.stats["tuned_kernels"] == 2

@@ -83,12 +83,14 @@ class LLVMRuntime(Executable):
     def restore(cls, graph: Graph, plan: list[dict], images: list[SegmentImage],
                 target: Target, opt_level: int = 3,
                 progress: bool | None = None,
-                cache_size: int = DEFAULT_CACHE_SIZE) -> "LLVMRuntime":
+                cache_size: int = DEFAULT_CACHE_SIZE,
+                tuned: dict | None = None) -> "LLVMRuntime":
         """A runtime from a saved plan and compiled specialisations: no lowering, no LLVM
-        passes; shapes not among `images` still compile on first use. Every image is kept,
-        even past `cache_size`; the cache shrinks to its size when it next compiles."""
+        passes; shapes not among `images` still compile on first use (with the `tuned`
+        configs the compile had). Every image is kept, even past `cache_size`; the cache
+        shrinks to its size when it next compiles."""
         rt = cls(graph, target=target, opt_level=opt_level, progress=progress, plan=plan,
-                 cache_size=cache_size)
+                 cache_size=cache_size, tuned=tuned)
         for image in images:
             step = rt.steps[image.step]
             if not isinstance(step, Segment):
