@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
+from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc.backends.cuda import device  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
@@ -58,14 +59,7 @@ def header() -> str:
 
 
 def median_ms(fn, repeat: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))
+    return float(np.median(call_times_ms(fn, repeat, warmup)))
 
 
 def check(model, feeds, outputs) -> float | None:

@@ -91,6 +91,36 @@ class Program:
         return self.memory.arena_bytes
 
 
+class CompiledSegment:
+    """What the shared runtime reads of a compiled specialisation (`Executable`'s docstring),
+    taken from the `Program` it was built from or from an artifact's image of it (which keeps
+    no kernels, calls or memory plan). A target's compiled segment extends it."""
+
+    def _take_program(self, program: Program) -> None:
+        self.step = program.step
+        self.shapes = program.shapes
+        self.key_values = program.key_values
+        self.escaping_types = program.escaping_types
+        self.kernels = program.kernels
+        self.const_refs = program.const_refs
+        self.n_inputs = program.n_inputs
+        self.memory = program.memory
+        self.arena_bytes = program.arena_bytes
+        self.calls = program.calls   # for `profile`: each kernel called on its own
+
+    def _take_image(self, step: Segment, image) -> None:
+        self.step = step
+        self.shapes = image.shapes
+        self.key_values = image.values
+        self.escaping_types = list(image.escaping_types)
+        self.kernels = []
+        self.const_refs = list(image.consts)
+        self.n_inputs = image.n_inputs
+        self.memory = None
+        self.arena_bytes = image.arena_bytes
+        self.calls = []
+
+
 class HostAfterAll(Exception):
     """A node specialised on run-time parameters still has no loop form for them."""
 

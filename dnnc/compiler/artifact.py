@@ -401,6 +401,24 @@ def _check_llvm_manifest(manifest: dict) -> None:
         type(task) is str and type(config) is dict and
         all(type(k) is str and type(v) in (int, bool, str, float) for k, v in config.items())
         for task, config in tuned.items()), "target's tuned configs")
+    _check_segments(manifest, _llvm_segment)
+
+
+def _llvm_segment(e: dict, what: str) -> list:
+    """An llvm segment entry's own fields; its member files."""
+    _need(_int(e.get("n_inputs"), 0, _MAX_SLOTS) and _int(e.get("slots"), 0, _MAX_SLOTS),
+          what + " slots")
+    _need(_int(e.get("arena_bytes"), 0, _MAX_ARENA), what + " arena_bytes")
+    _need(type(e.get("entry")) is str and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*",
+                                                       e["entry"]) is not None,
+          what + " entry")
+    return [e.get("object")] + [e[m] for m in ("llvm_ir", "loop_ir") if m in e]
+
+
+def _check_segments(manifest: dict, target_fields) -> None:
+    """The plan, and each segment entry's fields every target stores (step, shapes, output
+    types, constant slots, value key, member files); `target_fields(entry, what)` checks the
+    target's own and returns the entry's member file names."""
     plan = manifest.get("plan")
     _need(type(plan) is list and all(
         type(e) is dict and len(e) == 1 and
@@ -420,13 +438,7 @@ def _check_llvm_manifest(manifest: dict) -> None:
             for t in e["escaping"]), what + " escaping types")
         _need(type(e.get("consts")) is list and all(_ints(c, 0, 1 << 20) and len(c) == 2
                                                     for c in e["consts"]), what + " consts")
-        _need(_int(e.get("n_inputs"), 0, _MAX_SLOTS) and _int(e.get("slots"), 0, _MAX_SLOTS),
-              what + " slots")
-        _need(_int(e.get("arena_bytes"), 0, _MAX_ARENA), what + " arena_bytes")
-        _need(type(e.get("entry")) is str and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*",
-                                                           e["entry"]) is not None,
-              what + " entry")
-        members = [e.get("object")] + [e[m] for m in ("llvm_ir", "loop_ir") if m in e]
+        members = target_fields(e, what)
         _need(all(type(m) is str and m in files for m in members), what + " members")
         _need(type(e.get("values", [])) is list and all(
             type(v) is list and len(v) == 2 and _int(v[0], 0, 1 << 20) and
@@ -508,45 +520,26 @@ def _check_cuda_manifest(manifest: dict) -> None:
     _need(type(target) is dict and type(target.get("arch")) is str and
           _ARCH.fullmatch(target["arch"]) is not None and _int(target.get("opt_level"), 0, 3),
           "target")
-    plan = manifest.get("plan")
-    _need(type(plan) is list and all(
-        type(e) is dict and len(e) == 1 and
-        (_ints(e.get("segment"), 0, 1 << 40) or _int(e.get("host"), 0, 1 << 40))
-        for e in plan), "plan")
-    segments = manifest.get("segments")
-    _need(type(segments) is list, "segments")
-    files = manifest["files"]
-    for k, e in enumerate(segments):
-        what = f"segment entry {k}"
-        _need(type(e) is dict and _int(e.get("step"), 0, len(plan) - 1) and
-              "segment" in plan[e["step"]], what + " step")
-        _need(type(e.get("shapes")) is list and all(_ints(s) for s in e["shapes"]),
-              what + " shapes")
-        _need(type(e.get("escaping")) is list and all(
-            type(t) is dict and type(t.get("dtype")) is str and _ints(t.get("shape"))
-            for t in e["escaping"]), what + " escaping types")
-        _need(type(e.get("consts")) is list and all(_ints(c, 0, 1 << 20) and len(c) == 2
-                                                    for c in e["consts"]), what + " consts")
-        _need(_int(e.get("n_inputs"), 0, _MAX_SLOTS), what + " n_inputs")
-        _need(_int(e.get("arena_bytes"), 0, _MAX_ARENA) and
-              _int(e.get("workspace_bytes"), 0, _MAX_ARENA), what + " arena and workspace")
-        _need(type(e.get("arch")) is str and _ARCH.fullmatch(e["arch"]) is not None,
-              what + " arch")
-        _need(type(e.get("launches")) is list and all(
-            type(b) is dict and _int(b.get("call"), 0, 1 << 20) and
-            type(b.get("name")) is str and _SYMBOL.fullmatch(b["name"]) is not None and
-            _ints(b.get("grid"), 1, (1 << 31) - 1) and len(b["grid"]) == 3 and
-            _ints(b.get("block"), 1, 1024) and len(b["block"]) == 3 and
-            _int(b.get("shared_bytes"), 0, 1 << 20) and type(b.get("args")) is list and
-            all(type(a) is list and len(a) == 2 and type(a[0]) is str and _int(a[1], 0, _MAX_ARENA)
-                for a in b["args"])
-            for b in e["launches"]), what + " launches")
-        members = [e.get("source"), e.get("cubin")] + [e[m] for m in ("loop_ir",) if m in e]
-        _need(all(type(m) is str and m in files for m in members), what + " members")
-        _need(type(e.get("values", [])) is list and all(
-            type(v) is list and len(v) == 2 and _int(v[0], 0, 1 << 20) and
-            _ints(v[1], -(1 << 63), (1 << 63) - 1) for v in e.get("values", [])),
-            what + " values")
+    _check_segments(manifest, _cuda_segment)
+
+
+def _cuda_segment(e: dict, what: str) -> list:
+    """A cuda segment entry's own fields; its member files."""
+    _need(_int(e.get("n_inputs"), 0, _MAX_SLOTS), what + " n_inputs")
+    _need(_int(e.get("arena_bytes"), 0, _MAX_ARENA) and
+          _int(e.get("workspace_bytes"), 0, _MAX_ARENA), what + " arena and workspace")
+    _need(type(e.get("arch")) is str and _ARCH.fullmatch(e["arch"]) is not None,
+          what + " arch")
+    _need(type(e.get("launches")) is list and all(
+        type(b) is dict and _int(b.get("call"), 0, 1 << 20) and
+        type(b.get("name")) is str and _SYMBOL.fullmatch(b["name"]) is not None and
+        _ints(b.get("grid"), 1, (1 << 31) - 1) and len(b["grid"]) == 3 and
+        _ints(b.get("block"), 1, 1024) and len(b["block"]) == 3 and
+        _int(b.get("shared_bytes"), 0, 1 << 20) and type(b.get("args")) is list and
+        all(type(a) is list and len(a) == 2 and type(a[0]) is str and _int(a[1], 0, _MAX_ARENA)
+            for a in b["args"])
+        for b in e["launches"]), what + " launches")
+    return [e.get("source"), e.get("cubin")] + [e[m] for m in ("loop_ir",) if m in e]
 
 
 def cuda_restore(graph: Graph, manifest: dict, read, progress):

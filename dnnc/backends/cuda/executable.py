@@ -38,7 +38,7 @@ from ...ir.graph import Graph, Node
 from ...ir.segments import Segment
 from ...ir.target import Target
 from ..lower import Kernel
-from ..plan import DEFAULT_CACHE_SIZE, Call, Executable, Program, image_consts
+from ..plan import DEFAULT_CACHE_SIZE, Call, CompiledSegment, Executable, Program, image_consts
 from . import device
 
 DEVICE_ALIGN = 256
@@ -307,20 +307,11 @@ class _Frame:
     graph: object = None            # the captured CUDA graph, after the first run
 
 
-class _CompiledSegment:
+class _CompiledSegment(CompiledSegment):
     """One segment specialised to concrete input shapes: module, launch list, constants."""
 
     def __init__(self, program: Program, module, rt: CUDARuntime):
-        self.step = program.step
-        self.shapes = program.shapes
-        self.key_values = program.key_values
-        self.escaping_types = program.escaping_types
-        self.kernels = program.kernels
-        self.const_refs = program.const_refs
-        self.n_inputs = program.n_inputs
-        self.memory = program.memory
-        self.arena_bytes = program.arena_bytes
-        self.calls = program.calls
+        self._take_program(program)
         self.source = module.source
         self._loop_ir = ""
         self.launches, self.workspace_bytes = launch_list(program.calls, module.kernels)
@@ -331,16 +322,7 @@ class _CompiledSegment:
         """A specialisation restored from an artifact: its cubin is loaded when it was built
         for this GPU's architecture, else its source is compiled again for this one."""
         self = cls.__new__(cls)
-        self.step = step
-        self.shapes = image.shapes
-        self.key_values = image.values
-        self.escaping_types = list(image.escaping_types)
-        self.kernels = []
-        self.const_refs = list(image.consts)
-        self.n_inputs = image.n_inputs
-        self.memory = None
-        self.arena_bytes = image.arena_bytes
-        self.calls = []
+        self._take_image(step, image)
         self.source = image.source
         self._loop_ir = image.loop_ir
         self.launches, self.workspace_bytes = list(image.launches), image.workspace_bytes

@@ -35,7 +35,8 @@ from ...ir.graph import Graph
 from ...ir.segments import Segment
 from ..lower import Kernel
 from ..memory import ALIGN
-from ..plan import DEFAULT_CACHE_SIZE, Executable, Program, image_consts, task_key
+from ..plan import (DEFAULT_CACHE_SIZE, CompiledSegment, Executable, Program, image_consts,
+                    task_key)
 from ...ir.target import Target
 from .codegen import ModuleBuilder
 from .objfile import check_object
@@ -154,21 +155,12 @@ def _address(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
-class _CompiledSegment:
+class _CompiledSegment(CompiledSegment):
     """One segment specialised to concrete input shapes: kernels, module, arena layout."""
 
     def __init__(self, program: Program, rt: LLVMRuntime):
+        self._take_program(program)
         step = program.step
-        self.step = step
-        self.shapes = program.shapes
-        self.key_values = program.key_values
-        self.escaping_types = program.escaping_types
-        self.kernels = program.kernels
-        self.const_refs = program.const_refs
-        self.n_inputs = program.n_inputs
-        self.memory = program.memory
-        self.arena_bytes = program.arena_bytes
-        self.calls = program.calls   # for `profile`: each kernel called on its own
         mb = ModuleBuilder(f"segment{step.index}")
         for func, noalias in program.unique:
             mb.add(func, noalias=noalias)
@@ -191,16 +183,7 @@ class _CompiledSegment:
         """A specialisation restored from an artifact: its object code is loaded, nothing is
         lowered or optimised again."""
         self = cls.__new__(cls)
-        self.step = step
-        self.shapes = image.shapes
-        self.key_values = image.values
-        self.escaping_types = list(image.escaping_types)
-        self.kernels = []
-        self.const_refs = list(image.consts)
-        self.n_inputs = image.n_inputs
-        self.memory = None
-        self.calls = []
-        self.arena_bytes = image.arena_bytes
+        self._take_image(step, image)
         self._loop_ir = image.loop_ir
         consts = image_consts(step, image)
         jit = ObjectModule(image.object_code, rt.target, name=f"segment{step.index}",
