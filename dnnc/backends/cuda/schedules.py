@@ -44,6 +44,7 @@ from ..space import Space, Template, choose_template
 from .codegen import stages
 from .conv import CONV2D
 from .dense import DENSE
+from .gemv import GEMV
 
 # blocks of a grid-stride stage at most: 8 per SM of an H100 (132 SMs), rounded
 STRIDE_BLOCKS = 1024
@@ -360,9 +361,10 @@ ROWS = Template("cuda_rows", problems.rows, _has_row_reduction, rows_space,
 
 TEMPLATES = {
     **{("cuda", pattern): (ROWS, DEFAULT) for pattern in Pattern},
-    # dense and ungrouped conv tiled; the rest (depthwise) one thread per output element (a
+    # dense and ungrouped conv tiled, products of few rows split along k (gemv); the rest
+    # (depthwise) one thread per output element (a
     # block per output would idle most of its threads on a short reduction)
-    ("cuda", Pattern.OUT_FUSABLE): (DENSE, CONV2D, DEFAULT),
+    ("cuda", Pattern.OUT_FUSABLE): (DENSE, GEMV, CONV2D, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a block per row, DEFAULT (every kernel) otherwise."""

@@ -112,7 +112,8 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
         for x in s.stmts:
             _verify_stmt(func, x, scope_vars, buffers, gpu)
     elif isinstance(s, Barrier):
-        if not any(k.startswith("threadIdx") for k in gpu):
-            raise LoopIRError(f"{func.name}: barrier outside a GPU thread loop")
+        # inside a thread loop, or between the thread loops of one block (its threads' phases)
+        if not gpu:
+            raise LoopIRError(f"{func.name}: barrier outside the GPU loops")
     else:
         raise LoopIRError(f"{func.name}: not a statement: {s!r}")

@@ -265,6 +265,7 @@ def test_global_scratch_inside_a_loop_is_refused():
     func = L.PrimFunc("bad", (x,), L.For(i, 4, L.Allocate(tmp, L.Store(x, (i,), L.const(1.0))),
                                          L.ForKind.THREAD_X))
     with pytest.raises(CudaCodegenError, match="top of the function"):
+        L.verify(func)
         render_func(func)
 
 
@@ -301,6 +302,7 @@ def test_every_config_is_correct(rng, template, op, shape, attrs):
     for c, config in enumerate(configs):
         func = template.build(problem, space.check(config), MACHINE)
         func = L.PrimFunc(f"k{c}", func.params, func.body)
+        L.verify(func)
         render_func(func)   # renders
         funcs.append(func)
         consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
@@ -312,10 +314,14 @@ def test_every_config_is_correct(rng, template, op, shape, attrs):
 
 
 @pytest.mark.parametrize("case", ["17x13x37", "33x70x65 transB", "2x20x9x33 batched",
-                                  "3x16x40x24 shared-B relu"])
+                                  "3x16x40x24 shared-B relu", "1x300x37 gemv",
+                                  "3x70x65 transB gemv", "2x5x9x33 batched gemv",
+                                  "2x3x40x24 shared-B relu gemv"])
 def test_dense_configs_are_correct(rng, case):
     from dnnc.backends.cuda.dense import DENSE
+    from dnnc.backends.cuda.gemv import GEMV
 
+    template = GEMV if "gemv" in case else DENSE
     dims = [int(d) for d in case.split()[0].split("x")]
     *batch, m, k, n = dims
     g = Graph("g")
@@ -333,16 +339,17 @@ def test_dense_configs_are_correct(rng, case):
         out = g.add("Relu", out)
     g.outputs = [out]
     kernel = lower_group(list(g.nodes), "k", outputs=[out])
-    problem = DENSE.problem(kernel)
-    assert problem is not None and DENSE.applies(problem)
+    problem = template.problem(kernel)
+    assert problem is not None and template.applies(problem)
     xs = rng.standard_normal((*batch, m, k)).astype(np.float32)
     want = reference(g, {"a": xs})[out.name]
-    space = DENSE.space(problem, MACHINE)
-    configs = space.sample(np.random.default_rng(1), 5) + [DENSE.default(problem, MACHINE)]
+    space = template.space(problem, MACHINE)
+    configs = space.sample(np.random.default_rng(1), 5) + [template.default(problem, MACHINE)]
     funcs, arrays = [], {}
     for c, config in enumerate(configs):
-        func = DENSE.build(problem, space.check(config), MACHINE)
+        func = template.build(problem, space.check(config), MACHINE)
         func = L.PrimFunc(f"k{c}", func.params, func.body)
+        L.verify(func)
         render_func(func)
         funcs.append(func)
         consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
@@ -383,6 +390,7 @@ def test_conv_configs_are_correct(rng, cfg):
     for c, config in enumerate(configs):
         func = CONV2D.build(problem, space.check(config), MACHINE)
         func = L.PrimFunc(f"k{c}", func.params, func.body)
+        L.verify(func)
         render_func(func)
         funcs.append(func)
         ins = [xs if v.const is None else np.ascontiguousarray(v.const) for v in kernel.inputs]
@@ -399,6 +407,8 @@ def test_zoo_kernels_on_cpu(model):
     from dnnc import zoo
     values = reference(graph, zoo.inputs_for(zoo_model(model), np.random.default_rng(0)))
     for program in progs:
+        for func, _ in program.unique:
+            L.verify(func)   # the schedules keep the IR's invariants (a let's dtype, ...)
         module = render_module(program.unique)
         for kernel in program.kernels:
             launches = module.kernels[kernel.func.name].launches
