@@ -1,14 +1,18 @@
 """The CUDA backend: operator-IR kernels rendered as CUDA C and compiled by NVRTC.
 
 `schedules.py` binds each kernel's loops to blocks and threads (templates with knobs, as on
-llvm: `dense.py` and `conv.py` tile products in shared memory); `codegen.py` renders the
+llvm: `dense.py` and `conv.py` tile products in shared memory, `gemv.py` splits short ones along k); `codegen.py` renders the
 scheduled PrimFuncs of a program as one CUDA C translation unit and says how each is
 launched (its docstring holds the interface the runtime reads).
 """
 
 from ...ir.target import Fusion
+from .. import problems
+from ..lower import STORE_REMAPS
 
-FUSION = Fusion(max_group=8)
+FUSION = Fusion(max_group=8, store_remaps=tuple(sorted(
+    (op, frozenset(STORE_REMAPS)) for op in problems.DENSE_OPS)))
 """What the cuda target's kernels take as one: any fused group of up to 8 nodes (a reduction
-with its injective producers and consumers, as a softmax or layernorm row; templates store
-through no layout ops yet)."""
+with its injective producers and consumers, as a softmax or layernorm row), and a dense
+product with the layout ops after its epilogue (the dense and gemv templates store through
+them: attention's Q, K and V projections write heads-first straight from the accumulators)."""
