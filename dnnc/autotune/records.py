@@ -9,7 +9,10 @@ use with a warning naming the file and line, and goes on: a log cut short by a c
 only its last line.
 
 `best_configs(records, target_key)` is what `dnnc.compile(..., tuning_log=...)` applies: per
-task, the config of the fastest error-free record measured on that target.
+task, the config with the lowest median time over its confirmation records (`confirm`: the
+task's best candidates and its default measured again, one after another, at the end of its
+search, so that a candidate timed once while the machine was quieter cannot win by luck), or
+in a log without them, the config of the fastest error-free record measured on that target.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 
 @dataclass
@@ -32,6 +37,7 @@ class Record:
     error: str | None = None
     time: float = field(default_factory=time.time)
     version: str = ""
+    confirm: bool = False          # a measurement of the confirmation round
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -96,18 +102,31 @@ def _parse(line: str) -> tuple[Record | None, str]:
     return Record(doc["task"], doc["template"], doc["target"], doc["config"],
                   None if error is not None else float(ms), error,
                   float(when) if isinstance(when, (int, float)) else 0.0,
-                  str(doc.get("version", ""))), ""
+                  str(doc.get("version", "")), doc.get("confirm") is True), ""
 
 
 def best_configs(records: list[Record], target_key: str) -> dict[str, dict]:
-    """task -> the config of its fastest error-free record measured on `target_key`."""
-    best: dict[str, Record] = {}
+    """task -> the config to apply on `target_key`: the lowest median over the task's
+    confirmation records where it has any, else the fastest error-free record."""
+    times: dict[str, dict[str, list[float]]] = {}
+    confirmed: dict[str, dict[str, list[float]]] = {}
+    configs: dict[str, dict] = {}
     for r in records:
         if r.target != target_key or r.error is not None:
             continue
-        if r.task not in best or r.ms < best[r.task].ms:
-            best[r.task] = r
-    return {task: r.config for task, r in best.items()}
+        key = canonical(r.config)
+        configs[key] = r.config
+        times.setdefault(r.task, {}).setdefault(key, []).append(r.ms)
+        if r.confirm:
+            confirmed.setdefault(r.task, {}).setdefault(key, []).append(r.ms)
+    out = {}
+    for task, by_config in times.items():
+        if task in confirmed:
+            key = min(confirmed[task], key=lambda k: float(np.median(confirmed[task][k])))
+        else:
+            key = min(by_config, key=lambda k: min(by_config[k]))
+        out[task] = configs[key]
+    return out
 
 
 def measured(records: list[Record], task: str, target_key: str) -> set[str]:

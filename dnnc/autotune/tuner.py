@@ -12,6 +12,12 @@
    are skipped (a resumed tune measures nothing twice); measured in batches in worker
    processes (`measure.py`), every result appended to the log as it comes; a task stops early
    when `patience` trials in a row found nothing faster.
+4. Confirmation: a task whose search found configs faster than its default measures its
+   `CONFIRM_TOP` best and the default again, one after another, `CONFIRM_ROUNDS` times
+   (records marked `confirm`); what `compile` applies is the lowest median of those
+   (`records.best_configs`), so that a candidate timed once in a quiet moment of a busy
+   machine does not beat a default timed in a loud one. The task's report shows the
+   confirmed medians.
 
 The log is the only state: stopping a tune loses at most the batch in flight, and running it
 again resumes where it stopped.
@@ -39,6 +45,8 @@ from .tasks import Task
 SEARCHES = ("xgb", "random")
 
 BATCH = 8   # candidates measured between two log appends
+CONFIRM_TOP = 2      # the best candidates a task measures again beside its default
+CONFIRM_ROUNDS = 2   # times each is measured again, interleaved with the others
 
 
 @dataclass
@@ -103,7 +111,54 @@ def tune(tasks: list[Task], target: Target, hooks, log, trials: int, *, timeout:
         _tune_task(report, share, target, hooks, log, references[report.task.key], known,
                    model, timeout=timeout, seed=seed, patience=patience, progress=progress,
                    client=client)
+        known += _confirm(report, target, hooks, log, references[report.task.key], known,
+                          timeout=timeout, seed=seed, client=client)
     return reports
+
+
+def _confirm(report: TaskReport, target: Target, hooks, log, reference, known, *, timeout,
+             seed, client=None) -> list[R.Record]:
+    """The confirmation round of a task (see the module's docstring); its records. Nothing
+    when no candidate beat the default, or when a resumed tune measured nothing new since
+    the last confirmation."""
+    task = report.task
+    mine = [r for r in known if r.task == task.key and r.target == target.key]
+    default = task.template.default(task.problem, target)
+    dkey = R.canonical(_config_dict(default))
+    last = max((r.time for r in mine if r.confirm), default=None)
+    fastest: dict[str, R.Record] = {}
+    for r in mine:
+        key = R.canonical(r.config)
+        if r.error is None and not r.confirm and key != dkey and \
+                (key not in fastest or r.ms < fastest[key].ms):
+            fastest[key] = r
+    if report.default_ms is None or (last is not None and all(r.time <= last for r in mine)):
+        return []
+    top = sorted(fastest.values(), key=lambda r: r.ms)[:CONFIRM_TOP]
+    top = [r for r in top if r.ms < report.default_ms]
+    if not top:
+        return []
+    space = task.template.space(task.problem, target)
+    configs = [default] + [space.check(r.config) for r in top]
+    added = []
+    for _ in range(CONFIRM_ROUNDS):
+        if client is None:
+            results = measure(hooks, task.kernel, target, configs, reference=reference,
+                              seed=seed, timeout=timeout)
+        else:
+            results = measure_on(client, target.name, task.kernel, target, configs,
+                                 reference=reference, seed=seed, timeout=timeout)
+        added += _append(log, task, target, results, confirm=True)
+    medians = {}
+    for r in added:
+        if r.error is None:
+            medians.setdefault(R.canonical(r.config), []).append(r.ms)
+    medians = {k: float(np.median(v)) for k, v in medians.items()}
+    if dkey in medians:
+        report.default_ms = medians[dkey]
+    if medians:
+        report.best_ms = min(medians.values())
+    return added
 
 
 def _featurize(task: Task, target: Target, hooks, config) -> np.ndarray:
@@ -168,7 +223,7 @@ def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, refer
             else:
                 results = measure_on(client, target.name, task.kernel, target, batch,
                                      reference=reference, seed=seed, timeout=timeout)
-            _append(log, task, target, results)
+            known += _append(log, task, target, results)
             if model is not None and report.default_ms is not None:
                 for result in results:
                     if result.error is None:
@@ -193,9 +248,11 @@ def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, refer
             bar.close()
 
 
-def _append(log, task: Task, target: Target, results) -> list[R.Record]:
+def _append(log, task: Task, target: Target, results, confirm: bool = False
+            ) -> list[R.Record]:
     records = [R.Record(task.key, task.template.name, target.key, _config_dict(r.config),
-                        r.ms if r.error is None else None, r.error, time.time(), __version__)
+                        r.ms if r.error is None else None, r.error, time.time(), __version__,
+                        confirm)
                for r in results]
     R.append(log, records)
     return records
