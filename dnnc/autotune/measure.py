@@ -1,4 +1,4 @@
-"""Measuring candidate configs safely: each in a forked worker process with a time limit.
+"""Measuring candidate configs safely: each in a worker process of its own with a time limit.
 
 A candidate is built (the target's `build`), compiled and called on seeded random inputs in a
 child process; its outputs are checked against the default config's (computed the same way),
@@ -7,11 +7,17 @@ median over `repeat` batches gives the milliseconds of one call. A candidate tha
 build or compile, crashes the process (a signal), runs past `timeout` seconds or computes
 another result is a `Result` with an error: the tuner records it and goes on, and nothing
 already measured is lost.
+
+The worker is forked from the tuner, or started as the target's hooks say (`START_METHOD`:
+the cuda target's workers come from a fork server, since a CUDA context does not survive a
+fork). A compiled candidate may bring its own timer (`call.time_ms(repeat, min_seconds)`:
+CUDA events on a GPU) and a way to bring its outputs back to the arrays (`call.fetch()`).
 """
 
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import multiprocessing
 import time
 from dataclasses import dataclass
@@ -61,12 +67,19 @@ def random_arrays(kernel: Kernel, seed: int) -> list[np.ndarray]:
 
 def measure(hooks, kernel: Kernel, target: Target, configs: list, *, reference=None,
             seed: int = 0, repeat: int = 5, min_batch_seconds: float = 0.01,
-            timeout: float = 60.0, timed: bool = True) -> list[Result]:
+            timeout: float = 60.0, timed: bool = True, start_method: str | None = None
+            ) -> list[Result]:
     """Each config of `configs` measured in its own worker process (`hooks`: the target's
     `build` and `compile_kernel`); `reference` is the default config's outputs (a list of
     arrays), or None to skip the check and return the outputs instead (the default config
-    itself). Without `timed`, a config is only run (its outputs, no time)."""
-    context = multiprocessing.get_context("fork")
+    itself). Without `timed`, a config is only run (its outputs, no time). `start_method`
+    (multiprocessing's) overrides the hooks' `START_METHOD` (default "fork")."""
+    method = start_method or getattr(hooks, "START_METHOD", "fork")
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":   # the server imports the hooks' module once
+        context.set_forkserver_preload([hooks.__name__])
+    if method != "fork":   # the worker imports the hooks' module (a module does not pickle)
+        hooks = hooks.__name__
     out = []
     for config in configs:
         parent, child = context.Pipe(duplex=False)
@@ -106,10 +119,14 @@ def _worker(conn, hooks, kernel, target, config, reference, seed, repeat, min_ba
             keep_outputs, timed):
     faulthandler.disable()   # a crashing candidate is a result, not a traceback on stderr
     try:
+        if isinstance(hooks, str):
+            hooks = importlib.import_module(hooks)
         arrays = random_arrays(kernel, seed)
         func = hooks.build(kernel, target, config)
         call = hooks.compile_kernel(func, arrays, target)
         call()
+        if hasattr(call, "fetch"):
+            call.fetch()
         outputs = arrays[len(kernel.inputs):]
         if reference is not None:
             for k, (got, want) in enumerate(zip(outputs, reference)):
@@ -118,7 +135,8 @@ def _worker(conn, hooks, kernel, target, config, reference, seed, repeat, min_ba
                     conn.send({"error": f"wrong result: output {k} differs from the default "
                                         f"config's at {int(bad.sum())} of {bad.size} elements"})
                     return
-        conn.send({"ms": _time(call, repeat, min_batch) if timed else None,
+        timer = getattr(call, "time_ms", None) or (lambda r, m: _time(call, r, m))
+        conn.send({"ms": timer(repeat, min_batch) if timed else None,
                    "outputs": [o.copy() for o in outputs] if keep_outputs else None})
     except Exception as exc:   # a config that fails to build or compile: its error, recorded
         conn.send({"error": f"{type(exc).__name__}: {exc}"[:500]})

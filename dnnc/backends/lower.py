@@ -45,6 +45,18 @@ class Kernel:
         """The group's most complex node (what its schedule template is chosen by)."""
         return max(self.nodes, key=lambda n: get_op(n.op).pattern)
 
+    def __getstate__(self) -> dict:
+        """Pickled (a tuning worker's kernel, a cluster task): `names` by position, since the
+        unpickled values have other ids."""
+        state = dict(self.__dict__)
+        state["names"] = [self.names[id(v)] for v in self.inputs + self.outputs]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        values = state["inputs"] + state["outputs"]
+        state = dict(state, names={id(v): n for v, n in zip(values, state["names"])})
+        self.__dict__.update(state)
+
 
 def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None,
                 sizes: dict[str, int] | None = None) -> Kernel:

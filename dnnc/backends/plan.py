@@ -32,13 +32,14 @@ import hashlib
 import sys
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from ..errors import ArtifactError, CompileError
+from ..errors import ArtifactError, CompileError, ConfigError
 from ..ir import loop as L
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
@@ -305,7 +306,8 @@ class Executable:
 
     def __init__(self, graph: Graph, opt_level: int = 3, progress: bool | None = None,
                  plan: list[dict] | None = None, reuse_memory: bool | None = None,
-                 warm_up: bool = True, cache_size: int = DEFAULT_CACHE_SIZE):
+                 warm_up: bool = True, cache_size: int = DEFAULT_CACHE_SIZE,
+                 tuned: dict | None = None):
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
             raise CompileError(f"cache_size must be a positive integer (specialisations kept "
                                f"per segment), not {cache_size!r}")
@@ -324,6 +326,9 @@ class Executable:
         self._lock = threading.Lock()
         self.compile_seconds = 0.0
         self._warm = warm_up and plan is None and all(v.type.is_static for v in graph.inputs)
+        # task key -> the config a tuning log measured best for it on this machine
+        self.tuned = dict(tuned or {})
+        self.tuned_kernels = 0
 
     def start(self) -> None:
         """Compile every segment now when the inputs' shapes are static (a target's
@@ -336,13 +341,30 @@ class Executable:
     def compile_segment(self, program: Program):
         raise NotImplementedError
 
-    def schedule(self, kernel: Kernel) -> L.PrimFunc:
-        """The target's scheduled PrimFunc of a lowered kernel."""
+    def schedule_kernel(self, kernel: Kernel, config=None) -> L.PrimFunc:
+        """The target's scheduled PrimFunc of a lowered kernel: its template built with
+        `config` (a `ConfigError` when the template's space refuses it) or the template's
+        default config."""
         raise NotImplementedError
 
     def describe_machine(self) -> str:
         """The machine, as the progress line names it."""
         raise NotImplementedError
+
+    def schedule(self, kernel: Kernel) -> L.PrimFunc:
+        """The kernel's template with the tuned config where the tuning log has one for it
+        (`tuned`: task key -> config; `tuned_kernels` counts them), else the template's
+        default (also when the template no longer accepts a logged config)."""
+        config = self.tuned.get(task_key(kernel.func)) if self.tuned else None
+        if config is not None:
+            try:
+                func = self.schedule_kernel(kernel, config)
+            except ConfigError as exc:
+                warnings.warn(f"tuning log: {exc}; the default config is used", stacklevel=2)
+            else:
+                self.tuned_kernels += 1
+                return func
+        return self.schedule_kernel(kernel)
 
     # -- planning ------------------------------------------------------------------------------
 

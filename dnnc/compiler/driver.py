@@ -39,8 +39,7 @@ def numpy_runtime(graph: Graph, opt_level: int, target: Target, progress=None, p
 def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
                  cache_size=None, render_only=False, tuned=None, **pipeline):
     """The passes, then a `CUDARuntime`; without CuPy or a GPU a `DeviceError` saying which is
-    missing, before any pass runs, unless only the sources are wanted (`render_only`).
-    `tuned` is always None here: the cuda target takes no tuning log yet."""
+    missing, before any pass runs, unless only the sources are wanted (`render_only`)."""
     from ..backends.cuda.device import import_cupy
     from ..backends.cuda.executable import DEFAULT_CACHE_SIZE, CUDARuntime
     from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
@@ -51,7 +50,7 @@ def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
     return graph, CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
                               reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
                               cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size,
-                              render_only=render_only)
+                              render_only=render_only, tuned=tuned)
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,

@@ -108,6 +108,12 @@ def _cuda_fusion() -> Fusion:
     return FUSION
 
 
+def _cuda_tuning():
+    from ..backends.cuda import tuning
+
+    return tuning
+
+
 def _cuda_templates() -> dict:
     from ..backends.cuda.schedules import TEMPLATES
 
@@ -131,11 +137,13 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                templates=_llvm_templates, tuning=_llvm_tuning,
                speed=10, available=_has_llvmlite),
     TargetSpec("cuda", "NVIDIA GPUs through NVRTC (CuPy)", driver.cuda_runtime,
-               options=("passes", "dump_ir", "cache_size"), emits=("cuda", "loop"),
+               options=("passes", "dump_ir", "cache_size", "tuning_log"),
+               emits=("cuda", "loop"),
                codec=ArtifactCodec(artifact.cuda_export, artifact.cuda_check,
                                    artifact.cuda_restore),
                runs_passes=True, machine=_cuda_device, layouts=(), fusion=_cuda_fusion,
-               templates=_cuda_templates, speed=20, available=_has_gpu),
+               templates=_cuda_templates, tuning=_cuda_tuning, speed=20,
+               available=_has_gpu),
 )}
 
 

@@ -264,3 +264,44 @@ def test_an_artifact_keeps_its_tuned_configs_for_shapes_compiled_after_a_load(tm
     np.testing.assert_allclose(loaded(x), dnnc.compile(dynamic, "numpy")(x), rtol=1e-5,
                                atol=1e-5)
     assert loaded.stats["tuned_kernels"] == 2
+
+
+def test_a_worker_from_a_fork_server_measures_as_a_forked_one():
+    """The cuda target's workers come from a fork server (CUDA does not survive a fork): the
+    kernel and config travel pickled, the hooks by module name; a wrong result is still an
+    error."""
+    machine, tasks = _tasks()
+    task = tasks[0]
+    default = task.template.default(task.problem, machine)
+    ref = measure(llvm_tuning, task.kernel, machine, [default], timed=False)[0]
+    got = measure(llvm_tuning, task.kernel, machine, [default], reference=ref.outputs,
+                  start_method="forkserver")[0]
+    assert got.error is None and got.ms > 0
+    wrong = [np.zeros_like(o) + 1.0 for o in ref.outputs]
+    bad = measure(llvm_tuning, task.kernel, machine, [default], reference=wrong,
+                  start_method="forkserver")[0]
+    assert bad.error and bad.error.startswith("wrong result")
+
+
+def test_cuda_tasks_and_their_spaces_build_without_a_gpu():
+    """The cuda target's tuning hooks on a small CNN and MLP: every task has a template, and a
+    sample of every space's configs builds, verifies and renders (the configs a space offers
+    are the ones its template accepts)."""
+    from dnnc.backends.cuda import tuning as cuda_tuning
+    from dnnc.backends.cuda.codegen import render_func
+    from dnnc.ir import loop as L
+
+    spec = REGISTRY["cuda"]
+    machine = spec.target()
+    assert spec.tuning() is cuda_tuning and machine.key.startswith("cuda")
+    for model in (zoo.build("cnn"), _mlp()):
+        graph = optimize(dnnc.compiler.driver.load_graph(model), machine, 3)
+        tasks = extract(graph, cuda_tuning)
+        assert tasks
+        for task in tasks:
+            space = task.template.space(task.problem, machine)
+            for config in space.sample(np.random.default_rng(0), 4) + \
+                    [task.template.default(task.problem, machine)]:
+                func = cuda_tuning.build(task.kernel, machine, space.check(config))
+                L.verify(func)
+                render_func(func)

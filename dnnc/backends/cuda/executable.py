@@ -169,9 +169,11 @@ class CUDARuntime(Executable):
                  progress: bool | None = None, plan: list[dict] | None = None,
                  reuse_memory: bool | None = None, warm_up: bool = True,
                  cache_size: int = DEFAULT_CACHE_SIZE, render_only: bool = False,
-                 outputs: str = "numpy", module_cache: device.ModuleCache | None = None):
+                 outputs: str = "numpy", module_cache: device.ModuleCache | None = None,
+                 tuned: dict | None = None):
         super().__init__(graph, opt_level=opt_level, progress=progress, plan=plan,
-                         reuse_memory=reuse_memory, warm_up=warm_up, cache_size=cache_size)
+                         reuse_memory=reuse_memory, warm_up=warm_up, cache_size=cache_size,
+                         tuned=tuned)
         self.render_only = render_only
         self.cupy = None if render_only else device.import_cupy()
         self.target = target or device.machine()
@@ -194,10 +196,10 @@ class CUDARuntime(Executable):
 
     # -- what a target supplies ---------------------------------------------------------------
 
-    def schedule(self, kernel: Kernel) -> L.PrimFunc:
+    def schedule_kernel(self, kernel: Kernel, config=None) -> L.PrimFunc:
         from .schedules import schedule_kernel
 
-        return schedule_kernel(kernel, self.target)
+        return schedule_kernel(kernel, self.target, config=config)
 
     def compile_segment(self, program: Program) -> "_CompiledSegment":
         from .codegen import render_module

@@ -22,13 +22,12 @@ import hashlib
 import json
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 import numpy as np
 
-from ...errors import ArtifactError, CompileError, ConfigError
+from ...errors import ArtifactError, CompileError
 from ...ir import loop as L
 from ...ir import types as T
 from ...ir.graph import Graph
@@ -71,11 +70,9 @@ class LLVMRuntime(Executable):
                  reuse_memory: bool | None = None, warm_up: bool = True,
                  cache_size: int = DEFAULT_CACHE_SIZE, tuned: dict | None = None):
         super().__init__(graph, opt_level=opt_level, progress=progress, plan=plan,
-                         reuse_memory=reuse_memory, warm_up=warm_up, cache_size=cache_size)
+                         reuse_memory=reuse_memory, warm_up=warm_up, cache_size=cache_size,
+                         tuned=tuned)
         self.target = target or host_target()
-        # task key -> the config a tuning log measured best for it on this machine
-        self.tuned = dict(tuned or {})
-        self.tuned_kernels = 0
         self.threads = self.target.threads
         at_fork_in_child(self)
         self.start()
@@ -100,19 +97,8 @@ class LLVMRuntime(Executable):
                 _CompiledSegment.from_image(step, image, rt)
         return rt
 
-    def schedule(self, kernel: Kernel) -> L.PrimFunc:
-        """The kernel's template with the tuned config where the log has one for it, else
-        the template's default (also when the template no longer accepts a logged config)."""
-        config = self.tuned.get(task_key(kernel.func)) if self.tuned else None
-        if config is not None:
-            try:
-                func = schedule_kernel(kernel, self.target, config=config)
-            except ConfigError as exc:
-                warnings.warn(f"tuning log: {exc}; the default config is used", stacklevel=2)
-            else:
-                self.tuned_kernels += 1
-                return func
-        return schedule_kernel(kernel, self.target)
+    def schedule_kernel(self, kernel: Kernel, config=None) -> L.PrimFunc:
+        return schedule_kernel(kernel, self.target, config=config)
 
     def compile_segment(self, program: Program) -> "_CompiledSegment":
         return _CompiledSegment(program, self)
