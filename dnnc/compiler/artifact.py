@@ -312,9 +312,7 @@ def llvm_export(runtime, manifest: dict, files: dict) -> None:
         "name": target.name, "triple": llvm.get_process_triple(), "cpu": target.cpu,
         "features": sorted(target.feature_set), "feature_string": target.features,
         "threads": runtime.threads, "opt_level": runtime.opt_level}
-    if runtime.tuned:   # a tuning log's configs: shapes compiled after a load use them too
-        manifest["target"]["tuned"] = {task: dict(config)
-                                       for task, config in sorted(runtime.tuned.items())}
+    _export_tuned(runtime, manifest["target"])
     manifest["plan"] = runtime.plan()
     segments = []
     for k, image in enumerate(runtime.images()):
@@ -394,6 +392,18 @@ def _check_llvm_manifest(manifest: dict) -> None:
                                        for k in ("triple", "cpu", "feature_string")) and
           _strs(target.get("features")) and _int(target.get("threads"), 1, 1 << 16) and
           _int(target.get("opt_level"), 0, 3), "target")
+    _check_tuned(target)
+    _check_segments(manifest, _llvm_segment)
+
+
+def _export_tuned(runtime, target: dict) -> None:
+    """A tuning log's configs (task -> knobs), kept so that shapes compiled after a load are
+    tuned as the compile was."""
+    if runtime.tuned:
+        target["tuned"] = {task: dict(config) for task, config in sorted(runtime.tuned.items())}
+
+
+def _check_tuned(target: dict) -> None:
     tuned = target.get("tuned", {})
     # task -> {knob: value}; a value the template's space does not hold is refused when a
     # kernel is scheduled (ConfigError: the default is used), so only the types matter here
@@ -401,7 +411,6 @@ def _check_llvm_manifest(manifest: dict) -> None:
         type(task) is str and type(config) is dict and
         all(type(k) is str and type(v) in (int, bool, str, float) for k, v in config.items())
         for task, config in tuned.items()), "target's tuned configs")
-    _check_segments(manifest, _llvm_segment)
 
 
 def _llvm_segment(e: dict, what: str) -> list:
@@ -475,6 +484,7 @@ def llvm_restore(graph: Graph, manifest: dict, read, progress):
 def cuda_export(runtime, manifest: dict, files: dict) -> None:
     manifest["target"] = {"name": runtime.target.name, "arch": runtime.target.arch,
                           "opt_level": runtime.opt_level}
+    _export_tuned(runtime, manifest["target"])
     manifest["plan"] = runtime.plan()
     segments = []
     for k, image in enumerate(runtime.images()):
@@ -520,6 +530,7 @@ def _check_cuda_manifest(manifest: dict) -> None:
     _need(type(target) is dict and type(target.get("arch")) is str and
           _ARCH.fullmatch(target["arch"]) is not None and _int(target.get("opt_level"), 0, 3),
           "target")
+    _check_tuned(target)
     _check_segments(manifest, _cuda_segment)
 
 
@@ -564,7 +575,8 @@ def cuda_restore(graph: Graph, manifest: dict, read, progress):
     # this machine's GPU: a cubin built for another architecture is rebuilt from its source
     return CUDARuntime.restore(graph, manifest["plan"], images,
                                REGISTRY[target["name"]].target(),
-                               opt_level=target["opt_level"], progress=progress)
+                               opt_level=target["opt_level"], progress=progress,
+                               tuned=target.get("tuned"))
 
 
 def no_check(manifest: dict, path) -> None:

@@ -261,12 +261,13 @@ class CUDARuntime(Executable):
     @classmethod
     def restore(cls, graph: Graph, plan: list[dict], images: list["SegmentImage"],
                 target: Target, opt_level: int = 3, progress: bool | None = None,
-                cache_size: int = DEFAULT_CACHE_SIZE) -> "CUDARuntime":
+                cache_size: int = DEFAULT_CACHE_SIZE,
+                tuned: dict | None = None) -> "CUDARuntime":
         """A runtime from a saved plan and compiled specialisations: no passes, no lowering;
         a cubin built for another architecture is rebuilt from its source; shapes not among
-        `images` compile on first use."""
+        `images` compile on first use (with the `tuned` configs the compile had)."""
         rt = cls(graph, target=target, opt_level=opt_level, progress=progress, plan=plan,
-                 cache_size=cache_size)
+                 cache_size=cache_size, tuned=tuned)
         for image in images:
             step = rt.steps[image.step]
             if not isinstance(step, Segment):

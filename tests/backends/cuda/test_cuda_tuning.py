@@ -49,3 +49,13 @@ def test_a_tuned_cuda_compile_matches_the_default_one(tmp_path, rng):
     x = rng.standard_normal(tuned.input_types[0].shape).astype(np.float32)
     np.testing.assert_allclose(np.asarray(tuned(x)), np.asarray(plain(x)), rtol=1e-3,
                                atol=1e-4)
+
+
+def test_a_cuda_artifact_keeps_its_tuned_configs(tmp_path):
+    model = zoo.build("mlp", batch=4)
+    log = tmp_path / "cuda.jsonl"
+    dnnc.tune(model, "cuda", log=log, trials=12, progress=False)
+    compiled = dnnc.compile(model, "cuda", tuning_log=log)
+    compiled.save(tmp_path / "m.dnnc")
+    loaded = dnnc.load(tmp_path / "m.dnnc")
+    assert loaded.runtime.tuned == compiled.runtime.tuned != {}
