@@ -42,7 +42,7 @@ def _info(name, shape):
 
 
 def dense(m: int, k: int, n: int) -> onnx.ModelProto:
-    w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32) / np.sqrt(k)
+    w = (np.random.default_rng(0).standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     return _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_info("x", [m, k])],
                   [_info("y", [m, n])], [numpy_helper.from_array(w, "w")])
 
