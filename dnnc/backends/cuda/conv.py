@@ -14,19 +14,18 @@ from __future__ import annotations
 from ...ir import loop as L
 from ...ir import types as T
 from .. import problems
-from ..space import Template
-from .dense import DEFAULTS, MIN_BLOCKS, DenseConfig, Operand, space, tiled_product
+from ..space import Space, Template
+from .dense import DenseConfig, Operand, choose, product_space, tiled_product
 
 MAX_GRID_Y = 65535
 
 
+def space(p: problems.Conv2d, machine) -> Space:
+    return product_space("cuda_conv2d", _gemm(p)[2], 1)
+
+
 def default(p: problems.Conv2d, machine) -> DenseConfig:
-    m, n, _ = _gemm(p)
-    configs = [DenseConfig(*d) for d in DEFAULTS]
-    for config in configs:
-        if -(-m // config.tile_m) * -(-n // config.tile_n) >= MIN_BLOCKS:
-            return config
-    return configs[-1]
+    return choose(*_gemm(p))
 
 
 def _gemm(p: problems.Conv2d) -> tuple[int, int, int]:

@@ -29,6 +29,7 @@ from dnnc.backends.llvm.codegen import ModuleBuilder
 from dnnc.backends.llvm.runtime import JITModule, host_target
 from dnnc.backends.lower import lower_group
 from dnnc.frontend.onnx import import_onnx
+from dnnc.errors import ConfigError
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
@@ -313,12 +314,20 @@ def test_every_config_is_correct(rng, template, op, shape, attrs):
                                    err_msg=str(config))
 
 
+def _accepts(space, config) -> bool:
+    try:
+        space.check(config)
+    except ConfigError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("case", ["17x13x37", "33x70x65 transB", "2x20x9x33 batched",
                                   "3x16x40x24 shared-B relu", "1x300x37 gemv",
                                   "3x70x65 transB gemv", "2x5x9x33 batched gemv",
                                   "2x3x40x24 shared-B relu gemv"])
 def test_dense_configs_are_correct(rng, case):
-    from dnnc.backends.cuda.dense import DENSE
+    from dnnc.backends.cuda.dense import DENSE, DenseConfig
     from dnnc.backends.cuda.gemv import GEMV
 
     template = GEMV if "gemv" in case else DENSE
@@ -345,6 +354,9 @@ def test_dense_configs_are_correct(rng, case):
     want = reference(g, {"a": xs})[out.name]
     space = template.space(problem, MACHINE)
     configs = space.sample(np.random.default_rng(1), 5) + [template.default(problem, MACHINE)]
+    if template is DENSE:   # split-k: slices summed by a second launch
+        configs += [c for c in (DenseConfig(16, 32, 8, 1, 2, split) for split in (2, 4, 8))
+                    if _accepts(space, c)]
     funcs, arrays = [], {}
     for c, config in enumerate(configs):
         func = template.build(problem, space.check(config), MACHINE)
@@ -366,6 +378,7 @@ def test_dense_configs_are_correct(rng, case):
                                  dict(c=4, oc=17, h=6, w=6, k=1, stride=1, pad=0, batch=2)])
 def test_conv_configs_are_correct(rng, cfg):
     from dnnc.backends.cuda.conv import CONV2D
+    from dnnc.backends.cuda.dense import DenseConfig
 
     batch = cfg.get("batch", 1)
     g = Graph("g")
@@ -385,7 +398,9 @@ def test_conv_configs_are_correct(rng, cfg):
     xs = rng.standard_normal((batch, cfg["c"], cfg["h"], cfg["w"])).astype(np.float32)
     want = reference(g, {"x": xs})[out.name]
     space = CONV2D.space(problem, MACHINE)
-    configs = space.sample(np.random.default_rng(2), 4) + [CONV2D.default(problem, MACHINE)]
+    configs = space.sample(np.random.default_rng(2), 4) + [CONV2D.default(problem, MACHINE)] + \
+        [c for c in (DenseConfig(16, 32, 8, 1, 2, split) for split in (2, 4))
+         if _accepts(space, c)]
     funcs, arrays = [], {}
     for c, config in enumerate(configs):
         func = CONV2D.build(problem, space.check(config), MACHINE)
