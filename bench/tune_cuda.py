@@ -28,13 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dnnc  # noqa: E402
 from dnnc.autotune import records as R  # noqa: E402
+from dnnc import zoo  # noqa: E402
 from dnnc.autotune.tuner import table  # noqa: E402
 from gpu import header  # noqa: E402
 
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=zoo.IR_VERSION)
 
 
 def _info(name, shape):
