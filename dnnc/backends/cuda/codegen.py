@@ -41,6 +41,7 @@ and conversions to and from float32): float16 converts through PTX `cvt` in two 
 functions of the prelude (what cuda_fp16.h does, without needing its header), bfloat16 by
 legalize's own integer bit operations. Index arithmetic is `long long` (the IR's int64)
 unless `narrow_indices` proves 32 bits enough.
+Warp shuffles (`L.SHUFFLES`) are `__shfl_xor_sync` / `__shfl_down_sync` over the full warp.
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -442,6 +443,13 @@ def _libm(name: str) -> Callable:
     return emit
 
 
+def _shuffle(name: str) -> Callable:
+    """`__shfl_xor_sync` / `__shfl_down_sync` over the full warp."""
+    def emit(x, lanes, dt):
+        return _wrap(f"__{name}_sync(0xffffffffu, {x}, {lanes})", dt)
+    return emit
+
+
 _CALLS: dict[tuple[str, str], Callable] = {
     **{("f", name): _libm(name) for name in _MATH},
     ("f", "abs"): _libm("fabs"),
@@ -450,6 +458,8 @@ _CALLS: dict[tuple[str, str], Callable] = {
     # legalize's primitives: C's truncating quotient and remainder (divisor made safe)
     **{(c, "idiv"): _int_infix("/") for c in "su"},
     **{(c, "irem"): _int_infix("%") for c in "su"},
+    # the whole warp takes part (L.SHUFFLES); narrow types go through int and back
+    **{(c, name): _shuffle(name) for c in "fsubh" for name in L.SHUFFLES},
 }
 """(class of the first argument, Call name) -> emitter(*args, result dtype)."""
 

@@ -15,8 +15,8 @@ backend.
 """
 
 from .nodes import (
-    ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, REDUCE_COMBINERS, Allocate, Barrier, BinOp,
-    Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let, Load, PrimFunc, Reduce,
+    ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, REDUCE_COMBINERS, SHUFFLES, Allocate,
+    Barrier, BinOp, Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let, Load, PrimFunc, Reduce,
     Scope, Select, Seq, Stmt, Store, Var, call, const, eq, logical_and, logical_or, loop_nest,
     maximum, minimum, ne, seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
@@ -28,6 +28,7 @@ from .verifier import LoopIRError, verify
 __all__ = [
     # nodes
     "ARITH", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LOGIC", "REDUCE_COMBINERS",
+    "SHUFFLES",
     "Allocate", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const", "Expr", "For", "ForKind",
     "If", "IterVar", "Let", "Load", "PrimFunc", "Reduce", "Scope", "Select", "Seq", "Stmt",
     "Store", "Var", "call", "const", "eq", "logical_and", "logical_or", "loop_nest", "maximum",

@@ -126,9 +126,19 @@ class BinOp(Expr):
 INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil",
               "round", "trunc", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
-              "log1p", "expm1", "sign", "atan2", "fma", "bitcast")
+              "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down")
 """`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
-`bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T."""
+`bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T; the shuffles are a
+GPU warp's (`SHUFFLES`)."""
+
+SHUFFLES = ("shfl_xor", "shfl_down")
+"""Warp shuffles, GPU-only: `shfl_xor(x, m)` is the value `x` has in the lane (this lane xor
+m) of the same warp of 32 threads; `shfl_down(x, d)` the value in lane (this lane + d), or
+this lane's own `x` when that is past lane 31 (CUDA's `__shfl_xor_sync` /
+`__shfl_down_sync` over the full warp). `m` and `d` are int32 constants below 32. Every lane
+of the warp must evaluate the shuffle together (the threadIdx.x loop holding it covers whole
+warps, and any condition around it is the same for all 32 lanes): a reduction across a warp
+without shared memory or a barrier. CPU backends do not render them."""
 
 
 @dataclass(frozen=True, eq=True)

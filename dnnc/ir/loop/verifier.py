@@ -1,5 +1,6 @@
 """The operator IR's invariants, checked by `verify(func)`: scoping of vars and buffers, index
-arity and dtypes, and GPU placement rules (block/thread loops, shared memory, barriers).
+arity and dtypes, and GPU placement rules (block/thread loops, shared memory, barriers, warp
+shuffles).
 
 A failure raises `LoopIRError`: a compiler bug, not a user error. It must never modify a
 function nor accept one a backend could not render.
@@ -8,8 +9,8 @@ function nor accept one a backend could not render.
 from __future__ import annotations
 
 from .nodes import (
-    Allocate, Barrier, BinOp, For, If, Let, Load, PrimFunc, Reduce, Scope, Select, Seq, Store,
-    Var)
+    SHUFFLES, Allocate, Barrier, BinOp, Call, Const, For, If, Let, Load, PrimFunc, Reduce, Scope,
+    Select, Seq, Store, Var)
 from .printer import print_expr
 from .traversal import walk
 
@@ -62,6 +63,18 @@ def _check_access(func, buffer, indices, buffers) -> None:
                               f"an integer")
 
 
+def _check_shuffle(func, call: Call, gpu: set) -> None:
+    """A warp shuffle runs on a GPU's threads, from a constant lane offset below 32."""
+    if "threadIdx.x" not in gpu:
+        raise LoopIRError(f"{func.name}: {call.name} outside a threadIdx.x loop")
+    if len(call.args) != 2 or call.dtype is not call.args[0].dtype:
+        raise LoopIRError(f"{func.name}: {print_expr(call)} is not {call.name}(value, lanes)")
+    lanes = call.args[1]
+    if not (isinstance(lanes, Const) and lanes.dtype.is_int and 0 <= lanes.value < 32):
+        raise LoopIRError(f"{func.name}: {print_expr(call)}: the lane offset must be a "
+                          f"constant in [0, 32)")
+
+
 def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
     def exprs(*es):
         _check_expr_vars(func, es, scope_vars)
@@ -69,6 +82,8 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
             for n in walk(e):
                 if isinstance(n, Load):
                     _check_access(func, n.buffer, n.indices, buffers)
+                elif isinstance(n, Call) and n.name in SHUFFLES:
+                    _check_shuffle(func, n, gpu)
 
     if isinstance(s, For):
         exprs(s.extent)
