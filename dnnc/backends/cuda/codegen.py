@@ -688,11 +688,12 @@ _STMT: dict[type, Callable] = {
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,
-    L.ForKind.VECTORIZED: _Emitter.serial_for, L.ForKind.UNROLLED: _Emitter.unrolled_for,
+    # a GPU schedule's vectorized loop is a thread's few contiguous elements: unrolled
+    L.ForKind.VECTORIZED: _Emitter.unrolled_for, L.ForKind.UNROLLED: _Emitter.unrolled_for,
     **{kind: _Emitter.gpu_for for kind in _AXES},
 }
-"""Loop kind -> emitter: CPU kinds run serially within a thread (parallel / vectorized loops
-are a CPU schedule's; a GPU schedule binds loops to blocks and threads instead)."""
+"""Loop kind -> emitter: CPU kinds run within a thread (a parallel loop is a CPU schedule's; a
+GPU schedule binds loops to blocks and threads instead)."""
 _EXPR: dict[type, Callable] = {
     L.Const: _Emitter.constant, L.Var: _Emitter.var, L.Load: _Emitter.load,
     L.BinOp: _Emitter.binop, L.Call: _Emitter.call, L.Cast: _Emitter.cast,

@@ -12,23 +12,36 @@ the grid-wide synchronisation between stages). Every stage comes out as a blockI
 around threadIdx loops:
 
 - `DEFAULT` (every kernel): a stage whose outer loops carry nothing between iterations
-  (`loop_analysis.carried`, level by level) has them flattened into one index, one thread
-  per iteration (`threads` a block; with `grid_stride`, at most `STRIDE_BLOCKS` blocks each
-  looping), its inner loops serial in the thread. A stage that is a whole-tensor reduction
-  (`acc = identity; for ...: acc = acc op f(...); out = g(acc)`) runs on one block of
-  `reduce_threads` threads: each thread reduces a strided share into its own accumulator,
-  then a tree in shared memory combines them (log2(threads) barrier-separated steps) and
-  thread 0 finishes; `reduce_threads=1` runs it on one thread. Anything else runs on one
-  thread (correct, slow: the last resort, e.g. an argmax's paired accumulators).
+  (`loop_analysis.carried`, level by level) has them flattened into one index, `vector`
+  contiguous iterations a thread (a VECTORIZED loop: one vector access once the renderer
+  has them, unrolled scalars until then), `threads` a block (with `grid_stride`, at most
+  `STRIDE_BLOCKS` blocks each looping), its inner loops serial in the thread. A stage that
+  is a whole-tensor reduction (`acc = identity; for ...: acc = acc op f(...); out =
+  g(acc)`) runs as one row (below) on one block of `reduce_threads` threads;
+  `reduce_threads=1` runs it on one thread. Anything else runs on one thread (correct,
+  slow: the last resort, e.g. an argmax's paired accumulators).
 - `ROWS` (kernels with row reductions, as softmax, layernorm, a reduce over the last axis):
   consecutive stages over the same rows become one (`loop_analysis.fuse_row_loops`), and a
-  row stage whose rows are few (at most `MAX_BLOCK_ROWS`) and long (at least `MIN_ROW_WORK`
-  iterations) runs one block per row: each reduction of the row as above on `row_threads`
-  threads, each elementwise loop of the row strided over the threads (consecutive threads,
-  consecutive elements: coalesced), a barrier between the parts. Other stages as DEFAULT.
+  row stage whose reductions are at least `MIN_ROW_WORK` long runs `row_threads` threads a
+  row (32: a warp per row; more: several warps), max(1, `row_block` / `row_threads`) rows
+  a block. Each elementwise loop of the row is strided over the row's threads (consecutive
+  threads, consecutive elements: coalesced); each reduction accumulates a strided share a
+  thread, then combines across the warp by `shfl_xor` butterflies (every lane ends with the
+  total: no shared memory, no barrier) and, with several warps a row, through one shared
+  exchange of the warp partials (one barrier; every thread then sums the partials itself).
+  Row scalars the lowering kept in global scratch (softmax's max and sum, layernorm's mean
+  and 1/std) become registers of every thread (`_private_scalars`), and with `cache_row`
+  an input row the passes read several times is loaded once into registers (`_row_cache`:
+  one read of the row from global memory, one write) when it takes at most `MAX_CACHED`
+  elements a thread; else each pass re-reads it (from L1/L2). Barriers only where a part
+  reads or overwrites memory an earlier part of the row wrote. Other stages as DEFAULT.
 
-Warp shuffles, vector loads, and tiled dense / conv templates are not written yet (the IR
-has no shuffle primitive; dense and conv run as one thread per output element).
+Default row geometry (`rows_default`): `ELEMS_PER_THREAD` elements a thread, at least a
+warp and at most 1024 threads a row (a softmax row of 128: a warp, 4 a lane; a layernorm
+row of 768: 128 threads, 6 each; 5000: 1024 threads).
+
+Vector loads and stores and tiled dense / conv templates' double buffering are not written
+yet.
 """
 
 from __future__ import annotations
@@ -37,9 +50,10 @@ import itertools
 from dataclasses import dataclass
 
 from ...ir import loop as L
+from ...ir import types as T
 from ...ir.ops.registry import Pattern
 from .. import problems
-from ..loop_analysis import carried, fuse_row_loops, fuse_until, nest_work, update_op
+from ..loop_analysis import accesses, carried, fuse_row_loops, fuse_until, nest_work, update_op
 from ..space import Space, Template, choose_template
 from .codegen import stages
 from .conv import CONV2D
@@ -48,11 +62,17 @@ from .gemv import GEMV
 
 # blocks of a grid-stride stage at most: 8 per SM of an H100 (132 SMs), rounded
 STRIDE_BLOCKS = 1024
-# a row stage runs one block per row when it has at most this many rows, each of at least
-# MIN_ROW_WORK iterations; more or shorter rows keep every SM busy one thread per row
-MAX_BLOCK_ROWS = 1 << 15
-MIN_ROW_WORK = 64
+# a row stage runs on a row's threads when one of its reductions has at least this many
+# iterations (a warp's worth); shorter rows run one thread per row
+MIN_ROW_WORK = 32
+# row elements a thread keeps in registers across a row's passes at most (beyond, spills)
+MAX_CACHED = 32
+# the default's elements of a row per thread: enough loads in flight, rows of <= 256 a warp
+ELEMS_PER_THREAD = 8
+WARP = 32
 THREADS = (64, 128, 256, 512, 1024)
+ROW_THREADS = (32, *THREADS)
+VECTOR = (1, 2, 4)
 _IDEMPOTENT = ("max", "min", "and", "or")
 _IDENTITY = {"+": 0, "*": 1}
 
@@ -64,6 +84,7 @@ class Config:
     threads: int = 256           # threads per block of a thread-per-iteration stage
     grid_stride: bool = False    # at most STRIDE_BLOCKS blocks, each looping over the rest
     reduce_threads: int = 256    # one block's threads for a whole-tensor reduction (1: one)
+    vector: int = 1              # contiguous iterations a thread of a thread-per-iteration stage
 
 
 @dataclass(frozen=True)
@@ -73,7 +94,10 @@ class RowsConfig:
     threads: int = 256
     grid_stride: bool = False
     reduce_threads: int = 256
-    row_threads: int = 256       # threads of a row's block (a power of two: the tree)
+    vector: int = 1
+    row_threads: int = 32        # threads of a row (a power of two, whole warps)
+    row_block: int = 128         # threads a block aims at: max(1, row_block // row_threads) rows
+    cache_row: bool = True       # an input row read by several passes held in registers
     fuse_rows: bool = True       # consecutive stages over the same rows in one launch
 
 
@@ -104,10 +128,31 @@ def schedule(func: L.PrimFunc, config, block_rows: bool = False, fuse: bool = Fa
     workspace, body = stages(func.body)
     if fuse:
         body = fuse_row_loops([_rows_first(s) for s in body])
-    out = L.seq(*(_stage(s, config, block_rows, names) for s in body))
+    scheduled = []
+    for k, s in enumerate(body):
+        others = body[:k] + body[k + 1:]
+        scheduled.append(_stage(s, config, block_rows, names, _Scratch(workspace, others)))
+    out = L.seq(*scheduled)
+    used = {n.buffer.name for n in L.walk(out) if isinstance(n, (L.Load, L.Store))}
     for buffer in reversed(workspace):
-        out = L.Allocate(buffer, out)
+        if buffer.name in used:   # (row scalars made registers leave theirs unused)
+            out = L.Allocate(buffer, out)
     return L.PrimFunc(func.name, func.params, out, func.size_vars, func.attrs)
+
+
+@dataclass(frozen=True)
+class _Scratch:
+    """A function's global scratch and the stages other than the one being scheduled."""
+
+    workspace: list
+    others: list
+
+    def private_to_stage(self, name: str) -> bool:
+        """Whether scratch `name` is touched by no other stage."""
+        if name not in {b.name for b in self.workspace}:
+            return False
+        return not any(isinstance(n, (L.Load, L.Store)) and n.buffer.name == name
+                       for s in self.others for n in L.walk(s))
 
 
 class _Names:
@@ -129,18 +174,16 @@ class _Names:
         return L.Var(self(hint))
 
 
-def _stage(s: L.Stmt, config, block_rows: bool, names: _Names) -> L.Stmt:
+def _stage(s: L.Stmt, config, block_rows: bool, names: _Names, scratch: _Scratch) -> L.Stmt:
     if isinstance(s, L.For):
         loop = _independent_prefix(s)
         if loop is not None and loop.extent.value > 0:   # (an empty tensor: one thread)
             if block_rows and _is_row_reduction(loop):
-                return _block_per_row(loop, config.row_threads, names)
+                return _on_rows(loop, config, names, scratch)
             return _thread_per_iteration(loop, config, names)
-    if config.reduce_threads > 1:
-        red = _block_reduction(s, config.reduce_threads, names)
-        if red is not None:
-            allocs, parts = red
-            return L.For(names.var("b"), 1, _wrap(allocs, L.seq(*parts)), L.ForKind.BLOCK_X)
+    if config.reduce_threads > 1 and _reduction(s) is not None:
+        layout = _Layout(None, 1, _pow2(config.reduce_threads), 1)
+        return _RowBuilder(layout, names, [s], {}, {}).build()
     return _single_thread(s, names)
 
 
@@ -184,20 +227,33 @@ def _rows_first(s: L.Stmt) -> L.Stmt:
 
 
 def _thread_per_iteration(loop: L.For, config, names: _Names) -> L.Stmt:
-    """One thread per iteration of `loop`: `loop.var` = its global thread index, guarded."""
-    n = loop.extent.value
-    threads = min(config.threads, -(-n // 32) * 32)
-    blocks = -(-n // threads)
+    """`config.vector` consecutive iterations of `loop` a thread (one when 1), guarded."""
+    n, vector = loop.extent.value, config.vector
+    groups = -(-n // vector)
+    threads = min(config.threads, -(-groups // WARP) * WARP)
+    blocks = -(-groups // threads)
     b, t = names.var(f"{loop.var.name}_b"), names.var(f"{loop.var.name}_t")
     if config.grid_stride and blocks > STRIDE_BLOCKS:
         k = names.var(f"{loop.var.name}_k")
-        steps = -(-n // (STRIDE_BLOCKS * threads))
-        index = (k * STRIDE_BLOCKS + b) * threads + t
-        inner = L.For(k, steps, _guarded(loop, index, steps * STRIDE_BLOCKS * threads))
+        steps = -(-groups // (STRIDE_BLOCKS * threads))
+        group = (k * STRIDE_BLOCKS + b) * threads + t
+        inner = L.For(k, steps, _vector(loop, group, steps * STRIDE_BLOCKS * threads, names,
+                                        vector))
         return L.For(b, STRIDE_BLOCKS, L.For(t, threads, inner, L.ForKind.THREAD_X),
                      L.ForKind.BLOCK_X)
-    return L.For(b, blocks, L.For(t, threads, _guarded(loop, b * threads + t, blocks * threads),
+    return L.For(b, blocks, L.For(t, threads, _vector(loop, b * threads + t, blocks * threads,
+                                                      names, vector),
                                   L.ForKind.THREAD_X), L.ForKind.BLOCK_X)
+
+
+def _vector(loop: L.For, group: L.Expr, groups: int, names: _Names, vector: int) -> L.Stmt:
+    """`loop`'s iterations group * vector + v for v < vector (a VECTORIZED loop: contiguous,
+    and group * vector a multiple of `vector`, so aligned where the buffers are), guarded."""
+    if vector == 1:
+        return _guarded(loop, group, groups)
+    v = names.var(f"{loop.var.name}_v")
+    return L.For(v, vector, _guarded(loop, group * vector + v, groups * vector),
+                 L.ForKind.VECTORIZED)
 
 
 def _guarded(loop: L.For, index: L.Expr, covered: int) -> L.Stmt:
@@ -213,7 +269,7 @@ def _single_thread(s: L.Stmt, names: _Names) -> L.Stmt:
                  L.ForKind.BLOCK_X)
 
 
-# -- reductions on a block -----------------------------------------------------------------------
+# -- rows on a row's threads ---------------------------------------------------------------------
 
 
 def _reduction(s: L.Stmt):
@@ -235,42 +291,6 @@ def _reduction(s: L.Stmt):
     return None if fused is None else (acc, init, fused, op, finish)
 
 
-def _block_reduce(s: L.Stmt, threads: int, names: _Names):
-    """The statements reducing `s` (a `_reduction`) on `threads` threads of one block, and
-    the shared buffer they use; None when `s` is not one."""
-    found = _reduction(s)
-    if found is None:
-        return None
-    acc, init, loop, op, finish = found
-    red = L.Buffer(names(f"{acc.name}_red"), acc.dtype, (L.const(threads),), L.Scope.SHARED)
-    t = names.var("t")
-    steps = -(-loop.extent.value // threads)
-    k = names.var(f"{loop.var.name}_k")
-    strided = L.For(k, steps, _guarded(loop, k * threads + t, steps * threads))
-    zero = (L.const(0),)
-    parts = [L.For(t, threads, L.Allocate(acc, L.seq(init, strided, L.Store(red, (t,), acc[0]))),
-                   L.ForKind.THREAD_X), L.Barrier()]
-    half = threads // 2
-    while half >= 1:   # the tree: threads combine pairs, half as many each step
-        u = names.var("t")
-        parts += [L.For(u, half, L.Store(red, (u,), L.BinOp(op, red[u], red[u + half])),
-                        L.ForKind.THREAD_X), L.Barrier()]
-        half //= 2
-    last = names.var("t")
-    parts.append(L.For(last, 1, L.Allocate(acc, L.seq(L.Store(acc, zero, red[0]), *finish)),
-                       L.ForKind.THREAD_X))
-    return red, parts
-
-
-def _block_reduction(s: L.Stmt, threads: int, names: _Names):
-    """A whole stage reduced on one block: (shared buffers, statements) or None."""
-    out = _block_reduce(s, _pow2(threads), names)
-    if out is None:
-        return None
-    red, parts = out
-    return [red], parts
-
-
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -280,44 +300,281 @@ def _row_parts(loop: L.For) -> list[L.Stmt]:
 
 
 def _is_row_reduction(loop: L.For) -> bool:
-    """Few rows, each with a long reduction: a block per row pays."""
-    if loop.extent.value > MAX_BLOCK_ROWS:
-        return False
+    """Rows with a reduction long enough for a warp."""
     return any(_reduction(p) is not None and (nest_work(p) or 0) >= MIN_ROW_WORK
                for p in _row_parts(loop))
 
 
-def _block_per_row(loop: L.For, row_threads: int, names: _Names) -> L.Stmt:
-    """One block per iteration of `loop` (a row): its reductions on the block's threads, its
-    elementwise loops strided over them, thread 0 doing what is neither; barriers between."""
-    work = max((nest_work(p) or 1) for p in _row_parts(loop))
-    threads = max(32, min(row_threads, _pow2(work)))
-    allocs: list[L.Buffer] = []
-    body: list[L.Stmt] = []
-    for part in _row_parts(loop):
-        if body:
-            body.append(L.Barrier())
-        reduced = _block_reduce(part, threads, names)
-        if reduced is not None:
-            allocs.append(reduced[0])
-            body += reduced[1]
+def _strided_loop(part: L.Stmt) -> L.For | None:
+    """The loop of a row part its threads share: a reduction's, or an elementwise loop."""
+    found = _reduction(part)
+    if found is not None:
+        return found[2]
+    return _independent_prefix(part) if isinstance(part, L.For) else None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Rows on threads: `threads` a row (a power of two, whole warps but for a row of one
+    block), `per_block` rows a block, `rows` rows, `row` the row's variable (None: one row)."""
+
+    row: L.Var | None
+    rows: int
+    threads: int
+    per_block: int
+
+    @property
+    def block_threads(self) -> int:
+        return self.threads * self.per_block
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.rows // self.per_block)
+
+
+def _on_rows(loop: L.For, config: RowsConfig, names: _Names, scratch: _Scratch) -> L.Stmt:
+    """`loop`'s rows on `config.row_threads` threads each (see the module's docstring)."""
+    threads = config.row_threads
+    per_block = max(1, config.row_block // threads)
+    layout = _Layout(loop.var, loop.extent.value, threads, min(per_block, loop.extent.value))
+    parts = _row_parts(loop)
+    private = _private_scalars(loop, parts, scratch, names)
+    parts = [_rename(p, private) for p in parts]
+    cache = _row_cache(loop, parts, threads, names) if config.cache_row else {}
+    return _RowBuilder(layout, names, parts, private, cache).build()
+
+
+def _rename(s: L.Stmt, private: dict) -> L.Stmt:
+    """`s` with each access to a buffer of `private` made to its register (index 0)."""
+    zero = (L.const(0),)
+
+    def rule(n):
+        if isinstance(n, L.Load) and n.buffer.name in private:
+            return L.Load(private[n.buffer.name], zero)
+        if isinstance(n, L.Store) and n.buffer.name in private:
+            return L.Store(private[n.buffer.name], zero, n.value)
+        return None
+
+    return L.transform(s, rule) if private else s
+
+
+def _private_scalars(loop: L.For, parts: list, scratch: _Scratch, names: _Names) -> dict:
+    """Global scratch of one element a row (always accessed at one index of the row alone)
+    that only this stage touches and only reductions' finishing statements store (every
+    thread of the row runs those, and every lane holds the total): name -> the per-thread
+    register buffer that replaces it."""
+    finishing, other = set(), set()
+    for p in parts:
+        stores = {n.buffer.name for n in L.walk(p) if isinstance(n, L.Store)}
+        found = _reduction(p)
+        if found is None:
+            other |= stores
             continue
+        in_loop = {n.buffer.name for n in L.walk(found[2]) if isinstance(n, L.Store)}
+        finishing |= stores - in_loop
+        other |= in_loop
+    stores, loads = accesses(loop.body)
+    out = {}
+    for name in sorted(finishing - other):
+        indices = stores[name] | loads.get(name, set())
+        if len(indices) != 1 or not scratch.private_to_stage(name):
+            continue
+        (index,) = indices
+        if set().union(*(L.free_vars(i) for i in index)) != {loop.var}:
+            continue
+        dtype = next(n.buffer.dtype for n in L.walk(loop.body)
+                     if isinstance(n, L.Store) and n.buffer.name == name)
+        out[name] = L.Buffer(names(f"{name}_reg"), dtype, (1,), L.Scope.LOCAL)
+    return out
+
+
+def _row_cache(loop: L.For, parts: list, threads: int, names: _Names) -> dict:
+    """Input elements of the row that two or more parts' strided loops read, at one index
+    of the loop's variable (and the row's): (buffer name, index with the variable as `_J`)
+    -> a per-thread register buffer of ceil(n / threads) elements, n the row's length; none
+    when the loops differ in length or the row would take more than MAX_CACHED registers a
+    thread."""
+    stored = {n.buffer.name for n in L.walk(loop.body) if isinstance(n, L.Store)}
+    lengths, users, buffers = set(), {}, {}
+    for p in parts:
+        strided = _strided_loop(p)
+        if strided is None:
+            continue
+        lengths.add(strided.extent.value)
+        keys = set()
+        for n in L.walk(strided.body):
+            if isinstance(n, L.Load) and n.buffer.name not in stored and \
+                    strided.var in set().union(*(L.free_vars(i) for i in n.indices)):
+                keys.add(_cache_key(n, strided.var))
+                buffers[n.buffer.name] = n.buffer
+        for key in keys:
+            users[key] = users.get(key, 0) + 1
+    shared = sorted((key for key, count in users.items() if count > 1), key=str)
+    if len(lengths) != 1 or not shared:
+        return {}
+    steps = -(-lengths.pop() // threads)
+    if steps * len(shared) > MAX_CACHED:
+        return {}
+    return {key: L.Buffer(names(f"{key[0]}_row"), buffers[key[0]].dtype, (steps,),
+                          L.Scope.LOCAL) for key in shared}
+
+
+_J = L.Var("J")
+
+
+def _cache_key(load: L.Load, var: L.Var) -> tuple:
+    return load.buffer.name, tuple(L.substitute(i, {var: _J}) for i in load.indices)
+
+
+class _RowBuilder:
+    """The statements of a row stage on `layout`: a block loop around thread loops, one per
+    phase of the row (see the module's docstring)."""
+
+    def __init__(self, layout: _Layout, names: _Names, parts: list, private: dict,
+                 cache: dict):
+        self.layout = layout
+        self.names = names
+        self.parts = parts
+        self.private = private
+        self.cache = cache
+        self.block = names.var("b")
+        self.locals: list[L.Buffer] = list(private.values()) + list(cache.values())
+        self.shared: list[L.Buffer] = []
+        # buffers of no other thread: no barrier guards them
+        self.own = {b.name for b in self.locals}
+        self.inputs = {n.buffer.name: n.buffer for p in parts for n in L.walk(p)
+                       if isinstance(n, L.Load)}
+
+    def build(self) -> L.Stmt:
+        body: list[L.Stmt] = []
+        written: set[str] = set()
+        read: set[str] = set()
+        if self.cache:
+            body.append(self._fill_cache())
+        for part in self.parts:
+            phases = self._part(part)
+            stores, loads = (set(d) - self.own for d in accesses(L.seq(*phases)))
+            if written & (stores | loads) or read & stores:
+                body.append(L.Barrier())
+                written, read = set(), set()
+            written |= stores
+            read |= loads
+            body += phases
+        out = L.seq(*body)
+        for buffer in reversed(self.shared + self.locals):
+            out = L.Allocate(buffer, out)
+        return L.For(self.block, self.layout.blocks, out, L.ForKind.BLOCK_X)
+
+    # -- thread loops ------------------------------------------------------------------------
+
+    def _threads(self, body, guard: bool = True) -> L.Stmt:
+        """A loop over the block's threads running `body(t, lane)` (a row's thread index
+        `lane`) with the row's variable bound, for the rows that exist when `guard`."""
+        lay = self.layout
+        t = self.names.var("t")
+        lane = t if lay.per_block == 1 else self.names.var("lane")
+        stmt = body(t, lane)
+        if guard:
+            stmt = self._row_guard(stmt)
+        used = L.free_vars(stmt)
+        if lay.row in used:
+            stmt = L.Let(lay.row, self.block * lay.per_block + t // lay.threads
+                         if lay.per_block > 1 else self.block, stmt)
+        if lane is not t and lane in used:
+            stmt = L.Let(lane, t % lay.threads, stmt)
+        return L.For(t, lay.block_threads, stmt, L.ForKind.THREAD_X)
+
+    def _row_guard(self, stmt: L.Stmt) -> L.Stmt:
+        """`stmt` skipped on the threads of a block's rows past the last."""
+        lay = self.layout
+        if lay.row is None or lay.rows % lay.per_block == 0:
+            return stmt
+        return L.If(lay.row < lay.rows, stmt)
+
+    def _strided(self, loop: L.For, lane: L.Expr) -> L.Stmt:
+        """`loop`'s iterations k * threads + lane, k < ceil(extent / threads), its cached
+        loads read from registers."""
+        threads = self.layout.threads
+        steps = -(-loop.extent.value // threads)
+        k = self.names.var(f"{loop.var.name}_k")
+        body = self._cached(loop, k)
+        kind = L.ForKind.UNROLLED if steps <= MAX_CACHED else L.ForKind.SERIAL
+        return L.For(k, steps, _guarded(L.For(loop.var, loop.extent, body), k * threads + lane,
+                                        steps * threads), kind)
+
+    def _cached(self, loop: L.For, k: L.Var) -> L.Stmt:
+        if not self.cache:
+            return loop.body
+
+        def rule(n):
+            if isinstance(n, L.Load):
+                reg = self.cache.get(_cache_key(n, loop.var))
+                if reg is not None:
+                    return L.Load(reg, (k,))
+            return None
+
+        return L.transform(loop.body, rule)
+
+    def _fill_cache(self) -> L.Stmt:
+        """Every cached input element of the row loaded into its register, once."""
+        row = next(_strided_loop(p) for p in self.parts if _strided_loop(p) is not None)
+        threads = self.layout.threads
+        steps = -(-row.extent.value // threads)
+        k, j = self.names.var("fill_k"), self.names.var("j")
+        loads = L.seq(*(L.Store(reg, (k,), L.Load(self.inputs[name], tuple(
+            L.substitute(i, {_J: j}) for i in index))) for (name, index), reg in
+            self.cache.items()))
+
+        def fill(t, lane):
+            return self._row_guard(L.For(k, steps, _guarded(
+                L.For(j, row.extent, loads), k * threads + lane, steps * threads),
+                L.ForKind.UNROLLED))
+
+        return self._threads(fill, guard=False)
+
+    # -- parts of a row ----------------------------------------------------------------------
+
+    def _part(self, part: L.Stmt) -> list[L.Stmt]:
+        found = _reduction(part)
+        if found is not None:
+            return self._reduce(*found)
         inner = _independent_prefix(part) if isinstance(part, L.For) else None
         if inner is not None:
-            t = names.var("t")
-            k = names.var(f"{inner.var.name}_k")
-            steps = -(-inner.extent.value // threads)
-            body.append(L.For(t, threads, L.For(k, steps, _guarded(
-                inner, k * threads + t, steps * threads)), L.ForKind.THREAD_X))
-        else:
-            body.append(L.For(names.var("t"), 1, part, L.ForKind.THREAD_X))
-    return L.For(loop.var, loop.extent, _wrap(allocs, L.seq(*body)), L.ForKind.BLOCK_X)
+            return [self._threads(lambda t, lane: self._strided(inner, lane))]
+        return [self._threads(lambda t, lane: L.If(L.eq(lane, 0), part))]
 
-
-def _wrap(allocs: list[L.Buffer], body: L.Stmt) -> L.Stmt:
-    for buffer in reversed(allocs):
-        body = L.Allocate(buffer, body)
-    return body
+    def _reduce(self, acc, init, loop, op, finish) -> list[L.Stmt]:
+        """A reduction of the row: a strided share a thread, a butterfly of shuffles across
+        the warp, one shared exchange across the row's warps, the finish on every thread
+        (stores to memory but a private scalar's by the row's first thread only)."""
+        lay = self.layout
+        self.locals.append(acc)
+        self.own.add(acc.name)
+        zero = (L.const(0),)
+        out = [self._threads(lambda t, lane: L.seq(init, self._row_guard(
+            self._strided(loop, lane))), guard=False)]
+        for mask in (16, 8, 4, 2, 1):   # every lane ends with the warp's total
+            if mask < lay.threads:
+                shuffled = L.call("shfl_xor", acc[0], L.const(mask, T.int32))
+                out.append(self._threads(lambda t, lane, s=shuffled: L.Store(
+                    acc, zero, L.BinOp(op, acc[0], s)), guard=False))
+        warps = lay.threads // WARP
+        if warps > 1:
+            part = L.Buffer(self.names(f"{acc.name}_warps"), acc.dtype,
+                            (lay.per_block * warps,), L.Scope.SHARED)
+            self.shared.append(part)
+            w = self.names.var("w")
+            out += [self._threads(lambda t, lane: L.If(L.eq(t % WARP, 0), L.Store(
+                        part, (t // WARP,), acc[0])), guard=False),
+                    L.Barrier(),
+                    self._threads(lambda t, lane: L.seq(init, L.For(w, warps, L.Store(
+                        acc, zero, L.BinOp(op, acc[0], part[t // lay.threads * warps + w])))),
+                        guard=False)]
+        first = lambda s, lane: s if s.buffer.scope is L.Scope.LOCAL else \
+            L.If(L.eq(lane, 0), s)
+        out.append(self._threads(lambda t, lane: L.transform(
+            L.seq(*finish), lambda s: first(s, lane) if isinstance(s, L.Store) else None)))
+        return out
 
 
 # -- templates and the table ---------------------------------------------------------------------
@@ -326,7 +583,7 @@ def _wrap(allocs: list[L.Buffer], body: L.Stmt) -> L.Stmt:
 def default_space(p: problems.Rows, machine) -> Space:
     return Space("cuda_default", Config, {
         "threads": THREADS, "grid_stride": (False, True),
-        "reduce_threads": (1, *THREADS)})
+        "reduce_threads": (1, *THREADS), "vector": VECTOR})
 
 
 def default_build(p: problems.Rows, config: Config, machine) -> L.PrimFunc:
@@ -336,28 +593,38 @@ def default_build(p: problems.Rows, config: Config, machine) -> L.PrimFunc:
 def rows_space(p: problems.Rows, machine) -> Space:
     return Space("cuda_rows", RowsConfig, {
         "threads": THREADS, "grid_stride": (False, True), "reduce_threads": (1, *THREADS),
-        "row_threads": (32, *THREADS), "fuse_rows": (False, True)})
+        "vector": VECTOR, "row_threads": ROW_THREADS, "row_block": ROW_THREADS,
+        "cache_row": (False, True), "fuse_rows": (False, True)})
+
+
+def rows_default(p: problems.Rows, machine) -> RowsConfig:
+    """ELEMS_PER_THREAD of the longest row's elements a thread, at least a warp a row, at
+    most 1024 threads; blocks of at least 128 threads (several rows of a warp each)."""
+    length = max((_strided_loop(part).extent.value for loop in _row_loops(p)
+                  for part in _row_parts(loop) if _reduction(part) is not None), default=0)
+    threads = min(1024, max(WARP, _pow2(-(-length // ELEMS_PER_THREAD))))
+    return RowsConfig(row_threads=threads, row_block=max(128, threads))
 
 
 def rows_build(p: problems.Rows, config: RowsConfig, machine) -> L.PrimFunc:
     return schedule(p.func, config, block_rows=True, fuse=config.fuse_rows)
 
 
-def _has_row_reduction(p: problems.Rows) -> bool:
-    """Whether some stage (its outer loops flattened) is a row reduction a block pays for."""
-    _, body = stages(p.func.body)
-    for s in body:
+def _row_loops(p: problems.Rows) -> list[L.For]:
+    """The stages (their outer loops flattened) that are row reductions."""
+    out = []
+    for s in stages(p.func.body)[1]:
         s = _rows_first(s)
         loop = _independent_prefix(s) if isinstance(s, L.For) else None
         if loop is not None and _is_row_reduction(loop):
-            return True
-    return False
+            out.append(loop)
+    return out
 
 
 DEFAULT = Template("cuda_default", problems.rows, lambda p: True, default_space,
                    lambda p, machine: Config(), default_build)
-ROWS = Template("cuda_rows", problems.rows, _has_row_reduction, rows_space,
-                lambda p, machine: RowsConfig(), rows_build)
+ROWS = Template("cuda_rows", problems.rows, lambda p: bool(_row_loops(p)), rows_space,
+                rows_default, rows_build)
 
 TEMPLATES = {
     **{("cuda", pattern): (ROWS, DEFAULT) for pattern in Pattern},
@@ -367,4 +634,4 @@ TEMPLATES = {
     ("cuda", Pattern.OUT_FUSABLE): (DENSE, GEMV, CONV2D, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
-row reductions worth a block per row, DEFAULT (every kernel) otherwise."""
+row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""

@@ -43,22 +43,57 @@ ZOO = sorted(SMALL)
 def emulated(func: L.PrimFunc) -> L.PrimFunc:
     """`func` with its GPU loops serial and its barriers gone: what one block's threads do,
     one after another between barriers. A LOCAL buffer allocated outside the thread loops
-    (a dense tile's accumulators, which live across barriers) gets one copy per thread."""
+    (a dense tile's accumulators, which live across barriers) gets one copy per thread. A
+    warp shuffle reads another thread's copy as it was when its thread loop began (the
+    schedules give each shuffle step a thread loop of its own: CUDA's lockstep warp)."""
     gpu = {k for k in L.ForKind if k.value.startswith(("blockIdx", "threadIdx"))}
     copies: dict[str, L.Buffer] = {}
+    snapshots: dict[str, L.Buffer] = {}
 
     def expr(e, t):
         def rule(n):
             if isinstance(n, L.Load) and n.buffer.name in copies:
                 return L.Load(copies[n.buffer.name], (t,) + n.indices)
+            if isinstance(n, L.Call) and n.name in L.SHUFFLES:
+                return shuffle(n, t)
             return None
         return L.transform(e, rule)
+
+    def shuffle(n, t):
+        load, lanes = n.args[0], n.args[1].value
+        assert isinstance(load, L.Load) and load.buffer.name in snapshots, \
+            f"a shuffle of {L.print_expr(load)}: not a thread's own copy"
+        if n.name == "shfl_xor":
+            partner = L.BinOp("^", t, L.const(lanes))
+        else:   # shfl_down: the lane `lanes` above, or this lane past the warp
+            partner = L.Select(t % 32 + lanes < 32, t + lanes, t)
+        return L.Load(snapshots[load.buffer.name], (partner,) + load.indices[1:])
+
+    def snapshot(loop):
+        """The copies the shuffles in `loop` read, saved before it runs."""
+        names = {n.args[0].buffer.name for n in L.walk(loop.body)
+                 if isinstance(n, L.Call) and n.name in L.SHUFFLES}
+        saves = []
+        for name in sorted(names):
+            copy = copies[name]
+            snap = L.Buffer(f"{name}_snap{len(snapshots)}", copy.dtype, copy.shape, copy.scope)
+            snapshots[name] = snap
+            index = tuple(L.Var(f"{name}_s{k}") for k in range(len(copy.shape)))
+            save = L.Store(snap, index, L.Load(copy, index))
+            for v, d in reversed(list(zip(index, copy.shape))):
+                save = L.For(v, d, save)
+            saves.append((snap, save))
+        return saves
 
     def stmt(s, t):
         if isinstance(s, L.For):
             inner = s.var if s.kind.is_gpu_thread else t
-            return L.For(s.var, s.extent, stmt(s.body, inner),
-                         L.ForKind.SERIAL if s.kind in gpu else s.kind)
+            saves = snapshot(s) if s.kind.is_gpu_thread else []
+            out = L.For(s.var, s.extent, stmt(s.body, inner),
+                        L.ForKind.SERIAL if s.kind in gpu else s.kind)
+            for snap, save in saves:
+                out = L.Allocate(snap, L.seq(save, out))
+            return out
         if isinstance(s, L.Allocate):
             b = s.buffer
             threads = [n.extent.value for n in L.walk(s.body)
