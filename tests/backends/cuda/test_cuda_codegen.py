@@ -224,18 +224,31 @@ def test_no_restrict_when_buffers_may_alias():
     assert "__restrict__" not in text
 
 
-def test_softmax_rows_one_launch_with_barriers_and_workspace():
+def test_softmax_rows_one_launch_shuffles_and_registers():
     kernel = _kernel("Softmax", (6, 300), axis=-1)
     assert template_for(kernel)[0] is ROWS
     func = schedule_kernel(kernel, MACHINE)
     text, k = render_func(func)
     assert len(k.launches) == 1                     # max, sum and output fused per row
-    assert k.launches[0].grid == (6, 1, 1)          # a block per row
-    assert k.workspace == [6 * 4, 6 * 4]            # the row max and sum scratch
-    assert "__shared__ float" in text and "__syncthreads();" in text
-    # every kernel takes the params, then the workspace pointers
+    # 64 threads a row (300 / 8 elements a thread, to a power of two), 2 rows a block
+    assert k.launches[0].grid == (3, 1, 1) and k.launches[0].block == (128, 1, 1)
+    assert k.workspace == []                        # the row max and sum in registers
+    assert text.count("__shfl_xor_sync(0xffffffffu, ") == 10   # 5 butterfly steps each
+    assert text.count("__syncthreads();") == 2      # one exchange of 2 warps' partials each
+    assert text.count("v_x[") == 1                  # the row read once, into registers
     params = re.search(r"k_Softmax\((.*?)\)", text).group(1).split(", ")
-    assert len(params) == 4 and params[2].startswith("float*")
+    assert len(params) == 2
+
+
+def test_a_warp_per_row_needs_no_shared_memory_nor_barrier():
+    from dnnc.backends.cuda.schedules import RowsConfig
+    kernel = _kernel("Softmax", (10, 96), axis=-1)
+    func = schedule_kernel(kernel, MACHINE, RowsConfig(row_threads=32, row_block=128))
+    text, k = render_func(func)
+    assert k.launches[0].grid == (3, 1, 1) and k.launches[0].block == (128, 1, 1)
+    assert "__shared__" not in text and "__syncthreads" not in text
+    assert "if ((i3 < 10LL))" in text               # the last block's rows past the tenth
+    assert "float v_x_row" in text and k.workspace == []
 
 
 def test_stages_are_launches_in_order():
@@ -260,13 +273,15 @@ def test_stages_are_launches_in_order():
     np.testing.assert_array_equal(ys, (xs * 2)[::-1])
 
 
-def test_whole_tensor_reduction_is_a_block_tree():
+def test_whole_tensor_reduction_shuffles_then_one_exchange():
     kernel = _kernel("ReduceSum", (37, 29), keepdims=0)
     func = schedule_kernel(kernel, MACHINE)
     text, k = render_func(func)
     (launch,) = k.launches
     assert launch.grid == (1, 1, 1) and launch.block == (256, 1, 1)
-    assert text.count("__syncthreads();") == 9      # after the partials, then 8 tree steps
+    assert text.count("__shfl_xor_sync") == 5       # across each warp
+    assert text.count("__syncthreads();") == 1      # then the 8 warps' partials
+    assert "__shared__ float acc1_warps_" in text and "[8];" in text
 
 
 @pytest.mark.parametrize("dtype,needle", [
