@@ -127,7 +127,7 @@ def schedule(func: L.PrimFunc, config, block_rows: bool = False, fuse: bool = Fa
     names = _Names(func)
     workspace, body = stages(func.body)
     if fuse:
-        body = fuse_row_loops([_rows_first(s) for s in body])
+        body = fuse_row_loops(_rows_first(body))
     scheduled = []
     for k, s in enumerate(body):
         others = body[:k] + body[k + 1:]
@@ -215,15 +215,20 @@ def _independent_prefix(loop: L.For, allowed: frozenset = frozenset()) -> L.For 
     return _fuse_levels(loop, depth) if depth else None
 
 
-def _rows_first(s: L.Stmt) -> L.Stmt:
-    """A stage's outer loops flattened down to its reductions (an elementwise stage: as far
-    as the row count of a reduction stage, `fuse_row_loops` finds them equal then)."""
-    if not isinstance(s, L.For):
-        return s
-    levels = _levels(s)
-    if not levels or isinstance(levels[-1].body, L.Store):
-        return s   # an elementwise stage: fused against its neighbours below
-    return _fuse_levels(s, len(levels))
+def _rows_first(body: list[L.Stmt]) -> list[L.Stmt]:
+    """Stages with their outer loops flattened: a reduction stage's down to its reductions
+    (its rows), an elementwise stage's to the row count of the stage before it (then
+    `fuse_row_loops` finds them equal: softmax's [b, h, s, s] output after its rows)."""
+    out: list[L.Stmt] = []
+    for s in body:
+        levels = _levels(s) if isinstance(s, L.For) else []
+        if levels and not isinstance(levels[-1].body, L.Store):
+            s = _fuse_levels(s, len(levels))
+        elif levels and out and isinstance(out[-1], L.For) and \
+                isinstance(out[-1].extent, L.Const):
+            s = fuse_until(s, out[-1].extent.value)
+        out.append(s)
+    return out
 
 
 def _thread_per_iteration(loop: L.For, config, names: _Names) -> L.Stmt:
@@ -568,8 +573,8 @@ class _RowBuilder:
                         part, (t // WARP,), acc[0])), guard=False),
                     L.Barrier(),
                     self._threads(lambda t, lane: L.seq(init, L.For(w, warps, L.Store(
-                        acc, zero, L.BinOp(op, acc[0], part[t // lay.threads * warps + w])))),
-                        guard=False)]
+                        acc, zero, L.BinOp(op, acc[0], part[t // lay.threads * warps + w])),
+                        L.ForKind.UNROLLED)), guard=False)]
         first = lambda s, lane: s if s.buffer.scope is L.Scope.LOCAL else \
             L.If(L.eq(lane, 0), s)
         out.append(self._threads(lambda t, lane: L.transform(
@@ -613,8 +618,7 @@ def rows_build(p: problems.Rows, config: RowsConfig, machine) -> L.PrimFunc:
 def _row_loops(p: problems.Rows) -> list[L.For]:
     """The stages (their outer loops flattened) that are row reductions."""
     out = []
-    for s in stages(p.func.body)[1]:
-        s = _rows_first(s)
+    for s in _rows_first(stages(p.func.body)[1]):
         loop = _independent_prefix(s) if isinstance(s, L.For) else None
         if loop is not None and _is_row_reduction(loop):
             out.append(loop)

@@ -1,0 +1,305 @@
+"""Memory-bound cuda kernels against the GPU's copy bandwidth (issue 12's bars), one run.
+
+    python bench/gpu_kernels.py [--only elementwise,softmax,layernorm] [--repeat 200]
+                                [--trials 5] [--no-variants]
+
+Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
+the cuda templates' default config and, unless `--no-variants`, with a few other configs of
+the same space (to see what the default leaves on the table), renders, compiles it with NVRTC
+(`cupy.RawModule`) and times its launches with CUDA events: the median over `--trials` of
+the mean time of `--repeat` back-to-back launches. Beside it, in the same run:
+
+- copy: a device-to-device copy (`cudaMemcpyAsync`) of the tensor's bytes, timed the same
+  way: the bar (issue 12: elementwise >= 80% of it, softmax / layernorm rows >= 70%);
+- torch: `torch.softmax` / `F.layer_norm` on the same input where torch is importable.
+
+GB/s counts one read and one write of the tensor (what the kernel cannot avoid); `vs copy`
+is the copy's time over the kernel's (1.0: as fast as a copy); `torch/dnnc` is torch's time
+over dnnc's (above 1: dnnc faster). Every dnnc result is checked against NumPy (float64
+reference; rtol 1e-4, atol 1e-5) and the row says `ok` or `WRONG`; the exit status is 1 when
+anything was wrong.
+
+Cases: `elementwise` (a fused chain of 5 ops, sigmoid(1.5 x + 0.25) * x then relu, over
+256 MiB of float32), `softmax` (bert_base's attention rows: [b, 12, 128, 128] over the last
+axis at b = 8 and 32), `layernorm` (bert_base's hidden rows: [b, 128, 768]
+LayerNormalization at b = 8 and 32). Add a case: a function yielding `Case`s, listed in
+`CASES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu import header  # noqa: E402
+
+from dnnc.backends.cuda import FUSION  # noqa: E402
+from dnnc.backends.cuda.codegen import render_module  # noqa: E402
+from dnnc.backends.cuda.schedules import template_for  # noqa: E402
+from dnnc.backends.lower import lower_group  # noqa: E402
+from dnnc.ir import types as T  # noqa: E402
+from dnnc.ir.graph import Graph, Value  # noqa: E402
+from dnnc.ir.target import Target  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@dataclass
+class Case:
+    """One kernel to time: its graph (one output), its input, its reference, its peers."""
+
+    name: str
+    label: str                                   # shape, as printed
+    graph: Graph
+    x: np.ndarray
+    reference: Callable[[np.ndarray], np.ndarray]
+    torch: Callable | None = None                # fn(torch tensor x) -> a call computing it
+    variants: list[dict] = field(default_factory=list)   # knob overrides of the default
+
+
+def _scalar(name: str, value: float) -> Value:
+    return Value(name, T.TensorType(T.float32, ()), const=np.array(value, np.float32))
+
+
+def elementwise_cases():
+    shape = (64, 1 << 20)   # 256 MiB of float32
+    g = Graph("elementwise")
+    x = g.add_input("x", T.TensorType(T.float32, shape))
+    y = g.add("Mul", x, _scalar("a", 1.5))
+    y = g.add("Add", y, _scalar("b", 0.25))
+    y = g.add("Sigmoid", y)
+    y = g.add("Mul", y, x)
+    g.outputs = [g.add("Relu", y)]
+
+    def reference(a):
+        a = a.astype(np.float64)
+        return np.maximum(a / (1 + np.exp(-(1.5 * a + 0.25))), 0)
+
+    def torch_chain(t):
+        import torch
+        return lambda: torch.relu(torch.sigmoid(t * 1.5 + 0.25) * t)
+
+    x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+    yield Case("elementwise", "256 MiB, 5 ops", g, x, reference, torch_chain,
+               [{"vector": 2}, {"vector": 4}, {"threads": 512}, {"grid_stride": True},
+                {"grid_stride": True, "vector": 4}])
+
+
+def softmax_cases():
+    for batch in (8, 32):
+        shape = (batch, 12, 128, 128)
+        g = Graph("softmax")
+        x = g.add_input("x", T.TensorType(T.float32, shape))
+        g.outputs = [g.add("Softmax", x, axis=-1)]
+
+        def reference(a):
+            a = a.astype(np.float64)
+            e = np.exp(a - a.max(axis=-1, keepdims=True))
+            return e / e.sum(axis=-1, keepdims=True)
+
+        def torch_softmax(t):
+            import torch
+            return lambda: torch.softmax(t, dim=-1)
+
+        x = np.random.default_rng(1).standard_normal(shape, dtype=np.float32) * 4
+        yield Case("softmax", f"[{batch},12,128,128]", g, x, reference, torch_softmax,
+                   _row_variants())
+
+
+def layernorm_cases():
+    rng = np.random.default_rng(2)
+    scale = rng.standard_normal(768).astype(np.float32)
+    bias = rng.standard_normal(768).astype(np.float32)
+    for batch in (8, 32):
+        shape = (batch, 128, 768)
+        g = Graph("layernorm")
+        x = g.add_input("x", T.TensorType(T.float32, shape))
+        s = Value("scale", T.TensorType(T.float32, (768,)), const=scale)
+        b = Value("bias", T.TensorType(T.float32, (768,)), const=bias)
+        g.outputs = [g.add("LayerNormalization", x, s, b, axis=-1, epsilon=1e-5)]
+
+        def reference(a):
+            a = a.astype(np.float64)
+            mean = a.mean(axis=-1, keepdims=True)
+            var = ((a - mean) ** 2).mean(axis=-1, keepdims=True)
+            return (a - mean) / np.sqrt(var + 1e-5) * scale + bias
+
+        def torch_layernorm(t):
+            import torch
+            import torch.nn.functional as F
+            w = torch.from_numpy(scale).to(t.device)
+            c = torch.from_numpy(bias).to(t.device)
+            return lambda: F.layer_norm(t, (768,), w, c, 1e-5)
+
+        x = rng.standard_normal(shape, dtype=np.float32) + 3
+        yield Case("layernorm", f"[{batch},128,768]", g, x, reference, torch_layernorm,
+                   _row_variants())
+
+
+def _row_variants() -> list[dict]:
+    return [{"row_threads": t, "row_block": max(128, t)} for t in (32, 64, 128, 256)] + \
+        [{"cache_row": False}]
+
+
+CASES = {"elementwise": elementwise_cases, "softmax": softmax_cases,
+         "layernorm": layernorm_cases}
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+def event_ms(cp, fn, repeat: int, trials: int) -> float:
+    """Median over `trials` of the mean ms of `repeat` back-to-back calls of `fn`."""
+    fn()
+    cp.cuda.runtime.deviceSynchronize()
+    times = []
+    for _ in range(trials):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(repeat):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / repeat)
+    return float(np.median(times))
+
+
+def torch_ms(case: Case, repeat: int, trials: int) -> float | None:
+    if case.torch is None:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    call = case.torch(torch.from_numpy(case.x).cuda())
+    call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / repeat)
+    return float(np.median(times))
+
+
+def build(case: Case, machine: Target, overrides: dict):
+    """(the scheduled PrimFunc, its config) of the case's graph as one kernel."""
+    kernel = lower_group(list(case.graph.nodes), case.name, outputs=case.graph.outputs)
+    template, problem = template_for(kernel)
+    config = template.default(problem, machine)
+    if overrides:
+        config = dataclasses.replace(config, **overrides)
+    config = template.space(problem, machine).check(config)
+    return kernel, template.build(problem, config, machine), config
+
+
+def run_kernel(cp, kernel, func, x_dev):
+    """A function launching `func`'s launches once, and its output device array."""
+    module = render_module([(func, True)])
+    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    info = module.kernels[func.name]
+    ins = [x_dev if v.const is None else cp.asarray(np.ascontiguousarray(v.const))
+           for v in kernel.inputs]
+    (out_value,) = kernel.outputs
+    out = cp.full(out_value.type.shape, np.nan, np.float32)
+    scratch = [cp.empty(size, cp.uint8) for size in info.workspace]
+    args = tuple(ins + [out] + scratch)
+    launches = [(raw.get_function(lc.name), lc) for lc in info.launches]
+
+    def launch():
+        for fn, lc in launches:
+            fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
+
+    return launch, out, len(launches)
+
+
+def _config_text(config, default) -> str:
+    """The knobs where `config` differs from `default`, or `default`."""
+    changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+               if getattr(config, f.name) != getattr(default, f.name)}
+    return " ".join(f"{k}={v}" for k, v in changed.items()) or "default"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(CASES),
+                        help=f"comma-separated cases of {', '.join(CASES)}")
+    parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--no-variants", action="store_true")
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+    import cupy as cp
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    machine = Target("cuda", arch=f"sm_{props['major']}{props['minor']}", fusion=FUSION)
+    print(header())
+    print(f"repeat {args.repeat} launches x {args.trials} trials (median), CUDA events; "
+          f"GB/s = (read + write of the tensor) / time; bars: elementwise >= 0.80 of copy, "
+          f"rows >= 0.70")
+    print(f"{'case':12s} {'shape':18s} {'config':58s} {'us':>9s} {'GB/s':>7s} "
+          f"{'vs copy':>7s} {'torch/dnnc':>10s}  check")
+    wrong = 0
+    for name in names:
+        for case in CASES[name]():
+            nbytes = 2 * case.x.nbytes
+            x_dev = cp.asarray(case.x)
+            copy_dst = cp.empty_like(x_dev)
+            copy_ms = event_ms(cp, lambda: copy_dst.data.copy_from_device_async(
+                x_dev.data, case.x.nbytes), args.repeat, args.trials)
+            peer = torch_ms(case, args.repeat, args.trials)
+            want = case.reference(case.x)
+            print(f"{name:12s} {case.label:18s} {'copy (cudaMemcpyAsync d2d)':58s} "
+                  f"{copy_ms * 1e3:9.1f} {nbytes / copy_ms / 1e6:7.0f} {1:7.2f} "
+                  f"{'':>10s}")
+            if peer is not None:
+                print(f"{name:12s} {case.label:18s} {'torch':58s} {peer * 1e3:9.1f} "
+                      f"{nbytes / peer / 1e6:7.0f} {copy_ms / peer:7.2f} {'':>10s}")
+            default = None
+            for overrides in [{}] + ([] if args.no_variants else case.variants):
+                try:
+                    kernel, func, config = build(case, machine, overrides)
+                except Exception as exc:   # a variant outside this problem's space
+                    print(f"{name:12s} {case.label:18s} {str(overrides):58s} skipped: "
+                          f"{str(exc).splitlines()[0][:80]}")
+                    continue
+                if default is None:
+                    default = config
+                    print(f"{'':31s} default: {type(config).__name__}"
+                          f"{dataclasses.asdict(config)}")
+                launch, out, n = run_kernel(cp, kernel, func, x_dev)
+                ms = event_ms(cp, launch, args.repeat, args.trials)
+                got = cp.asnumpy(out)
+                ok = np.allclose(got, want, rtol=RTOL, atol=ATOL)
+                wrong += not ok
+                ratio = "" if peer is None else f"{peer / ms:10.2f}"
+                label = _config_text(config, default) + (f" ({n} launches)" if n > 1 else "")
+                print(f"{name:12s} {case.label:18s} {label[:58]:58s} {ms * 1e3:9.1f} "
+                      f"{nbytes / ms / 1e6:7.0f} {copy_ms / ms:7.2f} {ratio:>10s}  "
+                      f"{'ok' if ok else 'WRONG: max err %.3g' % np.max(np.abs(got - want))}")
+            del x_dev, copy_dst
+            cp.get_default_memory_pool().free_all_blocks()
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
