@@ -1,0 +1,210 @@
+"""Row reductions and elementwise stages of the cuda schedules across their knobs.
+
+- warp shuffles: the IR's verifier rules and the renderer's spelling (no GPU);
+- softmax, layernorm and reductions over the last axis on ragged row lengths (1, 31, 33,
+  127, 769, 5000) under the row template's default and a spread of its configs (a warp a
+  row, several rows a block, several warps a row, the row cached in registers or re-read),
+  and elementwise chains under the vector-width and grid-stride knobs: emulated on the CPU
+  (test_cuda_codegen's `run_on_cpu`: shuffles read the other lane's register), compiled by
+  `nvcc -ptx` where it is on PATH (`codegen`), and run on a GPU against NumPy (`gpu`).
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from cuda_kernels import MACHINE
+from test_cuda_codegen import poisoned, ptx, run_on_cpu
+from dnnc.backends.cuda.codegen import render_func, render_module
+from dnnc.backends.cuda.schedules import DEFAULT, ROWS, Config, RowsConfig, template_for
+from dnnc.backends.lower import lower_group
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.ir.interpreter import run_graph
+
+LENGTHS = (1, 31, 33, 127, 769, 5000)
+ROW_CONFIGS = [
+    None,                                                    # the default for the length
+    RowsConfig(row_threads=32, row_block=32),                # a warp a row, one row a block
+    RowsConfig(row_threads=32, row_block=256),               # 8 rows a block, the last ragged
+    RowsConfig(row_threads=64, row_block=128, cache_row=False),   # re-read each pass
+    RowsConfig(row_threads=256, row_block=256),              # 8 warps a row: one exchange
+    RowsConfig(row_threads=1024, row_block=1024, fuse_rows=False),  # a launch per pass
+]
+ELEMENTWISE_CONFIGS = [Config(), Config(vector=2), Config(vector=4, threads=64),
+                       Config(grid_stride=True, vector=4, threads=64)]
+
+
+# -- kernels -------------------------------------------------------------------------------------
+
+
+def row_graph(op: str, shape: tuple, rng) -> Graph:
+    g = Graph("g")
+    args = [g.add_input("x", T.TensorType(T.float32, shape))]
+    attrs = {"axis": -1}
+    if op == "LayerNormalization":
+        for name in ("scale", "bias"):
+            args.append(Value(name, T.TensorType(T.float32, shape[-1:]),
+                              const=rng.standard_normal(shape[-1:]).astype(np.float32)))
+    elif op.startswith("Reduce"):
+        args.append(Value("axes", T.TensorType(T.int64, (1,)), const=np.array([-1])))
+        attrs = {"keepdims": 1}
+    g.outputs = [g.add(op, *args, **attrs)]
+    return g
+
+
+def elementwise_graph(shape: tuple) -> Graph:
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, shape))
+    half = Value("h", T.TensorType(T.float32, ()), const=np.array(0.5, np.float32))
+    y = g.add("Tanh", g.add("Mul", x, half))
+    g.outputs = [g.add("Relu", g.add("Add", y, x))]
+    return g
+
+
+def scheduled(g: Graph, template, config, name: str):
+    """(the PrimFunc of `g` as one kernel under `template` and `config` (its default when
+    None), its constant input arrays)."""
+    kernel = lower_group(list(g.nodes), name, outputs=g.outputs)
+    problem = template.problem(kernel)
+    space = template.space(problem, MACHINE)
+    config = template.default(problem, MACHINE) if config is None else space.check(config)
+    func = template.build(problem, config, MACHINE)
+    func = L.PrimFunc(name, func.params, func.body)
+    L.verify(func)
+    consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
+    return func, consts
+
+
+def expected(g: Graph, x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return run_graph(g, [x])[0]
+
+
+def cases(rng):
+    """(label, graph, template, config, input, expected) of every row op, length and config,
+    and of the elementwise chain under its configs."""
+    out = []
+    for op in ("Softmax", "LayerNormalization", "ReduceSum", "ReduceMax"):
+        for n in LENGTHS:
+            shape = (7, n) if n != 127 else (2, 3, n)
+            g = row_graph(op, shape, rng)
+            x = (rng.standard_normal(shape) * 3).astype(np.float32)
+            want = expected(g, x)
+            template = template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0]
+            for config in ROW_CONFIGS if template is ROWS else [None]:
+                out.append((f"{op}{list(shape)} {config}", g, template, config, x, want))
+    for shape in ((1000, 37), (4099,)):
+        g = elementwise_graph(shape)
+        x = rng.standard_normal(shape).astype(np.float32)
+        for config in ELEMENTWISE_CONFIGS:
+            out.append((f"chain{list(shape)} {config}", g, DEFAULT, config, x, expected(g, x)))
+    return out
+
+
+def build_all(rng):
+    """(funcs, arrays by name, expected by name, labels by name) of every case."""
+    funcs, arrays, want, labels = [], {}, {}, {}
+    for c, (label, g, template, config, x, out) in enumerate(cases(rng)):
+        func, consts = scheduled(g, template, config, f"k{c}")
+        funcs.append(func)
+        arrays[func.name] = [x] + consts + [poisoned(out.dtype, out.shape)]
+        want[func.name] = out
+        labels[func.name] = label
+    return funcs, arrays, want, labels
+
+
+def check(arrays, want, labels):
+    for name, out in want.items():
+        np.testing.assert_allclose(arrays[name][-1], out, rtol=1e-4, atol=1e-5,
+                                   err_msg=labels[name])
+
+
+# -- shuffles in the IR and the renderer -----------------------------------------------------
+
+
+def _shuffle_func(value: L.Expr, kind=L.ForKind.THREAD_X, dtype=T.float32):
+    x = L.Buffer("x", dtype, (64,))
+    y = L.Buffer("y", dtype, (64,))
+    t = L.Var("t")
+    body = L.For(t, 64, L.Store(y, (t,), value(x[t])), kind)
+    return L.PrimFunc("f", (x, y), L.For(L.Var("b"), 1, body, L.ForKind.BLOCK_X))
+
+
+@pytest.mark.parametrize("name,dtype,text", [
+    ("shfl_xor", T.float32, "(__shfl_xor_sync(0xffffffffu, x[((long long)(((int)(t))))], 16))"),
+    ("shfl_down", T.float64, "(__shfl_down_sync(0xffffffffu, x[((long long)(((int)(t))))], 16))"),
+    ("shfl_xor", T.int8, "((signed char)(__shfl_xor_sync(0xffffffffu, x["),   # via int
+])
+def test_shuffles_render_as_cuda_warp_intrinsics(name, dtype, text):
+    func = _shuffle_func(lambda v: L.call(name, v, L.const(16, T.int32)), dtype=dtype)
+    L.verify(func)
+    source, _ = render_func(func)
+    assert text in source
+
+
+@pytest.mark.parametrize("value,kind,message", [
+    (lambda v: L.call("shfl_xor", v, L.const(1, T.int32)), L.ForKind.SERIAL,
+     "outside a threadIdx.x loop"),
+    (lambda v: L.call("shfl_xor", v, L.const(32, T.int32)), L.ForKind.THREAD_X,
+     "lane offset"),
+    (lambda v: L.call("shfl_down", v, L.Cast(T.int32, L.Var("t"))), L.ForKind.THREAD_X,
+     "lane offset"),
+])
+def test_the_verifier_refuses_misplaced_shuffles(value, kind, message):
+    with pytest.raises(L.LoopIRError, match=message):
+        L.verify(_shuffle_func(value, kind))
+
+
+def test_default_row_geometry_by_length():
+    """A softmax row of 128 on a warp (4 a lane, 4 rows a 128-thread block); a layernorm row
+    of 768 on 128 threads (6 each); 5000 on 1024 threads."""
+    rng = np.random.default_rng(0)
+    for op, n, threads, block in (("Softmax", 128, 32, 128), ("LayerNormalization", 768, 128, 128),
+                                  ("Softmax", 5000, 1024, 1024)):
+        g = row_graph(op, (16, n), rng)
+        kernel = lower_group(list(g.nodes), "k", outputs=g.outputs)
+        template, problem = template_for(kernel)
+        assert template is ROWS
+        config = template.default(problem, MACHINE)
+        assert (config.row_threads, config.row_block) == (threads, block)
+        func = template.build(problem, config, MACHINE)
+        _, k = render_func(func)
+        assert len(k.launches) == 1 and k.launches[0].block == (block, 1, 1)
+        assert k.workspace == []   # row statistics in registers
+
+
+# -- every case emulated on the CPU, compiled by nvcc, run on a GPU --------------------------
+
+
+def test_rows_and_elementwise_on_cpu():
+    funcs, arrays, want, labels = build_all(np.random.default_rng(1))
+    run_on_cpu(funcs, arrays)
+    check(arrays, want, labels)
+
+
+@pytest.mark.codegen
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_rows_and_elementwise_compile_with_nvcc(tmp_path):
+    funcs, _, _, _ = build_all(np.random.default_rng(1))
+    ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
+
+
+@pytest.mark.gpu
+def test_rows_and_elementwise_on_gpu():
+    import cupy as cp
+
+    funcs, arrays, want, labels = build_all(np.random.default_rng(2))
+    module = render_module([(f, True) for f in funcs])
+    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    for func in funcs:
+        info = module.kernels[func.name]
+        args = [cp.asarray(a) for a in arrays[func.name]]
+        args += [cp.full(size, 0xFF, cp.uint8) for size in info.workspace]
+        for launch in info.launches:
+            raw.get_function(launch.name)(launch.grid, launch.block, tuple(args),
+                                          shared_mem=launch.shared_bytes)
+        arrays[func.name][-1] = cp.asnumpy(args[len(arrays[func.name]) - 1])
+    check(arrays, want, labels)
