@@ -53,7 +53,8 @@ from ...ir import loop as L
 from ...ir import types as T
 from ...ir.ops.registry import Pattern
 from .. import problems
-from ..loop_analysis import accesses, carried, fuse_row_loops, fuse_until, nest_work, update_op
+from ..loop_analysis import (accesses, carried, fuse_row_loops, fuse_until, nest_work,
+                             rename_buffer, update_op)
 from ..space import Space, Template, choose_template
 from .codegen import stages
 from .conv import CONV2D
@@ -320,8 +321,8 @@ def _strided_loop(part: L.Stmt) -> L.For | None:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Rows on threads: `threads` a row (a power of two, whole warps but for a row of one
-    block), `per_block` rows a block, `rows` rows, `row` the row's variable (None: one row)."""
+    """Rows on threads: `threads` a row (a power of two, at least a warp), `per_block` rows
+    a block, `rows` rows, `row` the row's variable (None: a single row)."""
 
     row: L.Var | None
     rows: int
@@ -553,6 +554,10 @@ class _RowBuilder:
         the warp, one shared exchange across the row's warps, the finish on every thread
         (stores to memory but a private scalar's by the row's first thread only)."""
         lay = self.layout
+        if acc.name in self.own:   # (two parts' accumulators of one name: both live here)
+            new = L.Buffer(self.names(acc.name), acc.dtype, acc.shape, acc.scope)
+            init, loop = rename_buffer(init, acc, new), rename_buffer(loop, acc, new)
+            finish, acc = [rename_buffer(s, acc, new) for s in finish], new
         self.locals.append(acc)
         self.own.add(acc.name)
         zero = (L.const(0),)
