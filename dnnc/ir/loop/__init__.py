@@ -16,9 +16,9 @@ backend.
 
 from .nodes import (
     ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, REDUCE_COMBINERS, SHUFFLES, Allocate,
-    Barrier, BinOp, Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let, Load, PrimFunc, Reduce,
-    Scope, Select, Seq, Stmt, Store, Var, call, const, eq, logical_and, logical_or, loop_nest,
-    maximum, minimum, ne, seq, static_shape)
+    Barrier, BinOp, Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let, Load,
+    PrimFunc, Reduce, Scope, Select, Seq, Stmt, Store, Var, call, const, eq, logical_and,
+    logical_or, loop_nest, maximum, minimum, ne, seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
 from .simplifier import EXPR_RULES, UNBOUNDED, Bounds, bounds, simplify, simplify_expr
 from .traversal import (alpha_normal, children, free_vars, structural_equal, substitute,
