@@ -83,6 +83,28 @@ def injective(index: tuple, var: L.Var, extent: int) -> bool:
     rows = np.stack(columns, axis=1)
     return len(np.unique(rows, axis=0)) == extent
 
+def steps_contiguously(load: L.Load, var: L.Var, extent: int) -> bool:
+    """Whether `load` reads the next element of its buffer (row-major) for most steps of
+    `var` over [0, extent) (its other variables held at 0): GPU threads consecutive in
+    `var` then read consecutive addresses (a row's own elements, not a column's)."""
+    from ..ir.compute import ComputeEvalError, _Evaluator
+
+    shape = L.static_shape(load.buffer.shape)
+    if shape is None or extent < 2:
+        return False
+    grid = np.arange(min(extent, 64), dtype=np.int64)
+    env = {v: np.int64(0) for i in load.indices for v in L.free_vars(i)}
+    env[var] = grid
+    offset = np.zeros_like(grid)
+    for index, stride in zip(load.indices, np.cumprod((1,) + shape[:0:-1])[::-1]):
+        try:
+            offset = offset + np.broadcast_to(_Evaluator({}, {}).eval(index, env), grid.shape) \
+                * int(stride)
+        except (ComputeEvalError, KeyError):
+            return False
+    return 2 * int(np.sum(np.diff(offset) == 1)) >= len(grid) - 1
+
+
 def nest_work(s: L.Stmt) -> int | None:
     """Iterations of the innermost statements of a loop nest (None when symbolic)."""
     if isinstance(s, L.For):

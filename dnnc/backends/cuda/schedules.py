@@ -54,7 +54,7 @@ from ...ir import types as T
 from ...ir.ops.registry import Pattern
 from .. import problems
 from ..loop_analysis import (accesses, carried, fuse_row_loops, fuse_until, nest_work,
-                             rename_buffer, update_op)
+                             rename_buffer, steps_contiguously, update_op)
 from ..space import Space, Template, choose_template
 from .codegen import stages
 from .conv import CONV2D
@@ -306,9 +306,18 @@ def _row_parts(loop: L.For) -> list[L.Stmt]:
 
 
 def _is_row_reduction(loop: L.For) -> bool:
-    """Rows with a reduction long enough for a warp."""
-    return any(_reduction(p) is not None and (nest_work(p) or 0) >= MIN_ROW_WORK
-               for p in _row_parts(loop))
+    """Rows with a reduction long enough for a warp, along the row's own elements (a
+    reduction across rows' columns, as a mean over NCHW's channels, reads coalesced one
+    thread a row)."""
+    for p in _row_parts(loop):
+        found = _reduction(p)
+        if found is None or (nest_work(found[2]) or 0) < MIN_ROW_WORK:
+            continue
+        strided = found[2]
+        if any(steps_contiguously(n, strided.var, strided.extent.value)
+               for n in L.walk(strided.body) if isinstance(n, L.Load)):
+            return True
+    return False
 
 
 def _strided_loop(part: L.Stmt) -> L.For | None:

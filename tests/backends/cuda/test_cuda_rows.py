@@ -176,6 +176,20 @@ def test_default_row_geometry_by_length():
         assert k.workspace == []   # row statistics in registers
 
 
+@pytest.mark.parametrize("shape,axes,template", [
+    ((8, 768), [-1], ROWS), ((4, 64, 7, 7), [2, 3], ROWS),   # a row's own elements
+    ((2, 3, 5, 64), [1, 3], ROWS),                           # runs of 64 contiguous
+    ((1, 96, 56, 56), [1], DEFAULT),   # NCHW channels: a thread a row reads coalesced
+    ((64, 31), [-1], DEFAULT),         # shorter than a warp
+])
+def test_rows_go_on_warps_when_long_and_contiguous(shape, axes, template):
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, shape))
+    axes = Value("axes", T.TensorType(T.int64, (len(axes),)), const=np.array(axes))
+    g.outputs = [g.add("ReduceMean", x, axes, keepdims=1)]
+    assert template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0] is template
+
+
 # -- every case emulated on the CPU, compiled by nvcc, run on a GPU --------------------------
 
 
