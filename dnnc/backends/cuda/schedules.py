@@ -22,9 +22,10 @@ around threadIdx loops:
   slow: the last resort, e.g. an argmax's paired accumulators).
 - `ROWS` (kernels with row reductions, as softmax, layernorm, a reduce over the last axis):
   consecutive stages over the same rows become one (`loop_analysis.fuse_row_loops`), and a
-  row stage whose reductions are at least `MIN_ROW_WORK` long runs `row_threads` threads a
-  row (32: a warp per row; more: several warps), max(1, `row_block` / `row_threads`) rows
-  a block. Each elementwise loop of the row is strided over the row's threads (consecutive
+  row stage with a reduction of at least `MIN_ROW_WORK` iterations over the row's own
+  elements (`loop_analysis.steps_contiguously`: a reduction over NCHW's channels reads
+  coalesced one thread a row instead) runs `row_threads` threads a row (32: a warp per
+  row; more: several warps), max(1, `row_block` / `row_threads`) rows a block. Each elementwise loop of the row is strided over the row's threads (consecutive
   threads, consecutive elements: coalesced); each reduction accumulates a strided share a
   thread, then combines across the warp by `shfl_xor` butterflies (every lane ends with the
   total: no shared memory, no barrier) and, with several warps a row, through one shared
