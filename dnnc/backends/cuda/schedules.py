@@ -419,8 +419,10 @@ def _row_cache(loop: L.For, parts: list, threads: int, names: _Names) -> dict:
         lengths.add(strided.extent.value)
         keys = set()
         for n in L.walk(strided.body):
+            # (an index of the row's element alone: not of an inner loop's or a let's)
             if isinstance(n, L.Load) and n.buffer.name not in stored and \
-                    strided.var in set().union(*(L.free_vars(i) for i in n.indices)):
+                    strided.var in _index_vars(n) and \
+                    _index_vars(n) <= {strided.var, loop.var}:
                 keys.add(_cache_key(n, strided.var))
                 buffers[n.buffer.name] = n.buffer
         for key in keys:
@@ -433,6 +435,10 @@ def _row_cache(loop: L.For, parts: list, threads: int, names: _Names) -> dict:
         return {}
     return {key: L.Buffer(names(f"{key[0]}_row"), buffers[key[0]].dtype, (steps,),
                           L.Scope.LOCAL) for key in shared}
+
+
+def _index_vars(load: L.Load) -> set:
+    return set().union(*(L.free_vars(i) for i in load.indices))
 
 
 _J = L.Var("J")
