@@ -567,8 +567,8 @@ class _RowBuilder:
 
     def _reduce(self, acc, init, loop, op, finish) -> list[L.Stmt]:
         """A reduction of the row: a strided share a thread, a butterfly of shuffles across
-        the warp, one shared exchange across the row's warps, the finish on every thread
-        (stores to memory but a private scalar's by the row's first thread only)."""
+        the warp, one shared exchange across the row's warps, then the finish on every
+        thread of the row (its stores to memory by the row's first thread only)."""
         lay = self.layout
         if acc.name in self.own:   # (two parts' accumulators of one name: both live here)
             new = L.Buffer(self.names(acc.name), acc.dtype, acc.shape, acc.scope)
@@ -580,10 +580,9 @@ class _RowBuilder:
         out = [self._threads(lambda t, lane: L.seq(init, self._row_guard(
             self._strided(loop, lane))), guard=False)]
         for mask in (16, 8, 4, 2, 1):   # every lane ends with the warp's total
-            if mask < lay.threads:
-                shuffled = L.call("shfl_xor", acc[0], L.const(mask, T.int32))
-                out.append(self._threads(lambda t, lane, s=shuffled: L.Store(
-                    acc, zero, L.BinOp(op, acc[0], s)), guard=False))
+            shuffled = L.call("shfl_xor", acc[0], L.const(mask, T.int32))
+            out.append(self._threads(lambda t, lane, s=shuffled: L.Store(
+                acc, zero, L.BinOp(op, acc[0], s)), guard=False))
         warps = lay.threads // WARP
         if warps > 1:
             part = L.Buffer(self.names(f"{acc.name}_warps"), acc.dtype,
@@ -596,11 +595,19 @@ class _RowBuilder:
                     self._threads(lambda t, lane: L.seq(init, L.For(w, warps, L.Store(
                         acc, zero, L.BinOp(op, acc[0], part[t // lay.threads * warps + w])),
                         L.ForKind.UNROLLED)), guard=False)]
-        first = lambda s, lane: s if s.buffer.scope is L.Scope.LOCAL else \
-            L.If(L.eq(lane, 0), s)
-        out.append(self._threads(lambda t, lane: L.transform(
-            L.seq(*finish), lambda s: first(s, lane) if isinstance(s, L.Store) else None)))
+        out.append(self._threads(lambda t, lane: _stores_on_first(L.seq(*finish), lane)))
         return out
+
+
+def _stores_on_first(s: L.Stmt, lane: L.Expr) -> L.Stmt:
+    """`s` with its stores to memory (not registers) made by the row's first thread only:
+    every thread of the row holds the same values, one write is enough."""
+    def rule(n):
+        if isinstance(n, L.Store) and n.buffer.scope is not L.Scope.LOCAL:
+            return L.If(L.eq(lane, 0), n)
+        return None
+
+    return L.transform(s, rule)
 
 
 # -- templates and the table ---------------------------------------------------------------------
