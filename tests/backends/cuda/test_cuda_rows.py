@@ -5,8 +5,9 @@
   127, 769, 5000) under the row template's default and a spread of its configs (a warp a
   row, several rows a block, several warps a row, the row cached in registers or re-read),
   and elementwise chains under the vector-width and grid-stride knobs: emulated on the CPU
-  (test_cuda_codegen's `run_on_cpu`: shuffles read the other lane's register), compiled by
-  `nvcc -ptx` where it is on PATH (`codegen`), and run on a GPU against NumPy (`gpu`).
+  (test_cuda_codegen's `run_on_cpu`: shuffles read the other lane's register), rendered as
+  CUDA C and run on host threads (test_host_semantics' shim), compiled by `nvcc -ptx`
+  where it is on PATH (`codegen`), and run on a GPU against NumPy (`gpu`).
 """
 
 import shutil
@@ -196,6 +197,29 @@ def test_rows_go_on_warps_when_long_and_contiguous(shape, axes, template):
 def test_rows_and_elementwise_on_cpu():
     funcs, arrays, want, labels = build_all(np.random.default_rng(1))
     run_on_cpu(funcs, arrays)
+    check(arrays, want, labels)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+def test_rows_and_elementwise_on_host(tmp_path):
+    """The rendered CUDA C itself, a host thread per CUDA thread (test_host_semantics' shim:
+    a shuffle posts its value and reads its partner's between two block barriers)."""
+    import ctypes
+
+    from test_host_semantics import host_library
+
+    funcs, arrays, want, labels = build_all(np.random.default_rng(3))
+    pairs = [(f, True) for f in funcs]
+    module = render_module(pairs)
+    lib = host_library(pairs, tmp_path, module)
+    for func in funcs:
+        info = module.kernels[func.name]
+        buffers = arrays[func.name] + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
+        args = (ctypes.c_void_p * len(buffers))(*[a.ctypes.data for a in buffers])
+        for launch in info.launches:
+            host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+            lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                            ctypes.c_uint(launch.block[0]))
     check(arrays, want, labels)
 
 
