@@ -363,7 +363,8 @@ _BINARY = {"pow": (np.power, 0.1, 4), "fmod": (np.fmod, -9, 9), "atan2": (np.arc
 
 def test_every_intrinsic_is_rendered_or_rejected():
     """Each name in loop.INTRINSICS has a test below (a new one must get one)."""
-    tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma", "bitcast"}
+    tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma", "bitcast",
+                                           *L.SHUFFLES}
     assert tested == set(L.INTRINSICS)
 
 
@@ -614,6 +615,15 @@ def test_gpu_bound_loops_are_codegen_errors(kind):
     f = L.PrimFunc("gpu", (y,), L.For(i, 8, L.Store(y, (i,), L.const(1.0)), kind))
     L.verify(f)
     with pytest.raises(CodegenError, match=kind.value):
+        ModuleBuilder().add(f)
+
+
+@pytest.mark.parametrize("name", L.SHUFFLES)
+def test_warp_shuffles_are_codegen_errors(name):
+    """GPU-only intrinsics: a CPU has no warp."""
+    f = elementwise(name, [T.float32], T.float32,
+                    lambda x: L.call(name, x, L.const(1, T.int32)))
+    with pytest.raises(CodegenError, match=name):
         ModuleBuilder().add(f)
 
 
