@@ -271,9 +271,12 @@ class _BertLayer(nn.Module):
     def forward(self, x, mask=None):
         b, t, d = x.shape
         q = self.query(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.key(x).view(b, t, self.heads, self.head_dim).permute(0, 2, 3, 1)
+        k = self.key(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         v = self.value(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        scores = q @ k / math.sqrt(self.head_dim)
+        # k.transpose(-1, -2), not the zoo's one permute(0, 2, 3, 1): the same values, and
+        # inductor's attention pattern (torch 2.13) mistakes that permute for this transpose
+        # of the unpermuted key, then fails to compile
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
         if mask is not None:
             scores = scores + mask
         ctx = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, t, d)
