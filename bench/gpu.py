@@ -46,7 +46,7 @@ import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
 from dnnc.backends.cuda import device  # noqa: E402
 from gpu_timing import (ATOL, RTOL, TORCH_MODES, error_ratio, fp32_only, header,  # noqa: E402
-                        median_ms, torch_medians)
+                        median_ms, torch_cells, torch_medians)
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
 BIG = [("resnet50", 32), ("bert_base", 8)]
@@ -82,10 +82,7 @@ def torch_columns(model, feeds, dnnc_outputs, dnnc_ms: float, args) -> tuple[str
         want = [module(*inputs).cpu().numpy()]
     medians = torch_medians(module, inputs, args.repeat, args.warmup,
                             compile_modes=not args.no_compile)
-    times = " ".join(f"{medians[m]:8.3f}" if medians.get(m) else f"{'-':>8}"
-                     for m in TORCH_MODES)
-    ratios = " ".join(f"{dnnc_ms / medians[m]:6.2f}" if medians.get(m) else f"{'-':>6}"
-                      for m in TORCH_MODES)
+    times, ratios = torch_cells(medians, dnnc_ms)
     return f"{times} {ratios}  {verdict(error_ratio(dnnc_outputs, want))}", medians
 
 

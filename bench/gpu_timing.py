@@ -8,6 +8,7 @@ and compare outputs, so that dnnc's and PyTorch's columns are measured the same 
   caller keeping its data on the GPU sees;
 - `torch_medians(module, inputs, ...)`: PyTorch eager, torch.compile (default) and
   torch.compile(mode="reduce-overhead") timed that way, float32 with TF32 off (`fp32_only`);
+- `torch_cells(medians, dnnc_ms)`: those medians and dnnc's ratio to each, as table cells;
 - `error_ratio(got, want)`: the largest |got - want| in units of the project's tolerance,
   atol 1e-4 + rtol 1e-3 |want| (<= 1 passes).
 Needs CuPy (header) and, for the torch functions, torch; never imported by dnnc.
@@ -99,3 +100,13 @@ def torch_medians(module, inputs: list, repeat: int, warmup: int,
                 traceback.print_exc(file=sys.stderr)
                 medians[mode] = None
     return medians
+
+
+def torch_cells(medians: dict[str, float | None], dnnc_ms: float) -> tuple[str, str]:
+    """The medians of TORCH_MODES (8 wide) and dnnc's ratio to each (6 wide); "-" where a mode
+    was not timed."""
+    times = " ".join(f"{medians[m]:8.3f}" if medians.get(m) else f"{'-':>8}"
+                     for m in TORCH_MODES)
+    ratios = " ".join(f"{dnnc_ms / medians[m]:6.2f}" if medians.get(m) else f"{'-':>6}"
+                      for m in TORCH_MODES)
+    return times, ratios

@@ -19,6 +19,7 @@ ort = pytest.importorskip("onnxruntime")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import gpu  # noqa: E402
+import gpu_timing  # noqa: E402
 from zoo_torch import MIRRORS, module_for  # noqa: E402
 
 SMALL = {
@@ -217,3 +218,21 @@ def test_torch_available_says_why_not():
     args.no_torch = False
     assert gpu.torch_available(args) == (
         None if torch.cuda.is_available() else f"torch {torch.__version__} sees no CUDA device")
+
+
+def test_torch_medians_synchronize_every_timed_call(monkeypatch):
+    # (on CPU: torch.cuda.synchronize stands in as a counter)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("sync"))
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            calls.append("call")
+            return x + 1
+
+    medians = gpu_timing.torch_medians(Probe(), [torch.ones(3)], repeat=4, warmup=2,
+                                       compile_modes=False)
+    assert list(medians) == ["eager"] and medians["eager"] >= 0
+    assert calls == ["call", "sync"] * 6
+    assert gpu_timing.torch_cells({**medians, "eager": 2.0}, 1.0) == (
+        "   2.000        -        -", "  0.50      -      -")
