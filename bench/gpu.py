@@ -117,13 +117,13 @@ def bench(name: str, batch: int, args) -> tuple[str, dict]:
     compiled.runtime.outputs = "numpy"
     worst = None if args.no_check else check(model, feeds, outputs)
     row = (f"{name:<14} {batch:>5} {stats['kernels']:>7} {stats['host_fallback_ops']:>6} "
-           f"{cold:>9.2f} {warm:>7} {host:>9.3f} {dev:>9.3f}  {verdict(worst):<10}")
+           f"{cold:>9.2f} {warm:>7} {host:>9.3f} {dev:>9.3f}  ")
     figures = {"device": dev}
-    if args.torch:
-        cells, medians = torch_columns(model, feeds, device_outputs, dev, args)
-        row += f" {cells}"
-        figures.update(medians)
-    return row, figures
+    if not args.torch:
+        return row + verdict(worst), figures
+    cells, medians = torch_columns(model, feeds, device_outputs, dev, args)
+    figures.update(medians)
+    return f"{row}{verdict(worst):<10} {cells}", figures
 
 
 def issue_bars(rows: list[tuple[str, int, dict]]) -> list[str]:
@@ -202,14 +202,14 @@ def main() -> int:
     print(f"median of {args.repeat} calls after {args.warmup} warm-up; check: max error / "
           f"(atol {ATOL:g} + rtol {RTOL:g} |ref|) against onnxruntime CPU")
     columns = (f"{'model':<14} {'batch':>5} {'kernels':>7} {'fallbk':>6} {'compile s':>9} "
-               f"{'warm s':>7} {'host ms':>9} {'device ms':>9}  {'check':<10}")
+               f"{'warm s':>7} {'host ms':>9} {'device ms':>9}  check")
     if args.torch:
         fp32_only()
         print("torch: the zoo's weights through bench/zoo_torch.py, fp32 (TF32 off, matmul "
               "precision highest), ms with CUDA tensors in and out; /x = dnnc device ms over x; "
               "vs torch: dnnc's error against eager in check's units")
-        columns += (f" {'eager':>8} {'compile':>8} {'reduce-o':>8} {'/eager':>6} {'/comp':>6} "
-                    f"{'/r-o':>6}  vs torch")
+        columns += (f"{'':<5} {'eager':>8} {'compile':>8} {'reduce-o':>8} {'/eager':>6} "
+                    f"{'/comp':>6} {'/r-o':>6}  vs torch")
     else:
         print(f"torch columns off: {torch_off}")
     print(columns)

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from onnx import helper, numpy_helper
 from torch import nn
 
-_META_PREFIX = "dnnc.zoo."
+# the zoo's metadata keys and its channel rounding, shared so that the mirror cannot drift
+from dnnc.zoo import _META_PREFIX, _make_divisible
 
 # initializers that are graph constants, not weights: the zoo's shared scalars (`const_N`, used
 # as the literals the mirror writes: 0, 6, sqrt(2), sqrt(head_dim), -10000, ...) and BERT's
@@ -102,7 +103,7 @@ class _Weights:
         layer = nn.Conv2d(cin, cout, k, stride, k // 2, groups=group, bias=bias)
         p = k // 2
         self.check_node(name, kernel_shape=[k, k], strides=[stride, stride], pads=[p, p, p, p],
-                        group=group)
+                        dilations=[1, 1], group=group)
         self.load(layer.weight, f"{name}.weight")
         if bias:
             self.load(layer.bias, f"{name}.bias")
@@ -216,11 +217,6 @@ def _resnet(w: _Weights, layers: list[int], bottleneck: bool, width: int, classe
             module, cin = block(w, cin, width * 2 ** stage, 2 if stage > 0 and i == 0 else 1)
             blocks.append(module)
     return nn.Sequential(*stem, *blocks, _ClassifierTail(w, cin, classes))
-
-
-def _make_divisible(v: float, divisor: int = 8) -> int:
-    new = max(divisor, int(v + divisor / 2) // divisor * divisor)
-    return new + divisor if new < 0.9 * v else new
 
 
 class _InvertedResidual(nn.Module):

@@ -55,7 +55,6 @@ def test_every_zoo_model_has_a_mirror():
                          ids=[f"{n}-b{b}-{'-'.join(map(str, c.values())) or 'preset'}"
                               for n, b, c in CASES])
 def test_mirror_matches_onnxruntime(name, batch, config, rng):
-    torch.manual_seed(0)   # (nothing in a mirror is random: its weights are the zoo's)
     model = zoo.build(name, batch=batch, **config)
     feeds = zoo.inputs_for(model, rng)
     got, want = _mirror_and_reference(model, feeds)
