@@ -155,6 +155,9 @@ def test_issue_bars_fail_and_missing_timings():
     ]
     assert gpu.issue_bars([_row("mlp", 1, 0.05, 0.10)])[1] == (
         "batch 1, geometric mean of dnnc / reduce-overhead: n/a (no reduce-overhead timings)")
+    # --models "" --big: the batch-size rows alone
+    assert gpu.issue_bars([_row("resnet50", 32, 1.0, 2.0)]) == [
+        "resnet50 batch 32: dnnc / best torch (eager) 0.50 (bar <= 1.3) ok"]
 
 
 @pytest.fixture
