@@ -4,11 +4,11 @@
 computes the same function from ordinary torch layers: nn.Conv2d, nn.BatchNorm2d (eval, not
 folded: the zoo keeps BatchNormalization), nn.Linear, nn.LayerNorm, nn.Embedding, and BERT's
 attention written out as the zoo writes it (MatMul, Div by sqrt(head_dim), the additive
-`(1 - mask) * -10000`, Softmax, MatMul; not F.scaled_dot_product_attention, whose fp32 kernel
-on sm80+ multiplies through TF32 tensor cores) with exact (erf) GELU. Its inputs are the ONNX
-graph's inputs in order: `input` for the vision models and the MLP; `input_ids`,
-`token_type_ids`, `attention_mask` (int64) for BERT, or `hidden_states` when it was built
-without embeddings.
+`(1 - mask) * -10000`, Softmax, MatMul: Hugging Face's eager attention; torch.compile's own
+attention pattern pass may turn it into F.scaled_dot_product_attention, eager runs it as
+written) with exact (erf) GELU. Its inputs are the ONNX graph's inputs in order: `input` for
+the vision models and the MLP; `input_ids`, `token_type_ids`, `attention_mask` (int64) for
+BERT, or `hidden_states` when it was built without embeddings.
 
 The architecture comes from the builder's name and config the zoo records in the model's
 metadata (`dnnc.zoo.model`, `dnnc.zoo.config`); the weights come from the ONNX initializers by
@@ -26,6 +26,7 @@ import json
 import math
 from typing import Callable
 
+import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
@@ -57,10 +58,13 @@ class _Weights:
         self._counts[hint] = n + 1
         return f"{hint}_{n}"
 
-    def load(self, param: torch.Tensor, name: str, transpose: bool = False) -> None:
+    def array(self, name: str) -> np.ndarray:
         if name not in self.arrays:
             raise ValueError(f"the zoo model has no initializer {name!r}")
-        array = self.arrays[name].T if transpose else self.arrays[name]
+        return self.arrays[name]
+
+    def load(self, param: torch.Tensor, name: str, transpose: bool = False) -> None:
+        array = self.array(name).T if transpose else self.array(name)
         if tuple(array.shape) != tuple(param.shape):
             raise ValueError(f"initializer {name!r} has shape {tuple(array.shape)}, the mirror's "
                              f"layer {tuple(param.shape)}")
@@ -70,10 +74,9 @@ class _Weights:
 
     def buffer(self, name: str) -> torch.Tensor:
         """A constant the module keeps as a buffer (BERT's position ids)."""
-        if name not in self.arrays:
-            raise ValueError(f"the zoo model has no initializer {name!r}")
+        array = self.array(name)
         self.used.add(name)
-        return torch.from_numpy(self.arrays[name].copy())
+        return torch.from_numpy(array.copy())
 
     def node(self, name: str) -> dict:
         """The attributes of node `name`."""
@@ -100,8 +103,8 @@ class _Weights:
     def conv(self, cin: int, cout: int, k: int, stride: int = 1, group: int = 1,
              bias: bool = False) -> nn.Conv2d:
         name = self.fresh("conv")
-        layer = nn.Conv2d(cin, cout, k, stride, k // 2, groups=group, bias=bias)
         p = k // 2
+        layer = nn.Conv2d(cin, cout, k, stride, p, groups=group, bias=bias)
         self.check_node(name, kernel_shape=[k, k], strides=[stride, stride], pads=[p, p, p, p],
                         dilations=[1, 1], group=group)
         self.load(layer.weight, f"{name}.weight")
@@ -140,7 +143,7 @@ class _Weights:
         return layer
 
     def embedding(self, name: str) -> nn.Embedding:
-        layer = nn.Embedding(*self.arrays[name].shape)
+        layer = nn.Embedding(*self.array(name).shape)
         self.load(layer.weight, name)
         return layer
 
