@@ -40,8 +40,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu import header  # noqa: E402
-
 from dnnc.backends.cuda import FUSION  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
@@ -49,6 +47,7 @@ from dnnc.backends.lower import lower_group  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.target import Target  # noqa: E402
+from gpu_timing import fp32_only, header  # noqa: E402
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -182,6 +181,7 @@ def torch_ms(case: Case, repeat: int, trials: int) -> float | None:
         return None
     if not torch.cuda.is_available():
         return None
+    fp32_only()
     call = case.torch(torch.from_numpy(case.x).cuda())
     call()
     torch.cuda.synchronize()

@@ -525,6 +525,7 @@ class _Emitter:
         self.grid = grid
         self.block = block
         self.lines: list[str] = []
+        self.divisors: dict[L.Var, int] = {}   # of the lets in scope (alignment proofs)
 
     def fail(self, what: str):
         raise CudaCodegenError(f"{self.func}: {what}")
@@ -579,7 +580,30 @@ class _Emitter:
     def let(self, s: L.Let, depth: int) -> None:
         self.emit(depth, f"{{ const {C_TYPES[s.var.dtype]} {c_name(s.var.name)} = "
                          f"{self.expr(s.value)};")
+        if s.var.dtype.is_int:
+            self.divisors[s.var] = L.divisor(s.value, self.divisors)
         self.stmt(s.body, depth + 1)
+        self.divisors.pop(s.var, None)
+        self.emit(depth, "}")
+
+    def vector_for(self, s: L.For, depth: int) -> None:
+        """A vectorized loop copying a load at unit stride, `dst[f(v)] = src[base + v]`,
+        loads its lanes as one `float4` (`float2`, ...) where `base` is proven a multiple of
+        the lanes (`L.divisor`) and `src` is aligned (a parameter or workspace: 256 bytes;
+        shared: declared 16), then stores each lane; any other vectorized loop is unrolled."""
+        vector = _vector_load(s, self.divisors)
+        if vector is None:
+            self.unrolled_for(s, depth)
+            return
+        ctype, base = vector
+        load = s.body.value
+        name = f"{c_name(s.var.name)}_vec"
+        self.emit(depth, f"{{ const {ctype} {name} = *reinterpret_cast<const {ctype}*>("
+                         f"&{self.address(load.buffer, (base,))});")
+        for lane in range(s.extent.value):
+            at = L.substitute(s.body, {s.var: L.const(lane, s.var.dtype)})
+            self.emit(depth + 1, f"{self.address(at.buffer, at.indices)} = "
+                                 f"{name}.{'xyzw'[lane]};")
         self.emit(depth, "}")
 
     def if_(self, s: L.If, depth: int) -> None:
@@ -599,7 +623,8 @@ class _Emitter:
         if shape is None:
             self.fail(f"{b.scope.value} buffer {b.name} has a symbolic shape")
         self.emit(depth, "{")
-        self.emit(depth + 1, f"{storage}{C_TYPES[b.dtype]} {c_name(b.name)}"
+        align = "__align__(16) " if b.scope is L.Scope.SHARED else ""
+        self.emit(depth + 1, f"{storage}{align}{C_TYPES[b.dtype]} {c_name(b.name)}"
                              f"[{max(1, math.prod(shape))}];")
         self.stmt(s.body, depth + 1)
         self.emit(depth, "}")
@@ -688,12 +713,45 @@ _STMT: dict[type, Callable] = {
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,
-    # a GPU schedule's vectorized loop is a thread's few contiguous elements: unrolled
-    L.ForKind.VECTORIZED: _Emitter.unrolled_for, L.ForKind.UNROLLED: _Emitter.unrolled_for,
+    L.ForKind.VECTORIZED: _Emitter.vector_for, L.ForKind.UNROLLED: _Emitter.unrolled_for,
     **{kind: _Emitter.gpu_for for kind in _AXES},
 }
-"""Loop kind -> emitter: CPU kinds run within a thread (a parallel loop is a CPU schedule's; a
-GPU schedule binds loops to blocks and threads instead)."""
+"""Loop kind -> emitter: a parallel loop runs serially within a thread (a GPU schedule binds
+loops to blocks and threads instead); a vectorized one is a vector load where proven."""
+
+_VECTOR_TYPES = {(T.float32, 2): "float2", (T.float32, 4): "float4", (T.int32, 2): "int2",
+                 (T.int32, 4): "int4"}
+"""(element type, lanes) -> the CUDA vector type a vectorized copy loads."""
+
+
+def _vector_load(s: L.For, divisors: dict) -> tuple[str, L.Expr] | None:
+    """(vector type, base offset) when vectorized loop `s` is `dst[f(v)] = src[base + v]`
+    with `base` a proven multiple of the lanes and `src` aligned; else None."""
+    body, lanes = s.body, s.extent
+    if not (isinstance(body, L.Store) and isinstance(body.value, L.Load)
+            and isinstance(lanes, L.Const)):
+        return None
+    load = body.value
+    ctype = _VECTOR_TYPES.get((load.buffer.dtype, lanes.value))
+    if ctype is None or load.buffer.scope is L.Scope.LOCAL:
+        return None
+    (index,) = load.indices
+    if not _plus_lane(index, s.var):
+        return None
+    base = L.substitute(index, {s.var: L.const(0, s.var.dtype)})
+    return (ctype, base) if L.divisor(base, divisors) % lanes.value == 0 else None
+
+
+def _plus_lane(e: L.Expr, v: L.Var) -> bool:
+    """Whether `e` is (something free of v) + v, through integer casts and sums."""
+    if e == v:
+        return True
+    if isinstance(e, L.Cast) and e.dtype.is_int and e.value.dtype.is_int:
+        return _plus_lane(e.value, v)
+    if isinstance(e, L.BinOp) and e.op == "+":
+        a_has, b_has = (v in L.free_vars(x) for x in (e.a, e.b))
+        return (a_has != b_has) and _plus_lane(e.a if a_has else e.b, v)
+    return False
 _EXPR: dict[type, Callable] = {
     L.Const: _Emitter.constant, L.Var: _Emitter.var, L.Load: _Emitter.load,
     L.BinOp: _Emitter.binop, L.Call: _Emitter.call, L.Cast: _Emitter.cast,

@@ -3,14 +3,17 @@
 A block computes a `tile_m` x `tile_n` tile of Y (blockIdx.y: row tiles, blockIdx.x: column
 tiles, blockIdx.z: the batch) with (tile_m / thread_m) x (tile_n / thread_n) threads, each
 accumulating a thread_m x thread_n block in registers. The k dimension goes in slices of
-`tile_k`: the block's threads copy the A and B slices into shared memory (consecutive threads
-read consecutive elements of the operand's contiguous dimension; out-of-range elements read
-as 0 through a clamped load), a barrier, every thread does tile_k rank-1 updates of its block
-from shared memory (unrolled fused multiply-adds), a barrier. A thread's rows are
-`tm, tm + tile_m / thread_m, ...` and its columns `tn, tn + tile_n / thread_n, ...`, so that
-a warp reads consecutive shared words (no bank conflicts) and stores consecutive columns.
-The product's element then goes through Gemm's scaling and bias and the fused epilogue
-(`Dense.finish`) and is stored through the layout tail, if any.
+`tile_k`, double buffered: while the threads multiply slice s from one shared buffer, slice
+s + 1 comes from global memory into their registers (`_Staged`), and is then stored into the
+other buffer; one barrier a slice. Both slices are stored k-major (A transposed on the way),
+so that a thread's rows of A and columns of B are consecutive shared words: a thread's rows are
+runs of 4 (`_micro_tile`: rows 4 tm .. 4 tm + 3 and the same half a tile further for
+thread_m = 8), read as one 128-bit shared load each. The copies from global memory walk the
+operand's contiguous dimension with consecutive threads, 4 elements a thread as one 128-bit
+load where no bound needs checking (the tiles divide the product; the renderer proves the
+alignment), else element by element, reading 0 past the operand's extent or k through a
+clamped load. The product's element then goes through Gemm's scaling and bias and the fused
+epilogue (`Dense.finish`) and is stored through the layout tail, if any.
 
 With `split_k` > 1 (products whose m x n tiles are too few to fill the GPU, as bert's
 128-row projections or resnet50's last convolutions at batch 1), blockIdx.z runs over (batch,
@@ -18,7 +21,7 @@ k slice): each block sums its slice's k tiles into a global workspace of partial
 and a second launch, a thread per output, adds the slices and stores as above. The default
 config (`choose`) weighs the DEFAULTS tiles and splits with a rough model of their speed.
 
-Not yet: double buffering, vector loads, tensor cores.
+Not yet: vector stores of Y, tensor cores.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ MIN_BLOCKS = 264
 DEFAULTS = ((128, 128, 8, 8, 8), (64, 64, 16, 4, 4), (32, 64, 16, 2, 4), (32, 32, 16, 2, 2),
             (16, 32, 16, 1, 2))
 MAX_GRID_YZ = 65535
+MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
 SPLITS = (1, 2, 4, 8, 16)
 MIN_SPLIT_K = 128    # the least k a split-k default gives one slice
 # the default's model (`choose`), from H100 measurements: fp32 FMA peak, device copy
@@ -74,6 +78,8 @@ def product_space(name: str, k: int, batch: int) -> Space:
         "thread_m": (1, 2, 4, 8), "thread_n": (1, 2, 4, 8), "split_k": SPLITS,
     }, [Constraint("32 <= (tile_m / thread_m) * (tile_n / thread_n) <= 1024 threads",
                    lambda c: c.thread_m <= c.tile_m and 32 <= c.threads <= 1024),
+        Constraint("two shared buffers of each tile within 48 KiB (static shared memory)",
+                   lambda c: 2 * 4 * c.tile_k * (c.tile_m + c.tile_n) <= MAX_SHARED_BYTES),
         Constraint("split_k at most the k tiles, batch * split_k blocks on grid z",
                    lambda c: c.split_k <= -(-k // c.tile_k) and batch * c.split_k <= MAX_GRID_YZ)])
 
@@ -157,33 +163,19 @@ def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand
     """The blocks, threads and loops of Y[bi, i, j] = sum_k A[bi, i, k] B[bi, k, j] (see the
     module's docstring); `store(bi, i, j, value)` is the statement storing an element."""
     bm, bn, bk = c.tile_m, c.tile_n, c.tile_k
-    bi, by, bx, kt = L.Var("bi"), L.Var("by"), L.Var("bx"), L.Var("kt")
+    bi, by, bx = L.Var("bi"), L.Var("by"), L.Var("bx")
     threads = c.threads
-    across_m, across_n = bm // c.thread_m, bn // c.thread_n
-    a_tile = L.Buffer("a_tile", T.float32, (bk * bm,), L.Scope.SHARED)
-    b_tile = L.Buffer("b_tile", T.float32, (bk * bn,), L.Scope.SHARED)
+    tiles = -(-k // bk)
+    per = -(-tiles // c.split_k)          # k tiles per slice
+    past_k = k % bk != 0 or tiles % c.split_k != 0   # a tile reads past k
     acc = L.Buffer("acc", T.float32, (c.thread_m * c.thread_n,), L.Scope.LOCAL)
-    row0, col0, k0 = by * bm, bx * bn, kt * bk
-
-    def copy(tile: L.Buffer, rows: int, first: L.Expr, extent: int, operand: Operand):
-        """tile[kk * rows + r] = the operand at (first + r, k0 + kk) for a bk x rows slice
-        (0 past the operand's extent or k), consecutive threads walking its contiguous
-        dimension."""
-        t, e, step = L.Var("t"), L.Var("e"), L.Var("l")
-        count = bk * rows
-        steps = -(-count // threads)
-        r, kk = (e % rows, e // rows) if operand.rows_contiguous else (e // bk, e % bk)
-        row, kg = first + r, k0 + kk
-        value = operand.at(bi, L.minimum(row, extent - 1), L.minimum(kg, k - 1))
-        body = L.Store(tile, (kk * rows + r,), L.Select(
-            L.logical_and(row < extent, kg < k), value, L.const(0.0, T.float32)))
-        if steps * threads > count:
-            body = L.If(e < count, body)
-        return L.For(t, threads, L.For(step, steps, L.Let(e, step * threads + t, body),
-                                       L.ForKind.UNROLLED), L.ForKind.THREAD_X)
-
+    row0, col0 = by * bm, bx * bn
+    a_in = _Staged("a", bm, row0, m, a, bk, k, threads, past_k or m % bm != 0, bi)
+    b_in = _Staged("b", bn, col0, n, b, bk, k, threads, past_k or n % bn != 0, bi)
     t, kk, ii, jj = L.Var("t"), L.Var("kk"), L.Var("ii"), L.Var("jj")
     tm, tn = L.Var("tm"), L.Var("tn")
+    across_n = bn // c.thread_n
+    row, col = _micro_tile(c.thread_m, bm, tm), _micro_tile(c.thread_n, bn, tn)
 
     def per_thread(body):
         """`body` on every thread, with its row and column offsets tm and tn."""
@@ -196,47 +188,128 @@ def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand
 
     slot = (ii * c.thread_n + jj,)
     init = per_thread(each(L.Store(acc, slot, L.const(0.0, T.float32))))
-    update = per_thread(L.For(kk, bk, each(L.Store(acc, slot, L.call(
-        "fma", a_tile[kk * bm + tm + ii * across_m], b_tile[kk * bn + tn + jj * across_n],
-        acc[slot]))), L.ForKind.UNROLLED))
-    slice_ = L.seq(copy(a_tile, bm, row0, m, a), copy(b_tile, bn, col0, n, b), L.Barrier(),
-                   update, L.Barrier())
-    i, j = row0 + tm + ii * across_m, col0 + tn + jj * across_n
+
+    def update(buf):
+        return per_thread(L.For(kk, bk, each(L.Store(acc, slot, L.call(
+            "fma", a_in.tile[(buf * bk + kk) * bm + row(ii)],
+            b_in.tile[(buf * bk + kk) * bn + col(jj)], acc[slot]))), L.ForKind.UNROLLED))
+
+    def product(first: L.Expr) -> L.Stmt:
+        """The k tiles first .. first + per - 1, double buffered: tile s + 1 comes from
+        global memory into registers while tile s is multiplied from shared memory, then
+        goes to the other shared buffer; one barrier a tile."""
+        s = L.Var("ks")
+        more = s + 1 < per
+        loop = L.For(s, per, L.seq(
+            a_in.load(first + s + 1, more), b_in.load(first + s + 1, more), update(s % 2),
+            a_in.store((s + 1) % 2, more), b_in.store((s + 1) % 2, more), L.Barrier()))
+        return L.seq(a_in.load(first, None), b_in.load(first, None), a_in.store(0, None),
+                     b_in.store(0, None), L.Barrier(), loop)
+
+    i, j = row0 + row(ii), col0 + col(jj)
     inside = L.logical_and(i < m, j < n)
+
+    def block(body: L.Stmt) -> L.Stmt:
+        for buffer in (a_in.tile, b_in.tile, a_in.stage, b_in.stage, acc):
+            body = L.Allocate(buffer, body)
+        return body
+
     grid = (-(-m // bm), -(-n // bn))
     if c.split_k == 1:
-        k_loop = L.For(kt, -(-k // bk), slice_)
         done = per_thread(each(L.If(inside, store(bi, i, j, acc[slot]))))
-        body = L.Allocate(a_tile, L.Allocate(b_tile, L.Allocate(acc, L.seq(init, k_loop, done))))
+        body = block(L.seq(init, product(L.const(0)), done))
         return L.For(bi, batch, L.For(by, grid[0], L.For(
             bx, grid[1], body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y), L.ForKind.BLOCK_Z)
-    return _split_k(c, batch, m, n, k, grid, store, lambda bz, sk, partial: L.Let(
-        bi, bz // c.split_k, L.Let(sk, bz % c.split_k, L.Allocate(a_tile, L.Allocate(
-            b_tile, L.Allocate(acc, L.seq(init, _slices(c, k, kt, sk, slice_), per_thread(
-                each(L.If(inside, L.Store(partial, (((sk * batch + bi) * m + i) * n + j,),
-                                                   acc[slot])))))))))),
-        (by, bx))
+    sk = L.Var("sk")
+
+    def slice_block(bz: L.Var, partial: L.Buffer) -> L.Stmt:
+        keep = L.Store(partial, (((sk * batch + bi) * m + i) * n + j,), acc[slot])
+        body = block(L.seq(init, product(sk * per), per_thread(each(L.If(inside, keep)))))
+        return L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
+
+    return _split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
 
 
-def _slices(c: DenseConfig, k: int, kt: L.Var, sk: L.Var, body: L.Stmt) -> L.Stmt:
-    """The k tiles of slice `sk` of `c.split_k`, `body` run with `kt` the tile (a tile past
-    k reads zeros: the copies clamp and select)."""
-    per = -(-(-(-k // c.tile_k)) // c.split_k)
-    step = L.Var("ks")
-    return L.For(step, per, L.Let(kt, sk * per + step, body))
+def _micro_tile(size: int, tile: int, offset: L.Var) -> Callable[[L.Expr], L.Expr]:
+    """Element e of a thread's `size` rows (or columns) of a `tile`: runs of up to 4
+    consecutive ones (read from shared memory as one vector), the runs `tile / groups`
+    apart, thread `offset` taking the offset-th run of each group."""
+    run = min(4, size)
+    spacing = tile // (size // run)
+    return lambda e: e // run * spacing + offset * run + e % run
 
 
-def _split_k(c: DenseConfig, batch: int, m: int, n: int, k: int, grid, store, block,
+class _Staged:
+    """One operand's bk x `rows` slices on their way to shared memory: copied from global
+    memory into each thread's registers (`load`), later stored into one of the two shared
+    buffers (`store`). Consecutive threads walk the operand's contiguous dimension, each
+    reading 4 consecutive elements as one vector load where no bound needs checking (the
+    renderer proves the alignment, or reads them one by one)."""
+
+    def __init__(self, name: str, rows: int, first: L.Expr, extent: int, operand: Operand,
+                 bk: int, k: int, threads: int, checked: bool, bi: L.Var):
+        self.rows, self.first, self.extent, self.operand = rows, first, extent, operand
+        self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, checked, bi
+        self.lanes = 1 if checked else 4
+        self.groups = (rows if operand.rows_contiguous else bk) // self.lanes
+        self.vectors = bk * rows // self.lanes
+        self.steps = -(-self.vectors // threads)
+        self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * rows,), L.Scope.SHARED)
+        self.stage = L.Buffer(f"{name}_stage", T.float32, (self.steps * self.lanes,),
+                              L.Scope.LOCAL)
+
+    def _place(self, e: L.Expr, v: L.Expr) -> tuple[L.Expr, L.Expr]:
+        """(row, k) within the slice of lane v of vector e."""
+        if self.operand.rows_contiguous:
+            return e % self.groups * self.lanes + v, e // self.groups
+        return e // self.groups, e % self.groups * self.lanes + v
+
+    def _each(self, when: L.Expr | None, body: Callable, kind: L.ForKind) -> L.Stmt:
+        """body(step, e, v) for every lane of every vector of the slice, over the threads."""
+        t, step, e, v = L.Var("t"), L.Var("l"), L.Var("e"), L.Var("v")
+        inner = L.For(v, self.lanes, body(step, e, v), kind) if self.lanes > 1 else \
+            body(step, e, L.const(0))
+        if self.steps * self.threads > self.vectors:
+            inner = L.If(e < self.vectors, inner)
+        if when is not None:
+            inner = L.If(when, inner)
+        return L.For(t, self.threads, L.For(step, self.steps, L.Let(
+            e, step * self.threads + t, inner), L.ForKind.UNROLLED), L.ForKind.THREAD_X)
+
+    def load(self, kt: L.Expr, when: L.Expr | None) -> L.Stmt:
+        """Registers <- k tile `kt` (0 past the operand's extent or k), if `when`."""
+        def body(step, e, v):
+            r, kk = self._place(e, v)
+            row, kg = self.first + r, kt * self.bk + kk
+            if self.checked:
+                value = L.Select(L.logical_and(row < self.extent, kg < self.k), self.operand.at(
+                    self.bi, L.minimum(row, self.extent - 1), L.minimum(kg, self.k - 1)),
+                    L.const(0.0, T.float32))
+            else:
+                value = self.operand.at(self.bi, row, kg)
+            return L.Store(self.stage, (step * self.lanes + v,), value)
+        return self._each(when, body, L.ForKind.VECTORIZED)
+
+    def store(self, buf: L.Expr, when: L.Expr | None) -> L.Stmt:
+        """Shared buffer `buf` <- the registers, if `when`."""
+        def body(step, e, v):
+            r, kk = self._place(e, v)
+            return L.Store(self.tile, ((buf * self.bk + kk) * self.rows + r,),
+                           self.stage[step * self.lanes + v])
+        return self._each(when, body, L.ForKind.UNROLLED)
+
+
+def _split_k(c: DenseConfig, batch: int, m: int, n: int, grid, store, block,
              tile_vars) -> L.Stmt:
     """Split-k as two launches over one workspace of `split_k` partial products: the tiled
     product with blockIdx.z over (batch, slice) writing its slice's partial sums (`block(bz,
-    sk, partial)` is a block's body), then a thread per output adding the slices and storing
+    partial)` is a block's body), then a thread per output adding the slices and storing
     through `store` (scaling, bias, epilogue, layout tail)."""
     by, bx = tile_vars
-    bz, sk = L.Var("bz"), L.Var("sk")
+    bz = L.Var("bz")
     partial = L.Buffer("partial_sums", T.float32, (c.split_k * batch * m * n,), L.Scope.GLOBAL)
     products = L.For(bz, batch * c.split_k, L.For(by, grid[0], L.For(
-        bx, grid[1], block(bz, sk, partial), L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y),
+        bx, grid[1], block(bz, partial), L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y),
         L.ForKind.BLOCK_Z)
     total, threads = batch * m * n, 256
     ob, ot, e = L.Var("ob"), L.Var("ot"), L.Var("e")

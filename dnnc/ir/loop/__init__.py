@@ -8,7 +8,8 @@ L.For(...)`):
 - `traversal`: children, walk, transform, substitute, free_vars, structural_equal
 - `printer`: the stable text form (`print_expr`, `print_stmt`, `print_func`)
 - `verifier`: `verify` and `LoopIRError`
-- `simplifier`: `Bounds`, `bounds`, the `EXPR_RULES` table, `simplify_expr`, `simplify`
+- `simplifier`: `Bounds`, `bounds`, the `EXPR_RULES` table, `simplify_expr`, `simplify`,
+  `divisor` (a power of two known to divide an index: alignment proofs)
 
 Backends must never need a second IR, and this package knows nothing of graphs, ONNX or any
 backend.
@@ -20,7 +21,8 @@ from .nodes import (
     PrimFunc, Reduce, Scope, Select, Seq, Stmt, Store, Var, call, const, eq, logical_and,
     logical_or, loop_nest, maximum, minimum, ne, seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
-from .simplifier import EXPR_RULES, UNBOUNDED, Bounds, bounds, simplify, simplify_expr
+from .simplifier import (EXPR_RULES, UNBOUNDED, Bounds, bounds, divisor, simplify,
+                         simplify_expr)
 from .traversal import (alpha_normal, children, free_vars, structural_equal, substitute,
                         transform, walk)
 from .verifier import LoopIRError, verify
@@ -40,5 +42,5 @@ __all__ = [
     # verifier
     "LoopIRError", "verify",
     # simplifier
-    "EXPR_RULES", "UNBOUNDED", "Bounds", "bounds", "simplify", "simplify_expr",
+    "EXPR_RULES", "UNBOUNDED", "Bounds", "bounds", "divisor", "simplify", "simplify_expr",
 ]

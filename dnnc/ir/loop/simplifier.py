@@ -8,6 +8,7 @@ any value of its symbolic sizes (which are known only to be positive).
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Callable
@@ -63,6 +64,34 @@ def bounds(e: Expr, env: dict[Var, Bounds]) -> Bounds:
         if e.op == "max":
             return Bounds(_opt_keep(max, a.lo, b.lo), _opt(max, a.hi, b.hi))
     return UNBOUNDED
+
+
+MAX_DIVISOR = 64
+
+
+def divisor(e: Expr, env: dict[Var, int]) -> int:
+    """A power of two (at most MAX_DIVISOR) known to divide the integer `e`, given those of
+    its vars (`env`; a var not there: 1). Sound under wrapping, since every power of two up to
+    MAX_DIVISOR divides 2**32 and 2**64: a vectorizer proves an offset aligned with it."""
+    if isinstance(e, Const) and e.dtype.is_int:
+        return math.gcd(int(e.value), MAX_DIVISOR)
+    if isinstance(e, Var):
+        return env.get(e, 1)
+    if isinstance(e, Cast) and e.dtype.is_int and e.value.dtype.is_int:
+        return divisor(e.value, env)
+    if isinstance(e, Select):
+        return math.gcd(divisor(e.true, env), divisor(e.false, env))
+    if isinstance(e, BinOp) and e.dtype.is_int:
+        a, b = divisor(e.a, env), divisor(e.b, env)
+        if e.op in ("+", "-", "min", "max"):
+            return math.gcd(a, b)
+        if e.op == "*":
+            return math.gcd(a * b, MAX_DIVISOR)
+        if e.op == "%" and isinstance(e.b, Const):
+            return math.gcd(a, b)
+        if e.op == "<<" and isinstance(e.b, Const) and 0 <= e.b.value < 8:
+            return math.gcd(a << int(e.b.value), MAX_DIVISOR)
+    return 1
 
 
 def _opt(fn, a, b):

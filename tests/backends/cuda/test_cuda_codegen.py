@@ -218,6 +218,23 @@ def test_index_arithmetic_in_32_bits_where_it_fits(rows, narrow):
     assert ("(int)" in text) == narrow
 
 
+@pytest.mark.parametrize("start,stride,lanes,vector", [
+    (0, 4, 4, "float4"), (0, 8, 4, "float4"), (2, 4, 2, "float2"),   # proven multiples
+    (1, 4, 4, None), (0, 3, 4, None), (0, 2, 4, None)])              # not proven
+def test_a_vectorized_copy_is_one_vector_load_only_where_alignment_is_proven(
+        start, stride, lanes, vector):
+    src = L.Buffer("src", T.float32, (1024,))
+    dst = L.Buffer("dst", T.float32, (1024,))
+    t, e, v = L.Var("t"), L.Var("e"), L.Var("v")
+    body = L.For(t, 64, L.Let(e, t * stride + start, L.For(
+        v, lanes, L.Store(dst, (t * lanes + v,), src[e + v]), L.ForKind.VECTORIZED)),
+        L.ForKind.THREAD_X)
+    text, _ = render_func(L.PrimFunc("f", (src, dst), body))
+    assert ("reinterpret_cast<const float" in text) == (vector is not None)
+    if vector:
+        assert f"const {vector} " in text and "v_vec.y;" in text
+
+
 def test_no_restrict_when_buffers_may_alias():
     func = schedule_kernel(_kernel("Relu", (64,)), MACHINE)
     text, _ = render_func(func, noalias=False)
@@ -281,7 +298,7 @@ def test_whole_tensor_reduction_shuffles_then_one_exchange():
     assert launch.grid == (1, 1, 1) and launch.block == (256, 1, 1)
     assert text.count("__shfl_xor_sync") == 5       # across each warp
     assert text.count("__syncthreads();") == 1      # then the 8 warps' partials
-    assert "__shared__ float acc1_warps_" in text and "[8];" in text
+    assert "__shared__ __align__(16) float acc1_warps_" in text and "[8];" in text
 
 
 @pytest.mark.parametrize("dtype,needle", [
@@ -375,7 +392,9 @@ def _accepts(space, config) -> bool:
 @pytest.mark.parametrize("case", ["17x13x37", "33x70x65 transB", "2x20x9x33 batched",
                                   "3x16x40x24 shared-B relu", "1x300x37 gemv",
                                   "3x70x65 transB gemv", "2x5x9x33 batched gemv",
-                                  "2x3x40x24 shared-B relu gemv"])
+                                  "2x3x40x24 shared-B relu gemv",
+                                  # tiles that divide the product: vector loads from global
+                                  "64x48x96", "32x64x96 transB", "2x32x16x64 batched"])
 def test_dense_configs_are_correct(rng, case):
     from dnnc.backends.cuda.dense import DENSE, DenseConfig
     from dnnc.backends.cuda.gemv import GEMV
@@ -404,18 +423,21 @@ def test_dense_configs_are_correct(rng, case):
     want = reference(g, {"a": xs})[out.name]
     space = template.space(problem, MACHINE)
     configs = space.sample(np.random.default_rng(1), 5) + [template.default(problem, MACHINE)]
-    if template is DENSE:   # split-k: slices summed by a second launch
-        configs += [c for c in (DenseConfig(16, 32, 8, 1, 2, split) for split in (2, 4, 8))
+    if template is DENSE:   # split-k: slices summed by a second launch; 4 x 4 micro-tiles
+        configs += [c for c in [DenseConfig(16, 32, 8, 1, 2, split) for split in (2, 4, 8)] +
+                    [DenseConfig(32, 32, 8, 4, 4), DenseConfig(32, 64, 16, 8, 8)]
                     if _accepts(space, c)]
-    funcs, arrays = [], {}
+    funcs, arrays, texts = [], {}, []
     for c, config in enumerate(configs):
         func = template.build(problem, space.check(config), MACHINE)
         func = L.PrimFunc(f"k{c}", func.params, func.body)
         L.verify(func)
-        render_func(func)
+        texts.append(render_func(func)[0])
         funcs.append(func)
         consts = [np.ascontiguousarray(v.const) for v in kernel.inputs if v.const is not None]
         arrays[func.name] = [xs] + consts + [poisoned(want.dtype, want.shape)]
+    if template is DENSE and all(d % 16 == 0 for d in (m, k, n)):
+        assert any("reinterpret_cast<const float4" in text for text in texts)
     run_on_cpu(funcs, arrays)
     for func, config in zip(funcs, configs):
         np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-4,
@@ -425,7 +447,8 @@ def test_dense_configs_are_correct(rng, case):
 @pytest.mark.parametrize("cfg", [dict(c=3, oc=5, h=9, w=7, k=3, stride=1, pad=1),
                                  dict(c=8, oc=20, h=11, w=13, k=3, stride=2, pad=1),
                                  dict(c=5, oc=7, h=10, w=10, k=3, stride=1, pad=2, dilation=2),
-                                 dict(c=4, oc=17, h=6, w=6, k=1, stride=1, pad=0, batch=2)])
+                                 dict(c=4, oc=17, h=6, w=6, k=1, stride=1, pad=0, batch=2),
+                                 dict(c=16, oc=32, h=8, w=8, k=1, stride=1, pad=0)])
 def test_conv_configs_are_correct(rng, cfg):
     from dnnc.backends.cuda.conv import CONV2D
     from dnnc.backends.cuda.dense import DenseConfig

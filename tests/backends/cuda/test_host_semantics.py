@@ -67,6 +67,11 @@ extern "C" void dnnc_launch(void (*kernel)(void**), void** args, unsigned gx, un
 #define __launch_bounds__(n)
 #define __shared__ static
 #define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
 template <typename To, typename From> static inline To dnnc_bits(From x) {
   To y; std::memcpy(&y, &x, sizeof y); return y;
 }

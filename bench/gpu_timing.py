@@ -1,0 +1,112 @@
+"""How the GPU benchmarks (bench/gpu.py, bench/gpu_torch.py) describe the machine, time a call
+and compare outputs, so that dnnc's and PyTorch's columns are measured the same way.
+
+- `header()`: the first line of every GPU benchmark (GPU, driver, CUDA runtime, NVRTC, CuPy,
+  torch and onnxruntime versions);
+- `median_ms(fn, ...)`: the median of `fn`'s wall time by perf_counter, where `fn` ends with
+  its own synchronize (a CuPy stream's, or torch.cuda.synchronize), so a call is the latency a
+  caller keeping its data on the GPU sees;
+- `torch_medians(module, inputs, ...)`: PyTorch eager, torch.compile (default) and
+  torch.compile(mode="reduce-overhead") timed that way, float32 with TF32 off (`fp32_only`);
+- `torch_cells(medians, dnnc_ms)`: those medians and dnnc's ratio to each, as table cells;
+- `error_ratio(got, want)`: the largest |got - want| in units of the project's tolerance,
+  atol 1e-4 + rtol 1e-3 |want| (<= 1 passes).
+Needs CuPy (header) and, for the torch functions, torch; never imported by dnnc.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import traceback
+
+import numpy as np
+
+from dnnc.backends.cuda import device
+from dnnc.compiler.module import call_times_ms
+
+RTOL, ATOL = 1e-3, 1e-4
+TORCH_MODES = ("eager", "default", "reduce-overhead")
+"""PyTorch's columns: the module itself, then torch.compile in its default mode and with
+mode="reduce-overhead" (CUDA graphs: the anchor dnnc's graph replay is measured against)."""
+
+
+def header() -> str:
+    v = device.versions()
+    parts = [f"gpu {device.describe()}", f"driver {v['driver']}", f"cuda runtime {v['runtime']}",
+             f"nvrtc {v['nvrtc']}", f"cupy {v['cupy']}"]
+    for name in ("torch", "onnxruntime"):
+        try:
+            module = __import__(name)
+            parts.append(f"{name} {module.__version__}")
+        except ImportError:
+            parts.append(f"{name} not installed")
+    parts.append(f"python {platform.python_version()}, dnnc module cache {device.cache_dir()}")
+    return ", ".join(parts)
+
+
+def median_ms(fn, repeat: int, warmup: int) -> float:
+    """Median milliseconds of `fn()`, which must end with its own synchronize."""
+    return float(np.median(call_times_ms(fn, repeat, warmup)))
+
+
+def error_ratio(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    """max |got - want| / (ATOL + RTOL |want|) over paired outputs; inf on a shape mismatch."""
+    worst = 0.0
+    for out, ref in zip(got, want, strict=True):
+        if out.shape != ref.shape:
+            return float("inf")
+        ref = ref.astype(np.float64)
+        err = np.abs(out.astype(np.float64) - ref) / (ATOL + RTOL * np.abs(ref))
+        worst = max(worst, float(np.max(err)) if err.size else 0.0)
+    return worst
+
+
+def fp32_only() -> None:
+    """Float32 arithmetic in torch, as dnnc's kernels compute: no TF32 in matmuls or cuDNN."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+
+def torch_medians(module, inputs: list, repeat: int, warmup: int,
+                  compile_modes: bool = True) -> dict[str, float | None]:
+    """Median ms of `module(*inputs)` per mode of TORCH_MODES (CUDA tensors in and out, each
+    call ended by torch.cuda.synchronize); the compile modes only with `compile_modes`. A mode
+    that fails is None, its traceback on stderr, so the other columns still print."""
+    import torch
+
+    def timed(fn):
+        def call():
+            fn(*inputs)
+            torch.cuda.synchronize()
+        return median_ms(call, repeat, warmup)
+
+    medians: dict[str, float | None] = {}
+    with torch.no_grad():
+        medians["eager"] = timed(module)
+        for mode in TORCH_MODES[1:] if compile_modes else ():
+            try:
+                # a fresh dynamo cache per model: the zoo's mirrors share forward()s, and
+                # recompiles of one code object count towards dynamo's recompile limit
+                torch._dynamo.reset()
+                compiled = torch.compile(module, mode=None if mode == "default" else mode)
+                for _ in range(3):   # compile (and record the CUDA graph) outside the timing
+                    compiled(*inputs)
+                medians[mode] = timed(compiled)
+            except Exception:   # one mode's failure must not hide the others
+                traceback.print_exc(file=sys.stderr)
+                medians[mode] = None
+    return medians
+
+
+def torch_cells(medians: dict[str, float | None], dnnc_ms: float) -> tuple[str, str]:
+    """The medians of TORCH_MODES (8 wide) and dnnc's ratio to each (6 wide); "-" where a mode
+    was not timed."""
+    times = " ".join(f"{medians[m]:8.3f}" if medians.get(m) else f"{'-':>8}"
+                     for m in TORCH_MODES)
+    ratios = " ".join(f"{dnnc_ms / medians[m]:6.2f}" if medians.get(m) else f"{'-':>6}"
+                      for m in TORCH_MODES)
+    return times, ratios
