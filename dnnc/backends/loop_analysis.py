@@ -3,8 +3,10 @@
 What a loop's iterations share (`carried`: a loop may run its iterations on several cores or
 GPU threads only when it carries nothing), which consecutive loops walk the same rows
 (`fuse_row_loops`: softmax's max, sum and normalisation become one loop over rows), the
-accumulator updates a reduction makes (`update_op`), and the small rewrites built on them
-(`fuse_until`, `rename_buffer`). Pure functions of the operator IR: this module never
+accumulator updates a reduction makes (`update_op`), how a load walks its buffer as a loop
+counts (`steps_contiguously`, `reads_in_order`: whether GPU threads on that loop read
+consecutive addresses), and the small rewrites built on them (`fuse_until`,
+`rename_buffer`). Pure functions of the operator IR: this module never
 chooses a schedule and never imports a backend.
 """
 
@@ -87,22 +89,42 @@ def steps_contiguously(load: L.Load, var: L.Var, extent: int) -> bool:
     """Whether `load` reads the next element of its buffer (row-major) for most steps of
     `var` over [0, extent) (its other variables held at 0): GPU threads consecutive in
     `var` then read consecutive addresses (a row's own elements, not a column's)."""
+    offsets = flat_offsets(load, var, np.arange(min(extent, 64), dtype=np.int64))
+    if offsets is None or len(offsets) < 2:
+        return False
+    return 2 * int(np.sum(np.diff(offsets) == 1)) >= len(offsets) - 1
+
+
+def reads_in_order(load: L.Load, var: L.Var, extent: int) -> bool:
+    """Whether `load` reads element `var` of its buffer (row-major) for `var` in [0, extent)
+    (checked at 64 points of the range and its first 64 values): an operand of an
+    elementwise stage shaped as its output."""
+    points = np.unique(np.concatenate([np.arange(min(extent, 64)),
+                                       np.linspace(0, extent - 1, 64).astype(np.int64)]))
+    offsets = flat_offsets(load, var, points)
+    return offsets is not None and L.free_vars(load) <= {var} and \
+        bool(np.array_equal(offsets, points))
+
+
+def flat_offsets(load: L.Load, var: L.Var, points: np.ndarray) -> np.ndarray | None:
+    """The row-major element offsets `load` reads at `var` = each of `points` (its other
+    variables held at 0); None when its buffer's shape is symbolic or an index is not
+    computable here."""
     from ..ir.compute import ComputeEvalError, _Evaluator
 
     shape = L.static_shape(load.buffer.shape)
-    if shape is None or extent < 2:
-        return False
-    grid = np.arange(min(extent, 64), dtype=np.int64)
+    if shape is None:
+        return None
     env = {v: np.int64(0) for i in load.indices for v in L.free_vars(i)}
-    env[var] = grid
-    offset = np.zeros_like(grid)
+    env[var] = points
+    offsets = np.zeros_like(points)
     for index, stride in zip(load.indices, np.cumprod((1,) + shape[:0:-1])[::-1]):
         try:
-            offset = offset + np.broadcast_to(_Evaluator({}, {}).eval(index, env), grid.shape) \
-                * int(stride)
+            value = _Evaluator({}, {}).eval(index, env)
         except (ComputeEvalError, KeyError):
-            return False
-    return 2 * int(np.sum(np.diff(offset) == 1)) >= len(grid) - 1
+            return None
+        offsets = offsets + np.broadcast_to(value, points.shape) * int(stride)
+    return offsets
 
 
 def nest_work(s: L.Stmt) -> int | None:

@@ -13,9 +13,10 @@ around threadIdx loops:
 
 - `DEFAULT` (every kernel): a stage whose outer loops carry nothing between iterations
   (`loop_analysis.carried`, level by level) has them flattened into one index, `vector`
-  contiguous iterations a thread (a VECTORIZED loop: one vector access once the renderer
-  has them, unrolled scalars until then), `threads` a block (with `grid_stride`, at most
-  `STRIDE_BLOCKS` blocks each looping), its inner loops serial in the thread. A stage that
+  contiguous iterations a thread (operands shaped as the output copied into registers by
+  a VECTORIZED loop: one float4 / float2 load where the renderer proves it aligned; stores
+  stay scalar), `threads` a block (with `grid_stride`, at most `STRIDE_BLOCKS` blocks each
+  looping), its inner loops serial in the thread. A stage that
   is a whole-tensor reduction (`acc = identity; for ...: acc = acc op f(...); out =
   g(acc)`) runs as one row (below) on one block of `reduce_threads` threads;
   `reduce_threads=1` runs it on one thread. Anything else runs on one thread (correct,
@@ -41,8 +42,8 @@ Default row geometry (`rows_default`): `ELEMS_PER_THREAD` elements a thread, at 
 warp and at most 1024 threads a row (a softmax row of 128: a warp, 4 a lane; a layernorm
 row of 768: 128 threads, 6 each; 5000: 1024 threads).
 
-Vector loads and stores and tiled dense / conv templates' double buffering are not written
-yet.
+Not yet: vector stores of a thread's contiguous results (the renderer has vector loads
+only).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from ...ir import types as T
 from ...ir.ops.registry import Pattern
 from .. import problems
 from ..loop_analysis import (accesses, carried, fuse_row_loops, fuse_until, nest_work,
-                             rename_buffer, steps_contiguously, update_op)
+                             reads_in_order, rename_buffer, steps_contiguously, update_op)
 from ..space import Space, Template, choose_template
 from .codegen import stages
 from .conv import CONV2D
@@ -254,13 +255,38 @@ def _thread_per_iteration(loop: L.For, config, names: _Names) -> L.Stmt:
 
 
 def _vector(loop: L.For, group: L.Expr, groups: int, names: _Names, vector: int) -> L.Stmt:
-    """`loop`'s iterations group * vector + v for v < vector (a VECTORIZED loop: contiguous,
-    and group * vector a multiple of `vector`, so aligned where the buffers are), guarded."""
+    """`loop`'s iterations group * vector + v for v < vector, guarded. Operands read in the
+    loop's own order (`reads_in_order`: shaped as the output) are first copied into
+    registers by a VECTORIZED loop each (one aligned vector load where the renderer proves
+    it; group * vector is a multiple of `vector`), when every group is whole; the rest run
+    unrolled."""
     if vector == 1:
         return _guarded(loop, group, groups)
+    n = loop.extent.value
+    stored = {x.buffer.name for x in L.walk(loop.body) if isinstance(x, L.Store)}
+    operands = [] if n % vector else sorted({
+        x for x in L.walk(loop.body) if isinstance(x, L.Load) and x.buffer.name not in stored
+        and x.buffer.scope is L.Scope.GLOBAL and reads_in_order(x, loop.var, n)}, key=str)
+    if not operands:
+        v = names.var(f"{loop.var.name}_v")
+        return L.For(v, vector, _guarded(loop, group * vector + v, groups * vector),
+                     L.ForKind.VECTORIZED)
+    registers, copies = {}, []
+    for load in operands:
+        v = names.var(f"{loop.var.name}_v")
+        reg = L.Buffer(names(f"{load.buffer.name}_vec"), load.buffer.dtype, (vector,),
+                       L.Scope.LOCAL)
+        copies.append(L.For(v, vector, L.Store(reg, (v,), L.substitute(
+            load, {loop.var: group * vector + v})), L.ForKind.VECTORIZED))
+        registers[load] = reg
     v = names.var(f"{loop.var.name}_v")
-    return L.For(v, vector, _guarded(loop, group * vector + v, groups * vector),
-                 L.ForKind.VECTORIZED)
+    body = L.transform(loop.body, lambda x: L.Load(registers[x], (v,))
+                       if isinstance(x, L.Load) and x in registers else None)
+    out = L.seq(*copies, L.For(v, vector, L.Let(loop.var, group * vector + v, body),
+                               L.ForKind.UNROLLED))
+    for reg in registers.values():
+        out = L.Allocate(reg, out)
+    return out if groups * vector == n else L.If(group < n // vector, out)
 
 
 def _guarded(loop: L.For, index: L.Expr, covered: int) -> L.Stmt:

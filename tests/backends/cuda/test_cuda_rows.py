@@ -191,6 +191,20 @@ def test_rows_go_on_warps_when_long_and_contiguous(shape, axes, template):
     assert template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0] is template
 
 
+@pytest.mark.parametrize("shape,vector,loads", [
+    ((64, 1024), 4, "float4"), ((1000, 37), 2, "float2"),   # whole groups: vector loads
+    ((4099,), 4, None),                                      # a ragged tail: scalars
+])
+def test_vector_knob_loads_operands_as_vectors(shape, vector, loads):
+    g = elementwise_graph(shape)
+    func, _ = scheduled(g, DEFAULT, Config(vector=vector), "k")
+    text, _ = render_func(func)
+    if loads is None:
+        assert "reinterpret_cast" not in text
+    else:
+        assert text.count(f"*reinterpret_cast<const {loads}*>(&v_x[") == 1
+
+
 # -- every case emulated on the CPU, compiled by nvcc, run on a GPU --------------------------
 
 
