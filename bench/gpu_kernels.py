@@ -146,7 +146,8 @@ def layernorm_cases():
 
 def _row_variants() -> list[dict]:
     return [{"row_threads": t, "row_block": max(128, t)} for t in (32, 64, 128, 256)] + \
-        [{"cache_row": False}]
+        [{"row_vector": 4}, {"row_vector": 2}, {"row_threads": 32, "row_vector": 4},
+         {"cache_row": False}]
 
 
 CASES = {"elementwise": elementwise_cases, "softmax": softmax_cases,

@@ -35,7 +35,9 @@ around threadIdx loops:
   and 1/std) become registers of every thread (`_private_scalars`), and with `cache_row`
   an input row the passes read several times is loaded once into registers (`_row_cache`:
   one read of the row from global memory, one write) when it takes at most `MAX_CACHED`
-  elements a thread; else each pass re-reads it (from L1/L2). Barriers only where a part
+  elements a thread; else each pass re-reads it (from L1/L2). With `row_vector` a thread
+  takes that many contiguous elements of the row at a time, and fills its cache with
+  vector loads. Barriers only where a part
   reads or overwrites memory an earlier part of the row wrote. Other stages as DEFAULT.
 
 Default row geometry (`rows_default`): `ELEMS_PER_THREAD` elements a thread, at least a
@@ -100,6 +102,7 @@ class RowsConfig:
     vector: int = 1
     row_threads: int = 32        # threads of a row (a power of two, whole warps)
     row_block: int = 128         # threads a block aims at: max(1, row_block // row_threads) rows
+    row_vector: int = 1          # contiguous elements of a row a thread takes at a time
     cache_row: bool = True       # an input row read by several passes held in registers
     fuse_rows: bool = True       # consecutive stages over the same rows in one launch
 
@@ -185,7 +188,7 @@ def _stage(s: L.Stmt, config, block_rows: bool, names: _Names, scratch: _Scratch
                 return _on_rows(loop, config, names, scratch)
             return _thread_per_iteration(loop, config, names)
     if config.reduce_threads > 1 and _reduction(s) is not None:
-        layout = _Layout(None, 1, _pow2(config.reduce_threads), 1)
+        layout = _Layout(None, 1, _pow2(config.reduce_threads), 1, 1)
         return _RowBuilder(layout, names, [s], {}, {}).build()
     return _single_thread(s, names)
 
@@ -358,12 +361,19 @@ def _strided_loop(part: L.Stmt) -> L.For | None:
 @dataclass(frozen=True)
 class _Layout:
     """Rows on threads: `threads` a row (a power of two, at least a warp), `per_block` rows
-    a block, `rows` rows, `row` the row's variable (None: a single row)."""
+    a block, `rows` rows, `row` the row's variable (None: a single row); a thread takes
+    `vector` contiguous elements of the row at a time (element (k * threads + lane) *
+    vector + v at step k)."""
 
     row: L.Var | None
     rows: int
     threads: int
     per_block: int
+    vector: int
+
+    def steps(self, length: int) -> int:
+        """Steps of a thread over a row of `length` elements."""
+        return -(-length // (self.threads * self.vector))
 
     @property
     def block_threads(self) -> int:
@@ -378,11 +388,12 @@ def _on_rows(loop: L.For, config: RowsConfig, names: _Names, scratch: _Scratch) 
     """`loop`'s rows on `config.row_threads` threads each (see the module's docstring)."""
     threads = config.row_threads
     per_block = max(1, config.row_block // threads)
-    layout = _Layout(loop.var, loop.extent.value, threads, min(per_block, loop.extent.value))
+    layout = _Layout(loop.var, loop.extent.value, threads, min(per_block, loop.extent.value),
+                     config.row_vector)
     parts = _row_parts(loop)
     private = _private_scalars(loop, parts, scratch, names)
     parts = [_rename(p, private) for p in parts]
-    cache = _row_cache(loop, parts, threads, names) if config.cache_row else {}
+    cache = _row_cache(loop, parts, layout, names) if config.cache_row else {}
     return _RowBuilder(layout, names, parts, private, cache).build()
 
 
@@ -430,10 +441,10 @@ def _private_scalars(loop: L.For, parts: list, scratch: _Scratch, names: _Names)
     return out
 
 
-def _row_cache(loop: L.For, parts: list, threads: int, names: _Names) -> dict:
+def _row_cache(loop: L.For, parts: list, layout: _Layout, names: _Names) -> dict:
     """Input elements of the row that two or more parts' strided loops read, at one index
     of the loop's variable (and the row's): (buffer name, index with the variable as `_J`)
-    -> a per-thread register buffer of ceil(n / threads) elements, n the row's length; none
+    -> a per-thread register buffer of a slot per element the thread takes; none
     when the loops differ in length or the row would take more than MAX_CACHED registers a
     thread."""
     stored = {n.buffer.name for n in L.walk(loop.body) if isinstance(n, L.Store)}
@@ -456,10 +467,10 @@ def _row_cache(loop: L.For, parts: list, threads: int, names: _Names) -> dict:
     shared = sorted((key for key, count in users.items() if count > 1), key=str)
     if len(lengths) != 1 or not shared:
         return {}
-    steps = -(-lengths.pop() // threads)
-    if steps * len(shared) > MAX_CACHED:
+    slots = layout.steps(lengths.pop()) * layout.vector
+    if slots * len(shared) > MAX_CACHED:
         return {}
-    return {key: L.Buffer(names(f"{key[0]}_row"), buffers[key[0]].dtype, (steps,),
+    return {key: L.Buffer(names(f"{key[0]}_row"), buffers[key[0]].dtype, (slots,),
                           L.Scope.LOCAL) for key in shared}
 
 
@@ -468,6 +479,7 @@ def _index_vars(load: L.Load) -> set:
 
 
 _J = L.Var("J")
+_V = L.Var("V")   # (a placeholder for a vector lane, substituted before use)
 
 
 def _cache_key(load: L.Load, var: L.Var) -> tuple:
@@ -540,17 +552,23 @@ class _RowBuilder:
         return L.If(lay.row < lay.rows, stmt)
 
     def _strided(self, loop: L.For, lane: L.Expr) -> L.Stmt:
-        """`loop`'s iterations k * threads + lane, k < ceil(extent / threads), its cached
-        loads read from registers."""
-        threads = self.layout.threads
-        steps = -(-loop.extent.value // threads)
+        """`loop`'s iterations (k * threads + lane) * vector + v, its cached loads read from
+        registers (slot k * vector + v)."""
+        lay = self.layout
+        steps = lay.steps(loop.extent.value)
         k = self.names.var(f"{loop.var.name}_k")
-        body = self._cached(loop, k)
-        kind = L.ForKind.UNROLLED if steps <= MAX_CACHED else L.ForKind.SERIAL
-        return L.For(k, steps, _guarded(L.For(loop.var, loop.extent, body), k * threads + lane,
-                                        steps * threads), kind)
+        kind = L.ForKind.UNROLLED if steps * lay.vector <= MAX_CACHED else L.ForKind.SERIAL
+        covered = steps * lay.threads * lay.vector
+        if lay.vector == 1:
+            return L.For(k, steps, _guarded(L.For(loop.var, loop.extent, self._cached(
+                loop, k)), k * lay.threads + lane, covered), kind)
+        v = self.names.var(f"{loop.var.name}_v")
+        body = self._cached(loop, k * lay.vector + v)
+        return L.For(k, steps, L.For(v, lay.vector, _guarded(
+            L.For(loop.var, loop.extent, body), (k * lay.threads + lane) * lay.vector + v,
+            covered), L.ForKind.UNROLLED), kind)
 
-    def _cached(self, loop: L.For, k: L.Var) -> L.Stmt:
+    def _cached(self, loop: L.For, slot: L.Expr) -> L.Stmt:
         if not self.cache:
             return loop.body
 
@@ -558,25 +576,47 @@ class _RowBuilder:
             if isinstance(n, L.Load):
                 reg = self.cache.get(_cache_key(n, loop.var))
                 if reg is not None:
-                    return L.Load(reg, (k,))
+                    return L.Load(reg, (slot,))
             return None
 
         return L.transform(loop.body, rule)
 
     def _fill_cache(self) -> L.Stmt:
-        """Every cached input element of the row loaded into its register, once."""
-        row = next(_strided_loop(p) for p in self.parts if _strided_loop(p) is not None)
-        threads = self.layout.threads
-        steps = -(-row.extent.value // threads)
-        k, j = self.names.var("fill_k"), self.names.var("j")
-        loads = L.seq(*(L.Store(reg, (k,), L.Load(self.inputs[name], tuple(
-            L.substitute(i, {_J: j}) for i in index))) for (name, index), reg in
-            self.cache.items()))
+        """Every cached input element of the row loaded into its register, once: with
+        `vector` > 1 and whole groups, each operand's group by a VECTORIZED copy (one vector
+        load where the renderer proves it aligned)."""
+        lay = self.layout
+        length = next(_strided_loop(p) for p in self.parts
+                      if _strided_loop(p) is not None).extent.value
+        steps = lay.steps(length)
+        k = self.names.var("fill_k")
+
+        def copies(j: L.Expr, slot: L.Expr) -> list[L.Stmt]:
+            return [L.Store(reg, (slot,), L.Load(self.inputs[name], tuple(
+                L.substitute(i, {_J: j}) for i in index)))
+                for (name, index), reg in self.cache.items()]
 
         def fill(t, lane):
-            return self._row_guard(L.For(k, steps, _guarded(
-                L.For(j, row.extent, loads), k * threads + lane, steps * threads),
-                L.ForKind.UNROLLED))
+            group = k * lay.threads + lane
+            covered = steps * lay.threads * lay.vector
+            if lay.vector == 1:
+                j = self.names.var("j")
+                body = _guarded(L.For(j, length, L.seq(*copies(j, k))), group, covered)
+            elif length % lay.vector == 0:
+                body = []
+                for copy in copies(group * lay.vector + _V, k * lay.vector + _V):
+                    v = self.names.var("fill_v")
+                    body.append(L.For(v, lay.vector, L.substitute(copy, {_V: v}),
+                                      L.ForKind.VECTORIZED))
+                body = L.seq(*body)
+                if covered != length:
+                    body = L.If(group < length // lay.vector, body)
+            else:
+                v, j = self.names.var("fill_v"), self.names.var("j")
+                body = L.For(v, lay.vector, _guarded(L.For(j, length, L.seq(*copies(
+                    j, k * lay.vector + v))), group * lay.vector + v, covered),
+                    L.ForKind.UNROLLED)
+            return self._row_guard(L.For(k, steps, body, L.ForKind.UNROLLED))
 
         return self._threads(fill, guard=False)
 
@@ -653,7 +693,7 @@ def rows_space(p: problems.Rows, machine) -> Space:
     return Space("cuda_rows", RowsConfig, {
         "threads": THREADS, "grid_stride": (False, True), "reduce_threads": (1, *THREADS),
         "vector": VECTOR, "row_threads": ROW_THREADS, "row_block": ROW_THREADS,
-        "cache_row": (False, True), "fuse_rows": (False, True)})
+        "row_vector": VECTOR, "cache_row": (False, True), "fuse_rows": (False, True)})
 
 
 def rows_default(p: problems.Rows, machine) -> RowsConfig:

@@ -1,9 +1,10 @@
 """Row reductions and elementwise stages of the cuda schedules across their knobs.
 
 - warp shuffles: the IR's verifier rules and the renderer's spelling (no GPU);
-- softmax, layernorm and reductions over the last axis on ragged row lengths (1, 31, 33,
-  127, 769, 5000) under the row template's default and a spread of its configs (a warp a
-  row, several rows a block, several warps a row, the row cached in registers or re-read),
+- softmax, layernorm and reductions over the last axis on rows of 1, 31, 33, 127, 128,
+  769 and 5000 under the row template's default and a spread of its configs (a warp a
+  row, several rows a block, several warps a row, the row cached in registers or re-read,
+  2 or 4 contiguous elements a thread at a time),
   and elementwise chains under the vector-width and grid-stride knobs: emulated on the CPU
   (test_cuda_codegen's `run_on_cpu`: shuffles read the other lane's register), rendered as
   CUDA C and run on host threads (test_host_semantics' shim), compiled by `nvcc -ptx`
@@ -25,7 +26,7 @@ from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
 
-LENGTHS = (1, 31, 33, 127, 769, 5000)
+LENGTHS = (1, 31, 33, 127, 128, 769, 5000)
 ROW_CONFIGS = [
     None,                                                    # the default for the length
     RowsConfig(row_threads=32, row_block=32),                # a warp a row, one row a block
@@ -33,6 +34,9 @@ ROW_CONFIGS = [
     RowsConfig(row_threads=64, row_block=128, cache_row=False),   # re-read each pass
     RowsConfig(row_threads=256, row_block=256),              # 8 warps a row: one exchange
     RowsConfig(row_threads=1024, row_block=1024, fuse_rows=False),  # a launch per pass
+    RowsConfig(row_threads=32, row_block=128, row_vector=4),   # 4 contiguous a lane
+    RowsConfig(row_threads=1024, row_block=1024, row_vector=4),   # ... cached, ragged steps
+    RowsConfig(row_threads=64, row_block=64, row_vector=2, cache_row=False),
 ]
 ELEMENTWISE_CONFIGS = [Config(), Config(vector=2), Config(vector=4, threads=64),
                        Config(grid_stride=True, vector=4, threads=64)]
@@ -203,6 +207,21 @@ def test_vector_knob_loads_operands_as_vectors(shape, vector, loads):
         assert "reinterpret_cast" not in text
     else:
         assert text.count(f"*reinterpret_cast<const {loads}*>(&v_x[") == 1
+
+
+@pytest.mark.parametrize("n,vector,loads", [(128, 4, "float4"), (5000, 4, "float4"),
+                                             (770, 2, "float2"), (769, 4, None)])
+def test_row_vector_fills_the_row_cache_with_vector_loads(n, vector, loads):
+    g = row_graph("Softmax", (8, n), np.random.default_rng(0))
+    threads = 32 if n < 1000 else 1024
+    func, _ = scheduled(g, ROWS, RowsConfig(row_threads=threads, row_block=128,
+                                            row_vector=vector), "k")
+    text, _ = render_func(func)
+    assert "float v_x_row" in text
+    if loads is None:
+        assert "reinterpret_cast" not in text
+    else:
+        assert f"*reinterpret_cast<const {loads}*>(&v_x[" in text
 
 
 # -- every case emulated on the CPU, compiled by nvcc, run on a GPU --------------------------
