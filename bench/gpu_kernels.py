@@ -275,7 +275,7 @@ def main(argv=None) -> int:
             if peer is not None:
                 print(f"{name:12s} {case.label:18s} {'torch':58s} {peer * 1e3:9.1f} "
                       f"{nbytes / peer / 1e6:7.0f} {copy_ms / peer:7.2f} {'':>10s}")
-            default = None
+            default, measured = None, set()
             for overrides in [{}] + ([] if args.no_variants else case.variants):
                 try:
                     kernel, func, config = build(case, machine, overrides)
@@ -283,6 +283,9 @@ def main(argv=None) -> int:
                     print(f"{name:12s} {case.label:18s} {str(overrides):58s} skipped: "
                           f"{str(exc).splitlines()[0][:80]}")
                     continue
+                if config in measured:   # (a variant equal to the default or another)
+                    continue
+                measured.add(config)
                 if default is None:
                     default = config
                     print(f"{'':31s} default: {type(config).__name__}"
