@@ -242,14 +242,15 @@ def _cpu_option(args):
 def _model_for(args, shapes: dict | None = None, check=None):
     """A CompiledModel from an artifact (loaded) or an ONNX file (compiled for --target);
     `check(input_names, input_types)` vets options against the model before compiling."""
-    from .artifact import is_artifact, load
+    from .artifact import is_artifact, load, target_of
     from .driver import compile
-    from .targets import default_target
+    from .targets import REGISTRY, default_target
 
     if is_artifact(args.model):
         if shapes:
             raise UsageError("--input-shape applies to ONNX models; an artifact's shapes are "
                              "fixed when it is compiled")
+        REGISTRY[target_of(args.model)].require()   # no GPU: one line, before any progress
         _say(args, f"loading {args.model}")
         model = load(args.model, progress=not getattr(args, "quiet", False))
         if args.target and args.target != model.target:
@@ -258,10 +259,11 @@ def _model_for(args, shapes: dict | None = None, check=None):
         if check is not None:
             check(model.input_names, model.input_types)
         return model
+    target = args.target or default_target()
+    REGISTRY[target].require()
     graph = _import_onnx(args.model, shapes or {})
     if check is not None:
         check([v.name for v in graph.inputs], [v.type for v in graph.inputs])
-    target = args.target or default_target()
     _say(args, f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
     return compile(graph, target=target, progress=not getattr(args, "quiet", False))
 
@@ -294,6 +296,7 @@ def cmd_compile(args) -> int:
                          f"artifact can be compiled here; --emit alone writes the code")
     output = Path(args.output) if args.output else Path(args.model).with_suffix(".dnnc")
     if not render_only:
+        spec.require()   # no GPU: one line, before any progress
         _check_writable(output, "-o")
     if args.dump_ir and not spec.runs_passes:
         raise UsageError(f"--dump-ir: the {args.target} target runs no passes")
@@ -481,7 +484,7 @@ def cmd_run(args) -> int:
     feeds = {**given, **_random_inputs(model, given, dims, np.random.default_rng(args.seed))}
     jit_before = model.stats.get("jit_seconds", 0.0)
     start = time.perf_counter()
-    outputs = model.run(**feeds)
+    outputs = model.run(*[feeds[n] for n in model.input_names], to="numpy")
     elapsed = time.perf_counter() - start
     jit = model.stats.get("jit_seconds", 0.0) - jit_before
     if args.output_dir:
@@ -575,7 +578,9 @@ def cmd_bench(args) -> int:
         feeds = _random_inputs(model, {}, dims, rng)
         if batch is not None:
             _say(args, f"batch {batch}: compiling and warming up")
-        ours = _median_ms(lambda: model.run(**feeds), args.repeat, args.warmup)
+        # NumPy in and out, as onnxruntime's: a GPU target's time includes its copies
+        args_in = [feeds[n] for n in model.input_names]
+        ours = _median_ms(lambda: model.run(*args_in, to="numpy"), args.repeat, args.warmup)
         theirs = None
         if session is not None:
             names = [i.name for i in session.get_inputs()]

@@ -26,6 +26,8 @@ from dnnc.compiler import cli
 from dnnc.compiler.targets import REGISTRY, default_target
 from dnnc.errors import CompileError, DeviceError
 
+_IMPORT_CUPY = device.import_cupy   # the real one, which the simulated device replaces
+
 
 # -- the module cache ---------------------------------------------------------------------------
 
@@ -240,19 +242,40 @@ def test_without_a_gpu_the_error_says_so(no_gpu):
     assert device.machine().arch == device.DEFAULT_ARCH
 
 
-@pytest.mark.codegen
-def test_cli_without_a_gpu_fails_with_one_line(no_gpu, tmp_path, capsys):
+MACHINES_WITHOUT_A_GPU = [
+    ("no_cupy", "the cuda target needs CuPy, which is not installed: pip install "
+                "cupy-cuda12x (CUDA 12) or cupy-cuda13x (CUDA 13), matching the CUDA driver"),
+    ("no_gpu", "no CUDA GPU is visible to CuPy 14.2.0: cudaErrorNoDevice: no CUDA-capable "
+               "device is detected")]
+
+
+@pytest.mark.parametrize("machine,says", MACHINES_WITHOUT_A_GPU)
+def test_the_newcomers_path_without_a_gpu_fails_with_one_line(machine, says, simulated,
+                                                              request, tmp_path, capsys,
+                                                              monkeypatch):
+    """`dnnc compile m.onnx --target cuda -o m.dnnc`, `dnnc run m.dnnc --random` (an
+    artifact compiled on a GPU machine: here on the simulated device) and `dnnc bench m.onnx
+    --target cuda` each print one line saying what is missing, and exit with status 2."""
     import onnx
 
-    path = tmp_path / "mlp.onnx"
-    onnx.save(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), path)
-    for argv in (["compile", str(path), "--target", "cuda", "-q"],
-                 ["run", str(path), "--target", "cuda", "--random", "-q"],
-                 ["bench", str(path), "--target", "cuda", "-q"]):
+    from dnnc.compiler.module import CompiledModel
+
+    model = tmp_path / "mlp.onnx"
+    onnx.save(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), model)
+    artifact = tmp_path / "relu.dnnc"
+    rt = simulated(_relu_model([3, 5]))
+    CompiledModel(rt.graph, rt, "cuda").save(artifact)
+    monkeypatch.setattr(device, "import_cupy", _IMPORT_CUPY)   # the machine's own again
+    request.getfixturevalue(machine)
+    for argv in (["compile", str(model), "--target", "cuda", "-o", str(tmp_path / "m.dnnc")],
+                 ["run", str(artifact), "--random"],
+                 ["run", str(model), "--target", "cuda", "--random"],
+                 ["bench", str(model), "--target", "cuda"],
+                 ["bench", str(artifact)]):
         assert cli.main(argv) == cli.EXIT_USAGE, argv
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("dnnc: error: no CUDA GPU is visible"), err
-    assert not (tmp_path / "mlp.dnnc").exists()
+        assert err == [f"dnnc: error: {says}"], (argv, err)   # before any progress line
+    assert not (tmp_path / "m.dnnc").exists()
 
 
 def test_cli_emit_without_a_gpu_refuses_an_artifact_path(no_gpu, tmp_path, capsys):
@@ -267,9 +290,11 @@ def test_cli_emit_without_a_gpu_refuses_an_artifact_path(no_gpu, tmp_path, capsy
 
 
 @pytest.mark.codegen
-def test_cli_emit_cuda_without_a_gpu_writes_the_source(no_gpu, tmp_path, capsys):
+@pytest.mark.parametrize("machine", [m for m, _ in MACHINES_WITHOUT_A_GPU])
+def test_cli_emit_cuda_without_a_gpu_writes_the_source(machine, request, tmp_path, capsys):
     import onnx
 
+    request.getfixturevalue(machine)
     path = tmp_path / "cnn.onnx"
     onnx.save(zoo.build("cnn", size=16, width=4), path)
     argv = ["compile", str(path), "--target", "cuda", "--emit", "cuda", str(tmp_path / "cu"),
@@ -346,7 +371,7 @@ def test_zoo_model_on_the_gpu_matches_onnxruntime(name, batch, rng):
     assert compiled.stats["host_fallback_ops"] == 0, compiled.runtime.host_fallback_ops
     for _ in range(2):   # the first call captures the CUDA graph, the second replays it
         feeds = zoo.inputs_for(model, rng)
-        outputs = compiled.run(*feeds.values())
+        outputs = compiled.run(*feeds.values(), to="numpy")
         expected = _onnxruntime(model, feeds)
         for out, ref in zip(outputs, expected):
             assert isinstance(out, np.ndarray) and out.dtype == ref.dtype
@@ -361,13 +386,12 @@ def test_cupy_inputs_and_outputs(rng):
     model = zoo.build("cnn", batch=2, size=16, width=4)
     compiled = dnnc.compile(model, "cuda")
     x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
-    expected = compiled(x)
-    np.testing.assert_array_equal(compiled(cupy.asarray(x)), expected)
+    expected = compiled(x, to="numpy")
+    np.testing.assert_array_equal(compiled(cupy.asarray(x), to="numpy"), expected)
     # a strided device array is copied to C order first
     wide = cupy.asarray(np.repeat(x, 2, axis=3))   # every other column is x
-    np.testing.assert_array_equal(compiled(wide[:, :, :, ::2]), expected)
-    compiled.runtime.outputs = "cupy"
-    first = compiled(cupy.asarray(x))
+    np.testing.assert_array_equal(compiled(wide[:, :, :, ::2], to="numpy"), expected)
+    first = compiled(cupy.asarray(x))     # CuPy by default
     second = compiled(cupy.asarray(-x))   # the first result is the caller's, not overwritten
     assert isinstance(first, cupy.ndarray)
     np.testing.assert_array_equal(cupy.asnumpy(first), expected)
@@ -384,7 +408,7 @@ def test_threads_each_get_a_frame(rng):
 
     def work(k):
         for _ in range(20):
-            results[k] = compiled(inputs[k])
+            results[k] = compiled(inputs[k], to="numpy")
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
     for t in threads:
@@ -400,6 +424,7 @@ def test_profile_times_every_kernel(rng):
     model = zoo.build("cnn", size=16, width=4)
     compiled = dnnc.compile(model, "cuda")
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    compiled.runtime.outputs = "numpy"
     outs, rows = compiled.runtime.profile([x], repeat=3)
     assert len(rows) == compiled.stats["kernels"] and all(r["ms"] > 0 for r in rows)
     np.testing.assert_allclose(outs[0], compiled(x), rtol=1e-6, atol=1e-7)
@@ -437,7 +462,7 @@ def test_host_fallback_between_gpu_segments(rng):
     compiled = dnnc.compile(model, "cuda")
     assert compiled.stats["host_fallback_ops"] >= 1
     x = rng.standard_normal((2, 5)).astype(np.float32)
-    np.testing.assert_array_equal(compiled(x), dnnc.compile(model, "numpy")(x))
+    np.testing.assert_array_equal(compiled(x, to="numpy"), dnnc.compile(model, "numpy")(x))
 
 
 # -- the runtime's bookkeeping on a simulated device ----------------------------------------------
@@ -469,6 +494,15 @@ class _FakeStream:
 
     def __init__(self, non_blocking=False):
         self.recording = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def wait_event(self, event):
+        pass
 
     def begin_capture(self):
         self.recording = []
@@ -513,7 +547,11 @@ def _fake_cupy():
     import ctypes
 
     def memcpy(dst, src, n, kind, stream=0):
+        _FAKE.copies.append(kind)
         ctypes.memmove(dst, src, n)
+
+    def pointer_attributes(ptr):   # device memory of GPU 0, unless a test says otherwise
+        return types.SimpleNamespace(**{"type": 2, "device": 0, **_FAKE.places.get(ptr, {})})
 
     def alloc(n):
         return _FakeMemory(np.zeros(n, np.uint8))
@@ -531,6 +569,9 @@ def _fake_cupy():
             return _FakeFunction(self.sizes[name])
 
     class Event:
+        def __init__(self, disable_timing=False):
+            pass
+
         def record(self, stream=None):
             pass
 
@@ -539,14 +580,19 @@ def _fake_cupy():
 
     runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1, memcpy=memcpy, memcpyAsync=memcpy, memcpyHostToDevice=1,
-        memcpyDeviceToHost=2, memcpyDeviceToDevice=3)
+        memcpyDeviceToHost=2, memcpyDeviceToDevice=3, pointerGetAttributes=pointer_attributes)
     stream = _FakeStream()
     cuda = types.SimpleNamespace(
         runtime=runtime, alloc=alloc, Stream=_FakeStream, get_current_stream=lambda: stream,
         function=types.SimpleNamespace(Module=Module), Event=Event,
-        get_elapsed_time=lambda a, b: 0.25, driver=None)
+        get_elapsed_time=lambda a, b: 0.25, driver=None,
+        Device=lambda: types.SimpleNamespace(id=0))
+
+    def from_dlpack(x):   # the simulated producer hands over host memory as "device" memory
+        return np.from_dlpack(x.array).view(_FakeArray)
+
     fake = types.SimpleNamespace(
-        cuda=cuda, ndarray=ndarray, __version__="fake",
+        cuda=cuda, ndarray=ndarray, __version__="fake", from_dlpack=from_dlpack,
         asnumpy=lambda a, stream=None: np.array(a),
         asarray=lambda a: a if isinstance(a, _FakeArray) else np.array(a).view(_FakeArray),
         array=lambda a: np.array(a).view(_FakeArray),
@@ -557,6 +603,8 @@ def _fake_cupy():
 class _Fake:
     graphs: list = []
     sizes: dict = {}
+    copies: list = []     # the kind of every memcpy: 1 host to device, 3 device to device
+    places: dict = {}     # address -> pointerGetAttributes fields other than GPU 0's memory
 
 
 _FAKE = _Fake()
@@ -571,7 +619,7 @@ def simulated(monkeypatch, tmp_path):
     from dnnc.backends.cuda import executable
     from dnnc.ir.target import Fusion, Target
 
-    _FAKE.graphs, _FAKE.sizes = [], {}
+    _FAKE.graphs, _FAKE.sizes, _FAKE.copies, _FAKE.places = [], {}, [], {}
 
     def render_module(funcs):
         kernels = {}
@@ -625,7 +673,7 @@ def _relu_model(shape):
 
 
 def test_runtime_copies_in_captures_once_replays_and_copies_out(simulated, rng):
-    rt = simulated(_relu_model([3, 5]))
+    rt = simulated(_relu_model([3, 5]), outputs="numpy")
     assert rt.describe_machine() == "simulated GPU (sm_90)" and rt.source("cuda") == "// fake"
     for _ in range(3):   # positive inputs: the simulated kernel's copy is the Relu
         x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
@@ -663,15 +711,157 @@ def test_a_device_array_given_to_a_cpu_target_is_refused_clearly(rng):
 
 
 def test_runtime_cupy_outputs_are_the_callers(simulated, rng):
-    rt = simulated(_relu_model([4]), outputs="cupy")
+    rt = simulated(_relu_model([4]))   # CuPy arrays by default
     a, b = (rng.uniform(0.5, 2.0, 4).astype(np.float32) for _ in range(2))
     (first,) = rt.run([a], {})
     (second,) = rt.run([b], {})
-    assert hasattr(first, "__cuda_array_interface__")
+    assert type(first) is _FakeArray and hasattr(first, "__cuda_array_interface__")
     np.testing.assert_array_equal(np.asarray(first), a)   # not overwritten by the 2nd call
     np.testing.assert_array_equal(np.asarray(second), b)
-    with pytest.raises(dnnc.errors.ArgumentError, match="outputs must be one of numpy, cupy"):
+    (host,) = rt.run([a], {}, outputs="numpy")
+    assert type(host) is np.ndarray
+    np.testing.assert_array_equal(host, a)
+    with pytest.raises(dnnc.errors.ArgumentError, match="outputs must be one of cupy, numpy"):
         rt.outputs = "torch"
+
+
+def test_model_to_chooses_the_kind_per_call_and_outputs_per_compile(simulated, rng,
+                                                                    tmp_path):
+    from dnnc.compiler.module import CompiledModel
+
+    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+    model = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]))), "cuda")
+    assert type(model(x)) is _FakeArray and type(model(x, to="cupy")) is _FakeArray
+    assert type(model(x, to="numpy")) is np.ndarray
+    assert type(model.run(x, to="numpy")[0]) is np.ndarray
+    with pytest.raises(dnnc.errors.ArgumentError, match="to must be one of cupy, numpy"):
+        model(x, to="torch")
+    # the compile option, kept by an artifact; `to=` still wins
+    host = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]), outputs="numpy")), "cuda")
+    host.save(tmp_path / "m.dnnc")
+    loaded = dnnc.load(tmp_path / "m.dnnc")
+    assert type(loaded(x)) is np.ndarray and type(loaded(x, to="cupy")) is _FakeArray
+    model.save(tmp_path / "d.dnnc")
+    assert type(dnnc.load(tmp_path / "d.dnnc")(x)) is _FakeArray
+
+
+def _graph_and(rt):
+    return rt.graph, rt
+
+
+def _copies(kind=3):
+    return sum(1 for k in _FAKE.copies if k == kind)
+
+
+def test_a_reused_device_buffer_is_read_in_place_and_never_stale(simulated, rng):
+    """The serving loop: one input buffer, refilled before each call. The first call copies
+    (the address is new), the second captures a graph on the caller's address, later ones
+    replay it with no copy at all, and every result is the buffer's current contents."""
+    from dnnc.backends.cuda.executable import SEEN_PER_FRAME
+
+    rt = simulated(_relu_model([3, 5]))
+    buffer = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(_FakeArray)
+    for call in range(5):
+        buffer[...] = rng.uniform(0.5, 2.0, (3, 5))   # new contents, same address
+        before = _copies()
+        (y,) = rt.run([buffer], {})
+        np.testing.assert_array_equal(np.asarray(y), buffer)
+        assert _copies() - before == (1 if call == 0 else 0), call
+    own, mine = _FAKE.graphs   # one on the frame's buffers, one on the caller's
+    assert (own.launches, mine.launches) == (1, 4)
+    # a caller with a new address per call pays a device copy each time, never a capture
+    # (kept alive here: a freed array's address comes back, as from CuPy's memory pool)
+    fresh = [rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(_FakeArray)
+             for _ in range(SEEN_PER_FRAME + 3)]
+    before = _copies()
+    for x in fresh:
+        np.testing.assert_array_equal(np.asarray(rt.run([x], {})[0]), x)
+    assert len(_FAKE.graphs) == 2 and _copies() - before == len(fresh)
+
+
+def test_graphs_per_frame_are_bounded(simulated, rng):
+    from dnnc.backends.cuda.executable import GRAPHS_PER_FRAME
+
+    rt = simulated(_relu_model([4]))
+    buffers = [rng.uniform(0.5, 2.0, 4).astype(np.float32).view(_FakeArray)
+               for _ in range(GRAPHS_PER_FRAME + 2)]
+    for _ in range(3):
+        for b in buffers:
+            np.testing.assert_array_equal(np.asarray(rt.run([b], {})[0]), b)
+    (seg,) = rt.compiled_segments()
+    assert len(seg.frames.frame.graphs) == GRAPHS_PER_FRAME
+
+
+def test_a_device_array_another_gpu_holds_is_refused_by_name(simulated, rng):
+    from dnnc.compiler.module import CompiledModel
+
+    model = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]))), "cuda")
+    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(_FakeArray)
+    _FAKE.places[x.ctypes.data] = {"device": 1}
+    with pytest.raises(dnnc.errors.InputError, match="input 'x' is on GPU 1; this model runs "
+                                                     "on GPU 0"):
+        model(x)
+    _FAKE.places[x.ctypes.data] = {"type": 1}
+    with pytest.raises(dnnc.errors.InputError, match="input 'x': its __cuda_array_interface__ "
+                                                     "points at host memory"):
+        model(x)
+
+
+class _DLPackOnly:
+    """A GPU array of a library that speaks DLPack only (no __cuda_array_interface__)."""
+
+    def __init__(self, a):
+        self.array = a
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (2, 0)   # kDLCUDA, GPU 0
+
+
+def test_a_dlpack_gpu_array_is_taken_through_cupy(simulated, rng):
+    from dnnc.compiler.module import CompiledModel
+
+    model = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]))), "cuda")
+    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+    before = _copies(kind=1)
+    np.testing.assert_array_equal(model(_DLPackOnly(x), to="numpy"), x)
+    assert _copies(kind=1) == before   # read on the device: no host to device copy
+
+
+def test_cpu_targets_return_numpy_and_refuse_cupy(rng):
+    graph = zoo.build("mlp", hidden=(8,), in_features=4, classes=3)
+    x = rng.standard_normal((1, 4)).astype(np.float32)
+    for target in ("llvm", "numpy"):
+        model = dnnc.compile(graph, target, outputs="numpy")
+        assert type(model(x, to="numpy")) is np.ndarray
+        np.testing.assert_array_equal(model(x, to="numpy"), model(x))
+        with pytest.raises(dnnc.errors.ArgumentError,
+                           match=f"to='cupy': the {target} target returns numpy arrays; "
+                                 f"cupy arrays come from the cuda target"):
+            model(x, to="cupy")
+        with pytest.raises(dnnc.errors.ArgumentError,
+                           match=f"outputs='cupy': the {target} target returns numpy"):
+            dnnc.compile(graph, target, outputs="cupy")
+    with pytest.raises(dnnc.errors.ArgumentError, match="outputs must be one of cupy, numpy "
+                                                        r"\(the arrays the cuda target"):
+        dnnc.compile(graph, "cuda", outputs="torch")
+
+
+def test_an_input_named_to_is_given_positionally(rng):
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["to"], ["y"])], "g",
+                          [helper.make_tensor_value_info("to", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = dnnc.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+                         "numpy")
+    x = np.array([-1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(model(x, to="numpy"), [0.0, 2.0])
+    with pytest.raises(dnnc.errors.ArgumentError, match="give this model's input 'to' "
+                                                        "positionally"):
+        model(to=x)
 
 
 def test_runtime_threads_get_frames_of_their_own(simulated, rng):
