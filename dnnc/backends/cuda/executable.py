@@ -259,14 +259,14 @@ class CUDARuntime(Executable):
             return self._deliver(outs, self._outputs), rows
 
     def synchronize(self) -> None:
-        """Wait until the work of this thread's calls is done (their stream is idle)."""
+        """Wait until the GPU has done the work of every call so far (on whichever stream)."""
         self._check_device()
-        self.cupy.cuda.get_current_stream().synchronize()
+        self.cupy.cuda.Device().synchronize()
 
     def _caller_stream(self, inputs: list):
         """A context in which CuPy's current stream is the caller's: where an input is a
         PyTorch CUDA tensor, PyTorch's current stream on its device (wrapped as a CuPy
-        `ExternalStream`; asking costs about a microsecond), so the call runs after the work
+        `ExternalStream`), so the call runs after the work
         that made the tensor and before the caller's next PyTorch op without a
         synchronisation; else CuPy's current stream, left as it is."""
         torch = sys.modules.get("torch")   # never imported here: a tensor implies it is
@@ -492,18 +492,21 @@ class _CompiledSegment(CompiledSegment):
         """The segment's data inputs among `arrays` (its constants are uploaded once)."""
         return [a for v, a in zip(self.step.inputs, arrays) if v.const is None]
 
-    def _copy_in(self, data: list, frame: _Frame, stream, places: tuple[int, ...]) -> list:
-        """Copy the data inputs whose place is the frame's own buffer into it, on `stream`;
-        returns what must stay alive until the copies are done (contiguous temporaries)."""
+    def _copy_in(self, data: list, faces: list, frame: _Frame, stream,
+                 places: tuple[int, ...]) -> list:
+        """Copy the data inputs whose place is the frame's own buffer into it, on `stream`
+        (`faces`: each input's `__cuda_array_interface__`, None for a host array); returns
+        what must stay alive until the copies are done (contiguous temporaries)."""
         cupy = self.cupy
         runtime = cupy.cuda.runtime
         keep = []
-        for a, dst, at, (shape, dtype) in zip(data, frame.inputs, places, self.input_types):
+        for a, face, dst, at, (shape, dtype) in zip(data, faces, frame.inputs, places,
+                                                    self.input_types):
             nbytes = _nbytes(shape, dtype)
             if at != dst or not nbytes:
                 continue
-            if _is_device(a):
-                src = _contiguous_address(a, cupy, keep)
+            if face is not None:
+                src = _contiguous_address(a, face, cupy, keep)
                 runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDeviceToDevice,
                                     stream.ptr)
             else:
@@ -526,15 +529,16 @@ class _CompiledSegment(CompiledSegment):
         copied into the frame's own buffers and their graph replayed."""
         stream = self.cupy.cuda.get_current_stream()
         data = self._data(arrays)
-        places = tuple(_direct_address(a) or own for a, own in zip(data, frame.inputs))
+        faces = [_face(a) for a in data]
+        places = tuple(_direct_address(f) or own for f, own in zip(faces, frame.inputs))
         graph = self._graph_for(places, frame)
         if graph is None:
             places = frame.inputs
             graph = frame.own_graph or self._own_graph(frame)
-        for a in data:
-            if _is_device(a):
-                _wait_for_producer(a, stream, self.cupy)
-        keep = self._copy_in(data, frame, stream, places)
+        for face in faces:
+            if face is not None:
+                _wait_for_producer(face, stream, self.cupy)
+        keep = self._copy_in(data, faces, frame, stream, places)
         graph.launch(stream=stream)
         del keep   # host sources were staged by memcpyAsync; device ones are the caller's
         return list(frame.outputs)
@@ -601,7 +605,8 @@ class _CompiledSegment(CompiledSegment):
         cupy = self.cupy
         runtime = cupy.cuda.runtime
         stream = cupy.cuda.get_current_stream()
-        keep = self._copy_in(self._data(arrays), frame, stream, frame.inputs)
+        data = self._data(arrays)
+        keep = self._copy_in(data, [_face(a) for a in data], frame, stream, frame.inputs)
         saved = cupy.cuda.alloc(max(self.arena_bytes, 1))
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         rows = []
@@ -631,12 +636,17 @@ def _nbytes(shape, dtype: np.dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def _direct_address(a) -> int | None:
-    """The address a kernel can read device array `a` at in place: its data's, when it is
-    in C order and not empty; else None (host arrays too)."""
-    if not _is_device(a):
+def _face(a) -> dict | None:
+    """`a`'s `__cuda_array_interface__` (read once: CuPy builds it on every access), or None
+    for a host array."""
+    return getattr(a, "__cuda_array_interface__", None)
+
+
+def _direct_address(face: dict | None) -> int | None:
+    """The address a kernel can read a device array (its `__cuda_array_interface__`) at in
+    place: its data's, when it is in C order and not empty; else None (host arrays too)."""
+    if face is None:
         return None
-    face = a.__cuda_array_interface__
     shape, strides = tuple(face["shape"]), face.get("strides")
     if not int(np.prod(shape, dtype=np.int64)):
         return None
@@ -646,12 +656,12 @@ def _direct_address(a) -> int | None:
     return face["data"][0]
 
 
-def _wait_for_producer(a, stream, cupy) -> None:
+def _wait_for_producer(face: dict, stream, cupy) -> None:
     """Make `stream` wait for the stream a `__cuda_array_interface__` (version 3) names as
-    the one its data is being produced on, as the protocol asks of a consumer reading it in
-    place (none named, or `stream` itself: nothing to wait for; 1 is the legacy default
-    stream, CuPy's 0)."""
-    producer = a.__cuda_array_interface__.get("stream")
+    the one its data is being produced on, as the protocol asks of a consumer reading it
+    (none named, or `stream` itself: nothing to wait for; 1 is the legacy default stream,
+    CuPy's 0)."""
+    producer = face.get("stream")
     if producer is None or producer == stream.ptr or (producer == 1 and stream.ptr == 0):
         return
     event = cupy.cuda.Event(disable_timing=True)
@@ -659,10 +669,9 @@ def _wait_for_producer(a, stream, cupy) -> None:
     stream.wait_event(event)
 
 
-def _contiguous_address(a, cupy, keep: list) -> int:
-    """The device address of `a`'s data in C order (a contiguous device copy kept in `keep`
-    when `a` is strided)."""
-    face = a.__cuda_array_interface__
+def _contiguous_address(a, face: dict, cupy, keep: list) -> int:
+    """The device address of `a`'s data (`face`: its `__cuda_array_interface__`) in C order
+    (a contiguous device copy kept in `keep` when `a` is strided)."""
     shape, strides = tuple(face["shape"]), face.get("strides")
     itemsize = np.dtype(face["typestr"]).itemsize
     if strides is None or tuple(strides) == _c_strides(shape, itemsize):
