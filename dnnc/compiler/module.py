@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from ..errors import ArgumentError, CompileError, InputError, OutOfMemoryError
+from ..errors import ArgumentError, CompileError, DeviceError, InputError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.interpreter import shape_mismatch
 from ..ir.types import TensorType
@@ -25,11 +25,14 @@ from .arguments import check_int, check_returns
 class DeviceArray:
     """An array in GPU memory (anything with `__cuda_array_interface__`: CuPy, PyTorch,
     Numba), seen through that interface without copying: shape and dtype for the call-time
-    checks, the interface itself for a GPU target's runtime, which reads its data in place."""
+    checks, the interface itself for a GPU target's runtime, which reads its data in place.
+    `view` is what has the interface when `obj` has none (a CuPy array over a DLPack-only
+    `obj`'s memory), kept alive with it."""
 
-    def __init__(self, obj):
-        face = obj.__cuda_array_interface__
+    def __init__(self, obj, view=None):
         self.obj = obj
+        self.view = obj if view is None else view
+        face = self.view.__cuda_array_interface__
         self.__cuda_array_interface__ = face
         self.shape = tuple(face["shape"])
         self.ndim = len(self.shape)
@@ -67,7 +70,12 @@ def as_array(x) -> np.ndarray:
         if _on_cuda(x):
             from ..backends.cuda.device import import_cupy
 
-            return DeviceArray(import_cupy().from_dlpack(x))
+            try:
+                cupy = import_cupy()
+            except DeviceError as exc:
+                raise InputError(f"a GPU array ({type(x).__name__}) given through DLPack is "
+                                 f"read with CuPy: {exc}") from None
+            return DeviceArray(x, cupy.from_dlpack(x))
         if not hasattr(x, "__array__"):
             return np.from_dlpack(x)
     return np.asarray(x)

@@ -830,6 +830,17 @@ def test_a_dlpack_gpu_array_is_taken_through_cupy(simulated, rng):
     assert _copies(kind=1) == before   # read on the device: no host to device copy
 
 
+@pytest.mark.parametrize("machine", ["no_cupy", "no_gpu"])
+def test_a_dlpack_gpu_array_without_cupy_is_refused_clearly(machine, request, rng):
+    request.getfixturevalue(machine)
+    model = dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "llvm")
+    x = rng.standard_normal((1, 4)).astype(np.float32)
+    with pytest.raises(dnnc.errors.InputError, match=r"input 'input' is not array-like: a GPU "
+                                                     r"array \(_DLPackOnly\) given through "
+                                                     r"DLPack is read with CuPy: "):
+        model(_DLPackOnly(x))
+
+
 def test_cpu_targets_return_numpy_and_refuse_cupy(rng):
     graph = zoo.build("mlp", hidden=(8,), in_features=4, classes=3)
     x = rng.standard_normal((1, 4)).astype(np.float32)
