@@ -6,7 +6,7 @@
                  [--passes [--target llvm] [--opt-level N]]
     dnnc compile MODEL.onnx [--target llvm] [-o MODEL.dnnc] [--opt-level N] [--input-shape ...]
                  [--emit llvm-ir|asm|cuda|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
-                 [--mattr +avx2,...] [-q]
+                 [--mattr +avx2,...] [--outputs numpy|cupy] [-q]
     dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
              [--dim N=4 ...] [--seed S] [--output-dir DIR]
     dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
@@ -320,7 +320,8 @@ def cmd_compile(args) -> int:
             raise UsageError(f"--tuning-log: the {args.target} target is not tuned")
         model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
                         progress=not args.quiet, dump_ir=args.dump_ir,
-                        tuning_log=args.tuning_log, render_only=render_only)
+                        tuning_log=args.tuning_log, render_only=render_only,
+                        outputs=args.outputs)
     except OSError as exc:   # the --dump-ir folder
         raise UsageError(f"cannot write into {args.dump_ir!r}: {exc.strerror or exc}") from exc
     if args.dump_ir:
@@ -605,7 +606,7 @@ def _artifact_summary(model) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .targets import default_target, fastest_first
+    from .targets import default_target, fastest_first, output_kinds
 
     targets, default = fastest_first(), default_target()
     parser = _Parser(
@@ -657,6 +658,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write the graph IR after every pass as DIR/NN_pass.txt")
     comp.add_argument("--tuning-log", metavar="FILE",
                       help="apply the best configs `dnnc tune` measured on this machine")
+    comp.add_argument("--outputs", choices=output_kinds(), default=None,
+                      help="the arrays the artifact's calls return from Python (default: "
+                           "the target's: cupy on cuda, numpy on the CPU targets)")
     _cpu_options(comp)
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(run=cmd_compile)

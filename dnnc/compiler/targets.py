@@ -167,6 +167,11 @@ def fastest_first() -> list[str]:
     return [s.name for s in sorted(REGISTRY.values(), key=lambda s: -s.speed)]
 
 
+def output_kinds() -> list[str]:
+    """Every kind of array some target's calls return (`TargetSpec.returns`), in order."""
+    return list(dict.fromkeys(k for s in REGISTRY.values() for k in s.returns))
+
+
 def using(option: str) -> list[str]:
     """The targets that use compile option `option`."""
     return [s.name for s in REGISTRY.values() if option in s.options]

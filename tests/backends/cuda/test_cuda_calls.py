@@ -211,3 +211,7 @@ def test_the_newcomers_path(tmp_path, capsys):
                      "1", "-q"]) == 0
     out = capsys.readouterr().out
     assert "target cuda" in out and len(out.strip().splitlines()) == 3, out
+    host = tmp_path / "host.dnnc"
+    assert cli.main(["compile", str(model), "--target", "cuda", "-o", str(host), "--outputs",
+                     "numpy", "-q"]) == 0
+    assert type(dnnc.load(host)(np.zeros((1, 784), np.float32))) is np.ndarray
