@@ -502,7 +502,7 @@ class _FakeStream:
         return False
 
     def wait_event(self, event):
-        pass
+        _FAKE.waits.append(event.stream)
 
     def begin_capture(self):
         self.recording = []
@@ -570,13 +570,22 @@ def _fake_cupy():
 
     class Event:
         def __init__(self, disable_timing=False):
-            pass
+            self.stream = None
 
         def record(self, stream=None):
-            pass
+            self.stream = getattr(stream, "ptr", None)
 
         def synchronize(self):
             pass
+
+    class ExternalStream(_FakeStream):
+        def __init__(self, ptr, device_id=-1):
+            super().__init__()
+            self.ptr = ptr
+
+        def __enter__(self):
+            _FAKE.entered.append(self.ptr)
+            return self
 
     runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1, memcpy=memcpy, memcpyAsync=memcpy, memcpyHostToDevice=1,
@@ -585,8 +594,8 @@ def _fake_cupy():
     cuda = types.SimpleNamespace(
         runtime=runtime, alloc=alloc, Stream=_FakeStream, get_current_stream=lambda: stream,
         function=types.SimpleNamespace(Module=Module), Event=Event,
-        get_elapsed_time=lambda a, b: 0.25, driver=None,
-        Device=lambda: types.SimpleNamespace(id=0))
+        get_elapsed_time=lambda a, b: 0.25, driver=None, ExternalStream=ExternalStream,
+        Device=lambda: types.SimpleNamespace(id=0, synchronize=lambda: None))
 
     def from_dlpack(x):   # the simulated producer hands over host memory as "device" memory
         return np.from_dlpack(x.array).view(_FakeArray)
@@ -605,6 +614,8 @@ class _Fake:
     sizes: dict = {}
     copies: list = []     # the kind of every memcpy: 1 host to device, 3 device to device
     places: dict = {}     # address -> pointerGetAttributes fields other than GPU 0's memory
+    entered: list = []    # the pointer of every ExternalStream a run entered
+    waits: list = []      # the stream of every event a stream was made to wait for
 
 
 _FAKE = _Fake()
@@ -620,6 +631,7 @@ def simulated(monkeypatch, tmp_path):
     from dnnc.ir.target import Fusion, Target
 
     _FAKE.graphs, _FAKE.sizes, _FAKE.copies, _FAKE.places = [], {}, [], {}
+    _FAKE.entered, _FAKE.waits = [], []
 
     def render_module(funcs):
         kernels = {}
@@ -805,6 +817,46 @@ def test_a_device_array_another_gpu_holds_is_refused_by_name(simulated, rng):
     with pytest.raises(dnnc.errors.InputError, match="input 'x': its __cuda_array_interface__ "
                                                      "points at host memory"):
         model(x)
+
+
+def test_a_torch_input_runs_on_torchs_current_stream(simulated, rng, monkeypatch):
+    """PyTorch's current stream, when it is not CuPy's, is made CuPy's for the call (an
+    `ExternalStream`); a call without a tensor leaves CuPy's stream alone."""
+    from dnnc.compiler.module import CompiledModel
+
+    class Tensor(_Interface):
+        is_cuda = True
+        device = types.SimpleNamespace(index=0)
+
+    side = types.SimpleNamespace(cuda_stream=0)
+    torch = types.ModuleType("torch")
+    torch.Tensor = Tensor
+    torch.cuda = types.SimpleNamespace(current_stream=lambda device: side)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    model = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]))), "cuda")
+    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(model(Tensor(x), to="numpy"), x)
+    assert _FAKE.entered == []   # torch's default stream is CuPy's (0)
+    side.cuda_stream = 0x7f00
+    np.testing.assert_array_equal(model(Tensor(x), to="numpy"), x)
+    np.testing.assert_array_equal(model(x, to="numpy"), x)
+    assert _FAKE.entered == [0x7f00]
+    assert model.benchmark(Tensor(x), repeat=2, warmup=0)["median_ms"] >= 0
+
+
+def test_a_producer_stream_an_input_names_is_waited_for(simulated, rng):
+    """`__cuda_array_interface__` version 3 names the stream its data is produced on: the
+    call's stream waits for it (an event), unless it is the call's own or the legacy default
+    stream (1) while the call runs on CuPy's null stream (0)."""
+    from dnnc.compiler.module import DeviceArray
+
+    rt = simulated(_relu_model([3, 5]))
+    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+    for producer in (None, 1, 0x5000):
+        face = dict(_Interface(x).__cuda_array_interface__, stream=producer)
+        given = DeviceArray(types.SimpleNamespace(__cuda_array_interface__=face))
+        np.testing.assert_array_equal(np.asarray(rt.run([given], {})[0]), x)
+    assert _FAKE.waits == [0x5000]
 
 
 class _DLPackOnly:
