@@ -1,17 +1,15 @@
 """The cuda target's runtime: the module cache, the launch list, the registry and CLI without a
-GPU (one clear error; `--emit cuda` renders anyway), and on a GPU (`gpu` tests) whole models
-against onnxruntime and the reference.
+GPU (one clear error; `--emit cuda` renders anyway), on a GPU (`gpu` tests) whole models
+against onnxruntime and the reference, and the runtime's bookkeeping on the simulated device
+(copies, graphs, threads, profiling, artifacts). How a call takes and returns arrays is
+test_cuda_calls.py's.
 
 Named test_cuda_runtime.py: the test folders have no __init__.py, so a second
 test_runtime.py (tests/backends/llvm/ has one) would not import."""
 
-import importlib.machinery
 import os
-import sys
 import threading
 import time
-import types
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -25,6 +23,7 @@ from dnnc.backends.plan import Call
 from dnnc.compiler import cli
 from dnnc.compiler.targets import REGISTRY, default_target
 from dnnc.errors import CompileError, DeviceError
+from simulated_device import FAKE, FakeArray, FakeKernel, FakeLaunch, Interface, relu_model
 
 _IMPORT_CUPY = device.import_cupy   # the real one, which the simulated device replaces
 
@@ -133,20 +132,6 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
 
 # -- the launch list ----------------------------------------------------------------------------
 
-@dataclass
-class FakeLaunch:
-    name: str
-    grid: tuple
-    block: tuple
-    shared_bytes: int = 0
-
-
-@dataclass
-class FakeKernel:
-    launches: list
-    workspace: list = field(default_factory=list)
-
-
 def test_launch_list_keeps_call_order_and_appends_workspace_pointers():
     kernels = {
         "k0_dense": FakeKernel([FakeLaunch("k0_dense_split", (4, 1, 1), (128, 1, 1), 8192),
@@ -196,34 +181,6 @@ def test_frame_layout_aligns_every_buffer_and_gives_empty_ones_room():
 
 # -- without a GPU ------------------------------------------------------------------------------
 
-@pytest.fixture
-def no_gpu(monkeypatch):
-    """This process as on a machine with CuPy installed but no GPU visible."""
-    fake = types.ModuleType("cupy")
-    fake.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
-    fake.__version__ = "14.2.0"
-
-    def no_device():
-        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
-
-    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_device))
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    device._probe.cache_clear()
-    yield
-    device._probe.cache_clear()
-
-
-@pytest.fixture
-def no_cupy(monkeypatch):
-    """This process as on a machine without CuPy."""
-    real = device.importlib.util.find_spec
-    monkeypatch.setattr(device.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "cupy" else real(name, *a))
-    device._probe.cache_clear()
-    yield
-    device._probe.cache_clear()
-
-
 def test_without_cupy_the_error_names_the_wheels(no_cupy):
     assert not device.available() and not REGISTRY["cuda"].available()
     with pytest.raises(DeviceError, match="needs CuPy, which is not installed: pip install "
@@ -263,7 +220,7 @@ def test_the_newcomers_path_without_a_gpu_fails_with_one_line(machine, says, sim
     model = tmp_path / "mlp.onnx"
     onnx.save(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), model)
     artifact = tmp_path / "relu.dnnc"
-    rt = simulated(_relu_model([3, 5]))
+    rt = simulated(relu_model([3, 5]))
     CompiledModel(rt.graph, rt, "cuda").save(artifact)
     monkeypatch.setattr(device, "import_cupy", _IMPORT_CUPY)   # the machine's own again
     request.getfixturevalue(machine)
@@ -465,470 +422,40 @@ def test_host_fallback_between_gpu_segments(rng):
     np.testing.assert_array_equal(compiled(x, to="numpy"), dnnc.compile(model, "numpy")(x))
 
 
-# -- the runtime's bookkeeping on a simulated device ----------------------------------------------
-#
-# A stand-in for CuPy whose "device memory" is host memory and whose kernels copy their first
-# parameter's bytes into their last: enough to check, without a GPU, that the runtime copies
-# inputs into the slots the launches read, resolves every argument, captures the launches once
-# and replays them, and hands back what the output slots hold.
-
-class _FakeArray(np.ndarray):
-    @property
-    def __cuda_array_interface__(self):
-        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
-                "data": (self.ctypes.data, False),
-                "strides": None if self.flags.c_contiguous else self.strides}
-
-
-class _FakeMemory:
-    def __init__(self, buffer, offset=0):
-        self.buffer, self.offset = buffer, offset
-        self.ptr = buffer.ctypes.data + offset
-
-    def __add__(self, offset):
-        return _FakeMemory(self.buffer, self.offset + offset)
-
-
-class _FakeStream:
-    ptr = 0
-
-    def __init__(self, non_blocking=False):
-        self.recording = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def wait_event(self, event):
-        _FAKE.waits.append(event.stream)
-
-    def begin_capture(self):
-        self.recording = []
-
-    def end_capture(self):
-        graph, self.recording = _FakeGraph(self.recording), None
-        _FAKE.graphs.append(graph)
-        return graph
-
-    def synchronize(self):
-        pass
-
-
-class _FakeGraph:
-    def __init__(self, work):
-        self.work, self.launches = work, 0
-
-    def launch(self, stream=None):
-        self.launches += 1
-        for run in self.work:
-            run()
-
-
-class _FakeFunction:
-    def __init__(self, sizes):
-        self.sizes, self.ptr = sizes, 0
-
-    def __call__(self, grid, block, args, shared_mem=0, stream=None):
-        assert all(isinstance(a, np.uint64) for a in args) and len(args) >= len(self.sizes)
-
-        def run():
-            import ctypes
-            ctypes.memmove(int(args[len(self.sizes) - 1]), int(args[0]), self.sizes[-1])
-
-        if stream is not None and stream.recording is not None:
-            stream.recording.append(run)
-        else:
-            run()
-
-
-def _fake_cupy():
-    import ctypes
-
-    def memcpy(dst, src, n, kind, stream=0):
-        _FAKE.copies.append(kind)
-        ctypes.memmove(dst, src, n)
-
-    def pointer_attributes(ptr):   # device memory of GPU 0, unless a test says otherwise
-        return types.SimpleNamespace(**{"type": 2, "device": 0, **_FAKE.places.get(ptr, {})})
-
-    def alloc(n):
-        return _FakeMemory(np.zeros(n, np.uint8))
-
-    def ndarray(shape, dtype, memptr):
-        n = int(np.prod(shape, dtype=np.int64))
-        raw = memptr.buffer[memptr.offset:memptr.offset + n * np.dtype(dtype).itemsize]
-        return raw.view(dtype).reshape(shape).view(_FakeArray)
-
-    class Module:
-        def load(self, cubin):
-            self.sizes = _FAKE.sizes
-
-        def get_function(self, name):
-            return _FakeFunction(self.sizes[name])
-
-    class Event:
-        def __init__(self, disable_timing=False):
-            self.stream = None
-
-        def record(self, stream=None):
-            self.stream = getattr(stream, "ptr", None)
-
-        def synchronize(self):
-            pass
-
-    class ExternalStream(_FakeStream):
-        def __init__(self, ptr, device_id=-1):
-            super().__init__()
-            self.ptr = ptr
-
-        def __enter__(self):
-            _FAKE.entered.append(self.ptr)
-            return self
-
-    runtime = types.SimpleNamespace(
-        getDeviceCount=lambda: 1, memcpy=memcpy, memcpyAsync=memcpy, memcpyHostToDevice=1,
-        memcpyDeviceToHost=2, memcpyDeviceToDevice=3, pointerGetAttributes=pointer_attributes)
-    stream = _FakeStream()
-    cuda = types.SimpleNamespace(
-        runtime=runtime, alloc=alloc, Stream=_FakeStream, get_current_stream=lambda: stream,
-        function=types.SimpleNamespace(Module=Module), Event=Event,
-        get_elapsed_time=lambda a, b: 0.25, driver=None, ExternalStream=ExternalStream,
-        Device=lambda: types.SimpleNamespace(id=0, synchronize=lambda: None))
-
-    def from_dlpack(x):   # the simulated producer hands over host memory as "device" memory
-        return np.from_dlpack(x.array).view(_FakeArray)
-
-    fake = types.SimpleNamespace(
-        cuda=cuda, ndarray=ndarray, __version__="fake", from_dlpack=from_dlpack,
-        asnumpy=lambda a, stream=None: np.array(a),
-        asarray=lambda a: a if isinstance(a, _FakeArray) else np.array(a).view(_FakeArray),
-        array=lambda a: np.array(a).view(_FakeArray),
-        ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_FakeArray))
-    return fake
-
-
-class _Fake:
-    graphs: list = []
-    sizes: dict = {}
-    copies: list = []     # the kind of every memcpy: 1 host to device, 3 device to device
-    places: dict = {}     # address -> pointerGetAttributes fields other than GPU 0's memory
-    entered: list = []    # the pointer of every ExternalStream a run entered
-    waits: list = []      # the stream of every event a stream was made to wait for
-
-
-_FAKE = _Fake()
-
-
-@pytest.fixture
-def simulated(monkeypatch, tmp_path):
-    """A CUDARuntime factory on the simulated device, with a renderer whose kernels copy
-    their first parameter into their last."""
-    from dataclasses import replace
-
-    from dnnc.backends.cuda import executable
-    from dnnc.ir.target import Fusion, Target
-
-    _FAKE.graphs, _FAKE.sizes, _FAKE.copies, _FAKE.places = [], {}, [], {}
-    _FAKE.entered, _FAKE.waits = [], []
-
-    def render_module(funcs):
-        kernels = {}
-        for func, _ in funcs:
-            _FAKE.sizes[func.name] = [
-                int(np.prod([int(getattr(d, "value", d)) for d in b.shape], dtype=np.int64))
-                * b.dtype.itemsize for b in func.params]
-            kernels[func.name] = FakeKernel([FakeLaunch(func.name, (1, 1, 1), (32, 1, 1))],
-                                            workspace=[64])
-        return types.SimpleNamespace(source="// fake", kernels=kernels)
-
-    codegen = types.ModuleType("dnnc.backends.cuda.codegen")
-    codegen.render_module = render_module
-    schedules = types.ModuleType("dnnc.backends.cuda.schedules")
-    schedules.schedule_kernel = lambda kernel, machine, config=None: kernel.func
-    monkeypatch.setitem(sys.modules, "dnnc.backends.cuda.codegen", codegen)
-    monkeypatch.setitem(sys.modules, "dnnc.backends.cuda.schedules", schedules)
-    fake = _fake_cupy()
-    monkeypatch.setattr(device, "import_cupy", lambda: fake)
-    monkeypatch.setattr(device, "describe", lambda: "simulated GPU (sm_90)")
-    # NVRTC: a cubin naming its architecture; counted
-    _FAKE.compiles = []
-    monkeypatch.setattr(device, "nvrtc_compile",
-                        lambda s, arch, o: _FAKE.compiles.append(arch) or arch.encode())
-    monkeypatch.setattr(device, "toolkit_version", lambda: "0")
-    monkeypatch.setenv("DNNC_CACHE_DIR", str(tmp_path / "cache"))
-    # the registry's cuda machine, whose architecture a test may change
-    _FAKE.arch = "sm_90"
-    monkeypatch.setitem(REGISTRY, "cuda", replace(
-        REGISTRY["cuda"], machine=lambda: Target("cuda", arch=_FAKE.arch),
-        fusion=lambda: Fusion()))
-
-    def build(model, **options):
-        from dnnc.frontend.onnx import import_onnx
-        from dnnc.passes.manager import optimize
-
-        target = REGISTRY["cuda"].target()
-        graph = optimize(import_onnx(model), target, 3)
-        return executable.CUDARuntime(graph, target=target, **options)
-
-    return build
-
-
-def _relu_model(shape):
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
+# -- the runtime's bookkeeping on the simulated device (simulated_device.py) --------------------
 
 def test_runtime_copies_in_captures_once_replays_and_copies_out(simulated, rng):
-    rt = simulated(_relu_model([3, 5]), outputs="numpy")
+    rt = simulated(relu_model([3, 5]), outputs="numpy")
     assert rt.describe_machine() == "simulated GPU (sm_90)" and rt.source("cuda") == "// fake"
     for _ in range(3):   # positive inputs: the simulated kernel's copy is the Relu
         x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
         (y,) = rt.run([x], {})
         assert type(y) is np.ndarray
         np.testing.assert_array_equal(y, x)
-    assert len(_FAKE.graphs) == 1 and _FAKE.graphs[0].launches == 3
+    assert len(FAKE.graphs) == 1 and FAKE.graphs[0].launches == 3
     # a device array is read in place (device to device), strided ones in C order
     x = rng.uniform(0.5, 2.0, (3, 10)).astype(np.float32)
-    np.testing.assert_array_equal(rt.run([x[:, ::2].view(_FakeArray)], {})[0], x[:, ::2])
+    np.testing.assert_array_equal(rt.run([x[:, ::2].view(FakeArray)], {})[0], x[:, ::2])
     # through the model: its call-time checks read a device array's shape and dtype in place
     from dnnc.compiler.module import CompiledModel
 
     model = CompiledModel(rt.graph, rt, "cuda")
     x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
-    np.testing.assert_array_equal(model(_Interface(x)), x)
+    np.testing.assert_array_equal(model(Interface(x)), x)
     with pytest.raises(dnnc.errors.InputError, match=r"given float64\[3, 5\]"):
-        model(_Interface(x.astype(np.float64)))
-
-
-class _Interface:
-    """A device array of another library: only `__cuda_array_interface__` (as PyTorch's)."""
-
-    def __init__(self, a):
-        self.a = a.view(_FakeArray)
-        self.__cuda_array_interface__ = self.a.__cuda_array_interface__
+        model(Interface(x.astype(np.float64)))
 
 
 def test_a_device_array_given_to_a_cpu_target_is_refused_clearly(rng):
     model = dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "llvm")
     x = rng.standard_normal((1, 4)).astype(np.float32)
-    with pytest.raises(dnnc.errors.InputError, match="a GPU array \\(_Interface\\) was given "
+    with pytest.raises(dnnc.errors.InputError, match="a GPU array \\(Interface\\) was given "
                                                      "to a target that runs on the CPU"):
-        model(_Interface(x))
-
-
-def test_runtime_cupy_outputs_are_the_callers(simulated, rng):
-    rt = simulated(_relu_model([4]))   # CuPy arrays by default
-    a, b = (rng.uniform(0.5, 2.0, 4).astype(np.float32) for _ in range(2))
-    (first,) = rt.run([a], {})
-    (second,) = rt.run([b], {})
-    assert type(first) is _FakeArray and hasattr(first, "__cuda_array_interface__")
-    np.testing.assert_array_equal(np.asarray(first), a)   # not overwritten by the 2nd call
-    np.testing.assert_array_equal(np.asarray(second), b)
-    (host,) = rt.run([a], {}, outputs="numpy")
-    assert type(host) is np.ndarray
-    np.testing.assert_array_equal(host, a)
-    with pytest.raises(dnnc.errors.ArgumentError, match="outputs must be one of cupy, numpy"):
-        rt.outputs = "torch"
-
-
-def test_model_to_chooses_the_kind_per_call_and_outputs_per_compile(simulated, rng,
-                                                                    tmp_path):
-    from dnnc.compiler.module import CompiledModel
-
-    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
-    model = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]))), "cuda")
-    assert type(model(x)) is _FakeArray and type(model(x, to="cupy")) is _FakeArray
-    assert type(model(x, to="numpy")) is np.ndarray
-    assert type(model.run(x, to="numpy")[0]) is np.ndarray
-    with pytest.raises(dnnc.errors.ArgumentError, match="to must be one of cupy, numpy"):
-        model(x, to="torch")
-    # the compile option, kept by an artifact; `to=` still wins
-    host = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]), outputs="numpy")), "cuda")
-    host.save(tmp_path / "m.dnnc")
-    loaded = dnnc.load(tmp_path / "m.dnnc")
-    assert type(loaded(x)) is np.ndarray and type(loaded(x, to="cupy")) is _FakeArray
-    model.save(tmp_path / "d.dnnc")
-    assert type(dnnc.load(tmp_path / "d.dnnc")(x)) is _FakeArray
-
-
-def _graph_and(rt):
-    return rt.graph, rt
-
-
-def _copies(kind=3):
-    return sum(1 for k in _FAKE.copies if k == kind)
-
-
-def test_a_reused_device_buffer_is_read_in_place_and_never_stale(simulated, rng):
-    """The serving loop: one input buffer, refilled before each call. The first call copies
-    (the address is new), the second captures a graph on the caller's address, later ones
-    replay it with no copy at all, and every result is the buffer's current contents."""
-    from dnnc.backends.cuda.executable import SEEN_PER_FRAME
-
-    rt = simulated(_relu_model([3, 5]))
-    buffer = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(_FakeArray)
-    for call in range(5):
-        buffer[...] = rng.uniform(0.5, 2.0, (3, 5))   # new contents, same address
-        before = _copies()
-        (y,) = rt.run([buffer], {})
-        np.testing.assert_array_equal(np.asarray(y), buffer)
-        assert _copies() - before == (1 if call == 0 else 0), call
-    own, mine = _FAKE.graphs   # one on the frame's buffers, one on the caller's
-    assert (own.launches, mine.launches) == (1, 4)
-    # a caller with a new address per call pays a device copy each time, never a capture
-    # (kept alive here: a freed array's address comes back, as from CuPy's memory pool)
-    fresh = [rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(_FakeArray)
-             for _ in range(SEEN_PER_FRAME + 3)]
-    before = _copies()
-    for x in fresh:
-        np.testing.assert_array_equal(np.asarray(rt.run([x], {})[0]), x)
-    assert len(_FAKE.graphs) == 2 and _copies() - before == len(fresh)
-
-
-def test_graphs_per_frame_are_bounded(simulated, rng):
-    from dnnc.backends.cuda.executable import GRAPHS_PER_FRAME
-
-    rt = simulated(_relu_model([4]))
-    buffers = [rng.uniform(0.5, 2.0, 4).astype(np.float32).view(_FakeArray)
-               for _ in range(GRAPHS_PER_FRAME + 2)]
-    for _ in range(3):
-        for b in buffers:
-            np.testing.assert_array_equal(np.asarray(rt.run([b], {})[0]), b)
-    (seg,) = rt.compiled_segments()
-    assert len(seg.frames.frame.graphs) == GRAPHS_PER_FRAME
-
-
-def test_a_device_array_another_gpu_holds_is_refused_by_name(simulated, rng):
-    from dnnc.compiler.module import CompiledModel
-
-    model = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]))), "cuda")
-    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(_FakeArray)
-    _FAKE.places[x.ctypes.data] = {"device": 1}
-    with pytest.raises(dnnc.errors.InputError, match="input 'x' is on GPU 1; this model runs "
-                                                     "on GPU 0"):
-        model(x)
-    _FAKE.places[x.ctypes.data] = {"type": 1}
-    with pytest.raises(dnnc.errors.InputError, match="input 'x': its __cuda_array_interface__ "
-                                                     "points at host memory"):
-        model(x)
-
-
-def test_a_torch_input_runs_on_torchs_current_stream(simulated, rng, monkeypatch):
-    """PyTorch's current stream, when it is not CuPy's, is made CuPy's for the call (an
-    `ExternalStream`); a call without a tensor leaves CuPy's stream alone."""
-    from dnnc.compiler.module import CompiledModel
-
-    class Tensor(_Interface):
-        is_cuda = True
-        device = types.SimpleNamespace(index=0)
-
-    side = types.SimpleNamespace(cuda_stream=0)
-    torch = types.ModuleType("torch")
-    torch.Tensor = Tensor
-    torch.cuda = types.SimpleNamespace(current_stream=lambda device: side)
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    model = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]))), "cuda")
-    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
-    np.testing.assert_array_equal(model(Tensor(x), to="numpy"), x)
-    assert _FAKE.entered == []   # torch's default stream is CuPy's (0)
-    side.cuda_stream = 0x7f00
-    np.testing.assert_array_equal(model(Tensor(x), to="numpy"), x)
-    np.testing.assert_array_equal(model(x, to="numpy"), x)
-    assert _FAKE.entered == [0x7f00]
-    assert model.benchmark(Tensor(x), repeat=2, warmup=0)["median_ms"] >= 0
-
-
-def test_a_producer_stream_an_input_names_is_waited_for(simulated, rng):
-    """`__cuda_array_interface__` version 3 names the stream its data is produced on: the
-    call's stream waits for it (an event), unless it is the call's own or the legacy default
-    stream (1) while the call runs on CuPy's null stream (0)."""
-    from dnnc.compiler.module import DeviceArray
-
-    rt = simulated(_relu_model([3, 5]))
-    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
-    for producer in (None, 1, 0x5000):
-        face = dict(_Interface(x).__cuda_array_interface__, stream=producer)
-        given = DeviceArray(types.SimpleNamespace(__cuda_array_interface__=face))
-        np.testing.assert_array_equal(np.asarray(rt.run([given], {})[0]), x)
-    assert _FAKE.waits == [0x5000]
-
-
-class _DLPackOnly:
-    """A GPU array of a library that speaks DLPack only (no __cuda_array_interface__)."""
-
-    def __init__(self, a):
-        self.array = a
-
-    def __dlpack__(self, stream=None):
-        return self.array.__dlpack__()
-
-    def __dlpack_device__(self):
-        return (2, 0)   # kDLCUDA, GPU 0
-
-
-def test_a_dlpack_gpu_array_is_taken_through_cupy(simulated, rng):
-    from dnnc.compiler.module import CompiledModel
-
-    model = CompiledModel(*_graph_and(simulated(_relu_model([3, 5]))), "cuda")
-    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
-    before = _copies(kind=1)
-    np.testing.assert_array_equal(model(_DLPackOnly(x), to="numpy"), x)
-    assert _copies(kind=1) == before   # read on the device: no host to device copy
-
-
-@pytest.mark.parametrize("machine", ["no_cupy", "no_gpu"])
-def test_a_dlpack_gpu_array_without_cupy_is_refused_clearly(machine, request, rng):
-    request.getfixturevalue(machine)
-    model = dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "llvm")
-    x = rng.standard_normal((1, 4)).astype(np.float32)
-    with pytest.raises(dnnc.errors.InputError, match=r"input 'input' is not array-like: a GPU "
-                                                     r"array \(_DLPackOnly\) given through "
-                                                     r"DLPack is read with CuPy: "):
-        model(_DLPackOnly(x))
-
-
-def test_cpu_targets_return_numpy_and_refuse_cupy(rng):
-    graph = zoo.build("mlp", hidden=(8,), in_features=4, classes=3)
-    x = rng.standard_normal((1, 4)).astype(np.float32)
-    for target in ("llvm", "numpy"):
-        model = dnnc.compile(graph, target, outputs="numpy")
-        assert type(model(x, to="numpy")) is np.ndarray
-        np.testing.assert_array_equal(model(x, to="numpy"), model(x))
-        with pytest.raises(dnnc.errors.ArgumentError,
-                           match=f"to='cupy': the {target} target returns numpy arrays; "
-                                 f"cupy arrays come from the cuda target"):
-            model(x, to="cupy")
-        with pytest.raises(dnnc.errors.ArgumentError,
-                           match=f"outputs='cupy': the {target} target returns numpy"):
-            dnnc.compile(graph, target, outputs="cupy")
-    with pytest.raises(dnnc.errors.ArgumentError, match="outputs must be one of cupy, numpy "
-                                                        r"\(the arrays the cuda target"):
-        dnnc.compile(graph, "cuda", outputs="torch")
-
-
-def test_an_input_named_to_is_given_positionally(rng):
-    from onnx import TensorProto, helper
-
-    g = helper.make_graph([helper.make_node("Relu", ["to"], ["y"])], "g",
-                          [helper.make_tensor_value_info("to", TensorProto.FLOAT, [2])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = dnnc.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
-                         "numpy")
-    x = np.array([-1.0, 2.0], np.float32)
-    np.testing.assert_array_equal(model(x, to="numpy"), [0.0, 2.0])
-    with pytest.raises(dnnc.errors.ArgumentError, match="give this model's input 'to' "
-                                                        "positionally"):
-        model(to=x)
+        model(Interface(x))
 
 
 def test_runtime_threads_get_frames_of_their_own(simulated, rng):
-    rt = simulated(_relu_model([64]))
+    rt = simulated(relu_model([64]))
     inputs = [rng.uniform(0.5, 2.0, 64).astype(np.float32) for _ in range(4)]
     results = {}
 
@@ -942,11 +469,11 @@ def test_runtime_threads_get_frames_of_their_own(simulated, rng):
         t.join()
     for k in range(4):
         assert all(np.array_equal(r, inputs[k]) for r in results[k])
-    assert len(_FAKE.graphs) == 4   # one capture per thread's frame
+    assert len(FAKE.graphs) == 4   # one capture per thread's frame
 
 
 def test_runtime_profile_rows(simulated, rng):
-    rt = simulated(_relu_model([2, 3]))
+    rt = simulated(relu_model([2, 3]))
     x = rng.uniform(0.5, 2.0, (2, 3)).astype(np.float32)
     outs, rows = rt.profile([x], repeat=3)
     np.testing.assert_array_equal(outs[0], x)
@@ -957,17 +484,17 @@ def test_artifact_round_trip_loads_the_cubin_or_rebuilds_for_another_arch(simula
                                                                           tmp_path):
     from dnnc.compiler.module import CompiledModel
 
-    rt = simulated(_relu_model([3, 5]))
-    assert _FAKE.compiles == ["sm_90"]
+    rt = simulated(relu_model([3, 5]))
+    assert FAKE.compiles == ["sm_90"]
     CompiledModel(rt.graph, rt, "cuda").save(tmp_path / "m.dnnc")
     x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
     loaded = dnnc.load(tmp_path / "m.dnnc")
     np.testing.assert_array_equal(loaded(x), x)
     assert loaded.source("cuda") == "// fake" and "Relu" in loaded.source("loop")
-    assert _FAKE.compiles == ["sm_90"]     # the stored cubin, not NVRTC
-    _FAKE.arch = "sm_80"                   # another GPU: the source is compiled for it
+    assert FAKE.compiles == ["sm_90"]     # the stored cubin, not NVRTC
+    FAKE.arch = "sm_80"                   # another GPU: the source is compiled for it
     np.testing.assert_array_equal(dnnc.load(tmp_path / "m.dnnc")(x), x)
-    assert _FAKE.compiles == ["sm_90", "sm_80"]
+    assert FAKE.compiles == ["sm_90", "sm_80"]
 
 
 def _rewrite_manifest(path, edit):
@@ -1001,7 +528,7 @@ def _rewrite_manifest(path, edit):
 def test_artifact_with_impossible_launches_is_refused(simulated, tmp_path, edit, message):
     from dnnc.compiler.module import CompiledModel
 
-    rt = simulated(_relu_model([3, 5]))
+    rt = simulated(relu_model([3, 5]))
     path = tmp_path / "m.dnnc"
     CompiledModel(rt.graph, rt, "cuda").save(path)
     _rewrite_manifest(path, edit)
@@ -1012,7 +539,7 @@ def test_artifact_with_impossible_launches_is_refused(simulated, tmp_path, edit,
 def test_artifact_without_a_gpu_says_what_is_missing(simulated, tmp_path, monkeypatch):
     from dnnc.compiler.module import CompiledModel
 
-    rt = simulated(_relu_model([3, 5]))
+    rt = simulated(relu_model([3, 5]))
     path = tmp_path / "m.dnnc"
     CompiledModel(rt.graph, rt, "cuda").save(path)
     monkeypatch.setattr(device, "import_cupy", lambda: (_ for _ in ()).throw(
