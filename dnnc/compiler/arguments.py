@@ -55,3 +55,23 @@ def check_path(name: str, value) -> None:
 def check_optional_path(name: str, value) -> None:
     if value is not None:
         check_path(name, value)
+
+
+def check_returns(target: str, name: str, kind) -> None:
+    """`kind` (the `outputs` compile option, a call's `to=`) is an array kind `target`'s calls
+    can return (its registry entry's `returns`), else an `ArgumentError` naming `name`."""
+    from .targets import REGISTRY   # lazily: the registry imports the whole compiler
+
+    kinds = REGISTRY[target].returns
+    if not isinstance(kind, str):
+        raise ArgumentError(f"{name} must be one of {', '.join(kinds)} (the arrays the "
+                            f"{target} target returns), not a {type(kind).__name__}")
+    if kind in kinds:
+        return
+    if kind in {k for s in REGISTRY.values() for k in s.returns}:
+        able = [n for n, s in REGISTRY.items() if kind in s.returns]
+        raise ArgumentError(f"{name}={kind!r}: the {target} target returns "
+                            f"{' or '.join(kinds)} arrays; {kind} arrays come from the "
+                            f"{', '.join(able)} target")
+    raise ArgumentError(f"{name} must be one of {', '.join(kinds)} (the arrays the {target} "
+                        f"target returns), not {kind!r}")

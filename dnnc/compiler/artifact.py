@@ -483,7 +483,7 @@ def llvm_restore(graph: Graph, manifest: dict, read, progress):
 
 def cuda_export(runtime, manifest: dict, files: dict) -> None:
     manifest["target"] = {"name": runtime.target.name, "arch": runtime.target.arch,
-                          "opt_level": runtime.opt_level}
+                          "opt_level": runtime.opt_level, "outputs": runtime.outputs}
     _export_tuned(runtime, manifest["target"])
     manifest["plan"] = runtime.plan()
     segments = []
@@ -526,10 +526,12 @@ _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def _check_cuda_manifest(manifest: dict) -> None:
     """Every field the cuda target reads, checked for type and range before it is used."""
+    from ..backends.cuda.executable import OUTPUT_KINDS
+
     target = manifest.get("target")
     _need(type(target) is dict and type(target.get("arch")) is str and
-          _ARCH.fullmatch(target["arch"]) is not None and _int(target.get("opt_level"), 0, 3),
-          "target")
+          _ARCH.fullmatch(target["arch"]) is not None and _int(target.get("opt_level"), 0, 3)
+          and target.get("outputs", "cupy") in OUTPUT_KINDS, "target")
     _check_tuned(target)
     _check_segments(manifest, _cuda_segment)
 
@@ -576,7 +578,8 @@ def cuda_restore(graph: Graph, manifest: dict, read, progress):
     return CUDARuntime.restore(graph, manifest["plan"], images,
                                REGISTRY[target["name"]].target(),
                                opt_level=target["opt_level"], progress=progress,
-                               tuned=target.get("tuned"))
+                               tuned=target.get("tuned"),
+                               outputs=target.get("outputs", "cupy"))   # older: the default
 
 
 def no_check(manifest: dict, path) -> None:
@@ -734,6 +737,15 @@ def _reader(archive: zipfile.ZipFile, manifest: dict, path):
         return data
 
     return read
+
+
+def target_of(path) -> str:
+    """The name of the target artifact `path` was compiled for (its manifest checked as a
+    load checks it, nothing else read): what the CLI asks before loading, to say at once
+    that this machine cannot run it."""
+    check_path("path", path)
+    with _open(path) as archive:
+        return _manifest(archive, path)["target"]["name"]
 
 
 def load(path, *, progress: bool | None = None):

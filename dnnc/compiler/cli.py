@@ -6,7 +6,7 @@
                  [--passes [--target llvm] [--opt-level N]]
     dnnc compile MODEL.onnx [--target llvm] [-o MODEL.dnnc] [--opt-level N] [--input-shape ...]
                  [--emit llvm-ir|asm|cuda|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
-                 [--mattr +avx2,...] [-q]
+                 [--mattr +avx2,...] [--outputs numpy|cupy] [-q]
     dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
              [--dim N=4 ...] [--seed S] [--output-dir DIR]
     dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
@@ -242,14 +242,15 @@ def _cpu_option(args):
 def _model_for(args, shapes: dict | None = None, check=None):
     """A CompiledModel from an artifact (loaded) or an ONNX file (compiled for --target);
     `check(input_names, input_types)` vets options against the model before compiling."""
-    from .artifact import is_artifact, load
+    from .artifact import is_artifact, load, target_of
     from .driver import compile
-    from .targets import default_target
+    from .targets import REGISTRY, default_target
 
     if is_artifact(args.model):
         if shapes:
             raise UsageError("--input-shape applies to ONNX models; an artifact's shapes are "
                              "fixed when it is compiled")
+        REGISTRY[target_of(args.model)].require()   # no GPU: one line, before any progress
         _say(args, f"loading {args.model}")
         model = load(args.model, progress=not getattr(args, "quiet", False))
         if args.target and args.target != model.target:
@@ -258,10 +259,11 @@ def _model_for(args, shapes: dict | None = None, check=None):
         if check is not None:
             check(model.input_names, model.input_types)
         return model
+    target = args.target or default_target()
+    REGISTRY[target].require()
     graph = _import_onnx(args.model, shapes or {})
     if check is not None:
         check([v.name for v in graph.inputs], [v.type for v in graph.inputs])
-    target = args.target or default_target()
     _say(args, f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
     return compile(graph, target=target, progress=not getattr(args, "quiet", False))
 
@@ -294,6 +296,7 @@ def cmd_compile(args) -> int:
                          f"artifact can be compiled here; --emit alone writes the code")
     output = Path(args.output) if args.output else Path(args.model).with_suffix(".dnnc")
     if not render_only:
+        spec.require()   # no GPU: one line, before any progress
         _check_writable(output, "-o")
     if args.dump_ir and not spec.runs_passes:
         raise UsageError(f"--dump-ir: the {args.target} target runs no passes")
@@ -317,7 +320,8 @@ def cmd_compile(args) -> int:
             raise UsageError(f"--tuning-log: the {args.target} target is not tuned")
         model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
                         progress=not args.quiet, dump_ir=args.dump_ir,
-                        tuning_log=args.tuning_log, render_only=render_only)
+                        tuning_log=args.tuning_log, render_only=render_only,
+                        outputs=args.outputs)
     except OSError as exc:   # the --dump-ir folder
         raise UsageError(f"cannot write into {args.dump_ir!r}: {exc.strerror or exc}") from exc
     if args.dump_ir:
@@ -481,7 +485,7 @@ def cmd_run(args) -> int:
     feeds = {**given, **_random_inputs(model, given, dims, np.random.default_rng(args.seed))}
     jit_before = model.stats.get("jit_seconds", 0.0)
     start = time.perf_counter()
-    outputs = model.run(**feeds)
+    outputs = model.run(*[feeds[n] for n in model.input_names], to="numpy")
     elapsed = time.perf_counter() - start
     jit = model.stats.get("jit_seconds", 0.0) - jit_before
     if args.output_dir:
@@ -575,7 +579,9 @@ def cmd_bench(args) -> int:
         feeds = _random_inputs(model, {}, dims, rng)
         if batch is not None:
             _say(args, f"batch {batch}: compiling and warming up")
-        ours = _median_ms(lambda: model.run(**feeds), args.repeat, args.warmup)
+        # NumPy in and out, as onnxruntime's: a GPU target's time includes its copies
+        args_in = [feeds[n] for n in model.input_names]
+        ours = _median_ms(lambda: model.run(*args_in, to="numpy"), args.repeat, args.warmup)
         theirs = None
         if session is not None:
             names = [i.name for i in session.get_inputs()]
@@ -600,7 +606,7 @@ def _artifact_summary(model) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .targets import default_target, fastest_first
+    from .targets import default_target, fastest_first, output_kinds
 
     targets, default = fastest_first(), default_target()
     parser = _Parser(
@@ -652,6 +658,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write the graph IR after every pass as DIR/NN_pass.txt")
     comp.add_argument("--tuning-log", metavar="FILE",
                       help="apply the best configs `dnnc tune` measured on this machine")
+    comp.add_argument("--outputs", choices=output_kinds(), default=None,
+                      help="the arrays the artifact's calls return from Python (default: "
+                           "the target's: cupy on cuda, numpy on the CPU targets)")
     _cpu_options(comp)
     comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(run=cmd_compile)

@@ -83,7 +83,8 @@ def compare(model, target: str | None = None, opt_level: int | None = None, *, r
     probed = Graph(graph.name, inputs=graph.inputs, nodes=graph.nodes,
                    outputs=list(graph.outputs) + [v for n in graph.nodes for v in n.outputs
                                                   if v not in graph.outputs])
-    compiled = compile(probed, target=target, opt_level=opt_level, passes=passes)
+    compiled = compile(probed, target=target, opt_level=opt_level, passes=passes,
+                       outputs="numpy")
     results = dict(zip(compiled.output_names, compiled.run(*arrays)))
     checked = 0
     for node in graph.nodes:
@@ -110,7 +111,8 @@ def bisect_passes(model, target: str | None = None, opt_level: int | None = None
     # passes=k runs the first k passes and leaves memory reuse off; passes=None is the
     # whole compile, memory planning included (it runs outside the pass pipeline)
     for k in list(range(len(names) + 1)) + [None]:
-        outs = compile(graph, target=target, opt_level=opt_level, passes=k).run(*arrays)
+        outs = compile(graph, target=target, opt_level=opt_level, passes=k,
+                       outputs="numpy").run(*arrays)
         if not all(_close(g, w, rtol, atol)[0] for g, w in zip(outs, want)):
             found = compare(graph, target, opt_level, rtol=rtol, atol=atol, passes=k,
                             inputs=arrays)

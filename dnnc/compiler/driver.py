@@ -12,15 +12,17 @@ from ..errors import ArgumentError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.target import Target
 from ..passes.manager import DEFAULT_OPT_LEVEL, passes_at
-from .arguments import check_choice, check_int, check_optional_bool, check_optional_path
+from .arguments import (check_choice, check_int, check_optional_bool, check_optional_path,
+                        check_returns)
 from .module import CompiledModel
 
 OPT_LEVELS = range(0, 4)
 """LLVM's -O0 to -O3; the graph pipeline's passes start at levels 1 and 2."""
 
 def llvm_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                 cache_size=None, tuned=None, render_only=False, **pipeline):
-    # render_only changes nothing here: the CPU that compiles is the one that runs
+                 cache_size=None, tuned=None, render_only=False, outputs=None, **pipeline):
+    # render_only changes nothing here: the CPU that compiles is the one that runs; outputs
+    # can only be "numpy" (check_options), what it returns anyway
     from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
     from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
 
@@ -32,14 +34,15 @@ def llvm_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
 
 
 def numpy_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                  cache_size=None, render_only=False, **pipeline):
+                  cache_size=None, render_only=False, outputs=None, **pipeline):
     return graph, NumpyRuntime(graph, target)   # the reference interprets the graph as imported
 
 
 def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                 cache_size=None, render_only=False, tuned=None, **pipeline):
-    """The passes, then a `CUDARuntime`; without CuPy or a GPU a `DeviceError` saying which is
-    missing, before any pass runs, unless only the sources are wanted (`render_only`)."""
+                 cache_size=None, render_only=False, tuned=None, outputs=None, **pipeline):
+    """The passes, then a `CUDARuntime` returning `outputs` ("cupy" when None); without CuPy
+    or a GPU a `DeviceError` saying which is missing, before any pass runs, unless only the
+    sources are wanted (`render_only`)."""
     from ..backends.cuda.device import import_cupy
     from ..backends.cuda.executable import DEFAULT_CACHE_SIZE, CUDARuntime
     from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
@@ -50,17 +53,21 @@ def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
     return graph, CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
                               reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
                               cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size,
-                              render_only=render_only, tuned=tuned)
+                              render_only=render_only, tuned=tuned,
+                              outputs=outputs or "cupy")
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,
-                  passes=None, dump_ir=None, cache_size=None) -> None:
+                  passes=None, dump_ir=None, cache_size=None, outputs=None) -> None:
     """Raise `ArgumentError` for a compile option of the wrong type or range, or one that
     `target` does not use (also what `dnnc.jit` checks when it decorates). The numpy reference
-    runs the graph as imported, so it refuses the llvm options rather than ignore them."""
+    runs the graph as imported, so it refuses the llvm options rather than ignore them;
+    `outputs` names an array kind, so every target takes the kinds it returns."""
     from .targets import REGISTRY, using
 
     check_choice("target", target, REGISTRY)
+    if outputs is not None:
+        check_returns(target, "outputs", outputs)
     check_int("opt_level", opt_level, OPT_LEVELS[0], OPT_LEVELS[-1], optional=True)
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
     check_int("passes", passes, 0, len(passes_at(level)), optional=True)
@@ -139,7 +146,7 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
             opt_level: int | None = None, tuning_log=None, cpu=None,
             progress: bool | None = None, passes: int | None = None,
             dump_ir=None, cache_size: int | None = None,
-            render_only: bool = False) -> CompiledModel:
+            render_only: bool = False, outputs: str | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`.
 
     `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.runtime.cpu_from`) is the
@@ -155,12 +162,14 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     to the targets that compile code (llvm, cuda; `cpu` and `tuning_log` to llvm only).
     `render_only` generates the code without the device that would run it (`dnnc compile
     --emit cuda` on a machine without a GPU): `source()` works, calling the model raises
-    `DeviceError`. Every argument is checked here: a wrong one raises `ArgumentError`
-    naming it; a tensor of static size beyond this machine's memory raises `OutOfMemoryError`
+    `DeviceError`. `outputs` is the kind of array a call returns unless its `to=` says
+    otherwise: the target's default when None (cuda: "cupy", device arrays; llvm and numpy:
+    "numpy", the only kind they return; cuda also takes "numpy"). Every argument is checked
+    here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this machine's memory raises `OutOfMemoryError`
     naming its node.
     """
     check_options(target, opt_level, tuning_log=tuning_log, cpu=cpu, progress=progress,
-                  passes=passes, dump_ir=dump_ir, cache_size=cache_size)
+                  passes=passes, dump_ir=dump_ir, cache_size=cache_size, outputs=outputs)
     from .targets import REGISTRY
 
     if not isinstance(render_only, bool):
@@ -182,7 +191,8 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
         tuned = best_configs(read(tuning_log), machine.key)
     graph, runtime = spec.runtime(graph, level, machine, progress=progress,
                                   passes=passes, timings=timings, dump_ir=dump_ir,
-                                  cache_size=cache_size, tuned=tuned, render_only=render_only)
+                                  cache_size=cache_size, tuned=tuned, render_only=render_only,
+                                  outputs=outputs)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "imported_nodes": imported_nodes, "pass_seconds": timings,
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),

@@ -1,8 +1,12 @@
 """CompiledModel: the callable a compile returns; checks its inputs and runs a target runtime.
 
 Call-time checks raise `InputError` naming the input, what was expected and what was given;
-symbolic dims are bound from the inputs and must agree across them. `save` writes an artifact
-(`dnnc/compiler/artifact.py`), `dnnc.load` reads one back.
+symbolic dims are bound from the inputs and must agree across them. Inputs are NumPy arrays or
+anything array-like, or GPU arrays (`__cuda_array_interface__`, or DLPack on a CUDA device),
+which stay where they are: a GPU target reads them in place, a CPU target refuses them. A
+call returns the kind of array its `to=` names, else the compile's `outputs` option, else the
+target's default (its registry entry's `returns`: NumPy, or CuPy on cuda). `save` writes an
+artifact (`dnnc/compiler/artifact.py`), `dnnc.load` reads one back.
 """
 
 from __future__ import annotations
@@ -11,21 +15,24 @@ import time
 
 import numpy as np
 
-from ..errors import ArgumentError, CompileError, InputError, OutOfMemoryError
+from ..errors import ArgumentError, CompileError, DeviceError, InputError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.interpreter import shape_mismatch
 from ..ir.types import TensorType
-from .arguments import check_int
+from .arguments import check_int, check_returns
 
 
 class DeviceArray:
     """An array in GPU memory (anything with `__cuda_array_interface__`: CuPy, PyTorch,
     Numba), seen through that interface without copying: shape and dtype for the call-time
-    checks, the interface itself for a GPU target's runtime, which reads its data in place."""
+    checks, the interface itself for a GPU target's runtime, which reads its data in place.
+    `view` is what has the interface when `obj` has none (a CuPy array over a DLPack-only
+    `obj`'s memory), kept alive with it."""
 
-    def __init__(self, obj):
-        face = obj.__cuda_array_interface__
+    def __init__(self, obj, view=None):
         self.obj = obj
+        self.view = obj if view is None else view
+        face = self.view.__cuda_array_interface__
         self.__cuda_array_interface__ = face
         self.shape = tuple(face["shape"])
         self.ndim = len(self.shape)
@@ -37,15 +44,40 @@ class DeviceArray:
                          f"tensor.cpu())")
 
 
+DLPACK_CUDA_DEVICES = (2, 13)
+"""DLPack's device types of GPU memory a CUDA kernel reads: kDLCUDA and kDLCUDAManaged."""
+
+
+def _on_cuda(x) -> bool:
+    """Whether DLPack object `x` lives in CUDA memory (`__dlpack_device__`'s device type)."""
+    try:
+        return x.__dlpack_device__()[0] in DLPACK_CUDA_DEVICES
+    except Exception:   # no __dlpack_device__, or one that cannot say
+        return False
+
+
 def as_array(x) -> np.ndarray:
     """Anything array-like (NumPy, `__array__`, DLPack) as a NumPy array without copying; a
-    GPU array (`__cuda_array_interface__`) as a `DeviceArray`, left where it is."""
+    GPU array as a `DeviceArray`, left where it is: one with `__cuda_array_interface__` (CuPy,
+    PyTorch, Numba, JAX) read through it, a DLPack-only one on a CUDA device through
+    `cupy.from_dlpack` (zero copy; the producer makes its data ready on CuPy's current
+    stream, as the DLPack protocol has it)."""
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "__cuda_array_interface__"):
         return DeviceArray(x)
-    if hasattr(x, "__dlpack__") and not hasattr(x, "__array__"):
-        return np.from_dlpack(x)
+    if hasattr(x, "__dlpack__"):
+        if _on_cuda(x):
+            from ..backends.cuda.device import import_cupy
+
+            try:
+                cupy = import_cupy()
+            except DeviceError as exc:
+                raise InputError(f"a GPU array ({type(x).__name__}) given through DLPack is "
+                                 f"read with CuPy: {exc}") from None
+            return DeviceArray(x, cupy.from_dlpack(x))
+        if not hasattr(x, "__array__"):
+            return np.from_dlpack(x)
     return np.asarray(x)
 
 
@@ -133,19 +165,33 @@ class CompiledModel:
         outs = ", ".join(str(t) for t in self.output_types)
         return f"<CompiledModel target={self.target} ({sig}) -> ({outs})>"
 
-    def __call__(self, *args, **kwargs):
-        """Run the model; one output comes back as an array, several as a tuple."""
-        outs = self.run(*args, **kwargs)
+    def __call__(self, *args, to: str | None = None, **kwargs):
+        """Run the model; one output comes back as an array, several as a tuple. `to` is the
+        kind of array returned ("numpy" or "cupy", as the target can; default: the compile's
+        `outputs` option, else the target's own kind). Every returned array is the
+        caller's: the next call never writes over it."""
+        outs = self.run(*args, to=to, **kwargs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def run(self, *args, **kwargs) -> list[np.ndarray]:
-        """Run the model; always returns the list of outputs."""
+    def run(self, *args, to: str | None = None, **kwargs) -> list[np.ndarray]:
+        """Run the model; always returns the list of outputs (`to` as in `__call__`)."""
+        if to is not None and not isinstance(to, str) and "to" in self.input_names:
+            raise ArgumentError("to= names the kind of array to return; give this model's "
+                                "input 'to' positionally")
         inputs, bindings = self.check_inputs(args, kwargs)
-        return self._run(inputs, bindings)
+        return self._run(inputs, bindings, to)
 
-    def _run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
+    def _run(self, inputs: list[np.ndarray], bindings: dict[str, int],
+             to: str | None = None) -> list[np.ndarray]:
+        options = {}
+        if to is not None:
+            from .targets import REGISTRY
+
+            check_returns(self.target, "to", to)
+            if len(REGISTRY[self.target].returns) > 1:   # else it returns that kind anyway
+                options["outputs"] = to
         try:
-            return self.runtime.run(inputs, bindings)
+            return self.runtime.run(inputs, bindings, **options)
         except MemoryError as exc:
             if isinstance(exc, OutOfMemoryError):
                 raise
@@ -187,10 +233,17 @@ class CompiledModel:
 
     def benchmark(self, *args, repeat: int = 20, warmup: int = 3) -> dict:
         """Median and min latency in milliseconds over `repeat` calls (at least 1), after
-        `warmup` untimed ones."""
+        `warmup` untimed ones; each call ends when its results are ready (a runtime that
+        returns before its device is done has a `synchronize()`, called in the timing)."""
         check_int("repeat", repeat, 1)
         check_int("warmup", warmup, 0)
         inputs, bindings = self.check_inputs(args, {})
-        times = call_times_ms(lambda: self._run(inputs, bindings), repeat, warmup)
+        synchronize = getattr(self.runtime, "synchronize", lambda: None)
+
+        def call():
+            self._run(inputs, bindings)
+            synchronize()
+
+        times = call_times_ms(call, repeat, warmup)
         return {"median_ms": float(np.median(times)), "min_ms": float(np.min(times)),
                 "repeat": repeat}

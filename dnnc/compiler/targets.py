@@ -41,6 +41,8 @@ class TargetSpec:
     tuning: Callable | None = None     # () -> what the tuner needs (backends/llvm/tuning.py)
     speed: int = 0                     # rank among the targets available on the host
     available: Callable = lambda: True  # () -> whether this host can run it
+    require: Callable = lambda: None   # () -> None, else raises the error saying why it cannot
+    returns: tuple[str, ...] = ("numpy",)  # the array kinds a call can return, the default first
 
     @property
     def generates_code(self) -> bool:
@@ -96,6 +98,12 @@ def _has_gpu() -> bool:
     return device.available()
 
 
+def _require_gpu() -> None:
+    from ..backends.cuda import device
+
+    device.import_cupy()
+
+
 def _cuda_device() -> Target:
     from ..backends.cuda import device
 
@@ -139,11 +147,13 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
     TargetSpec("cuda", "NVIDIA GPUs through NVRTC (CuPy)", driver.cuda_runtime,
                options=("passes", "dump_ir", "cache_size", "tuning_log"),
                emits=("cuda", "loop"),
+               # device arrays by default: a caller on the GPU pays no copy to the host
+               returns=("cupy", "numpy"),
                codec=ArtifactCodec(artifact.cuda_export, artifact.cuda_check,
                                    artifact.cuda_restore),
                runs_passes=True, machine=_cuda_device, layouts=(), fusion=_cuda_fusion,
                templates=_cuda_templates, tuning=_cuda_tuning, speed=20,
-               available=_has_gpu),
+               available=_has_gpu, require=_require_gpu),
 )}
 
 
@@ -155,6 +165,11 @@ def default_target() -> str:
 def fastest_first() -> list[str]:
     """Every target's name, the fastest first (the order the CLI offers them in)."""
     return [s.name for s in sorted(REGISTRY.values(), key=lambda s: -s.speed)]
+
+
+def output_kinds() -> list[str]:
+    """Every kind of array some target's calls return (`TargetSpec.returns`), in order."""
+    return list(dict.fromkeys(k for s in REGISTRY.values() for k in s.returns))
 
 
 def using(option: str) -> list[str]:

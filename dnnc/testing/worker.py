@@ -45,7 +45,7 @@ def handle(request: dict) -> dict:
 
     try:
         model = dnnc.compile(request["model"], target=request["target"],
-                             opt_level=request["opt_level"])
+                             opt_level=request["opt_level"], outputs="numpy")
         outputs = []
         for run in request["runs"]:
             outputs.append([o.copy() for o in model.run(**run)])

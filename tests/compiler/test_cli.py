@@ -197,7 +197,7 @@ def test_compile_then_run_the_artifact(tmp_path, capsys):
     out_file = tmp_path / "mlp.dnnc"
     code, out, err = run_cli(capsys, "compile", path, "--target", "llvm", "-o", out_file,
                              "--opt-level", "2", "--emit", "llvm-ir", tmp_path / "ir",
-                             "--emit", "loop", tmp_path / "ir")
+                             "--emit", "loop", tmp_path / "ir", "--outputs", "numpy")
     assert code == 0, err
     assert out.startswith(f"wrote {out_file}: llvm, 3 kernels, 0 host fallback")  # 5 nodes, fused
     assert "compiling" in err  # progress lines go to stderr
@@ -269,6 +269,9 @@ def test_bench_prints_medians(tmp_path, capsys):
     (["compile", "{mlp}", "--emit", "ptx", "out"], "--emit 'ptx'"),
     (["compile", "{mlp}", "--target", "numpy", "--mcpu", "znver4"], "llvm target only"),
     (["bench", "{mlp}", "--batch", "8"], "batch is fixed"),
+    (["compile", "{mlp}", "--target", "llvm", "--outputs", "cupy"],
+     "outputs='cupy': the llvm target returns numpy arrays; cupy arrays come from the cuda"),
+    (["compile", "{mlp}", "--outputs", "torch"], "invalid choice: 'torch'"),
 ])
 def test_compile_run_bench_mistakes(tmp_path, capsys, monkeypatch, argv, message):
     mlp = mlp_file(tmp_path, capsys)

@@ -70,7 +70,8 @@ def run_case(case, target: str, opt_level: int | None = None) -> Result:
     if any(not isinstance(x, np.ndarray) for x in list(inputs) + list(expected)):
         return Result(case.name, False, "unsupported type: sequence/optional values")
     try:
-        model = dnnc.compile(case.model, target=target, opt_level=opt_level)
+        model = dnnc.compile(case.model, target=target, opt_level=opt_level,
+                             outputs="numpy")
         with np.errstate(all="ignore"):
             outputs = model.run(*inputs)
     except errors.UnsupportedOpError as exc:

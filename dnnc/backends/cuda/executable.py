@@ -9,29 +9,42 @@ region sized for the hungriest kernel).
 
 Memory (`_Layout`): constants are uploaded once per specialisation; each calling thread's
 frame holds one device allocation with the arena (`plan_memory`'s offsets), the workspace and
-fixed buffers for the segment's inputs and outputs, so every launch's arguments are known
-when the frame is built. The first run of a frame captures all launches as one CUDA graph
-(GPU.md: 64 small launches 0.43 ms one by one, 0.066 ms replayed) and later runs replay it:
-a run copies the inputs into their fixed buffers (NumPy host to device; CuPy and any
-`__cuda_array_interface__` array device to device), replays the graph, and hands the output
-buffers on, all on the caller's current CuPy stream.
+fixed buffers for the segment's inputs and outputs. A run replays a CUDA graph of all its
+launches (GPU.md: 64 small launches 0.43 ms one by one, 0.066 ms replayed); a graph reads
+fixed addresses, so a frame keeps one per tuple of input addresses (`_Frame`):
 
-At the segment boundary: segments pass device arrays to each other; a host fallback step gets
-NumPy arrays (`_run_host`); the model's outputs come back as NumPy, or as CuPy arrays with
-`CUDARuntime.outputs = "cupy"` (a copy: the frame's buffers are reused by the next call).
+- the graph on the frame's own input buffers, into which a run copies its inputs (NumPy host
+  to device; device arrays device to device, strided ones in C order);
+- up to `GRAPHS_PER_FRAME` graphs on callers' device arrays (C-order CuPy, PyTorch, any
+  `__cuda_array_interface__` or CUDA DLPack array), read in place: zero copy. Such a graph is
+  captured the second time its addresses come (`SEEN_PER_FRAME` remembers the first), so a
+  serving loop that reuses its input buffers pays no copy from its third call on, and a
+  caller that allocates a fresh input per call pays one device copy, never a capture per call.
+  A graph reads its addresses' contents when it is replayed: new data in a reused buffer is
+  read, never stale data.
+
+A run works on the caller's stream (`CUDARuntime._caller_stream`: CuPy's current stream, or
+PyTorch's current one when an input is a PyTorch tensor), after the work that produced a
+`__cuda_array_interface__` input on the stream it names. Segments pass device arrays to each
+other (read in place: their addresses are fixed); a host fallback step gets NumPy arrays
+(`_run_host`). The model's outputs come back as `outputs` says (per call, or the runtime's
+default, "cupy"): CuPy arrays of their own (a device copy of the frame's output buffers, which
+the next call reuses: a returned array is never overwritten) or NumPy arrays.
 
 `render_only` builds the sources without a GPU (`dnnc compile --emit cuda` on a machine
 without one): `source()` works, running raises the `DeviceError` saying what is missing.
 """
-
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import ArgumentError, ArtifactError, CompileError, DeviceError
+from ...errors import ArgumentError, ArtifactError, CompileError, DeviceError, InputError
 from ...ir import loop as L
 from ...ir import types as T
 from ...ir.graph import Graph, Node
@@ -44,7 +57,20 @@ from . import device
 DEVICE_ALIGN = 256
 """Byte alignment of every device buffer (cudaMalloc's): enough for any vector access."""
 
-OUTPUT_KINDS = ("numpy", "cupy")
+OUTPUT_KINDS = ("cupy", "numpy")
+"""What a call can return: CuPy arrays (the default) or NumPy arrays."""
+
+GRAPHS_PER_FRAME = 8
+"""CUDA graphs a frame keeps for callers' input addresses, least recently used dropped first,
+beside the one on its own input buffers: room for a serving loop's double or triple buffers
+and a few models' worth of segments fed by one another."""
+
+SEEN_PER_FRAME = 64
+"""Tuples of callers' input addresses a frame remembers meeting once: a tuple that comes
+back gets a graph of its own; one seen only once cost a device copy, not a capture."""
+
+DEVICE_MEMORY = (2, 3)
+"""cudaPointerAttributes types a kernel of this device can read: device and managed."""
 
 
 def _aligned(n: int) -> int:
@@ -162,6 +188,13 @@ def _is_device(a) -> bool:
     return hasattr(a, "__cuda_array_interface__")
 
 
+def _output_kind(kind) -> str:
+    """`kind` when it is one of `OUTPUT_KINDS`, else an `ArgumentError`."""
+    if not isinstance(kind, str) or kind not in OUTPUT_KINDS:
+        raise ArgumentError(f"outputs must be one of {', '.join(OUTPUT_KINDS)}, not {kind!r}")
+    return kind
+
+
 class CUDARuntime(Executable):
     """Runs a graph as GPU segments and host steps; thread-safe (one frame per thread)."""
 
@@ -169,7 +202,7 @@ class CUDARuntime(Executable):
                  progress: bool | None = None, plan: list[dict] | None = None,
                  reuse_memory: bool | None = None, warm_up: bool = True,
                  cache_size: int = DEFAULT_CACHE_SIZE, render_only: bool = False,
-                 outputs: str = "numpy", module_cache: device.ModuleCache | None = None,
+                 outputs: str = "cupy", module_cache: device.ModuleCache | None = None,
                  tuned: dict | None = None):
         super().__init__(graph, opt_level=opt_level, progress=progress, plan=plan,
                          reuse_memory=reuse_memory, warm_up=warm_up, cache_size=cache_size,
@@ -184,15 +217,13 @@ class CUDARuntime(Executable):
 
     @property
     def outputs(self) -> str:
-        """What a call returns: "numpy" (the default) or "cupy" (device arrays of its own)."""
+        """What a call returns unless it says: "cupy" (the default: device arrays of its own)
+        or "numpy"."""
         return self._outputs
 
     @outputs.setter
     def outputs(self, kind: str) -> None:
-        if kind not in OUTPUT_KINDS:
-            raise ArgumentError(f"outputs must be one of {', '.join(OUTPUT_KINDS)}, not "
-                                f"{kind!r}")
-        self._outputs = kind
+        self._outputs = _output_kind(kind)
 
     # -- what a target supplies ---------------------------------------------------------------
 
@@ -213,24 +244,53 @@ class CUDARuntime(Executable):
 
     # -- running ------------------------------------------------------------------------------
 
-    def run(self, inputs: list, bindings: dict[str, int]) -> list:
+    def run(self, inputs: list, bindings: dict[str, int], outputs: str | None = None) -> list:
+        """The model's outputs as `outputs` says (None: as the runtime's `outputs` says),
+        computed on the caller's stream (`_caller_stream`)."""
         self._check_device()
-        return self._deliver(super().run(inputs, bindings))
+        kind = self._outputs if outputs is None else _output_kind(outputs)
+        with self._caller_stream(inputs):
+            return self._deliver(super().run(inputs, bindings), kind)
 
     def profile(self, inputs: list, repeat: int = 20) -> tuple[list, list[dict]]:
         self._check_device()
-        outs, rows = super().profile(inputs, repeat)
-        return self._deliver(outs), rows
+        with self._caller_stream(inputs):
+            outs, rows = super().profile(inputs, repeat)
+            return self._deliver(outs, self._outputs), rows
+
+    def synchronize(self) -> None:
+        """Wait until the GPU has done the work of every call so far (on whichever stream)."""
+        self._check_device()
+        self.cupy.cuda.Device().synchronize()
+
+    def _caller_stream(self, inputs: list):
+        """A context in which CuPy's current stream is the caller's: where an input is a
+        PyTorch CUDA tensor, PyTorch's current stream on its device (wrapped as a CuPy
+        `ExternalStream`), so the call runs after the work
+        that made the tensor and before the caller's next PyTorch op without a
+        synchronisation; else CuPy's current stream, left as it is."""
+        torch = sys.modules.get("torch")   # never imported here: a tensor implies it is
+        if torch is not None:
+            for a in inputs:
+                tensor = getattr(a, "obj", None)
+                if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                    ptr = torch.cuda.current_stream(tensor.device).cuda_stream
+                    if ptr != self.cupy.cuda.get_current_stream().ptr:
+                        return self.cupy.cuda.ExternalStream(ptr, tensor.device.index)
+                    break
+        return contextlib.nullcontext()
 
     def _check_device(self) -> None:
         if self.render_only:
             raise DeviceError(f"this cuda model was built for its source only: "
                               f"{device.unavailable_reason() or 'compile it again to run it'}")
 
-    def _deliver(self, outs: list) -> list:
-        """The model's outputs as `outputs` says: device arrays (which may be a frame's
-        reused buffers) copied or moved to the host."""
-        if self._outputs == "cupy":
+    def _deliver(self, outs: list, kind: str) -> list:
+        """The model's outputs as `kind` says, each the caller's own: device arrays (a
+        frame's reused buffers) copied on the device or to the host. (A view of the frame's
+        buffer would save a device copy per output and be overwritten by the next call: a
+        silent overwrite is the worse bug, so copies it is; bench/cuda_calls.py times it.)"""
+        if kind == "cupy":
             return [self.cupy.array(a) for a in outs]   # a copy, on the current stream
         return [self._to_host(a, v.type.dtype.np) for v, a in zip(self.graph.outputs, outs)]
 
@@ -261,13 +321,13 @@ class CUDARuntime(Executable):
     @classmethod
     def restore(cls, graph: Graph, plan: list[dict], images: list["SegmentImage"],
                 target: Target, opt_level: int = 3, progress: bool | None = None,
-                cache_size: int = DEFAULT_CACHE_SIZE,
-                tuned: dict | None = None) -> "CUDARuntime":
+                cache_size: int = DEFAULT_CACHE_SIZE, tuned: dict | None = None,
+                outputs: str = "cupy") -> "CUDARuntime":
         """A runtime from a saved plan and compiled specialisations: no passes, no lowering;
         a cubin built for another architecture is rebuilt from its source; shapes not among
         `images` compile on first use (with the `tuned` configs the compile had)."""
         rt = cls(graph, target=target, opt_level=opt_level, progress=progress, plan=plan,
-                 cache_size=cache_size, tuned=tuned)
+                 cache_size=cache_size, tuned=tuned, outputs=outputs)
         for image in images:
             step = rt.steps[image.step]
             if not isinstance(step, Segment):
@@ -302,12 +362,17 @@ class _Frame:
     """One calling thread's device state for a segment."""
 
     memory: object                  # the cupy MemoryPointer of its one allocation
-    inputs: list[int]               # input buffers' addresses
+    inputs: tuple[int, ...]         # its own input buffers' addresses
     outputs: list                   # output buffers as CuPy arrays (views of `memory`)
+    ext: list[int]                  # every external slot's address: inputs, outputs, constants
     arena: int                      # the arena's address
+    workspace: int                  # the workspace's address
     launches: list[tuple]           # (function, grid, block, shared bytes, argument tuple)
     capture: object                 # the non-blocking stream graphs are captured on
-    graph: object = None            # the captured CUDA graph, after the first run
+    own_graph: object = None        # the graph on its own input buffers, once captured
+    # callers' input addresses -> their graph (least recently used first); tuples met once
+    graphs: OrderedDict = field(default_factory=OrderedDict)
+    seen: OrderedDict = field(default_factory=OrderedDict)
 
 
 class _CompiledSegment(CompiledSegment):
@@ -342,6 +407,7 @@ class _CompiledSegment(CompiledSegment):
         self.frames = threading.local()
         data = [i for i, v in enumerate(step.inputs) if v.const is None]
         self.input_types = [(self.shapes[i], step.inputs[i].type.dtype.np) for i in data]
+        self.input_names = [step.inputs[i].name for i in data]
         self.output_types = [(tuple(t.shape), t.dtype.np) for t in self.escaping_types]
         self.layout = _Layout.of(self.arena_bytes, self.workspace_bytes,
                                  [_nbytes(s, d) for s, d in self.input_types],
@@ -351,6 +417,7 @@ class _CompiledSegment(CompiledSegment):
         self.cubin = b""
         if self.cupy is None:   # rendering only
             return
+        self.device_id = self.cupy.cuda.Device().id
         if cubin is None or built_for != self.arch:
             cubin = rt.module_cache.get(self.source, self.arch, device.nvrtc_options(self.arch))
         self.cubin = cubin
@@ -405,30 +472,41 @@ class _CompiledSegment(CompiledSegment):
         cupy = self.cupy
         memory = cupy.cuda.alloc(self.layout.total)
         base = memory.ptr
-        inputs = [base + o for o in self.layout.inputs]
+        inputs = tuple(base + o for o in self.layout.inputs)
         outputs = [cupy.ndarray(shape, _storage(dtype), memory + o)
                    for (shape, dtype), o in zip(self.output_types, self.layout.outputs)]
-        ext = inputs + [base + o for o in self.layout.outputs] + self._const_ptrs
+        ext = list(inputs) + [base + o for o in self.layout.outputs] + self._const_ptrs
         arena, workspace = base + self.layout.arena, base + self.layout.workspace
-        launches = [(self._functions[b.name], b.grid, b.block, b.shared_bytes,
-                     tuple(np.uint64(p) for p in resolve(b.args, ext, arena, workspace)))
-                    for b in self.launches]
-        return _Frame(memory, inputs, outputs, arena, launches,
+        return _Frame(memory, inputs, outputs, ext, arena, workspace,
+                      self._resolved(ext, arena, workspace),
                       cupy.cuda.Stream(non_blocking=True))
 
-    def _copy_in(self, arrays: list, frame: _Frame, stream) -> list:
-        """Copy the data inputs into the frame's buffers on `stream`; returns what must stay
-        alive until the copies are done (contiguous temporaries)."""
+    def _resolved(self, ext: list[int], arena: int, workspace: int) -> list[tuple]:
+        """Every launch with its arguments as device addresses: (function, grid, block,
+        shared bytes, argument tuple)."""
+        return [(self._functions[b.name], b.grid, b.block, b.shared_bytes,
+                 tuple(np.uint64(p) for p in resolve(b.args, ext, arena, workspace)))
+                for b in self.launches]
+
+    def _data(self, arrays: list) -> list:
+        """The segment's data inputs among `arrays` (its constants are uploaded once)."""
+        return [a for v, a in zip(self.step.inputs, arrays) if v.const is None]
+
+    def _copy_in(self, data: list, faces: list, frame: _Frame, stream,
+                 places: tuple[int, ...]) -> list:
+        """Copy the data inputs whose place is the frame's own buffer into it, on `stream`
+        (`faces`: each input's `__cuda_array_interface__`, None for a host array); returns
+        what must stay alive until the copies are done (contiguous temporaries)."""
         cupy = self.cupy
         runtime = cupy.cuda.runtime
-        data = [a for v, a in zip(self.step.inputs, arrays) if v.const is None]
         keep = []
-        for a, dst, (shape, dtype) in zip(data, frame.inputs, self.input_types):
+        for a, face, dst, at, (shape, dtype) in zip(data, faces, frame.inputs, places,
+                                                    self.input_types):
             nbytes = _nbytes(shape, dtype)
-            if not nbytes:
+            if at != dst or not nbytes:
                 continue
-            if _is_device(a):
-                src = _contiguous_address(a, cupy, keep)
+            if face is not None:
+                src = _contiguous_address(a, face, cupy, keep)
                 runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDeviceToDevice,
                                     stream.ptr)
             else:
@@ -439,28 +517,83 @@ class _CompiledSegment(CompiledSegment):
         return keep
 
     @staticmethod
-    def _launch(frame: _Frame, stream, launches=None) -> None:
-        for fn, grid, block, shared, args in (frame.launches if launches is None else launches):
+    def _launch(launches: list[tuple], stream) -> None:
+        for fn, grid, block, shared, args in launches:
             fn(grid, block, args, shared_mem=shared, stream=stream)
 
     def run(self, arrays: list, frame: _Frame) -> list:
         """The segment's outputs as device arrays: the frame's output buffers, valid until
-        this thread's next run of the segment (`CUDARuntime` copies what it hands out)."""
+        this thread's next run of the segment (`CUDARuntime` copies what it hands out).
+        C-order device inputs are read in place when a graph on their addresses exists or
+        these addresses come for the second time (then captured); else every input is
+        copied into the frame's own buffers and their graph replayed."""
         stream = self.cupy.cuda.get_current_stream()
-        keep = self._copy_in(arrays, frame, stream)
-        if frame.graph is None:
-            frame.graph = self._capture(frame)
-        frame.graph.launch(stream=stream)
+        data = self._data(arrays)
+        faces = [_face(a) for a in data]
+        places = tuple(_direct_address(f) or own for f, own in zip(faces, frame.inputs))
+        graph = self._graph_for(places, frame)
+        if graph is None:
+            places = frame.inputs
+            graph = frame.own_graph or self._own_graph(frame)
+        for face in faces:
+            if face is not None:
+                _wait_for_producer(face, stream, self.cupy)
+        keep = self._copy_in(data, faces, frame, stream, places)
+        graph.launch(stream=stream)
         del keep   # host sources were staged by memcpyAsync; device ones are the caller's
         return list(frame.outputs)
 
-    def _capture(self, frame: _Frame):
-        """Every launch of the segment, captured once as a CUDA graph on the frame's
-        non-blocking stream (nothing in it allocates, copies to the host or synchronises)."""
+    def _graph_for(self, places: tuple[int, ...], frame: _Frame):
+        """The graph reading the inputs at `places`: kept, or captured now when `places` was
+        met before (after checking that every caller's array is on this GPU); None the
+        first time."""
+        if places == frame.inputs:
+            return frame.own_graph or self._own_graph(frame)
+        graph = frame.graphs.get(places)
+        if graph is not None:
+            frame.graphs.move_to_end(places)
+            return graph
+        self._check_devices(places, frame)
+        if frame.seen.pop(places, None) is None:
+            frame.seen[places] = True
+            if len(frame.seen) > SEEN_PER_FRAME:
+                frame.seen.popitem(last=False)
+            return None
+        graph = frame.graphs[places] = self._capture(frame, places)
+        if len(frame.graphs) > GRAPHS_PER_FRAME:
+            frame.graphs.popitem(last=False)
+        return graph
+
+    def _check_devices(self, places: tuple[int, ...], frame: _Frame) -> None:
+        """Refuse a caller's array that a kernel of this GPU cannot read (an `InputError`
+        naming the input): in another GPU's memory, or not in device memory at all."""
+        runtime = self.cupy.cuda.runtime
+        for name, at, own in zip(self.input_names, places, frame.inputs):
+            if at == own:
+                continue
+            where = runtime.pointerGetAttributes(at)
+            if where.type not in DEVICE_MEMORY:
+                raise InputError(f"input {name!r}: its __cuda_array_interface__ points at "
+                                 f"host memory, not at a GPU's")
+            if where.type == DEVICE_MEMORY[0] and where.device != self.device_id:
+                raise InputError(f"input {name!r} is on GPU {where.device}; this model runs "
+                                 f"on GPU {self.device_id}: copy it there first")
+
+    def _own_graph(self, frame: _Frame):
+        frame.own_graph = self._capture(frame, frame.inputs)
+        return frame.own_graph
+
+    def _capture(self, frame: _Frame, places: tuple[int, ...]):
+        """Every launch of the segment reading its inputs at `places`, captured once as a
+        CUDA graph on the frame's non-blocking stream (nothing in it allocates, copies to the
+        host or synchronises)."""
+        ext = list(places) + frame.ext[len(places):]
+        launches = frame.launches if places == frame.inputs else \
+            self._resolved(ext, frame.arena, frame.workspace)
         stream = frame.capture
         stream.begin_capture()
         try:
-            self._launch(frame, stream)
+            self._launch(launches, stream)
         finally:
             graph = stream.end_capture()
         return graph
@@ -472,7 +605,8 @@ class _CompiledSegment(CompiledSegment):
         cupy = self.cupy
         runtime = cupy.cuda.runtime
         stream = cupy.cuda.get_current_stream()
-        keep = self._copy_in(arrays, frame, stream)
+        data = self._data(arrays)
+        keep = self._copy_in(data, [_face(a) for a in data], frame, stream, frame.inputs)
         saved = cupy.cuda.alloc(max(self.arena_bytes, 1))
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         rows = []
@@ -484,14 +618,14 @@ class _CompiledSegment(CompiledSegment):
             times = []
             for _ in range(repeat):
                 start.record(stream)
-                self._launch(frame, stream, launches)
+                self._launch(launches, stream)
                 end.record(stream)
                 end.synchronize()
                 times.append(cupy.cuda.get_elapsed_time(start, end))
             if self.arena_bytes:
                 runtime.memcpyAsync(frame.arena, saved.ptr, self.arena_bytes,
                                     runtime.memcpyDeviceToDevice, stream.ptr)
-            self._launch(frame, stream, launches)
+            self._launch(launches, stream)
             rows.append((kernel, float(np.median(times))))
         stream.synchronize()
         del keep
@@ -502,10 +636,42 @@ def _nbytes(shape, dtype: np.dtype) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def _contiguous_address(a, cupy, keep: list) -> int:
-    """The device address of `a`'s data in C order (a contiguous device copy kept in `keep`
-    when `a` is strided)."""
-    face = a.__cuda_array_interface__
+def _face(a) -> dict | None:
+    """`a`'s `__cuda_array_interface__` (read once: CuPy builds it on every access), or None
+    for a host array."""
+    return getattr(a, "__cuda_array_interface__", None)
+
+
+def _direct_address(face: dict | None) -> int | None:
+    """The address a kernel can read a device array (its `__cuda_array_interface__`) at in
+    place: its data's, when it is in C order and not empty; else None (host arrays too)."""
+    if face is None:
+        return None
+    shape, strides = tuple(face["shape"]), face.get("strides")
+    if not int(np.prod(shape, dtype=np.int64)):
+        return None
+    if strides is not None and tuple(strides) != \
+            _c_strides(shape, np.dtype(face["typestr"]).itemsize):
+        return None
+    return face["data"][0]
+
+
+def _wait_for_producer(face: dict, stream, cupy) -> None:
+    """Make `stream` wait for the stream a `__cuda_array_interface__` (version 3) names as
+    the one its data is being produced on, as the protocol asks of a consumer reading it
+    (none named, or `stream` itself: nothing to wait for; 1 is the legacy default stream,
+    CuPy's 0)."""
+    producer = face.get("stream")
+    if producer is None or producer == stream.ptr or (producer == 1 and stream.ptr == 0):
+        return
+    event = cupy.cuda.Event(disable_timing=True)
+    event.record(cupy.cuda.ExternalStream(producer))
+    stream.wait_event(event)
+
+
+def _contiguous_address(a, face: dict, cupy, keep: list) -> int:
+    """The device address of `a`'s data (`face`: its `__cuda_array_interface__`) in C order
+    (a contiguous device copy kept in `keep` when `a` is strided)."""
     shape, strides = tuple(face["shape"]), face.get("strides")
     itemsize = np.dtype(face["typestr"]).itemsize
     if strides is None or tuple(strides) == _c_strides(shape, itemsize):

@@ -1,17 +1,15 @@
 """The cuda target's runtime: the module cache, the launch list, the registry and CLI without a
-GPU (one clear error; `--emit cuda` renders anyway), and on a GPU (`gpu` tests) whole models
-against onnxruntime and the reference.
+GPU (one clear error; `--emit cuda` renders anyway), on a GPU (`gpu` tests) whole models
+against onnxruntime and the reference, and the runtime's bookkeeping on the simulated device
+(copies, graphs, threads, profiling, artifacts). How a call takes and returns arrays is
+test_cuda_calls.py's.
 
 Named test_cuda_runtime.py: the test folders have no __init__.py, so a second
 test_runtime.py (tests/backends/llvm/ has one) would not import."""
 
-import importlib.machinery
 import os
-import sys
 import threading
 import time
-import types
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -25,6 +23,9 @@ from dnnc.backends.plan import Call
 from dnnc.compiler import cli
 from dnnc.compiler.targets import REGISTRY, default_target
 from dnnc.errors import CompileError, DeviceError
+from simulated_device import FAKE, FakeArray, FakeKernel, FakeLaunch, Interface, relu_model
+
+_IMPORT_CUPY = device.import_cupy   # the real one, which the simulated device replaces
 
 
 # -- the module cache ---------------------------------------------------------------------------
@@ -131,20 +132,6 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
 
 # -- the launch list ----------------------------------------------------------------------------
 
-@dataclass
-class FakeLaunch:
-    name: str
-    grid: tuple
-    block: tuple
-    shared_bytes: int = 0
-
-
-@dataclass
-class FakeKernel:
-    launches: list
-    workspace: list = field(default_factory=list)
-
-
 def test_launch_list_keeps_call_order_and_appends_workspace_pointers():
     kernels = {
         "k0_dense": FakeKernel([FakeLaunch("k0_dense_split", (4, 1, 1), (128, 1, 1), 8192),
@@ -194,34 +181,6 @@ def test_frame_layout_aligns_every_buffer_and_gives_empty_ones_room():
 
 # -- without a GPU ------------------------------------------------------------------------------
 
-@pytest.fixture
-def no_gpu(monkeypatch):
-    """This process as on a machine with CuPy installed but no GPU visible."""
-    fake = types.ModuleType("cupy")
-    fake.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
-    fake.__version__ = "14.2.0"
-
-    def no_device():
-        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
-
-    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_device))
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    device._probe.cache_clear()
-    yield
-    device._probe.cache_clear()
-
-
-@pytest.fixture
-def no_cupy(monkeypatch):
-    """This process as on a machine without CuPy."""
-    real = device.importlib.util.find_spec
-    monkeypatch.setattr(device.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "cupy" else real(name, *a))
-    device._probe.cache_clear()
-    yield
-    device._probe.cache_clear()
-
-
 def test_without_cupy_the_error_names_the_wheels(no_cupy):
     assert not device.available() and not REGISTRY["cuda"].available()
     with pytest.raises(DeviceError, match="needs CuPy, which is not installed: pip install "
@@ -240,19 +199,40 @@ def test_without_a_gpu_the_error_says_so(no_gpu):
     assert device.machine().arch == device.DEFAULT_ARCH
 
 
-@pytest.mark.codegen
-def test_cli_without_a_gpu_fails_with_one_line(no_gpu, tmp_path, capsys):
+MACHINES_WITHOUT_A_GPU = [
+    ("no_cupy", "the cuda target needs CuPy, which is not installed: pip install "
+                "cupy-cuda12x (CUDA 12) or cupy-cuda13x (CUDA 13), matching the CUDA driver"),
+    ("no_gpu", "no CUDA GPU is visible to CuPy 14.2.0: cudaErrorNoDevice: no CUDA-capable "
+               "device is detected")]
+
+
+@pytest.mark.parametrize("machine,says", MACHINES_WITHOUT_A_GPU)
+def test_the_newcomers_path_without_a_gpu_fails_with_one_line(machine, says, simulated,
+                                                              request, tmp_path, capsys,
+                                                              monkeypatch):
+    """`dnnc compile m.onnx --target cuda -o m.dnnc`, `dnnc run m.dnnc --random` (an
+    artifact compiled on a GPU machine: here on the simulated device) and `dnnc bench m.onnx
+    --target cuda` each print one line saying what is missing, and exit with status 2."""
     import onnx
 
-    path = tmp_path / "mlp.onnx"
-    onnx.save(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), path)
-    for argv in (["compile", str(path), "--target", "cuda", "-q"],
-                 ["run", str(path), "--target", "cuda", "--random", "-q"],
-                 ["bench", str(path), "--target", "cuda", "-q"]):
+    from dnnc.compiler.module import CompiledModel
+
+    model = tmp_path / "mlp.onnx"
+    onnx.save(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), model)
+    artifact = tmp_path / "relu.dnnc"
+    rt = simulated(relu_model([3, 5]))
+    CompiledModel(rt.graph, rt, "cuda").save(artifact)
+    monkeypatch.setattr(device, "import_cupy", _IMPORT_CUPY)   # the machine's own again
+    request.getfixturevalue(machine)
+    for argv in (["compile", str(model), "--target", "cuda", "-o", str(tmp_path / "m.dnnc")],
+                 ["run", str(artifact), "--random"],
+                 ["run", str(model), "--target", "cuda", "--random"],
+                 ["bench", str(model), "--target", "cuda"],
+                 ["bench", str(artifact)]):
         assert cli.main(argv) == cli.EXIT_USAGE, argv
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("dnnc: error: no CUDA GPU is visible"), err
-    assert not (tmp_path / "mlp.dnnc").exists()
+        assert err == [f"dnnc: error: {says}"], (argv, err)   # before any progress line
+    assert not (tmp_path / "m.dnnc").exists()
 
 
 def test_cli_emit_without_a_gpu_refuses_an_artifact_path(no_gpu, tmp_path, capsys):
@@ -267,9 +247,11 @@ def test_cli_emit_without_a_gpu_refuses_an_artifact_path(no_gpu, tmp_path, capsy
 
 
 @pytest.mark.codegen
-def test_cli_emit_cuda_without_a_gpu_writes_the_source(no_gpu, tmp_path, capsys):
+@pytest.mark.parametrize("machine", [m for m, _ in MACHINES_WITHOUT_A_GPU])
+def test_cli_emit_cuda_without_a_gpu_writes_the_source(machine, request, tmp_path, capsys):
     import onnx
 
+    request.getfixturevalue(machine)
     path = tmp_path / "cnn.onnx"
     onnx.save(zoo.build("cnn", size=16, width=4), path)
     argv = ["compile", str(path), "--target", "cuda", "--emit", "cuda", str(tmp_path / "cu"),
@@ -346,7 +328,7 @@ def test_zoo_model_on_the_gpu_matches_onnxruntime(name, batch, rng):
     assert compiled.stats["host_fallback_ops"] == 0, compiled.runtime.host_fallback_ops
     for _ in range(2):   # the first call captures the CUDA graph, the second replays it
         feeds = zoo.inputs_for(model, rng)
-        outputs = compiled.run(*feeds.values())
+        outputs = compiled.run(*feeds.values(), to="numpy")
         expected = _onnxruntime(model, feeds)
         for out, ref in zip(outputs, expected):
             assert isinstance(out, np.ndarray) and out.dtype == ref.dtype
@@ -361,13 +343,12 @@ def test_cupy_inputs_and_outputs(rng):
     model = zoo.build("cnn", batch=2, size=16, width=4)
     compiled = dnnc.compile(model, "cuda")
     x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
-    expected = compiled(x)
-    np.testing.assert_array_equal(compiled(cupy.asarray(x)), expected)
+    expected = compiled(x, to="numpy")
+    np.testing.assert_array_equal(compiled(cupy.asarray(x), to="numpy"), expected)
     # a strided device array is copied to C order first
     wide = cupy.asarray(np.repeat(x, 2, axis=3))   # every other column is x
-    np.testing.assert_array_equal(compiled(wide[:, :, :, ::2]), expected)
-    compiled.runtime.outputs = "cupy"
-    first = compiled(cupy.asarray(x))
+    np.testing.assert_array_equal(compiled(wide[:, :, :, ::2], to="numpy"), expected)
+    first = compiled(cupy.asarray(x))     # CuPy by default
     second = compiled(cupy.asarray(-x))   # the first result is the caller's, not overwritten
     assert isinstance(first, cupy.ndarray)
     np.testing.assert_array_equal(cupy.asnumpy(first), expected)
@@ -384,7 +365,7 @@ def test_threads_each_get_a_frame(rng):
 
     def work(k):
         for _ in range(20):
-            results[k] = compiled(inputs[k])
+            results[k] = compiled(inputs[k], to="numpy")
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
     for t in threads:
@@ -400,6 +381,7 @@ def test_profile_times_every_kernel(rng):
     model = zoo.build("cnn", size=16, width=4)
     compiled = dnnc.compile(model, "cuda")
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    compiled.runtime.outputs = "numpy"
     outs, rows = compiled.runtime.profile([x], repeat=3)
     assert len(rows) == compiled.stats["kernels"] and all(r["ms"] > 0 for r in rows)
     np.testing.assert_allclose(outs[0], compiled(x), rtol=1e-6, atol=1e-7)
@@ -437,245 +419,43 @@ def test_host_fallback_between_gpu_segments(rng):
     compiled = dnnc.compile(model, "cuda")
     assert compiled.stats["host_fallback_ops"] >= 1
     x = rng.standard_normal((2, 5)).astype(np.float32)
-    np.testing.assert_array_equal(compiled(x), dnnc.compile(model, "numpy")(x))
+    np.testing.assert_array_equal(compiled(x, to="numpy"), dnnc.compile(model, "numpy")(x))
 
 
-# -- the runtime's bookkeeping on a simulated device ----------------------------------------------
-#
-# A stand-in for CuPy whose "device memory" is host memory and whose kernels copy their first
-# parameter's bytes into their last: enough to check, without a GPU, that the runtime copies
-# inputs into the slots the launches read, resolves every argument, captures the launches once
-# and replays them, and hands back what the output slots hold.
-
-class _FakeArray(np.ndarray):
-    @property
-    def __cuda_array_interface__(self):
-        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
-                "data": (self.ctypes.data, False),
-                "strides": None if self.flags.c_contiguous else self.strides}
-
-
-class _FakeMemory:
-    def __init__(self, buffer, offset=0):
-        self.buffer, self.offset = buffer, offset
-        self.ptr = buffer.ctypes.data + offset
-
-    def __add__(self, offset):
-        return _FakeMemory(self.buffer, self.offset + offset)
-
-
-class _FakeStream:
-    ptr = 0
-
-    def __init__(self, non_blocking=False):
-        self.recording = None
-
-    def begin_capture(self):
-        self.recording = []
-
-    def end_capture(self):
-        graph, self.recording = _FakeGraph(self.recording), None
-        _FAKE.graphs.append(graph)
-        return graph
-
-    def synchronize(self):
-        pass
-
-
-class _FakeGraph:
-    def __init__(self, work):
-        self.work, self.launches = work, 0
-
-    def launch(self, stream=None):
-        self.launches += 1
-        for run in self.work:
-            run()
-
-
-class _FakeFunction:
-    def __init__(self, sizes):
-        self.sizes, self.ptr = sizes, 0
-
-    def __call__(self, grid, block, args, shared_mem=0, stream=None):
-        assert all(isinstance(a, np.uint64) for a in args) and len(args) >= len(self.sizes)
-
-        def run():
-            import ctypes
-            ctypes.memmove(int(args[len(self.sizes) - 1]), int(args[0]), self.sizes[-1])
-
-        if stream is not None and stream.recording is not None:
-            stream.recording.append(run)
-        else:
-            run()
-
-
-def _fake_cupy():
-    import ctypes
-
-    def memcpy(dst, src, n, kind, stream=0):
-        ctypes.memmove(dst, src, n)
-
-    def alloc(n):
-        return _FakeMemory(np.zeros(n, np.uint8))
-
-    def ndarray(shape, dtype, memptr):
-        n = int(np.prod(shape, dtype=np.int64))
-        raw = memptr.buffer[memptr.offset:memptr.offset + n * np.dtype(dtype).itemsize]
-        return raw.view(dtype).reshape(shape).view(_FakeArray)
-
-    class Module:
-        def load(self, cubin):
-            self.sizes = _FAKE.sizes
-
-        def get_function(self, name):
-            return _FakeFunction(self.sizes[name])
-
-    class Event:
-        def record(self, stream=None):
-            pass
-
-        def synchronize(self):
-            pass
-
-    runtime = types.SimpleNamespace(
-        getDeviceCount=lambda: 1, memcpy=memcpy, memcpyAsync=memcpy, memcpyHostToDevice=1,
-        memcpyDeviceToHost=2, memcpyDeviceToDevice=3)
-    stream = _FakeStream()
-    cuda = types.SimpleNamespace(
-        runtime=runtime, alloc=alloc, Stream=_FakeStream, get_current_stream=lambda: stream,
-        function=types.SimpleNamespace(Module=Module), Event=Event,
-        get_elapsed_time=lambda a, b: 0.25, driver=None)
-    fake = types.SimpleNamespace(
-        cuda=cuda, ndarray=ndarray, __version__="fake",
-        asnumpy=lambda a, stream=None: np.array(a),
-        asarray=lambda a: a if isinstance(a, _FakeArray) else np.array(a).view(_FakeArray),
-        array=lambda a: np.array(a).view(_FakeArray),
-        ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_FakeArray))
-    return fake
-
-
-class _Fake:
-    graphs: list = []
-    sizes: dict = {}
-
-
-_FAKE = _Fake()
-
-
-@pytest.fixture
-def simulated(monkeypatch, tmp_path):
-    """A CUDARuntime factory on the simulated device, with a renderer whose kernels copy
-    their first parameter into their last."""
-    from dataclasses import replace
-
-    from dnnc.backends.cuda import executable
-    from dnnc.ir.target import Fusion, Target
-
-    _FAKE.graphs, _FAKE.sizes = [], {}
-
-    def render_module(funcs):
-        kernels = {}
-        for func, _ in funcs:
-            _FAKE.sizes[func.name] = [
-                int(np.prod([int(getattr(d, "value", d)) for d in b.shape], dtype=np.int64))
-                * b.dtype.itemsize for b in func.params]
-            kernels[func.name] = FakeKernel([FakeLaunch(func.name, (1, 1, 1), (32, 1, 1))],
-                                            workspace=[64])
-        return types.SimpleNamespace(source="// fake", kernels=kernels)
-
-    codegen = types.ModuleType("dnnc.backends.cuda.codegen")
-    codegen.render_module = render_module
-    schedules = types.ModuleType("dnnc.backends.cuda.schedules")
-    schedules.schedule_kernel = lambda kernel, machine, config=None: kernel.func
-    monkeypatch.setitem(sys.modules, "dnnc.backends.cuda.codegen", codegen)
-    monkeypatch.setitem(sys.modules, "dnnc.backends.cuda.schedules", schedules)
-    fake = _fake_cupy()
-    monkeypatch.setattr(device, "import_cupy", lambda: fake)
-    monkeypatch.setattr(device, "describe", lambda: "simulated GPU (sm_90)")
-    # NVRTC: a cubin naming its architecture; counted
-    _FAKE.compiles = []
-    monkeypatch.setattr(device, "nvrtc_compile",
-                        lambda s, arch, o: _FAKE.compiles.append(arch) or arch.encode())
-    monkeypatch.setattr(device, "toolkit_version", lambda: "0")
-    monkeypatch.setenv("DNNC_CACHE_DIR", str(tmp_path / "cache"))
-    # the registry's cuda machine, whose architecture a test may change
-    _FAKE.arch = "sm_90"
-    monkeypatch.setitem(REGISTRY, "cuda", replace(
-        REGISTRY["cuda"], machine=lambda: Target("cuda", arch=_FAKE.arch),
-        fusion=lambda: Fusion()))
-
-    def build(model, **options):
-        from dnnc.frontend.onnx import import_onnx
-        from dnnc.passes.manager import optimize
-
-        target = REGISTRY["cuda"].target()
-        graph = optimize(import_onnx(model), target, 3)
-        return executable.CUDARuntime(graph, target=target, **options)
-
-    return build
-
-
-def _relu_model(shape):
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
+# -- the runtime's bookkeeping on the simulated device (simulated_device.py) --------------------
 
 def test_runtime_copies_in_captures_once_replays_and_copies_out(simulated, rng):
-    rt = simulated(_relu_model([3, 5]))
+    rt = simulated(relu_model([3, 5]), outputs="numpy")
     assert rt.describe_machine() == "simulated GPU (sm_90)" and rt.source("cuda") == "// fake"
     for _ in range(3):   # positive inputs: the simulated kernel's copy is the Relu
         x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
         (y,) = rt.run([x], {})
         assert type(y) is np.ndarray
         np.testing.assert_array_equal(y, x)
-    assert len(_FAKE.graphs) == 1 and _FAKE.graphs[0].launches == 3
+    assert len(FAKE.graphs) == 1 and FAKE.graphs[0].launches == 3
     # a device array is read in place (device to device), strided ones in C order
     x = rng.uniform(0.5, 2.0, (3, 10)).astype(np.float32)
-    np.testing.assert_array_equal(rt.run([x[:, ::2].view(_FakeArray)], {})[0], x[:, ::2])
+    np.testing.assert_array_equal(rt.run([x[:, ::2].view(FakeArray)], {})[0], x[:, ::2])
     # through the model: its call-time checks read a device array's shape and dtype in place
     from dnnc.compiler.module import CompiledModel
 
     model = CompiledModel(rt.graph, rt, "cuda")
     x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
-    np.testing.assert_array_equal(model(_Interface(x)), x)
+    np.testing.assert_array_equal(model(Interface(x)), x)
     with pytest.raises(dnnc.errors.InputError, match=r"given float64\[3, 5\]"):
-        model(_Interface(x.astype(np.float64)))
-
-
-class _Interface:
-    """A device array of another library: only `__cuda_array_interface__` (as PyTorch's)."""
-
-    def __init__(self, a):
-        self.a = a.view(_FakeArray)
-        self.__cuda_array_interface__ = self.a.__cuda_array_interface__
+        model(Interface(x.astype(np.float64)))
 
 
 def test_a_device_array_given_to_a_cpu_target_is_refused_clearly(rng):
     model = dnnc.compile(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), "llvm")
     x = rng.standard_normal((1, 4)).astype(np.float32)
-    with pytest.raises(dnnc.errors.InputError, match="a GPU array \\(_Interface\\) was given "
+    with pytest.raises(dnnc.errors.InputError, match="a GPU array \\(Interface\\) was given "
                                                      "to a target that runs on the CPU"):
-        model(_Interface(x))
-
-
-def test_runtime_cupy_outputs_are_the_callers(simulated, rng):
-    rt = simulated(_relu_model([4]), outputs="cupy")
-    a, b = (rng.uniform(0.5, 2.0, 4).astype(np.float32) for _ in range(2))
-    (first,) = rt.run([a], {})
-    (second,) = rt.run([b], {})
-    assert hasattr(first, "__cuda_array_interface__")
-    np.testing.assert_array_equal(np.asarray(first), a)   # not overwritten by the 2nd call
-    np.testing.assert_array_equal(np.asarray(second), b)
-    with pytest.raises(dnnc.errors.ArgumentError, match="outputs must be one of numpy, cupy"):
-        rt.outputs = "torch"
+        model(Interface(x))
 
 
 def test_runtime_threads_get_frames_of_their_own(simulated, rng):
-    rt = simulated(_relu_model([64]))
+    rt = simulated(relu_model([64]))
     inputs = [rng.uniform(0.5, 2.0, 64).astype(np.float32) for _ in range(4)]
     results = {}
 
@@ -689,11 +469,11 @@ def test_runtime_threads_get_frames_of_their_own(simulated, rng):
         t.join()
     for k in range(4):
         assert all(np.array_equal(r, inputs[k]) for r in results[k])
-    assert len(_FAKE.graphs) == 4   # one capture per thread's frame
+    assert len(FAKE.graphs) == 4   # one capture per thread's frame
 
 
 def test_runtime_profile_rows(simulated, rng):
-    rt = simulated(_relu_model([2, 3]))
+    rt = simulated(relu_model([2, 3]))
     x = rng.uniform(0.5, 2.0, (2, 3)).astype(np.float32)
     outs, rows = rt.profile([x], repeat=3)
     np.testing.assert_array_equal(outs[0], x)
@@ -704,17 +484,17 @@ def test_artifact_round_trip_loads_the_cubin_or_rebuilds_for_another_arch(simula
                                                                           tmp_path):
     from dnnc.compiler.module import CompiledModel
 
-    rt = simulated(_relu_model([3, 5]))
-    assert _FAKE.compiles == ["sm_90"]
+    rt = simulated(relu_model([3, 5]))
+    assert FAKE.compiles == ["sm_90"]
     CompiledModel(rt.graph, rt, "cuda").save(tmp_path / "m.dnnc")
     x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
     loaded = dnnc.load(tmp_path / "m.dnnc")
     np.testing.assert_array_equal(loaded(x), x)
     assert loaded.source("cuda") == "// fake" and "Relu" in loaded.source("loop")
-    assert _FAKE.compiles == ["sm_90"]     # the stored cubin, not NVRTC
-    _FAKE.arch = "sm_80"                   # another GPU: the source is compiled for it
+    assert FAKE.compiles == ["sm_90"]     # the stored cubin, not NVRTC
+    FAKE.arch = "sm_80"                   # another GPU: the source is compiled for it
     np.testing.assert_array_equal(dnnc.load(tmp_path / "m.dnnc")(x), x)
-    assert _FAKE.compiles == ["sm_90", "sm_80"]
+    assert FAKE.compiles == ["sm_90", "sm_80"]
 
 
 def _rewrite_manifest(path, edit):
@@ -748,7 +528,7 @@ def _rewrite_manifest(path, edit):
 def test_artifact_with_impossible_launches_is_refused(simulated, tmp_path, edit, message):
     from dnnc.compiler.module import CompiledModel
 
-    rt = simulated(_relu_model([3, 5]))
+    rt = simulated(relu_model([3, 5]))
     path = tmp_path / "m.dnnc"
     CompiledModel(rt.graph, rt, "cuda").save(path)
     _rewrite_manifest(path, edit)
@@ -759,7 +539,7 @@ def test_artifact_with_impossible_launches_is_refused(simulated, tmp_path, edit,
 def test_artifact_without_a_gpu_says_what_is_missing(simulated, tmp_path, monkeypatch):
     from dnnc.compiler.module import CompiledModel
 
-    rt = simulated(_relu_model([3, 5]))
+    rt = simulated(relu_model([3, 5]))
     path = tmp_path / "m.dnnc"
     CompiledModel(rt.graph, rt, "cuda").save(path)
     monkeypatch.setattr(device, "import_cupy", lambda: (_ for _ in ()).throw(

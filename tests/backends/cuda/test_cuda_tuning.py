@@ -47,7 +47,7 @@ def test_a_tuned_cuda_compile_matches_the_default_one(tmp_path, rng):
     plain = dnnc.compile(model, "cuda")
     assert tuned.stats["tuned_kernels"] >= 1
     x = rng.standard_normal(tuned.input_types[0].shape).astype(np.float32)
-    np.testing.assert_allclose(np.asarray(tuned(x)), np.asarray(plain(x)), rtol=1e-3,
+    np.testing.assert_allclose(tuned(x, to="numpy"), plain(x, to="numpy"), rtol=1e-3,
                                atol=1e-4)
 
 
