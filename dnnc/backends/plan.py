@@ -29,6 +29,7 @@ several threads are safe.
 from __future__ import annotations
 
 import hashlib
+import logging
 import sys
 import threading
 import time
@@ -48,6 +49,8 @@ from ..ir.reinfer import reinfer
 from ..ir.segments import HostStep, Segment, describe, has_loop_form, plan_steps, steps_from
 from .lower import Kernel, NoCompute, lower_group
 from .memory import MemoryPlan, Step, plan_memory
+
+log = logging.getLogger(__name__)
 
 # specialisations kept per segment: each costs its machine code and, per calling thread, its
 # arena (200 batch sizes of an MLP held 274 MB before the cache was bounded)
@@ -378,12 +381,14 @@ class Executable:
 
     @property
     def kernels(self) -> int:
-        """Kernels per call: of each segment's first compiled specialisation, or before it is
-        compiled the groups its nodes form (`warm_up=False` counts a graph's kernels without
-        lowering or compiling them)."""
+        """Kernels per call: of each segment's first compiled specialisation, else the groups
+        its nodes form (a segment not compiled yet, or restored from an artifact, which keeps
+        no kernels: the same count `compile` gives; `warm_up=False` counts a graph's kernels
+        without lowering or compiling them)."""
         compiled = {}
         for (index, *_), seg in list(self._cache.items()):
-            compiled.setdefault(index, len(seg.kernels) or len(seg.step.nodes))
+            if seg.kernels:
+                compiled.setdefault(index, len(seg.kernels))
         return sum(compiled[s.index] if s.index in compiled
                    else len(segment_groups(s, self.graph.groups))
                    for s in self.steps if isinstance(s, Segment))
@@ -502,17 +507,20 @@ class Executable:
             seg = self._cache.get(key)
             if seg is None:
                 start = time.perf_counter()
-                if self.progress:
-                    print(f"dnnc: compiling segment {step.index} ({len(step.nodes)} nodes) "
-                          f"for {self.describe_machine()}", file=sys.stderr)
                 groups = segment_groups(step, self.graph.groups)
+                if self.progress:
+                    log.info("compiling segment %d: %d kernel(s) of %d node(s) for %s",
+                             step.index, len(groups), len(step.nodes), self.describe_machine())
                 program = build_program(step, shapes, values, groups, self.schedule,
                                         self.reuse_memory)
                 self.plan_seconds += program.plan_seconds
                 seg = self.compile_segment(program)
                 self._cache[key] = seg
                 self._evict(step.index)
-                self.compile_seconds += time.perf_counter() - start
+                seconds = time.perf_counter() - start
+                self.compile_seconds += seconds
+                log.debug("segment %d, shapes %s: %d kernel(s) compiled in %.2f s",
+                          step.index, shapes, len(program.kernels), seconds)
         return seg
 
     def _evict(self, index: int) -> None:

@@ -1,16 +1,23 @@
 """The `dnnc` command (also `python -m dnnc`).
 
+    dnnc --version                                                  dnnc, its targets, versions
     dnnc zoo NAME -o FILE.onnx [--batch N] [--set key=value ...]   write a zoo model
     dnnc zoo --list                                                 list zoo models and options
-    dnnc inspect MODEL.onnx|MODEL.dnnc [--ir] [--json] [--input-shape name=1,3,224,224 ...]
+    dnnc inspect MODEL.onnx|MODEL.dnnc [--ir] [--input-shape name=1,3,224,224 ...]
                  [--passes [--target llvm] [--opt-level N]]
     dnnc compile MODEL.onnx [--target llvm] [-o MODEL.dnnc] [--opt-level N] [--input-shape ...]
                  [--emit llvm-ir|asm|cuda|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
-                 [--mattr +avx2,...] [-q]
+                 [--mattr +avx2,...]
     dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
              [--dim N=4 ...] [--seed S] [--output-dir DIR]
     dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
                [--threads N] [--no-onnxruntime]
+    dnnc tune MODEL.onnx --log FILE.jsonl [--trials N] ...
+    dnnc compare MODEL.onnx [--target llvm] [--bisect-passes] [--rtol R --atol A]
+
+Every command takes -q (warnings and errors only), -v (debug details too) and --json (its
+result as one JSON object on stdout instead of text). Messages go through the `dnnc` logger
+(`dnnc/log.py`) as `dnnc: ...` lines on stderr; results go to stdout.
 
 Every option is checked before any work starts, every failure ends in one line on stderr, and
 `main` maps outcomes to exit statuses in one table (`EXIT_STATUS`, docs/cli.md "Exit codes"):
@@ -22,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -39,8 +48,12 @@ import numpy as np
 # tries under load). Imported here, before any work a user might interrupt.
 import numpy.random  # noqa: F401
 
+from .. import __version__
 from ..errors import ArgumentError, CompileError, DNNCError
+from ..log import LOGGER, set_verbosity
 from .module import call_times_ms
+
+log = logging.getLogger(__name__)
 
 
 class UsageError(Exception):
@@ -136,8 +149,11 @@ def cmd_zoo(args) -> int:
     from .. import zoo
 
     if args.list:
-        for name in zoo.MODELS:
-            print(f"{name:<14} {', '.join(zoo.config_options(name))}")
+        options = {name: zoo.config_options(name) for name in zoo.MODELS}
+        if args.json:
+            _print_json(options)
+        for name, keys in ([] if args.json else options.items()):
+            print(f"{name:<14} {', '.join(keys)}")
         return 0
     if not args.name or not args.output:
         raise UsageError("dnnc zoo needs a model NAME and -o FILE (or --list)")
@@ -154,9 +170,28 @@ def cmd_zoo(args) -> int:
     except OSError as exc:
         raise UsageError(f"cannot write {args.output!r}: {exc.strerror or exc}") from exc
     params = sum(_numel(t.dims) for t in model.graph.initializer)
-    print(f"wrote {args.output}: {args.name}, {len(model.graph.node)} nodes, "
-          f"{params:,} parameters")
+    if args.json:
+        _print_json({"output": args.output, "model": args.name,
+                     "nodes": len(model.graph.node), "parameters": params})
+    else:
+        print(f"wrote {args.output}: {args.name}, {len(model.graph.node)} nodes, "
+              f"{params:,} parameters")
     return 0
+
+
+def _print_json(doc) -> None:
+    """A command's result as `--json` prints it: one object, NaN and infinities as null."""
+    print(json.dumps(_finite(doc), indent=2))
+
+
+def _finite(doc):
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v) for v in doc]
+    return doc
 
 
 def _numel(dims) -> int:
@@ -197,7 +232,9 @@ def cmd_inspect(args) -> int:
         if rows is not None:
             doc["passes"] = {"target": target, "opt_level": opt_level,
                              "after": [r.to_dict() for r in rows]}
-        print(json.dumps(doc, indent=2))
+        if args.ir:
+            doc["ir"] = str(graph)
+        _print_json(doc)
     else:
         print(format_summary(summary))
         if rows is not None:
@@ -210,16 +247,10 @@ def cmd_inspect(args) -> int:
                   f"specialisation(s)")
             for op in info["host_fallbacks"]:
                 print(f"  host fallback: {op}")
-    if args.ir:
+    if args.ir and not args.json:
         print()
         print(graph)
     return 0
-
-
-def _say(args, message: str) -> None:
-    """A progress line on stderr (compiles of big models take a while)."""
-    if not getattr(args, "quiet", False):
-        print(f"dnnc: {message}", file=sys.stderr, flush=True)
 
 
 def _cpu_option(args):
@@ -250,8 +281,8 @@ def _model_for(args, shapes: dict | None = None, check=None):
         if shapes:
             raise UsageError("--input-shape applies to ONNX models; an artifact's shapes are "
                              "fixed when it is compiled")
-        _say(args, f"loading {args.model}")
-        model = load(args.model, progress=not getattr(args, "quiet", False))
+        log.info(f"loading {args.model}")
+        model = load(args.model, progress=not args.quiet)
         if args.target and args.target != model.target:
             raise UsageError(f"{args.model} was compiled for target {model.target}, not "
                              f"{args.target}")
@@ -262,8 +293,8 @@ def _model_for(args, shapes: dict | None = None, check=None):
     if check is not None:
         check([v.name for v in graph.inputs], [v.type for v in graph.inputs])
     target = args.target or default_target()
-    _say(args, f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
-    return compile(graph, target=target, progress=not getattr(args, "quiet", False))
+    log.info(f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
+    return compile(graph, target=target, progress=not args.quiet)
 
 
 def _ms(seconds: float) -> str:
@@ -297,7 +328,7 @@ def cmd_compile(args) -> int:
         _check_writable(output, "-o")
     if args.dump_ir and not spec.runs_passes:
         raise UsageError(f"--dump-ir: the {args.target} target runs no passes")
-    _say(args, f"importing {args.model}")
+    log.info(f"importing {args.model}")
     graph = _import_onnx(args.model, shapes)
     symbolic = sorted({d for v in graph.inputs for d in v.type.shape if isinstance(d, str)})
     if emits and symbolic:
@@ -311,7 +342,7 @@ def cmd_compile(args) -> int:
         shown = spec.target(cpu)
         where = f" (cpu {shown.cpu}, {shown.vector_bits}-bit vectors)" if shown.cpu else \
             f" ({shown.arch}{', code only: no device here' if render_only else ''})"
-    _say(args, f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
+    log.info(f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
     try:
         if args.tuning_log and "tuning_log" not in spec.options:
             raise UsageError(f"--tuning-log: the {args.target} target is not tuned")
@@ -321,12 +352,11 @@ def cmd_compile(args) -> int:
     except OSError as exc:   # the --dump-ir folder
         raise UsageError(f"cannot write into {args.dump_ir!r}: {exc.strerror or exc}") from exc
     if args.dump_ir:
-        _say(args, f"wrote the graph after each pass into {args.dump_ir}")
+        log.info(f"wrote the graph after each pass into {args.dump_ir}")
     stats = model.stats
     if symbolic and spec.generates_code:
-        _say(args, f"input dim(s) {', '.join(symbolic)} are symbolic: kernels are compiled "
-                   f"for each shape on first use (fix them with --input-shape to compile "
-                   f"ahead)")
+        log.info(f"input dim(s) {', '.join(symbolic)} are symbolic: kernels are compiled for "
+                 f"each shape on first use (fix them with --input-shape to compile ahead)")
     for kind, folder in emits:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -336,20 +366,29 @@ def cmd_compile(args) -> int:
         except OSError as exc:
             raise UsageError(f"cannot write into {str(folder)!r}: {exc.strerror or exc}") \
                 from exc
-        _say(args, f"wrote {target_file}" + ("" if code else " (empty: the model needs no "
-                                                       "kernel)"))
-    if render_only:
+        log.info(f"wrote {target_file}" + ("" if code else " (empty: the model needs no "
+                                                     "kernel)"))
+    if not render_only:
+        log.info(f"saving {output}")
+        model.save(output)
+    if args.json:
+        _print_json({"output": None if render_only else str(output), "target": args.target,
+                     "kernels": stats["kernels"], "host_fallbacks": stats["host_fallbacks"],
+                     "arena_bytes": stats["arena_bytes"],
+                     "compile_seconds": stats["compile_seconds"],
+                     "tuned_kernels": stats["tuned_kernels"],
+                     "emitted": {kind: str(folder / (Path(args.model).stem + EMIT_SUFFIX[kind]))
+                                 for kind, folder in emits}})
+    elif render_only:
         print(f"wrote the {', '.join(kind for kind, _ in emits)} code of {stats['kernels']} "
               f"kernels; no artifact: this machine cannot run the {args.target} target")
-        return 0
-    _say(args, f"saving {output}")
-    model.save(output)
-    fallbacks = stats["host_fallback_ops"]
-    print(f"wrote {output}: {args.target}, {stats['kernels']} kernels, {fallbacks} host "
-          f"fallback op(s){': ' + ', '.join(stats['host_fallbacks']) if fallbacks else ''}, "
-          f"arena {stats['arena_bytes']:,} bytes, compiled in "
-          f"{stats['compile_seconds']:.2f} s"
-          + (f", {stats['tuned_kernels']} kernel(s) tuned" if args.tuning_log else ""))
+    else:
+        fallbacks = stats["host_fallback_ops"]
+        print(f"wrote {output}: {args.target}, {stats['kernels']} kernels, {fallbacks} host "
+              f"fallback op(s){': ' + ', '.join(stats['host_fallbacks']) if fallbacks else ''}"
+              f", arena {stats['arena_bytes']:,} bytes, compiled in "
+              f"{stats['compile_seconds']:.2f} s"
+              + (f", {stats['tuned_kernels']} kernel(s) tuned" if args.tuning_log else ""))
     return 0
 
 
@@ -359,15 +398,22 @@ def cmd_tune(args) -> int:
 
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
     _check_writable(Path(args.log), "--log")
-    _say(args, f"importing {args.model}")
+    log.info(f"importing {args.model}")
     graph = _import_onnx(args.model, shapes)
     start = time.perf_counter()
     reports = tune(graph, args.target, log=args.log, trials=args.trials,
                    opt_level=args.opt_level, timeout=args.timeout, seed=args.seed,
                    progress=not args.quiet, search=args.search, scheduler=args.scheduler)
+    seconds = time.perf_counter() - start
+    if args.json:
+        _print_json({"log": args.log, "seconds": seconds, "tasks": [
+            {"task": r.task.name, "key": r.task.key, "count": r.task.count,
+             "default_ms": r.default_ms, "best_ms": r.best_ms, "speedup": r.speedup,
+             "trials": r.trials, "errors": r.errors} for r in reports]})
+        return 0
     print(table(reports))
-    print(f"tuned {len(reports)} task(s) in {time.perf_counter() - start:.1f} s; records in "
-          f"{args.log} (compile with --tuning-log {args.log})")
+    print(f"tuned {len(reports)} task(s) in {seconds:.1f} s; records in {args.log} (compile "
+          f"with --tuning-log {args.log})")
     return 0
 
 
@@ -493,21 +539,35 @@ def cmd_run(args) -> int:
         except OSError as exc:
             raise UsageError(f"cannot write into {str(folder)!r}: {exc.strerror or exc}") \
                 from exc
-    for name, out in zip(model.output_names, outputs):
+    summaries = [_output_summary(name, out) for name, out in zip(model.output_names, outputs)]
+    if args.json:
+        _print_json({"target": model.target, "seconds": elapsed, "compile_seconds": jit,
+                     "outputs": summaries, "output_dir": args.output_dir})
+        return 0
+    for o in summaries:
         summary = ""
-        if out.size and out.dtype.kind in "fiub":
-            values = out.astype(np.float64)
-            finite = np.isfinite(values)
-            summary = (f"  min {values[finite].min() if finite.any() else float('nan'):.6g}"
-                       f"  max {values[finite].max() if finite.any() else float('nan'):.6g}"
-                       f"  mean {values[finite].mean() if finite.any() else float('nan'):.6g}")
-            if not finite.all():
-                summary += f"  ({int((~finite).sum())} non-finite)"
-        print(f"{name}: {out.dtype}{list(out.shape)}{summary}")
+        if "min" in o:
+            summary = f"  min {o['min']:.6g}  max {o['max']:.6g}  mean {o['mean']:.6g}"
+            if o["non_finite"]:
+                summary += f"  ({o['non_finite']} non-finite)"
+        print(f"{o['name']}: {o['dtype']}{o['shape']}{summary}")
     saved = f", outputs saved in {args.output_dir}" if args.output_dir else ""
     compiling = f" (of which {jit:.2f} s compiling for these shapes)" if jit > 0 else ""
     print(f"ran in {_ms(elapsed)} on {model.target}{compiling}{saved}")
     return 0
+
+
+def _output_summary(name: str, out: np.ndarray) -> dict:
+    """An output as `dnnc run` reports it: dtype and shape, and for numbers the min, max and
+    mean of its finite values (NaN when none is) and how many are not finite."""
+    summary = {"name": name, "dtype": str(out.dtype), "shape": list(out.shape)}
+    if out.size and out.dtype.kind in "fiub":
+        values = out.astype(np.float64)
+        finite = values[np.isfinite(values)]
+        summary.update({f: float(getattr(finite, f)()) if finite.size else float("nan")
+                        for f in ("min", "max", "mean")})
+        summary["non_finite"] = int(values.size - finite.size)
+    return summary
 
 
 def _median_ms(fn, repeat: int, warmup: int) -> float:
@@ -559,22 +619,27 @@ def cmd_bench(args) -> int:
     session = None
     if not args.no_onnxruntime and not is_artifact(args.model):
         session = _ort_session(args.model, threads)
+    ort_version = None
+    if session is not None:
+        import onnxruntime
+
+        ort_version = onnxruntime.__version__
     header = [f"dnnc bench: {args.model}, target {model.target}"]
     if machine.cpu:
         header.append(f"cpu {machine.cpu} ({machine.vector_bits}-bit vectors)")
     header.append(f"{threads} thread(s), median of {args.repeat} after {args.warmup} warm-up")
-    if session is not None:
-        import onnxruntime
-
-        header.append(f"onnxruntime {onnxruntime.__version__}")
-    print(", ".join(header))
-    print(f"{'batch':>6} {'dnnc ms':>12} {'onnxruntime ms':>15} {'dnnc/ort':>9}")
+    if ort_version is not None:
+        header.append(f"onnxruntime {ort_version}")
+    if not args.json:
+        print(", ".join(header))
+        print(f"{'batch':>6} {'dnnc ms':>12} {'onnxruntime ms':>15} {'dnnc/ort':>9}")
+    rows = []
     rng = np.random.default_rng(args.seed)
     for batch in batches:
         dims = {d: batch for d in batch_dims} if batch is not None else {}
         feeds = _random_inputs(model, {}, dims, rng)
         if batch is not None:
-            _say(args, f"batch {batch}: compiling and warming up")
+            log.info(f"batch {batch}: compiling and warming up")
         ours = _median_ms(lambda: model.run(**feeds), args.repeat, args.warmup)
         theirs = None
         if session is not None:
@@ -585,9 +650,17 @@ def cmd_bench(args) -> int:
         label = "-" if batch is None else str(batch)
         if batch is None and model.input_types and model.input_types[0].rank:
             label = str(next(iter(feeds.values())).shape[0]) if feeds else "-"
-        print(f"{label:>6} {ours:>12.4f} "
-              f"{(f'{theirs:.4f}' if theirs is not None else 'n/a'):>15} "
-              f"{(f'{ours / theirs:.2f}' if theirs else 'n/a'):>9}")
+        rows.append({"batch": int(label) if label.isdigit() else None, "dnnc_ms": ours,
+                     "onnxruntime_ms": theirs, "ratio": ours / theirs if theirs else None})
+        if not args.json:
+            print(f"{label:>6} {ours:>12.4f} "
+                  f"{(f'{theirs:.4f}' if theirs is not None else 'n/a'):>15} "
+                  f"{(f'{ours / theirs:.2f}' if theirs else 'n/a'):>9}")
+    if args.json:
+        _print_json({"model": args.model, "target": model.target, "cpu": machine.cpu,
+                     "vector_bits": machine.vector_bits if machine.cpu else None,
+                     "threads": threads, "repeat": args.repeat, "warmup": args.warmup,
+                     "onnxruntime": ort_version, "rows": rows})
     return 0
 
 
@@ -606,6 +679,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dnnc", description="dnnc, a deep-learning compiler: build, inspect and compile "
                                  "models.")
+    parser.add_argument("--version", action=_Version, help="print dnnc's version, its "
+                        "targets with the libraries they use, and the default target")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     zoo = sub.add_parser("zoo", help="write a zoo model (seeded random weights) as ONNX",
@@ -624,7 +699,6 @@ def build_parser() -> argparse.ArgumentParser:
                                      "FLOPs of a model.")
     ins.add_argument("model", help="an .onnx file or a .dnnc artifact")
     ins.add_argument("--ir", action="store_true", help="also print the whole graph IR")
-    ins.add_argument("--json", action="store_true", help="print the summary as JSON")
     ins.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                      help="fix an input's shape (dims may be symbolic names; repeatable)")
     ins.add_argument("--passes", action="store_true",
@@ -653,7 +727,6 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--tuning-log", metavar="FILE",
                       help="apply the best configs `dnnc tune` measured on this machine")
     _cpu_options(comp)
-    comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(run=cmd_compile)
 
     run = sub.add_parser("run", help="run an artifact or an ONNX model once",
@@ -672,7 +745,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seed of --random (default 0)")
     run.add_argument("--output-dir", help="save each output as DIR/NAME.npy")
     _shape_option(run)
-    run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     run.set_defaults(run=cmd_run)
 
     bench = sub.add_parser("bench", help="median latency, next to onnxruntime's",
@@ -695,7 +767,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-onnxruntime", action="store_true",
                        help="skip the onnxruntime comparison")
     _shape_option(bench)
-    bench.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     bench.set_defaults(run=cmd_bench)
 
     tune = sub.add_parser("tune", help="tune a model's kernels; records go to a log",
@@ -721,7 +792,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="candidates the XGBoost cost model ranks fastest (default), or "
                            "random ones")
     _shape_option(tune)
-    tune.add_argument("-q", "--quiet", action="store_true", help="no progress")
     tune.set_defaults(run=cmd_tune)
 
     cmp_ = sub.add_parser("compare", help="find the first node (and pass) a target gets wrong",
@@ -740,7 +810,48 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--seed", type=_int_at_least(0), default=0,
                       help="seed of the random inputs")
     cmp_.set_defaults(run=cmd_compare)
+    for command in sub.choices.values():
+        _common_options(command)
     return parser
+
+
+def _common_options(parser) -> None:
+    """-q, -v and --json, which every command takes."""
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-q", "--quiet", action="store_true",
+                          help="no progress: warnings and errors only")
+    loudness.add_argument("-v", "--verbose", action="store_true",
+                          help="also debug details (each pass's time, each segment compiled)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as one JSON object on stdout")
+
+
+def version_text() -> str:
+    """What `dnnc --version` prints: dnnc's version, each target with whether this host can
+    run it and its libraries' versions (or why not), and the default target."""
+    import platform
+
+    import onnx
+
+    from .targets import REGISTRY, default_target
+
+    lines = [f"dnnc {__version__} (Python {platform.python_version()}, NumPy {np.__version__},"
+             f" onnx {onnx.__version__})", "targets:"]
+    width = max(map(len, REGISTRY))
+    for spec in REGISTRY.values():
+        lines.append(f"  {spec.name:<{width}}  {'yes' if spec.available() else 'no '}  "
+                     f"{spec.about()}")
+    lines.append(f"default target: {default_target()}")
+    return "\n".join(lines)
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
 
 
 def cmd_compare(args) -> int:
@@ -754,22 +865,30 @@ def cmd_compare(args) -> int:
     if args.bisect_passes and not REGISTRY[args.target].runs_passes:
         raise UsageError("--bisect-passes: the numpy target runs no passes")
     options = dict(rtol=args.rtol, atol=args.atol, seed=args.seed)
+    culprit = where = None
     if args.bisect_passes:
         found = bisect_passes(args.model, args.target, args.opt_level, **options)
-        if found is None:
-            print(f"no divergence: {args.target} matches the reference after every pass")
-            return 0
-        culprit, where = found
-        print(f"first diverging pass: {culprit}")
+        if found is not None:
+            culprit, where = found
     else:
         where = compare(args.model, args.target, args.opt_level, **options)
-        if where is None:
-            print(f"no divergence: every node's output on {args.target} matches the reference")
-            return 0
-    if where is not None:
-        print(f"first diverging node: {where.node} ({where.op}), output {where.value}, max abs "
-              f"error {where.max_abs_error:.3g} (rtol {args.rtol:g}, atol {args.atol:g})")
-    return EXIT_FINDING
+    diverges = culprit is not None or where is not None
+    if args.json:
+        _print_json({"target": args.target, "rtol": args.rtol, "atol": args.atol,
+                     "divergence": diverges, "pass": culprit,
+                     "node": None if where is None else dataclasses.asdict(where)})
+    elif not diverges:
+        print(f"no divergence: {args.target} matches the reference after every pass"
+              if args.bisect_passes else
+              f"no divergence: every node's output on {args.target} matches the reference")
+    else:
+        if culprit is not None:
+            print(f"first diverging pass: {culprit}")
+        if where is not None:
+            print(f"first diverging node: {where.node} ({where.op}), output {where.value}, max "
+                  f"abs error {where.max_abs_error:.3g} (rtol {args.rtol:g}, atol "
+                  f"{args.atol:g})")
+    return EXIT_FINDING if diverges else EXIT_OK
 
 
 def _shape_option(parser) -> None:
@@ -842,8 +961,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     debug = os.environ.get("DNNC_DEBUG", "") not in ("", "0")
+    level = LOGGER.level
     try:
         args = build_parser().parse_args(argv)
+        set_verbosity(args.quiet, args.verbose)
         return args.run(args)
     except BrokenPipeError:  # `dnnc inspect --ir model.onnx | head`
         sys.stderr.close()
@@ -859,6 +980,8 @@ def _main(argv: list[str] | None) -> int:
             traceback.print_exc()
         print(f"dnnc: {kind}: {_one_line(exc)}", file=sys.stderr)
         return status
+    finally:
+        LOGGER.setLevel(level)   # main() called in-process leaves the logger as it was
 
 
 if __name__ == "__main__":

@@ -1,0 +1,213 @@
+"""What the `dnnc` command prints, run as users run it (`python -m dnnc` in a subprocess): the
+version, -q / -v / --json on every command, messages through the `dnnc` logger, and
+docs/cli.md documenting only flags that exist."""
+
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from dnnc.compiler.cli import build_parser
+from dnnc.compiler.targets import REGISTRY, default_target
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def dnnc_command(*argv, cwd):
+    """The real command in a fresh process: (exit status, stdout, stderr)."""
+    result = subprocess.run([sys.executable, "-m", "dnnc", *map(str, argv)],
+                            capture_output=True, text=True, cwd=cwd,
+                            env={"PYTHONPATH": str(REPO), "PATH": ""}, timeout=300)
+    return result.returncode, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """A small MLP (batch 2, 8 -> 16 -> 3) as ONNX."""
+    folder = tmp_path_factory.mktemp("cli")
+    path = folder / "mlp.onnx"
+    code, _, err = dnnc_command("zoo", "mlp", "-o", path, "--batch", "2", "--set",
+                                "hidden=(16,)", "--set", "in_features=8", "--set", "classes=3",
+                                "-q", cwd=folder)
+    assert code == 0 and err == ""
+    return path
+
+
+def commands() -> dict:
+    return build_parser()._subparsers._group_actions[0].choices
+
+
+def test_version_names_dnnc_every_target_and_the_default(tmp_path):
+    code, out, err = dnnc_command("--version", cwd=tmp_path)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith(f"dnnc {dnnc.__version__} (Python ")
+    for name, spec in REGISTRY.items():
+        (line,) = [line for line in lines if line.split()[:1] == [name]]
+        assert line.split()[1] == ("yes" if spec.available() else "no"), line
+    llvm = next(line for line in lines if line.split()[:1] == ["llvm"])
+    assert re.search(r"llvmlite [\d.]+, LLVM \d+\.\d+", llvm), llvm
+    assert lines[-1] == f"default target: {default_target()}"
+
+
+def test_every_command_takes_quiet_verbose_and_json():
+    for name, parser in commands().items():
+        flags = {s for a in parser._actions for s in a.option_strings}
+        assert {"-q", "--quiet", "-v", "--verbose", "--json"} <= flags, name
+
+
+def test_quiet_and_verbose_exclude_each_other(tmp_path, mlp):
+    code, out, err = dnnc_command("inspect", mlp, "-q", "-v", cwd=tmp_path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "not allowed" in err
+
+
+def test_compile_messages_quiet_default_and_verbose(tmp_path, mlp):
+    out_file = tmp_path / "m.dnnc"
+    code, out, err = dnnc_command("compile", mlp, "-o", out_file, "-q", cwd=tmp_path)
+    assert code == 0 and err == "" and out.startswith(f"wrote {out_file}")
+    code, _, err = dnnc_command("compile", mlp, "-o", out_file, cwd=tmp_path)
+    lines = err.splitlines()
+    assert code == 0 and all(line.startswith("dnnc: ") for line in lines)
+    assert any(line.startswith("dnnc: compiling segment 0: ") for line in lines)
+    assert not any(" pass " in line for line in lines)
+    code, _, verbose = dnnc_command("compile", mlp, "-o", out_file, "-v", cwd=tmp_path)
+    assert code == 0 and set(lines) - {x for x in lines if "compiled in" in x} <= \
+        set(verbose.splitlines())
+    assert re.search(r"^dnnc: pass fuse_ops: [\d.]+ ms, \d+ node\(s\)$", verbose, re.M), verbose
+
+
+def test_json_of_zoo_inspect_compile_run_and_compare(tmp_path, mlp):
+    code, out, err = dnnc_command("zoo", "--list", "--json", cwd=tmp_path)
+    assert code == 0 and json.loads(out) == {n: zoo.config_options(n) for n in zoo.MODELS}
+    code, out, _ = dnnc_command("zoo", "cnn", "-o", tmp_path / "c.onnx", "--json", cwd=tmp_path)
+    doc = json.loads(out)
+    assert code == 0 and doc["model"] == "cnn" and doc["parameters"] > 0 and doc["nodes"] > 10
+
+    code, out, _ = dnnc_command("inspect", mlp, "--json", "--ir", cwd=tmp_path)
+    doc = json.loads(out)
+    assert code == 0 and doc["op_counts"] == {"Gemm": 2, "Relu": 1}
+    assert doc["ir"].startswith("graph mlp(")
+
+    artifact = tmp_path / "m.dnnc"
+    code, out, err = dnnc_command("compile", mlp, "-o", artifact, "--json", "--target", "llvm",
+                                  cwd=tmp_path)
+    doc = json.loads(out)
+    assert code == 0 and doc["output"] == str(artifact) and doc["target"] == "llvm"
+    assert doc["kernels"] == dnnc.load(artifact).stats["kernels"] and doc["host_fallbacks"] == []
+    assert doc["arena_bytes"] >= 0 and doc["compile_seconds"] > 0 and doc["emitted"] == {}
+
+    x = np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code, out, _ = dnnc_command("run", artifact, "--input", f"input={tmp_path / 'x.npy'}",
+                                "--json", cwd=tmp_path)
+    doc = json.loads(out)
+    want = dnnc.load(artifact)(x)
+    (logits,) = doc["outputs"]
+    assert code == 0 and doc["target"] == "llvm" and doc["seconds"] > 0
+    assert logits["name"] == "logits" and logits["dtype"] == "float32"
+    assert logits["shape"] == [2, 3] and logits["non_finite"] == 0
+    np.testing.assert_allclose([logits["min"], logits["max"], logits["mean"]],
+                               [want.min(), want.max(), want.mean()], rtol=1e-5)
+
+    code, out, _ = dnnc_command("compare", mlp, "--json", "--bisect-passes", cwd=tmp_path)
+    assert code == 0 and json.loads(out) == {"target": default_target(), "rtol": 1e-4,
+                                             "atol": 1e-5, "divergence": False, "pass": None,
+                                             "node": None}
+
+
+def test_json_of_bench_and_tune(tmp_path, mlp):
+    code, out, _ = dnnc_command("bench", mlp, "--repeat", "2", "--warmup", "0", "--json",
+                                "--target", "llvm", cwd=tmp_path)
+    doc = json.loads(out)
+    assert code == 0 and doc["target"] == "llvm" and doc["repeat"] == 2 and doc["threads"] >= 1
+    (row,) = doc["rows"]
+    assert row["batch"] == 2 and row["dnnc_ms"] > 0
+    if doc["onnxruntime"] is not None:
+        assert row["ratio"] == pytest.approx(row["dnnc_ms"] / row["onnxruntime_ms"])
+
+    log = tmp_path / "mlp.jsonl"
+    code, out, _ = dnnc_command("tune", mlp, "--target", "llvm", "--log", log, "--trials", "2",
+                                "--search", "random", "--json", "-q", cwd=tmp_path)
+    doc = json.loads(out)
+    assert code == 0 and doc["log"] == str(log) and doc["tasks"]
+    assert sum(t["trials"] for t in doc["tasks"]) <= 2
+    assert {"task", "key", "count", "default_ms", "best_ms", "speedup", "errors"} <= \
+        set(doc["tasks"][0])
+
+
+def test_a_failure_with_json_is_still_one_line_on_stderr(tmp_path):
+    code, out, err = dnnc_command("inspect", tmp_path / "missing.onnx", "--json", cwd=tmp_path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith("dnnc: error:")
+
+
+def test_messages_go_through_the_dnnc_logger(mlp):
+    """A compile asked for progress logs it at INFO on a child of the "dnnc" logger; an
+    application that takes the logger over receives the records."""
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger = logging.getLogger("dnnc")
+    keep = Keep()
+    logger.addHandler(keep)
+    logger.removeHandler(dnnc.log.HANDLER)
+    try:
+        dnnc.compile(str(mlp), "llvm", progress=True)
+        dnnc.compile(str(mlp), "llvm", progress=False)
+    finally:
+        logger.removeHandler(keep)
+        logger.addHandler(dnnc.log.HANDLER)
+    progress = [r for r in records if r.levelno == logging.INFO]
+    assert len(progress) == 1 and progress[0].name == "dnnc.backends.plan"
+    assert progress[0].getMessage().startswith("compiling segment 0: ")
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/cli.md
+
+
+def documented_flags() -> dict[str | None, set[str]]:
+    """The flags docs/cli.md names (`--flag`, `-f`) in its text and in the command lines of
+    its examples, per command: the one a line names (`dnnc compile m.onnx --tuning-log ...`),
+    else the one whose section it is in; None for the flags of sections about no one command
+    (the rules that apply to several)."""
+    commands = set(build_parser()._subparsers._group_actions[0].choices)
+    found: dict[str | None, set[str]] = {}
+    section, in_code = None, False
+    for line in (REPO / "docs" / "cli.md").read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        if in_code and not re.match(r"(\$ )?dnnc |\s", line):
+            continue   # an example's output, not a command line
+        if line.startswith("## "):
+            named = re.match(r"## `?dnnc (\w+)", line)
+            section = named.group(1) if named else None
+        named = [c for c in re.findall(r"\bdnnc (\w+)", line) if c in commands]
+        command = named[0] if len(set(named)) == 1 else section
+        line = re.sub(r"python -m|pip install -e", "", line)   # other commands' flags
+        flags = re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-zA-Z])\b", line)
+        found.setdefault(command, set()).update(flags)
+    return found
+
+
+def test_every_flag_docs_cli_md_documents_exists():
+    parsers = commands()
+    documented = documented_flags()
+    assert set(parsers) <= set(documented), "a command docs/cli.md does not describe"
+    every = {"--version", "-h", "--help"}
+    for parser in parsers.values():
+        every |= {s for a in parser._actions for s in a.option_strings}
+    for command, flags in documented.items():
+        known = every if command is None else \
+            {s for a in parsers[command]._actions for s in a.option_strings}
+        assert flags <= known | {"--version"}, f"dnnc {command}: {sorted(flags - known)}"
