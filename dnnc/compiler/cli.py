@@ -49,7 +49,7 @@ import numpy as np
 import numpy.random  # noqa: F401
 
 from .. import __version__
-from ..errors import ArgumentError, CompileError, DNNCError
+from ..errors import ArgumentError, CompileError, DNNCError, UnsupportedOpError
 from ..log import LOGGER, set_verbosity
 from .module import call_times_ms
 
@@ -202,7 +202,7 @@ def _numel(dims) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .inspect import format_passes, format_summary, pass_report, summarize
+    from .inspect import format_passes, format_summary, pass_report, summarize, summarize_onnx
     from .targets import default_target
 
     from .artifact import is_artifact, load
@@ -219,9 +219,19 @@ def cmd_inspect(args) -> int:
                              "already optimised")
         artifact = load(args.model, progress=False)
         graph = artifact.graph
+        summary = summarize(graph)
     else:
-        graph = _import_onnx(args.model, shapes)
-    summary = summarize(graph)
+        try:
+            graph = _import_onnx(args.model, shapes)
+        except UnsupportedOpError as exc:
+            if args.ir or args.passes:   # both need the imported graph
+                raise
+            from ..frontend.onnx import load_model_proto
+
+            log.warning(_one_line(exc))
+            summary = summarize_onnx(load_model_proto(args.model), exc.ops)
+        else:
+            summary = summarize(graph)
     target = args.target or default_target()
     opt_level = 3 if args.opt_level is None else args.opt_level
     rows = pass_report(graph, target, opt_level) if args.passes else None
@@ -918,8 +928,9 @@ EXIT_STATUS = [
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         return f"{exc.filename}: {exc.strerror}"
-    # multi-line messages (UnsupportedOpError's list) are joined
+    # multi-line messages (UnsupportedOpError's list) are joined: "...: a; b"
     text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = text.replace(":; ", ": ")
     if isinstance(exc, (DNNCError, UsageError, OSError)):
         return text
     return f"{type(exc).__name__}: {text} (a dnnc bug: please report it with the traceback " \

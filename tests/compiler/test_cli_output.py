@@ -211,3 +211,23 @@ def test_every_flag_docs_cli_md_documents_exists():
         known = every if command is None else \
             {s for a in parsers[command]._actions for s in a.option_strings}
         assert flags <= known | {"--version"}, f"dnnc {command}: {sorted(flags - known)}"
+
+
+def test_one_kernel_count_everywhere(tmp_path):
+    """compile's line and JSON, its progress lines, `model.stats` after compile and after
+    `dnnc.load`, and `inspect x.dnnc` give the same count: the fused kernels, not the nodes."""
+    onnx_file, artifact = tmp_path / "cnn.onnx", tmp_path / "cnn.dnnc"
+    assert dnnc_command("zoo", "cnn", "-o", onnx_file, "-q", cwd=tmp_path)[0] == 0
+    code, out, err = dnnc_command("compile", onnx_file, "-o", artifact, "--target", "llvm",
+                                  "--json", cwd=tmp_path)
+    kernels = json.loads(out)["kernels"]
+    progress = re.findall(r"^dnnc: compiling segment \d+: (\d+) kernel\(s\) of (\d+) node",
+                          err, re.M)
+    assert code == 0 and progress and sum(int(k) for k, _ in progress) == kernels
+    assert kernels < sum(int(n) for _, n in progress)   # fusion: fewer kernels than nodes
+    assert dnnc.compile(str(onnx_file), "llvm", progress=False).stats["kernels"] == kernels
+    assert dnnc.load(artifact).stats["kernels"] == kernels
+    code, out, _ = dnnc_command("inspect", artifact, "--json", cwd=tmp_path)
+    assert code == 0 and json.loads(out)["artifact"]["kernels"] == kernels
+    code, out, _ = dnnc_command("inspect", artifact, cwd=tmp_path)
+    assert f", {kernels} kernels, " in out and "no estimate" not in out
