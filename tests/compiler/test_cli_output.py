@@ -231,3 +231,24 @@ def test_one_kernel_count_everywhere(tmp_path):
     assert code == 0 and json.loads(out)["artifact"]["kernels"] == kernels
     code, out, _ = dnnc_command("inspect", artifact, cwd=tmp_path)
     assert f", {kernels} kernels, " in out and "no estimate" not in out
+
+
+def test_the_readme_commands_exist():
+    """Each `dnnc COMMAND ...` line of the README's code blocks names a command and flags it
+    has."""
+    parsers = commands()
+    lines, in_code = [], False
+    for line in (REPO / "README.md").read_text().splitlines():
+        in_code = in_code != line.startswith("```")
+        if in_code and line.startswith("dnnc "):
+            lines.append(line)
+    assert len(lines) >= 5
+    for line in lines:
+        usage = line.split("#")[0]
+        flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-zA-Z])\b", usage))
+        command = usage.split()[1]
+        if command.startswith("-"):
+            assert flags <= {"--version", "--help", "-h"}, line
+            continue
+        known = {s for a in parsers[command]._actions for s in a.option_strings}
+        assert flags <= known, line
