@@ -47,6 +47,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.ops.registry import Pattern, get_op
 from ..ir.reinfer import reinfer
 from ..ir.segments import HostStep, Segment, describe, has_loop_form, plan_steps, steps_from
+from ..progress import Progress
 from .lower import Kernel, NoCompute, lower_group
 from .memory import MemoryPlan, Step, plan_memory
 
@@ -400,17 +401,19 @@ class Executable:
         types = {id(v): v.type for v in self.graph.inputs}
         for v in self.graph.constants():
             types[id(v)] = v.type
-        for step in self.steps:
-            if isinstance(step, HostStep):
-                for v in step.node.outputs:
-                    types[id(v)] = v.type
-                continue
-            in_types = [types.get(id(v), v.type) for v in step.inputs]
-            if not all(t.is_static for t in in_types) or step.value_inputs:
-                return
-            seg = self._compiled(step, tuple(t.shape for t in in_types))
-            for v, t in zip(step.escaping, seg.escaping_types):
-                types[id(v)] = t
+        segments = sum(isinstance(s, Segment) for s in self.steps)
+        with Progress(segments, self.progress, unit="segment") as progress:
+            for step in self.steps:
+                if isinstance(step, HostStep):
+                    for v in step.node.outputs:
+                        types[id(v)] = v.type
+                    continue
+                in_types = [types.get(id(v), v.type) for v in step.inputs]
+                if not all(t.is_static for t in in_types) or step.value_inputs:
+                    return
+                seg = self._compiled(step, tuple(t.shape for t in in_types), progress=progress)
+                for v, t in zip(step.escaping, seg.escaping_types):
+                    types[id(v)] = t
 
     # -- running -------------------------------------------------------------------------------
 
@@ -494,7 +497,10 @@ class Executable:
             frame = seg.frames.frame = seg.frame()
         return frame
 
-    def _compiled(self, step: Segment, shapes: tuple, values: tuple = ()):
+    def _compiled(self, step: Segment, shapes: tuple, values: tuple = (),
+                  progress: Progress | None = None):
+        """The specialisation of `step` to `shapes` (and `values`), compiled on first use;
+        its compile is a step of `progress` (warm-up), else a progress line."""
         key = (step.index, shapes, values)
         seg = self._cache.get(key)
         if seg is not None:
@@ -508,9 +514,12 @@ class Executable:
             if seg is None:
                 start = time.perf_counter()
                 groups = segment_groups(step, self.graph.groups)
-                if self.progress:
-                    log.info("compiling segment %d: %d kernel(s) of %d node(s) for %s",
-                             step.index, len(groups), len(step.nodes), self.describe_machine())
+                message = (f"compiling segment {step.index}: {len(groups)} kernel(s) of "
+                           f"{len(step.nodes)} node(s) for {self.describe_machine()}")
+                if progress is not None:
+                    progress.step(message)
+                elif self.progress:
+                    log.info(message)
                 program = build_program(step, shapes, values, groups, self.schedule,
                                         self.reuse_memory)
                 self.plan_seconds += program.plan_seconds
@@ -521,6 +530,8 @@ class Executable:
                 self.compile_seconds += seconds
                 log.debug("segment %d, shapes %s: %d kernel(s) compiled in %.2f s",
                           step.index, shapes, len(program.kernels), seconds)
+                if progress is not None:
+                    progress.done()
         return seg
 
     def _evict(self, index: int) -> None:

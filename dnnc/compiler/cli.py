@@ -877,11 +877,13 @@ def cmd_compare(args) -> int:
     options = dict(rtol=args.rtol, atol=args.atol, seed=args.seed)
     culprit = where = None
     if args.bisect_passes:
-        found = bisect_passes(args.model, args.target, args.opt_level, **options)
+        found = bisect_passes(args.model, args.target, args.opt_level,
+                              progress=not args.quiet, **options)
         if found is not None:
             culprit, where = found
     else:
-        where = compare(args.model, args.target, args.opt_level, **options)
+        where = compare(args.model, args.target, args.opt_level, progress=not args.quiet,
+                        **options)
     diverges = culprit is not None or where is not None
     if args.json:
         _print_json({"target": args.target, "rtol": args.rtol, "atol": args.atol,

@@ -2,6 +2,7 @@
 version, -q / -v / --json on every command, messages through the `dnnc` logger, and
 docs/cli.md documenting only flags that exist."""
 
+import io
 import json
 import logging
 import re
@@ -14,7 +15,7 @@ import pytest
 
 import dnnc
 from dnnc import zoo
-from dnnc.compiler.cli import build_parser
+from dnnc.compiler.cli import build_parser, main
 from dnnc.compiler.targets import REGISTRY, default_target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,7 +169,7 @@ def test_messages_go_through_the_dnnc_logger(mlp):
         logger.removeHandler(keep)
         logger.addHandler(dnnc.log.HANDLER)
     progress = [r for r in records if r.levelno == logging.INFO]
-    assert len(progress) == 1 and progress[0].name == "dnnc.backends.plan"
+    assert len(progress) == 1 and progress[0].name.startswith("dnnc.")
     assert progress[0].getMessage().startswith("compiling segment 0: ")
 
 
@@ -252,3 +253,59 @@ def test_the_readme_commands_exist():
             continue
         known = {s for a in parsers[command]._actions for s in a.option_strings}
         assert flags <= known, line
+
+
+# ---------------------------------------------------------------------------------------------
+# progress bars
+
+
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal, recording what is drawn on it."""
+
+    def isatty(self):
+        return True
+
+
+def visible_lines(drawn: str) -> list[str]:
+    """What a terminal shows after `drawn`: each line as its last carriage return left it."""
+    return [line.rsplit("\r", 1)[-1].rstrip() for line in drawn.split("\n")
+            if line.rsplit("\r", 1)[-1].strip()]
+
+
+def test_compile_draws_a_bar_on_a_terminal_and_erases_it(mlp, tmp_path, monkeypatch, capsys):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    code = main(["compile", str(mlp), "-o", str(tmp_path / "m.dnnc"), "--target", "llvm"])
+    drawn = terminal.getvalue()
+    assert code == 0 and re.search(r"dnnc: +0%.*0/1 \[", drawn)   # a bar: segments, ETA
+    assert "compiling segment 0: 2 kernel(s) of 3 node(s)" in drawn   # its postfix
+    # erased: what stays are the message lines, not the bar
+    assert not any("%" in line for line in visible_lines(drawn))
+    assert "dnnc: compiling segment 0" not in "\n".join(visible_lines(drawn))
+    terminal.seek(0)
+    terminal.truncate()
+    assert main(["compile", str(mlp), "-o", str(tmp_path / "m.dnnc"), "-q"]) == 0
+    assert terminal.getvalue() == ""   # -q: no bar either
+
+
+def test_bisect_draws_a_bar_and_ctrl_c_leaves_one_line(mlp, monkeypatch, capsys):
+    """A Ctrl-C during the bisection's third compile ends with `dnnc: interrupted` alone on
+    the screen: the bar is erased first."""
+    from dnnc.compiler import compare
+
+    real, calls = compare.compile, []
+
+    def compile_until_interrupted(*args, **kwargs):
+        calls.append(kwargs.get("passes"))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compare, "compile", compile_until_interrupted)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    code = main(["compare", str(mlp), "--bisect-passes", "--target", "llvm"])
+    drawn = terminal.getvalue()
+    assert code == 130 and calls == [0, 1, 2]
+    assert re.search(r"\| 2/8 \[.*compiling after 2 pass\(es\): simplify", drawn), drawn
+    assert visible_lines(drawn) == ["dnnc: interrupted"]
