@@ -4,14 +4,14 @@
     dnnc zoo NAME -o FILE.onnx [--batch N] [--set key=value ...]   write a zoo model
     dnnc zoo --list                                                 list zoo models and options
     dnnc inspect MODEL.onnx|MODEL.dnnc [--ir] [--input-shape name=1,3,224,224 ...]
-                 [--passes [--target llvm] [--opt-level N]]
+                 [--passes [--target llvm] [--opt-level N]] [--draw FILE.svg [--profile]]
     dnnc compile MODEL.onnx [--target llvm] [-o MODEL.dnnc] [--opt-level N] [--input-shape ...]
                  [--emit llvm-ir|asm|cuda|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
                  [--mattr +avx2,...]
     dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
              [--dim N=4 ...] [--seed S] [--output-dir DIR]
     dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
-               [--threads N] [--no-onnxruntime]
+               [--threads N] [--no-onnxruntime] [--profile] [--trace FILE.json]
     dnnc tune MODEL.onnx --log FILE.jsonl [--trials N] ...
     dnnc compare MODEL.onnx [--target llvm] [--bisect-passes] [--rtol R --atol A]
 
@@ -209,14 +209,22 @@ def cmd_inspect(args) -> int:
 
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
     artifact = None
-    if not args.passes and (args.target is not None or args.opt_level is not None):
-        raise UsageError("--target and --opt-level go with --passes")
+    if not (args.passes or args.draw) and (args.target is not None or
+                                           args.opt_level is not None):
+        raise UsageError("--target and --opt-level go with --passes or --draw")
+    if args.profile and not args.draw:
+        raise UsageError("--profile goes with --draw (bench --profile times a model)")
+    if args.draw:
+        _check_writable(Path(args.draw), "--draw")
     if is_artifact(args.model):
         if shapes:
             raise UsageError("--input-shape applies to ONNX models, not artifacts")
         if args.passes:
             raise UsageError("--passes applies to ONNX models: an artifact's graph is "
                              "already optimised")
+        if args.profile:
+            raise UsageError("--profile: an artifact keeps no kernel list to time; give "
+                             "the ONNX model")
         artifact = load(args.model, progress=False)
         graph = artifact.graph
         summary = summarize(graph)
@@ -224,7 +232,7 @@ def cmd_inspect(args) -> int:
         try:
             graph = _import_onnx(args.model, shapes)
         except UnsupportedOpError as exc:
-            if args.ir or args.passes:   # both need the imported graph
+            if args.ir or args.passes or args.draw:   # they need the imported graph
                 raise
             from ..frontend.onnx import load_model_proto
 
@@ -235,6 +243,8 @@ def cmd_inspect(args) -> int:
     target = args.target or default_target()
     opt_level = 3 if args.opt_level is None else args.opt_level
     rows = pass_report(graph, target, opt_level) if args.passes else None
+    drawn = _draw(args, graph if artifact is None else None, artifact, target, opt_level) \
+        if args.draw else None
     if args.json:
         doc = summary.to_dict()
         if artifact is not None:
@@ -244,6 +254,8 @@ def cmd_inspect(args) -> int:
                              "after": [r.to_dict() for r in rows]}
         if args.ir:
             doc["ir"] = str(graph)
+        if drawn is not None:
+            doc["draw"] = drawn
         _print_json(doc)
     else:
         print(format_summary(summary))
@@ -261,6 +273,42 @@ def cmd_inspect(args) -> int:
         print()
         print(graph)
     return 0
+
+
+def _draw(args, graph, artifact, target: str, opt_level: int) -> dict:
+    """Write `--draw`'s picture of the optimised graph (an artifact's own, else the ONNX
+    model's after the target's passes), its kernels coloured by time share with --profile;
+    what was drawn, for --json."""
+    from ..passes.manager import optimize
+    from .draw import draw, kernels_of
+    from .driver import compile
+    from .targets import REGISTRY
+
+    shares = None
+    if artifact is not None:
+        graph = artifact.graph
+    elif args.profile:
+        if not REGISTRY[target].generates_code:
+            raise UsageError(f"--profile: the {target} target runs no kernels")
+        log.info(f"compiling for {target} to profile each kernel")
+        model = compile(graph, target=target, opt_level=opt_level, progress=not args.quiet)
+        feeds = _random_inputs(model, {}, {}, np.random.default_rng(0))
+        rows = model.profile(*[feeds[n] for n in model.input_names])
+        graph = model.graph
+        kernel_of = {n.name: k for k, nodes in enumerate(kernels_of(graph)) for n in nodes}
+        total = sum(r["ms"] for r in rows) or 1.0
+        shares = {}
+        for r in rows:   # a kernel compiled for each shape is timed once per shape
+            k = kernel_of[r["nodes"][0]]
+            shares[k] = shares.get(k, 0.0) + r["ms"] / total
+    elif REGISTRY[target].runs_passes:
+        graph = optimize(graph, REGISTRY[target].target(), opt_level)
+    svg, renderer = draw(graph, shares)
+    Path(args.draw).write_text(svg)
+    kernels = len(kernels_of(graph))
+    log.info(f"wrote {args.draw}: {kernels} kernels of {len(graph.nodes)} nodes ({renderer})")
+    return {"file": args.draw, "renderer": renderer, "kernels": kernels,
+            "nodes": len(graph.nodes), "profiled": shares is not None}
 
 
 def _cpu_option(args):
@@ -623,6 +671,9 @@ def cmd_bench(args) -> int:
                              f"write it with a symbolic batch (dnnc zoo ... --batch N) to "
                              f"bench other sizes")
 
+    profile = args.profile or args.trace is not None
+    if profile:
+        _check_profile(args)
     model = _model_for(args, shapes, check)
     machine = model.runtime.target
     threads = machine.threads
@@ -644,6 +695,7 @@ def cmd_bench(args) -> int:
         print(", ".join(header))
         print(f"{'batch':>6} {'dnnc ms':>12} {'onnxruntime ms':>15} {'dnnc/ort':>9}")
     rows = []
+    lanes: dict[str, list[dict]] = {}   # batch -> its kernels' profile
     rng = np.random.default_rng(args.seed)
     for batch in batches:
         dims = {d: batch for d in batch_dims} if batch is not None else {}
@@ -662,6 +714,10 @@ def cmd_bench(args) -> int:
             label = str(next(iter(feeds.values())).shape[0]) if feeds else "-"
         rows.append({"batch": int(label) if label.isdigit() else None, "dnnc_ms": ours,
                      "onnxruntime_ms": theirs, "ratio": ours / theirs if theirs else None})
+        if profile:
+            log.info(f"batch {label}: profiling each kernel")
+            lanes[f"batch {label}"] = rows[-1]["profile"] = model.profile(
+                *[feeds[n] for n in model.input_names], repeat=args.repeat)
         if not args.json:
             print(f"{label:>6} {ours:>12.4f} "
                   f"{(f'{theirs:.4f}' if theirs is not None else 'n/a'):>15} "
@@ -671,7 +727,55 @@ def cmd_bench(args) -> int:
                      "vector_bits": machine.vector_bits if machine.cpu else None,
                      "threads": threads, "repeat": args.repeat, "warmup": args.warmup,
                      "onnxruntime": ort_version, "rows": rows})
+    else:
+        for lane, kernels in lanes.items():
+            print(_format_profile(lane, kernels, args.repeat))
+    if args.trace is not None:
+        from .chrome_trace import chrome_trace
+
+        doc = chrome_trace(lanes, f"dnnc {model.target}: {args.model}",
+                           {"model": args.model, "target": model.target, "cpu": machine.cpu,
+                            "threads": threads, "repeat": args.repeat,
+                            "dnnc_version": __version__})
+        Path(args.trace).write_text(json.dumps(doc))
+        log.info(f"wrote {args.trace}: {sum(len(k) for k in lanes.values())} kernel events "
+                 f"(open it in ui.perfetto.dev or chrome://tracing)")
     return 0
+
+
+PROFILE_TOP = 10
+"""Kernels `bench --profile` lists per batch, the slowest first (the JSON and the trace have
+every one)."""
+
+
+def _format_profile(lane: str, kernels: list[dict], repeat: int) -> str:
+    total = sum(k["ms"] for k in kernels)
+    lines = [f"profile, {lane}: {len(kernels)} kernels, each called alone, median of {repeat};"
+             f" sum {total:.4f} ms",
+             f"{'ms':>10} {'share':>6}  kernel (nodes)"]
+    for k in sorted(kernels, key=lambda k: -k["ms"])[:PROFILE_TOP]:
+        nodes = ", ".join(k["nodes"][:4]) + (", ..." if len(k["nodes"]) > 4 else "")
+        lines.append(f"{k['ms']:>10.4f} {k['ms'] / (total or 1):>6.1%}  {k['kernel']} "
+                     f"({nodes})")
+    if len(kernels) > PROFILE_TOP:
+        lines.append(f"{'':>17}  ... {len(kernels) - PROFILE_TOP} more")
+    return "\n".join(lines)
+
+
+def _check_profile(args) -> None:
+    """`--profile`/`--trace` need kernels to time, known before any compile."""
+    from .artifact import is_artifact
+    from .targets import REGISTRY, default_target
+
+    option = "--profile" if args.profile else "--trace"
+    if is_artifact(args.model):
+        raise UsageError(f"{option}: an artifact keeps no kernel list to time; give the "
+                         f"ONNX model")
+    target = args.target or default_target()
+    if not REGISTRY[target].generates_code:
+        raise UsageError(f"{option}: the {target} target runs no kernels")
+    if args.trace is not None:
+        _check_writable(Path(args.trace), "--trace")
 
 
 def _artifact_summary(model) -> dict:
@@ -713,10 +817,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fix an input's shape (dims may be symbolic names; repeatable)")
     ins.add_argument("--passes", action="store_true",
                      help="run the pass pipeline and print nodes and kernels after each pass")
+    ins.add_argument("--draw", metavar="FILE.svg",
+                     help="draw the optimised graph, its nodes grouped by kernel, as SVG")
+    ins.add_argument("--profile", action="store_true",
+                     help="with --draw: compile, time each kernel and colour it by its share")
     ins.add_argument("--target", default=None, choices=targets,
-                     help=f"target of --passes (default {default})")
+                     help=f"target of --passes and --draw (default {default})")
     ins.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
-                     help="optimisation level of --passes (default 3)")
+                     help="optimisation level of --passes and --draw (default 3)")
     ins.set_defaults(run=cmd_inspect)
 
     comp = sub.add_parser("compile", help="compile an ONNX model into an artifact (.dnnc)",
@@ -776,6 +884,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seed of the random inputs")
     bench.add_argument("--no-onnxruntime", action="store_true",
                        help="skip the onnxruntime comparison")
+    bench.add_argument("--profile", action="store_true",
+                       help="also time each kernel alone and list the slowest")
+    bench.add_argument("--trace", metavar="FILE.json",
+                       help="write the profile as a Chrome trace (Perfetto, chrome://tracing;"
+                            " implies --profile)")
     _shape_option(bench)
     bench.set_defaults(run=cmd_bench)
 

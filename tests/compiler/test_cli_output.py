@@ -17,6 +17,7 @@ import dnnc
 from dnnc import zoo
 from dnnc.compiler.cli import build_parser, main
 from dnnc.compiler.targets import REGISTRY, default_target
+from dnnc.frontend.onnx import import_onnx
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -309,3 +310,112 @@ def test_bisect_draws_a_bar_and_ctrl_c_leaves_one_line(mlp, monkeypatch, capsys)
     assert code == 130 and calls == [0, 1, 2]
     assert re.search(r"\| 2/8 \[.*compiling after 2 pass\(es\): simplify", drawn), drawn
     assert visible_lines(drawn) == ["dnnc: interrupted"]
+
+
+# ---------------------------------------------------------------------------------------------
+# pictures and traces
+
+
+def test_bench_profile_writes_a_chrome_trace_of_the_kernels(tmp_path, mlp):
+    """The trace holds one complete event per kernel, in call order, end to end, named and
+    described as the kernels `CompiledModel.profile` times (what Perfetto shows)."""
+    trace = tmp_path / "prof.json"
+    code, out, _ = dnnc_command("bench", mlp, "--target", "llvm", "--repeat", "3",
+                                "--warmup", "1", "--no-onnxruntime", "--profile", "--trace",
+                                trace, "--json", cwd=tmp_path)
+    assert code == 0
+    (row,) = json.loads(out)["rows"]
+    doc = json.loads(trace.read_text())
+    events = doc["traceEvents"]
+    meta = {(e["name"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert meta[("process_name", 0)] == f"dnnc llvm: {mlp}"
+    assert meta[("thread_name", 1)] == "batch 2"
+    kernels = [e for e in events if e["ph"] == "X"]
+    model = dnnc.compile(str(mlp), "llvm", progress=False)
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    want = model.profile(x, repeat=1)
+    assert len(kernels) == len(want) == model.stats["kernels"]
+    assert [e["name"] for e in kernels] == [w["kernel"] for w in want]
+    assert [e["args"]["nodes"] for e in kernels] == [w["nodes"] for w in want]
+    assert [e["name"] for e in kernels] == [r["kernel"] for r in row["profile"]]
+    assert all(e["cat"] == "kernel" and e["tid"] == 1 and e["dur"] > 0 for e in kernels)
+    assert kernels[0]["ts"] == 0
+    for a, b in zip(kernels, kernels[1:]):   # end to end, in call order
+        assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=0.002)
+    assert sum(e["args"]["share"] for e in kernels) == pytest.approx(1, abs=0.01)
+    assert doc["displayTimeUnit"] == "ms" and doc["otherData"]["target"] == "llvm"
+
+    code, out, _ = dnnc_command("bench", mlp, "--target", "llvm", "--repeat", "2", "--profile",
+                                "--no-onnxruntime", cwd=tmp_path)
+    assert code == 0 and re.search(r"^profile, batch 2: 2 kernels, each called alone", out,
+                                   re.M)
+    assert re.search(r"^ +[\d.]+ +[\d.]+%  k\d_MatMulPacked \(fc_0, relu_0\)$", out, re.M)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench", "ARTIFACT", "--profile"], "--profile: an artifact keeps no kernel list"),
+    (["bench", "MLP", "--target", "numpy", "--trace", "t.json"],
+     "--trace: the numpy target runs no kernels"),
+    (["bench", "MLP", "--trace", "no/such/dir/t.json"], "folder 'no/such/dir' does not exist"),
+    (["inspect", "MLP", "--profile"], "--profile goes with --draw"),
+    (["inspect", "ARTIFACT", "--draw", "g.svg", "--profile"], "an artifact keeps no kernel"),
+    (["inspect", "MLP", "--target", "llvm"], "go with --passes or --draw"),
+])
+def test_profile_and_draw_mistakes(tmp_path, mlp, capsys, argv, message):
+    artifact = tmp_path / "m.dnnc"
+    dnnc.compile(str(mlp), "llvm", progress=False).save(artifact)
+    argv = [{"MLP": str(mlp), "ARTIFACT": str(artifact)}.get(a, a) for a in argv]
+    code, out, err = dnnc_command(*argv, cwd=tmp_path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and message in err, err
+
+
+def kernel_boxes(svg: str) -> dict[str, list[str]]:
+    """The plain SVG's boxes: id -> their lines of text."""
+    import xml.etree.ElementTree as ET
+
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    root = ET.fromstring(svg)
+    return {g.get("id"): [t.text for t in g.findall("svg:text", ns)]
+            for g in root.findall("svg:g", ns)}
+
+
+def test_inspect_draws_the_optimised_graph_by_kernel(tmp_path):
+    from dnnc.compiler.draw import has_graphviz
+
+    if has_graphviz():
+        pytest.skip("graphviz draws here; test_graphviz_draws_clusters covers it")
+    onnx_file = tmp_path / "cnn.onnx"
+    assert dnnc_command("zoo", "cnn", "-o", onnx_file, "-q", cwd=tmp_path)[0] == 0
+    model = dnnc.compile(str(onnx_file), "llvm", progress=False)
+    groups = [[n.name for n in g] for g in model.graph.groups]
+    code, out, err = dnnc_command("inspect", onnx_file, "--draw", tmp_path / "g.svg",
+                                  "--target", "llvm", "--json", cwd=tmp_path)
+    assert code == 0 and json.loads(out)["draw"] == {
+        "file": str(tmp_path / "g.svg"), "renderer": "plain", "kernels": len(groups),
+        "nodes": len(model.graph.nodes), "profiled": False}
+    boxes = kernel_boxes((tmp_path / "g.svg").read_text())
+    assert boxes.pop("kernel-1") == ["inputs", "input: float32[1,3,32,32]"]
+    assert [[line.split()[1] for line in lines[1:]] for lines in boxes.values()] == groups
+
+    code, out, _ = dnnc_command("inspect", onnx_file, "--draw", tmp_path / "p.svg",
+                                "--profile", "--target", "llvm", "-q", cwd=tmp_path)
+    svg = (tmp_path / "p.svg").read_text()
+    titles = [lines[0] for k, lines in kernel_boxes(svg).items() if k != "kernel-1"]
+    shares = [float(t.split(", ")[1].rstrip("%")) for t in titles]
+    assert code == 0 and len(shares) == len(groups) and sum(shares) == pytest.approx(100, abs=1)
+    assert 'fill="#ff0000"' in svg   # the slowest kernel, fully red
+
+    code, _, _ = dnnc_command("inspect", onnx_file, "--draw", tmp_path / "n.svg", "--target",
+                              "numpy", cwd=tmp_path)
+    assert code == 0 and len(kernel_boxes((tmp_path / "n.svg").read_text())) - 1 == \
+        len(import_onnx(onnx_file).nodes)   # the reference: a node, a kernel
+
+
+def test_graphviz_draws_clusters(tmp_path, mlp):
+    from dnnc.compiler.draw import has_graphviz, render_graphviz
+
+    if not has_graphviz():
+        pytest.skip("graphviz's Python package or its dot program is not installed")
+    graph = dnnc.compile(str(mlp), "llvm", progress=False).graph
+    svg = render_graphviz(graph)
+    assert svg.count('class="cluster"') == len(graph.groups)
