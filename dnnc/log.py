@@ -29,11 +29,15 @@ LOGGER = logging.getLogger("dnnc")
 
 class _Stderr(logging.Handler):
     """Writes to the `sys.stderr` of the moment (a test's capture, a redirected stream), not
-    the one of import time as `logging.StreamHandler` would."""
+    the one of import time as `logging.StreamHandler` would, through `tqdm.write`: a progress
+    bar being drawn there (`dnnc/progress.py`) is lifted off its line first and drawn again
+    after, so the message gets a line of its own."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
         try:
-            sys.stderr.write(self.format(record) + "\n")
+            tqdm.write(self.format(record), file=sys.stderr)
             sys.stderr.flush()
         except Exception:
             self.handleError(record)

@@ -419,3 +419,20 @@ def test_graphviz_draws_clusters(tmp_path, mlp):
     graph = dnnc.compile(str(mlp), "llvm", progress=False).graph
     svg = render_graphviz(graph)
     assert svg.count('class="cluster"') == len(graph.groups)
+
+
+def test_a_message_during_a_bar_gets_a_line_of_its_own(monkeypatch):
+    """-v's debug lines while a compile's bar is drawn: the bar is lifted off its line, the
+    message written, the bar drawn again below it."""
+    from dnnc.progress import Progress
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with Progress(2, True) as bar:
+        bar.step("first")
+        logging.getLogger("dnnc.test").warning("a message")
+        bar.done()
+    lines = terminal.getvalue().split("\n")
+    (said,) = [line for line in lines if "a message" in line]
+    assert said.rsplit("\r", 1)[-1] == "dnnc: a message"
+    assert visible_lines(terminal.getvalue()) == ["dnnc: a message"]   # the bar erased
