@@ -405,6 +405,14 @@ def test_inspect_draws_the_optimised_graph_by_kernel(tmp_path):
     assert code == 0 and len(shares) == len(groups) and sum(shares) == pytest.approx(100, abs=1)
     assert 'fill="#ff0000"' in svg   # the slowest kernel, fully red
 
+    artifact = tmp_path / "cnn.dnnc"
+    model.save(artifact)
+    code, out, _ = dnnc_command("inspect", artifact, "--draw", tmp_path / "a.svg", "--json",
+                                cwd=tmp_path)
+    assert code == 0 and json.loads(out)["draw"]["kernels"] == model.stats["kernels"]
+    assert kernel_boxes((tmp_path / "a.svg").read_text()) == kernel_boxes(
+        (tmp_path / "g.svg").read_text())   # the artifact's graph is the one compile made
+
     code, _, _ = dnnc_command("inspect", onnx_file, "--draw", tmp_path / "n.svg", "--target",
                               "numpy", cwd=tmp_path)
     assert code == 0 and len(kernel_boxes((tmp_path / "n.svg").read_text())) - 1 == \
