@@ -6,7 +6,7 @@ with the reference, and time it next to onnxruntime.
 The target defaults to the fastest one this machine can run (llvm on a CPU). The reference
 is onnxruntime when it is installed (the `test` extra), else dnnc's own numpy target; the
 latencies are medians of the same number of calls on the same inputs, onnxruntime with as
-many threads as dnnc uses.
+many threads as dnnc uses on a CPU (its default beside a GPU target).
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ def median_ms(fn) -> float:
     return float(np.median(times))
 
 
+def on_host(a) -> np.ndarray:
+    """An output as a NumPy array (the cuda target may return arrays on the GPU)."""
+    return a.get() if hasattr(a, "__cuda_array_interface__") else np.asarray(a)
+
+
 def onnxruntime_session(model, threads: int | None):
     """An onnxruntime CPU session with `threads` intra-op threads, or None without it."""
     try:
@@ -61,9 +66,10 @@ def main() -> None:
     compiled = dnnc.compile(model, target=args.target)
     print(f"compiled {args.model} for {args.target} in {time.perf_counter() - start:.2f} s: "
           f"{compiled}")
-    outputs = compiled.run(*inputs.values())
+    outputs = [on_host(o) for o in compiled.run(*inputs.values())]
 
-    threads = getattr(compiled.runtime.target, "threads", None)
+    machine = compiled.runtime.target
+    threads = machine.threads if machine.cpu else None   # a GPU target: onnxruntime's default
     session = onnxruntime_session(model, threads)
     if session is not None:
         import onnxruntime
