@@ -19,7 +19,7 @@ from ..ir.graph import Graph
 from ..ir.interpreter import run_graph
 from ..passes.manager import passes_at
 from ..progress import Progress
-from .arguments import check_int, check_tolerance
+from .arguments import check_int, check_optional_bool, check_tolerance
 from .driver import compile, load_graph
 from .targets import default_target
 
@@ -46,10 +46,11 @@ def _inputs(graph: Graph, rng, dims: dict | None = None) -> list[np.ndarray]:
     return arrays
 
 
-def _check(rtol, atol, seed) -> None:
+def _check(rtol, atol, seed, progress) -> None:
     check_tolerance("rtol", rtol)
     check_tolerance("atol", atol)
     check_int("seed", seed, 0)
+    check_optional_bool("progress", progress)
 
 
 def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple[bool, float]:
@@ -73,7 +74,7 @@ def compare(model, target: str | None = None, opt_level: int | None = None, *, r
     """The first node whose output differs between `target` (default: the host's, see
     targets.py) and the reference, or None. `progress` (default: when stderr is a terminal)
     shows the reference run and the probed compile as they happen."""
-    _check(rtol, atol, seed)
+    _check(rtol, atol, seed, progress)
     target = default_target() if target is None else target
     graph = load_graph(model)
     arrays = inputs if inputs is not None else _inputs(graph, np.random.default_rng(seed))
@@ -114,7 +115,7 @@ def bisect_passes(model, target: str | None = None, opt_level: int | None = None
     """(the first pass after which results diverge, where they first diverge), or None.
     `progress` (default: when stderr is a terminal) shows each compile as it starts: a bar
     with an ETA on a terminal (resnet50 takes minutes), else a line each."""
-    _check(rtol, atol, seed)
+    _check(rtol, atol, seed, progress)
     target = default_target() if target is None else target
     graph = load_graph(model)
     arrays = _inputs(graph, np.random.default_rng(seed))

@@ -37,6 +37,14 @@ def test_a_correct_pipeline_has_no_divergence():
     assert bisect_passes(_model(), "llvm") is None
 
 
+def test_progress_is_checked_like_every_argument():
+    from dnnc.errors import ArgumentError
+
+    for find in (compare, bisect_passes):
+        with pytest.raises(ArgumentError, match="progress must be True, False or None"):
+            find(_model(), "llvm", progress="yes")
+
+
 def test_bisect_names_the_wrong_pass_and_the_first_diverging_node(monkeypatch):
     monkeypatch.setattr(simplify_module, "RULES", simplify_module.RULES + [_wrong_relu])
     monkeypatch.setattr(simplify_module.simplify, "__defaults__", (simplify_module.RULES,))
