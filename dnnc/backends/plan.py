@@ -401,8 +401,10 @@ class Executable:
         types = {id(v): v.type for v in self.graph.inputs}
         for v in self.graph.constants():
             types[id(v)] = v.type
-        segments = sum(isinstance(s, Segment) for s in self.steps)
-        with Progress(segments, self.progress, unit="segment") as progress:
+        # a segment's compile time grows with its nodes: they are the bar's units, so its ETA
+        # weighs a big segment as one
+        nodes = sum(len(s.nodes) for s in self.steps if isinstance(s, Segment))
+        with Progress(nodes, self.progress, unit="node") as progress:
             for step in self.steps:
                 if isinstance(step, HostStep):
                     for v in step.node.outputs:
@@ -531,7 +533,7 @@ class Executable:
                 log.debug("segment %d, shapes %s: %d kernel(s) compiled in %.2f s",
                           step.index, shapes, len(program.kernels), seconds)
                 if progress is not None:
-                    progress.done()
+                    progress.done(len(step.nodes))
         return seg
 
     def _evict(self, index: int) -> None:

@@ -278,7 +278,7 @@ def test_compile_draws_a_bar_on_a_terminal_and_erases_it(mlp, tmp_path, monkeypa
     monkeypatch.setattr(sys, "stderr", terminal)
     code = main(["compile", str(mlp), "-o", str(tmp_path / "m.dnnc"), "--target", "llvm"])
     drawn = terminal.getvalue()
-    assert code == 0 and re.search(r"dnnc: +0%.*0/1 \[", drawn)   # a bar: segments, ETA
+    assert code == 0 and re.search(r"dnnc: +0%.*0/3 \[", drawn)   # a bar of its 3 nodes
     assert "compiling segment 0: 2 kernel(s) of 3 node(s)" in drawn   # its postfix
     # erased: what stays are the message lines, not the bar
     assert not any("%" in line for line in visible_lines(drawn))
@@ -444,3 +444,24 @@ def test_a_message_during_a_bar_gets_a_line_of_its_own(monkeypatch):
     (said,) = [line for line in lines if "a message" in line]
     assert said.rsplit("\r", 1)[-1] == "dnnc: a message"
     assert visible_lines(terminal.getvalue()) == ["dnnc: a message"]   # the bar erased
+
+
+def test_a_bar_is_redrawn_during_a_long_step(monkeypatch):
+    """Elapsed time moves while one step runs long (LLVM on a big segment): a thread redraws
+    the bar, and stops when it is closed."""
+    import threading
+    import time
+
+    from dnnc import progress
+
+    monkeypatch.setattr(progress, "REDRAW_SECONDS", 0.05)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    threads = threading.active_count()
+    with progress.Progress(1, True) as bar:
+        bar.step("one long step")
+        drawn = terminal.getvalue().count("\r")
+        time.sleep(0.5)
+        assert terminal.getvalue().count("\r") >= drawn + 3
+    time.sleep(0.2)
+    assert threading.active_count() == threads
