@@ -1059,7 +1059,8 @@ random package did, 1 in ~25 tries under load), and a second Ctrl-C exits at onc
 
 
 def _force_exit() -> None:
-    os.write(2, b"dnnc: interrupted\n")
+    # on a terminal, first clear the line a progress bar may be drawn on (ANSI erase-line)
+    os.write(2, (b"\r\x1b[K" if os.isatty(2) else b"") + b"dnnc: interrupted\n")
     os._exit(EXIT_INTERRUPTED)
 
 
