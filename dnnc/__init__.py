@@ -4,7 +4,7 @@ User API: `dnnc.compile`, `dnnc.load`, `dnnc.tune`, `dnnc.trace`, `dnnc.jit`,
 `dnnc.export_onnx`, `dnnc.Graph`, `dnnc.errors`.
 """
 
-from . import errors
+from . import errors, log
 from .compiler.artifact import load
 from .compiler.driver import compile
 from .compiler.module import CompiledModel

@@ -26,6 +26,7 @@ again resumes where it stopped.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import sys
 import time
@@ -43,6 +44,8 @@ from .search import ModelSearch, RandomSearch
 from .tasks import Task
 
 SEARCHES = ("xgb", "random")
+
+logger = logging.getLogger(__name__)   # not `log`: the tuning log's parameter name
 
 BATCH = 8   # candidates measured between two log appends
 CONFIRM_TOP = 2      # the best candidates a task measures again beside its default
@@ -246,6 +249,8 @@ def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, refer
     finally:
         if bar is not None:
             bar.close()
+        elif progress:   # stderr is no terminal: a line per task, not a bar's redraws
+            logger.info("%s: %d trial(s), %s", task.name, report.trials, _postfix(report))
 
 
 def _append(log, task: Task, target: Target, results, confirm: bool = False
@@ -259,7 +264,8 @@ def _append(log, task: Task, target: Target, results, confirm: bool = False
 
 
 def _bar(task: Task, total: int, progress: bool):
-    if not progress:
+    """A bar of the task's trials on a terminal (kept when done: one line per task)."""
+    if not progress or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 

@@ -29,6 +29,7 @@ several threads are safe.
 from __future__ import annotations
 
 import hashlib
+import logging
 import sys
 import threading
 import time
@@ -46,8 +47,11 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.ops.registry import Pattern, get_op
 from ..ir.reinfer import reinfer
 from ..ir.segments import HostStep, Segment, describe, has_loop_form, plan_steps, steps_from
+from ..progress import Progress
 from .lower import Kernel, NoCompute, lower_group
 from .memory import MemoryPlan, Step, plan_memory
+
+log = logging.getLogger(__name__)
 
 # specialisations kept per segment: each costs its machine code and, per calling thread, its
 # arena (200 batch sizes of an MLP held 274 MB before the cache was bounded)
@@ -378,12 +382,14 @@ class Executable:
 
     @property
     def kernels(self) -> int:
-        """Kernels per call: of each segment's first compiled specialisation, or before it is
-        compiled the groups its nodes form (`warm_up=False` counts a graph's kernels without
-        lowering or compiling them)."""
+        """Kernels per call: of each segment's first compiled specialisation, else the groups
+        its nodes form (a segment not compiled yet, or restored from an artifact, which keeps
+        no kernels: the same count `compile` gives; `warm_up=False` counts a graph's kernels
+        without lowering or compiling them)."""
         compiled = {}
         for (index, *_), seg in list(self._cache.items()):
-            compiled.setdefault(index, len(seg.kernels) or len(seg.step.nodes))
+            if seg.kernels:
+                compiled.setdefault(index, len(seg.kernels))
         return sum(compiled[s.index] if s.index in compiled
                    else len(segment_groups(s, self.graph.groups))
                    for s in self.steps if isinstance(s, Segment))
@@ -395,17 +401,21 @@ class Executable:
         types = {id(v): v.type for v in self.graph.inputs}
         for v in self.graph.constants():
             types[id(v)] = v.type
-        for step in self.steps:
-            if isinstance(step, HostStep):
-                for v in step.node.outputs:
-                    types[id(v)] = v.type
-                continue
-            in_types = [types.get(id(v), v.type) for v in step.inputs]
-            if not all(t.is_static for t in in_types) or step.value_inputs:
-                return
-            seg = self._compiled(step, tuple(t.shape for t in in_types))
-            for v, t in zip(step.escaping, seg.escaping_types):
-                types[id(v)] = t
+        # a segment's compile time grows with its nodes: they are the bar's units, so its ETA
+        # weighs a big segment as one
+        nodes = sum(len(s.nodes) for s in self.steps if isinstance(s, Segment))
+        with Progress(nodes, self.progress, unit="node") as progress:
+            for step in self.steps:
+                if isinstance(step, HostStep):
+                    for v in step.node.outputs:
+                        types[id(v)] = v.type
+                    continue
+                in_types = [types.get(id(v), v.type) for v in step.inputs]
+                if not all(t.is_static for t in in_types) or step.value_inputs:
+                    return
+                seg = self._compiled(step, tuple(t.shape for t in in_types), progress=progress)
+                for v, t in zip(step.escaping, seg.escaping_types):
+                    types[id(v)] = t
 
     # -- running -------------------------------------------------------------------------------
 
@@ -489,7 +499,10 @@ class Executable:
             frame = seg.frames.frame = seg.frame()
         return frame
 
-    def _compiled(self, step: Segment, shapes: tuple, values: tuple = ()):
+    def _compiled(self, step: Segment, shapes: tuple, values: tuple = (),
+                  progress: Progress | None = None):
+        """The specialisation of `step` to `shapes` (and `values`), compiled on first use;
+        its compile is a step of `progress` (warm-up), else a progress line."""
         key = (step.index, shapes, values)
         seg = self._cache.get(key)
         if seg is not None:
@@ -502,17 +515,25 @@ class Executable:
             seg = self._cache.get(key)
             if seg is None:
                 start = time.perf_counter()
-                if self.progress:
-                    print(f"dnnc: compiling segment {step.index} ({len(step.nodes)} nodes) "
-                          f"for {self.describe_machine()}", file=sys.stderr)
                 groups = segment_groups(step, self.graph.groups)
+                message = (f"compiling segment {step.index}: {len(groups)} kernel(s) of "
+                           f"{len(step.nodes)} node(s) for {self.describe_machine()}")
+                if progress is not None:
+                    progress.step(message)
+                elif self.progress:
+                    log.info(message)
                 program = build_program(step, shapes, values, groups, self.schedule,
                                         self.reuse_memory)
                 self.plan_seconds += program.plan_seconds
                 seg = self.compile_segment(program)
                 self._cache[key] = seg
                 self._evict(step.index)
-                self.compile_seconds += time.perf_counter() - start
+                seconds = time.perf_counter() - start
+                self.compile_seconds += seconds
+                log.debug("segment %d, shapes %s: %d kernel(s) compiled in %.2f s",
+                          step.index, shapes, len(program.kernels), seconds)
+                if progress is not None:
+                    progress.done(len(step.nodes))
         return seg
 
     def _evict(self, index: int) -> None:

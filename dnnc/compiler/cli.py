@@ -1,16 +1,23 @@
 """The `dnnc` command (also `python -m dnnc`).
 
+    dnnc --version                                                  dnnc, its targets, versions
     dnnc zoo NAME -o FILE.onnx [--batch N] [--set key=value ...]   write a zoo model
     dnnc zoo --list                                                 list zoo models and options
-    dnnc inspect MODEL.onnx|MODEL.dnnc [--ir] [--json] [--input-shape name=1,3,224,224 ...]
-                 [--passes [--target llvm] [--opt-level N]]
+    dnnc inspect MODEL.onnx|MODEL.dnnc [--ir] [--input-shape name=1,3,224,224 ...]
+                 [--passes [--target llvm] [--opt-level N]] [--draw FILE.svg [--profile]]
     dnnc compile MODEL.onnx [--target llvm] [-o MODEL.dnnc] [--opt-level N] [--input-shape ...]
                  [--emit llvm-ir|asm|cuda|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
-                 [--mattr +avx2,...] [--outputs numpy|cupy] [-q]
+                 [--mattr +avx2,...] [--outputs numpy|cupy]
     dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
              [--dim N=4 ...] [--seed S] [--output-dir DIR]
     dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
-               [--threads N] [--no-onnxruntime]
+               [--threads N] [--no-onnxruntime] [--profile] [--trace FILE.json]
+    dnnc tune MODEL.onnx --log FILE.jsonl [--trials N] ...
+    dnnc compare MODEL.onnx [--target llvm] [--bisect-passes] [--rtol R --atol A]
+
+Every command takes -q (warnings and errors only), -v (debug details too) and --json (its
+result as one JSON object on stdout instead of text). Messages go through the `dnnc` logger
+(`dnnc/log.py`) as `dnnc: ...` lines on stderr; results go to stdout.
 
 Every option is checked before any work starts, every failure ends in one line on stderr, and
 `main` maps outcomes to exit statuses in one table (`EXIT_STATUS`, docs/cli.md "Exit codes"):
@@ -22,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -39,8 +48,12 @@ import numpy as np
 # tries under load). Imported here, before any work a user might interrupt.
 import numpy.random  # noqa: F401
 
-from ..errors import ArgumentError, CompileError, DNNCError
+from .. import __version__
+from ..errors import ArgumentError, CompileError, DNNCError, UnsupportedOpError
+from ..log import LOGGER, set_verbosity
 from .module import call_times_ms
+
+log = logging.getLogger(__name__)
 
 
 class UsageError(Exception):
@@ -136,8 +149,11 @@ def cmd_zoo(args) -> int:
     from .. import zoo
 
     if args.list:
-        for name in zoo.MODELS:
-            print(f"{name:<14} {', '.join(zoo.config_options(name))}")
+        options = {name: zoo.config_options(name) for name in zoo.MODELS}
+        if args.json:
+            _print_json(options)
+        for name, keys in ([] if args.json else options.items()):
+            print(f"{name:<14} {', '.join(keys)}")
         return 0
     if not args.name or not args.output:
         raise UsageError("dnnc zoo needs a model NAME and -o FILE (or --list)")
@@ -154,9 +170,28 @@ def cmd_zoo(args) -> int:
     except OSError as exc:
         raise UsageError(f"cannot write {args.output!r}: {exc.strerror or exc}") from exc
     params = sum(_numel(t.dims) for t in model.graph.initializer)
-    print(f"wrote {args.output}: {args.name}, {len(model.graph.node)} nodes, "
-          f"{params:,} parameters")
+    if args.json:
+        _print_json({"output": args.output, "model": args.name,
+                     "nodes": len(model.graph.node), "parameters": params})
+    else:
+        print(f"wrote {args.output}: {args.name}, {len(model.graph.node)} nodes, "
+              f"{params:,} parameters")
     return 0
+
+
+def _print_json(doc) -> None:
+    """A command's result as `--json` prints it: one object, NaN and infinities as null."""
+    print(json.dumps(_finite(doc), indent=2))
+
+
+def _finite(doc):
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v) for v in doc]
+    return doc
 
 
 def _numel(dims) -> int:
@@ -167,29 +202,49 @@ def _numel(dims) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .inspect import format_passes, format_summary, pass_report, summarize
+    from .inspect import format_passes, format_summary, pass_report, summarize, summarize_onnx
     from .targets import default_target
 
     from .artifact import is_artifact, load
 
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
     artifact = None
-    if not args.passes and (args.target is not None or args.opt_level is not None):
-        raise UsageError("--target and --opt-level go with --passes")
+    if not (args.passes or args.draw) and (args.target is not None or
+                                           args.opt_level is not None):
+        raise UsageError("--target and --opt-level go with --passes or --draw")
+    if args.profile and not args.draw:
+        raise UsageError("--profile goes with --draw (bench --profile times a model)")
+    if args.draw:
+        _check_writable(Path(args.draw), "--draw")
     if is_artifact(args.model):
         if shapes:
             raise UsageError("--input-shape applies to ONNX models, not artifacts")
         if args.passes:
             raise UsageError("--passes applies to ONNX models: an artifact's graph is "
                              "already optimised")
+        if args.profile:
+            raise UsageError("--profile: an artifact keeps no kernel list to time; give "
+                             "the ONNX model")
         artifact = load(args.model, progress=False)
         graph = artifact.graph
+        summary = summarize(graph)
     else:
-        graph = _import_onnx(args.model, shapes)
-    summary = summarize(graph)
+        try:
+            graph = _import_onnx(args.model, shapes)
+        except UnsupportedOpError as exc:
+            if args.ir or args.passes or args.draw:   # they need the imported graph
+                raise
+            from ..frontend.onnx import load_model_proto
+
+            log.warning(_one_line(exc))
+            summary = summarize_onnx(load_model_proto(args.model), exc.ops)
+        else:
+            summary = summarize(graph)
     target = args.target or default_target()
     opt_level = 3 if args.opt_level is None else args.opt_level
     rows = pass_report(graph, target, opt_level) if args.passes else None
+    drawn = _draw(args, graph if artifact is None else None, artifact, target, opt_level) \
+        if args.draw else None
     if args.json:
         doc = summary.to_dict()
         if artifact is not None:
@@ -197,7 +252,11 @@ def cmd_inspect(args) -> int:
         if rows is not None:
             doc["passes"] = {"target": target, "opt_level": opt_level,
                              "after": [r.to_dict() for r in rows]}
-        print(json.dumps(doc, indent=2))
+        if args.ir:
+            doc["ir"] = str(graph)
+        if drawn is not None:
+            doc["draw"] = drawn
+        _print_json(doc)
     else:
         print(format_summary(summary))
         if rows is not None:
@@ -210,16 +269,46 @@ def cmd_inspect(args) -> int:
                   f"specialisation(s)")
             for op in info["host_fallbacks"]:
                 print(f"  host fallback: {op}")
-    if args.ir:
+    if args.ir and not args.json:
         print()
         print(graph)
     return 0
 
 
-def _say(args, message: str) -> None:
-    """A progress line on stderr (compiles of big models take a while)."""
-    if not getattr(args, "quiet", False):
-        print(f"dnnc: {message}", file=sys.stderr, flush=True)
+def _draw(args, graph, artifact, target: str, opt_level: int) -> dict:
+    """Write `--draw`'s picture of the optimised graph (an artifact's own, else the ONNX
+    model's after the target's passes), its kernels coloured by time share with --profile;
+    what was drawn, for --json."""
+    from ..passes.manager import optimize
+    from .draw import draw, kernels_of
+    from .driver import compile
+    from .targets import REGISTRY
+
+    shares = None
+    if artifact is not None:
+        graph = artifact.graph
+    elif args.profile:
+        if not REGISTRY[target].generates_code:
+            raise UsageError(f"--profile: the {target} target runs no kernels")
+        log.info(f"compiling for {target} to profile each kernel")
+        model = compile(graph, target=target, opt_level=opt_level, progress=not args.quiet)
+        feeds = _random_inputs(model, {}, {}, np.random.default_rng(0))
+        rows = model.profile(*[feeds[n] for n in model.input_names])
+        graph = model.graph
+        kernel_of = {n.name: k for k, nodes in enumerate(kernels_of(graph)) for n in nodes}
+        total = sum(r["ms"] for r in rows) or 1.0
+        shares = {}
+        for r in rows:   # a kernel compiled for each shape is timed once per shape
+            k = kernel_of[r["nodes"][0]]
+            shares[k] = shares.get(k, 0.0) + r["ms"] / total
+    elif REGISTRY[target].runs_passes:
+        graph = optimize(graph, REGISTRY[target].target(), opt_level)
+    svg, renderer = draw(graph, shares)
+    Path(args.draw).write_text(svg)
+    kernels = len(kernels_of(graph))
+    log.info(f"wrote {args.draw}: {kernels} kernels of {len(graph.nodes)} nodes ({renderer})")
+    return {"file": args.draw, "renderer": renderer, "kernels": kernels,
+            "nodes": len(graph.nodes), "profiled": shares is not None}
 
 
 def _cpu_option(args):
@@ -251,8 +340,8 @@ def _model_for(args, shapes: dict | None = None, check=None):
             raise UsageError("--input-shape applies to ONNX models; an artifact's shapes are "
                              "fixed when it is compiled")
         REGISTRY[target_of(args.model)].require()   # no GPU: one line, before any progress
-        _say(args, f"loading {args.model}")
-        model = load(args.model, progress=not getattr(args, "quiet", False))
+        log.info(f"loading {args.model}")
+        model = load(args.model, progress=not args.quiet)
         if args.target and args.target != model.target:
             raise UsageError(f"{args.model} was compiled for target {model.target}, not "
                              f"{args.target}")
@@ -264,8 +353,8 @@ def _model_for(args, shapes: dict | None = None, check=None):
     graph = _import_onnx(args.model, shapes or {})
     if check is not None:
         check([v.name for v in graph.inputs], [v.type for v in graph.inputs])
-    _say(args, f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
-    return compile(graph, target=target, progress=not getattr(args, "quiet", False))
+    log.info(f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
+    return compile(graph, target=target, progress=not args.quiet)
 
 
 def _ms(seconds: float) -> str:
@@ -300,7 +389,7 @@ def cmd_compile(args) -> int:
         _check_writable(output, "-o")
     if args.dump_ir and not spec.runs_passes:
         raise UsageError(f"--dump-ir: the {args.target} target runs no passes")
-    _say(args, f"importing {args.model}")
+    log.info(f"importing {args.model}")
     graph = _import_onnx(args.model, shapes)
     symbolic = sorted({d for v in graph.inputs for d in v.type.shape if isinstance(d, str)})
     if emits and symbolic:
@@ -314,7 +403,7 @@ def cmd_compile(args) -> int:
         shown = spec.target(cpu)
         where = f" (cpu {shown.cpu}, {shown.vector_bits}-bit vectors)" if shown.cpu else \
             f" ({shown.arch}{', code only: no device here' if render_only else ''})"
-    _say(args, f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
+    log.info(f"compiling {len(graph.nodes)} nodes for {args.target}{where}")
     try:
         if args.tuning_log and "tuning_log" not in spec.options:
             raise UsageError(f"--tuning-log: the {args.target} target is not tuned")
@@ -325,12 +414,11 @@ def cmd_compile(args) -> int:
     except OSError as exc:   # the --dump-ir folder
         raise UsageError(f"cannot write into {args.dump_ir!r}: {exc.strerror or exc}") from exc
     if args.dump_ir:
-        _say(args, f"wrote the graph after each pass into {args.dump_ir}")
+        log.info(f"wrote the graph after each pass into {args.dump_ir}")
     stats = model.stats
     if symbolic and spec.generates_code:
-        _say(args, f"input dim(s) {', '.join(symbolic)} are symbolic: kernels are compiled "
-                   f"for each shape on first use (fix them with --input-shape to compile "
-                   f"ahead)")
+        log.info(f"input dim(s) {', '.join(symbolic)} are symbolic: kernels are compiled for "
+                 f"each shape on first use (fix them with --input-shape to compile ahead)")
     for kind, folder in emits:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -340,20 +428,29 @@ def cmd_compile(args) -> int:
         except OSError as exc:
             raise UsageError(f"cannot write into {str(folder)!r}: {exc.strerror or exc}") \
                 from exc
-        _say(args, f"wrote {target_file}" + ("" if code else " (empty: the model needs no "
-                                                       "kernel)"))
-    if render_only:
+        log.info(f"wrote {target_file}" + ("" if code else " (empty: the model needs no "
+                                                     "kernel)"))
+    if not render_only:
+        log.info(f"saving {output}")
+        model.save(output)
+    if args.json:
+        _print_json({"output": None if render_only else str(output), "target": args.target,
+                     "kernels": stats["kernels"], "host_fallbacks": stats["host_fallbacks"],
+                     "arena_bytes": stats["arena_bytes"],
+                     "compile_seconds": stats["compile_seconds"],
+                     "tuned_kernels": stats["tuned_kernels"],
+                     "emitted": {kind: str(folder / (Path(args.model).stem + EMIT_SUFFIX[kind]))
+                                 for kind, folder in emits}})
+    elif render_only:
         print(f"wrote the {', '.join(kind for kind, _ in emits)} code of {stats['kernels']} "
               f"kernels; no artifact: this machine cannot run the {args.target} target")
-        return 0
-    _say(args, f"saving {output}")
-    model.save(output)
-    fallbacks = stats["host_fallback_ops"]
-    print(f"wrote {output}: {args.target}, {stats['kernels']} kernels, {fallbacks} host "
-          f"fallback op(s){': ' + ', '.join(stats['host_fallbacks']) if fallbacks else ''}, "
-          f"arena {stats['arena_bytes']:,} bytes, compiled in "
-          f"{stats['compile_seconds']:.2f} s"
-          + (f", {stats['tuned_kernels']} kernel(s) tuned" if args.tuning_log else ""))
+    else:
+        fallbacks = stats["host_fallback_ops"]
+        print(f"wrote {output}: {args.target}, {stats['kernels']} kernels, {fallbacks} host "
+              f"fallback op(s){': ' + ', '.join(stats['host_fallbacks']) if fallbacks else ''}"
+              f", arena {stats['arena_bytes']:,} bytes, compiled in "
+              f"{stats['compile_seconds']:.2f} s"
+              + (f", {stats['tuned_kernels']} kernel(s) tuned" if args.tuning_log else ""))
     return 0
 
 
@@ -363,15 +460,22 @@ def cmd_tune(args) -> int:
 
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
     _check_writable(Path(args.log), "--log")
-    _say(args, f"importing {args.model}")
+    log.info(f"importing {args.model}")
     graph = _import_onnx(args.model, shapes)
     start = time.perf_counter()
     reports = tune(graph, args.target, log=args.log, trials=args.trials,
                    opt_level=args.opt_level, timeout=args.timeout, seed=args.seed,
                    progress=not args.quiet, search=args.search, scheduler=args.scheduler)
+    seconds = time.perf_counter() - start
+    if args.json:
+        _print_json({"log": args.log, "seconds": seconds, "tasks": [
+            {"task": r.task.name, "key": r.task.key, "count": r.task.count,
+             "default_ms": r.default_ms, "best_ms": r.best_ms, "speedup": r.speedup,
+             "trials": r.trials, "errors": r.errors} for r in reports]})
+        return 0
     print(table(reports))
-    print(f"tuned {len(reports)} task(s) in {time.perf_counter() - start:.1f} s; records in "
-          f"{args.log} (compile with --tuning-log {args.log})")
+    print(f"tuned {len(reports)} task(s) in {seconds:.1f} s; records in {args.log} (compile "
+          f"with --tuning-log {args.log})")
     return 0
 
 
@@ -497,21 +601,35 @@ def cmd_run(args) -> int:
         except OSError as exc:
             raise UsageError(f"cannot write into {str(folder)!r}: {exc.strerror or exc}") \
                 from exc
-    for name, out in zip(model.output_names, outputs):
+    summaries = [_output_summary(name, out) for name, out in zip(model.output_names, outputs)]
+    if args.json:
+        _print_json({"target": model.target, "seconds": elapsed, "compile_seconds": jit,
+                     "outputs": summaries, "output_dir": args.output_dir})
+        return 0
+    for o in summaries:
         summary = ""
-        if out.size and out.dtype.kind in "fiub":
-            values = out.astype(np.float64)
-            finite = np.isfinite(values)
-            summary = (f"  min {values[finite].min() if finite.any() else float('nan'):.6g}"
-                       f"  max {values[finite].max() if finite.any() else float('nan'):.6g}"
-                       f"  mean {values[finite].mean() if finite.any() else float('nan'):.6g}")
-            if not finite.all():
-                summary += f"  ({int((~finite).sum())} non-finite)"
-        print(f"{name}: {out.dtype}{list(out.shape)}{summary}")
+        if "min" in o:
+            summary = f"  min {o['min']:.6g}  max {o['max']:.6g}  mean {o['mean']:.6g}"
+            if o["non_finite"]:
+                summary += f"  ({o['non_finite']} non-finite)"
+        print(f"{o['name']}: {o['dtype']}{o['shape']}{summary}")
     saved = f", outputs saved in {args.output_dir}" if args.output_dir else ""
     compiling = f" (of which {jit:.2f} s compiling for these shapes)" if jit > 0 else ""
     print(f"ran in {_ms(elapsed)} on {model.target}{compiling}{saved}")
     return 0
+
+
+def _output_summary(name: str, out: np.ndarray) -> dict:
+    """An output as `dnnc run` reports it: dtype and shape, and for numbers the min, max and
+    mean of its finite values (NaN when none is) and how many are not finite."""
+    summary = {"name": name, "dtype": str(out.dtype), "shape": list(out.shape)}
+    if out.size and out.dtype.kind in "fiub":
+        values = out.astype(np.float64)
+        finite = values[np.isfinite(values)]
+        summary.update({f: float(getattr(finite, f)()) if finite.size else float("nan")
+                        for f in ("min", "max", "mean")})
+        summary["non_finite"] = int(values.size - finite.size)
+    return summary
 
 
 def _median_ms(fn, repeat: int, warmup: int) -> float:
@@ -557,28 +675,37 @@ def cmd_bench(args) -> int:
                              f"write it with a symbolic batch (dnnc zoo ... --batch N) to "
                              f"bench other sizes")
 
+    profile = args.profile or args.trace is not None
+    if profile:
+        _check_profile(args)
     model = _model_for(args, shapes, check)
     machine = model.runtime.target
     threads = machine.threads
     session = None
     if not args.no_onnxruntime and not is_artifact(args.model):
         session = _ort_session(args.model, threads)
+    ort_version = None
+    if session is not None:
+        import onnxruntime
+
+        ort_version = onnxruntime.__version__
     header = [f"dnnc bench: {args.model}, target {model.target}"]
     if machine.cpu:
         header.append(f"cpu {machine.cpu} ({machine.vector_bits}-bit vectors)")
     header.append(f"{threads} thread(s), median of {args.repeat} after {args.warmup} warm-up")
-    if session is not None:
-        import onnxruntime
-
-        header.append(f"onnxruntime {onnxruntime.__version__}")
-    print(", ".join(header))
-    print(f"{'batch':>6} {'dnnc ms':>12} {'onnxruntime ms':>15} {'dnnc/ort':>9}")
+    if ort_version is not None:
+        header.append(f"onnxruntime {ort_version}")
+    if not args.json:
+        print(", ".join(header))
+        print(f"{'batch':>6} {'dnnc ms':>12} {'onnxruntime ms':>15} {'dnnc/ort':>9}")
+    rows = []
+    lanes: dict[str, list[dict]] = {}   # batch -> its kernels' profile
     rng = np.random.default_rng(args.seed)
     for batch in batches:
         dims = {d: batch for d in batch_dims} if batch is not None else {}
         feeds = _random_inputs(model, {}, dims, rng)
         if batch is not None:
-            _say(args, f"batch {batch}: compiling and warming up")
+            log.info(f"batch {batch}: compiling and warming up")
         # NumPy in and out, as onnxruntime's: a GPU target's time includes its copies
         args_in = [feeds[n] for n in model.input_names]
         ours = _median_ms(lambda: model.run(*args_in, to="numpy"), args.repeat, args.warmup)
@@ -591,10 +718,70 @@ def cmd_bench(args) -> int:
         label = "-" if batch is None else str(batch)
         if batch is None and model.input_types and model.input_types[0].rank:
             label = str(next(iter(feeds.values())).shape[0]) if feeds else "-"
-        print(f"{label:>6} {ours:>12.4f} "
-              f"{(f'{theirs:.4f}' if theirs is not None else 'n/a'):>15} "
-              f"{(f'{ours / theirs:.2f}' if theirs else 'n/a'):>9}")
+        rows.append({"batch": int(label) if label.isdigit() else None, "dnnc_ms": ours,
+                     "onnxruntime_ms": theirs, "ratio": ours / theirs if theirs else None})
+        if profile:
+            log.info(f"batch {label}: profiling each kernel")
+            lanes[f"batch {label}"] = rows[-1]["profile"] = model.profile(
+                *[feeds[n] for n in model.input_names], repeat=args.repeat)
+        if not args.json:
+            print(f"{label:>6} {ours:>12.4f} "
+                  f"{(f'{theirs:.4f}' if theirs is not None else 'n/a'):>15} "
+                  f"{(f'{ours / theirs:.2f}' if theirs else 'n/a'):>9}")
+    if args.json:
+        _print_json({"model": args.model, "target": model.target, "cpu": machine.cpu,
+                     "vector_bits": machine.vector_bits if machine.cpu else None,
+                     "threads": threads, "repeat": args.repeat, "warmup": args.warmup,
+                     "onnxruntime": ort_version, "rows": rows})
+    else:
+        for lane, kernels in lanes.items():
+            print(_format_profile(lane, kernels, args.repeat))
+    if args.trace is not None:
+        from .chrome_trace import chrome_trace
+
+        doc = chrome_trace(lanes, f"dnnc {model.target}: {args.model}",
+                           {"model": args.model, "target": model.target, "cpu": machine.cpu,
+                            "threads": threads, "repeat": args.repeat,
+                            "dnnc_version": __version__})
+        Path(args.trace).write_text(json.dumps(doc))
+        log.info(f"wrote {args.trace}: {sum(len(k) for k in lanes.values())} kernel events "
+                 f"(open it in ui.perfetto.dev or chrome://tracing)")
     return 0
+
+
+PROFILE_TOP = 10
+"""Kernels `bench --profile` lists per batch, the slowest first (the JSON and the trace have
+every one)."""
+
+
+def _format_profile(lane: str, kernels: list[dict], repeat: int) -> str:
+    total = sum(k["ms"] for k in kernels)
+    lines = [f"profile, {lane}: {len(kernels)} kernels, each called alone, median of {repeat};"
+             f" sum {total:.4f} ms",
+             f"{'ms':>10} {'share':>6}  kernel (nodes)"]
+    for k in sorted(kernels, key=lambda k: -k["ms"])[:PROFILE_TOP]:
+        nodes = ", ".join(k["nodes"][:4]) + (", ..." if len(k["nodes"]) > 4 else "")
+        lines.append(f"{k['ms']:>10.4f} {k['ms'] / (total or 1):>6.1%}  {k['kernel']} "
+                     f"({nodes})")
+    if len(kernels) > PROFILE_TOP:
+        lines.append(f"{'':>17}  ... {len(kernels) - PROFILE_TOP} more")
+    return "\n".join(lines)
+
+
+def _check_profile(args) -> None:
+    """`--profile`/`--trace` need kernels to time, known before any compile."""
+    from .artifact import is_artifact
+    from .targets import REGISTRY, default_target
+
+    option = "--profile" if args.profile else "--trace"
+    if is_artifact(args.model):
+        raise UsageError(f"{option}: an artifact keeps no kernel list to time; give the "
+                         f"ONNX model")
+    target = args.target or default_target()
+    if not REGISTRY[target].generates_code:
+        raise UsageError(f"{option}: the {target} target runs no kernels")
+    if args.trace is not None:
+        _check_writable(Path(args.trace), "--trace")
 
 
 def _artifact_summary(model) -> dict:
@@ -612,6 +799,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dnnc", description="dnnc, a deep-learning compiler: build, inspect and compile "
                                  "models.")
+    parser.add_argument("--version", action=_Version, help="print dnnc's version, its "
+                        "targets with the libraries they use, and the default target")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     zoo = sub.add_parser("zoo", help="write a zoo model (seeded random weights) as ONNX",
@@ -630,15 +819,18 @@ def build_parser() -> argparse.ArgumentParser:
                                      "FLOPs of a model.")
     ins.add_argument("model", help="an .onnx file or a .dnnc artifact")
     ins.add_argument("--ir", action="store_true", help="also print the whole graph IR")
-    ins.add_argument("--json", action="store_true", help="print the summary as JSON")
     ins.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                      help="fix an input's shape (dims may be symbolic names; repeatable)")
     ins.add_argument("--passes", action="store_true",
                      help="run the pass pipeline and print nodes and kernels after each pass")
+    ins.add_argument("--draw", metavar="FILE.svg",
+                     help="draw the optimised graph, its nodes grouped by kernel, as SVG")
+    ins.add_argument("--profile", action="store_true",
+                     help="with --draw: compile, time each kernel and colour it by its share")
     ins.add_argument("--target", default=None, choices=targets,
-                     help=f"target of --passes (default {default})")
+                     help=f"target of --passes and --draw (default {default})")
     ins.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
-                     help="optimisation level of --passes (default 3)")
+                     help="optimisation level of --passes and --draw (default 3)")
     ins.set_defaults(run=cmd_inspect)
 
     comp = sub.add_parser("compile", help="compile an ONNX model into an artifact (.dnnc)",
@@ -662,7 +854,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the arrays the artifact's calls return from Python (default: "
                            "the target's: cupy on cuda, numpy on the CPU targets)")
     _cpu_options(comp)
-    comp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     comp.set_defaults(run=cmd_compile)
 
     run = sub.add_parser("run", help="run an artifact or an ONNX model once",
@@ -681,7 +872,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seed of --random (default 0)")
     run.add_argument("--output-dir", help="save each output as DIR/NAME.npy")
     _shape_option(run)
-    run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     run.set_defaults(run=cmd_run)
 
     bench = sub.add_parser("bench", help="median latency, next to onnxruntime's",
@@ -703,8 +893,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seed of the random inputs")
     bench.add_argument("--no-onnxruntime", action="store_true",
                        help="skip the onnxruntime comparison")
+    bench.add_argument("--profile", action="store_true",
+                       help="also time each kernel alone and list the slowest")
+    bench.add_argument("--trace", metavar="FILE.json",
+                       help="write the profile as a Chrome trace (Perfetto, chrome://tracing;"
+                            " implies --profile)")
     _shape_option(bench)
-    bench.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     bench.set_defaults(run=cmd_bench)
 
     tune = sub.add_parser("tune", help="tune a model's kernels; records go to a log",
@@ -730,7 +924,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="candidates the XGBoost cost model ranks fastest (default), or "
                            "random ones")
     _shape_option(tune)
-    tune.add_argument("-q", "--quiet", action="store_true", help="no progress")
     tune.set_defaults(run=cmd_tune)
 
     cmp_ = sub.add_parser("compare", help="find the first node (and pass) a target gets wrong",
@@ -749,7 +942,48 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--seed", type=_int_at_least(0), default=0,
                       help="seed of the random inputs")
     cmp_.set_defaults(run=cmd_compare)
+    for command in sub.choices.values():
+        _common_options(command)
     return parser
+
+
+def _common_options(parser) -> None:
+    """-q, -v and --json, which every command takes."""
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-q", "--quiet", action="store_true",
+                          help="no progress: warnings and errors only")
+    loudness.add_argument("-v", "--verbose", action="store_true",
+                          help="also debug details (each pass's time, each segment compiled)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as one JSON object on stdout")
+
+
+def version_text() -> str:
+    """What `dnnc --version` prints: dnnc's version, each target with whether this host can
+    run it and its libraries' versions (or why not), and the default target."""
+    import platform
+
+    import onnx
+
+    from .targets import REGISTRY, default_target
+
+    lines = [f"dnnc {__version__} (Python {platform.python_version()}, NumPy {np.__version__},"
+             f" onnx {onnx.__version__})", "targets:"]
+    width = max(map(len, REGISTRY))
+    for spec in REGISTRY.values():
+        lines.append(f"  {spec.name:<{width}}  {'yes' if spec.available() else 'no '}  "
+                     f"{spec.about()}")
+    lines.append(f"default target: {default_target()}")
+    return "\n".join(lines)
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
 
 
 def cmd_compare(args) -> int:
@@ -763,22 +997,32 @@ def cmd_compare(args) -> int:
     if args.bisect_passes and not REGISTRY[args.target].runs_passes:
         raise UsageError("--bisect-passes: the numpy target runs no passes")
     options = dict(rtol=args.rtol, atol=args.atol, seed=args.seed)
+    culprit = where = None
     if args.bisect_passes:
-        found = bisect_passes(args.model, args.target, args.opt_level, **options)
-        if found is None:
-            print(f"no divergence: {args.target} matches the reference after every pass")
-            return 0
-        culprit, where = found
-        print(f"first diverging pass: {culprit}")
+        found = bisect_passes(args.model, args.target, args.opt_level,
+                              progress=not args.quiet, **options)
+        if found is not None:
+            culprit, where = found
     else:
-        where = compare(args.model, args.target, args.opt_level, **options)
-        if where is None:
-            print(f"no divergence: every node's output on {args.target} matches the reference")
-            return 0
-    if where is not None:
-        print(f"first diverging node: {where.node} ({where.op}), output {where.value}, max abs "
-              f"error {where.max_abs_error:.3g} (rtol {args.rtol:g}, atol {args.atol:g})")
-    return EXIT_FINDING
+        where = compare(args.model, args.target, args.opt_level, progress=not args.quiet,
+                        **options)
+    diverges = culprit is not None or where is not None
+    if args.json:
+        _print_json({"target": args.target, "rtol": args.rtol, "atol": args.atol,
+                     "divergence": diverges, "pass": culprit,
+                     "node": None if where is None else dataclasses.asdict(where)})
+    elif not diverges:
+        print(f"no divergence: {args.target} matches the reference after every pass"
+              if args.bisect_passes else
+              f"no divergence: every node's output on {args.target} matches the reference")
+    else:
+        if culprit is not None:
+            print(f"first diverging pass: {culprit}")
+        if where is not None:
+            print(f"first diverging node: {where.node} ({where.op}), output {where.value}, max "
+                  f"abs error {where.max_abs_error:.3g} (rtol {args.rtol:g}, atol "
+                  f"{args.atol:g})")
+    return EXIT_FINDING if diverges else EXIT_OK
 
 
 def _shape_option(parser) -> None:
@@ -808,8 +1052,9 @@ EXIT_STATUS = [
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         return f"{exc.filename}: {exc.strerror}"
-    # multi-line messages (UnsupportedOpError's list) are joined
+    # multi-line messages (UnsupportedOpError's list) are joined: "...: a; b"
     text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = text.replace(":; ", ": ")
     if isinstance(exc, (DNNCError, UsageError, OSError)):
         return text
     return f"{type(exc).__name__}: {text} (a dnnc bug: please report it with the traceback " \
@@ -823,7 +1068,8 @@ random package did, 1 in ~25 tries under load), and a second Ctrl-C exits at onc
 
 
 def _force_exit() -> None:
-    os.write(2, b"dnnc: interrupted\n")
+    # on a terminal, first clear the line a progress bar may be drawn on (ANSI erase-line)
+    os.write(2, (b"\r\x1b[K" if os.isatty(2) else b"") + b"dnnc: interrupted\n")
     os._exit(EXIT_INTERRUPTED)
 
 
@@ -851,8 +1097,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     debug = os.environ.get("DNNC_DEBUG", "") not in ("", "0")
+    level = LOGGER.level
     try:
         args = build_parser().parse_args(argv)
+        set_verbosity(args.quiet, args.verbose)
         return args.run(args)
     except BrokenPipeError:  # `dnnc inspect --ir model.onnx | head`
         sys.stderr.close()
@@ -868,6 +1116,8 @@ def _main(argv: list[str] | None) -> int:
             traceback.print_exc()
         print(f"dnnc: {kind}: {_one_line(exc)}", file=sys.stderr)
         return status
+    finally:
+        LOGGER.setLevel(level)   # main() called in-process leaves the logger as it was
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ reports the first pass after which the model's outputs differ from the reference
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,8 @@ import numpy as np
 from ..ir.graph import Graph
 from ..ir.interpreter import run_graph
 from ..passes.manager import passes_at
-from .arguments import check_int, check_tolerance
+from ..progress import Progress
+from .arguments import check_int, check_optional_bool, check_tolerance
 from .driver import compile, load_graph
 from .targets import default_target
 
@@ -44,10 +46,11 @@ def _inputs(graph: Graph, rng, dims: dict | None = None) -> list[np.ndarray]:
     return arrays
 
 
-def _check(rtol, atol, seed) -> None:
+def _check(rtol, atol, seed, progress) -> None:
     check_tolerance("rtol", rtol)
     check_tolerance("atol", atol)
     check_int("seed", seed, 0)
+    check_optional_bool("progress", progress)
 
 
 def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple[bool, float]:
@@ -66,10 +69,12 @@ def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple
 
 def compare(model, target: str | None = None, opt_level: int | None = None, *, rtol: float = 1e-4,
             atol: float = 1e-5, seed: int = 0, passes: int | None = None,
-            inputs: list[np.ndarray] | None = None) -> Divergence | None:
+            inputs: list[np.ndarray] | None = None,
+            progress: bool | None = None) -> Divergence | None:
     """The first node whose output differs between `target` (default: the host's, see
-    targets.py) and the reference, or None."""
-    _check(rtol, atol, seed)
+    targets.py) and the reference, or None. `progress` (default: when stderr is a terminal)
+    shows the reference run and the probed compile as they happen."""
+    _check(rtol, atol, seed, progress)
     target = default_target() if target is None else target
     graph = load_graph(model)
     arrays = inputs if inputs is not None else _inputs(graph, np.random.default_rng(seed))
@@ -79,13 +84,19 @@ def compare(model, target: str | None = None, opt_level: int | None = None, *, r
         for v, a in zip(node.outputs, outs):
             reference[v.name] = a
 
-    run_graph(graph, arrays, observe=observe)
-    probed = Graph(graph.name, inputs=graph.inputs, nodes=graph.nodes,
-                   outputs=list(graph.outputs) + [v for n in graph.nodes for v in n.outputs
-                                                  if v not in graph.outputs])
-    compiled = compile(probed, target=target, opt_level=opt_level, passes=passes,
-                       outputs="numpy")
-    results = dict(zip(compiled.output_names, compiled.run(*arrays)))
+    shown = sys.stderr.isatty() if progress is None else progress
+    with Progress(2, shown) as bar:
+        bar.step(f"running {len(graph.nodes)} nodes on the reference")
+        run_graph(graph, arrays, observe=observe)
+        bar.done()
+        probed = Graph(graph.name, inputs=graph.inputs, nodes=graph.nodes,
+                       outputs=list(graph.outputs) + [v for n in graph.nodes for v in n.outputs
+                                                      if v not in graph.outputs])
+        bar.step(f"compiling and running every node's output on {target}")
+        compiled = compile(probed, target=target, opt_level=opt_level, passes=passes,
+                           progress=False, outputs="numpy")
+        results = dict(zip(compiled.output_names, compiled.run(*arrays)))
+        bar.done()
     checked = 0
     for node in graph.nodes:
         for v in node.outputs:
@@ -99,24 +110,35 @@ def compare(model, target: str | None = None, opt_level: int | None = None, *, r
 
 
 def bisect_passes(model, target: str | None = None, opt_level: int | None = None, *,
-                  rtol: float = 1e-4, atol: float = 1e-5, seed: int = 0
-                  ) -> tuple[str, Divergence] | None:
-    """(the first pass after which results diverge, where they first diverge), or None."""
-    _check(rtol, atol, seed)
+                  rtol: float = 1e-4, atol: float = 1e-5, seed: int = 0,
+                  progress: bool | None = None) -> tuple[str, Divergence] | None:
+    """(the first pass after which results diverge, where they first diverge), or None.
+    `progress` (default: when stderr is a terminal) shows each compile as it starts: a bar
+    with an ETA on a terminal (resnet50 takes minutes), else a line each."""
+    _check(rtol, atol, seed, progress)
     target = default_target() if target is None else target
     graph = load_graph(model)
     arrays = _inputs(graph, np.random.default_rng(seed))
     names = passes_at(3 if opt_level is None else opt_level)
-    want = run_graph(graph, arrays)
-    # passes=k runs the first k passes and leaves memory reuse off; passes=None is the
-    # whole compile, memory planning included (it runs outside the pass pipeline)
-    for k in list(range(len(names) + 1)) + [None]:
-        outs = compile(graph, target=target, opt_level=opt_level, passes=k,
-                       outputs="numpy").run(*arrays)
-        if not all(_close(g, w, rtol, atol)[0] for g, w in zip(outs, want)):
-            found = compare(graph, target, opt_level, rtol=rtol, atol=atol, passes=k,
-                            inputs=arrays)
-            culprit = "the target's code generation (no pass)" if k == 0 else \
-                "memory planning (arena reuse)" if k is None else names[k - 1]
-            return culprit, found
+    shown = sys.stderr.isatty() if progress is None else progress
+    steps = list(range(len(names) + 1)) + [None]
+    with Progress(len(steps) + 1, shown, unit="compile") as bar:
+        bar.step(f"running {len(graph.nodes)} nodes on the reference")
+        want = run_graph(graph, arrays)
+        bar.done()
+        # passes=k runs the first k passes and leaves memory reuse off; passes=None is the
+        # whole compile, memory planning included (it runs outside the pass pipeline)
+        for k in steps:
+            bar.step("the whole compile, memory planning included" if k is None else
+                     f"compiling after {k} pass(es){': ' + names[k - 1] if k else ''}")
+            outs = compile(graph, target=target, opt_level=opt_level, passes=k,
+                           progress=False, outputs="numpy").run(*arrays)
+            bar.done()
+            if not all(_close(g, w, rtol, atol)[0] for g, w in zip(outs, want)):
+                bar.close()
+                found = compare(graph, target, opt_level, rtol=rtol, atol=atol, passes=k,
+                                inputs=arrays, progress=shown)
+                culprit = "the target's code generation (no pass)" if k == 0 else \
+                    "memory planning (arena reuse)" if k is None else names[k - 1]
+                return culprit, found
     return None

@@ -142,12 +142,14 @@ def _bytes(size: int) -> str:
     return f"{size:,} bytes"
 
 
-def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
+def compile(model, target: str | None = None, *, input_shapes: dict | None = None,
             opt_level: int | None = None, tuning_log=None, cpu=None,
             progress: bool | None = None, passes: int | None = None,
             dump_ir=None, cache_size: int | None = None,
             render_only: bool = False, outputs: str | None = None) -> CompiledModel:
-    """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target`.
+    """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target` (default: the
+    fastest target this host can run, as for `dnnc.jit` and the CLI: llvm on a CPU, cuda where
+    CuPy sees a GPU; `targets.default_target`).
 
     `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.runtime.cpu_from`) is the
     machine to compile for instead of this host (CPU name, features, threads; the layouts are
@@ -165,12 +167,14 @@ def compile(model, target: str = "numpy", *, input_shapes: dict | None = None,
     `DeviceError`. `outputs` is the kind of array a call returns unless its `to=` says
     otherwise: the target's default when None (cuda: "cupy", device arrays; llvm and numpy:
     "numpy", the only kind they return; cuda also takes "numpy"). Every argument is checked
-    here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this machine's memory raises `OutOfMemoryError`
-    naming its node.
+    here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this
+    machine's memory raises `OutOfMemoryError` naming its node.
     """
+    from .targets import REGISTRY, default_target
+
+    target = default_target() if target is None else target
     check_options(target, opt_level, tuning_log=tuning_log, cpu=cpu, progress=progress,
                   passes=passes, dump_ir=dump_ir, cache_size=cache_size, outputs=outputs)
-    from .targets import REGISTRY
 
     if not isinstance(render_only, bool):
         raise ArgumentError(f"render_only must be True or False, not {render_only!r}")

@@ -231,6 +231,17 @@ class CompiledModel:
             arrays.append(array)
         return arrays, bindings
 
+    def profile(self, *args, repeat: int = 20) -> list[dict]:
+        """Where a call's time goes: each kernel (and host step) in call order, called alone
+        `repeat` times on the data the ones before it left, as {"kernel": its function name,
+        "nodes": the fused nodes' names, "ms": the median}. A model loaded from an artifact
+        keeps no kernel list (a `CompileError`): compile the model to profile it."""
+        check_int("repeat", repeat, 1)
+        if not hasattr(self.runtime, "profile"):
+            raise CompileError(f"target {self.target} runs no kernels to profile")
+        inputs, _ = self.check_inputs(args, {})
+        return self.runtime.profile(inputs, repeat)[1]
+
     def benchmark(self, *args, repeat: int = 20, warmup: int = 3) -> dict:
         """Median and min latency in milliseconds over `repeat` calls (at least 1), after
         `warmup` untimed ones; each call ends when its results are ready (a runtime that

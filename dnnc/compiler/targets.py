@@ -43,6 +43,7 @@ class TargetSpec:
     available: Callable = lambda: True  # () -> whether this host can run it
     require: Callable = lambda: None   # () -> None, else raises the error saying why it cannot
     returns: tuple[str, ...] = ("numpy",)  # the array kinds a call can return, the default first
+    about: Callable = lambda: ""       # () -> its libraries' versions, or why it cannot run
 
     @property
     def generates_code(self) -> bool:
@@ -56,6 +57,12 @@ class TargetSpec:
         return replace(machine, name=self.name, layouts=self.layouts,
                        fusion=self.fusion() if self.fusion else Fusion(),
                        panels=self.panels(machine.vector_bits) if self.panels else ())
+
+
+def _numpy_about() -> str:
+    import numpy
+
+    return f"NumPy {numpy.__version__}"
 
 
 def _has_llvmlite() -> bool:
@@ -92,6 +99,16 @@ def _llvm_panels(vector_bits: int) -> tuple[tuple[str, int], ...]:
     return panels(vector_bits)
 
 
+def _llvm_about() -> str:
+    if not _has_llvmlite():
+        return "needs llvmlite (pip install llvmlite)"
+    import llvmlite
+    import llvmlite.binding
+
+    llvm = ".".join(map(str, llvmlite.binding.llvm_version_info))
+    return f"llvmlite {llvmlite.__version__}, LLVM {llvm}"
+
+
 def _has_gpu() -> bool:
     from ..backends.cuda import device
 
@@ -108,6 +125,16 @@ def _cuda_device() -> Target:
     from ..backends.cuda import device
 
     return device.machine()
+
+
+def _cuda_about() -> str:
+    from ..backends.cuda import device
+
+    if not device.available():
+        return device.unavailable_reason()
+    v = device.versions()
+    return (f"CuPy {v['cupy']}, CUDA runtime {v['runtime']}, NVRTC {v['nvrtc']}, driver "
+            f"{v['driver']}, {device.describe()}")
 
 
 def _cuda_fusion() -> Fusion:
@@ -133,7 +160,7 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
     # the reference interprets the graph as imported: no passes, no CPU, no code
     TargetSpec("numpy", "the NumPy reference interpreter", driver.numpy_runtime,
                codec=ArtifactCodec(artifact.numpy_export, artifact.no_check,
-                                   artifact.numpy_restore)),
+                                   artifact.numpy_restore), about=_numpy_about),
     TargetSpec("llvm", "native code for this CPU through LLVM", driver.llvm_runtime,
                options=("cpu", "passes", "dump_ir", "cache_size", "tuning_log"),
                emits=("llvm-ir", "asm", "loop"),
@@ -143,7 +170,7 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                # dense and conv weights packed into the micro-kernels' panels (convert_layout)
                layouts=("pack_dense", "pack_conv"), fusion=_llvm_fusion, panels=_llvm_panels,
                templates=_llvm_templates, tuning=_llvm_tuning,
-               speed=10, available=_has_llvmlite),
+               speed=10, available=_has_llvmlite, about=_llvm_about),
     TargetSpec("cuda", "NVIDIA GPUs through NVRTC (CuPy)", driver.cuda_runtime,
                options=("passes", "dump_ir", "cache_size", "tuning_log"),
                emits=("cuda", "loop"),
@@ -153,7 +180,7 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                                    artifact.cuda_restore),
                runs_passes=True, machine=_cuda_device, layouts=(), fusion=_cuda_fusion,
                templates=_cuda_templates, tuning=_cuda_tuning, speed=20,
-               available=_has_gpu, require=_require_gpu),
+               available=_has_gpu, require=_require_gpu, about=_cuda_about),
 )}
 
 

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from ..errors import ArgumentError
 from ..passes.manager import DEFAULT_OPT_LEVEL, optimize
 from .arguments import check_int, check_optional_bool, check_path
 from .driver import OPT_LEVELS, load_graph
+
+logger = logging.getLogger(__name__)
 
 
 def tune(model, target: str | None = None, *, log, trials: int = 200,
@@ -55,8 +59,8 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     tasks = extract(graph, hooks)
     show = sys.stderr.isatty() if progress is None else progress
     if show:
-        print(f"dnnc: tuning {len(tasks)} task(s) for {machine.key.split(':')[0]} "
-              f"({machine.cpu or machine.arch}), {trials} trials", file=sys.stderr)
+        logger.info("tuning %d task(s) for %s (%s), %d trials", len(tasks),
+                 machine.key.split(':')[0], machine.cpu or machine.arch, trials)
     if scheduler is None:
         return tuner.tune(tasks, machine, hooks, log, trials, timeout=timeout, seed=seed,
                           progress=show, search=search)

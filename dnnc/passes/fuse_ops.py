@@ -31,7 +31,7 @@ comes back, which would make the groups' order cyclic.
 
 from __future__ import annotations
 
-import networkx as nx
+import graphlib
 
 from ..ir import loop as L
 from ..ir.compute import NoCompute, apply_rule, placeholder, stages
@@ -81,15 +81,17 @@ class _Fusion:
         self.max_group = max_group
         self.store_remaps = store_remaps
         self.position = {id(n): k for k, n in enumerate(nodes)}
-        self.dataflow = nx.DiGraph()
-        self.dataflow.add_nodes_from(range(len(nodes)))
         produced = {id(v): k for k, n in enumerate(nodes) for v in n.outputs}
         self.produced = produced
-        self.readers: dict[int, list[int]] = {}
+        self.readers: dict[int, list[int]] = {}      # value id -> the nodes that read it
+        # the dataflow graph: node -> the nodes reading one of its outputs; node indices are
+        # a topological order already (the graph IR keeps its nodes in one)
+        self.successors: list[list[int]] = [[] for _ in nodes]
         for k, n in enumerate(nodes):
             for v in n.inputs:
                 if v is not None and id(v) in produced:
-                    self.dataflow.add_edge(produced[id(v)], k)
+                    if k not in self.successors[produced[id(v)]]:
+                        self.successors[produced[id(v)]].append(k)
                     self.readers.setdefault(id(v), [])
                     if k not in self.readers[id(v)]:
                         self.readers[id(v)].append(k)
@@ -102,13 +104,25 @@ class _Fusion:
     # -- the two phases ------------------------------------------------------------------------
 
     def run(self) -> list[list[Node]]:
-        for k in nx.topological_sort(self.dataflow):
+        order = self.by_depth()
+        for k in order:
             if self.pattern[k] == Pattern.OUT_FUSABLE and len(self.nodes[k].outputs) == 1:
                 self.take_epilogue(k)
-        for k in nx.topological_sort(self.dataflow):
+        for k in order:
             self.take_producers(k)
         groups = [[self.nodes[k] for k in sorted(ks)] for ks in self.members.values()]
         return sorted(groups, key=lambda g: self.position[id(g[-1])])
+
+    def by_depth(self) -> list[int]:
+        """The nodes in Kahn's order, a generation at a time: a node comes once everything it
+        reads was taken (`graphlib`). In a residual block the shortcut's conv thus comes
+        before the main branch's last one and takes the add as its epilogue."""
+        sorter = graphlib.TopologicalSorter()
+        for k, successors in enumerate(self.successors):
+            sorter.add(k)
+            for s in successors:
+                sorter.add(s, k)
+        return list(sorter.static_order())
 
     def take_epilogue(self, anchor: int) -> None:
         """Grow the anchor's group by its elementwise consumers (then a layout tail), and
@@ -131,7 +145,7 @@ class _Fusion:
 
     def _next_consumer(self, chosen: list[int], shape, remaps, remapping: bool) -> int | None:
         inside = set(chosen)
-        candidates = sorted({c for k in chosen for c in self.dataflow.successors(k)} - inside)
+        candidates = sorted({c for k in chosen for c in self.successors[k]} - inside)
         for c in candidates:
             node = self.nodes[c]
             if len(self.members.get(c, ())) != 1 or len(node.outputs) != 1:
@@ -208,7 +222,7 @@ class _Fusion:
             inside.update(self.members[g])
         inside |= merged
         last = max(inside)   # node indices are topological: a group after it cannot reach it
-        frontier = [s for k in inside for s in self.dataflow.successors(k) if s not in inside]
+        frontier = [s for k in inside for s in self.successors[k] if s not in inside]
         seen: set[int] = set()
         while frontier:
             k = frontier.pop()
@@ -218,7 +232,7 @@ class _Fusion:
             seen.add(k)
             # the whole outside group of k runs as one: any of its nodes' successors follow
             for m in group:
-                for s in self.dataflow.successors(m):
+                for s in self.successors[m]:
                     if s in inside:
                         return False
                     if s not in seen:

@@ -22,6 +22,7 @@ seconds (`timings`), writes the graph's text to `dump_ir`/NN_pass.txt and calls 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -35,6 +36,8 @@ from .eliminate import eliminate_common_subexpressions, eliminate_dead_code
 from .fuse_ops import fuse_ops
 from .simplify import simplify
 from .specialize import specialize
+
+log = logging.getLogger(__name__)
 
 DEFAULT_OPT_LEVEL = 3
 MEMORY_REUSE_LEVEL = 1
@@ -95,8 +98,10 @@ def optimize(graph: Graph, target: Target, opt_level: int = DEFAULT_OPT_LEVEL,
             continue
         start = time.perf_counter()
         out = run(out, target)
+        seconds = time.perf_counter() - start
         if timings is not None:
-            timings[name] = time.perf_counter() - start
+            timings[name] = seconds
+        log.debug("pass %s: %.2f ms, %d node(s)", name, seconds * 1e3, len(out.nodes))
         if verify:
             try:
                 out.verify()

@@ -14,7 +14,8 @@ from onnx import TensorProto, helper
 import dnnc
 from dnnc import zoo
 from dnnc.compiler.cli import main
-from dnnc.compiler.inspect import Count, node_flops, summarize
+from dnnc.compiler.inspect import summarize
+from dnnc.ir.flops import Count, node_flops
 from dnnc.frontend.onnx import import_onnx
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,9 +164,47 @@ def test_unsupported_ops_are_one_line(tmp_path, capsys):
                               [helper.make_tensor_value_info("z", 1, [2])])
     path = tmp_path / "unsupported.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    code, out, err = run_cli(capsys, "inspect", path)
+    code, out, err = run_cli(capsys, "compile", path, "-q")
     assert code == 2 and out == "" and len(err.splitlines()) == 1
     assert "NoSuchOp" in err and "AlsoMissing" in err and "'first'" in err
+    code, out, err = run_cli(capsys, "inspect", path, "--ir")   # the IR needs an import
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "NoSuchOp" in err
+
+
+def test_inspect_summarises_a_model_with_unsupported_ops_marking_them(tmp_path, capsys):
+    """What dnnc cannot compile yet is still inspected: declared signature, op counts with
+    the unsupported ops marked, parameters; no FLOPs (they need an import's types)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("NoSuchOp", ["r"], ["y"], name="first"),
+             helper.make_node("MatMul", ["y", "w"], ["z"], name="mm"),
+             helper.make_node("Sub", ["z", "w2"], ["s"], name="sub", domain="com.example")]
+    weights = [onnx.numpy_helper.from_array(np.ones((4, 3), np.float32), "w"),
+               onnx.numpy_helper.from_array(np.ones((3,), np.float32), "w2")]
+    graph = helper.make_graph(nodes, "partly",
+                              [helper.make_tensor_value_info("x", 1, ["N", 4])],
+                              [helper.make_tensor_value_info("s", 1, None)], weights)
+    path = tmp_path / "partly.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("com.example", 1)]),
+              path)
+    code, out, err = run_cli(capsys, "inspect", path)
+    assert code == 0 and len(err.splitlines()) == 1 and err.startswith("dnnc: 2 unsupported")
+    lines = out.splitlines()
+    assert lines[0] == "graph partly: 4 nodes" and ["x", "float32[N,4]"] == lines[2].split()
+    assert ["s", "float32[?]"] == lines[4].split()
+    assert [line.split() for line in lines if "unsupported" in line][:2] == [
+        ["NoSuchOp", "1", "(unsupported)"], ["com.example::Sub", "1", "(unsupported)"]]
+    assert ["Relu", "1"] in [line.split() for line in lines]
+    assert "parameters: 15 " in out
+    assert "FLOPs: not estimated: dnnc cannot import 2 of the model's ops yet " \
+           "(NoSuchOp, com.example::Sub)" in out
+    code, out, _ = run_cli(capsys, "inspect", path, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["flops"] is None and doc["parameters"] == 15
+    assert doc["op_counts"] == {"Relu": 1, "NoSuchOp": 1, "MatMul": 1, "com.example::Sub": 1}
+    assert doc["unsupported_ops"] == [
+        {"op": "NoSuchOp", "domain": "", "opset": 17, "nodes": ["first"]},
+        {"op": "Sub", "domain": "com.example", "opset": 1, "nodes": ["sub"]}]
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -37,6 +37,14 @@ def test_a_correct_pipeline_has_no_divergence():
     assert bisect_passes(_model(), "llvm") is None
 
 
+def test_progress_is_checked_like_every_argument():
+    from dnnc.errors import ArgumentError
+
+    for find in (compare, bisect_passes):
+        with pytest.raises(ArgumentError, match="progress must be True, False or None"):
+            find(_model(), "llvm", progress="yes")
+
+
 def test_bisect_names_the_wrong_pass_and_the_first_diverging_node(monkeypatch):
     monkeypatch.setattr(simplify_module, "RULES", simplify_module.RULES + [_wrong_relu])
     monkeypatch.setattr(simplify_module.simplify, "__defaults__", (simplify_module.RULES,))
@@ -83,7 +91,14 @@ def test_cli_compare_exits_1_for_a_divergence_and_2_for_a_bad_file(tmp_path, cap
     monkeypatch.setattr(simplify_module.simplify, "__defaults__", (simplify_module.RULES,))
     assert main(["compare", str(path), "--bisect-passes"]) == 1
     out, err = capsys.readouterr()
-    assert "first diverging pass: simplify" in out and err == ""
+    assert "first diverging pass: simplify" in out
+    # stderr is no terminal here: a progress line per compile, up to the diverging one
+    assert err.splitlines()[:4] == ["dnnc: running 2 nodes on the reference",
+                                    "dnnc: compiling after 0 pass(es)",
+                                    "dnnc: compiling after 1 pass(es): fold_constants",
+                                    "dnnc: compiling after 2 pass(es): simplify"]
+    assert main(["compare", str(path), "--bisect-passes", "-q"]) == 1
+    assert capsys.readouterr().err == ""
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x07 not a model")
     assert main(["compare", str(bad)]) == 2

@@ -92,6 +92,24 @@ def test_default_target_is_the_fastest_available():
     assert default_target() == ("cuda" if REGISTRY["cuda"].available() else "llvm")
 
 
+def test_api_jit_and_cli_share_the_default_target(monkeypatch):
+    """`dnnc.compile`, `dnnc.jit` and the CLI all default to `default_target()`; with the
+    registry's speeds swapped, all three follow it (none hard-codes a name)."""
+    from dnnc.compiler.cli import build_parser
+
+    mlp = zoo.build("mlp", batch=2, in_features=4, hidden=(8,), classes=3)
+    assert dnnc.compile(mlp).target == default_target()
+    assert dnnc.jit(lambda x: x * 2).target == default_target()
+    monkeypatch.setitem(REGISTRY, "numpy", replace(REGISTRY["numpy"], speed=99))
+    assert default_target() == "numpy"
+    assert dnnc.compile(mlp).target == "numpy"
+    assert dnnc.jit(lambda x: x * 2).target == "numpy"
+    parser = build_parser()
+    for command in ("compile", "tune", "compare"):
+        assert parser.parse_args([command, "m.onnx", *(["--log", "l"] if command == "tune"
+                                                     else [])]).target == "numpy", command
+
+
 def test_entries_are_consistent():
     for spec in REGISTRY.values():
         assert set(spec.options) <= {"cpu", "passes", "dump_ir", "cache_size", "tuning_log"}, \

@@ -52,7 +52,7 @@ def test_trace_records_registered_ops_and_constants(rng):
     (const,) = graph.constants()
     np.testing.assert_array_equal(const.const, w)
     x = _f32(rng, 2, 3)
-    np.testing.assert_allclose(dnnc.compile(graph)(x), fn(x), rtol=1e-6)
+    np.testing.assert_allclose(dnnc.compile(graph, "numpy")(x), fn(x), rtol=1e-6)
 
 
 def test_python_control_flow_records_the_path_taken():
@@ -127,7 +127,7 @@ def test_numpy_dtype_rules(rng, case):
     i = rng.integers(1, 100, 3, dtype=np.int32)
     want = np.asarray(fn(x, i))
     assert want.dtype == dtype  # the case states NumPy's rule correctly
-    got = dnnc.compile(dnnc.trace(fn, x, i))(x, i)
+    got = dnnc.compile(dnnc.trace(fn, x, i), "numpy")(x, i)
     assert got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-6)
 

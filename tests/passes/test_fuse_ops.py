@@ -42,6 +42,39 @@ def test_a_value_read_outside_the_group_ends_it(rng):
     assert _names(fusion_groups(g.nodes, needed)) == [["conv"], ["relu", "residual", "relu6"]]
 
 
+def test_the_shortcut_conv_takes_the_residual_add(rng):
+    """Anchors are visited a generation at a time (Kahn's order): the shortcut's conv, which
+    reads the block's input, comes before the main branch's second conv, though the graph
+    lists it later, and takes the Add."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 4, 8, 8)))
+
+    def weight(name):
+        return Value(name, T.TensorType(T.float32, (4, 4, 1, 1)),
+                     const=rng.standard_normal((4, 4, 1, 1)).astype(np.float32))
+
+    main = g.add("Conv", g.add("Relu", g.add("Conv", x, weight("w1"), name="conv1"),
+                               name="relu1"), weight("w2"), name="conv2")
+    shortcut = g.add("Conv", x, weight("w3"), name="shortcut")
+    g.outputs = [g.add("Relu", g.add("Add", main, shortcut, name="add"), name="relu")]
+    assert _names(fusion_groups(g.nodes, set())) == [
+        ["conv1", "relu1"], ["conv2"], ["shortcut", "add", "relu"]]
+
+
+def test_no_graph_library_is_imported():
+    """The dataflow graph is a list of successors and `graphlib` orders it: networkx, once
+    used for a topological sort only, is no dependency."""
+    import subprocess
+    import sys
+
+    script = ("import sys, dnnc; from dnnc import zoo; "
+              "dnnc.compile(zoo.build('cnn'), 'llvm', progress=False); "
+              "print('networkx' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr
+
+
 def test_a_value_with_two_readers_is_not_fused_into_either():
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (3, 5)))

@@ -24,6 +24,7 @@ from .index_exprs import add, clamp_index, sub
 from .infer import check_dtype, check_same_dtype
 from .linalg import acc_dtype, widen
 from .reduce import stage_name
+from ..flops import Count
 from .registry import Pattern, register_op
 
 FLOATS = T.FLOAT_DTYPES
@@ -448,8 +449,17 @@ def _attention_rule(inputs, outputs, *, scale, is_causal, q_num_heads, kv_num_he
     return out[:len(outputs)]
 
 
+def _attention_flops(node) -> Count:
+    """Two batched matmuls and a softmax (5 per score) over the scores; 4-D Q, K, V only."""
+    q, k, v = node.inputs[:3]
+    if q.type.rank != 4:
+        raise ValueError("3-D attention inputs")
+    scores = Count.of(q.shape[:-1]) * Count.of([k.shape[-2]])
+    return scores * (2 * Count.of([q.shape[-1]]) + 2 * Count.of([v.shape[-1]])) + 5 * scores
+
+
 register_op("Attention", pattern=Pattern.OPAQUE, infer=_attention_infer, evaluate=attention,
-            inputs=(3, 7), outputs=(1, 4), compute=_attention_rule,
+            inputs=(3, 7), outputs=(1, 4), compute=_attention_rule, flops=_attention_flops,
             attrs={"scale": None, "is_causal": 0, "q_num_heads": None, "kv_num_heads": None,
                    "softmax_precision": None, "softcap": 0.0, "qk_matmul_output_mode": 0,
                    "left_window_size": -1, "right_window_size": -1})

@@ -23,6 +23,7 @@ from ..loop import Cast, Const, Expr, Select, call, const, eq, logical_and, maxi
 from .index_exprs import const_int
 from .infer import check_dtype, check_same_dtype
 from .linalg import acc_dtype, widen
+from ..flops import Count, has_input, numel
 from .registry import Pattern, register_op
 from .window import AUTO_PADS, SAME, Windows, check_image, compute_dtype, kernel_axes, \
     kernel_offsets, pad_for_windows, reduced_axes, spatial_attrs, window_attrs, window_dims, \
@@ -169,8 +170,18 @@ def conv_rule(inputs, outputs, **attrs):
     return [compute(out.shape, element, "conv", out.dtype)]
 
 
+def conv_flops(each, window, out, bias: bool) -> Count:
+    """2 per multiply-add: each element of `each` (the output; ConvTranspose: the input, which
+    it scatters) meets a `window` of weights (dims C_in/group x kernel, or ConvTranspose's
+    C_out/group x kernel), + one per output element for a bias."""
+    flops = 2 * numel(each) * Count.of(window)
+    return flops + numel(out) if bias else flops
+
+
 register_op("Conv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer, evaluate=conv,
-            attrs=CONV_ATTRS, inputs=(2, 3), compute=conv_rule)
+            attrs=CONV_ATTRS, inputs=(2, 3), compute=conv_rule,
+            flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:],
+                                          node.outputs[0], has_input(node, 2)))
 
 
 def _zero_point(zp, shape):
@@ -228,7 +239,9 @@ def _conv_integer_rule(inputs, outputs, **attrs):
 
 
 register_op("ConvInteger", pattern=Pattern.OUT_FUSABLE, infer=_conv_integer_infer,
-            evaluate=conv_integer, attrs=CONV_ATTRS, inputs=(2, 4), compute=_conv_integer_rule)
+            evaluate=conv_integer, attrs=CONV_ATTRS, inputs=(2, 4), compute=_conv_integer_rule,
+            flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:],
+                                          node.outputs[0], False))
 
 # -- ConvTranspose, Col2Im ---------------------------------------------------------------------
 
@@ -369,7 +382,9 @@ def _conv_transpose_rule(inputs, outputs, *, auto_pad, dilations, group, kernel_
 register_op("ConvTranspose", pattern=Pattern.OUT_FUSABLE, infer=_conv_transpose_infer,
             evaluate=conv_transpose, inputs=(2, 3),
             attrs={**CONV_ATTRS, "output_padding": None, "output_shape": None},
-            compute=_conv_transpose_rule)
+            compute=_conv_transpose_rule,
+            flops=lambda node: conv_flops(node.inputs[0], node.inputs[1].shape[1:],
+                                          node.outputs[0], has_input(node, 2)))
 
 
 def col2im(x, image_shape, block_shape, dilations=None, pads=None, strides=None):

@@ -16,6 +16,7 @@ from .. import types as T
 from ..compute import broadcast_load, compute
 from ..loop import Cast, Select, call, const, maximum, minimum
 from .infer import broadcast_to, check_dtype, check_same_dtype, same_as_input
+from ..flops import per_output
 from .registry import REQUIRED, Pattern, register_op
 
 FLOATS = T.FLOAT_DTYPES
@@ -135,7 +136,7 @@ unary("Acosh", np.arccosh, dtypes=FLOATS, expr=lambda x: call("acosh", x))
 unary("Atanh", np.arctanh, dtypes=FLOATS, expr=lambda x: call("atanh", x))
 unary("Tanh", np.tanh, dtypes=FLOATS, expr=lambda x: call("tanh", x))
 unary("Erf", erf, dtypes=FLOATS, expr=lambda x: call("erf", x))
-unary("Identity", lambda x: x, shape_arith=True, expr=lambda x: x)
+unary("Identity", lambda x: x, shape_arith=True, expr=lambda x: x, flops=per_output(0))
 
 # -- activations -------------------------------------------------------------------------------
 
@@ -418,7 +419,7 @@ def cast(x, to):
 register_op("Cast", pattern=Pattern.ELEMWISE,
             infer=lambda ctx: [T.TensorType(ctx.attrs["to"], ctx.shape(0))],
             evaluate=cast, attrs={"to": T.float32}, shape_arith=True,
-            compute=elementwise_rule(lambda x, to: Cast(to, x)))
+            compute=elementwise_rule(lambda x, to: Cast(to, x)), flops=per_output(0))
 
 
 def _bitcast_infer(ctx):

@@ -14,6 +14,7 @@ from ..compute import NoCompute, Tensor, broadcast_load, compute, reduce_axis, r
 from ..loop import Cast, Const, Expr, const
 from ..types import broadcast_shapes
 from .infer import check_dtype, check_same_dtype
+from ..flops import Count, has_input, numel
 from .registry import REQUIRED, Pattern, register_op
 
 MATMUL_DTYPES = T.FLOAT_DTYPES + (T.int32, T.int64, T.uint32, T.uint64)
@@ -110,8 +111,15 @@ def _matmul_rule(inputs, outputs):
     return [compute(out.shape, element, "matmul", out.dtype)]
 
 
+def matmul_flops(node) -> Count:
+    """2 x output elements x K (A's last dim), + one per output element for a C input."""
+    a, out = node.inputs[0], node.outputs[0]
+    flops = 2 * numel(out) * Count.of([a.shape[-1] if a.type.rank else 1])
+    return flops + numel(out) if has_input(node, 2) else flops
+
+
 register_op("MatMul", pattern=Pattern.OUT_FUSABLE, infer=_matmul_infer, evaluate=matmul,
-            inputs=2, compute=_matmul_rule)
+            inputs=2, compute=_matmul_rule, flops=matmul_flops)
 
 
 # -- Gemm ---------------------------------------------------------------------------------------
@@ -173,9 +181,17 @@ def _gemm_rule(inputs, outputs, *, alpha, beta, transA, transB):
     return [compute(out.shape, element, "gemm", out.dtype)]
 
 
+def _gemm_flops(node) -> Count:
+    """2MNK, + MN with C."""
+    a, out = node.inputs[0], node.outputs[0]
+    k = a.shape[0] if node.attrs.get("transA") else a.shape[1]
+    flops = 2 * numel(out) * Count.of([k])
+    return flops + numel(out) if has_input(node, 2) else flops
+
+
 register_op("Gemm", pattern=Pattern.OUT_FUSABLE, infer=_gemm_infer, evaluate=gemm,
             attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, inputs=(2, 3),
-            compute=_gemm_rule)
+            compute=_gemm_rule, flops=_gemm_flops)
 
 
 # -- MatMulInteger ------------------------------------------------------------------------------
@@ -228,7 +244,9 @@ def _matmul_integer_rule(inputs, outputs):
 
 
 register_op("MatMulInteger", pattern=Pattern.OUT_FUSABLE, infer=_matmul_integer_infer,
-            evaluate=matmul_integer, inputs=(2, 4), compute=_matmul_integer_rule)
+            evaluate=matmul_integer, inputs=(2, 4), compute=_matmul_integer_rule,
+            # inputs 2 and 3 are zero points, not a C to add
+            flops=lambda node: 2 * numel(node.outputs[0]) * Count.of([node.inputs[0].shape[-1]]))
 
 
 # -- Einsum -------------------------------------------------------------------------------------
@@ -328,8 +346,20 @@ def _einsum_rule(inputs, outputs, *, equation):
     return [compute(out.shape, element, "einsum", out.dtype)]
 
 
+def _einsum_flops(node) -> Count:
+    """A multiply-add over the whole index space of the equation (no estimate with
+    broadcast dims, `...`)."""
+    lhs = node.attrs["equation"].replace(" ", "").split("->")[0]
+    if "..." in lhs:
+        raise ValueError("broadcast dims")
+    sizes = {}
+    for term, value in zip(lhs.split(","), node.inputs):
+        sizes.update(zip(term, value.shape))
+    return (2 if len(node.inputs) > 1 else 1) * Count.of(sizes.values())
+
+
 register_op("Einsum", pattern=Pattern.OUT_FUSABLE, infer=_einsum_infer, evaluate=einsum,
-            attrs={"equation": ""}, inputs=(1, None), compute=_einsum_rule)
+            attrs={"equation": ""}, inputs=(1, None), compute=_einsum_rule, flops=_einsum_flops)
 
 
 # -- Det ----------------------------------------------------------------------------------------
@@ -417,4 +447,4 @@ def _packed_rule(inputs, outputs, n, alpha, beta):
 register_op("MatMulPacked", pattern=Pattern.OUT_FUSABLE, infer=_packed_infer,
             evaluate=matmul_packed, inputs=(2, 3), attrs={"n": REQUIRED, "alpha": 1.0,
                                                           "beta": 1.0},
-            compute=_packed_rule)
+            compute=_packed_rule, flops=matmul_flops)

@@ -23,6 +23,7 @@ from ..loop import Cast, Select, call, const, eq, logical_and, substitute
 from ..types import TensorType
 from .infer import check_dtype, check_same_dtype, normalize_axis, same_as_input
 from .reduce import count_of, input_at, spread, stage_name
+from ..flops import numel, per_output
 from .registry import REQUIRED, Pattern, register_op
 
 FLOATS = T.FLOAT_DTYPES
@@ -194,7 +195,8 @@ def _running_stat(given, used, momentum, out):
 register_op("BatchNormalization", pattern=Pattern.OPAQUE, infer=_batch_norm_infer,
             evaluate=batch_norm, inputs=5, outputs=(1, 3),
             attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0},
-            compute=_batch_norm_rule)
+            compute=_batch_norm_rule,
+            flops=per_output(2))   # inference folds it to one scale and one shift
 
 # -- InstanceNormalization -------------------------------------------------------------------
 
@@ -241,7 +243,7 @@ def _instance_norm_rule(inputs, outputs, epsilon):
 
 register_op("InstanceNormalization", pattern=Pattern.OPAQUE, infer=_instance_norm_infer,
             evaluate=instance_norm, inputs=3, attrs={"epsilon": 1e-5},
-            compute=_instance_norm_rule)
+            compute=_instance_norm_rule, flops=per_output(5))
 
 # -- LayerNormalization, RMSNormalization ------------------------------------------------------
 
@@ -326,7 +328,8 @@ def _layer_norm_rule(inputs, outputs, axis, epsilon, stash_type):
 register_op("LayerNormalization", pattern=Pattern.REDUCE, infer=_layer_norm_infer,
             evaluate=layer_norm, inputs=(2, 3), outputs=(1, 3),
             attrs={"axis": -1, "epsilon": 1e-5, "stash_type": T.float32},
-            compute=_layer_norm_rule)
+            compute=_layer_norm_rule,
+            flops=per_output(5))   # mean, centre, variance, normalise, affine
 
 
 def _rms_norm_infer(ctx):
@@ -367,7 +370,7 @@ def _rms_norm_rule(inputs, outputs, axis, epsilon, stash_type):
 register_op("RMSNormalization", pattern=Pattern.OPAQUE, infer=_rms_norm_infer,
             evaluate=rms_norm, inputs=2,
             attrs={"axis": -1, "epsilon": 1e-5, "stash_type": T.float32},
-            compute=_rms_norm_rule)
+            compute=_rms_norm_rule, flops=per_output(4))   # square, mean, scale, affine
 
 # -- GroupNormalization (opset 21: scale and bias per channel) ---------------------------------
 
@@ -424,7 +427,7 @@ def _group_norm_rule(inputs, outputs, num_groups, epsilon, stash_type):
 register_op("GroupNormalization", pattern=Pattern.OPAQUE, infer=_group_norm_infer,
             evaluate=group_norm, inputs=3,
             attrs={"num_groups": REQUIRED, "epsilon": 1e-5, "stash_type": T.float32},
-            compute=_group_norm_rule)
+            compute=_group_norm_rule, flops=per_output(5))
 
 # -- LRN, MeanVarianceNormalization, LpNormalization -------------------------------------------
 
@@ -475,7 +478,8 @@ def _lrn_rule(inputs, outputs, size, alpha, beta, bias):
 
 register_op("LRN", pattern=Pattern.OPAQUE, infer=_lrn_infer, evaluate=lrn,
             attrs={"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0},
-            compute=_lrn_rule)
+            compute=_lrn_rule,   # a window sum of squares, then scale, add, power
+            flops=lambda node: numel(node.outputs[0]) * (node.attrs.get("size", 1) + 3))
 
 
 def _axes_infer(ctx):
@@ -523,7 +527,7 @@ def _mean_variance_norm_rule(inputs, outputs, axes):
 
 register_op("MeanVarianceNormalization", pattern=Pattern.OPAQUE, infer=_axes_infer,
             evaluate=mean_variance_norm, attrs={"axes": [0, 2, 3]},
-            compute=_mean_variance_norm_rule)
+            compute=_mean_variance_norm_rule, flops=per_output(5))
 
 
 def _lp_norm_infer(ctx):
@@ -565,7 +569,7 @@ def _lp_norm_rule(inputs, outputs, axis, p):
 
 
 register_op("LpNormalization", pattern=Pattern.OPAQUE, infer=_lp_norm_infer, evaluate=lp_norm,
-            attrs={"axis": -1, "p": 2}, compute=_lp_norm_rule)
+            attrs={"axis": -1, "p": 2}, compute=_lp_norm_rule, flops=per_output(3))
 
 # -- Dropout ---------------------------------------------------------------------------------
 

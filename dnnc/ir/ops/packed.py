@@ -14,7 +14,8 @@ import numpy as np
 from .. import types as T
 from ..compute import compute
 from ..graph import Value
-from .conv import CONV_ATTRS, conv, conv_rule
+from ..flops import has_input
+from .conv import CONV_ATTRS, conv, conv_flops, conv_rule
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 
@@ -68,4 +69,7 @@ def _conv_packed_rule(inputs, outputs, *, oc, **attrs):
 
 register_op("ConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
             evaluate=conv_packed, attrs={**CONV_ATTRS, "oc": REQUIRED}, inputs=(2, 3),
-            compute=_conv_packed_rule)
+            compute=_conv_packed_rule,
+            # Conv's, over the packed weights' window: [M/NR, C_in/group, *kernel, NR]
+            flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:-1],
+                                          node.outputs[0], has_input(node, 2)))

@@ -21,6 +21,7 @@ from ..compute import NoCompute, compute, reduce_axis, reduce_max, reduce_min, r
 from ..loop import Expr, call, const, eq, logical_and, maximum, minimum
 from .infer import check_dtype
 from .linalg import acc_dtype, widen
+from ..flops import Count, numel, per_input
 from .registry import REQUIRED, Pattern, register_op
 from .window import Windows, check_image, compute_dtype, kernel_axes, kernel_offsets, \
     pad_for_windows, reduced_axes, spatial_attrs, window_attrs, window_dims, window_geometry, \
@@ -246,14 +247,20 @@ def _lp_pool_rule(inputs, outputs, **attrs):
 POOL_ATTRS = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None,
               "kernel_shape": REQUIRED, "pads": None, "strides": None}
 
+def _window_flops(node) -> Count:
+    """One per window element of each output element."""
+    return numel(node.outputs[0]) * math.prod(node.attrs["kernel_shape"])
+
+
 register_op("MaxPool", pattern=Pattern.OPAQUE, evaluate=max_pool, outputs=(1, 2),
             infer=_pool_infer(FLOATS + (T.int8, T.uint8), indices=True),
-            attrs={**POOL_ATTRS, "storage_order": 0}, compute=_max_pool_rule)
+            attrs={**POOL_ATTRS, "storage_order": 0}, compute=_max_pool_rule,
+            flops=_window_flops)
 register_op("AveragePool", pattern=Pattern.OPAQUE, evaluate=average_pool,
             infer=_pool_infer(FLOATS), attrs={**POOL_ATTRS, "count_include_pad": 0},
-            compute=_average_pool_rule)
+            compute=_average_pool_rule, flops=_window_flops)
 register_op("LpPool", pattern=Pattern.OPAQUE, evaluate=lp_pool, infer=_pool_infer(FLOATS),
-            attrs={**POOL_ATTRS, "p": 2}, compute=_lp_pool_rule)
+            attrs={**POOL_ATTRS, "p": 2}, compute=_lp_pool_rule, flops=_window_flops)
 
 # -- global pools ------------------------------------------------------------------------------
 
@@ -313,7 +320,7 @@ register_op("GlobalMaxPool", pattern=Pattern.REDUCE, infer=_global_infer,
             compute=_global_rule(lambda x, v, r, acc: reduce_max(v, r), "global_max_pool"))
 register_op("GlobalLpPool", pattern=Pattern.REDUCE, infer=_global_infer,
             evaluate=global_lp_pool, attrs={"p": 2},
-            compute=_global_rule(_global_lp, "global_lp_pool"))
+            compute=_global_rule(_global_lp, "global_lp_pool"), flops=per_input(2))
 
 # -- MaxUnpool ---------------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from ..compute import (
 from ..loop import Cast, Expr, Select, call, const, eq, maximum, minimum
 from .infer import check_dtype, normalize_axis
 from .linalg import matmul_operands, widen
-from .conv import conv_sum, scalar_or_per_channel
+from .conv import conv_flops, conv_sum, scalar_or_per_channel
+from ..flops import Count, has_input, numel
 from .registry import Pattern, register_op
 
 QUANT_DTYPES = (T.uint8, T.int8, T.uint16, T.int16)
@@ -300,7 +301,8 @@ def _qlinear_matmul_rule(inputs, outputs):
 
 
 register_op("QLinearMatMul", pattern=Pattern.OUT_FUSABLE, infer=_qlinear_matmul_infer,
-            evaluate=qlinear_matmul, inputs=(7, 8), compute=_qlinear_matmul_rule)
+            evaluate=qlinear_matmul, inputs=(7, 8), compute=_qlinear_matmul_rule,
+            flops=lambda node: 2 * numel(node.outputs[0]) * Count.of([node.inputs[0].shape[-1]]))
 
 
 # -- QLinearConv --------------------------------------------------------------------------------
@@ -365,5 +367,8 @@ def _qlinear_conv_rule(inputs, outputs, **attrs):
 
 register_op("QLinearConv", pattern=Pattern.OUT_FUSABLE, infer=_qlinear_conv_infer,
             evaluate=qlinear_conv, inputs=(8, 9), compute=_qlinear_conv_rule,
+            # inputs: x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zp, B
+            flops=lambda node: conv_flops(node.outputs[0], node.inputs[3].shape[1:],
+                                          node.outputs[0], has_input(node, 8)),
             attrs={"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
                    "pads": None, "strides": None})

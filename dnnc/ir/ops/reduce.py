@@ -21,6 +21,7 @@ from ..compute import (NoCompute, compute, reduce_axis, reduce_all, reduce_any, 
                        reduce_min, reduce_prod, reduce_sum)
 from ..loop import Cast, Select, call, const, eq, logical_or
 from .infer import check_dtype, normalize_axis, reduced_shape
+from ..flops import per_output
 from .registry import Pattern, register_op
 
 FLOATS = T.FLOAT_DTYPES
@@ -561,8 +562,9 @@ def _hardmax_rule(inputs, outputs, axis, coerce_2d):
     return [compute(out.shape, element, name=stage_name("hardmax"), dtype=out.dtype)]
 
 
-for _name, _fn, _rule in (("Softmax", _softmax, _softmax_rule(False)),
-                          ("LogSoftmax", _log_softmax, _softmax_rule(True)),
-                          ("Hardmax", _hardmax, _hardmax_rule)):
+# FLOPs: max, subtract, exp, sum, divide per element; Hardmax only compares
+for _name, _fn, _rule, _flops in (("Softmax", _softmax, _softmax_rule(False), 5),
+                                  ("LogSoftmax", _log_softmax, _softmax_rule(True), 5),
+                                  ("Hardmax", _hardmax, _hardmax_rule, 1)):
     register_op(_name, pattern=Pattern.REDUCE, infer=_softmax_infer, evaluate=_over_axis(_fn),
-                attrs={"axis": -1, "coerce_2d": 0}, compute=_rule)
+                attrs={"axis": -1, "coerce_2d": 0}, compute=_rule, flops=per_output(_flops))

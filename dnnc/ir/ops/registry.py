@@ -2,7 +2,8 @@
 
 Each op is registered once, in its family's module, with its attribute schema and defaults,
 `infer` (output types from input types; symbolic dims kept), `evaluate` (the NumPy reference),
-its fusion `pattern`, and later its loop-IR `compute`. Nothing else keeps a table of op names.
+its fusion `pattern`, its loop-IR `compute` and, where its pattern's estimate is wrong, its
+FLOP rule `flops` (`ir/flops.py`). Nothing else keeps a table of op names.
 
 `infer_node` also propagates *known values* of small integer tensors through shape arithmetic
 (Shape -> Gather -> Concat -> Reshape, as exporters write it), with symbolic dims as `SymDim`
@@ -57,6 +58,8 @@ class OpDef:
     # inputs that parameterise the op rather than carry data (axes, shapes, pads, scales):
     # compiled targets specialise on their values when they are only known at run time
     params: tuple[int, ...] = ()
+    # node -> estimated FLOPs (ir/flops.py); None: estimated from the pattern
+    flops: Callable | None = None
 
     def run(self, inputs: list, attrs: dict) -> list[np.ndarray]:
         """Evaluate the NumPy reference; always returns a list of outputs."""

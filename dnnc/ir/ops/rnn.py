@@ -22,6 +22,7 @@ from .. import types as T
 from ..compute import NoCompute
 from ..types import TensorType
 from .infer import check_dtype
+from ..flops import Count
 from .registry import Pattern, register_op
 
 FLOATS = T.FLOAT_DTYPES
@@ -225,9 +226,15 @@ def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, **attrs):
     return _recurrent_op("RNN", _rnn_cell, x, w, r, b, sequence_lens, [initial_h], None, attrs)
 
 
+def _recurrent_flops(node) -> Count:
+    """Per step and batch row, 2 x (W and R elements) over every direction."""
+    x, w, r = node.inputs[:3]
+    return 2 * Count.of(x.shape[:2]) * (Count.of(w.shape) + Count.of(r.shape))
+
+
 register_op("RNN", pattern=Pattern.OPAQUE, infer=_rnn_infer("RNN", (5,)), evaluate=rnn,
             inputs=(3, 6), outputs=(1, 2), attrs=dict(_COMMON_ATTRS),
-            compute=_recurrence_rule("RNN"))
+            compute=_recurrence_rule("RNN"), flops=_recurrent_flops)
 
 # -- LSTM -----------------------------------------------------------------------------------------
 
@@ -260,7 +267,7 @@ def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=
 
 register_op("LSTM", pattern=Pattern.OPAQUE, infer=_rnn_infer("LSTM", (5, 6)), evaluate=lstm,
             inputs=(3, 8), outputs=(1, 3), attrs={**_COMMON_ATTRS, "input_forget": 0},
-            compute=_recurrence_rule("LSTM"))
+            compute=_recurrence_rule("LSTM"), flops=_recurrent_flops)
 
 # -- GRU ------------------------------------------------------------------------------------------
 
@@ -292,4 +299,4 @@ def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, linear_before_reset
 
 register_op("GRU", pattern=Pattern.OPAQUE, infer=_rnn_infer("GRU", (5,)), evaluate=gru,
             inputs=(3, 6), outputs=(1, 2), attrs={**_COMMON_ATTRS, "linear_before_reset": 0},
-            compute=_recurrence_rule("GRU"))
+            compute=_recurrence_rule("GRU"), flops=_recurrent_flops)

@@ -381,7 +381,7 @@ def _ort_and_dnnc(node, inputs, opset, initializers=(), out_elem=None):
     sess = ort.InferenceSession(model.SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
     want = sess.run(None, feeds)
-    got = dnnc.compile(model).run(*inputs)
+    got = dnnc.compile(model, "numpy").run(*inputs)
     return got, want
 
 
