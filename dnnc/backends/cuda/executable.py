@@ -57,6 +57,10 @@ from . import device
 DEVICE_ALIGN = 256
 """Byte alignment of every device buffer (cudaMalloc's): enough for any vector access."""
 
+VECTOR_ALIGN = 16
+"""Byte alignment the kernels assume of a parameter (a float4 load, the widest they make): a
+caller's array read in place must have it."""
+
 OUTPUT_KINDS = ("cupy", "numpy")
 """What a call can return: CuPy arrays (the default) or NumPy arrays."""
 
@@ -644,8 +648,10 @@ def _face(a) -> dict | None:
 
 def _direct_address(face: dict | None) -> int | None:
     """The address a kernel can read a device array (its `__cuda_array_interface__`) at in
-    place: its data's, when it is in C order and not empty; else None (host arrays too)."""
-    if face is None:
+    place: its data's, when it is in C order, not empty and aligned for the kernels' vector
+    loads (`VECTOR_ALIGN`); else None (host arrays too, and a view starting off the alignment,
+    such as `x[1:]`: those are copied)."""
+    if face is None or face["data"][0] % VECTOR_ALIGN:
         return None
     shape, strides = tuple(face["shape"]), face.get("strides")
     if not int(np.prod(shape, dtype=np.int64)):

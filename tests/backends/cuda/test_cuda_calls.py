@@ -88,6 +88,20 @@ def test_a_reused_device_buffer_is_read_in_place_and_never_stale(simulated, rng)
     assert len(FAKE.graphs) == 2 and _copies() - before == len(fresh)
 
 
+def test_a_misaligned_device_view_is_copied_not_read_in_place(simulated, rng):
+    """The kernels load parameters as float4 where the offsets allow: a view starting 4 bytes
+    into an allocation (`x[1:]`) is copied to the frame's own buffer on every call."""
+    rt = simulated(relu_model([4]))
+    whole = rng.uniform(0.5, 2.0, 64).astype(np.float32).view(FakeArray)
+    assert whole.ctypes.data % 16 == 0
+    view = whole[1:5]
+    for _ in range(3):
+        before = _copies()
+        np.testing.assert_array_equal(np.asarray(rt.run([view], {})[0]), view)
+        assert _copies() - before == 1
+    assert len(FAKE.graphs) == 1   # the frame's own, never one on the caller's address
+
+
 def test_graphs_per_frame_are_bounded(simulated, rng):
     from dnnc.backends.cuda.executable import GRAPHS_PER_FRAME
 
@@ -306,6 +320,20 @@ def test_a_strided_cupy_input_is_copied_in_c_order(cnn, rng):
     wide = cupy.asarray(np.repeat(x, 2, axis=3))   # every other column is x
     for _ in range(3):
         _close(compiled(wide[:, :, :, ::2], to="numpy"), reference(x))
+
+
+@pytest.mark.gpu
+def test_a_misaligned_cupy_view_is_copied(cnn, rng):
+    import cupy
+
+    _, compiled, reference = cnn
+    (x,) = _inputs(rng, 1)
+    flat = cupy.empty(x.size + 1, cupy.float32)
+    view = flat[1:].reshape(SHAPE)   # 4 bytes past a 256-byte boundary
+    view.set(x)
+    for _ in range(3):
+        _close(compiled(view, to="numpy"), reference(x))
+    assert not _read_in_place(compiled, view.data.ptr)
 
 
 @pytest.mark.gpu
