@@ -1,6 +1,7 @@
-"""Memory-bound cuda kernels against the GPU's copy bandwidth (issue 12's bars), one run.
+"""cuda kernels against their bars (issue 12), one run: dense against cuBLAS, memory-bound
+kernels against the GPU's copy bandwidth.
 
-    python bench/gpu_kernels.py [--only elementwise,softmax,layernorm] [--repeat 200]
+    python bench/gpu_kernels.py [--only dense,elementwise,softmax,layernorm] [--repeat 200]
                                 [--trials 5] [--no-variants]
 
 Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
@@ -19,7 +20,15 @@ over dnnc's (above 1: dnnc faster). Every dnnc result is checked against NumPy (
 reference; rtol 1e-4, atol 1e-5) and the row says `ok` or `WRONG`; the exit status is 1 when
 anything was wrong.
 
-Cases: `elementwise` (a fused chain of 5 ops, sigmoid(1.5 x + 0.25) * x then relu, over
+`dense` is timed against `cupy.matmul` (cuBLAS, fp32: TF32 stays off unless CUPY_TF32=1 is
+set, and the header says which) on the same operands: TF/s = 2 m n k / time, `vs cuBLAS` is
+cuBLAS's time over dnnc's (bar: 4096^3 >= 0.70), every variant checked against cuBLAS's
+result (rtol 1e-3, atol 1e-3 scaled by sqrt(k)); the variants are the default-model tiles
+(`dense.DEFAULTS`) with k unsplit and split, the measurements `dense.EFFICIENCY` is fitted
+from. Dense launches repeat `--repeat` / 10 times.
+
+Cases: `dense` (4096^3; bert_base's FFN at batch 1 and 8: 128 / 1024 rows, 768 -> 3072 and
+back), `elementwise` (a fused chain of 5 ops, sigmoid(1.5 x + 0.25) * x then relu, over
 256 MiB of float32), `softmax` (bert_base's attention rows: [b, 12, 128, 128] over the last
 axis at b = 8 and 32), `layernorm` (bert_base's hidden rows: [b, 128, 768]
 LayerNormalization at b = 8 and 32). Add a case: a function yielding `Case`s, listed in
@@ -150,7 +159,32 @@ def _row_variants() -> list[dict]:
          {"cache_row": False}]
 
 
-CASES = {"elementwise": elementwise_cases, "softmax": softmax_cases,
+DENSE_SHAPES = ((4096, 4096, 4096), (128, 768, 3072), (128, 3072, 768), (1024, 768, 3072),
+                (1024, 3072, 768))
+"""(m, k, n): the issue's 4096^3 and bert_base's FFN products at batch 1 and 8."""
+
+
+def dense_cases():
+    rng = np.random.default_rng(0)
+    for m, k, n in DENSE_SHAPES:
+        g = Graph("dense")
+        x = g.add_input("x", T.TensorType(T.float32, (m, k)))
+        w = rng.standard_normal((k, n), dtype=np.float32)
+        g.outputs = [g.add("MatMul", x, Value("w", T.TensorType(T.float32, (k, n)), const=w))]
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        yield Case("dense", f"{m}x{k}x{n}", g, x, None, None, _dense_variants(k))
+
+
+def _dense_variants(k: int) -> list[dict]:
+    from dnnc.backends.cuda.dense import DEFAULTS, MIN_SPLIT_K
+
+    tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
+    wider = ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4))
+    return [dict(zip(tiles, dims), split_k=split) for dims in DEFAULTS + wider
+            for split in (1, 2, 4, 8) if split == 1 or k >= split * MIN_SPLIT_K]
+
+
+CASES = {"dense": dense_cases, "elementwise": elementwise_cases, "softmax": softmax_cases,
          "layernorm": layernorm_cases}
 
 
@@ -237,6 +271,53 @@ def _config_text(config, default) -> str:
     return " ".join(f"{k}={v}" for k, v in changed.items()) or "default"
 
 
+def dense_table(cp, machine: Target, args) -> int:
+    """Print the dense rows (each config against cuBLAS); the number of wrong results."""
+    import os
+
+    repeat = max(3, args.repeat // 10)
+    print(f"dense: cuBLAS by cupy.matmul, CUPY_TF32={os.environ.get('CUPY_TF32', '0')}; "
+          f"{repeat} launches x {args.trials} trials")
+    print(f"{'case':12s} {'shape':18s} {'config':58s} {'us':>9s} {'TF/s':>7s} "
+          f"{'vs cuBLAS':>9s}  check")
+    wrong = 0
+    for case in dense_cases():
+        x_dev = cp.asarray(case.x)
+        w_dev = cp.asarray(next(v.const for v in case.graph.nodes[0].inputs
+                                if v.const is not None))
+        flops = 2 * case.x.shape[0] * w_dev.shape[0] * w_dev.shape[1]
+        blas_ms = event_ms(cp, lambda: cp.matmul(x_dev, w_dev), repeat, args.trials)
+        want = cp.asnumpy(cp.matmul(x_dev, w_dev))
+        tol = 1e-3 * np.sqrt(w_dev.shape[0])
+        print(f"{'dense':12s} {case.label:18s} {'cuBLAS (cupy.matmul)':58s} "
+              f"{blas_ms * 1e3:9.1f} {flops / blas_ms / 1e9:7.1f} {1:9.2f}")
+        default, measured = None, set()
+        for overrides in [{}] + ([] if args.no_variants else case.variants):
+            try:
+                kernel, func, config = build(case, machine, overrides)
+            except Exception as exc:   # a variant outside this problem's space
+                print(f"{'dense':12s} {case.label:18s} {str(overrides)[:58]:58s} skipped: "
+                      f"{str(exc).splitlines()[0][:60]}")
+                continue
+            if config in measured:
+                continue
+            measured.add(config)
+            default = default or config
+            launch, out, n = run_kernel(cp, kernel, func, x_dev)
+            ms = event_ms(cp, launch, repeat, args.trials)
+            got = cp.asnumpy(out)
+            ok = np.allclose(got, want, rtol=1e-3, atol=tol)
+            wrong += not ok
+            label = ("default: " if config == default else "") + \
+                " ".join(f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config))
+            print(f"{'dense':12s} {case.label:18s} {label[:58]:58s} {ms * 1e3:9.1f} "
+                  f"{flops / ms / 1e9:7.1f} {blas_ms / ms:9.2f}  "
+                  f"{'ok' if ok else 'WRONG: max err %.3g' % np.max(np.abs(got - want))}")
+        del x_dev, w_dev
+        cp.get_default_memory_pool().free_all_blocks()
+    return wrong
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(CASES),
@@ -256,11 +337,15 @@ def main(argv=None) -> int:
     print(header())
     print(f"repeat {args.repeat} launches x {args.trials} trials (median), CUDA events; "
           f"GB/s = (read + write of the tensor) / time; bars: elementwise >= 0.80 of copy, "
-          f"rows >= 0.70")
+          f"rows >= 0.70; dense 4096^3 >= 0.70 of cuBLAS")
+    wrong = 0
+    if "dense" in names:
+        wrong += dense_table(cp, machine, args)
     print(f"{'case':12s} {'shape':18s} {'config':58s} {'us':>9s} {'GB/s':>7s} "
           f"{'vs copy':>7s} {'torch/dnnc':>10s}  check")
-    wrong = 0
     for name in names:
+        if name == "dense":
+            continue
         for case in CASES[name]():
             nbytes = 2 * case.x.nbytes
             x_dev = cp.asarray(case.x)
