@@ -308,8 +308,10 @@ def dense_table(cp, machine: Target, args) -> int:
             got = cp.asnumpy(out)
             ok = np.allclose(got, want, rtol=1e-3, atol=tol)
             wrong += not ok
+            c = config   # tile m x n x k, thread m x n, k slices
             label = ("default: " if config == default else "") + \
-                " ".join(f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config))
+                f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
+                f"split_k {c.split_k}"
             print(f"{'dense':12s} {case.label:18s} {label[:58]:58s} {ms * 1e3:9.1f} "
                   f"{flops / ms / 1e9:7.1f} {blas_ms / ms:9.2f}  "
                   f"{'ok' if ok else 'WRONG: max err %.3g' % np.max(np.abs(got - want))}")

@@ -51,6 +51,7 @@ only).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from ...ir import loop as L
@@ -685,6 +686,21 @@ def default_space(p: problems.Rows, machine) -> Space:
         "reduce_threads": (1, *THREADS), "vector": VECTOR})
 
 
+VECTOR_FROM = 1 << 20
+"""Elements of output from which the default config takes two contiguous iterations a thread:
+on an H100 a fused chain over 256 MiB runs at 0.77 of copy bandwidth one a thread, 0.83 two,
+0.48 four (bench/gpu_kernels.py); below this size a kernel is launch-bound and more threads
+are as good."""
+
+
+def default_config(p: problems.Rows, machine) -> Config:
+    """Config(), with `vector` 2 on a large output of even size (VECTOR_FROM)."""
+    sizes = [math.prod(d.value for d in b.shape) for b in p.func.params
+             if all(isinstance(d, L.Const) for d in b.shape)]
+    largest = max(sizes, default=0)
+    return Config(vector=2) if largest >= VECTOR_FROM and largest % 2 == 0 else Config()
+
+
 def default_build(p: problems.Rows, config: Config, machine) -> L.PrimFunc:
     return schedule(p.func, config)
 
@@ -720,7 +736,7 @@ def _row_loops(p: problems.Rows) -> list[L.For]:
 
 
 DEFAULT = Template("cuda_default", problems.rows, lambda p: True, default_space,
-                   lambda p, machine: Config(), default_build)
+                   default_config, default_build)
 ROWS = Template("cuda_rows", problems.rows, lambda p: bool(_row_loops(p)), rows_space,
                 rows_default, rows_build)
 
