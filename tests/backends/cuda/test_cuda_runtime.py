@@ -10,8 +10,10 @@ test_runtime.py (tests/backends/llvm/ has one) would not import."""
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import dnnc
@@ -309,8 +311,8 @@ def test_render_only_applies_to_targets_that_generate_code():
 
 # -- on a GPU -----------------------------------------------------------------------------------
 
-GPU_MODELS = [("mlp", 1), ("mlp", 4), ("cnn", 1), ("resnet18", 1), ("mobilenet_v2", 1),
-              ("bert_tiny", 1), ("bert_tiny", 2)]
+GPU_MODELS = [("mlp", 1), ("mlp", 4), ("cnn", 1), ("resnet18", 1), ("resnet50", 1),
+              ("mobilenet_v2", 1), ("bert_tiny", 1), ("bert_tiny", 2), ("bert_base", 1)]
 
 
 def _onnxruntime(model, feeds):
@@ -334,6 +336,33 @@ def test_zoo_model_on_the_gpu_matches_onnxruntime(name, batch, rng):
             assert isinstance(out, np.ndarray) and out.dtype == ref.dtype
             assert out.shape == ref.shape and np.std(ref) > 0.1
             np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = sorted(p.stem[len("light_"):] for p in LIGHT_DIR.glob("light_*.onnx"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_on_the_gpu_matches_onnxruntime(name, rng):
+    """onnx's real models (resnet50, squeezenet, inception, densenet, ...) with no host
+    fallback, on a fresh random input: every output and the logits (a final Softmax's input)
+    within the issue's fp32 tolerance of onnxruntime's."""
+    from onnx import helper
+
+    model = onnx.load(LIGHT_DIR / f"light_{name}.onnx")
+    last = model.graph.node[-1]
+    if last.op_type == "Softmax":
+        model.graph.output.append(helper.make_tensor_value_info(
+            last.input[0], onnx.TensorProto.FLOAT, None))
+    initializers = {t.name for t in model.graph.initializer}
+    feeds = {vi.name: rng.standard_normal([d.dim_value or 1 for d in
+                                           vi.type.tensor_type.shape.dim]).astype(np.float32)
+             for vi in model.graph.input if vi.name not in initializers}
+    compiled = dnnc.compile(model, "cuda")
+    assert compiled.stats["host_fallback_ops"] == 0, compiled.runtime.host_fallback_ops
+    for got, want in zip(compiled.run(*feeds.values(), to="numpy"), _onnxruntime(model, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4, err_msg=name)
 
 
 @pytest.mark.gpu
