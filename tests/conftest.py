@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("DNNC_VERIFY", "1")
+# the on-disk compile cache would let one test's compile answer another's; its own tests
+# (tests/compiler/test_compile_cache.py) turn it on in a folder of their own
+os.environ["DNNC_CACHE"] = "0"
 
 SEED = int(os.environ.get("DNNC_TEST_SEED", "0"))
 """The session's seed; set DNNC_TEST_SEED to draw other inputs (the header shows it)."""

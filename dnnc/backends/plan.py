@@ -468,8 +468,9 @@ class Executable:
                 continue
             seg, arrays = self._segment_call(step, env)
             if not seg.kernels:
-                raise CompileError("this segment was restored from an artifact without its "
-                                   "kernel list; compile the model to profile it")
+                raise CompileError("this segment was restored from an artifact (or the "
+                                   "compile cache) without its kernel list; compile the "
+                                   "model with cache=False to profile it")
             outs, times = seg.profile(arrays, self._frame(seg), repeat)
             for kernel, ms in times:
                 rows.append({"kernel": kernel.func.name, "nodes": [n.name for n in kernel.nodes],

@@ -598,6 +598,11 @@ def _type_from(doc: dict) -> TensorType:
 # Save and load
 
 
+STATS = ("kernels", "host_fallback_ops", "compile_seconds", "nodes", "imported_nodes",
+         "pass_seconds", "arena_bytes", "tuned_kernels")
+"""The compile's statistics an artifact keeps (a load reports them as the compile did)."""
+
+
 def save(model, path) -> None:
     """Write `model` (a CompiledModel) to `path` as one artifact file, atomically."""
     from .targets import REGISTRY
@@ -617,8 +622,7 @@ def save(model, path) -> None:
         "outputs": [dict(name=v.name, **_type_doc(v.type)) for v in model.graph.outputs],
         "tuning": dict(model.tuning) if getattr(model, "tuning", None) else
                   {"log": None, "records_applied": 0},
-        "stats": {k: stats[k] for k in ("kernels", "host_fallback_ops", "compile_seconds")
-                  if k in stats},
+        "stats": {k: v for k, v in stats.items() if k in STATS},
     }
     files: dict[str, bytes] = {}
     REGISTRY[model.target].codec.export(model.runtime, manifest, files)

@@ -291,7 +291,8 @@ def _draw(args, graph, artifact, target: str, opt_level: int) -> dict:
         if not REGISTRY[target].generates_code:
             raise UsageError(f"--profile: the {target} target runs no kernels")
         log.info(f"compiling for {target} to profile each kernel")
-        model = compile(graph, target=target, opt_level=opt_level, progress=not args.quiet)
+        model = compile(graph, target=target, opt_level=opt_level, progress=not args.quiet,
+                        cache=False)   # a cached compile keeps no kernel list to time
         feeds = _random_inputs(model, {}, {}, np.random.default_rng(0))
         rows = model.profile(*[feeds[n] for n in model.input_names])
         graph = model.graph
@@ -354,7 +355,10 @@ def _model_for(args, shapes: dict | None = None, check=None):
     if check is not None:
         check([v.name for v in graph.inputs], [v.type for v in graph.inputs])
     log.info(f"compiling {args.model} ({len(graph.nodes)} nodes) for {target}")
-    return compile(graph, target=target, progress=not args.quiet)
+    # a profile times each kernel of a fresh compile: a cached one keeps no kernel list
+    profile = getattr(args, "profile", False) or getattr(args, "trace", None) is not None
+    return compile(graph, target=target, progress=not args.quiet,
+                   cache=not (getattr(args, "no_cache", False) or profile))
 
 
 def _ms(seconds: float) -> str:
@@ -410,7 +414,9 @@ def cmd_compile(args) -> int:
         model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
                         progress=not args.quiet, dump_ir=args.dump_ir,
                         tuning_log=args.tuning_log, render_only=render_only,
-                        outputs=args.outputs)
+                        outputs=args.outputs,
+                        # --emit writes the code a compile makes: a cached one keeps object code
+                        cache=not (args.no_cache or emits))
     except OSError as exc:   # the --dump-ir folder
         raise UsageError(f"cannot write into {args.dump_ir!r}: {exc.strerror or exc}") from exc
     if args.dump_ir:
@@ -438,6 +444,7 @@ def cmd_compile(args) -> int:
                      "kernels": stats["kernels"], "host_fallbacks": stats["host_fallbacks"],
                      "arena_bytes": stats["arena_bytes"],
                      "compile_seconds": stats["compile_seconds"],
+                     "compile_cache": stats.get("compile_cache", "off"),
                      "tuned_kernels": stats["tuned_kernels"],
                      "emitted": {kind: str(folder / (Path(args.model).stem + EMIT_SUFFIX[kind]))
                                  for kind, folder in emits}})
@@ -853,6 +860,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--outputs", choices=output_kinds(), default=None,
                       help="the arrays the artifact's calls return from Python (default: "
                            "the target's: cupy on cuda, numpy on the CPU targets)")
+    _cache_option(comp)
     _cpu_options(comp)
     comp.set_defaults(run=cmd_compile)
 
@@ -872,6 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seed of --random (default 0)")
     run.add_argument("--output-dir", help="save each output as DIR/NAME.npy")
     _shape_option(run)
+    _cache_option(run)
     run.set_defaults(run=cmd_run)
 
     bench = sub.add_parser("bench", help="median latency, next to onnxruntime's",
@@ -891,6 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "else every core this process may use)")
     bench.add_argument("--seed", type=_int_at_least(0), default=0,
                        help="seed of the random inputs")
+    _cache_option(bench)
     bench.add_argument("--no-onnxruntime", action="store_true",
                        help="skip the onnxruntime comparison")
     bench.add_argument("--profile", action="store_true",
@@ -1023,6 +1033,12 @@ def cmd_compare(args) -> int:
                   f"abs error {where.max_abs_error:.3g} (rtol {args.rtol:g}, atol "
                   f"{args.atol:g})")
     return EXIT_FINDING if diverges else EXIT_OK
+
+
+def _cache_option(parser) -> None:
+    parser.add_argument("--no-cache", action="store_true",
+                        help="compile anew: neither read nor fill the on-disk compile cache "
+                             "(DNNC_CACHE_DIR; docs/cli.md)")
 
 
 def _shape_option(parser) -> None:

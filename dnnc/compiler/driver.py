@@ -14,6 +14,7 @@ from ..ir.target import Target
 from ..passes.manager import DEFAULT_OPT_LEVEL, passes_at
 from .arguments import (check_choice, check_int, check_optional_bool, check_optional_path,
                         check_returns)
+from . import cache as compile_cache
 from .module import CompiledModel
 
 OPT_LEVELS = range(0, 4)
@@ -146,7 +147,8 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
             opt_level: int | None = None, tuning_log=None, cpu=None,
             progress: bool | None = None, passes: int | None = None,
             dump_ir=None, cache_size: int | None = None,
-            render_only: bool = False, outputs: str | None = None) -> CompiledModel:
+            render_only: bool = False, outputs: str | None = None,
+            cache: bool = True) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target` (default: the
     fastest target this host can run, as for `dnnc.jit` and the CLI: llvm on a CPU, cuda where
     CuPy sees a GPU; `targets.default_target`).
@@ -168,7 +170,9 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     otherwise: the target's default when None (cuda: "cupy", device arrays; llvm and numpy:
     "numpy", the only kind they return; cuda also takes "numpy"). Every argument is checked
     here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this
-    machine's memory raises `OutOfMemoryError` naming its node.
+    machine's memory raises `OutOfMemoryError` naming its node. `cache` (default True) looks
+    the compile up in the on-disk compile cache first and keeps what it compiles there
+    (`compiler/cache.py`: llvm; `stats["compile_cache"]` says "hit", "miss" or "off").
     """
     from .targets import REGISTRY, default_target
 
@@ -180,11 +184,8 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
         raise ArgumentError(f"render_only must be True or False, not {render_only!r}")
     if render_only and not REGISTRY[target].generates_code:
         raise ArgumentError(f"render_only: the {target} target generates no code")
+    check_optional_bool("cache", cache)
     start = time.perf_counter()
-    graph = load_graph(model, input_shapes)
-    check_tensor_sizes(graph, physical_memory_bytes())
-    imported_nodes = len(graph.nodes)
-    timings: dict[str, float] = {}
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
     spec = REGISTRY[target]
     machine = spec.target(cpu)
@@ -193,6 +194,22 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
         from ..autotune.records import best_configs, read
 
         tuned = best_configs(read(tuning_log), machine.key)
+    entry = None
+    if (compile_cache.enabled(cache is not False) and target in compile_cache.CACHED_TARGETS
+            and passes is None and dump_ir is None and cache_size is None and not render_only):
+        entry = compile_cache.key(model, input_shapes, target, machine,
+                                  {"opt_level": level, "outputs": outputs}, tuned)
+        hit = compile_cache.lookup(entry) if entry is not None else None
+        if hit is not None:
+            hit._stats.update(compile_seconds=time.perf_counter() - start, compile_cache="hit")
+            if tuning_log is not None:
+                hit.tuning = {"log": os.fspath(tuning_log),
+                              "records_applied": hit.stats.get("tuned_kernels", 0)}
+            return hit
+    graph = load_graph(model, input_shapes)
+    check_tensor_sizes(graph, physical_memory_bytes())
+    imported_nodes = len(graph.nodes)
+    timings: dict[str, float] = {}
     graph, runtime = spec.runtime(graph, level, machine, progress=progress,
                                   passes=passes, timings=timings, dump_ir=dump_ir,
                                   cache_size=cache_size, tuned=tuned, render_only=render_only,
@@ -202,8 +219,11 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),
              "kernels": getattr(runtime, "kernels", 0),
              "arena_bytes": getattr(runtime, "arena_bytes", 0),
-             "tuned_kernels": getattr(runtime, "tuned_kernels", 0)}
+             "tuned_kernels": getattr(runtime, "tuned_kernels", 0),
+             "compile_cache": "off" if entry is None else "miss"}
     model = CompiledModel(graph, runtime, target, stats)
     if tuning_log is not None:
         model.tuning = {"log": os.fspath(tuning_log), "records_applied": stats["tuned_kernels"]}
+    if entry is not None and stats["compile_seconds"] >= compile_cache.MIN_STORE_SECONDS:
+        compile_cache.store(entry, model)
     return model

@@ -235,7 +235,8 @@ class CompiledModel:
         """Where a call's time goes: each kernel (and host step) in call order, called alone
         `repeat` times on the data the ones before it left, as {"kernel": its function name,
         "nodes": the fused nodes' names, "ms": the median}. A model loaded from an artifact
-        keeps no kernel list (a `CompileError`): compile the model to profile it."""
+        or from the compile cache keeps no kernel list (a `CompileError`): compile the model
+        with `cache=False` to profile it."""
         check_int("repeat", repeat, 1)
         if not hasattr(self.runtime, "profile"):
             raise CompileError(f"target {self.target} runs no kernels to profile")
