@@ -141,6 +141,8 @@ def _model_digest(model, h) -> None:
     # weights in external data files are part of the model: hash each file it names
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
+    if b"location" not in data:   # every external tensor names its file under this key
+        return
     proto = onnx.load_model_from_string(data)
     for location in sorted({entry.value for t in _get_all_tensors(proto)
                             if uses_external_data(t)
