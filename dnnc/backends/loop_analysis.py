@@ -12,6 +12,8 @@ chooses a schedule and never imports a backend.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir import loop as L
@@ -156,11 +158,43 @@ def carried(loop: L.For) -> set[str]:
     for name, written in stores.items():
         if name in private:
             continue
-        keys = {own_components(index, loop.var) for index in written | loads.get(name, set())}
+        indices = written | loads.get(name, set())
+        keys = {own_components(index, loop.var) for index in indices}
         key = keys.pop()
         if keys or not key or not distinct_per_iteration(tuple(e for _, e in key), loop):
-            carried.add(name)
+            if not (len(indices) == 1 and blocks_per_iteration(next(iter(indices)), loop)):
+                carried.add(name)
     return carried
+
+def blocks_per_iteration(index: tuple, loop: L.For, limit: int = 1 << 16) -> bool:
+    """Whether the elements `index` reaches in one iteration of `loop` (its other variables
+    those of loops inside it, over their whole ranges) are reached by no other iteration, as
+    `out[io * 64 + l]` for l in range(64) is: a block of its own per iteration. Checked by
+    evaluating the index over every combination (none when that passes `limit`)."""
+    from ..ir.compute import ComputeEvalError, _Evaluator
+
+    extents = {n.var: n.extent.value for n in L.walk(loop.body)
+               if isinstance(n, L.For) and isinstance(n.extent, L.Const)}
+    used = set().union(*(L.free_vars(e) for e in index)) - {loop.var}
+    if not isinstance(loop.extent, L.Const) or loop.var not in \
+            set().union(*(L.free_vars(e) for e in index)) or not used <= set(extents):
+        return False
+    names = sorted(used, key=lambda v: v.name)
+    axes = [loop.extent.value] + [extents[v] for v in names]
+    if math.prod(axes) > limit:
+        return False
+    grids = np.meshgrid(*(np.arange(n, dtype=np.int64) for n in axes), indexing="ij")
+    env = dict(zip([loop.var, *names], grids))
+    try:
+        columns = [np.broadcast_to(_Evaluator({}, {}).eval(e, env), grids[0].shape).ravel()
+                   for e in index]
+    except (ComputeEvalError, KeyError):
+        return False
+    owner = grids[0].ravel()
+    elements = np.unique(np.stack(columns + [owner], axis=1), axis=0)
+    # each element appears with one owner: as many distinct elements as distinct (element,
+    # owner) pairs
+    return len(np.unique(elements[:, :-1], axis=0)) == len(elements)
 
 def own_components(index: tuple, var: L.Var) -> tuple:
     """(position, component) of the index components that depend on `var` and nothing else."""

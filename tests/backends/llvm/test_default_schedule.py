@@ -192,3 +192,63 @@ def test_small_or_unsplittable_reduction_stays_serial():
         n.buffer.name == "acc" and isinstance(n.value, L.BinOp) else None)
     scheduled = default_schedule(L.PrimFunc("odd", func.params, odd), Config(), 2)
     assert _parallel_loops(scheduled) == []
+
+
+# -- reductions over an outer axis read the rows along (`_columns`, issue 14 item 6) ---------
+
+
+def _reduce(op, shape, axes, **attrs):
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, shape))
+    a = Value("axes", T.TensorType(T.int64, (len(axes),)), const=np.array(axes, np.int64))
+    g.outputs = [g.add(op, x, a, **attrs)]
+    return g
+
+
+@pytest.mark.parametrize("shape,axes", [((4096, 300), [0]), ((37, 1000), [0]), ((50, 17), [0]),
+                                        ((9, 700, 260), [1]), ((3, 5), [0])])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean"])
+def test_reductions_over_an_outer_axis_match_numpy(rng, op, shape, axes):
+    """Whole blocks of columns, the remaining columns, fewer columns than a vector."""
+    model = dnnc.compile(_reduce(op, shape, axes, keepdims=0), target="llvm")
+    a = rng.standard_normal(shape).astype(np.float32)
+    got = model.run(a)[0]
+    want = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min,
+            "ReduceMean": np.mean}[op](a.astype(np.float64), axis=tuple(axes))
+    if op in ("ReduceMax", "ReduceMin"):
+        np.testing.assert_array_equal(got, want.astype(np.float32))
+    else:
+        # the blocked sum's bound: a few roundings per level, not one per row
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * math.sqrt(shape[axes[0]]))
+
+
+def test_a_column_reduction_reads_rows_along_in_parallel_blocks():
+    model = dnnc.compile(_reduce("ReduceSum", (4096, 1024), [0], keepdims=0), target="llvm")
+    source = model.source("loop")
+    assert "_cols" in source
+    (loop,) = [line for line in source.splitlines() if "_c in range(" in line]
+    assert model.runtime.target.threads == 1 or "# parallel" in loop
+
+
+def test_a_column_reduction_keeps_nan_and_long_sums_accurate(rng):
+    a = (rng.standard_normal((20000, 64)) + 100).astype(np.float32)
+    a[123, 7] = np.nan
+    got = dnnc.compile(_reduce("ReduceSum", a.shape, [0], keepdims=0), target="llvm").run(a)[0]
+    want = a.astype(np.float64).sum(0)
+    assert np.isnan(got[7]) and np.isnan(want[7])
+    keep = np.arange(64) != 7
+    # a float32 running sum of 20000 values near 100 would be off by ~1e-4 relative
+    np.testing.assert_allclose(got[keep], want[keep], rtol=2e-6)
+
+
+def test_a_block_of_elements_per_iteration_is_not_carried():
+    from dnnc.backends.loop_analysis import carried
+
+    y = L.Buffer("y", T.float32, (L.const(256),))
+    io, lane = L.Var("io"), L.Var("l")
+    own = L.For(io, 4, L.For(lane, 64, L.Store(y, (io * 64 + lane,), L.const(1.0, T.float32))))
+    assert carried(own) == set()
+    # blocks that overlap (64 elements every 32) are shared
+    overlap = L.For(io, 4, L.For(lane, 64, L.Store(y, (io * 32 + lane,),
+                                                   L.const(1.0, T.float32))))
+    assert carried(overlap) == {"y"}
