@@ -36,6 +36,25 @@ def test_dense_template_matches_numpy(rng, m, k, n, packed):
     assert "fma(" in compiled.runtime.source("loop")
 
 
+@pytest.mark.parametrize("m,k,n,trans_b", [(128, 300, 70, False), (66, 520, 64, True),
+                                           (24, 9, 33, False), (5, 40, 64, False)])
+def test_a_run_time_b_is_packed_panel_by_panel(rng, m, k, n, trans_b):
+    """B as an input (traced weights): copied into a contiguous panel per k-slice where a row
+    block has enough tiles to reuse it; k past one slice, a narrow last panel, B transposed."""
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (m, k)))
+    b = g.add_input("b", T.TensorType(T.float32, (n, k) if trans_b else (k, n)))
+    g.outputs = [g.add("Gemm", a, b, transB=int(trans_b))]
+    compiled = dnnc.compile(g, target="llvm", cpu=Target("llvm", cpu="x86-64-v3",
+                                                          features="+avx2,+fma", threads=2))
+    av = rng.standard_normal((m, k)).astype(np.float32)
+    bv = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    want = av @ (bv.T if trans_b else bv)
+    np.testing.assert_allclose(compiled.run(av, bv)[0], want, rtol=1e-4, atol=1e-4)
+    # two threads: two row blocks, of at least 4 tiles of 6 rows from 48 rows on
+    assert ("bpanel" in compiled.runtime.source("loop")) == (m >= 48)
+
+
 def test_dense_template_folds_batch_dims_into_rows(rng):
     g, bv = _dense(rng, 5, 9, 20, batch=(2, 3))
     compiled = dnnc.compile(g, target="llvm", opt_level=0)
