@@ -15,8 +15,12 @@ weight's block width fixes it).
 (`PointwiseConfig`): channels and pixels per tile. `depthwise` (one filter per channel) runs
 each padded plane in vectors of pixels; knob (`DepthwiseConfig`): pixels per block.
 
-The problem is a `problems.Conv2d` (float32 NCHW, static shapes); grouped convolutions other
-than depthwise use the default schedule.
+Grouped convolutions (1 < group, not depthwise) run through `conv2d` and `pointwise`, each
+group's channel slice a conv of its own: packed weights hold each group's channel blocks
+(ConvPacked), the group is part of the one parallel loop, a tile never straddles two groups;
+same knobs. Group 1 gives the loop IR it always did.
+
+The problem is a `problems.Conv2d` (float32 NCHW, static shapes).
 """
 
 from __future__ import annotations
