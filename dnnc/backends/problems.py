@@ -186,8 +186,9 @@ def plane_geometry(attrs: dict, image_hw, kernel_hw, out_hw):
 @dataclass(frozen=True)
 class Conv2d:
     """A float32 NCHW 2-D convolution, static shapes: y = epilogue(conv(x, w) + bias), the
-    weights [M, C / group, kh, kw], or packed [M / NR, C, kh, kw, NR] (ConvPacked,
-    `packed_nr` = NR) with channels past M zero."""
+    weights [M, C / group, kh, kw], or packed [group * ceil(M / group / NR), C / group, kh,
+    kw, NR] (ConvPacked, `packed_nr` = NR), each group's channels in blocks of their own,
+    zero past the group's last."""
 
     name: str
     params: tuple
@@ -211,11 +212,18 @@ class Conv2d:
 
     @property
     def pointwise(self) -> bool:
-        """A 1x1, stride-1, unpadded, ungrouped conv: a GEMM over pixels."""
+        """A 1x1, stride-1, unpadded conv, not depthwise: a GEMM over pixels (one a group)."""
         n, c, h, wid = self.x_dims
         _, _, kh, kw = self.w_dims
-        return self.group == 1 and (kh, kw) == (1, 1) and tuple(self.strides) == (1, 1) and \
-            tuple(self.begins) == (0, 0) and tuple(self.y_dims[2:]) == (h, wid)
+        return (kh, kw) == (1, 1) and tuple(self.strides) == (1, 1) and \
+            tuple(self.begins) == (0, 0) and tuple(self.y_dims[2:]) == (h, wid) and \
+            (self.group == 1 or self.grouped)
+
+    @property
+    def grouped(self) -> bool:
+        """group > 1 and not depthwise: `group` convolutions side by side, group g reading
+        input channels [g C/group, (g+1) C/group) and writing outputs [g M/group, ...)."""
+        return self.group > 1 and not self.depthwise
 
     @property
     def depthwise(self) -> bool:

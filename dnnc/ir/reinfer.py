@@ -14,11 +14,12 @@ from .ops.registry import infer_node
 
 
 def reinfer(nodes: list[Node], mapping: dict[int, Value],
-            fold: Callable[[Node], list[Value] | None] | None = None) -> list[Node]:
+            fold: Callable[[Node, Node], list[Value] | None] | None = None) -> list[Node]:
     """Copies of `nodes` reading `mapping`'s replacements of their inputs, every output type
     (and known value) inferred again; `mapping` gains the new outputs. With `fold`, nodes
     computable at compile time become constants on the way, so the types after them are
-    inferred from the folded values."""
+    inferred from the folded values (`fold(copy, node)` gives the copy's constant outputs, or
+    None to keep it)."""
     out = []
     for node in nodes:
         ins = [None if v is None else mapping.get(id(v), v) for v in node.inputs]
@@ -32,7 +33,7 @@ def reinfer(nodes: list[Node], mapping: dict[int, Value],
             mapping[id(v)] = nv
             outs.append(nv)
         new = Node(node.op, ins, outs, attrs, node.name)
-        consts = fold(new) if fold is not None else None
+        consts = fold(new, node) if fold is not None else None
         if consts is not None:
             for v, c in zip(node.outputs, consts):
                 mapping[id(v)] = c

@@ -15,7 +15,8 @@ The families, in `RULES` order:
 
 - folding constants into the op before: BatchNormalization into Conv, and into a 2-D Gemm /
   MatMul with constant weights (BN over the channel axis 1 of an (N, C) product);
-- values passed through unchanged: Identity, inference Dropout, x*1, 1*x, x+0, 0+x, x-0,
+- values passed through unchanged: Identity, inference Dropout (its mask, when read, an
+  all-true ConstantOfShape of x's shape; an unread mask goes with it), x*1, 1*x, x+0, 0+x, x-0,
   x/1 (a constant of all ones / zeros that broadcasting does not make change x's shape or
   dtype), Cast to x's own dtype, Transpose by the identity permutation, a reshape to x's own
   static shape;
@@ -216,11 +217,51 @@ def fold_batch_norm_into_dense(graph: Graph, node: Node, users) -> bool:
 
 
 def remove_identity(graph: Graph, node: Node, users) -> bool:
-    """Identity(x) == x; Dropout(x) in inference == x (its mask, if read, is not removed)."""
-    if node.op == "Identity" or (node.op == "Dropout" and len(node.outputs) == 1 and
-                                 not _dropout_trains(node)):
+    """Identity(x) == x."""
+    if node.op == "Identity":
         return _forward(graph, node, node.inputs[0])
     return False
+
+
+def remove_inference_dropout(graph: Graph, node: Node, users) -> bool:
+    """Dropout(x) in inference (no training_mode, or a constant False) == (x, mask) with the
+    mask all true over x's shape (ONNX: "if training_mode is false ... the mask, if
+    requested, is all ones"): the output is x, and a mask something reads becomes
+    ConstantOfShape(shape of x, true); an unread mask simply goes."""
+    if node.op != "Dropout" or _dropout_trains(node):
+        return False
+    x, y = node.inputs[0], node.outputs[0]
+    outputs = {id(v) for v in graph.outputs}
+    replacement = []
+    if len(node.outputs) > 1:
+        mask = node.outputs[1]
+        if users.get(mask) or id(mask) in outputs:
+            replacement = _all_true(x, mask, node.name)
+    if id(y) in outputs and (any(v is x for v in graph.inputs) or x.const is not None or
+                             id(x) in outputs):
+        # an output that is an input (or another output) stays a node: one copy
+        replacement.append(Node("Identity", [x], [y], {}, node.name))
+    else:
+        graph.replace_all_uses(y, x)
+    k = next(i for i, n in enumerate(graph.nodes) if n is node)
+    graph.nodes[k:k + 1] = replacement
+    return True
+
+
+def _all_true(x: Value, mask: Value, name: str) -> list[Node]:
+    """Nodes writing `mask` as a bool tensor of x's shape, every element true: a
+    ConstantOfShape of x's static shape, or of Shape(x) when it has symbols."""
+    nodes = []
+    if x.type.is_static:
+        shape = _const_value(f"{name}.mask_shape", np.array(x.type.shape, np.int64), int64)
+    else:
+        shape = Value(f"{name}.mask_shape", TensorType(int64, (x.type.rank,)))
+        _, known, attrs = infer_node("Shape", [x], {}, 1, f"{name}.shape")
+        shape.known = known[0]   # x's dims, symbols included: the mask's type follows them
+        nodes.append(Node("Shape", [x], [shape], attrs, f"{name}.shape"))
+    _, _, attrs = infer_node("ConstantOfShape", [shape], {"value": np.ones(1, np.bool_)},
+                                 1, f"{name}.mask")
+    return nodes + [Node("ConstantOfShape", [shape], [mask], attrs, f"{name}.mask")]
 
 
 def _dropout_trains(node: Node) -> bool:
@@ -512,7 +553,7 @@ def fuse_matmul_bias(graph: Graph, node: Node, users) -> bool:
 
 
 RULES = [fold_batch_norm_into_conv, fold_batch_norm_into_dense, remove_identity,
-         remove_neutral_elements, remove_same_type_cast, merge_transposes, merge_reshapes,
+         remove_inference_dropout, remove_neutral_elements, remove_same_type_cast, merge_transposes, merge_reshapes,
          recognize_gelu, recognize_layer_norm, recognize_softmax, fuse_matmul_bias]
 """The rewrites `simplify` applies, in order."""
 

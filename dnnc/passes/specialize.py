@@ -16,7 +16,7 @@ from ..ir import types as T
 from ..ir.graph import Graph, Value
 from ..ir.ops.registry import get_op
 from ..ir.reinfer import reinfer
-from .fold_constants import folded_outputs
+from .fold_constants import MAX_GROWTH_BYTES, folded_outputs, weight_producers
 
 MAX_PARAM_ELEMENTS = 64
 
@@ -51,7 +51,8 @@ def param_inputs(graph: Graph) -> list[int]:
 def specialize(graph: Graph, shapes: list[tuple], values: dict[int, np.ndarray] | None = None,
                fold: bool = True) -> Graph:
     """A copy of `graph` whose inputs have `shapes` (inputs in `values` become constants),
-    with every node's type inferred again and, with `fold`, constants folded."""
+    with every node's type inferred again and, with `fold`, constants folded (weights
+    whatever their size: see fold_constants)."""
     values = values or {}
     mapping: dict[int, Value] = {}
     inputs = []
@@ -64,6 +65,11 @@ def specialize(graph: Graph, shapes: list[tuple], values: dict[int, np.ndarray] 
         else:
             mapping[id(v)] = nv
     out = Graph(graph.name, inputs=inputs)
-    out.nodes = reinfer(graph.nodes, mapping, fold=folded_outputs if fold else None)
+    weights = weight_producers(graph) if fold else set()
+
+    def fold_node(new, node):
+        return folded_outputs(new, None if id(node) in weights else MAX_GROWTH_BYTES)
+
+    out.nodes = reinfer(graph.nodes, mapping, fold=fold_node if fold else None)
     out.outputs = [mapping.get(id(v), v) for v in graph.outputs]
     return out

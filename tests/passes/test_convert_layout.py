@@ -141,10 +141,39 @@ def test_constant_conv_weights_are_packed_in_channel_blocks(rng, monkeypatch, us
             assert ("acc = alloc" in compiled.source("loop")) == use_template
 
 
-def test_grouped_convs_and_variable_conv_weights_are_left_alone(rng):
-    assert convert_layout(_conv_graph(rng, group=2), CPU) == 0
+def test_depthwise_convs_and_variable_conv_weights_are_left_alone(rng):
     assert convert_layout(_conv_graph(rng, group=6, oc=6), CPU) == 0
     assert convert_layout(_conv_graph(rng, w_const=False), CPU) == 0
+
+
+@pytest.mark.parametrize("use_template", [True, False])
+@pytest.mark.parametrize("group,oc,shape", [
+    (2, 20, (2, 3, 3, 3, 16)),    # 10 channels a group: 16 computed either way: the wider
+    (2, 36, (6, 3, 3, 3, 8)),     # 18 a group: 3 blocks of 8 (24 computed), not 2 of 16 (32)
+    (6, 12, (6, 1, 3, 3, 8)),     # two filters a channel (C / group = 1, not depthwise)
+])
+def test_grouped_conv_weights_are_packed_per_group(rng, monkeypatch, use_template, group, oc,
+                                                   shape):
+    """A grouped conv's blocks never straddle two groups; its reference, its template and
+    its compute rule (the default schedule) keep Conv's meaning."""
+    from dnnc.backends.llvm import schedules
+    from dnnc.ir.ops.registry import Pattern
+
+    if not use_template:
+        monkeypatch.setitem(schedules.TEMPLATES, ("llvm", Pattern.OUT_FUSABLE),
+                            (schedules.ROWS,))
+    g = _conv_graph(rng, group=group, oc=oc)
+    x = rng.standard_normal((2, 6, 9, 8)).astype(np.float32)
+    before = dnnc.compile(g, target="numpy").run(x)[0]
+    assert convert_layout(g, CPU) == 1
+    g.verify()
+    assert [n.op for n in g.nodes] == ["ConvPacked"]
+    assert g.nodes[0].inputs[1].type.shape == shape
+    for target in ("numpy", "llvm"):
+        compiled = dnnc.compile(g, target=target, opt_level=1)
+        np.testing.assert_allclose(compiled.run(x)[0], before, rtol=1e-5, atol=1e-5)
+        if target == "llvm":
+            assert ("acc = alloc" in compiled.source("loop")) == use_template
 
 
 def test_a_conv_of_at_most_one_vector_of_channels_is_packed_one_vector_wide(rng):

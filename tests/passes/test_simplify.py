@@ -62,6 +62,62 @@ def test_identity_and_inference_dropout_disappear():
     assert g.nodes[0].inputs[0] is x
 
 
+def _dropout_with_mask(shape, mask_read: bool, mode=None):
+    """x -> Relu -> Dropout (output and mask) -> Exp, the mask a graph output (through Not)
+    when `mask_read`."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, shape))
+    b = g.add("Relu", x)
+    extra = [None, Value("mode", T.TensorType(T.bool_, ()), const=np.array(mode))] \
+        if mode is not None else []
+    y, mask = g.add_node("Dropout", [b] + extra, num_outputs=2)
+    g.outputs = [g.add("Exp", y)] + ([g.add("Not", mask)] if mask_read else [])
+    return g
+
+
+def test_inference_dropout_with_an_unread_mask_disappears(rng):
+    for mode in (None, False):
+        g = _dropout_with_mask((2, 3), mask_read=False, mode=mode)
+        x = rng.standard_normal((2, 3)).astype(np.float32)
+        before = _run(g, [x])
+        assert simplify(g) == 1
+        g.verify()
+        assert [n.op for n in g.nodes] == ["Relu", "Exp"]
+        np.testing.assert_array_equal(_run(g, [x])[0], before[0])
+
+
+def test_inference_dropout_with_a_read_mask_becomes_an_all_true_constant(rng):
+    for shape, ops in (((2, 3), ["Relu", "ConstantOfShape", "Exp", "Not"]),
+                       (("n", 3), ["Relu", "Shape", "ConstantOfShape", "Exp", "Not"])):
+        g = _dropout_with_mask(shape, mask_read=True)
+        assert simplify(g) == 1
+        g.verify()
+        assert [n.op for n in g.nodes] == ops
+        x = rng.standard_normal((4, 3)).astype(np.float32)
+        if shape == (2, 3):
+            x = x[:2]
+        y, not_mask = _run(g, [x])
+        np.testing.assert_allclose(y, np.exp(np.maximum(x, 0)), rtol=1e-6)
+        assert not_mask.dtype == np.bool_ and not_mask.shape == x.shape and not not_mask.any()
+
+
+def test_inference_dropout_of_an_input_to_an_output_stays_a_copy():
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (2, 3)))
+    y, mask = g.add_node("Dropout", [x], num_outputs=2)
+    g.outputs = [y]
+    assert simplify(g) == 1
+    assert [n.op for n in g.nodes] == ["Identity"] and g.outputs == [y]
+
+
+def test_inference_dropout_on_llvm_leaves_no_dropout(rng):
+    g = _dropout_with_mask((8, 16), mask_read=False)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    compiled = dnnc.compile(g, target="llvm")
+    assert "Dropout" not in str(compiled.graph)
+    np.testing.assert_allclose(compiled.run(x)[0], np.exp(np.maximum(x, 0)), rtol=1e-6)
+
+
 def test_training_dropout_and_an_identity_output_stay():
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (2, 3)))

@@ -15,8 +15,12 @@ weight's block width fixes it).
 (`PointwiseConfig`): channels and pixels per tile. `depthwise` (one filter per channel) runs
 each padded plane in vectors of pixels; knob (`DepthwiseConfig`): pixels per block.
 
-The problem is a `problems.Conv2d` (float32 NCHW, static shapes); grouped convolutions other
-than depthwise use the default schedule.
+Grouped convolutions (1 < group, not depthwise) run through `conv2d` and `pointwise`, each
+group's channel slice a conv of its own: packed weights hold each group's channel blocks
+(ConvPacked), the group is part of the one parallel loop, a tile never straddles two groups;
+same knobs. Group 1 gives the loop IR it always did.
+
+The problem is a `problems.Conv2d` (float32 NCHW, static shapes).
 """
 
 from __future__ import annotations
@@ -140,15 +144,21 @@ def conv2d_default(p: Conv2d, machine) -> ConvConfig:
 
 
 def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
+    """Direct convolution, MR pixels by NR channels a tile. A grouped conv is `group` such
+    convolutions side by side: its packed weights hold each group's channel blocks, and
+    (group, output row) is one parallel loop, so the tiles of one group, which share its
+    weights and its input channels, run one after another on a thread."""
     then = p.epilogue
     w, bias, y = p.w, p.bias, p.y
     n, c, h, wid = p.x_dims
-    oc, _, kh, kw = p.w_dims
+    oc, cg, kh, kw = p.w_dims
     _, _, oh, ow = p.y_dims
     (sh, sw), (dh, dw) = p.strides, p.dilations
     mr, nr = config.mr, config.nr
-    ocb_n = -(-oc // nr)
-    par = parallel_kind(machine.threads, n * oc * oh * ow * c * kh * kw)
+    groups = p.group
+    mg = oc // groups               # output channels of a group
+    ocb_n = -(-mg // nr)            # channel blocks of a group
+    par = parallel_kind(machine.threads, n * oc * oh * ow * cg * kh * kw)
 
     xpad, pad_stmt = pad_input(p, par)
     stmts = [pad_stmt] if pad_stmt is not None else []
@@ -156,44 +166,55 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
     if p.packed_nr:
         wpk = w   # convert_layout packed the weights at compile time
     else:
-        wpk = L.Buffer("wpack", T.float32, (ocb_n, c, kh, kw, nr))
-        o = q * nr + jj
-        wval = L.Select(o < oc, w[L.minimum(o, oc - 1), ic, r, s], L.const(0.0))
-        stmts.append(L.For(q, ocb_n, L.For(ic, c, L.For(r, kh, L.For(s, kw, L.For(
+        wpk = L.Buffer("wpack", T.float32, (groups * ocb_n, cg, kh, kw, nr))
+        if groups == 1:
+            o, first = q * nr + jj, L.const(0)
+        else:   # block q is block q % ocb_n of group q // ocb_n
+            o, first = (q % ocb_n) * nr + jj, (q // ocb_n) * mg
+        wval = L.Select(o < mg, w[first + L.minimum(o, mg - 1), ic, r, s], L.const(0.0))
+        stmts.append(L.For(q, groups * ocb_n, L.For(ic, cg, L.For(r, kh, L.For(s, kw, L.For(
             jj, nr, L.Store(wpk, (q, ic, r, s, jj), wval)))))))
 
     ii = L.Var("ii")
     acc = L.Buffer("acc", T.float32, (mr * nr,), L.Scope.LOCAL)
     a = L.Var("a", T.float32)
     row, ob, pb = L.Var("row"), L.Var("ob"), L.Var("pb")
-    bn, boh = row // oh, row % oh
+    if groups == 1:
+        outer, image_row, g = row, row, None
+        channel0, block0 = L.const(0), ob
+    else:   # one parallel loop over (group, image row)
+        outer = L.Var("grow")
+        g, image_row = outer // (n * oh), outer % (n * oh)
+        channel0, block0 = g * cg, g * ocb_n + ob
+    bn, boh = image_row // oh, image_row % oh
     ow0 = pb * mr
     pix = L.minimum(ow0 + ii, ow - 1)   # pixels past the row's end repeat; never stored
-    load = xpad[bn, ic, boh * sh + r * dh, pix * sw + s * dw]
+    load = xpad[bn, channel0 + ic, boh * sh + r * dh, pix * sw + s * dw]
     px = ow0 + ii
-    out_index = (bn, ob * nr + jj, boh, px)
+    in_group = ob * nr + jj                                   # output channel in its group
+    out_c = in_group if groups == 1 else g * mg + in_group    # output channel
+    out_index = (bn, out_c, boh, px)
     init = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), L.const(0.0)),
                                L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
     # the reduction over (in-channel, kh, kw) as three loops; the weights of one step are one
     # contiguous NR-vector, the input one broadcast pixel per accumulator row
     step = L.For(ii, mr, L.Let(a, load, L.For(
-        jj, nr, L.Store(acc, (ii * nr + jj,), L.call("fma", a, wpk[ob, ic, r, s, jj],
+        jj, nr, L.Store(acc, (ii * nr + jj,), L.call("fma", a, wpk[block0, ic, r, s, jj],
                                                         acc[ii * nr + jj])),
         L.ForKind.VECTORIZED)), L.ForKind.UNROLLED)
-    reduction = L.For(ic, c, L.For(r, kh, L.For(s, kw, step)))
-    out_c = ob * nr + jj
+    reduction = L.For(ic, cg, L.For(r, kh, L.For(s, kw, step)))
     value = acc[ii * nr + jj]
     if bias is not None:
         value = value + bias[L.minimum(out_c, oc - 1)]
     value = then(value, out_index)   # the fused epilogue (bias, ReLU, add)
     target = L.Store(y, out_index, value)
-    if oc % nr == 0:   # whole channel blocks: one vector store per pixel
+    if mg % nr == 0:   # whole channel blocks: one vector store per pixel
         row_store = L.For(jj, nr, target, L.ForKind.VECTORIZED)
     else:
-        row_store = L.For(jj, nr, L.If(out_c < oc, target), L.ForKind.UNROLLED)
+        row_store = L.For(jj, nr, L.If(in_group < mg, target), L.ForKind.UNROLLED)
     store = L.For(ii, mr, L.If(px < ow, row_store), L.ForKind.UNROLLED)
     tile = L.Allocate(acc, L.seq(init, reduction, store))
-    main = L.For(row, n * oh, L.For(ob, ocb_n, L.For(pb, -(-ow // mr), tile)), par)
+    main = L.For(outer, groups * n * oh, L.For(ob, ocb_n, L.For(pb, -(-ow // mr), tile)), par)
     stmts.append(main)
     body = L.seq(*stmts)
     if not p.packed_nr:
@@ -216,15 +237,15 @@ def pointwise_space(p: Conv2d, machine) -> Space:
     # blocks no bigger than the layer: a last partial block starts earlier instead (see
     # `pointwise_build`)
     lanes = machine.vector_bits // 32
-    oc, hw = p.w_dims[0], p.x_dims[2] * p.x_dims[3]
+    mg, hw = p.w_dims[0] // p.group, p.x_dims[2] * p.x_dims[3]
     return Space("pointwise", PointwiseConfig,
-                 {"channels": range(1, min(oc, max(POINTWISE_CHANNELS.values())) + 1),
+                 {"channels": range(1, min(mg, max(POINTWISE_CHANNELS.values())) + 1),
                   "pixels": range(1, min(hw, 4 * lanes) + 1)})
 
 
 def pointwise_default(p: Conv2d, machine) -> PointwiseConfig:
-    oc, hw = p.w_dims[0], p.x_dims[2] * p.x_dims[3]
-    return PointwiseConfig(min(POINTWISE_CHANNELS.get(machine.vector_bits, 4), oc),
+    mg, hw = p.w_dims[0] // p.group, p.x_dims[2] * p.x_dims[3]
+    return PointwiseConfig(min(POINTWISE_CHANNELS.get(machine.vector_bits, 4), mg),
                            min(2 * machine.vector_bits // 32, hw))
 
 
@@ -234,32 +255,43 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
     channel times the input channel's pixel vectors. NCHW keeps an image's pixels
     contiguous, so every load and every store is a whole vector (the channel-vector tile of
     `conv2d_build` would store its outputs one lane at a time: at 24 input channels that
-    cost more than the multiply-adds)."""
+    cost more than the multiply-adds). A grouped conv is one such GEMM a group (its input
+    channels by its output channels), the groups between the images and the pixel blocks
+    of the one parallel loop; a tile never straddles two groups."""
     n, c, h, wid = p.x_dims
-    oc = p.w_dims[0]
+    oc, cg = p.w_dims[:2]
     ow = p.y_dims[3]
     then = p.epilogue
     w, bias, y, x = p.w, p.bias, p.y, p.x
+    groups = p.group
+    mg = oc // groups
     hw = h * wid
     xf = L.Buffer(x.name, T.float32, (n, c, hw))
     yf = L.Buffer(y.name, y.dtype, (n, oc, hw))
     ic, cm, q, t = L.Var("ic"), L.Var("cm"), L.Var("q"), L.Var("t")
     a = L.Var("a", T.float32)
     nr = p.packed_nr
+    blocks = -(-mg // nr) if nr else 0   # packed blocks a group
 
-    def weight(o):
-        return w[o // nr, ic, 0, 0, o % nr] if nr else w[o, ic, 0, 0]
+    def weight(g, j):   # output channel j of group g (None: the only group)
+        if not nr:
+            return w[j if g is None else g * mg + j, ic, 0, 0]
+        if g is None:
+            return w[j // nr, ic, 0, 0, j % nr]
+        return w[g * blocks + j // nr, ic, 0, 0, j % nr]
 
-    def block(bn, o0, p0, channels: int, width: int) -> L.Stmt:
+    def block(bn, g, j0, p0, channels: int, width: int) -> L.Stmt:
         acc = L.Buffer("acc", T.float32, (channels * width,), L.Scope.LOCAL)
         vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+        ci = ic if g is None else g * cg + ic
         init = L.For(cm, channels, L.For(q, width, L.Store(acc, (cm * width + q,),
                                                              L.const(0.0)), vec),
                      L.ForKind.UNROLLED)
-        step = L.For(cm, channels, L.Let(a, weight(o0 + cm), L.For(q, width, L.Store(
-            acc, (cm * width + q,), L.call("fma", a, xf[bn, ic, p0 + q], acc[cm * width + q])),
+        step = L.For(cm, channels, L.Let(a, weight(g, j0 + cm), L.For(q, width, L.Store(
+            acc, (cm * width + q,), L.call("fma", a, xf[bn, ci, p0 + q], acc[cm * width + q])),
             vec)), L.ForKind.UNROLLED)
-        o, px = o0 + cm, p0 + q
+        o = j0 + cm if g is None else g * mg + j0 + cm
+        px = p0 + q
         value = acc[cm * width + q]
         if bias is not None:
             value = value + bias[o]
@@ -269,21 +301,25 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
                      (bn, o, px // ow, px % ow))
         store = L.For(cm, channels, L.For(q, width, L.Store(yf, (bn, o, px), value), vec),
                       L.ForKind.UNROLLED)
-        return L.Allocate(acc, L.seq(init, L.For(ic, c, step), store))
+        return L.Allocate(acc, L.seq(init, L.For(ic, cg, step), store))
 
     # a last block of channels or pixels that would be partial starts earlier instead,
     # overlapping the one before (its values are computed twice, identically): every block
     # has the full width, no narrow tail code
     cms, pws = config.channels, config.pixels
-    cbs, pbs = -(-oc // cms), -(-hw // pws)
+    cbs, pbs = -(-mg // cms), -(-hw // pws)
     # channel blocks inner: an input block (C x PW pixels) stays in L1 while every channel
     # block uses it
-    bn, pb, cb = t // (pbs * cbs), (t // cbs) % pbs, t % cbs
-    o0 = L.minimum(cb * cms, oc - cms) if oc % cms else cb * cms
+    if groups == 1:
+        bn, g, pb, cb = t // (pbs * cbs), None, (t // cbs) % pbs, t % cbs
+    else:
+        bn, g = t // (groups * pbs * cbs), (t // (pbs * cbs)) % groups
+        pb, cb = (t // cbs) % pbs, t % cbs
+    j0 = L.minimum(cb * cms, mg - cms) if mg % cms else cb * cms
     p0 = L.minimum(pb * pws, hw - pws) if hw % pws else pb * pws
-    tile = block(bn, o0, p0, cms, pws)
-    par = parallel_kind(machine.threads, n * oc * hw * c)
-    main = L.For(t, n * pbs * cbs, tile, par)
+    tile = block(bn, g, j0, p0, cms, pws)
+    par = parallel_kind(machine.threads, n * oc * hw * cg)
+    main = L.For(t, n * groups * pbs * cbs, tile, par)
     return L.simplify(L.PrimFunc(p.name, p.params, main))
 
 
@@ -341,8 +377,8 @@ def depthwise_build(p: Conv2d, config: DepthwiseConfig, machine) -> L.PrimFunc:
     return L.simplify(L.PrimFunc(p.name, p.params, body))
 
 
-CONV2D = Template("conv2d", problems.conv2d, lambda p: p.group == 1, conv2d_space,
-                  conv2d_default, conv2d_build)
+CONV2D = Template("conv2d", problems.conv2d, lambda p: p.group == 1 or p.grouped,
+                  conv2d_space, conv2d_default, conv2d_build)
 POINTWISE = Template("pointwise", problems.conv2d, lambda p: p.pointwise, pointwise_space,
                      pointwise_default, pointwise_build)
 DEPTHWISE = Template("depthwise", problems.conv2d, lambda p: p.depthwise, depthwise_space,

@@ -179,7 +179,7 @@ def conv_flops(each, window, out, bias: bool) -> Count:
 
 
 register_op("Conv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer, evaluate=conv,
-            attrs=CONV_ATTRS, inputs=(2, 3), compute=conv_rule,
+            attrs=CONV_ATTRS, inputs=(2, 3), compute=conv_rule, weights=(1, 2),
             flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:],
                                           node.outputs[0], has_input(node, 2)))
 
@@ -380,7 +380,7 @@ def _conv_transpose_rule(inputs, outputs, *, auto_pad, dilations, group, kernel_
 
 
 register_op("ConvTranspose", pattern=Pattern.OUT_FUSABLE, infer=_conv_transpose_infer,
-            evaluate=conv_transpose, inputs=(2, 3),
+            evaluate=conv_transpose, inputs=(2, 3), weights=(1, 2),
             attrs={**CONV_ATTRS, "output_padding": None, "output_shape": None},
             compute=_conv_transpose_rule,
             flops=lambda node: conv_flops(node.inputs[0], node.inputs[1].shape[1:],

@@ -119,7 +119,7 @@ def matmul_flops(node) -> Count:
 
 
 register_op("MatMul", pattern=Pattern.OUT_FUSABLE, infer=_matmul_infer, evaluate=matmul,
-            inputs=2, compute=_matmul_rule, flops=matmul_flops)
+            inputs=2, compute=_matmul_rule, flops=matmul_flops, weights=(1,))
 
 
 # -- Gemm ---------------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def _gemm_flops(node) -> Count:
 
 register_op("Gemm", pattern=Pattern.OUT_FUSABLE, infer=_gemm_infer, evaluate=gemm,
             attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, inputs=(2, 3),
-            compute=_gemm_rule, flops=_gemm_flops)
+            weights=(1, 2), compute=_gemm_rule, flops=_gemm_flops)
 
 
 # -- MatMulInteger ------------------------------------------------------------------------------

@@ -193,7 +193,7 @@ def _running_stat(given, used, momentum, out):
 
 
 register_op("BatchNormalization", pattern=Pattern.OPAQUE, infer=_batch_norm_infer,
-            evaluate=batch_norm, inputs=5, outputs=(1, 3),
+            evaluate=batch_norm, inputs=5, outputs=(1, 3), weights=(1, 2, 3, 4),
             attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0},
             compute=_batch_norm_rule,
             flops=per_output(2))   # inference folds it to one scale and one shift

@@ -3,8 +3,11 @@ weights are constant, so a target's template streams them contiguously without r
 them on every call. Frontends never produce these ops.
 
 ConvPacked(x, w_packed, b) is Conv(x, unpack(w_packed), b): w_packed is
-[ceil(M / NR), C / group, *kernel, NR], output channel m at [m // NR, ..., m % NR], channels
-past M zero. `oc` (M) and the Conv attributes are attributes.
+[group * ceil(M / group / NR), C / group, *kernel, NR], each group's M / group output
+channels in blocks of NR of their own: channel j of group g at [g * ceil(M / group / NR) +
+j // NR, ..., j % NR], channels past a group's last zero (so a block never straddles two
+groups; with group 1, channel m at [m // NR, ..., m % NR]). `oc` (M) and the Conv attributes
+are attributes.
 """
 
 from __future__ import annotations
@@ -19,20 +22,22 @@ from .conv import CONV_ATTRS, conv, conv_flops, conv_rule
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 
-def pack_conv_weights(w: np.ndarray, nr: int) -> np.ndarray:
-    """[M, C, *kernel] -> [ceil(M/nr), C, *kernel, nr], zero-padded past M."""
+def pack_conv_weights(w: np.ndarray, nr: int, group: int = 1) -> np.ndarray:
+    """[M, C / group, *kernel] -> [group * ceil(M / group / nr), C / group, *kernel, nr],
+    each group's channels zero-padded to whole blocks."""
     m = w.shape[0]
-    blocks = -(-m // nr)
-    padded = np.zeros((blocks * nr,) + w.shape[1:], w.dtype)
-    padded[:m] = w
-    lead = padded.reshape((blocks, nr) + w.shape[1:])
+    mg = m // group
+    blocks = -(-mg // nr)
+    padded = np.zeros((group, blocks * nr) + w.shape[1:], w.dtype)
+    padded[:, :mg] = w.reshape((group, mg) + w.shape[1:])
+    lead = padded.reshape((group * blocks, nr) + w.shape[1:])
     return np.ascontiguousarray(np.moveaxis(lead, 1, -1))
 
 
-def unpack_conv_weights(wp: np.ndarray, oc: int) -> np.ndarray:
-    blocks, nr = wp.shape[0], wp.shape[-1]
-    full = np.moveaxis(wp, -1, 1).reshape((blocks * nr,) + wp.shape[1:-1])
-    return full[:oc]
+def unpack_conv_weights(wp: np.ndarray, oc: int, group: int = 1) -> np.ndarray:
+    blocks, nr = wp.shape[0] // group, wp.shape[-1]
+    full = np.moveaxis(wp, -1, 1).reshape((group, blocks * nr) + wp.shape[1:-1])
+    return full[:, :oc // group].reshape((oc,) + wp.shape[1:-1])
 
 
 def _conv_attrs(attrs: dict) -> dict:
@@ -47,22 +52,39 @@ def _conv_packed_infer(ctx):
     wp = ctx.type(1)
     if wp.rank < 3:
         raise ctx.fail(f"packed weights need rank >= 3, given {wp}")
-    w = Value("w.unpacked", _unpacked_type(wp, ctx.attrs["oc"]))
+    oc, group = ctx.attrs["oc"], ctx.attrs.get("group") or 1
+    blocks, nr = wp.shape[0], wp.shape[-1]
+    if isinstance(blocks, int) and isinstance(nr, int) and \
+            blocks != group * -(-(oc // group) // nr):
+        raise ctx.fail(f"packed weights of {oc} output channels in {group} group(s) have "
+                       f"{group * -(-(oc // group) // nr)} blocks of {nr}, given {blocks}")
+    w = Value("w.unpacked", _unpacked_type(wp, oc))
     inputs = [ctx.values[0], w] + ([ctx.values[2]] if ctx.has(2) else [])
     types, _, _ = infer_node("Conv", inputs, _conv_attrs(ctx.attrs), 1, ctx.node_name)
     return types
 
 
 def conv_packed(x, wp, b=None, *, oc, **attrs):
-    return conv(x, unpack_conv_weights(wp, oc), b, **_conv_attrs(attrs))
+    return conv(x, unpack_conv_weights(wp, oc, attrs.get("group") or 1), b,
+                **_conv_attrs(attrs))
 
 
 def _conv_packed_rule(inputs, outputs, *, oc, **attrs):
     x, wp = inputs[0], inputs[1]
     nr = wp.shape[-1]
+    group = attrs.get("group") or 1
     shape = (oc,) + tuple(wp.shape[1:-1])
+    mg = oc // group
+    blocks = wp.shape[0] // group   # blocks a group
+
+    def block(m):   # (the block, the lane) of output channel m
+        if group == 1:
+            return m // nr, m % nr
+        j = m % mg
+        return (m // mg) * blocks + j // nr, j % nr
+
     # the unpacking stage has no reduction: lowering inlines it into the conv's loads
-    w = compute(shape, lambda m, *rest: wp[(m // nr,) + rest + (m % nr,)], "unpack",
+    w = compute(shape, lambda m, *rest: wp[(block(m)[0],) + rest + (block(m)[1],)], "unpack",
                 wp.dtype)
     return conv_rule([x, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
 
@@ -70,6 +92,6 @@ def _conv_packed_rule(inputs, outputs, *, oc, **attrs):
 register_op("ConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
             evaluate=conv_packed, attrs={**CONV_ATTRS, "oc": REQUIRED}, inputs=(2, 3),
             compute=_conv_packed_rule,
-            # Conv's, over the packed weights' window: [M/NR, C_in/group, *kernel, NR]
+            # Conv's, over the packed weights' window: [blocks, C_in/group, *kernel, NR]
             flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:-1],
                                           node.outputs[0], has_input(node, 2)))

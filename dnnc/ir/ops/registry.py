@@ -58,6 +58,10 @@ class OpDef:
     # inputs that parameterise the op rather than carry data (axes, shapes, pads, scales):
     # compiled targets specialise on their values when they are only known at run time
     params: tuple[int, ...] = ()
+    # inputs that hold learned parameters (filters, a dense op's B, biases): constant folding
+    # materialises a constant computed for them whatever its size (a target packs it once
+    # and reads it every call; computing it on every call instead costs more than storing it)
+    weights: tuple[int, ...] = ()
     # node -> estimated FLOPs (ir/flops.py); None: estimated from the pattern
     flops: Callable | None = None
 

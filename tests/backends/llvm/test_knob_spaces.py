@@ -115,6 +115,17 @@ CASES = [
     ("conv2d-packed", lambda rng: conv_bias_relu(rng, oc=20, pads=[2, 1, 0, 1],
                                                  dilations=[2, 1]), True, "conv2d", 1e-4),
     ("pointwise", pointwise_residual, True, "pointwise", 1e-4),
+    # grouped: a group's channel slice a conv of its own (5 and 7 output channels a group:
+    # no whole vector; a packed group padded to whole blocks of its own)
+    ("conv2d-grouped", lambda rng: conv_bias_relu(rng, c=6, oc=10, group=2, pads=[1, 1, 1, 1],
+                                                  strides=[2, 2]), False, "conv2d", 1e-4),
+    ("conv2d-grouped-packed", lambda rng: conv_bias_relu(rng, c=9, oc=21, group=3,
+                                                         pads=[0, 1, 2, 1]),
+     True, "conv2d", 1e-4),
+    ("pointwise-grouped", lambda rng: conv_bias_relu(rng, c=12, oc=15, k=1, group=3), False,
+     "pointwise", 1e-4),
+    ("pointwise-grouped-packed", lambda rng: conv_bias_relu(rng, c=8, oc=36, k=1, group=4),
+     True, "pointwise", 1e-4),
     ("depthwise", lambda rng: conv_bias_relu(rng, c=6, oc=6, group=6, pads=[1, 1, 1, 1],
                                              strides=[2, 2]), False, "depthwise", 1e-5),
     ("pool2d-max", pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),

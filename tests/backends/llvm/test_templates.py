@@ -219,7 +219,8 @@ def _one_op(rng, op, shapes, consts=(), dtype=T.float32, **attrs):
     ("Conv", [(1, 4, 6, 6)], [(8, 4, 1, 1)], {}, T.float32, "pointwise"),
     ("Conv", [(1, 4, 6, 6)], [(8, 4, 3, 3)], {}, T.float32, "conv2d"),
     ("Conv", [(1, 4, 6, 6)], [(4, 1, 3, 3)], {"group": 4}, T.float32, "depthwise"),
-    ("Conv", [(1, 4, 6, 6)], [(6, 2, 3, 3)], {"group": 2}, T.float32, "rows"),   # grouped
+    ("Conv", [(1, 4, 6, 6)], [(6, 2, 3, 3)], {"group": 2}, T.float32, "conv2d"),  # grouped
+    ("Conv", [(1, 4, 6, 6)], [(6, 2, 1, 1)], {"group": 2}, T.float32, "pointwise"),
     ("MaxPool", [(1, 2, 6, 6)], [], {"kernel_shape": [2, 2]}, T.float32, "pool2d"),
     ("AveragePool", [(1, 2, 6, 6)], [], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
      T.float32, "rows"),                                                 # border divisors
