@@ -39,6 +39,8 @@ class Kernel:
     outputs: list[Value]
     nodes: list[Node]
     names: dict[int, str]   # id(value) -> its buffer's name, for inputs and outputs
+    # the template that scheduled it and its config, once scheduled (profiles show them)
+    schedule: tuple[str, object] | None = None
 
     @property
     def anchor(self) -> Node:

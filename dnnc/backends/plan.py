@@ -28,6 +28,8 @@ several threads are safe.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import logging
 import sys
@@ -159,6 +161,25 @@ def count_kernels(graph: Graph) -> int:
     segments' fusion groups (a node each before fuse_ops)."""
     return sum(len(segment_groups(s, graph.groups)) for s in plan_steps(graph)
                if isinstance(s, Segment))
+
+
+def kernel_facts(kernel: Kernel) -> dict:
+    """What a profile row says of a kernel besides its time: its template and config, its
+    floating-point operations (the op registry's rules over its nodes; None where a node has
+    none) and the bytes of its parameters (each read or written once at least)."""
+    from ..ir.flops import node_flops
+
+    counts = [node_flops(n) for n in kernel.nodes]
+    counts = [None if c is None else c.value for c in counts]   # None: symbolic, or no rule
+    flops = None if None in counts else sum(counts)
+    nbytes = 0
+    for v in kernel.inputs + kernel.outputs:
+        numel = v.type.numel
+        nbytes += (numel or 0) * v.type.dtype.itemsize
+    template, config = kernel.schedule or (None, None)
+    if dataclasses.is_dataclass(config):
+        config = dataclasses.asdict(config)
+    return {"template": template, "config": config, "flops": flops, "bytes": nbytes}
 
 
 def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[list[int]],
@@ -474,7 +495,7 @@ class Executable:
             outs, times = seg.profile(arrays, self._frame(seg), repeat)
             for kernel, ms in times:
                 rows.append({"kernel": kernel.func.name, "nodes": [n.name for n in kernel.nodes],
-                             "ms": ms})
+                             "ms": ms, **kernel_facts(kernel)})
             for v, a in zip(step.escaping, outs):
                 env[id(v)] = a
         return [self._value(v, env) for v in self.graph.outputs], rows

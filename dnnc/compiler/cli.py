@@ -704,7 +704,8 @@ def cmd_bench(args) -> int:
         header.append(f"onnxruntime {ort_version}")
     if not args.json:
         print(", ".join(header))
-        print(f"{'batch':>6} {'dnnc ms':>12} {'onnxruntime ms':>15} {'dnnc/ort':>9}")
+        print(f"{'batch':>6} {'dnnc ms':>12} {'p90':>9} {'p99':>9} {'items/s':>9} "
+              f"{'onnxruntime ms':>15} {'dnnc/ort':>9}")
     rows = []
     lanes: dict[str, list[dict]] = {}   # batch -> its kernels' profile
     rng = np.random.default_rng(args.seed)
@@ -715,7 +716,10 @@ def cmd_bench(args) -> int:
             log.info(f"batch {batch}: compiling and warming up")
         # NumPy in and out, as onnxruntime's: a GPU target's time includes its copies
         args_in = [feeds[n] for n in model.input_names]
-        ours = _median_ms(lambda: model.run(*args_in, to="numpy"), args.repeat, args.warmup)
+        samples = call_times_ms(lambda: model.run(*args_in, to="numpy"), args.repeat,
+                                args.warmup)
+        ours = float(np.median(samples))
+        p90, p99 = (float(np.percentile(samples, q)) for q in (90, 99))
         theirs = None
         if session is not None:
             names = [i.name for i in session.get_inputs()]
@@ -725,14 +729,18 @@ def cmd_bench(args) -> int:
         label = "-" if batch is None else str(batch)
         if batch is None and model.input_types and model.input_types[0].rank:
             label = str(next(iter(feeds.values())).shape[0]) if feeds else "-"
+        items = int(label) if label.isdigit() else 1
         rows.append({"batch": int(label) if label.isdigit() else None, "dnnc_ms": ours,
+                     "dnnc_p90_ms": p90, "dnnc_p99_ms": p99,
+                     "throughput_per_s": items * 1e3 / ours,
                      "onnxruntime_ms": theirs, "ratio": ours / theirs if theirs else None})
         if profile:
             log.info(f"batch {label}: profiling each kernel")
             lanes[f"batch {label}"] = rows[-1]["profile"] = model.profile(
                 *[feeds[n] for n in model.input_names], repeat=args.repeat)
         if not args.json:
-            print(f"{label:>6} {ours:>12.4f} "
+            print(f"{label:>6} {ours:>12.4f} {p90:>9.4f} {p99:>9.4f} "
+                  f"{rows[-1]['throughput_per_s']:>9.1f} "
                   f"{(f'{theirs:.4f}' if theirs is not None else 'n/a'):>15} "
                   f"{(f'{ours / theirs:.2f}' if theirs else 'n/a'):>9}")
     if args.json:
@@ -765,11 +773,21 @@ def _format_profile(lane: str, kernels: list[dict], repeat: int) -> str:
     total = sum(k["ms"] for k in kernels)
     lines = [f"profile, {lane}: {len(kernels)} kernels, each called alone, median of {repeat};"
              f" sum {total:.4f} ms",
-             f"{'ms':>10} {'share':>6}  kernel (nodes)"]
+             f"{'ms':>10} {'share':>6} {'GFLOP/s':>8} {'GB/s':>7}  kernel (nodes) template "
+             f"{{knobs}}"]
     for k in sorted(kernels, key=lambda k: -k["ms"])[:PROFILE_TOP]:
         nodes = ", ".join(k["nodes"][:4]) + (", ..." if len(k["nodes"]) > 4 else "")
-        lines.append(f"{k['ms']:>10.4f} {k['ms'] / (total or 1):>6.1%}  {k['kernel']} "
-                     f"({nodes})")
+        seconds = k["ms"] / 1e3 or float("inf")
+        flops = k.get("flops")
+        gflops = f"{flops / seconds / 1e9:8.1f}" if flops else f"{'-':>8}"
+        gbps = f"{k['bytes'] / seconds / 1e9:7.1f}" if k.get("bytes") else f"{'-':>7}"
+        knobs = ""
+        if k.get("template"):
+            config = k.get("config") or {}
+            knobs = f" {k['template']} {{" + ", ".join(f"{a}={b}" for a, b in config.items()) \
+                + "}"
+        lines.append(f"{k['ms']:>10.4f} {k['ms'] / (total or 1):>6.1%} {gflops} {gbps}  "
+                     f"{k['kernel']} ({nodes}){knobs}")
     if len(kernels) > PROFILE_TOP:
         lines.append(f"{'':>17}  ... {len(kernels) - PROFILE_TOP} more")
     return "\n".join(lines)

@@ -234,7 +234,9 @@ class CompiledModel:
     def profile(self, *args, repeat: int = 20) -> list[dict]:
         """Where a call's time goes: each kernel (and host step) in call order, called alone
         `repeat` times on the data the ones before it left, as {"kernel": its function name,
-        "nodes": the fused nodes' names, "ms": the median}. A model loaded from an artifact
+        "nodes": the fused nodes' names, "ms": the median, "template" and "config": what
+        scheduled it, "flops": its floating-point operations (None without a rule),
+        "bytes": its parameters' size} (host steps: kernel, nodes and ms). A model loaded from an artifact
         or from the compile cache keeps no kernel list (a `CompileError`): compile the model
         with `cache=False` to profile it."""
         check_int("repeat", repeat, 1)

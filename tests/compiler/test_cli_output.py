@@ -344,12 +344,22 @@ def test_bench_profile_writes_a_chrome_trace_of_the_kernels(tmp_path, mlp):
         assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=0.002)
     assert sum(e["args"]["share"] for e in kernels) == pytest.approx(1, abs=0.01)
     assert doc["displayTimeUnit"] == "ms" and doc["otherData"]["target"] == "llvm"
+    # percentiles and throughput of the calls; each kernel's template, knobs, work
+    assert row["dnnc_ms"] <= row["dnnc_p90_ms"] <= row["dnnc_p99_ms"]
+    assert row["throughput_per_s"] == pytest.approx(2 * 1e3 / row["dnnc_ms"])
+    first = row["profile"][0]
+    assert first["template"] == "dense" and set(first["config"]) == {"mr", "nr", "kc",
+                                                                     "mc_tiles"}
+    assert first["flops"] >= 2 * 2 * 8 * 16   # a multiply and an add per product term
+    assert first["bytes"] >= (2 * 8 + 8 * 16 + 2 * 16) * 4
 
     code, out, _ = dnnc_command("bench", mlp, "--target", "llvm", "--repeat", "2", "--profile",
                                 "--no-onnxruntime", cwd=tmp_path)
     assert code == 0 and re.search(r"^profile, batch 2: 2 kernels, each called alone", out,
                                    re.M)
-    assert re.search(r"^ +[\d.]+ +[\d.]+%  k\d_MatMulPacked \(fc_0, relu_0\)$", out, re.M)
+    assert re.search(r"^ +[\d.]+ +[\d.]+% +[\d.]+ +[\d.]+  k\d_MatMulPacked \(fc_0, relu_0\) "
+                     r"dense \{mr=\d+, nr=\d+, kc=\d+, mc_tiles=\d+\}$", out, re.M)
+    assert re.search(r"^ +batch +dnnc ms +p90 +p99 +items/s", out, re.M)
 
 
 @pytest.mark.parametrize("argv,message", [

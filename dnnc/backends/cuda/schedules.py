@@ -117,6 +117,7 @@ def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
         config = template.default(problem, machine)
     else:
         config = template.space(problem, machine).check(config)
+    kernel.schedule = (template.name, config)
     return template.build(problem, config, machine)
 
 

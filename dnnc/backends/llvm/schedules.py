@@ -590,4 +590,5 @@ def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
         config = template.default(problem, machine)
     else:
         config = template.space(problem, machine).check(config)
+    kernel.schedule = (template.name, config)
     return fast_math(template.build(problem, config, machine))
