@@ -483,7 +483,8 @@ def llvm_restore(graph: Graph, manifest: dict, read, progress):
 
 def cuda_export(runtime, manifest: dict, files: dict) -> None:
     manifest["target"] = {"name": runtime.target.name, "arch": runtime.target.arch,
-                          "opt_level": runtime.opt_level, "outputs": runtime.outputs}
+                          "opt_level": runtime.opt_level, "outputs": runtime.outputs,
+                          "precision": runtime.target.precision}
     _export_tuned(runtime, manifest["target"])
     manifest["plan"] = runtime.plan()
     segments = []
@@ -527,11 +528,13 @@ _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def _check_cuda_manifest(manifest: dict) -> None:
     """Every field the cuda target reads, checked for type and range before it is used."""
     from ..backends.cuda.executable import OUTPUT_KINDS
+    from ..ir.target import PRECISIONS
 
     target = manifest.get("target")
     _need(type(target) is dict and type(target.get("arch")) is str and
           _ARCH.fullmatch(target["arch"]) is not None and _int(target.get("opt_level"), 0, 3)
-          and target.get("outputs", "cupy") in OUTPUT_KINDS, "target")
+          and target.get("outputs", "cupy") in OUTPUT_KINDS and
+          target.get("precision", "fp32") in PRECISIONS, "target")
     _check_tuned(target)
     _check_segments(manifest, _cuda_segment)
 
@@ -576,7 +579,9 @@ def cuda_restore(graph: Graph, manifest: dict, read, progress):
             loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else ""))
     # this machine's GPU: a cubin built for another architecture is rebuilt from its source
     return CUDARuntime.restore(graph, manifest["plan"], images,
-                               REGISTRY[target["name"]].target(),
+                               # (older artifacts: fp32, the only precision there was)
+                               REGISTRY[target["name"]].target(
+                                   precision=target.get("precision", "fp32")),
                                opt_level=target["opt_level"], progress=progress,
                                tuned=target.get("tuned"),
                                outputs=target.get("outputs", "cupy"))   # older: the default

@@ -112,7 +112,7 @@ def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
     """The scheduled PrimFunc of a lowered kernel: its template (`template_for`) built with
     `config` (checked against the template's space: ConfigError outside it) or the
     template's default config."""
-    template, problem = template_for(kernel)
+    template, problem = template_for(kernel, machine=machine)
     if config is None:
         config = template.default(problem, machine)
     else:
@@ -120,9 +120,10 @@ def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
     return template.build(problem, config, machine)
 
 
-def template_for(kernel, target: str = "cuda") -> tuple[Template, object]:
-    """The template that schedules `kernel` on `target`, and the kernel's problem."""
-    return choose_template(kernel, TEMPLATES, target)
+def template_for(kernel, target: str = "cuda", machine=None) -> tuple[Template, object]:
+    """The template that schedules `kernel` on `target` (`machine`: the Target compiled for;
+    its precision lets the tensor-core templates in), and the kernel's problem."""
+    return choose_template(kernel, TEMPLATES, target, machine)
 
 
 # -- the schedule --------------------------------------------------------------------------------
