@@ -49,6 +49,10 @@ def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
 
     if not render_only:
         import_cupy()
+    if target.precision != "fp32" and int(target.arch[3:].rstrip("abf")) < 80:
+        raise ArgumentError(f"precision={target.precision!r} runs on the tensor cores' "
+                            f"mma.sync of sm_80 and newer; this GPU is {target.arch} (compile "
+                            f"with precision='fp32')")
     graph = optimize(graph, target, opt_level, passes=passes, **pipeline)
     return graph, CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
                               reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,

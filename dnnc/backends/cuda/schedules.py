@@ -65,6 +65,7 @@ from .codegen import stages
 from .conv import CONV2D
 from .dense import DENSE
 from .gemv import GEMV
+from .mma import MMA_CONV2D, MMA_DENSE
 
 # blocks of a grid-stride stage at most: 8 per SM of an H100 (132 SMs), rounded
 STRIDE_BLOCKS = 1024
@@ -743,10 +744,11 @@ ROWS = Template("cuda_rows", problems.rows, lambda p: bool(_row_loops(p)), rows_
 
 TEMPLATES = {
     **{("cuda", pattern): (ROWS, DEFAULT) for pattern in Pattern},
-    # dense and ungrouped conv tiled, products of few rows split along k (gemv); the rest
-    # (depthwise) one thread per output element (a
-    # block per output would idle most of its threads on a short reduction)
-    ("cuda", Pattern.OUT_FUSABLE): (DENSE, GEMV, CONV2D, DEFAULT),
+    # dense and ungrouped conv tiled (on tensor cores at a reduced precision: mma.py, skipped
+    # at fp32), products of few rows split along k (gemv); the rest (depthwise) one thread
+    # per output element (a block per output would idle most of its threads on a short
+    # reduction)
+    ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D, CONV2D, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""

@@ -421,6 +421,43 @@ class Barrier(Stmt):
         return hash("Barrier")
 
 
+MMA_SHAPES = {"tf32": (16, 8, 8), "fp16": (16, 8, 16), "bf16": (16, 8, 16)}
+"""Precision -> (m, n, k) of its warp-level tensor-core product (`Mma`): PTX's
+mma.sync.aligned.m16n8k8 for tf32 operands, m16n8k16 for fp16 and bf16, fp32 accumulators."""
+
+
+@dataclass(frozen=True, eq=True)
+class Mma(Stmt):
+    """One warp's tensor-core matrix multiply-accumulate, D = A B + C, in place on C (PTX's
+    `mma.sync.aligned.m16n8k{8,16}.row.col.f32.<p>.<p>.f32`; shapes in `MMA_SHAPES`).
+
+    A is m x k, B is k x n, C is m x n fp32, each spread over the 32 lanes of a warp as
+    PTX's fragments: with g = lane // 4 and t = lane % 4, this lane holds
+    - `a`: tf32: A[g + 8 (e % 2), t + 4 (e // 2)] for e < 4; fp16 / bf16: A[g + 8 (e // 2 % 2),
+      2 t + e % 2 + 8 (e // 4)] for e < 8;
+    - `b`: tf32: B[t + 4 e, g] for e < 2; fp16 / bf16: B[2 t + e % 2 + 8 (e // 2), g] for e < 4;
+    - C in `acc[offset + r]` (LOCAL float32), r < 4: C[g + 8 (r // 2), 2 t + r % 2].
+    `a` and `b` are float32 values, each rounded to `precision` as the instruction reads it
+    (tf32: to nearest, ties away from zero, cvt.rna; fp16 / bf16: to nearest even); the
+    products are summed in fp32. Every lane of the warp runs it together (a threadIdx.x loop
+    of whole warps, no lane-dependent condition around it). CPU backends do not render it."""
+
+    precision: str
+    acc: Buffer
+    offset: Expr
+    a: tuple[Expr, ...]
+    b: tuple[Expr, ...]
+
+    def __hash__(self):
+        return hash(("Mma", self.precision, self.acc.name, self.offset, self.a, self.b))
+
+
+def mma_fragments(precision: str) -> tuple[int, int]:
+    """(elements of A, of B) a lane holds in an `Mma` of `precision`."""
+    m, n, k = MMA_SHAPES[precision]
+    return m * k // 32, k * n // 32
+
+
 def seq(*stmts: Stmt) -> Stmt:
     """A Seq, flattened; one statement stays itself."""
     flat: list[Stmt] = []

@@ -9,8 +9,9 @@ function nor accept one a backend could not render.
 from __future__ import annotations
 
 from .nodes import (
-    SHUFFLES, Allocate, Barrier, BinOp, Call, Const, For, If, Let, Load, PrimFunc, Reduce, Scope,
-    Select, Seq, Store, Var)
+    MMA_SHAPES, SHUFFLES, Allocate, Barrier, BinOp, Call, Const, For, If, Let, Load, Mma,
+    PrimFunc, Reduce, Scope, Select, Seq, Store, Var, mma_fragments)
+from .. import types as T
 from .printer import print_expr
 from .traversal import walk
 
@@ -75,6 +76,26 @@ def _check_shuffle(func, call: Call, gpu: set) -> None:
                           f"constant in [0, 32)")
 
 
+def _check_mma(func, s: Mma, gpu: set, buffers) -> None:
+    """A tensor-core product runs on a GPU's threads, with a known precision, fp32 operands
+    of its fragments' sizes and fp32 registers of the thread as accumulators."""
+    if "threadIdx.x" not in gpu:
+        raise LoopIRError(f"{func.name}: mma outside a threadIdx.x loop")
+    if s.precision not in MMA_SHAPES:
+        raise LoopIRError(f"{func.name}: mma of unknown precision {s.precision!r} (one of "
+                          f"{', '.join(MMA_SHAPES)})")
+    if (len(s.a), len(s.b)) != mma_fragments(s.precision):
+        raise LoopIRError(f"{func.name}: mma {s.precision} takes {mma_fragments(s.precision)} "
+                          f"A and B elements a lane, not {(len(s.a), len(s.b))}")
+    if any(x.dtype is not T.float32 for x in s.a + s.b):
+        raise LoopIRError(f"{func.name}: mma operands must be float32")
+    if s.acc.scope is not Scope.LOCAL or s.acc.dtype is not T.float32 or \
+            len(s.acc.shape) != 1 or not s.offset.dtype.is_int:
+        raise LoopIRError(f"{func.name}: mma accumulates into a 1-d local float32 buffer at an "
+                          f"integer offset, not {s.acc.name}")
+    _check_access(func, s.acc, (s.offset,), buffers)
+
+
 def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
     def exprs(*es):
         _check_expr_vars(func, es, scope_vars)
@@ -126,6 +147,9 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
     elif isinstance(s, Seq):
         for x in s.stmts:
             _verify_stmt(func, x, scope_vars, buffers, gpu)
+    elif isinstance(s, Mma):
+        _check_mma(func, s, gpu, buffers)
+        exprs(s.offset, *s.a, *s.b)
     elif isinstance(s, Barrier):
         # inside a thread loop, or between the thread loops of one block (its threads' phases)
         if not gpu:
