@@ -52,7 +52,8 @@ MAX_ACCUMULATORS = 128
 # (block_m, block_n, block_k, warps_m, warps_n) a default tries, largest first, and the
 # fraction of the tensor cores' peak each is guessed to reach (a rough ranking, not measured
 # yet: bench/gpu_kernels.py --precision measures it)
-DEFAULTS = ((128, 128, 32, 2, 4), (64, 128, 32, 2, 2), (64, 64, 32, 2, 2), (32, 64, 32, 1, 2),
+# (the two largest take k 16 at a time: 32 would pass 48 KiB of shared memory)
+DEFAULTS = ((128, 128, 16, 2, 4), (64, 128, 16, 2, 2), (64, 64, 32, 2, 2), (32, 64, 32, 1, 2),
             (32, 32, 32, 1, 2), (16, 32, 32, 1, 2))
 EFFICIENCY = (0.5, 0.4, 0.3, 0.2, 0.12, 0.08)
 # the model's tensor-core peak (H100 dense tf32, GPU.md) and the costs of a split, as dense.py
@@ -67,7 +68,7 @@ class TensorCoreConfig:
 
     block_m: int = 128
     block_n: int = 128
-    block_k: int = 32
+    block_k: int = 16
     warps_m: int = 2
     warps_n: int = 4
     split_k: int = 1     # k slices summed by a second launch (fills the GPU when m n is small)

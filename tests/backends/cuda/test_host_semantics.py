@@ -20,7 +20,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dnnc.backends.cuda.codegen import C_TYPES, PRELUDE, c_name, render_module, stages
+from dnnc.backends.cuda.codegen import (C_TYPES, MMA_PRELUDE, PRELUDE, c_name, render_module,
+                                        stages)
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from cuda_kernels import (programs, reference, renamed, suite_cases, suite_inputs, suite_sample,
@@ -102,6 +103,71 @@ static inline float dnnc_h2f(unsigned short h) { return (float)dnnc_bits<_Float1
 static inline unsigned short dnnc_f2h(float f) { return dnnc_bits<unsigned short>((_Float16)f); }
 """
 
+MMA_SHIM = r"""
+// tensor cores (codegen's MMA_PRELUDE), from the PTX ISA's definition: each lane posts its
+// fragments, rounded as the instruction reads them; every lane then rebuilds its warp's A
+// (16 x K) and B (K x 8) from the fragment layouts and updates its own 4 accumulators
+static float dnnc_mma_a[1024][8], dnnc_mma_b[1024][4];
+static float dnnc_tf32(float x) {   // cvt.rna.tf32.f32: nearest, ties away; 13 low bits 0
+  unsigned u = dnnc_bits<unsigned>(x);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  return dnnc_bits<float>(u);
+}
+static float dnnc_fp16(float x) { return (float)(_Float16)x; }   // nearest even
+static float dnnc_bf16(float x) {   // cvt.rn.bf16: nearest even
+  unsigned u = dnnc_bits<unsigned>(x);
+  if ((u & 0x7fffffffu) <= 0x7f800000u) u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  return dnnc_bits<float>(u);
+}
+template <int K>
+static void dnnc_mma(float* d, const float* a, const float* b, float (*round)(float)) {
+  const int na = K / 2, nb = K / 4;   // A: 16 K / 32 elements a lane, B: 8 K / 32
+  const unsigned lane = threadIdx.x % 32, first = threadIdx.x - lane;
+  for (int e = 0; e < na; ++e) dnnc_mma_a[threadIdx.x][e] = round(a[e]);
+  for (int e = 0; e < nb; ++e) dnnc_mma_b[threadIdx.x][e] = round(b[e]);
+  dnnc_block->arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int group = l >> 2, tig = l % 4;   // groupID, threadID_in_group
+    for (int e = 0; e < na; ++e) {
+      int row, col;
+      if (K == 8) {   // .tf32: rows groupID (a0, a2) / +8 (a1, a3); cols tig (a0, a1) / +4
+        row = (e == 0 || e == 2) ? group : group + 8;
+        col = e < 2 ? tig : tig + 4;
+      } else {        // .f16/.bf16: rows groupID (a0 a1 a4 a5) / +8; cols 2 tig + (i & 1), +8 from a4
+        row = (e == 0 || e == 1 || e == 4 || e == 5) ? group : group + 8;
+        col = tig * 2 + (e & 1) + (e >= 4 ? 8 : 0);
+      }
+      A[row][col] = dnnc_mma_a[first + l][e];
+    }
+    for (int e = 0; e < nb; ++e) {   // col groupID; rows tig (+4 for b1) / 2 tig + (i & 1) (+8 from b2)
+      const int row = K == 8 ? tig + (e == 1 ? 4 : 0) : tig * 2 + (e & 1) + (e >= 2 ? 8 : 0);
+      B[row][group] = dnnc_mma_b[first + l][e];
+    }
+  }
+  dnnc_block->arrive_and_wait();
+  const int group = lane >> 2, tig = lane % 4;
+  for (int r = 0; r < 4; ++r) {   // c0 c1 rows groupID, c2 c3 +8; cols 2 tig + (i & 1)
+    const int row = r < 2 ? group : group + 8, col = tig * 2 + (r & 1);
+    float sum = d[r];
+    for (int k = 0; k < K; ++k) sum += A[row][k] * B[k][col];
+    d[r] = sum;
+  }
+}
+static void dnnc_mma_tf32(float* d, float a0, float a1, float a2, float a3, float b0, float b1) {
+  const float a[] = {a0, a1, a2, a3}, b[] = {b0, b1};
+  dnnc_mma<8>(d, a, b, dnnc_tf32);
+}
+#define DNNC_MMA_K16(NAME, ROUND)                                                       \
+static void NAME(float* d, float a0, float a1, float a2, float a3, float a4, float a5,   \
+                 float a6, float a7, float b0, float b1, float b2, float b3) {          \
+  const float a[] = {a0, a1, a2, a3, a4, a5, a6, a7}, b[] = {b0, b1, b2, b3};           \
+  dnnc_mma<16>(d, a, b, ROUND);                                                         \
+}
+DNNC_MMA_K16(dnnc_mma_fp16, dnnc_fp16)
+DNNC_MMA_K16(dnnc_mma_bf16, dnnc_bf16)
+"""
+
 
 def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
     """The rendered module of `funcs` ((PrimFunc, noalias) pairs) as a host library, with
@@ -120,7 +186,9 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
                      for launch in kernel.launches]
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "kernels.cc"
-    path.write_text(SHIM + device_only + source[len(PRELUDE):] + "\n".join(wrappers) + "\n")
+    # the tensor cores' inline PTX replaced by their emulation
+    kernels = source[len(PRELUDE):].replace(MMA_PRELUDE, MMA_SHIM)
+    path.write_text(SHIM + device_only + kernels + "\n".join(wrappers) + "\n")
     lib = tmp_path / "kernels.so"
     # -fwrapv: signed overflow wraps, as the IR says (CUDA C leaves it undefined; nvcc does
     # not exploit it in these kernels)
