@@ -42,10 +42,11 @@ functions of the prelude (what cuda_fp16.h does, without needing its header), bf
 legalize's own integer bit operations. Index arithmetic is `long long` (the IR's int64)
 unless `narrow_indices` proves 32 bits enough.
 Warp shuffles (`L.SHUFFLES`) are `__shfl_xor_sync` / `__shfl_down_sync` over the full warp.
-Tensor-core products (`L.Mma`) call a device function of `MMA_PRELUDE` per precision, which
-rounds the fp32 operands as PTX asks (tf32: `cvt.rna.tf32.f32`; fp16 / bf16: `cvt.rn.f16x2.f32`
-/ `cvt.rn.bf16x2.f32`, two a register) and runs inline PTX `mma.sync.aligned` on the
-accumulators in place (sm_80 and newer); a module holds that prelude only when it uses it.
+Tensor-core products (`L.Mma`) call a device function of `MMA_PRELUDE` per precision: inline
+PTX `mma.sync.aligned` on the accumulators in place (sm_80 and newer); its operand registers
+come from the `L.PACKS` intrinsics, the prelude's conversions (tf32: `cvt.rna.tf32.f32`;
+fp16 / bf16: `cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`, two values a register). A module holds
+that prelude only when it uses it.
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -85,40 +86,42 @@ template <typename T> __device__ __forceinline__ T dnnc_imax(T a, T b) { return 
 template <typename T> __device__ __forceinline__ T dnnc_imin(T a, T b) { return a < b ? a : b; }
 """
 
-MMA_PRELUDE = r"""// tensor cores: one warp's mma.sync on fp32 operands rounded as PTX asks (sm_80+)
+MMA_PRELUDE = r"""// tensor cores (sm_80+): operand registers rounded as PTX asks, one warp's mma.sync
 __device__ __forceinline__ unsigned dnnc_tf32(float x) {
   unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
 }
-// two fp32 as one register of 16-bit halves: lo in bits 0-15 (cvt puts its first source high)
+// two fp32 in one register of 16-bit halves, lo in bits 0-15 (cvt puts its first source high)
 __device__ __forceinline__ unsigned dnnc_f16x2(float lo, float hi) {
   unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
 __device__ __forceinline__ unsigned dnnc_bf16x2(float lo, float hi) {
   unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
-__device__ __forceinline__ void dnnc_mma_tf32(float* d, float a0, float a1, float a2,
-                                              float a3, float b0, float b1) {
+__device__ __forceinline__ void dnnc_mma_tf32(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
                "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(dnnc_tf32(a0)), "r"(dnnc_tf32(a1)), "r"(dnnc_tf32(a2)),
-                 "r"(dnnc_tf32(a3)), "r"(dnnc_tf32(b0)), "r"(dnnc_tf32(b1)));
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-#define DNNC_MMA_K16(NAME, PACK, TYPE)                                                     \
-__device__ __forceinline__ void NAME(float* d, float a0, float a1, float a2, float a3,     \
-                                     float a4, float a5, float a6, float a7, float b0,     \
-                                     float b1, float b2, float b3) {                       \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 "              \
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"           \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                           \
-               : "r"(PACK(a0, a1)), "r"(PACK(a2, a3)), "r"(PACK(a4, a5)),                  \
-                 "r"(PACK(a6, a7)), "r"(PACK(b0, b1)), "r"(PACK(b2, b3)));                \
+__device__ __forceinline__ void dnnc_mma_fp16(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-DNNC_MMA_K16(dnnc_mma_fp16, dnnc_f16x2, "f16")
-DNNC_MMA_K16(dnnc_mma_bf16, dnnc_bf16x2, "bf16")
+__device__ __forceinline__ void dnnc_mma_bf16(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 """
-"""The device functions `L.Mma` renders to, one per precision (`dnnc_mma_<precision>(acc +
-offset, a..., b...)`): added after `PRELUDE` to a module that uses them."""
+"""What `L.Mma` and the `L.PACKS` intrinsics render to (`dnnc_mma_<precision>(acc + offset,
+a0..a3, b0, b1)`, `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`, `dnnc_bf16x2(lo, hi)`): added after
+`PRELUDE` to a module that uses them."""
 
 C_TYPES: dict[T.DType, str] = {
     T.bool_: "bool", T.int8: "signed char", T.int16: "short", T.int32: "int",
@@ -165,7 +168,8 @@ def render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule:
         text, kernel = render_func(func, noalias)
         parts.append(text)
         kernels[func.name] = kernel
-    uses_mma = any(isinstance(n, L.Mma) for func, _ in funcs for n in L.walk(func.body))
+    uses_mma = any(isinstance(n, L.Mma) or isinstance(n, L.Call) and n.name in
+                   L.PACKS.values() for func, _ in funcs for n in L.walk(func.body))
     return CudaModule("\n".join([PRELUDE] + [MMA_PRELUDE] * uses_mma + parts), kernels)
 
 
@@ -507,6 +511,9 @@ _CALLS: dict[tuple[str, str], Callable] = {
     **{(c, "irem"): _int_infix("%") for c in "su"},
     # the whole warp takes part (L.SHUFFLES); narrow types go through int and back
     **{(c, name): _shuffle(name) for c in "fsubh" for name in L.SHUFFLES},
+    # tensor-core operand registers (MMA_PRELUDE)
+    ("f", "pack_tf32"): _func("dnnc_tf32"), ("f", "pack_fp16x2"): _func("dnnc_f16x2"),
+    ("f", "pack_bf16x2"): _func("dnnc_bf16x2"),
 }
 """(class of the first argument, Call name) -> emitter(*args, result dtype)."""
 

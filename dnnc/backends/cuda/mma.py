@@ -9,9 +9,9 @@ memory as in dense.py (`_Staged`: fp32, k-major, double buffered, one barrier a 
 past the operands' edges or k, so any m, n and k is computed exactly as the precision allows),
 each k row of a tile padded by PAD words. Per mma step of k (8 for tf32, 16 for fp16 and bf16)
 each warp copies its A fragments (one per 16 rows) and B fragments (one per 8 columns) from
-shared memory into registers (`FRAGMENTS`: PTX's layouts) and runs one mma per (row tile,
-column tile). Shared memory holds fp32: the operands are rounded to the precision as an mma
-reads them (the renderer's `cvt`). The epilogue stores each accumulator through the problem's
+shared memory into operand registers (`FRAGMENTS`: PTX's layouts), rounded to the precision
+and packed on the way (`L.PACKS`: the renderer's `cvt`; once a step, not once an mma), and
+runs one mma per (row tile, column tile). Shared memory holds fp32. The epilogue stores each accumulator through the problem's
 store (Gemm's scaling and bias, the fused epilogue, the layout tail; a conv's bias), guarded
 at the edges. `split_k` > 1 splits k over blockIdx.z as dense.py does (partial sums in a
 workspace, a second launch adds them).
@@ -21,7 +21,8 @@ implicit GEMM, patches gathered as conv.py does) that the fp32 templates would t
 matrix-vector products (fewer than 16 rows) keep the gemv template (an mma would idle most
 of a 16-row tile), depthwise convolutions the default one.
 
-Not yet: ldmatrix, cp.async, operands converted once into shared memory, vector stores.
+Not yet: ldmatrix, cp.async, operands converted once on their way into shared memory (each
+warp converts the fragments it reads), vector stores.
 """
 
 from __future__ import annotations
@@ -162,8 +163,10 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
     """The blocks, warps and loops of Y[bi, i, j] = sum_k A[bi, i, k] B[bi, k, j] on tensor
     cores at `precision` (see the module's docstring); the arguments as dense.tiled_product's."""
     mm, mn, mk = L.MMA_SHAPES[precision]
-    na, nb = L.mma_fragments(precision)
+    ra, rb = L.MMA_REGISTERS
     a_place, b_place = FRAGMENTS[precision]
+    pack = L.PACKS[precision]
+    per_register = 1 if precision == "tf32" else 2   # elements a register
     bm, bn, bk = c.block_m, c.block_n, c.block_k
     wm, wn = bm // c.warps_m, bn // c.warps_n
     tm, tn = wm // mm, wn // mn            # mma tiles of a warp, down and across
@@ -178,8 +181,8 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
     b_in = dense_template._Staged("b", bn, col0, n, b, bk, k, threads, past_k or n % bn != 0,
                                   bi, PAD)
     acc = L.Buffer("acc", T.float32, (tm * tn * 4,), L.Scope.LOCAL)
-    a_frag = L.Buffer("a_frag", T.float32, (tm * na,), L.Scope.LOCAL)
-    b_frag = L.Buffer("b_frag", T.float32, (tn * nb,), L.Scope.LOCAL)
+    a_frag = L.Buffer("a_frag", T.uint32, (tm * ra,), L.Scope.LOCAL)
+    b_frag = L.Buffer("b_frag", T.uint32, (tn * rb,), L.Scope.LOCAL)
     t, wy, wx, g, q = (L.Var(x) for x in ("t", "wy", "wx", "g", "q"))
 
     def per_thread(body: L.Stmt) -> L.Stmt:
@@ -202,22 +205,28 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
         fragments into registers, then an mma per (row tile, column tile)."""
         first = buf * bk + ks * mk    # the step's first k row in the tile
 
-        def a_load(e: int) -> L.Stmt:
+        def a_element(e: int) -> L.Expr:
             row, kk = a_place(e, g, q)
-            return L.Store(a_frag, (ai * na + e,),
-                           a_in.tile[(first + kk) * a_in.stride + wy * wm + ai * mm + row])
+            return a_in.tile[(first + kk) * a_in.stride + wy * wm + ai * mm + row]
 
-        def b_load(e: int) -> L.Stmt:
+        def b_element(e: int) -> L.Expr:
             kk, col = b_place(e, g, q)
-            return L.Store(b_frag, (bj * nb + e,),
-                           b_in.tile[(first + kk) * b_in.stride + wx * wn + bj * mn + col])
+            return b_in.tile[(first + kk) * b_in.stride + wx * wn + bj * mn + col]
+
+        def register(element, r: int) -> L.Expr:
+            """Operand register r: its elements rounded and packed (L.PACKS)."""
+            return L.call(pack, *(element(r * per_register + h) for h in range(per_register)),
+                          dtype=T.uint32)
 
         mma = L.Mma(precision, acc, (mi * tn + ni) * 4,
-                    tuple(a_frag[mi * na + e] for e in range(na)),
-                    tuple(b_frag[ni * nb + e] for e in range(nb)))
+                    tuple(a_frag[mi * ra + r] for r in range(ra)),
+                    tuple(b_frag[ni * rb + r] for r in range(rb)))
+        # each fragment rounded and packed once a step, then read by every mma using it
+        a_loads = [L.Store(a_frag, (ai * ra + r,), register(a_element, r)) for r in range(ra)]
+        b_loads = [L.Store(b_frag, (bj * rb + r,), register(b_element, r)) for r in range(rb)]
         step = L.seq(
-            L.For(ai, tm, L.seq(*(a_load(e) for e in range(na))), L.ForKind.UNROLLED),
-            L.For(bj, tn, L.seq(*(b_load(e) for e in range(nb))), L.ForKind.UNROLLED),
+            L.For(ai, tm, L.seq(*a_loads), L.ForKind.UNROLLED),
+            L.For(bj, tn, L.seq(*b_loads), L.ForKind.UNROLLED),
             L.For(mi, tm, L.For(ni, tn, mma, L.ForKind.UNROLLED), L.ForKind.UNROLLED))
         return per_thread(L.For(ks, bk // mk, step, L.ForKind.UNROLLED))
 

@@ -16,7 +16,8 @@ backend.
 """
 
 from .nodes import (
-    ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, MMA_SHAPES, REDUCE_COMBINERS, SHUFFLES,
+    ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, MMA_REGISTERS, MMA_SHAPES, PACKS,
+    REDUCE_COMBINERS, SHUFFLES,
     Allocate, Barrier, BinOp, Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let,
     Load, Mma, PrimFunc, Reduce, Scope, Select, Seq, Stmt, Store, Var, call, const, eq,
     logical_and, logical_or, loop_nest, maximum, minimum, mma_fragments, ne, seq, static_shape)
@@ -29,8 +30,8 @@ from .verifier import LoopIRError, verify
 
 __all__ = [
     # nodes
-    "ARITH", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LOGIC", "MMA_SHAPES",
-    "REDUCE_COMBINERS", "SHUFFLES",
+    "ARITH", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LOGIC", "MMA_REGISTERS", "MMA_SHAPES",
+    "PACKS", "REDUCE_COMBINERS", "SHUFFLES",
     "Allocate", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const", "Expr", "For", "ForKind",
     "If", "IterVar", "Let", "Load", "Mma", "PrimFunc", "Reduce", "Scope", "Select", "Seq",
     "Stmt", "Store", "Var", "call", "const", "eq", "logical_and", "logical_or", "loop_nest",

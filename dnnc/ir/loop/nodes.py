@@ -126,10 +126,18 @@ class BinOp(Expr):
 INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil",
               "round", "trunc", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
-              "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down")
+              "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down",
+              "pack_tf32", "pack_fp16x2", "pack_bf16x2")
 """`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
 `bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T; the shuffles are a
-GPU warp's (`SHUFFLES`)."""
+GPU warp's (`SHUFFLES`); the packs make tensor-core operand registers (`PACKS`)."""
+
+PACKS = {"tf32": "pack_tf32", "fp16": "pack_fp16x2", "bf16": "pack_bf16x2"}
+"""Precision -> the intrinsic making an `Mma` operand register (uint32, PTX's .b32) from
+float32 values, GPU-only: `pack_tf32(x)` is x rounded to tf32 (to nearest, ties away from
+zero: PTX's cvt.rna.tf32.f32), its float32 bits; `pack_fp16x2(lo, hi)` and
+`pack_bf16x2(lo, hi)` are lo and hi rounded to nearest even, lo in bits 0-15 and hi in bits
+16-31 (cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32). CPU backends do not render them."""
 
 SHUFFLES = ("shfl_xor", "shfl_down")
 """Warp shuffles, GPU-only: `shfl_xor(x, m)` is the value `x` has in the lane (this lane xor
@@ -437,9 +445,7 @@ class Mma(Stmt):
       2 t + e % 2 + 8 (e // 4)] for e < 8;
     - `b`: tf32: B[t + 4 e, g] for e < 2; fp16 / bf16: B[2 t + e % 2 + 8 (e // 2), g] for e < 4;
     - C in `acc[offset + r]` (LOCAL float32), r < 4: C[g + 8 (r // 2), 2 t + r % 2].
-    `a` and `b` are float32 values, each rounded to `precision` as the instruction reads it
-    (tf32: to nearest, ties away from zero, cvt.rna; fp16 / bf16: to nearest even); the
-    products are summed in fp32. Every lane of the warp runs it together (a threadIdx.x loop
+    (Elements, as PTX numbers them.) Every lane of the warp runs it together (a threadIdx.x loop
     of whole warps, no lane-dependent condition around it). CPU backends do not render it."""
 
     precision: str
@@ -450,6 +456,10 @@ class Mma(Stmt):
 
     def __hash__(self):
         return hash(("Mma", self.precision, self.acc.name, self.offset, self.a, self.b))
+
+
+MMA_REGISTERS = (4, 2)
+"""The operand registers of A and of B a lane passes to an `Mma` (every precision)."""
 
 
 def mma_fragments(precision: str) -> tuple[int, int]:

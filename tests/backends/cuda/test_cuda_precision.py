@@ -281,14 +281,21 @@ def test_artifact_keeps_the_precision(simulated, tmp_path):
 # -- the IR, the templates and the renderer ------------------------------------------------------
 
 def _mma_func(precision: str, inside_threads: bool = True) -> L.PrimFunc:
-    """One warp's mma of fragments read from x, accumulators stored to y."""
+    """One warp's mma of operand registers packed from x's values, accumulators stored to
+    y."""
     na, nb = L.mma_fragments(precision)
     x = L.Buffer("x", T.float32, (32 * (na + nb),))
     y = L.Buffer("y", T.float32, (32 * 4,))
     acc = L.Buffer("acc", T.float32, (4,), L.Scope.LOCAL)
     t, r = L.Var("t"), L.Var("r")
-    mma = L.Mma(precision, acc, L.const(0), tuple(x[t * (na + nb) + e] for e in range(na)),
-                tuple(x[t * (na + nb) + na + e] for e in range(nb)))
+    per = 1 if precision == "tf32" else 2
+
+    def register(first: int, k: int) -> L.Expr:
+        return L.call(L.PACKS[precision], *(x[t * (na + nb) + first + k * per + h]
+                                             for h in range(per)), dtype=T.uint32)
+
+    mma = L.Mma(precision, acc, L.const(0), tuple(register(0, k) for k in range(4)),
+                tuple(register(na, k) for k in range(2)))
     body = L.seq(L.For(r, 4, L.Store(acc, (r,), L.const(0.0, T.float32)), L.ForKind.UNROLLED),
                  mma, L.For(r, 4, L.Store(y, (t * 4 + r,), acc[r]), L.ForKind.UNROLLED))
     body = L.Allocate(acc, body)
@@ -307,7 +314,8 @@ def test_mma_is_verified_printed_and_refused_by_llvm():
         func = _mma_func(precision)
         L.verify(func)
         m, n, k = L.MMA_SHAPES[precision]
-        assert f"mma_m{m}n{n}k{k}_{precision}(acc[0:+4], a=(x[" in str(func)
+        assert f"mma_m{m}n{n}k{k}_{precision}(acc[0:+4], a=({L.PACKS[precision]}(x[" in \
+            str(func)
         with pytest.raises(CodegenError, match="GPU-only"):
             ModuleBuilder("m").add(replace(func, body=func.body.body.body))
     with pytest.raises(L.LoopIRError, match="mma outside a threadIdx.x loop"):
@@ -315,8 +323,12 @@ def test_mma_is_verified_printed_and_refused_by_llvm():
     bad = _mma_func("tf32")
     short = L.transform(bad.body, lambda s: replace(s, b=s.b[:1]) if isinstance(s, L.Mma)
                         else None)
-    with pytest.raises(L.LoopIRError, match="takes \\(4, 2\\) A and B elements"):
+    with pytest.raises(L.LoopIRError, match="takes \\(4, 2\\) A and B registers"):
         L.verify(replace(bad, body=short))
+    floats = L.transform(bad.body, lambda s: replace(s, b=tuple(
+        L.Cast(T.float32, x) for x in s.b)) if isinstance(s, L.Mma) else None)
+    with pytest.raises(L.LoopIRError, match="uint32 registers"):
+        L.verify(replace(bad, body=floats))
 
 
 def test_templates_only_at_reduced_precision():

@@ -104,27 +104,42 @@ static inline unsigned short dnnc_f2h(float f) { return dnnc_bits<unsigned short
 """
 
 MMA_SHIM = r"""
-// tensor cores (codegen's MMA_PRELUDE), from the PTX ISA's definition: each lane posts its
-// fragments, rounded as the instruction reads them; every lane then rebuilds its warp's A
-// (16 x K) and B (K x 8) from the fragment layouts and updates its own 4 accumulators
+// tensor cores (codegen's MMA_PRELUDE), from the PTX ISA's definitions: the conversions as
+// the host rounds them; in an mma each lane posts its operand registers' elements, every
+// lane then rebuilds its warp's A (16 x K) and B (K x 8) from the fragment layouts and
+// updates its own 4 accumulators
+static unsigned dnnc_tf32(float x) {   // cvt.rna.tf32.f32: nearest, ties away; 13 low bits 0
+  unsigned u = dnnc_bits<unsigned>(x);
+  return (u & 0x7f800000u) == 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;
+}
+static unsigned dnnc_f16x2(float lo, float hi) {   // nearest even, lo in bits 0-15
+  return dnnc_bits<unsigned short>((_Float16)lo) |
+         (unsigned)dnnc_bits<unsigned short>((_Float16)hi) << 16;
+}
+static unsigned dnnc_bf16(float x) {   // nearest even: the 16 high bits
+  unsigned u = dnnc_bits<unsigned>(x);
+  if ((u & 0x7fffffffu) <= 0x7f800000u) u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+static unsigned dnnc_bf16x2(float lo, float hi) { return dnnc_bf16(lo) | dnnc_bf16(hi) << 16; }
 static float dnnc_mma_a[1024][8], dnnc_mma_b[1024][4];
-static float dnnc_tf32(float x) {   // cvt.rna.tf32.f32: nearest, ties away; 13 low bits 0
-  unsigned u = dnnc_bits<unsigned>(x);
-  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
-  return dnnc_bits<float>(u);
+// the element values of 4 + 2 operand registers: tf32 one a register (its bits); fp16 and
+// bf16 two, the first in the low half
+static void dnnc_unpack(int kind, const unsigned* r, int n, float* out) {
+  for (int i = 0; i < n; ++i) {
+    if (kind == 0) { out[i] = dnnc_bits<float>(r[i]); continue; }
+    for (int h = 0; h < 2; ++h) {
+      unsigned short bits = (unsigned short)(r[i] >> (16 * h));
+      out[2 * i + h] = kind == 1 ? (float)dnnc_bits<_Float16>(bits)
+                                 : dnnc_bits<float>((unsigned)bits << 16);
+    }
+  }
 }
-static float dnnc_fp16(float x) { return (float)(_Float16)x; }   // nearest even
-static float dnnc_bf16(float x) {   // cvt.rn.bf16: nearest even
-  unsigned u = dnnc_bits<unsigned>(x);
-  if ((u & 0x7fffffffu) <= 0x7f800000u) u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  return dnnc_bits<float>(u);
-}
-template <int K>
-static void dnnc_mma(float* d, const float* a, const float* b, float (*round)(float)) {
-  const int na = K / 2, nb = K / 4;   // A: 16 K / 32 elements a lane, B: 8 K / 32
+static void dnnc_mma(int kind, float* d, const unsigned* a, const unsigned* b) {
+  const int K = kind == 0 ? 8 : 16, na = K / 2, nb = K / 4;   // elements a lane
   const unsigned lane = threadIdx.x % 32, first = threadIdx.x - lane;
-  for (int e = 0; e < na; ++e) dnnc_mma_a[threadIdx.x][e] = round(a[e]);
-  for (int e = 0; e < nb; ++e) dnnc_mma_b[threadIdx.x][e] = round(b[e]);
+  dnnc_unpack(kind, a, 4, dnnc_mma_a[threadIdx.x]);
+  dnnc_unpack(kind, b, 2, dnnc_mma_b[threadIdx.x]);
   dnnc_block->arrive_and_wait();
   float A[16][16], B[16][8];
   for (int l = 0; l < 32; ++l) {
@@ -134,13 +149,13 @@ static void dnnc_mma(float* d, const float* a, const float* b, float (*round)(fl
       if (K == 8) {   // .tf32: rows groupID (a0, a2) / +8 (a1, a3); cols tig (a0, a1) / +4
         row = (e == 0 || e == 2) ? group : group + 8;
         col = e < 2 ? tig : tig + 4;
-      } else {        // .f16/.bf16: rows groupID (a0 a1 a4 a5) / +8; cols 2 tig + (i & 1), +8 from a4
+      } else {   // .f16/.bf16: rows groupID (a0 a1 a4 a5) / +8; cols 2 tig + (i & 1), +8 from a4
         row = (e == 0 || e == 1 || e == 4 || e == 5) ? group : group + 8;
         col = tig * 2 + (e & 1) + (e >= 4 ? 8 : 0);
       }
       A[row][col] = dnnc_mma_a[first + l][e];
     }
-    for (int e = 0; e < nb; ++e) {   // col groupID; rows tig (+4 for b1) / 2 tig + (i & 1) (+8 from b2)
+    for (int e = 0; e < nb; ++e) {   // col groupID; rows tig (+4: b1) / 2 tig + (i & 1) (+8 from b2)
       const int row = K == 8 ? tig + (e == 1 ? 4 : 0) : tig * 2 + (e & 1) + (e >= 2 ? 8 : 0);
       B[row][group] = dnnc_mma_b[first + l][e];
     }
@@ -154,18 +169,15 @@ static void dnnc_mma(float* d, const float* a, const float* b, float (*round)(fl
     d[r] = sum;
   }
 }
-static void dnnc_mma_tf32(float* d, float a0, float a1, float a2, float a3, float b0, float b1) {
-  const float a[] = {a0, a1, a2, a3}, b[] = {b0, b1};
-  dnnc_mma<8>(d, a, b, dnnc_tf32);
+#define DNNC_MMA(NAME, KIND)                                                             \
+static void NAME(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, \
+                 unsigned b1) {                                                          \
+  const unsigned a[] = {a0, a1, a2, a3}, b[] = {b0, b1};                                 \
+  dnnc_mma(KIND, d, a, b);                                                               \
 }
-#define DNNC_MMA_K16(NAME, ROUND)                                                       \
-static void NAME(float* d, float a0, float a1, float a2, float a3, float a4, float a5,   \
-                 float a6, float a7, float b0, float b1, float b2, float b3) {          \
-  const float a[] = {a0, a1, a2, a3, a4, a5, a6, a7}, b[] = {b0, b1, b2, b3};           \
-  dnnc_mma<16>(d, a, b, ROUND);                                                         \
-}
-DNNC_MMA_K16(dnnc_mma_fp16, dnnc_fp16)
-DNNC_MMA_K16(dnnc_mma_bf16, dnnc_bf16)
+DNNC_MMA(dnnc_mma_tf32, 0)
+DNNC_MMA(dnnc_mma_fp16, 1)
+DNNC_MMA(dnnc_mma_bf16, 2)
 """
 
 
