@@ -9,10 +9,10 @@
                  [--emit llvm-ir|asm|cuda|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
                  [--mattr +avx2,...] [--outputs numpy|cupy] [--precision fp32|tf32|fp16|bf16]
     dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
-             [--dim N=4 ...] [--seed S] [--output-dir DIR]
+             [--dim N=4 ...] [--seed S] [--output-dir DIR] [--precision P]
     dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
                [--threads N] [--no-onnxruntime] [--profile] [--trace FILE.json]
-    dnnc tune MODEL.onnx --log FILE.jsonl [--trials N] ...
+    dnnc tune MODEL.onnx --log FILE.jsonl [--trials N] [--precision P] ...
     dnnc compare MODEL.onnx [--target llvm] [--bisect-passes] [--rtol R --atol A]
 
 Every command takes -q (warnings and errors only), -v (debug details too) and --json (its

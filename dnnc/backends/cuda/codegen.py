@@ -86,7 +86,7 @@ template <typename T> __device__ __forceinline__ T dnnc_imax(T a, T b) { return 
 template <typename T> __device__ __forceinline__ T dnnc_imin(T a, T b) { return a < b ? a : b; }
 """
 
-MMA_PRELUDE = r"""// tensor cores (sm_80+): operand registers rounded as PTX asks, one warp's mma.sync
+MMA_PRELUDE = r"""// tensor cores (sm_80+): operand registers rounded as PTX asks; a warp's mma.sync
 __device__ __forceinline__ unsigned dnnc_tf32(float x) {
   unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
 }

@@ -1,20 +1,22 @@
 """The cuda tensor-core templates: dense products and convolutions on `mma.sync` when the
-compile's precision (`Target.precision`) is tf32, fp16 or bf16; fp32 compiles never see them.
+compile's precision (`Target.precision`) is tf32, fp16 or bf16; fp32 compiles never see
+them.
 
-A block computes a `block_m` x `block_n` tile of Y (blockIdx.y: row tiles, blockIdx.x: column
-tiles, blockIdx.z: the batch) with `warps_m` x `warps_n` warps; warp (wy, wx) owns a
-(block_m / warps_m) x (block_n / warps_n) part of it, a grid of 16 x 8 mma tiles, each with 4
-fp32 accumulators a lane (`L.Mma`'s C fragment). k goes in slices of `block_k` through shared
-memory as in dense.py (`_Staged`: fp32, k-major, double buffered, one barrier a slice, 0 read
-past the operands' edges or k, so any m, n and k is computed exactly as the precision allows),
-each k row of a tile padded by PAD words. Per mma step of k (8 for tf32, 16 for fp16 and bf16)
-each warp copies its A fragments (one per 16 rows) and B fragments (one per 8 columns) from
-shared memory into operand registers (`FRAGMENTS`: PTX's layouts), rounded to the precision
-and packed on the way (`L.PACKS`: the renderer's `cvt`; once a step, not once an mma), and
-runs one mma per (row tile, column tile). Shared memory holds fp32. The epilogue stores each accumulator through the problem's
-store (Gemm's scaling and bias, the fused epilogue, the layout tail; a conv's bias), guarded
-at the edges. `split_k` > 1 splits k over blockIdx.z as dense.py does (partial sums in a
-workspace, a second launch adds them).
+A block computes a `block_m` x `block_n` tile of Y (blockIdx.y: row tiles, blockIdx.x:
+column tiles, blockIdx.z: the batch) with `warps_m` x `warps_n` warps; warp (wy, wx) owns a
+(block_m / warps_m) x (block_n / warps_n) part of it, a grid of 16 x 8 mma tiles, each with
+4 fp32 accumulators a lane (`L.Mma`'s C fragment). k goes in slices of `block_k` through
+shared memory as in dense.py (`_Staged`: fp32, k-major, double buffered, one barrier a
+slice, 0 read past the operands' edges or k, so any m, n and k is computed exactly as the
+precision allows), each k row of a tile padded by PAD words. Per mma step of k (8 for tf32,
+16 for fp16 and bf16) each warp copies its A fragments (one per 16 rows) and B fragments
+(one per 8 columns) from shared memory into operand registers (`FRAGMENTS`: PTX's layouts),
+rounded to the precision and packed on the way (`L.PACKS`: the renderer's `cvt`; once a
+step, not once an mma), and runs one mma per (row tile, column tile). Shared memory holds
+fp32. The epilogue stores each accumulator through the problem's store (Gemm's scaling and
+bias, the fused epilogue, the layout tail; a conv's bias), guarded at the edges. `split_k` >
+1 splits k over blockIdx.z as dense.py does (partial sums in a workspace, a second launch
+adds them).
 
 Which kernels: every dense / batched matmul of at least 16 rows and ungrouped conv2d (an
 implicit GEMM, patches gathered as conv.py does) that the fp32 templates would tile; the

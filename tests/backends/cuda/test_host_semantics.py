@@ -155,7 +155,8 @@ static void dnnc_mma(int kind, float* d, const unsigned* a, const unsigned* b) {
       }
       A[row][col] = dnnc_mma_a[first + l][e];
     }
-    for (int e = 0; e < nb; ++e) {   // col groupID; rows tig (+4: b1) / 2 tig + (i & 1) (+8 from b2)
+    // B: col groupID; rows tig (+4: b1) / 2 tig + (i & 1) (+8 from b2)
+    for (int e = 0; e < nb; ++e) {
       const int row = K == 8 ? tig + (e == 1 ? 4 : 0) : tig * 2 + (e & 1) + (e >= 2 ? 8 : 0);
       B[row][group] = dnnc_mma_b[first + l][e];
     }
