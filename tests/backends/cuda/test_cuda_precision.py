@@ -229,6 +229,31 @@ def test_tuning_tasks_take_the_tensor_core_templates():
         assert {t.template.name for t in tasks} == {name}
 
 
+def test_a_tuning_record_applies_at_its_precision_only(tmp_path):
+    from dnnc.autotune.records import Record, append
+    from dnnc.autotune.tasks import extract
+    from dnnc.backends.cuda import tuning
+    from dnnc.compiler.driver import load_graph
+    from dnnc.compiler.targets import REGISTRY
+    from dnnc.passes.manager import optimize
+
+    model = zoo.build("mlp", hidden=(64,), in_features=32, classes=16, batch=32)
+    target = REGISTRY["cuda"].target(precision="tf32")
+    tasks = extract(optimize(load_graph(model), target, 3), tuning, target)
+    config = {"block_m": 32, "block_n": 32, "block_k": 16, "warps_m": 2, "warps_n": 1,
+              "split_k": 2}
+    append(tmp_path / "log.jsonl", [Record(t.key, t.template.name, target.key, config, ms=1.0)
+                                    for t in tasks])
+    tuned = dnnc.compile(model, "cuda", precision="tf32", render_only=True,
+                         tuning_log=tmp_path / "log.jsonl")
+    assert tuned.stats["tuned_kernels"] == len(tasks) == 2
+    assert "partial_sums" in tuned.source("loop")   # the record's split_k
+    for precision in ("fp32", "bf16"):   # another precision: another key, defaults
+        other = dnnc.compile(model, "cuda", precision=precision, render_only=True,
+                             tuning_log=tmp_path / "log.jsonl")
+        assert other.stats["tuned_kernels"] == 0, precision
+
+
 def test_cli_precision(tmp_path, capsys):
     from dnnc.compiler.cli import main
 
