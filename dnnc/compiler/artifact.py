@@ -510,8 +510,9 @@ def cuda_export(runtime, manifest: dict, files: dict) -> None:
 
 
 def cuda_check(manifest: dict, path) -> None:
-    """Refuse a manifest with fields of the wrong type or range, and a machine without CuPy
-    or a GPU (the `DeviceError` says which is missing)."""
+    """Refuse a manifest with fields of the wrong type or range, a machine without CuPy or a
+    GPU (the `DeviceError` says which is missing), and a reduced precision on a GPU without
+    its tensor cores."""
     from ..backends.cuda import device
 
     try:
@@ -519,6 +520,11 @@ def cuda_check(manifest: dict, path) -> None:
     except ArtifactError as exc:
         raise ArtifactError(f"{path}: {exc}") from None
     device.import_cupy()
+    precision = manifest["target"].get("precision", "fp32")
+    if precision != "fp32" and not device.has_tensor_cores(device.gpu_arch()):
+        raise ArtifactError(f"{path}: compiled at precision {precision}, for tensor cores of "
+                            f"sm_{device.TENSOR_CORE_ARCH} and newer; this GPU is "
+                            f"{device.gpu_arch()}")
 
 
 _ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")

@@ -43,13 +43,13 @@ def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
     """The passes, then a `CUDARuntime` returning `outputs` ("cupy" when None); without CuPy
     or a GPU a `DeviceError` saying which is missing, before any pass runs, unless only the
     sources are wanted (`render_only`)."""
-    from ..backends.cuda.device import import_cupy
+    from ..backends.cuda.device import has_tensor_cores, import_cupy
     from ..backends.cuda.executable import DEFAULT_CACHE_SIZE, CUDARuntime
     from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
 
     if not render_only:
         import_cupy()
-    if target.precision != "fp32" and int(target.arch[3:].rstrip("abf")) < 80:
+    if target.precision != "fp32" and not has_tensor_cores(target.arch):
         raise ArgumentError(f"precision={target.precision!r} runs on the tensor cores' "
                             f"mma.sync of sm_80 and newer; this GPU is {target.arch} (compile "
                             f"with precision='fp32')")

@@ -270,14 +270,15 @@ def test_cli_precision(tmp_path, capsys):
     assert "invalid choice: 'fp8'" in capsys.readouterr().err
 
 
-def test_artifact_keeps_the_precision(simulated, tmp_path):
-    from dnnc.backends.cuda import executable
+def test_artifact_keeps_the_precision(simulated, tmp_path, monkeypatch):
+    from dnnc.backends.cuda import device, executable
     from dnnc.compiler.module import CompiledModel
     from dnnc.compiler.targets import REGISTRY
     from dnnc.passes.manager import optimize
-    from simulated_device import relu_model
+    from simulated_device import FAKE, relu_model
 
     simulated(relu_model([3, 5]))   # (the simulated device in place)
+    monkeypatch.setattr(device, "gpu_arch", lambda: FAKE.arch)
     target = REGISTRY["cuda"].target(precision="tf32")
     rt = executable.CUDARuntime(optimize(import_onnx(relu_model([3, 5])), target, 3),
                                 target=target)
@@ -285,6 +286,12 @@ def test_artifact_keeps_the_precision(simulated, tmp_path):
     loaded = dnnc.load(tmp_path / "m.dnnc")
     assert loaded.stats["precision"] == "tf32" and loaded.runtime.target.precision == "tf32"
     assert loaded.manifest["target"]["precision"] == "tf32"
+    FAKE.arch = "sm_75"   # a GPU without the tensor cores it was compiled for
+    with pytest.raises(dnnc.errors.ArtifactError, match="compiled at precision tf32, for "
+                                                        "tensor cores of sm_80 and newer; "
+                                                        "this GPU is sm_75"):
+        dnnc.load(tmp_path / "m.dnnc")
+    FAKE.arch = "sm_90"
 
     def rewrite(edit):
         with zipfile.ZipFile(tmp_path / "m.dnnc") as z:
