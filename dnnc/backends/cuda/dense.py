@@ -297,12 +297,15 @@ class _Staged:
             return L.Store(self.stage, (step * self.lanes + v,), value)
         return self._each(when, body, L.ForKind.VECTORIZED)
 
-    def store(self, buf: L.Expr, when: L.Expr | None) -> L.Stmt:
-        """Shared buffer `buf` <- the registers, if `when`."""
+    def store(self, buf: L.Expr, when: L.Expr | None,
+              convert: Callable[[L.Expr], L.Expr] | None = None) -> L.Stmt:
+        """Shared buffer `buf` <- the registers (each through `convert` when given), if
+        `when`."""
         def body(step, e, v):
             r, kk = self._place(e, v)
+            value = self.stage[step * self.lanes + v]
             return L.Store(self.tile, ((buf * self.bk + kk) * self.stride + r,),
-                           self.stage[step * self.lanes + v])
+                           value if convert is None else convert(value))
         return self._each(when, body, L.ForKind.UNROLLED)
 
 

@@ -11,12 +11,13 @@ slice, 0 read past the operands' edges or k, so any m, n and k is computed exact
 precision allows), each k row of a tile padded by PAD words. Per mma step of k (8 for tf32,
 16 for fp16 and bf16) each warp copies its A fragments (one per 16 rows) and B fragments
 (one per 8 columns) from shared memory into operand registers (`FRAGMENTS`: PTX's layouts),
-rounded to the precision and packed on the way (`L.PACKS`: the renderer's `cvt`; once a
-step, not once an mma), and runs one mma per (row tile, column tile). Shared memory holds
-fp32. The epilogue stores each accumulator through the problem's store (Gemm's scaling and
-bias, the fused epilogue, the layout tail; a conv's bias), guarded at the edges. `split_k` >
-1 splits k over blockIdx.z as dense.py does (partial sums in a workspace, a second launch
-adds them).
+and runs one mma per (row tile, column tile). The operands are rounded to the precision once
+(`L.PACKS`: the renderer's `cvt`): tf32 ones as they go into shared memory (the tile then
+holds their tf32 bits as float32), fp16 and bf16 ones as a fragment register packs two of
+them (once a step, not once an mma; shared memory holds fp32). The epilogue stores each
+accumulator through the problem's store (Gemm's scaling and bias, the fused epilogue, the
+layout tail; a conv's bias), guarded at the edges. `split_k` > 1 splits k over blockIdx.z as
+dense.py does (partial sums in a workspace, a second launch adds them).
 
 Which kernels: every dense / batched matmul of at least 16 rows and ungrouped conv2d (an
 implicit GEMM, patches gathered as conv.py does) that the fp32 templates would tile; the
@@ -216,7 +217,10 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
             return b_in.tile[(first + kk) * b_in.stride + wx * wn + bj * mn + col]
 
         def register(element, r: int) -> L.Expr:
-            """Operand register r: its elements rounded and packed (L.PACKS)."""
+            """Operand register r: its elements rounded and packed (L.PACKS); tf32's were
+            rounded on their way into shared memory (`staged`): their bits."""
+            if precision == "tf32":
+                return L.call("bitcast", element(r), dtype=T.uint32)
             return L.call(pack, *(element(r * per_register + h) for h in range(per_register)),
                           dtype=T.uint32)
 
@@ -232,15 +236,26 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
             L.For(mi, tm, L.For(ni, tn, mma, L.ForKind.UNROLLED), L.ForKind.UNROLLED))
         return per_thread(L.For(ks, bk // mk, step, L.ForKind.UNROLLED))
 
+    def staged(value: L.Expr) -> L.Expr:
+        """A tf32 operand rounded once, as it goes into shared memory (an element is read by
+        several warps: rounding it there costs fewer conversions than in each fragment):
+        pack_tf32's bits as the float32 they are; fp16 and bf16 stay fp32 there (a register
+        packs two elements of consecutive k, which one thread's copy does not hold)."""
+        return L.call("bitcast", L.call(pack, value, dtype=T.uint32), dtype=T.float32)
+
+    convert = staged if precision == "tf32" else None
+
     def product(first: L.Expr) -> L.Stmt:
         """k tiles first .. first + per - 1, double buffered as dense.tiled_product's."""
         s = L.Var("kt")
         more = s + 1 < per
         loop = L.For(s, per, L.seq(
             a_in.load(first + s + 1, more), b_in.load(first + s + 1, more), update(s % 2),
-            a_in.store((s + 1) % 2, more), b_in.store((s + 1) % 2, more), L.Barrier()))
-        return L.seq(a_in.load(first, None), b_in.load(first, None), a_in.store(0, None),
-                     b_in.store(0, None), L.Barrier(), loop)
+            a_in.store((s + 1) % 2, more, convert), b_in.store((s + 1) % 2, more, convert),
+            L.Barrier()))
+        return L.seq(a_in.load(first, None), b_in.load(first, None),
+                     a_in.store(0, None, convert), b_in.store(0, None, convert), L.Barrier(),
+                     loop)
 
     def each_result(body) -> L.Stmt:
         """`body(i, j, accumulator)` for each of the thread's results, if inside Y."""
