@@ -24,8 +24,8 @@ implicit GEMM, patches gathered as conv.py does) that the fp32 templates would t
 matrix-vector products (fewer than 16 rows) keep the gemv template (an mma would idle most
 of a 16-row tile), depthwise convolutions the default one.
 
-Not yet: ldmatrix, cp.async, operands converted once on their way into shared memory (each
-warp converts the fragments it reads), vector stores.
+Not yet: ldmatrix, cp.async, fp16 / bf16 operands packed once into 16-bit shared tiles (each
+warp packs the fragments it reads), vector stores.
 """
 
 from __future__ import annotations
