@@ -47,7 +47,7 @@ from dnnc.frontend.onnx import import_onnx
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.target import PRECISIONS, Target
-from cuda_kernels import MACHINE, programs, reference
+from cuda_kernels import MACHINE, SMALL, programs, reference
 
 REDUCED = ("tf32", "fp16", "bf16")
 UNIT = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -489,6 +489,48 @@ def test_non_default_configs_on_host(precision, rng, tmp_path):
                                 mma_templates.TensorCoreConfig(32, 32, 16, 2, 1, split_k=4),
                                 mma_templates.TensorCoreConfig(16, 64, 64, 1, 4))):
         _check_on_host(model_of, k, precision, tmp_path / str(n), config)
+
+
+@pytest.mark.parametrize("model", ["bert_tiny", "cnn"])
+def test_zoo_kernels_at_tf32_on_host(model, tmp_path):
+    """Every kernel of a small zoo model at tf32 (the attention's batched products, the
+    projections storing heads-first through layout tails, convolutions with fused
+    epilogues) on host threads, on the reference's inputs, against the reference's outputs:
+    within 5e-3 of the output's largest magnitude. A fragment, epilogue or layout mistake
+    is off by O(1); tf32's rounding gives about 4e-4 here (layers of k <= 128 on values of
+    the zoo's scale)."""
+    from test_cuda_codegen import poisoned
+    from test_host_semantics import host_library
+
+    graph, progs = programs(import_onnx(zoo.build(model, **SMALL[model])), 3, machine("tf32"))
+    values = reference(graph, zoo.inputs_for(zoo.build(model, **SMALL[model]),
+                                             np.random.default_rng(0)))
+    uses, problems = 0, []
+    for p, program in enumerate(progs):
+        module = render_module(program.unique)
+        uses += module.source.count("dnnc_mma_tf32(&")
+        lib = host_library(program.unique, tmp_path / f"p{p}", module)
+        for kernel in program.kernels:
+            info = module.kernels[kernel.func.name]
+            ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+                   for v in kernel.inputs]
+            outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+            arrays = ins + outs + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
+            args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+            for launch in info.launches:
+                host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+                lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                                ctypes.c_uint(launch.block[0]))
+            for v, got in zip(kernel.outputs, outs):
+                want = np.asarray(values[v.name])
+                if want.dtype.kind != "f":
+                    if not (got == want).all():
+                        problems.append(f"{kernel.func.name} {v.name}: differs")
+                    continue
+                error = np.abs(got - want).max() / np.abs(want).max()
+                if not np.isfinite(got).all() or error > 5e-3:
+                    problems.append(f"{kernel.func.name} {v.name}: {error:.3g}")
+    assert uses > 0 and not problems, "\n".join(problems)
 
 
 # -- on a GPU -----------------------------------------------------------------------------------
