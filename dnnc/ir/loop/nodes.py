@@ -440,13 +440,18 @@ class Mma(Stmt):
     `mma.sync.aligned.m16n8k{8,16}.row.col.f32.<p>.<p>.f32`; shapes in `MMA_SHAPES`).
 
     A is m x k, B is k x n, C is m x n fp32, each spread over the 32 lanes of a warp as
-    PTX's fragments: with g = lane // 4 and t = lane % 4, this lane holds
-    - `a`: tf32: A[g + 8 (e % 2), t + 4 (e // 2)] for e < 4; fp16 / bf16: A[g + 8 (e // 2 % 2),
-      2 t + e % 2 + 8 (e // 4)] for e < 8;
-    - `b`: tf32: B[t + 4 e, g] for e < 2; fp16 / bf16: B[2 t + e % 2 + 8 (e // 2), g] for e < 4;
-    - C in `acc[offset + r]` (LOCAL float32), r < 4: C[g + 8 (r // 2), 2 t + r % 2].
-    (Elements, as PTX numbers them.) Every lane of the warp runs it together (a threadIdx.x loop
-    of whole warps, no lane-dependent condition around it). CPU backends do not render it."""
+    PTX's fragments. With g = lane // 4 and t = lane % 4, this lane holds A's elements e
+    (tf32: A[g + 8 (e % 2), t + 4 (e // 2)], e < 4; fp16 / bf16: A[g + 8 (e // 2 % 2),
+    2 t + e % 2 + 8 (e // 4)], e < 8), B's elements e (tf32: B[t + 4 e, g], e < 2; fp16 /
+    bf16: B[2 t + e % 2 + 8 (e // 2), g], e < 4) and C[g + 8 (r // 2), 2 t + r % 2] in
+    `acc[offset + r]` (LOCAL float32), r < 4.
+
+    `a` (4) and `b` (2) are the lane's operand registers, uint32 made by the precision's
+    pack intrinsic (`PACKS`) or holding such bits: for tf32 element r in register r; for
+    fp16 and bf16 elements 2 r and 2 r + 1 in register r, the first in the low half. The
+    products of the rounded operands are summed in fp32 into C. Every lane of the warp runs
+    it together (a threadIdx.x loop of whole warps, no lane-dependent condition around it).
+    CPU backends do not render it."""
 
     precision: str
     acc: Buffer
