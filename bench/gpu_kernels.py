@@ -2,7 +2,7 @@
 kernels against the GPU's copy bandwidth.
 
     python bench/gpu_kernels.py [--only dense,elementwise,softmax,layernorm] [--repeat 200]
-                                [--trials 5] [--no-variants]
+                                [--trials 5] [--no-variants] [--precision tf32|fp16|bf16]
 
 Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
 the cuda templates' default config and, unless `--no-variants`, with a few other configs of
@@ -27,6 +27,17 @@ result (rtol 1e-3, atol 1e-3 scaled by sqrt(k)); the variants are the default-mo
 (`dense.DEFAULTS`) with k unsplit and split, the measurements `dense.EFFICIENCY` is fitted
 from. Dense launches repeat `--repeat` / 10 times.
 
+`--precision tf32|fp16|bf16` compiles for that precision (`Target.precision`): the dense
+rows are then the tensor-core template's (`backends/cuda/mma.py`: its default and, unless
+`--no-variants`, the `mma.DEFAULTS` tiles unsplit and split and a few others, the
+measurements `mma.EFFICIENCY` should be fitted from), against cuBLAS at the same precision:
+tf32 `torch.matmul` with `torch.backends.cuda.matmul.allow_tf32 = True` on the fp32
+operands (else `cupy.matmul` if CUPY_TF32=1 is set), fp16 `cupy.matmul` on float16 copies,
+bf16 `torch.matmul` on bfloat16 copies (each peer's time excludes its conversion). Each
+dnnc result is checked against the float64 product within the precision's bound
+(tests/backends/cuda/test_cuda_precision.py: (2u + u^2 + k (2^-23 + 2^-24)) sum |x| |w|, u
+the operands' unit roundoff). The other cases do not depend on the precision.
+
 Cases: `dense` (4096^3; bert_base's FFN at batch 1 and 8: 128 / 1024 rows, 768 -> 3072 and
 back), `elementwise` (a fused chain of 5 ops, sigmoid(1.5 x + 0.25) * x then relu, over
 256 MiB of float32), `softmax` (bert_base's attention rows: [b, 12, 128, 128] over the last
@@ -50,12 +61,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dnnc.backends.cuda import FUSION  # noqa: E402
+from dnnc.backends.cuda import mma  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
 from dnnc.backends.lower import lower_group  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
-from dnnc.ir.target import Target  # noqa: E402
+from dnnc.ir.target import PRECISIONS, Target  # noqa: E402
 from gpu_timing import fp32_only, header  # noqa: E402
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -175,13 +187,52 @@ def dense_cases():
         yield Case("dense", f"{m}x{k}x{n}", g, x, None, None, _dense_variants(k))
 
 
-def _dense_variants(k: int) -> list[dict]:
+def _dense_variants(k: int, precision: str = "fp32") -> list[dict]:
     from dnnc.backends.cuda.dense import DEFAULTS, MIN_SPLIT_K
 
-    tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
-    wider = ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4))
-    return [dict(zip(tiles, dims), split_k=split) for dims in DEFAULTS + wider
+    if precision != "fp32":   # the tensor-core template's tiles
+        tiles = ("block_m", "block_n", "block_k", "warps_m", "warps_n")
+        wider = ((128, 64, 32, 2, 2), (64, 128, 16, 1, 4), (128, 128, 16, 4, 2),
+                 (128, 64, 16, 4, 1), (64, 64, 16, 2, 2))
+        defaults = mma.DEFAULTS
+    else:
+        tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
+        wider = ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4))
+        defaults = DEFAULTS
+    return [dict(zip(tiles, dims), split_k=split) for dims in defaults + wider
             for split in (1, 2, 4, 8) if split == 1 or k >= split * MIN_SPLIT_K]
+
+
+UNIT = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+"""Unit roundoff of an operand rounded to a reduced precision (test_cuda_precision.py)."""
+
+
+def blas_peer(cp, precision: str, x_dev, w_dev):
+    """(label, a function running cuBLAS's product of the operands at `precision`), or None
+    when no library here offers it."""
+    import os
+
+    if precision == "fp32":
+        return "cuBLAS (cupy.matmul)", lambda: cp.matmul(x_dev, w_dev)
+    if precision == "fp16":
+        x16, w16 = x_dev.astype(cp.float16), w_dev.astype(cp.float16)
+        return "cuBLAS fp16 (cupy.matmul, float16)", lambda: cp.matmul(x16, w16)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        if precision == "tf32" and os.environ.get("CUPY_TF32") == "1":
+            return "cuBLAS tf32 (cupy.matmul, CUPY_TF32=1)", lambda: cp.matmul(x_dev, w_dev)
+        return None
+    x_t, w_t = torch.from_dlpack(x_dev), torch.from_dlpack(w_dev)
+    if precision == "tf32":
+        def tf32():
+            torch.backends.cuda.matmul.allow_tf32 = True
+            return torch.matmul(x_t, w_t)
+        return "cuBLAS tf32 (torch.matmul, allow_tf32)", tf32
+    xb, wb = x_t.to(torch.bfloat16), w_t.to(torch.bfloat16)
+    return "cuBLAS bf16 (torch.matmul, bfloat16)", lambda: torch.matmul(xb, wb)
 
 
 CASES = {"dense": dense_cases, "elementwise": elementwise_cases, "softmax": softmax_cases,
@@ -236,7 +287,7 @@ def torch_ms(case: Case, repeat: int, trials: int) -> float | None:
 def build(case: Case, machine: Target, overrides: dict):
     """(the scheduled PrimFunc, its config) of the case's graph as one kernel."""
     kernel = lower_group(list(case.graph.nodes), case.name, outputs=case.graph.outputs)
-    template, problem = template_for(kernel)
+    template, problem = template_for(kernel, machine=machine)
     config = template.default(problem, machine)
     if overrides:
         config = dataclasses.replace(config, **overrides)
@@ -272,25 +323,52 @@ def _config_text(config, default) -> str:
 
 
 def dense_table(cp, machine: Target, args) -> int:
-    """Print the dense rows (each config against cuBLAS); the number of wrong results."""
+    """Print the dense rows (each config against cuBLAS at the machine's precision); the
+    number of wrong results."""
     import os
 
+    precision = machine.precision
     repeat = max(3, args.repeat // 10)
-    print(f"dense: cuBLAS by cupy.matmul, CUPY_TF32={os.environ.get('CUPY_TF32', '0')}; "
-          f"{repeat} launches x {args.trials} trials")
+    print(f"dense at precision {precision}: cuBLAS at the same precision, CUPY_TF32="
+          f"{os.environ.get('CUPY_TF32', '0')}; {repeat} launches x {args.trials} trials")
     print(f"{'case':12s} {'shape':18s} {'config':58s} {'us':>9s} {'TF/s':>7s} "
           f"{'vs cuBLAS':>9s}  check")
     wrong = 0
     for case in dense_cases():
+        if precision != "fp32":
+            case.variants = _dense_variants(case.x.shape[1], precision)
         x_dev = cp.asarray(case.x)
         w_dev = cp.asarray(next(v.const for v in case.graph.nodes[0].inputs
                                 if v.const is not None))
-        flops = 2 * case.x.shape[0] * w_dev.shape[0] * w_dev.shape[1]
-        blas_ms = event_ms(cp, lambda: cp.matmul(x_dev, w_dev), repeat, args.trials)
-        want = cp.asnumpy(cp.matmul(x_dev, w_dev))
-        tol = 1e-3 * np.sqrt(w_dev.shape[0])
-        print(f"{'dense':12s} {case.label:18s} {'cuBLAS (cupy.matmul)':58s} "
-              f"{blas_ms * 1e3:9.1f} {flops / blas_ms / 1e9:7.1f} {1:9.2f}")
+        k = w_dev.shape[0]
+        flops = 2 * case.x.shape[0] * k * w_dev.shape[1]
+        if precision == "fp32":
+            want = cp.asnumpy(cp.matmul(x_dev, w_dev))
+
+            def close(got):
+                return np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.sqrt(k))
+        else:   # within the precision's bound of the float64 product
+            x64, w64 = x_dev.astype(cp.float64), w_dev.astype(cp.float64)
+            want = cp.asnumpy(cp.matmul(x64, w64))
+            scale = cp.asnumpy(cp.matmul(cp.abs(x64), cp.abs(w64)))
+            u = UNIT[precision]
+            limit = (2 * u + u * u + k * (2.0 ** -23 + 2.0 ** -24)) * scale
+            if precision == "fp16":   # its subnormals: 2^-25 absolute an operand
+                limit += 2 * k * 2.0 ** -25 * float(cp.abs(x_dev).max() * cp.abs(w_dev).max())
+            del x64, w64
+
+            def close(got):
+                return bool((np.abs(got - want) <= limit).all())
+        peer = blas_peer(cp, precision, x_dev, w_dev)
+        blas_ms = None
+        if peer is None:
+            print(f"{'dense':12s} {case.label:18s} {'cuBLAS at ' + precision:58s} "
+                  f"not available (needs torch with CUDA)")
+        else:
+            label, fn = peer
+            blas_ms = event_ms(cp, fn, repeat, args.trials)
+            print(f"{'dense':12s} {case.label:18s} {label:58s} "
+                  f"{blas_ms * 1e3:9.1f} {flops / blas_ms / 1e9:7.1f} {1:9.2f}")
         default, measured = None, set()
         for overrides in [{}] + ([] if args.no_variants else case.variants):
             try:
@@ -306,18 +384,25 @@ def dense_table(cp, machine: Target, args) -> int:
             launch, out, n = run_kernel(cp, kernel, func, x_dev)
             ms = event_ms(cp, launch, repeat, args.trials)
             got = cp.asnumpy(out)
-            ok = np.allclose(got, want, rtol=1e-3, atol=tol)
+            ok = close(got)
             wrong += not ok
-            c = config   # tile m x n x k, thread m x n, k slices
-            label = ("default: " if config == default else "") + \
-                f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
-                f"split_k {c.split_k}"
+            label = ("default: " if config == default else "") + _tiles(config)
+            ratio = f"{blas_ms / ms:9.2f}" if blas_ms else f"{'-':>9s}"
             print(f"{'dense':12s} {case.label:18s} {label[:58]:58s} {ms * 1e3:9.1f} "
-                  f"{flops / ms / 1e9:7.1f} {blas_ms / ms:9.2f}  "
+                  f"{flops / ms / 1e9:7.1f} {ratio}  "
                   f"{'ok' if ok else 'WRONG: max err %.3g' % np.max(np.abs(got - want))}")
         del x_dev, w_dev
         cp.get_default_memory_pool().free_all_blocks()
     return wrong
+
+
+def _tiles(c) -> str:
+    """A dense config's tiles, as the dense rows print them."""
+    if isinstance(c, mma.TensorCoreConfig):
+        return f"block {c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
+            f"split_k {c.split_k}"
+    return f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
+        f"split_k {c.split_k}"
 
 
 def main(argv=None) -> int:
@@ -327,6 +412,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="the compile's precision: tensor cores for the dense rows at "
+                             "tf32, fp16 or bf16, against cuBLAS at the same precision")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in CASES]
@@ -335,7 +423,8 @@ def main(argv=None) -> int:
     import cupy as cp
 
     props = cp.cuda.runtime.getDeviceProperties(0)
-    machine = Target("cuda", arch=f"sm_{props['major']}{props['minor']}", fusion=FUSION)
+    machine = Target("cuda", arch=f"sm_{props['major']}{props['minor']}", fusion=FUSION,
+                     precision=args.precision)
     print(header())
     print(f"repeat {args.repeat} launches x {args.trials} trials (median), CUDA events; "
           f"GB/s = (read + write of the tensor) / time; bars: elementwise >= 0.80 of copy, "

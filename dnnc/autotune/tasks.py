@@ -33,9 +33,11 @@ class Task:
         return f"{self.template.name} [{shown}]"
 
 
-def extract(graph: Graph, hooks) -> list[Task]:
+def extract(graph: Graph, hooks, machine=None) -> list[Task]:
     """The tasks of `graph` (after the passes; its input shapes static), in first-seen order.
-    `hooks.template_for(kernel)` gives the target's (template, problem)."""
+    `hooks.template_for(kernel, machine)` gives the target's (template, problem) on
+    `machine` (the `Target` compiled for: its precision picks cuda's tensor-core templates;
+    None: the target's defaults)."""
     if not all(v.type.is_static for v in graph.inputs):
         raise ValueError("tuning needs static input shapes (give --input-shape)")
     tasks: dict[str, Task] = {}
@@ -45,7 +47,7 @@ def extract(graph: Graph, hooks) -> list[Task]:
         if key in tasks:
             tasks[key].count += 1
         else:
-            template, problem = hooks.template_for(kernel)
+            template, problem = hooks.template_for(kernel, machine)
             tasks[key] = Task(key, kernel, template, problem)
         return kernel.func   # scheduling is not needed to find the tasks
 

@@ -444,6 +444,12 @@ class _Legalizer:
             self.buffer(s.buffer), tuple(self.expr(i) for i in s.indices), self.expr(s.value)))
         return wrap(L.Store(buffer, indices, value))
 
+    def mma(self, s: L.Mma) -> L.Stmt:
+        (acc, offset, a, b), wrap = self.own(lambda: (
+            self.buffer(s.acc), self.expr(s.offset), tuple(self.expr(x) for x in s.a),
+            tuple(self.expr(x) for x in s.b)))
+        return wrap(L.Mma(s.precision, acc, offset, a, b))
+
     def buffer(self, b: L.Buffer) -> L.Buffer:
         """`b` with its shape legal (once per buffer, so every access names the same one;
         templates may read a parameter through a view of another shape, under its name)."""
@@ -508,7 +514,7 @@ class _Legalizer:
 _STATEMENTS: dict[type, Callable] = {
     L.Seq: _Legalizer.seq, L.Allocate: _Legalizer.allocate, L.Barrier: _Legalizer.barrier,
     L.For: _Legalizer.loop, L.Let: _Legalizer.let, L.If: _Legalizer.if_,
-    L.Store: _Legalizer.store,
+    L.Store: _Legalizer.store, L.Mma: _Legalizer.mma,
 }
 
 

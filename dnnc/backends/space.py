@@ -141,7 +141,9 @@ class Template:
 
     `problem(kernel)` describes a lowered kernel as the problem kind the template reads (None
     when the kernel is not of that kind); `applies(problem)` says whether this template serves
-    that problem; `space`, `default` and `build` take the problem and a machine."""
+    that problem; `space`, `default` and `build` take the problem and a machine.
+    `precisions` are the machine precisions (`Target.precision`) it serves: None, every one
+    (fp32 arithmetic is always allowed); a tensor-core template names the reduced ones."""
 
     name: str
     problem: Callable[[Any], Any]
@@ -149,15 +151,20 @@ class Template:
     space: Callable[[Any, Any], Space]
     default: Callable[[Any, Any], Any]
     build: Callable[[Any, Any, Any], Any]
+    precisions: tuple[str, ...] | None = None
 
 
-def choose_template(kernel, templates: Mapping, target: str) -> tuple[Template, Any]:
+def choose_template(kernel, templates: Mapping, target: str,
+                    machine=None) -> tuple[Template, Any]:
     """The template of a template table (`{(target, anchor pattern): templates in order}`)
-    that schedules `kernel` on `target`: the first whose problem kind describes the kernel
-    and that applies to it; and the kernel's problem as that template reads it (each problem
-    kind is described once)."""
+    that schedules `kernel` on `target`: the first that serves `machine`'s precision (fp32
+    when None), whose problem kind describes the kernel and that applies to it; and the
+    kernel's problem as that template reads it (each problem kind is described once)."""
+    precision = getattr(machine, "precision", "fp32")
     described: dict = {}
     for template in templates[(target, get_op(kernel.anchor.op).pattern)]:
+        if template.precisions is not None and precision not in template.precisions:
+            continue
         if template.problem not in described:
             described[template.problem] = template.problem(kernel)
         problem = described[template.problem]

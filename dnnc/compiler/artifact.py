@@ -483,7 +483,8 @@ def llvm_restore(graph: Graph, manifest: dict, read, progress):
 
 def cuda_export(runtime, manifest: dict, files: dict) -> None:
     manifest["target"] = {"name": runtime.target.name, "arch": runtime.target.arch,
-                          "opt_level": runtime.opt_level, "outputs": runtime.outputs}
+                          "opt_level": runtime.opt_level, "outputs": runtime.outputs,
+                          "precision": runtime.target.precision}
     _export_tuned(runtime, manifest["target"])
     manifest["plan"] = runtime.plan()
     segments = []
@@ -509,8 +510,9 @@ def cuda_export(runtime, manifest: dict, files: dict) -> None:
 
 
 def cuda_check(manifest: dict, path) -> None:
-    """Refuse a manifest with fields of the wrong type or range, and a machine without CuPy
-    or a GPU (the `DeviceError` says which is missing)."""
+    """Refuse a manifest with fields of the wrong type or range, a machine without CuPy or a
+    GPU (the `DeviceError` says which is missing), and a reduced precision on a GPU without
+    its tensor cores."""
     from ..backends.cuda import device
 
     try:
@@ -518,6 +520,11 @@ def cuda_check(manifest: dict, path) -> None:
     except ArtifactError as exc:
         raise ArtifactError(f"{path}: {exc}") from None
     device.import_cupy()
+    precision = manifest["target"].get("precision", "fp32")
+    if precision != "fp32" and not device.has_tensor_cores(device.gpu_arch()):
+        raise ArtifactError(f"{path}: compiled at precision {precision}, for tensor cores of "
+                            f"sm_{device.TENSOR_CORE_ARCH} and newer; this GPU is "
+                            f"{device.gpu_arch()}")
 
 
 _ARCH = re.compile(r"sm_[0-9]{2,3}[a-z]?")
@@ -527,11 +534,13 @@ _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def _check_cuda_manifest(manifest: dict) -> None:
     """Every field the cuda target reads, checked for type and range before it is used."""
     from ..backends.cuda.executable import OUTPUT_KINDS
+    from ..ir.target import PRECISIONS
 
     target = manifest.get("target")
     _need(type(target) is dict and type(target.get("arch")) is str and
           _ARCH.fullmatch(target["arch"]) is not None and _int(target.get("opt_level"), 0, 3)
-          and target.get("outputs", "cupy") in OUTPUT_KINDS, "target")
+          and target.get("outputs", "cupy") in OUTPUT_KINDS and
+          target.get("precision", "fp32") in PRECISIONS, "target")
     _check_tuned(target)
     _check_segments(manifest, _cuda_segment)
 
@@ -576,7 +585,9 @@ def cuda_restore(graph: Graph, manifest: dict, read, progress):
             loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else ""))
     # this machine's GPU: a cubin built for another architecture is rebuilt from its source
     return CUDARuntime.restore(graph, manifest["plan"], images,
-                               REGISTRY[target["name"]].target(),
+                               # (older artifacts: fp32, the only precision there was)
+                               REGISTRY[target["name"]].target(
+                                   precision=target.get("precision", "fp32")),
                                opt_level=target["opt_level"], progress=progress,
                                tuned=target.get("tuned"),
                                outputs=target.get("outputs", "cupy"))   # older: the default
@@ -599,7 +610,7 @@ def _type_from(doc: dict) -> TensorType:
 
 
 STATS = ("kernels", "host_fallback_ops", "compile_seconds", "nodes", "imported_nodes",
-         "pass_seconds", "arena_bytes", "tuned_kernels")
+         "pass_seconds", "arena_bytes", "tuned_kernels", "precision")
 """The compile's statistics an artifact keeps (a load reports them as the compile did)."""
 
 

@@ -7,12 +7,12 @@
                  [--passes [--target llvm] [--opt-level N]] [--draw FILE.svg [--profile]]
     dnnc compile MODEL.onnx [--target llvm] [-o MODEL.dnnc] [--opt-level N] [--input-shape ...]
                  [--emit llvm-ir|asm|cuda|loop DIR ...] [--dump-ir DIR] [--mcpu NAME]
-                 [--mattr +avx2,...] [--outputs numpy|cupy]
+                 [--mattr +avx2,...] [--outputs numpy|cupy] [--precision fp32|tf32|fp16|bf16]
     dnnc run MODEL.dnnc|MODEL.onnx [--target llvm] (--input name=file.npy ... | --random)
-             [--dim N=4 ...] [--seed S] [--output-dir DIR]
+             [--dim N=4 ...] [--seed S] [--output-dir DIR] [--precision P]
     dnnc bench MODEL.onnx|MODEL.dnnc [--target llvm] [--repeat N] [--warmup N] [--batch B,...]
                [--threads N] [--no-onnxruntime] [--profile] [--trace FILE.json]
-    dnnc tune MODEL.onnx --log FILE.jsonl [--trials N] ...
+    dnnc tune MODEL.onnx --log FILE.jsonl [--trials N] [--precision P] ...
     dnnc compare MODEL.onnx [--target llvm] [--bisect-passes] [--rtol R --atol A]
 
 Every command takes -q (warnings and errors only), -v (debug details too) and --json (its
@@ -346,6 +346,9 @@ def _model_for(args, shapes: dict | None = None, check=None):
         if args.target and args.target != model.target:
             raise UsageError(f"{args.model} was compiled for target {model.target}, not "
                              f"{args.target}")
+        if args.precision and args.precision != model.stats["precision"]:
+            raise UsageError(f"--precision: {args.model} was compiled at precision "
+                             f"{model.stats['precision']}, not {args.precision}")
         if check is not None:
             check(model.input_names, model.input_types)
         return model
@@ -358,7 +361,8 @@ def _model_for(args, shapes: dict | None = None, check=None):
     # a profile times each kernel of a fresh compile: a cached one keeps no kernel list
     profile = getattr(args, "profile", False) or getattr(args, "trace", None) is not None
     return compile(graph, target=target, progress=not args.quiet,
-                   cache=not (getattr(args, "no_cache", False) or profile))
+                   cache=not (getattr(args, "no_cache", False) or profile),
+                   precision=args.precision)
 
 
 def _ms(seconds: float) -> str:
@@ -414,7 +418,7 @@ def cmd_compile(args) -> int:
         model = compile(graph, target=args.target, opt_level=args.opt_level, cpu=cpu,
                         progress=not args.quiet, dump_ir=args.dump_ir,
                         tuning_log=args.tuning_log, render_only=render_only,
-                        outputs=args.outputs,
+                        outputs=args.outputs, precision=args.precision,
                         # --emit writes the code a compile makes: a cached one keeps object code
                         cache=not (args.no_cache or emits))
     except OSError as exc:   # the --dump-ir folder
@@ -472,7 +476,8 @@ def cmd_tune(args) -> int:
     start = time.perf_counter()
     reports = tune(graph, args.target, log=args.log, trials=args.trials,
                    opt_level=args.opt_level, timeout=args.timeout, seed=args.seed,
-                   progress=not args.quiet, search=args.search, scheduler=args.scheduler)
+                   progress=not args.quiet, search=args.search, scheduler=args.scheduler,
+                   precision=args.precision)
     seconds = time.perf_counter() - start
     if args.json:
         _print_json({"log": args.log, "seconds": seconds, "tasks": [
@@ -879,6 +884,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the arrays the artifact's calls return from Python (default: "
                            "the target's: cupy on cuda, numpy on the CPU targets)")
     _cache_option(comp)
+    _precision_option(comp)
     _cpu_options(comp)
     comp.set_defaults(run=cmd_compile)
 
@@ -897,6 +903,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=_int_at_least(0), default=0,
                      help="seed of --random (default 0)")
     run.add_argument("--output-dir", help="save each output as DIR/NAME.npy")
+    _precision_option(run)
     _shape_option(run)
     _cache_option(run)
     run.set_defaults(run=cmd_run)
@@ -926,6 +933,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--trace", metavar="FILE.json",
                        help="write the profile as a Chrome trace (Perfetto, chrome://tracing;"
                             " implies --profile)")
+    _precision_option(bench)
     _shape_option(bench)
     bench.set_defaults(run=cmd_bench)
 
@@ -951,6 +959,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--search", default="xgb", choices=["xgb", "random"],
                       help="candidates the XGBoost cost model ranks fastest (default), or "
                            "random ones")
+    _precision_option(tune)
     _shape_option(tune)
     tune.set_defaults(run=cmd_tune)
 
@@ -1063,6 +1072,15 @@ def _shape_option(parser) -> None:
     parser.add_argument("--input-shape", action="append", default=[],
                         metavar="NAME=D0,D1,...",
                         help="fix an input's shape (dims may be symbolic names; repeatable)")
+
+
+def _precision_option(parser) -> None:
+    from ..ir.target import PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="arithmetic of dense products and convolutions (cuda only): "
+                             "fp32 (default), or tf32, fp16, bf16 on tensor cores with fp32 "
+                             "accumulation")
 
 
 def _cpu_options(parser) -> None:

@@ -10,7 +10,7 @@ import time
 from ..backends.numpy import NumpyRuntime
 from ..errors import ArgumentError, OutOfMemoryError
 from ..ir.graph import Graph
-from ..ir.target import Target
+from ..ir.target import PRECISIONS, Target
 from ..passes.manager import DEFAULT_OPT_LEVEL, passes_at
 from .arguments import (check_choice, check_int, check_optional_bool, check_optional_path,
                         check_returns)
@@ -44,12 +44,16 @@ def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
     """The passes, then a `CUDARuntime` returning `outputs` ("cupy" when None); without CuPy
     or a GPU a `DeviceError` saying which is missing, before any pass runs, unless only the
     sources are wanted (`render_only`)."""
-    from ..backends.cuda.device import import_cupy
+    from ..backends.cuda.device import has_tensor_cores, import_cupy
     from ..backends.cuda.executable import DEFAULT_CACHE_SIZE, CUDARuntime
     from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
 
     if not render_only:
         import_cupy()
+    if target.precision != "fp32" and not has_tensor_cores(target.arch):
+        raise ArgumentError(f"precision={target.precision!r} runs on the tensor cores' "
+                            f"mma.sync of sm_80 and newer; this GPU is {target.arch} (compile "
+                            f"with precision='fp32')")
     graph = optimize(graph, target, opt_level, passes=passes, **pipeline)
     return graph, CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
                               reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
@@ -59,11 +63,14 @@ def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,
-                  passes=None, dump_ir=None, cache_size=None, outputs=None) -> None:
+                  passes=None, dump_ir=None, cache_size=None, outputs=None,
+                  precision=None) -> None:
     """Raise `ArgumentError` for a compile option of the wrong type or range, or one that
     `target` does not use (also what `dnnc.jit` checks when it decorates). The numpy reference
     runs the graph as imported, so it refuses the llvm options rather than ignore them;
-    `outputs` names an array kind, so every target takes the kinds it returns."""
+    `outputs` names an array kind, so every target takes the kinds it returns; `precision`
+    (one of `PRECISIONS`) applies to the targets whose products run on tensor cores (cuda),
+    and the others refuse it, fp32 included, rather than ignore it."""
     from .targets import REGISTRY, using
 
     check_choice("target", target, REGISTRY)
@@ -76,11 +83,14 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     check_optional_path("dump_ir", dump_ir)
     check_int("cache_size", cache_size, 1, optional=True)
     check_optional_path("tuning_log", tuning_log)
+    if precision is not None:
+        check_choice("precision", precision, PRECISIONS)
     if tuning_log is not None and not os.path.isfile(tuning_log):
         raise ArgumentError(f"tuning_log: no file {os.fspath(tuning_log)!r} (write one with "
                             f"`dnnc tune`)")
     for name, value in {"cpu": cpu, "passes": passes, "dump_ir": dump_ir,
-                        "cache_size": cache_size, "tuning_log": tuning_log}.items():
+                        "cache_size": cache_size, "tuning_log": tuning_log,
+                        "precision": precision}.items():
         if value is not None and name not in REGISTRY[target].options:
             users = using(name)
             raise ArgumentError(f"{name} does not apply to the {target} target, only to "
@@ -148,7 +158,7 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
             progress: bool | None = None, passes: int | None = None,
             dump_ir=None, cache_size: int | None = None,
             render_only: bool = False, outputs: str | None = None,
-            cache: bool = True) -> CompiledModel:
+            precision: str | None = None, cache: bool = True) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target` (default: the
     fastest target this host can run, as for `dnnc.jit` and the CLI: llvm on a CPU, cuda where
     CuPy sees a GPU; `targets.default_target`).
@@ -168,7 +178,10 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     --emit cuda` on a machine without a GPU): `source()` works, calling the model raises
     `DeviceError`. `outputs` is the kind of array a call returns unless its `to=` says
     otherwise: the target's default when None (cuda: "cupy", device arrays; llvm and numpy:
-    "numpy", the only kind they return; cuda also takes "numpy"). Every argument is checked
+    "numpy", the only kind they return; cuda also takes "numpy"). `precision` (cuda only) is
+    the arithmetic of dense products and convolutions: "fp32" (the default), or "tf32",
+    "fp16", "bf16": operands rounded to that type on tensor cores, fp32 accumulation
+    (docs/cuda_backend.md, "Precision"); `stats["precision"]` reports it. Every argument is checked
     here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this
     machine's memory raises `OutOfMemoryError` naming its node. `cache` (default True) looks
     the compile up in the on-disk compile cache first and keeps what it compiles there
@@ -178,7 +191,8 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
 
     target = default_target() if target is None else target
     check_options(target, opt_level, tuning_log=tuning_log, cpu=cpu, progress=progress,
-                  passes=passes, dump_ir=dump_ir, cache_size=cache_size, outputs=outputs)
+                  passes=passes, dump_ir=dump_ir, cache_size=cache_size, outputs=outputs,
+                  precision=precision)
 
     if not isinstance(render_only, bool):
         raise ArgumentError(f"render_only must be True or False, not {render_only!r}")
@@ -188,7 +202,7 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     start = time.perf_counter()
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
     spec = REGISTRY[target]
-    machine = spec.target(cpu)
+    machine = spec.target(cpu, precision)
     tuned = None
     if tuning_log is not None:
         from ..autotune.records import best_configs, read
@@ -220,6 +234,7 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
              "kernels": getattr(runtime, "kernels", 0),
              "arena_bytes": getattr(runtime, "arena_bytes", 0),
              "tuned_kernels": getattr(runtime, "tuned_kernels", 0),
+             "precision": machine.precision,
              "compile_cache": "off" if entry is None else "miss"}
     model = CompiledModel(graph, runtime, target, stats)
     if tuning_log is not None:

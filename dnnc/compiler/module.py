@@ -135,6 +135,9 @@ class CompiledModel:
         out["kernels"] = getattr(rt, "kernels", 0)
         out["tuned_kernels"] = getattr(rt, "tuned_kernels", 0)
         out["arena_bytes"] = getattr(rt, "arena_bytes", 0)
+        # the products' arithmetic (compile's `precision`), also of a model loaded from disk
+        out["precision"] = getattr(getattr(rt, "target", None), "precision",
+                                   out.get("precision", "fp32"))
         out.update(getattr(rt, "memory_stats", {}))
         if hasattr(rt, "plan_seconds"):
             out["memory_plan_seconds"] = rt.plan_seconds

@@ -49,14 +49,16 @@ class TargetSpec:
     def generates_code(self) -> bool:
         return bool(self.emits)
 
-    def target(self, cpu: Target | None = None) -> Target:
+    def target(self, cpu: Target | None = None, precision: str | None = None) -> Target:
         """The Target a compile for this target reads, passes and runtime alike: the machine
         `cpu` describes (the `cpu` option), else this host's, with this target's layouts and
-        fusion limits, and its templates' panel widths on that machine."""
+        fusion limits, its templates' panel widths on that machine, and `precision` (the
+        `precision` option; None: fp32)."""
         machine = cpu or (self.machine() if self.machine else Target(self.name))
         return replace(machine, name=self.name, layouts=self.layouts,
                        fusion=self.fusion() if self.fusion else Fusion(),
-                       panels=self.panels(machine.vector_bits) if self.panels else ())
+                       panels=self.panels(machine.vector_bits) if self.panels else (),
+                       precision=precision or "fp32")
 
 
 def _numpy_about() -> str:
@@ -172,7 +174,7 @@ REGISTRY: dict[str, TargetSpec] = {spec.name: spec for spec in (
                templates=_llvm_templates, tuning=_llvm_tuning,
                speed=10, available=_has_llvmlite, about=_llvm_about),
     TargetSpec("cuda", "NVIDIA GPUs through NVRTC (CuPy)", driver.cuda_runtime,
-               options=("passes", "dump_ir", "cache_size", "tuning_log"),
+               options=("passes", "dump_ir", "cache_size", "tuning_log", "precision"),
                emits=("cuda", "loop"),
                # device arrays by default: a caller on the GPU pays no copy to the host
                returns=("cupy", "numpy"),

@@ -7,7 +7,8 @@ import logging
 
 from ..errors import ArgumentError
 from ..passes.manager import DEFAULT_OPT_LEVEL, optimize
-from .arguments import check_int, check_optional_bool, check_path
+from ..ir.target import PRECISIONS
+from .arguments import check_choice, check_int, check_optional_bool, check_path
 from .driver import OPT_LEVELS, load_graph
 
 logger = logging.getLogger(__name__)
@@ -16,7 +17,7 @@ logger = logging.getLogger(__name__)
 def tune(model, target: str | None = None, *, log, trials: int = 200,
          input_shapes: dict | None = None, opt_level: int | None = None, cpu=None,
          timeout: float = 60.0, seed: int = 0, progress: bool | None = None,
-         search: str = "xgb", scheduler: str | None = None):
+         search: str = "xgb", scheduler: str | None = None, precision: str | None = None):
     """Tune `model`'s kernels for `target` (default: the host's fastest) with `trials`
     measurements in all, appending each to the JSON Lines file `log` (created if absent; an
     existing log is resumed: no config is measured twice). Returns the per-task reports
@@ -24,12 +25,14 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     `input_shapes` and `tuning_log=log` to use the results. `search` is "xgb" (candidates
     the XGBoost cost model ranks fastest) or "random". `scheduler` is the address of a Dask
     scheduler (`tcp://HOST:8786`) whose workers measure the candidates (`pip install
-    dnnc[cluster]`; each worker must be a machine like this one: others refuse)."""
+    dnnc[cluster]`; each worker must be a machine like this one: others refuse).
+    `precision` is the compile's (cuda only, `dnnc.compile`): its records carry it in their
+    target key, so they apply to compiles at that precision only."""
     import sys
 
     from ..autotune import tuner
     from ..autotune.tasks import extract
-    from .targets import REGISTRY, default_target
+    from .targets import REGISTRY, default_target, using
 
     target = default_target() if target is None else target
     if target not in REGISTRY:
@@ -41,6 +44,11 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     check_int("trials", trials, 1)
     check_int("opt_level", opt_level, OPT_LEVELS[0], OPT_LEVELS[-1], optional=True)
     check_optional_bool("progress", progress)
+    if precision is not None:
+        check_choice("precision", precision, PRECISIONS)
+        if "precision" not in spec.options:
+            raise ArgumentError(f"precision does not apply to the {target} target, only to "
+                                f"{', '.join(using('precision'))}")
     if search not in tuner.SEARCHES:
         raise ArgumentError(f"search must be one of {', '.join(tuner.SEARCHES)}, not "
                             f"{search!r}")
@@ -52,11 +60,11 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
                    if not v.type.is_static]
         raise ArgumentError(f"tuning needs static input shapes; give input_shapes for "
                             f"{', '.join(dynamic)}")
-    machine = spec.target(cpu)
+    machine = spec.target(cpu, precision)
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
     graph = optimize(graph, machine, level)
     hooks = spec.tuning()
-    tasks = extract(graph, hooks)
+    tasks = extract(graph, hooks, machine)
     show = sys.stderr.isatty() if progress is None else progress
     if show:
         logger.info("tuning %d task(s) for %s (%s), %d trials", len(tasks),

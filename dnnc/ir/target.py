@@ -7,6 +7,11 @@ the target's kernels want (`passes/convert_layout.py` applies them). Passes and 
 their target-dependent choices from it, without importing a backend or comparing names; the
 runtime and the passes of one compile get the same Target. Backends probe the machine they
 run on (`backends/llvm/runtime.py: host_target`).
+
+`precision` is the arithmetic a GPU target's dense products and convolutions may use:
+"fp32" (the default: fp32 FMAs, exact as the reference's order allows), or "tf32", "fp16",
+"bf16": operands rounded to that type and multiplied on tensor cores, accumulated in fp32
+(`backends/cuda/mma.py`). Only the cuda target takes another value (`compile(precision=)`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ArgumentError, CompileError
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+"""The values of `Target.precision` (and of `dnnc.compile(precision=)`), the default first."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +49,14 @@ class Target:
     # (layout, panel width) its templates read packed weights in, by default: dense B panels'
     # columns, conv weight blocks' output channels
     panels: tuple[tuple[str, int], ...] = ()
+    # the products' arithmetic (PRECISIONS): "fp32", or tensor cores on operands rounded to
+    # tf32 / fp16 / bf16 with fp32 accumulation
+    precision: str = "fp32"
 
     def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ArgumentError(f"Target precision must be one of {', '.join(PRECISIONS)}, "
+                                f"not {self.precision!r}")
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or \
                 self.threads < 1:
             raise ArgumentError(f"Target threads must be a positive integer, not "
@@ -71,8 +85,12 @@ class Target:
     @property
     def key(self) -> str:
         """What tuning results depend on: the target, and its CPU and features or its GPU
-        architecture (not the thread count). A tuning record applies where the key matches."""
-        return f"{self.name}:{self.arch or self.cpu}:{self.features}"
+        architecture (not the thread count), and its precision where it is not fp32 (so that
+        fp32 logs and caches written before precisions existed keep their keys, and a tf32
+        record never applies to an fp32 compile). A tuning record applies where the key
+        matches."""
+        key = f"{self.name}:{self.arch or self.cpu}:{self.features}"
+        return key if self.precision == "fp32" else f"{key}:{self.precision}"
 
     def panel(self, layout: str) -> int:
         """The panel width the target's templates read weights packed by `layout` in (their

@@ -112,8 +112,8 @@ def test_api_jit_and_cli_share_the_default_target(monkeypatch):
 
 def test_entries_are_consistent():
     for spec in REGISTRY.values():
-        assert set(spec.options) <= {"cpu", "passes", "dump_ir", "cache_size", "tuning_log"}, \
-            spec.name
+        assert set(spec.options) <= {"cpu", "passes", "dump_ir", "cache_size", "tuning_log",
+                                     "precision"}, spec.name
         # running passes means a machine to optimise for and the pass-control options
         assert spec.runs_passes == (spec.machine is not None), spec.name
         assert spec.runs_passes == ({"passes", "dump_ir"} <= set(spec.options)), spec.name
@@ -127,6 +127,7 @@ def test_entries_are_consistent():
             machine = spec.target()
             assert all(machine.panel(layout) > 0 for layout in spec.layouts), spec.name
     assert using("cpu") == ["llvm"]
+    assert using("precision") == ["cuda"]   # tensor cores (docs/cuda_backend.md, Precision)
     assert REGISTRY["llvm"].layouts == ("pack_dense", "pack_conv")
 
 

@@ -42,6 +42,11 @@ functions of the prelude (what cuda_fp16.h does, without needing its header), bf
 legalize's own integer bit operations. Index arithmetic is `long long` (the IR's int64)
 unless `narrow_indices` proves 32 bits enough.
 Warp shuffles (`L.SHUFFLES`) are `__shfl_xor_sync` / `__shfl_down_sync` over the full warp.
+Tensor-core products (`L.Mma`) call a device function of `MMA_PRELUDE` per precision: inline
+PTX `mma.sync.aligned` on the accumulators in place (sm_80 and newer); its operand registers
+come from the `L.PACKS` intrinsics, the prelude's conversions (tf32: `cvt.rna.tf32.f32`;
+fp16 / bf16: `cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`, two values a register). A module holds
+that prelude only when it uses it.
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -80,6 +85,43 @@ template <typename T> __device__ __forceinline__ T dnnc_fmin(T a, T b) {
 template <typename T> __device__ __forceinline__ T dnnc_imax(T a, T b) { return a > b ? a : b; }
 template <typename T> __device__ __forceinline__ T dnnc_imin(T a, T b) { return a < b ? a : b; }
 """
+
+MMA_PRELUDE = r"""// tensor cores (sm_80+): operand registers rounded as PTX asks; a warp's mma.sync
+__device__ __forceinline__ unsigned dnnc_tf32(float x) {
+  unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
+}
+// two fp32 in one register of 16-bit halves, lo in bits 0-15 (cvt puts its first source high)
+__device__ __forceinline__ unsigned dnnc_f16x2(float lo, float hi) {
+  unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ unsigned dnnc_bf16x2(float lo, float hi) {
+  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ void dnnc_mma_tf32(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void dnnc_mma_fp16(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void dnnc_mma_bf16(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+"""
+"""What `L.Mma` and the `L.PACKS` intrinsics render to (`dnnc_mma_<precision>(acc + offset,
+a0..a3, b0, b1)`, `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`, `dnnc_bf16x2(lo, hi)`): added after
+`PRELUDE` to a module that uses them."""
 
 C_TYPES: dict[T.DType, str] = {
     T.bool_: "bool", T.int8: "signed char", T.int16: "short", T.int32: "int",
@@ -120,13 +162,15 @@ class CudaModule:
 
 def render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule:
     """One translation unit holding every function of `funcs` ((PrimFunc, noalias) pairs)."""
-    parts = [PRELUDE]
+    parts = []
     kernels: dict[str, CudaKernel] = {}
     for func, noalias in funcs:
         text, kernel = render_func(func, noalias)
         parts.append(text)
         kernels[func.name] = kernel
-    return CudaModule("\n".join(parts), kernels)
+    uses_mma = any(isinstance(n, L.Mma) or isinstance(n, L.Call) and n.name in
+                   L.PACKS.values() for func, _ in funcs for n in L.walk(func.body))
+    return CudaModule("\n".join([PRELUDE] + [MMA_PRELUDE] * uses_mma + parts), kernels)
 
 
 def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel]:
@@ -218,6 +262,9 @@ def linearize(func: L.PrimFunc) -> L.PrimFunc:
                         None if s.orelse is None else stmt(s.orelse, env))
         if isinstance(s, L.Seq):
             return L.Seq(tuple(stmt(x, env) for x in s.stmts))
+        if isinstance(s, L.Mma):
+            return L.Mma(s.precision, buffer(s.acc), offset(s.acc, (s.offset,), env)[0],
+                         tuple(expr(x, env) for x in s.a), tuple(expr(x, env) for x in s.b))
         return s
 
     params = tuple(buffer(b) for b in func.params)
@@ -270,6 +317,10 @@ def narrow_indices(func: L.PrimFunc) -> L.PrimFunc:
                         None if s.orelse is None else stmt(s.orelse, env))
         if isinstance(s, L.Seq):
             return L.Seq(tuple(stmt(x, env) for x in s.stmts))
+        if isinstance(s, L.Mma):
+            return L.Mma(s.precision, s.acc, offset(rewrite(s.offset, env), env),
+                         tuple(rewrite(x, env) for x in s.a),
+                         tuple(rewrite(x, env) for x in s.b))
         return s
 
     return L.PrimFunc(func.name, func.params, stmt(func.body, {}), func.size_vars, func.attrs)
@@ -460,6 +511,9 @@ _CALLS: dict[tuple[str, str], Callable] = {
     **{(c, "irem"): _int_infix("%") for c in "su"},
     # the whole warp takes part (L.SHUFFLES); narrow types go through int and back
     **{(c, name): _shuffle(name) for c in "fsubh" for name in L.SHUFFLES},
+    # tensor-core operand registers (MMA_PRELUDE)
+    ("f", "pack_tf32"): _func("dnnc_tf32"), ("f", "pack_fp16x2"): _func("dnnc_f16x2"),
+    ("f", "pack_bf16x2"): _func("dnnc_bf16x2"),
 }
 """(class of the first argument, Call name) -> emitter(*args, result dtype)."""
 
@@ -632,6 +686,12 @@ class _Emitter:
     def barrier(self, s: L.Barrier, depth: int) -> None:
         self.emit(depth, "__syncthreads();")
 
+    def mma(self, s: L.Mma, depth: int) -> None:
+        """`dnnc_mma_<precision>(&acc[offset], a..., b...)` (MMA_PRELUDE)."""
+        args = ", ".join(self.expr(x) for x in s.a + s.b)
+        self.emit(depth, f"dnnc_mma_{s.precision}(&{self.address(s.acc, (s.offset,))}, "
+                         f"{args});")
+
     # -- expressions (dispatched through _EXPR) ----------------------------------------------
 
     def expr(self, e: L.Expr) -> str:
@@ -710,6 +770,7 @@ _STORAGE = {L.Scope.LOCAL: "", L.Scope.SHARED: "__shared__ "}
 _STMT: dict[type, Callable] = {
     L.Seq: _Emitter.seq, L.For: _Emitter.loop, L.Store: _Emitter.store, L.Let: _Emitter.let,
     L.If: _Emitter.if_, L.Allocate: _Emitter.allocate, L.Barrier: _Emitter.barrier,
+    L.Mma: _Emitter.mma,
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,

@@ -21,14 +21,14 @@ MAX_GRID_Y = 65535
 
 
 def space(p: problems.Conv2d, machine) -> Space:
-    return product_space("cuda_conv2d", _gemm(p)[2], 1)
+    return product_space("cuda_conv2d", gemm(p)[2], 1)
 
 
 def default(p: problems.Conv2d, machine) -> DenseConfig:
-    return choose(*_gemm(p))
+    return choose(*gemm(p))
 
 
-def _gemm(p: problems.Conv2d) -> tuple[int, int, int]:
+def gemm(p: problems.Conv2d) -> tuple[int, int, int]:
     """(M, N, K) of the implicit product."""
     images, _, _, _ = p.x_dims
     oc, cg, kh, kw = p.w_dims
@@ -42,8 +42,10 @@ def applies(p: problems.Conv2d) -> bool:
         and -(-p.w_dims[0] // 16) <= MAX_GRID_Y
 
 
-def build(p: problems.Conv2d, c: DenseConfig, machine) -> L.PrimFunc:
-    m, n, k = _gemm(p)
+def build(p: problems.Conv2d, c, machine, product=None) -> L.PrimFunc:
+    """The scheduled kernel of `p`: `product` (default `tiled_product`, as dense's `build`)
+    on W and the gathered patches, the bias and epilogue on the store."""
+    m, n, k = gemm(p)
     _, _, h, wid = p.x_dims
     oc, cg, kh, kw = p.w_dims
     _, _, oh, ow = p.y_dims
@@ -72,8 +74,8 @@ def build(p: problems.Conv2d, c: DenseConfig, machine) -> L.PrimFunc:
         index = (img, i, oy, ox)
         return L.Store(y, index, p.epilogue(value, index))
 
-    body = tiled_product(c, 1, m, n, k, Operand(lambda bi, i, kk: w[i, kk], False),
-                         Operand(patch, True), store)
+    weights = Operand(lambda bi, i, kk: w[i, kk], False)
+    body = (product or tiled_product)(c, 1, m, n, k, weights, Operand(patch, True), store)
     views = {w.name: w, x.name: x, y.name: y}
     return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
 

@@ -120,7 +120,10 @@ def applies(p: problems.Dense) -> bool:
         -(-p.m // 16) <= MAX_GRID_YZ
 
 
-def build(p: problems.Dense, c: DenseConfig, machine) -> L.PrimFunc:
+def build(p: problems.Dense, c, machine, product: Callable | None = None) -> L.PrimFunc:
+    """The scheduled kernel of `p`: `product(c, batch, m, n, k, a, b, store)` (default
+    `tiled_product`; the tensor-core one of `mma.py` takes the same arguments) with this
+    problem's operands and store."""
     a = L.Buffer(p.a.name, T.float32, (p.batch, p.k, p.m) if p.trans_a else (p.batch, p.m, p.k))
     b = L.Buffer(p.b.name, T.float32, (p.batch if p.b_batched else 1,) +
                  ((p.n, p.k) if p.trans_b else (p.k, p.n)))
@@ -139,8 +142,8 @@ def build(p: problems.Dense, c: DenseConfig, machine) -> L.PrimFunc:
             y_full[p.store_index(p.anchor_index(bi, i, j))]
         return L.Store(target.buffer, target.indices, p.finish(value, bi, i, j))
 
-    body = tiled_product(c, p.batch, p.m, p.n, p.k, Operand(a_at, p.trans_a),
-                         Operand(b_at, not p.trans_b), store)
+    body = (product or tiled_product)(c, p.batch, p.m, p.n, p.k, Operand(a_at, p.trans_a),
+                                      Operand(b_at, not p.trans_b), store)
     views: dict[str, L.Buffer] = {}
     for x in (a, b, y if p.store_index is None else y_full, p.c):
         if x is not None:
@@ -247,14 +250,18 @@ class _Staged:
     renderer proves the alignment, or reads them one by one)."""
 
     def __init__(self, name: str, rows: int, first: L.Expr, extent: int, operand: Operand,
-                 bk: int, k: int, threads: int, checked: bool, bi: L.Var):
+                 bk: int, k: int, threads: int, checked: bool, bi: L.Var, pad: int = 0):
         self.rows, self.first, self.extent, self.operand = rows, first, extent, operand
+        # a k row of the shared tile is `stride` words apart: rows, plus `pad` words that
+        # move the next k row's words to other banks (the tensor-core fragment reads)
+        self.stride = rows + pad
         self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, checked, bi
         self.lanes = 1 if checked else 4
         self.groups = (rows if operand.rows_contiguous else bk) // self.lanes
         self.vectors = bk * rows // self.lanes
         self.steps = -(-self.vectors // threads)
-        self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * rows,), L.Scope.SHARED)
+        self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * self.stride,),
+                             L.Scope.SHARED)
         self.stage = L.Buffer(f"{name}_stage", T.float32, (self.steps * self.lanes,),
                               L.Scope.LOCAL)
 
@@ -290,12 +297,15 @@ class _Staged:
             return L.Store(self.stage, (step * self.lanes + v,), value)
         return self._each(when, body, L.ForKind.VECTORIZED)
 
-    def store(self, buf: L.Expr, when: L.Expr | None) -> L.Stmt:
-        """Shared buffer `buf` <- the registers, if `when`."""
+    def store(self, buf: L.Expr, when: L.Expr | None,
+              convert: Callable[[L.Expr], L.Expr] | None = None) -> L.Stmt:
+        """Shared buffer `buf` <- the registers (each through `convert` when given), if
+        `when`."""
         def body(step, e, v):
             r, kk = self._place(e, v)
-            return L.Store(self.tile, ((buf * self.bk + kk) * self.rows + r,),
-                           self.stage[step * self.lanes + v])
+            value = self.stage[step * self.lanes + v]
+            return L.Store(self.tile, ((buf * self.bk + kk) * self.stride + r,),
+                           value if convert is None else convert(value))
         return self._each(when, body, L.ForKind.UNROLLED)
 
 

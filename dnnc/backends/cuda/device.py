@@ -95,6 +95,17 @@ def machine() -> Target:
     return Target("cuda", arch=gpu_arch() if available() else DEFAULT_ARCH)
 
 
+TENSOR_CORE_ARCH = 80
+"""The first architecture whose tensor cores run `mma.sync` on tf32, fp16 and bf16 with fp32
+accumulators (m16n8k8 / m16n8k16: Ampere)."""
+
+
+def has_tensor_cores(arch: str) -> bool:
+    """Whether `arch` ("sm_90", "sm_90a") runs the tensor-core kernels of a reduced
+    precision (`Target.precision`)."""
+    return int(arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")) >= TENSOR_CORE_ARCH
+
+
 def versions() -> dict[str, str]:
     """The driver, CUDA runtime, NVRTC and CuPy versions (bench headers, cache keys)."""
     cupy = import_cupy()

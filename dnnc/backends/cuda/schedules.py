@@ -65,6 +65,7 @@ from .codegen import stages
 from .conv import CONV2D
 from .dense import DENSE
 from .gemv import GEMV
+from .mma import MMA_CONV2D, MMA_DENSE
 
 # blocks of a grid-stride stage at most: 8 per SM of an H100 (132 SMs), rounded
 STRIDE_BLOCKS = 1024
@@ -112,7 +113,7 @@ def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
     """The scheduled PrimFunc of a lowered kernel: its template (`template_for`) built with
     `config` (checked against the template's space: ConfigError outside it) or the
     template's default config."""
-    template, problem = template_for(kernel)
+    template, problem = template_for(kernel, machine=machine)
     if config is None:
         config = template.default(problem, machine)
     else:
@@ -121,9 +122,10 @@ def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
     return template.build(problem, config, machine)
 
 
-def template_for(kernel, target: str = "cuda") -> tuple[Template, object]:
-    """The template that schedules `kernel` on `target`, and the kernel's problem."""
-    return choose_template(kernel, TEMPLATES, target)
+def template_for(kernel, target: str = "cuda", machine=None) -> tuple[Template, object]:
+    """The template that schedules `kernel` on `target` (`machine`: the Target compiled for;
+    its precision lets the tensor-core templates in), and the kernel's problem."""
+    return choose_template(kernel, TEMPLATES, target, machine)
 
 
 # -- the schedule --------------------------------------------------------------------------------
@@ -743,10 +745,11 @@ ROWS = Template("cuda_rows", problems.rows, lambda p: bool(_row_loops(p)), rows_
 
 TEMPLATES = {
     **{("cuda", pattern): (ROWS, DEFAULT) for pattern in Pattern},
-    # dense and ungrouped conv tiled, products of few rows split along k (gemv); the rest
-    # (depthwise) one thread per output element (a
-    # block per output would idle most of its threads on a short reduction)
-    ("cuda", Pattern.OUT_FUSABLE): (DENSE, GEMV, CONV2D, DEFAULT),
+    # dense and ungrouped conv tiled (on tensor cores at a reduced precision: mma.py, skipped
+    # at fp32), products of few rows split along k (gemv); the rest (depthwise) one thread
+    # per output element (a block per output would idle most of its threads on a short
+    # reduction)
+    ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D, CONV2D, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""

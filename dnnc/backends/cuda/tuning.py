@@ -26,9 +26,9 @@ START_METHOD = "forkserver"
 """How `autotune.measure` starts a candidate's worker process for this target."""
 
 
-def template_for(kernel: Kernel):
-    """(template, problem) of `kernel` on cuda."""
-    return _template_for(kernel, "cuda")
+def template_for(kernel: Kernel, machine: Target | None = None):
+    """(template, problem) of `kernel` on cuda (`machine`: the Target compiled for)."""
+    return _template_for(kernel, "cuda", machine)
 
 
 def build(kernel: Kernel, target: Target, config) -> L.PrimFunc:

@@ -368,6 +368,9 @@ class _Emitter:
                 with otherwise:
                     self.stmt(s.orelse)
 
+    def mma(self, s: L.Mma) -> None:
+        self.fail(f"mma ({s.precision} tensor-core product) is GPU-only")
+
     def barrier(self, s: L.Barrier) -> None:
         self.fail("barriers are GPU-only")
 
@@ -581,6 +584,7 @@ class _Emitter:
 _STMT: dict[type, Callable] = {
     L.Seq: _Emitter.seq, L.For: _Emitter.loop, L.Store: _Emitter.store, L.Let: _Emitter.let,
     L.If: _Emitter.if_, L.Allocate: _Emitter.allocate, L.Barrier: _Emitter.barrier,
+    L.Mma: _Emitter.mma,
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.parallel_for,

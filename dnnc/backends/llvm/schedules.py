@@ -574,10 +574,10 @@ kind describes the kernel and that applies to that problem builds it (ROWS, last
 every kernel)."""
 
 
-def template_for(kernel, target: str = "llvm") -> tuple[Template, object]:
-    """The template that schedules `kernel` on `target`, and the kernel's problem as that
-    template reads it."""
-    return choose_template(kernel, TEMPLATES, target)
+def template_for(kernel, target: str = "llvm", machine=None) -> tuple[Template, object]:
+    """The template that schedules `kernel` on `target` (`machine`: the Target compiled
+    for), and the kernel's problem as that template reads it."""
+    return choose_template(kernel, TEMPLATES, target, machine)
 
 
 def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
@@ -585,7 +585,7 @@ def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
     `config` (checked against the template's space: ConfigError outside it) or, by default,
     the template's default config for the problem and the machine (the `Target`: its
     `vector_bits` and `threads`)."""
-    template, problem = template_for(kernel)
+    template, problem = template_for(kernel, machine=machine)
     if config is None:
         config = template.default(problem, machine)
     else:

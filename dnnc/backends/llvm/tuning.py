@@ -16,9 +16,9 @@ from .runtime import JITModule
 from .schedules import schedule_kernel, template_for as _template_for
 
 
-def template_for(kernel: Kernel):
-    """(template, problem) of `kernel` on llvm."""
-    return _template_for(kernel, "llvm")
+def template_for(kernel: Kernel, machine: Target | None = None):
+    """(template, problem) of `kernel` on llvm (`machine`: the Target compiled for)."""
+    return _template_for(kernel, "llvm", machine)
 
 
 def build(kernel: Kernel, target: Target, config) -> L.PrimFunc:

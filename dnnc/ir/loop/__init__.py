@@ -16,10 +16,11 @@ backend.
 """
 
 from .nodes import (
-    ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, REDUCE_COMBINERS, SHUFFLES, Allocate,
-    Barrier, BinOp, Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let, Load,
-    PrimFunc, Reduce, Scope, Select, Seq, Stmt, Store, Var, call, const, eq, logical_and,
-    logical_or, loop_nest, maximum, minimum, ne, seq, static_shape)
+    ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, MMA_REGISTERS, MMA_SHAPES, PACKS,
+    REDUCE_COMBINERS, SHUFFLES,
+    Allocate, Barrier, BinOp, Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let,
+    Load, Mma, PrimFunc, Reduce, Scope, Select, Seq, Stmt, Store, Var, call, const, eq,
+    logical_and, logical_or, loop_nest, maximum, minimum, mma_fragments, ne, seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
 from .simplifier import (EXPR_RULES, UNBOUNDED, Bounds, bounds, divisor, simplify,
                          simplify_expr)
@@ -29,12 +30,12 @@ from .verifier import LoopIRError, verify
 
 __all__ = [
     # nodes
-    "ARITH", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LOGIC", "REDUCE_COMBINERS",
-    "SHUFFLES",
+    "ARITH", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LOGIC", "MMA_REGISTERS", "MMA_SHAPES",
+    "PACKS", "REDUCE_COMBINERS", "SHUFFLES",
     "Allocate", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const", "Expr", "For", "ForKind",
-    "If", "IterVar", "Let", "Load", "PrimFunc", "Reduce", "Scope", "Select", "Seq", "Stmt",
-    "Store", "Var", "call", "const", "eq", "logical_and", "logical_or", "loop_nest", "maximum",
-    "minimum", "ne", "seq", "static_shape",
+    "If", "IterVar", "Let", "Load", "Mma", "PrimFunc", "Reduce", "Scope", "Select", "Seq",
+    "Stmt", "Store", "Var", "call", "const", "eq", "logical_and", "logical_or", "loop_nest",
+    "maximum", "minimum", "mma_fragments", "ne", "seq", "static_shape",
     # traversal
     "alpha_normal", "children", "free_vars", "structural_equal", "substitute", "transform", "walk",
     # printer

@@ -126,10 +126,18 @@ class BinOp(Expr):
 INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil",
               "round", "trunc", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
-              "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down")
+              "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down",
+              "pack_tf32", "pack_fp16x2", "pack_bf16x2")
 """`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
 `bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T; the shuffles are a
-GPU warp's (`SHUFFLES`)."""
+GPU warp's (`SHUFFLES`); the packs make tensor-core operand registers (`PACKS`)."""
+
+PACKS = {"tf32": "pack_tf32", "fp16": "pack_fp16x2", "bf16": "pack_bf16x2"}
+"""Precision -> the intrinsic making an `Mma` operand register (uint32, PTX's .b32) from
+float32 values, GPU-only: `pack_tf32(x)` is x rounded to tf32 (to nearest, ties away from
+zero: PTX's cvt.rna.tf32.f32), its float32 bits; `pack_fp16x2(lo, hi)` and
+`pack_bf16x2(lo, hi)` are lo and hi rounded to nearest even, lo in bits 0-15 and hi in bits
+16-31 (cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32). CPU backends do not render them."""
 
 SHUFFLES = ("shfl_xor", "shfl_down")
 """Warp shuffles, GPU-only: `shfl_xor(x, m)` is the value `x` has in the lane (this lane xor
@@ -419,6 +427,50 @@ class Barrier(Stmt):
 
     def __hash__(self):
         return hash("Barrier")
+
+
+MMA_SHAPES = {"tf32": (16, 8, 8), "fp16": (16, 8, 16), "bf16": (16, 8, 16)}
+"""Precision -> (m, n, k) of its warp-level tensor-core product (`Mma`): PTX's
+mma.sync.aligned.m16n8k8 for tf32 operands, m16n8k16 for fp16 and bf16, fp32 accumulators."""
+
+
+@dataclass(frozen=True, eq=True)
+class Mma(Stmt):
+    """One warp's tensor-core matrix multiply-accumulate, D = A B + C, in place on C (PTX's
+    `mma.sync.aligned.m16n8k{8,16}.row.col.f32.<p>.<p>.f32`; shapes in `MMA_SHAPES`).
+
+    A is m x k, B is k x n, C is m x n fp32, each spread over the 32 lanes of a warp as
+    PTX's fragments. With g = lane // 4 and t = lane % 4, this lane holds A's elements e
+    (tf32: A[g + 8 (e % 2), t + 4 (e // 2)], e < 4; fp16 / bf16: A[g + 8 (e // 2 % 2),
+    2 t + e % 2 + 8 (e // 4)], e < 8), B's elements e (tf32: B[t + 4 e, g], e < 2; fp16 /
+    bf16: B[2 t + e % 2 + 8 (e // 2), g], e < 4) and C[g + 8 (r // 2), 2 t + r % 2] in
+    `acc[offset + r]` (LOCAL float32), r < 4.
+
+    `a` (4) and `b` (2) are the lane's operand registers, uint32 made by the precision's
+    pack intrinsic (`PACKS`) or holding such bits: for tf32 element r in register r; for
+    fp16 and bf16 elements 2 r and 2 r + 1 in register r, the first in the low half. The
+    products of the rounded operands are summed in fp32 into C. Every lane of the warp runs
+    it together (a threadIdx.x loop of whole warps, no lane-dependent condition around it).
+    CPU backends do not render it."""
+
+    precision: str
+    acc: Buffer
+    offset: Expr
+    a: tuple[Expr, ...]
+    b: tuple[Expr, ...]
+
+    def __hash__(self):
+        return hash(("Mma", self.precision, self.acc.name, self.offset, self.a, self.b))
+
+
+MMA_REGISTERS = (4, 2)
+"""The operand registers of A and of B a lane passes to an `Mma` (every precision)."""
+
+
+def mma_fragments(precision: str) -> tuple[int, int]:
+    """(elements of A, of B) a lane holds in an `Mma` of `precision`."""
+    m, n, k = MMA_SHAPES[precision]
+    return m * k // 32, k * n // 32
 
 
 def seq(*stmts: Stmt) -> Stmt:

@@ -7,8 +7,8 @@ only. It must never be parsed back or used as a key (compare with `structural_eq
 from __future__ import annotations
 
 from .nodes import (
-    INDEX, Allocate, Barrier, BinOp, Call, Cast, Const, Expr, For, ForKind, If, Let, Load,
-    PrimFunc, Reduce, Select, Seq, Stmt, Store, Var)
+    INDEX, MMA_SHAPES, Allocate, Barrier, BinOp, Call, Cast, Const, Expr, For, ForKind, If, Let,
+    Load, Mma, PrimFunc, Reduce, Select, Seq, Stmt, Store, Var)
 
 
 _PRECEDENCE = {"or": 1, "and": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
@@ -70,6 +70,12 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
         return "".join(print_stmt(x, indent) for x in s.stmts)
     if isinstance(s, Barrier):
         return f"{pad}barrier()\n"
+    if isinstance(s, Mma):
+        m, n, k = MMA_SHAPES[s.precision]
+        a = ", ".join(print_expr(x) for x in s.a)
+        b = ", ".join(print_expr(x) for x in s.b)
+        return (f"{pad}mma_m{m}n{n}k{k}_{s.precision}({s.acc.name}[{print_expr(s.offset)}:+4], "
+                f"a=({a}), b=({b}))\n")
     raise TypeError(f"not a statement: {s!r}")
 
 

@@ -8,9 +8,10 @@ function nor accept one a backend could not render.
 
 from __future__ import annotations
 
+from .. import types as T
 from .nodes import (
-    SHUFFLES, Allocate, Barrier, BinOp, Call, Const, For, If, Let, Load, PrimFunc, Reduce, Scope,
-    Select, Seq, Store, Var)
+    MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, Allocate, Barrier, BinOp, Call, Const, For, If,
+    Let, Load, Mma, PrimFunc, Reduce, Scope, Select, Seq, Store, Var)
 from .printer import print_expr
 from .traversal import walk
 
@@ -75,6 +76,36 @@ def _check_shuffle(func, call: Call, gpu: set) -> None:
                           f"constant in [0, 32)")
 
 
+def _check_pack(func, call: Call) -> None:
+    """A pack makes a uint32 register of float32 values: one for tf32, two for the others."""
+    arity = 1 if call.name == PACKS["tf32"] else 2
+    if len(call.args) != arity or call.dtype is not T.uint32 or \
+            any(a.dtype is not T.float32 for a in call.args):
+        raise LoopIRError(f"{func.name}: {print_expr(call)} is not {call.name} of {arity} "
+                          f"float32 value(s) giving uint32")
+
+
+def _check_mma(func, s: Mma, gpu: set, buffers) -> None:
+    """A tensor-core product runs on a GPU's threads, with a known precision, 4 + 2 uint32
+    operand registers and fp32 registers of the thread as accumulators."""
+    if "threadIdx.x" not in gpu:
+        raise LoopIRError(f"{func.name}: mma outside a threadIdx.x loop")
+    if s.precision not in MMA_SHAPES:
+        raise LoopIRError(f"{func.name}: mma of unknown precision {s.precision!r} (one of "
+                          f"{', '.join(MMA_SHAPES)})")
+    if (len(s.a), len(s.b)) != MMA_REGISTERS:
+        raise LoopIRError(f"{func.name}: mma takes {MMA_REGISTERS} A and B registers a lane, "
+                          f"not {(len(s.a), len(s.b))}")
+    if any(x.dtype is not T.uint32 for x in s.a + s.b):
+        raise LoopIRError(f"{func.name}: mma operands are uint32 registers (made by "
+                          f"{PACKS[s.precision]})")
+    if s.acc.scope is not Scope.LOCAL or s.acc.dtype is not T.float32 or \
+            len(s.acc.shape) != 1 or not s.offset.dtype.is_int:
+        raise LoopIRError(f"{func.name}: mma accumulates into a 1-d local float32 buffer at an "
+                          f"integer offset, not {s.acc.name}")
+    _check_access(func, s.acc, (s.offset,), buffers)
+
+
 def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
     def exprs(*es):
         _check_expr_vars(func, es, scope_vars)
@@ -84,6 +115,8 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
                     _check_access(func, n.buffer, n.indices, buffers)
                 elif isinstance(n, Call) and n.name in SHUFFLES:
                     _check_shuffle(func, n, gpu)
+                elif isinstance(n, Call) and n.name in PACKS.values():
+                    _check_pack(func, n)
 
     if isinstance(s, For):
         exprs(s.extent)
@@ -126,6 +159,9 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
     elif isinstance(s, Seq):
         for x in s.stmts:
             _verify_stmt(func, x, scope_vars, buffers, gpu)
+    elif isinstance(s, Mma):
+        _check_mma(func, s, gpu, buffers)
+        exprs(s.offset, *s.a, *s.b)
     elif isinstance(s, Barrier):
         # inside a thread loop, or between the thread loops of one block (its threads' phases)
         if not gpu:

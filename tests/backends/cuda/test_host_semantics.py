@@ -20,7 +20,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dnnc.backends.cuda.codegen import C_TYPES, PRELUDE, c_name, render_module, stages
+from dnnc.backends.cuda.codegen import (C_TYPES, MMA_PRELUDE, PRELUDE, c_name, render_module,
+                                        stages)
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from cuda_kernels import (programs, reference, renamed, suite_cases, suite_inputs, suite_sample,
@@ -102,6 +103,84 @@ static inline float dnnc_h2f(unsigned short h) { return (float)dnnc_bits<_Float1
 static inline unsigned short dnnc_f2h(float f) { return dnnc_bits<unsigned short>((_Float16)f); }
 """
 
+MMA_SHIM = r"""
+// tensor cores (codegen's MMA_PRELUDE), from the PTX ISA's definitions: the conversions as
+// the host rounds them; in an mma each lane posts its operand registers' elements, every
+// lane then rebuilds its warp's A (16 x K) and B (K x 8) from the fragment layouts and
+// updates its own 4 accumulators
+static unsigned dnnc_tf32(float x) {   // cvt.rna.tf32.f32: nearest, ties away; 13 low bits 0
+  unsigned u = dnnc_bits<unsigned>(x);
+  return (u & 0x7f800000u) == 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;
+}
+static unsigned dnnc_f16x2(float lo, float hi) {   // nearest even, lo in bits 0-15
+  return dnnc_bits<unsigned short>((_Float16)lo) |
+         (unsigned)dnnc_bits<unsigned short>((_Float16)hi) << 16;
+}
+static unsigned dnnc_bf16(float x) {   // nearest even: the 16 high bits
+  unsigned u = dnnc_bits<unsigned>(x);
+  if ((u & 0x7fffffffu) <= 0x7f800000u) u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+static unsigned dnnc_bf16x2(float lo, float hi) { return dnnc_bf16(lo) | dnnc_bf16(hi) << 16; }
+static float dnnc_mma_a[1024][8], dnnc_mma_b[1024][4];
+// the element values of 4 + 2 operand registers: tf32 one a register (its bits); fp16 and
+// bf16 two, the first in the low half
+static void dnnc_unpack(int kind, const unsigned* r, int n, float* out) {
+  for (int i = 0; i < n; ++i) {
+    if (kind == 0) { out[i] = dnnc_bits<float>(r[i]); continue; }
+    for (int h = 0; h < 2; ++h) {
+      unsigned short bits = (unsigned short)(r[i] >> (16 * h));
+      out[2 * i + h] = kind == 1 ? (float)dnnc_bits<_Float16>(bits)
+                                 : dnnc_bits<float>((unsigned)bits << 16);
+    }
+  }
+}
+static void dnnc_mma(int kind, float* d, const unsigned* a, const unsigned* b) {
+  const int K = kind == 0 ? 8 : 16, na = K / 2, nb = K / 4;   // elements a lane
+  const unsigned lane = threadIdx.x % 32, first = threadIdx.x - lane;
+  dnnc_unpack(kind, a, 4, dnnc_mma_a[threadIdx.x]);
+  dnnc_unpack(kind, b, 2, dnnc_mma_b[threadIdx.x]);
+  dnnc_block->arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int group = l >> 2, tig = l % 4;   // groupID, threadID_in_group
+    for (int e = 0; e < na; ++e) {
+      int row, col;
+      if (K == 8) {   // .tf32: rows groupID (a0, a2) / +8 (a1, a3); cols tig (a0, a1) / +4
+        row = (e == 0 || e == 2) ? group : group + 8;
+        col = e < 2 ? tig : tig + 4;
+      } else {   // .f16/.bf16: rows groupID (a0 a1 a4 a5) / +8; cols 2 tig + (i & 1), +8 from a4
+        row = (e == 0 || e == 1 || e == 4 || e == 5) ? group : group + 8;
+        col = tig * 2 + (e & 1) + (e >= 4 ? 8 : 0);
+      }
+      A[row][col] = dnnc_mma_a[first + l][e];
+    }
+    // B: col groupID; rows tig (+4: b1) / 2 tig + (i & 1) (+8 from b2)
+    for (int e = 0; e < nb; ++e) {
+      const int row = K == 8 ? tig + (e == 1 ? 4 : 0) : tig * 2 + (e & 1) + (e >= 2 ? 8 : 0);
+      B[row][group] = dnnc_mma_b[first + l][e];
+    }
+  }
+  dnnc_block->arrive_and_wait();
+  const int group = lane >> 2, tig = lane % 4;
+  for (int r = 0; r < 4; ++r) {   // c0 c1 rows groupID, c2 c3 +8; cols 2 tig + (i & 1)
+    const int row = r < 2 ? group : group + 8, col = tig * 2 + (r & 1);
+    float sum = d[r];
+    for (int k = 0; k < K; ++k) sum += A[row][k] * B[k][col];
+    d[r] = sum;
+  }
+}
+#define DNNC_MMA(NAME, KIND)                                                             \
+static void NAME(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, \
+                 unsigned b1) {                                                          \
+  const unsigned a[] = {a0, a1, a2, a3}, b[] = {b0, b1};                                 \
+  dnnc_mma(KIND, d, a, b);                                                               \
+}
+DNNC_MMA(dnnc_mma_tf32, 0)
+DNNC_MMA(dnnc_mma_fp16, 1)
+DNNC_MMA(dnnc_mma_bf16, 2)
+"""
+
 
 def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
     """The rendered module of `funcs` ((PrimFunc, noalias) pairs) as a host library, with
@@ -120,7 +199,9 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
                      for launch in kernel.launches]
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "kernels.cc"
-    path.write_text(SHIM + device_only + source[len(PRELUDE):] + "\n".join(wrappers) + "\n")
+    # the tensor cores' inline PTX replaced by their emulation
+    kernels = source[len(PRELUDE):].replace(MMA_PRELUDE, MMA_SHIM)
+    path.write_text(SHIM + device_only + kernels + "\n".join(wrappers) + "\n")
     lib = tmp_path / "kernels.so"
     # -fwrapv: signed overflow wraps, as the IR says (CUDA C leaves it undefined; nvcc does
     # not exploit it in these kernels)

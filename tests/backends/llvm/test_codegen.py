@@ -364,7 +364,7 @@ _BINARY = {"pow": (np.power, 0.1, 4), "fmod": (np.fmod, -9, 9), "atan2": (np.arc
 def test_every_intrinsic_is_rendered_or_rejected():
     """Each name in loop.INTRINSICS has a test below (a new one must get one)."""
     tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma", "bitcast",
-                                           *L.SHUFFLES}
+                                           *L.SHUFFLES, *L.PACKS.values()}
     assert tested == set(L.INTRINSICS)
 
 
@@ -623,6 +623,17 @@ def test_warp_shuffles_are_codegen_errors(name):
     """GPU-only intrinsics: a CPU has no warp."""
     f = elementwise(name, [T.float32], T.float32,
                     lambda x: L.call(name, x, L.const(1, T.int32)))
+    with pytest.raises(CodegenError, match=name):
+        ModuleBuilder().add(f)
+
+
+@pytest.mark.parametrize("name", sorted(L.PACKS.values()))
+def test_tensor_core_packs_are_codegen_errors(name):
+    """GPU-only intrinsics: tensor-core operand registers (test_cuda_precision.py renders
+    them for cuda)."""
+    args = 1 if name == "pack_tf32" else 2
+    f = elementwise(name, [T.float32] * args, T.uint32,
+                    lambda *x: L.call(name, *x, dtype=T.uint32))
     with pytest.raises(CodegenError, match=name):
         ModuleBuilder().add(f)
 
