@@ -106,9 +106,21 @@ def reads_in_order(load: L.Load, var: L.Var, extent: int) -> bool:
         bool(np.array_equal(offsets, points))
 
 
-def flat_offsets(load: L.Load, var: L.Var, points: np.ndarray) -> np.ndarray | None:
-    """The row-major element offsets `load` reads at `var` = each of `points` (its other
-    variables held at 0); None when its buffer's shape is symbolic or an index is not
+def runs_in_order(access: L.Load | L.Store, var: L.Var, extent: int) -> bool:
+    """Whether `access` touches element base + `var` of its buffer (row-major) for `var` in
+    [0, extent), base its offset at `var` = 0 (checked as `reads_in_order`, its other
+    variables held at 0: a row's start): a thread's contiguous iterations then touch
+    contiguous elements, one vector access where their start is aligned."""
+    points = np.unique(np.concatenate([np.arange(min(extent, 64)),
+                                       np.linspace(0, extent - 1, 64).astype(np.int64)]))
+    offsets = flat_offsets(access, var, points)
+    return offsets is not None and bool(np.array_equal(offsets - offsets[0], points))
+
+
+def flat_offsets(load: L.Load | L.Store, var: L.Var, points: np.ndarray
+                 ) -> np.ndarray | None:
+    """The row-major element offsets `load` (or a store) touches at `var` = each of `points`
+    (its other variables held at 0); None when its buffer's shape is symbolic or an index is not
     computable here."""
     from ..ir.compute import ComputeEvalError, _Evaluator
 

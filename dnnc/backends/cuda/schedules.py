@@ -59,7 +59,8 @@ from ...ir import types as T
 from ...ir.ops.registry import Pattern
 from .. import problems
 from ..loop_analysis import (accesses, carried, fuse_row_loops, fuse_until, nest_work,
-                             reads_in_order, rename_buffer, steps_contiguously, update_op)
+                             reads_in_order, rename_buffer, runs_in_order, steps_contiguously,
+                             update_op)
 from ..space import Space, Template, choose_template
 from .codegen import stages
 from .conv import CONV2D
@@ -259,22 +260,24 @@ def _thread_per_iteration(loop: L.For, config, names: _Names) -> L.Stmt:
 
 
 def _vector(loop: L.For, group: L.Expr, groups: int, names: _Names, vector: int) -> L.Stmt:
-    """`loop`'s iterations group * vector + v for v < vector, guarded. Operands read in the
-    loop's own order (`reads_in_order`: shaped as the output) are first copied into
-    registers by a VECTORIZED loop each (one aligned vector load where the renderer proves
-    it; group * vector is a multiple of `vector`), when every group is whole; the rest run
-    unrolled."""
+    """`loop`'s iterations group * vector + v for v < vector, guarded. When every group is
+    whole, operands read in the loop's own order (`reads_in_order`: shaped as the output)
+    are first copied into registers by a VECTORIZED loop each, the iterations run unrolled
+    with their results to the output kept in registers (`_vector_stores`), and each output
+    is stored from them by a VECTORIZED loop: one aligned vector load or store where the
+    renderer proves it (group * vector is a multiple of `vector`). A ragged last group runs
+    its iterations one by one, guarded."""
     if vector == 1:
         return _guarded(loop, group, groups)
     n = loop.extent.value
-    stored = {x.buffer.name for x in L.walk(loop.body) if isinstance(x, L.Store)}
-    operands = [] if n % vector else sorted({
-        x for x in L.walk(loop.body) if isinstance(x, L.Load) and x.buffer.name not in stored
-        and x.buffer.scope is L.Scope.GLOBAL and reads_in_order(x, loop.var, n)}, key=str)
-    if not operands:
+    if n % vector:
         v = names.var(f"{loop.var.name}_v")
         return L.For(v, vector, _guarded(loop, group * vector + v, groups * vector),
                      L.ForKind.VECTORIZED)
+    stored = {x.buffer.name for x in L.walk(loop.body) if isinstance(x, L.Store)}
+    operands = sorted({
+        x for x in L.walk(loop.body) if isinstance(x, L.Load) and x.buffer.name not in stored
+        and x.buffer.scope is L.Scope.GLOBAL and reads_in_order(x, loop.var, n)}, key=str)
     registers, copies = {}, []
     for load in operands:
         v = names.var(f"{loop.var.name}_v")
@@ -286,11 +289,70 @@ def _vector(loop: L.For, group: L.Expr, groups: int, names: _Names, vector: int)
     v = names.var(f"{loop.var.name}_v")
     body = L.transform(loop.body, lambda x: L.Load(registers[x], (v,))
                        if isinstance(x, L.Load) and x in registers else None)
+    body, stores = _vector_stores(body, loop.var, n, {loop.var}, v, vector, names)
     out = L.seq(*copies, L.For(v, vector, L.Let(loop.var, group * vector + v, body),
-                               L.ForKind.UNROLLED))
-    for reg in registers.values():
+                               L.ForKind.UNROLLED),
+                *_store_back(stores, loop.var, group * vector, vector, names))
+    for reg in [*registers.values(), *stores.values()]:
         out = L.Allocate(reg, out)
     return out if groups * vector == n else L.If(group < n // vector, out)
+
+
+def _vector_stores(body: L.Stmt, var: L.Var, extent: int, free: set, lane: L.Var,
+                   vector: int, names: _Names) -> tuple[L.Stmt, dict]:
+    """`body` (an iteration of `var`'s loop, run for `vector` contiguous values of `var`,
+    lane `lane`) with its stores of its own output element made to a register slot each
+    (`lane`), and {store as it was: its register buffer}. A store is taken when it runs once
+    every iteration (under no If and no inner loop), to a global buffer the body stores
+    nowhere else and never reads, at an index of `free`'s variables only that runs in order
+    with `var` (`runs_in_order`: contiguous lanes, contiguous elements)."""
+    count: dict[str, int] = {}
+    loaded = set()
+    for n in L.walk(body):
+        if isinstance(n, L.Store):
+            count[n.buffer.name] = count.get(n.buffer.name, 0) + 1
+        elif isinstance(n, L.Load):
+            loaded.add(n.buffer.name)
+    taken: dict[str, tuple[L.Store, L.Buffer]] = {}
+
+    def visit(s: L.Stmt) -> None:
+        if isinstance(s, L.Seq):
+            for x in s.stmts:
+                visit(x)
+        elif isinstance(s, (L.Let, L.Allocate)):
+            visit(s.body)
+        elif isinstance(s, L.Store) and s.buffer.scope is L.Scope.GLOBAL and \
+                count[s.buffer.name] == 1 and s.buffer.name not in loaded and \
+                set().union(*(L.free_vars(i) for i in s.indices)) <= free and \
+                runs_in_order(s, var, extent):
+            reg = L.Buffer(names(f"{s.buffer.name}_out"), s.buffer.dtype, (vector,),
+                           L.Scope.LOCAL)
+            taken[s.buffer.name] = (s, reg)
+
+    visit(body)
+    if not taken:
+        return body, {}
+
+    def rule(n):
+        if isinstance(n, L.Store) and n.buffer.name in taken:
+            return L.Store(taken[n.buffer.name][1], (lane,), n.value)
+        return None
+
+    return L.transform(body, rule), dict(taken.values())
+
+
+def _store_back(stores: dict, var: L.Var, start: L.Expr, vector: int, names: _Names
+                ) -> list[L.Stmt]:
+    """Each store of `stores` ({store: register}, `_vector_stores`) made for `var` = start
+    + w, w < vector, from its register by a VECTORIZED loop (one vector store where the
+    renderer proves `start` aligned)."""
+    out = []
+    for store, reg in stores.items():
+        w = names.var(f"{var.name}_w")
+        out.append(L.For(w, vector, L.Store(store.buffer, tuple(
+            L.substitute(i, {var: start + w}) for i in store.indices), L.Load(reg, (w,))),
+            L.ForKind.VECTORIZED))
+    return out
 
 
 def _guarded(loop: L.For, index: L.Expr, covered: int) -> L.Stmt:
@@ -554,9 +616,12 @@ class _RowBuilder:
 
     def _strided(self, loop: L.For, lane: L.Expr) -> L.Stmt:
         """`loop`'s iterations (k * threads + lane) * vector + v, its cached loads read from
-        registers (slot k * vector + v)."""
+        registers (slot k * vector + v); with `vector` > 1 and whole groups, its stores of
+        the row's own elements kept in registers and stored by a VECTORIZED loop each (one
+        vector store where the renderer proves it aligned: `_vector_stores`)."""
         lay = self.layout
-        steps = lay.steps(loop.extent.value)
+        n = loop.extent.value
+        steps = lay.steps(n)
         k = self.names.var(f"{loop.var.name}_k")
         kind = L.ForKind.UNROLLED if steps * lay.vector <= MAX_CACHED else L.ForKind.SERIAL
         covered = steps * lay.threads * lay.vector
@@ -565,9 +630,24 @@ class _RowBuilder:
                 loop, k)), k * lay.threads + lane, covered), kind)
         v = self.names.var(f"{loop.var.name}_v")
         body = self._cached(loop, k * lay.vector + v)
-        return L.For(k, steps, L.For(v, lay.vector, _guarded(
-            L.For(loop.var, loop.extent, body), (k * lay.threads + lane) * lay.vector + v,
-            covered), L.ForKind.UNROLLED), kind)
+        free = {loop.var} | ({lay.row} if lay.row is not None else set())
+        body, stores = (body, {}) if n % lay.vector else \
+            _vector_stores(body, loop.var, n, free, v, lay.vector, self.names)
+        if not stores:
+            return L.For(k, steps, L.For(v, lay.vector, _guarded(
+                L.For(loop.var, loop.extent, body), (k * lay.threads + lane) * lay.vector + v,
+                covered), L.ForKind.UNROLLED), kind)
+        self.own |= {reg.name for reg in stores.values()}
+        group = k * lay.threads + lane
+        out = L.seq(L.For(v, lay.vector, L.Let(loop.var, group * lay.vector + v, body),
+                          L.ForKind.UNROLLED),
+                    *_store_back(stores, loop.var, group * lay.vector, lay.vector,
+                                 self.names))
+        for reg in stores.values():
+            out = L.Allocate(reg, out)
+        if covered != n:
+            out = L.If(group < n // lay.vector, out)
+        return L.For(k, steps, out, kind)
 
     def _cached(self, loop: L.For, slot: L.Expr) -> L.Stmt:
         if not self.cache:
