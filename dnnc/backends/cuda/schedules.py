@@ -59,8 +59,7 @@ from ...ir import types as T
 from ...ir.ops.registry import Pattern
 from .. import problems
 from ..loop_analysis import (accesses, carried, fuse_row_loops, fuse_until, nest_work,
-                             reads_in_order, rename_buffer, runs_in_order, steps_contiguously,
-                             update_op)
+                             rename_buffer, runs_in_order, steps_contiguously, update_op)
 from ..space import Space, Template, choose_template
 from .codegen import stages
 from .conv import CONV2D
@@ -261,12 +260,12 @@ def _thread_per_iteration(loop: L.For, config, names: _Names) -> L.Stmt:
 
 def _vector(loop: L.For, group: L.Expr, groups: int, names: _Names, vector: int) -> L.Stmt:
     """`loop`'s iterations group * vector + v for v < vector, guarded. When every group is
-    whole, operands read in the loop's own order (`reads_in_order`: shaped as the output)
-    are first copied into registers by a VECTORIZED loop each, the iterations run unrolled
-    with their results to the output kept in registers (`_vector_stores`), and each output
-    is stored from them by a VECTORIZED loop: one aligned vector load or store where the
-    renderer proves it (group * vector is a multiple of `vector`). A ragged last group runs
-    its iterations one by one, guarded."""
+    whole (the extent a multiple of `vector`), operands read in the loop's own order are
+    first copied into registers by a VECTORIZED loop each (`_vector_loads`), the iterations
+    run unrolled with their results kept in registers (`_vector_stores`), and each output
+    is stored from them by a VECTORIZED loop: one vector load or store where the renderer
+    proves it aligned (group * vector is a multiple of `vector`). Otherwise every
+    iteration runs on its own, guarded, with scalar accesses."""
     if vector == 1:
         return _guarded(loop, group, groups)
     n = loop.extent.value
@@ -274,28 +273,42 @@ def _vector(loop: L.For, group: L.Expr, groups: int, names: _Names, vector: int)
         v = names.var(f"{loop.var.name}_v")
         return L.For(v, vector, _guarded(loop, group * vector + v, groups * vector),
                      L.ForKind.VECTORIZED)
-    stored = {x.buffer.name for x in L.walk(loop.body) if isinstance(x, L.Store)}
-    operands = sorted({
-        x for x in L.walk(loop.body) if isinstance(x, L.Load) and x.buffer.name not in stored
-        and x.buffer.scope is L.Scope.GLOBAL and reads_in_order(x, loop.var, n)}, key=str)
-    registers, copies = {}, []
-    for load in operands:
-        v = names.var(f"{loop.var.name}_v")
-        reg = L.Buffer(names(f"{load.buffer.name}_vec"), load.buffer.dtype, (vector,),
-                       L.Scope.LOCAL)
-        copies.append(L.For(v, vector, L.Store(reg, (v,), L.substitute(
-            load, {loop.var: group * vector + v})), L.ForKind.VECTORIZED))
-        registers[load] = reg
     v = names.var(f"{loop.var.name}_v")
-    body = L.transform(loop.body, lambda x: L.Load(registers[x], (v,))
-                       if isinstance(x, L.Load) and x in registers else None)
+    copies, registers, body = _vector_loads(loop.body, loop.var, n, {loop.var}, v,
+                                            group * vector, vector, names)
     body, stores = _vector_stores(body, loop.var, n, {loop.var}, v, vector, names)
     out = L.seq(*copies, L.For(v, vector, L.Let(loop.var, group * vector + v, body),
                                L.ForKind.UNROLLED),
                 *_store_back(stores, loop.var, group * vector, vector, names))
-    for reg in [*registers.values(), *stores.values()]:
+    for reg in [*registers, *stores.values()]:
         out = L.Allocate(reg, out)
     return out if groups * vector == n else L.If(group < n // vector, out)
+
+
+def _vector_loads(body: L.Stmt, var: L.Var, extent: int, free: set, lane: L.Var,
+                  start: L.Expr, vector: int, names: _Names) -> tuple[list, list, L.Stmt]:
+    """(copies, registers, `body` reading them) for `body` (an iteration of `var`'s loop, run
+    for `var` = start + `lane`, `lane` < vector): each load of a global buffer `body` never
+    stores, at an index of `free`'s variables only that runs in order with `var`
+    (`runs_in_order`), copied into a register buffer of `vector` slots first by a
+    VECTORIZED loop (one vector load where the renderer proves `start` aligned) and read
+    from there (slot `lane`)."""
+    stored = {x.buffer.name for x in L.walk(body) if isinstance(x, L.Store)}
+    operands = sorted({
+        x for x in L.walk(body) if isinstance(x, L.Load) and x.buffer.name not in stored
+        and x.buffer.scope is L.Scope.GLOBAL and _index_vars(x) <= free
+        and runs_in_order(x, var, extent)}, key=str)
+    registers, copies = {}, []
+    for load in operands:
+        w = names.var(f"{var.name}_v")
+        reg = L.Buffer(names(f"{load.buffer.name}_vec"), load.buffer.dtype, (vector,),
+                       L.Scope.LOCAL)
+        copies.append(L.For(w, vector, L.Store(reg, (w,), L.substitute(
+            load, {var: start + w})), L.ForKind.VECTORIZED))
+        registers[load] = reg
+    body = L.transform(body, lambda x: L.Load(registers[x], (lane,))
+                       if isinstance(x, L.Load) and x in registers else None)
+    return copies, list(registers.values()), body
 
 
 def _vector_stores(body: L.Stmt, var: L.Var, extent: int, free: set, lane: L.Var,
@@ -616,9 +629,11 @@ class _RowBuilder:
 
     def _strided(self, loop: L.For, lane: L.Expr) -> L.Stmt:
         """`loop`'s iterations (k * threads + lane) * vector + v, its cached loads read from
-        registers (slot k * vector + v); with `vector` > 1 and whole groups, its stores of
-        the row's own elements kept in registers and stored by a VECTORIZED loop each (one
-        vector store where the renderer proves it aligned: `_vector_stores`)."""
+        registers (slot k * vector + v); with `vector` > 1 and whole groups (the row's
+        length a multiple of `vector`), its other loads of the row's own elements copied
+        into registers first (`_vector_loads`) and its stores of them kept in registers and
+        stored after (`_vector_stores`): one vector load or store each where the renderer
+        proves it aligned."""
         lay = self.layout
         n = loop.extent.value
         steps = lay.steps(n)
@@ -630,20 +645,23 @@ class _RowBuilder:
                 loop, k)), k * lay.threads + lane, covered), kind)
         v = self.names.var(f"{loop.var.name}_v")
         body = self._cached(loop, k * lay.vector + v)
-        free = {loop.var} | ({lay.row} if lay.row is not None else set())
-        body, stores = (body, {}) if n % lay.vector else \
-            _vector_stores(body, loop.var, n, free, v, lay.vector, self.names)
-        if not stores:
+        if n % lay.vector:
             return L.For(k, steps, L.For(v, lay.vector, _guarded(
                 L.For(loop.var, loop.extent, body), (k * lay.threads + lane) * lay.vector + v,
                 covered), L.ForKind.UNROLLED), kind)
-        self.own |= {reg.name for reg in stores.values()}
         group = k * lay.threads + lane
-        out = L.seq(L.For(v, lay.vector, L.Let(loop.var, group * lay.vector + v, body),
+        free = {loop.var} | ({lay.row} if lay.row is not None else set())
+        copies, registers, body = _vector_loads(body, loop.var, n, free, v, group * lay.vector,
+                                                lay.vector, self.names)
+        body, stores = _vector_stores(body, loop.var, n, free, v, lay.vector, self.names)
+        registers += stores.values()
+        self.own |= {reg.name for reg in registers}
+        out = L.seq(*copies,
+                    L.For(v, lay.vector, L.Let(loop.var, group * lay.vector + v, body),
                           L.ForKind.UNROLLED),
                     *_store_back(stores, loop.var, group * lay.vector, lay.vector,
                                  self.names))
-        for reg in stores.values():
+        for reg in registers:
             out = L.Allocate(reg, out)
         if covered != n:
             out = L.If(group < n // lay.vector, out)
