@@ -164,21 +164,28 @@ def test_the_verifier_refuses_misplaced_shuffles(value, kind, message):
 
 
 def test_default_row_geometry_by_length():
-    """A softmax row of 128 on a warp (4 a lane, 4 rows a 128-thread block); a layernorm row
-    of 768 on 128 threads (6 each); 5000 on 1024 threads."""
+    """A softmax row of 128 on a warp (4 a lane, one float4 each way, 4 rows a 128-thread
+    block); a layernorm row of 768 on 128 threads (6 each, float4); 5000 on 1024 threads
+    (float4); 770 on 128 threads (float2); an odd row of 769 scalar."""
     rng = np.random.default_rng(0)
-    for op, n, threads, block in (("Softmax", 128, 32, 128), ("LayerNormalization", 768, 128, 128),
-                                  ("Softmax", 5000, 1024, 1024)):
+    for op, n, threads, block, vector in (
+            ("Softmax", 128, 32, 128, 4), ("LayerNormalization", 768, 128, 128, 4),
+            ("Softmax", 5000, 1024, 1024, 4), ("LayerNormalization", 770, 128, 128, 2),
+            ("Softmax", 769, 128, 128, 1)):
         g = row_graph(op, (16, n), rng)
         kernel = lower_group(list(g.nodes), "k", outputs=g.outputs)
         template, problem = template_for(kernel)
         assert template is ROWS
         config = template.default(problem, MACHINE)
-        assert (config.row_threads, config.row_block) == (threads, block)
+        assert (config.row_threads, config.row_block, config.row_vector) == \
+            (threads, block, vector)
         func = template.build(problem, config, MACHINE)
-        _, k = render_func(func)
+        text, k = render_func(func)
         assert len(k.launches) == 1 and k.launches[0].block == (block, 1, 1)
         assert k.workspace == []   # row statistics in registers
+        kind = {1: None, 2: "float2", 4: "float4"}[vector]
+        assert (f"*reinterpret_cast<{kind}*>(&v_{op}_0[" in text) if kind else \
+            "reinterpret_cast" not in text
 
 
 @pytest.mark.parametrize("shape,axes,template", [
