@@ -2,10 +2,11 @@
 
 - warp shuffles: the IR's verifier rules and the renderer's spelling (no GPU);
 - softmax, layernorm and reductions over the last axis on rows of 1, 31, 33, 127, 128,
-  769 and 5000 under the row template's default and a spread of its configs (a warp a
+  769, 770 and 5000 under the row template's default and a spread of its configs (a warp a
   row, several rows a block, several warps a row, the row cached in registers or re-read,
-  2 or 4 contiguous elements a thread at a time),
-  and elementwise chains under the vector-width and grid-stride knobs: emulated on the CPU
+  1, 2 or 4 contiguous elements a thread at a time: vector loads and stores where the
+  row's length is a multiple, scalar where not), and elementwise chains of 37000, 4099
+  and 8198 elements under the vector-width and grid-stride knobs: emulated on the CPU
   (test_cuda_codegen's `run_on_cpu`: shuffles read the other lane's register), rendered as
   CUDA C and run on host threads (test_host_semantics' shim), compiled by `nvcc -ptx`
   where it is on PATH (`codegen`), and run on a GPU against NumPy (`gpu`).
@@ -26,7 +27,7 @@ from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
 
-LENGTHS = (1, 31, 33, 127, 128, 769, 5000)
+LENGTHS = (1, 31, 33, 127, 128, 769, 770, 5000)
 ROW_CONFIGS = [
     None,                                                    # the default for the length
     RowsConfig(row_threads=32, row_block=32),                # a warp a row, one row a block
@@ -37,9 +38,13 @@ ROW_CONFIGS = [
     RowsConfig(row_threads=32, row_block=128, row_vector=4),   # 4 contiguous a lane
     RowsConfig(row_threads=1024, row_block=1024, row_vector=4),   # ... cached, ragged steps
     RowsConfig(row_threads=64, row_block=64, row_vector=2, cache_row=False),
+    RowsConfig(row_threads=128, row_block=256, row_vector=2),   # float2, 4 warps, 2 rows
+    RowsConfig(row_threads=32, row_block=64, row_vector=4, cache_row=False),  # re-read
+    RowsConfig(row_threads=32, row_block=128, row_vector=1),   # the default before float4
 ]
-ELEMENTWISE_CONFIGS = [Config(), Config(vector=2), Config(vector=4, threads=64),
-                       Config(grid_stride=True, vector=4, threads=64)]
+ELEMENTWISE_CONFIGS = [Config(), Config(vector=2), Config(vector=4), Config(vector=4, threads=64),
+                       Config(grid_stride=True, vector=4, threads=64),
+                       Config(grid_stride=True, vector=2, threads=64)]
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -101,7 +106,7 @@ def cases(rng):
             template = template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0]
             for config in ROW_CONFIGS if template is ROWS else [None]:
                 out.append((f"{op}{list(shape)} {config}", g, template, config, x, want))
-    for shape in ((1000, 37), (4099,)):
+    for shape in ((1000, 37), (4099,), (2, 4099)):   # whole groups of 4; odd; of 2 only
         g = elementwise_graph(shape)
         x = rng.standard_normal(shape).astype(np.float32)
         for config in ELEMENTWISE_CONFIGS:
@@ -202,33 +207,57 @@ def test_rows_go_on_warps_when_long_and_contiguous(shape, axes, template):
     assert template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0] is template
 
 
-@pytest.mark.parametrize("shape,vector,loads", [
-    ((64, 1024), 4, "float4"), ((1000, 37), 2, "float2"),   # whole groups: vector loads
-    ((4099,), 4, None),                                      # a ragged tail: scalars
+@pytest.mark.parametrize("shape,vector,kind", [
+    ((64, 1024), 4, "float4"), ((1000, 37), 2, "float2"),   # whole groups: vector accesses
+    ((1000, 37), 4, "float4"), ((2, 4099), 2, "float2"),
+    ((4099,), 4, None), ((2, 4099), 4, None),                # ragged: scalars
 ])
-def test_vector_knob_loads_operands_as_vectors(shape, vector, loads):
+def test_vector_knob_loads_and_stores_as_vectors(shape, vector, kind):
     g = elementwise_graph(shape)
     func, _ = scheduled(g, DEFAULT, Config(vector=vector), "k")
     text, _ = render_func(func)
-    if loads is None:
+    if kind is None:
         assert "reinterpret_cast" not in text
     else:
-        assert text.count(f"*reinterpret_cast<const {loads}*>(&v_x[") == 1
+        assert text.count(f"*reinterpret_cast<const {kind}*>(&v_x[") == 1
+        assert text.count(f"*reinterpret_cast<{kind}*>(&v_Relu_3[") == 1
 
 
-@pytest.mark.parametrize("n,vector,loads", [(128, 4, "float4"), (5000, 4, "float4"),
-                                             (770, 2, "float2"), (769, 4, None)])
-def test_row_vector_fills_the_row_cache_with_vector_loads(n, vector, loads):
+@pytest.mark.parametrize("n,vector,kind", [(128, 4, "float4"), (5000, 4, "float4"),
+                                           (770, 2, "float2"), (769, 4, None),
+                                           (770, 4, None)])
+def test_row_vector_fills_the_row_cache_with_vector_loads(n, vector, kind):
     g = row_graph("Softmax", (8, n), np.random.default_rng(0))
     threads = 32 if n < 1000 else 1024
     func, _ = scheduled(g, ROWS, RowsConfig(row_threads=threads, row_block=128,
                                             row_vector=vector), "k")
     text, _ = render_func(func)
     assert "float v_x_row" in text
-    if loads is None:
+    if kind is None:
         assert "reinterpret_cast" not in text
     else:
-        assert f"*reinterpret_cast<const {loads}*>(&v_x[" in text
+        assert f"*reinterpret_cast<const {kind}*>(&v_x[" in text
+        assert text.count(f"*reinterpret_cast<{kind}*>(&v_Softmax_0[") == 1
+
+
+@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("n,vector,kind", [(768, 4, "float4"), (768, 2, "float2"),
+                                           (770, 2, "float2"), (770, 4, None)])
+def test_layernorm_rows_read_and_write_as_vectors(n, vector, kind, cache):
+    """The row, scale and bias read, and the result written, a vector at a time (the row
+    once when cached, each pass when not); scalars when the row is not a multiple."""
+    g = row_graph("LayerNormalization", (8, n), np.random.default_rng(0))
+    func, _ = scheduled(g, ROWS, RowsConfig(row_threads=128, row_block=128,
+                                            row_vector=vector, cache_row=cache), "k")
+    text, _ = render_func(func)
+    if kind is None:
+        assert "reinterpret_cast" not in text
+        return
+    for operand in ("x", "scale", "bias"):
+        assert f"*reinterpret_cast<const {kind}*>(&v_{operand}[" in text
+    reads = text.count(f"*reinterpret_cast<const {kind}*>(&v_x[")
+    assert reads == 1 if cache else reads > 1
+    assert text.count(f"*reinterpret_cast<{kind}*>(&v_LayerNormalization_0[") == 1
 
 
 # -- every case emulated on the CPU, compiled by nvcc, run on a GPU --------------------------
