@@ -2,13 +2,18 @@
 kernels against the GPU's copy bandwidth.
 
     python bench/gpu_kernels.py [--only dense,elementwise,softmax,layernorm] [--repeat 200]
-                                [--trials 5] [--no-variants]
+                                [--trials 7] [--no-variants]
 
 Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
-the cuda templates' default config and, unless `--no-variants`, with a few other configs of
-the same space (to see what the default leaves on the table), renders, compiles it with NVRTC
+the cuda templates' default config and, unless `--no-variants`, with the previous default
+(`old default`, where the default changed) and a few other configs of the same space (to
+see what the default leaves on the table), renders, compiles it with NVRTC
 (`cupy.RawModule`) and times its launches with CUDA events: the median over `--trials` of
-the mean time of `--repeat` back-to-back launches. Beside it, in the same run:
+the mean time of `--repeat` back-to-back launches. For the memory-bound cases every row of
+a case (the copy, torch, each dnnc config) is timed in turn, trial by trial (A, B, C, A, B,
+C, ...: `interleaved_ms`), so that drift over the run falls on all of them alike, and the
+fastest dnnc config is named under them: pick defaults from one run. Beside dnnc, in the
+same run:
 
 - copy: a device-to-device copy (`cudaMemcpyAsync`) of the tensor's bytes, timed the same
   way: the bar (issue 12: elementwise >= 80% of it, softmax / layernorm rows >= 70%);

@@ -13,21 +13,23 @@ around threadIdx loops:
 
 - `DEFAULT` (every kernel): a stage whose outer loops carry nothing between iterations
   (`loop_analysis.carried`, level by level) has them flattened into one index, `vector`
-  contiguous iterations a thread (operands shaped as the output copied into registers by
-  a VECTORIZED loop: one float4 / float2 load where the renderer proves it aligned; stores
-  stay scalar), `threads` a block (with `grid_stride`, at most `STRIDE_BLOCKS` blocks each
-  looping), its inner loops serial in the thread. A stage that
-  is a whole-tensor reduction (`acc = identity; for ...: acc = acc op f(...); out =
-  g(acc)`) runs as one row (below) on one block of `reduce_threads` threads;
-  `reduce_threads=1` runs it on one thread. Anything else runs on one thread (correct,
+  contiguous iterations a thread (when the extent is a multiple of `vector`: operands
+  read in the stage's order copied into registers by a VECTORIZED loop, the results kept
+  in registers and stored by a VECTORIZED loop: one float4 / float2 load and store where
+  the renderer proves them aligned; else scalar accesses), `threads` a block (with
+  `grid_stride`, at most `STRIDE_BLOCKS` blocks each looping), its inner loops serial in
+  the thread. A stage that is a whole-tensor reduction (`acc = identity; for ...: acc =
+  acc op f(...); out = g(acc)`) runs as one row (below) on one block of `reduce_threads`
+  threads; `reduce_threads=1` runs it on one thread. Anything else runs on one thread (correct,
   slow: the last resort, e.g. an argmax's paired accumulators).
 - `ROWS` (kernels with row reductions, as softmax, layernorm, a reduce over the last axis):
   consecutive stages over the same rows become one (`loop_analysis.fuse_row_loops`), and a
   row stage with a reduction of at least `MIN_ROW_WORK` iterations over the row's own
   elements (`loop_analysis.steps_contiguously`: a reduction over NCHW's channels reads
   coalesced one thread a row instead) runs `row_threads` threads a row (32: a warp per
-  row; more: several warps), max(1, `row_block` / `row_threads`) rows a block. Each elementwise loop of the row is strided over the row's threads (consecutive
-  threads, consecutive elements: coalesced); each reduction accumulates a strided share a
+  row; more: several warps), max(1, `row_block` / `row_threads`) rows a block. Each
+  elementwise loop of the row is strided over the row's threads (consecutive threads,
+  consecutive elements: coalesced); each reduction accumulates a strided share a
   thread, then combines across the warp by `shfl_xor` butterflies (every lane ends with the
   total: no shared memory, no barrier) and, with several warps a row, through one shared
   exchange of the warp partials (one barrier; every thread then sums the partials itself).
@@ -36,16 +38,17 @@ around threadIdx loops:
   an input row the passes read several times is loaded once into registers (`_row_cache`:
   one read of the row from global memory, one write) when it takes at most `MAX_CACHED`
   elements a thread; else each pass re-reads it (from L1/L2). With `row_vector` a thread
-  takes that many contiguous elements of the row at a time, and fills its cache with
-  vector loads. Barriers only where a part
-  reads or overwrites memory an earlier part of the row wrote. Other stages as DEFAULT.
+  takes that many contiguous elements of the row at a time; when the row's length is a
+  multiple, it fills its cache with vector loads, reads the row's other operands
+  (layernorm's scale and bias, an uncached row) with vector loads, and writes its results
+  with vector stores (from registers); else element by element. Barriers only where a
+  part reads or overwrites memory an earlier part of the row wrote. Other stages as
+  DEFAULT.
 
 Default row geometry (`rows_default`): `ELEMS_PER_THREAD` elements a thread, at least a
-warp and at most 1024 threads a row (a softmax row of 128: a warp, 4 a lane; a layernorm
-row of 768: 128 threads, 6 each; 5000: 1024 threads).
-
-Not yet: vector stores of a thread's contiguous results (the renderer has vector loads
-only).
+warp and at most 1024 threads a row, the widest `row_vector` the row allows (a softmax
+row of 128: a warp, 4 a lane, one float4 each way; a layernorm row of 768: 128 threads,
+6 each, float4; 5000: 1024 threads, float4; 770: float2; an odd row: 1).
 """
 
 from __future__ import annotations
@@ -785,18 +788,26 @@ def default_space(p: problems.Rows, machine) -> Space:
 
 
 VECTOR_FROM = 1 << 20
-"""Elements of output from which the default config takes two contiguous iterations a thread:
-on an H100 a fused chain over 256 MiB runs at 0.77 of copy bandwidth one a thread, 0.83 two,
-0.48 four (bench/gpu_kernels.py); below this size a kernel is launch-bound and more threads
-are as good."""
+"""Elements of output from which the default config takes `LARGE_VECTOR` contiguous
+iterations a thread: on an H100 a fused chain over 256 MiB ran at 0.77 of copy bandwidth
+one a thread, 0.83 two, 0.48 four, stores then scalar (four a thread: stores strided by
+4, badly coalesced; bench/gpu_kernels.py); below this size a kernel is launch-bound and
+more threads are as good."""
+
+LARGE_VECTOR = 2
+"""`vector` of the default config on outputs of VECTOR_FROM elements or more, when their
+size is a multiple (measured before vector stores; with them, 4 is a float4 load and store
+a thread: bench/gpu_kernels.py times 1, 2 and 4 in turn)."""
 
 
 def default_config(p: problems.Rows, machine) -> Config:
-    """Config(), with `vector` 2 on a large output of even size (VECTOR_FROM)."""
+    """Config(), with `vector` LARGE_VECTOR on a large output of a size it divides
+    (VECTOR_FROM)."""
     sizes = [math.prod(d.value for d in b.shape) for b in p.func.params
              if all(isinstance(d, L.Const) for d in b.shape)]
     largest = max(sizes, default=0)
-    return Config(vector=2) if largest >= VECTOR_FROM and largest % 2 == 0 else Config()
+    return Config(vector=LARGE_VECTOR) \
+        if largest >= VECTOR_FROM and largest % LARGE_VECTOR == 0 else Config()
 
 
 def default_build(p: problems.Rows, config: Config, machine) -> L.PrimFunc:
