@@ -250,7 +250,7 @@ def interleaved_ms(timers: list, repeat: int, trials: int) -> list[float]:
     ...): clock, thermal and L2 drift over the run fall on every variant alike, so the
     variants of one case compare fairly (timed one after another, the softmax's default and
     its cache_row=False variant, whose PTX differs only in instruction order, read 0.62
-    and 0.87 of copy on an H100)."""
+    and 0.87 of copy on an H100: not the code's doing)."""
     for once in timers:   # warm-up: compiled, clocks up
         once(max(1, repeat // 10))
     times: list[list[float]] = [[] for _ in timers]
