@@ -307,37 +307,57 @@ STORE_CASES = [(0, 4, 4, T.float32), (8, 8, 4, T.float32), (2, 4, 2, T.float32),
 stores where aligned, a store a lane where not."""
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
-def test_vector_stores_store_what_the_lanes_computed_on_host(tmp_path):
-    """The rendered CUDA C on host threads (test_host_semantics' shim) against NumPy."""
-    from test_host_semantics import host_library
-
-    rng = np.random.default_rng(11)
-    funcs = [_register_store(start, stride, lanes, dtype, name=f"f{k}")
-             for k, (start, stride, lanes, dtype) in enumerate(STORE_CASES)]
-    pairs = [(f, True) for f in funcs]
-    module = render_module(pairs)
-    lib = host_library(pairs, tmp_path, module)
-    for func, (start, stride, lanes, dtype) in zip(funcs, STORE_CASES):
+def _store_cases(seed: int):
+    """(func, src, dst, want) of every STORE_CASES kernel, `dst` poisoned with 7s."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k, (start, stride, lanes, dtype) in enumerate(STORE_CASES):
         src = (rng.standard_normal(1024) * 100).astype(dtype.np)
         dst = np.full(1024, 7, dtype.np)
         want = dst.copy()
         for t in range(64):
             want[t * stride + start:t * stride + start + lanes] = \
                 src[t * lanes:(t + 1) * lanes] * 2
+        out.append((_register_store(start, stride, lanes, dtype, name=f"f{k}"), src, dst, want))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+def test_vector_stores_store_what_the_lanes_computed_on_host(tmp_path):
+    """The rendered CUDA C on host threads (test_host_semantics' shim) against NumPy."""
+    from test_host_semantics import host_library
+
+    cases = _store_cases(11)
+    pairs = [(func, True) for func, *_ in cases]
+    module = render_module(pairs)
+    lib = host_library(pairs, tmp_path, module)
+    for func, src, dst, want in cases:
         args = (ctypes.c_void_p * 2)(src.ctypes.data, dst.ctypes.data)
         (launch,) = module.kernels[func.name].launches
         host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
         lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
                         ctypes.c_uint(launch.block[0]))
-        np.testing.assert_array_equal(dst, want, err_msg=str((start, stride, lanes, dtype)))
+        np.testing.assert_array_equal(dst, want, err_msg=func.name)
+
+
+@pytest.mark.gpu
+def test_vector_stores_store_what_the_lanes_computed_on_gpu():
+    import cupy as cp
+
+    cases = _store_cases(12)
+    module = render_module([(func, True) for func, *_ in cases])
+    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    for func, src, dst, want in cases:
+        args = (cp.asarray(src), cp.asarray(dst))
+        (launch,) = module.kernels[func.name].launches
+        raw.get_function(launch.name)(launch.grid, launch.block, args)
+        np.testing.assert_array_equal(cp.asnumpy(args[1]), want, err_msg=func.name)
 
 
 @pytest.mark.codegen
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_vector_stores_compile_with_nvcc(tmp_path):
-    funcs = [_register_store(start, stride, lanes, dtype, name=f"f{k}")
-             for k, (start, stride, lanes, dtype) in enumerate(STORE_CASES)]
+    funcs = [func for func, *_ in _store_cases(0)]
     funcs.append(_register_store(0, 4, 4, dst_scope=L.Scope.SHARED, name="shared"))
     ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
 
