@@ -20,8 +20,8 @@ around threadIdx loops:
   `grid_stride`, at most `STRIDE_BLOCKS` blocks each looping), its inner loops serial in
   the thread. A stage that is a whole-tensor reduction (`acc = identity; for ...: acc =
   acc op f(...); out = g(acc)`) runs as one row (below) on one block of `reduce_threads`
-  threads; `reduce_threads=1` runs it on one thread. Anything else runs on one thread (correct,
-  slow: the last resort, e.g. an argmax's paired accumulators).
+  threads; `reduce_threads=1` runs it on one thread. Anything else runs on one thread
+  (correct, slow: the last resort, e.g. an argmax's paired accumulators).
 - `ROWS` (kernels with row reductions, as softmax, layernorm, a reduce over the last axis):
   consecutive stages over the same rows become one (`loop_analysis.fuse_row_loops`), and a
   row stage with a reduction of at least `MIN_ROW_WORK` iterations over the row's own

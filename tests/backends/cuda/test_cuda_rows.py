@@ -207,6 +207,23 @@ def test_rows_go_on_warps_when_long_and_contiguous(shape, axes, template):
     assert template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0] is template
 
 
+_I, _R = L.Var("i"), L.Var("r")
+
+
+@pytest.mark.parametrize("index,shape,in_order", [
+    ((_I,), (64,), True), ((_I + 3,), (70,), True),          # from a start: its own
+    ((_R, _I), (5, 64), True),                               # a row's elements
+    ((_I * 2,), (128,), False), ((_I // 2,), (64,), False),  # strided, repeated
+    ((_I % 16, _I // 16), (16, 4), False),                   # a transpose's walk
+])
+def test_runs_in_order_finds_contiguous_walks(index, shape, in_order):
+    from dnnc.backends.loop_analysis import runs_in_order
+
+    buf = L.Buffer("b", T.float32, shape)
+    assert runs_in_order(L.Load(buf, index), _I, 64) == in_order
+    assert runs_in_order(L.Store(buf, index, L.const(1.0)), _I, 64) == in_order
+
+
 @pytest.mark.parametrize("shape,vector,kind", [
     ((64, 1024), 4, "float4"), ((1000, 37), 2, "float2"),   # whole groups: vector accesses
     ((1000, 37), 4, "float4"), ((2, 4099), 2, "float2"),
