@@ -739,8 +739,10 @@ _LOOP: dict[L.ForKind, Callable] = {
 loops to blocks and threads instead); a vectorized one is a vector load where proven."""
 
 _VECTOR_TYPES = {(T.float32, 2): "float2", (T.float32, 4): "float4", (T.int32, 2): "int2",
-                 (T.int32, 4): "int4"}
-"""(element type, lanes) -> the CUDA vector type a vectorized loop loads or stores."""
+                 (T.int32, 4): "int4",
+                 **{(dt, n): f"ushort{n}" for dt in (T.float16, T.bfloat16) for n in (2, 4)}}
+"""(element type, lanes) -> the CUDA vector type a vectorized loop loads or stores (float16
+and bfloat16 as their bits, `unsigned short`)."""
 
 
 def _vector_load(s: L.For, divisors: dict) -> tuple[str, L.Expr] | None:

@@ -274,6 +274,7 @@ def test_a_vectorized_store_is_one_vector_store_only_where_alignment_is_proven(
 
 @pytest.mark.parametrize("case,text", [
     ("int32", "*reinterpret_cast<int4*>(&dst["),
+    ("float16", "*reinterpret_cast<ushort4*>(&dst["),   # its bits
     ("shared", "*reinterpret_cast<float4*>(&dst["),   # declared __align__(16)
     ("local", None),                                   # registers: no vector access
     ("reads global", None),   # a lane's value read from memory another lane may store
@@ -282,6 +283,7 @@ def test_a_vectorized_store_is_one_vector_store_only_where_alignment_is_proven(
 def test_vector_stores_by_destination_and_value(case, text):
     func = {
         "int32": lambda: _register_store(0, 4, 4, dtype=T.int32),
+        "float16": lambda: _register_store(0, 4, 4, dtype=T.float16),
         "shared": lambda: _register_store(0, 4, 4, dst_scope=L.Scope.SHARED),
         "local": lambda: _register_store(0, 4, 4, dst_scope=L.Scope.LOCAL),
         "reads global": lambda: _register_store(
@@ -302,7 +304,8 @@ def test_vector_stores_by_destination_and_value(case, text):
 
 STORE_CASES = [(0, 4, 4, T.float32), (8, 8, 4, T.float32), (2, 4, 2, T.float32),
                (1, 4, 4, T.float32), (3, 4, 2, T.float32), (0, 4, 4, T.int32),
-               (5, 8, 4, T.int32)]
+               (5, 8, 4, T.int32), (0, 4, 4, T.float16), (2, 2, 2, T.float16),
+               (1, 2, 2, T.float16)]
 """(start, stride, lanes, dtype) of register stores that threads do not overlap: vector
 stores where aligned, a store a lane where not."""
 

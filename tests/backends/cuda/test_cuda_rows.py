@@ -9,7 +9,9 @@
   and 8198 elements under the vector-width and grid-stride knobs: emulated on the CPU
   (test_cuda_codegen's `run_on_cpu`: shuffles read the other lane's register), rendered as
   CUDA C and run on host threads (test_host_semantics' shim), compiled by `nvcc -ptx`
-  where it is on PATH (`codegen`), and run on a GPU against NumPy (`gpu`).
+  where it is on PATH (`codegen`), and run on a GPU against NumPy (`gpu`);
+- a float16 chain under the vector knob (vectors of its bits, `ushort2` / `ushort4`) on
+  host threads, through nvcc and on a GPU, equal to NumPy's float16.
 """
 
 import shutil
@@ -286,15 +288,14 @@ def test_rows_and_elementwise_on_cpu():
     check(arrays, want, labels)
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
-def test_rows_and_elementwise_on_host(tmp_path):
-    """The rendered CUDA C itself, a host thread per CUDA thread (test_host_semantics' shim:
-    a shuffle posts its value and reads its partner's between two block barriers)."""
+def run_on_host(funcs, arrays, tmp_path) -> None:
+    """The rendered CUDA C of `funcs` on host threads (test_host_semantics' shim: a shuffle
+    posts its value and reads its partner's between two block barriers), on their arrays
+    in place."""
     import ctypes
 
     from test_host_semantics import host_library
 
-    funcs, arrays, want, labels = build_all(np.random.default_rng(3))
     pairs = [(f, True) for f in funcs]
     module = render_module(pairs)
     lib = host_library(pairs, tmp_path, module)
@@ -306,21 +307,13 @@ def test_rows_and_elementwise_on_host(tmp_path):
             host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
             lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
                             ctypes.c_uint(launch.block[0]))
-    check(arrays, want, labels)
 
 
-@pytest.mark.codegen
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_rows_and_elementwise_compile_with_nvcc(tmp_path):
-    funcs, _, _, _ = build_all(np.random.default_rng(1))
-    ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
-
-
-@pytest.mark.gpu
-def test_rows_and_elementwise_on_gpu():
+def run_on_gpu(funcs, arrays) -> None:
+    """`funcs` compiled by NVRTC and run on the GPU; their outputs (the last array each)
+    copied back into `arrays`."""
     import cupy as cp
 
-    funcs, arrays, want, labels = build_all(np.random.default_rng(2))
     module = render_module([(f, True) for f in funcs])
     raw = cp.RawModule(code=module.source, options=("-std=c++17",))
     for func in funcs:
@@ -331,4 +324,78 @@ def test_rows_and_elementwise_on_gpu():
             raw.get_function(launch.name)(launch.grid, launch.block, tuple(args),
                                           shared_mem=launch.shared_bytes)
         arrays[func.name][-1] = cp.asnumpy(args[len(arrays[func.name]) - 1])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+def test_rows_and_elementwise_on_host(tmp_path):
+    """The rendered CUDA C itself, a host thread per CUDA thread."""
+    funcs, arrays, want, labels = build_all(np.random.default_rng(3))
+    run_on_host(funcs, arrays, tmp_path)
     check(arrays, want, labels)
+
+
+@pytest.mark.codegen
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_rows_and_elementwise_compile_with_nvcc(tmp_path):
+    funcs, _, _, _ = build_all(np.random.default_rng(1))
+    funcs += half_chains(np.random.default_rng(1))[0]
+    ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
+
+
+@pytest.mark.gpu
+def test_rows_and_elementwise_on_gpu():
+    funcs, arrays, want, labels = build_all(np.random.default_rng(2))
+    run_on_gpu(funcs, arrays)
+    check(arrays, want, labels)
+
+
+# -- float16: vectors of its bits ----------------------------------------------------------------
+
+HALF_CASES = [((1000, 37), 4, "ushort4"), ((1000, 37), 2, "ushort2"), ((4099,), 4, None),
+              ((2, 4099), 2, "ushort2"), ((2, 4099), 4, None), ((1000, 37), 1, None)]
+"""(shape, vector, the vector type of the loads and stores or None: scalars)."""
+
+
+def half_chains(rng):
+    """(funcs, arrays, want) of relu(0.5 x + x) in float16 under each HALF_CASES width: the
+    kernel computes in float32 and rounds once, as NumPy's float16 arithmetic does for these
+    exact-in-float32 operations, so the results must be equal."""
+    funcs, arrays, want = [], {}, {}
+    for c, (shape, vector, _) in enumerate(HALF_CASES):
+        g = Graph("g")
+        x = g.add_input("x", T.TensorType(T.float16, shape))
+        half = Value("h", T.TensorType(T.float16, ()), const=np.array(0.5, np.float16))
+        g.outputs = [g.add("Relu", g.add("Add", g.add("Mul", x, half), x))]
+        func, consts = scheduled(g, DEFAULT, Config(vector=vector), f"h{c}")
+        xs = (rng.standard_normal(shape) * 30).astype(np.float16)
+        funcs.append(func)
+        arrays[func.name] = [xs] + consts + [poisoned(np.dtype(np.float16), shape)]
+        want[func.name] = expected(g, xs)
+    return funcs, arrays, want
+
+
+def test_float16_chains_load_and_store_their_bits_as_vectors():
+    funcs, _, _ = half_chains(np.random.default_rng(0))
+    for func, (shape, vector, kind) in zip(funcs, HALF_CASES):
+        text, _ = render_func(func)
+        if kind is None:
+            assert "reinterpret_cast" not in text, (shape, vector)
+        else:
+            assert text.count(f"*reinterpret_cast<const {kind}*>(&v_x[") == 1
+            assert text.count(f"*reinterpret_cast<{kind}*>(&v_Relu_") == 1
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+def test_float16_chains_on_host(tmp_path):
+    funcs, arrays, want = half_chains(np.random.default_rng(4))
+    run_on_host(funcs, arrays, tmp_path)
+    for func, case in zip(funcs, HALF_CASES):
+        np.testing.assert_array_equal(arrays[func.name][-1], want[func.name], err_msg=str(case))
+
+
+@pytest.mark.gpu
+def test_float16_chains_on_gpu():
+    funcs, arrays, want = half_chains(np.random.default_rng(5))
+    run_on_gpu(funcs, arrays)
+    for func, case in zip(funcs, HALF_CASES):
+        np.testing.assert_array_equal(arrays[func.name][-1], want[func.name], err_msg=str(case))
