@@ -275,6 +275,7 @@ def test_a_vectorized_store_is_one_vector_store_only_where_alignment_is_proven(
 @pytest.mark.parametrize("case,text", [
     ("int32", "*reinterpret_cast<int4*>(&dst["),
     ("float16", "*reinterpret_cast<ushort4*>(&dst["),   # its bits
+    ("bfloat16", "*reinterpret_cast<ushort2*>(&dst["),
     ("shared", "*reinterpret_cast<float4*>(&dst["),   # declared __align__(16)
     ("local", None),                                   # registers: no vector access
     ("reads global", None),   # a lane's value read from memory another lane may store
@@ -284,6 +285,7 @@ def test_vector_stores_by_destination_and_value(case, text):
     func = {
         "int32": lambda: _register_store(0, 4, 4, dtype=T.int32),
         "float16": lambda: _register_store(0, 4, 4, dtype=T.float16),
+        "bfloat16": lambda: _register_store(2, 2, 2, dtype=T.bfloat16),
         "shared": lambda: _register_store(0, 4, 4, dst_scope=L.Scope.SHARED),
         "local": lambda: _register_store(0, 4, 4, dst_scope=L.Scope.LOCAL),
         "reads global": lambda: _register_store(
@@ -362,6 +364,7 @@ def test_vector_stores_store_what_the_lanes_computed_on_gpu():
 def test_vector_stores_compile_with_nvcc(tmp_path):
     funcs = [func for func, *_ in _store_cases(0)]
     funcs.append(_register_store(0, 4, 4, dst_scope=L.Scope.SHARED, name="shared"))
+    funcs.append(_register_store(2, 2, 2, dtype=T.bfloat16, name="bf16"))
     ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
 
 
