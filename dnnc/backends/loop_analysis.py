@@ -4,10 +4,10 @@ What a loop's iterations share (`carried`: a loop may run its iterations on seve
 GPU threads only when it carries nothing), which consecutive loops walk the same rows
 (`fuse_row_loops`: softmax's max, sum and normalisation become one loop over rows), the
 accumulator updates a reduction makes (`update_op`), how a load walks its buffer as a loop
-counts (`steps_contiguously`, `reads_in_order`: whether GPU threads on that loop read
-consecutive addresses), and the small rewrites built on them (`fuse_until`,
-`rename_buffer`). Pure functions of the operator IR: this module never
-chooses a schedule and never imports a backend.
+counts (`steps_contiguously`: whether GPU threads on that loop read consecutive addresses;
+`runs_in_order`: whether a thread's contiguous iterations touch contiguous elements), and
+the small rewrites built on them (`fuse_until`, `rename_buffer`). Pure functions of the
+operator IR: this module never chooses a schedule and never imports a backend.
 """
 
 from __future__ import annotations
@@ -97,21 +97,23 @@ def steps_contiguously(load: L.Load, var: L.Var, extent: int) -> bool:
     return 2 * int(np.sum(np.diff(offsets) == 1)) >= len(offsets) - 1
 
 
-def reads_in_order(load: L.Load, var: L.Var, extent: int) -> bool:
-    """Whether `load` reads element `var` of its buffer (row-major) for `var` in [0, extent)
-    (checked at 64 points of the range and its first 64 values): an operand of an
-    elementwise stage shaped as its output."""
+def runs_in_order(access: L.Load | L.Store, var: L.Var, extent: int) -> bool:
+    """Whether `access` (a load or a store) touches element base + `var` of its buffer
+    (row-major) for `var` in [0, extent), base its offset at `var` = 0 (checked at 64
+    points of the range and its first 64 values, its other variables held at 0: a row's
+    start): a thread's contiguous iterations then touch contiguous elements, one vector
+    access where their start is aligned."""
     points = np.unique(np.concatenate([np.arange(min(extent, 64)),
                                        np.linspace(0, extent - 1, 64).astype(np.int64)]))
-    offsets = flat_offsets(load, var, points)
-    return offsets is not None and L.free_vars(load) <= {var} and \
-        bool(np.array_equal(offsets, points))
+    offsets = flat_offsets(access, var, points)
+    return offsets is not None and bool(np.array_equal(offsets - offsets[0], points))
 
 
-def flat_offsets(load: L.Load, var: L.Var, points: np.ndarray) -> np.ndarray | None:
-    """The row-major element offsets `load` reads at `var` = each of `points` (its other
-    variables held at 0); None when its buffer's shape is symbolic or an index is not
-    computable here."""
+def flat_offsets(load: L.Load | L.Store, var: L.Var, points: np.ndarray
+                 ) -> np.ndarray | None:
+    """The row-major element offsets `load` (or a store) touches at `var` = each of `points`
+    (its other variables held at 0); None when its buffer's shape is symbolic or an index is
+    not computable here."""
     from ..ir.compute import ComputeEvalError, _Evaluator
 
     shape = L.static_shape(load.buffer.shape)

@@ -641,23 +641,42 @@ class _Emitter:
         self.emit(depth, "}")
 
     def vector_for(self, s: L.For, depth: int) -> None:
-        """A vectorized loop copying a load at unit stride, `dst[f(v)] = src[base + v]`,
-        loads its lanes as one `float4` (`float2`, ...) where `base` is proven a multiple of
-        the lanes (`L.divisor`) and `src` is aligned (a parameter or workspace: 256 bytes;
-        shared: declared 16), then stores each lane; any other vectorized loop is unrolled."""
-        vector = _vector_load(s, self.divisors)
-        if vector is None:
+        """A vectorized loop of one store, `dst[g(v)] = value(v)`, in one vector access each
+        side where alignment is proven (`_vector_access`: the offset `base + v` with `base`
+        a proven multiple of the lanes, `L.divisor`, in a buffer that is aligned: a
+        parameter or workspace, 256 bytes; shared, declared 16):
+
+        - `value` a load `src[base + v]`: one `float4` (`float2`, ...) load, then the lanes;
+        - `dst[base + v]` with `value` reading registers only (or the vector load): the
+          lanes' values computed into one vector, stored with one `float4` (...) store;
+
+        both at once when both hold (a register copy either way round, or a global copy);
+        any other vectorized loop is unrolled, lane by lane."""
+        load = _vector_load(s, self.divisors)
+        store = _vector_store(s, self.divisors, load is not None)
+        if load is None and store is None:
             self.unrolled_for(s, depth)
             return
-        ctype, base = vector
-        load = s.body.value
+        lanes = range(s.extent.value)
+        at = [L.substitute(s.body, {s.var: L.const(lane, s.var.dtype)}) for lane in lanes]
         name = f"{c_name(s.var.name)}_vec"
-        self.emit(depth, f"{{ const {ctype} {name} = *reinterpret_cast<const {ctype}*>("
-                         f"&{self.address(load.buffer, (base,))});")
-        for lane in range(s.extent.value):
-            at = L.substitute(s.body, {s.var: L.const(lane, s.var.dtype)})
-            self.emit(depth + 1, f"{self.address(at.buffer, at.indices)} = "
-                                 f"{name}.{'xyzw'[lane]};")
+        self.emit(depth, "{")
+        if load is not None:
+            ctype, base = load
+            src = s.body.value.buffer
+            self.emit(depth + 1, f"const {ctype} {name} = *reinterpret_cast<const {ctype}*>("
+                                 f"&{self.address(src, (base,))});")
+            values = [f"{name}.{'xyzw'[lane]}" for lane in lanes]
+        else:
+            values = [self.expr(x.value) for x in at]
+        if store is not None:
+            ctype, base = store
+            self.emit(depth + 1, f"*reinterpret_cast<{ctype}*>(&"
+                                 f"{self.address(s.body.buffer, (base,))}) = "
+                                 f"{ctype}{{{', '.join(values)}}};")
+        else:
+            for x, value in zip(at, values):
+                self.emit(depth + 1, f"{self.address(x.buffer, x.indices)} = {value};")
         self.emit(depth, "}")
 
     def if_(self, s: L.If, depth: int) -> None:
@@ -781,22 +800,46 @@ _LOOP: dict[L.ForKind, Callable] = {
 loops to blocks and threads instead); a vectorized one is a vector load where proven."""
 
 _VECTOR_TYPES = {(T.float32, 2): "float2", (T.float32, 4): "float4", (T.int32, 2): "int2",
-                 (T.int32, 4): "int4"}
-"""(element type, lanes) -> the CUDA vector type a vectorized copy loads."""
+                 (T.int32, 4): "int4",
+                 **{(dt, n): f"ushort{n}" for dt in (T.float16, T.bfloat16) for n in (2, 4)}}
+"""(element type, lanes) -> the CUDA vector type a vectorized loop loads or stores (float16
+and bfloat16 as their bits, `unsigned short`)."""
 
 
 def _vector_load(s: L.For, divisors: dict) -> tuple[str, L.Expr] | None:
-    """(vector type, base offset) when vectorized loop `s` is `dst[f(v)] = src[base + v]`
-    with `base` a proven multiple of the lanes and `src` aligned; else None."""
-    body, lanes = s.body, s.extent
-    if not (isinstance(body, L.Store) and isinstance(body.value, L.Load)
-            and isinstance(lanes, L.Const)):
+    """(vector type, base offset) when vectorized loop `s` is `dst[g(v)] = src[base + v]`
+    with `src` and `base` aligned (`_vector_access`); else None."""
+    body = s.body
+    if not (isinstance(body, L.Store) and isinstance(body.value, L.Load)):
         return None
-    load = body.value
-    ctype = _VECTOR_TYPES.get((load.buffer.dtype, lanes.value))
-    if ctype is None or load.buffer.scope is L.Scope.LOCAL:
+    return _vector_access(body.value.buffer, body.value.indices, s, divisors)
+
+
+def _vector_store(s: L.For, divisors: dict, loaded: bool) -> tuple[str, L.Expr] | None:
+    """(vector type, base offset) when vectorized loop `s` is `dst[base + v] = value(v)`
+    with `dst` and `base` aligned (`_vector_access`) and `value` reading registers only
+    (LOCAL buffers: no lane's store changes what another lane reads, so all lanes may be
+    computed before the one store) or being the loop's vector load (`loaded`); else None."""
+    body = s.body
+    if not isinstance(body, L.Store) or not loaded and any(
+            isinstance(n, L.Load) and n.buffer.scope is not L.Scope.LOCAL
+            for n in L.walk(body.value)):
         return None
-    (index,) = load.indices
+    return _vector_access(body.buffer, body.indices, s, divisors)
+
+
+def _vector_access(buffer: L.Buffer, indices: tuple, s: L.For, divisors: dict
+                   ) -> tuple[str, L.Expr] | None:
+    """(vector type, base offset) when `buffer[indices]` over the lanes of vectorized loop
+    `s` is `buffer[base + v]`, `buffer` is aligned (not LOCAL: registers have no address
+    worth a vector access) and `base` a proven multiple of the lanes; else None."""
+    lanes = s.extent
+    if not isinstance(lanes, L.Const):
+        return None
+    ctype = _VECTOR_TYPES.get((buffer.dtype, lanes.value))
+    if ctype is None or buffer.scope is L.Scope.LOCAL:
+        return None
+    (index,) = indices
     if not _plus_lane(index, s.var):
         return None
     base = L.substitute(index, {s.var: L.const(0, s.var.dtype)})
@@ -813,6 +856,8 @@ def _plus_lane(e: L.Expr, v: L.Var) -> bool:
         a_has, b_has = (v in L.free_vars(x) for x in (e.a, e.b))
         return (a_has != b_has) and _plus_lane(e.a if a_has else e.b, v)
     return False
+
+
 _EXPR: dict[type, Callable] = {
     L.Const: _Emitter.constant, L.Var: _Emitter.var, L.Load: _Emitter.load,
     L.BinOp: _Emitter.binop, L.Call: _Emitter.call, L.Cast: _Emitter.cast,

@@ -13,21 +13,23 @@ around threadIdx loops:
 
 - `DEFAULT` (every kernel): a stage whose outer loops carry nothing between iterations
   (`loop_analysis.carried`, level by level) has them flattened into one index, `vector`
-  contiguous iterations a thread (operands shaped as the output copied into registers by
-  a VECTORIZED loop: one float4 / float2 load where the renderer proves it aligned; stores
-  stay scalar), `threads` a block (with `grid_stride`, at most `STRIDE_BLOCKS` blocks each
-  looping), its inner loops serial in the thread. A stage that
-  is a whole-tensor reduction (`acc = identity; for ...: acc = acc op f(...); out =
-  g(acc)`) runs as one row (below) on one block of `reduce_threads` threads;
-  `reduce_threads=1` runs it on one thread. Anything else runs on one thread (correct,
-  slow: the last resort, e.g. an argmax's paired accumulators).
+  contiguous iterations a thread (when the extent is a multiple of `vector`: operands
+  read in the stage's order copied into registers by a VECTORIZED loop, the results kept
+  in registers and stored by a VECTORIZED loop: one float4 / float2 load and store where
+  the renderer proves them aligned; else scalar accesses), `threads` a block (with
+  `grid_stride`, at most `STRIDE_BLOCKS` blocks each looping), its inner loops serial in
+  the thread. A stage that is a whole-tensor reduction (`acc = identity; for ...: acc =
+  acc op f(...); out = g(acc)`) runs as one row (below) on one block of `reduce_threads`
+  threads; `reduce_threads=1` runs it on one thread. Anything else runs on one thread
+  (correct, slow: the last resort, e.g. an argmax's paired accumulators).
 - `ROWS` (kernels with row reductions, as softmax, layernorm, a reduce over the last axis):
   consecutive stages over the same rows become one (`loop_analysis.fuse_row_loops`), and a
   row stage with a reduction of at least `MIN_ROW_WORK` iterations over the row's own
   elements (`loop_analysis.steps_contiguously`: a reduction over NCHW's channels reads
   coalesced one thread a row instead) runs `row_threads` threads a row (32: a warp per
-  row; more: several warps), max(1, `row_block` / `row_threads`) rows a block. Each elementwise loop of the row is strided over the row's threads (consecutive
-  threads, consecutive elements: coalesced); each reduction accumulates a strided share a
+  row; more: several warps), max(1, `row_block` / `row_threads`) rows a block. Each
+  elementwise loop of the row is strided over the row's threads (consecutive threads,
+  consecutive elements: coalesced); each reduction accumulates a strided share a
   thread, then combines across the warp by `shfl_xor` butterflies (every lane ends with the
   total: no shared memory, no barrier) and, with several warps a row, through one shared
   exchange of the warp partials (one barrier; every thread then sums the partials itself).
@@ -36,16 +38,17 @@ around threadIdx loops:
   an input row the passes read several times is loaded once into registers (`_row_cache`:
   one read of the row from global memory, one write) when it takes at most `MAX_CACHED`
   elements a thread; else each pass re-reads it (from L1/L2). With `row_vector` a thread
-  takes that many contiguous elements of the row at a time, and fills its cache with
-  vector loads. Barriers only where a part
-  reads or overwrites memory an earlier part of the row wrote. Other stages as DEFAULT.
+  takes that many contiguous elements of the row at a time; when the row's length is a
+  multiple, it fills its cache with vector loads, reads the row's other operands
+  (layernorm's scale and bias, an uncached row) with vector loads, and writes its results
+  with vector stores (from registers); else element by element. Barriers only where a
+  part reads or overwrites memory an earlier part of the row wrote. Other stages as
+  DEFAULT.
 
 Default row geometry (`rows_default`): `ELEMS_PER_THREAD` elements a thread, at least a
-warp and at most 1024 threads a row (a softmax row of 128: a warp, 4 a lane; a layernorm
-row of 768: 128 threads, 6 each; 5000: 1024 threads).
-
-Not yet: vector stores of a thread's contiguous results (the renderer has vector loads
-only).
+warp and at most 1024 threads a row, the widest `row_vector` the row allows (a softmax
+row of 128: a warp, 4 a lane, one float4 each way; a layernorm row of 768: 128 threads,
+6 each, float4; 5000: 1024 threads, float4; 770: float2; an odd row: 1).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from ...ir import types as T
 from ...ir.ops.registry import Pattern
 from .. import problems
 from ..loop_analysis import (accesses, carried, fuse_row_loops, fuse_until, nest_work,
-                             reads_in_order, rename_buffer, steps_contiguously, update_op)
+                             rename_buffer, runs_in_order, steps_contiguously, update_op)
 from ..space import Space, Template, choose_template
 from .codegen import stages
 from .conv import CONV2D
@@ -262,38 +265,113 @@ def _thread_per_iteration(loop: L.For, config, names: _Names) -> L.Stmt:
 
 
 def _vector(loop: L.For, group: L.Expr, groups: int, names: _Names, vector: int) -> L.Stmt:
-    """`loop`'s iterations group * vector + v for v < vector, guarded. Operands read in the
-    loop's own order (`reads_in_order`: shaped as the output) are first copied into
-    registers by a VECTORIZED loop each (one aligned vector load where the renderer proves
-    it; group * vector is a multiple of `vector`), when every group is whole; the rest run
-    unrolled."""
+    """`loop`'s iterations group * vector + v for v < vector, guarded. When every group is
+    whole (the extent a multiple of `vector`), operands read in the loop's own order are
+    first copied into registers by a VECTORIZED loop each (`_vector_loads`), the iterations
+    run unrolled with their results kept in registers (`_vector_stores`), and each output
+    is stored from them by a VECTORIZED loop: one vector load or store where the renderer
+    proves it aligned (group * vector is a multiple of `vector`). Otherwise every
+    iteration runs on its own, guarded, with scalar accesses."""
     if vector == 1:
         return _guarded(loop, group, groups)
     n = loop.extent.value
-    stored = {x.buffer.name for x in L.walk(loop.body) if isinstance(x, L.Store)}
-    operands = [] if n % vector else sorted({
-        x for x in L.walk(loop.body) if isinstance(x, L.Load) and x.buffer.name not in stored
-        and x.buffer.scope is L.Scope.GLOBAL and reads_in_order(x, loop.var, n)}, key=str)
-    if not operands:
+    if n % vector:
         v = names.var(f"{loop.var.name}_v")
         return L.For(v, vector, _guarded(loop, group * vector + v, groups * vector),
                      L.ForKind.VECTORIZED)
-    registers, copies = {}, []
-    for load in operands:
-        v = names.var(f"{loop.var.name}_v")
-        reg = L.Buffer(names(f"{load.buffer.name}_vec"), load.buffer.dtype, (vector,),
-                       L.Scope.LOCAL)
-        copies.append(L.For(v, vector, L.Store(reg, (v,), L.substitute(
-            load, {loop.var: group * vector + v})), L.ForKind.VECTORIZED))
-        registers[load] = reg
     v = names.var(f"{loop.var.name}_v")
-    body = L.transform(loop.body, lambda x: L.Load(registers[x], (v,))
-                       if isinstance(x, L.Load) and x in registers else None)
+    copies, registers, body = _vector_loads(loop.body, loop.var, n, {loop.var}, v,
+                                            group * vector, vector, names)
+    body, stores = _vector_stores(body, loop.var, n, {loop.var}, v, vector, names)
     out = L.seq(*copies, L.For(v, vector, L.Let(loop.var, group * vector + v, body),
-                               L.ForKind.UNROLLED))
-    for reg in registers.values():
+                               L.ForKind.UNROLLED),
+                *_store_back(stores, loop.var, group * vector, vector, names))
+    for reg in [*registers, *stores.values()]:
         out = L.Allocate(reg, out)
     return out if groups * vector == n else L.If(group < n // vector, out)
+
+
+def _vector_loads(body: L.Stmt, var: L.Var, extent: int, free: set, lane: L.Var,
+                  start: L.Expr, vector: int, names: _Names) -> tuple[list, list, L.Stmt]:
+    """(copies, registers, `body` reading them) for `body` (an iteration of `var`'s loop, run
+    for `var` = start + `lane`, `lane` < vector): each load of a global buffer `body` never
+    stores, at an index of `free`'s variables only that runs in order with `var`
+    (`runs_in_order`), copied into a register buffer of `vector` slots first by a
+    VECTORIZED loop (one vector load where the renderer proves `start` aligned) and read
+    from there (slot `lane`)."""
+    stored = {x.buffer.name for x in L.walk(body) if isinstance(x, L.Store)}
+    operands = sorted({
+        x for x in L.walk(body) if isinstance(x, L.Load) and x.buffer.name not in stored
+        and x.buffer.scope is L.Scope.GLOBAL and _index_vars(x) <= free
+        and runs_in_order(x, var, extent)}, key=str)
+    registers, copies = {}, []
+    for load in operands:
+        w = names.var(f"{var.name}_v")
+        reg = L.Buffer(names(f"{load.buffer.name}_vec"), load.buffer.dtype, (vector,),
+                       L.Scope.LOCAL)
+        copies.append(L.For(w, vector, L.Store(reg, (w,), L.substitute(
+            load, {var: start + w})), L.ForKind.VECTORIZED))
+        registers[load] = reg
+    body = L.transform(body, lambda x: L.Load(registers[x], (lane,))
+                       if isinstance(x, L.Load) and x in registers else None)
+    return copies, list(registers.values()), body
+
+
+def _vector_stores(body: L.Stmt, var: L.Var, extent: int, free: set, lane: L.Var,
+                   vector: int, names: _Names) -> tuple[L.Stmt, dict]:
+    """`body` (an iteration of `var`'s loop, run for `vector` contiguous values of `var`,
+    lane `lane`) with its stores of its own output element made to a register slot each
+    (`lane`), and {store as it was: its register buffer}. A store is taken when it runs once
+    every iteration (under no If and no inner loop), to a global buffer the body stores
+    nowhere else and never reads, at an index of `free`'s variables only that runs in order
+    with `var` (`runs_in_order`: contiguous lanes, contiguous elements)."""
+    count: dict[str, int] = {}
+    loaded = set()
+    for n in L.walk(body):
+        if isinstance(n, L.Store):
+            count[n.buffer.name] = count.get(n.buffer.name, 0) + 1
+        elif isinstance(n, L.Load):
+            loaded.add(n.buffer.name)
+    taken: dict[str, tuple[L.Store, L.Buffer]] = {}
+
+    def visit(s: L.Stmt) -> None:
+        if isinstance(s, L.Seq):
+            for x in s.stmts:
+                visit(x)
+        elif isinstance(s, (L.Let, L.Allocate)):
+            visit(s.body)
+        elif isinstance(s, L.Store) and s.buffer.scope is L.Scope.GLOBAL and \
+                count[s.buffer.name] == 1 and s.buffer.name not in loaded and \
+                set().union(*(L.free_vars(i) for i in s.indices)) <= free and \
+                runs_in_order(s, var, extent):
+            reg = L.Buffer(names(f"{s.buffer.name}_out"), s.buffer.dtype, (vector,),
+                           L.Scope.LOCAL)
+            taken[s.buffer.name] = (s, reg)
+
+    visit(body)
+    if not taken:
+        return body, {}
+
+    def rule(n):
+        if isinstance(n, L.Store) and n.buffer.name in taken:
+            return L.Store(taken[n.buffer.name][1], (lane,), n.value)
+        return None
+
+    return L.transform(body, rule), dict(taken.values())
+
+
+def _store_back(stores: dict, var: L.Var, start: L.Expr, vector: int, names: _Names
+                ) -> list[L.Stmt]:
+    """Each store of `stores` ({store: register}, `_vector_stores`) made for `var` = start
+    + w, w < vector, from its register by a VECTORIZED loop (one vector store where the
+    renderer proves `start` aligned)."""
+    out = []
+    for store, reg in stores.items():
+        w = names.var(f"{var.name}_w")
+        out.append(L.For(w, vector, L.Store(store.buffer, tuple(
+            L.substitute(i, {var: start + w}) for i in store.indices), L.Load(reg, (w,))),
+            L.ForKind.VECTORIZED))
+    return out
 
 
 def _guarded(loop: L.For, index: L.Expr, covered: int) -> L.Stmt:
@@ -557,9 +635,14 @@ class _RowBuilder:
 
     def _strided(self, loop: L.For, lane: L.Expr) -> L.Stmt:
         """`loop`'s iterations (k * threads + lane) * vector + v, its cached loads read from
-        registers (slot k * vector + v)."""
+        registers (slot k * vector + v); with `vector` > 1 and whole groups (the row's
+        length a multiple of `vector`), its other loads of the row's own elements copied
+        into registers first (`_vector_loads`) and its stores of them kept in registers and
+        stored after (`_vector_stores`): one vector load or store each where the renderer
+        proves it aligned."""
         lay = self.layout
-        steps = lay.steps(loop.extent.value)
+        n = loop.extent.value
+        steps = lay.steps(n)
         k = self.names.var(f"{loop.var.name}_k")
         kind = L.ForKind.UNROLLED if steps * lay.vector <= MAX_CACHED else L.ForKind.SERIAL
         covered = steps * lay.threads * lay.vector
@@ -568,9 +651,27 @@ class _RowBuilder:
                 loop, k)), k * lay.threads + lane, covered), kind)
         v = self.names.var(f"{loop.var.name}_v")
         body = self._cached(loop, k * lay.vector + v)
-        return L.For(k, steps, L.For(v, lay.vector, _guarded(
-            L.For(loop.var, loop.extent, body), (k * lay.threads + lane) * lay.vector + v,
-            covered), L.ForKind.UNROLLED), kind)
+        if n % lay.vector:
+            return L.For(k, steps, L.For(v, lay.vector, _guarded(
+                L.For(loop.var, loop.extent, body), (k * lay.threads + lane) * lay.vector + v,
+                covered), L.ForKind.UNROLLED), kind)
+        group = k * lay.threads + lane
+        free = {loop.var} | ({lay.row} if lay.row is not None else set())
+        copies, registers, body = _vector_loads(body, loop.var, n, free, v, group * lay.vector,
+                                                lay.vector, self.names)
+        body, stores = _vector_stores(body, loop.var, n, free, v, lay.vector, self.names)
+        registers += stores.values()
+        self.own |= {reg.name for reg in registers}
+        out = L.seq(*copies,
+                    L.For(v, lay.vector, L.Let(loop.var, group * lay.vector + v, body),
+                          L.ForKind.UNROLLED),
+                    *_store_back(stores, loop.var, group * lay.vector, lay.vector,
+                                 self.names))
+        for reg in registers:
+            out = L.Allocate(reg, out)
+        if covered != n:
+            out = L.If(group < n // lay.vector, out)
+        return L.For(k, steps, out, kind)
 
     def _cached(self, loop: L.For, slot: L.Expr) -> L.Stmt:
         if not self.cache:
@@ -690,18 +791,26 @@ def default_space(p: problems.Rows, machine) -> Space:
 
 
 VECTOR_FROM = 1 << 20
-"""Elements of output from which the default config takes two contiguous iterations a thread:
-on an H100 a fused chain over 256 MiB runs at 0.77 of copy bandwidth one a thread, 0.83 two,
-0.48 four (bench/gpu_kernels.py); below this size a kernel is launch-bound and more threads
-are as good."""
+"""Elements of output from which the default config takes `LARGE_VECTOR` contiguous
+iterations a thread: on an H100 a fused chain over 256 MiB ran at 0.77 of copy bandwidth
+one a thread, 0.83 two, 0.48 four, stores then scalar (four a thread: stores strided by
+4, badly coalesced; bench/gpu_kernels.py); below this size a kernel is launch-bound and
+more threads are as good."""
+
+LARGE_VECTOR = 2
+"""`vector` of the default config on outputs of VECTOR_FROM elements or more, when their
+size is a multiple (measured before vector stores; with them, 4 is a float4 load and store
+a thread: bench/gpu_kernels.py times 1, 2 and 4 in turn)."""
 
 
 def default_config(p: problems.Rows, machine) -> Config:
-    """Config(), with `vector` 2 on a large output of even size (VECTOR_FROM)."""
+    """Config(), with `vector` LARGE_VECTOR on a large output of a size it divides
+    (VECTOR_FROM)."""
     sizes = [math.prod(d.value for d in b.shape) for b in p.func.params
              if all(isinstance(d, L.Const) for d in b.shape)]
     largest = max(sizes, default=0)
-    return Config(vector=2) if largest >= VECTOR_FROM and largest % 2 == 0 else Config()
+    return Config(vector=LARGE_VECTOR) \
+        if largest >= VECTOR_FROM and largest % LARGE_VECTOR == 0 else Config()
 
 
 def default_build(p: problems.Rows, config: Config, machine) -> L.PrimFunc:
@@ -717,11 +826,23 @@ def rows_space(p: problems.Rows, machine) -> Space:
 
 def rows_default(p: problems.Rows, machine) -> RowsConfig:
     """ELEMS_PER_THREAD of the longest row's elements a thread, at least a warp a row, at
-    most 1024 threads; blocks of at least 128 threads (several rows of a warp each)."""
+    most 1024 threads; blocks of at least 128 threads (several rows of a warp each); the
+    widest `row_vector` the row allows (`_widest_vector`)."""
     length = max((_strided_loop(part).extent.value for loop in _row_loops(p)
                   for part in _row_parts(loop) if _reduction(part) is not None), default=0)
     threads = min(1024, max(WARP, _pow2(-(-length // ELEMS_PER_THREAD))))
-    return RowsConfig(row_threads=threads, row_block=max(128, threads))
+    return RowsConfig(row_threads=threads, row_block=max(128, threads),
+                      row_vector=_widest_vector(length, threads))
+
+
+def _widest_vector(length: int, threads: int) -> int:
+    """The widest of VECTOR dividing a row of `length` (every group whole: vector loads and
+    stores) and at most a thread's share of it (no lane idle for want of a whole group): a
+    softmax row of 128 on a warp 4, a layernorm row of 768 on 128 threads 4, 770 2, odd 1.
+    On an H100 a softmax of [8, 12, 128, 128] ran at 0.62 of copy bandwidth with
+    `row_vector` 1 and 0.86 with 2, stores then still scalar (bench/gpu_kernels.py)."""
+    share = -(-length // threads)
+    return max(v for v in VECTOR if length % v == 0 and v <= max(1, share))
 
 
 def rows_build(p: problems.Rows, config: RowsConfig, machine) -> L.PrimFunc:

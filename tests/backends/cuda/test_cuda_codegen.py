@@ -232,7 +232,140 @@ def test_a_vectorized_copy_is_one_vector_load_only_where_alignment_is_proven(
     text, _ = render_func(L.PrimFunc("f", (src, dst), body))
     assert ("reinterpret_cast<const float" in text) == (vector is not None)
     if vector:
-        assert f"const {vector} " in text and "v_vec.y;" in text
+        assert f"const {vector} " in text and "v_vec.y" in text
+
+
+def _register_store(start, stride, lanes, dtype=T.float32, dst_scope=L.Scope.GLOBAL,
+                    value=None, name="f"):
+    """t < 64 threads, each computing `lanes` values into registers, then a VECTORIZED loop
+    storing them at dst[t * stride + start + v]."""
+    src = L.Buffer("src", dtype, (1024,))
+    dst = L.Buffer("dst", dtype, (1024,), dst_scope)
+    reg = L.Buffer("reg", dtype, (lanes,), L.Scope.LOCAL)
+    t, e, u, v = L.Var("t"), L.Var("e"), L.Var("u"), L.Var("v")
+    stored = reg[v] if value is None else value(src, e, v)
+    body = L.seq(L.For(u, lanes, L.Store(reg, (u,), src[t * lanes + u] * L.const(2, dtype)),
+                       L.ForKind.UNROLLED),
+                 L.For(v, lanes, L.Store(dst, (e + v,), stored), L.ForKind.VECTORIZED))
+    if dst_scope is L.Scope.SHARED:
+        body = L.seq(body, L.Store(src, (t,), dst[t]))
+    body = L.For(t, 64, L.Let(e, t * stride + start, L.Allocate(reg, body)),
+                 L.ForKind.THREAD_X)
+    if dst_scope is L.Scope.SHARED:
+        body = L.Allocate(dst, body)
+    return L.PrimFunc(name, (src,) if dst_scope is L.Scope.SHARED else (src, dst), body)
+
+
+@pytest.mark.parametrize("start,stride,lanes,vector", [
+    (0, 4, 4, "float4"), (8, 8, 4, "float4"), (2, 4, 2, "float2"),   # proven multiples
+    (1, 4, 4, None), (0, 3, 4, None), (0, 2, 4, None), (3, 4, 2, None)])   # not proven
+def test_a_vectorized_store_is_one_vector_store_only_where_alignment_is_proven(
+        start, stride, lanes, vector):
+    func = _register_store(start, stride, lanes)
+    L.verify(func)
+    text, _ = render_func(func)
+    assert ("reinterpret_cast<float" in text) == (vector is not None)
+    if vector:
+        assert text.count(f"*reinterpret_cast<{vector}*>(&dst[") == 1
+        assert f"= {vector}{{reg[" in text
+    else:   # a store a lane
+        assert len(re.findall(r"\bdst\[[^\]]*\] = ", text)) == 1 and "#pragma unroll" in text
+
+
+@pytest.mark.parametrize("case,text", [
+    ("int32", "*reinterpret_cast<int4*>(&dst["),
+    ("float16", "*reinterpret_cast<ushort4*>(&dst["),   # its bits
+    ("bfloat16", "*reinterpret_cast<ushort2*>(&dst["),
+    ("shared", "*reinterpret_cast<float4*>(&dst["),   # declared __align__(16)
+    ("local", None),                                   # registers: no vector access
+    ("reads global", None),   # a lane's value read from memory another lane may store
+    ("vector copy", "*reinterpret_cast<float4*>(&dst["),   # a load and a store, both vector
+])
+def test_vector_stores_by_destination_and_value(case, text):
+    func = {
+        "int32": lambda: _register_store(0, 4, 4, dtype=T.int32),
+        "float16": lambda: _register_store(0, 4, 4, dtype=T.float16),
+        "bfloat16": lambda: _register_store(2, 2, 2, dtype=T.bfloat16),
+        "shared": lambda: _register_store(0, 4, 4, dst_scope=L.Scope.SHARED),
+        "local": lambda: _register_store(0, 4, 4, dst_scope=L.Scope.LOCAL),
+        "reads global": lambda: _register_store(
+            0, 4, 4, value=lambda src, e, v: src[e + v] * L.const(3.0)),
+        "vector copy": lambda: _register_store(0, 4, 4, value=lambda src, e, v: src[e + v]),
+    }[case]()
+    if case == "local":   # (a LOCAL dst of the kernel's own: wrap it in an Allocate)
+        body = func.body
+        func = L.PrimFunc("f", func.params[:1], L.Allocate(func.params[1], body))
+    source, _ = render_func(func)
+    if text is None:
+        assert "reinterpret_cast<float4*>" not in source
+    else:
+        assert text in source
+    if case == "vector copy":
+        assert "*reinterpret_cast<const float4*>(&src[" in source
+
+
+STORE_CASES = [(0, 4, 4, T.float32), (8, 8, 4, T.float32), (2, 4, 2, T.float32),
+               (1, 4, 4, T.float32), (3, 4, 2, T.float32), (0, 4, 4, T.int32),
+               (5, 8, 4, T.int32), (0, 4, 4, T.float16), (2, 2, 2, T.float16),
+               (1, 2, 2, T.float16)]
+"""(start, stride, lanes, dtype) of register stores that threads do not overlap: vector
+stores where aligned, a store a lane where not."""
+
+
+def _store_cases(seed: int):
+    """(func, src, dst, want) of every STORE_CASES kernel, `dst` poisoned with 7s."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k, (start, stride, lanes, dtype) in enumerate(STORE_CASES):
+        src = (rng.standard_normal(1024) * 100).astype(dtype.np)
+        dst = np.full(1024, 7, dtype.np)
+        want = dst.copy()
+        for t in range(64):
+            want[t * stride + start:t * stride + start + lanes] = \
+                src[t * lanes:(t + 1) * lanes] * 2
+        out.append((_register_store(start, stride, lanes, dtype, name=f"f{k}"), src, dst, want))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+def test_vector_stores_store_what_the_lanes_computed_on_host(tmp_path):
+    """The rendered CUDA C on host threads (test_host_semantics' shim) against NumPy."""
+    from test_host_semantics import host_library
+
+    cases = _store_cases(11)
+    pairs = [(func, True) for func, *_ in cases]
+    module = render_module(pairs)
+    lib = host_library(pairs, tmp_path, module)
+    for func, src, dst, want in cases:
+        args = (ctypes.c_void_p * 2)(src.ctypes.data, dst.ctypes.data)
+        (launch,) = module.kernels[func.name].launches
+        host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+        lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                        ctypes.c_uint(launch.block[0]))
+        np.testing.assert_array_equal(dst, want, err_msg=func.name)
+
+
+@pytest.mark.gpu
+def test_vector_stores_store_what_the_lanes_computed_on_gpu():
+    import cupy as cp
+
+    cases = _store_cases(12)
+    module = render_module([(func, True) for func, *_ in cases])
+    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    for func, src, dst, want in cases:
+        args = (cp.asarray(src), cp.asarray(dst))
+        (launch,) = module.kernels[func.name].launches
+        raw.get_function(launch.name)(launch.grid, launch.block, args)
+        np.testing.assert_array_equal(cp.asnumpy(args[1]), want, err_msg=func.name)
+
+
+@pytest.mark.codegen
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_vector_stores_compile_with_nvcc(tmp_path):
+    funcs = [func for func, *_ in _store_cases(0)]
+    funcs.append(_register_store(0, 4, 4, dst_scope=L.Scope.SHARED, name="shared"))
+    funcs.append(_register_store(2, 2, 2, dtype=T.bfloat16, name="bf16"))
+    ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
 
 
 def test_no_restrict_when_buffers_may_alias():

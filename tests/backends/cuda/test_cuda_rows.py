@@ -2,13 +2,16 @@
 
 - warp shuffles: the IR's verifier rules and the renderer's spelling (no GPU);
 - softmax, layernorm and reductions over the last axis on rows of 1, 31, 33, 127, 128,
-  769 and 5000 under the row template's default and a spread of its configs (a warp a
+  769, 770 and 5000 under the row template's default and a spread of its configs (a warp a
   row, several rows a block, several warps a row, the row cached in registers or re-read,
-  2 or 4 contiguous elements a thread at a time),
-  and elementwise chains under the vector-width and grid-stride knobs: emulated on the CPU
+  1, 2 or 4 contiguous elements a thread at a time: vector loads and stores where the
+  row's length is a multiple, scalar where not), and elementwise chains of 37000, 4099
+  and 8198 elements under the vector-width and grid-stride knobs: emulated on the CPU
   (test_cuda_codegen's `run_on_cpu`: shuffles read the other lane's register), rendered as
   CUDA C and run on host threads (test_host_semantics' shim), compiled by `nvcc -ptx`
-  where it is on PATH (`codegen`), and run on a GPU against NumPy (`gpu`).
+  where it is on PATH (`codegen`), and run on a GPU against NumPy (`gpu`);
+- a float16 chain under the vector knob (vectors of its bits, `ushort2` / `ushort4`) on
+  host threads, through nvcc and on a GPU, equal to NumPy's float16.
 """
 
 import shutil
@@ -26,7 +29,7 @@ from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
 
-LENGTHS = (1, 31, 33, 127, 128, 769, 5000)
+LENGTHS = (1, 31, 33, 127, 128, 769, 770, 5000)
 ROW_CONFIGS = [
     None,                                                    # the default for the length
     RowsConfig(row_threads=32, row_block=32),                # a warp a row, one row a block
@@ -37,9 +40,13 @@ ROW_CONFIGS = [
     RowsConfig(row_threads=32, row_block=128, row_vector=4),   # 4 contiguous a lane
     RowsConfig(row_threads=1024, row_block=1024, row_vector=4),   # ... cached, ragged steps
     RowsConfig(row_threads=64, row_block=64, row_vector=2, cache_row=False),
+    RowsConfig(row_threads=128, row_block=256, row_vector=2),   # float2, 4 warps, 2 rows
+    RowsConfig(row_threads=32, row_block=64, row_vector=4, cache_row=False),  # re-read
+    RowsConfig(row_threads=32, row_block=128, row_vector=1),   # the default before float4
 ]
-ELEMENTWISE_CONFIGS = [Config(), Config(vector=2), Config(vector=4, threads=64),
-                       Config(grid_stride=True, vector=4, threads=64)]
+ELEMENTWISE_CONFIGS = [Config(), Config(vector=2), Config(vector=4), Config(vector=4, threads=64),
+                       Config(grid_stride=True, vector=4, threads=64),
+                       Config(grid_stride=True, vector=2, threads=64)]
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -101,7 +108,7 @@ def cases(rng):
             template = template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0]
             for config in ROW_CONFIGS if template is ROWS else [None]:
                 out.append((f"{op}{list(shape)} {config}", g, template, config, x, want))
-    for shape in ((1000, 37), (4099,)):
+    for shape in ((1000, 37), (4099,), (2, 4099)):   # whole groups of 4; odd; of 2 only
         g = elementwise_graph(shape)
         x = rng.standard_normal(shape).astype(np.float32)
         for config in ELEMENTWISE_CONFIGS:
@@ -164,21 +171,28 @@ def test_the_verifier_refuses_misplaced_shuffles(value, kind, message):
 
 
 def test_default_row_geometry_by_length():
-    """A softmax row of 128 on a warp (4 a lane, 4 rows a 128-thread block); a layernorm row
-    of 768 on 128 threads (6 each); 5000 on 1024 threads."""
+    """A softmax row of 128 on a warp (4 a lane, one float4 each way, 4 rows a 128-thread
+    block); a layernorm row of 768 on 128 threads (6 each, float4); 5000 on 1024 threads
+    (float4); 770 on 128 threads (float2); an odd row of 769 scalar."""
     rng = np.random.default_rng(0)
-    for op, n, threads, block in (("Softmax", 128, 32, 128), ("LayerNormalization", 768, 128, 128),
-                                  ("Softmax", 5000, 1024, 1024)):
+    for op, n, threads, block, vector in (
+            ("Softmax", 128, 32, 128, 4), ("LayerNormalization", 768, 128, 128, 4),
+            ("Softmax", 5000, 1024, 1024, 4), ("LayerNormalization", 770, 128, 128, 2),
+            ("Softmax", 769, 128, 128, 1)):
         g = row_graph(op, (16, n), rng)
         kernel = lower_group(list(g.nodes), "k", outputs=g.outputs)
         template, problem = template_for(kernel)
         assert template is ROWS
         config = template.default(problem, MACHINE)
-        assert (config.row_threads, config.row_block) == (threads, block)
+        assert (config.row_threads, config.row_block, config.row_vector) == \
+            (threads, block, vector)
         func = template.build(problem, config, MACHINE)
-        _, k = render_func(func)
+        text, k = render_func(func)
         assert len(k.launches) == 1 and k.launches[0].block == (block, 1, 1)
         assert k.workspace == []   # row statistics in registers
+        kind = {1: None, 2: "float2", 4: "float4"}[vector]
+        assert (f"*reinterpret_cast<{kind}*>(&v_{op}_0[" in text) if kind else \
+            "reinterpret_cast" not in text
 
 
 @pytest.mark.parametrize("shape,axes,template", [
@@ -195,33 +209,74 @@ def test_rows_go_on_warps_when_long_and_contiguous(shape, axes, template):
     assert template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0] is template
 
 
-@pytest.mark.parametrize("shape,vector,loads", [
-    ((64, 1024), 4, "float4"), ((1000, 37), 2, "float2"),   # whole groups: vector loads
-    ((4099,), 4, None),                                      # a ragged tail: scalars
+_I, _R = L.Var("i"), L.Var("r")
+
+
+@pytest.mark.parametrize("index,shape,in_order", [
+    ((_I,), (64,), True), ((_I + 3,), (70,), True),          # from a start: its own
+    ((_R, _I), (5, 64), True),                               # a row's elements
+    ((_I * 2,), (128,), False), ((_I // 2,), (64,), False),  # strided, repeated
+    ((_I % 16, _I // 16), (16, 4), False),                   # a transpose's walk
 ])
-def test_vector_knob_loads_operands_as_vectors(shape, vector, loads):
+def test_runs_in_order_finds_contiguous_walks(index, shape, in_order):
+    from dnnc.backends.loop_analysis import runs_in_order
+
+    buf = L.Buffer("b", T.float32, shape)
+    assert runs_in_order(L.Load(buf, index), _I, 64) == in_order
+    assert runs_in_order(L.Store(buf, index, L.const(1.0)), _I, 64) == in_order
+
+
+@pytest.mark.parametrize("shape,vector,kind", [
+    ((64, 1024), 4, "float4"), ((1000, 37), 2, "float2"),   # whole groups: vector accesses
+    ((1000, 37), 4, "float4"), ((2, 4099), 2, "float2"),
+    ((4099,), 4, None), ((2, 4099), 4, None),                # ragged: scalars
+])
+def test_vector_knob_loads_and_stores_as_vectors(shape, vector, kind):
     g = elementwise_graph(shape)
     func, _ = scheduled(g, DEFAULT, Config(vector=vector), "k")
     text, _ = render_func(func)
-    if loads is None:
+    if kind is None:
         assert "reinterpret_cast" not in text
     else:
-        assert text.count(f"*reinterpret_cast<const {loads}*>(&v_x[") == 1
+        assert text.count(f"*reinterpret_cast<const {kind}*>(&v_x[") == 1
+        assert text.count(f"*reinterpret_cast<{kind}*>(&v_Relu_3[") == 1
 
 
-@pytest.mark.parametrize("n,vector,loads", [(128, 4, "float4"), (5000, 4, "float4"),
-                                             (770, 2, "float2"), (769, 4, None)])
-def test_row_vector_fills_the_row_cache_with_vector_loads(n, vector, loads):
+@pytest.mark.parametrize("n,vector,kind", [(128, 4, "float4"), (5000, 4, "float4"),
+                                           (770, 2, "float2"), (769, 4, None),
+                                           (770, 4, None)])
+def test_row_vector_fills_the_row_cache_with_vector_loads(n, vector, kind):
     g = row_graph("Softmax", (8, n), np.random.default_rng(0))
     threads = 32 if n < 1000 else 1024
     func, _ = scheduled(g, ROWS, RowsConfig(row_threads=threads, row_block=128,
                                             row_vector=vector), "k")
     text, _ = render_func(func)
     assert "float v_x_row" in text
-    if loads is None:
+    if kind is None:
         assert "reinterpret_cast" not in text
     else:
-        assert f"*reinterpret_cast<const {loads}*>(&v_x[" in text
+        assert f"*reinterpret_cast<const {kind}*>(&v_x[" in text
+        assert text.count(f"*reinterpret_cast<{kind}*>(&v_Softmax_0[") == 1
+
+
+@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("n,vector,kind", [(768, 4, "float4"), (768, 2, "float2"),
+                                           (770, 2, "float2"), (770, 4, None)])
+def test_layernorm_rows_read_and_write_as_vectors(n, vector, kind, cache):
+    """The row, scale and bias read, and the result written, a vector at a time (the row
+    once when cached, each pass when not); scalars when the row is not a multiple."""
+    g = row_graph("LayerNormalization", (8, n), np.random.default_rng(0))
+    func, _ = scheduled(g, ROWS, RowsConfig(row_threads=128, row_block=128,
+                                            row_vector=vector, cache_row=cache), "k")
+    text, _ = render_func(func)
+    if kind is None:
+        assert "reinterpret_cast" not in text
+        return
+    for operand in ("x", "scale", "bias"):
+        assert f"*reinterpret_cast<const {kind}*>(&v_{operand}[" in text
+    reads = text.count(f"*reinterpret_cast<const {kind}*>(&v_x[")
+    assert reads == 1 if cache else reads > 1
+    assert text.count(f"*reinterpret_cast<{kind}*>(&v_LayerNormalization_0[") == 1
 
 
 # -- every case emulated on the CPU, compiled by nvcc, run on a GPU --------------------------
@@ -233,15 +288,14 @@ def test_rows_and_elementwise_on_cpu():
     check(arrays, want, labels)
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
-def test_rows_and_elementwise_on_host(tmp_path):
-    """The rendered CUDA C itself, a host thread per CUDA thread (test_host_semantics' shim:
-    a shuffle posts its value and reads its partner's between two block barriers)."""
+def run_on_host(funcs, arrays, tmp_path) -> None:
+    """The rendered CUDA C of `funcs` on host threads (test_host_semantics' shim: a shuffle
+    posts its value and reads its partner's between two block barriers), on their arrays
+    in place."""
     import ctypes
 
     from test_host_semantics import host_library
 
-    funcs, arrays, want, labels = build_all(np.random.default_rng(3))
     pairs = [(f, True) for f in funcs]
     module = render_module(pairs)
     lib = host_library(pairs, tmp_path, module)
@@ -253,21 +307,13 @@ def test_rows_and_elementwise_on_host(tmp_path):
             host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
             lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
                             ctypes.c_uint(launch.block[0]))
-    check(arrays, want, labels)
 
 
-@pytest.mark.codegen
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_rows_and_elementwise_compile_with_nvcc(tmp_path):
-    funcs, _, _, _ = build_all(np.random.default_rng(1))
-    ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
-
-
-@pytest.mark.gpu
-def test_rows_and_elementwise_on_gpu():
+def run_on_gpu(funcs, arrays) -> None:
+    """`funcs` compiled by NVRTC and run on the GPU; their outputs (the last array each)
+    copied back into `arrays`."""
     import cupy as cp
 
-    funcs, arrays, want, labels = build_all(np.random.default_rng(2))
     module = render_module([(f, True) for f in funcs])
     raw = cp.RawModule(code=module.source, options=("-std=c++17",))
     for func in funcs:
@@ -278,4 +324,78 @@ def test_rows_and_elementwise_on_gpu():
             raw.get_function(launch.name)(launch.grid, launch.block, tuple(args),
                                           shared_mem=launch.shared_bytes)
         arrays[func.name][-1] = cp.asnumpy(args[len(arrays[func.name]) - 1])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+def test_rows_and_elementwise_on_host(tmp_path):
+    """The rendered CUDA C itself, a host thread per CUDA thread."""
+    funcs, arrays, want, labels = build_all(np.random.default_rng(3))
+    run_on_host(funcs, arrays, tmp_path)
     check(arrays, want, labels)
+
+
+@pytest.mark.codegen
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_rows_and_elementwise_compile_with_nvcc(tmp_path):
+    funcs, _, _, _ = build_all(np.random.default_rng(1))
+    funcs += half_chains(np.random.default_rng(1))[0]
+    ptx(render_module([(f, True) for f in funcs]).source, tmp_path)
+
+
+@pytest.mark.gpu
+def test_rows_and_elementwise_on_gpu():
+    funcs, arrays, want, labels = build_all(np.random.default_rng(2))
+    run_on_gpu(funcs, arrays)
+    check(arrays, want, labels)
+
+
+# -- float16: vectors of its bits ----------------------------------------------------------------
+
+HALF_CASES = [((1000, 37), 4, "ushort4"), ((1000, 37), 2, "ushort2"), ((4099,), 4, None),
+              ((2, 4099), 2, "ushort2"), ((2, 4099), 4, None), ((1000, 37), 1, None)]
+"""(shape, vector, the vector type of the loads and stores or None: scalars)."""
+
+
+def half_chains(rng):
+    """(funcs, arrays, want) of relu(0.5 x + x) in float16 under each HALF_CASES width: the
+    kernel computes in float32 and rounds once, as NumPy's float16 arithmetic does for these
+    exact-in-float32 operations, so the results must be equal."""
+    funcs, arrays, want = [], {}, {}
+    for c, (shape, vector, _) in enumerate(HALF_CASES):
+        g = Graph("g")
+        x = g.add_input("x", T.TensorType(T.float16, shape))
+        half = Value("h", T.TensorType(T.float16, ()), const=np.array(0.5, np.float16))
+        g.outputs = [g.add("Relu", g.add("Add", g.add("Mul", x, half), x))]
+        func, consts = scheduled(g, DEFAULT, Config(vector=vector), f"h{c}")
+        xs = (rng.standard_normal(shape) * 30).astype(np.float16)
+        funcs.append(func)
+        arrays[func.name] = [xs] + consts + [poisoned(np.dtype(np.float16), shape)]
+        want[func.name] = expected(g, xs)
+    return funcs, arrays, want
+
+
+def test_float16_chains_load_and_store_their_bits_as_vectors():
+    funcs, _, _ = half_chains(np.random.default_rng(0))
+    for func, (shape, vector, kind) in zip(funcs, HALF_CASES):
+        text, _ = render_func(func)
+        if kind is None:
+            assert "reinterpret_cast" not in text, (shape, vector)
+        else:
+            assert text.count(f"*reinterpret_cast<const {kind}*>(&v_x[") == 1
+            assert text.count(f"*reinterpret_cast<{kind}*>(&v_Relu_") == 1
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+def test_float16_chains_on_host(tmp_path):
+    funcs, arrays, want = half_chains(np.random.default_rng(4))
+    run_on_host(funcs, arrays, tmp_path)
+    for func, case in zip(funcs, HALF_CASES):
+        np.testing.assert_array_equal(arrays[func.name][-1], want[func.name], err_msg=str(case))
+
+
+@pytest.mark.gpu
+def test_float16_chains_on_gpu():
+    funcs, arrays, want = half_chains(np.random.default_rng(5))
+    run_on_gpu(funcs, arrays)
+    for func, case in zip(funcs, HALF_CASES):
+        np.testing.assert_array_equal(arrays[func.name][-1], want[func.name], err_msg=str(case))

@@ -73,6 +73,8 @@ struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) int2 { int x, y; };
 struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(4) ushort2 { unsigned short x, y; };
+struct alignas(8) ushort4 { unsigned short x, y, z, w; };
 template <typename To, typename From> static inline To dnnc_bits(From x) {
   To y; std::memcpy(&y, &x, sizeof y); return y;
 }
