@@ -92,8 +92,7 @@ def space(p: problems.Attention, machine) -> Space:
 # (rows, threads, tile_k) a default tries, in order: four lanes a row (a tile's 32 keys
 # make 8 scores a thread, a head of 64 16 accumulators), the largest row tile that still
 # gives MIN_BLOCKS blocks
-DEFAULTS = ((64, 256, 32), (32, 128, 32), (16, 64, 32), (16, 64, 16), (8, 32, 16),
-            (8, 32, 32))
+DEFAULTS = ((64, 256, 32), (32, 128, 32), (16, 64, 32), (8, 32, 32), (8, 32, 16))
 
 
 def default(p: problems.Attention, machine) -> AttentionConfig:
