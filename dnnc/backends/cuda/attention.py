@@ -2,15 +2,16 @@
 (Dao et al. 2022) in fp32 SIMT.
 
 A block takes `rows` query rows of one (batch, head): blockIdx.x is the batch (its dims
-folded), blockIdx.y the row tile. Its `threads` threads form groups of G = threads / rows
-consecutive lanes, one group a row (G a power of two up to a warp, so a group's lanes are one
-warp's and combine by `shfl_xor` butterflies). The rows of Q go to shared memory once; then
+folded), blockIdx.y the row tile. Its `threads` threads form groups of G = threads *
+thread_rows / rows consecutive lanes, one group `thread_rows` rows (G a power of two up to a
+warp, so a group's lanes are one warp's and combine by `shfl_xor` butterflies; several rows a
+thread reuse each K and V element read from shared memory: register blocking). The rows of Q go to shared memory once; then
 the keys and values stream through shared memory `tile_k` at a time:
 
 1. the block copies K's and V's tile (consecutive threads along the operand's contiguous
    dimension; 0 past the last key) into shared memory;
 2. a thread scores tile_k / G of the tile's keys (key g + G u for lane g of its group) against
-   its row: the dot product over d from shared memory (Q's and K's rows padded by one word,
+   each of its rows: the dot product over d from shared memory (Q's and K's rows padded by one word,
    so that the 32 lanes of a warp read 32 banks), times `scale`, plus the mask; keys past the
    last are -inf;
 3. the group's running max m moves to max(m, the tile's max) through the butterfly; with
@@ -28,7 +29,7 @@ epilogue and layout tail (`problems.Attention.store`): bert's heads merge back i
 scores never leave the block. Three barriers a tile (after the copy, after the
 probabilities, before the next copy).
 
-Not yet: vector loads of the tiles, several rows a thread, tensor cores.
+Not yet: vector loads of the tiles, double-buffered tiles, tensor cores.
 """
 
 from __future__ import annotations
@@ -51,19 +52,22 @@ MIN_BLOCKS = 132
 ROWS = (8, 16, 32, 64, 128)
 THREADS = (32, 64, 128, 256, 512)
 TILE_K = (16, 32, 64, 128)
+THREAD_ROWS = (1, 2, 4)
 NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True)
 class AttentionConfig:
     rows: int = 32        # query rows a block
-    threads: int = 128    # threads a block: threads / rows a row
+    threads: int = 128    # threads a block: threads * thread_rows / rows lanes a row group
     tile_k: int = 32      # keys (and values) a tile through shared memory
+    thread_rows: int = 1  # query rows a thread (each K and V element read from shared
+    #                       memory serves that many rows: register blocking)
 
     @property
     def group(self) -> int:
-        """Threads a row."""
-        return self.threads // self.rows
+        """Lanes of a row group (the threads sharing `thread_rows` rows)."""
+        return self.threads * self.thread_rows // self.rows
 
 
 def shared_floats(c: AttentionConfig, d: int, dv: int) -> int:
@@ -72,27 +76,33 @@ def shared_floats(c: AttentionConfig, d: int, dv: int) -> int:
     return c.rows * (d + 1) + c.tile_k * (d + 1) + c.tile_k * dv + c.rows * (c.tile_k + 1)
 
 
+def _lanes_ok(c: AttentionConfig) -> bool:
+    g = c.group
+    return c.rows % c.thread_rows == 0 and (c.threads * c.thread_rows) % c.rows == 0 and \
+        1 <= g <= WARP and g & (g - 1) == 0
+
+
 def space(p: problems.Attention, machine) -> Space:
     return Space("cuda_attention", AttentionConfig, {
-        "rows": ROWS, "threads": THREADS, "tile_k": TILE_K,
-    }, [Constraint("threads / rows is a power of two from 1 to 32 (a row's lanes in a warp)",
-                   lambda c: c.threads % c.rows == 0 and c.group <= WARP and
-                   c.group & (c.group - 1) == 0),
-        Constraint("tile_k a multiple of threads / rows",
-                   lambda c: c.threads % c.rows == 0 and c.tile_k % c.group == 0),
+        "rows": ROWS, "threads": THREADS, "tile_k": TILE_K, "thread_rows": THREAD_ROWS,
+    }, [Constraint("threads * thread_rows / rows (a row group's lanes) is a power of two "
+                   "from 1 to 32, thread_rows divides rows", _lanes_ok),
+        Constraint("tile_k a multiple of a row group's lanes",
+                   lambda c: _lanes_ok(c) and c.tile_k % c.group == 0),
         Constraint("Q's rows, K's and V's tiles and the probabilities within 48 KiB",
                    lambda c: 4 * shared_floats(c, p.d, p.dv) <= MAX_SHARED_BYTES),
         Constraint(f"at most {MAX_REGISTERS} scores and accumulators a thread",
-                   lambda c: c.threads % c.rows == 0 and
-                   (c.tile_k + p.dv + c.group - 1) // c.group <= MAX_REGISTERS),
+                   lambda c: _lanes_ok(c) and c.thread_rows * (
+                       c.tile_k // c.group + -(-p.dv // c.group)) <= MAX_REGISTERS),
         Constraint("the row tiles fit grid y",
                    lambda c: -(-p.sq // c.rows) <= MAX_GRID_Y)])
 
 
-# (rows, threads, tile_k) a default tries, in order: four lanes a row (a tile's 32 keys
-# make 8 scores a thread, a head of 64 16 accumulators), the largest row tile that still
-# gives MIN_BLOCKS blocks
-DEFAULTS = ((64, 256, 32), (32, 128, 32), (16, 64, 32), (8, 32, 32), (8, 32, 16))
+# (rows, threads, tile_k, thread_rows) a default tries, in order: four lanes a row group (a
+# tile's 32 keys make 8 scores a row, a head of 64 16 accumulators), the largest row tile
+# that still gives MIN_BLOCKS blocks
+DEFAULTS = ((64, 256, 32, 1), (32, 128, 32, 1), (16, 64, 32, 1), (8, 32, 32, 1),
+            (8, 32, 16, 1))
 
 
 def default(p: problems.Attention, machine) -> AttentionConfig:
@@ -115,10 +125,10 @@ def applies(p: problems.Attention) -> bool:
 
 
 def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
-    g_size, rows, tk, threads = c.group, c.rows, c.tile_k, c.threads
+    g_size, rows, tk, threads, nr = c.group, c.rows, c.tile_k, c.threads, c.thread_rows
     d, dv, sq, sk = p.d, p.dv, p.sq, p.sk
-    per_keys = tk // g_size                 # scores a thread
-    per_cols = -(-dv // g_size)             # output columns a thread
+    per_keys = tk // g_size                 # scores a row of a thread
+    per_cols = -(-dv // g_size)             # output columns a row of a thread
     dp, pp = d + 1, tk + 1                  # padded rows of Q and K, of the probabilities
     f32 = T.float32
     q = L.Buffer(p.q.name, f32, (p.batch, sq, d))
@@ -128,21 +138,24 @@ def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
     ks = L.Buffer("k_tile", f32, (tk * dp,), L.Scope.SHARED)
     vs = L.Buffer("v_tile", f32, (tk * dv,), L.Scope.SHARED)
     ps = L.Buffer("p_tile", f32, (rows * pp,), L.Scope.SHARED)
-    s = L.Buffer("scores", f32, (per_keys,), L.Scope.LOCAL)
-    acc = L.Buffer("acc", f32, (per_cols,), L.Scope.LOCAL)
-    # the row's running max, the thread's share of the row's sum, the tile's max
-    stat = L.Buffer("row_stat", f32, (3,), L.Scope.LOCAL)
-    m, l, top = (L.const(0),), (L.const(1),), (L.const(2),)
+    s = L.Buffer("scores", f32, (nr * per_keys,), L.Scope.LOCAL)
+    acc = L.Buffer("acc", f32, (nr * per_cols,), L.Scope.LOCAL)
+    # per row of the thread: the running max, the thread's share of the row's sum, the
+    # tile's max
+    stat = L.Buffer("row_stat", f32, (3 * nr,), L.Scope.LOCAL)
 
     bi, qt, kt = L.Var("bi"), L.Var("qt"), L.Var("kt")
     t, r, g = L.Var("t"), L.Var("r"), L.Var("g")
-    u, w, dd, jj, step, e = (L.Var(n) for n in ("u", "w", "dd", "jj", "ls", "e"))
+    u, w, h, dd, jj, step, e = (L.Var(n) for n in ("u", "w", "h", "dd", "jj", "ls", "e"))
     q0, j0 = qt * rows, kt * tk
-    i = q0 + r
+    row = r * nr + h                        # the block's row of the thread's h-th
+    i = q0 + row
     row_c = L.minimum(i, sq - 1)            # (a row past the last computes row sq - 1's)
+    m, l, top = (3 * h,), (3 * h + 1,), (3 * h + 2,)
+    su, aw = (h * per_keys + u,), (h * per_cols + w,)
 
     def per_thread(body: L.Stmt) -> L.Stmt:
-        """`body` on every thread, with its row r and lane g in the row's group (where
+        """`body` on every thread, with its row group r and lane g in the group (where
         used)."""
         used = L.free_vars(body)
         if g in used:
@@ -166,9 +179,13 @@ def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
     def each(var: L.Var, n: int, body: L.Stmt) -> L.Stmt:
         return L.For(var, n, body, L.ForKind.UNROLLED)
 
+    def rows_of(body: L.Stmt) -> L.Stmt:
+        """`body` for each of the thread's rows h."""
+        return each(h, nr, body)
+
     zero, neg_inf = L.const(0.0, f32), L.const(NEG_INF, f32)
-    init = per_thread(L.seq(L.Store(stat, m, neg_inf), L.Store(stat, l, zero),
-                            each(w, per_cols, L.Store(acc, (w,), zero))))
+    init = per_thread(L.seq(rows_of(L.seq(L.Store(stat, m, neg_inf), L.Store(stat, l, zero))),
+                            each(w, nr * per_cols, L.Store(acc, (w,), zero))))
     load_q = copy(rows * d, lambda x: L.Store(qs, (x // d * dp + x % d,), guarded(
         q0 + x // d < sq, q[bi, L.minimum(q0 + x // d, sq - 1), x % d])))
 
@@ -186,41 +203,42 @@ def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
         j0 + x // dv < sk, v[bi, L.minimum(j0 + x // dv, sk - 1), x % dv])))
 
     key = g + u * g_size                  # the tile's key of score u
-    dot = each(u, per_keys, L.Store(s, (u,), zero))
-    dot = L.seq(dot, L.For(dd, d, each(u, per_keys, L.Store(s, (u,), L.call(
-        "fma", qs[r * dp + dd], ks[key * dp + dd], s[u]))), L.ForKind.UNROLLED))
-    logit = s[u] * L.const(p.scale, f32)
+    dot = each(u, nr * per_keys, L.Store(s, (u,), zero))
+    dot = L.seq(dot, L.For(dd, d, rows_of(each(u, per_keys, L.Store(s, su, L.call(
+        "fma", qs[row * dp + dd], ks[key * dp + dd], s[su])))), L.ForKind.UNROLLED))
+    logit = s[su] * L.const(p.scale, f32)
     if p.mask is not None:
         logit = logit + p.mask_at(bi, row_c, L.minimum(j0 + key, sk - 1))
-    finish = each(u, per_keys, L.Store(s, (u,), L.Select(j0 + key < sk, logit, neg_inf)))
-    tile_max = L.seq(L.Store(stat, top, neg_inf), each(u, per_keys, L.Store(
-        stat, top, L.maximum(stat[top], s[u]))))
+    finish = rows_of(each(u, per_keys, L.Store(s, su, L.Select(j0 + key < sk, logit,
+                                                                neg_inf))))
+    tile_max = rows_of(L.seq(L.Store(stat, top, neg_inf), each(u, per_keys, L.Store(
+        stat, top, L.maximum(stat[top], s[su])))))
     scores = L.seq(per_thread(L.seq(dot, finish, tile_max)),
-                   *map(per_thread, _butterfly(stat, top, "max", g_size)))
+                   *[per_thread(rows_of(x)) for x in _butterfly(stat, top, "max", g_size)])
 
     m_new, m_ref, corr = (L.Var(n, f32) for n in ("m_new", "m_ref", "corr"))
-    prob = L.call("exp", s[u] - m_ref)
-    update = per_thread(L.Let(m_new, L.maximum(stat[m], stat[top]), L.Let(
+    prob = L.call("exp", s[su] - m_ref)
+    update = per_thread(rows_of(L.Let(m_new, L.maximum(stat[m], stat[top]), L.Let(
         m_ref, L.Select(L.eq(m_new, neg_inf), zero, m_new), L.Let(
             corr, L.call("exp", stat[m] - m_ref), L.seq(
                 L.Store(stat, l, stat[l] * corr),
-                each(u, per_keys, L.seq(L.Store(s, (u,), prob),
-                                        L.Store(stat, l, stat[l] + s[u]),
-                                        L.Store(ps, (r * pp + key,), s[u]))),
-                each(w, per_cols, L.Store(acc, (w,), acc[w] * corr)),
-                L.Store(stat, m, m_new))))))
+                each(u, per_keys, L.seq(L.Store(s, su, prob),
+                                        L.Store(stat, l, stat[l] + s[su]),
+                                        L.Store(ps, (row * pp + key,), s[su]))),
+                each(w, per_cols, L.Store(acc, aw, acc[aw] * corr)),
+                L.Store(stat, m, m_new)))))))
     col = L.minimum(g + w * g_size, dv - 1)   # (columns past dv compute column dv - 1's)
-    weigh = per_thread(L.For(jj, tk, each(w, per_cols, L.Store(acc, (w,), L.call(
-        "fma", ps[r * pp + jj], vs[jj * dv + col], acc[w]))), L.ForKind.UNROLLED))
+    weigh = per_thread(L.For(jj, tk, rows_of(each(w, per_cols, L.Store(acc, aw, L.call(
+        "fma", ps[row * pp + jj], vs[jj * dv + col], acc[aw])))), L.ForKind.UNROLLED))
 
     tiles = -(-sk // tk)
     stream = L.For(kt, tiles, L.seq(load_k, load_v, L.Barrier(), scores, update, L.Barrier(),
                                     weigh, L.Barrier()))
     column = g + w * g_size
-    store = p.store(bi, i, column, acc[w] / stat[l])
+    store = p.store(bi, i, column, acc[aw] / stat[l])
     inside = L.logical_and(i < sq, column < dv) if per_cols * g_size > dv else i < sq
-    done = L.seq(*map(per_thread, _butterfly(stat, l, "+", g_size)),
-                 per_thread(each(w, per_cols, L.If(inside, store))))
+    done = L.seq(*[per_thread(rows_of(x)) for x in _butterfly(stat, l, "+", g_size)],
+                 per_thread(rows_of(each(w, per_cols, L.If(inside, store)))))
     body = L.seq(init, load_q, stream, done)
     for buffer in (qs, ks, vs, ps, s, acc, stat):
         body = L.Allocate(buffer, body)

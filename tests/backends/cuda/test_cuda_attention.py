@@ -85,9 +85,11 @@ CASES = [
     ((1, 1, 9, 33, 16, 16, 1, (33,), "finite", AttentionConfig(32, 32, 16))),      # a lane a row
     ((1, 2, 24, 19, 16, 20, 0, (24, 1), "finite", AttentionConfig(8, 256, 32))),     # 32 lanes
     ((2, 2, 31, 25, 16, 16, 1, (2, 1, 31, 25), "-inf", None)),                       # default
+    # several rows a thread: 2 rows of 4 lanes, 4 rows of 8 lanes, 2 rows alone
+    ((2, 1, 37, 29, 16, 16, 1, (2, 1, 1, 29), "-inf", AttentionConfig(16, 32, 16, 2))),
+    ((1, 2, 40, 35, 16, 12, 0, (40, 35), "finite", AttentionConfig(32, 64, 32, 4))),
+    ((1, 1, 21, 18, 16, 16, 0, None, None, AttentionConfig(64, 32, 16, 2))),
 ]
-IDS = [f"b{c[0]}h{c[1]}q{c[2]}k{c[3]}d{c[4]}v{c[5]}{'T' if c[6] else ''}-{c[8]}-{c[9]}"
-       for c in CASES]
 
 
 def build_cases(rng):
@@ -152,7 +154,9 @@ def test_the_default_lies_in_the_space(shape):
 @pytest.mark.parametrize("config,message", [
     (AttentionConfig(32, 96, 32), "not one of its allowed values"),
     (AttentionConfig(8, 512, 32), "power of two"),                # 64 lanes a row
-    (AttentionConfig(8, 256, 16), "multiple of threads / rows"),   # 32 lanes, 16 keys
+    (AttentionConfig(8, 256, 16), "multiple of a row group's lanes"),   # 32 lanes, 16 keys
+    (AttentionConfig(8, 128, 32, 4), "power of two"),              # 64 lanes a row group
+    (AttentionConfig(64, 32, 32, 4), "at most 96"),                # 4 rows of 16 + 32
     (AttentionConfig(128, 512, 128), "48 KiB"),
 ])
 def test_configs_outside_the_space_are_refused(config, message):
@@ -170,6 +174,25 @@ def test_attention_on_cpu():
     run_on_cpu(funcs, arrays)
     check(arrays, want)
     assert any(np.isnan(w).any() for w in want.values())   # (a wholly masked row was tested)
+
+
+def test_ranks_two_and_three_on_cpu(rng):
+    """No batch dims (a [sq, d] Q), and one folded batch dim with a [sk] mask."""
+    funcs, arrays, want = [], {}, {}
+    for n, (shapes, k_transposed) in enumerate([
+            (((9, 16), (16, 13), (13, 8), (9, 13)), 1),
+            (((3, 9, 16), (3, 13, 16), (3, 13, 8), (13,)), 0)]):
+        g = Graph("g")
+        inputs = [g.add_input(name, T.TensorType(T.float32, shape))
+                  for name, shape in zip(("q", "k", "v", "mask"), shapes)]
+        g.outputs = [g.add("FusedAttention", *inputs, scale=0.3, k_transposed=k_transposed)]
+        func = scheduled(g, None, f"rank{n}")
+        xs = random_inputs(g, rng, None)
+        want[func.name] = run_graph(g, xs)[0]
+        arrays[func.name] = xs + [poisoned(np.dtype(np.float32), want[func.name].shape)]
+        funcs.append(func)
+    run_on_cpu(funcs, arrays)
+    check(arrays, want)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
