@@ -3,17 +3,18 @@
 
 A block takes `rows` query rows of one (batch, head): blockIdx.x is the batch (its dims
 folded), blockIdx.y the row tile. Its `threads` threads form groups of G = threads *
-thread_rows / rows consecutive lanes, one group `thread_rows` rows (G a power of two up to a
-warp, so a group's lanes are one warp's and combine by `shfl_xor` butterflies; several rows a
-thread reuse each K and V element read from shared memory: register blocking). The rows of Q go to shared memory once; then
-the keys and values stream through shared memory `tile_k` at a time:
+thread_rows / rows consecutive lanes, one group `thread_rows` rows (G a power of two up to
+a warp, so a group's lanes are one warp's and combine by `shfl_xor` butterflies; several
+rows a thread reuse each K and V element read from shared memory: register blocking). The
+rows of Q go to shared memory once; then the keys and values stream through shared memory
+`tile_k` at a time:
 
 1. the block copies K's and V's tile (consecutive threads along the operand's contiguous
    dimension; 0 past the last key) into shared memory;
-2. a thread scores tile_k / G of the tile's keys (key g + G u for lane g of its group) against
-   each of its rows: the dot product over d from shared memory (Q's and K's rows padded by one word,
-   so that the 32 lanes of a warp read 32 banks), times `scale`, plus the mask; keys past the
-   last are -inf;
+2. a thread scores tile_k / G of the tile's keys (key g + G u for lane g of its group)
+   against each of its rows: the dot product over d from shared memory (Q's and K's rows
+   padded by one word, so that the 32 lanes of a warp read 32 banks), times `scale`, plus
+   the mask; keys past the last are -inf;
 3. the group's running max m moves to max(m, the tile's max) through the butterfly; with
    m_ref = m, or 0 while m is -inf (FlashAttention's safe max: a row whose first keys are
    all masked by -inf loses nothing, and one whose keys all are gives 0/0 = NaN, as Softmax
@@ -34,7 +35,6 @@ Not yet: vector loads of the tiles, double-buffered tiles, tensor cores.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ...ir import loop as L

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import types as T
-from ..compute import broadcast_load, compute
+from ..compute import apply_rule, broadcast_load, compute
 from ..flops import Count, numel
 from ..loop import const
 from .infer import check_dtype, check_same_dtype
@@ -77,8 +77,6 @@ def fused_attention(q, k, v, mask=None, *, scale, k_transposed):
 def _attention_rule(inputs, outputs, *, scale, k_transposed):
     """The chain's compute rules: MatMul's, a stage scaling and masking its product (inlined
     into Softmax's stages), Softmax's, MatMul's."""
-    from ..compute import apply_rule
-
     q, k, v, mask = (list(inputs) + [None])[:4]
     out = outputs[0]
     if not k_transposed:
