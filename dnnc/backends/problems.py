@@ -166,10 +166,11 @@ def _operands(kernel: Kernel, node, count: int) -> list:
 @dataclass(frozen=True)
 class Attention:
     """Scaled dot-product attention (FusedAttention): for bi < batch (the batch dims folded),
-    i < sq, e < dv, Y[bi, i, e] = epilogue(sum_j softmax_j(scale * Q[bi, i, :] . K[bi, j, :]
-    + mask[bi, i, j]) V[bi, j, e]), K stored [d, sk] a batch when `k_transposed`, the mask
-    broadcast (its dims of 1 read at 0; None without one). The output is stored through
-    `store_index` (a layout tail) when there is one."""
+    i < sq, e < dv, Y[bi, i, e] = epilogue(sum_j softmax_j(s[bi, i, j]) V[bi, j, e]) with
+    s = where(drop[bi, i, j], fill, scale * Q[bi, i, :] . K[bi, j, :]) + mask[bi, i, j], K
+    stored [d, sk] a batch when `k_transposed`, the mask and drop broadcast (their dims of 1
+    read at 0; None without them). The output is stored through `store_index` (a layout
+    tail) when there is one."""
 
     name: str
     params: tuple
@@ -177,6 +178,8 @@ class Attention:
     k: L.Buffer
     v: L.Buffer
     mask: L.Buffer | None        # viewed with the scores' rank (1s prepended)
+    drop: L.Buffer | None        # (bool) viewed so too
+    fill: float
     y: L.Buffer
     batch_dims: tuple            # the scores' leading dims
     sq: int
@@ -201,11 +204,14 @@ class Attention:
             bi = bi // d
         return tuple(reversed(index))
 
-    def mask_at(self, bi: L.Expr, i: L.Expr, j: L.Expr) -> L.Expr:
-        """The mask's element of score (bi, i, j) (indices in range), broadcast."""
+    def mask_at(self, bi: L.Expr, i: L.Expr, j: L.Expr, buffer: L.Buffer | None = None
+                ) -> L.Expr:
+        """The mask's (or `buffer`'s: drop's) element of score (bi, i, j) (indices in
+        range), broadcast."""
+        buffer = self.mask if buffer is None else buffer
         full = self.batch_index(bi) + (i, j)
-        return self.mask[tuple(L.const(0) if d == L.const(1) else e
-                               for d, e in zip(self.mask.shape, full))]
+        return buffer[tuple(L.const(0) if d == L.const(1) else e
+                            for d, e in zip(buffer.shape, full))]
 
     def anchor_index(self, bi: L.Expr, i: L.Expr, e: L.Expr) -> tuple:
         return self.batch_index(bi) + (i, e)
@@ -232,10 +238,10 @@ def attention(kernel: Kernel) -> Attention | None:
     if node is not kernel.nodes[0] or node.op != "FusedAttention":
         return None
     where = store_index(kernel)
-    q, k, v, mask = _operands(kernel, node, 4)
+    q, k, v, mask, drop = _operands(kernel, node, 5)
     y = kernel.func.params[-1]
     buffers = [b for b in (q, k, v, mask, y) if b is not None]
-    dims = [L.static_shape(b.shape) for b in buffers]
+    dims = [L.static_shape(b.shape) for b in buffers + ([drop] if drop is not None else [])]
     if where is None or None in dims or any(b.dtype is not T.float32 for b in buffers) or \
             node.outputs[0].type.dtype is not T.float32:
         return None
@@ -247,12 +253,16 @@ def attention(kernel: Kernel) -> Attention | None:
     if min(sq, sk, d, dv, math.prod(batch_dims)) == 0:
         return None
     rank = len(qd)
-    view = None
-    if mask is not None:
-        md = L.static_shape(mask.shape)
-        view = L.Buffer(mask.name, mask.dtype, (1,) * (rank - len(md)) + tuple(md))
+
+    def view(b: L.Buffer | None) -> L.Buffer | None:
+        if b is None:
+            return None
+        bd = L.static_shape(b.shape)
+        return L.Buffer(b.name, b.dtype, (1,) * (rank - len(bd)) + tuple(bd))
+
     return Attention(
-        name=kernel.func.name, params=kernel.func.params, q=q, k=k, v=v, mask=view, y=y,
+        name=kernel.func.name, params=kernel.func.params, q=q, k=k, v=v, mask=view(mask),
+        drop=view(drop), fill=float(node.attrs["fill"]), y=y,
         batch_dims=batch_dims, sq=sq, sk=sk, d=d, dv=dv, k_transposed=transposed,
         scale=float(node.attrs["scale"]), y_dims=tuple(L.static_shape(y.shape)),
         epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None)

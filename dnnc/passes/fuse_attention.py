@@ -6,8 +6,8 @@ Runs only for targets whose `Fusion.attention` says their templates compute the 
 every other target keeps the chain (llvm's row and dense templates serve it as it is). The
 pattern, for each Softmax:
 
-    MatMul(Q, B) -> [Mul by a scalar constant s | Div by one c] -> [Add mask] -> Softmax(-1)
-        -> MatMul(., V)
+    MatMul(Q, B) -> [Mul by a scalar constant s | Div by one c] -> [Where(drop, fill, .)]
+        -> [Add mask] -> Softmax(-1) -> MatMul(., V)
 
 with B = Kᵀ ([*batch, D, Sk]: the exporters' Transpose of K, or a product stored
 heads-first, as the zoo's BERT has it), or Transpose(K) swapping the last two axes, which the
@@ -19,9 +19,13 @@ only where the fused node means exactly what the chain meant:
   that is the same thing);
 - the scale a scalar constant (one element, its broadcast growing nothing); Div by c is
   Mul by 1/c (at most an ulp apart); no scale is scale 1;
-- the mask added after the scale (FusedAttention is softmax(QKᵀ·s + mask)V: a mask added
-  before the scale, or multiplied, or selected by Where, is another function and stays), a
-  float32 tensor of any values that broadcasts to the scores without growing them. Finite
+- torch's masked_fill (GPT-2's causal mask) after the scale: Where(drop, fill, scores) with
+  a boolean `drop` and a scalar constant `fill` (-inf, or any value: the node selects it as
+  Where does), broadcasting to the scores without growing them;
+- the mask added after the scale and the Where (FusedAttention is
+  softmax(where(drop, fill, QKᵀ·s) + mask)V: a mask added before the scale, or multiplied,
+  is another function and stays), a float32 tensor of any values that broadcasts to the
+  scores without growing them. Finite
   masks (BERT's -10000), -inf and NaN mean what they meant: the template's online softmax
   subtracts 0 instead of a running max of -inf, so a row whose scores are all -inf gives
   NaN (0/0) as Softmax does, and a row whose first keys are -inf loses nothing;
@@ -68,11 +72,13 @@ def match_attention(graph: Graph, softmax: Node) -> bool:
     v = context.inputs[1]
     logits = softmax.inputs[0]
     matched = [softmax, context]
-    mask = None
+    mask = drop = None
+    fill = float("-inf")
     add = _producer(logits, "Add")
     if add is not None:
         for k in (0, 1):
-            if _scaled_product(add.inputs[k]) is not None:
+            if _dropped(add.inputs[k]) is not None or \
+                    _scaled_product(add.inputs[k]) is not None:
                 logits, mask = add.inputs[k], add.inputs[1 - k]
                 break
         else:
@@ -80,6 +86,11 @@ def match_attention(graph: Graph, softmax: Node) -> bool:
         if mask.type.dtype is not float32 or add.outputs[0].type != logits.type:
             return False
         matched.append(add)
+    where = _dropped(logits)
+    if where is not None:
+        node, drop, fill = where
+        logits = node.inputs[2]
+        matched.append(node)
     found = _scaled_product(logits)
     if found is None:
         return False
@@ -98,9 +109,27 @@ def match_attention(graph: Graph, softmax: Node) -> bool:
             len(users.get(b, [])) == 1 and not any(o is b for o in graph.outputs):
         k, k_transposed = transpose.inputs[0], 0
         matched.append(transpose)
-    inputs = [q, k, v] + ([mask] if mask is not None else [])
+    inputs = [q, k, v, mask, drop]
+    while inputs[-1] is None:
+        inputs.pop()
     return _rewrite(graph, users, matched, context, "FusedAttention", inputs,
-                    {"scale": scale, "k_transposed": k_transposed}, name=softmax.name)
+                    {"scale": scale, "k_transposed": k_transposed, "fill": fill},
+                    name=softmax.name)
+
+
+def _dropped(x):
+    """(the Where, its condition, its fill) when `x` is Where(drop, fill, y) with a boolean
+    `drop`, a scalar constant `fill`, y a scaled product and the result y's type; else
+    None."""
+    node = _producer(x, "Where")
+    if node is None:
+        return None
+    drop, c, y = node.inputs
+    c = known_constant(c)
+    if drop.type.dtype.kind != "b" or c is None or c.size != 1 or \
+            node.outputs[0].type != y.type or _scaled_product(y) is None:
+        return None
+    return node, drop, float(np.asarray(c, np.float64).reshape(()))
 
 
 def _scaled_product(x):

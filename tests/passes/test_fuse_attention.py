@@ -38,11 +38,12 @@ def _scalar(value: float, dtype=F32) -> Value:
 
 
 def chain(b=2, h=3, sq=5, sk=7, d=8, dv=6, scale="div", mask=(2, 1, 1, 7), k_form="kt",
-          mask_first=False, dtype=F32) -> Graph:
-    """An attention chain: MatMul(Q, Kᵀ) -> scale -> + mask -> Softmax -> MatMul(., V).
-    `k_form`: "kt" (K given transposed), "transpose" (Transpose of K [.., sk, d] in the
-    graph); `scale`: "div", "mul", "mul_left", None; `mask_first`: the mask added before
-    the scale (another function)."""
+          mask_first=False, dtype=F32, fill=None) -> Graph:
+    """An attention chain: MatMul(Q, Kᵀ) -> scale -> [Where(causal, fill, .)] -> + mask ->
+    Softmax -> MatMul(., V). `k_form`: "kt" (K given transposed), "transpose" (Transpose of
+    K [.., sk, d] in the graph); `scale`: "div", "mul", "mul_left", None; `mask_first`: the
+    mask added before the scale (another function); `fill`: torch's masked_fill of the
+    keys after each query (a constant [sq, sk] condition) by this value."""
     g = Graph("attention")
     q = g.add_input("q", _t(b, h, sq, d, dtype=dtype))
     if k_form == "kt":
@@ -62,6 +63,10 @@ def chain(b=2, h=3, sq=5, sk=7, d=8, dv=6, scale="div", mask=(2, 1, 1, 7), k_for
         x = g.add("Mul", x, c)
     elif scale == "mul_left":
         x = g.add("Mul", c, x)
+    if fill is not None:
+        causal = np.triu(np.ones((sq, sk), bool), 1)
+        x = g.add("Where", Value("causal", T.TensorType(T.bool_, (sq, sk)), const=causal),
+                  _scalar(fill, dtype), x)
     if m is not None and not mask_first:
         x = g.add("Add", m, x) if scale == "mul_left" else g.add("Add", x, m)
     p = g.add("Softmax", x, axis=-1)
@@ -133,6 +138,9 @@ def test_bert_without_embeddings_has_no_mask(rng):
     {"mask": (2, 3, 5, 7)},                          # a full mask
     {"k_form": "transpose"},                         # Transpose(K) read through
     {"b": 1, "h": 1, "sq": 1, "sk": 1, "mask": (1, 1, 1, 1)},   # one query, one key
+    {"fill": -np.inf, "mask": None},                 # GPT-2's causal masked_fill
+    {"fill": -np.inf, "scale": "mul"},               # ... then a padding mask
+    {"fill": float(np.finfo(np.float32).min)},       # HF's fill of the dtype's least
 ])
 def test_variants_are_fused_and_mean_the_same(variant, rng):
     g = chain(**variant)
@@ -141,6 +149,8 @@ def test_variants_are_fused_and_mean_the_same(variant, rng):
     assert not {"Softmax", "MatMul", "Transpose"} & set(ops(h))
     node = next(n for n in h.nodes if n.op == "FusedAttention")
     assert node.attrs["k_transposed"] == (0 if variant.get("k_form") == "transpose" else 1)
+    assert (len(node.inputs) == 5) == ("fill" in variant)
+    assert "Where" not in ops(h)
     want_scale = 1.0 if "scale" in variant and variant["scale"] is None else 1 / math.sqrt(8)
     assert node.attrs["scale"] == pytest.approx(want_scale, rel=1e-6)
     same_meaning(g, h, rng)
@@ -223,6 +233,18 @@ def test_a_tensor_scale_or_a_broadcast_key_batch_is_kept():
     assert "FusedAttention" not in ops(fused(g))
 
 
+def test_a_where_keeping_the_scores_where_true_is_kept():
+    """Where(keep, scores, fill): the condition's other sense, not torch's masked_fill."""
+    g = Graph("g")
+    q = g.add_input("q", _t(2, 5, 8))
+    kt = g.add_input("kt", _t(2, 8, 5))
+    v = g.add_input("v", _t(2, 5, 4))
+    keep = Value("keep", T.TensorType(T.bool_, (5, 5)), const=np.tril(np.ones((5, 5), bool)))
+    x = g.add("Where", keep, g.add("MatMul", q, kt), _scalar(-np.inf))
+    g.outputs = [g.add("MatMul", g.add("Softmax", x, axis=-1), v)]
+    assert "FusedAttention" not in ops(fused(g))
+
+
 def test_a_divisor_of_zero_is_kept():
     g = Graph("g")
     q = g.add_input("q", _t(2, 5, 8))
@@ -245,16 +267,21 @@ def test_the_pass_alone_changes_nothing_without_the_flag():
 
 @pytest.mark.parametrize("k_transposed", [0, 1])
 @pytest.mark.parametrize("mask_shape", [None, (3, 1, 7), (5, 7)])
-def test_reference_and_compute_rule_agree(k_transposed, mask_shape, rng):
+@pytest.mark.parametrize("drop_shape", [None, (5, 7)])
+def test_reference_and_compute_rule_agree(k_transposed, mask_shape, drop_shape, rng):
     q = rng.standard_normal((3, 5, 4)).astype(np.float32)
     k = rng.standard_normal((3, 7, 4)).astype(np.float32)
     v = rng.standard_normal((3, 7, 6)).astype(np.float32)
-    arrays = [q, np.swapaxes(k, -1, -2).copy() if k_transposed else k, v]
+    arrays = [q, np.swapaxes(k, -1, -2).copy() if k_transposed else k, v, None, None]
     if mask_shape is not None:
-        arrays.append(rng.standard_normal(mask_shape).astype(np.float32))
-    attrs = {"scale": 0.3, "k_transposed": k_transposed}
+        arrays[3] = rng.standard_normal(mask_shape).astype(np.float32)
+    if drop_shape is not None:
+        arrays[4] = rng.random(drop_shape) < 0.3
+    attrs = {"scale": 0.3, "k_transposed": k_transposed, "fill": -2.5}
     want = get_op("FusedAttention").run(arrays, attrs)[0]
     scores = q @ np.swapaxes(k, -1, -2) * np.float32(0.3)
+    if drop_shape is not None:
+        scores = np.where(arrays[4], np.float32(-2.5), scores)
     if mask_shape is not None:
         scores = scores + arrays[3]
     e = np.exp(scores - scores.max(-1, keepdims=True))
@@ -267,13 +294,23 @@ def test_reference_and_compute_rule_agree(k_transposed, mask_shape, rng):
     (((2, 5, 4), (2, 7, 3), (2, 7, 6)), "head size"),
     (((2, 5, 4), (2, 7, 4), (2, 8, 6)), "keys"),
     (((2, 5, 4), (3, 7, 4), (3, 7, 6)), "batch dims"),
-    (((2, 5, 4), (2, 7, 4), (2, 7, 6), (4, 2, 5, 7)), "without growing"),
+    (((2, 5, 4), (2, 7, 4), (2, 7, 6), (4, 2, 5, 7)), "mask .* without growing"),
 ])
 def test_inference_refuses_mismatched_operands(shapes, message):
     g = Graph("g")
     xs = [g.add_input(f"x{k}", _t(*s)) for k, s in enumerate(shapes)]
     with pytest.raises(ShapeError, match=message):
         g.add("FusedAttention", *xs, scale=1.0)
+
+
+def test_drop_is_boolean_and_does_not_grow_the_scores():
+    g = Graph("g")
+    q, k, v = (g.add_input(n, _t(2, 5, 4)) for n in "qkv")
+    with pytest.raises(ShapeError, match="drop"):
+        g.add("FusedAttention", q, k, v, None, g.add_input("d", _t(5, 5)), scale=1.0)
+    with pytest.raises(ShapeError, match="drop .* without growing"):
+        g.add("FusedAttention", q, k, v, None, g.add_input("b", _t(3, 2, 5, 5, dtype=T.bool_)),
+              scale=1.0)
 
 
 def test_symbolic_dims_are_kept():

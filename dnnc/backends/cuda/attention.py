@@ -13,8 +13,8 @@ rows of Q go to shared memory once; then the keys and values stream through shar
    dimension; 0 past the last key) into shared memory;
 2. a thread scores tile_k / G of the tile's keys (key g + G u for lane g of its group)
    against each of its rows: the dot product over d from shared memory (Q's and K's rows
-   padded by one word, so that the 32 lanes of a warp read 32 banks), times `scale`, plus
-   the mask; keys past the last are -inf;
+   padded by one word, so that the 32 lanes of a warp read 32 banks), times `scale`, `fill`
+   where `drop` says (torch's masked_fill), plus the mask; keys past the last are -inf;
 3. the group's running max m moves to max(m, the tile's max) through the butterfly; with
    m_ref = m, or 0 while m is -inf (FlashAttention's safe max: a row whose first keys are
    all masked by -inf loses nothing, and one whose keys all are gives 0/0 = NaN, as Softmax
@@ -207,6 +207,9 @@ def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
     dot = L.seq(dot, L.For(dd, d, rows_of(each(u, per_keys, L.Store(s, su, L.call(
         "fma", qs[row * dp + dd], ks[key * dp + dd], s[su])))), L.ForKind.UNROLLED))
     logit = s[su] * L.const(p.scale, f32)
+    if p.drop is not None:
+        logit = L.Select(p.mask_at(bi, row_c, L.minimum(j0 + key, sk - 1), p.drop),
+                         L.const(p.fill, f32), logit)
     if p.mask is not None:
         logit = logit + p.mask_at(bi, row_c, L.minimum(j0 + key, sk - 1))
     finish = rows_of(each(u, per_keys, L.Store(s, su, L.Select(j0 + key < sk, logit,
@@ -245,7 +248,7 @@ def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
     grid = L.For(bi, p.batch, L.For(qt, -(-sq // rows), body, L.ForKind.BLOCK_Y),
                  L.ForKind.BLOCK_X)
     views: dict[str, L.Buffer] = {}
-    for b in (q, k, v, p.mask, p.y_view):
+    for b in (q, k, v, p.mask, p.drop, p.y_view):
         if b is not None:
             views.setdefault(b.name, b)   # Q first, should Q also be K
     params = tuple(views.get(b.name, b) for b in p.params)

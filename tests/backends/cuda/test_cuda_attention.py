@@ -35,15 +35,17 @@ from dnnc.ir.interpreter import run_graph
 pytestmark = pytest.mark.codegen
 
 
-def attention_graph(b, h, sq, sk, d, dv, k_transposed=1, mask=None, scale=0.25) -> Graph:
+def attention_graph(b, h, sq, sk, d, dv, k_transposed=1, mask=None, scale=0.25,
+                    drop=None) -> Graph:
     g = Graph("attention")
     q = g.add_input("q", T.TensorType(T.float32, (b, h, sq, d)))
     k = g.add_input("k", T.TensorType(T.float32, (b, h, d, sk) if k_transposed
                                       else (b, h, sk, d)))
     v = g.add_input("v", T.TensorType(T.float32, (b, h, sk, dv)))
     inputs = [q, k, v]
-    if mask is not None:
-        inputs.append(g.add_input("mask", T.TensorType(T.float32, mask)))
+    inputs.append(None if mask is None else g.add_input("mask", T.TensorType(T.float32, mask)))
+    if drop is not None:   # torch's masked_fill by -inf where true
+        inputs.append(g.add_input("drop", T.TensorType(T.bool_, drop)))
     g.outputs = [g.add("FusedAttention", *inputs, scale=scale, k_transposed=k_transposed)]
     return g
 
@@ -66,9 +68,10 @@ def scheduled(g: Graph, config, name: str) -> L.PrimFunc:
 def random_inputs(g: Graph, rng, masked: str | None) -> list[np.ndarray]:
     """Fresh inputs; the mask: "finite" (as drawn), "-inf" (30% of it -inf, query row 1
     wholly masked, query row 2 masked over its first 16 keys)."""
-    xs = [rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
+    xs = [rng.random(v.type.shape) < 0.3 if v.type.dtype is T.bool_ else
+          rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
     if masked == "-inf":
-        m = xs[-1]
+        m = next(x for x, v in zip(xs, g.inputs) if v.name == "mask")
         m[...] = np.where(rng.random(m.shape) < 0.3, -np.inf, m)
         if m.shape[-2] > 2:
             m[..., 1, :] = -np.inf
@@ -90,14 +93,18 @@ CASES = [
     ((1, 2, 40, 35, 16, 12, 0, (40, 35), "finite", AttentionConfig(32, 64, 32, 4))),
     ((1, 1, 21, 18, 16, 16, 0, None, None, AttentionConfig(64, 32, 16, 2))),
 ]
+DROPS = [   # (case index, the boolean drop's shape): torch's masked_fill by -inf
+    (0, (40, 37)), (2, (2, 1, 33, 21)), (7, (37, 29))]
 
 
 def build_cases(rng):
     """(funcs, arrays by name, expected by name) of every case."""
     funcs, arrays, want = [], {}, {}
-    for n, (b, h, sq, sk, d, dv, kt, mask, kind, config) in enumerate(CASES):
-        g = attention_graph(b, h, sq, sk, d, dv, kt, mask)
-        func = scheduled(g, config, f"attn{n}")
+    cases = [(f"attn{n}", c, None) for n, c in enumerate(CASES)] + \
+        [(f"drop{n}", CASES[n], shape) for n, shape in DROPS]
+    for name, (b, h, sq, sk, d, dv, kt, mask, kind, config), drop in cases:
+        g = attention_graph(b, h, sq, sk, d, dv, kt, mask, drop=drop)
+        func = scheduled(g, config, name)
         xs = random_inputs(g, rng, kind)
         with np.errstate(all="ignore"):
             out = run_graph(g, xs)[0]
