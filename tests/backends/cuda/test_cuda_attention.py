@@ -7,7 +7,8 @@
   row wholly masked: NaN as Softmax gives; a row whose first tile is masked), broadcast
   three ways: emulated on the CPU (test_cuda_codegen's `run_on_cpu`), rendered as CUDA C
   and run on host threads (test_host_semantics' shim), compiled by `nvcc -ptx`;
-- bert_tiny's kernels, the attention one storing through the heads' merge, on the CPU;
+- bert_tiny's kernels, the attention one storing through the heads' merge, and the node
+  suite's FlexAttention bodies, on the CPU;
 - on a GPU (`gpu`): the kernel at bert_base's (128 keys, 12 heads, batch 1 and 8) and
   vit's (197: ragged) shapes against NumPy, and bert_tiny / bert_base whole against
   onnxruntime (rtol 1e-3, atol 1e-4).
@@ -18,7 +19,7 @@ import shutil
 import numpy as np
 import pytest
 
-from cuda_kernels import MACHINE, programs, reference, zoo_model
+from cuda_kernels import MACHINE, programs, reference, suite_cases, suite_inputs, zoo_model
 from test_cuda_codegen import check_program_on_cpu, poisoned, ptx, run_on_cpu
 from dnnc import zoo
 from dnnc.backends.cuda.attention import ATTENTION, AttentionConfig, shared_floats
@@ -245,6 +246,30 @@ def test_bert_tiny_kernels_on_cpu(rng):
     assert all([n.op for n in k.nodes] == ["FusedAttention", "Transpose", "Reshape"]
                for k in attention)
     values = reference(graph, zoo.inputs_for(model, rng))
+    for program in progs:
+        check_program_on_cpu(graph, program, values)
+
+
+FLEX = ["test_flexattention_diff_head_sizes_expanded_ver26", "test_flexattention_expanded_ver26",
+        "test_flexattention_gqa_expanded_ver26",
+        "test_flexattention_relative_positional_expanded_ver26",
+        "test_flexattention_scaled_expanded_ver26", "test_flexattention_score_mod_expanded_ver26"]
+"""Node-suite cases whose expanded function bodies hold the attention chain."""
+
+
+@pytest.mark.parametrize("name", FLEX)
+def test_node_suite_attention_chains_on_cpu(name):
+    """ONNX's FlexAttention function bodies (score mods, GQA, head sizes) fused into the
+    attention template, every kernel emulated against the reference."""
+    case = suite_cases([name]).get(name)
+    if case is None:
+        pytest.skip(f"{name} is not in this onnx's node suite")
+    graph, progs = programs(import_onnx(case.model))
+    assert sum(n.op == "FusedAttention" for n in graph.nodes) == 1
+    assert [template_for(k)[0] for p in progs for k in p.kernels
+            if k.anchor.op == "FusedAttention"] == [ATTENTION]
+    xs = suite_inputs(case)
+    values = reference(graph, {v.name: x for v, x in zip(graph.inputs, xs)})
     for program in progs:
         check_program_on_cpu(graph, program, values)
 
