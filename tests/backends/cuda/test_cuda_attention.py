@@ -277,21 +277,26 @@ def test_node_suite_attention_chains_on_cpu(name):
 # -- on a GPU ------------------------------------------------------------------------------------
 
 GPU_SHAPES = [(1, 12, 128, 64), (8, 12, 128, 64), (1, 3, 197, 64), (4, 12, 512, 64),
-              (1, 4, 77, 128)]
+              (1, 12, 64, 64), (1, 4, 77, 128)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=[f"b{b}h{h}s{s}d{d}"
                                                    for b, h, s, d in GPU_SHAPES])
-@pytest.mark.parametrize("masked", [None, "finite", "-inf"])
+@pytest.mark.parametrize("masked", [None, "finite", "-inf", "causal"])
 def test_attention_kernel_on_gpu(shape, masked, rng):
+    """bert_base's, vit's, a long sequence's, GPT-2's (a causal masked_fill) and a head of
+    128's attention, each masked four ways."""
     import cupy as cp
 
     b, h, s, d = shape
-    g = attention_graph(b, h, s, s, d, d, mask=None if masked is None else (b, 1, 1, s),
-                        scale=d ** -0.5)
+    mask = None if masked in (None, "causal") else (b, 1, 1, s)
+    g = attention_graph(b, h, s, s, d, d, mask=mask, scale=d ** -0.5,
+                        drop=(s, s) if masked == "causal" else None)
     func = scheduled(g, None, "attn")
     xs = random_inputs(g, rng, masked)
+    if masked == "causal":
+        xs[-1] = np.triu(np.ones((s, s), bool), 1)
     with np.errstate(all="ignore"):
         want = run_graph(g, xs)[0]
     module = render_module([(func, True)])
