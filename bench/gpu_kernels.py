@@ -37,8 +37,9 @@ bert_base writes it (K arriving transposed, [b, h, d, s]; an additive mask [b, 1
 and vit's (197 tokens: ragged tiles, 3 heads of 64, batch 1). GFLOP/s counts the two
 products (4 b h s^2 d); `vs unfused` is the unfused path's time over the kernel's (above 1:
 fusion helps), `torch/dnnc` torch's over dnnc's. The variants are attention configs
-(rows, threads, tile_k, thread_rows: "x2" is two query rows a thread), the measurements
-`attention.DEFAULTS` and `MIN_BLOCKS` come from.
+(rows, threads, tile_k, thread_rows: "x2" is two query rows a thread; "rolled": the loops
+over d and the keys left to nvcc), the measurements `attention.DEFAULTS`, `MIN_BLOCKS` and
+`UNROLL_HEAD` come from.
 Every row is checked against NumPy (float64; rtol 1e-4, atol 1e-5).
 
 Cases: `dense` (4096^3; bert_base's FFN at batch 1 and 8: 128 / 1024 rows, 768 -> 3072 and
@@ -206,8 +207,10 @@ ATTENTION_SHAPES = (("bert_base b1", 1, 12, 128, 64), ("bert_base b8", 8, 12, 12
 ATTENTION_VARIANTS = ((8, 32, 32, 1), (16, 64, 32, 1), (16, 64, 64, 1), (32, 128, 32, 1),
                       (64, 256, 32, 1), (16, 128, 32, 1), (32, 256, 32, 1), (64, 128, 32, 1),
                       (32, 64, 32, 1), (16, 64, 32, 2), (32, 64, 32, 2), (64, 128, 32, 2),
-                      (32, 128, 32, 4), (64, 64, 32, 4), (32, 64, 32, 4), (64, 128, 32, 4))
-"""(rows, threads, tile_k, thread_rows) configs timed beside the default."""
+                      (32, 128, 32, 4), (64, 64, 32, 4), (32, 64, 32, 4), (64, 128, 32, 4),
+                      (8, 32, 32, 1, False), (32, 128, 32, 1, False), (64, 256, 32, 1, False),
+                      (64, 128, 32, 2, False))
+"""(rows, threads, tile_k, thread_rows[, unroll]) configs timed beside the default."""
 
 
 def attention_chain(batch: int, heads: int, seq: int, d: int) -> Graph:
@@ -371,7 +374,7 @@ def attention_table(cp, machine: Target, args) -> int:
             measured.add(used)
             text = ("default: " if config is None else "") + \
                 f"fused {used.rows} rows {used.threads} thr tile_k {used.tile_k} " \
-                f"x{used.thread_rows}"
+                f"x{used.thread_rows}{'' if used.unroll else ' rolled'}"
             row(text, launch, out, unfused_ms)
         cp.get_default_memory_pool().free_all_blocks()
     return wrong

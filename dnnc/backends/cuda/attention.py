@@ -65,6 +65,8 @@ class AttentionConfig:
     tile_k: int = 32      # keys (and values) a tile through shared memory
     thread_rows: int = 1  # query rows a thread (each K and V element read from shared
     #                       memory serves that many rows: register blocking)
+    unroll: bool = True   # the loops over d and over a tile's keys fully unrolled (else as
+    #                       nvcc unrolls them: fewer registers, at a head of 128 no spills)
 
     @property
     def group(self) -> int:
@@ -87,6 +89,7 @@ def _lanes_ok(c: AttentionConfig) -> bool:
 def space(p: problems.Attention, machine) -> Space:
     return Space("cuda_attention", AttentionConfig, {
         "rows": ROWS, "threads": THREADS, "tile_k": TILE_K, "thread_rows": THREAD_ROWS,
+        "unroll": (True, False),
     }, [Constraint("threads * thread_rows / rows (a row group's lanes) is a power of two "
                    "from 1 to 32, thread_rows divides rows", _lanes_ok),
         Constraint("tile_k a multiple of a row group's lanes",
@@ -107,11 +110,18 @@ DEFAULTS = ((64, 256, 32, 1), (32, 128, 32, 1), (16, 64, 32, 1), (8, 32, 32, 1),
             (8, 32, 16, 1))
 
 
+# the largest head the default unrolls the loops over d and the keys for: ptxas -v (sm_90)
+# of a head of 128 spilled 52 bytes unrolled (255 registers), none rolled (236)
+UNROLL_HEAD = 64
+
+
 def default(p: problems.Attention, machine) -> AttentionConfig:
     """The first DEFAULTS config in the space whose blocks fill the GPU (MIN_BLOCKS), else
-    the one giving the most blocks."""
+    the one giving the most blocks; unrolled up to heads of UNROLL_HEAD."""
     s = space(p, machine)
-    valid = [c for c in (AttentionConfig(*x) for x in DEFAULTS) if _valid(s, c)]
+    unroll = max(p.d, p.dv) <= UNROLL_HEAD
+    valid = [c for c in (AttentionConfig(*x, unroll=unroll) for x in DEFAULTS)
+             if _valid(s, c)]
     for c in valid:
         if p.batch * -(-p.sq // c.rows) >= MIN_BLOCKS:
             return c
@@ -205,9 +215,10 @@ def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
         j0 + x // dv < sk, v[bi, L.minimum(j0 + x // dv, sk - 1), x % dv])))
 
     key = g + u * g_size                  # the tile's key of score u
+    inner = L.ForKind.UNROLLED if c.unroll else L.ForKind.SERIAL   # over d, over the keys
     dot = each(u, nr * per_keys, L.Store(s, (u,), zero))
     dot = L.seq(dot, L.For(dd, d, rows_of(each(u, per_keys, L.Store(s, su, L.call(
-        "fma", qs[row * dp + dd], ks[key * dp + dd], s[su])))), L.ForKind.UNROLLED))
+        "fma", qs[row * dp + dd], ks[key * dp + dd], s[su])))), inner))
     logit = s[su] * L.const(p.scale, f32)
     if p.drop is not None:
         logit = L.Select(p.mask_at(bi, row_c, L.minimum(j0 + key, sk - 1), p.drop),
@@ -234,7 +245,7 @@ def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
                 L.Store(stat, m, m_new)))))))
     col = L.minimum(g + w * g_size, dv - 1)   # (columns past dv compute column dv - 1's)
     weigh = per_thread(L.For(jj, tk, rows_of(each(w, per_cols, L.Store(acc, aw, L.call(
-        "fma", ps[row * pp + jj], vs[jj * dv + col], acc[aw])))), L.ForKind.UNROLLED))
+        "fma", ps[row * pp + jj], vs[jj * dv + col], acc[aw])))), inner))
 
     tiles = -(-sk // tk)
     stream = L.For(kt, tiles, L.seq(load_k, load_v, L.Barrier(), scores, update, L.Barrier(),

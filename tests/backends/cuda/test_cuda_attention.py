@@ -89,8 +89,9 @@ CASES = [
     ((1, 1, 9, 33, 16, 16, 1, (33,), "finite", AttentionConfig(32, 32, 16))),      # a lane a row
     ((1, 2, 24, 19, 16, 20, 0, (24, 1), "finite", AttentionConfig(8, 256, 32))),     # 32 lanes
     ((2, 2, 31, 25, 16, 16, 1, (2, 1, 31, 25), "-inf", None)),                       # default
-    # several rows a thread: 2 rows of 4 lanes, 4 rows of 8 lanes, 2 rows alone
-    ((2, 1, 37, 29, 16, 16, 1, (2, 1, 1, 29), "-inf", AttentionConfig(16, 32, 16, 2))),
+    # several rows a thread: 2 rows of 4 lanes (loops rolled), 4 rows of 8 lanes, 2 rows
+    # alone
+    ((2, 1, 37, 29, 16, 16, 1, (2, 1, 1, 29), "-inf", AttentionConfig(16, 32, 16, 2, False))),
     ((1, 2, 40, 35, 16, 12, 0, (40, 35), "finite", AttentionConfig(32, 64, 32, 4))),
     ((1, 1, 21, 18, 16, 16, 0, None, None, AttentionConfig(64, 32, 16, 2))),
 ]
