@@ -1,8 +1,9 @@
 """cuda kernels against their bars (issue 12), one run: dense against cuBLAS, memory-bound
 kernels against the GPU's copy bandwidth.
 
-    python bench/gpu_kernels.py [--only dense,elementwise,softmax,layernorm] [--repeat 200]
-                                [--trials 7] [--no-variants] [--precision tf32|fp16|bf16]
+    python bench/gpu_kernels.py [--only dense,elementwise,softmax,layernorm,attention]
+                                [--repeat 200] [--trials 7] [--no-variants]
+                                [--precision tf32|fp16|bf16]
 
 Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
 the cuda templates' default config and, unless `--no-variants`, with the previous default
@@ -42,6 +43,20 @@ bf16 `torch.matmul` on bfloat16 copies (each peer's time excludes its conversion
 dnnc result is checked against the float64 product within the precision's bound
 (tests/backends/cuda/test_cuda_precision.py: (2u + u^2 + k (2^-23 + 2^-24)) sum |x| |w|, u
 the operands' unit roundoff). The other cases do not depend on the precision.
+`attention` is the fused attention kernel (FusedAttention through the attention template)
+against, in the same run, dnnc's unfused path (the same chain compiled without the
+fuse_attention pass: Q Kᵀ with its scale and mask as the dense kernel's epilogue, the
+softmax rows, the product with V: three kernels) and torch's
+`scaled_dot_product_attention` on the math backend (fp32, TF32 off), on the chain as
+bert_base writes it (K arriving transposed, [b, h, d, s]; an additive mask [b, 1, 1, s] of
+-10000 on the padding) at bert_base's shapes (12 heads of 64, 128 tokens, batch 1 and 8)
+and vit's (197 tokens: ragged tiles, 3 heads of 64, batch 1). GFLOP/s counts the two
+products (4 b h s^2 d); `vs unfused` is the unfused path's time over the kernel's (above 1:
+fusion helps), `torch/dnnc` torch's over dnnc's. The variants are attention configs
+(rows, threads, tile_k, thread_rows: "x2" is two query rows a thread; "rolled": the loops
+over d and the keys left to nvcc), the measurements `attention.DEFAULTS`, `MIN_BLOCKS` and
+`UNROLL_HEAD` come from.
+Every row is checked against NumPy (float64; rtol 1e-4, atol 1e-5).
 
 Cases: `dense` (4096^3; bert_base's FFN at batch 1 and 8: 128 / 1024 rows, 768 -> 3072 and
 back), `elementwise` (a fused chain of 5 ops, sigmoid(1.5 x + 0.25) * x then relu, over
@@ -67,6 +82,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dnnc.backends.cuda import FUSION  # noqa: E402
 from dnnc.backends.cuda import mma  # noqa: E402
+from dnnc.backends.cuda.attention import AttentionConfig  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
 from dnnc.backends.lower import lower_group  # noqa: E402
@@ -253,9 +269,188 @@ def blas_peer(cp, precision: str, x_dev, w_dev):
     xb, wb = x_t.to(torch.bfloat16), w_t.to(torch.bfloat16)
     return "cuBLAS bf16 (torch.matmul, bfloat16)", lambda: torch.matmul(xb, wb)
 
+ATTENTION_SHAPES = (("bert_base b1", 1, 12, 128, 64), ("bert_base b8", 8, 12, 128, 64),
+                    ("vit b1", 1, 3, 197, 64))
+"""(label, batch, heads, tokens, head size) of the attention table."""
+
+ATTENTION_VARIANTS = ((8, 32, 32, 1), (16, 64, 32, 1), (16, 64, 64, 1), (32, 128, 32, 1),
+                      (64, 256, 32, 1), (16, 128, 32, 1), (32, 256, 32, 1), (64, 128, 32, 1),
+                      (32, 64, 32, 1), (16, 64, 32, 2), (32, 64, 32, 2), (64, 128, 32, 2),
+                      (32, 128, 32, 4), (32, 64, 32, 4), (64, 128, 32, 4),
+                      (8, 32, 32, 1, False), (32, 128, 32, 1, False), (64, 256, 32, 1, False),
+                      (64, 128, 32, 2, False))
+"""(rows, threads, tile_k, thread_rows[, unroll]) configs timed beside the default."""
+
+
+def attention_chain(batch: int, heads: int, seq: int, d: int) -> Graph:
+    """bert's attention as exported: MatMul(Q, Kᵀ) / sqrt(d) + mask -> Softmax -> MatMul(., V)."""
+    g = Graph("attention")
+    q = g.add_input("q", T.TensorType(T.float32, (batch, heads, seq, d)))
+    kt = g.add_input("kt", T.TensorType(T.float32, (batch, heads, d, seq)))
+    v = g.add_input("v", T.TensorType(T.float32, (batch, heads, seq, d)))
+    mask = g.add_input("mask", T.TensorType(T.float32, (batch, 1, 1, seq)))
+    x = g.add("Div", g.add("MatMul", q, kt), _scalar("scale", d ** 0.5))
+    p = g.add("Softmax", g.add("Add", x, mask), axis=-1)
+    g.outputs = [g.add("MatMul", p, v)]
+    return g
+
+
+def attention_inputs(batch: int, heads: int, seq: int, d: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(3)
+    q, kt, v = (rng.standard_normal(shape, dtype=np.float32) for shape in (
+        (batch, heads, seq, d), (batch, heads, d, seq), (batch, heads, seq, d)))
+    mask = np.zeros((batch, 1, 1, seq), np.float32)
+    for b in range(batch):   # right padding of up to a quarter of the tokens, as bert's
+        mask[b, ..., seq - int(rng.integers(0, seq // 4 + 1)):] = -10000.0
+    return [q, kt, v, mask]
+
+
+def attention_reference(q, kt, v, mask) -> np.ndarray:
+    s = q.astype(np.float64) @ kt.astype(np.float64) / np.sqrt(q.shape[-1]) + mask
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
+
+
+def chain_kernels(cp, graph: Graph, machine: Target, fused: bool, config, arrays):
+    """A function launching every kernel of `graph` compiled for cuda with the
+    fuse_attention pass on or off (the fused kernel under `config`, None: its default), its
+    output device array, its launch count and the fused kernel's config."""
+    from dnnc.backends.cuda.schedules import schedule_kernel
+    from dnnc.passes.manager import optimize
+
+    target = dataclasses.replace(machine, fusion=dataclasses.replace(machine.fusion,
+                                                                      attention=fused))
+    g = optimize(graph, target, 3)
+    devices = {id(v): cp.asarray(a) for v, a in zip(g.inputs, arrays)}
+    funcs, calls, used = [], [], None
+    for n, group in enumerate(g.groups):
+        readers = {id(x) for node in g.nodes if node not in group for x in node.inputs
+                   if x is not None}
+        outputs = [x for node in group for x in node.outputs
+                   if id(x) in readers or any(x is o for o in g.outputs)]
+        kernel = lower_group(group, f"k{n}_{group[0].op}", outputs=outputs)
+        template, problem = template_for(kernel)
+        chosen = config if group[0].op == "FusedAttention" else None
+        if chosen is not None:
+            chosen = template.space(problem, target).check(chosen)
+        if group[0].op == "FusedAttention":
+            used = chosen or template.default(problem, target)
+        funcs.append(schedule_kernel(kernel, target, chosen))
+        for x in kernel.inputs:
+            if x.const is not None:
+                devices.setdefault(id(x), cp.asarray(np.ascontiguousarray(x.const)))
+        for x in outputs:
+            devices[id(x)] = cp.full(x.type.shape, np.nan, np.float32)
+        calls.append(kernel)
+    module = render_module([(f, True) for f in funcs])
+    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    launches = []
+    for func, kernel in zip(funcs, calls):
+        info = module.kernels[func.name]
+        args = tuple([devices[id(x)] for x in kernel.inputs + kernel.outputs] +
+                     [cp.empty(size, cp.uint8) for size in info.workspace])
+        launches += [(raw.get_function(lc.name), lc, args) for lc in info.launches]
+
+    def launch():
+        for fn, lc, args in launches:
+            fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
+
+    return launch, devices[id(g.outputs[0])], len(launches), used
+
+
+def torch_sdpa_ms(arrays, repeat: int, trials: int) -> float | None:
+    """torch's scaled_dot_product_attention on the math backend, fp32, or None without a
+    CUDA torch."""
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    fp32_only()
+    q, kt, v, mask = (torch.from_numpy(a).cuda() for a in arrays)
+    k = kt.transpose(-1, -2).contiguous()
+
+    def call():
+        with sdpa_kernel(SDPBackend.MATH):
+            return scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    want = attention_reference(*arrays)
+    got = call().cpu().numpy()
+    if not np.allclose(got, want, rtol=RTOL, atol=ATOL):
+        print(f"torch sdpa differs from NumPy by {np.max(np.abs(got - want)):.3g}")
+    call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / repeat)
+    return float(np.median(times))
+
+
+def attention_table(cp, machine: Target, args) -> int:
+    """Print the attention rows (the fused kernel's configs against the unfused path and
+    torch's sdpa); the number of wrong results."""
+    print(f"{'attention':12s} {'shape':24s} {'path / config':44s} {'us':>9s} {'GFLOP/s':>8s} "
+          f"{'vs unfused':>10s} {'torch/dnnc':>10s}  check")
+    wrong = 0
+    for label, batch, heads, seq, d in ATTENTION_SHAPES:
+        shape = f"{label} [{batch},{heads},{seq},{d}]"
+        graph = attention_chain(batch, heads, seq, d)
+        arrays = attention_inputs(batch, heads, seq, d)
+        want = attention_reference(*arrays)
+        flops = 4 * batch * heads * seq * seq * d
+        peer = torch_sdpa_ms(arrays, args.repeat, args.trials)
+        if peer is not None:
+            print(f"{'attention':12s} {shape:24s} {'torch sdpa (math backend, fp32)':44s} "
+                  f"{peer * 1e3:9.1f} {flops / peer / 1e6:8.0f}")
+
+        def row(text, launch, out, base_ms):
+            nonlocal wrong
+            ms = event_ms(cp, launch, args.repeat, args.trials)
+            got = cp.asnumpy(out)
+            ok = np.allclose(got, want, rtol=RTOL, atol=ATOL)
+            wrong += not ok
+            vs = f"{base_ms / ms:10.2f}" if base_ms else f"{1:10.2f}"
+            ratio = "" if peer is None else f"{peer / ms:10.2f}"
+            print(f"{'attention':12s} {shape:24s} {text[:44]:44s} {ms * 1e3:9.1f} "
+                  f"{flops / ms / 1e6:8.0f} {vs} {ratio:>10s}  "
+                  f"{'ok' if ok else 'WRONG: max err %.3g' % np.max(np.abs(got - want))}")
+            return ms
+
+        launch, out, n, _ = chain_kernels(cp, graph, machine, False, None, arrays)
+        unfused_ms = row(f"dnnc unfused ({n} launches)", launch, out, None)
+        measured = set()
+        variants = [None] + ([] if args.no_variants else
+                             [AttentionConfig(*x) for x in ATTENTION_VARIANTS])
+        for config in variants:
+            try:
+                launch, out, n, used = chain_kernels(cp, graph, machine, True, config, arrays)
+            except Exception as exc:   # a variant outside this problem's space
+                print(f"{'attention':12s} {shape:24s} {str(config)[:44]:44s} skipped: "
+                      f"{str(exc).splitlines()[0][:60]}")
+                continue
+            if used in measured:
+                continue
+            measured.add(used)
+            text = ("default: " if config is None else "") + \
+                f"fused {used.rows} rows {used.threads} thr tile_k {used.tile_k} " \
+                f"x{used.thread_rows}{'' if used.unroll else ' rolled'}"
+            row(text, launch, out, unfused_ms)
+        cp.get_default_memory_pool().free_all_blocks()
+    return wrong
+
 
 CASES = {"dense": dense_cases, "elementwise": elementwise_cases, "softmax": softmax_cases,
-         "layernorm": layernorm_cases}
+         "layernorm": layernorm_cases, "attention": None}
 
 
 # -- measuring -----------------------------------------------------------------------------------
@@ -534,8 +729,10 @@ def main(argv=None) -> int:
     wrong = 0
     if "dense" in names:
         wrong += dense_table(cp, machine, args)
+    if "attention" in names:
+        wrong += attention_table(cp, machine, args)
     for name in names:
-        if name != "dense":
+        if name not in ("dense", "attention"):
             wrong += memory_table(cp, machine, args, name)
     return 1 if wrong else 0
 

@@ -160,6 +160,114 @@ def _operands(kernel: Kernel, node, count: int) -> list:
     return [None if v is None else params[index[id(v)]] for v in inputs]
 
 
+# -- attention -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Scaled dot-product attention (FusedAttention): for bi < batch (the batch dims folded),
+    i < sq, e < dv, Y[bi, i, e] = epilogue(sum_j softmax_j(s[bi, i, j]) V[bi, j, e]) with
+    s = where(drop[bi, i, j], fill, scale * Q[bi, i, :] . K[bi, j, :]) + mask[bi, i, j], K
+    stored [d, sk] a batch when `k_transposed`, the mask and drop broadcast (their dims of 1
+    read at 0; None without them). The output is stored through `store_index` (a layout
+    tail) when there is one."""
+
+    name: str
+    params: tuple
+    q: L.Buffer
+    k: L.Buffer
+    v: L.Buffer
+    mask: L.Buffer | None        # viewed with the scores' rank (1s prepended)
+    drop: L.Buffer | None        # (bool) viewed so too
+    fill: float
+    y: L.Buffer
+    batch_dims: tuple            # the scores' leading dims
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    k_transposed: bool
+    scale: float
+    y_dims: tuple
+    epilogue: Epilogue
+    store_index: Callable | None
+
+    @property
+    def batch(self) -> int:
+        return math.prod(self.batch_dims)
+
+    def batch_index(self, bi: L.Expr) -> tuple:
+        """The flat batch index `bi` over the batch dims, row-major."""
+        index = []
+        for d in reversed(self.batch_dims):
+            index.append(bi % d)
+            bi = bi // d
+        return tuple(reversed(index))
+
+    def mask_at(self, bi: L.Expr, i: L.Expr, j: L.Expr, buffer: L.Buffer | None = None
+                ) -> L.Expr:
+        """The mask's (or `buffer`'s: drop's) element of score (bi, i, j) (indices in
+        range), broadcast."""
+        buffer = self.mask if buffer is None else buffer
+        full = self.batch_index(bi) + (i, j)
+        return buffer[tuple(L.const(0) if d == L.const(1) else e
+                            for d, e in zip(buffer.shape, full))]
+
+    def anchor_index(self, bi: L.Expr, i: L.Expr, e: L.Expr) -> tuple:
+        return self.batch_index(bi) + (i, e)
+
+    @property
+    def y_view(self) -> L.Buffer:
+        """Y as `store` writes it: [batch, sq, dv], or its own shape under a layout tail."""
+        dims = (self.batch, self.sq, self.dv) if self.store_index is None else self.y_dims
+        return L.Buffer(self.y.name, self.y.dtype, dims)
+
+    def store(self, bi: L.Expr, i: L.Expr, e: L.Expr, value: L.Expr) -> L.Stmt:
+        """The statement storing output element (bi, i, e): the epilogue, then the layout
+        tail's index."""
+        index = self.anchor_index(bi, i, e)
+        value = self.epilogue(value, index)
+        where = (bi, i, e) if self.store_index is None else tuple(self.store_index(index))
+        return L.Store(self.y_view, where, value)
+
+
+def attention(kernel: Kernel) -> Attention | None:
+    """A float32 FusedAttention anchoring `kernel` (first in its group, static shapes) as an
+    `Attention`; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "FusedAttention":
+        return None
+    where = store_index(kernel)
+    q, k, v, mask, drop = _operands(kernel, node, 5)
+    y = kernel.func.params[-1]
+    buffers = [b for b in (q, k, v, mask, y) if b is not None]
+    dims = [L.static_shape(b.shape) for b in buffers + ([drop] if drop is not None else [])]
+    if where is None or None in dims or any(b.dtype is not T.float32 for b in buffers) or \
+            node.outputs[0].type.dtype is not T.float32:
+        return None
+    qd, kd, vd = dims[:3]
+    transposed = bool(node.attrs["k_transposed"])
+    sq, d = qd[-2:]
+    sk, dv = vd[-2:]
+    batch_dims = tuple(qd[:-2])
+    if min(sq, sk, d, dv, math.prod(batch_dims)) == 0:
+        return None
+    rank = len(qd)
+
+    def view(b: L.Buffer | None) -> L.Buffer | None:
+        if b is None:
+            return None
+        bd = L.static_shape(b.shape)
+        return L.Buffer(b.name, b.dtype, (1,) * (rank - len(bd)) + tuple(bd))
+
+    return Attention(
+        name=kernel.func.name, params=kernel.func.params, q=q, k=k, v=v, mask=view(mask),
+        drop=view(drop), fill=float(node.attrs["fill"]), y=y,
+        batch_dims=batch_dims, sq=sq, sk=sk, d=d, dv=dv, k_transposed=transposed,
+        scale=float(node.attrs["scale"]), y_dims=tuple(L.static_shape(y.shape)),
+        epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None)
+
+
 # -- 2-D windows: conv and pool ----------------------------------------------------------------
 
 

@@ -32,6 +32,9 @@ class Fusion:
     # anchor op -> the layout ops (Reshape, Transpose, ...) after its epilogue its template
     # can store through, as pairs (hashable)
     store_remaps: tuple[tuple[str, frozenset[str]], ...] = ()
+    # scaled dot-product attention chains become one FusedAttention node (the
+    # fuse_attention pass), which the target's templates compute in one kernel
+    attention: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ and optionally dumped.
        its own
     1  fold_constants (on a copy bound to the inputs' declared shapes), simplify,
        eliminate (common subexpressions, then dead code)
-    2  + convert_layout (the target's weight layouts, converted once at compile time),
-       + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
+    2  + fuse_attention (attention chains as one FusedAttention node, for targets whose
+       fusion asks for it: cuda), + convert_layout (the target's weight layouts, converted
+       once at compile time), + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
     3  the same as 2 today (the default: the fastest correct level)
 
 Memory planning is not a graph pass: arena offsets need the final kernels and concrete sizes,
@@ -33,6 +34,7 @@ from ..ir.graph import Graph
 from ..ir.target import Target
 from .convert_layout import convert_layout
 from .eliminate import eliminate_common_subexpressions, eliminate_dead_code
+from .fuse_attention import fuse_attention
 from .fuse_ops import fuse_ops
 from .simplify import simplify
 from .specialize import specialize
@@ -65,8 +67,8 @@ def _layout(graph: Graph, target: Target) -> Graph:
 
 
 PIPELINE = [("fold_constants", 1, _fold), ("simplify", 1, _simplify),
-            ("eliminate", 1, _eliminate), ("convert_layout", 2, _layout),
-            ("fuse_ops", 2, fuse_ops)]
+            ("eliminate", 1, _eliminate), ("fuse_attention", 2, fuse_attention),
+            ("convert_layout", 2, _layout), ("fuse_ops", 2, fuse_ops)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""
 
 

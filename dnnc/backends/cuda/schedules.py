@@ -64,6 +64,7 @@ from .. import problems
 from ..loop_analysis import (accesses, carried, fuse_row_loops, fuse_until, nest_work,
                              rename_buffer, runs_in_order, steps_contiguously, update_op)
 from ..space import Space, Template, choose_template
+from .attention import ATTENTION
 from .codegen import stages
 from .conv import CONV2D
 from .dense import DENSE
@@ -867,10 +868,11 @@ ROWS = Template("cuda_rows", problems.rows, lambda p: bool(_row_loops(p)), rows_
 TEMPLATES = {
     **{("cuda", pattern): (ROWS, DEFAULT) for pattern in Pattern},
     # dense and ungrouped conv tiled (on tensor cores at a reduced precision: mma.py, skipped
-    # at fp32), products of few rows split along k (gemv); the rest (depthwise) one thread
-    # per output element (a block per output would idle most of its threads on a short
-    # reduction)
-    ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D, CONV2D, DEFAULT),
+    # at fp32), products of few rows split along k (gemv), attention in one kernel
+    # (attention.py); the rest (depthwise) one thread per output element (a block per output
+    # would idle most of its threads on a short reduction)
+    ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D, CONV2D, ATTENTION,
+                                    DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""

@@ -5,6 +5,7 @@ from . import (  # noqa: F401
     control,
     conv,
     creation,
+    fused,
     elementwise,
     image,
     indexing,

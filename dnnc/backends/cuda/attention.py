@@ -1,0 +1,284 @@
+"""The cuda attention template: FusedAttention in one kernel, FlashAttention's online softmax
+(Dao et al. 2022) in fp32 SIMT.
+
+A block takes `rows` query rows of one (batch, head): blockIdx.x is the batch (its dims
+folded), blockIdx.y the row tile. Its `threads` threads form groups of G = threads *
+thread_rows / rows consecutive lanes, one group `thread_rows` rows (G a power of two up to
+a warp, so a group's lanes are one warp's and combine by `shfl_xor` butterflies; several
+rows a thread reuse each K and V element read from shared memory: register blocking). The
+rows of Q go to shared memory once; then the keys and values stream through shared memory
+`tile_k` at a time:
+
+1. the block copies K's and V's tile (consecutive threads along the operand's contiguous
+   dimension; 0 past the last key) into shared memory;
+2. a thread scores tile_k / G of the tile's keys (key g + G u for lane g of its group)
+   against each of its rows: the dot product over d from shared memory (Q's and K's rows
+   padded by one word, so that the 32 lanes of a warp read 32 banks), times `scale`, `fill`
+   where `drop` says (torch's masked_fill), plus the mask; keys past the last are -inf;
+3. the group's running max m moves to max(m, the tile's max) through the butterfly; with
+   m_ref = m, or 0 while m is -inf (FlashAttention's safe max: a row whose first keys are
+   all masked by -inf loses nothing, and one whose keys all are gives 0/0 = NaN, as Softmax
+   does), the thread rescales its sum l and its accumulators by exp(m_old - m_ref) and adds
+   p = exp(s - m_ref) of its keys to l; the probabilities go to shared memory;
+4. a thread accumulates its ceil(dv / G) output columns (column g + G w) over the tile:
+   acc += p_j V[j, column], p_j read by the whole group at once (a broadcast), V's row by
+   consecutive lanes.
+
+At the end the group sums its lanes' l, and each thread stores acc / l through the fused
+epilogue and layout tail (`problems.Attention.store`): bert's heads merge back into
+[batch, seq, hidden] straight from the registers. Everything is fp32, m and l per row; the
+scores never leave the block. Three barriers a tile (after the copy, after the
+probabilities, before the next copy).
+
+Not yet: vector loads of the tiles, double-buffered tiles, tensor cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from .. import problems
+from ..space import Constraint, Space, Template
+
+WARP = 32
+MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
+# scores and accumulators a thread keeps at most: ptxas -v (sm_90) of bert_base's attention
+# spilled 120 to 256 bytes at 96 (2 or 4 rows a thread of 2 or 4 lanes), none at 24 to 48
+MAX_REGISTERS = 64
+MAX_HEAD = 128                # head sizes the template takes (d and dv)
+MAX_GRID_Y = 65535
+# the fewest blocks a default aims for: one per SM of an H100 (132 SMs)
+MIN_BLOCKS = 132
+ROWS = (8, 16, 32, 64, 128)
+THREADS = (32, 64, 128, 256, 512)
+TILE_K = (16, 32, 64, 128)
+THREAD_ROWS = (1, 2, 4)
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    rows: int = 32        # query rows a block
+    threads: int = 128    # threads a block: threads * thread_rows / rows lanes a row group
+    tile_k: int = 32      # keys (and values) a tile through shared memory
+    thread_rows: int = 1  # query rows a thread (each K and V element read from shared
+    #                       memory serves that many rows: register blocking)
+    unroll: bool = True   # the loops over d and over a tile's keys fully unrolled (else as
+    #                       nvcc unrolls them: fewer registers, at a head of 128 no spills)
+
+    @property
+    def group(self) -> int:
+        """Lanes of a row group (the threads sharing `thread_rows` rows)."""
+        return self.threads * self.thread_rows // self.rows
+
+
+def shared_floats(c: AttentionConfig, d: int, dv: int) -> int:
+    """Shared memory words of a config: Q's rows and K's tile padded by one word a row, V's
+    tile, the probabilities (padded)."""
+    return c.rows * (d + 1) + c.tile_k * (d + 1) + c.tile_k * dv + c.rows * (c.tile_k + 1)
+
+
+def _lanes_ok(c: AttentionConfig) -> bool:
+    g = c.group
+    return c.rows % c.thread_rows == 0 and (c.threads * c.thread_rows) % c.rows == 0 and \
+        1 <= g <= WARP and g & (g - 1) == 0
+
+
+def space(p: problems.Attention, machine) -> Space:
+    return Space("cuda_attention", AttentionConfig, {
+        "rows": ROWS, "threads": THREADS, "tile_k": TILE_K, "thread_rows": THREAD_ROWS,
+        "unroll": (True, False),
+    }, [Constraint("threads * thread_rows / rows (a row group's lanes) is a power of two "
+                   "from 1 to 32, thread_rows divides rows", _lanes_ok),
+        Constraint("tile_k a multiple of a row group's lanes",
+                   lambda c: _lanes_ok(c) and c.tile_k % c.group == 0),
+        Constraint("Q's rows, K's and V's tiles and the probabilities within 48 KiB",
+                   lambda c: 4 * shared_floats(c, p.d, p.dv) <= MAX_SHARED_BYTES),
+        Constraint(f"at most {MAX_REGISTERS} scores and accumulators a thread",
+                   lambda c: _lanes_ok(c) and c.thread_rows * (
+                       c.tile_k // c.group + -(-p.dv // c.group)) <= MAX_REGISTERS),
+        Constraint("the row tiles fit grid y",
+                   lambda c: -(-p.sq // c.rows) <= MAX_GRID_Y)])
+
+
+# (rows, threads, tile_k, thread_rows) a default tries, in order: four lanes a row group (a
+# tile's 32 keys make 8 scores a row, a head of 64 16 accumulators), the largest row tile
+# that still gives MIN_BLOCKS blocks
+DEFAULTS = ((64, 256, 32, 1), (32, 128, 32, 1), (16, 64, 32, 1), (8, 32, 32, 1),
+            (8, 32, 16, 1))
+
+
+# the largest head the default unrolls the loops over d and the keys for: ptxas -v (sm_90)
+# of a head of 128 spilled 52 bytes unrolled (255 registers), none rolled (236)
+UNROLL_HEAD = 64
+
+
+def default(p: problems.Attention, machine) -> AttentionConfig:
+    """The first DEFAULTS config in the space whose blocks fill the GPU (MIN_BLOCKS), else
+    the one giving the most blocks; unrolled up to heads of UNROLL_HEAD."""
+    s = space(p, machine)
+    unroll = max(p.d, p.dv) <= UNROLL_HEAD
+    valid = [c for c in (AttentionConfig(*x, unroll=unroll) for x in DEFAULTS)
+             if _valid(s, c)]
+    for c in valid:
+        if p.batch * -(-p.sq // c.rows) >= MIN_BLOCKS:
+            return c
+    return max(valid, key=lambda c: (p.batch * -(-p.sq // c.rows), c.tile_k))
+
+
+def _valid(s: Space, c: AttentionConfig) -> bool:
+    return all(k.holds(c) for k in s.constraints)
+
+
+def applies(p: problems.Attention) -> bool:
+    return p.d <= MAX_HEAD and p.dv <= MAX_HEAD
+
+
+def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
+    g_size, rows, tk, threads, nr = c.group, c.rows, c.tile_k, c.threads, c.thread_rows
+    d, dv, sq, sk = p.d, p.dv, p.sq, p.sk
+    per_keys = tk // g_size                 # scores a row of a thread
+    per_cols = -(-dv // g_size)             # output columns a row of a thread
+    dp, pp = d + 1, tk + 1                  # padded rows of Q and K, of the probabilities
+    f32 = T.float32
+    q = L.Buffer(p.q.name, f32, (p.batch, sq, d))
+    k = L.Buffer(p.k.name, f32, (p.batch, d, sk) if p.k_transposed else (p.batch, sk, d))
+    v = L.Buffer(p.v.name, f32, (p.batch, sk, dv))
+    qs = L.Buffer("q_rows", f32, (rows * dp,), L.Scope.SHARED)
+    ks = L.Buffer("k_tile", f32, (tk * dp,), L.Scope.SHARED)
+    vs = L.Buffer("v_tile", f32, (tk * dv,), L.Scope.SHARED)
+    ps = L.Buffer("p_tile", f32, (rows * pp,), L.Scope.SHARED)
+    s = L.Buffer("scores", f32, (nr * per_keys,), L.Scope.LOCAL)
+    acc = L.Buffer("acc", f32, (nr * per_cols,), L.Scope.LOCAL)
+    # per row of the thread: the running max, the thread's share of the row's sum, the
+    # tile's max
+    stat = L.Buffer("row_stat", f32, (3 * nr,), L.Scope.LOCAL)
+
+    bi, qt, kt = L.Var("bi"), L.Var("qt"), L.Var("kt")
+    t, r, g = L.Var("t"), L.Var("r"), L.Var("g")
+    u, w, h, dd, jj, step, e = (L.Var(n) for n in ("u", "w", "h", "dd", "jj", "ls", "e"))
+    q0, j0 = qt * rows, kt * tk
+    row = r * nr + h                        # the block's row of the thread's h-th
+    i = q0 + row
+    row_c = L.minimum(i, sq - 1)            # (a row past the last computes row sq - 1's)
+    m, l, top = (3 * h,), (3 * h + 1,), (3 * h + 2,)
+    su, aw = (h * per_keys + u,), (h * per_cols + w,)
+
+    def per_thread(body: L.Stmt) -> L.Stmt:
+        """`body` on every thread, with its row group r and lane g in the group (where
+        used)."""
+        used = L.free_vars(body)
+        if g in used:
+            body = L.Let(g, t % g_size, body)
+        if r in used:
+            body = L.Let(r, t // g_size, body)
+        return L.For(t, threads, body, L.ForKind.THREAD_X)
+
+    def copy(n: int, body) -> L.Stmt:
+        """body(e) for e < n, consecutive threads at consecutive e."""
+        steps = -(-n // threads)
+        inner = body(e)
+        if steps * threads > n:
+            inner = L.If(e < n, inner)
+        return L.For(t, threads, L.For(step, steps, L.Let(e, step * threads + t, inner),
+                                       L.ForKind.UNROLLED), L.ForKind.THREAD_X)
+
+    def guarded(cond: L.Expr, value: L.Expr) -> L.Expr:
+        return L.Select(cond, value, L.const(0.0, f32))
+
+    def each(var: L.Var, n: int, body: L.Stmt) -> L.Stmt:
+        return L.For(var, n, body, L.ForKind.UNROLLED)
+
+    def rows_of(body: L.Stmt) -> L.Stmt:
+        """`body` for each of the thread's rows h."""
+        return each(h, nr, body)
+
+    zero, neg_inf = L.const(0.0, f32), L.const(NEG_INF, f32)
+    init = per_thread(L.seq(rows_of(L.seq(L.Store(stat, m, neg_inf), L.Store(stat, l, zero))),
+                            each(w, nr * per_cols, L.Store(acc, (w,), zero))))
+    load_q = copy(rows * d, lambda x: L.Store(qs, (x // d * dp + x % d,), guarded(
+        q0 + x // d < sq, q[bi, L.minimum(q0 + x // d, sq - 1), x % d])))
+
+    def key_at(jt: L.Expr, dt: L.Expr) -> L.Expr:
+        j = L.minimum(j0 + jt, sk - 1)
+        return guarded(j0 + jt < sk, k[bi, dt, j] if p.k_transposed else k[bi, j, dt])
+
+    if p.k_transposed:   # K's contiguous dim is the keys'
+        load_k = copy(tk * d, lambda x: L.Store(ks, (x % tk * dp + x // tk,),
+                                                key_at(x % tk, x // tk)))
+    else:
+        load_k = copy(tk * d, lambda x: L.Store(ks, (x // d * dp + x % d,),
+                                                key_at(x // d, x % d)))
+    load_v = copy(tk * dv, lambda x: L.Store(vs, (x,), guarded(
+        j0 + x // dv < sk, v[bi, L.minimum(j0 + x // dv, sk - 1), x % dv])))
+
+    key = g + u * g_size                  # the tile's key of score u
+    inner = L.ForKind.UNROLLED if c.unroll else L.ForKind.SERIAL   # over d, over the keys
+    dot = each(u, nr * per_keys, L.Store(s, (u,), zero))
+    dot = L.seq(dot, L.For(dd, d, rows_of(each(u, per_keys, L.Store(s, su, L.call(
+        "fma", qs[row * dp + dd], ks[key * dp + dd], s[su])))), inner))
+    logit = s[su] * L.const(p.scale, f32)
+    if p.drop is not None:
+        logit = L.Select(p.mask_at(bi, row_c, L.minimum(j0 + key, sk - 1), p.drop),
+                         L.const(p.fill, f32), logit)
+    if p.mask is not None:
+        logit = logit + p.mask_at(bi, row_c, L.minimum(j0 + key, sk - 1))
+    finish = rows_of(each(u, per_keys, L.Store(s, su, L.Select(j0 + key < sk, logit,
+                                                                neg_inf))))
+    tile_max = rows_of(L.seq(L.Store(stat, top, neg_inf), each(u, per_keys, L.Store(
+        stat, top, L.maximum(stat[top], s[su])))))
+    scores = L.seq(per_thread(L.seq(dot, finish, tile_max)),
+                   *[per_thread(rows_of(x)) for x in _butterfly(stat, top, "max", g_size)])
+
+    m_new, m_ref, corr = (L.Var(n, f32) for n in ("m_new", "m_ref", "corr"))
+    prob = L.call("exp", s[su] - m_ref)
+    update = per_thread(rows_of(L.Let(m_new, L.maximum(stat[m], stat[top]), L.Let(
+        m_ref, L.Select(L.eq(m_new, neg_inf), zero, m_new), L.Let(
+            corr, L.call("exp", stat[m] - m_ref), L.seq(
+                L.Store(stat, l, stat[l] * corr),
+                each(u, per_keys, L.seq(L.Store(s, su, prob),
+                                        L.Store(stat, l, stat[l] + s[su]),
+                                        L.Store(ps, (row * pp + key,), s[su]))),
+                each(w, per_cols, L.Store(acc, aw, acc[aw] * corr)),
+                L.Store(stat, m, m_new)))))))
+    col = L.minimum(g + w * g_size, dv - 1)   # (columns past dv compute column dv - 1's)
+    weigh = per_thread(L.For(jj, tk, rows_of(each(w, per_cols, L.Store(acc, aw, L.call(
+        "fma", ps[row * pp + jj], vs[jj * dv + col], acc[aw])))), inner))
+
+    tiles = -(-sk // tk)
+    stream = L.For(kt, tiles, L.seq(load_k, load_v, L.Barrier(), scores, update, L.Barrier(),
+                                    weigh, L.Barrier()))
+    column = g + w * g_size
+    store = p.store(bi, i, column, acc[aw] / stat[l])
+    inside = L.logical_and(i < sq, column < dv) if per_cols * g_size > dv else i < sq
+    done = L.seq(*[per_thread(rows_of(x)) for x in _butterfly(stat, l, "+", g_size)],
+                 per_thread(rows_of(each(w, per_cols, L.If(inside, store)))))
+    body = L.seq(init, load_q, stream, done)
+    for buffer in (qs, ks, vs, ps, s, acc, stat):
+        body = L.Allocate(buffer, body)
+    grid = L.For(bi, p.batch, L.For(qt, -(-sq // rows), body, L.ForKind.BLOCK_Y),
+                 L.ForKind.BLOCK_X)
+    views: dict[str, L.Buffer] = {}
+    for b in (q, k, v, p.mask, p.drop, p.y_view):
+        if b is not None:
+            views.setdefault(b.name, b)   # Q first, should Q also be K
+    params = tuple(views.get(b.name, b) for b in p.params)
+    return L.PrimFunc(p.name, params, grid)
+
+
+def _butterfly(buffer: L.Buffer, slot: tuple, op: str, lanes: int) -> list[L.Stmt]:
+    """`buffer[slot]` combined by `op` across a group of `lanes` consecutive lanes (every lane
+    ends with the group's total): a statement a step, each its own thread loop (a warp's
+    lanes in lockstep: a step reads its partner's value as the step began)."""
+    out = []
+    mask = lanes // 2
+    while mask:
+        shuffled = L.call("shfl_xor", buffer[slot], L.const(mask, T.int32))
+        out.append(L.Store(buffer, slot, L.BinOp(op, buffer[slot], shuffled)))
+        mask //= 2
+    return out
+
+
+ATTENTION = Template("cuda_attention", problems.attention, applies, space, default, build)
