@@ -103,11 +103,14 @@ def space(p: problems.Attention, machine) -> Space:
                    lambda c: -(-p.sq // c.rows) <= MAX_GRID_Y)])
 
 
-# (rows, threads, tile_k, thread_rows) a default tries, in order: four lanes a row group (a
-# tile's 32 keys make 8 scores a row, a head of 64 16 accumulators), the largest row tile
-# that still gives MIN_BLOCKS blocks
-DEFAULTS = ((64, 256, 32, 1), (32, 128, 32, 1), (16, 64, 32, 1), (8, 32, 32, 1),
-            (8, 32, 16, 1))
+# (rows, threads, tile_k, thread_rows) a default tries, in order, the first the space takes
+# that gives MIN_BLOCKS blocks, else the one giving the most. First: 32 query rows a block,
+# four a thread. On an H100 (bench/gpu_kernels.py --only attention, 19 configs timed beside
+# dnnc's unfused three kernels) it was the one config faster than the unfused path at every
+# shape: bert_base b1 15.6 us vs 20.3 (1.30x), b8 22.8 vs 34.7 (1.52x), vit b1 [3 heads of
+# 197] 21.8 vs 26.8 (1.23x); the one-row-a-thread configs first tried were 0.55-0.81x.
+DEFAULTS = ((32, 128, 32, 4), (16, 128, 32, 1), (32, 128, 32, 1), (16, 64, 32, 1),
+            (8, 32, 32, 1), (8, 32, 16, 1))
 
 
 # the largest head the default unrolls the loops over d and the keys for: ptxas -v (sm_90)
@@ -122,6 +125,8 @@ def default(p: problems.Attention, machine) -> AttentionConfig:
     unroll = max(p.d, p.dv) <= UNROLL_HEAD
     valid = [c for c in (AttentionConfig(*x, unroll=unroll) for x in DEFAULTS)
              if _valid(s, c)]
+    if valid and valid[0] == AttentionConfig(*DEFAULTS[0], unroll=unroll):
+        return valid[0]   # measured fastest at every shape, few blocks or many (above)
     for c in valid:
         if p.batch * -(-p.sq // c.rows) >= MIN_BLOCKS:
             return c

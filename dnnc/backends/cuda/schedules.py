@@ -798,10 +798,10 @@ one a thread, 0.83 two, 0.48 four, stores then scalar (four a thread: stores str
 4, badly coalesced; bench/gpu_kernels.py); below this size a kernel is launch-bound and
 more threads are as good."""
 
-LARGE_VECTOR = 2
+LARGE_VECTOR = 4
 """`vector` of the default config on outputs of VECTOR_FROM elements or more, when their
-size is a multiple (measured before vector stores; with them, 4 is a float4 load and store
-a thread: bench/gpu_kernels.py times 1, 2 and 4 in turn)."""
+size is a multiple: with vector stores, 4 is one float4 load and store a thread (H100, the
+256 MiB chain, 1, 2 and 4 timed in turn: 2 0.94 of copy, 4 1.00)."""
 
 
 def default_config(p: problems.Rows, machine) -> Config:
