@@ -23,7 +23,7 @@ cannot be loaded (corrupt, another machine) is removed and the model compiled; a
 cannot be written costs only the caching. `dnnc.compile(..., cache=False)` and
 `dnnc compile --no-cache` skip it; `DNNC_CACHE=0` turns it off for a process.
 
-Only targets whose compile is worth keeping are cached (`CACHED_TARGETS`: llvm); compiles
+Only targets whose compile is worth keeping are cached (`CACHED_TARGETS`: llvm, cuda); compiles
 shorter than `MIN_STORE_SECONDS` are not stored (loading one would cost as much).
 """
 
@@ -38,7 +38,7 @@ import os
 from pathlib import Path
 
 SCHEMA = 1
-CACHED_TARGETS = ("llvm",)
+CACHED_TARGETS = ("llvm", "cuda")
 MIN_STORE_SECONDS = 0.5
 DEFAULT_MAX_BYTES = 2 << 30
 SUFFIX = ".dnnc"
