@@ -145,7 +145,7 @@ def test_count_polynomial():
 
 def _cli_subprocess(*argv, cwd):
     return subprocess.run([sys.executable, "-m", "dnnc", *map(str, argv)], capture_output=True,
-                          text=True, cwd=cwd, env={"PYTHONPATH": str(REPO), "PATH": ""})
+                          text=True, cwd=cwd, env={"PYTHONPATH": str(REPO), "PATH": "", "DNNC_CACHE": "0"})
 
 
 def test_bad_file_is_one_line_and_exit_2(tmp_path):
@@ -507,7 +507,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys):
         [sys.executable, "-m", "dnnc", "bench", str(mlp), "--target", "numpy",
          "--no-onnxruntime", "--repeat", "100000000"], cwd=tmp_path, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={"PYTHONPATH": str(REPO), "PATH": ""})
+        env={"PYTHONPATH": str(REPO), "PATH": "", "DNNC_CACHE": "0"})
     try:
         first = process.stderr.readline()   # inside main: the model is being compiled
         assert first.startswith("dnnc: compiling"), first
@@ -542,7 +542,7 @@ def test_ctrl_c_ends_dnnc_even_when_the_interrupt_is_swallowed():
         "raise SystemExit(cli.main([]))\n")
     process = subprocess.Popen([sys.executable, "-c", script], text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={"PYTHONPATH": str(REPO), "PATH": ""})
+                               env={"PYTHONPATH": str(REPO), "PATH": "", "DNNC_CACHE": "0"})
     try:
         assert process.stderr.readline() == "ready\n"
         process.send_signal(signal.SIGINT)
