@@ -145,7 +145,8 @@ def test_count_polynomial():
 
 def _cli_subprocess(*argv, cwd):
     return subprocess.run([sys.executable, "-m", "dnnc", *map(str, argv)], capture_output=True,
-                          text=True, cwd=cwd, env={"PYTHONPATH": str(REPO), "PATH": "", "DNNC_CACHE": "0"})
+                          text=True, cwd=cwd,
+                          env={"PYTHONPATH": str(REPO), "PATH": "", "DNNC_CACHE": "0"})
 
 
 def test_bad_file_is_one_line_and_exit_2(tmp_path):

@@ -26,7 +26,8 @@ def dnnc_command(*argv, cwd):
     """The real command in a fresh process: (exit status, stdout, stderr)."""
     result = subprocess.run([sys.executable, "-m", "dnnc", *map(str, argv)],
                             capture_output=True, text=True, cwd=cwd,
-                            env={"PYTHONPATH": str(REPO), "PATH": "", "DNNC_CACHE": "0"}, timeout=300)
+                            env={"PYTHONPATH": str(REPO), "PATH": "", "DNNC_CACHE": "0"},
+                            timeout=300)
     return result.returncode, result.stdout, result.stderr
 
 
