@@ -1,6 +1,6 @@
 """The default schedule: row stages fused into one loop only where each row reads its own
 results, float reductions with one partial result per lane (tails included), and the float32
-exp / erf expansions (accuracy, overflow, NaN) — each against NumPy on fresh random inputs."""
+exp / erf / tanh expansions (accuracy, overflow, NaN) — each against NumPy on fresh random inputs."""
 
 import math
 
@@ -42,6 +42,19 @@ def test_erf_expansion_is_accurate_and_keeps_specials(rng):
     got = _unary("Erf", x.size).run(x)[0]
     want = np.vectorize(math.erf)(x[:-1].astype(np.float64))
     np.testing.assert_allclose(got[:-1], want, rtol=1e-6, atol=5e-7)
+    assert np.isnan(got[-1])
+
+
+def test_tanh_expansion_is_accurate_and_keeps_specials(rng):
+    """Both branches (|x| below and above 0.625, and at it), saturation, -0.0 and NaN."""
+    x = np.concatenate([rng.uniform(-12, 12, 20000), rng.standard_normal(5000) * 1e-3,
+                        rng.uniform(0.6, 0.65, 1000) * rng.choice([-1, 1], 1000),
+                        [0.625, -0.625, 9.5, -9.5, 100.0, np.inf, -np.inf, 0.0, -0.0, np.nan]]
+                       ).astype(np.float32)
+    got = _unary("Tanh", x.size).run(x)[0]
+    want = np.tanh(x[:-1].astype(np.float64))
+    np.testing.assert_allclose(got[:-1], want, rtol=3e-7, atol=0)   # 2 ulp at most
+    assert np.signbit(got[-2]) and not np.signbit(got[-3])
     assert np.isnan(got[-1])
 
 
