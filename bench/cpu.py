@@ -1,11 +1,18 @@
-"""dnnc (llvm target) next to onnxruntime on the zoo, measured in one run.
+"""dnnc (llvm target) next to onnxruntime, measured in one run.
 
-    python bench/cpu.py [--models mlp,resnet18,FILE.onnx,...] [--batch 1] [--repeat 20] [--opt-level N]
-                         [--mattr -avx512f] [--load busy|alternate] [--blocks 5]
+    python bench/cpu.py [--models zoo,torch,light,mlp,FILE.onnx,...] [--batch 1] [--threads N]
+                        [--repeat 20] [--opt-level N] [--mattr -avx512f]
+                        [--load busy|alternate] [--blocks 5] [--new-batch 1,3,8]
 
-Both run with the same thread count (dnnc's worker pool size, DNNC_NUM_THREADS or the cores
-this process may use; onnxruntime's intra-op threads set to match). Prints median latencies,
-the ratio dnnc / onnxruntime per model, and their geometric mean.
+`--models` takes model names and sets, comma-separated: a zoo model (`resnet50`), an ONNX file,
+or a set: `zoo` (the zoo's models), `torch` and `torch-dynamo` (torchvision-, timm- and
+transformers-style architectures written in torch and exported by torch's TorchScript or
+dynamo exporter, built once into ~/.cache/dnnc/bench by bench/torch_models.py; needs the
+optional torch and onnxscript) and `light` (the onnx package's light models). Default: zoo.
+
+Both run with the same thread count (`--threads`, else DNNC_NUM_THREADS or the cores this
+process may use; onnxruntime's intra-op threads set to match). Prints median latencies, the
+ratio dnnc / onnxruntime per model, and their geometric mean.
 
 `--load busy`: how each runtime degrades beside one unrelated busy process (a Python loop
 spinning on one core). The busy process is started once and stopped/continued with
@@ -17,6 +24,11 @@ slowdown = loaded / alone for both and dnnc's slowdown over onnxruntime's.
 threads are the other's load), next to each timed alone.
 On a machine with more cores, confine the run to two (`taskset -c 2,3 python bench/cpu.py
 --load busy`): the thread count and the busy process both follow the affinity mask.
+
+`--new-batch 1,3,8`: dynamic batch sizes. Each model is compiled with a symbolic batch and
+called at `--batch` (the compile), then at each new size: the first call's milliseconds (what
+a new size costs: no compile when the model is batch-separable, `batch_split_calls`) next to a
+steady call of that size's own code (compiled, then timed) and onnxruntime's.
 """
 
 from __future__ import annotations
@@ -41,6 +53,45 @@ from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm.runtime import cpu_from, host_target  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
+EXPORTS = Path.home() / ".cache" / "dnnc" / "bench"
+
+
+def expand_models(spec: str) -> list[str]:
+    """The model names and files `--models` lists, its sets expanded (module docstring)."""
+    out: list[str] = []
+    for entry in filter(None, spec.split(",")):
+        if entry == "zoo":
+            out += DEFAULT_MODELS
+        elif entry == "light":
+            import onnx
+
+            light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+            out += [str(p) for p in sorted(light.glob("light_*.onnx"))]
+        elif entry in ("torch", "torch-dynamo"):
+            out += torch_exports("dynamo" if entry == "torch-dynamo" else "torchscript")
+        else:
+            out.append(entry)
+    return out
+
+
+def torch_exports(exporter: str) -> list[str]:
+    """bench/torch_models.py's architectures exported by `exporter`, built on first use."""
+    try:
+        import torch_models
+    except ImportError as exc:
+        sys.exit(f"--models torch needs the optional torch and onnxscript packages "
+                 f"(pip install torch==2.13.0 onnxscript): {exc}")
+    folder = EXPORTS / exporter
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in torch_models.MODELS:
+        path = folder / f"{name}.onnx"
+        if not path.exists():
+            print(f"# exporting {name} with torch's {exporter} exporter", flush=True)
+            torch_models.export(name, path.with_suffix(".tmp"), exporter)
+            path.with_suffix(".tmp").rename(path)
+        paths.append(str(path))
+    return paths
 
 
 def load_model(name: str, batch: int):
@@ -55,7 +106,26 @@ def load_model(name: str, batch: int):
     model = onnx.load(name)
     dims = {d.dim_param: batch for vi in model.graph.input
             for d in vi.type.tensor_type.shape.dim if d.dim_param}
-    return model, zoo.inputs_for(model, np.random.default_rng(0), dims), Path(name).stem
+    stem = Path(name).stem
+    if Path(name).parent.parent.name == "bench" and Path(name).parent.name == "dynamo":
+        stem += "_dynamo"
+    return model, zoo.inputs_for(model, np.random.default_rng(0), dims), stem
+
+
+def symbolic_model(name: str):
+    """The model with a symbolic batch: a zoo model built with batch "N", a file as it is
+    (its first input's axis 0 should be symbolic)."""
+    import onnx
+
+    if not name.endswith(".onnx"):
+        return zoo.build(name, batch="N"), name
+    return onnx.load(name), Path(name).stem
+
+
+def inputs_at(model, n: int) -> dict:
+    dims = {d.dim_param: n for vi in model.graph.input
+            for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    return zoo.inputs_for(model, np.random.default_rng(n), dims)
 
 
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:
@@ -146,7 +216,7 @@ def main() -> None:
     import onnxruntime as ort
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    parser.add_argument("--models", default="zoo")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--opt-level", type=int, default=None)
@@ -157,7 +227,18 @@ def main() -> None:
                         help="measure under load (see the module docstring)")
     parser.add_argument("--blocks", type=int, default=5,
                         help="interleaved blocks per condition with --load")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for each runtime (default: DNNC_NUM_THREADS, else the "
+                             "cores this process may use)")
+    parser.add_argument("--new-batch", default=None,
+                        help="batch sizes to call a symbolic-batch model at (module docstring)")
     args = parser.parse_args()
+    if args.threads:
+        # read when the worker pool starts (the first host_target() below)
+        os.environ["DNNC_NUM_THREADS"] = str(args.threads)
+    args.models = ",".join(expand_models(args.models))
+    if args.new_batch:
+        return main_new_batch(args, ort)
     if args.load:
         return main_load(args, ort)
     cpu = cpu_from(mattr=args.mattr) if args.mattr else host_target()
@@ -222,6 +303,48 @@ def main_load(args, ort) -> None:
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     what = "slowdown dnnc/ort" if busy else "alternating dnnc/ort"
     print(f"geometric mean {what}: {geo:.2f} (worst {max(ratios):.2f})")
+
+
+def main_new_batch(args, ort) -> None:
+    """Each model compiled with a symbolic batch, then called at new sizes (docstring)."""
+    cpu = host_target()
+    sizes = [int(n) for n in args.new_batch.split(",")]
+    print(f"# {platform.machine()} {cpu.cpu}, {cpu.threads} threads each; dnnc "
+          f"{dnnc.__version__}, onnxruntime {ort.__version__}; compiled at batch "
+          f"{args.batch}, then called at {sizes}")
+    print(f"{'model':20} {'batch':>5} {'first ms':>9} {'split':>5} {'split ms':>9} "
+          f"{'own ms':>8} {'ort ms':>8} {'split/own':>9}  check")
+    for entry in args.models.split(","):
+        model, name = symbolic_model(entry)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = cpu.threads
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
+        rt = compiled.runtime
+        rt.specialize_after = None   # split for good: each size's own code is timed apart
+        start = time.perf_counter()
+        compiled.run(*inputs_at(model, args.batch).values())
+        print(f"{name:20} {args.batch:5d} {(time.perf_counter() - start) * 1e3:9.0f}  "
+              f"(the compile)", flush=True)
+        for n in sizes:
+            inputs = inputs_at(model, n)
+            splits = rt.split_calls
+            start = time.perf_counter()
+            first = compiled.run(*inputs.values())
+            first_ms = (time.perf_counter() - start) * 1e3
+            split = rt.split_calls > splits
+            ref = session.run(None, inputs)
+            ok = all(np.allclose(o, r, rtol=1e-4, atol=1e-5) for o, r in zip(first, ref))
+            again = median_ms(lambda: compiled.run(*inputs.values()), args.repeat)
+            own_model = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
+            own_model.runtime.specialize_after = None
+            own_model.run(*inputs.values())   # its compile, for this size (not timed)
+            own = median_ms(lambda: own_model.run(*inputs.values()), args.repeat)
+            peer = median_ms(lambda: session.run(None, inputs), args.repeat)
+            print(f"{name:20} {n:5d} {first_ms:9.1f} {'yes' if split else 'no':>5} "
+                  f"{again:9.2f} {own:8.2f} {peer:8.2f} {again / own:9.2f}  "
+                  f"{'ok' if ok else 'MISMATCH'}", flush=True)
 
 
 if __name__ == "__main__":

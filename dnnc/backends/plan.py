@@ -19,6 +19,12 @@ Shapes: a segment is specialised to the concrete shapes of its inputs when it fi
 them; sizes that depend on data (after NonZero, say) are handled the same way, since a
 segment after a fallback is specialised on the shapes the fallback actually produced.
 
+New batch sizes run at once: a segment that `ir.batching` proves batch-separable along a
+symbolic axis 0 runs a size it has no code for on the code of another size (`BatchSplit`: the
+items in slices of that size, the last one padded), on targets that allow it (`batch_split`).
+A size met `specialize_after` times is then compiled for in a background thread, and its own
+code replaces the split once ready.
+
 Memory: values a segment produces for later steps are fresh arrays per call (outputs escape);
 values used only inside a segment live in one arena per segment and thread, placed by
 `plan_memory` over the kernels' order (an elementwise kernel may write over an input it is
@@ -45,6 +51,7 @@ import numpy as np
 from ..errors import ArtifactError, CompileError, ConfigError
 from ..ir import loop as L
 from ..ir import types as T
+from ..ir.batching import batch_symbol
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.registry import Pattern, get_op
 from ..ir.reinfer import reinfer
@@ -58,6 +65,10 @@ log = logging.getLogger(__name__)
 # specialisations kept per segment: each costs its machine code and, per calling thread, its
 # arena (200 batch sizes of an MLP held 274 MB before the cache was bounded)
 DEFAULT_CACHE_SIZE = 32
+# calls of a batch size run on another size's code before its own is compiled (in the
+# background); a size met once or twice costs no compile at all
+SPECIALIZE_AFTER = 3
+MAX_SPLITS = 256   # batch splits remembered (each a few objects: the counts of uses)
 
 
 @dataclass
@@ -316,6 +327,41 @@ def _memory_steps(kernels: list[Kernel], external: dict[int, int]) -> tuple:
 _IN_PLACE_PATTERNS = (Pattern.ELEMWISE, Pattern.BROADCAST)
 
 
+class BatchSplit:
+    """A segment run at n items on its code for b items (`ir.batching` proved it
+    batch-separable): the inputs that carry the batch (`carried`, positions in the segment's
+    inputs) go in slices of b along axis 0, the others whole; the last slice, when short,
+    is padded with copies of its last item and only its own items' outputs are kept.
+    Reads like a compiled segment (`Executable`'s docstring) and shares `base`'s frames."""
+
+    def __init__(self, base, items: int, carried: list[int]):
+        self.base = base
+        self.items = items
+        self.carried = frozenset(carried)
+        self.uses = 0
+        self.step = base.step
+        self.kernels = base.kernels
+        self.frames = base.frames
+        self.frame = base.frame
+
+    def run(self, arrays: list, frame) -> list[np.ndarray]:
+        n = arrays[min(self.carried)].shape[0]
+        b = self.items
+        outs = [np.empty((n,) + tuple(t.shape[1:]), t.dtype.np)
+                for t in self.base.escaping_types]
+        for lo in range(0, n, b):
+            hi = min(lo + b, n)
+            if hi - lo == b:
+                chunk = [a[lo:hi] if k in self.carried else a for k, a in enumerate(arrays)]
+                self.base.run(chunk, frame, [o[lo:hi] for o in outs])
+                continue
+            chunk = [np.concatenate([a[lo:hi]] + [a[hi - 1:hi]] * (b - (hi - lo)))
+                     if k in self.carried else a for k, a in enumerate(arrays)]
+            for o, r in zip(outs, self.base.run(chunk, frame)):
+                o[lo:hi] = r[:hi - lo]
+        return outs
+
+
 class Executable:
     """Runs a graph as compiled segments and host steps; thread-safe and fork-safe.
 
@@ -332,7 +378,7 @@ class Executable:
     def __init__(self, graph: Graph, opt_level: int = 3, progress: bool | None = None,
                  plan: list[dict] | None = None, reuse_memory: bool | None = None,
                  warm_up: bool = True, cache_size: int = DEFAULT_CACHE_SIZE,
-                 tuned: dict | None = None):
+                 tuned: dict | None = None, specialize_after: int | None = SPECIALIZE_AFTER):
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
             raise CompileError(f"cache_size must be a positive integer (specialisations kept "
                                f"per segment), not {cache_size!r}")
@@ -354,6 +400,13 @@ class Executable:
         # task key -> the config a tuning log measured best for it on this machine
         self.tuned = dict(tuned or {})
         self.tuned_kernels = 0
+        # batch sizes run on another size's code (`BatchSplit`): key -> split, newest last
+        self.specialize_after = specialize_after
+        self._splits: OrderedDict[tuple, BatchSplit] = OrderedDict()
+        self._batch_symbols: dict[int, str | None] = {}   # segment index -> its batch symbol
+        self._specialising: tuple | None = None    # the key a background compile works on
+        self._unspecialisable: set[tuple] = set()  # keys whose compile failed
+        self.split_calls = 0
 
     def start(self) -> None:
         """Compile every segment now when the inputs' shapes are static (a target's
@@ -362,6 +415,11 @@ class Executable:
             self._warm_up()
 
     # -- what a target supplies ----------------------------------------------------------------
+
+    # whether its compiled segments run on slices along axis 0 (`BatchSplit`): `run(arrays,
+    # frame, outs)` writes into `outs` (contiguous host arrays) when given; a runtime set to
+    # False compiles every batch size it meets
+    batch_split = False
 
     def compile_segment(self, program: Program):
         raise NotImplementedError
@@ -434,7 +492,8 @@ class Executable:
                 in_types = [types.get(id(v), v.type) for v in step.inputs]
                 if not all(t.is_static for t in in_types) or step.value_inputs:
                     return
-                seg = self._compiled(step, tuple(t.shape for t in in_types), progress=progress)
+                seg = self._compiled(step, tuple(t.shape for t in in_types), progress=progress,
+                                     exact=True)
                 for v, t in zip(step.escaping, seg.escaping_types):
                     types[id(v)] = t
 
@@ -451,6 +510,8 @@ class Executable:
                     self._forced_host = self._forced_host | {id(exc.node)}
                     self.steps = plan_steps(self.graph, self._forced_host)
                     self._cache.clear()
+                    self._splits.clear()   # both keyed by the old steps' indices
+                    self._batch_symbols.clear()
 
     def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         env = {id(v): a for v, a in zip(self.graph.inputs, inputs)}
@@ -464,13 +525,13 @@ class Executable:
                     env[id(v)] = a
         return [self._value(v, env) for v in self.graph.outputs]
 
-    def _segment_call(self, step: Segment, env) -> tuple[object, list]:
-        """The specialisation of `step` for the inputs in `env` (compiled on first use), and
-        those inputs."""
+    def _segment_call(self, step: Segment, env, exact: bool = False) -> tuple[object, list]:
+        """The specialisation of `step` for the inputs in `env` (compiled on first use, or a
+        `BatchSplit` unless `exact`), and those inputs."""
         arrays = [self._value(v, env) for v in step.inputs]
         values = tuple((i, tuple(np.asarray(arrays[i]).reshape(-1).tolist()))
                        for i in step.value_inputs)
-        return self._compiled(step, tuple(a.shape for a in arrays), values), arrays
+        return self._compiled(step, tuple(a.shape for a in arrays), values, exact=exact), arrays
 
     def profile(self, inputs: list[np.ndarray], repeat: int = 20
                 ) -> tuple[list[np.ndarray], list[dict]]:
@@ -487,7 +548,7 @@ class Executable:
                 rows.append({"kernel": f"host {step.node.op}", "nodes": [step.node.name],
                              "ms": (time.perf_counter() - start) * 1e3})
                 continue
-            seg, arrays = self._segment_call(step, env)
+            seg, arrays = self._segment_call(step, env, exact=True)
             if not seg.kernels:
                 raise CompileError("this segment was restored from an artifact (or the "
                                    "compile cache) without its kernel list; compile the "
@@ -522,9 +583,10 @@ class Executable:
         return frame
 
     def _compiled(self, step: Segment, shapes: tuple, values: tuple = (),
-                  progress: Progress | None = None):
-        """The specialisation of `step` to `shapes` (and `values`), compiled on first use;
-        its compile is a step of `progress` (warm-up), else a progress line."""
+                  progress: Progress | None = None, exact: bool = False):
+        """The specialisation of `step` to `shapes` (and `values`), compiled on first use
+        (unless not `exact` and another batch size's code can run it: a `BatchSplit`); its
+        compile is a step of `progress` (warm-up), else a progress line."""
         key = (step.index, shapes, values)
         seg = self._cache.get(key)
         if seg is not None:
@@ -533,6 +595,10 @@ class Executable:
             except KeyError:   # evicted by another thread meanwhile: `seg` still works
                 pass
             return seg
+        if not exact and self.batch_split:
+            split = self._split(step, shapes, values)
+            if split is not None:
+                return split
         with self._lock:
             seg = self._cache.get(key)
             if seg is None:
@@ -558,6 +624,86 @@ class Executable:
                     progress.done(len(step.nodes))
         return seg
 
+    def _split(self, step: Segment, shapes: tuple, values: tuple) -> "BatchSplit | None":
+        """A `BatchSplit` running `step` at `shapes` on the code of another batch size: the
+        one doing the least work (padding included), the larger on a tie; None where the
+        segment is not batch-separable or no code of the same item shape exists. Counts the
+        key's uses and starts its background compile at `specialize_after`."""
+        key = (step.index, shapes, values)
+        split = self._splits.get(key)
+        if split is None:
+            split = self._new_split(step, shapes, values)
+            if split is None:
+                return None
+            self._splits[key] = split
+            while len(self._splits) > MAX_SPLITS:
+                try:
+                    self._splits.popitem(last=False)
+                except KeyError:   # emptied by another thread meanwhile
+                    break
+        split.uses += 1
+        self.split_calls += 1
+        if self.specialize_after is not None and split.uses >= self.specialize_after and \
+                self._specialising is None and key not in self._unspecialisable:
+            self._specialise_in_background(step, shapes, values)
+        return split
+
+    def _new_split(self, step: Segment, shapes: tuple, values: tuple) -> "BatchSplit | None":
+        if step.index not in self._batch_symbols:
+            self._batch_symbols[step.index] = batch_symbol(step.nodes, step.inputs,
+                                                           step.escaping)
+        symbol = self._batch_symbols[step.index]
+        if symbol is None:
+            return None
+        carried = [i for i, v in enumerate(step.inputs)
+                   if v.const is None and v.type.rank and v.type.shape[0] == symbol]
+        sizes = {shapes[i][0] for i in carried if len(shapes[i]) == step.inputs[i].type.rank}
+        if not carried or len(sizes) != 1:
+            return None
+        n = sizes.pop()
+        best = None
+        for (index, base_shapes, base_values), seg in list(self._cache.items()):
+            if index != step.index or base_values != values:
+                continue
+            b = base_shapes[carried[0]][0]
+            if b < 1 or any(base_shapes[i] != ((b,) + tuple(shapes[i][1:]) if i in carried
+                                               else shapes[i]) for i in range(len(shapes))):
+                continue
+            cost = (-(-n // b) * b, -b)   # items computed, then calls
+            if best is None or cost < best[0]:
+                best = (cost, seg, b)
+        if best is None:
+            return None
+        return BatchSplit(best[1], best[2], carried)
+
+    def _specialise_in_background(self, step: Segment, shapes: tuple, values: tuple) -> None:
+        """Compile `step` for `shapes` in a daemon thread; calls go on being split until the
+        code is in the cache (a failed compile leaves the split in place for good)."""
+        key = (step.index, shapes, values)
+        self._specialising = key
+
+        def work():
+            try:
+                self._compiled(step, shapes, values, exact=True)
+            except Exception as exc:   # noqa: BLE001 - the split keeps working; say why
+                self._unspecialisable.add(key)
+                log.warning("segment %d: no code of its own for shapes %s (%s); calls keep "
+                            "running on another batch size's code", step.index, shapes, exc)
+            finally:
+                self._splits.pop(key, None)
+                self._specialising = None
+
+        threading.Thread(target=work, name="dnnc-specialise", daemon=True).start()
+
+    def wait_for_specialisation(self, timeout: float | None = None) -> bool:
+        """Wait until no background compile is running; whether none is."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._specialising is not None:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def _evict(self, index: int) -> None:
         """Drop segment `index`'s least recently used specialisations beyond `cache_size`
         (a call running one keeps it alive until it returns)."""
@@ -568,8 +714,10 @@ class Executable:
 
     def _after_fork_in_child(self) -> None:
         """The forking thread is the child's only one: a lock another thread held at fork
-        time would never be released (a child needing a new shape would hang)."""
+        time would never be released (a child needing a new shape would hang), and a
+        background compile the parent ran does not run here."""
         self._lock = threading.Lock()
+        self._specialising = None
 
     # -- introspection -------------------------------------------------------------------------
 

@@ -125,7 +125,9 @@ class CompiledModel:
         kernels can even go below it); both are absent for specialisations restored from an
         artifact. `pass_seconds` holds each pass's seconds; `memory_plan_seconds` the memory
         planner's, summed over the specialisations planned so far. `specializations` counts
-        those kept (at most `cache_size` per segment) and `evictions` those dropped as least recently used."""
+        those kept (at most `cache_size` per segment) and `evictions` those dropped as least
+        recently used; `batch_split_calls` the segment calls that ran a batch size on another
+        size's code (`backends/plan.py`, `BatchSplit`)."""
         out = dict(self._stats)
         out["pass_seconds"] = dict(out.get("pass_seconds", {}))
         rt = self.runtime
@@ -144,6 +146,7 @@ class CompiledModel:
         if hasattr(rt, "compiled_segments"):
             out["specializations"] = len(rt.compiled_segments())
             out["evictions"] = getattr(rt, "evictions", 0)
+            out["batch_split_calls"] = getattr(rt, "split_calls", 0)
             out["jit_seconds"] = rt.compile_seconds
         return out
 

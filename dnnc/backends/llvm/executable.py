@@ -97,6 +97,8 @@ class LLVMRuntime(Executable):
                 _CompiledSegment.from_image(step, image, rt)
         return rt
 
+    batch_split = True
+
     def schedule_kernel(self, kernel: Kernel, config=None) -> L.PrimFunc:
         return schedule_kernel(kernel, self.target, config=config)
 
@@ -208,17 +210,21 @@ class _CompiledSegment(CompiledSegment):
             slots[first + k] = ptr
         return _Frame(arena, arena.ctypes.data, slots)
 
-    def _fill(self, inputs: list[np.ndarray], frame: "_Frame") -> tuple[list, list]:
+    def _fill(self, inputs: list[np.ndarray], frame: "_Frame", outs: list | None = None
+              ) -> tuple[list, list]:
         """The call's data inputs (contiguous; kept alive by the caller until the call
-        returns) and fresh outputs, their pointers written into the frame's slots."""
+        returns) and its outputs (`outs`, contiguous arrays of the outputs' shapes and
+        dtypes, or fresh ones), their pointers written into the frame's slots."""
         arrays = [np.ascontiguousarray(inputs[i]) for i in self._data_inputs]
-        outs = [np.empty(t.shape, t.dtype.np) for t in self.escaping_types]
+        if outs is None:
+            outs = [np.empty(t.shape, t.dtype.np) for t in self.escaping_types]
         for k, a in enumerate(arrays + outs):
             frame.slots[k] = _address(a)
         return arrays, outs
 
-    def run(self, inputs: list[np.ndarray], frame: "_Frame") -> list[np.ndarray]:
-        arrays, outs = self._fill(inputs, frame)
+    def run(self, inputs: list[np.ndarray], frame: "_Frame", outs: list | None = None
+            ) -> list[np.ndarray]:
+        arrays, outs = self._fill(inputs, frame, outs)
         self.entry(frame.slots, frame.arena_ptr)
         return outs
 

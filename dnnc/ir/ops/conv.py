@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from .. import batching
 from .. import types as T
 from ..compute import NoCompute, Tensor, compute, reduce_axis, reduce_sum
 from ..loop import Cast, Const, Expr, Select, call, const, eq, logical_and, maximum, minimum
@@ -181,7 +182,8 @@ def conv_flops(each, window, out, bias: bool) -> Count:
 register_op("Conv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer, evaluate=conv,
             attrs=CONV_ATTRS, inputs=(2, 3), compute=conv_rule, weights=(1, 2),
             flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:],
-                                          node.outputs[0], has_input(node, 2)))
+                                          node.outputs[0], has_input(node, 2)),
+            batched=batching.data_input)
 
 
 def _zero_point(zp, shape):
@@ -241,7 +243,8 @@ def _conv_integer_rule(inputs, outputs, **attrs):
 register_op("ConvInteger", pattern=Pattern.OUT_FUSABLE, infer=_conv_integer_infer,
             evaluate=conv_integer, attrs=CONV_ATTRS, inputs=(2, 4), compute=_conv_integer_rule,
             flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:],
-                                          node.outputs[0], False))
+                                          node.outputs[0], False),
+            batched=batching.data_input)
 
 # -- ConvTranspose, Col2Im ---------------------------------------------------------------------
 
@@ -384,7 +387,8 @@ register_op("ConvTranspose", pattern=Pattern.OUT_FUSABLE, infer=_conv_transpose_
             attrs={**CONV_ATTRS, "output_padding": None, "output_shape": None},
             compute=_conv_transpose_rule,
             flops=lambda node: conv_flops(node.inputs[0], node.inputs[1].shape[1:],
-                                          node.outputs[0], has_input(node, 2)))
+                                          node.outputs[0], has_input(node, 2)),
+            batched=batching.data_input)
 
 
 def col2im(x, image_shape, block_shape, dilations=None, pads=None, strides=None):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import batching
 from .. import types as T
 from ..compute import apply_rule, broadcast_load, compute
 from ..flops import Count, has_input, numel
@@ -117,4 +118,5 @@ def _attention_flops(node) -> Count:
 register_op("FusedAttention", pattern=Pattern.OUT_FUSABLE, infer=_attention_infer,
             evaluate=fused_attention,
             attrs={"scale": REQUIRED, "k_transposed": 0, "fill": float("-inf")},
-            inputs=(3, 5), compute=_attention_rule, flops=_attention_flops)
+            inputs=(3, 5), compute=_attention_rule, flops=_attention_flops,
+            batched=batching.attention)

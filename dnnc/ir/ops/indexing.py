@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import batching
 from .. import types as T
 from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_sum
 from ..loop import Select, const, eq, logical_and, minimum
@@ -165,7 +166,8 @@ def _gather_nd_rule(inputs, outputs, batch_dims):
 
 
 register_op("Gather", pattern=Pattern.INJECTIVE, infer=_gather_infer, evaluate=gather,
-            attrs={"axis": 0}, inputs=2, shape_arith=True, compute=_gather_rule)
+            attrs={"axis": 0}, inputs=2, shape_arith=True, compute=_gather_rule,
+            batched=batching.gather)
 register_op("GatherElements", pattern=Pattern.INJECTIVE, infer=_gather_elements_infer,
             evaluate=gather_elements, attrs={"axis": 0}, inputs=2, shape_arith=True,
             compute=_gather_elements_rule)

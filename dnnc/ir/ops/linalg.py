@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import batching
 from .. import types as T
 from ..compute import NoCompute, Tensor, broadcast_load, compute, reduce_axis, reduce_sum
 from ..loop import Cast, Const, Expr, const
@@ -119,7 +120,8 @@ def matmul_flops(node) -> Count:
 
 
 register_op("MatMul", pattern=Pattern.OUT_FUSABLE, infer=_matmul_infer, evaluate=matmul,
-            inputs=2, compute=_matmul_rule, flops=matmul_flops, weights=(1,))
+            inputs=2, compute=_matmul_rule, flops=matmul_flops, weights=(1,),
+            batched=batching.matmul)
 
 
 # -- Gemm ---------------------------------------------------------------------------------------
@@ -191,7 +193,8 @@ def _gemm_flops(node) -> Count:
 
 register_op("Gemm", pattern=Pattern.OUT_FUSABLE, infer=_gemm_infer, evaluate=gemm,
             attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, inputs=(2, 3),
-            weights=(1, 2), compute=_gemm_rule, flops=_gemm_flops)
+            weights=(1, 2), compute=_gemm_rule, flops=_gemm_flops,
+            batched=batching.gemm)
 
 
 # -- MatMulInteger ------------------------------------------------------------------------------
@@ -447,4 +450,5 @@ def _packed_rule(inputs, outputs, n, alpha, beta):
 register_op("MatMulPacked", pattern=Pattern.OUT_FUSABLE, infer=_packed_infer,
             evaluate=matmul_packed, inputs=(2, 3), attrs={"n": REQUIRED, "alpha": 1.0,
                                                           "beta": 1.0},
-            compute=_packed_rule, flops=matmul_flops)
+            compute=_packed_rule, flops=matmul_flops,
+            batched=batching.packed_matmul)

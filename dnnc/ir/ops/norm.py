@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import DNNCError
+from .. import batching
 from .. import types as T
 from ..compute import NoCompute, broadcast_load, compute, reduce_axis, reduce_sum
 from ..loop import Cast, Select, call, const, eq, logical_and, substitute
@@ -196,7 +197,8 @@ register_op("BatchNormalization", pattern=Pattern.OPAQUE, infer=_batch_norm_infe
             evaluate=batch_norm, inputs=5, outputs=(1, 3), weights=(1, 2, 3, 4),
             attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0},
             compute=_batch_norm_rule,
-            flops=per_output(2))   # inference folds it to one scale and one shift
+            flops=per_output(2),
+            batched=batching.data_input)   # inference folds it to one scale and one shift
 
 # -- InstanceNormalization -------------------------------------------------------------------
 
@@ -243,7 +245,8 @@ def _instance_norm_rule(inputs, outputs, epsilon):
 
 register_op("InstanceNormalization", pattern=Pattern.OPAQUE, infer=_instance_norm_infer,
             evaluate=instance_norm, inputs=3, attrs={"epsilon": 1e-5},
-            compute=_instance_norm_rule, flops=per_output(5))
+            compute=_instance_norm_rule, flops=per_output(5),
+            batched=batching.data_input)
 
 # -- LayerNormalization, RMSNormalization ------------------------------------------------------
 
@@ -329,7 +332,8 @@ register_op("LayerNormalization", pattern=Pattern.REDUCE, infer=_layer_norm_infe
             evaluate=layer_norm, inputs=(2, 3), outputs=(1, 3),
             attrs={"axis": -1, "epsilon": 1e-5, "stash_type": T.float32},
             compute=_layer_norm_rule,
-            flops=per_output(5))   # mean, centre, variance, normalise, affine
+            flops=per_output(5),
+            batched=batching.along_axis())   # mean, centre, variance, normalise, affine
 
 
 def _rms_norm_infer(ctx):
@@ -370,7 +374,8 @@ def _rms_norm_rule(inputs, outputs, axis, epsilon, stash_type):
 register_op("RMSNormalization", pattern=Pattern.OPAQUE, infer=_rms_norm_infer,
             evaluate=rms_norm, inputs=2,
             attrs={"axis": -1, "epsilon": 1e-5, "stash_type": T.float32},
-            compute=_rms_norm_rule, flops=per_output(4))   # square, mean, scale, affine
+            compute=_rms_norm_rule, flops=per_output(4),
+            batched=batching.along_axis())   # square, mean, scale, affine
 
 # -- GroupNormalization (opset 21: scale and bias per channel) ---------------------------------
 
@@ -427,7 +432,8 @@ def _group_norm_rule(inputs, outputs, num_groups, epsilon, stash_type):
 register_op("GroupNormalization", pattern=Pattern.OPAQUE, infer=_group_norm_infer,
             evaluate=group_norm, inputs=3,
             attrs={"num_groups": REQUIRED, "epsilon": 1e-5, "stash_type": T.float32},
-            compute=_group_norm_rule, flops=per_output(5))
+            compute=_group_norm_rule, flops=per_output(5),
+            batched=batching.data_input)
 
 # -- LRN, MeanVarianceNormalization, LpNormalization -------------------------------------------
 
@@ -479,7 +485,8 @@ def _lrn_rule(inputs, outputs, size, alpha, beta, bias):
 register_op("LRN", pattern=Pattern.OPAQUE, infer=_lrn_infer, evaluate=lrn,
             attrs={"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0},
             compute=_lrn_rule,   # a window sum of squares, then scale, add, power
-            flops=lambda node: numel(node.outputs[0]) * (node.attrs.get("size", 1) + 3))
+            flops=lambda node: numel(node.outputs[0]) * (node.attrs.get("size", 1) + 3),
+            batched=batching.data_input)
 
 
 def _axes_infer(ctx):
@@ -569,7 +576,8 @@ def _lp_norm_rule(inputs, outputs, axis, p):
 
 
 register_op("LpNormalization", pattern=Pattern.OPAQUE, infer=_lp_norm_infer, evaluate=lp_norm,
-            attrs={"axis": -1, "p": 2}, compute=_lp_norm_rule, flops=per_output(3))
+            attrs={"axis": -1, "p": 2}, compute=_lp_norm_rule, flops=per_output(3),
+            batched=batching.along_axis())
 
 # -- Dropout ---------------------------------------------------------------------------------
 

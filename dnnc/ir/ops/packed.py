@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import batching
 from .. import types as T
 from ..compute import compute
 from ..graph import Value
@@ -94,4 +95,5 @@ register_op("ConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
             compute=_conv_packed_rule,
             # Conv's, over the packed weights' window: [blocks, C_in/group, *kernel, NR]
             flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:-1],
-                                          node.outputs[0], has_input(node, 2)))
+                                          node.outputs[0], has_input(node, 2)),
+            batched=batching.data_input)

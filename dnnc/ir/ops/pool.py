@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from .. import batching
 from .. import types as T
 from ..compute import NoCompute, compute, reduce_axis, reduce_max, reduce_min, reduce_sum
 from ..loop import Expr, call, const, eq, logical_and, maximum, minimum
@@ -255,12 +256,15 @@ def _window_flops(node) -> Count:
 register_op("MaxPool", pattern=Pattern.OPAQUE, evaluate=max_pool, outputs=(1, 2),
             infer=_pool_infer(FLOATS + (T.int8, T.uint8), indices=True),
             attrs={**POOL_ATTRS, "storage_order": 0}, compute=_max_pool_rule,
-            flops=_window_flops)
+            flops=_window_flops,
+            batched=batching.data_input)
 register_op("AveragePool", pattern=Pattern.OPAQUE, evaluate=average_pool,
             infer=_pool_infer(FLOATS), attrs={**POOL_ATTRS, "count_include_pad": 0},
-            compute=_average_pool_rule, flops=_window_flops)
+            compute=_average_pool_rule, flops=_window_flops,
+            batched=batching.data_input)
 register_op("LpPool", pattern=Pattern.OPAQUE, evaluate=lp_pool, infer=_pool_infer(FLOATS),
-            attrs={**POOL_ATTRS, "p": 2}, compute=_lp_pool_rule, flops=_window_flops)
+            attrs={**POOL_ATTRS, "p": 2}, compute=_lp_pool_rule, flops=_window_flops,
+            batched=batching.data_input)
 
 # -- global pools ------------------------------------------------------------------------------
 
@@ -314,13 +318,16 @@ def _global_lp(x, v, r, acc, p):
 
 register_op("GlobalAveragePool", pattern=Pattern.REDUCE, infer=_global_infer,
             evaluate=global_average_pool,
-            compute=_global_rule(_global_mean, "global_average_pool"))
+            compute=_global_rule(_global_mean, "global_average_pool"),
+            batched=batching.data_input)
 register_op("GlobalMaxPool", pattern=Pattern.REDUCE, infer=_global_infer,
             evaluate=lambda x: x.max(axis=_spatial_axes(x), keepdims=True),
-            compute=_global_rule(lambda x, v, r, acc: reduce_max(v, r), "global_max_pool"))
+            compute=_global_rule(lambda x, v, r, acc: reduce_max(v, r), "global_max_pool"),
+            batched=batching.data_input)
 register_op("GlobalLpPool", pattern=Pattern.REDUCE, infer=_global_infer,
             evaluate=global_lp_pool, attrs={"p": 2},
-            compute=_global_rule(_global_lp, "global_lp_pool"), flops=per_input(2))
+            compute=_global_rule(_global_lp, "global_lp_pool"), flops=per_input(2),
+            batched=batching.data_input)
 
 # -- MaxUnpool ---------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import itertools
 
 import numpy as np
 
+from .. import batching
 from .. import types as T
 from ..compute import (NoCompute, compute, reduce_axis, reduce_all, reduce_any, reduce_max,
                        reduce_min, reduce_prod, reduce_sum)
@@ -177,7 +178,8 @@ def reduction(name: str, fn, dtypes=NUMERIC, expr=None, **options):
             return fn(x, axes, bool(keepdims))
         return np.asarray(fn(_wide(x), axes, bool(keepdims))).astype(x.dtype)
 
-    return register_op(name, pattern=Pattern.REDUCE, infer=_reduce_infer(dtypes),
+    return register_op(name, pattern=Pattern.REDUCE, batched=batching.reducing,
+                       infer=_reduce_infer(dtypes),
                        evaluate=evaluate, attrs={"keepdims": 1, "noop_with_empty_axes": 0},
                        inputs=(1, 2), compute=_reduction_rule(body), params=(1,), **options)
 
@@ -355,7 +357,8 @@ def _arg_rule(largest: bool):
 
 
 for _name, _fn in (("ArgMax", np.argmax), ("ArgMin", np.argmin)):
-    register_op(_name, pattern=Pattern.REDUCE, infer=_arg_infer, evaluate=_arg(_fn),
+    register_op(_name, pattern=Pattern.REDUCE, batched=batching.along_axis(),
+                infer=_arg_infer, evaluate=_arg(_fn),
                 attrs={"axis": 0, "keepdims": 1, "select_last_index": 0},
                 compute=_arg_rule(_name == "ArgMax"))
 
@@ -566,5 +569,6 @@ def _hardmax_rule(inputs, outputs, axis, coerce_2d):
 for _name, _fn, _rule, _flops in (("Softmax", _softmax, _softmax_rule(False), 5),
                                   ("LogSoftmax", _log_softmax, _softmax_rule(True), 5),
                                   ("Hardmax", _hardmax, _hardmax_rule, 1)):
-    register_op(_name, pattern=Pattern.REDUCE, infer=_softmax_infer, evaluate=_over_axis(_fn),
+    register_op(_name, pattern=Pattern.REDUCE, batched=batching.along_axis(),
+                infer=_softmax_infer, evaluate=_over_axis(_fn),
                 attrs={"axis": -1, "coerce_2d": 0}, compute=_rule, flops=per_output(_flops))

@@ -64,6 +64,10 @@ class OpDef:
     weights: tuple[int, ...] = ()
     # node -> estimated FLOPs (ir/flops.py); None: estimated from the pattern
     flops: Callable | None = None
+    # (node, which inputs carry a batch axis 0) -> whether output item i reads only item i
+    # of those (ir/batching.py); None: elementwise and broadcasting ops by their pattern,
+    # every other op is not batch-separable
+    batched: Callable | None = None
 
     def run(self, inputs: list, attrs: dict) -> list[np.ndarray]:
         """Evaluate the NumPy reference; always returns a list of outputs."""

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from .. import batching
 from .. import types as T
 from ..compute import compute, dim_expr
 from ..loop import Select, const, eq
@@ -148,7 +149,8 @@ def _reshape_rule(inputs, outputs, allowzero):
 
 
 register_op("Reshape", pattern=Pattern.INJECTIVE, infer=_reshape_infer, evaluate=reshape,
-            attrs={"allowzero": 0}, inputs=2, shape_arith=True, compute=_reshape_rule, params=(1,))
+            attrs={"allowzero": 0}, inputs=2, shape_arith=True, compute=_reshape_rule, params=(1,),
+            batched=batching.reshaping)
 
 
 def _flatten_infer(ctx):
@@ -167,7 +169,8 @@ def flatten(x, axis):
 
 register_op("Flatten", pattern=Pattern.INJECTIVE, infer=_flatten_infer, evaluate=flatten,
             attrs={"axis": 1}, shape_arith=True,
-            compute=lambda inputs, outputs, axis: [_reshaped(inputs[0], outputs[0])])
+            compute=lambda inputs, outputs, axis: [_reshaped(inputs[0], outputs[0])],
+            batched=batching.reshaping)
 
 
 def _squeeze_infer(ctx):
@@ -205,7 +208,8 @@ def _unit_axes_rule(op: str):
 
 
 register_op("Squeeze", pattern=Pattern.INJECTIVE, infer=_squeeze_infer, evaluate=squeeze,
-            inputs=(1, 2), shape_arith=True, compute=_unit_axes_rule("Squeeze"), params=(1,))
+            inputs=(1, 2), shape_arith=True, compute=_unit_axes_rule("Squeeze"), params=(1,),
+            batched=batching.reshaping)
 
 
 def _unsqueeze_infer(ctx):
@@ -224,7 +228,8 @@ def unsqueeze(x, axes):
 
 
 register_op("Unsqueeze", pattern=Pattern.INJECTIVE, infer=_unsqueeze_infer, evaluate=unsqueeze,
-            inputs=2, shape_arith=True, compute=_unit_axes_rule("Unsqueeze"), params=(1,))
+            inputs=2, shape_arith=True, compute=_unit_axes_rule("Unsqueeze"), params=(1,),
+            batched=batching.reshaping)
 
 
 def _transpose_perm(ctx) -> list[int]:
@@ -257,7 +262,8 @@ def _transpose_rule(inputs, outputs, perm):
 
 register_op("Transpose", pattern=Pattern.INJECTIVE, infer=_transpose_infer,
             evaluate=lambda x, perm: np.transpose(x, perm), attrs={"perm": None},
-            shape_arith=True, compute=_transpose_rule)
+            shape_arith=True, compute=_transpose_rule,
+            batched=batching.transpose)
 
 
 # -- DepthToSpace, SpaceToDepth ------------------------------------------------------------------
@@ -306,7 +312,8 @@ def _depth_to_space_rule(inputs, outputs, blocksize, mode):
 
 register_op("DepthToSpace", pattern=Pattern.INJECTIVE, infer=_depth_to_space_infer,
             evaluate=depth_to_space, attrs={"blocksize": REQUIRED, "mode": "DCR"},
-            compute=_depth_to_space_rule)
+            compute=_depth_to_space_rule,
+            batched=batching.data_input)
 
 
 def _space_to_depth_infer(ctx):
@@ -343,4 +350,5 @@ def _space_to_depth_rule(inputs, outputs, blocksize, mode):
 
 register_op("SpaceToDepth", pattern=Pattern.INJECTIVE, infer=_space_to_depth_infer,
             evaluate=space_to_depth, attrs={"blocksize": REQUIRED, "mode": "DCR"},
-            compute=_space_to_depth_rule)
+            compute=_space_to_depth_rule,
+            batched=batching.data_input)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import batching
 from .. import types as T
 from ..compute import NoCompute, broadcast_load, compute, dim_expr
 from ..loop import Expr, Select, const, logical_and, maximum, minimum
@@ -87,7 +88,7 @@ def _concat_rule(inputs, outputs, axis):
     return [compute(out.shape, element, dtype=out.dtype)]
 
 
-register_op("Concat", pattern=Pattern.INJECTIVE, infer=_concat_infer,
+register_op("Concat", batched=batching.joining, pattern=Pattern.INJECTIVE, infer=_concat_infer,
             evaluate=lambda *xs, axis: np.concatenate(xs, axis=axis), attrs={"axis": REQUIRED},
             inputs=(1, None), shape_arith=True, compute=_concat_rule)
 
@@ -146,7 +147,8 @@ def _split_rule(inputs, outputs, axis, num_outputs):
 
 register_op("Split", pattern=Pattern.INJECTIVE, infer=_split_infer, evaluate=split,
             attrs={"axis": 0, "num_outputs": None}, inputs=(1, 2), outputs=(1, None),
-            shape_arith=True, compute=_split_rule, params=(1,))
+            shape_arith=True, compute=_split_rule, params=(1,),
+            batched=batching.splitting)
 
 # -- Slice -------------------------------------------------------------------------------------
 
@@ -236,7 +238,8 @@ def _slice_rule(inputs, outputs):
 
 
 register_op("Slice", pattern=Pattern.INJECTIVE, infer=_slice_infer, evaluate=slice_,
-            inputs=(3, 5), shape_arith=True, compute=_slice_rule, params=(1, 2, 3, 4))
+            inputs=(3, 5), shape_arith=True, compute=_slice_rule, params=(1, 2, 3, 4),
+            batched=batching.slicing)
 
 # -- Expand, Tile, Pad, CenterCropPad ------------------------------------------------------------
 
@@ -418,7 +421,8 @@ def _pad_rule(inputs, outputs, mode):
 
 
 register_op("Pad", pattern=Pattern.INJECTIVE, infer=_pad_infer, evaluate=pad,
-            attrs={"mode": "constant"}, inputs=(2, 4), compute=_pad_rule, params=(1, 2, 3))
+            attrs={"mode": "constant"}, inputs=(2, 4), compute=_pad_rule, params=(1, 2, 3),
+            batched=batching.padding)
 
 
 def _center_crop_pad_infer(ctx):
