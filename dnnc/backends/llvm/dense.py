@@ -173,12 +173,18 @@ class _Blocking:
                 parts.append(L.For(self.ib, tiles, self.tile(p.n - n_main, L.const(n_main))))
             row_blocks = L.seq(*parts)
         else:
-            panels = []
+            # panels outside tiles: a panel's kc x nr slice (32 KB at 256 x 32) is read by
+            # every tile of the block from L1/L2, and the block's rows of A (MC x kc) stay in
+            # L2; tiles outside panels streamed the whole kc slice of B (3 MB for 768x3072)
+            # from L3 once per tile (Xeon, 2 threads, 128x768 @ 768x3072: 1.9 ms from 3.8,
+            # numpy 2.1)
+            parts = []
             if n_main:
-                panels.append(L.For(self.jp, n_main // nr, self.tile(nr, self.jp * nr)))
+                parts.append(L.For(self.jp, n_main // nr,
+                                   L.For(self.ib, tiles, self.tile(nr, self.jp * nr))))
             if p.n > n_main:
-                panels.append(self.tile(p.n - n_main, L.const(n_main)))
-            row_blocks = L.For(self.ib, tiles, L.seq(*panels))
+                parts.append(L.For(self.ib, tiles, self.tile(p.n - n_main, L.const(n_main))))
+            row_blocks = L.seq(*parts)
         n_mb = -(-p.m // self.mc)
         kind = L.ForKind.PARALLEL if threads > 1 and n_mb * p.batch > 1 else \
             L.ForKind.SERIAL
