@@ -91,7 +91,16 @@ TEMPLATE = {"shufflenet-1x1-g3": "pointwise", "shufflenet-1x1-g4": "pointwise"}
 
 @pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("level", [0, 3])
-def test_grouped_conv_matches_numpy(rng, name, level):
+@pytest.mark.parametrize("blocks_outside", [False, True])
+def test_grouped_conv_matches_numpy(rng, name, level, blocks_outside, monkeypatch):
+    """Each loop order of the conv2d and pointwise templates (the defaults pick channel
+    blocks outside only for big layers)."""
+    from dnnc.backends.llvm import conv
+
+    monkeypatch.setattr(conv, "conv2d_order",
+                        lambda p, nr: "blocks" if blocks_outside else "rows")
+    monkeypatch.setattr(conv, "pointwise_order", lambda p, channels, pixels:
+                        "channels" if blocks_outside else "pixels")
     graph = grouped_conv(rng, **CASES[name])
     x = rng.standard_normal(CASES[name]["image"]).astype(np.float32)
     want = dnnc.compile(graph, target="numpy").run(x)[0]

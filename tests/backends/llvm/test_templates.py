@@ -97,9 +97,16 @@ def _conv(rng, c, oc, h, w, k, stride=1, pad=1, dilation=1, bias=True):
                                  dict(c=5, oc=7, h=10, w=10, k=3, dilation=2, pad=2),
                                  dict(c=2, oc=33, h=5, w=19, k=5, pad=2)])
 @pytest.mark.parametrize("opt_level", [1, 3])
-def test_conv2d_template_matches_reference(rng, cfg, opt_level):
+@pytest.mark.parametrize("order", ["rows", "blocks"])
+def test_conv2d_template_matches_reference(rng, cfg, opt_level, order, monkeypatch):
     """At level 1 the template packs the weights on every call (Conv); from level 2
-    convert_layout packed them at compile time (ConvPacked) and the template reads them."""
+    convert_layout packed them at compile time (ConvPacked) and the template reads them.
+    Both loop orders (the default picks "blocks" only for big layers)."""
+    from dnnc.backends.llvm import conv
+
+    monkeypatch.setattr(conv, "conv2d_order", lambda p, nr: order)
+    monkeypatch.setattr(conv, "pointwise_order", lambda p, channels, pixels:
+                        "channels" if order == "blocks" else "pixels")
     model = _conv(rng, **cfg)
     x = rng.standard_normal((1, cfg["c"], cfg["h"], cfg["w"])).astype(
         np.float32)
@@ -120,11 +127,16 @@ def test_conv2d_template_matches_reference(rng, cfg, opt_level):
     # images one pixel wide with a full-shape residual (found by the fuzzer: the flat pixel
     # went to the width axis of size 1, which reads only index 0)
     (2, 1, 1, 5, 1, None), (2, 3, 4, 6, 1, None)])
-def test_pointwise_conv_runs_as_one_gemm_over_pixels(rng, n, c, oc, h, w, res_shape):
+@pytest.mark.parametrize("order", ["pixels", "channels"])
+def test_pointwise_conv_runs_as_one_gemm_over_pixels(rng, n, c, oc, h, w, res_shape, order,
+                                                      monkeypatch):
     """1x1 stride-1 unpadded convs tile pixels across row ends with the pixels in vector lanes
     (tails of channels and pixels included); the fused epilogue (bias, an added tensor of the
     output's shape or broadcast into it, ReLU) reads its inputs at the right element whether
-    it may index them by flat pixel or needs the row and column."""
+    it may index them by flat pixel or needs the row and column. Both loop orders."""
+    from dnnc.backends.llvm import conv
+
+    monkeypatch.setattr(conv, "pointwise_order", lambda p, channels, pixels: order)
     weights = (rng.standard_normal((oc, c, 1, 1)) * 0.2).astype(np.float32)
     res = rng.standard_normal(res_shape or (n, oc, h, w)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"]),

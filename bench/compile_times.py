@@ -1,0 +1,98 @@
+"""What a compile costs a user, measured in one run: cold, from the disk cache in a new process,
+and a new batch size.
+
+    python bench/compile_times.py [--models resnet50,resnet18,bert_base] [--batch 1]
+                                  [--new-batch 4,3,16]
+
+Per model (a zoo model built with a symbolic batch "N"): in a fresh process with an empty
+cache folder, the first call at `--batch` (a cold compile: passes, lowering, LLVM, then the
+call); in a second new process on the cache the first one filled, the same (the compile
+cache's hit); then in that process each size of `--new-batch` called for the first time
+(no compile where the model is batch-separable: `batch_split_calls`) next to a steady call of
+that size. Each phase runs in its own subprocess so that nothing one leaves in memory helps
+the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+sys.path.insert(0, {root!r})
+start = time.perf_counter()
+import dnnc
+from dnnc import zoo
+model = zoo.build({name!r}, batch="N")
+def inputs(n):
+    return list(zoo.inputs_for(model, np.random.default_rng(n), {{"N": n}}).values())
+imported = time.perf_counter() - start
+start = time.perf_counter()
+compiled = dnnc.compile(model, target="llvm")
+compiled.runtime.specialize_after = None
+compiled.run(*inputs({batch}))
+first = time.perf_counter() - start
+rows = []
+for n in {sizes!r}:
+    x = inputs(n)
+    splits = compiled.runtime.split_calls
+    start = time.perf_counter()
+    compiled.run(*x)
+    first_call = time.perf_counter() - start
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        compiled.run(*x)
+        times.append(time.perf_counter() - start)
+    rows.append([n, first_call, sorted(times)[2], compiled.runtime.split_calls > splits])
+print(json.dumps({{"imported": imported, "first": first, "jit": compiled.runtime.compile_seconds,
+                  "sizes": rows}}))
+"""
+
+
+def run_child(name: str, batch: int, sizes: list[int], cache: Path) -> dict:
+    env = dict(os.environ, DNNC_CACHE="1", DNNC_CACHE_DIR=str(cache))
+    code = CHILD.format(root=str(ROOT), name=name, batch=batch, sizes=sizes)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"{name}: the child failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    import dnnc
+    from dnnc.backends.llvm.runtime import host_target
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,resnet18,bert_base")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--new-batch", default="4,3,16")
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.new_batch.split(",")]
+    cpu = host_target()
+    print(f"# {platform.machine()} {cpu.cpu}, {cpu.threads} threads; dnnc {dnnc.__version__}; "
+          f"symbolic batch, first call at {args.batch}, then at {sizes}")
+    print(f"{'model':14} {'cold s':>7} {'cached s':>8} {'(jit s)':>7}   "
+          f"new sizes: batch first-call ms / steady ms (split)")
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory() as cache:
+            cold = run_child(name, args.batch, [], Path(cache))
+            warm = run_child(name, args.batch, sizes, Path(cache))
+        news = "  ".join(f"{n}: {f * 1e3:.0f}/{s * 1e3:.0f}{' (split)' if split else ''}"
+                         for n, f, s, split in warm["sizes"])
+        print(f"{name:14} {cold['first']:7.1f} {warm['first']:8.2f} {warm['jit']:7.2f}   "
+              f"{news}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
