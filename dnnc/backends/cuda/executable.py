@@ -305,13 +305,13 @@ class CUDARuntime(Executable):
         host = cupy.asnumpy(cupy.asarray(a), stream=cupy.cuda.get_current_stream())
         return host.view(dtype)
 
-    def _segment_call(self, step, env):
+    def _segment_call(self, step, env, exact: bool = False):
         """A segment's value inputs (read at compile time) come to the host first."""
         for i in step.value_inputs:
             v = step.inputs[i]
             if _is_device(env.get(id(v))):
                 env[id(v)] = self._to_host(env[id(v)], v.type.dtype.np)
-        return super()._segment_call(step, env)
+        return super()._segment_call(step, env, exact)
 
     def _run_host(self, node: Node, env) -> None:
         """A host step reads NumPy: device arrays it takes come to the host first."""

@@ -9,10 +9,12 @@ the NR weights of a step are one contiguous vector (zero-padded past the last ch
 convert_layout packed them at compile time (ConvPacked); the input is copied once into a
 zero-padded buffer so the inner loops never test bounds. Rows of the output (batch x height)
 are shared by the worker pool. Knobs (`ConvConfig`): mr (pixels), nr (channels; a packed
-weight's block width fixes it).
+weight's block width fixes it), order (output rows or channel blocks outside: whichever reads
+fewer bytes past L2, `conv2d_order`).
 
 `pointwise` (1x1, stride 1, unpadded) is a GEMM with the pixels in the vector lanes; knobs
-(`PointwiseConfig`): channels and pixels per tile. `depthwise` (one filter per channel) runs
+(`PointwiseConfig`): channels and pixels per tile, and order (pixel or channel blocks
+outside, `pointwise_order`). `depthwise` (one filter per channel) runs
 each padded plane in vectors of pixels; knob (`DepthwiseConfig`): pixels per block.
 
 Grouped convolutions (1 < group, not depthwise) run through `conv2d` and `pointwise`, each
