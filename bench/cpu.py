@@ -3,12 +3,15 @@
     python bench/cpu.py [--models zoo,torch,light,mlp,FILE.onnx,...] [--batch 1] [--threads N]
                         [--repeat 20] [--opt-level N] [--mattr -avx512f]
                         [--load busy|alternate] [--blocks 5] [--new-batch 1,3,8]
+                        [--shard K/N]
 
 `--models` takes model names and sets, comma-separated: a zoo model (`resnet50`), an ONNX file,
 or a set: `zoo` (the zoo's models), `torch` and `torch-dynamo` (torchvision-, timm- and
 transformers-style architectures written in torch and exported by torch's TorchScript or
 dynamo exporter, built once into ~/.cache/dnnc/bench by bench/torch_models.py; needs the
-optional torch and onnxscript) and `light` (the onnx package's light models). Default: zoo.
+optional torch and onnxscript), `library` and `library-dynamo` (torchvision's, timm's and
+transformers' own modules, random weights, where those are installed: bench/library_models.py)
+and `light` (the onnx package's light models). Default: zoo.
 
 Both run with the same thread count (`--threads`, else DNNC_NUM_THREADS or the cores this
 process may use; onnxruntime's intra-op threads set to match). Prints median latencies, the
@@ -69,6 +72,8 @@ def expand_models(spec: str) -> list[str]:
             out += [str(p) for p in sorted(light.glob("light_*.onnx"))]
         elif entry in ("torch", "torch-dynamo"):
             out += torch_exports("dynamo" if entry == "torch-dynamo" else "torchscript")
+        elif entry in ("library", "library-dynamo"):
+            out += library_exports("dynamo" if entry == "library-dynamo" else "torchscript")
         else:
             out.append(entry)
     return out
@@ -94,6 +99,17 @@ def torch_exports(exporter: str) -> list[str]:
     return paths
 
 
+def library_exports(exporter: str) -> list[str]:
+    """bench/library_models.py's torchvision, timm and transformers architectures exported by
+    `exporter`, built on first use; those whose library is missing here are left out."""
+    try:
+        import library_models
+    except ImportError as exc:
+        sys.exit(f"--models library needs the optional torch and onnxscript packages, and "
+                 f"torchvision, timm or transformers for its models: {exc}")
+    return library_models.export_all(EXPORTS / f"library-{exporter}", exporter)
+
+
 def load_model(name: str, batch: int):
     """A zoo model by name, or an ONNX file (a path ending in .onnx: torch's exports from
     bench/torch_models.py, onnx's light models) with its symbolic dims set to `batch`; the
@@ -107,7 +123,7 @@ def load_model(name: str, batch: int):
     dims = {d.dim_param: batch for vi in model.graph.input
             for d in vi.type.tensor_type.shape.dim if d.dim_param}
     stem = Path(name).stem
-    if Path(name).parent.parent.name == "bench" and Path(name).parent.name == "dynamo":
+    if Path(name).parent.parent.name == "bench" and Path(name).parent.name.endswith("dynamo"):
         stem += "_dynamo"
     return model, zoo.inputs_for(model, np.random.default_rng(0), dims), stem
 
@@ -230,13 +246,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for each runtime (default: DNNC_NUM_THREADS, else the "
                              "cores this process may use)")
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="every N-th model from the K-th (1-based): the runs of one "
+                             "table spread over processes on disjoint cores")
     parser.add_argument("--new-batch", default=None,
                         help="batch sizes to call a symbolic-batch model at (module docstring)")
     args = parser.parse_args()
     if args.threads:
         # read when the worker pool starts (the first host_target() below)
         os.environ["DNNC_NUM_THREADS"] = str(args.threads)
-    args.models = ",".join(expand_models(args.models))
+    models = expand_models(args.models)
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        models = models[k - 1::n]
+    args.models = ",".join(models)
     if args.new_batch:
         return main_new_batch(args, ort)
     if args.load:
