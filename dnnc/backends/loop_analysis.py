@@ -41,6 +41,37 @@ def fuse_row_loops(stmts: list[L.Stmt]) -> list[L.Stmt]:
         out.append(s)
     return out
 
+def levels(loop: L.For) -> list[L.For]:
+    """The perfectly nested loops of constant extent from `loop` inwards."""
+    out = [loop]
+    while isinstance(out[-1].body, L.For) and isinstance(out[-1].body.extent, L.Const):
+        out.append(out[-1].body)
+    return out if isinstance(loop.extent, L.Const) else []
+
+
+def fuse_levels(loop: L.For, depth: int) -> L.For:
+    """The first `depth` perfectly nested loops of `loop` as one loop."""
+    for _ in range(depth - 1):
+        loop = fuse_until(loop, loop.extent.value * loop.body.extent.value)
+    return loop
+
+
+def rows_first(body: list[L.Stmt]) -> list[L.Stmt]:
+    """Stages with their outer loops flattened: a reduction stage's down to its reductions
+    (its rows), an elementwise stage's to the row count of the stage before it (then
+    `fuse_row_loops` finds them equal: softmax's [b, h, s, s] output after its rows)."""
+    out: list[L.Stmt] = []
+    for s in body:
+        nest = levels(s) if isinstance(s, L.For) else []
+        if nest and not isinstance(nest[-1].body, L.Store):
+            s = fuse_levels(s, len(nest))
+        elif nest and out and isinstance(out[-1], L.For) and \
+                isinstance(out[-1].extent, L.Const):
+            s = fuse_until(s, out[-1].extent.value)
+        out.append(s)
+    return out
+
+
 def accesses(s: L.Stmt) -> tuple[dict, dict]:
     """Buffers stored and loaded in `s`: name -> the set of index tuples used."""
     stores: dict[str, set] = {}

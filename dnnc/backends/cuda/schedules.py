@@ -61,8 +61,9 @@ from ...ir import loop as L
 from ...ir import types as T
 from ...ir.ops.registry import Pattern
 from .. import problems
-from ..loop_analysis import (accesses, carried, fuse_row_loops, fuse_until, nest_work,
-                             rename_buffer, runs_in_order, steps_contiguously, update_op)
+from ..loop_analysis import (accesses, carried, fuse_levels, fuse_row_loops, fuse_until,
+                             levels, nest_work, rename_buffer, rows_first, runs_in_order,
+                             steps_contiguously, update_op)
 from ..space import Space, Template, choose_template
 from .attention import ATTENTION
 from .codegen import stages
@@ -141,7 +142,7 @@ def schedule(func: L.PrimFunc, config, block_rows: bool = False, fuse: bool = Fa
     names = _Names(func)
     workspace, body = stages(func.body)
     if fuse:
-        body = fuse_row_loops(_rows_first(body))
+        body = fuse_row_loops(rows_first(body))
     scheduled = []
     for k, s in enumerate(body):
         others = body[:k] + body[k + 1:]
@@ -201,48 +202,17 @@ def _stage(s: L.Stmt, config, block_rows: bool, names: _Names, scratch: _Scratch
     return _single_thread(s, names)
 
 
-def _levels(loop: L.For) -> list[L.For]:
-    """The perfectly nested loops of constant extent from `loop` inwards."""
-    out = [loop]
-    while isinstance(out[-1].body, L.For) and isinstance(out[-1].body.extent, L.Const):
-        out.append(out[-1].body)
-    return out if isinstance(loop.extent, L.Const) else []
-
-
-def _fuse_levels(loop: L.For, depth: int) -> L.For:
-    """The first `depth` perfectly nested loops of `loop` as one loop."""
-    for _ in range(depth - 1):
-        loop = fuse_until(loop, loop.extent.value * loop.body.extent.value)
-    return loop
-
-
 def _independent_prefix(loop: L.For, allowed: frozenset = frozenset()) -> L.For | None:
     """`loop`'s outer loops that carry nothing (but buffers in `allowed`), level by level,
     fused into one (an iteration of the fused loop differs from another in some level, whose
     own index components then differ: no two touch one element); None when the outermost
     carries something."""
     depth = 0
-    for level in _levels(loop):
+    for level in levels(loop):
         if not carried(level) <= allowed:
             break
         depth += 1
-    return _fuse_levels(loop, depth) if depth else None
-
-
-def _rows_first(body: list[L.Stmt]) -> list[L.Stmt]:
-    """Stages with their outer loops flattened: a reduction stage's down to its reductions
-    (its rows), an elementwise stage's to the row count of the stage before it (then
-    `fuse_row_loops` finds them equal: softmax's [b, h, s, s] output after its rows)."""
-    out: list[L.Stmt] = []
-    for s in body:
-        levels = _levels(s) if isinstance(s, L.For) else []
-        if levels and not isinstance(levels[-1].body, L.Store):
-            s = _fuse_levels(s, len(levels))
-        elif levels and out and isinstance(out[-1], L.For) and \
-                isinstance(out[-1].extent, L.Const):
-            s = fuse_until(s, out[-1].extent.value)
-        out.append(s)
-    return out
+    return fuse_levels(loop, depth) if depth else None
 
 
 def _thread_per_iteration(loop: L.For, config, names: _Names) -> L.Stmt:
@@ -853,7 +823,7 @@ def rows_build(p: problems.Rows, config: RowsConfig, machine) -> L.PrimFunc:
 def _row_loops(p: problems.Rows) -> list[L.For]:
     """The stages (their outer loops flattened) that are row reductions."""
     out = []
-    for s in _rows_first(stages(p.func.body)[1]):
+    for s in rows_first(stages(p.func.body)[1]):
         loop = _independent_prefix(s) if isinstance(s, L.For) else None
         if loop is not None and _is_row_reduction(loop):
             out.append(loop)

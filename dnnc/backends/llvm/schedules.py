@@ -37,7 +37,7 @@ from ...ir import types as T
 from ...ir.ops.registry import Pattern
 from .. import problems
 from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, rename_buffer,
-                             update_op)
+                             rows_first, update_op)
 from ..space import Constraint, Space, Template, choose_template
 from .conv import CONV2D, DEPTHWISE, POINTWISE
 from .dense import DENSE
@@ -92,7 +92,7 @@ def _schedule_stmt(s: L.Stmt, config: Config, threads: int) -> L.Stmt:
     if isinstance(s, L.Seq):
         stmts = [_fuse_outer(x, threads) if isinstance(x, L.For) else x for x in s.stmts]
         if config.fuse_rows:
-            stmts = fuse_row_loops(stmts)
+            stmts = _fuse_rows(stmts)
         return L.seq(*(_schedule_stmt(x, config, threads) for x in stmts))
     if isinstance(s, L.Allocate):
         return L.Allocate(s.buffer, _schedule_stmt(s.body, config, threads))
@@ -342,6 +342,17 @@ def _updates(s: L.Stmt, acc: L.Buffer) -> int | None:
 
 
 
+def _fuse_rows(stmts: list[L.Stmt]) -> list[L.Stmt]:
+    """Stages over the same rows as one loop (`fuse_row_loops`), their outer loops flattened
+    to the rows first where that lets more of them fuse (softmax over [8, 12, 128, 128]: its
+    batch loop alone is enough to share out, so the three stages stayed three passes over
+    6 MB, 2.3 ms against 1.2 ms for jax.jit; rows_first + fusion does each row in cache).
+    Where flattening fuses nothing more, the stages keep their nests."""
+    fused = fuse_row_loops(stmts)
+    flat = fuse_row_loops(rows_first(stmts))
+    return flat if len(flat) < len(fused) else fused
+
+
 def _schedule_nest(loop: L.For, config: Config, threads: int) -> L.For:
     work = nest_work(loop)
     if config.parallel and threads > 1 and (work is None or work >= config.min_parallel_work):
@@ -442,10 +453,13 @@ def _f32(value: float) -> L.Expr:
 
 
 def _horner(x: L.Expr, coefficients) -> L.Expr:
-    """c0 + x * (c1 + x * (c2 + ...)), coefficients lowest first."""
+    """c0 + x * (c1 + x * (c2 + ...)), coefficients lowest first, each step a fused
+    multiply-add (llvm.fmuladd: one FMA instruction where the CPU has them, the plain product
+    and sum elsewhere): half the instructions of a product then a sum, and the constants
+    stay operands instead of filling AVX2's 16 registers (softmax's exp loop spilled 9)."""
     out = _f32(coefficients[-1])
     for c in reversed(coefficients[:-1]):
-        out = out * x + c
+        out = L.call("fma", out, x, _f32(c))
     return out
 
 
@@ -480,7 +494,7 @@ def _exp_f32(x: L.Expr, let) -> L.Expr:
     r = let(x - n * 0.693359375 + n * 2.12194440e-4)
     poly = _horner(r, (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
                        1.3981999507e-3, 1.9875691500e-4))
-    y = poly * (r * r) + r + 1.0
+    y = L.call("fma", poly, r * r, r) + 1.0
     bits = L.BinOp("<<", L.Cast(T.int32, n + 127.0), L.const(23, T.int32))
     out = y * L.call("bitcast", bits, dtype=T.float32)
     out = L.Select(x > _EXP_HI, _f32(float("inf")), out)
@@ -504,7 +518,15 @@ def _tanh_f32(x: L.Expr, let) -> L.Expr:
     return L.Select(ax < 0.625, small, signed)
 
 
-FAST_MATH = {"erf": _erf_f32, "exp": _exp_f32, "tanh": _tanh_f32}
+def _sigmoid_f32(x: L.Expr, let) -> L.Expr:
+    """sigmoid as legalize writes it, 1 / (1 + e^-x), with exp as above (0 and 1 where e^-x
+    overflows or underflows, NaN kept). Legalize runs after this, so a sigmoid left to it
+    called libm's expf a lane at a time: SiLU at [1, 96, 112, 112] took 2.35 ms against
+    onnxruntime's 0.45 ms, and efficientnet_b0 ran at 3x onnxruntime's time."""
+    return _f32(1.0) / (_exp_f32(L.call("neg", x), let) + 1.0)
+
+
+FAST_MATH = {"erf": _erf_f32, "exp": _exp_f32, "tanh": _tanh_f32, "sigmoid": _sigmoid_f32}
 """float32 intrinsic -> fn(x, let) giving its vectorisable expansion (`let(e)` names a value
 used more than once). libm's erff and expf run a lane at a time: bert's GELU epilogue spent
 most of its time in erff."""

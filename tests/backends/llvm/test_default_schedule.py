@@ -58,6 +58,19 @@ def test_tanh_expansion_is_accurate_and_keeps_specials(rng):
     assert np.isnan(got[-1])
 
 
+def test_sigmoid_expansion_is_accurate_and_keeps_specials(rng):
+    """Sigmoid expanded with the vector exp (not legalize's libm exp): saturation at both
+    ends, -0.0 and NaN."""
+    x = np.concatenate([rng.uniform(-40, 40, 20000), rng.standard_normal(5000),
+                        [88.0, -88.0, 89.0, -89.0, 200.0, -200.0, np.inf, -np.inf, 0.0, -0.0,
+                         np.nan]]).astype(np.float32)
+    got = _unary("Sigmoid", x.size).run(x)[0]
+    with np.errstate(over="ignore"):   # sigmoid's own definition in float32: e^89 is inf
+        want = np.float32(1.0) / (np.float32(1.0) + np.exp(-x[:-1]))
+    np.testing.assert_allclose(got[:-1], want, rtol=1e-6, atol=0)
+    assert np.isnan(got[-1])
+
+
 @pytest.mark.parametrize("n", [128, 100, 7])
 def test_split_reductions_match_numpy_with_tails(rng, n):
     """n = 100: a 16-lane split leaves a tail of 4; n = 7 is too short to split."""

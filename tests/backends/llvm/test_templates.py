@@ -158,7 +158,11 @@ def test_pointwise_conv_runs_as_one_gemm_over_pixels(rng, n, c, oc, h, w, res_sh
 
 @pytest.mark.parametrize("c,h,w,k,stride,pad", [(8, 9, 13, 3, 1, 1), (5, 12, 12, 3, 2, 1),
                                                (3, 7, 20, 5, 1, 2), (4, 6, 6, 1, 1, 0),
-                                               (3, 40, 41, 3, 2, 1), (2, 13, 50, 3, 3, 0)])
+                                               (3, 40, 41, 3, 2, 1), (2, 13, 50, 3, 3, 0),
+                                               # stride 2 in phases: 5x5, no padding, odd
+                                               # and even widths, a pad of 1 under a 5x5
+                                               (4, 17, 23, 5, 2, 2), (3, 10, 11, 3, 2, 0),
+                                               (3, 9, 16, 5, 2, 1), (2, 11, 35, 5, 3, 2)])
 def test_depthwise_template_matches_reference(rng, c, h, w, k, stride, pad):
     weights = rng.standard_normal((c, 1, k, k)).astype(np.float32)
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[pad] * 4,
