@@ -3,7 +3,7 @@
     python bench/cpu.py [--models zoo,torch,light,mlp,FILE.onnx,...] [--batch 1] [--threads N]
                         [--repeat 20] [--opt-level N] [--mattr -avx512f]
                         [--load busy|alternate] [--blocks 5] [--new-batch 1,3,8]
-                        [--shard K/N]
+                        [--shard K/N] [--ort-spin 0|1]
 
 `--models` takes model names and sets, comma-separated: a zoo model (`resnet50`), an ONNX file,
 or a set: `zoo` (the zoo's models), `torch` and `torch-dynamo` (torchvision-, timm- and
@@ -24,7 +24,12 @@ dnnc, then for onnxruntime, `--blocks` times); each block is the median of `--re
 each condition the median of its blocks, with the blocks' spread (max/min). Prints
 slowdown = loaded / alone for both and dnnc's slowdown over onnxruntime's.
 `--load alternate`: dnnc and onnxruntime called alternately, call by call (each one's idle
-threads are the other's load), next to each timed alone.
+threads are the other's load), next to each timed alone. onnxruntime's workers spin for
+10-30 ms after each of its calls (its default `session.intra_op.allow_spinning=1`), taking a
+core from whatever runs next; dnnc's stop spinning after 20 us. So dnnc's alternating time
+mostly measures onnxruntime's spinning: 2-core EPYC, resnet18 26.8 ms alone, 50.2 alternating,
+27.0 with `--ort-spin 0` (its own time unchanged: 24.5 / 23.0 / 22.1); `--ort-spin 0` shows
+both runtimes sharing cores politely.
 On a machine with more cores, confine the run to two (`taskset -c 2,3 python bench/cpu.py
 --load busy`): the thread count and the busy process both follow the affinity mask.
 
@@ -144,6 +149,17 @@ def inputs_at(model, n: int) -> dict:
     return zoo.inputs_for(model, np.random.default_rng(n), dims)
 
 
+def ort_session(ort, model, threads: int, spin: str | None):
+    """An onnxruntime CPU session of `threads` intra-op threads; `spin` "0" turns off its
+    workers' spinning (on by default: they spin 10-30 ms after a call)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    if spin is not None:
+        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:
     time.sleep(1.0)  # let the previous timing's spinning threads (OpenBLAS, onnxruntime) idle
     return float(np.median(call_times_ms(fn, repeat, warmup)))
@@ -246,6 +262,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for each runtime (default: DNNC_NUM_THREADS, else the "
                              "cores this process may use)")
+    parser.add_argument("--ort-spin", choices=["0", "1"], default=None,
+                        help="onnxruntime's session.intra_op.allow_spinning (default: its "
+                             "own, 1); see --load alternate in the module docstring")
     parser.add_argument("--shard", default=None, metavar="K/N",
                         help="every N-th model from the K-th (1-based): the runs of one "
                              "table spread over processes on disjoint cores")
@@ -281,10 +300,7 @@ def main() -> None:
         # each side is timed before the other runs: onnxruntime's idle threads spin after a
         # call and would steal the cores from a timing that follows it
         ours = median_ms(lambda: compiled.run(*inputs.values()), args.repeat)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
+        session = ort_session(ort, model, threads, args.ort_spin)
         peer = median_ms(lambda: session.run(None, inputs), args.repeat)
         ours_out = compiled.run(*inputs.values())
         ref = session.run(None, inputs)
@@ -311,10 +327,7 @@ def main_load(args, ort) -> None:
         for entry in args.models.split(","):
             model, inputs, name = load_model(entry, args.batch)
             compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            session = ort.InferenceSession(model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
+            session = ort_session(ort, model, threads, args.ort_spin)
             ours = lambda: compiled.run(*inputs.values())   # noqa: E731
             peer = lambda: session.run(None, inputs)         # noqa: E731
             rows.append(load_busy(name, ours, peer, args, busy) if busy
@@ -339,10 +352,7 @@ def main_new_batch(args, ort) -> None:
           f"{'own ms':>8} {'ort ms':>8} {'split/own':>9}  check")
     for entry in args.models.split(","):
         model, name = symbolic_model(entry)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = cpu.threads
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
+        session = ort_session(ort, model, cpu.threads, args.ort_spin)
         compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
         rt = compiled.runtime
         rt.specialize_after = None   # split for good: each size's own code is timed apart
