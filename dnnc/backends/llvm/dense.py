@@ -80,18 +80,22 @@ def space(p: Dense, machine) -> Space:
 def default(p: Dense, machine) -> DenseConfig:
     m = p.m
     mc = max(MR, min(MC, -(-m // MR) * MR))
-    if machine.threads > 1 and p.batch == 1:
+    if machine.threads > 1 and p.batch == 1 and m > MC:
         # row blocks in a multiple of the threads, as even as MR allows: 128 rows on 2
         # threads as 66 + 62 rather than 72 + 56 (the slower thread sets the time)
         blocks = -(-(-(-m // mc)) // machine.threads) * machine.threads
         mc = max(MR, -(-(-(-m // blocks)) // MR) * MR)
-    kc = min(KC, p.k) if p.y.dtype is T.float32 else p.k
-    return DenseConfig(MR, p.packed_panel or default_panel(machine.vector_bits), kc, mc // MR)
+    # fewer rows than a tile: a tile of m rows (a 6-row tile at m = 1 did six times the
+    # FMAs, the five extra rows' never stored), k in one slice (the rows of A fit in L1)
+    mr = min(MR, m)
+    kc = min(KC, p.k) if p.y.dtype is T.float32 and m > MR else p.k
+    return DenseConfig(mr, p.packed_panel or default_panel(machine.vector_bits), kc,
+                       1 if m < MR else mc // MR)
 
 
 def build(p: Dense, config: DenseConfig, machine) -> L.PrimFunc:
     views = _Views(p, config.nr)
-    body = _Blocking(p, config, views).loops(machine.threads)
+    body = _Blocking(p, config, views, machine.vector_bits // 32).loops(machine.threads)
     return L.simplify(L.PrimFunc(p.name, views.params(), body))
 
 
@@ -147,11 +151,11 @@ class _Views:
 class _Blocking:
     """The loop nest: k-slices outermost (kb), then row blocks of MC rows (mb, shared by the
     worker pool; fused with the batch into bm), tiles of MR rows (ib), panels of NR columns
-    (jp, then one narrower panel for the columns left), each tile an MR x NR block of
-    accumulators."""
+    (jp, then one narrower panel for the columns left; shared by the pool instead when there
+    are fewer row blocks than threads), each tile an MR x NR block of accumulators."""
 
-    def __init__(self, p: Dense, config: DenseConfig, views: _Views):
-        self.p, self.views = p, views
+    def __init__(self, p: Dense, config: DenseConfig, views: _Views, lanes: int):
+        self.p, self.views, self.lanes = p, views, lanes
         self.mr, self.nr, self.kc = config.mr, config.nr, config.kc
         self.mc = config.mc_tiles * config.mr
         self.n_kb = -(-p.k // self.kc)
@@ -162,13 +166,19 @@ class _Blocking:
         p, nr, bi, mb = self.p, self.nr, self.bi, self.mb
         n_main = (p.n // nr) * nr
         tiles = self.mc // self.mr
+        n_mb = -(-p.m // self.mc)
+        # fewer row blocks than threads (a batch-1 classifier's m = 1, a short sequence):
+        # the panels are shared out instead, each block's panels in one parallel loop
+        # (alexnet's 9216 x 4096 layer at m = 1 ran on one of 16 cores: dnnc 4x onnxruntime)
+        by_panels = threads > 1 and n_mb * p.batch < threads and n_main // nr >= 2
+        panel_kind = L.ForKind.PARALLEL if by_panels else L.ForKind.SERIAL
         if not p.packed_panel and n_main and tiles >= MIN_PACK_TILES:
             # B as the caller gave it (a run-time input): each panel's kc x nr slice copied
             # into a contiguous buffer once per row block, then read by every tile of the block
             panel = L.Buffer("bpanel", T.float32, (self.kc * nr,), L.Scope.LOCAL)
             parts = [L.For(self.jp, n_main // nr, L.Allocate(panel, L.seq(
                 self.pack(panel, self.jp * nr),
-                L.For(self.ib, tiles, self.tile(nr, self.jp * nr, panel)))))]
+                L.For(self.ib, tiles, self.tile(nr, self.jp * nr, panel)))), panel_kind)]
             if p.n > n_main:
                 parts.append(L.For(self.ib, tiles, self.tile(p.n - n_main, L.const(n_main))))
             row_blocks = L.seq(*parts)
@@ -181,13 +191,13 @@ class _Blocking:
             parts = []
             if n_main:
                 parts.append(L.For(self.jp, n_main // nr,
-                                   L.For(self.ib, tiles, self.tile(nr, self.jp * nr))))
+                                   L.For(self.ib, tiles, self.tile(nr, self.jp * nr)),
+                                   panel_kind))
             if p.n > n_main:
                 parts.append(L.For(self.ib, tiles, self.tile(p.n - n_main, L.const(n_main))))
             row_blocks = L.seq(*parts)
-        n_mb = -(-p.m // self.mc)
-        kind = L.ForKind.PARALLEL if threads > 1 and n_mb * p.batch > 1 else \
-            L.ForKind.SERIAL
+        kind = L.ForKind.PARALLEL if threads > 1 and n_mb * p.batch > 1 and \
+            not by_panels else L.ForKind.SERIAL
         if p.batch > 1:
             bm = L.Var("bm")
             inner = L.substitute(row_blocks, {bi: bm // n_mb, mb: bm % n_mb})
@@ -210,7 +220,12 @@ class _Blocking:
         p, views, mr, kc, n_kb = self.p, self.views, self.mr, self.kc, self.n_kb
         bi, kb = self.bi, self.kb
         i0, kk, ii, jj = L.Var("i0"), L.Var("k"), L.Var("ii"), L.Var("jj")
-        acc = L.Buffer("acc", T.float32, (mr * width,), L.Scope.LOCAL)
+        # a tile of few accumulator vectors (m = 1: one row of two) is a chain of dependent
+        # FMAs, each waiting out the last's latency: k is then split over `splits` sets of
+        # accumulators (8 chains in flight, as latency x FMAs a cycle needs), summed at the end
+        vectors = mr * -(-width // self.lanes)
+        splits = max(1, min(4, 8 // vectors))
+        acc = L.Buffer("acc", T.float32, (splits * mr * width,), L.Scope.LOCAL)
         row = L.minimum(i0 + ii, p.m - 1)   # rows past M repeat the last row; never stored
         vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
         # later k-slices start from the partial sums the earlier ones left in the output
@@ -218,14 +233,30 @@ class _Blocking:
                                                           views.y_at(bi, row, j0, jj))
         init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), start), vec),
                      L.ForKind.UNROLLED)
-        kglob = kb * kc + kk
         a = L.Var("a", T.float32)
-        b = views.b_at(bi, kglob, j0 + jj) if panel is None else panel[kk * width + jj]
-        update = L.For(ii, mr, L.Let(a, views.a_at(bi, row, kglob), L.For(
-            jj, width, L.Store(acc, (ii * width + jj,), L.call("fma", a, b,
-                                                                acc[ii * width + jj])),
-            vec)), L.ForKind.UNROLLED)
-        kloop = L.For(kk, L.minimum(L.const(kc), p.k - kb * kc), update)
+
+        def update(k_in_slice: L.Expr, part: int) -> L.Stmt:
+            kglob = kb * kc + k_in_slice
+            b = views.b_at(bi, kglob, j0 + jj) if panel is None else \
+                panel[k_in_slice * width + jj]
+            at = part * mr * width + ii * width + jj
+            return L.For(ii, mr, L.Let(a, views.a_at(bi, row, kglob), L.For(
+                jj, width, L.Store(acc, (at,), L.call("fma", a, b, acc[at])), vec)),
+                L.ForKind.UNROLLED)
+
+        depth = L.minimum(L.const(kc), p.k - kb * kc)
+        if splits == 1:
+            kloop = L.For(kk, depth, update(kk, 0))
+        else:
+            zero = L.For(ii, (splits - 1) * mr, L.For(jj, width, L.Store(
+                acc, (mr * width + ii * width + jj,), L.const(0.0)), vec), L.ForKind.UNROLLED)
+            whole = depth // splits
+            kloop = L.seq(zero, L.For(kk, whole, L.seq(*(
+                update(kk * splits + part, part) for part in range(splits)))),
+                L.For(kk, depth - whole * splits, update(whole * splits + kk, 0)),
+                L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), sum(
+                    (acc[part * mr * width + ii * width + jj] for part in range(1, splits)),
+                    acc[ii * width + jj])), vec), L.ForKind.UNROLLED))
         value = acc[ii * width + jj]
         done = p.finish(value, bi, i0 + ii, j0 + jj)
         if n_kb > 1:

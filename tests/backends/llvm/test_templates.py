@@ -36,9 +36,10 @@ def test_dense_template_matches_numpy(rng, m, k, n, packed):
     assert "fma(" in compiled.runtime.source("loop")
 
 
-@pytest.mark.parametrize("m,k,n,trans_b", [(128, 300, 70, False), (66, 520, 64, True),
-                                           (24, 9, 33, False), (5, 40, 64, False)])
-def test_a_run_time_b_is_packed_panel_by_panel(rng, m, k, n, trans_b):
+@pytest.mark.parametrize("m,k,n,trans_b,packed", [
+    (128, 300, 70, False, True), (66, 520, 64, True, True), (24, 9, 33, False, True),
+    (5, 40, 64, False, False), (12, 40, 64, False, False)])
+def test_a_run_time_b_is_packed_panel_by_panel(rng, m, k, n, trans_b, packed):
     """B as an input (traced weights): copied into a contiguous panel per k-slice where a row
     block has enough tiles to reuse it; k past one slice, a narrow last panel, B transposed."""
     g = Graph("g")
@@ -51,8 +52,26 @@ def test_a_run_time_b_is_packed_panel_by_panel(rng, m, k, n, trans_b):
     bv = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
     want = av @ (bv.T if trans_b else bv)
     np.testing.assert_allclose(compiled.run(av, bv)[0], want, rtol=1e-4, atol=1e-4)
-    # two threads: two row blocks, of at least 4 tiles of 6 rows from 48 rows on
-    assert ("bpanel" in compiled.runtime.source("loop")) == (m >= 48)
+    # packed where a row block has at least 4 tiles of 6 rows: up to 72 rows are one block
+    # (its panels shared by the two threads), 128 two blocks of 11 tiles; 5 and 12 rows
+    # are one and two tiles
+    assert ("bpanel" in compiled.runtime.source("loop")) == packed
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 4099, 100), (1, 7, 40), (2, 1, 33), (3, 300, 64),
+                                   (16, 770, 96), (1, 64, 8)])
+def test_few_rows_share_panels_and_split_k(rng, m, k, n):
+    """Fewer row blocks than threads: the panels are the parallel loop; a tile of one or two
+    accumulator vectors splits k over four sets (k % 4 left over, k = 1, one panel only)."""
+    g, bv = _dense(rng, m, k, n)
+    compiled = dnnc.compile(g, target="llvm", cpu=Target("llvm", cpu="x86-64-v3",
+                                                          features="+avx2,+fma", threads=2))
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    np.testing.assert_allclose(compiled.run(a)[0], a @ bv, rtol=1e-4, atol=1e-4)
+    source = compiled.runtime.source("loop")
+    assert ("for jp in range(" in source and "# parallel" in source) == (n >= 32)
+    if m == 1 and k >= 8:   # four accumulator sets, each taking every fourth k
+        assert "k * 4 + 3" in source
 
 
 def test_dense_template_folds_batch_dims_into_rows(rng):
