@@ -3,7 +3,7 @@
     python bench/cpu.py [--models zoo,torch,light,mlp,FILE.onnx,...] [--batch 1] [--threads N]
                         [--repeat 20] [--opt-level N] [--mattr -avx512f]
                         [--load busy|alternate] [--blocks 5] [--new-batch 1,3,8]
-                        [--shard K/N] [--ort-spin 0|1]
+                        [--shard K/N] [--ort-spin 0|1] [--alone-blocks 3]
 
 `--models` takes model names and sets, comma-separated: a zoo model (`resnet50`), an ONNX file,
 or a set: `zoo` (the zoo's models), `torch` and `torch-dynamo` (torchvision-, timm- and
@@ -14,8 +14,9 @@ transformers' own modules, random weights, where those are installed: bench/libr
 and `light` (the onnx package's light models). Default: zoo.
 
 Both run with the same thread count (`--threads`, else DNNC_NUM_THREADS or the cores this
-process may use; onnxruntime's intra-op threads set to match). Prints median latencies, the
-ratio dnnc / onnxruntime per model, and their geometric mean.
+process may use; onnxruntime's intra-op threads set to match), each alone: `--alone-blocks`
+blocks of `--repeat` calls per runtime, interleaved, 0.3 s apart. Prints the median block's
+latency, the ratio dnnc / onnxruntime per model, and their geometric mean.
 
 `--load busy`: how each runtime degrades beside one unrelated busy process (a Python loop
 spinning on one core). The busy process is started once and stopped/continued with
@@ -160,8 +161,8 @@ def ort_session(ort, model, threads: int, spin: str | None):
                                 providers=["CPUExecutionProvider"])
 
 
-def median_ms(fn, repeat: int, warmup: int = 2) -> float:
-    time.sleep(1.0)  # let the previous timing's spinning threads (OpenBLAS, onnxruntime) idle
+def median_ms(fn, repeat: int, warmup: int = 2, pause: float = 1.0) -> float:
+    time.sleep(pause)  # let the previous timing's spinning threads (OpenBLAS, onnxruntime) idle
     return float(np.median(call_times_ms(fn, repeat, warmup)))
 
 
@@ -262,6 +263,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for each runtime (default: DNNC_NUM_THREADS, else the "
                              "cores this process may use)")
+    parser.add_argument("--alone-blocks", type=int, default=3,
+                        help="interleaved blocks of --repeat calls per runtime, alone")
     parser.add_argument("--ort-spin", choices=["0", "1"], default=None,
                         help="onnxruntime's session.intra_op.allow_spinning (default: its "
                              "own, 1); see --load alternate in the module docstring")
@@ -297,11 +300,16 @@ def main() -> None:
         start = time.perf_counter()
         compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
         compile_s = time.perf_counter() - start
-        # each side is timed before the other runs: onnxruntime's idle threads spin after a
-        # call and would steal the cores from a timing that follows it
-        ours = median_ms(lambda: compiled.run(*inputs.values()), args.repeat)
+        # blocks of each alone, interleaved (the median block each): a pause before each
+        # lets the other's threads stop spinning (onnxruntime's spin 10-30 ms after a call)
         session = ort_session(ort, model, threads, args.ort_spin)
-        peer = median_ms(lambda: session.run(None, inputs), args.repeat)
+        blocks: dict[str, list[float]] = {"dnnc": [], "ort": []}
+        for _ in range(args.alone_blocks):
+            blocks["dnnc"].append(median_ms(lambda: compiled.run(*inputs.values()),
+                                            args.repeat, pause=0.3))
+            blocks["ort"].append(median_ms(lambda: session.run(None, inputs), args.repeat,
+                                           pause=0.3))
+        ours, peer = (float(np.median(blocks[k])) for k in ("dnnc", "ort"))
         ours_out = compiled.run(*inputs.values())
         ref = session.run(None, inputs)
         ok = all(np.allclose(o, r, rtol=1e-4, atol=1e-5) for o, r in zip(ours_out, ref))

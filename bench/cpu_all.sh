@@ -1,18 +1,19 @@
 #!/bin/sh
-# bench/cpu.py's tables in one or two commands on a machine of 16 cores or more (the GPU
-# machine's host), each runtime on the same cores:
-#     sh bench/cpu_all.sh OUT_DIR pairs    2-thread tables: alone, alternating, beside a busy
-#                                          process (two shards), and 1 thread alone; each run
-#                                          confined to its own cores, all at the same time
-#     sh bench/cpu_all.sh OUT_DIR many     the same models alone with 16 threads
+# bench/cpu.py's tables in two commands on a machine of 16 cores or more (the GPU machine's
+# host), each runtime on the same cores:
+#     sh bench/cpu_all.sh OUT_DIR pairs    2-thread tables (alone, alternating, beside a busy
+#                                          process) and 1 thread alone, each table in two
+#                                          shards: 8 runs at once, each on its own cores
+#     sh bench/cpu_all.sh OUT_DIR many     every model alone with 16 threads
 # Runs on disjoint cores still share the L3 and memory bandwidth: the 2-core machine's own
 # figures come from bench/cpu.py run there. Model sets: bench/cpu.py's docstring; MODELS=...
-# picks others, LIMIT=seconds stops each run (its table so far is kept).
+# picks others, LIMIT=seconds stops each run (its table so far is kept), OPTIONS=... adds
+# bench/cpu.py options to every run.
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 out=${1:?OUT_DIR}
 part=${2:-pairs}
-models=${MODELS:-zoo,torch,library,library-dynamo,light}
+models=${MODELS:-zoo,library,library-dynamo,light}
 mkdir -p "$out"
 # exported once, before the runs that read them (concurrent runs would race to write them)
 python -c "import sys; sys.path.insert(0, 'bench'); import cpu; cpu.expand_models('$models')" \
@@ -20,15 +21,21 @@ python -c "import sys; sys.path.insert(0, 'bench'); import cpu; cpu.expand_model
 run() {   # cores, file, options
     cores=$1 file=$2
     shift 2
-    timeout "${LIMIT:-86400}" taskset -c "$cores" python bench/cpu.py --models "$models" "$@" > "$out/$file" 2>&1
+    # shellcheck disable=SC2086 - OPTIONS is a list of options
+    timeout "${LIMIT:-86400}" taskset -c "$cores" python bench/cpu.py --models "$models" \
+        $OPTIONS "$@" > "$out/$file" 2>&1
 }
 case $part in
 pairs)
-    run 0,1 alone2.txt --threads 2 &
-    run 2,3 alternate.txt --threads 2 --load alternate --blocks 3 --repeat 10 &
-    run 4,5 busy1.txt --threads 2 --load busy --blocks 3 --repeat 10 --shard 1/2 &
-    run 6,7 busy2.txt --threads 2 --load busy --blocks 3 --repeat 10 --shard 2/2 &
-    run 8 alone1.txt --threads 1 &
+    for k in 1 2; do
+        c=$(( (k - 1) * 2 ))
+        run $c,$((c + 1)) "alone2_$k.txt" --threads 2 --shard $k/2 &
+        run $((c + 4)),$((c + 5)) "alternate_$k.txt" --threads 2 --load alternate \
+            --blocks 3 --repeat 10 --shard $k/2 &
+        run $((c + 8)),$((c + 9)) "busy_$k.txt" --threads 2 --load busy --blocks 3 \
+            --repeat 10 --shard $k/2 &
+        run $((11 + k)) "alone1_$k.txt" --threads 1 --shard $k/2 &
+    done
     wait
     ;;
 many)
@@ -39,4 +46,4 @@ many)
     exit 2
     ;;
 esac
-tail -n 3 "$out"/*.txt
+grep -h "geometric" "$out"/*.txt

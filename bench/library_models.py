@@ -8,7 +8,10 @@ machine's host has torchvision, timm and transformers), this module builds the l
 modules, with random weights (seeded; no weights are downloaded, `weights=None` and config
 objects only) and batch-norm statistics randomised so folding them is not a no-op, at batch 1
 with a symbolic batch axis, and exports them. A model whose library is missing, or whose
-export fails, is reported and left out; the others go on. Needs torch and onnxscript; never
+export fails, is reported in one line and left out; the others go on (a failed export is
+remembered beside the files, NAME.failed, and not tried again). With transformers 5 the
+TorchScript exporter fails on the decoders (`aten::diff` in their mask code), and dynamo on
+convnext_tiny (a guard on the batch size): the dynamo set has the decoders. Needs torch and onnxscript; never
 a dependency of dnnc.
 
 `bench/cpu.py --models library` (or `library-dynamo`) benchmarks them: exported once into
@@ -18,7 +21,6 @@ a dependency of dnnc.
 from __future__ import annotations
 
 import argparse
-import traceback
 import warnings
 from pathlib import Path
 
@@ -133,14 +135,19 @@ def export_all(folder: Path, exporter: str, names=None) -> list[str]:
     paths = []
     for name in names or MODELS:
         path = folder / f"{name}.onnx"
+        failed = path.with_suffix(".failed")
+        if failed.exists():   # an export that failed here before fails again: say so once
+            print(f"# {name}: not exported ({failed.read_text().strip()})", flush=True)
+            continue
         if not path.exists():
             print(f"# exporting {name} with torch's {exporter} exporter", flush=True)
             try:
                 export(name, path.with_suffix(".tmp"), exporter)
             except Exception as exc:   # noqa: BLE001 - a library missing or an exporter bug
-                print(f"# {name}: not exported ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0] if str(exc) else ''})", flush=True)
-                traceback.print_exc(limit=2)
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                print(f"# {name}: not exported ({why})", flush=True)
+                if not isinstance(exc, ImportError):   # an installed library may come later
+                    failed.write_text(why + "\n")
                 continue
             path.with_suffix(".tmp").rename(path)
         paths.append(str(path))
