@@ -96,8 +96,9 @@ def pad_plane(x: L.Buffer, bn: L.Expr, ch: L.Expr, image_hw, begins, padded_hw,
         return plane, L.seq(around, copy)
     cols = -(-wp // phases)
     plane = L.Buffer("xplane", T.float32, (hp, phases, cols))
-    around = L.For(i_h, hp * phases * cols, L.Store(
-        plane, (i_h // (phases * cols), i_h // cols % phases, i_h % cols), L.const(fill)))
+    i_p = L.Var("pp")
+    around = L.For(i_h, hp, L.For(i_p, phases, L.For(i_w, cols, L.Store(
+        plane, (i_h, i_p, i_w), L.const(fill)))))
     copies = []
     for phase in range(phases):
         # padded column j * S + phase holds image column j * S + phase - pw where that is
