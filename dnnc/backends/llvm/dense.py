@@ -80,10 +80,16 @@ def space(p: Dense, machine) -> Space:
 def default(p: Dense, machine) -> DenseConfig:
     m = p.m
     mc = max(MR, min(MC, -(-m // MR) * MR))
-    if machine.threads > 1 and p.batch == 1 and m > MC:
+    blocks = -(-m // mc)
+    if machine.threads > 1 and p.batch == 1 and blocks >= machine.threads:
         # row blocks in a multiple of the threads, as even as MR allows: 128 rows on 2
         # threads as 66 + 62 rather than 72 + 56 (the slower thread sets the time)
-        blocks = -(-(-(-m // mc)) // machine.threads) * machine.threads
+        blocks = -(-blocks // machine.threads) * machine.threads
+        mc = max(MR, -(-(-(-m // blocks)) // MR) * MR)
+    elif blocks > 1:
+        # fewer blocks than threads: the threads share each block's panels (`loops`), so
+        # blocks stay big and even (128 rows on 16 threads: 66 + 62, each panel of B read
+        # twice, not 11 blocks of 12 rows each reading all of B)
         mc = max(MR, -(-(-(-m // blocks)) // MR) * MR)
     # fewer rows than a tile: a tile of m rows (a 6-row tile at m = 1 did six times the
     # FMAs, the five extra rows' never stored), k in one slice (the rows of A fit in L1)
