@@ -21,13 +21,12 @@ a dependency of dnnc.
 from __future__ import annotations
 
 import argparse
-import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from torch_models import randomize_batchnorm
+from torch_models import export_module, randomize_batchnorm
 
 
 def _torchvision(name: str):
@@ -115,17 +114,7 @@ def build(name: str) -> tuple[nn.Module, torch.Tensor]:
 def export(name: str, path: Path, exporter: str = "torchscript") -> Path:
     """Export model `name` to `path` with one of torch's exporters (batch axis symbolic)."""
     model, x = build(name)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        if exporter == "dynamo":
-            shapes = ({0: torch.export.Dim("batch", min=1, max=1024)},)
-            torch.onnx.export(model, (x,), str(path), dynamo=True, input_names=["x"],
-                              output_names=["y"], dynamic_shapes=shapes, verbose=False)
-        else:
-            torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"],
-                              output_names=["y"], dynamic_axes={"x": {0: "batch"}},
-                              opset_version=17)
-    return path
+    return export_module(model, x, path, exporter, {0: "batch"})
 
 
 def export_all(folder: Path, exporter: str, names=None) -> list[str]:

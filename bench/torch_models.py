@@ -190,8 +190,14 @@ def build(name: str) -> tuple[nn.Module, torch.Tensor]:
 
 def export(name: str, path: Path, exporter: str = "torchscript") -> Path:
     """Export model `name` (seeded weights) to `path` with one of torch's exporters."""
-    _, _, dynamic = MODELS[name]
     model, x = build(name)
+    return export_module(model, x, path, exporter, MODELS[name][2])
+
+
+def export_module(model: nn.Module, x: torch.Tensor, path: Path, exporter: str,
+                  dynamic: dict) -> Path:
+    """`model` called on `x` exported to `path` by torch's `exporter` ("torchscript" or
+    "dynamo"), the input's axes in `dynamic` ({axis: name}) symbolic."""
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
