@@ -216,6 +216,7 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
         hit = compile_cache.lookup(entry) if entry is not None else None
         if hit is not None:
             hit._stats.update(compile_seconds=time.perf_counter() - start, compile_cache="hit")
+            hit._cache_entry = entry   # sizes compiled here are kept too (`keep_in_cache`)
             if tuning_log is not None:
                 hit.tuning = {"log": os.fspath(tuning_log),
                               "records_applied": hit.stats.get("tuned_kernels", 0)}
@@ -239,6 +240,9 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     model = CompiledModel(graph, runtime, target, stats)
     if tuning_log is not None:
         model.tuning = {"log": os.fspath(tuning_log), "records_applied": stats["tuned_kernels"]}
-    if entry is not None and stats["compile_seconds"] >= compile_cache.MIN_STORE_SECONDS:
-        compile_cache.store(entry, model)
+    if entry is not None:
+        if stats["compile_seconds"] >= compile_cache.MIN_STORE_SECONDS:
+            model.keep_in_cache(entry)
+        else:   # stored once its calls have compiled enough to be worth keeping
+            model._cache_entry = entry
     return model

@@ -111,6 +111,9 @@ class CompiledModel:
         self._stats = dict(stats or {})
         self.tuning = {"log": None, "records_applied": 0}  # provenance; the tuner fills it
         self.manifest: dict | None = None  # set when loaded from an artifact
+        # the compile-cache entry this model was stored under or loaded from (`keep_in_cache`)
+        self._cache_entry: str | None = None
+        self._cached_jit_seconds = 0.0
 
     @property
     def stats(self) -> dict:
@@ -197,7 +200,7 @@ class CompiledModel:
             if len(REGISTRY[self.target].returns) > 1:   # else it returns that kind anyway
                 options["outputs"] = to
         try:
-            return self.runtime.run(inputs, bindings, **options)
+            outs = self.runtime.run(inputs, bindings, **options)
         except MemoryError as exc:
             if isinstance(exc, OutOfMemoryError):
                 raise
@@ -205,6 +208,28 @@ class CompiledModel:
             raise OutOfMemoryError(f"running the model{' with ' + dims if dims else ''} "
                                    f"needs more memory than this machine could allocate: "
                                    f"{exc}") from exc
+        if self._cache_entry is not None:
+            self._keep_new_code()
+        return outs
+
+    def keep_in_cache(self, entry: str) -> None:
+        """Store this model in the compile cache under `entry` now, and again whenever calls
+        have compiled `MIN_STORE_SECONDS` more code (a symbolic batch's code is compiled at
+        its first call, after the compile stored the model: without this, a new process's
+        cache hit compiled resnet50 again at its first call, 4.2 s)."""
+        from . import cache as compile_cache
+
+        self._cache_entry = entry
+        self._cached_jit_seconds = getattr(self.runtime, "compile_seconds", 0.0)
+        compile_cache.store(entry, self)
+
+    def _keep_new_code(self) -> None:
+        from . import cache as compile_cache
+
+        jit = getattr(self.runtime, "compile_seconds", 0.0)
+        if jit > self._cached_jit_seconds and \
+                jit - self._cached_jit_seconds >= compile_cache.MIN_STORE_SECONDS:
+            self.keep_in_cache(self._cache_entry)
 
     def check_inputs(self, args, kwargs) -> tuple[list[np.ndarray], dict[str, int]]:
         names = self.input_names

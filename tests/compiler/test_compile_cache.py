@@ -66,6 +66,31 @@ def test_a_new_process_hits_the_cache(folder, mlp_file):
     assert out.stdout.strip() == "hit"
 
 
+def test_code_a_call_compiles_is_kept_for_the_next_process(folder, tmp_path):
+    """A symbolic batch compiles its code at the first call, after the compile stored the
+    model: the entry is stored again then, so a new process's hit runs that size at once."""
+    path = tmp_path / "mlp_n.onnx"
+    onnx.save(zoo.build("mlp", batch="N"), path)
+    first = dnnc.compile(path, "llvm")
+    x = np.random.default_rng(3).standard_normal((5, 784)).astype(np.float32)
+    first.run(x)
+    assert first.stats["specializations"] == 1
+    script = textwrap.dedent(f"""
+        import numpy as np, dnnc
+        m = dnnc.compile({str(path)!r}, "llvm")
+        x = np.random.default_rng(3).standard_normal((5, 784)).astype(np.float32)
+        before = m.stats["specializations"]
+        y = m.run(x)[0]
+        print(m.stats["compile_cache"], before, m.stats["jit_seconds"])
+        np.save({str(tmp_path / "y.npy")!r}, y)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    said, restored, jit = out.stdout.split()
+    assert (said, restored, float(jit)) == ("hit", "1", 0.0)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), first.run(x)[0])
+
+
 def test_what_changes_the_code_misses(folder, mlp_file, tmp_path):
     dnnc.compile(mlp_file, "llvm")
     assert dnnc.compile(mlp_file, "llvm", opt_level=2).stats["compile_cache"] == "miss"
