@@ -92,17 +92,8 @@ def torch_exports(exporter: str) -> list[str]:
     except ImportError as exc:
         sys.exit(f"--models torch needs the optional torch and onnxscript packages "
                  f"(pip install torch==2.13.0 onnxscript): {exc}")
-    folder = EXPORTS / exporter
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in torch_models.MODELS:
-        path = folder / f"{name}.onnx"
-        if not path.exists():
-            print(f"# exporting {name} with torch's {exporter} exporter", flush=True)
-            torch_models.export(name, path.with_suffix(".tmp"), exporter)
-            path.with_suffix(".tmp").rename(path)
-        paths.append(str(path))
-    return paths
+    return torch_models.export_all(torch_models.MODELS, torch_models.export,
+                                   EXPORTS / exporter, exporter)
 
 
 def library_exports(exporter: str) -> list[str]:

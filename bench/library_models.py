@@ -11,8 +11,8 @@ with a symbolic batch axis, and exports them. A model whose library is missing, 
 export fails, is reported in one line and left out; the others go on (a failed export is
 remembered beside the files, NAME.failed, and not tried again). With transformers 5 the
 TorchScript exporter fails on the decoders (`aten::diff` in their mask code), and dynamo on
-convnext_tiny (a guard on the batch size): the dynamo set has the decoders. Needs torch and onnxscript; never
-a dependency of dnnc.
+convnext_tiny (a guard on the batch size): the dynamo set has the decoders. Needs torch and
+onnxscript; never a dependency of dnnc.
 
 `bench/cpu.py --models library` (or `library-dynamo`) benchmarks them: exported once into
 ~/.cache/dnnc/bench/library-<exporter>/.
@@ -20,12 +20,12 @@ a dependency of dnnc.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 from torch import nn
 
+import torch_models
 from torch_models import export_module, randomize_batchnorm
 
 
@@ -119,39 +119,9 @@ def export(name: str, path: Path, exporter: str = "torchscript") -> Path:
 
 def export_all(folder: Path, exporter: str, names=None) -> list[str]:
     """Every model of `names` (default: all) exported into `folder` once; those that cannot
-    be built or exported here are reported and left out."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in names or MODELS:
-        path = folder / f"{name}.onnx"
-        failed = path.with_suffix(".failed")
-        if failed.exists():   # an export that failed here before fails again: say so once
-            print(f"# {name}: not exported ({failed.read_text().strip()})", flush=True)
-            continue
-        if not path.exists():
-            print(f"# exporting {name} with torch's {exporter} exporter", flush=True)
-            try:
-                export(name, path.with_suffix(".tmp"), exporter)
-            except Exception as exc:   # noqa: BLE001 - a library missing or an exporter bug
-                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                print(f"# {name}: not exported ({why})", flush=True)
-                if not isinstance(exc, ImportError):   # an installed library may come later
-                    failed.write_text(why + "\n")
-                continue
-            path.with_suffix(".tmp").rename(path)
-        paths.append(str(path))
-    return paths
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--exporter", choices=["torchscript", "dynamo"], default="torchscript")
-    args = parser.parse_args()
-    for path in export_all(args.out, args.exporter, args.models.split(",")):
-        print(path)
+    be built or exported here are reported and left out (torch_models.export_all)."""
+    return torch_models.export_all(MODELS, export, folder, exporter, names)
 
 
 if __name__ == "__main__":
-    main()
+    torch_models.cli(MODELS, export, __doc__)

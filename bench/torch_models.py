@@ -212,17 +212,49 @@ def export_module(model: nn.Module, x: torch.Tensor, path: Path, exporter: str,
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def export_all(models: dict, export, folder: Path, exporter: str, names=None,
+               suffix: str = "") -> list[str]:
+    """Each model of `names` (default: every one of `models`) exported into `folder` once by
+    `export(name, path, exporter)`, as NAME`suffix`.onnx; one that cannot be built or exported here is reported in
+    one line and left out, and one whose export failed is remembered (NAME.failed) and not
+    tried again (a missing library is not remembered: it may be installed later)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names or models:
+        path = folder / f"{name}{suffix}.onnx"
+        failed = path.with_suffix(".failed")
+        if failed.exists():
+            print(f"# {name}: not exported ({failed.read_text().strip()})", flush=True)
+            continue
+        if not path.exists():
+            print(f"# exporting {name} with torch's {exporter} exporter", flush=True)
+            try:
+                export(name, path.with_suffix(".tmp"), exporter)
+            except Exception as exc:   # noqa: BLE001 - a library missing or an exporter bug
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                print(f"# {name}: not exported ({why})", flush=True)
+                if not isinstance(exc, ImportError):
+                    failed.write_text(why + "\n")
+                continue
+            path.with_suffix(".tmp").rename(path)
+        paths.append(str(path))
+    return paths
+
+
+def cli(models: dict, export, doc: str) -> None:
+    """`python bench/<module>.py OUT_DIR [--models a,b] [--exporter torchscript|dynamo]`:
+    the models exported into OUT_DIR (a dynamo export's name ends in _dynamo), their paths
+    printed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(models))
     parser.add_argument("--exporter", choices=["torchscript", "dynamo"], default="torchscript")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.models.split(","):
-        suffix = "" if args.exporter == "torchscript" else "_dynamo"
-        print(export(name, args.out / f"{name}{suffix}.onnx", args.exporter))
+    suffix = "" if args.exporter == "torchscript" else "_dynamo"
+    for path in export_all(models, export, args.out, args.exporter, args.models.split(","),
+                           suffix):
+        print(path)
 
 
 if __name__ == "__main__":
-    main()
+    cli(MODELS, export, __doc__)
