@@ -439,7 +439,8 @@ def depthwise_build(p: Conv2d, config: DepthwiseConfig, machine) -> L.PrimFunc:
     plane, row = L.Var("plane"), L.Var("row")
     bn, ch = plane // c, plane % c
     # a stride-2 window reads every other column: the plane is kept in phases (pad_plane),
-    # so a tap's pixels are consecutive (mobilenet_v2's 3x3 stride-2 layers: 0.21 -> ms)
+    # so a tap's pixels are consecutive (Zen 3, 2 threads, 3x3 stride 2: c144 56x56 0.230 ->
+    # 0.135 ms; c96 112x112, where copying the plane dominates, 0.348 -> 0.389 ms)
     phases = sw if sw > 1 and dw == 1 else 1
     xpad, pad_stmt = pad_plane(p.x, bn, ch, p.x_dims[2:], p.begins, p.padded_hw,
                                phases=phases)
