@@ -75,6 +75,16 @@ class Dense:
         index.append(i)
         return tuple(reversed(index)) + (j,)
 
+    @property
+    def a_dims(self) -> tuple:
+        """A's dims as the templates view it: [batch, k, m] when `trans_a`, else [batch, m,
+        k] (the same memory as the parameter)."""
+        return (self.batch, self.k, self.m) if self.trans_a else (self.batch, self.m, self.k)
+
+    def a_index(self, bi, i, kk) -> tuple:
+        """A's element (row i, column kk) of batch bi, in `a_dims`."""
+        return (bi, kk, i) if self.trans_a else (bi, i, kk)
+
     def scaled(self, value: L.Expr, i, j) -> L.Expr:
         """Gemm's alpha * value + beta * C[i, j] (C broadcast over the rows or columns it
         lacks)."""
@@ -97,6 +107,31 @@ class Dense:
 
 
 DENSE_OPS = ("MatMul", "Gemm", "MatMulPacked")
+
+
+@dataclass(frozen=True)
+class PointwiseDense(Dense):
+    """A 1x1 unpadded conv of one group with packed weights (`Conv2d.as_dense`) as the
+    matrix product Y^T = X^T W^T, a batch per image: the output pixels are the rows, each
+    reading its input pixel (every `strides` pixel) across the input channels (A, read in
+    place from the NCHW image), the output channels are the columns (B: the packed weights,
+    whose blocks are a packed B's panels); row i, column j of image bi is stored at the
+    conv's output (bi, j, i // W, i % W), where the epilogue reads too."""
+
+    image_dims: tuple = ()   # the input's [N, C, H, W]
+    width: int = 1           # the output's W
+    strides: tuple = (1, 1)
+
+    @property
+    def a_dims(self) -> tuple:
+        return self.image_dims
+
+    def a_index(self, bi, i, kk) -> tuple:
+        sh, sw = self.strides
+        return (bi, kk, (i // self.width) * sh, (i % self.width) * sw)
+
+    def anchor_index(self, bi, i, j) -> tuple:
+        return (bi, j, i // self.width, i % self.width)
 
 
 def dense(kernel: Kernel) -> Dense | None:
@@ -327,6 +362,25 @@ class Conv2d:
             tuple(self.begins) == (0, 0) and tuple(self.y_dims[2:]) == (h, wid) and \
             (self.group == 1 or self.grouped)
 
+    def as_dense(self) -> PointwiseDense | None:
+        """This conv as a matrix product (`PointwiseDense`) when it is 1x1, unpadded (any
+        strides, no dilation), of one group, with packed weights; None otherwise."""
+        n, c = self.x_dims[:2]
+        oc, _, kh, kw = self.w_dims
+        h, wid = self.y_dims[2:]
+        if (kh, kw) != (1, 1) or tuple(self.begins) != (0, 0) or self.group != 1 or \
+                not self.packed_nr:
+            return None
+        nr = self.packed_nr
+        return PointwiseDense(
+            name=self.name, params=self.params, a=self.x, b=self.w,
+            c=L.Buffer(self.bias.name, self.bias.dtype, (oc,)) if self.bias is not None
+            else None, y=self.y, b_dims=(-(-oc // nr), c, nr), y_dims=self.y_dims,
+            anchor_dims=self.y_dims, batch=n, m=h * wid, n=oc, k=c, trans_a=True,
+            trans_b=False, alpha=1.0, beta=1.0, b_batched=False, packed_panel=nr,
+            epilogue=self.epilogue, store_index=lambda index: index,
+            image_dims=self.x_dims, width=wid, strides=tuple(self.strides))
+
     @property
     def grouped(self) -> bool:
         """group > 1 and not depthwise: `group` convolutions side by side, group g reading
@@ -458,3 +512,10 @@ class Rows:
 def rows(kernel: Kernel) -> Rows:
     """Every kernel as a `Rows`."""
     return Rows(kernel.func, get_op(kernel.anchor.op).pattern)
+
+
+def pointwise_dense(kernel: Kernel) -> PointwiseDense | None:
+    """A pointwise conv anchoring `kernel` as a matrix product (`Conv2d.as_dense`); None
+    otherwise."""
+    conv = conv2d(kernel)
+    return None if conv is None else conv.as_dense()

@@ -124,14 +124,14 @@ def build(p: problems.Dense, c, machine, product: Callable | None = None) -> L.P
     """The scheduled kernel of `p`: `product(c, batch, m, n, k, a, b, store)` (default
     `tiled_product`; the tensor-core one of `mma.py` takes the same arguments) with this
     problem's operands and store."""
-    a = L.Buffer(p.a.name, T.float32, (p.batch, p.k, p.m) if p.trans_a else (p.batch, p.m, p.k))
+    a = L.Buffer(p.a.name, T.float32, p.a_dims)
     b = L.Buffer(p.b.name, T.float32, (p.batch if p.b_batched else 1,) +
                  ((p.n, p.k) if p.trans_b else (p.k, p.n)))
     y = L.Buffer(p.y.name, p.y.dtype, (p.batch, p.m, p.n))
     y_full = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
 
     def a_at(bi, i, k):
-        return a[bi, k, i] if p.trans_a else a[bi, i, k]
+        return a[p.a_index(bi, i, k)]
 
     def b_at(bi, j, k):
         bb = bi if p.b_batched else L.const(0)

@@ -63,7 +63,7 @@ def default(p: problems.Dense, machine) -> GemvConfig:
 
 
 def build(p: problems.Dense, c: GemvConfig, machine) -> L.PrimFunc:
-    a = L.Buffer(p.a.name, T.float32, (p.batch, p.k, p.m) if p.trans_a else (p.batch, p.m, p.k))
+    a = L.Buffer(p.a.name, T.float32, p.a_dims)
     b = L.Buffer(p.b.name, T.float32, (p.batch if p.b_batched else 1,) +
                  ((p.n, p.k) if p.trans_b else (p.k, p.n)))
     y = L.Buffer(p.y.name, p.y.dtype, (p.batch, p.m, p.n))
@@ -80,7 +80,7 @@ def build(p: problems.Dense, c: GemvConfig, machine) -> L.PrimFunc:
     zero = L.const(0.0, T.float32)
 
     def a_at(row, kx):
-        return a[bi, kx, row] if p.trans_a else a[bi, row, kx]
+        return a[p.a_index(bi, row, kx)]
 
     def b_at(jx, kx):
         bb = bi if p.b_batched else L.const(0)

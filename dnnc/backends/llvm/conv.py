@@ -14,8 +14,10 @@ fewer bytes past L2, `conv2d_order`).
 
 `pointwise` (1x1, stride 1, unpadded) is a GEMM with the pixels in the vector lanes; knobs
 (`PointwiseConfig`): channels and pixels per tile, and order (pixel or channel blocks
-outside, `pointwise_order`). `depthwise` (one filter per channel) runs
-each padded plane in vectors of pixels; knob (`DepthwiseConfig`): pixels per block.
+outside, `pointwise_order`); `pointwise_gemm` runs a strided, small-image or deep 1x1 conv
+through the dense template instead (`pointwise_gemm_applies`). `depthwise` (one filter per
+channel) runs each padded plane in vectors of pixels; knob (`DepthwiseConfig`): pixels per
+block.
 
 Grouped convolutions (1 < group, not depthwise) run through `conv2d` and `pointwise`, each
 group's channel slice a conv of its own: packed weights hold each group's channel blocks
@@ -34,6 +36,7 @@ from ...ir import types as T
 from .. import problems
 from ..problems import Conv2d
 from ..space import Constraint, Space, Template
+from . import dense
 
 MIN_PARALLEL_MACS = 1 << 20
 """Multiply-adds below which a conv runs on one thread: waking the pool costs microseconds,
@@ -407,6 +410,26 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
     return L.simplify(L.PrimFunc(p.name, p.params, main))
 
 
+def pointwise_gemm_applies(p: problems.PointwiseDense) -> bool:
+    """Whether a 1x1 conv runs as the dense template's GEMM (`Conv2d.as_dense`: output pixels
+    as rows, output channels in the vectors, stored back one lane at a time) rather than
+    `pointwise_build` or `conv2d_build`: strided ones (ResNet's downsampling 1x1 stride-2:
+    `conv2d_build` re-reads each input pixel's line for every tap step), small images, whose
+    pixel vectors would overlap (49 pixels in four blocks of 16: 31% of the multiply-adds
+    twice), and 14x14 images with many input channels (a pointwise tile streams all of K
+    with no slicing). Zen 3, 2 threads, against onnxruntime: 2048->512 at 7x7 1.97 -> 1.40x,
+    320->1280 1.64 -> 1.43x, 1024->256 at 14x14 1.42 -> 1.11x; with few input channels the
+    GEMM lost (96->576 at 14x14 0.87 -> 1.44x, 128->512 at 28x28 0.97 -> 1.06x)."""
+    if tuple(p.strides) != (1, 1):
+        return True
+    return p.m <= GEMM_MAX_PIXELS or (p.m <= 256 and p.k >= 1024)
+
+
+GEMM_MAX_PIXELS = 64
+"""Pixels an image has at most for every pointwise conv on it to run as a GEMM (7x7 and
+8x8 images; see `pointwise_gemm_applies`)."""
+
+
 # -- depthwise ---------------------------------------------------------------------------------
 
 
@@ -472,6 +495,8 @@ def depthwise_build(p: Conv2d, config: DepthwiseConfig, machine) -> L.PrimFunc:
     return L.simplify(L.PrimFunc(p.name, p.params, body))
 
 
+POINTWISE_GEMM = Template("pointwise_gemm", problems.pointwise_dense, pointwise_gemm_applies,
+                          dense.space, dense.default, dense.build)
 CONV2D = Template("conv2d", problems.conv2d, lambda p: p.group == 1 or p.grouped,
                   conv2d_space, conv2d_default, conv2d_build)
 POINTWISE = Template("pointwise", problems.conv2d, lambda p: p.pointwise, pointwise_space,

@@ -113,7 +113,7 @@ class _Views:
     def __init__(self, p: Dense, nr: int):
         self.p, self.nr = p, nr
         batch, m, n, k = p.batch, p.m, p.n, p.k
-        self.a = L.Buffer(p.a.name, T.float32, (batch, k, m) if p.trans_a else (batch, m, k))
+        self.a = L.Buffer(p.a.name, T.float32, p.a_dims)
         if p.packed_panel:
             self.b = L.Buffer(p.b.name, T.float32, p.b_dims)
         else:
@@ -125,7 +125,7 @@ class _Views:
             p.store_index, p.anchor_index, batch * m, n, nr, (n // nr) * nr)
 
     def a_at(self, bi, i, kk) -> L.Expr:
-        return self.a[bi, kk, i] if self.p.trans_a else self.a[bi, i, kk]
+        return self.a[self.p.a_index(bi, i, kk)]
 
     def b_at(self, bi, kk, j) -> L.Expr:
         if self.p.packed_panel:

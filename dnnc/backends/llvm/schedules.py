@@ -39,7 +39,7 @@ from .. import problems
 from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, rename_buffer,
                              rows_first, update_op)
 from ..space import Constraint, Space, Template, choose_template
-from .conv import CONV2D, DEPTHWISE, POINTWISE
+from .conv import CONV2D, DEPTHWISE, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
 from .pool import POOL2D
 
@@ -607,7 +607,7 @@ ROWS = Template("rows", problems.rows, lambda p: True, rows_space, rows_default,
 
 TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
-    ("llvm", Pattern.OUT_FUSABLE): (DENSE, POINTWISE, CONV2D, DEPTHWISE, ROWS),
+    ("llvm", Pattern.OUT_FUSABLE): (DENSE, POINTWISE_GEMM, POINTWISE, CONV2D, DEPTHWISE, ROWS),
     ("llvm", Pattern.OPAQUE): (POOL2D, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first whose problem

@@ -79,9 +79,11 @@ def conv_bias_relu(rng, c=5, oc=7, k=3, **attrs):
     return g
 
 
-def pointwise_residual(rng):
-    g, (x, r) = _graph([("x", ("N", 6, 5, 7)), ("r", ("N", 9, 5, 7))])
-    y = g.add("Conv", x, _const(rng, "w", (9, 6, 1, 1), 0.3), _const(rng, "c", (9,)))
+def pointwise_residual(rng, h=9, w=11, strides=(1, 1)):
+    oh, ow = -(-h // strides[0]), -(-w // strides[1])
+    g, (x, r) = _graph([("x", ("N", 6, h, w)), ("r", ("N", 9, oh, ow))])
+    y = g.add("Conv", x, _const(rng, "w", (9, 6, 1, 1), 0.3), _const(rng, "c", (9,)),
+              strides=list(strides))
     g.outputs = [g.add("Relu", g.add("Add", y, r))]
     return g
 
@@ -115,6 +117,11 @@ CASES = [
     ("conv2d-packed", lambda rng: conv_bias_relu(rng, oc=20, pads=[2, 1, 0, 1],
                                                  dilations=[2, 1]), True, "conv2d", 1e-4),
     ("pointwise", pointwise_residual, True, "pointwise", 1e-4),
+    # small images and strides: the GEMM, pixels as rows
+    ("pointwise-gemm", lambda rng: pointwise_residual(rng, 5, 7), True, "pointwise_gemm",
+     1e-4),
+    ("pointwise-gemm-strided", lambda rng: pointwise_residual(rng, 11, 9, (2, 2)), True,
+     "pointwise_gemm", 1e-4),
     # grouped: a group's channel slice a conv of its own (5 and 7 output channels a group:
     # no whole vector; a packed group padded to whole blocks of its own)
     ("conv2d-grouped", lambda rng: conv_bias_relu(rng, c=6, oc=10, group=2, pads=[1, 1, 1, 1],
@@ -221,7 +228,8 @@ def test_every_template_is_drawn_twenty_configs():
         template, problem = template_for(kernel)
         size = len(list(template.space(problem, machine).configs()))
         sizes[template_name] = max(sizes.get(template_name, 0), size)
-    assert sorted(sizes) == ["conv2d", "dense", "depthwise", "pointwise", "pool2d", "rows"]
+    assert sorted(sizes) == ["conv2d", "dense", "depthwise", "pointwise", "pointwise_gemm",
+                             "pool2d", "rows"]
     assert all(size >= CONFIGS for size in sizes.values()), sizes
 
 

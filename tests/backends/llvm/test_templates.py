@@ -146,19 +146,36 @@ def test_conv2d_template_matches_reference(rng, cfg, opt_level, order, monkeypat
     # images one pixel wide with a full-shape residual (found by the fuzzer: the flat pixel
     # went to the width axis of size 1, which reads only index 0)
     (2, 1, 1, 5, 1, None), (2, 3, 4, 6, 1, None)])
-@pytest.mark.parametrize("order", ["pixels", "channels"])
-def test_pointwise_conv_runs_as_one_gemm_over_pixels(rng, n, c, oc, h, w, res_shape, order,
-                                                      monkeypatch):
+@pytest.mark.parametrize("template,order", [("pointwise", "pixels"),
+                                            ("pointwise", "channels"),
+                                            ("pointwise_gemm", None)])
+def test_pointwise_conv_runs_as_one_gemm_over_pixels(rng, n, c, oc, h, w, res_shape, template,
+                                                      order, monkeypatch):
     """1x1 stride-1 unpadded convs tile pixels across row ends with the pixels in vector lanes
-    (tails of channels and pixels included); the fused epilogue (bias, an added tensor of the
-    output's shape or broadcast into it, ReLU) reads its inputs at the right element whether
-    it may index them by flat pixel or needs the row and column. Both loop orders."""
+    (tails of channels and pixels included), in both loop orders; or run as the dense
+    template's GEMM, pixels as rows (packed weights: every case here at opt level 3 when
+    every image size may take it). The fused epilogue (bias, an added tensor of the output's
+    shape or broadcast into it, ReLU) reads its inputs at the right element whether it may
+    index them by flat pixel or needs the row and column."""
     from dnnc.backends.llvm import conv
 
+    monkeypatch.setattr(conv, "GEMM_MAX_PIXELS", 1 << 30 if template == "pointwise_gemm" else 0)
     monkeypatch.setattr(conv, "pointwise_order", lambda p, channels, pixels: order)
+    model, x, res = _pointwise_residual(rng, n, c, oc, h, w, res_shape)
+    compiled = dnnc.compile(model, target="llvm", cache=False)
+    assert compiled.stats["kernels"] == 1
+    assert [row["template"] for row in compiled.profile(x, res, repeat=1)] == [template]
+    want = dnnc.compile(model, target="numpy").run(x, res)[0]
+    np.testing.assert_allclose(compiled.run(x, res)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def _pointwise_residual(rng, n, c, oc, h, w, res_shape, strides=(1, 1)):
+    """Conv 1x1 (bias; `strides`) -> Add a tensor of `res_shape` (the output's by default)
+    -> Relu, and random inputs."""
+    oh, ow = -(-h // strides[0]), -(-w // strides[1])
     weights = (rng.standard_normal((oc, c, 1, 1)) * 0.2).astype(np.float32)
-    res = rng.standard_normal(res_shape or (n, oc, h, w)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"]),
+    res = rng.standard_normal(res_shape or (n, oc, oh, ow)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=list(strides)),
              helper.make_node("Add", ["y", "r"], ["s"]),
              helper.make_node("Relu", ["s"], ["z"])]
     graph = helper.make_graph(nodes, "g", [
@@ -168,9 +185,22 @@ def test_pointwise_conv_runs_as_one_gemm_over_pixels(rng, n, c, oc, h, w, res_sh
             numpy_helper.from_array(weights, "w"),
             numpy_helper.from_array(rng.standard_normal(oc).astype(np.float32), "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    compiled = dnnc.compile(model, target="llvm")
-    assert compiled.stats["kernels"] == 1 and "for t in range(" in compiled.source("loop")
+    return model, rng.standard_normal((n, c, h, w)).astype(np.float32), res
+
+
+@pytest.mark.parametrize("n,c,oc,h,w,strides,res_shape", [
+    (1, 24, 40, 14, 14, (2, 2), None), (2, 7, 37, 9, 11, (2, 2), (1, 37, 1, 1)),
+    (1, 16, 20, 8, 13, (2, 3), (1, 1, 4, 5)), (3, 5, 33, 3, 1, (2, 1), None),
+    # 14x14 with many input channels (slices of k: partial sums wait in the output)
+    (1, 1024, 24, 14, 14, (1, 1), None)])
+def test_strided_and_deep_1x1_convs_run_as_a_gemm(rng, n, c, oc, h, w, strides, res_shape):
+    """A 1x1 conv with strides (ResNet's downsampling), and a 14x14 one with many input
+    channels, run as the dense template's GEMM by default, each output pixel reading its
+    own input pixel; output channels past the last whole panel, batches of images and the
+    epilogue's broadcast reads included."""
+    model, x, res = _pointwise_residual(rng, n, c, oc, h, w, res_shape, strides)
+    compiled = dnnc.compile(model, target="llvm", cache=False)
+    assert [row["template"] for row in compiled.profile(x, res, repeat=1)] == ["pointwise_gemm"]
     want = dnnc.compile(model, target="numpy").run(x, res)[0]
     np.testing.assert_allclose(compiled.run(x, res)[0], want, rtol=1e-4, atol=1e-4)
 
