@@ -62,7 +62,7 @@ def space(p: Dense, machine) -> Space:
     lanes = machine.vector_bits // 32
     widths = {v * lanes for v in (1, 2, 3, 4)} | ({p.packed_panel} if p.packed_panel else set())
     if p.y.dtype is T.float32:
-        slices = {s for s in (16, 32, 64, 128, 256, 512) if s < p.k} | {p.k}
+        slices = {s for s in (16, 32, 64, 128, 256, 512, 1024) if s < p.k} | {p.k}
     else:
         slices = {p.k}   # partial sums cannot wait in an output of another type (a fused Cast)
     constraints = [Constraint(

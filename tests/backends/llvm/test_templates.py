@@ -191,8 +191,9 @@ def _pointwise_residual(rng, n, c, oc, h, w, res_shape, strides=(1, 1)):
 @pytest.mark.parametrize("n,c,oc,h,w,strides,res_shape", [
     (1, 24, 40, 14, 14, (2, 2), None), (2, 7, 37, 9, 11, (2, 2), (1, 37, 1, 1)),
     (1, 16, 20, 8, 13, (2, 3), (1, 1, 4, 5)), (3, 5, 33, 3, 1, (2, 1), None),
-    # 14x14 with many input channels (slices of k: partial sums wait in the output)
-    (1, 1024, 24, 14, 14, (1, 1), None)])
+    # 14x14 with many input channels; k past one slice (1024 + 76: the partial sums of the
+    # first wait in the output)
+    (1, 1024, 24, 14, 14, (1, 1), None), (2, 1100, 20, 7, 7, (1, 1), (1, 20, 1, 1))])
 def test_strided_and_deep_1x1_convs_run_as_a_gemm(rng, n, c, oc, h, w, strides, res_shape):
     """A 1x1 conv with strides (ResNet's downsampling), and a 14x14 one with many input
     channels, run as the dense template's GEMM by default, each output pixel reading its
