@@ -1,16 +1,16 @@
 """The 2-D convolution schedule templates for CPUs: direct, pointwise and depthwise.
 
-`conv2d` is direct convolution as an implicit GEMM. Output pixels along a row play GEMM's rows
-and output channels its columns: an MR-pixel by NR-channel tile of the output stays in
+`conv2d` is direct convolution as an implicit GEMM. An image's output pixels, flattened, play
+GEMM's rows (a tile may cross a row's end) and output channels its columns: an MR-pixel by NR-channel tile of the output stays in
 accumulators while the reduction runs over input channels and the kernel window, each step
 one broadcast input pixel times a vector of NR weights (the dense template's micro-kernel;
 see dense.py). Weights are repacked per call into [channel block, in-channel, kh, kw, NR] so
 the NR weights of a step are one contiguous vector (zero-padded past the last channel), unless
 convert_layout packed them at compile time (ConvPacked); the input is copied once into a
-zero-padded buffer so the inner loops never test bounds. Rows of the output (batch x height)
-are shared by the worker pool. Knobs (`ConvConfig`): mr (pixels), nr (channels; a packed
-weight's block width fixes it), order (output rows or channel blocks outside: whichever reads
-fewer bytes past L2, `conv2d_order`).
+zero-padded buffer so the inner loops never test bounds. Strips of an image's pixels (a row's
+worth of tiles) are shared by the worker pool. Knobs (`ConvConfig`): mr (pixels), nr
+(channels; a packed weight's block width fixes it), order (strips or channel blocks outside:
+whichever reads fewer bytes past L2, `conv2d_order`).
 
 `pointwise` (1x1, stride 1, unpadded) is a GEMM with the pixels in the vector lanes; knobs
 (`PointwiseConfig`): channels and pixels per tile, and order (pixel or channel blocks
@@ -154,9 +154,10 @@ def _channel_blocks(packed_nr: int, vector_bits: int) -> tuple[list[int], list[C
 class ConvConfig:
     mr: int    # output pixels per tile
     nr: int    # output channels per tile
-    # the parallel loop's order: "rows" (output rows outside channel blocks: a row's input
-    # is read once, every block's weights once per row) or "blocks" (channel blocks outside
-    # rows: a block's weights are read once, the input once per block)
+    # the parallel loop's order: "rows" (strips of a row's worth of output pixels outside
+    # channel blocks: a strip's input is read once, every block's weights once per strip)
+    # or "blocks" (channel blocks outside strips: a block's weights are read once, the input
+    # once per block)
     order: str = "rows"
 
 
@@ -200,7 +201,8 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
     convolutions side by side: its packed weights hold each group's channel blocks, and
     the group is the parallel loop's outermost part, so the tiles of one group, which share its
     weights and its input channels, run one after another on a thread. The parallel loop runs
-    over (group, output row, channel block) in the order the config says (`conv2d_order`)."""
+    over (group, strip of an image's pixels, channel block) in the order the config says
+    (`conv2d_order`)."""
     then = p.epilogue
     w, bias, y = p.w, p.bias, p.y
     n, c, h, wid = p.x_dims
@@ -232,30 +234,39 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
     acc = L.Buffer("acc", T.float32, (mr * nr,), L.Scope.LOCAL)
     a = L.Var("a", T.float32)
     pb = L.Var("pb")
-    # one parallel loop over (group, image row, channel block), its order the config's:
-    # (group, row) outside the block for "rows", (group, block) outside the row for "blocks"
-    rows = n * oh
+    # an image's output pixels, flattened, in tiles of MR: a tile may run on past a row's end
+    # into the next row (each broadcast is a load of its own), so only the image's last tile
+    # is partial (at 7x7 and MR 4: 13 tiles for 49 pixels, not 14 for 56; at 14x14 49 for 196,
+    # not 56); a strip is a row's worth of tiles, ceil(OW / MR)
+    pixels_n = oh * ow
+    tiles_n = -(-pixels_n // mr)
+    strip_tiles = -(-ow // mr)
+    strips_n = -(-tiles_n // strip_tiles)
+    # one parallel loop over (group, image strip, channel block), its order the config's:
+    # (group, strip) outside the block for "rows", (group, block) outside the strip for
+    # "blocks"
+    rows = n * strips_n
     outer, ob = L.Var("t"), L.Var("ob")
     if config.order == "blocks":
         g, inner = outer // (ocb_n * rows), outer % (ocb_n * rows)
-        ob_of, image_row = inner // rows, inner % rows
+        ob_of, image_strip = inner // rows, inner % rows
         extent = groups * ocb_n * rows
     else:
-        g, image_row = outer // rows, outer % rows
+        g, image_strip = outer // rows, outer % rows
         ob_of, extent = None, groups * rows
     if groups == 1:
         g = None
         channel0, block0 = L.const(0), ob
     else:
         channel0, block0 = g * cg, g * ocb_n + ob
-    bn, boh = image_row // oh, image_row % oh
-    ow0 = pb * mr
-    pix = L.minimum(ow0 + ii, ow - 1)   # pixels past the row's end repeat; never stored
-    load = xpad[bn, channel0 + ic, boh * sh + r * dh, pix * sw + s * dw]
-    px = ow0 + ii
+    bn, strip = image_strip // strips_n, image_strip % strips_n
+    p0 = (strip * strip_tiles + pb) * mr
+    pix = L.minimum(p0 + ii, pixels_n - 1)   # pixels past the image's end repeat; not stored
+    load = xpad[bn, channel0 + ic, (pix // ow) * sh + r * dh, (pix % ow) * sw + s * dw]
+    px = p0 + ii
     in_group = ob * nr + jj                                   # output channel in its group
     out_c = in_group if groups == 1 else g * mg + in_group    # output channel
-    out_index = (bn, out_c, boh, px)
+    out_index = (bn, out_c, px // ow, px % ow)
     init = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), L.const(0.0)),
                                L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
     # the reduction over (in-channel, kh, kw) as three loops; the weights of one step are one
@@ -274,9 +285,12 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
         row_store = L.For(jj, nr, target, L.ForKind.VECTORIZED)
     else:
         row_store = L.For(jj, nr, L.If(in_group < mg, target), L.ForKind.UNROLLED)
-    store = L.For(ii, mr, L.If(px < ow, row_store), L.ForKind.UNROLLED)
+    store = L.For(ii, mr, L.If(px < pixels_n, row_store), L.ForKind.UNROLLED)
     tile = L.Allocate(acc, L.seq(init, reduction, store))
-    pixels = L.For(pb, -(-ow // mr), tile)
+    if tiles_n % strip_tiles == 0:
+        pixels = L.For(pb, strip_tiles, tile)
+    else:   # the image's last strip is short
+        pixels = L.For(pb, L.minimum(L.const(strip_tiles), tiles_n - strip * strip_tiles), tile)
     if ob_of is None:
         main = L.For(outer, extent, L.For(ob, ocb_n, pixels), par)
     else:
