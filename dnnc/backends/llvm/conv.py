@@ -431,13 +431,16 @@ def pointwise_gemm_applies(p: problems.PointwiseDense) -> bool:
     `pointwise_build` or `conv2d_build`: strided ones (ResNet's downsampling 1x1 stride-2:
     `conv2d_build` re-reads each input pixel's line for every tap step), small images, whose
     pixel vectors would overlap (49 pixels in four blocks of 16: 31% of the multiply-adds
-    twice), and 14x14 images with many input channels (a pointwise tile streams all of K
-    with no slicing). Zen 3, 2 threads, against onnxruntime: 2048->512 at 7x7 1.97 -> 1.40x,
-    320->1280 1.64 -> 1.43x, 1024->256 at 14x14 1.42 -> 1.11x; with few input channels the
-    GEMM lost (96->576 at 14x14 0.87 -> 1.44x, 128->512 at 28x28 0.97 -> 1.06x)."""
+    twice), and images of at most 16x16 with 512 or more input channels (a pointwise tile
+    streams all of K with no slicing). Zen 3, 2 threads, against onnxruntime: 2048->512 at
+    7x7 1.97 -> 1.40x, 320->1280 1.64 -> 1.43x, 1024->256 at 14x14 1.42 -> 1.11x, with k in
+    slices of up to 1024 512->1000 at 13x13 (squeezenet's last) 1.30 -> 1.11x, 512->512 at
+    14x14 1.30 -> 1.04x, 576->96 1.18 -> 1.03x; with fewer input channels the GEMM lost or
+    tied (96->576 at 14x14 1.00 -> 1.12x, 384->64 at 13x13 0.90 -> 1.00x, 128->512 at
+    28x28 0.97 -> 1.06x, 512->128 at 28x28 0.84 -> 0.88x)."""
     if tuple(p.strides) != (1, 1):
         return True
-    return p.m <= GEMM_MAX_PIXELS or (p.m <= 256 and p.k >= 1024)
+    return p.m <= GEMM_MAX_PIXELS or (p.m <= 256 and p.k >= 512)
 
 
 def pointwise_gemm_default(p: problems.PointwiseDense, machine) -> dense.DenseConfig:
