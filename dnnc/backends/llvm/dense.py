@@ -78,25 +78,47 @@ def space(p: Dense, machine) -> Space:
 
 
 def default(p: Dense, machine) -> DenseConfig:
-    m = p.m
+    m, threads = p.m, machine.threads
+    nr = p.packed_panel or default_panel(machine.vector_bits)
     mc = max(MR, min(MC, -(-m // MR) * MR))
     blocks = -(-m // mc)
-    if machine.threads > 1 and p.batch == 1 and blocks >= machine.threads:
+    if threads > 1 and p.batch == 1 and blocks >= threads:
         # row blocks in a multiple of the threads, as even as MR allows: 128 rows on 2
         # threads as 66 + 62 rather than 72 + 56 (the slower thread sets the time)
-        blocks = -(-blocks // machine.threads) * machine.threads
+        blocks = -(-blocks // threads) * threads
         mc = max(MR, -(-(-(-m // blocks)) // MR) * MR)
+    elif threads > 1 and p.batch * blocks < threads and p.n // nr >= 2:
+        # fewer row blocks than threads: the pool shares (row block, panel) pairs (`loops`)
+        mc = shared_block_tiles(-(-m // MR), mc // MR, p.batch * (p.n // nr), threads) * MR
     elif blocks > 1:
-        # fewer blocks than threads: the threads share each block's panels (`loops`), so
-        # blocks stay big and even (128 rows on 16 threads: 66 + 62, each panel of B read
-        # twice, not 11 blocks of 12 rows each reading all of B)
+        # blocks as even as MR allows
         mc = max(MR, -(-(-(-m // blocks)) // MR) * MR)
     # fewer rows than a tile: a tile of m rows (a 6-row tile at m = 1 did six times the
     # FMAs, the five extra rows' never stored), k in one slice (the rows of A fit in L1)
     mr = min(MR, m)
     kc = min(KC, p.k) if p.y.dtype is T.float32 and m > MR else p.k
-    return DenseConfig(mr, p.packed_panel or default_panel(machine.vector_bits), kc,
-                       1 if m < MR else mc // MR)
+    return DenseConfig(mr, nr, kc, 1 if m < MR else mc // MR)
+
+
+CHUNK_COST = 0.25
+"""What a (row block, panel) pair costs besides its tiles, in tiles (`shared_block_tiles`)."""
+
+
+def shared_block_tiles(tiles: int, most: int, panels: int, threads: int,
+                       chunk_cost: float = CHUNK_COST) -> int:
+    """Tiles per row block when the pool shares (row block, panel) pairs: the block size,
+    at most `most`, whose pairs the threads finish soonest, counting each thread's rounds of
+    pairs at (tiles + chunk_cost) each, the biggest block on a tie (a narrow last panel is
+    not counted). 1024->256 at 14x14 (33
+    tiles, 8 panels) on 16 threads: 6-tile blocks, 48 pairs in 3 rounds, not 11-tile blocks,
+    24 pairs in 2 rounds that leave 8 threads idle in the second."""
+    best, best_cost = most, None
+    for size in range(most, 0, -1):
+        pairs = -(-tiles // size) * panels
+        cost = -(-pairs // threads) * (size + chunk_cost)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = size, cost
+    return best
 
 
 def build(p: Dense, config: DenseConfig, machine) -> L.PrimFunc:
@@ -171,39 +193,32 @@ class _Blocking:
     def loops(self, threads: int) -> L.Stmt:
         p, nr, bi, mb = self.p, self.nr, self.bi, self.mb
         n_main = (p.n // nr) * nr
-        tiles = self.mc // self.mr
         n_mb = -(-p.m // self.mc)
-        # fewer row blocks than threads (a batch-1 classifier's m = 1, a short sequence):
-        # the panels are shared out instead, each block's panels in one parallel loop
-        # (alexnet's 9216 x 4096 layer at m = 1 ran on one of 16 cores: dnnc 4x onnxruntime)
+        # fewer row blocks than threads (a batch-1 classifier's m = 1, a short sequence, a
+        # 14x14 image's pixels): the pool shares (row block, panel) pairs, one parallel loop
+        # (alexnet's 9216 x 4096 layer at m = 1 ran on one of 16 cores: dnnc 4x onnxruntime;
+        # 1024->256 at 14x14 as three row blocks, each a parallel loop of its 8 panels, kept
+        # 8 of 16 cores busy: 3.4x)
         by_panels = threads > 1 and n_mb * p.batch < threads and n_main // nr >= 2
-        panel_kind = L.ForKind.PARALLEL if by_panels else L.ForKind.SERIAL
-        if not p.packed_panel and n_main and tiles >= MIN_PACK_TILES:
-            # B as the caller gave it (a run-time input): each panel's kc x nr slice copied
-            # into a contiguous buffer once per row block, then read by every tile of the block
-            panel = L.Buffer("bpanel", T.float32, (self.kc * nr,), L.Scope.LOCAL)
-            parts = [L.For(self.jp, n_main // nr, L.Allocate(panel, L.seq(
-                self.pack(panel, self.jp * nr),
-                L.For(self.ib, tiles, self.tile(nr, self.jp * nr, panel)))), panel_kind)]
-            if p.n > n_main:
-                parts.append(L.For(self.ib, tiles, self.tile(p.n - n_main, L.const(n_main))))
-            row_blocks = L.seq(*parts)
-        else:
-            # panels outside tiles: a panel's kc x nr slice (32 KB at 256 x 32) is read by
-            # every tile of the block from L1/L2, and the block's rows of A (MC x kc) stay in
-            # L2; tiles outside panels streamed the whole kc slice of B (3 MB for 768x3072)
-            # from L3 once per tile (Xeon, 2 threads, 128x768 @ 768x3072: 1.9 ms from 3.8,
-            # numpy 2.1)
-            parts = []
-            if n_main:
-                parts.append(L.For(self.jp, n_main // nr,
-                                   L.For(self.ib, tiles, self.tile(nr, self.jp * nr)),
-                                   panel_kind))
-            if p.n > n_main:
-                parts.append(L.For(self.ib, tiles, self.tile(p.n - n_main, L.const(n_main))))
-            row_blocks = L.seq(*parts)
-        kind = L.ForKind.PARALLEL if threads > 1 and n_mb * p.batch > 1 and \
-            not by_panels else L.ForKind.SERIAL
+        full = self.panel_tiles(n_main)
+        tail = L.For(self.ib, self.mc // self.mr, self.tile(p.n - n_main, L.const(n_main))) \
+            if p.n > n_main else None
+        if by_panels:
+            panels = n_main // nr + (tail is not None)
+            t, bm = L.Var("t"), L.Var("bm")
+            body = full if tail is None else \
+                L.If(self.jp < n_main // nr, full, tail)
+            body = L.substitute(body, {self.jp: t % panels})
+            return L.For(self.kb, self.n_kb, L.For(t, p.batch * n_mb * panels, L.substitute(
+                body, {bi: (t // panels) // n_mb, mb: (t // panels) % n_mb}),
+                L.ForKind.PARALLEL))
+        parts = []
+        if n_main:
+            parts.append(L.For(self.jp, n_main // nr, full))
+        if tail is not None:
+            parts.append(tail)
+        row_blocks = L.seq(*parts)
+        kind = L.ForKind.PARALLEL if threads > 1 and n_mb * p.batch > 1 else L.ForKind.SERIAL
         if p.batch > 1:
             bm = L.Var("bm")
             inner = L.substitute(row_blocks, {bi: bm // n_mb, mb: bm % n_mb})
@@ -211,6 +226,22 @@ class _Blocking:
         else:
             outer = L.For(mb, n_mb, L.substitute(row_blocks, {bi: L.const(0)}), kind)
         return L.For(self.kb, self.n_kb, outer)
+
+    def panel_tiles(self, n_main: int) -> L.Stmt:
+        """The tiles of row block mb in full panel jp."""
+        tiles = self.mc // self.mr
+        if not self.p.packed_panel and n_main and tiles >= MIN_PACK_TILES:
+            # B as the caller gave it (a run-time input): each panel's kc x nr slice copied
+            # into a contiguous buffer once per row block, then read by every tile of the block
+            panel = L.Buffer("bpanel", T.float32, (self.kc * self.nr,), L.Scope.LOCAL)
+            return L.Allocate(panel, L.seq(
+                self.pack(panel, self.jp * self.nr),
+                L.For(self.ib, tiles, self.tile(self.nr, self.jp * self.nr, panel))))
+        # panels outside tiles: a panel's kc x nr slice (32 KB at 256 x 32) is read by every
+        # tile of the block from L1/L2, and the block's rows of A (MC x kc) stay in L2; tiles
+        # outside panels streamed the whole kc slice of B (3 MB for 768x3072) from L3 once
+        # per tile (Xeon, 2 threads, 128x768 @ 768x3072: 1.9 ms from 3.8, numpy 2.1)
+        return L.For(self.ib, tiles, self.tile(self.nr, self.jp * self.nr))
 
     def pack(self, panel: L.Buffer, j0: L.Expr) -> L.Stmt:
         """`panel[k * nr + j]` = B[kb * kc + k, j0 + j] for the k of this slice."""

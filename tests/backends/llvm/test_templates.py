@@ -61,7 +61,7 @@ def test_a_run_time_b_is_packed_panel_by_panel(rng, m, k, n, trans_b, packed):
 @pytest.mark.parametrize("m,k,n", [(1, 4099, 100), (1, 7, 40), (2, 1, 33), (3, 300, 64),
                                    (16, 770, 96), (1, 64, 8)])
 def test_few_rows_share_panels_and_split_k(rng, m, k, n):
-    """Fewer row blocks than threads: the panels are the parallel loop; a tile of one or two
+    """Fewer row blocks than threads: (row block, panel) pairs are the parallel loop; a tile of one or two
     accumulator vectors splits k over four sets (k % 4 left over, k = 1, one panel only)."""
     g, bv = _dense(rng, m, k, n)
     compiled = dnnc.compile(g, target="llvm", cpu=Target("llvm", cpu="x86-64-v3",
@@ -69,9 +69,33 @@ def test_few_rows_share_panels_and_split_k(rng, m, k, n):
     a = rng.standard_normal((m, k)).astype(np.float32)
     np.testing.assert_allclose(compiled.run(a)[0], a @ bv, rtol=1e-4, atol=1e-4)
     source = compiled.runtime.source("loop")
-    assert ("for jp in range(" in source and "# parallel" in source) == (n >= 32)
+    assert ("for t in range(" in source and "# parallel" in source) == (n >= 32)
     if m == 1 and k >= 8:   # four accumulator sets, each taking every fourth k
         assert "k * 4 + 3" in source
+
+
+@pytest.mark.parametrize("m,k,n,batch,const_b", [
+    (196, 576, 103, (), True), (49, 70, 64, (), False), (13, 40, 70, (2,), False),
+    (100, 33, 96, (3,), True)])
+def test_row_blocks_and_panels_share_one_parallel_loop_on_many_threads(rng, m, k, n, batch,
+                                                                      const_b):
+    """Generated for 16 threads, fewer row blocks than threads: one parallel loop over
+    (batch, row block, panel), the narrow last panel one of its iterations; blocks smaller
+    than the default's most so that the pairs fill the threads (`shared_block_tiles`)."""
+    from dnnc.backends.llvm.dense import shared_block_tiles
+
+    g, bv = _dense(rng, m, k, n, batch=batch, const_b=const_b)
+    compiled = dnnc.compile(g, target="llvm", cpu=Target("llvm", cpu="x86-64-v3",
+                                                          features="+avx2,+fma", threads=16))
+    a = rng.standard_normal(batch + (m, k)).astype(np.float32)
+    args = (a,) if const_b else (a, bv)
+    np.testing.assert_allclose(compiled.run(*args)[0], a @ bv, rtol=1e-4, atol=1e-4)
+    source = compiled.runtime.source("loop")
+    assert "for t in range(" in source and "# parallel" in source
+    # 33 tiles of 6 rows in 8 panels on 16 threads: 4 blocks of 9 tiles (32 pairs, two
+    # rounds of 9.25), not 3 blocks of 11 (24 pairs, two rounds of 11.25)
+    assert shared_block_tiles(33, 11, 8, 16) == 9
+    assert shared_block_tiles(33, 11, 8, 2) == 11
 
 
 def test_dense_template_folds_batch_dims_into_rows(rng):
@@ -137,6 +161,32 @@ def test_conv2d_template_matches_reference(rng, cfg, opt_level, order, monkeypat
     assert [n.op for n in compiled.graph.nodes] == ["Conv" if opt_level == 1 else "ConvPacked"]
     want = dnnc.compile(model, target="numpy").run(x)[0]
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [2, 16])
+@pytest.mark.parametrize("cfg", [dict(c=16, oc=80, h=7, w=7, k=3),
+                                 dict(c=8, oc=40, h=14, w=13, k=3, stride=2)])
+def test_conv2d_strips_keep_a_channel_block_on_one_thread(rng, cfg, threads, monkeypatch):
+    """Channel blocks outside strips: the default splits an image's tiles into as few strips
+    as the threads allow (`conv2d_strips`), so one thread runs a block's tiles in a row."""
+    from dnnc.backends.llvm import conv
+
+    monkeypatch.setattr(conv, "conv2d_order", lambda p, nr: "blocks")
+    model = _conv(rng, **cfg)
+    x = rng.standard_normal((1, cfg["c"], cfg["h"], cfg["w"])).astype(np.float32)
+    compiled = dnnc.compile(model, target="llvm", cpu=Target(
+        "llvm", cpu="x86-64-v3", features="+avx2,+fma", threads=threads))
+    want = dnnc.compile(model, target="numpy").run(x)[0]
+    np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
+    (config,) = [row["config"] for row in compiled.profile(x, repeat=1)
+                 if row["template"] == "conv2d"]
+    # 49 pixels in 13 tiles of 4, 80 channels in 5 blocks of 16: on 2 threads 2 strips of 7
+    # tiles (10 pairs, 5 rounds of 8 tiles' time, a strip costing a tile besides its own);
+    # on 16 threads 3 strips of 5 (15 pairs, one round); the strided conv's 7x7 outputs (13
+    # tiles) in 3 blocks: 2 strips on 2 threads (3 rounds of 8), on 16 strips of 3 tiles
+    # (15 pairs, one round), 6 strips in the space's counts (ceil(13 / 6) = 3 tiles each)
+    assert config["strips"] == {(7, 2): 2, (7, 16): 3, (14, 2): 2, (14, 16): 6}[
+        cfg["h"], threads]
 
 
 @pytest.mark.parametrize("n,c,oc,h,w,res_shape", [
