@@ -78,28 +78,42 @@ class _Block:
 
 def plan_memory(steps: list[Step], sizes: dict[Hashable, int],
                 external: Iterable[Hashable] = (), align: int = ALIGN,
-                reuse: bool = True) -> MemoryPlan:
+                reuse: bool = True, views: dict | None = None) -> MemoryPlan:
     """Offsets in one arena for every value written by `steps` and not `external`. Without
     `reuse`, every value has a block of its own and nothing is in place (the layout of a
-    pipeline without plan_memory: opt level 0, or bisecting a planner bug)."""
+    pipeline without plan_memory: opt level 0, or bisecting a planner bug).
+
+    `views` maps a value to (another value, byte offset): it lives inside that value (a
+    concat's part, written where the concat would have copied it; a view of a view is
+    resolved to the outermost). The outermost value is written by no step: its block lives
+    from the first step that writes a part of it to the last that reads it or a part, and
+    neither it nor its parts take part in in-place sharing."""
     external = set(external)
+    within = {v: _outermost(v, views) for v in (views or {})}
+    shared = set(within) | {root for root, _ in within.values()}
+
+    def owner(v):
+        return within[v][0] if v in within else v
+
     first: dict = {}
     last: dict = {}
+    written: dict = {}
     for k, step in enumerate(steps):
         for v in step.writes:
             if v in external:
                 continue
-            if v in first:
-                raise ValueError(f"value {v!r} is written twice (steps {first[v]} and {k})")
-            first[v] = k
-            last[v] = k
+            if v in written:
+                raise ValueError(f"value {v!r} is written twice (steps {written[v]} and {k})")
+            written[v] = k
+            first.setdefault(owner(v), k)
+            last[owner(v)] = k
         for v in step.reads:
             if v in external:
                 continue
-            if v not in first:
+            if owner(v) not in first:
                 raise ValueError(f"step {k} reads {v!r}, which no earlier step writes and "
                                  f"which is not external")
-            last[v] = k
+            last[owner(v)] = k
     size = {v: aligned(sizes[v], align) for v in first}
 
     # in-place: a write joins the block of a read that dies at this step
@@ -108,15 +122,17 @@ def plan_memory(steps: list[Step], sizes: dict[Hashable, int],
     inplace: dict = {}
     for k, step in enumerate(steps):
         taken = None
-        if reuse and step.inplace and len(step.writes) == 1 and step.writes[0] in first:
+        if reuse and step.inplace and len(step.writes) == 1 and step.writes[0] in first and \
+                step.writes[0] not in shared:
             out = step.writes[0]
             for v in step.inplace:
-                if v in first and last[v] == k and sizes[v] == sizes[out] and \
-                        v in step.reads:
+                if v in first and v not in shared and last[v] == k and \
+                        sizes[v] == sizes[out] and v in step.reads:
                     taken = v
                     break
         for v in step.writes:
-            if v not in first:
+            v = owner(v)
+            if v not in first or v in block_of:
                 continue
             if taken is not None:
                 block = block_of[taken]
@@ -135,12 +151,26 @@ def plan_memory(steps: list[Step], sizes: dict[Hashable, int],
         for b in blocks:
             offsets[b.members[0]] = top
             top += b.size
+        offsets.update((v, offsets[root] + off) for v, (root, off) in within.items())
         return MemoryPlan(offsets, top, naive, bound, {}, "none")
     candidates = [(_greedy_by_size(blocks, align), "greedy by size"),
                   (_best_fit(blocks, len(steps)), "best fit")]
     (placed, arena), strategy = min(candidates, key=lambda c: c[0][1])
     offsets = {v: placed[id(b)] for b in blocks for v in b.members}
+    offsets.update((v, offsets[root] + off) for v, (root, off) in within.items())
     return MemoryPlan(offsets, arena, naive, bound, inplace, strategy)
+
+
+def _outermost(v, views: dict) -> tuple:
+    """(the value `v` lies inside through `views`, followed to the end; its byte offset)."""
+    offset, seen = 0, {v}
+    while v in views:
+        v, step = views[v]
+        offset += step
+        if v in seen:
+            raise ValueError(f"views form a cycle through {v!r}")
+        seen.add(v)
+    return v, offset
 
 
 def _live_lower_bound(n_steps: int, first: dict, last: dict, size: dict) -> int:

@@ -229,12 +229,66 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
                 const_refs.append((k, j))
     slot = {id(v): k for k, v in enumerate(ext + consts)}
     start = time.perf_counter()
-    memory = plan_memory(*_memory_steps(kernels, slot), reuse=reuse_memory)
+    views = {}
+    if reuse_memory:
+        kernels, views = concat_in_place(kernels, slot)
+    memory = plan_memory(*_memory_steps(kernels, slot), reuse=reuse_memory, views=views)
     seconds = time.perf_counter() - start
     unique, calls = _calls(kernels, slot, memory)
     return Program(step, shapes, key_values, [v.type for v in escaping], kernels, unique,
                    calls, [v.const for v in consts], const_refs,
                    sum(1 for v in step.inputs if v.const is None), memory, seconds)
+
+
+def concat_in_place(kernels: list[Kernel], external: dict[int, int]
+                    ) -> tuple[list[Kernel], dict[int, tuple[int, int]]]:
+    """The kernels left once each Concat that can be is done in place, and the views that
+    do it (`plan_memory`'s `views`: part -> (whole, byte offset)). A Concat whose output is a
+    contiguous run of its parts (every axis before the concat axis of size 1: batch 1 in
+    NCHW) has its parts written straight into its output where their producers store them
+    (squeezenet's fire modules, inception's branches, densenet's growing blocks), and its
+    copy is gone. Each part must be an arena value that a kernel here writes (or a concat
+    done in place, nesting), a part of no other concat, its place in the whole aligned as
+    the arena aligns; the whole must not escape the segment (outputs are arrays of their
+    own)."""
+    from .memory import ALIGN
+
+    written = {id(v) for k in kernels for v in k.outputs}
+    views: dict[int, tuple[int, int]] = {}
+    kept = []
+    for kernel in kernels:
+        parts = _in_place_parts(kernel, written, external, views, ALIGN)
+        if parts is None:
+            kept.append(kernel)
+            continue
+        whole = id(kernel.outputs[0])
+        for part, offset in parts:
+            views[id(part)] = (whole, offset)
+    return kept, views
+
+
+def _in_place_parts(kernel: Kernel, written: set, external: dict, views: dict, align: int):
+    """[(part, byte offset in the whole)] when `kernel` is a Concat that `concat_in_place`
+    can do in place, else None."""
+    if len(kernel.nodes) != 1 or kernel.nodes[0].op != "Concat":
+        return None
+    node = kernel.nodes[0]
+    out = node.outputs[0]
+    if id(out) in external or any(v is None for v in node.inputs):
+        return None
+    shape = out.type.shape
+    axis = node.attrs["axis"] % len(shape)
+    if any(d != 1 for d in shape[:axis]):
+        return None
+    parts, offset, seen = [], 0, set()
+    for v in node.inputs:
+        if id(v) in seen or id(v) in views or id(v) in external or id(v) not in written or \
+                v.type.dtype != out.type.dtype or offset % align:
+            return None
+        seen.add(id(v))
+        parts.append((v, offset))
+        offset += v.type.numel * v.type.dtype.itemsize
+    return parts
 
 
 def _calls(kernels: list[Kernel], slot: dict[int, int], memory: MemoryPlan

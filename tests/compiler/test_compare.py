@@ -111,8 +111,9 @@ def test_bisect_names_memory_planning_when_only_the_arena_is_wrong(monkeypatch, 
     a planner that overlaps live values is named after every pass is cleared."""
     from dnnc.backends import plan as plan_module
 
-    def overlapping(steps, sizes, external, reuse=True):
-        out = plan_module.plan_memory.__wrapped__(steps, sizes, external, reuse=reuse)
+    def overlapping(steps, sizes, external, reuse=True, views=None):
+        out = plan_module.plan_memory.__wrapped__(steps, sizes, external, reuse=reuse,
+                                                  views=views)
         if reuse:   # every value at offset 0: two live values overwrite each other
             out.offsets = {k: 0 for k in out.offsets}
         return out
