@@ -189,6 +189,44 @@ def test_conv2d_strips_keep_a_channel_block_on_one_thread(rng, cfg, threads, mon
         cfg["h"], threads]
 
 
+@pytest.mark.parametrize("runs", [0, 1, 2, 4])
+@pytest.mark.parametrize("order", ["pixels", "channels"])
+def test_pointwise_runs_of_blocks_are_the_parallel_units(rng, runs, order, monkeypatch):
+    """A unit of the pointwise template's parallel loop is a run of inner blocks (0: every
+    block a unit), the last run short where the runs do not divide the blocks (9 pixel
+    blocks of 16 and 9 channel blocks of 6 in 2 or 4 runs)."""
+    from dnnc.backends.llvm import conv
+
+    monkeypatch.setattr(conv, "pointwise_order", lambda p, channels, pixels: order)
+    monkeypatch.setattr(conv, "pointwise_runs", lambda *args: runs)
+    model = _conv(rng, c=40, oc=50, h=12, w=12, k=1, pad=0)
+    x = rng.standard_normal((1, 40, 12, 12)).astype(np.float32)
+    compiled = dnnc.compile(model, target="llvm", cpu=Target(
+        "llvm", cpu="x86-64-v3", features="+avx2,+fma", threads=16))
+    want = dnnc.compile(model, target="numpy").run(x)[0]
+    np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
+    (config,) = [row["config"] for row in compiled.profile(x, repeat=1)]
+    assert (config["runs"], config["order"]) == (runs, order)
+
+
+def test_pointwise_runs_default_to_as_few_as_the_threads_allow():
+    """resnet50's 512->128 at 28x28 on AVX-512 (16 channel blocks of 8, 25 pixel blocks of
+    32, pixels outside): one run of all 16 channel blocks per pixel block on 2 and on 16
+    threads (25 units: 2 rounds of 17 on 16 threads, not 400 units in 25 rounds of 2); a
+    7x7 image (2 pixel blocks) on 16 threads in 8 runs of 2 channel blocks (16 units)."""
+    from dnnc.backends.llvm import conv
+
+    class P:   # the problem's fields pointwise_runs reads
+        w_dims, x_dims, group = (128, 512, 1, 1), (1, 512, 28, 28), 1
+
+    class Small:
+        w_dims, x_dims, group = (128, 512, 1, 1), (1, 512, 7, 7), 1
+
+    assert conv.pointwise_runs(P, 8, 32, "pixels", 2) == 1
+    assert conv.pointwise_runs(P, 8, 32, "pixels", 16) == 1
+    assert conv.pointwise_runs(Small, 8, 32, "pixels", 16) == 8
+
+
 @pytest.mark.parametrize("n,c,oc,h,w,res_shape", [
     (1, 16, 64, 7, 7, None), (2, 9, 20, 5, 3, None), (3, 32, 32, 1, 1, None),
     (1, 24, 37, 13, 11, (1, 37, 1, 1)), (2, 5, 9, 6, 7, (1, 1, 6, 7)),
