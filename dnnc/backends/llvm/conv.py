@@ -186,7 +186,14 @@ STRIPS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 STRIP_COST = 1.0
 """What a strip costs besides its tiles, in tiles: its channel block's weights read again
 (NR x K floats against a tile's MR x NR x K multiply-adds; `conv2d_strips`)."""
-"""The conv2d space's strip counts (0: one strip a row)."""
+
+
+def run_count(inner: int, outer: int, threads: int) -> int:
+    """Runs to split `inner` blocks into, for each of `outer` blocks, a run one parallel unit:
+    as few as the threads allow (`dense.shared_block_tiles`, a run costing STRIP_COST blocks
+    besides its own), as the next count of STRIPS."""
+    runs = -(-inner // dense.shared_block_tiles(inner, inner, outer, threads, STRIP_COST))
+    return min((s for s in STRIPS if s >= runs), default=STRIPS[-1])
 
 
 def conv2d_default(p: Conv2d, machine) -> ConvConfig:
@@ -209,9 +216,7 @@ def conv2d_strips(p: Conv2d, mr: int, nr: int, threads: int) -> int:
     n = p.x_dims[0]
     tiles = -(-(p.y_dims[2] * p.y_dims[3]) // mr)
     blocks = n * p.group * -(-(p.w_dims[0] // p.group) // nr)
-    strips = -(-tiles // dense.shared_block_tiles(tiles, tiles, blocks, threads,
-                                                  STRIP_COST))
-    return min((s for s in STRIPS if s >= strips), default=STRIPS[-1])
+    return run_count(tiles, blocks, threads)
 
 
 def conv2d_order(p: Conv2d, nr: int) -> str:
@@ -384,9 +389,7 @@ def pointwise_runs(p: Conv2d, channels: int, pixels: int, order: str, threads: i
     mg, hw = p.w_dims[0] // p.group, p.x_dims[2] * p.x_dims[3]
     cbs, pbs = -(-mg // channels), -(-hw // pixels)
     inner, outer = (pbs, cbs) if order == "channels" else (cbs, pbs)
-    outer *= p.x_dims[0] * p.group
-    runs = -(-inner // dense.shared_block_tiles(inner, inner, outer, threads, STRIP_COST))
-    return min((s for s in STRIPS if s >= runs), default=STRIPS[-1])
+    return run_count(inner, outer * p.x_dims[0] * p.group, threads)
 
 
 def pointwise_order(p: Conv2d, channels: int, pixels: int) -> str:

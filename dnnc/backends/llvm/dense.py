@@ -109,9 +109,9 @@ def shared_block_tiles(tiles: int, most: int, panels: int, threads: int,
     """Tiles per row block when the pool shares (row block, panel) pairs: the block size,
     at most `most`, whose pairs the threads finish soonest, counting each thread's rounds of
     pairs at (tiles + chunk_cost) each, the biggest block on a tie (a narrow last panel is
-    not counted). 1024->256 at 14x14 (33
-    tiles, 8 panels) on 16 threads: 6-tile blocks, 48 pairs in 3 rounds, not 11-tile blocks,
-    24 pairs in 2 rounds that leave 8 threads idle in the second."""
+    not counted). 1024->256 at 14x14 (33 tiles, 8 panels) on 16 threads: 9-tile blocks, 32
+    pairs in 2 rounds of 9.25, not 11-tile blocks, 24 pairs in 2 rounds of 11.25 that leave
+    8 threads idle in the second."""
     best, best_cost = most, None
     for size in range(most, 0, -1):
         pairs = -(-tiles // size) * panels
@@ -205,7 +205,7 @@ class _Blocking:
             if p.n > n_main else None
         if by_panels:
             panels = n_main // nr + (tail is not None)
-            t, bm = L.Var("t"), L.Var("bm")
+            t = L.Var("t")
             body = full if tail is None else \
                 L.If(self.jp < n_main // nr, full, tail)
             body = L.substitute(body, {self.jp: t % panels})
