@@ -579,6 +579,42 @@ class Executable:
                     env[id(v)] = a
         return [self._value(v, env) for v in self.graph.outputs]
 
+    def fast_call(self, inputs: list[np.ndarray]):
+        """A function that runs calls whose arguments are C-contiguous NumPy arrays of exactly
+        these inputs' shapes and dtypes with the least Python between the caller and the
+        kernels, returning the outputs, or None for any other arguments; None where the model
+        is not one segment compiled for exactly these shapes (a host step, value inputs, a
+        batch split) or the target's segments have no `fast`. `CompiledModel.run` keeps one
+        for the last shapes it ran: a small model's call costs ~10 us instead of ~30."""
+        if len(self.steps) != 1 or not isinstance(self.steps[0], Segment):
+            return None
+        step = self.steps[0]
+        position = {id(v): i for i, v in enumerate(self.graph.inputs)}
+        escaping = {id(v): i for i, v in enumerate(step.escaping)}
+        if step.value_inputs or any(v.const is None and id(v) not in position
+                                    for v in step.inputs) \
+                or any(id(v) not in escaping for v in self.graph.outputs):
+            return None
+        shapes = tuple(inputs[position[id(v)]].shape if v.const is None else v.const.shape
+                       for v in step.inputs)
+        key = (step.index, shapes, ())
+        fast = getattr(self._cache.get(key), "fast", None)
+        if fast is None:
+            return None
+        run = fast([position.get(id(v)) for v in step.inputs],
+                   [escaping[id(v)] for v in self.graph.outputs],
+                   [(a.shape, a.dtype) for a in inputs])
+        cache = self._cache
+
+        def call(args) -> list[np.ndarray] | None:
+            try:
+                cache.move_to_end(key)   # a use, as `_compiled` counts one
+            except KeyError:   # evicted: the plain path compiles it again, as it would have
+                return None
+            return run(args)
+
+        return call
+
     def _segment_call(self, step: Segment, env, exact: bool = False) -> tuple[object, list]:
         """The specialisation of `step` for the inputs in `env` (compiled on first use, or a
         `BatchSplit` unless `exact`), and those inputs."""

@@ -114,6 +114,8 @@ class CompiledModel:
         # the compile-cache entry this model was stored under or loaded from (`keep_in_cache`)
         self._cache_entry: str | None = None
         self._cached_jit_seconds = 0.0
+        # the runtime's `fast_call` for the last input shapes run (None: there is none)
+        self._fast = None
 
     @property
     def stats(self) -> dict:
@@ -187,8 +189,32 @@ class CompiledModel:
         if to is not None and not isinstance(to, str) and "to" in self.input_names:
             raise ArgumentError("to= names the kind of array to return; give this model's "
                                 "input 'to' positionally")
+        if kwargs and not args and len(kwargs) == len(self.input_names) and \
+                all(n in kwargs for n in self.input_names):
+            args, kwargs = tuple(kwargs[n] for n in self.input_names), {}
+        if isinstance(to, str) and to == self._only_kind():
+            to = None   # the kind this target returns anyway
+        plain = to is None and not kwargs
+        if plain and self._fast is not None:
+            try:
+                outs = self._fast(args)
+            except MemoryError:   # the plain path below says what did not fit
+                outs = None
+            if outs is not None:
+                return outs
         inputs, bindings = self.check_inputs(args, kwargs)
-        return self._run(inputs, bindings, to)
+        outs = self._run(inputs, bindings, to)
+        if plain and hasattr(self.runtime, "fast_call") and \
+                all(type(a) is np.ndarray and a.flags.c_contiguous for a in inputs):
+            self._fast = self.runtime.fast_call(inputs)
+        return outs
+
+    def _only_kind(self) -> str | None:
+        """The one kind of array this target returns, None where it returns several."""
+        from .targets import REGISTRY
+
+        kinds = REGISTRY[self.target].returns if self.target in REGISTRY else ()
+        return kinds[0] if len(kinds) == 1 else None
 
     def _run(self, inputs: list[np.ndarray], bindings: dict[str, int],
              to: str | None = None) -> list[np.ndarray]:

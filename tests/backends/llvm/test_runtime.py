@@ -483,3 +483,51 @@ def test_restored_specialisations_survive_a_smaller_cache(rng):
             np.testing.assert_allclose(o, w, rtol=2e-6, atol=1e-7)
     assert sorted(k[1][0][0] for k in restored._cache) == [1, 5]
     assert restored.evictions == 3
+
+
+def test_repeated_shapes_take_the_fast_path_and_anything_else_the_checked_one(rng,
+                                                                             monkeypatch):
+    """A call with the last call's shapes and dtypes (C-contiguous NumPy arrays) runs with
+    no input check or lookup (`Executable.fast_call`); any other argument takes the checked
+    path: its results are right, its errors the same."""
+    model = dnnc.compile(_graph(), target="llvm", cache_size=1)
+    model.runtime.batch_split = False
+    ref = dnnc.compile(_graph(), target="numpy")
+    bias = rng.standard_normal(8).astype(np.float32)
+
+    def check(x, by_name=False):
+        outs = model.run(x=x, b=bias) if by_name else model.run(x, bias)
+        want = ref(np.asarray(x), bias)
+        for o, w in zip(outs, want):
+            np.testing.assert_allclose(o, w, rtol=2e-6, atol=1e-7)
+        return outs
+
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    check(x)
+    assert model._fast is not None
+    checked = model.check_inputs
+    monkeypatch.setattr(model, "check_inputs", lambda *a: pytest.fail("not the fast path"))
+    first = check(rng.standard_normal((4, 8)).astype(np.float32))
+    second = check(rng.standard_normal((4, 8)).astype(np.float32))
+    check(rng.standard_normal((4, 8)).astype(np.float32), by_name=True)
+    model.run(x, bias, to="numpy")   # the kind the llvm target returns anyway
+    assert not any(np.shares_memory(a, b) for a in first for b in second)
+    monkeypatch.setattr(model, "check_inputs", checked)
+    # not the fast path's arguments: a strided view, another batch
+    check(rng.standard_normal((4, 16)).astype(np.float32)[:, ::2])
+    with pytest.raises(dnnc.errors.ArgumentError, match="to='cupy'"):
+        model.run(x, bias, to="cupy")
+    with pytest.raises(dnnc.errors.InputError, match="dtype float64"):
+        model(x.astype(np.float64), bias)
+    with pytest.raises(dnnc.errors.InputError, match="takes 2 input"):
+        model(x, bias, bias)
+    check(rng.standard_normal((3, 8)).astype(np.float32))   # compiles 3, evicts 4
+    evictions = model.stats["evictions"]
+    check(x)   # 4 was evicted: compiled again (as without the fast path), never stale code
+    assert model.stats["evictions"] == evictions + 1
+    threads = [threading.Thread(target=lambda: [check(x) for _ in range(20)])
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
