@@ -401,7 +401,12 @@ def gen_conv(g: Builder):
     _check_windows((h, w), attrs)
     wt = g.weight((m, c // group, kh, kw), c // group * kh * kw)
     bias = [g.weight((m,), 1)] if g.chance(0.6) else []
-    g.node("Conv", [x, wt] + bias, **attrs)
+    y = g.node("Conv", [x, wt] + bias, **attrs)[0]
+    if g.chance(0.25):   # a BatchNormalization as exporters write it: per-channel Mul, Add
+        scale = g.rng.uniform(0.5, 1.5, (m, 1, 1)).astype(np.float32)
+        shift = g.rng.standard_normal(g.choice([(m, 1, 1), (1, m, 1, 1), (1,)]))
+        y = g.node("Mul", [y, g.initializer(scale)])[0]
+        g.node("Add", [g.initializer(shift.astype(np.float32)), y])
 
 
 def _check_windows(sizes, attrs) -> None:

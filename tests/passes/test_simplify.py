@@ -607,3 +607,43 @@ def test_torchscript_exports_of_gelu_layer_norm_and_softmax_become_single_ops(rn
             ops.count("Softmax") == 1, ops
         assert not {"Erf", "Tanh", "ReduceMean", "ReduceMax", "Sqrt", "Exp"} & set(ops), ops
         np.testing.assert_allclose(model.run(x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+# -- per-channel Mul / Add / Sub into the conv before it -------------------------------------------
+
+
+def _conv_then(rng, ops, group=1, bias=True, extra_use=False):
+    """Conv (4 output channels) then `ops`, each (op, constant shape, conv first?), then Relu."""
+    g = Graph("g")
+    x = _input(g, "x", (2, 4, 6, 6))
+    w = _c("w", rng.standard_normal((4, 4 // group, 3, 3)))
+    args = [x, w] + ([_c("b", rng.standard_normal(4))] if bias else [])
+    y = g.add("Conv", *args, pads=[1, 1, 1, 1], group=group, name="conv")
+    first = y
+    for k, (op, shape, conv_first) in enumerate(ops):
+        c = _c(f"c{k}", rng.standard_normal(shape) + 1.5)
+        y = g.add(op, *((y, c) if conv_first else (c, y)), name=f"{op.lower()}{k}")
+    g.outputs = [g.add("Relu", y)] + ([first] if extra_use else [])
+    return g
+
+
+@pytest.mark.parametrize("ops, group, bias", [
+    ([("Mul", (4, 1, 1), True), ("Add", (4, 1, 1), True)], 1, True),       # caffe2's SpatialBN
+    ([("Mul", (1, 4, 1, 1), False), ("Add", (1, 4, 1, 1), False)], 2, False),
+    ([("Mul", (), True), ("Sub", (4, 1, 1), True)], 4, True),
+    ([("Add", (1, 1, 1), True), ("Mul", (4, 1, 1), True), ("Add", (1,), False)], 1, False),
+])
+def test_per_channel_constants_fold_into_the_conv_before_them(rng, ops, group, bias):
+    _rewrites_and_keeps_meaning(rng, _conv_then(rng, ops, group, bias), ["Conv", "Relu"],
+                                opt_levels=(1, 3))
+
+
+@pytest.mark.parametrize("ops, extra_use", [
+    ([("Mul", (6, 1), True)], False),          # varies along the image's columns
+    ([("Add", (2, 4, 1, 1), True)], False),    # varies along the batch
+    ([("Mul", (1, 4, 6, 6), True)], False),    # per pixel
+    ([("Sub", (4, 1, 1), False)], False),      # t - Conv is not Conv - t
+    ([("Mul", (4, 1, 1), True)], True),        # the conv's output is read too
+])
+def test_constants_that_do_not_fold_into_the_conv_stay(rng, ops, extra_use):
+    _kept(_conv_then(rng, ops, extra_use=extra_use))
