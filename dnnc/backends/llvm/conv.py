@@ -325,6 +325,17 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
     else:
         row_store = L.For(jj, nr, L.If(in_group < mg, target), L.ForKind.UNROLLED)
     store = L.For(ii, mr, L.If(px < pixels_n, row_store), L.ForKind.UNROLLED)
+    if mr > 1:
+        # a tile inside one output row stores each channel's MR pixels as one vector (the
+        # accumulators transposed in registers) instead of every output a lane at a time
+        finish = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), value),
+                                     L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
+        by_channel = L.For(ii, mr, L.Store(y, (bn, out_c, p0 // ow, p0 % ow + ii),
+                                           acc[ii * nr + jj]), L.ForKind.VECTORIZED)
+        if mg % nr:
+            by_channel = L.If(in_group < mg, by_channel)
+        store = L.If(L.logical_and(p0 % ow + mr <= ow, p0 + mr <= pixels_n),
+                     L.seq(finish, L.For(jj, nr, by_channel, L.ForKind.UNROLLED)), store)
     tile = L.Allocate(acc, L.seq(init, reduction, store))
     if tiles_n % strip_tiles == 0:
         pixels = L.For(pb, strip_tiles, tile)

@@ -1,6 +1,8 @@
 """The dense, conv2d and pool2d schedule templates: correct on shapes with tails in every blocked
 dimension, and actually chosen for the ops they serve (their micro-kernel uses fma)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -387,3 +389,43 @@ def test_the_template_table_chooses_by_anchor_pattern_then_problem(rng, op, shap
     g = _one_op(rng, op, shapes, consts, dtype, **attrs)
     chosen, problem = template_for(lower_group(g.nodes, "k", outputs=g.outputs))
     assert chosen.name == template and chosen.applies(problem)
+
+
+@pytest.mark.parametrize("w, oc, mr", [(8, 20, 4), (9, 16, 4), (12, 32, 6), (5, 7, 3)])
+def test_conv2d_tiles_inside_a_row_store_a_vector_per_channel(rng, w, oc, mr):
+    """A tile whose MR pixels lie in one output row stores each channel's pixels as one
+    vector, the epilogue (bias, a residual read at the output's index, Relu) applied first;
+    tiles that cross a row's end or the image's end store lane by lane. Widths where every
+    tile fits a row (8 at MR 4), where some cross (9, 5) and partial channel blocks."""
+    from dnnc.backends.llvm import conv
+
+    default = conv.CONV2D.default   # a frozen Template: put back by hand below
+    object.__setattr__(conv.CONV2D, "default", lambda p, machine: dataclasses.replace(
+        default(p, machine), mr=mr))
+    try:
+        _conv_residual(rng, w, oc, mr)
+    finally:
+        object.__setattr__(conv.CONV2D, "default", default)
+
+
+def _conv_residual(rng, w, oc, mr):
+    c, h = 6, 7
+    weights = rng.standard_normal((oc, c, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["t"], pads=[1] * 4),
+             helper.make_node("Add", ["t", "r"], ["u"]), helper.make_node("Relu", ["u"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, h, w]),
+        helper.make_tensor_value_info("r", TensorProto.FLOAT, [2, oc, h, w])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(weights, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = dnnc.compile(model, target="llvm")
+    rows = compiled.profile(*[rng.standard_normal(s).astype(np.float32)
+                              for s in ((2, c, h, w), (2, oc, h, w))])
+    assert [(r["template"], r["config"]["mr"], r["nodes"]) for r in rows] == \
+        [("conv2d", mr, ["Conv_0", "Add_1", "Relu_2"])]
+    x = rng.standard_normal((2, c, h, w)).astype(np.float32)
+    r = rng.standard_normal((2, oc, h, w)).astype(np.float32)
+    want = dnnc.compile(model, target="numpy").run(x, r)[0]
+    np.testing.assert_allclose(compiled.run(x, r)[0], want, rtol=1e-4, atol=1e-4)
