@@ -251,12 +251,27 @@ class _Blocking:
                             self.views.b_at(self.bi, self.kb * self.kc + kk, j0 + jj)),
             L.ForKind.VECTORIZED))
 
+    def computed_width(self, width: int) -> int:
+        """The columns a tile of `width` computes: a narrow last panel of packed B that is
+        not whole vectors (24 columns of a 32-column panel with 16 lanes) computes whole
+        vectors, its extra columns reading the panel's zero padding and never stored. Its
+        odd-width accumulators were built lane by lane (AVX-512: 440->440 1x1 convs at 7x7,
+        regnet_y_400mf's, 6-9x onnxruntime). With k in slices (their partial sums read
+        back from Y) or B as given (no padding to read) it computes what it stores."""
+        lanes = self.lanes
+        if width % lanes == 0 or not self.p.packed_panel or self.n_kb > 1 or \
+                (width < lanes and width & (width - 1) == 0):
+            return width
+        padded = 1 << (width - 1).bit_length() if width < lanes else -(-width // lanes) * lanes
+        return padded if padded <= self.nr else width
+
     def tile(self, width: int, j0: L.Expr, panel: L.Buffer | None = None) -> L.Stmt:
         """One MR x width block of Y at rows i0.., columns j0..: init, k loop, store; B read
         from `panel` (this slice of the panel, packed by `pack`) where given."""
         p, views, mr, kc, n_kb = self.p, self.views, self.mr, self.kc, self.n_kb
         bi, kb = self.bi, self.kb
         i0, kk, ii, jj = L.Var("i0"), L.Var("k"), L.Var("ii"), L.Var("jj")
+        stored, width = width, self.computed_width(width)
         # a tile of few accumulator vectors (m = 1: one row of two) is a chain of dependent
         # FMAs, each waiting out the last's latency: k is then split over `splits` sets of
         # accumulators (8 chains in flight, as latency x FMAs a cycle needs), summed at the end
@@ -299,7 +314,7 @@ class _Blocking:
         if n_kb > 1:
             done = L.Select(L.eq(kb, n_kb - 1), done, value)
         target = views.y_at(bi, i0 + ii, j0, jj)
-        store = L.For(ii, mr, L.If(i0 + ii < p.m, L.For(jj, width, L.Store(
+        store = L.For(ii, mr, L.If(i0 + ii < p.m, L.For(jj, stored, L.Store(
             target.buffer, target.indices, done), vec)), L.ForKind.UNROLLED)
         body = L.Allocate(acc, L.seq(init, kloop, store))
         return L.Let(i0, self.mb * self.mc + self.ib * mr, L.If(i0 < p.m, body))

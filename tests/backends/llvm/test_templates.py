@@ -429,3 +429,25 @@ def _conv_residual(rng, w, oc, mr):
     r = rng.standard_normal((2, oc, h, w)).astype(np.float32)
     want = dnnc.compile(model, target="numpy").run(x, r)[0]
     np.testing.assert_allclose(compiled.run(x, r)[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("k, n, computed", [(40, 35, 4), (40, 37, 8), (40, 44, 16), (40, 25, 16),
+                                            (40, 36, 4), (40, 40, 8), (1100, 44, 12)])
+def test_a_narrow_last_panel_computes_whole_vectors(rng, k, n, computed):
+    """The last panel of packed B narrower than NR computes whole vectors (or a power of two
+    below one vector), reading the panel's zero padding, and stores only its own columns;
+    with k in several slices it computes what it stores (the partial sums are read back
+    from the output). 8 lanes, NR 16: tails of 3, 5, 12, 9, 4 and 8 columns."""
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (13, k)))
+    bv = rng.standard_normal((k, n)).astype(np.float32)
+    g.outputs = [g.add("Add", g.add("MatMul", a, Value("b", T.TensorType(T.float32, (k, n)),
+                                                          const=bv)),
+                       g.add_input("r", T.TensorType(T.float32, (13, n))))]
+    compiled = dnnc.compile(g, target="llvm", cpu=Target("llvm", cpu="x86-64-v3",
+                                                          features="+avx2,+fma", threads=2))
+    av = rng.standard_normal((13, k)).astype(np.float32)
+    rv = rng.standard_normal((13, n)).astype(np.float32)
+    np.testing.assert_allclose(compiled.run(av, rv)[0], av @ bv + rv, rtol=1e-4, atol=1e-4)
+    source = compiled.runtime.source("loop")
+    assert f"acc = alloc(float32[{6 * computed}], scope=local)" in source
