@@ -156,29 +156,41 @@ def _bn_scale_shift(node: Node):
     return s, bias - mean * s
 
 
-def fold_batch_norm_into_conv(graph: Graph, node: Node, users) -> bool:
-    """Conv(x, W, B) -> BatchNormalization(scale, bias, mean, var) == Conv(x, W*s, (B-mean)*s
-    + bias) with s = scale / sqrt(var + eps), for inference BN over constant statistics."""
-    if node.op != "BatchNormalization":
-        return False
-    y = node.inputs[0]
-    conv = _producer(y, "Conv")
-    affine = _bn_scale_shift(node)
-    if conv is None or affine is None:
-        return False
+def _fold_affine_into_conv(graph: Graph, users, conv: Node, node: Node, scale, shift,
+                           weights_name: str) -> bool:
+    """Conv(x, W, B) -> `node` computing y*scale + shift per output channel (float64 arrays;
+    scale None: 1) == Conv(x, W*scale, B*scale + shift), written to `node`'s outputs: the
+    rewrite of every rule that folds an affine map into the conv before it."""
     w = known_constant(conv.inputs[1])
     b = known_constant(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None \
         else np.zeros(w.shape[0] if w is not None else 0, np.float32)
     if w is None or b is None or w.dtype != np.float32:
         return False
-    s, t = affine
-    new_w = (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
-    new_b = (b.astype(np.float64) * s + t).astype(w.dtype)
     dtype = conv.inputs[1].type.dtype
-    wv = _const_value(f"{conv.inputs[1].name}.bn", new_w, dtype)
-    bv = _const_value(f"{node.name}.bias", new_b, dtype)
+    new_b = b.astype(np.float64) * (1.0 if scale is None else scale) + shift
+    if scale is None:
+        wv = conv.inputs[1]
+    else:
+        new_w = (w.astype(np.float64) * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+                 ).astype(w.dtype)
+        wv = _const_value(weights_name, new_w, dtype)
+    bv = _const_value(f"{node.name}.bias", new_b.astype(w.dtype), dtype)
     return _rewrite(graph, users, [conv, node], node, "Conv", [conv.inputs[0], wv, bv],
                     conv.attrs, conv.name)
+
+
+def fold_batch_norm_into_conv(graph: Graph, node: Node, users) -> bool:
+    """Conv(x, W, B) -> BatchNormalization(scale, bias, mean, var) == Conv(x, W*s, (B-mean)*s
+    + bias) with s = scale / sqrt(var + eps), for inference BN over constant statistics."""
+    if node.op != "BatchNormalization":
+        return False
+    conv = _producer(node.inputs[0], "Conv")
+    affine = _bn_scale_shift(node)
+    if conv is None or affine is None:
+        return False
+    s, t = affine
+    return _fold_affine_into_conv(graph, users, conv, node, s, t,
+                                  f"{conv.inputs[1].name}.bn")
 
 
 def fold_batch_norm_into_dense(graph: Graph, node: Node, users) -> bool:
@@ -242,25 +254,12 @@ def fold_scale_into_conv(graph: Graph, node: Node, users) -> bool:
         if conv is None or node.outputs[0].type != node.inputs[k].type:
             continue
         factor = _per_channel(node.inputs[1 - k], node.inputs[k])
-        w = known_constant(conv.inputs[1])
-        has_b = len(conv.inputs) > 2 and conv.inputs[2] is not None
-        b = known_constant(conv.inputs[2]) if has_b else np.zeros(
-            w.shape[0] if w is not None else 0, np.float32)
-        if factor is None or w is None or b is None or w.dtype != np.float32:
+        if factor is None:
             continue
-        new_w, new_b = w, b.astype(np.float64)
-        if node.op == "Mul":
-            new_w = (w.astype(np.float64) * factor.reshape((-1,) + (1,) * (w.ndim - 1))
-                     ).astype(w.dtype)
-            new_b = new_b * factor
-        else:
-            new_b = new_b + factor if node.op == "Add" else new_b - factor
-        dtype = conv.inputs[1].type.dtype
-        wv = conv.inputs[1] if new_w is w else \
-            _const_value(f"{conv.inputs[1].name}.{node.name}", new_w, dtype)
-        bv = _const_value(f"{node.name}.bias", new_b.astype(w.dtype), dtype)
-        if _rewrite(graph, users, [conv, node], node, "Conv", [conv.inputs[0], wv, bv],
-                    conv.attrs, conv.name):
+        scale, shift = (factor, 0.0) if node.op == "Mul" else \
+            (None, factor if node.op == "Add" else -factor)
+        if _fold_affine_into_conv(graph, users, conv, node, scale, shift,
+                                  f"{conv.inputs[1].name}.{node.name}"):
             return True
     return False
 
