@@ -233,10 +233,7 @@ class _CompiledSegment(CompiledSegment):
         `positions[i]` is the argument that is this segment's i-th input (None: a constant),
         `returned` the escaping values the model returns, in order, and `signature` the
         (shape, dtype) of each argument; other arguments get None."""
-        data = [positions[i] for i in self._data_inputs]
-        types = [(t.shape, t.dtype.np) for t in self.escaping_types]
-        count = len(signature)
-        entry, frames, frame_of = self.entry, self.frames, self.frame
+        count, run, frames, frame_of = len(signature), self.run, self.frames, self.frame
 
         def call(args) -> list[np.ndarray] | None:
             if len(args) != count:
@@ -248,16 +245,7 @@ class _CompiledSegment(CompiledSegment):
             frame = getattr(frames, "frame", None)
             if frame is None:
                 frame = frames.frame = frame_of()
-            slots = frame.slots
-            k = 0
-            for i in data:
-                slots[k] = _address(args[i])
-                k += 1
-            outs = [np.empty(shape, dtype) for shape, dtype in types]
-            for o in outs:
-                slots[k] = _address(o)
-                k += 1
-            entry(slots, frame.arena_ptr)
+            outs = run([None if i is None else args[i] for i in positions], frame)
             return [outs[j] for j in returned]
 
         return call
