@@ -824,14 +824,17 @@ class Executable:
     def memory_stats(self) -> dict[str, int]:
         """`plan_memory`'s figures summed like `arena_bytes`: `naive_bytes` (every
         intermediate in a block of its own) and `live_lower_bound_bytes` (per arena, the most
-        bytes live at once); empty when no specialisation was planned in this process (all
-        restored from an artifact)."""
-        plans = [s.memory for s in list(self._cache.values()) if s.memory is not None]
-        if not plans:
+        bytes live at once), and `workspace_bytes`: the part of `arena_bytes` that holds
+        kernels' workspace past the planned values (llvm); empty when no specialisation was
+        planned in this process (all restored from an artifact)."""
+        planned = [s for s in list(self._cache.values()) if s.memory is not None]
+        if not planned:
             return {}
+        plans = [s.memory for s in planned]
         return {"naive_bytes": sum(p.naive_bytes for p in plans),
                 "live_lower_bound_bytes": sum(p.live_lower_bound_bytes for p in plans),
-                "inplace_kernels": sum(len(p.inplace) for p in plans)}
+                "inplace_kernels": sum(len(p.inplace) for p in plans),
+                "workspace_bytes": sum(getattr(s, "workspace_bytes", 0) for s in planned)}
 
 
 def image_consts(step: Segment, image) -> list[np.ndarray]:

@@ -126,8 +126,10 @@ class CompiledModel:
         arenas of every compiled specialisation (one per segment for static shapes);
         `naive_bytes` (every intermediate in a block of its own) and `live_lower_bound_bytes`
         (per arena, the most bytes live at once) are summed the same way, so
-        `arena_bytes <= live_lower_bound_bytes` would mean every arena is optimal (in-place
-        kernels can even go below it); both are absent for specialisations restored from an
+        `arena_bytes - workspace_bytes <= live_lower_bound_bytes` would mean every arena is
+        optimal (in-place kernels can even go below it); `workspace_bytes` is the part of the
+        arenas that holds kernels' workspace (the dense template's packed A); all three are
+        absent for specialisations restored from an
         artifact. `pass_seconds` holds each pass's seconds; `memory_plan_seconds` the memory
         planner's, summed over the specialisations planned so far. `specializations` counts
         those kept (at most `cache_size` per segment) and `evictions` those dropped as least

@@ -386,8 +386,9 @@ def gen_conv(g: Builder):
     c, h, w = x.shape[1:]
     groups = [1] + ([c] if c > 1 else []) + [d for d in range(2, c) if c % d == 0]
     group = g.choice(groups)
+    # 40 in big cases: two packed panels and a tail (a 1x1 conv's GEMM packs A for them)
     m = group * g.choice([1, 2]) if group == c and c > 1 else group * g.size((1, 2, 3, 4),
-                                                                            (4, 8, 16))
+                                                                            (4, 8, 16, 40))
     kh, kw = g.choice([1, 2, 3, 5]), g.choice([1, 3])
     attrs = {"kernel_shape": [kh, kw], "group": group}
     if g.chance(0.3):

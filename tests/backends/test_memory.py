@@ -277,11 +277,12 @@ def test_zoo_models_match_numpy(name, opt_level):
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
     stats = compiled.stats
     assert stats["live_lower_bound_bytes"] <= stats["naive_bytes"]
+    values = stats["arena_bytes"] - stats["workspace_bytes"]   # kernels' workspace past them
     if opt_level == 0:   # no plan_memory: every intermediate in a block of its own
-        assert stats["arena_bytes"] == stats["naive_bytes"]
+        assert values == stats["naive_bytes"]
     else:
-        assert stats["arena_bytes"] <= 1.15 * stats["live_lower_bound_bytes"]
-        assert stats["arena_bytes"] < stats["naive_bytes"] or name == "mlp"
+        assert values <= 1.15 * stats["live_lower_bound_bytes"]
+        assert values < stats["naive_bytes"] or name == "mlp"
 
 
 def test_views_place_parts_inside_their_whole_and_keep_it_live():

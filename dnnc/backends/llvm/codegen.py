@@ -15,6 +15,7 @@ bfloat16 as its `i16` bits, which legalize only moves and converts), bool as i1 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable
 
@@ -28,6 +29,9 @@ I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType
     ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
+
+STACK_SCRATCH = 1 << 16
+"""Bytes a kernel's scratch buffer may have to live on the stack (else malloc'd)."""
 
 _INT_BITS = {1: I8, 2: I16, 4: I32, 8: I64}
 _FLOAT_TYPES = {T.float16: F16, T.float32: F32, T.float64: F64}
@@ -193,6 +197,22 @@ _CASTS: dict[tuple[str, str], Callable] = {
 
 class CodegenError(Exception):
     """A PrimFunc the LLVM backend cannot render (a compiler bug or a GPU-only construct)."""
+
+
+def workspace_params(func: L.PrimFunc) -> tuple[L.PrimFunc, list[L.Buffer]]:
+    """`func` with the GLOBAL scratch buffers that wrap its whole body (static sizes: the
+    dense template's packed A) as trailing parameters, and those buffers. The caller gives
+    their memory (a segment's arena past its values, the tuner's arrays), so a call
+    allocates nothing; scratch left in the body is still allocated per use (`allocate`)."""
+    buffers, body = [], func.body
+    while isinstance(body, L.Allocate) and body.buffer.scope is L.Scope.GLOBAL and \
+            all(isinstance(d, L.Const) for d in body.buffer.shape):
+        buffers.append(body.buffer)
+        body = body.body
+    if not buffers:
+        return func, []
+    return dataclasses.replace(func, params=tuple(func.params) + tuple(buffers), body=body), \
+        buffers
 
 
 class ModuleBuilder:
@@ -462,7 +482,7 @@ class _Emitter:
         count = self.expr(_product(buf.shape))
         static = all(isinstance(d, L.Const) for d in buf.shape)
         size = math.prod(d.value for d in buf.shape) if static else None
-        if static and size * buf.dtype.itemsize <= 1 << 16:
+        if static and size * buf.dtype.itemsize <= STACK_SCRATCH:
             # small scratch: on the stack, allocated once in the entry block
             ptr = self.entry_alloca(ty, max(size, 1), name=_c_name(buf.name))
             ptr.align = 64

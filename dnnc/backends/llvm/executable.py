@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -33,11 +34,11 @@ from ...ir import types as T
 from ...ir.graph import Graph
 from ...ir.segments import Segment
 from ..lower import Kernel
-from ..memory import ALIGN
-from ..plan import (DEFAULT_CACHE_SIZE, CompiledSegment, Executable, Program, image_consts,
-                    task_key)
+from ..memory import ALIGN, aligned
+from ..plan import (DEFAULT_CACHE_SIZE, Call, CompiledSegment, Executable, Program,
+                    image_consts, task_key)
 from ...ir.target import Target
-from .codegen import ModuleBuilder
+from .codegen import ModuleBuilder, workspace_params
 from .objfile import check_object
 from .runtime import (JITModule, at_fork_in_child, ensure_pool, host_target, initialize,
                       llvm_lock, target_machine)
@@ -127,6 +128,29 @@ class LLVMRuntime(Executable):
         return "\n".join(parts)
 
 
+def _with_workspace(program: Program) -> tuple[list, list[Call], int]:
+    """The program's functions and calls with each kernel's workspace (its whole-body GLOBAL
+    scratch, `codegen.workspace_params`) as trailing arguments in the arena, past the memory
+    plan's values, and the arena's bytes with it. Calls run one after another, so every call
+    carves its buffers from the start of one region as big as the largest call needs."""
+    base = aligned(program.arena_bytes)
+    unique, sizes = [], {}
+    for func, noalias in program.unique:
+        func, buffers = workspace_params(func)
+        unique.append((func, noalias))
+        sizes[func.name] = [math.prod(d.value for d in b.shape) * b.dtype.itemsize
+                            for b in buffers]
+    calls, used_most = [], 0
+    for call in program.calls:
+        extra, used = [], 0
+        for size in sizes.get(call.func, ()):
+            extra.append(("arena", base + used))
+            used += aligned(size)
+        used_most = max(used_most, used)
+        calls.append(Call(call.func, list(call.args) + extra) if extra else call)
+    return unique, calls, (base + used_most if used_most else program.arena_bytes)
+
+
 @dataclass
 class _Frame:
     arena: np.ndarray
@@ -149,13 +173,15 @@ class _CompiledSegment(CompiledSegment):
     def __init__(self, program: Program, rt: LLVMRuntime):
         self._take_program(program)
         step = program.step
+        unique, self.calls, self.arena_bytes = _with_workspace(program)
+        self.workspace_bytes = self.arena_bytes - program.arena_bytes
         mb = ModuleBuilder(f"segment{step.index}")
-        for func, noalias in program.unique:
+        for func, noalias in unique:
             mb.add(func, noalias=noalias)
-        mb.add_entry("entry", [(c.func, c.args) for c in program.calls])
+        mb.add_entry("entry", [(c.func, c.args) for c in self.calls])
         digest = layout_digest(step, program.shapes, program.key_values,
                                program.escaping_types, program.const_refs, program.consts,
-                               program.n_inputs, program.slots, program.arena_bytes, "entry",
+                               program.n_inputs, program.slots, self.arena_bytes, "entry",
                                rt.target)
         try:
             jit = JITModule(str(mb) + _layout_global(digest), rt.target, rt.opt_level,

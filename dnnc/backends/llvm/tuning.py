@@ -11,7 +11,7 @@ import numpy as np
 from ...ir import loop as L
 from ...ir.target import Target
 from ..lower import Kernel
-from .codegen import ModuleBuilder
+from .codegen import ModuleBuilder, workspace_params
 from .runtime import JITModule
 from .schedules import schedule_kernel, template_for as _template_for
 
@@ -30,6 +30,8 @@ def build(kernel: Kernel, target: Target, config) -> L.PrimFunc:
 def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
     """A function of no arguments calling `func` (compiled alone) on `arrays` (its params in
     order: contiguous, kept alive by the caller)."""
+    func, workspace = workspace_params(func)
+    arrays = list(arrays) + [np.empty(L.static_shape(b.shape), b.dtype.np) for b in workspace]
     mb = ModuleBuilder("tune")
     mb.add(func)
     jit = JITModule(str(mb), target, 3, name="tune")
@@ -42,4 +44,5 @@ def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
         entry(slots, sizes)
 
     call.jit = jit   # the module lives as long as the function
+    call.arrays = arrays   # and the workspace with it
     return call

@@ -296,6 +296,66 @@ def test_strided_and_deep_1x1_convs_run_as_a_gemm(rng, n, c, oc, h, w, strides, 
     np.testing.assert_allclose(compiled.run(x, res)[0], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n,c,oc,h,w,strides,threads", [
+    (1, 40, 70, 7, 7, (1, 1), 1), (2, 33, 64, 9, 11, (2, 2), 1),
+    # 16 threads: fewer row blocks than threads, every block packed before the pairs run
+    (1, 40, 70, 7, 7, (1, 1), 16), (3, 17, 48, 5, 6, (2, 1), 16),
+    # k in slices: each slice packed again; one panel and a narrow one: not packed
+    (1, 1100, 40, 7, 7, (1, 1), 2), (1, 1100, 40, 7, 7, (1, 1), 16),
+    (1, 24, 31, 7, 7, (1, 1), 1)])
+def test_a_read_across_the_image_is_packed_into_a_workspace(rng, n, c, oc, h, w, strides,
+                                                            threads):
+    """A 1x1 conv's GEMM reads A (the NCHW image) a row of the image apart per k: each
+    row block's tiles are packed once (`apack`, a slot per block) and read by every panel,
+    when at least two panels read them. The packed buffer is the kernel's workspace: a
+    trailing parameter the segment places in its arena, nothing allocated per call."""
+    from dnnc.backends.llvm import conv
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(conv, "GEMM_SLICE", 512)
+    try:
+        model, x, res = _pointwise_residual(rng, n, c, oc, h, w, None, strides)
+        compiled = dnnc.compile(model, target="llvm", cache=False, cpu=Target(
+            "llvm", cpu="x86-64-v3", features="+avx2,+fma", threads=threads))
+    finally:
+        monkeypatch.undo()
+    assert [row["template"] for row in compiled.profile(x, res, repeat=1)] == ["pointwise_gemm"]
+    want = dnnc.compile(model, target="numpy").run(x, res)[0]
+    np.testing.assert_allclose(compiled.run(x, res)[0], want, rtol=1e-4, atol=1e-4)
+    packs = oc >= 32
+    assert ("apack" in compiled.runtime.source("loop")) == packs
+    segment, = compiled.runtime._cache.values()
+    call, = segment.calls
+    # the image, packed weights, bias, residual and output; the workspace after them
+    assert len(call.args) == 5 + packs
+    if packs:
+        assert call.args[-1][0] == "arena" and call.args[-1][1] >= segment.memory.arena_bytes
+        assert segment.arena_bytes > call.args[-1][1]
+        assert "malloc" not in compiled.runtime.source("llvm")
+
+
+def test_workspace_params_turn_whole_body_scratch_into_parameters():
+    """Only GLOBAL scratch of static size wrapping the whole body becomes parameters; scratch
+    inside the body stays where it is."""
+    from dnnc.backends.llvm.codegen import workspace_params
+    from dnnc.ir import loop as L
+
+    x = L.Buffer("x", T.float32, (8,))
+    ws = L.Buffer("ws", T.float32, (8,), L.Scope.GLOBAL)
+    local = L.Buffer("tmp", T.float32, (8,), L.Scope.LOCAL)
+    i = L.Var("i")
+    inner = L.Allocate(local, L.For(i, 8, L.seq(L.Store(ws, (i,), x[i]),
+                                               L.Store(local, (i,), ws[i]),
+                                               L.Store(x, (i,), local[i]))))
+    func = L.PrimFunc("f", (x,), L.Allocate(ws, inner))
+    out, buffers = workspace_params(func)
+    assert buffers == [ws] and out.params == (x, ws) and out.body == inner
+    assert workspace_params(L.PrimFunc("g", (x,), inner)) == (L.PrimFunc("g", (x,), inner), [])
+    dynamic = L.Buffer("d", T.float32, (L.Var("n"),), L.Scope.GLOBAL)
+    func = L.PrimFunc("h", (x,), L.Allocate(dynamic, inner))
+    assert workspace_params(func) == (func, [])
+
+
 @pytest.mark.parametrize("c,h,w,k,stride,pad", [(8, 9, 13, 3, 1, 1), (5, 12, 12, 3, 2, 1),
                                                (3, 7, 20, 5, 1, 2), (4, 6, 6, 1, 1, 0),
                                                (3, 40, 41, 3, 2, 1), (2, 13, 50, 3, 3, 0),
