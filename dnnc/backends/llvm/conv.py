@@ -162,6 +162,10 @@ class ConvConfig:
     # strips an image's tiles are split into, a strip the parallel loop's unit of pixels;
     # 0: one a row (a row's worth of tiles, ceil(OW / MR), each)
     strips: int = 0
+    # input channels per slice of the reduction, each slice run over a span of CHUNK_TILES
+    # tiles before the next (their partial sums kept in a buffer): the slice's weights stay
+    # in L1 for the span; 0: every input channel in one pass a tile
+    chunk: int = 0
 
 
 L2_BYTES = 1 << 20
@@ -176,7 +180,8 @@ def conv2d_space(p: Conv2d, machine) -> Space:
         f"strips <= ceil({pixels} / mr): a strip has a tile at least",
         lambda c: c.strips <= -(-pixels // c.mr))]
     return Space("conv2d", ConvConfig, {"mr": range(1, 17), "nr": widths,
-                                        "order": ("rows", "blocks"), "strips": STRIPS},
+                                        "order": ("rows", "blocks"), "strips": STRIPS,
+                                        "chunk": CHUNKS},
                  constraints)
 
 
@@ -203,7 +208,33 @@ def conv2d_default(p: Conv2d, machine) -> ConvConfig:
     mr = MR_BY_VECTOR_BITS.get(machine.vector_bits, 4) * max(2 // max(nr // lanes, 1), 1)
     order = conv2d_order(p, nr)
     return ConvConfig(mr, nr, order, conv2d_strips(p, mr, nr, machine.threads)
-                      if order == "blocks" else 0)
+                      if order == "blocks" else 0, conv2d_chunk(p, nr))
+
+
+def conv2d_chunk(p: Conv2d, nr: int) -> int:
+    """Input channels per slice of the reduction: the most of CHUNKS that keeps the slice's
+    weights for one channel block (chunk x kh x kw x NR floats) within CHUNK_WEIGHT_BYTES,
+    at least 8; 0 (one pass) when every input channel fits. A tile reads its block's weights for every
+    input channel: at 256 -> 256 3x3 that is 147 KB, from L2 for every tile, which bounded the
+    multiply-adds by L2's bandwidth (vgg19's 256->256 at 56x56 1.43x onnxruntime, 2 threads)."""
+    cg, kh, kw = p.w_dims[1:]
+    per_channel = kh * kw * nr * 4
+    if cg * per_channel <= CHUNK_WEIGHT_BYTES:
+        return 0
+    return max([c for c in CHUNKS if 0 < c and c * per_channel <= CHUNK_WEIGHT_BYTES] or [8])
+
+
+CHUNKS = (0, 8, 16, 24, 32, 48, 64, 128, 256)
+"""The conv2d space's input channels per reduction slice (0: one pass)."""
+
+
+CHUNK_WEIGHT_BYTES = 16 << 10
+"""Weights of a channel block one reduction slice reads (`conv2d_chunk`): half of a 32 KB L1,
+the rest for the span's input rows and partial sums."""
+
+CHUNK_TILES = 16
+"""Tiles a reduction slice runs over before the next (`ConvConfig.chunk`): their partial sums,
+16 x MR x NR floats (4 KB at 4 x 16), stay in L1."""
 
 
 def conv2d_strips(p: Conv2d, mr: int, nr: int, threads: int) -> int:
@@ -336,11 +367,31 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
             by_channel = L.If(in_group < mg, by_channel)
         store = L.If(L.logical_and(p0 % ow + mr <= ow, p0 + mr <= pixels_n),
                      L.seq(finish, L.For(jj, nr, by_channel, L.ForKind.UNROLLED)), store)
-    tile = L.Allocate(acc, L.seq(init, reduction, store))
-    if tiles_n % strip_tiles == 0:
-        pixels = L.For(pb, strip_tiles, tile)
-    else:   # the image's last strip is short
-        pixels = L.For(pb, L.minimum(L.const(strip_tiles), tiles_n - strip * strip_tiles), tile)
+    strip_len = L.const(strip_tiles) if tiles_n % strip_tiles == 0 else \
+        L.minimum(L.const(strip_tiles), tiles_n - strip * strip_tiles)   # the last is short
+    chunk = config.chunk if 0 < config.chunk < cg else 0
+    if not chunk:
+        pixels = L.For(pb, strip_len, L.Allocate(acc, L.seq(init, reduction, store)))
+    else:
+        # the reduction in slices of `chunk` input channels, each slice over a span of up to
+        # CHUNK_TILES tiles before the next; partial sums wait in `part` between slices
+        span = min(CHUNK_TILES, strip_tiles)
+        slices = -(-cg // chunk)
+        part = L.Buffer("part", T.float32, (span * mr * nr,), L.Scope.LOCAL)
+        kc, icl, sp, pt = (L.Var(v) for v in ("kc", "icl", "sp", "pt"))
+        at = (pt * mr + ii) * nr + jj
+        resume = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), part[at]),
+                                     L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
+        save = L.For(ii, mr, L.For(jj, nr, L.Store(part, (at,), acc[ii * nr + jj]),
+                                   L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
+        depth = L.const(chunk) if cg % chunk == 0 else L.minimum(L.const(chunk),
+                                                                 cg - kc * chunk)
+        sliced = L.For(icl, depth, L.substitute(reduction.body, {ic: kc * chunk + icl}))
+        tile = L.Allocate(acc, L.seq(L.If(L.eq(kc, 0), init, resume), sliced,
+                                     L.If(kc < slices - 1, save, store)))
+        tiles = L.minimum(L.const(span), strip_len - sp * span)
+        pixels = L.Allocate(part, L.For(sp, (strip_len + (span - 1)) // span, L.For(
+            kc, slices, L.For(pt, tiles, L.substitute(tile, {pb: sp * span + pt})))))
     if ob_of is None:
         main = L.For(outer, extent, L.For(ob, ocb_n, pixels), par)
     else:

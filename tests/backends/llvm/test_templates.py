@@ -191,6 +191,48 @@ def test_conv2d_strips_keep_a_channel_block_on_one_thread(rng, cfg, threads, mon
         cfg["h"], threads]
 
 
+@pytest.mark.parametrize("cfg,chunk", [
+    # slices dividing the input channels or not; a span of 16 tiles with a short last span;
+    # strips of a row (rows) or of the image (blocks); a strided conv; partial channel blocks
+    (dict(c=40, oc=32, h=9, w=23, k=3), 8), (dict(c=37, oc=20, h=12, w=12, k=3), 16),
+    (dict(c=24, oc=33, h=11, w=13, k=3, stride=2), 8), (dict(c=19, oc=16, h=5, w=5, k=5,
+                                                             pad=2), 8)])
+@pytest.mark.parametrize("order", ["rows", "blocks"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv2d_reduction_in_slices_of_input_channels(rng, cfg, chunk, order, threads,
+                                                      monkeypatch):
+    """With `chunk`, a tile's reduction runs in slices of input channels, each slice over
+    a span of tiles before the next, the partial sums waiting in `part`; the epilogue and
+    the store after the last slice. The default slices when one channel block's weights
+    pass CHUNK_WEIGHT_BYTES."""
+    from dnnc.backends.llvm import conv
+
+    monkeypatch.setattr(conv, "conv2d_order", lambda p, nr: order)
+    monkeypatch.setattr(conv, "conv2d_chunk", lambda p, nr: chunk)
+    model = _conv(rng, **cfg)
+    x = rng.standard_normal((1, cfg["c"], cfg["h"], cfg["w"])).astype(np.float32)
+    compiled = dnnc.compile(model, target="llvm", cache=False, cpu=Target(
+        "llvm", cpu="x86-64-v3", features="+avx2,+fma", threads=threads))
+    assert [row["config"]["chunk"] for row in compiled.profile(x, repeat=1)] == [chunk]
+    assert "part = alloc" in compiled.runtime.source("loop")
+    want = dnnc.compile(model, target="numpy").run(x)[0]
+    np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("c,k,chunk", [(64, 3, 24), (28, 3, 0), (29, 3, 24), (10, 5, 0), (11, 5, 8),
+                                       (40, 5, 8), (3, 7, 0)])
+def test_conv2d_slices_the_reduction_by_default_past_l1(rng, c, k, chunk):
+    """The default slices when a channel block's weights (c x k x k x 16 floats on AVX2)
+    pass 16 KB: as many input channels as fit, a multiple of 8, at least 8."""
+    model = _conv(rng, c=c, oc=32, h=10, w=10, k=k, pad=k // 2)
+    x = rng.standard_normal((1, c, 10, 10)).astype(np.float32)
+    compiled = dnnc.compile(model, target="llvm", cache=False, cpu=Target(
+        "llvm", cpu="x86-64-v3", features="+avx2,+fma", threads=1))
+    assert [row["config"]["chunk"] for row in compiled.profile(x, repeat=1)] == [chunk]
+    want = dnnc.compile(model, target="numpy").run(x)[0]
+    np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("runs", [0, 1, 2, 4])
 @pytest.mark.parametrize("order", ["pixels", "channels"])
 def test_pointwise_runs_of_blocks_are_the_parallel_units(rng, runs, order, monkeypatch):
