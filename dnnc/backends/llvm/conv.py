@@ -221,7 +221,8 @@ def conv2d_chunk(p: Conv2d, nr: int) -> int:
     per_channel = kh * kw * nr * 4
     if cg * per_channel <= CHUNK_WEIGHT_BYTES:
         return 0
-    return max([c for c in CHUNKS if 0 < c and c * per_channel <= CHUNK_WEIGHT_BYTES] or [8])
+    chunk = max([c for c in CHUNKS if 0 < c and c * per_channel <= CHUNK_WEIGHT_BYTES] or [8])
+    return chunk if chunk < cg else 0   # a 7x7 stem's 3 channels on AVX-512: one pass
 
 
 CHUNKS = (0, 8, 16, 24, 32, 48, 64, 128, 256)

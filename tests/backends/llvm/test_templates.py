@@ -219,7 +219,7 @@ def test_conv2d_reduction_in_slices_of_input_channels(rng, cfg, chunk, order, th
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("c,k,chunk", [(64, 3, 24), (28, 3, 0), (29, 3, 24), (10, 5, 0), (11, 5, 8),
+@pytest.mark.parametrize("c,k,chunk", [(64, 3, 24), (28, 3, 0), (29, 3, 24), (10, 5, 0), (11, 5, 8), (6, 7, 0),
                                        (40, 5, 8), (3, 7, 0)])
 def test_conv2d_slices_the_reduction_by_default_past_l1(rng, c, k, chunk):
     """The default slices when a channel block's weights (c x k x k x 16 floats on AVX2)
