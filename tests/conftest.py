@@ -16,6 +16,15 @@ SEED = int(os.environ.get("DNNC_TEST_SEED", "0"))
 """The session's seed; set DNNC_TEST_SEED to draw other inputs (the header shows it)."""
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: a worker per core this process may use, at most 4. A worker takes 1-3 GB
+    (compiles, onnxruntime sessions) and runs dnnc's own worker pool, so a many-core machine
+    would run out of memory long before it ran out of cores."""
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1, 4))
+
+
 def pytest_report_header(config):
     return f"dnnc test seed: {SEED} (DNNC_TEST_SEED)"
 
