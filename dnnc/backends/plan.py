@@ -124,6 +124,9 @@ class CompiledSegment:
         self.n_inputs = program.n_inputs
         self.memory = program.memory
         self.arena_bytes = program.arena_bytes
+        # the part of `arena_bytes` past the planned values that kernels use as workspace
+        # (a target that places workspace there sets it: the llvm target's packed A)
+        self.arena_workspace_bytes = 0
         self.calls = program.calls   # for `profile`: each kernel called on its own
 
     def _take_image(self, step: Segment, image) -> None:
@@ -136,6 +139,7 @@ class CompiledSegment:
         self.n_inputs = image.n_inputs
         self.memory = None
         self.arena_bytes = image.arena_bytes
+        self.arena_workspace_bytes = 0
         self.calls = []
 
 
@@ -834,7 +838,7 @@ class Executable:
         return {"naive_bytes": sum(p.naive_bytes for p in plans),
                 "live_lower_bound_bytes": sum(p.live_lower_bound_bytes for p in plans),
                 "inplace_kernels": sum(len(p.inplace) for p in plans),
-                "workspace_bytes": sum(getattr(s, "workspace_bytes", 0) for s in planned)}
+                "workspace_bytes": sum(s.arena_workspace_bytes for s in planned)}
 
 
 def image_consts(step: Segment, image) -> list[np.ndarray]:

@@ -138,7 +138,7 @@ def _with_workspace(program: Program) -> tuple[list, list[Call], int]:
     for func, noalias in program.unique:
         func, buffers = workspace_params(func)
         unique.append((func, noalias))
-        sizes[func.name] = [math.prod(d.value for d in b.shape) * b.dtype.itemsize
+        sizes[func.name] = [math.prod(L.static_shape(b.shape)) * b.dtype.itemsize
                             for b in buffers]
     calls, used_most = [], 0
     for call in program.calls:
@@ -174,7 +174,7 @@ class _CompiledSegment(CompiledSegment):
         self._take_program(program)
         step = program.step
         unique, self.calls, self.arena_bytes = _with_workspace(program)
-        self.workspace_bytes = self.arena_bytes - program.arena_bytes
+        self.arena_workspace_bytes = self.arena_bytes - program.arena_bytes
         mb = ModuleBuilder(f"segment{step.index}")
         for func, noalias in unique:
             mb.add(func, noalias=noalias)
