@@ -6,6 +6,7 @@ one registry line (the toy target below)."""
 import ast
 import importlib
 import platform
+import sys
 from pathlib import Path
 
 from dataclasses import replace
@@ -195,9 +196,35 @@ def test_entries_are_consistent():
                 {(spec.name, pattern) for pattern in Pattern}, spec.name
             machine = spec.target()
             assert all(machine.panel(layout) > 0 for layout in spec.layouts), spec.name
+        assert spec.returns, spec.name
+        # --emit writes each kind of code to a file with the suffix the entry gives
+        assert all(suffix.startswith(".") for suffix in spec.emits.values()), spec.name
+        assert set(spec.source_aliases).isdisjoint(spec.emits), spec.name
+        assert not spec.cached or spec.generates_code, spec.name   # caching keeps code
     assert using("cpu") == ["llvm"]
     assert using("precision") == ["cuda"]   # tensor cores (docs/cuda_backend.md, Precision)
     assert REGISTRY["llvm"].layouts == ("pack_dense", "pack_conv")
+    assert [n for n, s in REGISTRY.items() if s.cached] == ["llvm", "cuda"]
+
+
+def test_each_entry_lives_in_its_targets_package():
+    """`ENTRIES` names one module per target, `backends/<target>/entry.py`, whose `SPEC` is
+    the registry's entry for that name, in that order."""
+    assert [e.strip(".").split(".") for e in ENTRIES] == [[n, "entry"] for n in REGISTRY]
+    for entry in ENTRIES:
+        module = importlib.import_module(entry, "dnnc.backends")
+        assert REGISTRY[module.SPEC.name] is module.SPEC
+
+
+def test_listing_the_targets_imports_neither_llvmlite_nor_cupy():
+    """Availability stays lazy: the registry's entries are cheap to import."""
+    import subprocess
+
+    code = ("import sys; from dnnc.backends.registry import REGISTRY, fastest_first; "
+            "fastest_first(); print(sorted({'llvmlite', 'cupy'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_the_passes_and_the_runtime_read_the_one_target_the_registry_builds(monkeypatch):
