@@ -327,10 +327,12 @@ def save(model, path) -> None:
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w") as z:
             deflate = zipfile.ZIP_DEFLATED
             z.writestr("manifest.json", json.dumps(manifest, indent=1), compress_type=deflate)
-            # weights and machine code are stored, not deflated: loading stays a plain read
+            # weights and machine code are stored, not deflated: loading stays a plain read;
+            # texts are deflated (JSON, and the code texts the target emits: .ll, .cu, ...)
+            texts = (".json", *REGISTRY[model.target].emits.values())
             for name, data in members.items():
-                z.writestr(name, data, compress_type=deflate if name.endswith(
-                    (".json", ".ll", ".loop", ".cu")) else zipfile.ZIP_STORED)
+                z.writestr(name, data, compress_type=deflate if name.endswith(texts)
+                           else zipfile.ZIP_STORED)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; an artifact is a plain file
