@@ -36,7 +36,7 @@ import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm.runtime import host_target  # noqa: E402
 from dnnc.compiler.driver import load_graph  # noqa: E402
-from dnnc.compiler.targets import REGISTRY  # noqa: E402
+from dnnc.backends.registry import REGISTRY  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc.passes.manager import DEFAULT_OPT_LEVEL, optimize  # noqa: E402
 

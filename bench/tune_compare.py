@@ -96,7 +96,7 @@ def measure_task(name: str, random_trials: int, seed: int) -> dict:
     from dnnc.autotune.tasks import extract
     from dnnc.backends.llvm import tuning
     from dnnc.compiler.driver import load_graph
-    from dnnc.compiler.targets import REGISTRY
+    from dnnc.backends.registry import REGISTRY
     from dnnc.passes.manager import optimize
 
     rng = np.random.default_rng(seed)
@@ -144,7 +144,7 @@ def replay_guided(row: dict, bar: float, budget: int, seed: int) -> int | None:
     from dnnc.autotune.features import features
     from dnnc.backends.llvm import tuning
     from dnnc.compiler.driver import load_graph
-    from dnnc.compiler.targets import REGISTRY
+    from dnnc.backends.registry import REGISTRY
     from dnnc.passes.manager import optimize
 
     machine = REGISTRY["llvm"].target()
@@ -193,7 +193,7 @@ def main() -> None:
     parser.add_argument("--parallel", action="store_true")
     args = parser.parse_args()
     names = args.tasks.split(",")
-    from dnnc.compiler.targets import REGISTRY
+    from dnnc.backends.registry import REGISTRY
 
     machine = REGISTRY["llvm"].target()
     print(f"# llvm on {machine.cpu} ({machine.vector_bits}-bit vectors), "

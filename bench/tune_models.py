@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(args.log_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    from dnnc.compiler.targets import REGISTRY
+    from dnnc.backends.registry import REGISTRY
 
     machine = REGISTRY["llvm"].target()
     print(f"# llvm on {machine.cpu} ({machine.vector_bits}-bit vectors), {machine.threads} "

@@ -18,7 +18,7 @@ import numpy as np
 
 import dnnc
 from dnnc import zoo
-from dnnc.compiler.targets import default_target, fastest_first
+from dnnc.backends.registry import default_target, fastest_first
 
 REPEAT, WARMUP = 10, 2
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.lower import Kernel
+from ..backends.registry import REGISTRY
 from ..ir.target import Target
 
 # relative and absolute tolerance of a candidate's outputs against the default config's: the
@@ -184,8 +185,6 @@ def measure_on(client, target_name: str, kernel: Kernel, target: Target, configs
 
 
 def _measure_remote(target_name, kernel, target, config, reference, seed, timeout):
-    from ..compiler.targets import REGISTRY
-
     spec = REGISTRY[target_name]
     here = spec.target()
     if here.key != target.key:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import __version__
+from ..version import __version__
 from ..ir.target import Target
 from . import records as R
 from .cost_model import CostModel

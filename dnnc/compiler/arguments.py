@@ -13,6 +13,7 @@ import math
 import os
 from numbers import Integral, Real
 
+from ..backends.registry import REGISTRY
 from ..errors import ArgumentError
 
 
@@ -60,8 +61,6 @@ def check_optional_path(name: str, value) -> None:
 def check_returns(target: str, name: str, kind) -> None:
     """`kind` (the `outputs` compile option, a call's `to=`) is an array kind `target`'s calls
     can return (its registry entry's `returns`), else an `ArgumentError` naming `name`."""
-    from .targets import REGISTRY   # lazily: the registry imports the whole compiler
-
     kinds = REGISTRY[target].returns
     if not isinstance(kind, str):
         raise ArgumentError(f"{name} must be one of {', '.join(kinds)} (the arrays the "

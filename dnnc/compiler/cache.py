@@ -2,7 +2,7 @@
 another process, another day) loads what the first compile made instead of compiling it anew.
 
     key(model, input_shapes, target, machine, options, tuned) -> str | None
-    lookup(key) -> CompiledModel | None
+    lookup(key) -> artifact.Restored | None   (the driver makes the CompiledModel)
     store(key, model) -> None
 
 An entry is an artifact (`CompiledModel.save`, docs/artifacts.md) named by the SHA-256 of
@@ -23,8 +23,9 @@ cannot be loaded (corrupt, another machine) is removed and the model compiled; a
 cannot be written costs only the caching. `dnnc.compile(..., cache=False)` and
 `dnnc compile --no-cache` skip it; `DNNC_CACHE=0` turns it off for a process.
 
-Only targets whose compile is worth keeping are cached (`CACHED_TARGETS`: llvm, cuda); compiles
-shorter than `MIN_STORE_SECONDS` are not stored (loading one would cost as much).
+Only targets whose compile is worth keeping are cached (their registry entry's `cached`: the
+targets that generate code); compiles shorter than `MIN_STORE_SECONDS` are not stored (loading
+one would cost as much). This module never imports `module.py` or the driver, which use it.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ import logging
 import os
 from pathlib import Path
 
+from ..errors import DNNCError
+from ..ir.graph import Graph
+from .artifact import Restored, graph_to_doc, restore, save
+
 SCHEMA = 1
-CACHED_TARGETS = ("llvm", "cuda")
 MIN_STORE_SECONDS = 0.5
 DEFAULT_MAX_BYTES = 2 << 30
 SUFFIX = ".dnnc"
@@ -117,11 +121,7 @@ def _stable(x) -> str:
 def _model_digest(model, h) -> None:
     import onnx
 
-    from ..ir.graph import Graph
-
     if isinstance(model, Graph):
-        from .artifact import graph_to_doc
-
         doc, tensors = graph_to_doc(model)
         h.update(json.dumps(doc, sort_keys=True).encode())
         for array in tensors:
@@ -155,17 +155,14 @@ def _entry(name: str) -> Path:
     return cache_dir() / (name + SUFFIX)
 
 
-def lookup(name: str):
-    """The CompiledModel cached under `name`, or None. An entry that fails to load is
-    removed (with a warning) so the next compile replaces it."""
-    from ..errors import DNNCError
-    from .artifact import load
-
+def lookup(name: str) -> Restored | None:
+    """The model cached under `name` (its parts, `artifact.restore`'s), or None. An entry
+    that fails to load is removed (with a warning) so the next compile replaces it."""
     entry = _entry(name)
     if not entry.is_file():
         return None
     try:
-        model = load(entry, progress=False)
+        model = restore(entry, progress=False)
     except (DNNCError, OSError) as exc:
         logger.warning("compile cache: dropped an entry that does not load (%s)", exc)
         _remove(entry)
@@ -179,9 +176,6 @@ def lookup(name: str):
 
 def store(name: str, model) -> None:
     """Keep `model` under `name`, then trim the folder to its size bound."""
-    from ..errors import DNNCError
-    from .artifact import save
-
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)

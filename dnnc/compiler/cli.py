@@ -48,7 +48,7 @@ import numpy as np
 # tries under load). Imported here, before any work a user might interrupt.
 import numpy.random  # noqa: F401
 
-from .. import __version__
+from ..version import __version__
 from ..errors import ArgumentError, CompileError, DNNCError, UnsupportedOpError
 from ..log import LOGGER, set_verbosity
 from .module import call_times_ms
@@ -203,9 +203,10 @@ def _numel(dims) -> int:
 
 def cmd_inspect(args) -> int:
     from .inspect import format_passes, format_summary, pass_report, summarize, summarize_onnx
-    from .targets import default_target
+    from ..backends.registry import default_target
 
-    from .artifact import is_artifact, load
+    from .artifact import is_artifact
+    from .module import load
 
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
     artifact = None
@@ -282,7 +283,7 @@ def _draw(args, graph, artifact, target: str, opt_level: int) -> dict:
     from ..passes.manager import optimize
     from .draw import draw, kernels_of
     from .driver import compile
-    from .targets import REGISTRY
+    from ..backends.registry import REGISTRY
 
     shares = None
     if artifact is not None:
@@ -317,7 +318,7 @@ def _cpu_option(args):
     mean and refuses unknown CPU or feature names."""
     if args.mcpu is None and args.mattr is None:
         return None
-    from .targets import using
+    from ..backends.registry import using
 
     if args.target not in using("cpu"):
         raise UsageError(f"--mcpu/--mattr apply to the {', '.join(using('cpu'))} target only")
@@ -332,9 +333,10 @@ def _cpu_option(args):
 def _model_for(args, shapes: dict | None = None, check=None):
     """A CompiledModel from an artifact (loaded) or an ONNX file (compiled for --target);
     `check(input_names, input_types)` vets options against the model before compiling."""
-    from .artifact import is_artifact, load, target_of
+    from .artifact import is_artifact, target_of
+    from .module import load
     from .driver import compile
-    from .targets import REGISTRY, default_target
+    from ..backends.registry import REGISTRY, default_target
 
     if is_artifact(args.model):
         if shapes:
@@ -371,15 +373,15 @@ def _ms(seconds: float) -> str:
 
 def cmd_compile(args) -> int:
     from .driver import compile
-    from .targets import REGISTRY
+    from ..backends.registry import REGISTRY, emit_kinds
 
     spec = REGISTRY[args.target]
     shapes = dict(_parse_input_shape(s) for s in args.input_shape)
     cpu = _cpu_option(args)
     emits = []
     for kind, folder in args.emit:
-        if kind not in EMIT_SUFFIX:
-            raise UsageError(f"--emit {kind!r}: one of {', '.join(EMIT_SUFFIX)}")
+        if kind not in emit_kinds():
+            raise UsageError(f"--emit {kind!r}: one of {', '.join(emit_kinds())}")
         if not spec.generates_code:
             raise UsageError(f"--emit: the {args.target} target generates no code")
         if kind not in spec.emits:
@@ -432,7 +434,7 @@ def cmd_compile(args) -> int:
     for kind, folder in emits:
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            target_file = folder / (Path(args.model).stem + EMIT_SUFFIX[kind])
+            target_file = folder / (Path(args.model).stem + spec.emits[kind])
             code = model.source(kind)
             target_file.write_text(code)
         except OSError as exc:
@@ -450,7 +452,7 @@ def cmd_compile(args) -> int:
                      "compile_seconds": stats["compile_seconds"],
                      "compile_cache": stats.get("compile_cache", "off"),
                      "tuned_kernels": stats["tuned_kernels"],
-                     "emitted": {kind: str(folder / (Path(args.model).stem + EMIT_SUFFIX[kind]))
+                     "emitted": {kind: str(folder / (Path(args.model).stem + spec.emits[kind]))
                                  for kind, folder in emits}})
     elif render_only:
         print(f"wrote the {', '.join(kind for kind, _ in emits)} code of {stats['kernels']} "
@@ -489,9 +491,6 @@ def cmd_tune(args) -> int:
     print(f"tuned {len(reports)} task(s) in {seconds:.1f} s; records in {args.log} (compile "
           f"with --tuning-log {args.log})")
     return 0
-
-
-EMIT_SUFFIX = {"llvm-ir": ".ll", "asm": ".s", "cuda": ".cu", "loop": ".loop"}
 
 
 def _example_shape(shape) -> str:
@@ -801,7 +800,7 @@ def _format_profile(lane: str, kernels: list[dict], repeat: int) -> str:
 def _check_profile(args) -> None:
     """`--profile`/`--trace` need kernels to time, known before any compile."""
     from .artifact import is_artifact
-    from .targets import REGISTRY, default_target
+    from ..backends.registry import REGISTRY, default_target
 
     option = "--profile" if args.profile else "--trace"
     if is_artifact(args.model):
@@ -823,7 +822,7 @@ def _artifact_summary(model) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .targets import default_target, fastest_first, output_kinds
+    from ..backends.registry import default_target, fastest_first, output_kinds
 
     targets, default = fastest_first(), default_target()
     parser = _Parser(
@@ -1002,7 +1001,7 @@ def version_text() -> str:
 
     import onnx
 
-    from .targets import REGISTRY, default_target
+    from ..backends.registry import REGISTRY, default_target
 
     lines = [f"dnnc {__version__} (Python {platform.python_version()}, NumPy {np.__version__},"
              f" onnx {onnx.__version__})", "targets:"]
@@ -1026,7 +1025,7 @@ class _Version(argparse.Action):
 def cmd_compare(args) -> int:
     from .artifact import is_artifact
     from .compare import bisect_passes, compare
-    from .targets import REGISTRY
+    from ..backends.registry import REGISTRY
 
     if is_artifact(args.model):
         raise UsageError(f"{args.model} is an artifact; compare takes the ONNX model, to run "

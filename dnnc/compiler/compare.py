@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends.registry import default_target
 from ..ir.graph import Graph
 from ..ir.interpreter import run_graph
 from ..passes.manager import passes_at
 from ..progress import Progress
 from .arguments import check_int, check_optional_bool, check_tolerance
 from .driver import compile, load_graph
-from .targets import default_target
 
 
 @dataclass
@@ -72,8 +72,8 @@ def compare(model, target: str | None = None, opt_level: int | None = None, *, r
             inputs: list[np.ndarray] | None = None,
             progress: bool | None = None) -> Divergence | None:
     """The first node whose output differs between `target` (default: the host's, see
-    targets.py) and the reference, or None. `progress` (default: when stderr is a terminal)
-    shows the reference run and the probed compile as they happen."""
+    backends/registry.py) and the reference, or None. `progress` (default: when stderr is a
+    terminal) shows the reference run and the probed compile as they happen."""
     _check(rtol, atol, seed, progress)
     target = default_target() if target is None else target
     graph = load_graph(model)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import time
 
-from ..backends.numpy import NumpyRuntime
+from ..backends.registry import REGISTRY, default_target, using
 from ..errors import ArgumentError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.target import PRECISIONS, Target
-from ..passes.manager import DEFAULT_OPT_LEVEL, passes_at
+from ..passes.manager import DEFAULT_OPT_LEVEL, MEMORY_REUSE_LEVEL, optimize, passes_at
 from .arguments import (check_choice, check_int, check_optional_bool, check_optional_path,
                         check_returns)
 from . import cache as compile_cache
@@ -19,47 +19,6 @@ from .module import CompiledModel
 
 OPT_LEVELS = range(0, 4)
 """LLVM's -O0 to -O3; the graph pipeline's passes start at levels 1 and 2."""
-
-def llvm_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                 cache_size=None, tuned=None, render_only=False, outputs=None, **pipeline):
-    # render_only changes nothing here: the CPU that compiles is the one that runs; outputs
-    # can only be "numpy" (check_options), what it returns anyway
-    from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
-    from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
-
-    graph = optimize(graph, target, opt_level, passes=passes, **pipeline)
-    return graph, LLVMRuntime(graph, target=target, opt_level=opt_level, progress=progress,
-                              reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
-                              tuned=tuned,
-                              cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
-
-
-def numpy_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                  cache_size=None, render_only=False, outputs=None, **pipeline):
-    return graph, NumpyRuntime(graph, target)   # the reference interprets the graph as imported
-
-
-def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
-                 cache_size=None, render_only=False, tuned=None, outputs=None, **pipeline):
-    """The passes, then a `CUDARuntime` returning `outputs` ("cupy" when None); without CuPy
-    or a GPU a `DeviceError` saying which is missing, before any pass runs, unless only the
-    sources are wanted (`render_only`)."""
-    from ..backends.cuda.device import has_tensor_cores, import_cupy
-    from ..backends.cuda.executable import DEFAULT_CACHE_SIZE, CUDARuntime
-    from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
-
-    if not render_only:
-        import_cupy()
-    if target.precision != "fp32" and not has_tensor_cores(target.arch):
-        raise ArgumentError(f"precision={target.precision!r} runs on the tensor cores' "
-                            f"mma.sync of sm_80 and newer; this GPU is {target.arch} (compile "
-                            f"with precision='fp32')")
-    graph = optimize(graph, target, opt_level, passes=passes, **pipeline)
-    return graph, CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
-                              reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
-                              cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size,
-                              render_only=render_only, tuned=tuned,
-                              outputs=outputs or "cupy")
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,
@@ -71,8 +30,6 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     `outputs` names an array kind, so every target takes the kinds it returns; `precision`
     (one of `PRECISIONS`) applies to the targets whose products run on tensor cores (cuda),
     and the others refuse it, fp32 included, rather than ignore it."""
-    from .targets import REGISTRY, using
-
     check_choice("target", target, REGISTRY)
     if outputs is not None:
         check_returns(target, "outputs", outputs)
@@ -161,7 +118,7 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
             precision: str | None = None, cache: bool = True) -> CompiledModel:
     """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target` (default: the
     fastest target this host can run, as for `dnnc.jit` and the CLI: llvm on a CPU, cuda where
-    CuPy sees a GPU; `targets.default_target`).
+    CuPy sees a GPU; `backends.registry.default_target`).
 
     `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.runtime.cpu_from`) is the
     machine to compile for instead of this host (CPU name, features, threads; the layouts are
@@ -172,8 +129,9 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     `cache_size` bounds the shape specialisations a compiled target keeps per segment (least
     recently used dropped first; default 32). `tuning_log` is a log `dnnc tune` wrote: each
     kernel takes the best config measured for it on this machine (`stats["tuned_kernels"]`
-    counts them; others keep their defaults). `cpu`, `passes`, `dump_ir` and `cache_size` apply
-    to the targets that compile code (llvm, cuda; `cpu` and `tuning_log` to llvm only).
+    counts them; others keep their defaults). `passes`, `dump_ir`, `cache_size` and
+    `tuning_log` apply to the targets that compile code (llvm, cuda), `cpu` to llvm only
+    (each target's registry entry lists its `options`; `using(option)` names the targets).
     `render_only` generates the code without the device that would run it (`dnnc compile
     --emit cuda` on a machine without a GPU): `source()` works, calling the model raises
     `DeviceError`. `outputs` is the kind of array a call returns unless its `to=` says
@@ -185,10 +143,9 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this
     machine's memory raises `OutOfMemoryError` naming its node. `cache` (default True) looks
     the compile up in the on-disk compile cache first and keeps what it compiles there
-    (`compiler/cache.py`: llvm; `stats["compile_cache"]` says "hit", "miss" or "off").
+    (`compiler/cache.py`: the targets whose registry entry is `cached`, llvm and cuda;
+    `stats["compile_cache"]` says "hit", "miss" or "off").
     """
-    from .targets import REGISTRY, default_target
-
     target = default_target() if target is None else target
     check_options(target, opt_level, tuning_log=tuning_log, cpu=cpu, progress=progress,
                   passes=passes, dump_ir=dump_ir, cache_size=cache_size, outputs=outputs,
@@ -209,12 +166,13 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
 
         tuned = best_configs(read(tuning_log), machine.key)
     entry = None
-    if (compile_cache.enabled(cache is not False) and target in compile_cache.CACHED_TARGETS
+    if (compile_cache.enabled(cache is not False) and spec.cached
             and passes is None and dump_ir is None and cache_size is None and not render_only):
         entry = compile_cache.key(model, input_shapes, target, machine,
                                   {"opt_level": level, "outputs": outputs}, tuned)
-        hit = compile_cache.lookup(entry) if entry is not None else None
-        if hit is not None:
+        parts = compile_cache.lookup(entry) if entry is not None else None
+        if parts is not None:
+            hit = CompiledModel.restored(parts)
             hit._stats.update(compile_seconds=time.perf_counter() - start, compile_cache="hit")
             hit._cache_entry = entry   # sizes compiled here are kept too (`keep_in_cache`)
             if tuning_log is not None:
@@ -225,10 +183,13 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     check_tensor_sizes(graph, physical_memory_bytes())
     imported_nodes = len(graph.nodes)
     timings: dict[str, float] = {}
-    graph, runtime = spec.runtime(graph, level, machine, progress=progress,
-                                  passes=passes, timings=timings, dump_ir=dump_ir,
-                                  cache_size=cache_size, tuned=tuned, render_only=render_only,
-                                  outputs=outputs)
+    spec.check_compile(machine, render_only)   # before any pass: no device, say so at once
+    if spec.runs_passes:
+        graph = optimize(graph, machine, level, passes=passes, timings=timings, dump_ir=dump_ir)
+    runtime = spec.runtime(graph, level, machine, progress=progress,
+                           reuse_memory=level >= MEMORY_REUSE_LEVEL and passes is None,
+                           cache_size=cache_size, tuned=tuned, render_only=render_only,
+                           outputs=outputs)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
              "imported_nodes": imported_nodes, "pass_seconds": timings,
              "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
+from ..backends.registry import REGISTRY, default_target
 from ..ir.flops import Count, node_flops
 from ..ir.graph import Graph
 
@@ -204,12 +205,11 @@ class PassRow:
 def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
                 cpu=None) -> list[PassRow]:
     """One row for the imported graph, then one per pass the pipeline of `target` (default:
-    the host's, see targets.py) at `opt_level` runs (a target without passes, like numpy, runs
-    none). Kernels (of a target that generates code) count a node each until fuse_ops has
+    the host's, see backends/registry.py) at `opt_level` runs (a target without passes, like
+    numpy, runs none). Kernels (of a target that generates code) count a node each until fuse_ops has
     grouped them; fuse_ops changes no node."""
     from ..backends.plan import count_kernels
     from ..passes.manager import PIPELINE, optimize
-    from .targets import REGISTRY, default_target
 
     spec = REGISTRY[target or default_target()]
     machine = spec.target(cpu)
@@ -232,8 +232,6 @@ def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
 
 
 def format_passes(rows: list[PassRow], target: str, opt_level: int) -> str:
-    from .targets import REGISTRY
-
     width = max(len(r.name) for r in rows)
     lines = [f"passes for {target} at opt level {opt_level}:",
              f"  {'#':>2}  {'pass':<{width}}  {'level':>5}  {'nodes':>6}  {'kernels':>7}  "

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..backends.registry import default_target
 from ..errors import ArgumentError, TraceError
 from ..frontend.trace import is_array_arg, trace_graph
 from . import driver
@@ -62,9 +63,7 @@ def jit(fn: Callable | None = None, *, target: str | None = None, **compile_opti
 
     `@dnnc.jit` or `@dnnc.jit(target="numpy", opt_level=2)`; options go to `dnnc.compile`
     and are checked here, when decorating, not at the first call. `target` defaults to the
-    host's (see targets.py)."""
-    from .targets import default_target
-
+    host's (see backends/registry.py)."""
     options = set(inspect.signature(driver.check_options).parameters) - {"target"}
     unknown = sorted(set(compile_options) - options)
     if unknown:

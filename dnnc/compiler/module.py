@@ -6,7 +6,7 @@ anything array-like, or GPU arrays (`__cuda_array_interface__`, or DLPack on a C
 which stay where they are: a GPU target reads them in place, a CPU target refuses them. A
 call returns the kind of array its `to=` names, else the compile's `outputs` option, else the
 target's default (its registry entry's `returns`: NumPy, or CuPy on cuda). `save` writes an
-artifact (`dnnc/compiler/artifact.py`), `dnnc.load` reads one back.
+artifact (`dnnc/compiler/artifact.py`), `load` (`dnnc.load`) makes a CompiledModel of one.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ import time
 
 import numpy as np
 
+from ..backends.registry import REGISTRY, source_kinds
 from ..errors import ArgumentError, CompileError, DeviceError, InputError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.interpreter import shape_mismatch
 from ..ir.types import TensorType
+from . import artifact
+from . import cache as compile_cache
 from .arguments import check_int, check_returns
 
 
@@ -93,10 +96,6 @@ def call_times_ms(fn, repeat: int, warmup: int) -> list[float]:
     return times
 
 
-SOURCE_KINDS = ("llvm-ir", "llvm", "asm", "cuda", "loop")
-"""The kinds `CompiledModel.source` knows ("llvm" is llvm-ir's older spelling)."""
-
-
 class CompiledModel:
     """A compiled graph: call it with arrays (positionally or by input name)."""
 
@@ -116,6 +115,13 @@ class CompiledModel:
         self._cached_jit_seconds = 0.0
         # the runtime's `fast_call` for the last input shapes run (None: there is none)
         self._fast = None
+
+    @classmethod
+    def restored(cls, parts: artifact.Restored) -> CompiledModel:
+        """The model an artifact holds, from the parts `artifact.restore` read."""
+        model = cls(parts.graph, parts.runtime, parts.target, parts.stats)
+        model.manifest = parts.manifest
+        return model
 
     @property
     def stats(self) -> dict:
@@ -159,16 +165,15 @@ class CompiledModel:
 
     def save(self, path) -> None:
         """Write this model to one self-contained file; `dnnc.load(path)` restores it."""
-        from .artifact import save
-
-        save(self, path)
+        artifact.save(self, path)
 
     def source(self, kind: str = "llvm-ir") -> str:
         """The generated code of every specialisation compiled so far: `llvm-ir`, `asm`,
         `cuda` or `loop` (the scheduled loop IR), as the target emits (its registry entry)."""
-        if kind not in SOURCE_KINDS:
+        kinds = source_kinds()
+        if kind not in kinds:
             raise ArgumentError(f"unknown source kind {kind!r}: kind must be one of "
-                                f"{', '.join(SOURCE_KINDS)}")
+                                f"{', '.join(kinds)}")
         if not hasattr(self.runtime, "source"):
             raise CompileError(f"target {self.target} generates no code to show")
         return self.runtime.source(kind)
@@ -213,8 +218,6 @@ class CompiledModel:
 
     def _only_kind(self) -> str | None:
         """The one kind of array this target returns, None where it returns several."""
-        from .targets import REGISTRY
-
         kinds = REGISTRY[self.target].returns if self.target in REGISTRY else ()
         return kinds[0] if len(kinds) == 1 else None
 
@@ -222,8 +225,6 @@ class CompiledModel:
              to: str | None = None) -> list[np.ndarray]:
         options = {}
         if to is not None:
-            from .targets import REGISTRY
-
             check_returns(self.target, "to", to)
             if len(REGISTRY[self.target].returns) > 1:   # else it returns that kind anyway
                 options["outputs"] = to
@@ -245,15 +246,11 @@ class CompiledModel:
         have compiled `MIN_STORE_SECONDS` more code (a symbolic batch's code is compiled at
         its first call, after the compile stored the model: without this, a new process's
         cache hit compiled resnet50 again at its first call, 4.2 s)."""
-        from . import cache as compile_cache
-
         self._cache_entry = entry
         self._cached_jit_seconds = getattr(self.runtime, "compile_seconds", 0.0)
         compile_cache.store(entry, self)
 
     def _keep_new_code(self) -> None:
-        from . import cache as compile_cache
-
         jit = getattr(self.runtime, "compile_seconds", 0.0)
         if jit > self._cached_jit_seconds and \
                 jit - self._cached_jit_seconds >= compile_cache.MIN_STORE_SECONDS:
@@ -320,3 +317,9 @@ class CompiledModel:
         times = call_times_ms(call, repeat, warmup)
         return {"median_ms": float(np.median(times)), "min_ms": float(np.min(times)),
                 "repeat": repeat}
+
+
+def load(path, *, progress: bool | None = None) -> CompiledModel:
+    """Restore a CompiledModel saved by `CompiledModel.save` (`dnnc.load`): the artifact's
+    graph and code checked and restored (`artifact.restore`), nothing compiled again."""
+    return CompiledModel.restored(artifact.restore(path, progress=progress))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from ..backends.registry import REGISTRY, default_target, using
 from ..errors import ArgumentError
 from ..passes.manager import DEFAULT_OPT_LEVEL, optimize
 from ..ir.target import PRECISIONS
@@ -32,7 +33,6 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
 
     from ..autotune import tuner
     from ..autotune.tasks import extract
-    from .targets import REGISTRY, default_target, using
 
     target = default_target() if target is None else target
     if target not in REGISTRY:

@@ -456,7 +456,7 @@ class Progress:
 
 
 def parse_args(argv):
-    from ..compiler.targets import REGISTRY as TARGETS
+    from ..backends.registry import REGISTRY as TARGETS
 
     p = argparse.ArgumentParser(prog="python -m dnnc.testing.fuzz",
                                 description="Differential fuzzer: random ONNX models on a dnnc "

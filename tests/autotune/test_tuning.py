@@ -19,7 +19,7 @@ from dnnc.autotune.measure import measure
 from dnnc.autotune.tasks import extract
 from dnnc.autotune.tuner import CONFIRM_ROUNDS, CONFIRM_TOP, tune
 from dnnc.backends.llvm import tuning as llvm_tuning
-from dnnc.compiler.targets import REGISTRY
+from dnnc.backends.registry import REGISTRY
 from dnnc.passes.manager import optimize
 
 

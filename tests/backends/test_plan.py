@@ -11,7 +11,7 @@ import numpy as np
 import dnnc
 import dnnc.backends
 from dnnc.backends.plan import build_program, count_kernels, segment_groups, signature_of
-from dnnc.compiler.targets import REGISTRY
+from dnnc.backends.registry import REGISTRY
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value

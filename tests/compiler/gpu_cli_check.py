@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
-from dnnc.compiler.targets import REGISTRY, default_target  # noqa: E402
+from dnnc.backends.registry import REGISTRY, default_target  # noqa: E402
 
 FAILED: list[str] = []
 

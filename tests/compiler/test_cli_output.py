@@ -16,7 +16,7 @@ import pytest
 import dnnc
 from dnnc import zoo
 from dnnc.compiler.cli import build_parser, main
-from dnnc.compiler.targets import REGISTRY, default_target
+from dnnc.backends.registry import REGISTRY, default_target
 from dnnc.frontend.onnx import import_onnx
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,8 +1,12 @@
-"""The target registry: the compiler layer reads targets as data and never compares a target's
-name (issue 11, "targets as data")."""
+"""The target registry: the compiler layer and the autotuner read targets as data and never
+spell a target's name (issue 11, "targets as data"; issue 29, "a target is one package"): not
+in a comparison, not in a table, tuple or dict of their own. A new target is one package and
+one registry line (the toy target below)."""
 
 import ast
+import importlib
 import platform
+import sys
 from pathlib import Path
 
 from dataclasses import replace
@@ -19,9 +23,10 @@ from dnnc.passes import manager
 from dnnc.passes.convert_layout import REWRITES, convert_layout
 from dnnc.compiler import driver
 from dnnc.errors import ArgumentError
-from dnnc.compiler.targets import REGISTRY, default_target, fastest_first, using
+from dnnc.backends.registry import ENTRIES, REGISTRY, default_target, fastest_first, using
 
 COMPILER = Path(dnnc.compiler.__file__).parent
+ROOT = COMPILER.parent
 
 
 def name_comparisons(source: str, names) -> list[tuple[int, str]]:
@@ -40,7 +45,7 @@ def name_comparisons(source: str, names) -> list[tuple[int, str]]:
 
 
 def test_no_compiler_module_compares_a_target_name():
-    modules = sorted(COMPILER.glob("*.py"))
+    modules = sorted(COMPILER.rglob("*.py"))
     assert len(modules) > 5   # the scan reads the real package, not an empty folder
     found = [f"{path.name}:{line}: {code}" for path in modules
              for line, code in name_comparisons(path.read_text(), set(REGISTRY))]
@@ -53,20 +58,85 @@ def name_literals(source: str, names) -> list[int]:
                   if isinstance(node, ast.Constant) and node.value in names)
 
 
+def target_packages() -> list[Path]:
+    """The folder of every registered target's package (`backends/<target>/`)."""
+    return [ROOT / "backends" / entry.strip(".").split(".")[0] for entry in ENTRIES]
+
+
 def test_no_module_below_the_targets_names_one():
-    """Passes, IR, frontends and shared backend code read the Target's fields (layouts,
-    features, threads), never its name: only the compiler layer (the registry, the default
-    target), a target's own package and the testing tools, which run targets as a user
-    does, spell one."""
-    root = COMPILER.parent
-    allowed = [COMPILER, root / "testing", root / "backends" / "llvm", root / "backends" / "cuda"]
-    modules = [p for p in sorted(root.rglob("*.py"))
-               if not any(folder in p.parents for folder in allowed)
-               and p != root / "backends" / "numpy.py"]
-    assert root / "passes" / "convert_layout.py" in modules
-    found = [f"{path.relative_to(root)}:{line}" for path in modules
+    """Passes, IR, frontends, shared backend code (the registry included) and the autotuner
+    read the Target's fields (layouts, features, threads), never its name: only a target's
+    own package and the testing tools, which run targets as a user does, spell one (the
+    compiler layer spells one only in what it tells the user, below)."""
+    allowed = [COMPILER, ROOT / "testing", *target_packages()]
+    assert ROOT / "backends" / "numpy" in allowed
+    modules = [p for p in sorted(ROOT.rglob("*.py"))
+               if not any(folder in p.parents for folder in allowed)]
+    assert ROOT / "passes" / "convert_layout.py" in modules
+    assert ROOT / "backends" / "registry.py" in modules
+    assert ROOT / "autotune" / "measure.py" in modules
+    found = [f"{path.relative_to(ROOT)}:{line}" for path in modules
              for line in name_literals(path.read_text(), set(REGISTRY))]
     assert not found, found
+
+
+ARRAY_KINDS = ("to", "outputs")
+"""Arguments naming a kind of array (`to="numpy"`: NumPy arrays), not a target."""
+
+
+def target_names(source: str, names) -> list[tuple[int, str]]:
+    """(line, code) of every string literal in `source` equal to one of `names`: in a
+    comparison, a table, a tuple, a dict key or an argument. What it tells a person is left
+    out: docstrings and the text of f-strings (messages), and the array kinds of `to=` and
+    `outputs=`."""
+    tree = ast.parse(source)
+    spared = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.body and isinstance(node.body[0], ast.Expr):
+            spared.add(id(node.body[0].value))     # a docstring
+        elif isinstance(node, ast.JoinedStr):
+            spared.update(id(v) for v in node.values)
+        elif isinstance(node, ast.keyword) and node.arg in ARRAY_KINDS:
+            spared.add(id(node.value))
+    lines = source.splitlines()
+    return [(node.lineno, lines[node.lineno - 1].strip()) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in names
+            and id(node) not in spared]
+
+
+def test_no_compiler_or_autotune_module_names_a_target():
+    """The compiler layer and the autotuner keep no table of targets (`CACHED_TARGETS`, an
+    `--emit` suffix per kind): what differs between targets is a field of their registry
+    entries. Names appear only in docstrings and messages."""
+    modules = sorted(COMPILER.rglob("*.py")) + sorted((ROOT / "autotune").rglob("*.py"))
+    assert COMPILER / "cache.py" in modules and ROOT / "autotune" / "measure.py" in modules
+    found = [f"{path.relative_to(ROOT)}:{line}: {code}" for path in modules
+             for line, code in target_names(path.read_text(), set(REGISTRY))]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("planted", [
+    'CACHED_TARGETS = ("llvm", "cuda")',
+    'EMIT_SUFFIX = {"llvm-ir": ".ll", "cuda": ".cu"}',
+    'cached = target in ["llvm"]',
+    'spec = REGISTRY["numpy"]',
+    'compile(model, target="llvm")',
+    'if target != "llvm":\n    pass',
+])
+def test_the_name_scan_finds_a_planted_table(planted):
+    found = target_names('"""The module, about llvm."""\nimport os\n' + planted, set(REGISTRY))
+    assert found and {line for line, _ in found} == {3}, found
+
+
+def test_the_name_scan_spares_docstrings_messages_and_array_kinds():
+    source = ('"""Targets: llvm."""\n'
+              'def f(target):\n'
+              '    """numpy"""\n'
+              '    model.run(x, to="numpy")\n'
+              '    compile(m, t, outputs="numpy")\n'
+              '    raise ArgumentError(f"the {target} target, not llvm")\n')
+    assert target_names(source, set(REGISTRY)) == []
 
 
 @pytest.mark.parametrize("planted", [
@@ -126,9 +196,35 @@ def test_entries_are_consistent():
                 {(spec.name, pattern) for pattern in Pattern}, spec.name
             machine = spec.target()
             assert all(machine.panel(layout) > 0 for layout in spec.layouts), spec.name
+        assert spec.returns, spec.name
+        # --emit writes each kind of code to a file with the suffix the entry gives
+        assert all(suffix.startswith(".") for suffix in spec.emits.values()), spec.name
+        assert set(spec.source_aliases).isdisjoint(spec.emits), spec.name
+        assert not spec.cached or spec.generates_code, spec.name   # caching keeps code
     assert using("cpu") == ["llvm"]
     assert using("precision") == ["cuda"]   # tensor cores (docs/cuda_backend.md, Precision)
     assert REGISTRY["llvm"].layouts == ("pack_dense", "pack_conv")
+    assert [n for n, s in REGISTRY.items() if s.cached] == ["llvm", "cuda"]
+
+
+def test_each_entry_lives_in_its_targets_package():
+    """`ENTRIES` names one module per target, `backends/<target>/entry.py`, whose `SPEC` is
+    the registry's entry for that name, in that order."""
+    assert [e.strip(".").split(".") for e in ENTRIES] == [[n, "entry"] for n in REGISTRY]
+    for entry in ENTRIES:
+        module = importlib.import_module(entry, "dnnc.backends")
+        assert REGISTRY[module.SPEC.name] is module.SPEC
+
+
+def test_listing_the_targets_imports_neither_llvmlite_nor_cupy():
+    """Availability stays lazy: the registry's entries are cheap to import."""
+    import subprocess
+
+    code = ("import sys; from dnnc.backends.registry import REGISTRY, fastest_first; "
+            "fastest_first(); print(sorted({'llvmlite', 'cupy'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_the_passes_and_the_runtime_read_the_one_target_the_registry_builds(monkeypatch):
@@ -167,3 +263,45 @@ def test_an_option_a_target_does_not_use_names_the_targets_that_do():
     with pytest.raises(ArgumentError, match="cache_size does not apply to the numpy target, only "
                                         "to llvm"):
         driver.check_options("numpy", cache_size=4)
+
+
+def write_toy_target(folder: Path) -> str:
+    """A copy of the numpy target's package under the name `toy` (its relative imports made
+    absolute, as a package outside dnnc writes them), in `folder`; its package name."""
+    package = folder / "toy_target"
+    package.mkdir()
+    for source in sorted((ROOT / "backends" / "numpy").glob("*.py")):
+        text = source.read_text().replace("from ...", "from dnnc.") \
+            .replace("from ..target_spec", "from dnnc.backends.target_spec")
+        (package / source.name).write_text(text.replace('TargetSpec("numpy", ',
+                                                        'TargetSpec("toy", '))
+    return package.name
+
+
+def test_a_third_target_is_one_package_and_one_registry_line(tmp_path, monkeypatch, rng):
+    """A toy target (the numpy reference, copied under another name) compiles, runs, is
+    offered by the CLI and saves and loads, with nothing changed outside its own package but
+    the one registry line (monkeypatch restores the registry after the test)."""
+    from dnnc.compiler.cli import build_parser
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = write_toy_target(tmp_path)
+    entry = importlib.import_module(f"{name}.entry")
+    monkeypatch.setitem(REGISTRY, entry.SPEC.name, entry.SPEC)   # the registry line
+
+    mlp = zoo.build("mlp", batch=2, in_features=4, hidden=(8,), classes=3)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    model = dnnc.compile(mlp, target="toy")
+    assert model.target == "toy" and model.runtime.target.name == "toy"
+    assert type(model.runtime).__module__ == f"{name}.runtime"   # its own runtime, not numpy's
+    np.testing.assert_array_equal(model(x), dnnc.compile(mlp, target="numpy")(x))
+    path = tmp_path / "toy.dnnc"
+    model.save(path)
+    loaded = dnnc.load(path)
+    assert loaded.target == "toy" and type(loaded.runtime).__module__ == f"{name}.runtime"
+    np.testing.assert_array_equal(loaded(x), model(x))
+    assert build_parser().parse_args(["compile", "m.onnx", "--target", "toy"]).target == "toy"
+    with pytest.raises(ArgumentError, match="cache_size does not apply to the toy target"):
+        dnnc.compile(mlp, target="toy", cache_size=4)
+    monkeypatch.undo()
+    assert "toy" not in REGISTRY

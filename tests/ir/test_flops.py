@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 from dnnc import zoo
 from dnnc.compiler.inspect import summarize
-from dnnc.compiler.targets import REGISTRY
+from dnnc.backends.registry import REGISTRY
 from dnnc.frontend.onnx import import_onnx
 from dnnc.ir.flops import node_flops
 from dnnc.ir.ops.registry import Pattern, all_ops

@@ -18,7 +18,7 @@ def test_feature_set_and_vector_width_follow_the_feature_string(features, bits):
     assert target.feature_set == {f[1:] for f in features.split(",") if f.startswith("+")}
     assert target.vector_bits == bits
     # the registry gives it the llvm templates' default panels: two vectors of float32
-    from dnnc.compiler.targets import REGISTRY
+    from dnnc.backends.registry import REGISTRY
 
     packed = REGISTRY["llvm"].target(target)
     assert packed.panel("pack_dense") == packed.panel("pack_conv") == 2 * bits // 32

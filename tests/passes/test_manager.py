@@ -8,7 +8,7 @@ import pytest
 import dnnc
 from dnnc import zoo
 from dnnc.compiler.driver import load_graph
-from dnnc.compiler.targets import REGISTRY
+from dnnc.backends.registry import REGISTRY
 from dnnc.compiler.inspect import pass_report
 from dnnc.errors import CompileError
 from dnnc.ir import types as T

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dnnc.backends.cuda import device
-from dnnc.compiler.targets import REGISTRY
+from dnnc.backends.registry import REGISTRY
 
 
 @dataclass

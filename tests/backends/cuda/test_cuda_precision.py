@@ -191,7 +191,7 @@ def test_stats_report_the_precision():
 
 
 def test_precision_needs_tensor_cores_of_sm80(monkeypatch):
-    from dnnc.compiler.targets import REGISTRY
+    from dnnc.backends.registry import REGISTRY
 
     monkeypatch.setitem(REGISTRY, "cuda", replace(
         REGISTRY["cuda"], machine=lambda: Target("cuda", arch="sm_75")))
@@ -234,7 +234,7 @@ def test_a_tuning_record_applies_at_its_precision_only(tmp_path):
     from dnnc.autotune.tasks import extract
     from dnnc.backends.cuda import tuning
     from dnnc.compiler.driver import load_graph
-    from dnnc.compiler.targets import REGISTRY
+    from dnnc.backends.registry import REGISTRY
     from dnnc.passes.manager import optimize
 
     model = zoo.build("mlp", hidden=(64,), in_features=32, classes=16, batch=32)
@@ -273,7 +273,7 @@ def test_cli_precision(tmp_path, capsys):
 def test_artifact_keeps_the_precision(simulated, tmp_path, monkeypatch):
     from dnnc.backends.cuda import device, executable
     from dnnc.compiler.module import CompiledModel
-    from dnnc.compiler.targets import REGISTRY
+    from dnnc.backends.registry import REGISTRY
     from dnnc.passes.manager import optimize
     from simulated_device import FAKE, relu_model
 

@@ -23,7 +23,7 @@ from dnnc.backends.cuda.executable import (DEVICE_ALIGN, BoundLaunch, _Layout, l
                                            resolve)
 from dnnc.backends.plan import Call
 from dnnc.compiler import cli
-from dnnc.compiler.targets import REGISTRY, default_target
+from dnnc.backends.registry import REGISTRY, default_target
 from dnnc.errors import CompileError, DeviceError
 from simulated_device import FAKE, FakeArray, FakeKernel, FakeLaunch, Interface, relu_model
 

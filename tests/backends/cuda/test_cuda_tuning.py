@@ -12,7 +12,7 @@ from dnnc.autotune.measure import measure
 from dnnc.autotune.tasks import extract
 from dnnc.backends.cuda import tuning as cuda_tuning
 from dnnc.compiler.driver import load_graph
-from dnnc.compiler.targets import REGISTRY
+from dnnc.backends.registry import REGISTRY
 from dnnc.passes.manager import optimize
 
 pytestmark = pytest.mark.gpu

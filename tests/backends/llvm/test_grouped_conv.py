@@ -18,7 +18,7 @@ from dnnc.autotune.tasks import extract
 from dnnc.backends.llvm import tuning as llvm_tuning
 from dnnc.backends.llvm.schedules import template_for
 from dnnc.backends.lower import lower_group
-from dnnc.compiler.targets import REGISTRY
+from dnnc.backends.registry import REGISTRY
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.passes.manager import optimize

@@ -23,7 +23,7 @@ from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
-from dnnc.compiler.targets import REGISTRY
+from dnnc.backends.registry import REGISTRY
 from dnnc.ir.target import Target
 from dnnc.passes.convert_layout import convert_layout
 from dnnc.passes.specialize import specialize

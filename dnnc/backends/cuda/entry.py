@@ -1,0 +1,82 @@
+"""The `cuda` target's registry entry (`backends/registry.py`): its `TargetSpec` and the
+functions it names, the runtime factory among them. Cheap to import: CuPy is imported when a
+function here runs (`device.import_cupy`), so listing the targets loads none of it. The
+functions look `device`'s up when they run, so a test's stand-in device is the one they ask."""
+
+from __future__ import annotations
+
+from ...errors import ArgumentError
+from ...ir.target import Fusion, Target
+from ..target_spec import ArtifactCodec, TargetSpec
+from . import FUSION, artifact, device
+
+
+def check_compile(target: Target, render_only: bool) -> None:
+    """Before any pass runs: without CuPy or a GPU a `DeviceError` saying which is missing,
+    unless only the sources are wanted (`render_only`); a reduced precision on a GPU without
+    tensor cores."""
+    if not render_only:
+        device.import_cupy()
+    if target.precision != "fp32" and not device.has_tensor_cores(target.arch):
+        raise ArgumentError(f"precision={target.precision!r} runs on the tensor cores' "
+                            f"mma.sync of sm_80 and newer; this GPU is {target.arch} (compile "
+                            f"with precision='fp32')")
+
+
+def runtime(graph, opt_level: int, target: Target, progress=None, reuse_memory=True,
+            cache_size=None, tuned=None, render_only=False, outputs=None):
+    """A `CUDARuntime` for `graph` (the passes ran) returning `outputs` ("cupy" when None)."""
+    from .executable import DEFAULT_CACHE_SIZE, CUDARuntime
+
+    return CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
+                       reuse_memory=reuse_memory,
+                       cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size,
+                       render_only=render_only, tuned=tuned, outputs=outputs or "cupy")
+
+
+def available() -> bool:
+    return device.available()
+
+
+def require() -> None:
+    device.import_cupy()
+
+
+def machine() -> Target:
+    return device.machine()
+
+
+def about() -> str:
+    if not device.available():
+        return device.unavailable_reason()
+    v = device.versions()
+    return (f"CuPy {v['cupy']}, CUDA runtime {v['runtime']}, NVRTC {v['nvrtc']}, driver "
+            f"{v['driver']}, {device.describe()}")
+
+
+def fusion() -> Fusion:
+    return FUSION
+
+
+def templates() -> dict:
+    from .schedules import TEMPLATES
+
+    return TEMPLATES
+
+
+def tuning_module():
+    from . import tuning
+
+    return tuning
+
+
+SPEC = TargetSpec(
+    "cuda", "NVIDIA GPUs through NVRTC (CuPy)", runtime,
+    # device arrays by default: a caller on the GPU pays no copy to the host
+    returns=("cupy", "numpy"),
+    options=("passes", "dump_ir", "cache_size", "tuning_log", "precision"),
+    emits={"cuda": ".cu", "loop": ".loop"},
+    codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
+    runs_passes=True, machine=machine, layouts=(), fusion=fusion, templates=templates,
+    tuning=tuning_module, speed=20, available=available, require=require,
+    check_compile=check_compile, about=about)

@@ -1,0 +1,70 @@
+"""The `llvm` target's registry entry (`backends/registry.py`): its `TargetSpec` and the
+functions it names, the runtime factory among them. Cheap to import: llvmlite is imported when
+a function here runs, so listing the targets loads none of it."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ...ir.target import Fusion, Target
+from ..target_spec import ArtifactCodec, TargetSpec
+from . import FUSION, artifact, panels
+
+
+def runtime(graph, opt_level: int, target: Target, progress=None, reuse_memory=True,
+            cache_size=None, tuned=None, render_only=False, outputs=None):
+    """An `LLVMRuntime` for `graph` (the passes ran). render_only changes nothing here: the
+    CPU that compiles is the one that runs; outputs can only be "numpy" (`check_options`),
+    what it returns anyway."""
+    from .executable import DEFAULT_CACHE_SIZE, LLVMRuntime
+
+    return LLVMRuntime(graph, target=target, opt_level=opt_level, progress=progress,
+                       reuse_memory=reuse_memory, tuned=tuned,
+                       cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
+
+
+def available() -> bool:
+    return importlib.util.find_spec("llvmlite") is not None
+
+
+def host() -> Target:
+    from .runtime import host_target
+
+    return host_target()
+
+
+def fusion() -> Fusion:
+    return FUSION
+
+
+def templates() -> dict:
+    from .schedules import TEMPLATES
+
+    return TEMPLATES
+
+
+def tuning_module():
+    from . import tuning
+
+    return tuning
+
+
+def about() -> str:
+    if not available():
+        return "needs llvmlite (pip install llvmlite)"
+    import llvmlite
+    import llvmlite.binding
+
+    llvm = ".".join(map(str, llvmlite.binding.llvm_version_info))
+    return f"llvmlite {llvmlite.__version__}, LLVM {llvm}"
+
+
+SPEC = TargetSpec(
+    "llvm", "native code for this CPU through LLVM", runtime, returns=("numpy",),
+    options=("cpu", "passes", "dump_ir", "cache_size", "tuning_log"),
+    emits={"llvm-ir": ".ll", "asm": ".s", "loop": ".loop"}, source_aliases=("llvm",),
+    codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
+    runs_passes=True, machine=host,
+    # dense and conv weights packed into the micro-kernels' panels (convert_layout)
+    layouts=("pack_dense", "pack_conv"), fusion=fusion, panels=panels,
+    templates=templates, tuning=tuning_module, speed=10, available=available, about=about)

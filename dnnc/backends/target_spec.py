@@ -1,0 +1,74 @@
+"""What a target is, as data: `TargetSpec`, the entry a target package gives the registry
+(`backends/registry.py`), and `ArtifactCodec`, how its runtime goes into an artifact and comes
+back. Each target package builds its own entry (`backends/<target>/entry.py`).
+
+This module only describes: it imports no target package and no layer above `ir/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from ..ir.target import Fusion, Target
+
+
+@dataclass(frozen=True)
+class ArtifactCodec:
+    """How a target's runtime goes into an artifact and comes back (`compiler/artifact.py`
+    owns the container; the codec, in the target's package, its part of the manifest and its
+    member files)."""
+    export: Callable      # (runtime, manifest, files) -> None
+    check: Callable       # (manifest, path) -> None: raise if this machine cannot run it
+    restore: Callable     # (spec, graph, manifest, read, progress) -> runtime; `spec` is the
+    #                       target's own entry, whose `target()` builds the machine it runs on
+
+
+def _no_check(target: Target, render_only: bool) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    description: str
+    # (graph, opt_level, target, *, progress, reuse_memory, cache_size, tuned, render_only,
+    # outputs) -> the runtime of `graph`, which the passes (when `runs_passes`) have made
+    runtime: Callable
+    returns: tuple[str, ...]           # the array kinds a call can return, the default first
+    options: tuple[str, ...] = ()      # the compile options beyond the common ones it uses
+    # source kind -> the suffix of the file `dnnc compile --emit KIND DIR` writes: what
+    # `CompiledModel.source(kind)` gives; empty: it generates no code
+    emits: dict[str, str] = field(default_factory=dict)
+    source_aliases: tuple[str, ...] = ()  # older spellings of its kinds `source()` still takes
+    codec: ArtifactCodec | None = None  # None: its models cannot be saved
+    cached: bool = False               # compiles kept in the on-disk compile cache
+    runs_passes: bool = False          # the graph pipeline: --dump-ir, --bisect-passes, ...
+    machine: Callable | None = None    # () -> this host's Target (None: no machine to describe)
+    layouts: tuple[str, ...] = ()      # the layout rewrites it wants (passes/convert_layout.py)
+    fusion: Callable | None = None     # () -> Fusion: what its kernels can take as one (fuse_ops)
+    panels: Callable | None = None     # (vector bits) -> ((layout, panel width), ...)
+    templates: Callable | None = None  # () -> {(target, anchor pattern): templates, in order}
+    tuning: Callable | None = None     # () -> what the tuner needs (backends/llvm/tuning.py)
+    speed: int = 0                     # rank among the targets available on the host
+    available: Callable = lambda: True  # () -> whether this host can run it
+    require: Callable = lambda: None   # () -> None, else raises the error saying why it cannot
+    # (target, render_only) -> None, else raises, before any pass runs, what stops this
+    # compile (cuda: no CuPy or GPU unless only rendering; a precision without tensor cores)
+    check_compile: Callable = _no_check
+    about: Callable = lambda: ""       # () -> its libraries' versions, or why it cannot run
+
+    @property
+    def generates_code(self) -> bool:
+        return bool(self.emits)
+
+    def target(self, cpu: Target | None = None, precision: str | None = None) -> Target:
+        """The Target a compile for this target reads, passes and runtime alike: the machine
+        `cpu` describes (the `cpu` option), else this host's, with this target's layouts and
+        fusion limits, its templates' panel widths on that machine, and `precision` (the
+        `precision` option; None: fp32)."""
+        machine = cpu or (self.machine() if self.machine else Target(self.name))
+        return replace(machine, name=self.name, layouts=self.layouts,
+                       fusion=self.fusion() if self.fusion else Fusion(),
+                       panels=self.panels(machine.vector_bits) if self.panels else (),
+                       precision=precision or "fp32")
