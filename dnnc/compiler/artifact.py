@@ -341,7 +341,7 @@ def llvm_check(manifest: dict, path) -> None:
     they include those the CPU name implies."""
     import llvmlite.binding as llvm
 
-    from ..backends.llvm.runtime import host_target
+    from ..backends.llvm.cpu import host_target
 
     try:
         _check_llvm_manifest(manifest)
@@ -457,7 +457,7 @@ def _check_segments(manifest: dict, target_fields) -> None:
 
 def llvm_restore(graph: Graph, manifest: dict, read, progress):
     from ..backends.llvm.executable import LLVMRuntime, SegmentImage
-    from ..backends.llvm.runtime import host_target
+    from ..backends.llvm.cpu import host_target
     from .targets import REGISTRY
 
     target = manifest["target"]

@@ -321,7 +321,7 @@ def _cpu_option(args):
 
     if args.target not in using("cpu"):
         raise UsageError(f"--mcpu/--mattr apply to the {', '.join(using('cpu'))} target only")
-    from ..backends.llvm.runtime import cpu_from
+    from ..backends.llvm.cpu import cpu_from
 
     try:
         return cpu_from(args.mcpu, args.mattr)

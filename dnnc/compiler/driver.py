@@ -97,7 +97,7 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
                                 f"{', '.join(users)}")
     if cpu is not None and not isinstance(cpu, Target):
         raise ArgumentError(f"cpu must be a dnnc.ir.target.Target (for llvm: "
-                            f"backends.llvm.runtime.cpu_from or host_target), not "
+                            f"backends.llvm.cpu.cpu_from or host_target), not "
                             f"{type(cpu).__name__}")
     if cpu is not None and cpu.name != target:
         raise ArgumentError(f"cpu describes a machine for the {cpu.name!r} target, not for "
@@ -163,7 +163,7 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     fastest target this host can run, as for `dnnc.jit` and the CLI: llvm on a CPU, cuda where
     CuPy sees a GPU; `targets.default_target`).
 
-    `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.runtime.cpu_from`) is the
+    `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.cpu.cpu_from`) is the
     machine to compile for instead of this host (CPU name, features, threads; the layouts are
     the target's own); `progress` prints compile stages on stderr (default: when it is a tty);
     `passes` stops the pass pipeline after its first N passes and leaves arena memory

@@ -72,7 +72,7 @@ def _has_llvmlite() -> bool:
 
 
 def _llvm_host() -> Target:
-    from ..backends.llvm.runtime import host_target
+    from ..backends.llvm.cpu import host_target
 
     return host_target()
 

@@ -39,9 +39,11 @@ from ..plan import (DEFAULT_CACHE_SIZE, Call, CompiledSegment, Executable, Progr
                     image_consts, task_key)
 from ...ir.target import Target
 from .codegen import ModuleBuilder, workspace_params
+from .cpu import host_target
+from .jit import JITModule, target_machine
 from .objfile import check_object
-from .runtime import (JITModule, at_fork_in_child, ensure_pool, host_target, initialize,
-                      llvm_lock, target_machine)
+from .process import at_fork_in_child, initialize, llvm_lock
+from .workers import ensure_pool
 from .schedules import schedule_kernel
 
 
@@ -330,7 +332,7 @@ class ObjectModule:
         self.tm = target_machine(target)
         self._data = bytes(data)
         needed = check_object(self._data)   # LLVM trusts the file: a malformed one crashes it
-        with llvm_lock():   # LLVM's locks are never held across a fork (runtime.py)
+        with llvm_lock():   # LLVM's locks are never held across a fork (process.py)
             empty = llvm.parse_assembly("")
             empty.triple = self.tm.triple
             empty.data_layout = str(self.tm.target_data)

@@ -12,7 +12,7 @@ from ...ir import loop as L
 from ...ir.target import Target
 from ..lower import Kernel
 from .codegen import ModuleBuilder, workspace_params
-from .runtime import JITModule
+from .jit import JITModule
 from .schedules import schedule_kernel, template_for as _template_for
 
 
