@@ -38,7 +38,8 @@ from dnnc.backends.llvm.cpu import host_target  # noqa: E402
 from dnnc.compiler.driver import load_graph  # noqa: E402
 from dnnc.compiler.targets import REGISTRY  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
-from dnnc.passes.manager import DEFAULT_OPT_LEVEL, optimize  # noqa: E402
+from dnnc.levels import DEFAULT_OPT_LEVEL  # noqa: E402
+from dnnc.passes.manager import optimize  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
 HIGHEST = 3

@@ -11,27 +11,26 @@ from ..backends.numpy import NumpyRuntime
 from ..errors import ArgumentError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.target import PRECISIONS, Target
-from ..passes.manager import DEFAULT_OPT_LEVEL, passes_at
+from ..levels import DEFAULT_OPT_LEVEL, OPT_LEVELS, levels
+from ..passes.manager import passes_at
 from .arguments import (check_choice, check_int, check_optional_bool, check_optional_path,
                         check_returns)
 from . import cache as compile_cache
 from .module import CompiledModel
-
-OPT_LEVELS = range(0, 4)
-"""LLVM's -O0 to -O3; the graph pipeline's passes start at levels 1 and 2."""
 
 def llvm_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
                  cache_size=None, tuned=None, render_only=False, outputs=None, **pipeline):
     # render_only changes nothing here: the CPU that compiles is the one that runs; outputs
     # can only be "numpy" (check_options), what it returns anyway
     from ..backends.llvm.executable import DEFAULT_CACHE_SIZE, LLVMRuntime
-    from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
+    from ..passes.manager import optimize
 
     graph = optimize(graph, target, opt_level, passes=passes, **pipeline)
-    return graph, LLVMRuntime(graph, target=target, opt_level=opt_level, progress=progress,
-                              reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
-                              tuned=tuned,
-                              cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
+    runtime = LLVMRuntime(graph, target=target, opt_level=opt_level, progress=progress,
+                          reuse_memory=levels(opt_level).reuse_memory and passes is None,
+                          tuned=tuned,
+                          cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
+    return graph, runtime.start()
 
 
 def numpy_runtime(graph: Graph, opt_level: int, target: Target, progress=None, passes=None,
@@ -46,7 +45,7 @@ def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
     sources are wanted (`render_only`)."""
     from ..backends.cuda.device import has_tensor_cores, import_cupy
     from ..backends.cuda.executable import DEFAULT_CACHE_SIZE, CUDARuntime
-    from ..passes.manager import MEMORY_REUSE_LEVEL, optimize
+    from ..passes.manager import optimize
 
     if not render_only:
         import_cupy()
@@ -55,11 +54,11 @@ def cuda_runtime(graph: Graph, opt_level: int, target: Target, progress=None, pa
                             f"mma.sync of sm_80 and newer; this GPU is {target.arch} (compile "
                             f"with precision='fp32')")
     graph = optimize(graph, target, opt_level, passes=passes, **pipeline)
-    return graph, CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
-                              reuse_memory=opt_level >= MEMORY_REUSE_LEVEL and passes is None,
-                              cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size,
-                              render_only=render_only, tuned=tuned,
-                              outputs=outputs or "cupy")
+    runtime = CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
+                          reuse_memory=levels(opt_level).reuse_memory and passes is None,
+                          cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size,
+                          render_only=render_only, tuned=tuned, outputs=outputs or "cupy")
+    return graph, runtime.start()
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..ir.flops import Count, node_flops
 from ..ir.graph import Graph
+from ..levels import DEFAULT_OPT_LEVEL
 
 
 def human(n: int) -> str:
@@ -201,7 +202,7 @@ class PassRow:
                 "nodes": self.nodes, "kernels": self.kernels, "seconds": self.seconds}
 
 
-def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
+def pass_report(graph: Graph, target: str | None = None, opt_level: int = DEFAULT_OPT_LEVEL,
                 cpu=None) -> list[PassRow]:
     """One row for the imported graph, then one per pass the pipeline of `target` (default:
     the host's, see targets.py) at `opt_level` runs (a target without passes, like numpy, runs

@@ -8,12 +8,13 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 
 from ...ir.target import Target
+from ...levels import DEFAULT_LEVELS
 from .cpu import llvm_cpu
 from .process import initialize, llvm_lock
 from .workers import ensure_pool
 
 
-def target_machine(target: Target, opt: int = 3):
+def target_machine(target: Target, opt: int = DEFAULT_LEVELS.codegen):
     initialize()
     name, features = llvm_cpu(target)
     # reloc/code model defaults suit MCJIT on x86-64 and aarch64 alike
@@ -21,7 +22,7 @@ def target_machine(target: Target, opt: int = 3):
                                                                    opt=opt)
 
 
-def optimize(module, tm, speed_level: int = 3) -> None:
+def optimize(module, tm, speed_level: int = DEFAULT_LEVELS.codegen) -> None:
     """The new pass manager's standard pipeline: loop and SLP vectorizers for `tm`'s ISA."""
     pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
     pto.loop_vectorization = True
@@ -33,9 +34,11 @@ def optimize(module, tm, speed_level: int = 3) -> None:
 
 
 class JITModule:
-    """One compiled LLVM module, alive as long as this object."""
+    """One compiled LLVM module, alive as long as this object, compiled at `codegen_level`
+    (LLVM's -O level: `levels.levels(opt_level).codegen` for a model's segments)."""
 
-    def __init__(self, ir_text: str, target: Target, opt_level: int = 3, name: str = "dnnc"):
+    def __init__(self, ir_text: str, target: Target,
+                 codegen_level: int = DEFAULT_LEVELS.codegen, name: str = "dnnc"):
         initialize()
         ensure_pool()
         self.target = target
@@ -43,11 +46,11 @@ class JITModule:
             self.module = llvm.parse_assembly(ir_text)
             self.module.name = name
             self.module.verify()
-            self.tm = target_machine(target, opt=min(opt_level, 3))
+            self.tm = target_machine(target, opt=min(codegen_level, 3))
             self.module.triple = self.tm.triple
             self.module.data_layout = str(self.tm.target_data)
-            if opt_level > 0:
-                optimize(self.module, self.tm, speed_level=min(opt_level, 3))
+            if codegen_level > 0:
+                optimize(self.module, self.tm, speed_level=min(codegen_level, 3))
             self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
             # keep the object MCJIT compiled and runs: emitting the module again
             # (tm.emit_object) gives other code (an MLP's: 10,416 bytes against the 10,384 that
