@@ -1,8 +1,8 @@
 """Runs a compiled graph: `Executable`, the runtime every compiled target's runtime extends.
 
 It runs the steps in order (host steps through the NumPy reference), keeps the compiled
-specialisations of each segment in a bounded LRU cache (a dynamic batch compiles once per
-batch size seen; `cache_size` per segment, `evictions` counts the dropped), compiles every
+specialisations of each segment in a bounded LRU cache (`specialisations.Specialisations`: a
+dynamic batch compiles once per batch size seen, `cache_size` per segment), compiles every
 segment ahead of the first call when the inputs' shapes are static (`start`), runs a batch
 size it has no code for on another size's code where the target allows it
 (`batch_split.BatchSplits`, which also compiles such a size in the background), re-plans once
@@ -22,7 +22,6 @@ import logging
 import sys
 import threading
 import time
-from collections import OrderedDict
 
 import numpy as np
 
@@ -35,13 +34,9 @@ from .batch_split import SPECIALIZE_AFTER, BatchSplit, BatchSplits
 from .contract import CompiledSegment, TargetHooks
 from .lower import Kernel
 from .plan import HostAfterAll, ProgramBuilder, segment_groups
+from .specialisations import DEFAULT_CACHE_SIZE, Specialisations
 
 log = logging.getLogger(__name__)
-
-# specialisations kept per segment: each costs its machine code and, per calling thread, its
-# arena (200 batch sizes of an MLP held 274 MB before the cache was bounded)
-DEFAULT_CACHE_SIZE = 32
-
 
 def kernel_facts(kernel: Kernel) -> dict:
     """What a profile row says of a kernel besides its time: its template and config, its
@@ -89,10 +84,7 @@ class Executable(TargetHooks):
         self.progress = sys.stderr.isatty() if progress is None else progress
         self._forced_host: frozenset = frozenset()
         self.steps = plan_steps(graph) if plan is None else steps_from(graph, plan)
-        self.cache_size = cache_size
-        self.evictions = 0
-        # least recently used first; a hit moves its key to the end
-        self._cache: OrderedDict[tuple, CompiledSegment] = OrderedDict()
+        self._cache = Specialisations(cache_size)
         self._lock = threading.Lock()
         self.compile_seconds = 0.0
         self._warm = warm_up and plan is None and all(v.type.is_static for v in graph.inputs)
@@ -153,10 +145,7 @@ class Executable(TargetHooks):
         its nodes form (a segment not compiled yet, or restored from an artifact, which keeps
         no kernels: the same count `compile` gives; `warm_up=False` counts a graph's kernels
         without lowering or compiling them)."""
-        compiled = {}
-        for (index, *_), seg in list(self._cache.items()):
-            if seg.kernels:
-                compiled.setdefault(index, len(seg.kernels))
+        compiled = self._cache.kernel_counts()
         return sum(compiled[s.index] if s.index in compiled
                    else len(segment_groups(s, self.graph.groups))
                    for s in self.steps if isinstance(s, Segment))
@@ -313,12 +302,8 @@ class Executable(TargetHooks):
         (unless not `exact` and another batch size's code can run it: a `BatchSplit`); its
         compile is a step of `progress` (warm-up), else a progress line."""
         key = (step.index, shapes, values)
-        seg = self._cache.get(key)
+        seg = self._cache.use(key)
         if seg is not None:
-            try:
-                self._cache.move_to_end(key)
-            except KeyError:   # evicted by another thread meanwhile: `seg` still works
-                pass
             return seg
         if not exact and self.batch_split:
             split = self.splits.split(step, shapes, values, self._cache, self._compile_exact)
@@ -337,8 +322,7 @@ class Executable(TargetHooks):
                     log.info(message)
                 program = self.builder.build(step, shapes, values, groups)
                 seg = self.compile_segment(program)
-                self._cache[key] = seg
-                self._evict(step.index)
+                self._cache.add(key, seg)
                 seconds = time.perf_counter() - start
                 self.compile_seconds += seconds
                 log.debug("segment %d, shapes %s: %d kernel(s) compiled in %.2f s",
@@ -355,14 +339,6 @@ class Executable(TargetHooks):
         """Wait until no background compile is running; whether none is."""
         return self.splits.wait(timeout)
 
-    def _evict(self, index: int) -> None:
-        """Drop segment `index`'s least recently used specialisations beyond `cache_size`
-        (a call running one keeps it alive until it returns)."""
-        keys = [k for k in list(self._cache) if k[0] == index]   # list(): one atomic copy
-        for key in keys[:max(0, len(keys) - self.cache_size)]:
-            del self._cache[key]
-            self.evictions += 1
-
     def _after_fork_in_child(self) -> None:
         """The forking thread is the child's only one: a lock another thread held at fork
         time would never be released (a child needing a new shape would hang), and a
@@ -376,23 +352,17 @@ class Executable(TargetHooks):
         return list(self._cache.values())
 
     @property
+    def evictions(self) -> int:
+        """Specialisations dropped beyond `cache_size` per segment."""
+        return self._cache.evictions
+
+    @property
     def arena_bytes(self) -> int:
-        """Arena bytes a calling thread holds: the sum over every compiled specialisation
-        (each segment and shape has an arena of its own, all kept)."""
-        return sum(s.arena_bytes for s in list(self._cache.values()))
+        """Arena bytes a calling thread holds (`Specialisations.arena_bytes`)."""
+        return self._cache.arena_bytes
 
     @property
     def memory_stats(self) -> dict[str, int]:
-        """`plan_memory`'s figures summed like `arena_bytes`: `naive_bytes` (every
-        intermediate in a block of its own) and `live_lower_bound_bytes` (per arena, the most
-        bytes live at once), and `workspace_bytes`: the part of `arena_bytes` that holds
-        kernels' workspace past the planned values (llvm); empty when no specialisation was
-        planned in this process (all restored from an artifact)."""
-        planned = [s for s in list(self._cache.values()) if s.memory is not None]
-        if not planned:
-            return {}
-        plans = [s.memory for s in planned]
-        return {"naive_bytes": sum(p.naive_bytes for p in plans),
-                "live_lower_bound_bytes": sum(p.live_lower_bound_bytes for p in plans),
-                "inplace_kernels": sum(len(p.inplace) for p in plans),
-                "workspace_bytes": sum(s.arena_workspace_bytes for s in planned)}
+        """`plan_memory`'s figures over every specialisation
+        (`Specialisations.memory_stats`)."""
+        return self._cache.memory_stats

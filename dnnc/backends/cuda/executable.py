@@ -53,8 +53,9 @@ from ...ir.target import Target
 from ...levels import DEFAULT_OPT_LEVEL
 from ..lower import Kernel
 from ..contract import CompiledSegment
-from ..executable import DEFAULT_CACHE_SIZE, Executable
+from ..executable import Executable
 from ..plan import Call, Program, image_consts
+from ..specialisations import DEFAULT_CACHE_SIZE
 from . import device
 
 DEVICE_ALIGN = 256

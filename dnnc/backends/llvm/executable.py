@@ -36,8 +36,9 @@ from ...ir.segments import Segment
 from ..lower import Kernel
 from ..memory import ALIGN, aligned
 from ..contract import CompiledSegment
-from ..executable import DEFAULT_CACHE_SIZE, Executable
+from ..executable import Executable
 from ..plan import Call, Program, image_consts
+from ..specialisations import DEFAULT_CACHE_SIZE
 from ...ir.target import Target
 from ...levels import DEFAULT_OPT_LEVEL, levels
 from .codegen import ModuleBuilder, workspace_params
