@@ -71,7 +71,7 @@ def run_child(name: str, batch: int, sizes: list[int], cache: Path) -> dict:
 
 def main() -> None:
     import dnnc
-    from dnnc.backends.llvm.runtime import host_target
+    from dnnc.backends.llvm.cpu import host_target
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet50,resnet18,bert_base")

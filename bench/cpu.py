@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dnnc  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc import zoo  # noqa: E402
-from dnnc.backends.llvm.runtime import cpu_from, host_target  # noqa: E402
+from dnnc.backends.llvm.cpu import cpu_from, host_target  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
 EXPORTS = Path.home() / ".cache" / "dnnc" / "bench"

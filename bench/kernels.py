@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
-from dnnc.backends.llvm.runtime import host_target  # noqa: E402
+from dnnc.backends.llvm.cpu import host_target  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 

@@ -34,11 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
-from dnnc.backends.llvm.runtime import host_target  # noqa: E402
+from dnnc.backends.llvm.cpu import host_target  # noqa: E402
 from dnnc.compiler.driver import load_graph  # noqa: E402
 from dnnc.backends.registry import REGISTRY  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
-from dnnc.passes.manager import DEFAULT_OPT_LEVEL, optimize  # noqa: E402
+from dnnc.levels import DEFAULT_OPT_LEVEL  # noqa: E402
+from dnnc.passes.manager import optimize  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
 HIGHEST = 3

@@ -1,6 +1,6 @@
 """dnnc's messages: one `logging` logger, "dnnc", which every module logs to through a child of
-its own (`logging.getLogger(__name__)`: "dnnc.backends.plan", "dnnc.passes.manager", ...), so
-an application filters or redirects them as it does any library's.
+its own (`logging.getLogger(__name__)`: "dnnc.backends.executable", "dnnc.passes.manager",
+...), so an application filters or redirects them as it does any library's.
 
 Levels: INFO for progress (a compile's stages, each segment compiled), logged only when the
 caller asked for progress (`progress=True`, or by default when stderr is a terminal); DEBUG

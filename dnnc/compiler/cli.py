@@ -50,6 +50,7 @@ import numpy.random  # noqa: F401
 
 from ..version import __version__
 from ..errors import ArgumentError, CompileError, DNNCError, UnsupportedOpError
+from ..levels import DEFAULT_OPT_LEVEL
 from ..log import LOGGER, set_verbosity
 from .module import call_times_ms
 
@@ -242,7 +243,7 @@ def cmd_inspect(args) -> int:
         else:
             summary = summarize(graph)
     target = args.target or default_target()
-    opt_level = 3 if args.opt_level is None else args.opt_level
+    opt_level = DEFAULT_OPT_LEVEL if args.opt_level is None else args.opt_level
     rows = pass_report(graph, target, opt_level) if args.passes else None
     drawn = _draw(args, graph if artifact is None else None, artifact, target, opt_level) \
         if args.draw else None
@@ -322,7 +323,7 @@ def _cpu_option(args):
 
     if args.target not in using("cpu"):
         raise UsageError(f"--mcpu/--mattr apply to the {', '.join(using('cpu'))} target only")
-    from ..backends.llvm.runtime import cpu_from
+    from ..backends.llvm.cpu import cpu_from
 
     try:
         return cpu_from(args.mcpu, args.mattr)

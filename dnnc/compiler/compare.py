@@ -18,6 +18,7 @@ import numpy as np
 from ..backends.registry import default_target
 from ..ir.graph import Graph
 from ..ir.interpreter import run_graph
+from ..levels import DEFAULT_OPT_LEVEL
 from ..passes.manager import passes_at
 from ..progress import Progress
 from .arguments import check_int, check_optional_bool, check_tolerance
@@ -119,7 +120,7 @@ def bisect_passes(model, target: str | None = None, opt_level: int | None = None
     target = default_target() if target is None else target
     graph = load_graph(model)
     arrays = _inputs(graph, np.random.default_rng(seed))
-    names = passes_at(3 if opt_level is None else opt_level)
+    names = passes_at(DEFAULT_OPT_LEVEL if opt_level is None else opt_level)
     shown = sys.stderr.isatty() if progress is None else progress
     steps = list(range(len(names) + 1)) + [None]
     with Progress(len(steps) + 1, shown, unit="compile") as bar:

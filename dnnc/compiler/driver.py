@@ -11,14 +11,13 @@ from ..backends.registry import REGISTRY, default_target, using
 from ..errors import ArgumentError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.target import PRECISIONS, Target
-from ..passes.manager import DEFAULT_OPT_LEVEL, MEMORY_REUSE_LEVEL, optimize, passes_at
+from ..levels import DEFAULT_OPT_LEVEL, OPT_LEVELS, levels
+from ..passes.manager import optimize, passes_at
 from .arguments import (check_choice, check_int, check_optional_bool, check_optional_path,
                         check_returns)
 from . import cache as compile_cache
 from .module import CompiledModel
 
-OPT_LEVELS = range(0, 4)
-"""LLVM's -O0 to -O3; the graph pipeline's passes start at levels 1 and 2."""
 
 
 def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress=None,
@@ -54,7 +53,7 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
                                 f"{', '.join(users)}")
     if cpu is not None and not isinstance(cpu, Target):
         raise ArgumentError(f"cpu must be a dnnc.ir.target.Target (for llvm: "
-                            f"backends.llvm.runtime.cpu_from or host_target), not "
+                            f"backends.llvm.cpu.cpu_from or host_target), not "
                             f"{type(cpu).__name__}")
     if cpu is not None and cpu.name != target:
         raise ArgumentError(f"cpu describes a machine for the {cpu.name!r} target, not for "
@@ -120,7 +119,7 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     fastest target this host can run, as for `dnnc.jit` and the CLI: llvm on a CPU, cuda where
     CuPy sees a GPU; `backends.registry.default_target`).
 
-    `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.runtime.cpu_from`) is the
+    `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.cpu.cpu_from`) is the
     machine to compile for instead of this host (CPU name, features, threads; the layouts are
     the target's own); `progress` prints compile stages on stderr (default: when it is a tty);
     `passes` stops the pass pipeline after its first N passes and leaves arena memory
@@ -187,7 +186,7 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     if spec.runs_passes:
         graph = optimize(graph, machine, level, passes=passes, timings=timings, dump_ir=dump_ir)
     runtime = spec.runtime(graph, level, machine, progress=progress,
-                           reuse_memory=level >= MEMORY_REUSE_LEVEL and passes is None,
+                           reuse_memory=levels(level).reuse_memory and passes is None,
                            cache_size=cache_size, tuned=tuned, render_only=render_only,
                            outputs=outputs)
     stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),

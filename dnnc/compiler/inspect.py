@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..backends.registry import REGISTRY, default_target
 from ..ir.flops import Count, node_flops
 from ..ir.graph import Graph
+from ..levels import DEFAULT_OPT_LEVEL
 
 
 def human(n: int) -> str:
@@ -202,7 +203,7 @@ class PassRow:
                 "nodes": self.nodes, "kernels": self.kernels, "seconds": self.seconds}
 
 
-def pass_report(graph: Graph, target: str | None = None, opt_level: int = 3,
+def pass_report(graph: Graph, target: str | None = None, opt_level: int = DEFAULT_OPT_LEVEL,
                 cpu=None) -> list[PassRow]:
     """One row for the imported graph, then one per pass the pipeline of `target` (default:
     the host's, see backends/registry.py) at `opt_level` runs (a target without passes, like

@@ -7,10 +7,11 @@ import logging
 
 from ..backends.registry import REGISTRY, default_target, using
 from ..errors import ArgumentError
-from ..passes.manager import DEFAULT_OPT_LEVEL, optimize
+from ..levels import DEFAULT_OPT_LEVEL, OPT_LEVELS
+from ..passes.manager import optimize
 from ..ir.target import PRECISIONS
 from .arguments import check_choice, check_int, check_optional_bool, check_path
-from .driver import OPT_LEVELS, load_graph
+from .driver import load_graph
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Which segments compute each item of a batch on its own: the proof behind running a new batch
-size on code compiled for another (`backends/plan.py`, `BatchSplit`).
+size on code compiled for another (`backends/batch_split.py`, `BatchSplit`).
 
 A segment is *batch-separable* along a symbolic dim `s` when every escaping output has `s` as
 its axis 0 and output item `i` along it is computed from item `i` of the inputs that have `s`

@@ -6,7 +6,7 @@ complete feature string, the threads the code runs on, a GPU architecture for a 
 and the layouts the target's kernels want (`passes/convert_layout.py` applies them). Passes
 and runtimes read their target-dependent choices from it, without importing a backend or
 comparing names; the runtime and the passes of one compile get the same Target. Backends
-probe the machine they run on (`backends/llvm/runtime.py: host_target`).
+probe the machine they run on (`backends/llvm/cpu.py: host_target`).
 
 `precision` is the arithmetic a GPU target's dense products and convolutions may use:
 "fp32" (the default: fp32 FMAs, exact as the reference's order allows), or "tf32", "fp16",

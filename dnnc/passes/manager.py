@@ -12,7 +12,8 @@ and optionally dumped.
 
 Memory planning is not a graph pass: arena offsets need the final kernels and concrete sizes,
 which exist once a segment is specialised to the shapes of a call; the shared orchestration
-(`backends/plan.py`) plans every specialisation from level 1 (`MEMORY_REUSE_LEVEL`).
+(`backends/plan.py`) plans every specialisation with reuse from level 1
+(`levels.MEMORY_REUSE_LEVEL`; `dnnc/levels.py` names what each level decides).
 
 `PIPELINE` names every pass with the level it starts at; `optimize(..., passes=k)` stops after
 the first k of them, which is how `dnnc compare --bisect-passes` finds the pass that changes
@@ -32,6 +33,7 @@ from typing import Callable
 from ..errors import CompileError
 from ..ir.graph import Graph
 from ..ir.target import Target
+from ..levels import DEFAULT_OPT_LEVEL, levels
 from .convert_layout import convert_layout
 from .eliminate import eliminate_common_subexpressions, eliminate_dead_code
 from .fuse_attention import fuse_attention
@@ -41,9 +43,6 @@ from .specialize import specialize
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OPT_LEVEL = 3
-MEMORY_REUSE_LEVEL = 1
-"""The opt level from which the compiled targets reuse arena memory (`backends/memory.py`)."""
 
 
 def _fold(graph: Graph, target: Target) -> Graph:
@@ -73,7 +72,9 @@ PIPELINE = [("fold_constants", 1, _fold), ("simplify", 1, _simplify),
 
 
 def passes_at(opt_level: int) -> list[str]:
-    return [name for name, level, _ in PIPELINE if opt_level >= level]
+    """The passes that run at the public `opt_level` (its graph level), in order."""
+    graph_level = levels(opt_level).graph
+    return [name for name, level, _ in PIPELINE if graph_level >= level]
 
 
 def optimize(graph: Graph, target: Target, opt_level: int = DEFAULT_OPT_LEVEL,

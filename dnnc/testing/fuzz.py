@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..levels import DEFAULT_OPT_LEVEL
 from . import worker as worker_protocol
 from .generate import Case, generate
 
@@ -328,7 +329,7 @@ def differences(got: list[list[np.ndarray]], want: list[list[np.ndarray]],
 class Checker:
     """Runs one model with given inputs on the target and the references: an Outcome."""
 
-    def __init__(self, worker: Worker, target: str = "llvm", opt_level: int = 3,
+    def __init__(self, worker: Worker, target: str = "llvm", opt_level: int = DEFAULT_OPT_LEVEL,
                  use_ort: bool = True):
         self.worker = worker
         self.target = target

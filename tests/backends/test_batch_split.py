@@ -1,4 +1,4 @@
-"""New batch sizes without a compile (`plan.BatchSplit`): a batch-separable segment runs a
+"""New batch sizes without a compile (`batch_split.BatchSplit`): a batch-separable segment runs a
 size it has no code for on another size's code, in slices along axis 0 (the last padded),
 and a size that recurs gets code of its own, compiled in the background. Every case of
 tests/ir/test_batching.py runs here against onnxruntime: a separable graph must give the
@@ -118,4 +118,4 @@ def test_a_failed_background_compile_leaves_the_split_working(rng, monkeypatch):
     check(proto, cm, 3, rng)
     assert rt.wait_for_specialisation(timeout=60)
     check(proto, cm, 3, rng)   # split again, and no second attempt
-    assert rt.split_calls == 2 and len(rt._unspecialisable) == 1
+    assert rt.split_calls == 2 and len(rt.splits.unspecialisable) == 1

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dnnc.backends.llvm.codegen import ModuleBuilder
-from dnnc.backends.llvm.runtime import JITModule, host_target
+from dnnc.backends.llvm.cpu import host_target
+from dnnc.backends.llvm.jit import JITModule
 from dnnc.backends.lower import _Lowering, _size_vars, lower_group
 from dnnc.ir import loop as L
 from dnnc.ir import types as T

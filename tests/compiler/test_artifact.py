@@ -182,7 +182,7 @@ def test_refuses_another_format_version(mlp_artifact, tmp_path):
 
 
 def test_refuses_cpu_features_this_machine_lacks(mlp_artifact, tmp_path):
-    from dnnc.backends.llvm.runtime import host_target
+    from dnnc.backends.llvm.cpu import host_target
 
     have = host_target().feature_set
     absent = [f for f in ("avx512vnni", "avx512fp16", "amx-tile") if f not in have][:1]
@@ -284,7 +284,7 @@ _CPUS = """
 import json, re, sys
 import numpy as np, dnnc
 from dnnc import zoo
-from dnnc.backends.llvm.runtime import CPU_LEVELS, cpu_from, feature_names, host_target
+from dnnc.backends.llvm.cpu import CPU_LEVELS, cpu_from, feature_names, host_target
 from dnnc.errors import ArtifactError
 folder = sys.argv[1]
 onnx_model = zoo.build("mlp", batch=64, seed=3)

@@ -122,7 +122,8 @@ def _object_needing_a_missing_symbol(_) -> bytes:
     jump to address 0."""
     import llvmlite.binding as llvm
 
-    from dnnc.backends.llvm.runtime import host_target, target_machine
+    from dnnc.backends.llvm.cpu import host_target
+    from dnnc.backends.llvm.jit import target_machine
 
     module = llvm.parse_assembly("declare void @dnnc_no_such_function()\n"
                                  "define void @entry(ptr %s, ptr %a) {\n"
@@ -131,7 +132,7 @@ def _object_needing_a_missing_symbol(_) -> bytes:
 
 
 def _feature_host_lacks(manifest):
-    from dnnc.backends.llvm.runtime import feature_names, host_target
+    from dnnc.backends.llvm.cpu import feature_names, host_target
 
     absent = sorted(feature_names() - host_target().feature_set)[0]
     target = manifest["target"]

@@ -231,7 +231,7 @@ def test_the_passes_and_the_runtime_read_the_one_target_the_registry_builds(monk
     """The machine given as `cpu` (its CPU, features and threads) with the layouts and fusion
     limits the registry declares for the target: the same object for convert_layout and the
     runtime."""
-    from dnnc.backends.llvm.runtime import CPU_LEVELS, cpu_from
+    from dnnc.backends.llvm.cpu import CPU_LEVELS, cpu_from
 
     seen = []
     monkeypatch.setattr(manager, "convert_layout",

@@ -25,13 +25,13 @@ def check_compile(target: Target, render_only: bool) -> None:
 
 def runtime(graph, opt_level: int, target: Target, progress=None, reuse_memory=True,
             cache_size=None, tuned=None, render_only=False, outputs=None):
-    """A `CUDARuntime` for `graph` (the passes ran) returning `outputs` ("cupy" when None)."""
+    """A `CUDARuntime` for `graph` (the passes ran), its static shapes compiled (`start`) returning `outputs` ("cupy" when None)."""
     from .executable import DEFAULT_CACHE_SIZE, CUDARuntime
 
     return CUDARuntime(graph, target=target, opt_level=opt_level, progress=progress,
                        reuse_memory=reuse_memory,
                        cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size,
-                       render_only=render_only, tuned=tuned, outputs=outputs or "cupy")
+                       render_only=render_only, tuned=tuned, outputs=outputs or "cupy").start()
 
 
 def available() -> bool:

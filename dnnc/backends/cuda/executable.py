@@ -50,8 +50,12 @@ from ...ir import types as T
 from ...ir.graph import Graph, Node
 from ...ir.segments import Segment
 from ...ir.target import Target
+from ...levels import DEFAULT_OPT_LEVEL
 from ..lower import Kernel
-from ..plan import DEFAULT_CACHE_SIZE, Call, CompiledSegment, Executable, Program, image_consts
+from ..contract import CompiledSegment
+from ..executable import Executable
+from ..plan import Call, Program, image_consts
+from ..specialisations import DEFAULT_CACHE_SIZE
 from . import device
 
 DEVICE_ALIGN = 256
@@ -200,10 +204,13 @@ def _output_kind(kind) -> str:
 
 
 class CUDARuntime(Executable):
-    """Runs a graph as GPU segments and host steps; thread-safe (one frame per thread)."""
+    """Runs a graph as GPU segments and host steps; thread-safe (one frame per thread). Its
+    `TargetHooks`: CUDA C units per `Program`, the cuda templates, no batch splitting.
+    Constructing one compiles nothing: `start()` does (`CUDARuntime(...).start()`)."""
 
-    def __init__(self, graph: Graph, target: Target | None = None, opt_level: int = 3,
-                 progress: bool | None = None, plan: list[dict] | None = None,
+    def __init__(self, graph: Graph, target: Target | None = None,
+                 opt_level: int = DEFAULT_OPT_LEVEL, progress: bool | None = None,
+                 plan: list[dict] | None = None,
                  reuse_memory: bool | None = None, warm_up: bool = True,
                  cache_size: int = DEFAULT_CACHE_SIZE, render_only: bool = False,
                  outputs: str = "cupy", module_cache: device.ModuleCache | None = None,
@@ -217,7 +224,6 @@ class CUDARuntime(Executable):
         self.threads = self.target.threads
         self.outputs = outputs
         self.module_cache = module_cache or device.ModuleCache()
-        self.start()
 
     @property
     def outputs(self) -> str:
@@ -324,8 +330,9 @@ class CUDARuntime(Executable):
 
     @classmethod
     def restore(cls, graph: Graph, plan: list[dict], images: list["SegmentImage"],
-                target: Target, opt_level: int = 3, progress: bool | None = None,
-                cache_size: int = DEFAULT_CACHE_SIZE, tuned: dict | None = None,
+                target: Target, opt_level: int = DEFAULT_OPT_LEVEL,
+                progress: bool | None = None, cache_size: int = DEFAULT_CACHE_SIZE,
+                tuned: dict | None = None,
                 outputs: str = "cupy") -> "CUDARuntime":
         """A runtime from a saved plan and compiled specialisations: no passes, no lowering;
         a cubin built for another architecture is rebuilt from its source; shapes not among

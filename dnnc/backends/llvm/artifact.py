@@ -58,7 +58,7 @@ def check(manifest: dict, path) -> None:
     they include those the CPU name implies."""
     import llvmlite.binding as llvm
 
-    from .runtime import host_target
+    from .cpu import host_target
 
     try:
         _check_manifest(manifest)
@@ -109,7 +109,7 @@ def _segment(e: dict, what: str) -> list:
 
 def restore(spec, graph: Graph, manifest: dict, read, progress):
     from .executable import LLVMRuntime, SegmentImage
-    from .runtime import host_target
+    from .cpu import host_target
 
     target = manifest["target"]
     # the CPU the code was compiled for, on this machine's threads (a shape compiled after

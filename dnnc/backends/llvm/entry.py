@@ -13,14 +13,14 @@ from . import FUSION, artifact, panels
 
 def runtime(graph, opt_level: int, target: Target, progress=None, reuse_memory=True,
             cache_size=None, tuned=None, render_only=False, outputs=None):
-    """An `LLVMRuntime` for `graph` (the passes ran). render_only changes nothing here: the
+    """An `LLVMRuntime` for `graph` (the passes ran), its static shapes compiled (`start`). render_only changes nothing here: the
     CPU that compiles is the one that runs; outputs can only be "numpy" (`check_options`),
     what it returns anyway."""
     from .executable import DEFAULT_CACHE_SIZE, LLVMRuntime
 
     return LLVMRuntime(graph, target=target, opt_level=opt_level, progress=progress,
                        reuse_memory=reuse_memory, tuned=tuned,
-                       cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size)
+                       cache_size=DEFAULT_CACHE_SIZE if cache_size is None else cache_size).start()
 
 
 def available() -> bool:
@@ -28,7 +28,7 @@ def available() -> bool:
 
 
 def host() -> Target:
-    from .runtime import host_target
+    from .cpu import host_target
 
     return host_target()
 

@@ -5,7 +5,7 @@ every kernel of the segment in order (one foreign call per segment; a graph with
 fallbacks is one call), its kernels rendered by `codegen.ModuleBuilder`, compiled by MCJIT and
 bound to a calling thread's arena and slot array. Everything before rendering (segments,
 specialisation, lowering, kernel de-duplication, memory planning, the LRU cache, host steps)
-is the shared orchestration's.
+is shared: `backends/plan.py` builds, `backends/executable.py` runs.
 
 Artifacts: `plan()` and `images()` describe the steps and every compiled specialisation
 (object code and its calling layout) as plain data; `LLVMRuntime.restore` rebuilds a runtime
@@ -35,13 +35,18 @@ from ...ir.graph import Graph
 from ...ir.segments import Segment
 from ..lower import Kernel
 from ..memory import ALIGN, aligned
-from ..plan import (DEFAULT_CACHE_SIZE, Call, CompiledSegment, Executable, Program,
-                    image_consts, task_key)
+from ..contract import CompiledSegment
+from ..executable import Executable
+from ..plan import Call, Program, image_consts
+from ..specialisations import DEFAULT_CACHE_SIZE
 from ...ir.target import Target
+from ...levels import DEFAULT_OPT_LEVEL, levels
 from .codegen import ModuleBuilder, workspace_params
+from .cpu import host_target
+from .jit import JITModule, target_machine
 from .objfile import check_object
-from .runtime import (JITModule, at_fork_in_child, ensure_pool, host_target, initialize,
-                      llvm_lock, target_machine)
+from .process import at_fork_in_child, initialize, llvm_lock
+from .workers import ensure_pool
 from .schedules import schedule_kernel
 
 
@@ -64,10 +69,13 @@ class SegmentImage:
 
 
 class LLVMRuntime(Executable):
-    """Runs a graph as native segments and host steps; thread-safe and fork-safe."""
+    """Runs a graph as native segments and host steps; thread-safe and fork-safe. Its
+    `TargetHooks`: LLVM modules per `Program`, the llvm templates, batch splitting.
+    Constructing one compiles nothing: `start()` does (`LLVMRuntime(...).start()`)."""
 
-    def __init__(self, graph: Graph, target: Target | None = None, opt_level: int = 3,
-                 progress: bool | None = None, plan: list[dict] | None = None,
+    def __init__(self, graph: Graph, target: Target | None = None,
+                 opt_level: int = DEFAULT_OPT_LEVEL, progress: bool | None = None,
+                 plan: list[dict] | None = None,
                  reuse_memory: bool | None = None, warm_up: bool = True,
                  cache_size: int = DEFAULT_CACHE_SIZE, tuned: dict | None = None):
         super().__init__(graph, opt_level=opt_level, progress=progress, plan=plan,
@@ -76,11 +84,10 @@ class LLVMRuntime(Executable):
         self.target = target or host_target()
         self.threads = self.target.threads
         at_fork_in_child(self)
-        self.start()
 
     @classmethod
     def restore(cls, graph: Graph, plan: list[dict], images: list[SegmentImage],
-                target: Target, opt_level: int = 3,
+                target: Target, opt_level: int = DEFAULT_OPT_LEVEL,
                 progress: bool | None = None,
                 cache_size: int = DEFAULT_CACHE_SIZE,
                 tuned: dict | None = None) -> "LLVMRuntime":
@@ -184,7 +191,8 @@ class _CompiledSegment(CompiledSegment):
                                program.n_inputs, program.slots, self.arena_bytes, "entry",
                                rt.target)
         try:
-            jit = JITModule(str(mb) + _layout_global(digest), rt.target, rt.opt_level,
+            jit = JITModule(str(mb) + _layout_global(digest), rt.target,
+                            levels(rt.opt_level).codegen,
                             name=f"segment{step.index}")
         except RuntimeError as exc:
             names = ", ".join(f"{n.op} {n.name!r}" for n in step.nodes[:5])
@@ -330,7 +338,7 @@ class ObjectModule:
         self.tm = target_machine(target)
         self._data = bytes(data)
         needed = check_object(self._data)   # LLVM trusts the file: a malformed one crashes it
-        with llvm_lock():   # LLVM's locks are never held across a fork (runtime.py)
+        with llvm_lock():   # LLVM's locks are never held across a fork (process.py)
             empty = llvm.parse_assembly("")
             empty.triple = self.tm.triple
             empty.data_layout = str(self.tm.target_data)

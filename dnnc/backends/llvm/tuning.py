@@ -10,9 +10,10 @@ import numpy as np
 
 from ...ir import loop as L
 from ...ir.target import Target
+from ...levels import DEFAULT_LEVELS
 from ..lower import Kernel
 from .codegen import ModuleBuilder, workspace_params
-from .runtime import JITModule
+from .jit import JITModule
 from .schedules import schedule_kernel, template_for as _template_for
 
 
@@ -34,7 +35,7 @@ def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
     arrays = list(arrays) + [np.empty(L.static_shape(b.shape), b.dtype.np) for b in workspace]
     mb = ModuleBuilder("tune")
     mb.add(func)
-    jit = JITModule(str(mb), target, 3, name="tune")
+    jit = JITModule(str(mb), target, DEFAULT_LEVELS.codegen, name="tune")   # as compiled
     entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
         jit.address(f"{func.name}_packed"))
     slots = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])

@@ -19,6 +19,7 @@ from dnnc.frontend.onnx import import_onnx
 from dnnc.ir.interpreter import run_graph
 from dnnc.ir.segments import Segment, plan_steps
 from dnnc.ir.target import Target
+from dnnc.levels import DEFAULT_OPT_LEVEL
 from dnnc.passes.manager import optimize
 
 MACHINE = Target("cuda", arch="sm_90", fusion=FUSION)
@@ -34,7 +35,7 @@ SMALL = {
 images, sequences and vocabularies)."""
 
 
-def programs(graph, opt_level: int = 3, machine: Target = MACHINE):
+def programs(graph, opt_level: int = DEFAULT_OPT_LEVEL, machine: Target = MACHINE):
     """(the optimised graph, its segments' Programs scheduled for cuda): every segment whose
     inputs have static shapes and no value inputs (a zoo model's are all of them)."""
     graph = optimize(graph, machine, opt_level)

@@ -238,7 +238,7 @@ def install(monkeypatch, tmp_path):
 
         target = REGISTRY["cuda"].target()
         graph = optimize(import_onnx(model), target, 3)
-        return executable.CUDARuntime(graph, target=target, **options)
+        return executable.CUDARuntime(graph, target=target, **options).start()
 
     return build
 

@@ -26,7 +26,8 @@ from dnnc.backends.cuda.codegen import (CudaCodegenError, c_name, render_func, r
                                         stages)
 from dnnc.backends.cuda.schedules import DEFAULT, ROWS, schedule_kernel, template_for
 from dnnc.backends.llvm.codegen import ModuleBuilder
-from dnnc.backends.llvm.runtime import JITModule, host_target
+from dnnc.backends.llvm.cpu import host_target
+from dnnc.backends.llvm.jit import JITModule
 from dnnc.backends.lower import lower_group
 from dnnc.frontend.onnx import import_onnx
 from dnnc.errors import ConfigError

@@ -281,7 +281,7 @@ def test_artifact_keeps_the_precision(simulated, tmp_path, monkeypatch):
     monkeypatch.setattr(device, "gpu_arch", lambda: FAKE.arch)
     target = REGISTRY["cuda"].target(precision="tf32")
     rt = executable.CUDARuntime(optimize(import_onnx(relu_model([3, 5])), target, 3),
-                                target=target)
+                                target=target).start()
     CompiledModel(rt.graph, rt, "cuda").save(tmp_path / "m.dnnc")
     loaded = dnnc.load(tmp_path / "m.dnnc")
     assert loaded.stats["precision"] == "tf32" and loaded.runtime.target.precision == "tf32"

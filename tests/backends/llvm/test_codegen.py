@@ -13,7 +13,8 @@ import pytest
 import scipy.special
 
 from dnnc.backends.llvm.codegen import CodegenError, ModuleBuilder
-from dnnc.backends.llvm.runtime import JITModule, host_target
+from dnnc.backends.llvm.cpu import host_target
+from dnnc.backends.llvm.jit import JITModule
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 

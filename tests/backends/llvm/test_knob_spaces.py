@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from dnnc.backends.llvm.codegen import ModuleBuilder
-from dnnc.backends.llvm.runtime import JITModule, host_target
+from dnnc.backends.llvm.cpu import host_target
+from dnnc.backends.llvm.jit import JITModule
 from dnnc.backends.llvm.schedules import schedule_kernel, template_for
 from dnnc.backends.lower import lower_group
 from dnnc.errors import ConfigError

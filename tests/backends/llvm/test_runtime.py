@@ -12,7 +12,9 @@ import pytest
 
 import dnnc
 from dnnc.backends.llvm.codegen import ModuleBuilder
-from dnnc.backends.llvm.runtime import JITModule, ensure_pool, host_target, num_threads
+from dnnc.backends.llvm.cpu import host_target
+from dnnc.backends.llvm.jit import JITModule
+from dnnc.backends.llvm.workers import ensure_pool, num_threads
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph
@@ -298,7 +300,7 @@ def test_profile_lists_host_steps(rng):
 def test_cgroup_quota_caps_threads(tmp_path):
     """cgroup v2 `cpu.max` and v1 `cpu.cfs_quota_us / cfs_period_us`, the tightest over the
     process's cgroup and those above it; "max" and -1 mean no limit."""
-    from dnnc.backends.llvm.runtime import cgroup_cpu_quota
+    from dnnc.backends.llvm.workers import cgroup_cpu_quota
 
     def write(path, text):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -323,15 +325,15 @@ def test_cgroup_quota_caps_threads(tmp_path):
 
 
 def test_num_threads_follows_quota_and_env(monkeypatch):
-    from dnnc.backends.llvm import runtime
+    from dnnc.backends.llvm import workers
 
     monkeypatch.delenv("DNNC_NUM_THREADS", raising=False)
-    monkeypatch.setattr(runtime, "cgroup_cpu_quota", lambda: 1.2)
-    assert runtime.num_threads() == min(2, len(os.sched_getaffinity(0)))
-    monkeypatch.setattr(runtime, "cgroup_cpu_quota", lambda: 0.5)
-    assert runtime.num_threads() == 1
+    monkeypatch.setattr(workers, "cgroup_cpu_quota", lambda: 1.2)
+    assert workers.num_threads() == min(2, len(os.sched_getaffinity(0)))
+    monkeypatch.setattr(workers, "cgroup_cpu_quota", lambda: 0.5)
+    assert workers.num_threads() == 1
     monkeypatch.setenv("DNNC_NUM_THREADS", "3")
-    assert runtime.num_threads() == 3   # the override wins over the quota
+    assert workers.num_threads() == 3   # the override wins over the quota
 
 
 def _in_subprocess(code: str, env: dict | None = None, timeout: float = 60):
@@ -361,7 +363,9 @@ def test_caller_does_not_wait_for_workers_that_never_started():
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         from dnnc.ir import loop as L, types as T
         from dnnc.backends.llvm.codegen import ModuleBuilder
-        from dnnc.backends.llvm.runtime import JITModule, host_target, ensure_pool
+        from dnnc.backends.llvm.cpu import host_target
+        from dnnc.backends.llvm.jit import JITModule
+        from dnnc.backends.llvm.workers import ensure_pool
         assert ensure_pool() == 4
         n = L.Var("N")
         x, y = L.Buffer("x", T.float32, (n,)), L.Buffer("y", T.float32, (n,))

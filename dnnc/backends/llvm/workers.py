@@ -1,6 +1,6 @@
-"""The LLVM backend's runtime: the machine code is compiled for, as an `ir.Target`
-(`host_target` probes this one, `cpu_from` describes another CPU), JIT compilation for it, and
-the persistent worker pool that parallel loops run on.
+"""The llvm target's persistent worker pool, which parallel loops run on, and how many
+threads it starts (the affinity mask, the cgroup CPU quota, DNNC_NUM_THREADS). It must never
+compile anything but the pool itself.
 
 The pool is written in LLVM IR (it needs only libc's pthread, sched_yield and clock_gettime,
 which every Python process has loaded), compiled once per process, and exported to generated
@@ -19,237 +19,22 @@ gracefully when the machine is busy (another process, or more threads than cores
   DNNC_NUM_THREADS overrides both.
 
 One region runs at a time; a second caller (another Python thread, or a nested parallel
-loop) runs its loop serially instead of waiting. Fork: every lock of this module and of the
-runtimes built on it is reset in the child, which also gets a pool of its own (see
-`_after_fork_in_child`). docs/llvm_backend.md ("Threads") has the measurements behind this.
+loop) runs its loop serially instead of waiting. Fork: the child gets a pool of its own
+(`_Pool.after_fork_in_child`, through `process.on_fork_in_child`). docs/llvm_backend.md
+("Threads") has the measurements behind this.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 import os
 import platform
 import re
-import subprocess
-import sys
-import threading
-import weakref
-from dataclasses import replace
 
 import llvmlite.binding as llvm
 
-from ...ir.target import Target
-
-_lock = threading.RLock()
-_initialized = False
-
-
-def initialize() -> None:
-    global _initialized
-    with _lock:
-        if not _initialized:
-            llvm.initialize_native_target()
-            llvm.initialize_native_asmprinter()
-            _initialized = True
-
-
-# CPU names `cpu_from` knows the features of without asking LLVM, per architecture: the
-# x86-64 micro-architecture levels of the psABI (each adds to the one before), in LLVM's
-# feature names. The first entry is the baseline every CPU of the architecture has.
-_X86_64 = ("64bit", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2")
-_X86_64_V2 = _X86_64 + ("cx16", "sahf", "popcnt", "crc32", "sse3", "ssse3", "sse4.1",
-                        "sse4.2")
-_X86_64_V3 = _X86_64_V2 + ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe",
-                           "xsave")
-_X86_64_V4 = _X86_64_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
-CPU_LEVELS = {
-    "x86_64": {"x86-64": _X86_64, "x86-64-v2": _X86_64_V2, "x86-64-v3": _X86_64_V3,
-               "x86-64-v4": _X86_64_V4},
-    # every AArch64 CPU an OS runs on has FP and Advanced SIMD
-    "aarch64": {"generic": ("fp-armv8", "neon")},
-}
-_GENERIC = {"generic": ()}
-
-# CPU names LLVM accepted when asked in a child process (`_check_cpu_name`)
-_known_cpu_names: set[str] = set()
-
-
-@functools.cache
-def _host_cpu() -> tuple[str, str]:
-    """This machine's CPU name and complete feature string (asked once: LLVM's detection
-    takes ~0.3 ms a call)."""
-    initialize()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-
-
-def host_target() -> Target:
-    """This machine as the llvm target compiles for it: its CPU, every feature LLVM detects
-    on the architecture (signed), and the threads of the worker pool (started here)."""
-    name, features = _host_cpu()
-    return Target("llvm", name, features, threads=ensure_pool())
-
-
-def _levels() -> dict[str, tuple[str, ...]]:
-    return CPU_LEVELS.get(llvm.get_process_triple().split("-")[0], _GENERIC)
-
-
-def feature_names() -> frozenset[str]:
-    """Every ISA feature LLVM detects on this architecture (the host's list names them all,
-    present or not)."""
-    return frozenset(f[1:] for f in _host_cpu()[1].split(",") if f)
-
-
-def cpu_from(name: str | None = None, mattr: str | None = None) -> Target:
-    """The Target to compile for CPU `name` (what --mcpu/--mattr say), with a complete feature
-    list and this machine's threads. `name` is this machine's CPU (the default) or a level of
-    `CPU_LEVELS` (x86-64-v3, ...), whose features dnnc knows; `mattr` ("+avx2,-avx512f")
-    edits those. Any other CPU name LLVM knows only tunes the code
-    and needs `mattr`, the whole list of features it may use. Raises ValueError for an
-    unknown CPU or feature name instead of letting LLVM abort the process."""
-    host = host_target()
-    known = feature_names()
-    levels = _levels()
-    baseline = levels[next(iter(levels))]
-    features: dict[str, str] = {}
-    if name is None or name == host.cpu:
-        name = host.cpu
-        for f in host.features.split(","):
-            if f:
-                features[f[1:]] = f[0]
-    elif name in levels:
-        features = {f: "+" if f in levels[name] else "-" for f in sorted(known)}
-    else:
-        _check_cpu_name(name)
-        if not (mattr or "").strip():
-            raise ValueError(
-                f"dnnc cannot tell which features CPU {name!r} has: list them with --mattr "
-                f"(e.g. --mattr=+avx2,+fma), or name a level whose features it knows: "
-                f"{', '.join(levels)} (this machine: {host.cpu})")
-        features = {f: "+" if f in baseline else "-" for f in sorted(known)}
-    for f in (mattr or "").split(","):
-        f = f.strip()
-        if not f:
-            continue
-        sign, feature = (f[0], f[1:]) if f[0] in "+-" else ("+", f)
-        if feature not in known:
-            raise ValueError(f"{f!r} is not a CPU feature LLVM knows on this architecture "
-                             f"(e.g. +avx2,-avx512f)")
-        if sign == "-" and feature in baseline:
-            raise ValueError(f"{f!r}: every {llvm.get_process_triple().split('-')[0]} CPU "
-                             f"has {feature}, code without it cannot be made")
-        features.pop(feature, None)  # last in the string: LLVM applies features in order
-        features[feature] = sign
-    return replace(host, cpu=name, features=",".join(sign + f for f, sign in features.items()))
-
-
-_PROBE = """
-import sys, llvmlite.binding as llvm
-llvm.initialize_native_target(); llvm.initialize_native_asmprinter()
-tm = llvm.Target.from_default_triple().create_target_machine(cpu=sys.argv[1])
-"""
-
-
-def _check_cpu_name(name: str) -> None:
-    """Refuse a CPU name LLVM does not know. LLVM only warns on stderr and goes on with a
-    CPU that may lack 64-bit mode, aborting the process later ("LLVM ERROR"): so the name is
-    tried in a child process (about 0.3 s, once per name and process)."""
-    if name in _known_cpu_names:
-        return
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        raise ValueError(f"{name!r} is not a CPU name")
-    probe = subprocess.run([sys.executable, "-c", _PROBE, name], capture_output=True,
-                           text=True, timeout=60)
-    if probe.returncode != 0 or "not a recognized processor" in probe.stderr:
-        raise ValueError(f"{name!r} is not a CPU LLVM knows for "
-                         f"{llvm.get_process_triple()}; levels dnnc knows the features of: "
-                         f"{', '.join(_levels())} (this machine: {_host_cpu()[0]})")
-    _known_cpu_names.add(name)
-
-
-def _llvm_cpu(target: Target) -> tuple[str, str]:
-    """The CPU name and feature string to hand LLVM. Features the string does not mention
-    are turned off, so the name cannot add any (the baseline's stay: LLVM needs them); a
-    name not checked in this process (from an artifact made elsewhere) is replaced by the
-    baseline level, which changes tuning only."""
-    levels = _levels()
-    baseline = next(iter(levels))
-    name = target.cpu
-    if name not in levels and name not in _known_cpu_names and name != _host_cpu()[0]:
-        name = baseline
-    mentioned = {f[1:] for f in target.features.split(",") if f}
-    off = sorted(feature_names() - mentioned - set(levels[baseline]))
-    return name, ",".join(["-" + f for f in off] + ([target.features] if target.features
-                                                     else []))
-
-
-def target_machine(target: Target, opt: int = 3):
-    initialize()
-    name, features = _llvm_cpu(target)
-    # reloc/code model defaults suit MCJIT on x86-64 and aarch64 alike
-    return llvm.Target.from_default_triple().create_target_machine(cpu=name, features=features,
-                                                                   opt=opt)
-
-
-def optimize(module, tm, speed_level: int = 3) -> None:
-    """The new pass manager's standard pipeline: loop and SLP vectorizers for `tm`'s ISA."""
-    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pto.loop_unrolling = True
-    pb = llvm.create_pass_builder(tm, pto)
-    pm = pb.getModulePassManager()
-    pm.run(module, pb)
-
-
-class JITModule:
-    """One compiled LLVM module, alive as long as this object."""
-
-    def __init__(self, ir_text: str, target: Target, opt_level: int = 3, name: str = "dnnc"):
-        initialize()
-        ensure_pool()
-        self.target = target
-        with _lock:   # see fork safety below
-            self.module = llvm.parse_assembly(ir_text)
-            self.module.name = name
-            self.module.verify()
-            self.tm = target_machine(target, opt=min(opt_level, 3))
-            self.module.triple = self.tm.triple
-            self.module.data_layout = str(self.tm.target_data)
-            if opt_level > 0:
-                optimize(self.module, self.tm, speed_level=min(opt_level, 3))
-            self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
-            # keep the object MCJIT compiled and runs: emitting the module again
-            # (tm.emit_object) gives other code (an MLP's: 10,416 bytes against the 10,384 that
-            # ran), whose `entry` stack layout crashed when an artifact loaded it (issue 10,
-            # item 1). A list, not self, receives it: no cycle keeps the engine alive.
-            compiled: list[bytes] = []
-            self.engine.set_object_cache(
-                notify_func=lambda _, data: compiled.append(bytes(data)))
-            self.engine.finalize_object()
-            self.engine.run_static_constructors()
-            self._object = compiled[0] if compiled else None
-
-    def address(self, name: str) -> int:
-        addr = self.engine.get_function_address(name)
-        if not addr:
-            raise KeyError(f"no function {name!r} in module {self.module.name}")
-        return addr
-
-    def optimized_ir(self) -> str:
-        return str(self.module)
-
-    def assembly(self) -> str:
-        return self.tm.emit_assembly(self.module)
-
-    def object_code(self) -> bytes:
-        """The object file MCJIT loaded and runs (not a fresh emission of the module)."""
-        if self._object is None:
-            raise RuntimeError(f"MCJIT compiled module {self.module.name} without reporting "
-                               f"its object code")
-        return self._object
-
+from .process import initialize, llvm_lock, on_fork_in_child
 
 # ---------------------------------------------------------------------------------------------
 # The worker pool
@@ -635,7 +420,11 @@ class _Pool:
     def __init__(self, threads: int):
         module = llvm.parse_assembly(_pool_ir(platform.machine()))
         module.verify()
-        tm = target_machine(Target("llvm", *_host_cpu()), opt=2)
+        # the host's own CPU and all its features (what `jit.target_machine` makes of
+        # `cpu.host_target()`, asked here without it: the pool is below both)
+        tm = llvm.Target.from_default_triple().create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+            opt=2)
         self.engine = llvm.create_mcjit_compiler(module, tm)
         self.engine.finalize_object()
         self.parallel_for = self.engine.get_function_address("dnnc_parallel_for")
@@ -659,47 +448,16 @@ _pool: _Pool | None = None
 def ensure_pool() -> int:
     """Start the worker pool once per process; returns its thread count."""
     global _pool
-    with _lock:
+    with llvm_lock():
         if _pool is None:
             initialize()
             _pool = _Pool(num_threads())
     return _pool.threads
 
 
-# Fork safety. `_lock` is held around every LLVM compilation in this process (JITModule,
-# object loading, the pool's own): LLVM's internal mutexes (symbol tables, MCJIT) must not be
-# held by another thread at fork time, or the child deadlocks inside LLVM. So a fork waits for
-# a compilation in progress to end, and the child starts with every lock free and a working
-# pool. Other dnnc objects with locks register a reset through `at_fork_in_child`.
-_child_resets: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def at_fork_in_child(obj) -> None:
-    """Call `obj._after_fork_in_child()` in every forked child while `obj` lives."""
-    _child_resets.add(obj)
-
-
-def _before_fork() -> None:
-    _lock.acquire()
-
-
-def _after_fork_in_parent() -> None:
-    _lock.release()
-
-
-def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.RLock()
+def _pool_after_fork_in_child() -> None:
     if _pool is not None:
         _pool.after_fork_in_child()
-    for obj in list(_child_resets):
-        obj._after_fork_in_child()
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                    after_in_child=_after_fork_in_child)
-
-
-def llvm_lock() -> threading.RLock:
-    """The lock to hold around LLVM work that may take LLVM's own locks (see fork safety)."""
-    return _lock
+on_fork_in_child(_pool_after_fork_in_child)
