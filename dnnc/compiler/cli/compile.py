@@ -3,8 +3,9 @@ optionally also writing the generated code (--emit) and the graph after every pa
 (--dump-ir).
 
 Compiling is `compiler/driver.py`'s; this module checks the options against the target's
-registry entry before any work and reports the result. It never names a target: what a
-target can do (emit, run passes, take --mcpu) is read from the registry.
+registry entry before any work and reports the result. It never compares a target's name:
+what a target can do (emit, run passes, take --mcpu) is read from the registry. `EMIT_SUFFIX`
+(the file suffix of each --emit kind) is the one table of per-target facts left here.
 """
 
 from __future__ import annotations

@@ -46,10 +46,9 @@ def add_parser(sub, targets: list[str], default: str):
 
 
 def run(args) -> int:
+    from ..artifact import is_artifact, load
     from ..inspect import format_passes, format_summary, pass_report, summarize, summarize_onnx
     from ..targets import default_target
-
-    from ..artifact import is_artifact, load
 
     shapes = dict(parse_input_shape(s) for s in args.input_shape)
     artifact = None
