@@ -4,7 +4,9 @@ with `ast`, function-level imports included (an import hidden in a function stil
 A module may import its own top-level package's modules and those of a LOWER layer, never a
 module of a higher layer or of another package of its own layer:
 
-    layer 0  errors, log, progress, version    what every layer reports with
+    layer 0  errors, log, progress, version    what every layer reports with; the three
+             levels                            decisions opt_level makes (passes, memory
+                                               reuse, code generation)
     layer 1  ir                                graph, op registry, loop IR, Target
     layer 2  frontend, passes, backends, zoo   siblings: models in, graph rewrites, targets
                                                (with their registry), model builders; none
@@ -28,7 +30,7 @@ import dnnc
 PACKAGE = Path(dnnc.__file__).parent
 
 LAYERS = {
-    "errors": 0, "log": 0, "progress": 0, "version": 0,
+    "errors": 0, "log": 0, "progress": 0, "version": 0, "levels": 0,
     "ir": 1,
     "frontend": 2, "passes": 2, "backends": 2, "zoo": 2,
     "autotune": 3,

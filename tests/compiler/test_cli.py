@@ -479,12 +479,12 @@ def test_emit_with_the_symbolic_dims_fixed(tmp_path, capsys):
     (KeyboardInterrupt(), 130, "dnnc: interrupted"),
 ])
 def test_one_table_maps_failures_to_exit_statuses(capsys, monkeypatch, raised, status, start):
-    from dnnc.compiler import cli
+    from dnnc.compiler.cli import inspect as inspect_command
 
     def fail(args):
         raise raised
 
-    monkeypatch.setattr(cli, "cmd_inspect", fail)
+    monkeypatch.setattr(inspect_command, "run", fail)
     code, out, err = run_cli(capsys, "inspect", "m.onnx")
     assert code == status and err.startswith(start) and len(err.splitlines()) == 1
     monkeypatch.setenv("DNNC_DEBUG", "1")

@@ -23,6 +23,7 @@ from dnnc.backends.cuda.executable import (DEVICE_ALIGN, BoundLaunch, _Layout, l
                                            resolve)
 from dnnc.backends.plan import Call
 from dnnc.compiler import cli
+from dnnc.compiler.cli.exits import EXIT_OK, EXIT_USAGE
 from dnnc.backends.registry import REGISTRY, default_target
 from dnnc.errors import CompileError, DeviceError
 from simulated_device import FAKE, FakeArray, FakeKernel, FakeLaunch, Interface, relu_model
@@ -231,7 +232,7 @@ def test_the_newcomers_path_without_a_gpu_fails_with_one_line(machine, says, sim
                  ["run", str(model), "--target", "cuda", "--random"],
                  ["bench", str(model), "--target", "cuda"],
                  ["bench", str(artifact)]):
-        assert cli.main(argv) == cli.EXIT_USAGE, argv
+        assert cli.main(argv) == EXIT_USAGE, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"dnnc: error: {says}"], (argv, err)   # before any progress line
     assert not (tmp_path / "m.dnnc").exists()
@@ -244,7 +245,7 @@ def test_cli_emit_without_a_gpu_refuses_an_artifact_path(no_gpu, tmp_path, capsy
     onnx.save(zoo.build("mlp", hidden=(8,), in_features=4, classes=3), path)
     argv = ["compile", str(path), "--target", "cuda", "--emit", "cuda", str(tmp_path / "cu"),
             "-o", str(tmp_path / "m.dnnc"), "-q"]
-    assert cli.main(argv) == cli.EXIT_USAGE
+    assert cli.main(argv) == EXIT_USAGE
     assert "-o: this machine cannot run the cuda target" in capsys.readouterr().err
 
 
@@ -258,7 +259,7 @@ def test_cli_emit_cuda_without_a_gpu_writes_the_source(machine, request, tmp_pat
     onnx.save(zoo.build("cnn", size=16, width=4), path)
     argv = ["compile", str(path), "--target", "cuda", "--emit", "cuda", str(tmp_path / "cu"),
             "--emit", "loop", str(tmp_path / "cu"), "-q"]
-    assert cli.main(argv) == cli.EXIT_OK, capsys.readouterr().err
+    assert cli.main(argv) == EXIT_OK, capsys.readouterr().err
     source = (tmp_path / "cu" / "cnn.cu").read_text()
     assert source.count('extern "C" __global__') >= 3
     assert (tmp_path / "cu" / "cnn.loop").read_text()
