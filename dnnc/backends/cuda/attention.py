@@ -41,6 +41,7 @@ from ...ir import loop as L
 from ...ir import types as T
 from .. import problems
 from ..space import Constraint, Space, Template
+from .device import gpu_of
 
 WARP = 32
 MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
@@ -49,8 +50,6 @@ MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
 MAX_REGISTERS = 64
 MAX_HEAD = 128                # head sizes the template takes (d and dv)
 MAX_GRID_Y = 65535
-# the fewest blocks a default aims for: one per SM of an H100 (132 SMs)
-MIN_BLOCKS = 132
 ROWS = (8, 16, 32, 64, 128)
 THREADS = (32, 64, 128, 256, 512)
 TILE_K = (16, 32, 64, 128)
@@ -104,8 +103,8 @@ def space(p: problems.Attention, machine) -> Space:
 
 
 # (rows, threads, tile_k, thread_rows) a default tries, in order, the first the space takes
-# that gives MIN_BLOCKS blocks, else the one giving the most. First: 32 query rows a block,
-# four a thread. On an H100 (bench/gpu_kernels.py --only attention, 19 configs timed beside
+# that gives a block per SM of the device (`GPU.sms`), else the one giving the most. First:
+# 32 query rows a block, four a thread. On an H100 (bench/gpu_kernels.py --only attention, 19 configs timed beside
 # dnnc's unfused three kernels) it was the one config faster than the unfused path at every
 # shape: bert_base b1 15.6 us vs 20.3 (1.30x), b8 22.8 vs 34.7 (1.52x), vit b1 [3 heads of
 # 197] 21.8 vs 26.8 (1.23x); the one-row-a-thread configs first tried were 0.55-0.81x.
@@ -119,16 +118,17 @@ UNROLL_HEAD = 64
 
 
 def default(p: problems.Attention, machine) -> AttentionConfig:
-    """The first DEFAULTS config in the space whose blocks fill the GPU (MIN_BLOCKS), else
-    the one giving the most blocks; unrolled up to heads of UNROLL_HEAD."""
+    """The first DEFAULTS config in the space whose blocks fill the GPU (a block per SM),
+    else the one giving the most blocks; unrolled up to heads of UNROLL_HEAD."""
     s = space(p, machine)
     unroll = max(p.d, p.dv) <= UNROLL_HEAD
     valid = [c for c in (AttentionConfig(*x, unroll=unroll) for x in DEFAULTS)
              if _valid(s, c)]
     if valid and valid[0] == AttentionConfig(*DEFAULTS[0], unroll=unroll):
         return valid[0]   # measured fastest at every shape, few blocks or many (above)
+    sms = gpu_of(machine).sms
     for c in valid:
-        if p.batch * -(-p.sq // c.rows) >= MIN_BLOCKS:
+        if p.batch * -(-p.sq // c.rows) >= sms:
             return c
     return max(valid, key=lambda c: (p.batch * -(-p.sq // c.rows), c.tile_k))
 

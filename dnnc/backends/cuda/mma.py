@@ -36,11 +36,13 @@ from dataclasses import dataclass
 
 from ...ir import loop as L
 from ...ir import types as T
+from ...ir.target import GPU
 from .. import problems
 from ..space import Constraint, Space, Template
 from . import conv as conv_template
 from . import dense as dense_template
-from .dense import MAX_GRID_YZ, MAX_SHARED_BYTES, MIN_BLOCKS, MIN_SPLIT_K, SPLITS, Operand
+from .dense import MAX_GRID_YZ, MAX_SHARED_BYTES, MIN_SPLIT_K, SPLITS, Operand, min_blocks
+from .device import REFERENCE, gpu_of
 
 PRECISIONS = ("tf32", "fp16", "bf16")
 """The precisions these templates serve (`Template.precisions`)."""
@@ -60,9 +62,8 @@ MAX_ACCUMULATORS = 128
 DEFAULTS = ((128, 128, 16, 2, 4), (64, 128, 16, 2, 2), (64, 64, 32, 2, 2), (32, 64, 32, 1, 2),
             (32, 32, 32, 1, 2), (16, 32, 32, 1, 2))
 EFFICIENCY = (0.5, 0.4, 0.3, 0.2, 0.12, 0.08)
-# the model's tensor-core peak (H100 dense tf32, GPU.md) and the costs of a split, as dense.py
-PEAK_FLOPS = 400e12
-COPY_BYTES_PER_S = 2.9e12
+# the model's throughput is the device's tf32 tensor-core figure (`GPU.tensor_flops`, for
+# every precision), a split costs as in dense.py
 LAUNCH_S = 2e-6
 
 
@@ -108,11 +109,12 @@ def _shared_bytes(c: TensorCoreConfig) -> int:
     return 2 * 4 * c.block_k * (c.block_m + c.block_n + 2 * PAD)
 
 
-def choose(m: int, n: int, k: int, batch: int = 1) -> TensorCoreConfig:
-    """The default config of an m x n x k product (`batch` of them), as dense.choose: of the
-    DEFAULTS tiles, each with k unsplit or split into slices at least MIN_SPLIT_K deep, the
-    one a rough model says is fastest (its guessed EFFICIENCY, slowed where its blocks cannot
-    fill the GPU, plus a split's cost)."""
+def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE
+           ) -> TensorCoreConfig:
+    """The default config of an m x n x k product (`batch` of them) on `gpu`, as
+    dense.choose: of the DEFAULTS tiles, each with k unsplit or split into slices at least
+    MIN_SPLIT_K deep, the one a rough model says is fastest (its guessed EFFICIENCY, slowed
+    where its blocks cannot fill the GPU, plus a split's cost)."""
     best, best_time = None, math.inf
     for dims, efficiency in zip(DEFAULTS, EFFICIENCY):
         for split in SPLITS:
@@ -120,10 +122,10 @@ def choose(m: int, n: int, k: int, batch: int = 1) -> TensorCoreConfig:
                 break
             config = TensorCoreConfig(*dims, split_k=split)
             blocks = -(-m // config.block_m) * -(-n // config.block_n) * batch
-            fill = min(1.0, blocks * split / MIN_BLOCKS)
-            seconds = 2 * m * n * k * batch / (PEAK_FLOPS * efficiency * fill)
+            fill = min(1.0, blocks * split / min_blocks(gpu))
+            seconds = 2 * m * n * k * batch / (gpu.tensor_flops * efficiency * fill)
             if split > 1:
-                seconds += 8 * m * n * batch * split / COPY_BYTES_PER_S + LAUNCH_S
+                seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
             if seconds < best_time:
                 best, best_time = config, seconds
     return best
@@ -302,7 +304,7 @@ def dense_space(p: problems.Dense, machine) -> Space:
 
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
-    return choose(p.m, p.n, p.k, p.batch)
+    return choose(p.m, p.n, p.k, p.batch, gpu=gpu_of(machine))
 
 
 def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:
@@ -314,7 +316,7 @@ def conv_space(p: problems.Conv2d, machine) -> Space:
 
 
 def conv_default(p: problems.Conv2d, machine) -> TensorCoreConfig:
-    return choose(*conv_template.gemm(p))
+    return choose(*conv_template.gemm(p), gpu=gpu_of(machine))
 
 
 def conv_build(p: problems.Conv2d, c: TensorCoreConfig, machine) -> L.PrimFunc:

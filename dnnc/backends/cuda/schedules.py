@@ -17,7 +17,7 @@ around threadIdx loops:
   read in the stage's order copied into registers by a VECTORIZED loop, the results kept
   in registers and stored by a VECTORIZED loop: one float4 / float2 load and store where
   the renderer proves them aligned; else scalar accesses), `threads` a block (with
-  `grid_stride`, at most `STRIDE_BLOCKS` blocks each looping), its inner loops serial in
+  `grid_stride`, at most `stride_blocks` blocks each looping), its inner loops serial in
   the thread. A stage that is a whole-tensor reduction (`acc = identity; for ...: acc =
   acc op f(...); out = g(acc)`) runs as one row (below) on one block of `reduce_threads`
   threads; `reduce_threads=1` runs it on one thread. Anything else runs on one thread
@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from ...ir import loop as L
 from ...ir import types as T
 from ...ir.ops.registry import Pattern
+from ...ir.target import GPU
 from .. import problems
 from ..loop_analysis import (accesses, carried, fuse_levels, fuse_row_loops, fuse_until,
                              levels, nest_work, rename_buffer, rows_first, runs_in_order,
@@ -69,11 +70,13 @@ from .attention import ATTENTION
 from .codegen import stages
 from .conv import CONV2D
 from .dense import DENSE
+from .device import REFERENCE, gpu_of
 from .gemv import GEMV
 from .mma import MMA_CONV2D, MMA_DENSE
 
-# blocks of a grid-stride stage at most: 8 per SM of an H100 (132 SMs), rounded
-STRIDE_BLOCKS = 1024
+# blocks of a grid-stride stage at most: 8 per SM of the device, rounded down to a power of
+# two (`stride_blocks`: 1024 on an H100's 132 SMs)
+STRIDE_BLOCKS_PER_SM = 8
 # a row stage runs on a row's threads when one of its reductions has at least this many
 # iterations (a warp's worth); shorter rows run one thread per row
 MIN_ROW_WORK = 32
@@ -94,7 +97,7 @@ class Config:
     """Knobs of the default template."""
 
     threads: int = 256           # threads per block of a thread-per-iteration stage
-    grid_stride: bool = False    # at most STRIDE_BLOCKS blocks, each looping over the rest
+    grid_stride: bool = False    # at most `stride_blocks` blocks, each looping over the rest
     reduce_threads: int = 256    # one block's threads for a whole-tensor reduction (1: one)
     vector: int = 1              # contiguous iterations a thread of a thread-per-iteration stage
 
@@ -136,9 +139,16 @@ def template_for(kernel, target: str = "cuda", machine=None) -> tuple[Template, 
 # -- the schedule --------------------------------------------------------------------------------
 
 
-def schedule(func: L.PrimFunc, config, block_rows: bool = False, fuse: bool = False
-             ) -> L.PrimFunc:
-    """`func` with every stage bound to blocks and threads (see the module's docstring)."""
+def stride_blocks(gpu: GPU) -> int:
+    """The blocks of a grid-stride stage on `gpu` (STRIDE_BLOCKS_PER_SM a SM, rounded down
+    to a power of two)."""
+    return 1 << (STRIDE_BLOCKS_PER_SM * gpu.sms).bit_length() - 1
+
+
+def schedule(func: L.PrimFunc, config, block_rows: bool = False, fuse: bool = False,
+             gpu: GPU = REFERENCE) -> L.PrimFunc:
+    """`func` with every stage bound to blocks and threads (see the module's docstring) on
+    `gpu`."""
     names = _Names(func)
     workspace, body = stages(func.body)
     if fuse:
@@ -146,7 +156,8 @@ def schedule(func: L.PrimFunc, config, block_rows: bool = False, fuse: bool = Fa
     scheduled = []
     for k, s in enumerate(body):
         others = body[:k] + body[k + 1:]
-        scheduled.append(_stage(s, config, block_rows, names, _Scratch(workspace, others)))
+        scheduled.append(_stage(s, config, block_rows, names, _Scratch(workspace, others),
+                                stride_blocks(gpu)))
     out = L.seq(*scheduled)
     used = {n.buffer.name for n in L.walk(out) if isinstance(n, (L.Load, L.Store))}
     for buffer in reversed(workspace):
@@ -189,13 +200,14 @@ class _Names:
         return L.Var(self(hint))
 
 
-def _stage(s: L.Stmt, config, block_rows: bool, names: _Names, scratch: _Scratch) -> L.Stmt:
+def _stage(s: L.Stmt, config, block_rows: bool, names: _Names, scratch: _Scratch,
+           strided: int) -> L.Stmt:
     if isinstance(s, L.For):
         loop = _independent_prefix(s)
         if loop is not None and loop.extent.value > 0:   # (an empty tensor: one thread)
             if block_rows and _is_row_reduction(loop):
                 return _on_rows(loop, config, names, scratch)
-            return _thread_per_iteration(loop, config, names)
+            return _thread_per_iteration(loop, config, names, strided)
     if config.reduce_threads > 1 and _reduction(s) is not None:
         layout = _Layout(None, 1, _pow2(config.reduce_threads), 1, 1)
         return _RowBuilder(layout, names, [s], {}, {}).build()
@@ -215,20 +227,21 @@ def _independent_prefix(loop: L.For, allowed: frozenset = frozenset()) -> L.For 
     return fuse_levels(loop, depth) if depth else None
 
 
-def _thread_per_iteration(loop: L.For, config, names: _Names) -> L.Stmt:
-    """`config.vector` consecutive iterations of `loop` a thread (one when 1), guarded."""
+def _thread_per_iteration(loop: L.For, config, names: _Names, strided: int) -> L.Stmt:
+    """`config.vector` consecutive iterations of `loop` a thread (one when 1), guarded; with
+    `config.grid_stride`, on at most `strided` blocks."""
     n, vector = loop.extent.value, config.vector
     groups = -(-n // vector)
     threads = min(config.threads, -(-groups // WARP) * WARP)
     blocks = -(-groups // threads)
     b, t = names.var(f"{loop.var.name}_b"), names.var(f"{loop.var.name}_t")
-    if config.grid_stride and blocks > STRIDE_BLOCKS:
+    if config.grid_stride and blocks > strided:
         k = names.var(f"{loop.var.name}_k")
-        steps = -(-groups // (STRIDE_BLOCKS * threads))
-        group = (k * STRIDE_BLOCKS + b) * threads + t
-        inner = L.For(k, steps, _vector(loop, group, steps * STRIDE_BLOCKS * threads, names,
+        steps = -(-groups // (strided * threads))
+        group = (k * strided + b) * threads + t
+        inner = L.For(k, steps, _vector(loop, group, steps * strided * threads, names,
                                         vector))
-        return L.For(b, STRIDE_BLOCKS, L.For(t, threads, inner, L.ForKind.THREAD_X),
+        return L.For(b, strided, L.For(t, threads, inner, L.ForKind.THREAD_X),
                      L.ForKind.BLOCK_X)
     return L.For(b, blocks, L.For(t, threads, _vector(loop, b * threads + t, blocks * threads,
                                                       names, vector),
@@ -785,7 +798,7 @@ def default_config(p: problems.Rows, machine) -> Config:
 
 
 def default_build(p: problems.Rows, config: Config, machine) -> L.PrimFunc:
-    return schedule(p.func, config)
+    return schedule(p.func, config, gpu=gpu_of(machine))
 
 
 def rows_space(p: problems.Rows, machine) -> Space:
@@ -817,7 +830,8 @@ def _widest_vector(length: int, threads: int) -> int:
 
 
 def rows_build(p: problems.Rows, config: RowsConfig, machine) -> L.PrimFunc:
-    return schedule(p.func, config, block_rows=True, fuse=config.fuse_rows)
+    return schedule(p.func, config, block_rows=True, fuse=config.fuse_rows,
+                    gpu=gpu_of(machine))
 
 
 def _row_loops(p: problems.Rows) -> list[L.For]:
