@@ -21,7 +21,8 @@ k slice): each block sums its slice's k tiles into a global workspace of partial
 and a second launch, a thread per output, adds the slices and stores as above. The default
 config (`choose`) weighs the DEFAULTS tiles and splits with a rough model of their speed.
 
-Not yet: vector stores of Y, tensor cores.
+The tensor-core templates (`mma.py`) reuse `build` with their own product. Not yet: vector
+stores of Y.
 """
 
 from __future__ import annotations
