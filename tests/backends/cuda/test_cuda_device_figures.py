@@ -107,3 +107,11 @@ def test_the_machine_of_a_visible_gpu(monkeypatch):
     monkeypatch.setattr(device, "_probe", lambda: (fake, None))
     assert device.properties() == A100
     assert device.machine() == Target("cuda", arch="sm_80", gpu=device.describe_gpu(A100))
+
+
+def test_tuning_keys_do_not_depend_on_the_figures():
+    """Tuning records are kept per architecture and precision: an H200's (the H100's
+    architecture) apply to an H100 and back, as before the figures existed."""
+    h100 = Target("cuda", arch="sm_90", gpu=device.REFERENCE)
+    h200 = Target("cuda", arch="sm_90", gpu=device.describe_gpu(H200))
+    assert h100.key == h200.key == Target("cuda", arch="sm_90").key == "cuda:sm_90:"
