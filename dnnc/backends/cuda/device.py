@@ -112,7 +112,7 @@ ARCH_RATES = {
     (8, 0): ArchRates(fp32=128, tf32=1024),   # A100: 19.5 / 156 TFLOP/s, 108 SMs, 1.41 GHz
     (8, 6): ArchRates(fp32=256, tf32=512),    # A40, A10
     (8, 9): ArchRates(fp32=256, tf32=512),    # L40S, L4
-    (9, 0): ArchRates(fp32=256, tf32=2048),   # H100, H200: 67 / 495 TFLOP/s, 132 SMs
+    (9, 0): ArchRates(fp32=256, tf32=2048),   # H100, H200 SXM: 67 / 495 TFLOP/s, 132 SMs
 }
 """Per-SM, per-clock rates by compute capability (an architecture not listed takes the newest
 one before it, an older one the oldest)."""
@@ -124,10 +124,10 @@ REFERENCE_PROPERTIES = {
 kHz, the bus in bits): what is rendered for where no GPU is visible, and the device the
 measured figures of `REFERENCE` come from."""
 
-REFERENCE = GPU(_name(REFERENCE_PROPERTIES), sms=132, fp32_flops=51e12, tensor_flops=400e12,
-                copy_bytes_per_s=2.9e12)
-"""The reference GPU's figures as measured (/work/shared/GPU.md: cuBLAS fp32 and tf32 GEMMs,
-a device-to-device copy); another device's are these scaled by its peaks over the reference's
+REFERENCE = GPU(_name(REFERENCE_PROPERTIES), sms=REFERENCE_PROPERTIES["multiProcessorCount"],
+                fp32_flops=51e12, tensor_flops=400e12, copy_bytes_per_s=2.9e12)
+"""The reference GPU's figures as measured (GPU.md: cuBLAS fp32 and tf32 GEMMs, a
+device-to-device copy); another device's are these scaled by its peaks over the reference's
 (`describe_gpu`)."""
 
 DEFAULT_ARCH = f"sm_{REFERENCE_PROPERTIES['major']}{REFERENCE_PROPERTIES['minor']}"
