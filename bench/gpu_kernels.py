@@ -54,8 +54,8 @@ and vit's (197 tokens: ragged tiles, 3 heads of 64, batch 1). GFLOP/s counts the
 products (4 b h s^2 d); `vs unfused` is the unfused path's time over the kernel's (above 1:
 fusion helps), `torch/dnnc` torch's over dnnc's. The variants are attention configs
 (rows, threads, tile_k, thread_rows: "x2" is two query rows a thread; "rolled": the loops
-over d and the keys left to nvcc), the measurements `attention.DEFAULTS`, `MIN_BLOCKS` and
-`UNROLL_HEAD` come from.
+over d and the keys left to nvcc), the measurements `attention.DEFAULTS`, its block-per-SM aim
+and `UNROLL_HEAD` come from.
 Every row is checked against NumPy (float64; rtol 1e-4, atol 1e-5).
 
 Cases: `dense` (4096^3; bert_base's FFN at batch 1 and 8: 128 / 1024 rows, 768 -> 3072 and
@@ -81,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dnnc.backends.cuda import FUSION  # noqa: E402
-from dnnc.backends.cuda import mma  # noqa: E402
+from dnnc.backends.cuda import device, mma  # noqa: E402
 from dnnc.backends.cuda.attention import AttentionConfig  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
@@ -719,9 +719,8 @@ def main(argv=None) -> int:
         parser.error(f"unknown cases {unknown}; known: {', '.join(CASES)}")
     import cupy as cp
 
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    machine = Target("cuda", arch=f"sm_{props['major']}{props['minor']}", fusion=FUSION,
-                     precision=args.precision)
+    # this GPU's architecture and figures (SMs, throughput: the templates' defaults read them)
+    machine = dataclasses.replace(device.machine(), fusion=FUSION, precision=args.precision)
     print(header())
     print(f"repeat {args.repeat} launches x {args.trials} trials (median), CUDA events; "
           f"GB/s = (read + write of the tensor) / time; bars: elementwise >= 0.80 of copy, "

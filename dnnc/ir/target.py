@@ -2,11 +2,13 @@
 
 A `Target` is the one description of the machine a compile is for: the target's name in the
 registry (`backends/registry.py`; `TargetSpec.target` builds it), the CPU name and its
-complete feature string, the threads the code runs on, a GPU architecture for a GPU target,
-and the layouts the target's kernels want (`passes/convert_layout.py` applies them). Passes
-and runtimes read their target-dependent choices from it, without importing a backend or
-comparing names; the runtime and the passes of one compile get the same Target. Backends
-probe the machine they run on (`backends/llvm/cpu.py: host_target`).
+complete feature string, the threads the code runs on, a GPU architecture and the GPU's
+figures (`GPU`: SM count, throughput, bandwidth) for a GPU target, and the layouts the
+target's kernels want (`passes/convert_layout.py` applies them). Passes and runtimes read
+their target-dependent choices from it, without importing a backend or comparing names; the
+runtime and the passes of one compile get the same Target. Backends probe the machine they
+run on (`backends/llvm/cpu.py: host_target`, `backends/cuda/device.py: machine`); this
+module never probes anything.
 
 `precision` is the arithmetic a GPU target's dense products and convolutions may use:
 "fp32" (the default: fp32 FMAs, exact as the reference's order allows), or "tf32", "fp16",
@@ -38,6 +40,20 @@ class Fusion:
 
 
 @dataclass(frozen=True)
+class GPU:
+    """A GPU's figures that templates' defaults read (how many blocks fill it, what a product
+    or a copy costs), so that their choices fit an A100, an H100 or an H200. The cuda target's
+    `device.py` fills it from the device's properties, or names its reference GPU where no
+    GPU is visible."""
+
+    name: str                # as the driver names it: "NVIDIA H100 80GB HBM3"
+    sms: int                 # streaming multiprocessors
+    fp32_flops: float        # FLOP/s an fp32 (SIMT FMA) matrix product reaches
+    tensor_flops: float      # FLOP/s a tf32 tensor-core matrix product reaches
+    copy_bytes_per_s: float  # device-to-device copy bandwidth (bytes read + written a second)
+
+
+@dataclass(frozen=True)
 class Target:
     name: str                       # the registry's name: "numpy", "llvm", ...
     cpu: str = ""                   # CPU name as LLVM spells it: "znver3", "x86-64-v3"
@@ -55,6 +71,7 @@ class Target:
     # the products' arithmetic (PRECISIONS): "fp32", or tensor cores on operands rounded to
     # tf32 / fp16 / bf16 with fp32 accumulation
     precision: str = "fp32"
+    gpu: GPU | None = None          # a GPU target's figures (SMs, throughput); None for a CPU
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:

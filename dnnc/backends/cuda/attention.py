@@ -41,6 +41,7 @@ from ...ir import loop as L
 from ...ir import types as T
 from .. import problems
 from ..space import Constraint, Space, Template
+from .device import gpu_of
 
 WARP = 32
 MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
@@ -49,8 +50,6 @@ MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
 MAX_REGISTERS = 64
 MAX_HEAD = 128                # head sizes the template takes (d and dv)
 MAX_GRID_Y = 65535
-# the fewest blocks a default aims for: one per SM of an H100 (132 SMs)
-MIN_BLOCKS = 132
 ROWS = (8, 16, 32, 64, 128)
 THREADS = (32, 64, 128, 256, 512)
 TILE_K = (16, 32, 64, 128)
@@ -104,8 +103,8 @@ def space(p: problems.Attention, machine) -> Space:
 
 
 # (rows, threads, tile_k, thread_rows) a default tries, in order, the first the space takes
-# that gives MIN_BLOCKS blocks, else the one giving the most. First: 32 query rows a block,
-# four a thread. On an H100 (bench/gpu_kernels.py --only attention, 19 configs timed beside
+# that gives a block per SM of the device (`GPU.sms`), else the one giving the most. First:
+# 32 query rows a block, four a thread. On an H100 (bench/gpu_kernels.py --only attention, 19 configs timed beside
 # dnnc's unfused three kernels) it was the one config faster than the unfused path at every
 # shape: bert_base b1 15.6 us vs 20.3 (1.30x), b8 22.8 vs 34.7 (1.52x), vit b1 [3 heads of
 # 197] 21.8 vs 26.8 (1.23x); the one-row-a-thread configs first tried were 0.55-0.81x.
@@ -119,16 +118,17 @@ UNROLL_HEAD = 64
 
 
 def default(p: problems.Attention, machine) -> AttentionConfig:
-    """The first DEFAULTS config in the space whose blocks fill the GPU (MIN_BLOCKS), else
-    the one giving the most blocks; unrolled up to heads of UNROLL_HEAD."""
+    """The first DEFAULTS config in the space whose blocks fill the GPU (a block per SM),
+    else the one giving the most blocks; unrolled up to heads of UNROLL_HEAD."""
     s = space(p, machine)
     unroll = max(p.d, p.dv) <= UNROLL_HEAD
     valid = [c for c in (AttentionConfig(*x, unroll=unroll) for x in DEFAULTS)
              if _valid(s, c)]
     if valid and valid[0] == AttentionConfig(*DEFAULTS[0], unroll=unroll):
         return valid[0]   # measured fastest at every shape, few blocks or many (above)
+    sms = gpu_of(machine).sms
     for c in valid:
-        if p.batch * -(-p.sq // c.rows) >= MIN_BLOCKS:
+        if p.batch * -(-p.sq // c.rows) >= sms:
             return c
     return max(valid, key=lambda c: (p.batch * -(-p.sq // c.rows), c.tile_k))
 
@@ -142,135 +142,202 @@ def applies(p: problems.Attention) -> bool:
 
 
 def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
-    g_size, rows, tk, threads, nr = c.group, c.rows, c.tile_k, c.threads, c.thread_rows
-    d, dv, sq, sk = p.d, p.dv, p.sq, p.sk
-    per_keys = tk // g_size                 # scores a row of a thread
-    per_cols = -(-dv // g_size)             # output columns a row of a thread
-    dp, pp = d + 1, tk + 1                  # padded rows of Q and K, of the probabilities
-    f32 = T.float32
-    q = L.Buffer(p.q.name, f32, (p.batch, sq, d))
-    k = L.Buffer(p.k.name, f32, (p.batch, d, sk) if p.k_transposed else (p.batch, sk, d))
-    v = L.Buffer(p.v.name, f32, (p.batch, sk, dv))
-    qs = L.Buffer("q_rows", f32, (rows * dp,), L.Scope.SHARED)
-    ks = L.Buffer("k_tile", f32, (tk * dp,), L.Scope.SHARED)
-    vs = L.Buffer("v_tile", f32, (tk * dv,), L.Scope.SHARED)
-    ps = L.Buffer("p_tile", f32, (rows * pp,), L.Scope.SHARED)
-    s = L.Buffer("scores", f32, (nr * per_keys,), L.Scope.LOCAL)
-    acc = L.Buffer("acc", f32, (nr * per_cols,), L.Scope.LOCAL)
-    # per row of the thread: the running max, the thread's share of the row's sum, the
-    # tile's max
-    stat = L.Buffer("row_stat", f32, (3 * nr,), L.Scope.LOCAL)
-
-    bi, qt, kt = L.Var("bi"), L.Var("qt"), L.Var("kt")
-    t, r, g = L.Var("t"), L.Var("r"), L.Var("g")
-    u, w, h, dd, jj, step, e = (L.Var(n) for n in ("u", "w", "h", "dd", "jj", "ls", "e"))
-    q0, j0 = qt * rows, kt * tk
-    row = r * nr + h                        # the block's row of the thread's h-th
-    i = q0 + row
-    row_c = L.minimum(i, sq - 1)            # (a row past the last computes row sq - 1's)
-    m, l, top = (3 * h,), (3 * h + 1,), (3 * h + 2,)
-    su, aw = (h * per_keys + u,), (h * per_cols + w,)
-
-    def per_thread(body: L.Stmt) -> L.Stmt:
-        """`body` on every thread, with its row group r and lane g in the group (where
-        used)."""
-        used = L.free_vars(body)
-        if g in used:
-            body = L.Let(g, t % g_size, body)
-        if r in used:
-            body = L.Let(r, t // g_size, body)
-        return L.For(t, threads, body, L.ForKind.THREAD_X)
-
-    def copy(n: int, body) -> L.Stmt:
-        """body(e) for e < n, consecutive threads at consecutive e."""
-        steps = -(-n // threads)
-        inner = body(e)
-        if steps * threads > n:
-            inner = L.If(e < n, inner)
-        return L.For(t, threads, L.For(step, steps, L.Let(e, step * threads + t, inner),
-                                       L.ForKind.UNROLLED), L.ForKind.THREAD_X)
-
-    def guarded(cond: L.Expr, value: L.Expr) -> L.Expr:
-        return L.Select(cond, value, L.const(0.0, f32))
-
-    def each(var: L.Var, n: int, body: L.Stmt) -> L.Stmt:
-        return L.For(var, n, body, L.ForKind.UNROLLED)
-
-    def rows_of(body: L.Stmt) -> L.Stmt:
-        """`body` for each of the thread's rows h."""
-        return each(h, nr, body)
-
-    zero, neg_inf = L.const(0.0, f32), L.const(NEG_INF, f32)
-    init = per_thread(L.seq(rows_of(L.seq(L.Store(stat, m, neg_inf), L.Store(stat, l, zero))),
-                            each(w, nr * per_cols, L.Store(acc, (w,), zero))))
-    load_q = copy(rows * d, lambda x: L.Store(qs, (x // d * dp + x % d,), guarded(
-        q0 + x // d < sq, q[bi, L.minimum(q0 + x // d, sq - 1), x % d])))
-
-    def key_at(jt: L.Expr, dt: L.Expr) -> L.Expr:
-        j = L.minimum(j0 + jt, sk - 1)
-        return guarded(j0 + jt < sk, k[bi, dt, j] if p.k_transposed else k[bi, j, dt])
-
-    if p.k_transposed:   # K's contiguous dim is the keys'
-        load_k = copy(tk * d, lambda x: L.Store(ks, (x % tk * dp + x // tk,),
-                                                key_at(x % tk, x // tk)))
-    else:
-        load_k = copy(tk * d, lambda x: L.Store(ks, (x // d * dp + x % d,),
-                                                key_at(x // d, x % d)))
-    load_v = copy(tk * dv, lambda x: L.Store(vs, (x,), guarded(
-        j0 + x // dv < sk, v[bi, L.minimum(j0 + x // dv, sk - 1), x % dv])))
-
-    key = g + u * g_size                  # the tile's key of score u
-    inner = L.ForKind.UNROLLED if c.unroll else L.ForKind.SERIAL   # over d, over the keys
-    dot = each(u, nr * per_keys, L.Store(s, (u,), zero))
-    dot = L.seq(dot, L.For(dd, d, rows_of(each(u, per_keys, L.Store(s, su, L.call(
-        "fma", qs[row * dp + dd], ks[key * dp + dd], s[su])))), inner))
-    logit = s[su] * L.const(p.scale, f32)
-    if p.drop is not None:
-        logit = L.Select(p.mask_at(bi, row_c, L.minimum(j0 + key, sk - 1), p.drop),
-                         L.const(p.fill, f32), logit)
-    if p.mask is not None:
-        logit = logit + p.mask_at(bi, row_c, L.minimum(j0 + key, sk - 1))
-    finish = rows_of(each(u, per_keys, L.Store(s, su, L.Select(j0 + key < sk, logit,
-                                                                neg_inf))))
-    tile_max = rows_of(L.seq(L.Store(stat, top, neg_inf), each(u, per_keys, L.Store(
-        stat, top, L.maximum(stat[top], s[su])))))
-    scores = L.seq(per_thread(L.seq(dot, finish, tile_max)),
-                   *[per_thread(rows_of(x)) for x in _butterfly(stat, top, "max", g_size)])
-
-    m_new, m_ref, corr = (L.Var(n, f32) for n in ("m_new", "m_ref", "corr"))
-    prob = L.call("exp", s[su] - m_ref)
-    update = per_thread(rows_of(L.Let(m_new, L.maximum(stat[m], stat[top]), L.Let(
-        m_ref, L.Select(L.eq(m_new, neg_inf), zero, m_new), L.Let(
-            corr, L.call("exp", stat[m] - m_ref), L.seq(
-                L.Store(stat, l, stat[l] * corr),
-                each(u, per_keys, L.seq(L.Store(s, su, prob),
-                                        L.Store(stat, l, stat[l] + s[su]),
-                                        L.Store(ps, (row * pp + key,), s[su]))),
-                each(w, per_cols, L.Store(acc, aw, acc[aw] * corr)),
-                L.Store(stat, m, m_new)))))))
-    col = L.minimum(g + w * g_size, dv - 1)   # (columns past dv compute column dv - 1's)
-    weigh = per_thread(L.For(jj, tk, rows_of(each(w, per_cols, L.Store(acc, aw, L.call(
-        "fma", ps[row * pp + jj], vs[jj * dv + col], acc[aw])))), inner))
-
-    tiles = -(-sk // tk)
-    stream = L.For(kt, tiles, L.seq(load_k, load_v, L.Barrier(), scores, update, L.Barrier(),
-                                    weigh, L.Barrier()))
-    column = g + w * g_size
-    store = p.store(bi, i, column, acc[aw] / stat[l])
-    inside = L.logical_and(i < sq, column < dv) if per_cols * g_size > dv else i < sq
-    done = L.seq(*[per_thread(rows_of(x)) for x in _butterfly(stat, l, "+", g_size)],
-                 per_thread(rows_of(each(w, per_cols, L.If(inside, store)))))
-    body = L.seq(init, load_q, stream, done)
-    for buffer in (qs, ks, vs, ps, s, acc, stat):
+    """The kernel of `p`: a block a (batch, row tile), its steps as the module's docstring
+    numbers them."""
+    f = _FlashBlock(p, c)
+    stream = L.For(f.kt, -(-p.sk // c.tile_k), L.seq(
+        f.load_k(), f.load_v(), L.Barrier(), f.scores(), f.update(), L.Barrier(), f.weigh(),
+        L.Barrier()))
+    body = L.seq(f.init(), f.load_q(), stream, f.done())
+    for buffer in (f.qs, f.ks, f.vs, f.ps, f.s, f.acc, f.stat):
         body = L.Allocate(buffer, body)
-    grid = L.For(bi, p.batch, L.For(qt, -(-sq // rows), body, L.ForKind.BLOCK_Y),
+    grid = L.For(f.bi, p.batch, L.For(f.qt, -(-p.sq // c.rows), body, L.ForKind.BLOCK_Y),
                  L.ForKind.BLOCK_X)
     views: dict[str, L.Buffer] = {}
-    for b in (q, k, v, p.mask, p.drop, p.y_view):
+    for b in (f.q, f.k, f.v, p.mask, p.drop, p.y_view):
         if b is not None:
             views.setdefault(b.name, b)   # Q first, should Q also be K
     params = tuple(views.get(b.name, b) for b in p.params)
     return L.PrimFunc(p.name, params, grid)
+
+
+class _FlashBlock:
+    """One block of the attention kernel: its operands, shared tiles and registers, its
+    thread's place, and a method per step of the module's docstring, each a statement."""
+
+    def __init__(self, p: problems.Attention, c: AttentionConfig):
+        self.p, self.c = p, c
+        self.g_size, rows, tk, self.nr = c.group, c.rows, c.tile_k, c.thread_rows
+        d, dv, sq, sk = p.d, p.dv, p.sq, p.sk
+        self.per_keys = tk // self.g_size         # scores a row of a thread
+        self.per_cols = -(-dv // self.g_size)     # output columns a row of a thread
+        self.dp, self.pp = d + 1, tk + 1          # padded rows of Q and K, of the probabilities
+        f32 = T.float32
+        self.q = L.Buffer(p.q.name, f32, (p.batch, sq, d))
+        self.k = L.Buffer(p.k.name, f32, (p.batch, d, sk) if p.k_transposed else
+                          (p.batch, sk, d))
+        self.v = L.Buffer(p.v.name, f32, (p.batch, sk, dv))
+        self.qs = L.Buffer("q_rows", f32, (rows * self.dp,), L.Scope.SHARED)
+        self.ks = L.Buffer("k_tile", f32, (tk * self.dp,), L.Scope.SHARED)
+        self.vs = L.Buffer("v_tile", f32, (tk * dv,), L.Scope.SHARED)
+        self.ps = L.Buffer("p_tile", f32, (rows * self.pp,), L.Scope.SHARED)
+        self.s = L.Buffer("scores", f32, (self.nr * self.per_keys,), L.Scope.LOCAL)
+        self.acc = L.Buffer("acc", f32, (self.nr * self.per_cols,), L.Scope.LOCAL)
+        # per row of the thread: the running max, the thread's share of the row's sum, the
+        # tile's max
+        self.stat = L.Buffer("row_stat", f32, (3 * self.nr,), L.Scope.LOCAL)
+
+        self.bi, self.qt, self.kt = L.Var("bi"), L.Var("qt"), L.Var("kt")
+        self.t, self.r, self.g = L.Var("t"), L.Var("r"), L.Var("g")
+        self.u, self.w, self.h, self.dd, self.jj, self.step, self.e = (
+            L.Var(n) for n in ("u", "w", "h", "dd", "jj", "ls", "e"))
+        self.q0, self.j0 = self.qt * rows, self.kt * tk
+        self.row = self.r * self.nr + self.h      # the block's row of the thread's h-th
+        self.i = self.q0 + self.row
+        self.row_c = L.minimum(self.i, sq - 1)    # (a row past the last computes row sq - 1's)
+        h = self.h
+        self.m, self.l, self.top = (3 * h,), (3 * h + 1,), (3 * h + 2,)
+        self.su = (h * self.per_keys + self.u,)
+        self.aw = (h * self.per_cols + self.w,)
+        self.key = self.g + self.u * self.g_size   # the tile's key of score u
+        # over d, over the keys
+        self.inner = L.ForKind.UNROLLED if c.unroll else L.ForKind.SERIAL
+        self.zero, self.neg_inf = L.const(0.0, f32), L.const(NEG_INF, f32)
+
+    # -- the pieces of a step
+
+    def per_thread(self, body: L.Stmt) -> L.Stmt:
+        """`body` on every thread, with its row group r and lane g in the group (where
+        used)."""
+        used = L.free_vars(body)
+        if self.g in used:
+            body = L.Let(self.g, self.t % self.g_size, body)
+        if self.r in used:
+            body = L.Let(self.r, self.t // self.g_size, body)
+        return L.For(self.t, self.c.threads, body, L.ForKind.THREAD_X)
+
+    def copy(self, n: int, body) -> L.Stmt:
+        """body(e) for e < n, consecutive threads at consecutive e."""
+        threads, e = self.c.threads, self.e
+        steps = -(-n // threads)
+        inner = body(e)
+        if steps * threads > n:
+            inner = L.If(e < n, inner)
+        return L.For(self.t, threads, L.For(self.step, steps, L.Let(
+            e, self.step * threads + self.t, inner), L.ForKind.UNROLLED), L.ForKind.THREAD_X)
+
+    def guarded(self, cond: L.Expr, value: L.Expr) -> L.Expr:
+        return L.Select(cond, value, self.zero)
+
+    @staticmethod
+    def each(var: L.Var, n: int, body: L.Stmt) -> L.Stmt:
+        return L.For(var, n, body, L.ForKind.UNROLLED)
+
+    def rows_of(self, body: L.Stmt) -> L.Stmt:
+        """`body` for each of the thread's rows h."""
+        return self.each(self.h, self.nr, body)
+
+    # -- the steps
+
+    def init(self) -> L.Stmt:
+        """The running maxima -inf, the sums and accumulators 0."""
+        stat, each = self.stat, self.each
+        return self.per_thread(L.seq(
+            self.rows_of(L.seq(L.Store(stat, self.m, self.neg_inf),
+                               L.Store(stat, self.l, self.zero))),
+            each(self.w, self.nr * self.per_cols, L.Store(self.acc, (self.w,), self.zero))))
+
+    def load_q(self) -> L.Stmt:
+        """The block's rows of Q into shared memory (0 past the last)."""
+        d, sq, q0 = self.p.d, self.p.sq, self.q0
+        return self.copy(self.c.rows * d, lambda x: L.Store(
+            self.qs, (x // d * self.dp + x % d,), self.guarded(
+                q0 + x // d < sq, self.q[self.bi, L.minimum(q0 + x // d, sq - 1), x % d])))
+
+    def _key_at(self, jt: L.Expr, dt: L.Expr) -> L.Expr:
+        p, j0 = self.p, self.j0
+        j = L.minimum(j0 + jt, p.sk - 1)
+        return self.guarded(j0 + jt < p.sk, self.k[self.bi, dt, j] if p.k_transposed else
+                            self.k[self.bi, j, dt])
+
+    def load_k(self) -> L.Stmt:
+        """Step 1: K's tile into shared memory along K's contiguous dimension."""
+        d, tk, dp = self.p.d, self.c.tile_k, self.dp
+        if self.p.k_transposed:   # K's contiguous dim is the keys'
+            return self.copy(tk * d, lambda x: L.Store(self.ks, (x % tk * dp + x // tk,),
+                                                       self._key_at(x % tk, x // tk)))
+        return self.copy(tk * d, lambda x: L.Store(self.ks, (x // d * dp + x % d,),
+                                                   self._key_at(x // d, x % d)))
+
+    def load_v(self) -> L.Stmt:
+        """Step 1: V's tile into shared memory."""
+        dv, sk, j0 = self.p.dv, self.p.sk, self.j0
+        return self.copy(self.c.tile_k * dv, lambda x: L.Store(self.vs, (x,), self.guarded(
+            j0 + x // dv < sk, self.v[self.bi, L.minimum(j0 + x // dv, sk - 1), x % dv])))
+
+    def scores(self) -> L.Stmt:
+        """Step 2: the thread's scores of the tile, masked, and the group's tile max."""
+        p, s, su, stat, top = self.p, self.s, self.su, self.stat, self.top
+        each, rows_of, u, per_keys = self.each, self.rows_of, self.u, self.per_keys
+        f32, neg_inf, j0, key = T.float32, self.neg_inf, self.j0, self.key
+        dot = each(u, self.nr * per_keys, L.Store(s, (u,), self.zero))
+        dot = L.seq(dot, L.For(self.dd, p.d, rows_of(each(u, per_keys, L.Store(s, su, L.call(
+            "fma", self.qs[self.row * self.dp + self.dd], self.ks[key * self.dp + self.dd],
+            s[su])))), self.inner))
+        logit = s[su] * L.const(p.scale, f32)
+        if p.drop is not None:
+            logit = L.Select(p.mask_at(self.bi, self.row_c, L.minimum(j0 + key, p.sk - 1),
+                                       p.drop), L.const(p.fill, f32), logit)
+        if p.mask is not None:
+            logit = logit + p.mask_at(self.bi, self.row_c, L.minimum(j0 + key, p.sk - 1))
+        finish = rows_of(each(u, per_keys, L.Store(s, su, L.Select(j0 + key < p.sk, logit,
+                                                                    neg_inf))))
+        tile_max = rows_of(L.seq(L.Store(stat, top, neg_inf), each(u, per_keys, L.Store(
+            stat, top, L.maximum(stat[top], s[su])))))
+        return L.seq(self.per_thread(L.seq(dot, finish, tile_max)),
+                     *[self.per_thread(rows_of(x))
+                       for x in _butterfly(stat, top, "max", self.g_size)])
+
+    def update(self) -> L.Stmt:
+        """Step 3: the running max, the rescaled sum and accumulators, the probabilities
+        into shared memory."""
+        s, su, stat, m, l, each = self.s, self.su, self.stat, self.m, self.l, self.each
+        acc, aw, neg_inf, zero = self.acc, self.aw, self.neg_inf, self.zero
+        m_new, m_ref, corr = (L.Var(n, T.float32) for n in ("m_new", "m_ref", "corr"))
+        prob = L.call("exp", s[su] - m_ref)
+        return self.per_thread(self.rows_of(L.Let(m_new, L.maximum(stat[m], stat[self.top]),
+                                                  L.Let(
+            m_ref, L.Select(L.eq(m_new, neg_inf), zero, m_new), L.Let(
+                corr, L.call("exp", stat[m] - m_ref), L.seq(
+                    L.Store(stat, l, stat[l] * corr),
+                    each(self.u, self.per_keys, L.seq(
+                        L.Store(s, su, prob), L.Store(stat, l, stat[l] + s[su]),
+                        L.Store(self.ps, (self.row * self.pp + self.key,), s[su]))),
+                    each(self.w, self.per_cols, L.Store(acc, aw, acc[aw] * corr)),
+                    L.Store(stat, m, m_new)))))))
+
+    def weigh(self) -> L.Stmt:
+        """Step 4: the thread's output columns accumulate the tile's probabilities times
+        V's rows."""
+        acc, aw, dv = self.acc, self.aw, self.p.dv
+        # (columns past dv compute column dv - 1's)
+        col = L.minimum(self.g + self.w * self.g_size, dv - 1)
+        return self.per_thread(L.For(self.jj, self.c.tile_k, self.rows_of(self.each(
+            self.w, self.per_cols, L.Store(acc, aw, L.call(
+                "fma", self.ps[self.row * self.pp + self.jj], self.vs[self.jj * dv + col],
+                acc[aw])))), self.inner))
+
+    def done(self) -> L.Stmt:
+        """The group's sums combined, then acc / l stored through the epilogue and tail."""
+        stat, l, aw, i = self.stat, self.l, self.aw, self.i
+        column = self.g + self.w * self.g_size
+        store = self.p.store(self.bi, i, column, self.acc[aw] / stat[l])
+        inside = L.logical_and(i < self.p.sq, column < self.p.dv) \
+            if self.per_cols * self.g_size > self.p.dv else i < self.p.sq
+        return L.seq(*[self.per_thread(self.rows_of(x))
+                       for x in _butterfly(stat, l, "+", self.g_size)],
+                     self.per_thread(self.rows_of(self.each(self.w, self.per_cols,
+                                                            L.If(inside, store)))))
 
 
 def _butterfly(buffer: L.Buffer, slot: tuple, op: str, lanes: int) -> list[L.Stmt]:

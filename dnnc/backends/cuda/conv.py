@@ -16,6 +16,7 @@ from ...ir import types as T
 from .. import problems
 from ..space import Space, Template
 from .dense import DenseConfig, Operand, choose, product_space, tiled_product
+from .device import gpu_of
 
 MAX_GRID_Y = 65535
 
@@ -25,7 +26,7 @@ def space(p: problems.Conv2d, machine) -> Space:
 
 
 def default(p: problems.Conv2d, machine) -> DenseConfig:
-    return choose(*gemm(p))
+    return choose(*gemm(p), gpu=gpu_of(machine))
 
 
 def gemm(p: problems.Conv2d) -> tuple[int, int, int]:

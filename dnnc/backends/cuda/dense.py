@@ -21,7 +21,8 @@ k slice): each block sums its slice's k tiles into a global workspace of partial
 and a second launch, a thread per output, adds the slices and stores as above. The default
 config (`choose`) weighs the DEFAULTS tiles and splits with a rough model of their speed.
 
-Not yet: vector stores of Y, tensor cores.
+The tensor-core templates (`mma.py`) reuse `build` with their own product. Not yet: vector
+stores of Y.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from typing import Callable
 
 from ...ir import loop as L
 from ...ir import types as T
+from ...ir.target import GPU
 from .. import problems
 from ..space import Constraint, Space, Template
+from .device import REFERENCE, gpu_of
 
-# the fewest blocks a default config aims for: two per SM of an H100 (132 SMs)
-MIN_BLOCKS = 264
+# the fewest blocks a default config aims for: two per SM (`min_blocks`)
+BLOCKS_PER_SM = 2
 # (tile_m, tile_n, tile_k, thread_m, thread_n) a default tries, largest first: 128 x 128 with
 # 8 x 8 per thread is the classic SGEMM blocking (64 accumulators, 256 threads)
 DEFAULTS = ((128, 128, 8, 8, 8), (64, 64, 16, 4, 4), (32, 64, 16, 2, 4), (32, 32, 16, 2, 2),
@@ -45,10 +48,9 @@ MAX_GRID_YZ = 65535
 MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
 SPLITS = (1, 2, 4, 8, 16)
 MIN_SPLIT_K = 128    # the least k a split-k default gives one slice
-# the default's model (`choose`), from H100 measurements: fp32 FMA peak, device copy
-# bandwidth (GPU.md), a launch in a CUDA graph, and each DEFAULTS tile's fraction of peak
-FP32_FLOPS = 51e12
-COPY_BYTES_PER_S = 2.9e12
+# the default's model (`choose`): the device's fp32 FMA throughput and copy bandwidth (its
+# `GPU` figures), a launch in a CUDA graph (GPU.md), and each DEFAULTS tile's fraction of the
+# fp32 figure, as measured on an H100
 LAUNCH_S = 2e-6
 EFFICIENCY = (0.5, 0.3, 0.22, 0.15, 0.08)
 
@@ -85,25 +87,30 @@ def product_space(name: str, k: int, batch: int) -> Space:
 
 
 def default(p: problems.Dense, machine) -> DenseConfig:
-    return choose(p.m, p.n, p.k, p.batch)
+    return choose(p.m, p.n, p.k, p.batch, gpu_of(machine))
 
 
-def choose(m: int, n: int, k: int, batch: int = 1) -> DenseConfig:
-    """The default config of an m x n x k product (`batch` of them): of the DEFAULTS tiles,
-    each with k unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model
-    says is fastest: the product's time at the tiles' measured efficiency (EFFICIENCY),
-    slowed where its blocks cannot fill the GPU (fewer than MIN_BLOCKS), plus a split's cost
-    (the partial sums written and read, one more launch)."""
+def min_blocks(gpu: GPU) -> int:
+    """The fewest blocks a product's default aims for on `gpu` (BLOCKS_PER_SM a SM)."""
+    return BLOCKS_PER_SM * gpu.sms
+
+
+def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE) -> DenseConfig:
+    """The default config of an m x n x k product (`batch` of them) on `gpu`: of the DEFAULTS
+    tiles, each with k unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough
+    model says is fastest: the product's time at the tiles' measured efficiency (EFFICIENCY),
+    slowed where its blocks cannot fill the GPU (fewer than `min_blocks`), plus a split's
+    cost (the partial sums written and read, one more launch)."""
     best, best_time = None, math.inf
     for dims, efficiency in zip(DEFAULTS, EFFICIENCY):
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
             config = DenseConfig(*dims, split_k=split)
-            fill = min(1.0, _blocks(m, n, batch, config) * split / MIN_BLOCKS)
-            seconds = 2 * m * n * k * batch / (FP32_FLOPS * efficiency * fill)
+            fill = min(1.0, _blocks(m, n, batch, config) * split / min_blocks(gpu))
+            seconds = 2 * m * n * k * batch / (gpu.fp32_flops * efficiency * fill)
             if split > 1:
-                seconds += 8 * m * n * batch * split / COPY_BYTES_PER_S + LAUNCH_S
+                seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
             if seconds < best_time:
                 best, best_time = config, seconds
     return best

@@ -5,8 +5,10 @@ cache.
 build: all install the module `cupy`) and checks that a CUDA GPU is visible, raising a
 `DeviceError` that says which of the two is missing; `available()` is the registry's cheap,
 cached, never-raising form of the same check. `machine()` is the `Target` a compile reads: the
-visible GPU's architecture, else `DEFAULT_ARCH` (what `dnnc compile --emit cuda` renders for
-on a machine without a GPU).
+visible GPU's architecture and figures (`describe_gpu`: SM count, throughput and bandwidth from
+the device's properties and the `ARCH_RATES` table), else the reference GPU's (`REFERENCE`: what
+`dnnc compile --emit cuda` renders for on a machine without a GPU). Templates read a device's
+figures through `gpu_of(target)`, never as literals of their own.
 
 Compiled modules are cached on disk (`ModuleCache`): one cubin per (source, architecture,
 NVRTC version, options), written atomically (a temporary file in the cache folder, then
@@ -22,14 +24,12 @@ import hashlib
 import importlib.util
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ...errors import CompileError, DeviceError
-from ...ir.target import Target
-
-DEFAULT_ARCH = "sm_90"
-"""The architecture rendered for without a GPU to ask: the H100's, dnnc's reference GPU."""
+from ...ir.target import GPU, Target
 
 CACHE_SCHEMA = 1
 """Part of every cache key: bump it when what a cached file holds changes meaning."""
@@ -84,15 +84,107 @@ def gpu_arch() -> str:
 
 
 def gpu_name() -> str:
-    cupy = import_cupy()
-    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return _name(properties())
+
+
+def _name(props: dict) -> str:
+    name = props["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+# -- the device's figures -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ArchRates:
+    """What one SM of an architecture does in a clock, by the programming guide's throughput
+    table and NVIDIA's architecture whitepapers (dense, data-center parts: a GeForce part's
+    tensor cores run half as fast with fp32 accumulators)."""
+
+    fp32: int   # FLOP of fp32 FMAs (2 a lane a clock)
+    tf32: int   # FLOP of dense tf32 tensor-core mma (0: none)
+
+
+ARCH_RATES = {
+    (6, 0): ArchRates(fp32=128, tf32=0),      # P100
+    (6, 1): ArchRates(fp32=256, tf32=0),      # P40
+    (7, 0): ArchRates(fp32=128, tf32=0),      # V100: 64 FP32 lanes, fp16-only tensor cores
+    (7, 5): ArchRates(fp32=128, tf32=0),      # T4
+    (8, 0): ArchRates(fp32=128, tf32=1024),   # A100: 19.5 / 156 TFLOP/s, 108 SMs, 1.41 GHz
+    (8, 6): ArchRates(fp32=256, tf32=512),    # A40, A10
+    (8, 9): ArchRates(fp32=256, tf32=512),    # L40S, L4
+    (9, 0): ArchRates(fp32=256, tf32=2048),   # H100, H200 SXM: 67 / 495 TFLOP/s, 132 SMs
+}
+"""Per-SM, per-clock rates by compute capability (an architecture not listed takes the newest
+one before it, an older one the oldest)."""
+
+REFERENCE_PROPERTIES = {
+    "name": "NVIDIA H100 80GB HBM3", "major": 9, "minor": 0, "multiProcessorCount": 132,
+    "clockRate": 1980000, "memoryClockRate": 2619000, "memoryBusWidth": 5120}
+"""dnnc's reference GPU (an H100 SXM) as `cudaGetDeviceProperties` describes it (clocks in
+kHz, the bus in bits): what is rendered for where no GPU is visible, and the device the
+measured figures of `REFERENCE` come from."""
+
+REFERENCE = GPU(_name(REFERENCE_PROPERTIES), sms=REFERENCE_PROPERTIES["multiProcessorCount"],
+                fp32_flops=51e12, tensor_flops=400e12, copy_bytes_per_s=2.9e12)
+"""The reference GPU's figures as measured (GPU.md: cuBLAS fp32 and tf32 GEMMs, a
+device-to-device copy); another device's are these scaled by its peaks over the reference's
+(`describe_gpu`)."""
+
+DEFAULT_ARCH = f"sm_{REFERENCE_PROPERTIES['major']}{REFERENCE_PROPERTIES['minor']}"
+"""The architecture rendered for without a GPU to ask: the reference GPU's."""
+
+# (cudaDeviceAttr numbers: CUDA 13's cudaDeviceProp lost the clock fields, the attributes stay)
+_ATTRIBUTES = {"clockRate": 13, "memoryClockRate": 36, "memoryBusWidth": 37}
+
+
+def properties() -> dict:
+    """The current device's properties (`cudaGetDeviceProperties`), with the clocks from its
+    attributes where the runtime's struct no longer has them."""
+    cupy = import_cupy()
+    runtime, dev = cupy.cuda.runtime, cupy.cuda.Device().id
+    props = dict(runtime.getDeviceProperties(dev))
+    for key, attribute in _ATTRIBUTES.items():
+        if not props.get(key):
+            props[key] = runtime.deviceGetAttribute(attribute, dev)
+    return props
+
+
+def _rates(major: int, minor: int) -> ArchRates:
+    known = [cc for cc in ARCH_RATES if cc <= (major, minor)]
+    return ARCH_RATES[max(known) if known else min(ARCH_RATES)]
+
+
+def _peaks(props: dict) -> tuple[float, float, float]:
+    """(fp32 FLOP/s, tf32 tensor-core FLOP/s, memory bytes/s) at the device's clocks (kHz)."""
+    rates = _rates(props["major"], props["minor"])
+    clock = props["multiProcessorCount"] * props["clockRate"] * 1e3
+    memory = 2 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8   # double rate
+    return clock * rates.fp32, clock * rates.tf32, memory
+
+
+def describe_gpu(props: dict) -> GPU:
+    """The figures of the device `props` describes: the reference's measured ones scaled by
+    the device's peaks over the reference's (exactly the reference's for the reference)."""
+    fp32, tf32, memory = _peaks(props)
+    ref_fp32, ref_tf32, ref_memory = _peaks(REFERENCE_PROPERTIES)
+    return GPU(_name(props), sms=props["multiProcessorCount"],
+               fp32_flops=REFERENCE.fp32_flops * (fp32 / ref_fp32),
+               tensor_flops=REFERENCE.tensor_flops * (tf32 / ref_tf32),
+               copy_bytes_per_s=REFERENCE.copy_bytes_per_s * (memory / ref_memory))
+
+
+def gpu_of(target: Target | None) -> GPU:
+    """The figures templates read for `target`: its GPU's, else (a Target built without them,
+    as tests do) the reference GPU's."""
+    return target.gpu if target is not None and target.gpu is not None else REFERENCE
+
+
 def machine() -> Target:
-    """The Target of this host's GPU (threads 1: parallelism is the grid's), or of
-    `DEFAULT_ARCH` where there is none (rendering only)."""
-    return Target("cuda", arch=gpu_arch() if available() else DEFAULT_ARCH)
+    """The Target of this host's GPU (threads 1: parallelism is the grid's), or of the
+    reference GPU where there is none (rendering only)."""
+    if not available():
+        return Target("cuda", arch=DEFAULT_ARCH, gpu=REFERENCE)
+    return Target("cuda", arch=gpu_arch(), gpu=describe_gpu(properties()))
 
 
 TENSOR_CORE_ARCH = 80

@@ -36,11 +36,13 @@ from dataclasses import dataclass
 
 from ...ir import loop as L
 from ...ir import types as T
+from ...ir.target import GPU
 from .. import problems
 from ..space import Constraint, Space, Template
 from . import conv as conv_template
 from . import dense as dense_template
-from .dense import MAX_GRID_YZ, MAX_SHARED_BYTES, MIN_BLOCKS, MIN_SPLIT_K, SPLITS, Operand
+from .dense import MAX_GRID_YZ, MAX_SHARED_BYTES, MIN_SPLIT_K, SPLITS, Operand, min_blocks
+from .device import REFERENCE, gpu_of
 
 PRECISIONS = ("tf32", "fp16", "bf16")
 """The precisions these templates serve (`Template.precisions`)."""
@@ -60,9 +62,8 @@ MAX_ACCUMULATORS = 128
 DEFAULTS = ((128, 128, 16, 2, 4), (64, 128, 16, 2, 2), (64, 64, 32, 2, 2), (32, 64, 32, 1, 2),
             (32, 32, 32, 1, 2), (16, 32, 32, 1, 2))
 EFFICIENCY = (0.5, 0.4, 0.3, 0.2, 0.12, 0.08)
-# the model's tensor-core peak (H100 dense tf32, GPU.md) and the costs of a split, as dense.py
-PEAK_FLOPS = 400e12
-COPY_BYTES_PER_S = 2.9e12
+# the model's throughput is the device's tf32 tensor-core figure (`GPU.tensor_flops`, for
+# every precision), a split costs as in dense.py
 LAUNCH_S = 2e-6
 
 
@@ -108,11 +109,12 @@ def _shared_bytes(c: TensorCoreConfig) -> int:
     return 2 * 4 * c.block_k * (c.block_m + c.block_n + 2 * PAD)
 
 
-def choose(m: int, n: int, k: int, batch: int = 1) -> TensorCoreConfig:
-    """The default config of an m x n x k product (`batch` of them), as dense.choose: of the
-    DEFAULTS tiles, each with k unsplit or split into slices at least MIN_SPLIT_K deep, the
-    one a rough model says is fastest (its guessed EFFICIENCY, slowed where its blocks cannot
-    fill the GPU, plus a split's cost)."""
+def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE
+           ) -> TensorCoreConfig:
+    """The default config of an m x n x k product (`batch` of them) on `gpu`, as
+    dense.choose: of the DEFAULTS tiles, each with k unsplit or split into slices at least
+    MIN_SPLIT_K deep, the one a rough model says is fastest (its guessed EFFICIENCY, slowed
+    where its blocks cannot fill the GPU, plus a split's cost)."""
     best, best_time = None, math.inf
     for dims, efficiency in zip(DEFAULTS, EFFICIENCY):
         for split in SPLITS:
@@ -120,10 +122,10 @@ def choose(m: int, n: int, k: int, batch: int = 1) -> TensorCoreConfig:
                 break
             config = TensorCoreConfig(*dims, split_k=split)
             blocks = -(-m // config.block_m) * -(-n // config.block_n) * batch
-            fill = min(1.0, blocks * split / MIN_BLOCKS)
-            seconds = 2 * m * n * k * batch / (PEAK_FLOPS * efficiency * fill)
+            fill = min(1.0, blocks * split / min_blocks(gpu))
+            seconds = 2 * m * n * k * batch / (gpu.tensor_flops * efficiency * fill)
             if split > 1:
-                seconds += 8 * m * n * batch * split / COPY_BYTES_PER_S + LAUNCH_S
+                seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
             if seconds < best_time:
                 best, best_time = config, seconds
     return best
@@ -165,130 +167,159 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
                 b: Operand, store, *, precision: str) -> L.Stmt:
     """The blocks, warps and loops of Y[bi, i, j] = sum_k A[bi, i, k] B[bi, k, j] on tensor
     cores at `precision` (see the module's docstring); the arguments as dense.tiled_product's."""
-    mm, mn, mk = L.MMA_SHAPES[precision]
-    ra, rb = L.MMA_REGISTERS
-    a_place, b_place = FRAGMENTS[precision]
-    pack = L.PACKS[precision]
-    per_register = 1 if precision == "tf32" else 2   # elements a register
-    bm, bn, bk = c.block_m, c.block_n, c.block_k
-    wm, wn = bm // c.warps_m, bn // c.warps_n
-    tm, tn = wm // mm, wn // mn            # mma tiles of a warp, down and across
-    threads = c.threads
-    tiles = -(-k // bk)
-    per = -(-tiles // c.split_k)           # k tiles per slice
-    past_k = k % bk != 0 or tiles % c.split_k != 0
-    bi, by, bx = L.Var("bi"), L.Var("by"), L.Var("bx")
-    row0, col0 = by * bm, bx * bn
-    a_in = dense_template._Staged("a", bm, row0, m, a, bk, k, threads, past_k or m % bm != 0,
-                                  bi, PAD)
-    b_in = dense_template._Staged("b", bn, col0, n, b, bk, k, threads, past_k or n % bn != 0,
-                                  bi, PAD)
-    acc = L.Buffer("acc", T.float32, (tm * tn * 4,), L.Scope.LOCAL)
-    a_frag = L.Buffer("a_frag", T.uint32, (tm * ra,), L.Scope.LOCAL)
-    b_frag = L.Buffer("b_frag", T.uint32, (tn * rb,), L.Scope.LOCAL)
-    t, wy, wx, g, q = (L.Var(x) for x in ("t", "wy", "wx", "g", "q"))
+    w = _WarpTiles(c, batch, m, n, k, a, b, precision)
+    bi, by, bx = w.bi, w.by, w.bx
+    grid = (-(-m // w.bm), -(-n // w.bn))
+    if c.split_k == 1:
+        done = w.each_result(lambda i, j, value: store(bi, i, j, value))
+        body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
+        return L.For(bi, batch, L.For(by, grid[0], L.For(
+            bx, grid[1], body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y), L.ForKind.BLOCK_Z)
+    sk = L.Var("sk")
 
-    def per_thread(body: L.Stmt) -> L.Stmt:
+    def slice_block(bz: L.Var, partial: L.Buffer) -> L.Stmt:
+        keep = w.each_result(lambda i, j, value: L.Store(
+            partial, (((sk * batch + bi) * m + i) * n + j,), value))
+        body = w.block(L.seq(w.init(), w.product(sk * w.per), keep))
+        return L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
+
+    return dense_template._split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
+
+
+class _WarpTiles:
+    """One block of a tensor-core product: its operands' tiles in shared memory (`a_in`,
+    `b_in`), each warp's fragments and accumulators in registers, and the statements
+    `mma_product` assembles from them (zeroing, the k loop, the results)."""
+
+    def __init__(self, c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
+                 b: Operand, precision: str):
+        self.c, self.m, self.n, self.precision = c, m, n, precision
+        self.mm, self.mn, self.mk = L.MMA_SHAPES[precision]
+        self.bm, self.bn, self.bk = bm, bn, bk = c.block_m, c.block_n, c.block_k
+        self.wm, self.wn = bm // c.warps_m, bn // c.warps_n
+        # mma tiles of a warp, down and across
+        self.tm, self.tn = tm, tn = self.wm // self.mm, self.wn // self.mn
+        tiles = -(-k // bk)
+        self.per = -(-tiles // c.split_k)           # k tiles per slice
+        past_k = k % bk != 0 or tiles % c.split_k != 0
+        self.bi, self.by, self.bx = bi, by, bx = L.Var("bi"), L.Var("by"), L.Var("bx")
+        self.row0, self.col0 = by * bm, bx * bn
+        self.a_in = dense_template._Staged("a", bm, self.row0, m, a, bk, k, c.threads,
+                                           past_k or m % bm != 0, bi, PAD)
+        self.b_in = dense_template._Staged("b", bn, self.col0, n, b, bk, k, c.threads,
+                                           past_k or n % bn != 0, bi, PAD)
+        ra, rb = L.MMA_REGISTERS
+        self.acc = L.Buffer("acc", T.float32, (tm * tn * 4,), L.Scope.LOCAL)
+        self.a_frag = L.Buffer("a_frag", T.uint32, (tm * ra,), L.Scope.LOCAL)
+        self.b_frag = L.Buffer("b_frag", T.uint32, (tn * rb,), L.Scope.LOCAL)
+        self.t, self.wy, self.wx, self.g, self.q = (L.Var(x) for x in ("t", "wy", "wx", "g",
+                                                                       "q"))
+        self.mi, self.ni = L.Var("mi"), L.Var("ni")
+
+    def per_thread(self, body: L.Stmt) -> L.Stmt:
         """`body` on every thread: its warp's place (wy, wx) and its lane's g and q (PTX's
         groupID and threadID_in_group)."""
+        c, t = self.c, self.t
         used = L.free_vars(body)
-        for var, value in reversed(((wy, t // WARP // c.warps_n), (wx, t // WARP % c.warps_n),
-                                    (g, t % WARP // 4), (q, t % 4))):
+        for var, value in reversed(((self.wy, t // WARP // c.warps_n),
+                                    (self.wx, t // WARP % c.warps_n),
+                                    (self.g, t % WARP // 4), (self.q, t % 4))):
             if var in used:
                 body = L.Let(var, value, body)
-        return L.For(t, threads, body, L.ForKind.THREAD_X)
+        return L.For(t, c.threads, body, L.ForKind.THREAD_X)
 
-    r = L.Var("r")
-    init = per_thread(L.For(r, tm * tn * 4, L.Store(acc, (r,), L.const(0.0, T.float32)),
-                            L.ForKind.UNROLLED))
-    ks, ai, bj, mi, ni = (L.Var(x) for x in ("ks", "ai", "bj", "mi", "ni"))
+    def init(self) -> L.Stmt:
+        """Every accumulator zeroed."""
+        r = L.Var("r")
+        return self.per_thread(L.For(r, self.tm * self.tn * 4, L.Store(
+            self.acc, (r,), L.const(0.0, T.float32)), L.ForKind.UNROLLED))
 
-    def update(buf: L.Expr) -> L.Stmt:
+    def update(self, buf: L.Expr) -> L.Stmt:
         """The slice in shared buffer `buf`, an mma step of k at a time: the warp's A and B
         fragments into registers, then an mma per (row tile, column tile)."""
-        first = buf * bk + ks * mk    # the step's first k row in the tile
+        ra, rb = L.MMA_REGISTERS
+        mi, ni, tm, tn = self.mi, self.ni, self.tm, self.tn
+        ks, ai, bj = L.Var("ks"), L.Var("ai"), L.Var("bj")
+        first = buf * self.bk + ks * self.mk    # the step's first k row in the tile
+        a_place, b_place = FRAGMENTS[self.precision]
 
         def a_element(e: int) -> L.Expr:
-            row, kk = a_place(e, g, q)
-            return a_in.tile[(first + kk) * a_in.stride + wy * wm + ai * mm + row]
+            row, kk = a_place(e, self.g, self.q)
+            return self.a_in.tile[(first + kk) * self.a_in.stride + self.wy * self.wm +
+                                  ai * self.mm + row]
 
         def b_element(e: int) -> L.Expr:
-            kk, col = b_place(e, g, q)
-            return b_in.tile[(first + kk) * b_in.stride + wx * wn + bj * mn + col]
+            kk, col = b_place(e, self.g, self.q)
+            return self.b_in.tile[(first + kk) * self.b_in.stride + self.wx * self.wn +
+                                  bj * self.mn + col]
 
-        def register(element, r: int) -> L.Expr:
-            """Operand register r: its elements rounded and packed (L.PACKS); tf32's were
-            rounded on their way into shared memory (`staged`): their bits."""
-            if precision == "tf32":
-                return L.call("bitcast", element(r), dtype=T.uint32)
-            return L.call(pack, *(element(r * per_register + h) for h in range(per_register)),
-                          dtype=T.uint32)
-
-        mma = L.Mma(precision, acc, (mi * tn + ni) * 4,
-                    tuple(a_frag[mi * ra + r] for r in range(ra)),
-                    tuple(b_frag[ni * rb + r] for r in range(rb)))
+        mma = L.Mma(self.precision, self.acc, (mi * tn + ni) * 4,
+                    tuple(self.a_frag[mi * ra + r] for r in range(ra)),
+                    tuple(self.b_frag[ni * rb + r] for r in range(rb)))
         # each fragment rounded and packed once a step, then read by every mma using it
-        a_loads = [L.Store(a_frag, (ai * ra + r,), register(a_element, r)) for r in range(ra)]
-        b_loads = [L.Store(b_frag, (bj * rb + r,), register(b_element, r)) for r in range(rb)]
+        a_loads = [L.Store(self.a_frag, (ai * ra + r,), self._register(a_element, r))
+                   for r in range(ra)]
+        b_loads = [L.Store(self.b_frag, (bj * rb + r,), self._register(b_element, r))
+                   for r in range(rb)]
         step = L.seq(
             L.For(ai, tm, L.seq(*a_loads), L.ForKind.UNROLLED),
             L.For(bj, tn, L.seq(*b_loads), L.ForKind.UNROLLED),
             L.For(mi, tm, L.For(ni, tn, mma, L.ForKind.UNROLLED), L.ForKind.UNROLLED))
-        return per_thread(L.For(ks, bk // mk, step, L.ForKind.UNROLLED))
+        return self.per_thread(L.For(ks, self.bk // self.mk, step, L.ForKind.UNROLLED))
 
-    def staged(value: L.Expr) -> L.Expr:
+    def _register(self, element, r: int) -> L.Expr:
+        """Operand register r: its elements rounded and packed (L.PACKS); tf32's were
+        rounded on their way into shared memory (`_staged`): their bits."""
+        if self.precision == "tf32":
+            return L.call("bitcast", element(r), dtype=T.uint32)
+        per_register = 2   # fp16 and bf16 elements a register
+        return L.call(L.PACKS[self.precision],
+                      *(element(r * per_register + h) for h in range(per_register)),
+                      dtype=T.uint32)
+
+    def _staged(self, value: L.Expr) -> L.Expr:
         """A tf32 operand rounded once, as it goes into shared memory (an element is read by
         several warps: rounding it there costs fewer conversions than in each fragment):
         pack_tf32's bits as the float32 they are; fp16 and bf16 stay fp32 there (a register
         packs two elements of consecutive k, which one thread's copy does not hold)."""
-        return L.call("bitcast", L.call(pack, value, dtype=T.uint32), dtype=T.float32)
+        return L.call("bitcast", L.call(L.PACKS[self.precision], value, dtype=T.uint32),
+                      dtype=T.float32)
 
-    convert = staged if precision == "tf32" else None
-
-    def product(first: L.Expr) -> L.Stmt:
+    def product(self, first: L.Expr) -> L.Stmt:
         """k tiles first .. first + per - 1, double buffered as dense.tiled_product's."""
+        a_in, b_in, per = self.a_in, self.b_in, self.per
+        convert = self._staged if self.precision == "tf32" else None
         s = L.Var("kt")
         more = s + 1 < per
         loop = L.For(s, per, L.seq(
-            a_in.load(first + s + 1, more), b_in.load(first + s + 1, more), update(s % 2),
+            a_in.load(first + s + 1, more), b_in.load(first + s + 1, more),
+            self.update(s % 2),
             a_in.store((s + 1) % 2, more, convert), b_in.store((s + 1) % 2, more, convert),
             L.Barrier()))
         return L.seq(a_in.load(first, None), b_in.load(first, None),
                      a_in.store(0, None, convert), b_in.store(0, None, convert), L.Barrier(),
                      loop)
 
-    def each_result(body) -> L.Stmt:
+    def each_result(self, body) -> L.Stmt:
         """`body(i, j, accumulator)` for each of the thread's results, if inside Y."""
+        mi, ni = self.mi, self.ni
         out = []
         for rr in range(4):
-            row, col = _c(rr, g, q)
-            i = row0 + wy * wm + mi * mm + row
-            j = col0 + wx * wn + ni * mn + col
-            out.append(L.If(L.logical_and(i < m, j < n),
-                            body(i, j, acc[(mi * tn + ni) * 4 + rr])))
-        return per_thread(L.For(mi, tm, L.For(ni, tn, L.seq(*out), L.ForKind.UNROLLED),
-                                L.ForKind.UNROLLED))
+            row, col = _c(rr, self.g, self.q)
+            i = self.row0 + self.wy * self.wm + mi * self.mm + row
+            j = self.col0 + self.wx * self.wn + ni * self.mn + col
+            out.append(L.If(L.logical_and(i < self.m, j < self.n),
+                            body(i, j, self.acc[(mi * self.tn + ni) * 4 + rr])))
+        return self.per_thread(L.For(mi, self.tm, L.For(ni, self.tn, L.seq(*out),
+                                                        L.ForKind.UNROLLED),
+                                     L.ForKind.UNROLLED))
 
-    def block(body: L.Stmt) -> L.Stmt:
-        for buffer in (a_in.tile, b_in.tile, a_in.stage, b_in.stage, acc, a_frag, b_frag):
+    def block(self, body: L.Stmt) -> L.Stmt:
+        """`body` with the block's shared tiles and the thread's registers allocated."""
+        for buffer in (self.a_in.tile, self.b_in.tile, self.a_in.stage, self.b_in.stage,
+                       self.acc, self.a_frag, self.b_frag):
             body = L.Allocate(buffer, body)
         return body
-
-    grid = (-(-m // bm), -(-n // bn))
-    if c.split_k == 1:
-        done = each_result(lambda i, j, value: store(bi, i, j, value))
-        body = block(L.seq(init, product(L.const(0)), done))
-        return L.For(bi, batch, L.For(by, grid[0], L.For(
-            bx, grid[1], body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y), L.ForKind.BLOCK_Z)
-    sk = L.Var("sk")
-
-    def slice_block(bz: L.Var, partial: L.Buffer) -> L.Stmt:
-        keep = each_result(lambda i, j, value: L.Store(
-            partial, (((sk * batch + bi) * m + i) * n + j,), value))
-        body = block(L.seq(init, product(sk * per), keep))
-        return L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
-
-    return dense_template._split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
 
 
 # -- the templates ----------------------------------------------------------------------------
@@ -302,7 +333,7 @@ def dense_space(p: problems.Dense, machine) -> Space:
 
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
-    return choose(p.m, p.n, p.k, p.batch)
+    return choose(p.m, p.n, p.k, p.batch, gpu=gpu_of(machine))
 
 
 def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:
@@ -314,7 +345,7 @@ def conv_space(p: problems.Conv2d, machine) -> Space:
 
 
 def conv_default(p: problems.Conv2d, machine) -> TensorCoreConfig:
-    return choose(*conv_template.gemm(p))
+    return choose(*conv_template.gemm(p), gpu=gpu_of(machine))
 
 
 def conv_build(p: problems.Conv2d, c: TensorCoreConfig, machine) -> L.PrimFunc:

@@ -274,108 +274,157 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
     weights and its input channels, run one after another on a thread. The parallel loop runs
     over (group, strip of an image's pixels, channel block) in the order the config says
     (`conv2d_order`)."""
-    then = p.epilogue
-    w, bias, y = p.w, p.bias, p.y
-    n, c, h, wid = p.x_dims
-    oc, cg, kh, kw = p.w_dims
-    _, _, oh, ow = p.y_dims
-    (sh, sw), (dh, dw) = p.strides, p.dilations
-    mr, nr = config.mr, config.nr
-    groups = p.group
-    mg = oc // groups               # output channels of a group
-    ocb_n = -(-mg // nr)            # channel blocks of a group
-    par = parallel_kind(machine.threads, n * oc * oh * ow * cg * kh * kw)
+    conv = _DirectConv(p, config, machine)
+    stmts = [conv.pad_stmt] if conv.pad_stmt is not None else []
+    wpk, pack = conv.packed_weights()
+    if pack is not None:
+        stmts.append(pack)
+    stmts.append(conv.parallel_loop(wpk))
+    body = L.seq(*stmts)
+    if not p.packed_nr:
+        body = L.Allocate(wpk, body)
+    if conv.pad_stmt is not None:
+        body = L.Allocate(conv.xpad, body)
+    return L.simplify(L.PrimFunc(p.name, p.params, body))
 
-    xpad, pad_stmt = pad_input(p, par)
-    stmts = [pad_stmt] if pad_stmt is not None else []
-    q, ic, r, s, jj = (L.Var(v) for v in ("q", "ic", "r", "s", "j"))
-    if p.packed_nr:
-        wpk = w   # convert_layout packed the weights at compile time
-    else:
-        wpk = L.Buffer("wpack", T.float32, (groups * ocb_n, cg, kh, kw, nr))
+
+class _DirectConv:
+    """The pieces of `conv2d_build`: the geometry of its tiles, strips and channel blocks,
+    the loop variables they share, and a method per part of the kernel (the weights packed,
+    a tile's reduction, its store, a strip's tiles, the parallel loop)."""
+
+    def __init__(self, p: Conv2d, config: ConvConfig, machine):
+        self.p, self.config = p, config
+        n = p.x_dims[0]
+        self.oc, self.cg, self.kh, self.kw = oc, cg, kh, kw = p.w_dims
+        _, _, oh, self.ow = p.y_dims
+        ow = self.ow
+        self.mr, self.nr = mr, nr = config.mr, config.nr
+        self.groups = groups = p.group
+        self.mg = oc // groups               # output channels of a group
+        self.ocb_n = ocb_n = -(-self.mg // nr)   # channel blocks of a group
+        self.par = parallel_kind(machine.threads, n * oc * oh * ow * cg * kh * kw)
+        self.xpad, self.pad_stmt = pad_input(p, self.par)
+        self.q, self.ic, self.r, self.s, self.jj = (L.Var(v) for v in ("q", "ic", "r", "s",
+                                                                       "j"))
+        self.ii, self.pb = L.Var("ii"), L.Var("pb")
+        self.acc = L.Buffer("acc", T.float32, (mr * nr,), L.Scope.LOCAL)
+        # an image's output pixels, flattened, in tiles of MR: a tile may run on past a row's
+        # end into the next row (each broadcast is a load of its own), so only the image's
+        # last tile is partial (at 7x7 and MR 4: 13 tiles for 49 pixels, not 14 for 56; at
+        # 14x14 49 for 196, not 56); the image's tiles in the config's count of strips, by
+        # default one a row
+        self.pixels_n = oh * ow
+        self.tiles_n = -(-self.pixels_n // mr)
+        self.strip_tiles = -(-self.tiles_n // config.strips) if config.strips else \
+            -(-ow // mr)
+        strips_n = -(-self.tiles_n // self.strip_tiles)
+        # one parallel loop over (group, image strip, channel block), its order the config's:
+        # (group, strip) outside the block for "rows", (group, block) outside the strip for
+        # "blocks"
+        rows = n * strips_n
+        self.outer, self.ob = L.Var("t"), L.Var("ob")
+        if config.order == "blocks":
+            g, inner = self.outer // (ocb_n * rows), self.outer % (ocb_n * rows)
+            self.ob_of, image_strip = inner // rows, inner % rows
+            self.extent = groups * ocb_n * rows
+        else:
+            g, image_strip = self.outer // rows, self.outer % rows
+            self.ob_of, self.extent = None, groups * rows
+        if groups == 1:
+            g = None
+            self.channel0, self.block0 = L.const(0), self.ob
+        else:
+            self.channel0, self.block0 = g * cg, g * ocb_n + self.ob
+        self.bn, self.strip = image_strip // strips_n, image_strip % strips_n
+        self.p0 = (self.strip * self.strip_tiles + self.pb) * mr
+        self.px = self.p0 + self.ii
+        self.in_group = self.ob * nr + self.jj                  # output channel in its group
+        self.out_c = self.in_group if groups == 1 else g * self.mg + self.in_group
+        self.out_index = (self.bn, self.out_c, self.px // ow, self.px % ow)
+
+    def packed_weights(self) -> tuple[L.Buffer, L.Stmt | None]:
+        """The weights as [channel block, in-channel, kh, kw, NR] (zero past a group's last
+        channel), and the loop packing them (None: convert_layout packed them)."""
+        p, nr, mg, ocb_n, groups = self.p, self.nr, self.mg, self.ocb_n, self.groups
+        q, ic, r, s, jj = self.q, self.ic, self.r, self.s, self.jj
+        if p.packed_nr:
+            return p.w, None   # convert_layout packed the weights at compile time
+        wpk = L.Buffer("wpack", T.float32, (groups * ocb_n, self.cg, self.kh, self.kw, nr))
         if groups == 1:
             o, first = q * nr + jj, L.const(0)
         else:   # block q is block q % ocb_n of group q // ocb_n
             o, first = (q % ocb_n) * nr + jj, (q // ocb_n) * mg
-        wval = L.Select(o < mg, w[first + L.minimum(o, mg - 1), ic, r, s], L.const(0.0))
-        stmts.append(L.For(q, groups * ocb_n, L.For(ic, cg, L.For(r, kh, L.For(s, kw, L.For(
-            jj, nr, L.Store(wpk, (q, ic, r, s, jj), wval)))))))
+        wval = L.Select(o < mg, p.w[first + L.minimum(o, mg - 1), ic, r, s], L.const(0.0))
+        return wpk, L.For(q, groups * ocb_n, L.For(ic, self.cg, L.For(r, self.kh, L.For(
+            s, self.kw, L.For(jj, nr, L.Store(wpk, (q, ic, r, s, jj), wval))))))
 
-    ii = L.Var("ii")
-    acc = L.Buffer("acc", T.float32, (mr * nr,), L.Scope.LOCAL)
-    a = L.Var("a", T.float32)
-    pb = L.Var("pb")
-    # an image's output pixels, flattened, in tiles of MR: a tile may run on past a row's end
-    # into the next row (each broadcast is a load of its own), so only the image's last tile
-    # is partial (at 7x7 and MR 4: 13 tiles for 49 pixels, not 14 for 56; at 14x14 49 for 196,
-    # not 56); the image's tiles in the config's count of strips, by default one a row
-    pixels_n = oh * ow
-    tiles_n = -(-pixels_n // mr)
-    strip_tiles = -(-tiles_n // config.strips) if config.strips else -(-ow // mr)
-    strips_n = -(-tiles_n // strip_tiles)
-    # one parallel loop over (group, image strip, channel block), its order the config's:
-    # (group, strip) outside the block for "rows", (group, block) outside the strip for
-    # "blocks"
-    rows = n * strips_n
-    outer, ob = L.Var("t"), L.Var("ob")
-    if config.order == "blocks":
-        g, inner = outer // (ocb_n * rows), outer % (ocb_n * rows)
-        ob_of, image_strip = inner // rows, inner % rows
-        extent = groups * ocb_n * rows
-    else:
-        g, image_strip = outer // rows, outer % rows
-        ob_of, extent = None, groups * rows
-    if groups == 1:
-        g = None
-        channel0, block0 = L.const(0), ob
-    else:
-        channel0, block0 = g * cg, g * ocb_n + ob
-    bn, strip = image_strip // strips_n, image_strip % strips_n
-    p0 = (strip * strip_tiles + pb) * mr
-    pix = L.minimum(p0 + ii, pixels_n - 1)   # pixels past the image's end repeat; not stored
-    load = xpad[bn, channel0 + ic, (pix // ow) * sh + r * dh, (pix % ow) * sw + s * dw]
-    px = p0 + ii
-    in_group = ob * nr + jj                                   # output channel in its group
-    out_c = in_group if groups == 1 else g * mg + in_group    # output channel
-    out_index = (bn, out_c, px // ow, px % ow)
-    init = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), L.const(0.0)),
-                               L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
-    # the reduction over (in-channel, kh, kw) as three loops; the weights of one step are one
-    # contiguous NR-vector, the input one broadcast pixel per accumulator row
-    step = L.For(ii, mr, L.Let(a, load, L.For(
-        jj, nr, L.Store(acc, (ii * nr + jj,), L.call("fma", a, wpk[block0, ic, r, s, jj],
-                                                        acc[ii * nr + jj])),
-        L.ForKind.VECTORIZED)), L.ForKind.UNROLLED)
-    reduction = L.For(ic, cg, L.For(r, kh, L.For(s, kw, step)))
-    value = acc[ii * nr + jj]
-    if bias is not None:
-        value = value + bias[L.minimum(out_c, oc - 1)]
-    value = then(value, out_index)   # the fused epilogue (bias, ReLU, add)
-    target = L.Store(y, out_index, value)
-    if mg % nr == 0:   # whole channel blocks: one vector store per pixel
-        row_store = L.For(jj, nr, target, L.ForKind.VECTORIZED)
-    else:
-        row_store = L.For(jj, nr, L.If(in_group < mg, target), L.ForKind.UNROLLED)
-    store = L.For(ii, mr, L.If(px < pixels_n, row_store), L.ForKind.UNROLLED)
-    if mr > 1:
+    def init(self) -> L.Stmt:
+        """The tile's accumulators zeroed."""
+        ii, jj, nr = self.ii, self.jj, self.nr
+        return L.For(ii, self.mr, L.For(jj, nr, L.Store(self.acc, (ii * nr + jj,),
+                                                        L.const(0.0)),
+                                        L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
+
+    def reduction(self, wpk: L.Buffer) -> L.For:
+        """The reduction over (in-channel, kh, kw) as three loops; the weights of one step are
+        one contiguous NR-vector, the input one broadcast pixel per accumulator row."""
+        p, ii, jj, nr, ic, r, s, acc = (self.p, self.ii, self.jj, self.nr, self.ic, self.r,
+                                        self.s, self.acc)
+        (sh, sw), (dh, dw) = p.strides, p.dilations
+        ow = self.ow
+        a = L.Var("a", T.float32)
+        # pixels past the image's end repeat; not stored
+        pix = L.minimum(self.p0 + ii, self.pixels_n - 1)
+        load = self.xpad[self.bn, self.channel0 + ic, (pix // ow) * sh + r * dh,
+                         (pix % ow) * sw + s * dw]
+        step = L.For(ii, self.mr, L.Let(a, load, L.For(
+            jj, nr, L.Store(acc, (ii * nr + jj,), L.call(
+                "fma", a, wpk[self.block0, ic, r, s, jj], acc[ii * nr + jj])),
+            L.ForKind.VECTORIZED)), L.ForKind.UNROLLED)
+        return L.For(ic, self.cg, L.For(r, self.kh, L.For(s, self.kw, step)))
+
+    def store(self) -> L.Stmt:
+        """The tile's results through bias and the fused epilogue into Y: a vector per
+        channel when the tile lies inside one output row, else a pixel at a time."""
+        p, ii, jj, nr, mr, mg, acc = self.p, self.ii, self.jj, self.nr, self.mr, self.mg, \
+            self.acc
+        y, out_c, out_index, p0, ow = p.y, self.out_c, self.out_index, self.p0, self.ow
+        value = acc[ii * nr + jj]
+        if p.bias is not None:
+            value = value + p.bias[L.minimum(out_c, self.oc - 1)]
+        value = p.epilogue(value, out_index)   # the fused epilogue (bias, ReLU, add)
+        target = L.Store(y, out_index, value)
+        if mg % nr == 0:   # whole channel blocks: one vector store per pixel
+            row_store = L.For(jj, nr, target, L.ForKind.VECTORIZED)
+        else:
+            row_store = L.For(jj, nr, L.If(self.in_group < mg, target), L.ForKind.UNROLLED)
+        store = L.For(ii, mr, L.If(self.px < self.pixels_n, row_store), L.ForKind.UNROLLED)
+        if mr == 1:
+            return store
         # a tile inside one output row stores each channel's MR pixels as one vector (the
         # accumulators transposed in registers) instead of every output a lane at a time
         finish = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), value),
                                      L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
-        by_channel = L.For(ii, mr, L.Store(y, (bn, out_c, p0 // ow, p0 % ow + ii),
+        by_channel = L.For(ii, mr, L.Store(y, (self.bn, out_c, p0 // ow, p0 % ow + ii),
                                            acc[ii * nr + jj]), L.ForKind.VECTORIZED)
         if mg % nr:
-            by_channel = L.If(in_group < mg, by_channel)
-        store = L.If(L.logical_and(p0 % ow + mr <= ow, p0 + mr <= pixels_n),
-                     L.seq(finish, L.For(jj, nr, by_channel, L.ForKind.UNROLLED)), store)
-    strip_len = L.const(strip_tiles) if tiles_n % strip_tiles == 0 else \
-        L.minimum(L.const(strip_tiles), tiles_n - strip * strip_tiles)   # the last is short
-    chunk = config.chunk if 0 < config.chunk < cg else 0
-    if not chunk:
-        pixels = L.For(pb, strip_len, L.Allocate(acc, L.seq(init, reduction, store)))
-    else:
-        # the reduction in slices of `chunk` input channels, each slice over a span of up to
-        # CHUNK_TILES tiles before the next; partial sums wait in `part` between slices
+            by_channel = L.If(self.in_group < mg, by_channel)
+        return L.If(L.logical_and(p0 % ow + mr <= ow, p0 + mr <= self.pixels_n),
+                    L.seq(finish, L.For(jj, nr, by_channel, L.ForKind.UNROLLED)), store)
+
+    def strip_tiles_loop(self, wpk: L.Buffer) -> L.Stmt:
+        """A strip's tiles, each reduced and stored; with a chunk, the reduction in slices
+        of `chunk` input channels, each slice over a span of up to CHUNK_TILES tiles before
+        the next, partial sums waiting in `part` between slices."""
+        strip_tiles, tiles_n, cg, pb = self.strip_tiles, self.tiles_n, self.cg, self.pb
+        init, reduction, store = self.init(), self.reduction(wpk), self.store()
+        strip_len = L.const(strip_tiles) if tiles_n % strip_tiles == 0 else \
+            L.minimum(L.const(strip_tiles), tiles_n - self.strip * strip_tiles)  # last: short
+        chunk = self.config.chunk if 0 < self.config.chunk < cg else 0
+        if not chunk:
+            return L.For(pb, strip_len, L.Allocate(self.acc, L.seq(init, reduction, store)))
+        ii, jj, mr, nr, acc = self.ii, self.jj, self.mr, self.nr, self.acc
         span = min(CHUNK_TILES, strip_tiles)
         slices = -(-cg // chunk)
         part = L.Buffer("part", T.float32, (span * mr * nr,), L.Scope.LOCAL)
@@ -387,23 +436,19 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
                                    L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
         depth = L.const(chunk) if cg % chunk == 0 else L.minimum(L.const(chunk),
                                                                  cg - kc * chunk)
-        sliced = L.For(icl, depth, L.substitute(reduction.body, {ic: kc * chunk + icl}))
+        sliced = L.For(icl, depth, L.substitute(reduction.body, {self.ic: kc * chunk + icl}))
         tile = L.Allocate(acc, L.seq(L.If(L.eq(kc, 0), init, resume), sliced,
                                      L.If(kc < slices - 1, save, store)))
         tiles = L.minimum(L.const(span), strip_len - sp * span)
-        pixels = L.Allocate(part, L.For(sp, (strip_len + (span - 1)) // span, L.For(
+        return L.Allocate(part, L.For(sp, (strip_len + (span - 1)) // span, L.For(
             kc, slices, L.For(pt, tiles, L.substitute(tile, {pb: sp * span + pt})))))
-    if ob_of is None:
-        main = L.For(outer, extent, L.For(ob, ocb_n, pixels), par)
-    else:
-        main = L.For(outer, extent, L.Let(ob, ob_of, pixels), par)
-    stmts.append(main)
-    body = L.seq(*stmts)
-    if not p.packed_nr:
-        body = L.Allocate(wpk, body)
-    if pad_stmt is not None:
-        body = L.Allocate(xpad, body)
-    return L.simplify(L.PrimFunc(p.name, p.params, body))
+
+    def parallel_loop(self, wpk: L.Buffer) -> L.For:
+        """The one parallel loop over (group, image strip, channel block)."""
+        pixels = self.strip_tiles_loop(wpk)
+        if self.ob_of is None:
+            return L.For(self.outer, self.extent, L.For(self.ob, self.ocb_n, pixels), self.par)
+        return L.For(self.outer, self.extent, L.Let(self.ob, self.ob_of, pixels), self.par)
 
 
 # -- pointwise ---------------------------------------------------------------------------------

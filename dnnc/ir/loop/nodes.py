@@ -1,7 +1,7 @@
 """Operator-IR nodes: expressions, statements, buffers and `PrimFunc`, with their constructors.
 
 Expressions (`Var`, `Const`, `BinOp`, `Call`, `Cast`, `Select`, `Load`, `Reduce`) and statements
-(`For`, `Store`, `Let`, `If`, `Allocate`, `Seq`, `Barrier`) are immutable dataclasses, so `==`
+(`For`, `Store`, `Let`, `If`, `Allocate`, `Seq`, `Barrier`, `Mma`) are immutable dataclasses, so `==`
 is structural equality and nodes hash. Arithmetic operators build expressions (`i * 4 + j`);
 comparisons other than `==`/`!=` do too (`i < n`); use `eq(a, b)` / `ne(a, b)` for those two.
 
@@ -10,9 +10,16 @@ lowering turns it into loops. A `For` names how it runs: serial, parallel (CPU c
 vectorized, unrolled, or bound to a GPU axis (blockIdx.x, threadIdx.y, ...); an `Allocate` names
 its memory scope (global, shared, local).
 
+One statement is not target-neutral: `Mma`, a warp's tensor-core multiply-accumulate, whose
+operand and accumulator layout is PTX's fragment layout (`mma.sync`), so only a GPU renderer
+that has warps and tensor cores renders it (the cuda one; llvm's refuses it as GPU-only, and
+only the cuda tensor-core templates emit it). It lives here, not in a backend, because the
+shared traversals (printer, verifier, simplifier, the loop analyses) must see it as a
+statement like the others; its docstring states its meaning exactly.
+
 This module only defines the nodes: it never traverses, prints, verifies or rewrites them
 (see `traversal`, `printer`, `verifier`, `simplifier`), and knows nothing of graphs, ONNX or any
-backend.
+backend beyond `Mma`'s fragment layout.
 """
 
 from __future__ import annotations
