@@ -57,6 +57,15 @@ class TargetSpec:
     # compile (cuda: no CuPy or GPU unless only rendering; a precision without tensor cores)
     check_compile: Callable = _no_check
     about: Callable = lambda: ""       # () -> its libraries' versions, or why it cannot run
+    # () -> the versions of the libraries its code comes from (llvm: llvmlite and LLVM), part
+    # of the compile cache's key: a new compiler never answers from an old one's entry
+    versions: Callable = lambda: ()
+    # (mcpu, mattr) -> the Target `--mcpu`/`--mattr` describe (for a target with the `cpu`
+    # option), raising ValueError for a name it does not know
+    cpu_from: Callable | None = None
+    # (a DLPack object on a device its calls take) -> the same array, unmoved, with
+    # `__cuda_array_interface__` (cuda: CuPy's from_dlpack); None: it takes no device arrays
+    from_dlpack: Callable | None = None
 
     @property
     def generates_code(self) -> bool:

@@ -38,6 +38,7 @@ import logging
 import os
 from pathlib import Path
 
+from ..backends.registry import REGISTRY
 from ..errors import DNNCError
 from ..ir.graph import Graph
 from .artifact import Restored, graph_to_doc, restore, save
@@ -70,27 +71,26 @@ def max_bytes() -> int:
 
 
 @functools.cache
-def _versions() -> str:
-    """dnnc's source (every .py file of the package, by content), LLVM, NumPy and ONNX."""
-    import llvmlite
+def _versions(target: str) -> str:
+    """dnnc's source (every .py file of the package, by content), the versions of the
+    libraries `target`'s code comes from (its registry entry's `versions`), NumPy and ONNX."""
     import numpy
     import onnx
-    from llvmlite import binding
 
     h = hashlib.sha256()
     package = Path(__file__).resolve().parents[1]
     for file in sorted(package.rglob("*.py")):
         h.update(str(file.relative_to(package)).encode())
         h.update(file.read_bytes())
-    return json.dumps([h.hexdigest(), llvmlite.__version__, ".".join(map(str,
-                       binding.llvm_version_info)), numpy.__version__, onnx.__version__])
+    return json.dumps([h.hexdigest(), *REGISTRY[target].versions(), numpy.__version__,
+                       onnx.__version__])
 
 
 def key(model, input_shapes, target: str, machine, options: dict, tuned) -> str | None:
     """The entry's name for this compile, or None where the model's bytes cannot be read
     (the compile then reports the error itself)."""
     h = hashlib.sha256()
-    for part in (f"dnnc-compile-cache {SCHEMA}", _versions(), target,
+    for part in (f"dnnc-compile-cache {SCHEMA}", _versions(target), target,
                  *(_stable(x) for x in (machine, options, tuned, input_shapes))):
         h.update(part.encode())
         h.update(b"\0\1")   # separator: no two tuples of parts hash alike

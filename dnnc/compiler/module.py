@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ..backends.registry import REGISTRY, source_kinds
-from ..errors import ArgumentError, CompileError, DeviceError, InputError, OutOfMemoryError
+from ..errors import ArgumentError, CompileError, InputError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.interpreter import shape_mismatch
 from ..ir.types import TensorType
@@ -62,23 +62,19 @@ def _on_cuda(x) -> bool:
 def as_array(x) -> np.ndarray:
     """Anything array-like (NumPy, `__array__`, DLPack) as a NumPy array without copying; a
     GPU array as a `DeviceArray`, left where it is: one with `__cuda_array_interface__` (CuPy,
-    PyTorch, Numba, JAX) read through it, a DLPack-only one on a CUDA device through
-    `cupy.from_dlpack` (zero copy; the producer makes its data ready on CuPy's current
-    stream, as the DLPack protocol has it)."""
+    PyTorch, Numba, JAX) read through it, a DLPack-only one on a CUDA device through the
+    `from_dlpack` of the target that takes device arrays (zero copy)."""
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "__cuda_array_interface__"):
         return DeviceArray(x)
     if hasattr(x, "__dlpack__"):
         if _on_cuda(x):
-            from ..backends.cuda.device import import_cupy
-
-            try:
-                cupy = import_cupy()
-            except DeviceError as exc:
-                raise InputError(f"a GPU array ({type(x).__name__}) given through DLPack is "
-                                 f"read with CuPy: {exc}") from None
-            return DeviceArray(x, cupy.from_dlpack(x))
+            readers = [s.from_dlpack for s in REGISTRY.values() if s.from_dlpack]
+            if not readers:
+                raise InputError(f"a GPU array ({type(x).__name__}) given through DLPack: "
+                                 f"no target takes device arrays")
+            return DeviceArray(x, readers[0](x))
         if not hasattr(x, "__array__"):
             return np.from_dlpack(x)
     return np.asarray(x)

@@ -201,6 +201,17 @@ def test_entries_are_consistent():
         assert all(suffix.startswith(".") for suffix in spec.emits.values()), spec.name
         assert set(spec.source_aliases).isdisjoint(spec.emits), spec.name
         assert not spec.cached or spec.generates_code, spec.name   # caching keeps code
+        # --mcpu/--mattr are read by the entry of a target that takes the cpu option
+        assert (spec.cpu_from is not None) == ("cpu" in spec.options), spec.name
+        assert all(type(v) is str for v in spec.versions()), spec.name
+    # the returned kinds beyond numpy are device arrays, read back through the entry
+    assert [n for n, s in REGISTRY.items() if s.from_dlpack] == \
+        [n for n, s in REGISTRY.items() if set(s.returns) - {"numpy"}]
+    # the compile cache keys an llvm compile by llvmlite's and LLVM's versions
+    import llvmlite
+
+    assert REGISTRY["llvm"].versions()[0] == llvmlite.__version__
+    assert REGISTRY["llvm"].cpu_from("x86-64", None).cpu == "x86-64"
     assert using("cpu") == ["llvm"]
     assert using("precision") == ["cuda"]   # tensor cores (docs/cuda_backend.md, Precision)
     assert REGISTRY["llvm"].layouts == ("pack_dense", "pack_conv")

@@ -5,7 +5,7 @@ functions look `device`'s up when they run, so a test's stand-in device is the o
 
 from __future__ import annotations
 
-from ...errors import ArgumentError
+from ...errors import ArgumentError, DeviceError, InputError
 from ...ir.target import Fusion, Target
 from ..target_spec import ArtifactCodec, TargetSpec
 from . import FUSION, artifact, device
@@ -54,6 +54,26 @@ def about() -> str:
             f"{v['driver']}, {device.describe()}")
 
 
+def versions() -> tuple[str, ...]:
+    """CuPy's and NVRTC's versions (the compile cache's key); none without a GPU."""
+    if not device.available():
+        return ()
+    v = device.versions()
+    return v["cupy"], v["nvrtc"]
+
+
+def from_dlpack(x):
+    """A DLPack-only array on a CUDA device as a CuPy array over the same memory (zero
+    copy; the producer makes its data ready on CuPy's current stream, as the protocol has
+    it)."""
+    try:
+        cupy = device.import_cupy()
+    except DeviceError as exc:
+        raise InputError(f"a GPU array ({type(x).__name__}) given through DLPack is "
+                         f"read with CuPy: {exc}") from None
+    return cupy.from_dlpack(x)
+
+
 def fusion() -> Fusion:
     return FUSION
 
@@ -79,4 +99,4 @@ SPEC = TargetSpec(
     codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
     runs_passes=True, machine=machine, layouts=(), fusion=fusion, templates=templates,
     tuning=tuning_module, speed=20, available=available, require=require,
-    check_compile=check_compile, about=about)
+    check_compile=check_compile, about=about, versions=versions, from_dlpack=from_dlpack)

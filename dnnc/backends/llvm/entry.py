@@ -33,6 +33,19 @@ def host() -> Target:
     return host_target()
 
 
+def versions() -> tuple[str, ...]:
+    import llvmlite
+    from llvmlite import binding
+
+    return llvmlite.__version__, ".".join(map(str, binding.llvm_version_info))
+
+
+def cpu_from(mcpu: str | None, mattr: str | None) -> Target:
+    from .cpu import cpu_from
+
+    return cpu_from(mcpu, mattr)
+
+
 def fusion() -> Fusion:
     return FUSION
 
@@ -67,4 +80,5 @@ SPEC = TargetSpec(
     runs_passes=True, machine=host,
     # dense and conv weights packed into the micro-kernels' panels (convert_layout)
     layouts=("pack_dense", "pack_conv"), fusion=fusion, panels=panels,
-    templates=templates, tuning=tuning_module, speed=10, available=available, about=about)
+    templates=templates, tuning=tuning_module, speed=10, available=available, about=about,
+    versions=versions, cpu_from=cpu_from)

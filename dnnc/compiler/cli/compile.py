@@ -113,14 +113,12 @@ def _cpu_option(args):
     mean and refuses unknown CPU or feature names."""
     if args.mcpu is None and args.mattr is None:
         return None
-    from ...backends.registry import using
+    from ...backends.registry import REGISTRY, using
 
     if args.target not in using("cpu"):
         raise UsageError(f"--mcpu/--mattr apply to the {', '.join(using('cpu'))} target only")
-    from ...backends.llvm.cpu import cpu_from
-
     try:
-        return cpu_from(args.mcpu, args.mattr)
+        return REGISTRY[args.target].cpu_from(args.mcpu, args.mattr)
     except ValueError as exc:
         raise UsageError(f"--mcpu/--mattr: {exc}") from None
 
