@@ -1,0 +1,107 @@
+"""The tuning log (dnnc/autotune/records.py): unusable lines skipped with a warning naming
+them, errors never applied, the confirmed config applied over a lucky one, the best record
+per task and target, and appends that never rewrite what the log holds."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.autotune import records as R
+
+
+def test_a_bad_line_is_skipped_with_a_warning_naming_it(tmp_path):
+    log = tmp_path / "log.jsonl"
+    good = R.Record("t1", "dense", "llvm:x:+a", {"mr": 4}, ms=0.5)
+    log.write_text("\n".join([good.to_json(), "{not json", json.dumps({"task": "t2"}),
+                              json.dumps(dict(json.loads(good.to_json()), ms=-1)),
+                              good.to_json()[:20]]) + "\n")
+    with pytest.warns(R.TuningLogWarning) as caught:
+        records = R.read(log)
+    assert [r.task for r in records] == ["t1"]
+    assert [str(w.message).split(":")[1] for w in caught] == ["2", "3", "4", "5"]
+    assert R.best_configs(records, "llvm:x:+a") == {"t1": {"mr": 4}}
+    assert R.best_configs(records, "llvm:y:+a") == {}   # another machine's records
+
+
+def test_errors_are_never_applied(tmp_path, mlp, llvm_tasks):
+    """A record with an error (however fast it claims nothing) never wins."""
+    machine, tasks = llvm_tasks
+    task = tasks[0]
+    config = dataclasses.asdict(task.template.default(task.problem, machine))
+    log = tmp_path / "log.jsonl"
+    R.append(log, [R.Record(task.key, task.template.name, machine.key, config,
+                            error="wrong result")])
+    assert R.best_configs(R.read(log), machine.key) == {}
+    assert dnnc.compile(mlp(), "llvm", tuning_log=log).stats["tuned_kernels"] == 0
+
+
+def test_the_config_applied_is_the_confirmed_one():
+    """A candidate timed once in a quiet moment does not beat the confirmation round."""
+    t, m = "t1", "llvm:x:+a"
+    records = [R.Record(t, "dense", m, {"mr": 4}, ms=1.0),     # the default
+               R.Record(t, "dense", m, {"mr": 6}, ms=0.5),     # lucky once
+               R.Record(t, "dense", m, {"mr": 8}, ms=0.8)]
+    assert R.best_configs(records, m) == {t: {"mr": 6}}       # no confirmation: fastest
+    records += [R.Record(t, "dense", m, {"mr": c}, ms=ms, confirm=True)
+                for c, ms in ((4, 1.0), (6, 1.1), (8, 0.9), (4, 1.0), (6, 1.2), (8, 0.9))]
+    assert R.best_configs(records, m) == {t: {"mr": 8}}
+    records += [R.Record(t, "dense", m, {"mr": c}, ms=ms, confirm=True)
+                for c, ms in ((4, 0.7), (8, 1.0), (4, 0.7), (8, 1.0))]
+    assert R.best_configs(records, m) == {t: {"mr": 4}}       # the default, confirmed
+    line = R.Record(t, "dense", m, {"mr": 4}, ms=1.0, confirm=True).to_json()
+    assert R._parse(line)[0].confirm and not R._parse(line.replace("true", "1"))[0].confirm
+
+
+def test_the_best_record_is_chosen_per_task_and_per_target(rng):
+    """Shuffled records of three tasks on two machines, errors faster than everything: each
+    task gets its fastest error-free config on the machine asked for, and a task measured
+    only elsewhere gets nothing."""
+    here, there = "llvm:here:+a", "llvm:there:+a"
+    records, want, elsewhere = [], {}, {}
+    for task in ("t1", "t2"):
+        times = rng.permutation(np.arange(1, 9)) * 0.25
+        for mr, ms in enumerate(times):
+            records.append(R.Record(task, "dense", here, {"mr": mr}, ms=float(ms)))
+            records.append(R.Record(task, "dense", there, {"mr": mr}, ms=float(9 - ms)))
+        records.append(R.Record(task, "dense", here, {"mr": 99}, error="crashed"))
+        want[task] = {"mr": int(np.argmin(times))}
+        elsewhere[task] = {"mr": int(np.argmax(times))}
+    records.append(R.Record("t3", "dense", there, {"mr": 1}, ms=0.1))
+    elsewhere["t3"] = {"mr": 1}
+    records = [records[int(k)] for k in rng.permutation(len(records))]
+    assert R.best_configs(records, here) == want
+    assert R.best_configs(records, there) == elsewhere
+
+
+def test_appending_never_rewrites_what_the_log_holds(tmp_path):
+    """Each append adds its lines after the bytes already there, unchanged (a line this
+    version cannot read included), and an empty append touches nothing."""
+    log = tmp_path / "log.jsonl"
+    first = [R.Record("t1", "dense", "m", {"mr": 4}, ms=1.0, time=1.0)]
+    R.append(log, first)
+    log.write_text(log.read_text() + "{a line of another tool\n")
+    before = log.read_bytes()
+    R.append(log, [])
+    assert log.read_bytes() == before
+    second = [R.Record("t1", "dense", "m", {"mr": 6}, ms=0.5, time=2.0),
+              R.Record("t2", "dense", "m", {"mr": 4}, error="timed out", time=3.0)]
+    R.append(log, second)
+    after = log.read_bytes()
+    assert after.startswith(before)
+    assert after[len(before):].decode().splitlines() == [r.to_json() for r in second]
+    with pytest.warns(R.TuningLogWarning, match=":2: skipped"):
+        assert R.read(log) == first + second   # every field read back as written
+
+
+def test_a_missing_log_is_empty_and_measured_counts_errors_too(tmp_path):
+    assert R.read(tmp_path / "absent.jsonl") == []
+    records = [R.Record("t1", "dense", "m", {"mr": 4, "nr": 8}, ms=1.0),
+               R.Record("t1", "dense", "m", {"nr": 16, "mr": 4}, error="wrong result"),
+               R.Record("t1", "dense", "other", {"mr": 2, "nr": 8}, ms=1.0),
+               R.Record("t2", "dense", "m", {"mr": 6, "nr": 8}, ms=1.0)]
+    assert R.measured(records, "t1", "m") == {R.canonical({"nr": 8, "mr": 4}),
+                                              R.canonical({"mr": 4, "nr": 16})}
+    assert R.canonical({"b": 1, "a": 2}) == R.canonical({"a": 2, "b": 1})
