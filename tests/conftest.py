@@ -1,7 +1,14 @@
 """Test-wide settings: every compile verifies the graph after each pass; random inputs come from
-the `rng` fixture, seeded per test so that a failure reproduces."""
+the `rng` fixture, seeded per test so that a failure reproduces.
+
+The `emulated_full` tier: CUDA kernels emulated on the CPU (the rendered CUDA C compiled by g++
+on host threads, or the schedules run serially through llvm) beyond a smoke set that reaches
+every path once. They run where CUDA is at hand (nvcc on PATH, or CuPy sees a GPU), or anywhere
+with DNNC_FULL_CUDA_EMULATION=1; DNNC_FULL_CUDA_EMULATION=0 skips them everywhere. Never a
+test's checks changed: only where it runs."""
 
 import os
+import shutil
 import zlib
 
 import numpy as np
@@ -23,6 +30,45 @@ def pytest_xdist_auto_num_workers(config) -> int:
     would run out of memory long before it ran out of cores."""
     return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else os.cpu_count() or 1, 4))
+
+
+FULL_EMULATION = "DNNC_FULL_CUDA_EMULATION"
+"""1: run the `emulated_full` tests anywhere; 0: nowhere; unset: where nvcc or a GPU is."""
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "emulated_full: a CUDA kernel emulated on the CPU beyond the smoke set; runs "
+                   f"where nvcc or a GPU is present, or with {FULL_EMULATION}=1")
+
+
+def full_emulation_skipped() -> str | None:
+    """Why the `emulated_full` tests do not run here, or None when they do."""
+    asked = os.environ.get(FULL_EMULATION, "").strip()
+    if asked == "1":
+        return None
+    how = (f"run them with {FULL_EMULATION}=1 python -m pytest -m emulated_full "
+           "tests/backends/cuda")
+    if asked == "0":
+        return f"full CUDA emulation off ({FULL_EMULATION}=0); {how}"
+    if shutil.which("nvcc"):
+        return None
+    try:
+        from dnnc.backends.cuda import device
+
+        if device.available():
+            return None
+    except ImportError:
+        pass
+    return f"full CUDA emulation on the CPU runs where nvcc or a GPU is present; {how}"
+
+
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if item.get_closest_marker("emulated_full")]
+    why = full_emulation_skipped() if marked else None
+    if why:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=why))
 
 
 def pytest_report_header(config):

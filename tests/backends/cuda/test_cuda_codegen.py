@@ -522,12 +522,19 @@ def _accepts(space, config) -> bool:
     return True
 
 
-@pytest.mark.parametrize("case", ["17x13x37", "33x70x65 transB", "2x20x9x33 batched",
-                                  "3x16x40x24 shared-B relu", "1x300x37 gemv",
-                                  "3x70x65 transB gemv", "2x5x9x33 batched gemv",
-                                  "2x3x40x24 shared-B relu gemv",
-                                  # tiles that divide the product: vector loads from global
-                                  "64x48x96", "32x64x96 transB", "2x32x16x64 batched"])
+FULL = pytest.mark.emulated_full
+"""Beyond the smoke set (conftest.py's tier): runs where nvcc or a GPU is present, or with
+DNNC_FULL_CUDA_EMULATION=1."""
+
+
+@pytest.mark.parametrize("case", [
+    "17x13x37", pytest.param("33x70x65 transB", marks=FULL),
+    pytest.param("2x20x9x33 batched", marks=FULL),
+    pytest.param("3x16x40x24 shared-B relu", marks=FULL), "1x300x37 gemv",
+    "3x70x65 transB gemv", "2x5x9x33 batched gemv", "2x3x40x24 shared-B relu gemv",
+    # tiles that divide the product: vector loads from global
+    pytest.param("64x48x96", marks=FULL), pytest.param("32x64x96 transB", marks=FULL),
+    "2x32x16x64 batched"])
 def test_dense_configs_are_correct(rng, case):
     from dnnc.backends.cuda.dense import DENSE, DenseConfig
     from dnnc.backends.cuda.gemv import GEMV
@@ -577,11 +584,12 @@ def test_dense_configs_are_correct(rng, case):
                                    err_msg=str(config))
 
 
-@pytest.mark.parametrize("cfg", [dict(c=3, oc=5, h=9, w=7, k=3, stride=1, pad=1),
-                                 dict(c=8, oc=20, h=11, w=13, k=3, stride=2, pad=1),
-                                 dict(c=5, oc=7, h=10, w=10, k=3, stride=1, pad=2, dilation=2),
-                                 dict(c=4, oc=17, h=6, w=6, k=1, stride=1, pad=0, batch=2),
-                                 dict(c=16, oc=32, h=8, w=8, k=1, stride=1, pad=0)])
+@pytest.mark.parametrize("cfg", [
+    dict(c=3, oc=5, h=9, w=7, k=3, stride=1, pad=1),
+    pytest.param(dict(c=8, oc=20, h=11, w=13, k=3, stride=2, pad=1), marks=FULL),
+    pytest.param(dict(c=5, oc=7, h=10, w=10, k=3, stride=1, pad=2, dilation=2), marks=FULL),
+    pytest.param(dict(c=4, oc=17, h=6, w=6, k=1, stride=1, pad=0, batch=2), marks=FULL),
+    pytest.param(dict(c=16, oc=32, h=8, w=8, k=1, stride=1, pad=0), marks=FULL)])
 def test_conv_configs_are_correct(rng, cfg):
     from dnnc.backends.cuda.conv import CONV2D
     from dnnc.backends.cuda.dense import DenseConfig
@@ -622,7 +630,8 @@ def test_conv_configs_are_correct(rng, cfg):
                                    err_msg=str(config))
 
 
-@pytest.mark.parametrize("model", ZOO)
+@pytest.mark.parametrize("model", [m if m in ("mlp", "cnn") else pytest.param(m, marks=FULL)
+                                   for m in ZOO])
 def test_zoo_kernels_on_cpu(model):
     graph, progs = zoo_programs(model)
     from dnnc import zoo

@@ -471,8 +471,16 @@ def _check_on_host(model_of, k: int, precision: str, tmp_path, config=None) -> f
     return float((error / limit).max())
 
 
-@pytest.mark.parametrize("precision", REDUCED)
-@pytest.mark.parametrize("product", sorted(PRODUCTS))
+SMOKE_PRODUCTS = {("dense_40x100x24", "tf32"), ("conv3x3_pad", "fp16"),
+                  ("batched_3x20x48x40", "bf16")}
+"""(product, precision) on host threads in every run: each precision's fragments, a dense, a
+convolution and a batched product; the rest are `emulated_full` (conftest.py)."""
+
+
+@pytest.mark.parametrize("product,precision", [
+    (product, precision) if (product, precision) in SMOKE_PRODUCTS else
+    pytest.param(product, precision, marks=pytest.mark.emulated_full)
+    for product in sorted(PRODUCTS) for precision in REDUCED])
 def test_products_on_host_within_the_precision_bound(product, precision, rng, tmp_path):
     make, k = PRODUCTS[product]
     worst = _check_on_host(make(rng), k, precision, tmp_path)
@@ -481,7 +489,9 @@ def test_products_on_host_within_the_precision_bound(product, precision, rng, tm
     assert worst > 0.01
 
 
-@pytest.mark.parametrize("precision", REDUCED)
+@pytest.mark.parametrize("precision", [p if p == "fp16" else
+                                       pytest.param(p, marks=pytest.mark.emulated_full)
+                                       for p in REDUCED])
 def test_non_default_configs_on_host(precision, rng, tmp_path):
     make, k = PRODUCTS["dense_64x256x64"]
     model_of = make(rng)
@@ -491,7 +501,8 @@ def test_non_default_configs_on_host(precision, rng, tmp_path):
         _check_on_host(model_of, k, precision, tmp_path / str(n), config)
 
 
-@pytest.mark.parametrize("model", ["bert_tiny", "cnn"])
+@pytest.mark.parametrize("model", [pytest.param("bert_tiny", marks=pytest.mark.emulated_full),
+                                   "cnn"])
 def test_zoo_kernels_at_tf32_on_host(model, tmp_path):
     """Every kernel of a small zoo model at tf32 (the attention's batched products, the
     projections storing heads-first through layout tails, convolutions with fused

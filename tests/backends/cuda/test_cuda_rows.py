@@ -116,10 +116,13 @@ def cases(rng):
     return out
 
 
-def build_all(rng):
-    """(funcs, arrays by name, expected by name, labels by name) of every case."""
+def build_all(rng, keep=lambda label: True):
+    """(funcs, arrays by name, expected by name, labels by name) of every case (those whose
+    label `keep` accepts)."""
     funcs, arrays, want, labels = [], {}, {}, {}
     for c, (label, g, template, config, x, out) in enumerate(cases(rng)):
+        if not keep(label):
+            continue
         func, consts = scheduled(g, template, config, f"k{c}")
         funcs.append(func)
         arrays[func.name] = [x] + consts + [poisoned(out.dtype, out.shape)]
@@ -282,6 +285,33 @@ def test_layernorm_rows_read_and_write_as_vectors(n, vector, kind, cache):
 # -- every case emulated on the CPU, compiled by nvcc, run on a GPU --------------------------
 
 
+SMOKE = ("Softmax[7, 33] ", "LayerNormalization[7, 128] ", "ReduceMax[7, 770] None",
+         "chain[1000, 37] ")
+"""The cases of every run: a softmax (a length of no vector width) and a layernorm (float4
+rows, scale and bias) under every row config, a reduction's default, the elementwise chain
+under every config. Every case runs where nvcc or a GPU is present (`emulated_full`)."""
+
+
+def smoke(label: str) -> bool:
+    return label.startswith(SMOKE)
+
+
+def test_smoke_rows_and_elementwise_on_cpu():
+    funcs, arrays, want, labels = build_all(np.random.default_rng(1), smoke)
+    assert len(funcs) == 2 * len(ROW_CONFIGS) + 1 + len(ELEMENTWISE_CONFIGS)
+    run_on_cpu(funcs, arrays)
+    check(arrays, want, labels)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+def test_smoke_rows_and_elementwise_on_host(tmp_path):
+    """SMOKE's cases as CUDA C, a host thread per CUDA thread."""
+    funcs, arrays, want, labels = build_all(np.random.default_rng(3), smoke)
+    run_on_host(funcs, arrays, tmp_path)
+    check(arrays, want, labels)
+
+
+@pytest.mark.emulated_full
 def test_rows_and_elementwise_on_cpu():
     funcs, arrays, want, labels = build_all(np.random.default_rng(1))
     run_on_cpu(funcs, arrays)
@@ -326,6 +356,7 @@ def run_on_gpu(funcs, arrays) -> None:
         arrays[func.name][-1] = cp.asnumpy(args[len(arrays[func.name]) - 1])
 
 
+@pytest.mark.emulated_full
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
 def test_rows_and_elementwise_on_host(tmp_path):
     """The rendered CUDA C itself, a host thread per CUDA thread."""

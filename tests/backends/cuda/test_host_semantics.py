@@ -305,7 +305,8 @@ def run_on_host(lib, module, program, values) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("model", ["mlp", "cnn", "bert_tiny"])
+@pytest.mark.parametrize("model", ["mlp", "cnn",
+                                   pytest.param("bert_tiny", marks=pytest.mark.emulated_full)])
 def test_zoo_kernels_on_host(model, tmp_path):
     from dnnc import zoo
 
@@ -319,6 +320,7 @@ def test_zoo_kernels_on_host(model, tmp_path):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.emulated_full
 def test_node_suite_sample_on_host(tmp_path):
     funcs, jobs = [], []
     for c, (name, case) in enumerate(suite_cases(suite_sample(100)).items()):
