@@ -3,12 +3,13 @@ the `rng` fixture, seeded per test so that a failure reproduces.
 
 The `emulated_full` tier: CUDA kernels emulated on the CPU (the rendered CUDA C compiled by g++
 on host threads, or the schedules run serially through llvm) beyond a smoke set that reaches
-every path once. They run where CUDA is at hand (nvcc on PATH, or CuPy sees a GPU), or anywhere
-with DNNC_FULL_CUDA_EMULATION=1; DNNC_FULL_CUDA_EMULATION=0 skips them everywhere. Never a
+every path once. They run where CuPy sees a GPU, or anywhere with DNNC_FULL_CUDA_EMULATION=1;
+DNNC_FULL_CUDA_EMULATION=0 skips them everywhere. Not where nvcc alone is on PATH, as issue 29
+first said: this project's CI machines ship the CUDA toolkit (nvcc 13.0), so nvcc does not
+tell a CUDA developer's machine from CI (its compile-only tests still run there). Never a
 test's checks changed: only where it runs."""
 
 import os
-import shutil
 import zlib
 
 import numpy as np
@@ -33,13 +34,13 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 FULL_EMULATION = "DNNC_FULL_CUDA_EMULATION"
-"""1: run the `emulated_full` tests anywhere; 0: nowhere; unset: where nvcc or a GPU is."""
+"""1: run the `emulated_full` tests anywhere; 0: nowhere; unset: where a GPU is."""
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "emulated_full: a CUDA kernel emulated on the CPU beyond the smoke set; runs "
-                   f"where nvcc or a GPU is present, or with {FULL_EMULATION}=1")
+                   f"where a GPU is present, or with {FULL_EMULATION}=1")
 
 
 def full_emulation_skipped() -> str | None:
@@ -51,8 +52,6 @@ def full_emulation_skipped() -> str | None:
            "tests/backends/cuda")
     if asked == "0":
         return f"full CUDA emulation off ({FULL_EMULATION}=0); {how}"
-    if shutil.which("nvcc"):
-        return None
     try:
         from dnnc.backends.cuda import device
 
@@ -60,7 +59,7 @@ def full_emulation_skipped() -> str | None:
             return None
     except ImportError:
         pass
-    return f"full CUDA emulation on the CPU runs where nvcc or a GPU is present; {how}"
+    return f"full CUDA emulation on the CPU runs where a GPU is present; {how}"
 
 
 def pytest_collection_modifyitems(config, items):
