@@ -274,7 +274,7 @@ def test_compile_for_a_cpu_subset(tmp_path, capsys):
     """--mattr edits the host's features; the artifact records (and needs) only those."""
     path = mlp_file(tmp_path, capsys)
     code, _, err = run_cli(capsys, "compile", path, "-o", tmp_path / "sse.dnnc", "-q",
-                           "--mattr=-avx512f,-avx2,-avx,-fma")
+                           "--mattr=-avx512f,-avx2,-avx,-fma", "--target", "llvm")
     assert code == 0 and err == ""
     from dnnc.compiler.artifact import read_manifest
 
@@ -287,7 +287,7 @@ def test_compile_for_a_cpu_subset(tmp_path, capsys):
 def test_bench_prints_medians(tmp_path, capsys):
     path = mlp_file(tmp_path, capsys, batch="N")
     code, out, err = run_cli(capsys, "bench", path, "--repeat", "3", "--warmup", "1",
-                             "--batch", "1,4")
+                             "--batch", "1,4", "--target", "llvm")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith(f"dnnc bench: {path}, target llvm") and "thread" in lines[0]
@@ -337,7 +337,7 @@ def _pass_rows(out: str) -> dict[str, list[str]]:
 
 def test_inspect_passes_prints_nodes_and_kernels_after_each_pass(tmp_path, capsys):
     path = mlp_file(tmp_path, capsys)
-    code, out, err = run_cli(capsys, "inspect", path, "--passes")
+    code, out, err = run_cli(capsys, "inspect", path, "--passes", "--target", "llvm")
     assert code == 0 and not err
     assert "passes for llvm at opt level 3:" in out
     rows = _pass_rows(out)
@@ -354,11 +354,12 @@ def test_inspect_passes_prints_nodes_and_kernels_after_each_pass(tmp_path, capsy
 
 def test_inspect_passes_level_and_json(tmp_path, capsys):
     path = mlp_file(tmp_path, capsys)
-    code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--opt-level", "1")
+    code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--opt-level", "1",
+                           "--target", "llvm")
     assert code == 0
     assert list(_pass_rows(out)) == ["(imported)", "fold_constants", "simplify", "eliminate"]
     assert _pass_rows(out)["eliminate"][3:5] == ["5", "5"]   # no fusion at level 1
-    code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--json")
+    code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--json", "--target", "llvm")
     passes = json.loads(out)["passes"]
     assert passes["target"] == "llvm" and passes["opt_level"] == 3
     assert [r["pass"] for r in passes["after"]][-2:] == ["convert_layout", "fuse_ops"]
@@ -371,7 +372,7 @@ def test_inspect_passes_level_and_json(tmp_path, capsys):
 def test_compile_dump_ir_writes_the_graph_after_every_pass(tmp_path, capsys):
     path = mlp_file(tmp_path, capsys)
     code, out, err = run_cli(capsys, "compile", path, "-o", tmp_path / "m.dnnc",
-                             "--dump-ir", tmp_path / "ir")
+                             "--dump-ir", tmp_path / "ir", "--target", "llvm")
     assert code == 0, err
     files = sorted(p.name for p in (tmp_path / "ir").iterdir())
     assert files == ["00_input.txt", "01_fold_constants.txt", "02_simplify.txt",
@@ -420,7 +421,8 @@ def test_pass_option_mistakes(tmp_path, capsys, monkeypatch, argv, message):
     (["compile", "{mlp}", "--opt-level", "7"], "argument --opt-level: invalid choice"),
     (["compile", "{mlp}", "-o", "no/such/dir/m.dnnc"], "folder 'no/such/dir' does not exist"),
     (["compile", "{mlp}", "-o", "."], "is a folder"),
-    (["compile", "{sym}", "--emit", "asm", "out"], "input dim(s) N are symbolic"),
+    (["compile", "{sym}", "--emit", "asm", "out", "--target", "llvm"],
+     "input dim(s) N are symbolic"),
     (["compile", "{mlp}", "--target", "numpy", "--emit", "asm", "out"], "generates no code"),
     (["run", "{sym}", "--random", "--dim", "Q=3"], "--dim Q: not a symbolic dim of an input "
                                                     "--random fills (N)"),
@@ -465,7 +467,7 @@ def test_emit_with_the_symbolic_dims_fixed(tmp_path, capsys):
     sym.write_bytes(zoo.build("mlp", batch="N", hidden=(8,), in_features=20,
                               classes=5).SerializeToString())
     code, _, err = run_cli(capsys, "compile", sym, "-o", tmp_path / "m.dnnc", "--emit", "asm",
-                           tmp_path / "asm", "--input-shape", "input=3,20")
+                           tmp_path / "asm", "--input-shape", "input=3,20", "--target", "llvm")
     assert code == 0, err
     assert "entry" in (tmp_path / "asm" / "sym.s").read_text()
 
