@@ -7,6 +7,7 @@ This module only describes: it imports no target package and no layer above `ir/
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -26,6 +27,15 @@ class ArtifactCodec:
 
 def _no_check(target: Target, render_only: bool) -> None:
     pass
+
+
+def lazy(module: str, name: str | None = None) -> Callable:
+    """() -> module `module` (absolute), or its attribute `name`, imported on the first call:
+    an entry names its templates and tuning this way, so listing the targets loads neither."""
+    def load():
+        found = importlib.import_module(module)
+        return found if name is None else getattr(found, name)
+    return load
 
 
 @dataclass(frozen=True)

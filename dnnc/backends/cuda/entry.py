@@ -6,8 +6,8 @@ functions look `device`'s up when they run, so a test's stand-in device is the o
 from __future__ import annotations
 
 from ...errors import ArgumentError, DeviceError, InputError
-from ...ir.target import Fusion, Target
-from ..target_spec import ArtifactCodec, TargetSpec
+from ...ir.target import Target
+from ..target_spec import ArtifactCodec, TargetSpec, lazy
 from . import FUSION, artifact, device
 
 
@@ -74,22 +74,6 @@ def from_dlpack(x):
     return cupy.from_dlpack(x)
 
 
-def fusion() -> Fusion:
-    return FUSION
-
-
-def templates() -> dict:
-    from .schedules import TEMPLATES
-
-    return TEMPLATES
-
-
-def tuning_module():
-    from . import tuning
-
-    return tuning
-
-
 SPEC = TargetSpec(
     "cuda", "NVIDIA GPUs through NVRTC (CuPy)", runtime,
     # device arrays by default: a caller on the GPU pays no copy to the host
@@ -97,6 +81,7 @@ SPEC = TargetSpec(
     options=("passes", "dump_ir", "cache_size", "tuning_log", "precision"),
     emits={"cuda": ".cu", "loop": ".loop"},
     codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
-    runs_passes=True, machine=machine, layouts=(), fusion=fusion, templates=templates,
-    tuning=tuning_module, speed=20, available=available, require=require,
+    runs_passes=True, machine=machine, layouts=(), fusion=lambda: FUSION,
+    templates=lazy(f"{__package__}.schedules", "TEMPLATES"),
+    tuning=lazy(f"{__package__}.tuning"), speed=20, available=available, require=require,
     check_compile=check_compile, about=about, versions=versions, from_dlpack=from_dlpack)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from ...ir.target import Fusion, Target
-from ..target_spec import ArtifactCodec, TargetSpec
+from ...ir.target import Target
+from ..target_spec import ArtifactCodec, TargetSpec, lazy
 from . import FUSION, artifact, panels
 
 
@@ -46,22 +46,6 @@ def cpu_from(mcpu: str | None, mattr: str | None) -> Target:
     return cpu_from(mcpu, mattr)
 
 
-def fusion() -> Fusion:
-    return FUSION
-
-
-def templates() -> dict:
-    from .schedules import TEMPLATES
-
-    return TEMPLATES
-
-
-def tuning_module():
-    from . import tuning
-
-    return tuning
-
-
 def about() -> str:
     if not available():
         return "needs llvmlite (pip install llvmlite)"
@@ -79,6 +63,7 @@ SPEC = TargetSpec(
     codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
     runs_passes=True, machine=host,
     # dense and conv weights packed into the micro-kernels' panels (convert_layout)
-    layouts=("pack_dense", "pack_conv"), fusion=fusion, panels=panels,
-    templates=templates, tuning=tuning_module, speed=10, available=available, about=about,
+    layouts=("pack_dense", "pack_conv"), fusion=lambda: FUSION, panels=panels,
+    templates=lazy(f"{__package__}.schedules", "TEMPLATES"),
+    tuning=lazy(f"{__package__}.tuning"), speed=10, available=available, about=about,
     versions=versions, cpu_from=cpu_from)
