@@ -169,14 +169,8 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
             and passes is None and dump_ir is None and cache_size is None and not render_only):
         entry = compile_cache.key(model, input_shapes, target, machine,
                                   {"opt_level": level, "outputs": outputs}, tuned)
-        parts = compile_cache.lookup(entry) if entry is not None else None
-        if parts is not None:
-            hit = CompiledModel.restored(parts)
-            hit._stats.update(compile_seconds=time.perf_counter() - start, compile_cache="hit")
-            hit._cache_entry = entry   # sizes compiled here are kept too (`keep_in_cache`)
-            if tuning_log is not None:
-                hit.tuning = {"log": os.fspath(tuning_log),
-                              "records_applied": hit.stats.get("tuned_kernels", 0)}
+        hit = _cached(entry, start, tuning_log) if entry is not None else None
+        if hit is not None:
             return hit
     graph = load_graph(model, input_shapes)
     check_tensor_sizes(graph, physical_memory_bytes())
@@ -189,14 +183,8 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
                            reuse_memory=levels(level).reuse_memory and passes is None,
                            cache_size=cache_size, tuned=tuned, render_only=render_only,
                            outputs=outputs)
-    stats = {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
-             "imported_nodes": imported_nodes, "pass_seconds": timings,
-             "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),
-             "kernels": getattr(runtime, "kernels", 0),
-             "arena_bytes": getattr(runtime, "arena_bytes", 0),
-             "tuned_kernels": getattr(runtime, "tuned_kernels", 0),
-             "precision": machine.precision,
-             "compile_cache": "off" if entry is None else "miss"}
+    stats = _stats(graph, runtime, machine, start, imported_nodes, timings,
+                   "off" if entry is None else "miss")
     model = CompiledModel(graph, runtime, target, stats)
     if tuning_log is not None:
         model.tuning = {"log": os.fspath(tuning_log), "records_applied": stats["tuned_kernels"]}
@@ -206,3 +194,32 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
         else:   # stored once its calls have compiled enough to be worth keeping
             model._cache_entry = entry
     return model
+
+
+def _cached(entry, start: float, tuning_log) -> CompiledModel | None:
+    """The compile cache's model for `entry` with this compile's time and tuning log in its
+    stats, or None on a miss."""
+    parts = compile_cache.lookup(entry)
+    if parts is None:
+        return None
+    hit = CompiledModel.restored(parts)
+    hit._stats.update(compile_seconds=time.perf_counter() - start, compile_cache="hit")
+    hit._cache_entry = entry   # sizes compiled here are kept too (`keep_in_cache`)
+    if tuning_log is not None:
+        hit.tuning = {"log": os.fspath(tuning_log),
+                      "records_applied": hit.stats.get("tuned_kernels", 0)}
+    return hit
+
+
+def _stats(graph: Graph, runtime, machine: Target, start: float, imported_nodes: int,
+           timings: dict[str, float], cache_state: str) -> dict:
+    """A fresh compile's `CompiledModel.stats`: its time (from `start`), graph and runtime
+    figures, and `cache_state` ("off" or "miss")."""
+    return {"compile_seconds": time.perf_counter() - start, "nodes": len(graph.nodes),
+            "imported_nodes": imported_nodes, "pass_seconds": timings,
+            "host_fallback_ops": len(getattr(runtime, "host_fallback_ops", ())),
+            "kernels": getattr(runtime, "kernels", 0),
+            "arena_bytes": getattr(runtime, "arena_bytes", 0),
+            "tuned_kernels": getattr(runtime, "tuned_kernels", 0),
+            "precision": machine.precision,
+            "compile_cache": cache_state}

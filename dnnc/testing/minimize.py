@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .generate import BATCH, ONNX_DTYPE
+from .graph_builder import BATCH, ONNX_DTYPE
 
 
 @dataclass

@@ -253,10 +253,11 @@ def test_resize_nearest_downscale_difference_matches_only_fractional_inverses():
 def test_generator_rejects_windows_onnx_inference_gets_wrong():
     """ONNX's shape inference keeps a ceil_mode window that starts in the end padding; every
     runtime drops it (seed 77 case 104), so the generator must not build such a pool."""
-    from dnnc.testing.generate import Rejected, _check_windows
+    from dnnc.testing.graph_builder import Rejected
+    from dnnc.testing.op_generators.layers import check_windows
 
     ceil = {"kernel_shape": [1], "strides": [3], "ceil_mode": 1}
     with pytest.raises(Rejected):
-        _check_windows([3], ceil)                  # windows at 0 and 3: 3 is past the input
-    _check_windows([4], ceil)                      # windows at 0 and 3: both inside
-    _check_windows([3], {**ceil, "ceil_mode": 0})
+        check_windows([3], ceil)                   # windows at 0 and 3: 3 is past the input
+    check_windows([4], ceil)                       # windows at 0 and 3: both inside
+    check_windows([3], {**ceil, "ceil_mode": 0})

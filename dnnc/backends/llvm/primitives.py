@@ -1,0 +1,179 @@
+"""How LLVM spells dnnc's primitive types and ops: the register and memory type of each dtype,
+and the op tables the LLVM renderer (`codegen.py`) and its vectoriser (`vectorize.py`) emit
+through: `BINARY`, `CALLS` and `CASTS`, keyed by (operand class, op) -> emitter.
+
+Every entry is one LLVM instruction, intrinsic or libm call on values already legalized
+(`backends/legalize.py`): what an op means is settled there, never here. An emitter takes the
+function emitter (its builder `b`, its module builder `mb`) and LLVM values, scalars or vectors
+alike, and must never walk loop IR itself.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from llvmlite import ir
+
+from ...ir import loop as L
+from ...ir import types as T
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), \
+    ir.IntType(64)
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+
+_INT_BITS = {1: I8, 2: I16, 4: I32, 8: I64}
+_FLOAT_TYPES = {T.float16: F16, T.float32: F32, T.float64: F64}
+_FLOAT_BITS = {F16: 16, F32: 32, F64: 64}
+
+
+def compute_type(dtype: T.DType) -> ir.Type:
+    """The register type values of `dtype` are computed in."""
+    if dtype.kind == "b":
+        return I1
+    return _FLOAT_TYPES.get(dtype) or _INT_BITS[dtype.itemsize]   # bfloat16: its bits
+
+
+def memory_type(dtype: T.DType) -> ir.Type:
+    """The type `dtype` is stored as."""
+    return I8 if dtype.kind == "b" else compute_type(dtype)
+
+
+def op_class(dtype: T.DType) -> str:
+    """`dtype`'s key in the op tables: f(loat), s(igned) or u(nsigned, bool included)."""
+    return "f" if dtype.is_float else "s" if dtype.kind == "i" else "u"
+
+
+def cast_class(dtype: T.DType) -> str:
+    """`dtype`'s key in `CASTS`: as `op_class`, with b(ool) apart."""
+    return "b" if dtype.kind == "b" else op_class(dtype)
+
+
+def intrinsic_suffix(ty: ir.Type) -> str:
+    """LLVM's overloaded-intrinsic suffix: f32, i64, v8f32, ..."""
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{intrinsic_suffix(ty.element)}"
+    return {F16: "f16", F32: "f32", F64: "f64"}.get(ty) or f"i{ty.width}"
+
+
+def _scalar(ty: ir.Type) -> ir.Type:
+    return ty.element if isinstance(ty, ir.VectorType) else ty
+
+
+def _zero(ty: ir.Type) -> ir.Constant:
+    """0 of `ty`, a scalar or a vector type."""
+    zero = 0.0 if _scalar(ty) in _FLOAT_BITS else 0
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [zero] * ty.count)
+    return ir.Constant(ty, zero)
+
+
+# ---------------------------------------------------------------------------------------------
+# Op tables: each emitter takes the function emitter (its builder `b`, its module `mb`)
+# and LLVM values, scalars or vectors alike.
+
+
+def _intrinsic(name: str) -> Callable:
+    def emit(em, *args):
+        return em.b.call(em.mb.intrinsic(name, args[0].type, len(args)), list(args))
+    return emit
+
+
+def _libm(name: str) -> Callable:
+    """A C library call: `name` for double, `name`f for float (scalars only)."""
+    def emit(em, *args):
+        ty = args[0].type
+        fname = name + ("f" if ty == F32 else "")
+        return em.b.call(em.mb.declare(fname, ty, [ty] * len(args)), list(args))
+    return emit
+
+
+def _int_min_max(pred: str, signed: bool) -> Callable:
+    def emit(em, a, b):
+        cmp = em.b.icmp_signed if signed else em.b.icmp_unsigned
+        return em.b.select(cmp(pred, a, b), a, b)
+    return emit
+
+
+BINARY: dict[tuple[str, str], Callable] = {
+    ("f", "+"): lambda em, a, b: em.b.fadd(a, b),
+    ("f", "-"): lambda em, a, b: em.b.fsub(a, b),
+    ("f", "*"): lambda em, a, b: em.b.fmul(a, b),
+    ("f", "/"): lambda em, a, b: em.b.fdiv(a, b),
+    # NaN-propagating, as NumPy's minimum / maximum (minnum would drop the NaN)
+    ("f", "min"): _intrinsic("llvm.minimum"),
+    ("f", "max"): _intrinsic("llvm.maximum"),
+    # ordered compares are false on NaN; != is unordered, so true on NaN (IEEE, NumPy)
+    **{("f", op): (lambda em, a, b, op=op: em.b.fcmp_ordered(op, a, b))
+       for op in ("==", "<", "<=", ">", ">=")},
+    ("f", "!="): lambda em, a, b: em.b.fcmp_unordered("!=", a, b),
+    **{(c, op): fn for c in "su" for op, fn in (
+        ("+", lambda em, a, b: em.b.add(a, b)), ("-", lambda em, a, b: em.b.sub(a, b)),
+        ("*", lambda em, a, b: em.b.mul(a, b)), ("&", lambda em, a, b: em.b.and_(a, b)),
+        ("|", lambda em, a, b: em.b.or_(a, b)), ("^", lambda em, a, b: em.b.xor(a, b)),
+        ("<<", lambda em, a, b: em.b.shl(a, b)), ("and", lambda em, a, b: em.b.and_(a, b)),
+        ("or", lambda em, a, b: em.b.or_(a, b)))},
+    ("s", ">>"): lambda em, a, b: em.b.ashr(a, b),
+    ("u", ">>"): lambda em, a, b: em.b.lshr(a, b),
+    **{("s", op): (lambda em, a, b, op=op: em.b.icmp_signed(op, a, b)) for op in L.COMPARE},
+    **{("u", op): (lambda em, a, b, op=op: em.b.icmp_unsigned(op, a, b)) for op in L.COMPARE},
+    ("s", "min"): _int_min_max("<", True), ("s", "max"): _int_min_max(">", True),
+    ("u", "min"): _int_min_max("<", False), ("u", "max"): _int_min_max(">", False),
+}
+"""(class of the operands, BinOp op) -> emitter(em, a, b)."""
+
+CALLS: dict[tuple[str, str], Callable] = {
+    # intrinsics with an LLVM counterpart (vectorisable by LLVM); the rest call libm
+    **{("f", name): _intrinsic(llvm) for name, llvm in (
+        ("exp", "llvm.exp"), ("log", "llvm.log"), ("sqrt", "llvm.sqrt"), ("sin", "llvm.sin"),
+        ("cos", "llvm.cos"), ("tan", "llvm.tan"), ("asin", "llvm.asin"),
+        ("acos", "llvm.acos"), ("atan", "llvm.atan"), ("sinh", "llvm.sinh"),
+        ("cosh", "llvm.cosh"), ("tanh", "llvm.tanh"), ("floor", "llvm.floor"),
+        ("ceil", "llvm.ceil"), ("round", "llvm.roundeven"), ("trunc", "llvm.trunc"),
+        ("pow", "llvm.pow"), ("fma", "llvm.fmuladd"), ("abs", "llvm.fabs"))},
+    **{("f", name): _libm(name) for name in ("erf", "asinh", "acosh", "atanh", "log1p",
+                                             "expm1", "fmod", "atan2")},
+    ("f", "neg"): lambda em, x: em.b.fneg(x),
+    # legalize's primitives: C's truncating quotient and remainder, the divisor made safe
+    ("s", "idiv"): lambda em, a, b: em.b.sdiv(a, b),
+    ("u", "idiv"): lambda em, a, b: em.b.udiv(a, b),
+    ("s", "irem"): lambda em, a, b: em.b.srem(a, b),
+    ("u", "irem"): lambda em, a, b: em.b.urem(a, b),
+}
+"""(class of the first argument, Call name) -> emitter(em, *args); `bitcast` is apart."""
+
+
+def _resize(signed: bool) -> Callable:
+    def emit(em, v, ty):
+        src, dst = _scalar(v.type).width, _scalar(ty).width
+        if dst < src:
+            return em.b.trunc(v, ty)
+        if dst > src:
+            return em.b.sext(v, ty) if signed else em.b.zext(v, ty)
+        return v
+    return emit
+
+
+def _float_resize(em, v, ty):
+    src, dst = _FLOAT_BITS[_scalar(v.type)], _FLOAT_BITS[_scalar(ty)]
+    if dst == src:
+        return v
+    return em.b.fpext(v, ty) if dst > src else em.b.fptrunc(v, ty)
+
+
+CASTS: dict[tuple[str, str], Callable] = {
+    ("f", "f"): _float_resize,
+    ("f", "s"): lambda em, v, ty: em.b.fptosi(v, ty),
+    ("f", "u"): lambda em, v, ty: em.b.fptoui(v, ty),
+    ("s", "f"): lambda em, v, ty: em.b.sitofp(v, ty),
+    ("u", "f"): lambda em, v, ty: em.b.uitofp(v, ty),
+    ("b", "f"): lambda em, v, ty: em.b.uitofp(v, ty),
+    ("f", "b"): lambda em, v, ty: em.b.fcmp_unordered("!=", v, _zero(v.type)),  # NaN: true
+    ("s", "b"): lambda em, v, ty: em.b.icmp_unsigned("!=", v, _zero(v.type)),
+    ("u", "b"): lambda em, v, ty: em.b.icmp_unsigned("!=", v, _zero(v.type)),
+    ("b", "s"): lambda em, v, ty: em.b.zext(v, ty),
+    ("b", "u"): lambda em, v, ty: em.b.zext(v, ty),
+    ("s", "s"): _resize(True), ("s", "u"): _resize(True),
+    ("u", "s"): _resize(False), ("u", "u"): _resize(False),
+}
+"""(source class, destination class) -> emitter(em, value, destination type)."""

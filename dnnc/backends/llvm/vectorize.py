@@ -1,0 +1,259 @@
+"""Explicit vectorisation of the LLVM renderer's VECTORIZED loops of constant extent.
+
+`VectorLoop` turns `for v in range(lanes): body` (stores and lets only: `vectorizable`) into
+straight-line vector code: loads and stores contiguous in `v` become vector memory operations
+(constant strides 2 to 4 a wide load and a shuffle), arithmetic vector instructions from the op
+tables of `primitives.py`, and anything else is computed lane by lane through the scalar
+emitter (`codegen.py`), which is always correct. It must never change what a loop computes,
+only how many lanes one instruction does: the `_VECTOR_*` tables below list what is known to
+give the scalar code's result.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from llvmlite import ir
+
+from ...ir import loop as L
+from ...ir import types as T
+from .primitives import BINARY, CALLS, CASTS, I8, I32, I64, cast_class, compute_type, \
+    memory_type, op_class
+
+if TYPE_CHECKING:
+    from .codegen import FunctionEmitter
+
+
+def vectorizable(body: L.Stmt) -> bool:
+    """Bodies of stores and lets only (no control flow) become straight-line vector code."""
+    if isinstance(body, L.Seq):
+        return all(vectorizable(x) for x in body.stmts)
+    if isinstance(body, L.Let):
+        return vectorizable(body.body)
+    return isinstance(body, L.Store)
+
+
+def _lane_coefficient(e: L.Expr, var: L.Var, vector_vars) -> int | None:
+    """The coefficient of `var` in `e` when `e` is affine in it (0: invariant), else None."""
+    free = L.free_vars(e)
+    if var not in free and not (free & vector_vars):
+        return 0
+    if e == var:
+        return 1
+    if isinstance(e, L.BinOp) and e.op in ("+", "-"):
+        a = _lane_coefficient(e.a, var, vector_vars)
+        b = _lane_coefficient(e.b, var, vector_vars)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "+" else a - b
+    if isinstance(e, L.BinOp) and e.op == "*":
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(y, L.Const):
+                cx = _lane_coefficient(x, var, vector_vars)
+                return None if cx is None else cx * y.value
+    return None
+
+
+_VECTOR_FLOATS = (T.float32, T.float64)
+_VECTOR_BINARY = {("f", op) for op in ("+", "-", "*", "/", "min", "max", *L.COMPARE)} | \
+    {(c, op) for c in "su" for op in ("+", "-", "*", "&", "|", "^", "<<", ">>")}
+"""`BINARY` entries emitted as vector instructions (floats: on _VECTOR_FLOATS); the bit
+operations serve legalized bfloat16 conversions."""
+_VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc", "abs", "neg"}
+"""`CALLS` entries emitted as vector intrinsics on _VECTOR_FLOATS; the rest lane by lane."""
+_VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
+"""Selects of these dtypes are vector selects (uint32: bfloat16 rounding's NaN case)."""
+_VECTOR_CASTS = ((T.float16, T.float32, T.float64), (T.uint16, T.uint32))
+"""Casts within one of these groups are vector instructions: float16 and bfloat16 data
+computed in float32 (fpext / fptrunc, and the zext / trunc of bfloat16's bits). Float to
+integer stays lane by lane: out of range, LLVM's vector and scalar conversions differ (both
+are undefined there, as in C; NumPy's result is the scalar one)."""
+
+
+class VectorLoop:
+    """Straight-line vector code for `for v in range(L): body`: contiguous loads and stores
+    become vector memory operations, arithmetic vector instructions, anything else is
+    computed lane by lane (always correct, fast where it matters)."""
+
+    def __init__(self, em: FunctionEmitter, loop: L.For):
+        self.em = em
+        self.b = em.b
+        self.var = loop.var
+        self.lanes = loop.extent.value
+        self.body = loop.body
+        self.vectors: dict[L.Var, ir.Value] = {}   # let-bound vector values
+
+    def emit(self) -> None:
+        self.stmt(self.body)
+
+    def vtype(self, dtype: T.DType) -> ir.VectorType:
+        return ir.VectorType(compute_type(dtype), self.lanes)
+
+    def splat(self, value: ir.Value) -> ir.Value:
+        ty = ir.VectorType(value.type, self.lanes)
+        undef = ir.Constant(ty, ir.Undefined)
+        one = self.b.insert_element(undef, value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, undef, ir.Constant(ir.VectorType(I32, self.lanes),
+                                                             [0] * self.lanes))
+
+    def stmt(self, s: L.Stmt) -> None:
+        if isinstance(s, L.Seq):
+            for x in s.stmts:
+                self.stmt(x)
+        elif isinstance(s, L.Let):
+            value, is_vector = self.expr(s.value)
+            if is_vector:
+                self.vectors[s.var] = value
+            else:
+                self.em.env[s.var] = value
+            self.stmt(s.body)
+            self.vectors.pop(s.var, None)
+        else:
+            self.store(s)
+
+    def _lane_stride(self, indices) -> int | None:
+        """Elements between consecutive lanes' addresses: 0 when every lane reads one element,
+        k when lane i reads base + k * i along the last axis, None otherwise."""
+        coefs = [_lane_coefficient(i, self.var, set(self.vectors)) for i in indices]
+        if any(c is None for c in coefs) or any(c != 0 for c in coefs[:-1]):
+            return None
+        return coefs[-1] if coefs else 0
+
+    def _contiguous(self, indices) -> bool | None:
+        """True: lanes are consecutive elements; False: all lanes one element; None: neither."""
+        return {0: False, 1: True}.get(self._lane_stride(indices))
+
+    def _strided_load(self, e: L.Load, stride: int) -> ir.Value:
+        """Lanes at a constant stride: one contiguous load of the span the lanes cover (never
+        past the last lane's element) and a shuffle picking every stride-th element, as
+        LLVM's interleaved-access lowering does, instead of a scalar load per lane."""
+        span = stride * (self.lanes - 1) + 1
+        ptr = self._base_address(e.buffer, e.indices)
+        mem = ir.VectorType(memory_type(e.buffer.dtype), span)
+        wide = self.b.load(self.b.bitcast(ptr, ir.PointerType(mem)), typ=mem,
+                           align=e.buffer.dtype.itemsize)
+        picks = ir.Constant(ir.VectorType(I32, self.lanes),
+                            [stride * k for k in range(self.lanes)])
+        return self.b.shuffle_vector(wide, ir.Constant(mem, ir.Undefined), picks)
+
+    def _base_address(self, buf, indices):
+        zero = {self.var: L.const(0)}
+        return self.em.address(buf, tuple(L.substitute(i, zero) for i in indices))
+
+    def store(self, s: L.Store) -> None:
+        value, is_vector = self.expr(s.value)
+        kind = self._contiguous(s.indices)
+        dtype = s.buffer.dtype
+        if kind is True:
+            vec = value if is_vector else self.splat(value)
+            ptr = self._base_address(s.buffer, s.indices)
+            mem = self._to_memory(vec, dtype)
+            ptr = self.b.bitcast(ptr, ir.PointerType(mem.type))
+            self.b.store(mem, ptr, align=dtype.itemsize)
+            return
+        for k in range(self.lanes):   # scatter, lane by lane
+            with self._lane(k):
+                lane_value = self.b.extract_element(value, ir.Constant(I32, k)) \
+                    if is_vector else value
+                ptr = self.em.address(s.buffer, s.indices)
+                self.b.store(self.em.to_memory(lane_value, dtype), ptr)
+
+    def _to_memory(self, vec, dtype):
+        return self.b.zext(vec, ir.VectorType(I8, self.lanes)) if dtype.kind == "b" else vec
+
+    def _lane(self, k: int):
+        em, var, vectors = self.em, self.var, self.vectors
+        b = self.b
+
+        class Lane:
+            def __enter__(self_):
+                self_.saved = {v: em.env.get(v) for v in [var, *vectors]}
+                em.env[var] = ir.Constant(I64, k)
+                for v, vec in vectors.items():
+                    em.env[v] = b.extract_element(vec, ir.Constant(I32, k))
+
+            def __exit__(self_, *exc):
+                for v, old in self_.saved.items():
+                    if old is None:
+                        em.env.pop(v, None)
+                    else:
+                        em.env[v] = old
+
+        return Lane()
+
+    def lanewise(self, e: L.Expr) -> ir.Value:
+        out = ir.Constant(self.vtype(e.dtype), ir.Undefined)
+        for k in range(self.lanes):
+            with self._lane(k):
+                out = self.b.insert_element(out, self.em.expr(e), ir.Constant(I32, k))
+        return out
+
+    def expr(self, e: L.Expr) -> tuple[ir.Value, bool]:
+        """(value, is_vector): invariant expressions stay scalars; the rest is vector code
+        where `_VECTOR_EXPR` has a vector emitter for the node, else lane by lane."""
+        free = L.free_vars(e)
+        if self.var not in free and not (free & set(self.vectors)):
+            return self.em.expr(e), False
+        if e == self.var:
+            return ir.Constant(ir.VectorType(I64, self.lanes), list(range(self.lanes))), True
+        emit = _VECTOR_EXPR.get(type(e))
+        value = None if emit is None else emit(self, e)
+        return (self.lanewise(e) if value is None else value), True
+
+    # vector emitters: a vector value, or None for "lane by lane"
+
+    def var(self, e: L.Var) -> ir.Value | None:
+        return self.vectors.get(e)
+
+    def load(self, e: L.Load) -> ir.Value | None:
+        stride = self._lane_stride(e.indices)
+        dtype = e.buffer.dtype
+        if stride in (2, 3, 4) and dtype in _VECTOR_FLOATS:
+            return self._strided_load(e, stride)
+        if stride != 1:
+            return None
+        ptr = self._base_address(e.buffer, e.indices)
+        mem = ir.VectorType(memory_type(dtype), self.lanes)
+        ptr = self.b.bitcast(ptr, ir.PointerType(mem))
+        vec = self.b.load(ptr, typ=mem, align=dtype.itemsize)
+        if dtype.kind == "b":
+            vec = self.b.icmp_unsigned("!=", vec, ir.Constant(mem, [0] * self.lanes))
+        return vec
+
+    def binop(self, e: L.BinOp) -> ir.Value | None:
+        key = (op_class(e.a.dtype), e.op)
+        if key not in _VECTOR_BINARY or (e.a.dtype.is_float and e.a.dtype not in _VECTOR_FLOATS):
+            return None
+        return BINARY[key](self.em, *self._both(e.a, e.b))
+
+    def call(self, e: L.Call) -> ir.Value | None:
+        if e.name == "bitcast" and e.dtype.kind != "b":
+            value, ty = self._as_vector(e.args[0]), self.vtype(e.dtype)
+            return value if value.type == ty else self.b.bitcast(value, ty)
+        if e.name in _VECTOR_CALLS and e.dtype in _VECTOR_FLOATS:
+            return CALLS["f", e.name](self.em, *[self._as_vector(a) for a in e.args])
+        return None
+
+    def select(self, e: L.Select) -> ir.Value | None:
+        if e.dtype not in _VECTOR_SELECTS:
+            return None
+        return self.b.select(self._as_vector(e.cond), *self._both(e.true, e.false))
+
+    def cast(self, e: L.Cast) -> ir.Value | None:
+        if not any(e.dtype in group and e.value.dtype in group for group in _VECTOR_CASTS):
+            return None
+        emit = CASTS[cast_class(e.value.dtype), cast_class(e.dtype)]
+        return emit(self.em, self._as_vector(e.value), self.vtype(e.dtype))
+
+    def _as_vector(self, e: L.Expr) -> ir.Value:
+        value, is_vector = self.expr(e)
+        return value if is_vector else self.splat(value)
+
+    def _both(self, a: L.Expr, b: L.Expr):
+        return self._as_vector(a), self._as_vector(b)
+
+
+_VECTOR_EXPR: dict[type, Callable] = {
+    L.Var: VectorLoop.var, L.Load: VectorLoop.load, L.BinOp: VectorLoop.binop,
+    L.Call: VectorLoop.call, L.Select: VectorLoop.select, L.Cast: VectorLoop.cast,
+}

@@ -1,0 +1,25 @@
+"""The fuzzer's op generators, by family, and `OPS`: each with its weight in the draw.
+
+A generator `fn(g)` appends nodes to the `graph_builder.Builder` `g`, or raises `Rejected` when
+it cannot apply to the values at hand (the driver, `generate.py`, rolls back what it added and
+draws another). The order and weights of `OPS` are part of every case's identity: changing
+them changes the model of each (seed, index), so they must never change in a refactoring.
+"""
+
+from __future__ import annotations
+
+from .elementwise import gen_binary, gen_cast, gen_clip, gen_exp, gen_gelu, gen_int, gen_unary, \
+    gen_where
+from .layers import gen_batchnorm, gen_conv, gen_gemm, gen_layernorm, gen_matmul, gen_pool, \
+    gen_reduce, gen_resize, gen_softmax
+from .movement import gen_concat, gen_expand, gen_gather, gen_pad, gen_reshape, gen_slice, \
+    gen_split, gen_squeeze, gen_transpose
+
+OPS = [  # (weight, generator)
+    (8, gen_unary), (1, gen_exp), (2, gen_gelu), (2, gen_clip), (10, gen_binary),
+    (4, gen_int), (7, gen_conv), (5, gen_matmul), (3, gen_gemm), (3, gen_softmax),
+    (2, gen_layernorm), (2, gen_batchnorm), (4, gen_pool), (4, gen_reshape),
+    (3, gen_transpose), (3, gen_concat), (2, gen_split), (3, gen_slice), (2, gen_gather),
+    (2, gen_squeeze), (5, gen_reduce), (2, gen_pad), (2, gen_resize), (2, gen_where),
+    (2, gen_expand), (2, gen_cast),
+]
