@@ -4,6 +4,8 @@ per task and target, and appends that never rewrite what the log holds."""
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -105,3 +107,78 @@ def test_a_missing_log_is_empty_and_measured_counts_errors_too(tmp_path):
     assert R.measured(records, "t1", "m") == {R.canonical({"nr": 8, "mr": 4}),
                                               R.canonical({"mr": 4, "nr": 16})}
     assert R.canonical({"b": 1, "a": 2}) == R.canonical({"a": 2, "b": 1})
+
+
+def _read_in_a_child(log) -> tuple[int, list[str]]:
+    """`R.read(log)` in a child process (a line that crashed the reader cannot take pytest
+    with it): the records read and the warnings' messages; fails on any exception."""
+    code = ("import sys, warnings\n"
+            "from dnnc.autotune import records as R\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    records = R.read(sys.argv[1])\n"
+            "print(len(records))\n"
+            "for w in caught:\n"
+            "    assert w.category is R.TuningLogWarning, w\n"
+            "    print(str(w.message).splitlines()[0][:300])\n")
+    done = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    count, *messages = done.stdout.splitlines()
+    return int(count), messages
+
+
+HOSTILE = {   # what replaces `"ms": 0.5` of a good line, or the whole line
+    "ms_overflows_a_float": '"ms": 1' + "0" * 400,
+    "ms_past_the_digit_limit": '"ms": ' + "7" * 5000,
+    "time_overflows_a_float": '"ms": 0.5, "time": 1' + "0" * 400 + ", \"x\": 0",
+    "ms_nan": '"ms": NaN',
+    "ms_minus_infinity": '"ms": -Infinity',
+    "nested_config": '"ms": 0.5, "config": {"mr": ' + "[" * 500 + "]" * 500 + "}, \"x\": 0",
+    "deep_nesting": "[" * 50_000,                 # RecursionError in json, under MAX_LINE
+    "very_long_line": "[" * 100_000,              # longer than MAX_LINE: never parsed
+    "megabytes_of_one_line": " " * 3_000_000 + "{}",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_line_is_skipped_with_a_warning(tmp_path, name):
+    """Issue 30: numbers a float cannot hold, integers past Python's int-string limit and
+    nesting past the recursion limit raised out of `read` (OverflowError, ValueError,
+    RecursionError): every such line is a TuningLogWarning naming it, the rest is read."""
+    good = R.Record("t1", "dense", "llvm:x:+a", {"mr": 4}, ms=0.5, time=1.0).to_json()
+    text = HOSTILE[name]
+    bad = good.replace('"ms": 0.5', text) if text.startswith('"ms"') else text
+    if name == "time_overflows_a_float":
+        bad = bad.replace('"time": 1.0', '"y": 1.0')
+    if name == "nested_config":
+        bad = bad.replace('"config": {"mr": 4}', '"z": 0')
+    assert bad != good
+    log = tmp_path / "log.jsonl"
+    log.write_text(good + "\n" + bad + "\n" + good + "\n")
+    count, messages = _read_in_a_child(log)
+    assert count == 2
+    assert len(messages) == 1 and f"{log}:2: skipped (" in messages[0], messages
+
+
+def test_a_log_of_many_bad_lines_warns_a_bounded_number_of_times(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text("{not json\n" * 1000)
+    count, messages = _read_in_a_child(log)
+    assert count == 0 and len(messages) == R.MAX_WARNINGS + 1
+    assert messages[-1] == f"{log}: {1000 - R.MAX_WARNINGS} more unreadable line(s) skipped"
+
+
+def test_configs_are_ranked_confirmed_first_then_by_fastest_time():
+    t, m = "t1", "llvm:x:+a"
+    records = [R.Record(t, "dense", m, {"mr": c}, ms=ms)
+               for c, ms in ((4, 1.0), (6, 0.5), (8, 0.8), (10, 0.6), (12, 0.1))]
+    records += [R.Record(t, "dense", m, {"mr": c}, ms=ms, confirm=True)
+                for c, ms in ((4, 1.0), (6, 1.1), (8, 0.9), (4, 1.0), (6, 1.2), (8, 0.9))]
+    records.append(R.Record(t, "dense", m, {"mr": 14}, error="crashed"))
+    assert R.ranked_configs(records, m) == {t: [{"mr": 8}, {"mr": 4}, {"mr": 6},
+                                                {"mr": 12}, {"mr": 10}]}
+    assert R.best_configs(records, m) == {t: {"mr": 8}}
+    assert R.confirmed_medians(records, t, m) == {
+        R.canonical({"mr": 4}): 1.0, R.canonical({"mr": 6}): 1.15,
+        R.canonical({"mr": 8}): 0.9}
