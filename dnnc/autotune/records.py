@@ -206,3 +206,23 @@ def measured(records: list[Record], task: str, target_key: str) -> set[str]:
 
 def canonical(config: dict) -> str:
     return json.dumps(config, sort_keys=True)
+
+
+def warn_unapplied(log, tuned: dict, target_key: str, kernels: int, tuned_kernels: int
+                   ) -> None:
+    """One `TuningLogWarning` when the log `log` (whose `ranked_configs` for `target_key` are
+    `tuned`) changes nothing in a compile of `kernels` kernels of which `tuned_kernels` took a
+    logged config: it holds no usable record for this machine, or none for this model's
+    kernels (a log of another model, opt level, input shape or precision; or configs their
+    templates all refused, each already warned of)."""
+    if not tuned:
+        machine = ":".join(target_key.split(":")[:2])   # the target and CPU or GPU name
+        warnings.warn(f"tuning log {os.fspath(log)}: no record for this machine "
+                      f"({machine}, its features and precision): every kernel keeps its "
+                      f"default config",
+                      TuningLogWarning, stacklevel=3)
+    elif kernels and not tuned_kernels:
+        warnings.warn(f"tuning log {os.fspath(log)}: no record applies to any of this "
+                      f"model's {kernels} kernel(s) (a log of another model, opt level or "
+                      f"input shape?): every kernel keeps its default config",
+                      TuningLogWarning, stacklevel=3)

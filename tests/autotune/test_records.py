@@ -182,3 +182,72 @@ def test_configs_are_ranked_confirmed_first_then_by_fastest_time():
     assert R.confirmed_medians(records, t, m) == {
         R.canonical({"mr": 4}): 1.0, R.canonical({"mr": 6}): 1.15,
         R.canonical({"mr": 8}): 0.9}
+
+
+def _task_log(tmp_path, task, machine, timed):
+    """A log of `task` on `machine` whose confirmation records time each config of `timed`
+    ((config, ms), ...) twice."""
+    log = tmp_path / "log.jsonl"
+    R.append(log, [R.Record(task.key, task.template.name, machine.key, config, ms=ms,
+                            confirm=True) for _ in range(2) for config, ms in timed])
+    return log
+
+
+def test_a_best_config_that_breaks_a_constraint_falls_to_the_next_best(tmp_path, mlp,
+                                                                      llvm_tasks):
+    """Issue 30: the winning record's config breaks a constraint of its template's space:
+    the compile takes the next-best record the template accepts (and keeps it in the
+    artifact), not the default, and says so in a TuningLogWarning."""
+    machine, tasks = llvm_tasks
+    task = tasks[0]
+    default = dataclasses.asdict(task.template.default(task.problem, machine))
+    space = task.template.space(task.problem, machine)
+    broken = dict(default, nr=16)          # 'nr == 32: B is packed in panels of 32 columns'
+    valid = dict(default, mr=2)
+    with pytest.raises(dnnc.errors.ConfigError, match="constraint"):
+        space.check(broken)
+    space.check(valid)
+    log = _task_log(tmp_path, task, machine, [(broken, 0.5), (valid, 0.7), (default, 1.0)])
+    assert R.ranked_configs(R.read(log), machine.key)[task.key] == [broken, valid, default]
+    with pytest.warns(R.TuningLogWarning, match="constraint.*next-best"):
+        model = dnnc.compile(mlp(), "llvm", tuning_log=log, cache=False)
+    assert model.stats["tuned_kernels"] == 1
+    assert model.runtime.tuned == {task.key: valid}
+    # no config accepted at all: the default, with one warning
+    log.unlink()
+    log = _task_log(tmp_path, task, machine, [(broken, 0.5), (dict(default, nr=48), 0.6)])
+    with pytest.warns(R.TuningLogWarning) as caught:
+        model = dnnc.compile(mlp(), "llvm", tuning_log=log, cache=False)
+    assert "no record of the task's 2 is accepted: the default" in str(caught[0].message)
+    assert model.stats["tuned_kernels"] == 0 and model.runtime.tuned == {}
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_log_with_no_record_for_the_model_or_machine_says_so_once(tmp_path, mlp, cache,
+                                                                    monkeypatch):
+    """Issue 30: a log of another machine, or of other kernels, applied silently
+    (tuned_kernels=0, no word): one TuningLogWarning says so, from a fresh compile and from
+    one the compile cache serves."""
+    import warnings
+
+    monkeypatch.setenv("DNNC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DNNC_CACHE", "1")
+    monkeypatch.setattr(dnnc.compiler.cache, "MIN_STORE_SECONDS", 0.0)   # store at once
+    machine = dnnc.backends.registry.REGISTRY["llvm"].target()
+    cases = {"machine": R.Record("t1", "dense", "llvm:other-cpu:+a", {"mr": 4}, ms=0.5),
+             "model": R.Record("0123456789abcdef", "dense", machine.key, {"mr": 4}, ms=0.5)}
+    for name, record in cases.items():
+        log = tmp_path / f"{name}.jsonl"
+        R.append(log, [record])
+        for _ in range(2 if cache else 1):   # the second from the cache
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model = dnnc.compile(mlp(), "llvm", tuning_log=log, cache=cache)
+            assert model.stats["tuned_kernels"] == 0
+            messages = [str(w.message) for w in caught if w.category is R.TuningLogWarning]
+            assert len(messages) == 1, messages
+            assert messages[0].startswith(f"tuning log {log}: no record ")
+            assert ("this machine" if name == "machine" else
+                    "applies to any of this model's 2 kernel(s)") in messages[0]
+        if cache:
+            assert model.stats["compile_cache"] == "hit"
