@@ -1,4 +1,4 @@
-"""The errors dnnc raises for user mistakes and unsupported input.
+"""The errors dnnc raises for user mistakes and unsupported input, and the warnings it gives.
 
 Every error a user can cause is a `DNNCError`; a bare assertion or a traceback from deep inside the
 compiler means a dnnc bug, never a user mistake. Messages name the thing at fault: the ONNX node,
@@ -87,3 +87,13 @@ class DeviceError(DNNCError):
     """A target's device cannot be used here: its library is not installed (CuPy for the cuda
     target; the message names the pip package) or no device is visible (no CUDA GPU, a driver
     too old); the message says which."""
+
+
+class DNNCWarning(UserWarning):
+    """Base class of every warning dnnc gives on purpose (the `dnnc` command prints each as
+    one `dnnc: warning: ...` line)."""
+
+
+class TuningLogWarning(DNNCWarning):
+    """A tuning log's line that could not be read (skipped), a logged config its template no
+    longer accepts, or a log with no record for the model and target compiled."""

@@ -16,8 +16,11 @@
    `CONFIRM_TOP` best and the default again, one after another, `CONFIRM_ROUNDS` times
    (records marked `confirm`); what `compile` applies is the lowest median of those
    (`records.best_configs`), so that a candidate timed once in a quiet moment of a busy
-   machine does not beat a default timed in a loud one. The task's report shows the
-   confirmed medians.
+   machine does not beat a default timed in a loud one. One source of truth: a task with
+   confirmation records in the log (this run's or an earlier one's) reports their medians as
+   its default and best, in its closing progress line, in the table and in `--json`
+   (`records.confirmed_medians`, what `ranked_configs` ranks by), so the speedup shown is
+   the one the applied config was confirmed at; a task without reports its search's times.
 
 The log is the only state: stopping a tune loses at most the batch in flight, and running it
 again resumes where it stopped.
@@ -59,6 +62,7 @@ class TaskReport:
     best_ms: float | None
     trials: int = 0
     errors: int = 0
+    confirmed: bool = False   # default_ms and best_ms are confirmation medians (`_settle`)
 
     @property
     def weight(self) -> float:
@@ -111,12 +115,35 @@ def tune(tasks: list[Task], target: Target, hooks, log, trials: int, *, timeout:
     for report, share in sorted(zip(reports, shares), key=lambda p: -p[0].weight):
         if share == 0 or references[report.task.key] is None:
             continue   # no budget, or its default config does not run (nothing to compare)
-        _tune_task(report, share, target, hooks, log, references[report.task.key], known,
-                   model, timeout=timeout, seed=seed, patience=patience, progress=progress,
-                   client=client)
-        known += _confirm(report, target, hooks, log, references[report.task.key], known,
-                          timeout=timeout, seed=seed, client=client)
+        bar = _bar(report.task, share, progress)
+        try:
+            _tune_task(report, share, target, hooks, log, references[report.task.key],
+                       known, model, bar, timeout=timeout, seed=seed, patience=patience,
+                       client=client)
+            known += _confirm(report, target, hooks, log, references[report.task.key], known,
+                              timeout=timeout, seed=seed, client=client)
+        finally:
+            _settle(report, target, known)
+            _done(report, bar, progress)
+    for report in reports:
+        _settle(report, target, known)
     return reports
+
+
+def _settle(report: TaskReport, target: Target, known: list[R.Record]) -> None:
+    """The report's default and best times from the log's confirmation records of its task
+    where it has any (this run's and earlier ones'): the medians `records.ranked_configs`
+    ranks by, so the table, the progress line and the config a compile applies agree. Left
+    as the search measured them otherwise (the default's record, the fastest record: what
+    a compile applies then)."""
+    task = report.task
+    medians = R.confirmed_medians(known, task.key, target.key)
+    if not medians:
+        return
+    default = R.canonical(_config_dict(task.template.default(task.problem, target)))
+    report.default_ms = medians.get(default)   # None: the default failed its confirmation
+    report.best_ms = min(medians.values())
+    report.confirmed = True
 
 
 def _confirm(report: TaskReport, target: Target, hooks, log, reference, known, *, timeout,
@@ -152,15 +179,6 @@ def _confirm(report: TaskReport, target: Target, hooks, log, reference, known, *
             results = measure_on(client, target.name, task.kernel, target, configs,
                                  reference=reference, seed=seed, timeout=timeout)
         added += _append(log, task, target, results, confirm=True)
-    medians = {}
-    for r in added:
-        if r.error is None:
-            medians.setdefault(R.canonical(r.config), []).append(r.ms)
-    medians = {k: float(np.median(v)) for k, v in medians.items()}
-    if dkey in medians:
-        report.default_ms = medians[dkey]
-    if medians:
-        report.best_ms = min(medians.values())
     return added
 
 
@@ -202,7 +220,8 @@ def _shares(weights: list[float], budget: int) -> list[int]:
 
 
 def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, reference, known,
-               model, *, timeout, seed, patience, progress, client=None) -> None:
+               model, bar, *, timeout, seed, patience, client=None) -> None:
+    """The task's search: `share` trials at most, `bar` (or None) counting them."""
     task = report.task
     space = task.template.space(task.problem, target)
     done = R.measured(known, task.key, target.key)
@@ -213,44 +232,47 @@ def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, refer
         model.fit()
         search = ModelSearch(space, rng, done, model,
                              lambda c: _featurize(task, target, hooks, c))
-    bar = _bar(task, share, progress)
     since_better = 0
-    try:
-        while report.trials < share and since_better < patience:
-            batch = search.next(min(BATCH, share - report.trials))
-            if not batch:
-                break   # the space is exhausted
-            if client is None:
-                results = measure(hooks, task.kernel, target, batch, reference=reference,
-                                  seed=seed, timeout=timeout)
-            else:
-                results = measure_on(client, target.name, task.kernel, target, batch,
-                                     reference=reference, seed=seed, timeout=timeout)
-            known += _append(log, task, target, results)
-            if model is not None and report.default_ms is not None:
-                for result in results:
-                    if result.error is None:
-                        _learn(model, task, target, hooks, result.config,
-                               report.default_ms / result.ms)
-                model.fit()
+    while report.trials < share and since_better < patience:
+        batch = search.next(min(BATCH, share - report.trials))
+        if not batch:
+            break   # the space is exhausted
+        if client is None:
+            results = measure(hooks, task.kernel, target, batch, reference=reference,
+                              seed=seed, timeout=timeout)
+        else:
+            results = measure_on(client, target.name, task.kernel, target, batch,
+                                 reference=reference, seed=seed, timeout=timeout)
+        known += _append(log, task, target, results)
+        if model is not None and report.default_ms is not None:
             for result in results:
-                report.trials += 1
-                if result.error is not None:
-                    report.errors += 1
-                    since_better += 1
-                elif report.best_ms is None or result.ms < report.best_ms:
-                    report.best_ms = result.ms
-                    since_better = 0
-                else:
-                    since_better += 1
-            if bar is not None:
-                bar.set_postfix_str(_postfix(report))
-                bar.update(len(results))
-    finally:
+                if result.error is None:
+                    _learn(model, task, target, hooks, result.config,
+                           report.default_ms / result.ms)
+            model.fit()
+        for result in results:
+            report.trials += 1
+            if result.error is not None:
+                report.errors += 1
+                since_better += 1
+            elif report.best_ms is None or result.ms < report.best_ms:
+                report.best_ms = result.ms
+                since_better = 0
+            else:
+                since_better += 1
         if bar is not None:
-            bar.close()
-        elif progress:   # stderr is no terminal: a line per task, not a bar's redraws
-            logger.info("%s: %d trial(s), %s", task.name, report.trials, _postfix(report))
+            bar.set_postfix_str(_postfix(report))
+            bar.update(len(results))
+
+
+def _done(report: TaskReport, bar, progress: bool) -> None:
+    """The task's closing line, once confirmed: its bar's last state on a terminal, a log
+    line otherwise."""
+    if bar is not None:
+        bar.set_postfix_str(_postfix(report))
+        bar.close()
+    elif progress:   # stderr is no terminal: a line per task, not a bar's redraws
+        logger.info("%s: %d trial(s), %s", report.task.name, report.trials, _postfix(report))
 
 
 def _append(log, task: Task, target: Target, results, confirm: bool = False
@@ -276,7 +298,8 @@ def _bar(task: Task, total: int, progress: bool):
 def _postfix(report: TaskReport) -> str:
     best = "-" if report.best_ms is None else f"{report.best_ms:.3f}"
     default = "-" if report.default_ms is None else f"{report.default_ms:.3f}"
-    return f"best {best} ms, default {default} ms, errors {report.errors}"
+    confirmed = " (confirmed medians)" if report.confirmed else ""
+    return f"best {best} ms, default {default} ms{confirmed}, errors {report.errors}"
 
 
 def table(reports: list[TaskReport]) -> str:

@@ -102,7 +102,7 @@ class Executable(TargetHooks):
 
     @property
     def tuned(self) -> dict:
-        """Task key -> the config a tuning log measured best for it on this machine."""
+        """Task key -> the config its kernels take (`ProgramBuilder.tuned`)."""
         return self.builder.tuned
 
     @property

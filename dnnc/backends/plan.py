@@ -4,9 +4,10 @@
       -> steps (`ir.segments`): segments of nodes with a loop form, host fallbacks between
       -> per segment and input shapes seen, a `Program`: the segment's nodes specialised to
          the shapes (`ir.reinfer`), one kernel per fusion group (`lower_group`, then the
-         target's template with the tuned config where a tuning log has one:
-         `ProgramBuilder.schedule`), identical kernels found by structural signature,
-         constants and arena slots, the memory plan (`memory.plan_memory`) and the call order
+         target's template with the best-ranked config a tuning log has for its task that
+         the template accepts: `ProgramBuilder.schedule`), identical kernels found by
+         structural signature, constants and arena slots, the memory plan
+         (`memory.plan_memory`) and the call order
       -> the target renders the program's kernels and binds the plan into something callable
          (`contract.TargetHooks.compile_segment`).
 
@@ -34,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ArtifactError, CompileError, ConfigError
+from ..errors import ArtifactError, CompileError, ConfigError, TuningLogWarning
 from ..ir import loop as L
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
@@ -308,32 +309,55 @@ _IN_PLACE_PATTERNS = (Pattern.ELEMWISE, Pattern.BROADCAST)
 
 class ProgramBuilder:
     """Builds a segment's `Program` for given shapes the way one runtime compiles: each kernel
-    scheduled by the target's `schedule_kernel`, with the config a tuning log measured best
-    for its task where `tuned` (task key -> config) has one, and the memory planned with or
-    without reuse. Counts what it did: `tuned_kernels`, `plan_seconds`."""
+    scheduled by the target's `schedule_kernel`, with the best config a tuning log ranks for
+    its task that its template accepts where `tuned` has any, and the memory planned with or
+    without reuse. Counts what it did: `tuned_kernels`, `plan_seconds`.
+
+    `tuned` maps a task key to its configs best first (`autotune.records.ranked_configs`), or
+    to one config (an artifact's `tuned`, the configs its compile applied)."""
 
     def __init__(self, schedule_kernel: Callable[..., L.PrimFunc], reuse_memory: bool,
                  tuned: dict | None = None):
         self.schedule_kernel = schedule_kernel
         self.reuse_memory = reuse_memory
-        # task key -> the config a tuning log measured best for it on this machine
-        self.tuned = dict(tuned or {})
+        # task key -> the configs a tuning log ranks best first for it on this machine; those
+        # its template refused are dropped once met
+        self.ranked = {task: list(c) if isinstance(c, list) else [c]
+                       for task, c in (tuned or {}).items()}
         self.tuned_kernels = 0
         self.plan_seconds = 0.0
 
+    @property
+    def tuned(self) -> dict:
+        """Task key -> the config its kernels take: the best-ranked its template accepted
+        (what an artifact keeps)."""
+        return {task: configs[0] for task, configs in self.ranked.items() if configs}
+
     def schedule(self, kernel: Kernel) -> L.PrimFunc:
-        """The kernel's template with the tuned config where the tuning log has one for it,
-        else the template's default (also when the template no longer accepts a logged
-        config)."""
-        config = self.tuned.get(task_key(kernel.func)) if self.tuned else None
-        if config is not None:
+        """The kernel's template with the best-ranked config of its task that the template
+        accepts (a config the template refuses, one that breaks a constraint of its space:
+        a `TuningLogWarning`, and the next-best is tried), else the template's default."""
+        task = task_key(kernel.func) if self.ranked else None
+        configs = self.ranked.get(task, [])
+        refused = []
+        for k, config in enumerate(configs):
             try:
                 func = self.schedule_kernel(kernel, config)
             except ConfigError as exc:
-                warnings.warn(f"tuning log: {exc}; the default config is used", stacklevel=2)
-            else:
-                self.tuned_kernels += 1
-                return func
+                refused.append(exc)
+                continue
+            if refused:
+                self.ranked[task] = configs[k:]
+                warnings.warn(f"tuning log: {refused[0]}; the next-best record that its "
+                              f"template accepts is used ({len(refused)} refused)",
+                              TuningLogWarning, stacklevel=2)
+            self.tuned_kernels += 1
+            return func
+        if refused:
+            self.ranked[task] = []
+            warnings.warn(f"tuning log: {refused[0]}; no record of the task's "
+                          f"{len(refused)} is accepted: the default config is used",
+                          TuningLogWarning, stacklevel=2)
         return self.schedule_kernel(kernel)
 
     def build(self, step: Segment, shapes: tuple, values: tuple,

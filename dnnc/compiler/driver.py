@@ -127,8 +127,9 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
     `cache_size` bounds the shape specialisations a compiled target keeps per segment (least
     recently used dropped first; default 32). `tuning_log` is a log `dnnc tune` wrote: each
-    kernel takes the best config measured for it on this machine (`stats["tuned_kernels"]`
-    counts them; others keep their defaults). `passes`, `dump_ir`, `cache_size` and
+    kernel takes the best config measured for it on this machine that its template accepts
+    (`stats["tuned_kernels"]` counts them; others keep their defaults; a log that changes
+    none of them says so in one `TuningLogWarning`). `passes`, `dump_ir`, `cache_size` and
     `tuning_log` apply to the targets that compile code (llvm, cuda), `cpu` to llvm only
     (each target's registry entry lists its `options`; `using(option)` names the targets).
     `render_only` generates the code without the device that would run it (`dnnc compile
@@ -161,15 +162,15 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     machine = spec.target(cpu, precision)
     tuned = None
     if tuning_log is not None:
-        from ..autotune.records import best_configs, read
+        from ..autotune.records import ranked_configs, read, warn_unapplied
 
-        tuned = best_configs(read(tuning_log), machine.key)
+        tuned = ranked_configs(read(tuning_log), machine.key)
     entry = None
     if (compile_cache.enabled(cache is not False) and spec.cached
             and passes is None and dump_ir is None and cache_size is None and not render_only):
         entry = compile_cache.key(model, input_shapes, target, machine,
                                   {"opt_level": level, "outputs": outputs}, tuned)
-        hit = _cached(entry, start, tuning_log) if entry is not None else None
+        hit = _cached(entry, start, tuning_log, tuned, machine) if entry is not None else None
         if hit is not None:
             return hit
     graph = load_graph(model, input_shapes)
@@ -188,6 +189,7 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     model = CompiledModel(graph, runtime, target, stats)
     if tuning_log is not None:
         model.tuning = {"log": os.fspath(tuning_log), "records_applied": stats["tuned_kernels"]}
+        warn_unapplied(tuning_log, tuned, machine.key, stats["kernels"], stats["tuned_kernels"])
     if entry is not None:
         if stats["compile_seconds"] >= compile_cache.MIN_STORE_SECONDS:
             model.keep_in_cache(entry)
@@ -196,9 +198,9 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     return model
 
 
-def _cached(entry, start: float, tuning_log) -> CompiledModel | None:
+def _cached(entry, start: float, tuning_log, tuned, machine: Target) -> CompiledModel | None:
     """The compile cache's model for `entry` with this compile's time and tuning log in its
-    stats, or None on a miss."""
+    stats (a log that applied to none of its kernels says so), or None on a miss."""
     parts = compile_cache.lookup(entry)
     if parts is None:
         return None
@@ -208,6 +210,8 @@ def _cached(entry, start: float, tuning_log) -> CompiledModel | None:
     if tuning_log is not None:
         hit.tuning = {"log": os.fspath(tuning_log),
                       "records_applied": hit.stats.get("tuned_kernels", 0)}
+        warn_unapplied(tuning_log, tuned, machine.key, hit.stats.get("kernels", 0),
+                       hit.stats.get("tuned_kernels", 0))
     return hit
 
 

@@ -29,7 +29,9 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     scheduler (`tcp://HOST:8786`) whose workers measure the candidates (`pip install
     dnnc[cluster]`; each worker must be a machine like this one: others refuse).
     `precision` is the compile's (cuda only, `dnnc.compile`): its records carry it in their
-    target key, so they apply to compiles at that precision only."""
+    target key, so they apply to compiles at that precision only. A target whose device
+    this machine lacks (cuda without a GPU or CuPy) raises `DeviceError` before anything is
+    measured or logged."""
     import sys
 
     from ..autotune import tuner
@@ -55,6 +57,7 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
                             f"{search!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ArgumentError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    spec.require()   # the target's device (a GPU): measuring without it records only errors
     graph = load_graph(model, input_shapes)
     if not all(v.type.is_static for v in graph.inputs):
         dynamic = [f"{v.name} {list(v.type.shape)}" for v in graph.inputs

@@ -553,3 +553,25 @@ def test_ctrl_c_ends_dnnc_even_when_the_interrupt_is_swallowed():
     finally:
         process.kill()
     assert process.returncode == 130 and err == "dnnc: interrupted\n"
+
+
+def test_tune_for_a_gpu_target_without_a_gpu_is_one_line_and_exit_2(tmp_path, capsys):
+    """Issue 30: `dnnc tune --target cuda` on a machine without a GPU exited 0, printed
+    "tuned 3 task(s)" and wrote a log of error records, where compile, run and bench exit 2
+    with one line; now tune does the same, and writes no log."""
+    from dnnc.backends.registry import REGISTRY
+
+    spec = REGISTRY["cuda"]
+    if spec.available():
+        pytest.skip("this machine has a GPU")
+    model, log = mlp_file(tmp_path, capsys), tmp_path / "log.jsonl"
+    code, out, err = run_cli(capsys, "tune", model, "--target", "cuda", "--log", log,
+                             "--trials", "2")
+    with pytest.raises(dnnc.errors.DeviceError) as caught:
+        spec.require()
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [f"dnnc: error: {caught.value}"]
+    assert not log.exists()
+    with pytest.raises(dnnc.errors.DeviceError):   # the API too, before measuring anything
+        dnnc.tune(str(model), "cuda", log=log, trials=2, progress=False)
+    assert not log.exists()

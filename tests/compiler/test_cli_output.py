@@ -476,3 +476,25 @@ def test_a_bar_is_redrawn_during_a_long_step(monkeypatch):
         assert terminal.getvalue().count("\r") >= drawn + 3
     time.sleep(0.2)
     assert set(threading.enumerate()) <= before
+
+
+def test_tune_log_warnings_print_as_one_dnnc_line_each(tmp_path, mlp):
+    """Issue 30: a tuning log's warnings printed as Python's (a source path, the category,
+    the `warnings.warn` line under it) and a hostile line ended the command with status 3;
+    each is now one `dnnc: warning: ...` line, shown under -q, and the compile succeeds."""
+    log = tmp_path / "log.jsonl"
+    good = json.dumps({"task": "t1", "template": "dense", "target": "llvm:other-cpu:+a",
+                       "config": {"mr": 4}, "ms": 0.5})
+    log.write_text("{not json\n" + good.replace('"ms": 0.5', '"ms": 1' + "0" * 400) + "\n"
+                   + good + "\n")
+    code, out, err = dnnc_command("compile", mlp, "--target", "llvm", "-o",
+                                  tmp_path / "m.dnnc", "--tuning-log", log, "-q", cwd=tmp_path)
+    assert code == 0, err
+    cpu = REGISTRY["llvm"].target().cpu
+    assert err.splitlines() == [
+        f"dnnc: warning: {log}:1: skipped (not JSON: Expecting property name enclosed in "
+        f"double quotes)",
+        f"dnnc: warning: {log}:2: skipped (unreadable: OverflowError: int too large to "
+        f"convert to float)",
+        f"dnnc: warning: tuning log {log}: no record for this machine (llvm:{cpu}, its "
+        f"features and precision): every kernel keeps its default config"], err

@@ -17,7 +17,8 @@
 
 Every command takes -q (warnings and errors only), -v (debug details too) and --json (its
 result as one JSON object on stdout instead of text). Messages go through the `dnnc` logger
-(`dnnc/log.py`) as `dnnc: ...` lines on stderr; results go to stdout.
+(`dnnc/log.py`) as `dnnc: ...` lines on stderr, dnnc's warnings (`errors.DNNCWarning`) as one
+`dnnc: warning: ...` line each; results go to stdout.
 
 Every option is checked before any work starts, every failure ends in one line on stderr, and
 `main` maps outcomes to exit statuses in one table (`exits.EXIT_STATUS`, docs/cli.md "Exit
@@ -38,6 +39,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 
 # numpy imports its random package on first use; Cython's module setup there swallows any
 # exception, so a Ctrl-C that lands in it was lost and `dnnc bench` ran on (seen 1 in ~25
@@ -75,11 +77,26 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, on_interrupt) if in_main_thread else None
     on_interrupt.pending = False
+    show = warnings.showwarning
+    warnings.showwarning = _one_line_warnings(show)
     try:
         return _main(argv)
     finally:
+        warnings.showwarning = show
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+def _one_line_warnings(fallback):
+    """A `warnings.showwarning` that prints dnnc's own warnings (a class of the dnnc
+    package: `errors.DNNCWarning`'s) as one `dnnc: warning: ...` line through the dnnc
+    logger (shown under -q), without Python's source path and line; others as `fallback`."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.split(".")[0] != "dnnc":
+            return fallback(message, category, filename, lineno, file, line)
+        text = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        LOGGER.warning("warning: %s", text)
+    return show
 
 
 def _main(argv: list[str] | None) -> int:

@@ -50,9 +50,11 @@ def add_parser(sub, targets: list[str], default: str):
 
 def run(args) -> int:
     from ...autotune.tuner import table
+    from ...backends.registry import REGISTRY
     from ..tune import tune
 
     shapes = dict(parse_input_shape(s) for s in args.input_shape)
+    REGISTRY[args.target].require()   # no GPU: one line, before any progress or log
     check_writable(Path(args.log), "--log")
     log.info(f"importing {args.model}")
     graph = import_graph(args.model, shapes)
