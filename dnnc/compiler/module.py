@@ -19,7 +19,7 @@ from ..backends.registry import REGISTRY, source_kinds
 from ..errors import ArgumentError, CompileError, InputError, OutOfMemoryError
 from ..ir.graph import Graph
 from ..ir.interpreter import shape_mismatch
-from ..ir.types import TensorType
+from ..ir.types import TensorType, shape_text
 from . import artifact
 from . import cache as compile_cache
 from .arguments import check_int, check_returns
@@ -302,7 +302,7 @@ class CompiledModel:
             problem = shape_mismatch(expected, array, bindings)
             if problem:
                 raise InputError(f"input {name!r}: expected {expected}, given "
-                                 f"{array.dtype}{list(array.shape)} ({problem})")
+                                 f"{array.dtype}{shape_text(array.shape)} ({problem})")
             arrays.append(array)
         return arrays, bindings
 

@@ -57,7 +57,7 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
         raise ArgumentError(f"timeout must be a positive number of seconds, not {timeout!r}")
     graph = load_graph(model, input_shapes)
     if not all(v.type.is_static for v in graph.inputs):
-        dynamic = [f"{v.name} {list(v.type.shape)}" for v in graph.inputs
+        dynamic = [f"{v.name} {v.type}" for v in graph.inputs
                    if not v.type.is_static]
         raise ArgumentError(f"tuning needs static input shapes; give input_shapes for "
                             f"{', '.join(dynamic)}")
