@@ -57,7 +57,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
-from dnnc.compiler.module import call_times_ms  # noqa: E402
+from dnnc.compiler.module import call_times_ms, warm_up  # noqa: E402
 from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm.cpu import cpu_from, host_target  # noqa: E402
 
@@ -150,6 +150,14 @@ def ort_session(ort, model, threads: int, spin: str | None):
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     return ort.InferenceSession(model.SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
+
+
+def own_code(compiled, fn, name: str) -> None:
+    """Warm `compiled` up until `fn` runs its batch size's own code (`module.warm_up`), so no
+    timed call runs on another size's code in slices; say so when it cannot."""
+    if not warm_up(compiled, fn, 2):
+        print(f"# {name}: still runs on another batch size's code; timed as it runs",
+              flush=True)
 
 
 def median_ms(fn, repeat: int, warmup: int = 2, pause: float = 1.0) -> float:
@@ -294,6 +302,7 @@ def main() -> None:
         # blocks of each alone, interleaved (the median block each): a pause before each
         # lets the other's threads stop spinning (onnxruntime's spin 10-30 ms after a call)
         session = ort_session(ort, model, threads, args.ort_spin)
+        own_code(compiled, lambda: compiled.run(*inputs.values()), name)
         blocks: dict[str, list[float]] = {"dnnc": [], "ort": []}
         for _ in range(args.alone_blocks):
             blocks["dnnc"].append(median_ms(lambda: compiled.run(*inputs.values()),
@@ -329,6 +338,7 @@ def main_load(args, ort) -> None:
             session = ort_session(ort, model, threads, args.ort_spin)
             ours = lambda: compiled.run(*inputs.values())   # noqa: E731
             peer = lambda: session.run(None, inputs)         # noqa: E731
+            own_code(compiled, ours, name)
             rows.append(load_busy(name, ours, peer, args, busy) if busy
                         else load_alternate(name, ours, peer, args))
     finally:
@@ -371,7 +381,7 @@ def main_new_batch(args, ort) -> None:
             again = median_ms(lambda: compiled.run(*inputs.values()), args.repeat)
             own_model = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
             own_model.runtime.specialize_after = None
-            own_model.run(*inputs.values())   # its compile, for this size (not timed)
+            own_code(own_model, lambda: own_model.run(*inputs.values()), name)  # its compile
             own = median_ms(lambda: own_model.run(*inputs.values()), args.repeat)
             peer = median_ms(lambda: session.run(None, inputs), args.repeat)
             print(f"{name:20} {n:5d} {first_ms:9.1f} {'yes' if split else 'no':>5} "

@@ -378,16 +378,18 @@ def bert(batch=1, layers: int = 2, hidden: int = 128, heads: int = 2, seq: int =
                          seed=seed, batch=batch))
 
 
+_BERT_TINY = {"layers": 2, "hidden": 128, "heads": 2, "seq": 128}
+_BERT_BASE = {"layers": 12, "hidden": 768, "heads": 12, "seq": 128}
+
+
 def bert_tiny(batch=1, **config) -> onnx.ModelProto:
     """BERT-Tiny (Turc et al. 2019): 2 layers, hidden 128, 2 heads; sequence 128."""
-    return bert(batch, **{"layers": 2, "hidden": 128, "heads": 2, "seq": 128,
-                          "name": "bert_tiny", **config})
+    return bert(batch, **{**_BERT_TINY, "name": "bert_tiny", **config})
 
 
 def bert_base(batch=1, **config) -> onnx.ModelProto:
     """BERT-Base: 12 layers, hidden 768, 12 heads, intermediate 3072; sequence 128."""
-    return bert(batch, **{"layers": 12, "hidden": 768, "heads": 12, "seq": 128,
-                          "name": "bert_base", **config})
+    return bert(batch, **{**_BERT_BASE, "name": "bert_base", **config})
 
 
 MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
@@ -403,20 +405,26 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
 """Model name -> builder(batch=1, **config) -> onnx.ModelProto."""
 
 
-# presets: (the general builder, its parameters the preset fixes)
+# presets: (the general builder, its parameters the preset fixes, the defaults it changes)
 _PRESETS = {
-    resnet18: (resnet, ("layers", "bottleneck", "name")),
-    resnet50: (resnet, ("layers", "bottleneck", "name")),
-    bert_tiny: (bert, ()),
-    bert_base: (bert, ()),
+    resnet18: (resnet, ("layers", "bottleneck", "name"), {}),
+    resnet50: (resnet, ("layers", "bottleneck", "name"), {}),
+    bert_tiny: (bert, (), _BERT_TINY),
+    bert_base: (bert, (), _BERT_BASE),
 }
 
 
 def config_options(name: str) -> list[str]:
     """The config keys a model's builder accepts (besides `batch`)."""
-    builder, fixed = _PRESETS.get(MODELS[name], (MODELS[name], ()))
-    return [k for k in inspect.signature(builder).parameters
-            if k not in ("batch", "name") and k not in fixed]
+    return list(config_defaults(name))
+
+
+def config_defaults(name: str) -> dict:
+    """Each config key a model's builder accepts (besides `batch`) -> its default (None for
+    `bert`'s `intermediate`: 4 * hidden)."""
+    builder, fixed, changed = _PRESETS.get(MODELS[name], (MODELS[name], (), {}))
+    return {k: changed.get(k, p.default) for k, p in inspect.signature(builder).parameters.items()
+            if k not in ("batch", "name") and k not in fixed}
 
 
 def build(name: str, batch=1, **config) -> onnx.ModelProto:
@@ -427,7 +435,7 @@ def build(name: str, batch=1, **config) -> onnx.ModelProto:
     if unknown:
         raise ValueError(f"zoo model {name!r} has no option(s) {', '.join(unknown)}; its "
                          f"options are {', '.join(config_options(name))}")
-    builder, _ = _PRESETS.get(MODELS[name], (MODELS[name], ()))
+    builder = _PRESETS.get(MODELS[name], (MODELS[name],))[0]
     defaults = {k: p.default for k, p in inspect.signature(builder).parameters.items()}
     for key, value in config.items():
         _check_option(key, value, defaults[key])

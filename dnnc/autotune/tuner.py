@@ -295,11 +295,18 @@ def _bar(task: Task, total: int, progress: bool):
                 leave=True, dynamic_ncols=True)
 
 
+def ms_text(ms: float | None) -> str:
+    """Milliseconds as the progress line and the table print them: 3 decimals from 1 ms up,
+    3 significant digits below (a 4 us kernel read "0.000 ms" at 3 decimals); "-" for none."""
+    if ms is None:
+        return "-"
+    return f"{ms:.3f}" if ms >= 1 else f"{ms:.3g}"
+
+
 def _postfix(report: TaskReport) -> str:
-    best = "-" if report.best_ms is None else f"{report.best_ms:.3f}"
-    default = "-" if report.default_ms is None else f"{report.default_ms:.3f}"
     confirmed = " (confirmed medians)" if report.confirmed else ""
-    return f"best {best} ms, default {default} ms{confirmed}, errors {report.errors}"
+    return (f"best {ms_text(report.best_ms)} ms, default {ms_text(report.default_ms)} ms"
+            f"{confirmed}, errors {report.errors}")
 
 
 def table(reports: list[TaskReport]) -> str:
@@ -307,8 +314,7 @@ def table(reports: list[TaskReport]) -> str:
     lines = [f"{'task':44} {'count':>5} {'default ms':>10} {'best ms':>9} {'speedup':>7} "
              f"{'trials':>6} {'errors':>6}"]
     for r in sorted(reports, key=lambda r: -r.weight):
-        default = "-" if r.default_ms is None else f"{r.default_ms:.3f}"
-        best = "-" if r.best_ms is None else f"{r.best_ms:.3f}"
+        default, best = ms_text(r.default_ms), ms_text(r.best_ms)
         speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
         lines.append(f"{r.task.name[:44]:44} {r.task.count:5d} {default:>10} {best:>9} "
                      f"{speed:>7} {r.trials:6d} {r.errors:6d}")

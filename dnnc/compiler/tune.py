@@ -60,7 +60,7 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     spec.require()   # the target's device (a GPU): measuring without it records only errors
     graph = load_graph(model, input_shapes)
     if not all(v.type.is_static for v in graph.inputs):
-        dynamic = [f"{v.name} {list(v.type.shape)}" for v in graph.inputs
+        dynamic = [f"{v.name} {v.type}" for v in graph.inputs
                    if not v.type.is_static]
         raise ArgumentError(f"tuning needs static input shapes; give input_shapes for "
                             f"{', '.join(dynamic)}")

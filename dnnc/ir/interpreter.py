@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import DNNCError
 from .graph import Graph, Node, Value
 from .ops.registry import get_op
-from .types import TensorType, _parse
+from .types import TensorType, _parse, shape_text
 
 _ENV: contextvars.ContextVar[ChainMap | None] = contextvars.ContextVar("dnnc_env", default=None)
 
@@ -108,11 +108,11 @@ def shape_mismatch(expected: TensorType, array: np.ndarray,
     if array.dtype != expected.dtype.np:
         return f"dtype {array.dtype} where {expected.dtype.name} was inferred"
     if array.ndim != expected.rank:
-        return f"shape {list(array.shape)} where {expected} was inferred"
+        return f"shape {shape_text(array.shape)} where {expected} was inferred"
     for want, got in zip(expected.shape, array.shape):
         if isinstance(want, int):
             if want != got:
-                return f"shape {list(array.shape)} where {expected} was inferred"
+                return f"shape {shape_text(array.shape)} where {expected} was inferred"
             continue
         parsed = _parse(want)
         if parsed is None:
@@ -120,12 +120,12 @@ def shape_mismatch(expected: TensorType, array: np.ndarray,
         coef, names = parsed
         if len(names) == 1 and coef == 1:
             if bindings.setdefault(want, got) != got:
-                return (f"shape {list(array.shape)}: symbolic dim {want!r} is "
+                return (f"shape {shape_text(array.shape)}: symbolic dim {want!r} is "
                         f"{bindings[want]} elsewhere")
         elif all(n in bindings for n in names):
             size = coef
             for n in names:
                 size *= bindings[n]
             if size != got:
-                return f"shape {list(array.shape)} where {expected} was inferred"
+                return f"shape {shape_text(array.shape)} where {expected} was inferred"
     return None

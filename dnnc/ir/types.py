@@ -117,7 +117,7 @@ class TensorType:
         return TensorType(self.dtype, tuple(shape))
 
     def __str__(self) -> str:
-        return f"{self.dtype.name}[{','.join(str(d) for d in self.shape)}]"
+        return f"{self.dtype.name}{shape_text(self.shape)}"
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, TensorType) and self.dtype is other.dtype
@@ -232,3 +232,9 @@ def broadcast_shapes(*shapes: tuple[Dim, ...]) -> tuple[Dim, ...]:
                 dim = d
         out.append(dim)
     return tuple(out)
+
+
+def shape_text(shape) -> str:
+    """`[2,3]`, `[N,784]`: a shape as every message prints it (`TensorType`'s own form), so an
+    expected and a given shape read alike in one message."""
+    return f"[{','.join(str(d) for d in shape)}]"

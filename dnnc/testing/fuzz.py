@@ -278,11 +278,11 @@ class _DeadlineReader:
         self.stream = stream
         self.deadline = deadline
 
-    def read(self, n: int) -> bytes:
+    def readinto(self, buffer) -> int:
         left = self.deadline - time.monotonic()
         if left <= 0 or not select.select([self.stream], [], [], left)[0]:
             raise TimeoutError
-        return self.stream.read(n)
+        return self.stream.readinto(buffer)
 
 
 def numpy_outputs(model: bytes, runs: list[dict]) -> list[list[np.ndarray]]:

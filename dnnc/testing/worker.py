@@ -20,23 +20,36 @@ HEADER = struct.Struct("<Q")
 
 
 def read_message(stream):
-    """One message from a binary stream, or None at end of file."""
-    head = stream.read(HEADER.size)
-    if len(head) < HEADER.size:
+    """One message from a binary stream, or None at end of file. The body is read into a
+    buffer of the size its header gives: appending chunks (a pipe hands out 64 KiB at a time)
+    copied a 150 MB reply ~2400 times and took 121 s (issue 30)."""
+    head = _read_exactly(stream, HEADER.size)
+    if head is None:
         return None
     size, = HEADER.unpack(head)
-    data = b""
-    while len(data) < size:
-        chunk = stream.read(size - len(data))
-        if not chunk:
+    data = _read_exactly(stream, size)
+    return None if data is None else pickle.loads(data)
+
+
+def _read_exactly(stream, size: int) -> bytearray | None:
+    """`size` bytes read with `stream.readinto`, or None if the stream ends first."""
+    data = bytearray(size)
+    view = memoryview(data)
+    got = 0
+    while got < size:
+        n = stream.readinto(view[got:])
+        if not n:
             return None
-        data += chunk
-    return pickle.loads(data)
+        got += n
+    return data
 
 
 def write_message(stream, obj) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(HEADER.pack(len(data)) + data)
+    stream.write(HEADER.pack(len(data)))
+    view = memoryview(data)
+    while view:   # an unbuffered pipe may take part of a large write
+        view = view[stream.write(view):]
     stream.flush()
 
 

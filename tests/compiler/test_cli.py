@@ -1,7 +1,9 @@
 """The `dnnc` command: `zoo` writes models, `inspect` summarises them (exact counts and FLOPs
 for an MLP), `--ir` prints the graph, and user mistakes end in one line and exit status 2."""
 
+import inspect
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +62,11 @@ def test_zoo_list(capsys):
     code, out, _ = run_cli(capsys, "zoo", "--list")
     assert code == 0
     assert {line.split()[0] for line in out.splitlines()} == set(zoo.MODELS)
+    # each option with its default (issue 30), a preset's own defaults included
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert "in_features=784, hidden=(256, 128), classes=10, seed=0" in lines["mlp"]
+    assert "layers=12, hidden=768, heads=12" in lines["bert_base"]
+    assert "layers=2, hidden=128" in lines["bert_tiny"]
 
 
 def mlp_flops(batch, sizes):
@@ -300,6 +307,41 @@ def test_bench_prints_medians(tmp_path, capsys):
         assert all(r[2] == "n/a" for r in rows)
     else:
         assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+
+
+def test_bench_times_each_batch_size_on_its_own_code(tmp_path, capsys, monkeypatch):
+    # issue 30: a new size runs on another size's code in slices while its own compiles in
+    # the background; timed then, batch 64 after batch 1 read 5.5x onnxruntime (1.01x alone)
+    from dnnc.compiler.cli import bench
+
+    path = mlp_file(tmp_path, capsys, batch="N")
+    models, timed_splits = [], []
+    model_for = bench.model_for
+    monkeypatch.setattr(bench, "model_for", lambda *a: models.append(model_for(*a)) or
+                        models[-1])
+    call_times_ms = bench.call_times_ms
+
+    def timed(fn, repeat, warmup):   # the split calls among the timed calls alone
+        for _ in range(warmup):
+            fn()
+        rt = models[0].runtime
+        before = rt.split_calls
+        times = call_times_ms(fn, repeat, 0)
+        timed_splits.append(rt.split_calls - before)
+        return times
+
+    monkeypatch.setattr(bench, "call_times_ms", timed)
+    code, out, err = run_cli(capsys, "bench", path, "--repeat", "4", "--warmup", "1",
+                             "--batch", "1,8,3", "--target", "llvm", "--no-onnxruntime",
+                             "--no-cache", "--json")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert [r["batch"] for r in rows] == [1, 8, 3]
+    assert timed_splits == [0, 0, 0]
+    assert [r["batch_split_calls"] for r in rows] == [0, 0, 0]
+    rt = models[0].runtime
+    assert rt.split_calls > 0   # sizes 8 and 3 did start on another size's code
+    assert {s.shapes[0][0] for s in rt.compiled_segments()} >= {1, 3, 8}
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -575,3 +617,119 @@ def test_tune_for_a_gpu_target_without_a_gpu_is_one_line_and_exit_2(tmp_path, ca
     with pytest.raises(dnnc.errors.DeviceError):   # the API too, before measuring anything
         dnnc.tune(str(model), "cuda", log=log, trials=2, progress=False)
     assert not log.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# what a new user met (issue 30, item 16)
+
+
+def test_common_flags_go_before_the_command_too(tmp_path, capsys):
+    mlp = mlp_file(tmp_path, capsys)
+    code, out, err = run_cli(capsys, "-q", "compile", mlp, "-o", tmp_path / "m.dnnc",
+                             "--no-cache")
+    assert code == 0 and err == "" and out.startswith("wrote ")
+    code, out, err = run_cli(capsys, "--json", "-q", "inspect", mlp)
+    assert code == 0 and json.loads(out)["op_counts"]["Gemm"] == 3
+    code, out, err = run_cli(capsys, "-v", "compile", mlp, "-o", tmp_path / "m.dnnc",
+                             "--no-cache")
+    assert code == 0 and "dnnc: pass fuse_ops:" in err
+    code, _, err = run_cli(capsys, "-q", "compile", mlp, "-v")
+    assert code == 2 and err == "dnnc: error: -q and -v exclude each other (see dnnc --help)\n"
+
+
+def test_tune_names_its_option_and_checks_it_before_importing(tmp_path, capsys):
+    sym = mlp_file(tmp_path, capsys, batch="N")
+    log = tmp_path / "t.jsonl"
+    code, _, err = run_cli(capsys, "tune", sym, "--log", log)
+    assert code == 2 and "input_shapes" not in err
+    assert err.strip().splitlines()[-1] == (
+        "dnnc: error: tuning needs static input shapes; fix them with --input-shape, e.g. "
+        "--input-shape input=1,20")
+    code, _, err = run_cli(capsys, "tune", sym, "--log", log, "--timeout", "0")
+    assert code == 2 and err == ("dnnc: error: argument --timeout: must be a positive number "
+                                 "of seconds, not 0 (see dnnc tune --help)\n")
+    assert not log.exists()
+
+
+@pytest.mark.parametrize("command", [["compile"], ["tune", "--log", "t.jsonl"]])
+def test_a_missing_model_is_refused_before_importing_it(tmp_path, capsys, monkeypatch,
+                                                        command):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, command[0], "nope.onnx", *command[1:])
+    assert code == 2 and err == "dnnc: error: model file 'nope.onnx' does not exist\n"
+
+
+def test_draw_refuses_a_file_it_would_not_write_as_named(tmp_path, capsys):
+    mlp = mlp_file(tmp_path, capsys)
+    code, _, err = run_cli(capsys, "inspect", mlp, "--draw", tmp_path / "r18.png")
+    assert code == 2 and "--draw writes SVG: name the file .svg" in err
+    assert not (tmp_path / "r18.png").exists()
+
+
+def test_run_says_what_is_wrong_with_an_input_file(tmp_path, capsys):
+    mlp = mlp_file(tmp_path, capsys)
+    (tmp_path / "text.onnx").write_text("not numbers\n")
+    np.save(tmp_path / "obj.npy", np.array([None, 1], dtype=object), allow_pickle=True)
+    np.savez(tmp_path / "one.npz", x=np.ones((2, 20), np.float32))
+    np.savez(tmp_path / "two.npz", a=np.ones(2), b=np.ones(3))
+    np.save(tmp_path / "wide.npy", np.ones((2, 3), np.float32))
+    for file, message in [("text.onnx", "not a NumPy file (.npy, or .npz of one array"),
+                          ("obj.npy", "an .npy of Python objects (dtype object)"),
+                          ("two.npz", "holds 2 arrays (a, b); give a file of one array"),
+                          # one way of printing shapes in one message
+                          ("wide.npy", "expected float32[2,20], given float32[2,3] (shape "
+                                       "[2,3] where float32[2,20] was inferred)")]:
+        code, _, err = run_cli(capsys, "run", mlp, "--input", f"input={tmp_path / file}",
+                               "-q")
+        assert code == 2 and message in err and "pickle" not in err, err
+    code, out, err = run_cli(capsys, "run", mlp, "--input", f"input={tmp_path / 'one.npz'}",
+                             "-q")
+    assert code == 0 and out.startswith("logits: float32[2, 5]"), err
+
+
+def test_tune_prints_tiny_kernel_times_with_their_digits():
+    from types import SimpleNamespace
+
+    from dnnc.autotune.tuner import TaskReport, _postfix, table
+
+    report = TaskReport(SimpleNamespace(name="dense [n]", count=1), default_ms=0.00412,
+                        best_ms=0.00371)
+    assert _postfix(report) == "best 0.00371 ms, default 0.00412 ms, errors 0"
+    row = table([report]).splitlines()[1].split()
+    assert row[3:6] == ["0.00412", "0.00371", "1.11x"]
+    slow = TaskReport(SimpleNamespace(name="dense [n]", count=1), default_ms=12.3456,
+                      best_ms=None)
+    assert _postfix(slow) == "best - ms, default 12.346 ms, errors 0"
+
+
+def _section(doc: str, heading: str) -> str:
+    text = (REPO / "docs" / doc).read_text()
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def test_docs_bench_example_runs_as_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    section = _section("cli.md", "## `dnnc bench`")
+    example = section.split("```")[3]   # the first example (the usage block is first)
+    lines = [line[2:].split("#")[0].split() for line in example.splitlines()
+             if line.startswith("$ dnnc ")]
+    assert [line[1] for line in lines] == ["zoo", "bench"]
+    for argv in lines:
+        argv = argv[1:] + (["--repeat", "3", "--warmup", "1", "--no-cache"]
+                           if argv[1] == "bench" else [])
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 0, (argv, err)
+
+
+def test_docs_name_the_passes_bisection_runs_and_jit_s_default_target():
+    from dnnc.passes.manager import PIPELINE
+
+    section = _section("cli.md", "## dnnc compare")
+    listed = section[section.index("passes of the pipeline ("):].split(")")[0]
+    assert re.findall(r"`(\w+)`", listed)[:len(PIPELINE)] == [n for n, _, _ in PIPELINE]
+    heading = next(line for line in (REPO / "docs" / "tracing.md").read_text().splitlines()
+                   if line.startswith("## `dnnc.jit("))
+    parameters = inspect.signature(dnnc.jit).parameters
+    assert f"target={parameters['target'].default!r}" in heading

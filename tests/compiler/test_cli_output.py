@@ -88,7 +88,9 @@ def test_compile_messages_quiet_default_and_verbose(tmp_path, mlp):
 
 def test_json_of_zoo_inspect_compile_run_and_compare(tmp_path, mlp):
     code, out, err = dnnc_command("zoo", "--list", "--json", cwd=tmp_path)
-    assert code == 0 and json.loads(out) == {n: zoo.config_options(n) for n in zoo.MODELS}
+    defaults = {n: zoo.config_defaults(n) for n in zoo.MODELS}   # tuples as JSON lists
+    assert code == 0 and json.loads(out) == json.loads(json.dumps(defaults))
+    assert list(json.loads(out)["mlp"]) == zoo.config_options("mlp")
     code, out, _ = dnnc_command("zoo", "cnn", "-o", tmp_path / "c.onnx", "--json", cwd=tmp_path)
     doc = json.loads(out)
     assert code == 0 and doc["model"] == "cnn" and doc["parameters"] > 0 and doc["nodes"] > 10

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +187,34 @@ def test_a_worker_killed_by_a_signal_is_a_crash_and_a_hang_a_timeout(monkeypatch
         assert worker.restarts == 2
     finally:
         worker.stop()
+
+
+BIG_OUTPUT_WORKER = """
+import os, sys, numpy as np
+from dnnc.testing.worker import read_message, write_message
+channel = os.fdopen(os.dup(1), "wb")
+while (request := read_message(sys.stdin.buffer)) is not None:
+    write_message(channel, {"outputs": [[np.full(request["size"], 7, np.uint8)]]})
+"""
+
+
+def test_a_big_output_comes_back_well_within_the_timeout(monkeypatch):
+    # issue 30: replies were read by appending 64 KiB chunks, so a 150 MB output took 121 s
+    # and was reported as a timeout; read into a buffer of the header's size it takes ~0.3 s
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    worker = fuzz.Worker(1, timeout=30, argv=[sys.executable, "-c", BIG_OUTPUT_WORKER])
+    size = 150 * 2**20
+    try:
+        start = time.monotonic()
+        worker.submit({"size": size})
+        reply = worker.result()
+        elapsed = time.monotonic() - start
+    finally:
+        worker.stop()
+    assert "timeout" not in reply and "crash" not in reply, reply
+    out = reply["outputs"][0][0]
+    assert out.shape == (size,) and out[0] == 7 and out[-1] == 7
+    assert elapsed < 15, f"{elapsed:.1f} s for a 150 MB reply"
 
 
 def test_fuzz_saves_and_minimises_a_crash(tmp_path, monkeypatch):

@@ -16,9 +16,10 @@
     dnnc compare MODEL.onnx [--target llvm] [--bisect-passes] [--rtol R --atol A]
 
 Every command takes -q (warnings and errors only), -v (debug details too) and --json (its
-result as one JSON object on stdout instead of text). Messages go through the `dnnc` logger
-(`dnnc/log.py`) as `dnnc: ...` lines on stderr, dnnc's warnings (`errors.DNNCWarning`) as one
-`dnnc: warning: ...` line each; results go to stdout.
+result as one JSON object on stdout instead of text), after its name or before it
+(`dnnc -q compile ...`). Messages go through the `dnnc` logger (`dnnc/log.py`) as `dnnc: ...`
+lines on stderr, dnnc's warnings (`errors.DNNCWarning`) as one `dnnc: warning: ...` line each;
+results go to stdout.
 
 Every option is checked before any work starts, every failure ends in one line on stderr, and
 `main` maps outcomes to exit statuses in one table (`exits.EXIT_STATUS`, docs/cli.md "Exit
@@ -49,7 +50,7 @@ import numpy.random  # noqa: F401
 from ...log import LOGGER, set_verbosity
 from . import bench, compare, compile, inspect, run, tune, zoo
 from .exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUS, on_interrupt, one_line
-from .options import Parser, common_options
+from .options import Parser, common_options, settle_common_options
 from .version import Version
 
 COMMANDS = (zoo, inspect, compile, run, bench, tune, compare)
@@ -57,7 +58,8 @@ COMMANDS = (zoo, inspect, compile, run, bench, tune, compare)
 
 
 def build_parser() -> Parser:
-    """The `dnnc` parser: `--version`, and each of `COMMANDS` with -q, -v and --json."""
+    """The `dnnc` parser: `--version`, and each of `COMMANDS`; -q, -v and --json before the
+    command or after it."""
     from ...backends.registry import default_target, fastest_first
 
     targets, default = fastest_first(), default_target()
@@ -66,6 +68,7 @@ def build_parser() -> Parser:
                                  "models.")
     parser.add_argument("--version", action=Version, help="print dnnc's version, its "
                         "targets with the libraries they use, and the default target")
+    common_options(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         common_options(command.add_parser(sub, targets, default))
@@ -104,6 +107,7 @@ def _main(argv: list[str] | None) -> int:
     level = LOGGER.level
     try:
         args = build_parser().parse_args(argv)
+        settle_common_options(args)
         set_verbosity(args.quiet, args.verbose)
         return args.run(args)
     except BrokenPipeError:  # `dnnc inspect --ir model.onnx | head`

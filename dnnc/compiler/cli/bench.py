@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ...version import __version__
-from ..module import call_times_ms
+from ..module import call_times_ms, warm_up
 from .exits import UsageError
 from .models import model_for, random_inputs
 from .options import (cache_option, check_writable, int_at_least, parse_input_shape,
@@ -42,7 +42,8 @@ def add_parser(sub, targets: list[str], default: str):
     bench.add_argument("--repeat", type=int_at_least(1), default=50,
                        help="timed calls (default 50)")
     bench.add_argument("--warmup", type=int_at_least(0), default=5,
-                       help="untimed calls first (default 5)")
+                       help="untimed calls first (default 5), and more until a new batch "
+                            "size runs its own code (compiled in the background meanwhile)")
     bench.add_argument("--batch", help="batch sizes for a symbolic batch dim, e.g. 1,8")
     bench.add_argument("--threads", type=int_at_least(1), default=None,
                        help="threads for dnnc and onnxruntime (default: DNNC_NUM_THREADS, "
@@ -184,11 +185,21 @@ def _header(args, model, machine, ort_version: str | None) -> str:
 
 def _time_batch(args, model, session, feeds: dict, batch: int | None) -> tuple[str, dict]:
     """One batch size's row of the table: dnnc's median, p90 and p99 and throughput, and
-    onnxruntime's median on the same inputs; and the batch as the table labels it."""
+    onnxruntime's median on the same inputs; and the batch as the table labels it. dnnc is
+    timed once the size runs its own code (`warm_up`); `batch_split_calls` counts the timed
+    segment calls that still ran on another size's code (0 unless warned)."""
     # NumPy in and out, as onnxruntime's: a GPU target's time includes its copies
     args_in = [feeds[n] for n in model.input_names]
-    samples = call_times_ms(lambda: model.run(*args_in, to="numpy"), args.repeat,
-                            args.warmup)
+    call = lambda: model.run(*args_in, to="numpy")   # noqa: E731
+    label = "-" if batch is None else str(batch)
+    if batch is None and model.input_types and model.input_types[0].rank:
+        label = str(next(iter(feeds.values())).shape[0]) if feeds else "-"
+    if not warm_up(model, call, args.warmup):
+        log.warning(f"batch {label}: still runs on another batch size's code (its own did "
+                    f"not compile); timed as it runs")
+    splits = getattr(model.runtime, "split_calls", 0)
+    samples = call_times_ms(call, args.repeat, 0)
+    splits = getattr(model.runtime, "split_calls", 0) - splits
     ours = float(np.median(samples))
     p90, p99 = (float(np.percentile(samples, q)) for q in (90, 99))
     theirs = None
@@ -197,14 +208,12 @@ def _time_batch(args, model, session, feeds: dict, batch: int | None) -> tuple[s
         ort_feeds = {n: feeds[n] for n in names if n in feeds}
         theirs = float(np.median(call_times_ms(lambda: session.run(None, ort_feeds),
                                                args.repeat, args.warmup)))
-    label = "-" if batch is None else str(batch)
-    if batch is None and model.input_types and model.input_types[0].rank:
-        label = str(next(iter(feeds.values())).shape[0]) if feeds else "-"
     items = int(label) if label.isdigit() else 1
     return label, {"batch": int(label) if label.isdigit() else None, "dnnc_ms": ours,
                    "dnnc_p90_ms": p90, "dnnc_p99_ms": p99,
                    "throughput_per_s": items * 1e3 / ours,
-                   "onnxruntime_ms": theirs, "ratio": ours / theirs if theirs else None}
+                   "onnxruntime_ms": theirs, "ratio": ours / theirs if theirs else None,
+                   "batch_split_calls": splits}
 
 
 def _format_row(label: str, row: dict) -> str:

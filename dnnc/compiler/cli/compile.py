@@ -14,9 +14,9 @@ import logging
 from pathlib import Path
 
 from .exits import UsageError
-from .models import import_graph
-from .options import (cache_option, check_writable, parse_input_shape, precision_option,
-                      print_json, shape_option)
+from .models import check_model_file, import_graph
+from .options import (cache_option, check_writable, example_shape, parse_input_shape,
+                      precision_option, print_json, shape_option)
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,12 @@ def run(args) -> int:
         check_writable(output, "-o")
     if args.dump_ir and not spec.runs_passes:
         raise UsageError(f"--dump-ir: the {args.target} target runs no passes")
+    check_model_file(args.model)
     log.info(f"importing {args.model}")
     graph = import_graph(args.model, shapes)
     symbolic = sorted({d for v in graph.inputs for d in v.type.shape if isinstance(d, str)})
     if emits and symbolic:
-        fixed = " ".join(f"--input-shape {v.name}={_example_shape(v.type.shape)}"
+        fixed = " ".join(f"--input-shape {v.name}={example_shape(v.type.shape)}"
                          for v in graph.inputs if not v.type.is_static)
         raise UsageError(f"--emit {emits[0][0]}: input dim(s) {', '.join(symbolic)} are "
                          f"symbolic, so no code is compiled before a call gives them sizes; "
@@ -139,11 +140,6 @@ def _emits(args, spec) -> list[tuple[str, Path]]:
                              f"{', '.join(spec.emits)}")
         emits.append((kind, Path(folder) / (Path(args.model).stem + spec.emits[kind])))
     return emits
-
-
-def _example_shape(shape) -> str:
-    """`N,20` -> `1,20`: a shape for --input-shape with every symbolic dim 1."""
-    return ",".join(str(d) if isinstance(d, int) else "1" for d in shape)
 
 
 def _machine_words(spec, cpu, render_only: bool) -> str:

@@ -60,6 +60,8 @@ def run(args) -> int:
     if args.profile and not args.draw:
         raise UsageError("--profile goes with --draw (bench --profile times a model)")
     if args.draw:
+        if Path(args.draw).suffix.lower() != ".svg":   # it writes SVG, whatever the name
+            raise UsageError(f"--draw writes SVG: name the file .svg, not {args.draw!r}")
         check_writable(Path(args.draw), "--draw")
     if is_artifact(args.model):
         if shapes:

@@ -8,11 +8,18 @@ module never prints a result; it logs only what it is doing (importing, compilin
 from __future__ import annotations
 
 import logging
+import os
 
-from ...errors import ArgumentError
+from ...errors import ArgumentError, ModelFormatError
 from .exits import UsageError
 
 log = logging.getLogger(__name__)
+
+
+def check_model_file(path) -> None:
+    """Refuse a model file that does not exist before saying "importing" it."""
+    if not os.path.exists(path):
+        raise ModelFormatError(f"model file {str(path)!r} does not exist")
 
 
 def import_graph(path, shapes: dict):

@@ -51,6 +51,19 @@ def tolerance(text: str) -> float:
     return value
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite float > 0 (a time limit: 0 would allow nothing)."""
+    value = tolerance(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds, not 0")
+    return value
+
+
+def example_shape(shape) -> str:
+    """`N,20` -> `1,20`: a shape for --input-shape with every symbolic dim 1."""
+    return ",".join(str(d) if isinstance(d, int) else "1" for d in shape)
+
+
 def symbolic_or_int(text: str, option: str, low: int):
     """A size (an int >= `low`) or a symbolic dim name, as `option` takes it."""
     text = text.strip()
@@ -84,15 +97,30 @@ def check_writable(path: Path, option: str) -> None:
         raise UsageError(f"{option} {str(path)!r}: folder {str(folder)!r} is not writable")
 
 
+COMMON_FLAGS = ("quiet", "verbose", "json")
+"""What `common_options` adds: every command takes them after its name, and `dnnc` before it
+(`dnnc -q compile ...`)."""
+
+
 def common_options(parser) -> None:
-    """-q, -v and --json, which every command takes."""
+    """-q, -v and --json. They are absent from the namespace unless given (a subcommand's
+    defaults would overwrite the values given before it); `settle_common_options` fills
+    them in."""
     loudness = parser.add_mutually_exclusive_group()
-    loudness.add_argument("-q", "--quiet", action="store_true",
+    loudness.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                           help="no progress: warnings and errors only")
-    loudness.add_argument("-v", "--verbose", action="store_true",
+    loudness.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                           help="also debug details (each pass's time, each segment compiled)")
-    parser.add_argument("--json", action="store_true",
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print the result as one JSON object on stdout")
+
+
+def settle_common_options(args) -> None:
+    """-q, -v and --json given before the command or after it (False when neither)."""
+    for flag in COMMON_FLAGS:
+        setattr(args, flag, getattr(args, flag, False))
+    if args.quiet and args.verbose:
+        raise UsageError("-q and -v exclude each other (see dnnc --help)")
 
 
 def cache_option(parser) -> None:

@@ -137,11 +137,36 @@ def _read_inputs(specs: list[str]) -> dict[str, np.ndarray]:
     for spec in specs:
         name, _, file = spec.partition("=")
         try:
-            feeds[name] = np.load(file, allow_pickle=False)
+            feeds[name] = _one_array(np.load(file, allow_pickle=False), name, file)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--input {name}: cannot read {file!r}: "
-                             f"{getattr(exc, 'strerror', None) or exc}") from exc
+                             f"{_why_unreadable(exc, file)}") from exc
     return feeds
+
+
+def _one_array(loaded, name: str, file: str) -> np.ndarray:
+    """The array of an .npy, or of an .npz holding one."""
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        return loaded
+    with loaded:
+        if len(loaded.files) != 1:
+            raise UsageError(f"--input {name}: {file!r} holds {len(loaded.files)} arrays "
+                             f"({', '.join(loaded.files)}); give a file of one array")
+        return loaded[loaded.files[0]]
+
+
+def _why_unreadable(exc: Exception, file: str) -> str:
+    """Why NumPy could not load `file`, in words: NumPy blames pickles for any file that is
+    not an .npy or .npz (allow_pickle=False makes it refuse to try them)."""
+    if isinstance(exc, OSError):
+        return getattr(exc, "strerror", None) or str(exc)
+    with open(file, "rb") as f:
+        magic = f.read(6)
+    if magic == b"\x93NUMPY":
+        return "an .npy of Python objects (dtype object), which no model input takes"
+    if magic.startswith(b"PK"):
+        return str(exc)
+    return "not a NumPy file (.npy, or .npz of one array; save one with numpy.save)"
 
 
 def _safe_file_name(name: str) -> str:

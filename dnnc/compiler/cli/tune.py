@@ -11,9 +11,10 @@ import logging
 import time
 from pathlib import Path
 
-from .models import import_graph
-from .options import (check_writable, int_at_least, parse_input_shape, precision_option,
-                      print_json, shape_option, tolerance)
+from .exits import UsageError
+from .models import check_model_file, import_graph
+from .options import (check_writable, example_shape, int_at_least, parse_input_shape,
+                      precision_option, print_json, seconds, shape_option)
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def add_parser(sub, targets: list[str], default: str):
     tune.add_argument("--log", required=True, help="the JSON Lines tuning log (appended)")
     tune.add_argument("--trials", type=int_at_least(1), default=200,
                       help="measurements for the whole model (default 200)")
-    tune.add_argument("--timeout", type=tolerance, default=60.0,
+    tune.add_argument("--timeout", type=seconds, default=60.0,
                       help="seconds one candidate may take (default 60)")
     tune.add_argument("--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
                       help="optimisation level, as the compile that uses the log (default 3)")
@@ -56,8 +57,14 @@ def run(args) -> int:
     shapes = dict(parse_input_shape(s) for s in args.input_shape)
     REGISTRY[args.target].require()   # no GPU: one line, before any progress or log
     check_writable(Path(args.log), "--log")
+    check_model_file(args.model)
     log.info(f"importing {args.model}")
     graph = import_graph(args.model, shapes)
+    dynamic = [v for v in graph.inputs if not v.type.is_static]
+    if dynamic:
+        raise UsageError("tuning needs static input shapes; fix them with --input-shape, "
+                         "e.g. " + " ".join(f"--input-shape {v.name}="
+                                            f"{example_shape(v.type.shape)}" for v in dynamic))
     start = time.perf_counter()
     reports = tune(graph, args.target, log=args.log, trials=args.trials,
                    opt_level=args.opt_level, timeout=args.timeout, seed=args.seed,

@@ -22,7 +22,8 @@ def add_parser(sub, targets: list[str], default: str):
                      help="batch size, or a name for a symbolic batch dim (default 1)")
     zoo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="a builder option, e.g. --set layers=4 (repeatable)")
-    zoo.add_argument("--list", action="store_true", help="list the models and their options")
+    zoo.add_argument("--list", action="store_true",
+                     help="list the models and their options, with their defaults")
     zoo.set_defaults(run=run)
     return zoo
 
@@ -31,11 +32,11 @@ def run(args) -> int:
     from ... import zoo
 
     if args.list:
-        options = {name: zoo.config_options(name) for name in zoo.MODELS}
+        options = {name: zoo.config_defaults(name) for name in zoo.MODELS}
         if args.json:
             print_json(options)
-        for name, keys in ([] if args.json else options.items()):
-            print(f"{name:<14} {', '.join(keys)}")
+        for name, defaults in ([] if args.json else options.items()):
+            print(f"{name:<14} " + ", ".join(f"{k}={v}" for k, v in defaults.items()))
         return 0
     if not args.name or not args.output:
         raise UsageError("dnnc zoo needs a model NAME and -o FILE (or --list)")
