@@ -50,6 +50,7 @@ import logging
 import os
 import re
 import stat
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -85,12 +86,20 @@ class Key(NamedTuple):
 
 
 _warned: set[str] = set()
+_PACKAGE = str(Path(__file__).resolve().parents[1])
 
 
-def _warn_once(kind: str, message: str) -> None:
-    if kind not in _warned:
-        _warned.add(kind)
-        warnings.warn(f"compile cache: {message}", CompileCacheWarning, stacklevel=3)
+def _warn(message: str, once: str | None = None) -> None:
+    """A `CompileCacheWarning`, attributed to the first line outside dnnc (the user's call);
+    one of kind `once` is given once a process."""
+    if once is not None:
+        if once in _warned:
+            return
+        _warned.add(once)
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"compile cache: {message}", CompileCacheWarning, stacklevel=level)
 
 
 def enabled(cache: bool) -> bool:
@@ -118,8 +127,8 @@ def max_bytes() -> int:
     except ValueError:
         value = -1.0
     if not (0 <= value < 2**63) or value != int(value):
-        _warn_once("max_bytes", f"DNNC_CACHE_MAX_BYTES={text!r} is not a size in bytes (an "
-                                f"integer, 1e6, 500M, 2G); the default bound, 2 GiB, is used")
+        _warn(f"DNNC_CACHE_MAX_BYTES={text!r} is not a size in bytes (an integer, 1e6, 500M, "
+              f"2G); the default bound, 2 GiB, is used", once="max_bytes")
         return DEFAULT_MAX_BYTES
     return int(value)
 
@@ -149,8 +158,8 @@ def _trusted_folder(folder: Path) -> bool:
     except OSError:
         return False
     if why is not None:
-        _warn_once("trust", f"{folder} {why}: not used, the model is compiled (make it "
-                            f"yours and private: chmod 700)")
+        _warn(f"{folder} {why}: not used, the model is compiled (make the folder yours and "
+              f"private: chmod 700)", once="trust")
     return why is None
 
 
@@ -230,13 +239,14 @@ def lookup(entry_key: Key) -> Restored | None:
     except FileNotFoundError:
         return None
     except OSError as exc:   # a symbolic link swapped in (ELOOP), unreadable
-        _warn_once("trust", f"{entry} cannot be opened as a plain file ({exc.strerror or exc}):"
-                            f" not used, the model is compiled")
+        _warn(f"{entry} cannot be opened as a plain file ({exc.strerror or exc}): not used, "
+              f"the model is compiled and its own entry written", once="trust")
         return None
     with os.fdopen(fd, "rb") as file:
         why = _untrusted(os.fstat(fd), "entry")
         if why is not None:
-            _warn_once("trust", f"{entry} {why}: not used, the model is compiled (remove it)")
+            _warn(f"{entry} {why}: not used, the model is compiled and its own entry written",
+                  once="trust")
             return None
         try:
             model = restore(entry, progress=False, file=file)
@@ -245,9 +255,8 @@ def lookup(entry_key: Key) -> Restored | None:
             _remove(entry)
             return None
     if model.manifest.get("compile_cache") != {"key": entry_key.name, **entry_key.parts}:
-        warnings.warn(f"compile cache: dropped {entry}: it records another compile (a copy of "
-                      f"another model's entry?); the model is compiled", CompileCacheWarning,
-                      stacklevel=2)
+        _warn(f"dropped {entry}: it records another compile (a copy of another model's "
+              f"entry?); the model is compiled")
         _remove(entry)
         return None
     try:
