@@ -121,9 +121,9 @@ def max_bytes() -> int:
     text = os.environ.get("DNNC_CACHE_MAX_BYTES")
     if text is None:
         return DEFAULT_MAX_BYTES
-    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*(?:([kmgtKMGT])(?:i?[bB])?|[bB])?\s*", text)
     try:
-        value = float(match[1]) * _UNITS[match[2].lower()] if match else -1.0
+        value = float(match[1]) * _UNITS[(match[2] or "").lower()] if match else -1.0
     except ValueError:
         value = -1.0
     if not (0 <= value < 2**63) or value != int(value):

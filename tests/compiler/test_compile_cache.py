@@ -217,13 +217,14 @@ def test_a_dead_writers_temporary_files_are_counted_then_removed(folder):
 
 @pytest.mark.parametrize("text, size", [("2000000", 2_000_000), ("1e6", 10**6),
                                         ("500M", 500 << 20), ("2G", 2 << 30),
-                                        ("64KiB", 64 << 10), ("1.5g", 3 << 29), ("0", 0)])
+                                        ("64KiB", 64 << 10), ("1.5g", 3 << 29), ("100B", 100),
+                                        ("0", 0)])
 def test_the_bound_is_parsed(folder, monkeypatch, text, size):
     monkeypatch.setenv("DNNC_CACHE_MAX_BYTES", text)
     assert cache.max_bytes() == size
 
 
-@pytest.mark.parametrize("text", ["lots", "-5", "1.5", "2X", "1e400", ""])
+@pytest.mark.parametrize("text", ["lots", "-5", "1.5", "2X", "5iB", "1e400", "nan", ""])
 def test_a_bound_that_is_no_size_is_refused_once(folder, monkeypatch, text):
     monkeypatch.setenv("DNNC_CACHE_MAX_BYTES", text)
     with pytest.warns(cache.CompileCacheWarning, match="DNNC_CACHE_MAX_BYTES"):
