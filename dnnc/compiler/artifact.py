@@ -292,8 +292,10 @@ STATS = ("kernels", "host_fallback_ops", "compile_seconds", "nodes", "imported_n
 """The compile's statistics an artifact keeps (a load reports them as the compile did)."""
 
 
-def save(model, path) -> None:
-    """Write `model` (a CompiledModel) to `path` as one artifact file, atomically."""
+def save(model, path, *, mode: int | None = None, record: dict | None = None) -> None:
+    """Write `model` (a CompiledModel) to `path` as one artifact file, atomically: a plain
+    file (0666 less the umask), or of `mode`; `record`'s fields join the manifest (the
+    compile cache's key, `cache.py`)."""
     check_path("path", path)
     savable = [name for name, spec in REGISTRY.items() if spec.codec is not None]
     if model.target not in savable:
@@ -310,6 +312,7 @@ def save(model, path) -> None:
         "tuning": dict(model.tuning) if getattr(model, "tuning", None) else
                   {"log": None, "records_applied": 0},
         "stats": {k: v for k, v in stats.items() if k in STATS},
+        **(record or {}),
     }
     files: dict[str, bytes] = {}
     REGISTRY[model.target].codec.export(model.runtime, manifest, files)
@@ -333,9 +336,11 @@ def save(model, path) -> None:
             for name, data in members.items():
                 z.writestr(name, data, compress_type=deflate if name.endswith(texts)
                            else zipfile.ZIP_STORED)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; an artifact is a plain file
+        if mode is None:   # mkstemp makes it private; an artifact is a plain file
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as exc:
         os.unlink(tmp) if os.path.exists(tmp) else None
@@ -347,13 +352,14 @@ def save(model, path) -> None:
 
 def read_manifest(path) -> dict:
     """The manifest of an artifact, checked for format and version, nothing loaded."""
-    with _open(path) as archive:
+    with _open(path, path) as archive:
         return _manifest(archive, path)
 
 
-def _open(path) -> zipfile.ZipFile:
+def _open(source, path) -> zipfile.ZipFile:
+    """The archive of `source` (`path`, or a binary file open on it)."""
     try:
-        return zipfile.ZipFile(path)
+        return zipfile.ZipFile(source)
     except FileNotFoundError:
         raise ArtifactError(f"{path}: no such file") from None
     except OSError as exc:
@@ -435,7 +441,7 @@ def target_of(path) -> str:
     load checks it, nothing else read): what the CLI asks before loading, to say at once
     that this machine cannot run it."""
     check_path("path", path)
-    with _open(path) as archive:
+    with _open(path, path) as archive:
         return _manifest(archive, path)["target"]["name"]
 
 
@@ -448,12 +454,13 @@ class Restored(NamedTuple):
     manifest: dict
 
 
-def restore(path, *, progress: bool | None = None) -> Restored:
+def restore(path, *, progress: bool | None = None, file=None) -> Restored:
     """The parts of a model `CompiledModel.save` wrote (`dnnc.load` makes the CompiledModel);
-    see the module docstring."""
+    see the module docstring. `file`, a binary file open on `path`, is read instead of
+    opening `path` again (the compile cache reads the file it checked)."""
     check_path("path", path)
     start = time.perf_counter()
-    with _open(path) as archive:
+    with _open(path if file is None else file, path) as archive:
         manifest = _manifest(archive, path)
         spec = REGISTRY[manifest["target"]["name"]]
         try:

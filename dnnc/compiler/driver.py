@@ -165,15 +165,17 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
         from ..autotune.records import ranked_configs, read, warn_unapplied
 
         tuned = ranked_configs(read(tuning_log), machine.key)
+    graph = load_graph(model, input_shapes)
     entry = None
     if (compile_cache.enabled(cache is not False) and spec.cached
             and passes is None and dump_ir is None and cache_size is None and not render_only):
-        entry = compile_cache.key(model, input_shapes, target, machine,
-                                  {"opt_level": level, "outputs": outputs}, tuned)
-        hit = _cached(entry, start, tuning_log, tuned, machine) if entry is not None else None
+        # the imported graph, not the path or bytes: `dnnc compile` passes the graph it imports
+        entry = compile_cache.key(graph, target, machine,
+                                  {"opt_level": level, "outputs": outputs or spec.returns[0]},
+                                  tuned)
+        hit = _cached(entry, start, tuning_log, tuned, machine)
         if hit is not None:
             return hit
-    graph = load_graph(model, input_shapes)
     check_tensor_sizes(graph, physical_memory_bytes())
     imported_nodes = len(graph.nodes)
     timings: dict[str, float] = {}

@@ -4,9 +4,12 @@ entry is replaced; the folder stays within its bound; concurrent processes are s
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
+import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,16 +19,20 @@ import pytest
 import dnnc
 from dnnc import zoo
 from dnnc.compiler import cache
+from dnnc.compiler.artifact import read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
-    """The cache on, in a folder of its own; every compile stored, however short."""
+    """The cache on, in a folder of its own; every compile stored, however short; the
+    warnings given once a process given again."""
     monkeypatch.setenv("DNNC_CACHE", "1")
     monkeypatch.setenv("DNNC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DNNC_CACHE_MAX_BYTES", raising=False)
     monkeypatch.setattr(cache, "MIN_STORE_SECONDS", 0.0)
+    monkeypatch.setattr(cache, "_warned", set())
     return tmp_path / "cache" / "models"
 
 
@@ -38,6 +45,16 @@ def mlp_file(tmp_path) -> Path:
 
 def entries(folder: Path) -> list[Path]:
     return sorted(folder.glob("*" + cache.SUFFIX))
+
+
+def key_named(k: int) -> str:
+    """A file name of the form `key()` gives, the k-th."""
+    return f"{k:064x}{cache.SUFFIX}"
+
+
+def mlp_outputs(model, seed=0):
+    x = np.random.default_rng(seed).standard_normal((2, 784)).astype(np.float32)
+    return model.run(x)[0]
 
 
 def test_a_second_compile_loads_the_first_ones_code(folder, mlp_file, rng):
@@ -96,22 +113,35 @@ def test_what_changes_the_code_misses(folder, mlp_file, tmp_path):
     assert dnnc.compile(mlp_file, "llvm", opt_level=2).stats["compile_cache"] == "miss"
     other = zoo.build("mlp", batch=2, seed=1)   # other weights, same structure
     assert dnnc.compile(other, "llvm").stats["compile_cache"] == "miss"
-    graph = dnnc.compile(mlp_file, "numpy").graph
-    assert dnnc.compile(graph, "llvm").stats["compile_cache"] == "miss"
-    assert dnnc.compile(graph, "llvm").stats["compile_cache"] == "hit"
+    optimised = dnnc.compile(mlp_file, "llvm", cache=False).graph   # another graph
+    assert dnnc.compile(optimised, "llvm").stats["compile_cache"] == "miss"
+    assert dnnc.compile(optimised, "llvm").stats["compile_cache"] == "hit"
     assert len(entries(folder)) == 4
 
 
+def test_one_model_is_one_entry_however_it_is_given(folder, mlp_file):
+    """The key digests the imported graph: the path, its bytes, its ModelProto and the
+    Graph imported from it (what `dnnc compile` passes) are one model."""
+    dnnc.compile(mlp_file, "llvm")
+    imported = dnnc.compile(mlp_file, "numpy").graph   # the numpy target runs it as imported
+    for model in (mlp_file.read_bytes(), onnx.load(mlp_file), imported):
+        assert dnnc.compile(model, "llvm").stats["compile_cache"] == "hit"
+    assert dnnc.compile(mlp_file, "llvm", outputs="numpy").stats["compile_cache"] == "hit"
+    assert len(entries(folder)) == 1
+
+
 def test_weights_in_external_files_are_part_of_the_key(folder, tmp_path):
+    from dnnc.compiler.driver import load_graph
+
     model = zoo.build("mlp", batch=1)
     path = tmp_path / "ext.onnx"
     onnx.save(model, path, save_as_external_data=True, location="ext.bin",
               size_threshold=0)
-    key = cache.key(path, None, "llvm", "m", {}, None)
+    key = cache.key(load_graph(path), "llvm", "m", {}, None)
     data = bytearray((tmp_path / "ext.bin").read_bytes())
     data[100] ^= 0xFF
     (tmp_path / "ext.bin").write_bytes(bytes(data))
-    assert cache.key(path, None, "llvm", "m", {}, None) != key
+    assert cache.key(load_graph(path), "llvm", "m", {}, None).name != key.name
 
 
 def test_off_switches(folder, mlp_file, monkeypatch):
@@ -146,11 +176,151 @@ def test_a_corrupt_entry_is_replaced(folder, mlp_file, capfd):
 def test_the_folder_keeps_to_its_bound(folder, tmp_path):
     folder.mkdir(parents=True)
     for k, size in enumerate((300, 200, 100)):
-        path = folder / f"{k}{cache.SUFFIX}"
+        path = folder / key_named(k)
         path.write_bytes(b"x" * size)
         os.utime(path, (1000 + k, 1000 + k))   # 0 the least recently used
     cache.trim(folder, 350)
-    assert [p.name for p in entries(folder)] == [f"1{cache.SUFFIX}", f"2{cache.SUFFIX}"]
+    assert [p.name for p in entries(folder)] == [key_named(1), key_named(2)]
+
+
+def test_trim_and_clear_leave_a_users_own_files(folder, mlp_file):
+    """`models/` is a common name: a user's artifacts saved there are not entries."""
+    model = dnnc.compile(mlp_file, "llvm")
+    mine = [folder / "mine.dnnc", folder / ("f" * 63 + cache.SUFFIX), folder / "notes.tmp"]
+    for path in mine:
+        model.save(path)
+        os.utime(path, (1000, 1000))   # older than any entry
+    cache.trim(folder, 0)
+    assert entries(folder) == sorted(mine[:2])
+    dnnc.compile(mlp_file, "llvm")
+    assert len(entries(folder)) == 3
+    assert cache.clear() == 1
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in mine)
+
+
+def test_a_dead_writers_temporary_files_are_counted_then_removed(folder):
+    folder.mkdir(parents=True)
+    now = time.time()
+    entry = folder / key_named(0)
+    entry.write_bytes(b"x" * 100)
+    os.utime(entry, (now - 10, now - 10))
+    young = folder / (key_named(1) + ".k3j_x9.tmp")   # a writer at work
+    old = folder / (key_named(2) + ".a8bq2z.tmp")     # a writer killed long ago
+    for path, age in ((young, 60), (old, cache.TMP_MAX_AGE + 60)):
+        path.write_bytes(b"x" * 300)
+        os.utime(path, (now - age, now - age))
+    cache.trim(folder, 500)   # 400 bytes once the old one is gone: within
+    assert sorted(p.name for p in folder.iterdir()) == sorted([entry.name, young.name])
+    cache.trim(folder, 350)   # the young one counts: the entry goes
+    assert [p.name for p in folder.iterdir()] == [young.name]
+
+
+@pytest.mark.parametrize("text, size", [("2000000", 2_000_000), ("1e6", 10**6),
+                                        ("500M", 500 << 20), ("2G", 2 << 30),
+                                        ("64KiB", 64 << 10), ("1.5g", 3 << 29), ("100B", 100),
+                                        ("0", 0)])
+def test_the_bound_is_parsed(folder, monkeypatch, text, size):
+    monkeypatch.setenv("DNNC_CACHE_MAX_BYTES", text)
+    assert cache.max_bytes() == size
+
+
+@pytest.mark.parametrize("text", ["lots", "-5", "1.5", "2X", "5iB", "1e400", "nan", ""])
+def test_a_bound_that_is_no_size_is_refused_once(folder, monkeypatch, text):
+    monkeypatch.setenv("DNNC_CACHE_MAX_BYTES", text)
+    with pytest.warns(cache.CompileCacheWarning, match="DNNC_CACHE_MAX_BYTES"):
+        assert cache.max_bytes() == cache.DEFAULT_MAX_BYTES
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.max_bytes() == cache.DEFAULT_MAX_BYTES
+
+
+def test_the_folder_and_its_entries_are_private(folder, mlp_file):
+    dnnc.compile(mlp_file, "llvm")
+    [entry] = entries(folder)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(entry).st_mode) == 0o600
+
+
+def refused(mlp_file, match, then="miss"):
+    """Compile `mlp_file` where the cache is not to be trusted: one warning, no hit, the
+    model's own outputs; then `then` without a warning (an untrusted folder is never used;
+    an untrusted entry in a trusted folder is replaced by this compile's own)."""
+    with pytest.warns(cache.CompileCacheWarning, match=match):
+        model = dnnc.compile(mlp_file, "llvm")
+    assert model.stats["compile_cache"] == "miss"
+    np.testing.assert_allclose(mlp_outputs(model), mlp_outputs(dnnc.compile(mlp_file, "numpy")),
+                               rtol=1e-4, atol=1e-5)
+    with warnings.catch_warnings():   # once a process
+        warnings.simplefilter("error")
+        assert dnnc.compile(mlp_file, "llvm").stats["compile_cache"] == then
+
+
+def plant(folder, mlp_file, tmp_path) -> Path:
+    """The entry of `mlp_file`, replaced by another model's (what another user could write
+    there): code that answers wrong."""
+    dnnc.compile(mlp_file, "llvm")
+    [entry] = entries(folder)
+    other = tmp_path / "other.onnx"
+    onnx.save(zoo.build("mlp", batch=2, seed=1), other)
+    dnnc.compile(other, "llvm")
+    [foreign] = set(entries(folder)) - {entry}
+    os.replace(foreign, entry)
+    return entry
+
+
+def test_a_world_writable_folder_is_not_used(folder, mlp_file, tmp_path):
+    plant(folder, mlp_file, tmp_path)
+    os.chmod(folder, 0o777)
+    refused(mlp_file, "writable by group or others")
+    assert len(entries(folder)) == 1
+
+
+def test_a_group_writable_entry_is_not_used(folder, mlp_file, tmp_path):
+    entry = plant(folder, mlp_file, tmp_path)
+    os.chmod(entry, 0o660)
+    refused(mlp_file, "writable by group or others", then="hit")
+    [entry] = entries(folder)
+    assert stat.S_IMODE(os.stat(entry).st_mode) == 0o600
+
+
+def test_a_folder_of_another_user_is_not_used(folder, mlp_file, tmp_path, monkeypatch):
+    plant(folder, mlp_file, tmp_path)
+    monkeypatch.setattr(cache, "_uid", lambda: os.geteuid() + 1)   # this user: another one
+    refused(mlp_file, "is owned by user")
+
+
+def test_an_entry_of_another_user_is_not_used(folder, mlp_file, tmp_path, monkeypatch):
+    """The folder is this user's, the entry someone else's (CI runs as root: the test user
+    stands in as the folder's owner, the root-owned entry is the other user's)."""
+    entry = plant(folder, mlp_file, tmp_path)
+    me = os.geteuid() + 1
+    os.chown(folder, me, -1) if os.geteuid() == 0 else pytest.skip("gives a folder away")
+    monkeypatch.setattr(cache, "_uid", lambda: me)
+    assert os.stat(entry).st_uid != me
+    refused(mlp_file, "is owned by user")
+
+
+def test_a_symbolic_link_is_not_an_entry(folder, mlp_file, tmp_path):
+    dnnc.compile(mlp_file, "llvm")
+    [entry] = entries(folder)
+    os.replace(entry, tmp_path / "elsewhere.dnnc")
+    entry.symlink_to(tmp_path / "elsewhere.dnnc")
+    refused(mlp_file, "cannot be opened as a plain file", then="hit")
+    assert not entry.is_symlink()
+    assert (tmp_path / "elsewhere.dnnc").stat().st_size > 0   # written beside, not through
+
+
+def test_an_entry_copied_under_another_key_is_dropped(folder, mlp_file, tmp_path):
+    """Model B's valid entry (same signature, other weights) under model A's name: A is
+    compiled anew, B's entry dropped, A's outputs."""
+    entry = plant(folder, mlp_file, tmp_path)
+    with pytest.warns(cache.CompileCacheWarning, match="records another compile"):
+        model = dnnc.compile(mlp_file, "llvm")
+    assert model.stats["compile_cache"] == "miss"
+    np.testing.assert_allclose(mlp_outputs(model), mlp_outputs(dnnc.compile(mlp_file, "numpy")),
+                               rtol=1e-4, atol=1e-5)
+    assert read_manifest(entry)["compile_cache"]["key"] == entry.name[: -len(cache.SUFFIX)]
+    assert dnnc.compile(mlp_file, "llvm").stats["compile_cache"] == "hit"
 
 
 def test_concurrent_processes_share_the_folder_safely(folder, mlp_file):
@@ -175,9 +345,7 @@ def test_concurrent_processes_share_the_folder_safely(folder, mlp_file):
 
 
 def test_cli_reads_the_cache_unless_told_not_to(folder, mlp_file, tmp_path):
-    from dnnc.compiler.driver import load_graph
-
-    dnnc.compile(load_graph(mlp_file), "llvm")   # the CLI compiles the graph it imports
+    dnnc.compile(mlp_file, "llvm")   # the path: the CLI compiles the graph it imports
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = [sys.executable, "-m", "dnnc", "compile", "-q", "--json", str(mlp_file),
            "--target", "llvm", "-o", str(tmp_path / "m.dnnc")]
@@ -186,3 +354,19 @@ def test_cli_reads_the_cache_unless_told_not_to(folder, mlp_file, tmp_path):
             for flag in ([], ["--no-cache"])]
     assert said == ["hit", "off"]
     assert dnnc.load(tmp_path / "m.dnnc").stats["kernels"] > 0
+
+
+def test_python_reads_what_the_cli_compiled(folder, mlp_file, tmp_path):
+    """`dnnc compile m.onnx`, then `dnnc.compile("m.onnx")` in another process: one entry."""
+    from dnnc.compiler.cli import main
+
+    assert main(["compile", "-q", str(mlp_file), "--target", "llvm",
+                 "-o", str(tmp_path / "m.dnnc")]) == 0
+    script = textwrap.dedent(f"""
+        import dnnc
+        print(dnnc.compile({str(mlp_file)!r}, "llvm").stats["compile_cache"])
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    assert out.stdout.strip() == "hit"
+    assert len(entries(folder)) == 1

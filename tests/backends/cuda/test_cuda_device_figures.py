@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import dnnc
 from dnnc.backends.cuda import dense, device, mma, schedules
 from dnnc.compiler import cache as compile_cache
+from dnnc.compiler.driver import load_graph
 from dnnc.ir.target import GPU, Target
 
 H100 = dict(device.REFERENCE_PROPERTIES)
@@ -82,8 +83,8 @@ def test_a_compile_reads_the_figures_of_the_machine(monkeypatch):
     monkeypatch.setattr(device, "machine", lambda: Target("cuda", arch="sm_90", gpu=few))
     small = dnnc.compile(model, "cuda", render_only=True, cache=False)
     assert small.source("cuda") != reference.source("cuda")
-    keys = {compile_cache.key(model, None, "cuda", Target("cuda", arch="sm_90", gpu=g), {},
-                              None) for g in (few, device.REFERENCE)}
+    keys = {compile_cache.key(load_graph(model), "cuda", Target("cuda", arch="sm_90", gpu=g),
+                              {}, None).name for g in (few, device.REFERENCE)}
     assert len(keys) == 2
 
 
