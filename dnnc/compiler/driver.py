@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..autotune.records import ranked_configs, read, warn_unapplied
 from ..backends.registry import REGISTRY, default_target, using
 from ..errors import ArgumentError, OutOfMemoryError
 from ..ir.graph import Graph
@@ -162,8 +163,6 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     machine = spec.target(cpu, precision)
     tuned = None
     if tuning_log is not None:
-        from ..autotune.records import ranked_configs, read, warn_unapplied
-
         tuned = ranked_configs(read(tuning_log), machine.key)
     graph = load_graph(model, input_shapes)
     entry = None
