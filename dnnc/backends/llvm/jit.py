@@ -6,6 +6,8 @@ IR it compiles computes."""
 from __future__ import annotations
 
 import llvmlite.binding as llvm
+from llvmlite.binding.ffi import _is_shutting_down
+from llvmlite.binding.newpassmanagers import NewPassManager
 
 from ...ir.target import Target
 from ...levels import DEFAULT_LEVELS
@@ -22,20 +24,41 @@ def target_machine(target: Target, opt: int = DEFAULT_LEVELS.codegen):
                                                                    opt=opt)
 
 
-def optimize(module, tm, speed_level: int = DEFAULT_LEVELS.codegen) -> None:
-    """The new pass manager's standard pipeline: loop and SLP vectorizers for `tm`'s ISA."""
-    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pto.loop_unrolling = True
-    pb = llvm.create_pass_builder(tm, pto)
+# (cpu, features, speed level) -> the pass builder and its target machine, one each for the
+# process: LLVM never frees what a pass builder registers (~1 KB each under llvmlite 0.50),
+# and an engine takes ownership of the target machine it compiles with, so this one is kept
+# apart. Used only under `llvm_lock()`.
+_pass_builders: dict[tuple, tuple] = {}
+
+
+def optimize(module, target: Target, speed_level: int = DEFAULT_LEVELS.codegen) -> None:
+    """The new pass manager's standard pipeline: loop and SLP vectorizers for `target`'s ISA.
+    Call under `llvm_lock()`."""
+    key = (*llvm_cpu(target), speed_level)
+    if key not in _pass_builders:
+        tm = target_machine(target, opt=speed_level)
+        pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        pto.loop_unrolling = True
+        _pass_builders[key] = (llvm.create_pass_builder(tm, pto), tm, pto)
+    pb = _pass_builders[key][0]
     pm = pb.getModulePassManager()
-    pm.run(module, pb)
+    try:
+        pm.run(module, pb)
+    finally:
+        # llvmlite 0.50 never frees a pass manager (ObjectRef's empty `_dispose` precedes
+        # NewPassManager's in ModulePassManager's bases): ~30 KB a compile (issue 30, item
+        # 6). Free it here; `detach` keeps a fixed llvmlite from freeing it twice.
+        NewPassManager._dispose(pm)
+        pm.detach()
 
 
 class JITModule:
     """One compiled LLVM module, alive as long as this object, compiled at `codegen_level`
-    (LLVM's -O level: `levels.levels(opt_level).codegen` for a model's segments)."""
+    (LLVM's -O level: `levels.levels(opt_level).codegen` for a model's segments). Its engine,
+    machine code and LLVM context are freed with it (issue 30, item 6: ~90 KB a compile was
+    kept before)."""
 
     def __init__(self, ir_text: str, target: Target,
                  codegen_level: int = DEFAULT_LEVELS.codegen, name: str = "dnnc"):
@@ -43,14 +66,17 @@ class JITModule:
         ensure_pool()
         self.target = target
         with llvm_lock():   # fork safety: process.py
-            self.module = llvm.parse_assembly(ir_text)
+            # a context of its own: LLVM's global one keeps every constant and type a module
+            # used (each batch size's bounds, the layout digest) for the process's life
+            self.context = llvm.create_context()
+            self.module = llvm.parse_assembly(ir_text, context=self.context)
             self.module.name = name
             self.module.verify()
             self.tm = target_machine(target, opt=min(codegen_level, 3))
             self.module.triple = self.tm.triple
             self.module.data_layout = str(self.tm.target_data)
             if codegen_level > 0:
-                optimize(self.module, self.tm, speed_level=min(codegen_level, 3))
+                optimize(self.module, target, speed_level=min(codegen_level, 3))
             self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
             # keep the object MCJIT compiled and runs: emitting the module again
             # (tm.emit_object) gives other code (an MLP's: 10,416 bytes against the 10,384 that
@@ -62,6 +88,16 @@ class JITModule:
             self.engine.finalize_object()
             self.engine.run_static_constructors()
             self._object = compiled[0] if compiled else None
+
+    def __del__(self):
+        # the engine before the context: llvmlite lets go of its modules (the last
+        # reference to the context, which frees them too) before it frees the engine, which
+        # frees them again. Runs once no caller holds this module's code (references keep a
+        # specialisation that a call runs alive).
+        engine = getattr(self, "engine", None)
+        if engine is not None and not _is_shutting_down():
+            with llvm_lock():
+                engine.close()
 
     def address(self, name: str) -> int:
         addr = self.engine.get_function_address(name)
