@@ -6,8 +6,8 @@ IR it compiles computes."""
 from __future__ import annotations
 
 import llvmlite.binding as llvm
+from llvmlite.binding import ffi
 from llvmlite.binding.ffi import _is_shutting_down
-from llvmlite.binding.newpassmanagers import NewPassManager
 
 from ...ir.target import Target
 from ...levels import DEFAULT_LEVELS
@@ -47,11 +47,19 @@ def optimize(module, target: Target, speed_level: int = DEFAULT_LEVELS.codegen) 
     try:
         pm.run(module, pb)
     finally:
-        # llvmlite 0.50 never frees a pass manager (ObjectRef's empty `_dispose` precedes
-        # NewPassManager's in ModulePassManager's bases): ~30 KB a compile (issue 30, item
-        # 6). Free it here; `detach` keeps a fixed llvmlite from freeing it twice.
-        NewPassManager._dispose(pm)
-        pm.detach()
+        _free(pm)
+
+
+def _free(pm) -> None:
+    """Free pass manager `pm` now. llvmlite 0.50 never frees one (ObjectRef's empty `_dispose`
+    precedes NewPassManager's in ModulePassManager's bases): ~30 KB a compile (issue 30, item
+    6). The first `_dispose` below ObjectRef's is the real one in every llvmlite (0.44 defines
+    it on ModulePassManager itself); `detach` keeps llvmlite from freeing it twice."""
+    for cls in type(pm).__mro__:
+        if cls is not ffi.ObjectRef and "_dispose" in vars(cls):
+            cls._dispose(pm)
+            break
+    pm.detach()
 
 
 class JITModule:
