@@ -4,6 +4,7 @@ another process, another day) loads what the first compile made instead of compi
     key(graph, target, machine, options, tuned) -> Key
     lookup(key) -> artifact.Restored | None   (the driver makes the CompiledModel)
     store(key, model) -> None
+    Storer().request(key, model) -> None   (the same in a background thread; `wait()`)
 
 An entry is an artifact (`CompiledModel.save`, docs/artifacts.md) named by the SHA-256 of
 everything the compiled code depends on: the imported graph (its canonical form, constants
@@ -34,6 +35,12 @@ machine) is removed and the model compiled; a folder that cannot be written cost
 caching. `dnnc.compile(..., cache=False)` and `dnnc compile --no-cache` skip it;
 `DNNC_CACHE=0` turns it off for a process.
 
+A store a call asks for (a symbolic batch's new code, `CompiledModel`) runs in a background
+thread, so no call waits on the cache: one at a time per model (`Storer`), those asked for
+while one runs done as one more after it; the runtime's lock is held while the code is taken
+(`images()`), never while the file is written. At exit a store still running is waited for
+at most `EXIT_WAIT_SECONDS`; one cut short leaves its temporary file, never a part entry.
+
 Only targets whose compile is worth keeping are cached (their registry entry's `cached`: the
 targets that generate code); compiles shorter than `MIN_STORE_SECONDS` are not stored (loading
 one would cost as much). This module never imports `module.py` or the driver, which use it,
@@ -42,6 +49,7 @@ and never loads an entry it has not checked (owner, mode, not a symbolic link).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import hashlib
@@ -51,8 +59,10 @@ import os
 import re
 import stat
 import sys
+import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import NamedTuple
 
@@ -64,6 +74,7 @@ from .artifact import Restored, graph_to_doc, restore, save
 SCHEMA = 2
 MIN_STORE_SECONDS = 0.5
 DEFAULT_MAX_BYTES = 2 << 30
+EXIT_WAIT_SECONDS = 5.0   # at exit, how long a background store is waited for
 TMP_MAX_AGE = 3600.0   # seconds: a temporary file this old is a dead writer's, not a slow one's
 SUFFIX = ".dnnc"
 # the only names trim and clear touch: key()'s SHA-256 digest, and save()'s temporary files
@@ -281,6 +292,74 @@ def store(entry_key: Key, model) -> None:
         logger.debug("compile cache: not stored (%s)", exc)
         return
     trim(folder, max_bytes())
+
+
+class Storer:
+    """Stores one model in a background thread (`request`): one store at a time; the
+    requests made while one runs become one more store after it, of the model as it is then.
+    A store that fails costs only the caching (logged at debug level)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._again = False
+        _storers.add(self)
+
+    def request(self, entry_key: Key, model) -> None:
+        """Store `model` under `entry_key` soon, in the background; returns at once."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                self._again = True
+                return
+            self._again = False
+            self._thread = threading.Thread(target=self._run, args=(entry_key, model),
+                                            name="dnnc-cache-store", daemon=True)
+            self._thread.start()
+
+    def _run(self, entry_key: Key, model) -> None:
+        while True:
+            try:
+                store(entry_key, model)
+            except Exception as exc:   # a store is never worth a call's failure
+                logger.debug("compile cache: not stored (%s)", exc)
+            with self._lock:
+                if not self._again:
+                    self._thread = None
+                    return
+                self._again = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until no store of this model runs (at most `timeout` s); whether none does."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def _after_fork_in_child(self) -> None:
+        """The writer thread does not exist in a forked child, and its lock may be held."""
+        self._lock = threading.Lock()
+        self._thread, self._again = None, False
+
+
+_storers: weakref.WeakSet[Storer] = weakref.WeakSet()
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait until no background store runs in this process (at most `timeout` s in all);
+    whether none does. At exit it is called with `EXIT_WAIT_SECONDS`."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for storer in list(_storers):
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not storer.wait(left):
+            return False
+    return True
+
+
+atexit.register(lambda: wait(EXIT_WAIT_SECONDS))
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: [s._after_fork_in_child()
+                                                for s in list(_storers)])
 
 
 def trim(folder: Path, limit: int) -> None:

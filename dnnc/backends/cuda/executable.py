@@ -353,7 +353,13 @@ class CUDARuntime(Executable):
             raise DeviceError(f"a cuda model built for its source only cannot be saved: "
                               f"{device.unavailable_reason() or 'compile it on a GPU'}")
         with self._lock:
-            return [seg.image() for seg in list(self._cache.values())]
+            segments = list(self._cache.values())
+        images = []
+        for seg in segments:   # the lock a segment at a time: a compile waits for one image
+            with self._lock:   # (not of one evicted meanwhile: its code may be freed)
+                if any(s is seg for s in self._cache.values()):
+                    images.append(seg.image())
+        return images
 
     # -- introspection ------------------------------------------------------------------------
 
