@@ -393,7 +393,7 @@ def test_wrong_dtype_or_shape_on_the_gpu_is_refused_by_name(cnn, rng):
     _, compiled, _ = cnn
     (x,) = _inputs(rng, 1)
     with pytest.raises(dnnc.errors.InputError, match=r"input 'input': expected .* given "
-                                                     r"float64\[2, 3, 16, 16\]"):
+                                                     r"float64\[2,3,16,16\]"):
         compiled(cupy.asarray(x, dtype=cupy.float64))
     with pytest.raises(dnnc.errors.InputError, match="input 'input'"):
         compiled(cupy.asarray(x[:1]))
