@@ -288,8 +288,10 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 STATS = ("kernels", "host_fallback_ops", "compile_seconds", "nodes", "imported_nodes",
-         "pass_seconds", "arena_bytes", "tuned_kernels", "precision")
-"""The compile's statistics an artifact keeps (a load reports them as the compile did)."""
+         "pass_seconds", "arena_bytes", "tuned_kernels", "precision", "naive_bytes",
+         "live_lower_bound_bytes", "inplace_kernels", "workspace_bytes")
+"""The compile's statistics an artifact keeps (a load reports them as the compile did; the
+memory planner's figures too, which a restored specialisation, never planned, cannot give)."""
 
 
 def save(model, path, *, mode: int | None = None, record: dict | None = None) -> None:

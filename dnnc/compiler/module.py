@@ -154,9 +154,10 @@ class CompiledModel:
         (per arena, the most bytes live at once) are summed the same way, so
         `arena_bytes - workspace_bytes <= live_lower_bound_bytes` would mean every arena is
         optimal (in-place kernels can even go below it); `workspace_bytes` is the part of the
-        arenas that holds kernels' workspace (the dense template's packed A); all three are
-        absent for specialisations restored from an
-        artifact. `pass_seconds` holds each pass's seconds; `memory_plan_seconds` the memory
+        arenas that holds kernels' workspace (the dense template's packed A); a model
+        restored from an artifact (a cache hit, `dnnc.load`) reports the three as the compile
+        that saved it did, until a specialisation is planned in this process (then those
+        planned here). `pass_seconds` holds each pass's seconds; `memory_plan_seconds` the memory
         planner's, summed over the specialisations planned so far. `specializations` counts
         those kept (at most `cache_size` per segment) and `evictions` those dropped as least
         recently used; `batch_split_calls` the segment calls that ran a batch size on another

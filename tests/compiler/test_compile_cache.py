@@ -440,3 +440,28 @@ def test_python_reads_what_the_cli_compiled(folder, mlp_file, tmp_path):
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
     assert out.stdout.strip() == "hit"
     assert len(entries(folder)) == 1
+
+
+def test_a_hit_reports_the_memory_stats_of_the_fresh_compile(folder, mlp_file):
+    """Issue 30 item 16: a compile served from the cache reported no `naive_bytes`,
+    `live_lower_bound_bytes` or `workspace_bytes` (its code is restored, not planned), though
+    the fresh compile did: a hit, in this process or a new one, reports the same keys, and
+    the memory figures of the compile that stored it."""
+    fresh = dnnc.compile(mlp_file, "llvm")
+    memory = ("naive_bytes", "live_lower_bound_bytes", "workspace_bytes", "inplace_kernels")
+    assert all(k in fresh.stats for k in memory)
+    hit = dnnc.compile(mlp_file, "llvm")
+    assert hit.stats["compile_cache"] == "hit"
+    assert set(hit.stats) - {"load_seconds"} == set(fresh.stats)   # a load adds its time
+    assert {k: hit.stats[k] for k in memory} == {k: fresh.stats[k] for k in memory}
+    script = textwrap.dedent(f"""
+        import json, dnnc
+        m = dnnc.compile({str(mlp_file)!r}, "llvm")
+        print(json.dumps(m.stats))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    other = json.loads(out.stdout)
+    assert other["compile_cache"] == "hit"
+    assert set(other) - {"load_seconds"} == set(fresh.stats)
+    assert {k: other[k] for k in memory} == {k: fresh.stats[k] for k in memory}
