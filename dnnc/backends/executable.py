@@ -22,6 +22,7 @@ import logging
 import sys
 import threading
 import time
+from functools import partial
 
 import numpy as np
 
@@ -157,10 +158,11 @@ class Executable(TargetHooks):
         types = {id(v): v.type for v in self.graph.inputs}
         for v in self.graph.constants():
             types[id(v)] = v.type
-        # a segment's compile time grows with its nodes: they are the bar's units, so its ETA
-        # weighs a big segment as one
-        nodes = sum(len(s.nodes) for s in self.steps if isinstance(s, Segment))
-        with Progress(nodes, self.progress, unit="node") as progress:
+        # the bar's steps: each kernel as it is lowered and scheduled, then each segment's
+        # machine code (`_compiled`), so a one-segment model moves kernel by kernel
+        segments = [s for s in self.steps if isinstance(s, Segment)]
+        total = sum(len(segment_groups(s, self.graph.groups)) + 1 for s in segments)
+        with Progress(total, self.progress) as progress:
             for step in self.steps:
                 if isinstance(step, HostStep):
                     for v in step.node.outputs:
@@ -316,11 +318,16 @@ class Executable(TargetHooks):
                 groups = segment_groups(step, self.graph.groups)
                 message = (f"compiling segment {step.index}: {len(groups)} kernel(s) of "
                            f"{len(step.nodes)} node(s) for {self.describe_machine()}")
+                scheduled = None
                 if progress is not None:
                     progress.step(message)
+                    scheduled = partial(_kernel_done, progress, step.index, len(groups))
                 elif self.progress:
                     log.info(message)
-                program = self.builder.build(step, shapes, values, groups)
+                program = self.builder.build(step, shapes, values, groups, scheduled)
+                if progress is not None:
+                    progress.step(f"segment {step.index}: machine code of {len(groups)} "
+                                  f"kernel(s) for {self.describe_machine()}", detail=True)
                 seg = self.compile_segment(program)
                 self._cache.add(key, seg)
                 seconds = time.perf_counter() - start
@@ -328,7 +335,7 @@ class Executable(TargetHooks):
                 log.debug("segment %d, shapes %s: %d kernel(s) compiled in %.2f s",
                           step.index, shapes, len(program.kernels), seconds)
                 if progress is not None:
-                    progress.done(len(step.nodes))
+                    progress.done()
         return seg
 
     def _compile_exact(self, step: Segment, shapes: tuple, values: tuple) -> CompiledSegment:
@@ -366,3 +373,9 @@ class Executable(TargetHooks):
         """`plan_memory`'s figures over every specialisation
         (`Specialisations.memory_stats`)."""
         return self._cache.memory_stats
+
+
+def _kernel_done(progress: Progress, segment: int, kernels: int, k: int, kernel: Kernel) -> None:
+    """A kernel of a segment being compiled is lowered and scheduled: a step of `progress`."""
+    progress.step(f"segment {segment}: kernel {k + 1}/{kernels} ({kernel.name})", detail=True)
+    progress.done()

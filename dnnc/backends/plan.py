@@ -360,10 +360,19 @@ class ProgramBuilder:
                           TuningLogWarning, stacklevel=2)
         return self.schedule_kernel(kernel)
 
-    def build(self, step: Segment, shapes: tuple, values: tuple,
-              groups: list[list[int]]) -> Program:
-        """`step` specialised to `shapes` (and `values`), its kernels the `groups`."""
-        program = build_program(step, shapes, values, groups, self.schedule, self.reuse_memory)
+    def build(self, step: Segment, shapes: tuple, values: tuple, groups: list[list[int]],
+              scheduled: Callable[[int, Kernel], None] | None = None) -> Program:
+        """`step` specialised to `shapes` (and `values`), its kernels the `groups`;
+        `scheduled(k, kernel)` is told as each kernel is lowered and scheduled (progress)."""
+        schedule = self.schedule
+        if scheduled is not None:
+            count = iter(range(len(groups)))
+
+            def schedule(kernel: Kernel) -> L.PrimFunc:
+                func = self.schedule(kernel)
+                scheduled(next(count), kernel)
+                return func
+        program = build_program(step, shapes, values, groups, schedule, self.reuse_memory)
         self.plan_seconds += program.plan_seconds
         return program
 

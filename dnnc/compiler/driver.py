@@ -14,6 +14,7 @@ from ..ir.graph import Graph
 from ..ir.target import PRECISIONS, Target
 from ..levels import DEFAULT_OPT_LEVEL, OPT_LEVELS, levels
 from ..passes.manager import optimize, passes_at
+from ..progress import summarise
 from .arguments import (check_choice, check_int, check_optional_bool, check_optional_path,
                         check_returns)
 from . import cache as compile_cache
@@ -122,7 +123,10 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
 
     `cpu` (a `dnnc.ir.target.Target`, e.g. from `backends.llvm.cpu.cpu_from`) is the
     machine to compile for instead of this host (CPU name, features, threads; the layouts are
-    the target's own); `progress` prints compile stages on stderr (default: when it is a tty);
+    the target's own); `progress` prints compile stages on stderr (default: when it is a tty),
+    kernel by kernel, and a compile of `progress.SUMMARY_SECONDS` or more ends with one line
+    "dnnc: compiled NAME for TARGET: N kernels in S s" on a tty or not, unless `progress` is
+    False or the `dnnc` logger is above INFO;
     `passes` stops the pass pipeline after its first N passes and leaves arena memory
     unshared (for finding a miscompile: `dnnc compare --bisect-passes`);
     `dump_ir` is a folder that receives the graph's text after every pass (`NN_name.txt`).
@@ -188,6 +192,8 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     stats = _stats(graph, runtime, machine, start, imported_nodes, timings,
                    "off" if entry is None else "miss")
     model = CompiledModel(graph, runtime, target, stats)
+    summarise(f"compiled {graph.name} for {target}: {stats['kernels']} kernels",
+              stats["compile_seconds"], progress)
     if tuning_log is not None:
         model.tuning = {"log": os.fspath(tuning_log), "records_applied": stats["tuned_kernels"]}
         warn_unapplied(tuning_log, tuned, machine.key, stats["kernels"], stats["tuned_kernels"])

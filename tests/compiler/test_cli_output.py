@@ -281,7 +281,7 @@ def test_compile_draws_a_bar_on_a_terminal_and_erases_it(mlp, tmp_path, monkeypa
     monkeypatch.setattr(sys, "stderr", terminal)
     code = main(["compile", str(mlp), "-o", str(tmp_path / "m.dnnc"), "--target", "llvm"])
     drawn = terminal.getvalue()
-    assert code == 0 and re.search(r"dnnc: +0%.*0/3 \[", drawn)   # a bar of its 3 nodes
+    assert code == 0 and re.search(r"dnnc: +0%.*0/3 \[", drawn)   # 2 kernels, machine code
     assert "compiling segment 0: 2 kernel(s) of 3 node(s)" in drawn   # its postfix
     # erased: what stays are the message lines, not the bar
     assert not any("%" in line for line in visible_lines(drawn))
@@ -290,6 +290,93 @@ def test_compile_draws_a_bar_on_a_terminal_and_erases_it(mlp, tmp_path, monkeypa
     terminal.truncate()
     assert main(["compile", str(mlp), "-o", str(tmp_path / "m.dnnc"), "-q"]) == 0
     assert terminal.getvalue() == ""   # -q: no bar either
+
+
+def test_a_compile_advances_kernel_by_kernel(monkeypatch):
+    """Issue 30 item 15: a one-segment model sat at 0/49 for its whole compile, then jumped
+    to the end: each kernel is a step now, as it is lowered and scheduled, and the segment's
+    machine code the last."""
+    from dnnc.backends import executable
+    from dnnc.progress import Progress
+
+    seen = []
+
+    class Recording(Progress):
+        def __init__(self, total, enabled, unit="step"):
+            super().__init__(total, False, unit)
+            seen.append(("total", total))
+            self.count = 0
+
+        def step(self, message, detail=False):
+            seen.append((self.count, message))
+
+        def done(self, n=1):
+            self.count += n
+
+        def close(self):
+            seen.append(("closed", self.count))
+
+    monkeypatch.setattr(executable, "Progress", Recording)
+    model = dnnc.compile(zoo.build("cnn"), "llvm", cache=False, progress=True)
+    kernels = model.stats["kernels"]
+    assert kernels > 2 and seen[0] == ("total", kernels + 1) and seen[-1] == ("closed", kernels + 1)
+    said = [(count, message) for count, message in seen[1:-1]
+            if message.startswith("segment 0: kernel ")]
+    assert len(said) == kernels   # each told as it is scheduled: the bar moves with it
+    for k, (count, message) in enumerate(said):
+        assert count == k and re.fullmatch(rf"segment 0: kernel {k + 1}/{kernels} "
+                                           rf"\(k{k}_\w+\)", message), (count, message)
+    assert (kernels, f"segment 0: machine code of {kernels} kernel(s) for "
+            f"{REGISTRY['llvm'].target().cpu}") in seen
+
+
+SUMMARY = re.compile(r"dnnc: compiled cnn for llvm: (\d+) kernels in \d+\.\d s")
+
+
+def test_a_long_compile_ends_with_one_line_where_stderr_is_a_file(monkeypatch, capsys):
+    """Issue 30 item 15: from Python with stderr a file nothing was shown of a long compile:
+    one summary line now, also without progress asked for; none with `progress=False` or the
+    `dnnc` logger above INFO."""
+    from dnnc import progress
+
+    monkeypatch.setattr(progress, "SUMMARY_SECONDS", 0.0)   # every compile is long
+    capsys.readouterr()
+    model = dnnc.compile(zoo.build("cnn"), "llvm", cache=False)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert SUMMARY.fullmatch(line) and int(SUMMARY.fullmatch(line)[1]) == model.stats["kernels"]
+    dnnc.compile(zoo.build("cnn"), "llvm", cache=False, progress=False)
+    assert capsys.readouterr().err == ""
+    level = dnnc.log.LOGGER.level
+    dnnc.log.LOGGER.setLevel(logging.WARNING)
+    try:
+        dnnc.compile(zoo.build("cnn"), "llvm", cache=False)
+    finally:
+        dnnc.log.LOGGER.setLevel(level)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "SUMMARY_SECONDS", 1e9)   # a short compile says nothing
+    dnnc.compile(zoo.build("cnn"), "llvm", cache=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_summary_line_of_the_command_and_its_quiet(tmp_path, monkeypatch, capsys):
+    """`dnnc compile` on a stderr that is no terminal ends a long compile with the summary
+    line after its progress lines; `-q` prints neither."""
+    from dnnc import progress
+
+    monkeypatch.setattr(progress, "SUMMARY_SECONDS", 0.0)
+    monkeypatch.setenv("DNNC_CACHE", "0")
+    onnx_file = tmp_path / "cnn.onnx"
+    import onnx
+    onnx.save(zoo.build("cnn"), onnx_file)
+    capsys.readouterr()
+    assert main(["compile", str(onnx_file), "-o", str(tmp_path / "m.dnnc"), "--target",
+                 "llvm"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("dnnc: compiling segment 0: ") for line in lines), lines
+    assert sum(bool(SUMMARY.fullmatch(line)) for line in lines) == 1, lines
+    assert main(["compile", str(onnx_file), "-o", str(tmp_path / "m.dnnc"), "--target",
+                 "llvm", "-q"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_bisect_draws_a_bar_and_ctrl_c_leaves_one_line(mlp, monkeypatch, capsys):
