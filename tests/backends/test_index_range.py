@@ -67,3 +67,21 @@ def test_bert_tiny_token_id_past_the_vocabulary_raises(target):
         ids[0, 3] = bad
         with pytest.raises(InputError, match=rf"'embeddings.words': index {bad} .*size 30522"):
             compiled(**{**feeds, "input_ids": ids})
+
+
+@pytest.mark.parametrize("target", ["numpy", "llvm"])
+def test_scatter_nd_on_the_host_raises_on_every_target(target):
+    """Scatters run as host fallbacks through the references on llvm (and cuda): the same
+    InputError as the numpy target, while an in-range negative index still wraps."""
+    graph = helper.make_graph(
+        [helper.make_node("ScatterND", ["x", "i", "u"], ["y"], name="put")], "scatter",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])],
+        [numpy_helper.from_array(np.ones((1, 2), np.float32), "u")])
+    model = dnnc.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                         target=target)
+    x = np.zeros((4, 2), np.float32)
+    np.testing.assert_array_equal(model(x=x, i=np.array([[-1]])), [[0, 0]] * 3 + [[1, 1]])
+    with pytest.raises(InputError, match=r"ScatterND node 'put': index 4 .*size 4"):
+        model(x=x, i=np.array([[4]]))
