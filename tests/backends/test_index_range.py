@@ -85,3 +85,33 @@ def test_scatter_nd_on_the_host_raises_on_every_target(target):
     np.testing.assert_array_equal(model(x=x, i=np.array([[-1]])), [[0, 0]] * 3 + [[1, 1]])
     with pytest.raises(InputError, match=r"ScatterND node 'put': index 4 .*size 4"):
         model(x=x, i=np.array([[4]]))
+
+
+def _constant_index_model(k: int):
+    """y = Gather(x, k, axis=1) with a constant 0-d k: x[:, k]."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "k"], ["y"], name="pick", axis=1)], "pick",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array(k, np.int64), "k")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("k", [7, -9])
+def test_constant_out_of_range_index(k):
+    """The numpy target names the node, the index and the bound (a 0-d index: it failed with
+    numpy's "nonzero on 0d arrays"); llvm's kernel read x[:, k] past its buffer (x[1, 7] is
+    past x's 10 floats) and now clamps it as a run-time index, within x."""
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    with pytest.raises(InputError, match=rf"Gather node 'pick': index {k} .*size 5"):
+        dnnc.compile(_constant_index_model(k), target="numpy")(x=x)
+    out = dnnc.compile(_constant_index_model(k), target="llvm")(x=x)
+    np.testing.assert_array_equal(out, x[:, 4] if k > 0 else x[:, 0])
+
+
+@pytest.mark.parametrize("k", [0, 3, -1, -5])
+def test_constant_in_range_index_matches_the_reference(k):
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    for target in ("numpy", "llvm"):
+        out = dnnc.compile(_constant_index_model(k), target=target)(x=x)
+        np.testing.assert_array_equal(out, x[:, k])

@@ -22,7 +22,7 @@ from .. import types as T
 from ...errors import IndexRangeError
 from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_sum
 from ..loop import Select, const, eq, logical_and, minimum
-from .index_exprs import as_index, check_sizes_bound, clamp_index, unravel
+from .index_exprs import as_index, check_sizes_bound, clamp_index, const_int, unravel
 from .infer import check_dtype, check_same_dtype, normalize_axis
 from .registry import Pattern, register_op
 
@@ -46,8 +46,8 @@ def _checked_wrap(indices: np.ndarray, size) -> np.ndarray:
     bound = np.broadcast_to(np.asarray(size), indices.shape)
     bad = (indices < -bound) | (indices >= bound)
     if bad.any():
-        at = tuple(int(i[0]) for i in np.nonzero(bad))
-        raise IndexRangeError(int(indices[at]), int(bound[at]))
+        first = int(np.flatnonzero(bad)[0])   # flat: a 0-d index too
+        raise IndexRangeError(int(indices.reshape(-1)[first]), int(bound.reshape(-1)[first]))
     return np.where(indices < 0, indices + bound, indices)
 
 
@@ -147,7 +147,9 @@ def _gather_rule(inputs, outputs, axis):
     fixed = None
     if known is not None and known.size == 1:  # x[:, k]: a constant index, no load of it
         k = int(known.reshape(-1)[0])
-        fixed = const(k) if k >= 0 else size + k
+        n = const_int(size)
+        if n is not None and -n <= k < n:   # else clamped below as a run-time index is
+            fixed = const(k) if k >= 0 else size + k
 
     def element(*i):
         at = fixed if fixed is not None else _index(indices[tuple(i[axis:axis + q])], size)

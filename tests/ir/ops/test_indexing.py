@@ -330,6 +330,7 @@ def test_out_of_range_gather_index_fails_in_the_reference():
 @pytest.mark.parametrize("op, args, attrs, index, bound", [
     ("Gather", (np.arange(3.0), np.array([0, -4])), {"axis": 0}, -4, 3),
     ("Gather", (np.zeros((2, 5)), np.array([[1, 2**62]])), {"axis": 1}, 2**62, 5),
+    ("Gather", (np.zeros((2, 5)), np.array(7)), {"axis": 1}, 7, 5),   # a 0-d index
     ("GatherElements", (np.zeros((2, 3)), np.array([[0, 1, 2], [2, 3, 0]])), {"axis": 1}, 3, 3),
     ("GatherND", (np.zeros((2, 3)), np.array([[1, 2], [1, -10**6]])), {"batch_dims": 0},
      -10**6, 3),
