@@ -51,7 +51,18 @@ class ConfigError(DNNCError):
 
 
 class InputError(DNNCError):
-    """A compiled model was called with the wrong number, shapes or dtypes of inputs."""
+    """A compiled model was called with the wrong number, shapes or dtypes of inputs, or with
+    values an op cannot take (a gather or scatter index out of range: names the node)."""
+
+
+class IndexRangeError(IndexError):
+    """An op's reference met an index outside [-bound, bound - 1] (a gather or scatter at run
+    time). Not a `DNNCError`: the interpreter turns it into an `InputError` naming the node."""
+
+    def __init__(self, index: int, bound: int):
+        self.index, self.bound = index, bound
+        super().__init__(f"index {index} is out of range for an axis of size {bound} "
+                         f"(valid: {-bound} to {bound - 1})")
 
 
 class ArtifactError(DNNCError):

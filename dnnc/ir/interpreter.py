@@ -12,7 +12,7 @@ from collections import ChainMap
 
 import numpy as np
 
-from ..errors import DNNCError
+from ..errors import DNNCError, IndexRangeError, InputError
 from .graph import Graph, Node, Value
 from .ops.registry import get_op
 from .types import TensorType, _parse, shape_text
@@ -88,6 +88,8 @@ def _evaluate(node: Node, args: list) -> list[np.ndarray]:
             outs = op.run(args, node.attrs)
     except DNNCError:
         raise
+    except IndexRangeError as exc:   # the caller's data indexes out of range (onnxruntime too)
+        raise InputError(f"{node.op} node {node.name!r}: {exc}") from exc
     except Exception as exc:
         raise EvaluationError(node, f"reference failed: {type(exc).__name__}: {exc}") from exc
     if len(outs) < len(node.outputs):

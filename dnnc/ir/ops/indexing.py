@@ -19,9 +19,10 @@ import numpy as np
 
 from .. import batching
 from .. import types as T
+from ...errors import IndexRangeError
 from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_sum
 from ..loop import Select, const, eq, logical_and, minimum
-from .index_exprs import as_index, check_sizes_bound, clamp_index, unravel
+from .index_exprs import as_index, check_sizes_bound, clamp_index, const_int, unravel
 from .infer import check_dtype, check_same_dtype, normalize_axis
 from .registry import Pattern, register_op
 
@@ -34,6 +35,20 @@ def _wrap(indices: np.ndarray, size) -> np.ndarray:
     """Negative indices counted from the end, as ONNX allows for every indexing op."""
     indices = np.asarray(indices)
     return np.where(indices < 0, indices + size, indices)
+
+
+def _checked_wrap(indices: np.ndarray, size) -> np.ndarray:
+    """`_wrap` for the ops that read or write at each index (gathers, scatters): an index
+    outside [-size, size - 1] raises `IndexRangeError`, which the interpreter reports as an
+    `InputError` naming the node, as onnxruntime refuses it. (OneHot maps such an index to an
+    all-off row: it uses `_wrap`.)"""
+    indices = np.asarray(indices)
+    bound = np.broadcast_to(np.asarray(size), indices.shape)
+    bad = (indices < -bound) | (indices >= bound)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])   # flat: a 0-d index too
+        raise IndexRangeError(int(indices.reshape(-1)[first]), int(bound.reshape(-1)[first]))
+    return np.where(indices < 0, indices + bound, indices)
 
 
 def _index(value, size):
@@ -78,7 +93,7 @@ def _gather_infer(ctx):
 
 def gather(data, indices, axis):
     axis = axis % data.ndim
-    return np.asarray(np.take(data, _wrap(indices, data.shape[axis]), axis=axis))
+    return np.asarray(np.take(data, _checked_wrap(indices, data.shape[axis]), axis=axis))
 
 
 def _gather_elements_infer(ctx):
@@ -93,7 +108,7 @@ def _gather_elements_infer(ctx):
 
 def gather_elements(data, indices, axis):
     axis = axis % data.ndim
-    return np.take_along_axis(data, _wrap(indices, data.shape[axis]), axis=axis)
+    return np.take_along_axis(data, _checked_wrap(indices, data.shape[axis]), axis=axis)
 
 
 def _gather_nd_infer(ctx):
@@ -117,7 +132,7 @@ def gather_nd(data, indices, batch_dims):
     flat_idx = indices.reshape((flat_data.shape[0], -1, k))
     out = []
     for d, idx in zip(flat_data, flat_idx):
-        idx = _wrap(idx, np.array(d.shape[:k]))
+        idx = _checked_wrap(idx, np.array(d.shape[:k]))
         out.append(np.stack([d[tuple(i)] for i in idx]) if len(idx) else
                    np.empty((0,) + d.shape[k:], data.dtype))
     out = np.stack(out) if out else np.empty((0, 0) + data.shape[b + k:], data.dtype)
@@ -132,7 +147,9 @@ def _gather_rule(inputs, outputs, axis):
     fixed = None
     if known is not None and known.size == 1:  # x[:, k]: a constant index, no load of it
         k = int(known.reshape(-1)[0])
-        fixed = const(k) if k >= 0 else size + k
+        n = const_int(size)
+        if n is not None and -n <= k < n:   # else clamped below as a run-time index is
+            fixed = const(k) if k >= 0 else size + k
 
     def element(*i):
         at = fixed if fixed is not None else _index(indices[tuple(i[axis:axis + q])], size)
@@ -214,7 +231,7 @@ def _scatter_elements_infer(ctx):
 def scatter_elements(data, indices, updates, axis, reduction):
     axis = axis % data.ndim
     index = list(np.indices(indices.shape, sparse=True))
-    index[axis] = _wrap(indices, data.shape[axis])
+    index[axis] = _checked_wrap(indices, data.shape[axis])
     return _scatter(data.copy(), tuple(index), updates, reduction)
 
 
@@ -238,7 +255,7 @@ def _scatter_nd_infer(ctx):
 
 def scatter_nd(data, indices, updates, reduction):
     k = indices.shape[-1]
-    idx = indices.reshape(-1, k)
+    idx = _checked_wrap(indices.reshape(-1, k), np.array(data.shape[:k]))
     upd = updates.reshape((idx.shape[0],) + data.shape[k:])
     return _scatter(data.copy(), tuple(idx.T), upd, reduction)
 

@@ -9,7 +9,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import dnnc
-from dnnc.errors import ShapeError
+from dnnc.errors import IndexRangeError, ShapeError
 from dnnc.frontend.onnx import import_onnx
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
@@ -325,6 +325,32 @@ def test_topk_k_larger_than_axis_is_an_error():
 def test_out_of_range_gather_index_fails_in_the_reference():
     with pytest.raises(IndexError):
         get_op("Gather").evaluate(np.arange(3.0), np.array([3]), axis=0)
+
+
+@pytest.mark.parametrize("op, args, attrs, index, bound", [
+    ("Gather", (np.arange(3.0), np.array([0, -4])), {"axis": 0}, -4, 3),
+    ("Gather", (np.zeros((2, 5)), np.array([[1, 2**62]])), {"axis": 1}, 2**62, 5),
+    ("Gather", (np.zeros((2, 5)), np.array(7)), {"axis": 1}, 7, 5),   # a 0-d index
+    ("GatherElements", (np.zeros((2, 3)), np.array([[0, 1, 2], [2, 3, 0]])), {"axis": 1}, 3, 3),
+    ("GatherND", (np.zeros((2, 3)), np.array([[1, 2], [1, -10**6]])), {"batch_dims": 0},
+     -10**6, 3),
+    ("ScatterElements", (np.zeros(3), np.array([3]), np.ones(1)),
+     {"axis": 0, "reduction": "none"}, 3, 3),
+    ("ScatterND", (np.zeros((4, 2)), np.array([[4]]), np.ones((1, 2))), {"reduction": "none"},
+     4, 4),
+])
+def test_out_of_range_indices_name_the_index_and_the_bound(op, args, attrs, index, bound):
+    """Issue 30: the references refuse an index outside [-n, n - 1] with its value and n (the
+    interpreter turns that into an InputError naming the node); none wraps or clamps it."""
+    with pytest.raises(IndexRangeError, match=f"index {index} .* size {bound}") as info:
+        get_op(op).evaluate(*args, **attrs)
+    assert (info.value.index, info.value.bound) == (index, bound)
+
+
+def test_one_hot_keeps_out_of_range_indices_as_all_off_rows():
+    out = get_op("OneHot").evaluate(np.array([1, 5]), np.array([3]), np.array([0.0, 1.0]),
+                                    axis=-1)
+    np.testing.assert_array_equal(out, [[0, 1, 0], [0, 0, 0]])
 
 
 
