@@ -358,6 +358,19 @@ class Executable(TargetHooks):
     def compiled_segments(self) -> list[CompiledSegment]:
         return list(self._cache.values())
 
+    def images(self) -> list:
+        """Every specialisation compiled so far as data an artifact can store (each compiled
+        segment's `image()`), taking the lock one segment at a time: a compile waits for one
+        image, and a segment evicted meanwhile is skipped (its code may be freed)."""
+        with self._lock:
+            segments = list(self._cache.values())
+        images = []
+        for seg in segments:
+            with self._lock:
+                if any(s is seg for s in self._cache.values()):
+                    images.append(seg.image())
+        return images
+
     @property
     def evictions(self) -> int:
         """Specialisations dropped beyond `cache_size` per segment."""

@@ -352,14 +352,7 @@ class CUDARuntime(Executable):
         if self.render_only:
             raise DeviceError(f"a cuda model built for its source only cannot be saved: "
                               f"{device.unavailable_reason() or 'compile it on a GPU'}")
-        with self._lock:
-            segments = list(self._cache.values())
-        images = []
-        for seg in segments:   # the lock a segment at a time: a compile waits for one image
-            with self._lock:   # (not of one evicted meanwhile: its code may be freed)
-                if any(s is seg for s in self._cache.values()):
-                    images.append(seg.image())
-        return images
+        return super().images()
 
     # -- introspection ------------------------------------------------------------------------
 

@@ -116,17 +116,6 @@ class LLVMRuntime(Executable):
     def describe_machine(self) -> str:
         return self.target.cpu
 
-    def images(self) -> list[SegmentImage]:
-        """Every specialisation compiled so far, as data an artifact can store."""
-        with self._lock:
-            segments = list(self._cache.values())
-        images = []
-        for seg in segments:   # the lock a segment at a time: a compile waits for one image
-            with self._lock:   # (not of one evicted meanwhile: its code may be freed)
-                if any(s is seg for s in self._cache.values()):
-                    images.append(seg.image())
-        return images
-
     def source(self, kind: str = "llvm") -> str:
         parts = []
         for seg in list(self._cache.values()):
