@@ -130,3 +130,60 @@ def test_bisect_names_memory_planning_when_only_the_arena_is_wrong(monkeypatch, 
     monkeypatch.setattr(plan_module, "plan_memory", overlapping)
     found = bisect_passes(g, "llvm", seed=int(rng.integers(1 << 16)))
     assert found is not None and found[0] == "memory planning (arena reuse)"
+
+
+def _conv_relu():
+    rng = np.random.default_rng(5)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 3, 9, 9)))
+    w = Value("w", T.TensorType(T.float32, (8, 3, 3, 3)),
+              const=rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
+    c = g.add("Conv", x, w, name="conv", pads=[1, 1, 1, 1])
+    g.outputs = [g.add("Relu", c, name="act")]
+    return g
+
+
+def test_a_bug_only_in_a_fused_epilogue_is_found_kernel_by_kernel(monkeypatch):
+    """Issue 30, item 5: a fused epilogue's bug hides when every node's output is observed
+    (nothing fuses then); the kernel-by-kernel stage compiles each kernel as the target fuses
+    it and names the kernel's nodes."""
+    from dnnc.backends import problems
+    from dnnc.compiler.compare import compare_kernels
+    from dnnc.ir import loop as L
+
+    real = problems.epilogue
+
+    def off_by_one(kernel):
+        apply = real(kernel)
+        if len(kernel.nodes) == 1:
+            return apply
+        return lambda value, index: apply(value, index) + L.const(1.0)
+
+    monkeypatch.setattr(problems, "epilogue", off_by_one)
+    found = compare_kernels(_conv_relu(), "llvm")
+    assert found is not None and found.node == "act" and found.op == "Relu"
+    assert found.kernel == ["conv", "act"] and found.max_abs_error == pytest.approx(1.0, rel=1e-4)
+    assert compare(_conv_relu(), "llvm") == found
+    assert "fused kernel of conv, act" in found.where()
+
+
+def test_a_quantized_output_may_differ_by_one_step_kernel_by_kernel():
+    """A float sum rounded to the nearest step, summed in another order, may land one step
+    away: one step of a QuantizeLinear's integer output (and one scale of the DequantizeLinear
+    after it) is not a divergence; two steps are."""
+    from dnnc.compiler.compare import _close, _one_step
+
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (4,)))
+    scale = Value("s", T.TensorType(T.float32, ()), const=np.array(0.5, np.float32))
+    zero = Value("z", T.TensorType(T.int8, ()), const=np.array(0, np.int8))
+    q = g.add("QuantizeLinear", x, scale, zero, name="q")
+    d = g.add("DequantizeLinear", q, scale, zero, name="dq")
+    g.outputs = [g.add("Relu", d, name="act")]
+    assert _one_step(g.nodes, q) == (1, 0.0)
+    assert _one_step(g.nodes, d) == (0, 0.5)
+    assert _one_step(g.nodes, g.outputs[0]) == (0, 0.0)
+    want = np.array([1, 2, 3, 4], np.int8)
+    assert _close(np.array([1, 3, 3, 4], np.int8), want, 0, 0, steps=1)[0]
+    assert not _close(np.array([1, 4, 3, 4], np.int8), want, 0, 0, steps=1)[0]
+    assert not _close(np.array([1, 3, 3, 4], np.int8), want, 0, 0)[0]

@@ -403,15 +403,21 @@ class _DirectConv:
         if mr == 1:
             return store
         # a tile inside one output row stores each channel's MR pixels as one vector (the
-        # accumulators transposed in registers) instead of every output a lane at a time
-        finish = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), value),
+        # accumulators transposed in registers) instead of every output a lane at a time; the
+        # finished values wait in acc, or in a tile of Y's type when the epilogue changes the
+        # type (a fused QuantizeLinear's int8: never int8 stored into float32 acc)
+        staged = acc if value.dtype is acc.dtype else \
+            L.Buffer("yt", value.dtype, (mr * nr,), L.Scope.LOCAL)
+        finish = L.For(ii, mr, L.For(jj, nr, L.Store(staged, (ii * nr + jj,), value),
                                      L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
         by_channel = L.For(ii, mr, L.Store(y, (self.bn, out_c, p0 // ow, p0 % ow + ii),
-                                           acc[ii * nr + jj]), L.ForKind.VECTORIZED)
+                                           staged[ii * nr + jj]), L.ForKind.VECTORIZED)
         if mg % nr:
             by_channel = L.If(self.in_group < mg, by_channel)
-        return L.If(L.logical_and(p0 % ow + mr <= ow, p0 + mr <= self.pixels_n),
-                    L.seq(finish, L.For(jj, nr, by_channel, L.ForKind.UNROLLED)), store)
+        row = L.seq(finish, L.For(jj, nr, by_channel, L.ForKind.UNROLLED))
+        if staged is not acc:
+            row = L.Allocate(staged, row)
+        return L.If(L.logical_and(p0 % ow + mr <= ow, p0 + mr <= self.pixels_n), row, store)
 
     def strip_tiles_loop(self, wpk: L.Buffer) -> L.Stmt:
         """A strip's tiles, each reduced and stored; with a chunk, the reduction in slices

@@ -63,12 +63,13 @@ def run(args) -> int:
     elif not diverges:
         print(f"no divergence: {args.target} matches the reference after every pass"
               if args.bisect_passes else
-              f"no divergence: every node's output on {args.target} matches the reference")
+              f"no divergence: every kernel's and every node's output on {args.target} matches "
+              f"the reference")
     else:
         if culprit is not None:
             print(f"first diverging pass: {culprit}")
         if where is not None:
-            print(f"first diverging node: {where.node} ({where.op}), output {where.value}, max "
+            print(f"first diverging node: {where.where()}, output {where.value}, max "
                   f"abs error {where.max_abs_error:.3g} (rtol {args.rtol:g}, atol "
                   f"{args.atol:g})")
     return EXIT_FINDING if diverges else EXIT_OK

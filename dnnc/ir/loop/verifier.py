@@ -8,6 +8,8 @@ function nor accept one a backend could not render.
 
 from __future__ import annotations
 
+import math
+
 from .. import types as T
 from .nodes import (
     MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, Allocate, Barrier, BinOp, Call, Const, For, If,
@@ -53,7 +55,7 @@ def _check_access(func, buffer, indices, buffers) -> None:
     if known is None:
         raise LoopIRError(f"{func.name}: buffer {buffer.name} is neither a parameter nor "
                           f"allocated here")
-    if known != buffer:
+    if known != buffer and not _is_view(known, buffer):
         raise LoopIRError(f"{func.name}: buffer {buffer.name} accessed with another type")
     if len(indices) != len(buffer.shape):
         raise LoopIRError(f"{func.name}: {buffer.name} has rank {len(buffer.shape)}, "
@@ -62,6 +64,19 @@ def _check_access(func, buffer, indices, buffers) -> None:
         if not i.dtype.is_int:
             raise LoopIRError(f"{func.name}: index {print_expr(i)} of {buffer.name} is not "
                               f"an integer")
+
+
+def _is_view(known, buffer) -> bool:
+    """`buffer` reads `known`'s memory in another shape: same dtype, scope and element count
+    (a 1x1 convolution's [n, c, h * w] view of an [n, c, h, w] tensor). Symbolic dims must
+    match as a multiset, constant dims by their product."""
+    def size(b):
+        dims = [d.value if isinstance(d, Const) else d for d in b.shape]
+        fixed = [d for d in dims if isinstance(d, int)]
+        return math.prod(fixed), sorted(repr(d) for d in dims if not isinstance(d, int))
+
+    return known.dtype is buffer.dtype and known.scope is buffer.scope and \
+        size(known) == size(buffer)
 
 
 def _check_shuffle(func, call: Call, gpu: set) -> None:
@@ -152,8 +167,10 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
         b = s.buffer
         if b.name in buffers:
             raise LoopIRError(f"{func.name}: buffer {b.name} allocated twice")
-        if b.scope is Scope.SHARED and not any(k.startswith("blockIdx") for k in gpu):
-            raise LoopIRError(f"{func.name}: shared buffer {b.name} outside a GPU block loop")
+        if b.scope is Scope.SHARED and not any(k.startswith("blockIdx") for k in gpu) and \
+                not any(isinstance(n, For) and n.kind.is_gpu_block for n in walk(s.body)):
+            raise LoopIRError(f"{func.name}: shared buffer {b.name} neither inside nor around a "
+                              f"GPU block loop")
         _check_expr_vars(func, b.shape, scope_vars)
         _verify_stmt(func, s.body, scope_vars, {**buffers, b.name: b}, gpu)
     elif isinstance(s, Seq):
