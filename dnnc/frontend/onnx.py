@@ -263,18 +263,26 @@ def check_opset(model: onnx.ModelProto) -> None:
             f"(7 to {NEWEST_OPSET} in full, older ones op by op)")
 
 
-def check_input_shapes(model: onnx.ModelProto, input_shapes) -> None:
+def shape_option(name: str, as_option: bool) -> str:
+    """How the user gives input `name` a shape: from Python or on the command line."""
+    return f"--input-shape {name}=D0,D1,..." if as_option else \
+        f"input_shapes={{{name!r}: (...)}}"
+
+
+def check_input_shapes(model: onnx.ModelProto, input_shapes, as_option: bool = False) -> None:
     """`input_shapes` maps inputs of the model to shapes of its rank, whose dims are sizes
-    (ints >= 0) or symbolic names and agree with the dims the model fixes."""
+    (ints >= 0) or symbolic names and agree with the dims the model fixes. `as_option`:
+    mistakes are named as the command line's --input-shape."""
+    option = "--input-shape" if as_option else "input_shapes"
     if not isinstance(input_shapes, dict):
         raise errors.ArgumentError(f"input_shapes must be a dict of input name -> shape, not "
                                    f"{type(input_shapes).__name__}")
     initializers = {t.name for t in model.graph.initializer}
     inputs = {vi.name: vi for vi in model.graph.input if vi.name not in initializers}
     for name, shape in input_shapes.items():
-        where = f"input_shapes[{name!r}]"
+        where = f"--input-shape {name}" if as_option else f"input_shapes[{name!r}]"
         if name not in inputs:
-            raise errors.ArgumentError(f"input_shapes names {name!r}, but the model's inputs "
+            raise errors.ArgumentError(f"{option} names {name!r}, but the model's inputs "
                                        f"are {', '.join(inputs) or '(none)'}")
         if not isinstance(shape, (tuple, list)) or not all(
                 isinstance(d, str) and d.isidentifier()
@@ -287,35 +295,40 @@ def check_input_shapes(model: onnx.ModelProto, input_shapes) -> None:
             continue
         declared = tt.shape.dim
         if len(declared) != len(shape):
-            raise errors.ArgumentError(f"{where} = {tuple(shape)} has rank {len(shape)}; the "
-                                       f"model's input {name!r} has rank {len(declared)}")
+            given = f"{where}={','.join(map(str, shape))}" if as_option else \
+                f"{where} = {tuple(shape)}"
+            raise errors.ArgumentError(f"{given} has rank {len(shape)}; the model's input "
+                                       f"{name!r} has rank {len(declared)}")
         for k, (d, given) in enumerate(zip(declared, shape)):
             if d.HasField("dim_value") and d.dim_value != given:
                 raise errors.ArgumentError(f"{where}: dim {k} is fixed to {d.dim_value} by "
                                            f"the model, not {given}")
 
 
-def import_onnx(src, input_shapes: dict[str, tuple] | None = None) -> Graph:
-    """Translate an ONNX model (path, bytes or ModelProto) into a typed Graph."""
+def import_onnx(src, input_shapes: dict[str, tuple] | None = None,
+                as_option: bool = False) -> Graph:
+    """Translate an ONNX model (path, bytes or ModelProto) into a typed Graph. `as_option`:
+    shape mistakes and missing shapes are named as the command line's --input-shape."""
     model = load_model_proto(src)
     if not model.HasField("graph"):
         raise ModelFormatError("the model has no graph; the file may be truncated")
     check_opset(model)
     if input_shapes is not None:
-        check_input_shapes(model, input_shapes)
+        check_input_shapes(model, input_shapes, as_option)
     unsupported = find_unsupported(model)
     if unsupported:
         raise UnsupportedOpError(unsupported)
-    builder = _GraphBuilder(opset_of(model)[""], input_shapes or {})
+    builder = _GraphBuilder(opset_of(model)[""], input_shapes or {}, as_option)
     graph = builder.build(model.graph)
     graph.name = model.graph.name or "main"
     return graph
 
 
 class _GraphBuilder:
-    def __init__(self, opset: int, input_shapes: dict[str, tuple]):
+    def __init__(self, opset: int, input_shapes: dict[str, tuple], as_option: bool = False):
         self.opset = opset
         self.input_shapes = input_shapes
+        self.as_option = as_option
         self.scopes: list[dict[str, Value]] = []
         self.symbols: set[str] = set()   # symbolic dim names handed out
         self.dim_params: dict[str, str] = {}   # ONNX dim_param -> its symbol
@@ -373,7 +386,7 @@ class _GraphBuilder:
             if outer:  # subgraph inputs without shapes (Loop bodies): the importer gives types
                 return T.TensorType(dtype, ())
             raise ModelFormatError(f"input {vi.name!r} has no shape; give one with "
-                                   f"input_shapes={{{vi.name!r}: (...)}}")
+                                   f"{shape_option(vi.name, self.as_option)}")
         dims = []
         for k, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value") and d.dim_value >= 0:

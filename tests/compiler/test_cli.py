@@ -255,7 +255,7 @@ def test_compile_then_run_the_artifact(tmp_path, capsys):
     code, out, err = run_cli(capsys, "run", out_file, "--input", f"input={tmp_path / 'x.npy'}",
                              "--output-dir", tmp_path / "outs")
     assert code == 0, err
-    assert out.splitlines()[0].startswith("logits: float32[2, 5]  min ")
+    assert out.splitlines()[0].startswith("logits: float32[2,5]  min ")
     want = dnnc.compile(str(path), target="numpy")(x)
     np.testing.assert_allclose(np.load(tmp_path / "outs" / "logits.npy"), want, rtol=1e-5,
                                atol=1e-6)
@@ -269,7 +269,7 @@ def test_run_onnx_with_random_inputs_and_a_symbolic_batch(tmp_path, capsys):
     code, out, err = run_cli(capsys, "run", path, "--random", "--dim", "N=3", "--seed", "4",
                              "--output-dir", tmp_path / "o")
     assert code == 0, err
-    assert out.splitlines()[0].startswith("logits: float32[3, 5]")
+    assert out.splitlines()[0].startswith("logits: float32[3,5]")
     assert "compiling for these shapes" in out
     x = np.random.default_rng(4).standard_normal((3, 20)).astype(np.float32)
     want = dnnc.compile(str(path), target="numpy")(x)
@@ -288,7 +288,7 @@ def test_compile_for_a_cpu_subset(tmp_path, capsys):
     features = set(read_manifest(tmp_path / "sse.dnnc")["target"]["features"])
     assert not features & {"avx512f", "avx2", "avx", "fma"}
     code, out, _ = run_cli(capsys, "run", tmp_path / "sse.dnnc", "--random", "-q")
-    assert code == 0 and out.startswith("logits: float32[2, 5]")
+    assert code == 0 and out.startswith("logits: float32[2,5]")
 
 
 def test_bench_prints_medians(tmp_path, capsys):
@@ -684,7 +684,7 @@ def test_run_says_what_is_wrong_with_an_input_file(tmp_path, capsys):
         assert code == 2 and message in err and "pickle" not in err, err
     code, out, err = run_cli(capsys, "run", mlp, "--input", f"input={tmp_path / 'one.npz'}",
                              "-q")
-    assert code == 0 and out.startswith("logits: float32[2, 5]"), err
+    assert code == 0 and out.startswith("logits: float32[2,5]"), err
 
 
 def test_tune_prints_tiny_kernel_times_with_their_digits():
@@ -733,3 +733,36 @@ def test_docs_name_the_passes_bisection_runs_and_jit_s_default_target():
                    if line.startswith("## `dnnc.jit("))
     parameters = inspect.signature(dnnc.jit).parameters
     assert f"target={parameters['target'].default!r}" in heading
+
+
+def test_input_shape_mistakes_are_named_as_the_option(tmp_path, capsys):
+    """Issue 30, item 16: on the command line a shape mistake names --input-shape as the user
+    typed it, never the Python API's `input_shapes`; `dnnc run` prints shapes as `[2,3]`."""
+    from onnx import TensorProto, helper
+    from dnnc.compiler.cli import main
+
+    def model(shape):
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.onnx"
+        path.write_bytes(helper.make_model(graph, opset_imports=[
+            helper.make_opsetid("", 17)]).SerializeToString())
+        return str(path)
+
+    unshaped, symbolic = model(None), model(["N", 3])
+    cases = [([unshaped], "input 'x' has no shape; give one with --input-shape x=D0,D1,..."),
+             ([symbolic, "--input-shape", "y=2,3"],
+              "--input-shape names 'y', but the model's inputs are x"),
+             ([symbolic, "--input-shape", "x=2,4"],
+              "--input-shape x: dim 1 is fixed to 3 by the model, not 4"),
+             ([symbolic, "--input-shape", "x=2"],
+              "--input-shape x=2 has rank 1; the model's input 'x' has rank 2")]
+    for args, message in cases:
+        assert main(["compile", *args, "-o", str(tmp_path / "o.dnnc"), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err == f"dnnc: error: {message}\n", err
+        assert "input_shapes" not in err
+    assert main(["run", symbolic, "--input-shape", "x=2,3", "--random", "-q"]) == 0
+    assert capsys.readouterr().out.startswith("y: float32[2,3]  min ")

@@ -174,7 +174,10 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
     """The `__global__` functions of one PrimFunc (legalized here) and their launches."""
     if func.size_vars:
         raise CudaCodegenError(f"{func.name}: shapes must be static, not {func.size_vars}")
-    L.verify(func)   # a schedule's type slip must stop here, not corrupt memory at run time
+    try:   # a schedule's type slip must stop here, not corrupt memory at run time
+        L.verify(func, placement=False)
+    except L.LoopIRError as exc:
+        raise CudaCodegenError(str(exc)) from None
     func = legalize(linearize(func), NATIVE)
     check_legal(func, NATIVE)
     func = narrow_indices(func)

@@ -81,7 +81,10 @@ class ModuleBuilder:
 
     def add(self, func: L.PrimFunc, noalias: bool = True) -> ir.Function:
         """Verify, legalize and render `func`; returns the LLVM function."""
-        L.verify(func)   # a schedule's type slip must stop here, not corrupt memory at run time
+        try:   # a schedule's type slip must stop here, not corrupt memory at run time
+            L.verify(func, placement=False)
+        except L.LoopIRError as exc:
+            raise CodegenError(str(exc)) from None
         func = legalize(func, NATIVE)
         check_legal(func, NATIVE)   # (~1% of compile time: mobilenet_v2 44 ms of 5.7 s)
         return _FunctionBuilder(self, func, noalias).build()

@@ -27,9 +27,9 @@ def import_graph(path, shapes: dict):
     from ...frontend.onnx import import_onnx
 
     try:
-        return import_onnx(path, input_shapes=shapes)
-    except ArgumentError as exc:   # only input_shapes can be wrong here
-        raise UsageError(f"--input-shape: {exc}") from None
+        return import_onnx(path, input_shapes=shapes, as_option=True)
+    except ArgumentError as exc:   # only --input-shape can be wrong here
+        raise UsageError(str(exc)) from None
 
 
 def model_for(args, shapes: dict | None = None, check=None):

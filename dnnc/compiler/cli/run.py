@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...ir.types import shape_text
 from .exits import UsageError
 from .models import model_for, random_inputs
 from .options import (cache_option, int_at_least, parse_input_shape, precision_option,
@@ -87,7 +88,7 @@ def run(args) -> int:
             summary = f"  min {o['min']:.6g}  max {o['max']:.6g}  mean {o['mean']:.6g}"
             if o["non_finite"]:
                 summary += f"  ({o['non_finite']} non-finite)"
-        print(f"{o['name']}: {o['dtype']}{o['shape']}{summary}")
+        print(f"{o['name']}: {o['dtype']}{shape_text(o['shape'])}{summary}")
     saved = f", outputs saved in {args.output_dir}" if args.output_dir else ""
     compiling = f" (of which {jit:.2f} s compiling for these shapes)" if jit > 0 else ""
     print(f"ran in {elapsed * 1e3:.3f} ms on {model.target}{compiling}{saved}")

@@ -22,8 +22,10 @@ class LoopIRError(Exception):
     """A PrimFunc breaks an invariant of the operator IR (a compiler bug, not a user error)."""
 
 
-def verify(func: PrimFunc) -> None:
-    """Check scoping of vars and buffers, index arity, dtypes, and GPU placement rules."""
+def verify(func: PrimFunc, placement: bool = True) -> None:
+    """Check scoping of vars and buffers, index arity, dtypes, and (with `placement`) GPU
+    placement rules. The backends verify before rendering without `placement`: each renderer
+    places GPU loops, shared memory and barriers by its own rules and refuses what it cannot."""
     params = {b.name: b for b in func.params}
     if len(params) != len(func.params):
         raise LoopIRError(f"{func.name}: duplicate parameter names")
@@ -32,7 +34,7 @@ def verify(func: PrimFunc) -> None:
         if b.scope is not Scope.GLOBAL:
             raise LoopIRError(f"{func.name}: parameter {b.name} must be in global scope")
         _check_expr_vars(func, b.shape, scope_vars)
-    _verify_stmt(func, func.body, scope_vars, dict(params), gpu=set())
+    _verify_stmt(func, func.body, scope_vars, dict(params), set(), placement)
 
 
 def _check_expr_vars(func, exprs, scope_vars) -> None:
@@ -121,7 +123,7 @@ def _check_mma(func, s: Mma, gpu: set, buffers) -> None:
     _check_access(func, s.acc, (s.offset,), buffers)
 
 
-def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
+def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> None:
     def exprs(*es):
         _check_expr_vars(func, es, scope_vars)
         for e in es:
@@ -129,7 +131,8 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
                 if isinstance(n, Load):
                     _check_access(func, n.buffer, n.indices, buffers)
                 elif isinstance(n, Call) and n.name in SHUFFLES:
-                    _check_shuffle(func, n, gpu)
+                    if placement:
+                        _check_shuffle(func, n, gpu)
                 elif isinstance(n, Call) and n.name in PACKS.values():
                     _check_pack(func, n)
 
@@ -139,12 +142,12 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
             raise LoopIRError(f"{func.name}: loop variable {s.var.name} rebinds a name")
         inner_gpu = gpu
         if s.kind.is_gpu_block or s.kind.is_gpu_thread:
-            if s.kind.value in gpu:
+            if placement and s.kind.value in gpu:
                 raise LoopIRError(f"{func.name}: {s.kind.value} bound twice")
-            if s.kind.is_gpu_block and any(k.startswith("threadIdx") for k in gpu):
+            if placement and s.kind.is_gpu_block and any(k.startswith("threadIdx") for k in gpu):
                 raise LoopIRError(f"{func.name}: {s.kind.value} inside a thread loop")
             inner_gpu = gpu | {s.kind.value}
-        _verify_stmt(func, s.body, scope_vars | {s.var}, buffers, inner_gpu)
+        _verify_stmt(func, s.body, scope_vars | {s.var}, buffers, inner_gpu, placement)
     elif isinstance(s, Store):
         exprs(*s.indices, s.value)
         _check_access(func, s.buffer, s.indices, buffers)
@@ -155,33 +158,32 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set) -> None:
         exprs(s.value)
         if s.var.dtype is not s.value.dtype:
             raise LoopIRError(f"{func.name}: let {s.var.name} has the wrong dtype")
-        _verify_stmt(func, s.body, scope_vars | {s.var}, buffers, gpu)
+        _verify_stmt(func, s.body, scope_vars | {s.var}, buffers, gpu, placement)
     elif isinstance(s, If):
         exprs(s.cond)
         if s.cond.dtype.kind != "b":
             raise LoopIRError(f"{func.name}: condition {print_expr(s.cond)} is not bool")
-        _verify_stmt(func, s.then, scope_vars, buffers, gpu)
+        _verify_stmt(func, s.then, scope_vars, buffers, gpu, placement)
         if s.orelse is not None:
-            _verify_stmt(func, s.orelse, scope_vars, buffers, gpu)
+            _verify_stmt(func, s.orelse, scope_vars, buffers, gpu, placement)
     elif isinstance(s, Allocate):
         b = s.buffer
         if b.name in buffers:
             raise LoopIRError(f"{func.name}: buffer {b.name} allocated twice")
-        if b.scope is Scope.SHARED and not any(k.startswith("blockIdx") for k in gpu) and \
-                not any(isinstance(n, For) and n.kind.is_gpu_block for n in walk(s.body)):
-            raise LoopIRError(f"{func.name}: shared buffer {b.name} neither inside nor around a "
-                              f"GPU block loop")
+        if placement and b.scope is Scope.SHARED and \
+                not any(k.startswith("blockIdx") for k in gpu):
+            raise LoopIRError(f"{func.name}: shared buffer {b.name} outside a GPU block loop")
         _check_expr_vars(func, b.shape, scope_vars)
-        _verify_stmt(func, s.body, scope_vars, {**buffers, b.name: b}, gpu)
+        _verify_stmt(func, s.body, scope_vars, {**buffers, b.name: b}, gpu, placement)
     elif isinstance(s, Seq):
         for x in s.stmts:
-            _verify_stmt(func, x, scope_vars, buffers, gpu)
+            _verify_stmt(func, x, scope_vars, buffers, gpu, placement)
     elif isinstance(s, Mma):
-        _check_mma(func, s, gpu, buffers)
+        _check_mma(func, s, gpu if placement else {"threadIdx.x"}, buffers)
         exprs(s.offset, *s.a, *s.b)
     elif isinstance(s, Barrier):
         # inside a thread loop, or between the thread loops of one block (its threads' phases)
-        if not gpu:
+        if placement and not gpu:
             raise LoopIRError(f"{func.name}: barrier outside the GPU loops")
     else:
         raise LoopIRError(f"{func.name}: not a statement: {s!r}")

@@ -16,6 +16,7 @@ import pytest
 import dnnc
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
+from dnnc.backends.llvm.codegen import CodegenError
 from dnnc.ir.loop import LoopIRError
 
 CHILD = textwrap.dedent("""
@@ -82,7 +83,7 @@ def test_codegen_refuses_a_store_of_another_type():
         L.For(i, 8, L.Store(y, (i,), L.Cast(T.int8, acc[i])))))
     func = L.PrimFunc("slip", (y,), body, ())
     from dnnc.backends.llvm.codegen import ModuleBuilder
-    with pytest.raises(LoopIRError, match="storing int8 into float32 buffer acc"):
+    with pytest.raises(CodegenError, match="storing int8 into float32 buffer acc"):
         ModuleBuilder().add(func)
 
 
