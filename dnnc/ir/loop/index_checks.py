@@ -26,13 +26,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import itertools
 
 import numpy as np
 
 from ...errors import IndexRangeError
 from .. import types as T
-from .nodes import INDEX, Buffer, Call, Const, Expr, PrimFunc, const
-from .traversal import transform, walk
+from .nodes import (INDEX, Allocate, Buffer, Call, Const, Expr, For, If, Let, Load, PrimFunc,
+                    Seq, Stmt, Store, Var, const)
+from .traversal import free_vars, transform, walk
 
 CHECK = "check_index"
 INDEX_ERRORS = Buffer("dnnc_index_errors", T.int64, (3,))
@@ -95,3 +97,46 @@ def recorded(record) -> tuple[int, int, int] | None:
     """(site, index, size) of the error a record holds, or None."""
     flag = int(record[0])
     return None if flag == 0 else (flag - 1, int(record[1]), int(record[2]))
+
+
+def hoist(func: PrimFunc, kinds: frozenset) -> PrimFunc:
+    """`func` with each check that a loop of one of `kinds` repeats unchanged (its variables
+    bound outside the loop, its loads of buffers the loop never stores) done once before the
+    loop, in a `Let`, and the value it checks read in the loop: a gather fused into a row's
+    reductions checks its index once a row, and the row's loops stay free of the check's
+    branch (LLVM does not hoist it: the branch stores). Only loops of constant extent above
+    0: a loop that never runs would check nothing."""
+    names = {n.name for n in walk(func.body) if isinstance(n, Var)}
+    fresh = (f"_check{k}" for k in itertools.count() if f"_check{k}" not in names)
+    return dataclasses.replace(func, body=_hoist(func.body, kinds, fresh))
+
+
+def _hoist(s: Stmt, kinds: frozenset, fresh) -> Stmt:
+    if isinstance(s, For):
+        body = _hoist(s.body, kinds, fresh)
+        if s.kind not in kinds or not (isinstance(s.extent, Const) and s.extent.value > 0):
+            return For(s.var, s.extent, body, s.kind)
+        inner = {n.var for n in walk(body) if isinstance(n, (For, Let))} | {s.var}
+        stored = {n.buffer.name for n in walk(body) if isinstance(n, (Store, Allocate))}
+        found = list(dict.fromkeys(
+            n for n in walk(body) if isinstance(n, Call) and n.name == CHECK and
+            not free_vars(n) & inner and not any(
+                isinstance(m, Load) and m.buffer.name in stored for m in walk(n))))
+        if not found:
+            return For(s.var, s.extent, body, s.kind)
+        done = {c: c.args[0] for c in found}
+        out: Stmt = For(s.var, s.extent, transform(
+            body, lambda n: done.get(n) if isinstance(n, Call) else None), s.kind)
+        for c in reversed(found):
+            out = Let(Var(next(fresh), INDEX), c, out)
+        return out
+    if isinstance(s, Seq):
+        return Seq(tuple(_hoist(x, kinds, fresh) for x in s.stmts))
+    if isinstance(s, Let):
+        return Let(s.var, s.value, _hoist(s.body, kinds, fresh))
+    if isinstance(s, If):
+        return If(s.cond, _hoist(s.then, kinds, fresh),
+                  None if s.orelse is None else _hoist(s.orelse, kinds, fresh))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, _hoist(s.body, kinds, fresh))
+    return s
