@@ -68,6 +68,9 @@ from ..legalize import check_legal, legalize
 from .indices import CudaCodegenError, linearize, narrow_indices
 
 ERRORS = L.index_checks.INDEX_ERRORS
+CHECKS_HOIST_FROM = frozenset({L.ForKind.SERIAL, L.ForKind.UNROLLED, L.ForKind.VECTORIZED})
+"""Loops an index check that does not change in them is hoisted out of: a thread's own loops
+(a GPU-bound loop is its launch's threads, each checking its own index)."""
 
 NATIVE: frozenset[str] = frozenset()
 """Legalize rules whose ops this renderer renders itself: none (CUDA's rsqrtf is not
@@ -189,7 +192,7 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
     """The `__global__` functions of one PrimFunc (legalized here) and their launches."""
     if func.size_vars:
         raise CudaCodegenError(f"{func.name}: shapes must be static, not {func.size_vars}")
-    func = legalize(linearize(func), NATIVE)
+    func = legalize(linearize(L.index_checks.hoist(func, CHECKS_HOIST_FROM)), NATIVE)
     check_legal(func, NATIVE)
     func = narrow_indices(func)
     workspace, body = stages(func.body)
