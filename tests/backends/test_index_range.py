@@ -138,6 +138,19 @@ def test_constant_in_range_index_matches_the_reference(target, k):
     np.testing.assert_array_equal(np.asarray(out), x[:, k])
 
 
+@pytest.mark.parametrize("target", TARGETS[1:])
+def test_a_loaded_artifact_names_the_node(target, tmp_path):
+    """The check's site is the node's place in its segment: the artifact's graph names it."""
+    path = tmp_path / "gather.dnnc"
+    _compile(_gather_model(offset=3), target).save(path)
+    loaded = dnnc.load(path)
+    with pytest.raises(InputError, match=r"Gather node 'lookup': index 6 .*size 5"):
+        loaded(ids=np.array([0, 1, 3, 1], np.int64))
+    out = loaded(ids=np.array([0, 1, 1, 0], np.int64))
+    out = out.get() if hasattr(out, "get") else out   # (a CuPy array on cuda)
+    np.testing.assert_array_equal(out, TABLE[[3, 4, 4, 3]])
+
+
 # -- every gather-like op on llvm: graph-input and computed indices, opt 0 and 3, 1 and 2 threads
 
 
