@@ -268,10 +268,13 @@ class CUDARuntime(Executable):
         self._check_device()
         kind = self._outputs if outputs is None else _output_kind(outputs)
         self._checking.runs = []
-        with self._caller_stream(inputs):
-            outs = self._deliver(super().run(inputs, bindings), kind)
-            self._raise_recorded()
-            return outs
+        try:
+            with self._caller_stream(inputs):
+                outs = self._deliver(super().run(inputs, bindings), kind)
+                self._raise_recorded()
+                return outs
+        finally:
+            self._checking.runs = None
 
     def checked(self, segment: "_CompiledSegment", frame: _Frame) -> None:
         """A segment whose kernels check indices ran on `frame` in this thread's call: its
@@ -287,18 +290,23 @@ class CUDARuntime(Executable):
         runs, self._checking.runs = self._checking.runs, None
         if not runs:
             return
-        stream = self.cupy.cuda.get_current_stream()
-        stream.synchronize()
+        self.cupy.cuda.get_current_stream().synchronize()
         for segment, frame in runs:
-            error = segment.recorded_error(frame, stream)
+            error = segment.recorded_error(frame)
             if error is not None:
                 raise error
 
     def profile(self, inputs: list, repeat: int = 20) -> tuple[list, list[dict]]:
         self._check_device()
-        with self._caller_stream(inputs):
-            outs, rows = super().profile(inputs, repeat)
-            return self._deliver(outs, self._outputs), rows
+        self._checking.runs = []
+        try:
+            with self._caller_stream(inputs):
+                outs, rows = super().profile(inputs, repeat)
+                outs = self._deliver(outs, self._outputs)
+                self._raise_recorded()
+                return outs, rows
+        finally:
+            self._checking.runs = None
 
     def synchronize(self) -> None:
         """Wait until the GPU has done the work of every call so far (on whichever stream)."""
@@ -411,7 +419,7 @@ class _Frame:
     workspace: int                  # the workspace's address
     launches: list[tuple]           # (function, grid, block, shared bytes, argument tuple)
     capture: object                 # the non-blocking stream graphs are captured on
-    errors: int = 0                 # the error record's address (zeroed once, and after use)
+    errors: int = 0                 # the error record's address (`loop.index_checks`)
     errors_host: np.ndarray | None = None   # its pinned host copy, read after a checking run
     own_graph: object = None        # the graph on its own input buffers, once captured
     # callers' input addresses -> their graph (least recently used first); tuples met once
@@ -522,8 +530,7 @@ class _CompiledSegment(CompiledSegment):
         inputs = tuple(base + o for o in self.layout.inputs)
         outputs = [cupy.ndarray(shape, _storage(dtype), memory + o)
                    for (shape, dtype), o in zip(self.output_types, self.layout.outputs)]
-        errors = base + self.layout.errors
-        cupy.cuda.runtime.memset(errors, 0, ERROR_BYTES)
+        errors = base + self.layout.errors   # zeroed before each run (`_clear_errors`)
         ext = list(inputs) + [base + o for o in self.layout.outputs] + self._const_ptrs + \
             [errors]   # the record: slot `slots` (plan.Program)
         arena, workspace = base + self.layout.arena, base + self.layout.workspace
@@ -591,21 +598,33 @@ class _CompiledSegment(CompiledSegment):
             if face is not None:
                 _wait_for_producer(face, stream, self.cupy)
         keep = self._copy_in(data, faces, frame, stream, places)
+        self._clear_errors(frame, stream)
         graph.launch(stream=stream)
         del keep   # host sources were staged by memcpyAsync; device ones are the caller's
-        if self.checks:   # read on the host after the stream's work (`CUDARuntime.run`)
+        self._fetch_errors(frame, stream)
+        return list(frame.outputs)
+
+    def _clear_errors(self, frame: _Frame, stream) -> None:
+        """Zero the error record before a run of kernels that check indices (a call that
+        raised before reading it, or a profile, may have left one)."""
+        if self.checks:
+            self.cupy.cuda.runtime.memsetAsync(frame.errors, 0, ERROR_BYTES, stream.ptr)
+
+    def _fetch_errors(self, frame: _Frame, stream) -> None:
+        """Copy the error record to the frame's pinned host copy after the run's kernels, on
+        their stream, and tell the runtime to read it when the call's outputs are delivered
+        (`CUDARuntime._raise_recorded`): no synchronisation here."""
+        if self.checks:
             runtime = self.cupy.cuda.runtime
             runtime.memcpyAsync(frame.errors_host.ctypes.data, frame.errors, ERROR_BYTES,
                                 runtime.memcpyDeviceToHost, stream.ptr)
             self.rt.checked(self, frame)
-        return list(frame.outputs)
 
-    def recorded_error(self, frame: _Frame, stream) -> InputError | None:
-        """The error the last run on `frame` recorded (its copy on the host must be done),
-        the record zeroed on the device for the next run; None when there is none."""
+    def recorded_error(self, frame: _Frame) -> InputError | None:
+        """The error the last run on `frame` recorded (its host copy must be done), or
+        None when there is none."""
         if not frame.errors_host[0]:
             return None
-        self.cupy.cuda.runtime.memsetAsync(frame.errors, 0, ERROR_BYTES, stream.ptr)
         return index_error(self.step, frame.errors_host)
 
     def _graph_for(self, places: tuple[int, ...], frame: _Frame):
@@ -672,6 +691,7 @@ class _CompiledSegment(CompiledSegment):
         stream = cupy.cuda.get_current_stream()
         data = self._data(arrays)
         keep = self._copy_in(data, [_face(a) for a in data], frame, stream, frame.inputs)
+        self._clear_errors(frame, stream)
         saved = cupy.cuda.alloc(max(self.arena_bytes, 1))
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         rows = []
@@ -692,6 +712,7 @@ class _CompiledSegment(CompiledSegment):
                                     runtime.memcpyDeviceToDevice, stream.ptr)
             self._launch(launches, stream)
             rows.append((kernel, float(np.median(times))))
+        self._fetch_errors(frame, stream)
         stream.synchronize()
         del keep
         return list(frame.outputs), rows

@@ -6,17 +6,17 @@ int64[3] buffer `INDEX_ERRORS` (a trailing parameter of a kernel that checks: `w
 the first error a call meets wins (a compare-and-swap on the first word), later ones leave it.
 `site` is the checking node's position in its segment's nodes (a constant), so a runtime names
 the node from its graph alone (an artifact needs nothing more). The kernel goes on with the
-index clamped (no load ever leaves its buffer); the runtime zeroes the record once per frame,
-reads its first word after every call and raises `InputError` (`backends.executable.
-index_error`), so a bad call
-answers nothing and the next good one runs normally.
+index clamped (no load ever leaves its buffer); the runtime keeps the record zeroed between
+calls, reads its first word after every call and raises `InputError`
+(`backends.executable.index_error`), so a bad call answers nothing and the next good one runs
+normally.
 
 The compute rules of the gathers emit the check (`checked`) for the node whose lowering
 `checking(site)` announces; outside a program's lowering (a rule evaluated alone) no site is
 known and no check is emitted. Unlike every other intrinsic, the check has an effect: passes
 may duplicate, hoist or drop it with the value it guards (a dead index needs no check) but
 must never drop it while keeping the value: `strip` is for identities (tuning task keys), not
-for code.
+for code. `hoist` (the renderers') does a check a loop repeats unchanged once before the loop.
 
 This module must never import a backend or the graph.
 """

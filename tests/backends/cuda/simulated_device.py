@@ -152,7 +152,7 @@ def fake_cupy():
     runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1, memcpy=memcpy, memcpyAsync=memcpy, memcpyHostToDevice=1,
         memcpyDeviceToHost=2, memcpyDeviceToDevice=3, pointerGetAttributes=pointer_attributes,
-        memset=memset, memsetAsync=memset)
+        memsetAsync=memset)
     stream = FakeStream()
     cuda = types.SimpleNamespace(
         runtime=runtime, alloc=alloc, Stream=FakeStream, get_current_stream=lambda: stream,
