@@ -30,6 +30,17 @@ def test_an_invariant_check_leaves_the_loop_once():
     assert L.index_checks.has_checks(out.body)   # still checked, once a row
 
 
+def test_a_check_leaves_nested_loops_to_where_its_index_changes():
+    func = _row_copy()
+    r, inner = func.body.var, func.body.body
+    a = L.Var("a")
+    func = L.PrimFunc("f", func.params, L.For(r, 4, L.For(a, 3, inner)))   # r, a, c
+    out = L.index_checks.hoist(func, CPU).body.body
+    assert isinstance(out, L.Let) and isinstance(out.body, L.For)   # before the a loop
+    lets = [n for n in L.walk(out.body) if isinstance(n, L.Let)]
+    assert not lets and not L.index_checks.has_checks(out.body)     # none left inside
+
+
 @pytest.mark.parametrize("why", ["kind", "extent 0", "stored"])
 def test_a_check_stays_where_hoisting_could_change_it(why):
     func = _row_copy(kind=L.ForKind.UNROLLED) if why == "kind" else \

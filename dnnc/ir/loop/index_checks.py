@@ -107,13 +107,16 @@ def hoist(func: PrimFunc, kinds: frozenset) -> PrimFunc:
     branch (LLVM does not hoist it: the branch stores). Only loops of constant extent above
     0: a loop that never runs would check nothing."""
     names = {n.name for n in walk(func.body) if isinstance(n, Var)}
-    fresh = (f"_check{k}" for k in itertools.count() if f"_check{k}" not in names)
-    return dataclasses.replace(func, body=_hoist(func.body, kinds, fresh))
+    fresh = (Var(f"_check{k}", INDEX) for k in itertools.count()
+             if f"_check{k}" not in names)
+    return dataclasses.replace(func, body=_hoist(func.body, kinds, fresh, set()))
 
 
-def _hoist(s: Stmt, kinds: frozenset, fresh) -> Stmt:
+def _hoist(s: Stmt, kinds: frozenset, fresh, made: set) -> Stmt:
+    """`s` with its loops' invariant checks hoisted, inner loops first; `made`: the Lets'
+    variables hoisting made, never read (an outer loop drops an inner one it hoists further)."""
     if isinstance(s, For):
-        body = _hoist(s.body, kinds, fresh)
+        body = _hoist(s.body, kinds, fresh, made)
         if s.kind not in kinds or not (isinstance(s.extent, Const) and s.extent.value > 0):
             return For(s.var, s.extent, body, s.kind)
         inner = {n.var for n in walk(body) if isinstance(n, (For, Let))} | {s.var}
@@ -125,18 +128,25 @@ def _hoist(s: Stmt, kinds: frozenset, fresh) -> Stmt:
         if not found:
             return For(s.var, s.extent, body, s.kind)
         done = {c: c.args[0] for c in found}
-        out: Stmt = For(s.var, s.extent, transform(
-            body, lambda n: done.get(n) if isinstance(n, Call) else None), s.kind)
+
+        def checked_before(n):
+            if isinstance(n, Let) and n.var in made and n.value in done.values():
+                return n.body   # an inner loop's hoisted check: now done before this loop
+            return done.get(n) if isinstance(n, Call) else None
+
+        out: Stmt = For(s.var, s.extent, transform(body, checked_before), s.kind)
         for c in reversed(found):
-            out = Let(Var(next(fresh), INDEX), c, out)
+            var = next(fresh)
+            made.add(var)
+            out = Let(var, c, out)
         return out
     if isinstance(s, Seq):
-        return Seq(tuple(_hoist(x, kinds, fresh) for x in s.stmts))
+        return Seq(tuple(_hoist(x, kinds, fresh, made) for x in s.stmts))
     if isinstance(s, Let):
-        return Let(s.var, s.value, _hoist(s.body, kinds, fresh))
+        return Let(s.var, s.value, _hoist(s.body, kinds, fresh, made))
     if isinstance(s, If):
-        return If(s.cond, _hoist(s.then, kinds, fresh),
-                  None if s.orelse is None else _hoist(s.orelse, kinds, fresh))
+        return If(s.cond, _hoist(s.then, kinds, fresh, made),
+                  None if s.orelse is None else _hoist(s.orelse, kinds, fresh, made))
     if isinstance(s, Allocate):
-        return Allocate(s.buffer, _hoist(s.body, kinds, fresh))
+        return Allocate(s.buffer, _hoist(s.body, kinds, fresh, made))
     return s
