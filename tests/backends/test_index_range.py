@@ -151,6 +151,23 @@ def test_a_loaded_artifact_names_the_node(target, tmp_path):
     np.testing.assert_array_equal(out, TABLE[[3, 4, 4, 3]])
 
 
+@pytest.mark.xfail(strict=True, reason="known difference (docs/architecture.md, 'Run-time "
+                   "index checks'): a kernel checks the indices of the elements it computes, "
+                   "and Gather -> Slice fused computes only the rows the Slice keeps")
+def test_an_index_only_an_unread_part_of_a_fused_gather_reads_raises():
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["g"], name="lookup", axis=0),
+             helper.make_node("Slice", ["g", "start", "end"], ["out"], name="cut")]
+    inits = [numpy_helper.from_array(TABLE, "table"),
+             numpy_helper.from_array(np.array([0], np.int64), "start"),
+             numpy_helper.from_array(np.array([2], np.int64), "end")]
+    graph = helper.make_graph(
+        nodes, "cut", [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InputError, match=r"Gather node 'lookup': index 9 .*size 5"):
+        dnnc.compile(model, target="llvm")(ids=np.array([0, 1, 2, 9], np.int64))
+
+
 # -- every gather-like op on llvm: graph-input and computed indices, opt 0 and 3, 1 and 2 threads
 
 
