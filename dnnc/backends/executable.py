@@ -40,6 +40,7 @@ from .specialisations import DEFAULT_CACHE_SIZE, Specialisations
 
 log = logging.getLogger(__name__)
 
+
 def index_error(step: Segment, record) -> InputError | None:
     """The `InputError` a call's error record (`loop.index_checks`: int64[3], written by the
     segment's kernels) holds, naming the node as the reference's check does, with the record

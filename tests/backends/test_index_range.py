@@ -151,6 +151,21 @@ def test_a_loaded_artifact_names_the_node(target, tmp_path):
     np.testing.assert_array_equal(out, TABLE[[3, 4, 4, 3]])
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_axis_of_one_row_is_checked_too(target):
+    """(The clamp into an axis of size 1 folds to 0, which took the check with it.)"""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["out"], name="one", axis=0)], "one",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(TABLE[:1], "table")])
+    model = _compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                     target)
+    np.testing.assert_array_equal(model(ids=np.array([0, -1], np.int64)), TABLE[[0, 0]])
+    with pytest.raises(InputError, match=r"Gather node 'one': index 1 .*size 1"):
+        model(ids=np.array([0, 1], np.int64))
+
+
 @pytest.mark.xfail(strict=True, reason="known difference (docs/architecture.md, 'Run-time "
                    "index checks'): a kernel checks the indices of the elements it computes, "
                    "and Gather -> Slice fused computes only the rows the Slice keeps")
