@@ -26,7 +26,8 @@ from functools import partial
 
 import numpy as np
 
-from ..errors import CompileError
+from ..errors import CompileError, IndexRangeError, InputError
+from ..ir import loop as L
 from ..ir.graph import Graph, Node, Value
 from ..ir.segments import HostStep, Segment, describe, plan_steps, steps_from
 from ..levels import DEFAULT_OPT_LEVEL, levels
@@ -38,6 +39,21 @@ from .plan import HostAfterAll, ProgramBuilder, segment_groups
 from .specialisations import DEFAULT_CACHE_SIZE, Specialisations
 
 log = logging.getLogger(__name__)
+
+
+def index_error(step: Segment, record) -> InputError | None:
+    """The `InputError` a call's error record (`loop.index_checks`: int64[3], written by the
+    segment's kernels) holds, naming the node as the reference's check does, with the record
+    zeroed for the next call; None when the call met no out-of-range index."""
+    found = L.index_checks.recorded(record)
+    if found is None:
+        return None
+    record[:] = 0
+    site, index, size = found
+    node = step.nodes[site] if 0 <= site < len(step.nodes) else None
+    where = f"{node.op} node {node.name!r}" if node is not None else f"segment {step.index}"
+    return InputError(f"{where}: {IndexRangeError(index, size)}")
+
 
 def kernel_facts(kernel: Kernel) -> dict:
     """What a profile row says of a kernel besides its time: its template and config, its

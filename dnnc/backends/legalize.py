@@ -31,6 +31,8 @@ nor grow the tree exponentially; hoisting is safe because an expression has no s
 and evaluates all of its operands (a `Select` evaluates both sides).
 
 New primitive calls, which exist only after legalize: `idiv(a, b)` and `irem(a, b)`.
+`check_index` (a gather's run-time index check, `loop.index_checks`) is left to the renderers:
+no rule rewrites it, and binding it in a Let runs it once, as its value is needed.
 """
 
 from __future__ import annotations

@@ -61,10 +61,12 @@ class Kernel:
 
 
 def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None,
-                sizes: dict[str, int] | None = None) -> Kernel:
+                sizes: dict[str, int] | None = None, sites: list[int] | None = None) -> Kernel:
     """Lower `nodes` (in topological order) into one PrimFunc named `name`.
 
     `outputs` are the group's values needed outside it (default: every node output).
+    `sites` are the nodes' positions in their segment: gathers check their indices at run
+    time naming them (`loop.index_checks`); without sites nothing is checked.
     Raises NoCompute when a node has no loop form (it then runs as a host fallback).
     """
     produced = {id(v) for n in nodes for v in n.outputs}
@@ -79,13 +81,14 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
     tensors: dict[int, Tensor] = {
         id(v): placeholder(names[id(v)], v.type.dtype, v.type.shape, value=known_constant(v))
         for v in inputs}
-    for n in nodes:
+    for n, site in zip(nodes, sites or [None] * len(nodes)):
         op = get_op(n.op)
         if op.compute is None:
             raise NoCompute(f"{n.op} has no compute rule")
         args = [None if v is None else tensors[id(v)] for v in n.inputs]
         try:
-            outs = apply_rule(n.op, args, n.attrs, [v.type for v in n.outputs])
+            with L.index_checks.checking(site):
+                outs = apply_rule(n.op, args, n.attrs, [v.type for v in n.outputs])
         except NoCompute:
             raise
         except Exception as exc:  # a rule that fails is a compiler bug; name the node

@@ -59,8 +59,10 @@ class Call:
 class Program:
     """A segment specialised to concrete input shapes: everything a target renders and binds.
 
-    Slots, in order: the segment's data inputs, its escaping outputs, its constants; every
-    other value lives in the arena at `memory.offsets`."""
+    Slots, in order: the segment's data inputs, its escaping outputs, its constants, and one
+    past them (`slots`) the error record of the kernels that check indices
+    (`loop.index_checks`), which each calling thread's frame holds; every other value lives
+    in the arena at `memory.offsets`."""
 
     step: Segment
     shapes: tuple                        # the input shapes (the cache key, with key_values)
@@ -133,7 +135,7 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
         needed = list(group[-1].outputs) + \
             [v for n in group[:-1] for v in n.outputs if id(v) in escaping_ids]
         try:
-            kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed)
+            kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed, sites=members)
         except NoCompute:
             for i in members:   # the node without a loop form runs on the host from now on
                 if not has_loop_form(nodes[i]):
@@ -142,7 +144,7 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
         if kernel.func.size_vars:
             raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic after "
                                f"specialisation: {kernel.func.size_vars}")
-        kernel.func = schedule(kernel)
+        kernel.func = L.index_checks.with_errors(schedule(kernel))
         kernels.append(kernel)
     # slots: inputs, escaping outputs, constants, then arena-resident intermediates
     ext: list[Value] = [values[id(v)] for v in step.inputs if v.const is None] + escaping
@@ -233,9 +235,11 @@ def _calls(kernels: list[Kernel], slot: dict[int, int], memory: MemoryPlan
             continue
         rendered[signature] = kernel.func.name
         unique.append((kernel.func, noalias))
+    errors = [("ext", len(slot))]   # the error record: one slot past the program's
     calls = [Call(kernel.func.name,
                   [("ext", slot[id(v)]) if id(v) in slot else ("arena", memory.offsets[id(v)])
-                   for v in kernel.inputs + kernel.outputs])
+                   for v in kernel.inputs + kernel.outputs] +
+                  (errors if L.index_checks.INDEX_ERRORS in kernel.func.params else []))
              for kernel in kernels]
     return unique, calls
 
@@ -262,7 +266,8 @@ def task_key(func: L.PrimFunc) -> str:
     """A lowered (unscheduled) kernel's identity across processes and runs: the SHA-256 of its
     structural signature's text. Identical layers share it, so a tuning record serves all."""
     params, body = signature_of(func)
-    text = repr(params) + "\n" + str(L.PrimFunc("task", (), body))
+    # the run-time index checks name their node; a task is the same wherever its node sits
+    text = repr(params) + "\n" + str(L.PrimFunc("task", (), L.index_checks.strip(body)))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

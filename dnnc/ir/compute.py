@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import types as T
+from .loop import index_checks
 from .loop import (
     BinOp, Buffer, Call, Cast, Const, Expr, IterVar, Load, Reduce, Select, Var, const, walk)
 
@@ -226,6 +227,8 @@ class _Evaluator:
         if isinstance(e, Call) and e.name == "bitcast":
             value = np.ascontiguousarray(self.eval(e.args[0], env))
             return value.view(e.dtype.np).reshape(value.shape)
+        if isinstance(e, Call) and e.name == index_checks.CHECK:
+            return index_checks.evaluate(*(self.eval(a, env) for a in e.args))
         if isinstance(e, Call):
             args = [self.eval(a, env) for a in e.args]
             with np.errstate(all="ignore"):

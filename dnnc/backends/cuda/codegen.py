@@ -42,6 +42,8 @@ functions of the prelude (what cuda_fp16.h does, without needing its header), bf
 legalize's own integer bit operations. Index arithmetic is `long long` (the IR's int64)
 unless `narrow_indices` proves 32 bits enough.
 Warp shuffles (`L.SHUFFLES`) are `__shfl_xor_sync` / `__shfl_down_sync` over the full warp.
+A gather's run-time index check (`L.index_checks`) is the prelude's `dnnc_check_index`, on the
+kernel's error record (its last parameter, device memory the runtime reads back).
 Tensor-core products (`L.Mma`) call a device function of `MMA_PRELUDE` per precision: inline
 PTX `mma.sync.aligned` on the accumulators in place (sm_80 and newer); its operand registers
 come from the `L.PACKS` intrinsics, the prelude's conversions (tf32: `cvt.rna.tf32.f32`;
@@ -65,6 +67,11 @@ from ...ir import types as T
 from ..legalize import check_legal, legalize
 from .indices import CudaCodegenError, linearize, narrow_indices
 
+ERRORS = L.index_checks.INDEX_ERRORS
+CHECKS_HOIST_FROM = frozenset({L.ForKind.SERIAL, L.ForKind.UNROLLED, L.ForKind.VECTORIZED})
+"""Loops an index check that does not change in them is hoisted out of: a thread's own loops
+(a GPU-bound loop is its launch's threads, each checking its own index)."""
+
 NATIVE: frozenset[str] = frozenset()
 """Legalize rules whose ops this renderer renders itself: none (CUDA's rsqrtf is not
 correctly rounded; its half conversions are the prelude's)."""
@@ -85,6 +92,17 @@ template <typename T> __device__ __forceinline__ T dnnc_fmin(T a, T b) {
 }
 template <typename T> __device__ __forceinline__ T dnnc_imax(T a, T b) { return a > b ? a : b; }
 template <typename T> __device__ __forceinline__ T dnnc_imin(T a, T b) { return a < b ? a : b; }
+// a gather index outside [-n, n-1] (one unsigned compare): (site + 1, i, n) into the error
+// record unless an error is there (atomicCAS: the first of a call wins); i goes on as it is
+__device__ __forceinline__ long long dnnc_check_index(long long i, long long n, long long site,
+                                                      long long* errors) {
+  if (__builtin_expect((unsigned long long)(i + n) >= (unsigned long long)(2 * n), 0) &&
+      atomicCAS((unsigned long long*)errors, 0ull, (unsigned long long)(site + 1)) == 0ull) {
+    errors[1] = i;
+    errors[2] = n;
+  }
+  return i;
+}
 """
 
 MMA_PRELUDE = r"""// tensor cores (sm_80+): operand registers rounded as PTX asks; a warp's mma.sync
@@ -178,11 +196,12 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         L.verify(func, placement=False)
     except L.LoopIRError as exc:
         raise CudaCodegenError(str(exc)) from None
-    func = legalize(linearize(func), NATIVE)
+    func = legalize(linearize(L.index_checks.hoist(func, CHECKS_HOIST_FROM)), NATIVE)
     check_legal(func, NATIVE)
     func = narrow_indices(func)
     workspace, body = stages(func.body)
-    stored = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Store)}
+    stored = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Store)} | \
+        ({ERRORS.name} if L.index_checks.has_checks(func.body) else set())
     loaded = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Load)}
 
     def restrict(b: L.Buffer) -> str:
@@ -592,6 +611,8 @@ class _Emitter:
             if emit is None:
                 self.fail(f"no CUDA bit cast from {src.name} to {e.dtype.name}")
             return emit(args[0], e.dtype)
+        if e.name == L.index_checks.CHECK:   # (PRELUDE)
+            return f"dnnc_check_index({', '.join(args)}, {c_name(ERRORS.name)})"
         emit = _CALLS.get((_class(src), e.name))
         if emit is None:
             self.fail(f"no CUDA rendering for intrinsic {e.name} on {src.name} (legalized?)")

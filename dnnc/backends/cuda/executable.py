@@ -53,7 +53,7 @@ from ...ir.target import Target
 from ...levels import DEFAULT_OPT_LEVEL
 from ..lower import Kernel
 from ..contract import CompiledSegment
-from ..executable import Executable
+from ..executable import Executable, index_error
 from ..plan import Call, Program, image_consts
 from ..specialisations import DEFAULT_CACHE_SIZE
 from . import device
@@ -154,7 +154,7 @@ class SegmentImage:
 def _check_launches(step: Segment, image: SegmentImage) -> None:
     """Refuse launches that would reach outside the segment's buffers: every argument a slot
     the segment has or an offset inside the arena or the workspace (an `ArtifactError`)."""
-    bounds = {"ext": image.slots, "arena": max(image.arena_bytes, 1),
+    bounds = {"ext": image.slots + 1, "arena": max(image.arena_bytes, 1),   # + error record
               "workspace": max(image.workspace_bytes, 1)}
     for launch in image.launches:
         for kind, k in launch.args:
@@ -165,11 +165,13 @@ def _check_launches(step: Segment, image: SegmentImage) -> None:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Byte offsets in a frame's one allocation: arena, workspace, then each input and output
-    buffer, every one `DEVICE_ALIGN`-aligned."""
+    """Byte offsets in a frame's one allocation: arena, workspace, the kernels' error record
+    (`loop.index_checks`), then each input and output buffer, every one
+    `DEVICE_ALIGN`-aligned."""
 
     arena: int
     workspace: int
+    errors: int
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     total: int
@@ -179,11 +181,16 @@ class _Layout:
            output_bytes: list[int]) -> "_Layout":
         at = 0
         places = []
-        for size in [arena_bytes, workspace_bytes, *input_bytes, *output_bytes]:
+        for size in [arena_bytes, workspace_bytes, ERROR_BYTES, *input_bytes, *output_bytes]:
             places.append(at)
             at += _aligned(max(size, 1))
         n = len(input_bytes)
-        return cls(places[0], places[1], tuple(places[2:2 + n]), tuple(places[2 + n:]), at)
+        return cls(places[0], places[1], places[2], tuple(places[3:3 + n]),
+                   tuple(places[3 + n:]), at)
+
+
+ERROR_BYTES = 24
+"""The error record: int64 [site + 1, index, size] (`loop.index_checks`)."""
 
 
 def _storage(dtype: np.dtype) -> np.dtype:
@@ -224,6 +231,7 @@ class CUDARuntime(Executable):
         self.threads = self.target.threads
         self.outputs = outputs
         self.module_cache = module_cache or device.ModuleCache()
+        self._checking = threading.local()   # this thread's call: its segments that check
 
     @property
     def outputs(self) -> str:
@@ -259,14 +267,46 @@ class CUDARuntime(Executable):
         computed on the caller's stream (`_caller_stream`)."""
         self._check_device()
         kind = self._outputs if outputs is None else _output_kind(outputs)
-        with self._caller_stream(inputs):
-            return self._deliver(super().run(inputs, bindings), kind)
+        self._checking.runs = []
+        try:
+            with self._caller_stream(inputs):
+                outs = self._deliver(super().run(inputs, bindings), kind)
+                self._raise_recorded()
+                return outs
+        finally:
+            self._checking.runs = None
+
+    def checked(self, segment: "_CompiledSegment", frame: _Frame) -> None:
+        """A segment whose kernels check indices ran on `frame` in this thread's call: its
+        record is read when the call's outputs are delivered (`_raise_recorded`)."""
+        runs = getattr(self._checking, "runs", None)
+        if runs is not None:
+            runs.append((segment, frame))
+
+    def _raise_recorded(self) -> None:
+        """The first out-of-range index this thread's call recorded, as `InputError`. The
+        stream is waited for (after "numpy" outputs it has been: nothing left to wait; after
+        "cupy" outputs this is the one synchronisation a checking call adds)."""
+        runs, self._checking.runs = self._checking.runs, None
+        if not runs:
+            return
+        self.cupy.cuda.get_current_stream().synchronize()
+        for segment, frame in runs:
+            error = segment.recorded_error(frame)
+            if error is not None:
+                raise error
 
     def profile(self, inputs: list, repeat: int = 20) -> tuple[list, list[dict]]:
         self._check_device()
-        with self._caller_stream(inputs):
-            outs, rows = super().profile(inputs, repeat)
-            return self._deliver(outs, self._outputs), rows
+        self._checking.runs = []
+        try:
+            with self._caller_stream(inputs):
+                outs, rows = super().profile(inputs, repeat)
+                outs = self._deliver(outs, self._outputs)
+                self._raise_recorded()
+                return outs, rows
+        finally:
+            self._checking.runs = None
 
     def synchronize(self) -> None:
         """Wait until the GPU has done the work of every call so far (on whichever stream)."""
@@ -379,6 +419,8 @@ class _Frame:
     workspace: int                  # the workspace's address
     launches: list[tuple]           # (function, grid, block, shared bytes, argument tuple)
     capture: object                 # the non-blocking stream graphs are captured on
+    errors: int = 0                 # the error record's address (`loop.index_checks`)
+    errors_host: np.ndarray | None = None   # its pinned host copy, read after a checking run
     own_graph: object = None        # the graph on its own input buffers, once captured
     # callers' input addresses -> their graph (least recently used first); tuples met once
     graphs: OrderedDict = field(default_factory=OrderedDict)
@@ -423,6 +465,9 @@ class _CompiledSegment(CompiledSegment):
                                  [_nbytes(s, d) for s, d in self.input_types],
                                  [_nbytes(s, d) for s, d in self.output_types])
         self.cupy = rt.cupy
+        self.rt = rt
+        slot = ("ext", self.n_inputs + len(self.escaping_types) + len(consts))
+        self.checks = any(slot in b.args for b in self.launches)   # kernels check indices
         self.arch = rt.target.arch
         self.cubin = b""
         if self.cupy is None:   # rendering only
@@ -485,11 +530,15 @@ class _CompiledSegment(CompiledSegment):
         inputs = tuple(base + o for o in self.layout.inputs)
         outputs = [cupy.ndarray(shape, _storage(dtype), memory + o)
                    for (shape, dtype), o in zip(self.output_types, self.layout.outputs)]
-        ext = list(inputs) + [base + o for o in self.layout.outputs] + self._const_ptrs
+        errors = base + self.layout.errors   # zeroed before each run (`_clear_errors`)
+        ext = list(inputs) + [base + o for o in self.layout.outputs] + self._const_ptrs + \
+            [errors]   # the record: slot `slots` (plan.Program)
         arena, workspace = base + self.layout.arena, base + self.layout.workspace
+        pinned = cupy.cuda.alloc_pinned_memory(ERROR_BYTES)
         return _Frame(memory, inputs, outputs, ext, arena, workspace,
                       self._resolved(ext, arena, workspace),
-                      cupy.cuda.Stream(non_blocking=True))
+                      cupy.cuda.Stream(non_blocking=True), errors,
+                      np.frombuffer(pinned, np.int64, 3))
 
     def _resolved(self, ext: list[int], arena: int, workspace: int) -> list[tuple]:
         """Every launch with its arguments as device addresses: (function, grid, block,
@@ -549,9 +598,34 @@ class _CompiledSegment(CompiledSegment):
             if face is not None:
                 _wait_for_producer(face, stream, self.cupy)
         keep = self._copy_in(data, faces, frame, stream, places)
+        self._clear_errors(frame, stream)
         graph.launch(stream=stream)
         del keep   # host sources were staged by memcpyAsync; device ones are the caller's
+        self._fetch_errors(frame, stream)
         return list(frame.outputs)
+
+    def _clear_errors(self, frame: _Frame, stream) -> None:
+        """Zero the error record before a run of kernels that check indices (a call that
+        raised before reading it, or a profile, may have left one)."""
+        if self.checks:
+            self.cupy.cuda.runtime.memsetAsync(frame.errors, 0, ERROR_BYTES, stream.ptr)
+
+    def _fetch_errors(self, frame: _Frame, stream) -> None:
+        """Copy the error record to the frame's pinned host copy after the run's kernels, on
+        their stream, and tell the runtime to read it when the call's outputs are delivered
+        (`CUDARuntime._raise_recorded`): no synchronisation here."""
+        if self.checks:
+            runtime = self.cupy.cuda.runtime
+            runtime.memcpyAsync(frame.errors_host.ctypes.data, frame.errors, ERROR_BYTES,
+                                runtime.memcpyDeviceToHost, stream.ptr)
+            self.rt.checked(self, frame)
+
+    def recorded_error(self, frame: _Frame) -> InputError | None:
+        """The error the last run on `frame` recorded (its host copy must be done), or
+        None when there is none."""
+        if not frame.errors_host[0]:
+            return None
+        return index_error(self.step, frame.errors_host)
 
     def _graph_for(self, places: tuple[int, ...], frame: _Frame):
         """The graph reading the inputs at `places`: kept, or captured now when `places` was
@@ -617,6 +691,7 @@ class _CompiledSegment(CompiledSegment):
         stream = cupy.cuda.get_current_stream()
         data = self._data(arrays)
         keep = self._copy_in(data, [_face(a) for a in data], frame, stream, frame.inputs)
+        self._clear_errors(frame, stream)
         saved = cupy.cuda.alloc(max(self.arena_bytes, 1))
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         rows = []
@@ -637,6 +712,7 @@ class _CompiledSegment(CompiledSegment):
                                     runtime.memcpyDeviceToDevice, stream.ptr)
             self._launch(launches, stream)
             rows.append((kernel, float(np.median(times))))
+        self._fetch_errors(frame, stream)
         stream.synchronize()
         del keep
         return list(frame.outputs), rows

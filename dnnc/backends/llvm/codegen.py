@@ -30,6 +30,10 @@ from .primitives import BINARY, CALLS, CASTS, I1, I8, I16, I32, I64, PTR, cast_c
     compute_type, intrinsic_suffix, memory_type, op_class
 from .vectorize import VectorLoop, vectorizable
 
+ERRORS = L.index_checks.INDEX_ERRORS
+CHECKS_HOIST_FROM = frozenset(k for k in L.ForKind if not (k.is_gpu_block or k.is_gpu_thread))
+"""Loops an index check that does not change in them is hoisted out of (every CPU kind)."""
+
 STACK_SCRATCH = 1 << 16
 """Bytes a kernel's scratch buffer may have to live on the stack (else malloc'd)."""
 
@@ -85,7 +89,7 @@ class ModuleBuilder:
             L.verify(func, placement=False)
         except L.LoopIRError as exc:
             raise CodegenError(str(exc)) from None
-        func = legalize(func, NATIVE)
+        func = legalize(L.index_checks.hoist(func, CHECKS_HOIST_FROM), NATIVE)
         check_legal(func, NATIVE)   # (~1% of compile time: mobilenet_v2 44 ms of 5.7 s)
         return _FunctionBuilder(self, func, noalias).build()
 
@@ -286,8 +290,10 @@ class FunctionEmitter:
         captured_vars = sorted((v for v in L.free_vars(s.body) if v != s.var),
                                key=lambda v: v.name)
         captured_vars += [v for v in self._shape_vars(s.body) if v not in captured_vars]
-        names = sorted({n.buffer.name for n in L.walk(s.body)
-                        if isinstance(n, (L.Load, L.Store))} & set(self.buffers))
+        names = sorted(({n.buffer.name for n in L.walk(s.body)
+                         if isinstance(n, (L.Load, L.Store))} |
+                        ({ERRORS.name} if L.index_checks.has_checks(s.body) else set()))
+                       & set(self.buffers))
         missing = [v.name for v in captured_vars if v not in self.env]
         if missing:
             self.fail(f"unbound {missing} in a parallel loop")
@@ -434,10 +440,36 @@ class FunctionEmitter:
             ty = memory_type(e.dtype)
             return self.from_memory(bits if bits.type == ty else self.b.bitcast(bits, ty),
                                     e.dtype)
+        if e.name == L.index_checks.CHECK:
+            return self.check_index(*args)
         emit = CALLS.get((op_class(src), e.name))
         if emit is None:
             self.fail(f"no LLVM rendering for intrinsic {e.name} on {src.name} (legalized?)")
         return emit(self, *args)
+
+    def check_index(self, value: ir.Value, size: ir.Value, site: ir.Value) -> ir.Value:
+        """`value`; on a cold path when it lies outside [-size, size - 1] (one unsigned
+        compare: value + size >= 2 size), (site + 1, value, size) written to the error record
+        unless an error is there already (a cmpxchg on its first word: the first of a call
+        wins, and parallel bodies race safely; the pool's join publishes the rest)."""
+        record = self.buffers.get(ERRORS.name)
+        if record is None:
+            self.fail("check_index without the error record parameter (index_checks)")
+        b = self.b
+        bad = b.icmp_unsigned(">=", b.add(value, size), b.add(size, size))
+        fail = self.fn.append_basic_block("index.bad")
+        ok = self.fn.append_basic_block("index.ok")
+        b.cbranch(bad, fail, ok).set_weights([1, 1 << 20])
+        b.position_at_end(fail)
+        pair = b.cmpxchg(record, ir.Constant(I64, 0), b.add(site, ir.Constant(I64, 1)),
+                         "monotonic", "monotonic")
+        with b.if_then(b.extract_value(pair, 1)):
+            for k, word in ((1, value), (2, size)):
+                b.store(word, b.gep(record, [ir.Constant(I64, k)], inbounds=True,
+                                    source_etype=I64))
+        b.branch(ok)
+        b.position_at_end(ok)
+        return value
 
     def cast(self, e: L.Cast) -> ir.Value:
         value, src, dst = self.expr(e.value), e.value.dtype, e.dtype

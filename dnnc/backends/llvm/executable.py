@@ -36,7 +36,7 @@ from ...ir.segments import Segment
 from ..lower import Kernel
 from ..memory import ALIGN, aligned
 from ..contract import CompiledSegment
-from ..executable import Executable
+from ..executable import Executable, index_error
 from ..plan import Call, Program, image_consts
 from ..specialisations import DEFAULT_CACHE_SIZE
 from ...ir.target import Target
@@ -158,6 +158,7 @@ class _Frame:
     arena: np.ndarray
     arena_ptr: int
     slots: ctypes.Array
+    errors: np.ndarray     # the kernels' error record (`loop.index_checks`), slot `slots`
 
 
 def _address(a: np.ndarray) -> int:
@@ -233,11 +234,13 @@ class _CompiledSegment(CompiledSegment):
         raw = np.empty(self.arena_bytes + ALIGN, np.uint8)
         skip = (-raw.ctypes.data) % ALIGN
         arena = raw[skip:skip + self.arena_bytes]
-        slots = (ctypes.c_void_p * max(self.slots, 1))()
+        slots = (ctypes.c_void_p * (self.slots + 1))()
         first = self.n_inputs + len(self.escaping_types)
         for k, ptr in enumerate(self._const_ptrs):
             slots[first + k] = ptr
-        return _Frame(arena, arena.ctypes.data, slots)
+        errors = np.zeros(3, np.int64)
+        slots[self.slots] = errors.ctypes.data
+        return _Frame(arena, arena.ctypes.data, slots, errors)
 
     def _fill(self, inputs: list[np.ndarray], frame: "_Frame", outs: list | None = None
               ) -> tuple[list, list]:
@@ -255,6 +258,8 @@ class _CompiledSegment(CompiledSegment):
             ) -> list[np.ndarray]:
         arrays, outs = self._fill(inputs, frame, outs)
         self.entry(frame.slots, frame.arena_ptr)
+        if frame.errors[0]:   # an index out of range (the test: ~80 ns a call)
+            raise index_error(self.step, frame.errors)
         return outs
 
     def fast(self, positions: list, returned: list[int], signature: list[tuple]):
@@ -303,6 +308,8 @@ class _CompiledSegment(CompiledSegment):
             arena[...] = saved
             fn(*ptrs)
             rows.append((kernel, float(np.median(times))))
+        if frame.errors[0]:
+            raise index_error(self.step, frame.errors)
         return outs, rows
 
     def loop_source(self) -> str:

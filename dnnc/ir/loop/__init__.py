@@ -8,6 +8,7 @@ L.For(...)`):
 - `traversal`: children, walk, transform, substitute, free_vars, structural_equal
 - `printer`: the stable text form (`print_expr`, `print_stmt`, `print_func`)
 - `verifier`: `verify` and `LoopIRError`
+- `index_checks`: the run-time check of gather indices (`check_index`) and its error record
 - `simplifier`: `Bounds`, `bounds`, the `EXPR_RULES` table, `simplify_expr`, `simplify`,
   `divisor` (a power of two known to divide an index: alignment proofs)
 
@@ -27,6 +28,7 @@ from .simplifier import (EXPR_RULES, UNBOUNDED, Bounds, bounds, divisor, simplif
 from .traversal import (alpha_normal, children, free_vars, structural_equal, substitute,
                         transform, walk)
 from .verifier import LoopIRError, verify
+from . import index_checks
 
 __all__ = [
     # nodes
@@ -42,6 +44,8 @@ __all__ = [
     "print_expr", "print_func", "print_stmt",
     # verifier
     "LoopIRError", "verify",
+    # run-time index checks
+    "index_checks",
     # simplifier
     "EXPR_RULES", "UNBOUNDED", "Bounds", "bounds", "divisor", "simplify", "simplify_expr",
 ]

@@ -134,8 +134,9 @@ INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "f
               "round", "trunc", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
               "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down",
-              "pack_tf32", "pack_fp16x2", "pack_bf16x2")
+              "pack_tf32", "pack_fp16x2", "pack_bf16x2", "check_index")
 """`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
+`check_index(i, n, site)` is i, checked to lie in [-n, n-1] at run time (`index_checks`);
 `bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T; the shuffles are a
 GPU warp's (`SHUFFLES`); the packs make tensor-core operand registers (`PACKS`)."""
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 from .. import types as T
 from .nodes import (
-    Allocate, BinOp, Cast, Const, Expr, For, ForKind, If, Let, PrimFunc, Select, Seq,
+    Allocate, BinOp, Call, Cast, Const, Expr, For, ForKind, If, Let, PrimFunc, Select, Seq,
     Store, Var, seq)
 from .traversal import _replace, substitute, transform
 
@@ -287,9 +287,18 @@ def _cast_same(e, env):
     return None
 
 
+def _proven_index(e, env):
+    """check_index(i, n, site) -> i when bounds prove -n <= i < n (nothing can fail)."""
+    if isinstance(e, Call) and e.name == "check_index" and _is_const(e.args[1]):
+        n = e.args[1].value
+        if bounds(e.args[0], env).within(-n, n - 1):
+            return e.args[0]
+    return None
+
+
 EXPR_RULES: list[Callable] = [_fold_constants, _canonical_order, _identities, _reassociate,
                               _div_mod, _recombine_div_mod, _bounded_compare, _select_const,
-                              _cast_same]
+                              _cast_same, _proven_index]
 """Index and value rewrites; each takes (expr, var bounds) and returns a replacement or None."""
 
 

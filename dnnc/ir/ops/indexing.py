@@ -9,7 +9,9 @@ Shape -> Gather -> Concat -> Reshape keeps a dynamic batch symbolic.
 
 Compute rules read indices as data: an index is a Load of the indices tensor, wrapped when
 negative and clamped into range (as TVM's `take` mode "clip"), so no load ever leaves its
-buffer, even at a bad index or in the arm of a Select not taken. Scatters, sorting and
+buffer, even at a bad index or in the arm of a Select not taken; the gathers' indices are also
+checked at run time (`loop.index_checks`: an out-of-range one is reported as the reference
+raises it, naming the node). Scatters, sorting and
 selections of data-dependent size have no loop form here (NoCompute: a host fallback).
 """
 
@@ -21,7 +23,7 @@ from .. import batching
 from .. import types as T
 from ...errors import IndexRangeError
 from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_sum
-from ..loop import Select, const, eq, logical_and, minimum
+from ..loop import Select, const, eq, index_checks, logical_and, maximum, minimum
 from .index_exprs import as_index, check_sizes_bound, clamp_index, const_int, unravel
 from .infer import check_dtype, check_same_dtype, normalize_axis
 from .registry import Pattern, register_op
@@ -52,9 +54,15 @@ def _checked_wrap(indices: np.ndarray, size) -> np.ndarray:
 
 
 def _index(value, size):
-    """A read index into an axis of `size`: negative values count from the end; clamped."""
+    """A read index into an axis of `size`: negative values count from the end; checked at
+    run time (an out-of-range one is the caller's error, as the reference raises) and clamped
+    (the kernel goes on without a load past the buffer until the runtime reports it)."""
     value = as_index(value)
-    return clamp_index(Select(value < 0, value + size, value), size)
+    checked = index_checks.checked(value, size)
+    wrapped = Select(checked < 0, value + size, value)
+    if checked is not value and const_int(size) == 1:
+        return minimum(maximum(wrapped, 0), 0)   # clamp_index folds to 0, dropping the check
+    return clamp_index(wrapped, size)
 
 
 def _host_only(reason: str):

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dnnc.ir import loop as L
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from cuda_kernels import (MACHINE, SMALL, programs, reference, suite_cases,  # noqa: E402
@@ -128,11 +130,16 @@ def check_programs(cp, progs, values: dict, precision: str = "fp32"
             outs = [_poisoned(cp, np.dtype(v.type.dtype.np), v.type.shape)
                     for v in kernel.outputs]
             scratch = [cp.full(size, 0xFF, cp.uint8) for size in info.workspace]
-            args = tuple(ins + outs + scratch)
+            errors = [cp.zeros(3, cp.int64)] if L.index_checks.INDEX_ERRORS in \
+                kernel.func.params else []   # (in-range data: stays zero)
+            args = tuple(ins + outs + errors + scratch)
             for launch in info.launches:
                 raw.get_function(launch.name)(launch.grid, launch.block, args,
                                               shared_mem=launch.shared_bytes)
             cp.cuda.runtime.deviceSynchronize()
+            if errors and errors[0].get().any():   # the reference's data is in range
+                problems.append(f"{kernel.func.name}: index error recorded: "
+                                f"{errors[0].get()}")
             kernels += 1
             launches += len(info.launches)
             for v, out in zip(kernel.outputs, outs):

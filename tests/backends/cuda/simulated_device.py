@@ -146,12 +146,17 @@ def fake_cupy():
             FAKE.entered.append(self.ptr)
             return self
 
+    def memset(dst, value, n, stream=0):
+        ctypes.memset(dst, value, n)
+
     runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1, memcpy=memcpy, memcpyAsync=memcpy, memcpyHostToDevice=1,
-        memcpyDeviceToHost=2, memcpyDeviceToDevice=3, pointerGetAttributes=pointer_attributes)
+        memcpyDeviceToHost=2, memcpyDeviceToDevice=3, pointerGetAttributes=pointer_attributes,
+        memsetAsync=memset)
     stream = FakeStream()
     cuda = types.SimpleNamespace(
         runtime=runtime, alloc=alloc, Stream=FakeStream, get_current_stream=lambda: stream,
+        alloc_pinned_memory=bytearray,
         function=types.SimpleNamespace(Module=Module), Event=Event,
         get_elapsed_time=lambda a, b: 0.25, driver=None, ExternalStream=ExternalStream,
         Device=lambda: types.SimpleNamespace(id=0, synchronize=lambda: None))

@@ -177,9 +177,40 @@ def test_resolve_places_every_argument():
 
 def test_frame_layout_aligns_every_buffer_and_gives_empty_ones_room():
     layout = _Layout.of(1000, 0, [12, 0], [4096])
-    places = [layout.arena, layout.workspace, *layout.inputs, *layout.outputs]
+    places = [layout.arena, layout.workspace, layout.errors, *layout.inputs, *layout.outputs]
     assert places == sorted(set(places)) and all(p % DEVICE_ALIGN == 0 for p in places)
     assert layout.workspace >= 1000 and layout.outputs[0] + 4096 <= layout.total
+
+
+def _gather_model():
+    """y = Gather(x, ids): x int64[3], so the simulated kernel (first parameter copied into
+    the last, here the error record) writes x as the record."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "ids"], ["y"], name="pick")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [3]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("outputs", ["cupy", "numpy"])
+def test_a_recorded_index_error_is_raised_after_the_call_and_cleared(simulated, outputs):
+    """The kernels' error record (`loop.index_checks`) is a slot past the segment's in the
+    frame's allocation, copied to the host after the launches and read once the stream's
+    work is done: the call raises InputError naming the node, the index and the bound, the
+    record is zeroed, and the next call answers."""
+    from dnnc.errors import InputError
+
+    rt = simulated(_gather_model(), outputs=outputs)
+    ids = np.zeros(2, np.int64)
+    with pytest.raises(InputError, match=r"Gather node 'pick': index 7 is out of range for an "
+                                         r"axis of size 5 \(valid: -5 to 4\)"):
+        rt.run([np.array([1, 7, 5], np.int64), ids], {})
+    seg = rt.compiled_segments()[0]
+    rt.run([np.zeros(3, np.int64), ids], {})   # no error recorded: the call answers
+    assert seg.checks and FAKE.copies.count(2) >= 2   # the record came back after each call
 
 
 # -- without a GPU ------------------------------------------------------------------------------

@@ -94,6 +94,11 @@ template <typename T> static T dnnc_shfl(T v, unsigned src) {
   dnnc_block->arrive_and_wait();
   return out;
 }
+static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long expected,
+                                           unsigned long long value) {
+  __atomic_compare_exchange_n(p, &expected, value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return expected;   // the old value, as CUDA's
+}
 template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
   return dnnc_shfl(v, threadIdx.x ^ m);
 }
@@ -276,6 +281,35 @@ def test_every_op_means_what_the_ir_means(rng, tmp_path):
     assert not failures, "\n".join(failures[:40])
 
 
+def test_check_index_records_the_first_bad_index(tmp_path):
+    """The prelude's `dnnc_check_index` means what `loop.index_checks` says: every value goes
+    on, the first index outside [-5, 4] is recorded as (site + 1, index, 5) once (atomicCAS),
+    over 32 threads of one block."""
+    n = 32
+    x, k = L.Buffer("x", T.float32, (5,)), L.Buffer("k", T.int64, (n,))
+    y = L.Buffer("y", T.float32, (n,))
+    t = L.Var("t")
+    at = L.Call("check_index", (k[t], L.const(5), L.const(6)), L.INDEX)
+    body = L.Store(y, (t,), x[(L.minimum(L.maximum(at, 0), 4),)])
+    func = L.index_checks.with_errors(
+        L.PrimFunc("checked", (x, k, y), L.For(t, n, body, L.ForKind.THREAD_X)))
+    module = render_module([(func, True)])
+    lib = host_library([(func, True)], tmp_path, module)
+    launch = module.kernels["checked"].launches[0]
+    xs = np.arange(5, dtype=np.float32)
+    for bad, want in ((None, [0, 0, 0]), (2**62, [7, 2**62, 5]), (-6, [7, -6, 5])):
+        ks = np.tile(np.array([0, 4, -5, -1], np.int64), n // 4)
+        if bad is not None:
+            ks[[9, 30]] = bad
+        out, errors = np.zeros(n, np.float32), np.zeros(3, np.int64)
+        args = (ctypes.c_void_p * 4)(*[a.ctypes.data for a in (xs, ks, out, errors)])
+        host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+        lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                        ctypes.c_uint(launch.block[0]))
+        np.testing.assert_array_equal(out, xs[np.clip(ks, 0, 4)])
+        np.testing.assert_array_equal(errors, want)
+
+
 def run_on_host(lib, module, program, values) -> list[str]:
     """Every kernel of `program` launched on the host library (inputs from `values`, outputs
     poisoned), against `values`: the mismatches."""
@@ -286,13 +320,17 @@ def run_on_host(lib, module, program, values) -> list[str]:
                for v in kernel.inputs]
         outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
         scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
-        arrays = ins + outs + scratch
+        errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in \
+            kernel.func.params else []
+        arrays = ins + outs + errors + scratch
         args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         for launch in info.launches:
             assert launch.block[1:] == (1, 1)   # (the shim runs threadIdx.x only)
             host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
             lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
                             ctypes.c_uint(launch.block[0]))
+        if errors and errors[0].any():   # the reference's data is in range
+            problems.append(f"{kernel.func.name}: index error recorded: {errors[0]}")
         for v, got in zip(kernel.outputs, outs):
             want = np.asarray(values[v.name])
             try:

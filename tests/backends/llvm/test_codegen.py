@@ -365,8 +365,36 @@ _BINARY = {"pow": (np.power, 0.1, 4), "fmod": (np.fmod, -9, 9), "atan2": (np.arc
 def test_every_intrinsic_is_rendered_or_rejected():
     """Each name in loop.INTRINSICS has a test below (a new one must get one)."""
     tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma", "bitcast",
-                                           *L.SHUFFLES, *L.PACKS.values()}
+                                           "check_index", *L.SHUFFLES, *L.PACKS.values()}
     assert tested == set(L.INTRINSICS)
+
+
+@pytest.mark.parametrize("opt", [0, 3])
+@pytest.mark.parametrize("kind", [L.ForKind.SERIAL, L.ForKind.VECTORIZED])
+def test_check_index_passes_values_and_records_the_first_bad_one(opt, kind):
+    """y[i] = x[clamp(check_index(k[i], 5, site 6))]: every value goes on (clamped by the
+    code around it), and the first index outside [-5, 4] is recorded as (7, index, 5), in
+    scalar code and lane by lane in a vector loop; a record already holding an error keeps it."""
+    n = 8
+    x, k = L.Buffer("x", T.float32, (5,)), L.Buffer("k", T.int64, (n,))
+    y = L.Buffer("y", T.float32, (n,))
+    i = L.Var("i")
+    at = L.Call("check_index", (k[i], L.const(5), L.const(6)), L.INDEX)
+    body = L.Store(y, (i,), x[(L.minimum(L.maximum(at, 0), 4),)])
+    func = L.index_checks.with_errors(L.PrimFunc("checked", (x, k, y), L.For(i, n, body, kind)))
+    jm = jit(func, opt=opt)
+    xs = np.arange(5, dtype=np.float32)
+    for ks, want in (([0, 4, -5, 3, 2, 1, 0, 4], [0, 0, 0]),
+                     ([0, 5, -6, 2**62, 1, 1, 1, 1], [7, 5, 5]),
+                     ([-10**6, 0, 0, 0, 0, 0, 0, 9], [7, -10**6, 5])):
+        ks = np.array(ks, np.int64)
+        out, errors = np.empty(n, np.float32), np.zeros(3, np.int64)
+        call(jm, func, [xs, ks, out, errors])
+        np.testing.assert_array_equal(out, xs[np.clip(ks, 0, 4)])
+        np.testing.assert_array_equal(errors, want)
+    errors = np.array([2, 9, 9], np.int64)
+    call(jm, func, [xs, np.full(n, 7, np.int64), np.empty(n, np.float32), errors])
+    np.testing.assert_array_equal(errors, [2, 9, 9])
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
