@@ -146,6 +146,8 @@ def test_a_loaded_artifact_names_the_node(target, tmp_path):
     loaded = dnnc.load(path)
     with pytest.raises(InputError, match=r"Gather node 'lookup': index 6 .*size 5"):
         loaded(ids=np.array([0, 1, 3, 1], np.int64))
+        if target == "cuda":   # CuPy outputs: reported at the next synchronisation
+            loaded.runtime.synchronize()
     out = loaded(ids=np.array([0, 1, 1, 0], np.int64))
     out = out.get() if hasattr(out, "get") else out   # (a CuPy array on cuda)
     np.testing.assert_array_equal(out, TABLE[[3, 4, 4, 3]])
@@ -274,3 +276,20 @@ if __name__ == "__main__":
     found = _matrix()
     print("\n".join(found) or "all match")
     sys.exit(1 if found else 0)
+
+
+@GPU
+def test_cupy_outputs_report_a_bad_index_at_the_next_call_or_synchronize():
+    """A call that returns CuPy arrays never waits for its kernels: its out-of-range index is
+    raised by the thread's next call, before that call does anything, or by synchronize()."""
+    model = dnnc.compile(_gather_model(), target="cuda", outputs="cupy")
+    good = np.array([0, 1, 2, 3], np.int64)
+    model(ids=np.array([0, 9, 1, 2], np.int64))
+    with pytest.raises(InputError, match=r"Gather node 'lookup': index 9 .*size 5.*previous "
+                                         r"call"):
+        model(ids=good)
+    np.testing.assert_array_equal(model(ids=good).get(), TABLE[good])
+    model(ids=np.array([0, -7, 1, 2], np.int64))
+    with pytest.raises(InputError, match=r"index -7 .*previous call"):
+        model.runtime.synchronize()
+    np.testing.assert_array_equal(model(ids=good).get(), TABLE[good])

@@ -446,7 +446,7 @@ def test_the_newcomers_path(tmp_path, capsys):
     assert f"wrote {artifact}: cuda" in capsys.readouterr().out
     assert cli.main(["run", str(artifact), "--random", "-q"]) == 0
     out = capsys.readouterr().out
-    assert "float32[1, 10]" in out and "on cuda" in out, out
+    assert "float32[1,10]" in out and "on cuda" in out, out
     assert cli.main(["bench", str(model), "--target", "cuda", "--repeat", "5", "--warmup",
                      "1", "-q"]) == 0
     out = capsys.readouterr().out

@@ -205,9 +205,13 @@ def test_a_recorded_index_error_is_raised_after_the_call_and_cleared(simulated, 
 
     rt = simulated(_gather_model(), outputs=outputs)
     ids = np.zeros(2, np.int64)
-    with pytest.raises(InputError, match=r"Gather node 'pick': index 7 is out of range for an "
-                                         r"axis of size 5 \(valid: -5 to 4\)"):
+    message = (r"Gather node 'pick': index 7 is out of range for an axis of size 5 "
+               r"\(valid: -5 to 4\)")
+    if outputs == "cupy":   # CuPy outputs never wait: the thread's next call reports it
         rt.run([np.array([1, 7, 5], np.int64), ids], {})
+        message += r" \(in the previous call"
+    with pytest.raises(InputError, match=message):
+        rt.run([np.array([1, 7, 5] if outputs == "numpy" else [0, 0, 0], np.int64), ids], {})
     seg = rt.compiled_segments()[0]
     rt.run([np.zeros(3, np.int64), ids], {})   # no error recorded: the call answers
     assert seg.checks and FAKE.copies.count(2) >= 2   # the record came back after each call
