@@ -24,9 +24,14 @@ CAST_PROBES = (
 """Inputs of the float -> integer cast table: NaN, +-inf, out of range on either side of
 every integer type's bounds, bounds themselves, fractions, subnormals and +-0."""
 
-SPECIAL = np.array([np.inf, -np.inf, np.nan, 1e30, -1e30, FLT_MAX, -FLT_MAX, 0.0, -0.0,
-                    1e-40, -1e-40, FLT_TRUE_MIN], np.float64)
-"""What the fuzzer's special mode puts into float inputs (as float32)."""
+SPECIAL_NONFINITE = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-40, -1e-40, FLT_TRUE_MIN],
+                             np.float64)
+"""What the fuzzer's special mode puts into float inputs (as float32) that sums may take:
+inf + -inf is NaN in any order."""
+
+SPECIAL = np.concatenate([SPECIAL_NONFINITE, [1e30, -1e30, FLT_MAX, -FLT_MAX]])
+"""... and huge values too, for inputs kept out of sums (FLT_MAX + FLT_MAX - FLT_MAX is inf
+or FLT_MAX by the order of the terms)."""
 
 INT_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
 
@@ -35,16 +40,16 @@ _ONNX = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
          **{name: getattr(TensorProto, name.upper()) for name in INT_TYPES}}
 
 
-def with_special_values(rng: np.random.Generator, array: np.ndarray,
+def with_special_values(rng: np.random.Generator, array: np.ndarray, values: np.ndarray = SPECIAL,
                         fraction: float = 0.1) -> np.ndarray:
-    """`array` (floats) with about `fraction` of its elements replaced by SPECIAL values at
-    random positions (at least one when it has any element)."""
+    """`array` (floats) with about `fraction` of its elements replaced by `values` at random
+    positions (at least one when it has any element)."""
     out = np.array(array, copy=True)
     if not out.size:
         return out
     where = rng.random(out.shape) < fraction
     where.flat[int(rng.integers(out.size))] = True
-    picks = SPECIAL[rng.integers(len(SPECIAL), size=out.shape)]
+    picks = values[rng.integers(len(values), size=out.shape)]
     with np.errstate(over="ignore"):
         out[where] = picks[where].astype(out.dtype)
     return out
