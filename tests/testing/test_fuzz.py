@@ -421,6 +421,29 @@ def test_special_value_known_differences_are_real(name, x, make, spec):
     assert fuzz.known_difference(model, "y", inf=True).name == name
 
 
+def test_uint32_cast_difference_is_real_and_only_for_uint32():
+    """onnxruntime's float -> uint32 depends on the element's index (its vector loop and its
+    scalar tail disagree); dnnc gives the table at every index."""
+    pytest.importorskip("onnxruntime")
+    import dnnc
+
+    def model(to):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])
+        y = helper.make_tensor_value_info("y", to, [5])
+        return helper.make_model(helper.make_graph(
+            [helper.make_node("Cast", ["x"], ["y"], to=to)], "g", [x], [y]),
+            opset_imports=[helper.make_opsetid("", 18)])
+    x = np.full(5, -3.4028235e38, np.float32)
+    data = model(TensorProto.UINT32).SerializeToString()
+    ort = fuzz.ort_outputs(data, [{"x": x}])[0][0]
+    assert len(set(ort.tolist())) == 2   # one value, two results
+    for target in ("numpy", "llvm"):
+        assert dnnc.compile(data, target=target).run(x=x)[0].tolist() == [2 ** 31] * 5
+    assert fuzz.known_difference(model(TensorProto.UINT32), "y").name == \
+        "uint32-cast-out-of-range"
+    assert fuzz.known_difference(model(TensorProto.UINT64), "y") is None
+
+
 def test_ci_special_values_batch_finds_nothing(tmp_path):
     """CI's special-values run: 40 seeded --special cases on the llvm target, opt level 3."""
     proc = subprocess.run(
