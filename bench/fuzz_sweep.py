@@ -1,13 +1,15 @@
 """The differential fuzzer over several configurations at once, in parallel shards.
 
     python bench/fuzz_sweep.py --cases 2000 --seed 2026 [--opt-levels 0,3] [--threads 1,2]
-                               [--shards 3] [--out DIR]
+                               [--shards 3] [--out DIR] [--special] [--target T]
 
 Runs `python -m dnnc.testing.fuzz` for every (opt level, thread count) pair, each pair's case
 range cut into `--shards` pieces run side by side (a machine with many cores finishes the
 issue-10 sweep, 2000 cases x 4 configurations, in minutes), then prints one line per
 configuration: cases, passed, mismatches, crashes, timeouts, errors, known differences.
-Exit status 1 if any shard found something. Findings go to `--out/<config>/`.
+Exit status 1 if any shard found something. Findings go to `--out/<config>/`. `--special`
+sweeps the special-values cases (+-inf, NaN, huge values in the inputs), `--target` another
+target than llvm (cuda on a GPU host).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def main() -> int:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--shards", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("fuzz-findings"))
+    parser.add_argument("--special", action="store_true",
+                        help="special-values cases (the fuzzer's --special)")
+    parser.add_argument("--target", default="llvm")
     args = parser.parse_args()
     configs = [(int(o), int(t)) for o in args.opt_levels.split(",")
                for t in args.threads.split(",")]
@@ -54,7 +59,8 @@ def main() -> int:
             out = args.out / f"o{opt}_t{threads}"
             cmd = [sys.executable, "-m", "dnnc.testing.fuzz", "--cases", str(count),
                    "--start", str(first), "--seed", str(args.seed), "--opt-level", str(opt),
-                   "--threads", str(threads), "--out", str(out), "--quiet"]
+                   "--threads", str(threads), "--out", str(out), "--quiet",
+                   "--target", args.target] + (["--special"] if args.special else [])
             jobs.append(((opt, threads), subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     totals: dict[tuple, dict[str, int]] = {}
@@ -69,7 +75,8 @@ def main() -> int:
         if proc.returncode != 0:   # a finding (1) or a broken shard: its own report
             print(f"--- o{config[0]} t{config[1]} shard, exit {proc.returncode}:\n"
                   f"{text[-3000:]}")
-    print(f"# fuzz sweep: seed {args.seed}, {args.cases} cases a configuration, "
+    print(f"# fuzz sweep: {args.target}, seed {args.seed}"
+          f"{' (special values)' if args.special else ''}, {args.cases} cases a configuration, "
           f"{args.shards} shards each, {time.perf_counter() - start:.0f} s")
     print(f"{'opt':>3} {'threads':>7} " + " ".join(f"{f:>10}" for f in FIELDS))
     for (opt, threads), total in totals.items():

@@ -15,7 +15,11 @@ floors; `sigmoid`, `sign`, `isinf`, ... as NumPy's); a renderer should only say 
 - float16 / bfloat16 arithmetic -> float32 arithmetic rounded back after every op (NumPy's
   result, bit for bit), so narrow floats only move: loads, stores, lets, selects, and casts
   to and from float32; float64 -> float16 goes through float32 rounded to odd (one rounding,
-  as NumPy), and bfloat16 <-> float32 casts become integer bit operations.
+  as NumPy), and bfloat16 <-> float32 casts become integer bit operations;
+- float -> integer casts -> `ftoi` of a value made in range first, and selects: the result
+  is defined for every input (NaN, +-inf, out of range: docs/semantics.md), so no renderer
+  relies on LLVM's poison (fptosi out of range) or C's undefined behaviour (CUDA's cvt
+  saturates, x86's gives MIN, constant folding anything).
 
 Rules are small functions `(expr, ctx) -> Expr | None`, each naming its identity, in RULES (a
 table in the order they are tried: promotion of narrow floats first, so that an expansion
@@ -30,7 +34,9 @@ more than once is bound by a `Let` around its statement, so expansions never dup
 nor grow the tree exponentially; hoisting is safe because an expression has no side effects
 and evaluates all of its operands (a `Select` evaluates both sides).
 
-New primitive calls, which exist only after legalize: `idiv(a, b)` and `irem(a, b)`.
+New primitive calls, which exist only after legalize (or where a template proves the range):
+`idiv(a, b)` and `irem(a, b)`, and `ftoi(x)` (a float32/float64 truncated toward zero to int32
+or int64, defined only where the result fits).
 `check_index` (a gather's run-time index check, `loop.index_checks`) is left to the renderers:
 no rule rewrites it, and binding it in a Let runs it once, as its value is needed.
 """
@@ -44,6 +50,7 @@ from ..ir import types as T
 
 NARROW_FLOATS = (T.float16, T.bfloat16)
 _UNSIGNED = {1: T.uint8, 2: T.uint16, 4: T.uint32, 8: T.uint64}
+_SIGNED = {1: T.int8, 2: T.int16, 4: T.int32, 8: T.int64}
 
 
 class IllegalOpError(Exception):
@@ -121,6 +128,36 @@ def _bf16_cast(e, ctx):
         bits = L.Cast(T.uint32, L.call("bitcast", e.value, dtype=T.uint16))
         return L.call("bitcast", L.BinOp("<<", bits, L.Const(16, T.uint32)), dtype=T.float32)
     return None
+
+
+def _float_to_int(e, ctx):
+    """Float -> integer casts, defined for every input as x86's conversions (onnxruntime's
+    and NumPy's results there; docs/semantics.md), with N the destination's bits:
+    int32, int64: trunc(x) where it fits, else MIN (NaN and +-inf too) ->
+      select(in, ftoi(select(in, x, 0)), MIN), in = -2**(N-1) <= x < 2**(N-1) (both bounds
+      exact in float32 and float64; an x between -2**(N-1) - 1 and -2**(N-1) truncates to MIN,
+      the fallback, anyway);
+    int8, int16, uint8, uint16: int32(x) as above, then its low N bits;
+    uint32, uint64: select(x >= 2**(N-1), sN(x - 2**(N-1)) ^ MIN, sN(x)) as unsigned bits,
+      sN the signed conversion above (x - 2**(N-1) is exact where the result fits: Sterbenz).
+    float16 and bfloat16 sources reach here as float32 (`narrow_float` runs first)."""
+    if not (isinstance(e, L.Cast) and e.dtype.is_int and e.value.dtype.is_float) or \
+            e.value.dtype in NARROW_FLOATS:
+        return None
+    src, dst = e.value.dtype, e.dtype
+    bits = 8 * dst.itemsize
+    if bits < 32:
+        return L.Cast(dst, L.Cast(T.int32, e.value))
+    signed = _SIGNED[dst.itemsize]
+    minimum = L.const(-(1 << (bits - 1)), signed)
+    half = L.Const(2.0 ** (bits - 1), src)
+    x = ctx.bind(e.value)
+    if dst.kind == "u":
+        high = L.BinOp("^", L.Cast(signed, x - half), minimum)
+        return L.Cast(dst, L.Select(x >= half, high, L.Cast(signed, x)))
+    inside = ctx.bind(L.logical_and(x >= L.Const(-(2.0 ** (bits - 1)), src), x < half))
+    safe = L.Select(inside, x, L.Const(0.0, src))
+    return L.Select(inside, L.Call("ftoi", (safe,), dst), minimum)
 
 
 def _sigmoid(e, ctx):
@@ -260,6 +297,7 @@ RULES: dict[str, Callable] = {
     "narrow_float": _narrow_float,
     "f16_from_f64": _f16_from_f64,
     "bf16_cast": _bf16_cast,
+    "float_to_int": _float_to_int,
     "sigmoid": _sigmoid,
     "rsqrt": _rsqrt,
     "sign": _sign,

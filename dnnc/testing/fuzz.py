@@ -2,7 +2,7 @@
 dnnc's numpy target (the oracle) and with onnxruntime (when installed).
 
     python -m dnnc.testing.fuzz --cases N --seed S [--target T] [--opt-level L]
-                                [--threads K] [--out DIR] [--case I] [--timeout S]
+                                [--threads K] [--out DIR] [--case I] [--timeout S] [--special]
 
 Each case (`generate.generate(seed, index)`) runs twice on one compiled model: fresh random
 inputs, and a new batch size when the batch is symbolic. The target runs in a long-lived worker
@@ -10,8 +10,9 @@ process (`worker.py`), restarted after a crash (a signal) or a hang (`--timeout`
 caught and reported; the references run in this process meanwhile. A finding is saved under
 `--out` (model, inputs, what differed) and minimised (`minimize.py`). A difference from
 onnxruntime that dnnc's two targets agree on and that matches `KNOWN_DIFFERENCES` is counted
-as a known difference, not a failure. Exit status: 0 no finding, 1 a finding, 2 bad usage.
-See docs/fuzzing.md.
+as a known difference, not a failure. `--special` draws the special-values cases (inputs with
++-inf, NaN, huge values, +-0 and subnormals; `generate.generate(..., special=True)`). Exit
+status: 0 no finding, 1 a finding, 2 bad usage. See docs/fuzzing.md.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ the numpy target and 3.6e-6 against onnxruntime (outside known differences), 23x
 limit. Wrong indexing, races and wrong semantics give errors of the order of the values. The absolute
 part scales with the output's mean magnitude so that an element near zero, left by the
 cancellation of large terms, is judged against the size of those terms. Integers and
-booleans must be equal."""
+booleans must be equal; NaN matches NaN, and an infinity only the same infinity."""
 
 
 def close(got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
@@ -68,7 +69,8 @@ def close(got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
     with np.errstate(invalid="ignore"):
         err = np.abs(g - w)
         limit = FLOAT_RTOL * np.abs(w) + FLOAT_ATOL * scale
-        bad = ~(both_nan | same_inf | (err <= limit))
+        # (an infinity matches only itself: the relative limit of an infinite want is inf)
+        bad = ~(both_nan | same_inf | (np.isfinite(g) & np.isfinite(w) & (err <= limit)))
     worst = float(np.max(np.where(bad, np.nan_to_num(err, nan=np.inf), 0) / scale)) \
         if g.size else 0.0
     return not bad.any(), worst
@@ -82,7 +84,8 @@ class KnownDifference:
     """A place where onnxruntime's result differs from the ONNX spec's reading, which dnnc
     follows. A mismatch with onnxruntime only (dnnc's targets agree with each other) in an
     output that such a node feeds is classified under `name`, never hidden; a `nan_only`
-    entry applies only when a differing element is NaN on one side."""
+    entry applies only when a differing element is NaN on one side, an `inf_only` one when it
+    is infinite or NaN (an overflow upstream is inf there, or NaN after inf - inf)."""
 
     name: str
     ops: tuple
@@ -90,6 +93,7 @@ class KnownDifference:
     spec: str                # the spec's reading, which dnnc implements
     onnxruntime: str         # what onnxruntime does instead
     nan_only: bool = False
+    inf_only: bool = False
 
 
 def _resize_fractional_align_corners(attrs: dict, inputs: list) -> bool:
@@ -116,6 +120,10 @@ def _resize_nearest_fractional_downscale(attrs: dict, inputs: list) -> bool:
     else:
         return False
     return any(0 < r < 1 and not float(1 / r).is_integer() for r in ratios)
+
+
+def _clip_without_a_bound(attrs: dict, inputs: list) -> bool:
+    return len(inputs) < 3 or any(shape is None for shape, _ in inputs[1:])   # "" inputs
 
 
 def _resize_interpolating(attrs: dict, inputs: list) -> bool:
@@ -151,6 +159,31 @@ KNOWN_DIFFERENCES = [
         spec="a NaN reaches the outputs whose interpolation reads it (onnx.reference agrees)",
         onnxruntime="linear resize spreads a NaN to a different set of outputs (measured: "
                     "4x4 -> 8x8, half_pixel: 25 NaN outputs where onnx.reference has 16)"),
+    KnownDifference(
+        "huge-in-batchnorm", ("BatchNormalization",), lambda attrs, inputs: True,
+        inf_only=True,
+        spec="the operator doc's (x - mean) / sqrt(var + epsilon) * scale + bias, in that "
+             "order: near FLT_MAX the division overflows to inf (onnx.reference multiplies "
+             "by scale first: finite there too)",
+        onnxruntime="x * (scale / sqrt(var + epsilon)) + (bias - mean * scale / ...), folded "
+                    "once: finite where the doc's order overflows (measured: x = FLT_MAX, "
+                    "var 0.753, scale 0.461: 1.809e38 where the doc's order gives inf)"),
+    KnownDifference(
+        "uint32-cast-out-of-range", ("Cast",),
+        lambda attrs, inputs: attrs.get("to") == onnx.TensorProto.UINT32,
+        spec="the spec leaves it open; dnnc gives docs/semantics.md's table on every target: "
+             "x >= 2**31 ? s32(x - 2**31) ^ MIN : s32(x) (NaN, -inf, x < -2**31: 2**31; "
+             "x >= 2**32: 0), onnxruntime's own result in its vector loop",
+        onnxruntime="depends on the element's position: its vector loop (groups of 4) gives "
+                    "the table, the last n % 4 elements go through int64 and keep its low 32 "
+                    "bits (measured: -FLT_MAX is 2**31 at index 0 of 5 and 0 at index 4; "
+                    "5e9 is 0 and 705032704)"),
+    KnownDifference(
+        "inf-in-clip-without-a-bound", ("Clip",), _clip_without_a_bound, inf_only=True,
+        spec="a missing min or max input clips nothing on that side: Clip(inf) is inf "
+             "(onnx.reference agrees)",
+        onnxruntime="a missing bound is the float's limit: Clip(+-inf) without max (min) is "
+                    "+-FLT_MAX (measured: Clip(x, min=-1) of inf is 3.4028235e38)"),
 ]
 """Known differences from onnxruntime, each checked against onnx.reference where it has a
 reading; docs/fuzzing.md lists them too."""
@@ -160,10 +193,10 @@ def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def known_difference(model: onnx.ModelProto, output: str, nan: bool = False
-                     ) -> KnownDifference | None:
-    """The known difference some node upstream of `output` matches, if any; `nan`: a
-    differing element is NaN on one side."""
+def known_difference(model: onnx.ModelProto, output: str, nan: bool = False,
+                     inf: bool = False) -> KnownDifference | None:
+    """The known difference some node upstream of `output` matches, if any; `nan` (`inf`):
+    a differing element is NaN (infinite) on one side."""
     producer = {o: n for n in model.graph.node for o in n.output}
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {v.name: tuple(d.dim_value if d.HasField("dim_value") else d.dim_param
@@ -186,7 +219,7 @@ def known_difference(model: onnx.ModelProto, output: str, nan: bool = False
         inputs = [(shapes.get(i), constants.get(i)) for i in node.input]
         for known in KNOWN_DIFFERENCES:
             if node.op_type in known.ops and (nan or not known.nan_only) and \
-                    known.applies(_attrs(node), inputs):
+                    (inf or nan or not known.inf_only) and known.applies(_attrs(node), inputs):
                 return known
         stack.extend(node.input)
     return None
@@ -318,11 +351,12 @@ def differences(got: list[list[np.ndarray]], want: list[list[np.ndarray]],
             g, w = np.asarray(g), np.asarray(w)
             ok, err = close(g, w)
             if not ok:
-                nan = bool(g.shape == w.shape and w.dtype.kind == "f" and
-                           np.any(np.isnan(g) != np.isnan(w)))
+                comparable = g.shape == w.shape and w.dtype.kind == "f"
+                nan = bool(comparable and np.any(np.isnan(g) != np.isnan(w)))
+                inf = bool(comparable and np.any(np.isinf(g) != np.isinf(w)))
                 found.append({"run": run, "output": name, "error": err, "dtype": str(w.dtype),
                               "got_shape": list(g.shape), "want_shape": list(w.shape),
-                              "nan": nan})
+                              "nan": nan, "inf": inf})
     return found
 
 
@@ -378,11 +412,11 @@ class Checker:
         if not diffs:
             return Outcome("pass")
         for diff in diffs:   # every difference must be a known one
-            if known_difference(model, diff["output"], diff["nan"]) is None:
+            if known_difference(model, diff["output"], diff["nan"], diff["inf"]) is None:
                 return Outcome("mismatch", f"onnxruntime:{producer.get(diff['output'], '?')}",
                                diff)
-        return Outcome("known", known_difference(model, diffs[0]["output"],
-                                                 diffs[0]["nan"]).name, diffs[0])
+        return Outcome("known", known_difference(model, diffs[0]["output"], diffs[0]["nan"],
+                                                 diffs[0]["inf"]).name, diffs[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,9 +432,11 @@ def save_finding(out: Path, case: Case, runs: list[dict], outcome: Outcome, args
             "class": outcome.cls, "detail": outcome.detail, "target": args.target,
             "opt_level": args.opt_level, "threads": args.threads, "ops": case.ops,
             "symbolic_batch": case.symbolic, "batches": case.batches(),
+            "special": case.special,
             "reproduce": f"python -m dnnc.testing.fuzz --seed {case.seed} --case {case.index} "
                          f"--target {args.target} --opt-level {args.opt_level}"
-                         + (f" --threads {args.threads}" if args.threads else "")}
+                         + (f" --threads {args.threads}" if args.threads else "")
+                         + (" --special" if case.special else "")}
     (folder / "finding.json").write_text(json.dumps(info, indent=2, default=str))
     return folder
 
@@ -480,6 +516,9 @@ def parse_args(argv):
     p.add_argument("--no-onnxruntime", action="store_true",
                    help="compare with the numpy target only")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--special", action="store_true",
+                   help="special-values cases: inputs with +-inf, NaN, huge values, +-0 and "
+                        "subnormals, casts of them to every integer type, softmax over them")
     args = p.parse_args(argv)
     problems = []
     if args.cases < 1:
@@ -516,7 +555,7 @@ def fuzz(args, progress: Progress | None = None, worker_argv=None) -> dict:
     start = time.monotonic()
     try:
         for done, index in enumerate(indices, 1):
-            case = generate(args.seed, index)
+            case = generate(args.seed, index, special=args.special)
             runs = [case.draw_inputs(r) for r in range(2)]
             outcome = checker.check(case.model, runs)
             counts[outcome.status] = counts.get(outcome.status, 0) + 1

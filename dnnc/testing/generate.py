@@ -21,6 +21,13 @@ integer products that overflow, LayerNormalization of rows that may be constant,
 comparisons, casts or rounding of floats computed with rounding (two correct implementations
 may round a sum differently and flip a comparison); those consume only *exact* values
 (inputs, data movement, max/min). `docs/fuzzing.md`.
+
+Special mode (`special=True`, the fuzzer's `--special`): the first input holds special values
+(+-inf, NaN, +-0, subnormals, in half the cases +-1e30 and +-FLT_MAX too) and later inputs
+sometimes; such inputs are exact (casts to every integer type and comparisons take them:
+docs/semantics.md defines float -> int of every value), a softmax (the op, or written by
+hand) often runs over them first, and huge values stay out of sums (`Val.huge`). Without
+it, every case is what it was before special mode existed.
 """
 from __future__ import annotations
 
@@ -31,7 +38,8 @@ import onnx
 from onnx import helper
 
 from .graph_builder import BATCH, F32, ONNX_DTYPE, Builder, InputSpec, Rejected
-from .op_generators import OPS
+from .op_generators import OPS, SPECIAL_OPS
+from .op_generators.layers import gen_softmax, gen_softmax_chain
 
 OPSETS = (13, 17, 18, 21)
 """Opsets a case is written in: importers differ by opset (axes as attribute or input, ...)."""
@@ -49,6 +57,7 @@ class Case:
     big: bool
     batch: int               # the batch size of the first run
     ops: list[str] = field(default_factory=list)
+    special: bool = False    # drawn in special mode
 
     def batches(self) -> list[int]:
         """The batch size of each run: a new one for the second run when it is symbolic."""
@@ -77,27 +86,34 @@ def _start(g: Builder) -> None:
         shape = (n, g.size((1, 3, 5, 7, 16), (128, 130)), g.size((1, 2, 4, 8, 13), (256, 300)))
     else:
         shape = (n, g.size((1, 2, 3, 5, 8, 17, 31), (32768, 40000)))
-    # 5% of cases hold NaNs (never compared, cast or rounded: the input is not exact)
-    g.add_input(shape, F32, "normal_nan" if g.chance(0.05) else "normal")
+    if g.special:
+        g.add_input(shape, F32, g.choice(["special", "special_huge"]))
+        if g.chance(0.5):   # rows of special values into a softmax first
+            g.choice([gen_softmax, gen_softmax_chain])(g)
+    else:
+        # 5% of cases hold NaNs (never compared, cast or rounded: the input is not exact)
+        g.add_input(shape, F32, "normal_nan" if g.chance(0.05) else "normal")
     if g.chance(0.2):
         g.add_input(shape, F32)
 
 
-def generate(seed: int, index: int) -> Case:
-    """The case (seed, index): the same model and input recipe every time."""
+def generate(seed: int, index: int, special: bool = False) -> Case:
+    """The case (seed, index) (in special mode: `special`): the same model and input recipe
+    every time."""
     rng = np.random.default_rng([seed, index, 0])
     big = bool(rng.random() < 0.08)
     symbolic = bool(rng.random() < 0.33)
     batch = int(rng.choice([1, 2, 3])) if not big else int(rng.choice([1, 2]))
     opset = int(rng.choice(OPSETS))
-    g = Builder(rng, opset, big, BATCH if symbolic else batch)
+    g = Builder(rng, opset, big, BATCH if symbolic else batch, special)
     _start(g)
-    weights = np.array([w for w, _ in OPS], float)
+    ops = SPECIAL_OPS if special else OPS
+    weights = np.array([w for w, _ in ops], float)
     target = int(rng.integers(2, 5 if big else 11))
     added, tries = 0, 0
     while added < target and tries < 200:
         tries += 1
-        fn = OPS[int(rng.choice(len(OPS), p=weights / weights.sum()))][1]
+        fn = ops[int(rng.choice(len(ops), p=weights / weights.sum()))][1]
         count = (len(g.nodes), len(g.values), len(g.initializers), len(g.inputs), g.count)
         consumed = set(g.consumed)
         try:
@@ -135,4 +151,4 @@ def _finish(g: Builder, seed, index, symbolic, big, batch) -> Case:
     model.ir_version = helper.find_min_ir_version_for(model.opset_import)
     onnx.checker.check_model(model, full_check=True)
     return Case(seed, index, model, inputs, symbolic, big, batch,
-                sorted({n.op_type for n in g.nodes}))
+                sorted({n.op_type for n in g.nodes}), g.special)

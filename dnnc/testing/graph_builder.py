@@ -1,7 +1,14 @@
 """The graph a fuzz case grows: `Builder` (nodes, initializers, inputs and the values they
 make, every output type from ONNX's own shape inference), `Val` (what op generators need to
-know of a value: shape, dtype, exactness, magnitude) and `InputSpec` (how an input's random
-data is drawn).
+know of a value: shape, dtype, exactness, magnitude, special values) and `InputSpec` (how an
+input's random data is drawn).
+
+A builder in special mode (`special=True`, the fuzzer's `--special`) draws some inputs with
+special values (`special.SPECIAL`: +-inf, NaN, huge, +-0, subnormals at random positions);
+the values they reach are marked `special` (and `huge` where finite values near FLT_MAX may be
+among them), so that op generators keep them from what would make a comparison meaningless
+(an order-dependent overflow in a sum, an integer division of MIN by -1). Without it, no
+draw differs from a builder without special mode.
 
 Everything random here comes from the builder's own generator, in a fixed order: a case must
 stay a function of (seed, index) only, so this module must never draw from any other source
@@ -19,13 +26,20 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.shape_inference import infer_node_outputs
 
+from .special import SPECIAL, SPECIAL_NONFINITE, with_special_values
+
 BATCH = "N"
 """The symbolic batch dim's name."""
 
 ONNX_DTYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32,
-              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL}
+              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL,
+              # only special mode's casts write these (leaves: no generator picks them)
+              **{np.dtype(t): getattr(TensorProto, np.dtype(t).name.upper())
+                 for t in (np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64)}}
 NP_DTYPE = {v: k for k, v in ONNX_DTYPE.items()}
 F32, I32, I64, BOOL = (np.dtype(t) for t in (np.float32, np.int32, np.int64, np.bool_))
+CORE = (F32, I32, I64, BOOL)
+"""The dtypes generators pick from."""
 
 
 @dataclass
@@ -37,6 +51,9 @@ class Val:
     dtype: np.dtype
     exact: bool = True      # computed without rounding: safe to compare, cast or round
     scale: float = 1.0      # rough magnitude of its elements (keeps Exp, Pow, int Mul in range)
+    special: bool = False   # may hold +-inf, NaN or huge values (special mode's inputs)
+    huge: bool = False      # may hold finite values near FLT_MAX: kept out of sums, where
+                            # the order of the terms would decide whether they overflow
 
     @property
     def rank(self) -> int:
@@ -57,7 +74,8 @@ class InputSpec:
 
     def draw(self, rng: np.random.Generator, batch: int) -> np.ndarray:
         shape = tuple(batch if d == BATCH else d for d in self.shape)
-        return DRAW[self.kind](rng, shape).astype(self.dtype)
+        # (an array also for shape (): onnxruntime refuses a NumPy scalar as an input)
+        return np.asarray(DRAW[self.kind](rng, shape)).astype(self.dtype)
 
 
 DRAW = {
@@ -66,6 +84,11 @@ DRAW = {
     "normal_nan": lambda rng, shape: np.where(rng.random(shape) < 0.03, np.nan,
                                               rng.standard_normal(shape)),
     "int": lambda rng, shape: rng.integers(-9, 10, shape),
+    # special mode: normal values with +-inf, NaN, +-0, subnormals (and +-1e30, +-FLT_MAX)
+    "special": lambda rng, shape: with_special_values(rng, rng.standard_normal(shape),
+                                                      SPECIAL_NONFINITE),
+    "special_huge": lambda rng, shape: with_special_values(rng, rng.standard_normal(shape),
+                                                           SPECIAL),
     # divisors: nonzero integers, and floats away from zero (|x| in [0.5, 2])
     "nonzero_int": lambda rng, shape: rng.integers(1, 8, shape) * rng.choice([-1, 1], shape),
     "away_from_zero": lambda rng, shape: rng.uniform(0.5, 2.0, shape) * rng.choice([-1, 1],
@@ -80,8 +103,10 @@ class Rejected(Exception):
 class Builder:
     """The graph under construction: nodes, initializers, inputs and the values they make."""
 
-    def __init__(self, rng: np.random.Generator, opset: int, big: bool, batch_dim):
+    def __init__(self, rng: np.random.Generator, opset: int, big: bool, batch_dim,
+                 special: bool = False):
         self.rng = rng
+        self.special = special
         self.opset = opset
         self.big = big
         self.batch_dim = batch_dim          # BATCH, or an int when the batch is static
@@ -116,11 +141,16 @@ class Builder:
 
     # --- values -------------------------------------------------------------------------------
     def add_input(self, shape, dtype=F32, kind="normal", hint="input") -> Val:
+        """A new graph input; in special mode a normal float one may hold special values
+        (never huge ones here: the first input's choice, `generate._start`)."""
+        if self.special and kind == "normal" and np.dtype(dtype) == F32 and self.chance(0.3):
+            kind = "special"
         name = f"{hint}{len(self.inputs)}"
         self.inputs.append(InputSpec(name, tuple(shape), np.dtype(dtype), kind))
         self.types[name] = helper.make_tensor_type_proto(ONNX_DTYPE[np.dtype(dtype)], shape)
         val = Val(name, tuple(shape), np.dtype(dtype), kind != "normal_nan",
-                  2.0 if kind == "away_from_zero" else 9.0 if "int" in kind else 1.0)
+                  2.0 if kind == "away_from_zero" else 9.0 if "int" in kind else 1.0,
+                  special=kind.startswith("special"), huge=kind == "special_huge")
         self.values.append(val)
         return val
 
@@ -165,7 +195,8 @@ class Builder:
 
     def pick(self, pred=lambda v: True, dtype=F32) -> Val:
         """A value satisfying `pred`: usually the newest (chains), else any (fan-out)."""
-        options = [v for v in self.values if (dtype is None or v.dtype == dtype) and pred(v)]
+        options = [v for v in self.values if (v.dtype == dtype if dtype is not None else
+                                              v.dtype in CORE) and pred(v)]
         if not options:
             raise Rejected
         if self.chance(0.6):
@@ -204,9 +235,11 @@ class Builder:
             if any(d != BATCH and d <= 0 for d in dims) or \
                     t.tensor_type.elem_type not in NP_DTYPE:
                 raise Rejected
+            given = [v for v in inputs if v is not None]
             outs.append(Val(name, tuple(dims), NP_DTYPE[t.tensor_type.elem_type], exact,
                             scale if scale is not None else
-                            max([v.scale for v in inputs if v is not None] + [1.0])))
+                            max([v.scale for v in given] + [1.0]),
+                            any(v.special for v in given), any(v.huge for v in given)))
         for name, t in zip(names, (types[n] for n in names)):
             self.types[name] = t
         for v in inputs:

@@ -218,7 +218,8 @@ def test_half_compares_constants_and_casts_go_through_float32():
     assert body == store(T.bool_, L.Cast(F32, x(0, F16)) < L.Const(rounded, F32))
     body = legal_body(kernel(lambda v: L.Cast(F16, v), [T.int64], F16))
     assert body == store(F16, L.Cast(F16, L.Cast(F32, x(0, T.int64))))
-    body = legal_body(kernel(lambda v: L.Cast(T.int8, v), [F16], T.int8))
+    native = frozenset({"float_to_int"})   # (its range guard: test_float_to_int_*)
+    body = legal_body(kernel(lambda v: L.Cast(T.int8, v), [F16], T.int8), native)
     assert body == store(T.int8, L.Cast(T.int8, L.Cast(F32, x(0, F16))))
 
 
@@ -228,6 +229,42 @@ def test_half_only_moves_where_nothing_is_computed():
     body = L.Store(y, (i,), L.Select(i < 4, xs[i], L.Const(0.5, F16)))
     func = L.PrimFunc("move", (xs, y), L.For(i, N, body))
     assert legalize(func) == func
+
+
+def test_float_to_int32_and_int64_convert_only_values_in_range():
+    """Never an fptosi of a value out of range (poison in LLVM, saturated by CUDA's cvt): the
+    conversion sees 0 there and the select gives MIN (NaN compares false: MIN too)."""
+    for src, dst, bound in ((F32, T.int32, 2.0 ** 31), (F64, T.int64, 2.0 ** 63)):
+        body = legal_body(kernel(lambda v: L.Cast(dst, v), [src], dst))
+        v, inside = t(1, src), t(2, T.bool_)
+        safe = L.Select(inside, v, L.Const(0.0, src))
+        assert body == lets(
+            (v, x(0, src)),
+            (inside, L.logical_and(v >= L.Const(-bound, src), v < L.Const(bound, src))),
+            store(dst, L.Select(inside, L.Call("ftoi", (safe,), dst),
+                                L.const(-int(bound), dst))))
+
+
+def test_float_to_narrow_ints_goes_through_int32_and_unsigned_32_64_through_signed():
+    for dst in (T.int8, T.int16, T.uint8, T.uint16):
+        body = legal_body(kernel(lambda v: L.Cast(dst, v), [F64], dst))
+        assert isinstance(body.body.body, L.Store) and body.body.body.value.dtype is dst
+        assert body.body.body.value.value.dtype is T.int32   # the low bits of int32(x)
+    for dst, signed in ((T.uint32, T.int32), (T.uint64, T.int64)):
+        body = legal_body(kernel(lambda v: L.Cast(dst, v), [F32], dst))
+        ftoi = [n for n in L.walk(body) if isinstance(n, L.Call) and n.name == "ftoi"]
+        assert len(ftoi) == 2 and all(n.dtype is signed for n in ftoi)   # x and x - 2**(N-1)
+    for src in (F16, BF16):   # narrow floats convert from float32
+        body = legal_body(kernel(lambda v: L.Cast(T.uint64, v), [src], T.uint64))
+        assert {n.args[0].dtype for n in L.walk(body)
+                if isinstance(n, L.Call) and n.name == "ftoi"} == {F32}
+    # no float -> integer Cast is left for a renderer
+    for src in (F16, BF16, F32, F64):
+        for dst in (T.int8, T.uint8, T.int16, T.uint16, T.int32, T.uint32, T.int64, T.uint64):
+            body = legal_body(kernel(lambda v: L.Cast(dst, v), [src], dst))
+            assert not any(isinstance(n, L.Cast) and n.value.dtype.is_float and n.dtype.is_int
+                           for n in L.walk(body))
+        assert illegal_ops(kernel(lambda v: L.Cast(T.int32, v), [src], T.int32))
 
 
 def test_float64_to_float16_rounds_to_odd_through_float32():

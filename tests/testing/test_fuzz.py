@@ -83,6 +83,15 @@ def test_close_is_exact_for_integers_and_scaled_for_floats():
     nan = np.array([np.nan, 1.0], np.float32)
     assert fuzz.close(nan, nan.copy())[0]
     assert not fuzz.close(np.array([0.0, 1.0], np.float32), nan)[0]
+    # an infinity matches only itself, on either side (the relative tolerance of an infinite
+    # want was infinite: FLT_MAX passed for inf)
+    inf = np.array([np.inf, -np.inf, 1.0], np.float32)
+    assert fuzz.close(inf, inf.copy())[0]
+    for finite in (np.float32(3.4028235e38), np.float32(0.0), np.float32(np.nan)):
+        other = inf.copy()
+        other[0] = finite
+        assert not fuzz.close(other, inf)[0] and not fuzz.close(inf, other)[0]
+    assert not fuzz.close(-inf, inf)[0]
 
 
 def _resize_model(scale: float):
@@ -290,3 +299,156 @@ def test_generator_rejects_windows_onnx_inference_gets_wrong():
         check_windows([3], ceil)                   # windows at 0 and 3: 3 is past the input
     check_windows([4], ceil)                       # windows at 0 and 3: both inside
     check_windows([3], {**ceil, "ceil_mode": 0})
+
+
+# --- special values (--special) -----------------------------------------------------------------
+
+CI_SPECIAL_SEED = 42
+
+
+def test_special_mode_draws_special_values_casts_and_softmax_rows():
+    """Special cases put +-inf, NaN, huge values, +-0 and subnormals in their inputs, cast them
+    to every integer type and run softmax (the op and the exported chain) over them; the
+    plain cases stay as they were (special mode draws nothing in them)."""
+    cases = [generate(CI_SPECIAL_SEED, i, special=True) for i in range(60)]
+    seen = set()
+    casts = set()
+    for c in cases:
+        assert c.special
+        data = c.draw_inputs(0)
+        for spec in c.inputs:
+            x = data[spec.name]
+            if spec.kind.startswith("special"):
+                finite = x[np.isfinite(x)]
+                assert finite.size < x.size or (finite == 0).any() or \
+                    (np.abs(finite) < 1e-37).any() or (np.abs(finite) >= 1e30).any()
+                seen |= {"inf" for v in x.ravel() if np.isinf(v)}
+                seen |= {"nan" for v in x.ravel() if np.isnan(v)}
+                seen |= {"huge" for v in x.ravel() if np.isfinite(v) and abs(v) >= 1e30}
+                seen |= {"subnormal" for v in x.ravel() if 0 < abs(v) < 1e-37}
+        casts |= {onnx.helper.get_attribute_value(a) for n in c.model.graph.node
+                  if n.op_type == "Cast" for a in n.attribute}
+    assert seen == {"inf", "nan", "huge", "subnormal"}
+    assert {TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT32, TensorProto.UINT64,
+            TensorProto.BOOL} & casts
+    ops = set().union(*(c.ops for c in cases))
+    assert {"Softmax", "ReduceMax", "Sub", "Exp", "ReduceSum", "Div", "Cast"} <= ops
+    plain = generate(CI_SEED, 3)
+    assert not plain.special and all(not s.kind.startswith("special") for s in plain.inputs)
+    assert plain.model.SerializeToString() == \
+        generate(CI_SEED, 3, special=False).model.SerializeToString()
+
+
+def test_huge_values_stay_out_of_sums():
+    """A sum whose terms may be near FLT_MAX overflows or not by their order (FLT_MAX +
+    FLT_MAX - FLT_MAX): no conv, matmul, gemm, sum reduction, average pool or interpolating
+    resize reads a value that may hold one."""
+    sums = {"Conv", "MatMul", "Gemm", "ReduceSum", "ReduceMean", "ReduceL2", "AveragePool",
+            "GlobalAveragePool", "LayerNormalization"}
+    from dnnc.testing.graph_builder import Builder, Rejected
+    from dnnc.testing.op_generators import SPECIAL_OPS
+
+    for index in range(40):
+        g = Builder(np.random.default_rng([7, index]), 18, False, 2, special=True)
+        x = g.add_input((2, 3, 5, 5), kind="special_huge")
+        for _, fn in SPECIAL_OPS:
+            try:
+                fn(g)
+            except Rejected:
+                pass
+        huge = {v.name for v in g.values if v.huge} | {x.name}
+        for n in g.nodes:
+            if n.op_type in sums or n.op_type == "Resize" and any(
+                    a.name == "mode" and a.s != b"nearest" for a in n.attribute):
+                assert n.input[0] not in huge, (index, n.op_type)
+
+
+def test_known_differences_of_special_values_apply_only_to_inf_mismatches():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    lo = helper.make_tensor("lo", TensorProto.FLOAT, [], [-1.0])
+    node = helper.make_node("Clip", ["x", "lo"], ["y"], name="c")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y], [lo]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    assert fuzz.known_difference(model, "y", inf=True).name == "inf-in-clip-without-a-bound"
+    assert fuzz.known_difference(model, "y", inf=False) is None
+    both = helper.make_node("Clip", ["x", "lo", "lo"], ["y"], name="c")
+    model = helper.make_model(helper.make_graph([both], "g", [x], [y], [lo]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    assert fuzz.known_difference(model, "y", inf=True) is None
+
+
+def _doc_batchnorm(x):
+    """The operator doc's order, in float32: (x - mean) / sqrt(var + epsilon) * scale + B."""
+    root = np.sqrt(np.float32(0.753) + np.float32(1e-5))
+    with np.errstate(over="ignore"):
+        return (x - np.float32(0.0)) / root * np.float32(0.46) + np.float32(0.0)
+
+
+@pytest.mark.parametrize("name,x,make,spec", [
+    ("inf-in-clip-without-a-bound", np.array([np.inf, -np.inf, 2.0], np.float32),
+     lambda: helper.make_node("Clip", ["x", "lo"], ["y"]), None),
+    ("huge-in-batchnorm", np.full((1, 1, 1, 2), 3.4e38, np.float32),
+     lambda: helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"]),
+     _doc_batchnorm),
+])
+def test_special_value_known_differences_are_real(name, x, make, spec):
+    """Each measured: onnxruntime differs; dnnc (numpy and llvm) gives the spec's reading
+    (onnx.reference's, or the operator doc's formula where onnx.reference orders it
+    otherwise too)."""
+    pytest.importorskip("onnxruntime")
+    from onnx.reference import ReferenceEvaluator
+    import dnnc
+
+    init = [helper.make_tensor("lo", TensorProto.FLOAT, [], [-1.0]),
+            helper.make_tensor("s", TensorProto.FLOAT, [1], [0.46]),
+            helper.make_tensor("b", TensorProto.FLOAT, [1], [0.0]),
+            helper.make_tensor("m", TensorProto.FLOAT, [1], [0.0]),
+            helper.make_tensor("v", TensorProto.FLOAT, [1], [0.753])]
+    graph = helper.make_graph([make()], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
+                              init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    data = model.SerializeToString()
+    want = spec(x) if spec else ReferenceEvaluator(model).run(None, {"x": x})[0]
+    with np.errstate(all="ignore"):
+        got = fuzz.ort_outputs(data, [{"x": x}])[0][0]
+    assert not fuzz.close(got, want)[0]
+    for target in ("numpy", "llvm"):
+        ours = dnnc.compile(data, target=target).run(x=x)[0]
+        np.testing.assert_array_equal(ours, want)
+    assert fuzz.known_difference(model, "y", inf=True).name == name
+
+
+def test_uint32_cast_difference_is_real_and_only_for_uint32():
+    """onnxruntime's float -> uint32 depends on the element's index (its vector loop and its
+    scalar tail disagree); dnnc gives the table at every index."""
+    pytest.importorskip("onnxruntime")
+    import dnnc
+
+    def model(to):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])
+        y = helper.make_tensor_value_info("y", to, [5])
+        return helper.make_model(helper.make_graph(
+            [helper.make_node("Cast", ["x"], ["y"], to=to)], "g", [x], [y]),
+            opset_imports=[helper.make_opsetid("", 18)])
+    x = np.full(5, -3.4028235e38, np.float32)
+    data = model(TensorProto.UINT32).SerializeToString()
+    ort = fuzz.ort_outputs(data, [{"x": x}])[0][0]
+    assert len(set(ort.tolist())) == 2   # one value, two results
+    for target in ("numpy", "llvm"):
+        assert dnnc.compile(data, target=target).run(x=x)[0].tolist() == [2 ** 31] * 5
+    assert fuzz.known_difference(model(TensorProto.UINT32), "y").name == \
+        "uint32-cast-out-of-range"
+    assert fuzz.known_difference(model(TensorProto.UINT64), "y") is None
+
+
+def test_ci_special_values_batch_finds_nothing(tmp_path):
+    """CI's special-values run: 40 seeded --special cases on the llvm target, opt level 3."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dnnc.testing.fuzz", "--special", "--cases", "40", "--seed",
+         str(CI_SPECIAL_SEED), "--threads", "2", "--out", str(tmp_path)],
+        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "cases 40, passed" in proc.stdout

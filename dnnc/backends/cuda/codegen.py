@@ -356,6 +356,7 @@ _CALLS: dict[tuple[str, str], Callable] = {
     # legalize's primitives: C's truncating quotient and remainder (divisor made safe)
     **{(c, "idiv"): _int_infix("/") for c in "su"},
     **{(c, "irem"): _int_infix("%") for c in "su"},
+    ("f", "ftoi"): lambda x, dt: _convert(x, dt),   # (its operand made in range by legalize)
     # the whole warp takes part (L.SHUFFLES); narrow types go through int and back
     **{(c, name): _shuffle(name) for c in "fsubh" for name in L.SHUFFLES},
     # tensor-core operand registers (MMA_PRELUDE)
@@ -370,7 +371,9 @@ def _convert(x: str, dt: T.DType) -> str:
 
 
 _CASTS: dict[tuple[str, str], Callable] = {
-    **{(a, b): _convert for a in "fsub" for b in "fsu"},
+    # (no float -> integer: legalize writes `ftoi` of a value in range, as C leaves an
+    # out-of-range conversion undefined and CUDA's cvt.rzi saturates)
+    **{(a, b): _convert for a in "fsub" for b in "fsu" if not (a == "f" and b in "su")},
     **{(a, "b"): (lambda x, dt: f"(({x}) != 0)") for a in "fsu"},   # NaN: true
     ("h", "f"): lambda x, dt: f"dnnc_h2f({x})",   # (float16 <-> float32 only, after legalize)
     ("f", "h"): lambda x, dt: f"dnnc_f2h({x})",

@@ -442,6 +442,8 @@ class FunctionEmitter:
                                     e.dtype)
         if e.name == L.index_checks.CHECK:
             return self.check_index(*args)
+        if e.name == "ftoi":   # legalize's float -> int of a value in range: never poison
+            return self.b.fptosi(args[0], compute_type(e.dtype))
         emit = CALLS.get((op_class(src), e.name))
         if emit is None:
             self.fail(f"no LLVM rendering for intrinsic {e.name} on {src.name} (legalized?)")
@@ -475,7 +477,9 @@ class FunctionEmitter:
         value, src, dst = self.expr(e.value), e.value.dtype, e.dtype
         if src is dst:
             return value
-        emit = CASTS[cast_class(src), cast_class(dst)]
+        emit = CASTS.get((cast_class(src), cast_class(dst)))
+        if emit is None:
+            self.fail(f"no LLVM cast from {src.name} to {dst.name} (legalized?)")
         return emit(self, value, compute_type(dst))
 
     def reduce(self, e: L.Reduce) -> ir.Value:

@@ -163,8 +163,6 @@ def _float_resize(em, v, ty):
 
 CASTS: dict[tuple[str, str], Callable] = {
     ("f", "f"): _float_resize,
-    ("f", "s"): lambda em, v, ty: em.b.fptosi(v, ty),
-    ("f", "u"): lambda em, v, ty: em.b.fptoui(v, ty),
     ("s", "f"): lambda em, v, ty: em.b.sitofp(v, ty),
     ("u", "f"): lambda em, v, ty: em.b.uitofp(v, ty),
     ("b", "f"): lambda em, v, ty: em.b.uitofp(v, ty),
@@ -176,4 +174,6 @@ CASTS: dict[tuple[str, str], Callable] = {
     ("s", "s"): _resize(True), ("s", "u"): _resize(True),
     ("u", "s"): _resize(False), ("u", "u"): _resize(False),
 }
-"""(source class, destination class) -> emitter(em, value, destination type)."""
+"""(source class, destination class) -> emitter(em, value, destination type). No float ->
+integer entry: legalize writes those as `ftoi` of a value in range (fptosi / fptoui out of
+range are poison)."""

@@ -497,7 +497,8 @@ def _exp_f32(x: L.Expr, let) -> L.Expr:
     poly = _horner(r, (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
                        1.3981999507e-3, 1.9875691500e-4))
     y = L.call("fma", poly, r * r, r) + 1.0
-    bits = L.BinOp("<<", L.Cast(T.int32, n + 127.0), L.const(23, T.int32))
+    # n + 127 is in [1, 254]: legalize's in-range conversion, no range guard
+    bits = L.BinOp("<<", L.Call("ftoi", (n + 127.0,), T.int32), L.const(23, T.int32))
     out = y * L.call("bitcast", bits, dtype=T.float32)
     out = L.Select(x > _EXP_HI, _f32(float("inf")), out)
     return L.Select(x < _EXP_LO, _f32(0.0), out)

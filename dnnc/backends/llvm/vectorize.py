@@ -66,8 +66,7 @@ _VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
 _VECTOR_CASTS = ((T.float16, T.float32, T.float64), (T.uint16, T.uint32))
 """Casts within one of these groups are vector instructions: float16 and bfloat16 data
 computed in float32 (fpext / fptrunc, and the zext / trunc of bfloat16's bits). Float to
-integer stays lane by lane: out of range, LLVM's vector and scalar conversions differ (both
-are undefined there, as in C; NumPy's result is the scalar one)."""
+integer (legalize's `ftoi`) stays lane by lane."""
 
 
 class VectorLoop:

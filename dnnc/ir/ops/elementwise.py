@@ -409,11 +409,35 @@ def cast(x, to):
         return x
     if to.kind == "b":
         return x != 0
-    if to.is_int and x.dtype.kind == "f":
-        # out-of-range and NaN are undefined in ONNX; keep NumPy quiet about them
-        with np.errstate(invalid="ignore", over="ignore"):
-            return x.astype(to.np)
+    if to.is_int and (x.dtype.kind == "f" or x.dtype == T.bfloat16.np):
+        return float_to_int(x, to)
     return x.astype(to.np)
+
+
+_SIGNED = {1: T.int8, 2: T.int16, 4: T.int32, 8: T.int64}
+
+
+def float_to_int(x: np.ndarray, to: T.DType) -> np.ndarray:
+    """Floats as integers, defined for every value (ONNX leaves NaN, +-inf and out of range
+    open): x86's conversions, as legalize's `float_to_int` rule writes them for every target
+    (docs/semantics.md). int32/int64: trunc(x) where it fits, else MIN; narrower: int32's low
+    bits; uint32/uint64: x >= 2**(N-1) ? sN(x - 2**(N-1)) ^ MIN : sN(x), as unsigned bits.
+    Never NumPy's astype out of range: that is the platform's (ARM saturates)."""
+    x = np.asarray(x).astype(np.float64)   # exact from every float dtype
+    bits = 8 * to.itemsize
+    if bits < 32:
+        return float_to_int(x, T.int32).astype(to.np)   # (integer astype wraps everywhere)
+    signed = _SIGNED[to.itemsize]
+    minimum = np.iinfo(signed.np).min
+    half = 2.0 ** (bits - 1)
+    if to.kind == "u":
+        high = float_to_int(x - half, signed) ^ minimum
+        with np.errstate(invalid="ignore"):
+            return np.where(x >= half, high, float_to_int(x, signed)).view(to.np)
+    with np.errstate(invalid="ignore"):
+        inside = (x >= -half) & (x < half)
+    fits = np.trunc(np.where(inside, x, 0.0)).astype(signed.np)
+    return np.where(inside, fits, minimum).astype(signed.np)
 
 
 register_op("Cast", pattern=Pattern.ELEMWISE,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .elementwise import gen_binary, gen_cast, gen_clip, gen_exp, gen_gelu, gen_int, gen_unary, \
     gen_where
 from .layers import gen_batchnorm, gen_conv, gen_gemm, gen_layernorm, gen_matmul, gen_pool, \
-    gen_reduce, gen_resize, gen_softmax
+    gen_reduce, gen_resize, gen_softmax, gen_softmax_chain
 from .movement import gen_concat, gen_expand, gen_gather, gen_pad, gen_reshape, gen_slice, \
     gen_split, gen_squeeze, gen_transpose
 
@@ -23,3 +23,8 @@ OPS = [  # (weight, generator)
     (2, gen_squeeze), (5, gen_reduce), (2, gen_pad), (2, gen_resize), (2, gen_where),
     (2, gen_expand), (2, gen_cast),
 ]
+
+SPECIAL_OPS = OPS + [(4, gen_softmax_chain)]
+"""The draw in special mode (`generate(..., special=True)`): OPS and softmax written by hand
+(ReduceMax -> Sub -> Exp -> ReduceSum -> Div), where rows of +-inf or NaN show how each
+target's row reductions treat them."""

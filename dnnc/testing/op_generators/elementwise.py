@@ -42,8 +42,9 @@ def gen_exp(g: Builder):
 
 def gen_gelu(g: Builder):
     """GELU as exported (x * 0.5 * (1 + erf(x / sqrt 2))), which simplify recognises; the
-    Gelu op itself from opset 20."""
-    x = g.pick()
+    Gelu op itself from opset 20. Never of huge values: simplify's Gelu differs from the
+    exported graph where x * (1 + erf) overflows (x > FLT_MAX / 2; docs/semantics.md)."""
+    x = g.pick(lambda v: not v.huge)
     if g.opset >= 20 and g.chance(0.3):
         g.node("Gelu", [x], approximate=g.choice(["none", "tanh"]))
         return
@@ -85,9 +86,11 @@ def gen_binary(g: Builder):
 def gen_int(g: Builder):
     """Integer arithmetic: from an int input, a Cast of an exact float, or an int value."""
     dtype = g.choice([I32, I64])
-    ints = [v for v in g.values if v.dtype == dtype]
+    # (never from special values: MIN // -1 traps in onnxruntime, MIN * 9 overflows)
+    ints = [v for v in g.values if v.dtype == dtype and not v.special]
     if not ints or g.chance(0.3):
-        src = [v for v in g.values if v.dtype == F32 and v.exact and v.scale < 100]
+        src = [v for v in g.values if v.dtype == F32 and v.exact and v.scale < 100 and
+               not v.special]
         if src and g.chance(0.5):
             x = g.node("Cast", [g.choice(src)], to=ONNX_DTYPE[dtype], exact=True)[0]
         else:
@@ -125,12 +128,18 @@ def gen_where(g: Builder):
     g.node("Where", [cond, x, y], exact=x.exact and y.exact)
 
 
+SPECIAL_CASTS = [np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32,
+                                       np.uint32, np.int64, np.uint64, np.bool_)]
+"""What special mode casts floats to: every integer type (docs/semantics.md defines NaN,
++-inf and out of range); the narrow and unsigned ones are leaves no generator picks."""
+
+
 def gen_cast(g: Builder):
     x = g.pick(dtype=None)
     if x.dtype == F32:
         if not x.exact or x.scale > 1e6:
-            raise Rejected   # rounding of a computed float may differ; out of range is UB
-        to = g.choice([I32, I64])
+            raise Rejected   # rounding of a computed float may differ
+        to = g.choice(SPECIAL_CASTS) if g.special and x.special else g.choice([I32, I64])
     else:
         to = F32
     g.node("Cast", [x], to=ONNX_DTYPE[to], exact=True)

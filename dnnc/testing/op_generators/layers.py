@@ -4,7 +4,9 @@ Softmax, LayerNormalization, BatchNormalization, pools, reductions and Resize.
 Each generator `gen_*(g)` appends nodes to the builder `g`, or raises `Rejected` when it cannot
 apply. It must never write a layer whose output type ONNX's shape inference and the runtimes
 disagree on (`check_windows`: a window larger than its input, a ceil_mode window starting in
-the padding), nor one whose rows may be ill-conditioned (LayerNormalization of a constant row).
+the padding), nor one whose rows may be ill-conditioned (LayerNormalization of a constant row),
+nor a sum over values that may be huge (`Val.huge`: whether it overflows depends on the order
+of its terms).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from ..graph_builder import F32, Builder, Rejected
 
 
 def gen_conv(g: Builder):
-    x = g.pick(lambda v: v.rank == 4 and all(v.static(i) for i in (1, 2, 3)))
+    x = g.pick(lambda v: v.rank == 4 and all(v.static(i) for i in (1, 2, 3)) and not v.huge)
     c, h, w = x.shape[1:]
     groups = [1] + ([c] if c > 1 else []) + [d for d in range(2, c) if c % d == 0]
     group = g.choice(groups)
@@ -65,7 +67,7 @@ def check_windows(sizes, attrs) -> None:
 
 
 def gen_matmul(g: Builder):
-    x = g.pick(lambda v: v.rank >= 2 and v.static(-1))
+    x = g.pick(lambda v: v.rank >= 2 and v.static(-1) and not v.huge)
     k = x.shape[-1]
     if x.rank >= 3 and g.chance(0.3):   # batched, both operands computed
         m = g.size()
@@ -77,7 +79,7 @@ def gen_matmul(g: Builder):
 
 
 def gen_gemm(g: Builder):
-    x = g.pick(lambda v: v.rank == 2 and v.static(1))
+    x = g.pick(lambda v: v.rank == 2 and v.static(1) and not v.huge)
     trans_a = int(x.static(0) and g.chance(0.3))
     n, k = (x.shape[1], x.shape[0]) if trans_a else x.shape
     m = g.size((1, 2, 3, 5, 8, 13), (16, 32, 64))
@@ -93,14 +95,32 @@ def gen_gemm(g: Builder):
 
 def gen_softmax(g: Builder):
     x = g.pick(lambda v: v.rank >= 1)
-    g.node(g.choice(["Softmax", "LogSoftmax"]), [x],
-           axis=int(g.rng.integers(-x.rank, x.rank)), scale=2.0)
+    op = g.choice(["Softmax", "LogSoftmax"])
+    y = g.node(op, [x], axis=int(g.rng.integers(-x.rank, x.rank)), scale=2.0)[0]
+    y.huge = y.huge and op == "LogSoftmax"   # (Softmax's values are in [0, 1])
+
+
+def gen_softmax_chain(g: Builder):
+    """Softmax over one axis as exporters write it by hand: ReduceMax -> Sub -> Exp ->
+    ReduceSum -> Div (special mode: rows holding +-inf, NaN or huge values)."""
+    x = g.pick(lambda v: v.rank >= 1)
+    axis = int(g.rng.integers(-x.rank, x.rank))
+
+    def reduce(op, v):
+        if g.opset >= (13 if op == "ReduceSum" else 18):
+            return g.node(op, [v, g.ints([axis])], keepdims=1)[0]
+        return g.node(op, [v], axes=[axis], keepdims=1)[0]
+
+    top = reduce("ReduceMax", x)
+    e = g.node("Exp", [g.node("Sub", [x, top])[0]])[0]
+    e.huge = False   # exp(x - max) is in [0, 1] (or NaN): its sum cannot overflow
+    g.node("Div", [e, reduce("ReduceSum", e)], scale=1.0)[0].huge = False
 
 
 def gen_layernorm(g: Builder):
     if g.opset < 17:
         raise Rejected
-    x = g.pick(lambda v: v.rank >= 1 and v.static(-1))
+    x = g.pick(lambda v: v.rank >= 1 and v.static(-1) and not v.huge)
     if x.name not in {s.name for s in g.inputs}:
         # a computed row may be constant (a broadcast, a Where): its rounding in x - mean,
         # divided by sqrt(epsilon), would decide the result. A residual input of x's shape
@@ -126,6 +146,8 @@ def gen_batchnorm(g: Builder):
 def gen_pool(g: Builder):
     x = g.pick(lambda v: v.rank == 4 and v.static(2) and v.static(3))
     op = g.choice(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"])
+    if x.huge and "Average" in op:
+        raise Rejected
     if op.startswith("Global"):
         g.node(op, [x], exact=x.exact and op == "GlobalMaxPool")
         return
@@ -158,7 +180,7 @@ def gen_reduce(g: Builder):
         axes = [a - x.rank for a in axes]
     keep = int(g.chance(0.5))
     exact = x.exact and op in ("ReduceMax", "ReduceMin")
-    if op in ("ReduceSum", "ReduceL2", "ReduceMean") and x.scale > 100:
+    if op in ("ReduceSum", "ReduceL2", "ReduceMean") and (x.scale > 100 or x.huge):
         raise Rejected
     scale = x.scale * (g.numel(x) if op == "ReduceSum" else 1)
     if all_axes:
@@ -177,6 +199,8 @@ NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 def gen_resize(g: Builder):
     x = g.pick(lambda v: v.rank == 4 and v.static(2) and v.static(3))
     mode = g.choice(RESIZE_MODES)
+    if x.huge and mode != "nearest":
+        raise Rejected
     attrs = {"mode": mode,
              "coordinate_transformation_mode": g.choice(RESIZE_COORDS)}
     if mode == "nearest":
