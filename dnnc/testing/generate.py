@@ -83,8 +83,14 @@ def _start(g: Builder) -> None:
         g.add_input(shape, F32)
 
 
-def generate(seed: int, index: int) -> Case:
-    """The case (seed, index): the same model and input recipe every time."""
+BOOST = 12
+"""How much `generate(..., boost=)` multiplies the named generators' weights."""
+
+
+def generate(seed: int, index: int, boost: tuple = ()) -> Case:
+    """The case (seed, index): the same model and input recipe every time. `boost` names
+    generators (`qdq` for `gen_qdq`) drawn BOOST times as often: the same seed and index then
+    give another case."""
     rng = np.random.default_rng([seed, index, 0])
     big = bool(rng.random() < 0.08)
     symbolic = bool(rng.random() < 0.33)
@@ -92,7 +98,8 @@ def generate(seed: int, index: int) -> Case:
     opset = int(rng.choice(OPSETS))
     g = Builder(rng, opset, big, BATCH if symbolic else batch)
     _start(g)
-    weights = np.array([w for w, _ in OPS], float)
+    weights = np.array([w * (BOOST if fn.__name__[4:] in boost else 1) for w, fn in OPS],
+                       float)
     target = int(rng.integers(2, 5 if big else 11))
     added, tries = 0, 0
     while added < target and tries < 200:
@@ -116,8 +123,9 @@ def _finish(g: Builder, seed, index, symbolic, big, batch) -> Case:
     produced = {o for n in g.nodes for o in n.output}
     leaves = [v for v in g.values if v.name in produced and v.name not in g.consumed]
     outputs = leaves[-4:] or [v for v in g.values if v.name in produced][-1:]
+    # a rounded float other than a DQ's is compared in quanta only as far as QDQ chains go
     inner = [v for v in g.values if v.name in produced and v.name in g.consumed and
-             v not in outputs]
+             v not in outputs and (not v.rounded or v.quant is not None or v.dtype != F32)]
     if inner and g.chance(0.2):   # an output that other nodes also read
         outputs.append(g.choice(inner))
     if not outputs:   # no op applied: one Identity so the graph has an output

@@ -85,9 +85,9 @@ def gen_binary(g: Builder):
 def gen_int(g: Builder):
     """Integer arithmetic: from an int input, a Cast of an exact float, or an int value."""
     dtype = g.choice([I32, I64])
-    ints = [v for v in g.values if v.dtype == dtype]
+    ints = [v for v in g.usable() if v.dtype == dtype]
     if not ints or g.chance(0.3):
-        src = [v for v in g.values if v.dtype == F32 and v.exact and v.scale < 100]
+        src = [v for v in g.usable() if v.dtype == F32 and v.exact and v.scale < 100]
         if src and g.chance(0.5):
             x = g.node("Cast", [g.choice(src)], to=ONNX_DTYPE[dtype], exact=True)[0]
         else:
