@@ -122,6 +122,7 @@ def weight(g: Builder, shape: tuple, fan_in: int, axis: int) -> tuple[Val, np.nd
     attrs = {"axis": axis} if per_channel else {}
     dq = g.node("DequantizeLinear", [g.initializer(q, "w_quantized", exact=True)] + params,
                 **attrs)[0]
+    g.values.remove(dq)   # a weight, not an activation other ops may read
     return dq, scale
 
 
@@ -136,8 +137,10 @@ def bias(g: Builder, n: int, x: Val, w_scale: np.ndarray) -> Val:
         params.append(g.initializer(np.zeros(scale.shape, np.int32), "b_zero_point",
                                     exact=True))
     attrs = {"axis": 0} if scale.ndim else {}
-    return g.node("DequantizeLinear", [g.initializer(q, "b_quantized", exact=True)] + params,
-                  **attrs)[0]
+    dq = g.node("DequantizeLinear", [g.initializer(q, "b_quantized", exact=True)] + params,
+                **attrs)[0]
+    g.values.remove(dq)
+    return dq
 
 
 def _partner(g: Builder, x: Val) -> Val:
