@@ -60,7 +60,8 @@ def close(got: np.ndarray, want: np.ndarray, bound: np.ndarray | None = None
     by its bound (`rounding.bounds`: what rounding at a near-tie upstream can do)."""
     if got.shape != want.shape:
         return False, float("inf")
-    bound = np.zeros(want.shape) if bound is None else np.broadcast_to(bound, want.shape)
+    bound = np.zeros(want.shape) if bound is None else \
+        np.broadcast_to(np.nan_to_num(bound, nan=np.inf), want.shape)   # inf * 0: no bound
     if want.dtype.kind not in "fc":
         if got.dtype.kind in "fc":
             return False, float("inf")

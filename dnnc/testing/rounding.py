@@ -258,7 +258,10 @@ def _quantize(m: _BoundModel, n: onnx.NodeProto) -> list[str] | None:
     centre = m.op("Round", [v])
     up = m.op("Sub", [m.op("Floor", [m.op("Add", [hi, half])]), centre])
     down = m.op("Sub", [centre, m.op("Ceil", [m.op("Sub", [lo, half])])])
-    return [m.op("Max", [up, down])]
+    # never more than the integer type's span: saturation keeps deep chains' bounds finite
+    zero = m.constants.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+    info = np.iinfo(zero.dtype if zero is not None else np.uint8)
+    return [m.op("Min", [m.op("Max", [up, down]), m.const(float(info.max) - info.min)])]
 
 
 def _dequantize(m: _BoundModel, n: onnx.NodeProto) -> list[str] | None:

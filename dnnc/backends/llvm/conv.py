@@ -403,15 +403,22 @@ class _DirectConv:
         if mr == 1:
             return store
         # a tile inside one output row stores each channel's MR pixels as one vector (the
-        # accumulators transposed in registers) instead of every output a lane at a time
-        finish = L.For(ii, mr, L.For(jj, nr, L.Store(acc, (ii * nr + jj,), value),
+        # accumulators transposed in registers) instead of every output a lane at a time.
+        # The epilogue's results are staged in Y's type: a fused QuantizeLinear ends in int8,
+        # and staged in the float32 accumulators they came out as garbage and wrote past Y
+        # (issue 30: a quantized efficientnet-like model, int8 between Conv and SiLU)
+        stage = acc if y.dtype == acc.dtype else \
+            L.Buffer("stage", y.dtype, (mr * nr,), L.Scope.LOCAL)
+        finish = L.For(ii, mr, L.For(jj, nr, L.Store(stage, (ii * nr + jj,), value),
                                      L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
         by_channel = L.For(ii, mr, L.Store(y, (self.bn, out_c, p0 // ow, p0 % ow + ii),
-                                           acc[ii * nr + jj]), L.ForKind.VECTORIZED)
+                                           stage[ii * nr + jj]), L.ForKind.VECTORIZED)
         if mg % nr:
             by_channel = L.If(self.in_group < mg, by_channel)
-        return L.If(L.logical_and(p0 % ow + mr <= ow, p0 + mr <= self.pixels_n),
-                    L.seq(finish, L.For(jj, nr, by_channel, L.ForKind.UNROLLED)), store)
+        rows = L.seq(finish, L.For(jj, nr, by_channel, L.ForKind.UNROLLED))
+        if stage is not acc:
+            rows = L.Allocate(stage, rows)
+        return L.If(L.logical_and(p0 % ow + mr <= ow, p0 + mr <= self.pixels_n), rows, store)
 
     def strip_tiles_loop(self, wpk: L.Buffer) -> L.Stmt:
         """A strip's tiles, each reduced and stored; with a chunk, the reduction in slices
