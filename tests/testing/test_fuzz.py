@@ -294,7 +294,7 @@ def test_generator_rejects_windows_onnx_inference_gets_wrong():
 
 # --- QDQ chains (issue 30, item 5) ------------------------------------------------------------
 
-QDQ_SEED = 11
+QDQ_SEED = 3
 
 
 def _qdq_cases(n=60):
@@ -463,7 +463,9 @@ def test_seeded_qdq_cases_find_an_injected_quantization_bug(kind, monkeypatch):
 
 def test_a_seeded_qdq_batch_finds_nothing(tmp_path):
     """30 cases where QDQ chains are frequent, on the llvm target against numpy and
-    onnxruntime, within the rounding bounds."""
+    onnxruntime, within the rounding bounds. Cases 14 and 25 hold efficientnet's block with
+    a 3x3 expansion whose conv kernel ends in a QuantizeLinear: before the conv2d template
+    staged int8 in its own type (issue 30), both were mismatches."""
     proc = subprocess.run(
         [sys.executable, "-m", "dnnc.testing.fuzz", "--cases", "30", "--seed", str(QDQ_SEED),
          "--boost", "qdq", "--threads", "2", "--out", str(tmp_path)],

@@ -174,17 +174,17 @@ def _image(x: Val) -> bool:
     return x.rank == 4 and all(x.static(i) for i in (1, 2, 3))
 
 
-def conv(g: Builder, x: Val) -> Val:
+def conv(g: Builder, x: Val, kind: str | None = None, m: int | None = None) -> Val:
     """Conv of a quantized image: regular, depthwise (group = channels) or pointwise."""
     c, h, w = x.shape[1:]
-    kind = g.choice(["regular", "depthwise", "depthwise", "pointwise"])
+    kind = kind or g.choice(["regular", "regular", "depthwise", "pointwise"])
     k = 1 if kind == "pointwise" else g.choice([3, 3, 5, 1])
     group = c if kind == "depthwise" else 1
-    m = c if kind == "depthwise" else g.size((1, 2, 3, 4, 8, 16), (16, 24, 40))
+    m = c if kind == "depthwise" else m or g.size((1, 2, 3, 4, 8, 16), (16, 24, 40))
     attrs = {"kernel_shape": [k, k], "group": group}
     if k > 1 and g.chance(0.8):
         attrs["pads"] = [k // 2] * 4
-    if g.chance(0.3):
+    if g.chance(0.3) and kind != "pointwise":
         attrs["strides"] = [2, 2]
     check_windows((h, w), attrs)
     wq, w_scale = weight(g, (m, c // group, k, k), c // group * k * k, axis=0)
@@ -234,16 +234,22 @@ def add_mul(g: Builder, x: Val) -> Val:
     return requantize(g, out, lo, hi, exact_step=float(step) if exact else None)
 
 
+def silu(g: Builder, x: Val) -> Val:
+    """x * Sigmoid(x), each output requantized, as torch's exporter and quantize_static
+    write SiLU."""
+    gate = requantize(g, g.node("Sigmoid", [x])[0], 0.0, 1.0)
+    return requantize(g, g.node("Mul", [x, gate])[0], -0.28, _range(x)[1])
+
+
 def activation(g: Builder, x: Val) -> Val:
-    """Sigmoid, SiLU (x * Sigmoid(x), each requantized), HardSwish, Relu or Clip(0, 6)."""
+    """Sigmoid, SiLU, HardSwish, Relu or Clip(0, 6)."""
     ops = ["Sigmoid", "SiLU", "SiLU", "Relu", "Clip"] + (["HardSwish"] if g.opset >= 14 else [])
     op = g.choice(ops)
     lo, hi = _range(x)
     if op == "Sigmoid":
         return requantize(g, g.node("Sigmoid", [x])[0], 0.0, 1.0)
     if op == "SiLU":
-        gate = requantize(g, g.node("Sigmoid", [x])[0], 0.0, 1.0)
-        return requantize(g, g.node("Mul", [x, gate])[0], -0.28, hi)
+        return silu(g, x)
     if op == "HardSwish":
         return requantize(g, g.node("HardSwish", [x])[0], -0.375, hi)
     if op == "Relu":
@@ -252,6 +258,24 @@ def activation(g: Builder, x: Val) -> Val:
     bounds = [g.initializer(np.asarray(v, np.float32), "clip", exact=True) for v in (0.0, 6.0)]
     return requantize(g, g.node("Clip", [x] + bounds, exact=x.exact)[0], 0.0, min(hi, 6.0),
                       exact_step=_grid_step(x))
+
+
+def mbconv(g: Builder, x: Val) -> Val:
+    """efficientnet's block: [expansion -> SiLU] -> depthwise -> SiLU -> [squeeze-
+    excitation] -> 1x1 projection [+ x], every output requantized: int8 crosses kernels
+    between the convs (a conv2d tile's fused QuantizeLinear once wrote past its output)."""
+    c = x.shape[1]
+    h = x
+    if g.chance(0.7):   # the expansion: 1x1, or 3x3 as efficientnetv2's fused blocks
+        h = silu(g, conv(g, h, g.choice(["pointwise", "regular"]), c * g.choice([2, 4, 6])))
+    h = silu(g, conv(g, h, "depthwise"))
+    if g.chance(0.6) and h.shape[1] > 1:
+        h = squeeze_excitation(g, h)
+    h = conv(g, h, "pointwise", c)
+    if h.shape == x.shape and g.chance(0.6):
+        (a, b), (lo, hi) = _range(h), _range(x)
+        h = requantize(g, g.node("Add", [h, x])[0], a + lo, b + hi)
+    return h
 
 
 def pool(g: Builder, x: Val) -> Val:
@@ -309,10 +333,7 @@ def squeeze_excitation(g: Builder, x: Val) -> Val:
     r = max(1, c // g.choice([2, 4]))
     lo, hi = _range(x)
     pooled = requantize(g, g.node("GlobalAveragePool", [x])[0], lo * 0.5, hi * 0.5)
-    squeezed = _pointwise(g, pooled, r)
-    gate = requantize(g, g.node("Sigmoid", [squeezed])[0], 0.0, 1.0)
-    silu = requantize(g, g.node("Mul", [squeezed, gate])[0], -0.28, _range(squeezed)[1])
-    excited = _pointwise(g, silu, c)
+    excited = _pointwise(g, silu(g, _pointwise(g, pooled, r)), c)
     scale = requantize(g, g.node("Sigmoid", [excited])[0], 0.0, 1.0)
     return requantize(g, g.node("Mul", [x, scale])[0], lo, hi)
 
@@ -332,7 +353,7 @@ BLOCKS = [  # (weight, applies to x, block)
                                       pool),
     (2, lambda x: x.rank == 4 and x.static(1), concat),
     (1, lambda x: x.rank >= 2 and all(x.static(i) for i in range(1, x.rank)), reshape),
-    (3, lambda x: _image(x) and x.shape[1] > 1, squeeze_excitation),
+    (3, lambda x: _image(x) and x.shape[1] > 1, squeeze_excitation), (3, _image, mbconv),
 ]
 
 
@@ -340,9 +361,12 @@ def gen_qdq(g: Builder):
     """One to four QDQ blocks in a row from a float value (quantized first) or from a DQ
     value; a new grid input sometimes, for exact ties."""
     x = g.pick(lambda v: not v.nan and v.scale < 1e4 and v.rank >= 1, rounded=True)
+    if not g.big and g.chance(0.2):   # wide enough rows for the conv templates' row tiles
+        x = g.add_input((g.batch_dim, g.choice([3, 8, 16]), g.choice([16, 20]),
+                         g.choice([16, 17, 24])), F32, g.choice(["normal", "grid"]))
+    elif x.quant is None and g.chance(0.25):
+        x = g.add_input(x.shape, F32, "grid")
     if x.quant is None:
-        if g.chance(0.25) and x.rank >= 1:
-            x = g.add_input(x.shape, F32, "grid")
         x = quantize_input(g, x)
     for _ in range(int(g.rng.integers(1, 5))):
         fits = [(w, fn) for w, ok, fn in BLOCKS if ok(x)]
