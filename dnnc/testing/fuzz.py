@@ -7,7 +7,9 @@ dnnc's numpy target (the oracle) and with onnxruntime (when installed).
 Each case (`generate.generate(seed, index)`) runs twice on one compiled model: fresh random
 inputs, and a new batch size when the batch is symbolic. The target runs in a long-lived worker
 process (`worker.py`), restarted after a crash (a signal) or a hang (`--timeout`), so both are
-caught and reported; the references run in this process meanwhile. A finding is saved under
+caught and reported; the references run in this process meanwhile. Outputs downstream of a
+QuantizeLinear may also differ by their per-element rounding bounds (`rounding.py`). A finding
+is saved under
 `--out` (model, inputs, what differed) and minimised (`minimize.py`). A difference from
 onnxruntime that dnnc's two targets agree on and that matches `KNOWN_DIFFERENCES` is counted
 as a known difference, not a failure. Exit status: 0 no finding, 1 a finding, 2 bad usage.

@@ -2,9 +2,9 @@
 
 A case grows a graph from one to three inputs by applying random ops from `OPS` (the ops real
 models use: convs of every kind, matmul/gemm, broadcasting elementwise, activations, norms,
-pools, data movement, reductions, pad, resize, casts, where, expand, integer arithmetic) to
-values already in the graph, preferring the newest value (chains) but sometimes an older one
-(values with several consumers). Sizes are small and odd (primes, 1s) in most cases; a few
+pools, data movement, reductions, pad, resize, casts, where, expand, integer arithmetic, QDQ
+chains) to values already in the graph, preferring the newest value (chains) but sometimes an
+older one (values with several consumers). Sizes are small and odd (primes, 1s) in most cases; a few
 cases are big enough to cross the llvm target's parallel thresholds. A third of the cases
 have a symbolic batch dim (`dim_param "N"`). Every node's output type comes from ONNX's own
 shape inference (`infer_node_outputs`), so the declared types are the spec's.
@@ -20,7 +20,9 @@ division by values near zero, integer division by zero, float-to-int casts out o
 integer products that overflow, LayerNormalization of rows that may be constant, and
 comparisons, casts or rounding of floats computed with rounding (two correct implementations
 may round a sum differently and flip a comparison); those consume only *exact* values
-(inputs, data movement, max/min). `docs/fuzzing.md`.
+(inputs, data movement, max/min). The one exception, QuantizeLinear in QDQ chains
+(`op_generators/quantized.py`), is compared within per-element rounding bounds
+(`rounding.py`), and its rounded values feed QDQ chains only. `docs/fuzzing.md`.
 """
 from __future__ import annotations
 
