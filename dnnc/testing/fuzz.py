@@ -7,7 +7,9 @@ dnnc's numpy target (the oracle) and with onnxruntime (when installed).
 Each case (`generate.generate(seed, index)`) runs twice on one compiled model: fresh random
 inputs, and a new batch size when the batch is symbolic. The target runs in a long-lived worker
 process (`worker.py`), restarted after a crash (a signal) or a hang (`--timeout`), so both are
-caught and reported; the references run in this process meanwhile. A finding is saved under
+caught and reported; the references run in this process meanwhile. Outputs downstream of a
+QuantizeLinear may also differ by their per-element rounding bounds (`rounding.py`). A finding
+is saved under
 `--out` (model, inputs, what differed) and minimised (`minimize.py`). A difference from
 onnxruntime that dnnc's two targets agree on and that matches `KNOWN_DIFFERENCES` is counted
 as a known difference, not a failure. `--special` draws the special-values cases (inputs with
@@ -33,8 +35,9 @@ import numpy as np
 import onnx
 
 from ..levels import DEFAULT_OPT_LEVEL
-from . import worker as worker_protocol
+from . import rounding, worker as worker_protocol
 from .generate import Case, generate
+from .op_generators import OPS
 
 # ---------------------------------------------------------------------------------------------
 # Tolerances
@@ -53,14 +56,19 @@ cancellation of large terms, is judged against the size of those terms. Integers
 booleans must be equal; NaN matches NaN, and an infinity only the same infinity."""
 
 
-def close(got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
-    """(whether got matches want, the largest error relative to the tolerance's scale)."""
+def close(got: np.ndarray, want: np.ndarray, bound: np.ndarray | None = None
+          ) -> tuple[bool, float]:
+    """(whether got matches want, the largest error relative to the tolerance's scale);
+    `bound`: the output is downstream of a QuantizeLinear, and each element may also differ
+    by its bound (`rounding.bounds`: what rounding at a near-tie upstream can do)."""
     if got.shape != want.shape:
         return False, float("inf")
+    bound = np.zeros(want.shape) if bound is None else \
+        np.broadcast_to(np.nan_to_num(bound, nan=np.inf), want.shape)   # inf * 0: no bound
     if want.dtype.kind not in "fc":
         if got.dtype.kind in "fc":
             return False, float("inf")
-        bad = got.astype(np.int64) != want.astype(np.int64)
+        bad = np.abs(got.astype(np.int64) - want.astype(np.int64)) > bound
         return not bad.any(), float(bad.sum())
     g, w = got.astype(np.float64), want.astype(np.float64)
     both_nan = np.isnan(g) & np.isnan(w)
@@ -68,7 +76,7 @@ def close(got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
     scale = max(1.0, float(np.mean(np.abs(w[np.isfinite(w)])))) if np.isfinite(w).any() else 1.0
     with np.errstate(invalid="ignore"):
         err = np.abs(g - w)
-        limit = FLOAT_RTOL * np.abs(w) + FLOAT_ATOL * scale
+        limit = FLOAT_RTOL * np.abs(w) + FLOAT_ATOL * scale + bound
         # (an infinity matches only itself: the relative limit of an infinite want is inf)
         bad = ~(both_nan | same_inf | (np.isfinite(g) & np.isfinite(w) & (err <= limit)))
     worst = float(np.max(np.where(bad, np.nan_to_num(err, nan=np.inf), 0) / scale)) \
@@ -342,14 +350,15 @@ def ort_outputs(model: bytes, runs: list[dict]) -> list[list[np.ndarray]] | None
 
 
 def differences(got: list[list[np.ndarray]], want: list[list[np.ndarray]],
-                names: list[str]) -> list[dict]:
+                names: list[str], bounds: list[dict] | None = None) -> list[dict]:
     """Each (run, output) where got and want differ: which, by how much, whether a NaN is
-    involved."""
+    involved; `bounds`: per run, `rounding.bounds` of the outputs downstream of a
+    QuantizeLinear."""
     found = []
     for run, (g_outs, w_outs) in enumerate(zip(got, want)):
         for name, g, w in zip(names, g_outs, w_outs):
             g, w = np.asarray(g), np.asarray(w)
-            ok, err = close(g, w)
+            ok, err = close(g, w, bounds[run].get(name) if bounds else None)
             if not ok:
                 comparable = g.shape == w.shape and w.dtype.kind == "f"
                 nan = bool(comparable and np.any(np.isnan(g) != np.isnan(w)))
@@ -376,9 +385,10 @@ class Checker:
         self.worker.submit({"model": data, "runs": runs, "target": self.target,
                             "opt_level": self.opt_level})
         names = [o.name for o in model.graph.output]
-        oracle, oracle_error = None, None
+        oracle, oracle_error, bounds = None, None, None
         try:   # meanwhile, the references
             oracle = numpy_outputs(data, runs)
+            bounds = rounding.bounds(model, runs)
         except Exception as exc:
             oracle_error = (type(exc).__name__, str(exc)[:2000])
         ort_result, ort_error = None, None
@@ -399,7 +409,7 @@ class Checker:
         if oracle_error:
             return Outcome("error", f"numpy:{oracle_error[0]}", {"message": oracle_error[1]})
         got = reply["outputs"]
-        diffs = differences(got, oracle, names)
+        diffs = differences(got, oracle, names, bounds)
         if diffs:
             return Outcome("mismatch", f"numpy:{producer.get(diffs[0]['output'], '?')}",
                            diffs[0])
@@ -408,7 +418,7 @@ class Checker:
             return Outcome("pass", detail={"onnxruntime": ort_error})
         if ort_result is None:
             return Outcome("pass")
-        diffs = differences(got, ort_result, names)
+        diffs = differences(got, ort_result, names, bounds)
         if not diffs:
             return Outcome("pass")
         for diff in diffs:   # every difference must be a known one
@@ -430,13 +440,15 @@ def save_finding(out: Path, case: Case, runs: list[dict], outcome: Outcome, args
     _save_inputs(folder / "inputs.npz", runs)
     info = {"seed": case.seed, "case": case.index, "status": outcome.status,
             "class": outcome.cls, "detail": outcome.detail, "target": args.target,
-            "opt_level": args.opt_level, "threads": args.threads, "ops": case.ops,
+            "opt_level": args.opt_level, "threads": args.threads, "boost": args.boost,
+            "ops": case.ops,
             "symbolic_batch": case.symbolic, "batches": case.batches(),
             "special": case.special,
             "reproduce": f"python -m dnnc.testing.fuzz --seed {case.seed} --case {case.index} "
                          f"--target {args.target} --opt-level {args.opt_level}"
                          + (f" --threads {args.threads}" if args.threads else "")
-                         + (" --special" if case.special else "")}
+                         + (" --special" if case.special else "")
+                         + "".join(f" --boost {b}" for b in args.boost)}
     (folder / "finding.json").write_text(json.dumps(info, indent=2, default=str))
     return folder
 
@@ -519,6 +531,9 @@ def parse_args(argv):
     p.add_argument("--special", action="store_true",
                    help="special-values cases: inputs with +-inf, NaN, huge values, +-0 and "
                         "subnormals, casts of them to every integer type, softmax over them")
+    p.add_argument("--boost", action="append", default=[], metavar="GENERATOR",
+                   help="draw this op generator (e.g. qdq) 12 times as often; other cases "
+                        "than without it (repeatable)")
     args = p.parse_args(argv)
     problems = []
     if args.cases < 1:
@@ -533,6 +548,10 @@ def parse_args(argv):
         problems.append(f"--threads must be at least 1, got {args.threads}")
     if args.timeout <= 0:
         problems.append(f"--timeout must be positive, got {args.timeout}")
+    known = {fn.__name__[4:] for _, fn in OPS}
+    for name in args.boost:
+        if name not in known:
+            problems.append(f"--boost {name!r} is not one of {', '.join(sorted(known))}")
     if args.minimize_seconds <= 0:
         problems.append(f"--minimize-seconds must be positive, got {args.minimize_seconds}")
     for problem in problems:
@@ -555,7 +574,7 @@ def fuzz(args, progress: Progress | None = None, worker_argv=None) -> dict:
     start = time.monotonic()
     try:
         for done, index in enumerate(indices, 1):
-            case = generate(args.seed, index, special=args.special)
+            case = generate(args.seed, index, tuple(args.boost), special=args.special)
             runs = [case.draw_inputs(r) for r in range(2)]
             outcome = checker.check(case.model, runs)
             counts[outcome.status] = counts.get(outcome.status, 0) + 1

@@ -2,9 +2,9 @@
 
 A case grows a graph from one to three inputs by applying random ops from `OPS` (the ops real
 models use: convs of every kind, matmul/gemm, broadcasting elementwise, activations, norms,
-pools, data movement, reductions, pad, resize, casts, where, expand, integer arithmetic) to
-values already in the graph, preferring the newest value (chains) but sometimes an older one
-(values with several consumers). Sizes are small and odd (primes, 1s) in most cases; a few
+pools, data movement, reductions, pad, resize, casts, where, expand, integer arithmetic, QDQ
+chains) to values already in the graph, preferring the newest value (chains) but sometimes an
+older one (values with several consumers). Sizes are small and odd (primes, 1s) in most cases; a few
 cases are big enough to cross the llvm target's parallel thresholds. A third of the cases
 have a symbolic batch dim (`dim_param "N"`). Every node's output type comes from ONNX's own
 shape inference (`infer_node_outputs`), so the declared types are the spec's.
@@ -20,7 +20,9 @@ division by values near zero, integer division by zero, float-to-int casts out o
 integer products that overflow, LayerNormalization of rows that may be constant, and
 comparisons, casts or rounding of floats computed with rounding (two correct implementations
 may round a sum differently and flip a comparison); those consume only *exact* values
-(inputs, data movement, max/min). `docs/fuzzing.md`.
+(inputs, data movement, max/min). The one exception, QuantizeLinear in QDQ chains
+(`op_generators/quantized.py`), is compared within per-element rounding bounds
+(`rounding.py`), and its rounded values feed QDQ chains only. `docs/fuzzing.md`.
 
 Special mode (`special=True`, the fuzzer's `--special`): the first input holds special values
 (+-inf, NaN, +-0, subnormals, in half the cases +-1e30 and +-FLT_MAX too) and later inputs
@@ -97,9 +99,14 @@ def _start(g: Builder) -> None:
         g.add_input(shape, F32)
 
 
-def generate(seed: int, index: int, special: bool = False) -> Case:
+BOOST = 12
+"""How much `generate(..., boost=)` multiplies the named generators' weights."""
+
+
+def generate(seed: int, index: int, boost: tuple = (), special: bool = False) -> Case:
     """The case (seed, index) (in special mode: `special`): the same model and input recipe
-    every time."""
+    every time. `boost` names generators (`qdq` for `gen_qdq`) drawn BOOST times as often:
+    the same seed and index then give another case."""
     rng = np.random.default_rng([seed, index, 0])
     big = bool(rng.random() < 0.08)
     symbolic = bool(rng.random() < 0.33)
@@ -108,7 +115,8 @@ def generate(seed: int, index: int, special: bool = False) -> Case:
     g = Builder(rng, opset, big, BATCH if symbolic else batch, special)
     _start(g)
     ops = SPECIAL_OPS if special else OPS
-    weights = np.array([w for w, _ in ops], float)
+    weights = np.array([w * (BOOST if fn.__name__[4:] in boost else 1) for w, fn in ops],
+                       float)
     target = int(rng.integers(2, 5 if big else 11))
     added, tries = 0, 0
     while added < target and tries < 200:
@@ -132,8 +140,9 @@ def _finish(g: Builder, seed, index, symbolic, big, batch) -> Case:
     produced = {o for n in g.nodes for o in n.output}
     leaves = [v for v in g.values if v.name in produced and v.name not in g.consumed]
     outputs = leaves[-4:] or [v for v in g.values if v.name in produced][-1:]
+    # a rounded float other than a DQ's is compared in quanta only as far as QDQ chains go
     inner = [v for v in g.values if v.name in produced and v.name in g.consumed and
-             v not in outputs]
+             v not in outputs and (not v.rounded or v.quant is not None or v.dtype != F32)]
     if inner and g.chance(0.2):   # an output that other nodes also read
         outputs.append(g.choice(inner))
     if not outputs:   # no op applied: one Identity so the graph has an output

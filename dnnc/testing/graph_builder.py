@@ -33,13 +33,14 @@ BATCH = "N"
 
 ONNX_DTYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32,
               np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL,
-              # only special mode's casts write these (leaves: no generator picks them)
+              # int8 / uint8: QDQ chains; the others only special mode's casts (leaves)
               **{np.dtype(t): getattr(TensorProto, np.dtype(t).name.upper())
                  for t in (np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64)}}
 NP_DTYPE = {v: k for k, v in ONNX_DTYPE.items()}
-F32, I32, I64, BOOL = (np.dtype(t) for t in (np.float32, np.int32, np.int64, np.bool_))
+F32, I32, I64, BOOL, I8, U8 = (np.dtype(t) for t in (np.float32, np.int32, np.int64, np.bool_,
+                                                     np.int8, np.uint8))
 CORE = (F32, I32, I64, BOOL)
-"""The dtypes generators pick from."""
+"""The dtypes generators pick from without naming one (int8/uint8: QDQ chains name theirs)."""
 
 
 @dataclass
@@ -54,6 +55,10 @@ class Val:
     special: bool = False   # may hold +-inf, NaN or huge values (special mode's inputs)
     huge: bool = False      # may hold finite values near FLT_MAX: kept out of sums, where
                             # the order of the terms would decide whether they overflow
+    rounded: bool = False   # downstream of a QuantizeLinear of an inexact value: two correct
+    #                         implementations may differ by a quantum (only QDQ chains read it)
+    nan: bool = False       # may hold NaN (never quantized: rint(NaN) to int is undefined)
+    quant: tuple | None = None   # (scale, zero point, dtype) when it is DequantizeLinear(q)
 
     @property
     def rank(self) -> int:
@@ -80,6 +85,8 @@ class InputSpec:
 
 DRAW = {
     "normal": lambda rng, shape: rng.standard_normal(shape),
+    # normal values on a grid of 1/8: Q/DQ of them with power-of-two scales hits exact ties
+    "grid": lambda rng, shape: np.asarray(np.round(rng.standard_normal(shape) * 8) / 8),
     # a few NaNs among normal values: NaN propagation (rarely, see _start)
     "normal_nan": lambda rng, shape: np.where(rng.random(shape) < 0.03, np.nan,
                                               rng.standard_normal(shape)),
@@ -150,7 +157,8 @@ class Builder:
         self.types[name] = helper.make_tensor_type_proto(ONNX_DTYPE[np.dtype(dtype)], shape)
         val = Val(name, tuple(shape), np.dtype(dtype), kind != "normal_nan",
                   2.0 if kind == "away_from_zero" else 9.0 if "int" in kind else 1.0,
-                  special=kind.startswith("special"), huge=kind == "special_huge")
+                  special=kind.startswith("special"), huge=kind == "special_huge",
+                  nan=kind == "normal_nan" or kind.startswith("special"))
         self.values.append(val)
         return val
 
@@ -193,20 +201,27 @@ class Builder:
         self.data[out] = tensor
         return Val(out, tuple(array.shape), array.dtype, True, 1.0)
 
-    def pick(self, pred=lambda v: True, dtype=F32) -> Val:
-        """A value satisfying `pred`: usually the newest (chains), else any (fan-out)."""
-        options = [v for v in self.values if (v.dtype == dtype if dtype is not None else
-                                              v.dtype in CORE) and pred(v)]
+    def pick(self, pred=lambda v: True, dtype=F32, rounded=False) -> Val:
+        """A value satisfying `pred`: usually the newest (chains), else any (fan-out). Only a
+        caller that says `rounded` gets a value downstream of an inexact QuantizeLinear: the
+        fuzzer compares those in quanta, which holds only as far as QDQ chains go."""
+        options = [v for v in self.usable(rounded)
+                   if (v.dtype == dtype if dtype is not None else v.dtype in CORE) and pred(v)]
         if not options:
             raise Rejected
         if self.chance(0.6):
             return options[-1]
         return self.choice(options)
 
+    def usable(self, rounded=False) -> list[Val]:
+        """The values an op may consume: not the rounded ones unless `rounded`."""
+        return [v for v in self.values if rounded or not v.rounded]
+
     def node(self, op: str, inputs: list, n_out: int = 1, exact=False, scale=None,
              **attrs) -> list[Val]:
         """Append an `op` node; its output types come from ONNX shape inference. Raises
-        Rejected when inference fails or leaves a dim unknown."""
+        Rejected when inference fails or leaves a dim unknown. An output is rounded when an
+        input is or when it quantizes an inexact value; it may hold NaN when an input may."""
         names = [self.fresh(op) for _ in range(n_out)]
         proto = helper.make_node(op, [v.name if v is not None else "" for v in inputs], names,
                                  name=f"n{len(self.nodes)}", **attrs)
@@ -239,7 +254,11 @@ class Builder:
             outs.append(Val(name, tuple(dims), NP_DTYPE[t.tensor_type.elem_type], exact,
                             scale if scale is not None else
                             max([v.scale for v in given] + [1.0]),
-                            any(v.special for v in given), any(v.huge for v in given)))
+                            special=any(v.special for v in given),
+                            huge=any(v.huge for v in given),
+                            rounded=any(v.rounded for v in given) or
+                            op == "QuantizeLinear",
+                            nan=any(v.nan or v.special for v in given)))
         for name, t in zip(names, (types[n] for n in names)):
             self.types[name] = t
         for v in inputs:
@@ -260,8 +279,8 @@ class Builder:
         """Another value whose shape broadcasts with v's: an existing one, or a new input or
         initializer with some dims 1 and maybe fewer leading dims."""
         dtype = dtype or v.dtype
-        existing = [u for u in self.values if u.dtype == dtype and u.name != v.name and
-                    kind == "normal" and broadcastable(u.shape, v.shape)]
+        existing = [u for u in self.usable(v.rounded) if u.dtype == dtype and
+                    u.name != v.name and kind == "normal" and broadcastable(u.shape, v.shape)]
         if existing and self.chance(0.4):
             return self.choice(existing)
         rank = v.rank if self.chance(0.6) else int(self.rng.integers(0, v.rank + 1))

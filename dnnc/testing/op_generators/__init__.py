@@ -12,6 +12,7 @@ from .elementwise import gen_binary, gen_cast, gen_clip, gen_exp, gen_gelu, gen_
     gen_where
 from .layers import gen_batchnorm, gen_conv, gen_gemm, gen_layernorm, gen_matmul, gen_pool, \
     gen_reduce, gen_resize, gen_softmax, gen_softmax_chain
+from .quantized import gen_qdq
 from .movement import gen_concat, gen_expand, gen_gather, gen_pad, gen_reshape, gen_slice, \
     gen_split, gen_squeeze, gen_transpose
 
@@ -21,7 +22,7 @@ OPS = [  # (weight, generator)
     (2, gen_layernorm), (2, gen_batchnorm), (4, gen_pool), (4, gen_reshape),
     (3, gen_transpose), (3, gen_concat), (2, gen_split), (3, gen_slice), (2, gen_gather),
     (2, gen_squeeze), (5, gen_reduce), (2, gen_pad), (2, gen_resize), (2, gen_where),
-    (2, gen_expand), (2, gen_cast),
+    (2, gen_expand), (2, gen_cast), (5, gen_qdq),
 ]
 
 SPECIAL_OPS = OPS + [(4, gen_softmax_chain)]

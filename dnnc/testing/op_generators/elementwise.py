@@ -87,9 +87,9 @@ def gen_int(g: Builder):
     """Integer arithmetic: from an int input, a Cast of an exact float, or an int value."""
     dtype = g.choice([I32, I64])
     # (never from special values: MIN // -1 traps in onnxruntime, MIN * 9 overflows)
-    ints = [v for v in g.values if v.dtype == dtype and not v.special]
+    ints = [v for v in g.usable() if v.dtype == dtype and not v.special]
     if not ints or g.chance(0.3):
-        src = [v for v in g.values if v.dtype == F32 and v.exact and v.scale < 100 and
+        src = [v for v in g.usable() if v.dtype == F32 and v.exact and v.scale < 100 and
                not v.special]
         if src and g.chance(0.5):
             x = g.node("Cast", [g.choice(src)], to=ONNX_DTYPE[dtype], exact=True)[0]

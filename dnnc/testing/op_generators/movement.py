@@ -63,7 +63,7 @@ def gen_concat(g: Builder):
     axis = g.choice([a for a in range(x.rank) if x.static(a)] or [None])
     if axis is None:
         raise Rejected
-    others = [v for v in g.values if v.dtype == x.dtype and v.rank == x.rank and
+    others = [v for v in g.usable(x.rounded) if v.dtype == x.dtype and v.rank == x.rank and
               all(a == axis or v.shape[a] == x.shape[a] for a in range(x.rank))]
     if g.chance(0.3):
         others.append(x)   # the same value twice: two uses by one node

@@ -553,3 +553,65 @@ def test_a_narrow_last_panel_computes_whole_vectors(rng, k, n, computed):
     np.testing.assert_allclose(compiled.run(av, rv)[0], av @ bv + rv, rtol=1e-4, atol=1e-4)
     source = compiled.runtime.source("loop")
     assert f"acc = alloc(float32[{6 * computed}], scope=local)" in source
+
+
+QUANTIZED_CONV = r"""
+import sys
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+import dnnc
+
+c, size, oc, silu = 3, int(sys.argv[1]), 16, sys.argv[2] == "silu"
+rng = np.random.default_rng(0)
+weights = (rng.standard_normal((oc, c, 3, 3)) / np.sqrt(c * 9)).astype(np.float32)
+nodes = [helper.make_node("Conv", ["x", "w", "b"], ["t"], pads=[1] * 4),
+         helper.make_node("QuantizeLinear", ["t", "s", "z"], ["q"])]
+out = helper.make_tensor_value_info("q", TensorProto.INT8, None)
+if silu:   # efficientnet as quantize_static writes it: SiLU between Q/DQ pairs, int8 into
+    # the next (depthwise) conv
+    nodes += [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+              helper.make_node("Sigmoid", ["d"], ["g"]),
+              helper.make_node("QuantizeLinear", ["g", "s", "z"], ["gq"]),
+              helper.make_node("DequantizeLinear", ["gq", "s", "z"], ["gd"]),
+              helper.make_node("Mul", ["d", "gd"], ["m"]),
+              helper.make_node("QuantizeLinear", ["m", "s", "z"], ["mq"]),
+              helper.make_node("DequantizeLinear", ["mq", "s", "z"], ["md"]),
+              helper.make_node("Conv", ["md", "dw"], ["y"], pads=[1] * 4, group=oc)]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+graph = helper.make_graph(nodes, "g", [
+    helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])], [out], [
+    numpy_helper.from_array(weights, "w"),
+    numpy_helper.from_array(rng.standard_normal((oc, 1, 3, 3)).astype(np.float32), "dw"),
+    numpy_helper.from_array(rng.standard_normal(oc).astype(np.float32), "b"),
+    numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+    numpy_helper.from_array(np.array(3, np.int8), "z")])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+compiled = dnnc.compile(model, target="llvm", opt_level=3)
+x = rng.standard_normal((1, c, size, size)).astype(np.float32)
+rows = compiled.profile(x)
+assert [r["nodes"][-1].startswith("QuantizeLinear") for r in rows if r["template"] == "conv2d"] \
+    == [True], rows   # the conv's epilogue ends in a QuantizeLinear: it writes int8
+want = dnnc.compile(model, target="numpy").run(x)[0]
+got = compiled.run(x)[0]
+assert got.dtype == want.dtype and np.allclose(got, want, rtol=1e-5, atol=1e-5), \
+    np.abs(got.astype(float) - want).max()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("size, tail", [(16, "q"), (32, "q"), (32, "silu")])
+def test_conv2d_with_a_fused_quantize_stores_its_integers(size, tail):
+    """A conv whose epilogue ends in QuantizeLinear writes int8: its tiles inside a row staged
+    those through the float32 accumulators, which stored garbage and wrote past the output
+    (heap corruption, 'malloc(): invalid size'; issue 30's quantized efficientnet differed
+    from the numpy target by a relative 2-4). In a child process: it could kill this one."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", QUANTIZED_CONV, str(size), tail],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr[-2000:]
