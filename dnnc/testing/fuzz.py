@@ -93,7 +93,9 @@ class KnownDifference:
     follows. A mismatch with onnxruntime only (dnnc's targets agree with each other) in an
     output that such a node feeds is classified under `name`, never hidden; a `nan_only`
     entry applies only when a differing element is NaN on one side, an `inf_only` one when it
-    is infinite or NaN (an overflow upstream is inf there, or NaN after inf - inf)."""
+    is infinite or NaN (an overflow upstream is inf there, or NaN after inf - inf), or when
+    an op between the node and the output can turn a NaN or inf into an ordinary value
+    (`LAUNDERING`: a comparison, Where, Pow, a cast to an integer type)."""
 
     name: str
     ops: tuple
@@ -128,6 +130,11 @@ def _resize_nearest_fractional_downscale(attrs: dict, inputs: list) -> bool:
     else:
         return False
     return any(0 < r < 1 and not float(1 / r).is_integer() for r in ratios)
+
+
+def _padded(attrs: dict, inputs: list) -> bool:
+    return any(attrs.get("pads", ())) or attrs.get("auto_pad", b"NOTSET") != b"NOTSET" or \
+        bool(attrs.get("ceil_mode", 0))
 
 
 def _clip_without_a_bound(attrs: dict, inputs: list) -> bool:
@@ -192,6 +199,13 @@ KNOWN_DIFFERENCES = [
              "(onnx.reference agrees)",
         onnxruntime="a missing bound is the float's limit: Clip(+-inf) without max (min) is "
                     "+-FLT_MAX (measured: Clip(x, min=-1) of inf is 3.4028235e38)"),
+    KnownDifference(
+        "neg-inf-in-padded-maxpool", ("MaxPool",), _padded, inf_only=True,
+        spec="padding takes no part in the max: a window of padding and -inf is -inf "
+             "(onnx.reference agrees)",
+        onnxruntime="padding counts as the float's lowest value: such a window is -FLT_MAX "
+                    "(measured: MaxPool 1x2, pads [0,1,0,0] of [-inf, -inf] gives "
+                    "[-3.4028235e38, -inf])"),
 ]
 """Known differences from onnxruntime, each checked against onnx.reference where it has a
 reading; docs/fuzzing.md lists them too."""
@@ -217,20 +231,34 @@ def known_difference(model: onnx.ModelProto, output: str, nan: bool = False,
             constants[n.output[0]] = onnx.numpy_helper.to_array(_attrs(n)["value"])
     for t in model.graph.initializer:
         shapes[t.name] = tuple(t.dims)
-    seen, stack = set(), [output]
+    seen, stack = set(), [(output, False)]
     while stack:
-        name = stack.pop()
+        name, laundered = stack.pop()
         node = producer.get(name)
-        if node is None or name in seen:
+        if node is None or (name, laundered) in seen:
             continue
-        seen.add(name)
+        seen.add((name, laundered))
         inputs = [(shapes.get(i), constants.get(i)) for i in node.input]
         for known in KNOWN_DIFFERENCES:
-            if node.op_type in known.ops and (nan or not known.nan_only) and \
-                    (inf or nan or not known.inf_only) and known.applies(_attrs(node), inputs):
+            if node.op_type in known.ops and (nan or laundered or not known.nan_only) and \
+                    (inf or nan or laundered or not known.inf_only) and \
+                    known.applies(_attrs(node), inputs):
                 return known
-        stack.extend(node.input)
+        after = laundered or node.op_type in LAUNDERING or \
+            node.op_type == "Cast" and _attrs(node).get("to") not in FLOAT_TYPES
+        stack.extend((i, after) for i in node.input)
     return None
+
+
+LAUNDERING = frozenset({"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "IsNaN",
+                        "IsInf", "Where", "ArgMax", "ArgMin", "Pow", "TopK", "Sign"})
+"""Ops whose output can be finite and a number where an input is NaN or infinite (a comparison
+of NaN is false, Pow(NaN, 0) is 1, a Where picks the other side): a NaN or inf difference
+upstream of one (a `nan_only` or `inf_only` known difference) may reach the output as an
+ordinary difference. Casts to integer types launder too (`docs/semantics.md`)."""
+
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+               onnx.TensorProto.BFLOAT16)
 
 
 # ---------------------------------------------------------------------------------------------
