@@ -449,6 +449,28 @@ def test_special_value_known_differences_are_real(name, x, make, spec):
     assert fuzz.known_difference(model, "y", inf=True).name == name
 
 
+def test_subnormal_in_tanh_difference_is_real():
+    """onnxruntime's Tanh flushes the smallest subnormals to 0; multiplied by inf that is NaN
+    where the spec's tanh(x) ~ x gives inf (numpy and llvm do)."""
+    pytest.importorskip("onnxruntime")
+    import dnnc
+
+    nodes = [helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Mul", ["t", "big"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [helper.make_tensor("big", TensorProto.FLOAT, [], [-np.inf])])
+    model = _make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.array([1.4e-45, 0.5], np.float32)
+    got = fuzz.ort_outputs(model.SerializeToString(), [{"x": x}])[0][0]
+    assert np.isnan(got[0]) and got[1] == -np.inf
+    for target in ("numpy", "llvm"):
+        np.testing.assert_array_equal(dnnc.compile(model, target=target).run(x=x)[0],
+                                      [-np.inf, -np.inf])
+    assert fuzz.known_difference(model, "y", nan=True).name == "subnormal-in-tanh"
+    assert fuzz.known_difference(model, "y", nan=False) is None
+
+
 def test_a_nan_difference_laundered_by_a_comparison_is_still_the_known_one():
     """ReduceMax of a row holding NaN differs from onnxruntime's by NaN only, but a comparison
     with it (GreaterOrEqual, then Where) turns that into an ordinary difference: still
