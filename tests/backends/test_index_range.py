@@ -279,17 +279,20 @@ if __name__ == "__main__":
 
 
 @GPU
-def test_cupy_outputs_report_a_bad_index_at_the_next_call_or_synchronize():
+def test_cupy_outputs_report_a_bad_index_at_a_later_call_or_synchronize():
     """A call that returns CuPy arrays never waits for its kernels: its out-of-range index is
-    raised by the thread's next call, before that call does anything, or by synchronize()."""
+    raised by a later call of the thread once the GPU is past it (before that call does
+    anything), or at the latest by synchronize()."""
     model = dnnc.compile(_gather_model(), target="cuda", outputs="cupy")
     good = np.array([0, 1, 2, 3], np.int64)
     model(ids=np.array([0, 9, 1, 2], np.int64))
-    with pytest.raises(InputError, match=r"Gather node 'lookup': index 9 .*size 5.*previous "
+    with pytest.raises(InputError, match=r"Gather node 'lookup': index 9 .*size 5.*earlier "
                                          r"call"):
         model(ids=good)
+        model.runtime.synchronize()
     np.testing.assert_array_equal(model(ids=good).get(), TABLE[good])
+    model.runtime.synchronize()   # nothing left over
     model(ids=np.array([0, -7, 1, 2], np.int64))
-    with pytest.raises(InputError, match=r"index -7 .*previous call"):
+    with pytest.raises(InputError, match=r"index -7 .*earlier call"):
         model.runtime.synchronize()
     np.testing.assert_array_equal(model(ids=good).get(), TABLE[good])

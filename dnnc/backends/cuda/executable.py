@@ -193,6 +193,11 @@ ERROR_BYTES = 24
 """The error record: int64 [site + 1, index, size] (`loop.index_checks`)."""
 
 
+def _event_done(event) -> bool:
+    """Whether the GPU has passed `event` (CuPy's `Event.done`), without waiting."""
+    return bool(getattr(event, "done", True))
+
+
 def _storage(dtype: np.dtype) -> np.dtype:
     """The dtype a CuPy array holds `dtype`'s bits in: itself, or an unsigned integer of its
     width for the ones CuPy lacks (bfloat16, an ml_dtypes void type)."""
@@ -288,30 +293,38 @@ class CUDARuntime(Executable):
             runs.append((segment, frame))
 
     def _defer_recorded(self) -> None:
-        """A call that returned CuPy arrays: its record is read by this thread's next call,
-        after an event marking the end of its kernels (done by then in any pipelined loop),
-        as CUDA reports a device-side assert at a later synchronisation. Waiting here instead
-        cost bert_tiny 1.81x per call on an H200 (0.219 against 0.121 ms): the caller's
+        """A call that returned CuPy arrays never waits for its kernels: an event marks their
+        end, and a later call of this thread reads the record once the event has passed,
+        without waiting for it (`_raise_pending`), as CUDA reports a device-side assert at a
+        later synchronisation. The record is sticky (`_clear_errors`), so reading it late
+        loses no error. Waiting for the call's end instead cost bert_tiny 1.81x per call on an
+        H200 (0.219 against 0.121 ms), waiting at the next call's start 1.48x: the caller's
         launches no longer overlapped the GPU's work."""
         runs, self._checking.runs = self._checking.runs, None
         if runs:
             event = self.cupy.cuda.Event(disable_timing=True)
             event.record()
-            self._checking.pending = (event, runs)
+            _, older = getattr(self._checking, "pending", None) or (None, [])
+            self._checking.pending = (event, older + [r for r in runs if r not in older])
 
-    def _raise_pending(self) -> None:
-        """The error an earlier call of this thread left for later (`_defer_recorded`), raised
-        before this call starts any work, saying which call it was."""
+    def _raise_pending(self, wait: bool = False) -> None:
+        """The error an earlier call of this thread recorded (`_defer_recorded`), raised
+        before this call starts any work, once the event after it has passed (with `wait`:
+        waiting for it), saying it was an earlier call."""
         pending = getattr(self._checking, "pending", None)
         if pending is None:
             return
-        self._checking.pending = None
         event, runs = pending
+        if not wait and not _event_done(event):
+            return   # still running: the record is read by a later call
+        self._checking.pending = None
         event.synchronize()
+        if any(frame.errors_host[0] for _, frame in runs):   # let a later call's copy land
+            self.cupy.cuda.Device().synchronize()
         for segment, frame in runs:
             error = segment.recorded_error(frame)
             if error is not None:
-                raise InputError(f"{error} (in the previous call, whose CuPy outputs were "
+                raise InputError(f"{error} (in an earlier call, whose CuPy outputs were "
                                  f"returned before its kernels ended; those outputs are "
                                  f"wrong)")
 
@@ -346,7 +359,7 @@ class CUDARuntime(Executable):
         returns CuPy arrays reports it here or at its thread's next call)."""
         self._check_device()
         self.cupy.cuda.Device().synchronize()
-        self._raise_pending()
+        self._raise_pending(wait=True)
 
     def _caller_stream(self, inputs: list):
         """A context in which CuPy's current stream is the caller's: where an input is a
@@ -456,6 +469,7 @@ class _Frame:
     capture: object                 # the non-blocking stream graphs are captured on
     errors: int = 0                 # the error record's address (`loop.index_checks`)
     errors_host: np.ndarray | None = None   # its pinned host copy, read after a checking run
+    errors_dirty: bool = True       # the device's record may hold an error: zero it first
     own_graph: object = None        # the graph on its own input buffers, once captured
     # callers' input addresses -> their graph (least recently used first); tuples met once
     graphs: OrderedDict = field(default_factory=OrderedDict)
@@ -640,10 +654,13 @@ class _CompiledSegment(CompiledSegment):
         return list(frame.outputs)
 
     def _clear_errors(self, frame: _Frame, stream) -> None:
-        """Zero the error record before a run of kernels that check indices (a call that
-        raised before reading it, or a profile, may have left one)."""
-        if self.checks:
+        """Zero the error record before a run of kernels that check indices where it may hold
+        one: at the frame's first run, and after an error was read from it. Otherwise the
+        record is sticky (its first error stays until read), so a call whose record is read
+        late (CuPy outputs: `CUDARuntime._defer_recorded`) loses none."""
+        if self.checks and frame.errors_dirty:
             self.cupy.cuda.runtime.memsetAsync(frame.errors, 0, ERROR_BYTES, stream.ptr)
+            frame.errors_dirty = False
 
     def _fetch_errors(self, frame: _Frame, stream) -> None:
         """Copy the error record to the frame's pinned host copy after the run's kernels, on
@@ -660,6 +677,7 @@ class _CompiledSegment(CompiledSegment):
         None when there is none."""
         if not frame.errors_host[0]:
             return None
+        frame.errors_dirty = True   # the device's record is zeroed before the next run
         return index_error(self.step, frame.errors_host)
 
     def _graph_for(self, places: tuple[int, ...], frame: _Frame):

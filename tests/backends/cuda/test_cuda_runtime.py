@@ -209,7 +209,7 @@ def test_a_recorded_index_error_is_raised_after_the_call_and_cleared(simulated, 
                r"\(valid: -5 to 4\)")
     if outputs == "cupy":   # CuPy outputs never wait: the thread's next call reports it
         rt.run([np.array([1, 7, 5], np.int64), ids], {})
-        message += r" \(in the previous call"
+        message += r" \(in an earlier call"
     with pytest.raises(InputError, match=message):
         rt.run([np.array([1, 7, 5] if outputs == "numpy" else [0, 0, 0], np.int64), ids], {})
     seg = rt.compiled_segments()[0]
