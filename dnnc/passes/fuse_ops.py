@@ -191,6 +191,10 @@ class _Fusion:
             return False
         consumer_reduces = any(self.pattern[k] == Pattern.REDUCE for k in consumer)
         out = self.nodes[consumer[-1]].outputs[0]
+        if any(self.nodes[k].op in CHECKED_GATHERS for k in producer) and (
+                any(self.nodes[k].op in SKIPPING for k in consumer) or not consumer_reduces
+                and (_size(out) is None or _size(v) is None or _size(out) < _size(v))):
+            return False   # a fused gather checks only the indices its consumer reads
         grows = _size(out) != _size(v) or (_size(v) is None and out.type.shape != v.type.shape)
         if (consumer_reduces or grows) and any(self._is_expensive(k) for k in producer):
             return False   # it would be recomputed for every read
@@ -250,6 +254,17 @@ class _Fusion:
         if k not in self._expensive:
             self._expensive[k] = _calls_expensive(self.nodes[k])
         return self._expensive[k]
+
+
+CHECKED_GATHERS = frozenset({"Gather", "GatherElements", "GatherND"})
+"""Ops whose kernels check each index they read at run time (`loop.index_checks`)."""
+
+SKIPPING = frozenset({"Slice", "Gather", "GatherElements", "GatherND", "Resize", "Pad",
+                      "Split", "Compress"})
+"""Inlined ops that may read only part of their input. Fused after a checked gather, the
+elements they skip would never be computed, so an out-of-range index there would go
+unreported on llvm and cuda while the numpy target raises (issue 30, item 3): such a
+consumer reads the gather's stored output instead."""
 
 
 def _size(v: Value) -> int | None:
