@@ -192,13 +192,27 @@ class _Fusion:
         consumer_reduces = any(self.pattern[k] == Pattern.REDUCE for k in consumer)
         out = self.nodes[consumer[-1]].outputs[0]
         if any(self.nodes[k].op in CHECKED_GATHERS for k in producer) and (
-                any(self.nodes[k].op in SKIPPING for k in consumer) or not consumer_reduces
+                self._skips(consumer, v) or not consumer_reduces
                 and (_size(out) is None or _size(v) is None or _size(out) < _size(v))):
             return False   # a fused gather checks only the indices its consumer reads
         grows = _size(out) != _size(v) or (_size(v) is None and out.type.shape != v.type.shape)
         if (consumer_reduces or grows) and any(self._is_expensive(k) for k in producer):
             return False   # it would be recomputed for every read
         return self._acyclic(set(producer) | set(consumer))
+
+    def _skips(self, consumer: list[int], v: Value) -> bool:
+        """Whether a `SKIPPING` node of `consumer` reads, as its data, `v` or a value computed
+        from it (it may leave part of `v` uncomputed once fused)."""
+        downstream = {id(v)}
+        for k in consumer:
+            node = self.nodes[k]
+            if not any(x is not None and id(x) in downstream for x in node.inputs):
+                continue
+            if node.op in SKIPPING and node.inputs[0] is not None and \
+                    id(node.inputs[0]) in downstream:
+                return True
+            downstream.update(id(o) for o in node.outputs)
+        return False
 
     # -- invariants ----------------------------------------------------------------------------
 

@@ -336,3 +336,36 @@ def test_max_group_bounds_a_chain():
     g.outputs = [y]
     groups = _groups(g, max_group=4)
     assert max(len(gr) for gr in groups) == 4 and len(groups) == 3
+
+
+def _embedding_sum(slice_after: bool):
+    """BERT's embeddings: two table lookups added, then a row reduction; with `slice_after`,
+    the token-type lookup is sliced before it is added."""
+    rng = np.random.default_rng(3)
+    g = Graph("g")
+    ids = g.add_input("ids", T.TensorType(T.int64, (1, 8)))
+    types = g.add_input("types", T.TensorType(T.int64, (1, 8)))
+    word = _const("word", rng.standard_normal((30, 4)).astype(np.float32))
+    kind = _const("kind", rng.standard_normal((2, 4)).astype(np.float32))
+    w = g.add("Gather", word, ids, axis=0, name="word_lookup")
+    t = g.add("Gather", kind, types, axis=0, name="type_lookup")
+    if slice_after:
+        t = g.add("Slice", t, _const("s0", np.array([0], np.int64)),
+                  _const("s1", np.array([8], np.int64)), _const("s2", np.array([2], np.int64)),
+                  name="cut")
+        w = g.add("Slice", w, _const("w0", np.array([0], np.int64)),
+                  _const("w1", np.array([8], np.int64)), _const("w2", np.array([2], np.int64)),
+                  name="cut_word")
+    s = g.add("Add", w, t, name="sum")
+    g.outputs = [g.add("ReduceSum", s, _const("axes", np.array([-1], np.int64)), keepdims=1,
+                       name="total")]
+    return g
+
+
+def test_a_gather_is_inlined_only_where_every_element_is_read():
+    """A fused gather checks the indices of the elements computed (issue 30, item 3): into a
+    consumer that reads all of it (an add, a reduction, another lookup's sum) it is inlined;
+    a Slice that may skip rows reads its stored output instead."""
+    assert _groups(_embedding_sum(False)) == [["word_lookup", "type_lookup", "sum", "total"]]
+    groups = _groups(_embedding_sum(True))
+    assert ["type_lookup"] in groups and ["word_lookup"] in groups
