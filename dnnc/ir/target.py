@@ -52,6 +52,21 @@ class GPU:
     tensor_flops: float      # FLOP/s a tf32 tensor-core matrix product reaches
     copy_bytes_per_s: float  # device-to-device copy bandwidth (bytes read + written a second)
 
+    def roofline_seconds(self, flops: float | None, nbytes: float | None,
+                         precision: str = "fp32", tensor_cores: bool = False) -> float | None:
+        """The least time a kernel of `flops` and `nbytes` (read and written) takes on this
+        GPU: its products at the SIMT fp32 rate, or on tensor cores at `precision`'s (tf32:
+        `tensor_flops`; fp16 and bf16: twice that, as on the A100, H100 and H200), its bytes
+        at the copy bandwidth, whichever is slower; None where neither is known."""
+        times = []
+        if flops:
+            rate = self.fp32_flops if not tensor_cores or precision == "fp32" else \
+                self.tensor_flops * (1 if precision == "tf32" else 2)
+            times.append(flops / rate)
+        if nbytes:
+            times.append(nbytes / self.copy_bytes_per_s)
+        return max(times) if times else None
+
 
 @dataclass(frozen=True)
 class Target:

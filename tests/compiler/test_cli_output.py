@@ -587,3 +587,28 @@ def test_tune_log_warnings_print_as_one_dnnc_line_each(tmp_path, mlp):
         f"convert to float)",
         f"dnnc: warning: tuning log {log}: no record for this machine (llvm:{cpu}, its "
         f"features and precision): every kernel keeps its default config"], err
+
+
+def test_the_profile_shows_each_kernel_s_share_of_the_gpu_roofline():
+    """Issue 31, item 1: `bench --profile` on cuda prints each kernel's share of the card's
+    roofline (its FLOPs at the SIMT or tensor-core rate of the precision, its bytes at the
+    copy bandwidth, whichever is slower, over its measured time); CPU targets print none."""
+    from dnnc.compiler.cli.bench import _format_profile, roofline
+    from dnnc.ir.target import GPU, Target
+
+    card = GPU("NVIDIA H100 80GB HBM3", 132, 50e12, 400e12, 3e12)
+    fp16 = Target("cuda", gpu=card, precision="fp16")
+    row = {"kernel": "k0_MatMul", "nodes": ["mm"], "config": {}}
+    gemm = {**row, "ms": 1.0, "flops": 400e9, "bytes": 1e6, "template": "cuda_mma_dense"}
+    simt = {**row, "ms": 1.0, "flops": 25e9, "bytes": 1e6, "template": "cuda_dense"}
+    copy = {**row, "ms": 2.0, "flops": None, "bytes": 3e9, "template": "cuda_rows"}
+    assert roofline(gemm, fp16) == pytest.approx(0.5)      # 400 GFLOP at 800 TFLOP/s (fp16)
+    assert roofline(gemm, Target("cuda", gpu=card, precision="tf32")) == pytest.approx(1.0)
+    assert roofline(simt, fp16) == pytest.approx(0.5)      # SIMT: 50 TFLOP/s whatever the
+    assert roofline(copy, fp16) == pytest.approx(0.5)      # precision; 3 GB at 3 TB/s in 2 ms
+    assert roofline({**row, "ms": 1.0, "flops": None, "bytes": 0}, fp16) is None
+    assert roofline(gemm, Target("llvm")) is None
+    text = _format_profile("batch 1", [gemm, copy], 20, fp16)
+    assert "roof" in text.splitlines()[1] and text.count(" 50.0%") == 2
+    assert "NVIDIA H100 80GB HBM3's roofline" in text.splitlines()[0]
+    assert "roof" not in _format_profile("batch 1", [gemm], 20, Target("llvm"))

@@ -113,6 +113,8 @@ def run(args) -> int:
             log.info(f"batch {label}: profiling each kernel")
             lanes[f"batch {label}"] = row["profile"] = model.profile(
                 *[feeds[n] for n in model.input_names], repeat=args.repeat)
+            for kernel in row["profile"]:   # the GPU's roofline share (cuda), in the JSON too
+                kernel["roofline"] = roofline(kernel, machine)
         if not args.json:
             print(_format_row(label, row))
     if args.json:
@@ -122,7 +124,7 @@ def run(args) -> int:
                     "onnxruntime": ort_version, "rows": rows})
     else:
         for lane, kernels in lanes.items():
-            print(_format_profile(lane, kernels, args.repeat))
+            print(_format_profile(lane, kernels, args.repeat, machine))
     if args.trace is not None:
         _write_trace(args, model, machine, lanes)
     return 0
@@ -224,12 +226,28 @@ def _format_row(label: str, row: dict) -> str:
             f"{(f'{ours / theirs:.2f}' if theirs else 'n/a'):>9}")
 
 
-def _format_profile(lane: str, kernels: list[dict], repeat: int) -> str:
+def roofline(kernel: dict, machine) -> float | None:
+    """The fraction of its roofline a profiled kernel reaches on a GPU target: the least time
+    its FLOPs and bytes take on the card (`ir.target.GPU.roofline_seconds`, tensor cores for
+    the tensor-core templates at the target's precision) over its measured time; None on a
+    CPU target or where neither count is known."""
+    gpu = getattr(machine, "gpu", None)
+    if gpu is None or not kernel.get("ms"):
+        return None
+    tensor_cores = str(kernel.get("template") or "").startswith("cuda_mma")
+    least = gpu.roofline_seconds(kernel.get("flops"), kernel.get("bytes"),
+                                 getattr(machine, "precision", "fp32"), tensor_cores)
+    return None if least is None else least / (kernel["ms"] / 1e3)
+
+
+def _format_profile(lane: str, kernels: list[dict], repeat: int, machine=None) -> str:
     total = sum(k["ms"] for k in kernels)
+    gpu = getattr(machine, "gpu", None)
     lines = [f"profile, {lane}: {len(kernels)} kernels, each called alone, median of {repeat};"
-             f" sum {total:.4f} ms",
-             f"{'ms':>10} {'share':>6} {'GFLOP/s':>8} {'GB/s':>7}  kernel (nodes) template "
-             f"{{knobs}}"]
+             f" sum {total:.4f} ms" + (f"; roof: the share of {gpu.name}'s roofline reached"
+                                       if gpu is not None else ""),
+             f"{'ms':>10} {'share':>6} {'GFLOP/s':>8} {'GB/s':>7}" +
+             (f" {'roof':>6}" if gpu is not None else "") + "  kernel (nodes) template {knobs}"]
     for k in sorted(kernels, key=lambda k: -k["ms"])[:PROFILE_TOP]:
         nodes = ", ".join(k["nodes"][:4]) + (", ..." if len(k["nodes"]) > 4 else "")
         seconds = k["ms"] / 1e3 or float("inf")
@@ -241,7 +259,11 @@ def _format_profile(lane: str, kernels: list[dict], repeat: int) -> str:
             config = k.get("config") or {}
             knobs = f" {k['template']} {{" + ", ".join(f"{a}={b}" for a, b in config.items()) \
                 + "}"
-        lines.append(f"{k['ms']:>10.4f} {k['ms'] / (total or 1):>6.1%} {gflops} {gbps}  "
+        roof = ""
+        if gpu is not None:
+            fraction = roofline(k, machine)
+            roof = f" {fraction:>6.1%}" if fraction is not None else f" {'-':>6}"
+        lines.append(f"{k['ms']:>10.4f} {k['ms'] / (total or 1):>6.1%} {gflops} {gbps}{roof}  "
                      f"{k['kernel']} ({nodes}){knobs}")
     if len(kernels) > PROFILE_TOP:
         lines.append(f"{'':>17}  ... {len(kernels) - PROFILE_TOP} more")
