@@ -11,7 +11,7 @@ symbolic) is compiled once; every batch size is warmed up until it runs its own 
 each ended on the device). A row prints ms per call and µs per item at each size, and FLAGS
 the model when a larger batch costs more per item than a smaller one by more than --slack
 (default 10%: timing noise on a shared machine). Exit status 1 when any model is flagged.
-Inputs are seeded standard normal floats (integer inputs: ids in [0, 4)).
+Inputs are `dnnc bench`'s (`random_inputs`: seeded standard normal floats, integers 0 or 1).
 """
 
 from __future__ import annotations
@@ -29,18 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
 from dnnc.backends.registry import REGISTRY, default_target  # noqa: E402
+from dnnc.compiler.cli.models import random_inputs  # noqa: E402
 from dnnc.compiler.module import warm_up  # noqa: E402
-
-
-def _inputs(model, batch: int, rng) -> list[np.ndarray]:
-    arrays = []
-    for t in model.input_types:
-        shape = tuple(batch if not isinstance(d, int) else d for d in t.shape)
-        if t.dtype.is_float:
-            arrays.append(rng.standard_normal(shape).astype(t.dtype.np))
-        else:
-            arrays.append(rng.integers(0, 4, shape).astype(t.dtype.np))
-    return arrays
 
 
 def cliffs(per_item: dict[int, float], slack: float) -> list[tuple[int, int]]:
@@ -58,7 +48,9 @@ def sweep(name: str, source, target: str, batches: list[int], repeat: int,
     rng = np.random.default_rng(0)
     per_call, per_item, owns = {}, {}, []
     for batch in batches:
-        arrays = _inputs(model, batch, rng)
+        feeds = random_inputs(model, {}, {d: batch for t in model.input_types
+                                          for d in t.shape if not isinstance(d, int)}, rng)
+        arrays = [feeds[name] for name in model.input_names]
         own = warm_up(model, lambda: model.run(*arrays), 3)
         owns.append(own)
         per_call[batch] = model.benchmark(*arrays, repeat=repeat)["median_ms"]

@@ -172,14 +172,19 @@ def _confirm(report: TaskReport, target: Target, hooks, log, reference, known, *
     configs = [default] + [space.check(r.config) for r in top]
     added = []
     for _ in range(CONFIRM_ROUNDS):
-        if client is None:
-            results = measure(hooks, task.kernel, target, configs, reference=reference,
-                              seed=seed, timeout=timeout)
-        else:
-            results = measure_on(client, target.name, task.kernel, target, configs,
-                                 reference=reference, seed=seed, timeout=timeout)
+        results = _measure(client, hooks, task, target, configs, reference, seed, timeout)
         added += _append(log, task, target, results, confirm=True)
     return added
+
+
+def _measure(client, hooks, task: Task, target: Target, configs, reference, seed, timeout):
+    """`configs` of `task` measured here (`measure`) or on the measuring server `client`
+    (`measure_on`), against `reference`."""
+    if client is None:
+        return measure(hooks, task.kernel, target, configs, reference=reference, seed=seed,
+                       timeout=timeout)
+    return measure_on(client, target.name, task.kernel, target, configs, reference=reference,
+                      seed=seed, timeout=timeout)
 
 
 def _featurize(task: Task, target: Target, hooks, config) -> np.ndarray:
@@ -237,12 +242,7 @@ def _tune_task(report: TaskReport, share: int, target: Target, hooks, log, refer
         batch = search.next(min(BATCH, share - report.trials))
         if not batch:
             break   # the space is exhausted
-        if client is None:
-            results = measure(hooks, task.kernel, target, batch, reference=reference,
-                              seed=seed, timeout=timeout)
-        else:
-            results = measure_on(client, target.name, task.kernel, target, batch,
-                                 reference=reference, seed=seed, timeout=timeout)
+        results = _measure(client, hooks, task, target, batch, reference, seed, timeout)
         known += _append(log, task, target, results)
         if model is not None and report.default_ms is not None:
             for result in results:

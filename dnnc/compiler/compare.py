@@ -127,6 +127,7 @@ def compare(model, target: str | None = None, opt_level: int | None = None, *, r
         results = dict(zip(compiled.output_names, compiled.run(*arrays)))
         bar.done()
     checked, rounded = 0, set()   # rounded: values downstream of a one-step difference
+    producer = _producers(graph.nodes)
     for node in graph.nodes:
         after_rounding = any(v is not None and id(v) in rounded for v in node.inputs)
         for v in node.outputs:
@@ -136,7 +137,7 @@ def compare(model, target: str | None = None, opt_level: int | None = None, *, r
                 rounded.add(id(v))
                 continue
             checked += 1
-            steps, step_size = _one_step(graph.nodes, v)
+            steps, step_size = _one_step(producer, v)
             ok, err = _close(results[v.name], reference[v.name], rtol, atol + step_size, steps)
             if not ok:
                 return Divergence(node.name, node.op, v.name, err, checked)
@@ -171,7 +172,7 @@ def compare_kernels(model, target: str | None = None, opt_level: int | None = No
     source_op = {n.name: n.op for n in graph.nodes}   # the model's op, before any rewrite
     shown = sys.stderr.isatty() if progress is None else progress
     optimized = optimize(graph, spec.target(None, None), level, passes=passes)
-    kernels = [k for k in optimized.groups or [[n] for n in optimized.nodes]]
+    kernels = optimized.groups or [[n] for n in optimized.nodes]
     with Progress(len(kernels) + 1, shown, unit="kernel") as bar:
         bar.step(f"running {len(graph.nodes)} nodes on the reference")
         run_graph(graph, arrays, observe=observe)
@@ -180,11 +181,12 @@ def compare_kernels(model, target: str | None = None, opt_level: int | None = No
             bar.step(f"kernel {checked}: {nodes[0].name} ({nodes[0].op})")
             sub = _kernel_graph(optimized, nodes, reference)
             if sub is not None:
+                producer = _producers(nodes)
                 outs = compile(sub, target=target, opt_level=opt_level, progress=False,
                                outputs="numpy", cache=False).run(
                                    *[reference[v.name] for v in sub.inputs])
                 for v, got in zip(sub.outputs, outs):
-                    steps, step_size = _one_step(nodes, v)
+                    steps, step_size = _one_step(producer, v)
                     ok, err = _close(np.asarray(got), reference[v.name], rtol,
                                      atol + step_size, steps)
                     if not ok:
@@ -196,10 +198,15 @@ def compare_kernels(model, target: str | None = None, opt_level: int | None = No
     return None
 
 
-def _one_step(nodes: list, v) -> tuple[int, float]:
+def _producers(nodes: list) -> dict:
+    """id(value) -> the node of `nodes` that makes it."""
+    return {id(o): n for n in nodes for o in n.outputs}
+
+
+def _one_step(producer: dict, v) -> tuple[int, float]:
     """(integer steps, float size of one step) `v` may be off by: one for the integer output of
-    a quantizing op, one scale for a DequantizeLinear of a value the kernel quantized."""
-    producer = {id(o): n for n in nodes for o in n.outputs}
+    a quantizing op, one scale for a DequantizeLinear of a value quantized among the nodes of
+    `producer` (`_producers`)."""
     node = producer.get(id(v))
     if node is None:
         return 0, 0.0

@@ -231,18 +231,17 @@ def roofline(kernel: dict, machine) -> float | None:
     its FLOPs and bytes take on the card (`ir.target.GPU.roofline_seconds`, tensor cores for
     the tensor-core templates at the target's precision) over its measured time; None on a
     CPU target or where neither count is known."""
-    gpu = getattr(machine, "gpu", None)
-    if gpu is None or not kernel.get("ms"):
+    if machine.gpu is None or not kernel.get("ms"):
         return None
     tensor_cores = str(kernel.get("template") or "").startswith("cuda_mma")
-    least = gpu.roofline_seconds(kernel.get("flops"), kernel.get("bytes"),
-                                 getattr(machine, "precision", "fp32"), tensor_cores)
+    least = machine.gpu.roofline_seconds(kernel.get("flops"), kernel.get("bytes"),
+                                         machine.precision, tensor_cores)
     return None if least is None else least / (kernel["ms"] / 1e3)
 
 
-def _format_profile(lane: str, kernels: list[dict], repeat: int, machine=None) -> str:
+def _format_profile(lane: str, kernels: list[dict], repeat: int, machine) -> str:
     total = sum(k["ms"] for k in kernels)
-    gpu = getattr(machine, "gpu", None)
+    gpu = machine.gpu
     lines = [f"profile, {lane}: {len(kernels)} kernels, each called alone, median of {repeat};"
              f" sum {total:.4f} ms" + (f"; roof: the share of {gpu.name}'s roofline reached"
                                        if gpu is not None else ""),
