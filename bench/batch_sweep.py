@@ -42,9 +42,10 @@ def cliffs(per_item: dict[int, float], slack: float) -> list[tuple[int, int]]:
 
 
 def sweep(name: str, source, target: str, batches: list[int], repeat: int,
-          slack: float) -> tuple[str, bool]:
+          slack: float, precision: str = "fp32") -> tuple[str, bool]:
     """One model's row and whether it has a cliff."""
-    model = dnnc.compile(source, target=target, outputs="numpy", progress=False)
+    options = {} if precision == "fp32" else {"precision": precision}
+    model = dnnc.compile(source, target=target, outputs="numpy", progress=False, **options)
     rng = np.random.default_rng(0)
     per_call, per_item, owns = {}, {}, []
     for batch in batches:
@@ -72,6 +73,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,32,128")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--slack", type=float, default=0.10)
+    p.add_argument("--precision", default="fp32",
+                   help="the compile's precision (cuda: fp32, tf32, fp16, bf16)")
     args = p.parse_args(argv)
     batches = sorted(int(b) for b in args.batches.split(","))
     sources = [(name, zoo.build(name, batch="N")) for name in args.models.split(",") if name]
@@ -82,14 +85,20 @@ def main(argv=None) -> int:
         f"{machine.cpu or platform.machine()}, {os.cpu_count()} cores"
     print(f"# batch sweep: dnnc {dnnc.__version__}, numpy {np.__version__}, target {target} "
           f"on {where}; batches {batches}, median of {args.repeat}, a cliff is > "
-          f"{args.slack:.0%} more per item at a larger batch", flush=True)
-    flagged = 0
+          f"{args.slack:.0%} more per item at a larger batch; precision {args.precision}",
+          flush=True)
+    flagged = failed = 0
     for name, source in sources:
-        row, cliff = sweep(name, source, target, batches, args.repeat, args.slack)
+        try:
+            row, cliff = sweep(name, source, target, batches, args.repeat, args.slack,
+                               args.precision)
+        except dnnc.errors.DNNCError as exc:   # one model's failure does not end the sweep
+            row, cliff = f"{name:<14} FAILED: {str(exc).splitlines()[0][:200]}", False
+            failed += 1
         flagged += cliff
         print(row, flush=True)
-    print(f"# {flagged} of {len(sources)} model(s) with a cliff")
-    return 1 if flagged else 0
+    print(f"# {flagged} of {len(sources)} model(s) with a cliff, {failed} failed")
+    return 1 if flagged or failed else 0
 
 
 if __name__ == "__main__":

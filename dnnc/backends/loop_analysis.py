@@ -236,9 +236,47 @@ def own_components(index: tuple, var: L.Var) -> tuple:
 def distinct_per_iteration(components: tuple, loop: L.For) -> bool:
     if loop.var in components:
         return True
-    if not isinstance(loop.extent, L.Const) or loop.extent.value > 1 << 16:
+    if not isinstance(loop.extent, L.Const):
+        return False
+    if mixed_radix(components, loop.var, loop.extent.value):
+        return True
+    if loop.extent.value > 1 << 16:
         return False   # not checked: taken as shared
     return injective(components, loop.var, loop.extent.value)
+
+
+def _digit(e: L.Expr, var: L.Var) -> tuple[int, int | None] | None:
+    """(d, m) when `e` is `var // d % m` (m None: no modulus; d 1: no division), nested
+    divisions multiplied out; None for any other form."""
+    modulus = None
+    if isinstance(e, L.BinOp) and e.op == "%" and isinstance(e.b, L.Const) and e.b.value > 0:
+        modulus, e = e.b.value, e.a
+    divisor = 1
+    while isinstance(e, L.BinOp) and e.op == "//" and isinstance(e.b, L.Const) and \
+            e.b.value > 0:
+        divisor, e = divisor * e.b.value, e.a
+    return (divisor, modulus) if e == var else None
+
+
+def mixed_radix(components: tuple, var: L.Var, extent: int) -> bool:
+    """Whether `components` are digits of `var` in a mixed radix that determine it on
+    [0, extent): each `var // d % m`, the smallest d 1, each next d dividing the d m
+    below it, and the largest without a modulus or with d m >= extent. (What fusing loops
+    (`fuse_until`) leaves of their indices: a proof of injectivity at any extent, where
+    `injective` would have to evaluate every value.)"""
+    digits = [_digit(e, var) for e in components]
+    if not digits or None in digits:
+        return False
+    digits.sort(key=lambda dm: (dm[0], -(dm[1] or 0)))
+    if digits[0][0] != 1:
+        return False
+    for (d, m), (d_next, _) in zip(digits, digits[1:]):
+        if m is None:
+            return True     # (d, None) alone determines var // d and, with below, var
+        if (d * m) % d_next != 0:
+            return False
+    d, m = digits[-1]
+    return m is None or d * m >= extent
 
 def update_op(body: L.Stmt, acc: L.Buffer) -> str | None:
     """`op` when every access to `acc` in `body` is an update `acc[0] = acc[0] (op) x` (x not
