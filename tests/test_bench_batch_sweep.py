@@ -27,6 +27,6 @@ def test_the_sweep_times_every_size_of_a_zoo_model(capsys):
     status = sweep.main(["--models", "mlp", "--batches", "1,4", "--repeat", "2",
                          "--slack", "1000"])
     out = capsys.readouterr().out.splitlines()
-    assert status == 0 and out[-1] == "# 0 of 1 model(s) with a cliff"
+    assert status == 0 and out[-1] == "# 0 of 1 model(s) with a cliff, 0 failed"
     assert out[1].startswith("mlp") and "b1:" in out[1] and "b4:" in out[1]
     assert "another size's code" not in out[1]   # each size warmed up to its own code

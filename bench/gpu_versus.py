@@ -1,0 +1,180 @@
+"""dnnc's cuda target against the fastest PyTorch mode, per precision and batch: issue 31's
+"done when" table, on the libraries' own architectures.
+
+    PYTHONPATH=$PWD python bench/gpu_versus.py [--models convnext_tiny,resnet18_tv,...]
+        [--batches 1,32] [--precisions fp32,tf32,fp16] [--modes eager,reduce-overhead]
+        [--repeat 30] [--warmup 5]
+
+Models are bench/library_models.py's (torchvision, timm and transformers modules with seeded
+random weights; needs those libraries: the GPU machine's host has them), each exported once
+as a float32 ONNX file with a symbolic batch. A transformer runs at batch 8 where the others
+run at 32 (`--batches`' largest, capped at 8 for token inputs). Per (model, precision,
+batch), in one process:
+- torch: the module in each of `--modes` (eager, default = torch.compile(), reduce-overhead =
+  torch.compile with CUDA graphs), median ms of a call ended by torch.cuda.synchronize. fp32:
+  TF32 off in matmuls and cuDNN; tf32: TF32 allowed in both; fp16 / bf16: the module and its
+  float inputs cast to that type (`module.half()`), as people deploy it;
+- dnnc: the float32 file compiled with `precision=` (fp32 default, tf32, fp16, bf16), given
+  the float32 torch tensor, timed the same way;
+- the ratio dnnc / the fastest torch mode; dnnc's error against torch's fp32 eager output on
+  the same input (max |d| / max |want|) and, for image classifiers, top-1 agreement.
+A summary prints the geometric mean of the ratio per (precision, batch) and the worst model.
+A failing model or mode prints one line and the others go on. Timing is wall time with a
+device synchronize, as bench/gpu_timing.py's. Never imported by dnnc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_timing import header, median_ms  # noqa: E402
+
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+TOKEN_BATCH = 8
+
+
+def torch_precision(precision: str) -> None:
+    import torch
+
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+
+
+def torch_times(module, x, modes: list[str], repeat: int, warmup: int) -> dict:
+    import torch
+
+    def timed(fn):
+        def call():
+            fn(x)
+            torch.cuda.synchronize()
+        return median_ms(call, repeat, warmup)
+
+    out = {}
+    with torch.no_grad():
+        for mode in modes:
+            try:
+                if mode == "eager":
+                    out[mode] = timed(module)
+                    continue
+                torch._dynamo.reset()
+                compiled = torch.compile(module, mode=None if mode == "default" else mode)
+                for _ in range(3):
+                    compiled(x)
+                out[mode] = timed(compiled)
+            except Exception as exc:   # one mode's failure must not hide the others
+                print(f"#   torch {mode} failed: {type(exc).__name__}: {str(exc)[:150]}",
+                      flush=True)
+                out[mode] = None
+    return out
+
+
+def one(name: str, path: Path, precision: str, batch: int, args) -> tuple[float, str] | None:
+    import numpy as np
+    import torch
+
+    import dnnc
+    from library_models import build
+
+    module, example = build(name)
+    tokens = not example.dtype.is_floating_point
+    gen = torch.Generator().manual_seed(batch)
+    x = torch.randint(0, 5000, (batch, *example.shape[1:]), generator=gen) if tokens else \
+        torch.randn((batch, *example.shape[1:]), generator=gen)
+    module, x = module.cuda(), x.cuda()
+    torch_precision("fp32")
+    with torch.no_grad():
+        want = module(x).float().cpu().numpy()
+    torch_precision(precision)
+    if precision in TORCH_DTYPES:
+        dtype = getattr(torch, TORCH_DTYPES[precision])
+        t_module, t_x = module.to(dtype), (x if tokens else x.to(dtype))
+    else:
+        t_module, t_x = module, x
+    times = torch_times(t_module, t_x, args.modes, args.repeat, args.warmup)
+    del t_module
+    options = {} if precision == "fp32" else {"precision": precision}
+    model = dnnc.compile(str(path), "cuda", input_shapes={"x": tuple(x.shape)},
+                         progress=False, **options)
+    got = model.run(x, to="numpy")[0]
+
+    def call():
+        model.run(x)
+        torch.cuda.current_stream().synchronize()
+
+    ours = median_ms(call, args.repeat, args.warmup)
+    best_mode = min((m for m in times if times[m]), key=lambda m: times[m], default=None)
+    ratio = ours / times[best_mode] if best_mode else math.nan
+    err = float(np.max(np.abs(got.astype(np.float64) - want))) / max(
+        float(np.max(np.abs(want))), 1e-30)
+    top1 = ""
+    if not tokens and want.ndim == 2:
+        top1 = f" top1 {np.mean(got.argmax(1) == want.argmax(1)):.2f}"
+    cells = " ".join(f"{m} {times[m]:.3f}" if times[m] else f"{m} -" for m in args.modes)
+    line = (f"{name:<18} {precision:<5} b{batch:<4} dnnc {ours:8.3f} ms | {cells} | "
+            f"dnnc/best {ratio:5.2f} | rel err {err:.1e}{top1}")
+    return ratio, line
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="convnext_tiny,resnet18_tv,efficientnet_b0,"
+                                       "vit_tiny_timm,bert_hf")
+    p.add_argument("--batches", default="1,32")
+    p.add_argument("--precisions", default="fp32,tf32,fp16")
+    p.add_argument("--modes", default="eager,reduce-overhead",
+                   help="torch modes: eager, default, reduce-overhead")
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--folder", default=None, help="where the exported files go (kept)")
+    args = p.parse_args(argv)
+    args.modes = args.modes.split(",")
+    import library_models
+
+    print(header())
+    print(f"# dnnc / fastest of torch {args.modes}; median of {args.repeat}; rel err against "
+          f"torch fp32 eager on the same input", flush=True)
+    ratios: dict[tuple[str, int], list[tuple[float, str]]] = {}
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.folder or tmp)
+        names = library_models.export_all(folder, "torchscript", args.models.split(","))
+        for path in names:
+            path = Path(path)
+            name = path.stem
+            for batch in sorted({int(b) for b in args.batches.split(",")}):
+                for precision in args.precisions.split(","):
+                    try:
+                        example = library_models.MODELS[name][1]()
+                        tokens = not example.dtype.is_floating_point
+                        b = min(batch, TOKEN_BATCH) if tokens else batch
+                        ratio, line = one(name, path, precision, b, args)
+                        ratios.setdefault((precision, batch), []).append((ratio, name))
+                        print(line, flush=True)
+                    except Exception as exc:
+                        failed += 1
+                        print(f"{name:<18} {precision:<5} b{batch:<4} FAILED: "
+                              f"{type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                        traceback.print_exc(file=sys.stderr)
+    for (precision, batch), rs in sorted(ratios.items()):
+        good = [r for r, _ in rs if r == r]
+        if not good:
+            continue
+        geo = math.exp(sum(math.log(r) for r in good) / len(good))
+        worst = max(rs, key=lambda rn: rn[0])
+        print(f"# {precision:<5} batch {batch:<4} geomean dnnc/best {geo:5.2f} over "
+              f"{len(good)}, worst {worst[1]} {worst[0]:.2f}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
