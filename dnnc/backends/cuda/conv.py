@@ -6,7 +6,8 @@ image's patches [K, N = images x output pixels], which are never materialised: t
 product of `dense.py` (`tiled_product`) gathers each patch element into shared memory as it
 copies a B slice, padding read as 0 (consecutive threads take consecutive output pixels:
 consecutive input columns at stride 1). The bias and the fused epilogue apply on the store.
-Grouped and depthwise convolutions keep the default template (one thread per output).
+Depthwise convolutions have their own template (depthwise.py); grouped ones keep the
+default template (one thread per output).
 """
 
 from __future__ import annotations
