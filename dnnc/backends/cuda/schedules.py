@@ -71,6 +71,7 @@ from .dense import DENSE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
 from .mma import MMA_CONV2D, MMA_DENSE
+from .mma_attention import MMA_ATTENTION
 from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, pow2,
                    reduction, row_parts, strided_loop)
 from .threads import (WARP, Config, Names, Scratch, independent_prefix, single_thread,
@@ -239,8 +240,8 @@ TEMPLATES = {
     # at fp32), products of few rows split along k (gemv), attention in one kernel
     # (attention.py), depthwise conv a block per tile of a channel's plane (depthwise.py);
     # the rest (grouped conv) one thread per output element
-    ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D, CONV2D, ATTENTION,
-                                    DEPTHWISE, DEFAULT),
+    ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D, CONV2D,
+                                    MMA_ATTENTION, ATTENTION, DEPTHWISE, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""

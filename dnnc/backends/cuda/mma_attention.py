@@ -1,0 +1,368 @@
+"""The cuda attention template on tensor cores: FusedAttention in one kernel at a reduced
+precision (tf32, fp16, bf16), FlashAttention-2's structure (Dao 2023) on `mma.sync`.
+
+A block takes 16 `warps` query rows of one (batch, head) (blockIdx.x: the batch, its dims
+folded; blockIdx.y: the row tile); warp w owns rows 16 w .. 16 w + 15, as one mma tile's
+rows. Q's rows go to shared memory once (0 past the last row and past d, which is padded to
+the mma's k step); then K and V stream through shared memory `tile_k` keys at a time:
+
+1. the block copies K's and V's tile into shared memory (0 past the last key, past d, past
+   dv padded to 8 columns);
+2. each warp computes its 16 x tile_k scores S = Q Kᵀ on the tensor cores (an mma per 8 keys
+   and k step of d; fragments read from shared memory and rounded to the precision as
+   `mma.py` does: `FRAGMENTS`, `L.PACKS`), fp32 accumulators;
+3. a lane holds two rows of each score tile (`mma._c`: rows g and g + 8): it scales, masks
+   (`drop`'s fill, the additive mask, -inf past the last key), takes the rows' tile max
+   across the 4 lanes sharing them (`shfl_xor` 1, 2), moves the running max m, rescales
+   its sum l and its output accumulators by exp(m_old - m_ref) (m_ref = m, or 0 while m is
+   -inf: the SIMT template's safe max, attention.py), and writes p = exp(s - m_ref) into the
+   warp's rows of a shared probability tile;
+4. the warp accumulates O += P V on the tensor cores (P's fragments from the probability
+   tile, V's from V's tile, both rounded to the precision), fp32 accumulators.
+
+At the end the 4 lanes of a row add their sums, and O / l goes through the fused epilogue
+and layout tail (`problems.Attention.store`). Memory is linear in the sequence: the scores
+never leave the block. fp32 compiles never see this template (`Template.precisions`); the
+SIMT template (attention.py) serves them and heads over MAX_HEAD.
+
+Not yet: ldmatrix and 16-bit shared tiles (as the dense product's), P kept in registers
+(FlashAttention-2 reuses the score accumulators as the A fragments at fp16), causal
+tiles skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from .. import problems
+from ..space import Constraint, Space, Template
+from .attention import MAX_GRID_Y, MAX_SHARED_BYTES, NEG_INF, _butterfly
+from .device import gpu_of
+from .mma import FRAGMENTS, PRECISIONS, WARP, _c
+
+MAX_HEAD = 128
+MAX_ACCUMULATORS = 96
+"""Score and output accumulators a lane at most (tile_k / 2 + dv / 2): beyond, spills."""
+
+
+@dataclass(frozen=True)
+class MmaAttentionConfig:
+    warps: int = 4       # warps a block, 16 query rows each
+    tile_k: int = 64     # keys (and values) a tile through shared memory
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.warps
+
+    @property
+    def threads(self) -> int:
+        return WARP * self.warps
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _shape(p: problems.Attention, precision: str) -> tuple[int, int]:
+    """(d padded to the mma's k step, dv padded to 8 columns)."""
+    return _round_up(p.d, L.MMA_SHAPES[precision][2]), _round_up(p.dv, 8)
+
+
+def shared_floats(p: problems.Attention, c: MmaAttentionConfig, precision: str) -> int:
+    """Q's rows, K's and V's tiles and the probabilities, each row padded by 4 words."""
+    d, dv = _shape(p, precision)
+    return c.rows * (d + 4) + c.tile_k * (d + 4) + c.tile_k * (dv + 4) + \
+        c.rows * (c.tile_k + 4)
+
+
+def space(p: problems.Attention, machine) -> Space:
+    precision = machine.precision
+    return Space("cuda_mma_attention", MmaAttentionConfig, {
+        "warps": (1, 2, 4, 8), "tile_k": (16, 32, 64, 128)},
+        [Constraint("Q's rows, K's and V's tiles and the probabilities within 48 KiB",
+                    lambda c: 4 * shared_floats(p, c, precision) <= MAX_SHARED_BYTES),
+         Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
+                    lambda c: c.tile_k // 2 + _shape(p, precision)[1] // 2 <=
+                    MAX_ACCUMULATORS),
+         Constraint("the row tiles fit grid y",
+                    lambda c: -(-p.sq // c.rows) <= MAX_GRID_Y)])
+
+
+DEFAULTS = ((4, 64), (4, 32), (2, 64), (2, 32), (1, 32), (1, 16))
+"""(warps, tile_k) a default tries, in order: the first in the space whose blocks fill the
+GPU (a block per SM), else the one giving the most blocks."""
+
+
+def default(p: problems.Attention, machine) -> MmaAttentionConfig:
+    s = space(p, machine)
+    valid = [c for c in (MmaAttentionConfig(*x) for x in DEFAULTS)
+             if all(k.holds(c) for k in s.constraints)]
+    sms = gpu_of(machine).sms
+    for c in valid:
+        if p.batch * -(-p.sq // c.rows) >= sms:
+            return c
+    return max(valid, key=lambda c: (p.batch * -(-p.sq // c.rows), c.tile_k))
+
+
+def applies(p: problems.Attention) -> bool:
+    return p.d <= MAX_HEAD and p.dv <= MAX_HEAD
+
+
+def build(p: problems.Attention, c: MmaAttentionConfig, machine) -> L.PrimFunc:
+    """The kernel of `p` at the machine's precision, its steps as the module's docstring
+    numbers them."""
+    f = _MmaFlash(p, c, machine.precision)
+    stream = L.For(f.kt, -(-p.sk // c.tile_k), L.seq(
+        f.load_k(), f.load_v(), L.Barrier(), f.scores(), f.update(), L.Barrier(), f.weigh(),
+        L.Barrier()))
+    body = L.seq(f.init(), f.load_q(), L.Barrier(), stream, f.done())
+    for buffer in (f.qs, f.ks, f.vs, f.ps, f.s, f.o, f.stat, f.a_frag, f.b_frag):
+        body = L.Allocate(buffer, body)
+    grid = L.For(f.bi, p.batch, L.For(f.qt, -(-p.sq // c.rows), body, L.ForKind.BLOCK_Y),
+                 L.ForKind.BLOCK_X)
+    views: dict[str, L.Buffer] = {}
+    for b in (f.q, f.k, f.v, p.mask, p.drop, p.y_view):
+        if b is not None:
+            views.setdefault(b.name, b)   # Q first, should Q also be K
+    return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), grid)
+
+
+class _MmaFlash:
+    """One block of the kernel: operands, shared tiles, a lane's registers and place, and a
+    statement per step of the module's docstring."""
+
+    def __init__(self, p: problems.Attention, c: MmaAttentionConfig, precision: str):
+        self.p, self.c, self.precision = p, c, precision
+        self.mm, self.mn, self.mk = L.MMA_SHAPES[precision]
+        self.d, self.dv = _shape(p, precision)
+        tk, rows = c.tile_k, c.rows
+        self.dp, self.vp, self.pp = self.d + 4, self.dv + 4, tk + 4   # padded row strides
+        f32 = T.float32
+        self.q = L.Buffer(p.q.name, f32, (p.batch, p.sq, p.d))
+        self.k = L.Buffer(p.k.name, f32, (p.batch, p.d, p.sk) if p.k_transposed else
+                          (p.batch, p.sk, p.d))
+        self.v = L.Buffer(p.v.name, f32, (p.batch, p.sk, p.dv))
+        self.qs = L.Buffer("q_rows", f32, (rows * self.dp,), L.Scope.SHARED)
+        self.ks = L.Buffer("k_tile", f32, (tk * self.dp,), L.Scope.SHARED)
+        self.vs = L.Buffer("v_tile", f32, (tk * self.vp,), L.Scope.SHARED)
+        self.ps = L.Buffer("p_tile", f32, (rows * self.pp,), L.Scope.SHARED)
+        self.n_s, self.n_o = tk // 8, self.dv // 8      # score and output mma tiles a warp
+        self.s = L.Buffer("scores", f32, (self.n_s * 4,), L.Scope.LOCAL)
+        self.o = L.Buffer("acc", f32, (self.n_o * 4,), L.Scope.LOCAL)
+        # per row half h (rows g and g + 8): the running max, the lane's share of the sum,
+        # the tile's max
+        self.stat = L.Buffer("row_stat", f32, (6,), L.Scope.LOCAL)
+        ra, rb = L.MMA_REGISTERS
+        self.a_frag = L.Buffer("a_frag", T.uint32, (ra,), L.Scope.LOCAL)
+        self.b_frag = L.Buffer("b_frag", T.uint32, (rb,), L.Scope.LOCAL)
+        self.bi, self.qt, self.kt = L.Var("bi"), L.Var("qt"), L.Var("kt")
+        self.t, self.w, self.g, self.lq = L.Var("t"), L.Var("wp"), L.Var("g"), L.Var("lq")
+        self.nj, self.ks_, self.r, self.h = L.Var("nj"), L.Var("kk"), L.Var("rr"), L.Var("h")
+        self.step, self.e = L.Var("ls"), L.Var("e")
+        self.q0, self.j0 = self.qt * rows, self.kt * tk
+        self.zero, self.neg_inf = L.const(0.0, f32), L.const(NEG_INF, f32)
+
+    # -- helpers
+
+    def per_thread(self, body: L.Stmt) -> L.Stmt:
+        """`body` on every thread: its warp w, its lane's g and q (PTX's groupID and
+        threadID_in_group), where used."""
+        used = L.free_vars(body)
+        for var, value in ((self.lq, self.t % 4), (self.g, self.t % WARP // 4),
+                           (self.w, self.t // WARP)):
+            if var in used:
+                body = L.Let(var, value, body)
+        return L.For(self.t, self.c.threads, body, L.ForKind.THREAD_X)
+
+    def copy(self, n: int, body) -> L.Stmt:
+        """body(e) for e < n, consecutive threads at consecutive e."""
+        threads, e = self.c.threads, self.e
+        steps = -(-n // threads)
+        inner = body(e)
+        if steps * threads > n:
+            inner = L.If(e < n, inner)
+        return L.For(self.t, threads, L.For(self.step, steps, L.Let(
+            e, self.step * threads + self.t, inner), L.ForKind.UNROLLED), L.ForKind.THREAD_X)
+
+    @staticmethod
+    def each(var: L.Var, n: int, body: L.Stmt) -> L.Stmt:
+        return L.For(var, n, body, L.ForKind.UNROLLED)
+
+    def guarded(self, cond: L.Expr, value: L.Expr) -> L.Expr:
+        return L.Select(cond, value, self.zero)
+
+    def register(self, element, r: int) -> L.Expr:
+        """Operand register r of an mma: its elements (fp32 from shared memory) rounded and
+        packed (`L.PACKS`), as mma.py's fragments."""
+        if self.precision == "tf32":
+            return L.call(L.PACKS["tf32"], element(r), dtype=T.uint32)
+        return L.call(L.PACKS[self.precision], element(2 * r), element(2 * r + 1),
+                      dtype=T.uint32)
+
+    def product(self, acc: L.Buffer, tile: L.Expr, a_at, b_at, steps: int) -> L.Stmt:
+        """acc's mma tile `tile` += A B over `steps` k steps: a_at(row, k) and b_at(k, col)
+        read the operands (the warp's 16 rows, the tile's 8 columns) from shared memory."""
+        ra, rb = L.MMA_REGISTERS
+        a_place, b_place = FRAGMENTS[self.precision]
+        kk, mk = self.ks_, self.mk
+
+        def a_element(e):
+            row, k = a_place(e, self.g, self.lq)
+            return a_at(row, kk * mk + k)
+
+        def b_element(e):
+            k, col = b_place(e, self.g, self.lq)
+            return b_at(kk * mk + k, col)
+
+        loads = [L.Store(self.a_frag, (r,), self.register(a_element, r)) for r in range(ra)]
+        loads += [L.Store(self.b_frag, (r,), self.register(b_element, r)) for r in range(rb)]
+        mma = L.Mma(self.precision, acc, tile * 4,
+                    tuple(self.a_frag[r] for r in range(ra)),
+                    tuple(self.b_frag[r] for r in range(rb)))
+        return self.each(kk, steps, L.seq(*loads, mma))
+
+    # -- the steps
+
+    def init(self) -> L.Stmt:
+        """The running maxima -inf, the sums and output accumulators 0."""
+        stat, h, r = self.stat, self.h, self.r
+        return self.per_thread(L.seq(
+            self.each(h, 2, L.seq(L.Store(stat, (3 * h,), self.neg_inf),
+                                  L.Store(stat, (3 * h + 1,), self.zero))),
+            self.each(r, self.n_o * 4, L.Store(self.o, (r,), self.zero))))
+
+    def load_q(self) -> L.Stmt:
+        """The block's rows of Q into shared memory (0 past the last row and past d)."""
+        p, d, q0 = self.p, self.d, self.q0
+        return self.copy(self.c.rows * d, lambda x: L.Store(
+            self.qs, (x // d * self.dp + x % d,), self.guarded(
+                L.logical_and(q0 + x // d < p.sq, x % d < p.d),
+                self.q[self.bi, L.minimum(q0 + x // d, p.sq - 1),
+                       L.minimum(x % d, p.d - 1)])))
+
+    def load_k(self) -> L.Stmt:
+        """Step 1: K's tile, key-major, into shared memory, along K's contiguous
+        dimension."""
+        p, d, tk, j0 = self.p, self.d, self.c.tile_k, self.j0
+
+        def key(jt, dt):
+            j = L.minimum(j0 + jt, p.sk - 1)
+            dd = L.minimum(dt, p.d - 1)
+            return self.guarded(L.logical_and(j0 + jt < p.sk, dt < p.d),
+                                self.k[self.bi, dd, j] if p.k_transposed else
+                                self.k[self.bi, j, dd])
+
+        if p.k_transposed:   # K's contiguous dim is the keys'
+            return self.copy(tk * d, lambda x: L.Store(self.ks, (x % tk * self.dp + x // tk,),
+                                                       key(x % tk, x // tk)))
+        return self.copy(tk * d, lambda x: L.Store(self.ks, (x // d * self.dp + x % d,),
+                                                   key(x // d, x % d)))
+
+    def load_v(self) -> L.Stmt:
+        """Step 1: V's tile into shared memory (0 past the last key and past dv)."""
+        p, dv, j0 = self.p, self.dv, self.j0
+        return self.copy(self.c.tile_k * dv, lambda x: L.Store(
+            self.vs, (x // dv * self.vp + x % dv,), self.guarded(
+                L.logical_and(j0 + x // dv < p.sk, x % dv < p.dv),
+                self.v[self.bi, L.minimum(j0 + x // dv, p.sk - 1),
+                       L.minimum(x % dv, p.dv - 1)])))
+
+    def scores(self) -> L.Stmt:
+        """Step 2: the warp's scores of the tile on the tensor cores."""
+        row0 = self.w * 16
+        zero = self.each(self.r, self.n_s * 4, L.Store(self.s, (self.r,), self.zero))
+        qk = self.each(self.nj, self.n_s, self.product(
+            self.s, self.nj,
+            lambda row, k: self.qs[(row0 + row) * self.dp + k],
+            lambda k, col: self.ks[(self.nj * 8 + col) * self.dp + k], self.d // self.mk))
+        return self.per_thread(L.seq(zero, qk))
+
+    def _place(self, r: int) -> tuple[L.Expr, L.Expr, L.Expr]:
+        """(the block's row, the tile's key, the row half) of accumulator r of tile nj."""
+        row, col = _c(r, self.g, self.lq)
+        return self.w * 16 + row, self.nj * 8 + col, r // 2
+
+    def update(self) -> L.Stmt:
+        """Step 3: mask, the rows' tile max across their 4 lanes, the running max, the
+        rescaled sums and accumulators, the probabilities into shared memory."""
+        p, s, stat, f32 = self.p, self.s, self.stat, T.float32
+        finish, top = [], []
+        for r in range(4):
+            row, key, h = self._place(r)
+            i = L.minimum(self.q0 + row, p.sq - 1)   # (rows past the last compute sq - 1's)
+            j = L.minimum(self.j0 + key, p.sk - 1)
+            slot = (self.nj * 4 + r,)
+            logit = s[slot] * L.const(p.scale, f32)
+            if p.drop is not None:
+                logit = L.Select(p.mask_at(self.bi, i, j, p.drop), L.const(p.fill, f32), logit)
+            if p.mask is not None:
+                logit = logit + p.mask_at(self.bi, i, j)
+            finish.append(L.Store(s, slot, L.Select(self.j0 + key < p.sk, logit,
+                                                    self.neg_inf)))
+            top.append(L.Store(stat, (3 * h + 2,), L.maximum(stat[(3 * h + 2,)], s[slot])))
+        start = self.each(self.h, 2, L.Store(stat, (3 * self.h + 2,), self.neg_inf))
+        masked = self.per_thread(L.seq(start, self.each(self.nj, self.n_s, L.seq(*finish,
+                                                                                 *top))))
+        # the 4 lanes of a quad share rows g and g + 8
+        exchange = [self.per_thread(self.each(self.h, 2, x))
+                    for x in _butterfly(stat, (3 * self.h + 2,), "max", 4)]
+        return L.seq(masked, *exchange, self.per_thread(self._rescale()))
+
+    def _rescale(self) -> L.Stmt:
+        """Step 3's second half, per row half: m_ref and the correction exp(m_old - m_ref)
+        (Lets around the body), the sum and accumulators rescaled, p = exp(s - m_ref) added
+        to the sum and stored, then the running max moved."""
+        stat, s = self.stat, self.s
+        m_refs, corrs = [L.Var(f"m_ref{k}", T.float32) for k in range(2)], \
+            [L.Var(f"corr{k}", T.float32) for k in range(2)]
+        probs = []
+        for r in range(4):
+            row, key, half = self._place(r)
+            slot = (self.nj * 4 + r,)
+            probs += [L.Store(s, slot, L.call("exp", s[slot] - m_refs[half])),
+                      L.Store(stat, (3 * half + 1,), stat[(3 * half + 1,)] + s[slot]),
+                      L.Store(self.ps, (row * self.pp + key,), s[slot])]
+        rescale = [L.Store(self.o, (self.nj * 4 + r,), self.o[(self.nj * 4 + r,)] *
+                           corrs[r // 2]) for r in range(4)]
+        body = L.seq(L.Store(stat, (1,), stat[(1,)] * corrs[0]),
+                     L.Store(stat, (4,), stat[(4,)] * corrs[1]),
+                     self.each(self.nj, self.n_s, L.seq(*probs)),
+                     self.each(self.nj, self.n_o, L.seq(*rescale)),
+                     L.Store(stat, (0,), L.maximum(stat[(0,)], stat[(2,)])),
+                     L.Store(stat, (3,), L.maximum(stat[(3,)], stat[(5,)])))
+        for half in (1, 0):
+            m_new = L.maximum(stat[(3 * half,)], stat[(3 * half + 2,)])
+            body = L.Let(m_refs[half], L.Select(L.eq(m_new, self.neg_inf), self.zero, m_new),
+                         L.Let(corrs[half], L.call("exp", stat[(3 * half,)] -
+                                                   m_refs[half]), body))
+        return body
+
+    def weigh(self) -> L.Stmt:
+        """Step 4: the warp's output accumulators += P V on the tensor cores."""
+        row0 = self.w * 16
+        return self.per_thread(self.each(self.nj, self.n_o, self.product(
+            self.o, self.nj,
+            lambda row, k: self.ps[(row0 + row) * self.pp + k],
+            lambda k, col: self.vs[k * self.vp + self.nj * 8 + col],
+            self.c.tile_k // self.mk)))
+
+    def done(self) -> L.Stmt:
+        """The 4 lanes' sums of each row added, then O / l stored through the epilogue and
+        layout tail, guarded past the last row and dv."""
+        p, stat = self.p, self.stat
+        sums = [self.per_thread(self.each(self.h, 2, x))
+                for x in _butterfly(stat, (3 * self.h + 1,), "+", 4)]
+        stores = []
+        for r in range(4):
+            row, col = _c(r, self.g, self.lq)
+            i, e = self.q0 + self.w * 16 + row, self.nj * 8 + col
+            value = self.o[(self.nj * 4 + r,)] / stat[(3 * (r // 2) + 1,)]
+            inside = L.logical_and(i < p.sq, e < p.dv) if self.dv > p.dv else i < p.sq
+            stores.append(L.If(inside, p.store(self.bi, i, e, value)))
+        return L.seq(*sums, self.per_thread(self.each(self.nj, self.n_o, L.seq(*stores))))
+
+
+MMA_ATTENTION = Template("cuda_mma_attention", problems.attention, applies, space, default,
+                         build, precisions=PRECISIONS)

@@ -1,0 +1,155 @@
+"""The tensor-core attention template (dnnc/backends/cuda/mma_attention.py), without a GPU
+and with one.
+
+- which template a FusedAttention kernel gets at each precision (this one at tf32, fp16 and
+  bf16; the SIMT one at fp32 and for heads over 128), its default in its space;
+- test_cuda_attention's ragged shapes (queries and keys not multiples of the tiles, heads of
+  12, 16 and 20 padded to the mma's k step, K given both ways, finite, -inf and broadcast
+  masks, a wholly masked row, drop masks) under the default and other configs, rendered as
+  CUDA C and run on host threads with the tensor cores emulated (test_host_semantics'
+  shim), against the float64 reference within `bound`;
+- on a GPU (`gpu`): the same shapes and bert_base's and vit's, compiled and run.
+
+Why the bound holds. Each score s_ij is a product of Q and K rounded to the precision (unit
+roundoff u) summed in fp32: |ds_ij| <= (2u + u^2 + 2 d 2^-24) scale sum_k |q_ik| |k_jk| =: D_ij
+(test_cuda_precision's product bound). Softmax moves by at most a factor exp(2 max_j D_ij)
+- 1 of p_ij under such a change (the numerator by e^ds, the denominator by a weighted mean
+of them). The probabilities and V are rounded (u each, their product exact in fp32) and the
+sums over keys, and of the row sum l, are fp32 (sk 2^-24 each, relative to sum |p v| and to
+l), exp and the division a few ulps. So |o - o_ref| <= ((e^(2 D_i) - 1) + 2u + u^2 +
+(3 sk + 16) 2^-24) sum_j p_ij |v_je| + a few ulps of |o_ref|.
+"""
+
+import ctypes
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from cuda_kernels import MACHINE
+from test_cuda_attention import CASES, DROPS, attention_graph, kernel_of, random_inputs
+from test_cuda_codegen import poisoned
+from dnnc.backends.cuda.attention import ATTENTION
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.cuda.mma_attention import MMA_ATTENTION, MmaAttentionConfig
+from dnnc.backends.cuda.schedules import template_for
+from dnnc.ir import loop as L
+
+REDUCED = ("tf32", "fp16", "bf16")
+UNIT = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+CONFIGS = [None, MmaAttentionConfig(1, 16), MmaAttentionConfig(2, 32), MmaAttentionConfig(4, 16),
+           MmaAttentionConfig(1, 64)]
+
+
+def machine(precision):
+    return replace(MACHINE, precision=precision)
+
+
+def bound(precision, g, xs) -> tuple[np.ndarray, np.ndarray]:
+    """(the float64 reference, the bound of the module's docstring), elementwise."""
+    node = g.nodes[-1]
+    scale, kt = node.attrs["scale"], node.attrs["k_transposed"]
+    names = [v.name if v is not None else None for v in node.inputs]
+    feed = dict(zip([v.name for v in g.inputs], xs))
+    q, k, v = (feed[n].astype(np.float64) for n in names[:3])
+    k = k if kt else np.swapaxes(k, -1, -2)          # [.., d, sk]
+    s = scale * (q @ k)
+    if len(names) > 4 and names[4] is not None:
+        s = np.where(feed[names[4]], -np.inf, s)
+    if names[3] is not None:
+        s = s + feed[names[3]]
+    with np.errstate(all="ignore"):
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p = p / p.sum(-1, keepdims=True)
+        want = p @ v
+        d, sk = q.shape[-1], v.shape[-2]
+        u = UNIT[precision]
+        ds = (2 * u + u * u + 2 * d * 2.0 ** -24) * scale * (np.abs(q) @ np.abs(k))
+        ds = np.where(np.isfinite(s), ds, 0).max(-1, keepdims=True)
+        weight = p @ np.abs(v)
+        limit = (np.expm1(2 * ds) + 2 * u + u * u + (3 * sk + 16) * 2.0 ** -24) * weight + \
+            8 * 2.0 ** -24 * np.abs(want)
+    return want, limit
+
+
+def run_on_host(funcs_arrays, tmp_path):
+    from test_host_semantics import host_library
+
+    pairs = [(f, True) for f, _ in funcs_arrays]
+    module = render_module(pairs)
+    lib = host_library(pairs, tmp_path, module)
+    for func, arrays in funcs_arrays:
+        info = module.kernels[func.name]
+        buffers = arrays + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
+        args = (ctypes.c_void_p * len(buffers))(*[a.ctypes.data for a in buffers])
+        for launch in info.launches:
+            host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+            lib.dnnc_launch(host, args, *[ctypes.c_uint(x) for x in launch.grid],
+                            ctypes.c_uint(launch.block[0]))
+
+
+def check(got, want, limit, name) -> float:
+    finite = np.isfinite(want)
+    assert (np.isnan(got) == np.isnan(want)).all(), f"{name}: NaN where the reference has none"
+    err = np.abs(got.astype(np.float64) - want)[finite]
+    lim = limit[finite]
+    assert (err <= lim).all(), f"{name}: worst {err.max():.3g}, bound there " \
+                               f"{lim.flat[(err - lim).argmax()]:.3g}"
+    return float((err / np.maximum(lim, 1e-300)).max())
+
+
+def test_template_by_precision():
+    kernel = kernel_of(attention_graph(1, 12, 128, 128, 64, 64))
+    assert template_for(kernel, machine=MACHINE)[0] is ATTENTION
+    for precision in REDUCED:
+        template, problem = template_for(kernel, machine=machine(precision))
+        assert template is MMA_ATTENTION
+        config = template.default(problem, machine(precision))
+        assert template.space(problem, machine(precision)).check(config) == config
+    big = kernel_of(attention_graph(1, 2, 16, 16, 160, 160))
+    assert template_for(big, machine=machine("fp16"))[0] is not MMA_ATTENTION
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_attention_on_host_threads_within_the_bound(precision, tmp_path):
+    rng = np.random.default_rng(31)
+    cases = [(f"a{n}", c, None) for n, c in enumerate(CASES)] + \
+        [(f"d{n}", CASES[n], shape) for n, shape in DROPS]
+    m = machine(precision)
+    runs, expected = [], {}
+    for c, (name, (b, h, sq, sk, d, dv, kt, mask, kind, _), drop) in enumerate(cases):
+        g = attention_graph(b, h, sq, sk, d, dv, kt, mask, drop=drop)
+        kernel = kernel_of(g, name)
+        template, problem = template_for(kernel, machine=m)
+        assert template is MMA_ATTENTION
+        config = CONFIGS[c % len(CONFIGS)]
+        space = template.space(problem, m)
+        config = template.default(problem, m) if config is None else space.check(config)
+        func = template.build(problem, config, m)
+        L.verify(func)
+        xs = random_inputs(g, rng, kind)
+        want, limit = bound(precision, g, xs)
+        runs.append((func, xs + [poisoned(np.dtype(np.float32), want.shape)]))
+        expected[func.name] = (want, limit)
+    run_on_host(runs, tmp_path)
+    worst = max(check(arrays[-1], *expected[func.name], f"{func.name} {precision}")
+                for func, arrays in runs)
+    # the operands were rounded: the bound is not vacuous, the emulation not fp32
+    assert worst > 0.01
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", REDUCED)
+@pytest.mark.parametrize("shape", [(2, 3, 40, 37, 16, 16, 1), (1, 12, 128, 128, 64, 64, 1),
+                                   (8, 12, 128, 128, 64, 64, 0), (1, 3, 197, 197, 64, 64, 0),
+                                   (1, 4, 1024, 1024, 64, 64, 1)])
+def test_attention_on_gpu_within_the_bound(precision, shape, rng):
+    import dnnc
+
+    b, h, sq, sk, d, dv, kt = shape
+    g = attention_graph(b, h, sq, sk, d, dv, kt, (b, 1, 1, sk), scale=d ** -0.5)
+    xs = random_inputs(g, rng, "finite")
+    model = dnnc.compile(g, target="cuda", precision=precision, outputs="numpy")
+    got = model.run(*xs)[0]
+    want, limit = bound(precision, g, xs)
+    check(got, want, limit, f"{shape} {precision}")
