@@ -83,6 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dnnc.backends.cuda import FUSION  # noqa: E402
 from dnnc.backends.cuda import device, mma  # noqa: E402
 from dnnc.backends.cuda.attention import AttentionConfig  # noqa: E402
+from dnnc.backends.cuda.mma_attention import MmaAttentionConfig  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
 from dnnc.backends.lower import lower_group  # noqa: E402
@@ -270,7 +271,8 @@ def blas_peer(cp, precision: str, x_dev, w_dev):
     return "cuBLAS bf16 (torch.matmul, bfloat16)", lambda: torch.matmul(xb, wb)
 
 ATTENTION_SHAPES = (("bert_base b1", 1, 12, 128, 64), ("bert_base b8", 8, 12, 128, 64),
-                    ("vit b1", 1, 3, 197, 64))
+                    ("vit b1", 1, 3, 197, 64), ("seq 1024", 1, 12, 1024, 64),
+                    ("seq 4096", 1, 12, 4096, 64))
 """(label, batch, heads, tokens, head size) of the attention table."""
 
 ATTENTION_VARIANTS = ((8, 32, 32, 1), (16, 64, 32, 1), (16, 64, 64, 1), (32, 128, 32, 1),
@@ -279,7 +281,13 @@ ATTENTION_VARIANTS = ((8, 32, 32, 1), (16, 64, 32, 1), (16, 64, 64, 1), (32, 128
                       (32, 128, 32, 4), (32, 64, 32, 4), (64, 128, 32, 4),
                       (8, 32, 32, 1, False), (32, 128, 32, 1, False), (64, 256, 32, 1, False),
                       (64, 128, 32, 2, False))
-"""(rows, threads, tile_k, thread_rows[, unroll]) configs timed beside the default."""
+"""(rows, threads, tile_k, thread_rows[, unroll]) configs timed beside the default (fp32)."""
+MMA_ATTENTION_VARIANTS = ((1, 16), (2, 32), (4, 32), (4, 64), (8, 32), (8, 64), (4, 128))
+"""(warps, tile_k) of the tensor-core template timed beside the default (tf32, fp16, bf16)."""
+ATTENTION_TOLERANCE = {"tf32": 5e-3, "fp16": 5e-3, "bf16": 4e-2}
+"""Largest error at a reduced precision, relative to the output's largest magnitude (fp32:
+RTOL and ATOL): the operands' rounding (test_cuda_mma_attention's bound, about 1e-3 at tf32
+and fp16 for these inputs) with room."""
 
 
 def attention_chain(batch: int, heads: int, seq: int, d: int) -> Graph:
@@ -329,7 +337,7 @@ def chain_kernels(cp, graph: Graph, machine: Target, fused: bool, config, arrays
         outputs = [x for node in group for x in node.outputs
                    if id(x) in readers or any(x is o for o in g.outputs)]
         kernel = lower_group(group, f"k{n}_{group[0].op}", outputs=outputs)
-        template, problem = template_for(kernel)
+        template, problem = template_for(kernel, machine=target)
         chosen = config if group[0].op == "FusedAttention" else None
         if chosen is not None:
             chosen = template.space(problem, target).check(chosen)
@@ -358,8 +366,10 @@ def chain_kernels(cp, graph: Graph, machine: Target, fused: bool, config, arrays
     return launch, devices[id(g.outputs[0])], len(launches), used
 
 
-def torch_sdpa_ms(arrays, repeat: int, trials: int) -> float | None:
-    """torch's scaled_dot_product_attention on the math backend, fp32, or None without a
+def torch_sdpa_ms(arrays, repeat: int, trials: int, precision: str = "fp32"
+                  ) -> float | None:
+    """torch's scaled_dot_product_attention on the math backend, fp32 (TF32 allowed at tf32),
+    or at fp16 / bf16 on its default backends (flash attention) in that dtype; None without a
     CUDA torch."""
     try:
         import torch
@@ -370,16 +380,24 @@ def torch_sdpa_ms(arrays, repeat: int, trials: int) -> float | None:
     if not torch.cuda.is_available():
         return None
     fp32_only()
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    if precision == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
     q, kt, v, mask = (torch.from_numpy(a).cuda() for a in arrays)
     k = kt.transpose(-1, -2).contiguous()
+    if half is not None:
+        q, k, v, mask = (x.to(half) for x in (q, k, v, mask))
 
     def call():
+        if half is not None:
+            return scaled_dot_product_attention(q, k, v, attn_mask=mask)
         with sdpa_kernel(SDPBackend.MATH):
             return scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     want = attention_reference(*arrays)
-    got = call().cpu().numpy()
-    if not np.allclose(got, want, rtol=RTOL, atol=ATOL):
+    got = call().float().cpu().numpy()
+    fp32_only()
+    if precision == "fp32" and not np.allclose(got, want, rtol=RTOL, atol=ATOL):
         print(f"torch sdpa differs from NumPy by {np.max(np.abs(got - want)):.3g}")
     call()
     torch.cuda.synchronize()
@@ -408,16 +426,23 @@ def attention_table(cp, machine: Target, args) -> int:
         arrays = attention_inputs(batch, heads, seq, d)
         want = attention_reference(*arrays)
         flops = 4 * batch * heads * seq * seq * d
-        peer = torch_sdpa_ms(arrays, args.repeat, args.trials)
+        precision = machine.precision
+        peer = torch_sdpa_ms(arrays, args.repeat, args.trials, precision)
         if peer is not None:
-            print(f"{'attention':12s} {shape:24s} {'torch sdpa (math backend, fp32)':44s} "
+            what = "torch sdpa (math backend, fp32)" if precision == "fp32" else \
+                f"torch sdpa ({precision}{' math' if precision == 'tf32' else ''})"
+            print(f"{'attention':12s} {shape:24s} {what:44s} "
                   f"{peer * 1e3:9.1f} {flops / peer / 1e6:8.0f}")
 
         def row(text, launch, out, base_ms):
             nonlocal wrong
             ms = event_ms(cp, launch, args.repeat, args.trials)
             got = cp.asnumpy(out)
-            ok = np.allclose(got, want, rtol=RTOL, atol=ATOL)
+            if precision in ATTENTION_TOLERANCE:
+                ok = bool(np.max(np.abs(got - want)) <=
+                          ATTENTION_TOLERANCE[precision] * np.max(np.abs(want)))
+            else:
+                ok = np.allclose(got, want, rtol=RTOL, atol=ATOL)
             wrong += not ok
             vs = f"{base_ms / ms:10.2f}" if base_ms else f"{1:10.2f}"
             ratio = "" if peer is None else f"{peer / ms:10.2f}"
@@ -430,6 +455,8 @@ def attention_table(cp, machine: Target, args) -> int:
         unfused_ms = row(f"dnnc unfused ({n} launches)", launch, out, None)
         measured = set()
         variants = [None] + ([] if args.no_variants else
+                             [MmaAttentionConfig(*x) for x in MMA_ATTENTION_VARIANTS]
+                             if machine.precision != "fp32" else
                              [AttentionConfig(*x) for x in ATTENTION_VARIANTS])
         for config in variants:
             try:
@@ -441,9 +468,11 @@ def attention_table(cp, machine: Target, args) -> int:
             if used in measured:
                 continue
             measured.add(used)
-            text = ("default: " if config is None else "") + \
-                f"fused {used.rows} rows {used.threads} thr tile_k {used.tile_k} " \
+            text = ("default: " if config is None else "") + (
+                f"fused {used.rows} rows {used.threads} thr tile_k {used.tile_k} "
                 f"x{used.thread_rows}{'' if used.unroll else ' rolled'}"
+                if isinstance(used, AttentionConfig) else
+                f"mma {used.warps} warps tile_k {used.tile_k}")
             row(text, launch, out, unfused_ms)
         cp.get_default_memory_pool().free_all_blocks()
     return wrong
