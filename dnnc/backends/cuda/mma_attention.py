@@ -106,8 +106,16 @@ def default(p: problems.Attention, machine) -> MmaAttentionConfig:
     return max(valid, key=lambda c: (p.batch * -(-p.sq // c.rows), c.tile_k))
 
 
+MIN_BLOCKS = 64
+"""Blocks of 4 warps (64 query rows) an attention must have for this template: with fewer,
+the SIMT template (attention.py) was faster (H200, bench/gpu_kernels.py --only attention
+--precision fp16: bert_base b1 [1, 12, 128, 64] 28.3 us here against 14.4 unfused, vit b1
+[1, 3, 197, 64] 46.7 against 15.4), with more this one (bert_base b8: 18.1 us against 29.4
+unfused; 12 heads of 1024 tokens 102 against 145, of 4096 1218 against 1708)."""
+
+
 def applies(p: problems.Attention) -> bool:
-    return p.d <= MAX_HEAD and p.dv <= MAX_HEAD
+    return p.d <= MAX_HEAD and p.dv <= MAX_HEAD and p.batch * -(-p.sq // 64) >= MIN_BLOCKS
 
 
 def build(p: problems.Attention, c: MmaAttentionConfig, machine) -> L.PrimFunc:
