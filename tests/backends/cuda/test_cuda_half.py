@@ -266,3 +266,67 @@ def test_llvm_computes_a_half_model_with_its_default_template():
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3,
                                atol=1e-3)
+
+
+# -- whole models stored half (store_half), kernel by kernel on the host shim -----------------
+
+@needs_gxx
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("model", ["mlp", "cnn",
+                                   pytest.param("bert_tiny", marks=pytest.mark.emulated_full)])
+def test_zoo_kernels_stored_half_on_host(model, precision, tmp_path):
+    """Every kernel of a zoo model compiled at fp16 / bf16 for a target storing it half (the
+    products on emulated tensor cores), against the NumPy reference of the same half graph:
+    within one unit of the storage type's last place of the value (both round once from
+    float32) plus one of the kernel's largest output (the float32 sums' order)."""
+    import test_host_semantics as host
+    from dnnc import zoo
+    from cuda_kernels import zoo_model
+    from dataclasses import replace
+
+    target = replace(machine(precision), half_storage=True)
+    graph, progs = programs(import_onnx(zoo_model(model)), machine=target)
+    values = reference(graph, zoo.inputs_for(zoo_model(model), np.random.default_rng(0)))
+    unit = STORAGE[precision][2]
+    failures, halves = [], 0
+    for p, program in enumerate(progs):
+        module = render_module(program.unique)
+        lib = host.host_library(program.unique, tmp_path / f"p{p}", module)
+        for kernel in program.kernels:
+            if kernel.anchor.op in ("MatMul", "Gemm", "FusedAttention"):   # the real templates
+                assert kernel.schedule[0] in ("cuda_mma_dense", "cuda_gemv",
+                                              "cuda_attention"), kernel.schedule
+            info = module.kernels[kernel.func.name]
+            ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+                   for v in kernel.inputs]
+            outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+            scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
+            _launch(host, lib, info, ins + outs + scratch)
+            for v, got in zip(kernel.outputs, outs):
+                want = np.asarray(values[v.name])
+                halves += v.type.dtype is not T.float32
+                g, w = got.astype(np.float64), want.astype(np.float64)
+                if want.dtype.kind in "biu" or not g.size:
+                    np.testing.assert_array_equal(got, want)
+                    continue
+                bound = 2 * unit * (np.abs(w) + np.abs(w).max()) + 2.0 ** -24
+                if np.isnan(g).any() or (np.abs(g - w) > bound).any():
+                    failures.append(f"{kernel.func.name} {v.name}: max error "
+                                    f"{np.abs(g - w).max():.3g}, bound {bound.min():.3g}")
+    assert halves and not failures, "\n".join(failures)
+
+
+def test_cuda_compiles_store_half_at_fp16_and_bf16_only():
+    from dnnc import zoo
+    from dnnc.backends.registry import REGISTRY
+
+    assert REGISTRY["cuda"].target(precision="fp16").half_storage
+    assert not REGISTRY["llvm"].target().half_storage
+    model = zoo.build("mlp", hidden=(64,), in_features=32, classes=16, batch=32)
+    for precision, weights in (("fp32", "float32"), ("tf32", "float32"), ("fp16", "float16"),
+                               ("bf16", "bfloat16")):
+        compiled = dnnc.compile(model, "cuda", precision=precision, render_only=True)
+        loop = compiled.source("loop")
+        assert f"v_fc_0_weight: {weights}[" in loop, precision
+        graph = compiled.runtime.graph   # the signature stays float32 at every precision
+        assert [v.type.dtype for v in graph.inputs + graph.outputs] == [T.float32, T.float32]
