@@ -330,3 +330,26 @@ def test_cuda_compiles_store_half_at_fp16_and_bf16_only():
         assert f"v_fc_0_weight: {weights}[" in loop, precision
         graph = compiled.runtime.graph   # the signature stays float32 at every precision
         assert [v.type.dtype for v in graph.inputs + graph.outputs] == [T.float32, T.float32]
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet18", "mobilenet_v2"])
+def test_a_float16_onnx_file_takes_the_real_templates(name):
+    """A zoo model as onnxconverter_common.float16 writes it (every tensor float16): its
+    products on the tiled, gemv and conv templates, none on the default one but depthwise
+    convolutions (when the converter is installed: it is not a dependency)."""
+    float16 = pytest.importorskip("onnxconverter_common.float16")
+    from cuda_kernels import SMALL
+    from dnnc import zoo
+
+    import warnings
+    with warnings.catch_warnings():   # (it warns of every weight it flushes to 0)
+        warnings.simplefilter("ignore")
+        model = float16.convert_float_to_float16(zoo.build(name, **SMALL[name]))
+    graph, progs = programs(import_onnx(model))
+    assert graph.inputs[0].type.dtype is T.float16
+    products = [(k.anchor.op, k.schedule[0]) for p in progs for k in p.kernels
+                if k.anchor.op in ("Conv", "Gemm", "MatMul")]
+    assert products and all(template != "cuda_default" or op == "Conv"
+                            for op, template in products), products
+    depthwise = sum(1 for n in graph.nodes if n.op == "Conv" and n.attrs.get("group", 1) > 1)
+    assert sum(1 for _, template in products if template == "cuda_default") == depthwise
