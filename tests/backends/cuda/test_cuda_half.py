@@ -353,3 +353,55 @@ def test_a_float16_onnx_file_takes_the_real_templates(name):
                             for op, template in products), products
     depthwise = sum(1 for n in graph.nodes if n.op == "Conv" and n.attrs.get("group", 1) > 1)
     assert sum(1 for _, template in products if template == "cuda_default") == depthwise
+
+
+def _stored_program(model, precision: str):
+    """(graph, its one Program) of a float32 model for a cuda target storing it half."""
+    from dataclasses import replace
+    from dnnc.backends.cuda.schedules import schedule_kernel
+    from dnnc.backends.plan import build_program, segment_groups
+    from dnnc.ir.segments import Segment, plan_steps
+    from dnnc.passes.manager import optimize
+
+    target = replace(machine(precision), half_storage=True)
+    graph = optimize(import_onnx(model), target, 3)
+    (step,) = [s for s in plan_steps(graph) if isinstance(s, Segment)]
+    program = build_program(step, tuple(v.type.shape for v in step.inputs), (),
+                            segment_groups(step, graph.groups),
+                            lambda k: schedule_kernel(k, target), True)
+    return graph, program
+
+
+@needs_gxx
+@pytest.mark.parametrize("product,precision", [("dense_64x256x64", "fp16"),
+                                               ("gemm_relu_33x70x50", "fp16"),
+                                               ("conv3x3_pad", "bf16"),
+                                               ("batched_3x20x48x40", "bf16")])
+def test_stored_products_on_host_within_the_gpu_test_bound(product, precision, tmp_path):
+    """A float32 product compiled at fp16 / bf16 with half storage (the input cast, the
+    weights converted, the output stored half and cast back), the whole program on the host
+    shim against the float32 reference: within test_cuda_precision's bound plus the storage's
+    roundings of the output and the bias, u (|want| + 1) (measured: at most 0.3 of
+    test_cuda_precision's bound alone, which its GPU test keeps)."""
+    from test_cuda_precision import PRODUCTS, UNIT, _launch_on_host, bound
+    import test_host_semantics as host
+
+    make, k = PRODUCTS[product]
+    model_of = make(np.random.default_rng(12))
+    model, x = model_of(False)
+    graph, program = _stored_program(model, precision)
+    assert any(v.type.dtype is not T.float32 for kern in program.kernels
+               for v in kern.outputs)   # (stored half between the kernels)
+    module = render_module(program.unique)
+    lib = host.host_library(program.unique, tmp_path, module)
+    got = _launch_on_host(lib, module, program, {graph.inputs[0].name: x})[
+        graph.outputs[0].name]
+    fp32 = import_onnx(model)
+    want = reference(fp32, {fp32.inputs[0].name: x})[fp32.outputs[0].name]
+    abs_model, abs_x = model_of(True)
+    abs_graph = import_onnx(abs_model)
+    scale = reference(abs_graph, {abs_graph.inputs[0].name: abs_x})[abs_graph.outputs[0].name]
+    limit = bound(precision, k, scale, want) + UNIT[precision] * (np.abs(want) + 1.0)
+    error = np.abs(got.astype(np.float64) - want)
+    assert got.dtype == np.float32 and (error <= limit).all(), error.max()
+    assert (error / limit).max() > 0.01
