@@ -13,9 +13,10 @@ rewrite, one pass over the nodes in order:
   other normalisations keep their statistics and accumulators in float32: `ir/ops/reduce.py`
   `wide_dtype`, `linalg.acc_dtype`, `norm.py`'s stash type), and a Cast to float32 becomes a
   Cast to the half type;
+- a node's parameters (`FLOAT32_INPUTS`: a Resize's scales) stay float32;
 - a node runs in float32 instead, between Casts, when its op is in `FLOAT32_OPS` (values
   that leave the half type's range or resolution: a square, an exponential), when its op's
-  type rules refuse the half type (a Resize's scales), and when it reduces a float32 value
+  type rules refuse the half type or give another shape, and when it reduces a float32 value
   (a ReduceMean of a Pow: a variance summed from float32 squares; or of the graph's input);
 - the graph's float32 inputs are cast to the half type where it starts, and its outputs cast
   back to float32, so the caller gives and gets float32: the model's signature is unchanged.
@@ -46,6 +47,11 @@ FLOAT32_OPS = frozenset({"Pow", "Exp"})
 """Ops computed on float32 values even in a half-stored model: their results leave the half
 type's range (x**2 past 65504 for |x| > 256 in float16: a decomposed LayerNorm's variance;
 exp(x) for x > 11) or carry statistics (a variance's squares, a softmax's exponentials)."""
+
+
+FLOAT32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
+"""Op -> the float inputs that are parameters, not data, read as float32 in a half node: a
+Resize's roi and scales (a scale of 4/3 in float16 is 1.333984: another output size)."""
 
 
 def store_half(graph: Graph, target: Target) -> Graph:
@@ -102,7 +108,14 @@ class _HalfStorage:
     def in_half(self, node: Node) -> bool:
         """`node` rebuilt on the half values of its float32 inputs, when its op's type rules
         take them; False (nothing added) when they refuse."""
-        inputs = [None if v is None else self.as_half(v, commit=False) for v in node.inputs]
+        keep = FLOAT32_INPUTS.get(node.op, ())
+
+        def read(k: int, v: Value | None, commit: bool = True) -> Value | None:
+            if v is None:
+                return None
+            return self.as_f32(v) if k in keep else self.as_half(v, commit)
+
+        inputs = [read(k, v, commit=False) for k, v in enumerate(node.inputs)]
         attrs = dict(node.attrs)
         if node.op == "Cast" and attrs.get("to") is T.float32:
             attrs["to"] = self.half
@@ -112,9 +125,10 @@ class _HalfStorage:
         except DNNCError:
             return False
         for old, t in zip(node.outputs, types):
-            if t.dtype is not old.dtype and not (old.dtype is T.float32 and t.dtype is self.half):
-                return False   # (a type the model did not have: keep its own)
-        inputs = [None if v is None else self.as_half(v) for v in node.inputs]
+            if t.shape != old.type.shape or t.dtype is not old.dtype and not (
+                    old.dtype is T.float32 and t.dtype is self.half):
+                return False   # (a type or shape the model did not have: keep its own)
+        inputs = [read(k, v) for k, v in enumerate(node.inputs)]
         self.rebuild(node, inputs, attrs, types, known)
         for old in node.outputs:
             if old.dtype is T.float32 and self.now[id(old)].dtype is T.float32:

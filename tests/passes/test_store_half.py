@@ -187,3 +187,26 @@ def test_zoo_models_stored_half_are_within_the_bound(name, precision):
         assert got.dtype == want.dtype == np.float32
         error = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
         assert error <= model_error_bound(precision), error
+
+
+def test_a_resize_reads_its_scales_in_float32():
+    """A Resize's scales are parameters (FLOAT32_INPUTS): in float16 a scale of 4/3 is
+    1.333984, and the output would be 9 x 7, not 9 x 8. Its data is stored half."""
+    scales = np.array([1, 1, 1.5, 4 / 3], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "", "s"], ["r"], mode="linear"),
+         helper.make_node("Relu", ["r"], ["y"])], "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 9, 8])],
+        [numpy_helper.from_array(scales, "s")])
+    g = import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = np.random.default_rng(5).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    (want,) = run_graph(g, [x])
+    out = store_half(g, cuda_like("fp16"))
+    out.verify()
+    resize = next(n for n in out.nodes if n.op == "Resize")
+    assert resize.inputs[0].dtype is F16 and resize.inputs[2].dtype is F32
+    assert resize.outputs[0].type == T.TensorType(F16, (1, 2, 9, 8))
+    (got,) = run_graph(out, [x])
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=2 * 2.0 ** -11 * np.abs(want).max())
