@@ -83,13 +83,17 @@ class _HalfStorage:
             if not self.fp32_needed(node) and self.in_half(node):
                 continue
             self.in_float32(node)
+        final: dict[int, Value] = {}   # (a value returned twice is cast once)
         for k, v in enumerate(g.outputs):
-            current = self.now.get(id(v), v)
-            if current is not v and current.dtype is not v.dtype:
-                self.cast(current, v.dtype, out=v)
-            elif current is not v:   # (computed in float32: the output itself, renamed)
-                current.name = v.name
-                g.outputs[k] = current
+            if id(v) not in final:
+                current = self.now.get(id(v), v)
+                if current is not v and current.dtype is not v.dtype:
+                    self.cast(current, v.dtype, out=v)   # (half: cast back into the output)
+                elif current is not v:   # (computed in float32: the output itself, renamed)
+                    current.name = v.name
+                    v = current
+                final[id(g.outputs[k])] = v
+            g.outputs[k] = final[id(g.outputs[k])]
         g.nodes = self.nodes
         g.groups = None
 
@@ -164,16 +168,15 @@ class _HalfStorage:
     def as_half(self, v: Value, commit: bool = True) -> Value:
         """`v` as the node reading it sees it in a half node: its half twin when it is float32
         (a converted constant, a Cast made where it is first needed; with `commit` False a
-        stand-in of that type, for inference only)."""
+        stand-in of that type for an activation, for inference only: no Cast yet)."""
         v = self.current(v)
         if v.dtype is not T.float32:
             return v
         known = self.to_half.get(id(v))
         if known is not None:
             return known
-        if not commit:
-            return Value(v.name, T.TensorType(self.half, v.type.shape),
-                         v.const.astype(self.half.np) if v.is_const else None)
+        if not commit and not v.is_const:
+            return Value(v.name, T.TensorType(self.half, v.type.shape))
         if v.is_const:
             twin = Value(v.name, T.TensorType(self.half, v.type.shape),
                          np.asarray(v.const).astype(self.half.np))

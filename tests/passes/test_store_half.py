@@ -210,3 +210,14 @@ def test_a_resize_reads_its_scales_in_float32():
     (got,) = run_graph(out, [x])
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=0, atol=2 * 2.0 ** -11 * np.abs(want).max())
+
+
+def test_an_output_returned_twice_is_cast_once():
+    g = Graph("twice")
+    x = g.add_input("x", T.TensorType(F32, (3,)))
+    y = g.add("Relu", x, name="y")
+    g.outputs = [y, y]
+    out = store_half(g, cuda_like("bf16"))
+    out.verify()
+    assert out.outputs[0] is out.outputs[1] is y and y.dtype is F32
+    assert [n.op for n in out.nodes] == ["Cast", "Relu", "Cast"]
