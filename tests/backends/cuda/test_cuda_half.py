@@ -405,3 +405,34 @@ def test_stored_products_on_host_within_the_gpu_test_bound(product, precision, t
     error = np.abs(got.astype(np.float64) - want)
     assert got.dtype == np.float32 and (error <= limit).all(), error.max()
     assert (error / limit).max() > 0.01
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_an_artifact_keeps_the_half_weights(precision, simulated, tmp_path, monkeypatch):
+    """A model stored half saves and loads: its 16-bit constants (bfloat16 too) come back
+    bit for bit, its signature float32, its precision recorded (simulated device)."""
+    from dnnc import zoo
+    from dnnc.backends.cuda import device, executable
+    from dnnc.backends.registry import REGISTRY
+    from dnnc.compiler.module import CompiledModel
+    from dnnc.passes.manager import optimize
+    from simulated_device import FAKE, relu_model
+
+    simulated(relu_model([3, 5]))   # (the simulated device in place)
+    monkeypatch.setattr(device, "gpu_arch", lambda: FAKE.arch)
+    target = REGISTRY["cuda"].target(precision=precision)
+    model = zoo.build("mlp", hidden=(16,), in_features=8, classes=4, batch=16)
+    rt = executable.CUDARuntime(optimize(import_onnx(model), target, 3),
+                                target=target).start()
+    CompiledModel(rt.graph, rt, "cuda").save(tmp_path / "m.dnnc")
+    loaded = dnnc.load(tmp_path / "m.dnnc")
+    half = {"fp16": T.float16, "bf16": T.bfloat16}[precision]
+    saved = {v.name: v.const for v in rt.graph.constants()}
+    back = {v.name: v for v in loaded.runtime.graph.constants()}
+    assert saved and set(back) == set(saved)
+    for name, array in saved.items():
+        assert back[name].dtype is half
+        np.testing.assert_array_equal(back[name].const.view(np.uint16), array.view(np.uint16))
+    graph = loaded.runtime.graph
+    assert [v.type.dtype for v in graph.inputs + graph.outputs] == [T.float32, T.float32]
+    assert loaded.stats["precision"] == precision
