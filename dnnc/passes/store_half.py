@@ -136,8 +136,9 @@ class _HalfStorage:
         self.rebuild(node, inputs, attrs, types, known)
         for old in node.outputs:
             if old.dtype is T.float32 and self.now[id(old)].dtype is T.float32:
-                # an op that makes float32 whatever it reads (ConstantOfShape): stored half
-                self.now[id(old)] = self.cast(self.now[id(old)], self.half)
+                # an op that makes float32 whatever it reads (ConstantOfShape): stored half,
+                # its float32 form kept for float32 readers
+                self.now[id(old)] = self.as_half(self.now[id(old)])
         return True
 
     def in_float32(self, node: Node) -> None:

@@ -221,3 +221,23 @@ def test_an_output_returned_twice_is_cast_once():
     out.verify()
     assert out.outputs[0] is out.outputs[1] is y and y.dtype is F32
     assert [n.op for n in out.nodes] == ["Cast", "Relu", "Cast"]
+
+
+def test_a_value_made_float32_is_stored_half_and_read_back_in_float32():
+    """ConstantOfShape makes float32 whatever it reads: its value is stored half for half
+    readers (Add) and read in float32 by a float32 one (Exp, in FLOAT32_OPS), never a half
+    value handed to a float32 node."""
+    g = Graph("fill")
+    x = g.add_input("x", T.TensorType(F32, (2, 3)))
+    shape = g.add("Shape", x, name="shape")
+    ones = g.add("ConstantOfShape", shape, name="ones",
+                 value=np.array([1.5], np.float32))
+    g.outputs = [g.add("Add", x, ones, name="sum"), g.add("Exp", ones, name="exp")]
+    out = store_half(g, cuda_like("fp16"))
+    out.verify()
+    by_name = {n.name: n for n in out.nodes}
+    assert by_name["sum"].inputs[1].dtype is F16 and by_name["exp"].inputs[0].dtype is F32
+    assert by_name["exp"].inputs[0] is by_name["ones"].outputs[0]
+    x_value = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for got, want in zip(run_graph(out, [x_value]), run_graph(g, [x_value])):
+        np.testing.assert_allclose(got, want, rtol=2 * 2.0 ** -11)
