@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 import dnnc
 from dnnc.backends.cuda.codegen import MMA_PRELUDE, render_module
 from dnnc.frontend.onnx import import_onnx
+from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from cuda_kernels import programs, reference, renamed
 from test_cuda_codegen import poisoned, run_on_cpu
@@ -242,8 +243,7 @@ def test_half_kernels_emulated(storage):
     funcs, arrays = [], {}
     for name, _, program, values, _ in built:
         (kernel,) = program.kernels
-        func = kernel.func.__class__(f"{name}_{kernel.func.name}", kernel.func.params,
-                                     kernel.func.body)
+        func = L.PrimFunc(f"{name}_{kernel.func.name}", kernel.func.params, kernel.func.body)
         funcs.append(func)
         arrays[func.name] = [np.ascontiguousarray(v.const if v.const is not None else
                                                   values[v.name]) for v in kernel.inputs] + \
