@@ -26,11 +26,15 @@ import numpy as np
 
 from ..backends.lower import Kernel
 from ..backends.registry import REGISTRY
+from ..ir import types as T
 from ..ir.target import Target
 
 # relative and absolute tolerance of a candidate's outputs against the default config's: the
 # configs of one template reorder float sums (lanes, blocks, k slices), never more
 RTOL, ATOL = 1e-3, 1e-4
+# float16 and bfloat16 outputs round those sums once more, to their own last place: two
+# configs may differ by one unit there (2**-10 and 2**-7 of the value), so by two units
+HALF_RTOL = {np.dtype(np.float16): 2.0 ** -9, np.dtype(T.bfloat16.np): 2.0 ** -6}
 
 
 @dataclass
@@ -39,6 +43,20 @@ class Result:
     ms: float | None = None
     error: str | None = None
     outputs: list | None = None   # the default config's, kept as the reference
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Where a candidate's output agrees with the default config's (RTOL, ATOL; HALF_RTOL
+    for 16-bit floats, compared as float64)."""
+    rtol = HALF_RTOL.get(np.dtype(want.dtype), RTOL)
+    if np.dtype(want.dtype) in HALF_RTOL:
+        got, want = got.astype(np.float64), want.astype(np.float64)
+    return np.isclose(got, want, rtol=rtol, atol=ATOL, equal_nan=False)
+
+
+def agree(got: np.ndarray, want: np.ndarray) -> bool:
+    """Whether a candidate's output agrees with the default config's everywhere."""
+    return bool(_close(got, want).all())
 
 
 def random_arrays(kernel: Kernel, seed: int) -> list[np.ndarray]:
@@ -51,7 +69,7 @@ def random_arrays(kernel: Kernel, seed: int) -> list[np.ndarray]:
             arrays.append(np.ascontiguousarray(v.const))
             continue
         shape, dtype = v.type.shape, v.type.dtype.np
-        if np.issubdtype(dtype, np.floating):
+        if v.type.dtype.is_float:   # (bfloat16 too, which NumPy does not call floating)
             a = rng.standard_normal(shape)
         elif dtype == np.bool_:
             a = rng.integers(0, 2, shape)
@@ -60,7 +78,7 @@ def random_arrays(kernel: Kernel, seed: int) -> list[np.ndarray]:
         arrays.append(np.ascontiguousarray(a.astype(dtype)))
     for v in kernel.outputs:
         out = np.empty(v.type.shape, v.type.dtype.np)
-        if np.issubdtype(out.dtype, np.floating):
+        if v.type.dtype.is_float:
             out.fill(np.nan)
         arrays.append(out)
     return arrays
@@ -131,8 +149,8 @@ def _worker(conn, hooks, kernel, target, config, reference, seed, repeat, min_ba
         outputs = arrays[len(kernel.inputs):]
         if reference is not None:
             for k, (got, want) in enumerate(zip(outputs, reference)):
-                if not np.allclose(got, want, rtol=RTOL, atol=ATOL, equal_nan=False):
-                    bad = ~np.isclose(got, want, rtol=RTOL, atol=ATOL)
+                if not agree(got, want):
+                    bad = ~_close(got, want)
                     conn.send({"error": f"wrong result: output {k} differs from the default "
                                         f"config's at {int(bad.sum())} of {bad.size} elements"})
                     return

@@ -26,6 +26,24 @@ Epilogue = Callable[[L.Expr, tuple], L.Expr]
 """fn(value, index): the value stored for the anchor's output element `value` at the anchor's
 `index` (the group's fused elementwise consumers)."""
 
+STORAGE = (T.float32, T.float16, T.bfloat16)
+"""The types a product's operands, bias and output may be stored in."""
+
+
+def widened(value: L.Expr) -> L.Expr:
+    """`value` (a float32, float16 or bfloat16 element) as float32, exactly."""
+    return value if value.dtype is T.float32 else L.Cast(T.float32, value)
+
+
+def rounded(value: L.Expr, dtype: T.DType) -> L.Expr:
+    """`value` as `dtype` (one rounding where they differ)."""
+    return value if value.dtype is dtype else L.Cast(dtype, value)
+
+
+def all_float32(*buffers: L.Buffer | None) -> bool:
+    """Whether every buffer given (None: absent) holds float32."""
+    return all(b is None or b.dtype is T.float32 for b in buffers)
+
 
 # -- dense ---------------------------------------------------------------------------------------
 
@@ -60,6 +78,13 @@ class Dense:
     packed_panel: int            # columns per panel of a packed B; 0 when B is plain
     epilogue: Epilogue
     store_index: Callable | None   # anchor index -> output index; None without a layout tail
+    anchor_dtype: T.DType = T.float32   # the anchor's own output type (the value's rounding)
+
+    @property
+    def float32(self) -> bool:
+        """Whether the operands, the bias and the anchor's own output are float32 (Y holds
+        whatever the epilogue makes)."""
+        return all_float32(self.a, self.b, self.c) and self.anchor_dtype is T.float32
 
     def anchor_index(self, bi, i, j) -> tuple:
         """Row i of batch bi and column j (batch dims folded into rows) as the anchor's own
@@ -87,7 +112,7 @@ class Dense:
 
     def scaled(self, value: L.Expr, i, j) -> L.Expr:
         """Gemm's alpha * value + beta * C[i, j] (C broadcast over the rows or columns it
-        lacks)."""
+        lacks), in float32."""
         if self.alpha != 1.0:
             value = value * self.alpha
         bias = self.c
@@ -97,13 +122,15 @@ class Dense:
             full = [i, j][2 - rank:] if rank else []
             for d, e in zip(bias.shape, full):
                 idx.append(L.const(0) if d == L.const(1) else e)
-            term = bias[tuple(idx)] if idx else bias[()]
+            term = widened(bias[tuple(idx)] if idx else bias[()])
             value = value + (term * self.beta if self.beta != 1.0 else term)
         return value
 
     def finish(self, value: L.Expr, bi, i, j) -> L.Expr:
-        """The stored value of the product's element (bi, i, j): scaled, then the epilogue."""
-        return self.epilogue(self.scaled(value, i, j), self.anchor_index(bi, i, j))
+        """The value of the product's element (bi, i, j) (its float32 sum `value`) as stored
+        in Y: scaled, rounded once to the anchor's type, through the epilogue, in Y's type."""
+        value = rounded(self.scaled(value, i, j), self.anchor_dtype)
+        return rounded(self.epilogue(value, self.anchor_index(bi, i, j)), self.y.dtype)
 
 
 DENSE_OPS = ("MatMul", "Gemm", "MatMulPacked")
@@ -135,19 +162,20 @@ class PointwiseDense(Dense):
 
 
 def dense(kernel: Kernel) -> Dense | None:
-    """A float32 MatMul / Gemm / MatMulPacked anchoring `kernel` (first in its group, static
-    shapes) as a `Dense`; None otherwise."""
+    """A MatMul / Gemm / MatMulPacked of `STORAGE` types anchoring `kernel` (first in its
+    group, static shapes) as a `Dense`; None otherwise."""
     node = kernel.anchor
     if node is not kernel.nodes[0] or node.op not in DENSE_OPS:
         return None
     where = store_index(kernel)
-    if where is None or node.outputs[0].type.dtype is not T.float32:
+    anchor_dtype = node.outputs[0].type.dtype
+    if where is None or anchor_dtype not in STORAGE:
         return None   # the anchor's own type, not the group's (a fused Cast)
     params = kernel.func.params
     a, b, c = _operands(kernel, node, 3)
     y = params[-1]
-    if a.dtype is not T.float32 or b.dtype is not T.float32:
-        return None
+    if any(x is not None and x.dtype not in STORAGE for x in (a, b, c)):
+        return None   # (Y: whatever the epilogue makes, int8 after a fused QuantizeLinear)
     a_dims, b_dims, y_dims = (L.static_shape(t.shape) for t in (a, b, y))
     # the anchor's own output: the group's output differs by a layout tail
     anchor_dims = L.static_shape(node.outputs[0].type.shape)
@@ -183,7 +211,8 @@ def dense(kernel: Kernel) -> Dense | None:
         batch=batch, m=m, n=n, k=k, trans_a=trans_a, trans_b=trans_b,
         alpha=attrs.get("alpha", 1.0), beta=attrs.get("beta", 1.0),
         b_batched=not packed and len(b_dims) > 2, packed_panel=b_dims[2] if packed else 0,
-        epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None)
+        epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None,
+        anchor_dtype=anchor_dtype)
 
 
 def _operands(kernel: Kernel, node, count: int) -> list:
@@ -226,6 +255,13 @@ class Attention:
     y_dims: tuple
     epilogue: Epilogue
     store_index: Callable | None
+    anchor_dtype: T.DType = T.float32   # the anchor's own output type (the value's rounding)
+
+    @property
+    def float32(self) -> bool:
+        """Whether Q, K, V, the mask and the anchor's own output are float32."""
+        return all_float32(self.q, self.k, self.v, self.mask) and \
+            self.anchor_dtype is T.float32
 
     @property
     def batch(self) -> int:
@@ -258,17 +294,17 @@ class Attention:
         return L.Buffer(self.y.name, self.y.dtype, dims)
 
     def store(self, bi: L.Expr, i: L.Expr, e: L.Expr, value: L.Expr) -> L.Stmt:
-        """The statement storing output element (bi, i, e): the epilogue, then the layout
-        tail's index."""
+        """The statement storing output element (bi, i, e) (its float32 `value`): rounded
+        once to the anchor's type, the epilogue, then the layout tail's index."""
         index = self.anchor_index(bi, i, e)
-        value = self.epilogue(value, index)
+        value = rounded(self.epilogue(rounded(value, self.anchor_dtype), index), self.y.dtype)
         where = (bi, i, e) if self.store_index is None else tuple(self.store_index(index))
         return L.Store(self.y_view, where, value)
 
 
 def attention(kernel: Kernel) -> Attention | None:
-    """A float32 FusedAttention anchoring `kernel` (first in its group, static shapes) as an
-    `Attention`; None otherwise."""
+    """A FusedAttention of `STORAGE` types anchoring `kernel` (first in its group, static
+    shapes) as an `Attention`; None otherwise."""
     node = kernel.anchor
     if node is not kernel.nodes[0] or node.op != "FusedAttention":
         return None
@@ -277,8 +313,8 @@ def attention(kernel: Kernel) -> Attention | None:
     y = kernel.func.params[-1]
     buffers = [b for b in (q, k, v, mask, y) if b is not None]
     dims = [L.static_shape(b.shape) for b in buffers + ([drop] if drop is not None else [])]
-    if where is None or None in dims or any(b.dtype is not T.float32 for b in buffers) or \
-            node.outputs[0].type.dtype is not T.float32:
+    if where is None or None in dims or any(b.dtype not in STORAGE for b in buffers) or \
+            node.outputs[0].type.dtype not in STORAGE:
         return None
     qd, kd, vd = dims[:3]
     transposed = bool(node.attrs["k_transposed"])
@@ -300,7 +336,8 @@ def attention(kernel: Kernel) -> Attention | None:
         drop=view(drop), fill=float(node.attrs["fill"]), y=y,
         batch_dims=batch_dims, sq=sq, sk=sk, d=d, dv=dv, k_transposed=transposed,
         scale=float(node.attrs["scale"]), y_dims=tuple(L.static_shape(y.shape)),
-        epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None)
+        epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None,
+        anchor_dtype=node.outputs[0].type.dtype)
 
 
 # -- 2-D windows: conv and pool ----------------------------------------------------------------
@@ -328,7 +365,7 @@ def plane_geometry(attrs: dict, image_hw, kernel_hw, out_hw):
 
 @dataclass(frozen=True)
 class Conv2d:
-    """A float32 NCHW 2-D convolution, static shapes: y = epilogue(conv(x, w) + bias), the
+    """An NCHW 2-D convolution of `STORAGE` types, static shapes: y = epilogue(conv(x, w) + bias), the
     weights [M, C / group, kh, kw], or packed [group * ceil(M / group / NR), C / group, kh,
     kw, NR] (ConvPacked, `packed_nr` = NR), each group's channels in blocks of their own,
     zero past the group's last."""
@@ -352,6 +389,22 @@ class Conv2d:
     # every tensor the epilogue reads is indexed the same at (n, c, 0, h * W + w) as at
     # (n, c, h, w) (see `_flat_epilogue_reads`)
     flat_epilogue_reads: bool
+    anchor_dtype: T.DType = T.float32   # the anchor's own output type (the value's rounding)
+
+    @property
+    def float32(self) -> bool:
+        """Whether the image, the weights, the bias and the anchor's own output are float32
+        (Y holds whatever the epilogue makes)."""
+        return all_float32(self.x, self.w, self.bias) and self.anchor_dtype is T.float32
+
+    def finish(self, value: L.Expr, index: tuple) -> L.Expr:
+        """The value of output element `index` (the conv's float32 sum `value`) as stored in
+        Y: plus the bias, rounded once to the anchor's type, through the epilogue, in Y's
+        type."""
+        if self.bias is not None:
+            value = value + widened(self.bias[index[1]])
+        value = rounded(value, self.anchor_dtype)
+        return rounded(self.epilogue(value, index), self.y.dtype)
 
     @property
     def pointwise(self) -> bool:
@@ -379,7 +432,8 @@ class Conv2d:
             anchor_dims=self.y_dims, batch=n, m=h * wid, n=oc, k=c, trans_a=True,
             trans_b=False, alpha=1.0, beta=1.0, b_batched=False, packed_panel=nr,
             epilogue=self.epilogue, store_index=lambda index: index,
-            image_dims=self.x_dims, width=wid, strides=tuple(self.strides))
+            anchor_dtype=self.anchor_dtype, image_dims=self.x_dims, width=wid,
+            strides=tuple(self.strides))
 
     @property
     def grouped(self) -> bool:
@@ -395,16 +449,16 @@ class Conv2d:
 
 
 def conv2d(kernel: Kernel) -> Conv2d | None:
-    """A float32 NCHW 2-D Conv / ConvPacked anchoring `kernel` (first in its group, static
-    shapes) as a `Conv2d`; None otherwise."""
+    """An NCHW 2-D Conv / ConvPacked of `STORAGE` types anchoring `kernel` (first in its
+    group, static shapes) as a `Conv2d`; None otherwise."""
     node = kernel.anchor
     if node is not kernel.nodes[0] or node.op not in ("Conv", "ConvPacked"):
         return None
     x, w, bias = _operands(kernel, node, 3)
     y = kernel.func.params[-1]
     xd, wd, yd = L.static_shape(x.shape), L.static_shape(w.shape), L.static_shape(y.shape)
-    if node.outputs[0].type.dtype is not T.float32 or x.dtype is not T.float32 or \
-            w.dtype is not T.float32 or xd is None or wd is None or yd is None or len(xd) != 4:
+    if node.outputs[0].type.dtype not in STORAGE or xd is None or wd is None or yd is None or \
+            len(xd) != 4 or any(b is not None and b.dtype not in STORAGE for b in (x, w, bias)):
         return None
     packed_nr = 0
     if node.op == "ConvPacked":
@@ -419,7 +473,7 @@ def conv2d(kernel: Kernel) -> Conv2d | None:
     return Conv2d(kernel.func.name, kernel.func.params, x, w, bias, y, tuple(xd), tuple(wd),
                   tuple(yd), node.attrs.get("group", 1), tuple(strides), tuple(dilations),
                   tuple(begins), tuple(padded_hw), packed_nr, epilogue(kernel),
-                  _flat_epilogue_reads(kernel, yd))
+                  _flat_epilogue_reads(kernel, yd), node.outputs[0].type.dtype)
 
 
 def _flat_epilogue_reads(kernel: Kernel, out_shape) -> bool:

@@ -76,6 +76,9 @@ class TargetSpec:
     # (a DLPack object on a device its calls take) -> the same array, unmoved, with
     # `__cuda_array_interface__` (cuda: CuPy's from_dlpack); None: it takes no device arrays
     from_dlpack: Callable | None = None
+    # at precision fp16 / bf16 its compiles store float32 models in that type
+    # (`Target.half_storage`): its templates read 16-bit operands
+    half_storage: bool = False
 
     @property
     def generates_code(self) -> bool:
@@ -84,10 +87,10 @@ class TargetSpec:
     def target(self, cpu: Target | None = None, precision: str | None = None) -> Target:
         """The Target a compile for this target reads, passes and runtime alike: the machine
         `cpu` describes (the `cpu` option), else this host's, with this target's layouts and
-        fusion limits, its templates' panel widths on that machine, and `precision` (the
-        `precision` option; None: fp32)."""
+        fusion limits, its templates' panel widths on that machine, `precision` (the
+        `precision` option; None: fp32) and whether it stores models in that precision."""
         machine = cpu or (self.machine() if self.machine else Target(self.name))
         return replace(machine, name=self.name, layouts=self.layouts,
                        fusion=self.fusion() if self.fusion else Fusion(),
                        panels=self.panels(machine.vector_bits) if self.panels else (),
-                       precision=precision or "fp32")
+                       precision=precision or "fp32", half_storage=self.half_storage)

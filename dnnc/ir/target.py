@@ -14,6 +14,8 @@ module never probes anything.
 "fp32" (the default: fp32 FMAs, exact as the reference's order allows), or "tf32", "fp16",
 "bf16": operands rounded to that type and multiplied on tensor cores, accumulated in fp32
 (`backends/cuda/mma.py`). Only the cuda target takes another value (`compile(precision=)`).
+A target with `half_storage` also stores a float32 model in the half type of precision fp16
+or bf16 (weights and activations; `passes/store_half.py`), so that memory traffic halves too.
 """
 
 from __future__ import annotations
@@ -24,6 +26,21 @@ from ..errors import ArgumentError, CompileError
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 """The values of `Target.precision` (and of `dnnc.compile(precision=)`), the default first."""
+
+UNIT_ROUNDOFF = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+"""A reduced precision -> its unit roundoff u (a value rounded to it to nearest is off by at
+most u of itself: tf32 and fp16 keep 10 fraction bits, bf16 7)."""
+
+MODEL_ERROR_UNITS = 16
+"""The accuracy contract of a whole model at a reduced precision (docs/cuda_backend.md,
+"Precision"): each output within MODEL_ERROR_UNITS u of its largest magnitude of the fp32
+reference's (`model_error_bound`)."""
+
+
+def model_error_bound(precision: str) -> float:
+    """The largest max|got - want| / max|want| of a model's output at a reduced `precision`
+    (tf32, fp16, bf16) against its fp32 reference."""
+    return MODEL_ERROR_UNITS * UNIT_ROUNDOFF[precision]
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,9 @@ class Target:
     # the products' arithmetic (PRECISIONS): "fp32", or tensor cores on operands rounded to
     # tf32 / fp16 / bf16 with fp32 accumulation
     precision: str = "fp32"
+    # at precision fp16 / bf16, store a float32 model's weights and activations in that type
+    # (passes/store_half.py): the target's templates read 16-bit operands
+    half_storage: bool = False
     gpu: GPU | None = None          # a GPU target's figures (SMs, throughput); None for a CPU
 
     def __post_init__(self):

@@ -1,3 +1,3 @@
 """Graph passes, one module each (`fold_constants`/`specialize`, `simplify`, `eliminate`,
-`fuse_attention`, `convert_layout`, `fuse_ops`), and `manager.py`: the pipeline per opt level,
+`fuse_attention`, `store_half`, `convert_layout`, `fuse_ops`), and `manager.py`: the pipeline per opt level,
 which verifies, times and dumps the graph after every pass (docs/passes.md)."""

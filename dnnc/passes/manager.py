@@ -6,8 +6,11 @@ and optionally dumped.
     1  fold_constants (on a copy bound to the inputs' declared shapes), simplify,
        eliminate (common subexpressions, then dead code)
     2  + fuse_attention (attention chains as one FusedAttention node, for targets whose
-       fusion asks for it: cuda), + convert_layout (the target's weight layouts, converted
-       once at compile time), + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
+       fusion asks for it: cuda), + store_half (at precision fp16 / bf16 on a target with
+       `half_storage`, cuda: the model's weights and activations stored in that type, Casts
+       at its inputs and outputs; after fuse_attention, which would not match across its
+       Casts), + convert_layout (the target's weight layouts, converted once at compile
+       time), + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
     3  the same as 2 today (the default: the fastest correct level)
 
 Memory planning is not a graph pass: arena offsets need the final kernels and concrete sizes,
@@ -40,6 +43,7 @@ from .fuse_attention import fuse_attention
 from .fuse_ops import fuse_ops
 from .simplify import simplify
 from .specialize import specialize
+from .store_half import store_half
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +71,8 @@ def _layout(graph: Graph, target: Target) -> Graph:
 
 PIPELINE = [("fold_constants", 1, _fold), ("simplify", 1, _simplify),
             ("eliminate", 1, _eliminate), ("fuse_attention", 2, fuse_attention),
-            ("convert_layout", 2, _layout), ("fuse_ops", 2, fuse_ops)]
+            ("store_half", 2, store_half), ("convert_layout", 2, _layout),
+            ("fuse_ops", 2, fuse_ops)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""
 
 

@@ -45,7 +45,11 @@ import numpy as np
 from ..errors import DNNCError
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.registry import infer_node, known_constant
-from ..ir.types import TensorType, float32, int64
+from ..ir.types import TensorType, bfloat16, float16, float32, int64
+
+FOLDABLE = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(bfloat16.np))
+"""The weight types an affine map folds into (computed in float64, rounded once to the
+weights' own type: a half model's BatchNormalization folds too)."""
 
 # -- matching helpers -----------------------------------------------------------------------
 
@@ -164,7 +168,7 @@ def _fold_affine_into_conv(graph: Graph, users, conv: Node, node: Node, scale, s
     w = known_constant(conv.inputs[1])
     b = known_constant(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None \
         else np.zeros(w.shape[0] if w is not None else 0, np.float32)
-    if w is None or b is None or w.dtype != np.float32:
+    if w is None or b is None or w.dtype not in FOLDABLE:
         return False
     dtype = conv.inputs[1].type.dtype
     new_b = b.astype(np.float64) * (1.0 if scale is None else scale) + shift
@@ -207,7 +211,7 @@ def fold_batch_norm_into_dense(graph: Graph, node: Node, users) -> bool:
             any(v.type.rank != 2 for v in dense.inputs[:2]):
         return False
     w = known_constant(dense.inputs[1])
-    if w is None or w.dtype != np.float32:
+    if w is None or w.dtype not in FOLDABLE:
         return False
     attrs = dict(dense.attrs) if dense.op == "Gemm" else {}
     c = dense.inputs[2] if len(dense.inputs) > 2 else None

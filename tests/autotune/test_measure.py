@@ -76,3 +76,31 @@ def test_a_worker_from_a_fork_server_measures_as_a_forked_one(llvm_tasks):
     bad = measure(llvm_tuning, task.kernel, machine, [default], reference=wrong,
                   start_method="forkserver")[0]
     assert bad.error and bad.error.startswith("wrong result")
+
+
+def test_half_kernels_get_random_floats_and_a_tolerance_of_their_own():
+    """A bfloat16 kernel's inputs are random floats (NumPy does not call bfloat16
+    floating: they were small integers) and its outputs NaN until written; two configs'
+    16-bit outputs agree within two units of the type's last place (their float32 sums,
+    reordered, may round to neighbours), not within fp32's 1e-3."""
+    import ml_dtypes
+
+    from dnnc.autotune.measure import agree, random_arrays
+    from dnnc.backends.lower import lower_group
+    from dnnc.ir import types as T
+    from dnnc.ir.graph import Graph
+
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.bfloat16, (64,)))
+    g.outputs = [g.add("Relu", x)]
+    x_in, y_out = random_arrays(lower_group(list(g.nodes), "k"), seed=3)
+    assert x_in.dtype == ml_dtypes.bfloat16 and (x_in.astype(np.float32) % 1 != 0).any()
+    assert np.isnan(y_out.astype(np.float32)).all()
+    want = np.linspace(1, 2, 64).astype(ml_dtypes.bfloat16)
+    one_unit = (want.astype(np.float32) * (1 + 2.0 ** -7)).astype(ml_dtypes.bfloat16)
+    assert agree(one_unit, want) and not agree((want.astype(np.float32) * 1.05).astype(
+        ml_dtypes.bfloat16), want)
+    half = np.linspace(1, 2, 64).astype(np.float16)
+    assert agree(np.nextafter(half, np.float16(3)), half)
+    assert agree(np.float32([1.0005]), np.float32([1.0])) and \
+        not agree(np.float32([1.002]), np.float32([1.0]))   # (float32: as before)

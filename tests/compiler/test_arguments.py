@@ -38,8 +38,8 @@ def compiled(mlp):
     ({"input_shapes": {"input": (2.5, 4)}}, r"input_shapes\['input'\] must be a tuple"),
     ({"input_shapes": [(2, 4)]}, "input_shapes must be a dict"),
     ({"target": "tpu"}, "target must be one of numpy, llvm, cuda, not 'tpu'"),
-    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 6"),
-    ({"passes": 7, "target": "llvm"}, "passes must be from 0 to 6, not 7"),   # 6 at level 3
+    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 7"),
+    ({"passes": 8, "target": "llvm"}, "passes must be from 0 to 7, not 8"),   # 7 at level 3
     ({"passes": 4, "opt_level": 1, "target": "llvm"}, "passes must be from 0 to 3, not 4"),
     ({"passes": 2}, "passes does not apply to the numpy target"),
     ({"dump_ir": "ir"}, "dump_ir does not apply to the numpy target"),

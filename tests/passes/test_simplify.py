@@ -11,18 +11,22 @@ from dnnc.passes.simplify import simplify
 
 
 def _const(name, array):
-    array = np.asarray(array, np.float32)
-    return Value(name, T.TensorType(T.float32, array.shape), const=array)
+    """A float32 constant (or float16 / bfloat16 when `array` is one already)."""
+    array = np.asarray(array)
+    if array.dtype not in (np.float16, T.bfloat16.np):
+        array = array.astype(np.float32)
+    return Value(name, T.TensorType(T.DType.from_numpy(array.dtype), array.shape), const=array)
 
 
-def _conv_bn(rng, const_stats=True, extra_use=False, bias=True):
+def _conv_bn(rng, const_stats=True, extra_use=False, bias=True, dtype=T.float32):
     g = Graph("g")
-    x = g.add_input("x", T.TensorType(T.float32, (1, 3, 6, 6)))
-    w = _const("w", rng.standard_normal((4, 3, 3, 3)))
-    args = [x, w] + ([_const("b", rng.standard_normal(4))] if bias else [])
+    x = g.add_input("x", T.TensorType(dtype, (1, 3, 6, 6)))
+    w = _const("w", rng.standard_normal((4, 3, 3, 3)).astype(dtype.np))
+    args = [x, w] + ([_const("b", rng.standard_normal(4).astype(dtype.np))] if bias else [])
     y = g.add("Conv", *args, pads=[1, 1, 1, 1], name="conv")
-    stats = [_const(n, rng.standard_normal(4)) for n in ("scale", "bias", "mean")]
-    var = _const("var", rng.random(4) + 0.5)
+    stats = [_const(n, rng.standard_normal(4).astype(dtype.np)) for n in ("scale", "bias",
+                                                                            "mean")]
+    var = _const("var", (rng.random(4) + 0.5).astype(dtype.np))
     if not const_stats:
         stats[0] = g.add_input("scale", T.TensorType(T.float32, (4,)))
     z = g.add("BatchNormalization", y, *stats, var, epsilon=1e-3, name="bn")
@@ -43,6 +47,24 @@ def test_batch_norm_folds_into_the_conv_before_it(rng):
         g.verify()
         assert [n.op for n in g.nodes] == ["Conv"]
         np.testing.assert_allclose(_run(g, [x])[0], before[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [T.float16, T.bfloat16])
+def test_batch_norm_folds_into_a_half_conv(rng, dtype):
+    """A half model's BN (onnxconverter_common.float16's resnet) folds too: the weights
+    scaled in float64 and rounded once to their type; the result within two units of the
+    type's last place of the unfolded graph's (each rounds differently once or twice)."""
+    g = _conv_bn(rng, dtype=dtype)
+    x = rng.standard_normal((1, 3, 6, 6)).astype(dtype.np)
+    (before,) = _run(g, [x])
+    assert simplify(g) == 1
+    g.verify()
+    assert [n.op for n in g.nodes] == ["Conv"] and g.nodes[0].inputs[1].dtype is dtype
+    (after,) = _run(g, [x])
+    unit = 2.0 ** -11 if dtype is T.float16 else 2.0 ** -8
+    scale = np.abs(before.astype(np.float64)).max()
+    np.testing.assert_allclose(after.astype(np.float64), before.astype(np.float64), rtol=0,
+                               atol=16 * unit * scale)
 
 
 def test_batch_norm_stays_when_it_cannot_fold(rng):

@@ -26,7 +26,8 @@ rows of Q go to shared memory once; then the keys and values stream through shar
 
 At the end the group sums its lanes' l, and each thread stores acc / l through the fused
 epilogue and layout tail (`problems.Attention.store`): bert's heads merge back into
-[batch, seq, hidden] straight from the registers. Everything is fp32, m and l per row; the
+[batch, seq, hidden] straight from the registers. Everything is fp32 (float16 or bfloat16
+Q, K, V and mask widened as they are read), m and l per row; the
 scores never leave the block. Three barriers a tile (after the copy, after the
 probabilities, before the next copy).
 
@@ -173,10 +174,11 @@ class _FlashBlock:
         self.per_cols = -(-dv // self.g_size)     # output columns a row of a thread
         self.dp, self.pp = d + 1, tk + 1          # padded rows of Q and K, of the probabilities
         f32 = T.float32
-        self.q = L.Buffer(p.q.name, f32, (p.batch, sq, d))
-        self.k = L.Buffer(p.k.name, f32, (p.batch, d, sk) if p.k_transposed else
+        # Q, K and V in their storage types, widened to fp32 on their way to shared memory
+        self.q = L.Buffer(p.q.name, p.q.dtype, (p.batch, sq, d))
+        self.k = L.Buffer(p.k.name, p.k.dtype, (p.batch, d, sk) if p.k_transposed else
                           (p.batch, sk, d))
-        self.v = L.Buffer(p.v.name, f32, (p.batch, sk, dv))
+        self.v = L.Buffer(p.v.name, p.v.dtype, (p.batch, sk, dv))
         self.qs = L.Buffer("q_rows", f32, (rows * self.dp,), L.Scope.SHARED)
         self.ks = L.Buffer("k_tile", f32, (tk * self.dp,), L.Scope.SHARED)
         self.vs = L.Buffer("v_tile", f32, (tk * dv,), L.Scope.SHARED)
@@ -227,7 +229,8 @@ class _FlashBlock:
             e, self.step * threads + self.t, inner), L.ForKind.UNROLLED), L.ForKind.THREAD_X)
 
     def guarded(self, cond: L.Expr, value: L.Expr) -> L.Expr:
-        return L.Select(cond, value, self.zero)
+        """`value` widened to fp32 where `cond`, else 0."""
+        return L.Select(cond, problems.widened(value), self.zero)
 
     @staticmethod
     def each(var: L.Var, n: int, body: L.Stmt) -> L.Stmt:
@@ -289,7 +292,8 @@ class _FlashBlock:
             logit = L.Select(p.mask_at(self.bi, self.row_c, L.minimum(j0 + key, p.sk - 1),
                                        p.drop), L.const(p.fill, f32), logit)
         if p.mask is not None:
-            logit = logit + p.mask_at(self.bi, self.row_c, L.minimum(j0 + key, p.sk - 1))
+            logit = logit + problems.widened(p.mask_at(self.bi, self.row_c,
+                                                       L.minimum(j0 + key, p.sk - 1)))
         finish = rows_of(each(u, per_keys, L.Store(s, su, L.Select(j0 + key < p.sk, logit,
                                                                     neg_inf))))
         tile_max = rows_of(L.seq(L.Store(stat, top, neg_inf), each(u, per_keys, L.Store(

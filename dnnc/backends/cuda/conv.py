@@ -5,15 +5,15 @@ ox sw - pw + kx dw] is a product of W viewed as [M = out channels, K = C kh kw] 
 image's patches [K, N = images x output pixels], which are never materialised: the tiled
 product of `dense.py` (`tiled_product`) gathers each patch element into shared memory as it
 copies a B slice, padding read as 0 (consecutive threads take consecutive output pixels:
-consecutive input columns at stride 1). The bias and the fused epilogue apply on the store.
-Depthwise convolutions have their own template (depthwise.py); grouped ones keep the
-default template (one thread per output).
+consecutive input columns at stride 1). The bias and the fused epilogue apply on the store
+(`Conv2d.finish`). A float16 or bfloat16 image or weights are widened to float32 on their way
+into shared memory, as dense.py's operands. Depthwise convolutions have their own template
+(depthwise.py); grouped ones keep the default template (one thread per output).
 """
 
 from __future__ import annotations
 
 from ...ir import loop as L
-from ...ir import types as T
 from .. import problems
 from ..space import Space, Template
 from .dense import DenseConfig, Operand, choose, product_space, tiled_product
@@ -52,8 +52,8 @@ def build(p: problems.Conv2d, c, machine, product=None) -> L.PrimFunc:
     oc, cg, kh, kw = p.w_dims
     _, _, oh, ow = p.y_dims
     (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
-    w = L.Buffer(p.w.name, T.float32, (oc, k))
-    x = L.Buffer(p.x.name, T.float32, p.x_dims)
+    w = L.Buffer(p.w.name, p.w.dtype, (oc, k))
+    x = L.Buffer(p.x.name, p.x.dtype, p.x_dims)
     y = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
 
     def pixel(j):
@@ -67,14 +67,12 @@ def build(p: problems.Conv2d, c, machine, product=None) -> L.PrimFunc:
         inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < wid)
         clamped = x[img, ch, L.minimum(L.maximum(iy, 0), h - 1),
                     L.minimum(L.maximum(ix, 0), wid - 1)]
-        return L.Select(inside, clamped, L.const(0.0, T.float32))
+        return L.Select(inside, clamped, L.const(0.0, x.dtype))
 
     def store(bi, i, j, value):
         img, oy, ox = pixel(j)
-        if p.bias is not None:
-            value = value + p.bias[i]
         index = (img, i, oy, ox)
-        return L.Store(y, index, p.epilogue(value, index))
+        return L.Store(y, index, p.finish(value, index))
 
     weights = Operand(lambda bi, i, kk: w[i, kk], False)
     body = (product or tiled_product)(c, 1, m, n, k, weights, Operand(patch, True), store)

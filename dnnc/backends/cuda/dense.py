@@ -21,6 +21,11 @@ k slice): each block sums its slice's k tiles into a global workspace of partial
 and a second launch, a thread per output, adds the slices and stores as above. The default
 config (`choose`) weighs the DEFAULTS tiles and splits with a rough model of their speed.
 
+Operands stored in float16 or bfloat16 (`problems.STORAGE`) are copied into the registers
+in their own type (4 of them one 64-bit load) and widened to float32 as they go into shared
+memory: the arithmetic is fp32 whatever the storage; Y is stored in its own type (rounded once,
+`Dense.finish`).
+
 The tensor-core templates (`mma.py`) reuse `build` with their own product. Not yet: vector
 stores of Y.
 """
@@ -131,8 +136,8 @@ def build(p: problems.Dense, c, machine, product: Callable | None = None) -> L.P
     """The scheduled kernel of `p`: `product(c, batch, m, n, k, a, b, store)` (default
     `tiled_product`; the tensor-core one of `mma.py` takes the same arguments) with this
     problem's operands and store."""
-    a = L.Buffer(p.a.name, T.float32, p.a_dims)
-    b = L.Buffer(p.b.name, T.float32, (p.batch if p.b_batched else 1,) +
+    a = L.Buffer(p.a.name, p.a.dtype, p.a_dims)
+    b = L.Buffer(p.b.name, p.b.dtype, (p.batch if p.b_batched else 1,) +
                  ((p.n, p.k) if p.trans_b else (p.k, p.n)))
     y = L.Buffer(p.y.name, p.y.dtype, (p.batch, p.m, p.n))
     y_full = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
@@ -160,12 +165,19 @@ def build(p: problems.Dense, c, machine, product: Callable | None = None) -> L.P
 
 @dataclass(frozen=True)
 class Operand:
-    """How a tiled product reads one operand: `at(bi, row, k)` its element (row: i of A, j of
-    B; indices in range), and whether consecutive rows are consecutive in memory (else
-    consecutive k are): the copy into shared memory walks that dimension fastest."""
+    """How a tiled product reads one operand: `at(bi, row, k)` its element in its storage
+    type (row: i of A, j of B; indices in range), and whether consecutive rows are
+    consecutive in memory (else consecutive k are): the copy into shared memory walks that
+    dimension fastest."""
 
     at: Callable[[L.Expr, L.Expr, L.Expr], L.Expr]
     rows_contiguous: bool
+
+    @property
+    def dtype(self) -> T.DType:
+        """The operand's storage type (float32, float16 or bfloat16): what `at` reads."""
+        zero = L.const(0)
+        return self.at(zero, zero, zero).dtype
 
 
 def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand,
@@ -251,10 +263,11 @@ def _micro_tile(size: int, tile: int, offset: L.Var) -> Callable[[L.Expr], L.Exp
 
 class _Staged:
     """One operand's bk x `rows` slices on their way to shared memory: copied from global
-    memory into each thread's registers (`load`), later stored into one of the two shared
-    buffers (`store`). Consecutive threads walk the operand's contiguous dimension, each
-    reading 4 consecutive elements as one vector load where no bound needs checking (the
-    renderer proves the alignment, or reads them one by one)."""
+    memory into each thread's registers in the operand's storage type (`load`), later stored
+    into one of the two shared buffers as float32 (`store`). Consecutive threads walk the
+    operand's contiguous dimension, each reading 4 consecutive elements as one vector load
+    where no bound needs checking (the renderer proves the alignment, or reads them one by
+    one)."""
 
     def __init__(self, name: str, rows: int, first: L.Expr, extent: int, operand: Operand,
                  bk: int, k: int, threads: int, checked: bool, bi: L.Var, pad: int = 0):
@@ -269,7 +282,7 @@ class _Staged:
         self.steps = -(-self.vectors // threads)
         self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * self.stride,),
                              L.Scope.SHARED)
-        self.stage = L.Buffer(f"{name}_stage", T.float32, (self.steps * self.lanes,),
+        self.stage = L.Buffer(f"{name}_stage", operand.dtype, (self.steps * self.lanes,),
                               L.Scope.LOCAL)
 
     def _place(self, e: L.Expr, v: L.Expr) -> tuple[L.Expr, L.Expr]:
@@ -298,7 +311,7 @@ class _Staged:
             if self.checked:
                 value = L.Select(L.logical_and(row < self.extent, kg < self.k), self.operand.at(
                     self.bi, L.minimum(row, self.extent - 1), L.minimum(kg, self.k - 1)),
-                    L.const(0.0, T.float32))
+                    L.const(0.0, self.stage.dtype))
             else:
                 value = self.operand.at(self.bi, row, kg)
             return L.Store(self.stage, (step * self.lanes + v,), value)
@@ -306,11 +319,11 @@ class _Staged:
 
     def store(self, buf: L.Expr, when: L.Expr | None,
               convert: Callable[[L.Expr], L.Expr] | None = None) -> L.Stmt:
-        """Shared buffer `buf` <- the registers (each through `convert` when given), if
-        `when`."""
+        """Shared buffer `buf` <- the registers widened to float32 (each then through
+        `convert` when given), if `when`."""
         def body(step, e, v):
             r, kk = self._place(e, v)
-            value = self.stage[step * self.lanes + v]
+            value = problems.widened(self.stage[step * self.lanes + v])
             return L.Store(self.tile, ((buf * self.bk + kk) * self.stride + r,),
                            value if convert is None else convert(value))
         return self._each(when, body, L.ForKind.UNROLLED)

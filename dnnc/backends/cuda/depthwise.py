@@ -4,9 +4,10 @@ EfficientNet's 3x3 and 5x5, ConvNeXt's 7x7), a block per tile of one channel's o
 Y[img, ch, oy, ox] = sum over (ky, kx) of W[ch, 0, ky, kx] X[img, ch, oy sh - ph + ky dh,
 ox sw - pw + kx dw]. A block (blockIdx.z: the image, blockIdx.y: the channel, blockIdx.x:
 the tile) copies the input window its `tile_h` x `tile_w` outputs read (with the halo; padding
-read as 0) and the channel's kh kw weights into shared memory once, then each thread computes
-`rows` outputs of one column (vertically adjacent, so a window row read from shared memory
-serves each of them), adds the bias and stores through the fused epilogue, guarded at the
+read as 0) and the channel's kh kw weights into shared memory once (float16 or bfloat16 ones
+widened to float32 on the way), then each thread computes
+`rows` outputs of one column (vertically adjacent) in fp32, adds the bias and stores through
+the fused epilogue (`Conv2d.finish`: one rounding to the anchor's type), guarded at the
 plane's edges. Before it, such a convolution ran one thread per output reading its kh kw
 inputs from global memory (the default template): 6% of the card's bandwidth on ConvNeXt's
 7x7 at batch 32 (issue 31).
@@ -88,8 +89,8 @@ def build(p: problems.Conv2d, c: DepthwiseConfig, machine) -> L.PrimFunc:
     _, _, kh, kw = p.w_dims
     _, _, oh, ow = p.y_dims
     (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
-    x = L.Buffer(p.x.name, T.float32, p.x_dims)
-    w = L.Buffer(p.w.name, T.float32, (channels, kh * kw))
+    x = L.Buffer(p.x.name, p.x.dtype, p.x_dims)
+    w = L.Buffer(p.w.name, p.w.dtype, (channels, kh * kw))
     y = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
     wh, ww = window(p, c)
     tiles_w = -(-ow // c.tile_w)
@@ -106,11 +107,12 @@ def build(p: problems.Conv2d, c: DepthwiseConfig, machine) -> L.PrimFunc:
     inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < wid)
     clamped = x[img, ch, L.minimum(L.maximum(iy, 0), h - 1),
                 L.minimum(L.maximum(ix, 0), wid - 1)]
-    copy = L.Store(x_tile, (e,), L.Select(inside, clamped, L.const(0.0, T.float32)))
+    copy = L.Store(x_tile, (e,), L.Select(inside, problems.widened(clamped),
+                                          L.const(0.0, T.float32)))
     fill = L.For(step, -(-(wh * ww) // threads), L.Let(e, step * threads + t, L.If(
         e < wh * ww, copy)))
     weights = L.For(step, -(-(kh * kw) // threads), L.Let(e, step * threads + t, L.If(
-        e < kh * kw, L.Store(w_tile, (e,), w[ch, e]))))
+        e < kh * kw, L.Store(w_tile, (e,), problems.widened(w[ch, e])))))
     load = L.For(t, threads, L.seq(fill, weights), L.ForKind.THREAD_X)
 
     # each thread: `rows` outputs of one column
@@ -126,10 +128,9 @@ def build(p: problems.Conv2d, c: DepthwiseConfig, machine) -> L.PrimFunc:
     taps = L.For(ky, kh, L.For(kx, kw, L.For(r, c.rows, update, L.ForKind.UNROLLED), small),
                  small)
     oy, ox = oy0 + ty * c.rows + r, ox0 + tx
-    value = acc[r] if p.bias is None else acc[r] + p.bias[ch]
     index = (img, ch, oy, ox)
     store = L.For(r, c.rows, L.If(L.logical_and(oy < oh, ox < ow),
-                                  L.Store(y, index, p.epilogue(value, index))),
+                                  L.Store(y, index, p.finish(acc[r], index))),
                   L.ForKind.UNROLLED)
     compute = L.For(t, threads, L.Let(ty, t // across, L.Let(tx, t % across, L.Allocate(
         acc, L.seq(zero, taps, store)))), L.ForKind.THREAD_X)

@@ -84,4 +84,6 @@ SPEC = TargetSpec(
     runs_passes=True, machine=machine, layouts=(), fusion=lambda: FUSION,
     templates=lazy(f"{__package__}.schedules", "TEMPLATES"),
     tuning=lazy(f"{__package__}.tuning"), speed=20, available=available, require=require,
-    check_compile=check_compile, about=about, versions=versions, from_dlpack=from_dlpack)
+    check_compile=check_compile, about=about, versions=versions, from_dlpack=from_dlpack,
+    # fp16 / bf16 compiles store weights and activations in 16 bits (its templates read them)
+    half_storage=True)

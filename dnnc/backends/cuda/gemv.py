@@ -10,7 +10,8 @@ consecutive threads take consecutive columns; with B [n, k] (`trans_b`, Gemm's u
 weights) consecutive threads take consecutive k of one column. The partial sums meet in
 shared memory; after a barrier, a thread per (row, column) adds its `k_split` partials,
 applies Gemm's scaling and bias and the fused epilogue (`Dense.finish`) and stores through
-the layout tail, if any.
+the layout tail, if any. Float16 and bfloat16 operands are widened to float32 as they are
+read: fp32 arithmetic whatever the storage.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def default(p: problems.Dense, machine) -> GemvConfig:
 
 
 def build(p: problems.Dense, c: GemvConfig, machine) -> L.PrimFunc:
-    a = L.Buffer(p.a.name, T.float32, p.a_dims)
-    b = L.Buffer(p.b.name, T.float32, (p.batch if p.b_batched else 1,) +
+    a = L.Buffer(p.a.name, p.a.dtype, p.a_dims)
+    b = L.Buffer(p.b.name, p.b.dtype, (p.batch if p.b_batched else 1,) +
                  ((p.n, p.k) if p.trans_b else (p.k, p.n)))
     y = L.Buffer(p.y.name, p.y.dtype, (p.batch, p.m, p.n))
     y_full = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
@@ -80,11 +81,11 @@ def build(p: problems.Dense, c: GemvConfig, machine) -> L.PrimFunc:
     zero = L.const(0.0, T.float32)
 
     def a_at(row, kx):
-        return a[p.a_index(bi, row, kx)]
+        return problems.widened(a[p.a_index(bi, row, kx)])
 
     def b_at(jx, kx):
         bb = bi if p.b_batched else L.const(0)
-        return b[bb, jx, kx] if p.trans_b else b[bb, kx, jx]
+        return problems.widened(b[bb, jx, kx] if p.trans_b else b[bb, kx, jx])
 
     def rows(body):
         return L.For(i, m, body, L.ForKind.UNROLLED)

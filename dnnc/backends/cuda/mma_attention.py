@@ -1,7 +1,8 @@
 """The cuda attention template on tensor cores: FusedAttention in one kernel at a reduced
 precision (tf32, fp16, bf16), FlashAttention-2's structure (Dao 2023) on `mma.sync`.
 
-A block takes 16 `warps` query rows of one (batch, head) (blockIdx.x: the batch, its dims
+Q, K, V and the mask may be stored in float16 or bfloat16 (`store_half`): they are widened to
+fp32 as they are read. A block takes 16 `warps` query rows of one (batch, head) (blockIdx.x: the batch, its dims
 folded; blockIdx.y: the row tile); warp w owns rows 16 w .. 16 w + 15, as one mma tile's
 rows. Q's rows go to shared memory once (0 past the last row and past d, which is padded to
 the mma's k step); then K and V stream through shared memory `tile_k` keys at a time:
@@ -148,10 +149,11 @@ class _MmaFlash:
         tk, rows = c.tile_k, c.rows
         self.dp, self.vp, self.pp = self.d + 4, self.dv + 4, tk + 4   # padded row strides
         f32 = T.float32
-        self.q = L.Buffer(p.q.name, f32, (p.batch, p.sq, p.d))
-        self.k = L.Buffer(p.k.name, f32, (p.batch, p.d, p.sk) if p.k_transposed else
+        # Q, K and V in their storage types, widened to fp32 on their way to shared memory
+        self.q = L.Buffer(p.q.name, p.q.dtype, (p.batch, p.sq, p.d))
+        self.k = L.Buffer(p.k.name, p.k.dtype, (p.batch, p.d, p.sk) if p.k_transposed else
                           (p.batch, p.sk, p.d))
-        self.v = L.Buffer(p.v.name, f32, (p.batch, p.sk, p.dv))
+        self.v = L.Buffer(p.v.name, p.v.dtype, (p.batch, p.sk, p.dv))
         self.qs = L.Buffer("q_rows", f32, (rows * self.dp,), L.Scope.SHARED)
         self.ks = L.Buffer("k_tile", f32, (tk * self.dp,), L.Scope.SHARED)
         self.vs = L.Buffer("v_tile", f32, (tk * self.vp,), L.Scope.SHARED)
@@ -199,7 +201,8 @@ class _MmaFlash:
         return L.For(var, n, body, L.ForKind.UNROLLED)
 
     def guarded(self, cond: L.Expr, value: L.Expr) -> L.Expr:
-        return L.Select(cond, value, self.zero)
+        """`value` widened to fp32 where `cond`, else 0."""
+        return L.Select(cond, problems.widened(value), self.zero)
 
     def register(self, element, r: int) -> L.Expr:
         """Operand register r of an mma: its elements (fp32 from shared memory) rounded and
@@ -306,7 +309,7 @@ class _MmaFlash:
             if p.drop is not None:
                 logit = L.Select(p.mask_at(self.bi, i, j, p.drop), L.const(p.fill, f32), logit)
             if p.mask is not None:
-                logit = logit + p.mask_at(self.bi, i, j)
+                logit = logit + problems.widened(p.mask_at(self.bi, i, j))
             finish.append(L.Store(s, slot, L.Select(self.j0 + key < p.sk, logit,
                                                     self.neg_inf)))
             top.append(L.Store(stat, (3 * h + 2,), L.maximum(stat[(3 * h + 2,)], s[slot])))

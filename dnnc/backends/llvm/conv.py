@@ -620,6 +620,8 @@ def pointwise_gemm_applies(p: problems.PointwiseDense) -> bool:
     14x14 1.30 -> 1.04x, 576->96 1.18 -> 1.03x; with fewer input channels the GEMM lost or
     tied (96->576 at 14x14 1.00 -> 1.12x, 384->64 at 13x13 0.90 -> 1.00x, 128->512 at
     28x28 0.97 -> 1.06x, 512->128 at 28x28 0.84 -> 0.88x)."""
+    if not p.float32:   # (16-bit storage: the default template computes it)
+        return False
     if tuple(p.strides) != (1, 1):
         return True
     return p.m <= GEMM_MAX_PIXELS or (p.m <= 256 and p.k >= 512)
@@ -719,9 +721,11 @@ def depthwise_build(p: Conv2d, config: DepthwiseConfig, machine) -> L.PrimFunc:
 
 POINTWISE_GEMM = Template("pointwise_gemm", problems.pointwise_dense, pointwise_gemm_applies,
                           dense.space, pointwise_gemm_default, dense.build)
-CONV2D = Template("conv2d", problems.conv2d, lambda p: p.group == 1 or p.grouped,
+# (float32 only: 16-bit storage takes the default template)
+CONV2D = Template("conv2d", problems.conv2d, lambda p: p.float32 and (p.group == 1 or
+                                                                       p.grouped),
                   conv2d_space, conv2d_default, conv2d_build)
-POINTWISE = Template("pointwise", problems.conv2d, lambda p: p.pointwise, pointwise_space,
-                     pointwise_default, pointwise_build)
-DEPTHWISE = Template("depthwise", problems.conv2d, lambda p: p.depthwise, depthwise_space,
-                     depthwise_default, depthwise_build)
+POINTWISE = Template("pointwise", problems.conv2d, lambda p: p.float32 and p.pointwise,
+                     pointwise_space, pointwise_default, pointwise_build)
+DEPTHWISE = Template("depthwise", problems.conv2d, lambda p: p.float32 and p.depthwise,
+                     depthwise_space, depthwise_default, depthwise_build)

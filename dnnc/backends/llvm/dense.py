@@ -392,4 +392,5 @@ def _panels_contiguous(where, anchor_index, rows: int, n: int, nr: int, n_main: 
     return bool(np.array_equal(comps[-1], comps[-1][:, first] + (cols - first)))
 
 
-DENSE = Template("dense", problems.dense, lambda p: True, space, default, build)
+# (float32 only: 16-bit storage takes the default template)
+DENSE = Template("dense", problems.dense, lambda p: p.float32, space, default, build)

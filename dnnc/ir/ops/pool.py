@@ -65,7 +65,8 @@ def max_pool(x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=Non
              storage_order=0, strides=None):
     """Max over each window, and the flat index of its (first) maximum, as ONNX's Indices:
     row-major over (N, C, *spatial), or column-major over the spatial axes (storage_order 1)."""
-    work = x.astype(np.float32) if x.dtype.kind == "f" and x.dtype.itemsize < 4 else x
+    # (float16 and bfloat16, whose NumPy kind is "V", compared as float32: exact)
+    work = x.astype(np.float32) if x.dtype in (np.float16, T.bfloat16.np) else x
     fill = -np.inf if work.dtype.kind == "f" else np.iinfo(work.dtype).min
     views, outs, begins, _, strides, dilations = _pool_windows(
         work, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, fill)
