@@ -118,3 +118,41 @@ def test_depthwise_on_gpu(rng, cfg):
     want = reference(g, {"x": xs})[out.name]
     got = dnnc.compile(g, target="cuda", outputs="numpy").run(xs)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [T.float16, T.bfloat16])
+def test_depthwise_reads_and_writes_16_bit_storage(rng, dtype):
+    """An image, weights, bias and output stored in float16 / bfloat16 (`store_half`, half
+    ONNX files): widened to fp32 on their way into shared memory, summed in fp32, rounded
+    once on the store; against the fp32 sum of the same 16-bit values."""
+    c, h, w, k = 3, 12, 11, 3
+    np_type = np.dtype(dtype.np)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(dtype, (2, c, h, w)))
+    wv = (rng.standard_normal((c, 1, k, k)) * 0.3).astype(np_type)
+    bv = rng.standard_normal(c).astype(np_type)
+    out = g.add("Conv", x, Value("w", T.TensorType(dtype, wv.shape), const=wv),
+                Value("b", T.TensorType(dtype, bv.shape), const=bv), group=c,
+                pads=[1, 1, 1, 1])
+    g.outputs = [out]
+    kernel = lower_group(list(g.nodes), "k", outputs=[out])
+    problem = DEPTHWISE.problem(kernel)
+    assert problem is not None and DEPTHWISE.applies(problem)
+    xs = rng.standard_normal((2, c, h, w)).astype(np_type)
+    # the fp32 reference on the same 16-bit values
+    wide = Graph("wide")
+    xw = wide.add_input("x", T.TensorType(T.float32, (2, c, h, w)))
+    ow = wide.add("Conv", xw, Value("w", T.TensorType(T.float32, wv.shape),
+                                    const=wv.astype(np.float32)),
+                  Value("b", T.TensorType(T.float32, bv.shape), const=bv.astype(np.float32)),
+                  group=c, pads=[1, 1, 1, 1])
+    wide.outputs = [ow]
+    want = reference(wide, {"x": xs.astype(np.float32)})[ow.name]
+    func = DEPTHWISE.build(problem, DEPTHWISE.default(problem, MACHINE), MACHINE)
+    L.verify(func)
+    ins = [xs if v.const is None else np.ascontiguousarray(v.const) for v in kernel.inputs]
+    arrays = {func.name: ins + [poisoned(np_type, want.shape)]}
+    run_on_cpu([func], arrays)
+    got = arrays[func.name][-1].astype(np.float32)
+    unit = 2.0 ** -11 if dtype is T.float16 else 2.0 ** -8
+    np.testing.assert_allclose(got, want, rtol=unit, atol=1e-6)

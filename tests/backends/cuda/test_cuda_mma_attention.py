@@ -156,3 +156,36 @@ def test_attention_on_gpu_within_the_bound(precision, shape, rng):
     got = model.run(*xs)[0]
     want, limit = bound(precision, g, xs)
     check(got, want, limit, f"{shape} {precision}")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_16_bit_storage_on_host_threads(precision, tmp_path):
+    """Q, K, V, the mask and the output stored in the precision's type (`store_half`): read
+    widened, computed as above, the output rounded once more (u |o|)."""
+    from dnnc.ir import types as T
+    from dnnc.ir.graph import Graph
+
+    dtype = {"fp16": T.float16, "bf16": T.bfloat16}[precision]
+    np_type = np.dtype(dtype.np)
+    rng = np.random.default_rng(5)
+    m = machine(precision)
+    runs, expected = [], {}
+    for n, (b, h, sq, sk, d, dv, kt) in enumerate([(2, 2, 40, 37, 16, 16, 1),
+                                                    (1, 3, 33, 50, 24, 20, 0)]):
+        g = Graph("attention")
+        shapes = [(b, h, sq, d), (b, h, d, sk) if kt else (b, h, sk, d), (b, h, sk, dv),
+                  (b, 1, 1, sk)]
+        ins = [g.add_input(name, T.TensorType(dtype, s))
+               for name, s in zip(("q", "k", "v", "mask"), shapes)]
+        g.outputs = [g.add("FusedAttention", *ins, scale=d ** -0.5, k_transposed=kt)]
+        xs = [rng.standard_normal(s).astype(np_type) for s in shapes]
+        problem = MMA_ATTENTION.problem(kernel_of(g, f"h{n}"))
+        func = MMA_ATTENTION.build(problem, MMA_ATTENTION.default(problem, m), m)
+        L.verify(func)
+        want, limit = bound(precision, g, [x.astype(np.float32) for x in xs])
+        limit = limit + UNIT[precision] * np.abs(want)
+        runs.append((func, xs + [poisoned(np_type, want.shape)]))
+        expected[func.name] = (want, limit)
+    run_on_host(runs, tmp_path)
+    for func, arrays in runs:
+        check(arrays[-1].astype(np.float32), *expected[func.name], f"{func.name} {precision}")
