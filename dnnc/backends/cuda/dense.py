@@ -43,21 +43,29 @@ from .. import problems
 from ..space import Constraint, Space, Template
 from .device import REFERENCE, gpu_of
 
-# the fewest blocks a default config aims for: two per SM (`min_blocks`)
+# the fewest blocks a default config aims for: two per SM (`min_blocks`), of FILL_THREADS
+# threads each (a block of more or fewer threads counts for that many blocks of them)
 BLOCKS_PER_SM = 2
-# (tile_m, tile_n, tile_k, thread_m, thread_n) a default tries, largest first: 128 x 128 with
-# 8 x 8 per thread is the classic SGEMM blocking (64 accumulators, 256 threads)
-DEFAULTS = ((128, 128, 8, 8, 8), (64, 64, 16, 4, 4), (32, 64, 16, 2, 4), (32, 32, 16, 2, 2),
-            (16, 32, 16, 1, 2))
+FILL_THREADS = 128
+# (tile_m, tile_n, tile_k, thread_m, thread_n) a default tries: 8 x 8 outputs a thread (64
+# accumulators: the classic SGEMM blocking) in 128 x 64 (128 threads), 128 x 128 (256) and
+# 64 x 64 (64) tiles, 4 x 8 in 32 x 64 (64 threads: many blocks for a few thousand rows),
+# and two small tiles for products of a few rows
+DEFAULTS = ((128, 64, 8, 8, 8), (128, 128, 8, 8, 8), (32, 64, 8, 4, 8), (64, 64, 8, 8, 8),
+            (32, 32, 16, 2, 2), (16, 32, 16, 1, 2))
 MAX_GRID_YZ = 65535
 MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
 SPLITS = (1, 2, 4, 8, 16)
 MIN_SPLIT_K = 128    # the least k a split-k default gives one slice
 # the default's model (`choose`): the device's fp32 FMA throughput and copy bandwidth (its
 # `GPU` figures), a launch in a CUDA graph (GPU.md), and each DEFAULTS tile's fraction of the
-# fp32 figure, as measured on an H100
+# fp32 figure. The four large tiles' fractions were fitted (H200, every DEFAULTS tile x
+# split_k 1, 2, 4 timed on vit_tiny's, ConvNeXt-T's and BERT's products at batch 32 and 8,
+# twelve shapes from 1024 x 768 x 3072 to 100352 x 384 x 96: the default so chosen is within
+# 3% of the fastest of them on average, worst 20%; the previous default, 128 x 128 first,
+# was 33% slower on average); the two small ones are the H100's earlier figures
 LAUNCH_S = 2e-6
-EFFICIENCY = (0.5, 0.3, 0.22, 0.15, 0.08)
+EFFICIENCY = (0.5, 0.43, 0.5, 0.34, 0.15, 0.08)
 
 
 @dataclass(frozen=True)
@@ -103,17 +111,22 @@ def min_blocks(gpu: GPU) -> int:
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE) -> DenseConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`: of the DEFAULTS
     tiles, each with k unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough
-    model says is fastest: the product's time at the tiles' measured efficiency (EFFICIENCY),
-    slowed where its blocks cannot fill the GPU (fewer than `min_blocks`), plus a split's
-    cost (the partial sums written and read, one more launch)."""
+    model says is fastest: the tiles' work (a ragged edge padded) at their measured
+    efficiency (EFFICIENCY), slowed where its blocks' threads cannot fill the GPU (fewer
+    than `min_blocks` blocks of FILL_THREADS), plus a split's cost (the partial sums written
+    and read, one more launch)."""
     best, best_time = None, math.inf
     for dims, efficiency in zip(DEFAULTS, EFFICIENCY):
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
             config = DenseConfig(*dims, split_k=split)
-            fill = min(1.0, _blocks(m, n, batch, config) * split / min_blocks(gpu))
-            seconds = 2 * m * n * k * batch / (gpu.fp32_flops * efficiency * fill)
+            fill = min(1.0, _blocks(m, n, batch, config) * split * config.threads /
+                       (min_blocks(gpu) * FILL_THREADS))
+            # the work the tiles do, a ragged edge's padding included
+            padded = -(-m // config.tile_m) * config.tile_m * -(-n // config.tile_n) * \
+                config.tile_n
+            seconds = 2 * padded * k * batch / (gpu.fp32_flops * efficiency * fill)
             if split > 1:
                 seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
             if seconds < best_time:

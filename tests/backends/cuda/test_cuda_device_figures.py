@@ -60,13 +60,14 @@ def test_another_device_scales_by_its_sms_clocks_and_memory():
 
 
 def test_two_sm_counts_give_different_defaults():
-    """The fewer SMs, the fewer blocks fill the GPU: bigger tiles, fewer k slices."""
+    """The fewer SMs, the fewer blocks fill the GPU: fewer k slices (or bigger tiles)."""
     few = replace(device.REFERENCE, sms=16)
     assert dense.min_blocks(few) == 32 and schedules.stride_blocks(few) == 128
     assert dense.choose(128, 768, 768, gpu=device.REFERENCE) == dense.DenseConfig(
-        32, 64, 16, 2, 4, split_k=4)
+        32, 64, 8, 4, 8, split_k=4)
     assert dense.choose(128, 768, 768, gpu=few) == dense.DenseConfig(
-        128, 128, 8, 8, 8, split_k=4)
+        32, 64, 8, 4, 8, split_k=1)
+    assert dense.choose(1024, 1024, 1024, gpu=few) == dense.DenseConfig(128, 64, 8, 8, 8)
     assert mma.choose(128, 768, 768, gpu=device.REFERENCE).split_k == 4
     assert mma.choose(128, 768, 768, gpu=few) == mma.TensorCoreConfig(64, 64, 32, 2, 2)
     # a Target without figures (built by hand) reads the reference's

@@ -103,7 +103,7 @@ TEMPLATES = {
     "dense_40x100x24": "cuda_dense", "batched_3x20x48x40": "cuda_dense",
     "gemm_relu_33x70x50": "cuda_dense", "gemv_2x96x48": "cuda_gemv",
     "conv3x3_pad": "cuda_conv2d", "conv1x1_stride2": "cuda_conv2d",
-    "depthwise3x3": "cuda_default", "grouped3x3": "cuda_default",
+    "depthwise3x3": "cuda_depthwise", "grouped3x3": "cuda_default",
     "softmax": "cuda_rows", "layernorm": "cuda_rows",
 }
 """The template each case's kernel takes at precision fp32 (the products: the tiled ones)."""
