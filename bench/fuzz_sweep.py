@@ -9,7 +9,8 @@ issue-10 sweep, 2000 cases x 4 configurations, in minutes), then prints one line
 configuration: cases, passed, mismatches, crashes, timeouts, errors, known differences.
 Exit status 1 if any shard found something. Findings go to `--out/<config>/`. `--special`
 sweeps the special-values cases (+-inf, NaN, huge values in the inputs), `--target` another
-target than llvm (cuda on a GPU host).
+target than llvm (cuda on a GPU host), `--precision` a reduced one there (fp16, bf16: half
+storage and tensor cores, judged within the fuzzer's PRECISION_UNITS).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def main() -> int:
     parser.add_argument("--special", action="store_true",
                         help="special-values cases (the fuzzer's --special)")
     parser.add_argument("--target", default="llvm")
+    parser.add_argument("--precision", default="fp32",
+                        help="the fuzzer's --precision (cuda: tf32, fp16, bf16)")
     args = parser.parse_args()
     configs = [(int(o), int(t)) for o in args.opt_levels.split(",")
                for t in args.threads.split(",")]
@@ -60,7 +63,8 @@ def main() -> int:
             cmd = [sys.executable, "-m", "dnnc.testing.fuzz", "--cases", str(count),
                    "--start", str(first), "--seed", str(args.seed), "--opt-level", str(opt),
                    "--threads", str(threads), "--out", str(out), "--quiet",
-                   "--target", args.target] + (["--special"] if args.special else [])
+                   "--target", args.target, "--precision", args.precision] + \
+                (["--special"] if args.special else [])
             jobs.append(((opt, threads), subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     totals: dict[tuple, dict[str, int]] = {}

@@ -56,8 +56,26 @@ cancellation of large terms, is judged against the size of those terms. Integers
 booleans must be equal; NaN matches NaN, and an infinity only the same infinity."""
 
 
-def close(got: np.ndarray, want: np.ndarray, bound: np.ndarray | None = None
-          ) -> tuple[bool, float]:
+PRECISION_UNITS = 32
+"""At a reduced precision (`--precision`), an output may be off by this many units of the
+precision's roundoff (2^-11 at tf32 and fp16, 2^-8 at bf16), relative and absolute (against
+the output's scale) where fp32 allows FLOAT_RTOL and FLOAT_ATOL: a check for wrong
+code (a misread 16-bit buffer, a lost cast, a wrong fragment: errors of the output's own
+size), not for the precision's accuracy contract, which docs/cuda_backend.md states per
+kernel and the tests check with derived bounds."""
+UNIT_ROUNDOFF = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+def tolerance(precision: str) -> tuple[float, float]:
+    """(rtol, atol) of `close` for a compile at `precision`."""
+    if precision == "fp32":
+        return FLOAT_RTOL, FLOAT_ATOL
+    unit = PRECISION_UNITS * UNIT_ROUNDOFF[precision]
+    return unit, unit
+
+
+def close(got: np.ndarray, want: np.ndarray, bound: np.ndarray | None = None,
+          tol: tuple[float, float] = (FLOAT_RTOL, FLOAT_ATOL)) -> tuple[bool, float]:
     """(whether got matches want, the largest error relative to the tolerance's scale);
     `bound`: the output is downstream of a QuantizeLinear, and each element may also differ
     by its bound (`rounding.bounds`: what rounding at a near-tie upstream can do)."""
@@ -76,7 +94,7 @@ def close(got: np.ndarray, want: np.ndarray, bound: np.ndarray | None = None
     scale = max(1.0, float(np.mean(np.abs(w[np.isfinite(w)])))) if np.isfinite(w).any() else 1.0
     with np.errstate(invalid="ignore"):
         err = np.abs(g - w)
-        limit = FLOAT_RTOL * np.abs(w) + FLOAT_ATOL * scale + bound
+        limit = tol[0] * np.abs(w) + tol[1] * scale + bound
         # (an infinity matches only itself: the relative limit of an infinite want is inf)
         bad = ~(both_nan | same_inf | (np.isfinite(g) & np.isfinite(w) & (err <= limit)))
     worst = float(np.max(np.where(bad, np.nan_to_num(err, nan=np.inf), 0) / scale)) \
@@ -384,7 +402,8 @@ def ort_outputs(model: bytes, runs: list[dict]) -> list[list[np.ndarray]] | None
 
 
 def differences(got: list[list[np.ndarray]], want: list[list[np.ndarray]],
-                names: list[str], bounds: list[dict] | None = None) -> list[dict]:
+                names: list[str], bounds: list[dict] | None = None,
+                tol: tuple[float, float] = (FLOAT_RTOL, FLOAT_ATOL)) -> list[dict]:
     """Each (run, output) where got and want differ: which, by how much, whether a NaN is
     involved; `bounds`: per run, `rounding.bounds` of the outputs downstream of a
     QuantizeLinear."""
@@ -392,7 +411,7 @@ def differences(got: list[list[np.ndarray]], want: list[list[np.ndarray]],
     for run, (g_outs, w_outs) in enumerate(zip(got, want)):
         for name, g, w in zip(names, g_outs, w_outs):
             g, w = np.asarray(g), np.asarray(w)
-            ok, err = close(g, w, bounds[run].get(name) if bounds else None)
+            ok, err = close(g, w, bounds[run].get(name) if bounds else None, tol)
             if not ok:
                 comparable = g.shape == w.shape and w.dtype.kind == "f"
                 nan = bool(comparable and np.any(np.isnan(g) != np.isnan(w)))
@@ -407,17 +426,20 @@ class Checker:
     """Runs one model with given inputs on the target and the references: an Outcome."""
 
     def __init__(self, worker: Worker, target: str = "llvm", opt_level: int = DEFAULT_OPT_LEVEL,
-                 use_ort: bool = True):
+                 use_ort: bool = True, precision: str = "fp32"):
         self.worker = worker
         self.target = target
         self.opt_level = opt_level
-        self.use_ort = use_ort
+        # (at a reduced precision onnxruntime, fp32 too, would only repeat the numpy check)
+        self.use_ort = use_ort and precision == "fp32"
+        self.precision = precision
+        self.tol = tolerance(precision)
         self.ort_refusals = 0
 
     def check(self, model: onnx.ModelProto, runs: list[dict]) -> Outcome:
         data = model.SerializeToString()
         self.worker.submit({"model": data, "runs": runs, "target": self.target,
-                            "opt_level": self.opt_level})
+                            "opt_level": self.opt_level, "precision": self.precision})
         names = [o.name for o in model.graph.output]
         oracle, oracle_error, bounds = None, None, None
         try:   # meanwhile, the references
@@ -443,7 +465,7 @@ class Checker:
         if oracle_error:
             return Outcome("error", f"numpy:{oracle_error[0]}", {"message": oracle_error[1]})
         got = reply["outputs"]
-        diffs = differences(got, oracle, names, bounds)
+        diffs = differences(got, oracle, names, bounds, self.tol)
         if diffs:
             return Outcome("mismatch", f"numpy:{producer.get(diffs[0]['output'], '?')}",
                            diffs[0])
@@ -568,6 +590,9 @@ def parse_args(argv):
     p.add_argument("--boost", action="append", default=[], metavar="GENERATOR",
                    help="draw this op generator (e.g. qdq) 12 times as often; other cases "
                         "than without it (repeatable)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", *UNIT_ROUNDOFF),
+                   help="compile at this precision (cuda: tensor cores, half storage) and "
+                        f"allow {PRECISION_UNITS} units of its roundoff (default fp32)")
     args = p.parse_args(argv)
     problems = []
     if args.cases < 1:
@@ -600,7 +625,8 @@ def fuzz(args, progress: Progress | None = None, worker_argv=None) -> dict:
     indices = [args.case] if args.case is not None else \
         list(range(args.start, args.start + args.cases))
     worker = Worker(args.threads, args.timeout, worker_argv)
-    checker = Checker(worker, args.target, args.opt_level, not args.no_onnxruntime)
+    checker = Checker(worker, args.target, args.opt_level, not args.no_onnxruntime,
+                      args.precision)
     progress = progress or Progress(len(indices), quiet=args.quiet)
     counts: dict[str, int] = {}
     classes: dict[str, dict[str, int]] = {}

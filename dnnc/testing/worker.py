@@ -57,8 +57,10 @@ def handle(request: dict) -> dict:
     import dnnc
 
     try:
+        precision = request.get("precision", "fp32")
+        options = {} if precision == "fp32" else {"precision": precision}
         model = dnnc.compile(request["model"], target=request["target"],
-                             opt_level=request["opt_level"], outputs="numpy")
+                             opt_level=request["opt_level"], outputs="numpy", **options)
         outputs = []
         for run in request["runs"]:
             outputs.append([o.copy() for o in model.run(**run)])

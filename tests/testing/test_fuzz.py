@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -706,3 +707,30 @@ def test_a_seeded_qdq_batch_finds_nothing(tmp_path):
         capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "cases 30, passed" in proc.stdout
+
+
+def test_reduced_precision_tolerance_catches_wrong_code_not_rounding():
+    """--precision: an fp16 rounding of every element passes; an element off by its own size
+    (a misread buffer) does not; fp32's tolerance is unchanged."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(1000).astype(np.float32)
+    rounded = x.astype(np.float16).astype(np.float32)
+    assert fuzz.tolerance("fp32") == (fuzz.FLOAT_RTOL, fuzz.FLOAT_ATOL)
+    assert not fuzz.close(rounded, x)[0]
+    assert fuzz.close(rounded, x, tol=fuzz.tolerance("fp16"))[0]
+    bad = rounded.copy()
+    bad[7] = -bad[7] + 1.0
+    assert not fuzz.close(bad, x, tol=fuzz.tolerance("fp16"))[0]
+    assert fuzz.close(x.astype(ml_dtypes.bfloat16).astype(np.float32), x,
+                      tol=fuzz.tolerance("bf16"))[0]
+
+
+def test_precision_reaches_the_worker_and_is_checked(tmp_path):
+    """The compile request carries the precision; a target that refuses it is an error
+    finding, not a crash of the fuzzer."""
+    args = fuzz.parse_args(["--cases", "1", "--precision", "fp16", "--no-minimize",
+                            "--quiet", "--out", str(tmp_path)])
+    summary = fuzz.fuzz(args)
+    assert summary["cases"] == 1 and sum(summary["errors"].values()) == 1
+    assert list(summary["errors"]) == ["llvm:ArgumentError"]   # (dnnc.errors: "precision
+    # does not apply to the llvm target")
