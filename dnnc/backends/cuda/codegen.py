@@ -47,8 +47,11 @@ kernel's error record (its last parameter, device memory the runtime reads back)
 Tensor-core products (`L.Mma`) call a device function of `MMA_PRELUDE` per precision: inline
 PTX `mma.sync.aligned` on the accumulators in place (sm_80 and newer); its operand registers
 come from the `L.PACKS` intrinsics, the prelude's conversions (tf32: `cvt.rna.tf32.f32`;
-fp16 / bf16: `cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`, two values a register). A module holds
-that prelude only when it uses it.
+fp16 / bf16: `cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`, two values a register), or from
+shared memory through `L.LdMatrix` (`ldmatrix.sync.aligned`); `L.CopyAsync`, `L.AsyncCommit`
+and `L.AsyncWait` are `cp.async.cg` (16 bytes, the source size zero-filling the rest),
+`cp.async.commit_group` and `cp.async.wait_group`; both take shared addresses through
+`cvta.to.shared`. A module holds that prelude only when it uses it.
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -137,10 +140,57 @@ __device__ __forceinline__ void dnnc_mma_bf16(float* d, unsigned a0, unsigned a1
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// a generic address of shared memory as the 32-bit shared-window address PTX's
+// ldmatrix and cp.async take
+__device__ __forceinline__ unsigned dnnc_shared_address(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// a warp's ldmatrix: each lane's row address, `n` registers of 16-bit pairs
+__device__ __forceinline__ void dnnc_ldmatrix_x1(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];"
+               : "=r"(d[0]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x2(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(d[0]), "=r"(d[1]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x4(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x1_trans(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];"
+               : "=r"(d[0]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x2_trans(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(d[0]), "=r"(d[1]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x4_trans(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(dnnc_shared_address(p)));
+}
+// 16 bytes global -> shared, the first `bytes` of them read, the rest zero
+__device__ __forceinline__ void dnnc_cp_async(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(dnnc_shared_address(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void dnnc_cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void dnnc_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
 """
-"""What `L.Mma` and the `L.PACKS` intrinsics render to (`dnnc_mma_<precision>(acc + offset,
+"""What `L.Mma`, `L.LdMatrix`, `L.CopyAsync` (and its commit and wait) and the `L.PACKS`
+intrinsics render to (`dnnc_mma_<precision>(acc + offset,
 a0..a3, b0, b1)`, `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`, `dnnc_bf16x2(lo, hi)`): added after
 `PRELUDE` to a module that uses them."""
+
+TENSOR_CORE_NODES = (L.Mma, L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)
+"""Statements rendered through MMA_PRELUDE."""
 
 C_TYPES: dict[T.DType, str] = {
     T.bool_: "bool", T.int8: "signed char", T.int16: "short", T.int32: "int",
@@ -183,7 +233,7 @@ def render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule:
         text, kernel = render_func(func, noalias)
         parts.append(text)
         kernels[func.name] = kernel
-    uses_mma = any(isinstance(n, L.Mma) or isinstance(n, L.Call) and n.name in
+    uses_mma = any(isinstance(n, TENSOR_CORE_NODES) or isinstance(n, L.Call) and n.name in
                    L.PACKS.values() for func, _ in funcs for n in L.walk(func.body))
     return CudaModule("\n".join([PRELUDE] + [MMA_PRELUDE] * uses_mma + parts), kernels)
 
@@ -561,6 +611,22 @@ class _Emitter:
         self.emit(depth, f"dnnc_mma_{s.precision}(&{self.address(s.acc, (s.offset,))}, "
                          f"{args});")
 
+    def ldmatrix(self, s: L.LdMatrix, depth: int) -> None:
+        """`dnnc_ldmatrix_x<count>[_trans](&dst, &src)` (MMA_PRELUDE)."""
+        self.emit(depth, f"dnnc_ldmatrix_x{s.count}{'_trans' if s.trans else ''}"
+                         f"(&{self.load(s.dst)}, &{self.load(s.src)});")
+
+    def copy_async(self, s: L.CopyAsync, depth: int) -> None:
+        """`dnnc_cp_async(&dst, &src, bytes)` (MMA_PRELUDE)."""
+        self.emit(depth, f"dnnc_cp_async(&{self.load(s.dst)}, &{self.load(s.src)}, "
+                         f"(int)({self.expr(s.src_bytes)}));")
+
+    def async_commit(self, s: L.AsyncCommit, depth: int) -> None:
+        self.emit(depth, "dnnc_cp_async_commit();")
+
+    def async_wait(self, s: L.AsyncWait, depth: int) -> None:
+        self.emit(depth, f"dnnc_cp_async_wait<{s.pending}>();")
+
     # -- expressions (dispatched through _EXPR) ----------------------------------------------
 
     def expr(self, e: L.Expr) -> str:
@@ -641,7 +707,8 @@ _STORAGE = {L.Scope.LOCAL: "", L.Scope.SHARED: "__shared__ "}
 _STMT: dict[type, Callable] = {
     L.Seq: _Emitter.seq, L.For: _Emitter.loop, L.Store: _Emitter.store, L.Let: _Emitter.let,
     L.If: _Emitter.if_, L.Allocate: _Emitter.allocate, L.Barrier: _Emitter.barrier,
-    L.Mma: _Emitter.mma,
+    L.Mma: _Emitter.mma, L.LdMatrix: _Emitter.ldmatrix, L.CopyAsync: _Emitter.copy_async,
+    L.AsyncCommit: _Emitter.async_commit, L.AsyncWait: _Emitter.async_wait,
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,
@@ -652,7 +719,7 @@ _LOOP: dict[L.ForKind, Callable] = {
 loops to blocks and threads instead); a vectorized one is a vector load where proven."""
 
 _VECTOR_TYPES = {(T.float32, 2): "float2", (T.float32, 4): "float4", (T.int32, 2): "int2",
-                 (T.int32, 4): "int4",
+                 (T.int32, 4): "int4", (T.uint32, 2): "uint2", (T.uint32, 4): "uint4",
                  **{(dt, n): f"ushort{n}" for dt in (T.float16, T.bfloat16) for n in (2, 4)}}
 """(element type, lanes) -> the CUDA vector type a vectorized loop loads or stores (float16
 and bfloat16 as their bits, `unsigned short`)."""
