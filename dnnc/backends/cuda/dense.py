@@ -149,8 +149,9 @@ def build(p: problems.Dense, c, machine, product: Callable | None = None) -> L.P
             y_full[p.store_index(p.anchor_index(bi, i, j))]
         return L.Store(target.buffer, target.indices, p.finish(value, bi, i, j))
 
-    body = (product or tiled_product)(c, p.batch, p.m, p.n, p.k, Operand(a_at, p.trans_a),
-                                      Operand(b_at, not p.trans_b), store)
+    body = (product or tiled_product)(c, p.batch, p.m, p.n, p.k,
+                                      Operand(a_at, p.trans_a, array=True),
+                                      Operand(b_at, not p.trans_b, array=True), store)
     views: dict[str, L.Buffer] = {}
     for x in (a, b, y if p.store_index is None else y_full, p.c):
         if x is not None:
@@ -162,10 +163,14 @@ def build(p: problems.Dense, c, machine, product: Callable | None = None) -> L.P
 class Operand:
     """How a tiled product reads one operand: `at(bi, row, k)` its element (row: i of A, j of
     B; indices in range), and whether consecutive rows are consecutive in memory (else
-    consecutive k are): the copy into shared memory walks that dimension fastest."""
+    consecutive k are): the copy into shared memory walks that dimension fastest. `array`:
+    `at` is a load of a plain global array whose last dimension is that contiguous one (a
+    run along it is one span of memory: the tensor-core tiles may copy it with cp.async); a
+    gather (a convolution's patches) is not."""
 
     at: Callable[[L.Expr, L.Expr, L.Expr], L.Expr]
     rows_contiguous: bool
+    array: bool = False
 
 
 def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand,
