@@ -15,7 +15,8 @@ The interface the cuda runtime codes against:
                                       memory, each aligned as cudaMalloc's, 256 bytes)
     Launch.name, .grid, .block, .shared_bytes
         the `__global__` symbol, (x, y, z) blocks and threads, dynamic shared memory bytes
-        (always 0 here: shared buffers are static arrays)
+        (0 unless the stage's shared buffers pass STATIC_SHARED_BYTES: then all of them,
+        carved from one dynamic pool)
 
 Every `__global__` takes, in order, one pointer per PrimFunc parameter (the element type's
 pointer, `const` for buffers it never stores) and then one pointer per workspace buffer
@@ -80,6 +81,7 @@ NATIVE: frozenset[str] = frozenset()
 correctly rounded; its half conversions are the prelude's)."""
 
 PRELUDE = r"""// dnnc: CUDA C for NVRTC (built-in headers only)
+#define DNNC_SHARED_POOL(name, bytes) extern __shared__ __align__(16) unsigned char name[]
 __device__ __forceinline__ float dnnc_h2f(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
 }
@@ -200,6 +202,12 @@ C_TYPES: dict[T.DType, str] = {
 }
 """dtype -> the C type it is stored and computed in (narrow floats: their bits)."""
 
+STATIC_SHARED_BYTES = 48 << 10
+"""Shared memory a block may declare statically; a stage allocating more takes it as one
+dynamic pool (`DNNC_SHARED_POOL`, `Launch.shared_bytes`: the runtime raises the function's
+limit to it), each shared buffer a pointer into it."""
+SHARED_POOL = "dnnc_shared_pool"
+
 # the most threads a block may have and blocks a grid axis may have (CUDA's limits)
 MAX_BLOCK_THREADS = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -271,11 +279,15 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         name = base if len(body) == 1 else f"{base}_s{k}"
         grid, block = launch_dims(stage, func.name)
         em = _Emitter(func.name, grid, block)
+        pool = shared_pool_bytes(stage)
+        if pool > STATIC_SHARED_BYTES:   # one dynamic pool, the buffers carved from it
+            em.pool = 0
+            em.emit(1, f"DNNC_SHARED_POOL({SHARED_POOL}, {pool});")
         em.stmt(stage, 1)
         threads = math.prod(block)
         texts.append(f'extern "C" __global__ void __launch_bounds__({threads})\n'
                      f"{name}({', '.join(params)}) {{\n" + "\n".join(em.lines) + "\n}\n")
-        launches.append(Launch(name, grid, block))
+        launches.append(Launch(name, grid, block, pool if em.pool is not None else 0))
     sizes = []
     for b in workspace:
         shape = L.static_shape(b.shape)
@@ -283,6 +295,13 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
             raise CudaCodegenError(f"{func.name}: scratch {b.name} has a symbolic shape")
         sizes.append(max(1, math.prod(shape)) * b.dtype.itemsize)
     return "\n".join(texts), CudaKernel(launches, sizes)
+
+
+def shared_pool_bytes(stage: L.Stmt) -> int:
+    """Bytes of every shared buffer a stage allocates, each from a 16-byte boundary."""
+    return sum(-(-max(1, math.prod(L.static_shape(n.buffer.shape) or (1,))) *
+                 n.buffer.dtype.itemsize // 16) * 16 for n in L.walk(stage)
+               if isinstance(n, L.Allocate) and n.buffer.scope is L.Scope.SHARED)
 
 
 def stages(body: L.Stmt) -> tuple[list[L.Buffer], list[L.Stmt]]:
@@ -480,6 +499,7 @@ class _Emitter:
         self.block = block
         self.lines: list[str] = []
         self.divisors: dict[L.Var, int] = {}   # of the lets in scope (alignment proofs)
+        self.pool: int | None = None   # bytes of the dynamic shared pool carved so far
 
     def fail(self, what: str):
         raise CudaCodegenError(f"{self.func}: {what}")
@@ -596,6 +616,15 @@ class _Emitter:
         if shape is None:
             self.fail(f"{b.scope.value} buffer {b.name} has a symbolic shape")
         self.emit(depth, "{")
+        if b.scope is L.Scope.SHARED and self.pool is not None:
+            count = max(1, math.prod(shape))
+            self.emit(depth + 1, f"{C_TYPES[b.dtype]}* const {c_name(b.name)} = "
+                                 f"reinterpret_cast<{C_TYPES[b.dtype]}*>({SHARED_POOL} + "
+                                 f"{self.pool});")
+            self.pool += -(-count * b.dtype.itemsize // 16) * 16
+            self.stmt(s.body, depth + 1)
+            self.emit(depth, "}")
+            return
         align = "__align__(16) " if b.scope is L.Scope.SHARED else ""
         self.emit(depth + 1, f"{storage}{align}{C_TYPES[b.dtype]} {c_name(b.name)}"
                              f"[{max(1, math.prod(shape))}];")

@@ -187,7 +187,16 @@ def _corners(f):
     return bounds
 
 
+def _bits(a, b):
+    """Bounds of a bitwise op of non-negative operands: below the next power of two above
+    both (negative ones: no bounds)."""
+    if a[0] < 0 or b[0] < 0:
+        return -(1 << 64), 1 << 64
+    return 0, (1 << max(a[1], b[1]).bit_length()) - 1
+
+
 _INTERVAL = {
+    "^": _bits, "|": _bits,   # (the tensor-core tiles' swizzle)
     "+": lambda a, b: (a[0] + b[0], a[1] + b[1]),
     "-": lambda a, b: (a[0] - b[1], a[1] - b[0]),
     "*": _corners(lambda x, y: x * y),

@@ -37,8 +37,10 @@ implicit GEMM, patches gathered as conv.py does) that the fp32 templates would t
 matrix-vector products (fewer than 16 rows) keep the gemv template (an mma would idle most
 of a 16-row tile), depthwise convolutions the default one.
 
-Not yet: wgmma and TMA on sm_90, shared memory beyond 48 KiB (dynamic), vector stores of Y,
-staging fp32 operands through cp.async (converting in shared memory).
+Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codegen.py).
+
+Not yet: wgmma and TMA on sm_90, vector stores of Y, fp32 operands through cp.async
+(converting in shared memory), measured EFFICIENCY figures.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from .. import problems
 from ..space import Constraint, Space, Template
 from . import conv as conv_template
 from . import dense as dense_template
-from .dense import MAX_GRID_YZ, MAX_SHARED_BYTES, MIN_SPLIT_K, SPLITS, Operand, min_blocks
+from .dense import MAX_GRID_YZ, MIN_SPLIT_K, SPLITS, Operand, min_blocks
 from .device import REFERENCE, gpu_of
 
 PRECISIONS = ("tf32", "fp16", "bf16")
@@ -67,16 +69,22 @@ WARP = 32
 CHUNK_WORDS = 4
 """Words of a 16-byte chunk: a row of an ldmatrix matrix, one cp.async, one vector store."""
 
+MAX_SHARED_BYTES = 99 << 10
+"""A block's shared tiles at most: what sm_86 and sm_89 allow (sm_80: 163 KiB, sm_90: 227
+KiB); beyond 48 KiB the renderer makes them one dynamic pool (`codegen.STATIC_SHARED_BYTES`).
+"""
+
 MAX_ACCUMULATORS = 128
 """fp32 accumulators a lane at most (a 64 x 64 warp tile): beyond, registers spill."""
 
 # (block_m, block_n, warps_m, warps_n) a default tries, largest first, and the fraction of the
 # tensor cores' peak each is guessed to reach (a rough ranking, not measured yet:
 # bench/gpu_kernels.py --precision measures it); each with the deepest k tile (`_deepest`)
-# that 3 stages fit in 48 KiB
-DEFAULTS = ((128, 128, 2, 4), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2),
-            (32, 64, 1, 2), (32, 32, 1, 2), (16, 32, 1, 2))
-EFFICIENCY = (0.7, 0.55, 0.55, 0.4, 0.25, 0.15, 0.08)
+# that DEFAULT_STAGES slots fit in MAX_SHARED_BYTES. 64 x 64 warp tiles for the large ones
+# (CUTLASS's and Triton's choice on sm_80: 128 accumulators a lane, no spills)
+DEFAULTS = ((128, 256, 2, 4), (128, 128, 2, 4), (128, 64, 2, 2), (64, 128, 2, 2),
+            (64, 64, 2, 2), (32, 64, 1, 2), (32, 32, 1, 2), (16, 32, 1, 2))
+EFFICIENCY = (0.75, 0.7, 0.55, 0.55, 0.4, 0.25, 0.15, 0.08)
 DEFAULT_STAGES = 3
 # the model's throughput is the device's tf32 tensor-core figure (`GPU.tensor_flops`, for
 # every precision), a split costs as in dense.py
@@ -113,7 +121,7 @@ def product_space(name: str, k: int, batch: int, precision: str) -> Space:
                    c.block_n % (16 * c.warps_n) == 0),
         Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
                    lambda c: _accumulators(c) <= MAX_ACCUMULATORS),
-        Constraint("the stages' shared tiles within 48 KiB",
+        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB",
                    lambda c: shared_bytes(c, precision) <= MAX_SHARED_BYTES),
         Constraint("split_k at most the k tiles, batch * split_k blocks on grid z",
                    lambda c: c.split_k <= -(-k // c.block_k) and

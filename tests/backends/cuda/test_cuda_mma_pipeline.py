@@ -42,11 +42,12 @@ CASES = [
     ("bf16", 40, 72, 100, 1, C(32, 32, 16, 1, 2, 3), T.float16, False, False),
     ("fp16", 33, 70, 90, 2, C(32, 64, 32, 2, 1, 3, 2), T.float32, True, True),
     ("fp16", 130, 136, 72, 1, C(128, 128, 16, 2, 2, 3), T.float16, False, True),
+    ("bf16", 130, 264, 72, 1, C(128, 256, 32, 2, 4, 3), T.bfloat16, True, False),   # 72 KiB
     ("tf32", 40, 72, 100, 1, C(32, 32, 16, 1, 2, 3), T.float32, False, False),
     ("tf32", 40, 72, 100, 2, C(32, 32, 32, 2, 1, 2, 2), T.float32, True, True),
     ("tf32", 40, 72, 100, 1, C(32, 32, 16, 1, 2, 3), T.float32, True, False),
 ]
-SMOKE = (0, 2, 5, 9)
+SMOKE = (0, 2, 5, 9, 10)
 """CASES run on host threads in every run (cp.async both layouts, registers, tf32); the rest
 are `emulated_full`."""
 
@@ -214,6 +215,18 @@ def test_the_swizzle_leaves_no_bank_conflicts(precision, rows_contiguous, rows, 
         assert len(set(stored)) == tile.chunks    # a permutation of the slot's chunks
         for first in range(0, tile.chunks, 8):
             assert len({w // 4 % 8 for w in stored[first: first + 8]}) == 8
+
+
+def test_shared_tiles_beyond_48k_are_one_dynamic_pool():
+    small, _ = product("fp16", 64, 64, 64, 1, C(64, 64, 32, 2, 2, 3), T.float16, False, False)
+    large, _ = product("fp16", 128, 256, 64, 1, C(128, 256, 32, 2, 4, 3), T.float16, False,
+                       False, name="large")
+    module = render_module([(small, True), (large, True)])
+    assert [x.shared_bytes for x in module.kernels["mm"].launches] == [0]
+    assert [x.shared_bytes for x in module.kernels["large"].launches] == [3 * 32 * 384 * 2]
+    assert module.source.count("DNNC_SHARED_POOL(dnnc_shared_pool, 73728);") == 1
+    assert "unsigned int* const a_tile = reinterpret_cast<unsigned int*>(dnnc_shared_pool + " \
+        in module.source
 
 
 # -- numbers --------------------------------------------------------------------------------------

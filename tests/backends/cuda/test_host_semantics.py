@@ -68,6 +68,7 @@ extern "C" void dnnc_launch(void (*kernel)(void**), void** args, unsigned gx, un
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static
+#define DNNC_SHARED_POOL(name, bytes) static __attribute__((aligned(16))) unsigned char name[bytes]
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 struct alignas(8) float2 { float x, y; };
@@ -241,6 +242,7 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
     source = module.source
     assert source.startswith(PRELUDE)
     device_only = PRELUDE[PRELUDE.index("// NaN-propagating"):]   # the templates stay
+    assert "DNNC_SHARED_POOL" not in device_only   # (the shim's own: a static pool)
     wrappers = []
     for func, _ in funcs:
         kernel = module.kernels[func.name]
