@@ -15,6 +15,8 @@ through a ring of `stages` slots.
 
 import ctypes
 import re
+import shutil
+import subprocess
 from dataclasses import replace
 
 import ml_dtypes
@@ -278,6 +280,40 @@ def test_every_case_compiles_for_sm80_and_sm90_without_spills():
         log = nvrtc.getProgramLog(prog)
         spills = re.findall(r"(\d+) bytes spill stores", log)
         assert len(spills) >= len(funcs) and not any(int(x) for x in spills), log[-4000:]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_case_compiles_with_nvcc_to_ldmatrix_and_cp_async(arch, tmp_path):
+    funcs = [(product(*case, name=f"case{i}")[0], True) for i, case in enumerate(DEVICE_CASES)]
+    path = tmp_path / "module.cu"
+    path.write_text(render_module(funcs).source)
+    proc = subprocess.run(["nvcc", f"-arch={arch}", "--ptx", "-std=c++17", "-o",
+                           str(tmp_path / "module.ptx"), str(path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ptx = (tmp_path / "module.ptx").read_text()
+    for instruction in ("ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                        "cp.async.cg.shared.global", "cp.async.commit_group",
+                        "cp.async.wait_group 1", "mma.sync.aligned.m16n8k16.row.col.f32.bf16",
+                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32"):
+        assert instruction in ptx, instruction
+
+
+@pytest.mark.parametrize("precision", [
+    p if p == "fp16" else pytest.param(p, marks=pytest.mark.emulated_full)
+    for p in ("tf32", "fp16", "bf16")])
+def test_convolutions_under_several_configs_on_host(precision, rng, tmp_path):
+    """The implicit GEMM (weights k-major, gathered patches rows-major: ldmatrix .trans)
+    through registers, under stages 2..4, split-k and narrow and wide warp tiles."""
+    from test_cuda_precision import PRODUCTS, _check_on_host
+
+    make, k = PRODUCTS["conv3x3_pad"]
+    model_of = make(rng)
+    for n, config in enumerate((C(32, 32, 16, 2, 1, 2), C(32, 64, 32, 1, 2, 4, 2),
+                                C(64, 32, 16, 2, 2, 3, 4))):
+        _check_on_host(model_of, k, precision, tmp_path / str(n), config)
 
 
 @pytest.mark.gpu
