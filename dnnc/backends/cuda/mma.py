@@ -2,8 +2,10 @@
 compile's precision (`Target.precision`) is tf32, fp16 or bf16; fp32 compiles never see
 them.
 
-A block computes a `block_m` x `block_n` tile of Y (blockIdx.y: row tiles, blockIdx.x:
-column tiles, blockIdx.z: the batch) with `warps_m` x `warps_n` warps; warp (wy, wx) owns a
+A block computes a `block_m` x `block_n` tile of Y (blockIdx.z: the batch; blockIdx.x down
+GROUP_ROWS row tiles, then across the column tiles, then the next group, so that blocks
+running together share operand tiles in L2 (`_grouped`); blockIdx.y and x when fewer row
+tiles) with `warps_m` x `warps_n` warps; warp (wy, wx) owns a
 (block_m / warps_m) x (block_n / warps_n) part of it, a grid of 16 x 8 mma tiles, each with
 4 fp32 accumulators a lane (`L.Mma`'s C fragment).
 
@@ -86,6 +88,8 @@ DEFAULTS = ((128, 256, 2, 4), (128, 128, 2, 4), (128, 64, 2, 2), (64, 128, 2, 2)
             (64, 64, 2, 2), (32, 64, 1, 2), (32, 32, 1, 2), (16, 32, 1, 2))
 EFFICIENCY = (0.75, 0.7, 0.55, 0.55, 0.4, 0.25, 0.15, 0.08)
 DEFAULT_STAGES = 3
+GROUP_ROWS = 8
+"""Row tiles a group of consecutive blocks runs down before moving across (`_grouped`)."""
 # the model's throughput is the device's tf32 tensor-core figure (`GPU.tensor_flops`, for
 # every precision), a split costs as in dense.py
 LAUNCH_S = 2e-6
@@ -191,8 +195,7 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
     if c.split_k == 1:
         done = w.each_result(lambda i, j, value: store(bi, i, j, value))
         body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
-        return L.For(bi, batch, L.For(by, grid[0], L.For(
-            bx, grid[1], body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y), L.ForKind.BLOCK_Z)
+        return L.For(bi, batch, _grouped(body, grid, by, bx), L.ForKind.BLOCK_Z)
     sk = L.Var("sk")
 
     def slice_block(bz: L.Var, partial: L.Buffer) -> L.Stmt:
@@ -202,6 +205,21 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
         return L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
 
     return dense_template._split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
+
+
+def _grouped(body: L.Stmt, grid: tuple[int, int], by: L.Var, bx: L.Var) -> L.Stmt:
+    """`body` over the (row tile by, column tile bx) of a grid of `grid` tiles, one block
+    each: where there are more than GROUP_ROWS row tiles, blockIdx.x runs down GROUP_ROWS
+    rows at a time, then across (blocks running together share their A rows and B columns
+    in L2, as Triton's grouped ordering), else over blockIdx.y and x."""
+    rows, columns = grid
+    if rows <= GROUP_ROWS:
+        return L.For(by, rows, L.For(bx, columns, body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y)
+    tile, within = L.Var("tile"), L.Var("in_group")
+    first = tile // (GROUP_ROWS * columns) * GROUP_ROWS
+    height = L.minimum(rows - first, GROUP_ROWS)   # the last group's may be less
+    return L.For(tile, rows * columns, L.Let(within, tile % (GROUP_ROWS * columns), L.Let(
+        by, first + within % height, L.Let(bx, within // height, body))), L.ForKind.BLOCK_X)
 
 
 def _over_threads(threads: int, count: int, body) -> L.Stmt:

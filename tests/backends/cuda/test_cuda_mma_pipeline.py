@@ -48,8 +48,9 @@ CASES = [
     ("tf32", 40, 72, 100, 1, C(32, 32, 16, 1, 2, 3), T.float32, False, False),
     ("tf32", 40, 72, 100, 2, C(32, 32, 32, 2, 1, 2, 2), T.float32, True, True),
     ("tf32", 40, 72, 100, 1, C(32, 32, 16, 1, 2, 3), T.float32, True, False),
+    ("fp16", 300, 100, 40, 2, C(16, 32, 16, 1, 2, 3), T.float16, False, False),   # grouped
 ]
-SMOKE = (0, 2, 5, 9, 10)
+SMOKE = (0, 2, 5, 9, 10, 13)
 """CASES run on host threads in every run (cp.async both layouts, registers, tf32); the rest
 are `emulated_full`."""
 
@@ -217,6 +218,27 @@ def test_the_swizzle_leaves_no_bank_conflicts(precision, rows_contiguous, rows, 
         assert len(set(stored)) == tile.chunks    # a permutation of the slot's chunks
         for first in range(0, tile.chunks, 8):
             assert len({w // 4 % 8 for w in stored[first: first + 8]}) == 8
+
+
+def test_blocks_run_down_groups_of_row_tiles():
+    """19 row tiles x 4 column tiles: blockIdx.x over all 76, down 8 row tiles a group (the
+    last group 3), then across; each (row tile, column tile) once."""
+    func, _ = product(*CASES[13])
+    (launch,) = render_module([(func, True)]).kernels["mm"].launches
+    assert launch.grid == (76, 1, 2)
+    loop = next(n for n in L.walk(func.body) if isinstance(n, L.For) and
+                n.kind is L.ForKind.BLOCK_X)
+    lets, node = {}, loop.body
+    while isinstance(node, L.Let):
+        lets[node.var.name], node = node, node.body
+    seen = []
+    for tile in range(76):
+        env = {loop.var: tile}
+        env[lets["in_group"].var] = _value(lets["in_group"].value, env)
+        seen.append(tuple(_value(lets[v].value, env) for v in ("by", "bx")))
+    assert sorted(seen) == [(y, x) for y in range(19) for x in range(4)]
+    assert seen[:10] == [(y, 0) for y in range(8)] + [(0, 1), (1, 1)]
+    assert seen[64:] == [(16 + y % 3, y // 3) for y in range(12)]
 
 
 def test_shared_tiles_beyond_48k_are_one_dynamic_pool():
