@@ -41,8 +41,9 @@ of a 16-row tile), depthwise convolutions the default one.
 
 Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codegen.py).
 
-Not yet: wgmma and TMA on sm_90, vector stores of Y, fp32 operands through cp.async
-(converting in shared memory), measured EFFICIENCY figures.
+Not yet: wgmma and TMA on sm_90, vector stores of Y at the edges and through epilogues
+that read memory, fp32 operands through cp.async (tf32: rounding the fragments), measured
+EFFICIENCY figures.
 """
 
 from __future__ import annotations
@@ -513,15 +514,24 @@ class _WarpTiles:
         return L.seq(*ahead, loop)
 
     def each_result(self, body) -> L.Stmt:
-        """`body(i, j, accumulator)` for each of the thread's results, if inside Y."""
-        mi, ni = self.mi, self.ni
+        """`body(i, j, accumulator)` for each of the thread's results, if inside Y: a lane's
+        two results of a row are adjacent columns, stored as one vector (a warp's stores then
+        fill whole 32-byte sectors) where no tile passes Y's edges and `body` allows it (a
+        store of registers: the renderer's proof)."""
+        mi, ni, v = self.mi, self.ni, L.Var("v")
+        exact = self.m % self.bm == 0 and self.n % self.bn == 0
         out = []
-        for rr in range(4):
-            row, col = _c(rr, self.g, self.q)
+        for half in range(2):   # accumulators 2 half, 2 half + 1: row g + 8 half
+            row, col = _c(2 * half, self.g, self.q)
             i = self.row0 + self.wy * self.wm + mi * self.mm + row
             j = self.col0 + self.wx * self.wn + ni * self.mn + col
-            out.append(L.If(L.logical_and(i < self.m, j < self.n),
-                            body(i, j, self.acc[(mi * self.tn + ni) * 4 + rr])))
+            at = (mi * self.tn + ni) * 4 + 2 * half
+            if exact:
+                out.append(L.For(v, 2, body(i, j + v, self.acc[at + v]),
+                                 L.ForKind.VECTORIZED))
+                continue
+            out += [L.If(L.logical_and(i < self.m, j + r < self.n),
+                         body(i, j + r, self.acc[at + r])) for r in range(2)]
         return self.per_thread(L.For(mi, self.tm, L.For(ni, self.tn, L.seq(*out),
                                                         L.ForKind.UNROLLED),
                                      L.ForKind.UNROLLED))
