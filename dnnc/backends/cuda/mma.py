@@ -11,15 +11,18 @@ tiles) with `warps_m` x `warps_n` warps; warp (wy, wx) owns a
 
 Shared memory. k goes in tiles of `block_k` through a ring of `stages` slots, each holding
 both operands' tiles already in the precision's type (`_Tile`): 16-bit elements two to a
-word for fp16 and bf16, tf32 bits for tf32 (rounded once, as they are staged). A tile is
+word for fp16 and bf16, 32-bit words for tf32 (rounded once as they are staged through
+registers; copied as float32 by cp.async and rounded as fragments). A tile is
 rows of 16-byte chunks (8 16-bit or 4 tf32 elements) along the dimension the operand is
 contiguous in, k or its rows (i of A, j of B; tf32 always k: ldmatrix cannot transpose 32-bit
 elements); chunk c of row o sits at chunk c ^ f(o) (an XOR swizzle, f in `_Tile.word`) so
 that the 8 rows an ldmatrix reads at one chunk and the 8 chunks a phase of stores writes fall
-in distinct banks, without padding. An operand stored in global memory in the precision's
-16-bit type as a plain array whose contiguous extent is a multiple of 8 (`Operand.array`)
-is copied with `cp.async` (`L.CopyAsync`, 16 bytes, zero-filled past m, n or k), a group a k
-tile; any other (fp32 storage, a convolution's gathered patches, an odd extent) goes through
+in distinct banks, without padding. An operand stored in global memory as a plain array
+(`Operand.array`) in the tile's type (the 16-bit precision's; for tf32 float32 contiguous
+along k) whose contiguous extent is a multiple of a chunk is copied with `cp.async`
+(`L.CopyAsync`, 16 bytes, zero-filled past m, n or k), a group a k tile; any other (fp32
+storage at fp16 / bf16, tf32 operands contiguous along their rows, a convolution's gathered
+patches, an odd extent) goes through
 registers: loaded a k tile ahead (4 elements a vector load where no edge needs checking), then
 rounded / packed to the precision and stored as 16-byte chunks after the tile's product.
 Loop: `stages - 1` tiles are fetched ahead; at each k tile the thread waits for its oldest
@@ -28,8 +31,9 @@ previous tile, then the product of this tile.
 
 Fragments. Per mma step of k (8 for tf32, 16 for fp16 and bf16) each warp loads its A
 fragments (one `ldmatrix.x4` per 16 rows) and B fragments (one per 16 columns: two mma
-tiles), `.trans` where the tile's rows are the operand's rows (16-bit only), double buffered:
-step s + 1's while step s's mmas run. The epilogue stores each accumulator through the
+tiles), `.trans` where the tile's rows are the operand's rows (16-bit only; tf32 moves its
+32-bit elements as pairs of 16-bit ones, which an 8 x 8 b16 matrix holds in PTX's tf32
+fragment order), double buffered: step s + 1's while step s's mmas run. The epilogue stores each accumulator through the
 problem's store (Gemm's scaling and bias, the fused epilogue, the layout tail; a conv's
 bias), guarded at the edges. `split_k` > 1 splits k over blockIdx.z as dense.py does (partial
 sums in a workspace, a second launch adds them).
@@ -393,14 +397,19 @@ class _Tile:
 
 def _copies_async(operand: Operand, sample: L.Expr, precision: str) -> bool:
     """Whether the operand goes to shared memory by cp.async: a plain array
-    (`Operand.array`) stored in the 16-bit precision's type whose contiguous extent is a
-    multiple of a chunk (every chunk 16-byte aligned, inside or outside as a whole)."""
-    if precision not in STORAGE or not operand.array or not isinstance(sample, L.Load):
+    (`Operand.array`) stored in the type the tile holds (the 16-bit precision's; float32 for
+    tf32, contiguous along k: its fragments are rounded after ldmatrix) whose contiguous
+    extent is a multiple of a chunk (every chunk 16-byte aligned, inside or outside as a
+    whole)."""
+    if not operand.array or not isinstance(sample, L.Load):
         return False
-    extent = sample.buffer.shape[-1]
-    return sample.buffer.dtype is STORAGE[precision] and \
-        sample.buffer.scope is L.Scope.GLOBAL and isinstance(extent, L.Const) and \
-        extent.value % (CHUNK_WORDS * 2) == 0
+    stored, extent = sample.buffer.dtype, sample.buffer.shape[-1]
+    if precision == "tf32":
+        fits, chunk = stored is T.float32 and not operand.rows_contiguous, CHUNK_WORDS
+    else:
+        fits, chunk = stored is STORAGE[precision], CHUNK_WORDS * 2
+    return fits and sample.buffer.scope is L.Scope.GLOBAL and isinstance(extent, L.Const) \
+        and extent.value % chunk == 0
 
 
 def _as_float32(x: L.Expr) -> L.Expr:
@@ -462,16 +471,19 @@ class _WarpTiles:
         ai, bj = L.Var("ai"), L.Var("bj")
         a_rows = self.wy * (self.wm // 8) + ai * 2      # in 8s
         b_rows = self.wx * (self.wn // 8) + bj * 2
-        a = L.LdMatrix(self.a_frag[(half * self.tm + ai) * ra],
-                       self.a_in.tile[self.a_in.fragment_row(slot, ks, a_rows, self.lane,
-                                                             True)],
-                       4, not self.a_in.k_inner)
-        b = L.LdMatrix(self.b_frag[(half * self.tn + bj * 2) * rb],
-                       self.b_in.tile[self.b_in.fragment_row(slot, ks, b_rows, self.lane,
-                                                             False)],
-                       4, not self.b_in.k_inner)
-        return L.seq(L.For(ai, self.tm, a, L.ForKind.UNROLLED),
-                     L.For(bj, self.tn // 2, b, L.ForKind.UNROLLED))
+        loads = []
+        for tile, frag, first, rows, index, a_side in (
+                (self.a_in, self.a_frag, (half * self.tm + ai) * ra, a_rows, ai, True),
+                (self.b_in, self.b_frag, (half * self.tn + bj * 2) * rb, b_rows, bj, False)):
+            body = [L.LdMatrix(frag[first], tile.tile[tile.fragment_row(
+                slot, ks, rows, self.lane, a_side)], 4, not tile.k_inner)]
+            if self.precision == "tf32" and tile.asynchronous:   # fp32 as copied: round
+                body += [L.Store(frag, (first + r,), L.call("pack_tf32", L.call(
+                    "bitcast", frag[first + r], dtype=T.float32), dtype=T.uint32))
+                    for r in range(4)]
+            loads.append(L.For(index, self.tm if a_side else self.tn // 2, L.seq(*body),
+                               L.ForKind.UNROLLED))
+        return L.seq(*loads)
 
     def update(self, slot: L.Expr) -> L.Stmt:
         """The k tile in shared `slot`, an mma step of k at a time: step s + 1's fragments

@@ -267,8 +267,11 @@ def _run_on_host(case, rng, tmp_path, epilogue=True):
     module = render_module([(func, True)])
     source = module.source
     assert "dnnc_ldmatrix_x4(&" in source or "dnnc_ldmatrix_x4_trans(&" in source
-    assert ("dnnc_cp_async(&" in source) == (dtype in (T.float16, T.bfloat16) and
-                                            mma.STORAGE.get(precision) is dtype)
+    copies = dtype is mma.STORAGE.get(precision, T.float32) and \
+        (precision != "tf32" or not (trans_a and not trans_b))   # (some operand k-major)
+    assert ("dnnc_cp_async(&" in source) == copies
+    kernels = source[source.index('extern "C"'):]
+    assert ("dnnc_tf32(" in kernels) == (precision == "tf32")   # (rounded: staged, fragments)
     lib = host_library([(func, True)], tmp_path, module)
     a, b, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
     y = np.full((batch, m, n), np.nan, np.float32)
