@@ -40,7 +40,8 @@ from onnx import TensorProto, helper, numpy_helper
 import dnnc
 from dnnc import zoo
 from dnnc.backends.cuda import mma as mma_templates
-from dnnc.backends.cuda.codegen import MMA_PRELUDE, render_module
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.cuda.prelude import MMA_PRELUDE
 from dnnc.backends.cuda.schedules import template_for
 from dnnc.errors import ArgumentError
 from dnnc.frontend.onnx import import_onnx

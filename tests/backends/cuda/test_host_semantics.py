@@ -20,8 +20,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dnnc.backends.cuda.codegen import (C_TYPES, MMA_PRELUDE, PRELUDE, c_name, render_module,
-                                        stages)
+from dnnc.backends.cuda.codegen import C_TYPES, c_name, render_module, stages
+from dnnc.backends.cuda.prelude import MMA_PRELUDE, PRELUDE
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from cuda_kernels import (programs, reference, renamed, suite_cases, suite_inputs, suite_sample,
@@ -115,7 +115,7 @@ static inline unsigned short dnnc_f2h(float f) { return dnnc_bits<unsigned short
 """
 
 MMA_SHIM = r"""
-// tensor cores (codegen's MMA_PRELUDE), from the PTX ISA's definitions: the conversions as
+// tensor cores (prelude.py's MMA_PRELUDE), from the PTX ISA's definitions: the conversions as
 // the host rounds them; in an mma each lane posts its operand registers' elements, every
 // lane then rebuilds its warp's A (16 x K) and B (K x 8) from the fragment layouts and
 // updates its own 4 accumulators
