@@ -222,9 +222,7 @@ MMA_VARIANTS = (
     dict(block_m=128, block_n=256, block_k=32, warps_m=2, warps_n=4, stages=4),
     dict(block_m=256, block_n=128, block_k=32, warps_m=4, warps_n=2, stages=3),
     dict(block_m=128, block_n=128, block_k=64, warps_m=2, warps_n=2, stages=3),
-    dict(block_m=128, block_n=64, block_k=32, warps_m=2, warps_n=2, stages=4),
-    dict(block_m=64, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=4),
-    dict(block_m=64, block_n=64, block_k=32, warps_m=2, warps_n=2, stages=4))
+    dict(block_m=64, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=4))
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
 
