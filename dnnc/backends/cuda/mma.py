@@ -93,11 +93,12 @@ DEFAULTS = ((128, 256, 2, 4), (128, 128, 2, 4), (128, 64, 2, 2), (64, 128, 2, 2)
             (64, 64, 2, 2), (32, 64, 1, 2), (32, 32, 1, 2), (16, 32, 1, 2))
 EFFICIENCY = (0.75, 0.7, 0.55, 0.55, 0.4, 0.25, 0.15, 0.08)
 DEFAULT_STAGES = 3
-GROUP_ROWS = 8
-"""Row tiles a group of consecutive blocks runs down before moving across (`_grouped`)."""
 # the model's throughput is the device's tf32 tensor-core figure (`GPU.tensor_flops`, for
 # every precision), a split costs as in dense.py
 LAUNCH_S = 2e-6
+
+GROUP_ROWS = 8
+"""Row tiles a group of consecutive blocks runs down before moving across (`_grouped`)."""
 
 
 @dataclass(frozen=True)
