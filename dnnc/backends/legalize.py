@@ -559,9 +559,8 @@ class _Legalizer:
 _STATEMENTS: dict[type, Callable] = {
     L.Seq: _Legalizer.seq, L.Allocate: _Legalizer.allocate, L.Barrier: _Legalizer.barrier,
     L.For: _Legalizer.loop, L.Let: _Legalizer.let, L.If: _Legalizer.if_,
-    L.Store: _Legalizer.store, L.Mma: _Legalizer.mma, L.LdMatrix: _Legalizer.leaf,
-    L.CopyAsync: _Legalizer.leaf, L.AsyncCommit: _Legalizer.barrier,
-    L.AsyncWait: _Legalizer.barrier,
+    L.Store: _Legalizer.store, L.Mma: _Legalizer.mma,
+    **{kind: _Legalizer.leaf for kind in (L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)},
 }
 
 
