@@ -262,18 +262,14 @@ class _Staged:
     renderer proves the alignment, or reads them one by one)."""
 
     def __init__(self, name: str, rows: int, first: L.Expr, extent: int, operand: Operand,
-                 bk: int, k: int, threads: int, checked: bool, bi: L.Var, pad: int = 0):
+                 bk: int, k: int, threads: int, checked: bool, bi: L.Var):
         self.rows, self.first, self.extent, self.operand = rows, first, extent, operand
-        # a k row of the shared tile is `stride` words apart: rows, plus `pad` words that
-        # move the next k row's words to other banks (the tensor-core fragment reads)
-        self.stride = rows + pad
         self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, checked, bi
         self.lanes = 1 if checked else 4
         self.groups = (rows if operand.rows_contiguous else bk) // self.lanes
         self.vectors = bk * rows // self.lanes
         self.steps = -(-self.vectors // threads)
-        self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * self.stride,),
-                             L.Scope.SHARED)
+        self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * rows,), L.Scope.SHARED)
         self.stage = L.Buffer(f"{name}_stage", T.float32, (self.steps * self.lanes,),
                               L.Scope.LOCAL)
 
@@ -309,15 +305,12 @@ class _Staged:
             return L.Store(self.stage, (step * self.lanes + v,), value)
         return self._each(when, body, L.ForKind.VECTORIZED)
 
-    def store(self, buf: L.Expr, when: L.Expr | None,
-              convert: Callable[[L.Expr], L.Expr] | None = None) -> L.Stmt:
-        """Shared buffer `buf` <- the registers (each through `convert` when given), if
-        `when`."""
+    def store(self, buf: L.Expr, when: L.Expr | None) -> L.Stmt:
+        """Shared buffer `buf` <- the registers, if `when`."""
         def body(step, e, v):
             r, kk = self._place(e, v)
-            value = self.stage[step * self.lanes + v]
-            return L.Store(self.tile, ((buf * self.bk + kk) * self.stride + r,),
-                           value if convert is None else convert(value))
+            return L.Store(self.tile, ((buf * self.bk + kk) * self.rows + r,),
+                           self.stage[step * self.lanes + v])
         return self._each(when, body, L.ForKind.UNROLLED)
 
 
