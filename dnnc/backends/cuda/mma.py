@@ -45,9 +45,11 @@ of a 16-row tile), depthwise convolutions the default one.
 
 Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codegen.py).
 
-Not yet: wgmma and TMA on sm_90, vector stores of Y at the edges and through epilogues
-that read memory, fp32 operands through cp.async (tf32: rounding the fragments), measured
-EFFICIENCY figures.
+Not yet: wgmma and TMA on sm_90; the next k tile's first fragments loaded before this
+tile's last mmas (CUTLASS's overlap of the barrier); vector stores of Y at the edges and
+through epilogues that read memory; fp32 operands at fp16 / bf16 and tf32 operands
+contiguous along their rows through cp.async (converting or transposing in shared memory);
+measured EFFICIENCY figures.
 """
 
 from __future__ import annotations
