@@ -3,7 +3,7 @@ kernels against the GPU's copy bandwidth.
 
     python bench/gpu_kernels.py [--only dense,elementwise,softmax,layernorm,attention]
                                 [--repeat 200] [--trials 7] [--no-variants]
-                                [--precision tf32|fp16|bf16]
+                                [--precision tf32|fp16|bf16] [--dense-shapes MxKxN,...]
 
 Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
 the cuda templates' default config and, unless `--no-variants`, with the previous default
@@ -35,8 +35,11 @@ from. Dense launches repeat `--repeat` / 10 times.
 
 `--precision tf32|fp16|bf16` compiles for that precision (`Target.precision`): the dense
 rows are then the tensor-core template's (`backends/cuda/mma.py`: its default and, unless
-`--no-variants`, the `mma.DEFAULTS` tiles unsplit and split and a few others, the
-measurements `mma.EFFICIENCY` should be fitted from), against cuBLAS at the same precision:
+`--no-variants`, `MMA_VARIANTS` unsplit and split, the measurements `mma.EFFICIENCY`
+should be fitted from), first with the operands stored in fp32 ("fp32 in": staged through
+registers, converted on the way), then for fp16 and bf16 stored in that type ("fp16 in",
+"bf16 in": converted once before timing; the cp.async path), against cuBLAS at the same
+precision:
 tf32 `torch.matmul` with `torch.backends.cuda.matmul.allow_tf32 = True` on the fp32
 operands (else `cupy.matmul` if CUPY_TF32=1 is set), fp16 `cupy.matmul` on float16 copies,
 bf16 `torch.matmul` on bfloat16 copies (each peer's time excludes its conversion). Each
@@ -85,8 +88,10 @@ from dnnc.backends.cuda import device, mma  # noqa: E402
 from dnnc.backends.cuda.attention import AttentionConfig  # noqa: E402
 from dnnc.backends.cuda.mma_attention import MmaAttentionConfig  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
+from dnnc.backends.cuda.dense import Operand  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
 from dnnc.backends.lower import lower_group  # noqa: E402
+from dnnc.ir import loop as L  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.target import PRECISIONS, Target  # noqa: E402
@@ -208,13 +213,23 @@ def _row_variants() -> list[dict]:
 
 
 DENSE_SHAPES = ((4096, 4096, 4096), (128, 768, 3072), (128, 3072, 768), (1024, 768, 3072),
-                (1024, 3072, 768))
-"""(m, k, n): the issue's 4096^3 and bert_base's FFN products at batch 1 and 8."""
+                (1024, 3072, 768), (8192, 768, 3072), (8192, 3072, 768))
+"""(m, k, n): the issue's 4096^3 and bert_base's FFN products at batch 1, 8 and 64
+(`--dense-shapes` picks some)."""
+
+MMA_VARIANTS = (
+    dict(block_m=128, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=3),
+    dict(block_m=128, block_n=128, block_k=32, warps_m=2, warps_n=4, stages=4),
+    dict(block_m=128, block_n=256, block_k=32, warps_m=2, warps_n=4, stages=4),
+    dict(block_m=256, block_n=128, block_k=32, warps_m=4, warps_n=2, stages=3),
+    dict(block_m=128, block_n=128, block_k=64, warps_m=2, warps_n=2, stages=3),
+    dict(block_m=64, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=4))
+"""Tensor-core configs timed beside the default (each also split where k allows)."""
 
 
-def dense_cases():
+def dense_cases(shapes=DENSE_SHAPES):
     rng = np.random.default_rng(0)
-    for m, k, n in DENSE_SHAPES:
+    for m, k, n in shapes:
         g = Graph("dense")
         x = g.add_input("x", T.TensorType(T.float32, (m, k)))
         w = rng.standard_normal((k, n), dtype=np.float32)
@@ -223,19 +238,16 @@ def dense_cases():
         yield Case("dense", f"{m}x{k}x{n}", g, x, None, None, _dense_variants(k))
 
 
-def _dense_variants(k: int, precision: str = "fp32") -> list[dict]:
+def _dense_variants(k: int, precision: str = "fp32", m: int = 0) -> list[dict]:
     from dnnc.backends.cuda.dense import DEFAULTS, MIN_SPLIT_K
 
-    if precision != "fp32":   # the tensor-core template's tiles
-        tiles = ("block_m", "block_n", "block_k", "warps_m", "warps_n")
-        wider = ((128, 64, 32, 2, 2), (64, 128, 16, 1, 4), (128, 128, 16, 4, 2),
-                 (128, 64, 16, 4, 1), (64, 64, 16, 2, 2))
-        defaults = mma.DEFAULTS
-    else:
-        tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
-        wider = ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4))
-        defaults = DEFAULTS
-    return [dict(zip(tiles, dims), split_k=split) for dims in defaults + wider
+    if precision != "fp32":   # the tensor-core template's
+        return [dict(v, split_k=split) for v in MMA_VARIANTS for split in (1, 2, 4)
+                if split == 1 or k >= 2 * split * MIN_SPLIT_K and m <= 1024 and
+                v["block_m"] <= 128]
+    tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
+    wider = ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4))
+    return [dict(zip(tiles, dims), split_k=split) for dims in DEFAULTS + wider
             for split in (1, 2, 4, 8) if split == 1 or k >= split * MIN_SPLIT_K]
 
 
@@ -571,13 +583,50 @@ def run_kernel(cp, kernel, func, x_dev):
     out = cp.full(out_value.type.shape, np.nan, np.float32)
     scratch = [cp.empty(size, cp.uint8) for size in info.workspace]
     args = tuple(ins + [out] + scratch)
-    launches = [(raw.get_function(lc.name), lc) for lc in info.launches]
+    launches = [(_function(raw, lc), lc) for lc in info.launches]
 
     def launch():
         for fn, lc in launches:
             fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
 
     return launch, out, len(launches)
+
+
+def _function(raw, launch):
+    """`launch`'s function of `raw`, allowed its dynamic shared memory (beyond 48 KiB)."""
+    fn = raw.get_function(launch.name)
+    if launch.shared_bytes > 48 << 10:
+        fn.max_dynamic_shared_size_bytes = launch.shared_bytes
+    return fn
+
+
+def stored_16bit(cp, precision: str, x, w, config):
+    """(launch, output) of x w (fp32 arrays) with both operands stored in the precision's
+    16-bit type (converted here, once): the tensor-core template's cp.async path."""
+    m, k = x.shape
+    n = w.shape[1]
+    dtype = mma.STORAGE[precision]
+    a, b = L.Buffer("a", dtype, (1, m, k)), L.Buffer("b", dtype, (1, k, n))
+    y = L.Buffer("y", T.float32, (1, m, n))
+    body = mma.mma_product(config, 1, m, n, k, Operand(lambda bi, i, kk: a[bi, i, kk], False,
+                                                       True),
+                           Operand(lambda bi, j, kk: b[bi, kk, j], True, True),
+                           lambda bi, i, j, value: L.Store(y, (bi, i, j), value),
+                           precision=precision)
+    func = L.PrimFunc("stored_16bit", (a, b, y), body)
+    module = render_module([(func, True)])
+    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    info = module.kernels[func.name]
+    out = cp.full((m, n), np.nan, np.float32)
+    args = tuple([cp.asarray(v.astype(dtype.np).view(np.uint16)) for v in (x, w)] + [out] +
+                 [cp.empty(size, cp.uint8) for size in info.workspace])
+    launches = [(_function(raw, lc), lc) for lc in info.launches]
+
+    def launch():
+        for fn, lc in launches:
+            fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
+
+    return launch, out
 
 
 def _config_text(config, default) -> str:
@@ -599,9 +648,11 @@ def dense_table(cp, machine: Target, args) -> int:
     print(f"{'case':12s} {'shape':18s} {'config':58s} {'us':>9s} {'TF/s':>7s} "
           f"{'vs cuBLAS':>9s}  check")
     wrong = 0
-    for case in dense_cases():
+    shapes = [tuple(int(x) for x in text.split("x")) for text in args.dense_shapes.split(",")
+              if text] if args.dense_shapes else DENSE_SHAPES
+    for case in dense_cases(shapes):
         if precision != "fp32":
-            case.variants = _dense_variants(case.x.shape[1], precision)
+            case.variants = _dense_variants(case.x.shape[1], precision, case.x.shape[0])
         x_dev = cp.asarray(case.x)
         w_dev = cp.asarray(next(v.const for v in case.graph.nodes[0].inputs
                                 if v.const is not None))
@@ -635,23 +686,29 @@ def dense_table(cp, machine: Target, args) -> int:
             print(f"{'dense':12s} {case.label:18s} {label:58s} "
                   f"{blas_ms * 1e3:9.1f} {flops / blas_ms / 1e9:7.1f} {1:9.2f}")
         default, measured = None, set()
-        for overrides in [{}] + ([] if args.no_variants else case.variants):
+        storages = ("fp32", precision) if precision in mma.STORAGE else ("fp32",)
+        for storage, overrides in [(s, o) for s in storages for o in [{}] + (
+                [] if args.no_variants else case.variants)]:
             try:
                 kernel, func, config = build(case, machine, overrides)
             except Exception as exc:   # a variant outside this problem's space
                 print(f"{'dense':12s} {case.label:18s} {str(overrides)[:58]:58s} skipped: "
                       f"{str(exc).splitlines()[0][:60]}")
                 continue
-            if config in measured:
+            if (storage, config) in measured:
                 continue
-            measured.add(config)
+            measured.add((storage, config))
             default = default or config
-            launch, out, n = run_kernel(cp, kernel, func, x_dev)
+            if storage == "fp32":
+                launch, out, n = run_kernel(cp, kernel, func, x_dev)
+            else:   # the operands stored in 16 bits
+                launch, out = stored_16bit(cp, precision, case.x, cp.asnumpy(w_dev), config)
             ms = event_ms(cp, launch, repeat, args.trials)
             got = cp.asnumpy(out)
             ok = close(got)
             wrong += not ok
-            label = ("default: " if config == default else "") + _tiles(config)
+            label = (f"{storage} in: " if precision != "fp32" else "") + \
+                ("default: " if config == default else "") + _tiles(config)
             ratio = f"{blas_ms / ms:9.2f}" if blas_ms else f"{'-':>9s}"
             print(f"{'dense':12s} {case.label:18s} {label[:58]:58s} {ms * 1e3:9.1f} "
                   f"{flops / ms / 1e9:7.1f} {ratio}  "
@@ -664,8 +721,8 @@ def dense_table(cp, machine: Target, args) -> int:
 def _tiles(c) -> str:
     """A dense config's tiles, as the dense rows print them."""
     if isinstance(c, mma.TensorCoreConfig):
-        return f"block {c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
-            f"split_k {c.split_k}"
+        return f"{c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
+            f"stages {c.stages} split {c.split_k}"
     return f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
         f"split_k {c.split_k}"
 
@@ -738,6 +795,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--dense-shapes", default="",
+                        help="the dense cases' shapes, m x k x n, comma separated (default: "
+                             "all of DENSE_SHAPES)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="the compile's precision: tensor cores for the dense rows at "
                              "tf32, fp16 or bf16, against cuBLAS at the same precision")

@@ -490,6 +490,11 @@ class _Legalizer:
             tuple(self.expr(x) for x in s.b)))
         return wrap(L.Mma(s.precision, acc, offset, a, b))
 
+    def leaf(self, s: L.Stmt) -> L.Stmt:
+        """A statement of expressions only (ldmatrix, cp.async and its groups): each legal."""
+        out, wrap = self.own(lambda: L.map_exprs(s, self.expr))
+        return wrap(out)
+
     def buffer(self, b: L.Buffer) -> L.Buffer:
         """`b` with its shape legal (once per buffer, so every access names the same one;
         templates may read a parameter through a view of another shape, under its name)."""
@@ -555,6 +560,7 @@ _STATEMENTS: dict[type, Callable] = {
     L.Seq: _Legalizer.seq, L.Allocate: _Legalizer.allocate, L.Barrier: _Legalizer.barrier,
     L.For: _Legalizer.loop, L.Let: _Legalizer.let, L.If: _Legalizer.if_,
     L.Store: _Legalizer.store, L.Mma: _Legalizer.mma,
+    **{kind: _Legalizer.leaf for kind in (L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)},
 }
 
 

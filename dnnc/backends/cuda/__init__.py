@@ -5,7 +5,7 @@ iterations, `rows.py` a row reduction's; templates with knobs, as on llvm: `dens
 `conv.py` tile products in shared memory, `gemv.py` splits short ones along k, `mma.py` runs products on tensor cores at a reduced precision, `attention.py` computes
 a fused attention in one kernel); `codegen.py` renders the scheduled PrimFuncs of a program as
 one CUDA C translation unit and says how each is launched (its docstring holds the interface
-the runtime reads); `device.py` finds CuPy and the GPU, describes it (`Target.gpu`), compiles
+the runtime reads; `prelude.py` the device functions it calls); `device.py` finds CuPy and the GPU, describes it (`Target.gpu`), compiles
 through NVRTC and caches modules; `executable.py` is the runtime, `tuning.py` what the tuner
 measures with.
 """

@@ -15,7 +15,8 @@ The interface the cuda runtime codes against:
                                       memory, each aligned as cudaMalloc's, 256 bytes)
     Launch.name, .grid, .block, .shared_bytes
         the `__global__` symbol, (x, y, z) blocks and threads, dynamic shared memory bytes
-        (always 0 here: shared buffers are static arrays)
+        (0 unless the stage's shared buffers pass STATIC_SHARED_BYTES: then all of them,
+        carved from one dynamic pool)
 
 Every `__global__` takes, in order, one pointer per PrimFunc parameter (the element type's
 pointer, `const` for buffers it never stores) and then one pointer per workspace buffer
@@ -47,8 +48,11 @@ kernel's error record (its last parameter, device memory the runtime reads back)
 Tensor-core products (`L.Mma`) call a device function of `MMA_PRELUDE` per precision: inline
 PTX `mma.sync.aligned` on the accumulators in place (sm_80 and newer); its operand registers
 come from the `L.PACKS` intrinsics, the prelude's conversions (tf32: `cvt.rna.tf32.f32`;
-fp16 / bf16: `cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`, two values a register). A module holds
-that prelude only when it uses it.
+fp16 / bf16: `cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`, two values a register), or from
+shared memory through `L.LdMatrix` (`ldmatrix.sync.aligned`); `L.CopyAsync`, `L.AsyncCommit`
+and `L.AsyncWait` are `cp.async.cg` (16 bytes, the source size zero-filling the rest),
+`cp.async.commit_group` and `cp.async.wait_group`; both take shared addresses through
+`cvta.to.shared`. A module holds that prelude only when it uses it.
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -66,6 +70,7 @@ from ...ir import loop as L
 from ...ir import types as T
 from ..legalize import check_legal, legalize
 from .indices import CudaCodegenError, linearize, narrow_indices
+from .prelude import MMA_PRELUDE, PRELUDE
 
 ERRORS = L.index_checks.INDEX_ERRORS
 CHECKS_HOIST_FROM = frozenset({L.ForKind.SERIAL, L.ForKind.UNROLLED, L.ForKind.VECTORIZED})
@@ -76,71 +81,9 @@ NATIVE: frozenset[str] = frozenset()
 """Legalize rules whose ops this renderer renders itself: none (CUDA's rsqrtf is not
 correctly rounded; its half conversions are the prelude's)."""
 
-PRELUDE = r"""// dnnc: CUDA C for NVRTC (built-in headers only)
-__device__ __forceinline__ float dnnc_h2f(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
-__device__ __forceinline__ unsigned short dnnc_f2h(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}
-// NaN-propagating, as NumPy's maximum / minimum (fmaxf would drop the NaN)
-template <typename T> __device__ __forceinline__ T dnnc_fmax(T a, T b) {
-  return a != a ? a : b != b ? b : a > b ? a : b;
-}
-template <typename T> __device__ __forceinline__ T dnnc_fmin(T a, T b) {
-  return a != a ? a : b != b ? b : a < b ? a : b;
-}
-template <typename T> __device__ __forceinline__ T dnnc_imax(T a, T b) { return a > b ? a : b; }
-template <typename T> __device__ __forceinline__ T dnnc_imin(T a, T b) { return a < b ? a : b; }
-// a gather index outside [-n, n-1] (one unsigned compare): (site + 1, i, n) into the error
-// record unless an error is there (atomicCAS: the first of a call wins); i goes on as it is
-__device__ __forceinline__ long long dnnc_check_index(long long i, long long n, long long site,
-                                                      long long* errors) {
-  if (__builtin_expect((unsigned long long)(i + n) >= (unsigned long long)(2 * n), 0) &&
-      atomicCAS((unsigned long long*)errors, 0ull, (unsigned long long)(site + 1)) == 0ull) {
-    errors[1] = i;
-    errors[2] = n;
-  }
-  return i;
-}
-"""
 
-MMA_PRELUDE = r"""// tensor cores (sm_80+): operand registers rounded as PTX asks; a warp's mma.sync
-__device__ __forceinline__ unsigned dnnc_tf32(float x) {
-  unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
-}
-// two fp32 in one register of 16-bit halves, lo in bits 0-15 (cvt puts its first source high)
-__device__ __forceinline__ unsigned dnnc_f16x2(float lo, float hi) {
-  unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
-}
-__device__ __forceinline__ unsigned dnnc_bf16x2(float lo, float hi) {
-  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
-}
-__device__ __forceinline__ void dnnc_mma_tf32(float* d, unsigned a0, unsigned a1, unsigned a2,
-                                              unsigned a3, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void dnnc_mma_fp16(float* d, unsigned a0, unsigned a1, unsigned a2,
-                                              unsigned a3, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void dnnc_mma_bf16(float* d, unsigned a0, unsigned a1, unsigned a2,
-                                              unsigned a3, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-"""
-"""What `L.Mma` and the `L.PACKS` intrinsics render to (`dnnc_mma_<precision>(acc + offset,
-a0..a3, b0, b1)`, `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`, `dnnc_bf16x2(lo, hi)`): added after
-`PRELUDE` to a module that uses them."""
+TENSOR_CORE_NODES = (L.Mma, L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)
+"""Statements rendered through MMA_PRELUDE."""
 
 C_TYPES: dict[T.DType, str] = {
     T.bool_: "bool", T.int8: "signed char", T.int16: "short", T.int32: "int",
@@ -149,6 +92,12 @@ C_TYPES: dict[T.DType, str] = {
     T.float64: "double", T.float16: "unsigned short", T.bfloat16: "unsigned short",
 }
 """dtype -> the C type it is stored and computed in (narrow floats: their bits)."""
+
+STATIC_SHARED_BYTES = 48 << 10
+"""Shared memory a block may declare statically; a stage allocating more takes it as one
+dynamic pool (`DNNC_SHARED_POOL`, `Launch.shared_bytes`: the runtime raises the function's
+limit to it), each shared buffer a pointer into it."""
+SHARED_POOL = "dnnc_shared_pool"
 
 # the most threads a block may have and blocks a grid axis may have (CUDA's limits)
 MAX_BLOCK_THREADS = 1024
@@ -183,7 +132,7 @@ def render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule:
         text, kernel = render_func(func, noalias)
         parts.append(text)
         kernels[func.name] = kernel
-    uses_mma = any(isinstance(n, L.Mma) or isinstance(n, L.Call) and n.name in
+    uses_mma = any(isinstance(n, TENSOR_CORE_NODES) or isinstance(n, L.Call) and n.name in
                    L.PACKS.values() for func, _ in funcs for n in L.walk(func.body))
     return CudaModule("\n".join([PRELUDE] + [MMA_PRELUDE] * uses_mma + parts), kernels)
 
@@ -221,11 +170,15 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         name = base if len(body) == 1 else f"{base}_s{k}"
         grid, block = launch_dims(stage, func.name)
         em = _Emitter(func.name, grid, block)
+        pool = shared_pool_bytes(stage)
+        if pool > STATIC_SHARED_BYTES:   # one dynamic pool, the buffers carved from it
+            em.pool = 0
+            em.emit(1, f"DNNC_SHARED_POOL({SHARED_POOL}, {pool});")
         em.stmt(stage, 1)
         threads = math.prod(block)
         texts.append(f'extern "C" __global__ void __launch_bounds__({threads})\n'
                      f"{name}({', '.join(params)}) {{\n" + "\n".join(em.lines) + "\n}\n")
-        launches.append(Launch(name, grid, block))
+        launches.append(Launch(name, grid, block, pool if em.pool is not None else 0))
     sizes = []
     for b in workspace:
         shape = L.static_shape(b.shape)
@@ -233,6 +186,13 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
             raise CudaCodegenError(f"{func.name}: scratch {b.name} has a symbolic shape")
         sizes.append(max(1, math.prod(shape)) * b.dtype.itemsize)
     return "\n".join(texts), CudaKernel(launches, sizes)
+
+
+def shared_pool_bytes(stage: L.Stmt) -> int:
+    """Bytes of every shared buffer a stage allocates, each from a 16-byte boundary."""
+    return sum(-(-max(1, math.prod(L.static_shape(n.buffer.shape) or (1,))) *
+                 n.buffer.dtype.itemsize // 16) * 16 for n in L.walk(stage)
+               if isinstance(n, L.Allocate) and n.buffer.scope is L.Scope.SHARED)
 
 
 def stages(body: L.Stmt) -> tuple[list[L.Buffer], list[L.Stmt]]:
@@ -430,6 +390,7 @@ class _Emitter:
         self.block = block
         self.lines: list[str] = []
         self.divisors: dict[L.Var, int] = {}   # of the lets in scope (alignment proofs)
+        self.pool: int | None = None   # bytes of the dynamic shared pool carved so far
 
     def fail(self, what: str):
         raise CudaCodegenError(f"{self.func}: {what}")
@@ -546,6 +507,15 @@ class _Emitter:
         if shape is None:
             self.fail(f"{b.scope.value} buffer {b.name} has a symbolic shape")
         self.emit(depth, "{")
+        if b.scope is L.Scope.SHARED and self.pool is not None:
+            count = max(1, math.prod(shape))
+            self.emit(depth + 1, f"{C_TYPES[b.dtype]}* const {c_name(b.name)} = "
+                                 f"reinterpret_cast<{C_TYPES[b.dtype]}*>({SHARED_POOL} + "
+                                 f"{self.pool});")
+            self.pool += -(-count * b.dtype.itemsize // 16) * 16
+            self.stmt(s.body, depth + 1)
+            self.emit(depth, "}")
+            return
         align = "__align__(16) " if b.scope is L.Scope.SHARED else ""
         self.emit(depth + 1, f"{storage}{align}{C_TYPES[b.dtype]} {c_name(b.name)}"
                              f"[{max(1, math.prod(shape))}];")
@@ -560,6 +530,22 @@ class _Emitter:
         args = ", ".join(self.expr(x) for x in s.a + s.b)
         self.emit(depth, f"dnnc_mma_{s.precision}(&{self.address(s.acc, (s.offset,))}, "
                          f"{args});")
+
+    def ldmatrix(self, s: L.LdMatrix, depth: int) -> None:
+        """`dnnc_ldmatrix_x<count>[_trans](&dst, &src)` (MMA_PRELUDE)."""
+        self.emit(depth, f"dnnc_ldmatrix_x{s.count}{'_trans' if s.trans else ''}"
+                         f"(&{self.load(s.dst)}, &{self.load(s.src)});")
+
+    def copy_async(self, s: L.CopyAsync, depth: int) -> None:
+        """`dnnc_cp_async(&dst, &src, bytes)` (MMA_PRELUDE)."""
+        self.emit(depth, f"dnnc_cp_async(&{self.load(s.dst)}, &{self.load(s.src)}, "
+                         f"(int)({self.expr(s.src_bytes)}));")
+
+    def async_commit(self, s: L.AsyncCommit, depth: int) -> None:
+        self.emit(depth, "dnnc_cp_async_commit();")
+
+    def async_wait(self, s: L.AsyncWait, depth: int) -> None:
+        self.emit(depth, f"dnnc_cp_async_wait<{s.pending}>();")
 
     # -- expressions (dispatched through _EXPR) ----------------------------------------------
 
@@ -641,7 +627,8 @@ _STORAGE = {L.Scope.LOCAL: "", L.Scope.SHARED: "__shared__ "}
 _STMT: dict[type, Callable] = {
     L.Seq: _Emitter.seq, L.For: _Emitter.loop, L.Store: _Emitter.store, L.Let: _Emitter.let,
     L.If: _Emitter.if_, L.Allocate: _Emitter.allocate, L.Barrier: _Emitter.barrier,
-    L.Mma: _Emitter.mma,
+    L.Mma: _Emitter.mma, L.LdMatrix: _Emitter.ldmatrix, L.CopyAsync: _Emitter.copy_async,
+    L.AsyncCommit: _Emitter.async_commit, L.AsyncWait: _Emitter.async_wait,
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,
@@ -652,7 +639,7 @@ _LOOP: dict[L.ForKind, Callable] = {
 loops to blocks and threads instead); a vectorized one is a vector load where proven."""
 
 _VECTOR_TYPES = {(T.float32, 2): "float2", (T.float32, 4): "float4", (T.int32, 2): "int2",
-                 (T.int32, 4): "int4",
+                 (T.int32, 4): "int4", (T.uint32, 2): "uint2", (T.uint32, 4): "uint4",
                  **{(dt, n): f"ushort{n}" for dt in (T.float16, T.bfloat16) for n in (2, 4)}}
 """(element type, lanes) -> the CUDA vector type a vectorized loop loads or stores (float16
 and bfloat16 as their bits, `unsigned short`)."""

@@ -74,7 +74,7 @@ def build(p: problems.Conv2d, c, machine, product=None) -> L.PrimFunc:
         index = (img, i, oy, ox)
         return L.Store(y, index, p.finish(value, index))
 
-    weights = Operand(lambda bi, i, kk: w[i, kk], False)
+    weights = Operand(lambda bi, i, kk: w[i, kk], False, array=True)
     body = (product or tiled_product)(c, 1, m, n, k, weights, Operand(patch, True), store)
     views = {w.name: w, x.name: x, y.name: y}
     return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)

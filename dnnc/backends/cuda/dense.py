@@ -167,8 +167,9 @@ def build(p: problems.Dense, c, machine, product: Callable | None = None) -> L.P
             y_full[p.store_index(p.anchor_index(bi, i, j))]
         return L.Store(target.buffer, target.indices, p.finish(value, bi, i, j))
 
-    body = (product or tiled_product)(c, p.batch, p.m, p.n, p.k, Operand(a_at, p.trans_a),
-                                      Operand(b_at, not p.trans_b), store)
+    body = (product or tiled_product)(c, p.batch, p.m, p.n, p.k,
+                                      Operand(a_at, p.trans_a, array=True),
+                                      Operand(b_at, not p.trans_b, array=True), store)
     views: dict[str, L.Buffer] = {}
     for x in (a, b, y if p.store_index is None else y_full, p.c):
         if x is not None:
@@ -181,10 +182,13 @@ class Operand:
     """How a tiled product reads one operand: `at(bi, row, k)` its element in its storage
     type (row: i of A, j of B; indices in range), and whether consecutive rows are
     consecutive in memory (else consecutive k are): the copy into shared memory walks that
-    dimension fastest."""
+    dimension fastest. `array`: `at` is a load of a plain global array whose last dimension
+    is that contiguous one (a run along it is one span of memory: the tensor-core tiles may
+    copy it with cp.async); a gather (a convolution's patches) is not."""
 
     at: Callable[[L.Expr, L.Expr, L.Expr], L.Expr]
     rows_contiguous: bool
+    array: bool = False
 
     @property
     def dtype(self) -> T.DType:
@@ -283,18 +287,14 @@ class _Staged:
     one)."""
 
     def __init__(self, name: str, rows: int, first: L.Expr, extent: int, operand: Operand,
-                 bk: int, k: int, threads: int, checked: bool, bi: L.Var, pad: int = 0):
+                 bk: int, k: int, threads: int, checked: bool, bi: L.Var):
         self.rows, self.first, self.extent, self.operand = rows, first, extent, operand
-        # a k row of the shared tile is `stride` words apart: rows, plus `pad` words that
-        # move the next k row's words to other banks (the tensor-core fragment reads)
-        self.stride = rows + pad
         self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, checked, bi
         self.lanes = 1 if checked else 4
         self.groups = (rows if operand.rows_contiguous else bk) // self.lanes
         self.vectors = bk * rows // self.lanes
         self.steps = -(-self.vectors // threads)
-        self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * self.stride,),
-                             L.Scope.SHARED)
+        self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * rows,), L.Scope.SHARED)
         self.stage = L.Buffer(f"{name}_stage", operand.dtype, (self.steps * self.lanes,),
                               L.Scope.LOCAL)
 
@@ -330,15 +330,12 @@ class _Staged:
             return L.Store(self.stage, (step * self.lanes + v,), value)
         return self._each(when, body, L.ForKind.VECTORIZED)
 
-    def store(self, buf: L.Expr, when: L.Expr | None,
-              convert: Callable[[L.Expr], L.Expr] | None = None) -> L.Stmt:
-        """Shared buffer `buf` <- the registers widened to float32 (each then through
-        `convert` when given), if `when`."""
+    def store(self, buf: L.Expr, when: L.Expr | None) -> L.Stmt:
+        """Shared buffer `buf` <- the registers widened to float32, if `when`."""
         def body(step, e, v):
             r, kk = self._place(e, v)
-            value = problems.widened(self.stage[step * self.lanes + v])
-            return L.Store(self.tile, ((buf * self.bk + kk) * self.stride + r,),
-                           value if convert is None else convert(value))
+            return L.Store(self.tile, ((buf * self.bk + kk) * self.rows + r,),
+                           problems.widened(self.stage[step * self.lanes + v]))
         return self._each(when, body, L.ForKind.UNROLLED)
 
 

@@ -70,6 +70,8 @@ def linearize(func: L.PrimFunc) -> L.PrimFunc:
         if isinstance(s, L.Mma):
             return L.Mma(s.precision, buffer(s.acc), offset(s.acc, (s.offset,), env)[0],
                          tuple(expr(x, env) for x in s.a), tuple(expr(x, env) for x in s.b))
+        if isinstance(s, (L.LdMatrix, L.CopyAsync)):
+            return L.map_exprs(s, lambda e: expr(e, env))
         return s
 
     params = tuple(buffer(b) for b in func.params)
@@ -126,6 +128,8 @@ def narrow_indices(func: L.PrimFunc) -> L.PrimFunc:
             return L.Mma(s.precision, s.acc, offset(rewrite(s.offset, env), env),
                          tuple(rewrite(x, env) for x in s.a),
                          tuple(rewrite(x, env) for x in s.b))
+        if isinstance(s, (L.LdMatrix, L.CopyAsync)):
+            return L.map_exprs(s, lambda e: rewrite(e, env))
         return s
 
     return L.PrimFunc(func.name, func.params, stmt(func.body, {}), func.size_vars, func.attrs)
@@ -183,7 +187,16 @@ def _corners(f):
     return bounds
 
 
+def _bits(a, b):
+    """Bounds of a bitwise op of non-negative operands: below the next power of two above
+    both (negative ones: no bounds)."""
+    if a[0] < 0 or b[0] < 0:
+        return -(1 << 64), 1 << 64
+    return 0, (1 << max(a[1], b[1]).bit_length()) - 1
+
+
 _INTERVAL = {
+    "^": _bits, "|": _bits,   # (the tensor-core tiles' swizzle)
     "+": lambda a, b: (a[0] + b[0], a[1] + b[1]),
     "-": lambda a, b: (a[0] - b[1], a[1] - b[0]),
     "*": _corners(lambda x, y: x * y),

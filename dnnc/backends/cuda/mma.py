@@ -2,30 +2,54 @@
 compile's precision (`Target.precision`) is tf32, fp16 or bf16; fp32 compiles never see
 them.
 
-A block computes a `block_m` x `block_n` tile of Y (blockIdx.y: row tiles, blockIdx.x:
-column tiles, blockIdx.z: the batch) with `warps_m` x `warps_n` warps; warp (wy, wx) owns a
+A block computes a `block_m` x `block_n` tile of Y (blockIdx.z: the batch; blockIdx.x down
+GROUP_ROWS row tiles, then across the column tiles, then the next group, so that blocks
+running together share operand tiles in L2 (`_grouped`); blockIdx.y and x when fewer row
+tiles) with `warps_m` x `warps_n` warps; warp (wy, wx) owns a
 (block_m / warps_m) x (block_n / warps_n) part of it, a grid of 16 x 8 mma tiles, each with
-4 fp32 accumulators a lane (`L.Mma`'s C fragment). k goes in slices of `block_k` through
-shared memory as in dense.py (`_Staged`: fp32, k-major, double buffered, one barrier a
-slice, 0 read past the operands' edges or k, so any m, n and k is computed exactly as the
-precision allows), each k row of a tile padded by PAD words. Per mma step of k (8 for tf32,
-16 for fp16 and bf16) each warp copies its A fragments (one per 16 rows) and B fragments
-(one per 8 columns) from shared memory into operand registers (`FRAGMENTS`: PTX's layouts),
-and runs one mma per (row tile, column tile). The operands are rounded to the precision once
-(`L.PACKS`: the renderer's `cvt`): tf32 ones as they go into shared memory (the tile then
-holds their tf32 bits as float32), fp16 and bf16 ones as a fragment register packs two of
-them (once a step, not once an mma; shared memory holds fp32). The epilogue stores each
-accumulator through the problem's store (Gemm's scaling and bias, the fused epilogue, the
-layout tail; a conv's bias), guarded at the edges. `split_k` > 1 splits k over blockIdx.z as
-dense.py does (partial sums in a workspace, a second launch adds them).
+4 fp32 accumulators a lane (`L.Mma`'s C fragment).
+
+Shared memory. k goes in tiles of `block_k` through a ring of `stages` slots, each holding
+both operands' tiles already in the precision's type (`_Tile`): 16-bit elements two to a
+word for fp16 and bf16, 32-bit words for tf32 (rounded once as they are staged through
+registers; copied as float32 by cp.async and rounded as fragments). A tile is
+rows of 16-byte chunks (8 16-bit or 4 tf32 elements) along the dimension the operand is
+contiguous in, k or its rows (i of A, j of B; tf32 always k: ldmatrix cannot transpose 32-bit
+elements); chunk c of row o sits at chunk c ^ f(o) (an XOR swizzle, f in `_Tile.word`) so
+that the 8 rows an ldmatrix reads at one chunk and the 8 chunks a phase of stores writes fall
+in distinct banks, without padding. An operand stored in global memory as a plain array
+(`Operand.array`) in the tile's type (the 16-bit precision's; for tf32 float32 contiguous
+along k) whose contiguous extent is a multiple of a chunk is copied with `cp.async`
+(`L.CopyAsync`, 16 bytes, zero-filled past m, n or k), a group a k tile; any other (fp32
+storage at fp16 / bf16, tf32 operands contiguous along their rows, a convolution's gathered
+patches, an odd extent) goes through
+registers: loaded a k tile ahead (4 elements a vector load where no edge needs checking), then
+rounded / packed to the precision and stored as 16-byte chunks after the tile's product.
+Loop: `stages - 1` tiles are fetched ahead; at each k tile the thread waits for its oldest
+copy group, one barrier, the fetch of the tile `stages - 1` ahead into the slot freed by the
+previous tile, then the product of this tile.
+
+Fragments. Per mma step of k (8 for tf32, 16 for fp16 and bf16) each warp loads its A
+fragments (one `ldmatrix.x4` per 16 rows) and B fragments (one per 16 columns: two mma
+tiles), `.trans` where the tile's rows are the operand's rows (16-bit only; tf32 moves its
+32-bit elements as pairs of 16-bit ones, which an 8 x 8 b16 matrix holds in PTX's tf32
+fragment order), double buffered: step s + 1's while step s's mmas run. The epilogue stores each accumulator through the
+problem's store (Gemm's scaling and bias, the fused epilogue, the layout tail; a conv's
+bias), guarded at the edges. `split_k` > 1 splits k over blockIdx.z as dense.py does (partial
+sums in a workspace, a second launch adds them).
 
 Which kernels: every dense / batched matmul of at least 16 rows and ungrouped conv2d (an
 implicit GEMM, patches gathered as conv.py does) that the fp32 templates would tile; the
 matrix-vector products (fewer than 16 rows) keep the gemv template (an mma would idle most
 of a 16-row tile), depthwise convolutions the default one.
 
-Not yet: ldmatrix, cp.async, fp16 / bf16 operands packed once into 16-bit shared tiles (each
-warp packs the fragments it reads), vector stores.
+Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codegen.py).
+
+Not yet: wgmma and TMA on sm_90; the next k tile's first fragments loaded before this
+tile's last mmas (CUTLASS's overlap of the barrier); vector stores of Y at the edges and
+through epilogues that read memory; fp32 operands at fp16 / bf16 and tf32 operands
+contiguous along their rows through cp.async (converting or transposing in shared memory);
+measured EFFICIENCY figures.
 """
 
 from __future__ import annotations
@@ -41,30 +65,42 @@ from .. import problems
 from ..space import Constraint, Space, Template
 from . import conv as conv_template
 from . import dense as dense_template
-from .dense import MAX_GRID_YZ, MAX_SHARED_BYTES, MIN_SPLIT_K, SPLITS, Operand, min_blocks
+from .dense import MAX_GRID_YZ, MIN_SPLIT_K, SPLITS, Operand, min_blocks
 from .device import REFERENCE, gpu_of
 
 PRECISIONS = ("tf32", "fp16", "bf16")
 """The precisions these templates serve (`Template.precisions`)."""
 
+STORAGE = {"fp16": T.float16, "bf16": T.bfloat16}
+"""A 16-bit precision's element type: an operand stored so is copied with cp.async."""
+
 WARP = 32
-PAD = 8
-"""Words after each k row of a shared tile: a tf32 fragment read (lanes 4 g + t reading k row
-t, element g) then hits 32 distinct banks (8 t + g), an fp16 one two lanes a bank."""
+CHUNK_WORDS = 4
+"""Words of a 16-byte chunk: a row of an ldmatrix matrix, one cp.async, one vector store."""
+
+MAX_SHARED_BYTES = 99 << 10
+"""A block's shared tiles at most: what sm_86 and sm_89 allow (sm_80: 163 KiB, sm_90: 227
+KiB); beyond 48 KiB the renderer makes them one dynamic pool (`codegen.STATIC_SHARED_BYTES`).
+"""
 
 MAX_ACCUMULATORS = 128
 """fp32 accumulators a lane at most (a 64 x 64 warp tile): beyond, registers spill."""
 
-# (block_m, block_n, block_k, warps_m, warps_n) a default tries, largest first, and the
-# fraction of the tensor cores' peak each is guessed to reach (a rough ranking, not measured
-# yet: bench/gpu_kernels.py --precision measures it)
-# (the two largest take k 16 at a time: 32 would pass 48 KiB of shared memory)
-DEFAULTS = ((128, 128, 16, 2, 4), (64, 128, 16, 2, 2), (64, 64, 32, 2, 2), (32, 64, 32, 1, 2),
-            (32, 32, 32, 1, 2), (16, 32, 32, 1, 2))
-EFFICIENCY = (0.5, 0.4, 0.3, 0.2, 0.12, 0.08)
+# (block_m, block_n, warps_m, warps_n) a default tries, largest first, and the fraction of the
+# tensor cores' peak each is guessed to reach (a rough ranking, not measured yet:
+# bench/gpu_kernels.py --precision measures it); each with the deepest k tile (`_deepest`)
+# that DEFAULT_STAGES slots fit in MAX_SHARED_BYTES. 64 x 64 warp tiles for the large ones
+# (CUTLASS's and Triton's choice on sm_80: 128 accumulators a lane, no spills)
+DEFAULTS = ((128, 256, 2, 4), (128, 128, 2, 4), (128, 64, 2, 2), (64, 128, 2, 2),
+            (64, 64, 2, 2), (32, 64, 1, 2), (32, 32, 1, 2), (16, 32, 1, 2))
+EFFICIENCY = (0.75, 0.7, 0.55, 0.55, 0.4, 0.25, 0.15, 0.08)
+DEFAULT_STAGES = 3
 # the model's throughput is the device's tf32 tensor-core figure (`GPU.tensor_flops`, for
 # every precision), a split costs as in dense.py
 LAUNCH_S = 2e-6
+
+GROUP_ROWS = 8
+"""Row tiles a group of consecutive blocks runs down before moving across (`_grouped`)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +109,10 @@ class TensorCoreConfig:
 
     block_m: int = 128
     block_n: int = 128
-    block_k: int = 16
+    block_k: int = 32
     warps_m: int = 2
     warps_n: int = 4
+    stages: int = 3      # shared slots of the k ring (stages - 1 tiles fetched ahead)
     split_k: int = 1     # k slices summed by a second launch (fills the GPU when m n is small)
 
     @property
@@ -83,19 +120,21 @@ class TensorCoreConfig:
         return WARP * self.warps_m * self.warps_n
 
 
-def product_space(name: str, k: int, batch: int) -> Space:
-    """The knobs of a tensor-core product of depth `k`, `batch` of them (dense and conv)."""
+def product_space(name: str, k: int, batch: int, precision: str) -> Space:
+    """The knobs of a tensor-core product of depth `k`, `batch` of them (dense and conv), at
+    `precision`."""
     return Space(name, TensorCoreConfig, {
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
-        "block_k": (16, 32, 64), "warps_m": (1, 2, 4), "warps_n": (1, 2, 4), "split_k": SPLITS,
-    }, [Constraint("a warp's rows (block_m / warps_m) a multiple of 16, its columns "
-                   "(block_n / warps_n) of 8",
+        "block_k": (16, 32, 64), "warps_m": (1, 2, 4), "warps_n": (1, 2, 4),
+        "stages": (2, 3, 4), "split_k": SPLITS,
+    }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
+                   "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
-                   c.block_n % (8 * c.warps_n) == 0),
+                   c.block_n % (16 * c.warps_n) == 0),
         Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
                    lambda c: _accumulators(c) <= MAX_ACCUMULATORS),
-        Constraint("two padded shared buffers of each tile within 48 KiB",
-                   lambda c: _shared_bytes(c) <= MAX_SHARED_BYTES),
+        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB",
+                   lambda c: shared_bytes(c, precision) <= MAX_SHARED_BYTES),
         Constraint("split_k at most the k tiles, batch * split_k blocks on grid z",
                    lambda c: c.split_k <= -(-k // c.block_k) and
                    batch * c.split_k <= MAX_GRID_YZ)])
@@ -105,23 +144,38 @@ def _accumulators(c: TensorCoreConfig) -> int:
     return (c.block_m // c.warps_m) * (c.block_n // c.warps_n) // WARP
 
 
-def _shared_bytes(c: TensorCoreConfig) -> int:
-    return 2 * 4 * c.block_k * (c.block_m + c.block_n + 2 * PAD)
+def shared_bytes(c: TensorCoreConfig, precision: str) -> int:
+    """Bytes of the ring of shared tiles of config `c` at `precision`."""
+    return c.stages * c.block_k * (c.block_m + c.block_n) * _element_bytes(precision)
 
 
-def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE
-           ) -> TensorCoreConfig:
+def _element_bytes(precision: str) -> int:
+    return 4 if precision == "tf32" else 2
+
+
+def _deepest(block_m: int, block_n: int, precision: str) -> int:
+    """The largest block_k of at most 32 whose DEFAULT_STAGES slots fit in shared memory."""
+    for bk in (32, 16):
+        config = TensorCoreConfig(block_m, block_n, bk, stages=DEFAULT_STAGES)
+        if shared_bytes(config, precision) <= MAX_SHARED_BYTES:
+            return bk
+    return 16
+
+
+def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
+           precision: str = "fp16") -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles, each with k unsplit or split into slices at least
     MIN_SPLIT_K deep, the one a rough model says is fastest (its guessed EFFICIENCY, slowed
     where its blocks cannot fill the GPU, plus a split's cost)."""
     best, best_time = None, math.inf
-    for dims, efficiency in zip(DEFAULTS, EFFICIENCY):
+    for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
-            config = TensorCoreConfig(*dims, split_k=split)
-            blocks = -(-m // config.block_m) * -(-n // config.block_n) * batch
+            config = TensorCoreConfig(bm, bn, _deepest(bm, bn, precision), wm, wn,
+                                      DEFAULT_STAGES, split)
+            blocks = -(-m // bm) * -(-n // bn) * batch
             fill = min(1.0, blocks * split / min_blocks(gpu))
             seconds = 2 * m * n * k * batch / (gpu.tensor_flops * efficiency * fill)
             if split > 1:
@@ -131,34 +185,10 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE
     return best
 
 
-# -- PTX's fragment layouts -----------------------------------------------------------------
-
-def _a_tf32(e: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
-    return g + 8 * (e % 2), t + 4 * (e // 2)
-
-
-def _b_tf32(e: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
-    return t + 4 * e, g
-
-
-def _a_16bit(e: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
-    return g + 8 * (e // 2 % 2), 2 * t + (e % 2 + 8 * (e // 4))
-
-
-def _b_16bit(e: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
-    return 2 * t + (e % 2 + 8 * (e // 2)), g
-
-
 def _c(r: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
+    """The (row, column) of accumulator r of lane (g = lane // 4, t = lane % 4) in a 16 x 8
+    mma tile (PTX ISA, "Matrix Fragments for mma.m16n8k8 / k16", the same for all three)."""
     return g + 8 * (r // 2), 2 * t + r % 2
-
-
-FRAGMENTS = {"tf32": (_a_tf32, _b_tf32), "fp16": (_a_16bit, _b_16bit),
-             "bf16": (_a_16bit, _b_16bit)}
-"""Precision -> (A's element e of a lane -> (row, k), B's element e -> (k, column)) within
-one mma tile, for the lane's g = lane // 4 and t = lane % 4 (PTX ISA, "Matrix Fragments for
-mma.m16n8k8" (.tf32) and "mma.m16n8k16" (.f16 / .bf16)); `_c` is the accumulators' (row,
-column), the same for all three."""
 
 
 # -- the product ------------------------------------------------------------------------------
@@ -173,8 +203,7 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
     if c.split_k == 1:
         done = w.each_result(lambda i, j, value: store(bi, i, j, value))
         body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
-        return L.For(bi, batch, L.For(by, grid[0], L.For(
-            bx, grid[1], body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y), L.ForKind.BLOCK_Z)
+        return L.For(bi, batch, _grouped(body, grid, by, bx), L.ForKind.BLOCK_Z)
     sk = L.Var("sk")
 
     def slice_block(bz: L.Var, partial: L.Buffer) -> L.Stmt:
@@ -184,6 +213,210 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
         return L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
 
     return dense_template._split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
+
+
+def _grouped(body: L.Stmt, grid: tuple[int, int], by: L.Var, bx: L.Var) -> L.Stmt:
+    """`body` over the (row tile by, column tile bx) of a grid of `grid` tiles, one block
+    each: where there are more than GROUP_ROWS row tiles, blockIdx.x runs down GROUP_ROWS
+    rows at a time, then across (blocks running together share their A rows and B columns
+    in L2, as Triton's grouped ordering), else over blockIdx.y and x."""
+    rows, columns = grid
+    if rows <= GROUP_ROWS:
+        return L.For(by, rows, L.For(bx, columns, body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y)
+    tile, within = L.Var("tile"), L.Var("in_group")
+    first = tile // (GROUP_ROWS * columns) * GROUP_ROWS
+    height = L.minimum(rows - first, GROUP_ROWS)   # the last group's may be less
+    return L.For(tile, rows * columns, L.Let(within, tile % (GROUP_ROWS * columns), L.Let(
+        by, first + within % height, L.Let(bx, within // height, body))), L.ForKind.BLOCK_X)
+
+
+def _over_threads(threads: int, count: int, body) -> L.Stmt:
+    """`body(step, e)` for items e < count, item e on thread e % threads at its step
+    e // threads."""
+    t, step, e = L.Var("t"), L.Var("l"), L.Var("e")
+    steps = -(-count // threads)
+    inner = body(step, e)
+    if steps * threads > count:
+        inner = L.If(e < count, inner)
+    return L.For(t, threads, L.For(step, steps, L.Let(e, step * threads + t, inner),
+                                   L.ForKind.UNROLLED), L.ForKind.THREAD_X)
+
+
+class _Tile:
+    """One operand's k tiles in a ring of `stages` shared slots, in the precision's type (see
+    the module's docstring): the copies into a slot (`fetch`, or `issue` then `finish`) and
+    each lane's row address of an ldmatrix (`fragment_row`)."""
+
+    def __init__(self, name: str, rows: int, first: L.Expr, extent: int, operand: Operand,
+                 bk: int, k: int, threads: int, checked: bool, bi: L.Var, precision: str,
+                 stages: int):
+        self.rows, self.first, self.extent, self.operand = rows, first, extent, operand
+        self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, checked, bi
+        self.precision = precision
+        self.per_word = 1 if precision == "tf32" else 2    # elements a 32-bit word
+        self.chunk = CHUNK_WORDS * self.per_word            # elements a chunk
+        # the tile's rows run along k (ldmatrix) or along the operand's rows (.trans)
+        self.k_inner = precision == "tf32" or not operand.rows_contiguous
+        inner, self.outer = (bk, rows) if self.k_inner else (rows, bk)
+        self.row_words = inner // self.per_word
+        self.per_row = self.row_words // CHUNK_WORDS        # chunks a tile row
+        self.slot_words = self.outer * self.row_words
+        self.chunks = self.outer * self.per_row
+        self.steps = -(-self.chunks // threads)
+        # consecutive threads take consecutive chunks of a row where the tile's rows run
+        # along the operand's contiguous dimension, else consecutive rows
+        self.along = self.k_inner != operand.rows_contiguous
+        self.tile = L.Buffer(f"{name}_tile", T.uint32, (stages * self.slot_words,),
+                             L.Scope.SHARED)
+        sample = operand.at(bi, L.const(0), L.const(0))
+        self.dtype = sample.dtype
+        self.asynchronous = _copies_async(operand, sample, precision)
+        self.stage = L.Buffer(f"{name}_stage", self.dtype, (self.steps * self.chunk,),
+                              L.Scope.LOCAL)
+
+    # -- the shared layout ------------------------------------------------------------------
+
+    def word(self, slot: L.Expr, o: L.Expr, c: L.Expr) -> L.Expr:
+        """The first word of chunk c of tile row o in `slot`: the chunk XOR-swizzled with
+        the row, so that 8 consecutive rows at one chunk (an ldmatrix matrix) and 8
+        consecutive chunks (a phase of 16-byte stores) fall in 8 distinct 16-byte bank
+        groups of the 128 bytes."""
+        place = c
+        if self.per_row > 1:
+            rows_a_line = max(1, 8 // self.per_row)     # tile rows in 128 bytes
+            place = L.BinOp("^", c, o // rows_a_line % min(self.per_row, 8))
+        return slot * self.slot_words + o * self.row_words + place * CHUNK_WORDS
+
+    def _chunk_of(self, e: L.Expr) -> tuple[L.Expr, L.Expr]:
+        """(tile row, chunk) of the slot's chunk e (the copies' order)."""
+        if self.along:
+            return e // self.per_row, e % self.per_row
+        return e % self.outer, e // self.outer
+
+    def _element(self, o: L.Expr, c: L.Expr, x) -> tuple[L.Expr, L.Expr]:
+        """(operand row, k) within the tile of element x of chunk c of tile row o."""
+        inner = c * self.chunk + x
+        return (o, inner) if self.k_inner else (inner, o)
+
+    def _each_chunk(self, when: L.Expr | None, body) -> L.Stmt:
+        def visit(step, e):
+            o, c = L.Var("chunk_row"), L.Var("chunk")
+            ro, rc = self._chunk_of(e)
+            inner = L.Let(o, ro, L.Let(c, rc, body(step, o, c)))
+            return inner if when is None else L.If(when, inner)
+        return _over_threads(self.threads, self.chunks, visit)
+
+    # -- copies into a slot -----------------------------------------------------------------
+
+    def fetch(self, kt: L.Expr, slot: L.Expr) -> L.Stmt:
+        """k tile `kt` into `slot`, at once (the ring's first tiles)."""
+        return L.seq(self.issue(kt, slot, None), self.finish(slot, None))
+
+    def issue(self, kt: L.Expr, slot: L.Expr, when: L.Expr | None) -> L.Stmt:
+        """The start of k tile `kt`'s way into `slot`, if `when`: its cp.asyncs, or its loads
+        into registers (`finish` stores them)."""
+        if self.asynchronous:
+            return self._each_chunk(when, lambda step, o, c: self._copy(kt, slot, o, c))
+        return self._each_chunk(when, lambda step, o, c: self._load(kt, step, o, c))
+
+    def finish(self, slot: L.Expr, when: L.Expr | None) -> L.Stmt | None:
+        """The registers `issue` loaded, in the precision's type, into `slot` (nothing for
+        cp.async)."""
+        if self.asynchronous:
+            return None
+
+        def body(step, o, c):
+            v = L.Var("w")
+            return L.For(v, CHUNK_WORDS, L.Store(self.tile, (self.word(slot, o, c) + v,),
+                                                 self._packed(step, v)), L.ForKind.VECTORIZED)
+        return self._each_chunk(when, body)
+
+    def _global(self, kt: L.Expr, o: L.Expr, c: L.Expr, x) -> tuple[L.Expr, L.Expr]:
+        row, kk = self._element(o, c, x)
+        return self.first + row, kt * self.bk + kk
+
+    def _copy(self, kt: L.Expr, slot: L.Expr, o: L.Expr, c: L.Expr) -> L.Stmt:
+        """One chunk's cp.async: all of it inside the operand or none (its contiguous
+        extent is a multiple of the chunk), 0 bytes read outside, from an address clamped to
+        a chunk inside."""
+        row, kg = self._global(kt, o, c, 0)
+        dst = self.tile[self.word(slot, o, c)]
+        if not self.checked:
+            return L.CopyAsync(dst, self.operand.at(self.bi, row, kg), L.const(16))
+        edge = (1, self.chunk) if self.k_inner else (self.chunk, 1)
+        inside = L.logical_and(row < self.extent, kg < self.k)
+        src = self.operand.at(self.bi, L.minimum(row, self.extent - edge[0]),
+                              L.minimum(kg, self.k - edge[1]))
+        return L.CopyAsync(dst, src, L.Select(inside, L.const(16), L.const(0)))
+
+    def _load(self, kt: L.Expr, step: L.Expr, o: L.Expr, c: L.Expr) -> L.Stmt:
+        """One chunk's elements into registers: 4 at a time (a vector load) along the
+        operand's contiguous dimension where nothing needs checking, else one by one, 0
+        outside the operand or k."""
+        zero = L.const(0.0, self.dtype)
+
+        def element(x) -> L.Expr:
+            row, kg = self._global(kt, o, c, x)
+            if not self.checked:
+                return self.operand.at(self.bi, row, kg)
+            return L.Select(L.logical_and(row < self.extent, kg < self.k), self.operand.at(
+                self.bi, L.minimum(row, self.extent - 1), L.minimum(kg, self.k - 1)), zero)
+
+        slot = step * self.chunk
+        if self.along and not self.checked:
+            v = L.Var("v")
+            return L.seq(*(L.For(v, 4, L.Store(self.stage, (slot + h + v,), element(h + v)),
+                                 L.ForKind.VECTORIZED) for h in range(0, self.chunk, 4)))
+        return L.seq(*(L.Store(self.stage, (slot + x,), element(x))
+                       for x in range(self.chunk)))
+
+    def _packed(self, step: L.Expr, v: L.Expr) -> L.Expr:
+        """Word v of the chunk staged at `step`, in the precision's type: a tf32 element
+        rounded (`pack_tf32`), or two 16-bit ones (their bits when the operand is stored so,
+        else rounded from float32), the first in the low half."""
+        at = step * self.chunk + v * self.per_word
+        values = [self.stage[at + h] for h in range(self.per_word)]
+        if self.precision == "tf32":
+            return L.call("pack_tf32", _as_float32(values[0]), dtype=T.uint32)
+        if self.dtype is STORAGE[self.precision]:
+            lo, hi = (L.Cast(T.uint32, L.call("bitcast", x, dtype=T.uint16)) for x in values)
+            return L.BinOp("|", lo, L.BinOp("<<", hi, L.const(16, T.uint32)))
+        return L.call(L.PACKS[self.precision], *map(_as_float32, values), dtype=T.uint32)
+
+    # -- fragments --------------------------------------------------------------------------
+
+    def fragment_row(self, slot: L.Expr, ks: int, base8: L.Expr, lane: L.Expr,
+                     a_side: bool) -> L.Expr:
+        """This lane's row address (a word of the tile) of an ldmatrix.x4 of mma step `ks` of
+        the tile in `slot`, for the 16 operand rows from 8 base8 on: matrix q = lane // 8 is
+        A's (rows half q % 2, k half q // 2) (registers a0..a3), or B's (rows half q // 2,
+        k half q % 2) (b0, b1 of two mma tiles); row lane % 8 of it."""
+        q, j = lane // 8, lane % 8
+        rows_half, k_half = (q % 2, q // 2) if a_side else (q // 2, q % 2)
+        if self.k_inner:   # tile rows: operand rows; chunks: 2 a step along k
+            return self.word(slot, base8 * 8 + rows_half * 8 + j, ks * 2 + k_half)
+        return self.word(slot, ks * 16 + k_half * 8 + j, base8 + rows_half)
+
+
+def _copies_async(operand: Operand, sample: L.Expr, precision: str) -> bool:
+    """Whether the operand goes to shared memory by cp.async: a plain array
+    (`Operand.array`) stored in the type the tile holds (the 16-bit precision's; float32 for
+    tf32, contiguous along k: its fragments are rounded after ldmatrix) whose contiguous
+    extent is a multiple of a chunk (every chunk 16-byte aligned, inside or outside as a
+    whole)."""
+    if not operand.array or not isinstance(sample, L.Load):
+        return False
+    stored, extent = sample.buffer.dtype, sample.buffer.shape[-1]
+    if precision == "tf32":
+        fits, chunk = stored is T.float32 and not operand.rows_contiguous, CHUNK_WORDS
+    else:
+        fits, chunk = stored is STORAGE[precision], CHUNK_WORDS * 2
+    return fits and sample.buffer.scope is L.Scope.GLOBAL and isinstance(extent, L.Const) \
+        and extent.value % chunk == 0
+
+
+def _as_float32(x: L.Expr) -> L.Expr:
+    return x if x.dtype is T.float32 else L.Cast(T.float32, x)
 
 
 class _WarpTiles:
@@ -204,25 +437,26 @@ class _WarpTiles:
         past_k = k % bk != 0 or tiles % c.split_k != 0
         self.bi, self.by, self.bx = bi, by, bx = L.Var("bi"), L.Var("by"), L.Var("bx")
         self.row0, self.col0 = by * bm, bx * bn
-        self.a_in = dense_template._Staged("a", bm, self.row0, m, a, bk, k, c.threads,
-                                           past_k or m % bm != 0, bi, PAD)
-        self.b_in = dense_template._Staged("b", bn, self.col0, n, b, bk, k, c.threads,
-                                           past_k or n % bn != 0, bi, PAD)
+        self.a_in = _Tile("a", bm, self.row0, m, a, bk, k, c.threads, past_k or m % bm != 0,
+                          bi, precision, c.stages)
+        self.b_in = _Tile("b", bn, self.col0, n, b, bk, k, c.threads, past_k or n % bn != 0,
+                          bi, precision, c.stages)
         ra, rb = L.MMA_REGISTERS
         self.acc = L.Buffer("acc", T.float32, (tm * tn * 4,), L.Scope.LOCAL)
-        self.a_frag = L.Buffer("a_frag", T.uint32, (tm * ra,), L.Scope.LOCAL)
-        self.b_frag = L.Buffer("b_frag", T.uint32, (tn * rb,), L.Scope.LOCAL)
-        self.t, self.wy, self.wx, self.g, self.q = (L.Var(x) for x in ("t", "wy", "wx", "g",
-                                                                       "q"))
+        # two sets of fragments: one step's loaded while the other's mmas run
+        self.a_frag = L.Buffer("a_frag", T.uint32, (2 * tm * ra,), L.Scope.LOCAL)
+        self.b_frag = L.Buffer("b_frag", T.uint32, (2 * tn * rb,), L.Scope.LOCAL)
+        self.t, self.wy, self.wx, self.g, self.q, self.lane = (
+            L.Var(x) for x in ("t", "wy", "wx", "g", "q", "lane"))
         self.mi, self.ni = L.Var("mi"), L.Var("ni")
 
     def per_thread(self, body: L.Stmt) -> L.Stmt:
-        """`body` on every thread: its warp's place (wy, wx) and its lane's g and q (PTX's
-        groupID and threadID_in_group)."""
+        """`body` on every thread: its warp's place (wy, wx), its lane and the lane's g and q
+        (PTX's groupID and threadID_in_group)."""
         c, t = self.c, self.t
         used = L.free_vars(body)
         for var, value in reversed(((self.wy, t // WARP // c.warps_n),
-                                    (self.wx, t // WARP % c.warps_n),
+                                    (self.wx, t // WARP % c.warps_n), (self.lane, t % WARP),
                                     (self.g, t % WARP // 4), (self.q, t % 4))):
             if var in used:
                 body = L.Let(var, value, body)
@@ -234,90 +468,94 @@ class _WarpTiles:
         return self.per_thread(L.For(r, self.tm * self.tn * 4, L.Store(
             self.acc, (r,), L.const(0.0, T.float32)), L.ForKind.UNROLLED))
 
-    def update(self, buf: L.Expr) -> L.Stmt:
-        """The slice in shared buffer `buf`, an mma step of k at a time: the warp's A and B
-        fragments into registers, then an mma per (row tile, column tile)."""
+    def _fragments(self, slot: L.Expr, ks: int, half: int) -> L.Stmt:
+        """The warp's A and B fragments of mma step `ks` into register set `half`."""
+        ra, rb = L.MMA_REGISTERS
+        ai, bj = L.Var("ai"), L.Var("bj")
+        a_rows = self.wy * (self.wm // 8) + ai * 2      # in 8s
+        b_rows = self.wx * (self.wn // 8) + bj * 2
+        loads = []
+        for tile, frag, first, rows, index, a_side in (
+                (self.a_in, self.a_frag, (half * self.tm + ai) * ra, a_rows, ai, True),
+                (self.b_in, self.b_frag, (half * self.tn + bj * 2) * rb, b_rows, bj, False)):
+            body = [L.LdMatrix(frag[first], tile.tile[tile.fragment_row(
+                slot, ks, rows, self.lane, a_side)], 4, not tile.k_inner)]
+            if self.precision == "tf32" and tile.asynchronous:   # fp32 as copied: round
+                body += [L.Store(frag, (first + r,), L.call("pack_tf32", L.call(
+                    "bitcast", frag[first + r], dtype=T.float32), dtype=T.uint32))
+                    for r in range(4)]
+            loads.append(L.For(index, self.tm if a_side else self.tn // 2, L.seq(*body),
+                               L.ForKind.UNROLLED))
+        return L.seq(*loads)
+
+    def update(self, slot: L.Expr) -> L.Stmt:
+        """The k tile in shared `slot`, an mma step of k at a time: step s + 1's fragments
+        loaded (ldmatrix) while step s's mmas run, one per (row tile, column tile)."""
         ra, rb = L.MMA_REGISTERS
         mi, ni, tm, tn = self.mi, self.ni, self.tm, self.tn
-        ks, ai, bj = L.Var("ks"), L.Var("ai"), L.Var("bj")
-        first = buf * self.bk + ks * self.mk    # the step's first k row in the tile
-        a_place, b_place = FRAGMENTS[self.precision]
-
-        def a_element(e: int) -> L.Expr:
-            row, kk = a_place(e, self.g, self.q)
-            return self.a_in.tile[(first + kk) * self.a_in.stride + self.wy * self.wm +
-                                  ai * self.mm + row]
-
-        def b_element(e: int) -> L.Expr:
-            kk, col = b_place(e, self.g, self.q)
-            return self.b_in.tile[(first + kk) * self.b_in.stride + self.wx * self.wn +
-                                  bj * self.mn + col]
-
-        mma = L.Mma(self.precision, self.acc, (mi * tn + ni) * 4,
-                    tuple(self.a_frag[mi * ra + r] for r in range(ra)),
-                    tuple(self.b_frag[ni * rb + r] for r in range(rb)))
-        # each fragment rounded and packed once a step, then read by every mma using it
-        a_loads = [L.Store(self.a_frag, (ai * ra + r,), self._register(a_element, r))
-                   for r in range(ra)]
-        b_loads = [L.Store(self.b_frag, (bj * rb + r,), self._register(b_element, r))
-                   for r in range(rb)]
-        step = L.seq(
-            L.For(ai, tm, L.seq(*a_loads), L.ForKind.UNROLLED),
-            L.For(bj, tn, L.seq(*b_loads), L.ForKind.UNROLLED),
-            L.For(mi, tm, L.For(ni, tn, mma, L.ForKind.UNROLLED), L.ForKind.UNROLLED))
-        return self.per_thread(L.For(ks, self.bk // self.mk, step, L.ForKind.UNROLLED))
-
-    def _register(self, element, r: int) -> L.Expr:
-        """Operand register r: its elements rounded and packed (L.PACKS); tf32's were
-        rounded on their way into shared memory (`_staged`): their bits."""
-        if self.precision == "tf32":
-            return L.call("bitcast", element(r), dtype=T.uint32)
-        per_register = 2   # fp16 and bf16 elements a register
-        return L.call(L.PACKS[self.precision],
-                      *(element(r * per_register + h) for h in range(per_register)),
-                      dtype=T.uint32)
-
-    def _staged(self, value: L.Expr) -> L.Expr:
-        """A tf32 operand rounded once, as it goes into shared memory (an element is read by
-        several warps: rounding it there costs fewer conversions than in each fragment):
-        pack_tf32's bits as the float32 they are; fp16 and bf16 stay fp32 there (a register
-        packs two elements of consecutive k, which one thread's copy does not hold)."""
-        return L.call("bitcast", L.call(L.PACKS[self.precision], value, dtype=T.uint32),
-                      dtype=T.float32)
+        steps = self.bk // self.mk
+        body = [self._fragments(slot, 0, 0)]
+        for ks in range(steps):
+            if ks + 1 < steps:
+                body.append(self._fragments(slot, ks + 1, (ks + 1) % 2))
+            half = ks % 2
+            mma = L.Mma(self.precision, self.acc, (mi * tn + ni) * 4,
+                        tuple(self.a_frag[(half * tm + mi) * ra + r] for r in range(ra)),
+                        tuple(self.b_frag[(half * tn + ni) * rb + r] for r in range(rb)))
+            body.append(L.For(mi, tm, L.For(ni, tn, mma, L.ForKind.UNROLLED),
+                              L.ForKind.UNROLLED))
+        return self.per_thread(L.seq(*body))
 
     def product(self, first: L.Expr) -> L.Stmt:
-        """k tiles first .. first + per - 1, double buffered as dense.tiled_product's."""
-        a_in, b_in, per = self.a_in, self.b_in, self.per
-        convert = self._staged if self.precision == "tf32" else None
-        s = L.Var("kt")
-        more = s + 1 < per
-        loop = L.For(s, per, L.seq(
-            a_in.load(first + s + 1, more), b_in.load(first + s + 1, more),
-            self.update(s % 2),
-            a_in.store((s + 1) % 2, more, convert), b_in.store((s + 1) % 2, more, convert),
-            L.Barrier()))
-        return L.seq(a_in.load(first, None), b_in.load(first, None),
-                     a_in.store(0, None, convert), b_in.store(0, None, convert), L.Barrier(),
-                     loop)
+        """k tiles first .. first + per - 1 through the ring of `stages` slots: the first
+        stages - 1 fetched ahead; then at each tile kt, wait for its copies and the barrier,
+        start tile kt + stages - 1's way into the slot tile kt - 1 freed, multiply tile kt,
+        finish the started tile's way (registers into shared memory)."""
+        tiles, stages, per = (self.a_in, self.b_in), self.c.stages, self.per
+        asynchronous = any(x.asynchronous for x in tiles)
+        commit = [L.AsyncCommit()] if asynchronous else []
+        ahead = []
+        for s in range(stages - 1):
+            if s < per:
+                ahead += [x.fetch(first + s, L.const(s)) for x in tiles]
+            ahead += commit
+        kt = L.Var("kt")
+        coming = kt + (stages - 1)
+        more, slot = coming < per, coming % stages
+        loop = L.For(kt, per, L.seq(
+            *([L.AsyncWait(stages - 2)] if asynchronous else []), L.Barrier(),
+            *(x.issue(first + coming, slot, more) for x in tiles), *commit,
+            self.update(kt % stages), *(x.finish(slot, more) for x in tiles)))
+        return L.seq(*ahead, loop)
 
     def each_result(self, body) -> L.Stmt:
-        """`body(i, j, accumulator)` for each of the thread's results, if inside Y."""
-        mi, ni = self.mi, self.ni
+        """`body(i, j, accumulator)` for each of the thread's results, if inside Y: a lane's
+        two results of a row are adjacent columns, stored as one vector (a warp's stores then
+        fill whole 32-byte sectors) where no tile passes Y's edges and `body` allows it (a
+        store of registers: the renderer's proof)."""
+        mi, ni, v = self.mi, self.ni, L.Var("v")
+        exact = self.m % self.bm == 0 and self.n % self.bn == 0
         out = []
-        for rr in range(4):
-            row, col = _c(rr, self.g, self.q)
+        for half in range(2):   # accumulators 2 half, 2 half + 1: row g + 8 half
+            row, col = _c(2 * half, self.g, self.q)
             i = self.row0 + self.wy * self.wm + mi * self.mm + row
             j = self.col0 + self.wx * self.wn + ni * self.mn + col
-            out.append(L.If(L.logical_and(i < self.m, j < self.n),
-                            body(i, j, self.acc[(mi * self.tn + ni) * 4 + rr])))
+            at = (mi * self.tn + ni) * 4 + 2 * half
+            if exact:
+                out.append(L.For(v, 2, body(i, j + v, self.acc[at + v]),
+                                 L.ForKind.VECTORIZED))
+                continue
+            out += [L.If(L.logical_and(i < self.m, j + r < self.n),
+                         body(i, j + r, self.acc[at + r])) for r in range(2)]
         return self.per_thread(L.For(mi, self.tm, L.For(ni, self.tn, L.seq(*out),
                                                         L.ForKind.UNROLLED),
                                      L.ForKind.UNROLLED))
 
     def block(self, body: L.Stmt) -> L.Stmt:
         """`body` with the block's shared tiles and the thread's registers allocated."""
-        for buffer in (self.a_in.tile, self.b_in.tile, self.a_in.stage, self.b_in.stage,
-                       self.acc, self.a_frag, self.b_frag):
+        buffers = [self.a_in.tile, self.b_in.tile, self.acc, self.a_frag, self.b_frag]
+        buffers += [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous]
+        for buffer in buffers:
             body = L.Allocate(buffer, body)
         return body
 
@@ -329,11 +567,11 @@ def _product(machine) -> functools.partial:
 
 
 def dense_space(p: problems.Dense, machine) -> Space:
-    return product_space("cuda_mma_dense", p.k, p.batch)
+    return product_space("cuda_mma_dense", p.k, p.batch, machine.precision)
 
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
-    return choose(p.m, p.n, p.k, p.batch, gpu=gpu_of(machine))
+    return choose(p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision)
 
 
 def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:
@@ -341,11 +579,11 @@ def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:
 
 
 def conv_space(p: problems.Conv2d, machine) -> Space:
-    return product_space("cuda_mma_conv2d", conv_template.gemm(p)[2], 1)
+    return product_space("cuda_mma_conv2d", conv_template.gemm(p)[2], 1, machine.precision)
 
 
 def conv_default(p: problems.Conv2d, machine) -> TensorCoreConfig:
-    return choose(*conv_template.gemm(p), gpu=gpu_of(machine))
+    return choose(*conv_template.gemm(p), gpu=gpu_of(machine), precision=machine.precision)
 
 
 def conv_build(p: problems.Conv2d, c: TensorCoreConfig, machine) -> L.PrimFunc:

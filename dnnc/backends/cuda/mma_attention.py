@@ -11,7 +11,7 @@ the mma's k step); then K and V stream through shared memory `tile_k` keys at a 
    dv padded to 8 columns);
 2. each warp computes its 16 x tile_k scores S = Q Kᵀ on the tensor cores (an mma per 8 keys
    and k step of d; fragments read from shared memory and rounded to the precision as
-   `mma.py` does: `FRAGMENTS`, `L.PACKS`), fp32 accumulators;
+   the PTX ISA's fragment layouts, `FRAGMENTS`, and `L.PACKS`), fp32 accumulators;
 3. a lane holds two rows of each score tile (`mma._c`: rows g and g + 8): it scales, masks
    (`drop`'s fill, the additive mask, -inf past the last key), takes the rows' tile max
    across the 4 lanes sharing them (`shfl_xor` 1, 2), moves the running max m, rescales
@@ -41,11 +41,37 @@ from .. import problems
 from ..space import Constraint, Space, Template
 from .attention import MAX_GRID_Y, MAX_SHARED_BYTES, NEG_INF, _butterfly
 from .device import gpu_of
-from .mma import FRAGMENTS, PRECISIONS, WARP, _c
+from .mma import PRECISIONS, WARP, _c
 
 MAX_HEAD = 128
 MAX_ACCUMULATORS = 96
 """Score and output accumulators a lane at most (tile_k / 2 + dv / 2): beyond, spills."""
+
+
+# -- PTX's fragment layouts (the operands are read element by element from fp32 shared tiles;
+# the dense product's ldmatrix path (mma.py) reads 16-bit tiles instead) ----------------------
+
+def _a_tf32(e: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
+    return g + 8 * (e % 2), t + 4 * (e // 2)
+
+
+def _b_tf32(e: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
+    return t + 4 * e, g
+
+
+def _a_16bit(e: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
+    return g + 8 * (e // 2 % 2), 2 * t + (e % 2 + 8 * (e // 4))
+
+
+def _b_16bit(e: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
+    return 2 * t + (e % 2 + 8 * (e // 2)), g
+
+
+FRAGMENTS = {"tf32": (_a_tf32, _b_tf32), "fp16": (_a_16bit, _b_16bit),
+             "bf16": (_a_16bit, _b_16bit)}
+"""Precision -> (A's element e of a lane -> (row, k), B's element e -> (k, column)) within
+one mma tile, for the lane's g = lane // 4 and t = lane % 4 (PTX ISA, "Matrix Fragments for
+mma.m16n8k8" (.tf32) and "mma.m16n8k16" (.f16 / .bf16)); `mma._c` is the accumulators'."""
 
 
 @dataclass(frozen=True)

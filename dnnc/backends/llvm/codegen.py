@@ -247,6 +247,9 @@ class FunctionEmitter:
     def barrier(self, s: L.Barrier) -> None:
         self.fail("barriers are GPU-only")
 
+    def warp_memory(self, s: L.Stmt) -> None:
+        self.fail(f"{type(s).__name__} (ldmatrix, cp.async) is GPU-only")
+
     # -- loops (dispatched through _LOOP by kind) --------------------------------------------
 
     def serial_for(self, s: L.For, start: ir.Value | None = None,
@@ -490,6 +493,8 @@ _STMT: dict[type, Callable] = {
     L.Seq: FunctionEmitter.seq, L.For: FunctionEmitter.loop, L.Store: FunctionEmitter.store,
     L.Let: FunctionEmitter.let, L.If: FunctionEmitter.if_, L.Allocate: FunctionEmitter.allocate,
     L.Barrier: FunctionEmitter.barrier, L.Mma: FunctionEmitter.mma,
+    **{kind: FunctionEmitter.warp_memory for kind in (L.LdMatrix, L.CopyAsync, L.AsyncCommit,
+                                                      L.AsyncWait)},
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: FunctionEmitter.serial_for,

@@ -17,29 +17,32 @@ backend.
 """
 
 from .nodes import (
-    ARITH, BITWISE, COMPARE, INDEX, INTRINSICS, LOGIC, MMA_REGISTERS, MMA_SHAPES, PACKS,
-    REDUCE_COMBINERS, SHUFFLES,
-    Allocate, Barrier, BinOp, Buffer, Call, Cast, Const, Expr, For, ForKind, If, IterVar, Let,
-    Load, Mma, PrimFunc, Reduce, Scope, Select, Seq, Stmt, Store, Var, call, const, eq,
-    logical_and, logical_or, loop_nest, maximum, minimum, mma_fragments, ne, seq, static_shape)
+    ARITH, ASYNC_COPY_BYTES, BITWISE, COMPARE, INDEX, INTRINSICS, LDMATRIX_COUNTS, LOGIC,
+    MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES,
+    Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Buffer, Call, Cast, Const, CopyAsync, Expr,
+    For, ForKind, If, IterVar, LdMatrix, Let, Load, Mma, PrimFunc, Reduce, Scope, Select, Seq,
+    Stmt, Store, Var, call, const, eq, logical_and, logical_or, loop_nest, maximum, minimum,
+    mma_fragments, ne, seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
 from .simplifier import (EXPR_RULES, UNBOUNDED, Bounds, bounds, divisor, simplify,
                          simplify_expr)
-from .traversal import (alpha_normal, children, free_vars, structural_equal, substitute,
-                        transform, walk)
+from .traversal import (alpha_normal, children, free_vars, map_exprs, structural_equal,
+                        substitute, transform, walk)
 from .verifier import LoopIRError, verify
 from . import index_checks
 
 __all__ = [
     # nodes
-    "ARITH", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LOGIC", "MMA_REGISTERS", "MMA_SHAPES",
-    "PACKS", "REDUCE_COMBINERS", "SHUFFLES",
-    "Allocate", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const", "Expr", "For", "ForKind",
-    "If", "IterVar", "Let", "Load", "Mma", "PrimFunc", "Reduce", "Scope", "Select", "Seq",
-    "Stmt", "Store", "Var", "call", "const", "eq", "logical_and", "logical_or", "loop_nest",
-    "maximum", "minimum", "mma_fragments", "ne", "seq", "static_shape",
+    "ARITH", "ASYNC_COPY_BYTES", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LDMATRIX_COUNTS",
+    "LOGIC", "MMA_REGISTERS", "MMA_SHAPES", "PACKS", "REDUCE_COMBINERS", "SHUFFLES",
+    "Allocate", "AsyncCommit", "AsyncWait", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const",
+    "CopyAsync", "Expr", "For", "ForKind", "If", "IterVar", "LdMatrix", "Let", "Load", "Mma",
+    "PrimFunc", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store", "Var", "call", "const", "eq",
+    "logical_and", "logical_or", "loop_nest", "maximum", "minimum", "mma_fragments", "ne", "seq",
+    "static_shape",
     # traversal
-    "alpha_normal", "children", "free_vars", "structural_equal", "substitute", "transform", "walk",
+    "alpha_normal", "children", "free_vars", "map_exprs", "structural_equal", "substitute",
+    "transform", "walk",
     # printer
     "print_expr", "print_func", "print_stmt",
     # verifier

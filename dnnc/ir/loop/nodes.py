@@ -1,7 +1,8 @@
 """Operator-IR nodes: expressions, statements, buffers and `PrimFunc`, with their constructors.
 
 Expressions (`Var`, `Const`, `BinOp`, `Call`, `Cast`, `Select`, `Load`, `Reduce`) and statements
-(`For`, `Store`, `Let`, `If`, `Allocate`, `Seq`, `Barrier`, `Mma`) are immutable dataclasses, so `==`
+(`For`, `Store`, `Let`, `If`, `Allocate`, `Seq`, `Barrier`, `Mma`, `LdMatrix`, `CopyAsync`,
+`AsyncCommit`, `AsyncWait`) are immutable dataclasses, so `==`
 is structural equality and nodes hash. Arithmetic operators build expressions (`i * 4 + j`);
 comparisons other than `==`/`!=` do too (`i < n`); use `eq(a, b)` / `ne(a, b)` for those two.
 
@@ -10,12 +11,16 @@ lowering turns it into loops. A `For` names how it runs: serial, parallel (CPU c
 vectorized, unrolled, or bound to a GPU axis (blockIdx.x, threadIdx.y, ...); an `Allocate` names
 its memory scope (global, shared, local).
 
-One statement is not target-neutral: `Mma`, a warp's tensor-core multiply-accumulate, whose
-operand and accumulator layout is PTX's fragment layout (`mma.sync`), so only a GPU renderer
-that has warps and tensor cores renders it (the cuda one; llvm's refuses it as GPU-only, and
-only the cuda tensor-core templates emit it). It lives here, not in a backend, because the
-shared traversals (printer, verifier, simplifier, the loop analyses) must see it as a
-statement like the others; its docstring states its meaning exactly.
+Some statements are not target-neutral: `Mma`, a warp's tensor-core multiply-accumulate, whose
+operand and accumulator layout is PTX's fragment layout (`mma.sync`), `LdMatrix`, a warp's
+load of such fragments from shared memory (`ldmatrix`), and `CopyAsync` / `AsyncCommit` /
+`AsyncWait`, copies from global to shared memory that complete later (`cp.async`). Only a GPU
+renderer that has warps and tensor cores renders them (the cuda one; llvm's refuses them as
+GPU-only, and only the cuda tensor-core templates emit them). They live here, not in a
+backend, because the shared traversals (printer, verifier, simplifier, the loop analyses)
+must see them as statements like the others; their docstrings state their meaning exactly.
+`LdMatrix` and `CopyAsync` name their addresses as `Load`s of the element there (a place,
+not a value), so every pass that rewrites accesses rewrites them.
 
 This module only defines the nodes: it never traverses, prints, verifies or rewrites them
 (see `traversal`, `printer`, `verifier`, `simplifier`), and knows nothing of graphs, ONNX or any
@@ -473,6 +478,73 @@ class Mma(Stmt):
 
 MMA_REGISTERS = (4, 2)
 """The operand registers of A and of B a lane passes to an `Mma` (every precision)."""
+
+LDMATRIX_COUNTS = (1, 2, 4)
+
+
+@dataclass(frozen=True, eq=True)
+class LdMatrix(Stmt):
+    """A warp's collective load of `count` 8 x 8 matrices of 16-bit elements from shared
+    memory into operand registers (PTX's `ldmatrix.sync.aligned.m8n8.x{count}[.trans]
+    .shared.b16`).
+
+    `src` (a Load of a SHARED uint32 buffer, used as an address, never evaluated) is this
+    lane's row: lanes 8 q .. 8 q + 7 give rows 0..7 of matrix q, each 16 bytes (8 elements,
+    4 words) from `src`'s word on, 16-byte aligned; lanes past 8 count give none. `dst` (a Load
+    of a LOCAL uint32 buffer, as a place) is the first of `count` registers: register q of
+    lane l gets matrix q's elements (row l // 4, columns 2 (l % 4) and 2 (l % 4) + 1), the
+    first in the low half; with `trans`, its elements (rows 2 (l % 4) and 2 (l % 4) + 1,
+    column l // 4). 32-bit elements move as pairs of 16-bit ones (without `trans`: register
+    q then holds element (l // 4, l % 4) of an 8 x 4 matrix of words). Every lane of the warp
+    runs it together, as `Mma`. CPU backends do not render it."""
+
+    dst: Load
+    src: Load
+    count: int = 4
+    trans: bool = False
+
+    def __hash__(self):
+        return hash(("LdMatrix", self.dst, self.src, self.count, self.trans))
+
+
+ASYNC_COPY_BYTES = 16
+
+
+@dataclass(frozen=True, eq=True)
+class CopyAsync(Stmt):
+    """One thread's asynchronous copy of 16 bytes from global to shared memory (PTX's
+    `cp.async.cg.shared.global` with a source size): the first `src_bytes` (an integer in
+    [0, 16]) bytes from `src`'s element on, then zeros; `dst` and `src` (Loads used as
+    addresses, never evaluated: a SHARED and a GLOBAL buffer) 16-byte aligned. The copy
+    lands at some time before this thread's `AsyncWait` that leaves its group complete;
+    other threads see it after that wait and a `Barrier`. CPU backends do not render it."""
+
+    dst: Load
+    src: Load
+    src_bytes: Expr
+
+    def __hash__(self):
+        return hash(("CopyAsync", self.dst, self.src, self.src_bytes))
+
+
+@dataclass(frozen=True, eq=True)
+class AsyncCommit(Stmt):
+    """This thread's `CopyAsync`s since its last commit become one group (`cp.async
+    .commit_group`; a group may be empty)."""
+
+    def __hash__(self):
+        return hash("AsyncCommit")
+
+
+@dataclass(frozen=True, eq=True)
+class AsyncWait(Stmt):
+    """This thread waits until at most `pending` of its committed groups are incomplete
+    (`cp.async.wait_group`): the older ones have landed in shared memory."""
+
+    pending: int = 0
+
+    def __hash__(self):
+        return hash(("AsyncWait", self.pending))
 
 
 def mma_fragments(precision: str) -> tuple[int, int]:

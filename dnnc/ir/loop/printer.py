@@ -7,8 +7,9 @@ only. It must never be parsed back or used as a key (compare with `structural_eq
 from __future__ import annotations
 
 from .nodes import (
-    INDEX, MMA_SHAPES, Allocate, Barrier, BinOp, Call, Cast, Const, Expr, For, ForKind, If, Let,
-    Load, Mma, PrimFunc, Reduce, Select, Seq, Stmt, Store, Var)
+    INDEX, MMA_SHAPES, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Cast, Const,
+    CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mma, PrimFunc, Reduce, Select, Seq,
+    Stmt, Store, Var)
 
 
 _PRECEDENCE = {"or": 1, "and": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
@@ -76,6 +77,16 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
         b = ", ".join(print_expr(x) for x in s.b)
         return (f"{pad}mma_m{m}n{n}k{k}_{s.precision}({s.acc.name}[{print_expr(s.offset)}:+4], "
                 f"a=({a}), b=({b}))\n")
+    if isinstance(s, LdMatrix):
+        return (f"{pad}ldmatrix_x{s.count}{'_trans' if s.trans else ''}({print_expr(s.dst)}, "
+                f"{print_expr(s.src)})\n")
+    if isinstance(s, CopyAsync):
+        return (f"{pad}cp_async({print_expr(s.dst)}, {print_expr(s.src)}, "
+                f"{print_expr(s.src_bytes)})\n")
+    if isinstance(s, AsyncCommit):
+        return f"{pad}cp_async_commit()\n"
+    if isinstance(s, AsyncWait):
+        return f"{pad}cp_async_wait({s.pending})\n"
     raise TypeError(f"not a statement: {s!r}")
 
 

@@ -62,6 +62,19 @@ def _replace(node, changes: dict):
     return type(node)(**values)
 
 
+def map_exprs(node, fn: Callable):
+    """`node` rebuilt with `fn(e)` for each expression directly in its fields (and in tuples
+    of them); statements inside it are left as they are (a leaf statement's expressions)."""
+    changes = {}
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, Expr):
+            changes[f.name] = fn(value)
+        elif isinstance(value, tuple) and value and all(isinstance(v, Expr) for v in value):
+            changes[f.name] = tuple(fn(v) for v in value)
+    return _replace(node, changes) if changes else node
+
+
 def substitute(node, mapping: dict):
     """Replace Vars (by Var) with Exprs."""
     if not mapping:

@@ -12,8 +12,9 @@ import math
 
 from .. import types as T
 from .nodes import (
-    MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, Allocate, Barrier, BinOp, Call, Const, For, If,
-    Let, Load, Mma, PrimFunc, Reduce, Scope, Select, Seq, Store, Var)
+    LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, Allocate, AsyncCommit,
+    AsyncWait, Barrier, BinOp, Call, Const, CopyAsync, For, If, LdMatrix, Let, Load, Mma,
+    PrimFunc, Reduce, Scope, Select, Seq, Store, Var)
 from .printer import print_expr
 from .traversal import walk
 
@@ -123,6 +124,32 @@ def _check_mma(func, s: Mma, gpu: set, buffers) -> None:
     _check_access(func, s.acc, (s.offset,), buffers)
 
 
+def _check_ldmatrix(func, s: LdMatrix, gpu: set) -> None:
+    """A warp's load of fragments: on a GPU's threads, from shared uint32 words into local
+    uint32 registers, 1, 2 or 4 matrices."""
+    if "threadIdx.x" not in gpu:
+        raise LoopIRError(f"{func.name}: ldmatrix outside a threadIdx.x loop")
+    if s.count not in LDMATRIX_COUNTS:
+        raise LoopIRError(f"{func.name}: ldmatrix of {s.count} matrices (one of "
+                          f"{LDMATRIX_COUNTS})")
+    if not (isinstance(s.dst, Load) and s.dst.buffer.scope is Scope.LOCAL and
+            isinstance(s.src, Load) and s.src.buffer.scope is Scope.SHARED and
+            s.dst.dtype is T.uint32 and s.src.dtype is T.uint32):
+        raise LoopIRError(f"{func.name}: ldmatrix loads shared uint32 words into local uint32 "
+                          f"registers")
+
+
+def _check_copy_async(func, s: CopyAsync, gpu: set) -> None:
+    """An asynchronous copy: on a GPU's threads, global to shared, an integer byte count."""
+    if "threadIdx.x" not in gpu:
+        raise LoopIRError(f"{func.name}: cp.async outside a threadIdx.x loop")
+    if not (isinstance(s.dst, Load) and s.dst.buffer.scope is Scope.SHARED and
+            isinstance(s.src, Load) and s.src.buffer.scope is Scope.GLOBAL and
+            s.src_bytes.dtype.is_int):
+        raise LoopIRError(f"{func.name}: cp.async copies global memory to shared memory, "
+                          f"an integer count of bytes")
+
+
 def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> None:
     def exprs(*es):
         _check_expr_vars(func, es, scope_vars)
@@ -181,7 +208,16 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
     elif isinstance(s, Mma):
         _check_mma(func, s, gpu if placement else {"threadIdx.x"}, buffers)
         exprs(s.offset, *s.a, *s.b)
-    elif isinstance(s, Barrier):
+    elif isinstance(s, LdMatrix):
+        _check_ldmatrix(func, s, gpu if placement else {"threadIdx.x"})
+        exprs(s.dst, s.src)
+    elif isinstance(s, CopyAsync):
+        _check_copy_async(func, s, gpu if placement else {"threadIdx.x"})
+        exprs(s.dst, s.src, s.src_bytes)
+    elif isinstance(s, AsyncWait):
+        if s.pending < 0:
+            raise LoopIRError(f"{func.name}: cp.async wait for {s.pending} groups")
+    elif isinstance(s, (Barrier, AsyncCommit)):
         # inside a thread loop, or between the thread loops of one block (its threads' phases)
         if placement and not gpu:
             raise LoopIRError(f"{func.name}: barrier outside the GPU loops")

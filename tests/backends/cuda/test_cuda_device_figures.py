@@ -69,7 +69,7 @@ def test_two_sm_counts_give_different_defaults():
         32, 64, 8, 4, 8, split_k=1)
     assert dense.choose(1024, 1024, 1024, gpu=few) == dense.DenseConfig(128, 64, 8, 8, 8)
     assert mma.choose(128, 768, 768, gpu=device.REFERENCE).split_k == 4
-    assert mma.choose(128, 768, 768, gpu=few) == mma.TensorCoreConfig(64, 64, 32, 2, 2)
+    assert mma.choose(128, 768, 768, gpu=few) == mma.TensorCoreConfig(64, 64, 32, 2, 2, 3)
     # a Target without figures (built by hand) reads the reference's
     assert device.gpu_of(Target("cuda", arch="sm_90")) is device.REFERENCE
     assert device.gpu_of(Target("cuda", arch="sm_90", gpu=few)) is few

@@ -40,7 +40,8 @@ from onnx import TensorProto, helper, numpy_helper
 import dnnc
 from dnnc import zoo
 from dnnc.backends.cuda import mma as mma_templates
-from dnnc.backends.cuda.codegen import MMA_PRELUDE, render_module
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.cuda.prelude import MMA_PRELUDE
 from dnnc.backends.cuda.schedules import template_for
 from dnnc.errors import ArgumentError
 from dnnc.frontend.onnx import import_onnx
@@ -241,7 +242,7 @@ def test_a_tuning_record_applies_at_its_precision_only(tmp_path):
     target = REGISTRY["cuda"].target(precision="tf32")
     tasks = extract(optimize(load_graph(model), target, 3), tuning, target)
     config = {"block_m": 32, "block_n": 32, "block_k": 16, "warps_m": 2, "warps_n": 1,
-              "split_k": 2}
+              "stages": 3, "split_k": 2}
     append(tmp_path / "log.jsonl", [Record(t.key, t.template.name, target.key, config, ms=1.0)
                                     for t in tasks])
     tuned = dnnc.compile(model, "cuda", precision="tf32", render_only=True,
@@ -384,16 +385,18 @@ def test_templates_only_at_reduced_precision():
 
 
 def test_knob_space_and_default():
-    space = mma_templates.product_space("cuda_mma_dense", 768, 1)
-    configs = list(space.configs())
-    assert len(configs) > 50 and all(space.check(c) is c for c in configs)
-    for m, n, k in ((4096, 4096, 4096), (128, 768, 768), (16, 64, 64), (128, 3072, 768)):
-        config = mma_templates.choose(m, n, k)
-        assert mma_templates.product_space("x", k, 1).check(config) == config
+    for precision in REDUCED:
+        space = mma_templates.product_space("cuda_mma_dense", 768, 1, precision)
+        configs = list(space.configs())
+        assert len(configs) > 50 and all(space.check(c) is c for c in configs)
+        for m, n, k in ((4096, 4096, 4096), (128, 768, 768), (16, 64, 64), (128, 3072, 768)):
+            config = mma_templates.choose(m, n, k, precision=precision)
+            assert mma_templates.product_space("x", k, 1, precision).check(config) == config
+    # 3 stages of 128 x 256 tiles: k 32 deep in 16 bits, 16 in tf32 (72 KiB of shared memory)
     assert mma_templates.choose(4096, 4096, 4096) == mma_templates.TensorCoreConfig(
-        128, 128, 16, 2, 4)
-    for dims in mma_templates.DEFAULTS:
-        space.check(mma_templates.TensorCoreConfig(*dims))
+        128, 256, 32, 2, 4, 3)
+    assert mma_templates.choose(4096, 4096, 4096, precision="tf32") == \
+        mma_templates.TensorCoreConfig(128, 256, 16, 2, 4, 3)
 
 
 nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

@@ -20,8 +20,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dnnc.backends.cuda.codegen import (C_TYPES, MMA_PRELUDE, PRELUDE, c_name, render_module,
-                                        stages)
+from dnnc.backends.cuda.codegen import C_TYPES, c_name, render_module, stages
+from dnnc.backends.cuda.prelude import MMA_PRELUDE, PRELUDE
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from cuda_kernels import (programs, reference, renamed, suite_cases, suite_inputs, suite_sample,
@@ -68,6 +68,7 @@ extern "C" void dnnc_launch(void (*kernel)(void**), void** args, unsigned gx, un
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static
+#define DNNC_SHARED_POOL(name, bytes) static __attribute__((aligned(16))) unsigned char name[bytes]
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 struct alignas(8) float2 { float x, y; };
@@ -76,6 +77,8 @@ struct alignas(8) int2 { int x, y; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(4) ushort2 { unsigned short x, y; };
 struct alignas(8) ushort4 { unsigned short x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 template <typename To, typename From> static inline To dnnc_bits(From x) {
   To y; std::memcpy(&y, &x, sizeof y); return y;
 }
@@ -112,7 +115,7 @@ static inline unsigned short dnnc_f2h(float f) { return dnnc_bits<unsigned short
 """
 
 MMA_SHIM = r"""
-// tensor cores (codegen's MMA_PRELUDE), from the PTX ISA's definitions: the conversions as
+// tensor cores (prelude.py's MMA_PRELUDE), from the PTX ISA's definitions: the conversions as
 // the host rounds them; in an mma each lane posts its operand registers' elements, every
 // lane then rebuilds its warp's A (16 x K) and B (K x 8) from the fragment layouts and
 // updates its own 4 accumulators
@@ -187,6 +190,48 @@ static void NAME(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, u
 DNNC_MMA(dnnc_mma_tf32, 0)
 DNNC_MMA(dnnc_mma_fp16, 1)
 DNNC_MMA(dnnc_mma_bf16, 2)
+// ldmatrix (PTX ISA, "Warp-level matrix load instruction: ldmatrix"): each lane posts its row
+// address; lanes 8 q .. 8 q + 7 address rows 0..7 of matrix q, 8 16-bit elements each; lane
+// l's register q then holds (row l / 4, columns 2 (l % 4), + 1), or with .trans (rows
+// 2 (l % 4), + 1, column l / 4), the first in the low half
+static const unsigned short* dnnc_ldmatrix_rows[1024];
+static void dnnc_ldmatrix(unsigned* d, const unsigned* p, int count, bool trans) {
+  const unsigned lane = threadIdx.x % 32, first = threadIdx.x - lane;
+  dnnc_ldmatrix_rows[threadIdx.x] = reinterpret_cast<const unsigned short*>(p);
+  dnnc_block->arrive_and_wait();
+  const unsigned group = lane / 4, pair = lane % 4;
+  for (int q = 0; q < count; ++q) {
+    const unsigned short* const* rows = dnnc_ldmatrix_rows + first + 8 * q;
+    unsigned lo, hi;
+    if (!trans) {
+      lo = rows[group][2 * pair];
+      hi = rows[group][2 * pair + 1];
+    } else {
+      lo = rows[2 * pair][group];
+      hi = rows[2 * pair + 1][group];
+    }
+    d[q] = lo | hi << 16;
+  }
+  dnnc_block->arrive_and_wait();
+}
+#define DNNC_LDMATRIX(NAME, COUNT, TRANS) \
+static void NAME(unsigned* d, const unsigned* p) { dnnc_ldmatrix(d, p, COUNT, TRANS); }
+DNNC_LDMATRIX(dnnc_ldmatrix_x1, 1, false)
+DNNC_LDMATRIX(dnnc_ldmatrix_x2, 2, false)
+DNNC_LDMATRIX(dnnc_ldmatrix_x4, 4, false)
+DNNC_LDMATRIX(dnnc_ldmatrix_x1_trans, 1, true)
+DNNC_LDMATRIX(dnnc_ldmatrix_x2_trans, 2, true)
+DNNC_LDMATRIX(dnnc_ldmatrix_x4_trans, 4, true)
+// cp.async: the copy at once (it has landed by any later wait); 16 bytes, past `bytes` zero;
+// a source size outside [0, 16] or an unaligned address is a kernel bug: abort
+static void dnnc_cp_async(void* dst, const void* src, int bytes) {
+  if (bytes < 0 || bytes > 16 || reinterpret_cast<unsigned long>(dst) % 16 ||
+      (bytes && reinterpret_cast<unsigned long>(src) % 16)) __builtin_trap();
+  std::memcpy(dst, src, bytes);
+  std::memset(static_cast<char*>(dst) + bytes, 0, 16 - bytes);
+}
+static void dnnc_cp_async_commit() {}
+template <int N> static void dnnc_cp_async_wait() {}
 """
 
 
@@ -197,6 +242,7 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
     source = module.source
     assert source.startswith(PRELUDE)
     device_only = PRELUDE[PRELUDE.index("// NaN-propagating"):]   # the templates stay
+    assert "DNNC_SHARED_POOL" not in device_only   # (the shim's own: a static pool)
     wrappers = []
     for func, _ in funcs:
         kernel = module.kernels[func.name]

@@ -1,0 +1,121 @@
+"""The device functions every rendered CUDA module starts with (`PRELUDE`: half conversions,
+NaN-propagating min / max, the run-time index check, the dynamic shared-memory pool) and
+those of the tensor cores (`MMA_PRELUDE`: operand conversions, mma.sync, ldmatrix, cp.async),
+as CUDA C with inline PTX that NVRTC compiles without any header.
+
+`codegen.py` renders calls of them and decides which a module holds; this module is only
+their text and must never render or decide anything. The host-C++ shim of
+tests/backends/cuda/test_host_semantics.py replaces each with an emulation: keep the names
+and signatures in step with it.
+"""
+
+PRELUDE = r"""// dnnc: CUDA C for NVRTC (built-in headers only)
+#define DNNC_SHARED_POOL(name, bytes) extern __shared__ __align__(16) unsigned char name[]
+__device__ __forceinline__ float dnnc_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ unsigned short dnnc_f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+// NaN-propagating, as NumPy's maximum / minimum (fmaxf would drop the NaN)
+template <typename T> __device__ __forceinline__ T dnnc_fmax(T a, T b) {
+  return a != a ? a : b != b ? b : a > b ? a : b;
+}
+template <typename T> __device__ __forceinline__ T dnnc_fmin(T a, T b) {
+  return a != a ? a : b != b ? b : a < b ? a : b;
+}
+template <typename T> __device__ __forceinline__ T dnnc_imax(T a, T b) { return a > b ? a : b; }
+template <typename T> __device__ __forceinline__ T dnnc_imin(T a, T b) { return a < b ? a : b; }
+// a gather index outside [-n, n-1] (one unsigned compare): (site + 1, i, n) into the error
+// record unless an error is there (atomicCAS: the first of a call wins); i goes on as it is
+__device__ __forceinline__ long long dnnc_check_index(long long i, long long n, long long site,
+                                                      long long* errors) {
+  if (__builtin_expect((unsigned long long)(i + n) >= (unsigned long long)(2 * n), 0) &&
+      atomicCAS((unsigned long long*)errors, 0ull, (unsigned long long)(site + 1)) == 0ull) {
+    errors[1] = i;
+    errors[2] = n;
+  }
+  return i;
+}
+"""
+
+MMA_PRELUDE = r"""// tensor cores (sm_80+): operand registers rounded as PTX asks; a warp's mma.sync
+__device__ __forceinline__ unsigned dnnc_tf32(float x) {
+  unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
+}
+// two fp32 in one register of 16-bit halves, lo in bits 0-15 (cvt puts its first source high)
+__device__ __forceinline__ unsigned dnnc_f16x2(float lo, float hi) {
+  unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ unsigned dnnc_bf16x2(float lo, float hi) {
+  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ void dnnc_mma_tf32(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void dnnc_mma_fp16(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void dnnc_mma_bf16(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// a generic address of shared memory as the 32-bit shared-window address PTX's
+// ldmatrix and cp.async take
+__device__ __forceinline__ unsigned dnnc_shared_address(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// a warp's ldmatrix: each lane's row address, `n` registers of 16-bit pairs
+__device__ __forceinline__ void dnnc_ldmatrix_x1(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];"
+               : "=r"(d[0]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x2(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(d[0]), "=r"(d[1]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x4(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x1_trans(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];"
+               : "=r"(d[0]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x2_trans(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(d[0]), "=r"(d[1]) : "r"(dnnc_shared_address(p)));
+}
+__device__ __forceinline__ void dnnc_ldmatrix_x4_trans(unsigned* d, const unsigned* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(dnnc_shared_address(p)));
+}
+// 16 bytes global -> shared, the first `bytes` of them read, the rest zero
+__device__ __forceinline__ void dnnc_cp_async(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(dnnc_shared_address(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void dnnc_cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void dnnc_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+"""
+"""What `L.Mma`, `L.LdMatrix`, `L.CopyAsync` (and its commit and wait) and the `L.PACKS`
+intrinsics render to (`dnnc_mma_<precision>(acc + offset,
+a0..a3, b0, b1)`, `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`, `dnnc_bf16x2(lo, hi)`): added after
+`PRELUDE` to a module that uses them."""
