@@ -45,6 +45,8 @@ def main() -> int:
     parser.add_argument("--special", action="store_true",
                         help="special-values cases (the fuzzer's --special)")
     parser.add_argument("--target", default="llvm")
+    parser.add_argument("--no-minimize", action="store_true",
+                        help="save findings unminimised (the fuzzer's --no-minimize)")
     parser.add_argument("--precision", default="fp32",
                         help="the fuzzer's --precision (cuda: tf32, fp16, bf16)")
     args = parser.parse_args()
@@ -64,7 +66,8 @@ def main() -> int:
                    "--start", str(first), "--seed", str(args.seed), "--opt-level", str(opt),
                    "--threads", str(threads), "--out", str(out), "--quiet",
                    "--target", args.target, "--precision", args.precision] + \
-                (["--special"] if args.special else [])
+                (["--special"] if args.special else []) + \
+                (["--no-minimize"] if args.no_minimize else [])
             jobs.append(((opt, threads), subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     totals: dict[tuple, dict[str, int]] = {}

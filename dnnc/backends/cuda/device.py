@@ -58,6 +58,25 @@ def _probe() -> tuple[object | None, str | None]:
     return cupy, None
 
 
+STATIC_SHARED_LIMIT = 48 << 10
+"""Shared memory a block may use without the function's attribute raised."""
+
+
+def allow_shared(fn, nbytes: int) -> None:
+    """Let `fn` (a loaded `__global__` function: CuPy's low-level `Function`, or a
+    `RawKernel`) launch with `nbytes` of dynamic shared memory; beyond 48 KiB that needs
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES raised (a `RawKernel` has a property
+    for it, the low-level `Function` does not)."""
+    if nbytes <= STATIC_SHARED_LIMIT:
+        return
+    if hasattr(type(fn), "max_dynamic_shared_size_bytes"):
+        fn.max_dynamic_shared_size_bytes = nbytes
+        return
+    driver = import_cupy().cuda.driver
+    driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            nbytes)
+
+
 def import_cupy():
     """The cupy module, once a GPU is known to be visible; else a `DeviceError` saying whether
     CuPy or the GPU is missing."""

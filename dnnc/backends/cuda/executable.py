@@ -548,9 +548,8 @@ class _CompiledSegment(CompiledSegment):
         """The loaded __global__ function, allowed the dynamic shared memory its largest
         launch asks for (beyond 48 KiB needs the attribute set)."""
         fn = self._module.get_function(launch.name)
-        shared = max(b.shared_bytes for b in self.launches if b.name == launch.name)
-        if shared > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = shared
+        device.allow_shared(fn, max(b.shared_bytes for b in self.launches
+                                    if b.name == launch.name))
         return fn
 
     def _upload_constants(self, consts: list[np.ndarray]) -> None:

@@ -58,8 +58,7 @@ def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
     launches = []
     for launch in kernel.launches:
         fn = loaded.get_function(launch.name)
-        if launch.shared_bytes > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = launch.shared_bytes
+        device.allow_shared(fn, launch.shared_bytes)
         launches.append((fn, launch))
     stream = cupy.cuda.Stream(non_blocking=True)
 
