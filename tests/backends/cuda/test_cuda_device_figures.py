@@ -117,3 +117,30 @@ def test_tuning_keys_do_not_depend_on_the_figures():
     h100 = Target("cuda", arch="sm_90", gpu=device.REFERENCE)
     h200 = Target("cuda", arch="sm_90", gpu=device.describe_gpu(H200))
     assert h100.key == h200.key == Target("cuda", arch="sm_90").key == "cuda:sm_90:"
+
+
+def test_dynamic_shared_memory_beyond_48_kib_is_allowed_through_the_driver(monkeypatch):
+    """CuPy's low-level Function (what the runtime loads from a cubin) has no property for
+    the dynamic shared memory limit: the driver's attribute is set instead; a RawKernel's
+    property is used where it has one; 48 KiB and below need nothing."""
+    from types import SimpleNamespace
+
+    calls = []
+    driver = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8,
+                             funcSetAttribute=lambda *a: calls.append(a))
+    monkeypatch.setattr(device, "import_cupy",
+                        lambda: SimpleNamespace(cuda=SimpleNamespace(driver=driver)))
+
+    class Function:   # as cupy.cuda.function.Function: a pointer, no such property
+        ptr = 1234
+
+    class RawKernel:
+        max_dynamic_shared_size_bytes = 0
+
+    device.allow_shared(Function(), 48 << 10)
+    assert calls == []
+    device.allow_shared(Function(), 72 << 10)
+    assert calls == [(1234, 8, 72 << 10)]
+    raw = RawKernel()
+    device.allow_shared(raw, 99 << 10)
+    assert raw.max_dynamic_shared_size_bytes == 99 << 10 and len(calls) == 1
