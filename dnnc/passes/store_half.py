@@ -15,7 +15,10 @@ rewrite, one pass over the nodes in order:
   Cast to the half type;
 - a node's parameters (`FLOAT32_INPUTS`: a Resize's scales) stay float32;
 - a node runs in float32 instead, between Casts, when its op is in `FLOAT32_OPS` (values
-  that leave the half type's range or resolution: a square, an exponential), when its op's
+  that leave the half type's range or resolution: a square, an exponential) or is
+  discontinuous in its float input (`DISCONTINUOUS_OPS`: a comparison, a rounding, a
+  quantization, a cast to an integer type: a graph input or constant then reaches it
+  unrounded), when its op's
   type rules refuse the half type or give another shape, and when it reduces a float32 value
   (a ReduceMean of a Pow: a variance summed from float32 squares; or of the graph's input);
 - the graph's float32 inputs are cast to the half type where it starts, and its outputs cast
@@ -47,6 +50,16 @@ FLOAT32_OPS = frozenset({"Pow", "Exp"})
 """Ops computed on float32 values even in a half-stored model: their results leave the half
 type's range (x**2 past 65504 for |x| > 256 in float16: a decomposed LayerNorm's variance;
 exp(x) for x > 11) or carry statistics (a variance's squares, a softmax's exponentials)."""
+
+
+DISCONTINUOUS_OPS = frozenset({"Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal",
+                               "ArgMax", "ArgMin", "Floor", "Ceil", "Round", "Sign",
+                               "QuantizeLinear", "DynamicQuantizeLinear", "IsInf", "IsNaN"})
+"""Ops whose result jumps as their float input crosses a point (a comparison, a rounding, a
+quantization): a value rounded to the half type on its way there changes an integer, a
+boolean or a quantized result by a whole step, where the model's float32 value would not.
+They read their float inputs in float32 (as a Cast to a non-float type does): a graph input,
+a constant or a float32 node's output is then read as the model gives it, not rounded first."""
 
 
 FLOAT32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
@@ -102,8 +115,10 @@ class _HalfStorage:
     def fp32_needed(self, node: Node) -> bool:
         """Whether `node` runs in float32 whatever its op's types allow (FLOAT32_OPS, or a
         reduction of a float32 value: a graph input, an output of a node run in float32)."""
-        if node.op in FLOAT32_OPS:
+        if node.op in FLOAT32_OPS or node.op in DISCONTINUOUS_OPS:
             return True
+        if node.op == "Cast" and not node.attrs.get("to").is_float:
+            return True   # (a float to integer or boolean cast: discontinuous too)
         if get_op(node.op).pattern is not Pattern.REDUCE:
             return False
         return any(v is not None and self.current(v).dtype is T.float32 and

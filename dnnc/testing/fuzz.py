@@ -444,7 +444,8 @@ class Checker:
         oracle, oracle_error, bounds = None, None, None
         try:   # meanwhile, the references
             oracle = numpy_outputs(data, runs)
-            bounds = rounding.bounds(model, runs)
+            bounds = rounding.bounds(model, runs, None if self.precision == "fp32" else
+                                     self.tol[0])
         except Exception as exc:
             oracle_error = (type(exc).__name__, str(exc)[:2000])
         ort_result, ort_error = None, None

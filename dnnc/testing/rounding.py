@@ -90,12 +90,15 @@ class _BoundModel:
     """The model plus nodes computing a bound `<value>#bound` for each value downstream of a
     QuantizeLinear."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, noise: float | None = None):
         self.model = model
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.bound: dict[str, str] = {}
-        self.exact = exact_values(model)
+        # at a reduced precision (`noise` given) every value is rounded where it is stored,
+        # the graph's inputs and constants too: none is exact
+        self.exact = exact_values(model) if noise is None else set()
+        self.noise = FLOAT_NOISE if noise is None else noise
         self.constants = _constants(model)
         inferred = onnx.shape_inference.infer_shapes(model)
         self.ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in
@@ -249,7 +252,7 @@ def _quantize(m: _BoundModel, n: onnx.NodeProto) -> list[str] | None:
     ax = m.op("Abs", [x])
     noise = m.op("Mul", [m.op("Add", [ax, m.op("Max", [m.op("ReduceMean", [ax], keepdims=1),
                                                         m.const(1.0)])]),
-                         m.const(FLOAT_NOISE if x not in m.exact else 0.0)])
+                         m.const(m.noise if x not in m.exact else 0.0)])
     width = m.op("Add", [m.of(x), noise])
     v = m.op("Div", [x, scale])
     hi = m.op("Div", [m.op("Add", [x, width]), scale])
@@ -281,12 +284,16 @@ RULES = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "Add": _a
 """Op -> rule writing the bound of its outputs (None: unbounded)."""
 
 
-def bounds(model: onnx.ModelProto, runs: list[dict]) -> list[dict[str, np.ndarray]]:
+def bounds(model: onnx.ModelProto, runs: list[dict], noise: float | None = None
+           ) -> list[dict[str, np.ndarray]]:
     """For each run, {output name: per-element bound} of the outputs downstream of a
-    QuantizeLinear (empty when there are none); computed on dnnc's numpy target."""
+    QuantizeLinear (empty when there are none); computed on dnnc's numpy target. `noise`:
+    the relative float noise at every QuantizeLinear's input of a compile at a reduced
+    precision (half storage rounds the graph's inputs and constants too), where fp32 has
+    FLOAT_NOISE at inexact inputs only."""
     import dnnc
 
-    builder = _BoundModel(model)
+    builder = _BoundModel(model, noise)
     bound_model = builder.build()
     pairs = [(o.name, builder.bound[o.name]) for o in model.graph.output
              if o.name in builder.bound]

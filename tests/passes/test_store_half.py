@@ -241,3 +241,30 @@ def test_a_value_made_float32_is_stored_half_and_read_back_in_float32():
     x_value = np.arange(6, dtype=np.float32).reshape(2, 3)
     for got, want in zip(run_graph(out, [x_value]), run_graph(g, [x_value])):
         np.testing.assert_allclose(got, want, rtol=2 * 2.0 ** -11)
+
+
+def test_discontinuous_ops_read_their_float32_inputs_unrounded():
+    """A comparison, a cast to an integer type and a QuantizeLinear read a graph input as
+    given: rounded to fp16 first, 2.0004 would compare, truncate and quantize as 2.0 (the
+    fuzzer's fp16 sweep on the H200 found such integer and quantized outputs a step off)."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (4,)))
+    two = _const("two", np.full(4, 2.0, np.float32))
+    gt = g.add("Greater", x, two)
+    as_int = g.add("Cast", x, to=T.int32)
+    q = g.add("QuantizeLinear", x, _const("s", np.array(1.0, np.float32)),
+              Value("z", T.TensorType(T.int8, ()), const=np.array(0, np.int8)))
+    y = g.add("Relu", x)
+    g.outputs = [gt, as_int, q, y]
+    out = store_half(g, cuda_like("fp16"))
+    by_op = {n.op: n for n in out.nodes}
+    for op in ("Greater", "QuantizeLinear"):
+        assert by_op[op].inputs[0].type.dtype is T.float32, op
+    casts = [n for n in out.nodes if n.op == "Cast" and n.attrs["to"] is T.int32]
+    assert casts and casts[0].inputs[0].type.dtype is T.float32
+    assert by_op["Relu"].inputs[0].type.dtype is T.float16     # (continuous: half as before)
+    xs = np.array([2.0004, 1.9996, 3.9998, -0.5002], np.float32)
+    want = run_graph(g, [xs])
+    got = run_graph(out, [xs])
+    for w, o in zip(want[:3], got[:3]):
+        np.testing.assert_array_equal(o, w)
