@@ -16,7 +16,7 @@ from __future__ import annotations
 from ...ir import loop as L
 from .. import problems
 from ..space import Space, Template
-from .dense import DenseConfig, Operand, choose, product_space, tiled_product
+from .dense import CONV_MODEL, DenseConfig, Operand, choose, product_space, tiled_product
 from .device import gpu_of
 
 MAX_GRID_Y = 65535
@@ -27,7 +27,7 @@ def space(p: problems.Conv2d, machine) -> Space:
 
 
 def default(p: problems.Conv2d, machine) -> DenseConfig:
-    return choose(*gemm(p), gpu=gpu_of(machine))
+    return choose(*gemm(p), gpu=gpu_of(machine), model=CONV_MODEL)
 
 
 def gemm(p: problems.Conv2d) -> tuple[int, int, int]:

@@ -108,25 +108,51 @@ def min_blocks(gpu: GPU) -> int:
     return BLOCKS_PER_SM * gpu.sms
 
 
-def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE) -> DenseConfig:
-    """The default config of an m x n x k product (`batch` of them) on `gpu`: of the DEFAULTS
+@dataclass(frozen=True)
+class TileModel:
+    """A default's candidates and how `choose` rates them: each tile's fraction of the fp32
+    figure, whether a block's fill counts its threads (blocks of FILL_THREADS) or only its
+    count, whether a ragged edge's padding counts as work."""
+
+    tiles: tuple
+    efficiency: tuple
+    by_threads: bool = True
+    padded: bool = True
+
+
+DENSE_MODEL = TileModel(DEFAULTS, EFFICIENCY)
+"""The dense products' default model (fitted on the H200, above)."""
+
+CONV_MODEL = TileModel(((128, 128, 8, 8, 8), (64, 64, 16, 4, 4), (32, 64, 16, 2, 4),
+                        (32, 32, 16, 2, 2), (16, 32, 16, 1, 2)), (0.5, 0.3, 0.22, 0.15, 0.08),
+                       by_threads=False, padded=False)
+"""The implicit-GEMM convolutions' (conv.py): the H100's earlier model, 128 x 128 first. The
+dense fit does not carry over: with it resnet18 at batch 32 ran 7.88 ms on the H200
+against 5.53 (its patch gather is cheaper per output in a bigger tile)."""
+
+
+def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
+           model: TileModel = DENSE_MODEL) -> DenseConfig:
+    """The default config of an m x n x k product (`batch` of them) on `gpu`: of `model`'s
     tiles, each with k unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough
-    model says is fastest: the tiles' work (a ragged edge padded) at their measured
-    efficiency (EFFICIENCY), slowed where its blocks' threads cannot fill the GPU (fewer
-    than `min_blocks` blocks of FILL_THREADS), plus a split's cost (the partial sums written
-    and read, one more launch)."""
+    model says is fastest: the tiles' work (with `model.padded`, a ragged edge's padding
+    included) at their measured efficiency, slowed where its blocks cannot fill the GPU
+    (fewer than `min_blocks` blocks; with `model.by_threads`, blocks of FILL_THREADS), plus a
+    split's cost (the partial sums written and read, one more launch)."""
     best, best_time = None, math.inf
-    for dims, efficiency in zip(DEFAULTS, EFFICIENCY):
+    for dims, efficiency in zip(model.tiles, model.efficiency):
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
             config = DenseConfig(*dims, split_k=split)
-            fill = min(1.0, _blocks(m, n, batch, config) * split * config.threads /
-                       (min_blocks(gpu) * FILL_THREADS))
-            # the work the tiles do, a ragged edge's padding included
-            padded = -(-m // config.tile_m) * config.tile_m * -(-n // config.tile_n) * \
-                config.tile_n
-            seconds = 2 * padded * k * batch / (gpu.fp32_flops * efficiency * fill)
+            blocks = _blocks(m, n, batch, config) * split
+            if model.by_threads:
+                fill = min(1.0, blocks * config.threads / (min_blocks(gpu) * FILL_THREADS))
+            else:
+                fill = min(1.0, blocks / min_blocks(gpu))
+            work = -(-m // config.tile_m) * config.tile_m * -(-n // config.tile_n) * \
+                config.tile_n if model.padded else m * n
+            seconds = 2 * work * k * batch / (gpu.fp32_flops * efficiency * fill)
             if split > 1:
                 seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
             if seconds < best_time:
