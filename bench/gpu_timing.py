@@ -10,7 +10,10 @@ and compare outputs, so that dnnc's and PyTorch's columns are measured the same 
   torch.compile(mode="reduce-overhead") timed that way, float32 with TF32 off (`fp32_only`);
 - `torch_cells(medians, dnnc_ms)`: those medians and dnnc's ratio to each, as table cells;
 - `error_ratio(got, want)`: the largest |got - want| in units of the project's tolerance,
-  atol 1e-4 + rtol 1e-3 |want| (<= 1 passes).
+  atol 1e-4 + rtol 1e-3 |want| (<= 1 passes);
+- kernel timing by CUDA events (bench/gpu_kernels.py, bench/gpu_attention.py): `event_ms`,
+  `cupy_timer`, `torch_timer`, and `interleaved_ms` (variants timed in turn, trial by
+  trial).
 Needs CuPy (header) and, for the torch functions, torch; never imported by dnnc.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import platform
 import sys
 import traceback
+from typing import Callable
 
 import numpy as np
 
@@ -110,3 +114,53 @@ def torch_cells(medians: dict[str, float | None], dnnc_ms: float) -> tuple[str, 
     ratios = " ".join(f"{dnnc_ms / medians[m]:6.2f}" if medians.get(m) else f"{'-':>6}"
                       for m in TORCH_MODES)
     return times, ratios
+
+
+def event_ms(cp, fn, repeat: int, trials: int) -> float:
+    """Median over `trials` of the mean ms of `repeat` back-to-back calls of `fn`."""
+    return interleaved_ms([cupy_timer(cp, fn)], repeat, trials)[0]
+
+
+def cupy_timer(cp, fn) -> Callable[[int], float]:
+    """A function timing `repeat` back-to-back calls of `fn` (on CuPy's current stream) by
+    CUDA events: their mean ms."""
+    def once(repeat: int) -> float:
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(repeat):
+            fn()
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) / repeat
+    return once
+
+
+def torch_timer(call) -> Callable[[int], float]:
+    """As `cupy_timer`, for a torch call (torch's events, on torch's current stream)."""
+    import torch
+
+    def once(repeat: int) -> float:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / repeat
+    return once
+
+
+def interleaved_ms(timers: list, repeat: int, trials: int) -> list[float]:
+    """Each timer's median ms over `trials`, the trials taken in turn (A, B, C, A, B, C,
+    ...): clock, thermal and L2 drift over the run fall on every variant alike, so the
+    variants of one case compare fairly (timed one after another, the softmax's default and
+    its cache_row=False variant, whose PTX differs only in instruction order, read 0.62
+    and 0.87 of copy on an H100: not the code's doing)."""
+    for once in timers:   # warm-up: compiled, clocks up
+        once(max(1, repeat // 10))
+    times: list[list[float]] = [[] for _ in timers]
+    for _ in range(trials):
+        for k, once in enumerate(timers):
+            times[k].append(once(repeat))
+    return [float(np.median(t)) for t in times]
