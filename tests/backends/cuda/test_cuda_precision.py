@@ -378,7 +378,7 @@ def test_templates_only_at_reduced_precision():
         assert (MMA_PRELUDE in source) == (precision != "fp32")
     assert names == {"fp32": "cuda_dense", "tf32": "cuda_mma_dense",
                      "fp16": "cuda_mma_dense", "bf16": "cuda_mma_dense"}
-    # a matrix-vector product keeps gemv; a depthwise convolution the default template
+    # a matrix-vector product keeps gemv
     graph, program = _program(gemm_relu_model((2, 96), np.ones((48, 96), np.float32),
                                               np.ones(48, np.float32)), "tf32")
     assert template_for(program.kernels[0], machine=machine("tf32"))[0].name == "cuda_gemv"
