@@ -20,7 +20,7 @@ from dnnc.backends.lower import lower_group
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.target import Target
-from gpu_timing import event_ms, fp32_only
+from gpu_timing import cuda_torch, event_ms, fp32_only, interleaved_ms, torch_timer
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -127,15 +127,15 @@ def torch_sdpa_ms(arrays, repeat: int, trials: int, precision: str = "fp32"
     """torch's scaled_dot_product_attention on the math backend, fp32 (TF32 allowed at tf32),
     or at fp16 / bf16 on its default backends (flash attention) in that dtype; None without a
     CUDA torch."""
-    try:
-        import torch
+    torch = cuda_torch()
+    if torch is None:
+        return None
+    try:   # (torch before 2.2 has no sdpa_kernel)
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention
     except ImportError:
         return None
-    if not torch.cuda.is_available():
-        return None
-    fp32_only()
+
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     if precision == "tf32":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -155,19 +155,7 @@ def torch_sdpa_ms(arrays, repeat: int, trials: int, precision: str = "fp32"
     fp32_only()
     if precision == "fp32" and not np.allclose(got, want, rtol=RTOL, atol=ATOL):
         print(f"torch sdpa differs from NumPy by {np.max(np.abs(got - want)):.3g}")
-    call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeat):
-            call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / repeat)
-    return float(np.median(times))
+    return interleaved_ms([torch_timer(call)], repeat, trials)[0]
 
 
 def attention_table(cp, machine: Target, args) -> int:

@@ -94,8 +94,8 @@ from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.target import PRECISIONS, Target  # noqa: E402
 from gpu_attention import attention_table  # noqa: E402
-from gpu_timing import (cupy_timer, event_ms, fp32_only, header, interleaved_ms,  # noqa: E402
-                        torch_timer)
+from gpu_timing import (cuda_torch, cupy_timer, event_ms, header,  # noqa: E402
+                        interleaved_ms, torch_timer)
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -291,16 +291,8 @@ CASES = {"dense": dense_cases, "elementwise": elementwise_cases, "softmax": soft
 
 def torch_call(case: Case):
     """The case's torch call on its input on the GPU, or None (no torch, no CUDA)."""
-    if case.torch is None:
-        return None
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    fp32_only()
-    return case.torch(torch.from_numpy(case.x).cuda())
+    torch = cuda_torch() if case.torch is not None else None
+    return None if torch is None else case.torch(torch.from_numpy(case.x).cuda())
 
 
 def build(case: Case, machine: Target, overrides: dict):
@@ -337,8 +329,7 @@ def run_kernel(cp, kernel, func, x_dev):
 def _function(raw, launch):
     """`launch`'s function of `raw`, allowed its dynamic shared memory (beyond 48 KiB)."""
     fn = raw.get_function(launch.name)
-    if launch.shared_bytes > 48 << 10:
-        fn.max_dynamic_shared_size_bytes = launch.shared_bytes
+    device.allow_shared(fn, launch.shared_bytes)
     return fn
 
 

@@ -75,6 +75,19 @@ def fp32_only() -> None:
     torch.set_float32_matmul_precision("highest")
 
 
+def cuda_torch():
+    """The torch module, float32 arithmetic set (`fp32_only`), where it is installed and
+    sees a GPU; None otherwise (the benchmarks then leave torch's columns out)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    fp32_only()
+    return torch
+
+
 def torch_medians(module, inputs: list, repeat: int, warmup: int,
                   compile_modes: bool = True) -> dict[str, float | None]:
     """Median ms of `module(*inputs)` per mode of TORCH_MODES (CUDA tensors in and out, each

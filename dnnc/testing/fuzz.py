@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..ir.target import UNIT_ROUNDOFF
 from ..levels import DEFAULT_OPT_LEVEL
 from . import rounding, worker as worker_protocol
 from .generate import Case, generate
@@ -63,7 +64,6 @@ the output's scale) where fp32 allows FLOAT_RTOL and FLOAT_ATOL: a check for wro
 code (a misread 16-bit buffer, a lost cast, a wrong fragment: errors of the output's own
 size), not for the precision's accuracy contract, which docs/cuda_backend.md states per
 kernel and the tests check with derived bounds."""
-UNIT_ROUNDOFF = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 
 
 def tolerance(precision: str) -> tuple[float, float]:

@@ -162,6 +162,22 @@ def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
     return L.PrimFunc(p.name, params, grid)
 
 
+def block_copy(t: L.Var, step: L.Var, e: L.Var, threads: int, n: int, body) -> L.Stmt:
+    """body(e) for e < n over a block's `threads` threads (thread var `t`, step var `step`),
+    consecutive threads at consecutive e: how the attention templates fill shared tiles."""
+    steps = -(-n // threads)
+    inner = body(e)
+    if steps * threads > n:
+        inner = L.If(e < n, inner)
+    return L.For(t, threads, L.For(step, steps, L.Let(e, step * threads + t, inner),
+                                   L.ForKind.UNROLLED), L.ForKind.THREAD_X)
+
+
+def guarded(cond: L.Expr, value: L.Expr) -> L.Expr:
+    """`value` widened to fp32 where `cond`, else 0 (a tile's element past an edge)."""
+    return L.Select(cond, problems.widened(value), L.const(0.0, T.float32))
+
+
 class _FlashBlock:
     """One block of the attention kernel: its operands, shared tiles and registers, its
     thread's place, and a method per step of the module's docstring, each a statement."""
@@ -220,17 +236,8 @@ class _FlashBlock:
 
     def copy(self, n: int, body) -> L.Stmt:
         """body(e) for e < n, consecutive threads at consecutive e."""
-        threads, e = self.c.threads, self.e
-        steps = -(-n // threads)
-        inner = body(e)
-        if steps * threads > n:
-            inner = L.If(e < n, inner)
-        return L.For(self.t, threads, L.For(self.step, steps, L.Let(
-            e, self.step * threads + self.t, inner), L.ForKind.UNROLLED), L.ForKind.THREAD_X)
+        return block_copy(self.t, self.step, self.e, self.c.threads, n, body)
 
-    def guarded(self, cond: L.Expr, value: L.Expr) -> L.Expr:
-        """`value` widened to fp32 where `cond`, else 0."""
-        return L.Select(cond, problems.widened(value), self.zero)
 
     @staticmethod
     def each(var: L.Var, n: int, body: L.Stmt) -> L.Stmt:
@@ -254,13 +261,13 @@ class _FlashBlock:
         """The block's rows of Q into shared memory (0 past the last)."""
         d, sq, q0 = self.p.d, self.p.sq, self.q0
         return self.copy(self.c.rows * d, lambda x: L.Store(
-            self.qs, (x // d * self.dp + x % d,), self.guarded(
+            self.qs, (x // d * self.dp + x % d,), guarded(
                 q0 + x // d < sq, self.q[self.bi, L.minimum(q0 + x // d, sq - 1), x % d])))
 
     def _key_at(self, jt: L.Expr, dt: L.Expr) -> L.Expr:
         p, j0 = self.p, self.j0
         j = L.minimum(j0 + jt, p.sk - 1)
-        return self.guarded(j0 + jt < p.sk, self.k[self.bi, dt, j] if p.k_transposed else
+        return guarded(j0 + jt < p.sk, self.k[self.bi, dt, j] if p.k_transposed else
                             self.k[self.bi, j, dt])
 
     def load_k(self) -> L.Stmt:
@@ -275,7 +282,7 @@ class _FlashBlock:
     def load_v(self) -> L.Stmt:
         """Step 1: V's tile into shared memory."""
         dv, sk, j0 = self.p.dv, self.p.sk, self.j0
-        return self.copy(self.c.tile_k * dv, lambda x: L.Store(self.vs, (x,), self.guarded(
+        return self.copy(self.c.tile_k * dv, lambda x: L.Store(self.vs, (x,), guarded(
             j0 + x // dv < sk, self.v[self.bi, L.minimum(j0 + x // dv, sk - 1), x % dv])))
 
     def scores(self) -> L.Stmt:

@@ -69,6 +69,7 @@ import numpy as np
 from ...ir import loop as L
 from ...ir import types as T
 from ..legalize import check_legal, legalize
+from .device import STATIC_SHARED_BYTES
 from .indices import CudaCodegenError, linearize, narrow_indices
 from .prelude import MMA_PRELUDE, PRELUDE
 
@@ -93,10 +94,9 @@ C_TYPES: dict[T.DType, str] = {
 }
 """dtype -> the C type it is stored and computed in (narrow floats: their bits)."""
 
-STATIC_SHARED_BYTES = 48 << 10
-"""Shared memory a block may declare statically; a stage allocating more takes it as one
-dynamic pool (`DNNC_SHARED_POOL`, `Launch.shared_bytes`: the runtime raises the function's
-limit to it), each shared buffer a pointer into it."""
+# a stage allocating more shared memory than `STATIC_SHARED_BYTES` (device.py) takes it as one
+# dynamic pool (`DNNC_SHARED_POOL`, `Launch.shared_bytes`: the runtime raises the function's
+# limit to it, `device.allow_shared`), each shared buffer a pointer into it
 SHARED_POOL = "dnnc_shared_pool"
 
 # the most threads a block may have and blocks a grid axis may have (CUDA's limits)

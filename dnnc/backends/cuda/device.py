@@ -58,8 +58,9 @@ def _probe() -> tuple[object | None, str | None]:
     return cupy, None
 
 
-STATIC_SHARED_LIMIT = 48 << 10
-"""Shared memory a block may use without the function's attribute raised."""
+STATIC_SHARED_BYTES = 48 << 10
+"""Shared memory a block may use without the function's attribute raised (a stage's static
+shared buffers at most: beyond, codegen makes them one dynamic pool)."""
 
 
 def allow_shared(fn, nbytes: int) -> None:
@@ -67,7 +68,7 @@ def allow_shared(fn, nbytes: int) -> None:
     `RawKernel`) launch with `nbytes` of dynamic shared memory; beyond 48 KiB that needs
     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES raised (a `RawKernel` has a property
     for it, the low-level `Function` does not)."""
-    if nbytes <= STATIC_SHARED_LIMIT:
+    if nbytes <= STATIC_SHARED_BYTES:
         return
     if hasattr(type(fn), "max_dynamic_shared_size_bytes"):
         fn.max_dynamic_shared_size_bytes = nbytes

@@ -2,10 +2,11 @@
 precision (tf32, fp16, bf16), FlashAttention-2's structure (Dao 2023) on `mma.sync`.
 
 Q, K, V and the mask may be stored in float16 or bfloat16 (`store_half`): they are widened to
-fp32 as they are read. A block takes 16 `warps` query rows of one (batch, head) (blockIdx.x: the batch, its dims
-folded; blockIdx.y: the row tile); warp w owns rows 16 w .. 16 w + 15, as one mma tile's
-rows. Q's rows go to shared memory once (0 past the last row and past d, which is padded to
-the mma's k step); then K and V stream through shared memory `tile_k` keys at a time:
+fp32 as they are read. A block takes 16 `warps` query rows of one (batch, head) (blockIdx.x:
+the batch, its dims folded; blockIdx.y: the row tile); warp w owns rows 16 w .. 16 w + 15,
+as one mma tile's rows. Q's rows go to shared memory once (0 past the last row and past d,
+which is padded to the mma's k step); then K and V stream through shared memory `tile_k`
+keys at a time:
 
 1. the block copies K's and V's tile into shared memory (0 past the last key, past d, past
    dv padded to 8 columns);
@@ -39,7 +40,7 @@ from ...ir import loop as L
 from ...ir import types as T
 from .. import problems
 from ..space import Constraint, Space, Template
-from .attention import MAX_GRID_Y, MAX_SHARED_BYTES, NEG_INF, _butterfly
+from .attention import MAX_GRID_Y, MAX_SHARED_BYTES, NEG_INF, _butterfly, block_copy, guarded
 from .device import gpu_of
 from .mma import PRECISIONS, WARP, _c
 
@@ -214,21 +215,12 @@ class _MmaFlash:
 
     def copy(self, n: int, body) -> L.Stmt:
         """body(e) for e < n, consecutive threads at consecutive e."""
-        threads, e = self.c.threads, self.e
-        steps = -(-n // threads)
-        inner = body(e)
-        if steps * threads > n:
-            inner = L.If(e < n, inner)
-        return L.For(self.t, threads, L.For(self.step, steps, L.Let(
-            e, self.step * threads + self.t, inner), L.ForKind.UNROLLED), L.ForKind.THREAD_X)
+        return block_copy(self.t, self.step, self.e, self.c.threads, n, body)
 
     @staticmethod
     def each(var: L.Var, n: int, body: L.Stmt) -> L.Stmt:
         return L.For(var, n, body, L.ForKind.UNROLLED)
 
-    def guarded(self, cond: L.Expr, value: L.Expr) -> L.Expr:
-        """`value` widened to fp32 where `cond`, else 0."""
-        return L.Select(cond, problems.widened(value), self.zero)
 
     def register(self, element, r: int) -> L.Expr:
         """Operand register r of an mma: its elements (fp32 from shared memory) rounded and
@@ -274,7 +266,7 @@ class _MmaFlash:
         """The block's rows of Q into shared memory (0 past the last row and past d)."""
         p, d, q0 = self.p, self.d, self.q0
         return self.copy(self.c.rows * d, lambda x: L.Store(
-            self.qs, (x // d * self.dp + x % d,), self.guarded(
+            self.qs, (x // d * self.dp + x % d,), guarded(
                 L.logical_and(q0 + x // d < p.sq, x % d < p.d),
                 self.q[self.bi, L.minimum(q0 + x // d, p.sq - 1),
                        L.minimum(x % d, p.d - 1)])))
@@ -287,7 +279,7 @@ class _MmaFlash:
         def key(jt, dt):
             j = L.minimum(j0 + jt, p.sk - 1)
             dd = L.minimum(dt, p.d - 1)
-            return self.guarded(L.logical_and(j0 + jt < p.sk, dt < p.d),
+            return guarded(L.logical_and(j0 + jt < p.sk, dt < p.d),
                                 self.k[self.bi, dd, j] if p.k_transposed else
                                 self.k[self.bi, j, dd])
 
@@ -301,7 +293,7 @@ class _MmaFlash:
         """Step 1: V's tile into shared memory (0 past the last key and past dv)."""
         p, dv, j0 = self.p, self.dv, self.j0
         return self.copy(self.c.tile_k * dv, lambda x: L.Store(
-            self.vs, (x // dv * self.vp + x % dv,), self.guarded(
+            self.vs, (x // dv * self.vp + x % dv,), guarded(
                 L.logical_and(j0 + x // dv < p.sk, x % dv < p.dv),
                 self.v[self.bi, L.minimum(j0 + x // dv, p.sk - 1),
                        L.minimum(x % dv, p.dv - 1)])))

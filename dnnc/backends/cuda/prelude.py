@@ -39,6 +39,18 @@ __device__ __forceinline__ long long dnnc_check_index(long long i, long long n, 
 }
 """
 
+_MMA_FUNCTION = r"""
+__device__ __forceinline__ void dnnc_mma_{name}(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {{
+  asm volatile("mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx}.{ptx}.f32 "
+               "{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}}
+"""[1:]
+"""One precision's `dnnc_mma_<name>`: mma.sync m16n8k<k> on <ptx> operands, fp32
+accumulators (`L.MMA_SHAPES`), as MMA_PRELUDE spells it for tf32, fp16 and bf16."""
+
 MMA_PRELUDE = r"""// tensor cores (sm_80+): operand registers rounded as PTX asks; a warp's mma.sync
 __device__ __forceinline__ unsigned dnnc_tf32(float x) {
   unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
@@ -50,27 +62,8 @@ __device__ __forceinline__ unsigned dnnc_f16x2(float lo, float hi) {
 __device__ __forceinline__ unsigned dnnc_bf16x2(float lo, float hi) {
   unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
-__device__ __forceinline__ void dnnc_mma_tf32(float* d, unsigned a0, unsigned a1, unsigned a2,
-                                              unsigned a3, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void dnnc_mma_fp16(float* d, unsigned a0, unsigned a1, unsigned a2,
-                                              unsigned a3, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void dnnc_mma_bf16(float* d, unsigned a0, unsigned a1, unsigned a2,
-                                              unsigned a3, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+""" + "".join(_MMA_FUNCTION.format(name=name, k=k, ptx=ptx) for name, k, ptx in (
+    ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16"))) + r"""
 // a generic address of shared memory as the 32-bit shared-window address PTX's
 // ldmatrix and cp.async take
 __device__ __forceinline__ unsigned dnnc_shared_address(const void* p) {
@@ -114,7 +107,7 @@ __device__ __forceinline__ void dnnc_cp_async_commit() {
 template <int N> __device__ __forceinline__ void dnnc_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
-"""
+"""[1:]
 """What `L.Mma`, `L.LdMatrix`, `L.CopyAsync` (and its commit and wait) and the `L.PACKS`
 intrinsics render to (`dnnc_mma_<precision>(acc + offset,
 a0..a3, b0, b1)`, `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`, `dnnc_bf16x2(lo, hi)`): added after

@@ -616,18 +616,26 @@ def test_conv_configs_are_correct(rng, cfg):
     configs = space.sample(np.random.default_rng(2), 4) + [CONV2D.default(problem, MACHINE)] + \
         [c for c in (DenseConfig(16, 32, 8, 1, 2, split) for split in (2, 4))
          if _accepts(space, c)]
+    check_configs_on_cpu(CONV2D, problem, kernel, configs, xs, want, atol=1e-4)
+
+
+def check_configs_on_cpu(template, problem, kernel, configs, x, want, rtol=1e-4, atol=1e-5):
+    """`template` built under each of `configs` (checked against its space), verified,
+    rendered, and run emulated on the CPU on `x` and the kernel's constants: each output
+    against `want`."""
+    space = template.space(problem, MACHINE)
     funcs, arrays = [], {}
     for c, config in enumerate(configs):
-        func = CONV2D.build(problem, space.check(config), MACHINE)
+        func = template.build(problem, space.check(config), MACHINE)
         func = L.PrimFunc(f"k{c}", func.params, func.body)
         L.verify(func)
         render_func(func)
         funcs.append(func)
-        ins = [xs if v.const is None else np.ascontiguousarray(v.const) for v in kernel.inputs]
+        ins = [x if v.const is None else np.ascontiguousarray(v.const) for v in kernel.inputs]
         arrays[func.name] = ins + [poisoned(want.dtype, want.shape)]
     run_on_cpu(funcs, arrays)
     for func, config in zip(funcs, configs):
-        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-4,
+        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=rtol, atol=atol,
                                    err_msg=str(config))
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from cuda_kernels import MACHINE, programs, reference
-from test_cuda_codegen import poisoned, run_on_cpu
+from test_cuda_codegen import check_configs_on_cpu, poisoned, run_on_cpu
 from test_host_semantics import host_library, run_on_host
-from dnnc.backends.cuda.codegen import render_func, render_module
+from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.depthwise import DEPTHWISE, DepthwiseConfig, _shared_bytes
 from dnnc.backends.lower import lower_group
 from dnnc.ir import loop as L
@@ -63,19 +63,7 @@ def test_depthwise_configs_are_correct(rng, cfg):
     configs = [DEPTHWISE.default(problem, MACHINE)] + space.sample(np.random.default_rng(3), 5)
     configs += [c for c in (DepthwiseConfig(64, 1, 1), DepthwiseConfig(8, 32, 4),
                             DepthwiseConfig(16, 4, 2)) if space.check(c) is c]
-    funcs, arrays = [], {}
-    for n, config in enumerate(configs):
-        func = DEPTHWISE.build(problem, space.check(config), MACHINE)
-        func = L.PrimFunc(f"k{n}", func.params, func.body)
-        L.verify(func)
-        render_func(func)
-        funcs.append(func)
-        ins = [xs if v.const is None else np.ascontiguousarray(v.const) for v in kernel.inputs]
-        arrays[func.name] = ins + [poisoned(want.dtype, want.shape)]
-    run_on_cpu(funcs, arrays)
-    for func, config in zip(funcs, configs):
-        np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-5,
-                                   err_msg=str(config))
+    check_configs_on_cpu(DEPTHWISE, problem, kernel, configs, xs, want)
 
 
 @pytest.mark.parametrize("cfg", [CASES[1], CASES[3]])

@@ -35,9 +35,9 @@ from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.mma_attention import MMA_ATTENTION, MmaAttentionConfig
 from dnnc.backends.cuda.schedules import template_for
 from dnnc.ir import loop as L
+from dnnc.ir.target import UNIT_ROUNDOFF as UNIT
 
 REDUCED = ("tf32", "fp16", "bf16")
-UNIT = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 CONFIGS = [None, MmaAttentionConfig(1, 16), MmaAttentionConfig(2, 32), MmaAttentionConfig(4, 16),
            MmaAttentionConfig(1, 64)]
 

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dnnc.backends.cuda import mma
+from dnnc.backends.cuda import device, mma
 from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.dense import Operand
 from dnnc.ir import loop as L
@@ -381,7 +381,6 @@ def test_products_on_the_gpu_within_the_precision_bound(case, rng):
     args = tuple(arrays + [y] + [cp.empty(size, cp.uint8) for size in info.workspace])
     for launch in info.launches:
         fn = raw.get_function(launch.name)
-        if launch.shared_bytes > 48 << 10:   # (the runtime's executable does the same)
-            fn.max_dynamic_shared_size_bytes = launch.shared_bytes
+        device.allow_shared(fn, launch.shared_bytes)   # (as the runtime's executable does)
         fn(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
     check(precision, k, a, b, bias, cp.asnumpy(y), gpu=True)
