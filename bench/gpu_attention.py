@@ -152,10 +152,11 @@ def torch_sdpa_ms(arrays, repeat: int, trials: int, precision: str = "fp32"
 
     want = attention_reference(*arrays)
     got = call().float().cpu().numpy()
-    fp32_only()
     if precision == "fp32" and not np.allclose(got, want, rtol=RTOL, atol=ATOL):
         print(f"torch sdpa differs from NumPy by {np.max(np.abs(got - want)):.3g}")
-    return interleaved_ms([torch_timer(call)], repeat, trials)[0]
+    ms = interleaved_ms([torch_timer(call)], repeat, trials)[0]
+    fp32_only()   # (TF32 off again, after the timing: at tf32 it is timed with TF32 on)
+    return ms
 
 
 def attention_table(cp, machine: Target, args) -> int:
