@@ -49,9 +49,10 @@ def sweep(name: str, source, target: str, batches: list[int], repeat: int,
     model = dnnc.compile(source, target=target, progress=False, **options)
     # inputs where the target's own results live (CuPy arrays on a GPU target): the model's
     # time, not the host copies' (a pageable copy of 77 MB takes longer per byte)
-    native = REGISTRY[target].returns[0]
-    to_native = (lambda a: __import__("cupy").asarray(a)) if native == "cupy" else \
-        (lambda a: a)
+    to_native = (lambda a: a)
+    if REGISTRY[target].returns[0] == "cupy":
+        import cupy
+        to_native = cupy.asarray
     rng = np.random.default_rng(0)
     per_call, per_item, owns = {}, {}, []
     for batch in batches:

@@ -79,6 +79,8 @@ def torch_times(module, x, modes: list[str], repeat: int, warmup: int) -> dict:
 
 
 def one(name: str, path: Path, precision: str, batch: int, args) -> tuple[float, str] | None:
+    """(dnnc / the fastest torch mode, the printed row) of model `name` at `precision` and
+    `batch` (at most TOKEN_BATCH for a model of token inputs)."""
     import numpy as np
     import torch
 
@@ -87,6 +89,7 @@ def one(name: str, path: Path, precision: str, batch: int, args) -> tuple[float,
 
     module, example = build(name)
     tokens = not example.dtype.is_floating_point
+    batch = min(batch, TOKEN_BATCH) if tokens else batch
     gen = torch.Generator().manual_seed(batch)
     x = torch.randint(0, 5000, (batch, *example.shape[1:]), generator=gen) if tokens else \
         torch.randn((batch, *example.shape[1:]), generator=gen)
@@ -154,10 +157,7 @@ def main(argv=None) -> int:
             for batch in sorted({int(b) for b in args.batches.split(",")}):
                 for precision in args.precisions.split(","):
                     try:
-                        example = library_models.MODELS[name][1]()
-                        tokens = not example.dtype.is_floating_point
-                        b = min(batch, TOKEN_BATCH) if tokens else batch
-                        ratio, line = one(name, path, precision, b, args)
+                        ratio, line = one(name, path, precision, batch, args)
                         ratios.setdefault((precision, batch), []).append((ratio, name))
                         print(line, flush=True)
                     except Exception as exc:
