@@ -1,7 +1,8 @@
 """cuda kernels against their bars (issue 12), one run: dense against cuBLAS, memory-bound
 kernels against the GPU's copy bandwidth.
 
-    python bench/gpu_kernels.py [--only dense,elementwise,softmax,layernorm,attention]
+    python bench/gpu_kernels.py [--only dense,elementwise,softmax,layernorm,channel_layernorm,
+                                        attention]
                                 [--repeat 200] [--trials 7] [--no-variants]
                                 [--precision tf32|fp16|bf16] [--dense-shapes MxKxN,...]
 
@@ -65,7 +66,8 @@ Cases: `dense` (4096^3; bert_base's FFN at batch 1 and 8: 128 / 1024 rows, 768 -
 back), `elementwise` (a fused chain of 5 ops, sigmoid(1.5 x + 0.25) * x then relu, over
 256 MiB of float32), `softmax` (bert_base's attention rows: [b, 12, 128, 128] over the last
 axis at b = 8 and 32), `layernorm` (bert_base's hidden rows: [b, 128, 768]
-LayerNormalization at b = 8 and 32). Add a case: a function yielding `Case`s, listed in
+LayerNormalization at b = 8 and 32), `channel_layernorm` (ConvNeXt-tiny's block layernorm
+over NCHW's channels through a Transpose, at batch 32). Add a case: a function yielding `Case`s, listed in
 `CASES`.
 """
 
@@ -200,6 +202,41 @@ def layernorm_cases():
                    old_default=OLD_ROWS_DEFAULT)
 
 
+def channel_layernorm_cases():
+    """ConvNeXt-tiny's block layernorm at batch 32: Transpose [32, C, H, W] -> NHWC, then a
+    layernorm over C, one kernel (rows read column-wise: `rows.reads_columns`)."""
+    rng = np.random.default_rng(3)
+    for c, hw in ((96, 56), (384, 14), (768, 7)):
+        shape = (32, c, hw, hw)
+        scale = rng.standard_normal(c).astype(np.float32)
+        bias = rng.standard_normal(c).astype(np.float32)
+        g = Graph("channel_layernorm")
+        x = g.add_input("x", T.TensorType(T.float32, shape))
+        s = Value("scale", T.TensorType(T.float32, (c,)), const=scale)
+        b = Value("bias", T.TensorType(T.float32, (c,)), const=bias)
+        t = g.add("Transpose", x, perm=[0, 2, 3, 1])
+        g.outputs = [g.add("LayerNormalization", t, s, b, axis=-1, epsilon=1e-6)]
+
+        def reference(a, scale=scale, bias=bias):
+            a = a.astype(np.float64).transpose(0, 2, 3, 1)
+            mean = a.mean(axis=-1, keepdims=True)
+            var = ((a - mean) ** 2).mean(axis=-1, keepdims=True)
+            return (a - mean) / np.sqrt(var + 1e-6) * scale + bias
+
+        def torch_layernorm(t, c=c, scale=scale, bias=bias):
+            import torch
+            import torch.nn.functional as F
+            w = torch.from_numpy(scale).to(t.device)
+            d = torch.from_numpy(bias).to(t.device)
+            return lambda: F.layer_norm(t.permute(0, 2, 3, 1), (c,), w, d, 1e-6)
+
+        x = rng.standard_normal(shape, dtype=np.float32) + 3
+        yield Case("chan_lnorm", f"[32,{c},{hw},{hw}]", g, x, reference, torch_layernorm,
+                   [{"row_interleave": r, "row_threads": t, "row_block": r * t}
+                    for r, t in ((1, 32), (4, 32), (8, 32), (8, 16), (16, 16), (16, 32),
+                                 (32, 8), (32, 16))])
+
+
 OLD_ROWS_DEFAULT = {"row_vector": 1}
 """The row template's default before vector stores (its geometry then, one element a
 thread at a time): softmax [8, 12, 128, 128] 0.62 of copy on an H100."""
@@ -283,7 +320,8 @@ def blas_peer(cp, precision: str, x_dev, w_dev):
     return "cuBLAS bf16 (torch.matmul, bfloat16)", lambda: torch.matmul(xb, wb)
 
 CASES = {"dense": dense_cases, "elementwise": elementwise_cases, "softmax": softmax_cases,
-         "layernorm": layernorm_cases, "attention": None}
+         "layernorm": layernorm_cases, "channel_layernorm": channel_layernorm_cases,
+         "attention": None}
 
 
 # -- measuring (gpu_timing: event_ms, cupy_timer, torch_timer, interleaved_ms) ---------------

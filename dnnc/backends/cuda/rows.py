@@ -36,11 +36,12 @@ class RowsConfig:
     grid_stride: bool = False
     reduce_threads: int = 256
     vector: int = 1
-    row_threads: int = 32        # threads of a row (a power of two, whole warps)
+    row_threads: int = 32        # threads of a row (a power of two)
     row_block: int = 128         # threads a block aims at: max(1, row_block // row_threads) rows
     row_vector: int = 1          # contiguous elements of a row a thread takes at a time
     cache_row: bool = True       # an input row read by several passes held in registers
     fuse_rows: bool = True       # consecutive stages over the same rows in one launch
+    row_interleave: int = 1      # consecutive threads take this many consecutive rows (below)
 
 
 # -- rows on a row's threads ---------------------------------------------------------------------
@@ -74,16 +75,40 @@ def row_parts(loop: L.For) -> list[L.Stmt]:
 
 
 def is_row_reduction(loop: L.For) -> bool:
-    """Rows with a reduction long enough for a warp, along the row's own elements (a
-    reduction across rows' columns, as a mean over NCHW's channels, reads coalesced one
-    thread a row)."""
+    """Rows with a reduction long enough for a warp, along the row's own elements or, read
+    column-wise, across rows (`reads_columns`)."""
+    return _long_reductions(loop, along_rows=True) or reads_columns(loop)
+
+
+def reads_columns(loop: L.For) -> bool:
+    """Rows with a reduction long enough for a warp whose reads step contiguously from row
+    to row, not along the row (a layernorm over NCHW's channels read through a Transpose:
+    rows are pixels, a row's elements a channel's plane apart), and whose stages store
+    along the row (the row written to its own contiguous elements, as that layernorm's
+    NHWC output): interleaved rows then read a few consecutive elements of each column at
+    a step. A reduction no stage writes back row by row (a mean over NCHW's channels,
+    written a pixel at a time) reads coalesced one thread a row instead."""
+    if not _long_reductions(loop, along_rows=False):
+        return False
+    return any(steps_contiguously(n, s.var, s.extent.value)
+               for s in map(strided_loop, row_parts(loop)) if s is not None
+               for n in L.walk(s.body) if isinstance(n, L.Store))
+
+
+def _long_reductions(loop: L.For, along_rows: bool) -> bool:
+    """Whether a reduction of the row of at least MIN_ROW_WORK iterations reads a load
+    contiguous along the row (`along_rows`) or, with none that is, across rows."""
     for p in row_parts(loop):
         found = reduction(p)
         if found is None or (nest_work(found[2]) or 0) < MIN_ROW_WORK:
             continue
         strided = found[2]
-        if any(steps_contiguously(n, strided.var, strided.extent.value)
-               for n in L.walk(strided.body) if isinstance(n, L.Load)):
+        loads = [n for n in L.walk(strided.body) if isinstance(n, L.Load)]
+        along = any(steps_contiguously(n, strided.var, strided.extent.value) for n in loads)
+        if along_rows and along:
+            return True
+        if not along_rows and not along and any(
+                steps_contiguously(n, loop.var, loop.extent.value) for n in loads):
             return True
     return False
 
@@ -98,16 +123,20 @@ def strided_loop(part: L.Stmt) -> L.For | None:
 
 @dataclass(frozen=True)
 class Layout:
-    """Rows on threads: `threads` a row (a power of two, at least a warp), `per_block` rows
-    a block, `rows` rows, `row` the row's variable (None: a single row); a thread takes
-    `vector` contiguous elements of the row at a time (element (k * threads + lane) *
-    vector + v at step k)."""
+    """Rows on threads: `threads` a row (a power of two), `per_block` rows a block, `rows`
+    rows, `row` the row's variable (None: a single row); a thread takes `vector` contiguous
+    elements of the row at a time (element (k * threads + lane) * vector + v at step k).
+    `interleave` (a power of two dividing `per_block`): block thread t takes row
+    t // (interleave threads) interleave + t % interleave of the block, as its thread
+    t // interleave % threads: a warp holds `interleave` consecutive rows, each on 32 /
+    interleave consecutive lanes (1: a row's threads are consecutive)."""
 
     row: L.Var | None
     rows: int
     threads: int
     per_block: int
     vector: int
+    interleave: int = 1
 
     def steps(self, length: int) -> int:
         """Steps of a thread over a row of `length` elements."""
@@ -121,13 +150,44 @@ class Layout:
     def blocks(self) -> int:
         return -(-self.rows // self.per_block)
 
+    @property
+    def span(self) -> int:
+        """Consecutive block threads that hold whole rows: `interleave` rows' threads."""
+        return self.interleave * self.threads
+
+    def row_of(self, t: L.Expr) -> L.Expr:
+        """The block's row that thread `t` works on."""
+        if self.interleave == 1:
+            return t // self.threads
+        return t // self.span * self.interleave + t % self.interleave
+
+    def lane_of(self, t: L.Expr) -> L.Expr:
+        """Thread `t`'s index among its row's threads."""
+        return t % self.threads if self.interleave == 1 else t // self.interleave % self.threads
+
+    @property
+    def shuffle_masks(self) -> tuple[int, ...]:
+        """The lane masks of the butterfly that combines a row's threads within a warp."""
+        return tuple(m for m in (16, 8, 4, 2, 1) if self.interleave <= m < self.span)
+
+    @property
+    def warps(self) -> int:
+        """Warps a row's threads span (1 when a warp holds them all)."""
+        return max(1, self.span // WARP)
+
 
 def on_rows(loop: L.For, config: RowsConfig, names: Names, scratch: Scratch) -> L.Stmt:
     """`loop`'s rows on `config.row_threads` threads each (see the module's docstring)."""
     threads = config.row_threads
+    rows = loop.extent.value
+    interleave = min(config.row_interleave, pow2(rows), max(1, 1024 // threads)) \
+        if reads_columns(loop) else 1
     per_block = max(1, config.row_block // threads)
-    layout = Layout(loop.var, loop.extent.value, threads, min(per_block, loop.extent.value),
-                     config.row_vector)
+    if interleave > 1:   # (whole groups of interleaved rows a block; scalar accesses)
+        layout = Layout(loop.var, rows, threads, max(interleave, per_block - per_block %
+                                                     interleave), 1, interleave)
+    else:
+        layout = Layout(loop.var, rows, threads, min(per_block, rows), config.row_vector)
     parts = row_parts(loop)
     private = _private_scalars(loop, parts, scratch, names)
     parts = [_rename(p, private) for p in parts]
@@ -272,10 +332,10 @@ class RowBuilder:
             stmt = self._row_guard(stmt)
         used = L.free_vars(stmt)
         if lay.row in used:
-            stmt = L.Let(lay.row, self.block * lay.per_block + t // lay.threads
+            stmt = L.Let(lay.row, self.block * lay.per_block + lay.row_of(t)
                          if lay.per_block > 1 else self.block, stmt)
         if lane is not t and lane in used:
-            stmt = L.Let(lane, t % lay.threads, stmt)
+            stmt = L.Let(lane, lay.lane_of(t), stmt)
         return L.For(t, lay.block_threads, stmt, L.ForKind.THREAD_X)
 
     def _row_guard(self, stmt: L.Stmt) -> L.Stmt:
@@ -402,21 +462,26 @@ class RowBuilder:
         zero = (L.const(0),)
         out = [self._threads(lambda t, lane: L.seq(init, self._row_guard(
             self._strided(loop, lane))), guard=False)]
-        for mask in (16, 8, 4, 2, 1):   # every lane ends with the warp's total
+        for mask in lay.shuffle_masks:   # every lane ends with its row's total in the warp
             shuffled = L.call("shfl_xor", acc[0], L.const(mask, T.int32))
             out.append(self._threads(lambda t, lane, s=shuffled: L.Store(
                 acc, zero, L.BinOp(op, acc[0], s)), guard=False))
-        warps = lay.threads // WARP
+        warps = lay.warps
         if warps > 1:
+            # warp w of a row's span writes its rows' partials at [row of the block, w]
             part = L.Buffer(self.names(f"{acc.name}_warps"), acc.dtype,
                             (lay.per_block * warps,), L.Scope.SHARED)
             self.shared.append(part)
             w = self.names.var("w")
-            out += [self._threads(lambda t, lane: L.If(L.eq(t % WARP, 0), L.Store(
-                        part, (t // WARP,), acc[0])), guard=False),
+            first = (lambda t: L.eq(t % WARP, 0)) if lay.interleave == 1 else \
+                (lambda t: t % WARP < lay.interleave)
+            slot = (lambda t: t // WARP) if lay.interleave == 1 else \
+                (lambda t: lay.row_of(t) * warps + t % lay.span // WARP)
+            out += [self._threads(lambda t, lane: L.If(first(t), L.Store(
+                        part, (slot(t),), acc[0])), guard=False),
                     L.Barrier(),
                     self._threads(lambda t, lane: L.seq(init, L.For(w, warps, L.Store(
-                        acc, zero, L.BinOp(op, acc[0], part[t // lay.threads * warps + w])),
+                        acc, zero, L.BinOp(op, acc[0], part[lay.row_of(t) * warps + w])),
                         L.ForKind.UNROLLED)), guard=False)]
         out.append(self._threads(lambda t, lane: _stores_on_first(L.seq(*finish), lane)))
         return out

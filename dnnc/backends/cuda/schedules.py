@@ -27,9 +27,16 @@ around threadIdx loops:
 - `ROWS` (kernels with row reductions, as softmax, layernorm, a reduce over the last axis):
   consecutive stages over the same rows become one (`loop_analysis.fuse_row_loops`), and a
   row stage with a reduction of at least `MIN_ROW_WORK` iterations over the row's own
-  elements (`loop_analysis.steps_contiguously`: a reduction over NCHW's channels reads
-  coalesced one thread a row instead) runs `row_threads` threads a row (32: a warp per
-  row; more: several warps), max(1, `row_block` / `row_threads`) rows a block. Each
+  elements (`loop_analysis.steps_contiguously`: a reduction over NCHW's channels that
+  writes a pixel at a time reads coalesced one thread a row instead) runs `row_threads`
+  threads a row (32: a warp per row; more: several warps), max(1, `row_block` /
+  `row_threads`) rows a block. A row stage that reads column-wise and writes row-wise
+  (`rows.reads_columns`: a layernorm over NCHW's channels through a Transpose, writing
+  NHWC, as ConvNeXt's) interleaves `row_interleave` consecutive rows in each warp, a row's
+  threads that many apart: each step reads that many consecutive elements of a column
+  (one thread a row read them coalesced too, but wrote a row's elements a row apart and
+  ran a pixel's whole channel loop alone: 0.19 ms for convnext_tiny's last-stage
+  layernorm at batch 32). Each
   elementwise loop of the row is strided over the row's threads (consecutive threads,
   consecutive elements: coalesced); each reduction accumulates a strided share a
   thread, then combines across the warp by `shfl_xor` butterflies (every lane ends with the
@@ -50,7 +57,8 @@ around threadIdx loops:
 Default row geometry (`rows_default`): `ELEMS_PER_THREAD` elements a thread, at least a
 warp and at most 1024 threads a row, the widest `row_vector` the row allows (a softmax
 row of 128: a warp, 4 a lane, one float4 each way; a layernorm row of 768: 128 threads,
-6 each, float4; 5000: 1024 threads, float4; 770: float2; an odd row: 1).
+6 each, float4; 5000: 1024 threads, float4; 770: float2; an odd row: 1). Column-wise
+rows: `COLUMN_INTERLEAVE` rows a warp, ELEMS_PER_THREAD elements a thread, scalar.
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ from .gemv import GEMV
 from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
 from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, pow2,
-                   reduction, row_parts, strided_loop)
+                   reads_columns, reduction, row_parts, strided_loop)
 from .threads import (WARP, Config, Names, Scratch, independent_prefix, single_thread,
                       thread_per_iteration)
 
@@ -83,8 +91,13 @@ STRIDE_BLOCKS_PER_SM = 8
 # the default's elements of a row per thread: enough loads in flight, rows of <= 256 a warp
 ELEMS_PER_THREAD = 8
 THREADS = (64, 128, 256, 512, 1024)
-ROW_THREADS = (32, *THREADS)
+ROW_THREADS = (2, 4, 8, 16, 32, *THREADS)
 VECTOR = (1, 2, 4)
+INTERLEAVE = (1, 2, 4, 8, 16, 32)
+COLUMN_INTERLEAVE = 16
+"""Rows of a column-wise row stage (`rows.reads_columns`) a warp interleaves by default:
+16 consecutive elements of a column at a step, one 32-byte sector of float16 or two of
+float32."""
 
 
 def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
@@ -190,15 +203,23 @@ def rows_space(p: problems.Rows, machine) -> Space:
     return Space("cuda_rows", RowsConfig, {
         "threads": THREADS, "grid_stride": (False, True), "reduce_threads": (1, *THREADS),
         "vector": VECTOR, "row_threads": ROW_THREADS, "row_block": ROW_THREADS,
-        "row_vector": VECTOR, "cache_row": (False, True), "fuse_rows": (False, True)})
+        "row_vector": VECTOR, "cache_row": (False, True), "fuse_rows": (False, True),
+        "row_interleave": INTERLEAVE})
 
 
 def rows_default(p: problems.Rows, machine) -> RowsConfig:
     """ELEMS_PER_THREAD of the longest row's elements a thread, at least a warp a row, at
     most 1024 threads; blocks of at least 128 threads (several rows of a warp each); the
-    widest `row_vector` the row allows (`_widest_vector`)."""
-    length = max((strided_loop(part).extent.value for loop in _row_loops(p)
+    widest `row_vector` the row allows (`_widest_vector`). Rows read column-wise
+    (`reads_columns`): COLUMN_INTERLEAVE rows interleaved, ELEMS_PER_THREAD a thread, at
+    most 1024 / COLUMN_INTERLEAVE threads a row."""
+    loops = _row_loops(p)
+    length = max((strided_loop(part).extent.value for loop in loops
                   for part in row_parts(loop) if reduction(part) is not None), default=0)
+    if loops and all(reads_columns(loop) for loop in loops):
+        threads = min(1024 // COLUMN_INTERLEAVE, pow2(-(-length // ELEMS_PER_THREAD)))
+        return RowsConfig(row_threads=threads, row_block=threads * COLUMN_INTERLEAVE,
+                          row_vector=1, row_interleave=COLUMN_INTERLEAVE)
     threads = min(1024, max(WARP, pow2(-(-length // ELEMS_PER_THREAD))))
     return RowsConfig(row_threads=threads, row_block=max(128, threads),
                       row_vector=_widest_vector(length, threads))
@@ -220,9 +241,10 @@ def rows_build(p: problems.Rows, config: RowsConfig, machine) -> L.PrimFunc:
 
 
 def _row_loops(p: problems.Rows) -> list[L.For]:
-    """The stages (their outer loops flattened) that are row reductions."""
+    """The stages (their outer loops flattened, consecutive ones over the same rows fused
+    as `schedule` fuses them) that are row reductions."""
     out = []
-    for s in rows_first(stages(p.func.body)[1]):
+    for s in fuse_row_loops(rows_first(stages(p.func.body)[1])):
         loop = independent_prefix(s) if isinstance(s, L.For) else None
         if loop is not None and is_row_reduction(loop):
             out.append(loop)

@@ -44,6 +44,18 @@ ROW_CONFIGS = [
     RowsConfig(row_threads=32, row_block=64, row_vector=4, cache_row=False),  # re-read
     RowsConfig(row_threads=32, row_block=128, row_vector=1),   # the default before float4
 ]
+COLUMN_SHAPES = ((2, 96, 5, 7), (3, 40, 3, 3), (1, 769, 2, 3))
+"""[N, C, H, W] inputs of a layernorm over channels through a Transpose to NHWC (ConvNeXt's):
+70 rows of 96, 27 of 40, 6 of 769 (a row past the register cache)."""
+COLUMN_CONFIGS = [
+    None,                                                    # the default: 16 rows a warp
+    RowsConfig(row_threads=32, row_block=128, row_interleave=1),   # a warp a row, strided
+    RowsConfig(row_threads=16, row_block=64, row_interleave=2),    # 2 rows a warp
+    RowsConfig(row_threads=8, row_block=256, row_interleave=8),    # 4 warps a row-group
+    RowsConfig(row_threads=64, row_block=1024, row_interleave=16, cache_row=False),
+    RowsConfig(row_threads=4, row_block=128, row_interleave=32),   # 32 rows, 4 warps
+    RowsConfig(row_threads=1024, row_block=1024, row_interleave=32),   # capped at 1 a block
+]
 ELEMENTWISE_CONFIGS = [Config(), Config(vector=2), Config(vector=4), Config(vector=4, threads=64),
                        Config(grid_stride=True, vector=4, threads=64),
                        Config(grid_stride=True, vector=2, threads=64)]
@@ -64,6 +76,19 @@ def row_graph(op: str, shape: tuple, rng) -> Graph:
         args.append(Value("axes", T.TensorType(T.int64, (1,)), const=np.array([-1])))
         attrs = {"keepdims": 1}
     g.outputs = [g.add(op, *args, **attrs)]
+    return g
+
+
+def channel_layernorm_graph(shape: tuple, rng) -> Graph:
+    """Transpose [N, C, H, W] -> [N, H, W, C], then a layernorm over C (ConvNeXt's block)."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, shape))
+    c = shape[1]
+    scale, bias = (Value(name, T.TensorType(T.float32, (c,)),
+                         const=rng.standard_normal(c).astype(np.float32))
+                   for name in ("scale", "bias"))
+    t = g.add("Transpose", x, perm=[0, 2, 3, 1])
+    g.outputs = [g.add("LayerNormalization", t, scale, bias, axis=-1, epsilon=1e-5)]
     return g
 
 
@@ -108,6 +133,12 @@ def cases(rng):
             template = template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0]
             for config in ROW_CONFIGS if template is ROWS else [None]:
                 out.append((f"{op}{list(shape)} {config}", g, template, config, x, want))
+    for shape in COLUMN_SHAPES:
+        g = channel_layernorm_graph(shape, rng)
+        x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+        want = expected(g, x)
+        for config in COLUMN_CONFIGS:
+            out.append((f"channel_layernorm{list(shape)} {config}", g, ROWS, config, x, want))
     for shape in ((1000, 37), (4099,), (2, 4099)):   # whole groups of 4; odd; of 2 only
         g = elementwise_graph(shape)
         x = rng.standard_normal(shape).astype(np.float32)
@@ -212,6 +243,26 @@ def test_rows_go_on_warps_when_long_and_contiguous(shape, axes, template):
     assert template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0] is template
 
 
+def test_channel_layernorm_interleaves_rows_in_warps():
+    """A layernorm over NCHW's channels through a Transpose (ConvNeXt's block, writing
+    NHWC) goes on the row template with 16 rows a warp (a column's 16 consecutive pixels a
+    step), 6 channels a thread for 96, at most 64 threads a row; the butterfly crosses only
+    a row's lanes (masks 16: its two lanes a warp), the rest through shared memory."""
+    rng = np.random.default_rng(0)
+    for c, threads in ((96, 16), (384, 64), (768, 64)):
+        g = channel_layernorm_graph((32, c, 7, 7), rng)
+        kernel = lower_group(list(g.nodes), "k", outputs=g.outputs)
+        template, problem = template_for(kernel)
+        assert template is ROWS
+        config = template.default(problem, MACHINE)
+        assert (config.row_threads, config.row_interleave, config.row_vector) == \
+            (threads, 16, 1)
+        text, k = render_func(template.build(problem, config, MACHINE))
+        assert k.launches[0].block == (16 * threads, 1, 1)
+        assert "__shfl_xor_sync(0xffffffffu" in text and ", 16)" in text
+        assert ", 8)" not in text and ", 1)" not in text
+
+
 _I, _R = L.Var("i"), L.Var("r")
 
 
@@ -286,7 +337,7 @@ def test_layernorm_rows_read_and_write_as_vectors(n, vector, kind, cache):
 
 
 SMOKE = ("Softmax[7, 33] ", "LayerNormalization[7, 128] ", "ReduceMax[7, 770] None",
-         "chain[1000, 37] ")
+         "chain[1000, 37] ", "channel_layernorm[2, 96, 5, 7] ")
 """The cases of every run: a softmax (a length of no vector width) and a layernorm (float4
 rows, scale and bias) under every row config, a reduction's default, the elementwise chain
 under every config. Every case runs where nvcc or a GPU is present (`emulated_full`)."""
@@ -298,7 +349,8 @@ def smoke(label: str) -> bool:
 
 def test_smoke_rows_and_elementwise_on_cpu():
     funcs, arrays, want, labels = build_all(np.random.default_rng(1), smoke)
-    assert len(funcs) == 2 * len(ROW_CONFIGS) + 1 + len(ELEMENTWISE_CONFIGS)
+    assert len(funcs) == 2 * len(ROW_CONFIGS) + 1 + len(ELEMENTWISE_CONFIGS) + \
+        len(COLUMN_CONFIGS)
     run_on_cpu(funcs, arrays)
     check(arrays, want, labels)
 
