@@ -48,7 +48,7 @@ COLUMN_SHAPES = ((2, 96, 5, 7), (3, 40, 3, 3), (1, 769, 2, 3))
 """[N, C, H, W] inputs of a layernorm over channels through a Transpose to NHWC (ConvNeXt's):
 70 rows of 96, 27 of 40, 6 of 769 (a row past the register cache)."""
 COLUMN_CONFIGS = [
-    None,                                                    # the default: 16 rows a warp
+    None,                                                    # the default: 4 rows a warp
     RowsConfig(row_threads=32, row_block=128, row_interleave=1),   # a warp a row, strided
     RowsConfig(row_threads=16, row_block=64, row_interleave=2),    # 2 rows a warp
     RowsConfig(row_threads=8, row_block=256, row_interleave=8),    # 4 warps a row-group
@@ -245,22 +245,23 @@ def test_rows_go_on_warps_when_long_and_contiguous(shape, axes, template):
 
 def test_channel_layernorm_interleaves_rows_in_warps():
     """A layernorm over NCHW's channels through a Transpose (ConvNeXt's block, writing
-    NHWC) goes on the row template with 16 rows a warp (a column's 16 consecutive pixels a
-    step), 6 channels a thread for 96, at most 64 threads a row; the butterfly crosses only
-    a row's lanes (masks 16: its two lanes a warp), the rest through shared memory."""
+    NHWC) goes on the row template with 4 rows a warp (a column's 4 consecutive pixels a
+    step), 32 threads a row, a block of 4 rows; the butterfly crosses only a row's lanes
+    (masks 16, 8, 4), the warps of a row-group through shared memory."""
     rng = np.random.default_rng(0)
-    for c, threads in ((96, 16), (384, 64), (768, 64)):
+    for c in (96, 384, 768):
         g = channel_layernorm_graph((32, c, 7, 7), rng)
         kernel = lower_group(list(g.nodes), "k", outputs=g.outputs)
         template, problem = template_for(kernel)
         assert template is ROWS
         config = template.default(problem, MACHINE)
-        assert (config.row_threads, config.row_interleave, config.row_vector) == \
-            (threads, 16, 1)
+        assert (config.row_threads, config.row_interleave, config.row_vector) == (32, 4, 1)
         text, k = render_func(template.build(problem, config, MACHINE))
-        assert k.launches[0].block == (16 * threads, 1, 1)
-        assert "__shfl_xor_sync(0xffffffffu" in text and ", 16)" in text
-        assert ", 8)" not in text and ", 1)" not in text
+        assert k.launches[0].block == (128, 1, 1)
+        assert k.launches[0].grid == (32 * 49 // 4, 1, 1)
+        for mask in (16, 8, 4):
+            assert f"__shfl_xor_sync(0xffffffffu, acc7[0LL], {mask})" in text
+        assert "acc7[0LL], 2)" not in text and "acc7[0LL], 1)" not in text
 
 
 _I, _R = L.Var("i"), L.Var("r")
