@@ -4,32 +4,35 @@ precision (tf32, fp16, bf16), FlashAttention-2's structure (Dao 2023) on `mma.sy
 Q, K, V and the mask may be stored in float16 or bfloat16 (`store_half`): they are widened to
 fp32 as they are read. A block takes 16 `warps` query rows of one (batch, head) (blockIdx.x:
 the batch, its dims folded; blockIdx.y: the row tile); warp w owns rows 16 w .. 16 w + 15,
-as one mma tile's rows. Q's rows go to shared memory once (0 past the last row and past d,
-which is padded to the mma's k step); then K and V stream through shared memory `tile_k`
-keys at a time:
+as one mma tile's rows. At fp16 and bf16 (`_Flash16`) each warp reads its rows of Q once,
+straight into its mma A registers (rounded to the precision, 0 past the last row and past
+d, which is padded to the mma's k step); at tf32 Q's rows go to shared memory once. Then K
+and V stream through shared memory `tile_k` keys at a time:
 
 1. the block copies K's and V's tile into shared memory (0 past the last key, past d, past
-   dv padded to 8 columns);
+   dv padded to 8 columns): at fp16 / bf16 already rounded, two elements a 32-bit word, K
+   a key a row and V transposed (a column of V a row), so that each operand register of an
+   mma is one shared load; at tf32 as fp32;
 2. each warp computes its 16 x tile_k scores S = Q Kᵀ on the tensor cores (an mma per 8 keys
-   and k step of d; fragments read from shared memory and rounded to the precision as
-   the PTX ISA's fragment layouts, `FRAGMENTS`, and `L.PACKS`), fp32 accumulators;
+   and k step of d; fragments as the PTX ISA's fragment layouts, `FRAGMENTS`, and
+   `L.PACKS`), fp32 accumulators;
 3. a lane holds two rows of each score tile (`mma._c`: rows g and g + 8): it scales, masks
    (`drop`'s fill, the additive mask, -inf past the last key), takes the rows' tile max
    across the 4 lanes sharing them (`shfl_xor` 1, 2), moves the running max m, rescales
    its sum l and its output accumulators by exp(m_old - m_ref) (m_ref = m, or 0 while m is
-   -inf: the SIMT template's safe max, attention.py), and writes p = exp(s - m_ref) into the
-   warp's rows of a shared probability tile;
-4. the warp accumulates O += P V on the tensor cores (P's fragments from the probability
-   tile, V's from V's tile, both rounded to the precision), fp32 accumulators.
+   -inf: the SIMT template's safe max, attention.py), and turns its scores into p = exp(s -
+   m_ref): at fp16 / bf16 kept in the score accumulators, whose pairs are the A registers
+   of the next step's mma (FlashAttention-2's reuse, `_Flash16.weigh`); at tf32 written to
+   the warp's rows of a shared probability tile (tf32's A fragment pairs other columns);
+4. the warp accumulates O += P V on the tensor cores, fp32 accumulators.
 
 At the end the 4 lanes of a row add their sums, and O / l goes through the fused epilogue
 and layout tail (`problems.Attention.store`). Memory is linear in the sequence: the scores
 never leave the block. fp32 compiles never see this template (`Template.precisions`); the
 SIMT template (attention.py) serves them and heads over MAX_HEAD.
 
-Not yet: ldmatrix and 16-bit shared tiles (as the dense product's), P kept in registers
-(FlashAttention-2 reuses the score accumulators as the A fragments at fp16), causal
-tiles skipped.
+Not yet: cp.async copies of K and V a tile ahead (the block waits on each tile's copy);
+ldmatrix; causal tiles skipped.
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ MAX_ACCUMULATORS = 96
 """Score and output accumulators a lane at most (tile_k / 2 + dv / 2): beyond, spills."""
 
 
-# -- PTX's fragment layouts (the operands are read element by element from fp32 shared tiles;
-# the dense product's ldmatrix path (mma.py) reads 16-bit tiles instead) ----------------------
+# -- PTX's fragment layouts (the operands are read from shared tiles a register at a time: an
+# fp32 element at tf32, a pair at fp16 / bf16; the dense product's ldmatrix path (mma.py)
+# reads four registers at a time) --------------------------------------------------------------
 
 def _a_tf32(e: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
     return g + 8 * (e % 2), t + 4 * (e // 2)
@@ -105,12 +109,22 @@ def shared_floats(p: problems.Attention, c: MmaAttentionConfig, precision: str) 
         c.rows * (c.tile_k + 4)
 
 
+def shared_words(p: problems.Attention, c: MmaAttentionConfig, precision: str) -> int:
+    """The 32-bit words of a block's shared tiles: at tf32 (`shared_floats`) Q's rows, K's
+    and V's tiles and the probabilities; at fp16 and bf16 (`_Flash16`) K's tile and V's
+    transposed, two elements a word, each row padded by 4 words."""
+    if precision == "tf32":
+        return shared_floats(p, c, precision)
+    d, dv = _shape(p, precision)
+    return c.tile_k * (d // 2 + 4) + dv * (c.tile_k // 2 + 4)
+
+
 def space(p: problems.Attention, machine) -> Space:
     precision = machine.precision
     return Space("cuda_mma_attention", MmaAttentionConfig, {
         "warps": (1, 2, 4, 8), "tile_k": (16, 32, 64, 128)},
-        [Constraint("Q's rows, K's and V's tiles and the probabilities within 48 KiB",
-                    lambda c: 4 * shared_floats(p, c, precision) <= MAX_SHARED_BYTES),
+        [Constraint("the shared tiles within 48 KiB",
+                    lambda c: 4 * shared_words(p, c, precision) <= MAX_SHARED_BYTES),
          Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
                     lambda c: c.tile_k // 2 + _shape(p, precision)[1] // 2 <=
                     MAX_ACCUMULATORS),
@@ -149,12 +163,19 @@ def applies(p: problems.Attention) -> bool:
 def build(p: problems.Attention, c: MmaAttentionConfig, machine) -> L.PrimFunc:
     """The kernel of `p` at the machine's precision, its steps as the module's docstring
     numbers them."""
-    f = _MmaFlash(p, c, machine.precision)
-    stream = L.For(f.kt, -(-p.sk // c.tile_k), L.seq(
-        f.load_k(), f.load_v(), L.Barrier(), f.scores(), f.update(), L.Barrier(), f.weigh(),
-        L.Barrier()))
-    body = L.seq(f.init(), f.load_q(), L.Barrier(), stream, f.done())
-    for buffer in (f.qs, f.ks, f.vs, f.ps, f.s, f.o, f.stat, f.a_frag, f.b_frag):
+    if machine.precision == "tf32":
+        f = _MmaFlash(p, c, machine.precision)
+        stream = L.For(f.kt, -(-p.sk // c.tile_k), L.seq(
+            f.load_k(), f.load_v(), L.Barrier(), f.scores(), f.update(), L.Barrier(),
+            f.weigh(), L.Barrier()))
+        body = L.seq(f.init(), f.load_q(), L.Barrier(), stream, f.done())
+    else:   # (no probability tile: each warp's P stays in its registers)
+        f = _Flash16(p, c, machine.precision)
+        stream = L.For(f.kt, -(-p.sk // c.tile_k), L.seq(
+            f.load_k(), f.load_v(), L.Barrier(), f.scores(), f.update(), f.weigh(),
+            L.Barrier()))
+        body = L.seq(f.init(), f.load_q(), stream, f.done())
+    for buffer in f.buffers():
         body = L.Allocate(buffer, body)
     grid = L.For(f.bi, p.batch, L.For(f.qt, -(-p.sq // c.rows), body, L.ForKind.BLOCK_Y),
                  L.ForKind.BLOCK_X)
@@ -200,6 +221,11 @@ class _MmaFlash:
         self.step, self.e = L.Var("ls"), L.Var("e")
         self.q0, self.j0 = self.qt * rows, self.kt * tk
         self.zero, self.neg_inf = L.const(0.0, f32), L.const(NEG_INF, f32)
+        self.p_in_registers = False
+
+    def buffers(self) -> tuple[L.Buffer, ...]:
+        return (self.qs, self.ks, self.vs, self.ps, self.s, self.o, self.stat, self.a_frag,
+                self.b_frag)
 
     # -- helpers
 
@@ -351,8 +377,9 @@ class _MmaFlash:
             row, key, half = self._place(r)
             slot = (self.nj * 4 + r,)
             probs += [L.Store(s, slot, L.call("exp", s[slot] - m_refs[half])),
-                      L.Store(stat, (3 * half + 1,), stat[(3 * half + 1,)] + s[slot]),
-                      L.Store(self.ps, (row * self.pp + key,), s[slot])]
+                      L.Store(stat, (3 * half + 1,), stat[(3 * half + 1,)] + s[slot])]
+            if not self.p_in_registers:
+                probs.append(L.Store(self.ps, (row * self.pp + key,), s[slot]))
         rescale = [L.Store(self.o, (self.nj * 4 + r,), self.o[(self.nj * 4 + r,)] *
                            corrs[r // 2]) for r in range(4)]
         body = L.seq(L.Store(stat, (1,), stat[(1,)] * corrs[0]),
@@ -391,6 +418,114 @@ class _MmaFlash:
             inside = L.logical_and(i < p.sq, e < p.dv) if self.dv > p.dv else i < p.sq
             stores.append(L.If(inside, p.store(self.bi, i, e, value)))
         return L.seq(*sums, self.per_thread(self.each(self.nj, self.n_o, L.seq(*stores))))
+
+
+class _Flash16(_MmaFlash):
+    """The block at fp16 and bf16: Q's fragments in registers (read once from memory), K's
+    tile and V's tile transposed in shared memory as 16-bit pairs, so that each operand
+    register of an mma is one 32-bit shared load, and P kept in the score accumulators: the
+    accumulators of score tiles 2 kk and 2 kk + 1 (rows g and g + 8, keys 2 t and 2 t + 1 of
+    each) are, packed in pairs, the A registers of the k step kk of P V (PTX ISA's m16n8k16
+    fragments, `FRAGMENTS`: FlashAttention-2's reuse)."""
+
+    def __init__(self, p: problems.Attention, c: MmaAttentionConfig, precision: str):
+        super().__init__(p, c, precision)
+        tk = c.tile_k
+        self.p_in_registers = True
+        self.kw, self.vw = self.d // 2 + 4, tk // 2 + 4   # padded row strides, in words
+        self.ks = L.Buffer("k_pairs", T.uint32, (tk * self.kw,), L.Scope.SHARED)
+        self.vs = L.Buffer("v_pairs", T.uint32, (self.dv * self.vw,), L.Scope.SHARED)
+        self.q_frag = L.Buffer("q_frag", T.uint32, (self.d // 16 * 4,), L.Scope.LOCAL)
+        self.kq = L.Var("kq")
+
+    def buffers(self) -> tuple[L.Buffer, ...]:
+        return (self.ks, self.vs, self.s, self.o, self.stat, self.q_frag, self.a_frag,
+                self.b_frag)
+
+    def pack(self, lo: L.Expr, hi: L.Expr) -> L.Expr:
+        return L.call(L.PACKS[self.precision], lo, hi, dtype=T.uint32)
+
+    def load_q(self) -> L.Stmt:
+        """The warp's rows of Q as A fragments, once, straight from memory (0 past the last
+        row and past d)."""
+        p, a_place = self.p, FRAGMENTS[self.precision][0]
+        rows = self.w * 16
+
+        def element(e: int) -> L.Expr:
+            row, k = a_place(e, self.g, self.lq)
+            i, dd = self.q0 + rows + row, self.kq * 16 + k
+            return guarded(L.logical_and(i < p.sq, dd < p.d),
+                           self.q[self.bi, L.minimum(i, p.sq - 1), L.minimum(dd, p.d - 1)])
+
+        regs = [L.Store(self.q_frag, (self.kq * 4 + r,), self.pack(element(2 * r),
+                                                                   element(2 * r + 1)))
+                for r in range(4)]
+        return self.per_thread(self.each(self.kq, self.d // 16, L.seq(*regs)))
+
+    def _k_value(self, jt: L.Expr, dt: L.Expr) -> L.Expr:
+        p, j0 = self.p, self.j0
+        j, dd = L.minimum(j0 + jt, p.sk - 1), L.minimum(dt, p.d - 1)
+        return guarded(L.logical_and(j0 + jt < p.sk, dt < p.d),
+                       self.k[self.bi, dd, j] if p.k_transposed else self.k[self.bi, j, dd])
+
+    def load_k(self) -> L.Stmt:
+        """Step 1: K's tile, key-major, a pair of d a word, consecutive threads along K's
+        contiguous dimension."""
+        half, tk = self.d // 2, self.c.tile_k
+
+        def word(jt, dw):
+            return L.Store(self.ks, (jt * self.kw + dw,), self.pack(
+                self._k_value(jt, 2 * dw), self._k_value(jt, 2 * dw + 1)))
+
+        if self.p.k_transposed:
+            return self.copy(tk * half, lambda x: word(x % tk, x // tk))
+        return self.copy(tk * half, lambda x: word(x // half, x % half))
+
+    def load_v(self) -> L.Stmt:
+        """Step 1: V's tile transposed, a pair of keys a word (0 past the last key and past
+        dv), consecutive threads along dv."""
+        p, dv, j0 = self.p, self.dv, self.j0
+
+        def value(jt, col):
+            return guarded(L.logical_and(j0 + jt < p.sk, col < p.dv),
+                           self.v[self.bi, L.minimum(j0 + jt, p.sk - 1),
+                                  L.minimum(col, p.dv - 1)])
+
+        return self.copy(dv * (self.c.tile_k // 2), lambda x: L.Store(
+            self.vs, (x % dv * self.vw + x // dv,),
+            self.pack(value(2 * (x // dv), x % dv), value(2 * (x // dv) + 1, x % dv))))
+
+    def _b_words(self, tile: L.Buffer, stride: int, kk: L.Expr) -> list[L.Stmt]:
+        """The B registers of column tile nj at k step kk: words (nj 8 + g, kk 8 + t + 4 r)
+        of a tile stored a column a row, k in pairs (B's elements 2 r and 2 r + 1 are k =
+        2 t + 8 r and the next, column g: FRAGMENTS)."""
+        return [L.Store(self.b_frag, (r,), tile[(self.nj * 8 + self.g) * stride + kk * 8 +
+                                                 self.lq + 4 * r]) for r in range(2)]
+
+    def scores(self) -> L.Stmt:
+        """Step 2: the warp's scores of the tile, Q's fragments from registers."""
+        ra, rb = L.MMA_REGISTERS
+        zero = self.each(self.r, self.n_s * 4, L.Store(self.s, (self.r,), self.zero))
+        step = L.seq(*self._b_words(self.ks, self.kw, self.ks_), L.Mma(
+            self.precision, self.s, self.nj * 4,
+            tuple(self.q_frag[self.ks_ * 4 + r] for r in range(ra)),
+            tuple(self.b_frag[r] for r in range(rb))))
+        qk = self.each(self.nj, self.n_s, self.each(self.ks_, self.d // 16, step))
+        return self.per_thread(L.seq(zero, qk))
+
+    def weigh(self) -> L.Stmt:
+        """Step 4: the warp's output accumulators += P V, P's A registers packed from the
+        score accumulators of tiles 2 kk and 2 kk + 1."""
+        ra, rb = L.MMA_REGISTERS
+        kk, s = self.ks_, self.s
+        a = [L.Store(self.a_frag, (r,), self.pack(s[(2 * kk + r // 2) * 4 + 2 * (r % 2)],
+                                                  s[(2 * kk + r // 2) * 4 + 2 * (r % 2) + 1]))
+             for r in range(ra)]
+        pv = L.seq(*self._b_words(self.vs, self.vw, kk), L.Mma(
+            self.precision, self.o, self.nj * 4, tuple(self.a_frag[r] for r in range(ra)),
+            tuple(self.b_frag[r] for r in range(rb))))
+        return self.per_thread(self.each(kk, self.c.tile_k // 16, L.seq(
+            *a, self.each(self.nj, self.n_o, pv))))
 
 
 MMA_ATTENTION = Template("cuda_mma_attention", problems.attention, applies, space, default,
