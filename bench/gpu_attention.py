@@ -26,7 +26,8 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 ATTENTION_SHAPES = (("bert_base b1", 1, 12, 128, 64), ("bert_base b8", 8, 12, 128, 64),
-                    ("vit b1", 1, 3, 197, 64), ("seq 1024", 1, 12, 1024, 64),
+                    ("vit b1", 1, 3, 197, 64), ("vit b32", 32, 3, 197, 64),
+                    ("seq 1024", 1, 12, 1024, 64),
                     ("seq 4096", 1, 12, 4096, 64))
 """(label, batch, heads, tokens, head size) of the attention table."""
 
