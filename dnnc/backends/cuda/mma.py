@@ -341,6 +341,13 @@ class _Tile:
         a chunk inside."""
         row, kg = self._global(kt, o, c, 0)
         dst = self.tile[self.word(slot, o, c)]
+        if self.operand.chunk is not None:   # a gather: padding zero-filled too
+            bounds = [row < self.extent, kg < self.k] if self.checked else []
+            if self.checked:
+                row, kg = L.minimum(row, self.extent - 1), L.minimum(kg, self.k - self.chunk)
+            src, inside = self.operand.chunk(self.bi, row, kg)
+            return L.CopyAsync(dst, src, L.Select(L.logical_and(*bounds, inside),
+                                                  L.const(16), L.const(0)))
         if not self.checked:
             return L.CopyAsync(dst, self.operand.at(self.bi, row, kg), L.const(16))
         edge = (1, self.chunk) if self.k_inner else (self.chunk, 1)
@@ -403,8 +410,14 @@ def _copies_async(operand: Operand, sample: L.Expr, precision: str) -> bool:
     (`Operand.array`) stored in the type the tile holds (the 16-bit precision's; float32 for
     tf32, contiguous along k: its fragments are rounded after ldmatrix) whose contiguous
     extent is a multiple of a chunk (every chunk 16-byte aligned, inside or outside as a
-    whole)."""
-    if not operand.array or not isinstance(sample, L.Load):
+    whole), or a gather whose runs along k are (`Operand.chunk`: the same conditions on the
+    array it reads)."""
+    if operand.chunk is not None and not operand.rows_contiguous:
+        zero = L.const(0)
+        sample = operand.chunk(zero, zero, zero)[0]
+    elif not operand.array:
+        return False
+    if not isinstance(sample, L.Load):
         return False
     stored, extent = sample.buffer.dtype, sample.buffer.shape[-1]
     if precision == "tf32":

@@ -1,0 +1,149 @@
+"""Channels-last convolutions on tensor cores (issue 31, item 3): `conv_nhwc.py`'s implicit GEMM
+with cp.async patch copies, and `convert_layout`'s "nhwc_conv" at the cuda target's reduced
+precisions.
+
+- the kernel: ConvNHWC graphs (padding, stride 2, dilation, 1x1, 3x3, a 7x7 stem of 3
+  channels through registers, odd pixel counts, batches) scheduled by the template, on the
+  host-C++ shim (test_host_semantics.py: cp.async's zero fill and alignment checked), against
+  the NumPy reference within test_cuda_precision.py's `bound`; compiled by NVRTC for sm_80
+  and sm_90 where CuPy is;
+- whole models: every kernel of a zoo model compiled for cuda at a reduced precision run in
+  turn on the shim from the model's input, the output within `model_error_bound` of the fp32
+  reference;
+- on a GPU (`gpu`): the same convolutions, and resnet18 against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from dnnc.backends.cuda import device
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.registry import REGISTRY
+from dnnc.frontend.onnx import import_onnx
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.ir.ops.conv import conv
+from dnnc.ir.target import model_error_bound
+from cuda_kernels import MACHINE, programs, reference, renamed
+from test_cuda_codegen import poisoned
+from test_cuda_precision import bound
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+
+STORED = {"tf32": T.float32, "fp16": T.float16, "bf16": T.bfloat16}
+NUMPY = {T.float32: np.float32, T.float16: np.float16, T.bfloat16: ml_dtypes.bfloat16}
+
+# (precision, image NHWC, out channels, kernel, stride, pad, dilation)
+CASES = [
+    ("fp16", (2, 9, 9, 16), 24, 3, 1, 1, 1),     # padding, 162 pixels
+    ("fp16", (1, 8, 8, 32), 40, 1, 1, 0, 1),     # 1x1
+    ("fp16", (3, 7, 7, 16), 32, 3, 2, 1, 1),     # stride 2, 48 pixels
+    ("bf16", (1, 11, 10, 8), 16, 3, 1, 2, 2),    # dilation, pads beyond the window
+    ("fp16", (2, 15, 15, 3), 16, 7, 2, 3, 1),    # a stem: 3 channels, through registers
+    ("tf32", (1, 9, 9, 12), 20, 3, 1, 1, 1),     # 4-element chunks
+    ("tf32", (1, 6, 6, 6), 8, 3, 1, 1, 1),       # 6 channels: registers at tf32
+    ("fp16", (1, 14, 14, 64), 64, 3, 1, 1, 1),
+]
+COPIED = (0, 1, 2, 3, 5, 7)
+"""Cases whose patches C fills whole 16-byte chunks: copied by cp.async."""
+
+
+def target(precision: str):
+    """The cuda Target of a compile at `precision` (its layouts and half storage) for an
+    H100's architecture."""
+    return REGISTRY["cuda"].target(MACHINE, precision)
+
+
+def nhwc_graph(rng, precision, image, oc, kernel, stride, pad, dilation):
+    """(graph of Relu(ConvNHWC(x, w, b)) in the precision's storage type, x)."""
+    dtype = STORED[precision]
+    draw = lambda shape: rng.uniform(-1, 1, shape)   # noqa: E731
+    w = draw((oc, kernel, kernel, image[-1])).astype(NUMPY[dtype])
+    b = draw(oc).astype(NUMPY[dtype])
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(dtype, image))
+    y = g.add("ConvNHWC", x, Value("w", T.TensorType(dtype, w.shape), const=w),
+              Value("b", T.TensorType(dtype, b.shape), const=b), strides=[stride] * 2,
+              pads=[pad] * 4, dilations=[dilation] * 2, name="conv")
+    g.outputs = [g.add("Relu", y)]
+    return g, draw(image).astype(NUMPY[dtype])
+
+
+def _run_kernels(program, module, lib, values: dict) -> dict:
+    """Every kernel of `program` launched in order on the host library from `values` (by
+    name: the inputs, constants read from the graph), the values it computed added."""
+    for kernel in program.kernels:
+        info = module.kernels[kernel.func.name]
+        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+               for v in kernel.inputs]
+        outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+        arrays = ins + outs + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
+        args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        for launch in info.launches:
+            host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+            lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                            ctypes.c_uint(launch.block[0]))
+        values.update((v.name, out) for v, out in zip(kernel.outputs, outs))
+    return values
+
+
+# -- the kernel -----------------------------------------------------------------------------------
+
+@needs_gxx
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
+    from test_host_semantics import host_library
+
+    precision, image, oc, kernel, stride, pad, dilation = CASES[case]
+    graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
+    graph, (program,) = programs(graph, machine=target(precision))
+    (conv_kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
+    assert conv_kernel.schedule[0] == "cuda_mma_conv2d_nhwc"
+    assert [n.op for n in conv_kernel.nodes] == ["ConvNHWC", "Relu"]   # the epilogue fused
+    module = render_module(program.unique)
+    source = module.source[module.source.index('extern "C"'):]
+    assert f"dnnc_mma_{precision}(" in source and "dnnc_ldmatrix_x4(&" in source
+    assert "dnnc_ldmatrix_x4_trans(" not in source   # both tiles k-major
+    # the patches by cp.async where C fills chunks (the weights: where kh kw C does)
+    patches = re.search(r"dnnc_cp_async\(&a_tile", source) is not None
+    assert patches == (case in COPIED)
+    lib = host_library(program.unique, tmp_path, module)
+    got = _run_kernels(program, module, lib, {"x": x})[graph.outputs[0].name]
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    # sum_k |x| |w| of each output
+    scale = np.abs(conv(np.abs(x.astype(np.float64)).transpose(0, 3, 1, 2),
+                        np.abs(graph.nodes[0].inputs[1].const.astype(np.float64))
+                        .transpose(0, 3, 1, 2), strides=[stride] * 2, pads=[pad] * 4,
+                        dilations=[dilation] * 2)).transpose(0, 2, 3, 1)
+    k = kernel * kernel * image[-1]
+    limit = bound(precision, k, scale, want)
+    if precision != "tf32":   # the result stored in 16 bits: rounded once more
+        limit = limit + 2 * {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[precision] * np.abs(want)
+    error = np.abs(got.astype(np.float64) - want)
+    assert np.isfinite(got.astype(np.float64)).all() and (error <= limit).all(), \
+        f"worst error {error.max():.3g}, bound there {limit.flat[error.argmax()]:.3g}"
+
+
+def test_every_case_compiles_for_sm80_and_sm90():
+    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    funcs = []
+    for n, case in enumerate(CASES):
+        graph, _ = nhwc_graph(np.random.default_rng(n), case[0], *case[1:])
+        _, (program,) = programs(graph, machine=target(case[0]))
+        funcs += renamed(program, f"c{n}_")
+    source = render_module(funcs).source
+    for arch in ("sm_80", "sm_90"):
+        prog = nvrtc.createProgram(source, "module.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
+        except Exception:
+            pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
