@@ -163,11 +163,13 @@ def _deepest(block_m: int, block_n: int, precision: str) -> int:
 
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
-           precision: str = "fp16") -> TensorCoreConfig:
+           precision: str = "fp16", padded: bool = False) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles, each with k unsplit or split into slices at least
     MIN_SPLIT_K deep, the one a rough model says is fastest (its guessed EFFICIENCY, slowed
-    where its blocks cannot fill the GPU, plus a split's cost)."""
+    where its blocks cannot fill the GPU, plus a split's cost); with `padded`, a ragged
+    edge's tiles count whole (a channels-last conv's 64 out channels in a 256-column tile
+    compute 4 times the work)."""
     best, best_time = None, math.inf
     for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
         for split in SPLITS:
@@ -177,7 +179,8 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
                                       DEFAULT_STAGES, split)
             blocks = -(-m // bm) * -(-n // bn) * batch
             fill = min(1.0, blocks * split / min_blocks(gpu))
-            seconds = 2 * m * n * k * batch / (gpu.tensor_flops * efficiency * fill)
+            work = blocks * bm * bn if padded else m * n * batch
+            seconds = 2 * work * k / (gpu.tensor_flops * efficiency * fill)
             if split > 1:
                 seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
             if seconds < best_time:

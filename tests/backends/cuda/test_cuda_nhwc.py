@@ -147,3 +147,69 @@ def test_every_case_compiles_for_sm80_and_sm90():
             nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
         except Exception:
             pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
+
+
+# -- whole models ---------------------------------------------------------------------------------
+
+@needs_gxx
+@pytest.mark.parametrize("name,precision", [
+    ("cnn", "fp16"), pytest.param("resnet18", "fp16", marks=pytest.mark.emulated_full),
+    pytest.param("resnet18", "bf16", marks=pytest.mark.emulated_full),
+    pytest.param("resnet18", "tf32", marks=pytest.mark.emulated_full)])
+def test_zoo_model_on_host_within_the_model_bound(name, precision, tmp_path):
+    """Every kernel of a zoo model compiled for cuda at `precision` (channels-last
+    convolutions) run in turn on the host shim from the model's input: the output within
+    `model_error_bound` of the fp32 reference."""
+    from test_host_semantics import host_library
+    from cuda_kernels import zoo_model
+
+    model = zoo_model(name)
+    graph, progs = programs(import_onnx(model), machine=target(precision))
+    inputs = zoo.inputs_for(model, np.random.default_rng(0))
+    values = dict(inputs)
+    nhwc = 0
+    for p, program in enumerate(progs):
+        module = render_module(program.unique)
+        nhwc += sum(k.schedule[0] == "cuda_mma_conv2d_nhwc" for k in program.kernels)
+        _run_kernels(program, module, host_library(program.unique, tmp_path / str(p), module),
+                     values)
+    assert nhwc > 0
+    fp32 = import_onnx(model)
+    want = reference(fp32, inputs)[fp32.outputs[0].name].astype(np.float64)
+    got = values[graph.outputs[0].name].astype(np.float64)
+    worst = np.abs(got - want).max() / np.abs(want).max()
+    assert worst <= model_error_bound(precision), f"{name} {precision}: {worst:.3g}"
+
+
+# -- on a GPU -------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_convolutions_on_the_gpu(case, rng):
+    """Each case compiled by dnnc for the GPU at its precision, against the NumPy reference
+    within the model bound of the precision (one layer)."""
+    precision = CASES[case][0]
+    graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
+    compiled = dnnc.compile(graph, "cuda", precision=precision)
+    assert f"dnnc_mma_{precision}(" in compiled.source("cuda")
+    got = compiled.run(x, to="numpy")[0].astype(np.float64)
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_resnet18_channels_last_matches_onnxruntime(precision, rng):
+    ort = pytest.importorskip("onnxruntime")
+    model = zoo.build("resnet18", batch=4)
+    compiled = dnnc.compile(model, "cuda", precision=precision)
+    graph = compiled.runtime.graph
+    assert sum(n.op == "ConvNHWC" for n in graph.nodes) == 19
+    assert sum(n.op == "Transpose" for n in graph.nodes) == 2
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    feeds = zoo.inputs_for(model, rng)
+    (got,) = compiled.run(*feeds.values(), to="numpy")
+    (want,) = session.run(None, feeds)
+    worst = np.abs(got - want).max() / np.abs(want).max()
+    assert worst <= model_error_bound(precision), f"{precision}: {worst:.3g}"
