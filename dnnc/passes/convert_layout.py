@@ -17,7 +17,9 @@ Transpose(NCHW -> NHWC) -> ConvNHWC (weights OHWI, once) -> Transpose(back), and
 `sink_transposes` moves the Transposes through the elementwise ops between convolutions and
 cancels the inverse pairs, so that a chain of convolutions (resnet's) runs channels-last
 with Transposes only at its edges (pools, reshapes, the model's inputs and outputs); convs
-of fewer channels (a stem's 3) stay NCHW, which saves a Transpose at each side of them. A
+of fewer channels (a stem's 3) stay NCHW, which saves a Transpose at each side of them, and
+so do convs next to a grouped or depthwise conv (which has no channels-last kernel) through
+elementwise ops only. A
 rewrite keeps the output Value of the last node it replaces, so its users are untouched.
 """
 
@@ -32,7 +34,7 @@ from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_weights
 from ..ir.ops.registry import infer_node
 from ..ir.target import Target
 from ..ir.types import FLOAT_DTYPES, TensorType, float32
-from .sink_transposes import sink_transposes
+from .sink_transposes import positionwise, sink_transposes
 
 CHUNK_BYTES = 16
 """A cp.async copy: "nhwc_conv" converts convs whose channels fill whole chunks."""
@@ -137,7 +139,8 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
             x.type.dtype not in FLOAT_DTYPES or (node.attrs.get("group") or 1) != 1:
         return None
     channels, element = x.type.shape[1], np.dtype(x.type.dtype.np).itemsize
-    if not isinstance(channels, int) or channels % (CHUNK_BYTES // element):
+    if not isinstance(channels, int) or channels % (CHUNK_BYTES // element) or \
+            _beside_grouped(x, node.outputs[0], users):
         return None
     ohwi = np.ascontiguousarray(np.asarray(w.const).transpose(NHWC_OF_NCHW))
     wv = Value(f"{w.name}.ohwi", TensorType(w.type.dtype, ohwi.shape), const=ohwi)
@@ -155,6 +158,27 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
             Node("ConvNHWC", inputs, [yt], full, node.name),
             Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)},
                  f"{node.name}.out")], []
+
+
+def _beside_grouped(x: Value, y: Value, users) -> bool:
+    """Whether a grouped (depthwise) Conv, which stays NCHW, produces `x` or reads `y`
+    through positionwise ops only: converting there would put a Transpose pair around
+    every such conv (mobilenet's blocks: 2 round trips of the expanded activation a block),
+    so the conv stays NCHW with it."""
+    seen, todo = set(), [(x, False), (y, True)]
+    while todo:
+        v, forward = todo.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        nodes = users.get(v, []) if forward else [v.producer] if v.producer else []
+        for n in nodes:
+            if n.op == "Conv" and (n.attrs.get("group") or 1) > 1:
+                return True
+            if positionwise(n):
+                todo += [(n.outputs[0], True)] if forward else \
+                    [(u, False) for u in n.inputs if u is not None and u.const is None]
+    return False
 
 
 REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nhwc_conv}

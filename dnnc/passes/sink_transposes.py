@@ -11,7 +11,8 @@ residual Add of a block's input, which its first convolution reads transposed: t
 Transpose's output is taken) is computed before the Transpose: f(T_P(a), c) == T_P(f(a, T_P^-1(c))); its
 output value stays the Transpose's, so the nodes after it see a transposed value and the
 Transpose keeps moving down. A Transpose of a Transpose by the inverse perm reads the
-inner one's input instead. Dead Transposes are left to `eliminate_dead_code`.
+inner one's input instead, and a second Transpose of one value by one perm (two convs
+reading one input) the first's output. Dead Transposes are left to `eliminate_dead_code`.
 
 Never moves a Transpose across anything that is not positionwise (pools, reductions,
 reshapes, products), and never changes a graph output's value.
@@ -35,7 +36,9 @@ def _perm(value: Value | None) -> tuple[int, ...] | None:
     return tuple(node.attrs.get("perm") or range(value.type.rank)[::-1])
 
 
-def _positionwise(node: Node) -> bool:
+def positionwise(node: Node) -> bool:
+    """Whether `node` computes each output element from the inputs' elements at the same
+    (broadcast) position: it commutes with a Transpose."""
     op = get_op(node.op)
     return op.pattern in (Pattern.ELEMWISE, Pattern.BROADCAST) and not op.params and \
         "axis" not in node.attrs and len(node.outputs) == 1 and not node.subgraphs()
@@ -53,7 +56,7 @@ def _sunk(node: Node, inverted) -> list[Node] | None:
     """[node computed before the Transpose, the Transpose] when `node` can take its inputs'
     Transpose, else None; `inverted(value, perm)` is an earlier Transpose's output holding
     `value` transposed by `perm`, or None."""
-    if not _positionwise(node):
+    if not positionwise(node):
         return None
     out = node.outputs[0]
     perms = {_perm(v) for v in node.inputs if v is not None and v.const is None and
@@ -91,28 +94,25 @@ def sink_transposes(graph: Graph) -> int:
     kept = {id(v) for v in graph.outputs} | {
         id(v) for v, readers in graph.users().items() if any(n.subgraphs() for n in readers)}
     nodes, changed = [], 0
-    readers = graph.users()
-    emitted: set[int] = set()
-
-    def inverted(value: Value, perm: tuple[int, ...]) -> Value | None:
-        for reader in readers.get(value, ()):
-            if id(reader) in emitted and reader.op == "Transpose" and \
-                    reader.inputs[0] is value and _perm(reader.outputs[0]) == perm:
-                return reader.outputs[0]
-        return None
+    made: dict[tuple, Value] = {}   # (input, perm) -> the output of its Transpose kept
 
     for node in graph.nodes:
         node.inputs = [renamed.get(id(v), v) if v is not None else None for v in node.inputs]
-        perm = _perm(node.inputs[0]) if node.op == "Transpose" else None
-        if perm is not None and id(node.outputs[0]) not in kept:
-            outer = tuple(node.attrs.get("perm") or range(len(perm))[::-1])
-            if all(perm[outer[i]] == i for i in range(len(perm))):   # T_outer(T_perm(x)) == x
+        if node.op == "Transpose" and id(node.outputs[0]) not in kept:
+            perm, outer = _perm(node.inputs[0]), _perm(node.outputs[0])
+            key = (id(node.inputs[0]), outer)
+            if perm is not None and all(perm[outer[i]] == i for i in range(len(perm))):
+                # T_outer(T_perm(x)) == x
                 renamed[id(node.outputs[0])] = node.inputs[0].producer.inputs[0]
                 changed += 1
                 continue
-        new = _sunk(node, inverted) or [node]
+            if key in made:   # the same Transpose of the same value: the first one's
+                renamed[id(node.outputs[0])] = made[key]
+                changed += 1
+                continue
+            made[key] = node.outputs[0]
+        new = _sunk(node, lambda v, p: made.get((id(v), p))) or [node]
         nodes += new
-        emitted.update(id(n) for n in new)
         changed += new[0] is not node
     graph.nodes = nodes
     eliminate_dead_code(graph)

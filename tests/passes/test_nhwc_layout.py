@@ -135,3 +135,29 @@ def test_fp32_cuda_compiles_are_unchanged(monkeypatch):
     monkeypatch.setitem(REGISTRY, "cuda", replace(REGISTRY["cuda"], layouts=()))
     assert dnnc.compile(model, "cuda", render_only=True).source("cuda") == with_layout
     assert "ConvNHWC" not in with_layout and "conv_nhwc" not in with_layout
+
+
+@pytest.mark.parametrize("name,nhwc", [("resnet50", 52), ("mobilenet_v2", 1)])
+def test_two_transposes_at_most_in_resnet50_and_mobilenet(name, nhwc):
+    """resnet50: the block input two convs read is transposed once; mobilenet_v2: the
+    pointwise convs beside its depthwise ones stay NCHW (no Transpose pair around each
+    depthwise conv); its last 1x1 conv (to 1280 channels, before the global pool) goes
+    channels-last."""
+    target = REGISTRY["cuda"].target(Target("cuda", arch="sm_90"), "fp16")
+    graph = optimize(import_onnx(zoo.build(name, size=32)), target, 3)
+    ops = Counter(n.op for n in graph.nodes)
+    assert ops["ConvNHWC"] == nhwc and ops["Transpose"] == 2
+
+
+def test_duplicate_transposes_are_one(rng):
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 2, 3, 4)))
+    a = g.add("Transpose", x, perm=[0, 2, 3, 1])
+    b = g.add("Transpose", x, perm=[0, 2, 3, 1])
+    g.outputs = [g.add("Add", g.add("Relu", a), g.add("Sigmoid", b))]
+    xv = rng.uniform(-1, 1, (1, 2, 3, 4)).astype(np.float32)
+    want = run_graph(g, [xv])[0]
+    sink_transposes(g)
+    g.verify()
+    assert [n.op for n in g.nodes].count("Transpose") == 1
+    np.testing.assert_allclose(run_graph(g, [xv])[0], want, rtol=1e-6)
