@@ -41,7 +41,9 @@ sums in a workspace, a second launch adds them).
 Which kernels: every dense / batched matmul of at least 16 rows and ungrouped conv2d (an
 implicit GEMM, patches gathered as conv.py does) that the fp32 templates would tile; the
 matrix-vector products (fewer than 16 rows) keep the gemv template (an mma would idle most
-of a 16-row tile), depthwise convolutions the default one.
+of a 16-row tile), depthwise convolutions the default one. Channels-last convolutions
+(ConvNHWC) are `conv_nhwc.py`'s, on this product with the patches copied by cp.async
+(`Operand.chunk`).
 
 Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codegen.py).
 
