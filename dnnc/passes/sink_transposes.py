@@ -8,7 +8,8 @@ parameter inputs, no `axis`, one output) whose every input is a Transpose by one
 a constant (re-laid out once: broadcast to the output's rank, transposed by P's inverse), a
 scalar, or a value already read through a Transpose by P's inverse earlier in the graph (a
 residual Add of a block's input, which its first convolution reads transposed: that
-Transpose's output is taken) is computed before the Transpose: f(T_P(a), c) == T_P(f(a, T_P^-1(c))); its
+Transpose's output is taken) is computed before the Transpose:
+f(T_P(a), c) == T_P(f(a, T_P^-1(c))); its
 output value stays the Transpose's, so the nodes after it see a transposed value and the
 Transpose keeps moving down. A Transpose of a Transpose by the inverse perm reads the
 inner one's input instead, and a second Transpose of one value by one perm (two convs
