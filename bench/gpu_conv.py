@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python bench/gpu_conv.py [--batch 32] [--precision fp16|bf16]
         [--repeat 30] [--trials 5] [--no-variants] [--no-nchw] [--no-model]
-        [--modes eager,reduce-overhead]
+        [--models resnet18,mobilenet_v2] [--modes eager,reduce-overhead]
 
 Kernels: resnet50's distinct convolution shapes (torchvision's, 224 x 224 images) at
 `--batch`, each as one ConvNHWC kernel (`backends/cuda/conv_nhwc.py`: image and weights
@@ -16,8 +16,8 @@ TFLOP/s = 2 N OH OW M C kh kw / time; `cuDNN/dnnc` is cuDNN's time over dnnc's (
 >= 0.8); the weighted rows sum each kernel's time times its count in resnet50. Each dnnc
 output is checked against cuDNN's: max |d| / max |cuDNN| within `model_error_bound`.
 
-Model (unless `--no-model`): the zoo's resnet18 at `--batch`, compiled with `precision=`,
-against its torch mirror (bench/zoo_torch.py: the same weights) cast to that type and
+Models (unless `--no-model`): each of the zoo's `--models` at `--batch`, compiled with
+`precision=`, against its torch mirror (bench/zoo_torch.py: the same weights) cast to that type and
 channels_last, in each of `--modes`; median ms of a call ended by a synchronize.
 Never imported by dnnc.
 """
@@ -182,14 +182,14 @@ def mma_text(c) -> str:
             + (f" k/{c.split_k}" if c.split_k > 1 else ""))
 
 
-def model_row(torch, args) -> str:
-    """The zoo's resnet18 at --batch end to end: dnnc against its torch mirror."""
+def model_row(torch, name: str, args) -> str:
+    """Zoo model `name` at --batch end to end: dnnc against its torch mirror."""
     import dnnc
     from dnnc import zoo
     from gpu_versus import torch_times
     from zoo_torch import module_for
 
-    model = zoo.build("resnet18", batch=args.batch)
+    model = zoo.build(name, batch=args.batch)
     t_dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[args.precision])
     x = torch.randn((args.batch, 3, 224, 224), generator=torch.Generator().manual_seed(0))
     module = module_for(model).cuda()
@@ -212,7 +212,7 @@ def model_row(torch, args) -> str:
     err = np.abs(got - want).max() / np.abs(want).max()
     cells = " ".join(f"{mode} {t:.3f}" if t else f"{mode} -" for mode, t in times.items())
     transposes = sum(n.op == "Transpose" for n in compiled.runtime.graph.nodes)
-    return (f"resnet18 (zoo) {args.precision} b{args.batch}: dnnc {ours:.3f} ms | torch "
+    return (f"{name} (zoo) {args.precision} b{args.batch}: dnnc {ours:.3f} ms | torch "
             f"channels_last {cells} | dnnc/best {ours / best:.2f} | rel err {err:.1e} "
             f"(bound {model_error_bound(args.precision):.1e}) | top1 "
             f"{np.mean(got.argmax(1) == want.argmax(1)):.2f} | transposes {transposes}")
@@ -228,6 +228,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-nchw", action="store_true")
     parser.add_argument("--no-model", action="store_true")
     parser.add_argument("--modes", default="eager")
+    parser.add_argument("--models", default="resnet18,mobilenet_v2")
     args = parser.parse_args(argv)
     cp = device.import_cupy()
     torch = cuda_torch()
@@ -255,12 +256,12 @@ def main(argv=None) -> int:
     print(f"resnet50 convs weighted: dnnc default {totals[0]:.3f} ms, best variant "
           f"{totals[1]:.3f} ms, cuDNN {totals[2]:.3f} ms: cuDNN/dnnc {totals[2] / totals[0]:.2f}"
           f" (best {totals[2] / totals[1]:.2f})")
-    if not args.no_model:
+    for name in [] if args.no_model else args.models.split(","):
         try:
-            print(model_row(torch, args), flush=True)
+            print(model_row(torch, name, args), flush=True)
         except Exception as exc:
             failed += 1
-            print(f"resnet18: error {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            print(f"{name}: error {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             traceback.print_exc(file=sys.stderr)
     return 1 if failed else 0
 

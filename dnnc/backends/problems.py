@@ -508,10 +508,12 @@ class Conv2dNHWC:
 
 
 def conv2d_nhwc(kernel: Kernel) -> Conv2dNHWC | None:
-    """A ConvNHWC of `STORAGE` types anchoring `kernel` (first in its group, static shapes)
-    as a `Conv2dNHWC`; None otherwise."""
+    """An ungrouped ConvNHWC of `STORAGE` types anchoring `kernel` (first in its group,
+    static shapes) as a `Conv2dNHWC`; None otherwise (a depthwise one: the default
+    template's thread per output, consecutive threads on consecutive channels)."""
     node = kernel.anchor
-    if node is not kernel.nodes[0] or node.op != "ConvNHWC":
+    if node is not kernel.nodes[0] or node.op != "ConvNHWC" or \
+            (node.attrs.get("group") or 1) != 1:
         return None
     x, w, bias = _operands(kernel, node, 3)
     y = kernel.func.params[-1]

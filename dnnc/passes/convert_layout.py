@@ -12,15 +12,16 @@ N-D A has no ONNX op with a bias), so the dense kernel adds it in its epilogue. 
 the [channel block, C / group, kh, kw, NR] order the conv template's micro-kernel reads as
 one vector per step, a grouped conv's blocks per group. "nhwc_conv" (cuda at a reduced
 precision: the tensor cores' implicit GEMM copies a patch's channels 16 bytes at a time): an
-ungrouped 2-D Conv with constant weights whose channels fill whole 16-byte chunks becomes
-Transpose(NCHW -> NHWC) -> ConvNHWC (weights OHWI, once) -> Transpose(back), and then
+ungrouped or depthwise 2-D Conv with constant weights whose channels fill whole 16-byte
+chunks becomes Transpose(NCHW -> NHWC) -> ConvNHWC (weights OHWI, once) -> Transpose(back),
+and then
 `sink_transposes` moves the Transposes through the elementwise ops between convolutions and
 cancels the inverse pairs, so that a chain of convolutions (resnet's) runs channels-last
 with Transposes only at its edges (pools, reshapes, the model's inputs and outputs); convs
 of fewer channels (a stem's 3) stay NCHW, which saves a Transpose at each side of them, and
-so do convs next to a grouped or depthwise conv (which has no channels-last kernel) through
-elementwise ops only. A
-rewrite keeps the output Value of the last node it replaces, so its users are untouched.
+so do convs next to a grouped conv that is not depthwise (which has no channels-last kernel)
+through elementwise ops only. A rewrite keeps the output Value of the last node it
+replaces, so its users are untouched.
 """
 
 from __future__ import annotations
@@ -130,13 +131,13 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
 
 
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
-    """Conv(x, W const, B) (2-D, one group, C a multiple of a chunk's elements) at a reduced
-    precision -> Transpose(x) -> ConvNHWC(., OHWI(W), B) -> Transpose(back)."""
+    """Conv(x, W const, B) (2-D, one group or depthwise, C a multiple of a chunk's elements)
+    at a reduced precision -> Transpose(x) -> ConvNHWC(., OHWI(W), B) -> Transpose(back)."""
     if node.op != "Conv" or target.precision == "fp32":
         return None
     x, w = node.inputs[0], node.inputs[1]
     if w is None or w.const is None or w.type.rank != 4 or x.type.rank != 4 or \
-            x.type.dtype not in FLOAT_DTYPES or (node.attrs.get("group") or 1) != 1:
+            x.type.dtype not in FLOAT_DTYPES or _grouped(node):
         return None
     channels, element = x.type.shape[1], np.dtype(x.type.dtype.np).itemsize
     if not isinstance(channels, int) or channels % (CHUNK_BYTES // element) or \
@@ -160,11 +161,17 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
                  f"{node.name}.out")], []
 
 
+def _grouped(node: Node) -> bool:
+    """A Conv of several groups, not depthwise: no channels-last kernel takes it."""
+    group = node.attrs.get("group") or 1
+    w = node.inputs[1]
+    return group > 1 and not (w.type.shape[1] == 1 and w.type.shape[0] == group)
+
+
 def _beside_grouped(x: Value, y: Value, users) -> bool:
-    """Whether a grouped (depthwise) Conv, which stays NCHW, produces `x` or reads `y`
-    through positionwise ops only: converting there would put a Transpose pair around
-    every such conv (mobilenet's blocks: 2 round trips of the expanded activation a block),
-    so the conv stays NCHW with it."""
+    """Whether a grouped Conv (`_grouped`: it stays NCHW) produces `x` or reads `y` through
+    positionwise ops only: converting there would put a Transpose pair around every such
+    conv (2 round trips of the activation a block), so the conv stays NCHW with it."""
     seen, todo = set(), [(x, False), (y, True)]
     while todo:
         v, forward = todo.pop()
@@ -173,7 +180,7 @@ def _beside_grouped(x: Value, y: Value, users) -> bool:
         seen.add(id(v))
         nodes = users.get(v, []) if forward else [v.producer] if v.producer else []
         for n in nodes:
-            if n.op == "Conv" and (n.attrs.get("group") or 1) > 1:
+            if n.op == "Conv" and _grouped(n):
                 return True
             if positionwise(n):
                 todo += [(n.outputs[0], True)] if forward else \

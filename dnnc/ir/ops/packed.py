@@ -9,11 +9,11 @@ j // NR, ..., j % NR], channels past a group's last zero (so a block never strad
 groups; with group 1, channel m at [m // NR, ..., m % NR]). `oc` (M) and the Conv attributes
 are attributes.
 
-ConvNHWC(x, w, b) is a 2-D Conv of one group on channels-last tensors: x [N, H, W, C], w
-[M, kh, kw, C] (OHWI), y [N, OH, OW, M], the Conv attributes as Conv's (pads, strides,
-dilations over (H, W)); `convert_layout`'s "nhwc_conv" makes it for the cuda tensor-core
-template (a patch's channels are contiguous: 16-byte cp.async copies), with Transposes at its
-edges.
+ConvNHWC(x, w, b) is a 2-D Conv on channels-last tensors: x [N, H, W, C], w [M, kh, kw,
+C / group] (OHWI), y [N, OH, OW, M], the Conv attributes as Conv's (pads, strides, dilations
+over (H, W), group); `convert_layout`'s "nhwc_conv" makes it, ungrouped for the cuda
+tensor-core template (a patch's channels are contiguous: 16-byte cp.async copies) and
+depthwise (consecutive threads read consecutive channels), with Transposes at its edges.
 """
 
 from __future__ import annotations
@@ -120,8 +120,6 @@ def _conv_nhwc_infer(ctx):
     for i, what in ((0, "x"), (1, "w")):
         if ctx.type(i).rank != 4:
             raise ctx.fail(f"ConvNHWC's {what} has rank 4, given {ctx.type(i)}")
-    if (ctx.attrs.get("group") or 1) != 1:
-        raise ctx.fail("ConvNHWC has one group")
     inputs = [Value("x.nchw", _nchw_type(ctx.type(0))),
               Value("w.oihw", _nchw_type(ctx.type(1)))] + \
         ([ctx.values[2]] if ctx.has(2) else [])

@@ -3,14 +3,16 @@ with cp.async patch copies, and `convert_layout`'s "nhwc_conv" at the cuda targe
 precisions.
 
 - the kernel: ConvNHWC graphs (padding, stride 2, dilation, 1x1, 3x3, a 7x7 stem of 3
-  channels through registers, odd pixel counts, batches) scheduled by the template, on the
+  channels through registers, odd pixel counts, batches; depthwise ones on the default
+  template) scheduled by the template, on the
   host-C++ shim (test_host_semantics.py: cp.async's zero fill and alignment checked), against
   the NumPy reference within test_cuda_precision.py's `bound`; compiled by NVRTC for sm_80
   and sm_90 where CuPy is;
 - whole models: every kernel of a zoo model compiled for cuda at a reduced precision run in
   turn on the shim from the model's input, the output within `model_error_bound` of the fp32
   reference;
-- on a GPU (`gpu`): the same convolutions, and resnet18 against onnxruntime.
+- on a GPU (`gpu`): the same convolutions, and resnet18 and mobilenet_v2 against
+  onnxruntime.
 """
 
 from __future__ import annotations
@@ -152,8 +154,37 @@ def test_every_case_compiles_for_sm80_and_sm90():
 # -- whole models ---------------------------------------------------------------------------------
 
 @needs_gxx
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_convolutions_on_host(stride, rng, tmp_path):
+    """A channels-last depthwise conv (the default template: a thread per output, consecutive
+    threads on consecutive channels) on the host shim, against the reference of the same
+    fp16 graph: both sum in float32 and round once to fp16."""
+    from test_host_semantics import host_library
+
+    c = 24
+    w = rng.uniform(-1, 1, (c, 3, 3, 1)).astype(np.float16)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float16, (2, 9, 7, c)))
+    g.outputs = [g.add("Clip", g.add("ConvNHWC", x, Value("w", T.TensorType(T.float16, w.shape),
+                                                          const=w),
+                                     group=c, strides=[stride] * 2, pads=[1] * 4),
+                       Value("lo", T.TensorType(T.float16, ()), const=np.float16(0)),
+                       Value("hi", T.TensorType(T.float16, ()), const=np.float16(6)))]
+    xv = rng.uniform(-1, 1, (2, 9, 7, c)).astype(np.float16)
+    graph, (program,) = programs(g, machine=target("fp16"))
+    (kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
+    assert kernel.schedule[0] == "cuda_default"
+    module = render_module(program.unique)
+    got = _run_kernels(program, module, host_library(program.unique, tmp_path, module),
+                       {"x": xv})[graph.outputs[0].name].astype(np.float64)
+    want = reference(graph, {"x": xv})[graph.outputs[0].name].astype(np.float64)
+    assert np.abs(got - want).max() <= 2 * 2.0 ** -11 * np.abs(want).max()
+
+
+@needs_gxx
 @pytest.mark.parametrize("name,precision", [
-    ("cnn", "fp16"), pytest.param("resnet18", "fp16", marks=pytest.mark.emulated_full),
+    ("cnn", "fp16"), ("mobilenet_v2", "fp16"),
+    pytest.param("resnet18", "fp16", marks=pytest.mark.emulated_full),
     pytest.param("resnet18", "bf16", marks=pytest.mark.emulated_full),
     pytest.param("resnet18", "tf32", marks=pytest.mark.emulated_full)])
 def test_zoo_model_on_host_within_the_model_bound(name, precision, tmp_path):
@@ -199,12 +230,13 @@ def test_convolutions_on_the_gpu(case, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
-def test_resnet18_channels_last_matches_onnxruntime(precision, rng):
+@pytest.mark.parametrize("name,convs", [("resnet18", 19), ("mobilenet_v2", 51)])
+def test_zoo_model_channels_last_matches_onnxruntime(name, convs, precision, rng):
     ort = pytest.importorskip("onnxruntime")
-    model = zoo.build("resnet18", batch=4)
+    model = zoo.build(name, batch=4)
     compiled = dnnc.compile(model, "cuda", precision=precision)
     graph = compiled.runtime.graph
-    assert sum(n.op == "ConvNHWC" for n in graph.nodes) == 19
+    assert sum(n.op == "ConvNHWC" for n in graph.nodes) == convs
     assert sum(n.op == "Transpose" for n in graph.nodes) == 2
     session = ort.InferenceSession(model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
