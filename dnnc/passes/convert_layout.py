@@ -14,10 +14,9 @@ one vector per step, a grouped conv's blocks per group. "nhwc_conv" (cuda at a r
 precision: the tensor cores' implicit GEMM copies a patch's channels 16 bytes at a time): an
 ungrouped or depthwise 2-D Conv with constant weights whose channels fill whole 16-byte
 chunks becomes Transpose(NCHW -> NHWC) -> ConvNHWC (weights OHWI, once) -> Transpose(back),
-and then
-`sink_transposes` moves the Transposes through the elementwise ops between convolutions and
-cancels the inverse pairs, so that a chain of convolutions (resnet's) runs channels-last
-with Transposes only at its edges (pools, reshapes, the model's inputs and outputs); convs
+and then `sink_transposes` moves the Transposes through the elementwise ops between
+convolutions and cancels the inverse pairs, so that a chain of convolutions (resnet's,
+mobilenet's) runs channels-last with Transposes only at its edges (pools, reshapes, the model's inputs and outputs); convs
 of fewer channels (a stem's 3) stay NCHW, which saves a Transpose at each side of them, and
 so do convs next to a grouped conv that is not depthwise (which has no channels-last kernel)
 through elementwise ops only. A rewrite keeps the output Value of the last node it

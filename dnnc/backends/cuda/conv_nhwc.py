@@ -8,7 +8,8 @@ k-major (ldmatrix without .trans) and Y [pixel, o] is the NHWC output itself, st
 two adjacent channels at a time. A patch's run of channels of one tap (ky, kx) is contiguous
 in X: where C fills whole 16-byte chunks (8 fp16 / bf16, 4 tf32 elements) each chunk of a
 patch row is one `cp.async` (`Operand.chunk`), zero-filled (src-size 0) where the tap falls in
-the padding, as CUTLASS's analytic implicit-GEMM iterator; otherwise (a stem's 3 channels,
+the padding, as CUTLASS's analytic implicit-GEMM iterator (a pointwise conv's patches are
+X itself, a plain [pixels, C] array); otherwise (a stem's 3 channels,
 float32 storage at fp16) the patches go through registers element by element (`mma.py`'s
 `_Tile._load`), padding read as 0. The weights, a plain [N, K] array, are copied by cp.async
 when K fills whole chunks. The bias and the fused epilogue apply on the store
@@ -82,6 +83,11 @@ def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:
         return L.Store(y, index, p.finish(value, index))
 
     patches = Operand(patch, False, chunk=lambda bi, i, kk: tap(i, kk))
+    if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wid):
+        # a pointwise conv's patches are X itself, [pixels, C]: a plain array
+        flat = L.Buffer(p.x.name, p.x.dtype, (m, ch))
+        patches = Operand(lambda bi, i, kk: flat[i, kk], False, array=True)
+        x = flat
     weights = Operand(lambda bi, j, kk: w[j, kk], False, array=True)
     body = mma_product(c, 1, m, n, k, patches, weights, store, precision=machine.precision)
     views = {w.name: w, x.name: x, y.name: y}
