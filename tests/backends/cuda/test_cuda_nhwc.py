@@ -212,6 +212,28 @@ def test_zoo_model_on_host_within_the_model_bound(name, precision, tmp_path):
     assert worst <= model_error_bound(precision), f"{name} {precision}: {worst:.3g}"
 
 
+def test_an_artifact_keeps_the_channels_last_graph(simulated, tmp_path, monkeypatch):
+    """A channels-last compile saves and loads (simulated device): the graph's ConvNHWC
+    nodes, their OHWI weights bit for bit and the Transposes come back."""
+    from dnnc.backends.cuda import executable
+    from dnnc.compiler.module import CompiledModel
+    from dnnc.passes.manager import optimize
+    from simulated_device import FAKE, relu_model
+
+    simulated(relu_model([3, 5]))   # (the simulated device in place)
+    monkeypatch.setattr(device, "gpu_arch", lambda: FAKE.arch)
+    target = REGISTRY["cuda"].target(precision="fp16")
+    rt = executable.CUDARuntime(optimize(import_onnx(zoo.build("cnn")), target, 3),
+                                target=target).start()
+    CompiledModel(rt.graph, rt, "cuda").save(tmp_path / "m.dnnc")
+    graph = dnnc.load(tmp_path / "m.dnnc").runtime.graph
+    assert [n.op for n in graph.nodes] == [n.op for n in rt.graph.nodes]
+    assert "ConvNHWC" in {n.op for n in graph.nodes}
+    saved = {v.name: v.const for v in rt.graph.constants()}
+    for v in graph.constants():
+        np.testing.assert_array_equal(v.const.view(np.uint8), saved[v.name].view(np.uint8))
+
+
 # -- on a GPU -------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
