@@ -476,6 +476,60 @@ def conv2d(kernel: Kernel) -> Conv2d | None:
                   _flat_epilogue_reads(kernel, yd), node.outputs[0].type.dtype)
 
 
+@dataclass(frozen=True)
+class Conv2dNHWC:
+    """A channels-last 2-D convolution of one group (ConvNHWC), `STORAGE` types, static
+    shapes: y [N, OH, OW, M] = epilogue(conv(x [N, H, W, C], w [M, kh, kw, C]) + bias), the
+    sum over k = (ky, kx, c) in that order (a patch's run along k is contiguous in x for
+    each (ky, kx))."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    w: L.Buffer
+    bias: L.Buffer | None
+    y: L.Buffer
+    x_dims: tuple        # [N, H, W, C]
+    w_dims: tuple        # [M, kh, kw, C]
+    y_dims: tuple        # [N, OH, OW, M]
+    strides: tuple
+    dilations: tuple
+    begins: tuple
+    epilogue: Epilogue
+    anchor_dtype: T.DType = T.float32
+
+    def finish(self, value: L.Expr, index: tuple) -> L.Expr:
+        """Output element `index` (n, oy, ox, m) of the float32 sum `value` as stored in Y
+        (as `Conv2d.finish`, the bias by the last index)."""
+        if self.bias is not None:
+            value = value + widened(self.bias[index[3]])
+        value = rounded(value, self.anchor_dtype)
+        return rounded(self.epilogue(value, index), self.y.dtype)
+
+
+def conv2d_nhwc(kernel: Kernel) -> Conv2dNHWC | None:
+    """An ungrouped ConvNHWC of `STORAGE` types anchoring `kernel` (first in its group,
+    static shapes) as a `Conv2dNHWC`; None otherwise (a depthwise one: the default
+    template's thread per output, consecutive threads on consecutive channels)."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "ConvNHWC" or \
+            (node.attrs.get("group") or 1) != 1:
+        return None
+    x, w, bias = _operands(kernel, node, 3)
+    y = kernel.func.params[-1]
+    xd, wd, yd = L.static_shape(x.shape), L.static_shape(w.shape), L.static_shape(y.shape)
+    if node.outputs[0].type.dtype not in STORAGE or xd is None or wd is None or yd is None or \
+            any(b is not None and b.dtype not in STORAGE for b in (x, w, bias)):
+        return None
+    geometry = plane_geometry(node.attrs, xd[1:3], wd[1:3], yd[1:3])
+    if geometry is None or tuple(node.outputs[0].type.shape) != tuple(yd):
+        return None
+    strides, dilations, begins, _ = geometry
+    return Conv2dNHWC(kernel.func.name, kernel.func.params, x, w, bias, y, tuple(xd),
+                      tuple(wd), tuple(yd), tuple(strides), tuple(dilations), tuple(begins),
+                      epilogue(kernel), node.outputs[0].type.dtype)
+
+
 def _flat_epilogue_reads(kernel: Kernel, out_shape) -> bool:
     """Whether every tensor the epilogue reads besides the anchor's value is indexed the same
     at (n, c, 0, h * W + w) as at (n, c, h, w): it has the output's image shape, or reads a

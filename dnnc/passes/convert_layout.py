@@ -10,8 +10,17 @@ axis reads takes that bias as MatMulPacked's C (simplify already made the 2-D ca
 N-D A has no ONNX op with a bias), so the dense kernel adds it in its epilogue. "pack_conv": a
 2-D Conv with constant weights (any group but depthwise) becomes ConvPacked, its weights in
 the [channel block, C / group, kh, kw, NR] order the conv template's micro-kernel reads as
-one vector per step, a grouped conv's blocks per group. A rewrite
-keeps the output Value of the last node it replaces, so its users are untouched.
+one vector per step, a grouped conv's blocks per group. "nhwc_conv" (cuda at a reduced
+precision: the tensor cores' implicit GEMM copies a patch's channels 16 bytes at a time): an
+ungrouped or depthwise 2-D Conv with constant weights whose channels fill whole 16-byte
+chunks becomes Transpose(NCHW -> NHWC) -> ConvNHWC (weights OHWI, once) -> Transpose(back),
+and then `sink_transposes` moves the Transposes through the elementwise ops between
+convolutions and cancels the inverse pairs, so that a chain of convolutions (resnet's,
+mobilenet's) runs channels-last with Transposes only at its edges (pools, reshapes, the model's inputs and outputs); convs
+of fewer channels (a stem's 3) stay NCHW, which saves a Transpose at each side of them, and
+so do convs next to a grouped conv that is not depthwise (which has no channels-last kernel)
+through elementwise ops only. A rewrite keeps the output Value of the last node it
+replaces, so its users are untouched.
 """
 
 from __future__ import annotations
@@ -21,10 +30,14 @@ import numpy as np
 from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import pack_panels
-from ..ir.ops.packed import pack_conv_weights
+from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_weights
 from ..ir.ops.registry import infer_node
 from ..ir.target import Target
-from ..ir.types import TensorType, float32
+from ..ir.types import FLOAT_DTYPES, TensorType, float32
+from .sink_transposes import positionwise, sink_transposes
+
+CHUNK_BYTES = 16
+"""A cp.async copy: "nhwc_conv" converts convs whose channels fill whole chunks."""
 
 
 def _pack_dense(graph: Graph, node: Node, users, target: Target):
@@ -116,9 +129,71 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
     return Node("ConvPacked", inputs, node.outputs, full, node.name), []
 
 
-REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv}
+def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
+    """Conv(x, W const, B) (2-D, one group or depthwise, C a multiple of a chunk's elements)
+    at a reduced precision -> Transpose(x) -> ConvNHWC(., OHWI(W), B) -> Transpose(back)."""
+    if node.op != "Conv" or target.precision == "fp32":
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    if w is None or w.const is None or w.type.rank != 4 or x.type.rank != 4 or \
+            x.type.dtype not in FLOAT_DTYPES or _grouped(node):
+        return None
+    channels, element = x.type.shape[1], np.dtype(x.type.dtype.np).itemsize
+    if not isinstance(channels, int) or channels % (CHUNK_BYTES // element) or \
+            _beside_grouped(x, node.outputs[0], users):
+        return None
+    ohwi = np.ascontiguousarray(np.asarray(w.const).transpose(NHWC_OF_NCHW))
+    wv = Value(f"{w.name}.ohwi", TensorType(w.type.dtype, ohwi.shape), const=ohwi)
+    xt = Value(f"{x.name}.nhwc", TensorType(x.type.dtype, tuple(
+        x.type.shape[i] for i in NHWC_OF_NCHW)))
+    out = node.outputs[0]
+    inputs = [xt, wv] + list(node.inputs[2:])
+    attrs = dict(node.attrs, kernel_shape=list(node.attrs.get("kernel_shape") or
+                                                w.const.shape[2:]))
+    types, _, full = infer_node("ConvNHWC", inputs, attrs, 1, node.name)
+    yt = Value(f"{out.name}.nhwc", types[0])
+    if tuple(yt.type.shape[i] for i in NCHW_OF_NHWC) != tuple(out.type.shape):
+        return None
+    return [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{node.name}.in"),
+            Node("ConvNHWC", inputs, [yt], full, node.name),
+            Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)},
+                 f"{node.name}.out")], []
+
+
+def _grouped(node: Node) -> bool:
+    """A Conv of several groups, not depthwise: no channels-last kernel takes it."""
+    group = node.attrs.get("group") or 1
+    w = node.inputs[1]
+    return group > 1 and not (w.type.shape[1] == 1 and w.type.shape[0] == group)
+
+
+def _beside_grouped(x: Value, y: Value, users) -> bool:
+    """Whether a grouped Conv (`_grouped`: it stays NCHW) produces `x` or reads `y` through
+    positionwise ops only: converting there would put a Transpose pair around every such
+    conv (2 round trips of the activation a block), so the conv stays NCHW with it."""
+    seen, todo = set(), [(x, False), (y, True)]
+    while todo:
+        v, forward = todo.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        nodes = users.get(v, []) if forward else [v.producer] if v.producer else []
+        for n in nodes:
+            if n.op == "Conv" and _grouped(n):
+                return True
+            if positionwise(n):
+                todo += [(n.outputs[0], True)] if forward else \
+                    [(u, False) for u in n.inputs if u is not None and u.const is None]
+    return False
+
+
+REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nhwc_conv}
 """layout name -> its rewrite: (graph, node, users, target) -> None, or the replacement node
-and the later nodes it takes over (their outputs are its own)."""
+(or nodes, in order, the last producing the replaced node's outputs) and the later nodes it
+takes over (their outputs are its own)."""
+
+FINISH = {"nhwc_conv": sink_transposes}
+"""layout name -> what runs on the whole graph after its rewrites changed something."""
 
 
 def convert_layout(graph: Graph, target: Target) -> int:
@@ -134,15 +209,22 @@ def convert_layout(graph: Graph, target: Target) -> int:
     users = graph.users()
     absorbed: set[int] = set()
     changed = 0
-    for k, node in enumerate(graph.nodes):
+    nodes = []
+    for node in graph.nodes:
         if id(node) in absorbed:
             continue
         for rule in rules:
             new = rule(graph, node, users, target)
             if new is not None:
-                graph.nodes[k] = new[0]
+                nodes += new[0] if isinstance(new[0], list) else [new[0]]
                 absorbed.update(id(n) for n in new[1])
                 changed += 1
                 break
-    graph.nodes = [n for n in graph.nodes if id(n) not in absorbed]
+        else:
+            nodes.append(node)
+    graph.nodes = [n for n in nodes if id(n) not in absorbed]
+    if changed:
+        for name in target.layouts:
+            if name in FINISH:
+                FINISH[name](graph)
     return changed

@@ -10,7 +10,8 @@ and optionally dumped.
        `half_storage`, cuda: the model's weights and activations stored in that type, Casts
        at its inputs and outputs; after fuse_attention, which would not match across its
        Casts), + convert_layout (the target's weight layouts, converted once at compile
-       time), + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
+       time; cuda at a reduced precision: convolutions channels-last, Transposes sunk
+       between them), + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
     3  the same as 2 today (the default: the fastest correct level)
 
 Memory planning is not a graph pass: arena offsets need the final kernels and concrete sizes,

@@ -2,8 +2,9 @@
 
 `schedules.py` binds each kernel's loops to blocks and threads (`threads.py` a stage's
 iterations, `rows.py` a row reduction's; templates with knobs, as on llvm: `dense.py` and
-`conv.py` tile products in shared memory, `gemv.py` splits short ones along k, `mma.py` runs products on tensor cores at a reduced precision, `attention.py` computes
-a fused attention in one kernel); `codegen.py` renders the scheduled PrimFuncs of a program as
+`conv.py` tile products in shared memory, `gemv.py` splits short ones along k, `mma.py` runs
+products on tensor cores at a reduced precision (`conv_nhwc.py` channels-last convolutions
+on it), `attention.py` computes a fused attention in one kernel); `codegen.py` renders the scheduled PrimFuncs of a program as
 one CUDA C translation unit and says how each is launched (its docstring holds the interface
 the runtime reads; `prelude.py` the device functions it calls); `device.py` finds CuPy and the GPU, describes it (`Target.gpu`), compiles
 through NVRTC and caches modules; `executable.py` is the runtime, `tuning.py` what the tuner

@@ -210,11 +210,18 @@ class Operand:
     consecutive in memory (else consecutive k are): the copy into shared memory walks that
     dimension fastest. `array`: `at` is a load of a plain global array whose last dimension
     is that contiguous one (a run along it is one span of memory: the tensor-core tiles may
-    copy it with cp.async); a gather (a convolution's patches) is not."""
+    copy it with cp.async); a gather (a convolution's patches) is not. `chunk`, for a gather
+    whose runs along k are contiguous in memory (a channels-last image's patches: a run of
+    channels of one tap): `chunk(bi, row, k)` (indices in range) is (a load of element (row,
+    k) of a plain global array whose following elements along its last dimension are (row,
+    k + 1), ... up to the next multiple of 16 bytes, whether (row, k) is inside the operand
+    rather than padding), so the tensor-core tiles copy the run with one zero-filling
+    cp.async."""
 
     at: Callable[[L.Expr, L.Expr, L.Expr], L.Expr]
     rows_contiguous: bool
     array: bool = False
+    chunk: Callable | None = None
 
     @property
     def dtype(self) -> T.DType:

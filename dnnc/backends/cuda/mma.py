@@ -41,7 +41,9 @@ sums in a workspace, a second launch adds them).
 Which kernels: every dense / batched matmul of at least 16 rows and ungrouped conv2d (an
 implicit GEMM, patches gathered as conv.py does) that the fp32 templates would tile; the
 matrix-vector products (fewer than 16 rows) keep the gemv template (an mma would idle most
-of a 16-row tile), depthwise convolutions the default one.
+of a 16-row tile), depthwise convolutions the default one. Channels-last convolutions
+(ConvNHWC) are `conv_nhwc.py`'s, on this product with the patches copied by cp.async
+(`Operand.chunk`).
 
 Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codegen.py).
 
@@ -163,11 +165,13 @@ def _deepest(block_m: int, block_n: int, precision: str) -> int:
 
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
-           precision: str = "fp16") -> TensorCoreConfig:
+           precision: str = "fp16", padded: bool = False) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles, each with k unsplit or split into slices at least
     MIN_SPLIT_K deep, the one a rough model says is fastest (its guessed EFFICIENCY, slowed
-    where its blocks cannot fill the GPU, plus a split's cost)."""
+    where its blocks cannot fill the GPU, plus a split's cost); with `padded`, a ragged
+    edge's tiles count whole (a channels-last conv's 64 out channels in a 256-column tile
+    compute 4 times the work)."""
     best, best_time = None, math.inf
     for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
         for split in SPLITS:
@@ -177,7 +181,8 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
                                       DEFAULT_STAGES, split)
             blocks = -(-m // bm) * -(-n // bn) * batch
             fill = min(1.0, blocks * split / min_blocks(gpu))
-            seconds = 2 * m * n * k * batch / (gpu.tensor_flops * efficiency * fill)
+            work = blocks * bm * bn if padded else m * n * batch
+            seconds = 2 * work * k / (gpu.tensor_flops * efficiency * fill)
             if split > 1:
                 seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
             if seconds < best_time:
@@ -341,6 +346,13 @@ class _Tile:
         a chunk inside."""
         row, kg = self._global(kt, o, c, 0)
         dst = self.tile[self.word(slot, o, c)]
+        if self.operand.chunk is not None:   # a gather: padding zero-filled too
+            bounds = [row < self.extent, kg < self.k] if self.checked else []
+            if self.checked:
+                row, kg = L.minimum(row, self.extent - 1), L.minimum(kg, self.k - self.chunk)
+            src, inside = self.operand.chunk(self.bi, row, kg)
+            return L.CopyAsync(dst, src, L.Select(L.logical_and(*bounds, inside),
+                                                  L.const(16), L.const(0)))
         if not self.checked:
             return L.CopyAsync(dst, self.operand.at(self.bi, row, kg), L.const(16))
         edge = (1, self.chunk) if self.k_inner else (self.chunk, 1)
@@ -403,8 +415,14 @@ def _copies_async(operand: Operand, sample: L.Expr, precision: str) -> bool:
     (`Operand.array`) stored in the type the tile holds (the 16-bit precision's; float32 for
     tf32, contiguous along k: its fragments are rounded after ldmatrix) whose contiguous
     extent is a multiple of a chunk (every chunk 16-byte aligned, inside or outside as a
-    whole)."""
-    if not operand.array or not isinstance(sample, L.Load):
+    whole), or a gather whose runs along k are (`Operand.chunk`: the same conditions on the
+    array it reads)."""
+    if operand.chunk is not None and not operand.rows_contiguous:
+        zero = L.const(0)
+        sample = operand.chunk(zero, zero, zero)[0]
+    elif not operand.array:
+        return False
+    if not isinstance(sample, L.Load):
         return False
     stored, extent = sample.buffer.dtype, sample.buffer.shape[-1]
     if precision == "tf32":

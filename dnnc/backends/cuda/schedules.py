@@ -74,6 +74,7 @@ from ..space import Space, Template, choose_template
 from .attention import ATTENTION
 from .codegen import stages
 from .conv import CONV2D
+from .conv_nhwc import MMA_CONV2D_NHWC
 from .depthwise import DEPTHWISE
 from .dense import DENSE
 from .device import REFERENCE, gpu_of
@@ -262,10 +263,11 @@ TEMPLATES = {
     **{("cuda", pattern): (ROWS, DEFAULT) for pattern in Pattern},
     # dense and ungrouped conv tiled (on tensor cores at a reduced precision: mma.py, skipped
     # at fp32), products of few rows split along k (gemv), attention in one kernel
-    # (attention.py), depthwise conv a block per tile of a channel's plane (depthwise.py);
+    # (attention.py), depthwise conv a block per tile of a channel's plane (depthwise.py),
+    # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py);
     # the rest (grouped conv) one thread per output element
-    ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D, CONV2D,
-                                    MMA_ATTENTION, ATTENTION, DEPTHWISE, DEFAULT),
+    ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
+                                    CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""

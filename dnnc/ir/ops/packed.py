@@ -8,6 +8,12 @@ channels in blocks of NR of their own: channel j of group g at [g * ceil(M / gro
 j // NR, ..., j % NR], channels past a group's last zero (so a block never straddles two
 groups; with group 1, channel m at [m // NR, ..., m % NR]). `oc` (M) and the Conv attributes
 are attributes.
+
+ConvNHWC(x, w, b) is a 2-D Conv on channels-last tensors: x [N, H, W, C], w [M, kh, kw,
+C / group] (OHWI), y [N, OH, OW, M], the Conv attributes as Conv's (pads, strides, dilations
+over (H, W), group); `convert_layout`'s "nhwc_conv" makes it, ungrouped for the cuda
+tensor-core template (a patch's channels are contiguous: 16-byte cp.async copies) and
+depthwise (consecutive threads read consecutive channels), with Transposes at its edges.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from .. import types as T
 from ..compute import compute
 from ..graph import Value
 from ..flops import has_input
-from .conv import CONV_ATTRS, conv, conv_flops, conv_rule
+from .conv import CONV_ATTRS, conv, conv_flops, conv_rule, conv_sum
+from .linalg import acc_dtype, widen
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 
@@ -95,5 +102,58 @@ register_op("ConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
             compute=_conv_packed_rule,
             # Conv's, over the packed weights' window: [blocks, C_in/group, *kernel, NR]
             flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:-1],
+                                          node.outputs[0], has_input(node, 2)),
+            batched=batching.data_input)
+
+
+NCHW_OF_NHWC = (0, 3, 1, 2)
+"""The Transpose perm taking an NHWC tensor to NCHW (OHWI weights to OIHW)."""
+NHWC_OF_NCHW = (0, 2, 3, 1)
+"""The Transpose perm taking an NCHW tensor to NHWC (OIHW weights to OHWI)."""
+
+
+def _nchw_type(t: T.TensorType) -> T.TensorType:
+    return T.TensorType(t.dtype, tuple(t.shape[i] for i in NCHW_OF_NHWC))
+
+
+def _conv_nhwc_infer(ctx):
+    for i, what in ((0, "x"), (1, "w")):
+        if ctx.type(i).rank != 4:
+            raise ctx.fail(f"ConvNHWC's {what} has rank 4, given {ctx.type(i)}")
+    inputs = [Value("x.nchw", _nchw_type(ctx.type(0))),
+              Value("w.oihw", _nchw_type(ctx.type(1)))] + \
+        ([ctx.values[2]] if ctx.has(2) else [])
+    (out,), _, _ = infer_node("Conv", inputs, _conv_attrs(ctx.attrs), 1, ctx.node_name)
+    return [T.TensorType(out.dtype, tuple(out.shape[i] for i in NHWC_OF_NCHW))]
+
+
+def conv_nhwc(x, w, b=None, **attrs):
+    y = conv(x.transpose(NCHW_OF_NHWC), w.transpose(NCHW_OF_NHWC), b, **_conv_attrs(attrs))
+    return np.ascontiguousarray(y.transpose(NHWC_OF_NCHW))
+
+
+def _conv_nhwc_rule(inputs, outputs, **attrs):
+    x, w = inputs[0], inputs[1]
+    # channels-first views, inlined into the conv's loads (no reduction in them)
+    views = [compute(tuple(t.shape[i] for i in NCHW_OF_NHWC),
+                     lambda n, c, h, wid, t=t: t[n, h, wid, c], f"{name}_nchw", t.dtype)
+             for t, name in ((x, "x"), (w, "w"))]
+    b = inputs[2] if len(inputs) > 2 else None
+    (out,) = outputs
+    acc = acc_dtype(out.dtype)
+    nchw = tuple(out.shape[i] for i in NCHW_OF_NHWC)
+    total = conv_sum(*views, nchw, {**CONV_ATTRS, **attrs},
+                     lambda xv, wv, m: widen(acc, xv) * widen(acc, wv))
+
+    def element(n, oy, ox, m):
+        y = total(n, m, oy, ox)
+        return y if b is None else y + widen(acc, b[m])
+
+    return [compute(out.shape, element, "conv_nhwc", out.dtype)]
+
+
+register_op("ConvNHWC", pattern=Pattern.OUT_FUSABLE, infer=_conv_nhwc_infer,
+            evaluate=conv_nhwc, attrs=CONV_ATTRS, inputs=(2, 3), compute=_conv_nhwc_rule,
+            flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:],
                                           node.outputs[0], has_input(node, 2)),
             batched=batching.data_input)

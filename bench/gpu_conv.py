@@ -1,0 +1,270 @@
+"""Channels-last convolutions on tensor cores against cuDNN (issue 31, item 3), one run.
+
+    PYTHONPATH=$PWD python bench/gpu_conv.py [--batch 32] [--precision fp16|bf16]
+        [--repeat 30] [--trials 5] [--no-variants] [--no-nchw] [--no-model]
+        [--models resnet18,mobilenet_v2] [--modes eager,reduce-overhead]
+
+Kernels: resnet50's distinct convolution shapes (torchvision's, 224 x 224 images) at
+`--batch`, each as one ConvNHWC kernel (`backends/cuda/conv_nhwc.py`: image and weights
+stored in the precision's 16-bit type, the patches copied by cp.async) at its default config
+and, unless `--no-variants`, a few other tiles of its space (the best named: what the default
+leaves on the table), and, unless `--no-nchw`, the NCHW tensor-core kernel it replaces
+(`mma.py`'s conv: patches through registers), against `torch.nn.functional.conv2d` on
+channels_last tensors of that type (cuDNN, `cudnn.benchmark` on), all timed by CUDA events
+(bench/gpu_timing.py: median over `--trials` of the mean of `--repeat` launches, interleaved).
+TFLOP/s = 2 N OH OW M C kh kw / time; `cuDNN/dnnc` is cuDNN's time over dnnc's (the bar:
+>= 0.8); the weighted rows sum each kernel's time times its count in resnet50. Each dnnc
+output is checked against cuDNN's: max |d| / max |cuDNN| within `model_error_bound`.
+
+Models (unless `--no-model`): each of the zoo's `--models` at `--batch`, compiled with
+`precision=`, against its torch mirror (bench/zoo_torch.py: the same weights) cast to that type and
+channels_last, in each of `--modes`; median ms of a call ended by a synchronize.
+Never imported by dnnc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dnnc.backends.cuda import device, mma  # noqa: E402
+from dnnc.backends.cuda.codegen import render_module  # noqa: E402
+from dnnc.backends.cuda.schedules import template_for  # noqa: E402
+from dnnc.backends.lower import lower_group  # noqa: E402
+from dnnc.ir import types as T  # noqa: E402
+from dnnc.ir.graph import Graph, Value  # noqa: E402
+from dnnc.ir.target import model_error_bound  # noqa: E402
+from gpu_timing import cuda_torch, cupy_timer, header, interleaved_ms, median_ms, \
+    torch_timer  # noqa: E402
+
+# (C, H = W, M, kernel, stride, count in resnet50), torchvision's v1.5 (stride on the 3x3)
+RESNET50 = [
+    (3, 224, 64, 7, 2, 1),
+    (64, 56, 64, 1, 1, 1), (256, 56, 64, 1, 1, 2), (64, 56, 64, 3, 1, 3),
+    (64, 56, 256, 1, 1, 4),
+    (256, 56, 128, 1, 1, 1), (128, 56, 128, 3, 2, 1), (128, 28, 512, 1, 1, 4),
+    (256, 56, 512, 1, 2, 1), (512, 28, 128, 1, 1, 3), (128, 28, 128, 3, 1, 3),
+    (512, 28, 256, 1, 1, 1), (256, 28, 256, 3, 2, 1), (256, 14, 1024, 1, 1, 6),
+    (512, 28, 1024, 1, 2, 1), (1024, 14, 256, 1, 1, 5), (256, 14, 256, 3, 1, 5),
+    (1024, 14, 512, 1, 1, 1), (512, 14, 512, 3, 2, 1), (512, 7, 2048, 1, 1, 3),
+    (1024, 14, 2048, 1, 2, 1), (2048, 7, 512, 1, 1, 2), (512, 7, 512, 3, 1, 2),
+]
+C = mma.TensorCoreConfig
+VARIANTS = [C(256, 128, 32, 4, 2, 3), C(256, 64, 32, 4, 1, 3), C(128, 128, 32, 2, 2, 4),
+            C(128, 64, 32, 2, 2, 4), C(64, 128, 32, 2, 2, 4)]
+"""Other configs timed beside the default (those outside a shape's space, and all for a
+stem of fewer channels than a chunk, are skipped)."""
+
+STORED = {"fp16": T.float16, "bf16": T.bfloat16}
+
+
+def conv_graph(c, h, m, k, s, batch, dtype, nhwc: bool, rng) -> tuple[Graph, list]:
+    """(graph of one ConvNHWC, or Conv on NCHW, with a bias; [x, w, b] as float32 arrays in
+    NCHW / OIHW)."""
+    x = rng.uniform(-1, 1, (batch, c, h, h)).astype(np.float32)
+    w = (rng.uniform(-1, 1, (m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    b = rng.uniform(-1, 1, m).astype(np.float32)
+    np_type = dtype.np
+    g = Graph("g")
+    xv = g.add_input("x", T.TensorType(dtype, (batch, h, h, c) if nhwc else x.shape))
+    wa = w.transpose(0, 2, 3, 1) if nhwc else w
+    wv = Value("w", T.TensorType(dtype, wa.shape), const=np.ascontiguousarray(wa).astype(np_type))
+    bv = Value("b", T.TensorType(dtype, (m,)), const=b.astype(np_type))
+    attrs = dict(strides=[s, s], pads=[k // 2] * 4)
+    g.outputs = [g.add("ConvNHWC" if nhwc else "Conv", xv, wv, bv, **attrs)]
+    return g, [x, w, b]
+
+
+def kernels(graph: Graph, machine, configs: list) -> list:
+    """[(name, config, scheduled PrimFunc, kernel)] of the graph's one node under its
+    template's default and each of `configs` inside its space."""
+    out = []
+    for n, config in enumerate([None] + configs):
+        kernel = lower_group(list(graph.nodes), f"k{n}", outputs=graph.outputs)
+        template, problem = template_for(kernel, machine=machine)
+        space = template.space(problem, machine)
+        if config is None:
+            config = template.default(problem, machine)
+        else:
+            try:
+                config = space.check(config)
+            except Exception:
+                continue
+            if config == out[0][1]:
+                continue
+        out.append((template.name, config, template.build(problem, config, machine), kernel))
+    return out
+
+
+def launcher(cp, raw, module, func, kernel, x_dev):
+    """(a function launching `func` once, its output array)."""
+    info = module.kernels[func.name]
+    ins = [x_dev if v.const is None else cp.asarray(np.ascontiguousarray(v.const).view(
+        np.uint16)) for v in kernel.inputs]
+    (out_value,) = kernel.outputs
+    out = cp.zeros(out_value.type.shape, cp.uint16)
+    args = tuple(ins + [out] + [cp.empty(size, cp.uint8) for size in info.workspace])
+    launches = []
+    for lc in info.launches:
+        fn = raw.get_function(lc.name)
+        device.allow_shared(fn, lc.shared_bytes)
+        launches.append((fn, lc))
+
+    def launch():
+        for fn, lc in launches:
+            fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
+
+    return launch, out
+
+
+def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float, list[str]]:
+    """(dnnc default ms, best dnnc ms, cuDNN ms, printed lines) of one shape."""
+    c, h, m, k, s, count = shape
+    dtype = STORED[args.precision]
+    t_dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[args.precision])
+    graph, (x, w, b) = conv_graph(c, h, m, k, s, args.batch, dtype, True, rng)
+    cases = kernels(graph, machine, [] if args.no_variants or c % 8 else VARIANTS)
+    if not args.no_nchw:
+        nchw, _ = conv_graph(c, h, m, k, s, args.batch, dtype, False, rng)
+        cases += [(f"{name} (nchw)", *rest) for name, *rest in kernels(nchw, machine, [])]
+    funcs = [(dataclasses.replace(f, name=f"c{n}_{f.name}"), True)
+             for n, (_, _, f, _) in enumerate(cases)]
+    module = render_module(funcs)
+    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    tx = torch.from_numpy(x).cuda().to(t_dtype).contiguous(memory_format=torch.channels_last)
+    tw = torch.from_numpy(w).cuda().to(t_dtype).contiguous(memory_format=torch.channels_last)
+    tb = torch.from_numpy(b).cuda().to(t_dtype)
+    f = torch.nn.functional.conv2d
+    want = f(tx, tw, tb, stride=s, padding=k // 2)
+    want_np = want.float().cpu().numpy()
+    nhwc_in = cp.asarray(np.ascontiguousarray(x.transpose(0, 2, 3, 1)).astype(dtype.np)
+                         .view(np.uint16))
+    nchw_in = cp.asarray(x.astype(dtype.np).view(np.uint16))
+    timers, outs = [torch_timer(lambda: f(tx, tw, tb, stride=s, padding=k // 2))], []
+    for (name, config, _, kernel), (func, _) in zip(cases, funcs):
+        launch, out = launcher(cp, raw, module, func, kernel,
+                               nchw_in if name.endswith("(nchw)") else nhwc_in)
+        timers.append(cupy_timer(cp, launch))
+        outs.append(out)
+    times = interleaved_ms(timers, args.repeat, args.trials)
+    cudnn = times[0]
+    flops = 2 * args.batch * (h // s) ** 2 * m * c * k * k
+    lines, best = [], None
+    for n, ((name, config, _, _), out, ms) in enumerate(zip(cases, outs, times[1:])):
+        got = cp.asnumpy(out).view(dtype.np).astype(np.float32)
+        if not name.endswith("(nchw)"):
+            got = got.transpose(0, 3, 1, 2)
+            if best is None or ms < best:
+                best = ms
+        err = np.abs(got - want_np).max() / np.abs(want_np).max()
+        ok = "ok" if err <= model_error_bound(args.precision) else "WRONG"
+        tag = "default" if n == 0 or name.endswith("(nchw)") else "variant"
+        lines.append(f"  {name:<28} {tag:<8} {mma_text(config):<22} {ms:8.4f} ms "
+                     f"{flops / ms / 1e9:7.1f} TF/s  cuDNN/dnnc {cudnn / ms:5.2f}  "
+                     f"err {err:.1e} {ok}")
+    head = (f"C {c:>4} H {h:>3} M {m:>4} {k}x{k} s{s} x{count}: cuDNN {cudnn:.4f} ms "
+            f"({flops / cudnn / 1e9:.1f} TF/s)")
+    return times[1], best, cudnn, [head] + lines
+
+
+def mma_text(c) -> str:
+    if not isinstance(c, mma.TensorCoreConfig):
+        return str(c)[:22]
+    return (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.warps_m}x{c.warps_n} s{c.stages}"
+            + (f" k/{c.split_k}" if c.split_k > 1 else ""))
+
+
+def model_row(torch, name: str, args) -> str:
+    """Zoo model `name` at --batch end to end: dnnc against its torch mirror."""
+    import dnnc
+    from dnnc import zoo
+    from gpu_versus import torch_times
+    from zoo_torch import module_for
+
+    model = zoo.build(name, batch=args.batch)
+    t_dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[args.precision])
+    x = torch.randn((args.batch, 3, 224, 224), generator=torch.Generator().manual_seed(0))
+    module = module_for(model).cuda()
+    with torch.no_grad():
+        want = module(x.cuda()).float().cpu().numpy()
+    t_module = module.to(t_dtype).to(memory_format=torch.channels_last)
+    t_x = x.cuda().to(t_dtype).contiguous(memory_format=torch.channels_last)
+    torch.backends.cudnn.benchmark = True
+    times = torch_times(t_module, t_x, args.modes.split(","), args.repeat, 5)
+    compiled = dnnc.compile(model, "cuda", precision=args.precision, progress=False)
+    xc = x.cuda()
+    got = compiled.run(xc, to="numpy")[0]
+
+    def call():
+        compiled.run(xc)
+        torch.cuda.current_stream().synchronize()
+
+    ours = median_ms(call, args.repeat, 5)
+    best = min((t for t in times.values() if t), default=float("nan"))
+    err = np.abs(got - want).max() / np.abs(want).max()
+    cells = " ".join(f"{mode} {t:.3f}" if t else f"{mode} -" for mode, t in times.items())
+    transposes = sum(n.op == "Transpose" for n in compiled.runtime.graph.nodes)
+    return (f"{name} (zoo) {args.precision} b{args.batch}: dnnc {ours:.3f} ms | torch "
+            f"channels_last {cells} | dnnc/best {ours / best:.2f} | rel err {err:.1e} "
+            f"(bound {model_error_bound(args.precision):.1e}) | top1 "
+            f"{np.mean(got.argmax(1) == want.argmax(1)):.2f} | transposes {transposes}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--precision", default="fp16", choices=sorted(STORED))
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--no-nchw", action="store_true")
+    parser.add_argument("--no-model", action="store_true")
+    parser.add_argument("--modes", default="eager")
+    parser.add_argument("--models", default="resnet18,mobilenet_v2")
+    args = parser.parse_args(argv)
+    cp = device.import_cupy()
+    torch = cuda_torch()
+    if torch is None:
+        print("torch with CUDA is needed (cuDNN is the peer)")
+        return 1
+    torch.backends.cudnn.benchmark = True
+    print(header())
+    machine = dataclasses.replace(device.machine(), precision=args.precision)
+    print(f"resnet50 conv shapes, batch {args.batch}, {args.precision}, {machine.arch}; "
+          f"median of {args.trials} x mean of {args.repeat}")
+    rng = np.random.default_rng(0)
+    totals, failed = np.zeros(3), 0
+    for shape in RESNET50:
+        try:
+            default, best, cudnn, lines = conv_row(cp, torch, shape, args, machine, rng)
+        except Exception as exc:   # one shape's failure must not hide the others
+            failed += 1
+            print(f"{shape}: error {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            traceback.print_exc(file=sys.stderr)
+            continue
+        totals += shape[-1] * np.array([default, best, cudnn])
+        print("\n".join(lines), flush=True)
+        failed += any(line.endswith("WRONG") for line in lines)
+    print(f"resnet50 convs weighted: dnnc default {totals[0]:.3f} ms, best variant "
+          f"{totals[1]:.3f} ms, cuDNN {totals[2]:.3f} ms: cuDNN/dnnc {totals[2] / totals[0]:.2f}"
+          f" (best {totals[2] / totals[1]:.2f})")
+    for name in [] if args.no_model else args.models.split(","):
+        try:
+            print(model_row(torch, name, args), flush=True)
+        except Exception as exc:
+            failed += 1
+            print(f"{name}: error {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            traceback.print_exc(file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The cuda channels-last convolution on tensor cores: ConvNHWC (`convert_layout`'s
+"nhwc_conv" at tf32, fp16 and bf16) as an implicit GEMM on `mma.py`'s product.
+
+Y[img, oy, ox, o] = sum over k = (ky, kx, c) of X[img, oy sh - ph + ky dh, ox sw - pw + kx dw,
+c] W[o, ky, kx, c] is a product of the patches [M = images x output pixels, K = kh kw C] and
+the weights viewed as [N = out channels, K], both contiguous along k, so both tiles are
+k-major (ldmatrix without .trans) and Y [pixel, o] is the NHWC output itself, stored a lane's
+two adjacent channels at a time. A patch's run of channels of one tap (ky, kx) is contiguous
+in X: where C fills whole 16-byte chunks (8 fp16 / bf16, 4 tf32 elements) each chunk of a
+patch row is one `cp.async` (`Operand.chunk`), zero-filled (src-size 0) where the tap falls in
+the padding, as CUTLASS's analytic implicit-GEMM iterator (a pointwise conv's patches are
+X itself, a plain [pixels, C] array); otherwise (a stem's 3 channels,
+float32 storage at fp16) the patches go through registers element by element (`mma.py`'s
+`_Tile._load`), padding read as 0. The weights, a plain [N, K] array, are copied by cp.async
+when K fills whole chunks. The bias and the fused epilogue apply on the store
+(`Conv2dNHWC.finish`). Knobs: `mma.product_space`'s, searched by the tuner.
+
+Never used at fp32 (its `Template.precisions`): fp32 compiles keep NCHW.
+"""
+
+from __future__ import annotations
+
+from ...ir import loop as L
+from .. import problems
+from ..space import Space, Template
+from .dense import Operand
+from .device import gpu_of
+from .mma import PRECISIONS, TensorCoreConfig, choose, mma_product, product_space
+
+
+def gemm(p: problems.Conv2dNHWC) -> tuple[int, int, int]:
+    """(M, N, K) of the implicit product: pixels, out channels, kh kw C."""
+    images, _, _, c = p.x_dims
+    oc, kh, kw, _ = p.w_dims
+    _, oh, ow, _ = p.y_dims
+    return images * oh * ow, oc, kh * kw * c
+
+
+def applies(p: problems.Conv2dNHWC) -> bool:
+    return True
+
+
+def space(p: problems.Conv2dNHWC, machine) -> Space:
+    return product_space("cuda_mma_conv2d_nhwc", gemm(p)[2], 1, machine.precision)
+
+
+def default(p: problems.Conv2dNHWC, machine) -> TensorCoreConfig:
+    return choose(*gemm(p), gpu=gpu_of(machine), precision=machine.precision, padded=True)
+
+
+def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:
+    """The scheduled kernel of `p`: `mma_product` on the gathered patches and the weights,
+    the bias and epilogue on the store."""
+    m, n, k = gemm(p)
+    _, h, wid, ch = p.x_dims
+    oc, kh, kw, _ = p.w_dims
+    _, oh, ow, _ = p.y_dims
+    (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
+    w = L.Buffer(p.w.name, p.w.dtype, (oc, k))
+    x = L.Buffer(p.x.name, p.x.dtype, p.x_dims)
+    y = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
+
+    def pixel(i):
+        """(image, output row, output column) of output pixel i."""
+        return i // (oh * ow), i // ow % oh, i % ow
+
+    def tap(i, kk):
+        """(X's element of patch row i at k = kk, clamped into X; whether it is inside)."""
+        img, oy, ox = pixel(i)
+        ky, kx = kk // (kw * ch), kk // ch % kw
+        iy, ix = oy * sh - ph + ky * dh, ox * sw - pw + kx * dw
+        inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < wid)
+        return x[img, L.minimum(L.maximum(iy, 0), h - 1), L.minimum(L.maximum(ix, 0), wid - 1),
+                 kk % ch], inside
+
+    def patch(bi, i, kk):
+        value, inside = tap(i, kk)
+        return L.Select(inside, value, L.const(0.0, x.dtype))
+
+    def store(bi, i, j, value):
+        img, oy, ox = pixel(i)
+        index = (img, oy, ox, j)
+        return L.Store(y, index, p.finish(value, index))
+
+    patches = Operand(patch, False, chunk=lambda bi, i, kk: tap(i, kk))
+    if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wid):
+        # a pointwise conv's patches are X itself, [pixels, C]: a plain array
+        flat = L.Buffer(p.x.name, p.x.dtype, (m, ch))
+        patches = Operand(lambda bi, i, kk: flat[i, kk], False, array=True)
+        x = flat
+    weights = Operand(lambda bi, j, kk: w[j, kk], False, array=True)
+    body = mma_product(c, 1, m, n, k, patches, weights, store, precision=machine.precision)
+    views = {w.name: w, x.name: x, y.name: y}
+    return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
+
+
+MMA_CONV2D_NHWC = Template("cuda_mma_conv2d_nhwc", problems.conv2d_nhwc, applies, space,
+                           default, build, precisions=PRECISIONS)

@@ -1,0 +1,269 @@
+"""Channels-last convolutions on tensor cores (issue 31, item 3): `conv_nhwc.py`'s implicit GEMM
+with cp.async patch copies, and `convert_layout`'s "nhwc_conv" at the cuda target's reduced
+precisions.
+
+- the kernel: ConvNHWC graphs (padding, stride 2, dilation, 1x1, 3x3, a 7x7 stem of 3
+  channels through registers, odd pixel counts, batches; depthwise ones on the default
+  template) scheduled by the template, on the
+  host-C++ shim (test_host_semantics.py: cp.async's zero fill and alignment checked), against
+  the NumPy reference within test_cuda_precision.py's `bound`; compiled by NVRTC for sm_80
+  and sm_90 where CuPy is;
+- whole models: every kernel of a zoo model compiled for cuda at a reduced precision run in
+  turn on the shim from the model's input, the output within `model_error_bound` of the fp32
+  reference;
+- on a GPU (`gpu`): the same convolutions, and resnet18 and mobilenet_v2 against
+  onnxruntime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from dnnc.backends.cuda import device
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.registry import REGISTRY
+from dnnc.frontend.onnx import import_onnx
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.ir.ops.conv import conv
+from dnnc.ir.target import model_error_bound
+from cuda_kernels import MACHINE, programs, reference, renamed
+from test_cuda_codegen import poisoned
+from test_cuda_precision import bound
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+
+STORED = {"tf32": T.float32, "fp16": T.float16, "bf16": T.bfloat16}
+NUMPY = {T.float32: np.float32, T.float16: np.float16, T.bfloat16: ml_dtypes.bfloat16}
+
+# (precision, image NHWC, out channels, kernel, stride, pad, dilation)
+CASES = [
+    ("fp16", (2, 9, 9, 16), 24, 3, 1, 1, 1),     # padding, 162 pixels
+    ("fp16", (1, 8, 8, 32), 40, 1, 1, 0, 1),     # 1x1
+    ("fp16", (3, 7, 7, 16), 32, 3, 2, 1, 1),     # stride 2, 48 pixels
+    ("bf16", (1, 11, 10, 8), 16, 3, 1, 2, 2),    # dilation, pads beyond the window
+    ("fp16", (2, 15, 15, 3), 16, 7, 2, 3, 1),    # a stem: 3 channels, through registers
+    ("tf32", (1, 9, 9, 12), 20, 3, 1, 1, 1),     # 4-element chunks
+    ("tf32", (1, 6, 6, 6), 8, 3, 1, 1, 1),       # 6 channels: registers at tf32
+    ("fp16", (1, 14, 14, 64), 64, 3, 1, 1, 1),
+]
+COPIED = (0, 1, 2, 3, 5, 7)
+"""Cases whose patches C fills whole 16-byte chunks: copied by cp.async."""
+
+
+def target(precision: str):
+    """The cuda Target of a compile at `precision` (its layouts and half storage) for an
+    H100's architecture."""
+    return REGISTRY["cuda"].target(MACHINE, precision)
+
+
+def nhwc_graph(rng, precision, image, oc, kernel, stride, pad, dilation):
+    """(graph of Relu(ConvNHWC(x, w, b)) in the precision's storage type, x)."""
+    dtype = STORED[precision]
+    draw = lambda shape: rng.uniform(-1, 1, shape)   # noqa: E731
+    w = draw((oc, kernel, kernel, image[-1])).astype(NUMPY[dtype])
+    b = draw(oc).astype(NUMPY[dtype])
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(dtype, image))
+    y = g.add("ConvNHWC", x, Value("w", T.TensorType(dtype, w.shape), const=w),
+              Value("b", T.TensorType(dtype, b.shape), const=b), strides=[stride] * 2,
+              pads=[pad] * 4, dilations=[dilation] * 2, name="conv")
+    g.outputs = [g.add("Relu", y)]
+    return g, draw(image).astype(NUMPY[dtype])
+
+
+def _run_kernels(program, module, lib, values: dict) -> dict:
+    """Every kernel of `program` launched in order on the host library from `values` (by
+    name: the inputs, constants read from the graph), the values it computed added."""
+    for kernel in program.kernels:
+        info = module.kernels[kernel.func.name]
+        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+               for v in kernel.inputs]
+        outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+        arrays = ins + outs + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
+        args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        for launch in info.launches:
+            host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+            lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                            ctypes.c_uint(launch.block[0]))
+        values.update((v.name, out) for v, out in zip(kernel.outputs, outs))
+    return values
+
+
+# -- the kernel -----------------------------------------------------------------------------------
+
+@needs_gxx
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
+    from test_host_semantics import host_library
+
+    precision, image, oc, kernel, stride, pad, dilation = CASES[case]
+    graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
+    graph, (program,) = programs(graph, machine=target(precision))
+    (conv_kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
+    assert conv_kernel.schedule[0] == "cuda_mma_conv2d_nhwc"
+    assert [n.op for n in conv_kernel.nodes] == ["ConvNHWC", "Relu"]   # the epilogue fused
+    module = render_module(program.unique)
+    source = module.source[module.source.index('extern "C"'):]
+    assert f"dnnc_mma_{precision}(" in source and "dnnc_ldmatrix_x4(&" in source
+    assert "dnnc_ldmatrix_x4_trans(" not in source   # both tiles k-major
+    # the patches by cp.async where C fills chunks (the weights: where kh kw C does)
+    patches = re.search(r"dnnc_cp_async\(&a_tile", source) is not None
+    assert patches == (case in COPIED)
+    lib = host_library(program.unique, tmp_path, module)
+    got = _run_kernels(program, module, lib, {"x": x})[graph.outputs[0].name]
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    # sum_k |x| |w| of each output
+    scale = np.abs(conv(np.abs(x.astype(np.float64)).transpose(0, 3, 1, 2),
+                        np.abs(graph.nodes[0].inputs[1].const.astype(np.float64))
+                        .transpose(0, 3, 1, 2), strides=[stride] * 2, pads=[pad] * 4,
+                        dilations=[dilation] * 2)).transpose(0, 2, 3, 1)
+    k = kernel * kernel * image[-1]
+    limit = bound(precision, k, scale, want)
+    if precision != "tf32":   # the result stored in 16 bits: rounded once more
+        limit = limit + 2 * {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[precision] * np.abs(want)
+    error = np.abs(got.astype(np.float64) - want)
+    assert np.isfinite(got.astype(np.float64)).all() and (error <= limit).all(), \
+        f"worst error {error.max():.3g}, bound there {limit.flat[error.argmax()]:.3g}"
+
+
+def test_every_case_compiles_for_sm80_and_sm90():
+    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    funcs = []
+    for n, case in enumerate(CASES):
+        graph, _ = nhwc_graph(np.random.default_rng(n), case[0], *case[1:])
+        _, (program,) = programs(graph, machine=target(case[0]))
+        funcs += renamed(program, f"c{n}_")
+    source = render_module(funcs).source
+    for arch in ("sm_80", "sm_90"):
+        prog = nvrtc.createProgram(source, "module.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
+        except Exception:
+            pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
+
+
+# -- whole models ---------------------------------------------------------------------------------
+
+@needs_gxx
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_convolutions_on_host(stride, rng, tmp_path):
+    """A channels-last depthwise conv (the default template: a thread per output, consecutive
+    threads on consecutive channels) on the host shim, against the reference of the same
+    fp16 graph: both sum in float32 and round once to fp16."""
+    from test_host_semantics import host_library
+
+    c = 24
+    w = rng.uniform(-1, 1, (c, 3, 3, 1)).astype(np.float16)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float16, (2, 9, 7, c)))
+    g.outputs = [g.add("Clip", g.add("ConvNHWC", x, Value("w", T.TensorType(T.float16, w.shape),
+                                                          const=w),
+                                     group=c, strides=[stride] * 2, pads=[1] * 4),
+                       Value("lo", T.TensorType(T.float16, ()), const=np.float16(0)),
+                       Value("hi", T.TensorType(T.float16, ()), const=np.float16(6)))]
+    xv = rng.uniform(-1, 1, (2, 9, 7, c)).astype(np.float16)
+    graph, (program,) = programs(g, machine=target("fp16"))
+    (kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
+    assert kernel.schedule[0] == "cuda_default"
+    module = render_module(program.unique)
+    got = _run_kernels(program, module, host_library(program.unique, tmp_path, module),
+                       {"x": xv})[graph.outputs[0].name].astype(np.float64)
+    want = reference(graph, {"x": xv})[graph.outputs[0].name].astype(np.float64)
+    assert np.abs(got - want).max() <= 2 * 2.0 ** -11 * np.abs(want).max()
+
+
+@needs_gxx
+@pytest.mark.parametrize("name,precision", [
+    ("cnn", "fp16"), ("mobilenet_v2", "fp16"),
+    pytest.param("resnet18", "fp16", marks=pytest.mark.emulated_full),
+    pytest.param("resnet18", "bf16", marks=pytest.mark.emulated_full),
+    pytest.param("resnet18", "tf32", marks=pytest.mark.emulated_full)])
+def test_zoo_model_on_host_within_the_model_bound(name, precision, tmp_path):
+    """Every kernel of a zoo model compiled for cuda at `precision` (channels-last
+    convolutions) run in turn on the host shim from the model's input: the output within
+    `model_error_bound` of the fp32 reference."""
+    from test_host_semantics import host_library
+    from cuda_kernels import zoo_model
+
+    model = zoo_model(name)
+    graph, progs = programs(import_onnx(model), machine=target(precision))
+    inputs = zoo.inputs_for(model, np.random.default_rng(0))
+    values = dict(inputs)
+    nhwc = 0
+    for p, program in enumerate(progs):
+        module = render_module(program.unique)
+        nhwc += sum(k.schedule[0] == "cuda_mma_conv2d_nhwc" for k in program.kernels)
+        _run_kernels(program, module, host_library(program.unique, tmp_path / str(p), module),
+                     values)
+    assert nhwc > 0
+    fp32 = import_onnx(model)
+    want = reference(fp32, inputs)[fp32.outputs[0].name].astype(np.float64)
+    got = values[graph.outputs[0].name].astype(np.float64)
+    worst = np.abs(got - want).max() / np.abs(want).max()
+    assert worst <= model_error_bound(precision), f"{name} {precision}: {worst:.3g}"
+
+
+def test_an_artifact_keeps_the_channels_last_graph(simulated, tmp_path, monkeypatch):
+    """A channels-last compile saves and loads (simulated device): the graph's ConvNHWC
+    nodes, their OHWI weights bit for bit and the Transposes come back."""
+    from dnnc.backends.cuda import executable
+    from dnnc.compiler.module import CompiledModel
+    from dnnc.passes.manager import optimize
+    from simulated_device import FAKE, relu_model
+
+    simulated(relu_model([3, 5]))   # (the simulated device in place)
+    monkeypatch.setattr(device, "gpu_arch", lambda: FAKE.arch)
+    target = REGISTRY["cuda"].target(precision="fp16")
+    rt = executable.CUDARuntime(optimize(import_onnx(zoo.build("cnn")), target, 3),
+                                target=target).start()
+    CompiledModel(rt.graph, rt, "cuda").save(tmp_path / "m.dnnc")
+    graph = dnnc.load(tmp_path / "m.dnnc").runtime.graph
+    assert [n.op for n in graph.nodes] == [n.op for n in rt.graph.nodes]
+    assert "ConvNHWC" in {n.op for n in graph.nodes}
+    saved = {v.name: v.const for v in rt.graph.constants()}
+    for v in graph.constants():
+        np.testing.assert_array_equal(v.const.view(np.uint8), saved[v.name].view(np.uint8))
+
+
+# -- on a GPU -------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_convolutions_on_the_gpu(case, rng):
+    """Each case compiled by dnnc for the GPU at its precision, against the NumPy reference
+    within the model bound of the precision (one layer)."""
+    precision = CASES[case][0]
+    graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
+    compiled = dnnc.compile(graph, "cuda", precision=precision)
+    assert f"dnnc_mma_{precision}(" in compiled.source("cuda")
+    got = compiled.run(x, to="numpy")[0].astype(np.float64)
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+@pytest.mark.parametrize("name,convs", [("resnet18", 19), ("mobilenet_v2", 51)])
+def test_zoo_model_channels_last_matches_onnxruntime(name, convs, precision, rng):
+    ort = pytest.importorskip("onnxruntime")
+    model = zoo.build(name, batch=4)
+    compiled = dnnc.compile(model, "cuda", precision=precision)
+    graph = compiled.runtime.graph
+    assert sum(n.op == "ConvNHWC" for n in graph.nodes) == convs
+    assert sum(n.op == "Transpose" for n in graph.nodes) == 2
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    feeds = zoo.inputs_for(model, rng)
+    (got,) = compiled.run(*feeds.values(), to="numpy")
+    (want,) = session.run(None, feeds)
+    worst = np.abs(got - want).max() / np.abs(want).max()
+    assert worst <= model_error_bound(precision), f"{precision}: {worst:.3g}"

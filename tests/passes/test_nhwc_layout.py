@@ -1,0 +1,179 @@
+"""convert_layout's "nhwc_conv" and sink_transposes: convolutions of the cuda target at a
+reduced precision run channels-last, with Transposes only at the edges of a chain of them;
+meaning preserved; fp32 and llvm untouched."""
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from dnnc.backends.registry import REGISTRY
+from dnnc.frontend.onnx import import_onnx
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.ir.interpreter import run_graph
+from dnnc.ir.target import Target
+from dnnc.passes.convert_layout import convert_layout
+from dnnc.passes.manager import optimize
+from dnnc.passes.sink_transposes import sink_transposes
+
+NHWC = Target("cuda", arch="sm_90", layouts=("nhwc_conv",), precision="tf32")
+
+
+def _const(rng, name, shape):
+    return Value(name, T.TensorType(T.float32, shape),
+                 const=rng.uniform(-1, 1, shape).astype(np.float32))
+
+
+def _block(rng, c=8):
+    """A residual block as resnet's after simplify: conv(+bias) -> relu -> conv -> BN as
+    Mul, Add of per-channel constants -> + the block's input -> clip, then a second block
+    reading it, and a reshape-free pool at the end."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (2, c, 6, 6)))
+    h = x
+    for b in range(2):
+        y = g.add("Conv", h, _const(rng, f"w{b}a", (c, c, 3, 3)), _const(rng, f"b{b}", (c,)),
+                  pads=[1, 1, 1, 1])
+        y = g.add("Relu", y)
+        y = g.add("Conv", y, _const(rng, f"w{b}b", (c, c, 3, 3)), pads=[1, 1, 1, 1])
+        y = g.add("Add", g.add("Mul", y, _const(rng, f"s{b}", (c, 1, 1))),
+                  _const(rng, f"t{b}", (c, 1, 1)))
+        h = g.add("Clip", g.add("Add", y, h), Value(f"lo{b}", T.TensorType(T.float32, ()),
+                                                    const=np.float32(0)),
+                  Value(f"hi{b}", T.TensorType(T.float32, ()), const=np.float32(6)))
+    g.outputs = [g.add("GlobalAveragePool", h)]
+    return g
+
+
+def _run(g, x):
+    return run_graph(g, [x])[0]
+
+
+def test_convs_run_channels_last_between_the_edges(rng):
+    g = _block(rng)
+    x = rng.uniform(-1, 1, (2, 8, 6, 6)).astype(np.float32)
+    want = _run(g, x)
+    assert convert_layout(g, NHWC) == 4
+    g.verify()
+    ops = Counter(n.op for n in g.nodes)
+    assert ops["ConvNHWC"] == 4 and ops["Conv"] == 0
+    # one Transpose into the chain (the input; the residual Add reads it too), one out of it
+    # (before the pool): none between the convolutions
+    assert ops["Transpose"] == 2, [n.op for n in g.nodes]
+    assert [n.op for n in g.nodes][0] == "Transpose"
+    assert [n.op for n in g.nodes][-2:] == ["Transpose", "GlobalAveragePool"]
+    np.testing.assert_allclose(_run(g, x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_convs_convert_and_grouped_ones_keep_their_neighbours_nchw(rng):
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 8, 5, 5)))
+    d = g.add("Relu", g.add("Conv", x, _const(rng, "d", (8, 1, 3, 3)), group=8, pads=[1] * 4))
+    g.outputs = [g.add("Conv", d, _const(rng, "p", (8, 8, 1, 1)))]
+    xv = rng.uniform(-1, 1, (1, 8, 5, 5)).astype(np.float32)
+    want = _run(g, xv)
+    assert convert_layout(g, NHWC) == 2
+    assert [n.op for n in g.nodes] == ["Transpose", "ConvNHWC", "Relu", "ConvNHWC", "Transpose"]
+    np.testing.assert_allclose(_run(g, xv), want, rtol=1e-5, atol=1e-5)
+    g = Graph("g")   # the same after a grouped conv (2 groups of 4): both stay NCHW
+    x = g.add_input("x", T.TensorType(T.float32, (1, 8, 5, 5)))
+    d = g.add("Relu", g.add("Conv", x, _const(rng, "d", (8, 4, 3, 3)), group=2, pads=[1] * 4))
+    g.outputs = [g.add("Conv", d, _const(rng, "p", (8, 8, 1, 1)))]
+    assert convert_layout(g, NHWC) == 0
+
+
+def test_fp32_grouped_and_narrow_convs_are_left_alone(rng):
+    assert convert_layout(_block(rng), replace(NHWC, precision="fp32")) == 0
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 8, 5, 5)))
+    g.outputs = [g.add("Conv", x, _const(rng, "w", (8, 4, 3, 3)), group=2),   # grouped
+                 g.add("Conv", x, _const(rng, "v", (8, 8, 3, 3)), group=1)]
+    assert convert_layout(g, NHWC) == 1                 # the ungrouped one
+    g2 = Graph("g2")
+    x = g2.add_input("x", T.TensorType(T.float32, (1, 6, 5, 5)))   # 6 channels: no chunk
+    g2.outputs = [g2.add("Conv", x, _const(rng, "w", (8, 6, 3, 3)))]
+    assert convert_layout(g2, NHWC) == 0
+    assert convert_layout(g2, replace(NHWC, precision="fp16")) == 0   # (float32: 4 a chunk)
+
+
+def test_inverse_transposes_cancel_and_others_stay(rng):
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (2, 3, 4, 5)))
+    t = g.add("Transpose", x, perm=[0, 2, 3, 1])
+    r = g.add("Sigmoid", g.add("Mul", t, _const(rng, "s", (3,))))
+    back = g.add("Transpose", r, perm=[0, 3, 1, 2])
+    other = g.add("Transpose", r, perm=[3, 2, 1, 0])
+    g.outputs = [back, g.add("ReduceSum", other, keepdims=1)]
+    xv = rng.uniform(-1, 1, (2, 3, 4, 5)).astype(np.float32)
+    want = run_graph(g, [xv])
+    assert sink_transposes(g) > 0
+    g.verify()
+    ops = [n.op for n in g.nodes]
+    assert ops.count("Transpose") == 3 and ops.index("Mul") == 0   # the Mul reads x itself
+    for got, w in zip(run_graph(g, [xv]), want):
+        np.testing.assert_allclose(got, w, rtol=1e-6)
+
+
+def test_positional_ops_do_not_take_a_transpose(rng):
+    """An op with an axis, or parameter inputs, keeps its Transpose before it."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (2, 3, 4)))
+    t = g.add("Transpose", x, perm=[0, 2, 1])
+    shape = Value("shape", T.TensorType(T.int64, (3,)), const=np.array([2, 4, 3]))
+    g.outputs = [g.add("Expand", t, shape)]
+    assert sink_transposes(g) == 0
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_resnet18_has_no_transpose_between_its_convolutions(precision):
+    """The cuda target's compile of resnet18 at a reduced precision: every ungrouped conv
+    of more than 3 channels channels-last, Transposes only at the stem's pool and the global
+    pool."""
+    target = REGISTRY["cuda"].target(Target("cuda", arch="sm_90"), precision)
+    graph = optimize(import_onnx(zoo.build("resnet18", size=32)), target, 3)
+    ops = Counter(n.op for n in graph.nodes)
+    assert ops["ConvNHWC"] == 19 and ops["Conv"] == 1   # the 3-channel stem stays NCHW
+    users = graph.users()
+    for node in graph.nodes:
+        if node.op == "Transpose":
+            readers = {u.op for u in users[node.outputs[0]]}
+            assert node.inputs[0].producer.op == "MaxPool" or readers == {"GlobalAveragePool"}
+    assert ops["Transpose"] == 2
+
+
+def test_fp32_cuda_compiles_are_unchanged(monkeypatch):
+    """fp32 renders the same CUDA C with or without the layout (no NHWC at fp32)."""
+    model = zoo.build("resnet18", size=32)
+    with_layout = dnnc.compile(model, "cuda", render_only=True).source("cuda")
+    monkeypatch.setitem(REGISTRY, "cuda", replace(REGISTRY["cuda"], layouts=()))
+    assert dnnc.compile(model, "cuda", render_only=True).source("cuda") == with_layout
+    assert "ConvNHWC" not in with_layout and "conv_nhwc" not in with_layout
+
+
+@pytest.mark.parametrize("name,nhwc", [("resnet50", 52), ("mobilenet_v2", 51)])
+def test_two_transposes_in_resnet50_and_mobilenet(name, nhwc):
+    """resnet50: the block input two convs read is transposed once; mobilenet_v2: its
+    depthwise convs go channels-last with its pointwise ones (only the 3-channel stem stays
+    NCHW): a Transpose after the stem, one before the global pool."""
+    target = REGISTRY["cuda"].target(Target("cuda", arch="sm_90"), "fp16")
+    graph = optimize(import_onnx(zoo.build(name, size=32)), target, 3)
+    ops = Counter(n.op for n in graph.nodes)
+    assert ops["ConvNHWC"] == nhwc and ops["Transpose"] == 2
+
+
+def test_duplicate_transposes_are_one(rng):
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 2, 3, 4)))
+    a = g.add("Transpose", x, perm=[0, 2, 3, 1])
+    b = g.add("Transpose", x, perm=[0, 2, 3, 1])
+    g.outputs = [g.add("Add", g.add("Relu", a), g.add("Sigmoid", b))]
+    xv = rng.uniform(-1, 1, (1, 2, 3, 4)).astype(np.float32)
+    want = run_graph(g, [xv])[0]
+    sink_transposes(g)
+    g.verify()
+    assert [n.op for n in g.nodes].count("Transpose") == 1
+    np.testing.assert_allclose(run_graph(g, [xv])[0], want, rtol=1e-6)
