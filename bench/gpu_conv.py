@@ -66,12 +66,16 @@ stem of fewer channels than a chunk, are skipped)."""
 STORED = {"fp16": T.float16, "bf16": T.bfloat16}
 
 
-def conv_graph(c, h, m, k, s, batch, dtype, nhwc: bool, rng) -> tuple[Graph, list]:
+def conv_graph(c, h, m, k, s, batch, dtype, nhwc: bool, rng, arrays=None
+               ) -> tuple[Graph, list]:
     """(graph of one ConvNHWC, or Conv on NCHW, with a bias; [x, w, b] as float32 arrays in
-    NCHW / OIHW)."""
-    x = rng.uniform(-1, 1, (batch, c, h, h)).astype(np.float32)
-    w = (rng.uniform(-1, 1, (m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
-    b = rng.uniform(-1, 1, m).astype(np.float32)
+    NCHW / OIHW: `arrays`, or drawn from `rng`)."""
+    if arrays is None:
+        x = rng.uniform(-1, 1, (batch, c, h, h)).astype(np.float32)
+        w = (rng.uniform(-1, 1, (m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+        b = rng.uniform(-1, 1, m).astype(np.float32)
+    else:
+        x, w, b = arrays
     np_type = dtype.np
     g = Graph("g")
     xv = g.add_input("x", T.TensorType(dtype, (batch, h, h, c) if nhwc else x.shape))
@@ -133,7 +137,7 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
     graph, (x, w, b) = conv_graph(c, h, m, k, s, args.batch, dtype, True, rng)
     cases = kernels(graph, machine, [] if args.no_variants or c % 8 else VARIANTS)
     if not args.no_nchw:
-        nchw, _ = conv_graph(c, h, m, k, s, args.batch, dtype, False, rng)
+        nchw, _ = conv_graph(c, h, m, k, s, args.batch, dtype, False, rng, (x, w, b))
         cases += [(f"{name} (nchw)", *rest) for name, *rest in kernels(nchw, machine, [])]
     funcs = [(dataclasses.replace(f, name=f"c{n}_{f.name}"), True)
              for n, (_, _, f, _) in enumerate(cases)]
