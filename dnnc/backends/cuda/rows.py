@@ -24,6 +24,9 @@ from .threads import (WARP, Names, Scratch, guarded, independent_prefix, index_v
 MIN_ROW_WORK = 32
 # row elements a thread keeps in registers across a row's passes at most (beyond, spills)
 MAX_CACHED = 32
+# rows read column-wise are few when there are fewer than this many times their length: a
+# thread a row would leave most of the GPU idle while each runs its row alone
+FEW_ROWS = 8
 _IDEMPOTENT = ("max", "min", "and", "or")
 _IDENTITY = {"+": 0, "*": 1}
 
@@ -83,16 +86,29 @@ def is_row_reduction(loop: L.For) -> bool:
 def reads_columns(loop: L.For) -> bool:
     """Rows with a reduction long enough for a warp whose reads step contiguously from row
     to row, not along the row (a layernorm over NCHW's channels read through a Transpose:
-    rows are pixels, a row's elements a channel's plane apart), and whose stages store
-    along the row (the row written to its own contiguous elements, as that layernorm's
-    NHWC output): interleaved rows then read a few consecutive elements of each column at
-    a step. A reduction no stage writes back row by row (a mean over NCHW's channels,
-    written a pixel at a time) reads coalesced one thread a row instead."""
+    rows are pixels, a row's elements a channel's plane apart; a global pool over NHWC's
+    pixels: rows are channels), and either some stage stores along the row (that
+    layernorm's NHWC output) or the rows are few for their length (`FEW_ROWS`: the pool's
+    rows are its channels): interleaved rows then read a few consecutive elements of each
+    column at a step, several threads a row. A reduction of many short rows written a row
+    at a time (a mean over NCHW's channels at every pixel) reads coalesced one thread a row
+    instead."""
     if not _long_reductions(loop, along_rows=False):
         return False
+    return writes_rows(loop) or loop.extent.value < FEW_ROWS * row_length(loop)
+
+
+def writes_rows(loop: L.For) -> bool:
+    """Whether a part of the row stores along the row (consecutive elements)."""
     return any(steps_contiguously(n, s.var, s.extent.value)
                for s in map(strided_loop, row_parts(loop)) if s is not None
                for n in L.walk(s.body) if isinstance(n, L.Store))
+
+
+def row_length(loop: L.For) -> int:
+    """The longest reduction of a row of `loop`."""
+    return max((found[2].extent.value for found in map(reduction, row_parts(loop))
+                if found is not None), default=0)
 
 
 def _long_reductions(loop: L.For, along_rows: bool) -> bool:

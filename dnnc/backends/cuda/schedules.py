@@ -82,7 +82,7 @@ from .gemv import GEMV
 from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
 from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, pow2,
-                   reads_columns, reduction, row_parts, strided_loop)
+                   reads_columns, reduction, row_parts, strided_loop, writes_rows)
 from .threads import (WARP, Config, Names, Scratch, independent_prefix, single_thread,
                       thread_per_iteration)
 
@@ -221,11 +221,20 @@ def rows_default(p: problems.Rows, machine) -> RowsConfig:
     length = max((strided_loop(part).extent.value for loop in loops
                   for part in row_parts(loop) if reduction(part) is not None), default=0)
     if loops and all(reads_columns(loop) for loop in loops):
-        return RowsConfig(row_threads=WARP, row_block=WARP * COLUMN_INTERLEAVE, row_vector=1,
-                          row_interleave=COLUMN_INTERLEAVE)
+        # (rows written back row-wise: a warp's worth a row, as measured; a long row reduced
+        # to a scalar, a pool's: up to 1024 threads a block, about 64 elements a thread)
+        threads = WARP if any(writes_rows(loop) for loop in loops) else min(
+            1024 // COLUMN_INTERLEAVE, max(WARP, pow2(-(-length // COLUMN_ELEMS))))
+        return RowsConfig(row_threads=threads, row_block=threads * COLUMN_INTERLEAVE,
+                          row_vector=1, row_interleave=COLUMN_INTERLEAVE)
     threads = min(1024, max(WARP, pow2(-(-length // ELEMS_PER_THREAD))))
     return RowsConfig(row_threads=threads, row_block=max(128, threads),
                       row_vector=_widest_vector(length, threads))
+
+
+COLUMN_ELEMS = 64
+"""Elements of a column-wise row reduced to a scalar (a global pool over NHWC's pixels) a
+thread takes by default."""
 
 
 def _widest_vector(length: int, threads: int) -> int:

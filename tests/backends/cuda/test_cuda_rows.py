@@ -56,6 +56,9 @@ COLUMN_CONFIGS = [
     RowsConfig(row_threads=4, row_block=128, row_interleave=32),   # 32 rows, 4 warps
     RowsConfig(row_threads=1024, row_block=1024, row_interleave=32),   # capped at 1 a block
 ]
+POOL_SHAPES = ((2, 40, 40, 24), (3, 17, 19, 5))
+"""[N, H, W, C] inputs of a global average pool through a Transpose to NCHW (a pool in a
+channels-last segment): 48 rows of 1600 pixels, 15 rows of 323."""
 ELEMENTWISE_CONFIGS = [Config(), Config(vector=2), Config(vector=4), Config(vector=4, threads=64),
                        Config(grid_stride=True, vector=4, threads=64),
                        Config(grid_stride=True, vector=2, threads=64)]
@@ -89,6 +92,14 @@ def channel_layernorm_graph(shape: tuple, rng) -> Graph:
                    for name in ("scale", "bias"))
     t = g.add("Transpose", x, perm=[0, 2, 3, 1])
     g.outputs = [g.add("LayerNormalization", t, scale, bias, axis=-1, epsilon=1e-5)]
+    return g
+
+
+def channel_pool_graph(shape: tuple) -> Graph:
+    """Transpose [N, H, W, C] -> [N, C, H, W], then a global average pool (rows: channels)."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, shape))
+    g.outputs = [g.add("GlobalAveragePool", g.add("Transpose", x, perm=[0, 3, 1, 2]))]
     return g
 
 
@@ -139,6 +150,12 @@ def cases(rng):
         want = expected(g, x)
         for config in COLUMN_CONFIGS:
             out.append((f"channel_layernorm{list(shape)} {config}", g, ROWS, config, x, want))
+    for shape in POOL_SHAPES:
+        g = channel_pool_graph(shape)
+        x = (rng.standard_normal(shape) + 1).astype(np.float32)
+        want = expected(g, x)
+        for config in COLUMN_CONFIGS:
+            out.append((f"channel_pool{list(shape)} {config}", g, ROWS, config, x, want))
     for shape in ((1000, 37), (4099,), (2, 4099)):   # whole groups of 4; odd; of 2 only
         g = elementwise_graph(shape)
         x = rng.standard_normal(shape).astype(np.float32)
@@ -264,6 +281,24 @@ def test_channel_layernorm_interleaves_rows_in_warps():
         assert "acc7[0LL], 2)" not in text and "acc7[0LL], 1)" not in text
 
 
+@pytest.mark.parametrize("shape,threads", [((32, 112, 112, 32), 256), ((32, 56, 56, 96), 64),
+                                           ((2, 40, 40, 24), 32)])
+def test_few_long_column_rows_interleave(shape, threads):
+    """A global pool over channels-last pixels (rows: the channels, their pixels a row of C
+    apart) goes on the row template, 4 channels a warp, about 64 pixels a thread (at least
+    a warp a row, 256 at most); the pool of many short rows does not (7 x 7 pixels of 1152
+    channels at batch 32: a thread a row has work enough)."""
+    g = channel_pool_graph(shape)
+    kernel = lower_group(list(g.nodes), "k", outputs=g.outputs)
+    template, problem = template_for(kernel)
+    assert template is ROWS
+    config = template.default(problem, MACHINE)
+    assert (config.row_threads, config.row_interleave, config.row_block) == \
+        (threads, 4, 4 * threads)
+    g = channel_pool_graph((32, 7, 7, 1152))
+    assert template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0] is DEFAULT
+
+
 _I, _R = L.Var("i"), L.Var("r")
 
 
@@ -338,7 +373,7 @@ def test_layernorm_rows_read_and_write_as_vectors(n, vector, kind, cache):
 
 
 SMOKE = ("Softmax[7, 33] ", "LayerNormalization[7, 128] ", "ReduceMax[7, 770] None",
-         "chain[1000, 37] ", "channel_layernorm[2, 96, 5, 7] ")
+         "chain[1000, 37] ", "channel_layernorm[2, 96, 5, 7] ", "channel_pool[3, 17, 19, 5] ")
 """The cases of every run: a softmax (a length of no vector width) and a layernorm (float4
 rows, scale and bias) under every row config, a reduction's default, the elementwise chain
 under every config. Every case runs where nvcc or a GPU is present (`emulated_full`)."""
@@ -351,7 +386,7 @@ def smoke(label: str) -> bool:
 def test_smoke_rows_and_elementwise_on_cpu():
     funcs, arrays, want, labels = build_all(np.random.default_rng(1), smoke)
     assert len(funcs) == 2 * len(ROW_CONFIGS) + 1 + len(ELEMENTWISE_CONFIGS) + \
-        len(COLUMN_CONFIGS)
+        2 * len(COLUMN_CONFIGS)
     run_on_cpu(funcs, arrays)
     check(arrays, want, labels)
 
