@@ -15,8 +15,8 @@ The interface the cuda runtime codes against:
                                       memory, each aligned as cudaMalloc's, 256 bytes)
     Launch.name, .grid, .block, .shared_bytes
         the `__global__` symbol, (x, y, z) blocks and threads, dynamic shared memory bytes
-        (0 unless the stage's shared buffers pass STATIC_SHARED_BYTES: then all of them,
-        carved from one dynamic pool)
+        (0 unless the stage's shared buffers pass STATIC_SHARED_BYTES or it holds an
+        `L.Wgmma`: then all of them, carved from one dynamic pool)
 
 Every `__global__` takes, in order, one pointer per PrimFunc parameter (the element type's
 pointer, `const` for buffers it never stores) and then one pointer per workspace buffer

@@ -2,8 +2,8 @@
 NaN-propagating min / max, the run-time index check, the dynamic shared-memory pool), those
 of the tensor cores (`MMA_PRELUDE`: operand conversions, mma.sync, ldmatrix, cp.async) and
 those of Hopper's warpgroup products (`WGMMA_PRELUDE`: matrix descriptors, wgmma.mma_async,
-its fence, groups and wait, the async-proxy fence; sm_90a only, the module then says so on
-its first line, `ARCH_SPECIFIC`), as CUDA C with inline PTX that NVRTC compiles without any
+its fence, groups and wait, the async-proxy fence; sm_90a only, the module then holds the
+line `ARCH_SPECIFIC`), as CUDA C with inline PTX that NVRTC compiles without any
 header.
 
 `codegen.py` renders calls of them and decides which a module holds; this module is only
@@ -147,7 +147,7 @@ def _wgmma_function(name: str, n: int, k: int, ptx: str) -> str:
         outs=", ".join(f'"+f"(d[{i}])' for i in range(count)))
 
 
-WGMMA_PRELUDE = ARCH_SPECIFIC + r"""// warpgroup products (sm_90a): wgmma.mma_async on operands in shared memory
+WGMMA_PRELUDE = ARCH_SPECIFIC + r"""// warpgroup products (sm_90a): wgmma.mma_async, operands in shared memory
 // a matrix descriptor: start address, leading and stride byte offsets (16-byte units), the
 // 128-byte swizzle (mode 1 in bits 62-63), base offset 0
 __device__ __forceinline__ unsigned long long dnnc_wgmma_desc(const void* p, unsigned leading,

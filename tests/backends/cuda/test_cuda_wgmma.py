@@ -17,6 +17,7 @@ shared tiles in the 128-byte swizzle, fed by the cp.async ring.
 
 import ctypes
 import re
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -32,6 +33,7 @@ from dnnc.ir.target import Target
 from test_cuda_mma_pipeline import check, operands, product
 
 C = mma.TensorCoreConfig
+on_host = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
 
 
 def W(*args, **kw):
@@ -166,6 +168,7 @@ def _model(raw: np.ndarray, a_bytes: int, precision: str, n: int, a_mn: bool, b_
     return out
 
 
+@on_host
 @pytest.mark.parametrize("precision,n,a_mn,b_mn", [
     ("fp16", 64, False, False), ("bf16", 128, True, True), ("fp16", 64, False, True),
     ("tf32", 64, False, False)])
@@ -261,6 +264,7 @@ def _run_on_host(case, rng, tmp_path):
     return check(precision, k, a, b, bias, y)
 
 
+@on_host
 @pytest.mark.parametrize("case", [
     CASES[i] if i in SMOKE else pytest.param(CASES[i], marks=pytest.mark.emulated_full)
     for i in range(len(CASES))], ids=[str(i) for i in range(len(CASES))])
@@ -305,8 +309,9 @@ def test_wgmma_products_on_the_gpu_within_the_precision_bound(case, rng):
     precision, m, n, k, batch, config, dtype, trans_a, trans_b = case
     func, config = product(*case)
     module = render_module([(func, True)])
-    arch = device.compile_arch(device.gpu_arch(), module.source)
-    raw = cp.RawModule(code=module.source, options=("-std=c++17", f"-arch={arch}"))
+    arch = device.compile_arch(device.gpu_arch(), module.source)   # sm_90a
+    raw = cp.cuda.function.Module()
+    raw.load(device.nvrtc_compile(module.source, arch, device.nvrtc_options(arch)))
     a, b, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
     arrays = [cp.asarray(x.view(np.uint16) if x.dtype.itemsize == 2 else x) for x in stored]
     y = cp.full((batch, m, n), np.nan, cp.float32)
