@@ -324,6 +324,38 @@ def test_wgmma_products_on_the_gpu_within_the_precision_bound(case, rng):
     check(precision, k, a, b, bias, cp.asnumpy(y), gpu=True)
 
 
+@on_host
+@pytest.mark.parametrize("name,precision,config", [
+    ("gemm_relu_33x70x50", "fp16", W(64, 64, 64, 4, 1, 3)),
+    ("batched_3x20x48x40", "bf16", W(64, 64, 64, 4, 1, 4)),
+    pytest.param("dense_64x256x64", "fp16", W(64, 128, 64, 4, 2, 3, 2),
+                 marks=pytest.mark.emulated_full)])
+def test_graph_products_with_the_knob_on_host(name, precision, config, rng, tmp_path):
+    """Products of ONNX graphs (Gemm with bias and relu, a batched MatMul, a MatMul with
+    split-k) scheduled for cuda at `precision` with a wgmma config through the template,
+    within the precision's bound on host threads."""
+    from test_cuda_precision import PRODUCTS, _launch_on_host, _program, bound
+    from test_host_semantics import host_library
+    from cuda_kernels import reference
+    from dnnc.frontend.onnx import import_onnx
+
+    make, k = PRODUCTS[name]
+    model_of = make(rng)
+    model, x = model_of(False)
+    graph, program = _program(model, precision, config)
+    module = render_module(program.unique)
+    assert f"dnnc_wgmma_{precision}_n{config.block_n // config.warps_n}<" in module.source
+    lib = host_library(program.unique, tmp_path, module)
+    name_in, out = graph.inputs[0].name, graph.outputs[0].name
+    got = _launch_on_host(lib, module, program, {name_in: x})[out]
+    want = reference(graph, {name_in: x})[out]
+    abs_model, abs_x = model_of(True)
+    abs_graph = import_onnx(abs_model)
+    scale = reference(abs_graph, {abs_graph.inputs[0].name: abs_x})[abs_graph.outputs[0].name]
+    error = np.abs(got.astype(np.float64) - want)
+    assert np.isfinite(got).all() and (error <= bound(precision, k, scale, want)).all()
+
+
 # -- the knob -------------------------------------------------------------------------------------
 
 def test_the_knob_is_searched_on_sm90_for_16_bit_precisions_only():
