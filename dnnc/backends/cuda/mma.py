@@ -46,9 +46,9 @@ of a 16-row tile), depthwise convolutions the default one.
 Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codegen.py).
 
 On sm_90 the `wgmma` knob swaps the warps' mma.sync for warpgroups' wgmma.mma_async on the
-same shared tiles (`wgmma.py`, which says why it is a knob), in the space for fp16 and bf16;
-the default picks it only where DNNC_WGMMA=1 (`wgmma_by_default`) until a GPU run has
-checked it.
+same shared tiles (`wgmma.py`, which says why it is a knob), in the space at every
+precision; the default picks it only where DNNC_WGMMA=1 (`wgmma_by_default`) until a GPU
+run has checked it.
 
 Not yet: TMA on sm_90; the next k tile's first fragments loaded before this
 tile's last mmas (CUTLASS's overlap of the barrier); vector stores of Y at the edges and
@@ -133,10 +133,10 @@ class TensorCoreConfig:
 def product_space(name: str, k: int, batch: int, precision: str, arch: str | None = None
                   ) -> Space:
     """The knobs of a tensor-core product of depth `k`, `batch` of them (dense and conv), at
-    `precision`; the `wgmma` knob on where `arch` has it (sm_90) for fp16 and bf16."""
+    `precision`; the `wgmma` knob on where `arch` has it (sm_90)."""
     from . import wgmma   # (it builds on this module's tiles)
 
-    warpgroups = arch is not None and has_wgmma(arch) and precision in STORAGE
+    warpgroups = arch is not None and has_wgmma(arch)
     return Space(name, TensorCoreConfig, {
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
         "block_k": (16, 32, 64), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
@@ -147,10 +147,10 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
                    c.block_n % (16 * c.warps_n) == 0),
         Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
                    lambda c: c.wgmma or _accumulators(c) <= MAX_ACCUMULATORS),
-        Constraint("with wgmma: k tiles of 64, warps_m a multiple of 4, a warpgroup's "
-                   "columns 64, 128 or 256 and rows whole m64 tiles, at most 128 "
-                   "accumulators a thread, at least 3 stages",
-                   lambda c: not c.wgmma or wgmma.fits(c)),
+        Constraint(f"with wgmma: k tiles of {wgmma.block_k(precision)} (128 bytes), warps_m "
+                   "a multiple of 4, a warpgroup's columns 64, 128 or 256 and rows whole "
+                   "m64 tiles, at most 128 accumulators a thread, at least 3 stages",
+                   lambda c: not c.wgmma or wgmma.fits(c, precision)),
         Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB "
                    f"({MAX_WGMMA_SHARED_BYTES >> 10} KiB with wgmma)",
                    lambda c: shared_bytes(c, precision) <= (
@@ -185,31 +185,32 @@ def _deepest(block_m: int, block_n: int, precision: str) -> int:
 WGMMA_DEFAULTS = ((128, 256, 8, 1), (128, 128, 8, 1), (64, 128, 4, 1))
 WGMMA_EFFICIENCY = (0.95, 0.85, 0.6)
 """(block_m, block_n, warps_m, warps_n) the default tries with the `wgmma` knob (warpgroups
-down m: 64 x 256 or 64 x 128 each, as CUTLASS's sm_90 kernels), k tiles of 64 in
+down m: 64 x 256 or 64 x 128 each, as CUTLASS's sm_90 kernels), k tiles of 128 bytes in
 WGMMA_STAGES slots, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's
 peak is about 1.5 times mma.sync's on Hopper); each also slowed by the share of its tiles
 past Y's edges."""
 WGMMA_STAGES = 4
 
 
-def wgmma_by_default(arch: str | None, precision: str) -> bool:
-    """Whether the default config may pick the `wgmma` knob: on sm_90 for fp16 and bf16,
-    while DNNC_WGMMA=1 (until a GPU run has checked the product, the default stays on
-    mma.sync)."""
-    return os.environ.get("DNNC_WGMMA") == "1" and arch is not None and has_wgmma(arch) \
-        and precision in STORAGE
+def wgmma_by_default(arch: str | None) -> bool:
+    """Whether the default config may pick the `wgmma` knob: on sm_90, while DNNC_WGMMA=1
+    (until a GPU run has checked the product, the default stays on mma.sync)."""
+    return os.environ.get("DNNC_WGMMA") == "1" and arch is not None and has_wgmma(arch)
 
 
-def _candidates(m: int, n: int, precision: str, wgmma: bool):
+def _candidates(m: int, n: int, precision: str, with_wgmma: bool):
     """(config without split, guessed efficiency) of the tiles the default tries."""
+    from . import wgmma   # (it builds on this module's tiles)
+
     for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
         yield TensorCoreConfig(bm, bn, _deepest(bm, bn, precision), wm, wn,
                                DEFAULT_STAGES), efficiency
-    if not wgmma:
+    if not with_wgmma:
         return
     for (bm, bn, wm, wn), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
         padded = -(-m // bm) * bm * -(-n // bn) * bn
-        yield TensorCoreConfig(bm, bn, 64, wm, wn, WGMMA_STAGES, wgmma=True), \
+        yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, WGMMA_STAGES,
+                               wgmma=True), \
             efficiency * m * n / padded
 
 
@@ -629,7 +630,7 @@ def dense_space(p: problems.Dense, machine) -> Space:
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
     return choose(p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
-                  wgmma_by_default(getattr(machine, "arch", None), machine.precision))
+                  wgmma_by_default(getattr(machine, "arch", None)))
 
 
 def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:

@@ -11,12 +11,14 @@ the config, the space and the templates stay in `mma.py`.
 A block computes a `block_m` x `block_n` tile of Y with (`warps_m` / 4) x `warps_n`
 warpgroups (4 warps each): warpgroup (wy, wx) owns (block_m / (warps_m / 4)) rows in
 m64 tiles and n = block_n / warps_n columns (64, 128 or 256); per k step of 16 and m64 tile
-it issues one wgmma m64n<n>k16 reading both operands from shared memory through matrix
+it issues one wgmma m64n<n>k16 (k8 at tf32) reading both operands from shared memory through matrix
 descriptors, its accumulators n / 2 fp32 registers a thread (`L.Wgmma`'s D layout).
 
-Shared memory. k goes in tiles of 64 (128 bytes of 16-bit elements) through a ring of
+Shared memory. k goes in tiles of 128 bytes (64 16-bit elements, 32 tf32) through a ring of
 `stages` slots, as `mma._Tile` copies them (cp.async where the operand is stored in the
-precision's type, else through registers), laid out as wgmma's 128-byte swizzle wants it:
+precision's type, else through registers; tf32 tiles always K-major, the float32 words a
+thread copied rounded to tf32 in place once they have landed, as registers round those
+they stage: wgmma ignores the low bits), laid out as wgmma's 128-byte swizzle wants it:
 an operand contiguous along k (K-major) as rows of 128 bytes, chunk c of row r at chunk
 c ^ r % 8 (the `_Tile` layout at this k tile; descriptor stride 1024 bytes between groups of
 8 rows); an operand contiguous along its rows (MN-major: B stored [k, n], A stored [k, m])
@@ -32,9 +34,10 @@ has finished (each waited for it before the barrier the fetching thread passed).
 last tile, a wait for all. The epilogue stores each accumulator through the problem's
 store, as `mma.py`'s, and `split_k` splits k as there.
 
-Which problems: `mma.py`'s space offers the knob on sm_90 (`device.has_wgmma`) for fp16 and
-bf16; tf32 (wgmma reads tf32 K-major only, truncating float32 words) is not done, nor TMA
-bulk copies with mbarriers, nor warp-specialised producer warps.
+Which problems: `mma.py`'s space offers the knob on sm_90 (`device.has_wgmma`) for every
+reduced precision. Not done: TMA bulk copies with mbarriers, warp-specialised producer
+warps, MN-major tf32 operands in shared memory (wgmma reads tf32 K-major only: such an
+operand is transposed through registers, as mma.py does).
 """
 
 from __future__ import annotations
@@ -51,8 +54,8 @@ TILE_M = 64
 WGMMA_N = (64, 128, 256)
 """Columns a warpgroup's wgmma may have here (MN-major atoms are 64 wide; PTX allows any
 multiple of 8 up to 256)."""
-BLOCK_K = 64
-"""k of a tile: one 128-byte swizzle row of 16-bit elements."""
+ROW_BYTES = 128
+"""A swizzle row: a k tile's bytes (64 16-bit or 32 tf32 elements, `block_k`)."""
 ATOM_ROWS = 64
 """Rows of an MN-major operand in one swizzle atom (128 bytes of 16-bit elements)."""
 ROW_WORDS = 32
@@ -60,11 +63,17 @@ ROW_CHUNKS = 8
 """Words and 16-byte chunks of a 128-byte swizzle row."""
 
 
-def fits(c: TensorCoreConfig) -> bool:
-    """Whether config `c` is one this product runs: k tiles of 64, warpgroups of 4 warps down
-    m, each owning whole m64 tiles and 64, 128 or 256 columns, 128 accumulators a thread at
-    most, and at least 3 slots (2 tiles ahead of the one being multiplied is stages - 2)."""
-    if c.block_k != BLOCK_K or c.warps_m % 4 or c.stages < 3:
+def block_k(precision: str) -> int:
+    """The k tile at `precision`: one 128-byte swizzle row of its elements."""
+    return ROW_BYTES // (4 if precision == "tf32" else 2)
+
+
+def fits(c: TensorCoreConfig, precision: str) -> bool:
+    """Whether config `c` is one this product runs at `precision`: k tiles of a 128-byte
+    row (`block_k`), warpgroups of 4 warps down m, each owning whole m64 tiles and 64, 128
+    or 256 columns, 128 accumulators a thread at most, and at least 3 slots (2 tiles ahead
+    of the one being multiplied is stages - 2)."""
+    if c.block_k != block_k(precision) or c.warps_m % 4 or c.stages < 3:
         return False
     rows, columns = c.block_m // (c.warps_m // 4), c.block_n // c.warps_n
     return c.block_m % (c.warps_m // 4) == 0 and rows % TILE_M == 0 and \
@@ -81,7 +90,7 @@ def accumulators(c: TensorCoreConfig) -> int:
 def wgmma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
                   b: Operand, store, *, precision: str) -> L.Stmt:
     """The blocks, warpgroups and loops of Y[bi, i, j] = sum_k A[bi, i, k] B[bi, k, j] with
-    wgmma at `precision` (fp16 or bf16; see the module's docstring); the arguments as
+    wgmma at `precision` (see the module's docstring); the arguments as
     `mma.mma_product`'s."""
     w = _Warpgroups(c, batch, m, n, k, a, b, precision)
     bi, by, bx = w.bi, w.by, w.bx
@@ -112,13 +121,28 @@ class _SwizzledTile(_Tile):
         return slot * self.slot_words + c // ROW_CHUNKS * (self.bk * ROW_WORDS) + \
             o * ROW_WORDS + L.BinOp("^", c % ROW_CHUNKS, o % 8) * CHUNK_WORDS
 
+    def round_in_place(self, slot: L.Expr) -> L.Stmt | None:
+        """At tf32, the float32 words this thread's cp.asyncs brought into `slot` rounded to
+        tf32 where they lie (wgmma ignores their low mantissa bits: rounding first keeps
+        the precision's bound); nothing otherwise (registers staged them rounded)."""
+        if self.precision != "tf32" or not self.asynchronous:
+            return None
+
+        def body(step, o, c):
+            v = L.Var("w")
+            word = self.word(slot, o, c) + v
+            return L.For(v, CHUNK_WORDS, L.Store(self.tile, (word,), L.call(
+                "pack_tf32", L.call("bitcast", self.tile[word], dtype=T.float32),
+                dtype=T.uint32)), L.ForKind.UNROLLED)
+        return self._each_chunk(None, body)
+
     def descriptor(self, slot: L.Expr, first: L.Expr, ks: int) -> tuple[L.Load, tuple]:
         """(the first word, the (leading, stride) byte offsets) of the operand rows from
         `first` (a multiple of 64) on at k step `ks` (16 elements, 32 bytes) of `slot`."""
         base = slot * self.slot_words
         if self.k_inner:   # rows of 128 bytes: 8 of them 1024 bytes apart; k 32 bytes a step
             return self.tile[base + first * ROW_WORDS + ks * 8], (16, L.SWIZZLE_BYTES)
-        atom_bytes = self.bk * ROW_WORDS * 4
+        atom_bytes = self.bk * ROW_WORDS * 4   # (16-bit only: tf32 tiles are K-major)
         start = base + first // ATOM_ROWS * (self.bk * ROW_WORDS) + ks * 16 * ROW_WORDS
         return self.tile[start], (atom_bytes, L.SWIZZLE_BYTES)
 
@@ -202,7 +226,8 @@ class _Warpgroups:
         more, slot = coming < per, coming % stages
         fence = self.per_thread(L.ProxyFence())
         loop = L.For(kt, per, L.seq(
-            *([self.per_thread(L.AsyncWait(ahead - 1))] if asynchronous else []), fence,
+            *([self.per_thread(L.AsyncWait(ahead - 1))] if asynchronous else []),
+            *(x.round_in_place(kt % stages) for x in tiles), fence,
             L.Barrier(), self.update(kt % stages),
             *(x.issue(first + coming, slot, more) for x in tiles), *commit,
             *(x.finish(slot, more) for x in tiles)))

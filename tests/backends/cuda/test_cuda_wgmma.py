@@ -8,11 +8,12 @@ shared tiles in the 128-byte swizzle, fed by the cp.async ring.
 - the layout: `_SwizzledTile` puts chunk c of row r of an atom at c ^ r % 8, every slot and
   atom on a 1024-byte boundary, 8 consecutive chunks stored in 8 bank groups;
 - numbers: products (fp16, bf16; operands in 16 bits by cp.async or fp32 through registers;
+  tf32, K-major float32 by cp.async rounded in place or transposed through registers;
   A and B in either layout; edges, batches, split-k, stages 3 to 5, a fused epilogue)
   against NumPy within test_cuda_precision.py's `bound`, on the host; compiled by NVRTC for
   sm_90a without spills where CuPy is; on a GPU (`gpu`: an H100 / H200).
-- the knob: in the space on sm_90 for fp16 and bf16 only; the default picks it on sm_90
-  only with DNNC_WGMMA=1; modules using it compile for sm_90a (`device.compile_arch`).
+- the knob: in the space on sm_90 only; the default picks it on sm_90 only with
+  DNNC_WGMMA=1; modules using it compile for sm_90a (`device.compile_arch`).
 """
 
 import ctypes
@@ -49,14 +50,18 @@ CASES = [
     ("bf16", 64, 72, 136, 1, W(64, 64, 64, 4, 1, 5), T.bfloat16, True, False),
     ("fp16", 100, 130, 150, 1, W(64, 128, 64, 4, 1, 3, 2), T.float32, False, True),
     ("fp16", 200, 260, 72, 1, W(128, 256, 64, 8, 1, 3), T.float16, False, False),
+    ("tf32", 100, 136, 200, 1, W(64, 128, 32, 4, 1, 3), T.float32, False, True),
+    ("tf32", 70, 128, 100, 2, W(128, 128, 32, 8, 1, 4), T.float32, True, False),
 ]
-SMOKE = (0, 1, 2, 5)
+SMOKE = (0, 1, 2, 5, 7)
 """CASES run on host threads in every run; the rest are `emulated_full`."""
 
 DEVICE_CASES = CASES + [
     ("fp16", 4096, 4096, 4096, 1, W(128, 256, 64, 8, 1, 4), T.float16, False, False),
     ("bf16", 1024, 768, 3072, 1, W(128, 128, 64, 8, 1, 4), T.bfloat16, False, True),
     ("fp16", 8192, 3072, 768, 1, W(128, 256, 64, 8, 1, 4), T.float16, False, False),
+    ("tf32", 4096, 4096, 4096, 1, W(128, 256, 32, 8, 1, 4), T.float32, False, True),
+    ("tf32", 1024, 3072, 768, 1, W(128, 128, 32, 8, 1, 4), T.float32, False, False),
 ]
 """What NVRTC compiles (and the GPU runs): CASES and the bench's shapes."""
 
@@ -248,8 +253,13 @@ def _run_on_host(case, rng, tmp_path):
     assert "dnnc_wgmma_" + precision in source and "dnnc_ldmatrix" not in source.split(
         'extern "C"', 1)[1]
     runs = (m if trans_a else k, k if trans_b else n)   # the operands' contiguous extents
-    copies = dtype is mma.STORAGE[precision] and any(x % 8 == 0 for x in runs)
+    if precision == "tf32":   # float32 K-major operands (A [m, k], B [n, k]) by cp.async
+        copies = (not trans_a or trans_b) and k % 4 == 0
+    else:
+        copies = dtype is mma.STORAGE[precision] and any(x % 8 == 0 for x in runs)
     assert ("dnnc_cp_async(&" in source) == copies
+    kernels = source[source.index('extern "C"'):]
+    assert ("dnnc_tf32(" in kernels) == (precision == "tf32")   # (rounded: in place, staged)
     assert all(x.shared_bytes > 0 for x in module.kernels[func.name].launches[:1])
     lib = host_library([(func, True)], tmp_path, module)
     a, b, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
@@ -269,7 +279,7 @@ def _run_on_host(case, rng, tmp_path):
     CASES[i] if i in SMOKE else pytest.param(CASES[i], marks=pytest.mark.emulated_full)
     for i in range(len(CASES))], ids=[str(i) for i in range(len(CASES))])
 def test_wgmma_products_on_host_within_the_precision_bound(case, rng, tmp_path):
-    assert wgmma.fits(case[5])
+    assert wgmma.fits(case[5], case[0])
     _run_on_host(case, rng, tmp_path)
 
 
@@ -358,16 +368,18 @@ def test_graph_products_with_the_knob_on_host(name, precision, config, rng, tmp_
 
 # -- the knob -------------------------------------------------------------------------------------
 
-def test_the_knob_is_searched_on_sm90_for_16_bit_precisions_only():
+def test_the_knob_is_searched_on_sm90_only():
     def values(precision, arch):
         space = mma.product_space("s", 4096, 1, precision, arch)
         return dict((x.name, x.values) for x in space.knobs)["wgmma"]
 
-    assert values("fp16", "sm_90") == (False, True) == values("bf16", "sm_90a")
-    assert values("tf32", "sm_90") == (False,) == values("fp16", "sm_80") == \
-        values("fp16", None) == values("bf16", "sm_100")
+    assert values("fp16", "sm_90") == (False, True) == values("bf16", "sm_90a") == \
+        values("tf32", "sm_90")
+    assert values("fp16", "sm_80") == (False,) == values("fp16", None) == \
+        values("bf16", "sm_100")
     space = mma.product_space("s", 4096, 1, "fp16", "sm_90")
     space.check(W(128, 256, 64, 8, 1, 4))
+    mma.product_space("s", 4096, 1, "tf32", "sm_90").check(W(128, 256, 32, 8, 1, 4))
     for bad in (W(128, 256, 32, 8, 1, 4), W(128, 256, 64, 2, 4, 4), W(128, 256, 64, 8, 1, 2),
                 W(256, 256, 64, 8, 1, 4)):
         with pytest.raises(Exception, match="with wgmma"):
@@ -379,13 +391,12 @@ def test_the_default_picks_wgmma_on_sm90_only_when_asked(monkeypatch):
 
     monkeypatch.delenv("DNNC_WGMMA", raising=False)
     assert not mma.choose(4096, 4096, 4096, wgmma=False).wgmma
-    assert not mma.wgmma_by_default("sm_90", "fp16")
+    assert not mma.wgmma_by_default("sm_90")
     monkeypatch.setenv("DNNC_WGMMA", "1")
-    assert mma.wgmma_by_default("sm_90", "fp16") and mma.wgmma_by_default("sm_90", "bf16")
-    assert not mma.wgmma_by_default("sm_80", "fp16")
-    assert not mma.wgmma_by_default("sm_90", "tf32")
+    assert mma.wgmma_by_default("sm_90") and mma.wgmma_by_default("sm_90a")
+    assert not mma.wgmma_by_default("sm_80") and not mma.wgmma_by_default(None)
     big = mma.choose(4096, 4096, 4096, wgmma=True)
-    assert big.wgmma and (big.block_m, big.block_n) == (128, 256) and wgmma.fits(big)
+    assert big.wgmma and (big.block_m, big.block_n) == (128, 256) and wgmma.fits(big, "fp16")
     assert not mma.choose(16, 64, 64, wgmma=True).wgmma   # mostly past the edges
 
 
