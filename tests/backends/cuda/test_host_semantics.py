@@ -68,8 +68,11 @@ extern "C" void dnnc_launch(void (*kernel)(void**), void** args, unsigned gx, un
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static
-// the dynamic pool: where the shim's shared addresses (wgmma's descriptors) count from
+// the dynamic pool: where the shim's shared addresses (wgmma's descriptors) count from; and
+// whether this thread's cp.asyncs since its last fence.proxy.async are unfenced (a wgmma
+// then may not read them: the shim traps)
 static thread_local unsigned char* dnnc_shared_window;
+static thread_local bool dnnc_unfenced_copies;
 #define DNNC_SHARED_POOL(name, bytes) \
   static __attribute__((aligned(1024))) unsigned char name[bytes]; dnnc_shared_window = name
 #define __restrict__ __restrict
@@ -232,6 +235,7 @@ static void dnnc_cp_async(void* dst, const void* src, int bytes) {
       (bytes && reinterpret_cast<unsigned long>(src) % 16)) __builtin_trap();
   std::memcpy(dst, src, bytes);
   std::memset(static_cast<char*>(dst) + bytes, 0, 16 - bytes);
+  dnnc_unfenced_copies = true;
 }
 static void dnnc_cp_async_commit() {}
 template <int N> static void dnnc_cp_async_wait() {}
@@ -243,7 +247,8 @@ WGMMA_SHIM = r"""
 // layouts): a descriptor holds the operand's shared address (from the pool's start) and its
 // offsets in 16-byte units, the 128-byte swizzle; a wgmma is only recorded, and runs when a
 // wait completes its group (so reading an operand after its slot is refilled, or an
-// accumulator before the wait, shows as a wrong product)
+// accumulator before the wait, shows as a wrong product); a thread issuing one with
+// cp.asyncs not yet fenced into the async proxy traps
 static unsigned long long dnnc_wgmma_desc(const void* p, unsigned leading, unsigned stride) {
   const long address = static_cast<const unsigned char*>(p) - dnnc_shared_window;
   if (!dnnc_shared_window || address < 0 || address >= (1 << 18) || address % 16 ||
@@ -287,7 +292,7 @@ static void dnnc_wgmma_run(const dnnc_wgmma_op& op) {
   }
 }
 static void dnnc_wgmma_fence() {}
-static void dnnc_fence_proxy_async() {}
+static void dnnc_fence_proxy_async() { dnnc_unfenced_copies = false; }
 static void dnnc_wgmma_commit() {
   for (auto& op : dnnc_wgmma_ops)
     if (op.group < 0) op.group = dnnc_wgmma_groups;
@@ -304,6 +309,7 @@ template <int N, int COUNT> static void dnnc_wgmma_wait(float*) {
 #define DNNC_WGMMA(NAME, KIND, N)                                                          \
 template <int TA, int TB> static void NAME(float* d, unsigned long long a,                 \
                                            unsigned long long b) {                         \
+  if (dnnc_unfenced_copies) __builtin_trap();                                              \
   dnnc_wgmma_ops.push_back({KIND, N, TA != 0, TB != 0, d, a, b, -1});                      \
 }
 """ + "".join(f"DNNC_WGMMA(dnnc_wgmma_{name}_n{n}, {kind}, {n})\n"   # (WGMMA_PRELUDE's)
