@@ -412,3 +412,23 @@ def test_modules_using_wgmma_compile_for_sm90a():
     with pytest.raises(CompileError, match="sm_90a only"):
         device.compile_arch("sm_80", source)
     assert Target("cuda", arch="sm_90").arch == "sm_90"
+
+
+def test_a_model_compiles_to_wgmma_by_default_on_sm90_with_the_switch(monkeypatch):
+    """dnnc.compile for the (reference, sm_90) GPU: with DNNC_WGMMA=1 its large products
+    take the wgmma default and the module says it needs sm_90a; without, mma.sync."""
+    import dnnc
+    from dnnc import zoo
+    from dnnc.backends.cuda.prelude import ARCH_SPECIFIC
+
+    model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
+    for switch in ("1", None):
+        if switch:
+            monkeypatch.setenv("DNNC_WGMMA", switch)
+        else:
+            monkeypatch.delenv("DNNC_WGMMA", raising=False)
+        source = dnnc.compile(model, "cuda", precision="bf16", render_only=True).source("cuda")
+        kernels = source[source.index('extern "C"'):]
+        assert ("dnnc_wgmma_bf16_n256<" in kernels) == bool(switch)
+        assert ("dnnc_mma_bf16(" in kernels) != bool(switch)
+        assert (ARCH_SPECIFIC in source) == bool(switch)
