@@ -19,6 +19,7 @@ shared tiles in the 128-byte swizzle, fed by the cp.async ring.
 import ctypes
 import re
 import shutil
+import subprocess
 from dataclasses import replace
 
 import numpy as np
@@ -307,6 +308,24 @@ def test_every_case_compiles_for_sm90a_without_spills():
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx
     assert "fence.proxy.async.shared::cta" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx
     nvrtc.destroyProgram(prog)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_every_case_compiles_with_nvcc_for_sm90a(tmp_path):
+    """nvcc's sm_90a target (the -gencode form: HOPPER.md) takes the module too."""
+    funcs = [(product(*case, name=f"case{i}")[0], True) for i, case in enumerate(DEVICE_CASES)]
+    path = tmp_path / "module.cu"
+    path.write_text(render_module(funcs).source)
+    proc = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "--ptx",
+                           "-std=c++17", "-o", str(tmp_path / "module.ptx"), str(path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ptx = (tmp_path / "module.ptx").read_text()
+    for instruction in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+                        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32",
+                        "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
+                        "fence.proxy.async.shared::cta", "cp.async.cg.shared.global"):
+        assert instruction in ptx, instruction
 
 
 @pytest.mark.gpu
