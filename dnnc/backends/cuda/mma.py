@@ -46,9 +46,9 @@ of a 16-row tile), depthwise convolutions the default one.
 Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codegen.py).
 
 On sm_90 the `wgmma` knob swaps the warps' mma.sync for warpgroups' wgmma.mma_async on the
-same shared tiles (`wgmma.py`, which says why it is a knob), in the space at every
-precision; the default picks it only where DNNC_WGMMA=1 (`wgmma_by_default`) until a GPU
-run has checked it.
+same shared tiles (`wgmma.py`, which says why it is a knob), in the dense and conv spaces
+at every precision; the dense default picks it only where DNNC_WGMMA=1
+(`wgmma_by_default`) until a GPU run has checked it.
 
 Not yet: TMA on sm_90; the next k tile's first fragments loaded before this
 tile's last mmas (CUTLASS's overlap of the barrier); vector stores of Y at the edges and
@@ -638,7 +638,8 @@ def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:
 
 
 def conv_space(p: problems.Conv2d, machine) -> Space:
-    return product_space("cuda_mma_conv2d", conv_template.gemm(p)[2], 1, machine.precision)
+    return product_space("cuda_mma_conv2d", conv_template.gemm(p)[2], 1, machine.precision,
+                         getattr(machine, "arch", None))
 
 
 def conv_default(p: problems.Conv2d, machine) -> TensorCoreConfig:

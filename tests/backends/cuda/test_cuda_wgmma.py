@@ -357,12 +357,16 @@ def test_wgmma_products_on_the_gpu_within_the_precision_bound(case, rng):
 @pytest.mark.parametrize("name,precision,config", [
     ("gemm_relu_33x70x50", "fp16", W(64, 64, 64, 4, 1, 3)),
     ("batched_3x20x48x40", "bf16", W(64, 64, 64, 4, 1, 4)),
+    ("conv3x3_pad", "bf16", W(64, 64, 64, 4, 1, 3)),
     pytest.param("dense_64x256x64", "fp16", W(64, 128, 64, 4, 2, 3, 2),
+                 marks=pytest.mark.emulated_full),
+    pytest.param("conv1x1_stride2", "tf32", W(64, 64, 32, 4, 1, 3),
                  marks=pytest.mark.emulated_full)])
 def test_graph_products_with_the_knob_on_host(name, precision, config, rng, tmp_path):
     """Products of ONNX graphs (Gemm with bias and relu, a batched MatMul, a MatMul with
-    split-k) scheduled for cuda at `precision` with a wgmma config through the template,
-    within the precision's bound on host threads."""
+    split-k, implicit-GEMM convolutions: patches gathered through registers) scheduled for
+    cuda at `precision` with a wgmma config through the template, within the precision's
+    bound on host threads."""
     from test_cuda_precision import PRODUCTS, _launch_on_host, _program, bound
     from test_host_semantics import host_library
     from cuda_kernels import reference
