@@ -421,6 +421,12 @@ def test_the_default_picks_wgmma_on_sm90_only_when_asked(monkeypatch):
     big = mma.choose(4096, 4096, 4096, wgmma=True)
     assert big.wgmma and (big.block_m, big.block_n) == (128, 256) and wgmma.fits(big, "fp16")
     assert not mma.choose(16, 64, 64, wgmma=True).wgmma   # mostly past the edges
+    for precision in ("tf32", "fp16", "bf16"):   # the defaults lie in the space
+        for m, n, k in ((4096, 4096, 4096), (8192, 768, 3072), (1024, 3072, 768),
+                        (300, 200, 100)):
+            config = mma.choose(m, n, k, precision=precision, wgmma=True)
+            space = mma.product_space("x", k, 1, precision, "sm_90")
+            assert space.check(config) == config
 
 
 def test_modules_using_wgmma_compile_for_sm90a():
