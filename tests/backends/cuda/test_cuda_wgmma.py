@@ -461,3 +461,26 @@ def test_a_model_compiles_to_wgmma_by_default_on_sm90_with_the_switch(monkeypatc
         assert ("dnnc_wgmma_bf16_n256<" in kernels) == bool(switch)
         assert ("dnnc_mma_bf16(" in kernels) != bool(switch)
         assert (ARCH_SPECIFIC in source) == bool(switch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+def test_a_model_runs_on_wgmma_on_the_gpu(precision, monkeypatch):
+    """The runtime's path on an H100 / H200: the model above compiled with DNNC_WGMMA=1
+    (its module built for sm_90a by the executable), its output within the precision's
+    model bound of the numpy target's."""
+    import dnnc
+    from dnnc import zoo
+    from dnnc.ir.target import model_error_bound
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"wgmma needs sm_90, not {device.gpu_arch()}")
+    monkeypatch.setenv("DNNC_WGMMA", "1")
+    model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
+    (x,) = zoo.inputs_for(model, np.random.default_rng(0)).values()
+    want = np.asarray(dnnc.compile(model, "numpy")(x), np.float64)
+    compiled = dnnc.compile(model, "cuda", precision=precision, outputs="numpy")
+    assert "dnnc_wgmma_" in compiled.source("cuda")
+    got = np.asarray(compiled(x), np.float64)
+    error = np.abs(got - want).max() / np.abs(want).max()
+    assert error <= model_error_bound(precision), error
