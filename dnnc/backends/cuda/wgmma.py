@@ -10,9 +10,10 @@ the config, the space and the templates stay in `mma.py`.
 
 A block computes a `block_m` x `block_n` tile of Y with (`warps_m` / 4) x `warps_n`
 warpgroups (4 warps each): warpgroup (wy, wx) owns (block_m / (warps_m / 4)) rows in
-m64 tiles and n = block_n / warps_n columns (64, 128 or 256); per k step of 16 and m64 tile
-it issues one wgmma m64n<n>k16 (k8 at tf32) reading both operands from shared memory through matrix
-descriptors, its accumulators n / 2 fp32 registers a thread (`L.Wgmma`'s D layout).
+m64 tiles and n = block_n / warps_n columns (64, 128 or 256); per k step of 16 (tf32: 8)
+and m64 tile it issues one wgmma m64n<n>k16 (k8) reading both operands from shared memory
+through matrix descriptors, its accumulators n / 2 fp32 registers a thread (`L.Wgmma`'s D
+layout).
 
 Shared memory. k goes in tiles of 128 bytes (64 16-bit elements, 32 tf32) through a ring of
 `stages` slots, as `mma._Tile` copies them (cp.async where the operand is stored in the
@@ -37,9 +38,9 @@ store, as `mma.py`'s, and `split_k` splits k as there.
 Which problems: `mma.py`'s spaces (dense and conv) offer the knob on sm_90
 (`device.has_wgmma`) at every reduced precision; the dense default takes it with
 DNNC_WGMMA=1, the conv default stays on mma.sync (its gathered patches come through
-registers: not measured yet). Not done: TMA bulk copies with mbarriers, warp-specialised producer
-warps, MN-major tf32 operands in shared memory (wgmma reads tf32 K-major only: such an
-operand is transposed through registers, as mma.py does).
+registers: not measured yet). Not done: TMA bulk copies with mbarriers, warp-specialised
+producer warps, MN-major tf32 operands in shared memory (wgmma reads tf32 K-major only:
+such an operand is transposed through registers, as mma.py does).
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def wgmma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Op
 
 class _SwizzledTile(_Tile):
     """An operand's k tiles in wgmma's 128-byte swizzle (see the module's docstring): a
-    K-major tile is `_Tile`'s layout (k tiles of 64 16-bit elements); an MN-major one is
-    in atoms of 64 operand rows."""
+    K-major tile is `_Tile`'s layout (its rows then 128 bytes); an MN-major one is in atoms
+    of 64 operand rows."""
 
     def word(self, slot: L.Expr, o: L.Expr, c: L.Expr) -> L.Expr:
         if self.k_inner:
@@ -140,7 +141,8 @@ class _SwizzledTile(_Tile):
 
     def descriptor(self, slot: L.Expr, first: L.Expr, ks: int) -> tuple[L.Load, tuple]:
         """(the first word, the (leading, stride) byte offsets) of the operand rows from
-        `first` (a multiple of 64) on at k step `ks` (16 elements, 32 bytes) of `slot`."""
+        `first` (a multiple of 64) on at k step `ks` (32 bytes: 16 elements, tf32 8) of
+        `slot`."""
         base = slot * self.slot_words
         if self.k_inner:   # rows of 128 bytes: 8 of them 1024 bytes apart; k 32 bytes a step
             return self.tile[base + first * ROW_WORDS + ks * 8], (16, L.SWIZZLE_BYTES)
@@ -197,8 +199,8 @@ class _Warpgroups:
             self.acc, (r,), L.const(0.0, T.float32)), L.ForKind.UNROLLED))
 
     def update(self, slot: L.Expr) -> L.Stmt:
-        """The k tile in shared `slot`: per k step of 16 and m64 tile one wgmma of the
-        warpgroup's columns, then the group committed and all but it waited for."""
+        """The k tile in shared `slot`: per k step (16, tf32 8) and m64 tile one wgmma of
+        the warpgroup's columns, then the group committed and all but it waited for."""
         body = [L.WgmmaFence()]
         for ks in range(self.bk // self.mk):
             for mi in range(self.tm):
