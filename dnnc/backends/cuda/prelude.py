@@ -147,7 +147,7 @@ def _wgmma_function(name: str, n: int, k: int, ptx: str) -> str:
         outs=", ".join(f'"+f"(d[{i}])' for i in range(count)))
 
 
-WGMMA_PRELUDE = ARCH_SPECIFIC + r"""// warpgroups (sm_90a): wgmma.mma_async, operands in shared memory
+WGMMA_PRELUDE = ARCH_SPECIFIC + r"""// warpgroups (sm_90a): wgmma.mma_async on shared operands
 // a matrix descriptor: start address, leading and stride byte offsets (16-byte units), the
 // 128-byte swizzle (mode 1 in bits 62-63), base offset 0
 __device__ __forceinline__ unsigned long long dnnc_wgmma_desc(const void* p, unsigned leading,
