@@ -228,7 +228,9 @@ MMA_VARIANTS = (
     dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, wgmma=True),
     dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=3, wgmma=True),
     dict(block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=5, wgmma=True),
-    dict(block_m=128, block_n=256, block_k=64, warps_m=4, warps_n=2, stages=4, wgmma=True))
+    dict(block_m=128, block_n=256, block_k=64, warps_m=4, warps_n=2, stages=4, wgmma=True),
+    dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, wgmma=True,
+         early_refill=True))
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
 
@@ -473,7 +475,8 @@ def _tiles(c) -> str:
     """A dense config's tiles, as the dense rows print them."""
     if isinstance(c, mma.TensorCoreConfig):
         return f"{c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
-            f"stages {c.stages} split {c.split_k}{' wgmma' if c.wgmma else ''}"
+            f"stages {c.stages} split {c.split_k}{' wgmma' if c.wgmma else ''}" \
+            f"{' early' if c.early_refill else ''}"
     return f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
         f"split_k {c.split_k}"
 

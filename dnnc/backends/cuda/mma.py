@@ -124,6 +124,7 @@ class TensorCoreConfig:
     stages: int = 3      # shared slots of the k ring (stages - 1 tiles fetched ahead)
     split_k: int = 1     # k slices summed by a second launch (fills the GPU when m n is small)
     wgmma: bool = False  # warpgroups of warps_m / 4 x warps_n issue wgmma (sm_90: wgmma.py)
+    early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
 
     @property
     def threads(self) -> int:
@@ -141,6 +142,7 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
         "block_k": (16, 32, 64), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
+        "early_refill": (False, True)[:1 + warpgroups],
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -149,8 +151,10 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
                    lambda c: c.wgmma or _accumulators(c) <= MAX_ACCUMULATORS),
         Constraint(f"with wgmma: k tiles of {wgmma.block_k(precision)} (128 bytes), warps_m "
                    "a multiple of 4, a warpgroup's columns 64, 128 or 256 and rows whole "
-                   "m64 tiles, at most 128 accumulators a thread, at least 3 stages",
+                   "m64 tiles, at most 128 accumulators a thread, at least 3 stages (2 "
+                   "with early_refill)",
                    lambda c: not c.wgmma or wgmma.fits(c, precision)),
+        Constraint("early_refill only with wgmma", lambda c: c.wgmma or not c.early_refill),
         Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB "
                    f"({MAX_WGMMA_SHARED_BYTES >> 10} KiB with wgmma)",
                    lambda c: shared_bytes(c, precision) <= (

@@ -31,8 +31,10 @@ Loop: `stages - 2` tiles are fetched ahead. At tile kt each thread waits for its
 kt, fences them into the async proxy (`L.ProxyFence`), one barrier; the warpgroups issue
 kt's wgmmas, commit them and wait until only those are in flight (kt - 1's are done);
 then the fetch of tile kt + stages - 2 into the slot of tile kt - 2, which every warpgroup
-has finished (each waited for it before the barrier the fetching thread passed). After the
-last tile, a wait for all. The epilogue stores each accumulator through the problem's
+has finished (each waited for it before the barrier the fetching thread passed). With
+`early_refill`, a second barrier after that wait lets the fetch of tile kt + stages - 1
+take the slot of kt - 1 (`stages - 1` tiles ahead, kt's wgmmas running across the
+barrier): which pays is the GPU's to say. After the last tile, a wait for all. The epilogue stores each accumulator through the problem's
 store, as `mma.py`'s, and `split_k` splits k as there.
 
 Which problems: `mma.py`'s spaces (dense and conv) offer the knob on sm_90
@@ -75,8 +77,8 @@ def fits(c: TensorCoreConfig, precision: str) -> bool:
     """Whether config `c` is one this product runs at `precision`: k tiles of a 128-byte
     row (`block_k`), warpgroups of 4 warps down m, each owning whole m64 tiles and 64, 128
     or 256 columns, 128 accumulators a thread at most, and at least 3 slots (2 tiles ahead
-    of the one being multiplied is stages - 2)."""
-    if c.block_k != block_k(precision) or c.warps_m % 4 or c.stages < 3:
+    of the one being multiplied is stages - 2; with `early_refill`, 2 slots)."""
+    if c.block_k != block_k(precision) or c.warps_m % 4 or c.stages < 3 - c.early_refill:
         return False
     rows, columns = c.block_m // (c.warps_m // 4), c.block_n // c.warps_n
     return c.block_m % (c.warps_m // 4) == 0 and rows % TILE_M == 0 and \
@@ -217,7 +219,8 @@ class _Warpgroups:
     def product(self, first: L.Expr) -> L.Stmt:
         """k tiles first .. first + per - 1 through the ring (see the module's docstring)."""
         tiles, stages, per = (self.a_in, self.b_in), self.c.stages, self.per
-        ahead = stages - 2
+        early = self.c.early_refill
+        ahead = stages - 1 if early else stages - 2
         asynchronous = any(x.asynchronous for x in tiles)
         commit = [L.AsyncCommit()] if asynchronous else []
         prologue = []
@@ -232,7 +235,7 @@ class _Warpgroups:
         loop = L.For(kt, per, L.seq(
             *([self.per_thread(L.AsyncWait(ahead - 1))] if asynchronous else []),
             *(x.round_in_place(kt % stages) for x in tiles), fence,
-            L.Barrier(), self.update(kt % stages),
+            L.Barrier(), self.update(kt % stages), *([L.Barrier()] if early else []),
             *(x.issue(first + coming, slot, more) for x in tiles), *commit,
             *(x.finish(slot, more) for x in tiles)))
         done = self.per_thread(L.WgmmaWait(0, self.acc[0], self.count))

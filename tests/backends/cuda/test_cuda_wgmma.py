@@ -9,8 +9,9 @@ shared tiles in the 128-byte swizzle, fed by the cp.async ring.
   atom on a 1024-byte boundary, 8 consecutive chunks stored in 8 bank groups;
 - numbers: products (fp16, bf16; operands in 16 bits by cp.async or fp32 through registers;
   tf32, K-major float32 by cp.async rounded in place or transposed through registers;
-  A and B in either layout; edges, batches, split-k, stages 3 to 5, a fused epilogue)
-  against NumPy within test_cuda_precision.py's `bound`, on the host; compiled by NVRTC for
+  A and B in either layout; edges, batches, split-k, stages 2 to 5, the early refill (its
+  second barrier dropped, they fail), a fused epilogue) against NumPy within
+  test_cuda_precision.py's `bound`, on the host; compiled by NVRTC for
   sm_90a without spills where CuPy is; on a GPU (`gpu`: an H100 / H200).
 - the knob: in the space on sm_90 only; the default picks it on sm_90 only with
   DNNC_WGMMA=1; modules using it compile for sm_90a (`device.compile_arch`).
@@ -53,8 +54,12 @@ CASES = [
     ("fp16", 200, 260, 72, 1, W(128, 256, 64, 8, 1, 3), T.float16, False, False),
     ("tf32", 100, 136, 200, 1, W(64, 128, 32, 4, 1, 3), T.float32, False, True),
     ("tf32", 70, 128, 100, 2, W(128, 128, 32, 8, 1, 4), T.float32, True, False),
+    ("fp16", 128, 256, 520, 1, W(128, 128, 64, 8, 1, 2, early_refill=True), T.float16,
+     False, False),
+    ("bf16", 100, 130, 300, 1, W(64, 128, 64, 4, 1, 3, early_refill=True), T.float32,
+     True, True),
 ]
-SMOKE = (0, 1, 2, 5, 7)
+SMOKE = (0, 1, 2, 5, 7, 9)
 """CASES run on host threads in every run; the rest are `emulated_full`."""
 
 DEVICE_CASES = CASES + [
@@ -63,6 +68,8 @@ DEVICE_CASES = CASES + [
     ("fp16", 8192, 3072, 768, 1, W(128, 256, 64, 8, 1, 4), T.float16, False, False),
     ("tf32", 4096, 4096, 4096, 1, W(128, 256, 32, 8, 1, 4), T.float32, False, True),
     ("tf32", 1024, 3072, 768, 1, W(128, 128, 32, 8, 1, 4), T.float32, False, False),
+    ("fp16", 4096, 4096, 4096, 1, W(128, 256, 64, 8, 1, 4, early_refill=True), T.float16,
+     False, False),
 ]
 """What NVRTC compiles (and the GPU runs): CASES and the bench's shapes."""
 
