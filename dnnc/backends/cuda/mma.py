@@ -47,8 +47,8 @@ Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codege
 
 On sm_90 the `wgmma` knob swaps the warps' mma.sync for warpgroups' wgmma.mma_async on the
 same shared tiles (`wgmma.py`, which says why it is a knob), in the dense and conv spaces
-at every precision; the dense default picks it only where DNNC_WGMMA=1
-(`wgmma_by_default`) until a GPU run has checked it.
+at every precision; the dense default picks it only where DNNC_WGMMA=1 (`WGMMA_DEFAULT`
+off until a GPU run has checked it).
 
 Not yet: TMA on sm_90; the next k tile's first fragments loaded before this
 tile's last mmas (CUTLASS's overlap of the barrier); vector stores of Y at the edges and
@@ -196,10 +196,17 @@ past Y's edges."""
 WGMMA_STAGES = 4
 
 
+WGMMA_DEFAULT = False
+"""Whether the default config may pick the `wgmma` knob on sm_90 when DNNC_WGMMA is unset
+(DNNC_WGMMA=1 / 0 says so either way): off until a GPU run has checked the product."""
+
+
 def wgmma_by_default(arch: str | None) -> bool:
-    """Whether the default config may pick the `wgmma` knob: on sm_90, while DNNC_WGMMA=1
-    (until a GPU run has checked the product, the default stays on mma.sync)."""
-    return os.environ.get("DNNC_WGMMA") == "1" and arch is not None and has_wgmma(arch)
+    """Whether the default config may pick the `wgmma` knob: on sm_90, where DNNC_WGMMA=1,
+    or WGMMA_DEFAULT where it is unset."""
+    switch = os.environ.get("DNNC_WGMMA")
+    on = WGMMA_DEFAULT if switch is None else switch == "1"
+    return on and arch is not None and has_wgmma(arch)
 
 
 def _candidates(m: int, n: int, precision: str, with_wgmma: bool):

@@ -14,7 +14,7 @@ shared tiles in the 128-byte swizzle, fed by the cp.async ring.
   test_cuda_precision.py's `bound`, on the host; compiled by NVRTC for
   sm_90a without spills where CuPy is; on a GPU (`gpu`: an H100 / H200).
 - the knob: in the space on sm_90 only; the default picks it on sm_90 only with
-  DNNC_WGMMA=1; modules using it compile for sm_90a (`device.compile_arch`).
+  DNNC_WGMMA=1 (or unset, once `mma.WGMMA_DEFAULT` is on); modules using it compile for sm_90a (`device.compile_arch`).
 """
 
 import ctypes
@@ -420,6 +420,8 @@ def test_the_default_picks_wgmma_on_sm90_only_when_asked(monkeypatch):
     from dnnc.backends import problems   # noqa: F401  (the templates' problems)
 
     monkeypatch.delenv("DNNC_WGMMA", raising=False)
+    assert mma.wgmma_by_default("sm_90") == mma.WGMMA_DEFAULT
+    monkeypatch.setenv("DNNC_WGMMA", "0")
     assert not mma.choose(4096, 4096, 4096, wgmma=False).wgmma
     assert not mma.wgmma_by_default("sm_90")
     monkeypatch.setenv("DNNC_WGMMA", "1")
@@ -452,22 +454,19 @@ def test_modules_using_wgmma_compile_for_sm90a():
 
 def test_a_model_compiles_to_wgmma_by_default_on_sm90_with_the_switch(monkeypatch):
     """dnnc.compile for the (reference, sm_90) GPU: with DNNC_WGMMA=1 its large products
-    take the wgmma default and the module says it needs sm_90a; without, mma.sync."""
+    take the wgmma default and the module says it needs sm_90a; with 0, mma.sync."""
     import dnnc
     from dnnc import zoo
     from dnnc.backends.cuda.prelude import ARCH_SPECIFIC
 
     model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
-    for switch in ("1", None):
-        if switch:
-            monkeypatch.setenv("DNNC_WGMMA", switch)
-        else:
-            monkeypatch.delenv("DNNC_WGMMA", raising=False)
+    for switch in (True, False):
+        monkeypatch.setenv("DNNC_WGMMA", "1" if switch else "0")
         source = dnnc.compile(model, "cuda", precision="bf16", render_only=True).source("cuda")
         kernels = source[source.index('extern "C"'):]
-        assert ("dnnc_wgmma_bf16_n256<" in kernels) == bool(switch)
-        assert ("dnnc_mma_bf16(" in kernels) != bool(switch)
-        assert (ARCH_SPECIFIC in source) == bool(switch)
+        assert ("dnnc_wgmma_bf16_n256<" in kernels) == switch
+        assert ("dnnc_mma_bf16(" in kernels) != switch
+        assert (ARCH_SPECIFIC in source) == switch
 
 
 @pytest.mark.gpu
