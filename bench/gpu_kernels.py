@@ -10,12 +10,12 @@ Each case builds a small graph, lowers it as one kernel (`lower_group`), schedul
 the cuda templates' default config and, unless `--no-variants`, with the previous default
 (`old default`, where the default changed) and a few other configs of the same space (to
 see what the default leaves on the table), renders, compiles it with NVRTC
-(`cupy.RawModule`) and times its launches with CUDA events: the median over `--trials` of
-the mean time of `--repeat` back-to-back launches. For the memory-bound cases every row of
-a case (the copy, torch, each dnnc config) is timed in turn, trial by trial (A, B, C, A, B,
-C, ...: `interleaved_ms`), so that drift over the run falls on all of them alike, and the
-fastest dnnc config is named under them: pick defaults from one run. Beside dnnc, in the
-same run:
+(`device.ModuleCache`; sm_90a where it uses wgmma) and times its launches with CUDA
+events: the median over `--trials` of the mean time of `--repeat` back-to-back launches.
+For the memory-bound cases every row of a case (the copy, torch, each dnnc config) is
+timed in turn, trial by trial (A, B, C, A, B, C, ...: `interleaved_ms`), so that drift over
+the run falls on all of them alike, and the fastest dnnc config is named under them: pick
+defaults from one run. Beside dnnc, in the same run:
 
 - copy: a device-to-device copy (`cudaMemcpyAsync`) of the tensor's bytes, timed the same
   way: the bar (issue 12: elementwise >= 80% of it, softmax / layernorm rows >= 70%);
@@ -260,7 +260,14 @@ MMA_VARIANTS = (
     dict(block_m=128, block_n=256, block_k=32, warps_m=2, warps_n=4, stages=4),
     dict(block_m=256, block_n=128, block_k=32, warps_m=4, warps_n=2, stages=3),
     dict(block_m=128, block_n=128, block_k=64, warps_m=2, warps_n=2, stages=3),
-    dict(block_m=64, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=4))
+    dict(block_m=64, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=4),
+    # warpgroups issuing wgmma (sm_90 only: skipped elsewhere, outside the space)
+    dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, wgmma=True),
+    dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=3, wgmma=True),
+    dict(block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=5, wgmma=True),
+    dict(block_m=128, block_n=256, block_k=64, warps_m=4, warps_n=2, stages=4, wgmma=True),
+    dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, wgmma=True,
+         early_refill=True))
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
 
@@ -347,7 +354,7 @@ def build(case: Case, machine: Target, overrides: dict):
 def run_kernel(cp, kernel, func, x_dev):
     """A function launching `func`'s launches once, and its output device array."""
     module = render_module([(func, True)])
-    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    raw = _load(cp, module.source)
     info = module.kernels[func.name]
     ins = [x_dev if v.const is None else cp.asarray(np.ascontiguousarray(v.const))
            for v in kernel.inputs]
@@ -361,7 +368,18 @@ def run_kernel(cp, kernel, func, x_dev):
         for fn, lc in launches:
             fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
 
+    launch.module = raw   # (loaded as long as its launches run)
+
     return launch, out, len(launches)
+
+
+def _load(cp, source: str):
+    """The compiled module of rendered `source`, as the runtime compiles it (NVRTC, for this
+    GPU: sm_90a where it uses wgmma, `device.compile_arch`), loaded."""
+    arch = device.compile_arch(device.gpu_arch(), source)
+    module = cp.cuda.function.Module()
+    module.load(device.ModuleCache().get(source, arch, device.nvrtc_options(arch)))
+    return module
 
 
 def _function(raw, launch):
@@ -386,7 +404,7 @@ def stored_16bit(cp, precision: str, x, w, config):
                            precision=precision)
     func = L.PrimFunc("stored_16bit", (a, b, y), body)
     module = render_module([(func, True)])
-    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    raw = _load(cp, module.source)
     info = module.kernels[func.name]
     out = cp.full((m, n), np.nan, np.float32)
     args = tuple([cp.asarray(v.astype(dtype.np).view(np.uint16)) for v in (x, w)] + [out] +
@@ -396,6 +414,8 @@ def stored_16bit(cp, precision: str, x, w, config):
     def launch():
         for fn, lc in launches:
             fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
+
+    launch.module = raw   # (loaded as long as its launches run)
 
     return launch, out
 
@@ -493,7 +513,8 @@ def _tiles(c) -> str:
     """A dense config's tiles, as the dense rows print them."""
     if isinstance(c, mma.TensorCoreConfig):
         return f"{c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
-            f"stages {c.stages} split {c.split_k}"
+            f"stages {c.stages} split {c.split_k}{' wgmma' if c.wgmma else ''}" \
+            f"{' early' if c.early_refill else ''}"
     return f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
         f"split_k {c.split_k}"
 

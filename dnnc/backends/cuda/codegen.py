@@ -15,8 +15,8 @@ The interface the cuda runtime codes against:
                                       memory, each aligned as cudaMalloc's, 256 bytes)
     Launch.name, .grid, .block, .shared_bytes
         the `__global__` symbol, (x, y, z) blocks and threads, dynamic shared memory bytes
-        (0 unless the stage's shared buffers pass STATIC_SHARED_BYTES: then all of them,
-        carved from one dynamic pool)
+        (0 unless the stage's shared buffers pass STATIC_SHARED_BYTES or it holds an
+        `L.Wgmma`: then all of them, carved from one dynamic pool)
 
 Every `__global__` takes, in order, one pointer per PrimFunc parameter (the element type's
 pointer, `const` for buffers it never stores) and then one pointer per workspace buffer
@@ -52,7 +52,12 @@ fp16 / bf16: `cvt.rn.f16x2.f32` / `cvt.rn.bf16x2.f32`, two values a register), o
 shared memory through `L.LdMatrix` (`ldmatrix.sync.aligned`); `L.CopyAsync`, `L.AsyncCommit`
 and `L.AsyncWait` are `cp.async.cg` (16 bytes, the source size zero-filling the rest),
 `cp.async.commit_group` and `cp.async.wait_group`; both take shared addresses through
-`cvta.to.shared`. A module holds that prelude only when it uses it.
+`cvta.to.shared`. A module holds that prelude only when it uses it. Warpgroup products
+(`L.Wgmma`, its fence, commit and wait, `L.ProxyFence`) call `WGMMA_PRELUDE`'s functions
+(`wgmma.mma_async` with matrix descriptors built from the operands' shared addresses); a
+module using them holds its `ARCH_SPECIFIC` line (compiled for sm_90a), and a stage using
+them takes all its shared buffers from the dynamic pool, each from a multiple of
+`L.SWIZZLE_BYTES` (the descriptors' swizzle is of absolute shared addresses).
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -71,7 +76,7 @@ from ...ir import types as T
 from ..legalize import check_legal, legalize
 from .device import STATIC_SHARED_BYTES
 from .indices import CudaCodegenError, linearize, narrow_indices
-from .prelude import MMA_PRELUDE, PRELUDE
+from .prelude import MMA_PRELUDE, PRELUDE, WGMMA_N, WGMMA_PRELUDE
 
 ERRORS = L.index_checks.INDEX_ERRORS
 CHECKS_HOIST_FROM = frozenset({L.ForKind.SERIAL, L.ForKind.UNROLLED, L.ForKind.VECTORIZED})
@@ -85,6 +90,9 @@ correctly rounded; its half conversions are the prelude's)."""
 
 TENSOR_CORE_NODES = (L.Mma, L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)
 """Statements rendered through MMA_PRELUDE."""
+
+WGMMA_NODES = (L.Wgmma, L.WgmmaFence, L.WgmmaCommit, L.WgmmaWait, L.ProxyFence)
+"""Statements rendered through WGMMA_PRELUDE (which uses MMA_PRELUDE's shared addresses)."""
 
 C_TYPES: dict[T.DType, str] = {
     T.bool_: "bool", T.int8: "signed char", T.int16: "short", T.int32: "int",
@@ -132,9 +140,12 @@ def render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule:
         text, kernel = render_func(func, noalias)
         parts.append(text)
         kernels[func.name] = kernel
-    uses_mma = any(isinstance(n, TENSOR_CORE_NODES) or isinstance(n, L.Call) and n.name in
-                   L.PACKS.values() for func, _ in funcs for n in L.walk(func.body))
-    return CudaModule("\n".join([PRELUDE] + [MMA_PRELUDE] * uses_mma + parts), kernels)
+    nodes = [n for func, _ in funcs for n in L.walk(func.body)]
+    uses_wgmma = any(isinstance(n, WGMMA_NODES) for n in nodes)
+    uses_mma = uses_wgmma or any(isinstance(n, TENSOR_CORE_NODES) or isinstance(n, L.Call) and
+                                 n.name in L.PACKS.values() for n in nodes)
+    return CudaModule("\n".join([PRELUDE] + [MMA_PRELUDE] * uses_mma +
+                                [WGMMA_PRELUDE] * uses_wgmma + parts), kernels)
 
 
 def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel]:
@@ -170,9 +181,10 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         name = base if len(body) == 1 else f"{base}_s{k}"
         grid, block = launch_dims(stage, func.name)
         em = _Emitter(func.name, grid, block)
-        pool = shared_pool_bytes(stage)
-        if pool > STATIC_SHARED_BYTES:   # one dynamic pool, the buffers carved from it
-            em.pool = 0
+        align = L.SWIZZLE_BYTES if any(isinstance(n, L.Wgmma) for n in L.walk(stage)) else 16
+        pool = shared_pool_bytes(stage, align)
+        if pool > STATIC_SHARED_BYTES or align > 16:   # one dynamic pool, buffers carved from it
+            em.pool, em.pool_align = 0, align
             em.emit(1, f"DNNC_SHARED_POOL({SHARED_POOL}, {pool});")
         em.stmt(stage, 1)
         threads = math.prod(block)
@@ -188,10 +200,10 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
     return "\n".join(texts), CudaKernel(launches, sizes)
 
 
-def shared_pool_bytes(stage: L.Stmt) -> int:
-    """Bytes of every shared buffer a stage allocates, each from a 16-byte boundary."""
+def shared_pool_bytes(stage: L.Stmt, align: int = 16) -> int:
+    """Bytes of every shared buffer a stage allocates, each from an `align`-byte boundary."""
     return sum(-(-max(1, math.prod(L.static_shape(n.buffer.shape) or (1,))) *
-                 n.buffer.dtype.itemsize // 16) * 16 for n in L.walk(stage)
+                 n.buffer.dtype.itemsize // align) * align for n in L.walk(stage)
                if isinstance(n, L.Allocate) and n.buffer.scope is L.Scope.SHARED)
 
 
@@ -391,6 +403,7 @@ class _Emitter:
         self.lines: list[str] = []
         self.divisors: dict[L.Var, int] = {}   # of the lets in scope (alignment proofs)
         self.pool: int | None = None   # bytes of the dynamic shared pool carved so far
+        self.pool_align = 16           # each buffer of it from a multiple of this
 
     def fail(self, what: str):
         raise CudaCodegenError(f"{self.func}: {what}")
@@ -512,7 +525,7 @@ class _Emitter:
             self.emit(depth + 1, f"{C_TYPES[b.dtype]}* const {c_name(b.name)} = "
                                  f"reinterpret_cast<{C_TYPES[b.dtype]}*>({SHARED_POOL} + "
                                  f"{self.pool});")
-            self.pool += -(-count * b.dtype.itemsize // 16) * 16
+            self.pool += -(-count * b.dtype.itemsize // self.pool_align) * self.pool_align
             self.stmt(s.body, depth + 1)
             self.emit(depth, "}")
             return
@@ -546,6 +559,28 @@ class _Emitter:
 
     def async_wait(self, s: L.AsyncWait, depth: int) -> None:
         self.emit(depth, f"dnnc_cp_async_wait<{s.pending}>();")
+
+    def wgmma(self, s: L.Wgmma, depth: int) -> None:
+        """`dnnc_wgmma_<precision>_n<n><A MN-major, B MN-major>(&acc, desc a, desc b)`
+        (WGMMA_PRELUDE), each descriptor `dnnc_wgmma_desc(&start, leading, stride)`."""
+        if s.n not in WGMMA_N:
+            self.fail(f"wgmma n={s.n}: the prelude has n in {WGMMA_N}")
+        a, b = (f"dnnc_wgmma_desc(&{self.load(x)}, {lead}u, {stride}u)"
+                for x, (lead, stride) in ((s.a, s.a_offsets), (s.b, s.b_offsets)))
+        self.emit(depth, f"dnnc_wgmma_{s.precision}_n{s.n}<{int(s.a_mn_major)}, "
+                         f"{int(s.b_mn_major)}>(&{self.load(s.acc)}, {a}, {b});")
+
+    def wgmma_fence(self, s: L.WgmmaFence, depth: int) -> None:
+        self.emit(depth, "dnnc_wgmma_fence();")
+
+    def wgmma_commit(self, s: L.WgmmaCommit, depth: int) -> None:
+        self.emit(depth, "dnnc_wgmma_commit();")
+
+    def wgmma_wait(self, s: L.WgmmaWait, depth: int) -> None:
+        self.emit(depth, f"dnnc_wgmma_wait<{s.pending}, {s.count}>(&{self.load(s.acc)});")
+
+    def proxy_fence(self, s: L.ProxyFence, depth: int) -> None:
+        self.emit(depth, "dnnc_fence_proxy_async();")
 
     # -- expressions (dispatched through _EXPR) ----------------------------------------------
 
@@ -629,6 +664,9 @@ _STMT: dict[type, Callable] = {
     L.If: _Emitter.if_, L.Allocate: _Emitter.allocate, L.Barrier: _Emitter.barrier,
     L.Mma: _Emitter.mma, L.LdMatrix: _Emitter.ldmatrix, L.CopyAsync: _Emitter.copy_async,
     L.AsyncCommit: _Emitter.async_commit, L.AsyncWait: _Emitter.async_wait,
+    L.Wgmma: _Emitter.wgmma, L.WgmmaFence: _Emitter.wgmma_fence,
+    L.WgmmaCommit: _Emitter.wgmma_commit, L.WgmmaWait: _Emitter.wgmma_wait,
+    L.ProxyFence: _Emitter.proxy_fence,
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,

@@ -30,6 +30,7 @@ from typing import Callable
 
 from ...errors import CompileError, DeviceError
 from ...ir.target import GPU, Target
+from .prelude import ARCH_SPECIFIC
 
 CACHE_SCHEMA = 1
 """Part of every cache key: bump it when what a cached file holds changes meaning."""
@@ -240,6 +241,27 @@ def describe() -> str:
 
 
 # -- compiling ----------------------------------------------------------------------------------
+
+WGMMA_ARCH = "sm_90"
+"""The one architecture whose tensor cores run `wgmma.mma_async` (Hopper; its sm_90a target:
+Blackwell's architecture-specific targets have other instructions)."""
+
+
+def has_wgmma(arch: str) -> bool:
+    """Whether `arch` ("sm_90", "sm_90a") runs the warpgroup products (`L.Wgmma`)."""
+    return arch.rstrip("a") == WGMMA_ARCH
+
+
+def compile_arch(arch: str, source: str) -> str:
+    """The architecture NVRTC compiles `source` for on a device of `arch`: `arch` + "a" where
+    the module uses architecture-specific instructions (it holds `prelude.ARCH_SPECIFIC`:
+    wgmma needs sm_90a, which the device reports as compute capability 9.0), else `arch`."""
+    if ARCH_SPECIFIC not in source or arch.endswith("a"):
+        return arch
+    if not has_wgmma(arch):
+        raise CompileError(f"the module uses wgmma (sm_90a only); this GPU is {arch}")
+    return arch + "a"
+
 
 def nvrtc_options(arch: str) -> tuple[str, ...]:
     """NVRTC's options for `arch`: an `sm_` architecture gives a cubin (machine code, no JIT at

@@ -523,7 +523,8 @@ class _CompiledSegment(CompiledSegment):
             return
         self.device_id = self.cupy.cuda.Device().id
         if cubin is None or built_for != self.arch:
-            cubin = rt.module_cache.get(self.source, self.arch, device.nvrtc_options(self.arch))
+            arch = device.compile_arch(self.arch, self.source)
+            cubin = rt.module_cache.get(self.source, arch, device.nvrtc_options(arch))
         self.cubin = cubin
         self._module = self.cupy.cuda.function.Module()
         self._module.load(cubin)

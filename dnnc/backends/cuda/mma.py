@@ -47,7 +47,12 @@ of a 16-row tile), depthwise convolutions the default one. Channels-last convolu
 
 Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codegen.py).
 
-Not yet: wgmma and TMA on sm_90; the next k tile's first fragments loaded before this
+On sm_90 the `wgmma` knob swaps the warps' mma.sync for warpgroups' wgmma.mma_async on the
+same shared tiles (`wgmma.py`, which says why it is a knob), in the dense and conv spaces
+at every precision; the dense default picks it only where DNNC_WGMMA=1 (`WGMMA_DEFAULT`
+off until a GPU run has checked it).
+
+Not yet: TMA on sm_90; the next k tile's first fragments loaded before this
 tile's last mmas (CUTLASS's overlap of the barrier); vector stores of Y at the edges and
 through epilogues that read memory; fp32 operands at fp16 / bf16 and tf32 operands
 contiguous along their rows through cp.async (converting or transposing in shared memory);
@@ -58,7 +63,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 from ...ir import loop as L
 from ...ir import types as T
@@ -68,7 +74,7 @@ from ..space import Constraint, Space, Template
 from . import conv as conv_template
 from . import dense as dense_template
 from .dense import MAX_GRID_YZ, MIN_SPLIT_K, SPLITS, Operand, min_blocks
-from .device import REFERENCE, gpu_of
+from .device import REFERENCE, gpu_of, has_wgmma
 
 PRECISIONS = ("tf32", "fp16", "bf16")
 """The precisions these templates serve (`Template.precisions`)."""
@@ -84,6 +90,9 @@ MAX_SHARED_BYTES = 99 << 10
 """A block's shared tiles at most: what sm_86 and sm_89 allow (sm_80: 163 KiB, sm_90: 227
 KiB); beyond 48 KiB the renderer makes them one dynamic pool (`codegen.STATIC_SHARED_BYTES`).
 """
+
+MAX_WGMMA_SHARED_BYTES = 227 << 10
+"""A block's shared tiles at most with the `wgmma` knob (sm_90 only: its limit)."""
 
 MAX_ACCUMULATORS = 128
 """fp32 accumulators a lane at most (a 64 x 64 warp tile): beyond, registers spill."""
@@ -116,27 +125,42 @@ class TensorCoreConfig:
     warps_n: int = 4
     stages: int = 3      # shared slots of the k ring (stages - 1 tiles fetched ahead)
     split_k: int = 1     # k slices summed by a second launch (fills the GPU when m n is small)
+    wgmma: bool = False  # warpgroups of warps_m / 4 x warps_n issue wgmma (sm_90: wgmma.py)
+    early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
 
     @property
     def threads(self) -> int:
         return WARP * self.warps_m * self.warps_n
 
 
-def product_space(name: str, k: int, batch: int, precision: str) -> Space:
+def product_space(name: str, k: int, batch: int, precision: str, arch: str | None = None
+                  ) -> Space:
     """The knobs of a tensor-core product of depth `k`, `batch` of them (dense and conv), at
-    `precision`."""
+    `precision`; the `wgmma` knob on where `arch` has it (sm_90)."""
+    from . import wgmma   # (it builds on this module's tiles)
+
+    warpgroups = arch is not None and has_wgmma(arch)
     return Space(name, TensorCoreConfig, {
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
-        "block_k": (16, 32, 64), "warps_m": (1, 2, 4), "warps_n": (1, 2, 4),
-        "stages": (2, 3, 4), "split_k": SPLITS,
+        "block_k": (16, 32, 64), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
+        "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
+        "early_refill": (False, True)[:1 + warpgroups],
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
                    c.block_n % (16 * c.warps_n) == 0),
         Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
-                   lambda c: _accumulators(c) <= MAX_ACCUMULATORS),
-        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB",
-                   lambda c: shared_bytes(c, precision) <= MAX_SHARED_BYTES),
+                   lambda c: c.wgmma or _accumulators(c) <= MAX_ACCUMULATORS),
+        Constraint(f"with wgmma: k tiles of {wgmma.block_k(precision)} (128 bytes), warps_m "
+                   "a multiple of 4, a warpgroup's columns 64, 128 or 256 and rows whole "
+                   "m64 tiles, at most 128 accumulators a thread, at least 3 stages (2 "
+                   "with early_refill)",
+                   lambda c: not c.wgmma or wgmma.fits(c, precision)),
+        Constraint("early_refill only with wgmma", lambda c: c.wgmma or not c.early_refill),
+        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB "
+                   f"({MAX_WGMMA_SHARED_BYTES >> 10} KiB with wgmma)",
+                   lambda c: shared_bytes(c, precision) <= (
+                       MAX_WGMMA_SHARED_BYTES if c.wgmma else MAX_SHARED_BYTES)),
         Constraint("split_k at most the k tiles, batch * split_k blocks on grid z",
                    lambda c: c.split_k <= -(-k // c.block_k) and
                    batch * c.split_k <= MAX_GRID_YZ)])
@@ -164,21 +188,61 @@ def _deepest(block_m: int, block_n: int, precision: str) -> int:
     return 16
 
 
-def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
-           precision: str = "fp16", padded: bool = False) -> TensorCoreConfig:
-    """The default config of an m x n x k product (`batch` of them) on `gpu`, as
-    dense.choose: of the DEFAULTS tiles, each with k unsplit or split into slices at least
-    MIN_SPLIT_K deep, the one a rough model says is fastest (its guessed EFFICIENCY, slowed
-    where its blocks cannot fill the GPU, plus a split's cost); with `padded`, a ragged
-    edge's tiles count whole (a channels-last conv's 64 out channels in a 256-column tile
-    compute 4 times the work)."""
-    best, best_time = None, math.inf
+WGMMA_DEFAULTS = ((128, 256, 8, 1), (128, 128, 8, 1), (64, 128, 4, 1))
+WGMMA_EFFICIENCY = (0.95, 0.85, 0.6)
+"""(block_m, block_n, warps_m, warps_n) the default tries with the `wgmma` knob (warpgroups
+down m: 64 x 256 or 64 x 128 each, as CUTLASS's sm_90 kernels), k tiles of 128 bytes in
+WGMMA_STAGES slots, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's
+peak is about 1.5 times mma.sync's on Hopper); each also slowed by the share of its tiles
+past Y's edges."""
+WGMMA_STAGES = 4
+
+
+WGMMA_DEFAULT = False
+"""Whether the default config may pick the `wgmma` knob on sm_90 when DNNC_WGMMA is unset
+(DNNC_WGMMA=1 / 0 says so either way): off until a GPU run has checked the product."""
+
+
+def wgmma_by_default(arch: str | None) -> bool:
+    """Whether the default config may pick the `wgmma` knob: on sm_90, where DNNC_WGMMA=1,
+    or WGMMA_DEFAULT where it is unset."""
+    switch = os.environ.get("DNNC_WGMMA")
+    on = WGMMA_DEFAULT if switch is None else switch == "1"
+    return on and arch is not None and has_wgmma(arch)
+
+
+def _candidates(m: int, n: int, precision: str, with_wgmma: bool):
+    """(config without split, guessed efficiency) of the tiles the default tries."""
+    from . import wgmma   # (it builds on this module's tiles)
+
     for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
+        yield TensorCoreConfig(bm, bn, _deepest(bm, bn, precision), wm, wn,
+                               DEFAULT_STAGES), efficiency
+    if not with_wgmma:
+        return
+    for (bm, bn, wm, wn), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
+        padded = -(-m // bm) * bm * -(-n // bn) * bn
+        yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, WGMMA_STAGES,
+                               wgmma=True), \
+            efficiency * m * n / padded
+
+
+def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
+           precision: str = "fp16", padded: bool = False, wgmma: bool = False
+           ) -> TensorCoreConfig:
+    """The default config of an m x n x k product (`batch` of them) on `gpu`, as
+    dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
+    unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
+    fastest (its guessed efficiency, slowed where its blocks cannot fill the GPU, plus a
+    split's cost); with `padded`, a ragged edge's tiles count whole (a channels-last conv's
+    64 out channels in a 256-column tile compute 4 times the work)."""
+    best, best_time = None, math.inf
+    for base, efficiency in _candidates(m, n, precision, wgmma):
+        bm, bn = base.block_m, base.block_n
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
-            config = TensorCoreConfig(bm, bn, _deepest(bm, bn, precision), wm, wn,
-                                      DEFAULT_STAGES, split)
+            config = replace(base, split_k=split)
             blocks = -(-m // bm) * -(-n // bn) * batch
             fill = min(1.0, blocks * split / min_blocks(gpu))
             work = blocks * bm * bn if padded else m * n * batch
@@ -201,7 +265,11 @@ def _c(r: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
 def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
                 b: Operand, store, *, precision: str) -> L.Stmt:
     """The blocks, warps and loops of Y[bi, i, j] = sum_k A[bi, i, k] B[bi, k, j] on tensor
-    cores at `precision` (see the module's docstring); the arguments as dense.tiled_product's."""
+    cores at `precision` (see the module's docstring; with the `wgmma` knob, wgmma.py's
+    warpgroups); the arguments as dense.tiled_product's."""
+    if c.wgmma:
+        from .wgmma import wgmma_product   # (it builds on this module's tiles)
+        return wgmma_product(c, batch, m, n, k, a, b, store, precision=precision)
     w = _WarpTiles(c, batch, m, n, k, a, b, precision)
     bi, by, bx = w.bi, w.by, w.bx
     grid = (-(-m // w.bm), -(-n // w.bn))
@@ -585,11 +653,13 @@ def _product(machine) -> functools.partial:
 
 
 def dense_space(p: problems.Dense, machine) -> Space:
-    return product_space("cuda_mma_dense", p.k, p.batch, machine.precision)
+    return product_space("cuda_mma_dense", p.k, p.batch, machine.precision,
+                         getattr(machine, "arch", None))
 
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
-    return choose(p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision)
+    return choose(p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
+                  wgmma_by_default(getattr(machine, "arch", None)))
 
 
 def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:
@@ -597,7 +667,8 @@ def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:
 
 
 def conv_space(p: problems.Conv2d, machine) -> Space:
-    return product_space("cuda_mma_conv2d", conv_template.gemm(p)[2], 1, machine.precision)
+    return product_space("cuda_mma_conv2d", conv_template.gemm(p)[2], 1, machine.precision,
+                         getattr(machine, "arch", None))
 
 
 def conv_default(p: problems.Conv2d, machine) -> TensorCoreConfig:

@@ -1,7 +1,10 @@
 """The device functions every rendered CUDA module starts with (`PRELUDE`: half conversions,
-NaN-propagating min / max, the run-time index check, the dynamic shared-memory pool) and
-those of the tensor cores (`MMA_PRELUDE`: operand conversions, mma.sync, ldmatrix, cp.async),
-as CUDA C with inline PTX that NVRTC compiles without any header.
+NaN-propagating min / max, the run-time index check, the dynamic shared-memory pool), those
+of the tensor cores (`MMA_PRELUDE`: operand conversions, mma.sync, ldmatrix, cp.async) and
+those of Hopper's warpgroup products (`WGMMA_PRELUDE`: matrix descriptors, wgmma.mma_async,
+its fence, groups and wait, the async-proxy fence; sm_90a only, the module then holds the
+line `ARCH_SPECIFIC`), as CUDA C with inline PTX that NVRTC compiles without any
+header.
 
 `codegen.py` renders calls of them and decides which a module holds; this module is only
 their text and must never render or decide anything. The host-C++ shim of
@@ -10,7 +13,7 @@ and signatures in step with it.
 """
 
 PRELUDE = r"""// dnnc: CUDA C for NVRTC (built-in headers only)
-#define DNNC_SHARED_POOL(name, bytes) extern __shared__ __align__(16) unsigned char name[]
+#define DNNC_SHARED_POOL(name, bytes) extern __shared__ __align__(1024) unsigned char name[]
 __device__ __forceinline__ float dnnc_h2f(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
 }
@@ -112,3 +115,63 @@ template <int N> __device__ __forceinline__ void dnnc_cp_async_wait() {
 intrinsics render to (`dnnc_mma_<precision>(acc + offset,
 a0..a3, b0, b1)`, `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`, `dnnc_bf16x2(lo, hi)`): added after
 `PRELUDE` to a module that uses them."""
+
+ARCH_SPECIFIC = "// dnnc: sm_90a (wgmma)\n"
+"""The first line of a module using `WGMMA_PRELUDE`: its architecture-specific instructions
+need NVRTC's `sm_90a` where the device says `sm_90` (`device.compile_arch`)."""
+
+WGMMA_N = (64, 128, 256)
+"""The n of the `dnnc_wgmma_<precision>_n<n>` functions WGMMA_PRELUDE defines."""
+
+_WGMMA_FUNCTION = r"""
+template <int TA, int TB> __device__ __forceinline__ void dnnc_wgmma_{name}_n{n}(
+    float* d, unsigned long long a, unsigned long long b) {{
+  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{one}, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} "
+               "{{{d}}}, %{da}, %{db}, p, 1, 1{trans}; }}"
+               : {outs}
+               : "l"(a), "l"(b), "r"(1){imms});
+}}
+"""[1:]
+
+
+def _wgmma_function(name: str, n: int, k: int, ptx: str) -> str:
+    """`dnnc_wgmma_<name>_n<n><TA, TB>(d, desc a, desc b)`: D (n / 2 registers from d) += A B
+    (TA, TB: A, B MN-major; tf32 has no transposes)."""
+    count = n // 2
+    trans = ", %{}, %{}".format(count + 3, count + 4) if ptx != "tf32" else ""
+    imms = ', "n"(TA), "n"(TB)' if ptx != "tf32" else ""
+    return _WGMMA_FUNCTION.format(
+        name=name, n=n, k=k, ptx=ptx, d=", ".join(f"%{i}" for i in range(count)),
+        da=count, db=count + 1, one=count + 2, trans=trans, imms=imms,
+        outs=", ".join(f'"+f"(d[{i}])' for i in range(count)))
+
+
+WGMMA_PRELUDE = ARCH_SPECIFIC + r"""// warpgroups (sm_90a): wgmma.mma_async on shared operands
+// a matrix descriptor: start address, leading and stride byte offsets (16-byte units), the
+// 128-byte swizzle (mode 1 in bits 62-63), base offset 0
+__device__ __forceinline__ unsigned long long dnnc_wgmma_desc(const void* p, unsigned leading,
+                                                              unsigned stride) {
+  return (unsigned long long)((dnnc_shared_address(p) & 0x3ffff) >> 4) |
+         (unsigned long long)(leading >> 4) << 16 | (unsigned long long)(stride >> 4) << 32 |
+         1ull << 62;
+}
+__device__ __forceinline__ void dnnc_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void dnnc_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+// wait, then the accumulators read after it (the compiler may not move their reads above)
+template <int N, int COUNT> __device__ __forceinline__ void dnnc_wgmma_wait(float* d) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+__device__ __forceinline__ void dnnc_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+""" + "".join(_wgmma_function(name, n, k, ptx) for name, k, ptx in (
+    ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16")) for n in WGMMA_N)
+"""What `L.Wgmma` and its fence, commit and wait and `L.ProxyFence` render to, added after
+MMA_PRELUDE (whose `dnnc_shared_address` it uses) to a module that uses them."""

@@ -47,8 +47,8 @@ def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
         arrays = list(arrays) + [np.zeros(3, np.int64)]
     module = render_module([(func, True)])   # the arrays are distinct: no aliasing
     kernel = module.kernels[func.name]
-    cubin = device.ModuleCache().get(module.source, target.arch,
-                                     device.nvrtc_options(target.arch))
+    arch = device.compile_arch(target.arch, module.source)
+    cubin = device.ModuleCache().get(module.source, arch, device.nvrtc_options(arch))
     loaded = cupy.cuda.function.Module()
     loaded.load(cubin)
     on_device = [cupy.asarray(a) for a in arrays]

@@ -248,7 +248,7 @@ class FunctionEmitter:
         self.fail("barriers are GPU-only")
 
     def warp_memory(self, s: L.Stmt) -> None:
-        self.fail(f"{type(s).__name__} (ldmatrix, cp.async) is GPU-only")
+        self.fail(f"{type(s).__name__} (ldmatrix, cp.async, wgmma) is GPU-only")
 
     # -- loops (dispatched through _LOOP by kind) --------------------------------------------
 
@@ -493,8 +493,9 @@ _STMT: dict[type, Callable] = {
     L.Seq: FunctionEmitter.seq, L.For: FunctionEmitter.loop, L.Store: FunctionEmitter.store,
     L.Let: FunctionEmitter.let, L.If: FunctionEmitter.if_, L.Allocate: FunctionEmitter.allocate,
     L.Barrier: FunctionEmitter.barrier, L.Mma: FunctionEmitter.mma,
-    **{kind: FunctionEmitter.warp_memory for kind in (L.LdMatrix, L.CopyAsync, L.AsyncCommit,
-                                                      L.AsyncWait)},
+    **{kind: FunctionEmitter.warp_memory for kind in (
+        L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait, L.Wgmma, L.WgmmaFence,
+        L.WgmmaCommit, L.WgmmaWait, L.ProxyFence)},
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: FunctionEmitter.serial_for,

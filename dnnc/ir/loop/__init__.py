@@ -18,11 +18,11 @@ backend.
 
 from .nodes import (
     ARITH, ASYNC_COPY_BYTES, BITWISE, COMPARE, INDEX, INTRINSICS, LDMATRIX_COUNTS, LOGIC,
-    MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES,
+    MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES, SWIZZLE_BYTES, WGMMA_K,
     Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Buffer, Call, Cast, Const, CopyAsync, Expr,
-    For, ForKind, If, IterVar, LdMatrix, Let, Load, Mma, PrimFunc, Reduce, Scope, Select, Seq,
-    Stmt, Store, Var, call, const, eq, logical_and, logical_or, loop_nest, maximum, minimum,
-    mma_fragments, ne, seq, static_shape)
+    For, ForKind, If, IterVar, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope,
+    Select, Seq, Stmt, Store, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, call, const, eq,
+    logical_and, logical_or, loop_nest, maximum, minimum, mma_fragments, ne, seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
 from .simplifier import (EXPR_RULES, UNBOUNDED, Bounds, bounds, divisor, simplify,
                          simplify_expr)
@@ -35,9 +35,11 @@ __all__ = [
     # nodes
     "ARITH", "ASYNC_COPY_BYTES", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LDMATRIX_COUNTS",
     "LOGIC", "MMA_REGISTERS", "MMA_SHAPES", "PACKS", "REDUCE_COMBINERS", "SHUFFLES",
+    "SWIZZLE_BYTES", "WGMMA_K",
     "Allocate", "AsyncCommit", "AsyncWait", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const",
     "CopyAsync", "Expr", "For", "ForKind", "If", "IterVar", "LdMatrix", "Let", "Load", "Mma",
-    "PrimFunc", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store", "Var", "call", "const", "eq",
+    "PrimFunc", "ProxyFence", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store", "Var",
+    "Wgmma", "WgmmaCommit", "WgmmaFence", "WgmmaWait", "call", "const", "eq",
     "logical_and", "logical_or", "loop_nest", "maximum", "minimum", "mma_fragments", "ne", "seq",
     "static_shape",
     # traversal

@@ -2,7 +2,8 @@
 
 Expressions (`Var`, `Const`, `BinOp`, `Call`, `Cast`, `Select`, `Load`, `Reduce`) and statements
 (`For`, `Store`, `Let`, `If`, `Allocate`, `Seq`, `Barrier`, `Mma`, `LdMatrix`, `CopyAsync`,
-`AsyncCommit`, `AsyncWait`) are immutable dataclasses, so `==`
+`AsyncCommit`, `AsyncWait`, `Wgmma`, `WgmmaFence`, `WgmmaCommit`, `WgmmaWait`, `ProxyFence`)
+are immutable dataclasses, so `==`
 is structural equality and nodes hash. Arithmetic operators build expressions (`i * 4 + j`);
 comparisons other than `==`/`!=` do too (`i < n`); use `eq(a, b)` / `ne(a, b)` for those two.
 
@@ -14,12 +15,14 @@ its memory scope (global, shared, local).
 Some statements are not target-neutral: `Mma`, a warp's tensor-core multiply-accumulate, whose
 operand and accumulator layout is PTX's fragment layout (`mma.sync`), `LdMatrix`, a warp's
 load of such fragments from shared memory (`ldmatrix`), and `CopyAsync` / `AsyncCommit` /
-`AsyncWait`, copies from global to shared memory that complete later (`cp.async`). Only a GPU
+`AsyncWait`, copies from global to shared memory that complete later (`cp.async`), and
+`Wgmma` with its fence, groups and wait, a warpgroup's asynchronous product of operands in
+shared memory (sm_90a's `wgmma.mma_async`), with `ProxyFence`. Only a GPU
 renderer that has warps and tensor cores renders them (the cuda one; llvm's refuses them as
 GPU-only, and only the cuda tensor-core templates emit them). They live here, not in a
 backend, because the shared traversals (printer, verifier, simplifier, the loop analyses)
 must see them as statements like the others; their docstrings state their meaning exactly.
-`LdMatrix` and `CopyAsync` name their addresses as `Load`s of the element there (a place,
+`LdMatrix`, `CopyAsync` and `Wgmma` name their addresses as `Load`s of the element there (a place,
 not a value), so every pass that rewrites accesses rewrites them.
 
 This module only defines the nodes: it never traverses, prints, verifies or rewrites them
@@ -545,6 +548,102 @@ class AsyncWait(Stmt):
 
     def __hash__(self):
         return hash(("AsyncWait", self.pending))
+
+
+WGMMA_K = {"tf32": 8, "fp16": 16, "bf16": 16}
+"""Precision -> the k of a `Wgmma` (PTX's wgmma.mma_async m64nNk8 for tf32, k16 for fp16 and
+bf16): 32 bytes of k either way."""
+
+SWIZZLE_BYTES = 1024
+"""A `Wgmma` operand layout's swizzle repeats every 1024 bytes (8 rows of 128): the shared
+buffers its operands live in start at a multiple of it."""
+
+
+@dataclass(frozen=True, eq=True)
+class Wgmma(Stmt):
+    """A warpgroup's asynchronous tensor-core product D += A B (PTX's `wgmma.mma_async.sync
+    .aligned.m64n<n>k<k>.f32.<p>.<p>`, k in `WGMMA_K`), A 64 x k and B k x n read from shared
+    memory, D 64 x n fp32 in registers.
+
+    A warpgroup is 128 consecutive threads from a multiple of 128 (4 warps); all of them
+    run it together. Thread t of it (warp w = t // 32, g = t % 32 // 4, q = t % 4) holds
+    D[16 w + g + 8 (r // 2 % 2), 8 (r // 4) + 2 q + r % 2] in register r < n / 2 from `acc`
+    (a Load of a LOCAL float32 buffer, as a place) on.
+
+    `a` and `b` (Loads of SHARED uint32 buffers, used as addresses) start each operand's
+    layout (PTX's matrix descriptor: 128-byte swizzle, base offset 0). Element (x, kk) of
+    an operand (x: A's row i or B's column j) is at byte `start + o` swizzled, where
+    K-major (`*_mn_major` False): o = (x // 8) stride + (x % 8) 128 + kk e, and MN-major:
+    o = (x // 64) leading + (x % 64) e + (kk // 8) stride + (kk % 8) 128, with e the
+    element's bytes (2; tf32 4, K-major only) and (leading, stride) the operand's
+    `*_offsets` in bytes; the swizzle of shared address p is p ^ ((p >> 7) % 8 << 4) (16-byte
+    chunk c of a 128-byte row r of a 1024-byte aligned block at chunk c ^ r % 8). Operands
+    are the precision's bits (fp16 / bf16 elements; tf32 read from float32 words, the low
+    13 mantissa bits ignored); products summed in fp32.
+
+    It only starts: `acc` holds the result after a `WgmmaCommit` and the `WgmmaWait` that
+    completes that group; until then neither the registers nor the shared operands may be
+    touched. Shared memory written by ordinary stores or `CopyAsync` reaches it only
+    through a `ProxyFence` by the writing thread before a `Barrier`; `acc` written by
+    ordinary stores only through a `WgmmaFence`. CPU backends do not render it."""
+
+    precision: str
+    n: int
+    acc: Load
+    a: Load
+    b: Load
+    a_mn_major: bool = False
+    b_mn_major: bool = False
+    a_offsets: tuple[int, int] = (16, SWIZZLE_BYTES)
+    b_offsets: tuple[int, int] = (16, SWIZZLE_BYTES)
+
+    def __hash__(self):
+        return hash(("Wgmma", self.precision, self.n, self.acc, self.a, self.b,
+                     self.a_mn_major, self.b_mn_major, self.a_offsets, self.b_offsets))
+
+
+@dataclass(frozen=True, eq=True)
+class WgmmaFence(Stmt):
+    """The warpgroup's accesses of registers before it are ordered before its next `Wgmma`
+    (`wgmma.fence.sync.aligned`): needed before the first `Wgmma` and after registers it
+    accumulates into are written otherwise."""
+
+    def __hash__(self):
+        return hash("WgmmaFence")
+
+
+@dataclass(frozen=True, eq=True)
+class WgmmaCommit(Stmt):
+    """The warpgroup's `Wgmma`s since its last commit become one group
+    (`wgmma.commit_group.sync.aligned`)."""
+
+    def __hash__(self):
+        return hash("WgmmaCommit")
+
+
+@dataclass(frozen=True, eq=True)
+class WgmmaWait(Stmt):
+    """The warpgroup waits until at most `pending` of its committed `Wgmma` groups are
+    incomplete (`wgmma.wait_group.sync.aligned`): the older ones' accumulators (the `count`
+    registers from `acc`, a Load of a LOCAL float32 buffer as a place) hold their results
+    and their shared operands may be written again."""
+
+    pending: int
+    acc: Load
+    count: int
+
+    def __hash__(self):
+        return hash(("WgmmaWait", self.pending, self.acc, self.count))
+
+
+@dataclass(frozen=True, eq=True)
+class ProxyFence(Stmt):
+    """This thread's writes of shared memory before it (stores, `CopyAsync`s that have
+    landed) become visible to the asynchronous proxy that `Wgmma` reads through, for those
+    who pass a later `Barrier` (`fence.proxy.async.shared::cta`)."""
+
+    def __hash__(self):
+        return hash("ProxyFence")
 
 
 def mma_fragments(precision: str) -> tuple[int, int]:

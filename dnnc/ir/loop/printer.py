@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from .nodes import (
     INDEX, MMA_SHAPES, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Cast, Const,
-    CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mma, PrimFunc, Reduce, Select, Seq,
-    Stmt, Store, Var)
+    CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce,
+    Select, Seq, Stmt, Store, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 
 
 _PRECEDENCE = {"or": 1, "and": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
@@ -87,6 +87,18 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
         return f"{pad}cp_async_commit()\n"
     if isinstance(s, AsyncWait):
         return f"{pad}cp_async_wait({s.pending})\n"
+    if isinstance(s, Wgmma):
+        a, b = (f"{print_expr(x)} {'mn' if mn else 'k'}-major {offsets}" for x, mn, offsets in
+                ((s.a, s.a_mn_major, s.a_offsets), (s.b, s.b_mn_major, s.b_offsets)))
+        return f"{pad}wgmma_m64n{s.n}_{s.precision}({print_expr(s.acc)}, a={a}, b={b})\n"
+    if isinstance(s, WgmmaFence):
+        return f"{pad}wgmma_fence()\n"
+    if isinstance(s, WgmmaCommit):
+        return f"{pad}wgmma_commit()\n"
+    if isinstance(s, WgmmaWait):
+        return f"{pad}wgmma_wait({s.pending}, {print_expr(s.acc)}:+{s.count})\n"
+    if isinstance(s, ProxyFence):
+        return f"{pad}fence_proxy_async()\n"
     raise TypeError(f"not a statement: {s!r}")
 
 

@@ -14,7 +14,8 @@ from .. import types as T
 from .nodes import (
     LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, Allocate, AsyncCommit,
     AsyncWait, Barrier, BinOp, Call, Const, CopyAsync, For, If, LdMatrix, Let, Load, Mma,
-    PrimFunc, Reduce, Scope, Select, Seq, Store, Var)
+    PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Store, Var, WGMMA_K, Wgmma, WgmmaCommit,
+    WgmmaFence, WgmmaWait)
 from .printer import print_expr
 from .traversal import walk
 
@@ -150,6 +151,30 @@ def _check_copy_async(func, s: CopyAsync, gpu: set) -> None:
                           f"an integer count of bytes")
 
 
+def _is_place(x, scope: Scope, dtype) -> bool:
+    return isinstance(x, Load) and x.buffer.scope is scope and x.dtype is dtype
+
+
+def _check_wgmma(func, s: Wgmma, gpu: set) -> None:
+    """A warpgroup's product: on a GPU's threads, a known precision (tf32 K-major only), n a
+    multiple of 8 up to 256, fp32 registers from shared uint32 words laid out at 16-byte
+    offsets the descriptor can hold."""
+    if "threadIdx.x" not in gpu:
+        raise LoopIRError(f"{func.name}: wgmma outside a threadIdx.x loop")
+    if s.precision not in WGMMA_K or s.precision == "tf32" and (s.a_mn_major or s.b_mn_major):
+        raise LoopIRError(f"{func.name}: wgmma of precision {s.precision!r} (one of "
+                          f"{', '.join(WGMMA_K)}; tf32 K-major only) with these majors")
+    if s.n % 8 or not 8 <= s.n <= 256:
+        raise LoopIRError(f"{func.name}: wgmma n={s.n} (a multiple of 8 up to 256)")
+    if not (_is_place(s.acc, Scope.LOCAL, T.float32) and _is_place(s.a, Scope.SHARED, T.uint32)
+            and _is_place(s.b, Scope.SHARED, T.uint32)):
+        raise LoopIRError(f"{func.name}: wgmma reads shared uint32 words into local float32 "
+                          f"registers")
+    if any(x % 16 or not 0 <= x < 1 << 18 for x in s.a_offsets + s.b_offsets):
+        raise LoopIRError(f"{func.name}: wgmma layout offsets {s.a_offsets}, {s.b_offsets} "
+                          f"are not 16-byte multiples below 256 KiB")
+
+
 def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> None:
     def exprs(*es):
         _check_expr_vars(func, es, scope_vars)
@@ -214,10 +239,18 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
     elif isinstance(s, CopyAsync):
         _check_copy_async(func, s, gpu if placement else {"threadIdx.x"})
         exprs(s.dst, s.src, s.src_bytes)
+    elif isinstance(s, Wgmma):
+        _check_wgmma(func, s, gpu if placement else {"threadIdx.x"})
+        exprs(s.acc, s.a, s.b)
+    elif isinstance(s, WgmmaWait):
+        if s.pending < 0 or s.count < 0 or not _is_place(s.acc, Scope.LOCAL, T.float32):
+            raise LoopIRError(f"{func.name}: wgmma wait for {s.pending} groups, {s.count} "
+                              f"local float32 registers")
+        exprs(s.acc)
     elif isinstance(s, AsyncWait):
         if s.pending < 0:
             raise LoopIRError(f"{func.name}: cp.async wait for {s.pending} groups")
-    elif isinstance(s, (Barrier, AsyncCommit)):
+    elif isinstance(s, (Barrier, AsyncCommit, WgmmaFence, WgmmaCommit, ProxyFence)):
         # inside a thread loop, or between the thread loops of one block (its threads' phases)
         if placement and not gpu:
             raise LoopIRError(f"{func.name}: barrier outside the GPU loops")

@@ -242,7 +242,8 @@ def test_a_tuning_record_applies_at_its_precision_only(tmp_path):
     target = REGISTRY["cuda"].target(precision="tf32")
     tasks = extract(optimize(load_graph(model), target, 3), tuning, target)
     config = {"block_m": 32, "block_n": 32, "block_k": 16, "warps_m": 2, "warps_n": 1,
-              "stages": 3, "split_k": 2}
+              "stages": 3, "split_k": 2, "wgmma": False,
+              "early_refill": False}
     append(tmp_path / "log.jsonl", [Record(t.key, t.template.name, target.key, config, ms=1.0)
                                     for t in tasks])
     tuned = dnnc.compile(model, "cuda", precision="tf32", render_only=True,

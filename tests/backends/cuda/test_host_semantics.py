@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from dnnc.backends.cuda.codegen import C_TYPES, c_name, render_module, stages
-from dnnc.backends.cuda.prelude import MMA_PRELUDE, PRELUDE
+from dnnc.backends.cuda.prelude import MMA_PRELUDE, PRELUDE, WGMMA_N, WGMMA_PRELUDE
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from cuda_kernels import (programs, reference, renamed, suite_cases, suite_inputs, suite_sample,
@@ -68,7 +68,13 @@ extern "C" void dnnc_launch(void (*kernel)(void**), void** args, unsigned gx, un
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static
-#define DNNC_SHARED_POOL(name, bytes) static __attribute__((aligned(16))) unsigned char name[bytes]
+// the dynamic pool: where the shim's shared addresses (wgmma's descriptors) count from; and
+// whether this thread's cp.asyncs since its last fence.proxy.async are unfenced (a wgmma
+// then may not read them: the shim traps)
+static thread_local unsigned char* dnnc_shared_window;
+static thread_local bool dnnc_unfenced_copies;
+#define DNNC_SHARED_POOL(name, bytes) \
+  static __attribute__((aligned(1024))) unsigned char name[bytes]; dnnc_shared_window = name
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 struct alignas(8) float2 { float x, y; };
@@ -229,10 +235,85 @@ static void dnnc_cp_async(void* dst, const void* src, int bytes) {
       (bytes && reinterpret_cast<unsigned long>(src) % 16)) __builtin_trap();
   std::memcpy(dst, src, bytes);
   std::memset(static_cast<char*>(dst) + bytes, 0, 16 - bytes);
+  dnnc_unfenced_copies = true;
 }
 static void dnnc_cp_async_commit() {}
 template <int N> static void dnnc_cp_async_wait() {}
 """
+
+WGMMA_SHIM = r"""
+// warpgroup products (prelude.py's WGMMA_PRELUDE), from the PTX ISA ("Asynchronous
+// Warpgroup Level Matrix Multiply-Accumulate", its matrix descriptor and shared memory
+// layouts): a descriptor holds the operand's shared address (from the pool's start) and its
+// offsets in 16-byte units, the 128-byte swizzle; a wgmma is only recorded, and runs when a
+// wait completes its group (so reading an operand after its slot is refilled, or an
+// accumulator before the wait, shows as a wrong product); a thread issuing one with
+// cp.asyncs not yet fenced into the async proxy traps
+static unsigned long long dnnc_wgmma_desc(const void* p, unsigned leading, unsigned stride) {
+  const long address = static_cast<const unsigned char*>(p) - dnnc_shared_window;
+  if (!dnnc_shared_window || address < 0 || address >= (1 << 18) || address % 16 ||
+      leading % 16 || stride % 16) __builtin_trap();
+  return (unsigned long long)(address >> 4) | (unsigned long long)(leading >> 4) << 16 |
+         (unsigned long long)(stride >> 4) << 32 | 1ull << 62;
+}
+// element (x, kk) of an operand (x: A's row or B's column) through its descriptor:
+// K-major at (x / 8) stride + (x % 8) 128 + kk e, MN-major at (x / 64) leading + (x % 64) e
+// + (kk / 8) stride + (kk % 8) 128 bytes from the start, e bytes an element; then the
+// 128-byte swizzle of the shared address (bits 4-6 ^= bits 7-9)
+static float dnnc_wgmma_element(int kind, unsigned long long desc, bool mn, int x, int kk) {
+  if (desc >> 62 != 1 || (desc >> 49 & 7) != 0) __builtin_trap();
+  const unsigned start = (desc & 0x3fff) << 4, leading = (desc >> 16 & 0x3fff) << 4,
+                 stride = (desc >> 32 & 0x3fff) << 4, e = kind == 0 ? 4 : 2;
+  unsigned p = start + (mn ? x / 64 * leading + x % 64 * e + kk / 8 * stride + kk % 8 * 128
+                           : x / 8 * stride + x % 8 * 128 + kk * e);
+  p ^= (p >> 7) % 8 << 4;
+  if (kind == 0) {   // tf32: a float32 word, its low 13 mantissa bits ignored
+    unsigned bits; std::memcpy(&bits, dnnc_shared_window + p, 4);
+    return dnnc_bits<float>(bits & 0xffffe000u);
+  }
+  unsigned short bits; std::memcpy(&bits, dnnc_shared_window + p, 2);
+  return kind == 1 ? (float)dnnc_bits<_Float16>(bits) : dnnc_bits<float>((unsigned)bits << 16);
+}
+struct dnnc_wgmma_op { int kind, n; bool ta, tb; float* d; unsigned long long a, b; long group; };
+static thread_local std::vector<dnnc_wgmma_op> dnnc_wgmma_ops;
+static thread_local long dnnc_wgmma_groups;   // committed so far
+// thread t of a warpgroup (warp w, g, q) holds D[16 w + g + 8 (r / 2 % 2), 8 (r / 4) + 2 q
+// + r % 2] in register r < n / 2
+static void dnnc_wgmma_run(const dnnc_wgmma_op& op) {
+  const int t = threadIdx.x % 128, warp = t / 32, g = t % 32 / 4, q = t % 4;
+  const int K = op.kind == 0 ? 8 : 16;
+  for (int r = 0; r < op.n / 2; ++r) {
+    const int i = 16 * warp + g + 8 * (r / 2 % 2), j = 8 * (r / 4) + 2 * q + r % 2;
+    float sum = op.d[r];
+    for (int kk = 0; kk < K; ++kk)
+      sum += dnnc_wgmma_element(op.kind, op.a, op.ta, i, kk) *
+             dnnc_wgmma_element(op.kind, op.b, op.tb, j, kk);
+    op.d[r] = sum;
+  }
+}
+static void dnnc_wgmma_fence() {}
+static void dnnc_fence_proxy_async() { dnnc_unfenced_copies = false; }
+static void dnnc_wgmma_commit() {
+  for (auto& op : dnnc_wgmma_ops)
+    if (op.group < 0) op.group = dnnc_wgmma_groups;
+  ++dnnc_wgmma_groups;
+}
+template <int N, int COUNT> static void dnnc_wgmma_wait(float*) {
+  std::vector<dnnc_wgmma_op> pending;
+  for (auto& op : dnnc_wgmma_ops) {
+    if (op.group >= 0 && op.group < dnnc_wgmma_groups - N) dnnc_wgmma_run(op);
+    else pending.push_back(op);
+  }
+  dnnc_wgmma_ops = pending;
+}
+#define DNNC_WGMMA(NAME, KIND, N)                                                          \
+template <int TA, int TB> static void NAME(float* d, unsigned long long a,                 \
+                                           unsigned long long b) {                         \
+  if (dnnc_unfenced_copies) __builtin_trap();                                              \
+  dnnc_wgmma_ops.push_back({KIND, N, TA != 0, TB != 0, d, a, b, -1});                      \
+}
+""" + "".join(f"DNNC_WGMMA(dnnc_wgmma_{name}_n{n}, {kind}, {n})\n"   # (WGMMA_PRELUDE's)
+             for kind, name in enumerate(("tf32", "fp16", "bf16")) for n in WGMMA_N)
 
 
 def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
@@ -254,7 +335,8 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "kernels.cc"
     # the tensor cores' inline PTX replaced by their emulation
-    kernels = source[len(PRELUDE):].replace(MMA_PRELUDE, MMA_SHIM)
+    kernels = source[len(PRELUDE):].replace(MMA_PRELUDE, MMA_SHIM).replace(WGMMA_PRELUDE,
+                                                                            WGMMA_SHIM)
     path.write_text(SHIM + device_only + kernels + "\n".join(wrappers) + "\n")
     lib = tmp_path / "kernels.so"
     # -fwrapv: signed overflow wraps, as the IR says (CUDA C leaves it undefined; nvcc does

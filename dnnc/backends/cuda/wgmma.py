@@ -1,0 +1,272 @@
+"""The warpgroup product of the tensor-core template on Hopper (sm_90a): the blocks of a dense
+product or convolution as `mma.py` builds them, with `wgmma.mma_async` (`L.Wgmma`) in place
+of warps' `mma.sync`, chosen by the template's `wgmma` knob.
+
+Why a knob of `mma.py`'s template and not a template of its own: a template table takes the
+first template that applies to a problem, and `applies` does not see the machine; as a knob,
+the tuner searches both products in one space, and the default config (`mma.choose`) picks
+by the machine's architecture and the problem's size. This module holds only the product;
+the config, the space and the templates stay in `mma.py`.
+
+A block computes a `block_m` x `block_n` tile of Y with (`warps_m` / 4) x `warps_n`
+warpgroups (4 warps each): warpgroup (wy, wx) owns (block_m / (warps_m / 4)) rows in
+m64 tiles and n = block_n / warps_n columns (64, 128 or 256); per k step of 16 (tf32: 8)
+and m64 tile it issues one wgmma m64n<n>k16 (k8) reading both operands from shared memory
+through matrix descriptors, its accumulators n / 2 fp32 registers a thread (`L.Wgmma`'s D
+layout).
+
+Shared memory. k goes in tiles of 128 bytes (64 16-bit elements, 32 tf32) through a ring of
+`stages` slots, as `mma._Tile` copies them (cp.async where the operand is stored in the
+precision's type, else through registers; tf32 tiles always K-major, the float32 words a
+thread copied rounded to tf32 in place once they have landed, as registers round those
+they stage: wgmma ignores the low bits), laid out as wgmma's 128-byte swizzle wants it:
+an operand contiguous along k (K-major) as rows of 128 bytes, chunk c of row r at chunk
+c ^ r % 8 (the `_Tile` layout at this k tile; descriptor stride 1024 bytes between groups of
+8 rows); an operand contiguous along its rows (MN-major: B stored [k, n], A stored [k, m])
+in atoms of 64 of its rows, an atom k rows of 128 bytes, chunk c of row r at c ^ r % 8
+(descriptor leading offset: an atom's bytes, stride 1024). Every slot starts at a multiple
+of 1024 bytes (the renderer aligns the dynamic pool so: the swizzle is of addresses).
+
+Loop: `stages - 2` tiles are fetched ahead. At tile kt each thread waits for its copies of
+kt, fences them into the async proxy (`L.ProxyFence`), one barrier; the warpgroups issue
+kt's wgmmas, commit them and wait until only those are in flight (kt - 1's are done);
+then the fetch of tile kt + stages - 2 into the slot of tile kt - 2, which every warpgroup
+has finished (each waited for it before the barrier the fetching thread passed). With
+`early_refill`, a second barrier after that wait lets the fetch of tile kt + stages - 1
+take the slot of kt - 1 (`stages - 1` tiles ahead, kt's wgmmas running across the
+barrier): which pays is the GPU's to say. After the last tile, a wait for all. The epilogue stores each accumulator through the problem's
+store, as `mma.py`'s, and `split_k` splits k as there.
+
+Which problems: `mma.py`'s spaces (dense and conv) offer the knob on sm_90
+(`device.has_wgmma`) at every reduced precision; the dense default takes it with
+DNNC_WGMMA=1 (or `mma.WGMMA_DEFAULT`), the conv default stays on mma.sync (its gathered patches come through
+registers: not measured yet). Not done: TMA bulk copies with mbarriers, warp-specialised
+producer warps, MN-major tf32 operands in shared memory (wgmma reads tf32 K-major only:
+such an operand is transposed through registers, as mma.py does).
+"""
+
+from __future__ import annotations
+
+from ...ir import loop as L
+from ...ir import types as T
+from . import dense as dense_template
+from .dense import Operand
+from .mma import CHUNK_WORDS, WARP, TensorCoreConfig, _grouped, _Tile
+
+WARPGROUP = 4 * WARP
+TILE_M = 64
+"""Rows of one wgmma (m64)."""
+WGMMA_N = (64, 128, 256)
+"""Columns a warpgroup's wgmma may have here (MN-major atoms are 64 wide; PTX allows any
+multiple of 8 up to 256)."""
+ROW_BYTES = 128
+"""A swizzle row: a k tile's bytes (64 16-bit or 32 tf32 elements, `block_k`)."""
+ATOM_ROWS = 64
+"""Rows of an MN-major operand in one swizzle atom (128 bytes of 16-bit elements)."""
+ROW_WORDS = 32
+ROW_CHUNKS = 8
+"""Words and 16-byte chunks of a 128-byte swizzle row."""
+
+
+def block_k(precision: str) -> int:
+    """The k tile at `precision`: one 128-byte swizzle row of its elements."""
+    return ROW_BYTES // (4 if precision == "tf32" else 2)
+
+
+def fits(c: TensorCoreConfig, precision: str) -> bool:
+    """Whether config `c` is one this product runs at `precision`: k tiles of a 128-byte
+    row (`block_k`), warpgroups of 4 warps down m, each owning whole m64 tiles and 64, 128
+    or 256 columns, 128 accumulators a thread at most, and at least 3 slots (2 tiles ahead
+    of the one being multiplied is stages - 2; with `early_refill`, 2 slots)."""
+    if c.block_k != block_k(precision) or c.warps_m % 4 or c.stages < 3 - c.early_refill:
+        return False
+    rows, columns = c.block_m // (c.warps_m // 4), c.block_n // c.warps_n
+    return c.block_m % (c.warps_m // 4) == 0 and rows % TILE_M == 0 and \
+        c.block_n % c.warps_n == 0 and columns in WGMMA_N and \
+        accumulators(c) <= 128
+
+
+def accumulators(c: TensorCoreConfig) -> int:
+    """fp32 accumulators a thread holds under config `c` (its warpgroup's m64 tiles' n / 2)."""
+    rows, columns = c.block_m // max(1, c.warps_m // 4), c.block_n // c.warps_n
+    return rows // TILE_M * columns // 2
+
+
+def wgmma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
+                  b: Operand, store, *, precision: str) -> L.Stmt:
+    """The blocks, warpgroups and loops of Y[bi, i, j] = sum_k A[bi, i, k] B[bi, k, j] with
+    wgmma at `precision` (see the module's docstring); the arguments as
+    `mma.mma_product`'s."""
+    w = _Warpgroups(c, batch, m, n, k, a, b, precision)
+    bi, by, bx = w.bi, w.by, w.bx
+    grid = (-(-m // c.block_m), -(-n // c.block_n))
+    if c.split_k == 1:
+        done = w.each_result(lambda i, j, value: store(bi, i, j, value))
+        body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
+        return L.For(bi, batch, _grouped(body, grid, by, bx), L.ForKind.BLOCK_Z)
+    sk = L.Var("sk")
+
+    def slice_block(bz: L.Var, partial: L.Buffer) -> L.Stmt:
+        keep = w.each_result(lambda i, j, value: L.Store(
+            partial, (((sk * batch + bi) * m + i) * n + j,), value))
+        body = w.block(L.seq(w.init(), w.product(sk * w.per), keep))
+        return L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
+
+    return dense_template._split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
+
+
+class _SwizzledTile(_Tile):
+    """An operand's k tiles in wgmma's 128-byte swizzle (see the module's docstring): a
+    K-major tile is `_Tile`'s layout (its rows then 128 bytes); an MN-major one is in atoms
+    of 64 operand rows."""
+
+    def word(self, slot: L.Expr, o: L.Expr, c: L.Expr) -> L.Expr:
+        if self.k_inner:
+            return super().word(slot, o, c)
+        return slot * self.slot_words + c // ROW_CHUNKS * (self.bk * ROW_WORDS) + \
+            o * ROW_WORDS + L.BinOp("^", c % ROW_CHUNKS, o % 8) * CHUNK_WORDS
+
+    def round_in_place(self, slot: L.Expr) -> L.Stmt | None:
+        """At tf32, the float32 words this thread's cp.asyncs brought into `slot` rounded to
+        tf32 where they lie (wgmma ignores their low mantissa bits: rounding first keeps
+        the precision's bound); nothing otherwise (registers staged them rounded)."""
+        if self.precision != "tf32" or not self.asynchronous:
+            return None
+
+        def body(step, o, c):
+            v = L.Var("w")
+            word = self.word(slot, o, c) + v
+            return L.For(v, CHUNK_WORDS, L.Store(self.tile, (word,), L.call(
+                "pack_tf32", L.call("bitcast", self.tile[word], dtype=T.float32),
+                dtype=T.uint32)), L.ForKind.UNROLLED)
+        return self._each_chunk(None, body)
+
+    def descriptor(self, slot: L.Expr, first: L.Expr, ks: int) -> tuple[L.Load, tuple]:
+        """(the first word, the (leading, stride) byte offsets) of the operand rows from
+        `first` (a multiple of 64) on at k step `ks` (32 bytes: 16 elements, tf32 8) of
+        `slot`."""
+        base = slot * self.slot_words
+        if self.k_inner:   # rows of 128 bytes: 8 of them 1024 bytes apart; k 32 bytes a step
+            return self.tile[base + first * ROW_WORDS + ks * 8], (16, L.SWIZZLE_BYTES)
+        atom_bytes = self.bk * ROW_WORDS * 4   # (16-bit only: tf32 tiles are K-major)
+        start = base + first // ATOM_ROWS * (self.bk * ROW_WORDS) + ks * 16 * ROW_WORDS
+        return self.tile[start], (atom_bytes, L.SWIZZLE_BYTES)
+
+
+class _Warpgroups:
+    """One block of a warpgroup product: its operands' tiles in shared memory, each
+    warpgroup's accumulators in registers, and the statements `wgmma_product` assembles
+    from them (zeroing, the k loop, the results)."""
+
+    def __init__(self, c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
+                 b: Operand, precision: str):
+        self.c, self.m, self.n, self.precision = c, m, n, precision
+        self.bm, self.bn, self.bk = bm, bn, bk = c.block_m, c.block_n, c.block_k
+        self.groups_n = c.warps_n
+        self.rows, self.cols = bm // (c.warps_m // 4), bn // c.warps_n
+        self.tm = self.rows // TILE_M                 # m64 tiles of a warpgroup
+        self.mk = L.WGMMA_K[precision]
+        tiles = -(-k // bk)
+        self.per = -(-tiles // c.split_k)             # k tiles per slice
+        past_k = k % bk != 0 or tiles % c.split_k != 0
+        self.bi, self.by, self.bx = bi, by, bx = L.Var("bi"), L.Var("by"), L.Var("bx")
+        self.row0, self.col0 = by * bm, bx * bn
+        self.a_in = _SwizzledTile("a", bm, self.row0, m, a, bk, k, c.threads,
+                                  past_k or m % bm != 0, bi, precision, c.stages)
+        self.b_in = _SwizzledTile("b", bn, self.col0, n, b, bk, k, c.threads,
+                                  past_k or n % bn != 0, bi, precision, c.stages)
+        self.count = self.tm * self.cols // 2
+        self.acc = L.Buffer("acc", T.float32, (self.count,), L.Scope.LOCAL)
+        self.t, self.wy, self.wx, self.warp, self.g, self.q = (
+            L.Var(x) for x in ("t", "wy", "wx", "warp", "g", "q"))
+        self.mi = L.Var("mi")
+
+    def per_thread(self, body: L.Stmt) -> L.Stmt:
+        """`body` on every thread: its warpgroup's place (wy, wx), its warp within the
+        warpgroup and its lane's g and q (PTX's groupID and threadID_in_group)."""
+        t = self.t
+        used = L.free_vars(body)
+        for var, value in reversed(((self.wy, t // WARPGROUP // self.groups_n),
+                                    (self.wx, t // WARPGROUP % self.groups_n),
+                                    (self.warp, t % WARPGROUP // WARP),
+                                    (self.g, t % WARP // 4), (self.q, t % 4))):
+            if var in used:
+                body = L.Let(var, value, body)
+        return L.For(t, self.c.threads, body, L.ForKind.THREAD_X)
+
+    def init(self) -> L.Stmt:
+        """Every accumulator zeroed."""
+        r = L.Var("r")
+        return self.per_thread(L.For(r, self.count, L.Store(
+            self.acc, (r,), L.const(0.0, T.float32)), L.ForKind.UNROLLED))
+
+    def update(self, slot: L.Expr) -> L.Stmt:
+        """The k tile in shared `slot`: per k step (16, tf32 8) and m64 tile one wgmma of
+        the warpgroup's columns, then the group committed and all but it waited for."""
+        body = [L.WgmmaFence()]
+        for ks in range(self.bk // self.mk):
+            for mi in range(self.tm):
+                a, a_offsets = self.a_in.descriptor(slot, self.wy * self.rows + mi * TILE_M,
+                                                    ks)
+                b, b_offsets = self.b_in.descriptor(slot, self.wx * self.cols, ks)
+                body.append(L.Wgmma(self.precision, self.cols,
+                                    self.acc[mi * (self.cols // 2)], a, b,
+                                    not self.a_in.k_inner, not self.b_in.k_inner,
+                                    a_offsets, b_offsets))
+        body += [L.WgmmaCommit(), L.WgmmaWait(1, self.acc[0], self.count)]
+        return self.per_thread(L.seq(*body))
+
+    def product(self, first: L.Expr) -> L.Stmt:
+        """k tiles first .. first + per - 1 through the ring (see the module's docstring)."""
+        tiles, stages, per = (self.a_in, self.b_in), self.c.stages, self.per
+        early = self.c.early_refill
+        ahead = stages - 1 if early else stages - 2
+        asynchronous = any(x.asynchronous for x in tiles)
+        commit = [L.AsyncCommit()] if asynchronous else []
+        prologue = []
+        for s in range(ahead):
+            if s < per:
+                prologue += [x.fetch(first + s, L.const(s)) for x in tiles]
+            prologue += commit
+        kt = L.Var("kt")
+        coming = kt + ahead
+        more, slot = coming < per, coming % stages
+        fence = self.per_thread(L.ProxyFence())
+        loop = L.For(kt, per, L.seq(
+            *([self.per_thread(L.AsyncWait(ahead - 1))] if asynchronous else []),
+            *(x.round_in_place(kt % stages) for x in tiles), fence,
+            L.Barrier(), self.update(kt % stages), *([L.Barrier()] if early else []),
+            *(x.issue(first + coming, slot, more) for x in tiles), *commit,
+            *(x.finish(slot, more) for x in tiles)))
+        done = self.per_thread(L.WgmmaWait(0, self.acc[0], self.count))
+        return L.seq(*prologue, loop, done)
+
+    def each_result(self, body) -> L.Stmt:
+        """`body(i, j, accumulator)` for each of the thread's results, if inside Y (the D
+        layout of `L.Wgmma`); a lane's two results of a row as one vector where no tile
+        passes Y's edges (as `mma._WarpTiles.each_result`)."""
+        exact = self.m % self.bm == 0 and self.n % self.bn == 0
+        mi, tile, v = self.mi, L.Var("nt"), L.Var("v")
+        out = []
+        for half in range(2):   # registers 4 nt + 2 half (+ 1): row g + 8 half
+            i = self.row0 + self.wy * self.rows + mi * TILE_M + self.warp * 16 + self.g + \
+                8 * half
+            j = self.col0 + self.wx * self.cols + tile * 8 + 2 * self.q
+            at = mi * (self.cols // 2) + tile * 4 + 2 * half
+            if exact:
+                out.append(L.For(v, 2, body(i, j + v, self.acc[at + v]),
+                                 L.ForKind.VECTORIZED))
+                continue
+            out += [L.If(L.logical_and(i < self.m, j + r < self.n),
+                         body(i, j + r, self.acc[at + r])) for r in range(2)]
+        return self.per_thread(L.For(mi, self.tm, L.For(tile, self.cols // 8, L.seq(*out),
+                                                        L.ForKind.UNROLLED),
+                                     L.ForKind.UNROLLED))
+
+    def block(self, body: L.Stmt) -> L.Stmt:
+        """`body` with the block's shared tiles and the thread's registers allocated."""
+        buffers = [self.a_in.tile, self.b_in.tile, self.acc]
+        buffers += [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous]
+        for buffer in buffers:
+            body = L.Allocate(buffer, body)
+        return body

@@ -1,0 +1,492 @@
+"""The warpgroup product of `backends/cuda/wgmma.py` (issue 31, item 2, sm_90): wgmma on
+shared tiles in the 128-byte swizzle, fed by the cp.async ring.
+
+- the IR: `Wgmma` and its fence, commit and wait, `ProxyFence` verified, printed, refused by
+  llvm; on host threads (test_host_semantics.py's shim: descriptors decoded, products run at
+  the wait that completes their group) they mean what the PTX ISA says, checked against a
+  NumPy model of the descriptor layouts and the D fragment written from the ISA here;
+- the layout: `_SwizzledTile` puts chunk c of row r of an atom at c ^ r % 8, every slot and
+  atom on a 1024-byte boundary, 8 consecutive chunks stored in 8 bank groups;
+- numbers: products (fp16, bf16; operands in 16 bits by cp.async or fp32 through registers;
+  tf32, K-major float32 by cp.async rounded in place or transposed through registers;
+  A and B in either layout; edges, batches, split-k, stages 2 to 5, the early refill (its
+  second barrier dropped, they fail), a fused epilogue) against NumPy within
+  test_cuda_precision.py's `bound`, on the host; compiled by NVRTC for
+  sm_90a without spills where CuPy is; on a GPU (`gpu`: an H100 / H200).
+- the knob: in the space on sm_90 only; the default picks it on sm_90 only with
+  DNNC_WGMMA=1 (or unset, once `mma.WGMMA_DEFAULT` is on); modules using it compile for sm_90a (`device.compile_arch`).
+"""
+
+import ctypes
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dnnc.backends.cuda import device, mma, wgmma
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.cuda.dense import Operand
+from dnnc.errors import CompileError
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.target import Target
+from test_cuda_mma_pipeline import check, operands, product
+
+C = mma.TensorCoreConfig
+on_host = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+
+
+def W(*args, **kw):
+    return C(*args, wgmma=True, **kw)
+
+
+# (precision, m, n, k, batch, config, operand dtype, trans_a, trans_b)
+CASES = [
+    ("fp16", 128, 128, 384, 1, W(64, 128, 64, 4, 1, 3), T.float16, False, False),
+    ("bf16", 130, 200, 100, 2, W(128, 128, 64, 8, 1, 3), T.bfloat16, True, True),
+    ("bf16", 128, 128, 520, 1, W(128, 128, 64, 8, 1, 4), T.bfloat16, True, False),
+    ("fp16", 70, 136, 200, 1, W(64, 128, 64, 4, 2, 4), T.float16, False, True),
+    ("bf16", 64, 72, 136, 1, W(64, 64, 64, 4, 1, 5), T.bfloat16, True, False),
+    ("fp16", 100, 130, 150, 1, W(64, 128, 64, 4, 1, 3, 2), T.float32, False, True),
+    ("fp16", 200, 260, 72, 1, W(128, 256, 64, 8, 1, 3), T.float16, False, False),
+    ("tf32", 100, 136, 200, 1, W(64, 128, 32, 4, 1, 3), T.float32, False, True),
+    ("tf32", 70, 128, 100, 2, W(128, 128, 32, 8, 1, 4), T.float32, True, False),
+    ("fp16", 128, 256, 520, 1, W(128, 128, 64, 8, 1, 2, early_refill=True), T.float16,
+     False, False),
+    ("bf16", 100, 130, 300, 1, W(64, 128, 64, 4, 1, 3, early_refill=True), T.float32,
+     True, True),
+]
+SMOKE = (0, 1, 2, 5, 7, 9)
+"""CASES run on host threads in every run; the rest are `emulated_full`."""
+
+DEVICE_CASES = CASES + [
+    ("fp16", 4096, 4096, 4096, 1, W(128, 256, 64, 8, 1, 4), T.float16, False, False),
+    ("bf16", 1024, 768, 3072, 1, W(128, 128, 64, 8, 1, 4), T.bfloat16, False, True),
+    ("fp16", 8192, 3072, 768, 1, W(128, 256, 64, 8, 1, 4), T.float16, False, False),
+    ("tf32", 4096, 4096, 4096, 1, W(128, 256, 32, 8, 1, 4), T.float32, False, True),
+    ("tf32", 1024, 3072, 768, 1, W(128, 128, 32, 8, 1, 4), T.float32, False, False),
+    ("fp16", 4096, 4096, 4096, 1, W(128, 256, 64, 8, 1, 4, early_refill=True), T.float16,
+     False, False),
+]
+"""What NVRTC compiles (and the GPU runs): CASES and the bench's shapes."""
+
+
+# -- the IR ---------------------------------------------------------------------------------------
+
+def _single_wgmma(precision="fp16", n=64, a_mn=False, b_mn=False):
+    """One warpgroup: x (A then B, as uint32 words, each operand's bytes as the descriptor
+    layouts place them) copied into a shared pool buffer, fenced into the async proxy, one
+    wgmma, its group committed and waited for, the accumulators into y."""
+    e = 4 if precision == "tf32" else 2
+    k = L.WGMMA_K[precision]
+    a_bytes, b_bytes = _extent(64, k, e, a_mn), _extent(n, k, e, b_mn)
+    words = (a_bytes + b_bytes) // 4
+    x = L.Buffer("x", T.uint32, (words,))
+    y = L.Buffer("y", T.float32, (128 * n // 2,))
+    tile = L.Buffer("tile", T.uint32, (words,), L.Scope.SHARED)
+    acc = L.Buffer("acc", T.float32, (n // 2,), L.Scope.LOCAL)
+    t, r, s = L.Var("t"), L.Var("r"), L.Var("s")
+    copy = L.For(s, -(-words // 128), L.If(s * 128 + t < words, L.Store(
+        tile, (s * 128 + t,), x[s * 128 + t])), L.ForKind.SERIAL)
+    product_ = L.seq(
+        L.For(r, n // 2, L.Store(acc, (r,), L.const(0.0, T.float32)), L.ForKind.UNROLLED),
+        L.WgmmaFence(),
+        L.Wgmma(precision, n, acc[0], tile[0], tile[a_bytes // 4], a_mn, b_mn,
+                _OFFSETS[a_mn], _OFFSETS[b_mn]),
+        L.WgmmaCommit(), L.WgmmaWait(0, acc[0], n // 2),
+        L.For(r, n // 2, L.Store(y, (t * (n // 2) + r,), acc[r]), L.ForKind.UNROLLED))
+    body = L.Allocate(tile, L.seq(
+        L.For(t, 128, L.seq(copy, L.ProxyFence()), L.ForKind.THREAD_X), L.Barrier(),
+        L.For(t, 128, L.Allocate(acc, product_), L.ForKind.THREAD_X)))
+    return L.PrimFunc(f"one_{precision}_{n}_{int(a_mn)}{int(b_mn)}", (x, y),
+                      L.For(L.Var("b"), 1, body, L.ForKind.BLOCK_X)), a_bytes
+
+
+# (leading, stride) bytes of the test's layouts: K-major 8-row groups 1024 apart; MN-major
+# atoms 2048 apart (16 k rows of 128 bytes), 8-row groups of k 1024 apart
+_OFFSETS = {False: (16, 1024), True: (2048, 1024)}
+
+
+def _extent(x: int, k: int, e: int, mn: bool) -> int:
+    """Bytes of an operand of x rows (A's m or B's n) and depth k in the test's layout."""
+    return -(-x // 64) * 2048 if mn else x // 8 * 1024
+
+
+def _place(x: int, kk: int, e: int, mn: bool) -> int:
+    """The byte of element (x, kk) in the test's layout, from the PTX ISA's canonical
+    layouts with the 128-byte swizzle (16-byte chunk c of a 128-byte row r at c ^ r % 8)."""
+    leading, stride = _OFFSETS[mn]
+    o = x // 64 * leading + x % 64 * e + kk // 8 * stride + kk % 8 * 128 if mn else \
+        x // 8 * stride + x % 8 * 128 + kk * e
+    return _swizzled(o)
+
+
+def test_wgmma_nodes_are_verified_printed_and_refused_by_llvm():
+    from dnnc.backends.llvm.codegen import CodegenError, ModuleBuilder
+
+    func, _ = _single_wgmma(b_mn=True)
+    L.verify(func)
+    text = str(func)
+    for line in ("wgmma_m64n64_fp16(acc[0], a=tile[0] k-major (16, 1024), b=tile[2048] "
+                 "mn-major (2048, 1024))", "wgmma_fence()", "wgmma_commit()",
+                 "wgmma_wait(0, acc[0]:+32)", "fence_proxy_async()"):
+        assert line in text, text
+    wgmma_of = lambda f: (lambda s: f(s) if isinstance(s, L.Wgmma) else None)   # noqa: E731
+    for change, message in ((lambda s: replace(s, n=12), "n=12"),
+                            (lambda s: replace(s, precision="tf32"), "tf32 K-major only"),
+                            (lambda s: replace(s, a=s.acc), "shared uint32 words"),
+                            (lambda s: replace(s, a_offsets=(8, 1024)), "16-byte multiples")):
+        with pytest.raises(L.LoopIRError, match=message):
+            L.verify(L.transform(func, wgmma_of(change)))
+    serial = L.transform(func.body, lambda s: replace(s, kind=L.ForKind.SERIAL)
+                         if isinstance(s, L.For) and s.kind is L.ForKind.THREAD_X else None)
+    with pytest.raises(L.LoopIRError, match="wgmma outside a threadIdx.x loop"):
+        L.verify(replace(func, body=serial))
+    on_cpu = L.transform(func.body, lambda s: replace(s, kind=L.ForKind.SERIAL)
+                         if isinstance(s, L.For) and s.kind is not L.ForKind.UNROLLED else None)
+    on_cpu = L.transform(on_cpu, lambda s: L.seq() if isinstance(s, L.Barrier) else None)
+    with pytest.raises(CodegenError, match="wgmma.*GPU-only"):
+        ModuleBuilder("m").add(replace(func, body=on_cpu))
+
+
+def _model(raw: np.ndarray, a_bytes: int, precision: str, n: int, a_mn: bool, b_mn: bool):
+    """y [thread, register] of one wgmma on the bytes `raw`, from the PTX ISA: the operands
+    read through `_place`, thread t (warp w, g, q) holding D[16 w + g + 8 (r // 2 % 2),
+    8 (r // 4) + 2 q + r % 2] in register r."""
+    e = 4 if precision == "tf32" else 2
+    k = L.WGMMA_K[precision]
+    kind = {"tf32": np.float32, "fp16": np.float16, "bf16": None}[precision]
+
+    def value(offset: int) -> float:
+        bits = raw[offset: offset + e]
+        if precision == "bf16":
+            return float(np.frombuffer(b"\0\0" + bits.tobytes(), np.float32)[0])
+        if precision == "tf32":
+            word = np.frombuffer(bits.tobytes(), np.uint32)[0] & np.uint32(0xFFFFE000)
+            return float(np.array(word, np.uint32).view(np.float32))
+        return float(np.frombuffer(bits.tobytes(), kind)[0])
+
+    a = np.array([[value(_place(i, kk, e, a_mn)) for kk in range(k)] for i in range(64)])
+    b = np.array([[value(a_bytes + _place(j, kk, e, b_mn)) for j in range(n)]
+                  for kk in range(k)])
+    d = a @ b
+    out = np.zeros((128, n // 2))
+    for t in range(128):
+        w, g, q = t // 32, t % 32 // 4, t % 4
+        for r in range(n // 2):
+            out[t, r] = d[16 * w + g + 8 * (r // 2 % 2), 8 * (r // 4) + 2 * q + r % 2]
+    return out
+
+
+@on_host
+@pytest.mark.parametrize("precision,n,a_mn,b_mn", [
+    ("fp16", 64, False, False), ("bf16", 128, True, True), ("fp16", 64, False, True),
+    ("tf32", 64, False, False)])
+def test_wgmma_on_host_means_what_ptx_says(precision, n, a_mn, b_mn, tmp_path, rng):
+    from test_host_semantics import host_library
+
+    func, a_bytes = _single_wgmma(precision, n, a_mn, b_mn)
+    module = render_module([(func, True)])
+    lib = host_library([(func, True)], tmp_path, module)
+    words = func.params[0].shape[0].value
+    dtype = {"tf32": np.float32, "fp16": np.float16, "bf16": np.float32}[precision]
+    values = rng.uniform(-2, 2, words * 4 // (4 if precision == "tf32" else 2)).astype(dtype)
+    if precision == "bf16":   # bf16 bits: float32's high halves
+        values = (values.view(np.uint32) >> 16).astype(np.uint16)
+    x = np.frombuffer(values.tobytes(), np.uint32).copy()
+    y = np.full(128 * n // 2, np.nan, np.float32)
+    args = (ctypes.c_void_p * 2)(x.ctypes.data, y.ctypes.data)
+    (launch,) = module.kernels[func.name].launches
+    lib.dnnc_launch(ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p), args,
+                    *[ctypes.c_uint(g) for g in launch.grid], ctypes.c_uint(launch.block[0]))
+    want = _model(np.frombuffer(x.tobytes(), np.uint8), a_bytes, precision, n, a_mn, b_mn)
+    np.testing.assert_allclose(y.reshape(128, n // 2), want, rtol=1e-5, atol=1e-5)
+
+
+# -- the layout -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows_contiguous,rows", [(False, 128), (True, 128), (True, 256)])
+def test_swizzled_tiles_are_wgmma_layouts_without_bank_conflicts(rows_contiguous, rows):
+    """Each slot's chunks a permutation of it, 8 consecutive stored chunks in 8 16-byte bank
+    groups, and each element where `_place`'s layout (the descriptor's, at the slot's and
+    atom's start) has it."""
+    bi = L.Var("bi")
+    operand = Operand(lambda b, i, kk: L.Buffer("x", T.float16, (rows, 64))[i, kk],
+                      rows_contiguous, True)
+    tile = wgmma._SwizzledTile("a", rows, L.const(0), rows, operand, 64, 64, 256, False, bi,
+                               "fp16", 3)
+    o, c = L.Var("o"), L.Var("c")
+    for slot in range(3):
+        chunks = [tuple(_value(x) for x in tile._chunk_of(L.const(e)))
+                  for e in range(tile.chunks)]
+        stored = [_value(tile.word(L.const(slot), o, c), {o: x, c: y}) for x, y in chunks]
+        assert len(set(stored)) == tile.chunks
+        assert min(stored) == slot * tile.slot_words and (slot * tile.slot_words * 4) % 1024 == 0
+        for first in range(0, tile.chunks, 8):
+            assert len({w // 4 % 8 for w in stored[first: first + 8]}) == 8
+        for x, kk in ((0, 0), (5, 9), (70, 33), (rows - 1, 63)):
+            row, chunk = (kk, x // 8) if rows_contiguous else (x, kk // 8)
+            inner = (x if rows_contiguous else kk) % 8
+            word = _value(tile.word(L.const(slot), L.const(row), L.const(chunk)))
+            byte = word * 4 + inner * 2 - slot * tile.slot_words * 4
+            # MN-major: atoms of 64 rows, each 64 k rows of 128 bytes; K-major: rows of 128
+            want = x // 64 * 64 * 128 + _swizzled(kk * 128 + x % 64 * 2) if rows_contiguous \
+                else _swizzled(x * 128 + kk * 2)
+            assert byte == want, (slot, x, kk, byte, want)
+
+
+def _swizzled(o: int) -> int:
+    """Byte o of a 1024-byte aligned block in the 128-byte swizzle."""
+    return o ^ ((o >> 7) % 8 << 4)
+
+
+def _value(e: L.Expr, env: dict | None = None) -> int:
+    out = L.simplify_expr(L.substitute(e, {v: L.const(x) for v, x in (env or {}).items()}))
+    assert isinstance(out, L.Const), out
+    return out.value
+
+
+# -- numbers --------------------------------------------------------------------------------------
+
+def _run_on_host(case, rng, tmp_path):
+    from test_host_semantics import host_library
+
+    precision, m, n, k, batch, config, dtype, trans_a, trans_b = case
+    func, config = product(*case)
+    module = render_module([(func, True)])
+    source = module.source
+    assert "dnnc_wgmma_" + precision in source and "dnnc_ldmatrix" not in source.split(
+        'extern "C"', 1)[1]
+    runs = (m if trans_a else k, k if trans_b else n)   # the operands' contiguous extents
+    if precision == "tf32":   # float32 K-major operands (A [m, k], B [n, k]) by cp.async
+        copies = (not trans_a or trans_b) and k % 4 == 0
+    else:
+        copies = dtype is mma.STORAGE[precision] and any(x % 8 == 0 for x in runs)
+    assert ("dnnc_cp_async(&" in source) == copies
+    kernels = source[source.index('extern "C"'):]
+    assert ("dnnc_tf32(" in kernels) == (precision == "tf32")   # (rounded: in place, staged)
+    assert all(x.shared_bytes > 0 for x in module.kernels[func.name].launches[:1])
+    lib = host_library([(func, True)], tmp_path, module)
+    a, b, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
+    y = np.full((batch, m, n), np.nan, np.float32)
+    info = module.kernels[func.name]
+    arrays = stored + [y] + [np.full(size, 0xFF, np.uint8) for size in info.workspace]
+    args = (ctypes.c_void_p * len(arrays))(*[x.ctypes.data for x in arrays])
+    for launch in info.launches:
+        host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+        lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                        ctypes.c_uint(launch.block[0]))
+    return check(precision, k, a, b, bias, y)
+
+
+@on_host
+@pytest.mark.parametrize("case", [
+    CASES[i] if i in SMOKE else pytest.param(CASES[i], marks=pytest.mark.emulated_full)
+    for i in range(len(CASES))], ids=[str(i) for i in range(len(CASES))])
+def test_wgmma_products_on_host_within_the_precision_bound(case, rng, tmp_path):
+    assert wgmma.fits(case[5], case[0])
+    _run_on_host(case, rng, tmp_path)
+
+
+def test_every_case_compiles_for_sm90a_without_spills():
+    """NVRTC (where CuPy is) compiles every case and the bench's shapes for sm_90a, to
+    wgmma, without register spills (the sm_90 target refuses wgmma: why `compile_arch`)."""
+    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    funcs = [(product(*case, name=f"case{i}")[0], True) for i, case in enumerate(DEVICE_CASES)]
+    source = render_module(funcs).source
+    assert device.compile_arch("sm_90", source) == "sm_90a"
+    prog = nvrtc.createProgram(source, "module.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, ["--gpu-architecture=sm_90a", "-std=c++17",
+                                    "--ptxas-options=-v"])
+    except Exception:
+        pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
+    log = nvrtc.getProgramLog(prog)
+    assert "wgmma" not in log.lower() or "serialized" not in log.lower(), log[-4000:]
+    spills = dict(re.findall(r"Compiling entry function '(\w+)' for '\w+'\n.*\n.*?"
+                             r"(\d+) bytes spill stores", log))
+    assert len(spills) >= len(funcs), log[-4000:]
+    assert all(int(x) == 0 for x in spills.values()), spills
+    ptx = nvrtc.getPTX(prog)
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx
+    nvrtc.destroyProgram(prog)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_every_case_compiles_with_nvcc_for_sm90a(tmp_path):
+    """nvcc's sm_90a target (the -gencode form: HOPPER.md) takes the module too."""
+    funcs = [(product(*case, name=f"case{i}")[0], True) for i, case in enumerate(DEVICE_CASES)]
+    path = tmp_path / "module.cu"
+    path.write_text(render_module(funcs).source)
+    proc = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "--ptx",
+                           "-std=c++17", "-o", str(tmp_path / "module.ptx"), str(path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ptx = (tmp_path / "module.ptx").read_text()
+    for instruction in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+                        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32",
+                        "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
+                        "fence.proxy.async.shared::cta", "cp.async.cg.shared.global"):
+        assert instruction in ptx, instruction
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", DEVICE_CASES, ids=[str(i) for i in range(len(DEVICE_CASES))])
+def test_wgmma_products_on_the_gpu_within_the_precision_bound(case, rng):
+    import cupy as cp
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"wgmma needs sm_90, not {device.gpu_arch()}")
+    precision, m, n, k, batch, config, dtype, trans_a, trans_b = case
+    func, config = product(*case)
+    module = render_module([(func, True)])
+    arch = device.compile_arch(device.gpu_arch(), module.source)   # sm_90a
+    raw = cp.cuda.function.Module()
+    raw.load(device.nvrtc_compile(module.source, arch, device.nvrtc_options(arch)))
+    a, b, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
+    arrays = [cp.asarray(x.view(np.uint16) if x.dtype.itemsize == 2 else x) for x in stored]
+    y = cp.full((batch, m, n), np.nan, cp.float32)
+    info = module.kernels[func.name]
+    args = tuple(arrays + [y] + [cp.empty(size, cp.uint8) for size in info.workspace])
+    for launch in info.launches:
+        fn = raw.get_function(launch.name)
+        device.allow_shared(fn, launch.shared_bytes)
+        fn(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+    check(precision, k, a, b, bias, cp.asnumpy(y), gpu=True)
+
+
+@on_host
+@pytest.mark.parametrize("name,precision,config", [
+    ("gemm_relu_33x70x50", "fp16", W(64, 64, 64, 4, 1, 3)),
+    ("batched_3x20x48x40", "bf16", W(64, 64, 64, 4, 1, 4)),
+    ("conv3x3_pad", "bf16", W(64, 64, 64, 4, 1, 3)),
+    pytest.param("dense_64x256x64", "fp16", W(64, 128, 64, 4, 2, 3, 2),
+                 marks=pytest.mark.emulated_full),
+    pytest.param("conv1x1_stride2", "tf32", W(64, 64, 32, 4, 1, 3),
+                 marks=pytest.mark.emulated_full)])
+def test_graph_products_with_the_knob_on_host(name, precision, config, rng, tmp_path):
+    """Products of ONNX graphs (Gemm with bias and relu, a batched MatMul, a MatMul with
+    split-k, implicit-GEMM convolutions: patches gathered through registers) scheduled for
+    cuda at `precision` with a wgmma config through the template, within the precision's
+    bound on host threads."""
+    from test_cuda_precision import PRODUCTS, _launch_on_host, _program, bound
+    from test_host_semantics import host_library
+    from cuda_kernels import reference
+    from dnnc.frontend.onnx import import_onnx
+
+    make, k = PRODUCTS[name]
+    model_of = make(rng)
+    model, x = model_of(False)
+    graph, program = _program(model, precision, config)
+    module = render_module(program.unique)
+    assert f"dnnc_wgmma_{precision}_n{config.block_n // config.warps_n}<" in module.source
+    lib = host_library(program.unique, tmp_path, module)
+    name_in, out = graph.inputs[0].name, graph.outputs[0].name
+    got = _launch_on_host(lib, module, program, {name_in: x})[out]
+    want = reference(graph, {name_in: x})[out]
+    abs_model, abs_x = model_of(True)
+    abs_graph = import_onnx(abs_model)
+    scale = reference(abs_graph, {abs_graph.inputs[0].name: abs_x})[abs_graph.outputs[0].name]
+    error = np.abs(got.astype(np.float64) - want)
+    assert np.isfinite(got).all() and (error <= bound(precision, k, scale, want)).all()
+
+
+# -- the knob -------------------------------------------------------------------------------------
+
+def test_the_knob_is_searched_on_sm90_only():
+    def values(precision, arch):
+        space = mma.product_space("s", 4096, 1, precision, arch)
+        return dict((x.name, x.values) for x in space.knobs)["wgmma"]
+
+    assert values("fp16", "sm_90") == (False, True) == values("bf16", "sm_90a") == \
+        values("tf32", "sm_90")
+    assert values("fp16", "sm_80") == (False,) == values("fp16", None) == \
+        values("bf16", "sm_100")
+    space = mma.product_space("s", 4096, 1, "fp16", "sm_90")
+    space.check(W(128, 256, 64, 8, 1, 4))
+    mma.product_space("s", 4096, 1, "tf32", "sm_90").check(W(128, 256, 32, 8, 1, 4))
+    for bad in (W(128, 256, 32, 8, 1, 4), W(128, 256, 64, 2, 4, 4), W(128, 256, 64, 8, 1, 2),
+                W(256, 256, 64, 8, 1, 4)):
+        with pytest.raises(Exception, match="with wgmma"):
+            space.check(bad)
+
+
+def test_the_default_picks_wgmma_on_sm90_only_when_asked(monkeypatch):
+    from dnnc.backends import problems   # noqa: F401  (the templates' problems)
+
+    monkeypatch.delenv("DNNC_WGMMA", raising=False)
+    assert mma.wgmma_by_default("sm_90") == mma.WGMMA_DEFAULT
+    monkeypatch.setenv("DNNC_WGMMA", "0")
+    assert not mma.choose(4096, 4096, 4096, wgmma=False).wgmma
+    assert not mma.wgmma_by_default("sm_90")
+    monkeypatch.setenv("DNNC_WGMMA", "1")
+    assert mma.wgmma_by_default("sm_90") and mma.wgmma_by_default("sm_90a")
+    assert not mma.wgmma_by_default("sm_80") and not mma.wgmma_by_default(None)
+    big = mma.choose(4096, 4096, 4096, wgmma=True)
+    assert big.wgmma and (big.block_m, big.block_n) == (128, 256) and wgmma.fits(big, "fp16")
+    assert not mma.choose(16, 64, 64, wgmma=True).wgmma   # mostly past the edges
+    for precision in ("tf32", "fp16", "bf16"):   # the defaults lie in the space
+        for m, n, k in ((4096, 4096, 4096), (8192, 768, 3072), (1024, 3072, 768),
+                        (300, 200, 100)):
+            config = mma.choose(m, n, k, precision=precision, wgmma=True)
+            space = mma.product_space("x", k, 1, precision, "sm_90")
+            assert space.check(config) == config
+
+
+def test_modules_using_wgmma_compile_for_sm90a():
+    func, _ = product(*CASES[0])
+    source = render_module([(func, True)]).source
+    plain = render_module([(product("fp16", 64, 64, 64, 1, C(64, 64, 32, 2, 2, 3),
+                                    T.float16, False, False)[0], True)]).source
+    assert device.compile_arch("sm_90", source) == "sm_90a"
+    assert device.compile_arch("sm_90a", source) == "sm_90a"
+    assert device.compile_arch("sm_90", plain) == "sm_90"
+    assert device.compile_arch("sm_80", plain) == "sm_80"
+    with pytest.raises(CompileError, match="sm_90a only"):
+        device.compile_arch("sm_80", source)
+    assert Target("cuda", arch="sm_90").arch == "sm_90"
+
+
+def test_a_model_compiles_to_wgmma_by_default_on_sm90_with_the_switch(monkeypatch):
+    """dnnc.compile for the (reference, sm_90) GPU: with DNNC_WGMMA=1 its large products
+    take the wgmma default and the module says it needs sm_90a; with 0, mma.sync."""
+    import dnnc
+    from dnnc import zoo
+    from dnnc.backends.cuda.prelude import ARCH_SPECIFIC
+
+    model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
+    for switch in (True, False):
+        monkeypatch.setenv("DNNC_WGMMA", "1" if switch else "0")
+        source = dnnc.compile(model, "cuda", precision="bf16", render_only=True).source("cuda")
+        kernels = source[source.index('extern "C"'):]
+        assert ("dnnc_wgmma_bf16_n256<" in kernels) == switch
+        assert ("dnnc_mma_bf16(" in kernels) != switch
+        assert (ARCH_SPECIFIC in source) == switch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+def test_a_model_runs_on_wgmma_on_the_gpu(precision, monkeypatch):
+    """The runtime's path on an H100 / H200: the model above compiled with DNNC_WGMMA=1
+    (its module built for sm_90a by the executable), its output within the precision's
+    model bound of the numpy target's."""
+    import dnnc
+    from dnnc import zoo
+    from dnnc.ir.target import model_error_bound
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"wgmma needs sm_90, not {device.gpu_arch()}")
+    monkeypatch.setenv("DNNC_WGMMA", "1")
+    model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
+    (x,) = zoo.inputs_for(model, np.random.default_rng(0)).values()
+    want = np.asarray(dnnc.compile(model, "numpy")(x), np.float64)
+    compiled = dnnc.compile(model, "cuda", precision=precision, outputs="numpy")
+    assert "dnnc_wgmma_" in compiled.source("cuda")
+    got = np.asarray(compiled(x), np.float64)
+    error = np.abs(got - want).max() / np.abs(want).max()
+    assert error <= model_error_bound(precision), error
