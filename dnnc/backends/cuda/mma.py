@@ -659,7 +659,7 @@ def dense_space(p: problems.Dense, machine) -> Space:
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
     return choose(p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
-                  wgmma_by_default(getattr(machine, "arch", None)))
+                  wgmma=wgmma_by_default(getattr(machine, "arch", None)))
 
 
 def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:
