@@ -49,8 +49,8 @@ Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codege
 
 On sm_90 the `wgmma` knob swaps the warps' mma.sync for warpgroups' wgmma.mma_async on the
 same shared tiles (`wgmma.py`, which says why it is a knob), in the dense and conv spaces
-at every precision; the dense default picks it only where DNNC_WGMMA=1 (`WGMMA_DEFAULT`
-off until a GPU run has checked it).
+at every precision; the dense default picks it on sm_90 at fp16 and bf16 (`WGMMA_DEFAULT`,
+`WGMMA_PRECISIONS`; DNNC_WGMMA=0 turns it off, =1 on at tf32 too).
 
 Not yet: TMA on sm_90; the next k tile's first fragments loaded before this
 tile's last mmas (CUTLASS's overlap of the barrier); vector stores of Y at the edges and
@@ -198,16 +198,25 @@ past Y's edges."""
 WGMMA_STAGES = 4
 
 
-WGMMA_DEFAULT = False
-"""Whether the default config may pick the `wgmma` knob on sm_90 when DNNC_WGMMA is unset
-(DNNC_WGMMA=1 / 0 says so either way): off until a GPU run has checked the product."""
+WGMMA_DEFAULT = True
+"""Whether the default config may pick the `wgmma` knob on sm_90 at WGMMA_PRECISIONS when
+DNNC_WGMMA is unset (DNNC_WGMMA=0 turns it off; =1 on at every precision). On an H200
+(.devrun/wgmma.sh, fp16 then bf16 against cuBLAS): the wgmma default 0.65 / 0.64 at
+4096^3 (mma.sync's 0.42 / 0.41), 0.58 / 0.54 at 8192 x 768 x 3072, 0.55 / 0.52 at 8192 x
+3072 x 768, 0.73 and 0.65 at 1024 rows (mma.sync 0.70, 0.63); the GPU tests of the product
+and of bert_base and mlp at fp16 / bf16 passed."""
+
+WGMMA_PRECISIONS = ("fp16", "bf16")
+"""Where the default takes wgmma unasked: at tf32 (K-major 32-bit tiles) the same run had
+it slower than mma.sync but at 8192 x 768 x 3072 (0.23 against 0.35 at 8192 x 3072 x 768,
+0.37 against 0.62 at 1024 x 768 x 3072)."""
 
 
-def wgmma_by_default(arch: str | None) -> bool:
+def wgmma_by_default(arch: str | None, precision: str = "fp16") -> bool:
     """Whether the default config may pick the `wgmma` knob: on sm_90, where DNNC_WGMMA=1,
-    or WGMMA_DEFAULT where it is unset."""
+    or at WGMMA_PRECISIONS where WGMMA_DEFAULT and it is unset."""
     switch = os.environ.get("DNNC_WGMMA")
-    on = WGMMA_DEFAULT if switch is None else switch == "1"
+    on = WGMMA_DEFAULT and precision in WGMMA_PRECISIONS if switch is None else switch == "1"
     return on and arch is not None and has_wgmma(arch)
 
 
@@ -659,7 +668,7 @@ def dense_space(p: problems.Dense, machine) -> Space:
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
     return choose(p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
-                  wgmma=wgmma_by_default(getattr(machine, "arch", None)))
+                  wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision))
 
 
 def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:

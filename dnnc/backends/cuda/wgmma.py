@@ -38,8 +38,8 @@ barrier): which pays is the GPU's to say. After the last tile, a wait for all. T
 store, as `mma.py`'s, and `split_k` splits k as there.
 
 Which problems: `mma.py`'s spaces (dense and conv) offer the knob on sm_90
-(`device.has_wgmma`) at every reduced precision; the dense default takes it with
-DNNC_WGMMA=1 (or `mma.WGMMA_DEFAULT`), the conv default stays on mma.sync (its gathered patches come through
+(`device.has_wgmma`) at every reduced precision; the dense default takes it at
+fp16 / bf16 (`mma.WGMMA_DEFAULT`; DNNC_WGMMA=1 at tf32 too), the conv default stays on mma.sync (its gathered patches come through
 registers: not measured yet). Not done: TMA bulk copies with mbarriers, warp-specialised
 producer warps, MN-major tf32 operands in shared memory (wgmma reads tf32 K-major only:
 such an operand is transposed through registers, as mma.py does).

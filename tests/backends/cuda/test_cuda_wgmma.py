@@ -416,16 +416,18 @@ def test_the_knob_is_searched_on_sm90_only():
             space.check(bad)
 
 
-def test_the_default_picks_wgmma_on_sm90_only_when_asked(monkeypatch):
+def test_the_default_picks_wgmma_on_sm90_at_16_bit_precisions(monkeypatch):
     from dnnc.backends import problems   # noqa: F401  (the templates' problems)
 
     monkeypatch.delenv("DNNC_WGMMA", raising=False)
-    assert mma.wgmma_by_default("sm_90") == mma.WGMMA_DEFAULT
+    assert mma.wgmma_by_default("sm_90", "fp16") and mma.wgmma_by_default("sm_90", "bf16")
+    assert not mma.wgmma_by_default("sm_90", "tf32") and not mma.wgmma_by_default("sm_80")
     monkeypatch.setenv("DNNC_WGMMA", "0")
     assert not mma.choose(4096, 4096, 4096, wgmma=False).wgmma
     assert not mma.wgmma_by_default("sm_90")
     monkeypatch.setenv("DNNC_WGMMA", "1")
     assert mma.wgmma_by_default("sm_90") and mma.wgmma_by_default("sm_90a")
+    assert mma.wgmma_by_default("sm_90", "tf32")
     assert not mma.wgmma_by_default("sm_80") and not mma.wgmma_by_default(None)
     big = mma.choose(4096, 4096, 4096, wgmma=True)
     assert big.wgmma and (big.block_m, big.block_n) == (128, 256) and wgmma.fits(big, "fp16")
