@@ -76,6 +76,7 @@ from .codegen import stages
 from .conv import CONV2D
 from .conv_nhwc import MMA_CONV2D_NHWC
 from .depthwise import DEPTHWISE
+from .depthwise_nhwc import DEPTHWISE_NHWC
 from .dense import DENSE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
@@ -264,10 +265,12 @@ TEMPLATES = {
     # dense and ungrouped conv tiled (on tensor cores at a reduced precision: mma.py, skipped
     # at fp32), products of few rows split along k (gemv), attention in one kernel
     # (attention.py), depthwise conv a block per tile of a channel's plane (depthwise.py),
-    # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py);
-    # the rest (grouped conv) one thread per output element
+    # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py),
+    # a channels-last depthwise one a block per tile of pixels x run of channels
+    # (depthwise_nhwc.py); the rest (grouped conv) one thread per output element
     ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
-                                    CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE, DEFAULT),
+                                    CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE,
+                                    DEPTHWISE_NHWC, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""
