@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ..ir import loop as L
 from ..ir import types as T
 from ..ir.ops.registry import Pattern, get_op
@@ -536,6 +538,49 @@ def conv2d_nhwc(kernel: Kernel) -> Conv2dNHWC | None:
                          tuple(begins), epilogue(kernel), node.outputs[0].type.dtype,
                          node.attrs.get("group") or 1)
     return problem if problem.group == 1 or problem.depthwise else None
+
+
+@dataclass(frozen=True)
+class PlaneMeanNHWC:
+    """The mean over the plane of a channels-last image, `STORAGE` types, static shapes:
+    y[n, 0, 0, c] = epilogue(mean over (h, w) of x[n, h, w, c]) (a ReduceMean over axes 1
+    and 2 keeping them: `sink_transposes`' GlobalAveragePool of an NHWC image), summed in
+    float32, stored through `store_index` (a layout tail: the identity without one)."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    y: L.Buffer
+    x_dims: tuple        # [N, H, W, C]
+    epilogue: Epilogue
+    store_index: Callable
+    anchor_dtype: T.DType = T.float32
+
+    def finish(self, value: L.Expr, index: tuple) -> L.Expr:
+        """Output element `index` (n, 0, 0, c) of the float32 mean `value` as stored in Y."""
+        value = rounded(value, self.anchor_dtype)
+        return rounded(self.epilogue(value, index), self.y.dtype)
+
+
+def plane_mean_nhwc(kernel: Kernel) -> PlaneMeanNHWC | None:
+    """A ReduceMean over axes (1, 2) of a static 4-D `STORAGE` tensor keeping them, anchoring
+    `kernel` (first in its group) as a `PlaneMeanNHWC`; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "ReduceMean" or len(node.inputs) < 2 or \
+            node.inputs[1] is None or node.inputs[1].const is None or \
+            node.attrs.get("keepdims", 1) != 1:
+        return None
+    (x,) = _operands(kernel, node, 1)
+    xd = L.static_shape(x.shape)
+    if xd is None or len(xd) != 4 or x.dtype not in STORAGE or \
+            node.outputs[0].type.dtype not in STORAGE or \
+            sorted(int(a) % 4 for a in np.asarray(node.inputs[1].const).reshape(-1)) != [1, 2]:
+        return None
+    where = store_index(kernel)
+    if where is None:
+        return None
+    return PlaneMeanNHWC(kernel.func.name, kernel.func.params, x, kernel.func.params[-1],
+                         tuple(xd), epilogue(kernel), where, node.outputs[0].type.dtype)
 
 
 def _flat_epilogue_reads(kernel: Kernel, out_shape) -> bool:
