@@ -134,7 +134,8 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
 
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     """Conv(x, W const, B) (2-D, one group or depthwise, C a multiple of a chunk's elements
-    or the image one pixel) at a reduced precision -> Transpose(x) -> ConvNHWC(., OHWI(W), B) -> Transpose(back)."""
+    or the image one pixel) at a reduced precision -> Transpose(x) -> ConvNHWC(., OHWI(W),
+    B) -> Transpose(back)."""
     if node.op != "Conv" or target.precision == "fp32":
         return None
     x, w = node.inputs[0], node.inputs[1]

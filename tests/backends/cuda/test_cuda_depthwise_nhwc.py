@@ -219,3 +219,20 @@ def test_every_case_compiles_for_sm80_and_sm90():
             nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
         except Exception:
             pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_depthwise_nhwc_on_the_gpu(case):
+    """Each case compiled by dnnc for the GPU at its precision (the template scheduled),
+    against the NumPy reference of the same graph, as on the host."""
+    import dnnc
+
+    precision = CASES[case][0]
+    graph, x = depthwise_graph(np.random.default_rng(case), *CASES[case])
+    compiled = dnnc.compile(graph, "cuda", precision=precision)
+    source = compiled.source("cuda")
+    assert "ConvNHWC" in source and "__shared__" in source   # (the host test: the template)
+    got = compiled.run(x, to="numpy")[0].astype(np.float64)
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    assert np.abs(got - want).max() <= 2 * UNIT[precision] * np.abs(want).max()

@@ -197,3 +197,35 @@ def test_plane_mean_on_host_against_numpy(case, tmp_path):
         error = np.abs(got - want).max()
         assert np.isfinite(got).all() and error <= 2 * unit * np.abs(want).max() + 1e-6, \
             f"{config}: worst error {error:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+def test_squeeze_excitation_model_on_the_gpu(precision, rng):
+    """The model compiled by dnnc for the GPU at each reduced precision, within the bound of
+    the fp32 reference."""
+    import dnnc
+
+    inputs = _inputs(rng)
+    compiled = dnnc.compile(se_model(np.random.default_rng(0)), "cuda", precision=precision)
+    got = compiled.run(inputs["x"], to="numpy")[0].astype(np.float64)
+    want = run_graph(se_model(np.random.default_rng(0)), [inputs["x"]])[0].astype(np.float64)
+    worst = np.abs(got - want).max() / np.abs(want).max()
+    assert worst <= model_error_bound(precision), f"{precision}: {worst:.3g}"
+
+
+def test_the_model_and_the_means_compile_for_sm80_and_sm90():
+    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    from cuda_kernels import renamed
+
+    _, progs = programs(se_model(np.random.default_rng(0)), machine=target("fp16"))
+    funcs = [f for p, program in enumerate(progs) for f in renamed(program, f"m{p}_")]
+    for n, case in enumerate(MEANS):
+        funcs += renamed(mean_program(*case)[1], f"c{n}_")
+    source = render_module(funcs).source
+    for arch in ("sm_80", "sm_90"):
+        prog = nvrtc.createProgram(source, "module.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
+        except Exception:
+            pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
