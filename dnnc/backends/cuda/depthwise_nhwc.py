@@ -98,14 +98,14 @@ def space(p: problems.Conv2dNHWC, machine) -> Space:
 def default(p: problems.Conv2dNHWC, machine) -> DepthwiseNHWCConfig:
     """The widest vector C allows; a run of 32 channels (16 or 8 where C is a multiple of
     those and not of 32, so that no block computes padding channels); an 8 x 8 tile (4 x 8
-    on planes of 4 rows or fewer), 2 pixels a thread on planes 16 wide or more; halved
-    while the window exceeds shared memory or the block 1024 threads, doubled up to 128
-    threads where the run is narrow."""
+    on planes of 4 rows or fewer), 2 pixels a thread (one load of a tap's weights for both)
+    on planes wider than 4; halved while the window exceeds shared memory or the block 1024
+    threads, doubled up to 128 threads where the run is narrow."""
     c, ow = p.x_dims[3], p.y_dims[2]
     vector = max(vector_widths(p))
     run = next((r for r in (32, 16, 8) if c % r == 0), 32)
     run = max(run, vector)
-    rows = 2 if ow >= 16 else 1
+    rows = 2 if ow > 4 else 1
     tile_h = 4 if p.y_dims[1] <= 4 else 8
     config = DepthwiseNHWCConfig(8, tile_h, rows, run, vector)
     while config.threads < 128 and config.tile_h < 16:
