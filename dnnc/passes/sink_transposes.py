@@ -13,15 +13,15 @@ Transpose's output is taken), or a value whose transpose by P's inverse moves no
 squeeze-and-excitation scale [N, C, 1, 1], read through a Reshape to [N, 1, 1, C], made
 once) is computed before the Transpose: f(T_P(a), c) == T_P(f(a, T_P^-1(c))); its
 output value stays the Transpose's, so the nodes after it see a transposed value and the
-Transpose keeps moving down. A GlobalAveragePool of a channels-last image (T: NHWC -> NCHW)
-becomes a ReduceMean over axes 1 and 2 before the Transpose (the plane's mean taken
-channels-last: cuda's pool_nhwc.py), the Transpose moving onto [N, 1, 1, C]. A Transpose of
-a Transpose by the inverse perm reads the inner one's input instead, and a second Transpose
-of one value by one perm (two convs reading one input) the first's output. Last, a Transpose
-left that moves no element (only dims of size 1 move) becomes a Reshape. Dead Transposes are
-left to `eliminate_dead_code`.
+Transpose keeps moving down. A GlobalAveragePool (or a ReduceMean over the plane) of a
+channels-last image (T: NHWC -> NCHW) becomes a ReduceMean over axes 1 and 2 before the
+Transpose (the plane's mean taken channels-last: cuda's pool_nhwc.py), the Transpose moving
+onto [N, 1, 1, C]. A Transpose of a Transpose by the inverse perm reads the inner one's
+input instead, and a second Transpose of one value by one perm (two convs reading one
+input) the first's output. Last, a Transpose left that moves no element (only dims of size
+1 move) becomes a Reshape. Dead Transposes are left to `eliminate_dead_code`.
 
-Never moves a Transpose across anything that is not positionwise but that global pool
+Never moves a Transpose across anything that is not positionwise but that plane mean
 (other pools, reductions, reshapes, products), and never changes a graph output's value.
 """
 
@@ -116,12 +116,25 @@ def _sunk(node: Node, made: dict) -> list[Node] | None:
             Node("Transpose", [inner], [out], {"perm": list(perm)}, f"{node.name}.sunk")]
 
 
+def _plane_mean(node: Node) -> bool:
+    """Whether `node` is a mean over the plane of an NCHW image keeping its dims: a
+    GlobalAveragePool, or a ReduceMean over axes (2, 3) (-2, -1) with keepdims."""
+    if node.op == "GlobalAveragePool":
+        return node.inputs[0].type.rank == 4
+    if node.op != "ReduceMean" or node.attrs.get("keepdims", 1) != 1 or \
+            len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[1].const is None:
+        return False
+    axes = np.asarray(node.inputs[1].const).reshape(-1)
+    return node.inputs[0].type.rank == 4 and sorted(int(a) % 4 for a in axes) == [2, 3]
+
+
 def _pooled(node: Node) -> list[Node] | None:
-    """GlobalAveragePool(T(a)) of a channels-last image a (T: NHWC -> NCHW) ->
-    [ReduceMean(a, axes (1, 2), keepdims), T]: the mean over the plane taken channels-last
-    (on cuda: pool_nhwc.py's plane mean), the Transpose moved onto [N, 1, 1, C],
-    where it is a Reshape (`_as_reshape`) or cancels against the next conv's."""
-    if node.op != "GlobalAveragePool" or _perm(node.inputs[0]) != NCHW_OF_NHWC:
+    """GlobalAveragePool(T(a)) (or ReduceMean(T(a)) over the plane, keepdims) of a
+    channels-last image a (T: NHWC -> NCHW) -> [ReduceMean(a, axes (1, 2), keepdims), T]:
+    the mean over the plane taken channels-last (on cuda: pool_nhwc.py's plane mean), the
+    Transpose moved onto [N, 1, 1, C], where it is a Reshape (`_as_reshape`) or cancels
+    against the next conv's."""
+    if not _plane_mean(node) or _perm(node.inputs[0]) != NCHW_OF_NHWC:
         return None
     a, out = node.inputs[0].producer.inputs[0], node.outputs[0]
     n, _, _, c = a.type.shape

@@ -213,20 +213,27 @@ def test_a_small_broadcast_operand_is_read_through_a_reshape(rng):
 
 
 def test_a_global_pool_of_a_channels_last_image_is_a_plane_mean(rng):
-    """GlobalAveragePool(T(a)) (T: NHWC -> NCHW) becomes ReduceMean(a, axes (1, 2)) then a
-    Reshape to [N, C, 1, 1]; a pool of an NCHW value, or through another perm, stays."""
+    """GlobalAveragePool(T(a)) (T: NHWC -> NCHW), or ReduceMean(T(a)) over (2, 3) keeping
+    them (MobileNetV3's SE in plain torch: x.mean((2, 3), keepdim=True)), becomes
+    ReduceMean(a, axes (1, 2)) then a Reshape to [N, C, 1, 1]; a pool of an NCHW value, or
+    through another perm, or a mean over other axes, stays."""
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (2, 4, 6, 5)))   # channels-last
-    pooled = g.add("GlobalAveragePool", g.add("Transpose", g.add("Relu", x),
-                                              perm=[0, 3, 1, 2]))
+    nchw = g.add("Transpose", g.add("Relu", x), perm=[0, 3, 1, 2])
+    pooled = g.add("GlobalAveragePool", nchw)
+    plane, channels = (Value(n, T.TensorType(T.int64, (2,)), const=np.array(a, np.int64))
+                       for n, a in (("plane", [-1, 2]), ("c", [1, 2])))
+    mean = g.add("ReduceMean", nchw, plane, keepdims=1)
+    kept = g.add("ReduceMean", nchw, channels, keepdims=1)
     other = g.add("GlobalAveragePool", g.add("Transpose", x, perm=[0, 1, 3, 2]))
-    g.outputs = [pooled, other, g.add("GlobalAveragePool", x)]
+    g.outputs = [pooled, mean, kept, other, g.add("GlobalAveragePool", x)]
     xv = rng.uniform(-1, 1, (2, 4, 6, 5)).astype(np.float32)
     want = run_graph(g, [xv])
     assert sink_transposes(g) > 0
     g.verify()
     ops = Counter(n.op for n in g.nodes)
-    assert ops["ReduceMean"] == 1 and ops["GlobalAveragePool"] == 2 and ops["Reshape"] == 1
-    assert ops["Transpose"] == 1   # the other perm's
+    assert ops["ReduceMean"] == 3 and ops["GlobalAveragePool"] == 2 and ops["Reshape"] == 2
+    # the other perm's, and the one the mean over (C, H) reads
+    assert ops["Transpose"] == 2, [n.op for n in g.nodes]
     for got, w in zip(run_graph(g, [xv]), want):
         np.testing.assert_allclose(got, w, rtol=1e-6)
