@@ -28,6 +28,9 @@ from .dense import MAX_GRID_YZ
 from .device import gpu_of
 
 MAX_THREADS = 1024
+SECTOR_BYTES = 32
+"""A memory transaction's sector: the default keeps a pixel's run of channels at least this
+wide (consecutive lanes read it whole)."""
 BLOCKS_PER_SM = 2
 """The default shortens the run of channels until the grid has this many blocks a SM (or
 the run is one vector)."""
@@ -59,7 +62,7 @@ def space(p: problems.PlaneMeanNHWC, machine) -> Space:
     widths = vector_widths(p)
     return Space("cuda_plane_mean_nhwc", PlaneMeanConfig, {
         "channels": (4, 8, 16, 32, 64, 128), "vector": (1, 2, 4),
-        "split": (1, 2, 4, 8, 16, 32, 64, 128, 256)},
+        "split": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)},
         [Constraint(f"vector divides C ({', '.join(map(str, widths))})",
                     lambda c: c.vector in widths),
          Constraint("vector divides channels", lambda c: c.channels % c.vector == 0),
@@ -69,14 +72,19 @@ def space(p: problems.PlaneMeanNHWC, machine) -> Space:
 
 def default(p: problems.PlaneMeanNHWC, machine) -> PlaneMeanConfig:
     """The widest vector; a run of 32 channels (16 or 8 where C is a multiple of those and
-    not of 32), halved while the grid has fewer than BLOCKS_PER_SM blocks a SM; 256 threads
-    a block, fewer pixel groups where the plane has fewer pixels."""
+    not of 32), halved while the grid has fewer than BLOCKS_PER_SM blocks a SM and a pixel's
+    run still fills a 32-byte sector; 256 threads a block (1024 where the grid has fewer
+    blocks than SMs: more loads in flight), fewer pixel groups where the plane has fewer
+    pixels."""
     n, h, w, c = p.x_dims
     vector = max(vector_widths(p))
+    sms = gpu_of(machine).sms
     run = max(vector, next((r for r in (32, 16, 8) if c % r == 0), 32))
-    while run > vector and n * -(-c // run) < BLOCKS_PER_SM * gpu_of(machine).sms:
+    sector = max(vector, SECTOR_BYTES // p.x.dtype.itemsize)
+    while run > sector and n * -(-c // run) < BLOCKS_PER_SM * sms:
         run //= 2
-    split = 256 // (run // vector)
+    threads = 1024 if n * -(-c // run) < sms else 256
+    split = max(1, threads // (run // vector))
     while split > 1 and split // 2 >= h * w and run // vector * split > 32:
         split //= 2
     while run // vector * split < 32:

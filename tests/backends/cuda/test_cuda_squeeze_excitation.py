@@ -174,6 +174,18 @@ def mean_program(precision, image, sigmoid, config=None):
                                 segment_groups(step, graph.groups), schedule, True)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+@pytest.mark.parametrize("shape", [(32, 112, 112, 32), (32, 56, 56, 144), (32, 7, 7, 1152),
+                                   (1, 7, 7, 1280), (8, 3, 3, 6), (2, 17, 19, 7),
+                                   (1, 1, 1, 40)])
+def test_default_plane_mean_config_is_in_its_space(shape, precision):
+    graph = mean_graph(precision, shape, False)
+    (node,) = graph.nodes
+    problem = PLANE_MEAN_NHWC.problem(lower_group([node], "k", outputs=node.outputs))
+    config = PLANE_MEAN_NHWC.default(problem, target(precision))
+    assert PLANE_MEAN_NHWC.space(problem, target(precision)).check(config) == config
+
+
 @needs_gxx
 @pytest.mark.parametrize("case", range(len(MEANS)))
 def test_plane_mean_on_host_against_numpy(case, tmp_path):
