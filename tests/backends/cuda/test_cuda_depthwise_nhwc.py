@@ -41,7 +41,8 @@ NUMPY = {T.float32: np.float32, T.float16: np.float16, T.bfloat16: ml_dtypes.bfl
 UNIT = {"tf32": 2.0 ** -20, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 """A rounding of the storage type, relative (tf32 stores float32: a few fp32 roundings)."""
 
-# (precision, image NHWC, kernel, stride, pads [top, left, bottom, right], epilogue, bias)
+# (precision, image NHWC, kernel, stride, pads [top, left, bottom, right], epilogue, bias
+# [, dilation])
 CASES = [
     ("fp16", (2, 9, 7, 24), 3, 1, [1, 1, 1, 1], "relu6", True),
     ("fp16", (1, 13, 11, 40), 5, 2, [2, 2, 2, 2], "silu", True),    # 40: runs of 8
@@ -52,6 +53,7 @@ CASES = [
     ("bf16", (1, 7, 9, 48), 3, 1, [0, 1, 1, 2], None, True),        # asymmetric padding
     ("tf32", (2, 9, 9, 7), 3, 2, [1, 1, 1, 1], None, False),        # 7 channels: scalars
     ("fp16", (1, 17, 19, 144), 5, 2, [2, 2, 2, 2], "silu", True),   # EfficientNet's 144
+    ("fp16", (1, 10, 9, 16), 3, 1, [2, 2, 2, 2], "relu6", True, 2),  # dilation 2
 ]
 
 EXTRA = [DepthwiseNHWCConfig(4, 2, 2, 8, 2), DepthwiseNHWCConfig(16, 4, 4, 64, 4),
@@ -72,7 +74,7 @@ def target(precision: str):
     return REGISTRY["cuda"].target(MACHINE, precision)
 
 
-def depthwise_graph(rng, precision, image, kernel, stride, pads, act, bias):
+def depthwise_graph(rng, precision, image, kernel, stride, pads, act, bias, dilation=1):
     """(graph of act(ConvNHWC(x, w, b)) depthwise in the precision's storage type, x)."""
     dtype = STORED[precision]
     np_type = NUMPY[dtype]
@@ -84,7 +86,8 @@ def depthwise_graph(rng, precision, image, kernel, stride, pads, act, bias):
     if bias:
         b = rng.uniform(-1, 1, c).astype(np_type)
         inputs.append(Value("b", T.TensorType(dtype, b.shape), const=b))
-    y = g.add("ConvNHWC", *inputs, group=c, strides=[stride] * 2, pads=pads, name="conv")
+    y = g.add("ConvNHWC", *inputs, group=c, strides=[stride] * 2, pads=pads,
+              dilations=[dilation] * 2, name="conv")
     if act == "silu":
         y = g.add("Mul", y, g.add("Sigmoid", y))
     elif act == "relu6":
