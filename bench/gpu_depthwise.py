@@ -18,7 +18,7 @@ the output written once. `torch_cl/dnnc` is torch channels_last's time over dnnc
 default. Each dnnc output is checked against torch's (max |d| / max |torch| within
 `model_error_bound`). Weighted rows sum each kernel's time times its count in the model.
 Then efficientnet_b0's squeeze-and-excitation pools: the mean over a channels-last plane
-(`pool_nhwc.py`) against torch's `x.mean((2, 3))` on channels_last tensors.
+(`plane_mean.py`) against torch's `x.mean((2, 3))` on channels_last tensors.
 Never imported by dnnc.
 """
 

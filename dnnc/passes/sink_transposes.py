@@ -15,7 +15,7 @@ once) is computed before the Transpose: f(T_P(a), c) == T_P(f(a, T_P^-1(c))); it
 output value stays the Transpose's, so the nodes after it see a transposed value and the
 Transpose keeps moving down. A GlobalAveragePool (or a ReduceMean over the plane) of a
 channels-last image (T: NHWC -> NCHW) becomes a ReduceMean over axes 1 and 2 before the
-Transpose (the plane's mean taken channels-last: cuda's pool_nhwc.py), the Transpose moving
+Transpose (the plane's mean taken channels-last: cuda's plane_mean.py), the Transpose moving
 onto [N, 1, 1, C]. A Transpose of a Transpose by the inverse perm reads the inner one's
 input instead, and a second Transpose of one value by one perm (two convs reading one
 input) the first's output. Last, a Transpose left that moves no element (only dims of size
@@ -131,7 +131,7 @@ def _plane_mean(node: Node) -> bool:
 def _pooled(node: Node) -> list[Node] | None:
     """GlobalAveragePool(T(a)) (or ReduceMean(T(a)) over the plane, keepdims) of a
     channels-last image a (T: NHWC -> NCHW) -> [ReduceMean(a, axes (1, 2), keepdims), T]:
-    the mean over the plane taken channels-last (on cuda: pool_nhwc.py's plane mean), the
+    the mean over the plane taken channels-last (on cuda: plane_mean.py), the
     Transpose moved onto [N, 1, 1, C], where it is a Reshape (`_as_reshape`) or cancels
     against the next conv's."""
     if not _plane_mean(node) or _perm(node.inputs[0]) != NCHW_OF_NHWC:

@@ -82,7 +82,7 @@ from .device import REFERENCE, gpu_of
 from .gemv import GEMV
 from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
-from .pool_nhwc import PLANE_MEAN_NHWC
+from .plane_mean import PLANE_MEAN_NHWC
 from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, pow2,
                    reads_columns, reduction, row_parts, strided_loop)
 from .threads import (WARP, Config, Names, Scratch, independent_prefix, single_thread,
@@ -273,7 +273,7 @@ TEMPLATES = {
                                     CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE,
                                     DEPTHWISE_NHWC, DEFAULT),
     # the mean over a channels-last plane (squeeze-and-excitation's pool) a block per image
-    # x run of channels (pool_nhwc.py)
+    # x run of channels (plane_mean.py)
     ("cuda", Pattern.REDUCE): (PLANE_MEAN_NHWC, ROWS, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has

@@ -7,7 +7,7 @@ precisions (issue 31, item 3): channels-last end to end.
   in the whole graph; the optimised graph within `model_error_bound` of the fp32 reference
   (NumPy interpreter);
 - the kernels: every kernel of the compiled model run on the host shim (test_host_semantics)
-  from the model's input, within the bound; the plane mean (`pool_nhwc.py`) alone against
+  from the model's input, within the bound; the plane mean (`plane_mean.py`) alone against
   NumPy at fp16, bf16 and tf32 storage, odd channels and planes, under a spread of its knobs;
 - fp32: no channels-last node at all.
 """
@@ -25,7 +25,7 @@ from cuda_kernels import MACHINE, programs, reference
 from test_cuda_depthwise_nhwc import in_space, run_programs
 from test_cuda_nhwc import _run_kernels
 from dnnc.backends.cuda.codegen import render_module
-from dnnc.backends.cuda.pool_nhwc import PLANE_MEAN_NHWC, PlaneMeanConfig
+from dnnc.backends.cuda.plane_mean import PLANE_MEAN_NHWC, PlaneMeanConfig
 from dnnc.backends.cuda.schedules import schedule_kernel
 from dnnc.backends.lower import lower_group
 from dnnc.backends.plan import build_program, segment_groups
