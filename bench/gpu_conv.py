@@ -1,7 +1,7 @@
 """Channels-last convolutions on tensor cores against cuDNN (issue 31, item 3), one run.
 
     PYTHONPATH=$PWD python bench/gpu_conv.py [--batch 32] [--precision fp16|bf16]
-        [--repeat 30] [--trials 5] [--no-variants] [--no-nchw] [--no-model]
+        [--repeat 30] [--trials 5] [--no-variants] [--no-nchw] [--no-shapes] [--no-model]
         [--models resnet18,mobilenet_v2] [--modes eager,reduce-overhead]
 
 Kernels: resnet50's distinct convolution shapes (torchvision's, 224 x 224 images) at
@@ -15,6 +15,8 @@ channels_last tensors of that type (cuDNN, `cudnn.benchmark` on), all timed by C
 TFLOP/s = 2 N OH OW M C kh kw / time; `cuDNN/dnnc` is cuDNN's time over dnnc's (the bar:
 >= 0.8); the weighted rows sum each kernel's time times its count in resnet50. Each dnnc
 output is checked against cuDNN's: max |d| / max |cuDNN| within `model_error_bound`.
+
+(`--no-shapes`: none of those kernel rows.)
 
 Models (unless `--no-model`): each of the zoo's `--models` at `--batch`, compiled with
 `precision=`, against its torch mirror (bench/zoo_torch.py: the same weights) cast to that type and
@@ -230,6 +232,7 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--no-variants", action="store_true")
     parser.add_argument("--no-nchw", action="store_true")
+    parser.add_argument("--no-shapes", action="store_true")
     parser.add_argument("--no-model", action="store_true")
     parser.add_argument("--modes", default="eager")
     parser.add_argument("--models", default="resnet18,mobilenet_v2")
@@ -246,7 +249,7 @@ def main(argv=None) -> int:
           f"median of {args.trials} x mean of {args.repeat}")
     rng = np.random.default_rng(0)
     totals, failed = np.zeros(3), 0
-    for shape in RESNET50:
+    for shape in [] if args.no_shapes else RESNET50:
         try:
             default, best, cudnn, lines = conv_row(cp, torch, shape, args, machine, rng)
         except Exception as exc:   # one shape's failure must not hide the others
@@ -257,9 +260,10 @@ def main(argv=None) -> int:
         totals += shape[-1] * np.array([default, best, cudnn])
         print("\n".join(lines), flush=True)
         failed += any(line.endswith("WRONG") for line in lines)
-    print(f"resnet50 convs weighted: dnnc default {totals[0]:.3f} ms, best variant "
-          f"{totals[1]:.3f} ms, cuDNN {totals[2]:.3f} ms: cuDNN/dnnc {totals[2] / totals[0]:.2f}"
-          f" (best {totals[2] / totals[1]:.2f})")
+    if totals[0]:
+        print(f"resnet50 convs weighted: dnnc default {totals[0]:.3f} ms, best variant "
+              f"{totals[1]:.3f} ms, cuDNN {totals[2]:.3f} ms: cuDNN/dnnc "
+              f"{totals[2] / totals[0]:.2f} (best {totals[2] / totals[1]:.2f})")
     for name in [] if args.no_model else args.models.split(","):
         try:
             print(model_row(torch, name, args), flush=True)

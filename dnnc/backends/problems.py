@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ..ir import loop as L
 from ..ir import types as T
 from ..ir.ops.registry import Pattern, get_op
@@ -478,10 +480,11 @@ def conv2d(kernel: Kernel) -> Conv2d | None:
 
 @dataclass(frozen=True)
 class Conv2dNHWC:
-    """A channels-last 2-D convolution of one group (ConvNHWC), `STORAGE` types, static
-    shapes: y [N, OH, OW, M] = epilogue(conv(x [N, H, W, C], w [M, kh, kw, C]) + bias), the
-    sum over k = (ky, kx, c) in that order (a patch's run along k is contiguous in x for
-    each (ky, kx))."""
+    """A channels-last 2-D convolution of one group or depthwise (ConvNHWC), `STORAGE` types,
+    static shapes: y [N, OH, OW, M] = epilogue(conv(x [N, H, W, C], w [M, kh, kw, C / group])
+    + bias), the sum over k = (ky, kx, c) in that order (a patch's run along k is contiguous
+    in x for each (ky, kx)); depthwise (`group` = C = M, w [C, kh, kw, 1]): channel c's
+    filter on channel c alone."""
 
     name: str
     params: tuple
@@ -497,6 +500,13 @@ class Conv2dNHWC:
     begins: tuple
     epilogue: Epilogue
     anchor_dtype: T.DType = T.float32
+    group: int = 1
+
+    @property
+    def depthwise(self) -> bool:
+        """One filter per channel: group == C == M, w [C, kh, kw, 1]."""
+        c, (m, cg) = self.x_dims[3], (self.w_dims[0], self.w_dims[3])
+        return self.group > 1 and self.group == c == m and cg == 1
 
     def finish(self, value: L.Expr, index: tuple) -> L.Expr:
         """Output element `index` (n, oy, ox, m) of the float32 sum `value` as stored in Y
@@ -508,12 +518,10 @@ class Conv2dNHWC:
 
 
 def conv2d_nhwc(kernel: Kernel) -> Conv2dNHWC | None:
-    """An ungrouped ConvNHWC of `STORAGE` types anchoring `kernel` (first in its group,
-    static shapes) as a `Conv2dNHWC`; None otherwise (a depthwise one: the default
-    template's thread per output, consecutive threads on consecutive channels)."""
+    """A ConvNHWC of one group or depthwise, `STORAGE` types, anchoring `kernel` (first in
+    its group, static shapes) as a `Conv2dNHWC`; None otherwise."""
     node = kernel.anchor
-    if node is not kernel.nodes[0] or node.op != "ConvNHWC" or \
-            (node.attrs.get("group") or 1) != 1:
+    if node is not kernel.nodes[0] or node.op != "ConvNHWC":
         return None
     x, w, bias = _operands(kernel, node, 3)
     y = kernel.func.params[-1]
@@ -525,9 +533,54 @@ def conv2d_nhwc(kernel: Kernel) -> Conv2dNHWC | None:
     if geometry is None or tuple(node.outputs[0].type.shape) != tuple(yd):
         return None
     strides, dilations, begins, _ = geometry
-    return Conv2dNHWC(kernel.func.name, kernel.func.params, x, w, bias, y, tuple(xd),
-                      tuple(wd), tuple(yd), tuple(strides), tuple(dilations), tuple(begins),
-                      epilogue(kernel), node.outputs[0].type.dtype)
+    problem = Conv2dNHWC(kernel.func.name, kernel.func.params, x, w, bias, y, tuple(xd),
+                         tuple(wd), tuple(yd), tuple(strides), tuple(dilations),
+                         tuple(begins), epilogue(kernel), node.outputs[0].type.dtype,
+                         node.attrs.get("group") or 1)
+    return problem if problem.group == 1 or problem.depthwise else None
+
+
+@dataclass(frozen=True)
+class PlaneMeanNHWC:
+    """The mean over the plane of a channels-last image, `STORAGE` types, static shapes:
+    y[n, 0, 0, c] = epilogue(mean over (h, w) of x[n, h, w, c]) (a ReduceMean over axes 1
+    and 2 keeping them: `sink_transposes`' GlobalAveragePool of an NHWC image), summed in
+    float32, stored through `store_index` (a layout tail: the identity without one)."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    y: L.Buffer
+    x_dims: tuple        # [N, H, W, C]
+    epilogue: Epilogue
+    store_index: Callable
+    anchor_dtype: T.DType = T.float32
+
+    def finish(self, value: L.Expr, index: tuple) -> L.Expr:
+        """Output element `index` (n, 0, 0, c) of the float32 mean `value` as stored in Y."""
+        value = rounded(value, self.anchor_dtype)
+        return rounded(self.epilogue(value, index), self.y.dtype)
+
+
+def plane_mean_nhwc(kernel: Kernel) -> PlaneMeanNHWC | None:
+    """A ReduceMean over axes (1, 2) of a static 4-D `STORAGE` tensor keeping them, anchoring
+    `kernel` (first in its group) as a `PlaneMeanNHWC`; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "ReduceMean" or len(node.inputs) < 2 or \
+            node.inputs[1] is None or node.inputs[1].const is None or \
+            node.attrs.get("keepdims", 1) != 1:
+        return None
+    (x,) = _operands(kernel, node, 1)
+    xd = L.static_shape(x.shape)
+    if xd is None or len(xd) != 4 or x.dtype not in STORAGE or \
+            node.outputs[0].type.dtype not in STORAGE or \
+            sorted(int(a) % 4 for a in np.asarray(node.inputs[1].const).reshape(-1)) != [1, 2]:
+        return None
+    where = store_index(kernel)
+    if where is None:
+        return None
+    return PlaneMeanNHWC(kernel.func.name, kernel.func.params, x, kernel.func.params[-1],
+                         tuple(xd), epilogue(kernel), where, node.outputs[0].type.dtype)
 
 
 def _flat_epilogue_reads(kernel: Kernel, out_shape) -> bool:

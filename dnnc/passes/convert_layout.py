@@ -17,7 +17,10 @@ chunks becomes Transpose(NCHW -> NHWC) -> ConvNHWC (weights OHWI, once) -> Trans
 and then `sink_transposes` moves the Transposes through the elementwise ops between
 convolutions and cancels the inverse pairs, so that a chain of convolutions (resnet's,
 mobilenet's) runs channels-last with Transposes only at its edges (pools, reshapes, the model's inputs and outputs); convs
-of fewer channels (a stem's 3) stay NCHW, which saves a Transpose at each side of them, and
+of fewer channels (a stem's 3) stay NCHW, which saves a Transpose at each side of them,
+except on an image of one pixel (squeeze-and-excitation's 1x1 convs of 4 or 6 channels,
+through the registers): there a Transpose moves nothing (`sink_transposes` makes it a Reshape
+or cancels it), and
 so do convs next to a grouped conv that is not depthwise (which has no channels-last kernel)
 through elementwise ops only. A rewrite keeps the output Value of the last node it
 replaces, so its users are untouched.
@@ -130,8 +133,9 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
 
 
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
-    """Conv(x, W const, B) (2-D, one group or depthwise, C a multiple of a chunk's elements)
-    at a reduced precision -> Transpose(x) -> ConvNHWC(., OHWI(W), B) -> Transpose(back)."""
+    """Conv(x, W const, B) (2-D, one group or depthwise, C a multiple of a chunk's elements
+    or the image one pixel) at a reduced precision -> Transpose(x) -> ConvNHWC(., OHWI(W),
+    B) -> Transpose(back)."""
     if node.op != "Conv" or target.precision == "fp32":
         return None
     x, w = node.inputs[0], node.inputs[1]
@@ -139,7 +143,9 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
             x.type.dtype not in FLOAT_DTYPES or _grouped(node):
         return None
     channels, element = x.type.shape[1], np.dtype(x.type.dtype.np).itemsize
-    if not isinstance(channels, int) or channels % (CHUNK_BYTES // element) or \
+    one_pixel = tuple(x.type.shape[2:]) == (1, 1)
+    if not isinstance(channels, int) or (channels % (CHUNK_BYTES // element) and
+                                         not one_pixel) or \
             _beside_grouped(x, node.outputs[0], users):
         return None
     ohwi = np.ascontiguousarray(np.asarray(w.const).transpose(NHWC_OF_NCHW))

@@ -6,17 +6,23 @@ elementwise ops between two such ops instead of converting back and forth around
 One walk in topological order. A positionwise node (pattern ELEMWISE or BROADCAST, no
 parameter inputs, no `axis`, one output) whose every input is a Transpose by one perm P,
 a constant (re-laid out once: broadcast to the output's rank, transposed by P's inverse), a
-scalar, or a value already read through a Transpose by P's inverse earlier in the graph (a
+scalar, a value already read through a Transpose by P's inverse earlier in the graph (a
 residual Add of a block's input, which its first convolution reads transposed: that
-Transpose's output is taken) is computed before the Transpose:
-f(T_P(a), c) == T_P(f(a, T_P^-1(c))); its
+Transpose's output is taken), or a value whose transpose by P's inverse moves no element
+(every dim of more than one element keeps its order after broadcasting: a
+squeeze-and-excitation scale [N, C, 1, 1], read through a Reshape to [N, 1, 1, C], made
+once) is computed before the Transpose: f(T_P(a), c) == T_P(f(a, T_P^-1(c))); its
 output value stays the Transpose's, so the nodes after it see a transposed value and the
-Transpose keeps moving down. A Transpose of a Transpose by the inverse perm reads the
-inner one's input instead, and a second Transpose of one value by one perm (two convs
-reading one input) the first's output. Dead Transposes are left to `eliminate_dead_code`.
+Transpose keeps moving down. A GlobalAveragePool (or a ReduceMean over the plane) of a
+channels-last image (T: NHWC -> NCHW) becomes a ReduceMean over axes 1 and 2 before the
+Transpose (the plane's mean taken channels-last: cuda's plane_mean.py), the Transpose moving
+onto [N, 1, 1, C]. A Transpose of a Transpose by the inverse perm reads the inner one's
+input instead, and a second Transpose of one value by one perm (two convs reading one
+input) the first's output. Last, a Transpose left that moves no element (only dims of size
+1 move) becomes a Reshape. Dead Transposes are left to `eliminate_dead_code`.
 
-Never moves a Transpose across anything that is not positionwise (pools, reductions,
-reshapes, products), and never changes a graph output's value.
+Never moves a Transpose across anything that is not positionwise but that plane mean
+(other pools, reductions, reshapes, products), and never changes a graph output's value.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node, Value
+from ..ir.ops.packed import NCHW_OF_NHWC
 from ..ir.ops.registry import Pattern, get_op
-from ..ir.types import TensorType
+from ..ir.types import TensorType, int64
 from .eliminate import eliminate_dead_code
 
 
@@ -53,10 +60,26 @@ def _relaid(c: Value, rank: int, inverse: tuple[int, ...]) -> Value:
     return Value(f"{c.name}.relaid", TensorType(c.type.dtype, array.shape), const=array)
 
 
-def _sunk(node: Node, inverted) -> list[Node] | None:
-    """[node computed before the Transpose, the Transpose] when `node` can take its inputs'
-    Transpose, else None; `inverted(value, perm)` is an earlier Transpose's output holding
-    `value` transposed by `perm`, or None."""
+def _reshaped(v: Value, rank: int, inverse: tuple[int, ...]) -> Node | None:
+    """A Reshape of non-constant `v` to its shape broadcast to `rank` dims and transposed by
+    `inverse`, when that transpose keeps the order of the dims of more than one element (so
+    it moves no element); else None."""
+    shape = (1,) * (rank - v.type.rank) + tuple(v.type.shape)
+    if not all(isinstance(d, int) for d in shape) or \
+            [i for i in inverse if shape[i] != 1] != sorted(i for i in inverse if shape[i] != 1):
+        return None
+    moved = tuple(shape[i] for i in inverse)
+    target = Value(f"{v.name}.relaid.shape", TensorType(int64, (rank,)),
+                   const=np.array(moved, np.int64))
+    return Node("Reshape", [v, target], [Value(f"{v.name}.relaid", TensorType(
+        v.type.dtype, moved))], {"allowzero": 0}, f"{v.name}.relaid")
+
+
+def _sunk(node: Node, made: dict) -> list[Node] | None:
+    """[any Reshapes of its inputs, node computed before the Transpose, the Transpose] when
+    `node` can take its inputs' Transpose, else None; `made[(id(value), perm)]` is an earlier
+    Transpose's (or Reshape's) output holding `value` transposed by `perm` (the Reshapes made
+    here are added)."""
     if not positionwise(node):
         return None
     out = node.outputs[0]
@@ -69,7 +92,7 @@ def _sunk(node: Node, inverted) -> list[Node] | None:
                                          for v in node.inputs):
         return None
     inverse = tuple(int(i) for i in np.argsort(perm))
-    inputs = []
+    inputs, reshapes = [], []
     for v in node.inputs:
         if v is None or (v.const is None and v.type.rank == 0):
             inputs.append(v)
@@ -77,14 +100,63 @@ def _sunk(node: Node, inverted) -> list[Node] | None:
             inputs.append(_relaid(v, out.type.rank, inverse) if v.type.rank else v)
         elif _perm(v) == perm:
             inputs.append(v.producer.inputs[0])
+        elif (id(v), inverse) in made:
+            inputs.append(made[(id(v), inverse)])
         else:
-            inputs.append(inverted(v, inverse))
-            if inputs[-1] is None:
+            reshape = _reshaped(v, out.type.rank, inverse)
+            if reshape is None:
                 return None
+            reshapes.append(reshape)
+            inputs.append(reshape.outputs[0])
     inner = Value(f"{out.name}.sunk", TensorType(out.type.dtype,
                                                  tuple(out.type.shape[i] for i in inverse)))
-    return [Node(node.op, inputs, [inner], node.attrs, node.name),
+    for reshape in reshapes:   # (read by later nodes too)
+        made[(id(reshape.inputs[0]), inverse)] = reshape.outputs[0]
+    return reshapes + [Node(node.op, inputs, [inner], node.attrs, node.name),
             Node("Transpose", [inner], [out], {"perm": list(perm)}, f"{node.name}.sunk")]
+
+
+def _plane_mean(node: Node) -> bool:
+    """Whether `node` is a mean over the plane of an NCHW image keeping its dims: a
+    GlobalAveragePool, or a ReduceMean over axes (2, 3) (-2, -1) with keepdims."""
+    if node.op == "GlobalAveragePool":
+        return node.inputs[0].type.rank == 4
+    if node.op != "ReduceMean" or node.attrs.get("keepdims", 1) != 1 or \
+            len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[1].const is None:
+        return False
+    axes = np.asarray(node.inputs[1].const).reshape(-1)
+    return node.inputs[0].type.rank == 4 and sorted(int(a) % 4 for a in axes) == [2, 3]
+
+
+def _pooled(node: Node) -> list[Node] | None:
+    """GlobalAveragePool(T(a)) (or ReduceMean(T(a)) over the plane, keepdims) of a
+    channels-last image a (T: NHWC -> NCHW) -> [ReduceMean(a, axes (1, 2), keepdims), T]:
+    the mean over the plane taken channels-last (on cuda: plane_mean.py), the
+    Transpose moved onto [N, 1, 1, C], where it is a Reshape (`_as_reshape`) or cancels
+    against the next conv's."""
+    if not _plane_mean(node) or _perm(node.inputs[0]) != NCHW_OF_NHWC:
+        return None
+    a, out = node.inputs[0].producer.inputs[0], node.outputs[0]
+    n, _, _, c = a.type.shape
+    axes = Value(f"{node.name}.axes", TensorType(int64, (2,)), const=np.array([1, 2], np.int64))
+    inner = Value(f"{out.name}.sunk", TensorType(out.type.dtype, (n, 1, 1, c)))
+    return [Node("ReduceMean", [a, axes], [inner], {"keepdims": 1}, node.name),
+            Node("Transpose", [inner], [out], {"perm": list(NCHW_OF_NHWC)},
+                 f"{node.name}.sunk")]
+
+
+def _as_reshape(node: Node) -> Node:
+    """A Transpose that moves only dims of size 1 (the order of the others kept: no element
+    moves) as a Reshape to its static output shape; any other node as it is."""
+    if node.op != "Transpose" or not node.outputs[0].type.is_static:
+        return node
+    shape, perm = node.inputs[0].type.shape, _perm(node.outputs[0])
+    if [i for i in perm if shape[i] != 1] != sorted(i for i in perm if shape[i] != 1):
+        return node
+    out = node.outputs[0]
+    target = Value(f"{out.name}.shape", TensorType(int64, (out.type.rank,)),
+                   const=np.array(out.type.shape, np.int64))
+    return Node("Reshape", [node.inputs[0], target], [out], {"allowzero": 0}, node.name)
 
 
 def sink_transposes(graph: Graph) -> int:
@@ -112,9 +184,10 @@ def sink_transposes(graph: Graph) -> int:
                 changed += 1
                 continue
             made[key] = node.outputs[0]
-        new = _sunk(node, lambda v, p: made.get((id(v), p))) or [node]
+        new = _sunk(node, made) or _pooled(node) or [node]
         nodes += new
-        changed += new[0] is not node
-    graph.nodes = nodes
+        changed += new[-1] is not node
+    graph.nodes = [_as_reshape(n) for n in nodes]
+    changed += sum(a is not b for a, b in zip(nodes, graph.nodes))
     eliminate_dead_code(graph)
     return changed

@@ -4,7 +4,8 @@
 iterations, `rows.py` a row reduction's; templates with knobs, as on llvm: `dense.py` and
 `conv.py` tile products in shared memory, `gemv.py` splits short ones along k, `mma.py` runs
 products on tensor cores at a reduced precision (`conv_nhwc.py` channels-last convolutions
-on it), `attention.py` computes a fused attention in one kernel); `codegen.py` renders the scheduled PrimFuncs of a program as
+on it; `depthwise_nhwc.py` and `plane_mean.py` the channels-last depthwise convolutions and
+plane means beside them), `attention.py` computes a fused attention in one kernel); `codegen.py` renders the scheduled PrimFuncs of a program as
 one CUDA C translation unit and says how each is launched (its docstring holds the interface
 the runtime reads; `prelude.py` the device functions it calls); `device.py` finds CuPy and the GPU, describes it (`Target.gpu`), compiles
 through NVRTC and caches modules; `executable.py` is the runtime, `tuning.py` what the tuner

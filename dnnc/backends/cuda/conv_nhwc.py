@@ -15,7 +15,8 @@ float32 storage at fp16) the patches go through registers element by element (`m
 when K fills whole chunks. The bias and the fused epilogue apply on the store
 (`Conv2dNHWC.finish`). Knobs: `mma.product_space`'s, searched by the tuner.
 
-Never used at fp32 (its `Template.precisions`): fp32 compiles keep NCHW.
+Never used at fp32 (its `Template.precisions`): fp32 compiles keep NCHW. Never used for a
+depthwise ConvNHWC (depthwise_nhwc.py).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def gemm(p: problems.Conv2dNHWC) -> tuple[int, int, int]:
 
 
 def applies(p: problems.Conv2dNHWC) -> bool:
-    return True
+    return p.group == 1   # a depthwise one: depthwise_nhwc.py
 
 
 def space(p: problems.Conv2dNHWC, machine) -> Space:

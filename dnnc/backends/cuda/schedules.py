@@ -76,11 +76,13 @@ from .codegen import stages
 from .conv import CONV2D
 from .conv_nhwc import MMA_CONV2D_NHWC
 from .depthwise import DEPTHWISE
+from .depthwise_nhwc import DEPTHWISE_NHWC
 from .dense import DENSE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
 from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
+from .plane_mean import PLANE_MEAN_NHWC
 from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, pow2,
                    reads_columns, reduction, row_parts, strided_loop, writes_rows)
 from .threads import (WARP, Config, Names, Scratch, independent_prefix, single_thread,
@@ -273,10 +275,15 @@ TEMPLATES = {
     # dense and ungrouped conv tiled (on tensor cores at a reduced precision: mma.py, skipped
     # at fp32), products of few rows split along k (gemv), attention in one kernel
     # (attention.py), depthwise conv a block per tile of a channel's plane (depthwise.py),
-    # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py);
-    # the rest (grouped conv) one thread per output element
+    # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py),
+    # a channels-last depthwise one a block per tile of pixels x run of channels
+    # (depthwise_nhwc.py); the rest (grouped conv) one thread per output element
     ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
-                                    CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE, DEFAULT),
+                                    CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE,
+                                    DEPTHWISE_NHWC, DEFAULT),
+    # the mean over a channels-last plane (squeeze-and-excitation's pool) a block per image
+    # x run of channels (plane_mean.py)
+    ("cuda", Pattern.REDUCE): (PLANE_MEAN_NHWC, ROWS, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""
