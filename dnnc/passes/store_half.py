@@ -77,6 +77,30 @@ def store_half(graph: Graph, target: Target) -> Graph:
     return graph
 
 
+_POSITIONWISE = (Pattern.ELEMWISE, Pattern.BROADCAST, Pattern.INJECTIVE)
+
+
+def _feeds_discontinuous(graph: Graph) -> set[int]:
+    """Ids of the elementwise, broadcasting and layout nodes whose float output reaches a
+    discontinuous op (or a cast to an integer type) through such nodes only: they run in
+    float32 too, so that the comparison sees the model's own value (Greater(Clip(x), x)
+    compared x's float16 rounding with x itself; a Cast to int32 of a Squeeze truncated the
+    rounded value). The walk stops at any other producer (a product, a reduction: its output
+    is rounded as every stored activation)."""
+    producer = {id(v): n for n in graph.nodes for v in n.outputs}
+    stack = [v for n in graph.nodes if n.op in DISCONTINUOUS_OPS or (
+        n.op == "Cast" and not n.attrs.get("to").is_float) for v in n.inputs if v is not None]
+    exact: set[int] = set()
+    while stack:
+        n = producer.get(id(stack.pop()))
+        if n is None or id(n) in exact or n.subgraphs() or \
+                get_op(n.op).pattern not in _POSITIONWISE:
+            continue
+        exact.add(id(n))
+        stack += [v for v in n.inputs if v is not None and v.type.dtype.is_float]
+    return exact
+
+
 class _HalfStorage:
     """One rewrite: the nodes in order, each value's current stand-in (`now`), and the Casts
     and converted constants made so far (each made once)."""
@@ -89,6 +113,7 @@ class _HalfStorage:
         self.to_half: dict[int, Value] = {}    # id of a float32 value -> its half twin
         self.to_f32: dict[int, Value] = {}     # id of a converted value -> its float32 twin
         self.outputs = {id(v) for v in graph.outputs}
+        self.exact = _feeds_discontinuous(graph)
 
     def run(self) -> None:
         g = self.graph
@@ -115,7 +140,7 @@ class _HalfStorage:
     def fp32_needed(self, node: Node) -> bool:
         """Whether `node` runs in float32 whatever its op's types allow (FLOAT32_OPS, or a
         reduction of a float32 value: a graph input, an output of a node run in float32)."""
-        if node.op in FLOAT32_OPS or node.op in DISCONTINUOUS_OPS:
+        if node.op in FLOAT32_OPS or node.op in DISCONTINUOUS_OPS or id(node) in self.exact:
             return True
         if node.op == "Cast" and not node.attrs.get("to").is_float:
             return True   # (a float to integer or boolean cast: discontinuous too)

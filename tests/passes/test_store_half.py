@@ -268,3 +268,30 @@ def test_discontinuous_ops_read_their_float32_inputs_unrounded():
     got = run_graph(out, [xs])
     for w, o in zip(want[:3], got[:3]):
         np.testing.assert_array_equal(o, w)
+
+
+def test_elementwise_chains_into_a_discontinuous_op_run_in_float32():
+    """Greater(Clip(x, max=0.5), x) and Cast(Squeeze(x), int32) (the fuzzer's fp16 sweep,
+    seed 3141, cases 89 and 24, on the H200): the comparison saw x's float16 rounding beside x
+    itself, the cast truncated the rounded value. The position-wise ops between a graph input
+    and a discontinuous op run in float32, so both results equal the model's; a product's
+    output feeding one stays rounded, and a continuous consumer stays half."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 6)))
+    w = _const("w", np.eye(6, dtype=np.float32))
+    clip = g.add("Clip", x, None, _const("hi", np.array(0.5, np.float32)))
+    gt = g.add("Greater", clip, x)
+    as_int = g.add("Cast", g.add("Squeeze", x, _const("ax", np.array([0]))), to=T.int32)
+    m = g.add("MatMul", x, w)
+    lt = g.add("Less", g.add("Relu", m), _const("one", np.array(1.0, np.float32)))
+    g.outputs = [gt, as_int, lt, g.add("Tanh", x)]
+    out = store_half(g, cuda_like("fp16"))
+    by_op = {n.op: n for n in out.nodes}
+    for op in ("Clip", "Squeeze", "Relu"):
+        assert by_op[op].inputs[0].type.dtype is T.float32, op
+    assert by_op["MatMul"].outputs[0].type.dtype is T.float16   # (rounded as it is stored)
+    assert by_op["Tanh"].inputs[0].type.dtype is T.float16
+    xs = np.array([[0.30001, 0.1, 2.0004, -3.0002, 0.49999, 7.0003]], np.float32)
+    want, got = run_graph(g, [xs]), run_graph(out, [xs])
+    for w_, o in zip(want[:2], got[:2]):
+        np.testing.assert_array_equal(o, w_)
