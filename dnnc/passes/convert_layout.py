@@ -198,6 +198,10 @@ REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nh
 (or nodes, in order, the last producing the replaced node's outputs) and the later nodes it
 takes over (their outputs are its own)."""
 
+PACKINGS = ("pack_dense", "pack_conv")
+"""The layouts that pack weights into panels of the target's width (`Target.panel`); the
+others (nhwc_conv) move data without a width."""
+
 FINISH = {"nhwc_conv": sink_transposes}
 """layout name -> what runs on the whole graph after its rewrites changed something."""
 
