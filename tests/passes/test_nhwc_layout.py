@@ -138,10 +138,8 @@ def test_resnet18_has_no_transpose_between_its_convolutions(precision):
     graph = optimize(import_onnx(zoo.build("resnet18", size=32)), target, 3)
     ops = Counter(n.op for n in graph.nodes)
     assert ops["ConvNHWC"] == 19 and ops["Conv"] == 1   # the 3-channel stem stays NCHW
-    users = graph.users()
     for node in graph.nodes:
         if node.op == "Transpose":
-            readers = {u.op for u in users[node.outputs[0]]}
             assert node.inputs[0].producer.op == "MaxPool"
     assert ops["Transpose"] == 1 and ops["ReduceMean"] == 1 and ops["GlobalAveragePool"] == 0
 
