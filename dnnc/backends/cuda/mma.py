@@ -277,9 +277,10 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
     cores at `precision` (see the module's docstring; with the `wgmma` knob, wgmma.py's
     warpgroups); the arguments as dense.tiled_product's."""
     if c.wgmma:
-        from .wgmma import wgmma_product   # (it builds on this module's tiles)
-        return wgmma_product(c, batch, m, n, k, a, b, store, precision=precision)
-    w = _WarpTiles(c, batch, m, n, k, a, b, precision)
+        from .wgmma import Warpgroups as tiles   # (it builds on this module's tiles)
+    else:
+        tiles = _WarpTiles
+    w = tiles(c, batch, m, n, k, a, b, precision)
     bi, by, bx = w.bi, w.by, w.bx
     grid = (-(-m // w.bm), -(-n // w.bn))
     if c.split_k == 1:

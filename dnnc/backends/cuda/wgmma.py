@@ -49,9 +49,8 @@ from __future__ import annotations
 
 from ...ir import loop as L
 from ...ir import types as T
-from . import dense as dense_template
 from .dense import Operand
-from .mma import CHUNK_WORDS, WARP, TensorCoreConfig, _grouped, _Tile
+from .mma import CHUNK_WORDS, WARP, TensorCoreConfig, _Tile
 
 WARPGROUP = 4 * WARP
 TILE_M = 64
@@ -92,29 +91,6 @@ def accumulators(c: TensorCoreConfig) -> int:
     return rows // TILE_M * columns // 2
 
 
-def wgmma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
-                  b: Operand, store, *, precision: str) -> L.Stmt:
-    """The blocks, warpgroups and loops of Y[bi, i, j] = sum_k A[bi, i, k] B[bi, k, j] with
-    wgmma at `precision` (see the module's docstring); the arguments as
-    `mma.mma_product`'s."""
-    w = _Warpgroups(c, batch, m, n, k, a, b, precision)
-    bi, by, bx = w.bi, w.by, w.bx
-    grid = (-(-m // c.block_m), -(-n // c.block_n))
-    if c.split_k == 1:
-        done = w.each_result(lambda i, j, value: store(bi, i, j, value))
-        body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
-        return L.For(bi, batch, _grouped(body, grid, by, bx), L.ForKind.BLOCK_Z)
-    sk = L.Var("sk")
-
-    def slice_block(bz: L.Var, partial: L.Buffer) -> L.Stmt:
-        keep = w.each_result(lambda i, j, value: L.Store(
-            partial, (((sk * batch + bi) * m + i) * n + j,), value))
-        body = w.block(L.seq(w.init(), w.product(sk * w.per), keep))
-        return L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
-
-    return dense_template._split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
-
-
 class _SwizzledTile(_Tile):
     """An operand's k tiles in wgmma's 128-byte swizzle (see the module's docstring): a
     K-major tile is `_Tile`'s layout (its rows then 128 bytes); an MN-major one is in atoms
@@ -153,9 +129,9 @@ class _SwizzledTile(_Tile):
         return self.tile[start], (atom_bytes, L.SWIZZLE_BYTES)
 
 
-class _Warpgroups:
+class Warpgroups:
     """One block of a warpgroup product: its operands' tiles in shared memory, each
-    warpgroup's accumulators in registers, and the statements `wgmma_product` assembles
+    warpgroup's accumulators in registers, and the statements `mma.mma_product` assembles
     from them (zeroing, the k loop, the results)."""
 
     def __init__(self, c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
