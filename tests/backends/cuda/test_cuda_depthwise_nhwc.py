@@ -10,7 +10,6 @@ sm_90 where CuPy is."""
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 
 import ml_dtypes
@@ -114,7 +113,7 @@ def programs_with(graph, precision, config=None):
 def run_programs(programs, tmp_path, values: dict) -> list[dict]:
     """Each program's kernels (in one host library, program p's functions prefixed p{p}_)
     run in turn from `values`: the values each program computed."""
-    from test_host_semantics import host_library
+    from test_host_semantics import host_library, launch_on_host
 
     funcs = [(L.PrimFunc(f"p{p}_{f.name}", f.params, f.body, f.size_vars, f.attrs), noalias)
              for p, program in enumerate(programs) for f, noalias in program.unique]
@@ -131,11 +130,7 @@ def run_programs(programs, tmp_path, values: dict) -> list[dict]:
             errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in \
                 kernel.func.params else []
             arrays = ins + outs + errors + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
-            args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-            for launch in info.launches:
-                host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
-                lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
-                                ctypes.c_uint(launch.block[0]))
+            launch_on_host(lib, info, arrays)
             assert not (errors and errors[0].any()), f"index error: {errors[0]}"
             got.update((v.name, o) for v, o in zip(kernel.outputs, outs))
         out.append(got)

@@ -202,20 +202,10 @@ def _run_on_host(storage: str, precision: str, names, tmp_path) -> list[str]:
                for v in kernel.inputs]
         (out,) = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
         scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
-        _launch(host, lib, info, ins + [out] + scratch)
+        host.launch_on_host(lib, info, ins + [out] + scratch)
         failures += _check(storage, name, graph, values, k, out,
                            values[kernel.outputs[0].name])
     return failures
-
-
-def _launch(host, lib, info, arrays) -> None:
-    import ctypes
-
-    args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-    for launch in info.launches:
-        fn = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
-        lib.dnnc_launch(fn, args, *[ctypes.c_uint(g) for g in launch.grid],
-                        ctypes.c_uint(launch.block[0]))
 
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
@@ -301,7 +291,7 @@ def test_zoo_kernels_stored_half_on_host(model, precision, tmp_path):
                    for v in kernel.inputs]
             outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
             scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
-            _launch(host, lib, info, ins + outs + scratch)
+            host.launch_on_host(lib, info, ins + outs + scratch)
             for v, got in zip(kernel.outputs, outs):
                 want = np.asarray(values[v.name])
                 halves += v.type.dtype is not T.float32

@@ -260,7 +260,7 @@ def test_shared_tiles_beyond_48k_are_one_dynamic_pool():
 # -- numbers --------------------------------------------------------------------------------------
 
 def _run_on_host(case, rng, tmp_path, epilogue=True):
-    from test_host_semantics import host_library
+    from test_host_semantics import host_library, launch_on_host
 
     precision, m, n, k, batch, config, dtype, trans_a, trans_b = case
     func, config = product(*case, epilogue=epilogue)
@@ -277,11 +277,7 @@ def _run_on_host(case, rng, tmp_path, epilogue=True):
     y = np.full((batch, m, n), np.nan, np.float32)
     info = module.kernels[func.name]
     arrays = stored + [y] + [np.full(size, 0xFF, np.uint8) for size in info.workspace]
-    args = (ctypes.c_void_p * len(arrays))(*[x.ctypes.data for x in arrays])
-    for launch in info.launches:
-        host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
-        lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
-                        ctypes.c_uint(launch.block[0]))
+    launch_on_host(lib, info, arrays)
     return check(precision, k, a, b, bias if epilogue else None, y)
 
 

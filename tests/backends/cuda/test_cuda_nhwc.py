@@ -17,7 +17,6 @@ precisions.
 
 from __future__ import annotations
 
-import ctypes
 import re
 import shutil
 
@@ -83,17 +82,15 @@ def nhwc_graph(rng, precision, image, oc, kernel, stride, pad, dilation):
 def _run_kernels(program, module, lib, values: dict) -> dict:
     """Every kernel of `program` launched in order on the host library from `values` (by
     name: the inputs, constants read from the graph), the values it computed added."""
+    from test_host_semantics import launch_on_host
+
     for kernel in program.kernels:
         info = module.kernels[kernel.func.name]
         ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
                for v in kernel.inputs]
         outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
         arrays = ins + outs + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
-        args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        for launch in info.launches:
-            host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
-            lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
-                            ctypes.c_uint(launch.block[0]))
+        launch_on_host(lib, info, arrays)
         values.update((v.name, out) for v, out in zip(kernel.outputs, outs))
     return values
 

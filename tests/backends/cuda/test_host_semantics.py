@@ -349,6 +349,17 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
+def launch_on_host(lib, info, arrays) -> None:
+    """Every launch of a kernel (`info`: its `render_module` entry) from `host_library` `lib`
+    on the host, on `arrays` (its parameters, then its workspace) in place."""
+    args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    for launch in info.launches:
+        assert launch.block[1:] == (1, 1)   # (the shim runs threadIdx.x only)
+        host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
+        lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                        ctypes.c_uint(launch.block[0]))
+
+
 def _random(rng, dtype: T.DType, n: int) -> np.ndarray:
     if dtype.kind == "b":
         return rng.random(n) < 0.5
@@ -450,13 +461,7 @@ def run_on_host(lib, module, program, values) -> list[str]:
         scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
         errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in \
             kernel.func.params else []
-        arrays = ins + outs + errors + scratch
-        args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        for launch in info.launches:
-            assert launch.block[1:] == (1, 1)   # (the shim runs threadIdx.x only)
-            host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
-            lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
-                            ctypes.c_uint(launch.block[0]))
+        launch_on_host(lib, info, ins + outs + errors + scratch)
         if errors and errors[0].any():   # the reference's data is in range
             problems.append(f"{kernel.func.name}: index error recorded: {errors[0]}")
         for v, got in zip(kernel.outputs, outs):
