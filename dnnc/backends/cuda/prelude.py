@@ -54,6 +54,22 @@ __device__ __forceinline__ void dnnc_mma_{name}(float* d, unsigned a0, unsigned 
 """One precision's `dnnc_mma_<name>`: mma.sync m16n8k<k> on <ptx> operands, fp32
 accumulators (`L.MMA_SHAPES`), as MMA_PRELUDE spells it for tf32, fp16 and bf16."""
 
+_LDMATRIX_FUNCTION = r"""
+__device__ __forceinline__ void dnnc_ldmatrix_x{n}{suffix}(unsigned* d, const unsigned* p) {{
+  asm volatile("ldmatrix.sync.aligned.m8n8.x{n}{ptx}.shared.b16 {{{regs}}}, [%{n}];"
+               : {outs} : "r"(dnnc_shared_address(p)));
+}}
+"""[1:]
+
+
+def _ldmatrix(n: int, trans: bool) -> str:
+    """`dnnc_ldmatrix_x<n>[_trans]`: a warp's ldmatrix of `n` 8 x 8 matrices."""
+    return _LDMATRIX_FUNCTION.format(
+        n=n, suffix="_trans" if trans else "", ptx=".trans" if trans else "",
+        regs=", ".join(f"%{i}" for i in range(n)),
+        outs=", ".join(f'"=r"(d[{i}])' for i in range(n)))
+
+
 MMA_PRELUDE = r"""// tensor cores (sm_80+): operand registers rounded as PTX asks; a warp's mma.sync
 __device__ __forceinline__ unsigned dnnc_tf32(float x) {
   unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
@@ -75,30 +91,7 @@ __device__ __forceinline__ unsigned dnnc_shared_address(const void* p) {
   return a;
 }
 // a warp's ldmatrix: each lane's row address, `n` registers of 16-bit pairs
-__device__ __forceinline__ void dnnc_ldmatrix_x1(unsigned* d, const unsigned* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];"
-               : "=r"(d[0]) : "r"(dnnc_shared_address(p)));
-}
-__device__ __forceinline__ void dnnc_ldmatrix_x2(unsigned* d, const unsigned* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-               : "=r"(d[0]), "=r"(d[1]) : "r"(dnnc_shared_address(p)));
-}
-__device__ __forceinline__ void dnnc_ldmatrix_x4(unsigned* d, const unsigned* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(dnnc_shared_address(p)));
-}
-__device__ __forceinline__ void dnnc_ldmatrix_x1_trans(unsigned* d, const unsigned* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];"
-               : "=r"(d[0]) : "r"(dnnc_shared_address(p)));
-}
-__device__ __forceinline__ void dnnc_ldmatrix_x2_trans(unsigned* d, const unsigned* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-               : "=r"(d[0]), "=r"(d[1]) : "r"(dnnc_shared_address(p)));
-}
-__device__ __forceinline__ void dnnc_ldmatrix_x4_trans(unsigned* d, const unsigned* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(dnnc_shared_address(p)));
-}
+"""[1:] + "".join(_ldmatrix(n, trans) for trans in (False, True) for n in (1, 2, 4)) + r"""
 // 16 bytes global -> shared, the first `bytes` of them read, the rest zero
 __device__ __forceinline__ void dnnc_cp_async(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
