@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from cuda_kernels import MACHINE, reference
-from test_cuda_codegen import poisoned
 from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.depthwise_nhwc import (DEPTHWISE_NHWC, DepthwiseNHWCConfig,
                                                shared_bytes)
@@ -113,28 +112,14 @@ def programs_with(graph, precision, config=None):
 def run_programs(programs, tmp_path, values: dict) -> list[dict]:
     """Each program's kernels (in one host library, program p's functions prefixed p{p}_)
     run in turn from `values`: the values each program computed."""
-    from test_host_semantics import host_library, launch_on_host
+    from test_host_semantics import host_library, program_on_host
 
     funcs = [(L.PrimFunc(f"p{p}_{f.name}", f.params, f.body, f.size_vars, f.attrs), noalias)
              for p, program in enumerate(programs) for f, noalias in program.unique]
     module = render_module(funcs)
     lib = host_library(funcs, tmp_path, module)
-    out = []
-    for p, program in enumerate(programs):
-        got = dict(values)
-        for kernel in program.kernels:
-            info = module.kernels[f"p{p}_{kernel.func.name}"]
-            ins = [np.ascontiguousarray(v.const if v.const is not None else got[v.name])
-                   for v in kernel.inputs]
-            outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
-            errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in \
-                kernel.func.params else []
-            arrays = ins + outs + errors + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
-            launch_on_host(lib, info, arrays)
-            assert not (errors and errors[0].any()), f"index error: {errors[0]}"
-            got.update((v.name, o) for v, o in zip(kernel.outputs, outs))
-        out.append(got)
-    return out
+    return [program_on_host(lib, module, program, values, prefix=f"p{p}_")
+            for p, program in enumerate(programs)]
 
 
 @needs_gxx

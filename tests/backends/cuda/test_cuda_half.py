@@ -373,7 +373,7 @@ def test_stored_products_on_host_within_the_gpu_test_bound(product, precision, t
     shim against the float32 reference: within test_cuda_precision's bound plus the storage's
     roundings of the output and the bias, u (|want| + 1) (measured: at most 0.3 of
     test_cuda_precision's bound alone, which its GPU test keeps)."""
-    from test_cuda_precision import PRODUCTS, UNIT, _launch_on_host, bound
+    from test_cuda_precision import PRODUCTS, UNIT, bound
     import test_host_semantics as host
 
     make, k = PRODUCTS[product]
@@ -384,7 +384,7 @@ def test_stored_products_on_host_within_the_gpu_test_bound(product, precision, t
                for v in kern.outputs)   # (stored half between the kernels)
     module = render_module(program.unique)
     lib = host.host_library(program.unique, tmp_path, module)
-    got = _launch_on_host(lib, module, program, {graph.inputs[0].name: x})[
+    got = host.program_on_host(lib, module, program, {graph.inputs[0].name: x})[
         graph.outputs[0].name]
     fp32 = import_onnx(model)
     want = reference(fp32, {fp32.inputs[0].name: x})[fp32.outputs[0].name]

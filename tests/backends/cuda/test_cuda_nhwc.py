@@ -35,7 +35,6 @@ from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.conv import conv
 from dnnc.ir.target import model_error_bound
 from cuda_kernels import MACHINE, programs, reference, renamed
-from test_cuda_codegen import poisoned
 from test_cuda_precision import bound
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
@@ -79,28 +78,12 @@ def nhwc_graph(rng, precision, image, oc, kernel, stride, pad, dilation):
     return g, draw(image).astype(NUMPY[dtype])
 
 
-def _run_kernels(program, module, lib, values: dict) -> dict:
-    """Every kernel of `program` launched in order on the host library from `values` (by
-    name: the inputs, constants read from the graph), the values it computed added."""
-    from test_host_semantics import launch_on_host
-
-    for kernel in program.kernels:
-        info = module.kernels[kernel.func.name]
-        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
-               for v in kernel.inputs]
-        outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
-        arrays = ins + outs + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
-        launch_on_host(lib, info, arrays)
-        values.update((v.name, out) for v, out in zip(kernel.outputs, outs))
-    return values
-
-
 # -- the kernel -----------------------------------------------------------------------------------
 
 @needs_gxx
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
-    from test_host_semantics import host_library
+    from test_host_semantics import host_library, program_on_host
 
     precision, image, oc, kernel, stride, pad, dilation = CASES[case]
     graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
@@ -116,7 +99,7 @@ def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
     patches = re.search(r"dnnc_cp_async\(&a_tile", source) is not None
     assert patches == (case in COPIED)
     lib = host_library(program.unique, tmp_path, module)
-    got = _run_kernels(program, module, lib, {"x": x})[graph.outputs[0].name]
+    got = program_on_host(lib, module, program, {"x": x})[graph.outputs[0].name]
     want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
     # sum_k |x| |w| of each output
     scale = np.abs(conv(np.abs(x.astype(np.float64)).transpose(0, 3, 1, 2),
@@ -156,7 +139,7 @@ def test_depthwise_convolutions_on_host(stride, rng, tmp_path):
     """A channels-last depthwise conv (`cuda_depthwise_nhwc`: a block per tile of pixels x
     run of channels) on the host shim, against the reference of the same fp16 graph: both
     sum in float32 and round once to fp16."""
-    from test_host_semantics import host_library
+    from test_host_semantics import host_library, program_on_host
 
     c = 24
     w = rng.uniform(-1, 1, (c, 3, 3, 1)).astype(np.float16)
@@ -172,8 +155,8 @@ def test_depthwise_convolutions_on_host(stride, rng, tmp_path):
     (kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
     assert kernel.schedule[0] == "cuda_depthwise_nhwc"
     module = render_module(program.unique)
-    got = _run_kernels(program, module, host_library(program.unique, tmp_path, module),
-                       {"x": xv})[graph.outputs[0].name].astype(np.float64)
+    got = program_on_host(host_library(program.unique, tmp_path, module), module, program,
+                          {"x": xv})[graph.outputs[0].name].astype(np.float64)
     want = reference(graph, {"x": xv})[graph.outputs[0].name].astype(np.float64)
     assert np.abs(got - want).max() <= 2 * 2.0 ** -11 * np.abs(want).max()
 
@@ -188,7 +171,7 @@ def test_zoo_model_on_host_within_the_model_bound(name, precision, tmp_path):
     """Every kernel of a zoo model compiled for cuda at `precision` (channels-last
     convolutions) run in turn on the host shim from the model's input: the output within
     `model_error_bound` of the fp32 reference."""
-    from test_host_semantics import host_library
+    from test_host_semantics import host_library, program_on_host
     from cuda_kernels import zoo_model
 
     model = zoo_model(name)
@@ -199,8 +182,8 @@ def test_zoo_model_on_host_within_the_model_bound(name, precision, tmp_path):
     for p, program in enumerate(progs):
         module = render_module(program.unique)
         nhwc += sum(k.schedule[0] == "cuda_mma_conv2d_nhwc" for k in program.kernels)
-        _run_kernels(program, module, host_library(program.unique, tmp_path / str(p), module),
-                     values)
+        values = program_on_host(host_library(program.unique, tmp_path / str(p), module),
+                                 module, program, values)
     assert nhwc > 0
     fp32 = import_onnx(model)
     want = reference(fp32, inputs)[fp32.outputs[0].name].astype(np.float64)

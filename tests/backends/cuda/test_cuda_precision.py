@@ -25,7 +25,6 @@ behavior of NVIDIA tensor cores", PeerJ CS 2021), so the accumulation term there
 k (2**-23 + 2**-24) S.
 """
 
-import ctypes
 import json
 import shutil
 import subprocess
@@ -434,31 +433,10 @@ def test_rendered_mma_compiles_for_sm90(precision, tmp_path, rng):
 
 # -- numbers, on the host: the tensor cores emulated ---------------------------------------------
 
-def _launch_on_host(lib, module, program, feeds: dict) -> dict:
-    """Every kernel of `program` launched on the host library; the values it computed."""
-    from test_cuda_codegen import poisoned
-
-    values = dict(feeds)
-    for kernel in program.kernels:
-        info = module.kernels[kernel.func.name]
-        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
-               for v in kernel.inputs]
-        outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
-        scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
-        arrays = ins + outs + scratch
-        args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        for launch in info.launches:
-            host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
-            lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
-                            ctypes.c_uint(launch.block[0]))
-        values.update((v.name, out) for v, out in zip(kernel.outputs, outs))
-    return values
-
-
 def _check_on_host(model_of, k: int, precision: str, tmp_path, config=None) -> float:
     """The product at `precision` on the host against the reference within `bound`; the
     largest error as a fraction of the bound."""
-    from test_host_semantics import host_library
+    from test_host_semantics import host_library, program_on_host
 
     model, x = model_of(False)
     graph, program = _program(model, precision, config)
@@ -466,7 +444,7 @@ def _check_on_host(model_of, k: int, precision: str, tmp_path, config=None) -> f
     assert f"dnnc_mma_{precision}(" in module.source
     lib = host_library(program.unique, tmp_path, module)
     name, out = graph.inputs[0].name, graph.outputs[0].name
-    got = _launch_on_host(lib, module, program, {name: x})[out]
+    got = program_on_host(lib, module, program, {name: x})[out]
     want = reference(graph, {name: x})[out]
     abs_model, abs_x = model_of(True)
     abs_graph = import_onnx(abs_model)
@@ -518,7 +496,7 @@ def test_zoo_kernels_at_tf32_on_host(model, tmp_path):
     is off by O(1); tf32's rounding gives about 4e-4 here (layers of k <= 128 on values of
     the zoo's scale)."""
     from test_cuda_codegen import poisoned
-    from test_host_semantics import host_library
+    from test_host_semantics import host_library, launch_on_host
 
     graph, progs = programs(import_onnx(zoo.build(model, **SMALL[model])), 3, machine("tf32"))
     values = reference(graph, zoo.inputs_for(zoo.build(model, **SMALL[model]),
@@ -533,12 +511,8 @@ def test_zoo_kernels_at_tf32_on_host(model, tmp_path):
             ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
                    for v in kernel.inputs]
             outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
-            arrays = ins + outs + [np.full(n, 0xFF, np.uint8) for n in info.workspace]
-            args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-            for launch in info.launches:
-                host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
-                lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
-                                ctypes.c_uint(launch.block[0]))
+            launch_on_host(lib, info, ins + outs +
+                           [np.full(n, 0xFF, np.uint8) for n in info.workspace])
             for v, got in zip(kernel.outputs, outs):
                 want = np.asarray(values[v.name])
                 if want.dtype.kind != "f":

@@ -23,7 +23,6 @@ import pytest
 
 from cuda_kernels import MACHINE, programs, reference
 from test_cuda_depthwise_nhwc import in_space, run_programs
-from test_cuda_nhwc import _run_kernels
 from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.plane_mean import PLANE_MEAN_NHWC, PlaneMeanConfig
 from dnnc.backends.cuda.schedules import schedule_kernel
@@ -124,7 +123,7 @@ def test_fp32_keeps_the_squeeze_excitation_blocks_nchw():
 def test_squeeze_excitation_model_on_host_within_the_model_bound(rng, tmp_path):
     """Every kernel of the fp16 compile run in turn on the host shim: the depthwise and
     plane-mean templates scheduled, the output within the bound of the fp32 reference."""
-    from test_host_semantics import host_library
+    from test_host_semantics import host_library, program_on_host
 
     graph, progs = programs(se_model(np.random.default_rng(0)), machine=target("fp16"))
     inputs = _inputs(rng)
@@ -133,8 +132,8 @@ def test_squeeze_excitation_model_on_host_within_the_model_bound(rng, tmp_path):
     for p, program in enumerate(progs):
         module = render_module(program.unique)
         schedules.update(k.schedule[0] for k in program.kernels)
-        _run_kernels(program, module, host_library(program.unique, tmp_path / str(p), module),
-                     values)
+        values = program_on_host(host_library(program.unique, tmp_path / str(p), module),
+                                 module, program, values)
     assert schedules["cuda_depthwise_nhwc"] == len(BLOCKS)
     assert schedules["cuda_plane_mean_nhwc"] == len(BLOCKS) + 1
     want = reference(se_model(np.random.default_rng(0)), inputs)

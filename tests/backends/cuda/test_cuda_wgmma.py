@@ -370,8 +370,8 @@ def test_graph_products_with_the_knob_on_host(name, precision, config, rng, tmp_
     split-k, implicit-GEMM convolutions: patches gathered through registers) scheduled for
     cuda at `precision` with a wgmma config through the template, within the precision's
     bound on host threads."""
-    from test_cuda_precision import PRODUCTS, _launch_on_host, _program, bound
-    from test_host_semantics import host_library
+    from test_cuda_precision import PRODUCTS, _program, bound
+    from test_host_semantics import host_library, program_on_host
     from cuda_kernels import reference
     from dnnc.frontend.onnx import import_onnx
 
@@ -383,7 +383,7 @@ def test_graph_products_with_the_knob_on_host(name, precision, config, rng, tmp_
     assert f"dnnc_wgmma_{precision}_n{config.block_n // config.warps_n}<" in module.source
     lib = host_library(program.unique, tmp_path, module)
     name_in, out = graph.inputs[0].name, graph.outputs[0].name
-    got = _launch_on_host(lib, module, program, {name_in: x})[out]
+    got = program_on_host(lib, module, program, {name_in: x})[out]
     want = reference(graph, {name_in: x})[out]
     abs_model, abs_x = model_of(True)
     abs_graph = import_onnx(abs_model)

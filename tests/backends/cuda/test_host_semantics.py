@@ -449,6 +449,27 @@ def test_check_index_records_the_first_bad_index(tmp_path):
         np.testing.assert_array_equal(errors, want)
 
 
+def program_on_host(lib, module, program, feeds: dict, prefix: str = "") -> dict:
+    """Every kernel of `program` launched in order on the host library `lib` (its functions
+    named `prefix` + their names in `module`) from `feeds` (by name; constants read from the
+    graph), outputs poisoned first, a run-time index error failing the test: `feeds` with
+    the values it computed."""
+    values = dict(feeds)
+    for kernel in program.kernels:
+        info = module.kernels[prefix + kernel.func.name]
+        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+               for v in kernel.inputs]
+        outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+        errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in \
+            kernel.func.params else []
+        launch_on_host(lib, info, ins + outs + errors +
+                       [np.full(n, 0xFF, np.uint8) for n in info.workspace])
+        assert not (errors and errors[0].any()), \
+            f"{kernel.func.name}: index error recorded: {errors[0]}"
+        values.update((v.name, out) for v, out in zip(kernel.outputs, outs))
+    return values
+
+
 def run_on_host(lib, module, program, values) -> list[str]:
     """Every kernel of `program` launched on the host library (inputs from `values`, outputs
     poisoned), against `values`: the mismatches."""
