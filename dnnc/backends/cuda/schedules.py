@@ -84,7 +84,7 @@ from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
 from .plane_mean import PLANE_MEAN_NHWC
 from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, pow2,
-                   reads_columns, reduction, row_parts, strided_loop, writes_rows)
+                   reads_columns, reduction, row_length, writes_rows)
 from .threads import (WARP, Config, Names, Scratch, independent_prefix, single_thread,
                       thread_per_iteration)
 
@@ -220,8 +220,7 @@ def rows_default(p: problems.Rows, machine) -> RowsConfig:
     widest `row_vector` the row allows (`_widest_vector`). Rows read column-wise
     (`reads_columns`): COLUMN_INTERLEAVE rows interleaved, a warp's worth of threads each."""
     loops = _row_loops(p)
-    length = max((strided_loop(part).extent.value for loop in loops
-                  for part in row_parts(loop) if reduction(part) is not None), default=0)
+    length = max((row_length(loop) for loop in loops), default=0)
     if loops and all(reads_columns(loop) for loop in loops):
         # (rows written back row-wise: a warp's worth a row, as measured; a long row reduced
         # to a scalar, a pool's: up to 1024 threads a block, about 64 elements a thread)
