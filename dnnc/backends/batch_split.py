@@ -43,6 +43,7 @@ class BatchSplit:
         self.uses = 0
         self.step = base.step
         self.kernels = base.kernels
+        self.viewed = base.viewed
         self.frames = base.frames
         self.frame = base.frame
 

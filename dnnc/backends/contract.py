@@ -33,6 +33,7 @@ class CompiledSegment(ABC):
     key_values: tuple                      # ((input position, ints), ...) of value inputs
     escaping_types: list[T.TensorType]     # of the segment's outputs, in slot order
     kernels: list[Kernel]                  # in call order; empty when restored
+    viewed: list[Kernel]                   # copies done as views (plan.views_in_place)
     const_refs: list[tuple[int, int]]      # where each constant is read: (node, input position)
     n_inputs: int                          # data inputs
     memory: MemoryPlan | None              # None when restored
@@ -73,6 +74,7 @@ class CompiledSegment(ABC):
         self.key_values = program.key_values
         self.escaping_types = program.escaping_types
         self.kernels = program.kernels
+        self.viewed = program.viewed
         self.const_refs = program.const_refs
         self.n_inputs = program.n_inputs
         self.memory = program.memory
@@ -86,6 +88,7 @@ class CompiledSegment(ABC):
         self.key_values = image.values
         self.escaping_types = list(image.escaping_types)
         self.kernels = []
+        self.viewed = []
         self.const_refs = list(image.consts)
         self.n_inputs = image.n_inputs
         self.memory = None

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -76,6 +76,7 @@ class Program:
     n_inputs: int                        # data inputs
     memory: MemoryPlan
     plan_seconds: float = 0.0            # spent in plan_memory
+    viewed: list[Kernel] = field(default_factory=list)   # copies done as views: never called
 
     @property
     def slots(self) -> int:
@@ -157,28 +158,38 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
                 const_refs.append((k, j))
     slot = {id(v): k for k, v in enumerate(ext + consts)}
     start = time.perf_counter()
-    views = {}
+    views, kept = {}, kernels
     if reuse_memory:
-        kernels, views = concat_in_place(kernels, slot)
+        kept, views = views_in_place(kernels, slot)
+    viewed = [k for k in kernels if all(k is not c for c in kept)]
+    kernels = kept
     memory = plan_memory(*_memory_steps(kernels, slot), reuse=reuse_memory, views=views)
     seconds = time.perf_counter() - start
     unique, calls = _calls(kernels, slot, memory)
     return Program(step, shapes, key_values, [v.type for v in escaping], kernels, unique,
                    calls, [v.const for v in consts], const_refs,
-                   sum(1 for v in step.inputs if v.const is None), memory, seconds)
+                   sum(1 for v in step.inputs if v.const is None), memory, seconds, viewed)
 
 
-def concat_in_place(kernels: list[Kernel], external: dict[int, int]
-                    ) -> tuple[list[Kernel], dict[int, tuple[int, int]]]:
-    """The kernels left once each Concat that can be is done in place, and the views that
-    do it (`plan_memory`'s `views`: part -> (whole, byte offset)). A Concat whose output is a
-    contiguous run of its parts (every axis before the concat axis of size 1: batch 1 in
-    NCHW) has its parts written straight into its output where their producers store them
-    (squeezenet's fire modules, inception's branches, densenet's growing blocks), and its
-    copy is gone. Each part must be an arena value that a kernel here writes (or a concat
-    done in place, nesting), a part of no other concat, its place in the whole aligned as
-    the arena aligns; the whole must not escape the segment (outputs are arrays of their
-    own)."""
+def views_in_place(kernels: list[Kernel], external: dict[int, int]
+                   ) -> tuple[list[Kernel], dict[int, tuple[int, int]]]:
+    """The kernels left once every copy that a place in the arena can do is done so, and the
+    views that do it (`plan_memory`'s `views`: value -> (the value it lies in, byte offset)):
+
+    - a Concat whose output is a contiguous run of its parts (every axis before the concat
+      axis of size 1: batch 1 in NCHW) has its parts written straight into its output where
+      their producers store them (squeezenet's fire modules, inception's branches, densenet's
+      growing blocks). Each part must be an arena value that a kernel here writes (or a
+      concat done in place, nesting), a part of no other concat, its place in the whole
+      aligned as the arena aligns;
+    - a kernel that only reinterprets its one input's bytes (Reshape, Squeeze, Unsqueeze,
+      Flatten, Identity) makes its output a view of its input;
+    - a Split whose outputs are contiguous runs of its input (every axis before the split
+      axis of size 1: timm's unbind of q, k and v) makes each output a view of its input
+      at its aligned offset.
+
+    The value viewed must live in the arena (not a segment input or constant), and no output
+    that becomes a view may escape the segment (outputs are arrays of their own)."""
     from .memory import ALIGN
 
     written = {id(v) for k in kernels for v in k.outputs}
@@ -192,11 +203,53 @@ def concat_in_place(kernels: list[Kernel], external: dict[int, int]
         whole = id(kernel.outputs[0])
         for part, offset in parts:
             views[id(part)] = (whole, offset)
+    kernels, kept = kept, []
+    for kernel in kernels:
+        viewed = _viewed_outputs(kernel, external, views, ALIGN)
+        if viewed is None:
+            kept.append(kernel)
+            continue
+        source = id(next(v for v in kernel.inputs if v.const is None))
+        for out, offset in viewed:
+            views[id(out)] = (source, offset)
     return kept, views
 
 
+_REINTERPRETING = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+
+def _viewed_outputs(kernel: Kernel, external: dict, views: dict, align: int):
+    """[(output, byte offset in the input)] when `kernel`'s outputs can all be views of its
+    one input (`views_in_place`), else None."""
+    data = [v for v in kernel.inputs if v.const is None]   # shapes, axes: constants
+    if len(data) != 1 or data[0] is not kernel.nodes[0].inputs[0]:
+        return None
+    source = data[0]
+    dtype = source.type.dtype
+    if id(source) in external or any(id(v) in external or id(v) in views or
+                                     v.type.dtype != dtype for v in kernel.outputs):
+        return None
+    ops = [n.op for n in kernel.nodes]
+    if all(op in _REINTERPRETING for op in ops) and len(kernel.outputs) == 1 and \
+            kernel.outputs[0].type.numel == source.type.numel:
+        return [(kernel.outputs[0], 0)]
+    if ops != ["Split"] or list(kernel.outputs) != list(kernel.nodes[0].outputs):
+        return None
+    shape = source.type.shape
+    axis = kernel.nodes[0].attrs.get("axis", 0) % len(shape)
+    if any(d != 1 for d in shape[:axis]):
+        return None
+    viewed, offset = [], 0
+    for out in kernel.outputs:
+        if offset % align:
+            return None
+        viewed.append((out, offset))
+        offset += out.type.numel * dtype.itemsize
+    return viewed
+
+
 def _in_place_parts(kernel: Kernel, written: set, external: dict, views: dict, align: int):
-    """[(part, byte offset in the whole)] when `kernel` is a Concat that `concat_in_place`
+    """[(part, byte offset in the whole)] when `kernel` is a Concat that `views_in_place`
     can do in place, else None."""
     if len(kernel.nodes) != 1 or kernel.nodes[0].op != "Concat":
         return None

@@ -9,6 +9,10 @@ pattern, for each Softmax:
     MatMul(Q, B) -> [Mul by a scalar constant s | Div by one c] -> [Where(drop, fill, .)]
         -> [Add mask] -> Softmax(-1) -> MatMul(., V)
 
+where Q and B may each be multiplied (or divided) by a scalar constant first, as torch
+exports scaled_dot_product_attention (Q·√s times Kᵀ·√s): the factors join the scale (their
+product, an ulp or two from the chain's rounding of each);
+
 with B = Kᵀ ([*batch, D, Sk]: the exporters' Transpose of K, or a product stored
 heads-first, as the zoo's BERT has it), or Transpose(K) swapping the last two axes, which the
 node then reads through (`k_transposed`=0: K itself, and the Transpose goes). It matches
@@ -97,6 +101,12 @@ def match_attention(graph: Graph, softmax: Node) -> bool:
     product, scale, scaling = found
     matched += [product] + ([scaling] if scaling is not None else [])
     q, b = product.inputs
+    for k, x in enumerate((q, b)):   # torch's SDPA export scales Q and Kᵀ by √scale each
+        source, factor, node = _scaled_operand(graph, users, x)
+        if node is not None:
+            scale *= factor
+            matched.append(node)
+            q, b = (source, b) if k == 0 else (q, source)
     batch = q.type.shape[:-2]
     if q.type.rank != rank or b.type.rank != rank or v.type.rank != rank or \
             b.type.shape[:-2] != batch or v.type.shape[:-2] != batch or \
@@ -130,6 +140,24 @@ def _dropped(x):
             node.outputs[0].type != y.type or _scaled_product(y) is None:
         return None
     return node, drop, float(np.asarray(c, np.float64).reshape(()))
+
+
+def _scaled_operand(graph: Graph, users: dict, x):
+    """(y, c, the Mul or Div node) when `x` is y multiplied by a scalar constant c (or
+    divided by one: then 1/c) of y's own type, read only by the product and no graph output;
+    else (x, 1.0, None)."""
+    node = _producer(x, "Mul", "Div")
+    if node is None or len(users.get(x, [])) != 1 or any(o is x for o in graph.outputs):
+        return x, 1.0, None
+    for k in (0, 1) if node.op == "Mul" else (0,):
+        y, c = node.inputs[k], known_constant(node.inputs[1 - k])
+        if c is None or c.size != 1 or y.type != x.type:
+            continue
+        value = float(np.asarray(c, np.float64).reshape(()))
+        if not math.isfinite(value) or value == 0.0:
+            break
+        return y, (value if node.op == "Mul" else 1.0 / value), node
+    return x, 1.0, None
 
 
 def _scaled_product(x):

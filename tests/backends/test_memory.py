@@ -355,3 +355,47 @@ def test_concats_are_done_in_place_where_their_parts_are_contiguous(batch, opt_l
     # which escapes: the model's output, so "abd" copies); "bd" copies (b is taken);
     # batch 2: no concat's parts are contiguous
     assert sorted(concats) == (["abd", "bd"] if batch == 1 else ["ab", "abd", "bd"])
+
+
+def _unbind_graph(rows: int, width: int, escape: bool):
+    """timm's attention operands: a product's output split along a leading axis of size 3
+    into q, k and v, each squeezed (Split and Squeeze: views of the product when the parts
+    are contiguous and aligned), combined; `escape` also returns k (a view may not escape),
+    and x itself reshaped (a segment input: no view)."""
+    rng = np.random.default_rng(7)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (rows, 8)))
+    w = Value("w", T.TensorType(T.float32, (8, 3 * width)),
+              const=rng.standard_normal((8, 3 * width)).astype(np.float32))
+    qkv = g.add("Reshape", g.add("MatMul", x, w),
+                Value("s", T.TensorType(T.int64, (3,)), const=np.array([rows, 3, width])))
+    qkv = g.add("Transpose", qkv, perm=[1, 0, 2], name="heads_first")   # [3, rows, width]
+    q, k, v = g.add_node("Split", [qkv], {"axis": 0, "num_outputs": 3}, name="unbind",
+                         num_outputs=3)
+    axes = Value("axes", T.TensorType(T.int64, (1,)), const=np.array([0]))
+    q, k, v = (g.add("Squeeze", t, axes, name=f"squeeze_{n}") for t, n in zip((q, k, v), "qkv"))
+    flat = g.add("Reshape", x, Value("f", T.TensorType(T.int64, (1,)), const=np.array([-1])),
+                 name="flat_input")
+    out = g.add("Add", g.add("Mul", q, k), g.add("Sigmoid", v))
+    g.outputs = [out, flat] + ([k] if escape else [])
+    return g
+
+
+@pytest.mark.parametrize("rows,width,escape,viewed", [
+    (4, 16, False, {"unbind", "squeeze_q", "squeeze_k", "squeeze_v"}),  # 256-byte parts
+    (4, 16, True, {"unbind", "squeeze_q", "squeeze_v"}),   # k escapes: its Squeeze copies
+    (3, 5, False, {"squeeze_q", "squeeze_k", "squeeze_v"}),   # 60-byte parts: Split copies
+])
+def test_splits_and_reshapes_are_views_where_their_bytes_are_in_place(rows, width, escape,
+                                                                       viewed):
+    g = _unbind_graph(rows, width, escape)
+    x = np.random.default_rng(8).standard_normal((rows, 8)).astype(np.float32)
+    want = dnnc.compile(g, target="numpy").run(x)
+    model = dnnc.compile(g, target="llvm", opt_level=1, progress=False)
+    for _ in range(2):   # the arena reused across calls
+        for got, ref in zip(model.run(x), want):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    (seg,) = model.runtime.compiled_segments()
+    names = {n.name for k in seg.kernels for n in k.nodes}
+    everything = {"unbind", "squeeze_q", "squeeze_k", "squeeze_v", "flat_input"}
+    assert everything - names == viewed

@@ -41,7 +41,8 @@ def chain(b=2, h=3, sq=5, sk=7, d=8, dv=6, scale="div", mask=(2, 1, 1, 7), k_for
           mask_first=False, dtype=F32, fill=None) -> Graph:
     """An attention chain: MatMul(Q, Kᵀ) -> scale -> [Where(causal, fill, .)] -> + mask ->
     Softmax -> MatMul(., V). `k_form`: "kt" (K given transposed), "transpose" (Transpose of
-    K [.., sk, d] in the graph); `scale`: "div", "mul", "mul_left", None; `mask_first`: the
+    K [.., sk, d] in the graph); `scale`: "div", "mul", "mul_left", "operands" (Q and Kᵀ each
+    times √scale, as torch exports it), None; `mask_first`: the
     mask added before the scale (another function); `fill`: torch's masked_fill of the
     keys after each query (a constant [sq, sk] condition) by this value."""
     g = Graph("attention")
@@ -53,6 +54,9 @@ def chain(b=2, h=3, sq=5, sk=7, d=8, dv=6, scale="div", mask=(2, 1, 1, 7), k_for
         kt = g.add("Transpose", k, perm=[0, 1, 3, 2])
     v = g.add_input("v", _t(b, h, sk, dv, dtype=dtype))
     m = g.add_input("mask", _t(*mask, dtype=dtype)) if mask is not None else None
+    if scale == "operands":   # torch's export of scaled_dot_product_attention: Q·√s, Kᵀ·√s
+        root = _scalar(1 / math.sqrt(math.sqrt(d)), dtype)
+        q, kt = g.add("Mul", q, root), g.add("Mul", root, kt)
     x = g.add("MatMul", q, kt)
     if mask_first and m is not None:
         x = g.add("Add", x, m)
@@ -133,6 +137,8 @@ def test_bert_without_embeddings_has_no_mask(rng):
     {},                                              # Div by sqrt(d), mask [b, 1, 1, sk]
     {"scale": "mul"}, {"scale": "mul_left"},         # Mul by 1/sqrt(d), either side
     {"scale": None},                                 # no scale: 1
+    {"scale": "operands"},                           # Q·√s and Kᵀ·√s, as torch writes it
+    {"scale": "operands", "k_form": "transpose"},    # ... with Kᵀ a Transpose of K
     {"mask": None},                                  # no mask
     {"mask": (5, 7)},                                # a [sq, sk] mask (causal-like)
     {"mask": (2, 3, 5, 7)},                          # a full mask
@@ -146,7 +152,7 @@ def test_variants_are_fused_and_mean_the_same(variant, rng):
     g = chain(**variant)
     h = fused(g)
     assert ops(h).count("FusedAttention") == 1
-    assert not {"Softmax", "MatMul", "Transpose"} & set(ops(h))
+    assert not {"Softmax", "MatMul", "Transpose", "Mul", "Div"} & set(ops(h))
     node = next(n for n in h.nodes if n.op == "FusedAttention")
     assert node.attrs["k_transposed"] == (0 if variant.get("k_form") == "transpose" else 1)
     assert (len(node.inputs) == 5) == ("fill" in variant)
@@ -253,6 +259,23 @@ def test_a_divisor_of_zero_is_kept():
     x = g.add("Div", g.add("MatMul", q, kt), _scalar(0.0))
     g.outputs = [g.add("MatMul", g.add("Softmax", x, axis=-1), v)]
     assert "FusedAttention" not in ops(fused(g))
+
+
+def test_a_scaled_operand_read_elsewhere_keeps_its_product(rng):
+    g = Graph("g")
+    q = g.add_input("q", _t(2, 5, 8))
+    kt = g.add_input("kt", _t(2, 8, 5))
+    v = g.add_input("v", _t(2, 5, 4))
+    qs = g.add("Mul", q, _scalar(0.5))
+    ks = g.add("Div", kt, _scalar(4.0))
+    x = g.add("MatMul", qs, ks)
+    g.outputs = [g.add("MatMul", g.add("Softmax", x, axis=-1), v), qs]
+    h = fused(g)
+    node = next(n for n in h.nodes if n.op == "FusedAttention")
+    # Q·0.5 stays (an output reads it), Kᵀ/4 joins the scale
+    assert node.inputs[0].producer.op == "Mul" and node.inputs[1].name == "kt"
+    assert node.attrs["scale"] == pytest.approx(0.25)
+    same_meaning(g, h, rng)
 
 
 def test_the_pass_alone_changes_nothing_without_the_flag():

@@ -457,7 +457,8 @@ def program_on_host(lib, module, program, feeds: dict, prefix: str = "") -> dict
     values = dict(feeds)
     for kernel in program.kernels:
         info = module.kernels[prefix + kernel.func.name]
-        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+        ins = [np.ascontiguousarray(v.const if v.const is not None else
+                                    _value(v, values, program.viewed))
                for v in kernel.inputs]
         outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
         errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in \
@@ -468,6 +469,21 @@ def program_on_host(lib, module, program, feeds: dict, prefix: str = "") -> dict
             f"{kernel.func.name}: index error recorded: {errors[0]}"
         values.update((v.name, out) for v, out in zip(kernel.outputs, outs))
     return values
+
+
+def _value(v, values: dict, viewed) -> np.ndarray:
+    """`values[v.name]`, or, for the output of a copy the program does as a view
+    (`plan.views_in_place`), the bytes of its source where the view lies."""
+    if v.name in values:
+        return values[v.name]
+    kernel = next(k for k in viewed if any(o is v for o in k.outputs))
+    source = next(x for x in kernel.inputs if x.const is None)
+    flat = np.ascontiguousarray(_value(source, values, viewed)).reshape(-1)
+    start = 0
+    for out in kernel.outputs:
+        values[out.name] = flat[start:start + out.type.numel].reshape(out.type.shape)
+        start += out.type.numel
+    return values[v.name]
 
 
 def run_on_host(lib, module, program, values) -> list[str]:
