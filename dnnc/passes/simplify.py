@@ -23,6 +23,9 @@ The families, in `RULES` order:
   static shape;
 - chains merged: Transpose(Transpose(x)) is one Transpose; reshape-likes (Reshape, Squeeze,
   Unsqueeze, Flatten) of reshape-likes are one Reshape to the final static shape;
+- a Reshape to a shape computed at run time (Shape -> Gather -> Concat of a symbolic batch)
+  that inference resolved reads a constant shape instead (0 copies a symbolic dim, -1 infers
+  one), so its chain goes dead and it fuses like a static Reshape;
 - subgraphs that exporters write op by op recognised as the registered op: Gelu (erf form and
   the tanh approximation, as PyTorch's TorchScript exporter and HF write them), a trailing-axes
   LayerNormalization (ReduceMean, Sub, Pow 2 / Mul self, ReduceMean, Add eps, Sqrt, Div, then
@@ -403,6 +406,31 @@ def merge_reshapes(graph: Graph, node: Node, users) -> bool:
                     {"allowzero": int(0 in out.type.shape)})
 
 
+def constant_reshape_shape(graph: Graph, node: Node, users) -> bool:
+    """Reshape(x, s) with s computed at run time (an exporter's Shape -> Gather -> Concat of
+    the batch size) == Reshape(x, c) for the constant c that inference already resolved s
+    to: each static output dim itself, a symbolic one equal to x's dim at its place 0 (copy
+    it; allowzero=0), at most one other symbolic dim -1. The shape's chain goes dead, and the
+    Reshape fuses as a static one would (into a product's epilogue)."""
+    if node.op != "Reshape" or known_constant(node.inputs[1]) is not None or \
+            node.attrs.get("allowzero", 0):
+        return False
+    x, out = node.inputs[0], node.outputs[0]
+    shape, inferred = [], 0
+    for k, d in enumerate(out.type.shape):
+        if isinstance(d, (int, np.integer)):
+            shape.append(int(d))
+        elif k < x.type.rank and x.type.shape[k] == d:
+            shape.append(0)
+        else:
+            shape.append(-1)
+            inferred += 1
+    if inferred > 1 or (0 in out.type.shape and 0 in shape):
+        return False
+    sv = _const_value(f"{node.name}.shape", np.array(shape, np.int64), int64)
+    return _rewrite(graph, users, [node], node, "Reshape", [x, sv], {"allowzero": 0})
+
+
 # -- subgraphs recognised as one op ------------------------------------------------------------
 
 
@@ -609,7 +637,7 @@ def fuse_matmul_bias(graph: Graph, node: Node, users) -> bool:
 
 RULES = [fold_batch_norm_into_conv, fold_batch_norm_into_dense, fold_scale_into_conv,
          remove_identity, remove_inference_dropout, remove_neutral_elements,
-         remove_same_type_cast, merge_transposes, merge_reshapes,
+         remove_same_type_cast, merge_transposes, merge_reshapes, constant_reshape_shape,
          recognize_gelu, recognize_layer_norm, recognize_softmax, fuse_matmul_bias]
 """The rewrites `simplify` applies, in order."""
 

@@ -363,6 +363,53 @@ def test_reshapes_of_dynamic_shapes_or_read_elsewhere_stay():
     _kept(g)
 
 
+def _run_time_shape_reshape(x_shape, gathered, tail):
+    """Reshape(x, Concat(Unsqueeze(Gather(Shape(x), k)) for k in `gathered`, tail)) then
+    Relu: an exporter's reshape keeping the batch size."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, x_shape))
+    shape = g.add("Shape", x)
+    dims = [g.add("Unsqueeze", g.add("Gather", shape, _c(f"i{k}", k, np.int64)),
+                  _c(f"a{k}", [0], np.int64)) for k in gathered]
+    s = g.add("Concat", *dims, _c("tail", tail, np.int64), axis=0)
+    g.outputs = [g.add("Relu", g.add("Reshape", x, s))]
+    return g
+
+
+@pytest.mark.parametrize("x_shape,gathered,tail,want", [
+    (("n", 6, 4), [0], [24], [0, 24]),              # the batch copied
+    (("n", 6, 4), [0], [2, 3, 4], [0, 2, 3, 4]),
+    ((2, "n", 3), [1], [-1], [-1, 6]),              # a symbolic dim elsewhere: inferred
+    (("n", "m", 4), [0, 1], [2, 2], [0, 0, 2, 2]),  # two copied in place
+])
+def test_a_reshape_to_a_run_time_shape_reads_a_constant(x_shape, gathered, tail, want):
+    from dnnc.passes.eliminate import eliminate_dead_code
+
+    g = _run_time_shape_reshape(x_shape, gathered, tail)
+    rng = np.random.default_rng(3)
+    feeds = [rng.standard_normal([3 if isinstance(d, str) else d for d in x_shape]
+                                 ).astype(np.float32)]
+    before = dnnc.compile(g, target="numpy", opt_level=0).run(*feeds)
+    assert simplify(g) >= 1
+    eliminate_dead_code(g)
+    g.verify()
+    assert _ops(g) == ["Reshape", "Relu"]
+    assert g.nodes[0].inputs[1].const.tolist() == want
+    for target in ("numpy", "llvm"):
+        got = dnnc.compile(g, target=target, opt_level=3).run(*feeds)
+        np.testing.assert_allclose(got[0], before[0], rtol=1e-6)
+
+
+def test_a_reshape_to_a_run_time_shape_that_needs_it_stays():
+    g = Graph("g")   # two symbolic dims neither copied in place: [m * n] and [n]
+    x = g.add_input("x", T.TensorType(T.float32, ("n", "m")))
+    shape = g.add("Shape", x)
+    s = g.add("Concat", g.add("Slice", shape, _c("b", [1], np.int64), _c("e", [2], np.int64)),
+              g.add("Slice", shape, _c("b0", [0], np.int64), _c("e0", [1], np.int64)), axis=0)
+    g.outputs = [g.add("Reshape", x, s)]
+    _kept(g)
+
+
 # -- subgraphs recognised as one op ------------------------------------------------------------
 
 
