@@ -46,7 +46,7 @@ def space(p: problems.Conv2dNHWC, machine) -> Space:
 
 
 def default(p: problems.Conv2dNHWC, machine) -> TensorCoreConfig:
-    return choose(*gemm(p), gpu=gpu_of(machine), precision=machine.precision, padded=True)
+    return choose(*gemm(p), gpu=gpu_of(machine), precision=machine.precision)
 
 
 def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:

@@ -188,15 +188,25 @@ def _deepest(block_m: int, block_n: int, precision: str) -> int:
     return 16
 
 
-WGMMA_DEFAULTS = ((128, 256, 8, 1), (128, 128, 8, 1), (64, 128, 4, 1))
+WGMMA_DEFAULTS = ((128, 256, 8, 1, 4), (128, 128, 8, 1, 5), (64, 128, 4, 1, 5))
 WGMMA_EFFICIENCY = (0.95, 0.85, 0.6)
-"""(block_m, block_n, warps_m, warps_n) the default tries with the `wgmma` knob (warpgroups
-down m: 64 x 256 or 64 x 128 each, as CUTLASS's sm_90 kernels), k tiles of 128 bytes in
-WGMMA_STAGES slots, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's
-peak is about 1.5 times mma.sync's on Hopper); each also slowed by the share of its tiles
-past Y's edges."""
-WGMMA_STAGES = 4
+"""(block_m, block_n, warps_m, warps_n, stages) the default tries with the `wgmma` knob
+(warpgroups down m: 64 x 256 or 64 x 128 each, as CUTLASS's sm_90 kernels), k tiles of 128
+bytes, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's peak is about
+1.5 times mma.sync's on Hopper). 128 x 128 in 5 stages: on an H200 at fp16 as fast as 4 or
+faster at every shape timed (.devrun sweep: 6304 x 768 x 192 17.0 us against 4 stages'
+22.7 of 128 x 256)."""
 
+MMA_UNDER_WGMMA = 0.75
+"""mma.sync's tiles' efficiencies where wgmma is on offer: on an H200 at fp16, over vit's,
+bert's and convnext's products (m 1024 to 100352, n and k 96 to 3072), the best wgmma tile
+was 1.0 to 1.3 times faster than the best mma.sync one at every shape, where the unscaled
+model picked mma.sync's 64 x 128 or 128 x 128 for n of 192 (21.3 us against wgmma's 17.0)."""
+
+SHALLOWEST_K = 32
+"""mma.sync tiles whose k tile would be shallower (128 x 256 at tf32: 16 deep in 3 stages)
+are not tried: at tf32 on an H200, 100352 x 96 x 384 ran 185 us so against 88.7 for
+128 x 128 x 32 (cuBLAS 89.3)."""
 
 WGMMA_DEFAULT = True
 """Whether the default config may pick the `wgmma` knob on sm_90 at WGMMA_PRECISIONS when
@@ -220,42 +230,43 @@ def wgmma_by_default(arch: str | None, precision: str = "fp16") -> bool:
     return on and arch is not None and has_wgmma(arch)
 
 
-def _candidates(m: int, n: int, precision: str, with_wgmma: bool):
+def _candidates(precision: str, with_wgmma: bool):
     """(config without split, guessed efficiency) of the tiles the default tries."""
     from . import wgmma   # (it builds on this module's tiles)
 
+    scale = MMA_UNDER_WGMMA if with_wgmma else 1.0
     for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
-        yield TensorCoreConfig(bm, bn, _deepest(bm, bn, precision), wm, wn,
-                               DEFAULT_STAGES), efficiency
+        bk = _deepest(bm, bn, precision)
+        if bk >= SHALLOWEST_K:
+            yield TensorCoreConfig(bm, bn, bk, wm, wn, DEFAULT_STAGES), efficiency * scale
     if not with_wgmma:
         return
-    for (bm, bn, wm, wn), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
-        padded = -(-m // bm) * bm * -(-n // bn) * bn
-        yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, WGMMA_STAGES,
-                               wgmma=True), \
-            efficiency * m * n / padded
+    for (bm, bn, wm, wn, stages), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
+        yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, stages,
+                               wgmma=True), efficiency
 
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
-           precision: str = "fp16", padded: bool = False, wgmma: bool = False
-           ) -> TensorCoreConfig:
+           precision: str = "fp16", wgmma: bool = False) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
     fastest (its guessed efficiency, slowed where its blocks cannot fill the GPU, plus a
-    split's cost); with `padded`, a ragged edge's tiles count whole (a channels-last conv's
-    64 out channels in a 256-column tile compute 4 times the work)."""
+    split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
+    H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59)."""
     best, best_time = None, math.inf
-    for base, efficiency in _candidates(m, n, precision, wgmma):
+    for base, efficiency in _candidates(precision, wgmma):
         bm, bn = base.block_m, base.block_n
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
             config = replace(base, split_k=split)
             blocks = -(-m // bm) * -(-n // bn) * batch
-            fill = min(1.0, blocks * split / min_blocks(gpu))
-            work = blocks * bm * bn if padded else m * n * batch
-            seconds = 2 * work * k / (gpu.tensor_flops * efficiency * fill)
+            if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
+                break   # mostly past the edges: a warpgroup's 64 rows for a few
+            # a wgmma block fills its SM's shared memory: one a SM is full
+            fill = min(1.0, blocks * split / (gpu.sms if base.wgmma else min_blocks(gpu)))
+            seconds = 2 * blocks * bm * bn * k / (gpu.tensor_flops * efficiency * fill)
             if split > 1:
                 seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
             if seconds < best_time:

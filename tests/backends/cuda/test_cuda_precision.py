@@ -392,11 +392,12 @@ def test_knob_space_and_default():
         for m, n, k in ((4096, 4096, 4096), (128, 768, 768), (16, 64, 64), (128, 3072, 768)):
             config = mma_templates.choose(m, n, k, precision=precision)
             assert mma_templates.product_space("x", k, 1, precision).check(config) == config
-    # 3 stages of 128 x 256 tiles: k 32 deep in 16 bits, 16 in tf32 (72 KiB of shared memory)
+    # 3 stages of 128 x 256 tiles: k 32 deep in 16 bits; in tf32 it would be 16 deep (72 KiB
+    # of shared memory), which is not tried (mma.SHALLOWEST_K): 128 x 128, 32 deep
     assert mma_templates.choose(4096, 4096, 4096) == mma_templates.TensorCoreConfig(
         128, 256, 32, 2, 4, 3)
     assert mma_templates.choose(4096, 4096, 4096, precision="tf32") == \
-        mma_templates.TensorCoreConfig(128, 256, 16, 2, 4, 3)
+        mma_templates.TensorCoreConfig(128, 128, 32, 2, 4, 3)
 
 
 nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -404,7 +405,8 @@ nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on P
 
 @nvcc
 @pytest.mark.parametrize("precision", REDUCED)
-def test_rendered_mma_compiles_for_sm90(precision, tmp_path, rng):
+def test_rendered_mma_compiles_for_sm90(precision, tmp_path, rng, monkeypatch):
+    monkeypatch.setenv("DNNC_WGMMA", "0")   # mma.sync's products (wgmma: test_cuda_wgmma)
     funcs = [_mma_func(precision)]
     for name, (make, _) in PRODUCTS.items():
         model, _ = make(rng)(False)
