@@ -29,7 +29,8 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     `target` does not use (also what `dnnc.jit` checks when it decorates). The numpy reference
     runs the graph as imported, so it refuses the llvm options rather than ignore them;
     `outputs` names an array kind, so every target takes the kinds it returns; `precision`
-    (one of `PRECISIONS`) applies to the targets whose products run on tensor cores (cuda),
+    (one of `PRECISIONS`) applies to the targets whose products it changes (cuda's tensor
+    cores, llvm's bf16 products), each taking the values its entry lists (`check_precision`),
     and the others refuse it, fp32 included, rather than ignore it."""
     check_choice("target", target, REGISTRY)
     if outputs is not None:
@@ -41,18 +42,16 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     check_optional_path("dump_ir", dump_ir)
     check_int("cache_size", cache_size, 1, optional=True)
     check_optional_path("tuning_log", tuning_log)
-    if precision is not None:
-        check_choice("precision", precision, PRECISIONS)
     if tuning_log is not None and not os.path.isfile(tuning_log):
         raise ArgumentError(f"tuning_log: no file {os.fspath(tuning_log)!r} (write one with "
                             f"`dnnc tune`)")
     for name, value in {"cpu": cpu, "passes": passes, "dump_ir": dump_ir,
-                        "cache_size": cache_size, "tuning_log": tuning_log,
-                        "precision": precision}.items():
+                        "cache_size": cache_size, "tuning_log": tuning_log}.items():
         if value is not None and name not in REGISTRY[target].options:
             users = using(name)
             raise ArgumentError(f"{name} does not apply to the {target} target, only to "
                                 f"{', '.join(users)}")
+    check_precision(target, precision)
     if cpu is not None and not isinstance(cpu, Target):
         raise ArgumentError(f"cpu must be a dnnc.ir.target.Target (for llvm: "
                             f"backends.llvm.cpu.cpu_from or host_target), not "
@@ -60,6 +59,22 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     if cpu is not None and cpu.name != target:
         raise ArgumentError(f"cpu describes a machine for the {cpu.name!r} target, not for "
                             f"{target}")
+
+
+def check_precision(target: str, precision) -> None:
+    """Raise `ArgumentError` for a `precision` that is not one of `PRECISIONS`, or one that
+    `target` does not take (its registry entry's `precisions`; a target without the option
+    takes none, fp32 included)."""
+    if precision is None:
+        return
+    check_choice("precision", precision, PRECISIONS)
+    spec = REGISTRY[target]
+    if "precision" not in spec.options:
+        raise ArgumentError(f"precision does not apply to the {target} target, only to "
+                            f"{', '.join(using('precision'))}")
+    if precision not in spec.precisions:
+        raise ArgumentError(f"precision={precision!r} is not one the {target} target computes "
+                            f"in; it takes {', '.join(spec.precisions)}")
 
 
 def load_graph(model, input_shapes: dict | None = None) -> Graph:

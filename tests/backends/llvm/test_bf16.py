@@ -1,0 +1,139 @@
+"""precision="bf16" on the llvm target: the `dot_bf16x2` intrinsic as vdpbf16ps and as its
+fp32 fallback, bf16 dense products against the NumPy reference of bf16-rounded operands, the
+option, stats and artifacts, and every zoo model within the bf16 accuracy contract."""
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from dnnc.backends.llvm import bf16
+from dnnc.backends.llvm.codegen import ModuleBuilder
+from dnnc.backends.llvm.cpu import host_target
+from dnnc.backends.llvm.jit import JITModule
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+
+HAS_BF16 = bf16.BF16_FEATURES <= host_target().feature_set
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no AVX512_BF16")
+
+
+def bf16_pairs(rng, shape) -> np.ndarray:
+    """uint32 words of two random bf16 numbers each (finite, normal or zero)."""
+    halves = rng.standard_normal(shape + (2,)).astype(ml_dtypes.bfloat16)
+    return np.ascontiguousarray(halves).view(np.uint32).reshape(shape)
+
+
+def dot_reference(acc, a, b) -> np.ndarray:
+    """acc + hi(a) hi(b) + lo(a) lo(b), the high product added first, in float32."""
+    def half(x, high):
+        bits = (x & np.uint32(0xFFFF0000)) if high else (x << np.uint32(16))
+        return bits.view(np.float32).astype(np.float64)
+    high = (acc.astype(np.float64) + half(a, True) * half(b, True)).astype(np.float32)
+    return (high.astype(np.float64) + half(a, False) * half(b, False)).astype(np.float32)
+
+
+def dot_kernel(lanes: int, rows: int) -> L.PrimFunc:
+    """y[r, j] = dot_bf16x2(acc[r, j], a[r], b[r, j]): a broadcast over `lanes` vector lanes,
+    as the dense micro-kernel does."""
+    acc = L.Buffer("acc", T.float32, (rows, lanes))
+    a = L.Buffer("a", T.uint32, (rows,))
+    b = L.Buffer("b", T.uint32, (rows, lanes))
+    y = L.Buffer("y", T.float32, (rows, lanes))
+    r, j = L.Var("r"), L.Var("j")
+    kind = L.ForKind.VECTORIZED if lanes > 1 else L.ForKind.SERIAL
+    body = L.For(r, rows, L.For(j, lanes, L.Store(y, (r, j), L.call(
+        "dot_bf16x2", acc[r, j], a[r], b[r, j], dtype=T.float32)), kind))
+    return L.PrimFunc(f"dot{lanes}", (acc, a, b, y), body)
+
+
+def run_dot(lanes: int, features: frozenset, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+    rng = np.random.default_rng(seed)
+    rows = 5
+    acc = rng.standard_normal((rows, lanes)).astype(np.float32)
+    a, b = bf16_pairs(rng, (rows,)), bf16_pairs(rng, (rows, lanes))
+    y = np.empty_like(acc)
+    func = dot_kernel(lanes, rows)
+    mb = ModuleBuilder("dot", features)
+    mb.add(func)
+    jm = JITModule(str(mb), host_target(), 2)
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
+        jm.address(f"{func.name}_packed"))
+    arrays = (acc, a, b, y)
+    fn((ctypes.c_void_p * 4)(*[x.ctypes.data for x in arrays]), (ctypes.c_int64 * 1)())
+    return y, dot_reference(acc, a[:, None], b), str(mb)
+
+
+@pytest.mark.parametrize("lanes", [1, 4, 6, 8, 16, 24, 32])
+def test_dot_bf16x2_fallback_is_two_fmas_of_the_halves(lanes):
+    got, want, ir_text = run_dot(lanes, frozenset(), seed=lanes)
+    assert "dpbf16ps" not in ir_text
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_bf16
+@pytest.mark.parametrize("lanes", [1, 4, 6, 8, 16, 24, 32])
+def test_dot_bf16x2_is_vdpbf16ps_where_the_cpu_has_it(lanes):
+    got, want, ir_text = run_dot(lanes, host_target().feature_set, seed=100 + lanes)
+    assert "llvm.x86.avx512bf16.dpbf16ps" in ir_text
+    # normal operands: vdpbf16ps gives the fallback's sums (it differs on denormals only)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_native_needs_every_bf16_feature():
+    assert bf16.native(frozenset({"avx512bf16", "avx512vl", "avx512f"})) == {"dot_bf16x2"}
+    assert bf16.native(frozenset({"avx512bf16"})) == frozenset()
+    assert bf16.native(frozenset({"avx2"})) == frozenset()
+
+
+# ---------------------------------------------------------------------------------------------
+# the option, stats and artifacts
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    from dnnc import zoo
+
+    return zoo.build("mlp", batch=4, hidden=(64,), in_features=48, classes=10)
+
+
+def test_llvm_takes_bf16_and_refuses_what_it_does_not_compute_in(mlp):
+    import dnnc
+    from dnnc.errors import ArgumentError
+
+    assert dnnc.compile(mlp, "llvm", cache=False).stats["precision"] == "fp32"
+    assert dnnc.compile(mlp, "llvm", precision="bf16", cache=False).stats["precision"] == "bf16"
+    for other in ("tf32", "fp16"):
+        with pytest.raises(ArgumentError, match=f"precision='{other}' is not one the llvm "
+                                                f"target computes in; it takes fp32, bf16"):
+            dnnc.compile(mlp, "llvm", precision=other)
+    with pytest.raises(ArgumentError, match="precision does not apply to the numpy target"):
+        dnnc.compile(mlp, "numpy", precision="bf16")
+
+
+def test_artifact_records_bf16_and_a_cpu_without_avx512_bf16_refuses_it(mlp, tmp_path,
+                                                                        monkeypatch):
+    import dataclasses
+
+    import dnnc
+    from dnnc.backends.llvm import cpu
+    from dnnc.errors import ArtifactError
+
+    model = dnnc.compile(mlp, "llvm", precision="bf16", cache=False)
+    path = tmp_path / "mlp.dnnc"
+    model.save(path)
+    x = np.random.default_rng(7).standard_normal((4, 48)).astype(np.float32)
+    loaded = dnnc.load(path)
+    assert loaded.stats["precision"] == "bf16"
+    np.testing.assert_array_equal(loaded(x), model(x))
+    host = cpu.host_target()
+    if "avx512bf16" not in host.feature_set:
+        return
+    without = ",".join("-avx512bf16" if f == "+avx512bf16" else f
+                       for f in host.features.split(","))
+    monkeypatch.setattr(cpu, "host_target", lambda: dataclasses.replace(host,
+                                                                        features=without))
+    with pytest.raises(ArtifactError, match="compiled at precision bf16 .* AVX512_BF16 "
+                                            r"\(vdpbf16ps\); this machine .* lacks avx512bf16"):
+        dnnc.load(path)
