@@ -81,12 +81,16 @@ class Dense:
     epilogue: Epilogue
     store_index: Callable | None   # anchor index -> output index; None without a layout tail
     anchor_dtype: T.DType = T.float32   # the anchor's own output type (the value's rounding)
+    # B packed in bf16 pairs along K, [n / panel, ceil(k / 2), panel, 2] (MatMulPacked at
+    # precision bf16): products of A and B rounded to bf16, accumulated in float32
+    pairs: bool = False
 
     @property
     def float32(self) -> bool:
-        """Whether the operands, the bias and the anchor's own output are float32 (Y holds
-        whatever the epilogue makes)."""
-        return all_float32(self.a, self.b, self.c) and self.anchor_dtype is T.float32
+        """Whether the operands (but B in bf16 pairs), the bias and the anchor's own output
+        are float32 (Y holds whatever the epilogue makes)."""
+        return all_float32(self.a, None if self.pairs else self.b, self.c) and \
+            self.anchor_dtype is T.float32
 
     def anchor_index(self, bi, i, j) -> tuple:
         """Row i of batch bi and column j (batch dims folded into rows) as the anchor's own
@@ -214,7 +218,7 @@ def dense(kernel: Kernel) -> Dense | None:
         alpha=attrs.get("alpha", 1.0), beta=attrs.get("beta", 1.0),
         b_batched=not packed and len(b_dims) > 2, packed_panel=b_dims[2] if packed else 0,
         epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None,
-        anchor_dtype=anchor_dtype)
+        anchor_dtype=anchor_dtype, pairs=packed and attrs.get("precision") == "bf16")
 
 
 def _operands(kernel: Kernel, node, count: int) -> list:

@@ -16,6 +16,9 @@ entry reads `PRECISIONS` when the targets are listed) nor decide what a kernel's
 
 from __future__ import annotations
 
+from ...ir import loop as L
+from ...ir import types as T
+
 PRECISIONS = ("fp32", "bf16")
 """The values of the llvm target's `precision` option, the default first."""
 
@@ -28,3 +31,61 @@ def native(features: frozenset[str]) -> frozenset[str]:
     """The legalize rules the renderer skips on a CPU with `features`: `dot_bf16x2` where
     `vdpbf16ps` runs at every width."""
     return frozenset({"dot_bf16x2"}) if BF16_FEATURES <= features else frozenset()
+
+
+def bits(x: L.Expr) -> L.Expr:
+    """float32 `x` rounded to bf16 (to nearest even), its 16 bits in a uint32."""
+    return L.Cast(T.uint32, L.call("bitcast", L.Cast(T.bfloat16, x), dtype=T.uint16))
+
+
+def pair(lo: L.Expr, hi: L.Expr) -> L.Expr:
+    """The uint32 word of float32 `lo` and `hi` rounded to bf16: lo in bits 0-15."""
+    return L.BinOp("|", bits(lo), L.BinOp("<<", bits(hi), L.Const(16, T.uint32)))
+
+
+def product(acc: L.Expr, a: L.Expr, b: L.Expr) -> L.Expr:
+    """acc plus the pair products of words `a` and `b` (`dot_bf16x2`)."""
+    return L.call("dot_bf16x2", acc, a, b, dtype=T.float32)
+
+
+class PairedA:
+    """A tile's rows of A rounded to bf16 in pairs along K, packed once per row block and
+    k-slice into the workspace `buffer` that every panel's tiles read: a tile's MR rows one
+    after another, each its `slots` words (the slice's pairs, rounded up to whole vectors so
+    that the packing loop stores whole vectors). `a_at(bi, row, k)` reads A in float32."""
+
+    def __init__(self, a_at, k: int, kc: int, mr: int, lanes: int, blocks: int, tiles: int):
+        self.a_at, self.k, self.kc, self.mr, self.lanes = a_at, k, kc, mr, lanes
+        self.tiles = tiles
+        self.slots = -(-(-(-kc // 2)) // lanes) * lanes
+        self.buffer = L.Buffer("apairs", T.uint32, (blocks * tiles * mr * self.slots,),
+                               L.Scope.GLOBAL)
+
+    def slot(self, block: L.Expr, tile: L.Expr, ii, t) -> L.Expr:
+        """Where row ii of tile `tile` of row block `block` holds pair t of the slice."""
+        return ((block * self.tiles + tile) * self.mr + ii) * self.slots + t
+
+    def pack(self, bi, row_of, kb, block: L.Expr, tile: L.Expr) -> L.Stmt:
+        """Pairs of this k-slice for each row ii of the tile (`row_of(ii)`: rows past M repeat
+        the last): whole pairs a vector of pairs at a time (A's even and odd k as two stride-2
+        loads), the rest one by one, a k past K read as 0."""
+        ii, tv, lane, t = L.Var("pi"), L.Var("pv"), L.Var("pl"), L.Var("pt")
+        start = kb * self.kc
+        depth = L.minimum(L.const(self.kc), self.k - start)
+        whole = depth // 2 // self.lanes   # vectors of pairs wholly inside the slice
+
+        def word(t_expr, guard: bool) -> L.Expr:
+            k0 = start + 2 * t_expr
+            row = row_of(ii)
+            if not guard:
+                return pair(self.a_at(bi, row, k0), self.a_at(bi, row, k0 + 1))
+            hi = self.a_at(bi, row, L.minimum(k0 + 1, self.k - 1))
+            return pair(self.a_at(bi, row, k0), L.Select(k0 + 1 < self.k, hi, L.const(0.0)))
+
+        first = whole * self.lanes
+        vectors = L.For(tv, whole, L.For(lane, self.lanes, L.Store(
+            self.buffer, (self.slot(block, tile, ii, tv * self.lanes + lane),),
+            word(tv * self.lanes + lane, False)), L.ForKind.VECTORIZED))
+        rest = L.For(t, (depth + 1) // 2 - first, L.Store(
+            self.buffer, (self.slot(block, tile, ii, first + t),), word(first + t, True)))
+        return L.For(ii, self.mr, L.seq(vectors, rest), L.ForKind.UNROLLED)

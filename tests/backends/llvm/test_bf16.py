@@ -137,3 +137,72 @@ def test_artifact_records_bf16_and_a_cpu_without_avx512_bf16_refuses_it(mlp, tmp
     with pytest.raises(ArtifactError, match="compiled at precision bf16 .* AVX512_BF16 "
                                             r"\(vdpbf16ps\); this machine .* lacks avx512bf16"):
         dnnc.load(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# dense products
+
+
+def matmul_model(m: int, k: int, n: int, seed: int, bias: bool):
+    """Y = X @ W (+ b) with constant W (and b), X [m, k] an input: a packed dense product."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "W")]
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["P" if bias else "Y"])]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b"))
+        nodes.append(helper.make_node("Add", ["P", "b"], ["Y"]))
+    graph = helper.make_graph(
+        nodes, "mm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), inits
+
+
+def reference(x, inits, rounded: bool = True) -> np.ndarray:
+    """X @ W + b exactly (float64), X and W rounded to bf16 (to nearest even) first."""
+    from onnx import numpy_helper
+
+    def operand(v):
+        return v.astype(ml_dtypes.bfloat16).astype(np.float64) if rounded else \
+            v.astype(np.float64)
+    arrays = [numpy_helper.to_array(t) for t in inits]
+    y = operand(x) @ operand(arrays[0])
+    return y + arrays[1] if len(arrays) > 1 else y
+
+
+SHAPES = [(1, 64, 10, True), (5, 47, 33, False), (70, 96, 64, True), (130, 600, 100, True),
+          (12, 513, 48, False)]
+"""(m, k, n, bias): one row, odd k, rows over several blocks, k over several slices of 256
+(partial sums in the output), an odd k over two slices."""
+
+
+def fallback_cpu():
+    from dnnc.backends.llvm.cpu import cpu_from
+
+    return cpu_from(None, "-avx512bf16")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])))
+@pytest.mark.parametrize("native", [True, False], ids=["vdpbf16ps", "fp32-fmas"])
+def test_dense_bf16_is_the_product_of_bf16_rounded_operands(shape, native):
+    """Both ways agree with the exact product of the bf16-rounded operands to fp32
+    accumulation's error (k roundings of 2^-24), far inside bf16's own 2^-8."""
+    import dnnc
+
+    if native and not HAS_BF16:
+        pytest.skip("this CPU has no AVX512_BF16")
+    m, k, n, bias = shape
+    model, inits = matmul_model(m, k, n, seed=m * 1000 + k, bias=bias)
+    compiled = dnnc.compile(model, "llvm", precision="bf16", cache=False,
+                            cpu=None if native else fallback_cpu())
+    assert ("llvm.x86.avx512bf16.dpbf16ps" in compiled.source("llvm-ir")) == native
+    assert "dot_bf16x2" in compiled.source("loop")   # the dense template's bf16 products
+    x = np.random.default_rng(k).standard_normal((m, k)).astype(np.float32)
+    want = reference(x, inits)
+    got = compiled(x)
+    tolerance = k * 2.0 ** -22 * np.abs(want).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
+    # not the product of the float32 operands: they were rounded
+    assert np.abs(got - reference(x, inits, rounded=False)).max() > tolerance
