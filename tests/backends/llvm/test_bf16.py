@@ -206,3 +206,45 @@ def test_dense_bf16_is_the_product_of_bf16_rounded_operands(shape, native):
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
     # not the product of the float32 operands: they were rounded
     assert np.abs(got - reference(x, inits, rounded=False)).max() > tolerance
+
+
+# ---------------------------------------------------------------------------------------------
+# the accuracy contract, whole models
+
+
+SMALL = {"mlp": {}, "cnn": {}, "resnet18": {"size": 32}, "resnet50": {"size": 32},
+         "mobilenet_v2": {"size": 32}, "bert": {"seq": 16, "vocab": 512},
+         "bert_tiny": {"seq": 16, "vocab": 512},
+         "bert_base": {"layers": 1, "seq": 16, "vocab": 512}}
+"""Zoo model -> options keeping it small (as the cuda tests' `cuda_kernels.SMALL`)."""
+
+CLASSIFIERS = ("cnn", "resnet18", "mobilenet_v2")
+"""Run on a batch of 64 images, their top-1 classes compared."""
+
+TOP1_AGREEMENT = 0.95
+"""Fraction of a batch whose top-1 class at bf16 is the fp32 reference's, at least (random
+weights leave some logits nearly tied: 63 of 64 agree for cnn and mobilenet_v2, 64 for
+resnet18, on znver5)."""
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_zoo_model_at_bf16_within_the_contract(name):
+    """Every output within `model_error_bound("bf16")` (16 units of 2^-8 of its largest fp32
+    magnitude, cuda's contract) of the fp32 NumPy reference, on fresh random inputs."""
+    import dnnc
+    from dnnc import zoo
+    from dnnc.ir.target import model_error_bound
+
+    batch = 64 if name in CLASSIFIERS else 1
+    model = zoo.build(name, batch=batch, **SMALL[name])
+    feeds = zoo.inputs_for(model, np.random.default_rng(sum(map(ord, name))))
+    compiled = dnnc.compile(model, "llvm", precision="bf16", cache=False)
+    assert "dot_bf16x2" in compiled.source("loop")
+    got = compiled.run(*feeds.values())
+    want = dnnc.compile(model, "numpy").run(*feeds.values())
+    for g, w in zip(got, want):
+        worst = np.abs(g.astype(np.float64) - w).max() / np.abs(w).max()
+        assert 0 < worst <= model_error_bound("bf16"), f"{name}: {worst:.3g}"
+    if name in CLASSIFIERS:
+        agree = (got[0].argmax(-1) == want[0].argmax(-1)).mean()
+        assert agree >= TOP1_AGREEMENT, f"{name}: top-1 agrees on {agree:.1%}"
