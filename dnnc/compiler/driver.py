@@ -156,11 +156,13 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     --emit cuda` on a machine without a GPU): `source()` works, calling the model raises
     `DeviceError`. `outputs` is the kind of array a call returns unless its `to=` says
     otherwise: the target's default when None (cuda: "cupy", device arrays; llvm and numpy:
-    "numpy", the only kind they return; cuda also takes "numpy"). `precision` (cuda only) is
-    the arithmetic of dense products and convolutions: "fp32" (the default), or "tf32",
-    "fp16", "bf16": operands rounded to that type on tensor cores, fp32 accumulation; "fp16"
-    and "bf16" also store the model's weights and activations in that type (its inputs and
-    outputs stay float32), each output within `ir.target.model_error_bound(precision)` (16
+    "numpy", the only kind they return; cuda also takes "numpy"). `precision` (cuda and
+    llvm) is the arithmetic of dense products and convolutions: "fp32" (the default), or
+    cuda's "tf32", "fp16", "bf16": operands rounded to that type on tensor cores, fp32
+    accumulation, "fp16" and "bf16" also storing the model's weights and activations in that
+    type (its inputs and outputs stay float32); llvm's "bf16": operands rounded to bf16,
+    products through AVX512_BF16's vdpbf16ps where the CPU has it, else fp32 FMAs, fp32
+    accumulation (docs/llvm_backend.md, "Precision"); each output within `ir.target.model_error_bound(precision)` (16
     units of the precision's roundoff: 7.8e-3 for tf32 and fp16, 6.3e-2 for bf16) of the
     largest fp32 output (docs/cuda_backend.md, "Precision"); `stats["precision"]` reports it. Every argument is checked
     here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this

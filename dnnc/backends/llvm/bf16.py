@@ -89,3 +89,27 @@ class PairedA:
         rest = L.For(t, (depth + 1) // 2 - first, L.Store(
             self.buffer, (self.slot(block, tile, ii, first + t),), word(first + t, True)))
         return L.For(ii, self.mr, L.seq(vectors, rest), L.ForKind.UNROLLED)
+
+
+def pair_planes(x: L.Buffer, x_dims, begins, padded_hw, par: L.ForKind) -> tuple[L.Buffer,
+                                                                               L.Stmt]:
+    """NCHW image `x` rounded to bf16 in pairs of channels, [N, ceil(C / 2), HP, WP] uint32
+    (channels 2t and 2t + 1 of a pixel in one word, a channel past C as 0), zero-padded to
+    the padded plane as `conv.pad_input` does: the direct conv's operand, made once a call
+    (simple loops LLVM vectorises, as pad_input's)."""
+    n, c, h, wid = x_dims
+    (hp, wp), (ph, pw) = padded_hw, begins
+    pairs = -(-c // 2)
+    out = L.Buffer("xpairs", T.uint32, (n, pairs, hp, wp))
+    nc, i_h, i_w = L.Var("pnc"), L.Var("ph"), L.Var("pw")
+    i_n, i_t = nc // pairs, nc % pairs
+    hi = x[i_n, L.minimum(2 * i_t + 1, c - 1), i_h, i_w]
+    if c % 2:
+        hi = L.Select(2 * i_t + 1 < c, hi, L.const(0.0))
+    copy = L.For(i_h, h, L.For(i_w, wid, L.Store(out, (i_n, i_t, i_h + ph, i_w + pw), pair(
+        x[i_n, 2 * i_t, i_h, i_w], hi))))
+    if (ph, pw) == (0, 0) and (hp, wp) == (h, wid):
+        return out, L.For(nc, n * pairs, copy, par)
+    zero = L.For(i_h, hp, L.For(i_w, wp, L.Store(out, (i_n, i_t, i_h, i_w),
+                                                  L.Const(0, T.uint32))))
+    return out, L.For(nc, n * pairs, L.seq(zero, copy), par)

@@ -37,7 +37,7 @@ from ...ir import types as T
 from .. import problems
 from ..problems import Conv2d
 from ..space import Constraint, Space, Template
-from . import dense
+from . import bf16, dense
 
 MIN_PARALLEL_MACS = 1 << 20
 """Multiply-adds below which a conv runs on one thread: waking the pool costs microseconds,
@@ -285,7 +285,9 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
         body = L.Allocate(wpk, body)
     if conv.pad_stmt is not None:
         body = L.Allocate(conv.xpad, body)
-    return L.simplify(L.PrimFunc(p.name, p.params, body))
+    # (weights in bf16 pairs: the parameter as the uint32 words the body reads)
+    params = tuple(wpk if x.name == wpk.name else x for x in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, body))
 
 
 class _DirectConv:
@@ -304,7 +306,13 @@ class _DirectConv:
         self.mg = oc // groups               # output channels of a group
         self.ocb_n = ocb_n = -(-self.mg // nr)   # channel blocks of a group
         self.par = parallel_kind(machine.threads, n * oc * oh * ow * cg * kh * kw)
-        self.xpad, self.pad_stmt = pad_input(p, self.par)
+        if p.pairs:   # the image and the weights in bf16 pairs of input channels
+            self.xpad, self.pad_stmt = bf16.pair_planes(p.x, p.x_dims, p.begins, p.padded_hw,
+                                                        self.par)
+        else:
+            self.xpad, self.pad_stmt = pad_input(p, self.par)
+        # steps of the reduction over input channels: channels, or pairs of them
+        self.depth = -(-cg // 2) if p.pairs else cg
         self.q, self.ic, self.r, self.s, self.jj = (L.Var(v) for v in ("q", "ic", "r", "s",
                                                                        "j"))
         self.ii, self.pb = L.Var("ii"), L.Var("pb")
@@ -348,6 +356,8 @@ class _DirectConv:
         channel), and the loop packing them (None: convert_layout packed them)."""
         p, nr, mg, ocb_n, groups = self.p, self.nr, self.mg, self.ocb_n, self.groups
         q, ic, r, s, jj = self.q, self.ic, self.r, self.s, self.jj
+        if p.pairs:   # each (pair of channels, tap, output channel) one word of two bf16
+            return L.Buffer(p.w.name, T.uint32, L.static_shape(p.w.shape)[:5]), None
         if p.packed_nr:
             return p.w, None   # convert_layout packed the weights at compile time
         wpk = L.Buffer("wpack", T.float32, (groups * ocb_n, self.cg, self.kh, self.kw, nr))
@@ -373,16 +383,16 @@ class _DirectConv:
                                         self.s, self.acc)
         (sh, sw), (dh, dw) = p.strides, p.dilations
         ow = self.ow
-        a = L.Var("a", T.float32)
+        a = L.Var("a", T.uint32 if p.pairs else T.float32)
         # pixels past the image's end repeat; not stored
         pix = L.minimum(self.p0 + ii, self.pixels_n - 1)
         load = self.xpad[self.bn, self.channel0 + ic, (pix // ow) * sh + r * dh,
                          (pix % ow) * sw + s * dw]
+        w, at = wpk[self.block0, ic, r, s, jj], ii * nr + jj
+        value = bf16.product(acc[at], a, w) if p.pairs else L.call("fma", a, w, acc[at])
         step = L.For(ii, self.mr, L.Let(a, load, L.For(
-            jj, nr, L.Store(acc, (ii * nr + jj,), L.call(
-                "fma", a, wpk[self.block0, ic, r, s, jj], acc[ii * nr + jj])),
-            L.ForKind.VECTORIZED)), L.ForKind.UNROLLED)
-        return L.For(ic, self.cg, L.For(r, self.kh, L.For(s, self.kw, step)))
+            jj, nr, L.Store(acc, (at,), value), L.ForKind.VECTORIZED)), L.ForKind.UNROLLED)
+        return L.For(ic, self.depth, L.For(r, self.kh, L.For(s, self.kw, step)))
 
     def store(self) -> L.Stmt:
         """The tile's results through bias and the fused epilogue into Y: a vector per
@@ -423,11 +433,12 @@ class _DirectConv:
         """A strip's tiles, each reduced and stored; with a chunk, the reduction in slices
         of `chunk` input channels, each slice over a span of up to CHUNK_TILES tiles before
         the next, partial sums waiting in `part` between slices."""
-        strip_tiles, tiles_n, cg, pb = self.strip_tiles, self.tiles_n, self.cg, self.pb
+        strip_tiles, tiles_n, cg, pb = self.strip_tiles, self.tiles_n, self.depth, self.pb
         init, reduction, store = self.init(), self.reduction(wpk), self.store()
         strip_len = L.const(strip_tiles) if tiles_n % strip_tiles == 0 else \
             L.minimum(L.const(strip_tiles), tiles_n - self.strip * strip_tiles)  # last: short
-        chunk = self.config.chunk if 0 < self.config.chunk < cg else 0
+        chunk = -(-self.config.chunk // 2) if self.p.pairs else self.config.chunk
+        chunk = chunk if 0 < chunk < cg else 0
         if not chunk:
             return L.For(pb, strip_len, L.Allocate(self.acc, L.seq(init, reduction, store)))
         ii, jj, mr, nr, acc = self.ii, self.jj, self.mr, self.nr, self.acc
@@ -725,7 +736,8 @@ POINTWISE_GEMM = Template("pointwise_gemm", problems.pointwise_dense, pointwise_
 CONV2D = Template("conv2d", problems.conv2d, lambda p: p.float32 and (p.group == 1 or
                                                                        p.grouped),
                   conv2d_space, conv2d_default, conv2d_build)
-POINTWISE = Template("pointwise", problems.conv2d, lambda p: p.float32 and p.pointwise,
+POINTWISE = Template("pointwise", problems.conv2d,
+                     lambda p: p.float32 and p.pointwise and not p.pairs,
                      pointwise_space, pointwise_default, pointwise_build)
 DEPTHWISE = Template("depthwise", problems.conv2d, lambda p: p.float32 and p.depthwise,
                      depthwise_space, depthwise_default, depthwise_build)

@@ -248,3 +248,73 @@ def test_zoo_model_at_bf16_within_the_contract(name):
     if name in CLASSIFIERS:
         agree = (got[0].argmax(-1) == want[0].argmax(-1)).mean()
         assert agree >= TOP1_AGREEMENT, f"{name}: top-1 agrees on {agree:.1%}"
+
+
+# ---------------------------------------------------------------------------------------------
+# convolutions
+
+
+def conv_model(c: int, m: int, size: int, kernel: int, stride: int, pad: int, seed: int):
+    """Y = Conv(X, W, b) with constant W and b, X [1, c, size, size] an input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, c, kernel, kernel)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    out = (size + 2 * pad - kernel) // stride + 1
+    node = helper.make_node("Conv", ["X", "W", "b"], ["Y"], kernel_shape=[kernel, kernel],
+                            strides=[stride, stride], pads=[pad] * 4)
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                       [1, c, size, size])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, m, out, out])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w, b
+
+
+def conv_reference(model, x, w, rounded: bool = True) -> np.ndarray:
+    """The conv of X and W rounded to bf16 (float64 sums, by the numpy target's conv)."""
+    import dnnc
+    from onnx import numpy_helper
+
+    def operand(v):
+        return v.astype(ml_dtypes.bfloat16).astype(np.float64) if rounded else \
+            v.astype(np.float64)
+    exact = type(model)()
+    exact.CopyFrom(model)
+    exact.graph.initializer[0].CopyFrom(numpy_helper.from_array(operand(w), "W"))
+    for t in list(exact.graph.initializer[1:]):
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64),
+                                           t.name))
+    from onnx import TensorProto
+    for vi in list(exact.graph.input) + list(exact.graph.output):
+        vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+    return dnnc.compile(exact, "numpy").run(operand(x))[0]
+
+
+CONVS = [(3, 40, 17, 3, 1, 1), (16, 32, 12, 3, 2, 1), (33, 64, 20, 1, 1, 0),
+         (64, 48, 9, 1, 2, 0), (5, 16, 21, 7, 2, 3)]
+"""(C, M, size, kernel, stride, pad): a stem's 3 channels (odd: a zero channel pads the last
+pair), a strided 3x3, a 1x1 (direct), a strided 1x1 (the dense template's GEMM), a 7x7."""
+
+
+@pytest.mark.parametrize("shape", CONVS, ids=lambda s: "c{}m{}s{}k{}st{}p{}".format(*s))
+@pytest.mark.parametrize("native", [True, False], ids=["vdpbf16ps", "fp32-fmas"])
+def test_conv_bf16_is_the_conv_of_bf16_rounded_operands(shape, native):
+    import dnnc
+
+    if native and not HAS_BF16:
+        pytest.skip("this CPU has no AVX512_BF16")
+    c, m, size, kernel = shape[:4]
+    model, w, b = conv_model(*shape, seed=c * 100 + m)
+    compiled = dnnc.compile(model, "llvm", precision="bf16", cache=False,
+                            cpu=None if native else fallback_cpu())
+    assert [n.attrs["precision"] for n in compiled.graph.nodes] == ["bf16"]   # ConvPacked
+    assert "dot_bf16x2" in compiled.source("loop")
+    assert ("llvm.x86.avx512bf16.dpbf16ps" in compiled.source("llvm-ir")) == native
+    x = np.random.default_rng(size).standard_normal((1, c, size, size)).astype(np.float32)
+    want = conv_reference(model, x, w)
+    got = compiled(x)
+    tolerance = c * kernel * kernel * 2.0 ** -22 * np.abs(want).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
+    assert np.abs(got - conv_reference(model, x, w, rounded=False)).max() > tolerance
