@@ -95,21 +95,28 @@ def pair_planes(x: L.Buffer, x_dims, begins, padded_hw, par: L.ForKind) -> tuple
                                                                                L.Stmt]:
     """NCHW image `x` rounded to bf16 in pairs of channels, [N, ceil(C / 2), HP, WP] uint32
     (channels 2t and 2t + 1 of a pixel in one word, a channel past C as 0), zero-padded to
-    the padded plane as `conv.pad_input` does: the direct conv's operand, made once a call
-    (simple loops LLVM vectorises, as pad_input's)."""
+    the padded plane as `conv.pad_input` does: a conv's operand, made once a call (simple
+    loops LLVM vectorises, as pad_input's). Unpadded, the planes are flat: [N, ceil(C / 2),
+    H * W]."""
     n, c, h, wid = x_dims
     (hp, wp), (ph, pw) = padded_hw, begins
     pairs = -(-c // 2)
-    out = L.Buffer("xpairs", T.uint32, (n, pairs, hp, wp))
     nc, i_h, i_w = L.Var("pnc"), L.Var("ph"), L.Var("pw")
     i_n, i_t = nc // pairs, nc % pairs
-    hi = x[i_n, L.minimum(2 * i_t + 1, c - 1), i_h, i_w]
-    if c % 2:
-        hi = L.Select(2 * i_t + 1 < c, hi, L.const(0.0))
-    copy = L.For(i_h, h, L.For(i_w, wid, L.Store(out, (i_n, i_t, i_h + ph, i_w + pw), pair(
-        x[i_n, 2 * i_t, i_h, i_w], hi))))
+
+    def word(row, col) -> L.Expr:
+        hi = x[i_n, L.minimum(2 * i_t + 1, c - 1), row, col]
+        if c % 2:
+            hi = L.Select(2 * i_t + 1 < c, hi, L.const(0.0))
+        return pair(x[i_n, 2 * i_t, row, col], hi)
+
     if (ph, pw) == (0, 0) and (hp, wp) == (h, wid):
+        out = L.Buffer("xpairs", T.uint32, (n, pairs, h * wid))
+        copy = L.For(i_w, h * wid, L.Store(out, (i_n, i_t, i_w), word(i_w // wid, i_w % wid)))
         return out, L.For(nc, n * pairs, copy, par)
+    out = L.Buffer("xpairs", T.uint32, (n, pairs, hp, wp))
+    copy = L.For(i_h, h, L.For(i_w, wid, L.Store(out, (i_n, i_t, i_h + ph, i_w + pw),
+                                                  word(i_h, i_w))))
     zero = L.For(i_h, hp, L.For(i_w, wp, L.Store(out, (i_n, i_t, i_h, i_w),
                                                   L.Const(0, T.uint32))))
     return out, L.For(nc, n * pairs, L.seq(zero, copy), par)

@@ -386,8 +386,11 @@ class _DirectConv:
         a = L.Var("a", T.uint32 if p.pairs else T.float32)
         # pixels past the image's end repeat; not stored
         pix = L.minimum(self.p0 + ii, self.pixels_n - 1)
-        load = self.xpad[self.bn, self.channel0 + ic, (pix // ow) * sh + r * dh,
-                         (pix % ow) * sw + s * dw]
+        row, col = (pix // ow) * sh + r * dh, (pix % ow) * sw + s * dw
+        if len(self.xpad.shape) == 3:   # (bf16 pairs of an unpadded image: flat planes)
+            load = self.xpad[self.bn, self.channel0 + ic, row * p.padded_hw[1] + col]
+        else:
+            load = self.xpad[self.bn, self.channel0 + ic, row, col]
         w, at = wpk[self.block0, ic, r, s, jj], ii * nr + jj
         value = bf16.product(acc[at], a, w) if p.pairs else L.call("fma", a, w, acc[at])
         step = L.For(ii, self.mr, L.Let(a, load, L.For(
@@ -548,9 +551,20 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
     xf = L.Buffer(x.name, T.float32, (n, c, hw))
     yf = L.Buffer(y.name, y.dtype, (n, oc, hw))
     ic, cm, q, t = L.Var("ic"), L.Var("cm"), L.Var("q"), L.Var("t")
-    a = L.Var("a", T.float32)
+    a = L.Var("a", T.uint32 if p.pairs else T.float32)
     nr = p.packed_nr
     blocks = -(-mg // nr) if nr else 0   # packed blocks a group
+    par = parallel_kind(machine.threads, n * oc * hw * cg)
+    depth, pairing = cg, None
+    if p.pairs:   # one group: the image in bf16 pairs of channels, the weights as words
+        xf, pairing = bf16.pair_planes(x, p.x_dims, (0, 0), (h, wid), par)
+        w = L.Buffer(w.name, T.uint32, L.static_shape(w.shape)[:5])
+        depth = -(-cg // 2)
+
+    def product(acc_at, image):   # the step's multiply-add into acc_at
+        if p.pairs:
+            return bf16.product(acc_at, a, image)
+        return L.call("fma", a, image, acc_at)
 
     def weight(g, j):   # output channel j of group g (None: the only group)
         if not nr:
@@ -567,7 +581,7 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
                                                              L.const(0.0)), vec),
                      L.ForKind.UNROLLED)
         step = L.For(cm, channels, L.Let(a, weight(g, j0 + cm), L.For(q, width, L.Store(
-            acc, (cm * width + q,), L.call("fma", a, xf[bn, ci, p0 + q], acc[cm * width + q])),
+            acc, (cm * width + q,), product(acc[cm * width + q], xf[bn, ci, p0 + q])),
             vec)), L.ForKind.UNROLLED)
         o = j0 + cm if g is None else g * mg + j0 + cm
         px = p0 + q
@@ -580,7 +594,7 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
                      (bn, o, px // ow, px % ow))
         store = L.For(cm, channels, L.For(q, width, L.Store(yf, (bn, o, px), value), vec),
                       L.ForKind.UNROLLED)
-        return L.Allocate(acc, L.seq(init, L.For(ic, cg, step), store))
+        return L.Allocate(acc, L.seq(init, L.For(ic, depth, step), store))
 
     # a last block of channels or pixels that would be partial starts earlier instead,
     # overlapping the one before (its values are computed twice, identically): every block
@@ -613,9 +627,12 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
         run = L.For(r, per_run, tile)
     else:   # the last run is short
         run = L.For(r, L.minimum(L.const(per_run), inner_n - (unit % runs) * per_run), tile)
-    par = parallel_kind(machine.threads, n * oc * hw * cg)
     main = L.For(t, n * groups * units, run, par)
-    return L.simplify(L.PrimFunc(p.name, p.params, main))
+    if pairing is None:
+        return L.simplify(L.PrimFunc(p.name, p.params, main))
+    # (weights in bf16 pairs: the parameter as the uint32 words the body reads)
+    params = tuple(w if v.name == w.name else v for v in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, L.Allocate(xf, L.seq(pairing, main))))
 
 
 def pointwise_gemm_applies(p: problems.PointwiseDense) -> bool:
@@ -736,8 +753,7 @@ POINTWISE_GEMM = Template("pointwise_gemm", problems.pointwise_dense, pointwise_
 CONV2D = Template("conv2d", problems.conv2d, lambda p: p.float32 and (p.group == 1 or
                                                                        p.grouped),
                   conv2d_space, conv2d_default, conv2d_build)
-POINTWISE = Template("pointwise", problems.conv2d,
-                     lambda p: p.float32 and p.pointwise and not p.pairs,
+POINTWISE = Template("pointwise", problems.conv2d, lambda p: p.float32 and p.pointwise,
                      pointwise_space, pointwise_default, pointwise_build)
 DEPTHWISE = Template("depthwise", problems.conv2d, lambda p: p.float32 and p.depthwise,
                      depthwise_space, depthwise_default, depthwise_build)

@@ -292,10 +292,11 @@ def conv_reference(model, x, w, rounded: bool = True) -> np.ndarray:
     return dnnc.compile(exact, "numpy").run(operand(x))[0]
 
 
-CONVS = [(3, 40, 17, 3, 1, 1), (16, 32, 12, 3, 2, 1), (33, 64, 20, 1, 1, 0),
-         (64, 48, 9, 1, 2, 0), (5, 16, 21, 7, 2, 3)]
+CONVS = [(3, 40, 17, 3, 1, 1), (16, 32, 12, 3, 2, 1), (8, 16, 10, 3, 1, 0),
+         (33, 64, 20, 1, 1, 0), (64, 48, 9, 1, 2, 0), (5, 16, 21, 7, 2, 3)]
 """(C, M, size, kernel, stride, pad): a stem's 3 channels (odd: a zero channel pads the last
-pair), a strided 3x3, a 1x1 (direct), a strided 1x1 (the dense template's GEMM), a 7x7."""
+pair), a strided 3x3, an unpadded 3x3 (flat planes of pairs), a 1x1 (pointwise: pixels in
+the lanes), a strided 1x1 (the dense template's GEMM), a 7x7."""
 
 
 @pytest.mark.parametrize("shape", CONVS, ids=lambda s: "c{}m{}s{}k{}st{}p{}".format(*s))

@@ -145,7 +145,7 @@ CASES = [
     ("dense-bf16", matmul_bias_relu, "bf16", "dense", 1e-4),
     ("conv2d-bf16", lambda rng: conv_bias_relu(rng, oc=20, pads=[2, 1, 0, 1],
                                                dilations=[2, 1]), "bf16", "conv2d", 1e-4),
-    ("conv2d-bf16-1x1", pointwise_residual, "bf16", "conv2d", 1e-4),
+    ("pointwise-bf16", pointwise_residual, "bf16", "pointwise", 1e-4),
     ("pointwise-gemm-bf16-strided", lambda rng: pointwise_residual(rng, 11, 9, (2, 2)),
      "bf16", "pointwise_gemm", 1e-4),
     ("rows-softmax", unary("Softmax", ("N", 5, 37)), False, "rows", 1e-5),
