@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dnnc.backends.llvm import bf16
+from dnnc.backends.llvm import amx, bf16
 from dnnc.backends.llvm.codegen import ModuleBuilder
 from dnnc.backends.llvm.cpu import host_target
 from dnnc.backends.llvm.jit import JITModule
@@ -17,6 +17,7 @@ from dnnc.ir import types as T
 
 HAS_BF16 = bf16.BF16_FEATURES <= host_target().feature_set
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no AVX512_BF16")
+HAS_AMX = amx.amx_usable(host_target().feature_set)
 
 
 def bf16_pairs(rng, shape) -> np.ndarray:
@@ -319,3 +320,51 @@ def test_conv_bf16_is_the_conv_of_bf16_rounded_operands(shape, native):
     tolerance = c * kernel * kernel * 2.0 ** -22 * np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
     assert np.abs(got - conv_reference(model, x, w, rounded=False)).max() > tolerance
+
+
+# ---------------------------------------------------------------------------------------------
+# AMX (Sapphire Rapids and later): the probe tile product
+
+
+def amx_gemm(m: int, n: int, k: int, seed: int):
+    """(C = C0 + A B by `amx.tile_gemm_module`, the float64 product of the bf16 operands)."""
+    from dnnc.ir.ops.linalg import pack_pairs
+
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    a_pairs = np.ascontiguousarray(a.astype(ml_dtypes.bfloat16)).view(np.uint32)
+    b_pairs = np.ascontiguousarray(pack_pairs(b, n)[0]).view(np.uint32).reshape(k // 2, n)
+    jm = JITModule(str(amx.tile_gemm_module()), host_target(), 2)
+    fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3)(
+        jm.address("amx_gemm"))
+    got = c.copy()
+    fn(got.ctypes.data, a_pairs.ctypes.data, b_pairs.ctypes.data, m, n, k // 2)
+    rounded = [x.astype(ml_dtypes.bfloat16).astype(np.float64) for x in (a, b)]
+    return got, c + rounded[0] @ rounded[1]
+
+
+def test_amx_tile_product_compiles_to_tile_instructions_for_sapphire_rapids():
+    """Compile-only (any host): the probe kernel becomes ldtilecfg, tileloadd, tdpbf16ps."""
+    import llvmlite.binding as llvm
+
+    module = llvm.parse_assembly(str(amx.tile_gemm_module()))
+    module.verify()
+    machine = llvm.Target.from_default_triple().create_target_machine(
+        cpu="sapphirerapids", features="+amx-tile,+amx-bf16,+avx512f,+avx512bf16", opt=2)
+    asm = machine.emit_assembly(module)
+    assert all(op in asm for op in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored"))
+    assert not amx.amx_features(frozenset({"avx512bf16", "amx-tile"}))
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU (or kernel) gives no AMX-BF16 tiles")
+@pytest.mark.parametrize("m,n,k", [(16, 16, 32), (48, 32, 128)])
+def test_amx_tile_product_is_the_product_of_bf16_operands(m, n, k):
+    got, want = amx_gemm(m, n, k, seed=m + n + k)
+    np.testing.assert_allclose(got, want, rtol=0, atol=k * 2.0 ** -22 * np.abs(want).max())
+
+
+def test_tile_state_is_refused_without_amx():
+    if not amx.amx_features(host_target().feature_set):
+        assert not amx.request_tile_state()
