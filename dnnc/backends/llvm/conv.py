@@ -531,6 +531,18 @@ def pointwise_order(p: Conv2d, channels: int, pixels: int) -> str:
     return "channels" if channels_cost < pixels_cost else "pixels"
 
 
+def _pointwise_operands(p: Conv2d, par: L.ForKind) -> tuple:
+    """(the image as [N, C, H * W], the weights, the reduction's steps, the statement making
+    the image's operand or None) as `pointwise_build` reads them: with bf16 pairs (one
+    group), the image's channel pairs made once a call and the weights' uint32 words."""
+    n, c, h, wid = p.x_dims
+    if not p.pairs:
+        return L.Buffer(p.x.name, T.float32, (n, c, h * wid)), p.w, p.w_dims[1], None
+    xf, pairing = bf16.pair_planes(p.x, p.x_dims, (0, 0), (h, wid), par)
+    w = L.Buffer(p.w.name, T.uint32, L.static_shape(p.w.shape)[:5])
+    return xf, w, -(-p.w_dims[1] // 2), pairing
+
+
 def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
     """A 1x1 stride-1 unpadded conv as a GEMM with the pixels in the vector lanes: an
     output tile is CM channels by PW consecutive pixels, each step one broadcast weight per
@@ -540,26 +552,21 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
     cost more than the multiply-adds). A grouped conv is one such GEMM a group (its input
     channels by its output channels), the groups between the images and the pixel blocks
     of the one parallel loop; a tile never straddles two groups."""
-    n, c, h, wid = p.x_dims
+    n, _, h, wid = p.x_dims
     oc, cg = p.w_dims[:2]
     ow = p.y_dims[3]
     then = p.epilogue
-    w, bias, y, x = p.w, p.bias, p.y, p.x
+    bias, y = p.bias, p.y
     groups = p.group
     mg = oc // groups
     hw = h * wid
-    xf = L.Buffer(x.name, T.float32, (n, c, hw))
     yf = L.Buffer(y.name, y.dtype, (n, oc, hw))
     ic, cm, q, t = L.Var("ic"), L.Var("cm"), L.Var("q"), L.Var("t")
     a = L.Var("a", T.uint32 if p.pairs else T.float32)
     nr = p.packed_nr
     blocks = -(-mg // nr) if nr else 0   # packed blocks a group
     par = parallel_kind(machine.threads, n * oc * hw * cg)
-    depth, pairing = cg, None
-    if p.pairs:   # one group: the image in bf16 pairs of channels, the weights as words
-        xf, pairing = bf16.pair_planes(x, p.x_dims, (0, 0), (h, wid), par)
-        w = L.Buffer(w.name, T.uint32, L.static_shape(w.shape)[:5])
-        depth = -(-cg // 2)
+    xf, w, depth, pairing = _pointwise_operands(p, par)
 
     def product(acc_at, image):   # the step's multiply-add into acc_at
         if p.pairs:

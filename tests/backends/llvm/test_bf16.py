@@ -308,7 +308,7 @@ def test_conv_bf16_is_the_conv_of_bf16_rounded_operands(shape, native):
     if native and not HAS_BF16:
         pytest.skip("this CPU has no AVX512_BF16")
     c, m, size, kernel = shape[:4]
-    model, w, b = conv_model(*shape, seed=c * 100 + m)
+    model, w, _ = conv_model(*shape, seed=c * 100 + m)
     compiled = dnnc.compile(model, "llvm", precision="bf16", cache=False,
                             cpu=None if native else fallback_cpu())
     assert [n.attrs["precision"] for n in compiled.graph.nodes] == ["bf16"]   # ConvPacked
