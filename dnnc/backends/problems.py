@@ -473,7 +473,7 @@ def conv2d(kernel: Kernel) -> Conv2d | None:
             len(xd) != 4 or any(b is not None and b.dtype not in STORAGE for b in (x, w, bias)):
         return None
     packed_nr = 0
-    pairs = node.op == "ConvPacked" and node.attrs["precision"] == "bf16"
+    pairs = node.op == "ConvPacked" and node.attrs.get("precision") == "bf16"
     if pairs:
         if len(wd) != 6:
             return None

@@ -27,7 +27,7 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     the XGBoost cost model ranks fastest) or "random". `scheduler` is the address of a Dask
     scheduler (`tcp://HOST:8786`) whose workers measure the candidates (`pip install
     dnnc[cluster]`; each worker must be a machine like this one: others refuse).
-    `precision` is the compile's (cuda only, `dnnc.compile`): its records carry it in their
+    `precision` is the compile's (cuda, llvm: `dnnc.compile`): its records carry it in their
     target key, so they apply to compiles at that precision only. A target whose device
     this machine lacks (cuda without a GPU or CuPy) raises `DeviceError` before anything is
     measured or logged."""

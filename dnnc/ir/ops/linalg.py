@@ -428,7 +428,7 @@ def _packed_infer(ctx):
     check_dtype(ctx, 0, T.FLOAT_DTYPES)
     a, bp = ctx.shape(0), ctx.shape(1)
     n = ctx.attrs["n"]
-    precision = ctx.attrs["precision"]
+    precision = ctx.attrs.get("precision", "fp32")   # (graphs saved before precisions)
     if precision not in PACKED_PRECISIONS:
         raise ctx.fail(f"precision must be one of {', '.join(PACKED_PRECISIONS)}, not "
                        f"{precision!r}")
@@ -454,7 +454,7 @@ def _packed_infer(ctx):
     return [T.TensorType(ctx.dtype(0), out)]
 
 
-def matmul_packed(a, bp, c=None, *, n, alpha, beta, precision):
+def matmul_packed(a, bp, c=None, *, n, alpha, beta, precision="fp32"):
     if precision == "bf16":
         b = unpack_pairs(bp, a.shape[-1], n)
         a = a.astype(T.bfloat16.np).astype(np.float32)
@@ -469,7 +469,7 @@ def matmul_packed(a, bp, c=None, *, n, alpha, beta, precision):
     return np.asarray(y).astype(a.dtype)
 
 
-def _packed_rule(inputs, outputs, n, alpha, beta, precision):
+def _packed_rule(inputs, outputs, n, alpha, beta, precision="fp32"):
     a, bp = inputs[0], inputs[1]
     c = inputs[2] if len(inputs) > 2 else None
     out = outputs[0]

@@ -85,10 +85,11 @@ def _unpacked_type(wp: T.TensorType, oc: int, c) -> T.TensorType:
 def _conv_packed_infer(ctx):
     wp = ctx.type(1)
     oc, group = ctx.attrs["oc"], ctx.attrs.get("group") or 1
-    pairs = ctx.attrs["precision"] == "bf16"
-    if ctx.attrs["precision"] not in PACKED_PRECISIONS:
+    precision = ctx.attrs.get("precision", "fp32")   # (graphs saved before precisions)
+    pairs = precision == "bf16"
+    if precision not in PACKED_PRECISIONS:
         raise ctx.fail(f"precision must be one of {', '.join(PACKED_PRECISIONS)}, not "
-                       f"{ctx.attrs['precision']!r}")
+                       f"{precision!r}")
     if pairs and (group != 1 or ctx.type(0).dtype is not T.float32 or
                   wp.dtype is not T.bfloat16 or wp.rank < 4 or wp.shape[-1] != 2 or
                   -(-ctx.type(0).shape[1] // 2) != wp.shape[1]):
@@ -107,7 +108,7 @@ def _conv_packed_infer(ctx):
     return types
 
 
-def conv_packed(x, wp, b=None, *, oc, precision, **attrs):
+def conv_packed(x, wp, b=None, *, oc, precision="fp32", **attrs):
     if precision == "bf16":   # the image rounded to bf16 too
         w = unpack_conv_pairs(wp, oc, x.shape[1])
         return conv(x.astype(T.bfloat16.np).astype(np.float32), w, b, **_conv_attrs(attrs))
@@ -129,7 +130,7 @@ def _conv_packed_pairs_rule(inputs, outputs, *, oc, **attrs):
     return conv_rule([xr, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
 
 
-def _conv_packed_rule(inputs, outputs, *, oc, precision, **attrs):
+def _conv_packed_rule(inputs, outputs, *, oc, precision="fp32", **attrs):
     if precision == "bf16":
         return _conv_packed_pairs_rule(inputs, outputs, oc=oc, **attrs)
     x, wp = inputs[0], inputs[1]
@@ -156,7 +157,7 @@ def _conv_packed_flops(node):
     [blocks, C_in/group, *kernel, NR], or in pairs [blocks, ceil(C_in/2), *kernel, NR, 2]."""
     wp = node.inputs[1].shape
     window = (node.inputs[0].shape[1],) + tuple(wp[2:-2]) \
-        if node.attrs["precision"] == "bf16" else wp[1:-1]
+        if node.attrs.get("precision") == "bf16" else wp[1:-1]
     return conv_flops(node.outputs[0], window, node.outputs[0], has_input(node, 2))
 
 
