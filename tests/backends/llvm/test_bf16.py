@@ -368,3 +368,24 @@ def test_amx_tile_product_is_the_product_of_bf16_operands(m, n, k):
 def test_tile_state_is_refused_without_amx():
     if not amx.amx_features(host_target().feature_set):
         assert not amx.request_tile_state()
+
+
+def test_tuning_at_bf16_applies_to_bf16_compiles_only(mlp, tmp_path):
+    """dnnc.tune(precision="bf16"): every config measured on the bf16 kernels (pairs), its
+    records keyed ":bf16", applied to a bf16 compile and to no fp32 one."""
+    import json
+
+    import dnnc
+
+    log = tmp_path / "tune.jsonl"
+    dnnc.tune(mlp, "llvm", log=log, trials=4, precision="bf16")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert records and all(r["target"].endswith(":bf16") for r in records)
+    tuned = dnnc.compile(mlp, "llvm", precision="bf16", tuning_log=log, cache=False)
+    assert tuned.stats["tuned_kernels"] == tuned.stats["kernels"] == 2
+    with pytest.warns(Warning):   # (TuningLogWarning: no record applies at fp32)
+        assert dnnc.compile(mlp, "llvm", tuning_log=log, cache=False).stats[
+            "tuned_kernels"] == 0
+    x = np.random.default_rng(3).standard_normal((4, 48)).astype(np.float32)
+    want = dnnc.compile(mlp, "numpy")(x)
+    assert np.abs(tuned(x) - want).max() <= 1e-2 * np.abs(want).max()
