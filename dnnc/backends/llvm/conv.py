@@ -24,6 +24,11 @@ group's channel slice a conv of its own: packed weights hold each group's channe
 (ConvPacked), the group is part of the one parallel loop, a tile never straddles two groups;
 same knobs. Group 1 gives the loop IR it always did.
 
+At precision bf16 (`Conv2d.pairs`: one group's weights packed in bf16 pairs of input
+channels) `conv2d` and `pointwise` read the image as bf16 pairs of channels made once a call
+(`bf16.pair_planes`) and reduce over pairs, one `dot_bf16x2` (vdpbf16ps) a step; the GEMM of
+`pointwise_gemm` is the dense template's.
+
 The problem is a `problems.Conv2d` (float32 NCHW, static shapes).
 """
 

@@ -15,6 +15,11 @@ once per row block and read by its tiles (`MIN_PACK_TILES` or more), instead of 
 reading B's rows a whole row of B apart (traced 128x768 @ 768x3072, 2 threads: 17 ms, from
 about 27; with B packed at compile time 13 ms).
 
+At precision bf16 (`Dense.pairs`: B packed in bf16 pairs along K) each tile's rows of A are
+rounded to bf16 pairs once per row block and k-slice (`bf16.PairedA`, in the workspace every
+panel reads) and the k loop runs over pairs, one `dot_bf16x2` (vdpbf16ps) per pair; kc stays
+even so that no pair straddles two slices.
+
 The problem is a `problems.Dense` (2-D products, batch dims of A folded into rows, and
 batched products with equal batch dims). Knobs (`DenseConfig`): mr, nr, kc and mc_tiles
 (MC = mc_tiles x MR); a packed B fixes nr to its panel width.
