@@ -16,6 +16,8 @@ floors; `sigmoid`, `sign`, `isinf`, ... as NumPy's); a renderer should only say 
   result, bit for bit), so narrow floats only move: loads, stores, lets, selects, and casts
   to and from float32; float64 -> float16 goes through float32 rounded to odd (one rounding,
   as NumPy), and bfloat16 <-> float32 casts become integer bit operations;
+- `dot_bf16x2` (a bf16 pair product, `ir/loop/nodes.INTRINSICS`) -> two float32 fmas of its
+  halves, unless the renderer emits it (llvm on a CPU with AVX512_BF16);
 - float -> integer casts -> `ftoi` of a value made in range first, and selects: the result
   is defined for every input (NaN, +-inf, out of range: docs/semantics.md), so no renderer
   relies on LLVM's poison (fptosi out of range) or C's undefined behaviour (CUDA's cvt
@@ -128,6 +130,25 @@ def _bf16_cast(e, ctx):
         bits = L.Cast(T.uint32, L.call("bitcast", e.value, dtype=T.uint16))
         return L.call("bitcast", L.BinOp("<<", bits, L.Const(16, T.uint32)), dtype=T.float32)
     return None
+
+
+def _dot_bf16x2(e, ctx):
+    """dot_bf16x2(acc, a, b) -> fma(lo(a), lo(b), fma(hi(a), hi(b), acc)), with hi(x) =
+    bitcast<f32>(x & 0xffff0000) and lo(x) = bitcast<f32>(x << 16): the products of 8-bit
+    significands are exact in float32, so each fma rounds only its sum, as `vdpbf16ps` does
+    (but for its flushed denormals)."""
+    if not (isinstance(e, L.Call) and e.name == "dot_bf16x2"):
+        return None
+    acc, a, b = e.args
+    a, b = ctx.bind(a), ctx.bind(b)
+
+    def half(x, high: bool) -> L.Expr:
+        bits = L.BinOp("&", x, L.Const(0xFFFF0000, T.uint32)) if high else \
+            L.BinOp("<<", x, L.Const(16, T.uint32))
+        return L.call("bitcast", bits, dtype=T.float32)
+
+    high = L.call("fma", half(a, True), half(b, True), acc)
+    return L.call("fma", half(a, False), half(b, False), high)
 
 
 def _float_to_int(e, ctx):
@@ -297,6 +318,7 @@ RULES: dict[str, Callable] = {
     "narrow_float": _narrow_float,
     "f16_from_f64": _f16_from_f64,
     "bf16_cast": _bf16_cast,
+    "dot_bf16x2": _dot_bf16x2,
     "float_to_int": _float_to_int,
     "sigmoid": _sigmoid,
     "rsqrt": _rsqrt,

@@ -81,12 +81,16 @@ class Dense:
     epilogue: Epilogue
     store_index: Callable | None   # anchor index -> output index; None without a layout tail
     anchor_dtype: T.DType = T.float32   # the anchor's own output type (the value's rounding)
+    # B packed in bf16 pairs along K, [n / panel, ceil(k / 2), panel, 2] (MatMulPacked at
+    # precision bf16): products of A and B rounded to bf16, accumulated in float32
+    pairs: bool = False
 
     @property
     def float32(self) -> bool:
-        """Whether the operands, the bias and the anchor's own output are float32 (Y holds
-        whatever the epilogue makes)."""
-        return all_float32(self.a, self.b, self.c) and self.anchor_dtype is T.float32
+        """Whether the operands (but B in bf16 pairs), the bias and the anchor's own output
+        are float32 (Y holds whatever the epilogue makes)."""
+        return all_float32(self.a, None if self.pairs else self.b, self.c) and \
+            self.anchor_dtype is T.float32
 
     def anchor_index(self, bi, i, j) -> tuple:
         """Row i of batch bi and column j (batch dims folded into rows) as the anchor's own
@@ -214,7 +218,7 @@ def dense(kernel: Kernel) -> Dense | None:
         alpha=attrs.get("alpha", 1.0), beta=attrs.get("beta", 1.0),
         b_batched=not packed and len(b_dims) > 2, packed_panel=b_dims[2] if packed else 0,
         epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None,
-        anchor_dtype=anchor_dtype)
+        anchor_dtype=anchor_dtype, pairs=packed and attrs.get("precision") == "bf16")
 
 
 def _operands(kernel: Kernel, node, count: int) -> list:
@@ -392,12 +396,17 @@ class Conv2d:
     # (n, c, h, w) (see `_flat_epilogue_reads`)
     flat_epilogue_reads: bool
     anchor_dtype: T.DType = T.float32   # the anchor's own output type (the value's rounding)
+    # weights packed in bf16 pairs along input channels, [ceil(M / NR), ceil(C / 2), kh, kw,
+    # NR, 2] (ConvPacked at precision bf16, one group): products of the image and the
+    # weights rounded to bf16, accumulated in float32
+    pairs: bool = False
 
     @property
     def float32(self) -> bool:
-        """Whether the image, the weights, the bias and the anchor's own output are float32
-        (Y holds whatever the epilogue makes)."""
-        return all_float32(self.x, self.w, self.bias) and self.anchor_dtype is T.float32
+        """Whether the image, the weights (but in bf16 pairs), the bias and the anchor's own
+        output are float32 (Y holds whatever the epilogue makes)."""
+        return all_float32(self.x, None if self.pairs else self.w, self.bias) and \
+            self.anchor_dtype is T.float32
 
     def finish(self, value: L.Expr, index: tuple) -> L.Expr:
         """The value of output element `index` (the conv's float32 sum `value`) as stored in
@@ -430,12 +439,13 @@ class Conv2d:
         return PointwiseDense(
             name=self.name, params=self.params, a=self.x, b=self.w,
             c=L.Buffer(self.bias.name, self.bias.dtype, (oc,)) if self.bias is not None
-            else None, y=self.y, b_dims=(-(-oc // nr), c, nr), y_dims=self.y_dims,
+            else None, y=self.y, b_dims=(-(-oc // nr), -(-c // 2), nr, 2) if self.pairs
+            else (-(-oc // nr), c, nr), y_dims=self.y_dims,
             anchor_dims=self.y_dims, batch=n, m=h * wid, n=oc, k=c, trans_a=True,
             trans_b=False, alpha=1.0, beta=1.0, b_batched=False, packed_panel=nr,
             epilogue=self.epilogue, store_index=lambda index: index,
-            anchor_dtype=self.anchor_dtype, image_dims=self.x_dims, width=wid,
-            strides=tuple(self.strides))
+            anchor_dtype=self.anchor_dtype, pairs=self.pairs, image_dims=self.x_dims,
+            width=wid, strides=tuple(self.strides))
 
     @property
     def grouped(self) -> bool:
@@ -463,7 +473,13 @@ def conv2d(kernel: Kernel) -> Conv2d | None:
             len(xd) != 4 or any(b is not None and b.dtype not in STORAGE for b in (x, w, bias)):
         return None
     packed_nr = 0
-    if node.op == "ConvPacked":
+    pairs = node.op == "ConvPacked" and node.attrs.get("precision") == "bf16"
+    if pairs:
+        if len(wd) != 6:
+            return None
+        packed_nr = wd[-2]
+        wd = (node.attrs["oc"], xd[1]) + tuple(wd[2:4])
+    elif node.op == "ConvPacked":
         if len(wd) != 5:
             return None
         packed_nr = wd[-1]
@@ -475,7 +491,7 @@ def conv2d(kernel: Kernel) -> Conv2d | None:
     return Conv2d(kernel.func.name, kernel.func.params, x, w, bias, y, tuple(xd), tuple(wd),
                   tuple(yd), node.attrs.get("group", 1), tuple(strides), tuple(dilations),
                   tuple(begins), tuple(padded_hw), packed_nr, epilogue(kernel),
-                  _flat_epilogue_reads(kernel, yd), node.outputs[0].type.dtype)
+                  _flat_epilogue_reads(kernel, yd), node.outputs[0].type.dtype, pairs)
 
 
 @dataclass(frozen=True)

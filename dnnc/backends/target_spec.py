@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ..ir.target import Fusion, Target
+from ..ir.target import PRECISIONS, Fusion, Target
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ class TargetSpec:
     # at precision fp16 / bf16 its compiles store float32 models in that type
     # (`Target.half_storage`): its templates read 16-bit operands
     half_storage: bool = False
+    # the values its `precision` option takes (for a target with that option), fp32 first
+    precisions: tuple[str, ...] = PRECISIONS
 
     @property
     def generates_code(self) -> bool:

@@ -29,7 +29,8 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     `target` does not use (also what `dnnc.jit` checks when it decorates). The numpy reference
     runs the graph as imported, so it refuses the llvm options rather than ignore them;
     `outputs` names an array kind, so every target takes the kinds it returns; `precision`
-    (one of `PRECISIONS`) applies to the targets whose products run on tensor cores (cuda),
+    (one of `PRECISIONS`) applies to the targets whose products it changes (cuda's tensor
+    cores, llvm's bf16 products), each taking the values its entry lists (`check_precision`),
     and the others refuse it, fp32 included, rather than ignore it."""
     check_choice("target", target, REGISTRY)
     if outputs is not None:
@@ -41,18 +42,16 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     check_optional_path("dump_ir", dump_ir)
     check_int("cache_size", cache_size, 1, optional=True)
     check_optional_path("tuning_log", tuning_log)
-    if precision is not None:
-        check_choice("precision", precision, PRECISIONS)
     if tuning_log is not None and not os.path.isfile(tuning_log):
         raise ArgumentError(f"tuning_log: no file {os.fspath(tuning_log)!r} (write one with "
                             f"`dnnc tune`)")
     for name, value in {"cpu": cpu, "passes": passes, "dump_ir": dump_ir,
-                        "cache_size": cache_size, "tuning_log": tuning_log,
-                        "precision": precision}.items():
+                        "cache_size": cache_size, "tuning_log": tuning_log}.items():
         if value is not None and name not in REGISTRY[target].options:
             users = using(name)
             raise ArgumentError(f"{name} does not apply to the {target} target, only to "
                                 f"{', '.join(users)}")
+    check_precision(target, precision)
     if cpu is not None and not isinstance(cpu, Target):
         raise ArgumentError(f"cpu must be a dnnc.ir.target.Target (for llvm: "
                             f"backends.llvm.cpu.cpu_from or host_target), not "
@@ -60,6 +59,22 @@ def check_options(target, opt_level=None, *, tuning_log=None, cpu=None, progress
     if cpu is not None and cpu.name != target:
         raise ArgumentError(f"cpu describes a machine for the {cpu.name!r} target, not for "
                             f"{target}")
+
+
+def check_precision(target: str, precision) -> None:
+    """Raise `ArgumentError` for a `precision` that is not one of `PRECISIONS`, or one that
+    `target` does not take (its registry entry's `precisions`; a target without the option
+    takes none, fp32 included)."""
+    if precision is None:
+        return
+    check_choice("precision", precision, PRECISIONS)
+    spec = REGISTRY[target]
+    if "precision" not in spec.options:
+        raise ArgumentError(f"precision does not apply to the {target} target, only to "
+                            f"{', '.join(using('precision'))}")
+    if precision not in spec.precisions:
+        raise ArgumentError(f"precision={precision!r} is not one the {target} target computes "
+                            f"in; it takes {', '.join(spec.precisions)}")
 
 
 def load_graph(model, input_shapes: dict | None = None) -> Graph:
@@ -141,11 +156,13 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     --emit cuda` on a machine without a GPU): `source()` works, calling the model raises
     `DeviceError`. `outputs` is the kind of array a call returns unless its `to=` says
     otherwise: the target's default when None (cuda: "cupy", device arrays; llvm and numpy:
-    "numpy", the only kind they return; cuda also takes "numpy"). `precision` (cuda only) is
-    the arithmetic of dense products and convolutions: "fp32" (the default), or "tf32",
-    "fp16", "bf16": operands rounded to that type on tensor cores, fp32 accumulation; "fp16"
-    and "bf16" also store the model's weights and activations in that type (its inputs and
-    outputs stay float32), each output within `ir.target.model_error_bound(precision)` (16
+    "numpy", the only kind they return; cuda also takes "numpy"). `precision` (cuda and
+    llvm) is the arithmetic of dense products and convolutions: "fp32" (the default), or
+    cuda's "tf32", "fp16", "bf16": operands rounded to that type on tensor cores, fp32
+    accumulation, "fp16" and "bf16" also storing the model's weights and activations in that
+    type (its inputs and outputs stay float32); llvm's "bf16": operands rounded to bf16,
+    products through AVX512_BF16's vdpbf16ps where the CPU has it, else fp32 FMAs, fp32
+    accumulation (docs/llvm_backend.md, "Precision"); each output within `ir.target.model_error_bound(precision)` (16
     units of the precision's roundoff: 7.8e-3 for tf32 and fp16, 6.3e-2 for bf16) of the
     largest fp32 output (docs/cuda_backend.md, "Precision"); `stats["precision"]` reports it. Every argument is checked
     here: a wrong one raises `ArgumentError` naming it; a tensor of static size beyond this

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import logging
 
-from ..backends.registry import REGISTRY, default_target, using
+from ..backends.registry import REGISTRY, default_target
 from ..errors import ArgumentError
 from ..levels import DEFAULT_OPT_LEVEL, OPT_LEVELS
 from ..passes.manager import optimize
-from ..ir.target import PRECISIONS
-from .arguments import check_choice, check_int, check_optional_bool, check_path
-from .driver import load_graph
+from .arguments import check_int, check_optional_bool, check_path
+from .driver import check_precision, load_graph
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +27,7 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     the XGBoost cost model ranks fastest) or "random". `scheduler` is the address of a Dask
     scheduler (`tcp://HOST:8786`) whose workers measure the candidates (`pip install
     dnnc[cluster]`; each worker must be a machine like this one: others refuse).
-    `precision` is the compile's (cuda only, `dnnc.compile`): its records carry it in their
+    `precision` is the compile's (cuda, llvm: `dnnc.compile`): its records carry it in their
     target key, so they apply to compiles at that precision only. A target whose device
     this machine lacks (cuda without a GPU or CuPy) raises `DeviceError` before anything is
     measured or logged."""
@@ -47,11 +46,7 @@ def tune(model, target: str | None = None, *, log, trials: int = 200,
     check_int("trials", trials, 1)
     check_int("opt_level", opt_level, OPT_LEVELS[0], OPT_LEVELS[-1], optional=True)
     check_optional_bool("progress", progress)
-    if precision is not None:
-        check_choice("precision", precision, PRECISIONS)
-        if "precision" not in spec.options:
-            raise ArgumentError(f"precision does not apply to the {target} target, only to "
-                                f"{', '.join(using('precision'))}")
+    check_precision(target, precision)
     if search not in tuner.SEARCHES:
         raise ArgumentError(f"search must be one of {', '.join(tuner.SEARCHES)}, not "
                             f"{search!r}")

@@ -10,10 +10,11 @@ runtime and the passes of one compile get the same Target. Backends probe the ma
 run on (`backends/llvm/cpu.py: host_target`, `backends/cuda/device.py: machine`); this
 module never probes anything.
 
-`precision` is the arithmetic a GPU target's dense products and convolutions may use:
-"fp32" (the default: fp32 FMAs, exact as the reference's order allows), or "tf32", "fp16",
-"bf16": operands rounded to that type and multiplied on tensor cores, accumulated in fp32
-(`backends/cuda/mma.py`). Only the cuda target takes another value (`compile(precision=)`).
+`precision` is the arithmetic a target's dense products and convolutions may use: "fp32"
+(the default: fp32 FMAs, exact as the reference's order allows), or "tf32", "fp16", "bf16":
+operands rounded to that type, accumulated in fp32 (cuda: on tensor cores,
+`backends/cuda/mma.py`; llvm, bf16 only: `vdpbf16ps` or fp32 FMAs, `backends/llvm/bf16.py`).
+Each target's registry entry lists the values it takes (`compile(precision=)`).
 A target with `half_storage` also stores a float32 model in the half type of precision fp16
 or bf16 (weights and activations; `passes/store_half.py`), so that memory traffic halves too.
 """

@@ -5,12 +5,15 @@ A table of rewrites keyed by layout name; a target lists the layouts it wants
 (`Target.layouts`, declared in the target registry), so this pass never reads a target's name.
 "pack_dense": a MatMul or Gemm whose B is a constant becomes MatMulPacked, its B repacked into
 NR-column panels that the dense micro-kernel streams contiguously (GotoBLAS's packed B, done
-once instead of per call). A MatMul whose product only an Add of a constant bias over the last
+once instead of per call); at precision bf16, rounded to bf16 in pairs along K (`pack_pairs`,
+MatMulPacked's precision "bf16"). A MatMul whose product only an Add of a constant bias over the last
 axis reads takes that bias as MatMulPacked's C (simplify already made the 2-D case a Gemm; an
 N-D A has no ONNX op with a bias), so the dense kernel adds it in its epilogue. "pack_conv": a
 2-D Conv with constant weights (any group but depthwise) becomes ConvPacked, its weights in
 the [channel block, C / group, kh, kw, NR] order the conv template's micro-kernel reads as
-one vector per step, a grouped conv's blocks per group. "nhwc_conv" (cuda at a reduced
+one vector per step, a grouped conv's blocks per group; at precision bf16 an ungrouped conv's
+rounded to bf16 in pairs along input channels (`pack_conv_pairs`, ConvPacked's precision
+"bf16"). "nhwc_conv" (cuda at a reduced
 precision: the tensor cores' implicit GEMM copies a patch's channels 16 bytes at a time): an
 ungrouped or depthwise 2-D Conv with constant weights whose channels fill whole 16-byte
 chunks becomes Transpose(NCHW -> NHWC) -> ConvNHWC (weights OHWI, once) -> Transpose(back);
@@ -35,12 +38,17 @@ import numpy as np
 
 from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value
-from ..ir.ops.linalg import pack_panels
-from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_weights
+from ..ir.ops.linalg import PACKED_PRECISIONS, pack_pairs, pack_panels
+from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights
 from ..ir.ops.registry import infer_node
 from ..ir.target import Target
-from ..ir.types import FLOAT_DTYPES, TensorType, float32, int64
+from ..ir.types import FLOAT_DTYPES, TensorType, bfloat16, float32, int64
 from .sink_transposes import positionwise, sink_transposes
+
+PAIRED = tuple(p for p in PACKED_PRECISIONS if p != "fp32")
+"""Target precisions at which "pack_dense" and "pack_conv" pack weights in bf16 pairs
+(MatMulPacked's and ConvPacked's precision): a target whose layouts include them computes
+those products in bf16 (llvm)."""
 
 CHUNK_BYTES = 16
 """A cp.async copy: "nhwc_conv" converts convs whose channels fill whole chunks."""
@@ -72,8 +80,14 @@ def _pack_dense(graph: Graph, node: Node, users, target: Target):
         attrs["alpha"], attrs["beta"] = node.attrs["alpha"], node.attrs["beta"]
         bias = node.inputs[2] if len(node.inputs) > 2 else None
     attrs["n"] = int(weights.shape[1])
-    packed = pack_panels(np.asarray(weights), target.panel("pack_dense"))
-    pv = Value(f"{b.name}.packed", TensorType(float32, packed.shape), const=packed)
+    if target.precision in PAIRED:
+        # bf16 products: B rounded once here, in the pairs along K the kernel multiplies
+        packed = pack_pairs(np.asarray(weights), target.panel("pack_dense"))
+        attrs["precision"] = target.precision
+    else:
+        packed = pack_panels(np.asarray(weights), target.panel("pack_dense"))
+    dtype = bfloat16 if "precision" in attrs else float32
+    pv = Value(f"{b.name}.packed", TensorType(dtype, packed.shape), const=packed)
     inputs = [a, pv] + ([bias] if bias is not None else [])
     types, _, full = infer_node("MatMulPacked", inputs, attrs, 1, node.name)
     if types[0] != outputs[0].type:
@@ -124,10 +138,16 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
         # 80 channels computed, against 3 of 32, 96)
         mg = oc // group
         nr = min((panel, panel // 2), key=lambda b: -(-mg // b) * b)
-    packed = pack_conv_weights(np.asarray(w.const), nr, group)
-    pv = Value(f"{w.name}.packed", TensorType(float32, packed.shape), const=packed)
     attrs = dict(node.attrs, oc=oc,
                  kernel_shape=list(node.attrs.get("kernel_shape") or w.const.shape[2:]))
+    if target.precision in PAIRED and group == 1:
+        # bf16 products: the weights rounded once here, in pairs along input channels
+        packed = pack_conv_pairs(np.asarray(w.const), nr)
+        attrs["precision"] = target.precision
+    else:
+        packed = pack_conv_weights(np.asarray(w.const), nr, group)
+    dtype = bfloat16 if "precision" in attrs else float32
+    pv = Value(f"{w.name}.packed", TensorType(dtype, packed.shape), const=packed)
     inputs = [x, pv] + list(node.inputs[2:])
     types, _, full = infer_node("ConvPacked", inputs, attrs, 1, node.name)
     if types[0] != node.outputs[0].type:

@@ -592,7 +592,8 @@ def parse_args(argv):
                    help="draw this op generator (e.g. qdq) 12 times as often; other cases "
                         "than without it (repeatable)")
     p.add_argument("--precision", default="fp32", choices=("fp32", *UNIT_ROUNDOFF),
-                   help="compile at this precision (cuda: tensor cores, half storage) and "
+                   help="compile at this precision (cuda: tensor cores, half storage; "
+                        "llvm: bf16 dense products) and "
                         f"allow {PRECISION_UNITS} units of its roundoff (default fp32)")
     args = p.parse_args(argv)
     problems = []

@@ -264,6 +264,25 @@ def test_compile_then_run_the_artifact(tmp_path, capsys):
     assert out.splitlines()[-1].startswith(f"artifact: dnnc {dnnc.__version__}, target llvm")
 
 
+def test_compile_and_bench_at_bf16_on_llvm(tmp_path, capsys):
+    """--precision bf16 on llvm: the artifact records it (and `run` refuses another
+    --precision for it); bench compiles at it; tf32 is refused naming what llvm takes."""
+    path = mlp_file(tmp_path, capsys)
+    out_file = tmp_path / "mlp.dnnc"
+    code, out, err = run_cli(capsys, "compile", path, "--target", "llvm", "-o", out_file,
+                             "--precision", "bf16", "--no-cache", "--json")
+    assert code == 0, err
+    assert dnnc.load(out_file).stats["precision"] == "bf16"
+    code, out, err = run_cli(capsys, "run", out_file, "--precision", "fp32")
+    assert code != 0 and "was compiled at precision bf16, not fp32" in err
+    code, out, err = run_cli(capsys, "bench", path, "--target", "llvm", "--precision", "bf16",
+                             "--no-onnxruntime", "--repeat", "3", "--json")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "compile", path, "--target", "llvm", "-o", out_file,
+                             "--precision", "tf32")
+    assert code != 0 and "precision='tf32' is not one the llvm target computes in" in err
+
+
 def test_run_onnx_with_random_inputs_and_a_symbolic_batch(tmp_path, capsys):
     path = mlp_file(tmp_path, capsys, batch="N")
     code, out, err = run_cli(capsys, "run", path, "--random", "--dim", "N=3", "--seed", "4",

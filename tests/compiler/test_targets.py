@@ -214,7 +214,9 @@ def test_entries_are_consistent():
     assert REGISTRY["llvm"].versions()[0] == llvmlite.__version__
     assert REGISTRY["llvm"].cpu_from("x86-64", None).cpu == "x86-64"
     assert using("cpu") == ["llvm"]
-    assert using("precision") == ["cuda"]   # tensor cores (docs/cuda_backend.md, Precision)
+    # cuda's tensor cores (docs/cuda_backend.md, Precision), llvm's bf16 products
+    assert using("precision") == ["llvm", "cuda"]
+    assert REGISTRY["llvm"].precisions == ("fp32", "bf16")
     assert REGISTRY["llvm"].layouts == ("pack_dense", "pack_conv")
     assert [n for n, s in REGISTRY.items() if s.cached] == ["llvm", "cuda"]
 

@@ -42,6 +42,35 @@ def test_constant_weights_are_packed_and_results_kept(rng, op, attrs):
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op, attrs", [("MatMul", {}), ("Gemm", {"transB": 1, "beta": 2.0})])
+def test_at_bf16_weights_are_rounded_once_in_pairs_along_k(rng, op, attrs):
+    """precision bf16: B [K=7, N=11] as bf16 pairs [1 panel, 4 pairs, 16, 2] (K padded with a
+    zero row), and the graph means the product of A and B rounded to bf16."""
+    import dataclasses
+
+    import ml_dtypes
+
+    g = _graph(rng, op, **attrs)
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    b = g.nodes[0].inputs[1].const
+    b = b.T if attrs.get("transB") else b
+    c = g.nodes[0].inputs[2].const * attrs.get("beta", 1.0) if op == "Gemm" else 0.0
+    assert convert_layout(g, dataclasses.replace(CPU, precision="bf16")) == 1
+    g.verify()
+    node = g.nodes[0]
+    assert node.op == "MatMulPacked" and node.attrs["precision"] == "bf16"
+    packed = node.inputs[1]
+    assert packed.type == T.TensorType(T.bfloat16, (1, 4, 16, 2))
+    np.testing.assert_array_equal(packed.const[0, :, :11].transpose(0, 2, 1).reshape(8, 11)[:7],
+                                  b.astype(ml_dtypes.bfloat16))
+    assert not packed.const[0, 3, :, 1].astype(np.float32).any()   # k = 7: zero padding
+    rounded = x.astype(ml_dtypes.bfloat16).astype(np.float64) @ \
+        b.astype(ml_dtypes.bfloat16).astype(np.float64) + c
+    for target in ("numpy", "llvm"):
+        np.testing.assert_allclose(dnnc.compile(g, target=target).run(x)[0], rounded,
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_variable_weights_and_transposed_a_are_left_alone(rng):
     assert convert_layout(_graph(rng, "MatMul", b_const=False), CPU) == 0
     assert convert_layout(_graph(rng, "Gemm", transA=0, b_const=False), CPU) == 0

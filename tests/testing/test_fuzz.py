@@ -732,8 +732,19 @@ def test_precision_reaches_the_worker_and_is_checked(tmp_path):
                             "--quiet", "--out", str(tmp_path)])
     summary = fuzz.fuzz(args)
     assert summary["cases"] == 1 and sum(summary["errors"].values()) == 1
-    assert list(summary["errors"]) == ["llvm:ArgumentError"]   # (dnnc.errors: "precision
-    # does not apply to the llvm target")
+    assert list(summary["errors"]) == ["llvm:ArgumentError"]   # (dnnc.errors:
+    # "precision='fp16' is not one the llvm target computes in")
+
+
+def test_llvm_at_bf16_passes_a_run_of_dense_cases(tmp_path):
+    """--target llvm --precision bf16: MatMul and Gemm cases with constant weights (packed in
+    bf16 pairs, multiplied by vdpbf16ps where the CPU has it) agree with the fp32 reference
+    within bf16's tolerance."""
+    args = fuzz.parse_args(["--cases", "12", "--seed", "32", "--precision", "bf16",
+                            "--boost", "matmul", "--boost", "gemm", "--no-onnxruntime",
+                            "--no-minimize", "--quiet", "--out", str(tmp_path)])
+    summary = fuzz.fuzz(args)
+    assert summary["passed"] == 12, summary
 
 
 @pytest.mark.parametrize("index", [29, 60, 171, 251])

@@ -1,9 +1,9 @@
 """The `llvm` target's artifact codec: what its runtime adds to an artifact's manifest (the
-triple, CPU name and features the code was compiled for, threads, opt level, tuned configs,
-the plan, one entry per compiled specialisation) and members (`segments/K.o`, the object code
-MCJIT ran; `.ll` and `.loop`, its LLVM IR and loop IR for `source()` after a load), the checks
-a load makes before it trusts them (another architecture, CPU features this machine lacks),
-and the runtime rebuilt from them without passes or lowering. `compiler/artifact.py` owns the
+triple, CPU name and features the code was compiled for, threads, opt level, precision, tuned
+configs, the plan, one entry per compiled specialisation) and members (`segments/K.o`, the
+object code MCJIT ran; `.ll` and `.loop`, its LLVM IR and loop IR for `source()` after a
+load), the checks a load makes before it trusts them (another architecture, CPU features this
+machine lacks, bf16 products without AVX512_BF16), and the runtime rebuilt from them without passes or lowering. `compiler/artifact.py` owns the
 container; the registry names these three functions as the target's `ArtifactCodec`.
 
 llvmlite is imported when a function runs, never on import: listing the targets needs none.
@@ -17,6 +17,7 @@ from dataclasses import replace
 from ...errors import ArgumentError, ArtifactError
 from ...ir.graph import Graph
 from ...ir.target import Target
+from .bf16 import BF16_FEATURES, PRECISIONS
 from ..manifest import (MAX_ARENA, MAX_SLOTS, check_segments, check_tuned, export_tuned,
                         is_int, need, strs, type_doc, type_from)
 
@@ -28,7 +29,8 @@ def export(runtime, manifest: dict, files: dict) -> None:
     manifest["target"] = {
         "name": target.name, "triple": llvm.get_process_triple(), "cpu": target.cpu,
         "features": sorted(target.feature_set), "feature_string": target.features,
-        "threads": runtime.threads, "opt_level": runtime.opt_level}
+        "threads": runtime.threads, "opt_level": runtime.opt_level,
+        "precision": target.precision}
     export_tuned(runtime, manifest["target"])
     manifest["plan"] = runtime.plan()
     segments = []
@@ -78,6 +80,13 @@ def check(manifest: dict, path) -> None:
                             f"{triple}")
     host = host_target()
     missing = sorted(set(target["features"]) - host.feature_set)
+    bf16 = target.get("precision") == "bf16" and BF16_FEATURES & set(missing)
+    if bf16:
+        raise ArtifactError(
+            f"{path}: compiled at precision bf16 for CPU {target['cpu']}, whose products run "
+            f"on AVX512_BF16 (vdpbf16ps); this machine ({host.cpu}) lacks "
+            f"{', '.join(sorted(bf16))}: recompile the model here with precision='bf16' "
+            f"(the same bf16-rounded operands through fp32 FMAs)")
     if missing:
         raise ArtifactError(
             f"{path}: compiled for CPU {target['cpu']} with feature(s) this machine "
@@ -91,7 +100,8 @@ def _check_manifest(manifest: dict) -> None:
     need(type(target) is dict and all(type(target.get(k)) is str
                                       for k in ("triple", "cpu", "feature_string")) and
          strs(target.get("features")) and is_int(target.get("threads"), 1, 1 << 16) and
-         is_int(target.get("opt_level"), 0, 3), "target")
+         is_int(target.get("opt_level"), 0, 3) and
+         target.get("precision", "fp32") in PRECISIONS, "target")
     check_tuned(target)
     check_segments(manifest, _segment)
 
@@ -115,7 +125,8 @@ def restore(spec, graph: Graph, manifest: dict, read, progress):
     # the CPU the code was compiled for, on this machine's threads (a shape compiled after
     # the load is scheduled for them)
     machine = spec.target(
-        replace(host_target(), cpu=target["cpu"], features=target["feature_string"]))
+        replace(host_target(), cpu=target["cpu"], features=target["feature_string"]),
+        target.get("precision", "fp32"))   # (older artifacts: fp32, the only one there was)
     images = []
     for entry in manifest["segments"]:
         images.append(SegmentImage(

@@ -26,6 +26,7 @@ from llvmlite import ir
 from ...ir import loop as L
 from ...ir import types as T
 from ..legalize import check_legal, legalize
+from . import bf16
 from .primitives import BINARY, CALLS, CASTS, I1, I8, I16, I32, I64, PTR, cast_class, \
     compute_type, intrinsic_suffix, memory_type, op_class
 from .vectorize import VectorLoop, vectorizable
@@ -38,7 +39,7 @@ STACK_SCRATCH = 1 << 16
 """Bytes a kernel's scratch buffer may have to live on the stack (else malloc'd)."""
 
 NATIVE: frozenset[str] = frozenset()
-"""Legalize rules whose ops this renderer renders itself: none. LLVM has no exact rsqrt or
+"""Legalize rules whose ops this renderer renders itself on every CPU: none. LLVM has no exact rsqrt or
 sigmoid instruction, and its direct double -> half and float -> bfloat conversions call
 compiler-rt helpers (__truncdfhf2, __truncsfbf2) the JIT's process may lack."""
 
@@ -66,8 +67,11 @@ def workspace_params(func: L.PrimFunc) -> tuple[L.PrimFunc, list[L.Buffer]]:
 class ModuleBuilder:
     """Collects kernels into one LLVM module."""
 
-    def __init__(self, name: str = "dnnc"):
+    def __init__(self, name: str = "dnnc", features: frozenset[str] = frozenset()):
+        """`features`: the CPU's (`Target.feature_set`), which decide the ops rendered
+        natively beyond `NATIVE` (`bf16.native`: vdpbf16ps)."""
         self.module = ir.Module(name=name)
+        self.native = NATIVE | bf16.native(features)
         self._decls: dict[str, ir.Function] = {}
         self.parallel_for = ir.Function(
             self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64]), "dnnc_parallel_for")
@@ -89,8 +93,8 @@ class ModuleBuilder:
             L.verify(func, placement=False)
         except L.LoopIRError as exc:
             raise CodegenError(str(exc)) from None
-        func = legalize(L.index_checks.hoist(func, CHECKS_HOIST_FROM), NATIVE)
-        check_legal(func, NATIVE)   # (~1% of compile time: mobilenet_v2 44 ms of 5.7 s)
+        func = legalize(L.index_checks.hoist(func, CHECKS_HOIST_FROM), self.native)
+        check_legal(func, self.native)   # (~1% of compile time: mobilenet_v2 44 ms of 5.7 s)
         return _FunctionBuilder(self, func, noalias).build()
 
     def add_entry(self, name: str, calls: list[tuple[str, list[tuple[str, int]]]]) -> None:

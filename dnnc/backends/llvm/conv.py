@@ -24,6 +24,11 @@ group's channel slice a conv of its own: packed weights hold each group's channe
 (ConvPacked), the group is part of the one parallel loop, a tile never straddles two groups;
 same knobs. Group 1 gives the loop IR it always did.
 
+At precision bf16 (`Conv2d.pairs`: one group's weights packed in bf16 pairs of input
+channels) `conv2d` and `pointwise` read the image as bf16 pairs of channels made once a call
+(`bf16.pair_planes`) and reduce over pairs, one `dot_bf16x2` (vdpbf16ps) a step; the GEMM of
+`pointwise_gemm` is the dense template's.
+
 The problem is a `problems.Conv2d` (float32 NCHW, static shapes).
 """
 
@@ -37,7 +42,7 @@ from ...ir import types as T
 from .. import problems
 from ..problems import Conv2d
 from ..space import Constraint, Space, Template
-from . import dense
+from . import bf16, dense
 
 MIN_PARALLEL_MACS = 1 << 20
 """Multiply-adds below which a conv runs on one thread: waking the pool costs microseconds,
@@ -285,7 +290,9 @@ def conv2d_build(p: Conv2d, config: ConvConfig, machine) -> L.PrimFunc:
         body = L.Allocate(wpk, body)
     if conv.pad_stmt is not None:
         body = L.Allocate(conv.xpad, body)
-    return L.simplify(L.PrimFunc(p.name, p.params, body))
+    # (weights in bf16 pairs: the parameter as the uint32 words the body reads)
+    params = tuple(wpk if x.name == wpk.name else x for x in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, body))
 
 
 class _DirectConv:
@@ -304,7 +311,13 @@ class _DirectConv:
         self.mg = oc // groups               # output channels of a group
         self.ocb_n = ocb_n = -(-self.mg // nr)   # channel blocks of a group
         self.par = parallel_kind(machine.threads, n * oc * oh * ow * cg * kh * kw)
-        self.xpad, self.pad_stmt = pad_input(p, self.par)
+        if p.pairs:   # the image and the weights in bf16 pairs of input channels
+            self.xpad, self.pad_stmt = bf16.pair_planes(p.x, p.x_dims, p.begins, p.padded_hw,
+                                                        self.par)
+        else:
+            self.xpad, self.pad_stmt = pad_input(p, self.par)
+        # steps of the reduction over input channels: channels, or pairs of them
+        self.depth = -(-cg // 2) if p.pairs else cg
         self.q, self.ic, self.r, self.s, self.jj = (L.Var(v) for v in ("q", "ic", "r", "s",
                                                                        "j"))
         self.ii, self.pb = L.Var("ii"), L.Var("pb")
@@ -348,6 +361,8 @@ class _DirectConv:
         channel), and the loop packing them (None: convert_layout packed them)."""
         p, nr, mg, ocb_n, groups = self.p, self.nr, self.mg, self.ocb_n, self.groups
         q, ic, r, s, jj = self.q, self.ic, self.r, self.s, self.jj
+        if p.pairs:   # each (pair of channels, tap, output channel) one word of two bf16
+            return L.Buffer(p.w.name, T.uint32, L.static_shape(p.w.shape)[:5]), None
         if p.packed_nr:
             return p.w, None   # convert_layout packed the weights at compile time
         wpk = L.Buffer("wpack", T.float32, (groups * ocb_n, self.cg, self.kh, self.kw, nr))
@@ -373,16 +388,19 @@ class _DirectConv:
                                         self.s, self.acc)
         (sh, sw), (dh, dw) = p.strides, p.dilations
         ow = self.ow
-        a = L.Var("a", T.float32)
+        a = L.Var("a", T.uint32 if p.pairs else T.float32)
         # pixels past the image's end repeat; not stored
         pix = L.minimum(self.p0 + ii, self.pixels_n - 1)
-        load = self.xpad[self.bn, self.channel0 + ic, (pix // ow) * sh + r * dh,
-                         (pix % ow) * sw + s * dw]
+        row, col = (pix // ow) * sh + r * dh, (pix % ow) * sw + s * dw
+        if len(self.xpad.shape) == 3:   # (bf16 pairs of an unpadded image: flat planes)
+            load = self.xpad[self.bn, self.channel0 + ic, row * p.padded_hw[1] + col]
+        else:
+            load = self.xpad[self.bn, self.channel0 + ic, row, col]
+        w, at = wpk[self.block0, ic, r, s, jj], ii * nr + jj
+        value = bf16.product(acc[at], a, w) if p.pairs else L.call("fma", a, w, acc[at])
         step = L.For(ii, self.mr, L.Let(a, load, L.For(
-            jj, nr, L.Store(acc, (ii * nr + jj,), L.call(
-                "fma", a, wpk[self.block0, ic, r, s, jj], acc[ii * nr + jj])),
-            L.ForKind.VECTORIZED)), L.ForKind.UNROLLED)
-        return L.For(ic, self.cg, L.For(r, self.kh, L.For(s, self.kw, step)))
+            jj, nr, L.Store(acc, (at,), value), L.ForKind.VECTORIZED)), L.ForKind.UNROLLED)
+        return L.For(ic, self.depth, L.For(r, self.kh, L.For(s, self.kw, step)))
 
     def store(self) -> L.Stmt:
         """The tile's results through bias and the fused epilogue into Y: a vector per
@@ -423,11 +441,12 @@ class _DirectConv:
         """A strip's tiles, each reduced and stored; with a chunk, the reduction in slices
         of `chunk` input channels, each slice over a span of up to CHUNK_TILES tiles before
         the next, partial sums waiting in `part` between slices."""
-        strip_tiles, tiles_n, cg, pb = self.strip_tiles, self.tiles_n, self.cg, self.pb
+        strip_tiles, tiles_n, cg, pb = self.strip_tiles, self.tiles_n, self.depth, self.pb
         init, reduction, store = self.init(), self.reduction(wpk), self.store()
         strip_len = L.const(strip_tiles) if tiles_n % strip_tiles == 0 else \
             L.minimum(L.const(strip_tiles), tiles_n - self.strip * strip_tiles)  # last: short
-        chunk = self.config.chunk if 0 < self.config.chunk < cg else 0
+        chunk = -(-self.config.chunk // 2) if self.p.pairs else self.config.chunk
+        chunk = chunk if 0 < chunk < cg else 0
         if not chunk:
             return L.For(pb, strip_len, L.Allocate(self.acc, L.seq(init, reduction, store)))
         ii, jj, mr, nr, acc = self.ii, self.jj, self.mr, self.nr, self.acc
@@ -517,6 +536,18 @@ def pointwise_order(p: Conv2d, channels: int, pixels: int) -> str:
     return "channels" if channels_cost < pixels_cost else "pixels"
 
 
+def _pointwise_operands(p: Conv2d, par: L.ForKind) -> tuple:
+    """(the image as [N, C, H * W], the weights, the reduction's steps, the statement making
+    the image's operand or None) as `pointwise_build` reads them: with bf16 pairs (one
+    group), the image's channel pairs made once a call and the weights' uint32 words."""
+    n, c, h, wid = p.x_dims
+    if not p.pairs:
+        return L.Buffer(p.x.name, T.float32, (n, c, h * wid)), p.w, p.w_dims[1], None
+    xf, pairing = bf16.pair_planes(p.x, p.x_dims, (0, 0), (h, wid), par)
+    w = L.Buffer(p.w.name, T.uint32, L.static_shape(p.w.shape)[:5])
+    return xf, w, -(-p.w_dims[1] // 2), pairing
+
+
 def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
     """A 1x1 stride-1 unpadded conv as a GEMM with the pixels in the vector lanes: an
     output tile is CM channels by PW consecutive pixels, each step one broadcast weight per
@@ -526,20 +557,26 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
     cost more than the multiply-adds). A grouped conv is one such GEMM a group (its input
     channels by its output channels), the groups between the images and the pixel blocks
     of the one parallel loop; a tile never straddles two groups."""
-    n, c, h, wid = p.x_dims
+    n, _, h, wid = p.x_dims
     oc, cg = p.w_dims[:2]
     ow = p.y_dims[3]
     then = p.epilogue
-    w, bias, y, x = p.w, p.bias, p.y, p.x
+    bias, y = p.bias, p.y
     groups = p.group
     mg = oc // groups
     hw = h * wid
-    xf = L.Buffer(x.name, T.float32, (n, c, hw))
     yf = L.Buffer(y.name, y.dtype, (n, oc, hw))
     ic, cm, q, t = L.Var("ic"), L.Var("cm"), L.Var("q"), L.Var("t")
-    a = L.Var("a", T.float32)
+    a = L.Var("a", T.uint32 if p.pairs else T.float32)
     nr = p.packed_nr
     blocks = -(-mg // nr) if nr else 0   # packed blocks a group
+    par = parallel_kind(machine.threads, n * oc * hw * cg)
+    xf, w, depth, pairing = _pointwise_operands(p, par)
+
+    def product(acc_at, image):   # the step's multiply-add into acc_at
+        if p.pairs:
+            return bf16.product(acc_at, a, image)
+        return L.call("fma", a, image, acc_at)
 
     def weight(g, j):   # output channel j of group g (None: the only group)
         if not nr:
@@ -556,7 +593,7 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
                                                              L.const(0.0)), vec),
                      L.ForKind.UNROLLED)
         step = L.For(cm, channels, L.Let(a, weight(g, j0 + cm), L.For(q, width, L.Store(
-            acc, (cm * width + q,), L.call("fma", a, xf[bn, ci, p0 + q], acc[cm * width + q])),
+            acc, (cm * width + q,), product(acc[cm * width + q], xf[bn, ci, p0 + q])),
             vec)), L.ForKind.UNROLLED)
         o = j0 + cm if g is None else g * mg + j0 + cm
         px = p0 + q
@@ -569,7 +606,7 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
                      (bn, o, px // ow, px % ow))
         store = L.For(cm, channels, L.For(q, width, L.Store(yf, (bn, o, px), value), vec),
                       L.ForKind.UNROLLED)
-        return L.Allocate(acc, L.seq(init, L.For(ic, cg, step), store))
+        return L.Allocate(acc, L.seq(init, L.For(ic, depth, step), store))
 
     # a last block of channels or pixels that would be partial starts earlier instead,
     # overlapping the one before (its values are computed twice, identically): every block
@@ -602,9 +639,12 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
         run = L.For(r, per_run, tile)
     else:   # the last run is short
         run = L.For(r, L.minimum(L.const(per_run), inner_n - (unit % runs) * per_run), tile)
-    par = parallel_kind(machine.threads, n * oc * hw * cg)
     main = L.For(t, n * groups * units, run, par)
-    return L.simplify(L.PrimFunc(p.name, p.params, main))
+    if pairing is None:
+        return L.simplify(L.PrimFunc(p.name, p.params, main))
+    # (weights in bf16 pairs: the parameter as the uint32 words the body reads)
+    params = tuple(w if v.name == w.name else v for v in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, L.Allocate(xf, L.seq(pairing, main))))
 
 
 def pointwise_gemm_applies(p: problems.PointwiseDense) -> bool:

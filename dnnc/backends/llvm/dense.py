@@ -15,6 +15,11 @@ once per row block and read by its tiles (`MIN_PACK_TILES` or more), instead of 
 reading B's rows a whole row of B apart (traced 128x768 @ 768x3072, 2 threads: 17 ms, from
 about 27; with B packed at compile time 13 ms).
 
+At precision bf16 (`Dense.pairs`: B packed in bf16 pairs along K) each tile's rows of A are
+rounded to bf16 pairs once per row block and k-slice (`bf16.PairedA`, in the workspace every
+panel reads) and the k loop runs over pairs, one `dot_bf16x2` (vdpbf16ps) per pair; kc stays
+even so that no pair straddles two slices.
+
 The problem is a `problems.Dense` (2-D products, batch dims of A folded into rows, and
 batched products with equal batch dims). Knobs (`DenseConfig`): mr, nr, kc and mc_tiles
 (MC = mc_tiles x MR); a packed B fixes nr to its panel width.
@@ -32,6 +37,7 @@ from .. import problems
 from ..lower import STORE_REMAPS
 from ..problems import Dense
 from ..space import Constraint, Space, Template
+from . import bf16
 
 LAYOUT_TAILS = {op: frozenset(STORE_REMAPS) for op in problems.DENSE_OPS}
 """anchor op -> the layout ops after its epilogue this template stores through (fuse_ops'
@@ -72,6 +78,10 @@ def space(p: Dense, machine) -> Space:
         constraints.append(Constraint(
             f"nr == {p.packed_panel}: B is packed in panels of {p.packed_panel} columns",
             lambda c: c.nr == p.packed_panel))
+    if p.pairs:
+        constraints.append(Constraint(
+            f"kc even or kc == k = {p.k}: B's bf16 pairs along k never straddle two slices",
+            lambda c: c.kc % 2 == 0 or c.kc == p.k))
     return Space("dense", DenseConfig, {"mr": range(1, 9), "nr": sorted(widths),
                                         "kc": sorted(slices),
                                         "mc_tiles": range(1, min(p.m, 64) + 1)}, constraints)
@@ -136,7 +146,9 @@ class _Views:
         self.p, self.nr = p, nr
         batch, m, n, k = p.batch, p.m, p.n, p.k
         self.a = L.Buffer(p.a.name, T.float32, p.a_dims)
-        if p.packed_panel:
+        if p.pairs:   # each (pair of k, column) one 32-bit word of two bf16
+            self.b = L.Buffer(p.b.name, T.uint32, p.b_dims[:3])
+        elif p.packed_panel:
             self.b = L.Buffer(p.b.name, T.float32, p.b_dims)
         else:
             self.b = L.Buffer(p.b.name, T.float32, (batch if p.b_batched else 1,) +
@@ -150,6 +162,7 @@ class _Views:
         return self.a[self.p.a_index(bi, i, kk)]
 
     def b_at(self, bi, kk, j) -> L.Expr:
+        """B[kk, j] (with B in pairs: the word of pair kk of column j)."""
         if self.p.packed_panel:
             return self.b[j // self.nr, kk, j % self.nr]
         bb = bi if self.p.b_batched else 0
@@ -193,6 +206,8 @@ class _Blocking:
         # when two or more panels read it (`pack_a`); set by `loops`
         self.apack: L.Buffer | None = None
         self.ablock: L.Expr = L.const(0)
+        # A rounded to bf16 in pairs, packed per row block, when B is in pairs (`loops`)
+        self.paired: bf16.PairedA | None = None
 
     def loops(self, threads: int) -> L.Stmt:
         p, nr, bi, mb = self.p, self.nr, self.bi, self.mb
@@ -204,7 +219,11 @@ class _Blocking:
         # 1024->256 at 14x14 as three row blocks, each a parallel loop of its 8 panels, kept
         # 8 of 16 cores busy: 3.4x)
         by_panels = threads > 1 and n_mb * p.batch < threads and n_main // nr >= 2
-        if p.trans_a and p.n >= 2 * nr:
+        if p.pairs:
+            self.paired = bf16.PairedA(self.views.a_at, p.k, self.kc, self.mr, self.lanes,
+                                       p.batch * n_mb, self.mc // self.mr)
+            self.apack, self.ablock = self.paired.buffer, bi * n_mb + mb
+        elif p.trans_a and p.n >= 2 * nr:
             # a workspace (`codegen.workspace_params`: the caller's memory, nothing allocated
             # per call; malloc'd per row block it cost resnet50 5% at 1 thread), a slot per
             # row block
@@ -291,6 +310,9 @@ class _Blocking:
         p, mr, kc, kb = self.p, self.mr, self.kc, self.kb
         kk, ii = L.Var("pk"), L.Var("pi")
         i0 = self.mb * self.mc + self.ib * mr
+        if self.paired is not None:
+            return L.If(i0 < p.m, self.paired.pack(
+                self.bi, lambda r: L.minimum(i0 + r, p.m - 1), kb, self.ablock, self.ib))
         row = L.minimum(i0 + ii, p.m - 1)
         depth = L.minimum(L.const(kc), p.k - kb * kc)
         copy = L.For(kk, depth, L.For(ii, mr, L.Store(
@@ -332,20 +354,27 @@ class _Blocking:
                                                           views.y_at(bi, row, j0, jj))
         init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), start), vec),
                      L.ForKind.UNROLLED)
-        a = L.Var("a", T.float32)
+        a = L.Var("a", T.uint32 if self.paired else T.float32)
 
         def update(k_in_slice: L.Expr, part: int) -> L.Stmt:
-            kglob = kb * kc + k_in_slice
-            b = views.b_at(bi, kglob, j0 + jj) if panel is None else \
-                panel[k_in_slice * width + jj]
             at = part * mr * width + ii * width + jj
-            a_value = views.a_at(bi, row, kglob) if self.apack is None else \
-                self.apack[self.a_slot(k_in_slice, ii)]
+            if self.paired is not None:   # k_in_slice: a pair of the slice
+                a_value = self.apack[self.paired.slot(self.ablock, self.ib, ii, k_in_slice)]
+                b = views.b_at(bi, kb * (kc // 2) + k_in_slice, j0 + jj)
+                value = bf16.product(acc[at], a, b)
+            else:
+                kglob = kb * kc + k_in_slice
+                b = views.b_at(bi, kglob, j0 + jj) if panel is None else \
+                    panel[k_in_slice * width + jj]
+                a_value = views.a_at(bi, row, kglob) if self.apack is None else \
+                    self.apack[self.a_slot(k_in_slice, ii)]
+                value = L.call("fma", a, b, acc[at])
             return L.For(ii, mr, L.Let(a, a_value, L.For(
-                jj, width, L.Store(acc, (at,), L.call("fma", a, b, acc[at])), vec)),
-                L.ForKind.UNROLLED)
+                jj, width, L.Store(acc, (at,), value), vec)), L.ForKind.UNROLLED)
 
         depth = L.minimum(L.const(kc), p.k - kb * kc)
+        if self.paired is not None:
+            depth = (depth + 1) // 2
         if splits == 1:
             kloop = L.For(kk, depth, update(kk, 0))
         else:
@@ -392,5 +421,5 @@ def _panels_contiguous(where, anchor_index, rows: int, n: int, nr: int, n_main: 
     return bool(np.array_equal(comps[-1], comps[-1][:, first] + (cols - first)))
 
 
-# (float32 only: 16-bit storage takes the default template)
+# (float32 and bf16 products: 16-bit storage takes the default template)
 DENSE = Template("dense", problems.dense, lambda p: p.float32, space, default, build)

@@ -8,7 +8,7 @@ import importlib.util
 
 from ...ir.target import Target
 from ..target_spec import ArtifactCodec, TargetSpec, lazy
-from . import FUSION, artifact, panels
+from . import FUSION, artifact, bf16, panels
 
 
 def runtime(graph, opt_level: int, target: Target, progress=None, reuse_memory=True,
@@ -58,7 +58,9 @@ def about() -> str:
 
 SPEC = TargetSpec(
     "llvm", "native code for this CPU through LLVM", runtime, returns=("numpy",),
-    options=("cpu", "passes", "dump_ir", "cache_size", "tuning_log"),
+    options=("cpu", "passes", "dump_ir", "cache_size", "tuning_log", "precision"),
+    # bf16: dense products on bf16-rounded operands, fp32 accumulation (docs/llvm_backend.md)
+    precisions=bf16.PRECISIONS,
     emits={"llvm-ir": ".ll", "asm": ".s", "loop": ".loop"}, source_aliases=("llvm",),
     codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
     runs_passes=True, machine=host,

@@ -178,7 +178,7 @@ class _CompiledSegment(CompiledSegment):
         step = program.step
         unique, self.calls, self.arena_bytes = _with_workspace(program)
         self.arena_workspace_bytes = self.arena_bytes - program.arena_bytes
-        mb = ModuleBuilder(f"segment{step.index}")
+        mb = ModuleBuilder(f"segment{step.index}", rt.target.feature_set)
         for func, noalias in unique:
             mb.add(func, noalias=noalias)
         mb.add_entry("entry", [(c.func, c.args) for c in self.calls])

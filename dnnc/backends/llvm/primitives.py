@@ -95,6 +95,69 @@ def _int_min_max(pred: str, signed: bool) -> Callable:
     return emit
 
 
+class _BFloat(ir.Type):
+    """LLVM's `bfloat` (llvmlite spells no such type): only the operand type of `vdpbf16ps`'s
+    intrinsic, reached by bitcasting 32-bit words of pairs."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _BFloat)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+DPBF16_WIDTHS = (16, 8, 4)
+"""Lanes of `vdpbf16ps` (512, 256 and 128 bits), widest first: a vector is done in chunks."""
+
+
+def _dot_bf16x2(em, acc, a, b):
+    """`dot_bf16x2` (`ir/loop/nodes.INTRINSICS`) as AVX512_BF16's vdpbf16ps, emitted only
+    where the CPU has it (legalize expands it elsewhere): a scalar as lane 0 of the 128-bit
+    form, a vector in chunks of 16, 8 and 4 lanes (the last padded with lane 0's values)."""
+    count = acc.type.count if isinstance(acc.type, ir.VectorType) else 0
+    if not count:
+        lanes = [em.b.insert_element(ir.Constant(ir.VectorType(x.type, 4), ir.Undefined), x,
+                                     ir.Constant(I32, 0)) for x in (acc, a, b)]
+        return em.b.extract_element(_dpbf16(em, *lanes), ir.Constant(I32, 0))
+    parts, start = [], 0
+    while start < count:
+        width = next((w for w in DPBF16_WIDTHS if w <= count - start), DPBF16_WIDTHS[-1])
+        picks = [start + k if start + k < count else 0 for k in range(width)]
+        parts.append(_dpbf16(em, *(_lanes(em, x, picks) for x in (acc, a, b))))
+        start += width
+    out = parts[0]
+    for part in parts[1:]:
+        out = _concat(em, out, part)
+    return out if out.type.count == count else _lanes(em, out, list(range(count)))
+
+
+def _lanes(em, x, picks):
+    mask = ir.Constant(ir.VectorType(I32, len(picks)), picks)
+    return em.b.shuffle_vector(x, ir.Constant(x.type, ir.Undefined), mask)
+
+
+def _concat(em, x, y):
+    """x's lanes then y's, y no wider than x (shufflevector takes operands of one type)."""
+    n, m = x.type.count, y.type.count
+    if m < n:
+        y = _lanes(em, y, [k if k < m else 0 for k in range(n)])
+    picks = list(range(n)) + [n + k for k in range(m)]
+    return em.b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, n + m), picks))
+
+
+def _dpbf16(em, acc, a, b):
+    """One vdpbf16ps on `acc` (<w x float>) and the pairs in `a`, `b` (<w x i32>)."""
+    width = acc.type.count
+    pairs = ir.VectorType(_BFloat(), 2 * width)
+    bits = {16: 512, 8: 256, 4: 128}[width]
+    fn = em.mb.declare(f"llvm.x86.avx512bf16.dpbf16ps.{bits}", acc.type,
+                       [acc.type, pairs, pairs])
+    return em.b.call(fn, [acc, em.b.bitcast(a, pairs), em.b.bitcast(b, pairs)])
+
+
 BINARY: dict[tuple[str, str], Callable] = {
     ("f", "+"): lambda em, a, b: em.b.fadd(a, b),
     ("f", "-"): lambda em, a, b: em.b.fsub(a, b),
@@ -134,6 +197,7 @@ CALLS: dict[tuple[str, str], Callable] = {
     **{("f", name): _libm(name) for name in ("erf", "asinh", "acosh", "atanh", "log1p",
                                              "expm1", "fmod", "atan2")},
     ("f", "neg"): lambda em, x: em.b.fneg(x),
+    ("f", "dot_bf16x2"): _dot_bf16x2,
     # legalize's primitives: C's truncating quotient and remainder, the divisor made safe
     ("s", "idiv"): lambda em, a, b: em.b.sdiv(a, b),
     ("u", "idiv"): lambda em, a, b: em.b.udiv(a, b),

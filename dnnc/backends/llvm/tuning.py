@@ -36,7 +36,7 @@ def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
     func, workspace = workspace_params(func)
     arrays = list(arrays) + errors + \
         [np.empty(L.static_shape(b.shape), b.dtype.np) for b in workspace]
-    mb = ModuleBuilder("tune")
+    mb = ModuleBuilder("tune", target.feature_set)
     mb.add(func)
     jit = JITModule(str(mb), target, DEFAULT_LEVELS.codegen, name="tune")   # as compiled
     entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(

@@ -59,7 +59,8 @@ _VECTOR_BINARY = {("f", op) for op in ("+", "-", "*", "/", "min", "max", *L.COMP
     {(c, op) for c in "su" for op in ("+", "-", "*", "&", "|", "^", "<<", ">>")}
 """`BINARY` entries emitted as vector instructions (floats: on _VECTOR_FLOATS); the bit
 operations serve legalized bfloat16 conversions."""
-_VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc", "abs", "neg"}
+_VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc", "abs", "neg",
+                 "dot_bf16x2"}
 """`CALLS` entries emitted as vector intrinsics on _VECTOR_FLOATS; the rest lane by lane."""
 _VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
 """Selects of these dtypes are vector selects (uint32: bfloat16 rounding's NaN case)."""

@@ -139,10 +139,11 @@ def precision_option(parser) -> None:
     from ...ir.target import PRECISIONS
 
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
-                        help="arithmetic of dense products and convolutions (cuda only): "
-                             "fp32 (default), or tf32, fp16, bf16 on tensor cores with fp32 "
-                             "accumulation; fp16 and bf16 also store weights and "
-                             "activations in that type (inputs and outputs stay float32). "
+                        help="arithmetic of dense products and convolutions: fp32 "
+                             "(default); cuda: tf32, fp16, bf16 on tensor cores with fp32 "
+                             "accumulation, fp16 and bf16 also storing weights and "
+                             "activations in that type (inputs and outputs stay float32); "
+                             "llvm: bf16 (AVX512_BF16 where the CPU has it). "
                              "Outputs within 16 units of the precision's roundoff of the "
                              "largest fp32 output (fp16 and tf32: 7.8e-3, bf16: 6.3e-2; "
                              "docs/cuda_backend.md, Precision)")

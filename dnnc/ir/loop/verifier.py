@@ -95,6 +95,14 @@ def _check_shuffle(func, call: Call, gpu: set) -> None:
                           f"constant in [0, 32)")
 
 
+def _check_dot_bf16x2(func, call: Call) -> None:
+    """A bf16 pair product: a float32 accumulator and two uint32 words of bf16 pairs."""
+    types = tuple(a.dtype for a in call.args)
+    if types != (T.float32, T.uint32, T.uint32) or call.dtype is not T.float32:
+        raise LoopIRError(f"{func.name}: {print_expr(call)} is not dot_bf16x2(float32 acc, "
+                          f"uint32 a, uint32 b) giving float32")
+
+
 def _check_pack(func, call: Call) -> None:
     """A pack makes a uint32 register of float32 values: one for tf32, two for the others."""
     arity = 1 if call.name == PACKS["tf32"] else 2
@@ -187,6 +195,8 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
                         _check_shuffle(func, n, gpu)
                 elif isinstance(n, Call) and n.name in PACKS.values():
                     _check_pack(func, n)
+                elif isinstance(n, Call) and n.name == "dot_bf16x2":
+                    _check_dot_bf16x2(func, n)
 
     if isinstance(s, For):
         exprs(s.extent)

@@ -389,6 +389,11 @@ register_op("Det", pattern=Pattern.OPAQUE, infer=_det_infer, evaluate=det, compu
 
 # -- MatMulPacked (a layout the CPU dense template reads contiguously) --------------------------
 
+PACKED_PRECISIONS = ("fp32", "bf16")
+"""MatMulPacked's `precision`: fp32 (B float32 in panels), or bf16 (B rounded to bfloat16 in
+panels of pairs along K, `pack_pairs`, and A rounded to bfloat16 too: products of bf16
+operands, accumulated in float32)."""
+
 
 def pack_panels(b: np.ndarray, nr: int) -> np.ndarray:
     """[K, N] -> [ceil(N/nr), K, nr]: each NR-column panel contiguous, zero-padded."""
@@ -399,24 +404,63 @@ def pack_panels(b: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
 
 
+def pack_pairs(b: np.ndarray, nr: int) -> np.ndarray:
+    """[K, N] float32 -> [ceil(N/nr), ceil(K/2), nr, 2] bfloat16 (rounded to nearest even):
+    each NR-column panel's rows in pairs, B[2t, j] and B[2t + 1, j] side by side (one 32-bit
+    word, as AVX512_BF16's vdpbf16ps reads an operand), zero-padded."""
+    k, n = b.shape
+    rows = np.zeros((-(-k // 2) * 2, n), np.float32)
+    rows[:k] = b
+    panels = pack_panels(rows, nr)
+    count, depth, _ = panels.shape
+    pairs = panels.reshape(count, depth // 2, 2, nr).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(pairs).astype(T.bfloat16.np)
+
+
+def unpack_pairs(bp: np.ndarray, k: int, n: int) -> np.ndarray:
+    """`pack_pairs`'s [K, N] (as float32) back from its packing."""
+    count, depth, nr, _ = bp.shape
+    rows = bp.astype(np.float32).transpose(1, 3, 0, 2).reshape(depth * 2, count * nr)
+    return rows[:k, :n]
+
+
 def _packed_infer(ctx):
     check_dtype(ctx, 0, T.FLOAT_DTYPES)
-    check_same_dtype(ctx)
     a, bp = ctx.shape(0), ctx.shape(1)
     n = ctx.attrs["n"]
-    if len(a) < 2 or len(bp) != 3:
-        raise ctx.fail(f"expects A of rank >= 2 and packed B [panels, K, NR], given {a}, {bp}")
-    if isinstance(a[-1], int) and isinstance(bp[1], int) and a[-1] != bp[1]:
-        raise ctx.fail(f"inner dimensions differ: {a} and packed {bp}")
+    precision = ctx.attrs.get("precision", "fp32")   # (graphs saved before precisions)
+    if precision not in PACKED_PRECISIONS:
+        raise ctx.fail(f"precision must be one of {', '.join(PACKED_PRECISIONS)}, not "
+                       f"{precision!r}")
+    if precision == "bf16":
+        check_dtype(ctx, 0, (T.float32,))
+        check_dtype(ctx, 1, (T.bfloat16,), "B in bf16 pairs")
+        check_same_dtype(ctx, 0, 2)
+        if len(a) < 2 or len(bp) != 4 or bp[3] != 2:
+            raise ctx.fail(f"expects A of rank >= 2 and B in pairs [panels, K / 2, NR, 2], "
+                           f"given {a}, {bp}")
+        if isinstance(a[-1], int) and isinstance(bp[1], int) and -(-a[-1] // 2) != bp[1]:
+            raise ctx.fail(f"inner dimensions differ: {a} and B in pairs {bp}")
+    else:
+        check_same_dtype(ctx)
+        if len(a) < 2 or len(bp) != 3:
+            raise ctx.fail(f"expects A of rank >= 2 and packed B [panels, K, NR], given {a}, "
+                           f"{bp}")
+        if isinstance(a[-1], int) and isinstance(bp[1], int) and a[-1] != bp[1]:
+            raise ctx.fail(f"inner dimensions differ: {a} and packed {bp}")
     out = tuple(a[:-1]) + (n,)
     if ctx.has(2):
         broadcast_shapes(out, ctx.shape(2))
     return [T.TensorType(ctx.dtype(0), out)]
 
 
-def matmul_packed(a, bp, c=None, *, n, alpha, beta):
-    panels, k, nr = bp.shape
-    b = bp.transpose(1, 0, 2).reshape(k, panels * nr)[:, :n]
+def matmul_packed(a, bp, c=None, *, n, alpha, beta, precision="fp32"):
+    if precision == "bf16":
+        b = unpack_pairs(bp, a.shape[-1], n)
+        a = a.astype(T.bfloat16.np).astype(np.float32)
+    else:
+        panels, k, nr = bp.shape
+        b = bp.transpose(1, 0, 2).reshape(k, panels * nr)[:, :n]
     y = np.matmul(_widened(a), _widened(b))
     if alpha != 1:
         y = alpha * y
@@ -425,7 +469,7 @@ def matmul_packed(a, bp, c=None, *, n, alpha, beta):
     return np.asarray(y).astype(a.dtype)
 
 
-def _packed_rule(inputs, outputs, n, alpha, beta):
+def _packed_rule(inputs, outputs, n, alpha, beta, precision="fp32"):
     a, bp = inputs[0], inputs[1]
     c = inputs[2] if len(inputs) > 2 else None
     out = outputs[0]
@@ -433,10 +477,16 @@ def _packed_rule(inputs, outputs, n, alpha, beta):
     nr = bp.shape[2]
     k = reduce_axis(a.shape[-1], "k")
 
+    def operands(idx, j):
+        x = a[tuple(idx[:-1]) + (k.var,)]
+        if precision == "bf16":   # A rounded to bf16 as the kernel packs it
+            return Cast(T.float32, Cast(T.bfloat16, x)), \
+                widen(acc, bp[j // nr, k.var // 2, j % nr, k.var % 2])
+        return widen(acc, x), widen(acc, bp[j // nr, k.var, j % nr])
+
     def element(*idx):
-        j = idx[-1]
-        value = reduce_sum(widen(acc, a[tuple(idx[:-1]) + (k.var,)]) *
-                           widen(acc, bp[j // nr, k.var, j % nr]), k)
+        x, w = operands(idx, idx[-1])
+        value = reduce_sum(x * w, k)
         if alpha != 1:
             value = value * alpha
         if c is not None:
@@ -449,6 +499,6 @@ def _packed_rule(inputs, outputs, n, alpha, beta):
 
 register_op("MatMulPacked", pattern=Pattern.OUT_FUSABLE, infer=_packed_infer,
             evaluate=matmul_packed, inputs=(2, 3), attrs={"n": REQUIRED, "alpha": 1.0,
-                                                          "beta": 1.0},
+                                                          "beta": 1.0, "precision": "fp32"},
             compute=_packed_rule, flops=matmul_flops,
             batched=batching.packed_matmul)

@@ -2,7 +2,9 @@
 weights are constant, so a target's template streams them contiguously without repacking
 them on every call. Frontends never produce these ops.
 
-ConvPacked(x, w_packed, b) is Conv(x, unpack(w_packed), b): w_packed is
+ConvPacked(x, w_packed, b) is Conv(x, unpack(w_packed), b) (with `precision` "bf16": of x
+rounded to bf16 and one group's weights rounded to bf16 in pairs along C, `pack_conv_pairs`,
+[ceil(M / NR), ceil(C / 2), *kernel, NR, 2]): w_packed is
 [group * ceil(M / group / NR), C / group, *kernel, NR], each group's M / group output
 channels in blocks of NR of their own: channel j of group g at [g * ceil(M / group / NR) +
 j // NR, ..., j % NR], channels past a group's last zero (so a block never straddles two
@@ -26,7 +28,8 @@ from ..compute import compute
 from ..graph import Value
 from ..flops import has_input
 from .conv import CONV_ATTRS, conv, conv_flops, conv_rule, conv_sum
-from .linalg import acc_dtype, widen
+from ..loop import Cast
+from .linalg import PACKED_PRECISIONS, acc_dtype, widen
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 
@@ -42,6 +45,26 @@ def pack_conv_weights(w: np.ndarray, nr: int, group: int = 1) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(lead, 1, -1))
 
 
+def pack_conv_pairs(w: np.ndarray, nr: int) -> np.ndarray:
+    """[M, C, *kernel] float32 (one group) -> [ceil(M / nr), ceil(C / 2), *kernel, nr, 2]
+    bfloat16 (rounded to nearest even): `pack_conv_weights`' blocks with input channels 2t
+    and 2t + 1 side by side (one 32-bit word, as vdpbf16ps reads an operand), C padded with a
+    zero channel when odd."""
+    m, c = w.shape[:2]
+    even = np.zeros((m, -(-c // 2) * 2) + w.shape[2:], np.float32)
+    even[:, :c] = w
+    blocks = pack_conv_weights(even, nr)   # [B, 2 C2, *kernel, nr]
+    pairs = blocks.reshape((blocks.shape[0], -1, 2) + blocks.shape[2:])
+    return np.ascontiguousarray(np.moveaxis(pairs, 2, -1)).astype(T.bfloat16.np)
+
+
+def unpack_conv_pairs(wp: np.ndarray, oc: int, c: int) -> np.ndarray:
+    """`pack_conv_pairs`' [M, C, *kernel] (as float32) back from its packing."""
+    blocks = np.moveaxis(wp.astype(np.float32), -1, 2)
+    blocks = blocks.reshape((blocks.shape[0], -1) + blocks.shape[3:])
+    return unpack_conv_weights(blocks, oc)[:, :c]
+
+
 def unpack_conv_weights(wp: np.ndarray, oc: int, group: int = 1) -> np.ndarray:
     blocks, nr = wp.shape[0] // group, wp.shape[-1]
     full = np.moveaxis(wp, -1, 1).reshape((group, blocks * nr) + wp.shape[1:-1])
@@ -52,32 +75,64 @@ def _conv_attrs(attrs: dict) -> dict:
     return {k: attrs[k] for k in CONV_ATTRS}
 
 
-def _unpacked_type(wp: T.TensorType, oc: int) -> T.TensorType:
-    return T.TensorType(wp.dtype, (oc,) + tuple(wp.shape[1:-1]))
+def _unpacked_type(wp: T.TensorType, oc: int, c) -> T.TensorType:
+    """The weights' [M, C / group, *kernel] type (`c`: C / group where B is in pairs)."""
+    if c is None:
+        return T.TensorType(wp.dtype, (oc,) + tuple(wp.shape[1:-1]))
+    return T.TensorType(T.float32, (oc, c) + tuple(wp.shape[2:-2]))
 
 
 def _conv_packed_infer(ctx):
     wp = ctx.type(1)
+    oc, group = ctx.attrs["oc"], ctx.attrs.get("group") or 1
+    precision = ctx.attrs.get("precision", "fp32")   # (graphs saved before precisions)
+    pairs = precision == "bf16"
+    if precision not in PACKED_PRECISIONS:
+        raise ctx.fail(f"precision must be one of {', '.join(PACKED_PRECISIONS)}, not "
+                       f"{precision!r}")
+    if pairs and (group != 1 or ctx.type(0).dtype is not T.float32 or
+                  wp.dtype is not T.bfloat16 or wp.rank < 4 or wp.shape[-1] != 2 or
+                  -(-ctx.type(0).shape[1] // 2) != wp.shape[1]):
+        raise ctx.fail(f"bf16 pairs are weights [blocks, ceil(C / 2), *kernel, NR, 2] of "
+                       f"one group for a float32 image, given {wp} for {ctx.type(0)}")
     if wp.rank < 3:
         raise ctx.fail(f"packed weights need rank >= 3, given {wp}")
-    oc, group = ctx.attrs["oc"], ctx.attrs.get("group") or 1
-    blocks, nr = wp.shape[0], wp.shape[-1]
+    blocks, nr = wp.shape[0], wp.shape[-2 if pairs else -1]
     if isinstance(blocks, int) and isinstance(nr, int) and \
             blocks != group * -(-(oc // group) // nr):
         raise ctx.fail(f"packed weights of {oc} output channels in {group} group(s) have "
                        f"{group * -(-(oc // group) // nr)} blocks of {nr}, given {blocks}")
-    w = Value("w.unpacked", _unpacked_type(wp, oc))
+    w = Value("w.unpacked", _unpacked_type(wp, oc, ctx.type(0).shape[1] if pairs else None))
     inputs = [ctx.values[0], w] + ([ctx.values[2]] if ctx.has(2) else [])
     types, _, _ = infer_node("Conv", inputs, _conv_attrs(ctx.attrs), 1, ctx.node_name)
     return types
 
 
-def conv_packed(x, wp, b=None, *, oc, **attrs):
+def conv_packed(x, wp, b=None, *, oc, precision="fp32", **attrs):
+    if precision == "bf16":   # the image rounded to bf16 too
+        w = unpack_conv_pairs(wp, oc, x.shape[1])
+        return conv(x.astype(T.bfloat16.np).astype(np.float32), w, b, **_conv_attrs(attrs))
     return conv(x, unpack_conv_weights(wp, oc, attrs.get("group") or 1), b,
                 **_conv_attrs(attrs))
 
 
-def _conv_packed_rule(inputs, outputs, *, oc, **attrs):
+def _conv_packed_pairs_rule(inputs, outputs, *, oc, **attrs):
+    """ConvPacked at bf16: the image rounded to bf16 and the weights read from their pairs,
+    both stages inlined into the conv's loads."""
+    x, wp = inputs[0], inputs[1]
+    nr = wp.shape[-2]
+    shape = (oc, x.shape[1]) + tuple(wp.shape[2:-2])
+    w = compute(shape, lambda m, c, *rest: Cast(T.float32, wp[(m // nr, c // 2) + rest +
+                                                             (m % nr, c % 2)]),
+                "unpack", T.float32)
+    xr = compute(x.shape, lambda *i: Cast(T.float32, Cast(T.bfloat16, x[i])), "round",
+                 T.float32)
+    return conv_rule([xr, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
+
+
+def _conv_packed_rule(inputs, outputs, *, oc, precision="fp32", **attrs):
+    if precision == "bf16":
+        return _conv_packed_pairs_rule(inputs, outputs, oc=oc, **attrs)
     x, wp = inputs[0], inputs[1]
     nr = wp.shape[-1]
     group = attrs.get("group") or 1
@@ -97,12 +152,19 @@ def _conv_packed_rule(inputs, outputs, *, oc, **attrs):
     return conv_rule([x, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
 
 
+def _conv_packed_flops(node):
+    """Conv's, over the weights' window [C_in/group, *kernel]: the packed weights'
+    [blocks, C_in/group, *kernel, NR], or in pairs [blocks, ceil(C_in/2), *kernel, NR, 2]."""
+    wp = node.inputs[1].shape
+    window = (node.inputs[0].shape[1],) + tuple(wp[2:-2]) \
+        if node.attrs.get("precision") == "bf16" else wp[1:-1]
+    return conv_flops(node.outputs[0], window, node.outputs[0], has_input(node, 2))
+
+
 register_op("ConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
-            evaluate=conv_packed, attrs={**CONV_ATTRS, "oc": REQUIRED}, inputs=(2, 3),
-            compute=_conv_packed_rule,
-            # Conv's, over the packed weights' window: [blocks, C_in/group, *kernel, NR]
-            flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:-1],
-                                          node.outputs[0], has_input(node, 2)),
+            evaluate=conv_packed, attrs={**CONV_ATTRS, "oc": REQUIRED, "precision": "fp32"},
+            inputs=(2, 3), compute=_conv_packed_rule,
+            flops=_conv_packed_flops,
             batched=batching.data_input)
 
 

@@ -171,12 +171,15 @@ def test_precision_is_checked_with_the_other_options():
         dnnc.compile(model, "cuda", precision="fp64", render_only=True)
     with pytest.raises(ArgumentError, match="precision must be one of"):
         dnnc.compile(model, "cuda", precision=16, render_only=True)
-    for target in ("llvm", "numpy"):
-        for value in PRECISIONS:   # fp32 too: another target refuses it rather than ignore it
-            with pytest.raises(ArgumentError, match=f"^precision does not apply to the "
-                                                    f"{target} target, only to cuda$"):
-                dnnc.compile(model, target, precision=value)
-    with pytest.raises(ArgumentError, match="only to cuda"):
+    for value in PRECISIONS:   # fp32 too: a target without the option refuses it
+        with pytest.raises(ArgumentError, match="^precision does not apply to the numpy "
+                                                "target, only to llvm, cuda$"):
+            dnnc.compile(model, "numpy", precision=value)
+    for value in ("tf32", "fp16"):   # llvm computes in fp32 and bf16 only
+        with pytest.raises(ArgumentError, match=f"^precision='{value}' is not one the llvm "
+                                                f"target computes in; it takes fp32, bf16$"):
+            dnnc.compile(model, "llvm", precision=value)
+    with pytest.raises(ArgumentError, match="it takes fp32, bf16"):
         dnnc.tune(model, "llvm", log="never-written.jsonl", precision="tf32")
 
 
@@ -261,7 +264,7 @@ def test_cli_precision(tmp_path, capsys):
     path = tmp_path / "mlp.onnx"
     onnx.save(zoo.build("mlp", hidden=(32,), in_features=16, classes=3, batch=16), path)
     assert main(["compile", str(path), "--target", "llvm", "--precision", "tf32", "-q"]) == 2
-    assert "precision does not apply to the llvm target, only to cuda" in \
+    assert "precision='tf32' is not one the llvm target computes in" in \
         capsys.readouterr().err
     assert main(["compile", str(path), "--target", "cuda", "--precision", "bf16", "--emit",
                  "cuda", str(tmp_path / "out"), "-q"]) == 0

@@ -365,7 +365,8 @@ _BINARY = {"pow": (np.power, 0.1, 4), "fmod": (np.fmod, -9, 9), "atan2": (np.arc
 def test_every_intrinsic_is_rendered_or_rejected():
     """Each name in loop.INTRINSICS has a test below (a new one must get one)."""
     tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma", "bitcast",
-                                           "check_index", *L.SHUFFLES, *L.PACKS.values()}
+                                           "check_index", *L.SHUFFLES, *L.PACKS.values(),
+                                           "dot_bf16x2"}   # (test_bf16.py)
     assert tested == set(L.INTRINSICS)
 
 

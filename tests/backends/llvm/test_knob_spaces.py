@@ -140,6 +140,14 @@ CASES = [
      False, "pool2d", 1e-6),
     ("pool2d-average", pool("AveragePool", kernel_shape=[3, 2], pads=[1, 0, 1, 1],
                             count_include_pad=1), False, "pool2d", 1e-6),
+    # precision bf16 ("bf16": weights packed in bf16 pairs; the reference is the packed
+    # graph's, products of bf16-rounded operands)
+    ("dense-bf16", matmul_bias_relu, "bf16", "dense", 1e-4),
+    ("conv2d-bf16", lambda rng: conv_bias_relu(rng, oc=20, pads=[2, 1, 0, 1],
+                                               dilations=[2, 1]), "bf16", "conv2d", 1e-4),
+    ("pointwise-bf16", pointwise_residual, "bf16", "pointwise", 1e-4),
+    ("pointwise-gemm-bf16-strided", lambda rng: pointwise_residual(rng, 11, 9, (2, 2)),
+     "bf16", "pointwise_gemm", 1e-4),
     ("rows-softmax", unary("Softmax", ("N", 5, 37)), False, "rows", 1e-5),
     # the sum of a whole tensor (chunked when parallel) on integer-valued inputs: exact in
     # float32 in every order, where on reals the orders of two configs differ by up to
@@ -167,7 +175,10 @@ def _kernel(rng, build, packed, integers=False):
              .astype(np.float32) for s in shapes]
     want = run_graph(graph, feeds)
     if packed:
-        assert convert_layout(graph, REGISTRY["llvm"].target()) == 1
+        precision = packed if isinstance(packed, str) else None
+        assert convert_layout(graph, REGISTRY["llvm"].target(None, precision)) == 1
+        if precision:   # the products of bf16-rounded operands
+            want = run_graph(graph, feeds)
     kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
     assert not kernel.func.size_vars
     arrays = {id(v): a for v, a in zip(graph.inputs, feeds)}

@@ -1,0 +1,85 @@
+"""dnnc's llvm target at precision bf16 next to fp32, measured in one run.
+
+    python bench/cpu_bf16.py [--models resnet18,mobilenet_v2,bert_tiny] [--batch 1]
+                             [--threads 1] [--repeat 20] [--blocks 3] [--mattr -avx512bf16]
+
+Each zoo model is compiled twice (precision fp32 and bf16, both for this CPU or the one
+`--mattr` edits: `-avx512bf16` shows the fallback, bf16-rounded operands through fp32 FMAs)
+and timed in interleaved blocks of `--repeat` calls, 0.3 s apart, the median block each.
+Prints both latencies, fp32 / bf16 (the speedup) and the bf16 output's error against fp32's,
+relative to its largest magnitude, next to the contract (`model_error_bound("bf16")`), and
+the geometric mean of the speedups. Threads default to 1 (DNNC_NUM_THREADS is set before the
+worker pool starts). Which products run on vdpbf16ps: docs/llvm_backend.md, "Precision".
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import dnnc  # noqa: E402
+from dnnc import zoo  # noqa: E402
+from dnnc.compiler.module import call_times_ms  # noqa: E402
+from dnnc.ir.target import model_error_bound  # noqa: E402
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def median_block_ms(fns: dict, repeat: int, blocks: int) -> dict:
+    """precision -> the median of `blocks` blocks' median call, the blocks interleaved."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(blocks):
+        for key, fn in fns.items():
+            time.sleep(0.3)   # the previous block's workers go idle
+            times[key].append(float(np.median(call_times_ms(fn, repeat, 2))))
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet18,mobilenet_v2,bert_tiny")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--mattr", default=None,
+                        help="edit the host's CPU features, e.g. -avx512bf16")
+    args = parser.parse_args()
+    os.environ["DNNC_NUM_THREADS"] = str(args.threads)   # before the pool starts
+    from dnnc.backends.llvm.cpu import cpu_from, host_target
+
+    cpu = cpu_from(mattr=args.mattr) if args.mattr else host_target()
+    bf16 = "+" if "avx512bf16" in cpu.feature_set else "-"
+    print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors, {bf16}avx512bf16"
+          f"{', ' + args.mattr if args.mattr else ''}), {cpu.threads} thread(s); "
+          f"dnnc {dnnc.__version__}, batch {args.batch}")
+    print(f"{'model':14} {'fp32 ms':>9} {'bf16 ms':>9} {'fp32/bf16':>9} {'bf16 error':>10} "
+          f"{'bound':>7}")
+    speedups = []
+    for name in args.models.split(","):
+        model = zoo.build(name, batch=args.batch)
+        feeds = list(zoo.inputs_for(model, np.random.default_rng(0)).values())
+        compiled = {p: dnnc.compile(model, "llvm", precision=p, cpu=cpu) for p in PRECISIONS}
+        ms = median_block_ms({p: (lambda c=c: c.run(*feeds)) for p, c in compiled.items()},
+                             args.repeat, args.blocks)
+        want = compiled["fp32"].run(*feeds)
+        got = compiled["bf16"].run(*feeds)
+        error = max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want))
+        speedups.append(ms["fp32"] / ms["bf16"])
+        print(f"{name:14} {ms['fp32']:9.2f} {ms['bf16']:9.2f} {speedups[-1]:9.2f} "
+              f"{error:10.2e} {model_error_bound('bf16'):7.2e}", flush=True)
+    geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    print(f"geometric mean fp32/bf16: {geo:.2f}")
+
+
+if __name__ == "__main__":
+    main()
