@@ -2,7 +2,7 @@
 
     python bench/cpu.py [--models zoo,torch,light,mlp,FILE.onnx,...] [--batch 1] [--threads N]
                         [--repeat 20] [--opt-level N] [--mattr -avx512f]
-                        [--peers onnxruntime,openvino,openvino-f32]
+                        [--peers onnxruntime,openvino,openvino-f32] [--float16 half-io]
                         [--load busy|alternate] [--blocks 5] [--new-batch 1,3,8]
                         [--shard K/N] [--ort-spin 0|1] [--alone-blocks 3]
 
@@ -24,6 +24,12 @@ OpenVINO's INFERENCE_NUM_THREADS set to match), each alone: `--alone-blocks` blo
 `--repeat` calls per runtime, interleaved, 0.3 s apart. Prints the median block's latency, the
 ratio dnnc / peer (the column after each peer's) per model, and their geometric mean per peer.
 "check" compares dnnc's outputs with onnxruntime's (fp32 tolerances).
+
+`--float16 half-io` (or `float-io`): each model's float16 file instead (`zoo.float16`, as
+onnxconverter_common writes it; float16 inputs and outputs, or float32 ones), every runtime
+on the same file; "check" then holds dnnc to the documented bound of a half file
+(docs/llvm_backend.md, "Half-precision files": `model_error_bound("fp16")` of the largest
+output, dnnc computing in float32 where onnxruntime rounds to float16 in places).
 
 `--load busy`: how each runtime degrades beside one unrelated busy process (a Python loop
 spinning on one core). The busy process is started once and stopped/continued with
@@ -70,6 +76,7 @@ import dnnc  # noqa: E402
 from dnnc.compiler.module import call_times_ms, warm_up  # noqa: E402
 from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm.cpu import cpu_from, host_target  # noqa: E402
+from dnnc.ir.target import model_error_bound  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
 EXPORTS = Path.home() / ".cache" / "dnnc" / "bench"
@@ -117,22 +124,36 @@ def library_exports(exporter: str) -> list[str]:
     return library_models.export_all(EXPORTS / f"library-{exporter}", exporter)
 
 
-def load_model(name: str, batch: int):
+def load_model(name: str, batch: int, float16: str | None = None):
     """A zoo model by name, or an ONNX file (a path ending in .onnx: torch's exports from
-    bench/torch_models.py, onnx's light models) with its symbolic dims set to `batch`; the
-    model, its random inputs (seeded) and the name to print."""
+    bench/torch_models.py, onnx's light models) with its symbolic dims set to `batch`,
+    converted to float16 (`zoo.float16`) when `float16` says how ("half-io": its inputs and
+    outputs too, "float-io": kept float32); the model, its random inputs (seeded) and the
+    name to print."""
     import onnx
 
     if not name.endswith(".onnx"):
-        model = zoo.build(name, batch=batch)
-        return model, zoo.inputs_for(model, np.random.default_rng(0)), name
-    model = onnx.load(name)
+        model, stem = zoo.build(name, batch=batch), name
+    else:
+        model, stem = onnx.load(name), Path(name).stem
+        if Path(name).parent.parent.name == "bench" and \
+                Path(name).parent.name.endswith("dynamo"):
+            stem += "_dynamo"
+    if float16:
+        model = zoo.float16(model, keep_io_types=float16 == "float-io")
     dims = {d.dim_param: batch for vi in model.graph.input
             for d in vi.type.tensor_type.shape.dim if d.dim_param}
-    stem = Path(name).stem
-    if Path(name).parent.parent.name == "bench" and Path(name).parent.name.endswith("dynamo"):
-        stem += "_dynamo"
     return model, zoo.inputs_for(model, np.random.default_rng(0), dims), stem
+
+
+def matches(got: list, want: list, float16: str | None) -> bool:
+    """Whether dnnc's outputs match onnxruntime's: fp32 tolerances, or for a float16 file the
+    documented bound (docs/llvm_backend.md, "Half-precision files")."""
+    if not float16:
+        return all(np.allclose(o, r, rtol=1e-4, atol=1e-5) for o, r in zip(got, want))
+    return all(o.dtype == r.dtype and np.abs(o.astype(np.float32) - r.astype(np.float32)).max()
+               <= model_error_bound("fp16") * np.abs(r.astype(np.float32)).max()
+               for o, r in zip(got, want))
 
 
 def symbolic_model(name: str):
@@ -175,7 +196,9 @@ def onnxruntime_peer(model, threads: int, args) -> Peer:
     import onnxruntime as ort
 
     session = ort_session(ort, model, threads, args.ort_spin)
-    return Peer("onnxruntime", "f32", lambda inputs: session.run(None, inputs))
+    # (on a float16 file it rounds to float16 in places: the ops it has float16 kernels for)
+    precision = "f16+f32" if getattr(args, "float16", None) else "f32"
+    return Peer("onnxruntime", precision, lambda inputs: session.run(None, inputs))
 
 
 def openvino_peer(model, threads: int, hint: str | None) -> Peer:
@@ -325,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mattr", default=None,
                         help="edit the host's CPU features for dnnc, e.g. -avx512f to see how "
                              "an AVX2-only machine's code fares (onnxruntime is unchanged)")
+    parser.add_argument("--float16", choices=["half-io", "float-io"], default=None,
+                        help="time each model's float16 file (module docstring)")
     parser.add_argument("--peers", default="onnxruntime,openvino,openvino-f32",
                         help="runtimes to time dnnc against (module docstring)")
     parser.add_argument("--load", choices=["busy", "alternate"], default=None,
@@ -368,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
           + "  check  precision (" + ", ".join(peers) + ")")
     ratios: dict[str, list[float]] = {peer: [] for peer in peers}
     for entry in args.models.split(","):
-        model, inputs, name = load_model(entry, args.batch)
+        model, inputs, name = load_model(entry, args.batch, args.float16)
         start = time.perf_counter()
         compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
         compile_s = time.perf_counter() - start
@@ -386,8 +411,7 @@ def main(argv: list[str] | None = None) -> None:
         check = "-"
         if "onnxruntime" in peers:
             ref = runs[1 + peers.index("onnxruntime")].run(inputs)
-            ok = all(np.allclose(o, r, rtol=1e-4, atol=1e-5)
-                     for o, r in zip(compiled.run(*inputs.values()), ref))
+            ok = matches(compiled.run(*inputs.values()), ref, args.float16)
             check = "ok" if ok else "MISMATCH"
         for peer in peers:
             ratios[peer].append(ms["dnnc"] / ms[peer])
@@ -416,7 +440,7 @@ def main_load(args) -> None:
     ratios: dict[str, list[float]] = {peer: [] for peer in peers}
     try:
         for entry in args.models.split(","):
-            model, inputs, name = load_model(entry, args.batch)
+            model, inputs, name = load_model(entry, args.batch, args.float16)
             compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
             ours = lambda: compiled.run(*inputs.values())   # noqa: E731
             own_code(compiled, ours, name)
