@@ -22,8 +22,11 @@ except on an image of one pixel (squeeze-and-excitation's 1x1 convs of 4 or 6 ch
 through the registers): there a Transpose moves nothing (`sink_transposes` makes it a Reshape
 or cancels it), and
 so do convs next to a grouped conv that is not depthwise (which has no channels-last kernel)
-through elementwise ops only. A rewrite keeps the output Value of the last node it
-replaces, so its users are untouched.
+through elementwise ops only. "winograd_conv" (llvm, off by default: listed before
+"pack_conv" where a Target asks for it): a 3x3 stride-1 Conv of enough channels
+(`winograd_applies`) becomes ConvWinograd, its filters transformed for Winograd's F(2x2, 3x3)
+once here. A rewrite keeps the output Value of the last node it replaces, so its users are
+untouched.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import pack_panels
-from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_weights
+from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_weights, winograd_weights
 from ..ir.ops.registry import infer_node
 from ..ir.target import Target
 from ..ir.types import FLOAT_DTYPES, TensorType, float32
@@ -132,6 +135,43 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
     return Node("ConvPacked", inputs, node.outputs, full, node.name), []
 
 
+WINOGRAD_MIN_CHANNELS = 16
+"""Input and output channels below which "winograd_conv" keeps a 3x3 conv direct: its
+transforms (16 input values per 4 pixels and channel, 4 outputs from 16 per channel) cost
+about what F(2x2, 3x3)'s 2.25x fewer multiply-adds save when a layer has few channels."""
+
+
+def winograd_applies(node: Node) -> bool:
+    """Whether Conv `node` is one F(2x2, 3x3) computes: 2-D, 3x3, stride 1, no dilation, one
+    group, float32, constant weights, both channel counts at least WINOGRAD_MIN_CHANNELS."""
+    if node.op != "Conv":
+        return False
+    x, w = node.inputs[0], node.inputs[1]
+    if w is None or w.const is None or w.type.rank != 4 or \
+            x.type.dtype is not float32 or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        return False
+    oc, c, kh, kw = w.const.shape
+    return (kh, kw) == (3, 3) and (node.attrs.get("group") or 1) == 1 and \
+        all(v == 1 for v in (node.attrs.get("strides") or [1, 1]) +
+            (node.attrs.get("dilations") or [1, 1])) and min(oc, c) >= WINOGRAD_MIN_CHANNELS
+
+
+def _winograd_conv(graph: Graph, node: Node, users, target: Target):
+    """Conv(x, W const 3x3, B) -> ConvWinograd(x, G W G^T, B) where `winograd_applies`: the
+    filters transformed once, here, in the channel blocks of the conv panel's width."""
+    if not winograd_applies(node):
+        return None
+    w = node.inputs[1]
+    u = winograd_weights(np.asarray(w.const), target.panel("pack_conv"))
+    uv = Value(f"{w.name}.winograd", TensorType(float32, u.shape), const=u)
+    attrs = dict(node.attrs, oc=int(w.const.shape[0]), kernel_shape=[3, 3])
+    inputs = [node.inputs[0], uv] + list(node.inputs[2:])
+    types, _, full = infer_node("ConvWinograd", inputs, attrs, 1, node.name)
+    if types[0] != node.outputs[0].type:
+        return None
+    return Node("ConvWinograd", inputs, node.outputs, full, node.name), []
+
+
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     """Conv(x, W const, B) (2-D, one group or depthwise, C a multiple of a chunk's elements
     or the image one pixel) at a reduced precision -> Transpose(x) -> ConvNHWC(., OHWI(W),
@@ -193,7 +233,8 @@ def _beside_grouped(x: Value, y: Value, users) -> bool:
     return False
 
 
-REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nhwc_conv}
+REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nhwc_conv,
+            "winograd_conv": _winograd_conv}
 """layout name -> its rewrite: (graph, node, users, target) -> None, or the replacement node
 (or nodes, in order, the last producing the replaced node's outputs) and the later nodes it
 takes over (their outputs are its own)."""
