@@ -6,14 +6,16 @@ an output channel's pixels (a tile) is A^T (sum over input channels c of U_c . V
 V_c = B^T d_c B is the tile's 4x4 input patch of channel c transformed and U_c = G g_c G^T
 the filter's (`ir/ops/packed.py: winograd_weights`), `.` elementwise. A tile's 36 multiply-adds
 per (input, output) channel pair become 16: one matrix product [tiles x C] by [C x M] per
-position of the 4x4 transformed tile. One unit of the parallel loop is a block of T tiles of
-one image:
+position of the 4x4 transformed tile. Two parallel loops:
 
-1. the block's input transformed into V [16, C, T] (each position a [C, T] panel);
-2. for each block of NR output channels and each of the 16 positions, T x NR accumulators
-   summed over C, a step one broadcast V value times one NR-vector of U (the direct conv's
-   micro-kernel, conv.py), kept in `m` [16, T, NR];
-3. `m` transformed back into each tile's 2x2 pixels, through bias and the fused epilogue.
+1. the input transformed, a block of T tiles of an image a unit, into V [blocks, 16, C, T]
+   (a scratch buffer of the call: each block's 16 [C, T] panels contiguous);
+2. a unit a block of T tiles of an image and a block of NR output channels: for each of the
+   16 positions, T x NR accumulators summed over C, a step one broadcast V value times one
+   NR-vector of U (the direct conv's micro-kernel, conv.py), kept in `m` [16, T, NR]; then
+   `m` transformed back into each tile's 2x2 pixels, through bias and the fused epilogue.
+   (One loop of tile blocks, each transforming its own input, left a 7x7 image's two blocks
+   to two threads: 2x slower than the direct conv at 2 threads.)
 
 Knob (`WinogradConfig`): tiles, T of a block (its accumulators: T x NR).
 
@@ -79,7 +81,7 @@ class _Winograd:
 
     def __init__(self, p: Conv2d, config: WinogradConfig, machine):
         self.p, self.t_n = p, config.tiles
-        n, self.c = p.x_dims[:2]
+        self.n, self.c = p.x_dims[:2]
         self.oc = p.w_dims[0]
         self.oh, self.ow = p.y_dims[2:]
         self.nr = p.packed_nr
@@ -87,68 +89,85 @@ class _Winograd:
         self.th, self.tw = -(-self.oh // 2), -(-self.ow // 2)
         self.tiles_n = self.th * self.tw
         self.tblocks = -(-self.tiles_n // self.t_n)
-        self.units = n * self.tblocks
-        self.par = parallel_kind(machine.threads, n * self.oc * self.oh * self.ow * self.c * 4)
+        self.par = parallel_kind(machine.threads,
+                                 self.n * self.oc * self.oh * self.ow * self.c * 4)
         # every tile's 4x4 patch inside the padded plane (a last odd row or column of the
         # output reads a zero row past the image's padding)
         plane = dataclasses.replace(p, padded_hw=(2 * self.th + 2, 2 * self.tw + 2))
         self.xpad, self.pad_stmt = pad_input(plane, self.par)
-        self.unit, self.ic, self.t, self.jj, self.ob, self.xi = (
-            L.Var(v) for v in ("unit", "ic", "t", "j", "ob", "xi"))
-        self.bn, tb = self.unit // self.tblocks, self.unit % self.tblocks
-        self.tile = tb * self.t_n + self.t
-        self.v = L.Buffer("v", T.float32, (16, self.c, self.t_n))
+        self.ic, self.t, self.jj, self.xi = (L.Var(v) for v in ("ic", "t", "j", "xi"))
+        # the transformed input: [image's tile block, position, channel, tile of the block],
+        # a block's panels contiguous (what one unit of the products reads, in order; a
+        # whole image's [16, C, tiles] put each channel's T values a row of tiles apart:
+        # 3x slower at 64 channels 56x56); a last partial block repeats the image's last
+        # tile (computed, never stored)
+        self.v = L.Buffer("v", T.float32, (self.n * self.tblocks, 16, self.c, self.t_n))
         self.m = L.Buffer("m", T.float32, (16 * self.t_n * self.nr,))
         self.acc = L.Buffer("acc", T.float32, (self.t_n * self.nr,), L.Scope.LOCAL)
 
     def body(self) -> L.Stmt:
-        unit = L.Allocate(self.v, L.Allocate(self.m, L.seq(
-            self.transform_input(), L.For(self.ob, self.blocks, L.seq(
-                L.For(self.xi, 16, L.Allocate(self.acc, self.products())),
-                self.transform_output())))))
+        """The input padded, then transformed (parallel over images' channels), then the
+        products and the output transform (parallel over images' tile blocks and channel
+        blocks: the small images' few tiles still share out)."""
         stmts = ([self.pad_stmt] if self.pad_stmt is not None else []) + \
-            [L.For(self.unit, self.units, unit, self.par)]
-        body = L.seq(*stmts)
+            [self.transform_input(), self.products_and_output()]
+        body = L.Allocate(self.v, L.seq(*stmts))
         return L.Allocate(self.xpad, body) if self.pad_stmt is not None else body
 
     def transform_input(self) -> L.Stmt:
-        """V[., ic, t] = B^T d B of tile t's patch of channel ic (a tile past the image's last
-        repeats the last: computed, never stored)."""
-        tile = L.minimum(self.tile, self.tiles_n - 1)
+        """V[block, ., ic, t] = B^T d B of the block's tile t's patch of channel ic, a unit a
+        block of an image's tiles."""
+        block, t, ic = L.Var("block"), self.t, self.ic
+        bn = block // self.tblocks
+        tile = L.minimum((block % self.tblocks) * self.t_n + t, self.tiles_n - 1)
         y0, x0 = (tile // self.tw) * 2, (tile % self.tw) * 2
-        v = input_transform(lambda a, b: self.xpad[self.bn, self.ic, y0 + a, x0 + b])
-        stores = [L.Store(self.v, (a * 4 + b, self.ic, self.t), v[a][b])
+        v = input_transform(lambda a, b: self.xpad[bn, ic, y0 + a, x0 + b])
+        stores = [L.Store(self.v, (block, a * 4 + b, ic, t), v[a][b])
                   for a in range(4) for b in range(4)]
-        return L.For(self.ic, self.c, L.For(self.t, self.t_n, L.seq(*stores)))
+        return L.For(block, self.n * self.tblocks, L.For(ic, self.c, L.For(
+            t, self.t_n, L.seq(*stores))), self.par)
 
-    def products(self) -> L.Stmt:
+    def products_and_output(self) -> L.Stmt:
+        """One parallel unit a (image, tile block, channel block): the 16 products into m,
+        then m transformed into the tiles' pixels."""
+        unit = L.Var("unit")
+        per_image = self.tblocks * self.blocks
+        bn, rest = unit // per_image, unit % per_image
+        ob, tb = rest // self.tblocks, rest % self.tblocks
+        return L.For(unit, self.n * per_image, L.Allocate(self.m, L.seq(
+            L.For(self.xi, 16, L.Allocate(self.acc, self.products(bn, tb, ob))),
+            self.transform_output(bn, tb, ob))), self.par)
+
+    def products(self, bn, tb, ob) -> L.Stmt:
         """Position xi's T x NR accumulators over the input channels, into m."""
         t, jj, nr, acc, xi = self.t, self.jj, self.nr, self.acc, self.xi
         vec, unrolled = L.ForKind.VECTORIZED, L.ForKind.UNROLLED
         a = L.Var("a", T.float32)
         init = L.For(t, self.t_n, L.For(jj, nr, L.Store(acc, (t * nr + jj,), L.const(0.0)),
                                         vec), unrolled)
-        step = L.For(t, self.t_n, L.Let(a, self.v[xi, self.ic, t], L.For(
+        block = bn * self.tblocks + tb
+        step = L.For(t, self.t_n, L.Let(a, self.v[block, xi, self.ic, t], L.For(
             jj, nr, L.Store(acc, (t * nr + jj,), L.call(
-                "fma", a, self.p.w[xi, self.ob, self.ic, jj], acc[t * nr + jj])), vec)),
+                "fma", a, self.p.w[xi, ob, self.ic, jj], acc[t * nr + jj])), vec)),
             unrolled)
         keep = L.For(t, self.t_n, L.For(jj, nr, L.Store(
             self.m, ((xi * self.t_n + t) * nr + jj,), acc[t * nr + jj]), vec), unrolled)
         return L.seq(init, L.For(self.ic, self.c, step), keep)
 
-    def transform_output(self) -> L.Stmt:
+    def transform_output(self, bn, tb, ob) -> L.Stmt:
         """Each tile's 2x2 pixels of the NR channels, A^T m A, through bias and epilogue."""
         p, t, jj, nr, t_n = self.p, self.t, self.jj, self.nr, self.t_n
         y = output_transform(lambda a, b: self.m[((a * 4 + b) * t_n + t) * nr + jj])
-        out_c = self.ob * nr + jj
-        y0, x0 = (self.tile // self.tw) * 2, (self.tile % self.tw) * 2
+        out_c = ob * nr + jj
+        tile = tb * t_n + t
+        y0, x0 = (tile // self.tw) * 2, (tile % self.tw) * 2
         stores = []
         for i in range(2):
             for j in range(2):
                 value = y[i][j]
                 if p.bias is not None:
                     value = value + p.bias[L.minimum(out_c, self.oc - 1)]
-                index = (self.bn, out_c, y0 + i, x0 + j)
+                index = (bn, out_c, y0 + i, x0 + j)
                 store = L.Store(p.y, index, p.epilogue(value, index))
                 inside = [cond for cond, odd in ((y0 + i < self.oh, self.oh % 2 and i),
                                                  (x0 + j < self.ow, self.ow % 2 and j)) if odd]
@@ -157,7 +176,7 @@ class _Winograd:
             channels = L.For(jj, nr, L.If(out_c < self.oc, L.seq(*stores)), L.ForKind.UNROLLED)
         else:
             channels = L.For(jj, nr, L.seq(*stores), L.ForKind.VECTORIZED)
-        return L.For(t, t_n, L.If(self.tile < self.tiles_n, channels))
+        return L.For(t, t_n, L.If(tile < self.tiles_n, channels))
 
 
 WINOGRAD = Template("winograd", problems.winograd_conv2d, lambda p: p.float32, space, default,
