@@ -5,10 +5,11 @@ model.
 
 Layers: the 3x3 stride-1 convolutions of ResNet-18/50 and VGG at batch 1 (Conv + bias + Relu,
 random weights), each compiled twice for this host's llvm target, with "winograd_conv" listed
-first and without it; the two timed in interleaved blocks (the median block of `--repeat`
+first (its choice rule, `winograd_applies`, set to take every layer) and without it; the two timed in interleaved blocks (the median block of `--repeat`
 calls each). Prints each one's milliseconds, direct / Winograd, and each one's largest error
 relative to the largest output against a float64 NumPy reference. `--models` also times whole
-zoo models both ways (and onnxruntime, same threads), the ratio dnnc-Winograd / dnnc-direct.
+zoo models both ways (Winograd where its rule takes a layer; and onnxruntime, same threads),
+the ratio dnnc-Winograd / dnnc-direct.
 """
 
 from __future__ import annotations
@@ -34,19 +35,22 @@ from dnnc.frontend.onnx import import_onnx  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.conv import conv  # noqa: E402
+from dnnc.passes import convert_layout  # noqa: E402
 from dnnc.passes.manager import optimize  # noqa: E402
 
 LAYERS = [(64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7), (64, 128, 56),
           (128, 256, 28), (256, 512, 14), (32, 32, 112), (16, 16, 56)]
 """(input channels, output channels, image side): ResNet-18/50's 3x3 stride-1 layers, VGG's
-mixed ones, a wide image of few channels, the smallest Winograd takes."""
+mixed ones, and some `winograd_applies` leaves direct (7x7, fewer than 64 channels), the
+rewrite's thresholds lowered for them here."""
 
 
 def compiled(graph: Graph, winograd: bool) -> CompiledModel:
-    """`graph` compiled for this host's llvm target, "winograd_conv" listed first or not."""
+    """`graph` compiled for this host's llvm target with "winograd_conv" first in its layouts
+    or without it."""
     target = REGISTRY["llvm"].target()
-    if winograd:
-        target = dataclasses.replace(target, layouts=("winograd_conv",) + target.layouts)
+    layouts = tuple(name for name in target.layouts if name != "winograd_conv")
+    target = dataclasses.replace(target, layouts=("winograd_conv",) * winograd + layouts)
     graph = optimize(graph, target)
     return CompiledModel(graph, runtime(graph, 3, target), "llvm")
 
@@ -72,6 +76,8 @@ def interleaved(fns: dict, repeat: int, blocks: int) -> dict:
 
 
 def layers_table(args) -> None:
+    rule = convert_layout.WINOGRAD_MIN_CHANNELS, convert_layout.WINOGRAD_MIN_SIDE
+    convert_layout.WINOGRAD_MIN_CHANNELS = convert_layout.WINOGRAD_MIN_SIDE = 1
     rng = np.random.default_rng(0)
     print(f"{'layer':>16} {'direct ms':>10} {'winograd ms':>12} {'direct/win':>10} "
           f"{'err direct':>11} {'err winograd':>12}")
@@ -88,6 +94,7 @@ def layers_table(args) -> None:
         print(f"{f'{c}->{m} @{side}':>16} {ms['direct']:10.3f} {ms['winograd']:12.3f} "
               f"{ms['direct'] / ms['winograd']:10.2f} {errs['direct']:11.2e} "
               f"{errs['winograd']:12.2e}", flush=True)
+    convert_layout.WINOGRAD_MIN_CHANNELS, convert_layout.WINOGRAD_MIN_SIDE = rule
 
 
 def models_table(args) -> None:

@@ -22,10 +22,9 @@ except on an image of one pixel (squeeze-and-excitation's 1x1 convs of 4 or 6 ch
 through the registers): there a Transpose moves nothing (`sink_transposes` makes it a Reshape
 or cancels it), and
 so do convs next to a grouped conv that is not depthwise (which has no channels-last kernel)
-through elementwise ops only. "winograd_conv" (llvm, off by default: listed before
-"pack_conv" where a Target asks for it): a 3x3 stride-1 Conv of enough channels
-(`winograd_applies`) becomes ConvWinograd, its filters transformed for Winograd's F(2x2, 3x3)
-once here. A rewrite keeps the output Value of the last node it replaces, so its users are
+through elementwise ops only. "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1
+Conv where Winograd's F(2x2, 3x3) is the faster (`winograd_applies`) becomes ConvWinograd,
+its filters transformed once here. A rewrite keeps the output Value of the last node it replaces, so its users are
 untouched.
 """
 
@@ -135,15 +134,22 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
     return Node("ConvPacked", inputs, node.outputs, full, node.name), []
 
 
-WINOGRAD_MIN_CHANNELS = 16
+WINOGRAD_MIN_CHANNELS = 64
 """Input and output channels below which "winograd_conv" keeps a 3x3 conv direct: its
 transforms (16 input values per 4 pixels and channel, 4 outputs from 16 per channel) cost
-about what F(2x2, 3x3)'s 2.25x fewer multiply-adds save when a layer has few channels."""
+about what F(2x2, 3x3)'s 2.25x fewer multiply-adds save (bench/winograd.py, 2-core znver5,
+direct / Winograd at 1 and 2 threads: 16->16 @56 0.63 / 0.41, 32->32 @112 1.18 / 0.65; from
+64 channels 1.29 to 2.05)."""
+
+WINOGRAD_MIN_SIDE = 14
+"""Output height and width below which a conv stays direct: a 7x7 output's rows of 4 tiles
+fill half the template's accumulators (512->512 @7: 1.04 / 0.83, as above)."""
 
 
 def winograd_applies(node: Node) -> bool:
-    """Whether Conv `node` is one F(2x2, 3x3) computes: 2-D, 3x3, stride 1, no dilation, one
-    group, float32, constant weights, both channel counts at least WINOGRAD_MIN_CHANNELS."""
+    """Whether Conv `node` is one F(2x2, 3x3) computes, and faster than the direct conv: 2-D,
+    3x3, stride 1, no dilation, one group, float32, constant weights, both channel counts at
+    least WINOGRAD_MIN_CHANNELS, an output of at least WINOGRAD_MIN_SIDE a side."""
     if node.op != "Conv":
         return False
     x, w = node.inputs[0], node.inputs[1]
@@ -151,9 +157,11 @@ def winograd_applies(node: Node) -> bool:
             x.type.dtype is not float32 or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
         return False
     oc, c, kh, kw = w.const.shape
+    out = node.outputs[0].type.shape[2:]
     return (kh, kw) == (3, 3) and (node.attrs.get("group") or 1) == 1 and \
         all(v == 1 for v in (node.attrs.get("strides") or [1, 1]) +
-            (node.attrs.get("dilations") or [1, 1])) and min(oc, c) >= WINOGRAD_MIN_CHANNELS
+            (node.attrs.get("dilations") or [1, 1])) and min(oc, c) >= WINOGRAD_MIN_CHANNELS \
+        and all(isinstance(d, int) and d >= WINOGRAD_MIN_SIDE for d in out)
 
 
 def _winograd_conv(graph: Graph, node: Node, users, target: Target):

@@ -8,8 +8,9 @@ the filter's (`ir/ops/packed.py: winograd_weights`), `.` elementwise. A tile's 3
 per (input, output) channel pair become 16: one matrix product [tiles x C] by [C x M] per
 position of the 4x4 transformed tile. Two parallel loops:
 
-1. the input transformed, a block of T tiles of an image a unit, into V [blocks, 16, C, T]
-   (a scratch buffer of the call: each block's 16 [C, T] panels contiguous);
+1. the input transformed, a block of T tiles of a row of tiles a unit, into V [blocks, 16,
+   C, T] (a scratch buffer of the call: each block's 16 [C, T] panels contiguous), the
+   block's tiles in the vector lanes;
 2. a unit a block of T tiles of an image and a block of NR output channels: for each of the
    16 positions, T x NR accumulators summed over C, a step one broadcast V value times one
    NR-vector of U (the direct conv's micro-kernel, conv.py), kept in `m` [16, T, NR]; then
@@ -48,8 +49,12 @@ def space(p: Conv2d, machine) -> Space:
 
 
 def default(p: Conv2d, machine) -> WinogradConfig:
-    # as the direct conv's pixels a tile: 8 x 2 vectors = 16 of AVX-512's 32 registers
-    return WinogradConfig(MR_BY_VECTOR_BITS.get(machine.vector_bits, 4))
+    """Up to the direct conv's pixels a tile (8 x 2 vectors = 16 of AVX-512's 32 registers),
+    as many as split a row of tiles evenly (a 7x7 output's 4 tiles: blocks of 4, not one
+    block of 8 half past the image)."""
+    most = MR_BY_VECTOR_BITS.get(machine.vector_bits, 4)
+    row = -(-p.y_dims[3] // 2)
+    return WinogradConfig(-(-row // -(-row // most)))
 
 
 def input_transform(d) -> list[list[L.Expr]]:
@@ -77,7 +82,11 @@ def build(p: Conv2d, config: WinogradConfig, machine) -> L.PrimFunc:
 
 
 class _Winograd:
-    """The pieces of `build`: the tile geometry, the loop variables, a method per stage."""
+    """The pieces of `build`: the tile geometry, the loop variables, a method per stage.
+
+    A block is T consecutive tiles of one row of tiles (a row's last block runs past the
+    image into zero padding: computed, never stored), so a block's patches start two
+    columns apart: the input transform reads them as stride-2 vectors."""
 
     def __init__(self, p: Conv2d, config: WinogradConfig, machine):
         self.p, self.t_n = p, config.tiles
@@ -87,28 +96,33 @@ class _Winograd:
         self.nr = p.packed_nr
         self.blocks = -(-self.oc // self.nr)
         self.th, self.tw = -(-self.oh // 2), -(-self.ow // 2)
-        self.tiles_n = self.th * self.tw
-        self.tblocks = -(-self.tiles_n // self.t_n)
+        self.row_blocks = -(-self.tw // self.t_n)
+        self.tblocks = self.th * self.row_blocks          # tile blocks an image
         self.par = parallel_kind(machine.threads,
                                  self.n * self.oc * self.oh * self.ow * self.c * 4)
-        # every tile's 4x4 patch inside the padded plane (a last odd row or column of the
-        # output reads a zero row past the image's padding)
-        plane = dataclasses.replace(p, padded_hw=(2 * self.th + 2, 2 * self.tw + 2))
+        # every block's 4x4 patches inside the padded plane
+        plane = dataclasses.replace(
+            p, padded_hw=(2 * self.th + 2, 2 * self.row_blocks * self.t_n + 2))
         self.xpad, self.pad_stmt = pad_input(plane, self.par)
         self.ic, self.t, self.jj, self.xi = (L.Var(v) for v in ("ic", "t", "j", "xi"))
         # the transformed input: [image's tile block, position, channel, tile of the block],
         # a block's panels contiguous (what one unit of the products reads, in order; a
         # whole image's [16, C, tiles] put each channel's T values a row of tiles apart:
-        # 3x slower at 64 channels 56x56); a last partial block repeats the image's last
-        # tile (computed, never stored)
+        # 3x slower at 64 channels 56x56)
         self.v = L.Buffer("v", T.float32, (self.n * self.tblocks, 16, self.c, self.t_n))
         self.m = L.Buffer("m", T.float32, (16 * self.t_n * self.nr,))
         self.acc = L.Buffer("acc", T.float32, (self.t_n * self.nr,), L.Scope.LOCAL)
 
+    def corner(self, block: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr, L.Expr]:
+        """(image, first row, first column) of tile t of tile block `block` (of all images)."""
+        bn, rest = block // self.tblocks, block % self.tblocks
+        ty, txb = rest // self.row_blocks, rest % self.row_blocks
+        return bn, ty * 2, (txb * self.t_n + t) * 2
+
     def body(self) -> L.Stmt:
-        """The input padded, then transformed (parallel over images' channels), then the
-        products and the output transform (parallel over images' tile blocks and channel
-        blocks: the small images' few tiles still share out)."""
+        """The input padded, then transformed (parallel over tile blocks), then the products
+        and the output transform (parallel over tile blocks and channel blocks: the small
+        images' few tiles still share out)."""
         stmts = ([self.pad_stmt] if self.pad_stmt is not None else []) + \
             [self.transform_input(), self.products_and_output()]
         body = L.Allocate(self.v, L.seq(*stmts))
@@ -116,36 +130,36 @@ class _Winograd:
 
     def transform_input(self) -> L.Stmt:
         """V[block, ., ic, t] = B^T d B of the block's tile t's patch of channel ic, a unit a
-        block of an image's tiles."""
+        block, the block's tiles in the vector lanes (stride-2 loads)."""
         block, t, ic = L.Var("block"), self.t, self.ic
-        bn = block // self.tblocks
-        tile = L.minimum((block % self.tblocks) * self.t_n + t, self.tiles_n - 1)
-        y0, x0 = (tile // self.tw) * 2, (tile % self.tw) * 2
+        bn, y0, x0 = self.corner(block, t)
         v = input_transform(lambda a, b: self.xpad[bn, ic, y0 + a, x0 + b])
         stores = [L.Store(self.v, (block, a * 4 + b, ic, t), v[a][b])
                   for a in range(4) for b in range(4)]
+        lanes = L.ForKind.VECTORIZED if self.t_n > 1 else L.ForKind.SERIAL
         return L.For(block, self.n * self.tblocks, L.For(ic, self.c, L.For(
-            t, self.t_n, L.seq(*stores))), self.par)
+            t, self.t_n, L.seq(*stores), lanes)), self.par)
 
     def products_and_output(self) -> L.Stmt:
-        """One parallel unit a (image, tile block, channel block): the 16 products into m,
-        then m transformed into the tiles' pixels."""
+        """One parallel unit a (image, channel block, tile block): the 16 products into m,
+        then m transformed into the tiles' pixels; tile blocks inner, so a channel block's
+        transformed filters stay in L2 for its tile blocks."""
         unit = L.Var("unit")
         per_image = self.tblocks * self.blocks
         bn, rest = unit // per_image, unit % per_image
         ob, tb = rest // self.tblocks, rest % self.tblocks
+        block = bn * self.tblocks + tb
         return L.For(unit, self.n * per_image, L.Allocate(self.m, L.seq(
-            L.For(self.xi, 16, L.Allocate(self.acc, self.products(bn, tb, ob))),
-            self.transform_output(bn, tb, ob))), self.par)
+            L.For(self.xi, 16, L.Allocate(self.acc, self.products(block, ob))),
+            self.transform_output(block, ob))), self.par)
 
-    def products(self, bn, tb, ob) -> L.Stmt:
+    def products(self, block, ob) -> L.Stmt:
         """Position xi's T x NR accumulators over the input channels, into m."""
         t, jj, nr, acc, xi = self.t, self.jj, self.nr, self.acc, self.xi
         vec, unrolled = L.ForKind.VECTORIZED, L.ForKind.UNROLLED
         a = L.Var("a", T.float32)
         init = L.For(t, self.t_n, L.For(jj, nr, L.Store(acc, (t * nr + jj,), L.const(0.0)),
                                         vec), unrolled)
-        block = bn * self.tblocks + tb
         step = L.For(t, self.t_n, L.Let(a, self.v[block, xi, self.ic, t], L.For(
             jj, nr, L.Store(acc, (t * nr + jj,), L.call(
                 "fma", a, self.p.w[xi, ob, self.ic, jj], acc[t * nr + jj])), vec)),
@@ -154,13 +168,12 @@ class _Winograd:
             self.m, ((xi * self.t_n + t) * nr + jj,), acc[t * nr + jj]), vec), unrolled)
         return L.seq(init, L.For(self.ic, self.c, step), keep)
 
-    def transform_output(self, bn, tb, ob) -> L.Stmt:
+    def transform_output(self, block, ob) -> L.Stmt:
         """Each tile's 2x2 pixels of the NR channels, A^T m A, through bias and epilogue."""
         p, t, jj, nr, t_n = self.p, self.t, self.jj, self.nr, self.t_n
         y = output_transform(lambda a, b: self.m[((a * 4 + b) * t_n + t) * nr + jj])
         out_c = ob * nr + jj
-        tile = tb * t_n + t
-        y0, x0 = (tile // self.tw) * 2, (tile % self.tw) * 2
+        bn, y0, x0 = self.corner(block, t)
         stores = []
         for i in range(2):
             for j in range(2):
@@ -176,7 +189,7 @@ class _Winograd:
             channels = L.For(jj, nr, L.If(out_c < self.oc, L.seq(*stores)), L.ForKind.UNROLLED)
         else:
             channels = L.For(jj, nr, L.seq(*stores), L.ForKind.VECTORIZED)
-        return L.For(t, t_n, L.If(tile < self.tiles_n, channels))
+        return L.For(t, t_n, L.If(x0 < 2 * self.tw, channels))
 
 
 WINOGRAD = Template("winograd", problems.winograd_conv2d, lambda p: p.float32, space, default,

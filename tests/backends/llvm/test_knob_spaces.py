@@ -72,8 +72,8 @@ def matmul_heads_first(rng):
     return g
 
 
-def conv_bias_relu(rng, c=5, oc=7, k=3, **attrs):
-    g, (x,) = _graph([("x", ("N", c, 9, 11))])
+def conv_bias_relu(rng, c=5, oc=7, k=3, h=9, w=11, **attrs):
+    g, (x,) = _graph([("x", ("N", c, h, w))])
     y = g.add("Conv", x, _const(rng, "w", (oc, c // attrs.get("group", 1), k, k), 0.3),
               _const(rng, "c", (oc,)), **attrs)
     g.outputs = [g.add("Relu", y)]
@@ -105,9 +105,8 @@ def unary(op, shape, **attrs):
     return build
 
 
-# (id, graph builder, layouts packed by convert_layout (True: the llvm target's; "winograd":
-# winograd_conv), the template chosen, rtol = atol: the tolerances of test_templates.py and
-# test_default_schedule.py)
+# (id, graph builder, layouts packed by convert_layout, the template chosen, rtol = atol: the
+# tolerances of test_templates.py and test_default_schedule.py)
 CASES = [
     ("dense", matmul_bias_relu, False, "dense", 1e-4),
     ("dense-packed", matmul_bias_relu, True, "dense", 1e-4),
@@ -137,10 +136,10 @@ CASES = [
      True, "pointwise", 1e-4),
     ("depthwise", lambda rng: conv_bias_relu(rng, c=6, oc=6, group=6, pads=[1, 1, 1, 1],
                                              strides=[2, 2]), False, "depthwise", 1e-5),
-    # 3x3 stride 1 of 16 channels or more, filters transformed ("winograd_conv", off by
-    # default: listed for this case); 20 output channels, a partial block
-    ("winograd", lambda rng: conv_bias_relu(rng, c=16, oc=20, pads=[1, 1, 1, 1]), "winograd",
-     "winograd", 1e-4),
+    # 3x3 stride 1, enough channels and pixels for `winograd_applies` (72 output channels:
+    # a partial block; 15 columns: a partial tile)
+    ("winograd", lambda rng: conv_bias_relu(rng, c=64, oc=72, pads=[1, 1, 1, 1], h=14, w=15),
+     True, "winograd", 1e-4),
     ("pool2d-max", pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
      False, "pool2d", 1e-6),
     ("pool2d-average", pool("AveragePool", kernel_shape=[3, 2], pads=[1, 0, 1, 1],
@@ -172,10 +171,7 @@ def _kernel(rng, build, packed, integers=False):
              .astype(np.float32) for s in shapes]
     want = run_graph(graph, feeds)
     if packed:
-        target = REGISTRY["llvm"].target()
-        if packed == "winograd":
-            target = dataclasses.replace(target, layouts=("winograd_conv",))
-        assert convert_layout(graph, target) == 1
+        assert convert_layout(graph, REGISTRY["llvm"].target()) == 1
     kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
     assert not kernel.func.size_vars
     arrays = {id(v): a for v, a in zip(graph.inputs, feeds)}

@@ -1,9 +1,9 @@
 """Winograd F(2x2, 3x3) on llvm (issue 32, item 4): the filters transformed at compile time
-(convert_layout's "winograd_conv", ConvWinograd) and back exactly; which convs it takes; the
-template against the NumPy reference (float64) on odd and even images, padded and not, a
-partial channel block, with and without bias, with a fused residual epilogue, at 1 and 2
-threads, its error no worse than the direct conv's; and off by default (the llvm target's
-layouts do not list it)."""
+(convert_layout's "winograd_conv", ConvWinograd) and back exactly; which convs its rule takes
+(on by default: the llvm target lists it); the template against the NumPy reference (float64)
+on odd and even images, padded and not, a partial channel block, with and without bias, with
+a fused residual epilogue, at 1 and 2 threads, its error no worse than the direct conv's
+(small shapes: the rule's thresholds lowered so the template takes them)."""
 
 import dataclasses
 
@@ -17,6 +17,7 @@ from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.conv import conv
 from dnnc.ir.ops.packed import conv_winograd, winograd_filters, winograd_weights
+from dnnc.passes import convert_layout
 from dnnc.passes.convert_layout import winograd_applies
 from dnnc.passes.manager import optimize
 
@@ -43,10 +44,11 @@ def conv_graph(rng, c, m, h, wid, pads=1, bias=True, residual=False) -> tuple[Gr
 
 
 def compiled(graph: Graph, winograd: bool, threads: int | None = None) -> CompiledModel:
-    """`graph` compiled for this host's llvm target, "winograd_conv" listed first or not."""
+    """`graph` compiled for this host's llvm target, "winograd_conv" in its layouts or not."""
     target = REGISTRY["llvm"].target()
-    if winograd:
-        target = dataclasses.replace(target, layouts=("winograd_conv",) + target.layouts)
+    if not winograd:
+        layouts = tuple(name for name in target.layouts if name != "winograd_conv")
+        target = dataclasses.replace(target, layouts=layouts)
     if threads:
         target = dataclasses.replace(target, threads=threads)
     graph = optimize(graph, target)
@@ -74,22 +76,32 @@ def test_the_filters_are_transformed_and_back_exactly_enough(rng):
                                rtol=1e-5, atol=1e-5)
 
 
-def _node(rng, c=16, m=16, k=3, **attrs):
+def _node(rng, c=64, m=64, k=3, side=14, **attrs):
     g = Graph("g")
-    x = g.add_input("x", T.TensorType(T.float32, (1, c, 8, 8)))
+    x = g.add_input("x", T.TensorType(T.float32, (1, c, side, side)))
     w = rng.standard_normal((m, c // attrs.get("group", 1), k, k)).astype(np.float32)
     g.add("Conv", x, _const(w), **attrs)
     return g.nodes[0]
 
 
-def test_winograd_takes_3x3_stride_1_convs_of_enough_channels(rng):
-    assert winograd_applies(_node(rng, pads=[1, 1, 1, 1]))
-    assert not winograd_applies(_node(rng, strides=[2, 2]))
-    assert not winograd_applies(_node(rng, dilations=[2, 2]))
+def test_winograd_takes_3x3_stride_1_convs_of_enough_channels_and_pixels(rng):
+    same = {"pads": [1, 1, 1, 1]}
+    assert winograd_applies(_node(rng, **same))
+    assert not winograd_applies(_node(rng, strides=[2, 2], **same))
+    assert not winograd_applies(_node(rng, dilations=[2, 2], pads=[2, 2, 2, 2]))
     assert not winograd_applies(_node(rng, k=1))
-    assert not winograd_applies(_node(rng, group=2))
-    assert not winograd_applies(_node(rng, c=8))      # a stem's few channels: direct
-    assert not winograd_applies(_node(rng, m=8))
+    assert not winograd_applies(_node(rng, group=2, **same))
+    assert not winograd_applies(_node(rng, c=32, **same))      # few channels: direct
+    assert not winograd_applies(_node(rng, m=32, **same))
+    assert not winograd_applies(_node(rng, side=7, **same))    # a 7x7 output: direct
+    assert not winograd_applies(_node(rng))                    # unpadded: 12x12 out
+
+
+@pytest.fixture
+def small_shapes(monkeypatch):
+    """The rule's thresholds lowered: the template takes the small test convs."""
+    monkeypatch.setattr(convert_layout, "WINOGRAD_MIN_CHANNELS", 16)
+    monkeypatch.setattr(convert_layout, "WINOGRAD_MIN_SIDE", 1)
 
 
 CASES = [   # (input channels, output channels, height, width, pads, bias, residual)
@@ -102,7 +114,8 @@ CASES = [   # (input channels, output channels, height, width, pads, bias, resid
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}@{c[2]}x{c[3]}" for c in CASES])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_winograd_matches_the_reference_as_well_as_direct_conv(rng, case, threads):
+def test_winograd_matches_the_reference_as_well_as_direct_conv(rng, case, threads,
+                                                               small_shapes):
     c, m, h, wid, pads, bias, residual = case
     graph, params = conv_graph(rng, c, m, h, wid, pads, bias, residual)
     feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
@@ -117,7 +130,14 @@ def test_winograd_matches_the_reference_as_well_as_direct_conv(rng, case, thread
     assert err <= max(2 * err_direct, 2e-7), (err, err_direct)
 
 
-def test_winograd_is_off_by_default(rng):
-    graph, _ = conv_graph(rng, 64, 64, 14, 14)
-    assert "winograd_conv" not in REGISTRY["llvm"].target().layouts
-    assert [n.op for n in compiled(graph, False).graph.nodes][0] == "ConvPacked"
+def test_the_llvm_target_takes_winograd_where_its_rule_does(rng):
+    layouts = REGISTRY["llvm"].target().layouts
+    assert layouts.index("winograd_conv") < layouts.index("pack_conv")
+    graph, params = conv_graph(rng, 64, 72, 14, 15)   # 72 channels: a partial block
+    feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
+    model = compiled(graph, True)
+    assert [n.op for n in model.graph.nodes][0] == "ConvWinograd"
+    want = reference(feeds, params)
+    assert np.abs(model.run(*feeds)[0] - want).max() <= 1e-6 * np.abs(want).max()
+    graph, _ = conv_graph(rng, 64, 64, 7, 7)
+    assert [n.op for n in compiled(graph, True).graph.nodes][0] == "ConvPacked"
