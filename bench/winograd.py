@@ -5,11 +5,12 @@ model.
 
 Layers: the 3x3 stride-1 convolutions of ResNet-18/50 and VGG at batch 1 (Conv + bias + Relu,
 random weights), each compiled twice for this host's llvm target, with "winograd_conv" listed
-first (its choice rule, `winograd_applies`, set to take every layer) and without it; the two timed in interleaved blocks (the median block of `--repeat`
-calls each). Prints each one's milliseconds, direct / Winograd, and each one's largest error
+first (its choice rule, `winograd_applies`, set to take every layer) and without it; the two
+timed in interleaved blocks (the median block of `--repeat` calls each). Prints each one's milliseconds, direct / Winograd, and each one's largest error
 relative to the largest output against a float64 NumPy reference. `--models` also times whole
 zoo models both ways (Winograd where its rule takes a layer; and onnxruntime, same threads),
-the ratio dnnc-Winograd / dnnc-direct.
+the ratio dnnc-Winograd / dnnc-direct. Timing only: what it measures is checked by
+tests/backends/llvm/test_winograd.py, never here.
 """
 
 from __future__ import annotations
