@@ -14,6 +14,7 @@ from dnnc.backends.llvm.entry import runtime
 from dnnc.backends.registry import REGISTRY
 from dnnc.compiler.module import CompiledModel
 from dnnc.ir import types as T
+from dnnc.ir.flops import node_flops
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.conv import conv
 from dnnc.ir.ops.packed import conv_winograd, winograd_filters, winograd_weights
@@ -141,3 +142,11 @@ def test_the_llvm_target_takes_winograd_where_its_rule_does(rng):
     assert np.abs(model.run(*feeds)[0] - want).max() <= 1e-6 * np.abs(want).max()
     graph, _ = conv_graph(rng, 64, 64, 7, 7)
     assert [n.op for n in compiled(graph, True).graph.nodes][0] == "ConvPacked"
+
+
+def test_a_winograd_conv_counts_as_the_conv_it_replaces(rng):
+    """FLOPs (`dnnc inspect`, profiles) are the direct conv's, whatever computes them."""
+    graph, _ = conv_graph(rng, 64, 64, 14, 14)
+    want = node_flops(graph.nodes[0])
+    (node,) = [n for n in compiled(graph, True).graph.nodes if n.op == "ConvWinograd"]
+    assert want.value and node_flops(node) == want
