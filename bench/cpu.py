@@ -1,7 +1,8 @@
-"""dnnc (llvm target) next to onnxruntime, measured in one run.
+"""dnnc (llvm target) next to onnxruntime and OpenVINO, measured in one run.
 
     python bench/cpu.py [--models zoo,torch,light,mlp,FILE.onnx,...] [--batch 1] [--threads N]
                         [--repeat 20] [--opt-level N] [--mattr -avx512f]
+                        [--peers onnxruntime,openvino,openvino-f32] [--float16 half-io]
                         [--load busy|alternate] [--blocks 5] [--new-batch 1,3,8]
                         [--shard K/N] [--ort-spin 0|1] [--alone-blocks 3]
 
@@ -13,18 +14,30 @@ optional torch and onnxscript), `library` and `library-dynamo` (torchvision's, t
 transformers' own modules, random weights, where those are installed: bench/library_models.py)
 and `light` (the onnx package's light models). Default: zoo.
 
-Both run with the same thread count (`--threads`, else DNNC_NUM_THREADS or the cores this
-process may use; onnxruntime's intra-op threads set to match), each alone: `--alone-blocks`
-blocks of `--repeat` calls per runtime, interleaved, 0.3 s apart. Prints the median block's
-latency, the ratio dnnc / onnxruntime per model, and their geometric mean.
+`--peers` names the runtimes dnnc is timed against (default: all three, those not installed
+left out with a note): `onnxruntime` (CPU provider, fp32), `openvino` (its defaults: bf16
+arithmetic on a CPU with native bf16, else f32) and `openvino-f32` (INFERENCE_PRECISION_HINT
+f32). Each peer's precision is the one its compiled model reports (OpenVINO's
+INFERENCE_PRECISION_HINT), printed per model. All run with the same thread count (`--threads`,
+else DNNC_NUM_THREADS or the cores this process may use; onnxruntime's intra-op threads and
+OpenVINO's INFERENCE_NUM_THREADS set to match), each alone: `--alone-blocks` blocks of
+`--repeat` calls per runtime, interleaved, 0.3 s apart. Prints the median block's latency, the
+ratio dnnc / peer (the column after each peer's) per model, and their geometric mean per peer.
+"check" compares dnnc's outputs with onnxruntime's (fp32 tolerances).
+
+`--float16 half-io` (or `float-io`): each model's float16 file instead (`zoo.float16`, as
+onnxconverter_common writes it; float16 inputs and outputs, or float32 ones), every runtime
+on the same file; "check" then holds dnnc to the documented bound of a half file
+(docs/llvm_backend.md, "Half-precision files": `model_error_bound("fp16")` of the largest
+output, dnnc computing in float32 where onnxruntime rounds to float16 in places).
 
 `--load busy`: how each runtime degrades beside one unrelated busy process (a Python loop
 spinning on one core). The busy process is started once and stopped/continued with
 SIGSTOP/SIGCONT, so "alone" and "loaded" blocks interleave (alone, loaded, alone, ... for
 dnnc, then for onnxruntime, `--blocks` times); each block is the median of `--repeat` calls,
 each condition the median of its blocks, with the blocks' spread (max/min). Prints
-slowdown = loaded / alone for both and dnnc's slowdown over onnxruntime's.
-`--load alternate`: dnnc and onnxruntime called alternately, call by call (each one's idle
+slowdown = loaded / alone for both and dnnc's slowdown over the peer's, a row per peer.
+`--load alternate`: dnnc and a peer called alternately, call by call (each one's idle
 threads are the other's load), next to each timed alone. onnxruntime's workers spin for
 10-30 ms after each of its calls (its default `session.intra_op.allow_spinning=1`), taking a
 core from whatever runs next; dnnc's stop spinning after 20 us. So dnnc's alternating time
@@ -37,7 +50,8 @@ On a machine with more cores, confine the run to two (`taskset -c 2,3 python ben
 `--new-batch 1,3,8`: dynamic batch sizes. Each model is compiled with a symbolic batch and
 called at `--batch` (the compile), then at each new size: the first call's milliseconds (what
 a new size costs: no compile when the model is batch-separable, `batch_split_calls`) next to a
-steady call of that size's own code (compiled, then timed) and onnxruntime's.
+steady call of that size's own code (compiled, then timed) and onnxruntime's (the only peer
+timed there).
 """
 
 from __future__ import annotations
@@ -50,7 +64,9 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -60,6 +76,7 @@ import dnnc  # noqa: E402
 from dnnc.compiler.module import call_times_ms, warm_up  # noqa: E402
 from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm.cpu import cpu_from, host_target  # noqa: E402
+from dnnc.ir.target import model_error_bound  # noqa: E402
 
 DEFAULT_MODELS = ["mlp", "cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_tiny", "bert_base"]
 EXPORTS = Path.home() / ".cache" / "dnnc" / "bench"
@@ -107,22 +124,36 @@ def library_exports(exporter: str) -> list[str]:
     return library_models.export_all(EXPORTS / f"library-{exporter}", exporter)
 
 
-def load_model(name: str, batch: int):
+def load_model(name: str, batch: int, float16: str | None = None):
     """A zoo model by name, or an ONNX file (a path ending in .onnx: torch's exports from
-    bench/torch_models.py, onnx's light models) with its symbolic dims set to `batch`; the
-    model, its random inputs (seeded) and the name to print."""
+    bench/torch_models.py, onnx's light models) with its symbolic dims set to `batch`,
+    converted to float16 (`zoo.float16`) when `float16` says how ("half-io": its inputs and
+    outputs too, "float-io": kept float32); the model, its random inputs (seeded) and the
+    name to print."""
     import onnx
 
     if not name.endswith(".onnx"):
-        model = zoo.build(name, batch=batch)
-        return model, zoo.inputs_for(model, np.random.default_rng(0)), name
-    model = onnx.load(name)
+        model, stem = zoo.build(name, batch=batch), name
+    else:
+        model, stem = onnx.load(name), Path(name).stem
+        if Path(name).parent.parent.name == "bench" and \
+                Path(name).parent.name.endswith("dynamo"):
+            stem += "_dynamo"
+    if float16:
+        model = zoo.float16(model, keep_io_types=float16 == "float-io")
     dims = {d.dim_param: batch for vi in model.graph.input
             for d in vi.type.tensor_type.shape.dim if d.dim_param}
-    stem = Path(name).stem
-    if Path(name).parent.parent.name == "bench" and Path(name).parent.name.endswith("dynamo"):
-        stem += "_dynamo"
     return model, zoo.inputs_for(model, np.random.default_rng(0), dims), stem
+
+
+def matches(got: list, want: list, float16: str | None) -> bool:
+    """Whether dnnc's outputs match onnxruntime's: fp32 tolerances, or for a float16 file the
+    documented bound (docs/llvm_backend.md, "Half-precision files")."""
+    if not float16:
+        return all(np.allclose(o, r, rtol=1e-4, atol=1e-5) for o, r in zip(got, want))
+    return all(o.dtype == r.dtype and np.abs(o.astype(np.float32) - r.astype(np.float32)).max()
+               <= model_error_bound("fp16") * np.abs(r.astype(np.float32)).max()
+               for o, r in zip(got, want))
 
 
 def symbolic_model(name: str):
@@ -150,6 +181,69 @@ def ort_session(ort, model, threads: int, spin: str | None):
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     return ort.InferenceSession(model.SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
+
+
+@dataclass
+class Peer:
+    """A runtime dnnc is timed against: its label, the precision it computes in (as the runtime
+    reports it for this model), and one call on the inputs (a name -> array dict)."""
+    label: str
+    precision: str
+    run: Callable[[dict], list]
+
+
+def onnxruntime_peer(model, threads: int, args) -> Peer:
+    import onnxruntime as ort
+
+    session = ort_session(ort, model, threads, args.ort_spin)
+    # (on a float16 file it rounds to float16 in places: the ops it has float16 kernels for)
+    precision = "f16+f32" if getattr(args, "float16", None) else "f32"
+    return Peer("onnxruntime", precision, lambda inputs: session.run(None, inputs))
+
+
+def openvino_peer(model, threads: int, hint: str | None) -> Peer:
+    """OpenVINO's CPU plugin on `model`, `threads` threads, latency mode; `hint` None keeps its
+    default precision (bf16 where the CPU has native bf16), "f32" asks for fp32."""
+    import openvino as ov
+
+    core = ov.Core()
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if hint:
+        config["INFERENCE_PRECISION_HINT"] = hint
+    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
+                                  config)
+    request = compiled.create_infer_request()
+    precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    label = "openvino-" + hint if hint else "openvino"
+    return Peer(label, precision, lambda inputs: list(request.infer(inputs).to_tuple()))
+
+
+PEERS = {
+    "onnxruntime": onnxruntime_peer,
+    "openvino": lambda model, threads, args: openvino_peer(model, threads, None),
+    "openvino-f32": lambda model, threads, args: openvino_peer(model, threads, "f32"),
+}
+
+
+def installed_peers(names: str) -> list[str]:
+    """The peers `--peers` names whose runtime is installed; a note for each one left out."""
+    chosen = []
+    for name in filter(None, names.split(",")):
+        if name not in PEERS:
+            sys.exit(f"--peers: unknown peer {name!r} (known: {', '.join(PEERS)})")
+        package = name.split("-")[0]
+        try:
+            __import__(package)
+        except ImportError:
+            print(f"# {name}: {package} is not installed here, left out", flush=True)
+            continue
+        chosen.append(name)
+    return chosen
+
+
+def peer_versions(names: list[str]) -> str:
+    packages = dict.fromkeys(name.split("-")[0] for name in names)
+    return ", ".join(f"{p} {__import__(p).__version__.split('-')[0]}" for p in packages)
 
 
 def own_code(compiled, fn, name: str) -> None:
@@ -194,35 +288,35 @@ def spread(blocks: list[float]) -> float:
     return max(blocks) / min(blocks)
 
 
-def load_busy(name: str, ours, peer, args, busy: BusyProcess) -> dict:
-    """Interleaved alone/loaded blocks for each runtime: medians and spreads."""
-    times = {(who, cond): [] for who in ("dnnc", "ort") for cond in ("alone", "busy")}
+def load_busy(name: str, ours, peer, label: str, args, busy: BusyProcess) -> dict:
+    """Interleaved alone/loaded blocks for dnnc and one peer: medians and spreads."""
+    times = {(who, cond): [] for who in ("dnnc", "peer") for cond in ("alone", "busy")}
     for _ in range(args.blocks):
-        for who, fn in (("dnnc", ours), ("ort", peer)):
+        for who, fn in (("dnnc", ours), ("peer", peer)):
             times[who, "alone"].append(block_ms(fn, args.repeat))
             busy.on()
             times[who, "busy"].append(block_ms(fn, args.repeat))
             busy.off()
     med = {k: float(np.median(v)) for k, v in times.items()}
-    slow = {who: med[who, "busy"] / med[who, "alone"] for who in ("dnnc", "ort")}
+    slow = {who: med[who, "busy"] / med[who, "alone"] for who in ("dnnc", "peer")}
     print(f"{name:20} {med['dnnc', 'alone']:8.2f} {med['dnnc', 'busy']:8.2f} "
-          f"{slow['dnnc']:6.2f}x {med['ort', 'alone']:8.2f} {med['ort', 'busy']:8.2f} "
-          f"{slow['ort']:6.2f}x {slow['dnnc'] / slow['ort']:7.2f}  "
-          f"{max(spread(v) for v in times.values()):6.2f}", flush=True)
-    return {"ratio": slow["dnnc"] / slow["ort"], "alone": med["dnnc", "alone"] / med["ort", "alone"]}
+          f"{slow['dnnc']:6.2f}x {med['peer', 'alone']:8.2f} {med['peer', 'busy']:8.2f} "
+          f"{slow['peer']:6.2f}x {slow['dnnc'] / slow['peer']:7.2f}  "
+          f"{max(spread(v) for v in times.values()):6.2f}  {label}", flush=True)
+    return {"ratio": slow["dnnc"] / slow["peer"], "alone": med["dnnc", "alone"] / med["peer", "alone"]}
 
 
-def load_alternate(name: str, ours, peer, args) -> dict:
-    """dnnc and onnxruntime called alternately (blocks of pairs), next to each alone."""
-    alone = {"dnnc": [], "ort": []}
-    alt = {"dnnc": [], "ort": []}
+def load_alternate(name: str, ours, peer, label: str, args) -> dict:
+    """dnnc and one peer called alternately (blocks of pairs), next to each alone."""
+    alone = {"dnnc": [], "peer": []}
+    alt = {"dnnc": [], "peer": []}
     for _ in range(args.blocks):
         alone["dnnc"].append(block_ms(ours, args.repeat))
-        alone["ort"].append(block_ms(peer, args.repeat))
+        alone["peer"].append(block_ms(peer, args.repeat))
         time.sleep(0.2)
-        pairs = {"dnnc": [], "ort": []}
+        pairs = {"dnnc": [], "peer": []}
         for _ in range(args.repeat + 2):
-            for who, fn in (("dnnc", ours), ("ort", peer)):
+            for who, fn in (("dnnc", ours), ("peer", peer)):
                 start = time.perf_counter()
                 fn()
                 pairs[who].append((time.perf_counter() - start) * 1e3)
@@ -230,23 +324,22 @@ def load_alternate(name: str, ours, peer, args) -> dict:
             alt[who].append(float(np.median(pairs[who][2:])))
     a = {w: float(np.median(v)) for w, v in alone.items()}
     b = {w: float(np.median(v)) for w, v in alt.items()}
-    print(f"{name:20} {a['dnnc']:8.2f} {b['dnnc']:8.2f} {a['ort']:8.2f} {b['ort']:8.2f} "
-          f"{a['dnnc'] / a['ort']:7.2f} {b['dnnc'] / b['ort']:7.2f}  "
-          f"{max(spread(v) for d in (alone, alt) for v in d.values()):6.2f}", flush=True)
-    return {"ratio": b["dnnc"] / b["ort"], "alone": a["dnnc"] / a["ort"]}
+    print(f"{name:20} {a['dnnc']:8.2f} {b['dnnc']:8.2f} {a['peer']:8.2f} {b['peer']:8.2f} "
+          f"{a['dnnc'] / a['peer']:7.2f} {b['dnnc'] / b['peer']:7.2f}  "
+          f"{max(spread(v) for d in (alone, alt) for v in d.values()):6.2f}  {label}",
+          flush=True)
+    return {"ratio": b["dnnc"] / b["peer"], "alone": a["dnnc"] / a["peer"]}
 
 
 LOAD_HEADERS = {
-    "busy": f"{'model':20} {'dnnc ms':>8} {'+busy':>8} {'slow':>7} {'ort ms':>8} {'+busy':>8} "
-            f"{'slow':>7} {'dnnc/ort slowdown':>7}  spread",
-    "alternate": f"{'model':20} {'dnnc ms':>8} {'alt':>8} {'ort ms':>8} {'alt':>8} "
-                 f"{'ratio':>7} {'alt ratio':>7}  spread",
+    "busy": f"{'model':20} {'dnnc ms':>8} {'+busy':>8} {'slow':>7} {'peer ms':>8} {'+busy':>8} "
+            f"{'slow':>7} {'dnnc/peer slowdown':>7}  spread  peer",
+    "alternate": f"{'model':20} {'dnnc ms':>8} {'alt':>8} {'peer ms':>8} {'alt':>8} "
+                 f"{'ratio':>7} {'alt ratio':>7}  spread  peer",
 }
 
 
-def main() -> None:
-    import onnxruntime as ort
-
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="zoo")
     parser.add_argument("--batch", type=int, default=1)
@@ -255,6 +348,10 @@ def main() -> None:
     parser.add_argument("--mattr", default=None,
                         help="edit the host's CPU features for dnnc, e.g. -avx512f to see how "
                              "an AVX2-only machine's code fares (onnxruntime is unchanged)")
+    parser.add_argument("--float16", choices=["half-io", "float-io"], default=None,
+                        help="time each model's float16 file (module docstring)")
+    parser.add_argument("--peers", default="onnxruntime,openvino,openvino-f32",
+                        help="runtimes to time dnnc against (module docstring)")
     parser.add_argument("--load", choices=["busy", "alternate"], default=None,
                         help="measure under load (see the module docstring)")
     parser.add_argument("--blocks", type=int, default=5,
@@ -272,7 +369,7 @@ def main() -> None:
                              "table spread over processes on disjoint cores")
     parser.add_argument("--new-batch", default=None,
                         help="batch sizes to call a symbolic-batch model at (module docstring)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         # read when the worker pool starts (the first host_target() below)
         os.environ["DNNC_NUM_THREADS"] = str(args.threads)
@@ -282,76 +379,90 @@ def main() -> None:
         models = models[k - 1::n]
     args.models = ",".join(models)
     if args.new_batch:
-        return main_new_batch(args, ort)
+        return main_new_batch(args)
     if args.load:
-        return main_load(args, ort)
+        return main_load(args)
     cpu = cpu_from(mattr=args.mattr) if args.mattr else host_target()
     threads = cpu.threads
+    peers = installed_peers(args.peers)
     print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors"
           f"{', ' + args.mattr if args.mattr else ''}), {threads} "
-          f"threads each; dnnc {dnnc.__version__}, onnxruntime {ort.__version__}, "
-          f"batch {args.batch}")
+          f"threads each; dnnc {dnnc.__version__}, {peer_versions(peers)}, batch {args.batch}")
     print(f"{'model':20} {'compile s':>9} {'fallbacks':>9} {'kernels':>8} {'dnnc ms':>9} "
-          f"{'ort ms':>9} {'ratio':>7}  check")
-    ratios = []
+          + "".join(f"{peer + ' ms':>16} {'ratio':>6}" for peer in peers)
+          + "  check  precision (" + ", ".join(peers) + ")")
+    ratios: dict[str, list[float]] = {peer: [] for peer in peers}
     for entry in args.models.split(","):
-        model, inputs, name = load_model(entry, args.batch)
+        model, inputs, name = load_model(entry, args.batch, args.float16)
         start = time.perf_counter()
         compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
         compile_s = time.perf_counter() - start
-        # blocks of each alone, interleaved (the median block each): a pause before each
-        # lets the other's threads stop spinning (onnxruntime's spin 10-30 ms after a call)
-        session = ort_session(ort, model, threads, args.ort_spin)
+        runs = [Peer("dnnc", "f32", lambda inputs: compiled.run(*inputs.values()))]
+        runs += [PEERS[peer](model, threads, args) for peer in peers]
         own_code(compiled, lambda: compiled.run(*inputs.values()), name)
-        blocks: dict[str, list[float]] = {"dnnc": [], "ort": []}
+        # blocks of each alone, interleaved (the median block each): a pause before each
+        # lets the others' threads stop spinning (onnxruntime's spin 10-30 ms after a call)
+        blocks: dict[str, list[float]] = {run.label: [] for run in runs}
         for _ in range(args.alone_blocks):
-            blocks["dnnc"].append(median_ms(lambda: compiled.run(*inputs.values()),
-                                            args.repeat, pause=0.3))
-            blocks["ort"].append(median_ms(lambda: session.run(None, inputs), args.repeat,
-                                           pause=0.3))
-        ours, peer = (float(np.median(blocks[k])) for k in ("dnnc", "ort"))
-        ours_out = compiled.run(*inputs.values())
-        ref = session.run(None, inputs)
-        ok = all(np.allclose(o, r, rtol=1e-4, atol=1e-5) for o, r in zip(ours_out, ref))
-        ratios.append(ours / peer)
+            for run in runs:
+                blocks[run.label].append(median_ms(lambda: run.run(inputs), args.repeat,
+                                                   pause=0.3))
+        ms = {label: float(np.median(times)) for label, times in blocks.items()}
+        check = "-"
+        if "onnxruntime" in peers:
+            ref = runs[1 + peers.index("onnxruntime")].run(inputs)
+            ok = matches(compiled.run(*inputs.values()), ref, args.float16)
+            check = "ok" if ok else "MISMATCH"
+        for peer in peers:
+            ratios[peer].append(ms["dnnc"] / ms[peer])
         print(f"{name:20} {compile_s:9.1f} {compiled.stats['host_fallback_ops']:9d} "
-              f"{compiled.stats['kernels']:8d} {ours:9.2f} {peer:9.2f} {ours / peer:7.2f}  "
-              f"{'ok' if ok else 'MISMATCH'}")
-    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    print(f"geometric mean dnnc/onnxruntime: {geo:.2f}  (worst {max(ratios):.2f})")
+              f"{compiled.stats['kernels']:8d} {ms['dnnc']:9.2f} "
+              + "".join(f"{ms[p]:16.2f} {ms['dnnc'] / ms[p]:6.2f}" for p in peers)
+              + f"  {check:5}  " + "/".join(run.precision for run in runs[1:]), flush=True)
+    for peer, rs in ratios.items():
+        print(f"geometric mean dnnc/{peer}: {geomean(rs):.2f}  (worst {max(rs):.2f})")
 
 
+def geomean(ratios: list[float]) -> float:
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
 
-def main_load(args, ort) -> None:
+
+def main_load(args) -> None:
+    """Each model under `--load`, against each peer in turn (a row per model and peer)."""
     cpu = host_target()
     threads = cpu.threads
+    peers = installed_peers(args.peers)
     print(f"# {platform.machine()} {cpu.cpu}, {os.cpu_count()} cpus, {threads} threads each; "
-          f"dnnc {dnnc.__version__}, onnxruntime {ort.__version__}, batch {args.batch}, "
+          f"dnnc {dnnc.__version__}, {peer_versions(peers)}, batch {args.batch}, "
           f"load {args.load}, {args.blocks} blocks of {args.repeat} calls")
     print(LOAD_HEADERS[args.load])
     busy = BusyProcess() if args.load == "busy" else None
-    rows = []
+    ratios: dict[str, list[float]] = {peer: [] for peer in peers}
     try:
         for entry in args.models.split(","):
-            model, inputs, name = load_model(entry, args.batch)
+            model, inputs, name = load_model(entry, args.batch, args.float16)
             compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
-            session = ort_session(ort, model, threads, args.ort_spin)
             ours = lambda: compiled.run(*inputs.values())   # noqa: E731
-            peer = lambda: session.run(None, inputs)         # noqa: E731
             own_code(compiled, ours, name)
-            rows.append(load_busy(name, ours, peer, args, busy) if busy
-                        else load_alternate(name, ours, peer, args))
+            for label in peers:
+                peer = PEERS[label](model, threads, args)
+                call = lambda: peer.run(inputs)   # noqa: E731
+                tail = f"{label} ({peer.precision})"
+                row = (load_busy(name, ours, call, tail, args, busy) if busy
+                       else load_alternate(name, ours, call, tail, args))
+                ratios[label].append(row["ratio"])
     finally:
         if busy:
             busy.close()
-    ratios = [r["ratio"] for r in rows]
-    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    what = "slowdown dnnc/ort" if busy else "alternating dnnc/ort"
-    print(f"geometric mean {what}: {geo:.2f} (worst {max(ratios):.2f})")
+    what = "slowdown dnnc/" if busy else "alternating dnnc/"
+    for label, rs in ratios.items():
+        print(f"geometric mean {what}{label}: {geomean(rs):.2f} (worst {max(rs):.2f})")
 
 
-def main_new_batch(args, ort) -> None:
+def main_new_batch(args) -> None:
     """Each model compiled with a symbolic batch, then called at new sizes (docstring)."""
+    import onnxruntime as ort
+
     cpu = host_target()
     sizes = [int(n) for n in args.new_batch.split(",")]
     print(f"# {platform.machine()} {cpu.cpu}, {cpu.threads} threads each; dnnc "

@@ -38,9 +38,10 @@ def run_tree(tree: Path, models: str, repeat: int) -> dict[str, float]:
     ratios = {}
     for line in out.stdout.splitlines():
         fields = line.split()
-        # model, compile s, fallbacks, kernels, dnnc ms, ort ms, ratio, check
-        if len(fields) == 8 and fields[7] in ("ok", "MISMATCH"):
-            if fields[7] == "MISMATCH":
+        # model, compile s, fallbacks, kernels, dnnc ms, ort ms, ratio, [other peers,] check
+        check = next((f for f in fields[7:] if f in ("ok", "MISMATCH")), None)
+        if len(fields) >= 8 and check:
+            if check == "MISMATCH":
                 sys.exit(f"{tree}: {fields[0]} does not match onnxruntime")
             ratios[fields[0]] = float(fields[6])
     print(f"  {tree}: " + ", ".join(f"{m} {r:.2f}" for m, r in ratios.items()), flush=True)

@@ -7,8 +7,9 @@ Transpose / Softmax, LayerNormalization, GELU through Erf). Weights are scaled (
 convolutions, 1/sqrt(fan_in) for linear layers) and BatchNormalization statistics are random
 too, so activations stay O(1) through deep nets and no result is trivially zero.
 
-A builder's `batch` is an int or a string (a symbolic batch dim, e.g. "N"). This module depends
-only on onnx and numpy: it must never import the rest of dnnc.
+A builder's `batch` is an int or a string (a symbolic batch dim, e.g. "N"); `float16(model)`
+gives a model's float16 file. This module depends only on onnx and numpy (and the optional
+onnxconverter_common for `float16`): it must never import the rest of dnnc.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -464,6 +466,27 @@ def _check_option(key: str, value, default) -> None:
         ok, kind = size(value) or (default is None and value is None), "an int >= 1"
     if not ok:
         raise ValueError(f"option {key} must be {kind}, not {value!r}")
+
+
+def float16(model: onnx.ModelProto, keep_io_types: bool = False) -> onnx.ModelProto:
+    """`model` (changed in place) in float16 as onnxconverter_common's `convert_float_to_float16`
+    writes it: weights and activations, and inputs and outputs unless `keep_io_types`. One
+    repair: the converter retypes a Cast's output float16 but leaves its `to` float32 (the
+    BERT models' attention mask), a file onnxruntime refuses; the Cast is made to float16.
+    Needs the optional onnxconverter_common package."""
+    from onnxconverter_common.float16 import convert_float_to_float16
+
+    with warnings.catch_warnings():   # (its note for each weight below float16's range)
+        warnings.simplefilter("ignore", UserWarning)
+        model = convert_float_to_float16(model, keep_io_types=keep_io_types)
+    half = {vi.name for vi in list(model.graph.value_info) + list(model.graph.output)
+            if vi.type.tensor_type.elem_type == TensorProto.FLOAT16}
+    for node in model.graph.node:
+        if node.op_type == "Cast" and node.output[0] in half:
+            for attr in node.attribute:
+                if attr.name == "to" and attr.i == TensorProto.FLOAT:
+                    attr.i = TensorProto.FLOAT16
+    return model
 
 
 def inputs_for(model: onnx.ModelProto, rng: np.random.Generator | None = None,

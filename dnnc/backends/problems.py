@@ -460,11 +460,12 @@ class Conv2d:
         return self.group == c and oc == c and cg == 1 and not self.packed_nr
 
 
-def conv2d(kernel: Kernel) -> Conv2d | None:
-    """An NCHW 2-D Conv / ConvPacked of `STORAGE` types anchoring `kernel` (first in its
-    group, static shapes) as a `Conv2d`; None otherwise."""
+def conv2d(kernel: Kernel, ops: tuple[str, ...] = ("Conv", "ConvPacked")) -> Conv2d | None:
+    """An NCHW 2-D Conv / ConvPacked (or of `ops`) of `STORAGE` types anchoring `kernel`
+    (first in its group, static shapes) as a `Conv2d`; None otherwise. A ConvWinograd's
+    weights are its transformed filters [16, blocks, C, NR] (`packed_nr` NR)."""
     node = kernel.anchor
-    if node is not kernel.nodes[0] or node.op not in ("Conv", "ConvPacked"):
+    if node is not kernel.nodes[0] or node.op not in ops:
         return None
     x, w, bias = _operands(kernel, node, 3)
     y = kernel.func.params[-1]
@@ -484,6 +485,9 @@ def conv2d(kernel: Kernel) -> Conv2d | None:
             return None
         packed_nr = wd[-1]
         wd = (node.attrs["oc"],) + tuple(wd[1:4])
+    elif node.op == "ConvWinograd":
+        packed_nr = wd[-1]
+        wd = (node.attrs["oc"], wd[2], 3, 3)
     geometry = plane_geometry(node.attrs, xd[2:], wd[2:], yd[2:])
     if geometry is None:
         return None
@@ -492,6 +496,11 @@ def conv2d(kernel: Kernel) -> Conv2d | None:
                   tuple(yd), node.attrs.get("group", 1), tuple(strides), tuple(dilations),
                   tuple(begins), tuple(padded_hw), packed_nr, epilogue(kernel),
                   _flat_epilogue_reads(kernel, yd), node.outputs[0].type.dtype, pairs)
+
+
+def winograd_conv2d(kernel: Kernel) -> Conv2d | None:
+    """A ConvWinograd anchoring `kernel` as a `Conv2d` (its `w` the transformed filters)."""
+    return conv2d(kernel, ("ConvWinograd",))
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,9 @@ class TargetSpec:
     half_storage: bool = False
     # the values its `precision` option takes (for a target with that option), fp32 first
     precisions: tuple[str, ...] = PRECISIONS
+    # (the machine's Target) -> the half types its kernels compute in on that machine
+    # (`Target.half_arithmetic`); None: both float16 and bfloat16
+    half_arithmetic: Callable | None = None
 
     @property
     def generates_code(self) -> bool:
@@ -90,9 +93,13 @@ class TargetSpec:
         """The Target a compile for this target reads, passes and runtime alike: the machine
         `cpu` describes (the `cpu` option), else this host's, with this target's layouts and
         fusion limits, its templates' panel widths on that machine, `precision` (the
-        `precision` option; None: fp32) and whether it stores models in that precision."""
+        `precision` option; None: fp32), whether it stores models in that precision and the
+        half types its kernels compute in there."""
         machine = cpu or (self.machine() if self.machine else Target(self.name))
+        half = self.half_arithmetic(machine) if self.half_arithmetic else \
+            Target.half_arithmetic
         return replace(machine, name=self.name, layouts=self.layouts,
                        fusion=self.fusion() if self.fusion else Fusion(),
                        panels=self.panels(machine.vector_bits) if self.panels else (),
-                       precision=precision or "fp32", half_storage=self.half_storage)
+                       precision=precision or "fp32", half_storage=self.half_storage,
+                       half_arithmetic=half)

@@ -17,6 +17,9 @@ operands rounded to that type, accumulated in fp32 (cuda: on tensor cores,
 Each target's registry entry lists the values it takes (`compile(precision=)`).
 A target with `half_storage` also stores a float32 model in the half type of precision fp16
 or bf16 (weights and activations; `passes/store_half.py`), so that memory traffic halves too.
+`half_arithmetic` names the half types a model may hold (a float16 ONNX file) that the
+target's kernels compute in; values of the others are widened to float32 at compile time
+(`passes/widen_half.py`).
 """
 
 from __future__ import annotations
@@ -108,6 +111,10 @@ class Target:
     # (passes/store_half.py): the target's templates read 16-bit operands
     half_storage: bool = False
     gpu: GPU | None = None          # a GPU target's figures (SMs, throughput); None for a CPU
+    # the 16-bit float types ("float16", "bfloat16") its kernels compute on as a model stores
+    # them; a model's values of the others are computed in float32, converted at compile time
+    # (passes/widen_half.py). The target's entry says, from the machine's features.
+    half_arithmetic: tuple[str, ...] = ("float16", "bfloat16")
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:

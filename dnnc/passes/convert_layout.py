@@ -28,8 +28,10 @@ model's inputs and outputs). On an image of one pixel (squeeze-and-excitation's 
 4 or 6 channels, through the registers) no channel is padded: there a Transpose moves
 nothing (`sink_transposes` makes it a Reshape or cancels it). Convs next to a grouped conv
 that is not depthwise (which has no channels-last kernel) through elementwise ops only stay
-NCHW. A rewrite keeps the output Value of the last node it
-replaces, so its users are untouched.
+NCHW. "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv where Winograd's
+F(2x2, 3x3) is the faster (`winograd_applies`) becomes ConvWinograd, its filters
+transformed once here. A rewrite keeps the output Value of the last node it replaces, so
+its users are untouched.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ import numpy as np
 from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import PACKED_PRECISIONS, pack_pairs, pack_panels
-from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights
+from ..ir.ops.packed import (NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights,
+                             winograd_weights)
 from ..ir.ops.registry import infer_node
 from ..ir.target import Target
 from ..ir.types import FLOAT_DTYPES, TensorType, bfloat16, float32, int64
@@ -155,6 +158,53 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
     return Node("ConvPacked", inputs, node.outputs, full, node.name), []
 
 
+WINOGRAD_MIN_CHANNELS = 64
+"""Input and output channels below which "winograd_conv" keeps a 3x3 conv direct: its
+transforms (16 input values per 4 pixels and channel, 4 outputs from 16 per channel) cost
+about what F(2x2, 3x3)'s 2.25x fewer multiply-adds save (bench/winograd.py, 2-core znver5,
+direct / Winograd at 1 and 2 threads: 16->16 @56 0.63 / 0.41, 32->32 @112 1.18 / 0.65; from
+64 channels 1.29 to 2.05)."""
+
+WINOGRAD_MIN_SIDE = 14
+"""Output height and width below which a conv stays direct: a 7x7 output's rows of 4 tiles
+fill half the template's accumulators (512->512 @7: 1.04 / 0.83, as above)."""
+
+
+def winograd_applies(node: Node) -> bool:
+    """Whether Conv `node` is one F(2x2, 3x3) computes, and faster than the direct conv: 2-D,
+    3x3, stride 1, no dilation, one group, float32, constant weights, both channel counts at
+    least WINOGRAD_MIN_CHANNELS, an output of at least WINOGRAD_MIN_SIDE a side."""
+    if node.op != "Conv":
+        return False
+    x, w = node.inputs[0], node.inputs[1]
+    if w is None or w.const is None or w.type.rank != 4 or \
+            x.type.dtype is not float32 or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        return False
+    oc, c, kh, kw = w.const.shape
+    out = node.outputs[0].type.shape[2:]
+    return (kh, kw) == (3, 3) and (node.attrs.get("group") or 1) == 1 and \
+        all(v == 1 for v in (node.attrs.get("strides") or [1, 1]) +
+            (node.attrs.get("dilations") or [1, 1])) and min(oc, c) >= WINOGRAD_MIN_CHANNELS \
+        and all(isinstance(d, int) and d >= WINOGRAD_MIN_SIDE for d in out)
+
+
+def _winograd_conv(graph: Graph, node: Node, users, target: Target):
+    """Conv(x, W const 3x3, B) -> ConvWinograd(x, G W G^T, B) where `winograd_applies`: the
+    filters transformed once, here, in the channel blocks of the conv panel's width. At a
+    reduced precision (llvm's bf16) the conv stays for "pack_conv" (its products in bf16)."""
+    if target.precision != "fp32" or not winograd_applies(node):
+        return None
+    w = node.inputs[1]
+    u = winograd_weights(np.asarray(w.const), target.panel("pack_conv"))
+    uv = Value(f"{w.name}.winograd", TensorType(float32, u.shape), const=u)
+    attrs = dict(node.attrs, oc=int(w.const.shape[0]), kernel_shape=[3, 3])
+    inputs = [node.inputs[0], uv] + list(node.inputs[2:])
+    types, _, full = infer_node("ConvWinograd", inputs, attrs, 1, node.name)
+    if types[0] != node.outputs[0].type:
+        return None
+    return Node("ConvWinograd", inputs, node.outputs, full, node.name), []
+
+
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     """Conv(x, W const, B) (2-D, one group or depthwise, C a multiple of a chunk's elements
     or the image one pixel) at a reduced precision -> Transpose(x) -> ConvNHWC(., OHWI(W),
@@ -229,7 +279,8 @@ def _beside_grouped(x: Value, y: Value, users) -> bool:
     return False
 
 
-REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nhwc_conv}
+REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nhwc_conv,
+            "winograd_conv": _winograd_conv}
 """layout name -> its rewrite: (graph, node, users, target) -> None, or the replacement node
 (or nodes, in order, the last producing the replaced node's outputs) and the later nodes it
 takes over (their outputs are its own)."""

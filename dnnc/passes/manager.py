@@ -4,7 +4,9 @@ and optionally dumped.
     0  the graph as imported; every node a kernel, every intermediate in an arena block of
        its own
     1  fold_constants (on a copy bound to the inputs' declared shapes), simplify,
-       eliminate (common subexpressions, then dead code)
+       eliminate (common subexpressions, then dead code), widen_half (a half-precision
+       model's float16 / bfloat16 values computed in float32 on a target whose kernels do
+       not compute in that type: llvm; Casts at its inputs and outputs only)
     2  + fuse_attention (attention chains as one FusedAttention node, for targets whose
        fusion asks for it: cuda), + store_half (at precision fp16 / bf16 on a target with
        `half_storage`, cuda: the model's weights and activations stored in that type, Casts
@@ -45,6 +47,7 @@ from .fuse_ops import fuse_ops
 from .simplify import simplify
 from .specialize import specialize
 from .store_half import store_half
+from .widen_half import widen_half
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,8 @@ def _layout(graph: Graph, target: Target) -> Graph:
 
 
 PIPELINE = [("fold_constants", 1, _fold), ("simplify", 1, _simplify),
-            ("eliminate", 1, _eliminate), ("fuse_attention", 2, fuse_attention),
+            ("eliminate", 1, _eliminate), ("widen_half", 1, widen_half),
+            ("fuse_attention", 2, fuse_attention),
             ("store_half", 2, store_half), ("convert_layout", 2, _layout),
             ("fuse_ops", 2, fuse_ops)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""

@@ -241,9 +241,14 @@ class _HalfStorage:
         return known
 
     def cast(self, v: Value, dtype: T.DType, out: Value | None = None) -> Value:
-        """A Cast of `v` to `dtype`, appended to the nodes (into `out` when given: a graph
-        output keeps its value)."""
-        name = self.graph.fresh_name(f"{v.name}.{dtype.name}")
-        out = out if out is not None else Value(name, T.TensorType(dtype, v.type.shape))
-        self.nodes.append(Node("Cast", [v], [out], {"to": dtype}, name))
-        return out
+        return append_cast(self.graph, self.nodes, v, dtype, out)
+
+
+def append_cast(graph: Graph, nodes: list[Node], v: Value, dtype: T.DType,
+                out: Value | None = None) -> Value:
+    """A Cast of `v` to `dtype` appended to `nodes` (into `out` when given: a graph output
+    keeps its value), named after `v` in `graph`; its output."""
+    name = graph.fresh_name(f"{v.name}.{dtype.name}")
+    out = out if out is not None else Value(name, T.TensorType(dtype, v.type.shape))
+    nodes.append(Node("Cast", [v], [out], {"to": dtype}, name))
+    return out

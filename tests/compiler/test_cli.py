@@ -403,7 +403,8 @@ def test_inspect_passes_prints_nodes_and_kernels_after_each_pass(tmp_path, capsy
     assert "passes for llvm at opt level 3:" in out
     rows = _pass_rows(out)
     assert list(rows) == ["(imported)", "fold_constants", "simplify", "eliminate",
-                          "fuse_attention", "store_half", "convert_layout", "fuse_ops"]
+                          "widen_half", "fuse_attention", "store_half", "convert_layout",
+                          "fuse_ops"]
     # columns: index, pass, level, nodes, kernels, ms
     assert rows["(imported)"][2:5] == ["-", "5", "5"]
     assert rows["convert_layout"][3:5] == ["5", "5"]
@@ -418,7 +419,8 @@ def test_inspect_passes_level_and_json(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--opt-level", "1",
                            "--target", "llvm")
     assert code == 0
-    assert list(_pass_rows(out)) == ["(imported)", "fold_constants", "simplify", "eliminate"]
+    assert list(_pass_rows(out)) == ["(imported)", "fold_constants", "simplify", "eliminate",
+                                     "widen_half"]
     assert _pass_rows(out)["eliminate"][3:5] == ["5", "5"]   # no fusion at level 1
     code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--json", "--target", "llvm")
     passes = json.loads(out)["passes"]
@@ -437,10 +439,10 @@ def test_compile_dump_ir_writes_the_graph_after_every_pass(tmp_path, capsys):
     assert code == 0, err
     files = sorted(p.name for p in (tmp_path / "ir").iterdir())
     assert files == ["00_input.txt", "01_fold_constants.txt", "02_simplify.txt",
-                     "03_eliminate.txt", "04_fuse_attention.txt", "05_store_half.txt",
-                     "06_convert_layout.txt", "07_fuse_ops.txt"]
+                     "03_eliminate.txt", "04_widen_half.txt", "05_fuse_attention.txt",
+                     "06_store_half.txt", "07_convert_layout.txt", "08_fuse_ops.txt"]
     assert "Gemm" in (tmp_path / "ir" / "00_input.txt").read_text()
-    assert "MatMulPacked" in (tmp_path / "ir" / "06_convert_layout.txt").read_text()
+    assert "MatMulPacked" in (tmp_path / "ir" / "07_convert_layout.txt").read_text()
     assert "MatMulPacked" not in (tmp_path / "ir" / "03_eliminate.txt").read_text()
     assert f"into {tmp_path / 'ir'}" in err
 

@@ -217,7 +217,7 @@ def test_entries_are_consistent():
     # cuda's tensor cores (docs/cuda_backend.md, Precision), llvm's bf16 products
     assert using("precision") == ["llvm", "cuda"]
     assert REGISTRY["llvm"].precisions == ("fp32", "bf16")
-    assert REGISTRY["llvm"].layouts == ("pack_dense", "pack_conv")
+    assert REGISTRY["llvm"].layouts == ("winograd_conv", "pack_dense", "pack_conv")
     assert [n for n, s in REGISTRY.items() if s.cached] == ["llvm", "cuda"]
 
 
@@ -260,7 +260,8 @@ def test_the_passes_and_the_runtime_read_the_one_target_the_registry_builds(monk
     # 128-bit vectors: the templates' default panels are two vectors of float32
     assert model.runtime.target == replace(machine, layouts=REGISTRY["llvm"].layouts,
                                            fusion=REGISTRY["llvm"].fusion(),
-                                           panels=(("pack_dense", 8), ("pack_conv", 8)))
+                                           panels=(("pack_dense", 8), ("pack_conv", 8)),
+                                           half_arithmetic=())
     assert model.runtime.threads == 1 and model.runtime.target.vector_bits == 128
     assert "MatMulPacked" in str(model.graph)     # the registry's layouts were applied
     np.testing.assert_allclose(model(x), dnnc.compile(mlp, "numpy")(x), rtol=1e-5, atol=1e-6)

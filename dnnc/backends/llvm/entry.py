@@ -46,6 +46,15 @@ def cpu_from(mcpu: str | None, mattr: str | None) -> Target:
     return cpu_from(mcpu, mattr)
 
 
+def half_arithmetic(machine: Target) -> tuple[str, ...]:
+    """The half types the llvm templates compute in on `machine`: none yet, whatever its
+    features (a float16 value reaches the generic loops only, which convert each element:
+    61x onnxruntime's time on a float16 resnet18), so a half ONNX file is computed in float32
+    (passes/widen_half.py). A template computing in a half type adds it here where
+    `machine.feature_set` has the instructions it needs."""
+    return ()
+
+
 def about() -> str:
     if not available():
         return "needs llvmlite (pip install llvmlite)"
@@ -64,8 +73,9 @@ SPEC = TargetSpec(
     emits={"llvm-ir": ".ll", "asm": ".s", "loop": ".loop"}, source_aliases=("llvm",),
     codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
     runs_passes=True, machine=host,
-    # dense and conv weights packed into the micro-kernels' panels (convert_layout)
-    layouts=("pack_dense", "pack_conv"), fusion=lambda: FUSION, panels=panels,
+    # 3x3 convs Winograd's where its rule takes them, else dense and conv weights packed
+    # into the micro-kernels' panels (convert_layout)
+    layouts=("winograd_conv", "pack_dense", "pack_conv"), fusion=lambda: FUSION, panels=panels,
     templates=lazy(f"{__package__}.schedules", "TEMPLATES"),
     tuning=lazy(f"{__package__}.tuning"), speed=10, available=available, about=about,
-    versions=versions, cpu_from=cpu_from)
+    versions=versions, cpu_from=cpu_from, half_arithmetic=half_arithmetic)

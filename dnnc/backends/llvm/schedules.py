@@ -42,6 +42,7 @@ from ..space import Constraint, Space, Template, choose_template
 from .conv import CONV2D, DEPTHWISE, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
 from .pool import POOL2D
+from .winograd import WINOGRAD
 
 # a parallel region costs a few microseconds to start; below this many inner iterations
 # a stage stays serial
@@ -608,7 +609,8 @@ ROWS = Template("rows", problems.rows, lambda p: True, rows_space, rows_default,
 
 TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
-    ("llvm", Pattern.OUT_FUSABLE): (DENSE, POINTWISE_GEMM, POINTWISE, CONV2D, DEPTHWISE, ROWS),
+    ("llvm", Pattern.OUT_FUSABLE): (DENSE, POINTWISE_GEMM, POINTWISE, CONV2D, DEPTHWISE,
+                                    WINOGRAD, ROWS),
     ("llvm", Pattern.OPAQUE): (POOL2D, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first whose problem

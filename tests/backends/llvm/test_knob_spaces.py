@@ -72,8 +72,8 @@ def matmul_heads_first(rng):
     return g
 
 
-def conv_bias_relu(rng, c=5, oc=7, k=3, **attrs):
-    g, (x,) = _graph([("x", ("N", c, 9, 11))])
+def conv_bias_relu(rng, c=5, oc=7, k=3, h=9, w=11, **attrs):
+    g, (x,) = _graph([("x", ("N", c, h, w))])
     y = g.add("Conv", x, _const(rng, "w", (oc, c // attrs.get("group", 1), k, k), 0.3),
               _const(rng, "c", (oc,)), **attrs)
     g.outputs = [g.add("Relu", y)]
@@ -136,6 +136,10 @@ CASES = [
      True, "pointwise", 1e-4),
     ("depthwise", lambda rng: conv_bias_relu(rng, c=6, oc=6, group=6, pads=[1, 1, 1, 1],
                                              strides=[2, 2]), False, "depthwise", 1e-5),
+    # 3x3 stride 1, enough channels and pixels for `winograd_applies` (72 output channels:
+    # a partial block; 15 columns: a partial tile)
+    ("winograd", lambda rng: conv_bias_relu(rng, c=64, oc=72, pads=[1, 1, 1, 1], h=14, w=15),
+     True, "winograd", 1e-4),
     ("pool2d-max", pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
      False, "pool2d", 1e-6),
     ("pool2d-average", pool("AveragePool", kernel_shape=[3, 2], pads=[1, 0, 1, 1],
@@ -241,7 +245,7 @@ def test_every_template_is_drawn_twenty_configs():
         size = len(list(template.space(problem, machine).configs()))
         sizes[template_name] = max(sizes.get(template_name, 0), size)
     assert sorted(sizes) == ["conv2d", "dense", "depthwise", "pointwise", "pointwise_gemm",
-                             "pool2d", "rows"]
+                             "pool2d", "rows", "winograd"]
     assert all(size >= CONFIGS for size in sizes.values()), sizes
 
 

@@ -1,0 +1,142 @@
+"""Winograd F(2x2, 3x3) against the direct conv on llvm, measured in one run, per layer and per
+model.
+
+    python bench/winograd.py [--threads N] [--repeat 20] [--blocks 5] [--models resnet18,...]
+
+Layers: the 3x3 stride-1 convolutions of ResNet-18/50 and VGG at batch 1 (Conv + bias + Relu,
+random weights), each compiled twice for this host's llvm target, with "winograd_conv" listed
+first (its choice rule, `winograd_applies`, set to take every layer) and without it; the two
+timed in interleaved blocks (the median block of `--repeat` calls each). Prints each one's milliseconds, direct / Winograd, and each one's largest error
+relative to the largest output against a float64 NumPy reference. `--models` also times whole
+zoo models both ways (Winograd where its rule takes a layer; and onnxruntime, same threads),
+the ratio dnnc-Winograd / dnnc-direct. Timing only: what it measures is checked by
+tests/backends/llvm/test_winograd.py, never here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import dnnc  # noqa: E402
+from dnnc import zoo  # noqa: E402
+from dnnc.backends.llvm.entry import runtime  # noqa: E402
+from dnnc.backends.registry import REGISTRY  # noqa: E402
+from dnnc.compiler.module import CompiledModel, call_times_ms  # noqa: E402
+from dnnc.frontend.onnx import import_onnx  # noqa: E402
+from dnnc.ir import types as T  # noqa: E402
+from dnnc.ir.graph import Graph, Value  # noqa: E402
+from dnnc.ir.ops.conv import conv  # noqa: E402
+from dnnc.passes import convert_layout  # noqa: E402
+from dnnc.passes.manager import optimize  # noqa: E402
+
+LAYERS = [(64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7), (64, 128, 56),
+          (128, 256, 28), (256, 512, 14), (32, 32, 112), (16, 16, 56)]
+"""(input channels, output channels, image side): ResNet-18/50's 3x3 stride-1 layers, VGG's
+mixed ones, and some `winograd_applies` leaves direct (7x7, fewer than 64 channels), the
+rewrite's thresholds lowered for them here."""
+
+
+def compiled(graph: Graph, winograd: bool) -> CompiledModel:
+    """`graph` compiled for this host's llvm target with "winograd_conv" first in its layouts
+    or without it."""
+    target = REGISTRY["llvm"].target()
+    layouts = tuple(name for name in target.layouts if name != "winograd_conv")
+    target = dataclasses.replace(target, layouts=("winograd_conv",) * winograd + layouts)
+    graph = optimize(graph, target)
+    return CompiledModel(graph, runtime(graph, 3, target), "llvm")
+
+
+def layer(c: int, m: int, side: int, rng) -> tuple[Graph, np.ndarray, np.ndarray, np.ndarray]:
+    g = Graph("conv")
+    x = g.add_input("x", T.TensorType(T.float32, (1, c, side, side)))
+    w = (rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    y = g.add("Conv", x, Value("w", T.TensorType(T.float32, w.shape), const=w),
+              Value("b", T.TensorType(T.float32, b.shape), const=b), pads=[1] * 4)
+    g.outputs = [g.add("Relu", y)]
+    return g, w, b, rng.standard_normal((1, c, side, side)).astype(np.float32)
+
+
+def interleaved(fns: dict, repeat: int, blocks: int) -> dict:
+    times = {k: [] for k in fns}
+    for _ in range(blocks):
+        for k, fn in fns.items():
+            time.sleep(0.05)
+            times[k].append(float(np.median(call_times_ms(fn, repeat, 2))))
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def layers_table(args) -> None:
+    rule = convert_layout.WINOGRAD_MIN_CHANNELS, convert_layout.WINOGRAD_MIN_SIDE
+    convert_layout.WINOGRAD_MIN_CHANNELS = convert_layout.WINOGRAD_MIN_SIDE = 1
+    rng = np.random.default_rng(0)
+    print(f"{'layer':>16} {'direct ms':>10} {'winograd ms':>12} {'direct/win':>10} "
+          f"{'err direct':>11} {'err winograd':>12}")
+    for c, m, side in LAYERS:
+        graph, w, b, x = layer(c, m, side, rng)
+        ref = np.maximum(conv(x.astype(np.float64), w.astype(np.float64),
+                              b.astype(np.float64), pads=[1] * 4), 0)
+        models = {"direct": compiled(graph, False), "winograd": compiled(graph, True)}
+        assert models["winograd"].graph.nodes[0].op == "ConvWinograd"
+        errs = {k: np.abs(mod.run(x)[0] - ref).max() / np.abs(ref).max()
+                for k, mod in models.items()}
+        ms = interleaved({k: (lambda mod=mod: mod.run(x)) for k, mod in models.items()},
+                         args.repeat, args.blocks)
+        print(f"{f'{c}->{m} @{side}':>16} {ms['direct']:10.3f} {ms['winograd']:12.3f} "
+              f"{ms['direct'] / ms['winograd']:10.2f} {errs['direct']:11.2e} "
+              f"{errs['winograd']:12.2e}", flush=True)
+    convert_layout.WINOGRAD_MIN_CHANNELS, convert_layout.WINOGRAD_MIN_SIDE = rule
+
+
+def models_table(args) -> None:
+    import onnxruntime as ort
+
+    print(f"{'model':>16} {'direct ms':>10} {'winograd ms':>12} {'ort ms':>8} "
+          f"{'win/direct':>10} {'win/ort':>8}")
+    for name in args.models.split(","):
+        model = zoo.build(name, batch=1)
+        feeds = zoo.inputs_for(model, np.random.default_rng(0))
+        graph = import_onnx(model)
+        models = {"direct": compiled(graph, False), "winograd": compiled(graph, True)}
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(os.environ["DNNC_NUM_THREADS"])
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        fns = {k: (lambda mod=mod: mod.run(*feeds.values())) for k, mod in models.items()}
+        ms = interleaved({**fns, "ort": lambda: session.run(None, feeds)}, args.repeat,
+                         args.blocks)
+        print(f"{name:>16} {ms['direct']:10.2f} {ms['winograd']:12.2f} {ms['ort']:8.2f} "
+              f"{ms['winograd'] / ms['direct']:10.2f} {ms['winograd'] / ms['ort']:8.2f}",
+              flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--models", default="")
+    parser.add_argument("--no-layers", action="store_true")
+    args = parser.parse_args()
+    os.environ["DNNC_NUM_THREADS"] = str(args.threads)   # read when the pool starts
+    target = REGISTRY["llvm"].target()
+    print(f"# {platform.machine()} {target.cpu} ({target.vector_bits}-bit vectors), "
+          f"{target.threads} threads; dnnc {dnnc.__version__}; batch 1")
+    if not args.no_layers:
+        layers_table(args)
+    if args.models:
+        models_table(args)
+
+
+if __name__ == "__main__":
+    main()

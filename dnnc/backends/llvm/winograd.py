@@ -1,0 +1,196 @@
+"""The Winograd F(2x2, 3x3) template for CPUs: 3x3, stride-1, one-group float32 convolutions
+whose filters convert_layout's "winograd_conv" transformed at compile time (ConvWinograd).
+
+Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks" (2016): each 2x2 block of
+an output channel's pixels (a tile) is A^T (sum over input channels c of U_c . V_c) A, where
+V_c = B^T d_c B is the tile's 4x4 input patch of channel c transformed and U_c = G g_c G^T
+the filter's (`ir/ops/packed.py: winograd_weights`), `.` elementwise. A tile's 36 multiply-adds
+per (input, output) channel pair become 16: one matrix product [tiles x C] by [C x M] per
+position of the 4x4 transformed tile. Two parallel loops:
+
+1. the input transformed, a block of T tiles of a row of tiles a unit, into V [blocks, 16,
+   C, T] (a scratch buffer of the call: each block's 16 [C, T] panels contiguous), the
+   block's tiles in the vector lanes;
+2. a unit a block of T tiles and a block of NR output channels: for each of the
+   16 positions, T x NR accumulators summed over C, a step one broadcast V value times one
+   NR-vector of U (the direct conv's micro-kernel, conv.py), kept in `m` [16, T, NR]; then
+   `m` transformed back into each tile's 2x2 pixels, through bias and the fused epilogue.
+   (One loop of tile blocks, each transforming its own input, left a 7x7 image's two blocks
+   to two threads: 2x slower than the direct conv at 2 threads.)
+
+Knob (`WinogradConfig`): tiles, T of a block (its accumulators: T x NR).
+
+Accuracy: the transforms' coefficients are 0, +-1 and +-1/2 (exact), and each of the 16
+sums runs over C terms where the direct conv's runs over 9 C: measured below the direct
+conv's error (docs/llvm_backend.md, "Winograd convolutions").
+This module never serves any conv but ConvWinograd's (`problems.winograd_conv2d`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from .. import problems
+from ..problems import Conv2d
+from ..space import Space, Template
+from .conv import MR_BY_VECTOR_BITS, pad_input, parallel_kind
+
+
+@dataclass(frozen=True)
+class WinogradConfig:
+    tiles: int   # 2x2 output tiles a block (T): T x NR accumulators
+
+
+def space(p: Conv2d, machine) -> Space:
+    return Space("winograd", WinogradConfig, {"tiles": range(1, 25)})
+
+
+def default(p: Conv2d, machine) -> WinogradConfig:
+    """Up to the direct conv's pixels a tile (8 x 2 vectors = 16 of AVX-512's 32 registers),
+    as many as split a row of tiles evenly (a 7x7 output's 4 tiles: blocks of 4, not one
+    block of 8 half past the image)."""
+    most = MR_BY_VECTOR_BITS.get(machine.vector_bits, 4)
+    row = -(-p.y_dims[3] // 2)
+    return WinogradConfig(-(-row // -(-row // most)))
+
+
+def input_transform(d) -> list[list[L.Expr]]:
+    """B^T d B of a 4x4 patch (`d(a, b)` its element), F(2, 3)'s B^T = [[1, 0, -1, 0],
+    [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]."""
+    def bt(v):   # B^T applied to a column of four
+        return [v[0] - v[2], v[1] + v[2], v[2] - v[1], v[1] - v[3]]
+
+    cols = [bt([d(a, b) for a in range(4)]) for b in range(4)]      # cols[b][a] = (B^T d)[a][b]
+    return [bt([cols[b][a] for b in range(4)]) for a in range(4)]   # [a][b] = (B^T d B)[a][b]
+
+
+def output_transform(m) -> list[list[L.Expr]]:
+    """A^T m A of a 4x4 tile (`m(a, b)` its element), F(2, 3)'s A^T = [[1, 1, 1, 0],
+    [0, 1, -1, -1]]."""
+    def at(v):
+        return [v[0] + v[1] + v[2], v[1] - v[2] - v[3]]
+
+    cols = [at([m(a, b) for a in range(4)]) for b in range(4)]      # cols[b][i] = (A^T m)[i][b]
+    return [at([cols[b][i] for b in range(4)]) for i in range(2)]   # [i][j]
+
+
+def build(p: Conv2d, config: WinogradConfig, machine) -> L.PrimFunc:
+    return L.simplify(L.PrimFunc(p.name, p.params, _Winograd(p, config, machine).body()))
+
+
+class _Winograd:
+    """The pieces of `build`: the tile geometry, the loop variables, a method per stage.
+
+    A block is T consecutive tiles of one row of tiles (a row's last block runs past the
+    image into zero padding: computed, never stored), so a block's patches start two
+    columns apart: the input transform reads them as stride-2 vectors."""
+
+    def __init__(self, p: Conv2d, config: WinogradConfig, machine):
+        self.p, self.t_n = p, config.tiles
+        self.n, self.c = p.x_dims[:2]
+        self.oc = p.w_dims[0]
+        self.oh, self.ow = p.y_dims[2:]
+        self.nr = p.packed_nr
+        self.blocks = -(-self.oc // self.nr)
+        self.th, self.tw = -(-self.oh // 2), -(-self.ow // 2)
+        self.row_blocks = -(-self.tw // self.t_n)
+        self.tblocks = self.th * self.row_blocks          # tile blocks an image
+        self.par = parallel_kind(machine.threads,
+                                 self.n * self.oc * self.oh * self.ow * self.c * 4)
+        # every block's 4x4 patches inside the padded plane
+        plane = dataclasses.replace(
+            p, padded_hw=(2 * self.th + 2, 2 * self.row_blocks * self.t_n + 2))
+        self.xpad, self.pad_stmt = pad_input(plane, self.par)
+        self.ic, self.t, self.jj, self.xi = (L.Var(v) for v in ("ic", "t", "j", "xi"))
+        # the transformed input: [image's tile block, position, channel, tile of the block],
+        # a block's panels contiguous (what one unit of the products reads, in order; a
+        # whole image's [16, C, tiles] put each channel's T values a row of tiles apart:
+        # 3x slower at 64 channels 56x56)
+        self.v = L.Buffer("v", T.float32, (self.n * self.tblocks, 16, self.c, self.t_n))
+        self.m = L.Buffer("m", T.float32, (16 * self.t_n * self.nr,))
+        self.acc = L.Buffer("acc", T.float32, (self.t_n * self.nr,), L.Scope.LOCAL)
+
+    def corner(self, block: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr, L.Expr]:
+        """(image, first row, first column) of tile t of tile block `block` (of all images)."""
+        bn, rest = block // self.tblocks, block % self.tblocks
+        ty, txb = rest // self.row_blocks, rest % self.row_blocks
+        return bn, ty * 2, (txb * self.t_n + t) * 2
+
+    def body(self) -> L.Stmt:
+        """The input padded, then transformed (parallel over tile blocks), then the products
+        and the output transform (parallel over tile blocks and channel blocks: the small
+        images' few tiles still share out)."""
+        stmts = ([self.pad_stmt] if self.pad_stmt is not None else []) + \
+            [self.transform_input(), self.products_and_output()]
+        body = L.Allocate(self.v, L.seq(*stmts))
+        return L.Allocate(self.xpad, body) if self.pad_stmt is not None else body
+
+    def transform_input(self) -> L.Stmt:
+        """V[block, ., ic, t] = B^T d B of the block's tile t's patch of channel ic, a unit a
+        block, the block's tiles in the vector lanes (stride-2 loads)."""
+        block, t, ic = L.Var("block"), self.t, self.ic
+        bn, y0, x0 = self.corner(block, t)
+        v = input_transform(lambda a, b: self.xpad[bn, ic, y0 + a, x0 + b])
+        stores = [L.Store(self.v, (block, a * 4 + b, ic, t), v[a][b])
+                  for a in range(4) for b in range(4)]
+        lanes = L.ForKind.VECTORIZED if self.t_n > 1 else L.ForKind.SERIAL
+        return L.For(block, self.n * self.tblocks, L.For(ic, self.c, L.For(
+            t, self.t_n, L.seq(*stores), lanes)), self.par)
+
+    def products_and_output(self) -> L.Stmt:
+        """One parallel unit a (image, channel block, tile block): the 16 products into m,
+        then m transformed into the tiles' pixels; tile blocks inner, so a channel block's
+        transformed filters stay in L2 for its tile blocks."""
+        unit = L.Var("unit")
+        per_image = self.tblocks * self.blocks
+        bn, rest = unit // per_image, unit % per_image
+        ob, tb = rest // self.tblocks, rest % self.tblocks
+        block = bn * self.tblocks + tb
+        return L.For(unit, self.n * per_image, L.Allocate(self.m, L.seq(
+            L.For(self.xi, 16, L.Allocate(self.acc, self.products(block, ob))),
+            self.transform_output(block, ob))), self.par)
+
+    def products(self, block, ob) -> L.Stmt:
+        """Position xi's T x NR accumulators over the input channels, into m."""
+        t, jj, nr, acc, xi = self.t, self.jj, self.nr, self.acc, self.xi
+        vec, unrolled = L.ForKind.VECTORIZED, L.ForKind.UNROLLED
+        a = L.Var("a", T.float32)
+        init = L.For(t, self.t_n, L.For(jj, nr, L.Store(acc, (t * nr + jj,), L.const(0.0)),
+                                        vec), unrolled)
+        step = L.For(t, self.t_n, L.Let(a, self.v[block, xi, self.ic, t], L.For(
+            jj, nr, L.Store(acc, (t * nr + jj,), L.call(
+                "fma", a, self.p.w[xi, ob, self.ic, jj], acc[t * nr + jj])), vec)),
+            unrolled)
+        keep = L.For(t, self.t_n, L.For(jj, nr, L.Store(
+            self.m, ((xi * self.t_n + t) * nr + jj,), acc[t * nr + jj]), vec), unrolled)
+        return L.seq(init, L.For(self.ic, self.c, step), keep)
+
+    def transform_output(self, block, ob) -> L.Stmt:
+        """Each tile's 2x2 pixels of the NR channels, A^T m A, through bias and epilogue."""
+        p, t, jj, nr, t_n = self.p, self.t, self.jj, self.nr, self.t_n
+        y = output_transform(lambda a, b: self.m[((a * 4 + b) * t_n + t) * nr + jj])
+        out_c = ob * nr + jj
+        bn, y0, x0 = self.corner(block, t)
+        stores = []
+        for i in range(2):
+            for j in range(2):
+                value = y[i][j]
+                if p.bias is not None:
+                    value = value + p.bias[L.minimum(out_c, self.oc - 1)]
+                index = (bn, out_c, y0 + i, x0 + j)
+                store = L.Store(p.y, index, p.epilogue(value, index))
+                inside = [cond for cond, odd in ((y0 + i < self.oh, self.oh % 2 and i),
+                                                 (x0 + j < self.ow, self.ow % 2 and j)) if odd]
+                stores.append(L.If(L.logical_and(*inside), store) if inside else store)
+        if self.oc % nr:
+            channels = L.For(jj, nr, L.If(out_c < self.oc, L.seq(*stores)), L.ForKind.UNROLLED)
+        else:
+            channels = L.For(jj, nr, L.seq(*stores), L.ForKind.VECTORIZED)
+        return L.For(t, t_n, L.If(x0 < 2 * self.tw, channels))
+
+
+WINOGRAD = Template("winograd", problems.winograd_conv2d, lambda p: p.float32, space, default,
+                    build)
