@@ -20,7 +20,8 @@ resnet18 took 61x onnxruntime's time on llvm, every convolution in the `rows` te
 So the model is computed in float32 from its own half weights: its results differ from a
 runtime computing in the half type (onnxruntime does in places) by that type's rounding of
 each intermediate, not by more (docs/llvm_backend.md, "Half-precision files"). Integer,
-boolean and float32 values are untouched, and so is a graph with control flow (subgraphs read
+boolean and float32 values are untouched, and so are the bf16 weight pairs of a product
+packed at precision bf16 (`convert_layout`'s MatMulPacked / ConvPacked: not a half model), and so is a graph with control flow (subgraphs read
 outer values by identity). This pass must never import a backend: it reads the `Target` only.
 """
 
@@ -83,7 +84,10 @@ class _Widen:
     def rebuild(self, node: Node) -> None:
         """`node` on its inputs' stand-ins, its attributes widened; a Cast to the type its
         input already has is dropped (its output stands for its input)."""
-        inputs = [None if v is None else self.current(v) for v in node.inputs]
+        # a product packed at a reduced precision (llvm's bf16 pairs) keeps its packed weights
+        packed = node.attrs.get("precision", "fp32") != "fp32"
+        inputs = [v if v is None or packed and v.is_const else self.current(v)
+                  for v in node.inputs]
         attrs = {k: self.widen_attr(a) for k, a in node.attrs.items()}
         if node.op == "Cast" and attrs["to"] is inputs[0].dtype:
             self.now[id(node.outputs[0])] = inputs[0]
