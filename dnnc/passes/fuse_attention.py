@@ -149,15 +149,28 @@ def _scaled_operand(graph: Graph, users: dict, x):
     node = _producer(x, "Mul", "Div")
     if node is None or len(users.get(x, [])) != 1 or any(o is x for o in graph.outputs):
         return x, 1.0, None
+    for y, factor in _scalar_factors(node):
+        if y.type != x.type:
+            continue
+        if factor is None or factor == 0.0:
+            break
+        return y, factor, node
+    return x, 1.0, None
+
+
+def _scalar_factors(node: Node):
+    """(the input `node`, a Mul or Div, scales, the factor) for each side where its other
+    input is a scalar constant c: c for a Mul, 1/c for a Div; the factor None where c is not
+    finite or a divisor is 0."""
     for k in (0, 1) if node.op == "Mul" else (0,):
-        y, c = node.inputs[k], known_constant(node.inputs[1 - k])
-        if c is None or c.size != 1 or y.type != x.type:
+        c = known_constant(node.inputs[1 - k])
+        if c is None or c.size != 1:
             continue
         value = float(np.asarray(c, np.float64).reshape(()))
-        if not math.isfinite(value) or value == 0.0:
-            break
-        return y, (value if node.op == "Mul" else 1.0 / value), node
-    return x, 1.0, None
+        if not math.isfinite(value) or (node.op == "Div" and value == 0.0):
+            yield node.inputs[k], None
+        else:
+            yield node.inputs[k], value if node.op == "Mul" else 1.0 / value
 
 
 def _scaled_product(x):
@@ -171,15 +184,9 @@ def _scaled_product(x):
     if scaling is None or scaling.outputs[0].type != scaling.inputs[0].type and \
             scaling.outputs[0].type != scaling.inputs[1].type:
         return None
-    sides = (0, 1) if scaling.op == "Mul" else (0,)
-    for k in sides:
-        product = _producer(scaling.inputs[k], "MatMul")
-        c = known_constant(scaling.inputs[1 - k])
-        if product is None or c is None or c.size != 1 or \
-                scaling.outputs[0].type != product.outputs[0].type:
+    for y, factor in _scalar_factors(scaling):
+        product = _producer(y, "MatMul")
+        if product is None or scaling.outputs[0].type != product.outputs[0].type:
             continue
-        value = float(np.asarray(c, np.float64).reshape(()))
-        if not math.isfinite(value) or (scaling.op == "Div" and value == 0.0):
-            return None
-        return product, (value if scaling.op == "Mul" else 1.0 / value), scaling
+        return None if factor is None else (product, factor, scaling)
     return None
