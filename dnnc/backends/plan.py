@@ -161,7 +161,8 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
     views, kept = {}, kernels
     if reuse_memory:
         kept, views = views_in_place(kernels, slot)
-    viewed = [k for k in kernels if all(k is not c for c in kept)]
+    called = {id(k) for k in kept}
+    viewed = [k for k in kernels if id(k) not in called]
     kernels = kept
     memory = plan_memory(*_memory_steps(kernels, slot), reuse=reuse_memory, views=views)
     seconds = time.perf_counter() - start
@@ -209,9 +210,9 @@ def views_in_place(kernels: list[Kernel], external: dict[int, int]
         if viewed is None:
             kept.append(kernel)
             continue
-        source = id(next(v for v in kernel.inputs if v.const is None))
-        for out, offset in viewed:
-            views[id(out)] = (source, offset)
+        source, parts = viewed
+        for out, offset in parts:
+            views[id(out)] = (id(source), offset)
     return kept, views
 
 
@@ -219,8 +220,8 @@ _REINTERPRETING = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Iden
 
 
 def _viewed_outputs(kernel: Kernel, external: dict, views: dict, align: int):
-    """[(output, byte offset in the input)] when `kernel`'s outputs can all be views of its
-    one input (`views_in_place`), else None."""
+    """(its one data input, [(output, byte offset in that input)]) when `kernel`'s outputs
+    can all be views of that input (`views_in_place`), else None."""
     data = [v for v in kernel.inputs if v.const is None]   # shapes, axes: constants
     if len(data) != 1 or data[0] is not kernel.nodes[0].inputs[0]:
         return None
@@ -232,7 +233,7 @@ def _viewed_outputs(kernel: Kernel, external: dict, views: dict, align: int):
     ops = [n.op for n in kernel.nodes]
     if all(op in _REINTERPRETING for op in ops) and len(kernel.outputs) == 1 and \
             kernel.outputs[0].type.numel == source.type.numel:
-        return [(kernel.outputs[0], 0)]
+        return source, [(kernel.outputs[0], 0)]
     if ops != ["Split"] or list(kernel.outputs) != list(kernel.nodes[0].outputs):
         return None
     shape = source.type.shape
@@ -245,7 +246,7 @@ def _viewed_outputs(kernel: Kernel, external: dict, views: dict, align: int):
             return None
         viewed.append((out, offset))
         offset += out.type.numel * dtype.itemsize
-    return viewed
+    return source, viewed
 
 
 def _in_place_parts(kernel: Kernel, written: set, external: dict, views: dict, align: int):
