@@ -10,6 +10,7 @@ import functools
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from dnnc import zoo
 from dnnc.backends.cuda import FUSION
@@ -116,3 +117,16 @@ def suite_inputs(case) -> list[np.ndarray]:
 
     inputs, _ = case.data_sets[0]
     return [tensor_to_array(x) if isinstance(x, TensorProto) else np.asarray(x) for x in inputs]
+
+
+def nvrtc_compiled(source: str, arch: str, *options: str) -> tuple:
+    """(the NVRTC program, its log) of `source` compiled for `arch` with `options` (the test
+    skipped where CuPy is not installed); a compile error fails the test with the log's
+    tail."""
+    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    prog = nvrtc.createProgram(source, "module.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17", *options])
+    except Exception:
+        pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
+    return prog, nvrtc.getProgramLog(prog)

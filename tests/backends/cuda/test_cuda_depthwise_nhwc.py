@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cuda_kernels import MACHINE, reference
+from cuda_kernels import MACHINE, nvrtc_compiled, reference
 from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.depthwise_nhwc import (DEPTHWISE_NHWC, DepthwiseNHWCConfig,
                                                shared_bytes)
@@ -188,7 +188,7 @@ def test_default_config_fits_the_real_layers(shape, precision):
 
 
 def test_every_case_compiles_for_sm80_and_sm90():
-    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    pytest.importorskip("cupy.cuda")   # NVRTC, before the programs are built
     funcs = []
     for n, case in enumerate(CASES):
         graph, _ = depthwise_graph(np.random.default_rng(n), *case)
@@ -197,11 +197,7 @@ def test_every_case_compiles_for_sm80_and_sm90():
                   for f, a in program.unique]
     source = render_module(funcs).source
     for arch in ("sm_80", "sm_90"):
-        prog = nvrtc.createProgram(source, "module.cu", [], [])
-        try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
-        except Exception:
-            pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
+        nvrtc_compiled(source, arch)
 
 
 @pytest.mark.gpu

@@ -28,6 +28,7 @@ from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.dense import Operand
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
+from cuda_kernels import nvrtc_compiled
 from test_cuda_precision import bound
 
 C = mma.TensorCoreConfig
@@ -307,17 +308,11 @@ def test_every_case_compiles_for_sm80_and_sm90_without_spills():
     in the bench's (64 x 64 warp tiles, up to 240 registers), at most 16 bytes in the small
     edge cases (ptxas spills 12 bytes of case 1, a 56-register kernel, on sm_90: not
     pressure)."""
-    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    pytest.importorskip("cupy.cuda")   # NVRTC
     funcs = [(product(*case, name=f"case{i}")[0], True) for i, case in enumerate(DEVICE_CASES)]
     source = render_module(funcs).source
     for arch in ("sm_80", "sm_90"):
-        prog = nvrtc.createProgram(source, "module.cu", [], [])
-        try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17",
-                                        "--ptxas-options=-v"])
-        except Exception:
-            pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
-        log = nvrtc.getProgramLog(prog)
+        _, log = nvrtc_compiled(source, arch, "--ptxas-options=-v")
         spills = dict(re.findall(r"Compiling entry function '(\w+)' for '\w+'\n.*\n.*?"
                                  r"(\d+) bytes spill stores", log))
         assert len(spills) >= len(funcs), log[-4000:]

@@ -34,7 +34,7 @@ from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.conv import conv
 from dnnc.ir.target import model_error_bound
-from cuda_kernels import MACHINE, programs, reference, renamed
+from cuda_kernels import MACHINE, nvrtc_compiled, programs, reference, renamed
 from test_cuda_precision import bound
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
@@ -116,7 +116,7 @@ def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
 
 
 def test_every_case_compiles_for_sm80_and_sm90():
-    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    pytest.importorskip("cupy.cuda")   # NVRTC, before the programs are built
     funcs = []
     for n, case in enumerate(CASES):
         graph, _ = nhwc_graph(np.random.default_rng(n), case[0], *case[1:])
@@ -124,11 +124,7 @@ def test_every_case_compiles_for_sm80_and_sm90():
         funcs += renamed(program, f"c{n}_")
     source = render_module(funcs).source
     for arch in ("sm_80", "sm_90"):
-        prog = nvrtc.createProgram(source, "module.cu", [], [])
-        try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
-        except Exception:
-            pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
+        nvrtc_compiled(source, arch)
 
 
 # -- whole models ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cuda_kernels import MACHINE, programs, reference
+from cuda_kernels import MACHINE, nvrtc_compiled, programs, reference
 from test_cuda_depthwise_nhwc import in_space, run_programs
 from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.plane_mean import PLANE_MEAN_NHWC, PlaneMeanConfig
@@ -227,7 +227,7 @@ def test_squeeze_excitation_model_on_the_gpu(precision, rng):
 
 
 def test_the_model_and_the_means_compile_for_sm80_and_sm90():
-    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    pytest.importorskip("cupy.cuda")   # NVRTC, before the programs are built
     from cuda_kernels import renamed
 
     _, progs = programs(se_model(np.random.default_rng(0)), machine=target("fp16"))
@@ -236,8 +236,4 @@ def test_the_model_and_the_means_compile_for_sm80_and_sm90():
         funcs += renamed(mean_program(*case)[1], f"c{n}_")
     source = render_module(funcs).source
     for arch in ("sm_80", "sm_90"):
-        prog = nvrtc.createProgram(source, "module.cu", [], [])
-        try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
-        except Exception:
-            pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
+        nvrtc_compiled(source, arch)

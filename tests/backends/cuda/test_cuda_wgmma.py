@@ -33,6 +33,7 @@ from dnnc.errors import CompileError
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.target import Target
+from cuda_kernels import nvrtc_compiled
 from test_cuda_mma_pipeline import check, operands, product
 
 C = mma.TensorCoreConfig
@@ -294,13 +295,7 @@ def test_every_case_compiles_for_sm90a_without_spills():
     funcs = [(product(*case, name=f"case{i}")[0], True) for i, case in enumerate(DEVICE_CASES)]
     source = render_module(funcs).source
     assert device.compile_arch("sm_90", source) == "sm_90a"
-    prog = nvrtc.createProgram(source, "module.cu", [], [])
-    try:
-        nvrtc.compileProgram(prog, ["--gpu-architecture=sm_90a", "-std=c++17",
-                                    "--ptxas-options=-v"])
-    except Exception:
-        pytest.fail(nvrtc.getProgramLog(prog)[-4000:])
-    log = nvrtc.getProgramLog(prog)
+    prog, log = nvrtc_compiled(source, "sm_90a", "--ptxas-options=-v")
     assert "wgmma" not in log.lower() or "serialized" not in log.lower(), log[-4000:]
     spills = dict(re.findall(r"Compiling entry function '(\w+)' for '\w+'\n.*\n.*?"
                              r"(\d+) bytes spill stores", log))
