@@ -257,15 +257,16 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     best, best_time = None, math.inf
     for base, efficiency in _candidates(precision, wgmma):
         bm, bn = base.block_m, base.block_n
+        blocks = -(-m // bm) * -(-n // bn) * batch
+        if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
+            continue   # mostly past the edges: a warpgroup's 64 rows for a few
+        # a wgmma block fills its SM's shared memory: one a SM is full
+        full = gpu.sms if base.wgmma else min_blocks(gpu)
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
             config = replace(base, split_k=split)
-            blocks = -(-m // bm) * -(-n // bn) * batch
-            if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
-                break   # mostly past the edges: a warpgroup's 64 rows for a few
-            # a wgmma block fills its SM's shared memory: one a SM is full
-            fill = min(1.0, blocks * split / (gpu.sms if base.wgmma else min_blocks(gpu)))
+            fill = min(1.0, blocks * split / full)
             seconds = 2 * blocks * bm * bn * k / (gpu.tensor_flops * efficiency * fill)
             if split > 1:
                 seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
