@@ -206,9 +206,9 @@ def _winograd_conv(graph: Graph, node: Node, users, target: Target):
 
 
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
-    """Conv(x, W const, B) (2-D, one group or depthwise, C a multiple of a chunk's elements
-    or the image one pixel) at a reduced precision -> Transpose(x) -> ConvNHWC(., OHWI(W),
-    B) -> Transpose(back)."""
+    """Conv(x, W const, B) (2-D, one group or depthwise) at a reduced precision ->
+    Transpose(x) -> [Pad of its channels to whole chunks, one group only and not on a
+    one-pixel image] -> ConvNHWC(., OHWI(W), B) -> Transpose(back)."""
     if node.op != "Conv" or target.precision == "fp32":
         return None
     x, w = node.inputs[0], node.inputs[1]
@@ -246,10 +246,9 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     yt = Value(f"{out.name}.nhwc", types[0])
     if tuple(yt.type.shape[i] for i in NCHW_OF_NHWC) != tuple(out.type.shape):
         return None
-    return edge + [
-            Node("ConvNHWC", inputs, [yt], full, node.name),
-            Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)},
-                 f"{node.name}.out")], []
+    return edge + [Node("ConvNHWC", inputs, [yt], full, node.name),
+                   Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)},
+                        f"{node.name}.out")], []
 
 
 def _grouped(node: Node) -> bool:
