@@ -271,13 +271,21 @@ MMA_VARIANTS = (
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
 
-def dense_cases(shapes=DENSE_SHAPES):
+def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn"):
+    """x [m, k] times a constant w: MatMul of w [k, n] (`b_layout` "kn", as ONNX MatMul
+    stores a weight), or Gemm with transB of w stored [n, k] ("nk", as a Linear's weight)."""
     rng = np.random.default_rng(0)
     for m, k, n in shapes:
         g = Graph("dense")
         x = g.add_input("x", T.TensorType(T.float32, (m, k)))
         w = rng.standard_normal((k, n), dtype=np.float32)
-        g.outputs = [g.add("MatMul", x, Value("w", T.TensorType(T.float32, (k, n)), const=w))]
+        if b_layout == "nk":
+            wt = np.ascontiguousarray(w.T)
+            g.outputs = [g.add("Gemm", x, Value("w", T.TensorType(T.float32, (n, k)), const=wt),
+                               transB=1)]
+        else:
+            g.outputs = [g.add("MatMul", x, Value("w", T.TensorType(T.float32, (k, n)),
+                                                  const=w))]
         x = rng.standard_normal((m, k), dtype=np.float32)
         yield Case("dense", f"{m}x{k}x{n}", g, x, None, None, _dense_variants(k))
 
@@ -441,12 +449,13 @@ def dense_table(cp, machine: Target, args) -> int:
     wrong = 0
     shapes = [tuple(int(x) for x in text.split("x")) for text in args.dense_shapes.split(",")
               if text] if args.dense_shapes else DENSE_SHAPES
-    for case in dense_cases(shapes):
+    print(f"B stored {'[n, k] (Gemm transB)' if args.b_layout == 'nk' else '[k, n] (MatMul)'}")
+    for case in dense_cases(shapes, args.b_layout):
         if precision != "fp32":
             case.variants = _dense_variants(case.x.shape[1], precision, case.x.shape[0])
         x_dev = cp.asarray(case.x)
-        w_dev = cp.asarray(next(v.const for v in case.graph.nodes[0].inputs
-                                if v.const is not None))
+        w = next(v.const for v in case.graph.nodes[0].inputs if v.const is not None)
+        w_dev = cp.asarray(np.ascontiguousarray(w.T) if args.b_layout == "nk" else w)
         k = w_dev.shape[0]
         flops = 2 * case.x.shape[0] * k * w_dev.shape[1]
         if precision == "fp32":
@@ -590,6 +599,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dense-shapes", default="",
                         help="the dense cases' shapes, m x k x n, comma separated (default: "
                              "all of DENSE_SHAPES)")
+    parser.add_argument("--b-layout", default="kn", choices=("kn", "nk"),
+                        help="the dense rows' constant B: [k, n] (MatMul, default) or [n, k] "
+                             "(Gemm transB: K-major, a Linear's weight)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="the compile's precision: tensor cores for the dense rows at "
                              "tf32, fp16 or bf16, against cuBLAS at the same precision")
