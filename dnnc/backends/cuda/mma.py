@@ -188,20 +188,34 @@ def _deepest(block_m: int, block_n: int, precision: str) -> int:
     return 16
 
 
-WGMMA_DEFAULTS = ((128, 256, 8, 1, 4), (128, 128, 8, 1, 5), (64, 128, 4, 1, 5))
-WGMMA_EFFICIENCY = (0.95, 0.85, 0.6)
+WGMMA_DEFAULTS = ((128, 256, 8, 1, 4), (128, 128, 8, 1, 5), (64, 128, 4, 1, 5),
+                  (64, 64, 4, 1, 4))
+WGMMA_EFFICIENCY = (0.95, 0.85, 0.6, 0.5)
 """(block_m, block_n, warps_m, warps_n, stages) the default tries with the `wgmma` knob
-(warpgroups down m: 64 x 256 or 64 x 128 each, as CUTLASS's sm_90 kernels), k tiles of 128
-bytes, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's peak is about
-1.5 times mma.sync's on Hopper). 128 x 128 in 5 stages: on an H200 at fp16 as fast as 4 or
-faster at every shape timed (.devrun sweep: 6304 x 768 x 192 17.0 us against 4 stages'
-22.7 of 128 x 256)."""
+(warpgroups down m: 64 x 256, 64 x 128 or 64 x 64 each, as CUTLASS's sm_90 kernels), k
+tiles of 128 bytes, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's peak
+is about 1.5 times mma.sync's on Hopper). 128 x 128 in 5 stages: on an H200 at fp16 as fast
+as 4 or faster at every shape timed (.devrun sweep: 6304 x 768 x 192 17.0 us against 4
+stages' 22.7 of 128 x 256). 64 x 64 (one warpgroup, 4 stages) for products of a few hundred
+rows (batch 1: vit's 197, bert's 128): on an H200 at fp16 the fastest tile at all seven such
+shapes timed, 7.1 to 10.6 us, against the 64 x 128 default's 7.1 to 12.6."""
+
+WGMMA_SPLIT_S = 6e-6
+"""What a split of k costs a wgmma product beyond its partials' traffic (the second launch,
+the blocks' longer prologue): on an H200 at fp16, 64 x 64 split in 2 took 1.8 to 7.2 us more
+than unsplit at bert's and vit's batch-1 shapes, where the model with LAUNCH_S chose splits
+of 4 and 8."""
 
 MMA_UNDER_WGMMA = 0.75
-"""mma.sync's tiles' efficiencies where wgmma is on offer: on an H200 at fp16, over vit's,
-bert's and convnext's products (m 1024 to 100352, n and k 96 to 3072), the best wgmma tile
-was 1.0 to 1.3 times faster than the best mma.sync one at every shape, where the unscaled
-model picked mma.sync's 64 x 128 or 128 x 128 for n of 192 (21.3 us against wgmma's 17.0)."""
+"""mma.sync's tiles' efficiencies where wgmma is on offer. First fitted on a sweep whose
+mma.sync rows at fp16 were not what they said (bench/gpu_kernels.py's variants inherited
+the default's wgmma knob and fell outside the space: only wgmma tiles were timed). Timed
+right (H200, fp16 stored, eleven shapes of vit, bert and convnext at batch 1 and 32),
+mma.sync's small tiles are the fastest at some of them (6304 x 192 x 576: 32 x 64 14.0 us
+against the best wgmma tile's 19.4), but a search over this value, the small tiles'
+efficiencies and the wgmma split cost left 0.75 the best this throughput model does
+(chosen within 1.13 of the fastest on average, worst 1.47): what it lacks is the latency
+of a block's k loop, which products of k = 192 are bound by."""
 
 SHALLOWEST_K = 32
 """mma.sync tiles whose k tile would be shallower (128 x 256 at tf32: 16 deep in 3 stages)
@@ -269,7 +283,8 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
             fill = min(1.0, blocks * split / full)
             seconds = 2 * blocks * bm * bn * k / (gpu.tensor_flops * efficiency * fill)
             if split > 1:
-                seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
+                seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + (
+                    WGMMA_SPLIT_S if base.wgmma else LAUNCH_S)
             if seconds < best_time:
                 best, best_time = config, seconds
     return best
