@@ -38,9 +38,13 @@ ATTENTION_VARIANTS = ((8, 32, 32, 1), (16, 64, 32, 1), (16, 64, 64, 1), (32, 128
                       (32, 64, 32, 1), (16, 64, 32, 2), (32, 64, 32, 2), (64, 128, 32, 2),
                       (32, 128, 32, 4), (32, 64, 32, 4), (64, 128, 32, 4),
                       (8, 32, 32, 1, False), (32, 128, 32, 1, False), (64, 256, 32, 1, False),
-                      (64, 128, 32, 2, False))
-"""(rows, threads, tile_k, thread_rows[, unroll]) configs of the SIMT template timed beside
-the default."""
+                      (64, 128, 32, 2, False),
+                      # the keys split in slices (batch 1's few blocks)
+                      (32, 128, 32, 4, True, 2), (32, 128, 32, 4, True, 4),
+                      (16, 128, 32, 1, True, 2), (16, 128, 32, 1, True, 4),
+                      (32, 128, 16, 4, True, 8))
+"""(rows, threads, tile_k, thread_rows[, unroll[, split]]) configs of the SIMT template timed
+beside the default."""
 MMA_ATTENTION_VARIANTS = ((1, 16), (2, 32), (4, 32), (4, 64), (8, 32), (8, 64), (4, 128))
 """(warps, tile_k) of the tensor-core template timed beside the default (tf32, fp16, bf16)."""
 ATTENTION_TOLERANCE = {"tf32": 5e-3, "fp16": 5e-3, "bf16": 4e-2}
@@ -225,6 +229,7 @@ def attention_table(cp, machine: Target, args) -> int:
             text = ("default: " if config is None else "") + (
                 f"fused {used.rows} rows {used.threads} thr tile_k {used.tile_k} "
                 f"x{used.thread_rows}{'' if used.unroll else ' rolled'}"
+                f"{f' split {used.split}' if used.split > 1 else ''}"
                 if isinstance(used, AttentionConfig) else
                 f"mma {used.warps} warps tile_k {used.tile_k}")
             row(text, launch, out, unfused_ms)
