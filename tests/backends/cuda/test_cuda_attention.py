@@ -326,10 +326,12 @@ def test_attention_kernel_on_gpu(shape, masked, rng):
         want = run_graph(g, xs)[0]
     module = render_module([(func, True)])
     raw = cp.RawModule(code=module.source, options=("-std=c++17",))
-    args = [cp.asarray(x) for x in xs] + [cp.full(want.shape, np.nan, cp.float32)]
-    for launch in module.kernels[func.name].launches:
+    info = module.kernels[func.name]   # (its keys split at batch 1: a workspace)
+    args = [cp.asarray(x) for x in xs] + [cp.full(want.shape, np.nan, cp.float32)] + \
+        [cp.empty(n, cp.uint8) for n in info.workspace]
+    for launch in info.launches:
         raw.get_function(launch.name)(launch.grid, launch.block, tuple(args))
-    np.testing.assert_allclose(cp.asnumpy(args[-1]), want, rtol=1e-4, atol=1e-5,
+    np.testing.assert_allclose(cp.asnumpy(args[len(xs)]), want, rtol=1e-4, atol=1e-5,
                                equal_nan=True)
 
 
