@@ -4,8 +4,10 @@
                              [--threads 1] [--repeat 20] [--blocks 3] [--mattr -avx512bf16]
 
 Each zoo model is compiled twice (precision fp32 and bf16, both for this CPU or the one
-`--mattr` edits: `-avx512bf16` shows the fallback, bf16-rounded operands through fp32 FMAs)
-and timed in interleaved blocks of `--repeat` calls, 0.3 s apart, the median block each.
+`--mattr` edits: `-avx512bf16` shows the fallback, bf16-rounded operands through fp32 FMAs),
+on a CPU with AMX-BF16 tiles three times (bf16 also with `-amx-bf16`: its products on
+vdpbf16ps, the "vdp" columns), and timed in interleaved blocks of `--repeat` calls, 0.3 s
+apart, the median block each.
 Prints both latencies, fp32 / bf16 (the speedup) and the bf16 output's error against fp32's,
 relative to its largest magnitude, next to the contract (`model_error_bound("bf16")`), and
 the geometric mean of the speedups. Threads default to 1 (DNNC_NUM_THREADS is set before the
@@ -31,9 +33,6 @@ from dnnc import zoo  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc.ir.target import model_error_bound  # noqa: E402
 
-PRECISIONS = ("fp32", "bf16")
-
-
 def median_block_ms(fns: dict, repeat: int, blocks: int) -> dict:
     """precision -> the median of `blocks` blocks' median call, the blocks interleaved."""
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -55,27 +54,36 @@ def main() -> None:
                         help="edit the host's CPU features, e.g. -avx512bf16")
     args = parser.parse_args()
     os.environ["DNNC_NUM_THREADS"] = str(args.threads)   # before the pool starts
+    from dnnc.backends.llvm import amx
     from dnnc.backends.llvm.cpu import cpu_from, host_target
 
     cpu = cpu_from(mattr=args.mattr) if args.mattr else host_target()
     bf16 = "+" if "avx512bf16" in cpu.feature_set else "-"
+    variants = {"fp32": ("fp32", cpu), "bf16": ("bf16", cpu)}
+    tiles = amx.amx_usable(cpu.feature_set)
+    if tiles:   # the products on AMX tiles; vdpbf16ps beside them, as a CPU without AMX runs
+        variants["bf16-vdp"] = ("bf16", cpu_from(mattr=",".join(
+            x for x in (args.mattr, "-amx-bf16") if x)))
     print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors, {bf16}avx512bf16"
-          f"{', ' + args.mattr if args.mattr else ''}), {cpu.threads} thread(s); "
-          f"dnnc {dnnc.__version__}, batch {args.batch}")
-    print(f"{'model':14} {'fp32 ms':>9} {'bf16 ms':>9} {'fp32/bf16':>9} {'bf16 error':>10} "
-          f"{'bound':>7}")
+          f"{', AMX-BF16 tiles' if tiles else ''}{', ' + args.mattr if args.mattr else ''}), "
+          f"{cpu.threads} thread(s); dnnc {dnnc.__version__}, batch {args.batch}")
+    extra = f" {'vdp ms':>9} {'fp32/vdp':>9}" if tiles else ""
+    print(f"{'model':14} {'fp32 ms':>9} {'bf16 ms':>9} {'fp32/bf16':>9}{extra} "
+          f"{'bf16 error':>10} {'bound':>7}")
     speedups = []
     for name in args.models.split(","):
         model = zoo.build(name, batch=args.batch)
         feeds = list(zoo.inputs_for(model, np.random.default_rng(0)).values())
-        compiled = {p: dnnc.compile(model, "llvm", precision=p, cpu=cpu) for p in PRECISIONS}
-        ms = median_block_ms({p: (lambda c=c: c.run(*feeds)) for p, c in compiled.items()},
+        compiled = {v: dnnc.compile(model, "llvm", precision=p, cpu=c)
+                    for v, (p, c) in variants.items()}
+        ms = median_block_ms({v: (lambda c=c: c.run(*feeds)) for v, c in compiled.items()},
                              args.repeat, args.blocks)
         want = compiled["fp32"].run(*feeds)
         got = compiled["bf16"].run(*feeds)
         error = max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want))
         speedups.append(ms["fp32"] / ms["bf16"])
-        print(f"{name:14} {ms['fp32']:9.2f} {ms['bf16']:9.2f} {speedups[-1]:9.2f} "
+        extra = f" {ms['bf16-vdp']:9.2f} {ms['fp32'] / ms['bf16-vdp']:9.2f}" if tiles else ""
+        print(f"{name:14} {ms['fp32']:9.2f} {ms['bf16']:9.2f} {speedups[-1]:9.2f}{extra} "
               f"{error:10.2e} {model_error_bound('bf16'):7.2e}", flush=True)
     geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
     print(f"geometric mean fp32/bf16: {geo:.2f}")
