@@ -333,10 +333,18 @@ def test_zoo_model_on_tiles_within_the_contract(name, mode):
 # the knob space
 
 
-def amx_kernel(rng):
+def amx_kernel(rng, build=None):
     from test_knob_spaces import _kernel, matmul_bias_relu
 
-    return _kernel(rng, matmul_bias_relu, "bf16")
+    return _kernel(rng, build or matmul_bias_relu, "bf16")
+
+
+def pointwise(strides):
+    """A 1x1 conv at bf16 with a residual Add and a Relu fused (their reads flat where the
+    stride is 1), on a 9 x 11 image of 6 channels, 9 out (test_knob_spaces' case)."""
+    from test_knob_spaces import pointwise_residual
+
+    return lambda rng: pointwise_residual(rng, 9, 11, strides)
 
 
 def test_space_holds_the_default_and_refuses_what_tiles_cannot_do():
@@ -346,8 +354,9 @@ def test_space_holds_the_default_and_refuses_what_tiles_cannot_do():
     space = template.space(problem, machine)
     default = template.default(problem, machine)
     assert space.check(default) == default
-    for config, words in ((AmxConfig(3, 2, 1, 1), "8 tile registers"),
-                          (AmxConfig(1, 2, 4, 1), "mc_blocks")):
+    for config, words in ((AmxConfig("m", 3, 2, 1, 1), "8 tile registers"),
+                          (AmxConfig("n", 3, 2, 1, 1), "8 tile registers"),
+                          (AmxConfig("m", 1, 2, 4, 1), "unit_rows")):
         with pytest.raises(ConfigError, match=words):
             space.check(config)
 
@@ -372,17 +381,23 @@ def run_all(funcs, inputs, outputs_like):
     return results
 
 
-def test_every_config_of_the_space_matches_the_reference(mode):
-    """Every config (tiles of 1-3 x 1-2, units of 1-8 row blocks, 1-128 column blocks) on
-    batch x 7 rows, 45 deep, 37 wide, with a bias and Relu fused, built by
-    `schedule_kernel(..., config=)` and run (with mode's tiles) against the graph's
-    reference of the bf16 products."""
+CONFIG_CASES = {"matmul": None, "pointwise": pointwise((1, 1)),
+                "pointwise-strided": pointwise((2, 2))}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_every_config_of_the_space_matches_the_reference(case, mode):
+    """Every config (blocks of Y or of Y^T, tiles of 1-3 x 1-2, units of 1-8 row blocks and
+    1-128 column blocks) of a MatMul (3 x 7 rows, 45 deep, 37 wide, bias and Relu fused) and
+    of 1x1 convs (residual and Relu fused), built by `schedule_kernel(..., config=)` and run
+    (with mode's tiles) against the graph's reference of the bf16 products."""
     rng = np.random.default_rng(11)
-    kernel, inputs, want = amx_kernel(rng)
+    kernel, inputs, want = amx_kernel(rng, CONFIG_CASES[case])
     machine = REGISTRY["llvm"].target(amx_cpu(), "bf16")
     template, problem = template_for(kernel, machine=machine)
+    assert template.name == ("amx_dense" if case == "matmul" else "amx_pointwise")
     configs = list(template.space(problem, machine).configs())
-    assert len(configs) >= 8
+    assert {c.rows_along for c in configs} == {"m", "n"} and len(configs) >= 8
     funcs = []
     for k, config in enumerate(configs):
         func = schedule_kernel(kernel, machine, config=config)
