@@ -40,8 +40,8 @@ __all__ = [
     "SWIZZLE_BYTES", "TILE_PRECISIONS", "TILE_REGISTERS", "TILE_ROWS", "WGMMA_K",
     "Allocate", "AsyncCommit", "AsyncWait", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const",
     "CopyAsync", "Expr", "For", "ForKind", "If", "IterVar", "LdMatrix", "Let", "Load", "Mma",
-    "PrimFunc", "ProxyFence", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store", "TileProduct", "Var",
-    "Wgmma", "WgmmaCommit", "WgmmaFence", "WgmmaWait", "call", "const", "eq",
+    "PrimFunc", "ProxyFence", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store",
+    "TileProduct", "Var", "Wgmma", "WgmmaCommit", "WgmmaFence", "WgmmaWait", "call", "const", "eq",
     "logical_and", "logical_or", "loop_nest", "maximum", "minimum", "mma_fragments", "ne", "seq",
     "static_shape",
     # traversal

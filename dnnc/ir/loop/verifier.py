@@ -13,10 +13,9 @@ import math
 from .. import types as T
 from .nodes import (
     LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, TILE_PRECISIONS,
-    TILE_REGISTERS, Allocate, AsyncCommit,
-    AsyncWait, Barrier, BinOp, Call, Const, CopyAsync, For, If, LdMatrix, Let, Load, Mma,
-    PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Store, TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit,
-    WgmmaFence, WgmmaWait)
+    TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Const, CopyAsync,
+    For, If, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Store,
+    TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from .printer import print_expr
 from .traversal import walk
 
