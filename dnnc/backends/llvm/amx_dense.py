@@ -38,6 +38,7 @@ Template's `features`), nor read B or the packed operands outside what it wrote.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from ...ir import loop as L
@@ -122,8 +123,8 @@ def space(p: Dense, machine) -> Space:
 def default(p: Dense, machine) -> AmxConfig:
     """Blocks of Y^T for a 1x1 conv of at least as many pixels as pairs of input channels,
     of Y otherwise (module docstring); 2 x 2 tiles where both extents have two (along m, and
-    the panel holds two), else 1 x 2 or 3 x 1; units of up to 4 row blocks by every column
-    block, narrowed until the threads have a unit each where there are enough blocks."""
+    the panel holds two), else 1 x 2 or 3 x 1; units of up to 4 row blocks (fewer where the
+    threads would lack units) by the column blocks `_unit_cols` balances."""
     along = "n" if isinstance(p, PointwiseDense) and p.m >= -(-p.k // 2) else "m"
     r, s = (p.m, p.n) if along == "m" else (p.n, p.m)
     two = s > ROWS and (along == "n" or p.packed_panel % (2 * ROWS) == 0)
@@ -134,12 +135,32 @@ def default(p: Dense, machine) -> AmxConfig:
     unit_rows = max(1, min(4, p.batch * row_blocks // threads if threads > 1 else row_blocks))
     unit_rows = _power_of_two_below(min(unit_rows, row_blocks))
     row_units = p.batch * -(-row_blocks // unit_rows)
-    unit_cols = col_blocks
-    if threads > 1 and row_units < threads:
-        unit_cols = -(-col_blocks // -(-threads // row_units))
-    unit_cols = min(128, _power_of_two_below(unit_cols) if unit_cols < col_blocks else
-                    1 << (col_blocks - 1).bit_length())
-    return AmxConfig(along, rows, cols, unit_rows, unit_cols)
+    return AmxConfig(along, rows, cols, unit_rows, _unit_cols(row_units, col_blocks, threads))
+
+
+UNIT_COST = 0.25
+"""What a unit costs besides its blocks, in blocks (`_unit_cols`)."""
+
+
+def _unit_cols(row_units: int, col_blocks: int, threads: int) -> int:
+    """Column blocks a unit: the power of two (at most 128, below twice the blocks) whose
+    units the threads finish soonest, each thread taking the next unit when it is free
+    (the pool's chunks are claimed so), a unit costing its blocks and `UNIT_COST`; the widest
+    on a tie. bert-base's 768 x 768 at 128 tokens on 16 threads (4 row units, 24 column
+    blocks): 2 (48 units, 3 rounds of 2 blocks), not 4 (24 units: a second round leaving 8
+    threads idle); one thread: every column block in one unit."""
+    best, best_cost, cols = 1, None, 1
+    while cols < 2 * col_blocks and cols <= 128:
+        sizes = [cols] * (col_blocks // cols) + ([col_blocks % cols] if col_blocks % cols
+                                                 else [])
+        free = [0.0] * min(threads, row_units * len(sizes))
+        for size in sizes * row_units:
+            heapq.heapreplace(free, free[0] + size + UNIT_COST)
+        cost = max(free)
+        if best_cost is None or cost <= best_cost + 1e-9:
+            best, best_cost = cols, cost
+        cols *= 2
+    return best
 
 
 def _power_of_two_below(x: int) -> int:
