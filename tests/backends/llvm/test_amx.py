@@ -405,3 +405,22 @@ def test_every_config_of_the_space_matches_the_reference(case, mode):
     for config, got in zip(configs, run_all(funcs, inputs, want)):
         for out, ref in zip(got, want):
             np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=str(config))
+
+
+def test_default_blocks_y_transposed_for_convs_of_many_pixels_and_balances_units():
+    from test_knob_spaces import conv_bias_relu
+
+    from dnnc.backends.llvm import amx_dense
+
+    machine = REGISTRY["llvm"].target(amx_cpu(), "bf16")
+    rng = np.random.default_rng(6)
+    cases = [(lambda r: conv_bias_relu(r, c=8, oc=20, k=1, h=12, w=12), "n"),   # 144 px, 4 pairs
+             (lambda r: conv_bias_relu(r, c=64, oc=20, k=1, h=3, w=3), "m"),    # 9 px, 32 pairs
+             (None, "m")]                                                       # a MatMul
+    for build, along in cases:
+        kernel = amx_kernel(rng, build)[0]
+        template, problem = template_for(kernel, machine=machine)
+        assert template.default(problem, machine).rows_along == along
+    # bert-base's 768 x 768 at 128 tokens, 16 threads: 48 units in 3 full rounds
+    assert amx_dense._unit_cols(4, 24, 16) == 2
+    assert amx_dense._unit_cols(1, 300, 1) == 128   # one thread: the widest units
