@@ -381,21 +381,28 @@ def run_all(funcs, inputs, outputs_like):
     return results
 
 
-CONFIG_CASES = {"matmul": None, "pointwise": pointwise((1, 1)),
-                "pointwise-strided": pointwise((2, 2))}
+def heads_first(rng):
+    from test_knob_spaces import matmul_heads_first
+
+    return matmul_heads_first(rng)
+
+
+CONFIG_CASES = {"matmul": None, "matmul-heads-first": heads_first,
+                "pointwise": pointwise((1, 1)), "pointwise-strided": pointwise((2, 2))}
 
 
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
 def test_every_config_of_the_space_matches_the_reference(case, mode):
     """Every config (blocks of Y or of Y^T, tiles of 1-3 x 1-2, units of 1-8 row blocks and
-    1-128 column blocks) of a MatMul (3 x 7 rows, 45 deep, 37 wide, bias and Relu fused) and
-    of 1x1 convs (residual and Relu fused), built by `schedule_kernel(..., config=)` and run
+    1-128 column blocks) of a MatMul (3 x 7 rows, 45 deep, 37 wide, bias and Relu fused), a
+    projection stored heads-first through its layout tail, and 1x1 convs (residual and Relu
+    fused), built by `schedule_kernel(..., config=)` and run
     (with mode's tiles) against the graph's reference of the bf16 products."""
     rng = np.random.default_rng(11)
     kernel, inputs, want = amx_kernel(rng, CONFIG_CASES[case])
     machine = REGISTRY["llvm"].target(amx_cpu(), "bf16")
     template, problem = template_for(kernel, machine=machine)
-    assert template.name == ("amx_dense" if case == "matmul" else "amx_pointwise")
+    assert template.name == ("amx_pointwise" if "pointwise" in case else "amx_dense")
     configs = list(template.space(problem, machine).configs())
     assert {c.rows_along for c in configs} == {"m", "n"} and len(configs) >= 8
     funcs = []
