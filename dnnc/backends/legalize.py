@@ -514,7 +514,7 @@ class _Legalizer:
 
     def leaf(self, s: L.Stmt) -> L.Stmt:
         """A statement of expressions only (ldmatrix, cp.async, wgmma and their groups and
-        fences): each legal."""
+        fences, tile products): each legal."""
         out, wrap = self.own(lambda: L.map_exprs(s, self.expr))
         return wrap(out)
 
@@ -585,7 +585,7 @@ _STATEMENTS: dict[type, Callable] = {
     L.Store: _Legalizer.store, L.Mma: _Legalizer.mma,
     **{kind: _Legalizer.leaf for kind in (L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait,
                                           L.Wgmma, L.WgmmaFence, L.WgmmaCommit, L.WgmmaWait,
-                                          L.ProxyFence)},
+                                          L.ProxyFence, L.TileProduct)},
 }
 
 
