@@ -179,9 +179,11 @@ SHAPES = [(1, 64, 10, True), (5, 47, 33, False), (70, 96, 64, True), (130, 600, 
 
 
 def fallback_cpu():
+    """This CPU without AVX512_BF16 and without AMX tiles (an AMX host kept them: its
+    MatMuls and 1x1 convs went to the tiles, on the device host's Emerald Rapids)."""
     from dnnc.backends.llvm.cpu import cpu_from
 
-    return cpu_from(None, "-avx512bf16")
+    return cpu_from(None, "-avx512bf16,-amx-bf16")
 
 
 def vdpbf16ps_cpu():
