@@ -26,7 +26,7 @@ from llvmlite import ir
 from ...ir import loop as L
 from ...ir import types as T
 from ..legalize import check_legal, legalize
-from . import bf16
+from . import bf16, int8
 from .primitives import BINARY, CALLS, CASTS, I1, I8, I16, I32, I64, PTR, cast_class, \
     compute_type, intrinsic_suffix, memory_type, op_class
 from .vectorize import VectorLoop, vectorizable
@@ -71,7 +71,8 @@ class ModuleBuilder:
         """`features`: the CPU's (`Target.feature_set`), which decide the ops rendered
         natively beyond `NATIVE` (`bf16.native`: vdpbf16ps)."""
         self.module = ir.Module(name=name)
-        self.native = NATIVE | bf16.native(features)
+        self.native = NATIVE | bf16.native(features) | int8.native(features)
+        self.features = features
         self._decls: dict[str, ir.Function] = {}
         self.parallel_for = ir.Function(
             self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64]), "dnnc_parallel_for")

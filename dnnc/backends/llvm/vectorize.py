@@ -62,6 +62,8 @@ operations serve legalized bfloat16 conversions."""
 _VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc", "abs", "neg",
                  "dot_bf16x2"}
 """`CALLS` entries emitted as vector intrinsics on _VECTOR_FLOATS; the rest lane by lane."""
+_VECTOR_INT_CALLS = {"dot_u8s8x4"}
+"""`CALLS` entries emitted as vector intrinsics on int32 (vpdpbusd)."""
 _VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
 """Selects of these dtypes are vector selects (uint32: bfloat16 rounding's NaN case)."""
 _VECTOR_CASTS = ((T.float16, T.float32, T.float64), (T.uint16, T.uint32))
@@ -232,6 +234,8 @@ class VectorLoop:
             return value if value.type == ty else self.b.bitcast(value, ty)
         if e.name in _VECTOR_CALLS and e.dtype in _VECTOR_FLOATS:
             return CALLS["f", e.name](self.em, *[self._as_vector(a) for a in e.args])
+        if e.name in _VECTOR_INT_CALLS and e.dtype is T.int32:
+            return CALLS["s", e.name](self.em, *[self._as_vector(a) for a in e.args])
         return None
 
     def select(self, e: L.Select) -> ir.Value | None:
