@@ -49,7 +49,8 @@ def test_qlinear_conv_and_matmul_equal_onnxruntime(tmp_path, act):
              "zw": np.zeros(12, np.int8), "sy": np.float32(0.9), "zy": act(3),
              "b": rng.integers(-3000, 3000, 12).astype(np.int32),
              "sy2": np.float32(0.04), "wm": wm, "swm": np.float32(0.003), "zwm": np.int8(0),
-             "sz": np.float32(2.5), "zz": act(-5 if info.min < 0 else 120), "shape": np.array([1, -1])}
+             "sz": np.float32(2.5), "zz": act(-5 if info.min < 0 else 120),
+             "shape": np.array([1, -1])}
     nodes = [helper.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "b"],
                               ["y"], pads=[1, 0, 1, 2], strides=[1, 1]),
              helper.make_node("Reshape", ["y", "shape"], ["yf"]),
@@ -68,7 +69,8 @@ def _qdq_conv_model(rng, relu: bool, bias_dq: bool = True, wzp: int = 0):
     """x -> Q -> DQ -> Conv(DQ(w), DQ(b)) [-> Relu] -> Q -> DQ -> MaxPool -> Q -> DQ -> y."""
     f32 = TensorProto.FLOAT
     sx, sw = np.float32(0.02), _scales(rng, 8)
-    inits = {"sx": sx, "zx": np.int8(-3), "wq": rng.integers(-127, 128, (8, 4, 3, 3)).astype(np.int8),
+    inits = {"sx": sx, "zx": np.int8(-3),
+             "wq": rng.integers(-127, 128, (8, 4, 3, 3)).astype(np.int8),
              "sw": sw, "zw": np.full(8, wzp, np.int8),
              "bq": rng.integers(-500, 500, 8).astype(np.int32), "sb": sx * sw,
              "zb": np.zeros(8, np.int32), "sy": np.float32(0.05), "zy": np.int8(-20),
