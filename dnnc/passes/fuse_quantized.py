@@ -1,5 +1,6 @@
 """fuse_quantized: rewrite the quantized chains of a model into integer ops
-(`ir/ops/quantized.py`: QuantizedDense, QuantizedConv) with the requantization as their
+(`ir/ops/quantized.py`: QuantizedDense, QuantizedConvPacked for one group, QuantizedConv
+for grouped convolutions) with the requantization as their
 epilogue, weights quantized and packed once here.
 
 The chains, in the two formats onnxruntime's quantizer writes:
@@ -34,7 +35,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.conv import CONV_ATTRS
-from ..ir.ops.quantized import QUANT_ATTRS, clamp_bounds, pack_groups
+from ..ir.ops.quantized import QUANT_ATTRS, clamp_bounds, pack_conv_groups, pack_groups
 from ..ir.ops.registry import infer_node
 from .eliminate import eliminate_dead_code
 
@@ -135,9 +136,13 @@ class _Rewriter:
             tail.pop()
         if anchor.op in ("Conv", "ConvInteger", "QLinearConv"):
             sums = w.astype(np.int32).reshape(w.shape[0], -1).sum(axis=1, dtype=np.int32)
-            wv = _value(g, f"{anchor.name}.w", w)
             attrs = {k: anchor.attrs[k] for k in CONV_ATTRS}
-            return "QuantizedConv", [x.q, zx, wv, _value(g, f"{anchor.name}.w_sums", sums)] + \
+            sums_v = _value(g, f"{anchor.name}.w_sums", sums)
+            if attrs["group"] == 1:   # packed once: the int8 conv templates' layout
+                attrs.update(kernel_shape=list(w.shape[2:]), oc=int(w.shape[0]))
+                wv = _value(g, f"{anchor.name}.w_groups", pack_conv_groups(w))
+                return "QuantizedConvPacked", [x.q, zx, wv, sums_v] + tail, attrs
+            return "QuantizedConv", [x.q, zx, _value(g, f"{anchor.name}.w", w), sums_v] + \
                 tail, attrs
         if x.q.type.rank < 2:
             return None

@@ -41,7 +41,7 @@ def test_a_qdq_cnn_runs_integer_ops_equal_to_onnxruntime(tmp_path, name, config,
     feeds = zoo.inputs_for(model, np.random.default_rng(11))
     want = onnxruntime_outputs(path, feeds)
     got, ops = _reference_outputs(path, feeds)
-    assert ops["QuantizedConv"] == convs and ops["QuantizedDense"] == 1
+    assert ops["QuantizedConvPacked"] + ops["QuantizedConv"] == convs and ops["QuantizedDense"] == 1
     assert "Conv" not in ops and "Gemm" not in ops
     assert np.array_equal(got[0], want[0])
     compiled = dnnc.compile(str(path), "llvm")

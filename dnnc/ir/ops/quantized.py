@@ -1,5 +1,6 @@
-"""Integer ops the quantization pass makes (`passes/fuse_quantized.py`): QuantizedDense and
-QuantizedConv, an int32 sum of u8/s8 activations times int8 weights with the requantization
+"""Integer ops the quantization pass makes (`passes/fuse_quantized.py`): QuantizedDense,
+QuantizedConv and QuantizedConvPacked (one group, weights in 4-byte groups of input
+channels at a tap, `pack_conv_groups`), an int32 sum of u8/s8 activations times int8 weights with the requantization
 fused as its epilogue. Frontends never produce these ops; their references are the accuracy
 contract the kernels are tested against bit for bit.
 
@@ -34,11 +35,12 @@ from .. import batching
 from .. import types as T
 from ..compute import compute, reduce_axis, reduce_sum
 from ..flops import Count, has_input, numel
+from ..graph import Value
 from ..loop import Cast, Expr, call, const, maximum, minimum
 from .conv import CONV_ATTRS, conv, conv_flops, conv_shape, conv_sum, scalar_or_per_channel
 from .infer import check_dtype
 from .linalg import widen
-from .registry import REQUIRED, Pattern, register_op
+from .registry import REQUIRED, Pattern, infer_node, register_op
 
 GROUP_COLUMNS = 16
 """Columns per packed panel: one 512-bit vector of int32 lanes, an AMX tile's 64-byte row."""
@@ -255,4 +257,88 @@ register_op("QuantizedConv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer,
             attrs={**CONV_ATTRS, **QUANT_ATTRS}, weights=(2, 3, 4),
             flops=lambda node: conv_flops(node.outputs[0], node.inputs[2].shape[1:],
                                           node.outputs[0], has_input(node, 4)),
+            batched=batching.data_input)
+
+
+# -- QuantizedConvPacked ------------------------------------------------------------------------
+
+
+def conv_groups_matrix(w: np.ndarray) -> np.ndarray:
+    """int8 [M, C, *kernel] (one group) -> the [K', M] matrix whose 4-row groups are 4
+    input channels at one kernel tap: row ((c // 4) * taps + tap) * 4 + c % 4, channels
+    past C zero (K' = ceil(C / 4) * taps * 4)."""
+    m, c = w.shape[:2]
+    c4 = -(-c // GROUP_DEPTH)
+    full = np.zeros((m, c4 * GROUP_DEPTH) + w.shape[2:], np.int8)
+    full[:, :c] = w
+    taps = full.reshape(m, c4, GROUP_DEPTH, -1)          # [M, C4, 4, taps]
+    return np.ascontiguousarray(taps.transpose(1, 3, 2, 0).reshape(-1, m))
+
+
+def pack_conv_groups(w: np.ndarray) -> np.ndarray:
+    """int8 [M, C, *kernel] -> [ceil(M / 16), ceil(C / 4) * taps, 16, 4]: `pack_groups` of
+    `conv_groups_matrix`, a group of 4 input channels at one tap against 16 output
+    channels in one 64-byte row."""
+    return pack_groups(conv_groups_matrix(w))
+
+
+def unpack_conv_groups(wp: np.ndarray, m: int, c: int, kernel: tuple) -> np.ndarray:
+    """`pack_conv_groups`' [M, C, *kernel] back from its packing."""
+    c4, taps = -(-c // GROUP_DEPTH), int(np.prod(kernel))
+    matrix = unpack_groups(wp, c4 * taps * GROUP_DEPTH, m)
+    full = matrix.reshape(c4, taps, GROUP_DEPTH, m).transpose(3, 0, 2, 1)
+    return np.ascontiguousarray(full.reshape((m, c4 * GROUP_DEPTH) + tuple(kernel))[:, :c])
+
+
+def _conv_packed_infer(ctx):
+    _check_activation(ctx, "x")
+    oc, kernel = ctx.attrs["oc"], tuple(ctx.attrs["kernel_shape"] or ())
+    x, wp = ctx.shape(0), ctx.shape(2)
+    if ctx.attrs["group"] != 1 or not kernel or len(kernel) != len(x) - 2:
+        raise ctx.fail(f"packed groups serve one group of a given kernel_shape of rank "
+                       f"{len(x) - 2}, given group {ctx.attrs['group']}, kernel {kernel}")
+    taps = int(np.prod(kernel))
+    if isinstance(x[1], int) and wp != (-(-oc // GROUP_COLUMNS),
+                                        -(-x[1] // GROUP_DEPTH) * taps, GROUP_COLUMNS,
+                                        GROUP_DEPTH):
+        raise ctx.fail(f"weights of {oc} channels over {x[1]} x {kernel} in groups are "
+                       f"[{-(-oc // 16)}, {-(-x[1] // 4) * taps}, 16, 4], given {wp}")
+    if ctx.shape(3) != (oc,):
+        raise ctx.fail(f"w_sums has one entry per output channel ({oc}), given {ctx.type(3)}")
+    out = _check_epilogue(ctx, 4, oc)
+    w = Value("w.unpacked", T.TensorType(T.float32, (oc, x[1]) + kernel))
+    (conv_type,), _, _ = infer_node("Conv", [Value("x.f", T.TensorType(T.float32, x)), w],
+                                    _conv_attrs(ctx.attrs), 1, ctx.node_name)
+    return [T.TensorType(out, conv_type.shape)]
+
+
+def quantized_conv_packed(x, x_zero_point, w, w_sums, bias=None, scale=None, y_zero_point=None,
+                          *, oc, lo, hi, **attrs):
+    full = unpack_conv_groups(w, oc, x.shape[1], tuple(attrs["kernel_shape"]))
+    return quantized_conv(x, x_zero_point, full, w_sums, bias, scale, y_zero_point, lo=lo, hi=hi,
+                          **attrs)
+
+
+def _conv_packed_rule(inputs, outputs, *, oc, lo, hi, **attrs):
+    x, wp = inputs[0], inputs[2]
+    kernel = tuple(attrs["kernel_shape"])
+    taps = int(np.prod(kernel))
+
+    def weight(m, c, *k):
+        tap = 0
+        for d, i in zip(kernel, k):
+            tap = tap * d + i
+        g = (c // GROUP_DEPTH) * taps + tap
+        return wp[m // GROUP_COLUMNS, g, m % GROUP_COLUMNS, c % GROUP_DEPTH]
+
+    # the unpacking stage has no reduction: lowering inlines it into the conv's loads
+    w = compute((oc, x.shape[1]) + kernel, weight, "unpack", T.int8)
+    return _conv_rule([x, inputs[1], w] + list(inputs[3:]), outputs, lo=lo, hi=hi, **attrs)
+
+
+register_op("QuantizedConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
+            evaluate=quantized_conv_packed, inputs=(4, 7), compute=_conv_packed_rule,
+            attrs={**CONV_ATTRS, **QUANT_ATTRS, "oc": REQUIRED}, weights=(2, 3, 4),
+            flops=lambda node: conv_flops(node.outputs[0], (node.inputs[0].shape[1],) + tuple(
+                node.attrs["kernel_shape"]), node.outputs[0], has_input(node, 4)),
             batched=batching.data_input)
