@@ -1,5 +1,6 @@
-"""The int8 dense template for CPUs (QuantizedDense): u8 x s8 dot products of 4 bytes into
-int32 accumulators, the requantization fused where the tile stores.
+"""The int8 templates for CPUs, dense (QuantizedDense) and conv (QuantizedConvPacked): u8 x s8
+dot products of 4 bytes into int32 accumulators, the requantization fused where a tile
+stores.
 
 The product is the loop-IR intrinsic `dot_u8s8x4(acc, a, b)` (`ir/loop/nodes.INTRINSICS`):
 the renderer emits AVX-512 VNNI's `vpdpbusd` where the CPU has avx512vnni (with avx512vl for
@@ -18,6 +19,13 @@ where DynamicQuantizeLinear made it) is compensated once per output element from
 weights' column sums. Tiles are shared by the worker pool, panel-major so that a panel
 (K x 64 bytes) stays in L2 while the row tiles pass.
 
+The conv is the same micro-kernel as an implicit GEMM: rows are output pixels (of every
+image: a 7x7 plane fills tiles as well as a 56x56 one), columns output channels, k the
+groups (4 input channels, ky, kx) of `pack_conv_groups`; each call first packs the NCHW image
+into words of 4 channels of a pixel (a workspace, the plane padded with the zero point, so
+padding adds nothing after the compensation), from which a row's word of a group is one
+load at the pixel's base plus the group's offset.
+
 Knobs (`Int8Config`): mr (rows a tile), nr (16 or 32 columns). This module builds loop IR and
 names features; it must never import llvmlite.
 """
@@ -29,7 +37,8 @@ from dataclasses import dataclass
 from ...ir import loop as L
 from ...ir import types as T
 from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr
-from ..quantized_dense import QuantizedDenseProblem, quantized_dense
+from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem,
+                                  quantized_conv, quantized_dense)
 from ..space import Constraint, Space, Template
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
@@ -78,21 +87,80 @@ def _channel(buffer: L.Buffer | None, j) -> L.Expr | None:
     return buffer[j]
 
 
-class _Tile:
-    """The loop nest of one problem and config."""
+def _zero_point(p) -> L.Expr:
+    """The activation's zero point as the u8 x s8 products see it (int8: + 128), int32."""
+    za = L.Cast(T.int32, _channel(p.za, 0))
+    return za + L.const(128, T.int32) if p.signed else za
 
-    def __init__(self, p: QuantizedDenseProblem, config: Int8Config):
+
+class _Tile:
+    """The loop nest of a QuantizedDense problem and config; `_ConvTile` reads its rows'
+    words from an image instead."""
+
+    def __init__(self, p, config: Int8Config, rows: int, columns: int, depth: int):
         self.p, self.mr, self.nr = p, config.mr, config.nr
+        self.rows, self.columns = rows, columns
         self.halves = config.nr // GROUP_COLUMNS
-        self.a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
-        self.w = L.Buffer(p.w.name, T.uint32, (-(-p.n // GROUP_COLUMNS), -(-p.k // GROUP_DEPTH),
+        self.w = L.Buffer(p.w.name, T.uint32, (-(-columns // GROUP_COLUMNS), depth,
                                                GROUP_COLUMNS))
-        self.y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
         self.acc = L.Buffer("acc", T.int32, (self.mr * self.nr,), L.Scope.LOCAL)
 
+    def views(self) -> tuple:
+        return (self.w,)
+
     def params(self) -> tuple:
-        views = {b.name: b for b in (self.a, self.w, self.y)}
+        views = {b.name: b for b in self.views()}
         return tuple(views.get(x.name, x) for x in self.p.params)
+
+    def update(self, jp, g, word_of) -> L.Stmt:
+        """acc += the tile's rows (`word_of(ii)`: row ii's word of group g) x panel jp's
+        group g, MR rows unrolled."""
+        jj, half, a = L.Var("jj"), L.Var("h"), L.Var("a", T.uint32)
+        panel = L.minimum(jp * self.halves + half, self.w.shape[0] - 1)
+        rows = []
+        for ii in range(self.mr):
+            at = ii * self.nr + half * GROUP_COLUMNS + jj
+            dot = L.call("dot_u8s8x4", self.acc[at], a, self.w[panel, g, jj], dtype=T.int32)
+            rows.append(L.Let(a, word_of(ii), L.For(half, self.halves, L.For(
+                jj, GROUP_COLUMNS, L.Store(self.acc, (at,), dot), L.ForKind.VECTORIZED),
+                L.ForKind.UNROLLED)))
+        return L.seq(*rows)
+
+    def finish(self, ii, j) -> L.Expr:
+        """Element (ii, j) of the tile through the compensation and the op's finish."""
+        p = self.p
+        acc = self.acc[ii * self.nr + (j % self.nr)] - _zero_point(p) * p.sums[j]
+        return finish_expr(acc, *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
+                           p.lo, p.hi)
+
+    def store(self, i0, jp, put) -> L.Stmt:
+        """`put(i, j, value)` for the tile's valid elements."""
+        ii, jj = L.Var("si"), L.Var("sj")
+        i, j = i0 + ii, jp * self.nr + jj
+        width = L.minimum(L.const(self.nr), self.columns - jp * self.nr)
+        return L.For(ii, self.mr, L.If(i < self.rows, L.For(jj, width, put(
+            i, j, self.finish(ii, j)))), L.ForKind.UNROLLED)
+
+    def nest(self, threads: int, tile_body) -> L.Stmt:
+        """Every (row tile, panel), panel-major (a panel stays in L2 while row tiles pass),
+        shared by the worker pool: `tile_body(i0, jp)` after the accumulators are zeroed."""
+        tiles, panels = -(-self.rows // self.mr), -(-self.columns // self.nr)
+        t, z = L.Var("t"), L.Var("z")
+        zero = L.For(z, self.mr * self.nr, L.Store(self.acc, (z,), L.const(0, T.int32)),
+                     L.ForKind.VECTORIZED)
+        body = L.Allocate(self.acc, L.seq(zero, tile_body((t % tiles) * self.mr, t // tiles)))
+        kind = L.ForKind.PARALLEL if threads > 1 and tiles * panels > 1 else L.ForKind.SERIAL
+        return L.For(t, tiles * panels, body, kind)
+
+
+class _DenseTile(_Tile):
+    def __init__(self, p: QuantizedDenseProblem, config: Int8Config):
+        super().__init__(p, config, p.m, p.n, -(-p.k // GROUP_DEPTH))
+        self.a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
+        self.y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+
+    def views(self) -> tuple:
+        return (self.a, self.w, self.y)
 
     def word(self, row, g, guard: bool) -> L.Expr:
         """A's bytes 4g..4g+3 of `row` as one uint32 (byte t in bits 8t..8t+7; past K: 0),
@@ -110,53 +178,125 @@ class _Tile:
             word = byte if word is None else L.BinOp("|", word, byte)
         return word
 
-    def update(self, i0, jp, g, guard: bool) -> L.Stmt:
-        ii, jj, half, a = L.Var("ii"), L.Var("jj"), L.Var("h"), L.Var("a", T.uint32)
-        at = ii * self.nr + half * GROUP_COLUMNS + jj
-        panel = L.minimum(jp * self.halves + half, self.w.shape[0] - 1)
-        dot = L.call("dot_u8s8x4", self.acc[at], a, self.w[panel, g, jj], dtype=T.int32)
-        row = L.minimum(i0 + ii, self.p.m - 1)   # rows past M repeat the last; never stored
-        return L.For(ii, self.mr, L.Let(a, self.word(row, g, guard), L.For(
-            half, self.halves, L.For(jj, GROUP_COLUMNS, L.Store(self.acc, (at,), dot),
-                                     L.ForKind.VECTORIZED), L.ForKind.UNROLLED)),
-            L.ForKind.UNROLLED)
+    def body(self, threads: int) -> L.Stmt:
+        p, g = self.p, L.Var("g")
+        whole = p.k // GROUP_DEPTH
 
-    def store(self, i0, jp) -> L.Stmt:
-        """The tile's valid elements through the compensation, finish and epilogue."""
+        def words(i0, guard: bool, group):
+            # rows past M repeat the last; never stored
+            return lambda ii: self.word(L.minimum(i0 + ii, p.m - 1), group, guard)
+
+        def tile(i0, jp):
+            parts = [L.For(g, whole, self.update(jp, g, words(i0, False, g)))]
+            if p.k % GROUP_DEPTH:
+                tail = L.const(whole)
+                parts.append(self.update(jp, tail, words(i0, True, tail)))
+
+            def put(i, j, value):
+                value = p.epilogue(value, p.anchor_index(i, j))
+                return L.Store(self.y, (i, j), _as(value, p.y.dtype))
+            return L.seq(*parts, self.store(i0, jp, put))
+
+        return self.nest(threads, tile)
+
+
+def _as(value: L.Expr, dtype: T.DType) -> L.Expr:
+    return value if value.dtype is dtype else L.Cast(dtype, value)
+
+
+class _ConvTile(_Tile):
+    """Rows are output pixels (of every image), columns output channels; each call first
+    packs the image into words of 4 channels of a pixel, the plane padded with the zero
+    point (`quads`, a workspace), which row ii's word of group (c4, ky, kx) is read from."""
+
+    def __init__(self, p: QuantizedConvProblem, config: Int8Config):
+        n, c, h, wid = p.x_dims
+        self.c4 = -(-c // GROUP_DEPTH)
+        self.hp, self.wp = p.padded_hw
+        self.pixels = p.y_dims[2] * p.y_dims[3]
+        kh, kw = p.kernel
+        super().__init__(p, config, n * self.pixels, p.y_dims[1], self.c4 * kh * kw)
+        self.y = L.Buffer(p.y.name, p.y.dtype, (n, p.y_dims[1], self.pixels))
+        self.quads = L.Buffer("xquads", T.uint32, (n * self.c4 * self.hp * self.wp,),
+                              L.Scope.GLOBAL)
+
+    def views(self) -> tuple:
+        return (self.w, self.y)
+
+    def pack(self, threads: int) -> L.Stmt:
+        """quads[(n, c4, iy, ix)] = channels 4 c4 .. 4 c4 + 3 of padded pixel (iy, ix), a
+        byte each (xor 0x80 for int8), the zero point outside the image, any channel past C
+        read as channel C - 1 (its weights are 0)."""
         p = self.p
-        ii, jj = L.Var("si"), L.Var("sj")
-        i, j = i0 + ii, jp * self.nr + jj
-        za = L.Cast(T.int32, _channel(p.za, j))
-        if p.signed:
-            za = za + L.const(128, T.int32)
-        acc = self.acc[ii * self.nr + jj] - za * p.sums[j]
-        value = finish_expr(acc, *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
-                            p.lo, p.hi)
-        value = p.epilogue(value, p.anchor_index(i, j))
-        value = value if value.dtype is p.y.dtype else L.Cast(p.y.dtype, value)
-        width = L.minimum(L.const(self.nr), p.n - jp * self.nr)
-        return L.For(ii, self.mr, L.If(i < p.m, L.For(jj, width, L.Store(self.y, (i, j), value))),
-                     L.ForKind.UNROLLED)
+        n, c, h, wid = p.x_dims
+        (ph, pw) = p.begins
+        nc, iy, ix = L.Var("qnc"), L.Var("qy"), L.Var("qx")
+        y, x = iy - ph, ix - pw
+        inside = L.logical_and(L.logical_and(y >= 0, y < h), L.logical_and(x >= 0, x < wid))
+        yc, xc = L.minimum(L.maximum(y, 0), h - 1), L.minimum(L.maximum(x, 0), wid - 1)
+        zero = L.Cast(T.uint32, L.Cast(T.uint8, _channel(p.za, 0)))
+        word = None
+        for t in range(GROUP_DEPTH):
+            ch = L.minimum((nc % self.c4) * GROUP_DEPTH + t, c - 1)
+            byte = L.Select(inside, L.Cast(T.uint32, L.Cast(T.uint8, p.x[nc // self.c4, ch,
+                                                                         yc, xc])), zero)
+            if p.signed:
+                byte = L.BinOp("^", byte, L.Const(0x80, T.uint32))
+            byte = byte if t == 0 else L.BinOp("<<", byte, L.Const(8 * t, T.uint32))
+            word = byte if word is None else L.BinOp("|", word, byte)
+        store = L.Store(self.quads, ((nc * self.hp + iy) * self.wp + ix,), word)
+        kind = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
+        return L.For(nc, n * self.c4, L.For(iy, self.hp, L.For(ix, self.wp, store)), kind)
 
     def body(self, threads: int) -> L.Stmt:
         p = self.p
-        tiles, panels = -(-p.m // self.mr), -(-p.n // self.nr)
-        t, g, z = L.Var("t"), L.Var("g"), L.Var("z")
-        i0, jp = (t % tiles) * self.mr, t // tiles   # panel-major: a panel stays in L2
-        whole = p.k // GROUP_DEPTH
-        zero = L.For(z, self.mr * self.nr, L.Store(self.acc, (z,), L.const(0, T.int32)),
-                     L.ForKind.VECTORIZED)
-        parts = [zero, L.For(g, whole, self.update(i0, jp, g, False))]
-        if p.k % GROUP_DEPTH:
-            parts.append(self.update(i0, jp, L.const(whole), True))
-        parts.append(self.store(i0, jp))
-        kind = L.ForKind.PARALLEL if threads > 1 and tiles * panels > 1 else L.ForKind.SERIAL
-        return L.For(t, tiles * panels, L.Allocate(self.acc, L.seq(*parts)), kind)
+        (kh, kw), (sh, sw), (dh, dw) = p.kernel, p.strides, p.dilations
+        ow = p.y_dims[3]
+        c4, ky, kx = L.Var("c4"), L.Var("ky"), L.Var("kx")
+        plane = self.hp * self.wp
+
+        def tile(i0, jp):
+            bases = [L.Var(f"base{ii}") for ii in range(self.mr)]
+            g = (c4 * kh + ky) * kw + kx
+            offset = c4 * plane + ky * dh * self.wp + kx * dw
+            k_loops = L.For(c4, self.c4, L.For(ky, kh, L.For(kx, kw, self.update(
+                jp, g, lambda ii: self.quads[bases[ii] + offset]))))
+            for ii in reversed(range(self.mr)):
+                row = L.minimum(i0 + ii, self.rows - 1)   # rows past the last repeat it
+                img, pix = row // self.pixels, row % self.pixels
+                base = (img * self.c4 * self.hp + (pix // ow) * sh) * self.wp + (pix % ow) * sw
+                k_loops = L.Let(bases[ii], base, k_loops)
+
+            def put(i, j, value):
+                img, pix = i // self.pixels, i % self.pixels
+                value = p.epilogue(value, (img, j, pix // ow, pix % ow))
+                return L.Store(self.y, (img, j, pix), _as(value, p.y.dtype))
+            return L.seq(k_loops, self.store(i0, jp, put))
+
+        return L.Allocate(self.quads, L.seq(self.pack(threads), self.nest(threads, tile)))
 
 
 def build(p: QuantizedDenseProblem, config: Int8Config, machine) -> L.PrimFunc:
-    tile = _Tile(p, config)
+    tile = _DenseTile(p, config)
+    return L.simplify(L.PrimFunc(p.name, tile.params(), tile.body(machine.threads)))
+
+
+def conv_space(p: QuantizedConvProblem, machine) -> Space:
+    rows = p.x_dims[0] * p.y_dims[2] * p.y_dims[3]
+    return Space("conv_int8", Int8Config, {"mr": range(1, 9), "nr": [16, 32]}, [Constraint(
+        f"mr <= rows = {rows}: a tile reaches no pixel past the last", lambda c: c.mr <= rows)])
+
+
+def conv_default(p: QuantizedConvProblem, machine) -> Int8Config:
+    rows = p.x_dims[0] * p.y_dims[2] * p.y_dims[3]
+    return Int8Config(min(MR, rows), 32 if p.y_dims[1] > GROUP_COLUMNS else 16)
+
+
+def conv_build(p: QuantizedConvProblem, config: Int8Config, machine) -> L.PrimFunc:
+    tile = _ConvTile(p, config)
     return L.simplify(L.PrimFunc(p.name, tile.params(), tile.body(machine.threads)))
 
 
 DENSE_INT8 = Template("dense_int8", quantized_dense, lambda p: True, space, default, build)
+CONV_INT8 = Template("conv_int8", quantized_conv, lambda p: True, conv_space, conv_default,
+                     conv_build)

@@ -141,3 +141,44 @@ def test_a_dynamically_quantized_transformer_compiles_to_int8_dense_kernels(tmp_
     compiled = dnnc.compile(str(path), "llvm", cache=False)
     assert compiled.source("llvm-ir").count("vpdpbusd") > 0 or not int8.native(HOST)
     np.testing.assert_allclose(compiled(**feeds), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out):
+    """y = Relu(QuantizedConvPacked(x, ...)); its inputs and reference."""
+    from dnnc.ir.ops.quantized import pack_conv_groups, quantized_conv_packed
+
+    info = np.iinfo(act)
+    wq = rng.integers(-128, 128, (m, c, k, k)).astype(np.int8)
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, c, h, w)))
+    ins = [x, _const("za", act(rng.integers(info.min, info.max))),
+           _const("w", pack_conv_groups(wq)),
+           _const("s", wq.astype(np.int32).reshape(m, -1).sum(1).astype(np.int32)),
+           _const("b", rng.integers(-1000, 1000, m).astype(np.int32)),
+           _const("sc", rng.uniform(1e-4, 1e-3, m).astype(np.float32))]
+    if out is not None:
+        ins.append(_const("yz", out(3)))
+    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, oc=m,
+                 lo=None, hi=None)
+    g.outputs = [g.add("Relu", g.add("QuantizedConvPacked", *ins, **attrs))]
+    xv = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(act)
+    want = np.maximum(quantized_conv_packed(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
+                                            dilations=None, group=1, **attrs), 0)
+    return g, xv, want
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", [
+    (1, 5, 9, 7, 19, 3, 1, 1, np.uint8, np.int8), (2, 16, 8, 8, 40, 1, 1, 0, np.int8, np.uint8),
+    (1, 3, 11, 11, 8, 3, 2, 1, np.int8, None), (1, 8, 7, 7, 33, 1, 2, 0, np.uint8, np.int8),
+    (1, 6, 10, 10, 16, 7, 2, 3, np.int8, np.int8)])
+def test_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, pad, act, out):
+    """Odd channels (a group of 4 part zero), padding (the zero point), strides, batches."""
+    rng = np.random.default_rng(n * c * h * m * k)
+    g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
+    mattr = FEATURE_PATHS[path][1]
+    model = dnnc.compile(g, "llvm", cpu=None if mattr is None else cpu_from(None, mattr),
+                         cache=False)
+    assert ("vpdpbusd" in model.source("llvm-ir")) == (path != "widening")
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
