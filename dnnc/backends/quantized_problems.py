@@ -76,7 +76,7 @@ def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
 
 @dataclass(frozen=True)
 class QuantizedConvProblem:
-    """A 2-D QuantizedConvPacked (one group): Y[n, m, oy, ox] = epilogue(finish(sum over c,
+    """A 2-D QuantizedConvPacked (one group) or depthwise QuantizedConv (W [M, 1, kh, kw]): Y[n, m, oy, ox] = epilogue(finish(sum over c,
     ky, kx of (X[n, c, oy sh + ky dh - ph, ox sw + kx dw - pw] - za) W[m, c, ky, kx])), a pixel
     outside the image adding nothing; W in 4-byte groups of channels at a tap
     (`pack_conv_groups`)."""
@@ -102,24 +102,28 @@ class QuantizedConvProblem:
     lo: int | None
     hi: int | None
     epilogue: Epilogue
+    group: int = 1
 
     @property
     def signed(self) -> bool:
         return self.x.dtype is T.int8
 
 
-def quantized_conv(kernel: Kernel) -> QuantizedConvProblem | None:
-    """The kernel's 2-D QuantizedConvPacked anchor (first in its group, static shapes, no
-    layout tail) as a problem; None otherwise."""
+def quantized_conv(kernel: Kernel, op: str = "QuantizedConvPacked"
+                   ) -> QuantizedConvProblem | None:
+    """The kernel's 2-D `op` anchor (first in its group, static shapes, no layout tail) as a
+    problem; None otherwise."""
     node = kernel.anchor
-    if node is not kernel.nodes[0] or node.op != "QuantizedConvPacked" or layout_tail(kernel):
+    if node is not kernel.nodes[0] or node.op != op or layout_tail(kernel):
         return None
     x, za, w, sums, bias, scale, y_zp = _buffers(kernel, node)
     x_dims = L.static_shape(x.shape)
     y_dims = L.static_shape(node.outputs[0].type.shape)
-    if x_dims is None or y_dims is None or len(x_dims) != 4 or 0 in y_dims:
+    w_dims = L.static_shape(w.shape)
+    if x_dims is None or y_dims is None or w_dims is None or len(x_dims) != 4 or \
+            0 in y_dims:
         return None
-    kh_kw = tuple(node.attrs["kernel_shape"])
+    kh_kw = tuple(node.attrs["kernel_shape"] or w_dims[2:])
     geometry = plane_geometry(node.attrs, x_dims[2:], kh_kw, y_dims[2:])
     if geometry is None:
         return None
@@ -130,7 +134,16 @@ def quantized_conv(kernel: Kernel) -> QuantizedConvProblem | None:
         y_dims=tuple(y_dims), kernel=kh_kw, strides=tuple(strides),
         dilations=tuple(dilations), begins=tuple(begins), padded_hw=tuple(padded_hw),
         out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
-        epilogue=epilogue(kernel))
+        epilogue=epilogue(kernel), group=node.attrs["group"])
+
+
+def quantized_depthwise(kernel: Kernel) -> QuantizedConvProblem | None:
+    """A 2-D depthwise QuantizedConv (one channel a group, weights [M, 1, kh, kw]) as a
+    problem; None otherwise."""
+    p = quantized_conv(kernel, "QuantizedConv")
+    if p is None or p.group != p.x_dims[1] or p.y_dims[1] != p.x_dims[1]:
+        return None
+    return p
 
 
 def _buffers(kernel: Kernel, node) -> list:

@@ -38,7 +38,7 @@ from ...ir import loop as L
 from ...ir import types as T
 from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr
 from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem,
-                                  quantized_conv, quantized_dense)
+                                  quantized_conv, quantized_dense, quantized_depthwise)
 from ..space import Constraint, Space, Template
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
@@ -297,6 +297,64 @@ def conv_build(p: QuantizedConvProblem, config: Int8Config, machine) -> L.PrimFu
     return L.simplify(L.PrimFunc(p.name, tile.params(), tile.body(machine.threads)))
 
 
+@dataclass(frozen=True)
+class DepthwiseConfig:
+    rows: int   # output rows a task (the worker pool's unit: one plane's rows in blocks)
+
+
+def depthwise_space(p: QuantizedConvProblem, machine) -> Space:
+    return Space("depthwise_int8", DepthwiseConfig, {"rows": range(1, p.y_dims[2] + 1)}, [])
+
+
+def depthwise_default(p: QuantizedConvProblem, machine) -> DepthwiseConfig:
+    return DepthwiseConfig(p.y_dims[2])
+
+
+def depthwise_build(p: QuantizedConvProblem, config: DepthwiseConfig, machine) -> L.PrimFunc:
+    """Each call: the image as int32 (x - za), zero-padded to the plane (`shifted`, a
+    workspace); then per (plane, block of output rows) each output row's pixels a vector
+    (int32 multiply-adds of the kh x kw taps, unrolled), the finish and fused consumers.
+    No byte groups: a depthwise conv has no channel sum for vpdpbusd to take 4 of."""
+    n, c, h, wid = p.x_dims
+    _, m, oh, ow = p.y_dims
+    (kh, kw), (sh, sw), (dh, dw) = p.kernel, p.strides, p.dilations
+    (ph, pw), (hp, wp) = p.begins, p.padded_hw
+    par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
+    shifted = L.Buffer("xshifted", T.int32, (n * c * hp * wp,), L.Scope.GLOBAL)
+    w = L.Buffer(p.w.name, p.w.dtype, (m, kh * kw))
+    y = L.Buffer(p.y.name, p.y.dtype, (n, m, oh, ow))
+    nc, iy, ix = L.Var("qnc"), L.Var("qy"), L.Var("qx")
+    yy, xx = iy - ph, ix - pw
+    inside = L.logical_and(L.logical_and(yy >= 0, yy < h), L.logical_and(xx >= 0, xx < wid))
+    value = L.Cast(T.int32, p.x[nc // c, nc % c, L.minimum(L.maximum(yy, 0), h - 1),
+                                L.minimum(L.maximum(xx, 0), wid - 1)])
+    za = L.Cast(T.int32, _channel(p.za, 0))
+    pack = L.For(nc, n * c, L.For(iy, hp, L.For(ix, wp, L.Store(
+        shifted, ((nc * hp + iy) * wp + ix,),
+        L.Select(inside, value - za, L.const(0, T.int32))))), par)
+    task, oy, ox = L.Var("task"), L.Var("oy"), L.Var("ox")
+    blocks = -(-oh // config.rows)
+    plane, row = task // blocks, (task % blocks) * config.rows + oy
+    ch = plane % c
+    acc = None
+    for ky in range(kh):
+        for kx in range(kw):
+            at = (plane * hp + row * sh + ky * dh) * wp + ox * sw + kx * dw
+            term = shifted[at] * L.Cast(T.int32, w[ch, ky * kw + kx])
+            acc = term if acc is None else acc + term
+    out = finish_expr(acc, *(_channel(b, ch) for b in (p.bias, p.scale, p.y_zp)), p.out,
+                      p.lo, p.hi)
+    out = p.epilogue(out, (plane // c, ch, row, ox))
+    rows = L.For(oy, L.minimum(L.const(config.rows), oh - (task % blocks) * config.rows),
+                 L.For(ox, ow, L.Store(y, (plane // c, ch, row, ox), _as(out, p.y.dtype)),
+                       L.ForKind.VECTORIZED))
+    body = L.Allocate(shifted, L.seq(pack, L.For(task, n * c * blocks, rows, par)))
+    params = tuple({w.name: w, y.name: y}.get(x.name, x) for x in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, body))
+
+
 DENSE_INT8 = Template("dense_int8", quantized_dense, lambda p: True, space, default, build)
 CONV_INT8 = Template("conv_int8", quantized_conv, lambda p: True, conv_space, conv_default,
                      conv_build)
+DEPTHWISE_INT8 = Template("depthwise_int8", quantized_depthwise, lambda p: True,
+                          depthwise_space, depthwise_default, depthwise_build)

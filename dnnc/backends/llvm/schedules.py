@@ -41,7 +41,7 @@ from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, ren
 from ..space import Constraint, Space, Template, choose_template
 from .conv import CONV2D, DEPTHWISE, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
-from .int8 import CONV_INT8, DENSE_INT8
+from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8
 from .pool import POOL2D
 from .winograd import WINOGRAD
 
@@ -610,8 +610,9 @@ ROWS = Template("rows", problems.rows, lambda p: True, rows_space, rows_default,
 
 TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
-    ("llvm", Pattern.OUT_FUSABLE): (DENSE, DENSE_INT8, CONV_INT8, POINTWISE_GEMM, POINTWISE,
-                                    CONV2D, DEPTHWISE, WINOGRAD, ROWS),
+    ("llvm", Pattern.OUT_FUSABLE): (DENSE, DENSE_INT8, CONV_INT8, DEPTHWISE_INT8,
+                                    POINTWISE_GEMM, POINTWISE, CONV2D, DEPTHWISE, WINOGRAD,
+                                    ROWS),
     ("llvm", Pattern.OPAQUE): (POOL2D, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first whose problem

@@ -182,3 +182,32 @@ def test_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, pad, act
     assert ("vpdpbusd" in model.source("llvm-ir")) == (path != "widening")
     got = model(x)
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("n,c,h,w,k,stride,pad,act,out", [
+    (1, 5, 9, 7, 3, 1, 1, np.uint8, np.int8), (2, 16, 8, 8, 3, 2, 1, np.int8, np.uint8),
+    (1, 3, 11, 11, 5, 1, 2, np.int8, None), (1, 8, 7, 7, 3, 2, 0, np.uint8, np.int8)])
+def test_depthwise_int8_equals_the_reference(n, c, h, w, k, stride, pad, act, out):
+    from dnnc.ir.ops.quantized import quantized_conv
+
+    rng = np.random.default_rng(n * c * h * k)
+    info = np.iinfo(act)
+    wq = rng.integers(-128, 128, (c, 1, k, k)).astype(np.int8)
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, c, h, w)))
+    ins = [x, _const("za", act(rng.integers(info.min, info.max))), _const("w", wq),
+           _const("s", wq.astype(np.int32).reshape(c, -1).sum(1).astype(np.int32)),
+           _const("b", rng.integers(-1000, 1000, c).astype(np.int32)),
+           _const("sc", rng.uniform(1e-3, 1e-2, c).astype(np.float32))]
+    if out is not None:
+        ins.append(_const("yz", out(3)))
+    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=c,
+                 lo=None, hi=None)
+    g.outputs = [g.add("Relu", g.add("QuantizedConv", *ins, **attrs))]
+    xv = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(act)
+    want = np.maximum(quantized_conv(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
+                                     dilations=None, **attrs), 0)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert "xshifted" in model.source("llvm-ir")   # (the template's workspace: it applied)
+    got = model(xv)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
