@@ -88,6 +88,7 @@ class _Rewriter:
         self.graph = graph
         self.users = graph.users()
         self.outputs = {id(v) for v in graph.outputs}
+        self.removed: set[int] = set()   # ids of the nodes replaced so far
 
     def only_reader(self, v: Value, node: Node) -> bool:
         """Whether `node` is `v`'s one reader (and v no graph output)."""
@@ -103,14 +104,16 @@ class _Rewriter:
             return False
         node = Node(op, inputs, [out], full, name)
         gone = {id(n) for n in chain}
-        nodes = []
-        for n in self.graph.nodes:
-            if n is chain[-1]:
-                nodes.append(node)
-            elif id(n) not in gone:
-                nodes.append(n)
-        self.graph.nodes = nodes
-        self.users = self.graph.users()
+        self.removed |= gone
+        self.graph.nodes = [node if n is chain[-1] else n for n in self.graph.nodes
+                            if id(n) not in gone or n is chain[-1]]
+        for n in chain:   # the readers of each value, kept current
+            for v in n.inputs:
+                if v is not None and v in self.users:
+                    self.users[v] = [u for u in self.users[v] if u is not n]
+        for v in inputs:
+            if v is not None:
+                self.users.setdefault(v, []).append(node)
         return True
 
     # -- the products -------------------------------------------------------------------------
@@ -352,7 +355,7 @@ def fuse_quantized(graph: Graph) -> int:
                         (("MatMulInteger", "ConvInteger"), r.integer_product),
                         (("QLinearMatMul", "QLinearConv"), r.qlinear)):
         for node in list(graph.nodes):
-            if node.op in kinds and any(n is node for n in graph.nodes):
+            if node.op in kinds and id(node) not in r.removed:
                 count += rule(node)
     if count:
         eliminate_dead_code(graph)

@@ -160,3 +160,17 @@ def test_the_reference_rejects_sums_that_are_not_the_weights():
     with pytest.raises(ValueError, match="w_sums"):
         quantized_dense(a, np.uint8(0), pack_groups(w), np.array([8, 8, 7], np.int32), n=3,
                         lo=None, hi=None)
+
+
+def test_inspect_counts_the_int8_products_and_names_the_float_ones():
+    from dnnc.compiler.inspect import format_passes, pass_report
+
+    g = import_onnx(_qdq_conv_model(np.random.default_rng(5), relu=True))
+    rows = pass_report(g, "llvm", 3)
+    assert (rows[0].int8, rows[0].float_products) == (0, ("Conv_4",))
+    assert (rows[1].name, rows[1].int8, rows[1].float_products) == ("fuse_quantized", 1, ())
+    text = format_passes(rows, "llvm", 3)
+    assert "int8: 1 of 1 products run as integer ops" in text
+    float_conv = import_onnx(_qdq_conv_model(np.random.default_rng(5), relu=False,
+                                             bias_dq=False))
+    assert pass_report(float_conv, "llvm", 3)[-1].int8 == 0

@@ -48,6 +48,8 @@ GROUP_DEPTH = 4
 """k per group: the 4 bytes one int32 lane of `vpdpbusd` / `tdpbusd` sums."""
 ACTIVATIONS = (T.uint8, T.int8)
 QUANT_ATTRS = {"lo": None, "hi": None}
+INTEGER_PRODUCTS = ("QuantizedDense", "QuantizedConv", "QuantizedConvPacked")
+"""The ops of this module: products computed on integers (`dnnc inspect` counts them)."""
 
 
 def pack_groups(w: np.ndarray) -> np.ndarray:
