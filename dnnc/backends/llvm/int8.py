@@ -231,22 +231,31 @@ class _ConvTile(_Tile):
         n, c, h, wid = p.x_dims
         (ph, pw) = p.begins
         nc, iy, ix = L.Var("qnc"), L.Var("qy"), L.Var("qx")
-        y, x = iy - ph, ix - pw
-        inside = L.logical_and(L.logical_and(y >= 0, y < h), L.logical_and(x >= 0, x < wid))
-        yc, xc = L.minimum(L.maximum(y, 0), h - 1), L.minimum(L.maximum(x, 0), wid - 1)
+        flip = 0x80808080 if p.signed else 0
         zero = L.Cast(T.uint32, L.Cast(T.uint8, _channel(p.za, 0)))
+        pad_word = L.BinOp("^", zero * L.Const(0x01010101, T.uint32), L.Const(flip, T.uint32))
         word = None
         for t in range(GROUP_DEPTH):
             ch = L.minimum((nc % self.c4) * GROUP_DEPTH + t, c - 1)
-            byte = L.Select(inside, L.Cast(T.uint32, L.Cast(T.uint8, p.x[nc // self.c4, ch,
-                                                                         yc, xc])), zero)
-            if p.signed:
-                byte = L.BinOp("^", byte, L.Const(0x80, T.uint32))
+            byte = L.Cast(T.uint32, L.Cast(T.uint8, p.x[nc // self.c4, ch, iy - ph, ix]))
             byte = byte if t == 0 else L.BinOp("<<", byte, L.Const(8 * t, T.uint32))
             word = byte if word is None else L.BinOp("|", word, byte)
-        store = L.Store(self.quads, ((nc * self.hp + iy) * self.wp + ix,), word)
+        word = L.BinOp("^", word, L.Const(flip, T.uint32))
+        vec = L.ForKind.VECTORIZED
+
+        def at(col):
+            return ((nc * self.hp + iy) * self.wp + col,)
+
+        def pads(start, count) -> L.Stmt:
+            return L.For(ix, count, L.Store(self.quads, at(start + ix), pad_word), vec)
+
+        # a row inside the image: its padding, then its pixels a vector at a time (4 stride-1
+        # byte loads a word); rows outside it all padding
+        inner = L.seq(pads(0, pw), L.For(ix, wid, L.Store(self.quads, at(pw + ix), word), vec),
+                      pads(pw + wid, self.wp - pw - wid))
+        rows = L.If(L.logical_and(iy >= ph, iy < ph + h), inner, pads(0, self.wp))
         kind = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
-        return L.For(nc, n * self.c4, L.For(iy, self.hp, L.For(ix, self.wp, store)), kind)
+        return L.For(nc, n * self.c4, L.For(iy, self.hp, rows), kind)
 
     def body(self, threads: int) -> L.Stmt:
         p = self.p
@@ -324,14 +333,20 @@ def depthwise_build(p: QuantizedConvProblem, config: DepthwiseConfig, machine) -
     w = L.Buffer(p.w.name, p.w.dtype, (m, kh * kw))
     y = L.Buffer(p.y.name, p.y.dtype, (n, m, oh, ow))
     nc, iy, ix = L.Var("qnc"), L.Var("qy"), L.Var("qx")
-    yy, xx = iy - ph, ix - pw
-    inside = L.logical_and(L.logical_and(yy >= 0, yy < h), L.logical_and(xx >= 0, xx < wid))
-    value = L.Cast(T.int32, p.x[nc // c, nc % c, L.minimum(L.maximum(yy, 0), h - 1),
-                                L.minimum(L.maximum(xx, 0), wid - 1)])
     za = L.Cast(T.int32, _channel(p.za, 0))
-    pack = L.For(nc, n * c, L.For(iy, hp, L.For(ix, wp, L.Store(
-        shifted, ((nc * hp + iy) * wp + ix,),
-        L.Select(inside, value - za, L.const(0, T.int32))))), par)
+    vec = L.ForKind.VECTORIZED
+
+    def zeros(start, count) -> L.Stmt:   # padding: x - za is 0 there
+        return L.For(ix, count, L.Store(shifted, ((nc * hp + iy) * wp + start + ix,),
+                                        L.const(0, T.int32)), vec)
+
+    # a row inside the image: its padding, then its pixels as stride-1 vector copies
+    inner = L.seq(zeros(0, pw), L.For(ix, wid, L.Store(
+        shifted, ((nc * hp + iy) * wp + pw + ix,),
+        L.Cast(T.int32, p.x[nc // c, nc % c, iy - ph, ix]) - za), vec),
+        zeros(pw + wid, wp - pw - wid))
+    rows = L.If(L.logical_and(iy >= ph, iy < ph + h), inner, zeros(0, wp))
+    pack = L.For(nc, n * c, L.For(iy, hp, rows), par)
     task, oy, ox = L.Var("task"), L.Var("oy"), L.Var("ox")
     blocks = -(-oh // config.rows)
     plane, row = task // blocks, (task % blocks) * config.rows + oy

@@ -66,9 +66,11 @@ _VECTOR_INT_CALLS = {"dot_u8s8x4"}
 """`CALLS` entries emitted as vector intrinsics on int32 (vpdpbusd)."""
 _VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
 """Selects of these dtypes are vector selects (uint32: bfloat16 rounding's NaN case)."""
-_VECTOR_CASTS = ((T.float16, T.float32, T.float64), (T.uint16, T.uint32))
+_VECTOR_CASTS = ((T.float16, T.float32, T.float64), (T.uint16, T.uint32),
+                 (T.int8, T.uint8, T.int32, T.uint32, T.float32))
 """Casts within one of these groups are vector instructions: float16 and bfloat16 data
-computed in float32 (fpext / fptrunc, and the zext / trunc of bfloat16's bits). Float to
+computed in float32 (fpext / fptrunc, and the zext / trunc of bfloat16's bits); 8-bit and
+32-bit integers and their conversions to float32 (int8 kernels' operands and epilogues). Float to
 integer (legalize's `ftoi`) stays lane by lane."""
 
 

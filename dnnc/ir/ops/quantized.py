@@ -48,6 +48,9 @@ GROUP_DEPTH = 4
 """k per group: the 4 bytes one int32 lane of `vpdpbusd` / `tdpbusd` sums."""
 ACTIVATIONS = (T.uint8, T.int8)
 QUANT_ATTRS = {"lo": None, "hi": None}
+MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
+"""1.5 * 2**23 and its float32 bits: x + MAGIC holds integral x (|x| <= 2**22) in its low
+mantissa bits."""
 INTEGER_PRODUCTS = ("QuantizedDense", "QuantizedConv", "QuantizedConvPacked")
 """The ops of this module: products computed on integers (`dnnc inspect` counts them)."""
 
@@ -147,8 +150,13 @@ def finish_expr(acc: Expr, bias: Expr | None, scale: Expr | None, y_zp: Expr | N
     if y_zp is None:
         return y
     low, high = clamp_bounds(out, lo, hi)
-    q = call("round", y) + Cast(T.float32, y_zp)
-    return Cast(out, minimum(maximum(q, const(float(low))), const(float(high))))
+    q = minimum(maximum(call("round", y) + Cast(T.float32, y_zp), const(float(low))),
+                const(float(high)))
+    # an integral float in [-2**22, 2**22] to int32 as the bits of q + 1.5 * 2**23 less
+    # those of 1.5 * 2**23: exact, and vector code (a float -> int cast is legalized lane by
+    # lane)
+    bits = call("bitcast", q + const(MAGIC), dtype=T.int32) - const(MAGIC_BITS, T.int32)
+    return Cast(out, bits)
 
 
 def _optional(inputs, k: int):
