@@ -62,6 +62,9 @@ operations serve legalized bfloat16 conversions."""
 _VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc", "abs", "neg",
                  "dot_bf16x2"}
 """`CALLS` entries emitted as vector intrinsics on _VECTOR_FLOATS; the rest lane by lane."""
+_STRIDED_INTS = (T.int32, T.uint32)
+"""Integer loads at a constant stride of 2 to 4 done as one load and a shuffle, as floats'
+(the int8 depthwise template's stride-2 taps)."""
 _VECTOR_INT_CALLS = {"dot_u8s8x4"}
 """`CALLS` entries emitted as vector intrinsics on int32 (vpdpbusd)."""
 _VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
@@ -212,7 +215,7 @@ class VectorLoop:
     def load(self, e: L.Load) -> ir.Value | None:
         stride = self._lane_stride(e.indices)
         dtype = e.buffer.dtype
-        if stride in (2, 3, 4) and dtype in _VECTOR_FLOATS:
+        if stride in (2, 3, 4) and (dtype in _VECTOR_FLOATS or dtype in _STRIDED_INTS):
             return self._strided_load(e, stride)
         if stride != 1:
             return None

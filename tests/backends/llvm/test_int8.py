@@ -171,9 +171,11 @@ def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out):
 @pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", [
     (1, 5, 9, 7, 19, 3, 1, 1, np.uint8, np.int8), (2, 16, 8, 8, 40, 1, 1, 0, np.int8, np.uint8),
     (1, 3, 11, 11, 8, 3, 2, 1, np.int8, None), (1, 8, 7, 7, 33, 1, 2, 0, np.uint8, np.int8),
-    (1, 6, 10, 10, 16, 7, 2, 3, np.int8, np.int8)])
+    (1, 6, 10, 10, 16, 7, 2, 3, np.int8, np.int8), (3, 20, 5, 7, 13, 1, 1, 0, np.uint8, np.int8),
+    (1, 9, 9, 9, 70, 1, 1, 0, np.int8, None)])
 def test_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, pad, act, out):
-    """Odd channels (a group of 4 part zero), padding (the zero point), strides, batches."""
+    """Odd channels (a group of 4 part zero), padding (the zero point), strides, batches;
+    pointwise convs (the transposed tile) of pixels and channels that fill no whole tile."""
     rng = np.random.default_rng(n * c * h * m * k)
     g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
     mattr = FEATURE_PATHS[path][1]
