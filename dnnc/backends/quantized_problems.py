@@ -146,6 +146,45 @@ def quantized_depthwise(kernel: Kernel) -> QuantizedConvProblem | None:
     return p
 
 
+@dataclass(frozen=True)
+class MaxPool8:
+    """A 2-D MaxPool of int8 / uint8 NCHW values (fuse_quantized keeps quantized values in
+    their integers through it) alone in its kernel, static shapes."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    y: L.Buffer
+    x_dims: tuple
+    y_dims: tuple
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    begins: tuple
+    padded_hw: tuple
+
+
+def max_pool8(kernel: Kernel) -> MaxPool8 | None:
+    """The kernel's int8 / uint8 MaxPool (one output, static 4-D shapes) as a problem."""
+    node = kernel.anchor
+    if len(kernel.nodes) != 1 or node.op != "MaxPool" or len(node.outputs) != 1 or \
+            len(kernel.func.params) != 2:
+        return None
+    x, y = kernel.func.params
+    xd, yd = L.static_shape(x.shape), L.static_shape(y.shape)
+    if x.dtype not in (T.int8, T.uint8) or y.dtype is not x.dtype or xd is None or \
+            yd is None or len(xd) != 4 or node.attrs.get("storage_order", 0):
+        return None
+    kernel_hw = tuple(node.attrs["kernel_shape"])
+    geometry = plane_geometry(node.attrs, xd[2:], kernel_hw, yd[2:])
+    if geometry is None:
+        return None
+    strides, dilations, begins, padded_hw = geometry
+    return MaxPool8(kernel.func.name, kernel.func.params, x, y, tuple(xd), tuple(yd),
+                    kernel_hw, tuple(strides), tuple(dilations), tuple(begins),
+                    tuple(padded_hw))
+
+
 def _buffers(kernel: Kernel, node) -> list:
     """The kernel's buffer parameters of the node's seven inputs (None where absent)."""
     index = {id(v): k for k, v in enumerate(kernel.inputs)}

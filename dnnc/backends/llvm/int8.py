@@ -1,6 +1,6 @@
-"""The int8 templates for CPUs, dense (QuantizedDense) and conv (QuantizedConvPacked): u8 x s8
-dot products of 4 bytes into int32 accumulators, the requantization fused where a tile
-stores.
+"""The int8 templates for CPUs: dense_int8 (QuantizedDense), conv_int8 (QuantizedConvPacked)
+and depthwise_int8 (QuantizedConv of one channel a group): int32 sums of u8 x s8 products, the
+requantization fused where a tile stores.
 
 The product is the loop-IR intrinsic `dot_u8s8x4(acc, a, b)` (`ir/loop/nodes.INTRINSICS`):
 the renderer emits AVX-512 VNNI's `vpdpbusd` where the CPU has avx512vnni (with avx512vl for
@@ -24,7 +24,9 @@ image: a 7x7 plane fills tiles as well as a 56x56 one), columns output channels,
 groups (4 input channels, ky, kx) of `pack_conv_groups`; each call first packs the NCHW image
 into words of 4 channels of a pixel (a workspace, the plane padded with the zero point, so
 padding adds nothing after the compensation), from which a row's word of a group is one
-load at the pixel's base plus the group's offset.
+load at the pixel's base plus the group's offset. A pointwise conv transposes the tile
+(`_PointwiseTile`). A depthwise conv has no channel sum to take 4 bytes of: int32 vectors of
+a row's pixels (`depthwise_build`).
 
 Knobs (`Int8Config`): mr (rows a tile), nr (16 or 32 columns). This module builds loop IR and
 names features; it must never import llvmlite.
@@ -34,11 +36,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...ir import loop as L
 from ...ir import types as T
 from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr
-from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem,
-                                  quantized_conv, quantized_dense, quantized_depthwise)
+from ..quantized_problems import (MaxPool8, QuantizedConvProblem, QuantizedDenseProblem,
+                                  max_pool8, quantized_conv, quantized_dense,
+                                  quantized_depthwise)
 from ..space import Constraint, Space, Template
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
@@ -422,8 +427,54 @@ def depthwise_build(p: QuantizedConvProblem, config: DepthwiseConfig, machine) -
     return L.simplify(L.PrimFunc(p.name, params, body))
 
 
+@dataclass(frozen=True)
+class PoolConfig:
+    pixels: int   # output pixels a vector block of a row
+
+
+def pool_space(p: MaxPool8, machine) -> Space:
+    return Space("maxpool_int8", PoolConfig, {"pixels": [8, 16, 32, 64]}, [])
+
+
+def pool_default(p: MaxPool8, machine) -> PoolConfig:
+    return PoolConfig(machine.vector_bits // 32)
+
+
+def pool_build(p: MaxPool8, config: PoolConfig, machine) -> L.PrimFunc:
+    """Per plane (the worker pool's unit): the plane as int32 in a local buffer, the dtype's
+    minimum around it (a tap never tests bounds), then each output row in blocks of pixels,
+    a tap one vector load (a shuffle of one load at stride 2 to 4), the maximum an int32
+    vector max, stored back in the 8-bit type."""
+    n, c, h, wid = p.x_dims
+    _, _, oh, ow = p.y_dims
+    (kh, kw), (sh, sw), (dh, dw) = p.kernel, p.strides, p.dilations
+    (ph, pw), (hp, wp) = p.begins, p.padded_hw
+    low = L.const(int(np.iinfo(p.x.dtype.np).min), T.int32)
+    plane = L.Buffer("xplane", T.int32, (hp * wp + config.pixels * sw,), L.Scope.LOCAL)
+    nc, iy, ix, oy, ox, b = (L.Var(v) for v in ("nc", "iy", "ix", "oy", "ox", "b"))
+    vec = L.ForKind.VECTORIZED
+    fill = L.For(ix, hp * wp, L.Store(plane, (ix,), low), vec)
+    copy = L.For(iy, h, L.For(ix, wid, L.Store(plane, ((iy + ph) * wp + pw + ix,), L.Cast(
+        T.int32, p.x[nc // c, nc % c, iy, ix])), vec))
+    x0 = b * config.pixels + ox
+    best = None
+    for ky in range(kh):
+        for kx in range(kw):
+            tap = plane[(oy * sh + ky * dh) * wp + x0 * sw + kx * dw]
+            best = tap if best is None else L.maximum(best, tap)
+    store = L.Store(p.y, (nc // c, nc % c, oy, x0), L.Cast(p.y.dtype, best))
+    blocks = L.For(b, ow // config.pixels, L.For(ox, config.pixels, store, vec))
+    rest = L.For(ox, ow % config.pixels, L.substitute(store, {b: L.const(ow // config.pixels)}))
+    rows = L.For(oy, oh, L.seq(blocks, rest))
+    kind = L.ForKind.PARALLEL if machine.threads > 1 and n * c > 1 else L.ForKind.SERIAL
+    body = L.For(nc, n * c, L.Allocate(plane, L.seq(fill, copy, rows)), kind)
+    return L.simplify(L.PrimFunc(p.name, p.params, body))
+
+
 DENSE_INT8 = Template("dense_int8", quantized_dense, lambda p: True, space, default, build)
 CONV_INT8 = Template("conv_int8", quantized_conv, lambda p: True, conv_space, conv_default,
                      conv_build)
 DEPTHWISE_INT8 = Template("depthwise_int8", quantized_depthwise, lambda p: True,
                           depthwise_space, depthwise_default, depthwise_build)
+MAXPOOL_INT8 = Template("maxpool_int8", max_pool8, lambda p: True, pool_space, pool_default,
+                        pool_build)

@@ -41,7 +41,7 @@ from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, ren
 from ..space import Constraint, Space, Template, choose_template
 from .conv import CONV2D, DEPTHWISE, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
-from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8
+from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8, MAXPOOL_INT8
 from .pool import POOL2D
 from .winograd import WINOGRAD
 
@@ -613,7 +613,7 @@ TEMPLATES = {
     ("llvm", Pattern.OUT_FUSABLE): (DENSE, DENSE_INT8, CONV_INT8, DEPTHWISE_INT8,
                                     POINTWISE_GEMM, POINTWISE, CONV2D, DEPTHWISE, WINOGRAD,
                                     ROWS),
-    ("llvm", Pattern.OPAQUE): (POOL2D, ROWS),
+    ("llvm", Pattern.OPAQUE): (POOL2D, MAXPOOL_INT8, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first whose problem
 kind describes the kernel and that applies to that problem builds it (ROWS, last, serves

@@ -56,9 +56,9 @@ def _lane_coefficient(e: L.Expr, var: L.Var, vector_vars) -> int | None:
 
 _VECTOR_FLOATS = (T.float32, T.float64)
 _VECTOR_BINARY = {("f", op) for op in ("+", "-", "*", "/", "min", "max", *L.COMPARE)} | \
-    {(c, op) for c in "su" for op in ("+", "-", "*", "&", "|", "^", "<<", ">>")}
+    {(c, op) for c in "su" for op in ("+", "-", "*", "&", "|", "^", "<<", ">>", "min", "max")}
 """`BINARY` entries emitted as vector instructions (floats: on _VECTOR_FLOATS); the bit
-operations serve legalized bfloat16 conversions."""
+operations serve legalized bfloat16 conversions, integer min / max int8 max pooling."""
 _VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc", "abs", "neg",
                  "dot_bf16x2"}
 """`CALLS` entries emitted as vector intrinsics on _VECTOR_FLOATS; the rest lane by lane."""

@@ -210,6 +210,27 @@ def test_depthwise_int8_equals_the_reference(n, c, h, w, k, stride, pad, act, ou
     want = np.maximum(quantized_conv(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
                                      dilations=None, **attrs), 0)
     model = dnnc.compile(g, "llvm", cache=False)
-    assert "xshifted" in model.source("llvm-ir")   # (the template's workspace: it applied)
+    assert [r["template"] for r in model.profile(xv, repeat=1)] == ["depthwise_int8"]
+    got = model(xv)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("k,stride,pad,size", [(3, 2, 1, 13), (2, 2, 0, 8), (3, 1, 1, 37)])
+def test_maxpool_int8_equals_the_reference(dtype, k, stride, pad, size):
+    """MaxPool on quantized values (fuse_quantized's move): the maxpool_int8 template, its
+    padding the type's minimum, against the registry's reference."""
+    from dnnc.ir.ops.registry import get_op
+
+    rng = np.random.default_rng(k * size)
+    info = np.iinfo(dtype)
+    g = Graph("p")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(dtype)), (2, 3, size, size)))
+    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
+    g.outputs = [g.add("MaxPool", x, **attrs)]
+    xv = rng.integers(info.min, info.max + 1, (2, 3, size, size)).astype(dtype)
+    want = get_op("MaxPool").run([xv], g.nodes[0].attrs)[0]
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert [r["template"] for r in model.profile(xv, repeat=1)] == ["maxpool_int8"]
     got = model(xv)
     assert got.dtype == want.dtype and np.array_equal(got, want)
