@@ -46,6 +46,8 @@ def test_a_qdq_cnn_runs_integer_ops_equal_to_onnxruntime(tmp_path, name, config,
     assert np.array_equal(got[0], want[0])
     compiled = dnnc.compile(str(path), "llvm")
     assert np.array_equal(compiled(**feeds), want[0])
+    compiled.save(tmp_path / "model.dnnc")   # the integer ops and packed weights restore
+    assert np.array_equal(dnnc.load(tmp_path / "model.dnnc")(**feeds), want[0])
 
 
 def test_a_dynamically_quantized_transformer_runs_integer_dense_ops(tmp_path):
