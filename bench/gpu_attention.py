@@ -173,7 +173,7 @@ def torch_sdpa_ms(arrays, repeat: int, trials: int, precision: str = "fp32"
 def attention_table(cp, machine: Target, args) -> int:
     """Print the attention rows (the fused kernel's configs against the unfused path and
     torch's sdpa); the number of wrong results."""
-    print(f"{'attention':12s} {'shape':24s} {'path / config':44s} {'us':>9s} {'GFLOP/s':>8s} "
+    print(f"{'attention':12s} {'shape':24s} {'path / config':52s} {'us':>9s} {'GFLOP/s':>8s} "
           f"{'vs unfused':>10s} {'torch/dnnc':>10s}  check")
     wrong = 0
     for label, batch, heads, seq, d in ATTENTION_SHAPES:
@@ -187,7 +187,7 @@ def attention_table(cp, machine: Target, args) -> int:
         if peer is not None:
             what = "torch sdpa (math backend, fp32)" if precision == "fp32" else \
                 f"torch sdpa ({precision}{' math' if precision == 'tf32' else ''})"
-            print(f"{'attention':12s} {shape:24s} {what:44s} "
+            print(f"{'attention':12s} {shape:24s} {what:52s} "
                   f"{peer * 1e3:9.1f} {flops / peer / 1e6:8.0f}")
 
         def row(text, launch, out, base_ms):
@@ -202,7 +202,7 @@ def attention_table(cp, machine: Target, args) -> int:
             wrong += not ok
             vs = f"{base_ms / ms:10.2f}" if base_ms else f"{1:10.2f}"
             ratio = "" if peer is None else f"{peer / ms:10.2f}"
-            print(f"{'attention':12s} {shape:24s} {text[:44]:44s} {ms * 1e3:9.1f} "
+            print(f"{'attention':12s} {shape:24s} {text[:52]:52s} {ms * 1e3:9.1f} "
                   f"{flops / ms / 1e6:8.0f} {vs} {ratio:>10s}  "
                   f"{'ok' if ok else 'WRONG: max err %.3g' % np.max(np.abs(got - want))}")
             return ms
@@ -220,7 +220,7 @@ def attention_table(cp, machine: Target, args) -> int:
             try:
                 launch, out, n, used = chain_kernels(cp, graph, machine, True, config, arrays)
             except Exception as exc:   # a variant outside this problem's space
-                print(f"{'attention':12s} {shape:24s} {str(config)[:44]:44s} skipped: "
+                print(f"{'attention':12s} {shape:24s} {str(config)[:52]:52s} skipped: "
                       f"{str(exc).splitlines()[0][:60]}")
                 continue
             if used in measured:
