@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
-from dnnc.backends.llvm import conv  # noqa: E402
+from dnnc.backends.llvm import depthwise  # noqa: E402
 from dnnc.compiler.module import call_times_ms  # noqa: E402
 
 LAYERS = [(32, 112, 3), (144, 56, 3), (192, 28, 3), (384, 14, 3), (960, 7, 3), (96, 56, 3),
@@ -51,12 +51,12 @@ def layer(c: int, side: int, k: int, rng):
 
 
 def compiled(model, flat: bool):
-    limit = conv.FLAT_MAX_WIDTH
-    conv.FLAT_MAX_WIDTH = 1 << 20 if flat else 0
+    limit = depthwise.FLAT_MAX_WIDTH
+    depthwise.FLAT_MAX_WIDTH = 1 << 20 if flat else 0
     try:
         return dnnc.compile(model, target="llvm", cache=False)
     finally:
-        conv.FLAT_MAX_WIDTH = limit
+        depthwise.FLAT_MAX_WIDTH = limit
 
 
 def main() -> None:

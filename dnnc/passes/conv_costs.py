@@ -58,7 +58,8 @@ def _step(rows: int, vectors: int, lanes: int, weight_bytes_per_cycle: float) ->
     """Cycles of one reduction step of a rows x vectors tile of accumulators: its
     multiply-adds at FMA_PORTS a cycle, at least STEP_CYCLES, at least its weight vectors'
     bytes at the cache's rate."""
-    return max(rows * vectors / FMA_PORTS, STEP_CYCLES, vectors * lanes * 4 / weight_bytes_per_cycle)
+    return max(rows * vectors / FMA_PORTS, STEP_CYCLES,
+               vectors * lanes * 4 / weight_bytes_per_cycle)
 
 
 def conv3x3_costs(n: int, c: int, oc: int, oh: int, ow: int, nr: int, vector_bits: int,

@@ -39,7 +39,8 @@ from .. import problems
 from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, rename_buffer,
                              rows_first, update_op)
 from ..space import Constraint, Space, Template, choose_template
-from .conv import CONV2D, DEPTHWISE, POINTWISE, POINTWISE_GEMM
+from .conv import CONV2D, POINTWISE, POINTWISE_GEMM
+from .depthwise import DEPTHWISE
 from .dense import DENSE
 from .pool import POOL2D
 from .winograd import WINOGRAD

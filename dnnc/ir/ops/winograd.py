@@ -9,12 +9,12 @@ A^T [(G g) . (B^T d)]; nested, an m x m tile is A^T [(G g G^T) . (B^T d B)] A. T
 come from the modified Toom-Cook algorithm (a polynomial product evaluated at alpha - 1
 points and infinity, then interpolated; the correlation is the product's transpose), as the
 `wincnn` tool derives them, in exact fractions: the interpolation's denominators are put in
-G (applied once, at compile time, in float64), so B^T and A^T hold small integers (and
-halves for F(6, 3)'s points +-1/2).
+G (applied once, at compile time, in float64), and each row of B^T and column of A^T is
+scaled to few multiplies with coefficients exact in binary floating point.
 
-ConvWinograd(x, U, b) is Conv(x, G' U G'^T, b), G' an exact left inverse of G (`Winograd.g_inverse`):
-U is [alpha^2, ceil(M / NR), C, NR] (`winograd_weights`), so m = sqrt(U's first axis) - 2;
-`oc` (M) and Conv's attributes are attributes.
+ConvWinograd(x, U, b) is Conv(x, G' U G'^T, b), G' an exact left inverse of G
+(`Winograd.g_inverse`): U is [alpha^2, ceil(M / NR), C, NR] (`winograd_weights`), so
+m = sqrt(U's first axis) - 2; `oc` (M) and Conv's attributes are attributes.
 """
 
 from __future__ import annotations

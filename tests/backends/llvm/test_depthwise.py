@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dnnc.backends.llvm import conv
+from dnnc.backends.llvm import depthwise
 from dnnc.backends.llvm.entry import runtime
 from dnnc.backends.registry import REGISTRY
 from dnnc.compiler.module import CompiledModel
@@ -62,7 +62,7 @@ CASES = [   # (channels, height, width, kernel, pads, bias, residual)
 def test_depthwise_by_rows_and_flat_match_the_reference(rng, monkeypatch, case, flat_width,
                                                         threads):
     c, h, w, k, pads, bias, residual = case
-    monkeypatch.setattr(conv, "FLAT_MAX_WIDTH", flat_width)
+    monkeypatch.setattr(depthwise, "FLAT_MAX_WIDTH", flat_width)
     graph = depthwise_graph(rng, c, h, w, k, pads, bias=bias, residual=residual)
     feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
     model = compiled(graph, threads)
@@ -82,7 +82,7 @@ def test_the_default_runs_narrow_rows_flat_and_strided_ones_by_rows(rng):
 def test_flat_is_outside_the_space_at_a_stride(rng, monkeypatch):
     """A strided conv with FLAT_MAX_WIDTH past its rows still runs by rows: the default never
     leaves the space."""
-    monkeypatch.setattr(conv, "FLAT_MAX_WIDTH", 1 << 20)
+    monkeypatch.setattr(depthwise, "FLAT_MAX_WIDTH", 1 << 20)
     graph = depthwise_graph(rng, 4, 12, 12, 3, 1, strides=2)
     feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
     model = compiled(graph, 1)
