@@ -32,6 +32,13 @@ L2_BYTES_PER_CYCLE, L3_BYTES_PER_CYCLE = 24, 12
 channels 14x14: its 1.2 MB a block from L3 made it 1.25x the direct conv's speed where
 F(2x2)'s 0.5 MB made 1.93x)."""
 
+MEMORY_BYTES_PER_CYCLE = 8
+"""Weight bytes a cycle from memory: a model's weights pass the caches between two calls
+(resnet18's 45 MB), so every call reads each layer's (direct 9 C M floats, Winograd
+alpha^2 C M) from memory, about 32 GB/s at 4 GHz. Without it the layers, timed alone with
+their weights cached, took F(2x2) at 512->512 @7 (1.04x direct); in resnet18 that lost
+what F(4x4) gained at 56 and 28."""
+
 INPUT_OP_CYCLES, OUTPUT_OP_CYCLES, POSITION_OP_CYCLES = 0.25, 3, 8
 """Cycles an input transform's vector operation, an output transform's, and a position's
 accumulator set-up and store (a vector each) cost, fitted: the input transform's shared
@@ -68,14 +75,15 @@ def conv3x3_costs(n: int, c: int, oc: int, oh: int, ow: int, nr: int, vector_bit
     direct (key None) and by F(m x m, 3x3) (key m) for each m of `tiles`. The direct conv
     runs 8-pixel by NR tiles over 9 C steps; Winograd transforms each alpha x alpha patch
     (T patches in a vector), runs alpha^2 products of T x NR tiles over C steps, and
-    transforms each tile back; the parallel loops split whole units over `threads`."""
+    transforms each tile back; the parallel loops split whole units over `threads`; each
+    reads its weights from memory once."""
     lanes = max(vector_bits // 32, 1)
     vectors = max(nr // lanes, 1)
     rows = 8 if vector_bits >= 512 else 4
     blocks = -(-oc // nr)
     pixel_tiles = -(-oh * ow // rows)
     direct = n * blocks * _share(pixel_tiles, threads) * 9 * c * rows * vectors / FMA_PORTS
-    costs = {None: direct}
+    costs = {None: direct + 9 * c * oc * 4 / MEMORY_BYTES_PER_CYCLE}
     for m in tiles:
         tw, th = -(-ow // m), -(-oh // m)
         t = -(-tw // -(-tw // rows))                   # the template's default block
@@ -87,7 +95,8 @@ def conv3x3_costs(n: int, c: int, oc: int, oh: int, ow: int, nr: int, vector_bit
         back = t * out_ops * vectors * OUTPUT_OP_CYCLES
         transform = c * in_ops * INPUT_OP_CYCLES
         costs[m] = n * (_share(tblocks, threads) * transform +
-                        _share(tblocks * blocks, threads) * (products + back))
+                        _share(tblocks * blocks, threads) * (products + back)) + \
+            alpha2 * c * oc * 4 / MEMORY_BYTES_PER_CYCLE
     return costs
 
 
