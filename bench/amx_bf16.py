@@ -1,99 +1,111 @@
-"""AMX-BF16 tiles next to AVX512_BF16 and fp32, one matrix product, one thread: for the
-Sapphire/Emerald Rapids device host (no AMX here; docs/llvm_backend.md, "Precision").
+"""bf16 products on AMX tiles next to vdpbf16ps and fp32, measured in one run: for the
+Sapphire/Emerald Rapids device host (docs/llvm_backend.md, "Precision").
 
-    python bench/amx_bf16.py [--size 1024] [--repeat 20]
+    python bench/amx_bf16.py [--threads 1] [--repeat 20] [--shapes all|square]
 
-Times C += A B (M = N = K = --size, a multiple of 32) three ways in one run: the probe tile
-kernel (`backends/llvm/amx.tile_gemm_module`: 16 x 16 tiles of C, tdpbf16ps, no blocking for
-caches), dnnc's MatMul at precision bf16 (vdpbf16ps) and at fp32, each the median of
-`--repeat` calls, and checks the tile kernel against the float64 product of the bf16
-operands. Prints GFLOP/s and the ratios to fp32; exits with a message where the CPU has no
-amx-tile/amx-bf16 or Linux refuses the tile state (arch_prctl ARCH_REQ_XCOMP_PERM).
+Each product (a MatMul of constant weights, or a 1x1 Conv of resnet50's) is compiled three
+ways for this CPU: fp32; precision bf16 without the tiles (`-amx-bf16`: vdpbf16ps, the path
+of CPUs without AMX); precision bf16 as this CPU takes it (AMX tiles where `amx_usable`,
+the `amx_dense` / `amx_pointwise` templates). Each is the better of two interleaved blocks'
+medians of `--repeat` calls. Prints GFLOP/s, the speedups over fp32 and the largest
+difference between the two bf16 outputs (relative to the largest output: the same rounded
+operands, summed in another order). Threads default to 1 (DNNC_NUM_THREADS is set before
+the worker pool starts). Without AMX the third column is vdpbf16ps again (said on the first
+line).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import platform
 import sys
 import time
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DNNC_NUM_THREADS", "1")   # before the worker pool starts
 
-import dnnc  # noqa: E402
-from dnnc.backends.llvm import amx  # noqa: E402
-from dnnc.backends.llvm.cpu import host_target  # noqa: E402
-from dnnc.backends.llvm.jit import JITModule  # noqa: E402
-from dnnc.compiler.module import call_times_ms  # noqa: E402
-from dnnc.ir.ops.linalg import pack_pairs  # noqa: E402
+SHAPES = {
+    "square": [("matmul 1024^3", (1024, 1024, 1024))],
+    "all": [("matmul 1024^3", (1024, 1024, 1024)),
+            ("bert 128x768x3072", (128, 768, 3072)),
+            ("bert 128x3072x768", (128, 3072, 768)),
+            ("rn50 1x1 64->256 56^2", ("conv", 64, 256, 56)),
+            ("rn50 1x1 256->64 56^2", ("conv", 256, 64, 56)),
+            ("rn50 1x1 512->128 28^2", ("conv", 512, 128, 28)),
+            ("rn50 1x1 256->1024 14^2", ("conv", 256, 1024, 14)),
+            ("rn50 1x1 2048->512 7^2", ("conv", 2048, 512, 7))],
+}
+"""Products timed: (m, k, n) MatMuls (bert-base's FFN at 128 tokens) and ("conv", C, M,
+size) 1x1 convs of resnet50's bottlenecks, batch 1."""
 
 
-def matmul_model(a_shape, b: np.ndarray):
+def product_model(shape, rng):
+    """(ONNX model, its input, its FLOPs) of a MatMul or a 1x1 Conv with constant weights."""
     from onnx import TensorProto, helper, numpy_helper
 
+    if shape[0] == "conv":
+        _, c, m, size = shape
+        w = (rng.standard_normal((m, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+        node = helper.make_node("Conv", ["X", "W"], ["Y"], kernel_shape=[1, 1])
+        x_shape, y_shape = [1, c, size, size], [1, m, size, size]
+        flops = 2.0 * c * m * size * size
+    else:
+        m, k, n = shape
+        w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+        node = helper.make_node("MatMul", ["X", "W"], ["Y"])
+        x_shape, y_shape = [m, k], [m, n]
+        flops = 2.0 * m * k * n
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["A", "B"], ["C"])], "mm",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, list(a_shape))],
-        [helper.make_tensor_value_info("C", TensorProto.FLOAT, [a_shape[0], b.shape[1]])],
-        [numpy_helper.from_array(b, "B")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        [node], "product", [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, y_shape)],
+        [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, rng.standard_normal(x_shape).astype(np.float32), flops
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="all")
     args = parser.parse_args()
-    size = args.size
-    if size % 32:
-        sys.exit("--size must be a multiple of 32")
+    os.environ["DNNC_NUM_THREADS"] = str(args.threads)   # before the pool starts
+    import dnnc
+    from dnnc.backends.llvm import amx
+    from dnnc.backends.llvm.cpu import cpu_from, host_target
+    from dnnc.compiler.module import call_times_ms
+
     cpu = host_target()
-    print(f"# {platform.machine()} {cpu.cpu}, {cpu.threads} thread(s), dnnc {dnnc.__version__},"
-          f" M = N = K = {size}")
-    if not amx.amx_features(cpu.feature_set):
-        sys.exit(f"this CPU ({cpu.cpu}) has no amx-tile/amx-bf16")
-    if not amx.request_tile_state():
-        sys.exit("Linux refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)")
+    tiles = amx.amx_usable(cpu.feature_set)
+    print(f"# {platform.machine()} {cpu.cpu}, {cpu.threads} thread(s), dnnc {dnnc.__version__}"
+          f"; AMX-BF16 tiles {'used' if tiles else 'absent: the third column is vdpbf16ps'}")
+    variants = {"fp32": ("fp32", cpu), "vdpbf16ps": ("bf16", cpu_from(None, "-amx-bf16")),
+                "amx": ("bf16", cpu)}
+    print(f"{'product':26} {'fp32 GF/s':>10} {'vdp GF/s':>10} {'amx GF/s':>10} "
+          f"{'vdp/fp32':>9} {'amx/fp32':>9} {'amx/vdp':>8} {'amx-vdp':>9}")
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((size, size)).astype(np.float32)
-    b = rng.standard_normal((size, size)).astype(np.float32)
-    a_pairs = np.ascontiguousarray(a.astype(ml_dtypes.bfloat16)).view(np.uint32)
-    b_pairs = np.ascontiguousarray(pack_pairs(b, size)[0]).view(np.uint32).reshape(
-        size // 2, size)
-    jm = JITModule(str(amx.tile_gemm_module()), cpu, 2)
-    kernel = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3)(
-        jm.address("amx_gemm"))
-    c = np.zeros((size, size), np.float32)
-
-    def tiles():
-        c[:] = 0
-        kernel(c.ctypes.data, a_pairs.ctypes.data, b_pairs.ctypes.data, size, size, size // 2)
-
-    tiles()
-    rounded = [x.astype(ml_dtypes.bfloat16).astype(np.float64) for x in (a, b)]
-    error = np.abs(c - rounded[0] @ rounded[1]).max() / np.abs(c).max()
-    model = matmul_model(a.shape, b)
-    runs = {"amx tiles": tiles}
-    for precision in ("bf16", "fp32"):
-        compiled = dnnc.compile(model, "llvm", precision=precision)
-        runs[f"dnnc {precision}"] = lambda m=compiled: m.run(a)
-    flops = 2.0 * size ** 3
-    ms = {}
-    for name, fn in runs.items():
-        time.sleep(0.3)
-        ms[name] = float(np.median(call_times_ms(fn, args.repeat, 2)))
-    print(f"{'':12} {'ms':>9} {'GFLOP/s':>9} {'fp32/this':>9}")
-    for name, t in ms.items():
-        print(f"{name:12} {t:9.3f} {flops / t / 1e6:9.1f} {ms['dnnc fp32'] / t:9.2f}")
-    print(f"amx tiles: largest error against the product of the bf16 operands {error:.2e} "
-          f"(of the largest output)")
+    for label, shape in SHAPES[args.shapes]:
+        model, x, flops = product_model(shape, rng)
+        compiled = {name: dnnc.compile(model, "llvm", precision=p, cpu=c, cache=False)
+                    for name, (p, c) in variants.items()}
+        if tiles:
+            assert "tile_product" in compiled["amx"].source("loop"), label
+        outs = {name: m.run(x)[0] for name, m in compiled.items()}
+        diff = float(np.abs(outs["amx"] - outs["vdpbf16ps"]).max() / np.abs(outs["fp32"]).max())
+        ms: dict[str, list[float]] = {name: [] for name in compiled}
+        for _ in range(2):   # interleaved blocks, 0.2 s apart
+            for name, m in compiled.items():
+                time.sleep(0.2)
+                ms[name].append(float(np.median(call_times_ms(lambda m=m: m.run(x),
+                                                              args.repeat, 2))))
+        best = {name: min(v) for name, v in ms.items()}
+        gf = {name: flops / t / 1e6 for name, t in best.items()}
+        print(f"{label:26} {gf['fp32']:10.1f} {gf['vdpbf16ps']:10.1f} {gf['amx']:10.1f} "
+              f"{gf['vdpbf16ps'] / gf['fp32']:9.2f} {gf['amx'] / gf['fp32']:9.2f} "
+              f"{gf['amx'] / gf['vdpbf16ps']:8.2f} {diff:9.1e}", flush=True)
 
 
 if __name__ == "__main__":

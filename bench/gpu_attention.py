@@ -21,7 +21,8 @@ from dnnc.backends.lower import lower_group
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.target import Target
-from gpu_timing import cuda_torch, event_ms, fp32_only, interleaved_ms, torch_timer
+from gpu_timing import cuda_torch, event_ms, fp32_only, interleaved_ms, load_module, \
+    torch_timer
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -37,8 +38,13 @@ ATTENTION_VARIANTS = ((8, 32, 32, 1), (16, 64, 32, 1), (16, 64, 64, 1), (32, 128
                       (32, 64, 32, 1), (16, 64, 32, 2), (32, 64, 32, 2), (64, 128, 32, 2),
                       (32, 128, 32, 4), (32, 64, 32, 4), (64, 128, 32, 4),
                       (8, 32, 32, 1, False), (32, 128, 32, 1, False), (64, 256, 32, 1, False),
-                      (64, 128, 32, 2, False))
-"""(rows, threads, tile_k, thread_rows[, unroll]) configs timed beside the default (fp32)."""
+                      (64, 128, 32, 2, False),
+                      # the keys split in slices (batch 1's few blocks)
+                      (32, 128, 32, 4, True, 2), (32, 128, 32, 4, True, 4),
+                      (16, 128, 32, 1, True, 2), (16, 128, 32, 1, True, 4),
+                      (32, 128, 16, 4, True, 8))
+"""(rows, threads, tile_k, thread_rows[, unroll[, split]]) configs of the SIMT template timed
+beside the default."""
 MMA_ATTENTION_VARIANTS = ((1, 16), (2, 32), (4, 32), (4, 64), (8, 32), (8, 64), (4, 128))
 """(warps, tile_k) of the tensor-core template timed beside the default (tf32, fp16, bf16)."""
 ATTENTION_TOLERANCE = {"tf32": 5e-3, "fp16": 5e-3, "bf16": 4e-2}
@@ -109,7 +115,7 @@ def chain_kernels(cp, graph: Graph, machine: Target, fused: bool, config, arrays
             devices[id(x)] = cp.full(x.type.shape, np.nan, np.float32)
         calls.append(kernel)
     module = render_module([(f, True) for f in funcs])
-    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    raw = load_module(cp, module.source)   # (sm_90a where the unfused products use wgmma)
     launches = []
     for func, kernel in zip(funcs, calls):
         info = module.kernels[func.name]
@@ -204,9 +210,11 @@ def attention_table(cp, machine: Target, args) -> int:
         launch, out, n, _ = chain_kernels(cp, graph, machine, False, None, arrays)
         unfused_ms = row(f"dnnc unfused ({n} launches)", launch, out, None)
         measured = set()
+        # (at a reduced precision both templates' configs: the tensor-core one takes only
+        # attentions of MIN_BLOCKS blocks, the SIMT one's the others)
         variants = [None] + ([] if args.no_variants else
-                             [MmaAttentionConfig(*x) for x in MMA_ATTENTION_VARIANTS]
-                             if machine.precision != "fp32" else
+                             ([MmaAttentionConfig(*x) for x in MMA_ATTENTION_VARIANTS]
+                              if machine.precision != "fp32" else []) +
                              [AttentionConfig(*x) for x in ATTENTION_VARIANTS])
         for config in variants:
             try:
@@ -221,6 +229,7 @@ def attention_table(cp, machine: Target, args) -> int:
             text = ("default: " if config is None else "") + (
                 f"fused {used.rows} rows {used.threads} thr tile_k {used.tile_k} "
                 f"x{used.thread_rows}{'' if used.unroll else ' rolled'}"
+                f"{f' split {used.split}' if used.split > 1 else ''}"
                 if isinstance(used, AttentionConfig) else
                 f"mma {used.warps} warps tile_k {used.tile_k}")
             row(text, launch, out, unfused_ms)

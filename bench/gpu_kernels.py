@@ -97,7 +97,7 @@ from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.target import PRECISIONS, Target  # noqa: E402
 from gpu_attention import attention_table  # noqa: E402
 from gpu_timing import (cuda_torch, cupy_timer, event_ms, header,  # noqa: E402
-                        interleaved_ms, torch_timer)
+                        interleaved_ms, load_module, torch_timer)
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -261,23 +261,38 @@ MMA_VARIANTS = (
     dict(block_m=256, block_n=128, block_k=32, warps_m=4, warps_n=2, stages=3),
     dict(block_m=128, block_n=128, block_k=64, warps_m=2, warps_n=2, stages=3),
     dict(block_m=64, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=4),
+    # small tiles (products of a few hundred rows: batch 1)
+    dict(block_m=64, block_n=64, block_k=32, warps_m=2, warps_n=2, stages=3),
+    dict(block_m=32, block_n=64, block_k=32, warps_m=1, warps_n=2, stages=3),
+    dict(block_m=32, block_n=32, block_k=32, warps_m=1, warps_n=2, stages=3),
+    dict(block_m=16, block_n=32, block_k=32, warps_m=1, warps_n=2, stages=3),
     # warpgroups issuing wgmma (sm_90 only: skipped elsewhere, outside the space)
     dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, wgmma=True),
     dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=3, wgmma=True),
     dict(block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=5, wgmma=True),
+    dict(block_m=64, block_n=128, block_k=64, warps_m=4, warps_n=1, stages=5, wgmma=True),
+    dict(block_m=64, block_n=64, block_k=64, warps_m=4, warps_n=1, stages=4, wgmma=True),
     dict(block_m=128, block_n=256, block_k=64, warps_m=4, warps_n=2, stages=4, wgmma=True),
     dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, wgmma=True,
          early_refill=True))
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
 
-def dense_cases(shapes=DENSE_SHAPES):
+def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn"):
+    """x [m, k] times a constant w: MatMul of w [k, n] (`b_layout` "kn", as ONNX MatMul
+    stores a weight), or Gemm with transB of w stored [n, k] ("nk", as a Linear's weight)."""
     rng = np.random.default_rng(0)
     for m, k, n in shapes:
         g = Graph("dense")
         x = g.add_input("x", T.TensorType(T.float32, (m, k)))
         w = rng.standard_normal((k, n), dtype=np.float32)
-        g.outputs = [g.add("MatMul", x, Value("w", T.TensorType(T.float32, (k, n)), const=w))]
+        if b_layout == "nk":
+            wt = np.ascontiguousarray(w.T)
+            g.outputs = [g.add("Gemm", x, Value("w", T.TensorType(T.float32, (n, k)), const=wt),
+                               transB=1)]
+        else:
+            g.outputs = [g.add("MatMul", x, Value("w", T.TensorType(T.float32, (k, n)),
+                                                  const=w))]
         x = rng.standard_normal((m, k), dtype=np.float32)
         yield Case("dense", f"{m}x{k}x{n}", g, x, None, None, _dense_variants(k))
 
@@ -285,8 +300,10 @@ def dense_cases(shapes=DENSE_SHAPES):
 def _dense_variants(k: int, precision: str = "fp32", m: int = 0) -> list[dict]:
     from dnnc.backends.cuda.dense import DEFAULTS, MIN_SPLIT_K
 
-    if precision != "fp32":   # the tensor-core template's
-        return [dict(v, split_k=split) for v in MMA_VARIANTS for split in (1, 2, 4)
+    if precision != "fp32":   # the tensor-core template's (every knob set: the default's
+        # wgmma must not carry over into an mma.sync variant)
+        return [{"wgmma": False, "early_refill": False, **v, "split_k": split}
+                for v in MMA_VARIANTS for split in (1, 2, 4, 8)
                 if split == 1 or k >= 2 * split * MIN_SPLIT_K and m <= 1024 and
                 v["block_m"] <= 128]
     tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
@@ -354,7 +371,7 @@ def build(case: Case, machine: Target, overrides: dict):
 def run_kernel(cp, kernel, func, x_dev):
     """A function launching `func`'s launches once, and its output device array."""
     module = render_module([(func, True)])
-    raw = _load(cp, module.source)
+    raw = load_module(cp, module.source)
     info = module.kernels[func.name]
     ins = [x_dev if v.const is None else cp.asarray(np.ascontiguousarray(v.const))
            for v in kernel.inputs]
@@ -371,15 +388,6 @@ def run_kernel(cp, kernel, func, x_dev):
     launch.module = raw   # (loaded as long as its launches run)
 
     return launch, out, len(launches)
-
-
-def _load(cp, source: str):
-    """The compiled module of rendered `source`, as the runtime compiles it (NVRTC, for this
-    GPU: sm_90a where it uses wgmma, `device.compile_arch`), loaded."""
-    arch = device.compile_arch(device.gpu_arch(), source)
-    module = cp.cuda.function.Module()
-    module.load(device.ModuleCache().get(source, arch, device.nvrtc_options(arch)))
-    return module
 
 
 def _function(raw, launch):
@@ -404,7 +412,7 @@ def stored_16bit(cp, precision: str, x, w, config):
                            precision=precision)
     func = L.PrimFunc("stored_16bit", (a, b, y), body)
     module = render_module([(func, True)])
-    raw = _load(cp, module.source)
+    raw = load_module(cp, module.source)
     info = module.kernels[func.name]
     out = cp.full((m, n), np.nan, np.float32)
     args = tuple([cp.asarray(v.astype(dtype.np).view(np.uint16)) for v in (x, w)] + [out] +
@@ -441,12 +449,13 @@ def dense_table(cp, machine: Target, args) -> int:
     wrong = 0
     shapes = [tuple(int(x) for x in text.split("x")) for text in args.dense_shapes.split(",")
               if text] if args.dense_shapes else DENSE_SHAPES
-    for case in dense_cases(shapes):
+    print(f"B stored {'[n, k] (Gemm transB)' if args.b_layout == 'nk' else '[k, n] (MatMul)'}")
+    for case in dense_cases(shapes, args.b_layout):
         if precision != "fp32":
             case.variants = _dense_variants(case.x.shape[1], precision, case.x.shape[0])
         x_dev = cp.asarray(case.x)
-        w_dev = cp.asarray(next(v.const for v in case.graph.nodes[0].inputs
-                                if v.const is not None))
+        w = next(v.const for v in case.graph.nodes[0].inputs if v.const is not None)
+        w_dev = cp.asarray(np.ascontiguousarray(w.T) if args.b_layout == "nk" else w)
         k = w_dev.shape[0]
         flops = 2 * case.x.shape[0] * k * w_dev.shape[1]
         if precision == "fp32":
@@ -590,6 +599,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dense-shapes", default="",
                         help="the dense cases' shapes, m x k x n, comma separated (default: "
                              "all of DENSE_SHAPES)")
+    parser.add_argument("--b-layout", default="kn", choices=("kn", "nk"),
+                        help="the dense rows' constant B: [k, n] (MatMul, default) or [n, k] "
+                             "(Gemm transB: K-major, a Linear's weight)")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="the compile's precision: tensor cores for the dense rows at "
                              "tf32, fp16 or bf16, against cuBLAS at the same precision")

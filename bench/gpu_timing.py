@@ -129,6 +129,15 @@ def torch_cells(medians: dict[str, float | None], dnnc_ms: float) -> tuple[str, 
     return times, ratios
 
 
+def load_module(cp, source: str):
+    """The compiled module of rendered `source`, as the runtime compiles it (NVRTC, for this
+    GPU: sm_90a where it uses wgmma, `device.compile_arch`), loaded."""
+    arch = device.compile_arch(device.gpu_arch(), source)
+    module = cp.cuda.function.Module()
+    module.load(device.ModuleCache().get(source, arch, device.nvrtc_options(arch)))
+    return module
+
+
 def event_ms(cp, fn, repeat: int, trials: int) -> float:
     """Median over `trials` of the mean ms of `repeat` back-to-back calls of `fn`."""
     return interleaved_ms([cupy_timer(cp, fn)], repeat, trials)[0]

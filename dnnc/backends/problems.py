@@ -154,6 +154,8 @@ class PointwiseDense(Dense):
     image_dims: tuple = ()   # the input's [N, C, H, W]
     width: int = 1           # the output's W
     strides: tuple = (1, 1)
+    # the conv's `flat_epilogue_reads`: the epilogue may be indexed (n, c, 0, pixel)
+    flat_epilogue_reads: bool = False
 
     @property
     def a_dims(self) -> tuple:
@@ -445,7 +447,8 @@ class Conv2d:
             trans_b=False, alpha=1.0, beta=1.0, b_batched=False, packed_panel=nr,
             epilogue=self.epilogue, store_index=lambda index: index,
             anchor_dtype=self.anchor_dtype, pairs=self.pairs, image_dims=self.x_dims,
-            width=wid, strides=tuple(self.strides))
+            width=wid, strides=tuple(self.strides),
+            flat_epilogue_reads=self.flat_epilogue_reads)
 
     @property
     def grouped(self) -> bool:

@@ -143,7 +143,9 @@ class Template:
     when the kernel is not of that kind); `applies(problem)` says whether this template serves
     that problem; `space`, `default` and `build` take the problem and a machine.
     `precisions` are the machine precisions (`Target.precision`) it serves: None, every one
-    (fp32 arithmetic is always allowed); a tensor-core template names the reduced ones."""
+    (fp32 arithmetic is always allowed); a tensor-core template names the reduced ones.
+    `features`: the CPU features (`Target.feature_set`) its code needs; a machine lacking
+    one skips it (AMX tiles)."""
 
     name: str
     problem: Callable[[Any], Any]
@@ -152,18 +154,23 @@ class Template:
     default: Callable[[Any, Any], Any]
     build: Callable[[Any, Any, Any], Any]
     precisions: tuple[str, ...] | None = None
+    features: frozenset[str] = frozenset()
 
 
 def choose_template(kernel, templates: Mapping, target: str,
                     machine=None) -> tuple[Template, Any]:
     """The template of a template table (`{(target, anchor pattern): templates in order}`)
     that schedules `kernel` on `target`: the first that serves `machine`'s precision (fp32
-    when None), whose problem kind describes the kernel and that applies to it; and the
-    kernel's problem as that template reads it (each problem kind is described once)."""
+    when None) on its CPU features, whose problem kind describes the kernel and that applies
+    to it; and the kernel's problem as that template reads it (each problem kind is
+    described once)."""
     precision = getattr(machine, "precision", "fp32")
     described: dict = {}
     for template in templates[(target, get_op(kernel.anchor.op).pattern)]:
         if template.precisions is not None and precision not in template.precisions:
+            continue
+        if template.features and not template.features <= getattr(machine, "feature_set",
+                                                                  frozenset()):
             continue
         if template.problem not in described:
             described[template.problem] = template.problem(kernel)

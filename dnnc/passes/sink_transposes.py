@@ -16,13 +16,14 @@ output value stays the Transpose's, so the nodes after it see a transposed value
 Transpose keeps moving down. A GlobalAveragePool (or a ReduceMean over the plane) of a
 channels-last image (T: NHWC -> NCHW) becomes a ReduceMean over axes 1 and 2 before the
 Transpose (the plane's mean taken channels-last: cuda's plane_mean.py), the Transpose moving
-onto [N, 1, 1, C]. A Transpose of a Transpose by the inverse perm reads the inner one's
+onto [N, 1, 1, C]; a MaxPool of a channels-last image becomes a MaxPoolNHWC before the
+Transpose (resnet's stem pool, between two channels-last convs). A Transpose of a Transpose by the inverse perm reads the inner one's
 input instead, and a second Transpose of one value by one perm (two convs reading one
 input) the first's output. Last, a Transpose left that moves no element (only dims of size
 1 move) becomes a Reshape. Dead Transposes are left to `eliminate_dead_code`.
 
-Never moves a Transpose across anything that is not positionwise but that plane mean
-(other pools, reductions, reshapes, products), and never changes a graph output's value.
+Never moves a Transpose across anything that is not positionwise but that plane mean and
+max pool (other pools, reductions, reshapes, products), and never changes a graph output's value.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node, Value
-from ..ir.ops.packed import NCHW_OF_NHWC
+from ..ir.ops.packed import NCHW_OF_NHWC, NHWC_OF_NCHW
 from ..ir.ops.registry import Pattern, get_op
 from ..ir.types import TensorType, int64
 from .eliminate import eliminate_dead_code
@@ -145,6 +146,22 @@ def _pooled(node: Node) -> list[Node] | None:
                  f"{node.name}.sunk")]
 
 
+def _max_pooled(node: Node) -> list[Node] | None:
+    """MaxPool(T(a)) (its Y only, 2-D) of a channels-last image a (T: NHWC -> NCHW) ->
+    [MaxPoolNHWC(a), T]: the window maximum taken channels-last, the Transpose moved onto
+    its output (where it cancels against the next conv's)."""
+    if node.op != "MaxPool" or len(node.outputs) != 1 or node.inputs[0].type.rank != 4 or \
+            _perm(node.inputs[0]) != NCHW_OF_NHWC:
+        return None
+    a, out = node.inputs[0].producer.inputs[0], node.outputs[0]
+    attrs = {k: v for k, v in node.attrs.items() if k != "storage_order"}
+    inner = Value(f"{out.name}.sunk", TensorType(out.type.dtype, tuple(
+        out.type.shape[i] for i in NHWC_OF_NCHW)))
+    return [Node("MaxPoolNHWC", [a], [inner], attrs, node.name),
+            Node("Transpose", [inner], [out], {"perm": list(NCHW_OF_NHWC)},
+                 f"{node.name}.sunk")]
+
+
 def _as_reshape(node: Node) -> Node:
     """A Transpose that moves only dims of size 1 (the order of the others kept: no element
     moves) as a Reshape to its static output shape; any other node as it is."""
@@ -184,7 +201,7 @@ def sink_transposes(graph: Graph) -> int:
                 changed += 1
                 continue
             made[key] = node.outputs[0]
-        new = _sunk(node, made) or _pooled(node) or [node]
+        new = _sunk(node, made) or _pooled(node) or _max_pooled(node) or [node]
         nodes += new
         changed += new[-1] is not node
     graph.nodes = [_as_reshape(n) for n in nodes]

@@ -31,12 +31,20 @@ Q, K, V and mask widened as they are read), m and l per row; the
 scores never leave the block. Three barriers a tile (after the copy, after the
 probabilities, before the next copy).
 
+With `split` > 1 (the default's where its blocks are fewer than half the SMs: `split_for`),
+blockIdx.x runs over (batch, key slice): a block streams only its slice's key tiles and,
+instead of acc / l, keeps its rows' max m and sum l and its unnormalised accumulators in a
+global workspace; a second launch, a thread per output, rescales each slice's accumulator
+and sum by exp(m_slice - max over the slices) (FlashDecoding's combination; 0 in place of a
+max of -inf, so a row of -inf scores still gives 0/0) and stores their quotient through the
+epilogue and tail.
+
 Not yet: vector loads of the tiles, double-buffered tiles, tensor cores.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...ir import loop as L
 from ...ir import types as T
@@ -55,6 +63,7 @@ ROWS = (8, 16, 32, 64, 128)
 THREADS = (32, 64, 128, 256, 512)
 TILE_K = (16, 32, 64, 128)
 THREAD_ROWS = (1, 2, 4)
+SPLITS = (1, 2, 4, 8)
 NEG_INF = float("-inf")
 
 
@@ -67,6 +76,7 @@ class AttentionConfig:
     #                       memory serves that many rows: register blocking)
     unroll: bool = True   # the loops over d and over a tile's keys fully unrolled (else as
     #                       nvcc unrolls them: fewer registers, at a head of 128 no spills)
+    split: int = 1        # slices of the keys, a block each, combined by a second launch
 
     @property
     def group(self) -> int:
@@ -89,7 +99,7 @@ def _lanes_ok(c: AttentionConfig) -> bool:
 def space(p: problems.Attention, machine) -> Space:
     return Space("cuda_attention", AttentionConfig, {
         "rows": ROWS, "threads": THREADS, "tile_k": TILE_K, "thread_rows": THREAD_ROWS,
-        "unroll": (True, False),
+        "unroll": (True, False), "split": SPLITS,
     }, [Constraint("threads * thread_rows / rows (a row group's lanes) is a power of two "
                    "from 1 to 32, thread_rows divides rows", _lanes_ok),
         Constraint("tile_k a multiple of a row group's lanes",
@@ -100,7 +110,9 @@ def space(p: problems.Attention, machine) -> Space:
                    lambda c: _lanes_ok(c) and c.thread_rows * (
                        c.tile_k // c.group + -(-p.dv // c.group)) <= MAX_REGISTERS),
         Constraint("the row tiles fit grid y",
-                   lambda c: -(-p.sq // c.rows) <= MAX_GRID_Y)])
+                   lambda c: -(-p.sq // c.rows) <= MAX_GRID_Y),
+        Constraint("split at most the key tiles",
+                   lambda c: c.split <= -(-p.sk // c.tile_k))])
 
 
 # (rows, threads, tile_k, thread_rows) a default tries, in order, the first the space takes
@@ -120,18 +132,37 @@ UNROLL_HEAD = 64
 
 def default(p: problems.Attention, machine) -> AttentionConfig:
     """The first DEFAULTS config in the space whose blocks fill the GPU (a block per SM),
-    else the one giving the most blocks; unrolled up to heads of UNROLL_HEAD."""
+    else the one giving the most blocks; unrolled up to heads of UNROLL_HEAD; its keys split
+    (`split_for`) where its blocks are few."""
     s = space(p, machine)
     unroll = max(p.d, p.dv) <= UNROLL_HEAD
     valid = [c for c in (AttentionConfig(*x, unroll=unroll) for x in DEFAULTS)
              if _valid(s, c)]
-    if valid and valid[0] == AttentionConfig(*DEFAULTS[0], unroll=unroll):
-        return valid[0]   # measured fastest at every shape, few blocks or many (above)
     sms = gpu_of(machine).sms
+    if valid and valid[0] == AttentionConfig(*DEFAULTS[0], unroll=unroll):
+        return split_for(p, valid[0], sms)   # measured fastest unsplit, few blocks or many
     for c in valid:
         if p.batch * -(-p.sq // c.rows) >= sms:
             return c
-    return max(valid, key=lambda c: (p.batch * -(-p.sq // c.rows), c.tile_k))
+    best = max(valid, key=lambda c: (p.batch * -(-p.sq // c.rows), c.tile_k))
+    return split_for(p, best, sms)
+
+
+SPLIT_BLOCKS = 0.5
+"""The fraction of the SMs below which a default's blocks have their keys split."""
+
+
+def split_for(p: problems.Attention, c: AttentionConfig, sms: int) -> AttentionConfig:
+    """`c` with its keys split in the fewest slices (of two key tiles at least) that give
+    SPLIT_BLOCKS x `sms` blocks, where its blocks are fewer: vit's 3 heads of 197 queries at
+    batch 1 are 21 blocks of 32 rows, each streaming every key (H200, fp32: 22.0 us fused
+    unsplit against 17.0 for the unfused three kernels)."""
+    blocks, tiles = p.batch * -(-p.sq // c.rows), -(-p.sk // c.tile_k)
+    split = 1
+    while blocks * split < SPLIT_BLOCKS * sms and -(-tiles // (2 * split)) >= 2 and \
+            split < SPLITS[-1]:
+        split *= 2
+    return replace(c, split=split)
 
 
 def _valid(s: Space, c: AttentionConfig) -> bool:
@@ -146,14 +177,22 @@ def build(p: problems.Attention, c: AttentionConfig, machine) -> L.PrimFunc:
     """The kernel of `p`: a block a (batch, row tile), its steps as the module's docstring
     numbers them."""
     f = _FlashBlock(p, c)
-    stream = L.For(f.kt, -(-p.sk // c.tile_k), L.seq(
+    stream = L.For(f.kt, f.per, L.seq(
         f.load_k(), f.load_v(), L.Barrier(), f.scores(), f.update(), L.Barrier(), f.weigh(),
         L.Barrier()))
-    body = L.seq(f.init(), f.load_q(), stream, f.done())
+    body = L.seq(f.init(), f.load_q(), stream, f.done() if c.split == 1 else f.keep())
     for buffer in (f.qs, f.ks, f.vs, f.ps, f.s, f.acc, f.stat):
         body = L.Allocate(buffer, body)
-    grid = L.For(f.bi, p.batch, L.For(f.qt, -(-p.sq // c.rows), body, L.ForKind.BLOCK_Y),
-                 L.ForKind.BLOCK_X)
+    rows = -(-p.sq // c.rows)
+    if c.split == 1:
+        grid = L.For(f.bi, p.batch, L.For(f.qt, rows, body, L.ForKind.BLOCK_Y),
+                     L.ForKind.BLOCK_X)
+    else:   # blockIdx.x over (batch, key slice); then the slices combined
+        bz = L.Var("bz")
+        slices = L.For(bz, p.batch * c.split, L.For(f.qt, rows, L.Let(
+            f.bi, bz // c.split, L.Let(f.slice, bz % c.split, body)), L.ForKind.BLOCK_Y),
+            L.ForKind.BLOCK_X)
+        grid = L.Allocate(f.parts, L.seq(slices, f.combine()))
     views: dict[str, L.Buffer] = {}
     for b in (f.q, f.k, f.v, p.mask, p.drop, p.y_view):
         if b is not None:
@@ -206,10 +245,17 @@ class _FlashBlock:
         self.stat = L.Buffer("row_stat", f32, (3 * self.nr,), L.Scope.LOCAL)
 
         self.bi, self.qt, self.kt = L.Var("bi"), L.Var("qt"), L.Var("kt")
+        self.slice = L.Var("ks")
+        # key tiles a block streams: all, or its slice's (`split`); then a slice's partial
+        # results: per row its max and sum, per output its unnormalised accumulator
+        self.per = -(-(-(-sk // tk)) // c.split)
+        self.parts = L.Buffer("attention_parts", f32, (c.split * p.batch * sq * (dv + 2),),
+                              L.Scope.GLOBAL)
         self.t, self.r, self.g = L.Var("t"), L.Var("r"), L.Var("g")
         self.u, self.w, self.h, self.dd, self.jj, self.step, self.e = (
             L.Var(n) for n in ("u", "w", "h", "dd", "jj", "ls", "e"))
-        self.q0, self.j0 = self.qt * rows, self.kt * tk
+        self.q0 = self.qt * rows
+        self.j0 = (self.slice * self.per + self.kt) * tk if c.split > 1 else self.kt * tk
         self.row = self.r * self.nr + self.h      # the block's row of the thread's h-th
         self.i = self.q0 + self.row
         self.row_c = L.minimum(self.i, sq - 1)    # (a row past the last computes row sq - 1's)
@@ -349,6 +395,60 @@ class _FlashBlock:
                        for x in _butterfly(stat, l, "+", self.g_size)],
                      self.per_thread(self.rows_of(self.each(self.w, self.per_cols,
                                                             L.If(inside, store)))))
+
+
+    def _part(self, bi: L.Expr, i: L.Expr, slot: L.Expr) -> tuple:
+        """Where this block's slice keeps row i's `slot` (its max 0, its sum 1, output column c at 2 +
+        c) in `parts`."""
+        p = self.p
+        return ((((self.slice * p.batch + bi) * p.sq + i) * (p.dv + 2)) + slot,)
+
+    def keep(self) -> L.Stmt:
+        """With `split`: the group's sums combined, then this slice's max and sum of each row
+        and its unnormalised accumulators into `parts`."""
+        stat, l, m, aw, i = self.stat, self.l, self.m, self.aw, self.i
+        column = self.g + self.w * self.g_size
+        inside = L.logical_and(i < self.p.sq, column < self.p.dv) \
+            if self.per_cols * self.g_size > self.p.dv else i < self.p.sq
+        first = L.logical_and(i < self.p.sq, L.eq(self.g, 0))
+        return L.seq(*[self.per_thread(self.rows_of(x))
+                       for x in _butterfly(stat, l, "+", self.g_size)],
+                     self.per_thread(self.rows_of(L.seq(
+                         L.If(first, L.seq(
+                             L.Store(self.parts, self._part(self.bi, i, 0), stat[m]),
+                             L.Store(self.parts, self._part(self.bi, i, 1), stat[l]))),
+                         self.each(self.w, self.per_cols, L.If(inside, L.Store(
+                             self.parts, self._part(self.bi, i, column + 2),
+                             self.acc[aw])))))))
+
+    def combine(self) -> L.Stmt:
+        """The second launch: a thread per output, the slices' accumulators and sums
+        rescaled to the rows' overall max (0 where it is -inf: a row of -inf scores gives
+        0/0, as unsplit) and divided, stored through the epilogue and tail."""
+        p, split, f32 = self.p, self.c.split, T.float32
+        total, threads = p.batch * p.sq * p.dv, 256
+        ob, ot, e = L.Var("ob"), L.Var("ot"), L.Var("e")
+        bi, i, col = e // (p.sq * p.dv), e // p.dv % p.sq, e % p.dv
+        top, ref = L.Var("top", f32), L.Var("ref", f32)
+
+        def part(s: int, slot: L.Expr) -> L.Expr:
+            return self.parts[(((s * p.batch + bi) * p.sq + i) * (p.dv + 2)) + slot]
+
+        top_value = part(0, 0)
+        for s in range(1, split):
+            top_value = L.maximum(top_value, part(s, 0))
+        weights = [L.call("exp", part(s, 0) - ref) for s in range(split)]
+        num = den = None
+        for s in range(split):
+            num = part(s, col + 2) * weights[s] if num is None else \
+                L.call("fma", part(s, col + 2), weights[s], num)
+            den = part(s, 1) * weights[s] if den is None else \
+                L.call("fma", part(s, 1), weights[s], den)
+        value = L.Let(top, top_value, L.Let(ref, L.Select(
+            L.eq(top, self.neg_inf), self.zero, top), p.store(bi, i, col, num / den)))
+        return L.For(ob, -(-total // threads), L.For(ot, threads, L.Let(
+            e, ob * threads + ot, L.If(e < total, value)), L.ForKind.THREAD_X),
+            L.ForKind.BLOCK_X)
 
 
 def _butterfly(buffer: L.Buffer, slot: tuple, op: str, lanes: int) -> list[L.Stmt]:

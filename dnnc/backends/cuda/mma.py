@@ -188,20 +188,45 @@ def _deepest(block_m: int, block_n: int, precision: str) -> int:
     return 16
 
 
-WGMMA_DEFAULTS = ((128, 256, 8, 1, 4), (128, 128, 8, 1, 5), (64, 128, 4, 1, 5))
-WGMMA_EFFICIENCY = (0.95, 0.85, 0.6)
+WGMMA_DEFAULTS = ((128, 256, 8, 1, 4), (128, 128, 8, 1, 5), (64, 128, 4, 1, 5),
+                  (64, 64, 4, 1, 4))
+WGMMA_EFFICIENCY = (0.95, 0.85, 0.6, 0.5)
 """(block_m, block_n, warps_m, warps_n, stages) the default tries with the `wgmma` knob
-(warpgroups down m: 64 x 256 or 64 x 128 each, as CUTLASS's sm_90 kernels), k tiles of 128
-bytes, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's peak is about
-1.5 times mma.sync's on Hopper). 128 x 128 in 5 stages: on an H200 at fp16 as fast as 4 or
-faster at every shape timed (.devrun sweep: 6304 x 768 x 192 17.0 us against 4 stages'
-22.7 of 128 x 256)."""
+(warpgroups down m: 64 x 256, 64 x 128 or 64 x 64 each, as CUTLASS's sm_90 kernels), k
+tiles of 128 bytes, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's peak
+is about 1.5 times mma.sync's on Hopper). 128 x 128 in 5 stages: on an H200 at fp16 as fast
+as 4 or faster at every shape timed (.devrun sweep: 6304 x 768 x 192 17.0 us against 4
+stages' 22.7 of 128 x 256). 64 x 64 (one warpgroup, 4 stages) for products of a few hundred
+rows (batch 1: vit's 197, bert's 128): on an H200 at fp16 the fastest tile at all seven such
+shapes timed, 7.1 to 10.6 us, against the 64 x 128 default's 7.1 to 12.6."""
+
+WGMMA_SPLIT_S = 6e-6
+"""What a split of k costs a wgmma product beyond its partials' traffic (the second launch,
+the blocks' longer prologue): on an H200 at fp16, 64 x 64 split in 2 took 1.8 to 7.2 us more
+than unsplit at bert's and vit's batch-1 shapes, where the model with LAUNCH_S chose splits
+of 4 and 8."""
 
 MMA_UNDER_WGMMA = 0.75
-"""mma.sync's tiles' efficiencies where wgmma is on offer: on an H200 at fp16, over vit's,
-bert's and convnext's products (m 1024 to 100352, n and k 96 to 3072), the best wgmma tile
-was 1.0 to 1.3 times faster than the best mma.sync one at every shape, where the unscaled
-model picked mma.sync's 64 x 128 or 128 x 128 for n of 192 (21.3 us against wgmma's 17.0)."""
+"""mma.sync's tiles' efficiencies where wgmma is on offer. First fitted on a sweep whose
+mma.sync rows at fp16 were not what they said (bench/gpu_kernels.py's variants inherited
+the default's wgmma knob and fell outside the space: only wgmma tiles were timed). Timed
+right (H200, fp16 stored, eleven shapes of vit, bert and convnext at batch 1 and 32),
+mma.sync's small tiles are the fastest at some of them (6304 x 192 x 576: 32 x 64 14.0 us
+against the best wgmma tile's 19.4), but a search over this value, the small tiles'
+efficiencies and the wgmma split cost left 0.75 the best this throughput model does
+(chosen within 1.13 of the fastest on average, worst 1.47): what it lacks is the latency
+of a block's k loop, which products of k = 192 are bound by."""
+
+SHALLOW_K = 256
+SHALLOW_EFFICIENCY = (0.3, 0.35, 0.4, 0.4, 0.5, 0.6, 0.45, 0.3)
+"""Products of k at most SHALLOW_K where wgmma is on offer (the dense products at fp16 and
+bf16 on sm_90, what was measured; convolutions and tf32 keep EFFICIENCY): each DEFAULTS
+tile's guessed efficiency there, and no wgmma tile. A block of a few k tiles spends its time filling its pipeline and storing its
+outputs, which small tiles in many blocks overlap: on an H200 at fp16, 6304 x 192 x 576
+(vit's qkv at batch 32) took 14.0 us in 32 x 64 tiles, 17.2 in 64 x 64, 19.4 in the best
+wgmma tile, 21.8 in 128 x 128; a `dnnc tune` of vit at batch 32 took one of its k = 192
+products from 42.7 us (the wgmma default) to 20.3 (32 x 64, mma.sync). At vit's batch-1
+shapes (197 rows) 16 x 32 to 64 x 64 were within 10% of each other."""
 
 SHALLOWEST_K = 32
 """mma.sync tiles whose k tile would be shallower (128 x 256 at tf32: 16 deep in 3 stages)
@@ -230,16 +255,19 @@ def wgmma_by_default(arch: str | None, precision: str = "fp16") -> bool:
     return on and arch is not None and has_wgmma(arch)
 
 
-def _candidates(precision: str, with_wgmma: bool):
-    """(config without split, guessed efficiency) of the tiles the default tries."""
+def _candidates(precision: str, with_wgmma: bool, k: int):
+    """(config without split, guessed efficiency) of the tiles the default tries for a
+    product of depth `k`."""
     from . import wgmma   # (it builds on this module's tiles)
 
-    scale = MMA_UNDER_WGMMA if with_wgmma else 1.0
-    for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
+    shallow = with_wgmma and k <= SHALLOW_K
+    scale = MMA_UNDER_WGMMA if with_wgmma and not shallow else 1.0
+    for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, SHALLOW_EFFICIENCY if shallow else
+                                            EFFICIENCY):
         bk = _deepest(bm, bn, precision)
         if bk >= SHALLOWEST_K:
             yield TensorCoreConfig(bm, bn, bk, wm, wn, DEFAULT_STAGES), efficiency * scale
-    if not with_wgmma:
+    if not with_wgmma or shallow:
         return
     for (bm, bn, wm, wn, stages), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
         yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, stages,
@@ -255,7 +283,7 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59)."""
     best, best_time = None, math.inf
-    for base, efficiency in _candidates(precision, wgmma):
+    for base, efficiency in _candidates(precision, wgmma, k):
         bm, bn = base.block_m, base.block_n
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
@@ -269,7 +297,8 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
             fill = min(1.0, blocks * split / full)
             seconds = 2 * blocks * bm * bn * k / (gpu.tensor_flops * efficiency * fill)
             if split > 1:
-                seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + LAUNCH_S
+                seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + (
+                    WGMMA_SPLIT_S if base.wgmma else LAUNCH_S)
             if seconds < best_time:
                 best, best_time = config, seconds
     return best

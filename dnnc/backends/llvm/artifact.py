@@ -1,10 +1,12 @@
 """The `llvm` target's artifact codec: what its runtime adds to an artifact's manifest (the
-triple, CPU name and features the code was compiled for, threads, opt level, precision, tuned
-configs, the plan, one entry per compiled specialisation) and members (`segments/K.o`, the
-object code MCJIT ran; `.ll` and `.loop`, its LLVM IR and loop IR for `source()` after a
-load), the checks a load makes before it trusts them (another architecture, CPU features this
-machine lacks, bf16 products without AVX512_BF16), and the runtime rebuilt from them without passes or lowering. `compiler/artifact.py` owns the
-container; the registry names these three functions as the target's `ArtifactCodec`.
+triple, CPU name and features the code was compiled for, threads, opt level, precision, the
+features its tile products need (`tiles`), tuned configs, the plan, one entry per compiled
+specialisation) and members (`segments/K.o`, the object code MCJIT ran; `.ll` and `.loop`,
+its LLVM IR and loop IR for `source()` after a load), the checks a load makes before it
+trusts them (another architecture, CPU features this machine lacks, bf16 products on AMX
+tiles or AVX512_BF16 where this machine has neither), and the runtime rebuilt from them
+without passes or lowering. `compiler/artifact.py` owns the container; the registry names
+these three functions as the target's `ArtifactCodec`.
 
 llvmlite is imported when a function runs, never on import: listing the targets needs none.
 """
@@ -17,6 +19,7 @@ from dataclasses import replace
 from ...errors import ArgumentError, ArtifactError
 from ...ir.graph import Graph
 from ...ir.target import Target
+from .amx import tile_features
 from .bf16 import BF16_FEATURES, PRECISIONS
 from ..manifest import (MAX_ARENA, MAX_SLOTS, check_segments, check_tuned, export_tuned,
                         is_int, need, strs, type_doc, type_from)
@@ -30,7 +33,7 @@ def export(runtime, manifest: dict, files: dict) -> None:
         "name": target.name, "triple": llvm.get_process_triple(), "cpu": target.cpu,
         "features": sorted(target.feature_set), "feature_string": target.features,
         "threads": runtime.threads, "opt_level": runtime.opt_level,
-        "precision": target.precision}
+        "precision": target.precision, "tiles": sorted(tile_features(target))}
     export_tuned(runtime, manifest["target"])
     manifest["plan"] = runtime.plan()
     segments = []
@@ -80,6 +83,14 @@ def check(manifest: dict, path) -> None:
                             f"{triple}")
     host = host_target()
     missing = sorted(set(target["features"]) - host.feature_set)
+    tiles = sorted(set(target.get("tiles", ())) - host.feature_set)
+    if tiles:
+        raise ArtifactError(
+            f"{path}: compiled at precision {target.get('precision')} for CPU "
+            f"{target['cpu']}, whose products run on AMX tiles (tdpbf16ps); this machine "
+            f"({host.cpu}) lacks {', '.join(tiles)} (or Linux refuses this process the tile "
+            f"state): recompile the model here with precision='bf16' (vdpbf16ps where the "
+            f"CPU has AVX512_BF16, else fp32 FMAs of the same bf16-rounded operands)")
     bf16 = target.get("precision") == "bf16" and BF16_FEATURES & set(missing)
     if bf16:
         raise ArtifactError(
@@ -101,7 +112,8 @@ def _check_manifest(manifest: dict) -> None:
                                       for k in ("triple", "cpu", "feature_string")) and
          strs(target.get("features")) and is_int(target.get("threads"), 1, 1 << 16) and
          is_int(target.get("opt_level"), 0, 3) and
-         target.get("precision", "fp32") in PRECISIONS, "target")
+         target.get("precision", "fp32") in PRECISIONS and
+         strs(target.get("tiles", [])), "target")
     check_tuned(target)
     check_segments(manifest, _segment)
 

@@ -26,7 +26,7 @@ from llvmlite import ir
 from ...ir import loop as L
 from ...ir import types as T
 from ..legalize import check_legal, legalize
-from . import bf16
+from . import amx, amx_codegen, bf16, int8
 from .primitives import BINARY, CALLS, CASTS, I1, I8, I16, I32, I64, PTR, cast_class, \
     compute_type, intrinsic_suffix, memory_type, op_class
 from .vectorize import VectorLoop, vectorizable
@@ -69,9 +69,13 @@ class ModuleBuilder:
 
     def __init__(self, name: str = "dnnc", features: frozenset[str] = frozenset()):
         """`features`: the CPU's (`Target.feature_set`), which decide the ops rendered
-        natively beyond `NATIVE` (`bf16.native`: vdpbf16ps)."""
+        natively beyond `NATIVE` (`bf16.native`: vdpbf16ps) and whether tile products run on
+        AMX (`amx.TILE_DOTS`)."""
         self.module = ir.Module(name=name)
-        self.native = NATIVE | bf16.native(features)
+        self.native = NATIVE | bf16.native(features) | int8.native(features)
+        self.features = features
+        # the precisions whose `TileProduct`s run on AMX tiles here; the others become loops
+        self.tiles = frozenset(p for p, (_, needs) in amx.TILE_DOTS.items() if needs <= features)
         self._decls: dict[str, ir.Function] = {}
         self.parallel_for = ir.Function(
             self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64]), "dnnc_parallel_for")
@@ -93,6 +97,7 @@ class ModuleBuilder:
             L.verify(func, placement=False)
         except L.LoopIRError as exc:
             raise CodegenError(str(exc)) from None
+        func = amx_codegen.expand_tile_products(func, self.tiles)
         func = legalize(L.index_checks.hoist(func, CHECKS_HOIST_FROM), self.native)
         check_legal(func, self.native)   # (~1% of compile time: mobilenet_v2 44 ms of 5.7 s)
         return _FunctionBuilder(self, func, noalias).build()
@@ -247,6 +252,11 @@ class FunctionEmitter:
 
     def mma(self, s: L.Mma) -> None:
         self.fail(f"mma ({s.precision} tensor-core product) is GPU-only")
+
+    def tile_product(self, s: L.TileProduct) -> None:
+        if s.precision not in self.mb.tiles:   # (`ModuleBuilder.add` expands those)
+            self.fail(f"{s.precision} tile product on a CPU without its tiles")
+        amx_codegen.render(self, s)
 
     def barrier(self, s: L.Barrier) -> None:
         self.fail("barriers are GPU-only")
@@ -497,6 +507,7 @@ _STMT: dict[type, Callable] = {
     L.Seq: FunctionEmitter.seq, L.For: FunctionEmitter.loop, L.Store: FunctionEmitter.store,
     L.Let: FunctionEmitter.let, L.If: FunctionEmitter.if_, L.Allocate: FunctionEmitter.allocate,
     L.Barrier: FunctionEmitter.barrier, L.Mma: FunctionEmitter.mma,
+    L.TileProduct: FunctionEmitter.tile_product,
     **{kind: FunctionEmitter.warp_memory for kind in (
         L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait, L.Wgmma, L.WgmmaFence,
         L.WgmmaCommit, L.WgmmaWait, L.ProxyFence)},

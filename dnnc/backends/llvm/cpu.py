@@ -13,6 +13,7 @@ from dataclasses import replace
 import llvmlite.binding as llvm
 
 from ...ir.target import Target
+from .amx import TILE_DOTS, request_tile_state
 from .process import initialize
 from .workers import ensure_pool
 
@@ -40,9 +41,20 @@ _known_cpu_names: set[str] = set()
 @functools.cache
 def _host_cpu() -> tuple[str, str]:
     """This machine's CPU name and complete feature string (asked once: LLVM's detection
-    takes ~0.3 ms a call)."""
+    takes ~0.3 ms a call), without tiles Linux refuses it."""
     initialize()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    features = llvm.get_host_cpu_features().flatten()
+    return llvm.get_host_cpu_name(), _without_refused_tiles(features)
+
+
+def _without_refused_tiles(features: str) -> str:
+    """`features` with the AMX ones turned off where the CPU has tiles but Linux refuses this
+    process their state (`amx.request_tile_state`): a tile instruction would be a SIGILL."""
+    tiles = {f for _, needs in TILE_DOTS.values() for f in needs}
+    listed = features.split(",")
+    if not any(f[1:] in tiles and f[0] == "+" for f in listed if f) or request_tile_state():
+        return features
+    return ",".join("-" + f[1:] if f[1:] in tiles else f for f in listed)
 
 
 def host_target() -> Target:

@@ -132,12 +132,12 @@ def shared_block_tiles(tiles: int, most: int, panels: int, threads: int,
 
 
 def build(p: Dense, config: DenseConfig, machine) -> L.PrimFunc:
-    views = _Views(p, config.nr)
+    views = DenseViews(p, config.nr)
     body = _Blocking(p, config, views, machine.vector_bits // 32).loops(machine.threads)
     return L.simplify(L.PrimFunc(p.name, views.params(), body))
 
 
-class _Views:
+class DenseViews:
     """A, B and Y as the micro-kernel indexes them: the parameters viewed as 3-D [batch,
     rows, cols] (same pointers), B as its panels when packed, Y through the layout tail when
     the group has one."""
@@ -195,7 +195,7 @@ class _Blocking:
     (jp, then one narrower panel for the columns left; shared by the pool instead when there
     are fewer row blocks than threads), each tile an MR x NR block of accumulators."""
 
-    def __init__(self, p: Dense, config: DenseConfig, views: _Views, lanes: int):
+    def __init__(self, p: Dense, config: DenseConfig, views: DenseViews, lanes: int):
         self.p, self.views, self.lanes = p, views, lanes
         self.mr, self.nr, self.kc = config.mr, config.nr, config.kc
         self.mc = config.mc_tiles * config.mr

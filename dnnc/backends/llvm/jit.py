@@ -11,6 +11,7 @@ from llvmlite.binding.ffi import _is_shutting_down
 
 from ...ir.target import Target
 from ...levels import DEFAULT_LEVELS
+from .amx import TILE_DOTS, request_tile_state
 from .cpu import llvm_cpu
 from .process import initialize, llvm_lock
 from .workers import ensure_pool
@@ -18,6 +19,10 @@ from .workers import ensure_pool
 
 def target_machine(target: Target, opt: int = DEFAULT_LEVELS.codegen):
     initialize()
+    if any(needs <= target.feature_set for _, needs in TILE_DOTS.values()):
+        # code for a CPU with tiles may run them: this process (and a worker forked from
+        # it) asks Linux for their state first, once (a spawned measuring worker too)
+        request_tile_state()
     name, features = llvm_cpu(target)
     # reloc/code model defaults suit MCJIT on x86-64 and aarch64 alike
     return llvm.Target.from_default_triple().create_target_machine(cpu=name, features=features,

@@ -39,9 +39,11 @@ from .. import problems
 from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, rename_buffer,
                              rows_first, update_op)
 from ..space import Constraint, Space, Template, choose_template
+from .amx_dense import AMX_DENSE, AMX_POINTWISE
 from .conv import CONV2D, POINTWISE, POINTWISE_GEMM
-from .depthwise import DEPTHWISE
 from .dense import DENSE
+from .depthwise import DEPTHWISE
+from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8, MAXPOOL_INT8
 from .pool import POOL2D
 from .winograd import WINOGRAD
 
@@ -651,13 +653,15 @@ ROWS = Template("rows", problems.rows, lambda p: True, rows_space, rows_default,
 
 TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
-    ("llvm", Pattern.OUT_FUSABLE): (DENSE, POINTWISE_GEMM, POINTWISE, CONV2D, DEPTHWISE,
-                                    WINOGRAD, ROWS),
-    ("llvm", Pattern.OPAQUE): (POOL2D, ROWS),
+    ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, DENSE, DENSE_INT8, CONV_INT8,
+                                    DEPTHWISE_INT8, POINTWISE_GEMM, POINTWISE, CONV2D,
+                                    DEPTHWISE, WINOGRAD, ROWS),
+    ("llvm", Pattern.OPAQUE): (POOL2D, MAXPOOL_INT8, ROWS),
 }
-"""(target name, anchor pattern) -> the templates tried in order: the first whose problem
-kind describes the kernel and that applies to that problem builds it (ROWS, last, serves
-every kernel)."""
+"""(target name, anchor pattern) -> the templates tried in order: the first that serves the
+target's precision on its CPU features, whose problem kind describes the kernel and that
+applies to that problem builds it (the AMX ones first: bf16 products where the CPU has
+tiles; ROWS, last, serves every kernel)."""
 
 
 def template_for(kernel, target: str = "llvm", machine=None) -> tuple[Template, object]:

@@ -18,11 +18,13 @@ backend.
 
 from .nodes import (
     ARITH, ASYNC_COPY_BYTES, BITWISE, COMPARE, INDEX, INTRINSICS, LDMATRIX_COUNTS, LOGIC,
-    MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES, SWIZZLE_BYTES, WGMMA_K,
+    MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES, SWIZZLE_BYTES,
+    TILE_PRECISIONS, TILE_REGISTERS, TILE_ROWS, WGMMA_K,
     Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Buffer, Call, Cast, Const, CopyAsync, Expr,
     For, ForKind, If, IterVar, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope,
-    Select, Seq, Stmt, Store, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, call, const, eq,
-    logical_and, logical_or, loop_nest, maximum, minimum, mma_fragments, ne, seq, static_shape)
+    Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
+    call, const, eq, logical_and, logical_or, loop_nest, maximum, minimum, mma_fragments, ne,
+    seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
 from .simplifier import (EXPR_RULES, UNBOUNDED, Bounds, bounds, divisor, simplify,
                          simplify_expr)
@@ -35,11 +37,11 @@ __all__ = [
     # nodes
     "ARITH", "ASYNC_COPY_BYTES", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LDMATRIX_COUNTS",
     "LOGIC", "MMA_REGISTERS", "MMA_SHAPES", "PACKS", "REDUCE_COMBINERS", "SHUFFLES",
-    "SWIZZLE_BYTES", "WGMMA_K",
+    "SWIZZLE_BYTES", "TILE_PRECISIONS", "TILE_REGISTERS", "TILE_ROWS", "WGMMA_K",
     "Allocate", "AsyncCommit", "AsyncWait", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const",
     "CopyAsync", "Expr", "For", "ForKind", "If", "IterVar", "LdMatrix", "Let", "Load", "Mma",
-    "PrimFunc", "ProxyFence", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store", "Var",
-    "Wgmma", "WgmmaCommit", "WgmmaFence", "WgmmaWait", "call", "const", "eq",
+    "PrimFunc", "ProxyFence", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store",
+    "TileProduct", "Var", "Wgmma", "WgmmaCommit", "WgmmaFence", "WgmmaWait", "call", "const", "eq",
     "logical_and", "logical_or", "loop_nest", "maximum", "minimum", "mma_fragments", "ne", "seq",
     "static_shape",
     # traversal

@@ -142,12 +142,15 @@ INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "f
               "round", "trunc", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
               "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down",
-              "pack_tf32", "pack_fp16x2", "pack_bf16x2", "check_index", "dot_bf16x2")
+              "pack_tf32", "pack_fp16x2", "pack_bf16x2", "check_index", "dot_bf16x2",
+              "dot_u8s8x4")
 """`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
 `dot_bf16x2(acc, a, b)` is acc + hi(a) hi(b) + lo(a) lo(b) in float32, where lo(x) and hi(x)
 are the bfloat16 numbers in bits 0-15 and 16-31 of the uint32 x: the high pair's product
 added first, each product exact and each sum rounded to nearest even (AVX512_BF16's
 `vdpbf16ps` on one lane, whose denormal operands and results are zeros; a CPU's bf16 products);
+`dot_u8s8x4(acc, a, b)` is int32 acc plus the four products of the unsigned bytes of uint32 a
+and the signed bytes of uint32 b, exact (AVX-512 VNNI / AVX-VNNI `vpdpbusd` on one lane);
 `check_index(i, n, site)` is i, checked to lie in [-n, n-1] at run time (`index_checks`);
 `bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T; the shuffles are a
 GPU warp's (`SHUFFLES`); the packs make tensor-core operand registers (`PACKS`)."""
@@ -648,6 +651,59 @@ class ProxyFence(Stmt):
 
     def __hash__(self):
         return hash("ProxyFence")
+
+
+TILE_ROWS = 16
+"""Rows of a `TileProduct` tile, and 32-bit words a row holds (64 bytes)."""
+
+TILE_PRECISIONS = {"bf16": T.float32, "int8": T.int32}
+"""Precision -> the accumulator type of a `TileProduct`: bf16 pairs summed in float32, int8
+quads (unsigned A, signed B) summed in int32."""
+
+
+@dataclass(frozen=True, eq=True)
+class TileProduct(Stmt):
+    """A CPU tile unit's block of products, C += A B in place (C = A B without
+    `accumulate`): `m_tiles` x `n_tiles` tiles of C, each 16 x 16 accumulators of
+    `TILE_PRECISIONS[precision]`, k in `steps` steps of 16 words a row (AMX's tdpbf16ps /
+    tdpbusd; 8 tile registers hold C's tiles, a step's A tiles and its B tiles).
+
+    `c`, `a` and `b` (Loads used as places, never evaluated) start the operands; offsets
+    count 4-byte elements. C tile (r, s) row i is the 16 elements from c + (16 r + i) c_row
+    + 16 s. A tile (r, t) row i is the 16 uint32 words from a + r a_tile + t a_step + i a_row
+    (`a_layout` = (a_row, a_tile, a_step)); B tile (t, s) row p the 16 words from b + t b_step
+    + s b_tile + p b_row (`b_layout` = (b_row, b_tile, b_step)). Then C[r, s][i, j] (+)=
+    sum over t and p of dot(A[r, t][i, p], B[t, s][p, j]): for bf16, lo(x) lo(y) + hi(x)
+    hi(y) of the bfloat16 numbers in each word's bits 0-15 and 16-31, in float32 (each
+    product exact, sums rounded to nearest even, denormal operands and results zero); for
+    int8, the four products of A's unsigned bytes and B's signed bytes in int32. GPU backends
+    do not render it."""
+
+    precision: str
+    c: Load
+    a: Load
+    b: Load
+    c_row: int
+    a_layout: tuple[int, int, int]
+    b_layout: tuple[int, int, int]
+    m_tiles: int
+    n_tiles: int
+    steps: int
+    accumulate: bool = True
+
+    def __hash__(self):
+        return hash(("TileProduct", self.precision, self.c, self.a, self.b, self.c_row,
+                     self.a_layout, self.b_layout, self.m_tiles, self.n_tiles, self.steps,
+                     self.accumulate))
+
+    @property
+    def tiles(self) -> int:
+        """Tile registers the block holds at once: C's, a step's A and B tiles."""
+        return self.m_tiles * self.n_tiles + self.m_tiles + self.n_tiles
+
+
+TILE_REGISTERS = 8
+"""Tile registers a `TileProduct` block may hold at once (AMX's tmm0-tmm7)."""
 
 
 def mma_fragments(precision: str) -> tuple[int, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .nodes import (
     INDEX, MMA_SHAPES, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Cast, Const,
     CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce,
-    Select, Seq, Stmt, Store, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+    Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 
 
 _PRECEDENCE = {"or": 1, "and": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
@@ -99,6 +99,11 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
         return f"{pad}wgmma_wait({s.pending}, {print_expr(s.acc)}:+{s.count})\n"
     if isinstance(s, ProxyFence):
         return f"{pad}fence_proxy_async()\n"
+    if isinstance(s, TileProduct):
+        op = "+=" if s.accumulate else "="
+        return (f"{pad}tile_product_{s.precision}_{s.m_tiles}x{s.n_tiles}("
+                f"{print_expr(s.c)} rows {s.c_row} {op} a={print_expr(s.a)} {s.a_layout}, "
+                f"b={print_expr(s.b)} {s.b_layout}, steps={s.steps})\n")
     raise TypeError(f"not a statement: {s!r}")
 
 

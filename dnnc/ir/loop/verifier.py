@@ -12,10 +12,10 @@ import math
 
 from .. import types as T
 from .nodes import (
-    LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, Allocate, AsyncCommit,
-    AsyncWait, Barrier, BinOp, Call, Const, CopyAsync, For, If, LdMatrix, Let, Load, Mma,
-    PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Store, Var, WGMMA_K, Wgmma, WgmmaCommit,
-    WgmmaFence, WgmmaWait)
+    LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, TILE_PRECISIONS,
+    TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Const, CopyAsync,
+    For, If, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Store,
+    TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from .printer import print_expr
 from .traversal import walk
 
@@ -183,6 +183,29 @@ def _check_wgmma(func, s: Wgmma, gpu: set) -> None:
                           f"are not 16-byte multiples below 256 KiB")
 
 
+def _check_tile_product(func, s: TileProduct, gpu: set) -> None:
+    """A tile unit's product: on a CPU (outside the GPU loops), a known precision, C's places
+    of its accumulator type, uint32 operands, at most `TILE_REGISTERS` tiles at once, and
+    positive strides (rows of 16 elements never overlapping)."""
+    if gpu:
+        raise LoopIRError(f"{func.name}: tile product inside the GPU loops")
+    acc = TILE_PRECISIONS.get(s.precision)
+    if acc is None:
+        raise LoopIRError(f"{func.name}: tile product of unknown precision {s.precision!r} "
+                          f"(one of {', '.join(TILE_PRECISIONS)})")
+    if not (isinstance(s.c, Load) and s.c.dtype is acc and isinstance(s.a, Load) and
+            s.a.dtype is T.uint32 and isinstance(s.b, Load) and s.b.dtype is T.uint32):
+        raise LoopIRError(f"{func.name}: a {s.precision} tile product accumulates into "
+                          f"{acc.name} places from uint32 words")
+    if min(s.m_tiles, s.n_tiles, s.steps) < 1 or s.tiles > TILE_REGISTERS:
+        raise LoopIRError(f"{func.name}: tile product of {s.m_tiles} x {s.n_tiles} tiles "
+                          f"({s.tiles} registers of {TILE_REGISTERS}), {s.steps} steps")
+    if s.c_row < 16 or s.a_layout[0] < 16 or s.b_layout[0] < 16 or \
+            min(s.a_layout + s.b_layout) < 0:
+        raise LoopIRError(f"{func.name}: tile product strides {s.c_row}, {s.a_layout}, "
+                          f"{s.b_layout} (rows of 16 words at least apart)")
+
+
 def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> None:
     def exprs(*es):
         _check_expr_vars(func, es, scope_vars)
@@ -252,6 +275,9 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
     elif isinstance(s, Wgmma):
         _check_wgmma(func, s, gpu if placement else {"threadIdx.x"})
         exprs(s.acc, s.a, s.b)
+    elif isinstance(s, TileProduct):
+        _check_tile_product(func, s, gpu if placement else set())
+        exprs(s.c, s.a, s.b)
     elif isinstance(s, WgmmaWait):
         if s.pending < 0 or s.count < 0 or not _is_place(s.acc, Scope.LOCAL, T.float32):
             raise LoopIRError(f"{func.name}: wgmma wait for {s.pending} groups, {s.count} "

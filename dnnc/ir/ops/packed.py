@@ -11,6 +11,11 @@ j // NR, ..., j % NR], channels past a group's last zero (so a block never strad
 groups; with group 1, channel m at [m // NR, ..., m % NR]). `oc` (M) and the Conv attributes
 are attributes.
 
+MaxPoolNHWC(x) is a 2-D MaxPool (its Y only) of a channels-last x [N, H, W, C], y [N, OH,
+OW, C], the MaxPool attributes as MaxPool's: what `sink_transposes` makes of a MaxPool
+between two ConvNHWC, so the image stays channels-last across it (consecutive threads read
+consecutive channels) instead of a Transpose each side.
+
 ConvNHWC(x, w, b) is a 2-D Conv on channels-last tensors: x [N, H, W, C], w [M, kh, kw,
 C / group] (OHWI), y [N, OH, OW, M], the Conv attributes as Conv's (pads, strides, dilations
 over (H, W), group); `convert_layout`'s "nhwc_conv" makes it, ungrouped for the cuda
@@ -24,12 +29,14 @@ import numpy as np
 
 from .. import batching
 from .. import types as T
-from ..compute import compute
+from ..compute import compute, reduce_max
 from ..graph import Value
 from ..flops import has_input
 from .conv import CONV_ATTRS, conv, conv_flops, conv_rule, conv_sum
 from ..loop import Cast
 from .linalg import PACKED_PRECISIONS, acc_dtype, widen
+from .pool import POOL_ATTRS, max_pool, window_flops
+from .window import Windows, kernel_axes, kernel_offsets, reduced_axes
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 
@@ -219,3 +226,37 @@ register_op("ConvNHWC", pattern=Pattern.OUT_FUSABLE, infer=_conv_nhwc_infer,
             flops=lambda node: conv_flops(node.outputs[0], node.inputs[1].shape[1:],
                                           node.outputs[0], has_input(node, 2)),
             batched=batching.data_input)
+
+
+def _max_pool_nhwc_infer(ctx):
+    if ctx.type(0).rank != 4:
+        raise ctx.fail(f"MaxPoolNHWC's x has rank 4, given {ctx.type(0)}")
+    (out,), _, _ = infer_node("MaxPool", [Value("x.nchw", _nchw_type(ctx.type(0)))],
+                              ctx.attrs, 1, ctx.node_name)
+    return [T.TensorType(out.dtype, tuple(out.shape[i] for i in NHWC_OF_NCHW))]
+
+
+def max_pool_nhwc(x, **attrs):
+    y = max_pool(x.transpose(NCHW_OF_NHWC), **attrs)[0]
+    return np.ascontiguousarray(y.transpose(NHWC_OF_NCHW))
+
+
+def _max_pool_nhwc_rule(inputs, outputs, **attrs):
+    """The window maximum (as MaxPool's Y), read through a channels-first view of x."""
+    x, (out,) = inputs[0], outputs
+    view = compute(tuple(x.shape[i] for i in NCHW_OF_NHWC),
+                   lambda n, c, h, wid: x[n, h, wid, c], "x_nchw", x.dtype)
+    kernel = attrs["kernel_shape"]
+    win = Windows.of(view, tuple(out.shape[i] for i in NCHW_OF_NHWC), kernel, attrs)
+
+    def window_max(n, oy, ox, c):
+        rk = kernel_axes(kernel)
+        pos, inside = win.reads((oy, ox), kernel_offsets(rk))
+        return reduce_max(view[(n, c, *pos)], reduced_axes(*rk), where=inside)
+
+    return [compute(out.shape, window_max, "max_pool_nhwc", x.dtype)]
+
+
+register_op("MaxPoolNHWC", pattern=Pattern.OPAQUE, infer=_max_pool_nhwc_infer,
+            evaluate=max_pool_nhwc, attrs=POOL_ATTRS, compute=_max_pool_nhwc_rule,
+            flops=window_flops, batched=batching.data_input)

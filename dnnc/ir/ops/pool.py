@@ -249,7 +249,7 @@ def _lp_pool_rule(inputs, outputs, **attrs):
 POOL_ATTRS = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None,
               "kernel_shape": REQUIRED, "pads": None, "strides": None}
 
-def _window_flops(node) -> Count:
+def window_flops(node) -> Count:
     """One per window element of each output element."""
     return numel(node.outputs[0]) * math.prod(node.attrs["kernel_shape"])
 
@@ -257,14 +257,14 @@ def _window_flops(node) -> Count:
 register_op("MaxPool", pattern=Pattern.OPAQUE, evaluate=max_pool, outputs=(1, 2),
             infer=_pool_infer(FLOATS + (T.int8, T.uint8), indices=True),
             attrs={**POOL_ATTRS, "storage_order": 0}, compute=_max_pool_rule,
-            flops=_window_flops,
+            flops=window_flops,
             batched=batching.data_input)
 register_op("AveragePool", pattern=Pattern.OPAQUE, evaluate=average_pool,
             infer=_pool_infer(FLOATS), attrs={**POOL_ATTRS, "count_include_pad": 0},
-            compute=_average_pool_rule, flops=_window_flops,
+            compute=_average_pool_rule, flops=window_flops,
             batched=batching.data_input)
 register_op("LpPool", pattern=Pattern.OPAQUE, evaluate=lp_pool, infer=_pool_infer(FLOATS),
-            attrs={**POOL_ATTRS, "p": 2}, compute=_lp_pool_rule, flops=_window_flops,
+            attrs={**POOL_ATTRS, "p": 2}, compute=_lp_pool_rule, flops=window_flops,
             batched=batching.data_input)
 
 # -- global pools ------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from test_cuda_codegen import check_program_on_cpu, poisoned, ptx, run_on_cpu
 from dnnc import zoo
 from dnnc.backends.cuda.attention import ATTENTION, AttentionConfig, shared_floats
 from dnnc.backends.cuda.codegen import render_func, render_module
+from dnnc.backends.cuda.device import gpu_of
 from dnnc.backends.cuda.schedules import DEFAULT, template_for
 from dnnc.backends.lower import lower_group
 from dnnc.errors import ConfigError
@@ -94,9 +95,15 @@ CASES = [
     ((2, 1, 37, 29, 16, 16, 1, (2, 1, 1, 29), "-inf", AttentionConfig(16, 32, 16, 2, False))),
     ((1, 2, 40, 35, 16, 12, 0, (40, 35), "finite", AttentionConfig(32, 64, 32, 4))),
     ((1, 1, 21, 18, 16, 16, 0, None, None, AttentionConfig(64, 32, 16, 2))),
+    # the keys split, the slices combined by a second launch: two slices (the last one's
+    # second tile wholly past the keys), four, and eight of one tile each (rows of -inf)
+    ((2, 3, 40, 33, 16, 16, 1, (2, 1, 1, 33), "finite", AttentionConfig(16, 64, 16, split=2))),
+    ((1, 2, 17, 70, 16, 12, 0, (1, 2, 17, 70), "-inf", AttentionConfig(8, 64, 16, split=4))),
+    ((1, 1, 33, 128, 16, 16, 1, (33, 128), "-inf",
+      AttentionConfig(32, 64, 16, 4, False, split=8))),
 ]
 DROPS = [   # (case index, the boolean drop's shape): torch's masked_fill by -inf
-    (0, (40, 37)), (2, (2, 1, 33, 21)), (7, (37, 29))]
+    (0, (40, 37)), (2, (2, 1, 33, 21)), (7, (37, 29)), (10, (2, 1, 40, 33))]
 
 
 def build_cases(rng):
@@ -155,9 +162,23 @@ def test_the_default_lies_in_the_space(shape):
     assert ATTENTION.space(problem, MACHINE).check(config) == config
     assert 4 * shared_floats(config, d, d) <= 48 << 10
     _, info = render_func(ATTENTION.build(problem, config, MACHINE))
-    (launch,) = info.launches
-    assert launch.grid == (b * h, -(-s // config.rows), 1)
-    assert launch.block == (config.threads, 1, 1) and info.workspace == []
+    launch = info.launches[0]
+    assert launch.grid == (b * h * config.split, -(-s // config.rows), 1)
+    assert launch.block == (config.threads, 1, 1)
+    if config.split == 1:
+        assert len(info.launches) == 1 and info.workspace == []
+    else:   # few blocks (bert's and vit's heads at batch 1): the keys split
+        assert b * h * -(-s // config.rows) < gpu_of(MACHINE).sms / 2 and len(info.launches) == 2
+        assert info.workspace == [4 * config.split * b * h * s * (d + 2)]
+
+
+def test_few_blocks_split_the_keys():
+    """vit's 3 heads of 197 at batch 1 (21 blocks of 32 rows) in 4 slices of 2 key tiles,
+    bert's 12 of 128 (48) in 2; batch 8 (384 blocks) unsplit."""
+    for (b, h, s, d), split in (((1, 3, 197, 64), 4), ((1, 12, 128, 64), 2),
+                                ((8, 12, 128, 64), 1)):
+        _, problem = template_for(kernel_of(attention_graph(b, h, s, s, d, d)))
+        assert ATTENTION.default(problem, MACHINE).split == split
 
 
 @pytest.mark.parametrize("config,message", [
@@ -305,10 +326,12 @@ def test_attention_kernel_on_gpu(shape, masked, rng):
         want = run_graph(g, xs)[0]
     module = render_module([(func, True)])
     raw = cp.RawModule(code=module.source, options=("-std=c++17",))
-    args = [cp.asarray(x) for x in xs] + [cp.full(want.shape, np.nan, cp.float32)]
-    for launch in module.kernels[func.name].launches:
+    info = module.kernels[func.name]   # (its keys split at batch 1: a workspace)
+    args = [cp.asarray(x) for x in xs] + [cp.full(want.shape, np.nan, cp.float32)] + \
+        [cp.empty(n, cp.uint8) for n in info.workspace]
+    for launch in info.launches:
         raw.get_function(launch.name)(launch.grid, launch.block, tuple(args))
-    np.testing.assert_allclose(cp.asnumpy(args[-1]), want, rtol=1e-4, atol=1e-5,
+    np.testing.assert_allclose(cp.asnumpy(args[len(xs)]), want, rtol=1e-4, atol=1e-5,
                                equal_nan=True)
 
 

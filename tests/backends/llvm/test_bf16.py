@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dnnc.backends.llvm import amx, bf16
+from dnnc.backends.llvm import bf16
 from dnnc.backends.llvm.codegen import ModuleBuilder
 from dnnc.backends.llvm.cpu import host_target
 from dnnc.backends.llvm.jit import JITModule
@@ -17,7 +17,6 @@ from dnnc.ir import types as T
 
 HAS_BF16 = bf16.BF16_FEATURES <= host_target().feature_set
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no AVX512_BF16")
-HAS_AMX = amx.amx_usable(host_target().feature_set)
 
 
 def bf16_pairs(rng, shape) -> np.ndarray:
@@ -180,9 +179,19 @@ SHAPES = [(1, 64, 10, True), (5, 47, 33, False), (70, 96, 64, True), (130, 600, 
 
 
 def fallback_cpu():
+    """This CPU without AVX512_BF16 and without AMX tiles (an AMX host kept them: its
+    MatMuls and 1x1 convs went to the tiles, on the device host's Emerald Rapids)."""
     from dnnc.backends.llvm.cpu import cpu_from
 
-    return cpu_from(None, "-avx512bf16")
+    return cpu_from(None, "-avx512bf16,-amx-bf16")
+
+
+def vdpbf16ps_cpu():
+    """This CPU without AMX tiles: its bf16 products on vdpbf16ps (or its fallback) even on a
+    Sapphire Rapids (test_amx.py tests the tiles)."""
+    from dnnc.backends.llvm.cpu import cpu_from
+
+    return cpu_from(None, "-amx-bf16")
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])))
@@ -197,7 +206,7 @@ def test_dense_bf16_is_the_product_of_bf16_rounded_operands(shape, native):
     m, k, n, bias = shape
     model, inits = matmul_model(m, k, n, seed=m * 1000 + k, bias=bias)
     compiled = dnnc.compile(model, "llvm", precision="bf16", cache=False,
-                            cpu=None if native else fallback_cpu())
+                            cpu=vdpbf16ps_cpu() if native else fallback_cpu())
     assert ("llvm.x86.avx512bf16.dpbf16ps" in compiled.source("llvm-ir")) == native
     assert "dot_bf16x2" in compiled.source("loop")   # the dense template's bf16 products
     x = np.random.default_rng(k).standard_normal((m, k)).astype(np.float32)
@@ -239,7 +248,7 @@ def test_zoo_model_at_bf16_within_the_contract(name):
     batch = 64 if name in CLASSIFIERS else 1
     model = zoo.build(name, batch=batch, **SMALL[name])
     feeds = zoo.inputs_for(model, np.random.default_rng(sum(map(ord, name))))
-    compiled = dnnc.compile(model, "llvm", precision="bf16", cache=False)
+    compiled = dnnc.compile(model, "llvm", precision="bf16", cache=False, cpu=vdpbf16ps_cpu())
     assert "dot_bf16x2" in compiled.source("loop")
     got = compiled.run(*feeds.values())
     want = dnnc.compile(model, "numpy").run(*feeds.values())
@@ -310,7 +319,7 @@ def test_conv_bf16_is_the_conv_of_bf16_rounded_operands(shape, native):
     c, m, size, kernel = shape[:4]
     model, w, _ = conv_model(*shape, seed=c * 100 + m)
     compiled = dnnc.compile(model, "llvm", precision="bf16", cache=False,
-                            cpu=None if native else fallback_cpu())
+                            cpu=vdpbf16ps_cpu() if native else fallback_cpu())
     assert [n.attrs["precision"] for n in compiled.graph.nodes] == ["bf16"]   # ConvPacked
     assert "dot_bf16x2" in compiled.source("loop")
     assert ("llvm.x86.avx512bf16.dpbf16ps" in compiled.source("llvm-ir")) == native
@@ -320,54 +329,6 @@ def test_conv_bf16_is_the_conv_of_bf16_rounded_operands(shape, native):
     tolerance = c * kernel * kernel * 2.0 ** -22 * np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
     assert np.abs(got - conv_reference(model, x, w, rounded=False)).max() > tolerance
-
-
-# ---------------------------------------------------------------------------------------------
-# AMX (Sapphire Rapids and later): the probe tile product
-
-
-def amx_gemm(m: int, n: int, k: int, seed: int):
-    """(C = C0 + A B by `amx.tile_gemm_module`, the float64 product of the bf16 operands)."""
-    from dnnc.ir.ops.linalg import pack_pairs
-
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
-    c = rng.standard_normal((m, n)).astype(np.float32)
-    a_pairs = np.ascontiguousarray(a.astype(ml_dtypes.bfloat16)).view(np.uint32)
-    b_pairs = np.ascontiguousarray(pack_pairs(b, n)[0]).view(np.uint32).reshape(k // 2, n)
-    jm = JITModule(str(amx.tile_gemm_module()), host_target(), 2)
-    fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3)(
-        jm.address("amx_gemm"))
-    got = c.copy()
-    fn(got.ctypes.data, a_pairs.ctypes.data, b_pairs.ctypes.data, m, n, k // 2)
-    rounded = [x.astype(ml_dtypes.bfloat16).astype(np.float64) for x in (a, b)]
-    return got, c + rounded[0] @ rounded[1]
-
-
-def test_amx_tile_product_compiles_to_tile_instructions_for_sapphire_rapids():
-    """Compile-only (any host): the probe kernel becomes ldtilecfg, tileloadd, tdpbf16ps."""
-    import llvmlite.binding as llvm
-
-    module = llvm.parse_assembly(str(amx.tile_gemm_module()))
-    module.verify()
-    machine = llvm.Target.from_default_triple().create_target_machine(
-        cpu="sapphirerapids", features="+amx-tile,+amx-bf16,+avx512f,+avx512bf16", opt=2)
-    asm = machine.emit_assembly(module)
-    assert all(op in asm for op in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored"))
-    assert not amx.amx_features(frozenset({"avx512bf16", "amx-tile"}))
-
-
-@pytest.mark.skipif(not HAS_AMX, reason="this CPU (or kernel) gives no AMX-BF16 tiles")
-@pytest.mark.parametrize("m,n,k", [(16, 16, 32), (48, 32, 128)])
-def test_amx_tile_product_is_the_product_of_bf16_operands(m, n, k):
-    got, want = amx_gemm(m, n, k, seed=m + n + k)
-    np.testing.assert_allclose(got, want, rtol=0, atol=k * 2.0 ** -22 * np.abs(want).max())
-
-
-def test_tile_state_is_refused_without_amx():
-    if not amx.amx_features(host_target().feature_set):
-        assert not amx.request_tile_state()
 
 
 def test_tuning_at_bf16_applies_to_bf16_compiles_only(mlp, tmp_path):

@@ -1,0 +1,164 @@
+"""Render the loop IR's `TileProduct` as AMX tile instructions: LLVM's
+`llvm.x86.tileloadd64.internal`, `tilezero.internal`, the precision's dot (`amx.TILE_DOTS`:
+`tdpbf16ps.internal`, `tdpbusd.internal`) and `tilestored64.internal` on values of type
+`x86_amx`, whose tile configuration (`ldtilecfg`, every tile 16 rows of 64 bytes) LLVM emits
+itself. The k loop carries C's tiles in registers (phis), each step loading its A and B
+tiles once for all of C's.
+
+On a CPU without the tiles (`expand_tile_products`) a `TileProduct` becomes loops of
+`dot_bf16x2` of the same operands. It must never decide where tiles may run
+(`amx.tile_features`, the templates' `features`).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ...ir import loop as L
+from ...ir import types as T
+from .amx import TILE_DOTS
+from .primitives import I8, I16, I64, PTR
+
+TILE_BYTES = 4 * L.TILE_ROWS
+"""Bytes a tile row holds (16 fp32, 16 bf16 pairs or 16 int8 quads)."""
+
+
+class _Tile(ir.Type):
+    """LLVM's `x86_amx` (llvmlite spells no such type): a tile register's value."""
+
+    def _to_string(self) -> str:
+        return "x86_amx"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Tile)
+
+    def __hash__(self) -> int:
+        return hash("x86_amx")
+
+
+TILE = _Tile()
+
+
+class _Intrinsics:
+    """The tile intrinsics of one module, declared once (`ModuleBuilder.declare`)."""
+
+    def __init__(self, mb, precision: str):
+        shape = [I16, I16]
+        self.load = mb.declare("llvm.x86.tileloadd64.internal", TILE, shape + [PTR, I64])
+        self.zero = mb.declare("llvm.x86.tilezero.internal", TILE, shape)
+        self.dot = mb.declare(TILE_DOTS[precision][0], TILE, [I16] * 3 + [TILE] * 3)
+        self.store = mb.declare("llvm.x86.tilestored64.internal", ir.VoidType(),
+                                shape + [PTR, I64, TILE])
+
+
+def render(em, s: L.TileProduct) -> None:
+    """Emit `s` (`TileProduct`) at the emitter `em`'s builder: C's tiles loaded (or zeroed),
+    a loop over the k steps carrying them in phis (straight-line for one step), stored."""
+    b, ops = em.b, _Intrinsics(em.mb, s.precision)
+    rows, width = ir.Constant(I16, L.TILE_ROWS), ir.Constant(I16, TILE_BYTES)
+    c0, a0, b0 = (em.address(x.buffer, x.indices) for x in (s.c, s.a, s.b))
+    (a_row, a_tile, a_step), (b_row, b_tile, b_step) = s.a_layout, s.b_layout
+
+    def at(base, words: int, step=None, per_step: int = 0):
+        """base + 4 (words + step per_step) bytes."""
+        offset = ir.Constant(I64, 4 * words)
+        if step is not None and per_step:
+            offset = b.add(offset, b.mul(step, ir.Constant(I64, 4 * per_step)))
+        return b.gep(base, [offset], inbounds=True, source_etype=I8)
+
+    def stride(words: int):
+        return ir.Constant(I64, 4 * words)
+
+    c_at = [[at(c0, 16 * r * s.c_row + 16 * j) for j in range(s.n_tiles)]
+            for r in range(s.m_tiles)]
+    if s.accumulate:
+        acc = [[b.call(ops.load, [rows, width, c_at[r][j], stride(s.c_row)])
+                for j in range(s.n_tiles)] for r in range(s.m_tiles)]
+    else:
+        acc = [[b.call(ops.zero, [rows, width]) for _ in range(s.n_tiles)]
+               for _ in range(s.m_tiles)]
+
+    def step(t, tiles):
+        a_tiles = [b.call(ops.load, [rows, width, at(a0, r * a_tile, t, a_step),
+                                     stride(a_row)]) for r in range(s.m_tiles)]
+        b_tiles = [b.call(ops.load, [rows, width, at(b0, j * b_tile, t, b_step),
+                                     stride(b_row)]) for j in range(s.n_tiles)]
+        return [[b.call(ops.dot, [rows, width, width, tiles[r][j], a_tiles[r], b_tiles[j]])
+                 for j in range(s.n_tiles)] for r in range(s.m_tiles)]
+
+    if s.steps == 1:
+        acc = step(None, acc)
+    else:
+        head = b.block
+        body = em.fn.append_basic_block("tiles.k")
+        done = em.fn.append_basic_block("tiles.done")
+        b.branch(body)
+        b.position_at_end(body)
+        t = b.phi(I64, "t")
+        t.add_incoming(ir.Constant(I64, 0), head)
+        phis = [[b.phi(TILE, f"c{r}{j}") for j in range(s.n_tiles)] for r in range(s.m_tiles)]
+        for r, j in _grid(s):
+            phis[r][j].add_incoming(acc[r][j], head)
+        out = step(t, phis)
+        t_next = b.add(t, ir.Constant(I64, 1))
+        t.add_incoming(t_next, b.block)
+        for r, j in _grid(s):
+            phis[r][j].add_incoming(out[r][j], b.block)
+        b.cbranch(b.icmp_unsigned("<", t_next, ir.Constant(I64, s.steps)), body, done)
+        b.position_at_end(done)
+        acc = out
+    for r, j in _grid(s):
+        b.call(ops.store, [rows, width, c_at[r][j], stride(s.c_row), acc[r][j]])
+
+
+def _grid(s: L.TileProduct):
+    return [(r, j) for r in range(s.m_tiles) for j in range(s.n_tiles)]
+
+
+def expand_tile_products(func: L.PrimFunc, tiles: frozenset[str]) -> L.PrimFunc:
+    """`func` with each `TileProduct` of a precision not in `tiles` (those the CPU has) as
+    loops of the same sums (`_expanded`): what a CPU without AMX runs of a tile template
+    (tests check the templates' packing, edges and epilogue so)."""
+    def rewrite(node):
+        if isinstance(node, L.TileProduct) and node.precision not in tiles:
+            return _expanded(node)
+        return None
+
+    if not any(isinstance(n, L.TileProduct) for n in L.walk(func.body)):
+        return func
+    return L.PrimFunc(func.name, func.params, L.transform(func.body, rewrite), func.size_vars,
+                      func.attrs)
+
+
+def _flat(place: L.Load) -> tuple[L.Buffer, L.Expr]:
+    """A place's buffer viewed 1-D (the same memory, by name) and its element's offset."""
+    buffer, offset, stride = place.buffer, L.const(0), L.const(1)
+    for index, dim in reversed(list(zip(place.indices, buffer.shape))):
+        offset = offset + index * stride
+        stride = stride * dim
+    return L.Buffer(buffer.name, buffer.dtype, (L.simplify_expr(stride),), buffer.scope), \
+        L.simplify_expr(offset)
+
+
+def _expanded(s: L.TileProduct) -> L.Stmt:
+    """`s` as loops: each row of each C tile summed in a 16-lane local vector, one
+    `dot_bf16x2` per (step, pair) and column, the pairs of a step in order."""
+    if s.precision != "bf16":
+        raise NotImplementedError(f"tile products of {s.precision} run on AMX only")
+    (c, c0), (a, a0), (b, b0) = (_flat(x) for x in (s.c, s.a, s.b))
+    (a_row, a_tile, a_step), (b_row, b_tile, b_step) = s.a_layout, s.b_layout
+    r, j, i, t, q, col = (L.Var(f"tile_{x}") for x in ("r", "j", "i", "t", "q", "col"))
+    word = L.Var("tile_a", T.uint32)
+    acc = L.Buffer("tile_acc", T.float32, (L.TILE_ROWS,), L.Scope.LOCAL)
+    rows = L.TILE_ROWS
+    c_at = c0 + (rows * r + i) * s.c_row + rows * j + col
+    vec = L.ForKind.VECTORIZED
+    start = c[c_at] if s.accumulate else L.const(0.0)
+    init = L.For(col, rows, L.Store(acc, (col,), start), vec)
+    dot = L.Let(word, a[a0 + r * a_tile + t * a_step + i * a_row + q], L.For(
+        col, rows, L.Store(acc, (col,), L.call(
+            "dot_bf16x2", acc[col], word, b[b0 + t * b_step + j * b_tile + q * b_row + col],
+            dtype=T.float32)), vec))
+    done = L.For(col, rows, L.Store(c, (c_at,), acc[col]), vec)
+    row = L.Allocate(acc, L.seq(init, L.For(t, s.steps, L.For(q, rows, dot)), done))
+    return L.For(r, s.m_tiles, L.For(j, s.n_tiles, L.For(i, rows, row)))
