@@ -1,15 +1,18 @@
-"""Winograd F(2x2, 3x3) against the direct conv on llvm, measured in one run, per layer and per
-model.
+"""Winograd F(m x m, 3x3) against the direct conv on llvm, measured in one run, per layer and
+per model.
 
-    python bench/winograd.py [--threads N] [--repeat 20] [--blocks 5] [--models resnet18,...]
+    python bench/winograd.py [--threads N] [--repeat 20] [--blocks 5] [--tiles 2,4,6]
+                             [--models resnet18,...] [--no-layers]
 
 Layers: the 3x3 stride-1 convolutions of ResNet-18/50 and VGG at batch 1 (Conv + bias + Relu,
-random weights), each compiled twice for this host's llvm target, with "winograd_conv" listed
-first (its choice rule, `winograd_applies`, set to take every layer) and without it; the two
-timed in interleaved blocks (the median block of `--repeat` calls each). Prints each one's milliseconds, direct / Winograd, and each one's largest error
-relative to the largest output against a float64 NumPy reference. `--models` also times whole
-zoo models both ways (Winograd where its rule takes a layer; and onnxruntime, same threads),
-the ratio dnnc-Winograd / dnnc-direct. Timing only: what it measures is checked by
+random weights), each compiled for this host's llvm target direct ("winograd_conv" left out)
+and once per tile of `--tiles` (the cost estimate's choice, `winograd_tile`, forced to it),
+all timed in interleaved blocks (the median block of `--repeat` calls each). Prints each
+one's milliseconds as direct / it (above 1: faster than direct), each one's largest error
+relative to the largest output against a float64 NumPy reference, and the tile the cost
+estimate picks ("-": direct) with its estimated direct / it. `--models` times whole zoo models
+direct, with F(2x2) wherever the estimate picks Winograd, and with the estimate's tiles (and
+onnxruntime, same threads), each over direct. Timing only: what it measures is checked by
 tests/backends/llvm/test_winograd.py, never here.
 """
 
@@ -37,22 +40,33 @@ from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.conv import conv  # noqa: E402
 from dnnc.passes import convert_layout  # noqa: E402
+from dnnc.passes.conv_costs import conv3x3_costs  # noqa: E402
 from dnnc.passes.manager import optimize  # noqa: E402
 
 LAYERS = [(64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7), (64, 128, 56),
-          (128, 256, 28), (256, 512, 14), (32, 32, 112), (16, 16, 56)]
+          (128, 256, 28), (256, 512, 14), (32, 32, 112), (16, 16, 56), (32, 64, 56),
+          (64, 64, 28), (128, 128, 14), (256, 256, 7)]
 """(input channels, output channels, image side): ResNet-18/50's 3x3 stride-1 layers, VGG's
-mixed ones, and some `winograd_applies` leaves direct (7x7, fewer than 64 channels), the
-rewrite's thresholds lowered for them here."""
+mixed ones, and the smaller and fewer-channel layers where the cost estimate weighs direct
+against Winograd closely."""
 
 
-def compiled(graph: Graph, winograd: bool) -> CompiledModel:
-    """`graph` compiled for this host's llvm target with "winograd_conv" first in its layouts
-    or without it."""
+def compiled(graph: Graph, winograd: bool | int | str) -> CompiledModel:
+    """`graph` compiled for this host's llvm target without "winograd_conv" (False), with it
+    and its cost estimate's choice (True), with tile m forced (m), or with F(2x2) where the
+    estimate picks any tile ("F2")."""
     target = REGISTRY["llvm"].target()
     layouts = tuple(name for name in target.layouts if name != "winograd_conv")
-    target = dataclasses.replace(target, layouts=("winograd_conv",) * winograd + layouts)
-    graph = optimize(graph, target)
+    target = dataclasses.replace(target, layouts=("winograd_conv",) * bool(winograd) + layouts)
+    choose = convert_layout.winograd_tile
+    if winograd == "F2":     # F(2x2) wherever the estimate picks Winograd
+        convert_layout.winograd_tile = lambda node, target: choose(node, target) and 2
+    elif winograd is not True and winograd:
+        convert_layout.winograd_tile = lambda node, target: winograd
+    try:
+        graph = optimize(graph, target)
+    finally:
+        convert_layout.winograd_tile = choose
     return CompiledModel(graph, runtime(graph, 3, target), "llvm")
 
 
@@ -77,37 +91,41 @@ def interleaved(fns: dict, repeat: int, blocks: int) -> dict:
 
 
 def layers_table(args) -> None:
-    rule = convert_layout.WINOGRAD_MIN_CHANNELS, convert_layout.WINOGRAD_MIN_SIDE
-    convert_layout.WINOGRAD_MIN_CHANNELS = convert_layout.WINOGRAD_MIN_SIDE = 1
+    tiles = [int(m) for m in args.tiles.split(",")]
+    target = REGISTRY["llvm"].target()
     rng = np.random.default_rng(0)
-    print(f"{'layer':>16} {'direct ms':>10} {'winograd ms':>12} {'direct/win':>10} "
-          f"{'err direct':>11} {'err winograd':>12}")
+    print(f"{'layer':>16} {'direct ms':>10} " + " ".join(f"{f'/F{m}':>7}" for m in tiles) +
+          f" {'err direct':>11} " + " ".join(f"{f'err F{m}':>9}" for m in tiles) +
+          f" {'picks':>6} {'est':>5}")
     for c, m, side in LAYERS:
         graph, w, b, x = layer(c, m, side, rng)
         ref = np.maximum(conv(x.astype(np.float64), w.astype(np.float64),
                               b.astype(np.float64), pads=[1] * 4), 0)
-        models = {"direct": compiled(graph, False), "winograd": compiled(graph, True)}
-        assert models["winograd"].graph.nodes[0].op == "ConvWinograd"
+        models = {"direct": compiled(graph, False), **{t: compiled(graph, t) for t in tiles}}
         errs = {k: np.abs(mod.run(x)[0] - ref).max() / np.abs(ref).max()
                 for k, mod in models.items()}
         ms = interleaved({k: (lambda mod=mod: mod.run(x)) for k, mod in models.items()},
                          args.repeat, args.blocks)
-        print(f"{f'{c}->{m} @{side}':>16} {ms['direct']:10.3f} {ms['winograd']:12.3f} "
-              f"{ms['direct'] / ms['winograd']:10.2f} {errs['direct']:11.2e} "
-              f"{errs['winograd']:12.2e}", flush=True)
-    convert_layout.WINOGRAD_MIN_CHANNELS, convert_layout.WINOGRAD_MIN_SIDE = rule
+        costs = conv3x3_costs(1, c, m, side, side, target.panel("pack_conv"),
+                              target.vector_bits, target.threads)
+        pick = min(costs, key=costs.get)
+        print(f"{f'{c}->{m} @{side}':>16} {ms['direct']:10.3f} " +
+              " ".join(f"{ms['direct'] / ms[t]:7.2f}" for t in tiles) +
+              f" {errs['direct']:11.2e} " + " ".join(f"{errs[t]:9.2e}" for t in tiles) +
+              f" {pick or '-':>6} {costs[None] / costs[pick]:5.2f}", flush=True)
 
 
 def models_table(args) -> None:
     import onnxruntime as ort
 
-    print(f"{'model':>16} {'direct ms':>10} {'winograd ms':>12} {'ort ms':>8} "
-          f"{'win/direct':>10} {'win/ort':>8}")
+    print(f"{'model':>16} {'direct ms':>10} {'F2 ms':>8} {'chosen ms':>10} {'ort ms':>8} "
+          f"{'F2/direct':>9} {'chosen/direct':>13} {'chosen/ort':>10}")
     for name in args.models.split(","):
         model = zoo.build(name, batch=1)
         feeds = zoo.inputs_for(model, np.random.default_rng(0))
         graph = import_onnx(model)
-        models = {"direct": compiled(graph, False), "winograd": compiled(graph, True)}
+        models = {"direct": compiled(graph, False), "F2": compiled(graph, "F2"),
+                  "chosen": compiled(graph, True)}
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(os.environ["DNNC_NUM_THREADS"])
         session = ort.InferenceSession(model.SerializeToString(), options,
@@ -115,8 +133,9 @@ def models_table(args) -> None:
         fns = {k: (lambda mod=mod: mod.run(*feeds.values())) for k, mod in models.items()}
         ms = interleaved({**fns, "ort": lambda: session.run(None, feeds)}, args.repeat,
                          args.blocks)
-        print(f"{name:>16} {ms['direct']:10.2f} {ms['winograd']:12.2f} {ms['ort']:8.2f} "
-              f"{ms['winograd'] / ms['direct']:10.2f} {ms['winograd'] / ms['ort']:8.2f}",
+        print(f"{name:>16} {ms['direct']:10.2f} {ms['F2']:8.2f} {ms['chosen']:10.2f} "
+              f"{ms['ort']:8.2f} {ms['F2'] / ms['direct']:9.2f} "
+              f"{ms['chosen'] / ms['direct']:13.2f} {ms['chosen'] / ms['ort']:10.2f}",
               flush=True)
 
 
@@ -125,6 +144,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--tiles", default="2,4,6")
     parser.add_argument("--models", default="")
     parser.add_argument("--no-layers", action="store_true")
     args = parser.parse_args()

@@ -28,9 +28,10 @@ model's inputs and outputs). On an image of one pixel (squeeze-and-excitation's 
 4 or 6 channels, through the registers) no channel is padded: there a Transpose moves
 nothing (`sink_transposes` makes it a Reshape or cancels it). Convs next to a grouped conv
 that is not depthwise (which has no channels-last kernel) through elementwise ops only stay
-NCHW. "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv where Winograd's
-F(2x2, 3x3) is the faster (`winograd_applies`) becomes ConvWinograd, its filters
-transformed once here. A rewrite keeps the output Value of the last node it replaces, so
+NCHW. "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
+(`winograd_applies`) where Winograd's F(m x m, 3x3) is estimated faster than the direct conv
+(`winograd_tile`, the tile m of the least estimate, `conv_costs`) becomes ConvWinograd, its
+filters transformed once here. A rewrite keeps the output Value of the last node it replaces, so
 its users are untouched.
 """
 
@@ -41,11 +42,12 @@ import numpy as np
 from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import PACKED_PRECISIONS, pack_pairs, pack_panels
-from ..ir.ops.packed import (NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights,
-                             winograd_weights)
+from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights
+from ..ir.ops.winograd import winograd_weights
 from ..ir.ops.registry import infer_node
 from ..ir.target import Target
 from ..ir.types import FLOAT_DTYPES, TensorType, bfloat16, float32, int64
+from .conv_costs import conv3x3_costs
 from .sink_transposes import positionwise, sink_transposes
 
 PAIRED = tuple(p for p in PACKED_PRECISIONS if p != "fp32")
@@ -158,44 +160,46 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
     return Node("ConvPacked", inputs, node.outputs, full, node.name), []
 
 
-WINOGRAD_MIN_CHANNELS = 64
-"""Input and output channels below which "winograd_conv" keeps a 3x3 conv direct: its
-transforms (16 input values per 4 pixels and channel, 4 outputs from 16 per channel) cost
-about what F(2x2, 3x3)'s 2.25x fewer multiply-adds save (bench/winograd.py, 2-core znver5,
-direct / Winograd at 1 and 2 threads: 16->16 @56 0.63 / 0.41, 32->32 @112 1.18 / 0.65; from
-64 channels 1.29 to 2.05)."""
-
-WINOGRAD_MIN_SIDE = 14
-"""Output height and width below which a conv stays direct: a 7x7 output's rows of 4 tiles
-fill half the template's accumulators (512->512 @7: 1.04 / 0.83, as above)."""
-
-
 def winograd_applies(node: Node) -> bool:
-    """Whether Conv `node` is one F(2x2, 3x3) computes, and faster than the direct conv: 2-D,
-    3x3, stride 1, no dilation, one group, float32, constant weights, both channel counts at
-    least WINOGRAD_MIN_CHANNELS, an output of at least WINOGRAD_MIN_SIDE a side."""
+    """Whether Conv `node` is one Winograd's F(m x m, 3x3) computes: 2-D, 3x3, stride 1, no
+    dilation, one group, float32, constant weights, a static output image (the batch may be
+    symbolic: the estimate then weighs one image)."""
     if node.op != "Conv":
         return False
     x, w = node.inputs[0], node.inputs[1]
     if w is None or w.const is None or w.type.rank != 4 or \
             x.type.dtype is not float32 or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
         return False
-    oc, c, kh, kw = w.const.shape
+    kh, kw = w.const.shape[2:]
     out = node.outputs[0].type.shape[2:]
     return (kh, kw) == (3, 3) and (node.attrs.get("group") or 1) == 1 and \
         all(v == 1 for v in (node.attrs.get("strides") or [1, 1]) +
-            (node.attrs.get("dilations") or [1, 1])) and min(oc, c) >= WINOGRAD_MIN_CHANNELS \
-        and all(isinstance(d, int) and d >= WINOGRAD_MIN_SIDE for d in out)
+            (node.attrs.get("dilations") or [1, 1])) and \
+        all(isinstance(d, int) for d in out)
+
+
+def winograd_tile(node: Node, target: Target) -> int | None:
+    """The output tile m Conv `node` (one `winograd_applies` takes) is computed by, or None to
+    keep it direct: the least of the templates' estimated times (`conv_costs.conv3x3_costs`)."""
+    oc, c = node.inputs[1].const.shape[:2]
+    n, _, oh, ow = node.outputs[0].type.shape
+    costs = conv3x3_costs(n if isinstance(n, int) else 1, c, oc, oh, ow,
+                          target.panel("pack_conv"), target.vector_bits, target.threads)
+    return min(costs, key=costs.get)
 
 
 def _winograd_conv(graph: Graph, node: Node, users, target: Target):
-    """Conv(x, W const 3x3, B) -> ConvWinograd(x, G W G^T, B) where `winograd_applies`: the
-    filters transformed once, here, in the channel blocks of the conv panel's width. At a
-    reduced precision (llvm's bf16) the conv stays for "pack_conv" (its products in bf16)."""
+    """Conv(x, W const 3x3, B) -> ConvWinograd(x, G W G^T, B) where `winograd_applies` and
+    `winograd_tile` chooses a tile: the filters transformed once, here, in the channel blocks
+    of the conv panel's width. At a reduced precision (llvm's bf16) the conv stays for
+    "pack_conv" (its products in bf16)."""
     if target.precision != "fp32" or not winograd_applies(node):
         return None
+    tile = winograd_tile(node, target)
+    if tile is None:
+        return None
     w = node.inputs[1]
-    u = winograd_weights(np.asarray(w.const), target.panel("pack_conv"))
+    u = winograd_weights(np.asarray(w.const), target.panel("pack_conv"), tile)
     uv = Value(f"{w.name}.winograd", TensorType(float32, u.shape), const=u)
     attrs = dict(node.attrs, oc=int(w.const.shape[0]), kernel_shape=[3, 3])
     inputs = [node.inputs[0], uv] + list(node.inputs[2:])

@@ -1,4 +1,5 @@
-"""The 2-D convolution schedule templates for CPUs: direct, pointwise and depthwise.
+"""The 2-D convolution schedule templates for CPUs: direct and pointwise (depthwise:
+depthwise.py, which shares this module's plane padding and row blocks).
 
 `conv2d` is direct convolution as an implicit GEMM. An image's output pixels, flattened, play
 GEMM's rows (a tile may cross a row's end) and output channels its columns: an MR-pixel by NR-channel tile of the output stays in
@@ -15,9 +16,7 @@ whichever reads fewer bytes past L2, `conv2d_order`).
 `pointwise` (1x1, stride 1, unpadded) is a GEMM with the pixels in the vector lanes; knobs
 (`PointwiseConfig`): channels and pixels per tile, and order (pixel or channel blocks
 outside, `pointwise_order`); `pointwise_gemm` runs a strided, small-image or deep 1x1 conv
-through the dense template instead (`pointwise_gemm_applies`). `depthwise` (one filter per
-channel) runs each padded plane in vectors of pixels; knob (`DepthwiseConfig`): pixels per
-block.
+through the dense template instead (`pointwise_gemm_applies`).
 
 Grouped convolutions (1 < group, not depthwise) run through `conv2d` and `pointwise`, each
 group's channel slice a conv of its own: packed weights hold each group's channel blocks
@@ -687,78 +686,6 @@ GEMM_MAX_PIXELS = 64
 8x8 images; see `pointwise_gemm_applies`)."""
 
 
-# -- depthwise ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DepthwiseConfig:
-    pixels: int    # output pixels per block of a row (a narrower block ends the row)
-
-
-def depthwise_space(p: Conv2d, machine) -> Space:
-    return Space("depthwise", DepthwiseConfig, {"pixels": PIXEL_BLOCKS})
-
-
-def depthwise_default(p: Conv2d, machine) -> DepthwiseConfig:
-    return DepthwiseConfig(machine.vector_bits // 32)
-
-
-def depthwise_build(p: Conv2d, config: DepthwiseConfig, machine) -> L.PrimFunc:
-    """Depthwise 2-D convolution (group == channels, one filter per channel): per plane, the
-    input padded in a cached buffer, then each output row in blocks of pixels, the window's
-    taps broadcast from the filter; full blocks read the padded plane contiguously (at stride
-    1; strided loads become one load and a shuffle), the row's tail runs narrower."""
-    w, bias, y = p.w, p.bias, p.y
-    n, c, h, wid = p.x_dims
-    _, _, kh, kw = p.w_dims
-    _, _, oh, ow = p.y_dims
-    (sh, sw), (dh, dw) = p.strides, p.dilations
-    then = p.epilogue
-    # a plane's taps and its padded copy, against the threshold of the row templates (pool2d,
-    # rows): a depthwise multiply-add is no GEMM's, mobilenet_v2's 3x3 convs on 7x7 planes
-    # (960 channels, 0.42 M multiply-adds) ran on one thread under MIN_PARALLEL_MACS (Zen 3,
-    # 2 threads: 0.057 -> 0.049 ms on both; 576 channels at stride 2, 0.052 -> 0.036)
-    from .schedules import MIN_PARALLEL_WORK   # (schedules imports this module's templates)
-    hp, wp = p.padded_hw
-    par = parallel_kind(machine.threads, n * c * (oh * ow * kh * kw + hp * wp),
-                        MIN_PARALLEL_WORK)
-
-    plane, row = L.Var("plane"), L.Var("row")
-    bn, ch = plane // c, plane % c
-    # a stride-2 window reads every other column: the plane is kept in phases (pad_plane),
-    # so a tap's pixels are consecutive (Zen 3, 2 threads, 3x3 stride 2: c144 56x56 0.230 ->
-    # 0.135 ms; c96 112x112, where copying the plane dominates, 0.348 -> 0.389 ms)
-    phases = sw if sw > 1 and dw == 1 else 1
-    xpad, pad_stmt = pad_plane(p.x, bn, ch, p.x_dims[2:], p.begins, p.padded_hw,
-                               phases=phases)
-    r, s, jj = L.Var("r"), L.Var("s"), L.Var("j")
-    wv = L.Var("wv", T.float32)
-
-    def tap_at(rr: L.Expr, col: L.Expr, ss: L.Expr) -> L.Expr:
-        """The padded plane at row `rr`, column col * sw + ss * dw."""
-        if phases == 1:
-            return xpad[rr, col * sw + ss * dw]
-        return xpad[rr, ss % phases, col + ss // phases]
-
-    def block(width: int, ow0: L.Expr) -> L.Stmt:
-        acc = L.Buffer("acc", T.float32, (width,), L.Scope.LOCAL)
-        kind = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
-        init = L.For(jj, width, L.Store(acc, (jj,), L.const(0.0)), kind)
-        tap = L.Let(wv, w[ch, 0, r, s], L.For(jj, width, L.Store(acc, (jj,), L.call(
-            "fma", tap_at(row * sh + r * dh, ow0 + jj, s), wv, acc[jj])),
-            kind))
-        value = acc[jj]
-        if bias is not None:
-            value = value + bias[ch]
-        value = then(value, (bn, ch, row, ow0 + jj))
-        store = L.For(jj, width, L.Store(y, (bn, ch, row, ow0 + jj), value), kind)
-        return L.Allocate(acc, L.seq(init, L.For(r, kh, L.For(s, kw, tap)), store))
-
-    body = L.For(plane, n * c, L.Allocate(xpad, L.seq(pad_stmt, L.For(
-        row, oh, row_in_vectors(block, ow, config.pixels)))), par)
-    return L.simplify(L.PrimFunc(p.name, p.params, body))
-
-
 POINTWISE_GEMM = Template("pointwise_gemm", problems.pointwise_dense, pointwise_gemm_applies,
                           dense.space, pointwise_gemm_default, dense.build)
 # (float32 only: 16-bit storage takes the default template)
@@ -767,5 +694,3 @@ CONV2D = Template("conv2d", problems.conv2d, lambda p: p.float32 and (p.group ==
                   conv2d_space, conv2d_default, conv2d_build)
 POINTWISE = Template("pointwise", problems.conv2d, lambda p: p.float32 and p.pointwise,
                      pointwise_space, pointwise_default, pointwise_build)
-DEPTHWISE = Template("depthwise", problems.conv2d, lambda p: p.float32 and p.depthwise,
-                     depthwise_space, depthwise_default, depthwise_build)

@@ -1,29 +1,33 @@
-"""The Winograd F(2x2, 3x3) template for CPUs: 3x3, stride-1, one-group float32 convolutions
-whose filters convert_layout's "winograd_conv" transformed at compile time (ConvWinograd).
+"""The Winograd F(m x m, 3x3) template for CPUs: 3x3, stride-1, one-group float32
+convolutions whose filters convert_layout's "winograd_conv" transformed at compile time
+(ConvWinograd; the tile m, 2, 4 or 6, read from the transformed filters' alpha^2 positions,
+alpha = m + 2).
 
-Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks" (2016): each 2x2 block of
-an output channel's pixels (a tile) is A^T (sum over input channels c of U_c . V_c) A, where
-V_c = B^T d_c B is the tile's 4x4 input patch of channel c transformed and U_c = G g_c G^T
-the filter's (`ir/ops/packed.py: winograd_weights`), `.` elementwise. A tile's 36 multiply-adds
-per (input, output) channel pair become 16: one matrix product [tiles x C] by [C x M] per
-position of the 4x4 transformed tile. Two parallel loops:
+Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks" (2016): each m x m block
+of an output channel's pixels (a tile) is A^T (sum over input channels c of U_c . V_c) A,
+where V_c = B^T d_c B is the tile's alpha x alpha input patch of channel c transformed and
+U_c = G g_c G^T the filter's (the matrices generated in `ir/ops/winograd.py`), `.`
+elementwise. A tile's 9 m^2 multiply-adds per (input, output) channel pair become alpha^2
+(F(2x2): 36 -> 16; F(4x4): 144 -> 36): one matrix product [tiles x C] by [C x M] per position
+of the transformed tile. Two parallel loops:
 
-1. the input transformed, a block of T tiles of a row of tiles a unit, into V [blocks, 16,
-   C, T] (a scratch buffer of the call: each block's 16 [C, T] panels contiguous), the
-   block's tiles in the vector lanes;
-2. a unit a block of T tiles and a block of NR output channels: for each of the
-   16 positions, T x NR accumulators summed over C, a step one broadcast V value times one
-   NR-vector of U (the direct conv's micro-kernel, conv.py), kept in `m` [16, T, NR]; then
-   `m` transformed back into each tile's 2x2 pixels, through bias and the fused epilogue.
-   (One loop of tile blocks, each transforming its own input, left a 7x7 image's two blocks
-   to two threads: 2x slower than the direct conv at 2 threads.)
+1. the input transformed, a block of T tiles of a row of tiles a unit, into V [blocks,
+   alpha^2, C, T] (a scratch buffer of the call: each block's alpha^2 [C, T] panels
+   contiguous), the block's tiles in the vector lanes;
+2. a unit a block of T tiles and a block of NR output channels: for each of the alpha^2
+   positions, T x NR accumulators summed over C, a step one broadcast V value times one
+   NR-vector of U (the direct conv's micro-kernel, conv.py), kept in `m` [alpha^2, T, NR];
+   then `m` transformed back into each tile's m x m pixels, through bias and the fused
+   epilogue. (One loop of tile blocks, each transforming its own input, left a 7x7 image's
+   two blocks to two threads: 2x slower than the direct conv at 2 threads.)
 
 Knob (`WinogradConfig`): tiles, T of a block (its accumulators: T x NR).
 
-Accuracy: the transforms' coefficients are 0, +-1 and +-1/2 (exact), and each of the 16
-sums runs over C terms where the direct conv's runs over 9 C: measured below the direct
-conv's error (docs/llvm_backend.md, "Winograd convolutions").
-This module never serves any conv but ConvWinograd's (`problems.winograd_conv2d`).
+Accuracy: B^T's and A^T's coefficients are exact in binary (the interpolation's other
+factors are in G, applied in float64 at compile time); F(2x2)'s error is below the direct
+conv's, F(4x4)'s about 5x it, F(6x6)'s about 20x (docs/llvm_backend.md, "Winograd
+convolutions"). This module never serves any conv but ConvWinograd's
+(`problems.winograd_conv2d`).
 """
 
 from __future__ import annotations
@@ -36,12 +40,13 @@ from ...ir import types as T
 from .. import problems
 from ..problems import Conv2d
 from ..space import Space, Template
+from ...ir.ops.winograd import tile_of, winograd
 from .conv import MR_BY_VECTOR_BITS, pad_input, parallel_kind
 
 
 @dataclass(frozen=True)
 class WinogradConfig:
-    tiles: int   # 2x2 output tiles a block (T): T x NR accumulators
+    tiles: int   # m x m output tiles a block (T): T x NR accumulators
 
 
 def space(p: Conv2d, machine) -> Space:
@@ -53,28 +58,44 @@ def default(p: Conv2d, machine) -> WinogradConfig:
     as many as split a row of tiles evenly (a 7x7 output's 4 tiles: blocks of 4, not one
     block of 8 half past the image)."""
     most = MR_BY_VECTOR_BITS.get(machine.vector_bits, 4)
-    row = -(-p.y_dims[3] // 2)
+    row = -(-p.y_dims[3] // tile_of(L.static_shape(p.w.shape)[0]))
     return WinogradConfig(-(-row // -(-row // most)))
 
 
-def input_transform(d) -> list[list[L.Expr]]:
-    """B^T d B of a 4x4 patch (`d(a, b)` its element), F(2, 3)'s B^T = [[1, 0, -1, 0],
-    [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]."""
-    def bt(v):   # B^T applied to a column of four
-        return [v[0] - v[2], v[1] + v[2], v[2] - v[1], v[1] - v[3]]
+def _combine(row, values: list) -> L.Expr:
+    """sum_k row[k] * values[k] for a row of exact coefficients: zeros left out, +-1 an add or
+    a subtract, the sum started at a positive term where there is one."""
+    terms = [(float(c), v) for c, v in zip(row, values) if c]
+    terms.sort(key=lambda term: term[0] < 0)        # stable: the positive terms first
+    total = None
+    for c, v in terms:
+        scaled = v if abs(c) == 1 else v * L.const(abs(c))
+        if total is None:
+            total = scaled if c > 0 else L.const(0.0) - scaled
+        else:
+            total = total + scaled if c > 0 else total - scaled
+    return total
 
-    cols = [bt([d(a, b) for a in range(4)]) for b in range(4)]      # cols[b][a] = (B^T d)[a][b]
-    return [bt([cols[b][a] for b in range(4)]) for a in range(4)]   # [a][b] = (B^T d B)[a][b]
+
+def _sandwich(left, d, size: int) -> list[list[L.Expr]]:
+    """left d left^T of a size x size tile (`d(a, b)` its element): left applied to each
+    column, then to each row of the result."""
+    cols = [[_combine(row, [d(a, b) for a in range(size)]) for row in left]
+            for b in range(size)]                          # cols[b][i] = (left d)[i][b]
+    return [[_combine(row, [cols[b][i] for b in range(size)]) for row in left]
+            for i in range(len(left))]
 
 
-def output_transform(m) -> list[list[L.Expr]]:
-    """A^T m A of a 4x4 tile (`m(a, b)` its element), F(2, 3)'s A^T = [[1, 1, 1, 0],
-    [0, 1, -1, -1]]."""
-    def at(v):
-        return [v[0] + v[1] + v[2], v[1] - v[2] - v[3]]
+def input_transform(d, m: int = 2) -> list[list[L.Expr]]:
+    """B^T d B of an alpha x alpha patch (`d(a, b)` its element), F(m, 3)'s B^T
+    (`ir/ops/winograd.py`; F(2, 3)'s [[1, 0, -1, 0], [0, 1, 1, 0], [0, 1, -1, 0],
+    [0, 1, 0, -1]])."""
+    return _sandwich(winograd(m).bt, d, m + 2)
 
-    cols = [at([m(a, b) for a in range(4)]) for b in range(4)]      # cols[b][i] = (A^T m)[i][b]
-    return [at([cols[b][i] for b in range(4)]) for i in range(2)]   # [i][j]
+
+def output_transform(mt, m: int = 2) -> list[list[L.Expr]]:
+    """A^T mt A of an alpha x alpha tile (`mt(a, b)` its element): the m x m pixels."""
+    return _sandwich(winograd(m).at, mt, m + 2)
 
 
 def build(p: Conv2d, config: WinogradConfig, machine) -> L.PrimFunc:
@@ -85,39 +106,43 @@ class _Winograd:
     """The pieces of `build`: the tile geometry, the loop variables, a method per stage.
 
     A block is T consecutive tiles of one row of tiles (a row's last block runs past the
-    image into zero padding: computed, never stored), so a block's patches start two
-    columns apart: the input transform reads them as stride-2 vectors."""
+    image into zero padding: computed, never stored), so a block's patches start m columns
+    apart: the input transform reads them as stride-m vectors."""
 
     def __init__(self, p: Conv2d, config: WinogradConfig, machine):
         self.p, self.t_n = p, config.tiles
+        self.tile = tile_of(L.static_shape(p.w.shape)[0])    # m: m x m pixels a tile
+        self.alpha = self.tile + 2                            # an alpha x alpha patch
+        self.positions = self.alpha * self.alpha
         self.n, self.c = p.x_dims[:2]
         self.oc = p.w_dims[0]
         self.oh, self.ow = p.y_dims[2:]
         self.nr = p.packed_nr
         self.blocks = -(-self.oc // self.nr)
-        self.th, self.tw = -(-self.oh // 2), -(-self.ow // 2)
+        self.th, self.tw = -(-self.oh // self.tile), -(-self.ow // self.tile)
         self.row_blocks = -(-self.tw // self.t_n)
         self.tblocks = self.th * self.row_blocks          # tile blocks an image
         self.par = parallel_kind(machine.threads,
                                  self.n * self.oc * self.oh * self.ow * self.c * 4)
         # every block's 4x4 patches inside the padded plane
         plane = dataclasses.replace(
-            p, padded_hw=(2 * self.th + 2, 2 * self.row_blocks * self.t_n + 2))
+            p, padded_hw=(self.tile * self.th + 2, self.tile * self.row_blocks * self.t_n + 2))
         self.xpad, self.pad_stmt = pad_input(plane, self.par)
         self.ic, self.t, self.jj, self.xi = (L.Var(v) for v in ("ic", "t", "j", "xi"))
         # the transformed input: [image's tile block, position, channel, tile of the block],
         # a block's panels contiguous (what one unit of the products reads, in order; a
         # whole image's [16, C, tiles] put each channel's T values a row of tiles apart:
         # 3x slower at 64 channels 56x56)
-        self.v = L.Buffer("v", T.float32, (self.n * self.tblocks, 16, self.c, self.t_n))
-        self.m = L.Buffer("m", T.float32, (16 * self.t_n * self.nr,))
+        self.v = L.Buffer("v", T.float32, (self.n * self.tblocks, self.positions, self.c,
+                                           self.t_n))
+        self.m = L.Buffer("m", T.float32, (self.positions * self.t_n * self.nr,))
         self.acc = L.Buffer("acc", T.float32, (self.t_n * self.nr,), L.Scope.LOCAL)
 
     def corner(self, block: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr, L.Expr]:
         """(image, first row, first column) of tile t of tile block `block` (of all images)."""
         bn, rest = block // self.tblocks, block % self.tblocks
         ty, txb = rest // self.row_blocks, rest % self.row_blocks
-        return bn, ty * 2, (txb * self.t_n + t) * 2
+        return bn, ty * self.tile, (txb * self.t_n + t) * self.tile
 
     def body(self) -> L.Stmt:
         """The input padded, then transformed (parallel over tile blocks), then the products
@@ -130,18 +155,19 @@ class _Winograd:
 
     def transform_input(self) -> L.Stmt:
         """V[block, ., ic, t] = B^T d B of the block's tile t's patch of channel ic, a unit a
-        block, the block's tiles in the vector lanes (stride-2 loads)."""
+        block, the block's tiles in the vector lanes (stride-m loads)."""
         block, t, ic = L.Var("block"), self.t, self.ic
         bn, y0, x0 = self.corner(block, t)
-        v = input_transform(lambda a, b: self.xpad[bn, ic, y0 + a, x0 + b])
-        stores = [L.Store(self.v, (block, a * 4 + b, ic, t), v[a][b])
-                  for a in range(4) for b in range(4)]
+        v = input_transform(lambda a, b: self.xpad[bn, ic, y0 + a, x0 + b], self.tile)
+        alpha = self.alpha
+        stores = [L.Store(self.v, (block, a * alpha + b, ic, t), v[a][b])
+                  for a in range(alpha) for b in range(alpha)]
         lanes = L.ForKind.VECTORIZED if self.t_n > 1 else L.ForKind.SERIAL
         return L.For(block, self.n * self.tblocks, L.For(ic, self.c, L.For(
             t, self.t_n, L.seq(*stores), lanes)), self.par)
 
     def products_and_output(self) -> L.Stmt:
-        """One parallel unit a (image, channel block, tile block): the 16 products into m,
+        """One parallel unit a (image, channel block, tile block): the alpha^2 products into m,
         then m transformed into the tiles' pixels; tile blocks inner, so a channel block's
         transformed filters stay in L2 for its tile blocks."""
         unit = L.Var("unit")
@@ -150,7 +176,7 @@ class _Winograd:
         ob, tb = rest // self.tblocks, rest % self.tblocks
         block = bn * self.tblocks + tb
         return L.For(unit, self.n * per_image, L.Allocate(self.m, L.seq(
-            L.For(self.xi, 16, L.Allocate(self.acc, self.products(block, ob))),
+            L.For(self.xi, self.positions, L.Allocate(self.acc, self.products(block, ob))),
             self.transform_output(block, ob))), self.par)
 
     def products(self, block, ob) -> L.Stmt:
@@ -169,27 +195,31 @@ class _Winograd:
         return L.seq(init, L.For(self.ic, self.c, step), keep)
 
     def transform_output(self, block, ob) -> L.Stmt:
-        """Each tile's 2x2 pixels of the NR channels, A^T m A, through bias and epilogue."""
-        p, t, jj, nr, t_n = self.p, self.t, self.jj, self.nr, self.t_n
-        y = output_transform(lambda a, b: self.m[((a * 4 + b) * t_n + t) * nr + jj])
+        """Each tile's m x m pixels of the NR channels, A^T m A, through bias and epilogue."""
+        p, t, jj, nr, t_n, alpha = self.p, self.t, self.jj, self.nr, self.t_n, self.alpha
+        y = output_transform(lambda a, b: self.m[((a * alpha + b) * t_n + t) * nr + jj],
+                             self.tile)
         out_c = ob * nr + jj
         bn, y0, x0 = self.corner(block, t)
         stores = []
-        for i in range(2):
-            for j in range(2):
+        for i in range(self.tile):
+            for j in range(self.tile):
                 value = y[i][j]
                 if p.bias is not None:
                     value = value + p.bias[L.minimum(out_c, self.oc - 1)]
                 index = (bn, out_c, y0 + i, x0 + j)
                 store = L.Store(p.y, index, p.epilogue(value, index))
-                inside = [cond for cond, odd in ((y0 + i < self.oh, self.oh % 2 and i),
-                                                 (x0 + j < self.ow, self.ow % 2 and j)) if odd]
+                # a pixel past the image in a partial last tile: computed, never stored
+                inside = [cond for cond, past in (
+                    (y0 + i < self.oh, self.oh % self.tile and i >= self.oh % self.tile),
+                    (x0 + j < self.ow, self.ow % self.tile and j >= self.ow % self.tile))
+                    if past]
                 stores.append(L.If(L.logical_and(*inside), store) if inside else store)
         if self.oc % nr:
             channels = L.For(jj, nr, L.If(out_c < self.oc, L.seq(*stores)), L.ForKind.UNROLLED)
         else:
             channels = L.For(jj, nr, L.seq(*stores), L.ForKind.VECTORIZED)
-        return L.For(t, t_n, L.If(x0 < 2 * self.tw, channels))
+        return L.For(t, t_n, L.If(x0 < self.tile * self.tw, channels))
 
 
 WINOGRAD = Template("winograd", problems.winograd_conv2d, lambda p: p.float32, space, default,

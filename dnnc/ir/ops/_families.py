@@ -21,4 +21,5 @@ from . import (  # noqa: F401
     shape,
     signal,
     slicing,
+    winograd,
 )

@@ -31,7 +31,6 @@ from .. import batching
 from .. import types as T
 from ..compute import compute, reduce_max
 from ..graph import Value
-from ..loop import Select, eq
 from ..flops import has_input
 from .conv import CONV_ATTRS, conv, conv_flops, conv_rule, conv_sum
 from ..loop import Cast
@@ -173,81 +172,6 @@ register_op("ConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
             evaluate=conv_packed, attrs={**CONV_ATTRS, "oc": REQUIRED, "precision": "fp32"},
             inputs=(2, 3), compute=_conv_packed_rule,
             flops=_conv_packed_flops,
-            batched=batching.data_input)
-
-
-# -- ConvWinograd: weights transformed for Winograd's F(2x2, 3x3) ----------------------------
-
-WINOGRAD_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
-"""F(2, 3)'s filter transform G (Lavin and Gray, "Fast Algorithms for Convolutional Neural
-Networks", 2016): a 3x3 filter g becomes the 4x4 U = G g G^T."""
-
-WINOGRAD_G_INVERSE = ((1, 0, 0, 0), (0, 1, -1, 0), (0, 0, 0, 1))
-"""A left inverse of G (exact: g = G' U G'^T), which gives ConvWinograd its meaning as a Conv."""
-
-
-def winograd_weights(w: np.ndarray, nr: int) -> np.ndarray:
-    """3x3 weights [M, C, 3, 3] -> U = G g G^T of each filter, as [16, ceil(M / nr), C, nr]
-    (position a * 4 + b of the 4x4 tile, then channel blocks of nr, zero past the last):
-    for each of the 16 positions a product's B panel, read one NR-vector a step."""
-    m, c = w.shape[:2]
-    u = np.einsum("ar,mcrs,bs->abmc", WINOGRAD_G, w.astype(np.float64), WINOGRAD_G)
-    blocks = -(-m // nr)
-    padded = np.zeros((16, blocks * nr, c))
-    padded[:, :m] = u.reshape(16, m, c)
-    return np.ascontiguousarray(
-        padded.reshape(16, blocks, nr, c).transpose(0, 1, 3, 2)).astype(np.float32)
-
-
-def winograd_filters(u: np.ndarray, oc: int) -> np.ndarray:
-    """The 3x3 weights [oc, C, 3, 3] `winograd_weights` transformed (G' U G'^T)."""
-    inverse = np.array(WINOGRAD_G_INVERSE, np.float64)
-    full = u.astype(np.float64).transpose(0, 1, 3, 2).reshape(4, 4, -1, u.shape[2])[:, :, :oc]
-    return np.einsum("ra,abmc,sb->mcrs", inverse, full, inverse).astype(u.dtype)
-
-
-def _conv_winograd_infer(ctx):
-    u = ctx.type(1)
-    if u.rank != 4 or u.shape[0] != 16:
-        raise ctx.fail(f"Winograd weights are [16, blocks, C, NR], given {u}")
-    oc = ctx.attrs["oc"]
-    w = Value("w.filters", T.TensorType(u.dtype, (oc, u.shape[2], 3, 3)))
-    inputs = [ctx.values[0], w] + ([ctx.values[2]] if ctx.has(2) else [])
-    types, _, _ = infer_node("Conv", inputs, _conv_attrs(ctx.attrs), 1, ctx.node_name)
-    return types
-
-
-def conv_winograd(x, u, b=None, *, oc, **attrs):
-    return conv(x, winograd_filters(u, oc), b, **_conv_attrs(attrs))
-
-
-def _conv_winograd_rule(inputs, outputs, *, oc, **attrs):
-    """Conv of the filters G' U G'^T (a sum of the few non-zero terms each, no reduction:
-    lowering inlines it into the conv's loads). The llvm Winograd template reads U itself."""
-    x, u = inputs[0], inputs[1]
-    nr = u.shape[-1]
-    inv = WINOGRAD_G_INVERSE
-
-    def tap(m, c, r: int, s: int):
-        terms = [inv[r][a] * inv[s][b] * u[a * 4 + b, m // nr, c, m % nr]
-                 for a in range(4) for b in range(4) if inv[r][a] and inv[s][b]]
-        return sum(terms[1:], terms[0])
-
-    def pick(i, values: list):   # values[i] for a loop variable i
-        return Select(eq(i, 0), values[0], Select(eq(i, 1), values[1], values[2]))
-
-    def filters(m, c, r, s):
-        return pick(r, [pick(s, [tap(m, c, i, j) for j in range(3)]) for i in range(3)])
-
-    w = compute((oc, u.shape[2], 3, 3), filters, "filters", u.dtype)
-    return conv_rule([x, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
-
-
-register_op("ConvWinograd", pattern=Pattern.OUT_FUSABLE, infer=_conv_winograd_infer,
-            evaluate=conv_winograd, attrs={**CONV_ATTRS, "oc": REQUIRED}, inputs=(2, 3),
-            compute=_conv_winograd_rule,
-            flops=lambda node: conv_flops(node.outputs[0], (node.inputs[1].shape[2], 3, 3),
-                                          node.outputs[0], has_input(node, 2)),
             batched=batching.data_input)
 
 

@@ -136,8 +136,12 @@ CASES = [
      True, "pointwise", 1e-4),
     ("depthwise", lambda rng: conv_bias_relu(rng, c=6, oc=6, group=6, pads=[1, 1, 1, 1],
                                              strides=[2, 2]), False, "depthwise", 1e-5),
-    # 3x3 stride 1, enough channels and pixels for `winograd_applies` (72 output channels:
-    # a partial block; 15 columns: a partial tile)
+    # stride 1: the flat plane is in the space (9 x 11 and 5x5: rows narrower than a vector)
+    ("depthwise-stride-1", lambda rng: conv_bias_relu(rng, c=6, oc=6, k=5, group=6,
+                                                      pads=[2, 1, 2, 0]),
+     False, "depthwise", 1e-5),
+    # 3x3 stride 1, enough channels and pixels for `winograd_tile` to pick a tile (72 output
+    # channels: a partial block; 15 columns: a partial tile)
     ("winograd", lambda rng: conv_bias_relu(rng, c=64, oc=72, pads=[1, 1, 1, 1], h=14, w=15),
      True, "winograd", 1e-4),
     ("pool2d-max", pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),

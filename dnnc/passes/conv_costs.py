@@ -1,0 +1,105 @@
+"""Estimated time of a 3x3, stride-1 float32 conv by each algorithm a CPU target has for it:
+the direct conv and Winograd's F(m x m, 3x3) for each tile m of `WINOGRAD_TILES`, from what
+each does (multiply-adds, transform operations, accumulators in use), in vector-operation
+cycles with constants fitted to measurements (bench/winograd.py). convert_layout's
+"winograd_conv" picks the least. It estimates; it never compiles or times anything.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ..ir.ops.winograd import winograd
+
+WINOGRAD_TILES = (2, 4)
+"""The tiles the choice weighs. F(6x6, 3x3) computes (ConvWinograd takes it) but its error
+is ~100x the direct conv's (docs/llvm_backend.md, "Winograd convolutions"): never chosen."""
+
+FMA_PORTS = 2
+"""Vector multiply-adds a cycle: two FMA pipes (AVX-512 on Zen 4/5, Skylake-SP and later)."""
+
+STEP_CYCLES = 6
+"""The fewest cycles a reduction step of the micro-kernel takes (a broadcast, the weight
+vectors' loads, the multiply-adds' latency), fitted: a tile of fewer accumulators than
+FMA_PORTS x STEP_CYCLES leaves the pipes idle (F(4x4)'s 2 tiles a row of a 7x7 output)."""
+
+L2_BYTES = 1 << 20
+"""What stays in a core's L2 between reuses: a channel block's transformed filters
+(alpha^2 x C x NR) up to this come from L2 for every tile block, past it from L3."""
+
+L2_BYTES_PER_CYCLE, L3_BYTES_PER_CYCLE = 24, 12
+"""Weight bytes a cycle a step reads from L2 and from past it, fitted (F(4x4) at 256
+channels 14x14: its 1.2 MB a block from L3 made it 1.25x the direct conv's speed where
+F(2x2)'s 0.5 MB made 1.93x)."""
+
+MEMORY_BYTES_PER_CYCLE = 8
+"""Weight bytes a cycle from memory: a model's weights pass the caches between two calls
+(resnet18's 45 MB), so every call reads each layer's (direct 9 C M floats, Winograd
+alpha^2 C M) from memory, about 32 GB/s at 4 GHz. Without it the layers, timed alone with
+their weights cached, took F(2x2) at 512->512 @7 (1.04x direct); in resnet18 that lost
+what F(4x4) gained at 56 and 28."""
+
+INPUT_OP_CYCLES, OUTPUT_OP_CYCLES, POSITION_OP_CYCLES = 0.25, 3, 8
+"""Cycles an input transform's vector operation, an output transform's, and a position's
+accumulator set-up and store (a vector each) cost, fitted: the input transform's shared
+columns and T tiles in a vector, the output transform's reads of `m`, epilogue and bounds
+tests (bench/winograd.py, 13 layers, 1 thread, znver5: every layer's fastest algorithm
+estimated fastest; estimates within 0.6-1.45x of the measured speed-ups)."""
+
+
+@functools.cache
+def _transform_ops(m: int) -> tuple[int, int]:
+    """(vector operations a patch's input transform takes, a tile's output transform takes):
+    a row of the matrix costs its non-zeros less one (adds) plus its coefficients other than
+    +-1 (multiplies), applied to each column and then each row."""
+    def ops(rows) -> int:
+        return sum(max(sum(1 for v in row if v) - 1, 0) + sum(1 for v in row if v and abs(v) != 1)
+                   for row in rows)
+
+    w = winograd(m)
+    alpha = m + 2
+    return 2 * alpha * ops(w.bt), (alpha + m) * ops(w.at)
+
+
+def _step(rows: int, vectors: int, lanes: int, weight_bytes_per_cycle: float) -> float:
+    """Cycles of one reduction step of a rows x vectors tile of accumulators: its
+    multiply-adds at FMA_PORTS a cycle, at least STEP_CYCLES, at least its weight vectors'
+    bytes at the cache's rate."""
+    return max(rows * vectors / FMA_PORTS, STEP_CYCLES,
+               vectors * lanes * 4 / weight_bytes_per_cycle)
+
+
+def conv3x3_costs(n: int, c: int, oc: int, oh: int, ow: int, nr: int, vector_bits: int,
+                  threads: int, tiles=WINOGRAD_TILES) -> dict[int | None, float]:
+    """Estimated cycles of the conv [n, c, oh + 2, ow + 2] -> [n, oc, oh, ow] (3x3 stride 1)
+    direct (key None) and by F(m x m, 3x3) (key m) for each m of `tiles`. The direct conv
+    runs 8-pixel by NR tiles over 9 C steps; Winograd transforms each alpha x alpha patch
+    (T patches in a vector), runs alpha^2 products of T x NR tiles over C steps, and
+    transforms each tile back; the parallel loops split whole units over `threads`; each
+    reads its weights from memory once."""
+    lanes = max(vector_bits // 32, 1)
+    vectors = max(nr // lanes, 1)
+    rows = 8 if vector_bits >= 512 else 4
+    blocks = -(-oc // nr)
+    pixel_tiles = -(-oh * ow // rows)
+    direct = n * blocks * _share(pixel_tiles, threads) * 9 * c * rows * vectors / FMA_PORTS
+    costs = {None: direct + 9 * c * oc * 4 / MEMORY_BYTES_PER_CYCLE}
+    for m in tiles:
+        tw, th = -(-ow // m), -(-oh // m)
+        t = -(-tw // -(-tw // rows))                   # the template's default block
+        tblocks = th * -(-tw // t)
+        alpha2 = (m + 2) ** 2
+        in_ops, out_ops = _transform_ops(m)
+        rate = L2_BYTES_PER_CYCLE if alpha2 * c * nr * 4 <= L2_BYTES else L3_BYTES_PER_CYCLE
+        products = alpha2 * (c * _step(t, vectors, lanes, rate) + POSITION_OP_CYCLES * t * vectors)
+        back = t * out_ops * vectors * OUTPUT_OP_CYCLES
+        transform = c * in_ops * INPUT_OP_CYCLES
+        costs[m] = n * (_share(tblocks, threads) * transform +
+                        _share(tblocks * blocks, threads) * (products + back)) + \
+            alpha2 * c * oc * 4 / MEMORY_BYTES_PER_CYCLE
+    return costs
+
+
+def _share(units: int, threads: int) -> int:
+    """Units the busiest of `threads` threads runs."""
+    return -(-units // max(threads, 1))

@@ -1,0 +1,91 @@
+"""The llvm depthwise template's two schedules, by rows and flat (stride 1: blocks of the
+flattened padded plane crossing rows), against the NumPy reference: odd and even planes, 3x3
+and 5x5, padded and not, rows narrower and wider than a vector, with bias and a fused
+residual Add + Relu, at 1 and 2 threads; the default takes flat for narrow rows only, and
+never at a stride or dilation (the space's constraint)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dnnc.backends.llvm import depthwise
+from dnnc.backends.llvm.entry import runtime
+from dnnc.backends.registry import REGISTRY
+from dnnc.compiler.module import CompiledModel
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.passes.manager import optimize
+
+
+def depthwise_graph(rng, c, h, w, k, pads, strides=1, dilations=1, bias=True, residual=False):
+    """Depthwise Conv (+ bias) (+ residual Add) -> Relu on an N=2 image."""
+    g = Graph("dw")
+    x = g.add_input("x", T.TensorType(T.float32, (2, c, h, w)))
+    weights = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    inputs = [x, Value("w", T.TensorType(T.float32, weights.shape), const=weights)]
+    if bias:
+        b = rng.standard_normal(c).astype(np.float32)
+        inputs.append(Value("b", T.TensorType(T.float32, b.shape), const=b))
+    y = g.add("Conv", *inputs, group=c, pads=[pads] * 4, kernel_shape=[k, k],
+              strides=[strides] * 2, dilations=[dilations] * 2)
+    if residual:
+        y = g.add("Add", y, g.add_input("r", T.TensorType(T.float32, y.type.shape)))
+    g.outputs = [g.add("Relu", y)]
+    return g
+
+
+def compiled(graph: Graph, threads: int) -> CompiledModel:
+    target = dataclasses.replace(REGISTRY["llvm"].target(), threads=threads)
+    graph = optimize(graph, target)
+    return CompiledModel(graph, runtime(graph, 3, target), "llvm")
+
+
+def reference(graph: Graph, feeds) -> np.ndarray:
+    model = CompiledModel(graph, REGISTRY["numpy"].runtime(graph, 0, REGISTRY["numpy"].target()),
+                          "numpy")
+    return model.run(*feeds)[0]
+
+
+CASES = [   # (channels, height, width, kernel, pads, bias, residual)
+    (5, 7, 7, 5, 2, True, False),      # efficientnet's 5x5 on a 7x7 plane
+    (6, 14, 14, 3, 1, True, True),     # a fused residual
+    (3, 9, 13, 3, 0, False, False),    # unpadded, odd sizes, no bias
+    (4, 11, 40, 5, 2, True, False),    # rows of 40: by rows
+    (2, 1, 1, 5, 2, True, False),      # one pixel
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}k{c[3]}" for c in CASES])
+@pytest.mark.parametrize("flat_width", [0, 1 << 20])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_by_rows_and_flat_match_the_reference(rng, monkeypatch, case, flat_width,
+                                                        threads):
+    c, h, w, k, pads, bias, residual = case
+    monkeypatch.setattr(depthwise, "FLAT_MAX_WIDTH", flat_width)
+    graph = depthwise_graph(rng, c, h, w, k, pads, bias=bias, residual=residual)
+    feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
+    model = compiled(graph, threads)
+    assert ("yplane" in model.runtime.source("loop")) == bool(flat_width)
+    np.testing.assert_allclose(model.run(*feeds)[0], reference(graph, feeds), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_the_default_runs_narrow_rows_flat_and_strided_ones_by_rows(rng):
+    for (h, w, k, strides, dilations), flat in [
+            ((7, 7, 5, 1, 1), True), ((14, 14, 3, 1, 1), True), ((7, 7, 3, 1, 1), False),
+            ((56, 56, 3, 1, 1), False), ((14, 14, 3, 2, 1), False), ((14, 14, 3, 1, 2), False)]:
+        graph = depthwise_graph(rng, 4, h, w, k, dilations * (k // 2), strides, dilations)
+        assert ("yplane" in compiled(graph, 1).runtime.source("loop")) == flat, (h, k, strides)
+
+
+def test_flat_is_outside_the_space_at_a_stride(rng, monkeypatch):
+    """A strided conv with FLAT_MAX_WIDTH past its rows still runs by rows: the default never
+    leaves the space."""
+    monkeypatch.setattr(depthwise, "FLAT_MAX_WIDTH", 1 << 20)
+    graph = depthwise_graph(rng, 4, 12, 12, 3, 1, strides=2)
+    feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
+    model = compiled(graph, 1)
+    assert "yplane" not in model.runtime.source("loop")
+    np.testing.assert_allclose(model.run(*feeds)[0], reference(graph, feeds), rtol=1e-5,
+                               atol=1e-5)

@@ -1,0 +1,52 @@
+"""The default schedule's `_flat_rows`: two loops over an NCHW plane's narrow rows become one
+loop over the plane (a global pool's sum then splits into vector lanes, an elementwise op or
+a broadcast runs whole vectors), results as the NumPy reference's; wide rows, and loops whose
+indices are not the plane's (a transpose), keep their two loops."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import dnnc
+
+
+def _model(nodes, inputs, outputs):
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in inputs],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _check(model, feeds):
+    ours = dnnc.compile(model, target="llvm", cache=False)
+    want = dnnc.compile(model, target="numpy").run(*feeds)
+    for got, ref in zip(ours.run(*feeds), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    return ours.runtime.source("loop")
+
+
+@pytest.mark.parametrize("side,flat", [(7, True), (14, True), (13, True), (40, False)])
+def test_a_global_pool_of_narrow_rows_sums_the_plane_in_lanes(rng, side, flat):
+    model = _model([helper.make_node("GlobalAveragePool", ["x"], ["y"])],
+                   [("x", [2, 24, side, side + 1])], ["y"])
+    x = rng.standard_normal((2, 24, side, side + 1)).astype(np.float32)
+    source = _check(model, [x])
+    assert (f"range({side * (side + 1)})" in source or "_lanes" in source and
+            f"// {side + 1}" in source) == flat, source
+
+
+def test_a_broadcast_product_and_a_silu_run_the_plane_as_one_loop(rng):
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"]),
+             helper.make_node("Mul", ["y", "c"], ["z"])]
+    model = _model(nodes, [("x", [1, 16, 7, 7]), ("c", [1, 16, 1, 1])], ["z"])
+    feeds = [rng.standard_normal((1, 16, 7, 7)).astype(np.float32),
+             rng.standard_normal((1, 16, 1, 1)).astype(np.float32)]
+    source = _check(model, feeds)
+    assert "range(49)" in source and "range(7)" not in source, source
+
+
+def test_a_transpose_of_the_plane_keeps_its_two_loops(rng):
+    model = _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 1, 3, 2])],
+                   [("x", [1, 4, 6, 5])], ["y"])
+    source = _check(model, [rng.standard_normal((1, 4, 6, 5)).astype(np.float32)])
+    assert "range(30)" not in source, source
