@@ -118,16 +118,24 @@ def _dot_bf16x2(em, acc, a, b):
     """`dot_bf16x2` (`ir/loop/nodes.INTRINSICS`) as AVX512_BF16's vdpbf16ps, emitted only
     where the CPU has it (legalize expands it elsewhere): a scalar as lane 0 of the 128-bit
     form, a vector in chunks of 16, 8 and 4 lanes (the last padded with lane 0's values)."""
+    return _in_chunks(em, acc, a, b, DPBF16_WIDTHS, _dpbf16)
+
+
+def _in_chunks(em, acc, a, b, widths, one):
+    """`one(em, acc, a, b)` (a dot-product instruction of `widths` lanes, widest first) over
+    scalars or vectors of any width: a scalar as lane 0 of the 4-lane form, a vector in
+    chunks of the widest width that fits, the last padded with lane 0's values, the chunks'
+    results joined."""
     count = acc.type.count if isinstance(acc.type, ir.VectorType) else 0
     if not count:
         lanes = [em.b.insert_element(ir.Constant(ir.VectorType(x.type, 4), ir.Undefined), x,
                                      ir.Constant(I32, 0)) for x in (acc, a, b)]
-        return em.b.extract_element(_dpbf16(em, *lanes), ir.Constant(I32, 0))
+        return em.b.extract_element(one(em, *lanes), ir.Constant(I32, 0))
     parts, start = [], 0
     while start < count:
-        width = next((w for w in DPBF16_WIDTHS if w <= count - start), DPBF16_WIDTHS[-1])
+        width = next((w for w in widths if w <= count - start), widths[-1])
         picks = [start + k if start + k < count else 0 for k in range(width)]
-        parts.append(_dpbf16(em, *(_lanes(em, x, picks) for x in (acc, a, b))))
+        parts.append(one(em, *(_lanes(em, x, picks) for x in (acc, a, b))))
         start += width
     out = parts[0]
     for part in parts[1:]:
@@ -164,22 +172,7 @@ def _dot_u8s8x4(em, acc, a, b):
     it (`int8.native`; legalize expands it elsewhere): a scalar as lane 0 of the 128-bit form,
     a vector in chunks of the widths the features give (`int8.dot_widths`), the last padded
     with lane 0's values. AVX-VNNI's VEX form is the same LLVM intrinsic at 256 / 128 bits."""
-    widths = int8.dot_widths(em.mb.features)
-    count = acc.type.count if isinstance(acc.type, ir.VectorType) else 0
-    if not count:
-        lanes = [em.b.insert_element(ir.Constant(ir.VectorType(x.type, 4), ir.Undefined), x,
-                                     ir.Constant(I32, 0)) for x in (acc, a, b)]
-        return em.b.extract_element(_dpbusd(em, *lanes), ir.Constant(I32, 0))
-    parts, start = [], 0
-    while start < count:
-        width = next((w for w in widths if w <= count - start), widths[-1])
-        picks = [start + k if start + k < count else 0 for k in range(width)]
-        parts.append(_dpbusd(em, *(_lanes(em, x, picks) for x in (acc, a, b))))
-        start += width
-    out = parts[0]
-    for part in parts[1:]:
-        out = _concat(em, out, part)
-    return out if out.type.count == count else _lanes(em, out, list(range(count)))
+    return _in_chunks(em, acc, a, b, int8.dot_widths(em.mb.features), _dpbusd)
 
 
 def _dpbusd(em, acc, a, b):

@@ -34,17 +34,18 @@ def dot_reference(acc, a, b) -> np.ndarray:
     return (high.astype(np.float64) + half(a, False) * half(b, False)).astype(np.float32)
 
 
-def dot_kernel(lanes: int, rows: int) -> L.PrimFunc:
-    """y[r, j] = dot_bf16x2(acc[r, j], a[r], b[r, j]): a broadcast over `lanes` vector lanes,
-    as the dense micro-kernel does."""
-    acc = L.Buffer("acc", T.float32, (rows, lanes))
+def dot_kernel(lanes: int, rows: int, name: str = "dot_bf16x2",
+               dtype: T.DType = T.float32) -> L.PrimFunc:
+    """y[r, j] = name(acc[r, j], a[r], b[r, j]) (dot_bf16x2; test_int8's dot_u8s8x4 with
+    int32 sums): a broadcast over `lanes` vector lanes, as the dense micro-kernel does."""
+    acc = L.Buffer("acc", dtype, (rows, lanes))
     a = L.Buffer("a", T.uint32, (rows,))
     b = L.Buffer("b", T.uint32, (rows, lanes))
-    y = L.Buffer("y", T.float32, (rows, lanes))
+    y = L.Buffer("y", dtype, (rows, lanes))
     r, j = L.Var("r"), L.Var("j")
     kind = L.ForKind.VECTORIZED if lanes > 1 else L.ForKind.SERIAL
     body = L.For(r, rows, L.For(j, lanes, L.Store(y, (r, j), L.call(
-        "dot_bf16x2", acc[r, j], a[r], b[r, j], dtype=T.float32)), kind))
+        name, acc[r, j], a[r], b[r, j], dtype=dtype)), kind))
     return L.PrimFunc(f"dot{lanes}", (acc, a, b, y), body)
 
 

@@ -15,10 +15,10 @@ from dnnc.backends.llvm import int8
 from dnnc.backends.llvm.codegen import ModuleBuilder
 from dnnc.backends.llvm.cpu import cpu_from, host_target
 from dnnc.backends.llvm.jit import JITModule
-from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.quantized import pack_groups, quantized_dense
+from test_bf16 import dot_kernel
 
 HOST = host_target().feature_set
 FEATURE_PATHS = {
@@ -37,18 +37,6 @@ def _needs(path):
 PATHS = [pytest.param(p, marks=_needs(p)) for p in FEATURE_PATHS]
 
 
-def dot_kernel(lanes: int, rows: int) -> L.PrimFunc:
-    acc = L.Buffer("acc", T.int32, (rows, lanes))
-    a = L.Buffer("a", T.uint32, (rows,))
-    b = L.Buffer("b", T.uint32, (rows, lanes))
-    y = L.Buffer("y", T.int32, (rows, lanes))
-    r, j = L.Var("r"), L.Var("j")
-    kind = L.ForKind.VECTORIZED if lanes > 1 else L.ForKind.SERIAL
-    body = L.For(r, rows, L.For(j, lanes, L.Store(y, (r, j), L.call(
-        "dot_u8s8x4", acc[r, j], a[r], b[r, j], dtype=T.int32)), kind))
-    return L.PrimFunc(f"dot{lanes}", (acc, a, b, y), body)
-
-
 def run_dot(lanes: int, features: frozenset, seed: int):
     rng = np.random.default_rng(seed)
     rows = 5
@@ -56,7 +44,7 @@ def run_dot(lanes: int, features: frozenset, seed: int):
     a = rng.integers(0, 1 << 32, (rows,), dtype=np.uint64).astype(np.uint32)
     b = rng.integers(0, 1 << 32, (rows, lanes), dtype=np.uint64).astype(np.uint32)
     y = np.empty_like(acc)
-    func = dot_kernel(lanes, rows)
+    func = dot_kernel(lanes, rows, "dot_u8s8x4", T.int32)
     mb = ModuleBuilder("dot", features)
     mb.add(func)
     jm = JITModule(str(mb), host_target(), 2)
