@@ -250,7 +250,8 @@ class _FlashBlock:
         self.slice = L.Var("ks")
         # key tiles a block streams: all, or its slice's (`split`); then a slice's partial
         # results: per row its max and sum, per output its unnormalised accumulator
-        self.per = -(-(-(-sk // tk)) // c.split)
+        tiles = -(-sk // tk)
+        self.per = -(-tiles // c.split)
         self.parts = L.Buffer("attention_parts", f32, (c.split * p.batch * sq * (dv + 2),),
                               L.Scope.GLOBAL)
         self.t, self.r, self.g = L.Var("t"), L.Var("r"), L.Var("g")
@@ -388,40 +389,39 @@ class _FlashBlock:
 
     def done(self) -> L.Stmt:
         """The group's sums combined, then acc / l stored through the epilogue and tail."""
-        stat, l, aw, i = self.stat, self.l, self.aw, self.i
-        column = self.g + self.w * self.g_size
-        store = self.p.store(self.bi, i, column, self.acc[aw] / stat[l])
-        inside = L.logical_and(i < self.p.sq, column < self.p.dv) \
-            if self.per_cols * self.g_size > self.p.dv else i < self.p.sq
-        return L.seq(*[self.per_thread(self.rows_of(x))
-                       for x in _butterfly(stat, l, "+", self.g_size)],
-                     self.per_thread(self.rows_of(self.each(self.w, self.per_cols,
-                                                            L.If(inside, store)))))
-
-
-    def _part(self, bi: L.Expr, i: L.Expr, slot: L.Expr) -> tuple:
-        """Where this block's slice keeps row i's `slot` (its max 0, its sum 1, output column c at 2 +
-        c) in `parts`."""
-        p = self.p
-        return ((((self.slice * p.batch + bi) * p.sq + i) * (p.dv + 2)) + slot,)
+        return self._finished(lambda column: self.p.store(
+            self.bi, self.i, column, self.acc[self.aw] / self.stat[self.l]))
 
     def keep(self) -> L.Stmt:
         """With `split`: the group's sums combined, then this slice's max and sum of each row
-        and its unnormalised accumulators into `parts`."""
-        stat, l, m, aw, i = self.stat, self.l, self.m, self.aw, self.i
-        column = self.g + self.w * self.g_size
-        inside = L.logical_and(i < self.p.sq, column < self.p.dv) \
-            if self.per_cols * self.g_size > self.p.dv else i < self.p.sq
+        (by its group's first lane) and its unnormalised accumulators into `parts`."""
+        stat, i = self.stat, self.i
         first = L.logical_and(i < self.p.sq, L.eq(self.g, 0))
+        stats = L.If(first, L.seq(
+            L.Store(self.parts, self._part(self.slice, self.bi, i, 0), stat[self.m]),
+            L.Store(self.parts, self._part(self.slice, self.bi, i, 1), stat[self.l])))
+        return self._finished(lambda column: L.Store(
+            self.parts, self._part(self.slice, self.bi, i, column + 2), self.acc[self.aw]),
+            stats)
+
+    def _finished(self, store, per_row: L.Stmt | None = None) -> L.Stmt:
+        """The group's sums l combined, then for each of the thread's rows `per_row` and
+        `store(column)` of each of its output columns inside Y."""
+        i, dv = self.i, self.p.dv
+        column = self.g + self.w * self.g_size
+        inside = L.logical_and(i < self.p.sq, column < dv) \
+            if self.per_cols * self.g_size > dv else i < self.p.sq
+        columns = self.each(self.w, self.per_cols, L.If(inside, store(column)))
         return L.seq(*[self.per_thread(self.rows_of(x))
-                       for x in _butterfly(stat, l, "+", self.g_size)],
-                     self.per_thread(self.rows_of(L.seq(
-                         L.If(first, L.seq(
-                             L.Store(self.parts, self._part(self.bi, i, 0), stat[m]),
-                             L.Store(self.parts, self._part(self.bi, i, 1), stat[l]))),
-                         self.each(self.w, self.per_cols, L.If(inside, L.Store(
-                             self.parts, self._part(self.bi, i, column + 2),
-                             self.acc[aw])))))))
+                       for x in _butterfly(self.stat, self.l, "+", self.g_size)],
+                     self.per_thread(self.rows_of(
+                         columns if per_row is None else L.seq(per_row, columns))))
+
+    def _part(self, slice_, bi: L.Expr, i: L.Expr, slot) -> tuple:
+        """Where key slice `slice_` keeps row i's `slot` in `parts`: its max at 0, its sum at
+        1, output column c at 2 + c."""
+        p = self.p
+        return ((((slice_ * p.batch + bi) * p.sq + i) * (p.dv + 2)) + slot,)
 
     def combine(self) -> L.Stmt:
         """The second launch: a thread per output, the slices' accumulators and sums
@@ -434,7 +434,7 @@ class _FlashBlock:
         top, ref = L.Var("top", f32), L.Var("ref", f32)
 
         def part(s: int, slot: L.Expr) -> L.Expr:
-            return self.parts[(((s * p.batch + bi) * p.sq + i) * (p.dv + 2)) + slot]
+            return self.parts[self._part(s, bi, i, slot)]
 
         top_value = part(0, 0)
         for s in range(1, split):
