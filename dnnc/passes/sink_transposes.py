@@ -17,9 +17,9 @@ Transpose keeps moving down. A GlobalAveragePool (or a ReduceMean over the plane
 channels-last image (T: NHWC -> NCHW) becomes a ReduceMean over axes 1 and 2 before the
 Transpose (the plane's mean taken channels-last: cuda's plane_mean.py), the Transpose moving
 onto [N, 1, 1, C]; a MaxPool of a channels-last image becomes a MaxPoolNHWC before the
-Transpose (resnet's stem pool, between two channels-last convs). A Transpose of a Transpose by the inverse perm reads the inner one's
-input instead, and a second Transpose of one value by one perm (two convs reading one
-input) the first's output. Last, a Transpose left that moves no element (only dims of size
+Transpose (resnet's stem pool, between two channels-last convs). A Transpose of a
+Transpose by the inverse perm reads the inner one's input instead, and a second Transpose
+of one value by one perm (two convs reading one input) the first's output. Last, a Transpose left that moves no element (only dims of size
 1 move) becomes a Reshape. Dead Transposes are left to `eliminate_dead_code`.
 
 Never moves a Transpose across anything that is not positionwise but that plane mean and

@@ -221,8 +221,8 @@ SHALLOW_K = 256
 SHALLOW_EFFICIENCY = (0.3, 0.35, 0.4, 0.4, 0.5, 0.6, 0.45, 0.3)
 """Products of k at most SHALLOW_K where wgmma is on offer (the dense products at fp16 and
 bf16 on sm_90, what was measured; convolutions and tf32 keep EFFICIENCY): each DEFAULTS
-tile's guessed efficiency there, and no wgmma tile. A block of a few k tiles spends its time filling its pipeline and storing its
-outputs, which small tiles in many blocks overlap: on an H200 at fp16, 6304 x 192 x 576
+tile's guessed efficiency there, and no wgmma tile. A block of a few k tiles spends its
+time filling its pipeline and storing its outputs, which small tiles in many blocks overlap: on an H200 at fp16, 6304 x 192 x 576
 (vit's qkv at batch 32) took 14.0 us in 32 x 64 tiles, 17.2 in 64 x 64, 19.4 in the best
 wgmma tile, 21.8 in 128 x 128; a `dnnc tune` of vit at batch 32 took one of its k = 192
 products from 42.7 us (the wgmma default) to 20.3 (32 x 64, mma.sync). At vit's batch-1
