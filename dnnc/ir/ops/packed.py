@@ -29,14 +29,14 @@ import numpy as np
 
 from .. import batching
 from .. import types as T
-from ..compute import compute, reduce_max
+from ..compute import compute
 from ..graph import Value
 from ..flops import has_input
 from .conv import CONV_ATTRS, conv, conv_flops, conv_rule, conv_sum
 from ..loop import Cast
 from .linalg import PACKED_PRECISIONS, acc_dtype, widen
-from .pool import POOL_ATTRS, max_pool, window_flops
-from .window import Windows, kernel_axes, kernel_offsets, reduced_axes
+from .pool import POOL_ATTRS, max_pool, window_flops, window_maximum
+from .window import Windows
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 
@@ -248,13 +248,8 @@ def _max_pool_nhwc_rule(inputs, outputs, **attrs):
                    lambda n, c, h, wid: x[n, h, wid, c], "x_nchw", x.dtype)
     kernel = attrs["kernel_shape"]
     win = Windows.of(view, tuple(out.shape[i] for i in NCHW_OF_NHWC), kernel, attrs)
-
-    def window_max(n, oy, ox, c):
-        rk = kernel_axes(kernel)
-        pos, inside = win.reads((oy, ox), kernel_offsets(rk))
-        return reduce_max(view[(n, c, *pos)], reduced_axes(*rk), where=inside)
-
-    return [compute(out.shape, window_max, "max_pool_nhwc", x.dtype)]
+    return [compute(out.shape, lambda n, oy, ox, c: window_maximum(
+        view, win, kernel, n, c, (oy, ox)), "max_pool_nhwc", x.dtype)]
 
 
 register_op("MaxPoolNHWC", pattern=Pattern.OPAQUE, infer=_max_pool_nhwc_infer,

@@ -141,19 +141,22 @@ def _pool_infer(dtypes, indices=False):
     return infer
 
 
+def window_maximum(x, win: Windows, kernel, n, c, o) -> Expr:
+    """The maximum of NCHW `x` over image n's, channel c's window at output position `o`
+    (`win`'s geometry), the positions outside x left out."""
+    rk = kernel_axes(kernel)
+    pos, inside = win.reads(o, kernel_offsets(rk))
+    return reduce_max(x[(n, c, *pos)], reduced_axes(*rk), where=inside)
+
+
 def _max_pool_rule(inputs, outputs, **attrs):
     """The window maximum; Indices as a second stage: the first kernel offset (C order, as
     the reference's strict `>` keeps) holding that maximum, decoded into a flat position."""
     x = inputs[0]
     kernel = attrs["kernel_shape"]
     win = Windows.of(x, outputs[0].shape, kernel, attrs)
-
-    def window_max(n, c, *o):
-        rk = kernel_axes(kernel)
-        pos, inside = win.reads(o, kernel_offsets(rk))
-        return reduce_max(x[(n, c, *pos)], reduced_axes(*rk), where=inside)
-
-    y = compute(outputs[0].shape, window_max, "max_pool", x.dtype)
+    y = compute(outputs[0].shape,
+                lambda n, c, *o: window_maximum(x, win, kernel, n, c, o), "max_pool", x.dtype)
     if len(outputs) == 1:
         return [y]
     nd = len(kernel)
