@@ -279,6 +279,16 @@ class BusyProcess:
         self.proc.wait()
 
 
+def median_block_ms(fns: dict, repeat: int, blocks: int) -> dict:
+    """key (a precision, a runtime) -> the median of `blocks` blocks' median call, the blocks interleaved."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(blocks):
+        for key, fn in fns.items():
+            time.sleep(0.3)   # the previous block's workers go idle
+            times[key].append(float(np.median(call_times_ms(fn, repeat, 2))))
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
 def block_ms(fn, repeat: int) -> float:
     time.sleep(0.2)   # the previous block's spinning threads (onnxruntime's, dnnc's) go idle
     return float(np.median(call_times_ms(fn, repeat, 2)))

@@ -24,7 +24,6 @@ import math
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,19 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
-from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc.ir.target import model_error_bound  # noqa: E402
-from cpu import openvino_peer  # noqa: E402  (bench/cpu.py, beside this script)
-
-def median_block_ms(fns: dict, repeat: int, blocks: int) -> dict:
-    """precision -> the median of `blocks` blocks' median call, the blocks interleaved."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(blocks):
-        for key, fn in fns.items():
-            time.sleep(0.3)   # the previous block's workers go idle
-            times[key].append(float(np.median(call_times_ms(fn, repeat, 2))))
-    return {k: float(np.median(v)) for k, v in times.items()}
-
+from cpu import median_block_ms, openvino_peer  # noqa: E402  (bench/cpu.py, beside this script)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -24,7 +24,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -35,20 +34,10 @@ import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm import int8  # noqa: E402
 from dnnc.backends.llvm.cpu import host_target  # noqa: E402
-from dnnc.compiler.module import call_times_ms  # noqa: E402
 from dnnc.testing.quantized_files import quantize_dynamic, quantize_static  # noqa: E402
+from cpu import median_block_ms  # noqa: E402  (bench/cpu.py, beside this script)
 
 TRANSFORMERS = ("bert", "bert_tiny", "bert_base")
-
-
-def median_block_ms(fns: dict, repeat: int, blocks: int) -> dict:
-    """name -> the median of `blocks` blocks' median call, the blocks interleaved."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(blocks):
-        for key, fn in fns.items():
-            time.sleep(0.3)   # the previous block's workers go idle
-            times[key].append(float(np.median(call_times_ms(fn, repeat, 2))))
-    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def one_model(name: str, size: int, folder: Path, threads: int, repeat: int, blocks: int):
