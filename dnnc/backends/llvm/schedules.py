@@ -39,6 +39,7 @@ from .. import problems
 from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, rename_buffer,
                              rows_first, update_op)
 from ..space import Constraint, Space, Template, choose_template
+from .amx_conv import AMX_CONV
 from .amx_dense import AMX_DENSE, AMX_POINTWISE
 from .conv import CONV2D, DEPTHWISE, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
@@ -610,7 +611,7 @@ ROWS = Template("rows", problems.rows, lambda p: True, rows_space, rows_default,
 
 TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
-    ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, DENSE, POINTWISE_GEMM,
+    ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, AMX_CONV, DENSE, POINTWISE_GEMM,
                                     POINTWISE, CONV2D, DEPTHWISE, WINOGRAD, ROWS),
     ("llvm", Pattern.OPAQUE): (POOL2D, ROWS),
 }
