@@ -1,12 +1,12 @@
 """bf16 products on AMX tiles next to vdpbf16ps and fp32, measured in one run: for the
 Sapphire/Emerald Rapids device host (docs/llvm_backend.md, "Precision").
 
-    python bench/amx_bf16.py [--threads 1] [--repeat 20] [--shapes all|square]
+    python bench/amx_bf16.py [--threads 1] [--repeat 20] [--shapes all|square|convs]
 
-Each product (a MatMul of constant weights, or a 1x1 Conv of resnet50's) is compiled three
+Each product (a MatMul of constant weights, or a Conv of resnet50's) is compiled three
 ways for this CPU: fp32; precision bf16 without the tiles (`-amx-bf16`: vdpbf16ps, the path
 of CPUs without AMX); precision bf16 as this CPU takes it (AMX tiles where `amx_usable`,
-the `amx_dense` / `amx_pointwise` templates). Each is the better of two interleaved blocks'
+the `amx_dense` / `amx_pointwise` / `amx_conv` templates). Each is the better of two interleaved blocks'
 medians of `--repeat` calls. Prints GFLOP/s, the speedups over fp32 and the largest
 difference between the two bf16 outputs (relative to the largest output: the same rounded
 operands, summed in another order). Threads default to 1 (DNNC_NUM_THREADS is set before
@@ -37,9 +37,17 @@ SHAPES = {
             ("rn50 1x1 512->128 28^2", ("conv", 512, 128, 28)),
             ("rn50 1x1 256->1024 14^2", ("conv", 256, 1024, 14)),
             ("rn50 1x1 2048->512 7^2", ("conv", 2048, 512, 7))],
+    "convs": [("rn50 1x1 64->256 56^2", ("conv", 64, 256, 56)),
+              ("rn50 7x7 stem 3->64 224", ("conv", 3, 64, 224, 7, 2)),
+              ("rn50 3x3 64->64 56^2", ("conv", 64, 64, 56, 3, 1)),
+              ("rn50 3x3 128 s2 56->28", ("conv", 128, 128, 56, 3, 2)),
+              ("rn50 3x3 128->128 28^2", ("conv", 128, 128, 28, 3, 1)),
+              ("rn50 3x3 256->256 14^2", ("conv", 256, 256, 14, 3, 1)),
+              ("rn50 3x3 512->512 7^2", ("conv", 512, 512, 7, 3, 1))],
 }
 """Products timed: (m, k, n) MatMuls (bert-base's FFN at 128 tokens) and ("conv", C, M,
-size) 1x1 convs of resnet50's bottlenecks, batch 1."""
+input size[, window, stride]) convs of resnet50 (1x1 unpadded; a k x k window padded by
+k // 2), batch 1."""
 
 
 def product_model(shape, rng):
@@ -47,11 +55,13 @@ def product_model(shape, rng):
     from onnx import TensorProto, helper, numpy_helper
 
     if shape[0] == "conv":
-        _, c, m, size = shape
-        w = (rng.standard_normal((m, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
-        node = helper.make_node("Conv", ["X", "W"], ["Y"], kernel_shape=[1, 1])
-        x_shape, y_shape = [1, c, size, size], [1, m, size, size]
-        flops = 2.0 * c * m * size * size
+        _, c, m, size, k, stride = shape + (1, 1)[len(shape) - 4:]
+        out = (size + 2 * (k // 2) - k) // stride + 1
+        w = (rng.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+        node = helper.make_node("Conv", ["X", "W"], ["Y"], kernel_shape=[k, k],
+                                strides=[stride] * 2, pads=[k // 2] * 4)
+        x_shape, y_shape = [1, c, size, size], [1, m, out, out]
+        flops = 2.0 * c * m * k * k * out * out
     else:
         m, k, n = shape
         w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)

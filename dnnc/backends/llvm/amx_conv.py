@@ -90,8 +90,11 @@ class _Geometry:
         self.grid = self.oh * self.wg              # grid pixels
         self.bm, self.bn = ROWS * config.row_tiles, ROWS * config.col_tiles
         self.pixel_blocks = -(-self.grid // self.bm)
-        self.plane = max((self.oh + dy_max) * self.wg,
-                         self.pixel_blocks * self.bm + dy_max * self.wg + dx_max)
+        # a phase's pixels: every row a tap reads, whole grid rows (the image is made a
+        # row a unit of the worker pool)
+        self.plane_rows = max(self.oh + dy_max, -(-(self.pixel_blocks * self.bm + dy_max *
+                                                     self.wg + dx_max) // self.wg))
+        self.plane = self.plane_rows * self.wg
         self.nr = p.packed_nr
         self.panels = -(-self.oc // self.nr)
         self.channel_blocks = -(-self.oc // self.bn)
@@ -160,15 +163,15 @@ def build(p: Conv2d, config: AmxConvConfig, machine) -> L.PrimFunc:
 
 
 def _image(p: Conv2d, g: _Geometry, ximg: L.Buffer, par: L.ForKind) -> L.Stmt:
-    """`ximg`: word kk of grid pixel f of phase (a, b) of image bi, the pair of channels
-    (2q, 2q + 1) at padded row y S + a, column x S + b (folded: + s dw, kk = s P + q), zero
-    past k, C or the image."""
+    """`ximg`: word kk of grid pixel (y, x) of phase (a, b) of image bi, the pair of
+    channels (2q, 2q + 1) at padded row y S + a, column x S + b (folded: + s dw, kk = s P +
+    q), zero past k, C or the image; a grid row a unit of the worker pool."""
     n, c, h, w = p.x_dims
     (ph, pw) = p.begins
-    u, f, kk = L.Var("u"), L.Var("f"), L.Var("kk")
-    bi, phase = u // g.phases, u % g.phases
+    u, px, kk = L.Var("u"), L.Var("px"), L.Var("kk")
+    bi, phase, py = u // (g.phases * g.plane_rows), u // g.plane_rows % g.phases, \
+        u % g.plane_rows
     a, b = phase // g.col_phases, phase % g.col_phases
-    py, px = f // g.wg, f % g.wg
     if g.fold:
         s, q = kk // g.pairs, kk % g.pairs
         col = px * g.sw + s * g.dw - pw
@@ -184,8 +187,8 @@ def _image(p: Conv2d, g: _Geometry, ximg: L.Buffer, par: L.ForKind) -> L.Stmt:
     if c % 2:
         hi = L.Select(2 * qc + 1 < c, hi, L.const(0.0))
     word = L.Select(inside, bf16.pair(lo, hi), L.Const(0, T.uint32))
-    return L.For(u, n * g.phases, L.For(f, g.plane, L.For(
-        kk, g.k16, L.Store(ximg, (((u * g.plane) + f) * g.k16 + kk,), word))), par)
+    return L.For(u, n * g.phases * g.plane_rows, L.For(px, g.wg, L.For(
+        kk, g.k16, L.Store(ximg, ((u * g.wg + px) * g.k16 + kk,), word))), par)
 
 
 def _weights(g: _Geometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.Stmt:

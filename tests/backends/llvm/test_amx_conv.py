@@ -310,6 +310,7 @@ def test_geometry_reads_stay_inside_the_image_operand():
                     phase, shift = divmod(a_run // g.k16, g.plane)
                     assert phase < g.phases
                     assert shift + g.pixel_blocks * g.bm <= g.plane
+                    assert g.plane % g.wg == 0 and g.plane_rows >= g.oh
                 pixels = [(gp // g.wg, gp % g.wg) for gp in range(g.pixel_blocks * g.bm)
                           if gp < g.grid and gp % g.wg < g.ow]
                 assert sorted(pixels) == [(y, x) for y in range(g.oh) for x in range(g.ow)]
