@@ -1,13 +1,14 @@
 """bf16 products on AMX tiles next to vdpbf16ps and fp32, measured in one run: for the
 Sapphire/Emerald Rapids device host (docs/llvm_backend.md, "Precision").
 
-    python bench/amx_bf16.py [--threads 1] [--repeat 20] [--shapes all|square|convs]
+    python bench/amx_bf16.py [--threads 1] [--repeat 20] [--shapes all|square|pointwise|convs]
+                             [--order-of-y-t rows|columns]
 
 Each product (a MatMul of constant weights, or a Conv of resnet50's) is compiled three
 ways for this CPU: fp32; precision bf16 without the tiles (`-amx-bf16`: vdpbf16ps, the path
 of CPUs without AMX); precision bf16 as this CPU takes it (AMX tiles where `amx_usable`,
-the `amx_dense` / `amx_pointwise` / `amx_conv` templates). Each is the better of two interleaved blocks'
-medians of `--repeat` calls. Prints GFLOP/s, the speedups over fp32 and the largest
+the `amx_dense` / `amx_pointwise` / `amx_conv` templates). Each is the better of two
+interleaved blocks' medians of `--repeat` calls. Prints GFLOP/s, the speedups over fp32 and the largest
 difference between the two bf16 outputs (relative to the largest output: the same rounded
 operands, summed in another order). Threads default to 1 (DNNC_NUM_THREADS is set before
 the worker pool starts). Without AMX the third column is vdpbf16ps again (said on the first
@@ -37,6 +38,9 @@ SHAPES = {
             ("rn50 1x1 512->128 28^2", ("conv", 512, 128, 28)),
             ("rn50 1x1 256->1024 14^2", ("conv", 256, 1024, 14)),
             ("rn50 1x1 2048->512 7^2", ("conv", 2048, 512, 7))],
+    "pointwise": [("rn50 1x1 64->256 56^2", ("conv", 64, 256, 56)),
+                  ("rn50 1x1 256->64 56^2", ("conv", 256, 64, 56)),
+                  ("rn50 1x1 512->128 28^2", ("conv", 512, 128, 28))],
     "convs": [("rn50 1x1 64->256 56^2", ("conv", 64, 256, 56)),
               ("rn50 7x7 stem 3->64 224", ("conv", 3, 64, 224, 7, 2)),
               ("rn50 3x3 64->64 56^2", ("conv", 64, 64, 56, 3, 1)),
@@ -81,17 +85,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="all")
+    parser.add_argument("--order-of-y-t", choices=("rows", "columns"), default=None,
+                        help="amx_dense.ORDER_OF_Y_T for this run (a 1x1 conv's units)")
     args = parser.parse_args()
     os.environ["DNNC_NUM_THREADS"] = str(args.threads)   # before the pool starts
     import dnnc
-    from dnnc.backends.llvm import amx
+    from dnnc.backends.llvm import amx, amx_dense
+    if args.order_of_y_t:
+        amx_dense.ORDER_OF_Y_T = args.order_of_y_t   # (read by the default config)
     from dnnc.backends.llvm.cpu import cpu_from, host_target
     from dnnc.compiler.module import call_times_ms
 
     cpu = host_target()
     tiles = amx.amx_usable(cpu.feature_set)
     print(f"# {platform.machine()} {cpu.cpu}, {cpu.threads} thread(s), dnnc {dnnc.__version__}"
-          f"; AMX-BF16 tiles {'used' if tiles else 'absent: the third column is vdpbf16ps'}")
+          f"; AMX-BF16 tiles {'used' if tiles else 'absent: the third column is vdpbf16ps'}"
+          f"; 1x1 convs' units {amx_dense.ORDER_OF_Y_T} outside")
     variants = {"fp32": ("fp32", cpu), "vdpbf16ps": ("bf16", cpu_from(None, "-amx-bf16")),
                 "amx": ("bf16", cpu)}
     print(f"{'product':26} {'fp32 GF/s':>10} {'vdp GF/s':>10} {'amx GF/s':>10} "
