@@ -9,10 +9,10 @@ ways for this CPU: fp32; precision bf16 without the tiles (`-amx-bf16`: vdpbf16p
 of CPUs without AMX); precision bf16 as this CPU takes it (AMX tiles where `amx_usable`,
 the `amx_dense` / `amx_pointwise` / `amx_conv` templates). Each is the better of two
 interleaved blocks' medians of `--repeat` calls. Prints GFLOP/s, the speedups over fp32 and
-the largest difference between the two bf16 outputs (relative to the largest output: the same rounded
-operands, summed in another order). Threads default to 1 (DNNC_NUM_THREADS is set before
-the worker pool starts). Without AMX the third column is vdpbf16ps again (said on the first
-line).
+the largest difference between the two bf16 outputs (relative to the largest output: the
+same rounded operands, summed in another order). Threads default to 1 (DNNC_NUM_THREADS is
+set before the worker pool starts). Without AMX the third column is vdpbf16ps again (said
+on the first line).
 """
 
 from __future__ import annotations
