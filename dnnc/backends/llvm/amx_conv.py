@@ -30,8 +30,8 @@ registers across them) and, within a tap, over the input channels' bf16 pairs.
 A block is row_tiles x col_tiles C tiles (2 x 2 by default: 4 C tiles, 2 A and 2 B tiles a
 step in AMX's 8 registers) of 16 grid pixels by 16 channels of one packed panel; its fp32
 sums go through bias and the fused epilogue into Y ([N, M, OH, OW]: a pixel's channels a
-plane apart). The worker pool shares the blocks (batch, pixel block, channel block; channel
-blocks inner, a pixel block's image rows read again from L1/L2). It must never be chosen for
+plane apart). The worker pool shares the blocks (batch, pixel block, channel block; knob
+`order`: the bigger operand's blocks outside, read once past L2). It must never be chosen for
 a target without the tiles (its Template's `features`), nor read the image or the weights
 outside what it wrote or ConvPacked holds.
 """
@@ -56,6 +56,10 @@ class AmxConvConfig:
     row_tiles: int    # C tiles of a block along its pixels
     col_tiles: int    # C tiles of a block along its output channels (within a panel)
     fold: bool        # a window row's taps folded into k (few input channels)
+    # the parallel loop's outer blocks: "pixels" (a pixel block's image rows read again from
+    # L1/L2 by each channel block) or "channels" (a channel block's weights from L2 by each
+    # pixel block)
+    order: str = "pixels"
 
 
 def applies(p: Conv2d) -> bool:
@@ -118,7 +122,8 @@ class _Geometry:
 def space(p: Conv2d, machine) -> Space:
     nr = p.packed_nr
     return Space("amx_conv", AmxConvConfig, {
-        "row_tiles": (1, 2, 3), "col_tiles": (1, 2), "fold": (False, True)}, [
+        "row_tiles": (1, 2, 3), "col_tiles": (1, 2), "fold": (False, True),
+        "order": ("pixels", "channels")}, [
         Constraint("row_tiles * col_tiles + row_tiles + col_tiles <= 8: C's tiles and a "
                    "step's A and B tiles fit AMX's 8 tile registers",
                    lambda c: c.row_tiles * c.col_tiles + c.row_tiles + c.col_tiles
@@ -133,12 +138,20 @@ def default(p: Conv2d, machine) -> AmxConvConfig:
     rounded up to whole steps, kh runs, against P rounded up, kh kw runs): the stem's 3
     channels, 112 against 784, not ResNet's 64 (288 both) nor 48 (240 against 288: the
     folded image, made each call, is kw times the pixels' pairs, ~1 word a cycle, against
-    256 pair products a cycle on the tiles)."""
+    256 pair products a cycle on the tiles). Channel blocks outside where the weights
+    outweigh the image operand, so that the bigger is read once past L2 (resnet50's 3x3
+    512->512 at 7^2: 4.7 MB of weights, one pass over them, not one a pixel block), pixel
+    blocks outside otherwise (its 64->64 at 56^2: 74 KB of weights, 430 KB of image)."""
     c, (oc, _, kh, kw) = p.x_dims[1], p.w_dims
     pairs = -(-c // 2)
     fold = kw > 1 and 2 * kh * _whole(kw * pairs) <= kh * kw * _whole(pairs)
     two = oc > ROWS and p.packed_nr % (2 * ROWS) == 0
-    return AmxConvConfig(2 if two else 3, 2 if two else 1, fold)
+    config = AmxConvConfig(2 if two else 3, 2 if two else 1, fold)
+    g = _Geometry(p, config)
+    weights = g.panels * g.k16 * len(g.taps) * g.nr
+    image = p.x_dims[0] * g.phases * g.plane * g.k16
+    return AmxConvConfig(config.row_tiles, config.col_tiles, fold,
+                         "channels" if weights > image else "pixels")
 
 
 def build(p: Conv2d, config: AmxConvConfig, machine) -> L.PrimFunc:
@@ -209,12 +222,16 @@ def _weights(g: _Geometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.S
 
 def _products(p: Conv2d, g: _Geometry, ximg: L.Buffer, weights: L.Buffer,
               par: L.ForKind) -> L.Stmt:
-    """Every block: one parallel loop over (image, pixel block, channel block), a block's
-    tile product over every tap run, then its store."""
+    """Every block: one parallel loop over (image, pixel block, channel block), the blocks in
+    the config's order, a block's tile product over every tap run, then its store."""
     c = g.config
     v = L.Var("v")
     per_image = g.pixel_blocks * g.channel_blocks
-    bi, pb, cb = v // per_image, (v % per_image) // g.channel_blocks, v % g.channel_blocks
+    bi, rest = v // per_image, v % per_image
+    if c.order == "channels":
+        cb, pb = rest // g.pixel_blocks, rest % g.pixel_blocks
+    else:
+        pb, cb = rest // g.channel_blocks, rest % g.channel_blocks
     k_rows = g.pairs if g.in_place else g.k16     # rows of k a panel holds
     runs = len(g.taps)
     jp, c0 = cb * g.bn // g.nr, cb * g.bn % g.nr

@@ -117,9 +117,11 @@ def test_default_folds_few_channels_and_fills_the_tile_registers():
 
     machine = REGISTRY["llvm"].target(amx_cpu(), "bf16")
     rng = np.random.default_rng(8)
+    # (order: the 64-channel weights outweigh 3 images of 8 x 8, not of 24 x 24)
     cases = [(dict(c=3, oc=64, k=7, h=15, w=15), AmxConvConfig(2, 2, True)),     # the stem
-             (dict(c=64, oc=64, k=3, h=8, w=8), AmxConvConfig(2, 2, False)),     # 288 both
-             (dict(c=48, oc=64, k=3, h=8, w=8), AmxConvConfig(2, 2, False)),     # 240 / 288
+             (dict(c=64, oc=64, k=3, h=8, w=8), AmxConvConfig(2, 2, False, "channels")),
+             (dict(c=64, oc=64, k=3, h=24, w=24), AmxConvConfig(2, 2, False)),   # 288 both
+              (dict(c=48, oc=64, k=3, h=8, w=8), AmxConvConfig(2, 2, False, "channels")),  # 240/288
              (dict(c=8, oc=16, k=3, h=8, w=8), AmxConvConfig(3, 1, True))]       # 48 / 144
     for attrs, want in cases:
         kernel = _kernel(rng, lambda r: conv_bias_relu(r, **attrs), "bf16")[0]
@@ -250,8 +252,8 @@ SPACE_CASES = {
 
 @pytest.mark.parametrize("case", list(SPACE_CASES))
 def test_every_config_of_the_space_matches_the_reference(case, mode):
-    """Every config (1-3 x 1-2 tiles, folded or not) of a conv with its bias and Relu fused,
-    3 images, against the graph's reference of the bf16 products."""
+    """Every config (1-3 x 1-2 tiles, folded or not, either order) of a conv with its bias
+    and Relu fused, 3 images, against the graph's reference of the bf16 products."""
     from test_knob_spaces import conv_bias_relu
 
     rng = np.random.default_rng(12)
@@ -261,7 +263,8 @@ def test_every_config_of_the_space_matches_the_reference(case, mode):
     template, problem = template_for(kernel, machine=machine)
     assert template.name == "amx_conv"
     configs = list(template.space(problem, machine).configs())
-    assert {c.fold for c in configs} == {False, True} and len(configs) >= 8
+    assert {c.fold for c in configs} == {False, True} and len(configs) >= 16
+    assert {c.order for c in configs} == {"pixels", "channels"}
     funcs = []
     for k, config in enumerate(configs):
         func = schedule_kernel(kernel, machine, config=config)
