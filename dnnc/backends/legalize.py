@@ -151,6 +151,24 @@ def _dot_bf16x2(e, ctx):
     return L.call("fma", half(a, False), half(b, False), high)
 
 
+def _dot_u8s8x4(e, ctx):
+    """dot_u8s8x4(acc, a, b) -> acc + sum over bytes t of ((a >> 8t) & 0xff) * ((b << (24 - 8t))
+    >> 24 arithmetic) in int32: the widening path (exact; no int16 step that could saturate
+    as vpmaddubsw's does), shifts, ands and multiplies that vectorise on any CPU."""
+    if not (isinstance(e, L.Call) and e.name == "dot_u8s8x4"):
+        return None
+    acc, a, b = e.args
+    a = ctx.bind(a)
+    b = ctx.bind(L.call("bitcast", b, dtype=T.int32))
+    total = acc
+    for t in range(4):
+        byte = L.BinOp("&", L.BinOp(">>", a, L.Const(8 * t, T.uint32)), L.Const(0xFF, T.uint32))
+        signed = L.BinOp(">>", L.BinOp("<<", b, L.Const(24 - 8 * t, T.int32)),
+                         L.Const(24, T.int32))
+        total = total + L.call("bitcast", byte, dtype=T.int32) * signed
+    return total
+
+
 def _float_to_int(e, ctx):
     """Float -> integer casts, defined for every input as x86's conversions (onnxruntime's
     and NumPy's results there; docs/semantics.md), with N the destination's bits:
@@ -319,6 +337,7 @@ RULES: dict[str, Callable] = {
     "f16_from_f64": _f16_from_f64,
     "bf16_cast": _bf16_cast,
     "dot_bf16x2": _dot_bf16x2,
+    "dot_u8s8x4": _dot_u8s8x4,
     "float_to_int": _float_to_int,
     "sigmoid": _sigmoid,
     "rsqrt": _rsqrt,

@@ -370,7 +370,9 @@ class ProgramBuilder:
     """Builds a segment's `Program` for given shapes the way one runtime compiles: each kernel
     scheduled by the target's `schedule_kernel`, with the best config a tuning log ranks for
     its task that its template accepts where `tuned` has any, and the memory planned with or
-    without reuse. Counts what it did: `tuned_kernels`, `plan_seconds`.
+    without reuse. Counts what it did: `tuned_kernels` (the kernels, by name, that took a
+    tuned config: a kernel scheduled again for another shape of its segment counts once, as
+    `kernels` counts a segment's first specialisation), `plan_seconds`.
 
     `tuned` maps a task key to its configs best first (`autotune.records.ranked_configs`), or
     to one config (an artifact's `tuned`, the configs its compile applied)."""
@@ -383,8 +385,12 @@ class ProgramBuilder:
         # its template refused are dropped once met
         self.ranked = {task: list(c) if isinstance(c, list) else [c]
                        for task, c in (tuned or {}).items()}
-        self.tuned_kernels = 0
+        self._tuned_names: set[str] = set()
         self.plan_seconds = 0.0
+
+    @property
+    def tuned_kernels(self) -> int:
+        return len(self._tuned_names)
 
     @property
     def tuned(self) -> dict:
@@ -410,7 +416,7 @@ class ProgramBuilder:
                 warnings.warn(f"tuning log: {refused[0]}; the next-best record that its "
                               f"template accepts is used ({len(refused)} refused)",
                               TuningLogWarning, stacklevel=2)
-            self.tuned_kernels += 1
+            self._tuned_names.add(kernel.func.name)
             return func
         if refused:
             self.ranked[task] = []

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from ..backends.registry import REGISTRY, default_target
 from ..ir.flops import Count, node_flops
 from ..ir.graph import Graph
+from ..ir.ops.quantized import INTEGER_PRODUCTS
+from ..ir.ops.registry import Pattern, get_op
 from ..levels import DEFAULT_OPT_LEVEL
 
 
@@ -197,10 +199,20 @@ class PassRow:
     nodes: int
     kernels: int | None        # kernels the llvm backend would form; None for other targets
     seconds: float | None
+    int8: int = 0              # products computed as integer ops (fuse_quantized's)
+    float_products: tuple[str, ...] = ()   # the other products' node names
 
     def to_dict(self) -> dict:
         return {"index": self.index, "pass": self.name, "level": self.level,
-                "nodes": self.nodes, "kernels": self.kernels, "seconds": self.seconds}
+                "nodes": self.nodes, "kernels": self.kernels, "seconds": self.seconds,
+                "int8_products": self.int8, "float_products": list(self.float_products)}
+
+
+def _products(g: Graph) -> tuple[int, tuple[str, ...]]:
+    """(integer products, the names of the other products: anchors of OUT_FUSABLE ops)."""
+    products = [n for n in g.nodes if get_op(n.op).pattern is Pattern.OUT_FUSABLE]
+    integer = [n for n in products if n.op in INTEGER_PRODUCTS]
+    return len(integer), tuple(n.name for n in products if n.op not in INTEGER_PRODUCTS)
 
 
 def pass_report(graph: Graph, target: str | None = None, opt_level: int = DEFAULT_OPT_LEVEL,
@@ -218,7 +230,8 @@ def pass_report(graph: Graph, target: str | None = None, opt_level: int = DEFAUL
     def kernels(g: Graph) -> int | None:
         return count_kernels(g) if spec.generates_code else None
 
-    rows = [PassRow(0, "(imported)", None, len(graph.nodes), kernels(graph), None)]
+    rows = [PassRow(0, "(imported)", None, len(graph.nodes), kernels(graph), None,
+                    *_products(graph))]
     if not spec.runs_passes:
         return rows
     levels = {name: level for name, level, _ in PIPELINE}
@@ -226,7 +239,7 @@ def pass_report(graph: Graph, target: str | None = None, opt_level: int = DEFAUL
 
     def after(name: str, g: Graph) -> None:
         rows.append(PassRow(len(rows), name, levels[name], len(g.nodes), kernels(g),
-                            timings[name]))
+                            timings[name], *_products(g)))
 
     optimize(graph, machine, opt_level, timings=timings, after_pass=after)
     return rows
@@ -236,13 +249,19 @@ def format_passes(rows: list[PassRow], target: str, opt_level: int) -> str:
     width = max(len(r.name) for r in rows)
     lines = [f"passes for {target} at opt level {opt_level}:",
              f"  {'#':>2}  {'pass':<{width}}  {'level':>5}  {'nodes':>6}  {'kernels':>7}  "
-             f"{'ms':>8}"]
+             f"{'ms':>8}  {'int8':>5}"]
     for r in rows:
         level = "-" if r.level is None else str(r.level)
         kernels = "-" if r.kernels is None else str(r.kernels)
         ms = "-" if r.seconds is None else f"{r.seconds * 1e3:.2f}"
         lines.append(f"  {r.index:>2}  {r.name:<{width}}  {level:>5}  {r.nodes:>6}  "
-                     f"{kernels:>7}  {ms:>8}")
+                     f"{kernels:>7}  {ms:>8}  {r.int8:>5}")
+    last = rows[-1]
+    if last.int8:   # a quantized model: which products run in int8, which stay float
+        names = ", ".join(last.float_products[:8]) + \
+            (", ..." if len(last.float_products) > 8 else "")
+        lines.append(f"  int8: {last.int8} of {last.int8 + len(last.float_products)} products "
+                     f"run as integer ops" + (f"; float: {names}" if names else ""))
     if len(rows) == 1:
         lines.append(f"  (no pass runs at opt level {opt_level})"
                      if REGISTRY[target].runs_passes

@@ -1,4 +1,4 @@
-"""Graph passes, one module each (`fold_constants`/`specialize`, `simplify`, `eliminate`,
+"""Graph passes, one module each (`fuse_quantized`, `fold_constants`/`specialize`, `simplify`, `eliminate`,
 `widen_half`, `fuse_attention`, `store_half`, `convert_layout` with `sink_transposes`, `fuse_ops`), and
 `manager.py`: the pipeline per opt level,
 which verifies, times and dumps the graph after every pass (docs/passes.md)."""

@@ -3,7 +3,9 @@ and optionally dumped.
 
     0  the graph as imported; every node a kernel, every intermediate in an arena block of
        its own
-    1  fold_constants (on a copy bound to the inputs' declared shapes), simplify,
+    1  fuse_quantized (a quantized model's DQ -> product -> Q chains as integer ops with
+       the requantization fused, before fold_constants would fold the weights' dequantization;
+       on its own copy of the graph), fold_constants (on a copy bound to the inputs' declared shapes), simplify,
        eliminate (common subexpressions, then dead code), widen_half (a half-precision
        model's float16 / bfloat16 values computed in float32 on a target whose kernels do
        not compute in that type: llvm; Casts at its inputs and outputs only)
@@ -44,6 +46,7 @@ from .convert_layout import convert_layout
 from .eliminate import eliminate_common_subexpressions, eliminate_dead_code
 from .fuse_attention import fuse_attention
 from .fuse_ops import fuse_ops
+from .fuse_quantized import QUANTIZED, fuse_quantized
 from .simplify import simplify
 from .specialize import specialize
 from .store_half import store_half
@@ -51,6 +54,14 @@ from .widen_half import widen_half
 
 log = logging.getLogger(__name__)
 
+
+
+def _quantized(graph: Graph, target: Target) -> Graph:
+    if not any(n.op in QUANTIZED for n in graph.nodes):
+        return graph   # (nothing to rewrite: fold_constants copies it)
+    copy = specialize(graph, [v.type.shape for v in graph.inputs], fold=False)
+    fuse_quantized(copy)
+    return copy
 
 
 def _fold(graph: Graph, target: Target) -> Graph:
@@ -73,7 +84,7 @@ def _layout(graph: Graph, target: Target) -> Graph:
     return graph
 
 
-PIPELINE = [("fold_constants", 1, _fold), ("simplify", 1, _simplify),
+PIPELINE = [("fuse_quantized", 1, _quantized), ("fold_constants", 1, _fold), ("simplify", 1, _simplify),
             ("eliminate", 1, _eliminate), ("widen_half", 1, widen_half),
             ("fuse_attention", 2, fuse_attention),
             ("store_half", 2, store_half), ("convert_layout", 2, _layout),

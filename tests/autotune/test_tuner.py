@@ -184,3 +184,20 @@ def test_the_table_the_progress_line_and_the_log_give_one_default_and_best(
             (line,) = [line for line in capsys.readouterr().err.splitlines()
                        if "trial(s)" in line]
             assert "best 1.000 ms, default 1.800 ms (confirmed medians)" in line, line
+
+
+def test_a_kernel_scheduled_again_counts_once_as_tuned(llvm_tasks):
+    """A kernel scheduled with its tuned config for a second shape of its segment (a
+    symbolic batch's sizes) is still one tuned kernel: `tuned_kernels` never exceeds the
+    kernels of a call (a vit tune on the GPU reported 100 of 89)."""
+    from dnnc.backends.plan import ProgramBuilder, task_key
+
+    machine, tasks = llvm_tasks
+    task = tasks[0]
+    default = task.template.default(task.problem, machine)
+    builder = ProgramBuilder(lambda kernel, config=None: llvm_tuning.build(
+        kernel, machine, config), reuse_memory=False,
+        tuned={task_key(task.kernel.func): default})
+    for _ in range(3):
+        builder.schedule(task.kernel)
+    assert builder.tuned_kernels == 1

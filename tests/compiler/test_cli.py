@@ -402,9 +402,9 @@ def test_inspect_passes_prints_nodes_and_kernels_after_each_pass(tmp_path, capsy
     assert code == 0 and not err
     assert "passes for llvm at opt level 3:" in out
     rows = _pass_rows(out)
-    assert list(rows) == ["(imported)", "fold_constants", "simplify", "eliminate",
-                          "widen_half", "fuse_attention", "store_half", "convert_layout",
-                          "fuse_ops"]
+    assert list(rows) == ["(imported)", "fuse_quantized", "fold_constants", "simplify",
+                          "eliminate", "widen_half", "fuse_attention", "store_half",
+                          "convert_layout", "fuse_ops"]
     # columns: index, pass, level, nodes, kernels, ms
     assert rows["(imported)"][2:5] == ["-", "5", "5"]
     assert rows["convert_layout"][3:5] == ["5", "5"]
@@ -419,8 +419,8 @@ def test_inspect_passes_level_and_json(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--opt-level", "1",
                            "--target", "llvm")
     assert code == 0
-    assert list(_pass_rows(out)) == ["(imported)", "fold_constants", "simplify", "eliminate",
-                                     "widen_half"]
+    assert list(_pass_rows(out)) == ["(imported)", "fuse_quantized", "fold_constants",
+                                     "simplify", "eliminate", "widen_half"]
     assert _pass_rows(out)["eliminate"][3:5] == ["5", "5"]   # no fusion at level 1
     code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--json", "--target", "llvm")
     passes = json.loads(out)["passes"]
@@ -438,12 +438,13 @@ def test_compile_dump_ir_writes_the_graph_after_every_pass(tmp_path, capsys):
                              "--dump-ir", tmp_path / "ir", "--target", "llvm")
     assert code == 0, err
     files = sorted(p.name for p in (tmp_path / "ir").iterdir())
-    assert files == ["00_input.txt", "01_fold_constants.txt", "02_simplify.txt",
-                     "03_eliminate.txt", "04_widen_half.txt", "05_fuse_attention.txt",
-                     "06_store_half.txt", "07_convert_layout.txt", "08_fuse_ops.txt"]
+    assert files == ["00_input.txt", "01_fuse_quantized.txt", "02_fold_constants.txt",
+                     "03_simplify.txt", "04_eliminate.txt", "05_widen_half.txt",
+                     "06_fuse_attention.txt", "07_store_half.txt", "08_convert_layout.txt",
+                     "09_fuse_ops.txt"]
     assert "Gemm" in (tmp_path / "ir" / "00_input.txt").read_text()
-    assert "MatMulPacked" in (tmp_path / "ir" / "07_convert_layout.txt").read_text()
-    assert "MatMulPacked" not in (tmp_path / "ir" / "03_eliminate.txt").read_text()
+    assert "MatMulPacked" in (tmp_path / "ir" / "08_convert_layout.txt").read_text()
+    assert "MatMulPacked" not in (tmp_path / "ir" / "04_eliminate.txt").read_text()
     assert f"into {tmp_path / 'ir'}" in err
 
 

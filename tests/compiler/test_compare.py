@@ -93,10 +93,11 @@ def test_cli_compare_exits_1_for_a_divergence_and_2_for_a_bad_file(tmp_path, cap
     out, err = capsys.readouterr()
     assert "first diverging pass: simplify" in out
     # stderr is no terminal here: a progress line per compile, up to the diverging one
-    assert err.splitlines()[:4] == ["dnnc: running 2 nodes on the reference",
+    assert err.splitlines()[:5] == ["dnnc: running 2 nodes on the reference",
                                     "dnnc: compiling after 0 pass(es)",
-                                    "dnnc: compiling after 1 pass(es): fold_constants",
-                                    "dnnc: compiling after 2 pass(es): simplify"]
+                                    "dnnc: compiling after 1 pass(es): fuse_quantized",
+                                    "dnnc: compiling after 2 pass(es): fold_constants",
+                                    "dnnc: compiling after 3 pass(es): simplify"]
     assert main(["compare", str(path), "--bisect-passes", "-q"]) == 1
     assert capsys.readouterr().err == ""
     bad = tmp_path / "bad.onnx"

@@ -38,7 +38,8 @@ def _conv_bn_graph():
 
 def test_levels():
     assert passes_at(0) == []
-    assert passes_at(1) == ["fold_constants", "simplify", "eliminate", "widen_half"]
+    assert passes_at(1) == ["fuse_quantized", "fold_constants", "simplify", "eliminate",
+                           "widen_half"]
     assert passes_at(2) == passes_at(3) == [name for name, _, _ in PIPELINE]
     assert PIPELINE[-1][0] == "fuse_ops"   # groups the final graph's nodes into kernels
 
@@ -61,8 +62,9 @@ def test_pass_seconds_reach_the_stats(opt_level):
 
 
 def test_pass_seconds_of_a_truncated_pipeline():
-    model = dnnc.compile(_conv_bn_graph(), target="llvm", passes=2, progress=False)
-    assert list(model.stats["pass_seconds"]) == ["fold_constants", "simplify"]
+    model = dnnc.compile(_conv_bn_graph(), target="llvm", passes=3, progress=False)
+    assert list(model.stats["pass_seconds"]) == ["fuse_quantized", "fold_constants",
+                                                 "simplify"]
     assert model.runtime.kernels == 3   # no fuse_ops: a kernel per node
     # a truncated pipeline (bisection) also leaves memory planning off: every intermediate
     # has a block of its own, so a planner bug shows only in the whole compile (the kernels'
@@ -83,16 +85,17 @@ def test_dump_ir_after_every_pass(tmp_path):
                                         for k, n in enumerate(passes_at(3), 1)]
     texts = {n: (tmp_path / "ir" / n).read_text() for n in names}
     assert texts["00_input.txt"] == before + "\n"
-    assert "BatchNormalization" in texts["01_fold_constants.txt"]
-    assert "BatchNormalization" not in texts["02_simplify.txt"]
+    assert "BatchNormalization" in texts["02_fold_constants.txt"]
+    assert "BatchNormalization" not in texts["03_simplify.txt"]
     assert texts[names[-1]] == str(model.graph) + "\n"
     assert str(g) == before   # the input graph is never modified
 
 
 def test_dump_ir_of_a_truncated_pipeline(tmp_path):
-    optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 3, passes=1, dump_ir=tmp_path)
+    optimize(_conv_bn_graph(), REGISTRY["llvm"].target(), 3, passes=2, dump_ir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["00_input.txt",
-                                                          "01_fold_constants.txt"]
+                                                          "01_fuse_quantized.txt",
+                                                          "02_fold_constants.txt"]
 
 
 def test_after_pass_sees_every_pass_in_order():

@@ -217,6 +217,17 @@ efficiencies and the wgmma split cost left 0.75 the best this throughput model d
 (chosen within 1.13 of the fastest on average, worst 1.47): what it lacks is the latency
 of a block's k loop, which products of k = 192 are bound by."""
 
+SHALLOW_K = 256
+SHALLOW_EFFICIENCY = (0.3, 0.35, 0.4, 0.4, 0.5, 0.6, 0.45, 0.3)
+"""Products of k at most SHALLOW_K where wgmma is on offer (the dense products at fp16 and
+bf16 on sm_90, what was measured; convolutions and tf32 keep EFFICIENCY): each DEFAULTS
+tile's guessed efficiency there, and no wgmma tile. A block of a few k tiles spends its time filling its pipeline and storing its
+outputs, which small tiles in many blocks overlap: on an H200 at fp16, 6304 x 192 x 576
+(vit's qkv at batch 32) took 14.0 us in 32 x 64 tiles, 17.2 in 64 x 64, 19.4 in the best
+wgmma tile, 21.8 in 128 x 128; a `dnnc tune` of vit at batch 32 took one of its k = 192
+products from 42.7 us (the wgmma default) to 20.3 (32 x 64, mma.sync). At vit's batch-1
+shapes (197 rows) 16 x 32 to 64 x 64 were within 10% of each other."""
+
 SHALLOWEST_K = 32
 """mma.sync tiles whose k tile would be shallower (128 x 256 at tf32: 16 deep in 3 stages)
 are not tried: at tf32 on an H200, 100352 x 96 x 384 ran 185 us so against 88.7 for
@@ -244,16 +255,19 @@ def wgmma_by_default(arch: str | None, precision: str = "fp16") -> bool:
     return on and arch is not None and has_wgmma(arch)
 
 
-def _candidates(precision: str, with_wgmma: bool):
-    """(config without split, guessed efficiency) of the tiles the default tries."""
+def _candidates(precision: str, with_wgmma: bool, k: int):
+    """(config without split, guessed efficiency) of the tiles the default tries for a
+    product of depth `k`."""
     from . import wgmma   # (it builds on this module's tiles)
 
-    scale = MMA_UNDER_WGMMA if with_wgmma else 1.0
-    for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
+    shallow = with_wgmma and k <= SHALLOW_K
+    scale = MMA_UNDER_WGMMA if with_wgmma and not shallow else 1.0
+    for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, SHALLOW_EFFICIENCY if shallow else
+                                            EFFICIENCY):
         bk = _deepest(bm, bn, precision)
         if bk >= SHALLOWEST_K:
             yield TensorCoreConfig(bm, bn, bk, wm, wn, DEFAULT_STAGES), efficiency * scale
-    if not with_wgmma:
+    if not with_wgmma or shallow:
         return
     for (bm, bn, wm, wn, stages), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
         yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, stages,
@@ -269,7 +283,7 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59)."""
     best, best_time = None, math.inf
-    for base, efficiency in _candidates(precision, wgmma):
+    for base, efficiency in _candidates(precision, wgmma, k):
         bm, bn = base.block_m, base.block_n
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:

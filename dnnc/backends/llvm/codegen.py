@@ -26,7 +26,7 @@ from llvmlite import ir
 from ...ir import loop as L
 from ...ir import types as T
 from ..legalize import check_legal, legalize
-from . import amx, amx_codegen, bf16
+from . import amx, amx_codegen, bf16, int8
 from .primitives import BINARY, CALLS, CASTS, I1, I8, I16, I32, I64, PTR, cast_class, \
     compute_type, intrinsic_suffix, memory_type, op_class
 from .vectorize import VectorLoop, vectorizable
@@ -72,7 +72,8 @@ class ModuleBuilder:
         natively beyond `NATIVE` (`bf16.native`: vdpbf16ps) and whether tile products run on
         AMX (`amx.TILE_DOTS`)."""
         self.module = ir.Module(name=name)
-        self.native = NATIVE | bf16.native(features)
+        self.native = NATIVE | bf16.native(features) | int8.native(features)
+        self.features = features
         # the precisions whose `TileProduct`s run on AMX tiles here; the others become loops
         self.tiles = frozenset(p for p, (_, needs) in amx.TILE_DOTS.items() if needs <= features)
         self._decls: dict[str, ir.Function] = {}

@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from ...ir import loop as L
 from ...ir import types as T
+from . import int8
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), \
     ir.IntType(64)
@@ -158,6 +159,36 @@ def _dpbf16(em, acc, a, b):
     return em.b.call(fn, [acc, em.b.bitcast(a, pairs), em.b.bitcast(b, pairs)])
 
 
+def _dot_u8s8x4(em, acc, a, b):
+    """`dot_u8s8x4` (`ir/loop/nodes.INTRINSICS`) as vpdpbusd, emitted only where the CPU has
+    it (`int8.native`; legalize expands it elsewhere): a scalar as lane 0 of the 128-bit form,
+    a vector in chunks of the widths the features give (`int8.dot_widths`), the last padded
+    with lane 0's values. AVX-VNNI's VEX form is the same LLVM intrinsic at 256 / 128 bits."""
+    widths = int8.dot_widths(em.mb.features)
+    count = acc.type.count if isinstance(acc.type, ir.VectorType) else 0
+    if not count:
+        lanes = [em.b.insert_element(ir.Constant(ir.VectorType(x.type, 4), ir.Undefined), x,
+                                     ir.Constant(I32, 0)) for x in (acc, a, b)]
+        return em.b.extract_element(_dpbusd(em, *lanes), ir.Constant(I32, 0))
+    parts, start = [], 0
+    while start < count:
+        width = next((w for w in widths if w <= count - start), widths[-1])
+        picks = [start + k if start + k < count else 0 for k in range(width)]
+        parts.append(_dpbusd(em, *(_lanes(em, x, picks) for x in (acc, a, b))))
+        start += width
+    out = parts[0]
+    for part in parts[1:]:
+        out = _concat(em, out, part)
+    return out if out.type.count == count else _lanes(em, out, list(range(count)))
+
+
+def _dpbusd(em, acc, a, b):
+    """One vpdpbusd on `acc`, unsigned bytes `a`, signed bytes `b` (<w x i32> each)."""
+    bits = {16: 512, 8: 256, 4: 128}[acc.type.count]
+    fn = em.mb.declare(f"llvm.x86.avx512.vpdpbusd.{bits}", acc.type, [acc.type] * 3)
+    return em.b.call(fn, [acc, a, b])
+
+
 BINARY: dict[tuple[str, str], Callable] = {
     ("f", "+"): lambda em, a, b: em.b.fadd(a, b),
     ("f", "-"): lambda em, a, b: em.b.fsub(a, b),
@@ -198,6 +229,7 @@ CALLS: dict[tuple[str, str], Callable] = {
                                              "expm1", "fmod", "atan2")},
     ("f", "neg"): lambda em, x: em.b.fneg(x),
     ("f", "dot_bf16x2"): _dot_bf16x2,
+    ("s", "dot_u8s8x4"): _dot_u8s8x4,
     # legalize's primitives: C's truncating quotient and remainder, the divisor made safe
     ("s", "idiv"): lambda em, a, b: em.b.sdiv(a, b),
     ("u", "idiv"): lambda em, a, b: em.b.udiv(a, b),

@@ -43,6 +43,7 @@ from .amx_conv import AMX_CONV
 from .amx_dense import AMX_DENSE, AMX_POINTWISE
 from .conv import CONV2D, DEPTHWISE, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
+from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8, MAXPOOL_INT8
 from .pool import POOL2D
 from .winograd import WINOGRAD
 
@@ -611,9 +612,10 @@ ROWS = Template("rows", problems.rows, lambda p: True, rows_space, rows_default,
 
 TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
-    ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, AMX_CONV, DENSE, POINTWISE_GEMM,
-                                    POINTWISE, CONV2D, DEPTHWISE, WINOGRAD, ROWS),
-    ("llvm", Pattern.OPAQUE): (POOL2D, ROWS),
+    ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, AMX_CONV, DENSE, DENSE_INT8,
+                                    CONV_INT8, DEPTHWISE_INT8, POINTWISE_GEMM, POINTWISE,
+                                    CONV2D, DEPTHWISE, WINOGRAD, ROWS),
+    ("llvm", Pattern.OPAQUE): (POOL2D, MAXPOOL_INT8, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first that serves the
 target's precision on its CPU features, whose problem kind describes the kernel and that

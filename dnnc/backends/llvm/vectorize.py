@@ -56,17 +56,24 @@ def _lane_coefficient(e: L.Expr, var: L.Var, vector_vars) -> int | None:
 
 _VECTOR_FLOATS = (T.float32, T.float64)
 _VECTOR_BINARY = {("f", op) for op in ("+", "-", "*", "/", "min", "max", *L.COMPARE)} | \
-    {(c, op) for c in "su" for op in ("+", "-", "*", "&", "|", "^", "<<", ">>")}
+    {(c, op) for c in "su" for op in ("+", "-", "*", "&", "|", "^", "<<", ">>", "min", "max")}
 """`BINARY` entries emitted as vector instructions (floats: on _VECTOR_FLOATS); the bit
-operations serve legalized bfloat16 conversions."""
+operations serve legalized bfloat16 conversions, integer min / max int8 max pooling."""
 _VECTOR_CALLS = {"fma", "exp", "log", "sqrt", "floor", "ceil", "round", "trunc", "abs", "neg",
                  "dot_bf16x2"}
 """`CALLS` entries emitted as vector intrinsics on _VECTOR_FLOATS; the rest lane by lane."""
+_STRIDED_INTS = (T.int32, T.uint32)
+"""Integer loads at a constant stride of 2 to 4 done as one load and a shuffle, as floats'
+(the int8 depthwise template's stride-2 taps)."""
+_VECTOR_INT_CALLS = {"dot_u8s8x4"}
+"""`CALLS` entries emitted as vector intrinsics on int32 (vpdpbusd)."""
 _VECTOR_SELECTS = (T.float32, T.float64, T.uint32)
 """Selects of these dtypes are vector selects (uint32: bfloat16 rounding's NaN case)."""
-_VECTOR_CASTS = ((T.float16, T.float32, T.float64), (T.uint16, T.uint32))
+_VECTOR_CASTS = ((T.float16, T.float32, T.float64), (T.uint16, T.uint32),
+                 (T.int8, T.uint8, T.int32, T.uint32, T.float32))
 """Casts within one of these groups are vector instructions: float16 and bfloat16 data
-computed in float32 (fpext / fptrunc, and the zext / trunc of bfloat16's bits). Float to
+computed in float32 (fpext / fptrunc, and the zext / trunc of bfloat16's bits); 8-bit and
+32-bit integers and their conversions to float32 (int8 kernels' operands and epilogues). Float to
 integer (legalize's `ftoi`) stays lane by lane."""
 
 
@@ -208,7 +215,7 @@ class VectorLoop:
     def load(self, e: L.Load) -> ir.Value | None:
         stride = self._lane_stride(e.indices)
         dtype = e.buffer.dtype
-        if stride in (2, 3, 4) and dtype in _VECTOR_FLOATS:
+        if stride in (2, 3, 4) and (dtype in _VECTOR_FLOATS or dtype in _STRIDED_INTS):
             return self._strided_load(e, stride)
         if stride != 1:
             return None
@@ -232,6 +239,8 @@ class VectorLoop:
             return value if value.type == ty else self.b.bitcast(value, ty)
         if e.name in _VECTOR_CALLS and e.dtype in _VECTOR_FLOATS:
             return CALLS["f", e.name](self.em, *[self._as_vector(a) for a in e.args])
+        if e.name in _VECTOR_INT_CALLS and e.dtype is T.int32:
+            return CALLS["s", e.name](self.em, *[self._as_vector(a) for a in e.args])
         return None
 
     def select(self, e: L.Select) -> ir.Value | None:

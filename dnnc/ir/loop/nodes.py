@@ -142,12 +142,15 @@ INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "f
               "round", "trunc", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
               "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down",
-              "pack_tf32", "pack_fp16x2", "pack_bf16x2", "check_index", "dot_bf16x2")
+              "pack_tf32", "pack_fp16x2", "pack_bf16x2", "check_index", "dot_bf16x2",
+              "dot_u8s8x4")
 """`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
 `dot_bf16x2(acc, a, b)` is acc + hi(a) hi(b) + lo(a) lo(b) in float32, where lo(x) and hi(x)
 are the bfloat16 numbers in bits 0-15 and 16-31 of the uint32 x: the high pair's product
 added first, each product exact and each sum rounded to nearest even (AVX512_BF16's
 `vdpbf16ps` on one lane, whose denormal operands and results are zeros; a CPU's bf16 products);
+`dot_u8s8x4(acc, a, b)` is int32 acc plus the four products of the unsigned bytes of uint32 a
+and the signed bytes of uint32 b, exact (AVX-512 VNNI / AVX-VNNI `vpdpbusd` on one lane);
 `check_index(i, n, site)` is i, checked to lie in [-n, n-1] at run time (`index_checks`);
 `bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T; the shuffles are a
 GPU warp's (`SHUFFLES`); the packs make tensor-core operand registers (`PACKS`)."""

@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     packed,
     pool,
     quant,
+    quantized,
     reduce,
     rnn,
     shape,

@@ -366,7 +366,8 @@ def test_every_intrinsic_is_rendered_or_rejected():
     """Each name in loop.INTRINSICS has a test below (a new one must get one)."""
     tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma", "bitcast",
                                            "check_index", *L.SHUFFLES, *L.PACKS.values(),
-                                           "dot_bf16x2"}   # (test_bf16.py)
+                                           "dot_bf16x2",   # (test_bf16.py)
+                                           "dot_u8s8x4"}   # (test_int8.py)
     assert tested == set(L.INTRINSICS)
 
 

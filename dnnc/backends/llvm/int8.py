@@ -1,0 +1,480 @@
+"""The int8 templates for CPUs: dense_int8 (QuantizedDense), conv_int8 (QuantizedConvPacked)
+and depthwise_int8 (QuantizedConv of one channel a group): int32 sums of u8 x s8 products, the
+requantization fused where a tile stores.
+
+The product is the loop-IR intrinsic `dot_u8s8x4(acc, a, b)` (`ir/loop/nodes.INTRINSICS`):
+the renderer emits AVX-512 VNNI's `vpdpbusd` where the CPU has avx512vnni (with avx512vl for
+the 256 / 128-bit forms) and AVX-VNNI's VEX `vpdpbusd` where that is the feature (256 / 128
+bits; a 512-bit vector in two halves); elsewhere legalize expands it into the widening path
+(bytes zero- / sign-extended to int32, multiplied and added: exact, where AVX2's vpmaddubsw
+would saturate its int16 pair sums at 255 * 127 * 2 > 32767, so it is not used).
+
+The micro-kernel is BLIS's shape on 4-byte groups: an MR x NR tile of int32 accumulators
+(NR: one or two 16-column panels of the weights, whose rows of 4 k x 16 columns are one
+64-byte vector each), a row's 4 bytes of A broadcast as one 32-bit word against each panel
+vector, k in groups of 4 (a tail group of fewer read with a guard; the packed weights are
+zero past K). Signed activations are read as A + 128 (the word xor 0x80808080), so that
+sum (A - za) W = sum (A + 128) W - (za + 128) w_sums[j]: the zero point (a run-time value
+where DynamicQuantizeLinear made it) is compensated once per output element from the
+weights' column sums. Tiles are shared by the worker pool, panel-major so that a panel
+(K x 64 bytes) stays in L2 while the row tiles pass.
+
+The conv is the same micro-kernel as an implicit GEMM: rows are output pixels (of every
+image: a 7x7 plane fills tiles as well as a 56x56 one), columns output channels, k the
+groups (4 input channels, ky, kx) of `pack_conv_groups`; each call first packs the NCHW image
+into words of 4 channels of a pixel (a workspace, the plane padded with the zero point, so
+padding adds nothing after the compensation), from which a row's word of a group is one
+load at the pixel's base plus the group's offset. A pointwise conv transposes the tile
+(`_PointwiseTile`). A depthwise conv has no channel sum to take 4 bytes of: int32 vectors of
+a row's pixels (`depthwise_build`).
+
+Knobs (`Int8Config`): mr (rows a tile), nr (16 or 32 columns). This module builds loop IR and
+names features; it must never import llvmlite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir import loop as L
+from ...ir import types as T
+from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr
+from ..quantized_problems import (MaxPool8, QuantizedConvProblem, QuantizedDenseProblem,
+                                  max_pool8, quantized_conv, quantized_dense,
+                                  quantized_depthwise)
+from ..space import Constraint, Space, Template
+
+VNNI512 = frozenset({"avx512vnni", "avx512vl"})
+"""The features of vpdpbusd at 512, 256 and 128 bits."""
+AVXVNNI = frozenset({"avxvnni"})
+"""The features of the VEX vpdpbusd (256 and 128 bits)."""
+MR = 6   # 6 x 2 panels = 12 zmm accumulators: vpdpbusd's latency (5) x 2 a cycle, + operands
+
+
+def dot_widths(features: frozenset[str]) -> tuple[int, ...]:
+    """The int32 lanes of the vpdpbusd forms `features` give, widest first."""
+    if VNNI512 <= features:
+        return (16, 8, 4)
+    if AVXVNNI <= features:
+        return (8, 4)
+    return ()
+
+
+def native(features: frozenset[str]) -> frozenset[str]:
+    """The legalize rules the renderer skips on a CPU with `features`: `dot_u8s8x4` where
+    some vpdpbusd form runs."""
+    return frozenset({"dot_u8s8x4"}) if dot_widths(features) else frozenset()
+
+
+@dataclass(frozen=True)
+class Int8Config:
+    mr: int   # rows of a tile
+    nr: int   # columns of a tile: whole 16-column panels
+
+
+def space(p: QuantizedDenseProblem, machine) -> Space:
+    return Space("dense_int8", Int8Config, {"mr": range(1, 9), "nr": [16, 32]}, [Constraint(
+        f"mr <= m = {p.m}: a tile reaches no row past the last", lambda c: c.mr <= p.m)])
+
+
+def default(p: QuantizedDenseProblem, machine) -> Int8Config:
+    return Int8Config(min(MR, p.m), 32 if p.n > GROUP_COLUMNS else 16)
+
+
+def _channel(buffer: L.Buffer | None, j) -> L.Expr | None:
+    """A scalar or per-column parameter at column j."""
+    if buffer is None:
+        return None
+    if all(d == L.const(1) for d in buffer.shape):
+        return buffer[(0,) * len(buffer.shape)] if buffer.shape else buffer[()]
+    return buffer[j]
+
+
+def _zero_point(p) -> L.Expr:
+    """The activation's zero point as the u8 x s8 products see it (int8: + 128), int32."""
+    za = L.Cast(T.int32, _channel(p.za, 0))
+    return za + L.const(128, T.int32) if p.signed else za
+
+
+class _Tile:
+    """The loop nest of a QuantizedDense problem and config; `_ConvTile` reads its rows'
+    words from an image instead."""
+
+    def __init__(self, p, config: Int8Config, rows: int, columns: int, depth: int):
+        self.p, self.mr, self.nr = p, config.mr, config.nr
+        self.rows, self.columns = rows, columns
+        self.halves = config.nr // GROUP_COLUMNS
+        self.w = L.Buffer(p.w.name, T.uint32, (-(-columns // GROUP_COLUMNS), depth,
+                                               GROUP_COLUMNS))
+        self.acc = L.Buffer("acc", T.int32, (self.mr * self.nr,), L.Scope.LOCAL)
+
+    def views(self) -> tuple:
+        return (self.w,)
+
+    def params(self) -> tuple:
+        views = {b.name: b for b in self.views()}
+        return tuple(views.get(x.name, x) for x in self.p.params)
+
+    def update(self, jp, g, word_of) -> L.Stmt:
+        """acc += the tile's rows (`word_of(ii)`: row ii's word of group g) x panel jp's
+        group g, MR rows unrolled."""
+        jj, half, a = L.Var("jj"), L.Var("h"), L.Var("a", T.uint32)
+        panel = L.minimum(jp * self.halves + half, self.w.shape[0] - 1)
+        rows = []
+        for ii in range(self.mr):
+            at = ii * self.nr + half * GROUP_COLUMNS + jj
+            dot = L.call("dot_u8s8x4", self.acc[at], a, self.w[panel, g, jj], dtype=T.int32)
+            rows.append(L.Let(a, word_of(ii), L.For(half, self.halves, L.For(
+                jj, GROUP_COLUMNS, L.Store(self.acc, (at,), dot), L.ForKind.VECTORIZED),
+                L.ForKind.UNROLLED)))
+        return L.seq(*rows)
+
+    def finish(self, ii, j) -> L.Expr:
+        """Element (ii, j) of the tile through the compensation and the op's finish."""
+        p = self.p
+        acc = self.acc[ii * self.nr + (j % self.nr)] - _zero_point(p) * p.sums[j]
+        return finish_expr(acc, *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
+                           p.lo, p.hi)
+
+    def store(self, i0, jp, put) -> L.Stmt:
+        """`put(i, j, value)` for the tile's valid elements."""
+        ii, jj = L.Var("si"), L.Var("sj")
+        i, j = i0 + ii, jp * self.nr + jj
+        width = L.minimum(L.const(self.nr), self.columns - jp * self.nr)
+        return L.For(ii, self.mr, L.If(i < self.rows, L.For(jj, width, put(
+            i, j, self.finish(ii, j)))), L.ForKind.UNROLLED)
+
+    def nest(self, threads: int, tile_body) -> L.Stmt:
+        """Every (row tile, panel), panel-major (a panel stays in L2 while row tiles pass),
+        shared by the worker pool: `tile_body(i0, jp)` after the accumulators are zeroed."""
+        tiles, panels = -(-self.rows // self.mr), -(-self.columns // self.nr)
+        t, z = L.Var("t"), L.Var("z")
+        zero = L.For(z, self.mr * self.nr, L.Store(self.acc, (z,), L.const(0, T.int32)),
+                     L.ForKind.VECTORIZED)
+        body = L.Allocate(self.acc, L.seq(zero, tile_body((t % tiles) * self.mr, t // tiles)))
+        kind = L.ForKind.PARALLEL if threads > 1 and tiles * panels > 1 else L.ForKind.SERIAL
+        return L.For(t, tiles * panels, body, kind)
+
+
+class _DenseTile(_Tile):
+    def __init__(self, p: QuantizedDenseProblem, config: Int8Config):
+        super().__init__(p, config, p.m, p.n, -(-p.k // GROUP_DEPTH))
+        self.a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
+        self.y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+
+    def views(self) -> tuple:
+        return (self.a, self.w, self.y)
+
+    def word(self, row, g, guard: bool) -> L.Expr:
+        """A's bytes 4g..4g+3 of `row` as one uint32 (byte t in bits 8t..8t+7; past K: 0),
+        xor 0x80 per byte for int8 A."""
+        p, word = self.p, None
+        for t in range(GROUP_DEPTH):
+            k = g * GROUP_DEPTH + t
+            value = self.a[row, L.minimum(k, p.k - 1) if guard else k]
+            byte = L.Cast(T.uint32, L.Cast(T.uint8, value))
+            if guard:
+                byte = L.Select(k < p.k, byte, L.Const(0, T.uint32))
+            if p.signed:
+                byte = L.BinOp("^", byte, L.Const(0x80, T.uint32))
+            byte = byte if t == 0 else L.BinOp("<<", byte, L.Const(8 * t, T.uint32))
+            word = byte if word is None else L.BinOp("|", word, byte)
+        return word
+
+    def body(self, threads: int) -> L.Stmt:
+        p, g = self.p, L.Var("g")
+        whole = p.k // GROUP_DEPTH
+
+        def words(i0, guard: bool, group):
+            # rows past M repeat the last; never stored
+            return lambda ii: self.word(L.minimum(i0 + ii, p.m - 1), group, guard)
+
+        def tile(i0, jp):
+            parts = [L.For(g, whole, self.update(jp, g, words(i0, False, g)))]
+            if p.k % GROUP_DEPTH:
+                tail = L.const(whole)
+                parts.append(self.update(jp, tail, words(i0, True, tail)))
+
+            def put(i, j, value):
+                value = p.epilogue(value, p.anchor_index(i, j))
+                return L.Store(self.y, (i, j), _as(value, p.y.dtype))
+            return L.seq(*parts, self.store(i0, jp, put))
+
+        return self.nest(threads, tile)
+
+
+def _as(value: L.Expr, dtype: T.DType) -> L.Expr:
+    return value if value.dtype is dtype else L.Cast(dtype, value)
+
+
+class _ConvTile(_Tile):
+    """Rows are output pixels (of every image), columns output channels; each call first
+    packs the image into words of 4 channels of a pixel, the plane padded with the zero
+    point (`quads`, a workspace), which row ii's word of group (c4, ky, kx) is read from."""
+
+    def __init__(self, p: QuantizedConvProblem, config: Int8Config):
+        n, c, h, wid = p.x_dims
+        self.c4 = -(-c // GROUP_DEPTH)
+        self.hp, self.wp = p.padded_hw
+        self.pixels = p.y_dims[2] * p.y_dims[3]
+        kh, kw = p.kernel
+        super().__init__(p, config, n * self.pixels, p.y_dims[1], self.c4 * kh * kw)
+        self.y = L.Buffer(p.y.name, p.y.dtype, (n, p.y_dims[1], self.pixels))
+        # (a pointwise tile's last pixel vector may read past the last plane: never stored)
+        self.quads = L.Buffer("xquads", T.uint32, (n * self.c4 * self.hp * self.wp +
+                                                   config.nr,), L.Scope.GLOBAL)
+
+    def views(self) -> tuple:
+        return (self.w, self.y)
+
+    def pack(self, threads: int) -> L.Stmt:
+        """quads[(n, c4, iy, ix)] = channels 4 c4 .. 4 c4 + 3 of padded pixel (iy, ix), a
+        byte each (xor 0x80 for int8), the zero point outside the image, any channel past C
+        read as channel C - 1 (its weights are 0)."""
+        p = self.p
+        n, c, h, wid = p.x_dims
+        (ph, pw) = p.begins
+        nc, iy, ix = L.Var("qnc"), L.Var("qy"), L.Var("qx")
+        flip = 0x80808080 if p.signed else 0
+        zero = L.Cast(T.uint32, L.Cast(T.uint8, _channel(p.za, 0)))
+        pad_word = L.BinOp("^", zero * L.Const(0x01010101, T.uint32), L.Const(flip, T.uint32))
+        word = None
+        for t in range(GROUP_DEPTH):
+            ch = L.minimum((nc % self.c4) * GROUP_DEPTH + t, c - 1)
+            byte = L.Cast(T.uint32, L.Cast(T.uint8, p.x[nc // self.c4, ch, iy - ph, ix]))
+            byte = byte if t == 0 else L.BinOp("<<", byte, L.Const(8 * t, T.uint32))
+            word = byte if word is None else L.BinOp("|", word, byte)
+        word = L.BinOp("^", word, L.Const(flip, T.uint32))
+        vec = L.ForKind.VECTORIZED
+
+        def at(col):
+            return ((nc * self.hp + iy) * self.wp + col,)
+
+        def pads(start, count) -> L.Stmt:
+            return L.For(ix, count, L.Store(self.quads, at(start + ix), pad_word), vec)
+
+        # a row inside the image: its padding, then its pixels a vector at a time (4 stride-1
+        # byte loads a word); rows outside it all padding
+        inner = L.seq(pads(0, pw), L.For(ix, wid, L.Store(self.quads, at(pw + ix), word), vec),
+                      pads(pw + wid, self.wp - pw - wid))
+        rows = L.If(L.logical_and(iy >= ph, iy < ph + h), inner, pads(0, self.wp))
+        kind = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
+        return L.For(nc, n * self.c4, L.For(iy, self.hp, rows), kind)
+
+    def body(self, threads: int) -> L.Stmt:
+        p = self.p
+        (kh, kw), (sh, sw), (dh, dw) = p.kernel, p.strides, p.dilations
+        ow = p.y_dims[3]
+        c4, ky, kx = L.Var("c4"), L.Var("ky"), L.Var("kx")
+        plane = self.hp * self.wp
+
+        def tile(i0, jp):
+            bases = [L.Var(f"base{ii}") for ii in range(self.mr)]
+            g = (c4 * kh + ky) * kw + kx
+            offset = c4 * plane + ky * dh * self.wp + kx * dw
+            k_loops = L.For(c4, self.c4, L.For(ky, kh, L.For(kx, kw, self.update(
+                jp, g, lambda ii: self.quads[bases[ii] + offset]))))
+            for ii in reversed(range(self.mr)):
+                row = L.minimum(i0 + ii, self.rows - 1)   # rows past the last repeat it
+                img, pix = row // self.pixels, row % self.pixels
+                base = (img * self.c4 * self.hp + (pix // ow) * sh) * self.wp + (pix % ow) * sw
+                k_loops = L.Let(bases[ii], base, k_loops)
+
+            def put(i, j, value):
+                img, pix = i // self.pixels, i % self.pixels
+                value = p.epilogue(value, (img, j, pix // ow, pix % ow))
+                return L.Store(self.y, (img, j, pix), _as(value, p.y.dtype))
+            return L.seq(k_loops, self.store(i0, jp, put))
+
+        return L.Allocate(self.quads, L.seq(self.pack(threads), self.nest(threads, tile)))
+
+
+def build(p: QuantizedDenseProblem, config: Int8Config, machine) -> L.PrimFunc:
+    tile = _DenseTile(p, config)
+    return L.simplify(L.PrimFunc(p.name, tile.params(), tile.body(machine.threads)))
+
+
+def conv_space(p: QuantizedConvProblem, machine) -> Space:
+    rows = p.x_dims[0] * p.y_dims[2] * p.y_dims[3]
+    return Space("conv_int8", Int8Config, {"mr": range(1, 9), "nr": [16, 32]}, [Constraint(
+        f"mr <= rows = {rows}: a tile reaches no pixel past the last", lambda c: c.mr <= rows)])
+
+
+def conv_default(p: QuantizedConvProblem, machine) -> Int8Config:
+    rows = p.x_dims[0] * p.y_dims[2] * p.y_dims[3]
+    return Int8Config(min(MR, rows), 32 if p.y_dims[1] > GROUP_COLUMNS else 16)
+
+
+def conv_build(p: QuantizedConvProblem, config: Int8Config, machine) -> L.PrimFunc:
+    tile = (_PointwiseTile if pointwise(p) else _ConvTile)(p, config)
+    return L.simplify(L.PrimFunc(p.name, tile.params(), tile.body(machine.threads)))
+
+
+def pointwise(p: QuantizedConvProblem) -> bool:
+    """A 1x1, stride-1, unpadded conv: an image's pixels are consecutive words of `quads`."""
+    return p.kernel == (1, 1) and p.strides == (1, 1) and tuple(p.begins) == (0, 0) and \
+        tuple(p.padded_hw) == tuple(p.x_dims[2:])
+
+
+class _PointwiseTile(_ConvTile):
+    """The transposed tile for a pointwise conv: MR output channels x NR consecutive pixels
+    of one image (vectors of pixels' words against a broadcast weight word), so that the
+    epilogue's parameters are a channel's scalars and a row of the tile is stored as one
+    vector of the NCHW output (the pixel-rows tile scattered its stores: 16->96 at 112x112
+    took 0.44 ms, 1 thread)."""
+
+    def body(self, threads: int) -> L.Stmt:
+        p = self.p
+        n, m = p.x_dims[0], p.y_dims[1]
+        pix_tiles, ch_tiles = -(-self.pixels // self.nr), -(-m // self.mr)
+        t, c4, z = L.Var("t"), L.Var("c4"), L.Var("z")
+        jj, a = L.Var("jj"), L.Var("a", T.uint32)
+        img, rest = t // (pix_tiles * ch_tiles), t % (pix_tiles * ch_tiles)
+        p0, m0 = (rest % pix_tiles) * self.nr, (rest // pix_tiles) * self.mr   # pixels inner
+        plane = self.hp * self.wp
+        rows = []
+        for ii in range(self.mr):
+            ch = L.minimum(m0 + ii, m - 1)   # channels past M repeat the last; never stored
+            word = self.w[ch // GROUP_COLUMNS, c4, ch % GROUP_COLUMNS]
+            at = ii * self.nr + jj
+            pixels = self.quads[(img * self.c4 + c4) * plane + p0 + jj]
+            rows.append(L.Let(a, word, L.For(jj, self.nr, L.Store(self.acc, (at,), L.call(
+                "dot_u8s8x4", self.acc[at], pixels, a, dtype=T.int32)), L.ForKind.VECTORIZED)))
+        zero = L.For(z, self.mr * self.nr, L.Store(self.acc, (z,), L.const(0, T.int32)),
+                     L.ForKind.VECTORIZED)
+        tile = L.seq(zero, L.For(c4, self.c4, L.seq(*rows)), self.store_rows(img, p0, m0))
+        kind = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
+        main = L.For(t, n * pix_tiles * ch_tiles, L.Allocate(self.acc, tile), kind)
+        return L.Allocate(self.quads, L.seq(self.pack(threads), main))
+
+    def store_rows(self, img, p0, m0) -> L.Stmt:
+        p = self.p
+        ii, jj = L.Var("si"), L.Var("sj")
+        ch, pix = m0 + ii, p0 + jj
+        acc = self.acc[ii * self.nr + jj] - _zero_point(p) * p.sums[ch]
+        value = finish_expr(acc, *(_channel(b, ch) for b in (p.bias, p.scale, p.y_zp)), p.out,
+                            p.lo, p.hi)
+        ow = p.y_dims[3]
+        value = p.epilogue(value, (img, ch, pix // ow, pix % ow))
+        store = L.Store(self.y, (img, ch, pix), _as(value, p.y.dtype))
+        whole = L.For(jj, self.nr, store, L.ForKind.VECTORIZED)
+        part = L.For(jj, self.pixels - p0, store)
+        return L.For(ii, self.mr, L.If(ch < p.y_dims[1], L.If(
+            p0 + self.nr <= self.pixels, whole, part)), L.ForKind.UNROLLED)
+
+
+@dataclass(frozen=True)
+class DepthwiseConfig:
+    rows: int   # output rows a task (the worker pool's unit: one plane's rows in blocks)
+
+
+def depthwise_space(p: QuantizedConvProblem, machine) -> Space:
+    return Space("depthwise_int8", DepthwiseConfig, {"rows": range(1, p.y_dims[2] + 1)}, [])
+
+
+def depthwise_default(p: QuantizedConvProblem, machine) -> DepthwiseConfig:
+    return DepthwiseConfig(p.y_dims[2])
+
+
+def depthwise_build(p: QuantizedConvProblem, config: DepthwiseConfig, machine) -> L.PrimFunc:
+    """Each call: the image as int32 (x - za), zero-padded to the plane (`shifted`, a
+    workspace); then per (plane, block of output rows) each output row's pixels a vector
+    (int32 multiply-adds of the kh x kw taps, unrolled), the finish and fused consumers.
+    No byte groups: a depthwise conv has no channel sum for vpdpbusd to take 4 of."""
+    n, c, h, wid = p.x_dims
+    _, m, oh, ow = p.y_dims
+    (kh, kw), (sh, sw), (dh, dw) = p.kernel, p.strides, p.dilations
+    (ph, pw), (hp, wp) = p.begins, p.padded_hw
+    par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
+    shifted = L.Buffer("xshifted", T.int32, (n * c * hp * wp,), L.Scope.GLOBAL)
+    w = L.Buffer(p.w.name, p.w.dtype, (m, kh * kw))
+    y = L.Buffer(p.y.name, p.y.dtype, (n, m, oh, ow))
+    nc, iy, ix = L.Var("qnc"), L.Var("qy"), L.Var("qx")
+    za = L.Cast(T.int32, _channel(p.za, 0))
+    vec = L.ForKind.VECTORIZED
+
+    def zeros(start, count) -> L.Stmt:   # padding: x - za is 0 there
+        return L.For(ix, count, L.Store(shifted, ((nc * hp + iy) * wp + start + ix,),
+                                        L.const(0, T.int32)), vec)
+
+    # a row inside the image: its padding, then its pixels as stride-1 vector copies
+    inner = L.seq(zeros(0, pw), L.For(ix, wid, L.Store(
+        shifted, ((nc * hp + iy) * wp + pw + ix,),
+        L.Cast(T.int32, p.x[nc // c, nc % c, iy - ph, ix]) - za), vec),
+        zeros(pw + wid, wp - pw - wid))
+    rows = L.If(L.logical_and(iy >= ph, iy < ph + h), inner, zeros(0, wp))
+    pack = L.For(nc, n * c, L.For(iy, hp, rows), par)
+    task, oy, ox = L.Var("task"), L.Var("oy"), L.Var("ox")
+    blocks = -(-oh // config.rows)
+    plane, row = task // blocks, (task % blocks) * config.rows + oy
+    ch = plane % c
+    acc = None
+    for ky in range(kh):
+        for kx in range(kw):
+            at = (plane * hp + row * sh + ky * dh) * wp + ox * sw + kx * dw
+            term = shifted[at] * L.Cast(T.int32, w[ch, ky * kw + kx])
+            acc = term if acc is None else acc + term
+    out = finish_expr(acc, *(_channel(b, ch) for b in (p.bias, p.scale, p.y_zp)), p.out,
+                      p.lo, p.hi)
+    out = p.epilogue(out, (plane // c, ch, row, ox))
+    rows = L.For(oy, L.minimum(L.const(config.rows), oh - (task % blocks) * config.rows),
+                 L.For(ox, ow, L.Store(y, (plane // c, ch, row, ox), _as(out, p.y.dtype)),
+                       L.ForKind.VECTORIZED))
+    body = L.Allocate(shifted, L.seq(pack, L.For(task, n * c * blocks, rows, par)))
+    params = tuple({w.name: w, y.name: y}.get(x.name, x) for x in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, body))
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    pixels: int   # output pixels a vector block of a row
+
+
+def pool_space(p: MaxPool8, machine) -> Space:
+    return Space("maxpool_int8", PoolConfig, {"pixels": [8, 16, 32, 64]}, [])
+
+
+def pool_default(p: MaxPool8, machine) -> PoolConfig:
+    return PoolConfig(machine.vector_bits // 32)
+
+
+def pool_build(p: MaxPool8, config: PoolConfig, machine) -> L.PrimFunc:
+    """Per plane (the worker pool's unit): the plane as int32 in a local buffer, the dtype's
+    minimum around it (a tap never tests bounds), then each output row in blocks of pixels,
+    a tap one vector load (a shuffle of one load at stride 2 to 4), the maximum an int32
+    vector max, stored back in the 8-bit type."""
+    n, c, h, wid = p.x_dims
+    _, _, oh, ow = p.y_dims
+    (kh, kw), (sh, sw), (dh, dw) = p.kernel, p.strides, p.dilations
+    (ph, pw), (hp, wp) = p.begins, p.padded_hw
+    low = L.const(int(np.iinfo(p.x.dtype.np).min), T.int32)
+    plane = L.Buffer("xplane", T.int32, (hp * wp + config.pixels * sw,), L.Scope.LOCAL)
+    nc, iy, ix, oy, ox, b = (L.Var(v) for v in ("nc", "iy", "ix", "oy", "ox", "b"))
+    vec = L.ForKind.VECTORIZED
+    fill = L.For(ix, hp * wp, L.Store(plane, (ix,), low), vec)
+    copy = L.For(iy, h, L.For(ix, wid, L.Store(plane, ((iy + ph) * wp + pw + ix,), L.Cast(
+        T.int32, p.x[nc // c, nc % c, iy, ix])), vec))
+    x0 = b * config.pixels + ox
+    best = None
+    for ky in range(kh):
+        for kx in range(kw):
+            tap = plane[(oy * sh + ky * dh) * wp + x0 * sw + kx * dw]
+            best = tap if best is None else L.maximum(best, tap)
+    store = L.Store(p.y, (nc // c, nc % c, oy, x0), L.Cast(p.y.dtype, best))
+    blocks = L.For(b, ow // config.pixels, L.For(ox, config.pixels, store, vec))
+    rest = L.For(ox, ow % config.pixels, L.substitute(store, {b: L.const(ow // config.pixels)}))
+    rows = L.For(oy, oh, L.seq(blocks, rest))
+    kind = L.ForKind.PARALLEL if machine.threads > 1 and n * c > 1 else L.ForKind.SERIAL
+    body = L.For(nc, n * c, L.Allocate(plane, L.seq(fill, copy, rows)), kind)
+    return L.simplify(L.PrimFunc(p.name, p.params, body))
+
+
+DENSE_INT8 = Template("dense_int8", quantized_dense, lambda p: True, space, default, build)
+CONV_INT8 = Template("conv_int8", quantized_conv, lambda p: True, conv_space, conv_default,
+                     conv_build)
+DEPTHWISE_INT8 = Template("depthwise_int8", quantized_depthwise, lambda p: True,
+                          depthwise_space, depthwise_default, depthwise_build)
+MAXPOOL_INT8 = Template("maxpool_int8", max_pool8, lambda p: True, pool_space, pool_default,
+                        pool_build)

@@ -1,0 +1,192 @@
+"""The problem descriptors of QuantizedDense and QuantizedConvPacked kernels
+(`ir/ops/quantized.py`), as the int8 templates read them: buffers, sizes, the epilogue's parameters and the group's fused
+elementwise consumers. Target-neutral, like `problems.py`; it must never import a backend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir import loop as L
+from ..ir import types as T
+from .lower import Kernel, epilogue, layout_tail
+from .problems import Epilogue, plane_geometry
+
+
+@dataclass(frozen=True)
+class QuantizedDenseProblem:
+    """Y[i, j] = epilogue(finish(sum_k (A[i, k] - za) W[k, j])) for i < m, j < n (A's batch
+    dims folded into rows), W in 4-byte groups [ceil(n / 16), ceil(k / 4), 16, 4]; `finish`
+    is QuantizedDense's (bias, scale, zero point, lo / hi) in the anchor's type `out`."""
+
+    name: str
+    params: tuple
+    a: L.Buffer
+    za: L.Buffer
+    w: L.Buffer
+    sums: L.Buffer
+    bias: L.Buffer | None
+    scale: L.Buffer | None
+    y_zp: L.Buffer | None
+    y: L.Buffer
+    m: int
+    n: int
+    k: int
+    out: T.DType
+    lo: int | None
+    hi: int | None
+    anchor_dims: tuple
+    epilogue: Epilogue
+
+    @property
+    def signed(self) -> bool:
+        """Whether A holds int8 (the u8 x s8 products then read A + 128)."""
+        return self.a.dtype is T.int8
+
+    def anchor_index(self, i, j) -> tuple:
+        index = []
+        for d in reversed(self.anchor_dims[1:-1]):
+            index.append(i % d)
+            i = i // d
+        return (i,) + tuple(reversed(index)) + (j,)
+
+
+def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
+    """The kernel's QuantizedDense anchor (first in its group, static shapes, no layout
+    tail) as a problem; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "QuantizedDense" or layout_tail(kernel):
+        return None
+    params = kernel.func.params
+    a, za, w, sums, bias, scale, y_zp = _buffers(kernel, node)
+    anchor_dims = L.static_shape(node.outputs[0].type.shape)
+    a_dims = L.static_shape(a.shape)
+    if anchor_dims is None or a_dims is None:
+        return None
+    m, k, n = math.prod(a_dims[:-1]), a_dims[-1], node.attrs["n"]
+    if min(m, n, k) == 0:
+        return None
+    return QuantizedDenseProblem(
+        name=kernel.func.name, params=params, a=a, za=za, w=w, sums=sums, bias=bias,
+        scale=scale, y_zp=y_zp, y=params[-1], m=m, n=n, k=k,
+        out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
+        anchor_dims=tuple(anchor_dims), epilogue=epilogue(kernel))
+
+
+@dataclass(frozen=True)
+class QuantizedConvProblem:
+    """A 2-D QuantizedConvPacked (one group) or depthwise QuantizedConv (W [M, 1, kh, kw]): Y[n, m, oy, ox] = epilogue(finish(sum over c,
+    ky, kx of (X[n, c, oy sh + ky dh - ph, ox sw + kx dw - pw] - za) W[m, c, ky, kx])), a pixel
+    outside the image adding nothing; W in 4-byte groups of channels at a tap
+    (`pack_conv_groups`)."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    za: L.Buffer
+    w: L.Buffer
+    sums: L.Buffer
+    bias: L.Buffer | None
+    scale: L.Buffer | None
+    y_zp: L.Buffer | None
+    y: L.Buffer
+    x_dims: tuple          # [N, C, H, W]
+    y_dims: tuple          # [N, M, OH, OW]
+    kernel: tuple          # (kh, kw)
+    strides: tuple
+    dilations: tuple
+    begins: tuple
+    padded_hw: tuple
+    out: T.DType
+    lo: int | None
+    hi: int | None
+    epilogue: Epilogue
+    group: int = 1
+
+    @property
+    def signed(self) -> bool:
+        return self.x.dtype is T.int8
+
+
+def quantized_conv(kernel: Kernel, op: str = "QuantizedConvPacked"
+                   ) -> QuantizedConvProblem | None:
+    """The kernel's 2-D `op` anchor (first in its group, static shapes, no layout tail) as a
+    problem; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != op or layout_tail(kernel):
+        return None
+    x, za, w, sums, bias, scale, y_zp = _buffers(kernel, node)
+    x_dims = L.static_shape(x.shape)
+    y_dims = L.static_shape(node.outputs[0].type.shape)
+    w_dims = L.static_shape(w.shape)
+    if x_dims is None or y_dims is None or w_dims is None or len(x_dims) != 4 or \
+            0 in y_dims:
+        return None
+    kh_kw = tuple(node.attrs["kernel_shape"] or w_dims[2:])
+    geometry = plane_geometry(node.attrs, x_dims[2:], kh_kw, y_dims[2:])
+    if geometry is None:
+        return None
+    strides, dilations, begins, padded_hw = geometry
+    return QuantizedConvProblem(
+        name=kernel.func.name, params=kernel.func.params, x=x, za=za, w=w, sums=sums,
+        bias=bias, scale=scale, y_zp=y_zp, y=kernel.func.params[-1], x_dims=tuple(x_dims),
+        y_dims=tuple(y_dims), kernel=kh_kw, strides=tuple(strides),
+        dilations=tuple(dilations), begins=tuple(begins), padded_hw=tuple(padded_hw),
+        out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
+        epilogue=epilogue(kernel), group=node.attrs["group"])
+
+
+def quantized_depthwise(kernel: Kernel) -> QuantizedConvProblem | None:
+    """A 2-D depthwise QuantizedConv (one channel a group, weights [M, 1, kh, kw]) as a
+    problem; None otherwise."""
+    p = quantized_conv(kernel, "QuantizedConv")
+    if p is None or p.group != p.x_dims[1] or p.y_dims[1] != p.x_dims[1]:
+        return None
+    return p
+
+
+@dataclass(frozen=True)
+class MaxPool8:
+    """A 2-D MaxPool of int8 / uint8 NCHW values (fuse_quantized keeps quantized values in
+    their integers through it) alone in its kernel, static shapes."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    y: L.Buffer
+    x_dims: tuple
+    y_dims: tuple
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    begins: tuple
+    padded_hw: tuple
+
+
+def max_pool8(kernel: Kernel) -> MaxPool8 | None:
+    """The kernel's int8 / uint8 MaxPool (one output, static 4-D shapes) as a problem."""
+    node = kernel.anchor
+    if len(kernel.nodes) != 1 or node.op != "MaxPool" or len(node.outputs) != 1 or \
+            len(kernel.func.params) != 2:
+        return None
+    x, y = kernel.func.params
+    xd, yd = L.static_shape(x.shape), L.static_shape(y.shape)
+    if x.dtype not in (T.int8, T.uint8) or y.dtype is not x.dtype or xd is None or \
+            yd is None or len(xd) != 4 or node.attrs.get("storage_order", 0):
+        return None
+    kernel_hw = tuple(node.attrs["kernel_shape"])
+    geometry = plane_geometry(node.attrs, xd[2:], kernel_hw, yd[2:])
+    if geometry is None:
+        return None
+    strides, dilations, begins, padded_hw = geometry
+    return MaxPool8(kernel.func.name, kernel.func.params, x, y, tuple(xd), tuple(yd),
+                    kernel_hw, tuple(strides), tuple(dilations), tuple(begins),
+                    tuple(padded_hw))
+
+
+def _buffers(kernel: Kernel, node) -> list:
+    """The kernel's buffer parameters of the node's seven inputs (None where absent)."""
+    index = {id(v): k for k, v in enumerate(kernel.inputs)}
+    inputs = list(node.inputs) + [None] * (7 - len(node.inputs))
+    return [None if v is None else kernel.func.params[index[id(v)]] for v in inputs]

@@ -1,0 +1,354 @@
+"""Integer ops the quantization pass makes (`passes/fuse_quantized.py`): QuantizedDense,
+QuantizedConv and QuantizedConvPacked (one group, weights in 4-byte groups of input
+channels at a tap, `pack_conv_groups`), an int32 sum of u8/s8 activations times int8 weights with the requantization
+fused as its epilogue. Frontends never produce these ops; their references are the accuracy
+contract the kernels are tested against bit for bit.
+
+Both compute, for output channel n (a dense product's column, a conv's output channel):
+
+    acc = sum (a - a_zero_point) * w  +  bias[n]                  int32, exact
+    y   = acc                                       without scale
+    y   = float32(acc) * scale[n]                   with scale, without y_zero_point
+    y   = clamp(rint(float32(acc) * scale[n]) + y_zero_point, lo, hi)     quantized
+
+where float32(acc) * scale[n] is one float32 product (scale: x_scale * w_scale[n] / y_scale
+formed in float32, in that order, as onnxruntime's QLinearConv / QLinearMatMul / QGemm
+form their output scales and MLAS requantizes), rint rounds half to even (ONNX
+QuantizeLinear) and the clamp saturates to the output type, narrowed by `lo` / `hi` (a fused
+Relu or Clip, in the output's integer domain). A conv pads with the activation's zero point
+(padding adds nothing to the sum), as QLinearConv does.
+
+`w_sums[n]` = sum over k of w[k, n]: derived from the weights at compile time for the
+u8 x s8 kernels' zero-point compensation (sum a w - a_zero_point * w_sums); the reference
+checks it and never computes with it. QuantizedDense's weights are packed in 4-byte groups
+(`pack_groups`): [ceil(N / 16), ceil(K / 4), 16, 4], weight (k, n) at [n // 16, k // 4, n % 16,
+k % 4]: 16 columns of 4 consecutive k in one 64-byte row, what one `vpdpbusd` reads as its
+signed operand per 512-bit vector and what one AMX tile row (`tdpbusd`'s B) holds.
+This module must never choose a target's layout beyond that fixed one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import batching
+from .. import types as T
+from ..compute import compute, reduce_axis, reduce_sum
+from ..flops import Count, has_input, numel
+from ..graph import Value
+from ..loop import Cast, Expr, call, const, maximum, minimum
+from .conv import CONV_ATTRS, conv, conv_flops, conv_shape, conv_sum, scalar_or_per_channel
+from .infer import check_dtype
+from .linalg import widen
+from .registry import REQUIRED, Pattern, infer_node, register_op
+
+GROUP_COLUMNS = 16
+"""Columns per packed panel: one 512-bit vector of int32 lanes, an AMX tile's 64-byte row."""
+GROUP_DEPTH = 4
+"""k per group: the 4 bytes one int32 lane of `vpdpbusd` / `tdpbusd` sums."""
+ACTIVATIONS = (T.uint8, T.int8)
+QUANT_ATTRS = {"lo": None, "hi": None}
+MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
+"""1.5 * 2**23 and its float32 bits: x + MAGIC holds integral x (|x| <= 2**22) in its low
+mantissa bits."""
+INTEGER_PRODUCTS = ("QuantizedDense", "QuantizedConv", "QuantizedConvPacked")
+"""The ops of this module: products computed on integers (`dnnc inspect` counts them)."""
+
+
+def pack_groups(w: np.ndarray) -> np.ndarray:
+    """int8 [K, N] -> [ceil(N / 16), ceil(K / 4), 16, 4], zero-padded."""
+    k, n = w.shape
+    kp, npad = -(-k // GROUP_DEPTH) * GROUP_DEPTH, -(-n // GROUP_COLUMNS) * GROUP_COLUMNS
+    full = np.zeros((kp, npad), np.int8)
+    full[:k, :n] = w
+    blocks = full.reshape(kp // GROUP_DEPTH, GROUP_DEPTH, npad // GROUP_COLUMNS, GROUP_COLUMNS)
+    return np.ascontiguousarray(blocks.transpose(2, 0, 3, 1))
+
+
+def unpack_groups(wp: np.ndarray, k: int, n: int) -> np.ndarray:
+    """`pack_groups`' [K, N] back from its packing."""
+    panels, groups = wp.shape[:2]
+    full = wp.transpose(1, 3, 0, 2).reshape(groups * GROUP_DEPTH, panels * GROUP_COLUMNS)
+    return full[:k, :n]
+
+
+def _check_epilogue(ctx, first: int, channels) -> T.DType:
+    """Checks bias, scale and y_zero_point (inputs first..first + 2) for `channels` output
+    channels; returns the output type."""
+    bias, scale, zp = first, first + 1, first + 2
+    for i, what in ((bias, "bias"), (scale, "scale")):
+        if ctx.has(i) and ctx.shape(i) not in ((), (1,), (channels,)):
+            raise ctx.fail(f"{what} is a scalar or one per output channel ({channels}), "
+                           f"given {ctx.type(i)}")
+    if ctx.has(bias):
+        check_dtype(ctx, bias, (T.int32,), "bias")
+    if ctx.has(scale):
+        check_dtype(ctx, scale, (T.float32,), "scale")
+    if ctx.has(zp):
+        check_dtype(ctx, zp, ACTIVATIONS, "y_zero_point")
+        if not ctx.has(scale):
+            raise ctx.fail("a quantized output needs a scale")
+        if ctx.shape(zp) not in ((), (1,)):
+            raise ctx.fail(f"y_zero_point is a scalar, given {ctx.type(zp)}")
+        return ctx.dtype(zp)
+    return T.float32 if ctx.has(scale) else T.int32
+
+
+def _check_activation(ctx, what: str) -> None:
+    check_dtype(ctx, 0, ACTIVATIONS, what)
+    if ctx.dtype(1) != ctx.dtype(0) or ctx.shape(1) not in ((), (1,)):
+        raise ctx.fail(f"the zero point is a scalar of {what}'s type {ctx.dtype(0).name}, "
+                       f"given {ctx.type(1)}")
+    check_dtype(ctx, 2, (T.int8,), "w")
+    check_dtype(ctx, 3, (T.int32,), "w_sums")
+
+
+def _channel(p: np.ndarray | None, rank: int, axis: int) -> np.ndarray | None:
+    """A scalar or per-channel parameter shaped to broadcast along `axis` of rank `rank`."""
+    if p is None or p.size == 1:
+        return None if p is None else p.reshape(())
+    shape = [1] * rank
+    shape[axis] = p.size
+    return p.reshape(shape)
+
+
+def finish(acc: np.ndarray, bias, scale, y_zero_point, lo, hi, axis: int) -> np.ndarray:
+    """The epilogue of the module docstring on int32 sums `acc`, channels along `axis`."""
+    if bias is not None:
+        acc = acc + _channel(bias.astype(np.int32), acc.ndim, axis)
+    if scale is None:
+        return acc.astype(np.int32)
+    y = acc.astype(np.float32) * _channel(scale.astype(np.float32), acc.ndim, axis)
+    if y_zero_point is None:
+        return y.astype(np.float32)
+    out = y_zero_point.dtype
+    low, high = clamp_bounds(T.DType.from_numpy(out), lo, hi)
+    q = np.rint(y) + np.float32(y_zero_point.reshape(()))
+    return np.clip(q, low, high).astype(out)
+
+
+def clamp_bounds(dtype: T.DType, lo, hi) -> tuple[int, int]:
+    """The output type's range narrowed by `lo` / `hi` (None: not narrowed)."""
+    info = np.iinfo(dtype.np)
+    return (info.min if lo is None else max(info.min, lo),
+            info.max if hi is None else min(info.max, hi))
+
+
+def _check_sums(w: np.ndarray, w_sums: np.ndarray) -> None:
+    if not np.array_equal(w.astype(np.int64).sum(axis=0), w_sums):
+        raise ValueError("w_sums are not the sums of the weights over k")
+
+
+def finish_expr(acc: Expr, bias: Expr | None, scale: Expr | None, y_zp: Expr | None,
+                out: T.DType, lo, hi) -> Expr:
+    """`finish` on one int32 sum in loop IR (bias, scale, zero point: that channel's)."""
+    if bias is not None:
+        acc = acc + widen(T.int32, bias)
+    if scale is None:
+        return acc
+    y = Cast(T.float32, acc) * widen(T.float32, scale)
+    if y_zp is None:
+        return y
+    low, high = clamp_bounds(out, lo, hi)
+    q = minimum(maximum(call("round", y) + Cast(T.float32, y_zp), const(float(low))),
+                const(float(high)))
+    # an integral float in [-2**22, 2**22] to int32 as the bits of q + 1.5 * 2**23 less
+    # those of 1.5 * 2**23: exact, and vector code (a float -> int cast is legalized lane by
+    # lane)
+    bits = call("bitcast", q + const(MAGIC), dtype=T.int32) - const(MAGIC_BITS, T.int32)
+    return Cast(out, bits)
+
+
+def _optional(inputs, k: int):
+    return inputs[k] if len(inputs) > k else None
+
+
+# -- QuantizedDense -----------------------------------------------------------------------------
+
+
+def _dense_infer(ctx):
+    _check_activation(ctx, "a")
+    a, wp, n = ctx.shape(0), ctx.shape(2), ctx.attrs["n"]
+    if len(a) < 2 or len(wp) != 4 or wp[2:] != (GROUP_COLUMNS, GROUP_DEPTH):
+        raise ctx.fail(f"expects a of rank >= 2 and w in groups [ceil(N / 16), ceil(K / 4), "
+                       f"16, 4], given {a}, {wp}")
+    if isinstance(a[-1], int) and isinstance(wp[1], int) and -(-a[-1] // GROUP_DEPTH) != wp[1]:
+        raise ctx.fail(f"inner dimensions differ: a {a} and w in groups {wp}")
+    if isinstance(wp[0], int) and wp[0] != -(-n // GROUP_COLUMNS):
+        raise ctx.fail(f"{n} columns are {-(-n // GROUP_COLUMNS)} panels, given {wp[0]}")
+    if ctx.shape(3) != (n,):
+        raise ctx.fail(f"w_sums has one entry per column ({n}), given {ctx.type(3)}")
+    out = _check_epilogue(ctx, 4, n)
+    return [T.TensorType(out, tuple(a[:-1]) + (n,))]
+
+
+def quantized_dense(a, a_zero_point, w, w_sums, bias=None, scale=None, y_zero_point=None, *,
+                    n, lo, hi):
+    wk = unpack_groups(w, a.shape[-1], n)
+    _check_sums(wk, w_sums)
+    acc = np.matmul(a.astype(np.int64) - np.int64(a_zero_point.reshape(())), wk.astype(np.int64))
+    return finish(acc.astype(np.int32), bias, scale, y_zero_point, lo, hi, -1)
+
+
+def _dense_rule(inputs, outputs, *, n, lo, hi):
+    a, za, w = inputs[0], inputs[1], inputs[2]
+    bias, scale, y_zp = (_optional(inputs, k) for k in (4, 5, 6))
+    out = outputs[0]
+    k = reduce_axis(a.shape[-1], "k")
+
+    def element(*idx):
+        j = idx[-1]
+        av = widen(T.int32, a[tuple(idx[:-1]) + (k.var,)]) - widen(T.int32,
+                                                                    scalar_or_per_channel(za, j))
+        wv = widen(T.int32, w[j // GROUP_COLUMNS, k.var // GROUP_DEPTH, j % GROUP_COLUMNS,
+                              k.var % GROUP_DEPTH])
+        return finish_expr(reduce_sum(av * wv, k), *(
+            None if p is None else scalar_or_per_channel(p, j) for p in (bias, scale, y_zp)),
+            out.dtype, lo, hi)
+
+    return [compute(out.shape, element, "quantized_dense", out.dtype)]
+
+
+register_op("QuantizedDense", pattern=Pattern.OUT_FUSABLE, infer=_dense_infer,
+            evaluate=quantized_dense, inputs=(4, 7), compute=_dense_rule,
+            attrs={"n": REQUIRED, **QUANT_ATTRS}, weights=(2, 3, 4),
+            flops=lambda node: 2 * numel(node.outputs[0]) * Count.of([node.inputs[0].shape[-1]]),
+            batched=batching.data_input)
+
+
+# -- QuantizedConv ------------------------------------------------------------------------------
+
+
+def _conv_infer(ctx):
+    _check_activation(ctx, "x")
+    if ctx.type(2).rank < 3:
+        raise ctx.fail(f"weights [M, C / group, *kernel], given {ctx.type(2)}")
+    m = ctx.shape(2)[0]
+    if ctx.shape(3) != (m,):
+        raise ctx.fail(f"w_sums has one entry per output channel ({m}), given {ctx.type(3)}")
+    out = _check_epilogue(ctx, 4, m)
+    return [T.TensorType(out, conv_shape(ctx, 0, 2))]
+
+
+def _conv_attrs(attrs: dict) -> dict:
+    return {k: attrs[k] for k in CONV_ATTRS}
+
+
+def quantized_conv(x, x_zero_point, w, w_sums, bias=None, scale=None, y_zero_point=None, *,
+                   lo, hi, **attrs):
+    _check_sums(w.reshape(w.shape[0], -1).T, w_sums)
+    xi = x.astype(np.int32) - np.int32(x_zero_point.reshape(()))
+    acc = conv(xi, w.astype(np.int32), None, **_conv_attrs(attrs))
+    return finish(acc, bias, scale, y_zero_point, lo, hi, 1)
+
+
+def _conv_rule(inputs, outputs, *, lo, hi, **attrs):
+    x, zx, w = inputs[0], inputs[1], inputs[2]
+    bias, scale, y_zp = (_optional(inputs, k) for k in (4, 5, 6))
+    out = outputs[0]
+
+    def term(xv, wv, m):
+        # the zero point shifts loaded pixels only: padding adds 0, as the reference
+        return (widen(T.int32, xv) - widen(T.int32, scalar_or_per_channel(zx, m))) * \
+            widen(T.int32, wv)
+
+    total = conv_sum(x, w, out.shape, {**CONV_ATTRS, **attrs}, term)
+
+    def element(b, m, *o):
+        return finish_expr(total(b, m, *o), *(
+            None if p is None else scalar_or_per_channel(p, m) for p in (bias, scale, y_zp)),
+            out.dtype, lo, hi)
+
+    return [compute(out.shape, element, "quantized_conv", out.dtype)]
+
+
+register_op("QuantizedConv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer,
+            evaluate=quantized_conv, inputs=(4, 7), compute=_conv_rule,
+            attrs={**CONV_ATTRS, **QUANT_ATTRS}, weights=(2, 3, 4),
+            flops=lambda node: conv_flops(node.outputs[0], node.inputs[2].shape[1:],
+                                          node.outputs[0], has_input(node, 4)),
+            batched=batching.data_input)
+
+
+# -- QuantizedConvPacked ------------------------------------------------------------------------
+
+
+def conv_groups_matrix(w: np.ndarray) -> np.ndarray:
+    """int8 [M, C, *kernel] (one group) -> the [K', M] matrix whose 4-row groups are 4
+    input channels at one kernel tap: row ((c // 4) * taps + tap) * 4 + c % 4, channels
+    past C zero (K' = ceil(C / 4) * taps * 4)."""
+    m, c = w.shape[:2]
+    c4 = -(-c // GROUP_DEPTH)
+    full = np.zeros((m, c4 * GROUP_DEPTH) + w.shape[2:], np.int8)
+    full[:, :c] = w
+    taps = full.reshape(m, c4, GROUP_DEPTH, -1)          # [M, C4, 4, taps]
+    return np.ascontiguousarray(taps.transpose(1, 3, 2, 0).reshape(-1, m))
+
+
+def pack_conv_groups(w: np.ndarray) -> np.ndarray:
+    """int8 [M, C, *kernel] -> [ceil(M / 16), ceil(C / 4) * taps, 16, 4]: `pack_groups` of
+    `conv_groups_matrix`, a group of 4 input channels at one tap against 16 output
+    channels in one 64-byte row."""
+    return pack_groups(conv_groups_matrix(w))
+
+
+def unpack_conv_groups(wp: np.ndarray, m: int, c: int, kernel: tuple) -> np.ndarray:
+    """`pack_conv_groups`' [M, C, *kernel] back from its packing."""
+    c4, taps = -(-c // GROUP_DEPTH), int(np.prod(kernel))
+    matrix = unpack_groups(wp, c4 * taps * GROUP_DEPTH, m)
+    full = matrix.reshape(c4, taps, GROUP_DEPTH, m).transpose(3, 0, 2, 1)
+    return np.ascontiguousarray(full.reshape((m, c4 * GROUP_DEPTH) + tuple(kernel))[:, :c])
+
+
+def _conv_packed_infer(ctx):
+    _check_activation(ctx, "x")
+    oc, kernel = ctx.attrs["oc"], tuple(ctx.attrs["kernel_shape"] or ())
+    x, wp = ctx.shape(0), ctx.shape(2)
+    if ctx.attrs["group"] != 1 or not kernel or len(kernel) != len(x) - 2:
+        raise ctx.fail(f"packed groups serve one group of a given kernel_shape of rank "
+                       f"{len(x) - 2}, given group {ctx.attrs['group']}, kernel {kernel}")
+    taps = int(np.prod(kernel))
+    if isinstance(x[1], int) and wp != (-(-oc // GROUP_COLUMNS),
+                                        -(-x[1] // GROUP_DEPTH) * taps, GROUP_COLUMNS,
+                                        GROUP_DEPTH):
+        raise ctx.fail(f"weights of {oc} channels over {x[1]} x {kernel} in groups are "
+                       f"[{-(-oc // 16)}, {-(-x[1] // 4) * taps}, 16, 4], given {wp}")
+    if ctx.shape(3) != (oc,):
+        raise ctx.fail(f"w_sums has one entry per output channel ({oc}), given {ctx.type(3)}")
+    out = _check_epilogue(ctx, 4, oc)
+    w = Value("w.unpacked", T.TensorType(T.float32, (oc, x[1]) + kernel))
+    (conv_type,), _, _ = infer_node("Conv", [Value("x.f", T.TensorType(T.float32, x)), w],
+                                    _conv_attrs(ctx.attrs), 1, ctx.node_name)
+    return [T.TensorType(out, conv_type.shape)]
+
+
+def quantized_conv_packed(x, x_zero_point, w, w_sums, bias=None, scale=None, y_zero_point=None,
+                          *, oc, lo, hi, **attrs):
+    full = unpack_conv_groups(w, oc, x.shape[1], tuple(attrs["kernel_shape"]))
+    return quantized_conv(x, x_zero_point, full, w_sums, bias, scale, y_zero_point, lo=lo, hi=hi,
+                          **attrs)
+
+
+def _conv_packed_rule(inputs, outputs, *, oc, lo, hi, **attrs):
+    x, wp = inputs[0], inputs[2]
+    kernel = tuple(attrs["kernel_shape"])
+    taps = int(np.prod(kernel))
+
+    def weight(m, c, *k):
+        tap = 0
+        for d, i in zip(kernel, k):
+            tap = tap * d + i
+        g = (c // GROUP_DEPTH) * taps + tap
+        return wp[m // GROUP_COLUMNS, g, m % GROUP_COLUMNS, c % GROUP_DEPTH]
+
+    # the unpacking stage has no reduction: lowering inlines it into the conv's loads
+    w = compute((oc, x.shape[1]) + kernel, weight, "unpack", T.int8)
+    return _conv_rule([x, inputs[1], w] + list(inputs[3:]), outputs, lo=lo, hi=hi, **attrs)
+
+
+register_op("QuantizedConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
+            evaluate=quantized_conv_packed, inputs=(4, 7), compute=_conv_packed_rule,
+            attrs={**CONV_ATTRS, **QUANT_ATTRS, "oc": REQUIRED}, weights=(2, 3, 4),
+            flops=lambda node: conv_flops(node.outputs[0], (node.inputs[0].shape[1],) + tuple(
+                node.attrs["kernel_shape"]), node.outputs[0], has_input(node, 4)),
+            batched=batching.data_input)

@@ -1,0 +1,363 @@
+"""fuse_quantized: rewrite the quantized chains of a model into integer ops
+(`ir/ops/quantized.py`: QuantizedDense, QuantizedConvPacked for one group, QuantizedConv
+for grouped convolutions) with the requantization as their
+epilogue, weights quantized and packed once here.
+
+The chains, in the two formats onnxruntime's quantizer writes:
+
+- QDQ (quantize_static): Q(y) with y = [Relu | Clip] (Conv | MatMul | Gemm)(DQ(xq), DQ(wq),
+  [DQ(bias int32)]) -> QuantizedX(xq, ..., scale = x_scale * w_scale / y_scale, y's zero
+  point), Relu / Clip as the clamp bounds they are in the output's integer domain (Q is
+  monotone: Q(max(v, 0)) = max(Q(v), zero point)). The same product without a Q after it
+  gives a float32 output (scale = x_scale * w_scale).
+- operator format: QLinearMatMul and QLinearConv; MatMulInteger / ConvInteger (what
+  quantize_dynamic writes after DynamicQuantizeLinear), with the Cast to float32 and the Mul
+  by the scales' product that follow them taken as the float32 epilogue.
+- between integer ops, DQ -> op -> Q of the same scale and zero point for an op that only
+  moves or selects values (MaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat;
+  Relu as Max with the zero point) runs the op on the integers: exact, since Q(DQ(v)) = v.
+
+Taken only where it is exact or the model says so: constant per-tensor activation scales and
+zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them),
+per-tensor or per-output-channel weight scales, an int32 bias of scale x_scale * w_scale. A
+chain that is not taken stays as float ops (the DQ / Q references). Every value inside a
+chain must be read by the chain only. Runs first (before fold_constants, which would fold a
+weight's DequantizeLinear into float32) on its own copy of the graph; it never reads a
+target (the packed layout is the fixed one of `ir/ops/quantized.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import types as T
+from ..ir.graph import Graph, Node, Value
+from ..ir.ops.conv import CONV_ATTRS
+from ..ir.ops.quantized import QUANT_ATTRS, clamp_bounds, pack_conv_groups, pack_groups
+from ..ir.ops.registry import infer_node
+from .eliminate import eliminate_dead_code
+
+PRODUCTS = ("Conv", "MatMul", "Gemm")
+QUANTIZED = frozenset({"DequantizeLinear", "MatMulInteger", "ConvInteger", "QLinearMatMul",
+                       "QLinearConv"})
+"""The ops a graph with a chain to rewrite has."""
+MOVES = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat")
+"""Ops that only move or select values: DQ -> op -> Q of the same parameters is op on the
+integers. (Concat: every data input; the others: input 0.)"""
+
+
+@dataclass
+class _Quantized:
+    """A DequantizeLinear's integer input and its constant parameters (zero point 0 of the
+    input's type where absent)."""
+
+    q: Value
+    scale: np.ndarray
+    zero_point: np.ndarray | Value   # a Value: DynamicQuantizeLinear's, known at run time
+    axis: int
+
+
+def _const(v: Value | None) -> np.ndarray | None:
+    return None if v is None else v.const
+
+
+def _dequantized(v: Value | None) -> _Quantized | None:
+    node = None if v is None else v.producer
+    if node is None or node.op != "DequantizeLinear" or node.attrs["block_size"]:
+        return None
+    scale = _const(node.inputs[1])
+    zp = _const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else \
+        np.zeros((), node.inputs[0].type.dtype.np)
+    if scale is None or zp is None or scale.dtype != np.float32:
+        return None
+    return _Quantized(node.inputs[0], scale, zp, node.attrs["axis"])
+
+
+def _value(graph: Graph, name: str, array: np.ndarray) -> Value:
+    array = np.ascontiguousarray(array)
+    return Value(graph.fresh_name(name), T.TensorType(T.DType.from_numpy(array.dtype),
+                                                       array.shape), const=array)
+
+
+class _Rewriter:
+    """Rewrites one graph; `users` is kept current as chains are replaced."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.users = graph.users()
+        self.outputs = {id(v) for v in graph.outputs}
+        self.removed: set[int] = set()   # ids of the nodes replaced so far
+
+    def only_reader(self, v: Value, node: Node) -> bool:
+        """Whether `node` is `v`'s one reader (and v no graph output)."""
+        return id(v) not in self.outputs and self.users.get(v, []) == [node]
+
+    def replace(self, chain: list[Node], op: str, inputs: list, attrs: dict) -> bool:
+        """Replace `chain` (in order; its last node's output kept) by one `op` node, if the
+        node's type is that output's; returns whether it did."""
+        out = chain[-1].outputs[0]
+        name = chain[0].name
+        types, _, full = infer_node(op, inputs, attrs, 1, name)
+        if types[0] != out.type:
+            return False
+        node = Node(op, inputs, [out], full, name)
+        gone = {id(n) for n in chain}
+        self.removed |= gone
+        self.graph.nodes = [node if n is chain[-1] else n for n in self.graph.nodes
+                            if id(n) not in gone or n is chain[-1]]
+        for n in chain:   # the readers of each value, kept current
+            for v in n.inputs:
+                if v is not None and v in self.users:
+                    self.users[v] = [u for u in self.users[v] if u is not n]
+        for v in inputs:
+            if v is not None:
+                self.users.setdefault(v, []).append(node)
+        return True
+
+    # -- the products -------------------------------------------------------------------------
+
+    def product_inputs(self, anchor: Node, x: _Quantized, w: np.ndarray, w_scale: np.ndarray,
+                       bias: np.ndarray | None, scale: np.ndarray | float | Value,
+                       y_zp: np.ndarray | None) -> tuple[str, list, dict] | None:
+        """(op, inputs, attrs) of the integer op for `anchor` (Conv, or a product whose
+        weights `w` are [K, N]), or None where it cannot be one."""
+        g = self.graph
+        runtime = isinstance(x.zero_point, Value)   # DynamicQuantizeLinear's
+        if x.q.type.dtype not in (T.uint8, T.int8) or x.scale.size != 1 or w.dtype != np.int8 \
+                or (not runtime and x.zero_point.size != 1):
+            return None
+        zx = x.zero_point if runtime else \
+            _value(g, f"{anchor.name}.x_zero_point", x.zero_point.reshape(()))
+        scale_v = scale if isinstance(scale, Value) else \
+            _value(g, f"{anchor.name}.scale", np.asarray(scale, np.float32))
+        tail = [None if bias is None else _value(g, f"{anchor.name}.bias", bias.astype(np.int32)),
+                scale_v, None if y_zp is None else _value(g, f"{anchor.name}.y_zero_point",
+                                                          y_zp.reshape(()))]
+        while tail and tail[-1] is None:
+            tail.pop()
+        if anchor.op in ("Conv", "ConvInteger", "QLinearConv"):
+            sums = w.astype(np.int32).reshape(w.shape[0], -1).sum(axis=1, dtype=np.int32)
+            attrs = {k: anchor.attrs[k] for k in CONV_ATTRS}
+            sums_v = _value(g, f"{anchor.name}.w_sums", sums)
+            if attrs["group"] == 1:   # packed once: the int8 conv templates' layout
+                attrs.update(kernel_shape=list(w.shape[2:]), oc=int(w.shape[0]))
+                wv = _value(g, f"{anchor.name}.w_groups", pack_conv_groups(w))
+                return "QuantizedConvPacked", [x.q, zx, wv, sums_v] + tail, attrs
+            return "QuantizedConv", [x.q, zx, _value(g, f"{anchor.name}.w", w), sums_v] + \
+                tail, attrs
+        if x.q.type.rank < 2:
+            return None
+        sums = w.astype(np.int32).sum(axis=0, dtype=np.int32)
+        wv = _value(g, f"{anchor.name}.w_groups", pack_groups(w))
+        return "QuantizedDense", [x.q, zx, wv, _value(g, f"{anchor.name}.w_sums", sums)] + \
+            tail, {"n": int(w.shape[1])}
+
+    def float_weights(self, anchor: Node):
+        """(weights as Conv's [M, ...] or as [K, N], their per-channel scales, int32 bias or
+        None) of a float Conv / MatMul / Gemm of DQ'd operands; None where not exact."""
+        wq = _dequantized(anchor.inputs[1])
+        x = _dequantized(anchor.inputs[0])
+        if wq is None or x is None or wq.q.const is None or np.any(wq.zero_point != 0):
+            return None
+        w = wq.q.const
+        if anchor.op == "Conv":
+            axis = 0
+        elif anchor.op == "MatMul":
+            axis = 1
+        else:
+            a = anchor.attrs
+            if a["transA"] or a["alpha"] != 1.0 or (len(anchor.inputs) > 2 and a["beta"] != 1.0):
+                return None
+            axis = 0 if a["transB"] else 1
+        if w.ndim < 2 or (anchor.op != "Conv" and w.ndim != 2):
+            return None
+        if wq.scale.size > 1 and (wq.axis % w.ndim != axis or wq.scale.size != w.shape[axis]):
+            return None
+        if anchor.op != "Conv" and axis == 0:
+            w = w.T
+        w_scale = (np.float32(x.scale.reshape(())) * wq.scale.astype(np.float32)).reshape(-1)
+        bias = None
+        if len(anchor.inputs) > 2 and anchor.inputs[2] is not None:
+            b = _dequantized(anchor.inputs[2])
+            if b is None or b.q.const is None or b.q.type.dtype is not T.int32 or \
+                    np.any(b.zero_point != 0) or \
+                    not np.allclose(b.scale.reshape(-1), w_scale, rtol=1e-5, atol=0):
+                return None
+            bias = b.q.const.reshape(-1)
+        return x, w, w_scale, bias
+
+    def requantized(self, q: Node) -> bool:
+        """Q([Relu | Clip] (product of DQ'd operands)) -> one integer op."""
+        if q.attrs["block_size"] or len(q.inputs) < 2:
+            return False
+        sy = _const(q.inputs[1])
+        out = q.outputs[0].type.dtype
+        zy = _const(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] is not None else \
+            np.zeros((), out.np)
+        if sy is None or zy is None or sy.size != 1 or zy.size != 1 or \
+                out not in (T.int8, T.uint8) or sy.dtype != np.float32:
+            return False
+        chain, y, lo, hi = [q], q.inputs[0], None, None
+        node = y.producer
+        if node is not None and node.op in ("Relu", "Clip") and self.only_reader(y, q):
+            bounds = self.clamp(node, sy, zy, out)
+            if bounds is None:
+                return False
+            lo, hi = bounds
+            chain.insert(0, node)
+            y = node.inputs[0]
+            node = y.producer
+        if node is None or node.op not in PRODUCTS or not self.only_reader(y, chain[0]):
+            return False
+        operands = self.float_weights(node)
+        if operands is None:
+            return False
+        x, w, w_scale, bias = operands
+        multiplier = (w_scale / np.float32(sy.reshape(()))).astype(np.float32)
+        made = self.product_inputs(node, x, w, w_scale, bias, multiplier, zy)
+        if made is None:
+            return False
+        op, inputs, attrs = made
+        return self.replace([node] + chain, op, inputs, {**attrs, "lo": lo, "hi": hi})
+
+    @staticmethod
+    def clamp(node: Node, sy: np.ndarray, zy: np.ndarray, out: T.DType):
+        """(lo, hi) in the output's integer domain for a Relu / Clip before Q; None when
+        Clip's bounds are not constants."""
+        zero = int(zy.reshape(()))
+        if node.op == "Relu":
+            return zero, None
+        bounds = []
+        for k in (1, 2):
+            v = node.inputs[k] if len(node.inputs) > k else None
+            if v is not None and v.const is None:
+                return None
+            bounds.append(None if v is None else int(np.clip(
+                np.rint(np.float32(v.const) / np.float32(sy.reshape(()))) + zero,
+                *clamp_bounds(out, None, None))))
+        return tuple(bounds)
+
+    def dequantized_output(self, anchor: Node) -> bool:
+        """A product of DQ'd operands whose result stays float32: the integer op with scale
+        x_scale * w_scale and a float32 output."""
+        if anchor.outputs[0].type.dtype is not T.float32:
+            return False
+        operands = self.float_weights(anchor)
+        if operands is None:
+            return False
+        x, w, w_scale, bias = operands
+        made = self.product_inputs(anchor, x, w, w_scale, bias, w_scale, None)
+        return made is not None and self.replace([anchor], *made[:2], {**made[2],
+                                                                       **QUANT_ATTRS})
+
+    # -- operator format ----------------------------------------------------------------------
+
+    def integer_product(self, node: Node) -> bool:
+        """MatMulInteger / ConvInteger (+ Cast to float32 + Mul by a scale) -> one integer op."""
+        a, b = node.inputs[0], node.inputs[1]
+        za = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] is not None \
+            else None
+        za = np.zeros((), a.type.dtype.np) if za is None else \
+            (za.const if za.const is not None else za)
+        zb = _const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None \
+            else np.zeros(())
+        if b.const is None or zb is None or np.any(zb != 0) or \
+                (isinstance(za, Value) and za.type.shape not in ((), (1,))):
+            return False
+        if node.op == "MatMulInteger" and b.type.rank != 2:
+            return False
+        chain, scale = [node], None
+        cast = self.users.get(node.outputs[0], [])
+        if len(cast) == 1 and cast[0].op == "Cast" and cast[0].attrs["to"] is T.float32 and \
+                self.only_reader(node.outputs[0], cast[0]):
+            mul = self.users.get(cast[0].outputs[0], [])
+            if len(mul) == 1 and mul[0].op == "Mul" and \
+                    self.only_reader(cast[0].outputs[0], mul[0]):
+                s = mul[0].inputs[1] if mul[0].inputs[0] is cast[0].outputs[0] else \
+                    mul[0].inputs[0]
+                channels = b.type.shape[1] if node.op == "MatMulInteger" else None
+                if s.type.dtype is T.float32 and s.type.shape in ((), (1,), (channels,)):
+                    chain, scale = [node, cast[0], mul[0]], s
+        x = _Quantized(a, np.ones((), np.float32), za, 1)
+        if scale is None:
+            made = self.product_inputs(node, x, b.const, None, None, None, None)
+            if made is None:
+                return False
+            op, inputs, attrs = made
+            inputs = inputs[:4]   # int32 sums: no scale
+        else:
+            made = self.product_inputs(node, x, b.const, None, None, scale, None)
+            if made is None:
+                return False
+            op, inputs, attrs = made
+        return self.replace(chain, op, inputs, {**attrs, **QUANT_ATTRS})
+
+    def qlinear(self, node: Node) -> bool:
+        """QLinearMatMul / QLinearConv of constant int8 weights -> one integer op."""
+        params = [_const(v) if v is not None else None for v in node.inputs]
+        sx, zx, w, sw, zw, sy = params[1:7]
+        zy = params[7] if len(params) > 7 else None
+        bias = params[8] if len(params) > 8 else None
+        if any(p is None for p in (sx, zx, w, sw, zw, sy)) or np.any(zw != 0) or \
+                (len(node.inputs) > 7 and node.inputs[7] is not None and zy is None) or \
+                (len(node.inputs) > 8 and node.inputs[8] is not None and bias is None):
+            return False
+        if sx.dtype != np.float32 or sw.dtype != np.float32 or sy.size != 1:
+            return False
+        zy = np.zeros((), node.inputs[0].type.dtype.np) if zy is None else zy
+        if node.op == "QLinearMatMul" and (w.ndim != 2 or (sw.size > 1 and sw.shape[-1] !=
+                                                             w.shape[1])):
+            return False
+        w_scale = (np.float32(sx.reshape(())) * sw.astype(np.float32)).reshape(-1)
+        multiplier = (w_scale / np.float32(sy.reshape(()))).astype(np.float32)
+        x = _Quantized(node.inputs[0], sx, zx, 1)
+        made = self.product_inputs(node, x, w, w_scale, bias, multiplier, zy)
+        return made is not None and self.replace([node], *made[:2], {**made[2], **QUANT_ATTRS})
+
+    # -- integers through moves -----------------------------------------------------------------
+
+    def moved(self, q: Node) -> bool:
+        """DQ -> op -> Q of the same scale and zero point (op of `MOVES`, or Relu) -> the op on
+        the integers."""
+        y = q.inputs[0]
+        node = y.producer
+        if node is None or (node.op not in MOVES and node.op != "Relu") or \
+                not self.only_reader(y, q) or q.attrs["block_size"]:
+            return False
+        sy = _const(q.inputs[1])
+        zy = _const(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] is not None else None
+        if sy is None or zy is None or sy.size != 1:
+            return False
+        data = range(len(node.inputs)) if node.op == "Concat" else (0,)
+        inputs = list(node.inputs)
+        for k in data:
+            x = _dequantized(node.inputs[k])
+            if x is None or x.scale.size != 1 or x.q.type.dtype.np != zy.dtype or \
+                    x.scale.reshape(()) != sy.reshape(()) or \
+                    x.zero_point.reshape(()) != zy.reshape(()):
+                return False
+            inputs[k] = x.q
+        if node.op == "Relu":   # relu(s (x - z)) quantized is max(x, z)
+            return self.replace([node, q], "Max", [inputs[0], _value(
+                self.graph, f"{node.name}.zero_point", zy.reshape(()))], {})
+        return self.replace([node, q], node.op, inputs, node.attrs)
+
+
+def fuse_quantized(graph: Graph) -> int:
+    """Rewrite `graph` in place; returns how many chains became integer ops (or integer
+    moves). Unread nodes left behind (a weight's DequantizeLinear) are removed."""
+    r = _Rewriter(graph)
+    count = 0
+    for kinds, rule in ((("QuantizeLinear",), r.moved), (("QuantizeLinear",), r.requantized),
+                        (PRODUCTS, r.dequantized_output),
+                        (("MatMulInteger", "ConvInteger"), r.integer_product),
+                        (("QLinearMatMul", "QLinearConv"), r.qlinear)):
+        for node in list(graph.nodes):
+            if node.op in kinds and id(node) not in r.removed:
+                count += rule(node)
+    if count:
+        eliminate_dead_code(graph)
+        graph.groups = None
+    return count

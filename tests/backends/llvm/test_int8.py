@@ -1,0 +1,236 @@
+"""int8 on the llvm target: the `dot_u8s8x4` intrinsic as AVX-512 VNNI's vpdpbusd, as
+AVX-VNNI's (256-bit halves) and as the widening fallback (features forced off, as
+test_bf16 does), the dense_int8 template against QuantizedDense's reference on odd sizes for
+every activation and output type, and a dynamically quantized transformer through
+dnnc.compile against onnxruntime."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from dnnc.backends.llvm import int8
+from dnnc.backends.llvm.codegen import ModuleBuilder
+from dnnc.backends.llvm.cpu import cpu_from, host_target
+from dnnc.backends.llvm.jit import JITModule
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.ir.ops.quantized import pack_groups, quantized_dense
+
+HOST = host_target().feature_set
+FEATURE_PATHS = {
+    "avx512vnni": (int8.VNNI512, None),
+    "avxvnni": (int8.AVXVNNI, "-avx512vnni"),
+    "widening": (frozenset(), "-avx512vnni,-avxvnni"),
+}
+"""path -> (the features it needs, the --mattr that forces the others off)."""
+
+
+def _needs(path):
+    features = FEATURE_PATHS[path][0]
+    return pytest.mark.skipif(not features <= HOST, reason=f"this CPU lacks {path}")
+
+
+PATHS = [pytest.param(p, marks=_needs(p)) for p in FEATURE_PATHS]
+
+
+def dot_kernel(lanes: int, rows: int) -> L.PrimFunc:
+    acc = L.Buffer("acc", T.int32, (rows, lanes))
+    a = L.Buffer("a", T.uint32, (rows,))
+    b = L.Buffer("b", T.uint32, (rows, lanes))
+    y = L.Buffer("y", T.int32, (rows, lanes))
+    r, j = L.Var("r"), L.Var("j")
+    kind = L.ForKind.VECTORIZED if lanes > 1 else L.ForKind.SERIAL
+    body = L.For(r, rows, L.For(j, lanes, L.Store(y, (r, j), L.call(
+        "dot_u8s8x4", acc[r, j], a[r], b[r, j], dtype=T.int32)), kind))
+    return L.PrimFunc(f"dot{lanes}", (acc, a, b, y), body)
+
+
+def run_dot(lanes: int, features: frozenset, seed: int):
+    rng = np.random.default_rng(seed)
+    rows = 5
+    acc = rng.integers(-1 << 20, 1 << 20, (rows, lanes)).astype(np.int32)
+    a = rng.integers(0, 1 << 32, (rows,), dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 1 << 32, (rows, lanes), dtype=np.uint64).astype(np.uint32)
+    y = np.empty_like(acc)
+    func = dot_kernel(lanes, rows)
+    mb = ModuleBuilder("dot", features)
+    mb.add(func)
+    jm = JITModule(str(mb), host_target(), 2)
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
+        jm.address(f"{func.name}_packed"))
+    fn((ctypes.c_void_p * 4)(*[x.ctypes.data for x in (acc, a, b, y)]), (ctypes.c_int64 * 1)())
+    ua = a.view(np.uint8).reshape(rows, 1, 4).astype(np.int64)
+    sb = b.view(np.int8).reshape(rows, lanes, 4).astype(np.int64)
+    want = (acc + (ua * sb).sum(-1)).astype(np.int32)
+    return y, want, str(mb)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("lanes", [1, 4, 8, 16, 24, 32])
+def test_dot_u8s8x4_is_exact_on_every_feature_path(path, lanes):
+    features = FEATURE_PATHS[path][0] | frozenset({"avx512f"})
+    got, want, ir_text = run_dot(lanes, features, seed=lanes)
+    assert ("vpdpbusd" in ir_text) == (path != "widening")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_native_needs_a_vpdpbusd_form():
+    assert int8.native(frozenset({"avx512vnni", "avx512vl"})) == {"dot_u8s8x4"}
+    assert int8.native(frozenset({"avxvnni"})) == {"dot_u8s8x4"}
+    assert int8.native(frozenset({"avx512vnni"})) == frozenset()
+    assert int8.dot_widths(frozenset({"avxvnni"})) == (8, 4)
+
+
+def _const(name, a):
+    a = np.asarray(a)
+    return Value(name, T.TensorType(T.DType.from_numpy(a.dtype), a.shape), const=a)
+
+
+def dense_graph(rng, m, k, n, act, out, lo=None, hi=None):
+    """y = QuantizedDense(a, ...) -> Relu (a fused consumer); its inputs and reference."""
+    info = np.iinfo(act)
+    w = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    g = Graph("q")
+    a = g.add_input("a", T.TensorType(T.DType.from_numpy(np.dtype(act)), (2, m, k)))
+    ins = [a, _const("za", act(rng.integers(info.min, info.max))), _const("w", pack_groups(w)),
+           _const("s", w.astype(np.int32).sum(0).astype(np.int32))]
+    if out != "int32":
+        ins += [_const("b", rng.integers(-5000, 5000, n).astype(np.int32)),
+                _const("sc", rng.uniform(2e-5, 2e-4, n).astype(np.float32))]
+    if out in ("int8", "uint8"):
+        ins.append(_const("yz", np.dtype(out).type(5)))
+    y = g.add("QuantizedDense", *ins, n=n, lo=lo, hi=hi)
+    g.outputs = [g.add("Relu", y)]
+    x = rng.integers(info.min, info.max + 1, (2, m, k)).astype(act)
+    want = np.maximum(quantized_dense(x, *[v.const for v in ins[1:]], n=n, lo=lo, hi=hi), 0)
+    return g, x, want
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m,k,n,act,out", [
+    (5, 37, 19, np.uint8, "int8"), (7, 64, 48, np.int8, "uint8"), (3, 9, 33, np.int8, "float32"),
+    (1, 3, 1, np.uint8, "int32"), (13, 130, 70, np.int8, "int8")])
+def test_dense_int8_equals_the_reference(path, m, k, n, act, out):
+    rng = np.random.default_rng(m * k * n)
+    g, x, want = dense_graph(rng, m, k, n, act, out, lo=-100 if out == "int8" else None)
+    mattr = FEATURE_PATHS[path][1]
+    model = dnnc.compile(g, "llvm", cpu=None if mattr is None else cpu_from(None, mattr),
+                         cache=False)
+    source = model.source("llvm-ir")
+    assert ("vpdpbusd" in source) == (path != "widening")
+    got = model(x)
+    assert got.dtype == want.dtype
+    if out == "float32":   # (one float32 product each, as the reference: exact too)
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert np.array_equal(got, want)
+
+
+def test_a_dynamically_quantized_transformer_compiles_to_int8_dense_kernels(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from dnnc.testing.quantized_files import onnxruntime_outputs, quantize_dynamic
+
+    model = zoo.build("bert_tiny", seq=16, vocab=512)
+    path = quantize_dynamic(model, tmp_path, "bert_tiny")
+    feeds = zoo.inputs_for(model, np.random.default_rng(21))
+    want = onnxruntime_outputs(path, feeds)[0]
+    compiled = dnnc.compile(str(path), "llvm", cache=False)
+    assert compiled.source("llvm-ir").count("vpdpbusd") > 0 or not int8.native(HOST)
+    np.testing.assert_allclose(compiled(**feeds), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out):
+    """y = Relu(QuantizedConvPacked(x, ...)); its inputs and reference."""
+    from dnnc.ir.ops.quantized import pack_conv_groups, quantized_conv_packed
+
+    info = np.iinfo(act)
+    wq = rng.integers(-128, 128, (m, c, k, k)).astype(np.int8)
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, c, h, w)))
+    ins = [x, _const("za", act(rng.integers(info.min, info.max))),
+           _const("w", pack_conv_groups(wq)),
+           _const("s", wq.astype(np.int32).reshape(m, -1).sum(1).astype(np.int32)),
+           _const("b", rng.integers(-1000, 1000, m).astype(np.int32)),
+           _const("sc", rng.uniform(1e-4, 1e-3, m).astype(np.float32))]
+    if out is not None:
+        ins.append(_const("yz", out(3)))
+    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, oc=m,
+                 lo=None, hi=None)
+    g.outputs = [g.add("Relu", g.add("QuantizedConvPacked", *ins, **attrs))]
+    xv = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(act)
+    want = np.maximum(quantized_conv_packed(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
+                                            dilations=None, group=1, **attrs), 0)
+    return g, xv, want
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", [
+    (1, 5, 9, 7, 19, 3, 1, 1, np.uint8, np.int8), (2, 16, 8, 8, 40, 1, 1, 0, np.int8, np.uint8),
+    (1, 3, 11, 11, 8, 3, 2, 1, np.int8, None), (1, 8, 7, 7, 33, 1, 2, 0, np.uint8, np.int8),
+    (1, 6, 10, 10, 16, 7, 2, 3, np.int8, np.int8), (3, 20, 5, 7, 13, 1, 1, 0, np.uint8, np.int8),
+    (1, 9, 9, 9, 70, 1, 1, 0, np.int8, None)])
+def test_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, pad, act, out):
+    """Odd channels (a group of 4 part zero), padding (the zero point), strides, batches;
+    pointwise convs (the transposed tile) of pixels and channels that fill no whole tile."""
+    rng = np.random.default_rng(n * c * h * m * k)
+    g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
+    mattr = FEATURE_PATHS[path][1]
+    model = dnnc.compile(g, "llvm", cpu=None if mattr is None else cpu_from(None, mattr),
+                         cache=False)
+    assert ("vpdpbusd" in model.source("llvm-ir")) == (path != "widening")
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("n,c,h,w,k,stride,pad,act,out", [
+    (1, 5, 9, 7, 3, 1, 1, np.uint8, np.int8), (2, 16, 8, 8, 3, 2, 1, np.int8, np.uint8),
+    (1, 3, 11, 11, 5, 1, 2, np.int8, None), (1, 8, 7, 7, 3, 2, 0, np.uint8, np.int8)])
+def test_depthwise_int8_equals_the_reference(n, c, h, w, k, stride, pad, act, out):
+    from dnnc.ir.ops.quantized import quantized_conv
+
+    rng = np.random.default_rng(n * c * h * k)
+    info = np.iinfo(act)
+    wq = rng.integers(-128, 128, (c, 1, k, k)).astype(np.int8)
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, c, h, w)))
+    ins = [x, _const("za", act(rng.integers(info.min, info.max))), _const("w", wq),
+           _const("s", wq.astype(np.int32).reshape(c, -1).sum(1).astype(np.int32)),
+           _const("b", rng.integers(-1000, 1000, c).astype(np.int32)),
+           _const("sc", rng.uniform(1e-3, 1e-2, c).astype(np.float32))]
+    if out is not None:
+        ins.append(_const("yz", out(3)))
+    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=c,
+                 lo=None, hi=None)
+    g.outputs = [g.add("Relu", g.add("QuantizedConv", *ins, **attrs))]
+    xv = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(act)
+    want = np.maximum(quantized_conv(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
+                                     dilations=None, **attrs), 0)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert [r["template"] for r in model.profile(xv, repeat=1)] == ["depthwise_int8"]
+    got = model(xv)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("k,stride,pad,size", [(3, 2, 1, 13), (2, 2, 0, 8), (3, 1, 1, 37)])
+def test_maxpool_int8_equals_the_reference(dtype, k, stride, pad, size):
+    """MaxPool on quantized values (fuse_quantized's move): the maxpool_int8 template, its
+    padding the type's minimum, against the registry's reference."""
+    from dnnc.ir.ops.registry import get_op
+
+    rng = np.random.default_rng(k * size)
+    info = np.iinfo(dtype)
+    g = Graph("p")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(dtype)), (2, 3, size, size)))
+    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
+    g.outputs = [g.add("MaxPool", x, **attrs)]
+    xv = rng.integers(info.min, info.max + 1, (2, 3, size, size)).astype(dtype)
+    want = get_op("MaxPool").run([xv], g.nodes[0].attrs)[0]
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert [r["template"] for r in model.profile(xv, repeat=1)] == ["maxpool_int8"]
+    got = model(xv)
+    assert got.dtype == want.dtype and np.array_equal(got, want)

@@ -1,0 +1,61 @@
+"""Quantized files as users make them (issue 33): onnxruntime's quantize_static (QDQ,
+per-channel int8 weights, int8 / uint8 activations) on zoo CNNs and quantize_dynamic on a
+transformer. fuse_quantized turns every convolution and dense layer into an integer op, and
+the result equals onnxruntime's int8 run of the same file: bit for bit on the CNNs (the
+integer ops requantize as MLAS does: float32 product, rounding half to even), within float32
+rounding on the dynamically quantized transformer (whose float ops, LayerNorm, Softmax,
+GELU, differ in summation order). Calibration and inputs are seeded: a failure reproduces."""
+
+import collections
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from dnnc.frontend.onnx import import_onnx
+from dnnc.ir.interpreter import run_graph
+from dnnc.ir.target import Target
+from dnnc.passes.manager import optimize
+from dnnc.testing.quantized_files import onnxruntime_outputs, quantize_dynamic, quantize_static
+
+pytest.importorskip("onnxruntime")
+
+CNNS = [("resnet18", {"size": 32}, "int8", 20), ("mobilenet_v2", {"size": 32}, "uint8", 52)]
+"""(zoo model, config, activation type, its convolutions)."""
+
+
+def _reference_outputs(path, feeds):
+    """The numpy target's outputs (the registry's references) after the level-1 passes, and
+    the op counts of that graph."""
+    g = optimize(import_onnx(str(path)), Target("numpy"), opt_level=1)
+    ops = collections.Counter(n.op for n in g.nodes)
+    return run_graph(g, [feeds[v.name] for v in g.inputs]), ops
+
+
+@pytest.mark.parametrize("name,config,activations,convs", CNNS)
+def test_a_qdq_cnn_runs_integer_ops_equal_to_onnxruntime(tmp_path, name, config, activations,
+                                                         convs):
+    model = zoo.build(name, **config)
+    path = quantize_static(model, tmp_path, name, seed=3, activations=activations)
+    feeds = zoo.inputs_for(model, np.random.default_rng(11))
+    want = onnxruntime_outputs(path, feeds)
+    got, ops = _reference_outputs(path, feeds)
+    assert ops["QuantizedConvPacked"] + ops["QuantizedConv"] == convs and ops["QuantizedDense"] == 1
+    assert "Conv" not in ops and "Gemm" not in ops
+    assert np.array_equal(got[0], want[0])
+    compiled = dnnc.compile(str(path), "llvm")
+    assert np.array_equal(compiled(**feeds), want[0])
+    compiled.save(tmp_path / "model.dnnc")   # the integer ops and packed weights restore
+    assert np.array_equal(dnnc.load(tmp_path / "model.dnnc")(**feeds), want[0])
+
+
+def test_a_dynamically_quantized_transformer_runs_integer_dense_ops(tmp_path):
+    model = zoo.build("bert_tiny", seq=16, vocab=512)
+    path = quantize_dynamic(model, tmp_path, "bert_tiny")
+    feeds = zoo.inputs_for(model, np.random.default_rng(12))
+    want = onnxruntime_outputs(path, feeds)
+    got, ops = _reference_outputs(path, feeds)
+    assert ops["QuantizedDense"] == 12 and "MatMulInteger" not in ops
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())

@@ -1,0 +1,176 @@
+"""fuse_quantized: DQ -> product -> Q chains (QDQ) and the operator format (QLinearMatMul,
+QLinearConv, MatMulInteger / ConvInteger with their Cast and Mul) become QuantizedDense /
+QuantizedConv; moves between quantized values run on the integers; a chain that is not exact
+stays float. The references of the integer ops are compared bit for bit with onnxruntime's
+int8 kernels (the requantization is MLAS's: one float32 product, rounding half to even)."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from dnnc.frontend.onnx import import_onnx
+from dnnc.ir.interpreter import run_graph
+from dnnc.ir.ops.quantized import pack_groups, quantized_dense, unpack_groups
+from dnnc.passes.fuse_quantized import fuse_quantized
+from dnnc.testing.quantized_files import onnxruntime_outputs
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _model(nodes, inputs, outputs, inits, opset=13):
+    graph = helper.make_graph(nodes, "q", inputs, outputs,
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _fused(model, feeds, tmp_path):
+    """(ops after the pass, dnnc's reference outputs, onnxruntime's) for `model`."""
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    g = import_onnx(model)
+    fuse_quantized(g)
+    g.verify()
+    got = run_graph(g, [feeds[v.name] for v in g.inputs])
+    return [n.op for n in g.nodes], got, onnxruntime_outputs(path, feeds)
+
+
+def _scales(rng, n):
+    return (rng.uniform(0.002, 0.02, n)).astype(np.float32)
+
+
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_qlinear_conv_and_matmul_equal_onnxruntime(tmp_path, act):
+    rng = np.random.default_rng(33)
+    info = np.iinfo(act)
+    f32, elem = TensorProto.FLOAT, helper.np_dtype_to_tensor_dtype(np.dtype(act))
+    w = rng.integers(-127, 128, (12, 5, 3, 3)).astype(np.int8)
+    wm = rng.integers(-127, 128, (12 * 9 * 7, 21)).astype(np.int8)
+    inits = {"sx": np.float32(0.05), "zx": act(7), "w": w, "sw": _scales(rng, 12),
+             "zw": np.zeros(12, np.int8), "sy": np.float32(0.9), "zy": act(3),
+             "b": rng.integers(-3000, 3000, 12).astype(np.int32),
+             "sy2": np.float32(0.04), "wm": wm, "swm": np.float32(0.003), "zwm": np.int8(0),
+             "sz": np.float32(2.5), "zz": act(-5 if info.min < 0 else 120),
+             "shape": np.array([1, -1])}
+    nodes = [helper.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "b"],
+                              ["y"], pads=[1, 0, 1, 2], strides=[1, 1]),
+             helper.make_node("Reshape", ["y", "shape"], ["yf"]),
+             helper.make_node("QLinearMatMul", ["yf", "sy", "zy", "wm", "swm", "zwm", "sz", "zz"],
+                              ["z"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", elem, [1, 5, 9, 7])],
+                   [helper.make_tensor_value_info("z", elem, [1, 21])], inits)
+    x = rng.integers(info.min, info.max + 1, (1, 5, 9, 7)).astype(act)
+    ops, got, want = _fused(model, {"x": x}, tmp_path)
+    assert ops == ["QuantizedConvPacked", "Reshape", "QuantizedDense"]
+    assert got[0].dtype == act and np.array_equal(got[0], want[0])
+    assert len(np.unique(want[0])) > 10   # (not saturated flat)
+
+
+def _qdq_conv_model(rng, relu: bool, bias_dq: bool = True, wzp: int = 0):
+    """x -> Q -> DQ -> Conv(DQ(w), DQ(b)) [-> Relu] -> Q -> DQ -> MaxPool -> Q -> DQ -> y."""
+    f32 = TensorProto.FLOAT
+    sx, sw = np.float32(0.02), _scales(rng, 8)
+    inits = {"sx": sx, "zx": np.int8(-3),
+             "wq": rng.integers(-127, 128, (8, 4, 3, 3)).astype(np.int8),
+             "sw": sw, "zw": np.full(8, wzp, np.int8),
+             "bq": rng.integers(-500, 500, 8).astype(np.int32), "sb": sx * sw,
+             "zb": np.zeros(8, np.int32), "sy": np.float32(0.05), "zy": np.int8(-20),
+             "bf": rng.standard_normal(8).astype(np.float32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], axis=0),
+             helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "bd" if bias_dq else "bf"], ["c"],
+                              pads=[1, 1, 1, 1])]
+    last = "c"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+        last = "r"
+    nodes += [helper.make_node("QuantizeLinear", [last, "sy", "zy"], ["cq"]),
+              helper.make_node("DequantizeLinear", ["cq", "sy", "zy"], ["cd"]),
+              helper.make_node("MaxPool", ["cd"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+              helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["pq"]),
+              helper.make_node("DequantizeLinear", ["pq", "sy", "zy"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", f32, [1, 4, 10, 10])],
+                  [helper.make_tensor_value_info("y", f32, [1, 8, 5, 5])], inits)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_a_qdq_conv_chain_becomes_one_integer_conv_and_an_integer_maxpool(tmp_path, relu):
+    rng = np.random.default_rng(7)
+    model = _qdq_conv_model(rng, relu)
+    x = rng.standard_normal((1, 4, 10, 10)).astype(np.float32)
+    ops, got, want = _fused(model, {"x": x}, tmp_path)
+    assert ops == ["QuantizeLinear", "QuantizedConvPacked", "MaxPool", "DequantizeLinear"]
+    assert np.array_equal(got[0], want[0])
+    if relu:   # the clamp at the zero point: no value below 0
+        assert got[0].min() == 0.0
+
+
+def test_a_relu_before_q_is_the_zero_point_as_lower_bound():
+    g = import_onnx(_qdq_conv_model(np.random.default_rng(1), relu=True))
+    fuse_quantized(g)
+    (conv,) = [n for n in g.nodes if n.op == "QuantizedConvPacked"]
+    assert (conv.attrs["lo"], conv.attrs["hi"]) == (-20, None)
+
+
+@pytest.mark.parametrize("kind", ["float_bias", "weight_zero_point"])
+def test_a_chain_that_is_not_exact_stays_float(kind):
+    model = _qdq_conv_model(np.random.default_rng(2), relu=False, bias_dq=kind != "float_bias",
+                            wzp=3 if kind == "weight_zero_point" else 0)
+    g = import_onnx(model)
+    fuse_quantized(g)
+    ops = [n.op for n in g.nodes]
+    assert "Conv" in ops and not {"QuantizedConv", "QuantizedConvPacked"} & set(ops)
+    assert "MaxPool" in ops   # the move on integers is taken on its own
+
+
+def test_matmul_integer_with_its_cast_and_scale_becomes_a_float_output_dense(tmp_path):
+    rng = np.random.default_rng(4)
+    f32 = TensorProto.FLOAT
+    inits = {"w": rng.integers(-127, 128, (37, 19)).astype(np.int8), "zw": np.int8(0),
+             "sw": np.float32(0.01), "bias": rng.standard_normal(19).astype(np.float32)}
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "sx", "zx"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "zx", "zw"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=f32),
+             helper.make_node("Mul", ["sx", "sw"], ["s"]),
+             helper.make_node("Mul", ["accf", "s"], ["y0"]),
+             helper.make_node("Add", ["y0", "bias"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", f32, [2, 3, 37])],
+                   [helper.make_tensor_value_info("y", f32, [2, 3, 19])], inits)
+    x = rng.standard_normal((2, 3, 37)).astype(np.float32)
+    ops, got, want = _fused(model, {"x": x}, tmp_path)
+    assert ops == ["DynamicQuantizeLinear", "Mul", "QuantizedDense", "Add"]
+    # onnxruntime fuses the chain into MatMulIntegerToFloat: the same float32 product of the
+    # exact sum and the scales' product
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("k,n", [(1, 1), (5, 17), (64, 16), (130, 33)])
+def test_groups_pack_and_unpack(k, n):
+    w = np.random.default_rng(k * n).integers(-128, 128, (k, n)).astype(np.int8)
+    wp = pack_groups(w)
+    assert wp.shape == (-(-n // 16), -(-k // 4), 16, 4)
+    assert wp[(n - 1) // 16, (k - 1) // 4, (n - 1) % 16, (k - 1) % 4] == w[-1, -1]
+    assert np.array_equal(unpack_groups(wp, k, n), w)
+
+
+def test_the_reference_rejects_sums_that_are_not_the_weights():
+    w = np.ones((8, 3), np.int8)
+    a = np.zeros((2, 8), np.uint8)
+    with pytest.raises(ValueError, match="w_sums"):
+        quantized_dense(a, np.uint8(0), pack_groups(w), np.array([8, 8, 7], np.int32), n=3,
+                        lo=None, hi=None)
+
+
+def test_inspect_counts_the_int8_products_and_names_the_float_ones():
+    from dnnc.compiler.inspect import format_passes, pass_report
+
+    g = import_onnx(_qdq_conv_model(np.random.default_rng(5), relu=True))
+    rows = pass_report(g, "llvm", 3)
+    assert (rows[0].int8, rows[0].float_products) == (0, ("Conv_4",))
+    assert (rows[1].name, rows[1].int8, rows[1].float_products) == ("fuse_quantized", 1, ())
+    text = format_passes(rows, "llvm", 3)
+    assert "int8: 1 of 1 products run as integer ops" in text
+    float_conv = import_onnx(_qdq_conv_model(np.random.default_rng(5), relu=False,
+                                             bias_dq=False))
+    assert pass_report(float_conv, "llvm", 3)[-1].int8 == 0
