@@ -53,7 +53,8 @@ class _Intrinsics:
 
 def render(em, s: L.TileProduct) -> None:
     """Emit `s` (`TileProduct`) at the emitter `em`'s builder: C's tiles loaded (or zeroed),
-    a loop over the k steps carrying them in phis (straight-line for one step), stored."""
+    for each run a loop over its k steps carrying them in phis (straight-line for one step),
+    stored."""
     b, ops = em.b, _Intrinsics(em.mb, s.precision)
     rows, width = ir.Constant(I16, L.TILE_ROWS), ir.Constant(I16, TILE_BYTES)
     c0, a0, b0 = (em.address(x.buffer, x.indices) for x in (s.c, s.a, s.b))
@@ -78,17 +79,18 @@ def render(em, s: L.TileProduct) -> None:
         acc = [[b.call(ops.zero, [rows, width]) for _ in range(s.n_tiles)]
                for _ in range(s.m_tiles)]
 
-    def step(t, tiles):
-        a_tiles = [b.call(ops.load, [rows, width, at(a0, r * a_tile, t, a_step),
+    def step(t, tiles, a_run: int, b_run: int):
+        a_tiles = [b.call(ops.load, [rows, width, at(a0, a_run + r * a_tile, t, a_step),
                                      stride(a_row)]) for r in range(s.m_tiles)]
-        b_tiles = [b.call(ops.load, [rows, width, at(b0, j * b_tile, t, b_step),
+        b_tiles = [b.call(ops.load, [rows, width, at(b0, b_run + j * b_tile, t, b_step),
                                      stride(b_row)]) for j in range(s.n_tiles)]
         return [[b.call(ops.dot, [rows, width, width, tiles[r][j], a_tiles[r], b_tiles[j]])
                  for j in range(s.n_tiles)] for r in range(s.m_tiles)]
 
-    if s.steps == 1:
-        acc = step(None, acc)
-    else:
+    for a_run, b_run in s.runs:   # (C's tiles carried from run to run)
+        if s.steps == 1:
+            acc = step(None, acc, a_run, b_run)
+            continue
         head = b.block
         body = em.fn.append_basic_block("tiles.k")
         done = em.fn.append_basic_block("tiles.done")
@@ -99,7 +101,7 @@ def render(em, s: L.TileProduct) -> None:
         phis = [[b.phi(TILE, f"c{r}{j}") for j in range(s.n_tiles)] for r in range(s.m_tiles)]
         for r, j in _grid(s):
             phis[r][j].add_incoming(acc[r][j], head)
-        out = step(t, phis)
+        out = step(t, phis, a_run, b_run)
         t_next = b.add(t, ir.Constant(I64, 1))
         t.add_incoming(t_next, b.block)
         for r, j in _grid(s):
@@ -142,7 +144,7 @@ def _flat(place: L.Load) -> tuple[L.Buffer, L.Expr]:
 
 def _expanded(s: L.TileProduct) -> L.Stmt:
     """`s` as loops: each row of each C tile summed in a 16-lane local vector, one
-    `dot_bf16x2` per (step, pair) and column, the pairs of a step in order."""
+    `dot_bf16x2` per (run, step, pair) and column, in that order."""
     if s.precision != "bf16":
         raise NotImplementedError(f"tile products of {s.precision} run on AMX only")
     (c, c0), (a, a0), (b, b0) = (_flat(x) for x in (s.c, s.a, s.b))
@@ -155,10 +157,15 @@ def _expanded(s: L.TileProduct) -> L.Stmt:
     vec = L.ForKind.VECTORIZED
     start = c[c_at] if s.accumulate else L.const(0.0)
     init = L.For(col, rows, L.Store(acc, (col,), start), vec)
-    dot = L.Let(word, a[a0 + r * a_tile + t * a_step + i * a_row + q], L.For(
-        col, rows, L.Store(acc, (col,), L.call(
-            "dot_bf16x2", acc[col], word, b[b0 + t * b_step + j * b_tile + q * b_row + col],
-            dtype=T.float32)), vec))
+
+    def run(a_run: int, b_run: int) -> L.Stmt:
+        dot = L.Let(word, a[a0 + a_run + r * a_tile + t * a_step + i * a_row + q], L.For(
+            col, rows, L.Store(acc, (col,), L.call(
+                "dot_bf16x2", acc[col], word,
+                b[b0 + b_run + t * b_step + j * b_tile + q * b_row + col], dtype=T.float32)),
+            vec))
+        return L.For(t, s.steps, L.For(q, rows, dot))
+
     done = L.For(col, rows, L.Store(c, (c_at,), acc[col]), vec)
-    row = L.Allocate(acc, L.seq(init, L.For(t, s.steps, L.For(q, rows, dot)), done))
+    row = L.Allocate(acc, L.seq(init, *(run(*offsets) for offsets in s.runs), done))
     return L.For(r, s.m_tiles, L.For(j, s.n_tiles, L.For(i, rows, row)))

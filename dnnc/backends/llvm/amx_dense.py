@@ -61,6 +61,10 @@ class AmxConfig:
     col_tiles: int    # C tiles of a block along its columns
     unit_rows: int    # row blocks of a worker-pool unit
     unit_cols: int    # column blocks of a worker-pool unit
+    # a unit's outer loop: "columns" (its column blocks outside its row blocks: a column
+    # block's B tiles read again from L1 by the next row block) or "rows" (a row block's
+    # columns one after another: Y written a block row at a time, `default`)
+    order: str = "columns"
 
 
 def applies(p: Dense) -> bool:
@@ -117,14 +121,16 @@ def space(p: Dense, machine) -> Space:
     ]
     return Space("amx_dense", AmxConfig, {
         "rows_along": ("m", "n"), "row_tiles": (1, 2, 3), "col_tiles": (1, 2),
-        "unit_rows": (1, 2, 4, 8), "unit_cols": (1, 2, 4, 8, 16, 32, 64, 128)}, constraints)
+        "unit_rows": (1, 2, 4, 8), "unit_cols": (1, 2, 4, 8, 16, 32, 64, 128),
+        "order": ("columns", "rows")}, constraints)
 
 
 def default(p: Dense, machine) -> AmxConfig:
     """Blocks of Y^T for a 1x1 conv of at least as many pixels as pairs of input channels,
     of Y otherwise (module docstring); 2 x 2 tiles where both extents have two (along m, and
     the panel holds two), else 1 x 2 or 3 x 1; units of up to 4 row blocks (fewer where the
-    threads would lack units) by the column blocks `_unit_cols` balances."""
+    threads would lack units) by the column blocks `_unit_cols` balances; a unit's row
+    blocks outside its column blocks for Y^T (`ORDER_OF_Y_T`), inside for Y."""
     along = "n" if isinstance(p, PointwiseDense) and p.m >= -(-p.k // 2) else "m"
     r, s = (p.m, p.n) if along == "m" else (p.n, p.m)
     two = s > ROWS and (along == "n" or p.packed_panel % (2 * ROWS) == 0)
@@ -135,7 +141,23 @@ def default(p: Dense, machine) -> AmxConfig:
     unit_rows = max(1, min(4, p.batch * row_blocks // threads if threads > 1 else row_blocks))
     unit_rows = _power_of_two_below(min(unit_rows, row_blocks))
     row_units = p.batch * -(-row_blocks // unit_rows)
-    return AmxConfig(along, rows, cols, unit_rows, _unit_cols(row_units, col_blocks, threads))
+    return AmxConfig(along, rows, cols, unit_rows, _unit_cols(row_units, col_blocks, threads),
+                     ORDER_OF_Y_T if along == "n" else "columns")
+
+
+ORDER_OF_Y_T = "rows"
+"""A unit's outer loop for blocks of Y^T (1x1 convs of many pixels): its row blocks (output
+channels), so that Y's NCHW planes are written a block's 32 channels at a time, each plane
+front to back, where column blocks outside kept 4 row blocks' 128 planes open at once, 128
+bytes of each a block. Why: resnet50's 1x1 64->256 at 56^2, one thread on the Emerald Rapids
+host, ran at 98 GFLOP/s on the tiles against 132 in fp32 (bench/amx_bf16.py), 1.05 ms: by
+count its 6272 tdpbf16ps (16 cycles each) are ~0.05 ms and its packing (`xpairs`, 100 K
+words; an image of that size is made in 0.05 ms on znver5) about as much, so the rest is
+the blocks' stores, 3.2 MB of Y (inferred, not profiled: every line a demand miss while 128
+planes advance at once, more write streams than the L2 streamer follows); with 2 k steps a
+block has too little product to hide them (256->64, 8 steps: 217 GFLOP/s). At 16 threads a
+unit holds one row block (`default`) and the order is moot. The other order stays in the
+space (`order`); `bench/amx_bf16.py --shapes convs` times both."""
 
 
 UNIT_COST = 0.25
@@ -321,7 +343,7 @@ def _tiles_of_rows(p: Dense, steps: int, a_at, slot, trans: bool) -> L.Stmt:
 
 def _products(p: Dense, g: _Geometry, views: DenseViews, operands, par: L.ForKind) -> L.Stmt:
     """Every unit's blocks: column blocks outer (a block's B tiles read again from L1/L2 by
-    the unit's next row block), row blocks inner."""
+    the unit's next row block), row blocks inner; the other way round with order "rows"."""
     c = g.config
     v, cl, rl = L.Var("v"), L.Var("cl"), L.Var("rl")
     per_batch = g.row_groups * g.col_groups
@@ -331,11 +353,17 @@ def _products(p: Dense, g: _Geometry, views: DenseViews, operands, par: L.ForKin
     cacc = L.Buffer("cacc", T.float32, (g.bm * g.bn,), L.Scope.LOCAL)
     block = L.Allocate(cacc, L.seq(*operands.products(cacc, bi, rb, cb),
                                    _store(p, g, views, cacc, bi, rb, cb)))
-    rows = L.For(rl, c.unit_rows, L.If(rb < g.row_blocks, block)
-                 if g.row_blocks % c.unit_rows else block)
-    cols = L.For(cl, c.unit_cols, L.If(cb < g.col_blocks, rows)
-                 if g.col_blocks % c.unit_cols else rows)
-    return L.For(v, g.units, cols, par if g.units > 1 else L.ForKind.SERIAL)
+
+    def rows(inner: L.Stmt) -> L.Stmt:
+        return L.For(rl, c.unit_rows, L.If(rb < g.row_blocks, inner)
+                     if g.row_blocks % c.unit_rows else inner)
+
+    def cols(inner: L.Stmt) -> L.Stmt:
+        return L.For(cl, c.unit_cols, L.If(cb < g.col_blocks, inner)
+                     if g.col_blocks % c.unit_cols else inner)
+
+    unit = rows(cols(block)) if c.order == "rows" else cols(rows(block))
+    return L.For(v, g.units, unit, par if g.units > 1 else L.ForKind.SERIAL)
 
 
 def _store(p: Dense, g: _Geometry, views: DenseViews, cacc: L.Buffer, bi, rb, cb) -> L.Stmt:

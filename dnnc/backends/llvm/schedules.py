@@ -39,6 +39,7 @@ from .. import problems
 from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, rename_buffer,
                              rows_first, update_op)
 from ..space import Constraint, Space, Template, choose_template
+from .amx_conv import AMX_CONV
 from .amx_dense import AMX_DENSE, AMX_POINTWISE
 from .conv import CONV2D, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
@@ -653,9 +654,9 @@ ROWS = Template("rows", problems.rows, lambda p: True, rows_space, rows_default,
 
 TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
-    ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, DENSE, DENSE_INT8, CONV_INT8,
-                                    DEPTHWISE_INT8, POINTWISE_GEMM, POINTWISE, CONV2D,
-                                    DEPTHWISE, WINOGRAD, ROWS),
+    ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, AMX_CONV, DENSE, DENSE_INT8,
+                                    CONV_INT8, DEPTHWISE_INT8, POINTWISE_GEMM, POINTWISE,
+                                    CONV2D, DEPTHWISE, WINOGRAD, ROWS),
     ("llvm", Pattern.OPAQUE): (POOL2D, MAXPOOL_INT8, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first that serves the

@@ -676,7 +676,9 @@ class TileProduct(Stmt):
     sum over t and p of dot(A[r, t][i, p], B[t, s][p, j]): for bf16, lo(x) lo(y) + hi(x)
     hi(y) of the bfloat16 numbers in each word's bits 0-15 and 16-31, in float32 (each
     product exact, sums rounded to nearest even, denormal operands and results zero); for
-    int8, the four products of A's unsigned bytes and B's signed bytes in int32. GPU backends
+    int8, the four products of A's unsigned bytes and B's signed bytes in int32. `runs`:
+    (A, B) offsets in words of k's runs of `steps` steps each, one after another with C in
+    the tile registers (a convolution's taps; by default one run at offset 0). GPU backends
     do not render it."""
 
     precision: str
@@ -690,11 +692,12 @@ class TileProduct(Stmt):
     n_tiles: int
     steps: int
     accumulate: bool = True
+    runs: tuple[tuple[int, int], ...] = ((0, 0),)
 
     def __hash__(self):
         return hash(("TileProduct", self.precision, self.c, self.a, self.b, self.c_row,
                      self.a_layout, self.b_layout, self.m_tiles, self.n_tiles, self.steps,
-                     self.accumulate))
+                     self.accumulate, self.runs))
 
     @property
     def tiles(self) -> int:

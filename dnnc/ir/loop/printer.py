@@ -103,7 +103,8 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
         op = "+=" if s.accumulate else "="
         return (f"{pad}tile_product_{s.precision}_{s.m_tiles}x{s.n_tiles}("
                 f"{print_expr(s.c)} rows {s.c_row} {op} a={print_expr(s.a)} {s.a_layout}, "
-                f"b={print_expr(s.b)} {s.b_layout}, steps={s.steps})\n")
+                f"b={print_expr(s.b)} {s.b_layout}, steps={s.steps}"
+                f"{'' if s.runs == ((0, 0),) else f', runs={list(s.runs)}'})\n")
     raise TypeError(f"not a statement: {s!r}")
 
 

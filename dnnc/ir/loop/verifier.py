@@ -197,6 +197,9 @@ def _check_tile_product(func, s: TileProduct, gpu: set) -> None:
             s.a.dtype is T.uint32 and isinstance(s.b, Load) and s.b.dtype is T.uint32):
         raise LoopIRError(f"{func.name}: a {s.precision} tile product accumulates into "
                           f"{acc.name} places from uint32 words")
+    if not s.runs or any(len(r) != 2 or min(r) < 0 for r in s.runs):
+        raise LoopIRError(f"{func.name}: tile product runs {s.runs} (one at least, of "
+                          f"offsets (A, B) at least 0)")
     if min(s.m_tiles, s.n_tiles, s.steps) < 1 or s.tiles > TILE_REGISTERS:
         raise LoopIRError(f"{func.name}: tile product of {s.m_tiles} x {s.n_tiles} tiles "
                           f"({s.tiles} registers of {TILE_REGISTERS}), {s.steps} steps")

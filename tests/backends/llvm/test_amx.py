@@ -74,23 +74,20 @@ def compiled_with_tiles(model, mode: str, **options):
 
 
 def test_tiles_where_the_target_has_them_vdpbf16ps_elsewhere_never_at_fp32():
-    """Compile only (no tile instruction runs here): a MatMul and a 1x1 conv take the AMX
-    templates on a target with amx-tile and amx-bf16 at bf16; a 3x3 conv keeps vdpbf16ps;
-    the same CPU without amx-bf16, and fp32 anywhere, never see a tile."""
+    """Compile only (no tile instruction runs here): a MatMul, a 1x1 and a 3x3 conv take the
+    AMX templates on a target with amx-tile and amx-bf16 at bf16 (test_amx_conv.py: every
+    window); the same CPU without amx-bf16, and fp32 anywhere, never see a tile."""
     mm, _ = matmul_model(20, 70, 40, seed=1, bias=True)
     pointwise = conv_model(24, 40, 9, 1, 1, 0, seed=2)[0]
     conv3 = conv_model(8, 16, 10, 3, 1, 1, seed=3)[0]
     without = cpu_from(None, "-amx-bf16")
-    for model in (mm, pointwise):
+    for model in (mm, pointwise, conv3):
         loop = dnnc.compile(model, "llvm", precision="bf16", cache=False,
                             cpu=amx_cpu()).source("loop")
         assert "tile_product_bf16" in loop and "dot_bf16x2" not in loop
         for other in (dnnc.compile(model, "llvm", precision="bf16", cache=False, cpu=without),
                       dnnc.compile(model, "llvm", cache=False, cpu=amx_cpu())):
             assert "tile_product" not in other.source("loop")
-    loop = dnnc.compile(conv3, "llvm", precision="bf16", cache=False,
-                        cpu=amx_cpu()).source("loop")
-    assert "tile_product" not in loop and "dot_bf16x2" in loop
 
 
 def test_the_template_table_names_the_amx_templates():
@@ -427,7 +424,10 @@ def test_default_blocks_y_transposed_for_convs_of_many_pixels_and_balances_units
     for build, along in cases:
         kernel = amx_kernel(rng, build)[0]
         template, problem = template_for(kernel, machine=machine)
-        assert template.default(problem, machine).rows_along == along
+        default = template.default(problem, machine)
+        assert default.rows_along == along
+        # Y^T: a unit's row blocks (output channels) outside, each plane written in order
+        assert default.order == ("rows" if along == "n" else "columns")
     # bert-base's 768 x 768 at 128 tokens, 16 threads: 48 units in 3 full rounds
     assert amx_dense._unit_cols(4, 24, 16) == 2
     assert amx_dense._unit_cols(1, 300, 1) == 128   # one thread: the widest units

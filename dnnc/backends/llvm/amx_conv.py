@@ -1,0 +1,271 @@
+"""bf16 convolutions of any window on AMX tiles (Sapphire Rapids and later): ConvPacked at
+precision bf16 (one group) where the target has amx-tile and amx-bf16 and the conv is no
+1x1 that `amx_dense`'s AMX_POINTWISE takes (3x3 at stride 1 and 2, the 7x7 stem, ...).
+
+An implicit GEMM with no patches copied: Y's rows are output pixels, its columns output
+channels, k runs over the window's taps (one `TileProduct` run each, C held in the tile
+registers across them) and, within a tap, over the input channels' bf16 pairs.
+
+- **The image** is made once a call into `ximg` [batch, phases, plane, K16] words: each
+  pixel's pairs of channels (zero past C) side by side, K16 = the pairs rounded up to whole
+  tile steps of 16, so a tile row (16 pairs of one pixel) is one 64-byte load and a tile's
+  rows, consecutive pixels, lie K16 words apart. A stride S splits the zero-padded plane into
+  S x S phases (row y of phase (a, b) is padded row y S + a, column x S + b), so that every
+  tap reads its phase at stride 1 (as `conv.pad_plane`'s phases). Pixels are counted on a
+  grid as wide as the phase's columns that a row's outputs read (OW + the widest tap's
+  column shift): tap (r, s) of output pixel g then reads grid pixel g + dy Wg + dx of its
+  phase, one constant offset a tap (a run's A offset), and the grid columns past OW are
+  computed but never stored (3x3 at 56 wide: 58 columns, 3.4% more products; at 7 wide, 9).
+- **fold** (few input channels: the stem's 3, 2 pairs): a window row's kw taps are folded
+  into k, pixel (y, x) holding the pairs of its kw columns side by side (kw P words, rounded
+  up to K16), and the runs are the kh rows alone: the stem's 7 x 16 words a pixel against
+  49 x 16 unfolded (7x fewer products, most of them zeros). The default folds where that
+  computes half the words or fewer (`default`).
+- **The weights** are ConvPacked's bf16 pairs, [panels, P, kh, kw, NR] words: for a tap,
+  rows of pairs kh kw NR words apart, which is AMX's B layout read in place, where P fills
+  whole steps (ResNet's convs: C a multiple of 32). Otherwise (an odd P, or folded) they are
+  copied once a call into `wtaps` [panels, K16, runs, NR], zero past k: a copy of the
+  weights, against their products with every pixel.
+
+A block is row_tiles x col_tiles C tiles (2 x 2 by default: 4 C tiles, 2 A and 2 B tiles a
+step in AMX's 8 registers) of 16 grid pixels by 16 channels of one packed panel; its fp32
+sums go through bias and the fused epilogue into Y ([N, M, OH, OW]: a pixel's channels a
+plane apart). The worker pool shares the blocks (batch, pixel block, channel block; knob
+`order`: the bigger operand's blocks outside, read once past L2). It must never be chosen for
+a target without the tiles (its Template's `features`), nor read the image or the weights
+outside what it wrote or ConvPacked holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from .. import problems
+from ..problems import Conv2d
+from ..space import Constraint, Space, Template
+from . import bf16
+from .amx import AMX_FEATURES
+
+ROWS = L.TILE_ROWS          # rows of a tile; words (bf16 pairs) of a tile row
+
+
+@dataclass(frozen=True)
+class AmxConvConfig:
+    row_tiles: int    # C tiles of a block along its pixels
+    col_tiles: int    # C tiles of a block along its output channels (within a panel)
+    fold: bool        # a window row's taps folded into k (few input channels)
+    # the parallel loop's outer blocks: "pixels" (a pixel block's image rows read again from
+    # L1/L2 by each channel block) or "channels" (a channel block's weights from L2 by each
+    # pixel block)
+    order: str = "pixels"
+
+
+def applies(p: Conv2d) -> bool:
+    """A ConvPacked of bf16 pairs (one group) in panels of whole tiles, of a float32 image
+    (as the vdpbf16ps `conv2d`: 16-bit storage takes the default template)."""
+    return p.pairs and p.float32 and p.packed_nr % ROWS == 0
+
+
+def _whole(words: int) -> int:
+    """`words` rounded up to whole tile steps."""
+    return -(-words // ROWS) * ROWS
+
+
+class _Geometry:
+    """The sizes a config gives a conv: k per pixel, runs (taps), phases, the pixel grid,
+    the blocks."""
+
+    def __init__(self, p: Conv2d, config: AmxConvConfig):
+        n, c, h, w = p.x_dims
+        self.oc, _, self.kh, self.kw = p.w_dims
+        _, _, self.oh, self.ow = p.y_dims
+        (self.sh, self.sw), (self.dh, self.dw) = p.strides, p.dilations
+        self.config, self.fold = config, config.fold
+        self.pairs = -(-c // 2)
+        self.words = self.kw * self.pairs if self.fold else self.pairs   # k a pixel, a run
+        self.k16 = _whole(self.words)
+        self.steps = self.k16 // ROWS
+        self.col_phases = 1 if self.fold else self.sw
+        self.phases = self.sh * self.col_phases
+        dy_max = (self.kh - 1) * self.dh // self.sh
+        dx_max = 0 if self.fold else (self.kw - 1) * self.dw // self.sw
+        self.wg = self.ow + dx_max                 # grid columns
+        self.grid = self.oh * self.wg              # grid pixels
+        self.bm, self.bn = ROWS * config.row_tiles, ROWS * config.col_tiles
+        self.pixel_blocks = -(-self.grid // self.bm)
+        # a phase's pixels: every row a tap reads, whole grid rows (the image is made a
+        # row a unit of the worker pool)
+        self.plane_rows = max(self.oh + dy_max, -(-(self.pixel_blocks * self.bm + dy_max *
+                                                     self.wg + dx_max) // self.wg))
+        self.plane = self.plane_rows * self.wg
+        self.nr = p.packed_nr
+        self.panels = -(-self.oc // self.nr)
+        self.channel_blocks = -(-self.oc // self.bn)
+        self.taps = [(r, 0) for r in range(self.kh)] if self.fold else \
+            [(r, s) for r in range(self.kh) for s in range(self.kw)]
+        # weights read in place: ConvPacked's [panels, P, kh, kw, NR] words
+        self.in_place = not self.fold and self.pairs % ROWS == 0
+
+    def run(self, index: int) -> tuple[int, int]:
+        """(A, B) word offsets of tap run `index`: its phase's grid shifted by the tap, its
+        weights' tap."""
+        r, s = self.taps[index]
+        a, dy = (r * self.dh) % self.sh, (r * self.dh) // self.sh
+        b, dx = ((s * self.dw) % self.sw, (s * self.dw) // self.sw) if not self.fold else (0, 0)
+        phase = a * self.col_phases + b
+        return ((phase * self.plane + dy * self.wg + dx) * self.k16, index * self.nr)
+
+
+
+def space(p: Conv2d, machine) -> Space:
+    nr = p.packed_nr
+    return Space("amx_conv", AmxConvConfig, {
+        "row_tiles": (1, 2, 3), "col_tiles": (1, 2), "fold": (False, True),
+        "order": ("pixels", "channels")}, [
+        Constraint("row_tiles * col_tiles + row_tiles + col_tiles <= 8: C's tiles and a "
+                   "step's A and B tiles fit AMX's 8 tile registers",
+                   lambda c: c.row_tiles * c.col_tiles + c.row_tiles + c.col_tiles
+                   <= L.TILE_REGISTERS),
+        Constraint(f"16 * col_tiles divides the panel width {nr}: a block's B tiles lie in "
+                   f"one panel", lambda c: nr % (ROWS * c.col_tiles) == 0)])
+
+
+def default(p: Conv2d, machine) -> AmxConvConfig:
+    """2 x 2 tiles where the panel holds two column tiles and more than 16 channels are
+    computed, else 3 x 1; folded where that computes half the words a pixel or fewer (kw P
+    rounded up to whole steps, kh runs, against P rounded up, kh kw runs): the stem's 3
+    channels, 112 against 784, not ResNet's 64 (288 both) nor 48 (240 against 288: the
+    folded image, made each call, is kw times the pixels' pairs, ~1 word a cycle, against
+    256 pair products a cycle on the tiles). Channel blocks outside where the weights
+    outweigh the image operand, so that the bigger is read once past L2 (resnet50's 3x3
+    512->512 at 7^2: 4.7 MB of weights, one pass over them, not one a pixel block), pixel
+    blocks outside otherwise (its 64->64 at 56^2: 74 KB of weights, 430 KB of image)."""
+    c, (oc, _, kh, kw) = p.x_dims[1], p.w_dims
+    pairs = -(-c // 2)
+    fold = kw > 1 and 2 * kh * _whole(kw * pairs) <= kh * kw * _whole(pairs)
+    two = oc > ROWS and p.packed_nr % (2 * ROWS) == 0
+    config = AmxConvConfig(2 if two else 3, 2 if two else 1, fold)
+    g = _Geometry(p, config)
+    weights = g.panels * g.k16 * len(g.taps) * g.nr
+    image = p.x_dims[0] * g.phases * g.plane * g.k16
+    return AmxConvConfig(config.row_tiles, config.col_tiles, fold,
+                         "channels" if weights > image else "pixels")
+
+
+def build(p: Conv2d, config: AmxConvConfig, machine) -> L.PrimFunc:
+    g = _Geometry(p, config)
+    par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
+    w5 = L.Buffer(p.w.name, T.uint32, L.static_shape(p.w.shape)[:5])
+    ximg = L.Buffer("ximg", T.uint32, (p.x_dims[0] * g.phases * g.plane * g.k16,),
+                    L.Scope.GLOBAL)
+    stmts = [_image(p, g, ximg, par)]
+    if g.in_place:
+        weights = L.Buffer(p.w.name, T.uint32, (g.panels * g.pairs * len(g.taps) * g.nr,))
+    else:
+        weights = L.Buffer("wtaps", T.uint32, (g.panels * g.k16 * len(g.taps) * g.nr,),
+                           L.Scope.GLOBAL)
+        stmts.append(_weights(g, w5, weights, par))
+    stmts.append(_products(p, g, ximg, weights, par))
+    body = L.Allocate(ximg, L.seq(*stmts))
+    if not g.in_place:
+        body = L.Allocate(weights, body)
+    # (weights in bf16 pairs: the parameter as the uint32 words the body reads)
+    params = tuple(w5 if x.name == w5.name else x for x in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, body))
+
+
+def _image(p: Conv2d, g: _Geometry, ximg: L.Buffer, par: L.ForKind) -> L.Stmt:
+    """`ximg`: word kk of grid pixel (y, x) of phase (a, b) of image bi, the pair of
+    channels (2q, 2q + 1) at padded row y S + a, column x S + b (folded: + s dw, kk = s P +
+    q), zero past k, C or the image; a grid row a unit of the worker pool."""
+    n, c, h, w = p.x_dims
+    (ph, pw) = p.begins
+    u, px, kk = L.Var("u"), L.Var("px"), L.Var("kk")
+    bi, phase, py = u // (g.phases * g.plane_rows), u // g.plane_rows % g.phases, \
+        u % g.plane_rows
+    a, b = phase // g.col_phases, phase % g.col_phases
+    if g.fold:
+        s, q = kk // g.pairs, kk % g.pairs
+        col = px * g.sw + s * g.dw - pw
+    else:
+        q = kk
+        col = px * g.sw + b - pw
+    row = py * g.sh + a - ph
+    inside = L.logical_and(kk < g.words, row >= 0, row < h, col >= 0, col < w)
+    yy, xx = L.minimum(L.maximum(row, 0), h - 1), L.minimum(L.maximum(col, 0), w - 1)
+    qc = L.minimum(q, g.pairs - 1)
+    lo = p.x[bi, 2 * qc, yy, xx]
+    hi = p.x[bi, L.minimum(2 * qc + 1, c - 1), yy, xx]
+    if c % 2:
+        hi = L.Select(2 * qc + 1 < c, hi, L.const(0.0))
+    word = L.Select(inside, bf16.pair(lo, hi), L.Const(0, T.uint32))
+    return L.For(u, n * g.phases * g.plane_rows, L.For(px, g.wg, L.For(
+        kk, g.k16, L.Store(ximg, ((u * g.wg + px) * g.k16 + kk,), word))), par)
+
+
+def _weights(g: _Geometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.Stmt:
+    """`wtaps` [panels, K16, runs, NR]: row kk of run t's tap, zero past k."""
+    jp, kk, t, j = L.Var("jp"), L.Var("kk"), L.Var("t"), L.Var("j")
+    if g.fold:   # run t is window row t, kk = s P + q
+        s, q, r = kk // g.pairs, kk % g.pairs, t
+    else:        # run t is tap (t // kw, t % kw), kk = q
+        s, q, r = t % g.kw, kk, t // g.kw
+    value = L.Select(kk < g.words, w5[jp, L.minimum(q, g.pairs - 1), r,
+                                      L.minimum(s, g.kw - 1), j], L.Const(0, T.uint32))
+    runs = len(g.taps)
+    return L.For(jp, g.panels, L.For(kk, g.k16, L.For(t, runs, L.For(
+        j, g.nr, L.Store(wtaps, (((jp * g.k16 + kk) * runs + t) * g.nr + j,), value),
+        L.ForKind.VECTORIZED))), par)
+
+
+def _products(p: Conv2d, g: _Geometry, ximg: L.Buffer, weights: L.Buffer,
+              par: L.ForKind) -> L.Stmt:
+    """Every block: one parallel loop over (image, pixel block, channel block), the blocks in
+    the config's order, a block's tile product over every tap run, then its store."""
+    c = g.config
+    v = L.Var("v")
+    per_image = g.pixel_blocks * g.channel_blocks
+    bi, rest = v // per_image, v % per_image
+    if c.order == "channels":
+        cb, pb = rest // g.pixel_blocks, rest % g.pixel_blocks
+    else:
+        pb, cb = rest // g.channel_blocks, rest % g.channel_blocks
+    k_rows = g.pairs if g.in_place else g.k16     # rows of k a panel holds
+    runs = len(g.taps)
+    jp, c0 = cb * g.bn // g.nr, cb * g.bn % g.nr
+    cacc = L.Buffer("cacc", T.float32, (g.bm * g.bn,), L.Scope.LOCAL)
+    product = L.TileProduct(
+        "bf16", cacc[0], ximg[(bi * g.phases * g.plane + pb * g.bm) * g.k16],
+        weights[jp * k_rows * runs * g.nr + c0], g.bn, (g.k16, ROWS * g.k16, ROWS),
+        (runs * g.nr, ROWS, ROWS * runs * g.nr), c.row_tiles, c.col_tiles, g.steps,
+        accumulate=False, runs=tuple(g.run(i) for i in range(runs)))
+    block = L.Allocate(cacc, L.seq(product, _store(p, g, cacc, bi, pb, cb)))
+    units = p.x_dims[0] * per_image
+    return L.For(v, units, block, par if units > 1 else L.ForKind.SERIAL)
+
+
+def _store(p: Conv2d, g: _Geometry, cacc: L.Buffer, bi, pb, cb) -> L.Stmt:
+    """The block's fp32 sums through bias and the epilogue into Y: its grid pixels inside
+    the output (columns below OW, rows below OH), a channel block's channels (the last one's
+    below M) in one vector loop of constant width."""
+    x, y = L.Var("sx"), L.Var("sy")
+    gp = pb * g.bm + x
+    oy, ox = gp // g.wg, gp % g.wg
+
+    def line(width: int) -> L.Stmt:
+        ch = cb * g.bn + y
+        index = (bi, ch, oy, ox)
+        store = L.Store(p.y, index, p.finish(cacc[x * g.bn + y], index))
+        return L.For(x, g.bm, L.If(L.logical_and(ox < g.ow, gp < g.grid), L.For(
+            y, width, store, L.ForKind.VECTORIZED if width >= 2 else L.ForKind.SERIAL)))
+
+    last = g.oc - (g.channel_blocks - 1) * g.bn
+    if last == g.bn:
+        return line(g.bn)
+    return L.If(cb < g.channel_blocks - 1, line(g.bn), line(last))
+
+
+AMX_CONV = Template("amx_conv", problems.conv2d, applies, space, default, build,
+                    precisions=("bf16",), features=AMX_FEATURES)
