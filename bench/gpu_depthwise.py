@@ -4,8 +4,8 @@ run.
     PYTHONPATH=$PWD python bench/gpu_depthwise.py [--batch 32] [--precision fp16|bf16]
         [--repeat 30] [--trials 5] [--models efficientnet_b0,mobilenet_v2] [--no-variants]
 
-Kernels: the depthwise convolutions of torchvision's efficientnet_b0 and mobilenet_v2 (224 x
-224 images) at `--batch`, each with a bias, as
+Kernels: the depthwise convolutions of torchvision's efficientnet_b0, mobilenet_v2 and
+convnext_tiny (224 x 224 images) at `--batch`, each with a bias, as
 - dnnc's channels-last template (`backends/cuda/depthwise_nhwc.py`, a ConvNHWC of group C)
   at its default config and, unless `--no-variants`, a few others of its space (the best
   named);
@@ -54,13 +54,16 @@ MODELS = {
                      (144, 56, 3, 2, 1), (192, 28, 3, 1, 2), (192, 28, 3, 2, 1),
                      (384, 14, 3, 1, 4), (576, 14, 3, 1, 2), (576, 14, 3, 2, 1),
                      (960, 7, 3, 1, 3)],
+    "convnext_tiny": [(96, 56, 7, 1, 3), (192, 28, 7, 1, 3), (384, 14, 7, 1, 9),
+                      (768, 7, 7, 1, 3)],
 }
 # (C, H = W) of efficientnet_b0's SE pools (after each block's depthwise conv) and count
 POOLS = [(32, 112, 1), (96, 56, 1), (144, 56, 1), (144, 28, 1), (240, 28, 1), (240, 14, 1),
          (480, 14, 3), (672, 14, 2), (672, 7, 1), (1152, 7, 4)]
 VARIANTS = [D(8, 8, 2, 32, 4), D(16, 4, 2, 32, 4), D(8, 4, 1, 64, 4), D(8, 8, 1, 16, 4),
             D(4, 4, 1, 64, 4), D(16, 8, 4, 16, 4), D(8, 2, 2, 128, 4), D(8, 8, 4, 32, 4),
-            D(16, 8, 2, 16, 4)]
+            D(16, 8, 2, 16, 4), D(16, 8, 4, 32, 4), D(8, 16, 4, 32, 4), D(16, 16, 4, 32, 4),
+            D(32, 8, 8, 32, 4)]
 """Configs timed beside the default (those outside a shape's space skipped)."""
 
 STORED = {"fp16": T.float16, "bf16": T.bfloat16}

@@ -274,7 +274,16 @@ MMA_VARIANTS = (
     dict(block_m=64, block_n=64, block_k=64, warps_m=4, warps_n=1, stages=4, wgmma=True),
     dict(block_m=128, block_n=256, block_k=64, warps_m=4, warps_n=2, stages=4, wgmma=True),
     dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, wgmma=True,
-         early_refill=True))
+         early_refill=True),
+    # fewer slots: two blocks an SM (one's k loop beside the other's prologue and stores)
+    dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=2, wgmma=True,
+         early_refill=True),
+    dict(block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=3, wgmma=True),
+    dict(block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=2, wgmma=True,
+         early_refill=True),
+    dict(block_m=128, block_n=128, block_k=64, warps_m=4, warps_n=2, stages=3, wgmma=True),
+    dict(block_m=64, block_n=256, block_k=64, warps_m=4, warps_n=1, stages=3, wgmma=True),
+    dict(block_m=256, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=3, wgmma=True))
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
 

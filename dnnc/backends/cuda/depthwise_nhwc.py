@@ -8,10 +8,11 @@ channels, blockIdx.x: the tile of `tile_h` x `tile_w` output pixels) copies the 
 its tile reads (tile + halo) into shared memory in the storage type, `vector` channels at a
 time (one 16-byte float4 at tf32, one 8-byte ushort4 of 4 fp16 / bf16 channels; padding and
 channels past C stored as 0), and the run's kh kw weights widened to float32. A thread then
-takes `vector` adjacent channels of `rows` horizontally adjacent output pixels: each tap reads
-its channels of the window with one vector load from shared memory (consecutive threads on
-consecutive channels: no bank conflicts) and the tap's weights with another, accumulates in
-fp32 registers, adds the bias and rounds once through the fused epilogue
+takes `vector` adjacent channels of `rows` horizontally adjacent output pixels, a window row
+at a time: the row's taps' weights to registers, then each window column its pixels read
+with one vector load from shared memory (consecutive threads on consecutive channels: no
+bank conflicts), used by every tap of every pixel that reads it; it accumulates in fp32
+registers, adds the bias and rounds once through the fused epilogue
 (`Conv2dNHWC.finish`: SiLU's Sigmoid and Mul, ReLU6's Clip), and stores the `vector`
 channels with one vector store. Before it such a conv ran one thread per output on the
 default template (efficientnet_b0 batch 32 fp16 on an H200: 1.50 ms over its 16 depthwise
@@ -83,7 +84,7 @@ def applies(p: problems.Conv2dNHWC) -> bool:
 def space(p: problems.Conv2dNHWC, machine) -> Space:
     widths = vector_widths(p)
     return Space("cuda_depthwise_nhwc", DepthwiseNHWCConfig, {
-        "tile_w": (1, 2, 4, 8, 16, 32), "tile_h": (1, 2, 4, 8, 16), "rows": (1, 2, 4),
+        "tile_w": (1, 2, 4, 8, 16, 32), "tile_h": (1, 2, 4, 8, 16), "rows": (1, 2, 4, 8),
         "channels": (4, 8, 16, 32, 64, 128), "vector": (1, 2, 4)},
         [Constraint("rows divides tile_w", lambda c: c.tile_w % c.rows == 0),
          Constraint(f"vector divides C ({', '.join(map(str, widths))})",
@@ -98,15 +99,21 @@ def space(p: problems.Conv2dNHWC, machine) -> Space:
 def default(p: problems.Conv2dNHWC, machine) -> DepthwiseNHWCConfig:
     """The widest vector C allows; a run of 32 channels (16 or 8 where C is a multiple of
     those and not of 32, so that no block computes padding channels); an 8 x 8 tile (4 x 8
-    on planes of 4 rows or fewer), 2 pixels a thread (one load of a tap's weights for both)
-    on planes wider than 4; halved while the window exceeds shared memory or the block 1024
-    threads, doubled up to 128 threads where the run is narrow."""
+    on planes of 4 rows or fewer), 2 pixels a thread (the row's weights loaded once for both)
+    on planes wider than 4; windows 5 or more wide take 4 pixels a thread (a row's loads
+    shared by more taps: `_outputs`) and, on planes of 14 rows or more, 8 x 16 tiles (less
+    halo a pixel); halved while the window exceeds shared memory or the block 1024 threads,
+    doubled up to 128 threads where the run is narrow. On an H200 at fp16, batch 32
+    (bench/gpu_depthwise.py), convnext_tiny's 7 x 7s at 56, 28, 14 and 7: 79.2, 53.1, 28.7
+    and 16.2 us with 2 pixels a thread in 8 x 8 tiles, 69.4, 46.7, 25.5 and 13.5 with 4, and
+    62.9, 36.3, 20.1 in 8 x 16 tiles (torch channels_last 101.8, 58.9, 32.6, 25.3)."""
     c, ow = p.x_dims[3], p.y_dims[2]
     vector = max(vector_widths(p))
     run = next((r for r in (32, 16, 8) if c % r == 0), 32)
     run = max(run, vector)
-    rows = 2 if ow > 4 else 1
-    tile_h = 4 if p.y_dims[1] <= 4 else 8
+    wide = p.w_dims[2] >= 5
+    rows = 4 if wide and ow > 4 else 2 if ow > 4 else 1
+    tile_h = 4 if p.y_dims[1] <= 4 else 16 if wide and p.y_dims[1] >= 14 else 8
     config = DepthwiseNHWCConfig(8, tile_h, rows, run, vector)
     while config.threads < 128 and config.tile_h < 16:
         config = DepthwiseNHWCConfig(8, config.tile_h * 2, rows, run, vector)
@@ -185,7 +192,14 @@ def _weights(p, c, w, w_tile, c0, t) -> L.Stmt:
 
 def _outputs(p, c, y, x_tile, w_tile, origin, img, t) -> L.Stmt:
     """A thread's `vector` channels of `rows` adjacent output pixels: fp32 sums over the
-    taps from shared memory, then the epilogue and one vector store a pixel."""
+    taps from shared memory, then the epilogue and one vector store a pixel.
+
+    A window row at a time (ky), sliding: the row's kw taps' weights go to registers once,
+    then each input column the thread's pixels read in that row is loaded once and used by
+    every (pixel r, tap kx) that reads it (r sw + kx dw = the column: unrolled here), so a row
+    costs (rows - 1) sw + (kw - 1) dw + 1 window loads, not rows kw (a 7 x 7 conv, 4 pixels:
+    10, not 28); the shared-memory loads bounded the one-load-a-tap form (convnext_tiny's
+    7 x 7 at batch 32, fp16, H200: 0.46 TB/s)."""
     _, oh, ow, channels = p.y_dims
     _, kh, kw, _ = p.w_dims
     (sh, sw), (dh, dw) = p.strides, p.dilations
@@ -196,23 +210,30 @@ def _outputs(p, c, y, x_tile, w_tile, origin, img, t) -> L.Stmt:
     lane, py, px = L.Var("lane"), L.Var("py"), L.Var("px")
     acc = L.Buffer("acc", T.float32, (rows * vec,), L.Scope.LOCAL)
     xin = L.Buffer("xin", x_tile.dtype, (vec,), L.Scope.LOCAL)
-    wv = L.Buffer("wv", T.float32, (vec,), L.Scope.LOCAL)
+    wrow = L.Buffer("wrow", T.float32, (kw * vec,), L.Scope.LOCAL)
     out = L.Buffer("out", y.dtype, (vec,), L.Scope.LOCAL)
     r, v, ky, kx = L.Var("r"), L.Var("v"), L.Var("ky"), L.Var("kx")
     unrolled, vectorized = L.ForKind.UNROLLED, L.ForKind.VECTORIZED
-    small = unrolled if kh * kw <= 64 else L.ForKind.SERIAL
 
     zero = L.For(r, rows * vec, L.Store(acc, (r,), L.const(0.0, T.float32)), unrolled)
     first = lane * vec
-    weights = L.For(v, vec, L.Store(wv, (v,), w_tile[(ky * kw + kx) * c.channels + first + v]),
-                    vectorized)
-    pixel = (py * sh + ky * dh) * ww + (px * rows + r) * sw + kx * dw
-    read = L.For(v, vec, L.Store(xin, (v,), x_tile[pixel * c.channels + first + v]),
-                 vectorized)
-    fma = L.For(v, vec, L.Store(acc, (r * vec + v,), L.call(
-        "fma", problems.widened(xin[v]), wv[v], acc[r * vec + v], dtype=T.float32)), unrolled)
-    taps = L.For(ky, kh, L.For(kx, kw, L.seq(weights, L.Allocate(xin, L.For(
-        r, rows, L.seq(read, fma), unrolled))), small), small)
+    weights = L.For(kx, kw, L.For(v, vec, L.Store(
+        wrow, (kx * vec + v,), w_tile[(ky * kw + kx) * c.channels + first + v]), vectorized),
+        unrolled)
+    row = (py * sh + ky * dh) * ww + px * rows * sw
+    columns = []
+    for j in range((rows - 1) * sw + (kw - 1) * dw + 1):
+        users = [(ri, ki) for ri in range(rows) for ki in range(kw) if ri * sw + ki * dw == j]
+        if not users:
+            continue
+        read = L.For(v, vec, L.Store(xin, (v,), x_tile[(row + j) * c.channels + first + v]),
+                     vectorized)
+        fmas = [L.For(v, vec, L.Store(acc, (ri * vec + v,), L.call(
+            "fma", problems.widened(xin[v]), wrow[ki * vec + v], acc[ri * vec + v],
+            dtype=T.float32)), unrolled) for ri, ki in users]
+        columns.append(L.seq(read, *fmas))
+    taps = L.For(ky, kh, L.seq(weights, L.Allocate(xin, L.seq(*columns))),
+                 unrolled if kh * kw <= 64 else L.ForKind.SERIAL)
 
     oy, ox, ch = oy0 + py, ox0 + px * rows + r, c0 + first
     finish = L.For(v, vec, L.Store(out, (v,), p.finish(acc[r * vec + v], (img, oy, ox, ch + v))),
@@ -220,7 +241,7 @@ def _outputs(p, c, y, x_tile, w_tile, origin, img, t) -> L.Stmt:
     store = L.For(v, vec, L.Store(y, (img, oy, ox, ch + v), out[v]), vectorized)
     stores = L.For(r, rows, L.If(L.logical_and(oy < oh, ox < ow, ch < channels),
                                  L.seq(finish, store)), unrolled)
-    body = L.Allocate(acc, L.Allocate(wv, L.Allocate(out, L.seq(zero, taps, stores))))
+    body = L.Allocate(acc, L.Allocate(wrow, L.Allocate(out, L.seq(zero, taps, stores))))
     return L.Let(lane, t % groups, L.Let(py, t // groups // across, L.Let(
         px, t // groups % across, body)))
 

@@ -190,7 +190,7 @@ def _deepest(block_m: int, block_n: int, precision: str) -> int:
 
 WGMMA_DEFAULTS = ((128, 256, 8, 1, 4), (128, 128, 8, 1, 5), (64, 128, 4, 1, 5),
                   (64, 64, 4, 1, 4))
-WGMMA_EFFICIENCY = (0.95, 0.85, 0.6, 0.5)
+WGMMA_EFFICIENCY = (0.95, 0.85, 0.6, 0.75)
 """(block_m, block_n, warps_m, warps_n, stages) the default tries with the `wgmma` knob
 (warpgroups down m: 64 x 256, 64 x 128 or 64 x 64 each, as CUTLASS's sm_90 kernels), k
 tiles of 128 bytes, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's peak
@@ -198,7 +198,17 @@ is about 1.5 times mma.sync's on Hopper). 128 x 128 in 5 stages: on an H200 at f
 as 4 or faster at every shape timed (.devrun sweep: 6304 x 768 x 192 17.0 us against 4
 stages' 22.7 of 128 x 256). 64 x 64 (one warpgroup, 4 stages) for products of a few hundred
 rows (batch 1: vit's 197, bert's 128): on an H200 at fp16 the fastest tile at all seven such
-shapes timed, 7.1 to 10.6 us, against the 64 x 128 default's 7.1 to 12.6."""
+shapes timed, 7.1 to 10.6 us, against the 64 x 128 default's 7.1 to 12.6. 64 x 64 at 0.75
+(was 0.5) with the waves counted (`SM_SHARED_BYTES`): on an H200 at fp16, at convnext_tiny's
+batch-32 products of k 384 to 3072 (6272 x 384 x 1536 ... 25088 x 768 x 192) it was the fastest
+tile or within 1% of it at four of five, 32.2 to 40.6 us where the default then took 37.6 to
+50.9 (chosen within 1.04 of the fastest on average, was 1.21)."""
+
+SM_SHARED_BYTES = 227 << 10
+"""Shared memory of an SM on sm_90 (sm_80: 163 KiB; the model counts sm_90's): with the
+block's threads and registers (its accumulators and ~64 more a thread) it bounds the blocks an
+SM holds at once, `resident`. Blocks past a whole number of such waves wait for a wave of
+their own: the model counts whole waves (a block's time in a wave as its share of the SM)."""
 
 WGMMA_SPLIT_S = 6e-6
 """What a split of k costs a wgmma product beyond its partials' traffic (the second launch,
@@ -228,6 +238,15 @@ wgmma tile, 21.8 in 128 x 128; a `dnnc tune` of vit at batch 32 took one of its 
 products from 42.7 us (the wgmma default) to 20.3 (32 x 64, mma.sync). At vit's batch-1
 shapes (197 rows) 16 x 32 to 64 x 64 were within 10% of each other."""
 
+SHALLOW_LARGE = 8 << 20
+SHALLOW_LARGE_TILE = TensorCoreConfig(128, 128, 64, 2, 2, 3)
+"""Shallow products (k at most SHALLOW_K, where wgmma is on offer) of at least SHALLOW_LARGE
+outputs take SHALLOW_LARGE_TILE (k tiles of 64, mma.sync): on an H200 at fp16 it was the
+fastest tile timed at convnext_tiny's batch-32 products of k 96 and 192 (100352 x 96 x 384:
+66.2 us against 78.7 for the 32 x 64 of SHALLOW_EFFICIENCY, cuBLAS 61.1; 25088 x 192 x 768:
+41.4 against 51.1, cuBLAS 45.5), where at vit's 6304 x 192 x 576 (3.6 M outputs) 32 x 64 was
+(14.0 against 19.7)."""
+
 SHALLOWEST_K = 32
 """mma.sync tiles whose k tile would be shallower (128 x 256 at tf32: 16 deep in 3 stages)
 are not tried: at tf32 on an H200, 100352 x 96 x 384 ran 185 us so against 88.7 for
@@ -255,12 +274,15 @@ def wgmma_by_default(arch: str | None, precision: str = "fp16") -> bool:
     return on and arch is not None and has_wgmma(arch)
 
 
-def _candidates(precision: str, with_wgmma: bool, k: int):
+def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int):
     """(config without split, guessed efficiency) of the tiles the default tries for a
-    product of depth `k`."""
+    product of depth `k` and `outputs` results (m n, every batch)."""
     from . import wgmma   # (it builds on this module's tiles)
 
     shallow = with_wgmma and k <= SHALLOW_K
+    if shallow and outputs >= SHALLOW_LARGE:
+        yield SHALLOW_LARGE_TILE, 1.0
+        return
     scale = MMA_UNDER_WGMMA if with_wgmma and not shallow else 1.0
     for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, SHALLOW_EFFICIENCY if shallow else
                                             EFFICIENCY):
@@ -279,29 +301,42 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
-    fastest (its guessed efficiency, slowed where its blocks cannot fill the GPU, plus a
-    split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
+    fastest (its guessed efficiency, slowed where its blocks cannot fill the GPU or leave
+    the last of their waves part empty, plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59)."""
     best, best_time = None, math.inf
-    for base, efficiency in _candidates(precision, wgmma, k):
+    for base, efficiency in _candidates(precision, wgmma, k, m * n * batch):
         bm, bn = base.block_m, base.block_n
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
             continue   # mostly past the edges: a warpgroup's 64 rows for a few
         # a wgmma block fills its SM's shared memory: one a SM is full
         full = gpu.sms if base.wgmma else min_blocks(gpu)
+        wave = gpu.sms * resident(base, precision)
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
             config = replace(base, split_k=split)
-            fill = min(1.0, blocks * split / full)
-            seconds = 2 * blocks * bm * bn * k / (gpu.tensor_flops * efficiency * fill)
+            count = blocks * split
+            fill = min(1.0, count / full)
+            waves = -(-count // wave) * wave / count if count > wave else 1.0
+            seconds = 2 * blocks * bm * bn * k * waves / (
+                gpu.tensor_flops * efficiency * fill)
             if split > 1:
                 seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + (
                     WGMMA_SPLIT_S if base.wgmma else LAUNCH_S)
             if seconds < best_time:
                 best, best_time = config, seconds
     return best
+
+
+def resident(c: TensorCoreConfig, precision: str) -> int:
+    """Blocks of config `c` an SM holds at once (SM_SHARED_BYTES' model)."""
+    from . import wgmma   # (it builds on this module's tiles)
+
+    accumulators = wgmma.accumulators(c) if c.wgmma else _accumulators(c)
+    return max(1, min(SM_SHARED_BYTES // shared_bytes(c, precision), 2048 // c.threads,
+                      65536 // (c.threads * (accumulators + 64)), 32))
 
 
 def _c(r: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
