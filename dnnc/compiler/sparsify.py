@@ -25,6 +25,7 @@ never prunes a model in place (it works on a copy). It needs no onnxruntime unle
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from onnx import numpy_helper
 from ..errors import ArgumentError
 from ..progress import Progress
 from .arguments import check_choice, check_int, check_optional_bool
+
+log = logging.getLogger(__name__)
 
 PATTERN_FORMS = "unstructured, N:M (e.g. 2:4) or RxC blocks (e.g. 4x1, 1x4)"
 REFERENCES = ("numpy", "onnxruntime")
@@ -153,8 +156,9 @@ class Layer:
         return m.T if self.transposed else m
 
 
-def _tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    """Every constant of the main graph by name: initializers and Constant nodes' values."""
+def constant_tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Every constant of the main graph by name: initializers and Constant nodes' values
+    (the protos themselves: changing one changes the model)."""
     found = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant":
@@ -193,7 +197,7 @@ def _attr(node: onnx.NodeProto, name: str, default):
 
 def find_layers(model: onnx.ModelProto) -> list[Layer]:
     """Every Conv, Gemm and MatMul of the main graph whose weight is constant, in node order."""
-    tensors = _tensors(model)
+    tensors = constant_tensors(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     layers = []
     for i, node in enumerate(model.graph.node):
@@ -305,22 +309,24 @@ def _check_keep(keep, layers: list[Layer]) -> set[str]:
 
 
 def prune(model: onnx.ModelProto, sparsity: float | None = None,
-          pattern: str = "unstructured", *, keep=(),
-          include_depthwise: bool = False) -> Pruning:
+          pattern: str = "unstructured", *, keep=(), include_depthwise: bool = False,
+          progress: bool | None = None) -> Pruning:
     """A copy of `model` whose Conv, Gemm and MatMul weights are magnitude-pruned to
     `sparsity` per layer in `pattern` (module docstring), with a report per layer. `keep`:
     node or weight names left dense; depthwise convolutions stay dense unless
-    `include_depthwise`. An N:M pattern implies its sparsity (`sparsity` may be left out)."""
+    `include_depthwise`. An N:M pattern implies its sparsity (`sparsity` may be left out).
+    `progress` (default: when stderr is a terminal) shows each layer as it is pruned."""
     if not isinstance(model, onnx.ModelProto):
         raise ArgumentError(f"model must be an onnx.ModelProto, not {type(model).__name__}")
     check_optional_bool("include_depthwise", include_depthwise)
+    check_optional_bool("progress", progress)
     parsed = parse_pattern(pattern)
     sparsity = _check_sparsity(sparsity, parsed)
     pruned = onnx.ModelProto()
     pruned.CopyFrom(model)
     layers = find_layers(pruned)
     kept = _check_keep(keep, layers)
-    tensors = _tensors(pruned)
+    tensors = constant_tensors(pruned)
     why = {}
     for layer in layers:
         why[layer.node] = "kept" if kept & {layer.node, layer.weight} else \
@@ -328,11 +334,18 @@ def prune(model: onnx.ModelProto, sparsity: float | None = None,
     _check_divisible(parsed, [l for l in layers if not why[l.node]])
     before = {l.node: zero_fraction(l, tensors) for l in layers}
     done: dict[str, Layer] = {}
-    for layer in layers:
-        if why[layer.node]:
-            continue
-        if done.setdefault(layer.weight, layer) is layer:   # a shared weight: pruned once
-            _prune_layer(layer, tensors, parsed, sparsity)
+    todo = [l for l in layers if not why[l.node]]
+    shown = sys.stderr.isatty() if progress is None else progress
+    if shown:
+        log.info(f"pruning {len(todo)} of {len(layers)} layers ({parsed.text}, sparsity "
+                 f"{sparsity:g})")
+    with Progress(len(todo), shown, unit="layer") as bar:
+        for layer in todo:
+            bar.step(f"pruning {layer.node} ({layer.op}, {'x'.join(map(str, layer.shape))})",
+                     detail=True)
+            if done.setdefault(layer.weight, layer) is layer:   # a shared weight: pruned once
+                _prune_layer(layer, tensors, parsed, sparsity)
+            bar.done()
     reports = [LayerReport(l.node, l.op, l.weight, l.shape, before[l.node],
                            zero_fraction(l, tensors), why[l.node]) for l in layers]
     return Pruning(pruned, parsed, sparsity, reports)

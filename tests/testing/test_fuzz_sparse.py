@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dnnc.compiler.sparsify import _tensors, find_layers, zero_fraction
+from dnnc.compiler.sparsify import constant_tensors, find_layers, zero_fraction
 from dnnc.testing import fuzz
 from dnnc.testing.generate import SPARSE_RATE, generate, sparse_case
 
@@ -25,7 +25,7 @@ def _sparse_cases(n=60):
 
 def _weights(case):
     """(layer, its weight's zero fraction) of each layer with a constant weight."""
-    tensors = _tensors(case.model)
+    tensors = constant_tensors(case.model)
     for layer in find_layers(case.model):
         yield layer, zero_fraction(layer, tensors)
 
@@ -43,7 +43,7 @@ def test_sparse_cases_draw_every_density_pattern_and_weight_form():
     def matrix(case, layer):
         import onnx
 
-        w = onnx.numpy_helper.to_array(_tensors(case.model)[layer.weight]).astype(np.float32)
+        w = onnx.numpy_helper.to_array(constant_tensors(case.model)[layer.weight]).astype(np.float32)
         return layer.to_matrix(w) != 0
 
     two_of_four = blocks = empty_rows = 0

@@ -3,12 +3,12 @@
 import numpy as np
 import onnx
 
-from dnnc.compiler.sparsify import _tensors, find_layers, zero_fraction
+from dnnc.compiler.sparsify import constant_tensors, find_layers, zero_fraction
 from dnnc.testing.pruned_files import pruned_file, pruned_model, undivided_layers
 
 
 def _zeros(model) -> dict:
-    tensors = _tensors(model)
+    tensors = constant_tensors(model)
     return {l.node: (zero_fraction(l, tensors), l.depthwise) for l in find_layers(model)}
 
 

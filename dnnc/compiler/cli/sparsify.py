@@ -72,7 +72,7 @@ def run(args) -> int:
     check_model_file(args.model)
     model = load_model_proto(args.model)
     pruning = prune(model, args.sparsity, args.pattern, keep=args.keep,
-                    include_depthwise=args.include_depthwise)
+                    include_depthwise=args.include_depthwise, progress=not args.quiet)
     import onnx
 
     onnx.save(pruning.model, output)
