@@ -407,8 +407,13 @@ def _runner(model: onnx.ModelProto, reference: str):
         except ImportError:
             raise ArgumentError("reference onnxruntime: onnxruntime is not installed "
                                 "(pip install onnxruntime), use the numpy reference") from None
-        session = ort.InferenceSession(model.SerializeToString(),
-                                       providers=["CPUExecutionProvider"])
+        try:
+            session = ort.InferenceSession(model.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+        except Exception as exc:   # its own exception types, for a model it cannot run
+            raise ArgumentError(f"reference onnxruntime cannot run the model "
+                                f"({type(exc).__name__}: {str(exc)[:300]}); use the numpy "
+                                f"reference") from exc
         return lambda feeds: session.run(None, feeds)
     from ..frontend.onnx import import_onnx
     from ..ir.interpreter import run_graph

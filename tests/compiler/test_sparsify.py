@@ -188,6 +188,25 @@ def test_output_error_is_zero_for_nothing_pruned_and_agrees_across_references(mo
     assert 0.1 < ours.relative < 2 and ours.relative == pytest.approx(theirs.relative, rel=1e-3)
     with pytest.raises(ArgumentError, match="reference must be one of numpy, onnxruntime"):
         output_error(model, pruned, reference="torch")
+    odd = onnx.ModelProto()
+    odd.CopyFrom(model)
+    odd.opset_import[0].version = 99   # an opset onnxruntime does not know
+    with pytest.raises(ArgumentError, match="reference onnxruntime cannot run the model"):
+        output_error(odd, odd, reference="onnxruntime")
+
+
+def test_a_weight_in_a_constant_node_is_pruned():
+    w = np.random.default_rng(1).standard_normal((6, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(w)),
+         helper.make_node("MatMul", ["x", "w"], ["y"])], "constant",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    pruning = prune(helper.make_model(graph), 0.5)
+    (layer,) = pruning.layers
+    assert (layer.node, layer.weight, layer.after) == ("MatMul_1", "w", 0.5)
+    value = numpy_helper.to_array(pruning.model.graph.node[0].attribute[0].t)
+    assert (value == 0).sum() == 12 and np.abs(value).min() == 0
 
 
 def test_zoo_bert_prunes_its_linear_layers_and_runs_on_ids():
