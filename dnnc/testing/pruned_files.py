@@ -5,7 +5,8 @@ mobilenet_v2's), and any layer whose axes the pattern does not divide (resnet50'
 conv under 2:4) left dense too, as a user would with `--keep`.
 
 Files are written once per (model, batch, sparsity, pattern, options) and reused: the name
-says what is in them. This module never times or compiles anything.
+says what is in them. `pruned_copy` prunes any ONNX file the same way (torch's exports in
+`bench/torch_models.py`'s folder). This module never times or compiles anything.
 """
 
 from __future__ import annotations
@@ -34,6 +35,18 @@ def pruned_model(name: str, sparsity: float | None, pattern: str = "unstructured
     return prune(model, sparsity, pattern, keep=undivided_layers(model, pattern)).model
 
 
+def pruned_copy(path, folder, sparsity: float | None, pattern: str = "unstructured") -> Path:
+    """The ONNX file `path` (a torch export, say) pruned as `pruned_model` prunes a zoo model,
+    saved in `folder` as NAME_PATTERN_SPARSITY.onnx, or the file already there."""
+    sparse = parse_pattern(pattern).fixed_sparsity if sparsity is None else sparsity
+    out = Path(folder) / f"{Path(path).stem}_{pattern.replace(':', 'of')}_{sparse:g}.onnx"
+    if not out.exists():
+        model = onnx.load(path)
+        _save(prune(model, sparsity, pattern, keep=undivided_layers(model, pattern)).model,
+              out)
+    return out
+
+
 def pruned_file(folder, name: str, sparsity: float | None, pattern: str = "unstructured",
                 batch=1, **config) -> Path:
     """`pruned_model(...)` saved in `folder` (made if missing), or the file already there."""
@@ -41,8 +54,12 @@ def pruned_file(folder, name: str, sparsity: float | None, pattern: str = "unstr
     tag = "".join(f"_{k}{v}" for k, v in sorted(config.items()))
     path = Path(folder) / f"{name}_b{batch}{tag}_{pattern.replace(':', 'of')}_{sparse:g}.onnx"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".partial")
-        onnx.save(pruned_model(name, sparsity, pattern, batch, **config), temporary)
-        temporary.replace(path)   # a reader never sees half a file
+        _save(pruned_model(name, sparsity, pattern, batch, **config), path)
     return path
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".partial")
+    onnx.save(model, temporary)
+    temporary.replace(path)   # a reader never sees half a file

@@ -36,3 +36,15 @@ def test_a_file_is_written_once_and_named_for_what_it_holds(tmp_path):
     assert len(zeros) == 6 and all(abs(z - 0.7) < 1e-3 for z, _ in zeros.values())
     assert pruned_file(tmp_path, "bert", None, "2:4", layers=1, seq=8).name == \
         "bert_b1_layers1_seq8_2of4_0.5.onnx"
+
+
+def test_any_onnx_file_is_pruned_the_same_way(tmp_path):
+    from dnnc import zoo
+    from dnnc.testing.pruned_files import pruned_copy
+
+    onnx.save(zoo.build("cnn", size=8), tmp_path / "cnn.onnx")
+    path = pruned_copy(tmp_path / "cnn.onnx", tmp_path / "out", None, "2:4")
+    assert path.name == "cnn_2of4_0.5.onnx"
+    zeros = _zeros(onnx.load(path))
+    assert zeros.pop("conv_0") == (0.0, False)   # its reduction of 3x3x3 is no multiple of 4
+    assert {z for z, _ in zeros.values()} == {0.5}
