@@ -29,6 +29,7 @@ import logging
 import re
 import sys
 from dataclasses import dataclass, field
+from numbers import Real
 
 import numpy as np
 import onnx
@@ -285,8 +286,7 @@ def _check_sparsity(sparsity, pattern: Pattern) -> float:
             raise ArgumentError(f"sparsity is needed with pattern {pattern.text} (a fraction "
                                 f"in [0, 1): 0.9 zeroes 90% of each layer's weights)")
         return fixed
-    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or \
-            not 0 <= sparsity < 1:
+    if isinstance(sparsity, bool) or not isinstance(sparsity, Real) or not 0 <= sparsity < 1:
         raise ArgumentError(f"sparsity must be a number in [0, 1) (0.9: 90% of each layer's "
                             f"weights zero), not {sparsity!r}")
     if fixed is not None and abs(sparsity - fixed) > 1e-9:

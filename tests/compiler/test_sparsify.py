@@ -138,7 +138,7 @@ def test_an_int8_weight_is_ranked_dequantized_and_pruned_to_its_zero_point():
 
 
 def test_depthwise_is_pruned_when_asked(model):
-    pruned = _weights(prune_model(model, 0.5, include_depthwise=True))
+    pruned = _weights(prune_model(model, np.float32(0.5), include_depthwise=True))
     assert (pruned["dw.w"] == 0).mean() == 0.5
 
 
