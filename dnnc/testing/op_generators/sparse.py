@@ -6,13 +6,15 @@ Sparsity is one of `SPARSITIES`, from dense (0) to all zeros (1); the pattern on
 `PATTERNS`: unstructured, N:M along the reduction (2:4, 1:4, 2:8), blocks of outputs by
 reduction columns (4x1, 1x4, 8x1, 4x4), laid on the weight as `compiler/sparsify.py` reads it
 (rows the outputs, columns the reduction, a Conv's input channels fastest); where the axes are
-not multiples of the group or block, the pattern covers the largest part they hold and the
-rest is unstructured (a kernel must handle the tail). A quarter of the weights also lose whole
-rows (outputs) or columns (inputs), some zeros are -0.0, and the weight comes as an
-initializer, a Transpose of one (constant folding makes it), an int8 weight behind a
-DequantizeLinear (weight-only quantization: its zeros at the zero point) or a float16 one
-behind a Cast. Sizes reach past the small ones the other generators draw (reductions of 16 to
-128), so a compiler that weighs dense against sparse templates has layers worth choosing for.
+not multiples of the group or block, the pattern covers the largest part they hold and the rest
+is unstructured (a kernel must handle the tail). A fifth of the new inputs hold NaNs
+(`normal_nan`): NaN times zero is NaN, so a NaN reaches every output its row feeds, pruned
+weights or not. A quarter of the weights also lose whole rows (outputs) or columns (inputs),
+some zeros are -0.0, and the weight comes as an initializer, a Transpose of one (constant
+folding makes it), an int8 weight behind a DequantizeLinear (weight-only quantization: its
+zeros at the zero point) or a float16 one behind a Cast. Sizes reach past the small ones the
+other generators draw (reductions of 16 to 128), so a compiler that weighs dense against sparse
+templates has layers worth choosing for.
 
 These generators only write models; whether a layer runs sparse is the compiler's choice, and
 the fuzzer checks whatever it chose. They never read a value downstream of a QuantizeLinear
@@ -104,7 +106,9 @@ def _input(g: Builder, rank_ok, fresh_shape) -> Val:
     of `fresh_shape()` (reductions the other generators rarely reach; a big case keeps to its
     big values, or its first input might end up unused and dropped)."""
     if not g.big and g.chance(0.5):
-        return g.add_input(fresh_shape(), F32)
+        # a fifth with NaNs: NaN times a zero weight is NaN, which a kernel that skips the
+        # zeros loses (the NaN must still reach every output of its row)
+        return g.add_input(fresh_shape(), F32, "normal_nan" if g.chance(0.2) else "normal")
     return g.pick(lambda v: rank_ok(v) and not v.huge)
 
 
