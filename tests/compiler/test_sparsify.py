@@ -266,3 +266,12 @@ def test_cli_refuses_a_file_that_is_not_onnx_and_writing_over_the_model(tmp_path
     code, _, err = _cli(capsys, "sparsify", tmp_path / "m.onnx", "--sparsity", "0.5", "-o",
                         tmp_path / "m.onnx")
     assert code == 2 and "write the pruned model to another file" in err
+
+
+def test_a_float16_model_is_pruned_in_float16():
+    model = zoo.float16(zoo.build("cnn", size=8))
+    pruning = prune(model, 0.8)
+    assert [round(r.after, 2) for r in pruning.layers] == [0.8] * 4
+    weights = _weights(pruning.model)
+    assert weights["fc.weight"].dtype == np.float16 and (weights["fc.weight"] == 0).mean() == 0.8
+    assert output_error(model, pruning.model, samples=1)[0].relative > 0
