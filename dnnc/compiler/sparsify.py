@@ -181,7 +181,8 @@ def _source(name: str, producers: dict, tensors: dict):
     node = producers.get(name)
     if node is None or not node.input or node.input[0] not in tensors:
         return None
-    if node.op_type == "Cast" and tensors[node.input[0]].data_type in FLOAT_TYPES:
+    if node.op_type == "Cast" and tensors[node.input[0]].data_type in FLOAT_TYPES and \
+            _attr(node, "to", 0) in FLOAT_TYPES:
         return node.input[0], node
     if node.op_type == "DequantizeLinear" and all(i in tensors for i in node.input[1:] if i) \
             and not any(a.name == "block_size" and a.i for a in node.attribute):

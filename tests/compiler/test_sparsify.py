@@ -275,3 +275,13 @@ def test_a_float16_model_is_pruned_in_float16():
     weights = _weights(pruning.model)
     assert weights["fc.weight"].dtype == np.float16 and (weights["fc.weight"] == 0).mean() == 0.8
     assert output_error(model, pruning.model, samples=1)[0].relative > 0
+
+
+def test_a_weight_cast_to_integers_is_no_layer():
+    w = numpy_helper.from_array(np.ones((6, 4), np.float16), "w16")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["w16"], ["w"], to=TensorProto.INT32),
+         helper.make_node("MatMul", ["x", "w"], ["y"])], "ints",
+        [helper.make_tensor_value_info("x", TensorProto.INT32, [2, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [2, 4])], [w])
+    assert find_layers(helper.make_model(graph)) == []
