@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 
 from dnnc.compiler.sparsify import constant_tensors, find_layers, zero_fraction
 from dnnc.testing import fuzz
@@ -41,10 +42,8 @@ def test_sparse_cases_draw_every_density_pattern_and_weight_form():
     assert max(l.matrix_shape[1] for _, l, _ in layers) >= 64   # reductions past the small
 
     def matrix(case, layer):
-        import onnx
-
-        w = onnx.numpy_helper.to_array(constant_tensors(case.model)[layer.weight]).astype(np.float32)
-        return layer.to_matrix(w) != 0
+        w = numpy_helper.to_array(constant_tensors(case.model)[layer.weight])
+        return layer.to_matrix(w.astype(np.float32)) != 0
 
     two_of_four = blocks = empty_rows = 0
     for case, layer, z in layers:

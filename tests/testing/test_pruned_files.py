@@ -1,6 +1,5 @@
 """Pruned zoo files for tests and benchmarks (`dnnc.testing.pruned_files`)."""
 
-import numpy as np
 import onnx
 
 from dnnc.compiler.sparsify import constant_tensors, find_layers, zero_fraction
