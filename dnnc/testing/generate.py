@@ -3,11 +3,12 @@
 A case grows a graph from one to three inputs by applying random ops from `OPS` (the ops real
 models use: convs of every kind, matmul/gemm, broadcasting elementwise, activations, norms,
 pools, data movement, reductions, pad, resize, casts, where, expand, integer arithmetic, QDQ
-chains) to values already in the graph, preferring the newest value (chains) but sometimes an
-older one (values with several consumers). Sizes are small and odd (primes, 1s) in most cases; a few
-cases are big enough to cross the llvm target's parallel thresholds. A third of the cases
-have a symbolic batch dim (`dim_param "N"`). Every node's output type comes from ONNX's own
-shape inference (`infer_node_outputs`), so the declared types are the spec's.
+chains; in `SPARSE_RATE` of the cases layers with pruned weights) to values already in the
+graph, preferring the newest value (chains) but sometimes an older one (values with several
+consumers). Sizes are small and odd (primes, 1s) in most cases; a few cases are big enough to
+cross the llvm target's parallel thresholds. A third of the cases have a symbolic batch dim
+(`dim_param "N"`). Every node's output type comes from ONNX's own shape inference
+(`infer_node_outputs`), so the declared types are the spec's.
 
 This module is the driver (draw a case's settings, grow the graph, choose its outputs); the
 graph under construction is `graph_builder.Builder`, the op generators and their weights are
@@ -40,7 +41,7 @@ import onnx
 from onnx import helper
 
 from .graph_builder import BATCH, F32, ONNX_DTYPE, Builder, InputSpec, Rejected
-from .op_generators import OPS, SPECIAL_OPS
+from .op_generators import OPS, SPARSE_OPS, SPECIAL_OPS
 from .op_generators.layers import gen_softmax, gen_softmax_chain
 
 OPSETS = (13, 17, 18, 21)
@@ -102,11 +103,24 @@ def _start(g: Builder) -> None:
 BOOST = 12
 """How much `generate(..., boost=)` multiplies the named generators' weights."""
 
+SPARSE_RATE = 0.15
+"""The fraction of (non-special) cases that also draw `SPARSE_OPS` (layers with pruned
+weights); all of them with `boost=("sparse",)`. Whether a case is one is drawn from its own
+stream, (seed, index, 2), so that every other case is what it was before sparse layers
+existed (the regression cases tests pin among them)."""
+
+
+def sparse_case(seed: int, index: int, boost: tuple = ()) -> bool:
+    """Whether case (seed, index) draws layers with sparse weights (`SPARSE_RATE`)."""
+    return "sparse" in boost or \
+        bool(np.random.default_rng([seed, index, 2]).random() < SPARSE_RATE)
+
 
 def generate(seed: int, index: int, boost: tuple = (), special: bool = False) -> Case:
     """The case (seed, index) (in special mode: `special`): the same model and input recipe
     every time. `boost` names generators (`qdq` for `gen_qdq`) drawn BOOST times as often:
-    the same seed and index then give another case."""
+    the same seed and index then give another case (`sparse` also makes every case a sparse
+    one)."""
     rng = np.random.default_rng([seed, index, 0])
     big = bool(rng.random() < 0.08)
     symbolic = bool(rng.random() < 0.33)
@@ -114,7 +128,8 @@ def generate(seed: int, index: int, boost: tuple = (), special: bool = False) ->
     opset = int(rng.choice(OPSETS))
     g = Builder(rng, opset, big, BATCH if symbolic else batch, special)
     _start(g)
-    ops = SPECIAL_OPS if special else OPS
+    ops = SPECIAL_OPS if special else OPS + SPARSE_OPS if sparse_case(seed, index, boost) \
+        else OPS
     weights = np.array([w * (BOOST if fn.__name__[4:] in boost else 1) for w, fn in ops],
                        float)
     target = int(rng.integers(2, 5 if big else 11))

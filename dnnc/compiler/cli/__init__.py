@@ -14,6 +14,8 @@
                [--threads N] [--no-onnxruntime] [--profile] [--trace FILE.json]
     dnnc tune MODEL.onnx --log FILE.jsonl [--trials N] [--precision P] ...
     dnnc compare MODEL.onnx [--target llvm] [--bisect-passes] [--rtol R --atol A]
+    dnnc sparsify MODEL.onnx --sparsity S [--pattern unstructured|N:M|RxC] -o PRUNED.onnx
+                  [--keep NAME ...] [--include-depthwise] [--samples N] [--seed S]
 
 Every command takes -q (warnings and errors only), -v (debug details too) and --json (its
 result as one JSON object on stdout instead of text), after its name or before it
@@ -48,12 +50,12 @@ import warnings
 import numpy.random  # noqa: F401
 
 from ...log import LOGGER, set_verbosity
-from . import bench, compare, compile, inspect, run, tune, zoo
+from . import bench, compare, compile, inspect, run, sparsify, tune, zoo
 from .exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUS, on_interrupt, one_line
 from .options import Parser, common_options, settle_common_options
 from .version import Version
 
-COMMANDS = (zoo, inspect, compile, run, bench, tune, compare)
+COMMANDS = (zoo, inspect, compile, run, bench, tune, compare, sparsify)
 """The subcommands' modules, in the order `dnnc --help` lists them."""
 
 

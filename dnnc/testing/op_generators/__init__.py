@@ -4,6 +4,8 @@ A generator `fn(g)` appends nodes to the `graph_builder.Builder` `g`, or raises 
 it cannot apply to the values at hand (the driver, `generate.py`, rolls back what it added and
 draws another). The order and weights of `OPS` are part of every case's identity: changing
 them changes the model of each (seed, index), so they must never change in a refactoring.
+`SPARSE_OPS` are drawn besides them in sparse cases only (`generate.SPARSE_RATE`), so that
+adding them left every other case as it was.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from .elementwise import gen_binary, gen_cast, gen_clip, gen_exp, gen_gelu, gen_
 from .layers import gen_batchnorm, gen_conv, gen_gemm, gen_layernorm, gen_matmul, gen_pool, \
     gen_reduce, gen_resize, gen_softmax, gen_softmax_chain
 from .quantized import gen_qdq
+from .sparse import gen_sparse
 from .movement import gen_concat, gen_expand, gen_gather, gen_pad, gen_reshape, gen_slice, \
     gen_split, gen_squeeze, gen_transpose
 
@@ -24,6 +27,9 @@ OPS = [  # (weight, generator)
     (2, gen_squeeze), (5, gen_reduce), (2, gen_pad), (2, gen_resize), (2, gen_where),
     (2, gen_expand), (2, gen_cast), (5, gen_qdq),
 ]
+
+SPARSE_OPS = [(6, gen_sparse)]
+"""Drawn besides OPS in a sparse case: layers with pruned constant weights (issue 34)."""
 
 SPECIAL_OPS = OPS + [(4, gen_softmax_chain)]
 """The draw in special mode (`generate(..., special=True)`): OPS and softmax written by hand
