@@ -44,8 +44,8 @@ from dnnc.backends.lower import lower_group  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.target import model_error_bound  # noqa: E402
-from gpu_timing import cuda_torch, cupy_timer, header, interleaved_ms, median_ms, \
-    torch_timer  # noqa: E402
+from gpu_timing import cuda_torch, cupy_timer, header, interleaved_ms, load_module, \
+    median_ms, torch_timer  # noqa: E402
 
 # (C, H = W, M, kernel, stride, count in resnet50), torchvision's v1.5 (stride on the 3x3)
 RESNET50 = [
@@ -61,7 +61,10 @@ RESNET50 = [
 ]
 C = mma.TensorCoreConfig
 VARIANTS = [C(256, 128, 32, 4, 2, 3), C(256, 64, 32, 4, 1, 3), C(128, 128, 32, 2, 2, 4),
-            C(128, 64, 32, 2, 2, 4), C(64, 128, 32, 2, 2, 4)]
+            C(128, 64, 32, 2, 2, 4), C(64, 128, 32, 2, 2, 4), C(128, 128, 64, 2, 2, 3),
+            # warpgroups issuing wgmma (sm_90 only: skipped elsewhere, outside the space)
+            C(128, 256, 64, 8, 1, 4, wgmma=True), C(128, 128, 64, 8, 1, 5, wgmma=True),
+            C(64, 128, 64, 4, 1, 5, wgmma=True), C(64, 64, 64, 4, 1, 4, wgmma=True)]
 """Other configs timed beside the default (those outside a shape's space, and all for a
 stem of fewer channels than a chunk, are skipped)."""
 
@@ -144,7 +147,7 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
     funcs = [(dataclasses.replace(f, name=f"c{n}_{f.name}"), True)
              for n, (_, _, f, _) in enumerate(cases)]
     module = render_module(funcs)
-    raw = cp.RawModule(code=module.source, options=("-std=c++17",))
+    raw = load_module(cp, module.source)   # (sm_90a where a variant uses wgmma)
     tx = torch.from_numpy(x).cuda().to(t_dtype).contiguous(memory_format=torch.channels_last)
     tw = torch.from_numpy(w).cuda().to(t_dtype).contiguous(memory_format=torch.channels_last)
     tb = torch.from_numpy(b).cuda().to(t_dtype)

@@ -37,10 +37,10 @@ take the slot of kt - 1 (`stages - 1` tiles ahead, kt's wgmmas running across th
 barrier): which pays is the GPU's to say. After the last tile, a wait for all. The epilogue stores each accumulator through the problem's
 store, as `mma.py`'s, and `split_k` splits k as there.
 
-Which problems: `mma.py`'s spaces (dense and conv) offer the knob on sm_90
-(`device.has_wgmma`) at every reduced precision; the dense default takes it at
-fp16 / bf16 (`mma.WGMMA_DEFAULT`; DNNC_WGMMA=1 at tf32 too), the conv default stays on mma.sync (its gathered patches come through
-registers: not measured yet). Not done: TMA bulk copies with mbarriers, warp-specialised
+Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer the knob on
+sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-last conv
+defaults take it at fp16 / bf16 (`mma.WGMMA_DEFAULT`; DNNC_WGMMA=1 at tf32 too), the NCHW
+conv default stays on mma.sync (its gathered patches come through registers: not measured). Not done: TMA bulk copies with mbarriers, warp-specialised
 producer warps, MN-major tf32 operands in shared memory (wgmma reads tf32 K-major only:
 such an operand is transposed through registers, as mma.py does).
 """

@@ -36,9 +36,11 @@ SMALL = {
 images, sequences and vocabularies)."""
 
 
-def programs(graph, opt_level: int = DEFAULT_OPT_LEVEL, machine: Target = MACHINE):
-    """(the optimised graph, its segments' Programs scheduled for cuda): every segment whose
-    inputs have static shapes and no value inputs (a zoo model's are all of them)."""
+def programs(graph, opt_level: int = DEFAULT_OPT_LEVEL, machine: Target = MACHINE,
+             config=None):
+    """(the optimised graph, its segments' Programs scheduled for cuda, each kernel with
+    `config` where given): every segment whose inputs have static shapes and no value inputs
+    (a zoo model's are all of them)."""
     graph = optimize(graph, machine, opt_level)
     out = []
     for step in plan_steps(graph):
@@ -47,7 +49,7 @@ def programs(graph, opt_level: int = DEFAULT_OPT_LEVEL, machine: Target = MACHIN
             continue
         shapes = tuple(v.type.shape for v in step.inputs)
         out.append(build_program(step, shapes, (), segment_groups(step, graph.groups),
-                                 lambda k: schedule_kernel(k, machine), True))
+                                 lambda k: schedule_kernel(k, machine, config), True))
     return graph, out
 
 

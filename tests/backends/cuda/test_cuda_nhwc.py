@@ -93,7 +93,10 @@ def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
     assert [n.op for n in conv_kernel.nodes] == ["ConvNHWC", "Relu"]   # the epilogue fused
     module = render_module(program.unique)
     source = module.source[module.source.index('extern "C"'):]
-    assert f"dnnc_mma_{precision}(" in source and "dnnc_ldmatrix_x4(&" in source
+    if conv_kernel.schedule[1].wgmma:   # the default's warpgroups (sm_90, 16-bit: case 7)
+        assert f"dnnc_wgmma_{precision}_n" in source
+    else:
+        assert f"dnnc_mma_{precision}(" in source and "dnnc_ldmatrix_x4(&" in source
     assert "dnnc_ldmatrix_x4_trans(" not in source   # both tiles k-major
     # the patches by cp.async where C fills chunks (the weights: where kh kw C does)
     patches = re.search(r"dnnc_cp_async\(&a_tile", source) is not None
@@ -109,6 +112,39 @@ def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
     k = kernel * kernel * image[-1]
     limit = bound(precision, k, scale, want)
     if precision != "tf32":   # the result stored in 16 bits: rounded once more
+        limit = limit + 2 * {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[precision] * np.abs(want)
+    error = np.abs(got.astype(np.float64) - want)
+    assert np.isfinite(got.astype(np.float64)).all() and (error <= limit).all(), \
+        f"worst error {error.max():.3g}, bound there {limit.flat[error.argmax()]:.3g}"
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", [0, 1, 2, 3, 4, 5])
+def test_convolutions_with_the_wgmma_knob_on_host(case, rng, tmp_path):
+    """The same convolutions with wgmma's warpgroup product (the knob on sm_90: patches and
+    weights k-major in the 128-byte swizzle, by cp.async or through registers), within the
+    precision's bound on host threads."""
+    from dnnc.backends.cuda.mma import TensorCoreConfig
+    from dnnc.backends.cuda.wgmma import block_k
+    from test_host_semantics import host_library, program_on_host
+
+    precision, image, oc, kernel, stride, pad, dilation = CASES[case]
+    config = TensorCoreConfig(64, 64, block_k(precision), 4, 1, 3, wgmma=True)
+    graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
+    graph, (program,) = programs(graph, machine=target(precision), config=config)
+    (conv_kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
+    assert conv_kernel.schedule == ("cuda_mma_conv2d_nhwc", config)
+    module = render_module(program.unique)
+    assert f"dnnc_wgmma_{precision}_n64<" in module.source
+    lib = host_library(program.unique, tmp_path, module)
+    got = program_on_host(lib, module, program, {"x": x})[graph.outputs[0].name]
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    scale = np.abs(conv(np.abs(x.astype(np.float64)).transpose(0, 3, 1, 2),
+                        np.abs(graph.nodes[0].inputs[1].const.astype(np.float64))
+                        .transpose(0, 3, 1, 2), strides=[stride] * 2, pads=[pad] * 4,
+                        dilations=[dilation] * 2)).transpose(0, 2, 3, 1)
+    limit = bound(precision, kernel * kernel * image[-1], scale, want)
+    if precision != "tf32":
         limit = limit + 2 * {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[precision] * np.abs(want)
     error = np.abs(got.astype(np.float64) - want)
     assert np.isfinite(got.astype(np.float64)).all() and (error <= limit).all(), \
