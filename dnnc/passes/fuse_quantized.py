@@ -18,7 +18,9 @@ The chains, in the two formats onnxruntime's quantizer writes:
   Relu as Max with the zero point) runs the op on the integers: exact, since Q(DQ(v)) = v.
 
 Taken only where it is exact or the model says so: constant per-tensor activation scales and
-zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them),
+zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them;
+a dense product's weights also uint8 or with zero points, per tensor or per column:
+`signed_weights`),
 per-tensor or per-output-channel weight scales, an int32 bias of scale x_scale * w_scale. A
 chain that is not taken stays as float ops (the DQ / Q references). Every value inside a
 chain must be read by the chain only. Runs first (before fold_constants, which would fold a
@@ -119,10 +121,12 @@ class _Rewriter:
     # -- the products -------------------------------------------------------------------------
 
     def product_inputs(self, anchor: Node, x: _Quantized, w: np.ndarray, w_scale: np.ndarray,
-                       bias: np.ndarray | None, scale: np.ndarray | float | Value,
-                       y_zp: np.ndarray | None) -> tuple[str, list, dict] | None:
+                       bias: np.ndarray | None, scale: np.ndarray | float | Value | None,
+                       y_zp: np.ndarray | None, w_zp: np.ndarray | None = None
+                       ) -> tuple[str, list, dict] | None:
         """(op, inputs, attrs) of the integer op for `anchor` (Conv, or a product whose
-        weights `w` are [K, N]), or None where it cannot be one."""
+        weights `w` are [K, N], `w_zp` their int8 zero point per column or None), or None
+        where it cannot be one."""
         g = self.graph
         runtime = isinstance(x.zero_point, Value)   # DynamicQuantizeLinear's
         if x.q.type.dtype not in (T.uint8, T.int8) or x.scale.size != 1 or w.dtype != np.int8 \
@@ -130,14 +134,18 @@ class _Rewriter:
             return None
         zx = x.zero_point if runtime else \
             _value(g, f"{anchor.name}.x_zero_point", x.zero_point.reshape(()))
-        scale_v = scale if isinstance(scale, Value) else \
+        scale_v = scale if scale is None or isinstance(scale, Value) else \
             _value(g, f"{anchor.name}.scale", np.asarray(scale, np.float32))
         tail = [None if bias is None else _value(g, f"{anchor.name}.bias", bias.astype(np.int32)),
                 scale_v, None if y_zp is None else _value(g, f"{anchor.name}.y_zero_point",
-                                                          y_zp.reshape(()))]
+                                                          y_zp.reshape(())),
+                None if w_zp is None else _value(g, f"{anchor.name}.w_zero_point", w_zp)]
         while tail and tail[-1] is None:
             tail.pop()
-        if anchor.op in ("Conv", "ConvInteger", "QLinearConv"):
+        conv = anchor.op in ("Conv", "ConvInteger", "QLinearConv")
+        if w_zp is not None and (conv or x.q.type.rank < 2):
+            return None
+        if conv:
             sums = w.astype(np.int32).reshape(w.shape[0], -1).sum(axis=1, dtype=np.int32)
             attrs = {k: anchor.attrs[k] for k in CONV_ATTRS}
             sums_v = _value(g, f"{anchor.name}.w_sums", sums)
@@ -262,11 +270,14 @@ class _Rewriter:
         za = np.zeros((), a.type.dtype.np) if za is None else \
             (za.const if za.const is not None else za)
         zb = _const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None \
-            else np.zeros(())
-        if b.const is None or zb is None or np.any(zb != 0) or \
+            else np.zeros((), b.type.dtype.np)
+        if b.const is None or zb is None or \
                 (isinstance(za, Value) and za.type.shape not in ((), (1,))):
             return False
         if node.op == "MatMulInteger" and b.type.rank != 2:
+            return False
+        weights = signed_weights(b.const, zb, b.type.shape[0 if node.op == "ConvInteger" else 1])
+        if weights is None or (node.op == "ConvInteger" and weights[1] is not None):
             return False
         chain, scale = [node], None
         cast = self.users.get(node.outputs[0], [])
@@ -281,18 +292,8 @@ class _Rewriter:
                 if s.type.dtype is T.float32 and s.type.shape in ((), (1,), (channels,)):
                     chain, scale = [node, cast[0], mul[0]], s
         x = _Quantized(a, np.ones((), np.float32), za, 1)
-        if scale is None:
-            made = self.product_inputs(node, x, b.const, None, None, None, None)
-            if made is None:
-                return False
-            op, inputs, attrs = made
-            inputs = inputs[:4]   # int32 sums: no scale
-        else:
-            made = self.product_inputs(node, x, b.const, None, None, scale, None)
-            if made is None:
-                return False
-            op, inputs, attrs = made
-        return self.replace(chain, op, inputs, {**attrs, **QUANT_ATTRS})
+        made = self.product_inputs(node, x, *weights[:1], None, None, scale, None, weights[1])
+        return made is not None and self.replace(chain, *made[:2], {**made[2], **QUANT_ATTRS})
 
     def qlinear(self, node: Node) -> bool:
         """QLinearMatMul / QLinearConv of constant int8 weights -> one integer op."""
@@ -300,7 +301,7 @@ class _Rewriter:
         sx, zx, w, sw, zw, sy = params[1:7]
         zy = params[7] if len(params) > 7 else None
         bias = params[8] if len(params) > 8 else None
-        if any(p is None for p in (sx, zx, w, sw, zw, sy)) or np.any(zw != 0) or \
+        if any(p is None for p in (sx, zx, w, sw, zw, sy)) or \
                 (len(node.inputs) > 7 and node.inputs[7] is not None and zy is None) or \
                 (len(node.inputs) > 8 and node.inputs[8] is not None and bias is None):
             return False
@@ -310,10 +311,14 @@ class _Rewriter:
         if node.op == "QLinearMatMul" and (w.ndim != 2 or (sw.size > 1 and sw.shape[-1] !=
                                                              w.shape[1])):
             return False
+        weights = signed_weights(w, zw, w.shape[0 if node.op == "QLinearConv" else 1])
+        if weights is None:
+            return False
         w_scale = (np.float32(sx.reshape(())) * sw.astype(np.float32)).reshape(-1)
         multiplier = (w_scale / np.float32(sy.reshape(()))).astype(np.float32)
         x = _Quantized(node.inputs[0], sx, zx, 1)
-        made = self.product_inputs(node, x, w, w_scale, bias, multiplier, zy)
+        made = self.product_inputs(node, x, weights[0], w_scale, bias, multiplier, zy,
+                                   weights[1])
         return made is not None and self.replace([node], *made[:2], {**made[2], **QUANT_ATTRS})
 
     # -- integers through moves -----------------------------------------------------------------
@@ -343,6 +348,23 @@ class _Rewriter:
             return self.replace([node, q], "Max", [inputs[0], _value(
                 self.graph, f"{node.name}.zero_point", zy.reshape(()))], {})
         return self.replace([node, q], node.op, inputs, node.attrs)
+
+
+def signed_weights(w: np.ndarray, zero_point: np.ndarray, columns: int
+                   ) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """Integer weights and their zero point (a scalar, or one per column of `columns` where w
+    is [K, N]) as int8 weights and an int8 zero point (None: zero) with the same differences
+    w - zero_point: uint8 both less 128. None where they are not 8-bit or the zero point
+    is neither a scalar nor one per column."""
+    if w.dtype not in (np.int8, np.uint8) or zero_point.dtype != w.dtype or \
+            zero_point.size not in (1, columns):
+        return None
+    if w.dtype == np.uint8:
+        w = (w.astype(np.int16) - 128).astype(np.int8)
+        zero_point = (zero_point.astype(np.int16) - 128).astype(np.int8)
+    if not np.any(zero_point):
+        return w, None
+    return w, zero_point.reshape(()) if zero_point.size == 1 else zero_point.reshape(-1)
 
 
 def fuse_quantized(graph: Graph) -> int:

@@ -124,11 +124,23 @@ def test_a_chain_that_is_not_exact_stays_float(kind):
     assert "MaxPool" in ops   # the move on integers is taken on its own
 
 
-def test_matmul_integer_with_its_cast_and_scale_becomes_a_float_output_dense(tmp_path):
+WEIGHTS = {   # weights' type and zero point, as quantize_dynamic writes them
+    "int8": lambda rng: (rng.integers(-127, 128, (37, 19)).astype(np.int8), np.int8(0)),
+    "uint8": lambda rng: (rng.integers(0, 256, (37, 19)).astype(np.uint8), np.uint8(131)),
+    "uint8_per_column": lambda rng: (rng.integers(0, 256, (37, 19)).astype(np.uint8),
+                                     rng.integers(0, 256, 19).astype(np.uint8)),
+    "int8_per_column": lambda rng: (rng.integers(-128, 128, (37, 19)).astype(np.int8),
+                                    rng.integers(-20, 20, 19).astype(np.int8)),
+}
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_matmul_integer_with_its_cast_and_scale_becomes_a_float_output_dense(tmp_path, weights):
     rng = np.random.default_rng(4)
     f32 = TensorProto.FLOAT
-    inits = {"w": rng.integers(-127, 128, (37, 19)).astype(np.int8), "zw": np.int8(0),
-             "sw": np.float32(0.01), "bias": rng.standard_normal(19).astype(np.float32)}
+    w, zw = WEIGHTS[weights](rng)
+    inits = {"w": w, "zw": zw, "sw": np.float32(0.01) if zw.size == 1 else _scales(rng, 19),
+             "bias": rng.standard_normal(19).astype(np.float32)}
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "sx", "zx"]),
              helper.make_node("MatMulInteger", ["xq", "w", "zx", "zw"], ["acc"]),
              helper.make_node("Cast", ["acc"], ["accf"], to=f32),

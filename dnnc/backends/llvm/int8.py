@@ -16,7 +16,9 @@ vector, k in groups of 4 (a tail group of fewer read with a guard; the packed we
 zero past K). Signed activations are read as A + 128 (the word xor 0x80808080), so that
 sum (A - za) W = sum (A + 128) W - (za + 128) w_sums[j]: the zero point (a run-time value
 where DynamicQuantizeLinear made it) is compensated once per output element from the
-weights' column sums. Tiles are shared by the worker pool, panel-major so that a panel
+weights' column sums. A weights' zero point zw (uint8 weights, stored as int8 with zw =
+their zero point - 128) takes zw[j] (sum_k A[i, k] - k za) more: each call first sums A's
+rows into a workspace (`_DenseTile.sum_rows`). Tiles are shared by the worker pool, panel-major so that a panel
 (K x 64 bytes) stays in L2 while the row tiles pass.
 
 The conv is the same micro-kernel as an implicit GEMM: rows are output pixels (of every
@@ -131,12 +133,18 @@ class _Tile:
                 L.ForKind.UNROLLED)))
         return L.seq(*rows)
 
-    def finish(self, ii, j) -> L.Expr:
-        """Element (ii, j) of the tile through the compensation and the op's finish."""
+    def finish(self, ii, i, j) -> L.Expr:
+        """Element (ii, j) of the tile (row i) through the compensation and the op's
+        finish."""
         p = self.p
-        acc = self.acc[ii * self.nr + (j % self.nr)] - _zero_point(p) * p.sums[j]
+        acc = self.compensated(self.acc[ii * self.nr + (j % self.nr)] -
+                               _zero_point(p) * p.sums[j], i, j)
         return finish_expr(acc, *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
                            p.lo, p.hi)
+
+    def compensated(self, acc: L.Expr, i, j) -> L.Expr:
+        """sum (a - za) w of element (i, j) less what the weights' zero point adds (none)."""
+        return acc
 
     def store(self, i0, jp, put) -> L.Stmt:
         """`put(i, j, value)` for the tile's valid elements."""
@@ -144,7 +152,7 @@ class _Tile:
         i, j = i0 + ii, jp * self.nr + jj
         width = L.minimum(L.const(self.nr), self.columns - jp * self.nr)
         return L.For(ii, self.mr, L.If(i < self.rows, L.For(jj, width, put(
-            i, j, self.finish(ii, j)))), L.ForKind.UNROLLED)
+            i, j, self.finish(ii, i, j)))), L.ForKind.UNROLLED)
 
     def nest(self, threads: int, tile_body) -> L.Stmt:
         """Every (row tile, panel), panel-major (a panel stays in L2 while row tiles pass),
@@ -163,9 +171,44 @@ class _DenseTile(_Tile):
         super().__init__(p, config, p.m, p.n, -(-p.k // GROUP_DEPTH))
         self.a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
         self.y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+        self.row_sums = L.Buffer("a_row_sums", T.int32, (p.m,), L.Scope.GLOBAL)
 
     def views(self) -> tuple:
         return (self.a, self.w, self.y)
+
+    def compensated(self, acc: L.Expr, i, j) -> L.Expr:
+        """With the weights' zero point zw: sum (a - za)(w - zw) = sum (a - za) w
+        - zw (sum a - k za), from the row's sum of a (`sum_rows`)."""
+        p = self.p
+        if p.w_zp is None:
+            return acc
+        shift = self.row_sums[i] - L.const(p.k, T.int32) * L.Cast(T.int32, _channel(p.za, 0))
+        return acc - L.Cast(T.int32, _channel(p.w_zp, j)) * shift
+
+    def sum_rows(self, threads: int) -> L.Stmt:
+        """row_sums[i] = sum over k of A[i, k] (its values, int32): 16 lanes of partial sums
+        a row, then their total."""
+        p = self.p
+        lanes = L.Buffer("row_lanes", T.int32, (GROUP_COLUMNS,), L.Scope.LOCAL)
+        i, kk, lane = L.Var("ri"), L.Var("rk"), L.Var("rl")
+        whole = p.k // GROUP_COLUMNS
+
+        def add(at: L.Expr, k: L.Expr) -> L.Stmt:
+            return L.Store(lanes, (at,), lanes[at] + L.Cast(T.int32, self.a[i, k]))
+
+        vec = L.ForKind.VECTORIZED
+        total = lanes[0]
+        for t in range(1, GROUP_COLUMNS):
+            total = total + lanes[t]
+        body = L.seq(L.For(lane, GROUP_COLUMNS, L.Store(lanes, (lane,), L.const(0, T.int32)),
+                           vec),
+                     L.For(kk, whole, L.For(lane, GROUP_COLUMNS, add(
+                         lane, kk * GROUP_COLUMNS + lane), vec)),
+                     L.For(lane, p.k % GROUP_COLUMNS, add(
+                         L.const(0), whole * GROUP_COLUMNS + lane)),
+                     L.Store(self.row_sums, (i,), total))
+        kind = L.ForKind.PARALLEL if threads > 1 and p.m > 1 else L.ForKind.SERIAL
+        return L.For(i, p.m, L.Allocate(lanes, body), kind)
 
     def word(self, row, g, guard: bool) -> L.Expr:
         """A's bytes 4g..4g+3 of `row` as one uint32 (byte t in bits 8t..8t+7; past K: 0),
@@ -202,7 +245,10 @@ class _DenseTile(_Tile):
                 return L.Store(self.y, (i, j), _as(value, p.y.dtype))
             return L.seq(*parts, self.store(i0, jp, put))
 
-        return self.nest(threads, tile)
+        if p.w_zp is None:
+            return self.nest(threads, tile)
+        return L.Allocate(self.row_sums, L.seq(self.sum_rows(threads),
+                                               self.nest(threads, tile)))
 
 
 def _as(value: L.Expr, dtype: T.DType) -> L.Expr:
