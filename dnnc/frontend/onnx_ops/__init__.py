@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     nn,
     norm,
     quant,
+    quant_microsoft,
     reduce,
     rnn,
     shape,
