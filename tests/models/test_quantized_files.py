@@ -59,3 +59,49 @@ def test_a_dynamically_quantized_transformer_runs_integer_dense_ops(tmp_path):
     assert ops["QuantizedDense"] == 12 and "MatMulInteger" not in ops
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+DYNAMIC = [("int8", False), ("uint8", False), ("int8", True), ("uint8", True)]
+"""quantize_dynamic's weight types, per tensor and per channel."""
+
+
+def _ort_levels(path, feeds):
+    """onnxruntime's outputs with its graph optimisations (its fused int8 kernels) and
+    without (the ONNX ops one by one)."""
+    import onnxruntime as ort
+
+    outs = []
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                  ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        outs.append(session.run(None, feeds)[0])
+    return outs
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_dynamically_quantized_exports_run_integer_dense_ops_close_to_onnxruntime(tmp_path,
+                                                                                  arch):
+    """transformers' BERT and GPT-2 exported by torch, quantize_dynamic's four variants:
+    every MatMulInteger an integer dense op; dnnc's outputs no further from onnxruntime's
+    than onnxruntime's own two optimisation levels are from each other (twice that: a
+    flipped rounding of DynamicQuantizeLinear moves a whole row by a quantum, and the float
+    ops around it round differently in each runtime)."""
+    pytest.importorskip("transformers")
+    from dnnc.testing.quantized_files import export_transformer
+
+    model = export_transformer(arch, hidden=64, heads=4, seq=16, vocab=200, seed=5)
+    feeds = zoo.inputs_for(model, np.random.default_rng(13))
+    for k, (weights, per_channel) in enumerate(DYNAMIC):
+        path = quantize_dynamic(model, tmp_path, arch, weights, per_channel)
+        want, unfused = _ort_levels(path, feeds)
+        got, ops = _reference_outputs(path, feeds)
+        assert ops["QuantizedDense"] == (12 if arch == "bert" else 8)   # (GPT-2: its tied head stays float)
+        assert "MatMulInteger" not in ops
+        bound = max(2 * np.abs(want - unfused).max(), 1e-4 * np.abs(want).max())
+        assert np.abs(got[0] - want).max() <= bound, (weights, per_channel)
+        if k == len(DYNAMIC) - 1:   # the llvm target computes what the references do
+            compiled = dnnc.compile(str(path), "llvm", cache=False)(**feeds)
+            assert np.abs(compiled - want).max() <= bound
