@@ -193,3 +193,31 @@ def _buffers(kernel: Kernel, node, count: int = 7) -> list:
     index = {id(v): k for k, v in enumerate(kernel.inputs)}
     inputs = (list(node.inputs) + [None] * count)[:count]
     return [None if v is None else kernel.func.params[index[id(v)]] for v in inputs]
+
+
+@dataclass(frozen=True)
+class DynamicQuantize:
+    """A DynamicQuantizeLinear alone in its kernel, static shape: x (float32, `size`
+    elements) -> y (uint8), scale (float32) and zero point (uint8), as its reference."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    y: L.Buffer
+    scale: L.Buffer
+    zero_point: L.Buffer
+    size: int
+
+
+def dynamic_quantize(kernel: Kernel) -> DynamicQuantize | None:
+    """The kernel's DynamicQuantizeLinear (its one node, static shape) as a problem."""
+    node = kernel.anchor
+    if len(kernel.nodes) != 1 or node.op != "DynamicQuantizeLinear" or \
+            len(kernel.func.params) != 4:
+        return None
+    x, y, scale, zero_point = kernel.func.params
+    dims = L.static_shape(x.shape)
+    if dims is None or math.prod(dims) == 0:
+        return None
+    return DynamicQuantize(kernel.func.name, kernel.func.params, x, y, scale, zero_point,
+                           math.prod(dims))

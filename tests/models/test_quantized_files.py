@@ -98,7 +98,8 @@ def test_dynamically_quantized_exports_run_integer_dense_ops_close_to_onnxruntim
         path = quantize_dynamic(model, tmp_path, arch, weights, per_channel)
         want, unfused = _ort_levels(path, feeds)
         got, ops = _reference_outputs(path, feeds)
-        assert ops["QuantizedDense"] == (12 if arch == "bert" else 8)   # (GPT-2: its tied head stays float)
+        # (GPT-2's head, tied to its embeddings, stays float)
+        assert ops["QuantizedDense"] == (12 if arch == "bert" else 8)
         assert "MatMulInteger" not in ops
         bound = max(2 * np.abs(want - unfused).max(), 1e-4 * np.abs(want).max())
         assert np.abs(got[0] - want).max() <= bound, (weights, per_channel)

@@ -243,3 +243,27 @@ def test_maxpool_int8_equals_the_reference(dtype, k, stride, pad, size):
     assert [r["template"] for r in model.profile(xv, repeat=1)] == ["maxpool_int8"]
     got = model(xv)
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape,kind", [((3, 37), "normal"), ((2, 64, 100), "normal"),
+                                        ((5, 1000), "positive"), ((4, 17), "zeros"),
+                                        ((1,), "negative")])
+def test_dynamic_quantize_equals_the_reference(shape, kind):
+    """DynamicQuantizeLinear's own template (range, then quantization): bit for bit the
+    reference's y, scale and zero point, ties of x / scale included."""
+    from dnnc.ir.ops.quant import dynamic_quantize_linear
+
+    rng = np.random.default_rng(sum(shape))
+    x = {"normal": lambda: rng.standard_normal(shape) * 3,
+         "positive": lambda: rng.uniform(0.5, 4.0, shape),
+         "zeros": lambda: np.zeros(shape),
+         "negative": lambda: -rng.uniform(1.0, 2.0, shape)}[kind]().astype(np.float32)
+    if kind == "normal":   # exact ties: x a half-integer multiple of its scale
+        x.reshape(-1)[:8] = (np.arange(8) + 0.5) * (x.max() - x.min()) / np.float32(255)
+    g = Graph("dq")
+    xv = g.add_input("x", T.TensorType(T.float32, shape))
+    g.outputs = g.add_node("DynamicQuantizeLinear", [xv], num_outputs=3)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert [r["template"] for r in model.profile(x, repeat=1)] == ["dynamic_quantize"]
+    for got, want in zip(model(x), dynamic_quantize_linear(x)):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
