@@ -59,7 +59,7 @@ SHAPE = (2, 16, 8, 8)
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
 def test_qlinear_binary_ops_equal_onnxruntime(op, dtype):
-    rng = np.random.default_rng(hash((op, dtype.__name__)) % 1000)
+    rng = np.random.default_rng(len(op) * 2 + (dtype is np.int8))
     info = np.iinfo(dtype)
     inits = {"sa": np.float32(0.03), "za": dtype(info.min + 100), "sb": np.float32(0.05),
              "zb": dtype(info.min + 140), "sc": np.float32(0.07 if op == "QLinearAdd" else 0.2),
