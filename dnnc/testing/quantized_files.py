@@ -68,8 +68,27 @@ def quantize_dynamic(model: onnx.ModelProto, folder: Path, name: str, weights: s
     onnx.save(model, float_path)
     kind = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}[weights]
     logging.getLogger().setLevel(logging.ERROR)
-    quantize(str(float_path), str(out), weight_type=kind, per_channel=per_channel)
+    # (float32 where its shape inference cannot type a value: an optimized file's contrib ops)
+    quantize(str(float_path), str(out), weight_type=kind, per_channel=per_channel,
+             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     return out
+
+
+def optimize_transformer(model: onnx.ModelProto, folder: Path, name: str, heads: int,
+                         hidden: int, level: int = 1) -> onnx.ModelProto:
+    """`model` after onnxruntime's transformer optimizer (`model_type="bert"`, its fusions
+    into com.microsoft ops: SkipLayerNormalization, BiasGelu / Gelu, ...), as users run it
+    before quantize_dynamic."""
+    from onnxruntime.transformers import optimizer
+
+    folder = Path(folder)
+    path, out = folder / f"{name}_unoptimized.onnx", folder / f"{name}_optimized.onnx"
+    onnx.save(model, path)
+    logging.getLogger().setLevel(logging.ERROR)
+    optimized = optimizer.optimize_model(str(path), model_type="bert", num_heads=heads,
+                                         hidden_size=hidden, opt_level=level)
+    optimized.save_model_to_file(str(out))
+    return onnx.load(str(out))
 
 
 TRANSFORMERS = {

@@ -106,3 +106,26 @@ def test_dynamically_quantized_exports_run_integer_dense_ops_close_to_onnxruntim
         if k == len(DYNAMIC) - 1:   # the llvm target computes what the references do
             compiled = dnnc.compile(str(path), "llvm", cache=False)(**feeds)
             assert np.abs(compiled - want).max() <= bound
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_a_transformer_optimized_by_onnxruntime_then_quantized_runs_its_contrib_ops(tmp_path,
+                                                                                   level):
+    """onnxruntime's transformer optimizer first (SkipLayerNormalization, BiasGelu or Gelu,
+    com.microsoft), then quantize_dynamic: dnnc imports the file, every MatMulInteger an
+    integer dense op, and computes what onnxruntime does."""
+    from dnnc.testing.quantized_files import optimize_transformer
+
+    model = zoo.build("bert", hidden=64, heads=4, seq=16, vocab=100)
+    optimized = optimize_transformer(model, tmp_path, "bert", heads=4, hidden=64, level=level)
+    contrib = {n.op_type for n in optimized.graph.node if n.domain == "com.microsoft"}
+    assert "SkipLayerNormalization" in contrib and contrib & {"BiasGelu", "Gelu"}
+    path = quantize_dynamic(optimized, tmp_path, "bert_optimized")
+    feeds = zoo.inputs_for(model, np.random.default_rng(14))
+    want, unfused = _ort_levels(path, feeds)
+    got, ops = _reference_outputs(path, feeds)
+    assert ops["QuantizedDense"] == 12 and "MatMulInteger" not in ops
+    bound = max(2 * np.abs(want - unfused).max(), 1e-4 * np.abs(want).max())
+    assert np.abs(got[0] - want).max() <= bound
+    compiled = dnnc.compile(str(path), "llvm", cache=False)(**feeds)
+    assert np.abs(compiled - want).max() <= bound
