@@ -171,3 +171,20 @@ def test_an_unsupported_microsoft_op_is_reported_up_front():
     with pytest.raises(UnsupportedOpError, match="QAttention") as err:
         import_onnx(model)
     assert "QLinearAdd" not in str(err.value)
+
+
+def test_qlinear_global_average_pool_equals_onnxruntime_bit_for_bit():
+    """Q(GlobalAveragePool(DQ(x))) against MLAS's integer sum times x_scale / size / y_scale:
+    the same values on a thousand channels (a tie would need a mean exactly between two
+    steps)."""
+    rng = np.random.default_rng(17)
+    shape = (4, 256, 7, 7)
+    inits = {"sx": np.float32(0.037), "zx": np.uint8(121), "sy": np.float32(0.011),
+             "zy": np.uint8(90)}
+    node = helper.make_node("QLinearGlobalAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"],
+                            domain=MS, channels_last=0)
+    model = _model([node], [_info("x", np.uint8, shape)], [_info("y", np.uint8, shape[:2] +
+                                                                 (1, 1))], inits)
+    feeds = {"x": rng.integers(0, 256, shape).astype(np.uint8)}
+    want, got, _, compiled = _run(model, feeds)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(compiled[0], want[0])
