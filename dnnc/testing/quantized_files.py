@@ -38,20 +38,28 @@ def _reader(model: onnx.ModelProto, seed: int):
 
 
 def quantize_static(model: onnx.ModelProto, folder: Path, name: str, seed: int = 0,
-                    activations: str = "int8") -> Path:
-    """`model` quantized to a QDQ file in `folder` (calibrated on seeded random inputs)."""
+                    activations: str = "int8", operators: bool = False,
+                    preprocess: bool = True) -> Path:
+    """`model` quantized to a QDQ file in `folder` (calibrated on seeded random inputs), or
+    with `operators` to the operator format (QLinearMatMul, com.microsoft's QGemm,
+    QLinearAdd, ...); `preprocess`: after quant_pre_process (whose MatMul + Add fusion makes
+    onnxruntime 1.32 write a BERT's QGemm with a uint8 bias, a file it refuses)."""
     from onnxruntime.quantization import QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static as quantize
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     folder = Path(folder)
     float_path, pre_path = folder / f"{name}.onnx", folder / f"{name}_pre.onnx"
-    out = folder / f"{name}_qdq_{activations}.onnx"
+    out = folder / f"{name}_{'qop' if operators else 'qdq'}_{activations}.onnx"
     onnx.save(model, float_path)
     logging.getLogger().setLevel(logging.ERROR)   # (its advice to pre-process, which we do)
-    quant_pre_process(str(float_path), str(pre_path))
+    if preprocess:
+        quant_pre_process(str(float_path), str(pre_path))
+    else:
+        pre_path = float_path
     kind = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}[activations]
-    quantize(str(pre_path), str(out), _reader(model, seed), quant_format=QuantFormat.QDQ,
+    quantize(str(pre_path), str(out), _reader(model, seed),
+             quant_format=QuantFormat.QOperator if operators else QuantFormat.QDQ,
              per_channel=True, activation_type=kind, weight_type=QuantType.QInt8)
     return out
 
