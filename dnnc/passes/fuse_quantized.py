@@ -10,9 +10,11 @@ The chains, in the two formats onnxruntime's quantizer writes:
   point), Relu / Clip as the clamp bounds they are in the output's integer domain (Q is
   monotone: Q(max(v, 0)) = max(Q(v), zero point)). The same product without a Q after it
   gives a float32 output (scale = x_scale * w_scale).
-- operator format: QLinearMatMul and QLinearConv; MatMulInteger / ConvInteger (what
-  quantize_dynamic writes after DynamicQuantizeLinear), with the Cast to float32 and the Mul
-  by the scales' product that follow them taken as the float32 epilogue.
+- operator format: QLinearMatMul and QLinearConv (of two activations, QLinearMatMul as an
+  exact float32 MatMul of the shifted integers: `activation_product`); MatMulInteger /
+  ConvInteger (what quantize_dynamic writes after DynamicQuantizeLinear), with the Cast to
+  float32 and the Mul by the scales' product that follow them taken as the float32
+  epilogue.
 - between integer ops, DQ -> op -> Q of the same scale and zero point for an op that only
   moves or selects values (MaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat;
   Relu as Max with the zero point) runs the op on the integers: exact, since Q(DQ(v)) = v.
@@ -45,6 +47,9 @@ PRODUCTS = ("Conv", "MatMul", "Gemm")
 QUANTIZED = frozenset({"DequantizeLinear", "MatMulInteger", "ConvInteger", "QLinearMatMul",
                        "QLinearConv"})
 """The ops a graph with a chain to rewrite has."""
+EXACT_DEPTH = (1 << 24) // (255 * 255)
+"""The longest sum of products of two shifted 8-bit values (each |v| <= 255) whose every
+partial sum a float32 holds exactly."""
 MOVES = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat")
 """Ops that only move or select values: DQ -> op -> Q of the same parameters is op on the
 integers. (Concat: every data input; the others: input 0.)"""
@@ -321,6 +326,55 @@ class _Rewriter:
                                    weights[1])
         return made is not None and self.replace([node], *made[:2], {**made[2], **QUANT_ATTRS})
 
+    def activation_product(self, node: Node) -> bool:
+        """QLinearMatMul of two activations (per-tensor parameters, k <= EXACT_DEPTH): the
+        zero-point-shifted integers' product as a float32 MatMul, exact (every partial sum an
+        integer below 2**24, in any order), times the multiplier, quantized at scale 1: the
+        requantization of `qlinear`'s integer ops, on the float dense templates."""
+        a, b = node.inputs[0], node.inputs[3]
+        params = [_const(node.inputs[k]) for k in (1, 2, 4, 5, 6)]
+        given_zy = len(node.inputs) > 7 and node.inputs[7] is not None
+        zy = _const(node.inputs[7]) if given_zy else np.zeros((), a.type.dtype.np)
+        depth = a.type.shape[-1] if a.type.rank else None
+        if b.const is not None or zy is None or any(p is None or p.size != 1 for p in params) \
+                or not isinstance(depth, int) or depth > EXACT_DEPTH or \
+                params[0].dtype != np.float32 or params[2].dtype != np.float32:
+            return False
+        sa, za, sb, zb, sy = (p.reshape(()) for p in params)
+        multiplier = np.float32(np.float32(sa) * np.float32(sb)) / np.float32(sy)
+        g, name = self.graph, node.name
+        one = _value(g, f"{name}.one", np.float32(1.0))
+        steps = [("DequantizeLinear", [a, one, _value(g, f"{name}.a_zero_point", za)], {}),
+                 ("DequantizeLinear", [b, one, _value(g, f"{name}.b_zero_point", zb)], {}),
+                 ("MatMul", [0, 1], {}),
+                 ("Mul", [2, _value(g, f"{name}.multiplier", np.float32(multiplier))], {}),
+                 ("QuantizeLinear", [3, one, _value(g, f"{name}.y_zero_point", zy)], {})]
+        return self.expand(node, steps)
+
+    def expand(self, node: Node, steps: list) -> bool:
+        """Replace `node` by a chain of `steps` ((op, inputs, attrs); an int input is that
+        earlier step's output), the last one writing the node's output, if its type is the
+        output's; returns whether it did."""
+        made: list[Node] = []
+        for k, (op, inputs, attrs) in enumerate(steps):
+            inputs = [made[v].outputs[0] if isinstance(v, int) else v for v in inputs]
+            types, _, full = infer_node(op, inputs, attrs, 1, f"{node.name}/{k}")
+            out = node.outputs[0] if k == len(steps) - 1 else \
+                Value(self.graph.fresh_name(f"{node.name}/{k}"), types[0])
+            if k == len(steps) - 1 and types[0] != out.type:
+                return False
+            made.append(Node(op, inputs, [out], full, f"{node.name}/{k}"))
+        at = self.graph.nodes.index(node)
+        self.graph.nodes[at:at + 1] = made
+        self.removed.add(id(node))
+        for v in node.inputs:
+            if v is not None and v in self.users:
+                self.users[v] = [u for u in self.users[v] if u is not node]
+        for n in made:
+            for v in n.inputs:
+                self.users.setdefault(v, []).append(n)
+        return True
+
     # -- integers through moves -----------------------------------------------------------------
 
     def moved(self, q: Node) -> bool:
@@ -375,7 +429,8 @@ def fuse_quantized(graph: Graph) -> int:
     for kinds, rule in ((("QuantizeLinear",), r.moved), (("QuantizeLinear",), r.requantized),
                         (PRODUCTS, r.dequantized_output),
                         (("MatMulInteger", "ConvInteger"), r.integer_product),
-                        (("QLinearMatMul", "QLinearConv"), r.qlinear)):
+                        (("QLinearMatMul", "QLinearConv"), r.qlinear),
+                        (("QLinearMatMul",), r.activation_product)):
         for node in list(graph.nodes):
             if node.op in kinds and id(node) not in r.removed:
                 count += rule(node)

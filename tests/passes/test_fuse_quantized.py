@@ -186,3 +186,25 @@ def test_inspect_counts_the_int8_products_and_names_the_float_ones():
     float_conv = import_onnx(_qdq_conv_model(np.random.default_rng(5), relu=False,
                                              bias_dq=False))
     assert pass_report(float_conv, "llvm", 3)[-1].int8 == 0
+
+
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_qlinear_matmul_of_two_activations_is_an_exact_float_matmul(tmp_path, act):
+    """Attention's QLinearMatMuls (both operands activations): the shifted integers'
+    product as a float32 MatMul (exact below 2**24), requantized as the integer ops are:
+    equal to onnxruntime's (MLAS) bit for bit."""
+    rng = np.random.default_rng(8)
+    info = np.iinfo(act)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(act))
+    inits = {"sa": np.float32(0.031), "za": act(info.min + 117), "sb": np.float32(0.027),
+             "zb": act(info.min + 140), "sy": np.float32(0.9), "zy": act(info.min + 125)}
+    node = helper.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"],
+                            ["y"])
+    model = _model([node], [helper.make_tensor_value_info("a", elem, [2, 3, 24, 64]),
+                            helper.make_tensor_value_info("b", elem, [2, 3, 64, 20])],
+                   [helper.make_tensor_value_info("y", elem, [2, 3, 24, 20])], inits)
+    feeds = {k: rng.integers(info.min, info.max + 1, shape).astype(act)
+             for k, shape in (("a", (2, 3, 24, 64)), ("b", (2, 3, 64, 20)))}
+    ops, got, want = _fused(model, feeds, tmp_path)
+    assert ops == ["DequantizeLinear", "DequantizeLinear", "MatMul", "Mul", "QuantizeLinear"]
+    assert np.array_equal(got[0], want[0]) and len(np.unique(want[0])) > 50
