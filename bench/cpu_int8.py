@@ -1,15 +1,16 @@
 """dnnc's int8 (quantized files) next to dnnc's float32 and onnxruntime's int8, in one run.
 
     python bench/cpu_int8.py [--models resnet18,mobilenet_v2,bert_tiny,bert_hf,gpt2_hf]
-                             [--dynamic int8,uint8,int8_pc,uint8_pc] [--size 224]
+                             [--dynamic int8,uint8,int8_pc,uint8_pc,qdq,qop] [--size 224]
                              [--threads 1,2] [--repeat 20] [--blocks 3]
 
 Each model is written as float32 and quantized as users do (CNNs: onnxruntime's
 quantize_static, QDQ, per-channel int8 weights, int8 activations, calibrated on seeded random
-inputs; transformers: quantize_dynamic once per `--dynamic` variant: int8 or uint8 weights,
-`_pc` per channel), then the float file compiled by dnnc, each quantized file compiled by
-dnnc (fuse_quantized's integer ops, `dense_int8` on vpdpbusd where the CPU has VNNI) and run
-by onnxruntime, all timed in interleaved blocks of `--repeat` calls, 0.3 s apart, the median
+inputs; transformers: one file per `--dynamic` variant: quantize_dynamic with int8 or uint8
+weights, `_pc` per channel; `qdq` / `qop`: quantize_static, QDQ / operator format), then the
+float file compiled by dnnc, each quantized file compiled by dnnc (fuse_quantized's integer
+ops, `dense_int8` on vpdpbusd where the CPU has VNNI) and run by onnxruntime, all timed in
+interleaved blocks of `--repeat` calls, 0.3 s apart, the median
 block each. Transformers are the zoo's (`bert`, `bert_tiny`, `bert_base`) or transformers'
 own exported by torch (`bert_hf`: BertModel, `gpt2_hf`: GPT2LMHeadModel; 2 layers, hidden
 768, 12 heads, vocabulary 5000, sequence 128, batch 1, seeded random weights; needs torch and
@@ -55,11 +56,20 @@ def float_model(name: str, size: int):
 
 
 def quantized(name: str, model, folder: Path, variants: list[str]) -> dict[str, Path]:
-    """label -> quantized file: a CNN's QDQ file, a transformer's per `--dynamic` variant."""
+    """label -> quantized file: a CNN's QDQ file, a transformer's per variant (`--dynamic`;
+    `qdq` and `qop`: quantize_static's QDQ and operator formats, uint8 activations)."""
     if name not in ZOO_TRANSFORMERS and name not in EXPORTED:
         return {name: quantize_static(model, folder, name)}
-    return {f"{name}/{v}": quantize_dynamic(model, folder, name, v.removesuffix("_pc"),
-                                            v.endswith("_pc")) for v in variants}
+    files = {}
+    for v in variants:
+        if v in ("qdq", "qop"):
+            files[f"{name}/{v}"] = quantize_static(model, folder, name, activations="uint8",
+                                                   operators=v == "qop",
+                                                   preprocess=v == "qdq")
+        else:
+            files[f"{name}/{v}"] = quantize_dynamic(model, folder, name, v.removesuffix("_pc"),
+                                                    v.endswith("_pc"))
+    return files
 
 
 def one_model(name: str, args, folder: Path, threads: int) -> dict:
