@@ -7,13 +7,15 @@ with onnxruntime's contrib-op semantics.
 Each is the chain of default-domain ops it abbreviates: dequantize the integer inputs
 (DequantizeLinear), the float op, quantize the result (QuantizeLinear) -- so fuse_quantized
 takes the products among them (QGemm as Q(Gemm(DQ, DQ, DQ(bias))), the others as
-MatMulInteger with its Cast and Mul) and the registry's references are their meaning.
-QLinearMul of constant scales is MLAS's own formula (the exact integer product times one
-multiplier s_a s_b / s_c). Where onnxruntime's kernel rounds otherwise (QLinearAdd in fixed
-point; QLinearSoftmax and QLinearSigmoid through tables), a quantized value may differ by one
-unit on a tie: issue 33's accuracy contract. QLinearAveragePool is not imported: no chain
-tried rounded as onnxruntime's kernel does on 99.9% of the values. This module only
-translates; it never evaluates.
+MatMulInteger with its Cast and Mul) and the registry's references are their meaning --
+except QLinearAdd, dnnc's op of MLAS's arithmetic (`ir/ops/quant.py`): its DQ-Add-Q chain
+was one unit off on 8 values in a million, and a BERT of QLinearAdds at every residual and
+bias drifted by 3 units of its output through two layers. QLinearMul of constant scales is
+MLAS's own formula too (the exact integer product times one multiplier s_a s_b / s_c).
+Where onnxruntime's kernel rounds otherwise (QLinearSoftmax and QLinearSigmoid through
+tables), a quantized value may differ by one unit on a tie: issue 33's accuracy contract.
+QLinearAveragePool is not imported: no chain tried rounded as onnxruntime's kernel does on
+99.9% of the values. This module only translates; it never evaluates.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from ...ir import types as T
 from ...ir.graph import Value
-from ..onnx import MICROSOFT, ImportContext, onnx_op
+from ..onnx import MICROSOFT, ImportContext, direct, onnx_op
 
 
 def _dq(ctx: ImportContext, x: Value, scale: Value, zero_point: Value | None,
@@ -47,7 +49,7 @@ def _binary(op: str):
     return importer
 
 
-onnx_op("QLinearAdd", domain=MICROSOFT)(_binary("Add"))
+direct("QLinearAdd", domain=MICROSOFT)   # (its own op: MLAS's fused multiply-adds)
 
 
 @onnx_op("QLinearMul", domain=MICROSOFT)
