@@ -297,7 +297,8 @@ class _Rewriter:
                 if s.type.dtype is T.float32 and s.type.shape in ((), (1,), (channels,)):
                     chain, scale = [node, cast[0], mul[0]], s
         x = _Quantized(a, np.ones((), np.float32), za, 1)
-        made = self.product_inputs(node, x, *weights[:1], None, None, scale, None, weights[1])
+        w, w_zp = weights
+        made = self.product_inputs(node, x, w, None, None, scale, None, w_zp)
         return made is not None and self.replace(chain, *made[:2], {**made[2], **QUANT_ATTRS})
 
     def qlinear(self, node: Node) -> bool:
