@@ -70,6 +70,16 @@ def _const(v: Value | None) -> np.ndarray | None:
     return None if v is None else v.const
 
 
+def _weights(v: Value) -> np.ndarray | None:
+    """v's constant value, also through a Transpose of a constant (a tied embedding as a
+    language-model head: fold_constants, which would fold it, runs after this pass)."""
+    node = v.producer
+    if v.const is None and node is not None and node.op == "Transpose" and \
+            node.inputs[0].const is not None:
+        return np.transpose(node.inputs[0].const, node.attrs["perm"])
+    return v.const
+
+
 def _dequantized(v: Value | None) -> _Quantized | None:
     node = None if v is None else v.producer
     if node is None or node.op != "DequantizeLinear" or node.attrs["block_size"]:
@@ -304,6 +314,7 @@ class _Rewriter:
     def qlinear(self, node: Node) -> bool:
         """QLinearMatMul / QLinearConv of constant int8 weights -> one integer op."""
         params = [_const(v) if v is not None else None for v in node.inputs]
+        params[3] = _weights(node.inputs[3])
         sx, zx, w, sw, zw, sy = params[1:7]
         zy = params[7] if len(params) > 7 else None
         bias = params[8] if len(params) > 8 else None
@@ -337,7 +348,8 @@ class _Rewriter:
         given_zy = len(node.inputs) > 7 and node.inputs[7] is not None
         zy = _const(node.inputs[7]) if given_zy else np.zeros((), a.type.dtype.np)
         depth = a.type.shape[-1] if a.type.rank else None
-        if b.const is not None or zy is None or any(p is None or p.size != 1 for p in params) \
+        if _weights(b) is not None or zy is None or \
+                any(p is None or p.size != 1 for p in params) \
                 or not isinstance(depth, int) or depth > EXACT_DEPTH or \
                 params[0].dtype != np.float32 or params[2].dtype != np.float32:
             return False

@@ -208,3 +208,22 @@ def test_qlinear_matmul_of_two_activations_is_an_exact_float_matmul(tmp_path, ac
     ops, got, want = _fused(model, feeds, tmp_path)
     assert ops == ["DequantizeLinear", "DequantizeLinear", "MatMul", "Mul", "QuantizeLinear"]
     assert np.array_equal(got[0], want[0]) and len(np.unique(want[0])) > 50
+
+
+def test_qlinear_matmul_weights_through_a_transpose_become_an_integer_dense(tmp_path):
+    """A tied embedding as GPT-2's head: QLinearMatMul(x, Transpose(table)), the table a
+    constant (fold_constants runs after this pass): one integer dense op, bit for bit."""
+    rng = np.random.default_rng(9)
+    elem = TensorProto.UINT8
+    inits = {"sa": np.float32(0.03), "za": np.uint8(120), "sb": np.float32(0.004),
+             "zb": np.uint8(128), "sy": np.float32(0.5), "zy": np.uint8(100),
+             "table": rng.integers(0, 256, (50, 300)).astype(np.uint8)}
+    nodes = [helper.make_node("Transpose", ["table"], ["w"], perm=[1, 0]),
+             helper.make_node("QLinearMatMul", ["a", "sa", "za", "w", "sb", "zb", "sy", "zy"],
+                              ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("a", elem, [7, 300])],
+                   [helper.make_tensor_value_info("y", elem, [7, 50])], inits)
+    feeds = {"a": rng.integers(0, 256, (7, 300)).astype(np.uint8)}
+    ops, got, want = _fused(model, feeds, tmp_path)
+    assert ops == ["QuantizedDense"]
+    assert np.array_equal(got[0], want[0]) and len(np.unique(want[0])) > 20
