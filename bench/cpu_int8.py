@@ -1,18 +1,24 @@
 """dnnc's int8 (quantized files) next to dnnc's float32 and onnxruntime's int8, in one run.
 
-    python bench/cpu_int8.py [--models resnet18,mobilenet_v2,bert_tiny] [--size 224]
+    python bench/cpu_int8.py [--models resnet18,mobilenet_v2,bert_tiny,bert_hf,gpt2_hf]
+                             [--dynamic int8,uint8,int8_pc,uint8_pc,qdq,qop] [--size 224]
                              [--threads 1,2] [--repeat 20] [--blocks 3]
 
-Each zoo model is written as float32 and quantized as users do (CNNs: onnxruntime's
+Each model is written as float32 and quantized as users do (CNNs: onnxruntime's
 quantize_static, QDQ, per-channel int8 weights, int8 activations, calibrated on seeded random
-inputs; transformers: quantize_dynamic), then the float file compiled by dnnc, the quantized
-file compiled by dnnc (fuse_quantized's integer ops, `dense_int8` on vpdpbusd where the CPU
-has VNNI) and run by onnxruntime, the three timed in interleaved blocks of `--repeat` calls,
-0.3 s apart, the median block each. Prints the milliseconds, dnnc fp32 / dnnc int8 (the
-speedup), dnnc int8 / onnxruntime int8, and their geometric means; one table per thread
-count (each in a process of its own: DNNC_NUM_THREADS is read when the worker pool starts).
-Timing only: what it computes is checked by tests/models/test_quantized_files.py and
-tests/backends/llvm/test_int8.py, never here.
+inputs; transformers: one file per `--dynamic` variant: quantize_dynamic with int8 or uint8
+weights, `_pc` per channel; `qdq` / `qop`: quantize_static, QDQ / operator format), then the
+float file compiled by dnnc, each quantized file compiled by dnnc (fuse_quantized's integer
+ops, `dense_int8` on vpdpbusd where the CPU has VNNI) and run by onnxruntime, all timed in
+interleaved blocks of `--repeat` calls, 0.3 s apart, the median
+block each. Transformers are the zoo's (`bert`, `bert_tiny`, `bert_base`) or transformers'
+own exported by torch (`bert_hf`: BertModel, `gpt2_hf`: GPT2LMHeadModel; 2 layers, hidden
+768, 12 heads, vocabulary 5000, sequence 128, batch 1, seeded random weights; needs torch and
+transformers). Prints the milliseconds, dnnc fp32 / dnnc int8 (the speedup), dnnc int8 /
+onnxruntime int8, and their geometric means; one table per thread count (each in a process
+of its own: DNNC_NUM_THREADS is read when the worker pool starts). Timing only: what it
+computes is checked by tests/models/test_quantized_files.py and tests/backends/llvm/
+test_int8.py, never here.
 """
 
 from __future__ import annotations
@@ -34,28 +40,57 @@ import dnnc  # noqa: E402
 from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm import int8  # noqa: E402
 from dnnc.backends.llvm.cpu import host_target  # noqa: E402
-from dnnc.testing.quantized_files import quantize_dynamic, quantize_static  # noqa: E402
+from dnnc.testing.quantized_files import (  # noqa: E402
+    export_transformer, quantize_dynamic, quantize_static)
 from cpu import median_block_ms  # noqa: E402  (bench/cpu.py, beside this script)
 
-TRANSFORMERS = ("bert", "bert_tiny", "bert_base")
+ZOO_TRANSFORMERS = ("bert", "bert_tiny", "bert_base")
+EXPORTED = {"bert_hf": "bert", "gpt2_hf": "gpt2"}
+"""bench name -> quantized_files.export_transformer's architecture."""
 
 
-def one_model(name: str, size: int, folder: Path, threads: int, repeat: int, blocks: int):
+def float_model(name: str, size: int):
+    if name in EXPORTED:
+        return export_transformer(EXPORTED[name])
+    return zoo.build(name, **({} if name in ZOO_TRANSFORMERS else {"size": size}))
+
+
+def quantized(name: str, model, folder: Path, variants: list[str]) -> dict[str, Path]:
+    """label -> quantized file: a CNN's QDQ file, a transformer's per variant (`--dynamic`;
+    `qdq` and `qop`: quantize_static's QDQ and operator formats, uint8 activations)."""
+    if name not in ZOO_TRANSFORMERS and name not in EXPORTED:
+        return {name: quantize_static(model, folder, name)}
+    files = {}
+    for v in variants:
+        if v in ("qdq", "qop"):
+            files[f"{name}/{v}"] = quantize_static(model, folder, name, activations="uint8",
+                                                   operators=v == "qop",
+                                                   preprocess=v == "qdq")
+        else:
+            files[f"{name}/{v}"] = quantize_dynamic(model, folder, name, v.removesuffix("_pc"),
+                                                    v.endswith("_pc"))
+    return files
+
+
+def one_model(name: str, args, folder: Path, threads: int) -> dict:
+    """label -> {"fp32", "int8", "ort"} milliseconds, the model's runs interleaved."""
     import onnxruntime as ort
 
-    config = {} if name in TRANSFORMERS else {"size": size}
-    model = zoo.build(name, **config)
-    path = quantize_dynamic(model, folder, name) if name in TRANSFORMERS else \
-        quantize_static(model, folder, name)
+    model = float_model(name, args.size)
+    files = quantized(name, model, folder, args.dynamic.split(","))
     feeds = zoo.inputs_for(model, np.random.default_rng(0))
     fp32 = dnnc.compile(model, "llvm")
-    q8 = dnnc.compile(str(path), "llvm")
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    fns = {"fp32": lambda: fp32(**feeds), "int8": lambda: q8(**feeds),
-           "ort": lambda: session.run(None, feeds)}
-    return median_block_ms(fns, repeat, blocks)
+    fns = {"fp32": lambda: fp32(**feeds)}
+    for label, path in files.items():
+        q8 = dnnc.compile(str(path), "llvm")
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        fns[label, "int8"] = lambda q8=q8: q8(**feeds)
+        fns[label, "ort"] = lambda session=session: session.run(None, feeds)
+    ms = median_block_ms(fns, args.repeat, args.blocks)
+    return {label: {"fp32": ms["fp32"], "int8": ms[label, "int8"], "ort": ms[label, "ort"]}
+            for label in files}
 
 
 def table(args) -> None:
@@ -64,23 +99,24 @@ def table(args) -> None:
     path = "vpdpbusd" if int8.native(cpu.feature_set) else "widening (no VNNI)"
     print(f"# {platform.node()} {cpu.cpu}, int8 products: {path}, {threads} thread(s); "
           f"dnnc {dnnc.__version__}, onnxruntime {__import__('onnxruntime').__version__}")
-    print(f"{'model':14} {'fp32 ms':>9} {'int8 ms':>9} {'ort ms':>9} {'fp32/int8':>10} "
+    print(f"{'model':22} {'fp32 ms':>9} {'int8 ms':>9} {'ort ms':>9} {'fp32/int8':>10} "
           f"{'int8/ort':>9}")
     speedups, versus = [], []
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models.split(","):
-            ms = one_model(name, args.size, Path(folder), threads, args.repeat, args.blocks)
-            speedups.append(ms["fp32"] / ms["int8"])
-            versus.append(ms["int8"] / ms["ort"])
-            print(f"{name:14} {ms['fp32']:9.2f} {ms['int8']:9.2f} {ms['ort']:9.2f} "
-                  f"{speedups[-1]:10.2f} {versus[-1]:9.2f}", flush=True)
+            for label, ms in one_model(name, args, Path(folder), threads).items():
+                speedups.append(ms["fp32"] / ms["int8"])
+                versus.append(ms["int8"] / ms["ort"])
+                print(f"{label:22} {ms['fp32']:9.2f} {ms['int8']:9.2f} {ms['ort']:9.2f} "
+                      f"{speedups[-1]:10.2f} {versus[-1]:9.2f}", flush=True)
     gm = [math.exp(sum(map(math.log, xs)) / len(xs)) for xs in (speedups, versus)]
-    print(f"{'geomean':14} {'':9} {'':9} {'':9} {gm[0]:10.2f} {gm[1]:9.2f}")
+    print(f"{'geomean':22} {'':9} {'':9} {'':9} {gm[0]:10.2f} {gm[1]:9.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet18,mobilenet_v2,bert_tiny")
+    parser.add_argument("--dynamic", default="int8,uint8,int8_pc,uint8_pc")
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeat", type=int, default=20)
@@ -93,6 +129,7 @@ def main() -> None:
     for n in args.threads.split(","):
         env = {**os.environ, "DNNC_NUM_THREADS": n}
         subprocess.run([sys.executable, __file__, "--one", n, "--models", args.models,
+                        "--dynamic", args.dynamic,
                         "--size", str(args.size), "--repeat", str(args.repeat),
                         "--blocks", str(args.blocks)], env=env, check=True)
 

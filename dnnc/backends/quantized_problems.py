@@ -16,9 +16,10 @@ from .problems import Epilogue, plane_geometry
 
 @dataclass(frozen=True)
 class QuantizedDenseProblem:
-    """Y[i, j] = epilogue(finish(sum_k (A[i, k] - za) W[k, j])) for i < m, j < n (A's batch
-    dims folded into rows), W in 4-byte groups [ceil(n / 16), ceil(k / 4), 16, 4]; `finish`
-    is QuantizedDense's (bias, scale, zero point, lo / hi) in the anchor's type `out`."""
+    """Y[i, j] = epilogue(finish(sum_k (A[i, k] - za) (W[k, j] - zw[j]))) for i < m, j < n
+    (A's batch dims folded into rows; zw: `w_zp`, None where 0), W in 4-byte groups
+    [ceil(n / 16), ceil(k / 4), 16, 4]; `finish` is QuantizedDense's (bias, scale, zero
+    point, lo / hi) in the anchor's type `out`."""
 
     name: str
     params: tuple
@@ -38,6 +39,7 @@ class QuantizedDenseProblem:
     hi: int | None
     anchor_dims: tuple
     epilogue: Epilogue
+    w_zp: L.Buffer | None = None
 
     @property
     def signed(self) -> bool:
@@ -59,7 +61,7 @@ def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
     if node is not kernel.nodes[0] or node.op != "QuantizedDense" or layout_tail(kernel):
         return None
     params = kernel.func.params
-    a, za, w, sums, bias, scale, y_zp = _buffers(kernel, node)
+    a, za, w, sums, bias, scale, y_zp, w_zp = _buffers(kernel, node, 8)
     anchor_dims = L.static_shape(node.outputs[0].type.shape)
     a_dims = L.static_shape(a.shape)
     if anchor_dims is None or a_dims is None:
@@ -71,7 +73,7 @@ def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
         name=kernel.func.name, params=params, a=a, za=za, w=w, sums=sums, bias=bias,
         scale=scale, y_zp=y_zp, y=params[-1], m=m, n=n, k=k,
         out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
-        anchor_dims=tuple(anchor_dims), epilogue=epilogue(kernel))
+        anchor_dims=tuple(anchor_dims), epilogue=epilogue(kernel), w_zp=w_zp)
 
 
 @dataclass(frozen=True)
@@ -185,8 +187,37 @@ def max_pool8(kernel: Kernel) -> MaxPool8 | None:
                     tuple(padded_hw))
 
 
-def _buffers(kernel: Kernel, node) -> list:
-    """The kernel's buffer parameters of the node's seven inputs (None where absent)."""
+def _buffers(kernel: Kernel, node, count: int = 7) -> list:
+    """The kernel's buffer parameters of the node's first `count` inputs (None where
+    absent)."""
     index = {id(v): k for k, v in enumerate(kernel.inputs)}
-    inputs = list(node.inputs) + [None] * (7 - len(node.inputs))
+    inputs = (list(node.inputs) + [None] * count)[:count]
     return [None if v is None else kernel.func.params[index[id(v)]] for v in inputs]
+
+
+@dataclass(frozen=True)
+class DynamicQuantize:
+    """A DynamicQuantizeLinear alone in its kernel, static shape: x (float32, `size`
+    elements) -> y (uint8), scale (float32) and zero point (uint8), as its reference."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    y: L.Buffer
+    scale: L.Buffer
+    zero_point: L.Buffer
+    size: int
+
+
+def dynamic_quantize(kernel: Kernel) -> DynamicQuantize | None:
+    """The kernel's DynamicQuantizeLinear (its one node, static shape) as a problem."""
+    node = kernel.anchor
+    if len(kernel.nodes) != 1 or node.op != "DynamicQuantizeLinear" or \
+            len(kernel.func.params) != 4:
+        return None
+    x, y, scale, zero_point = kernel.func.params
+    dims = L.static_shape(x.shape)
+    if dims is None or math.prod(dims) == 0:
+        return None
+    return DynamicQuantize(kernel.func.name, kernel.func.params, x, y, scale, zero_point,
+                           math.prod(dims))

@@ -1,7 +1,8 @@
 """ONNX -> Graph: loading, the importer registry, and graph construction.
 
 Importers are registered explicitly per ONNX op and the opset it changed in
-(`@onnx_op("Clip", since=11)`), in `frontend/onnx_ops/<family>.py`; an importer translates one
+(`@onnx_op("Clip", since=11)`; an op of another domain names it: `@onnx_op("QGemm",
+domain=MICROSOFT)`), in `frontend/onnx_ops/<family>.py`; an importer translates one
 ONNX node into registered dnnc ops (older opsets' attributes that became inputs turn into
 constants). Before building anything, every node (subgraphs included) is checked for an importer,
 so one `UnsupportedOpError` lists all unsupported ops at once.
@@ -24,6 +25,8 @@ from ..ir import types as T
 from ..ir.graph import Graph, Value
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+MICROSOFT = "com.microsoft"
+"""onnxruntime's contrib ops' domain (its quantizer writes some: QGemm, QLinearAdd, ...)."""
 
 DTYPE_FROM_ONNX: dict[int, T.DType] = {
     TensorProto.BOOL: T.bool_, TensorProto.INT8: T.int8, TensorProto.INT16: T.int16,
@@ -59,34 +62,35 @@ def tensor_to_array(tensor: TensorProto, where: str = "") -> np.ndarray:
 # Importer registry
 
 Importer = Callable[["ImportContext"], "list[Value] | Value"]
-_IMPORTERS: dict[str, list[tuple[int, Importer]]] = defaultdict(list)
+_IMPORTERS: dict[tuple[str, str], list[tuple[int, Importer]]] = defaultdict(list)
 
 
-def onnx_op(op_type: str, since: int = 1):
-    """Register an importer for `op_type` at opset versions >= `since` (until a newer one)."""
+def onnx_op(op_type: str, since: int = 1, domain: str = ""):
+    """Register an importer for `op_type` of `domain` ("": the default one) at its opset
+    versions >= `since` (until a newer one)."""
 
     def register(fn: Importer) -> Importer:
-        _IMPORTERS[op_type].append((since, fn))
-        _IMPORTERS[op_type].sort(key=lambda entry: entry[0])
+        _IMPORTERS[domain, op_type].append((since, fn))
+        _IMPORTERS[domain, op_type].sort(key=lambda entry: entry[0])
         return fn
 
     return register
 
 
-def direct(op_type: str, since: int = 1, op: str | None = None) -> None:
+def direct(op_type: str, since: int = 1, op: str | None = None, domain: str = "") -> None:
     """Import `op_type` as the dnnc op of the same meaning, inputs and attributes unchanged."""
     target = op or op_type
 
     def importer(ctx: "ImportContext"):
         return ctx.emit(target, ctx.inputs, ctx.attrs)
 
-    onnx_op(op_type, since)(importer)
+    onnx_op(op_type, since, domain)(importer)
 
 
-def find_importer(op_type: str, opset: int) -> Importer | None:
+def find_importer(op_type: str, opset: int, domain: str = "") -> Importer | None:
     _load_importers()
     best = None
-    for since, fn in _IMPORTERS.get(op_type, ()):
+    for since, fn in _IMPORTERS.get((domain, op_type), ()):
         if since <= opset:
             best = fn
     return best
@@ -237,7 +241,7 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[s
             name = node.name or f"{node.op_type}_{i}"
             if (node.domain, node.op_type) in local_functions:
                 missing[(node.op_type, domain)].append(name + " (model-local function)")
-            elif domain != "" or find_importer(node.op_type, opsets[""]) is None:
+            elif find_importer(node.op_type, opsets.get(domain, 1), domain) is None:
                 missing[(node.op_type, domain)].append(name)
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
@@ -318,15 +322,17 @@ def import_onnx(src, input_shapes: dict[str, tuple] | None = None,
     unsupported = find_unsupported(model)
     if unsupported:
         raise UnsupportedOpError(unsupported)
-    builder = _GraphBuilder(opset_of(model)[""], input_shapes or {}, as_option)
+    builder = _GraphBuilder(opset_of(model), input_shapes or {}, as_option)
     graph = builder.build(model.graph)
     graph.name = model.graph.name or "main"
     return graph
 
 
 class _GraphBuilder:
-    def __init__(self, opset: int, input_shapes: dict[str, tuple], as_option: bool = False):
-        self.opset = opset
+    def __init__(self, opsets: dict[str, int], input_shapes: dict[str, tuple],
+                 as_option: bool = False):
+        self.opsets = opsets   # domain ("": the default one) -> its opset
+        self.opset = opsets[""]
         self.input_shapes = input_shapes
         self.as_option = as_option
         self.scopes: list[dict[str, Value]] = []
@@ -421,7 +427,8 @@ class _GraphBuilder:
                                        f"which no node, input or initializer defines")
             inputs.append(value)
         ctx = ImportContext(self, graph, node, name, inputs, self.opset)
-        importer = find_importer(node.op_type, self.opset)
+        domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+        importer = find_importer(node.op_type, self.opsets.get(domain, 1), domain)
         first_new = len(graph.nodes)
         try:
             result = importer(ctx)

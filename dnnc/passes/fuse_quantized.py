@@ -10,15 +10,19 @@ The chains, in the two formats onnxruntime's quantizer writes:
   point), Relu / Clip as the clamp bounds they are in the output's integer domain (Q is
   monotone: Q(max(v, 0)) = max(Q(v), zero point)). The same product without a Q after it
   gives a float32 output (scale = x_scale * w_scale).
-- operator format: QLinearMatMul and QLinearConv; MatMulInteger / ConvInteger (what
-  quantize_dynamic writes after DynamicQuantizeLinear), with the Cast to float32 and the Mul
-  by the scales' product that follow them taken as the float32 epilogue.
+- operator format: QLinearMatMul and QLinearConv (of two activations, QLinearMatMul as an
+  exact float32 MatMul of the shifted integers: `activation_product`); MatMulInteger /
+  ConvInteger (what quantize_dynamic writes after DynamicQuantizeLinear), with the Cast to
+  float32 and the Mul by the scales' product that follow them taken as the float32
+  epilogue.
 - between integer ops, DQ -> op -> Q of the same scale and zero point for an op that only
   moves or selects values (MaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat;
   Relu as Max with the zero point) runs the op on the integers: exact, since Q(DQ(v)) = v.
 
 Taken only where it is exact or the model says so: constant per-tensor activation scales and
-zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them),
+zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them;
+a dense product's weights also uint8 or with zero points, per tensor or per column:
+`signed_weights`),
 per-tensor or per-output-channel weight scales, an int32 bias of scale x_scale * w_scale. A
 chain that is not taken stays as float ops (the DQ / Q references). Every value inside a
 chain must be read by the chain only. Runs first (before fold_constants, which would fold a
@@ -43,6 +47,9 @@ PRODUCTS = ("Conv", "MatMul", "Gemm")
 QUANTIZED = frozenset({"DequantizeLinear", "MatMulInteger", "ConvInteger", "QLinearMatMul",
                        "QLinearConv"})
 """The ops a graph with a chain to rewrite has."""
+EXACT_DEPTH = (1 << 24) // (255 * 255)
+"""The longest sum of products of two shifted 8-bit values (each |v| <= 255) whose every
+partial sum a float32 holds exactly."""
 MOVES = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat")
 """Ops that only move or select values: DQ -> op -> Q of the same parameters is op on the
 integers. (Concat: every data input; the others: input 0.)"""
@@ -61,6 +68,16 @@ class _Quantized:
 
 def _const(v: Value | None) -> np.ndarray | None:
     return None if v is None else v.const
+
+
+def _weights(v: Value) -> np.ndarray | None:
+    """v's constant value, also through a Transpose of a constant (a tied embedding as a
+    language-model head: fold_constants, which would fold it, runs after this pass)."""
+    node = v.producer
+    if v.const is None and node is not None and node.op == "Transpose" and \
+            node.inputs[0].const is not None:
+        return np.transpose(node.inputs[0].const, node.attrs["perm"])
+    return v.const
 
 
 def _dequantized(v: Value | None) -> _Quantized | None:
@@ -119,10 +136,12 @@ class _Rewriter:
     # -- the products -------------------------------------------------------------------------
 
     def product_inputs(self, anchor: Node, x: _Quantized, w: np.ndarray, w_scale: np.ndarray,
-                       bias: np.ndarray | None, scale: np.ndarray | float | Value,
-                       y_zp: np.ndarray | None) -> tuple[str, list, dict] | None:
+                       bias: np.ndarray | None, scale: np.ndarray | float | Value | None,
+                       y_zp: np.ndarray | None, w_zp: np.ndarray | None = None
+                       ) -> tuple[str, list, dict] | None:
         """(op, inputs, attrs) of the integer op for `anchor` (Conv, or a product whose
-        weights `w` are [K, N]), or None where it cannot be one."""
+        weights `w` are [K, N], `w_zp` their int8 zero point per column or None), or None
+        where it cannot be one."""
         g = self.graph
         runtime = isinstance(x.zero_point, Value)   # DynamicQuantizeLinear's
         if x.q.type.dtype not in (T.uint8, T.int8) or x.scale.size != 1 or w.dtype != np.int8 \
@@ -130,14 +149,18 @@ class _Rewriter:
             return None
         zx = x.zero_point if runtime else \
             _value(g, f"{anchor.name}.x_zero_point", x.zero_point.reshape(()))
-        scale_v = scale if isinstance(scale, Value) else \
+        scale_v = scale if scale is None or isinstance(scale, Value) else \
             _value(g, f"{anchor.name}.scale", np.asarray(scale, np.float32))
         tail = [None if bias is None else _value(g, f"{anchor.name}.bias", bias.astype(np.int32)),
                 scale_v, None if y_zp is None else _value(g, f"{anchor.name}.y_zero_point",
-                                                          y_zp.reshape(()))]
+                                                          y_zp.reshape(())),
+                None if w_zp is None else _value(g, f"{anchor.name}.w_zero_point", w_zp)]
         while tail and tail[-1] is None:
             tail.pop()
-        if anchor.op in ("Conv", "ConvInteger", "QLinearConv"):
+        conv = anchor.op in ("Conv", "ConvInteger", "QLinearConv")
+        if w_zp is not None and (conv or x.q.type.rank < 2):
+            return None
+        if conv:
             sums = w.astype(np.int32).reshape(w.shape[0], -1).sum(axis=1, dtype=np.int32)
             attrs = {k: anchor.attrs[k] for k in CONV_ATTRS}
             sums_v = _value(g, f"{anchor.name}.w_sums", sums)
@@ -262,11 +285,14 @@ class _Rewriter:
         za = np.zeros((), a.type.dtype.np) if za is None else \
             (za.const if za.const is not None else za)
         zb = _const(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None \
-            else np.zeros(())
-        if b.const is None or zb is None or np.any(zb != 0) or \
+            else np.zeros((), b.type.dtype.np)
+        if b.const is None or zb is None or \
                 (isinstance(za, Value) and za.type.shape not in ((), (1,))):
             return False
         if node.op == "MatMulInteger" and b.type.rank != 2:
+            return False
+        weights = signed_weights(b.const, zb, b.type.shape[0 if node.op == "ConvInteger" else 1])
+        if weights is None or (node.op == "ConvInteger" and weights[1] is not None):
             return False
         chain, scale = [node], None
         cast = self.users.get(node.outputs[0], [])
@@ -281,26 +307,18 @@ class _Rewriter:
                 if s.type.dtype is T.float32 and s.type.shape in ((), (1,), (channels,)):
                     chain, scale = [node, cast[0], mul[0]], s
         x = _Quantized(a, np.ones((), np.float32), za, 1)
-        if scale is None:
-            made = self.product_inputs(node, x, b.const, None, None, None, None)
-            if made is None:
-                return False
-            op, inputs, attrs = made
-            inputs = inputs[:4]   # int32 sums: no scale
-        else:
-            made = self.product_inputs(node, x, b.const, None, None, scale, None)
-            if made is None:
-                return False
-            op, inputs, attrs = made
-        return self.replace(chain, op, inputs, {**attrs, **QUANT_ATTRS})
+        w, w_zp = weights
+        made = self.product_inputs(node, x, w, None, None, scale, None, w_zp)
+        return made is not None and self.replace(chain, *made[:2], {**made[2], **QUANT_ATTRS})
 
     def qlinear(self, node: Node) -> bool:
         """QLinearMatMul / QLinearConv of constant int8 weights -> one integer op."""
         params = [_const(v) if v is not None else None for v in node.inputs]
+        params[3] = _weights(node.inputs[3])
         sx, zx, w, sw, zw, sy = params[1:7]
         zy = params[7] if len(params) > 7 else None
         bias = params[8] if len(params) > 8 else None
-        if any(p is None for p in (sx, zx, w, sw, zw, sy)) or np.any(zw != 0) or \
+        if any(p is None for p in (sx, zx, w, sw, zw, sy)) or \
                 (len(node.inputs) > 7 and node.inputs[7] is not None and zy is None) or \
                 (len(node.inputs) > 8 and node.inputs[8] is not None and bias is None):
             return False
@@ -310,11 +328,65 @@ class _Rewriter:
         if node.op == "QLinearMatMul" and (w.ndim != 2 or (sw.size > 1 and sw.shape[-1] !=
                                                              w.shape[1])):
             return False
+        weights = signed_weights(w, zw, w.shape[0 if node.op == "QLinearConv" else 1])
+        if weights is None:
+            return False
         w_scale = (np.float32(sx.reshape(())) * sw.astype(np.float32)).reshape(-1)
         multiplier = (w_scale / np.float32(sy.reshape(()))).astype(np.float32)
         x = _Quantized(node.inputs[0], sx, zx, 1)
-        made = self.product_inputs(node, x, w, w_scale, bias, multiplier, zy)
+        made = self.product_inputs(node, x, weights[0], w_scale, bias, multiplier, zy,
+                                   weights[1])
         return made is not None and self.replace([node], *made[:2], {**made[2], **QUANT_ATTRS})
+
+    def activation_product(self, node: Node) -> bool:
+        """QLinearMatMul of two activations (per-tensor parameters, k <= EXACT_DEPTH): the
+        zero-point-shifted integers' product as a float32 MatMul, exact (every partial sum an
+        integer below 2**24, in any order), times the multiplier, quantized at scale 1: the
+        requantization of `qlinear`'s integer ops, on the float dense templates."""
+        a, b = node.inputs[0], node.inputs[3]
+        params = [_const(node.inputs[k]) for k in (1, 2, 4, 5, 6)]
+        given_zy = len(node.inputs) > 7 and node.inputs[7] is not None
+        zy = _const(node.inputs[7]) if given_zy else np.zeros((), a.type.dtype.np)
+        depth = a.type.shape[-1] if a.type.rank else None
+        if _weights(b) is not None or zy is None or \
+                any(p is None or p.size != 1 for p in params) \
+                or not isinstance(depth, int) or depth > EXACT_DEPTH or \
+                params[0].dtype != np.float32 or params[2].dtype != np.float32:
+            return False
+        sa, za, sb, zb, sy = (p.reshape(()) for p in params)
+        multiplier = np.float32(np.float32(sa) * np.float32(sb)) / np.float32(sy)
+        g, name = self.graph, node.name
+        one = _value(g, f"{name}.one", np.float32(1.0))
+        steps = [("DequantizeLinear", [a, one, _value(g, f"{name}.a_zero_point", za)], {}),
+                 ("DequantizeLinear", [b, one, _value(g, f"{name}.b_zero_point", zb)], {}),
+                 ("MatMul", [0, 1], {}),
+                 ("Mul", [2, _value(g, f"{name}.multiplier", np.float32(multiplier))], {}),
+                 ("QuantizeLinear", [3, one, _value(g, f"{name}.y_zero_point", zy)], {})]
+        return self.expand(node, steps)
+
+    def expand(self, node: Node, steps: list) -> bool:
+        """Replace `node` by a chain of `steps` ((op, inputs, attrs); an int input is that
+        earlier step's output), the last one writing the node's output, if its type is the
+        output's; returns whether it did."""
+        made: list[Node] = []
+        for k, (op, inputs, attrs) in enumerate(steps):
+            inputs = [made[v].outputs[0] if isinstance(v, int) else v for v in inputs]
+            types, _, full = infer_node(op, inputs, attrs, 1, f"{node.name}/{k}")
+            out = node.outputs[0] if k == len(steps) - 1 else \
+                Value(self.graph.fresh_name(f"{node.name}/{k}"), types[0])
+            if k == len(steps) - 1 and types[0] != out.type:
+                return False
+            made.append(Node(op, inputs, [out], full, f"{node.name}/{k}"))
+        at = self.graph.nodes.index(node)
+        self.graph.nodes[at:at + 1] = made
+        self.removed.add(id(node))
+        for v in node.inputs:
+            if v is not None and v in self.users:
+                self.users[v] = [u for u in self.users[v] if u is not node]
+        for n in made:
+            for v in n.inputs:
+                self.users.setdefault(v, []).append(n)
+        return True
 
     # -- integers through moves -----------------------------------------------------------------
 
@@ -345,6 +417,23 @@ class _Rewriter:
         return self.replace([node, q], node.op, inputs, node.attrs)
 
 
+def signed_weights(w: np.ndarray, zero_point: np.ndarray, columns: int
+                   ) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """Integer weights and their zero point (a scalar, or one per column of `columns` where w
+    is [K, N]) as int8 weights and an int8 zero point (None: zero) with the same differences
+    w - zero_point: uint8 both less 128. None where they are not 8-bit or the zero point
+    is neither a scalar nor one per column."""
+    if w.dtype not in (np.int8, np.uint8) or zero_point.dtype != w.dtype or \
+            zero_point.size not in (1, columns):
+        return None
+    if w.dtype == np.uint8:
+        w = (w.astype(np.int16) - 128).astype(np.int8)
+        zero_point = (zero_point.astype(np.int16) - 128).astype(np.int8)
+    if not np.any(zero_point):
+        return w, None
+    return w, zero_point.reshape(()) if zero_point.size == 1 else zero_point.reshape(-1)
+
+
 def fuse_quantized(graph: Graph) -> int:
     """Rewrite `graph` in place; returns how many chains became integer ops (or integer
     moves). Unread nodes left behind (a weight's DequantizeLinear) are removed."""
@@ -353,7 +442,8 @@ def fuse_quantized(graph: Graph) -> int:
     for kinds, rule in ((("QuantizeLinear",), r.moved), (("QuantizeLinear",), r.requantized),
                         (PRODUCTS, r.dequantized_output),
                         (("MatMulInteger", "ConvInteger"), r.integer_product),
-                        (("QLinearMatMul", "QLinearConv"), r.qlinear)):
+                        (("QLinearMatMul", "QLinearConv"), r.qlinear),
+                        (("QLinearMatMul",), r.activation_product)):
         for node in list(graph.nodes):
             if node.op in kinds and id(node) not in r.removed:
                 count += rule(node)

@@ -2,9 +2,12 @@
 onnxruntime's `quantize_static` (QDQ format, per-channel int8 weights, int8 activations,
 calibrated on a few seeded random inputs, after its recommended `quant_pre_process`, which
 folds batch normalisations into convolutions) and `quantize_dynamic` (MatMulInteger after
-DynamicQuantizeLinear, int8 weights).
+DynamicQuantizeLinear; int8 or uint8 weights, per tensor or per channel), on zoo models or on
+transformers' own BERT and GPT-2 exported by torch (`export_transformer`: small configs built
+here with seeded random weights, nothing downloaded).
 
-Needs onnxruntime (a test dependency); never used by the compiler itself.
+Needs onnxruntime (a test dependency; torch and transformers for `export_transformer`); never
+used by the compiler itself.
 """
 
 from __future__ import annotations
@@ -35,34 +38,118 @@ def _reader(model: onnx.ModelProto, seed: int):
 
 
 def quantize_static(model: onnx.ModelProto, folder: Path, name: str, seed: int = 0,
-                    activations: str = "int8") -> Path:
-    """`model` quantized to a QDQ file in `folder` (calibrated on seeded random inputs)."""
+                    activations: str = "int8", operators: bool = False,
+                    preprocess: bool = True) -> Path:
+    """`model` quantized to a QDQ file in `folder` (calibrated on seeded random inputs), or
+    with `operators` to the operator format (QLinearMatMul, com.microsoft's QGemm,
+    QLinearAdd, ...); `preprocess`: after quant_pre_process (whose MatMul + Add fusion makes
+    onnxruntime 1.32 write a BERT's QGemm with a uint8 bias, a file it refuses)."""
     from onnxruntime.quantization import QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static as quantize
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     folder = Path(folder)
     float_path, pre_path = folder / f"{name}.onnx", folder / f"{name}_pre.onnx"
-    out = folder / f"{name}_qdq_{activations}.onnx"
+    out = folder / f"{name}_{'qop' if operators else 'qdq'}_{activations}.onnx"
     onnx.save(model, float_path)
     logging.getLogger().setLevel(logging.ERROR)   # (its advice to pre-process, which we do)
-    quant_pre_process(str(float_path), str(pre_path))
+    if preprocess:
+        quant_pre_process(str(float_path), str(pre_path))
+    else:
+        pre_path = float_path
     kind = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}[activations]
-    quantize(str(pre_path), str(out), _reader(model, seed), quant_format=QuantFormat.QDQ,
+    quantize(str(pre_path), str(out), _reader(model, seed),
+             quant_format=QuantFormat.QOperator if operators else QuantFormat.QDQ,
              per_channel=True, activation_type=kind, weight_type=QuantType.QInt8)
     return out
 
 
-def quantize_dynamic(model: onnx.ModelProto, folder: Path, name: str) -> Path:
-    """`model` dynamically quantized (int8 weights) to a file in `folder`."""
+def quantize_dynamic(model: onnx.ModelProto, folder: Path, name: str, weights: str = "int8",
+                     per_channel: bool = False) -> Path:
+    """`model` dynamically quantized (`weights`: int8 or uint8) to a file in `folder`."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization import quantize_dynamic as quantize
 
     folder = Path(folder)
-    float_path, out = folder / f"{name}.onnx", folder / f"{name}_dynamic.onnx"
+    float_path = folder / f"{name}.onnx"
+    out = folder / f"{name}_dynamic_{weights}{'_pc' if per_channel else ''}.onnx"
     onnx.save(model, float_path)
-    quantize(str(float_path), str(out), weight_type=QuantType.QInt8)
+    kind = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}[weights]
+    logging.getLogger().setLevel(logging.ERROR)
+    # (float32 where its shape inference cannot type a value: an optimized file's contrib ops)
+    quantize(str(float_path), str(out), weight_type=kind, per_channel=per_channel,
+             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     return out
+
+
+def optimize_transformer(model: onnx.ModelProto, folder: Path, name: str, heads: int,
+                         hidden: int, level: int = 1) -> onnx.ModelProto:
+    """`model` after onnxruntime's transformer optimizer (`model_type="bert"`, its fusions
+    into com.microsoft ops: SkipLayerNormalization, BiasGelu / Gelu, ...), as users run it
+    before quantize_dynamic."""
+    from onnxruntime.transformers import optimizer
+
+    folder = Path(folder)
+    path, out = folder / f"{name}_unoptimized.onnx", folder / f"{name}_optimized.onnx"
+    onnx.save(model, path)
+    logging.getLogger().setLevel(logging.ERROR)
+    optimized = optimizer.optimize_model(str(path), model_type="bert", num_heads=heads,
+                                         hidden_size=hidden, opt_level=level)
+    optimized.save_model_to_file(str(out))
+    return onnx.load(str(out))
+
+
+TRANSFORMERS = {
+    # transformers' config class, model class, and the names of its sizes
+    "bert": ("BertConfig", "BertModel", ("num_hidden_layers", "hidden_size",
+                                         "num_attention_heads", "intermediate_size",
+                                         "max_position_embeddings")),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", ("n_layer", "n_embd", "n_head", "n_inner",
+                                                "n_positions")),
+}
+
+
+def export_transformer(arch: str, layers: int = 2, hidden: int = 768, heads: int = 12,
+                       seq: int = 128, vocab: int = 5000, seed: int = 0) -> onnx.ModelProto:
+    """transformers' `arch` ("bert": BertModel's last hidden state, "gpt2": GPT2LMHeadModel's
+    logits, no cache) of the given sizes with seeded random weights, exported by torch for
+    token ids [1, seq] (BERT: TorchScript exporter, opset 17; GPT-2: dynamo, whose mask code
+    TorchScript cannot export), as one in-memory model whose ids `zoo.inputs_for` draws below
+    `vocab`."""
+    import tempfile
+    import warnings
+
+    import torch
+    import transformers
+
+    config_name, model_name, sizes = TRANSFORMERS[arch]
+    config = getattr(transformers, config_name)(
+        vocab_size=vocab, **dict(zip(sizes, (layers, hidden, heads, 4 * hidden, seq))))
+    config._attn_implementation = "eager"   # MatMul, Softmax, MatMul, as most files have it
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).eval()
+    decoder = arch == "gpt2"
+
+    class Tokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            out = self.model(input_ids=ids, return_dict=True,
+                             **({"use_cache": False} if decoder else {}))
+            return out.logits if decoder else out.last_hidden_state
+
+    ids = torch.randint(0, vocab, (1, seq))
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        path = Path(folder) / f"{arch}.onnx"
+        torch.onnx.export(Tokens(), (ids,), str(path), dynamo=decoder, input_names=["input_ids"],
+                          output_names=["y"], **({} if decoder else {"opset_version": 17}),
+                          **({"verbose": False} if decoder else {}))
+        exported = onnx.load(str(path))   # (the dynamo exporter's weights beside it, read in)
+    onnx.helper.set_model_props(exported, {f"{zoo._META_PREFIX}int_high.input_ids": str(vocab)})
+    return exported
 
 
 def onnxruntime_outputs(path: Path, feeds: dict, threads: int = 1) -> list[np.ndarray]:

@@ -59,3 +59,99 @@ def test_a_dynamically_quantized_transformer_runs_integer_dense_ops(tmp_path):
     assert ops["QuantizedDense"] == 12 and "MatMulInteger" not in ops
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+DYNAMIC = [("int8", False), ("uint8", False), ("int8", True), ("uint8", True)]
+"""quantize_dynamic's weight types, per tensor and per channel."""
+
+
+def _ort_levels(path, feeds):
+    """onnxruntime's outputs with its graph optimisations (its fused int8 kernels) and
+    without (the ONNX ops one by one)."""
+    import onnxruntime as ort
+
+    outs = []
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                  ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        outs.append(session.run(None, feeds)[0])
+    return outs
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_dynamically_quantized_exports_run_integer_dense_ops_close_to_onnxruntime(tmp_path,
+                                                                                  arch):
+    """transformers' BERT and GPT-2 exported by torch, quantize_dynamic's four variants:
+    every MatMulInteger an integer dense op; dnnc's outputs no further from onnxruntime's
+    than onnxruntime's own two optimisation levels are from each other (twice that: a
+    flipped rounding of DynamicQuantizeLinear moves a whole row by a quantum, and the float
+    ops around it round differently in each runtime)."""
+    pytest.importorskip("transformers")
+    from dnnc.testing.quantized_files import export_transformer
+
+    model = export_transformer(arch, hidden=64, heads=4, seq=16, vocab=200, seed=5)
+    feeds = zoo.inputs_for(model, np.random.default_rng(13))
+    for k, (weights, per_channel) in enumerate(DYNAMIC):
+        path = quantize_dynamic(model, tmp_path, arch, weights, per_channel)
+        want, unfused = _ort_levels(path, feeds)
+        got, ops = _reference_outputs(path, feeds)
+        # (GPT-2's head, tied to its embeddings, stays float)
+        assert ops["QuantizedDense"] == (12 if arch == "bert" else 8)
+        assert "MatMulInteger" not in ops
+        bound = max(2 * np.abs(want - unfused).max(), 1e-4 * np.abs(want).max())
+        assert np.abs(got[0] - want).max() <= bound, (weights, per_channel)
+        if k == len(DYNAMIC) - 1:   # the llvm target computes what the references do
+            compiled = dnnc.compile(str(path), "llvm", cache=False)(**feeds)
+            assert np.abs(compiled - want).max() <= bound
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_a_transformer_optimized_by_onnxruntime_then_quantized_runs_its_contrib_ops(tmp_path,
+                                                                                   level):
+    """onnxruntime's transformer optimizer first (SkipLayerNormalization, BiasGelu or Gelu,
+    com.microsoft), then quantize_dynamic: dnnc imports the file, every MatMulInteger an
+    integer dense op, and computes what onnxruntime does."""
+    from dnnc.testing.quantized_files import optimize_transformer
+
+    model = zoo.build("bert", hidden=64, heads=4, seq=16, vocab=100)
+    optimized = optimize_transformer(model, tmp_path, "bert", heads=4, hidden=64, level=level)
+    contrib = {n.op_type for n in optimized.graph.node if n.domain == "com.microsoft"}
+    assert "SkipLayerNormalization" in contrib and contrib & {"BiasGelu", "Gelu"}
+    path = quantize_dynamic(optimized, tmp_path, "bert_optimized")
+    feeds = zoo.inputs_for(model, np.random.default_rng(14))
+    want, unfused = _ort_levels(path, feeds)
+    got, ops = _reference_outputs(path, feeds)
+    assert ops["QuantizedDense"] == 12 and "MatMulInteger" not in ops
+    bound = max(2 * np.abs(want - unfused).max(), 1e-4 * np.abs(want).max())
+    assert np.abs(got[0] - want).max() <= bound
+    compiled = dnnc.compile(str(path), "llvm", cache=False)(**feeds)
+    assert np.abs(compiled - want).max() <= bound
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+@pytest.mark.parametrize("operators", [False, True])
+def test_statically_quantized_exports_run_integer_dense_ops_close_to_onnxruntime(tmp_path,
+                                                                                 arch,
+                                                                                 operators):
+    """transformers' BERT and GPT-2 through quantize_static, QDQ and the operator format
+    (QLinearMatMul, com.microsoft's QGemm, QLinearAdd, QLinearMul, QLinearSoftmax): every
+    weight product an integer dense op, outputs within the dynamic files' bound."""
+    pytest.importorskip("transformers")
+    from dnnc.testing.quantized_files import export_transformer
+
+    model = export_transformer(arch, hidden=64, heads=4, seq=16, vocab=200, seed=6)
+    path = quantize_static(model, tmp_path, arch, seed=2, activations="uint8",
+                           operators=operators, preprocess=not operators)
+    feeds = zoo.inputs_for(model, np.random.default_rng(15))
+    want, unfused = _ort_levels(path, feeds)
+    got, ops = _reference_outputs(path, feeds)
+    # (GPT-2's head, its embeddings' table transposed, is quantized here)
+    assert ops["QuantizedDense"] == (12 if arch == "bert" else 9)
+    assert not {"QLinearMatMul", "MatMulInteger", "Gemm"} & set(ops)
+    bound = max(2 * np.abs(want - unfused).max(), 1e-4 * np.abs(want).max())
+    assert np.abs(got[0] - want).max() <= bound
+    compiled = dnnc.compile(str(path), "llvm", cache=False)(**feeds)
+    assert np.abs(compiled - want).max() <= bound

@@ -124,11 +124,23 @@ def test_a_chain_that_is_not_exact_stays_float(kind):
     assert "MaxPool" in ops   # the move on integers is taken on its own
 
 
-def test_matmul_integer_with_its_cast_and_scale_becomes_a_float_output_dense(tmp_path):
+WEIGHTS = {   # weights' type and zero point, as quantize_dynamic writes them
+    "int8": lambda rng: (rng.integers(-127, 128, (37, 19)).astype(np.int8), np.int8(0)),
+    "uint8": lambda rng: (rng.integers(0, 256, (37, 19)).astype(np.uint8), np.uint8(131)),
+    "uint8_per_column": lambda rng: (rng.integers(0, 256, (37, 19)).astype(np.uint8),
+                                     rng.integers(0, 256, 19).astype(np.uint8)),
+    "int8_per_column": lambda rng: (rng.integers(-128, 128, (37, 19)).astype(np.int8),
+                                    rng.integers(-20, 20, 19).astype(np.int8)),
+}
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_matmul_integer_with_its_cast_and_scale_becomes_a_float_output_dense(tmp_path, weights):
     rng = np.random.default_rng(4)
     f32 = TensorProto.FLOAT
-    inits = {"w": rng.integers(-127, 128, (37, 19)).astype(np.int8), "zw": np.int8(0),
-             "sw": np.float32(0.01), "bias": rng.standard_normal(19).astype(np.float32)}
+    w, zw = WEIGHTS[weights](rng)
+    inits = {"w": w, "zw": zw, "sw": np.float32(0.01) if zw.size == 1 else _scales(rng, 19),
+             "bias": rng.standard_normal(19).astype(np.float32)}
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "sx", "zx"]),
              helper.make_node("MatMulInteger", ["xq", "w", "zx", "zw"], ["acc"]),
              helper.make_node("Cast", ["acc"], ["accf"], to=f32),
@@ -174,3 +186,44 @@ def test_inspect_counts_the_int8_products_and_names_the_float_ones():
     float_conv = import_onnx(_qdq_conv_model(np.random.default_rng(5), relu=False,
                                              bias_dq=False))
     assert pass_report(float_conv, "llvm", 3)[-1].int8 == 0
+
+
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_qlinear_matmul_of_two_activations_is_an_exact_float_matmul(tmp_path, act):
+    """Attention's QLinearMatMuls (both operands activations): the shifted integers'
+    product as a float32 MatMul (exact below 2**24), requantized as the integer ops are:
+    equal to onnxruntime's (MLAS) bit for bit."""
+    rng = np.random.default_rng(8)
+    info = np.iinfo(act)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(act))
+    inits = {"sa": np.float32(0.031), "za": act(info.min + 117), "sb": np.float32(0.027),
+             "zb": act(info.min + 140), "sy": np.float32(0.9), "zy": act(info.min + 125)}
+    node = helper.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"],
+                            ["y"])
+    model = _model([node], [helper.make_tensor_value_info("a", elem, [2, 3, 24, 64]),
+                            helper.make_tensor_value_info("b", elem, [2, 3, 64, 20])],
+                   [helper.make_tensor_value_info("y", elem, [2, 3, 24, 20])], inits)
+    feeds = {k: rng.integers(info.min, info.max + 1, shape).astype(act)
+             for k, shape in (("a", (2, 3, 24, 64)), ("b", (2, 3, 64, 20)))}
+    ops, got, want = _fused(model, feeds, tmp_path)
+    assert ops == ["DequantizeLinear", "DequantizeLinear", "MatMul", "Mul", "QuantizeLinear"]
+    assert np.array_equal(got[0], want[0]) and len(np.unique(want[0])) > 50
+
+
+def test_qlinear_matmul_weights_through_a_transpose_become_an_integer_dense(tmp_path):
+    """A tied embedding as GPT-2's head: QLinearMatMul(x, Transpose(table)), the table a
+    constant (fold_constants runs after this pass): one integer dense op, bit for bit."""
+    rng = np.random.default_rng(9)
+    elem = TensorProto.UINT8
+    inits = {"sa": np.float32(0.03), "za": np.uint8(120), "sb": np.float32(0.004),
+             "zb": np.uint8(128), "sy": np.float32(0.5), "zy": np.uint8(100),
+             "table": rng.integers(0, 256, (50, 300)).astype(np.uint8)}
+    nodes = [helper.make_node("Transpose", ["table"], ["w"], perm=[1, 0]),
+             helper.make_node("QLinearMatMul", ["a", "sa", "za", "w", "sb", "zb", "sy", "zy"],
+                              ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("a", elem, [7, 300])],
+                   [helper.make_tensor_value_info("y", elem, [7, 50])], inits)
+    feeds = {"a": rng.integers(0, 256, (7, 300)).astype(np.uint8)}
+    ops, got, want = _fused(model, feeds, tmp_path)
+    assert ops == ["QuantizedDense"]
+    assert np.array_equal(got[0], want[0]) and len(np.unique(want[0])) > 20

@@ -44,7 +44,7 @@ from .amx_dense import AMX_DENSE, AMX_POINTWISE
 from .conv import CONV2D, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
 from .depthwise import DEPTHWISE
-from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8, MAXPOOL_INT8
+from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8, DYNAMIC_QUANTIZE, MAXPOOL_INT8
 from .pool import POOL2D
 from .winograd import WINOGRAD
 
@@ -657,7 +657,7 @@ TEMPLATES = {
     ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, AMX_CONV, DENSE, DENSE_INT8,
                                     CONV_INT8, DEPTHWISE_INT8, POINTWISE_GEMM, POINTWISE,
                                     CONV2D, DEPTHWISE, WINOGRAD, ROWS),
-    ("llvm", Pattern.OPAQUE): (POOL2D, MAXPOOL_INT8, ROWS),
+    ("llvm", Pattern.OPAQUE): (POOL2D, MAXPOOL_INT8, DYNAMIC_QUANTIZE, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first that serves the
 target's precision on its CPU features, whose problem kind describes the kernel and that

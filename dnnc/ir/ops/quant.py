@@ -1,4 +1,5 @@
-"""Quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, QLinearMatMul.
+"""Quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, QLinearMatMul,
+QLinearConv, and com.microsoft's QLinearAdd (MLAS's arithmetic: a fused multiply-add chain).
 
 Integer types only (int8, uint8, int16, uint16); the float8 / int4 families are outside dnnc's
 dtypes and rejected by the frontend. Scales and zero points are scalars, per-axis vectors, or
@@ -372,3 +373,81 @@ register_op("QLinearConv", pattern=Pattern.OUT_FUSABLE, infer=_qlinear_conv_infe
                                           node.outputs[0], has_input(node, 8)),
             attrs={"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
                    "pads": None, "strides": None})
+
+
+# -- QLinearAdd (com.microsoft) -----------------------------------------------------------------
+
+
+def _qlinear_add_infer(ctx):
+    check_dtype(ctx, 0, (T.int8, T.uint8), "A")
+    if ctx.dtype(3) != ctx.dtype(0):
+        raise ctx.fail(f"A and B are of one type, given {ctx.dtype(0).name} and "
+                       f"{ctx.dtype(3).name}")
+    for i, what in ((1, "A_scale"), (2, "A_zero_point"), (4, "B_scale"), (5, "B_zero_point"),
+                    (6, "C_scale"), (7, "C_zero_point")):
+        if ctx.has(i) and ctx.shape(i) not in ((), (1,)):
+            raise ctx.fail(f"{what} is a scalar, given {ctx.type(i)}")
+    out = ctx.dtype(7) if ctx.has(7) else ctx.dtype(0)
+    return [T.TensorType(out, T.broadcast_shapes(ctx.shape(0), ctx.shape(3)))]
+
+
+def _fma(x: np.ndarray, y, z) -> np.ndarray:
+    """x * y + z rounded once to float32: in float64, where the product of an 8-bit integer
+    and a float32 and its sum with a float32 of like magnitude are exact."""
+    return (np.asarray(x, np.float64) * np.float64(y) + np.asarray(z, np.float64)).astype(
+        np.float32)
+
+
+def _scalar(p: np.ndarray | None) -> np.float32:
+    return np.float32(0) if p is None else np.float32(p.reshape(()))
+
+
+def qlinear_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale,
+                c_zero_point=None):
+    """onnxruntime's QLinearAdd as MLAS computes it: with r_a = s_a / s_c, r_b = s_b / s_c and
+    fixed = z_c - (r_a z_a + r_b z_b) in float32, fma(a, r_a, fma(b, r_b, fixed)) rounded
+    half to even and saturated; an operand of one value is folded into fixed first
+    (fixed + a r_a, unfused)."""
+    ra, rb = _scalar(a_scale) / _scalar(c_scale), _scalar(b_scale) / _scalar(c_scale)
+    fixed = _scalar(c_zero_point) - (ra * _scalar(a_zero_point) + rb * _scalar(b_zero_point))
+    af, bf = a.astype(np.float32), b.astype(np.float32)
+    if a.size == 1 and b.size > 1:
+        y = _fma(bf, rb, fixed + np.float32(af.reshape(())) * ra)
+    elif b.size == 1 and a.size > 1:
+        y = _fma(af, ra, fixed + np.float32(bf.reshape(())) * rb)
+    else:
+        y = _fma(af, ra, _fma(bf, rb, fixed))
+    out = a.dtype if c_zero_point is None else c_zero_point.dtype
+    y = np.broadcast_to(y, np.broadcast_shapes(a.shape, b.shape))
+    info = np.iinfo(out)
+    return np.clip(np.rint(y), info.min, info.max).astype(out)
+
+
+def _qlinear_add_rule(inputs, outputs):
+    a, sa, za, b, sb, zb, sc, zc = (list(inputs) + [None])[:8]
+    out, f32 = outputs[0], T.float32
+
+    def scalar(t: Tensor | None) -> Expr:
+        if t is None:
+            return const(0.0)
+        return widen(f32, t[(0,) * t.ndim] if t.ndim else t[()])
+
+    ra, rb = scalar(sa) / scalar(sc), scalar(sb) / scalar(sc)
+    fixed = scalar(zc) - (ra * scalar(za) + rb * scalar(zb))
+    one_a, one_b = (all(d == const(1) for d in t.shape) for t in (a, b))
+
+    def element(*idx):
+        av, bv = (widen(f32, broadcast_load(t, idx)) for t in (a, b))
+        if one_a and not one_b:
+            y = call("fma", bv, rb, fixed + av * ra)
+        elif one_b and not one_a:
+            y = call("fma", av, ra, fixed + bv * rb)
+        else:
+            y = call("fma", av, ra, call("fma", bv, rb, fixed))
+        return _saturate(call("round", y), out.dtype)
+
+    return [compute(out.shape, element, "qlinear_add", out.dtype)]
+
+
+register_op("QLinearAdd", pattern=Pattern.BROADCAST, infer=_qlinear_add_infer,
+            evaluate=qlinear_add, inputs=(7, 8), compute=_qlinear_add_rule)

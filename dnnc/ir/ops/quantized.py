@@ -6,7 +6,7 @@ contract the kernels are tested against bit for bit.
 
 Both compute, for output channel n (a dense product's column, a conv's output channel):
 
-    acc = sum (a - a_zero_point) * w  +  bias[n]                  int32, exact
+    acc = sum (a - a_zero_point) * (w - w_zero_point[n])  +  bias[n]       int32, exact
     y   = acc                                       without scale
     y   = float32(acc) * scale[n]                   with scale, without y_zero_point
     y   = clamp(rint(float32(acc) * scale[n]) + y_zero_point, lo, hi)     quantized
@@ -20,7 +20,10 @@ Relu or Clip, in the output's integer domain). A conv pads with the activation's
 
 `w_sums[n]` = sum over k of w[k, n]: derived from the weights at compile time for the
 u8 x s8 kernels' zero-point compensation (sum a w - a_zero_point * w_sums); the reference
-checks it and never computes with it. QuantizedDense's weights are packed in 4-byte groups
+checks it and never computes with it. `w_zero_point` (QuantizedDense only, absent: 0) is
+int8, a scalar or one per column: uint8 weights with their zero point z are stored as
+w - 128 with zero point z - 128 (the same differences, in the int8 operand of vpdpbusd);
+kernels compensate it with the rows' sums of a. QuantizedDense's weights are packed in 4-byte groups
 (`pack_groups`): [ceil(N / 16), ceil(K / 4), 16, 4], weight (k, n) at [n // 16, k // 4, n % 16,
 k % 4]: 16 columns of 4 consecutive k in one 64-byte row, what one `vpdpbusd` reads as its
 signed operand per 512-bit vector and what one AMX tile row (`tdpbusd`'s B) holds.
@@ -168,6 +171,11 @@ def _optional(inputs, k: int):
 
 def _dense_infer(ctx):
     _check_activation(ctx, "a")
+    if ctx.has(7):
+        check_dtype(ctx, 7, (T.int8,), "w_zero_point")
+        if ctx.shape(7) not in ((), (1,), (ctx.attrs["n"],)):
+            raise ctx.fail(f"w_zero_point is a scalar or one per column ({ctx.attrs['n']}), "
+                           f"given {ctx.type(7)}")
     a, wp, n = ctx.shape(0), ctx.shape(2), ctx.attrs["n"]
     if len(a) < 2 or len(wp) != 4 or wp[2:] != (GROUP_COLUMNS, GROUP_DEPTH):
         raise ctx.fail(f"expects a of rank >= 2 and w in groups [ceil(N / 16), ceil(K / 4), "
@@ -182,17 +190,20 @@ def _dense_infer(ctx):
     return [T.TensorType(out, tuple(a[:-1]) + (n,))]
 
 
-def quantized_dense(a, a_zero_point, w, w_sums, bias=None, scale=None, y_zero_point=None, *,
-                    n, lo, hi):
+def quantized_dense(a, a_zero_point, w, w_sums, bias=None, scale=None, y_zero_point=None,
+                    w_zero_point=None, *, n, lo, hi):
     wk = unpack_groups(w, a.shape[-1], n)
     _check_sums(wk, w_sums)
-    acc = np.matmul(a.astype(np.int64) - np.int64(a_zero_point.reshape(())), wk.astype(np.int64))
+    wk = wk.astype(np.int64)
+    if w_zero_point is not None:
+        wk = wk - w_zero_point.astype(np.int64).reshape(-1)
+    acc = np.matmul(a.astype(np.int64) - np.int64(a_zero_point.reshape(())), wk)
     return finish(acc.astype(np.int32), bias, scale, y_zero_point, lo, hi, -1)
 
 
 def _dense_rule(inputs, outputs, *, n, lo, hi):
     a, za, w = inputs[0], inputs[1], inputs[2]
-    bias, scale, y_zp = (_optional(inputs, k) for k in (4, 5, 6))
+    bias, scale, y_zp, zw = (_optional(inputs, k) for k in (4, 5, 6, 7))
     out = outputs[0]
     k = reduce_axis(a.shape[-1], "k")
 
@@ -202,6 +213,8 @@ def _dense_rule(inputs, outputs, *, n, lo, hi):
                                                                     scalar_or_per_channel(za, j))
         wv = widen(T.int32, w[j // GROUP_COLUMNS, k.var // GROUP_DEPTH, j % GROUP_COLUMNS,
                               k.var % GROUP_DEPTH])
+        if zw is not None:
+            wv = wv - widen(T.int32, scalar_or_per_channel(zw, j))
         return finish_expr(reduce_sum(av * wv, k), *(
             None if p is None else scalar_or_per_channel(p, j) for p in (bias, scale, y_zp)),
             out.dtype, lo, hi)
@@ -210,8 +223,8 @@ def _dense_rule(inputs, outputs, *, n, lo, hi):
 
 
 register_op("QuantizedDense", pattern=Pattern.OUT_FUSABLE, infer=_dense_infer,
-            evaluate=quantized_dense, inputs=(4, 7), compute=_dense_rule,
-            attrs={"n": REQUIRED, **QUANT_ATTRS}, weights=(2, 3, 4),
+            evaluate=quantized_dense, inputs=(4, 8), compute=_dense_rule,
+            attrs={"n": REQUIRED, **QUANT_ATTRS}, weights=(2, 3, 4, 7),
             flops=lambda node: 2 * numel(node.outputs[0]) * Count.of([node.inputs[0].shape[-1]]),
             batched=batching.data_input)
 

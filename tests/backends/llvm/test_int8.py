@@ -78,8 +78,9 @@ def _const(name, a):
     return Value(name, T.TensorType(T.DType.from_numpy(a.dtype), a.shape), const=a)
 
 
-def dense_graph(rng, m, k, n, act, out, lo=None, hi=None):
-    """y = QuantizedDense(a, ...) -> Relu (a fused consumer); its inputs and reference."""
+def dense_graph(rng, m, k, n, act, out, lo=None, hi=None, zw=None):
+    """y = QuantizedDense(a, ...) -> Relu (a fused consumer); its inputs and reference (`zw`:
+    the weights' zero point, "scalar" or "column")."""
     info = np.iinfo(act)
     w = rng.integers(-128, 128, (k, n)).astype(np.int8)
     g = Graph("q")
@@ -91,10 +92,15 @@ def dense_graph(rng, m, k, n, act, out, lo=None, hi=None):
                 _const("sc", rng.uniform(2e-5, 2e-4, n).astype(np.float32))]
     if out in ("int8", "uint8"):
         ins.append(_const("yz", np.dtype(out).type(5)))
+    if zw is not None:
+        ins += [None] * (7 - len(ins))
+        ins.append(_const("zw", rng.integers(-128, 128, () if zw == "scalar" else n)
+                          .astype(np.int8)))
     y = g.add("QuantizedDense", *ins, n=n, lo=lo, hi=hi)
     g.outputs = [g.add("Relu", y)]
     x = rng.integers(info.min, info.max + 1, (2, m, k)).astype(act)
-    want = np.maximum(quantized_dense(x, *[v.const for v in ins[1:]], n=n, lo=lo, hi=hi), 0)
+    want = np.maximum(quantized_dense(x, *[v if v is None else v.const for v in ins[1:]], n=n,
+                                      lo=lo, hi=hi), 0)
     return g, x, want
 
 
@@ -116,6 +122,21 @@ def test_dense_int8_equals_the_reference(path, m, k, n, act, out):
         np.testing.assert_array_equal(got, want)
     else:
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m,k,n,act,out,zw", [
+    (5, 37, 19, np.uint8, "float32", "column"), (7, 64, 48, np.int8, "uint8", "scalar"),
+    (1, 3, 1, np.uint8, "int32", "scalar"), (13, 130, 70, np.int8, "float32", "column")])
+def test_dense_int8_with_a_weight_zero_point_equals_the_reference(path, m, k, n, act, out, zw):
+    rng = np.random.default_rng(m * k * n + 1)
+    g, x, want = dense_graph(rng, m, k, n, act, out, zw=zw)
+    mattr = FEATURE_PATHS[path][1]
+    model = dnnc.compile(g, "llvm", cpu=None if mattr is None else cpu_from(None, mattr),
+                         cache=False)
+    assert [r["template"] for r in model.profile(x, repeat=1)] == ["dense_int8"]
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
 def test_a_dynamically_quantized_transformer_compiles_to_int8_dense_kernels(tmp_path):
@@ -222,3 +243,27 @@ def test_maxpool_int8_equals_the_reference(dtype, k, stride, pad, size):
     assert [r["template"] for r in model.profile(xv, repeat=1)] == ["maxpool_int8"]
     got = model(xv)
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape,kind", [((3, 37), "normal"), ((2, 64, 100), "normal"),
+                                        ((5, 1000), "positive"), ((4, 17), "zeros"),
+                                        ((1,), "negative")])
+def test_dynamic_quantize_equals_the_reference(shape, kind):
+    """DynamicQuantizeLinear's own template (range, then quantization): bit for bit the
+    reference's y, scale and zero point, ties of x / scale included."""
+    from dnnc.ir.ops.quant import dynamic_quantize_linear
+
+    rng = np.random.default_rng(sum(shape))
+    x = {"normal": lambda: rng.standard_normal(shape) * 3,
+         "positive": lambda: rng.uniform(0.5, 4.0, shape),
+         "zeros": lambda: np.zeros(shape),
+         "negative": lambda: -rng.uniform(1.0, 2.0, shape)}[kind]().astype(np.float32)
+    if kind == "normal":   # exact ties: x a half-integer multiple of its scale
+        x.reshape(-1)[:8] = (np.arange(8) + 0.5) * (x.max() - x.min()) / np.float32(255)
+    g = Graph("dq")
+    xv = g.add_input("x", T.TensorType(T.float32, shape))
+    g.outputs = g.add_node("DynamicQuantizeLinear", [xv], num_outputs=3)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert [r["template"] for r in model.profile(x, repeat=1)] == ["dynamic_quantize"]
+    for got, want in zip(model(x), dynamic_quantize_linear(x)):
+        assert got.dtype == want.dtype and np.array_equal(got, want)

@@ -1,0 +1,150 @@
+"""ONNX importers for the com.microsoft quantized ops onnxruntime's quantizer writes
+(quantize_static in the operator format: QGemm, QLinearAdd, QLinearMul, QLinearSigmoid,
+QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearConcat) and the ones its
+graph optimizer fuses into the files it saves (MatMulIntegerToFloat, DynamicQuantizeMatMul),
+with onnxruntime's contrib-op semantics.
+
+Each is the chain of default-domain ops it abbreviates: dequantize the integer inputs
+(DequantizeLinear), the float op, quantize the result (QuantizeLinear) -- so fuse_quantized
+takes the products among them (QGemm as Q(Gemm(DQ, DQ, DQ(bias))), the others as
+MatMulInteger with its Cast and Mul) and the registry's references are their meaning --
+except QLinearAdd, dnnc's op of MLAS's arithmetic (`ir/ops/quant.py`): its DQ-Add-Q chain
+was one unit off on 8 values in a million, and a BERT of QLinearAdds at every residual and
+bias drifted by 3 units of its output through two layers. QLinearMul of constant scales is
+MLAS's own formula too (the exact integer product times one multiplier s_a s_b / s_c).
+Where onnxruntime's kernel rounds otherwise (QLinearSoftmax and QLinearSigmoid through
+tables), a quantized value may differ by one unit on a tie: issue 33's accuracy contract.
+QLinearAveragePool is not imported: no chain tried rounded as onnxruntime's kernel does on
+99.9% of the values. This module only translates; it never evaluates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir import types as T
+from ...ir.graph import Value
+from ..onnx import MICROSOFT, ImportContext, direct, onnx_op
+
+
+def _dq(ctx: ImportContext, x: Value, scale: Value, zero_point: Value | None,
+        axis: int = 1) -> Value:
+    return ctx.add("DequantizeLinear", x, scale, zero_point, axis=axis)
+
+
+def _q(ctx: ImportContext, y: Value, scale: Value, zero_point: Value | None,
+       like: Value) -> Value:
+    """y quantized to `scale` and `zero_point`, of `like`'s type where the zero point is
+    absent (onnxruntime's: the output has its input's type)."""
+    return ctx.add("QuantizeLinear", y, scale, zero_point,
+                   output_dtype=None if zero_point is not None else like.type.dtype)
+
+
+def _binary(op: str):
+    def importer(ctx: ImportContext):
+        a, sa, za, b, sb, zb, sc = (ctx.input(k) for k in range(7))
+        zc = ctx.input(7)
+        y = ctx.add(op, _dq(ctx, a, sa, za), _dq(ctx, b, sb, zb))
+        return _q(ctx, y, sc, zc, a)
+    return importer
+
+
+direct("QLinearAdd", domain=MICROSOFT)   # (its own op: MLAS's fused multiply-adds)
+
+
+@onnx_op("QLinearMul", domain=MICROSOFT)
+def import_qlinear_mul(ctx: ImportContext):
+    """Of constant scales, as MLAS: the exact product (a - za)(b - zb) in float32 times
+    the multiplier s_a s_b / s_c, rounded, plus y's zero point; else Q(DQ(a) DQ(b))."""
+    a, sa, za, b, sb, zb, sc = (ctx.input(k) for k in range(7))
+    zc = ctx.input(7)
+    scales = [ctx.value(k) for k in (1, 4, 6)]
+    if any(v is None for v in scales):
+        return _binary("Mul")(ctx)
+    one = ctx.const(np.float32(1.0))
+    multiplier = ctx.const(np.float32(scales[0].reshape(())) * np.float32(scales[1].reshape(()))
+                           / np.float32(scales[2].reshape(())))
+    y = ctx.add("Mul", ctx.add("Mul", _dq(ctx, a, one, za), _dq(ctx, b, one, zb)), multiplier)
+    return _q(ctx, y, one, zc, a)
+
+
+def _unary(op: str, attrs):
+    def importer(ctx: ImportContext):
+        x, sx, zx, sy, zy = (ctx.input(k) for k in range(5))
+        return _q(ctx, ctx.add(op, _dq(ctx, x, sx, zx), **attrs(ctx)), sy, zy, x)
+    return importer
+
+
+onnx_op("QLinearSigmoid", domain=MICROSOFT)(_unary("Sigmoid", lambda ctx: {}))
+onnx_op("QLinearLeakyRelu", domain=MICROSOFT)(_unary(
+    "LeakyRelu", lambda ctx: {"alpha": ctx.attrs.get("alpha", 0.01)}))
+# `opset`: the Softmax it replaced (before 13: rows of the flattened 2-D view)
+onnx_op("QLinearSoftmax", domain=MICROSOFT)(_unary("Softmax", lambda ctx: {
+    "axis": ctx.attrs.get("axis", -1), "coerce_2d": int(ctx.attrs.get("opset", 13) < 13)}))
+
+
+def _channels_first(ctx: ImportContext) -> None:
+    if ctx.attrs.get("channels_last", 0):
+        raise ctx.fail("channels_last (NHWC) pooling is not supported")
+
+
+@onnx_op("QLinearGlobalAveragePool", domain=MICROSOFT)
+def import_qlinear_global_average_pool(ctx: ImportContext):
+    _channels_first(ctx)
+    x, sx, zx, sy, zy = (ctx.input(k) for k in range(5))
+    return _q(ctx, ctx.add("GlobalAveragePool", _dq(ctx, x, sx, zx)), sy, zy, x)
+
+
+@onnx_op("QLinearConcat", domain=MICROSOFT)
+def import_qlinear_concat(ctx: ImportContext):
+    sy, zy = ctx.input(0), ctx.input(1)
+    parts = ctx.inputs[2:]
+    if len(parts) % 3 or not parts:
+        raise ctx.fail(f"expects Y_scale, Y_zero_point and (X, X_scale, X_zero_point) "
+                       f"triplets, given {len(ctx.inputs)} inputs")
+    xs = [_dq(ctx, *parts[k:k + 3]) for k in range(0, len(parts), 3)]
+    return _q(ctx, ctx.add("Concat", *xs, axis=ctx.attrs["axis"]), sy, zy, parts[0])
+
+
+def _product_scale(ctx: ImportContext, a_scale: Value, b_scale: Value) -> Value:
+    """a_scale * b_scale: a constant where both are, else a Mul."""
+    if a_scale.const is not None and b_scale.const is not None:
+        return ctx.const((np.float32(a_scale.const.reshape(())) *
+                          b_scale.const.astype(np.float32)).astype(np.float32))
+    return ctx.add("Mul", a_scale, b_scale)
+
+
+@onnx_op("QGemm", domain=MICROSOFT)
+def import_qgemm(ctx: ImportContext):
+    """Y = alpha A' B' + C on the dequantized operands (C: int32 of scale a_scale * b_scale
+    and zero point 0), quantized to y_scale / y_zero_point where given, else float32."""
+    a, sa, za, b, sb, zb = (ctx.input(k) for k in range(6))
+    c, sy, zy = ctx.input(6), ctx.input(7), ctx.input(8)
+    trans_b = ctx.attrs.get("transB", 0)
+    inputs = [_dq(ctx, a, sa, za), _dq(ctx, b, sb, zb, axis=0 if trans_b else 1)]
+    if c is not None:
+        inputs.append(_dq(ctx, c, _product_scale(ctx, sa, sb), None, axis=c.type.rank - 1))
+    y = ctx.add("Gemm", *inputs, alpha=ctx.attrs.get("alpha", 1.0), beta=1.0,
+                transA=ctx.attrs.get("transA", 0), transB=trans_b)
+    return y if sy is None else _q(ctx, y, sy, zy, a)
+
+
+def _integer_to_float(ctx: ImportContext, a, b, a_scale, b_scale, za, zb, bias) -> Value:
+    """float32(MatMulInteger(a, b, za, zb)) * (a_scale * b_scale) [+ bias]."""
+    acc = ctx.add("MatMulInteger", a, b, za, zb)
+    y = ctx.add("Mul", ctx.add("Cast", acc, to=T.float32), _product_scale(ctx, a_scale, b_scale))
+    return y if bias is None else ctx.add("Add", y, bias)
+
+
+@onnx_op("MatMulIntegerToFloat", domain=MICROSOFT)
+def import_matmul_integer_to_float(ctx: ImportContext):
+    a, b, sa, sb, za, zb, bias = (ctx.input(k) for k in range(7))
+    return _integer_to_float(ctx, a, b, sa, sb, za, zb, bias)
+
+
+@onnx_op("DynamicQuantizeMatMul", domain=MICROSOFT)
+def import_dynamic_quantize_matmul(ctx: ImportContext):
+    """MatMulIntegerToFloat of A's DynamicQuantizeLinear and B."""
+    a, b, sb, zb, bias = (ctx.input(k) for k in range(5))
+    aq, sa, za = ctx.emit("DynamicQuantizeLinear", [a], {}, num_outputs=3)
+    return _integer_to_float(ctx, aq, b, sa, sb, za, zb, bias)
