@@ -1,0 +1,232 @@
+"""The torch.compile backend (`dnnc/compiler/torch_backend.py`, importing through
+`frontend/torch_fx.py`): modules compiled by `torch.compile(backend="dnnc")` against eager on
+seeded random inputs, partitions around what dnnc does not take, graph breaks, dynamic batch,
+frozen weights. Skips without torch; `import dnnc` must never need it."""
+
+import importlib
+import importlib.metadata
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dnnc.errors import ArgumentError
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from dnnc.compiler import torch_backend  # noqa: E402
+from dnnc.compiler.torch_backend import dnnc_backend  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def compiled(module, **options):
+    torch._dynamo.reset()
+    return torch.compile(module, backend=dnnc_backend, options=options or None)
+
+
+def new_reports(before: int):
+    return torch_backend.reports()[before:]
+
+
+def check(module, *inputs, atol=1e-4, **options):
+    """`module` compiled by the backend gives eager's outputs; the reports of its graphs."""
+    module.eval()
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        want = module(*inputs)
+        got = compiled(module, **options)(*inputs)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=atol)
+    return new_reports(before)
+
+
+def test_import_dnnc_never_imports_torch():
+    code = "import sys, dnnc; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_entry_point_names_the_backend():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    target = project["project"]["entry-points"]["torch_dynamo_backends"]["dnnc"]
+    module, name = target.split(":")
+    assert getattr(importlib.import_module(module), name) is dnnc_backend
+    installed = [e for e in importlib.metadata.entry_points(group="torch_dynamo_backends")
+                 if e.name == "dnnc"]
+    if not installed:
+        pytest.skip("dnnc is installed without its entry point: pip install -e . again")
+    torch._dynamo.reset()
+    layer = nn.Linear(4, 3).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        np.testing.assert_allclose(torch.compile(layer, backend="dnnc")(x).numpy(),
+                                   layer(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_mlp_runs_in_one_partition_with_frozen_weights():
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8), nn.Sigmoid(),
+                        nn.Linear(8, 4), nn.Tanh())
+    (report,) = check(mlp, torch.randn(5, 16))
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+    (model,) = report.models
+    assert len(model.input_names) == 1   # the weights are constants, not inputs
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, stride=2, groups=2)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = nn.functional.avg_pool2d(torch.relu(self.bn2(self.conv2(x))), 2, ceil_mode=True)
+        x = nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
+        return torch.log_softmax(self.fc(x), -1)
+
+
+def randomize_batch_norm(module):
+    """Running statistics that are not 0 and 1, so that folding them is tested."""
+    gen = torch.Generator().manual_seed(1)
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=gen))
+            m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+    return module
+
+
+def test_small_cnn_conv_batchnorm_pools():
+    torch.manual_seed(0)
+    (report,) = check(randomize_batch_norm(SmallCNN()), torch.randn(2, 3, 20, 20))
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: layer norm, softmax attention, gelu MLP."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.down(nn.functional.gelu(self.up(self.ln2(x)), approximate="tanh"))
+
+
+def test_transformer_block():
+    torch.manual_seed(0)
+    (report,) = check(Block(), torch.randn(2, 7, 32))
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+
+
+def test_scaled_dot_product_attention():
+    class Attention(nn.Module):
+        def forward(self, q, k, v):
+            return nn.functional.scaled_dot_product_attention(q, k, v)
+
+    torch.manual_seed(0)
+    check(Attention(), *(torch.randn(2, 2, 6, 8) for _ in range(3)))
+
+
+def test_unsupported_op_stays_in_torch_between_partitions():
+    class Sorting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.b(torch.sort(torch.relu(self.a(x)), dim=-1).values)
+
+    torch.manual_seed(0)
+    (report,) = check(Sorting(), torch.randn(4, 8))
+    assert report.torch_ops == {"aten.sort.default": 1}
+    assert report.partitions == 2
+
+
+def test_graph_break_runs_both_graphs():
+    class Printing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 2)
+
+        def forward(self, x):
+            x = torch.relu(self.a(x))
+            if x.sum().item() > -1e9:   # .item(): a graph break
+                print("x", x.shape)
+            return self.b(x)
+
+    torch.manual_seed(0)
+    reports = check(Printing(), torch.randn(3, 6))
+    assert len(reports) == 2 and all(r.partitions >= 1 for r in reports)
+
+
+def test_new_batch_sizes_reuse_the_dynamic_compile():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    before = len(torch_backend.reports())
+    fn = compiled(model)
+    with torch.no_grad():
+        for batch in (2, 3, 5, 9):
+            x = torch.randn(batch, 8)
+            np.testing.assert_allclose(fn(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+    reports = new_reports(before)
+    assert len(reports) == 2   # batch 2, then one dynamic compile for every other batch
+    (dynamic,) = reports[1].models
+    assert isinstance(dynamic.input_types[0].shape[0], str)
+
+
+def test_outputs_are_tensors_over_dnnc_arrays_and_carry_no_grad():
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    out = compiled(layer)(x)   # grad enabled, weights requiring it
+    assert isinstance(out, torch.Tensor) and not out.requires_grad
+    with torch.no_grad():
+        np.testing.assert_allclose(out.numpy(), layer(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_options_reach_the_compile_and_unknown_ones_are_refused():
+    torch.manual_seed(0)
+    (report,) = check(nn.Sequential(nn.Linear(32, 32), nn.ReLU()), torch.randn(4, 32),
+                      atol=0.1, precision="bf16")
+    assert report.models[0].stats["precision"] == "bf16"
+    with pytest.raises(ArgumentError, match="unknown precisoin"):
+        torch_backend.check_backend_options({"precisoin": "bf16"})
+
+
+def test_torchvision_resnet18():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = randomize_batch_norm(torchvision.models.resnet18())
+    (report,) = check(model, torch.randn(1, 3, 64, 64), atol=1e-3)
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+
+
+def test_transformers_bert_built_locally():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64,
+                                     max_position_embeddings=64)
+    bert = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(2))
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        want = bert(input_ids=ids).last_hidden_state
+        got = compiled(bert)(input_ids=ids).last_hidden_state
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+    assert all(sum(r.torch_ops.values()) == 0 for r in new_reports(before))
