@@ -165,7 +165,7 @@ def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[in
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(real_inputs):   # aot added or merged inputs: none frozen
         frozen = set()
-    frozen -= _mutated(len(placeholders))
+    frozen = frozen - _mutated(len(placeholders))
     with unset_fake_temporarily():   # aot_autograd compiles in fake mode; weights are real
         # by name: fusing partitions sorts the graph into new nodes
         constants = {placeholders[i].name: tensor_array(real_inputs[i]) for i in frozen}
@@ -242,7 +242,8 @@ class DnncPartition(torch.nn.Module):
         self.single = single
 
     def forward(self, *args):
-        arrays = [np.ascontiguousarray(tensor_array(args[i])) for i in self.tensors]
+        # (np.require, not ascontiguousarray: that makes a 0-d array 1-d)
+        arrays = [np.require(tensor_array(args[i]), requirements="C") for i in self.tensors]
         outs = [_as_tensor(o) for o in self.model.run(*arrays)]
         return outs[0] if self.single else tuple(outs)
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..errors import UnsupportedOpError
+from ..errors import ShapeError
 from ..ir import types as T
 from ..ir.graph import Value
 
@@ -490,7 +490,7 @@ def _split_even(ctx, node):
     dim = int(arg(node, 2, "dim", 0))
     total = x.type.shape[dim]
     if not isinstance(total, int):
-        raise UnsupportedOpError("split.Tensor of a symbolic dim")
+        raise ShapeError("split.Tensor of a symbolic dim")
     sizes = [min(size, total - i) for i in range(0, total, size)]
     if len(sizes) == 1:
         return [ctx.add("Identity", x)]

@@ -19,13 +19,26 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..errors import DNNCError, UnsupportedOpError
+from ..errors import DNNCError, ShapeError, UnsupportedOpError, UnsupportedTypeError
 from ..ir import types as T
 from ..ir.graph import Graph, Value
 from .onnx import constant_value
 from .torch_aten import ATEN, ImportContext, np_dtype
 
-__all__ = ["import_fx", "supported", "op_name", "tensor_array"]
+__all__ = ["import_fx", "supported", "op_name", "tensor_array", "UnsupportedATenError"]
+
+
+class UnsupportedATenError(UnsupportedOpError):
+    """ATen ops of an FX graph that dnnc does not import, every one at once: `ops` holds
+    (overload, [node names]) pairs."""
+
+    def __init__(self, ops: list[tuple[str, list[str]]]):
+        self.ops = ops
+        lines = [f"  {op}: nodes {', '.join(repr(n) for n in nodes[:5])}"
+                 f"{f' and {len(nodes) - 5} more' if len(nodes) > 5 else ''}"
+                 for op, nodes in ops]
+        DNNCError.__init__(self, f"{len(ops)} ATen op(s) dnnc does not import:\n" +
+                           "\n".join(lines))
 
 
 _SYMPY_OPS = {"Mul": "Mul", "Add": "Add", "FloorDiv": "Div"}
@@ -71,8 +84,8 @@ def _dim(d) -> T.Dim:
     if expr.is_number:
         return int(expr)
     if not expr.is_Symbol:
-        raise UnsupportedOpError(f"an input dim {expr} computed from others; dnnc takes a "
-                                 f"symbol or an int")
+        raise ShapeError(f"an input dim {expr} computed from others; dnnc takes a symbol "
+                         f"or an int")
     return str(expr)
 
 
@@ -130,7 +143,7 @@ class FxImport(ImportContext):
         elif isinstance(val, torch.Tensor):
             dtype = np_dtype(val.dtype)
             if dtype is None:
-                raise UnsupportedOpError(f"input {node.name}: dtype {val.dtype}")
+                raise UnsupportedTypeError(f"input {node.name}: dtype {val.dtype}")
             value = self.graph.add_input(node.name, T.TensorType(T.DType.from_numpy(dtype),
                                                                  tuple(_dim(d) for d in
                                                                        val.shape)))
@@ -141,7 +154,8 @@ class FxImport(ImportContext):
         elif isinstance(val, torch.SymInt):
             self.env[node] = val   # a shape read later, once every input is known
         else:
-            raise UnsupportedOpError(f"input {node.name}: a {type(val).__name__}, not a tensor")
+            raise UnsupportedTypeError(f"input {node.name}: a {type(val).__name__}, not a "
+                                       f"tensor")
 
     def symbol(self, expr) -> Value:
         """A SymInt placeholder's sympy expression (`s77`, `4*s77`) as a one-element int64
@@ -150,12 +164,12 @@ class FxImport(ImportContext):
             return self.const([int(expr)], np.int64)
         if expr.is_Symbol:
             if str(expr) not in self.dims:
-                raise UnsupportedOpError(f"the size {expr} is no input's dim")
+                raise ShapeError(f"the size {expr} is no input's dim")
             value, axis = self.dims[str(expr)]
             return self.add("Shape", value, start=axis, end=axis + 1)
         op = _SYMPY_OPS.get(type(expr).__name__)
         if op is None:
-            raise UnsupportedOpError(f"a size computed as {expr}")
+            raise ShapeError(f"a size computed as {expr}")
         parts = [self.symbol(a) for a in expr.args]
         out = parts[0]
         for part in parts[1:]:
@@ -175,7 +189,8 @@ class FxImport(ImportContext):
         for arg in [results] if isinstance(results, fx.Node) else results:
             value = self.env[arg]
             if not isinstance(value, Value):
-                raise UnsupportedOpError(f"output {arg}: a {type(value).__name__}, not a tensor")
+                raise UnsupportedTypeError(f"output {arg}: a {type(value).__name__}, not a "
+                                           f"tensor")
             if value.is_const or value in self.graph.inputs or id(value) in seen:
                 value = self.add("Identity", value)   # every output a node's own value
             seen.add(id(value))
@@ -189,11 +204,12 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
     frozen to (constants of the graph, not inputs). Raises `UnsupportedOpError` naming every
     node no converter takes, a `DNNCError` where dnnc's op refuses the operands."""
     frozen = frozen or {}
-    missing = [f"{n.name} ({op_name(n)})" for n in gm.graph.nodes
-               if n.op == "call_function" and not supported(n)]
+    missing: dict[str, list[str]] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and not supported(n):
+            missing.setdefault(op_name(n), []).append(n.name)
     if missing:
-        raise UnsupportedOpError(f"{len(missing)} node(s) dnnc does not import: "
-                                 f"{', '.join(missing)}")
+        raise UnsupportedATenError(list(missing.items()))
     ctx = FxImport(name)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, node in enumerate(placeholders):
@@ -212,7 +228,7 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
         elif node.op == "output":
             ctx.output(node)
         elif node.op != "placeholder":
-            raise UnsupportedOpError(f"{node.name}: a {node.op} node")
+            raise UnsupportedATenError([(node.op, [node.name])])
     return ctx.graph
 
 

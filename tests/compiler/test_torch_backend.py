@@ -157,6 +157,44 @@ def test_unsupported_op_stays_in_torch_between_partitions():
     assert report.partitions == 2
 
 
+def test_a_buffer_the_graph_writes_is_not_frozen():
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls.add_(1)
+            return self.fc(x) * self.calls
+
+    torch.manual_seed(0)
+    model = Counting().eval()
+    twin = Counting().eval()
+    twin.load_state_dict(model.state_dict())
+    fn = compiled(twin)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):   # a frozen counter would give call 1's result every time
+            np.testing.assert_allclose(fn(x).numpy(), model(x).numpy(), rtol=1e-5,
+                                       atol=1e-6)
+    assert float(twin.calls) == 3
+
+
+def test_import_names_every_node_it_cannot_take():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dnnc.errors import UnsupportedOpError
+    from dnnc.frontend.torch_fx import import_fx
+
+    def fn(x):
+        return torch.sort(torch.relu(x)).values + torch.cumprod(x, 0)
+
+    gm = make_fx(fn, tracing_mode="fake")(torch.randn(3, 4))
+    with pytest.raises(UnsupportedOpError, match=r"2 ATen op(?s:.*)aten.sort.default: nodes 'sort'(?s:.*)aten.cumprod"):
+        import_fx(gm)
+
+
 def test_graph_break_runs_both_graphs():
     class Printing(nn.Module):
         def __init__(self):
