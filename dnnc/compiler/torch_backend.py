@@ -181,15 +181,21 @@ def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[in
     fused.graph.lint()
     fused.recompile()
     for node in fused.graph.nodes:
-        if node.op == "call_function" and op_name(node) != "getitem":   # (tuples' unpacking)
+        if node.op == "call_function" and _tensor_op(node):
             report.torch_ops[op_name(node)] += 1
         elif node.op == "call_module" and isinstance(getattr(fused, node.target),
                                                      fx.GraphModule):   # dnnc refused it
             for inner in getattr(fused, node.target).graph.nodes:
-                if inner.op == "call_function" and op_name(inner) != "getitem":
+                if inner.op == "call_function" and _tensor_op(inner):
                     report.torch_ops[op_name(inner)] += 1
     _log(report, options)
     return fused
+
+
+def _tensor_op(node: fx.Node) -> bool:
+    """An op on tensors, not the unpacking of a tuple or arithmetic on sizes (`s77 * 4`)."""
+    return op_name(node) != "getitem" and \
+        not isinstance(node.meta.get("val"), (torch.SymInt, int))
 
 
 def _compile_partition(fused: fx.GraphModule, node: fx.Node, constants: dict,

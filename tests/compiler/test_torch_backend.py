@@ -133,6 +133,21 @@ def test_transformer_block():
     assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
 
 
+def test_transformer_block_with_symbolic_batch_and_length():
+    torch.manual_seed(0)
+    block = Block().eval()
+    before = len(torch_backend.reports())
+    fn = compiled(block)
+    with torch.no_grad():
+        for batch, length in ((2, 7), (3, 5), (4, 9)):
+            x = torch.randn(batch, length, 32)
+            np.testing.assert_allclose(fn(x).numpy(), block(x).numpy(), rtol=1e-4, atol=1e-5)
+    static, dynamic = new_reports(before)
+    (model,) = dynamic.models
+    assert [type(d) for d in model.input_types[0].shape] == [str, str, int]
+    assert sum(dynamic.torch_ops.values()) == 0   # (the sizes' arithmetic is no tensor op)
+
+
 def test_scaled_dot_product_attention():
     class Attention(nn.Module):
         def forward(self, q, k, v):
