@@ -120,6 +120,10 @@ def elementwise(name: str, op: str, **attrs) -> None:
     ATEN[f"aten.{name}"] = Converter(convert)
 
 
+_ON_BOOLS = {"BitwiseAnd": "And", "BitwiseOr": "Or"}
+"""torch's bitwise ops on bool tensors are dnnc's logical ones."""
+
+
 def binary(name: str, op: str, compare: bool = False) -> None:
     """A binary ATen op (tensor or scalar operands): dnnc's `op` on both operands cast to the
     result's dtype (a comparison's: their promotion)."""
@@ -129,7 +133,7 @@ def binary(name: str, op: str, compare: bool = False) -> None:
         alpha = node.kwargs.get("alpha", 1)
         if alpha != 1:
             b = ctx.add("Mul", b, tensor(ctx, alpha, dtype))
-        return ctx.add(op, a, b)
+        return ctx.add(_ON_BOOLS.get(op, op) if dtype == np.bool_ else op, a, b)
     ATEN[f"aten.{name}"] = Converter(convert, _tensor_args)
 
 
@@ -152,6 +156,8 @@ binary("pow.Tensor_Tensor", "Pow")
 binary("maximum.default", "Max")
 binary("minimum.default", "Min")
 binary("logical_and.default", "And", compare=True)
+binary("bitwise_and.Tensor", "BitwiseAnd")
+binary("bitwise_or.Tensor", "BitwiseOr")
 binary("logical_or.default", "Or", compare=True)
 
 
@@ -459,19 +465,44 @@ def _embedding(ctx, node):
     return ctx.add("Gather", weight, indices, axis=0)
 
 
-def _one_index(node: fx.Node) -> bool:
-    """aten.index with a single integer index tensor, after leading Nones (`x[:, idx]`)."""
+def _adjacent_int_indices(node: fx.Node) -> bool:
+    """aten.index with integer index tensors on adjacent dims (`x[:, i, j]`, `x[b, k]`):
+    what one GatherND computes. Boolean masks (data-dependent shapes) stay in torch."""
     indices = list(node.args[1])
-    given = [i for i in indices if i is not None]
-    return len(given) == 1 and indices[-1] is not None and \
-        isinstance(given[0], fx.Node) and not given[0].meta["val"].dtype.is_floating_point \
-        and given[0].meta["val"].dtype != torch.bool
+    given = [k for k, i in enumerate(indices) if i is not None]
+    return bool(given) and given == list(range(given[0], given[-1] + 1)) and all(
+        isinstance(indices[k], fx.Node) and
+        not indices[k].meta["val"].dtype.is_floating_point and
+        indices[k].meta["val"].dtype != torch.bool for k in given)
 
 
-@aten("index.Tensor", accepts=_one_index)
+@aten("index.Tensor", accepts=_adjacent_int_indices)
 def _index(ctx, node):
+    """Advanced indexing on adjacent dims first..last: the index tensors broadcast to one
+    shape B, stacked on a last axis, read by GatherND from `x` with those dims moved to the
+    front; B takes their place in the result, as torch puts it for adjacent dims."""
     x, indices = ctx.value(node.args[0]), list(node.args[1])
-    return ctx.add("Gather", x, ctx.value(indices[-1]), axis=len(indices) - 1)
+    given = [k for k, i in enumerate(indices) if i is not None]
+    first, count, rank = given[0], len(given), x.type.rank
+    index = [tensor(ctx, ctx.value(indices[k]), np.dtype(np.int64)) for k in given]
+    if count == 1:
+        return ctx.add("Gather", x, index[0], axis=first)
+    total = index[0]
+    for i in index[1:]:
+        total = ctx.add("Add", total, i)   # its shape is the broadcast shape B
+    shape = ctx.add("Shape", total)
+    last = ctx.const(np.array([-1], np.int64))
+    stacked = ctx.add("Concat", *[ctx.add("Unsqueeze", ctx.add("Expand", i, shape), last)
+                                  for i in index], axis=-1)
+    order = list(range(first, first + count)) + [d for d in range(rank)
+                                                  if not first <= d < first + count]
+    moved = x if order == list(range(rank)) else ctx.add("Transpose", x, perm=order)
+    out = ctx.add("GatherND", moved, stacked)
+    if first == 0:
+        return out
+    b = out.type.rank - (rank - count)   # B's rank; then the dims before `first`, the rest
+    perm = list(range(b, b + first)) + list(range(b)) + list(range(b + first, out.type.rank))
+    return ctx.add("Transpose", out, perm=perm)
 
 
 @aten("split_with_sizes.default")

@@ -157,6 +157,20 @@ def test_scaled_dot_product_attention():
     check(Attention(), *(torch.randn(2, 2, 6, 8) for _ in range(3)))
 
 
+def test_advanced_indexing_and_boolean_masks():
+    class Indexing(nn.Module):
+        def forward(self, x, i, j, mask):
+            leading, middle, single = x[i, j], x[:, i[:, None], j], x[:, :, j]
+            masks = (mask & (x > 0)).float() + (mask | (x < 0)).float()
+            return leading.sum() + middle.sum(0) * 2 + single.sum() * 3 + masks.sum()
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, 6, generator=gen)
+    i, j = torch.tensor([0, 3, -1]), torch.tensor([1, 2, 4])   # (-1: the last, as in torch)
+    (report,) = check(Indexing(), x, i, j, torch.rand(4, 5, 6, generator=gen) > 0.5)
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+
+
 def test_unsupported_op_stays_in_torch_between_partitions():
     class Sorting(nn.Module):
         def __init__(self):
