@@ -505,6 +505,33 @@ def _index(ctx, node):
     return ctx.add("Transpose", out, perm=perm)
 
 
+def _strided_static(node: fx.Node) -> bool:
+    """as_strided of a contiguous tensor at offset 0 (its storage is its row-major values),
+    static sizes, strides and offset."""
+    x = node.args[0].meta["val"]
+    args = [node.args[1], node.args[2], arg(node, 3, "storage_offset", 0) or 0]
+    return x.is_contiguous() and x.storage_offset() == 0 and all(
+        isinstance(v, int) for v in [*args[0], *args[1], args[2], *x.shape])
+
+
+@aten("as_strided.default", accepts=_strided_static)
+def _as_strided(ctx, node):
+    """as_strided of a contiguous tensor: the elements at offset + sum(i * stride) of its
+    row-major values, a Gather of constant positions (a Reshape where they are in order)."""
+    x = ctx.value(node.args[0])
+    size, stride = [int(v) for v in node.args[1]], [int(v) for v in node.args[2]]
+    offset = int(arg(node, 3, "storage_offset", 0) or 0)
+    positions = np.full(size, offset, np.int64)
+    for axis, (n, step) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[axis] = n
+        positions = positions + (np.arange(n, dtype=np.int64) * step).reshape(shape)
+    flat = ctx.add("Reshape", x, ctx.const(np.array([-1], np.int64)))
+    if np.array_equal(positions.ravel(), np.arange(positions.size)):
+        return ctx.add("Reshape", flat, ctx.const(np.array(size, np.int64)))
+    return ctx.add("Gather", flat, ctx.const(positions), axis=0)
+
+
 @aten("split_with_sizes.default")
 def _split(ctx, node):
     x, sizes = ctx.value(node.args[0]), [int(s) for s in node.args[1]]

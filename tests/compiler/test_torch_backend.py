@@ -171,6 +171,24 @@ def test_advanced_indexing_and_boolean_masks():
     assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
 
 
+def test_as_strided_of_a_contiguous_tensor():
+    class Strided(nn.Module):
+        def forward(self, x):
+            window = torch.as_strided(x + 1, (3, 2, 2), (2, 1, 1), 1)   # overlapping reads
+            same = torch.as_strided(x * 2, (1, 8, 1, 1), (8, 1, 8, 8))   # a restride: a view
+            return window.sum(0), same.flatten()
+
+    x = torch.randn(1, 8, 1, 1, generator=torch.Generator().manual_seed(0))
+    module = Strided()
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        got, want = compiled(module)(x), module(x)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6)
+    (report,) = new_reports(before)
+    assert sum(report.torch_ops.values()) == 0
+
+
 def test_unsupported_op_stays_in_torch_between_partitions():
     class Sorting(nn.Module):
         def __init__(self):
