@@ -23,6 +23,7 @@ import collections
 import functools
 import logging
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,7 +69,13 @@ class GraphReport:
     partitions: int = 0
     torch_ops: collections.Counter = field(default_factory=collections.Counter)
     failed: list[str] = field(default_factory=list)   # partitions dnnc refused, and why
-    models: list = field(default_factory=list)   # the CompiledModel of each partition
+    # each partition's CompiledModel, weakly: a report never keeps a dropped compile alive
+    _models: list[weakref.ref] = field(default_factory=list)
+
+    @property
+    def models(self) -> list:
+        """The CompiledModel of each partition still in use (torch.compile holds them)."""
+        return [m for m in (ref() for ref in self._models) if m is not None]
 
 
 _REPORTS: list[GraphReport] = []
@@ -168,7 +175,8 @@ def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[in
     frozen = frozen - _mutated(len(placeholders))
     with unset_fake_temporarily():   # aot_autograd compiles in fake mode; weights are real
         # by name: fusing partitions sorts the graph into new nodes
-        constants = {placeholders[i].name: tensor_array(real_inputs[i]) for i in frozen}
+        # copies: a weight changed in place later must not change half of the compile
+        constants = {placeholders[i].name: tensor_array(real_inputs[i]).copy() for i in frozen}
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     report.ops = len(calls)
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
@@ -227,7 +235,7 @@ def _compile_partition(fused: fx.GraphModule, node: fx.Node, constants: dict,
     setattr(fused, node.target, DnncPartition(model, tensors, single))
     node.args = tuple(node.args[i] for i in keep)
     report.partitions += 1
-    report.models.append(model)
+    report._models.append(weakref.ref(model))
     report.dnnc_ops += sum(1 for n in sub.graph.nodes if n.op == "call_function")
 
 
