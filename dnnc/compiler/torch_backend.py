@@ -36,6 +36,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..errors import ArgumentError, DNNCError
+from ..frontend.torch_aten import ATEN
 from ..frontend.torch_fx import import_fx, op_name, supported, tensor_array
 from .driver import compile as dnnc_compile
 
@@ -43,8 +44,10 @@ __all__ = ["dnnc_backend", "compile_aten", "stats", "reports", "GraphReport", "O
 
 LOG = logging.getLogger(__name__)
 
-DECOMPOSITIONS = core_aten_decompositions()
-"""What aot_autograd decomposes to: torch's core ATen opset (`frontend/torch_aten.py` maps it)."""
+DECOMPOSITIONS = {op: fn for op, fn in core_aten_decompositions().items()
+                  if str(op) not in ATEN}
+"""What aot_autograd decomposes: to torch's core ATen opset (`frontend/torch_aten.py` maps
+it), except the ops dnnc imports whole (hardswish as one HardSwish, not five ops)."""
 
 OPTIONS = {"target": "llvm", "precision": None, "tuning_log": None, "opt_level": None,
            "cache": True, "verbose": False}

@@ -144,6 +144,11 @@ for _name, _op in [("relu", "Relu"), ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), (
                    ("logical_not", "Not"), ("clone", "Identity"), ("alias", "Identity"),
                    ("lift_fresh_copy", "Identity"), ("detach", "Identity")]:
     elementwise(f"{_name}.default", _op)
+# torch's decompositions of these are 3 to 6 elementwise ops each (hardswish: x * clamp(x + 3,
+# 0, 6) / 6): kept whole (`torch_backend.DECOMPOSITIONS` leaves out what has a converter)
+for _name, _op in [("hardswish", "HardSwish"), ("silu", "Swish"), ("mish", "Mish")]:
+    elementwise(f"{_name}.default", _op)
+elementwise("hardsigmoid.default", "HardSigmoid", alpha=1 / 6, beta=0.5)
 for _name, _op in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div")]:
     binary(f"{_name}.Tensor", _op)
     binary(f"{_name}.Scalar", _op)
@@ -184,6 +189,31 @@ def _gelu(ctx, node):
 def _leaky_relu(ctx, node):
     return ctx.add("LeakyRelu", ctx.value(node.args[0]),
                    alpha=float(arg(node, 1, "negative_slope", 0.01)))
+
+
+@aten("softplus.default", accepts=lambda n: arg(n, 1, "beta", 1) == 1)
+def _softplus(ctx, node):
+    """log(1 + exp(x)); torch's `threshold` (x above it: x) changes nothing in float32 at
+    the default 20 (log1p(exp(20)) rounds to 20)."""
+    return ctx.add("Softplus", ctx.value(node.args[0]))
+
+
+@aten("elu.default", accepts=lambda n: arg(n, 3, "input_scale", 1) == 1)
+def _elu(ctx, node):
+    """scale * elu(x, alpha): selu reaches the backend as elu with selu's constants."""
+    x = ctx.value(node.args[0])
+    out = ctx.add("Elu", x, alpha=float(arg(node, 1, "alpha", 1.0)))
+    scale = arg(node, 2, "scale", 1)
+    return out if scale == 1 else ctx.add("Mul", out, ctx.const(np.array(scale,
+                                                                         x.type.dtype.np)))
+
+
+@aten("hardtanh.default")
+def _hardtanh(ctx, node):
+    dtype = out_dtype(node)
+    lo, hi = arg(node, 1, "min_val", -1.0), arg(node, 2, "max_val", 1.0)
+    return ctx.add("Clip", ctx.value(node.args[0]), ctx.const(np.array(lo, dtype)),
+                   ctx.const(np.array(hi, dtype)))
 
 
 @aten("clamp.default", accepts=lambda n: all(scalar_arg(n, i) for i in (1, 2)))
@@ -338,11 +368,21 @@ def reduction(name: str, op: str) -> None:
         x = tensor(ctx, ctx.value(node.args[0]), out_dtype(node))
         dims = arg(node, 1, "dim")
         keep = int(bool(arg(node, 2, "keepdim", False)))
+        if op == "ReduceMean" and _spatial(x, dims):   # the pooling template, not a reduction
+            pooled = ctx.add("GlobalAveragePool", x)
+            return pooled if keep else ctx.add("Squeeze", pooled,
+                                               ctx.const(np.array([2, 3], np.int64)))
         if not dims:   # None or []: every axis
             return ctx.add(op, x, keepdims=keep)
         dims = [dims] if isinstance(dims, int) else list(dims)
         return ctx.add(op, x, ctx.const(np.array(dims, np.int64)), keepdims=keep)
     ATEN[f"aten.{name}"] = Converter(convert)
+
+
+def _spatial(x: Value, dims) -> bool:
+    """`dims` are the last two of a 4-D tensor: an NCHW global average pool."""
+    return x.type.rank == 4 and isinstance(dims, (list, tuple)) and \
+        sorted(d % 4 for d in dims) == [2, 3]
 
 
 reduction("mean.dim", "ReduceMean")

@@ -148,6 +148,28 @@ def test_transformer_block_with_symbolic_batch_and_length():
     assert sum(dynamic.torch_ops.values()) == 0   # (the sizes' arithmetic is no tensor op)
 
 
+def test_activations_torch_decomposes_are_imported_whole():
+    F = nn.functional
+
+    class Activations(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 6, 1)
+
+        def forward(self, x):
+            x = self.conv(x)
+            y = F.hardswish(x) + F.hardsigmoid(x) + F.silu(x) + F.mish(x) + F.softplus(x)
+            y = y + F.elu(x, 0.5) + F.relu6(x * 4) + F.hardtanh(x, -0.5, 0.25) + F.selu(x)
+            se = y.mean((2, 3), keepdim=True)   # a squeeze-and-excitation's pooling
+            return y * torch.sigmoid(se) + y.mean((-1, -2))[..., None, None]
+
+    torch.manual_seed(0)
+    (report,) = check(Activations(), torch.randn(2, 3, 5, 5) * 3)
+    assert sum(report.torch_ops.values()) == 0
+    ops = {n.op for n in report.models[0].graph.nodes}
+    assert {"HardSwish", "HardSigmoid", "GlobalAveragePool"} <= ops, ops
+
+
 def test_scaled_dot_product_attention():
     class Attention(nn.Module):
         def forward(self, q, k, v):
