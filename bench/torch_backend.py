@@ -18,6 +18,7 @@ libraries whose models are asked for); never imported by dnnc.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
@@ -52,8 +53,9 @@ def through_onnx(name: str, folder: Path):
     """Model `name` exported by TorchScript and compiled by dnnc: a callable of a tensor, or
     None (with a line saying why) where the export fails."""
     path = folder / f"{name}.onnx"
-    try:
-        library_models.export(name, path, "torchscript")
+    try:   # (a failed TorchScript export prints its whole graph on stderr)
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):
+            library_models.export(name, path, "torchscript")
     except Exception as exc:
         print(f"# {name}: no ONNX export ({type(exc).__name__}: {str(exc)[:80]})")
         return None
