@@ -181,8 +181,7 @@ def _ne(ctx, node):
 @aten("gelu.default")
 def _gelu(ctx, node):
     return ctx.add("Gelu", ctx.value(node.args[0]),
-                   approximate=node.kwargs.get("approximate", arg(node, 1, "approximate",
-                                                                    "none")))
+                   approximate=arg(node, 1, "approximate", "none"))
 
 
 @aten("leaky_relu.default")
@@ -572,7 +571,8 @@ def _as_strided(ctx, node):
     return ctx.add("Gather", flat, ctx.const(positions), axis=0)
 
 
-@aten("split_with_sizes.default")
+@aten("split_with_sizes.default",
+      accepts=lambda n: all(isinstance(size, int) for size in n.args[1]))
 def _split(ctx, node):
     x, sizes = ctx.value(node.args[0]), [int(s) for s in node.args[1]]
     dim = int(arg(node, 2, "dim", 0))
