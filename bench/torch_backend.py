@@ -53,8 +53,9 @@ def through_onnx(name: str, folder: Path):
     """Model `name` exported by TorchScript and compiled by dnnc: a callable of a tensor, or
     None (with a line saying why) where the export fails."""
     path = folder / f"{name}.onnx"
-    try:   # (a failed TorchScript export prints its whole graph on stderr)
-        with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):
+    try:   # (a failed TorchScript export prints its whole graph)
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), \
+                contextlib.redirect_stderr(quiet):
             library_models.export(name, path, "torchscript")
     except Exception as exc:
         print(f"# {name}: no ONNX export ({type(exc).__name__}: {str(exc)[:80]})")

@@ -31,6 +31,7 @@ import torch
 import torch.fx as fx
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch._aot_autograd.schemas import OutputType
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
@@ -72,6 +73,7 @@ class GraphReport:
     partitions: int = 0
     torch_ops: collections.Counter = field(default_factory=collections.Counter)
     failed: list[str] = field(default_factory=list)   # partitions dnnc refused, and why
+    direct_call: bool = False   # dynamo calls it without aot_autograd's wrapper (`_plain`)
     # each partition's CompiledModel, weakly: a report never keeps a dropped compile alive
     _models: list[weakref.ref] = field(default_factory=list)
 
@@ -119,15 +121,19 @@ def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None
     grad mode, so its outputs carry no autograd history."""
     options = check_backend_options(options)
     frozen = frozen_inputs(gm, example_inputs)
+    state: dict = {}
     fw = functools.partial(compile_aten, real_inputs=list(example_inputs), frozen=frozen,
-                           options=options)
+                           options=options, state=state)
     with torch.no_grad():
         compiled = aot_autograd(fw_compiler=fw, decompositions=DECOMPOSITIONS)(gm,
                                                                              example_inputs)
+    # a graph that writes no input and returns no view of one needs none of aot_autograd's
+    # bookkeeping around its calls (`_plain`): dynamo's arguments go straight to it
+    call = state.get("direct") or compiled
 
     def run(*args):
         with torch.no_grad():
-            return compiled(*args)
+            return call(*args)
     return run
 
 
@@ -148,15 +154,35 @@ def frozen_inputs(gm: fx.GraphModule, example_inputs) -> set[int]:
     return found
 
 
+def _fw_metadata():
+    """aot_autograd's analysis of the graph it is compiling (which inputs it writes, which
+    outputs alias what), or None where this torch does not say."""
+    return getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+
+
 def _mutated(count: int) -> set[int]:
     """The inputs of the graph aot_autograd is compiling that it writes (a BatchNorm's running
     statistics in training, a KV cache): never frozen."""
-    context = torch._guards.TracingContext.try_get()
-    meta = getattr(context, "fw_metadata", None)
-    info = getattr(meta, "input_info", None)
+    info = getattr(_fw_metadata(), "input_info", None)
     if info is None or len(info) != count:
         return set(range(count))   # unknown: freeze nothing
     return {i for i, inp in enumerate(info) if inp.mutates_data or inp.mutates_metadata}
+
+
+def _plain(count: int) -> bool:
+    """Whether the graph aot_autograd is compiling takes dynamo's `count` inputs as they are,
+    writes none, returns no view of an input or of another output and threads no effect
+    tokens: then calling it is all aot_autograd's runtime wrapper would do."""
+    meta = _fw_metadata()
+    try:
+        return (len(meta.input_info) == count and not meta.tokens and
+                meta.num_intermediate_bases == 0 and
+                all(type(m).__name__ in ("int", "PlainTensorMeta")   # no tensor subclass
+                    for m in meta.subclass_inp_meta) and
+                not any(i.mutates_data or i.mutates_metadata for i in meta.input_info) and
+                all(o.output_type == OutputType.non_alias for o in meta.output_info))
+    except AttributeError:   # another torch's metadata: keep the wrapper
+        return False
 
 
 class _Support(OperatorSupportBase):
@@ -167,9 +193,10 @@ class _Support(OperatorSupportBase):
 
 
 def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[int],
-                 options: dict) -> fx.GraphModule:
+                 options: dict, state: dict | None = None) -> "LiveArguments":
     """aot_autograd's fw_compiler: `gm` (core ATen, placeholders in the order of dynamo's
-    inputs `real_inputs`) with its supported partitions compiled by dnnc, the rest in torch."""
+    inputs `real_inputs`) with its supported partitions compiled by dnnc, the rest in torch.
+    `state["direct"]` is set to the result when dynamo may call it directly (`_plain`)."""
     report = GraphReport()
     _REPORTS.append(report)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -200,7 +227,29 @@ def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[in
                 if inner.op == "call_function" and _tensor_op(inner):
                     report.torch_ops[op_name(inner)] += 1
     _log(report, options)
-    return fused
+    runner = LiveArguments(fused)
+    report.direct_call = _plain(len(real_inputs))
+    if state is not None and report.direct_call:
+        state["direct"] = runner
+    return runner
+
+
+class LiveArguments:
+    """The fused graph called with the arguments it still reads: dynamo passes every
+    parameter of the module at every call, and the frozen ones now live in dnnc's partitions
+    (efficientnet_b0: 312 arguments, 311 of them weights)."""
+
+    def __init__(self, fused: fx.GraphModule):
+        placeholders = [n for n in fused.graph.nodes if n.op == "placeholder"]
+        self.live = [i for i, n in enumerate(placeholders) if n.users]
+        for node in placeholders:
+            if not node.users:
+                fused.graph.erase_node(node)
+        fused.recompile()
+        self.fused = fused
+
+    def __call__(self, *args):
+        return self.fused(*[args[i] for i in self.live])
 
 
 def _tensor_op(node: fx.Node) -> bool:

@@ -74,6 +74,22 @@ def test_mlp_runs_in_one_partition_with_frozen_weights():
     assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
     (model,) = report.models
     assert len(model.input_names) == 1   # the weights are constants, not inputs
+    assert report.direct_call   # dynamo's arguments go straight to the partitions
+
+
+def test_an_output_that_views_an_input_keeps_aot_autograds_wrapper():
+    class Views(nn.Module):
+        def forward(self, x):
+            return x.view(-1), torch.relu(x) * 2
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        flat, doubled = compiled(Views())(x)
+    (report,) = new_reports(before)
+    assert not report.direct_call
+    assert flat.data_ptr() == x.data_ptr()   # a view of the input, as in eager
+    np.testing.assert_allclose(doubled.numpy(), torch.relu(x).numpy() * 2, rtol=1e-6)
 
 
 class SmallCNN(nn.Module):
@@ -248,6 +264,7 @@ def test_a_buffer_the_graph_writes_is_not_frozen():
             np.testing.assert_allclose(fn(x).numpy(), model(x).numpy(), rtol=1e-5,
                                        atol=1e-6)
     assert float(twin.calls) == 3
+    assert not torch_backend.reports()[-1].direct_call   # aot_autograd writes the buffer
 
 
 def test_import_names_every_node_it_cannot_take():
