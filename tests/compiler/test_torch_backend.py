@@ -324,6 +324,22 @@ def test_outputs_are_tensors_over_dnnc_arrays_and_carry_no_grad():
         np.testing.assert_allclose(out.numpy(), layer(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_modules_run_in_their_own_type(dtype):
+    dtype = getattr(torch, dtype)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4)).to(dtype).eval()
+    x = torch.randn(3, 16, dtype=dtype)
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        got, want = compiled(model)(x), model(x)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=0.05,
+                               atol=0.05)
+    (report,) = new_reports(before)
+    assert report.partitions == 1 and not report.failed
+
+
 def test_options_reach_the_compile_and_unknown_ones_are_refused():
     torch.manual_seed(0)
     (report,) = check(nn.Sequential(nn.Linear(32, 32), nn.ReLU()), torch.randn(4, 32),
