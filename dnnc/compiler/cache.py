@@ -66,6 +66,8 @@ import weakref
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from ..backends.registry import REGISTRY
 from ..errors import DNNCError, DNNCWarning
 from ..ir.graph import Graph
@@ -228,8 +230,8 @@ def _graph_digest(graph: Graph) -> str:
     h.update(json.dumps(doc, sort_keys=True).encode())
     for array in tensors:
         h.update(f"{array.dtype.str}{array.shape}".encode())
-        h.update(memoryview(array.tobytes() if not array.flags.c_contiguous else array)
-                 .cast("B"))
+        # as bytes through a uint8 view: a memoryview refuses ml_dtypes' bfloat16 ('E')
+        h.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
     return h.hexdigest()
 
 

@@ -1,3 +1,5 @@
 """Model frontends: ONNX import (`onnx.py`, one importer module per op family under
-`onnx_ops/`), ONNX export (`onnx_export.py`) and define-by-run tracing of NumPy code
-(`trace.py`, `trace_numpy.py`; docs/tracing.md)."""
+`onnx_ops/`), ONNX export (`onnx_export.py`), define-by-run tracing of NumPy code
+(`trace.py`, `trace_numpy.py`; docs/tracing.md) and import of the core-ATen FX graphs
+torch.compile hands its backends (`torch_fx.py`, with one converter per ATen op in
+`torch_aten.py`; torch is optional and only the torch backend imports these)."""

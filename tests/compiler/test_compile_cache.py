@@ -465,3 +465,19 @@ def test_a_hit_reports_the_memory_stats_of_the_fresh_compile(folder, mlp_file):
     assert other["compile_cache"] == "hit"
     assert set(other) - {"load_seconds"} == set(fresh.stats)
     assert {k: other[k] for k in memory} == {k: fresh.stats[k] for k in memory}
+
+
+def test_a_graph_with_bfloat16_constants_is_cached(folder):
+    """The key hashes constants' bytes: a memoryview of a bfloat16 array ('E') raised
+    ValueError, so such a graph (a bf16 torch module through the torch backend) failed to
+    compile with the cache on."""
+    from dnnc.frontend.onnx import constant_value
+    from dnnc.ir import types as T
+
+    graph = dnnc.Graph("bf16")
+    x = graph.add_input("x", T.TensorType(T.bfloat16, (2, 8)))
+    weights = np.arange(64, dtype=np.float32).reshape(8, 8).astype(T.bfloat16.np)
+    graph.outputs.append(graph.add("MatMul", x, constant_value("w", weights)))
+    model = dnnc.compile(graph, "llvm")
+    assert model.stats["compile_cache"] == "miss"
+    assert dnnc.compile(graph, "llvm").stats["compile_cache"] == "hit"

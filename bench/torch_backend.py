@@ -1,0 +1,127 @@
+"""torch.compile(backend="dnnc") next to inductor (torch.compile's default), eager PyTorch and
+dnnc through ONNX, on torchvision's, timm's and transformers' own modules, in one run.
+
+    python bench/torch_backend.py [--models resnet18_tv,efficientnet_b0,bert_hf,...]
+                                  [--threads 2] [--repeat 10] [--blocks 3] [--no-onnx]
+
+Models are bench/library_models.py's (random seeded weights, nothing downloaded) at batch 1.
+Every runtime gets `--threads` threads (torch.set_num_threads, DNNC_NUM_THREADS) and runs
+under `torch.no_grad()`; each is timed in `--blocks` interleaved blocks of `--repeat` calls
+(bench/cpu.py's `median_block_ms`), after its compile and warm-up calls. Prints the median
+block's milliseconds per runtime, the ratios dnnc-backend / inductor, dnnc-backend / eager and
+dnnc-backend / dnnc-onnx (the same model exported by torch's TorchScript exporter and compiled
+by `dnnc.compile`), their geometric means, each runtime's compile seconds, and whether the
+backend's outputs match eager's (and how many ATen ops stayed in torch). Needs torch (and the
+libraries whose models are asked for); never imported by dnnc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import library_models  # noqa: E402
+from cpu import median_block_ms  # noqa: E402
+
+import dnnc  # noqa: E402
+from dnnc.compiler import torch_backend  # noqa: E402
+
+DEFAULT_MODELS = "resnet18_tv,mobilenet_v3_small_tv,efficientnet_b0,vit_tiny_timm,bert_hf"
+
+
+def compile_seconds(fn, x) -> float:
+    """Seconds of `fn`'s first call (torch.compile compiles there)."""
+    start = time.perf_counter()
+    fn(x)
+    return time.perf_counter() - start
+
+
+def through_onnx(name: str, folder: Path):
+    """Model `name` exported by TorchScript and compiled by dnnc: a callable of a tensor, or
+    None (with a line saying why) where the export fails."""
+    path = folder / f"{name}.onnx"
+    try:   # (a failed TorchScript export prints its whole graph)
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), \
+                contextlib.redirect_stderr(quiet):
+            library_models.export(name, path, "torchscript")
+    except Exception as exc:
+        print(f"# {name}: no ONNX export ({type(exc).__name__}: {str(exc)[:80]})")
+        return None
+    model = dnnc.compile(str(path), "llvm")
+    return lambda x: model(x.numpy())
+
+
+def measure(name: str, args, folder: Path) -> dict | None:
+    try:
+        module, x = library_models.build(name)
+    except ImportError as exc:
+        print(f"# {name}: not built ({exc})")
+        return None
+    torch._dynamo.reset()
+    before = len(torch_backend.reports())
+    runtimes = {"eager": module,
+                "inductor": torch.compile(module),
+                "dnnc": torch.compile(module, backend=torch_backend.dnnc_backend)}
+    if not args.no_onnx:
+        onnx_fn = through_onnx(name, folder)
+        if onnx_fn is not None:
+            runtimes["dnnc-onnx"] = onnx_fn
+    compiles = {k: compile_seconds(fn, x) for k, fn in runtimes.items()}
+    want, got = module(x), runtimes["dnnc"](x)
+    error = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
+    left = sum(sum(r.torch_ops.values()) for r in torch_backend.reports()[before:])
+    times = median_block_ms({k: (lambda fn=fn: fn(x)) for k, fn in runtimes.items()},
+                            args.repeat, args.blocks)
+    return {"times": times, "compiles": compiles, "error": error, "left": left}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=DEFAULT_MODELS)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--no-onnx", action="store_true", help="leave dnnc-through-ONNX out")
+    args = parser.parse_args(argv)
+    os.environ["DNNC_NUM_THREADS"] = str(args.threads)
+    torch.set_num_threads(args.threads)
+    print(f"# {platform.processor() or platform.machine()}, {args.threads} threads, batch 1; "
+          f"torch {torch.__version__}, dnnc {dnnc.__version__}; median of {args.blocks} "
+          f"blocks of {args.repeat} calls, ms")
+    columns = ["eager", "inductor", "dnnc", "dnnc-onnx"]
+    print(f"{'model':22}" + "".join(f"{c:>10}" for c in columns) +
+          f"{'/ind':>7}{'/eager':>7}{'/onnx':>7}  compile s (ind, dnnc, onnx)  rel.err  in torch")
+    ratios = {"inductor": [], "eager": [], "dnnc-onnx": []}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        for name in args.models.split(","):
+            row = measure(name, args, Path(tmp))
+            if row is None:
+                continue
+            t, c = row["times"], row["compiles"]
+            cells = "".join(f"{t[k]:10.2f}" if k in t else f"{'-':>10}" for k in columns)
+            rel = {k: t["dnnc"] / t[k] for k in ratios if k in t}
+            for k, v in rel.items():
+                ratios[k].append(v)
+            print(f"{name:22}{cells}" + "".join(f"{rel[k]:7.2f}" if k in rel else f"{'-':>7}"
+                                                for k in ratios) +
+                  f"  {c['inductor']:6.1f} {c['dnnc']:6.1f} {c.get('dnnc-onnx', math.nan):6.1f}"
+                  f"          {row['error']:8.1e}  {row['left']}", flush=True)
+    print("geomean" + " " * 55 + "".join(
+        f"{math.exp(np.mean(np.log(v))):7.2f}" if v else f"{'-':>7}" for v in ratios.values()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""The torch.compile backend "dnnc": `torch.compile(model, backend="dnnc", options={...})`,
+registered through the `torch_dynamo_backends` entry point in pyproject.toml, so no import of
+dnnc is needed first.
+
+Dynamo hands `dnnc_backend` an FX graph of torch calls; aot_autograd (in inference mode:
+outputs carry no autograd history) functionalises it and decomposes it to core ATen
+(`DECOMPOSITIONS`); `compile_aten` then freezes the module's parameters and buffers into
+constants (read once, at compile time, as torch's own freezing does: weights fold and pack at
+compile time; a parameter changed after the compile is not seen), splits the graph with
+torch's CapabilityBasedPartitioner into the largest subgraphs `frontend/torch_fx.py` imports
+(no cycles), compiles each with `dnnc.compile`, and leaves the rest to torch: the result is
+one FX GraphModule that calls dnnc's partitions and torch's ops in turn. CPU tensors pass in
+and out without copies (NumPy views of the tensors; `torch.from_numpy` of the outputs). A dim
+dynamo made symbolic is a dnnc symbolic dim: a new batch size runs on the same compile (per
+dnnc's own rules for new sizes). What stayed in torch is counted in `stats()` and named in
+the log with `options={"verbose": True}`. This module imports torch; `import dnnc` never
+imports it.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import warnings
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch._aot_autograd.schemas import OutputType
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from ..errors import ArgumentError, DNNCError
+from ..frontend.torch_aten import ATEN
+from ..frontend.torch_fx import import_fx, op_name, supported, tensor_array
+from .driver import compile as dnnc_compile
+
+__all__ = ["dnnc_backend", "compile_aten", "stats", "reports", "GraphReport", "OPTIONS"]
+
+LOG = logging.getLogger(__name__)
+
+DECOMPOSITIONS = {op: fn for op, fn in core_aten_decompositions().items()
+                  if str(op) not in ATEN}
+"""What aot_autograd decomposes: to torch's core ATen opset (`frontend/torch_aten.py` maps
+it), except the ops dnnc imports whole (hardswish as one HardSwish, not five ops)."""
+
+OPTIONS = {"target": "llvm", "precision": None, "tuning_log": None, "opt_level": None,
+           "cache": True, "verbose": False}
+"""The backend's options and their defaults: `target`, `precision`, `tuning_log`, `opt_level`
+and `cache` are `dnnc.compile`'s; `verbose` logs the ops left in torch by name."""
+
+VIEW_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.permute.default",
+            "aten.expand.default", "aten.unsqueeze.default", "aten.squeeze.dim",
+            "aten.squeeze.dims", "aten.slice.Tensor", "aten.select.int", "aten.clone.default",
+            "aten.alias.default", "aten.detach.default", "getitem"}
+"""Ops that move no arithmetic: a partition of only these is left to torch (a dnnc call
+would copy what torch views for free)."""
+
+
+@dataclass
+class GraphReport:
+    """One graph the backend compiled: its ATen ops, how many dnnc compiled in how many
+    partitions, and the ops left to torch (op name -> count)."""
+
+    ops: int = 0
+    dnnc_ops: int = 0
+    partitions: int = 0
+    torch_ops: collections.Counter = field(default_factory=collections.Counter)
+    failed: list[str] = field(default_factory=list)   # partitions dnnc refused, and why
+    direct_call: bool = False   # dynamo calls it without aot_autograd's wrapper (`_plain`)
+    # each partition's CompiledModel, weakly: a report never keeps a dropped compile alive
+    _models: list[weakref.ref] = field(default_factory=list)
+
+    @property
+    def models(self) -> list:
+        """The CompiledModel of each partition still in use (torch.compile holds them)."""
+        return [m for m in (ref() for ref in self._models) if m is not None]
+
+
+_REPORTS: list[GraphReport] = []
+
+
+def reports() -> list[GraphReport]:
+    """Every graph compiled by the backend in this process, oldest first."""
+    return list(_REPORTS)
+
+
+def stats() -> dict:
+    """Totals over `reports()`: graphs, ATen ops, those dnnc compiled, partitions, and
+    `torch_ops` (how many stayed in torch) with `torch_op_names` (name -> count)."""
+    names: collections.Counter = collections.Counter()
+    for r in _REPORTS:
+        names.update(r.torch_ops)
+    return {"graphs": len(_REPORTS), "ops": sum(r.ops for r in _REPORTS),
+            "dnnc_ops": sum(r.dnnc_ops for r in _REPORTS),
+            "partitions": sum(r.partitions for r in _REPORTS),
+            "torch_ops": sum(names.values()), "torch_op_names": dict(names),
+            "failed_partitions": sum(len(r.failed) for r in _REPORTS)}
+
+
+def check_backend_options(options) -> dict:
+    """`options` over `OPTIONS`' defaults; `ArgumentError` for a key the backend does not
+    take (the compile options themselves are checked by `dnnc.compile`)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ArgumentError(f"torch.compile(backend='dnnc') options: unknown {', '.join(unknown)}"
+                            f"; it takes {', '.join(OPTIONS)}")
+    return {**OPTIONS, **options}
+
+
+def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None):
+    """The dynamo backend: the callable that runs `gm` through dnnc (and torch, for what dnnc
+    does not compile). Runs inference only: under `torch.no_grad()` whatever the caller's
+    grad mode, so its outputs carry no autograd history."""
+    options = check_backend_options(options)
+    frozen = frozen_inputs(gm, example_inputs)
+    state: dict = {}
+    fw = functools.partial(compile_aten, real_inputs=list(example_inputs), frozen=frozen,
+                           options=options, state=state)
+    with torch.no_grad():
+        compiled = aot_autograd(fw_compiler=fw, decompositions=DECOMPOSITIONS)(gm,
+                                                                             example_inputs)
+    # a graph that writes no input and returns no view of one needs none of aot_autograd's
+    # bookkeeping around its calls (`_plain`): dynamo's arguments go straight to it
+    call = state.get("direct") or compiled
+
+    def run(*args):
+        with torch.no_grad():
+            return call(*args)
+    return run
+
+
+def frozen_inputs(gm: fx.GraphModule, example_inputs) -> set[int]:
+    """Positions of dynamo's graph inputs that are a module's parameters or buffers (read
+    from their sources, `L['self']._modules['fc']._parameters['weight']`): the constants
+    `compile_aten` freezes."""
+    found = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, (node, example) in enumerate(zip(placeholders, example_inputs)):
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        name = getattr(source, "name", "") if source is not None else ""
+        name = name() if callable(name) else name
+        if isinstance(example, torch.Tensor) and (
+                isinstance(example, torch.nn.Parameter) or "._parameters[" in name or
+                "._buffers[" in name):
+            found.add(i)
+    return found
+
+
+def _fw_metadata():
+    """aot_autograd's analysis of the graph it is compiling (which inputs it writes, which
+    outputs alias what), or None where this torch does not say."""
+    return getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+
+
+def _mutated(count: int) -> set[int]:
+    """The inputs of the graph aot_autograd is compiling that it writes (a BatchNorm's running
+    statistics in training, a KV cache): never frozen."""
+    info = getattr(_fw_metadata(), "input_info", None)
+    if info is None or len(info) != count:
+        return set(range(count))   # unknown: freeze nothing
+    return {i for i, inp in enumerate(info) if inp.mutates_data or inp.mutates_metadata}
+
+
+def _plain(count: int) -> bool:
+    """Whether the graph aot_autograd is compiling takes dynamo's `count` inputs as they are,
+    writes none, returns no view of an input or of another output and threads no effect
+    tokens: then calling it is all aot_autograd's runtime wrapper would do."""
+    meta = _fw_metadata()
+    try:
+        return (len(meta.input_info) == count and not meta.tokens and
+                meta.num_intermediate_bases == 0 and
+                all(type(m).__name__ in ("int", "PlainTensorMeta")   # no tensor subclass
+                    for m in meta.subclass_inp_meta) and
+                not any(i.mutates_data or i.mutates_metadata for i in meta.input_info) and
+                all(o.output_type == OutputType.non_alias for o in meta.output_info))
+    except AttributeError:   # another torch's metadata: keep the wrapper
+        return False
+
+
+class _Support(OperatorSupportBase):
+    def is_node_supported(self, submodules, node: fx.Node) -> bool:
+        if op_name(node) == "getitem":   # of a tuple from a node dnnc imports
+            return supported(node.args[0])
+        return supported(node)
+
+
+def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[int],
+                 options: dict, state: dict | None = None) -> "LiveArguments":
+    """aot_autograd's fw_compiler: `gm` (core ATen, placeholders in the order of dynamo's
+    inputs `real_inputs`) with its supported partitions compiled by dnnc, the rest in torch.
+    `state["direct"]` is set to the result when dynamo may call it directly (`_plain`)."""
+    report = GraphReport()
+    _REPORTS.append(report)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(real_inputs):   # aot added or merged inputs: none frozen
+        frozen = set()
+    frozen = frozen - _mutated(len(placeholders))
+    with unset_fake_temporarily():   # aot_autograd compiles in fake mode; weights are real
+        # by name: fusing partitions sorts the graph into new nodes
+        # copies: a weight changed in place later must not change half of the compile
+        constants = {placeholders[i].name: tensor_array(real_inputs[i]).copy() for i in frozen}
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    report.ops = len(calls)
+    partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
+    partitions = [p for p in partitioner.propose_partitions()
+                  if any(op_name(n) not in VIEW_OPS for n in p.nodes)]
+    fused = partitioner.fuse_partitions(partitions, prefix="dnnc_partition_")
+    for node in list(fused.graph.nodes):
+        if node.op == "call_module" and node.target.startswith("dnnc_partition_"):
+            _compile_partition(fused, node, constants, options, report)
+    fused.graph.lint()
+    fused.recompile()
+    for node in fused.graph.nodes:
+        if node.op == "call_function" and _tensor_op(node):
+            report.torch_ops[op_name(node)] += 1
+        elif node.op == "call_module" and isinstance(getattr(fused, node.target),
+                                                     fx.GraphModule):   # dnnc refused it
+            for inner in getattr(fused, node.target).graph.nodes:
+                if inner.op == "call_function" and _tensor_op(inner):
+                    report.torch_ops[op_name(inner)] += 1
+    _log(report, options)
+    runner = LiveArguments(fused)
+    report.direct_call = _plain(len(real_inputs))
+    if state is not None and report.direct_call:
+        state["direct"] = runner
+    return runner
+
+
+class LiveArguments:
+    """The fused graph called with the arguments it still reads: dynamo passes every
+    parameter of the module at every call, and the frozen ones now live in dnnc's partitions
+    (efficientnet_b0: 312 arguments, 311 of them weights)."""
+
+    def __init__(self, fused: fx.GraphModule):
+        placeholders = [n for n in fused.graph.nodes if n.op == "placeholder"]
+        self.live = [i for i, n in enumerate(placeholders) if n.users]
+        for node in placeholders:
+            if not node.users:
+                fused.graph.erase_node(node)
+        fused.recompile()
+        self.fused = fused
+
+    def __call__(self, *args):
+        return self.fused(*[args[i] for i in self.live])
+
+
+def _tensor_op(node: fx.Node) -> bool:
+    """An op on tensors, not the unpacking of a tuple or arithmetic on sizes (`s77 * 4`)."""
+    return op_name(node) != "getitem" and \
+        not isinstance(node.meta.get("val"), (torch.SymInt, int))
+
+
+def _compile_partition(fused: fx.GraphModule, node: fx.Node, constants: dict,
+                       options: dict, report: GraphReport) -> None:
+    """Replace partition `node` (a call_module of an FX submodule) by a `DnncPartition` that
+    runs its dnnc compile; frozen arguments become the compile's constants. A partition dnnc
+    refuses (an op's operands it cannot take) stays in torch, said in `report.failed`."""
+    sub = getattr(fused, node.target)
+    frozen = {i: constants[a.name] for i, a in enumerate(node.args) if _frozen(a, constants)}
+    try:
+        graph = import_fx(sub, frozen, name=node.target)
+        model = dnnc_compile(graph, options["target"], opt_level=options["opt_level"],
+                             tuning_log=options["tuning_log"], precision=options["precision"],
+                             cache=options["cache"], outputs="numpy")
+    except DNNCError as exc:
+        report.failed.append(f"{node.target}: {exc}")
+        LOG.debug("%s stays in torch: %s", node.target, exc)
+        return
+    except Exception as exc:   # a dnnc bug: say so, run the partition in torch
+        report.failed.append(f"{node.target}: {type(exc).__name__}: {exc}")
+        warnings.warn(f"dnnc could not compile {node.target} ({type(exc).__name__}: {exc}); "
+                      f"it runs in torch")
+        return
+    keep = [i for i, a in enumerate(node.args) if not _frozen(a, constants)]
+    tensors = [k for k, i in enumerate(keep)
+               if isinstance(node.args[i], fx.Node) and
+               isinstance(node.args[i].meta.get("val"), torch.Tensor)]
+    single = isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], fx.Node)
+    setattr(fused, node.target, DnncPartition(model, tensors, single))
+    node.args = tuple(node.args[i] for i in keep)
+    report.partitions += 1
+    report._models.append(weakref.ref(model))
+    report.dnnc_ops += sum(1 for n in sub.graph.nodes if n.op == "call_function")
+
+
+def _frozen(arg, constants: dict) -> bool:
+    return isinstance(arg, fx.Node) and arg.op == "placeholder" and arg.name in constants
+
+
+class DnncPartition(torch.nn.Module):
+    """A partition compiled by dnnc, called as the FX submodule it replaces: its tensor
+    arguments (at `tensors`; SymInt arguments are read from their shapes by dnnc) become
+    NumPy views, its outputs torch tensors over dnnc's arrays, neither copied (an argument
+    that is not contiguous is copied once, as dnnc reads dense arrays)."""
+
+    def __init__(self, model, tensors: list[int], single: bool):
+        super().__init__()
+        self.model = model
+        self.tensors = tensors
+        self.single = single
+
+    def forward(self, *args):
+        # (np.require, not ascontiguousarray: that makes a 0-d array 1-d)
+        arrays = [np.require(tensor_array(args[i]), requirements="C") for i in self.tensors]
+        outs = [_as_tensor(o) for o in self.model.run(*arrays)]
+        return outs[0] if self.single else tuple(outs)
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _log(report: GraphReport, options: dict) -> None:
+    level = logging.INFO if options["verbose"] else logging.DEBUG
+    left = sum(report.torch_ops.values())
+    LOG.log(level, "graph of %d ATen ops: %d in %d dnnc partition(s), %d left to torch%s",
+            report.ops, report.dnnc_ops, report.partitions, left,
+            (": " + ", ".join(f"{n} x{c}" for n, c in report.torch_ops.most_common()))
+            if left else "")
+    for failure in report.failed:
+        LOG.log(level, "left to torch: %s", failure)

@@ -1,0 +1,373 @@
+"""The torch.compile backend (`dnnc/compiler/torch_backend.py`, importing through
+`frontend/torch_fx.py`): modules compiled by `torch.compile(backend="dnnc")` against eager on
+seeded random inputs, partitions around what dnnc does not take, graph breaks, dynamic batch,
+frozen weights. Skips without torch; `import dnnc` must never need it."""
+
+import importlib
+import importlib.metadata
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dnnc.errors import ArgumentError
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from dnnc.compiler import torch_backend  # noqa: E402
+from dnnc.compiler.torch_backend import dnnc_backend  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def compiled(module, **options):
+    torch._dynamo.reset()
+    return torch.compile(module, backend=dnnc_backend, options=options or None)
+
+
+def new_reports(before: int):
+    return torch_backend.reports()[before:]
+
+
+def check(module, *inputs, atol=1e-4, **options):
+    """`module` compiled by the backend gives eager's outputs; the reports of its graphs."""
+    module.eval()
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        want = module(*inputs)
+        got = compiled(module, **options)(*inputs)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=atol)
+    return new_reports(before)
+
+
+def test_import_dnnc_never_imports_torch():
+    code = "import sys, dnnc; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_entry_point_names_the_backend():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    target = project["project"]["entry-points"]["torch_dynamo_backends"]["dnnc"]
+    module, name = target.split(":")
+    assert getattr(importlib.import_module(module), name) is dnnc_backend
+    installed = [e for e in importlib.metadata.entry_points(group="torch_dynamo_backends")
+                 if e.name == "dnnc"]
+    if not installed:
+        pytest.skip("dnnc is installed without its entry point: pip install -e . again")
+    torch._dynamo.reset()
+    layer = nn.Linear(4, 3).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        np.testing.assert_allclose(torch.compile(layer, backend="dnnc")(x).numpy(),
+                                   layer(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_mlp_runs_in_one_partition_with_frozen_weights():
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8), nn.Sigmoid(),
+                        nn.Linear(8, 4), nn.Tanh())
+    (report,) = check(mlp, torch.randn(5, 16))
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+    (model,) = report.models
+    assert len(model.input_names) == 1   # the weights are constants, not inputs
+    assert report.direct_call   # dynamo's arguments go straight to the partitions
+
+
+def test_an_output_that_views_an_input_keeps_aot_autograds_wrapper():
+    class Views(nn.Module):
+        def forward(self, x):
+            return x.view(-1), torch.relu(x) * 2
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        flat, doubled = compiled(Views())(x)
+    (report,) = new_reports(before)
+    assert not report.direct_call
+    assert flat.data_ptr() == x.data_ptr()   # a view of the input, as in eager
+    np.testing.assert_allclose(doubled.numpy(), torch.relu(x).numpy() * 2, rtol=1e-6)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, stride=2, groups=2)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = nn.functional.avg_pool2d(torch.relu(self.bn2(self.conv2(x))), 2, ceil_mode=True)
+        x = nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
+        return torch.log_softmax(self.fc(x), -1)
+
+
+def randomize_batch_norm(module):
+    """Running statistics that are not 0 and 1, so that folding them is tested."""
+    gen = torch.Generator().manual_seed(1)
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=gen))
+            m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+    return module
+
+
+def test_small_cnn_conv_batchnorm_pools():
+    torch.manual_seed(0)
+    (report,) = check(randomize_batch_norm(SmallCNN()), torch.randn(2, 3, 20, 20))
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: layer norm, softmax attention, gelu MLP."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.down(nn.functional.gelu(self.up(self.ln2(x)), approximate="tanh"))
+
+
+def test_transformer_block():
+    torch.manual_seed(0)
+    (report,) = check(Block(), torch.randn(2, 7, 32))
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+
+
+def test_transformer_block_with_symbolic_batch_and_length():
+    torch.manual_seed(0)
+    block = Block().eval()
+    before = len(torch_backend.reports())
+    fn = compiled(block)
+    with torch.no_grad():
+        for batch, length in ((2, 7), (3, 5), (4, 9)):
+            x = torch.randn(batch, length, 32)
+            np.testing.assert_allclose(fn(x).numpy(), block(x).numpy(), rtol=1e-4, atol=1e-5)
+    static, dynamic = new_reports(before)
+    (model,) = dynamic.models
+    assert [type(d) for d in model.input_types[0].shape] == [str, str, int]
+    assert sum(dynamic.torch_ops.values()) == 0   # (the sizes' arithmetic is no tensor op)
+
+
+def test_activations_torch_decomposes_are_imported_whole():
+    F = nn.functional
+
+    class Activations(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 6, 1)
+
+        def forward(self, x):
+            x = self.conv(x)
+            y = F.hardswish(x) + F.hardsigmoid(x) + F.silu(x) + F.mish(x) + F.softplus(x)
+            y = y + F.elu(x, 0.5) + F.relu6(x * 4) + F.hardtanh(x, -0.5, 0.25) + F.selu(x)
+            se = y.mean((2, 3), keepdim=True)   # a squeeze-and-excitation's pooling
+            return y * torch.sigmoid(se) + y.mean((-1, -2))[..., None, None]
+
+    torch.manual_seed(0)
+    (report,) = check(Activations(), torch.randn(2, 3, 5, 5) * 3)
+    assert sum(report.torch_ops.values()) == 0
+    ops = {n.op for n in report.models[0].graph.nodes}
+    assert {"HardSwish", "HardSigmoid", "GlobalAveragePool"} <= ops, ops
+
+
+def test_scaled_dot_product_attention():
+    class Attention(nn.Module):
+        def forward(self, q, k, v):
+            return nn.functional.scaled_dot_product_attention(q, k, v)
+
+    torch.manual_seed(0)
+    check(Attention(), *(torch.randn(2, 2, 6, 8) for _ in range(3)))
+
+
+def test_advanced_indexing_and_boolean_masks():
+    class Indexing(nn.Module):
+        def forward(self, x, i, j, mask):
+            leading, middle, single = x[i, j], x[:, i[:, None], j], x[:, :, j]
+            masks = (mask & (x > 0)).float() + (mask | (x < 0)).float()
+            return leading.sum() + middle.sum(0) * 2 + single.sum() * 3 + masks.sum()
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, 6, generator=gen)
+    i, j = torch.tensor([0, 3, -1]), torch.tensor([1, 2, 4])   # (-1: the last, as in torch)
+    (report,) = check(Indexing(), x, i, j, torch.rand(4, 5, 6, generator=gen) > 0.5)
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+
+
+def test_as_strided_of_a_contiguous_tensor():
+    class Strided(nn.Module):
+        def forward(self, x):
+            window = torch.as_strided(x + 1, (3, 2, 2), (2, 1, 1), 1)   # overlapping reads
+            same = torch.as_strided(x * 2, (1, 8, 1, 1), (8, 1, 8, 8))   # a restride: a view
+            return window.sum(0), same.flatten()
+
+    x = torch.randn(1, 8, 1, 1, generator=torch.Generator().manual_seed(0))
+    module = Strided()
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        got, want = compiled(module)(x), module(x)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6)
+    (report,) = new_reports(before)
+    assert sum(report.torch_ops.values()) == 0
+
+
+def test_unsupported_op_stays_in_torch_between_partitions():
+    class Sorting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.b(torch.sort(torch.relu(self.a(x)), dim=-1).values)
+
+    torch.manual_seed(0)
+    (report,) = check(Sorting(), torch.randn(4, 8))
+    assert report.torch_ops == {"aten.sort.default": 1}
+    assert report.partitions == 2
+
+
+def test_a_buffer_the_graph_writes_is_not_frozen():
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls.add_(1)
+            return self.fc(x) * self.calls
+
+    torch.manual_seed(0)
+    model = Counting().eval()
+    twin = Counting().eval()
+    twin.load_state_dict(model.state_dict())
+    fn = compiled(twin)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):   # a frozen counter would give call 1's result every time
+            np.testing.assert_allclose(fn(x).numpy(), model(x).numpy(), rtol=1e-5,
+                                       atol=1e-6)
+    assert float(twin.calls) == 3
+    assert not torch_backend.reports()[-1].direct_call   # aot_autograd writes the buffer
+
+
+def test_import_names_every_node_it_cannot_take():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dnnc.errors import UnsupportedOpError
+    from dnnc.frontend.torch_fx import import_fx
+
+    def fn(x):
+        return torch.sort(torch.relu(x)).values + torch.cumprod(x, 0)
+
+    gm = make_fx(fn, tracing_mode="fake")(torch.randn(3, 4))
+    listed = r"2 ATen op(?s:.*)aten.sort.default: nodes 'sort'(?s:.*)aten.cumprod"
+    with pytest.raises(UnsupportedOpError, match=listed):
+        import_fx(gm)
+
+
+def test_graph_break_runs_both_graphs():
+    class Printing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 2)
+
+        def forward(self, x):
+            x = torch.relu(self.a(x))
+            if x.sum().item() > -1e9:   # .item(): a graph break
+                print("x", x.shape)
+            return self.b(x)
+
+    torch.manual_seed(0)
+    reports = check(Printing(), torch.randn(3, 6))
+    assert len(reports) == 2 and all(r.partitions >= 1 for r in reports)
+
+
+def test_new_batch_sizes_reuse_the_dynamic_compile():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    before = len(torch_backend.reports())
+    fn = compiled(model)
+    with torch.no_grad():
+        for batch in (2, 3, 5, 9):
+            x = torch.randn(batch, 8)
+            np.testing.assert_allclose(fn(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+    reports = new_reports(before)
+    assert len(reports) == 2   # batch 2, then one dynamic compile for every other batch
+    (dynamic,) = reports[1].models
+    assert isinstance(dynamic.input_types[0].shape[0], str)
+
+
+def test_outputs_are_tensors_over_dnnc_arrays_and_carry_no_grad():
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    out = compiled(layer)(x)   # grad enabled, weights requiring it
+    assert isinstance(out, torch.Tensor) and not out.requires_grad
+    with torch.no_grad():
+        np.testing.assert_allclose(out.numpy(), layer(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_modules_run_in_their_own_type(dtype):
+    dtype = getattr(torch, dtype)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4)).to(dtype).eval()
+    x = torch.randn(3, 16, dtype=dtype)
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        got, want = compiled(model)(x), model(x)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=0.05,
+                               atol=0.05)
+    (report,) = new_reports(before)
+    assert report.partitions == 1 and not report.failed
+
+
+def test_options_reach_the_compile_and_unknown_ones_are_refused():
+    torch.manual_seed(0)
+    (report,) = check(nn.Sequential(nn.Linear(32, 32), nn.ReLU()), torch.randn(4, 32),
+                      atol=0.1, precision="bf16")
+    assert report.models[0].stats["precision"] == "bf16"
+    with pytest.raises(ArgumentError, match="unknown precisoin"):
+        torch_backend.check_backend_options({"precisoin": "bf16"})
+
+
+def test_torchvision_resnet18():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = randomize_batch_norm(torchvision.models.resnet18())
+    (report,) = check(model, torch.randn(1, 3, 64, 64), atol=1e-3)
+    assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
+
+
+def test_transformers_bert_built_locally():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64,
+                                     max_position_embeddings=64)
+    bert = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(2))
+    before = len(torch_backend.reports())
+    with torch.no_grad():
+        want = bert(input_ids=ids).last_hidden_state
+        got = compiled(bert)(input_ids=ids).last_hidden_state
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+    assert all(sum(r.torch_ops.values()) == 0 for r in new_reports(before))
