@@ -1,0 +1,229 @@
+"""find_sparsity: measure how sparse each product's constant weights are and run the layers
+whose sparse form is estimated faster as sparse ops (`ir/ops/sparse.py`), their weights
+encoded in CSR once, here.
+
+`measure` reads a weight matrix [outputs, reduction] (a MatMul's B transposed, a Conv's
+[M, C * kh * kw]): its density (the fraction of nonzeros) and its structure, the most regular
+pattern its zeros follow: "dense" (no zeros), "N:M" (at most N nonzeros in every M
+consecutive weights along the reduction, M of 4 or 8, N <= M / 2, the groups nearly full: 2:4
+is what sparse tensor cores take), "block RxC" (zeros in whole R x C blocks, R outputs by C reduction elements:
+1xk or kx1, k of 2 to 16, the largest), else "unstructured". `layer_sparsity` measures a
+MatMul / Gemm / Conv node's constant weights (None for any other node), which `dnnc inspect`
+prints for every layer, sparse or not.
+
+The rewrite ("sparse_weights", a layout of `convert_layout`'s table, listed by a target whose
+templates compute the sparse ops: llvm): a MatMul(A, B const) or Gemm(A, B const, C const)
+(alpha = beta = 1, A not transposed) of float32 becomes SparseDense, a 1x1 stride-1 unpadded
+Conv of one group becomes SparseConv, where `sparse_cycles` (the sparse template's estimated
+time) is below `dense_cycles` (the dense templates'), both from what they do with constants
+fitted to measurements (bench/cpu_sparse.py): a layer runs sparse only where that is
+estimated faster, so 0% and 30% zeros stay dense. It estimates; it never compiles or times
+anything, and it never changes what a layer computes (a sparse op's reference is its dense
+product).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.ops.registry import infer_node
+from ..ir.ops.sparse import encode_csr, row_max
+from ..ir.target import Target
+from ..ir.types import TensorType, float32, int32
+
+# -- measuring ---------------------------------------------------------------------------------
+
+N_M_GROUPS = (4, 8)
+"""The M of N:M patterns `measure` looks for (2:4 and 4:8 are what hardware takes)."""
+N_M_FILL = 0.9
+"""An N:M pattern is named where the groups hold at least this share of their N on average."""
+BLOCKS = (16, 8, 4, 2)
+"""The block lengths of "block 1xk" / "block kx1" patterns, the largest tried first."""
+
+
+@dataclass(frozen=True)
+class Sparsity:
+    """What `measure` found in a weight matrix."""
+
+    density: float       # nonzeros / elements
+    structure: str       # "dense", "N:M", "block RxC" or "unstructured"
+
+    def __str__(self) -> str:
+        return f"{1 - self.density:.0%} zeros, {self.structure}"
+
+
+def measure(w: np.ndarray) -> Sparsity:
+    """The density and structure of weights `w` [outputs, reduction]."""
+    nonzero = np.asarray(w) != 0
+    density = float(nonzero.mean()) if nonzero.size else 1.0
+    if density == 1.0:
+        return Sparsity(1.0, "dense")
+    rows, cols = nonzero.shape
+    for m in N_M_GROUPS:
+        if cols % m == 0 and density > 0:
+            most = int(nonzero.reshape(rows, cols // m, m).sum(axis=2).max())
+            # filled groups only: a matrix of 90% zeros has at most 4 in every 8 by chance
+            if most <= m // 2 and density >= N_M_FILL * most / m:
+                return Sparsity(density, f"{most}:{m}")
+    for k in BLOCKS:
+        for shape in ((1, k), (k, 1)):
+            if _blocked(nonzero, *shape):
+                return Sparsity(density, f"block {shape[0]}x{shape[1]}")
+    return Sparsity(density, "unstructured")
+
+
+def _blocked(nonzero: np.ndarray, r: int, c: int) -> bool:
+    """Whether every r x c block of `nonzero` is all zeros or all nonzeros."""
+    rows, cols = nonzero.shape
+    if rows % r or cols % c or rows * cols == 0 or (r, c) == (rows, cols):
+        return False
+    blocks = nonzero.reshape(rows // r, r, cols // c, c).sum(axis=(1, 3))
+    return bool(np.all((blocks == 0) | (blocks == r * c)))
+
+
+def layer_weights(node: Node) -> np.ndarray | None:
+    """The constant weights of a MatMul, Gemm or Conv (MatMul / Gemm B, Conv W) as a matrix
+    [outputs, reduction]; None for other nodes and run-time weights."""
+    if node.op not in ("MatMul", "Gemm", "Conv") or len(node.inputs) < 2:
+        return None
+    w = node.inputs[1]
+    if w is None or w.const is None or w.type.rank < 2:
+        return None
+    c = np.asarray(w.const)
+    if node.op == "Conv":
+        return c.reshape(c.shape[0], -1)
+    if c.ndim != 2:
+        return None
+    return c if node.op == "Gemm" and node.attrs.get("transB") else c.T
+
+
+def layer_sparsity(node: Node) -> Sparsity | None:
+    """`measure` of the node's constant weights (`layer_weights`), None where it has none."""
+    w = layer_weights(node)
+    return None if w is None else measure(w)
+
+
+# -- the cost rule -----------------------------------------------------------------------------
+
+DENSE_MACS_PER_CYCLE = 24.0
+"""Multiply-adds a cycle the dense templates reach on a layer (one core), fitted."""
+SPARSE_MACS_PER_CYCLE = 8.0
+"""Multiply-adds a cycle the sparse template reaches on a row's nonzeros (one core), fitted:
+a broadcast weight and one FMA per vector of places, its column's load, no reuse of a
+weight across outputs."""
+SPARSE_ROW_CYCLES = 12.0
+"""Cycles a row of a block of places costs besides its nonzeros (its accumulators' set-up,
+the epilogue and the stores), fitted."""
+SPARSE_PLACES = 32
+"""Places (pixels, rows of A) a block of the sparse template computes at a time."""
+MEMORY_BYTES_PER_CYCLE = 8
+"""Weight bytes a cycle from memory (conv_costs': a model's weights leave the caches
+between two calls): a dense layer reads 4 bytes a weight, a sparse one 8 a nonzero."""
+
+
+def dense_cycles(places: int, outputs: int, depth: int) -> float:
+    """Estimated cycles of the dense product of `places` rows (pixels) of `depth` by
+    `outputs` columns (channels)."""
+    return places * outputs * depth / DENSE_MACS_PER_CYCLE + \
+        outputs * depth * 4 / MEMORY_BYTES_PER_CYCLE
+
+
+def sparse_cycles(places: int, outputs: int, nnz: int) -> float:
+    """Estimated cycles of the sparse template on `nnz` nonzeros in `outputs` rows over
+    `places` places."""
+    blocks = -(-places // SPARSE_PLACES)
+    return places * nnz / SPARSE_MACS_PER_CYCLE + blocks * outputs * SPARSE_ROW_CYCLES + \
+        nnz * 8 / MEMORY_BYTES_PER_CYCLE
+
+
+def sparse_faster(places: int, w: np.ndarray) -> bool:
+    """Whether the sparse template is estimated faster than the dense one on weights `w`
+    [outputs, depth] applied at `places` places."""
+    outputs, depth = w.shape
+    nnz = int(np.count_nonzero(w))
+    return sparse_cycles(places, outputs, nnz) < dense_cycles(places, outputs, depth)
+
+
+# -- the rewrite -------------------------------------------------------------------------------
+
+SLICE_DEPTH = 256
+"""Columns a slice of the CSR rows spans (`encode_csr`): the template's block of activations
+for a slice, 256 x 32 places x 4 bytes, is 32 KB, inside L1 (bench/cpu_sparse.py: a block of
+the whole depth, 768 x 48 floats for BERT's FFN, ran 6x slower than one of 16 places)."""
+
+
+def _csr_inputs(node: Node, w: np.ndarray, sparsity: Sparsity) -> tuple[list[Value], dict]:
+    """The CSR constants of `w` [rows, K] and the sparse op's attributes."""
+    values, columns, starts = encode_csr(w, SLICE_DEPTH)
+    base = node.inputs[1].name
+    consts = [Value(f"{base}.values", TensorType(float32, values.shape), const=values),
+              Value(f"{base}.columns", TensorType(int32, columns.shape), const=columns),
+              Value(f"{base}.starts", TensorType(int32, starts.shape), const=starts)]
+    return consts, {"row_max": row_max(starts), "slice_depth": SLICE_DEPTH, "density": round(sparsity.density, 4),
+                    "structure": sparsity.structure}
+
+
+def _bias(node: Node, n: int) -> Value | None | bool:
+    """A Gemm's C as a float32 constant [n] (None when absent; False when it is not one)."""
+    if node.op != "Gemm" or len(node.inputs) < 3 or node.inputs[2] is None:
+        return None
+    c = node.inputs[2]
+    if c.const is None or c.type.dtype is not float32 or c.const.size not in (1, n) or \
+            (c.const.ndim == 2 and c.const.shape[0] != 1):
+        return False
+    row = np.ascontiguousarray(np.broadcast_to(np.asarray(c.const).reshape(-1), (n,)))
+    return Value(f"{c.name}.row", TensorType(float32, (n,)), const=row)
+
+
+def _places(node: Node) -> int | None:
+    """The places the product's weights are applied at (a symbolic batch counted as 1)."""
+    shape = node.outputs[0].type.shape
+    dims = shape[:-1] if node.op != "Conv" else (shape[0],) + tuple(shape[2:])
+    if any(not isinstance(d, int) for d in dims[1:]):
+        return None
+    return int(np.prod([d if isinstance(d, int) else 1 for d in dims]))
+
+
+def _pointwise(node: Node) -> bool:
+    """A Conv that SparseConv computes: 2-D, 1x1, stride 1, unpadded, one group."""
+    attrs = node.attrs
+    w = node.inputs[1]
+    return w.type.rank == 4 and tuple(w.type.shape[2:]) == (1, 1) and \
+        (attrs.get("group") or 1) == 1 and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID") \
+        and all(v == 1 for v in (attrs.get("strides") or [1, 1]) + (attrs.get("dilations") or [1, 1])) \
+        and not any(attrs.get("pads") or [])
+
+
+def sparse_weights(graph: Graph, node: Node, users, target: Target):
+    """MatMul / Gemm / 1x1 Conv with constant float32 weights -> SparseDense / SparseConv
+    where `sparse_faster` holds (convert_layout's rule signature: the new node and no nodes
+    taken over)."""
+    w = layer_weights(node)
+    if w is None or target.precision != "fp32" or node.inputs[0].type.dtype is not float32 or \
+            node.outputs[0].type.dtype is not float32:
+        return None
+    if node.op == "Gemm" and (node.attrs.get("transA") or node.attrs.get("alpha", 1.0) != 1.0
+                              or node.attrs.get("beta", 1.0) != 1.0):
+        return None
+    if node.op == "Conv" and not _pointwise(node):
+        return None
+    places = _places(node)
+    if places is None or not sparse_faster(places, w):
+        return None
+    consts, attrs = _csr_inputs(node, w, measure(w))
+    if node.op == "Conv":
+        op, attrs["oc"] = "SparseConv", int(w.shape[0])
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+    else:
+        op, attrs["n"] = "SparseDense", int(w.shape[0])
+        bias = _bias(node, int(w.shape[0]))
+        if bias is False:
+            return None
+    inputs = [node.inputs[0]] + consts + ([bias] if bias is not None else [])
+    types, _, full = infer_node(op, inputs, attrs, 1, node.name)
+    if types[0] != node.outputs[0].type:
+        return None
+    return Node(op, inputs, node.outputs, full, node.name), []
