@@ -1,0 +1,182 @@
+"""The sparse-weights template for CPUs: SparseConv (a 1x1 conv) and SparseDense kernels
+(`sparse_problems.SparseProblem`), weights in CSR rows (one an output), the activations
+dense.
+
+As "Fast Sparse ConvNets" (Elsen et al., CVPR 2020) and XNNPACK's f32-spmm do it: a block of
+`places` places (a 1x1 conv's consecutive pixels of one image) is the unit; for each output
+row j of the block, its accumulators (a vector register per `lanes` places) add
+values[e] * X[columns[e], block] for each nonzero e of row j, a broadcast weight and one
+vector load of the activations a vector: the activations' block (depth x places) stays in L1
+while every row reads it, the weights stream once per block. A row's chain of dependent
+multiply-adds is split over `splits` sets of accumulators (the FMA's latency), summed when
+the row ends; the bias and the fused consumers apply where the row is stored. A SparseDense
+(A [m, K] holding a row's k together) first copies its block of rows transposed into a
+local [K, places] buffer, so that the same loop reads places contiguously; its outputs are
+stored a row of Y apart. The worker pool shares (image, place block, row group) units.
+
+Knobs (`SparseConfig`): places, splits, row_groups (rows split into that many units, for
+more units than the threads where the blocks are few: a 7x7 image is one block). It never
+serves a dense product (those are MatMul / Conv kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from ..sparse_problems import SparseProblem, sparse_product
+from ..space import Constraint, Space, Template
+from .conv import parallel_kind
+
+MIN_PARALLEL_WORK = 1 << 15
+"""Multiply-adds below which the kernel runs on one thread (a parallel region costs a few
+microseconds to start)."""
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    places: int       # places a block computes (vectors of lanes; a narrower last block)
+    splits: int       # accumulator sets a row's nonzeros are dealt over
+    row_groups: int   # units the rows of a block are split into
+    pack: bool = True  # a conv's block of pixels copied contiguous first (SparseDense: always)
+
+
+def space(p: SparseProblem, machine) -> Space:
+    lanes = machine.vector_bits // 32
+    widths = {v * lanes for v in (1, 2, 3, 4)} | ({p.places} if p.places < 4 * lanes else set())
+    groups = [g for g in (1, 2, 4, 8, 16, 32, 64) if g <= p.rows]
+    return Space("sparse", SparseConfig, {"places": sorted(widths), "splits": (1, 2, 4),
+                                          "row_groups": groups, "pack": (False, True)},
+                 [Constraint(f"places <= {max(p.places, lanes)} (the places, at least a "
+                             f"vector): a wider block computes nothing more",
+                             lambda c: c.places <= max(p.places, lanes)),
+                  Constraint("pack for a SparseDense (A's rows are transposed into the block)",
+                             lambda c: c.pack or not p.transposed)])
+
+
+def default(p: SparseProblem, machine) -> SparseConfig:
+    lanes, threads = machine.vector_bits // 32, machine.threads
+    places = min(2 * lanes, max(p.places, 1)) if p.places >= lanes else p.places
+    blocks = p.batch * -(-p.places // places)
+    groups = 1
+    while blocks * groups < 2 * threads and groups * 2 <= min(p.rows, 64):
+        groups *= 2
+    return SparseConfig(places, 2, groups)
+
+
+def build(p: SparseProblem, config: SparseConfig, machine) -> L.PrimFunc:
+    width = config.places
+    full, rest = divmod(p.places, width)
+    blocks = full + (rest > 0)
+    groups = config.row_groups
+    units = p.batch * blocks * groups
+    t = L.Var("t")
+    b, pb, g = t // (blocks * groups), (t // groups) % blocks, t % groups
+    per_group = -(-p.rows // groups)
+    # partial sums between slices: a workspace slot per unit (`codegen.workspace_params`:
+    # the caller's memory, as dense.py's packed A), [unit, row, place]
+    part = L.Buffer("part", T.float32, (units * per_group * width,), L.Scope.GLOBAL) \
+        if p.slices > 1 else None
+
+    def block(w: int, p0: L.Expr) -> L.Stmt:
+        return _block(p, config, w, p0, b, g, per_group, part, t)
+
+    if full and rest:
+        unit = L.If(pb < full, block(width, pb * width), block(rest, L.const(full * width)))
+    elif full:
+        unit = block(width, pb * width)
+    else:
+        unit = block(rest, L.const(0))
+    kind = parallel_kind(machine.threads, p.batch * p.places * p.nnz, MIN_PARALLEL_WORK) \
+        if units > 1 else L.ForKind.SERIAL
+    views = {buffer.name: buffer for buffer in (p.x, p.y)}
+    params = tuple(views.get(x.name, x) for x in p.params)
+    body = L.For(t, units, unit, kind)
+    if part is not None:
+        body = L.Allocate(part, body)
+    return L.simplify(L.PrimFunc(p.name, params, body))
+
+
+def _index(e: L.Expr) -> L.Expr:
+    """An int32 CSR entry as an index."""
+    return L.Cast(T.int64, e)
+
+
+def _block(p: SparseProblem, config: SparseConfig, width: int, p0: L.Expr, b, g,
+           per_group: int, part: L.Buffer | None, t: L.Var) -> L.Stmt:
+    """Rows g * per_group.. of the block of `width` places from p0 of image b, slice by
+    slice: a slice's activations packed (`_pack`), then each row's entries of that slice
+    added to its partial sums (`part`, the unit's slot of the workspace, between slices)."""
+    splits = config.splits
+    vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+    jj, r, lane, sl = L.Var("jj"), L.Var("r"), L.Var("l"), L.Var("s")
+    j = g * per_group + jj
+    packed = p.transposed or config.pack
+    block = L.Buffer("xt", T.float32, (min(p.slice_depth, p.depth) * width,), L.Scope.LOCAL)
+
+    def x_at(col):
+        if packed:   # col: a column of the slice
+            return block[(col - sl * p.slice_depth) * width + lane]
+        return p.x_at(b, col, p0 + lane)
+
+    acc = L.Buffer("acc", T.float32, (splits * width,), L.Scope.LOCAL)
+    first, count = L.Var("first"), L.Var("count")
+    wv, col = L.Var("wv", T.float32), L.Var("col")
+
+    def update(entry: L.Expr, s: int) -> L.Stmt:
+        at = s * width + lane
+        return L.Let(wv, p.values[entry], L.Let(col, _index(p.columns[entry]), L.For(
+            lane, width, L.Store(acc, (at,), L.call("fma", wv, x_at(col), acc[at])), vec)))
+
+    def row(start: bool, end: bool) -> L.Stmt:
+        """Row j's entries of slice sl: from zero or its partial sums, into its partial
+        sums or through the epilogue to Y."""
+        slot = (t * per_group + jj) * width + lane if part is not None else None
+        init = L.seq(L.For(lane, width, L.Store(acc, (lane,), L.const(0.0) if start else
+                                                part[slot]), vec),
+                     L.For(lane, (splits - 1) * width, L.Store(acc, (width + lane,),
+                                                               L.const(0.0)), vec))
+        whole = count // splits
+        main = L.For(r, whole, L.seq(*(update(first + r * splits + s, s)
+                                       for s in range(splits))))
+        tail = L.For(r, count - whole * splits, update(first + whole * splits + r, 0))
+        total = sum((acc[s * width + lane] for s in range(1, splits)), acc[lane])
+        if end:
+            store = L.For(lane, width, L.Store(p.y, p.y_at(b, j, p0 + lane),
+                                               p.finish(total, b, j, p0 + lane)), vec)
+        else:
+            store = L.For(lane, width, L.Store(part, (slot,), total), vec)
+        body = L.Let(first, _index(p.starts[j, sl]), L.Let(
+            count, _index(p.starts[j, sl + 1]) - first, L.seq(init, main, tail, store)))
+        body = L.Allocate(acc, body)
+        if per_group * config.row_groups != p.rows:
+            body = L.If(j < p.rows, body)
+        rows = L.For(jj, per_group, body)
+        if packed:
+            rows = L.seq(_pack(p, block, width, p0, b, sl, vec), rows)
+        return rows
+
+    last = p.slices - 1
+    if last == 0:
+        stages = L.substitute(row(True, True), {sl: L.const(0)})
+    else:
+        middle = L.Var("sm")
+        stages = L.seq(L.substitute(row(True, False), {sl: L.const(0)}),
+                       L.For(middle, last - 1, L.substitute(row(False, False),
+                                                           {sl: middle + 1})),
+                       L.substitute(row(False, True), {sl: L.const(last)}))
+    return L.Allocate(block, stages) if packed else stages
+
+
+def _pack(p: SparseProblem, block: L.Buffer, width: int, p0: L.Expr, b, sl, vec) -> L.Stmt:
+    """Slice sl's activations of the block, [slice columns, width] contiguous (a SparseDense's
+    rows of A transposed); columns past the depth are not read."""
+    k, lane = L.Var("k"), L.Var("l")
+    depth = L.minimum(L.const(p.slice_depth), p.depth - sl * p.slice_depth)
+    return L.For(k, depth, L.For(lane, width, L.Store(
+        block, (k * width + lane,), p.x_at(b, sl * p.slice_depth + k, p0 + lane)), vec))
+
+
+SPARSE = Template("sparse", sparse_product, lambda p: p.x.dtype is T.float32, space, default,
+                  build)

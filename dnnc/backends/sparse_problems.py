@@ -1,0 +1,105 @@
+"""The problem descriptor of SparseDense and SparseConv kernels (`ir/ops/sparse.py`), as the
+sparse templates read them: the CSR buffers, the sizes, the bias and the group's fused
+elementwise consumers. Target-neutral, like `problems.py`; it must never import a backend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import loop as L
+from .lower import Kernel, epilogue, layout_tail
+from .problems import Epilogue, _flat_epilogue_reads, _operands, rounded
+
+
+@dataclass(frozen=True)
+class SparseProblem:
+    """Y[b, j, p] = epilogue(sum over the entries e of CSR row j of values[e] X[b, columns[e],
+    p] + bias[j]) for b < batch, j < rows, p < places: a SparseConv's images (X [N, C, H * W],
+    the pixels the places, stored along them), or a SparseDense's one batch of rows (A [m, K]
+    stored along K, the places its m rows; Y [m, n]: `transposed`)."""
+
+    name: str
+    params: tuple
+    x: L.Buffer            # as the template indexes it: [batch, depth, places] / [places, depth]
+    values: L.Buffer
+    columns: L.Buffer
+    starts: L.Buffer
+    bias: L.Buffer | None
+    y: L.Buffer            # [batch, rows, places] / [places, rows]
+    batch: int
+    rows: int
+    depth: int
+    places: int
+    transposed: bool       # SparseDense: X and Y hold a place's values together
+    epilogue: Epilogue
+    anchor_dims: tuple     # the anchor's output shape (the epilogue's index space)
+    flat_reads: bool       # SparseConv: the epilogue reads (n, c, 0, p) as (n, c, h, w)
+    slice_depth: int       # columns a slice of the rows spans (starts [rows, slices + 1])
+    nnz: int               # the nonzeros (known at compile time: defaults read it)
+
+    @property
+    def slices(self) -> int:
+        return -(-self.depth // self.slice_depth)
+
+    def x_at(self, b, k, p) -> L.Expr:
+        return self.x[p, k] if self.transposed else self.x[b, k, p]
+
+    def y_at(self, b, j, p) -> tuple:
+        return (p, j) if self.transposed else (b, j, p)
+
+    def finish(self, value: L.Expr, b, j, p) -> L.Expr:
+        """The stored value of output (b, j, p) from its sum `value`."""
+        if self.bias is not None:
+            value = value + self.bias[j]
+        return rounded(self.epilogue(value, self.anchor_index(b, j, p)), self.y.dtype)
+
+    def anchor_index(self, b, j, p) -> tuple:
+        if self.transposed:
+            index = []
+            for d in reversed(self.anchor_dims[:-1]):
+                index.append(p % d)
+                p = p // d
+            return tuple(reversed(index)) + (j,)
+        wid = self.anchor_dims[3]
+        if self.flat_reads:
+            return (b, j, L.const(0), p)
+        return (b, j, p // wid, p % wid)
+
+
+def sparse_product(kernel: Kernel) -> SparseProblem | None:
+    """The kernel's SparseDense / SparseConv anchor (first in its group, static shapes, no
+    layout tail, its CSR starts a constant) as a problem; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op not in ("SparseDense", "SparseConv") or \
+            layout_tail(kernel) or node.inputs[3].const is None:
+        return None
+    x, values, columns, starts, bias = _operands(kernel, node, 5)
+    y = kernel.func.params[-1]
+    x_dims, anchor_dims = L.static_shape(x.shape), L.static_shape(node.outputs[0].type.shape)
+    if x_dims is None or anchor_dims is None or 0 in anchor_dims:
+        return None
+    conv = node.op == "SparseConv"
+    rows = node.attrs["oc"] if conv else node.attrs["n"]
+    if conv:
+        batch, depth, places = x_dims[0], x_dims[1], x_dims[2] * x_dims[3]
+        xv = L.Buffer(x.name, x.dtype, (batch, depth, places))
+        yv = L.Buffer(y.name, y.dtype, (batch, rows, places))
+        flat = _flat_epilogue_reads(kernel, anchor_dims)
+    else:
+        batch, depth, places = 1, x_dims[-1], math.prod(x_dims[:-1])
+        xv = L.Buffer(x.name, x.dtype, (places, depth))
+        yv = L.Buffer(y.name, y.dtype, (places, rows))
+        flat = False
+    known = np.asarray(node.inputs[3].const)
+    if known.shape[1] - 1 != -(-depth // node.attrs["slice_depth"]):
+        return None
+    return SparseProblem(
+        name=kernel.func.name, params=kernel.func.params, x=xv, values=values,
+        columns=columns, starts=starts, bias=bias, y=yv, batch=batch, rows=rows, depth=depth,
+        places=places, transposed=not conv, epilogue=epilogue(kernel),
+        anchor_dims=tuple(anchor_dims), flat_reads=flat,
+        slice_depth=node.attrs["slice_depth"], nnz=int(known[-1, -1]))
