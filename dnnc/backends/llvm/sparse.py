@@ -14,7 +14,7 @@ the row ends; the bias and the fused consumers apply where the row is stored. A 
 local [K, places] buffer, so that the same loop reads places contiguously; its outputs are
 stored a row of Y apart. The worker pool shares (image, place block, row group) units.
 
-Knobs (`SparseConfig`): places, splits, row_groups (rows split into that many units, for
+Knobs (`SparseConfig`): places, splits, row_groups (chunks of rows split into that many units, for
 more units than the threads where the blocks are few: a 7x7 image is one block). It never
 serves a dense product (those are MatMul / Conv kernels).
 """
@@ -45,7 +45,8 @@ class SparseConfig:
 def space(p: SparseProblem, machine) -> Space:
     lanes = machine.vector_bits // 32
     widths = {v * lanes for v in (1, 2, 3, 4)} | ({p.places} if p.places < 4 * lanes else set())
-    groups = [g for g in (1, 2, 4, 8, 16, 32, 64) if g <= p.rows]
+    chunks = -(-p.rows // chunk_rows(p, lanes))
+    groups = [g for g in (1, 2, 4, 8, 16, 32, 64) if g <= chunks]
     return Space("sparse", SparseConfig, {"places": sorted(widths), "splits": (1, 2, 4),
                                           "row_groups": groups, "pack": (False, True)},
                  [Constraint(f"places <= {max(p.places, lanes)} (the places, at least a "
@@ -60,27 +61,39 @@ def default(p: SparseProblem, machine) -> SparseConfig:
     places = min(2 * lanes, max(p.places, 1)) if p.places >= lanes else p.places
     blocks = p.batch * -(-p.places // places)
     groups = 1
-    while blocks * groups < 2 * threads and groups * 2 <= min(p.rows, 64):
+    chunks = -(-p.rows // chunk_rows(p, lanes))
+    while blocks * groups < 2 * threads and groups * 2 <= min(chunks, 64):
         groups *= 2
     return SparseConfig(places, 2, groups)
+
+
+def chunk_rows(p: SparseProblem, lanes: int) -> int:
+    """Rows computed as one chunk: a SparseDense's a vector of them, stored as a vector along
+    a row of Y (row by row, its places' outputs are a row of Y apart: at N = 3072 floats, 12
+    KB, all 32 of a block fell in one L1 set, and BERT's FFN at 99.9% zeros took 68% of the
+    dense product's time); a SparseConv's one (a row's places are contiguous in Y)."""
+    return min(lanes, p.rows) if p.transposed else 1
 
 
 def build(p: SparseProblem, config: SparseConfig, machine) -> L.PrimFunc:
     width = config.places
     full, rest = divmod(p.places, width)
     blocks = full + (rest > 0)
+    rows = chunk_rows(p, machine.vector_bits // 32)
+    chunks = -(-p.rows // rows)
     groups = config.row_groups
+    per_group = -(-chunks // groups)
     units = p.batch * blocks * groups
     t = L.Var("t")
     b, pb, g = t // (blocks * groups), (t // groups) % blocks, t % groups
-    per_group = -(-p.rows // groups)
     # partial sums between slices: a workspace slot per unit (`codegen.workspace_params`:
-    # the caller's memory, as dense.py's packed A), [unit, row, place]
-    part = L.Buffer("part", T.float32, (units * per_group * width,), L.Scope.GLOBAL) \
+    # the caller's memory, as dense.py's packed A), [unit, row of its group, place]
+    part = L.Buffer("part", T.float32, (units * per_group * rows * width,), L.Scope.GLOBAL) \
         if p.slices > 1 else None
+    geometry = _Rows(rows, chunks, groups, per_group, b, g, t, part)
 
     def block(w: int, p0: L.Expr) -> L.Stmt:
-        return _block(p, config, w, p0, b, g, per_group, part, t)
+        return _block(p, config, geometry, w, p0)
 
     if full and rest:
         unit = L.If(pb < full, block(width, pb * width), block(rest, L.const(full * width)))
@@ -103,17 +116,34 @@ def _index(e: L.Expr) -> L.Expr:
     return L.Cast(T.int64, e)
 
 
-def _block(p: SparseProblem, config: SparseConfig, width: int, p0: L.Expr, b, g,
-           per_group: int, part: L.Buffer | None, t: L.Var) -> L.Stmt:
-    """Rows g * per_group.. of the block of `width` places from p0 of image b, slice by
-    slice: a slice's activations packed (`_pack`), then each row's entries of that slice
-    added to its partial sums (`part`, the unit's slot of the workspace, between slices)."""
-    splits = config.splits
+@dataclass(frozen=True)
+class _Rows:
+    """How a unit's rows are laid out: chunks of `rows` rows, `per_group` chunks of the
+    `chunks` for each of `groups` groups; unit t computes group g of image b."""
+
+    rows: int
+    chunks: int
+    groups: int
+    per_group: int
+    b: L.Expr
+    g: L.Expr
+    t: L.Var
+    part: L.Buffer | None
+
+
+def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int,
+           p0: L.Expr) -> L.Stmt:
+    """The unit's chunks of rows on the block of `width` places from p0, slice by slice: a
+    slice's activations packed (`_pack`), then each row's entries of that slice added to its
+    partial sums (`geo.part`, the unit's slot of the workspace, between slices)."""
+    splits, b = config.splits, geo.b
     vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
-    jj, r, lane, sl = L.Var("jj"), L.Var("r"), L.Var("l"), L.Var("s")
-    j = g * per_group + jj
+    jc, r, lane, sl, rr = L.Var("jc"), L.Var("r"), L.Var("l"), L.Var("s"), L.Var("rr")
+    ch = geo.g * geo.per_group + jc
+    j = ch * geo.rows + rr
     packed = p.transposed or config.pack
     block = L.Buffer("xt", T.float32, (min(p.slice_depth, p.depth) * width,), L.Scope.LOCAL)
+    tile = L.Buffer("tile", T.float32, (geo.rows * width,), L.Scope.LOCAL)
 
     def x_at(col):
         if packed:   # col: a column of the slice
@@ -130,11 +160,11 @@ def _block(p: SparseProblem, config: SparseConfig, width: int, p0: L.Expr, b, g,
             lane, width, L.Store(acc, (at,), L.call("fma", wv, x_at(col), acc[at])), vec)))
 
     def row(start: bool, end: bool) -> L.Stmt:
-        """Row j's entries of slice sl: from zero or its partial sums, into its partial
-        sums or through the epilogue to Y."""
-        slot = (t * per_group + jj) * width + lane if part is not None else None
+        """Row j (row rr of chunk ch) on slice sl's entries: from zero or its partial sums,
+        into its partial sums, the chunk's tile or through the epilogue to Y."""
+        slot = ((geo.t * geo.per_group + jc) * geo.rows + rr) * width + lane
         init = L.seq(L.For(lane, width, L.Store(acc, (lane,), L.const(0.0) if start else
-                                                part[slot]), vec),
+                                                geo.part[slot]), vec),
                      L.For(lane, (splits - 1) * width, L.Store(acc, (width + lane,),
                                                                L.const(0.0)), vec))
         whole = count // splits
@@ -142,30 +172,50 @@ def _block(p: SparseProblem, config: SparseConfig, width: int, p0: L.Expr, b, g,
                                        for s in range(splits))))
         tail = L.For(r, count - whole * splits, update(first + whole * splits + r, 0))
         total = sum((acc[s * width + lane] for s in range(1, splits)), acc[lane])
-        if end:
-            store = L.For(lane, width, L.Store(p.y, p.y_at(b, j, p0 + lane),
-                                               p.finish(total, b, j, p0 + lane)), vec)
+        if not end:
+            store = L.Store(geo.part, (slot,), total)
+        elif p.transposed:
+            store = L.Store(tile, (rr * width + lane,), total)
         else:
-            store = L.For(lane, width, L.Store(part, (slot,), total), vec)
-        body = L.Let(first, _index(p.starts[j, sl]), L.Let(
-            count, _index(p.starts[j, sl + 1]) - first, L.seq(init, main, tail, store)))
-        body = L.Allocate(acc, body)
-        if per_group * config.row_groups != p.rows:
-            body = L.If(j < p.rows, body)
-        rows = L.For(jj, per_group, body)
+            store = L.Store(p.y, p.y_at(b, j, p0 + lane), p.finish(total, b, j, p0 + lane))
+        return L.Allocate(acc, L.Let(first, _index(p.starts[j, sl]), L.Let(
+            count, _index(p.starts[j, sl + 1]) - first,
+            L.seq(init, main, tail, L.For(lane, width, store, vec)))))
+
+    def chunk(start: bool, end: bool, rows: int) -> L.Stmt:
+        """Chunk ch's first `rows` rows; a SparseDense's tile then stored a row of Y (its
+        places' outputs of the chunk's rows) at a time."""
+        body = L.For(rr, rows, row(start, end))
+        if end and p.transposed:
+            jv = ch * geo.rows + rr
+            kind = L.ForKind.VECTORIZED if rows >= 2 else L.ForKind.UNROLLED
+            out = L.For(lane, width, L.For(rr, rows, L.Store(
+                p.y, p.y_at(b, jv, p0 + lane), p.finish(tile[rr * width + lane], b, jv,
+                                                        p0 + lane)), kind))
+            body = L.Allocate(tile, L.seq(body, out))
+        return body
+
+    def chunks(start: bool, end: bool) -> L.Stmt:
+        last_rows = p.rows - (geo.chunks - 1) * geo.rows
+        body = chunk(start, end, geo.rows)
+        if last_rows != geo.rows:
+            body = L.If(ch < geo.chunks - 1, body, chunk(start, end, last_rows))
+        if geo.per_group * geo.groups != geo.chunks:
+            body = L.If(ch < geo.chunks, body)
+        stage = L.For(jc, geo.per_group, body)
         if packed:
-            rows = L.seq(_pack(p, block, width, p0, b, sl, vec), rows)
-        return rows
+            stage = L.seq(_pack(p, block, width, p0, b, sl, vec), stage)
+        return stage
 
     last = p.slices - 1
     if last == 0:
-        stages = L.substitute(row(True, True), {sl: L.const(0)})
+        stages = L.substitute(chunks(True, True), {sl: L.const(0)})
     else:
         middle = L.Var("sm")
-        stages = L.seq(L.substitute(row(True, False), {sl: L.const(0)}),
-                       L.For(middle, last - 1, L.substitute(row(False, False),
+        stages = L.seq(L.substitute(chunks(True, False), {sl: L.const(0)}),
+                       L.For(middle, last - 1, L.substitute(chunks(False, False),
                                                            {sl: middle + 1})),
-                       L.substitute(row(False, True), {sl: L.const(last)}))
+                       L.substitute(chunks(False, True), {sl: L.const(last)}))
     return L.Allocate(block, stages) if packed else stages
 
 
