@@ -106,53 +106,63 @@ def layer_sparsity(node: Node) -> Sparsity | None:
     return None if w is None else measure(w)
 
 
+SLICE_DEPTH = 256
+"""Columns a slice of the CSR rows spans (`encode_csr`): the template's block of activations
+for a slice, 256 x 32 places x 4 bytes, is 32 KB, inside L1 (bench/cpu_sparse.py: a block of
+the whole depth, 768 x 48 floats, 147 KB, past L1 and the stack's scratch (malloc'd a block),
+ran 6x slower than one of 16 places)."""
+
+
 # -- the cost rule -----------------------------------------------------------------------------
 
-DENSE_MACS_PER_CYCLE = 24.0
-"""Multiply-adds a cycle the dense templates reach on a layer (one core), fitted."""
-SPARSE_MACS_PER_CYCLE = 8.0
-"""Multiply-adds a cycle the sparse template reaches on a row's nonzeros (one core), fitted:
-a broadcast weight and one FMA per vector of places, its column's load, no reuse of a
-weight across outputs."""
-SPARSE_ROW_CYCLES = 12.0
-"""Cycles a row of a block of places costs besides its nonzeros (its accumulators' set-up,
-the epilogue and the stores), fitted."""
-SPARSE_PLACES = 32
-"""Places (pixels, rows of A) a block of the sparse template computes at a time."""
+DENSE_MACS_PER_LANE = 1.75
+"""Multiply-adds a cycle a float32 lane of the dense templates reaches on a layer, fitted: 28
+a cycle at 16 lanes (1 thread, znver5: 1x1 256->64 at 56x56, 51 M in 0.45 ms at ~4 GHz)."""
+SPARSE_VECTORS = 2
+"""Vectors of places in a block of the sparse template (its default, llvm/sparse.py)."""
+VECTOR_FMA_CYCLES, ENTRY_CYCLES = 1.0, 1.2
+"""Cycles a nonzero costs a block: one per vector of places (its multiply-add, an L1 load),
+and its weight's broadcast, column load and address, fitted (bench/cpu_sparse.py --layers,
+90% zeros: 0.7-1.0 ns a nonzero of a 32-place block, 3.2 cycles)."""
+ROW_CYCLES = 12.0
+"""Cycles a row costs a block on each slice besides its nonzeros (its accumulators' set-up,
+partial sums, loop, the epilogue's stores), fitted."""
 MEMORY_BYTES_PER_CYCLE = 8
-"""Weight bytes a cycle from memory (conv_costs': a model's weights leave the caches
-between two calls): a dense layer reads 4 bytes a weight, a sparse one 8 a nonzero."""
+"""Weight bytes a cycle from memory (conv_costs': a model's weights leave the caches between
+two calls): a dense layer reads 4 bytes a weight, a sparse one 8 a nonzero."""
 
 
-def dense_cycles(places: int, outputs: int, depth: int) -> float:
-    """Estimated cycles of the dense product of `places` rows (pixels) of `depth` by
-    `outputs` columns (channels)."""
-    return places * outputs * depth / DENSE_MACS_PER_CYCLE + \
-        outputs * depth * 4 / MEMORY_BYTES_PER_CYCLE
+def dense_cycles(places: int, rows: int, depth: int, lanes: int) -> float:
+    """Estimated cycles of the dense product of `places` places (pixels, rows of A) by
+    `rows` outputs of `depth` each on a machine of `lanes` float32 lanes."""
+    return places * rows * depth / (DENSE_MACS_PER_LANE * lanes) + \
+        rows * depth * 4 / MEMORY_BYTES_PER_CYCLE
 
 
-def sparse_cycles(places: int, outputs: int, nnz: int) -> float:
-    """Estimated cycles of the sparse template on `nnz` nonzeros in `outputs` rows over
-    `places` places."""
-    blocks = -(-places // SPARSE_PLACES)
-    return places * nnz / SPARSE_MACS_PER_CYCLE + blocks * outputs * SPARSE_ROW_CYCLES + \
-        nnz * 8 / MEMORY_BYTES_PER_CYCLE
+def sparse_cycles(places: int, rows: int, depth: int, nnz: int, lanes: int) -> float:
+    """Estimated cycles of the sparse template on `nnz` nonzeros in `rows` rows of `depth`
+    over `places` places: blocks of SPARSE_VECTORS vectors of places (one narrower block of
+    all the places where they are fewer), each walking every row's nonzeros, slice by
+    slice."""
+    width = min(places, SPARSE_VECTORS * lanes)
+    blocks = -(-places // width)
+    vectors = -(-width // lanes)
+    slices = -(-depth // SLICE_DEPTH)
+    per_block = nnz * (VECTOR_FMA_CYCLES * vectors + ENTRY_CYCLES) + rows * slices * ROW_CYCLES
+    return blocks * per_block + (nnz * 8 + rows * slices * 4) / MEMORY_BYTES_PER_CYCLE
 
 
-def sparse_faster(places: int, w: np.ndarray) -> bool:
+def sparse_faster(places: int, w: np.ndarray, lanes: int) -> bool:
     """Whether the sparse template is estimated faster than the dense one on weights `w`
-    [outputs, depth] applied at `places` places."""
-    outputs, depth = w.shape
+    [rows, depth] applied at `places` places, on a machine of `lanes` float32 lanes."""
+    rows, depth = w.shape
     nnz = int(np.count_nonzero(w))
-    return sparse_cycles(places, outputs, nnz) < dense_cycles(places, outputs, depth)
+    return sparse_cycles(places, rows, depth, nnz, lanes) < \
+        dense_cycles(places, rows, depth, lanes)
 
 
 # -- the rewrite -------------------------------------------------------------------------------
 
-SLICE_DEPTH = 256
-"""Columns a slice of the CSR rows spans (`encode_csr`): the template's block of activations
-for a slice, 256 x 32 places x 4 bytes, is 32 KB, inside L1 (bench/cpu_sparse.py: a block of
-the whole depth, 768 x 48 floats for BERT's FFN, ran 6x slower than one of 16 places)."""
 
 
 def _csr_inputs(node: Node, w: np.ndarray, sparsity: Sparsity) -> tuple[list[Value], dict]:
@@ -211,7 +221,7 @@ def sparse_weights(graph: Graph, node: Node, users, target: Target):
     if node.op == "Conv" and not _pointwise(node):
         return None
     places = _places(node)
-    if places is None or not sparse_faster(places, w):
+    if places is None or not sparse_faster(places, w, max(target.vector_bits // 32, 1)):
         return None
     consts, attrs = _csr_inputs(node, w, measure(w))
     if node.op == "Conv":
