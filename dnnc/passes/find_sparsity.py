@@ -119,14 +119,20 @@ DENSE_MACS_PER_LANE = 1.75
 """Multiply-adds a cycle a float32 lane of the dense templates reaches on a layer, fitted: 28
 a cycle at 16 lanes (1 thread, znver5: 1x1 256->64 at 56x56, 51 M in 0.45 ms at ~4 GHz)."""
 SPARSE_VECTORS = 2
-"""Vectors of places in a block of the sparse template (its default, llvm/sparse.py)."""
-VECTOR_FMA_CYCLES, ENTRY_CYCLES = 1.0, 1.2
-"""Cycles a nonzero costs a block: one per vector of places (its multiply-add, an L1 load),
-and its weight's broadcast, column load and address, fitted (bench/cpu_sparse.py --layers,
-90% zeros: 0.7-1.0 ns a nonzero of a 32-place block, 3.2 cycles)."""
-ROW_CYCLES = 12.0
+"""Vectors of places in a block of the sparse template where there are more than 4 (its
+default, llvm/sparse.py: fewer places are one block, computed in whole vectors)."""
+VECTOR_FMA_CYCLES, ENTRY_CYCLES = 1.0, 0.3
+"""Cycles a nonzero costs a block: one per vector of places (its multiply-add, an L1 load)
+and its weight's broadcast, column load and address."""
+PACK_CYCLES = 2.9
+"""Cycles a block's copy of its activations costs per vector of a 1x1 conv's pixels (a
+contiguous copy), or per element of a SparseDense's rows (transposed, lane by lane)."""
+ROW_CYCLES = 7.0
 """Cycles a row costs a block on each slice besides its nonzeros (its accumulators' set-up,
-partial sums, loop, the epilogue's stores), fitted."""
+partial sums, loop, the epilogue's stores). The four fitted together by least relative
+squares to bench/cpu_sparse.py --layers (1 thread, znver5, ~4 GHz assumed; 10 layers of
+resnet50's, mobilenet_v2's and BERT-base's shapes at 50/70/90% zeros): the median estimate
+within 4% of the measured time, 80% of them within 0.82-1.13x, on a shared machine."""
 MEMORY_BYTES_PER_CYCLE = 8
 """Weight bytes a cycle from memory (conv_costs': a model's weights leave the caches between
 two calls): a dense layer reads 4 bytes a weight, a sparse one 8 a nonzero."""
@@ -139,25 +145,26 @@ def dense_cycles(places: int, rows: int, depth: int, lanes: int) -> float:
         rows * depth * 4 / MEMORY_BYTES_PER_CYCLE
 
 
-def sparse_cycles(places: int, rows: int, depth: int, nnz: int, lanes: int) -> float:
+def sparse_cycles(places: int, rows: int, depth: int, nnz: int, lanes: int,
+                  transposed: bool = False) -> float:
     """Estimated cycles of the sparse template on `nnz` nonzeros in `rows` rows of `depth`
-    over `places` places: blocks of SPARSE_VECTORS vectors of places (one narrower block of
-    all the places where they are fewer), each walking every row's nonzeros, slice by
-    slice."""
-    width = min(places, SPARSE_VECTORS * lanes)
+    over `places` places (a SparseDense's rows of A: `transposed`): blocks of places, each
+    packing its activations and walking every row's nonzeros, slice by slice."""
+    width = places if places <= 4 * lanes else SPARSE_VECTORS * lanes
     blocks = -(-places // width)
     vectors = -(-width // lanes)
     slices = -(-depth // SLICE_DEPTH)
-    per_block = nnz * (VECTOR_FMA_CYCLES * vectors + ENTRY_CYCLES) + rows * slices * ROW_CYCLES
+    per_block = nnz * (VECTOR_FMA_CYCLES * vectors + ENTRY_CYCLES) + \
+        rows * slices * ROW_CYCLES + PACK_CYCLES * depth * (width if transposed else vectors)
     return blocks * per_block + (nnz * 8 + rows * slices * 4) / MEMORY_BYTES_PER_CYCLE
 
 
-def sparse_faster(places: int, w: np.ndarray, lanes: int) -> bool:
+def sparse_faster(places: int, w: np.ndarray, lanes: int, transposed: bool = False) -> bool:
     """Whether the sparse template is estimated faster than the dense one on weights `w`
     [rows, depth] applied at `places` places, on a machine of `lanes` float32 lanes."""
     rows, depth = w.shape
     nnz = int(np.count_nonzero(w))
-    return sparse_cycles(places, rows, depth, nnz, lanes) < \
+    return sparse_cycles(places, rows, depth, nnz, lanes, transposed) < \
         dense_cycles(places, rows, depth, lanes)
 
 
@@ -221,7 +228,8 @@ def sparse_weights(graph: Graph, node: Node, users, target: Target):
     if node.op == "Conv" and not _pointwise(node):
         return None
     places = _places(node)
-    if places is None or not sparse_faster(places, w, max(target.vector_bits // 32, 1)):
+    lanes = max(target.vector_bits // 32, 1)
+    if places is None or not sparse_faster(places, w, lanes, node.op != "Conv"):
         return None
     consts, attrs = _csr_inputs(node, w, measure(w))
     if node.op == "Conv":

@@ -58,7 +58,9 @@ def space(p: SparseProblem, machine) -> Space:
 
 def default(p: SparseProblem, machine) -> SparseConfig:
     lanes, threads = machine.vector_bits // 32, machine.threads
-    places = min(2 * lanes, max(p.places, 1)) if p.places >= lanes else p.places
+    # one block where the places are few (a 7x7 image's 49: computed as 4 vectors), else
+    # two vectors of them
+    places = p.places if p.places <= 4 * lanes else 2 * lanes
     blocks = p.batch * -(-p.places // places)
     groups = 1
     chunks = -(-p.rows // chunk_rows(p, lanes))
@@ -92,8 +94,11 @@ def build(p: SparseProblem, config: SparseConfig, machine) -> L.PrimFunc:
         if p.slices > 1 else None
     geometry = _Rows(rows, chunks, groups, per_group, b, g, t, part)
 
+    lanes = machine.vector_bits // 32
+
     def block(w: int, p0: L.Expr) -> L.Stmt:
-        return _block(p, config, geometry, w, p0)
+        return _block(p, config, geometry, w, computed_width(w, lanes, p.transposed or
+                                                             config.pack), p0)
 
     if full and rest:
         unit = L.If(pb < full, block(width, pb * width), block(rest, L.const(full * width)))
@@ -131,47 +136,59 @@ class _Rows:
     part: L.Buffer | None
 
 
-def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int,
+def computed_width(width: int, lanes: int, packed: bool) -> int:
+    """The places a block of `width` computes: whole vectors (a power of two below one) where
+    its activations are packed (the padding zero, never stored); an odd width's accumulators
+    were built lane by lane (a 7x7 image's 49 places as blocks of 32 and 17: 1.8x the time
+    the cost rule's count of vector operations gave)."""
+    if not packed or width == 1 or width % lanes == 0:
+        return width
+    if width < lanes:
+        return 1 << (width - 1).bit_length()
+    return -(-width // lanes) * lanes
+
+
+def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int, cw: int,
            p0: L.Expr) -> L.Stmt:
-    """The unit's chunks of rows on the block of `width` places from p0, slice by slice: a
-    slice's activations packed (`_pack`), then each row's entries of that slice added to its
-    partial sums (`geo.part`, the unit's slot of the workspace, between slices)."""
+    """The unit's chunks of rows on the block of `width` places from p0 (computed as `cw`),
+    slice by slice: a slice's activations packed (`_pack`), then each row's entries of that
+    slice added to its partial sums (`geo.part`, the unit's slot of the workspace, between
+    slices)."""
     splits, b = config.splits, geo.b
     vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
     jc, r, lane, sl, rr = L.Var("jc"), L.Var("r"), L.Var("l"), L.Var("s"), L.Var("rr")
     ch = geo.g * geo.per_group + jc
     j = ch * geo.rows + rr
     packed = p.transposed or config.pack
-    block = L.Buffer("xt", T.float32, (min(p.slice_depth, p.depth) * width,), L.Scope.LOCAL)
+    block = L.Buffer("xt", T.float32, (min(p.slice_depth, p.depth) * cw,), L.Scope.LOCAL)
     tile = L.Buffer("tile", T.float32, (geo.rows * width,), L.Scope.LOCAL)
 
     def x_at(col):
         if packed:   # col: a column of the slice
-            return block[(col - sl * p.slice_depth) * width + lane]
+            return block[(col - sl * p.slice_depth) * cw + lane]
         return p.x_at(b, col, p0 + lane)
 
-    acc = L.Buffer("acc", T.float32, (splits * width,), L.Scope.LOCAL)
+    acc = L.Buffer("acc", T.float32, (splits * cw,), L.Scope.LOCAL)
     first, count = L.Var("first"), L.Var("count")
     wv, col = L.Var("wv", T.float32), L.Var("col")
 
     def update(entry: L.Expr, s: int) -> L.Stmt:
-        at = s * width + lane
+        at = s * cw + lane
         return L.Let(wv, p.values[entry], L.Let(col, _index(p.columns[entry]), L.For(
-            lane, width, L.Store(acc, (at,), L.call("fma", wv, x_at(col), acc[at])), vec)))
+            lane, cw, L.Store(acc, (at,), L.call("fma", wv, x_at(col), acc[at])), vec)))
 
     def row(start: bool, end: bool) -> L.Stmt:
         """Row j (row rr of chunk ch) on slice sl's entries: from zero or its partial sums,
         into its partial sums, the chunk's tile or through the epilogue to Y."""
         slot = ((geo.t * geo.per_group + jc) * geo.rows + rr) * width + lane
-        init = L.seq(L.For(lane, width, L.Store(acc, (lane,), L.const(0.0) if start else
-                                                geo.part[slot]), vec),
-                     L.For(lane, (splits - 1) * width, L.Store(acc, (width + lane,),
-                                                               L.const(0.0)), vec))
+        init = L.For(lane, splits * cw, L.Store(acc, (lane,), L.const(0.0)), vec)
+        if not start:
+            init = L.seq(init, L.For(lane, width, L.Store(acc, (lane,), geo.part[slot]), vec))
         whole = count // splits
         main = L.For(r, whole, L.seq(*(update(first + r * splits + s, s)
                                        for s in range(splits))))
         tail = L.For(r, count - whole * splits, update(first + whole * splits + r, 0))
-        total = sum((acc[s * width + lane] for s in range(1, splits)), acc[lane])
+        total = sum((acc[s * cw + lane] for s in range(1, splits)), acc[lane])
         if not end:
             store = L.Store(geo.part, (slot,), total)
         elif p.transposed:
@@ -204,7 +221,7 @@ def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int,
             body = L.If(ch < geo.chunks, body)
         stage = L.For(jc, geo.per_group, body)
         if packed:
-            stage = L.seq(_pack(p, block, width, p0, b, sl, vec), stage)
+            stage = L.seq(_pack(p, block, width, cw, p0, b, sl, vec), stage)
         return stage
 
     last = p.slices - 1
@@ -219,13 +236,19 @@ def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int,
     return L.Allocate(block, stages) if packed else stages
 
 
-def _pack(p: SparseProblem, block: L.Buffer, width: int, p0: L.Expr, b, sl, vec) -> L.Stmt:
-    """Slice sl's activations of the block, [slice columns, width] contiguous (a SparseDense's
-    rows of A transposed); columns past the depth are not read."""
+def _pack(p: SparseProblem, block: L.Buffer, width: int, cw: int, p0: L.Expr, b, sl,
+          vec) -> L.Stmt:
+    """Slice sl's activations of the block, [slice columns, cw] contiguous (a SparseDense's
+    rows of A transposed), the places past `width` zero; columns past the depth are not
+    read."""
     k, lane = L.Var("k"), L.Var("l")
     depth = L.minimum(L.const(p.slice_depth), p.depth - sl * p.slice_depth)
-    return L.For(k, depth, L.For(lane, width, L.Store(
-        block, (k * width + lane,), p.x_at(b, sl * p.slice_depth + k, p0 + lane)), vec))
+    copy = L.For(lane, width, L.Store(
+        block, (k * cw + lane,), p.x_at(b, sl * p.slice_depth + k, p0 + lane)), vec)
+    if cw > width:
+        copy = L.seq(copy, L.For(lane, cw - width, L.Store(block, (k * cw + width + lane,),
+                                                           L.const(0.0)), vec))
+    return L.For(k, depth, copy)
 
 
 SPARSE = Template("sparse", sparse_product, lambda p: p.x.dtype is T.float32, space, default,

@@ -107,8 +107,8 @@ def sparse_pointwise(rng):
 
 def sparse_matmul(rng):
     g, (a,) = _graph([("a", ("N", 7, 300))])
-    y = g.add("MatMul", a, _pruned(rng, "b", (300, 37)))
-    g.outputs = [g.add("Tanh", g.add("Add", y, _const(rng, "c", (37,))))]
+    y = g.add("MatMul", a, _pruned(rng, "b", (300, 301)))
+    g.outputs = [g.add("Tanh", g.add("Add", y, _const(rng, "c", (301,))))]
     return g
 
 
