@@ -4,7 +4,7 @@ one run.
     python bench/cpu_sparse.py [--models resnet50,mobilenet_v2,bert_base] [--size 224]
                                [--sparsity 0,0.3,0.7,0.9] [--threads 1,2] [--repeat 10]
                                [--blocks 3]
-    python bench/cpu_sparse.py --layers [--sparsity 0.5,0.7,0.9] [--threads 1]
+    python bench/cpu_sparse.py --layers [--sparsity 0.5,0.7,0.9] [--threads 1] [--match 3x3]
 
 Each zoo model is built once (seeded random weights) and magnitude-pruned per layer (`prune`:
 the smallest |w| of every Conv, Gemm and MatMul constant weight set to zero, to the given
@@ -18,8 +18,8 @@ tested by tests/backends/llvm/test_sparse.py), then the geometric mean of the sp
 sparsity. One table per thread count (each in a process of its own: DNNC_NUM_THREADS is read
 when the worker pool starts).
 
-`--layers`: single layers of those models' shapes (1x1 convs, BERT's projections, a
-classifier at batch 1) as SparseConv / SparseDense against the dense ops, forced (not the
+`--layers`: single layers of those models' shapes (1x1 and 3x3 convs, BERT's projections,
+a classifier at batch 1) as SparseConv / SparseDense against the dense ops, forced (not the
 cost rule's choice), with the cost rule's estimated speed-up beside the measured one: the
 measurements the constants of passes/find_sparsity.py are fitted to.
 """
@@ -139,19 +139,22 @@ def models_table(args) -> None:
         print(f"{'geomean':14} {s:6.0%} {'':9} {gm:9.2f}")
 
 
-LAYERS = [  # (name, places or batch-1 image, rows, depth): 1x1 convs (resnet50's bottleneck
-    # reductions and expansions, mobilenet_v2's), BERT-base's projections at 128 tokens, a
-    # classifier at batch 1
-    ("conv 256->64 @56", (56, 56), 64, 256), ("conv 64->256 @56", (56, 56), 256, 64),
-    ("conv 512->128 @28", (28, 28), 128, 512), ("conv 1024->256 @14", (14, 14), 256, 1024),
-    ("conv 2048->512 @7", (7, 7), 512, 2048), ("conv 160->960 @7", (7, 7), 960, 160),
-    ("dense 128x768->768", 128, 768, 768), ("dense 128x768->3072", 128, 3072, 768),
-    ("dense 128x3072->768", 128, 768, 3072), ("dense 1x2048->1000", 1, 1000, 2048)]
+LAYERS = [  # (name, places or batch-1 image, rows, channels, kernel): 1x1 convs (resnet50's
+    # bottleneck reductions and expansions, mobilenet_v2's), resnet50's 3x3 convs (padded 1),
+    # BERT-base's projections at 128 tokens, a classifier at batch 1
+    ("conv 256->64 @56", (56, 56), 64, 256, 1), ("conv 64->256 @56", (56, 56), 256, 64, 1),
+    ("conv 512->128 @28", (28, 28), 128, 512, 1), ("conv 1024->256 @14", (14, 14), 256, 1024, 1),
+    ("conv 2048->512 @7", (7, 7), 512, 2048, 1), ("conv 160->960 @7", (7, 7), 960, 160, 1),
+    ("conv3x3 64->64 @56", (56, 56), 64, 64, 3), ("conv3x3 128->128 @28", (28, 28), 128, 128, 3),
+    ("conv3x3 256->256 @14", (14, 14), 256, 256, 3), ("conv3x3 512->512 @7", (7, 7), 512, 512, 3),
+    ("dense 128x768->768", 128, 768, 768, 1), ("dense 128x768->3072", 128, 3072, 768, 1),
+    ("dense 128x3072->768", 128, 768, 3072, 1), ("dense 1x2048->1000", 1, 1000, 2048, 1)]
 
 
-def _layer_graphs(shape, rows: int, depth: int, zeros: float, rng):
-    """(the dense op's graph, the sparse op's graph, an input) of one layer pruned to
-    `zeros`."""
+def _layer_graphs(shape, rows: int, channels: int, k: int, zeros: float, rng):
+    """(the dense op's graph, the sparse op's graph, an input, its nonzeros) of one layer
+    pruned to `zeros`."""
+    depth = channels * k * k
     w = rng.standard_normal((rows, depth)).astype(np.float32)
     w[np.abs(w) <= np.quantile(np.abs(w), zeros)] = 0
     values, columns, starts = encode_csr(w, find_sparsity.SLICE_DEPTH)
@@ -163,11 +166,14 @@ def _layer_graphs(shape, rows: int, depth: int, zeros: float, rng):
     for sparse in (False, True):
         g = Graph("layer")
         if isinstance(shape, tuple):
-            x = g.add_input("x", T.TensorType(T.float32, (1, depth) + shape))
-            y = g.add("SparseConv", x, *csr, oc=rows, **attrs) if sparse else g.add(
-                "Conv", x, Value("w", T.TensorType(T.float32, (rows, depth, 1, 1)),
-                                 const=w.reshape(rows, depth, 1, 1)), kernel_shape=[1, 1])
-            data = rng.standard_normal((1, depth) + shape).astype(np.float32)
+            x = g.add_input("x", T.TensorType(T.float32, (1, channels) + shape))
+            pads = [k // 2] * 4
+            y = g.add("SparseConv", x, *csr, oc=rows, kernel_shape=[k, k], pads=pads,
+                      **attrs) if sparse else g.add(
+                "Conv", x, Value("w", T.TensorType(T.float32, (rows, channels, k, k)),
+                                 const=w.reshape(rows, channels, k, k)), kernel_shape=[k, k],
+                pads=pads)
+            data = rng.standard_normal((1, channels) + shape).astype(np.float32)
         else:
             x = g.add_input("x", T.TensorType(T.float32, (shape, depth)))
             y = g.add("SparseDense", x, *csr, n=rows, **attrs) if sparse else g.add(
@@ -188,16 +194,20 @@ def layers_table(args) -> None:
     print(f"{'layer':22} {'zeros':>6} {'dense us':>9} {'sparse us':>10} {'speed-up':>9} "
           f"{'estimate':>9}")
     rng = np.random.default_rng(0)
-    for name, shape, rows, depth in LAYERS:
+    for name, shape, rows, channels, k in LAYERS:
+        if args.match not in name:
+            continue
         places = shape[0] * shape[1] if isinstance(shape, tuple) else shape
+        depth = channels * k * k
         for zeros in args.sparsity:
-            dense_g, sparse_g, data, nnz = _layer_graphs(shape, rows, depth, zeros, rng)
+            dense_g, sparse_g, data, nnz = _layer_graphs(shape, rows, channels, k, zeros, rng)
             dense, sparse = _compiled(dense_g, False), _compiled(sparse_g, False)
             ms = median_block_ms({"dense": lambda: dense(data), "sparse": lambda: sparse(data)},
                                  args.repeat, args.blocks)
             estimate = find_sparsity.dense_cycles(places, rows, depth, lanes) / \
                 find_sparsity.sparse_cycles(places, rows, depth, nnz, lanes,
-                                            not isinstance(shape, tuple))
+                                            not isinstance(shape, tuple)) if k == 1 else \
+                float("nan")   # (3x3: against Winograd, estimated in the pass itself)
             print(f"{name:22} {zeros:6.0%} {ms['dense'] * 1e3:9.1f} {ms['sparse'] * 1e3:10.1f} "
                   f"{ms['dense'] / ms['sparse']:9.2f} {estimate:9.2f}", flush=True)
 
@@ -212,6 +222,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--layers", action="store_true")
+    parser.add_argument("--match", default="", help="--layers: only layers whose name has this")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # one thread count, in this process
     args = parser.parse_args()
     default = "0.5,0.7,0.9" if args.layers else "0,0.3,0.7,0.9"
@@ -225,7 +236,8 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--one", n, "--models", args.models,
                         "--size", str(args.size), "--sparsity", sparsity,
                         "--repeat", str(args.repeat), "--blocks", str(args.blocks)]
-                       + (["--layers"] if args.layers else []), env=env, check=True)
+                       + (["--layers", "--match", args.match] if args.layers else []),
+                       env=env, check=True)
 
 
 if __name__ == "__main__":

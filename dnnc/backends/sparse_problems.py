@@ -18,9 +18,12 @@ from .problems import Epilogue, _flat_epilogue_reads, _operands, rounded
 @dataclass(frozen=True)
 class SparseProblem:
     """Y[b, j, p] = epilogue(sum over the entries e of CSR row j of values[e] X[b, columns[e],
-    p] + bias[j]) for b < batch, j < rows, p < places: a SparseConv's images (X [N, C, H * W],
-    the pixels the places, stored along them), or a SparseDense's one batch of rows (A [m, K]
-    stored along K, the places its m rows; Y [m, n]: `transposed`)."""
+    p] + bias[j]) for b < batch, j < rows, p < places: a 1x1 SparseConv's images (X [N, C, H *
+    W], the pixels the places, stored along them), or a SparseDense's one batch of rows (A [m,
+    K] stored along K, the places its m rows; Y [m, n]: `transposed`). A `windowed`
+    SparseConv (kh x kw, padded) reads X [N, C, H, W] through its padded plane, [hp, wp]
+    flattened: place q = oy * wp + ox (ox < wp; the columns from ow on are computed and
+    dropped), column (c, ky, kx) at the plane's q + ky * wp + kx; Y is [N, M, OH, OW]."""
 
     name: str
     params: tuple
@@ -40,6 +43,16 @@ class SparseProblem:
     flat_reads: bool       # SparseConv: the epilogue reads (n, c, 0, p) as (n, c, h, w)
     slice_depth: int       # columns a slice of the rows spans (starts [rows, slices + 1])
     nnz: int               # the nonzeros (known at compile time: defaults read it)
+    kernel: tuple = (1, 1)          # a SparseConv's (kh, kw)
+    begins: tuple = (0, 0)          # its (top, left) pads
+    padded_hw: tuple = ()           # its padded plane (hp, wp), where `windowed`
+    image_hw: tuple = ()            # its input's (H, W)
+
+    @property
+    def windowed(self) -> bool:
+        """A SparseConv of a window bigger than 1x1 or with padding."""
+        return tuple(self.kernel) != (1, 1) or tuple(self.begins) != (0, 0) or \
+            (bool(self.padded_hw) and tuple(self.padded_hw) != tuple(self.image_hw))
 
     @property
     def slices(self) -> int:
@@ -53,9 +66,13 @@ class SparseProblem:
 
     def finish(self, value: L.Expr, b, j, p) -> L.Expr:
         """The stored value of output (b, j, p) from its sum `value`."""
+        return self.finish_at(value, j, self.anchor_index(b, j, p))
+
+    def finish_at(self, value: L.Expr, j, index: tuple) -> L.Expr:
+        """The stored value of row j's output at the anchor's `index` from its sum."""
         if self.bias is not None:
             value = value + self.bias[j]
-        return rounded(self.epilogue(value, self.anchor_index(b, j, p)), self.y.dtype)
+        return rounded(self.epilogue(value, index), self.y.dtype)
 
     def anchor_index(self, b, j, p) -> tuple:
         if self.transposed:
@@ -84,11 +101,18 @@ def sparse_product(kernel: Kernel) -> SparseProblem | None:
         return None
     conv = node.op == "SparseConv"
     rows = node.attrs["oc"] if conv else node.attrs["n"]
+    window = {}
     if conv:
-        batch, depth, places = x_dims[0], x_dims[1], x_dims[2] * x_dims[3]
-        xv = L.Buffer(x.name, x.dtype, (batch, depth, places))
+        (kh, kw), (top, left, bottom, right) = node.attrs["kernel_shape"], node.attrs["pads"]
+        batch, depth, places = x_dims[0], x_dims[1] * kh * kw, x_dims[2] * x_dims[3]
+        xv = L.Buffer(x.name, x.dtype, (batch, x_dims[1], places))
         yv = L.Buffer(y.name, y.dtype, (batch, rows, places))
         flat = _flat_epilogue_reads(kernel, anchor_dims)
+        padded = (x_dims[2] + top + bottom, x_dims[3] + left + right)
+        window = {"kernel": (kh, kw), "begins": (top, left), "padded_hw": padded,
+                  "image_hw": tuple(x_dims[2:])}
+        if (kh, kw, top, left, bottom, right) != (1, 1, 0, 0, 0, 0):
+            xv, yv, places = x, y, anchor_dims[2] * padded[1]
     else:
         batch, depth, places = 1, x_dims[-1], math.prod(x_dims[:-1])
         xv = L.Buffer(x.name, x.dtype, (places, depth))
@@ -102,4 +126,4 @@ def sparse_product(kernel: Kernel) -> SparseProblem | None:
         columns=columns, starts=starts, bias=bias, y=yv, batch=batch, rows=rows, depth=depth,
         places=places, transposed=not conv, epilogue=epilogue(kernel),
         anchor_dims=tuple(anchor_dims), flat_reads=flat,
-        slice_depth=node.attrs["slice_depth"], nnz=int(known[-1, -1]))
+        slice_depth=node.attrs["slice_depth"], nnz=int(known[-1, -1]), **window)

@@ -5,16 +5,17 @@ encoded in CSR once, here.
 `measure` reads a weight matrix [outputs, reduction] (a MatMul's B transposed, a Conv's
 [M, C * kh * kw]): its density (the fraction of nonzeros) and its structure, the most regular
 pattern its zeros follow: "dense" (no zeros), "N:M" (at most N nonzeros in every M
-consecutive weights along the reduction, M of 4 or 8, N <= M / 2, the groups nearly full: 2:4
-is what sparse tensor cores take), "block RxC" (zeros in whole R x C blocks, R outputs by C reduction elements:
-1xk or kx1, k of 2 to 16, the largest), else "unstructured". `layer_sparsity` measures a
-MatMul / Gemm / Conv node's constant weights (None for any other node), which `dnnc inspect`
-prints for every layer, sparse or not.
+consecutive weights along the reduction, M of 4 or 8, N <= M / 2, the groups nearly full:
+2:4 is what sparse tensor cores take), "block RxC" (zeros in whole R x C blocks, R outputs by
+C reduction elements: 1xk or kx1, k of 2 to 16, the largest), else "unstructured".
+`layer_sparsity` measures a MatMul / Gemm / Conv node's constant weights (None for any other
+node), which `dnnc inspect` prints for every layer, sparse or not.
 
 The rewrite ("sparse_weights", a layout of `convert_layout`'s table, listed by a target whose
 templates compute the sparse ops: llvm): a MatMul(A, B const) or Gemm(A, B const, C const)
-(alpha = beta = 1, A not transposed) of float32 becomes SparseDense, a 1x1 stride-1 unpadded
-Conv of one group becomes SparseConv, where `sparse_cycles` (the sparse template's estimated
+(alpha = beta = 1, A not transposed) of float32 becomes SparseDense, a stride-1 Conv of one
+group (1x1, or a padded k x k window: `_estimated_faster` weighs it against Winograd)
+becomes SparseConv, where `sparse_cycles` (the sparse template's estimated
 time) is below `dense_cycles` (the dense templates'), both from what they do with constants
 fitted to measurements (bench/cpu_sparse.py): a layer runs sparse only where that is
 estimated faster, so 0% and 30% zeros stay dense. It estimates; it never compiles or times
@@ -33,6 +34,7 @@ from ..ir.ops.registry import infer_node
 from ..ir.ops.sparse import encode_csr, row_max
 from ..ir.target import Target
 from ..ir.types import TensorType, float32, int32
+from .conv_costs import conv3x3_costs
 
 # -- measuring ---------------------------------------------------------------------------------
 
@@ -179,7 +181,8 @@ def _csr_inputs(node: Node, w: np.ndarray, sparsity: Sparsity) -> tuple[list[Val
     consts = [Value(f"{base}.values", TensorType(float32, values.shape), const=values),
               Value(f"{base}.columns", TensorType(int32, columns.shape), const=columns),
               Value(f"{base}.starts", TensorType(int32, starts.shape), const=starts)]
-    return consts, {"row_max": row_max(starts), "slice_depth": SLICE_DEPTH, "density": round(sparsity.density, 4),
+    return consts, {"row_max": row_max(starts), "slice_depth": SLICE_DEPTH,
+                    "density": round(sparsity.density, 4),
                     "structure": sparsity.structure}
 
 
@@ -204,14 +207,42 @@ def _places(node: Node) -> int | None:
     return int(np.prod([d if isinstance(d, int) else 1 for d in dims]))
 
 
-def _pointwise(node: Node) -> bool:
-    """A Conv that SparseConv computes: 2-D, 1x1, stride 1, unpadded, one group."""
+def _conv_window(node: Node) -> tuple[list, list] | None:
+    """(kernel_shape, pads) of a Conv that SparseConv computes: 2-D, stride 1, no dilation,
+    one group, explicit pads (or none); None otherwise."""
     attrs = node.attrs
     w = node.inputs[1]
-    return w.type.rank == 4 and tuple(w.type.shape[2:]) == (1, 1) and \
-        (attrs.get("group") or 1) == 1 and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID") \
-        and all(v == 1 for v in (attrs.get("strides") or [1, 1]) + (attrs.get("dilations") or [1, 1])) \
-        and not any(attrs.get("pads") or [])
+    if w.type.rank != 4 or (attrs.get("group") or 1) != 1 or \
+            attrs.get("auto_pad", "NOTSET") != "NOTSET" or \
+            any(v != 1 for v in (attrs.get("strides") or [1, 1]) +
+                (attrs.get("dilations") or [1, 1])):
+        return None
+    return [int(d) for d in w.type.shape[2:]], [int(v) for v in attrs.get("pads") or [0] * 4]
+
+
+def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Target) -> bool:
+    """`sparse_faster` for a MatMul / Gemm (A's rows transposed) or a 1x1 Conv; for a
+    windowed Conv, the sparse template over its padded-width places, its planes' padding and
+    its output's read-back counted, against the least of `conv_costs`' direct and Winograd
+    estimates for a 3x3 one (convert_layout would choose that), else the direct conv's."""
+    lanes = max(target.vector_bits // 32, 1)
+    if window is None or window == ([1, 1], [0, 0, 0, 0]):
+        return sparse_faster(places, w, lanes, node.op != "Conv")
+    (kh, kw), (top, left, bottom, right) = window
+    n, m, oh, ow = node.outputs[0].type.shape
+    n = n if isinstance(n, int) else 1
+    c = w.shape[1] // (kh * kw)
+    h, wid = node.inputs[0].type.shape[2:]
+    hp, wp = h + top + bottom, wid + left + right
+    nnz = int(np.count_nonzero(w))
+    sparse = n * sparse_cycles(oh * wp, m, w.shape[1], nnz, lanes) + \
+        n * (c * hp * wp + m * oh * ow) / lanes * PACK_CYCLES
+    if (kh, kw) == (3, 3):
+        dense = min(conv3x3_costs(n, c, m, oh, ow, target.panel("pack_conv"),
+                                  target.vector_bits, 1).values())
+    else:
+        dense = n * dense_cycles(oh * ow, m, w.shape[1], lanes)
+    return sparse < dense
 
 
 def sparse_weights(graph: Graph, node: Node, users, target: Target):
@@ -225,15 +256,16 @@ def sparse_weights(graph: Graph, node: Node, users, target: Target):
     if node.op == "Gemm" and (node.attrs.get("transA") or node.attrs.get("alpha", 1.0) != 1.0
                               or node.attrs.get("beta", 1.0) != 1.0):
         return None
-    if node.op == "Conv" and not _pointwise(node):
+    window = _conv_window(node) if node.op == "Conv" else None
+    if node.op == "Conv" and window is None:
         return None
     places = _places(node)
-    lanes = max(target.vector_bits // 32, 1)
-    if places is None or not sparse_faster(places, w, lanes, node.op != "Conv"):
+    if places is None or not _estimated_faster(node, places, w, window, target):
         return None
     consts, attrs = _csr_inputs(node, w, measure(w))
     if node.op == "Conv":
         op, attrs["oc"] = "SparseConv", int(w.shape[0])
+        attrs["kernel_shape"], attrs["pads"] = window
         bias = node.inputs[2] if len(node.inputs) > 2 else None
     else:
         op, attrs["n"] = "SparseDense", int(w.shape[0])

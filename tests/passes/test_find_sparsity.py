@@ -2,7 +2,8 @@
 `measure` names (dense, N:M, blocks, unstructured); the sparse ops' references against the
 dense product and their compute rules against their references; which layers the rewrite
 ("sparse_weights", convert_layout) takes by the cost rule (pruned to 90%: sparse; 0% and
-30%: dense; not a 3x3 conv, a Gemm with alpha, a reduced precision); and what `dnnc inspect`
+30%: dense; a 3x3 conv against Winograd; not a strided conv, a Gemm with alpha, a reduced
+precision); and what `dnnc inspect`
 prints per layer."""
 
 import dataclasses
@@ -15,6 +16,7 @@ from dnnc.compiler.inspect import format_passes, format_summary, pass_report, su
 from dnnc.ir import types as T
 from dnnc.ir.compute import run_rule
 from dnnc.ir.graph import Graph, Value
+from dnnc.ir.ops.conv import conv
 from dnnc.ir.ops.registry import get_op
 from dnnc.ir.ops.sparse import decode_csr, encode_csr, row_max
 from dnnc.passes.convert_layout import convert_layout
@@ -88,10 +90,21 @@ def test_the_sparse_references_are_the_dense_products(rng):
     dense = get_op("SparseDense").evaluate(a, values, columns, starts, bias, n=9, **attrs)
     np.testing.assert_allclose(dense, a @ w.T + bias, rtol=1e-5, atol=1e-5)
     x = rng.standard_normal((2, 40, 3, 5)).astype(np.float32)
-    conv = get_op("SparseConv").evaluate(x, values, columns, starts, bias, oc=9, **attrs)
-    np.testing.assert_allclose(conv, np.einsum("mc,nchw->nmhw", w, x) +
+    pointwise = get_op("SparseConv").evaluate(x, values, columns, starts, bias, oc=9, **attrs)
+    np.testing.assert_allclose(pointwise, np.einsum("mc,nchw->nmhw", w, x) +
                                bias.reshape(1, -1, 1, 1), rtol=1e-5, atol=1e-5)
+    # a 3x3 window, padded unevenly: the columns (c, ky, kx)
+    w3 = pruned(rng, (9, 40 * 9), 0.8)
+    v3, c3, s3 = encode_csr(w3, 16)
+    window = {"row_max": row_max(s3), "slice_depth": 16, "kernel_shape": [3, 3],
+              "pads": [1, 0, 2, 1]}
+    conv3 = get_op("SparseConv").evaluate(x, v3, c3, s3, bias, oc=9, **window)
+    np.testing.assert_allclose(conv3, conv(x, w3.reshape(9, 40, 3, 3), bias, pads=[1, 0, 2, 1]),
+                               rtol=1e-5, atol=1e-5)
     # the compute rules (a masked reduction over row_max entries) mean the same
+    got = run_rule("SparseConv", [x, v3, c3, s3, bias], {"oc": 9, **window},
+                   const_inputs=(1, 2, 3, 4))[0]
+    np.testing.assert_allclose(got, conv3, rtol=1e-5, atol=1e-5)
     for op, data, extra in (("SparseDense", a, {"n": 9}), ("SparseConv", x, {"oc": 9})):
         want = get_op(op).evaluate(data, values, columns, starts, bias, **extra, **attrs)
         got = run_rule(op, [data, values, columns, starts, bias], {**extra, **attrs},
@@ -120,20 +133,21 @@ def _layers(rng, zeros) -> Graph:
     return g
 
 
-@pytest.mark.parametrize("zeros,sparse", [(0.0, 0), (0.3, 0), (0.9, 3)])
+@pytest.mark.parametrize("zeros,sparse", [(0.0, 0), (0.3, 0), (0.9, 4)])
 def test_the_rewrite_takes_the_layers_estimated_faster(rng, zeros, sparse):
     g = _layers(rng, zeros)
     convert_layout(g, REGISTRY["llvm"].target())
     ops = [n.op for n in g.nodes]
     assert sum(op in ("SparseDense", "SparseConv") for op in ops) == sparse, ops
     if sparse:
-        assert ops[:3] == ["SparseDense", "SparseDense", "SparseConv"]
+        assert ops == ["SparseDense", "SparseDense", "SparseConv", "SparseConv"]
         node = g.nodes[0]
         assert node.attrs["structure"] == "unstructured"
         assert abs(node.attrs["density"] - 0.1) < 0.01
         assert node.attrs["slice_depth"] == SLICE_DEPTH
         assert len(g.nodes[1].inputs) == 5   # the Gemm's C as the bias
-    assert ops[3] != "SparseConv"   # 3x3: not yet a sparse op
+        assert g.nodes[3].attrs["kernel_shape"] == [3, 3]
+        assert g.nodes[3].attrs["pads"] == [1, 1, 1, 1]
 
 
 def test_the_rewrite_keeps_what_it_does_not_compute(rng):
@@ -180,8 +194,8 @@ def test_inspect_prints_each_layer_and_counts_the_sparse_ones(rng):
     lines = [x for x in text.splitlines() if "zeros  " in x]
     assert len(lines) == 4 and all("90.0% zeros  unstructured" in x for x in lines), lines
     rows = pass_report(g, "llvm")
-    assert rows[-1].sparse == 3 and rows[0].sparse == 0
-    assert "sparse: 3 of 4 float products run as sparse ops" in \
+    assert rows[-1].sparse == 4 and rows[0].sparse == 0
+    assert "sparse: 4 of 4 float products run as sparse ops" in \
         format_passes(rows, "llvm", 3)
     dense = _layers(rng, 0.0)
     assert "sparse weights" not in format_summary(summarize(dense))

@@ -52,8 +52,9 @@ def space(p: SparseProblem, machine) -> Space:
                  [Constraint(f"places <= {max(p.places, lanes)} (the places, at least a "
                              f"vector): a wider block computes nothing more",
                              lambda c: c.places <= max(p.places, lanes)),
-                  Constraint("pack for a SparseDense (A's rows are transposed into the block)",
-                             lambda c: c.pack or not p.transposed)])
+                  Constraint("pack for a SparseDense (A's rows are transposed into the block) "
+                             "and a windowed SparseConv (its columns are runs of the padded "
+                             "planes)", lambda c: c.pack or not (p.transposed or p.windowed))])
 
 
 def default(p: SparseProblem, machine) -> SparseConfig:
@@ -92,13 +93,13 @@ def build(p: SparseProblem, config: SparseConfig, machine) -> L.PrimFunc:
     # the caller's memory, as dense.py's packed A), [unit, row of its group, place]
     part = L.Buffer("part", T.float32, (units * per_group * rows * width,), L.Scope.GLOBAL) \
         if p.slices > 1 else None
-    geometry = _Rows(rows, chunks, groups, per_group, b, g, t, part)
-
+    window = _Window(p) if p.windowed else None
+    geometry = _Rows(rows, chunks, groups, per_group, b, g, t, part, window)
     lanes = machine.vector_bits // 32
 
     def block(w: int, p0: L.Expr) -> L.Stmt:
         return _block(p, config, geometry, w, computed_width(w, lanes, p.transposed or
-                                                             config.pack), p0)
+                                                             config.pack or p.windowed), p0)
 
     if full and rest:
         unit = L.If(pb < full, block(width, pb * width), block(rest, L.const(full * width)))
@@ -111,6 +112,8 @@ def build(p: SparseProblem, config: SparseConfig, machine) -> L.PrimFunc:
     views = {buffer.name: buffer for buffer in (p.x, p.y)}
     params = tuple(views.get(x.name, x) for x in p.params)
     body = L.For(t, units, unit, kind)
+    if window is not None:
+        body = window.around(body, kind)
     if part is not None:
         body = L.Allocate(part, body)
     return L.simplify(L.PrimFunc(p.name, params, body))
@@ -134,6 +137,7 @@ class _Rows:
     g: L.Expr
     t: L.Var
     part: L.Buffer | None
+    window: "_Window | None"
 
 
 def computed_width(width: int, lanes: int, packed: bool) -> int:
@@ -159,7 +163,7 @@ def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int, cw: i
     jc, r, lane, sl, rr = L.Var("jc"), L.Var("r"), L.Var("l"), L.Var("s"), L.Var("rr")
     ch = geo.g * geo.per_group + jc
     j = ch * geo.rows + rr
-    packed = p.transposed or config.pack
+    packed = p.transposed or config.pack or p.windowed
     block = L.Buffer("xt", T.float32, (min(p.slice_depth, p.depth) * cw,), L.Scope.LOCAL)
     tile = L.Buffer("tile", T.float32, (geo.rows * width,), L.Scope.LOCAL)
 
@@ -193,6 +197,8 @@ def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int, cw: i
             store = L.Store(geo.part, (slot,), total)
         elif p.transposed:
             store = L.Store(tile, (rr * width + lane,), total)
+        elif geo.window is not None:
+            store = geo.window.store(b, j, p0 + lane, total)
         else:
             store = L.Store(p.y, p.y_at(b, j, p0 + lane), p.finish(total, b, j, p0 + lane))
         return L.Allocate(acc, L.Let(first, _index(p.starts[j, sl]), L.Let(
@@ -220,7 +226,9 @@ def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int, cw: i
         if geo.per_group * geo.groups != geo.chunks:
             body = L.If(ch < geo.chunks, body)
         stage = L.For(jc, geo.per_group, body)
-        if packed:
+        if geo.window is not None:
+            stage = L.seq(geo.window.pack(block, width, cw, p0, b, sl, vec), stage)
+        elif packed:
             stage = L.seq(_pack(p, block, width, cw, p0, b, sl, vec), stage)
         return stage
 
@@ -249,6 +257,63 @@ def _pack(p: SparseProblem, block: L.Buffer, width: int, cw: int, p0: L.Expr, b,
         copy = L.seq(copy, L.For(lane, cw - width, L.Store(block, (k * cw + width + lane,),
                                                            L.const(0.0)), vec))
     return L.For(k, depth, copy)
+
+
+class _Window:
+    """A windowed SparseConv's padded planes and scratch output (workspaces): each image's
+    planes copied once into [hp, wp] with zeros around (`around`, before the units), blocks
+    of places q of the flattened padded-width output (q = oy * wp + ox) reading column (c, ky,
+    kx) at the plane's q + ky * wp + kx, contiguous in q (`pack`); their sums stored to the
+    scratch (`store`), then each output row read back through the bias and the epilogue
+    (`around`, after), the columns from ow on dropped: what `depthwise._depthwise_flat` does
+    for one channel."""
+
+    def __init__(self, p: SparseProblem):
+        self.p = p
+        (self.kh, self.kw), (self.top, self.left) = p.kernel, p.begins
+        self.hp, self.wp = p.padded_hw
+        self.channels = p.depth // (self.kh * self.kw)
+        self.plane = self.hp * self.wp + self.kw - 1   # the last place's last tap
+        self.xpad = L.Buffer("xpad", T.float32, (p.batch * self.channels * self.plane,),
+                             L.Scope.GLOBAL)
+        self.ysc = L.Buffer("ysc", T.float32, (p.batch * p.rows * p.places,), L.Scope.GLOBAL)
+
+    def pack(self, block: L.Buffer, width: int, cw: int, p0: L.Expr, b, sl, vec) -> L.Stmt:
+        """Slice sl's columns of the block, each a run of the padded plane."""
+        p, k, lane = self.p, L.Var("k"), L.Var("l")
+        col = sl * p.slice_depth + k
+        c, ky, kx = col // (self.kh * self.kw), (col // self.kw) % self.kh, col % self.kw
+        start = (b * self.channels + c) * self.plane + p0 + ky * self.wp + kx
+        copy = L.For(lane, width, L.Store(block, (k * cw + lane,), self.xpad[start + lane]),
+                     vec)
+        if cw > width:
+            copy = L.seq(copy, L.For(lane, cw - width, L.Store(
+                block, (k * cw + width + lane,), L.const(0.0)), vec))
+        depth = L.minimum(L.const(p.slice_depth), p.depth - sl * p.slice_depth)
+        return L.For(k, depth, copy)
+
+    def store(self, b, j, q, total) -> L.Stmt:
+        return L.Store(self.ysc, ((b * self.p.rows + j) * self.p.places + q,), total)
+
+    def around(self, units: L.Stmt, kind: L.ForKind) -> L.Stmt:
+        """The planes padded, `units`, the output rows read back."""
+        p = self.p
+        h, wid = p.image_hw
+        _, _, oh, ow = p.anchor_dims
+        nc, i, ix = L.Var("nc"), L.Var("i"), L.Var("ix")
+        vec = L.ForKind.VECTORIZED
+        pad = L.For(nc, p.batch * self.channels, L.seq(
+            L.For(i, self.plane, L.Store(self.xpad, (nc * self.plane + i,), L.const(0.0)), vec),
+            L.For(i, h, L.For(ix, wid, L.Store(
+                self.xpad, (nc * self.plane + (i + self.top) * self.wp + ix + self.left,),
+                p.x[nc // self.channels, nc % self.channels, i, ix]), vec))), kind)
+        row, n, m, oy = L.Var("row"), None, None, None
+        n, m, oy = row // (p.rows * oh), (row // oh) % p.rows, row % oh
+        value = self.ysc[(n * p.rows + m) * p.places + oy * self.wp + ix]
+        index = (n, m, L.const(0), oy * ow + ix) if p.flat_reads else (n, m, oy, ix)
+        out = L.For(row, p.batch * p.rows * oh, L.For(ix, ow, L.Store(
+            p.y, (n, m, oy, ix), p.finish_at(value, m, index)), vec), kind)
+        return L.Allocate(self.xpad, L.Allocate(self.ysc, L.seq(pad, units, out)))
 
 
 SPARSE = Template("sparse", sparse_product, lambda p: p.x.dtype is T.float32, space, default,

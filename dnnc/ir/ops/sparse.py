@@ -11,11 +11,14 @@ that a template can walk the reduction a slice at a time, its activations' slice
 
     SparseDense(a [..., K], values, columns, starts, bias [N]?)   y[..., j] =
         sum over the entries e of row j of values[e] * a[..., columns[e]]  (+ bias[j])
-    SparseConv(x [N, C, H, W], values, columns, starts, bias [M]?)   a 1x1, stride-1,
-        unpadded conv of one group: y[n, m, h, w] = sum over the entries e of row m of
-        values[e] * x[n, columns[e], h, w]  (+ bias[m])
+    SparseConv(x [N, C, H, W], values, columns, starts, bias [M]?)   a stride-1 conv of one
+        group, kernel_shape [kh, kw], `pads` [top, left, bottom, right]: y[n, m, h, w] = sum
+        over the entries e of row m, column (c, ky, kx) = columns[e] (c * kh * kw + ky * kw +
+        kx: the weights [M, C, kh, kw] as a matrix [M, C * kh * kw]), of values[e] *
+        x[n, c, h + ky - top, w + kx - left] (zero outside the image)  (+ bias[m])
 
-Attributes: `n` (SparseDense) or `oc` (SparseConv), the rows; `slice_depth`; `row_max`, the most entries a
+Attributes: `n` (SparseDense) or `oc` (SparseConv), the rows (and a SparseConv's
+`kernel_shape` and `pads`); `slice_depth`; `row_max`, the most entries a
 row holds (the compute rule's reduction reads each row to that length, masked: the one loop
 any target can run; the sparse templates walk each row to its own end); and what the pass
 measured of the dense weights (`density`, the fraction of nonzeros; `structure`,
@@ -31,11 +34,13 @@ import numpy as np
 from .. import types as T
 from ..compute import compute, reduce_axis, reduce_sum
 from ..flops import Count, numel
-from ..loop import Cast, minimum
+from ..loop import Cast, Select, const, logical_and, maximum, minimum
+from .conv import conv
 from .infer import check_dtype
 from .registry import REQUIRED, Pattern, register_op
 
-SPARSE_ATTRS = {"row_max": REQUIRED, "slice_depth": REQUIRED, "density": 1.0, "structure": "unstructured"}
+SPARSE_ATTRS = {"row_max": REQUIRED, "slice_depth": REQUIRED, "density": 1.0,
+                "structure": "unstructured"}
 
 
 def encode_csr(w: np.ndarray, slice_depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -151,27 +156,41 @@ register_op("SparseDense", pattern=Pattern.OUT_FUSABLE, infer=_dense_infer,
 def _conv_infer(ctx):
     x = ctx.shape(0)
     oc = ctx.attrs["oc"]
+    (kh, kw), (top, left, bottom, right) = ctx.attrs["kernel_shape"], ctx.attrs["pads"]
     if len(x) != 4:
         raise ctx.fail(f"x is an NCHW image, given {ctx.type(0)}")
     _check_csr(ctx, oc)
-    return [T.TensorType(T.float32, (x[0], oc) + tuple(x[2:]))]
+    h, w = (T.dim_add(x[2], top + bottom - kh + 1), T.dim_add(x[3], left + right - kw + 1))
+    return [T.TensorType(T.float32, (x[0], oc, h, w))]
 
 
-def sparse_conv(x, values, columns, starts, bias=None, *, oc, row_max, **measured):
-    w = decode_csr(values, columns, starts, x.shape[1])
-    y = np.einsum("mc,nchw->nmhw", w, x)
-    if bias is not None:
-        y = y + bias.reshape(1, -1, 1, 1)
-    return y.astype(np.float32)
+def sparse_conv(x, values, columns, starts, bias=None, *, oc, row_max, kernel_shape=(1, 1),
+                pads=(0, 0, 0, 0), **measured):
+    w = decode_csr(values, columns, starts, x.shape[1] * kernel_shape[0] * kernel_shape[1])
+    return conv(x, w.reshape((oc, x.shape[1]) + tuple(kernel_shape)), bias,
+                pads=list(pads)).astype(np.float32)
 
 
-def _conv_rule(inputs, outputs, *, oc, row_max, **measured):
+def _conv_rule(inputs, outputs, *, oc, row_max, kernel_shape=(1, 1), pads=(0, 0, 0, 0),
+               **measured):
     x, values, columns, starts = inputs[:4]
     bias = inputs[4] if len(inputs) > 4 else None
     nnz = values.shape[0]
+    (kh, kw), (top, left) = kernel_shape, pads[:2]
+    height, width = x.shape[2], x.shape[3]
 
     def element(n, m, h, w):
-        value = _row_sum(values, columns, starts, nnz, m, lambda c: x[n, c, h, w], row_max)
+        def read(col):
+            if (kh, kw, top, left) == (1, 1, 0, 0):
+                return x[n, col, h, w]
+            iy, ix = h + (col // kw) % kh - top, w + col % kw - left
+            inside = logical_and(logical_and(iy >= 0, iy < height),
+                                 logical_and(ix >= 0, ix < width))
+            at = (n, col // (kh * kw), minimum(maximum(iy, 0), height - 1),
+                  minimum(maximum(ix, 0), width - 1))
+            return Select(inside, x[at], const(0.0))
+
+        value = _row_sum(values, columns, starts, nnz, m, read, row_max)
         return value if bias is None else value + bias[m]
 
     return [compute(outputs[0].shape, element, "sparse_conv", T.float32)]
@@ -179,7 +198,8 @@ def _conv_rule(inputs, outputs, *, oc, row_max, **measured):
 
 register_op("SparseConv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer,
             evaluate=sparse_conv, inputs=(4, 5), compute=_conv_rule, flops=_flops,
-            attrs={"oc": REQUIRED, **SPARSE_ATTRS})
+            attrs={"oc": REQUIRED, "kernel_shape": [1, 1], "pads": [0, 0, 0, 0],
+                   **SPARSE_ATTRS})
 
 SPARSE_PRODUCTS = ("SparseDense", "SparseConv")
 """The ops of this module (`dnnc inspect` counts them)."""

@@ -1,4 +1,5 @@
-"""The sparse-weights template (issue 34, item 3) on llvm: SparseConv (1x1) and SparseDense
+"""The sparse-weights template (issue 34, item 3) on llvm: SparseConv (1x1, and stride-1
+k x k windows through padded planes) and SparseDense
 kernels built from pruned weights at several densities (all zeros, 5%, 30%, 70%, every
 weight), encoded with slices of the depth small enough that a row spans several, against the
 float64 product of the dense weights on fresh random inputs; with and without bias, with a
@@ -18,6 +19,7 @@ from dnnc.backends.registry import REGISTRY
 from dnnc.compiler.module import CompiledModel
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
+from dnnc.ir.ops.conv import conv
 from dnnc.ir.ops.sparse import encode_csr, row_max
 from dnnc.passes.manager import optimize
 
@@ -51,41 +53,47 @@ def compiled(graph: Graph, threads: int, layouts=None) -> CompiledModel:
     return CompiledModel(graph, runtime(graph, 3, target), "llvm")
 
 
-def sparse_conv_graph(rng, n, c, m, h, wid, density, bias, residual, slice_depth):
-    """SparseConv (+ bias) (+ residual) -> Relu; the graph and its dense weights [m, c]."""
-    w = pruned(rng, (m, c), density)
+def sparse_conv_graph(rng, n, c, m, h, wid, density, bias, residual, slice_depth, k=1,
+                      pads=(0, 0, 0, 0)):
+    """SparseConv k x k (+ bias) (+ residual) -> Relu; the graph and its dense weights [m, c,
+    k, k]."""
+    w = pruned(rng, (m, c, k, k), density)
     b = rng.standard_normal(m).astype(np.float32) if bias else None
     g = Graph("sparse_conv")
     x = g.add_input("x", T.TensorType(T.float32, (n, c, h, wid)))
-    csr, attrs = _csr(w, slice_depth)
+    csr, attrs = _csr(w.reshape(m, -1), slice_depth)
     inputs = [x] + csr + ([_const("b", b)] if bias else [])
-    y = g.add("SparseConv", *inputs, oc=m, **attrs)
+    y = g.add("SparseConv", *inputs, oc=m, kernel_shape=[k, k], pads=list(pads), **attrs)
     if residual:
-        y = g.add("Add", y, g.add_input("r", T.TensorType(T.float32, (n, m, h, wid))))
+        y = g.add("Add", y, g.add_input("r", y.type))
     g.outputs = [g.add("Relu", y)]
     return g, w, b
 
 
-CONVS = [  # (n, c, m, h, w, slice_depth): tails of places, several slices, a one-pixel image
-    (1, 24, 20, 7, 9, 256), (2, 40, 33, 5, 5, 16), (1, 70, 17, 11, 13, 32),
-    (3, 9, 8, 1, 1, 4)]
+CONVS = [  # (n, c, m, h, w, slice_depth, k, pads): tails of places, several slices, a
+    # one-pixel image; 3x3 and 5x5 windows padded evenly, unevenly or not at all
+    (1, 24, 20, 7, 9, 256, 1, (0, 0, 0, 0)), (2, 40, 33, 5, 5, 16, 1, (0, 0, 0, 0)),
+    (1, 70, 17, 11, 13, 32, 1, (0, 0, 0, 0)), (3, 9, 8, 1, 1, 4, 1, (0, 0, 0, 0)),
+    (1, 8, 5, 6, 7, 16, 3, (1, 1, 1, 1)), (2, 20, 33, 9, 5, 32, 3, (1, 0, 2, 1)),
+    (1, 16, 24, 14, 14, 256, 3, (1, 1, 1, 1)), (1, 4, 3, 9, 8, 8, 5, (2, 2, 2, 2)),
+    (1, 6, 7, 8, 9, 16, 3, (0, 0, 0, 0))]
 
 
 @pytest.mark.parametrize("density", DENSITIES)
 @pytest.mark.parametrize("shape", CONVS, ids=[str(s) for s in CONVS])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_sparse_conv_matches_the_dense_product(rng, density, shape, threads):
-    n, c, m, h, wid, slice_depth = shape
+    n, c, m, h, wid, slice_depth, k, pads = shape
     residual = density in (0.05, 0.7)
     bias = density != 0.3
-    g, w, b = sparse_conv_graph(rng, n, c, m, h, wid, density, bias, residual, slice_depth)
+    g, w, b = sparse_conv_graph(rng, n, c, m, h, wid, density, bias, residual, slice_depth,
+                                k, pads)
     model = compiled(g, threads)
     feeds = [rng.standard_normal((n, c, h, wid)).astype(np.float32)]
-    want = np.einsum("mc,nchw->nmhw", w.astype(np.float64), feeds[0])
-    if bias:
-        want = want + b.reshape(1, -1, 1, 1)
+    want = conv(feeds[0].astype(np.float64), w.astype(np.float64),
+                None if b is None else b.astype(np.float64), pads=list(pads))
     if residual:
-        feeds.append(rng.standard_normal((n, m, h, wid)).astype(np.float32))
+        feeds.append(rng.standard_normal(want.shape).astype(np.float32))
         want = want + feeds[1]
     got = model(*feeds)
     np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-5, atol=1e-5)
@@ -123,12 +131,14 @@ def test_sparse_dense_matches_the_dense_product(rng, density, shape, threads):
 
 
 def test_the_sparse_template_schedules_both_ops(rng):
-    for g in (sparse_conv_graph(rng, 1, 24, 20, 7, 9, 0.3, True, False, 16)[0],
-              sparse_dense_graph(rng, (5, 30), 7, 0.3, True, 16)[0]):
+    for g, windowed in ((sparse_conv_graph(rng, 1, 24, 20, 7, 9, 0.3, True, False, 16)[0], False),
+                        (sparse_conv_graph(rng, 1, 3, 20, 7, 9, 0.3, True, False, 16, 3,
+                                           (1, 1, 1, 1))[0], True),
+                        (sparse_dense_graph(rng, (5, 30), 7, 0.3, True, 16)[0], False)):
         kernel = lower_group(g.nodes, "k", outputs=g.outputs)
         template, problem = template_for(kernel)
         assert template.name == "sparse"
-        assert problem.slices == 2
+        assert problem.slices == 2 and problem.windowed == windowed
 
 
 def _pruned_model(rng, density):
