@@ -175,3 +175,17 @@ def test_without_the_layout_a_pruned_model_stays_dense(rng):
     assert not {n.op for n in dense.graph.nodes} & {"SparseConv", "SparseDense"}
     x = rng.standard_normal((1, 128, 14, 14)).astype(np.float32)
     np.testing.assert_allclose(sparse(x), dense(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_sparse_model_saves_and_loads(rng, tmp_path):
+    """The CSR constants and the sparse ops' attributes travel in the artifact."""
+    import dnnc
+
+    g, _, _, _ = _pruned_model(rng, 0.08)
+    model = compiled(g, 1)
+    model.save(tmp_path / "pruned.dnnc")
+    loaded = dnnc.load(tmp_path / "pruned.dnnc")
+    assert [n.op for n in loaded.graph.nodes if n.op.startswith("Sparse")] == \
+        ["SparseConv", "SparseDense"]
+    x = rng.standard_normal((1, 128, 14, 14)).astype(np.float32)
+    np.testing.assert_array_equal(loaded(x), model(x))
