@@ -21,9 +21,11 @@ class SparseProblem:
     p] + bias[j]) for b < batch, j < rows, p < places: a 1x1 SparseConv's images (X [N, C, H *
     W], the pixels the places, stored along them), or a SparseDense's one batch of rows (A [m,
     K] stored along K, the places its m rows; Y [m, n]: `transposed`). A `windowed`
-    SparseConv (kh x kw, padded) reads X [N, C, H, W] through its padded plane, [hp, wp]
-    flattened: place q = oy * wp + ox (ox < wp; the columns from ow on are computed and
-    dropped), column (c, ky, kx) at the plane's q + ky * wp + kx; Y is [N, M, OH, OW]."""
+    SparseConv (kh x kw, padded, strided) reads X [N, C, H, W] through its padded plane [hp,
+    wp] split in sh x sw phases (phase (py, px) holds the padded pixels (i sh + py, j sw +
+    px)), each [.., wq] flattened: place q = oy * wq + ox (ox < wq; the columns from ow on
+    are computed and dropped), column (c, ky, kx) at phase (ky % sh, kx % sw)'s q + (ky //
+    sh) * wq + kx // sw; Y is [N, M, OH, OW]."""
 
     name: str
     params: tuple
@@ -47,12 +49,19 @@ class SparseProblem:
     begins: tuple = (0, 0)          # its (top, left) pads
     padded_hw: tuple = ()           # its padded plane (hp, wp), where `windowed`
     image_hw: tuple = ()            # its input's (H, W)
+    strides: tuple = (1, 1)         # its (sh, sw)
 
     @property
     def windowed(self) -> bool:
         """A SparseConv of a window bigger than 1x1 or with padding."""
         return tuple(self.kernel) != (1, 1) or tuple(self.begins) != (0, 0) or \
+            tuple(self.strides) != (1, 1) or \
             (bool(self.padded_hw) and tuple(self.padded_hw) != tuple(self.image_hw))
+
+    @property
+    def phase_width(self) -> int:
+        """wq: a phase's columns (the padded width over the column stride, rounded up)."""
+        return -(-self.padded_hw[1] // self.strides[1])
 
     @property
     def slices(self) -> int:
@@ -109,10 +118,11 @@ def sparse_product(kernel: Kernel) -> SparseProblem | None:
         yv = L.Buffer(y.name, y.dtype, (batch, rows, places))
         flat = _flat_epilogue_reads(kernel, anchor_dims)
         padded = (x_dims[2] + top + bottom, x_dims[3] + left + right)
+        sh, sw = node.attrs["strides"]
         window = {"kernel": (kh, kw), "begins": (top, left), "padded_hw": padded,
-                  "image_hw": tuple(x_dims[2:])}
-        if (kh, kw, top, left, bottom, right) != (1, 1, 0, 0, 0, 0):
-            xv, yv, places = x, y, anchor_dims[2] * padded[1]
+                  "image_hw": tuple(x_dims[2:]), "strides": (sh, sw)}
+        if (kh, kw, top, left, bottom, right, sh, sw) != (1, 1, 0, 0, 0, 0, 1, 1):
+            xv, yv, places = x, y, anchor_dims[2] * -(-padded[1] // sw)
     else:
         batch, depth, places = 1, x_dims[-1], math.prod(x_dims[:-1])
         xv = L.Buffer(x.name, x.dtype, (places, depth))

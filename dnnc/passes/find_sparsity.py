@@ -13,9 +13,9 @@ node), which `dnnc inspect` prints for every layer, sparse or not.
 
 The rewrite ("sparse_weights", a layout of `convert_layout`'s table, listed by a target whose
 templates compute the sparse ops: llvm): a MatMul(A, B const) or Gemm(A, B const, C const)
-(alpha = beta = 1, A not transposed) of float32 becomes SparseDense, a stride-1 Conv of one
-group (1x1, or a padded k x k window: `_estimated_faster` weighs it against Winograd)
-becomes SparseConv, where `sparse_cycles` (the sparse template's estimated
+(alpha = beta = 1, A not transposed) of float32 becomes SparseDense, a Conv of one group
+without dilation (1x1, or a padded, strided k x k window: `_estimated_faster` weighs a 3x3
+stride-1 one against Winograd) becomes SparseConv, where `sparse_cycles` (the sparse template's estimated
 time) is below `dense_cycles` (the dense templates'), both from what they do with constants
 fitted to measurements (bench/cpu_sparse.py): a layer runs sparse only where that is
 estimated faster, so 0% and 30% zeros stay dense. It estimates; it never compiles or times
@@ -207,17 +207,18 @@ def _places(node: Node) -> int | None:
     return int(np.prod([d if isinstance(d, int) else 1 for d in dims]))
 
 
-def _conv_window(node: Node) -> tuple[list, list] | None:
-    """(kernel_shape, pads) of a Conv that SparseConv computes: 2-D, stride 1, no dilation,
-    one group, explicit pads (or none); None otherwise."""
+def _conv_window(node: Node) -> tuple[list, list, list] | None:
+    """(kernel_shape, pads, strides) of a Conv that SparseConv computes: 2-D, no dilation,
+    one group, explicit pads (or none), a static image; None otherwise."""
     attrs = node.attrs
-    w = node.inputs[1]
-    if w.type.rank != 4 or (attrs.get("group") or 1) != 1 or \
+    w, x = node.inputs[1], node.inputs[0]
+    if w.type.rank != 4 or x.type.rank != 4 or (attrs.get("group") or 1) != 1 or \
             attrs.get("auto_pad", "NOTSET") != "NOTSET" or \
-            any(v != 1 for v in (attrs.get("strides") or [1, 1]) +
-                (attrs.get("dilations") or [1, 1])):
+            any(v != 1 for v in attrs.get("dilations") or [1, 1]) or \
+            not all(isinstance(d, int) for d in x.type.shape[2:]):
         return None
-    return [int(d) for d in w.type.shape[2:]], [int(v) for v in attrs.get("pads") or [0] * 4]
+    return [int(d) for d in w.type.shape[2:]], [int(v) for v in attrs.get("pads") or [0] * 4], \
+        [int(v) for v in attrs.get("strides") or [1, 1]]
 
 
 def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Target) -> bool:
@@ -226,18 +227,18 @@ def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Ta
     its output's read-back counted, against the least of `conv_costs`' direct and Winograd
     estimates for a 3x3 one (convert_layout would choose that), else the direct conv's."""
     lanes = max(target.vector_bits // 32, 1)
-    if window is None or window == ([1, 1], [0, 0, 0, 0]):
+    if window is None or window == ([1, 1], [0, 0, 0, 0], [1, 1]):
         return sparse_faster(places, w, lanes, node.op != "Conv")
-    (kh, kw), (top, left, bottom, right) = window
+    (kh, kw), (top, left, bottom, right), (sh, sw) = window
     n, m, oh, ow = node.outputs[0].type.shape
     n = n if isinstance(n, int) else 1
     c = w.shape[1] // (kh * kw)
     h, wid = node.inputs[0].type.shape[2:]
     hp, wp = h + top + bottom, wid + left + right
     nnz = int(np.count_nonzero(w))
-    sparse = n * sparse_cycles(oh * wp, m, w.shape[1], nnz, lanes) + \
+    sparse = n * sparse_cycles(oh * -(-wp // sw), m, w.shape[1], nnz, lanes) + \
         n * (c * hp * wp + m * oh * ow) / lanes * PACK_CYCLES
-    if (kh, kw) == (3, 3):
+    if (kh, kw, sh, sw) == (3, 3, 1, 1):
         dense = min(conv3x3_costs(n, c, m, oh, ow, target.panel("pack_conv"),
                                   target.vector_bits, 1).values())
     else:
@@ -265,7 +266,7 @@ def sparse_weights(graph: Graph, node: Node, users, target: Target):
     consts, attrs = _csr_inputs(node, w, measure(w))
     if node.op == "Conv":
         op, attrs["oc"] = "SparseConv", int(w.shape[0])
-        attrs["kernel_shape"], attrs["pads"] = window
+        attrs["kernel_shape"], attrs["pads"], attrs["strides"] = window
         bias = node.inputs[2] if len(node.inputs) > 2 else None
     else:
         op, attrs["n"] = "SparseDense", int(w.shape[0])

@@ -2,8 +2,8 @@
 `measure` names (dense, N:M, blocks, unstructured); the sparse ops' references against the
 dense product and their compute rules against their references; which layers the rewrite
 ("sparse_weights", convert_layout) takes by the cost rule (pruned to 90%: sparse; 0% and
-30%: dense; a 3x3 conv against Winograd; not a strided conv, a Gemm with alpha, a reduced
-precision); and what `dnnc inspect`
+30%: dense; a 3x3 conv against Winograd, a strided one; not a dilated conv, a Gemm with
+alpha, a reduced precision); and what `dnnc inspect`
 prints per layer."""
 
 import dataclasses
@@ -129,18 +129,20 @@ def _layers(rng, zeros) -> Graph:
               kernel_shape=[1, 1])
     y = g.add("Conv", y, _const("w4", pruned(rng, (64, 512, 3, 3), zeros)),
               kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    y = g.add("Conv", y, _const("w5", pruned(rng, (128, 64, 1, 1), zeros)),
+              kernel_shape=[1, 1], strides=[2, 2])
     g.outputs = [h, y]
     return g
 
 
-@pytest.mark.parametrize("zeros,sparse", [(0.0, 0), (0.3, 0), (0.9, 4)])
+@pytest.mark.parametrize("zeros,sparse", [(0.0, 0), (0.3, 0), (0.9, 5)])
 def test_the_rewrite_takes_the_layers_estimated_faster(rng, zeros, sparse):
     g = _layers(rng, zeros)
     convert_layout(g, REGISTRY["llvm"].target())
     ops = [n.op for n in g.nodes]
     assert sum(op in ("SparseDense", "SparseConv") for op in ops) == sparse, ops
     if sparse:
-        assert ops == ["SparseDense", "SparseDense", "SparseConv", "SparseConv"]
+        assert ops == ["SparseDense", "SparseDense", "SparseConv", "SparseConv", "SparseConv"]
         node = g.nodes[0]
         assert node.attrs["structure"] == "unstructured"
         assert abs(node.attrs["density"] - 0.1) < 0.01
@@ -148,6 +150,7 @@ def test_the_rewrite_takes_the_layers_estimated_faster(rng, zeros, sparse):
         assert len(g.nodes[1].inputs) == 5   # the Gemm's C as the bias
         assert g.nodes[3].attrs["kernel_shape"] == [3, 3]
         assert g.nodes[3].attrs["pads"] == [1, 1, 1, 1]
+        assert g.nodes[4].attrs["strides"] == [2, 2]
 
 
 def test_the_rewrite_keeps_what_it_does_not_compute(rng):
@@ -155,9 +158,9 @@ def test_the_rewrite_keeps_what_it_does_not_compute(rng):
     a = g.add_input("a", T.TensorType(T.float32, (64, 768)))
     w = pruned(rng, (768, 768), 0.95)
     g.outputs = [g.add("Gemm", a, _const("w", w), alpha=0.5),
-                 g.add("Conv", g.add_input("x", T.TensorType(T.float32, (1, 768, 8, 8))),
-                       _const("k", w.reshape(768, 768, 1, 1)), kernel_shape=[1, 1],
-                       strides=[2, 2])]
+                 g.add("Conv", g.add_input("x", T.TensorType(T.float32, (1, 192, 8, 8))),
+                       _const("k", w.reshape(768, 192, 2, 2)), kernel_shape=[2, 2],
+                       dilations=[2, 2])]
     target = REGISTRY["llvm"].target()
     convert_layout(g, target)
     assert [n.op for n in g.nodes] == ["MatMulPacked", "ConvPacked"]
@@ -190,12 +193,12 @@ def test_the_cost_rule_keeps_50_percent_dense_and_takes_90(lanes):
 def test_inspect_prints_each_layer_and_counts_the_sparse_ones(rng):
     g = _layers(rng, 0.9)
     text = format_summary(summarize(g))
-    assert "sparse weights: 4 product(s) with zeros" in text
+    assert "sparse weights: 5 product(s) with zeros" in text
     lines = [x for x in text.splitlines() if "zeros  " in x]
-    assert len(lines) == 4 and all("90.0% zeros  unstructured" in x for x in lines), lines
+    assert len(lines) == 5 and all("90.0% zeros  unstructured" in x for x in lines), lines
     rows = pass_report(g, "llvm")
-    assert rows[-1].sparse == 4 and rows[0].sparse == 0
-    assert "sparse: 4 of 4 float products run as sparse ops" in \
+    assert rows[-1].sparse == 5 and rows[0].sparse == 0
+    assert "sparse: 5 of 5 float products run as sparse ops" in \
         format_passes(rows, "llvm", 3)
     dense = _layers(rng, 0.0)
     assert "sparse weights" not in format_summary(summarize(dense))

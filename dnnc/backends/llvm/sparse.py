@@ -261,29 +261,38 @@ def _pack(p: SparseProblem, block: L.Buffer, width: int, cw: int, p0: L.Expr, b,
 
 class _Window:
     """A windowed SparseConv's padded planes and scratch output (workspaces): each image's
-    planes copied once into [hp, wp] with zeros around (`around`, before the units), blocks
-    of places q of the flattened padded-width output (q = oy * wp + ox) reading column (c, ky,
-    kx) at the plane's q + ky * wp + kx, contiguous in q (`pack`); their sums stored to the
-    scratch (`store`), then each output row read back through the bias and the epilogue
-    (`around`, after), the columns from ow on dropped: what `depthwise._depthwise_flat` does
-    for one channel."""
+    planes copied once into sh x sw phases of the padded plane with zeros around (`around`,
+    before the units: phase (py, px) holds padded pixels (i sh + py, j sw + px), [rows, wq]),
+    blocks of places q of the phases' flattened grid (q = oy * wq + ox) reading column (c, ky,
+    kx) at phase (ky % sh, kx % sw)'s q + (ky // sh) * wq + kx // sw, contiguous in q
+    (`pack`); their sums stored to the scratch (`store`), then each output row read back
+    through the bias and the epilogue (`around`, after), the columns from ow on dropped: what
+    `depthwise._depthwise_flat` does for one channel, and its phases for a stride."""
 
     def __init__(self, p: SparseProblem):
         self.p = p
         (self.kh, self.kw), (self.top, self.left) = p.kernel, p.begins
-        self.hp, self.wp = p.padded_hw
+        self.sh, self.sw = p.strides
+        self.wq = p.phase_width
+        oh = p.anchor_dims[2]
         self.channels = p.depth // (self.kh * self.kw)
-        self.plane = self.hp * self.wp + self.kw - 1   # the last place's last tap
-        self.xpad = L.Buffer("xpad", T.float32, (p.batch * self.channels * self.plane,),
-                             L.Scope.GLOBAL)
+        self.phases = self.sh * self.sw
+        self.rows = oh + (self.kh - 1) // self.sh + 1
+        self.plane = self.rows * self.wq + (self.kw - 1) // self.sw + 1   # the last tap's
+        self.used = sorted({(ky % self.sh, kx % self.sw) for ky in range(self.kh)
+                            for kx in range(self.kw)})
+        self.xpad = L.Buffer("xpad", T.float32, (
+            p.batch * self.channels * self.phases * self.plane,), L.Scope.GLOBAL)
         self.ysc = L.Buffer("ysc", T.float32, (p.batch * p.rows * p.places,), L.Scope.GLOBAL)
 
     def pack(self, block: L.Buffer, width: int, cw: int, p0: L.Expr, b, sl, vec) -> L.Stmt:
-        """Slice sl's columns of the block, each a run of the padded plane."""
+        """Slice sl's columns of the block, each a run of a phase."""
         p, k, lane = self.p, L.Var("k"), L.Var("l")
         col = sl * p.slice_depth + k
         c, ky, kx = col // (self.kh * self.kw), (col // self.kw) % self.kh, col % self.kw
-        start = (b * self.channels + c) * self.plane + p0 + ky * self.wp + kx
+        phase = (ky % self.sh) * self.sw + kx % self.sw
+        start = ((b * self.channels + c) * self.phases + phase) * self.plane + p0 + \
+            (ky // self.sh) * self.wq + kx // self.sw
         copy = L.For(lane, width, L.Store(block, (k * cw + lane,), self.xpad[start + lane]),
                      vec)
         if cw > width:
@@ -295,24 +304,39 @@ class _Window:
     def store(self, b, j, q, total) -> L.Stmt:
         return L.Store(self.ysc, ((b * self.p.rows + j) * self.p.places + q,), total)
 
-    def around(self, units: L.Stmt, kind: L.ForKind) -> L.Stmt:
-        """The planes padded, `units`, the output rows read back."""
+    def _fill(self, nc: L.Var, py: int, px: int) -> L.Stmt:
+        """Phase (py, px) of plane nc: zeros, then the image's pixels that fall in it (rows
+        i with i sh + py - top inside the image, columns likewise: strided loads)."""
         p = self.p
         h, wid = p.image_hw
-        _, _, oh, ow = p.anchor_dims
-        nc, i, ix = L.Var("nc"), L.Var("i"), L.Var("ix")
+        i, j = L.Var("i"), L.Var("j")
+        base = (nc * self.phases + py * self.sw + px) * self.plane
         vec = L.ForKind.VECTORIZED
+        i0 = max(-(-(self.top - py) // self.sh), 0)
+        i1 = min(self.rows, -(-(self.top + h - py) // self.sh))
+        j0 = max(-(-(self.left - px) // self.sw), 0)
+        j1 = min(self.wq, -(-(self.left + wid - px) // self.sw))
+        zero = L.For(i, self.plane, L.Store(self.xpad, (base + i,), L.const(0.0)), vec)
+        if i1 <= i0 or j1 <= j0:
+            return zero
+        copy = L.For(i, i1 - i0, L.For(j, j1 - j0, L.Store(
+            self.xpad, (base + (i + i0) * self.wq + j + j0,),
+            p.x[nc // self.channels, nc % self.channels, (i + i0) * self.sh + py - self.top,
+                (j + j0) * self.sw + px - self.left]), vec))
+        return L.seq(zero, copy)
+
+    def around(self, units: L.Stmt, kind: L.ForKind) -> L.Stmt:
+        """The planes padded into their phases, `units`, the output rows read back."""
+        p = self.p
+        _, _, oh, ow = p.anchor_dims
+        nc, ix, row = L.Var("nc"), L.Var("ix"), L.Var("row")
         pad = L.For(nc, p.batch * self.channels, L.seq(
-            L.For(i, self.plane, L.Store(self.xpad, (nc * self.plane + i,), L.const(0.0)), vec),
-            L.For(i, h, L.For(ix, wid, L.Store(
-                self.xpad, (nc * self.plane + (i + self.top) * self.wp + ix + self.left,),
-                p.x[nc // self.channels, nc % self.channels, i, ix]), vec))), kind)
-        row, n, m, oy = L.Var("row"), None, None, None
+            *(self._fill(nc, py, px) for py, px in self.used)), kind)
         n, m, oy = row // (p.rows * oh), (row // oh) % p.rows, row % oh
-        value = self.ysc[(n * p.rows + m) * p.places + oy * self.wp + ix]
+        value = self.ysc[(n * p.rows + m) * p.places + oy * self.wq + ix]
         index = (n, m, L.const(0), oy * ow + ix) if p.flat_reads else (n, m, oy, ix)
         out = L.For(row, p.batch * p.rows * oh, L.For(ix, ow, L.Store(
-            p.y, (n, m, oy, ix), p.finish_at(value, m, index)), vec), kind)
+            p.y, (n, m, oy, ix), p.finish_at(value, m, index)), L.ForKind.VECTORIZED), kind)
         return L.Allocate(self.xpad, L.Allocate(self.ysc, L.seq(pad, units, out)))
 
 

@@ -11,14 +11,15 @@ that a template can walk the reduction a slice at a time, its activations' slice
 
     SparseDense(a [..., K], values, columns, starts, bias [N]?)   y[..., j] =
         sum over the entries e of row j of values[e] * a[..., columns[e]]  (+ bias[j])
-    SparseConv(x [N, C, H, W], values, columns, starts, bias [M]?)   a stride-1 conv of one
-        group, kernel_shape [kh, kw], `pads` [top, left, bottom, right]: y[n, m, h, w] = sum
-        over the entries e of row m, column (c, ky, kx) = columns[e] (c * kh * kw + ky * kw +
-        kx: the weights [M, C, kh, kw] as a matrix [M, C * kh * kw]), of values[e] *
-        x[n, c, h + ky - top, w + kx - left] (zero outside the image)  (+ bias[m])
+    SparseConv(x [N, C, H, W], values, columns, starts, bias [M]?)   a conv of one group,
+        kernel_shape [kh, kw], `pads` [top, left, bottom, right], `strides` [sh, sw]:
+        y[n, m, h, w] = sum over the entries e of row m, column (c, ky, kx) = columns[e]
+        (c * kh * kw + ky * kw + kx: the weights [M, C, kh, kw] as a matrix [M, C * kh * kw]),
+        of values[e] * x[n, c, h sh + ky - top, w sw + kx - left] (zero outside the image)
+        (+ bias[m])
 
 Attributes: `n` (SparseDense) or `oc` (SparseConv), the rows (and a SparseConv's
-`kernel_shape` and `pads`); `slice_depth`; `row_max`, the most entries a
+`kernel_shape`, `pads` and `strides`); `slice_depth`; `row_max`, the most entries a
 row holds (the compute rule's reduction reads each row to that length, masked: the one loop
 any target can run; the sparse templates walk each row to its own end); and what the pass
 measured of the dense weights (`density`, the fraction of nonzeros; `structure`,
@@ -157,22 +158,23 @@ def _conv_infer(ctx):
     x = ctx.shape(0)
     oc = ctx.attrs["oc"]
     (kh, kw), (top, left, bottom, right) = ctx.attrs["kernel_shape"], ctx.attrs["pads"]
-    if len(x) != 4:
-        raise ctx.fail(f"x is an NCHW image, given {ctx.type(0)}")
+    sh, sw = ctx.attrs["strides"]
+    if len(x) != 4 or not all(isinstance(d, int) for d in x[2:]):
+        raise ctx.fail(f"x is an NCHW image of a static size, given {ctx.type(0)}")
     _check_csr(ctx, oc)
-    h, w = (T.dim_add(x[2], top + bottom - kh + 1), T.dim_add(x[3], left + right - kw + 1))
+    h, w = (x[2] + top + bottom - kh) // sh + 1, (x[3] + left + right - kw) // sw + 1
     return [T.TensorType(T.float32, (x[0], oc, h, w))]
 
 
 def sparse_conv(x, values, columns, starts, bias=None, *, oc, row_max, kernel_shape=(1, 1),
-                pads=(0, 0, 0, 0), **measured):
+                pads=(0, 0, 0, 0), strides=(1, 1), **measured):
     w = decode_csr(values, columns, starts, x.shape[1] * kernel_shape[0] * kernel_shape[1])
     return conv(x, w.reshape((oc, x.shape[1]) + tuple(kernel_shape)), bias,
-                pads=list(pads)).astype(np.float32)
+                pads=list(pads), strides=list(strides)).astype(np.float32)
 
 
 def _conv_rule(inputs, outputs, *, oc, row_max, kernel_shape=(1, 1), pads=(0, 0, 0, 0),
-               **measured):
+               strides=(1, 1), **measured):
     x, values, columns, starts = inputs[:4]
     bias = inputs[4] if len(inputs) > 4 else None
     nnz = values.shape[0]
@@ -181,9 +183,10 @@ def _conv_rule(inputs, outputs, *, oc, row_max, kernel_shape=(1, 1), pads=(0, 0,
 
     def element(n, m, h, w):
         def read(col):
-            if (kh, kw, top, left) == (1, 1, 0, 0):
+            if (kh, kw, top, left, *strides) == (1, 1, 0, 0, 1, 1):
                 return x[n, col, h, w]
-            iy, ix = h + (col // kw) % kh - top, w + col % kw - left
+            iy = h * strides[0] + (col // kw) % kh - top
+            ix = w * strides[1] + col % kw - left
             inside = logical_and(logical_and(iy >= 0, iy < height),
                                  logical_and(ix >= 0, ix < width))
             at = (n, col // (kh * kw), minimum(maximum(iy, 0), height - 1),
@@ -199,6 +202,7 @@ def _conv_rule(inputs, outputs, *, oc, row_max, kernel_shape=(1, 1), pads=(0, 0,
 register_op("SparseConv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer,
             evaluate=sparse_conv, inputs=(4, 5), compute=_conv_rule, flops=_flops,
             attrs={"oc": REQUIRED, "kernel_shape": [1, 1], "pads": [0, 0, 0, 0],
+                   "strides": [1, 1],
                    **SPARSE_ATTRS})
 
 SPARSE_PRODUCTS = ("SparseDense", "SparseConv")

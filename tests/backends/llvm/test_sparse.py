@@ -1,5 +1,5 @@
-"""The sparse-weights template (issue 34, item 3) on llvm: SparseConv (1x1, and stride-1
-k x k windows through padded planes) and SparseDense
+"""The sparse-weights template (issue 34, item 3) on llvm: SparseConv (1x1, and k x k
+windows through padded planes, strided through their phases) and SparseDense
 kernels built from pruned weights at several densities (all zeros, 5%, 30%, 70%, every
 weight), encoded with slices of the depth small enough that a row spans several, against the
 float64 product of the dense weights on fresh random inputs; with and without bias, with a
@@ -54,7 +54,7 @@ def compiled(graph: Graph, threads: int, layouts=None) -> CompiledModel:
 
 
 def sparse_conv_graph(rng, n, c, m, h, wid, density, bias, residual, slice_depth, k=1,
-                      pads=(0, 0, 0, 0)):
+                      pads=(0, 0, 0, 0), stride=1):
     """SparseConv k x k (+ bias) (+ residual) -> Relu; the graph and its dense weights [m, c,
     k, k]."""
     w = pruned(rng, (m, c, k, k), density)
@@ -63,35 +63,40 @@ def sparse_conv_graph(rng, n, c, m, h, wid, density, bias, residual, slice_depth
     x = g.add_input("x", T.TensorType(T.float32, (n, c, h, wid)))
     csr, attrs = _csr(w.reshape(m, -1), slice_depth)
     inputs = [x] + csr + ([_const("b", b)] if bias else [])
-    y = g.add("SparseConv", *inputs, oc=m, kernel_shape=[k, k], pads=list(pads), **attrs)
+    y = g.add("SparseConv", *inputs, oc=m, kernel_shape=[k, k], pads=list(pads),
+              strides=[stride, stride], **attrs)
     if residual:
         y = g.add("Add", y, g.add_input("r", y.type))
     g.outputs = [g.add("Relu", y)]
     return g, w, b
 
 
-CONVS = [  # (n, c, m, h, w, slice_depth, k, pads): tails of places, several slices, a
-    # one-pixel image; 3x3 and 5x5 windows padded evenly, unevenly or not at all
-    (1, 24, 20, 7, 9, 256, 1, (0, 0, 0, 0)), (2, 40, 33, 5, 5, 16, 1, (0, 0, 0, 0)),
-    (1, 70, 17, 11, 13, 32, 1, (0, 0, 0, 0)), (3, 9, 8, 1, 1, 4, 1, (0, 0, 0, 0)),
-    (1, 8, 5, 6, 7, 16, 3, (1, 1, 1, 1)), (2, 20, 33, 9, 5, 32, 3, (1, 0, 2, 1)),
-    (1, 16, 24, 14, 14, 256, 3, (1, 1, 1, 1)), (1, 4, 3, 9, 8, 8, 5, (2, 2, 2, 2)),
-    (1, 6, 7, 8, 9, 16, 3, (0, 0, 0, 0))]
+CONVS = [  # (n, c, m, h, w, slice_depth, k, pads, stride): tails of places, several slices, a
+    # one-pixel image; 3x3 and 5x5 windows padded evenly, unevenly or not at all; strides 2
+    # and 3 (phases), a 7x7 stem
+    (1, 24, 20, 7, 9, 256, 1, (0, 0, 0, 0), 1), (2, 40, 33, 5, 5, 16, 1, (0, 0, 0, 0), 1),
+    (1, 70, 17, 11, 13, 32, 1, (0, 0, 0, 0), 1), (3, 9, 8, 1, 1, 4, 1, (0, 0, 0, 0), 1),
+    (1, 8, 5, 6, 7, 16, 3, (1, 1, 1, 1), 1), (2, 20, 33, 9, 5, 32, 3, (1, 0, 2, 1), 1),
+    (1, 16, 24, 14, 14, 256, 3, (1, 1, 1, 1), 1), (1, 4, 3, 9, 8, 8, 5, (2, 2, 2, 2), 1),
+    (1, 6, 7, 8, 9, 16, 3, (0, 0, 0, 0), 1), (2, 12, 20, 9, 8, 16, 1, (0, 0, 0, 0), 2),
+    (1, 16, 24, 14, 15, 32, 3, (1, 1, 1, 1), 2), (1, 3, 8, 17, 16, 64, 7, (3, 3, 3, 3), 2),
+    (1, 5, 4, 12, 13, 16, 3, (0, 1, 1, 0), 3)]
 
 
 @pytest.mark.parametrize("density", DENSITIES)
 @pytest.mark.parametrize("shape", CONVS, ids=[str(s) for s in CONVS])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_sparse_conv_matches_the_dense_product(rng, density, shape, threads):
-    n, c, m, h, wid, slice_depth, k, pads = shape
+    n, c, m, h, wid, slice_depth, k, pads, stride = shape
     residual = density in (0.05, 0.7)
     bias = density != 0.3
     g, w, b = sparse_conv_graph(rng, n, c, m, h, wid, density, bias, residual, slice_depth,
-                                k, pads)
+                                k, pads, stride)
     model = compiled(g, threads)
     feeds = [rng.standard_normal((n, c, h, wid)).astype(np.float32)]
     want = conv(feeds[0].astype(np.float64), w.astype(np.float64),
-                None if b is None else b.astype(np.float64), pads=list(pads))
+                None if b is None else b.astype(np.float64), pads=list(pads),
+                strides=[stride, stride])
     if residual:
         feeds.append(rng.standard_normal(want.shape).astype(np.float32))
         want = want + feeds[1]
