@@ -15,12 +15,12 @@ The rewrite ("sparse_weights", a layout of `convert_layout`'s table, listed by a
 templates compute the sparse ops: llvm): a MatMul(A, B const) or Gemm(A, B const, C const)
 (alpha = beta = 1, A not transposed) of float32 becomes SparseDense, a Conv of one group
 without dilation (1x1, or a padded, strided k x k window: `_estimated_faster` weighs a 3x3
-stride-1 one against Winograd) becomes SparseConv, where `sparse_cycles` (the sparse template's estimated
-time) is below `dense_cycles` (the dense templates'), both from what they do with constants
-fitted to measurements (bench/cpu_sparse.py): a layer runs sparse only where that is
-estimated faster, so 0% and 30% zeros stay dense. It estimates; it never compiles or times
-anything, and it never changes what a layer computes (a sparse op's reference is its dense
-product).
+stride-1 one against Winograd) becomes SparseConv, where `sparse_cycles` (the sparse
+template's estimated time) is below `dense_cycles` (the dense templates'), both from what
+they do with constants fitted to measurements (bench/cpu_sparse.py): a layer runs sparse
+only where that is estimated faster, so 0% and 30% zeros stay dense. It estimates; it never
+compiles or times anything, and it never changes what a layer computes (a sparse op's
+reference is its dense product).
 """
 
 from __future__ import annotations
