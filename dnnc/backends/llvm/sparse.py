@@ -184,7 +184,9 @@ def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int, cw: i
     def row(start: bool, end: bool) -> L.Stmt:
         """Row j (row rr of chunk ch) on slice sl's entries: from zero or its partial sums,
         into its partial sums, the chunk's tile or through the epilogue to Y."""
-        slot = ((geo.t * geo.per_group + jc) * geo.rows + rr) * width + lane
+        # (the unit's slots are config.places wide: a narrower last block's too, else its
+        # slots would reach into another unit's)
+        slot = ((geo.t * geo.per_group + jc) * geo.rows + rr) * config.places + lane
         init = L.For(lane, splits * cw, L.Store(acc, (lane,), L.const(0.0)), vec)
         if not start:
             init = L.seq(init, L.For(lane, width, L.Store(acc, (lane,), geo.part[slot]), vec))

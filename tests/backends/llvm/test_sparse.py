@@ -105,7 +105,7 @@ def test_sparse_conv_matches_the_dense_product(rng, density, shape, threads):
 
 
 def sparse_dense_graph(rng, a_shape, n, density, bias, slice_depth):
-    w = pruned(rng, (n, a_shape[-1]), density)
+    w = pruned(rng, (n, a_shape[-1]), density) / np.float32(np.sqrt(a_shape[-1]))
     b = rng.standard_normal(n).astype(np.float32) if bias else None
     g = Graph("sparse_dense")
     a = g.add_input("a", T.TensorType(T.float32, a_shape))
@@ -116,8 +116,10 @@ def sparse_dense_graph(rng, a_shape, n, density, bias, slice_depth):
 
 
 DENSES = [  # (A's shape, n, slice_depth): one row (a classifier at batch 1), rows that fill
-    # no block, a batch of sequences, several slices
-    ((1, 50), 30, 256), ((37, 45), 29, 16), ((2, 9, 64), 48, 20), ((70, 21), 5, 8)]
+    # no block, a batch of sequences, several slices; enough work for 2 threads to share
+    # units whose blocks differ in width, over slices (their partial sums' slots)
+    ((1, 50), 30, 256), ((37, 45), 29, 16), ((2, 9, 64), 48, 20), ((70, 21), 5, 8),
+    ((70, 600), 300, 256)]
 
 
 @pytest.mark.parametrize("density", DENSITIES)
