@@ -196,3 +196,18 @@ def test_a_sparse_model_saves_and_loads(rng, tmp_path):
         ["SparseConv", "SparseDense"]
     x = rng.standard_normal((1, 128, 14, 14)).astype(np.float32)
     np.testing.assert_array_equal(loaded(x), model(x))
+
+
+@pytest.mark.parametrize("mattr", ["-avx512f", "-avx512f,-avx2,-avx,-fma"])
+def test_narrower_vectors_compute_the_same(rng, mattr):
+    """On this CPU with AVX-512 (and AVX2) forced off: 8- and 4-lane blocks, the cost rule
+    reading the narrower vectors."""
+    import dnnc
+    from dnnc.backends.llvm.cpu import cpu_from
+
+    g, w, w2, b2 = _pruned_model(rng, 0.08)
+    model = dnnc.compile(g, "llvm", cpu=cpu_from(None, mattr), cache=False)
+    assert {"SparseConv", "SparseDense"} <= {n.op for n in model.graph.nodes}
+    x = rng.standard_normal((1, 128, 14, 14)).astype(np.float32)
+    y = np.maximum(np.einsum("mc,nchw->nmhw", w.astype(np.float64), x), 0).mean(axis=(2, 3))
+    np.testing.assert_allclose(model(x), y @ w2 + b2, rtol=1e-5, atol=1e-5)
