@@ -1,5 +1,9 @@
 """What `dnnc inspect` reports about a graph: signature, op counts, parameters and FLOPs.
 
+Products whose constant weights hold zeros are listed layer by layer with their density and
+structure (`passes/find_sparsity.py`'s `measure`; a sparse op's recorded attributes), and
+`--passes` counts the products running as sparse ops after each pass.
+
 FLOPs are the op registry's estimates (`ir/flops.py`: a multiply-add counts 2, each family
 states its rule beside its ops, data movement costs 0), so the packed ops the passes make
 (ConvPacked, MatMulPacked) count as the ops they replace: an optimised graph (an artifact's)
@@ -22,7 +26,9 @@ from ..ir.flops import Count, node_flops
 from ..ir.graph import Graph
 from ..ir.ops.quantized import INTEGER_PRODUCTS
 from ..ir.ops.registry import Pattern, get_op
+from ..ir.ops.sparse import SPARSE_PRODUCTS
 from ..levels import DEFAULT_OPT_LEVEL
+from ..passes.find_sparsity import layer_sparsity
 
 
 def human(n: int) -> str:
@@ -51,6 +57,9 @@ class ModelSummary:
     unestimated: list[str] = field(default_factory=list)
     # ops dnnc cannot import, as UnsupportedOpError.ops: (op, domain, opset, [node names])
     unsupported: list[tuple[str, str, int, list[str]]] = field(default_factory=list)
+    # products with zeros in their constant weights: (node, op, density, structure), the
+    # sparse ops' as recorded, the others' measured
+    sparsity: list[tuple[str, str, float, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         flops = None if self.flops is None else \
@@ -62,6 +71,9 @@ class ModelSummary:
                 "flops_by_op": {k: v.value if v.value is not None else str(v)
                                 for k, v in self.flops_by_op.items()},
                 "unestimated_ops": self.unestimated,
+                "sparsity": [{"node": name, "op": op, "density": density,
+                              "structure": structure}
+                             for name, op, density, structure in self.sparsity],
                 "unsupported_ops": [{"op": op, "domain": domain, "opset": opset,
                                      "nodes": nodes}
                                     for op, domain, opset, nodes in self.unsupported]}
@@ -98,7 +110,20 @@ def summarize(graph: Graph) -> ModelSummary:
         flops=total,
         flops_by_op={k: v for k, v in sorted(by_op.items(), key=lambda kv: _sort_key(kv[1]))
                      if v.terms},
-        unestimated=sorted(unestimated))
+        unestimated=sorted(unestimated), sparsity=_sparsity(graph))
+
+
+def _sparsity(graph: Graph) -> list[tuple[str, str, float, str]]:
+    """(node, op, density, structure) of every product whose constant weights hold zeros."""
+    rows = []
+    for node in graph.walk():
+        if node.op in SPARSE_PRODUCTS:
+            rows.append((node.name, node.op, node.attrs["density"], node.attrs["structure"]))
+            continue
+        found = layer_sparsity(node)
+        if found is not None and found.density < 1.0:
+            rows.append((node.name, node.op, found.density, found.structure))
+    return rows
 
 
 def summarize_onnx(model, unsupported: list) -> ModelSummary:
@@ -182,6 +207,12 @@ def format_summary(s: ModelSummary) -> str:
         lines.append(f"  {op:<{op_width}}  {exact_and_human(c)}")
     if s.unestimated:
         lines.append(f"  (no estimate for: {', '.join(s.unestimated)})")
+    if s.sparsity:
+        lines.append(f"sparse weights: {len(s.sparsity)} product(s) with zeros")
+        name_width = max(len(r[0]) for r in s.sparsity)
+        for name, op, density, structure in s.sparsity:
+            lines.append(f"  {name:<{name_width}}  {op:<11}  {1 - density:>6.1%} zeros  "
+                         f"{structure}")
     return "\n".join(lines)
 
 
@@ -201,18 +232,22 @@ class PassRow:
     seconds: float | None
     int8: int = 0              # products computed as integer ops (fuse_quantized's)
     float_products: tuple[str, ...] = ()   # the other products' node names
+    sparse: int = 0            # products computed as sparse ops (find_sparsity's)
 
     def to_dict(self) -> dict:
         return {"index": self.index, "pass": self.name, "level": self.level,
                 "nodes": self.nodes, "kernels": self.kernels, "seconds": self.seconds,
-                "int8_products": self.int8, "float_products": list(self.float_products)}
+                "int8_products": self.int8, "float_products": list(self.float_products),
+                "sparse_products": self.sparse}
 
 
-def _products(g: Graph) -> tuple[int, tuple[str, ...]]:
-    """(integer products, the names of the other products: anchors of OUT_FUSABLE ops)."""
+def _products(g: Graph) -> tuple[int, tuple[str, ...], int]:
+    """(integer products, the names of the other products: anchors of OUT_FUSABLE ops,
+    sparse products)."""
     products = [n for n in g.nodes if get_op(n.op).pattern is Pattern.OUT_FUSABLE]
     integer = [n for n in products if n.op in INTEGER_PRODUCTS]
-    return len(integer), tuple(n.name for n in products if n.op not in INTEGER_PRODUCTS)
+    return len(integer), tuple(n.name for n in products if n.op not in INTEGER_PRODUCTS), \
+        sum(n.op in SPARSE_PRODUCTS for n in products)
 
 
 def pass_report(graph: Graph, target: str | None = None, opt_level: int = DEFAULT_OPT_LEVEL,
@@ -262,6 +297,9 @@ def format_passes(rows: list[PassRow], target: str, opt_level: int) -> str:
             (", ..." if len(last.float_products) > 8 else "")
         lines.append(f"  int8: {last.int8} of {last.int8 + len(last.float_products)} products "
                      f"run as integer ops" + (f"; float: {names}" if names else ""))
+    if last.sparse:   # products whose weights were sparse enough to run as sparse ops
+        lines.append(f"  sparse: {last.sparse} of {len(last.float_products)} float products "
+                     f"run as sparse ops")
     if len(rows) == 1:
         lines.append(f"  (no pass runs at opt level {opt_level})"
                      if REGISTRY[target].runs_passes

@@ -31,7 +31,9 @@ that is not depthwise (which has no channels-last kernel) through elementwise op
 NCHW. "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
 (`winograd_applies`) where Winograd's F(m x m, 3x3) is estimated faster than the direct conv
 (`winograd_tile`, the tile m of the least estimate, `conv_costs`) becomes ConvWinograd, its
-filters transformed once here. A rewrite keeps the output Value of the last node it replaces, so
+filters transformed once here. "sparse_weights" (llvm, first): a product whose constant weights
+are sparse enough that its sparse op is estimated faster becomes SparseDense / SparseConv, its
+weights in CSR (`find_sparsity.py`). A rewrite keeps the output Value of the last node it replaces, so
 its users are untouched.
 """
 
@@ -48,6 +50,7 @@ from ..ir.ops.registry import infer_node
 from ..ir.target import Target
 from ..ir.types import FLOAT_DTYPES, TensorType, bfloat16, float32, int64
 from .conv_costs import conv3x3_costs
+from .find_sparsity import sparse_weights
 from .sink_transposes import positionwise, sink_transposes
 
 PAIRED = tuple(p for p in PACKED_PRECISIONS if p != "fp32")
@@ -283,7 +286,7 @@ def _beside_grouped(x: Value, y: Value, users) -> bool:
 
 
 REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nhwc_conv,
-            "winograd_conv": _winograd_conv}
+            "winograd_conv": _winograd_conv, "sparse_weights": sparse_weights}
 """layout name -> its rewrite: (graph, node, users, target) -> None, or the replacement node
 (or nodes, in order, the last producing the replaced node's outputs) and the later nodes it
 takes over (their outputs are its own)."""

@@ -217,7 +217,8 @@ def test_entries_are_consistent():
     # cuda's tensor cores (docs/cuda_backend.md, Precision), llvm's bf16 products
     assert using("precision") == ["llvm", "cuda"]
     assert REGISTRY["llvm"].precisions == ("fp32", "bf16")
-    assert REGISTRY["llvm"].layouts == ("winograd_conv", "pack_dense", "pack_conv")
+    assert REGISTRY["llvm"].layouts == ("sparse_weights", "winograd_conv", "pack_dense",
+                                        "pack_conv")
     assert [n for n, s in REGISTRY.items() if s.cached] == ["llvm", "cuda"]
 
 

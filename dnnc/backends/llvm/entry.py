@@ -73,9 +73,10 @@ SPEC = TargetSpec(
     emits={"llvm-ir": ".ll", "asm": ".s", "loop": ".loop"}, source_aliases=("llvm",),
     codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
     runs_passes=True, machine=host,
-    # 3x3 convs Winograd's where its rule takes them, else dense and conv weights packed
-    # into the micro-kernels' panels (convert_layout)
-    layouts=("winograd_conv", "pack_dense", "pack_conv"), fusion=lambda: FUSION, panels=panels,
+    # products whose weights are sparse enough as sparse ops (CSR), 3x3 convs Winograd's
+    # where its rule takes them, else dense and conv weights packed into the micro-kernels'
+    # panels (convert_layout)
+    layouts=("sparse_weights", "winograd_conv", "pack_dense", "pack_conv"), fusion=lambda: FUSION, panels=panels,
     templates=lazy(f"{__package__}.schedules", "TEMPLATES"),
     tuning=lazy(f"{__package__}.tuning"), speed=10, available=available, about=about,
     versions=versions, cpu_from=cpu_from, half_arithmetic=half_arithmetic)

@@ -46,6 +46,7 @@ from .dense import DENSE
 from .depthwise import DEPTHWISE
 from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8, DYNAMIC_QUANTIZE, MAXPOOL_INT8
 from .pool import POOL2D
+from .sparse import SPARSE
 from .winograd import WINOGRAD
 
 # a parallel region costs a few microseconds to start; below this many inner iterations
@@ -656,7 +657,7 @@ TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
     ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, AMX_CONV, DENSE, DENSE_INT8,
                                     CONV_INT8, DEPTHWISE_INT8, POINTWISE_GEMM, POINTWISE,
-                                    CONV2D, DEPTHWISE, WINOGRAD, ROWS),
+                                    CONV2D, DEPTHWISE, WINOGRAD, SPARSE, ROWS),
     ("llvm", Pattern.OPAQUE): (POOL2D, MAXPOOL_INT8, DYNAMIC_QUANTIZE, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first that serves the

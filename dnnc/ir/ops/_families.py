@@ -21,5 +21,6 @@ from . import (  # noqa: F401
     shape,
     signal,
     slicing,
+    sparse,
     winograd,
 )

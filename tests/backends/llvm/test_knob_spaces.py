@@ -89,6 +89,29 @@ def pointwise_residual(rng, h=9, w=11, strides=(1, 1)):
     return g
 
 
+def _pruned(rng, name, shape, keep=0.05):
+    """A constant of normal weights, each kept with probability `keep` (the rest zero): what
+    convert_layout's "sparse_weights" computes sparse."""
+    value = _const(rng, name, shape)
+    value.const[rng.random(shape) >= keep] = 0.0
+    return value
+
+
+def sparse_pointwise(rng):
+    g, (x, r) = _graph([("x", ("N", 40, 9, 11)), ("r", ("N", 33, 9, 11))])
+    y = g.add("Conv", x, _pruned(rng, "w", (33, 40, 1, 1)), _const(rng, "b", (33,)),
+              kernel_shape=[1, 1])
+    g.outputs = [g.add("Relu", g.add("Add", y, r))]
+    return g
+
+
+def sparse_matmul(rng):
+    g, (a,) = _graph([("a", ("N", 7, 300))])
+    y = g.add("MatMul", a, _pruned(rng, "b", (300, 301)))
+    g.outputs = [g.add("Tanh", g.add("Add", y, _const(rng, "c", (301,))))]
+    return g
+
+
 def pool(op, **attrs):
     def build(rng):
         g, (x,) = _graph([("x", ("N", 3, 13, 23))])
@@ -156,6 +179,10 @@ CASES = [
     ("pointwise-bf16", pointwise_residual, "bf16", "pointwise", 1e-4),
     ("pointwise-gemm-bf16-strided", lambda rng: pointwise_residual(rng, 11, 9, (2, 2)),
      "bf16", "pointwise_gemm", 1e-4),
+    # weights of 95% zeros, in CSR ("sparse_weights"): a 1x1 conv with a residual, a MatMul
+    # over two slices of the depth (300 > 256)
+    ("sparse-pointwise", sparse_pointwise, True, "sparse", 1e-5),
+    ("sparse-dense", sparse_matmul, True, "sparse", 1e-5),
     ("rows-softmax", unary("Softmax", ("N", 5, 37)), False, "rows", 1e-5),
     # the sum of a whole tensor (chunked when parallel) on integer-valued inputs: exact in
     # float32 in every order, where on reals the orders of two configs differ by up to
@@ -249,7 +276,7 @@ def test_every_template_is_drawn_twenty_configs():
         size = len(list(template.space(problem, machine).configs()))
         sizes[template_name] = max(sizes.get(template_name, 0), size)
     assert sorted(sizes) == ["conv2d", "dense", "depthwise", "pointwise", "pointwise_gemm",
-                             "pool2d", "rows", "winograd"]
+                             "pool2d", "rows", "sparse", "winograd"]
     assert all(size >= CONFIGS for size in sizes.values()), sizes
 
 

@@ -1,0 +1,346 @@
+"""The sparse-weights template for CPUs: SparseConv (a 1x1 conv) and SparseDense kernels
+(`sparse_problems.SparseProblem`), weights in CSR rows (one an output), the activations
+dense.
+
+As "Fast Sparse ConvNets" (Elsen et al., CVPR 2020) and XNNPACK's f32-spmm do it: a block of
+`places` places (a 1x1 conv's consecutive pixels of one image) is the unit; for each output
+row j of the block, its accumulators (a vector register per `lanes` places) add
+values[e] * X[columns[e], block] for each nonzero e of row j, a broadcast weight and one
+vector load of the activations a vector: the activations' block (depth x places) stays in L1
+while every row reads it, the weights stream once per block. A row's chain of dependent
+multiply-adds is split over `splits` sets of accumulators (the FMA's latency), summed when
+the row ends; the bias and the fused consumers apply where the row is stored. A SparseDense
+(A [m, K] holding a row's k together) first copies its block of rows transposed into a
+local [K, places] buffer, so that the same loop reads places contiguously; its outputs are
+stored a row of Y apart. The worker pool shares (image, place block, row group) units.
+
+Knobs (`SparseConfig`): places, splits, row_groups (chunks of rows split into that many units, for
+more units than the threads where the blocks are few: a 7x7 image is one block). It never
+serves a dense product (those are MatMul / Conv kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from ..sparse_problems import SparseProblem, sparse_product
+from ..space import Constraint, Space, Template
+from .conv import parallel_kind
+
+MIN_PARALLEL_WORK = 1 << 15
+"""Multiply-adds below which the kernel runs on one thread (a parallel region costs a few
+microseconds to start)."""
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    places: int       # places a block computes (vectors of lanes; a narrower last block)
+    splits: int       # accumulator sets a row's nonzeros are dealt over
+    row_groups: int   # units the rows of a block are split into
+    pack: bool = True  # a conv's block of pixels copied contiguous first (SparseDense: always)
+
+
+def space(p: SparseProblem, machine) -> Space:
+    lanes = machine.vector_bits // 32
+    widths = {v * lanes for v in (1, 2, 3, 4)} | ({p.places} if p.places < 4 * lanes else set())
+    chunks = -(-p.rows // chunk_rows(p, lanes))
+    groups = [g for g in (1, 2, 4, 8, 16, 32, 64) if g <= chunks]
+    return Space("sparse", SparseConfig, {"places": sorted(widths), "splits": (1, 2, 4),
+                                          "row_groups": groups, "pack": (False, True)},
+                 [Constraint(f"places <= {max(p.places, lanes)} (the places, at least a "
+                             f"vector): a wider block computes nothing more",
+                             lambda c: c.places <= max(p.places, lanes)),
+                  Constraint("pack for a SparseDense (A's rows are transposed into the block) "
+                             "and a windowed SparseConv (its columns are runs of the padded "
+                             "planes)", lambda c: c.pack or not (p.transposed or p.windowed))])
+
+
+def default(p: SparseProblem, machine) -> SparseConfig:
+    lanes, threads = machine.vector_bits // 32, machine.threads
+    # one block where the places are few (a 7x7 image's 49: computed as 4 vectors), else
+    # two vectors of them
+    places = p.places if p.places <= 4 * lanes else 2 * lanes
+    blocks = p.batch * -(-p.places // places)
+    groups = 1
+    chunks = -(-p.rows // chunk_rows(p, lanes))
+    while blocks * groups < 2 * threads and groups * 2 <= min(chunks, 64):
+        groups *= 2
+    return SparseConfig(places, 2, groups)
+
+
+def chunk_rows(p: SparseProblem, lanes: int) -> int:
+    """Rows computed as one chunk: a SparseDense's a vector of them, stored as a vector along
+    a row of Y (row by row, its places' outputs are a row of Y apart: at N = 3072 floats, 12
+    KB, all 32 of a block fell in one L1 set, and BERT's FFN at 99.9% zeros took 68% of the
+    dense product's time); a SparseConv's one (a row's places are contiguous in Y)."""
+    return min(lanes, p.rows) if p.transposed else 1
+
+
+def build(p: SparseProblem, config: SparseConfig, machine) -> L.PrimFunc:
+    width = config.places
+    full, rest = divmod(p.places, width)
+    blocks = full + (rest > 0)
+    rows = chunk_rows(p, machine.vector_bits // 32)
+    chunks = -(-p.rows // rows)
+    groups = config.row_groups
+    per_group = -(-chunks // groups)
+    units = p.batch * blocks * groups
+    t = L.Var("t")
+    b, pb, g = t // (blocks * groups), (t // groups) % blocks, t % groups
+    # partial sums between slices: a workspace slot per unit (`codegen.workspace_params`:
+    # the caller's memory, as dense.py's packed A), [unit, row of its group, place]
+    part = L.Buffer("part", T.float32, (units * per_group * rows * width,), L.Scope.GLOBAL) \
+        if p.slices > 1 else None
+    window = _Window(p) if p.windowed else None
+    geometry = _Rows(rows, chunks, groups, per_group, b, g, t, part, window)
+    lanes = machine.vector_bits // 32
+
+    def block(w: int, p0: L.Expr) -> L.Stmt:
+        return _block(p, config, geometry, w, computed_width(w, lanes, p.transposed or
+                                                             config.pack or p.windowed), p0)
+
+    if full and rest:
+        unit = L.If(pb < full, block(width, pb * width), block(rest, L.const(full * width)))
+    elif full:
+        unit = block(width, pb * width)
+    else:
+        unit = block(rest, L.const(0))
+    kind = parallel_kind(machine.threads, p.batch * p.places * p.nnz, MIN_PARALLEL_WORK) \
+        if units > 1 else L.ForKind.SERIAL
+    views = {buffer.name: buffer for buffer in (p.x, p.y)}
+    params = tuple(views.get(x.name, x) for x in p.params)
+    body = L.For(t, units, unit, kind)
+    if window is not None:
+        body = window.around(body, kind)
+    if part is not None:
+        body = L.Allocate(part, body)
+    return L.simplify(L.PrimFunc(p.name, params, body))
+
+
+def _index(e: L.Expr) -> L.Expr:
+    """An int32 CSR entry as an index."""
+    return L.Cast(T.int64, e)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """How a unit's rows are laid out: chunks of `rows` rows, `per_group` chunks of the
+    `chunks` for each of `groups` groups; unit t computes group g of image b."""
+
+    rows: int
+    chunks: int
+    groups: int
+    per_group: int
+    b: L.Expr
+    g: L.Expr
+    t: L.Var
+    part: L.Buffer | None
+    window: "_Window | None"
+
+
+def computed_width(width: int, lanes: int, packed: bool) -> int:
+    """The places a block of `width` computes: whole vectors (a power of two below one) where
+    its activations are packed (the padding zero, never stored); an odd width's accumulators
+    were built lane by lane (a 7x7 image's 49 places as blocks of 32 and 17: 1.8x the time
+    the cost rule's count of vector operations gave)."""
+    if not packed or width == 1 or width % lanes == 0:
+        return width
+    if width < lanes:
+        return 1 << (width - 1).bit_length()
+    return -(-width // lanes) * lanes
+
+
+def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int, cw: int,
+           p0: L.Expr) -> L.Stmt:
+    """The unit's chunks of rows on the block of `width` places from p0 (computed as `cw`),
+    slice by slice: a slice's activations packed (`_pack`), then each row's entries of that
+    slice added to its partial sums (`geo.part`, the unit's slot of the workspace, between
+    slices)."""
+    splits, b = config.splits, geo.b
+    vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+    jc, r, lane, sl, rr = L.Var("jc"), L.Var("r"), L.Var("l"), L.Var("s"), L.Var("rr")
+    ch = geo.g * geo.per_group + jc
+    j = ch * geo.rows + rr
+    packed = p.transposed or config.pack or p.windowed
+    block = L.Buffer("xt", T.float32, (min(p.slice_depth, p.depth) * cw,), L.Scope.LOCAL)
+    tile = L.Buffer("tile", T.float32, (geo.rows * width,), L.Scope.LOCAL)
+
+    def x_at(col):
+        if packed:   # col: a column of the slice
+            return block[(col - sl * p.slice_depth) * cw + lane]
+        return p.x_at(b, col, p0 + lane)
+
+    acc = L.Buffer("acc", T.float32, (splits * cw,), L.Scope.LOCAL)
+    first, count = L.Var("first"), L.Var("count")
+    wv, col = L.Var("wv", T.float32), L.Var("col")
+
+    def update(entry: L.Expr, s: int) -> L.Stmt:
+        at = s * cw + lane
+        return L.Let(wv, p.values[entry], L.Let(col, _index(p.columns[entry]), L.For(
+            lane, cw, L.Store(acc, (at,), L.call("fma", wv, x_at(col), acc[at])), vec)))
+
+    def row(start: bool, end: bool) -> L.Stmt:
+        """Row j (row rr of chunk ch) on slice sl's entries: from zero or its partial sums,
+        into its partial sums, the chunk's tile or through the epilogue to Y."""
+        # (the unit's slots are config.places wide: a narrower last block's too, else its
+        # slots would reach into another unit's)
+        slot = ((geo.t * geo.per_group + jc) * geo.rows + rr) * config.places + lane
+        init = L.For(lane, splits * cw, L.Store(acc, (lane,), L.const(0.0)), vec)
+        if not start:
+            init = L.seq(init, L.For(lane, width, L.Store(acc, (lane,), geo.part[slot]), vec))
+        whole = count // splits
+        main = L.For(r, whole, L.seq(*(update(first + r * splits + s, s)
+                                       for s in range(splits))))
+        tail = L.For(r, count - whole * splits, update(first + whole * splits + r, 0))
+        total = sum((acc[s * cw + lane] for s in range(1, splits)), acc[lane])
+        if not end:
+            store = L.Store(geo.part, (slot,), total)
+        elif p.transposed:
+            store = L.Store(tile, (rr * width + lane,), total)
+        elif geo.window is not None:
+            store = geo.window.store(b, j, p0 + lane, total)
+        else:
+            store = L.Store(p.y, p.y_at(b, j, p0 + lane), p.finish(total, b, j, p0 + lane))
+        return L.Allocate(acc, L.Let(first, _index(p.starts[j, sl]), L.Let(
+            count, _index(p.starts[j, sl + 1]) - first,
+            L.seq(init, main, tail, L.For(lane, width, store, vec)))))
+
+    def chunk(start: bool, end: bool, rows: int) -> L.Stmt:
+        """Chunk ch's first `rows` rows; a SparseDense's tile then stored a row of Y (its
+        places' outputs of the chunk's rows) at a time."""
+        body = L.For(rr, rows, row(start, end))
+        if end and p.transposed:
+            jv = ch * geo.rows + rr
+            kind = L.ForKind.VECTORIZED if rows >= 2 else L.ForKind.UNROLLED
+            out = L.For(lane, width, L.For(rr, rows, L.Store(
+                p.y, p.y_at(b, jv, p0 + lane), p.finish(tile[rr * width + lane], b, jv,
+                                                        p0 + lane)), kind))
+            body = L.Allocate(tile, L.seq(body, out))
+        return body
+
+    def chunks(start: bool, end: bool) -> L.Stmt:
+        last_rows = p.rows - (geo.chunks - 1) * geo.rows
+        body = chunk(start, end, geo.rows)
+        if last_rows != geo.rows:
+            body = L.If(ch < geo.chunks - 1, body, chunk(start, end, last_rows))
+        if geo.per_group * geo.groups != geo.chunks:
+            body = L.If(ch < geo.chunks, body)
+        stage = L.For(jc, geo.per_group, body)
+        if geo.window is not None:
+            stage = L.seq(geo.window.pack(block, width, cw, p0, b, sl, vec), stage)
+        elif packed:
+            stage = L.seq(_pack(p, block, width, cw, p0, b, sl, vec), stage)
+        return stage
+
+    last = p.slices - 1
+    if last == 0:
+        stages = L.substitute(chunks(True, True), {sl: L.const(0)})
+    else:
+        middle = L.Var("sm")
+        stages = L.seq(L.substitute(chunks(True, False), {sl: L.const(0)}),
+                       L.For(middle, last - 1, L.substitute(chunks(False, False),
+                                                           {sl: middle + 1})),
+                       L.substitute(chunks(False, True), {sl: L.const(last)}))
+    return L.Allocate(block, stages) if packed else stages
+
+
+def _pack(p: SparseProblem, block: L.Buffer, width: int, cw: int, p0: L.Expr, b, sl,
+          vec) -> L.Stmt:
+    """Slice sl's activations of the block, [slice columns, cw] contiguous (a SparseDense's
+    rows of A transposed), the places past `width` zero; columns past the depth are not
+    read."""
+    k, lane = L.Var("k"), L.Var("l")
+    depth = L.minimum(L.const(p.slice_depth), p.depth - sl * p.slice_depth)
+    copy = L.For(lane, width, L.Store(
+        block, (k * cw + lane,), p.x_at(b, sl * p.slice_depth + k, p0 + lane)), vec)
+    if cw > width:
+        copy = L.seq(copy, L.For(lane, cw - width, L.Store(block, (k * cw + width + lane,),
+                                                           L.const(0.0)), vec))
+    return L.For(k, depth, copy)
+
+
+class _Window:
+    """A windowed SparseConv's padded planes and scratch output (workspaces): each image's
+    planes copied once into sh x sw phases of the padded plane with zeros around (`around`,
+    before the units: phase (py, px) holds padded pixels (i sh + py, j sw + px), [rows, wq]),
+    blocks of places q of the phases' flattened grid (q = oy * wq + ox) reading column (c, ky,
+    kx) at phase (ky % sh, kx % sw)'s q + (ky // sh) * wq + kx // sw, contiguous in q
+    (`pack`); their sums stored to the scratch (`store`), then each output row read back
+    through the bias and the epilogue (`around`, after), the columns from ow on dropped: what
+    `depthwise._depthwise_flat` does for one channel, and its phases for a stride."""
+
+    def __init__(self, p: SparseProblem):
+        self.p = p
+        (self.kh, self.kw), (self.top, self.left) = p.kernel, p.begins
+        self.sh, self.sw = p.strides
+        self.wq = p.phase_width
+        oh = p.anchor_dims[2]
+        self.channels = p.depth // (self.kh * self.kw)
+        self.phases = self.sh * self.sw
+        self.rows = oh + (self.kh - 1) // self.sh + 1
+        self.plane = self.rows * self.wq + (self.kw - 1) // self.sw + 1   # the last tap's
+        self.used = sorted({(ky % self.sh, kx % self.sw) for ky in range(self.kh)
+                            for kx in range(self.kw)})
+        self.xpad = L.Buffer("xpad", T.float32, (
+            p.batch * self.channels * self.phases * self.plane,), L.Scope.GLOBAL)
+        self.ysc = L.Buffer("ysc", T.float32, (p.batch * p.rows * p.places,), L.Scope.GLOBAL)
+
+    def pack(self, block: L.Buffer, width: int, cw: int, p0: L.Expr, b, sl, vec) -> L.Stmt:
+        """Slice sl's columns of the block, each a run of a phase."""
+        p, k, lane = self.p, L.Var("k"), L.Var("l")
+        col = sl * p.slice_depth + k
+        c, ky, kx = col // (self.kh * self.kw), (col // self.kw) % self.kh, col % self.kw
+        phase = (ky % self.sh) * self.sw + kx % self.sw
+        start = ((b * self.channels + c) * self.phases + phase) * self.plane + p0 + \
+            (ky // self.sh) * self.wq + kx // self.sw
+        copy = L.For(lane, width, L.Store(block, (k * cw + lane,), self.xpad[start + lane]),
+                     vec)
+        if cw > width:
+            copy = L.seq(copy, L.For(lane, cw - width, L.Store(
+                block, (k * cw + width + lane,), L.const(0.0)), vec))
+        depth = L.minimum(L.const(p.slice_depth), p.depth - sl * p.slice_depth)
+        return L.For(k, depth, copy)
+
+    def store(self, b, j, q, total) -> L.Stmt:
+        return L.Store(self.ysc, ((b * self.p.rows + j) * self.p.places + q,), total)
+
+    def _fill(self, nc: L.Var, py: int, px: int) -> L.Stmt:
+        """Phase (py, px) of plane nc: zeros, then the image's pixels that fall in it (rows
+        i with i sh + py - top inside the image, columns likewise: strided loads)."""
+        p = self.p
+        h, wid = p.image_hw
+        i, j = L.Var("i"), L.Var("j")
+        base = (nc * self.phases + py * self.sw + px) * self.plane
+        vec = L.ForKind.VECTORIZED
+        i0 = max(-(-(self.top - py) // self.sh), 0)
+        i1 = min(self.rows, -(-(self.top + h - py) // self.sh))
+        j0 = max(-(-(self.left - px) // self.sw), 0)
+        j1 = min(self.wq, -(-(self.left + wid - px) // self.sw))
+        zero = L.For(i, self.plane, L.Store(self.xpad, (base + i,), L.const(0.0)), vec)
+        if i1 <= i0 or j1 <= j0:
+            return zero
+        copy = L.For(i, i1 - i0, L.For(j, j1 - j0, L.Store(
+            self.xpad, (base + (i + i0) * self.wq + j + j0,),
+            p.x[nc // self.channels, nc % self.channels, (i + i0) * self.sh + py - self.top,
+                (j + j0) * self.sw + px - self.left]), vec))
+        return L.seq(zero, copy)
+
+    def around(self, units: L.Stmt, kind: L.ForKind) -> L.Stmt:
+        """The planes padded into their phases, `units`, the output rows read back."""
+        p = self.p
+        _, _, oh, ow = p.anchor_dims
+        nc, ix, row = L.Var("nc"), L.Var("ix"), L.Var("row")
+        pad = L.For(nc, p.batch * self.channels, L.seq(
+            *(self._fill(nc, py, px) for py, px in self.used)), kind)
+        n, m, oy = row // (p.rows * oh), (row // oh) % p.rows, row % oh
+        value = self.ysc[(n * p.rows + m) * p.places + oy * self.wq + ix]
+        index = (n, m, L.const(0), oy * ow + ix) if p.flat_reads else (n, m, oy, ix)
+        out = L.For(row, p.batch * p.rows * oh, L.For(ix, ow, L.Store(
+            p.y, (n, m, oy, ix), p.finish_at(value, m, index)), L.ForKind.VECTORIZED), kind)
+        return L.Allocate(self.xpad, L.Allocate(self.ysc, L.seq(pad, units, out)))
+
+
+SPARSE = Template("sparse", sparse_product, lambda p: p.x.dtype is T.float32, space, default,
+                  build)

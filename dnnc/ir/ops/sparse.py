@@ -1,0 +1,209 @@
+"""Products with sparse constant weights: what `passes/find_sparsity.py` makes of a MatMul,
+Gemm or 1x1 Conv whose weights are mostly zeros, where running them sparse is estimated
+faster. Frontends never produce these ops.
+
+The weights are one CSR matrix W [rows, K] (`encode_csr`): `values` (float32 [nnz]), the
+column of each (`columns`, int32 [nnz]) and each row's first entry (`starts`, int32
+[rows + 1]); a row is an output (a dense product's column j, a conv's output channel m), a
+column an element of the reduction (a dense product's k, a conv's input channel c). A row's
+entries are also found per slice of `slice_depth` columns (`starts` [rows, slices + 1]), so
+that a template can walk the reduction a slice at a time, its activations' slice in cache.
+
+    SparseDense(a [..., K], values, columns, starts, bias [N]?)   y[..., j] =
+        sum over the entries e of row j of values[e] * a[..., columns[e]]  (+ bias[j])
+    SparseConv(x [N, C, H, W], values, columns, starts, bias [M]?)   a conv of one group,
+        kernel_shape [kh, kw], `pads` [top, left, bottom, right], `strides` [sh, sw]:
+        y[n, m, h, w] = sum over the entries e of row m, column (c, ky, kx) = columns[e]
+        (c * kh * kw + ky * kw + kx: the weights [M, C, kh, kw] as a matrix [M, C * kh * kw]),
+        of values[e] * x[n, c, h sh + ky - top, w sw + kx - left] (zero outside the image)
+        (+ bias[m])
+
+Attributes: `n` (SparseDense) or `oc` (SparseConv), the rows (and a SparseConv's
+`kernel_shape`, `pads` and `strides`); `slice_depth`; `row_max`, the most entries a
+row holds (the compute rule's reduction reads each row to that length, masked: the one loop
+any target can run; the sparse templates walk each row to its own end); and what the pass
+measured of the dense weights (`density`, the fraction of nonzeros; `structure`,
+`find_sparsity.measure`'s name for their pattern), which `dnnc inspect` prints.
+The references rebuild the dense weights and multiply: the accuracy contract the templates
+are tested against. This module must never choose whether a layer runs sparse.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import types as T
+from ..compute import compute, reduce_axis, reduce_sum
+from ..flops import Count, numel
+from ..loop import Cast, Select, const, logical_and, maximum, minimum
+from .conv import conv
+from .infer import check_dtype
+from .registry import REQUIRED, Pattern, register_op
+
+SPARSE_ATTRS = {"row_max": REQUIRED, "slice_depth": REQUIRED, "density": 1.0,
+                "structure": "unstructured"}
+
+
+def encode_csr(w: np.ndarray, slice_depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, columns, starts) of `w` [rows, K]'s nonzeros, row by row, columns ascending;
+    starts [rows, slices + 1]: starts[j, s] the first entry of row j at a column of slice s
+    or later (slices of `slice_depth` columns), starts[j, slices] = starts[j + 1, 0]. A
+    matrix of no nonzeros keeps one zero entry (no buffer is empty)."""
+    w = np.asarray(w, np.float32)
+    rows_n, depth = w.shape
+    slices = max(-(-depth // slice_depth), 1)
+    rows, cols = np.nonzero(w)
+    # entries before each (row, slice): a row's entries of earlier rows and earlier slices
+    bins = np.bincount(rows * slices + cols // slice_depth, minlength=rows_n * slices)
+    before = np.concatenate([[0], np.cumsum(bins)]).astype(np.int32)
+    starts = np.empty((rows_n, slices + 1), np.int32)
+    starts[:, :slices] = before[:-1].reshape(rows_n, slices)
+    starts[:, slices] = before[slices::slices]
+    values, columns = w[rows, cols].astype(np.float32), cols.astype(np.int32)
+    if not len(values):
+        values, columns = np.zeros(1, np.float32), np.zeros(1, np.int32)
+    return values, columns, starts
+
+
+def decode_csr(values, columns, starts, k: int) -> np.ndarray:
+    """The dense [rows, K] matrix `encode_csr` encoded."""
+    first, end = starts[:, 0], starts[:, -1]
+    w = np.zeros((len(first), k), np.float32)
+    counts = end - first
+    row_of = np.repeat(np.arange(len(first)), counts)
+    entries = np.concatenate([np.arange(a, b) for a, b in zip(first, end)] + [[]]).astype(int)
+    w[row_of, columns[entries]] = values[entries]
+    return w
+
+
+def row_max(starts: np.ndarray) -> int:
+    """The most entries a row of the CSR matrix holds (at least 1: a reduction's extent)."""
+    return max(int((starts[:, -1] - starts[:, 0]).max(initial=0)), 1)
+
+
+def _check_csr(ctx, rows) -> None:
+    check_dtype(ctx, 0, (T.float32,))
+    check_dtype(ctx, 1, (T.float32,), "values")
+    check_dtype(ctx, 2, (T.int32,), "columns")
+    check_dtype(ctx, 3, (T.int32,), "starts")
+    starts = ctx.type(3)
+    if ctx.type(1).rank != 1 or ctx.type(2).shape != ctx.type(1).shape or \
+            starts.rank != 2 or starts.shape[0] != rows or starts.shape[1] < 2:
+        raise ctx.fail(f"CSR weights of {rows} rows are values [nnz], columns [nnz] and "
+                       f"starts [{rows}, slices + 1], given {ctx.type(1)}, {ctx.type(2)}, "
+                       f"{starts}")
+    if ctx.has(4):
+        check_dtype(ctx, 4, (T.float32,), "bias")
+        if ctx.shape(4) != (rows,):
+            raise ctx.fail(f"bias is one per output ({rows}), given {ctx.type(4)}")
+
+
+def _row_sum(values, columns, starts, nnz, row, read, limit: int):
+    """sum over the entries e of CSR row `row` of values[e] * read(columns[e]), as a
+    reduction over `limit` places masked past the row's end (the index clamped to nnz - 1 so
+    that a masked read stays inside the buffers)."""
+    r = reduce_axis(limit, "e")
+    last = starts.shape[1] - 1
+    first, end = Cast(T.int64, starts[row, 0]), Cast(T.int64, starts[row, last])
+    e = minimum(first + r.var, nnz - 1)
+    return reduce_sum(values[e] * read(Cast(T.int64, columns[e])), r, where=first + r.var < end)
+
+
+def _dense_infer(ctx):
+    a = ctx.shape(0)
+    n = ctx.attrs["n"]
+    if len(a) < 1:
+        raise ctx.fail(f"A needs rank >= 1, given {ctx.type(0)}")
+    _check_csr(ctx, n)
+    return [T.TensorType(T.float32, tuple(a[:-1]) + (n,))]
+
+
+def sparse_dense(a, values, columns, starts, bias=None, *, n, row_max, **measured):
+    w = decode_csr(values, columns, starts, a.shape[-1])
+    y = np.matmul(a, w.T)
+    return (y if bias is None else y + bias).astype(np.float32)
+
+
+def _dense_rule(inputs, outputs, *, n, row_max, **measured):
+    a, values, columns, starts = inputs[:4]
+    bias = inputs[4] if len(inputs) > 4 else None
+    nnz = values.shape[0]
+
+    def element(*idx):
+        j = idx[-1]
+        value = _row_sum(values, columns, starts, nnz, j,
+                         lambda k: a[tuple(idx[:-1]) + (k,)], row_max)
+        return value if bias is None else value + bias[j]
+
+    return [compute(outputs[0].shape, element, "sparse_dense", T.float32)]
+
+
+def _flops(node) -> Count:
+    """2 x nonzeros x the places each row is applied at (a dense product's rows, a conv's
+    images' pixels), + one per output element for a bias."""
+    out = node.outputs[0]
+    nnz = node.inputs[1].shape[0]
+    places = out.shape[:-1] if node.op == "SparseDense" else (out.shape[0],) + out.shape[2:]
+    flops = Count.of(places) * (2 * nnz)
+    return flops + numel(out) if len(node.inputs) > 4 and node.inputs[4] is not None \
+        else flops
+
+
+register_op("SparseDense", pattern=Pattern.OUT_FUSABLE, infer=_dense_infer,
+            evaluate=sparse_dense, inputs=(4, 5), compute=_dense_rule, flops=_flops,
+            attrs={"n": REQUIRED, **SPARSE_ATTRS})
+
+
+def _conv_infer(ctx):
+    x = ctx.shape(0)
+    oc = ctx.attrs["oc"]
+    (kh, kw), (top, left, bottom, right) = ctx.attrs["kernel_shape"], ctx.attrs["pads"]
+    sh, sw = ctx.attrs["strides"]
+    if len(x) != 4 or not all(isinstance(d, int) for d in x[2:]):
+        raise ctx.fail(f"x is an NCHW image of a static size, given {ctx.type(0)}")
+    _check_csr(ctx, oc)
+    h, w = (x[2] + top + bottom - kh) // sh + 1, (x[3] + left + right - kw) // sw + 1
+    return [T.TensorType(T.float32, (x[0], oc, h, w))]
+
+
+def sparse_conv(x, values, columns, starts, bias=None, *, oc, row_max, kernel_shape=(1, 1),
+                pads=(0, 0, 0, 0), strides=(1, 1), **measured):
+    w = decode_csr(values, columns, starts, x.shape[1] * kernel_shape[0] * kernel_shape[1])
+    return conv(x, w.reshape((oc, x.shape[1]) + tuple(kernel_shape)), bias,
+                pads=list(pads), strides=list(strides)).astype(np.float32)
+
+
+def _conv_rule(inputs, outputs, *, oc, row_max, kernel_shape=(1, 1), pads=(0, 0, 0, 0),
+               strides=(1, 1), **measured):
+    x, values, columns, starts = inputs[:4]
+    bias = inputs[4] if len(inputs) > 4 else None
+    nnz = values.shape[0]
+    (kh, kw), (top, left) = kernel_shape, pads[:2]
+    height, width = x.shape[2], x.shape[3]
+
+    def element(n, m, h, w):
+        def read(col):
+            if (kh, kw, top, left, *strides) == (1, 1, 0, 0, 1, 1):
+                return x[n, col, h, w]
+            iy = h * strides[0] + (col // kw) % kh - top
+            ix = w * strides[1] + col % kw - left
+            inside = logical_and(logical_and(iy >= 0, iy < height),
+                                 logical_and(ix >= 0, ix < width))
+            at = (n, col // (kh * kw), minimum(maximum(iy, 0), height - 1),
+                  minimum(maximum(ix, 0), width - 1))
+            return Select(inside, x[at], const(0.0))
+
+        value = _row_sum(values, columns, starts, nnz, m, read, row_max)
+        return value if bias is None else value + bias[m]
+
+    return [compute(outputs[0].shape, element, "sparse_conv", T.float32)]
+
+
+register_op("SparseConv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer,
+            evaluate=sparse_conv, inputs=(4, 5), compute=_conv_rule, flops=_flops,
+            attrs={"oc": REQUIRED, "kernel_shape": [1, 1], "pads": [0, 0, 0, 0],
+                   "strides": [1, 1],
+                   **SPARSE_ATTRS})
+
+SPARSE_PRODUCTS = ("SparseDense", "SparseConv")
+"""The ops of this module (`dnnc inspect` counts them)."""
