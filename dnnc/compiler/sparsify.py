@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..backends.registry import REGISTRY
 from ..errors import ArgumentError
 from ..progress import Progress
 from .arguments import check_choice, check_int, check_optional_bool
@@ -42,8 +43,9 @@ from .arguments import check_choice, check_int, check_optional_bool
 log = logging.getLogger(__name__)
 
 PATTERN_FORMS = "unstructured, N:M (e.g. 2:4) or RxC blocks (e.g. 4x1, 1x4)"
-REFERENCES = ("numpy", "onnxruntime")
-"""What `output_error` runs both models on: dnnc's numpy reference, or onnxruntime."""
+REFERENCES = (next(iter(REGISTRY)), "onnxruntime")
+"""What `output_error` runs both models on: dnnc's reference target (the registry's first),
+or onnxruntime."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,7 +427,7 @@ def _runner(model: onnx.ModelProto, reference: str):
 
 
 def output_error(dense: onnx.ModelProto, pruned: onnx.ModelProto, samples: int = 4,
-                 seed: int = 0, reference: str = "numpy", dims: dict | None = None,
+                 seed: int = 0, reference: str = REFERENCES[0], dims: dict | None = None,
                  progress: bool | None = None) -> list[OutputError]:
     """Each output's error of `pruned` against `dense` on `samples` seeded random inputs
     (`zoo.inputs_for`: normal floats, ids below a zoo model's vocabulary; symbolic dims from

@@ -36,6 +36,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from ..backends.registry import REGISTRY
 from ..errors import ArgumentError, DNNCError
 from ..frontend.torch_aten import ATEN
 from ..frontend.torch_fx import import_fx, op_name, supported, tensor_array
@@ -50,10 +51,11 @@ DECOMPOSITIONS = {op: fn for op, fn in core_aten_decompositions().items()
 """What aot_autograd decomposes: to torch's core ATen opset (`frontend/torch_aten.py` maps
 it), except the ops dnnc imports whole (hardswish as one HardSwish, not five ops)."""
 
-OPTIONS = {"target": "llvm", "precision": None, "tuning_log": None, "opt_level": None,
+OPTIONS = {"target": None, "precision": None, "tuning_log": None, "opt_level": None,
            "cache": True, "verbose": False}
 """The backend's options and their defaults: `target`, `precision`, `tuning_log`, `opt_level`
-and `cache` are `dnnc.compile`'s; `verbose` logs the ops left in torch by name."""
+and `cache` are `dnnc.compile`'s (`target` None: the fastest target taking host arrays, as
+torch's CPU tensors are); `verbose` logs the ops left in torch by name."""
 
 VIEW_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.permute.default",
             "aten.expand.default", "aten.unsqueeze.default", "aten.squeeze.dim",
@@ -112,7 +114,12 @@ def check_backend_options(options) -> dict:
     if unknown:
         raise ArgumentError(f"torch.compile(backend='dnnc') options: unknown {', '.join(unknown)}"
                             f"; it takes {', '.join(OPTIONS)}")
-    return {**OPTIONS, **options}
+    options = {**OPTIONS, **options}
+    if options["target"] is None:   # the fastest target whose calls take host arrays
+        options["target"] = max((s for s in REGISTRY.values()
+                                 if s.available() and s.from_dlpack is None),
+                                key=lambda s: s.speed).name
+    return options
 
 
 def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None):

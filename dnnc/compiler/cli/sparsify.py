@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ...backends.registry import REGISTRY
 from .exits import UsageError
 from .models import check_model_file
 from .options import check_writable, int_at_least, print_json
@@ -53,7 +54,8 @@ def add_parser(sub, targets: list[str], default: str):
                          "no measurement)")
     sp.add_argument("--seed", type=int_at_least(0), default=0,
                     help="seed of the random inputs (default 0)")
-    sp.add_argument("--reference", choices=("numpy", "onnxruntime"), default="numpy",
+    reference = next(iter(REGISTRY))   # dnnc's reference target (registered first)
+    sp.add_argument("--reference", choices=(reference, "onnxruntime"), default=reference,
                     help="what runs both models for the error: dnnc's numpy reference "
                          "(default) or onnxruntime")
     sp.set_defaults(run=run)
