@@ -17,8 +17,9 @@ stored a row of Y apart. The worker pool shares (image, place block, row group) 
 Skipping a zero weight drops its term x * 0, which IEEE makes NaN for a NaN or infinite x
 (the dense product's, NumPy's and onnxruntime's result). So a block adds x - x (0, or NaN
 for a non-finite x) over its activations to a per-place flag as it packs them (a pass of its
-own where they are not packed); only where a place is flagged, each row checks that place
-exactly (`_exact_nan`) and puts NaN into its sum before the bias and the epilogue.
+own where they are not packed); a block with a flagged place runs its last slice's rows in a
+second version, where each row checks the flagged places exactly (`_Flag.fix`) and puts NaN
+into their sums before the bias and the epilogue.
 
 Knobs (`SparseConfig`): places, splits, row_groups (chunks of rows split into that many units, for
 more units than the threads where the blocks are few: a 7x7 image is one block). It never
@@ -241,8 +242,7 @@ def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int, cw: i
             return L.For(jc, geo.per_group, body)
 
         stage = rows_of(False)
-        if end:   # the rows again with the fix-up, run where the block has a flagged place
-            # (the fix-up inside the rows of every block cost 10% on a 3x3 conv 512->512 @7)
+        if end:   # the rows again with the fix-up, for a block with a flagged place
             stage = L.If(flag.raised, rows_of(True), stage)
             if packed:   # every slice packed (this one below): the block's flag
                 stage = L.seq(flag.summary, stage)
