@@ -211,3 +211,93 @@ def test_narrower_vectors_compute_the_same(rng, mattr):
     x = rng.standard_normal((1, 128, 14, 14)).astype(np.float32)
     y = np.maximum(np.einsum("mc,nchw->nmhw", w.astype(np.float64), x), 0).mean(axis=(2, 3))
     np.testing.assert_allclose(model(x), y @ w2 + b2, rtol=1e-5, atol=1e-5)
+
+
+def _plant_nonfinite(rng, x) -> np.ndarray:
+    """x with NaN, +inf and -inf planted at a few random elements each."""
+    x = x.copy()
+    flat = x.reshape(-1)
+    spots = rng.choice(flat.size, size=min(3 * 4, flat.size), replace=False)
+    flat[spots[0::3]], flat[spots[1::3]], flat[spots[2::3]] = np.nan, np.inf, -np.inf
+    return x
+
+
+NONFINITE_CONVS = [  # (n, c, m, h, w, slice_depth, k, pads, stride): 1x1 and 3x3, strides 1
+    # and 2, one slice and several
+    (1, 24, 20, 7, 9, 256, 1, (0, 0, 0, 0), 1), (2, 40, 33, 5, 5, 16, 1, (0, 0, 0, 0), 1),
+    (2, 12, 20, 9, 8, 16, 1, (0, 0, 0, 0), 2), (1, 8, 5, 6, 7, 16, 3, (1, 1, 1, 1), 1),
+    (1, 16, 24, 14, 15, 32, 3, (1, 1, 1, 1), 2)]
+
+
+@pytest.mark.parametrize("shape", NONFINITE_CONVS, ids=[str(s) for s in NONFINITE_CONVS])
+def test_a_sparse_conv_propagates_nonfinite_inputs_as_the_dense_one(rng, shape):
+    """A NaN or infinite activation times a pruned (zero) weight is NaN, as in the dense
+    product: skipping the zero weight must not drop it (the outputs NaN where the dense
+    product's are, before the bias)."""
+    n, c, m, h, wid, slice_depth, k, pads, stride = shape
+    w = pruned(rng, (m, c, k, k), 0.1)
+    b = rng.standard_normal(m).astype(np.float32)
+    g = Graph("sparse_conv_nan")
+    x = g.add_input("x", T.TensorType(T.float32, (n, c, h, wid)))
+    csr, attrs = _csr(w.reshape(m, -1), slice_depth)
+    g.outputs = [g.add("SparseConv", x, *csr, _const("b", b), oc=m, kernel_shape=[k, k],
+                       pads=list(pads), strides=[stride, stride], **attrs)]
+    feed = _plant_nonfinite(rng, rng.standard_normal((n, c, h, wid)).astype(np.float32))
+    with np.errstate(invalid="ignore"):
+        want = conv(feed.astype(np.float64), w.astype(np.float64), b.astype(np.float64),
+                    pads=list(pads), strides=[stride, stride])
+    assert np.isnan(want).any()
+    np.testing.assert_allclose(compiled(g, 1)(feed), want, rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", DENSES[:4], ids=[str(s) for s in DENSES[:4]])
+def test_a_sparse_dense_propagates_nonfinite_inputs_as_the_dense_one(rng, shape):
+    a_shape, n, slice_depth = shape
+    w = pruned(rng, (n, a_shape[-1]), 0.1)
+    g = Graph("sparse_dense_nan")
+    a = g.add_input("a", T.TensorType(T.float32, a_shape))
+    csr, attrs = _csr(w, slice_depth)
+    g.outputs = [g.add("SparseDense", a, *csr, n=n, **attrs)]
+    feed = _plant_nonfinite(rng, rng.standard_normal(a_shape).astype(np.float32))
+    with np.errstate(invalid="ignore"):
+        want = feed.astype(np.float64) @ w.T.astype(np.float64)
+    assert np.isnan(want).any()
+    np.testing.assert_allclose(compiled(g, 1)(feed), want, rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_1x1_sparse_conv_read_in_place_propagates_nonfinite_inputs(rng, pack):
+    """The config reading a 1x1 conv's activations in place (pack=False: its flags found by a
+    pass of their own) and the packed one, built through schedule_kernel and run."""
+    import ctypes
+
+    from dnnc.backends.llvm.codegen import ModuleBuilder
+    from dnnc.backends.llvm.cpu import host_target
+    from dnnc.backends.llvm.jit import JITModule
+    from dnnc.backends.llvm.schedules import schedule_kernel
+    from dnnc.backends.llvm.sparse import SparseConfig
+
+    n, c, m, h, wid = 2, 40, 33, 5, 7
+    w = pruned(rng, (m, c, 1, 1), 0.1)
+    b = rng.standard_normal(m).astype(np.float32)
+    g = Graph("sparse_conv_nan")
+    x = g.add_input("x", T.TensorType(T.float32, (n, c, h, wid)))
+    csr, attrs = _csr(w.reshape(m, -1), 16)
+    g.outputs = [g.add("SparseConv", x, *csr, _const("b", b), oc=m, **attrs)]
+    feed = _plant_nonfinite(rng, rng.standard_normal((n, c, h, wid)).astype(np.float32))
+    with np.errstate(invalid="ignore"):
+        want = conv(feed.astype(np.float64), w.astype(np.float64), b.astype(np.float64))
+    kernel = lower_group(g.nodes, "k", outputs=g.outputs)
+    func = schedule_kernel(kernel, host_target(), config=SparseConfig(16, 2, 2, pack))
+    mb = ModuleBuilder("nan")
+    mb.add(func)
+    jit = JITModule(str(mb), host_target(), 2)
+    inputs = [feed if v is x else np.ascontiguousarray(v.const) for v in kernel.inputs]
+    got = np.zeros(want.shape, np.float32)
+    arrays = inputs + [got]
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jit.address(f"{func.name}_packed"))(
+        (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]), (ctypes.c_int64 * 1)())
+    assert np.isnan(want).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
