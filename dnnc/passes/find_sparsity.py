@@ -161,6 +161,13 @@ def sparse_cycles(places: int, rows: int, depth: int, nnz: int, lanes: int,
     return blocks * per_block + (nnz * 8 + rows * slices * 4) / MEMORY_BYTES_PER_CYCLE
 
 
+MAX_DENSITY = 0.5
+"""Weights with more nonzeros than this fraction stay dense whatever the estimate: at 50%
+zeros the layers of bench/cpu_sparse.py --layers broke even, and the cost model, fitted to
+pruned layers, is not to be trusted far outside them (it called a 3-channel conv with no
+zero weight at all faster in CSR)."""
+
+
 def sparse_faster(places: int, w: np.ndarray, lanes: int, transposed: bool = False) -> bool:
     """Whether the sparse template is estimated faster than the dense one on weights `w`
     [rows, depth] applied at `places` places, on a machine of `lanes` float32 lanes."""
@@ -248,8 +255,8 @@ def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Ta
 
 def sparse_weights(graph: Graph, node: Node, users, target: Target):
     """MatMul / Gemm / 1x1 Conv with constant float32 weights -> SparseDense / SparseConv
-    where `sparse_faster` holds (convert_layout's rule signature: the new node and no nodes
-    taken over)."""
+    where `sparse_faster` holds and at most MAX_DENSITY of the weights are nonzero
+    (convert_layout's rule signature: the new node and no nodes taken over)."""
     w = layer_weights(node)
     if w is None or target.precision != "fp32" or node.inputs[0].type.dtype is not float32 or \
             node.outputs[0].type.dtype is not float32:
@@ -261,7 +268,8 @@ def sparse_weights(graph: Graph, node: Node, users, target: Target):
     if node.op == "Conv" and window is None:
         return None
     places = _places(node)
-    if places is None or not _estimated_faster(node, places, w, window, target):
+    if places is None or np.count_nonzero(w) > MAX_DENSITY * w.size or \
+            not _estimated_faster(node, places, w, window, target):
         return None
     consts, attrs = _csr_inputs(node, w, measure(w))
     if node.op == "Conv":
