@@ -83,9 +83,7 @@ def nhwc_graph(rng, precision, image, oc, kernel, stride, pad, dilation):
 @needs_gxx
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
-    from test_host_semantics import host_library, program_on_host
-
-    precision, image, oc, kernel, stride, pad, dilation = CASES[case]
+    precision = CASES[case][0]
     graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
     graph, (program,) = programs(graph, machine=target(precision))
     (conv_kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
@@ -101,16 +99,23 @@ def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
     # the patches by cp.async where C fills chunks (the weights: where kh kw C does)
     patches = re.search(r"dnnc_cp_async\(&a_tile", source) is not None
     assert patches == (case in COPIED)
+    _on_host_within_the_bound(case, graph, x, program, module, tmp_path)
+
+
+def _on_host_within_the_bound(case, graph, x, program, module, tmp_path):
+    """Run `program` of CASES[case]'s graph on host threads and hold its output to the
+    precision's bound (sum_k |x| |w| of each output; 16-bit results rounded once more)."""
+    from test_host_semantics import host_library, program_on_host
+
+    precision, image, oc, kernel, stride, pad, dilation = CASES[case]
     lib = host_library(program.unique, tmp_path, module)
     got = program_on_host(lib, module, program, {"x": x})[graph.outputs[0].name]
     want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
-    # sum_k |x| |w| of each output
     scale = np.abs(conv(np.abs(x.astype(np.float64)).transpose(0, 3, 1, 2),
                         np.abs(graph.nodes[0].inputs[1].const.astype(np.float64))
                         .transpose(0, 3, 1, 2), strides=[stride] * 2, pads=[pad] * 4,
                         dilations=[dilation] * 2)).transpose(0, 2, 3, 1)
-    k = kernel * kernel * image[-1]
-    limit = bound(precision, k, scale, want)
+    limit = bound(precision, kernel * kernel * image[-1], scale, want)
     if precision != "tf32":   # the result stored in 16 bits: rounded once more
         limit = limit + 2 * {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[precision] * np.abs(want)
     error = np.abs(got.astype(np.float64) - want)
@@ -126,9 +131,8 @@ def test_convolutions_with_the_wgmma_knob_on_host(case, rng, tmp_path):
     precision's bound on host threads."""
     from dnnc.backends.cuda.mma import TensorCoreConfig
     from dnnc.backends.cuda.wgmma import block_k
-    from test_host_semantics import host_library, program_on_host
 
-    precision, image, oc, kernel, stride, pad, dilation = CASES[case]
+    precision = CASES[case][0]
     config = TensorCoreConfig(64, 64, block_k(precision), 4, 1, 3, wgmma=True)
     graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
     graph, (program,) = programs(graph, machine=target(precision), config=config)
@@ -136,19 +140,7 @@ def test_convolutions_with_the_wgmma_knob_on_host(case, rng, tmp_path):
     assert conv_kernel.schedule == ("cuda_mma_conv2d_nhwc", config)
     module = render_module(program.unique)
     assert f"dnnc_wgmma_{precision}_n64<" in module.source
-    lib = host_library(program.unique, tmp_path, module)
-    got = program_on_host(lib, module, program, {"x": x})[graph.outputs[0].name]
-    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
-    scale = np.abs(conv(np.abs(x.astype(np.float64)).transpose(0, 3, 1, 2),
-                        np.abs(graph.nodes[0].inputs[1].const.astype(np.float64))
-                        .transpose(0, 3, 1, 2), strides=[stride] * 2, pads=[pad] * 4,
-                        dilations=[dilation] * 2)).transpose(0, 2, 3, 1)
-    limit = bound(precision, kernel * kernel * image[-1], scale, want)
-    if precision != "tf32":
-        limit = limit + 2 * {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[precision] * np.abs(want)
-    error = np.abs(got.astype(np.float64) - want)
-    assert np.isfinite(got.astype(np.float64)).all() and (error <= limit).all(), \
-        f"worst error {error.max():.3g}, bound there {limit.flat[error.argmax()]:.3g}"
+    _on_host_within_the_bound(case, graph, x, program, module, tmp_path)
 
 
 def test_every_case_compiles_for_sm80_and_sm90():
