@@ -160,13 +160,7 @@ def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out):
     wq = rng.integers(-128, 128, (m, c, k, k)).astype(np.int8)
     g = Graph("q")
     x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, c, h, w)))
-    ins = [x, _const("za", act(rng.integers(info.min, info.max))),
-           _const("w", pack_conv_groups(wq)),
-           _const("s", wq.astype(np.int32).reshape(m, -1).sum(1).astype(np.int32)),
-           _const("b", rng.integers(-1000, 1000, m).astype(np.int32)),
-           _const("sc", rng.uniform(1e-4, 1e-3, m).astype(np.float32))]
-    if out is not None:
-        ins.append(_const("yz", out(3)))
+    ins = _conv_inputs(rng, x, act, pack_conv_groups(wq), wq, (1e-4, 1e-3), out)
     attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, oc=m,
                  lo=None, hi=None)
     g.outputs = [g.add("Relu", g.add("QuantizedConvPacked", *ins, **attrs))]
@@ -174,6 +168,18 @@ def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out):
     want = np.maximum(quantized_conv_packed(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
                                             dilations=None, group=1, **attrs), 0)
     return g, xv, want
+
+
+def _conv_inputs(rng, x, act, w, wq, scales, out) -> list:
+    """A quantized conv's inputs: x, a random zero point of type `act`, weights `w` (wq as
+    stored), wq's per-channel sums, a random int32 bias, per-channel scales drawn from
+    `scales` and, where `out` is a type, its zero point 3."""
+    info, channels = np.iinfo(act), wq.shape[0]
+    ins = [x, _const("za", act(rng.integers(info.min, info.max))), _const("w", w),
+           _const("s", wq.astype(np.int32).reshape(channels, -1).sum(1).astype(np.int32)),
+           _const("b", rng.integers(-1000, 1000, channels).astype(np.int32)),
+           _const("sc", rng.uniform(*scales, channels).astype(np.float32))]
+    return ins + ([_const("yz", out(3))] if out is not None else [])
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -206,12 +212,7 @@ def test_depthwise_int8_equals_the_reference(n, c, h, w, k, stride, pad, act, ou
     wq = rng.integers(-128, 128, (c, 1, k, k)).astype(np.int8)
     g = Graph("q")
     x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, c, h, w)))
-    ins = [x, _const("za", act(rng.integers(info.min, info.max))), _const("w", wq),
-           _const("s", wq.astype(np.int32).reshape(c, -1).sum(1).astype(np.int32)),
-           _const("b", rng.integers(-1000, 1000, c).astype(np.int32)),
-           _const("sc", rng.uniform(1e-3, 1e-2, c).astype(np.float32))]
-    if out is not None:
-        ins.append(_const("yz", out(3)))
+    ins = _conv_inputs(rng, x, act, wq, wq, (1e-3, 1e-2), out)
     attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=c,
                  lo=None, hi=None)
     g.outputs = [g.add("Relu", g.add("QuantizedConv", *ins, **attrs))]
