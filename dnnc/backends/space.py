@@ -105,10 +105,16 @@ class Space:
 
     def check(self, config) -> Any:
         """`config` (a config of this template, or a mapping knob -> value) as this template's
-        config type, when it lies in the space; else ConfigError saying why."""
+        config type, when it lies in the space; else ConfigError saying why. A mapping may
+        leave out a knob whose field in the config type has a default (a tuning record
+        written before the knob was added: the default is what it measured)."""
         if isinstance(config, Mapping):
             unknown = sorted(set(config) - {k.name for k in self.knobs})
-            missing = [k.name for k in self.knobs if k.name not in config]
+            defaulted = {f.name for f in dataclasses.fields(self.config_type)
+                         if f.default is not dataclasses.MISSING} \
+                if dataclasses.is_dataclass(self.config_type) else set()
+            missing = [k.name for k in self.knobs if k.name not in config and
+                       k.name not in defaulted]
             if unknown or missing:
                 raise ConfigError(
                     f"template {self.template!r}: config {dict(config)} "

@@ -131,6 +131,9 @@ J4 = {j: Bounds(0, 3), i: Bounds(0, 99)}
     ((i * 4 + j) % 4, j, J4),
     (j // 4, const(0), J4), (j % 4, j, J4),
     (((i * 4 + j) // 4) * 4 + (i * 4 + j) % 4, i * 4 + j, J4),  # recombination
+    ((i * 4 + j) % 64, (i * 4) % 64 + j, J4),                   # a lane over an aligned base
+    ((i * 4 + j) // 64, (i * 4) // 64, J4),
+    ((i * 128 + k * 4 + j) % 64, k * 4 + j, {**J4, k: Bounds(0, 9)}),
     (j < 4, const(True, T.bool_), J4), (j >= 4, const(False, T.bool_), J4),
     (minimum(j, 10), j, J4), (maximum(j, 10), const(10), J4),
     (Select(j < 4, i, j), i, J4), (Select(i < n, j, j), j, {}),
@@ -144,6 +147,10 @@ def test_simplifier_leaves_what_it_cannot_prove():
     assert simplify_expr(j // 4, {}) == j // 4                         # j unbounded
     assert simplify_expr((i * 4 + j) // 4, {}) == i + j // 4           # true for any j
     assert simplify_expr(j < n, J4) == (j < n)
+    assert simplify_expr((i * 4 + k) % 64, {k: Bounds(0, 4)}) == (i * 4 + k) % 64   # k may carry
+    assert simplify_expr((i * 4 + j) % 6, J4) == (i * 4 + j) % 6       # 4 does not divide 6
+    assert simplify_expr((i * 4 + j) % 64, {i: Bounds(-2, 9), j: Bounds(0, 3)}) == \
+        (i * 4 + j) % 64                                                # the base may be < 0
     x = Var("x", T.float32)
     assert simplify_expr(x * 0.0) == x * 0.0                           # NaN * 0 is NaN
 

@@ -183,8 +183,8 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         em = _Emitter(func.name, grid, block)
         align = L.SWIZZLE_BYTES if any(isinstance(n, L.Wgmma) for n in L.walk(stage)) else 16
         pool = shared_pool_bytes(stage, align)
-        if pool > STATIC_SHARED_BYTES or align > 16:   # one dynamic pool, buffers carved from it
-            em.pool, em.pool_align = 0, align
+        if shared_bytes(stage, align) > STATIC_SHARED_BYTES or align > 16:
+            em.pool, em.pool_align = 0, align   # one dynamic pool, buffers carved from it
             em.emit(1, f"DNNC_SHARED_POOL({SHARED_POOL}, {pool});")
         em.stmt(stage, 1)
         threads = math.prod(block)
@@ -200,11 +200,32 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
     return "\n".join(texts), CudaKernel(launches, sizes)
 
 
-def shared_pool_bytes(stage: L.Stmt, align: int = 16) -> int:
-    """Bytes of every shared buffer a stage allocates, each from an `align`-byte boundary."""
-    return sum(-(-max(1, math.prod(L.static_shape(n.buffer.shape) or (1,))) *
-                 n.buffer.dtype.itemsize // align) * align for n in L.walk(stage)
+def _shared_size(b: L.Buffer, align: int) -> int:
+    return -(-max(1, math.prod(L.static_shape(b.shape) or (1,))) * b.dtype.itemsize //
+             align) * align
+
+
+def shared_bytes(stage: L.Stmt, align: int = 16) -> int:
+    """Bytes of every shared buffer a stage allocates, each from an `align`-byte boundary
+    (what static `__shared__` arrays take: nvcc gives each its own)."""
+    return sum(_shared_size(n.buffer, align) for n in L.walk(stage)
                if isinstance(n, L.Allocate) and n.buffer.scope is L.Scope.SHARED)
+
+
+def shared_pool_bytes(s: L.Stmt, align: int = 16) -> int:
+    """Bytes of the dynamic pool a stage needs: the most its shared buffers take at once, a
+    buffer's memory free once its Allocate's body ends (`_Emitter.allocate` reuses it)."""
+    if isinstance(s, L.Allocate):
+        own = _shared_size(s.buffer, align) if s.buffer.scope is L.Scope.SHARED else 0
+        return own + shared_pool_bytes(s.body, align)
+    if isinstance(s, L.Seq):
+        return max((shared_pool_bytes(x, align) for x in s.stmts), default=0)
+    if isinstance(s, L.If):
+        return max(shared_pool_bytes(s.then, align),
+                   0 if s.orelse is None else shared_pool_bytes(s.orelse, align))
+    if isinstance(s, (L.For, L.Let)):
+        return shared_pool_bytes(s.body, align)
+    return 0
 
 
 def stages(body: L.Stmt) -> tuple[list[L.Buffer], list[L.Stmt]]:
@@ -404,6 +425,7 @@ class _Emitter:
         self.divisors: dict[L.Var, int] = {}   # of the lets in scope (alignment proofs)
         self.pool: int | None = None   # bytes of the dynamic shared pool carved so far
         self.pool_align = 16           # each buffer of it from a multiple of this
+        self.pool_used = 0             # bytes of the pool any buffer has held so far
 
     def fail(self, what: str):
         raise CudaCodegenError(f"{self.func}: {what}")
@@ -521,12 +543,16 @@ class _Emitter:
             self.fail(f"{b.scope.value} buffer {b.name} has a symbolic shape")
         self.emit(depth, "{")
         if b.scope is L.Scope.SHARED and self.pool is not None:
-            count = max(1, math.prod(shape))
+            start = self.pool
+            if start < self.pool_used:   # memory an ended buffer held: every thread past it
+                self.emit(depth + 1, "__syncthreads();")
             self.emit(depth + 1, f"{C_TYPES[b.dtype]}* const {c_name(b.name)} = "
                                  f"reinterpret_cast<{C_TYPES[b.dtype]}*>({SHARED_POOL} + "
-                                 f"{self.pool});")
-            self.pool += -(-count * b.dtype.itemsize // self.pool_align) * self.pool_align
+                                 f"{start});")
+            self.pool += _shared_size(b, self.pool_align)
+            self.pool_used = max(self.pool_used, self.pool)
             self.stmt(s.body, depth + 1)
+            self.pool = start            # the buffer ends with its body: its memory is free
             self.emit(depth, "}")
             return
         align = "__align__(16) " if b.scope is L.Scope.SHARED else ""

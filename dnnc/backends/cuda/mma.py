@@ -110,6 +110,13 @@ DEFAULT_STAGES = 3
 # every precision), a split costs as in dense.py
 LAUNCH_S = 2e-6
 
+STAGED_RUN = 4
+"""Consecutive results of a row a thread finishes and stores at once in a staged epilogue
+(`_staged`): 16 bytes of float32, 8 of a 16-bit Y."""
+STAGING_PAD = 8
+"""Floats past each row of the staged tile (rows 8 banks apart: a warp's float2 stores of its
+fragments, 4 rows of 4 lanes a half-warp, hit distinct banks)."""
+
 GROUP_ROWS = 8
 """Row tiles a group of consecutive blocks runs down before moving across (`_grouped`)."""
 
@@ -127,6 +134,7 @@ class TensorCoreConfig:
     split_k: int = 1     # k slices summed by a second launch (fills the GPU when m n is small)
     wgmma: bool = False  # warpgroups of warps_m / 4 x warps_n issue wgmma (sm_90: wgmma.py)
     early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
+    staged: bool = False   # results through shared memory, stored in row runs (`_staged`)
 
     @property
     def threads(self) -> int:
@@ -144,7 +152,7 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
         "block_k": (16, 32, 64), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
-        "early_refill": (False, True)[:1 + warpgroups],
+        "early_refill": (False, True)[:1 + warpgroups], "staged": (False, True),
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -157,10 +165,10 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
                    "with early_refill)",
                    lambda c: not c.wgmma or wgmma.fits(c, precision)),
         Constraint("early_refill only with wgmma", lambda c: c.wgmma or not c.early_refill),
-        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB "
-                   f"({MAX_WGMMA_SHARED_BYTES >> 10} KiB with wgmma)",
-                   lambda c: shared_bytes(c, precision) <= (
-                       MAX_WGMMA_SHARED_BYTES if c.wgmma else MAX_SHARED_BYTES)),
+        Constraint(f"the stages' shared tiles (and staged results) within "
+                   f"{MAX_SHARED_BYTES >> 10} KiB ({MAX_WGMMA_SHARED_BYTES >> 10} KiB with "
+                   "wgmma)",
+                   lambda c: shared_bytes(c, precision) <= _shared_limit(c)),
         Constraint("split_k at most the k tiles, batch * split_k blocks on grid z",
                    lambda c: c.split_k <= -(-k // c.block_k) and
                    batch * c.split_k <= MAX_GRID_YZ)])
@@ -171,8 +179,27 @@ def _accumulators(c: TensorCoreConfig) -> int:
 
 
 def shared_bytes(c: TensorCoreConfig, precision: str) -> int:
-    """Bytes of the ring of shared tiles of config `c` at `precision`."""
-    return c.stages * c.block_k * (c.block_m + c.block_n) * _element_bytes(precision)
+    """Bytes of shared memory a block of config `c` takes at `precision`: its ring of
+    tiles, or the staged results where they take more (they reuse the ring's memory)."""
+    ring = c.stages * c.block_k * (c.block_m + c.block_n) * _element_bytes(precision)
+    return max(ring, _staging_bytes(c)) if c.staged and c.split_k == 1 else ring
+
+
+def _staging_bytes(c: TensorCoreConfig) -> int:
+    return c.block_m * (c.block_n + STAGING_PAD) * 4
+
+
+def _shared_limit(c: TensorCoreConfig) -> int:
+    return MAX_WGMMA_SHARED_BYTES if c.wgmma else MAX_SHARED_BYTES
+
+
+def staged_where_it_fits(c: TensorCoreConfig, precision: str) -> TensorCoreConfig:
+    """`c` with its results staged (`_staged`) where the staged tile fits the block's shared
+    memory limit (the defaults' epilogue; DNNC_STAGED=0 keeps the direct one)."""
+    if os.environ.get("DNNC_STAGED") == "0":
+        return c
+    staged = replace(c, staged=True)
+    return staged if shared_bytes(staged, precision) <= _shared_limit(c) else c
 
 
 def _element_bytes(precision: str) -> int:
@@ -308,6 +335,7 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59)."""
     best, best_time = None, math.inf
     for base, efficiency in _candidates(precision, wgmma, k, m * n * batch):
+        base = staged_where_it_fits(base, precision)
         bm, bn = base.block_m, base.block_n
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
@@ -318,7 +346,7 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
-            config = replace(base, split_k=split)
+            config = replace(base, split_k=split, staged=base.staged and split == 1)
             count = blocks * split
             fill = min(1.0, count / full)
             waves = -(-count // wave) * wave / count if count > wave else 1.0
@@ -362,8 +390,11 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
     bi, by, bx = w.bi, w.by, w.bx
     grid = (-(-m // w.bm), -(-n // w.bn))
     if c.split_k == 1:
-        done = w.each_result(lambda i, j, value: store(bi, i, j, value))
-        body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
+        if c.staged:
+            body = w.block(L.seq(w.init(), w.product(L.const(0))), _staged(w, store))
+        else:
+            done = w.each_result(lambda i, j, value: store(bi, i, j, value))
+            body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
         return L.For(bi, batch, _grouped(body, grid, by, bx), L.ForKind.BLOCK_Z)
     sk = L.Var("sk")
 
@@ -374,6 +405,46 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
         return L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
 
     return dense_template._split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
+
+
+def _staged(w, store) -> L.Stmt:
+    """The block's results stored through shared memory: each thread's accumulators into a
+    block_m x block_n float32 tile (rows STAGING_PAD floats apart: a warp's pairs of a
+    fragment land in distinct banks), then, after a barrier, each thread takes runs of
+    STAGED_RUN consecutive results of a row (consecutive threads the consecutive runs of a
+    row: a warp's loads and stores of Y, its bias and residual are whole lines), finishes
+    them (`store`'s epilogue) into registers and stores them with one vector store where
+    the renderer proves the run contiguous and aligned in Y (through a layout tail too:
+    the simplifier splits a run's lane off an aligned base). The tile takes the memory the
+    operands' ring held (`codegen.shared_pool_bytes`)."""
+    run, stride = STAGED_RUN, w.bn + STAGING_PAD
+    tile = L.Buffer("y_tile", T.float32, (w.bm * stride,), L.Scope.SHARED)
+    kept = w.each_result(lambda i, j, value: L.Store(tile, (i * stride + j,), value),
+                         within_tile=True)
+    results = L.Buffer("y_run", T.float32, (run,), L.Scope.LOCAL)
+    v = L.Var("v")
+
+    def finish(step, e):
+        r, col = e // (w.bn // run), e % (w.bn // run) * run
+        i, j = w.row0 + r, w.col0 + col
+        done = store(w.bi, i, j + v, results[v])
+        out = L.Buffer("y_out", done.buffer.dtype, (run,), L.Scope.LOCAL)
+        if w.n % run == 0:   # a run is inside Y or past its edge whole
+            body = L.seq(L.For(v, run, L.Store(out, (v,), done.value), L.ForKind.UNROLLED),
+                         L.For(v, run, L.Store(done.buffer, done.indices, out[v]),
+                               L.ForKind.VECTORIZED))
+            inside = L.logical_and(i < w.m, j < w.n)
+        else:
+            body = L.For(v, run, L.If(j + v < w.n, done), L.ForKind.UNROLLED)
+            inside = i < w.m
+        if w.m % w.bm == 0 and w.n % w.bn == 0:
+            inside = None
+        body = L.seq(L.For(v, run, L.Store(results, (v,), tile[r * stride + col + v]),
+                           L.ForKind.VECTORIZED), body if inside is None else L.If(inside, body))
+        return L.Allocate(results, L.Allocate(out, body))
+
+    copied = _over_threads(w.c.threads, w.bm * w.bn // run, finish)
+    return L.Allocate(tile, L.seq(kept, L.Barrier(), copied))
 
 
 def _grouped(body: L.Stmt, grid: tuple[int, int], by: L.Var, bx: L.Var) -> L.Stmt:
@@ -702,18 +773,20 @@ class _WarpTiles:
             self.update(kt % stages), *(x.finish(slot, more) for x in tiles)))
         return L.seq(*ahead, loop)
 
-    def each_result(self, body) -> L.Stmt:
+    def each_result(self, body, within_tile: bool = False) -> L.Stmt:
         """`body(i, j, accumulator)` for each of the thread's results, if inside Y: a lane's
         two results of a row are adjacent columns, stored as one vector (a warp's stores then
         fill whole 32-byte sectors) where no tile passes Y's edges and `body` allows it (a
-        store of registers: the renderer's proof)."""
+        store of registers: the renderer's proof). `within_tile`: (i, j) within the block's
+        tile, every result (the staged epilogue's copy into shared memory)."""
         mi, ni, v = self.mi, self.ni, L.Var("v")
-        exact = self.m % self.bm == 0 and self.n % self.bn == 0
+        exact = within_tile or self.m % self.bm == 0 and self.n % self.bn == 0
+        row0, col0 = (L.const(0), L.const(0)) if within_tile else (self.row0, self.col0)
         out = []
         for half in range(2):   # accumulators 2 half, 2 half + 1: row g + 8 half
             row, col = _c(2 * half, self.g, self.q)
-            i = self.row0 + self.wy * self.wm + mi * self.mm + row
-            j = self.col0 + self.wx * self.wn + ni * self.mn + col
+            i = row0 + self.wy * self.wm + mi * self.mm + row
+            j = col0 + self.wx * self.wn + ni * self.mn + col
             at = (mi * self.tn + ni) * 4 + 2 * half
             if exact:
                 out.append(L.For(v, 2, body(i, j + v, self.acc[at + v]),
@@ -725,13 +798,23 @@ class _WarpTiles:
                                                         L.ForKind.UNROLLED),
                                      L.ForKind.UNROLLED))
 
-    def block(self, body: L.Stmt) -> L.Stmt:
-        """`body` with the block's shared tiles and the thread's registers allocated."""
-        buffers = [self.a_in.tile, self.b_in.tile, self.acc, self.a_frag, self.b_frag]
-        buffers += [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous]
-        for buffer in buffers:
-            body = L.Allocate(buffer, body)
-        return body
+    def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
+        """`body` with the block's shared tiles and the thread's registers allocated, then
+        `after` (if any) with the registers only (the tiles' memory free: `_staged`)."""
+        return _allocated(body, after, [self.a_in.tile, self.b_in.tile] + [
+            x.stage for x in (self.a_in, self.b_in) if not x.asynchronous],
+            [self.acc, self.a_frag, self.b_frag])
+
+
+def _allocated(body: L.Stmt, after: L.Stmt | None, tiles: list, registers: list) -> L.Stmt:
+    """`body` inside Allocates of `tiles`, then `after`, both inside those of `registers`."""
+    for buffer in tiles:
+        body = L.Allocate(buffer, body)
+    if after is not None:
+        body = L.seq(body, after)
+    for buffer in registers:
+        body = L.Allocate(buffer, body)
+    return body
 
 
 # -- the templates ----------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from __future__ import annotations
 from ...ir import loop as L
 from ...ir import types as T
 from .dense import Operand
-from .mma import CHUNK_WORDS, WARP, TensorCoreConfig, _Tile
+from .mma import CHUNK_WORDS, WARP, TensorCoreConfig, _allocated, _Tile
 
 WARPGROUP = 4 * WARP
 TILE_M = 64
@@ -217,17 +217,17 @@ class Warpgroups:
         done = self.per_thread(L.WgmmaWait(0, self.acc[0], self.count))
         return L.seq(*prologue, loop, done)
 
-    def each_result(self, body) -> L.Stmt:
+    def each_result(self, body, within_tile: bool = False) -> L.Stmt:
         """`body(i, j, accumulator)` for each of the thread's results, if inside Y (the D
         layout of `L.Wgmma`); a lane's two results of a row as one vector where no tile
-        passes Y's edges (as `mma._WarpTiles.each_result`)."""
-        exact = self.m % self.bm == 0 and self.n % self.bn == 0
+        passes Y's edges (as `mma._WarpTiles.each_result`, `within_tile` too)."""
+        exact = within_tile or self.m % self.bm == 0 and self.n % self.bn == 0
+        row0, col0 = (L.const(0), L.const(0)) if within_tile else (self.row0, self.col0)
         mi, tile, v = self.mi, L.Var("nt"), L.Var("v")
         out = []
         for half in range(2):   # registers 4 nt + 2 half (+ 1): row g + 8 half
-            i = self.row0 + self.wy * self.rows + mi * TILE_M + self.warp * 16 + self.g + \
-                8 * half
-            j = self.col0 + self.wx * self.cols + tile * 8 + 2 * self.q
+            i = row0 + self.wy * self.rows + mi * TILE_M + self.warp * 16 + self.g + 8 * half
+            j = col0 + self.wx * self.cols + tile * 8 + 2 * self.q
             at = mi * (self.cols // 2) + tile * 4 + 2 * half
             if exact:
                 out.append(L.For(v, 2, body(i, j + v, self.acc[at + v]),
@@ -239,10 +239,8 @@ class Warpgroups:
                                                         L.ForKind.UNROLLED),
                                      L.ForKind.UNROLLED))
 
-    def block(self, body: L.Stmt) -> L.Stmt:
-        """`body` with the block's shared tiles and the thread's registers allocated."""
-        buffers = [self.a_in.tile, self.b_in.tile, self.acc]
-        buffers += [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous]
-        for buffer in buffers:
-            body = L.Allocate(buffer, body)
-        return body
+    def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
+        """`body` with the block's shared tiles and the thread's registers allocated, then
+        `after` (as `mma._WarpTiles.block`)."""
+        return _allocated(body, after, [self.a_in.tile, self.b_in.tile] + [
+            x.stage for x in (self.a_in, self.b_in) if not x.asynchronous], [self.acc])

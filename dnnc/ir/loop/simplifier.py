@@ -221,6 +221,47 @@ def _div_mod(e, env):
     return None
 
 
+def _terms(e) -> list:
+    """The addends of a chain of integer sums."""
+    if isinstance(e, BinOp) and e.op == "+" and e.dtype.is_int:
+        return _terms(e.a) + _terms(e.b)
+    return [e]
+
+
+def _sum(terms: list, dtype) -> Expr:
+    out = terms[0]
+    for t in terms[1:]:
+        out = BinOp("+", out, t)
+    return out
+
+
+def _split_small_addend(e, env):
+    """(x + y) % c -> x % c + y and (x + y) // c -> x // c, when every addend of x is a
+    multiple of some g dividing c, x >= 0 and 0 <= y < g: x % c is then a multiple of g at
+    most c - g, so adding y carries nothing into the quotient. (A vector lane y over an
+    offset x aligned to the vector: `(j0 + v) % 64` -> `j0 % 64 + v`, which a vectorizer
+    sees as base + lane.)"""
+    if not (isinstance(e, BinOp) and e.op in ("//", "%") and e.dtype.is_int):
+        return None
+    c = _int_const(e.b)
+    terms = _terms(e.a)
+    if c is None or c <= 1 or len(terms) < 2:
+        return None
+    multiples = [divisor(t, {}) for t in terms]
+    g = math.gcd(c, MAX_DIVISOR)
+    while g > 1:
+        x = [t for t, d in zip(terms, multiples) if d % g == 0]
+        y = [t for t, d in zip(terms, multiples) if d % g != 0]
+        if x and y and c % g == 0:
+            xs, ys = _sum(x, e.dtype), _sum(y, e.dtype)
+            lo = bounds(xs, env).lo
+            if lo is not None and lo >= 0 and bounds(ys, env).within(0, g - 1):
+                quotient = BinOp(e.op, xs, e.b)
+                return quotient if e.op == "//" else BinOp("+", quotient, ys)
+        g //= 2
+    return None
+
+
 def _recombine_div_mod(e, env):
     """(x//c)*c + x%c -> x."""
     if not (isinstance(e, BinOp) and e.op == "+" and e.dtype.is_int):
@@ -297,8 +338,8 @@ def _proven_index(e, env):
 
 
 EXPR_RULES: list[Callable] = [_fold_constants, _canonical_order, _identities, _reassociate,
-                              _div_mod, _recombine_div_mod, _bounded_compare, _select_const,
-                              _cast_same, _proven_index]
+                              _div_mod, _split_small_addend, _recombine_div_mod,
+                              _bounded_compare, _select_const, _cast_same, _proven_index]
 """Index and value rewrites; each takes (expr, var bounds) and returns a replacement or None."""
 
 

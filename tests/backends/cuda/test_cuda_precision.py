@@ -400,7 +400,19 @@ def test_knob_space_and_default():
     assert mma_templates.choose(4096, 4096, 4096) == mma_templates.TensorCoreConfig(
         128, 256, 32, 2, 4, 3)
     assert mma_templates.choose(4096, 4096, 4096, precision="tf32") == \
-        mma_templates.TensorCoreConfig(128, 128, 32, 2, 4, 3)
+        mma_templates.TensorCoreConfig(128, 128, 32, 2, 4, 3, staged=True)
+    # results staged through shared memory where the staged tile fits: 128 x 256's 135 KiB
+    # of float32 does not (99 KiB without wgmma)
+    assert mma_templates.choose(1024, 768, 768, precision="fp16").staged
+
+
+def test_a_record_before_a_knob_takes_its_default():
+    """A tuning record written before a knob with a default existed (here `staged`) applies,
+    the knob at its default: what the record measured."""
+    space = mma_templates.product_space("cuda_mma_dense", 768, 1, "fp16")
+    old = {"block_m": 64, "block_n": 64, "block_k": 32, "warps_m": 2, "warps_n": 2,
+           "stages": 3, "split_k": 1, "wgmma": False, "early_refill": False}
+    assert space.check(old) == mma_templates.TensorCoreConfig(64, 64, 32, 2, 2, 3)
 
 
 nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
