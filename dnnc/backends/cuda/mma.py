@@ -134,7 +134,7 @@ class TensorCoreConfig:
     split_k: int = 1     # k slices summed by a second launch (fills the GPU when m n is small)
     wgmma: bool = False  # warpgroups of warps_m / 4 x warps_n issue wgmma (sm_90: wgmma.py)
     early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
-    staged: bool = False   # results through shared memory, stored in row runs (`_staged`)
+    staged: bool = False   # results through shared memory, stored in runs of a row (`_staged`)
 
     @property
     def threads(self) -> int:
@@ -191,15 +191,6 @@ def _staging_bytes(c: TensorCoreConfig) -> int:
 
 def _shared_limit(c: TensorCoreConfig) -> int:
     return MAX_WGMMA_SHARED_BYTES if c.wgmma else MAX_SHARED_BYTES
-
-
-def staged_where_it_fits(c: TensorCoreConfig, precision: str) -> TensorCoreConfig:
-    """`c` with its results staged (`_staged`) where the staged tile fits the block's shared
-    memory limit (the defaults' epilogue; DNNC_STAGED=0 keeps the direct one)."""
-    if os.environ.get("DNNC_STAGED") == "0":
-        return c
-    staged = replace(c, staged=True)
-    return staged if shared_bytes(staged, precision) <= _shared_limit(c) else c
 
 
 def _element_bytes(precision: str) -> int:
@@ -335,7 +326,6 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59)."""
     best, best_time = None, math.inf
     for base, efficiency in _candidates(precision, wgmma, k, m * n * batch):
-        base = staged_where_it_fits(base, precision)
         bm, bn = base.block_m, base.block_n
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
@@ -346,7 +336,7 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
-            config = replace(base, split_k=split, staged=base.staged and split == 1)
+            config = replace(base, split_k=split)
             count = blocks * split
             fill = min(1.0, count / full)
             waves = -(-count // wave) * wave / count if count > wave else 1.0
@@ -416,7 +406,13 @@ def _staged(w, store) -> L.Stmt:
     them (`store`'s epilogue) into registers and stores them with one vector store where
     the renderer proves the run contiguous and aligned in Y (through a layout tail too:
     the simplifier splits a run's lane off an aligned base). The tile takes the memory the
-    operands' ring held (`codegen.shared_pool_bytes`)."""
+    operands' ring held (`codegen.shared_pool_bytes`).
+
+    A knob the tuner searches, off in the defaults: on an H200 (bench/gpu_env_ab.py, every
+    default product staged where it fit against none, interleaved) whole models took the same
+    time: fp16 bert_hf b8, vit_tiny, convnext_tiny, resnet18 b32 B/A 0.996 to 1.019 (geomean
+    1.003), tf32 0.994 to 1.003. The direct epilogue's half-filled sectors and per-element
+    index arithmetic are not what the in-model products lose time to."""
     run, stride = STAGED_RUN, w.bn + STAGING_PAD
     tile = L.Buffer("y_tile", T.float32, (w.bm * stride,), L.Scope.SHARED)
     kept = w.each_result(lambda i, j, value: L.Store(tile, (i * stride + j,), value),

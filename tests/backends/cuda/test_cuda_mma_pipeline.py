@@ -50,8 +50,14 @@ CASES = [
     ("tf32", 40, 72, 100, 2, C(32, 32, 32, 2, 1, 2, 2), T.float32, True, True),
     ("tf32", 40, 72, 100, 1, C(32, 32, 16, 1, 2, 3), T.float32, True, False),
     ("fp16", 300, 100, 40, 2, C(16, 32, 16, 1, 2, 3), T.float16, False, False),   # grouped
+    # results staged through shared memory: runs inside Y or past it whole (n % 4 = 0), the
+    # staged tile reusing the ring's pool memory (48 KiB ring, 68 KiB tile), runs cut by Y's
+    # last column (n % 4 != 0)
+    ("fp16", 40, 72, 104, 1, C(32, 64, 32, 2, 2, 3, staged=True), T.float16, False, True),
+    ("bf16", 130, 264, 72, 1, C(128, 128, 32, 2, 4, 3, staged=True), T.bfloat16, True, False),
+    ("tf32", 40, 70, 100, 1, C(32, 32, 16, 1, 2, 3, staged=True), T.float32, False, False),
 ]
-SMOKE = (0, 2, 5, 9, 10, 13)
+SMOKE = (0, 2, 5, 9, 10, 13, 14, 15, 16)
 """CASES run on host threads in every run (cp.async both layouts, registers, tf32); the rest
 are `emulated_full`."""
 
@@ -301,6 +307,25 @@ def test_results_of_whole_tiles_are_stored_as_vectors(rng, tmp_path):
     assert "float2*>(&y[" not in render_module([(product(*CASES[1], epilogue=False)[0],
                                                  True)]).source
     _run_on_host(case, rng, tmp_path, epilogue=False)
+
+
+def test_staged_results_reuse_the_ring_and_store_runs_as_vectors():
+    """A staged epilogue (`mma._staged`): the tile of results takes the pool memory the
+    operands' ring held, after a barrier (the pool is the larger of the two, not their sum),
+    and each run of 4 results is one vector load from it and one vector store of Y, the bias
+    read in the same runs."""
+    func, config = product(*CASES[15])
+    module = render_module([(func, True)])
+    assert module.kernels[func.name].launches[0].shared_bytes == mma.shared_bytes(
+        config, "bf16") == 128 * 136 * 4
+    source = module.source
+    assert "float* const y_tile = reinterpret_cast<float*>(dnnc_shared_pool + 0);" in source
+    assert source.count("__syncthreads();\n") >= 1
+    assert "const float4 v_vec = *reinterpret_cast<const float4*>(&y_tile[" in source
+    assert "*reinterpret_cast<float4*>(&y[" in source
+    plain = render_module([(product(*CASES[15][:5], replace(CASES[15][5], staged=False),
+                                    *CASES[15][6:])[0], True)]).source
+    assert "y_tile" not in plain and "float4*>(&y[" not in plain
 
 
 def test_every_case_compiles_for_sm80_and_sm90_without_spills():

@@ -59,8 +59,9 @@ CASES = [
      False, False),
     ("bf16", 100, 130, 300, 1, W(64, 128, 64, 4, 1, 3, early_refill=True), T.float32,
      True, True),
+    ("fp16", 70, 136, 200, 1, W(64, 128, 64, 4, 2, 4, staged=True), T.float16, False, True),
 ]
-SMOKE = (0, 1, 2, 5, 7, 9)
+SMOKE = (0, 1, 2, 5, 7, 9, 11)
 """CASES run on host threads in every run; the rest are `emulated_full`."""
 
 DEVICE_CASES = CASES + [
