@@ -300,3 +300,23 @@ def test_spmm_kernels_on_the_gpu(rng):
         model = dnnc.compile(g, target="cuda", outputs="numpy")
         np.testing.assert_allclose(model(x, r), _conv_want(x, r, w, b), rtol=1e-5,
                                    atol=1e-5, equal_nan=True)
+
+
+@needs_gxx
+@pytest.mark.emulated_full
+def test_a_pruned_product_through_the_rewrite_on_host(rng, tmp_path):
+    """BERT-base's FFN expansion at 128 tokens pruned to 90% zeros, from the plain MatMul:
+    the rewrite makes it a SparseDense (with its order), the SpMM's kernels run on the host
+    and match the dense product, NaNs included."""
+    import test_host_semantics as host
+
+    g, w = _matmul_graph(rng, 128, 768, 3072, 0.1)
+    graph, (program,) = programs(g, machine=SPARSE_MACHINE)
+    assert [k.schedule[0] for k in program.kernels] == ["cuda_spmm"]
+    a = _nonfinite(rng, rng.standard_normal((128, 768)).astype(np.float32))
+    module = render_module(program.unique)
+    lib = host.host_library(program.unique, tmp_path, module)
+    got = host.program_on_host(lib, module, program, {"a": a})[graph.outputs[0].name]
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.maximum(a.astype(np.float64) @ w.astype(np.float64), 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
