@@ -315,9 +315,10 @@ def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Ta
 
 
 def sparse_weights(graph: Graph, node: Node, users, target: Target):
-    """MatMul / Gemm / 1x1 Conv with constant float32 weights -> SparseDense / SparseConv
-    where `sparse_faster` holds and at most MAX_DENSITY of the weights are nonzero
-    (convert_layout's rule signature: the new node and no nodes taken over)."""
+    """MatMul / Gemm / Conv with constant float32 weights -> SparseDense / SparseConv
+    where `_estimated_faster` holds and at most MAX_DENSITY of the weights are nonzero, on
+    a GPU with the rows' `order` (convert_layout's rule signature: the new node and no
+    nodes taken over)."""
     w = layer_weights(node)
     if w is None or target.precision != "fp32" or node.inputs[0].type.dtype is not float32 or \
             node.outputs[0].type.dtype is not float32:

@@ -4,9 +4,9 @@ its knob space), rendered, run on host threads by test_host_semantics.py's shim 
 float64 product of the dense weights: random inputs, places that fill no tile, rows of no
 entries (and a matrix of none), rows swizzled and not, a bias and a fused epilogue reading a
 residual, and NaN / infinite activations meeting pruned weights (NaN, as the dense product).
-The renderings compile with NVRTC for sm_80 and sm_90 (skipped without CuPy). The rewrite:
-a pruned product becomes sparse on cuda with its row order, a dense one stays dense. The
-`gpu` tests run the same on a GPU (skipped without one)."""
+The renderings compile with NVRTC for sm_80 and sm_90 (skipped without CuPy). A pruned
+product through the cuda rewrite runs on the host (emulated_full). The `gpu` tests run the
+same on a GPU (skipped without one)."""
 
 import dataclasses
 import shutil
@@ -223,7 +223,7 @@ def test_the_spmm_compiles_with_nvrtc(rng, arch):
     nvrtc_compiled(render_module(funcs).source, arch)
 
 
-# -- the rewrite on cuda --------------------------------------------------------------------
+# -- the rewrite on cuda (its rule: tests/passes/test_find_sparsity.py) ---------------------
 
 def _matmul_graph(rng, m, k, n, density):
     g = Graph("mm")
@@ -231,35 +231,6 @@ def _matmul_graph(rng, m, k, n, density):
     w = pruned(rng, (k, n), density)
     g.outputs = [g.add("Relu", g.add("MatMul", a, _const("w", w)))]
     return g, w
-
-
-def test_a_pruned_product_runs_sparse_on_cuda_with_its_row_order(rng):
-    from dnnc.passes.manager import optimize
-
-    g, w = _matmul_graph(rng, 512, 768, 768, 0.1)
-    graph = optimize(g, SPARSE_MACHINE)
-    (node,) = [n for n in graph.nodes if n.op == "SparseDense"]
-    order = node.inputs[5].const
-    counts = np.count_nonzero(w, axis=0)
-    assert sorted(order) == list(range(768))
-    assert np.all(np.diff(counts[order]) <= 0)   # most entries first
-
-
-@pytest.mark.parametrize("density", [1.0, 0.7])
-def test_dense_and_lightly_pruned_products_stay_dense_on_cuda(rng, density):
-    """At 30% zeros and none the SpMM is estimated slower than the dense product."""
-    from dnnc.passes.manager import optimize
-
-    g, _ = _matmul_graph(rng, 512, 768, 768, density)
-    assert not any(n.op.startswith("Sparse") for n in optimize(g, SPARSE_MACHINE).nodes)
-
-
-def test_no_sparse_rewrite_at_reduced_precision_on_cuda(rng):
-    from dnnc.passes.manager import optimize
-
-    g, _ = _matmul_graph(rng, 512, 768, 768, 0.1)
-    machine = dataclasses.replace(SPARSE_MACHINE, precision="tf32")
-    assert not any(n.op.startswith("Sparse") for n in optimize(g, machine).nodes)
 
 
 # -- on a GPU ---------------------------------------------------------------------------------
