@@ -17,6 +17,7 @@ import pytest
 from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.sparse import SPMM, SpmmConfig
 from dnnc.errors import ConfigError
+from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.sparse import encode_csr, row_max
@@ -291,3 +292,109 @@ def test_a_pruned_product_through_the_rewrite_on_host(rng, tmp_path):
     with np.errstate(invalid="ignore", over="ignore"):
         want = np.maximum(a.astype(np.float64) @ w.astype(np.float64), 0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+# -- 2:4 on the sparse tensor cores ---------------------------------------------------------------
+
+HALF = {"sp_fp16": T.float16, "sp_bf16": T.bfloat16}
+
+
+def pruned_2of4(rng, n, k) -> np.ndarray:
+    """Weights [n, k] keeping the 2 largest of every 4 along k, some groups 1 or none."""
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    groups = w.reshape(n, k // 4, 4)
+    smallest = np.argsort(np.abs(groups), axis=-1)[..., :2]
+    np.put_along_axis(groups, smallest, 0.0, axis=-1)
+    groups[rng.random(groups.shape[:2]) < 0.1, :] = 0.0
+    single = rng.random(groups.shape[:2]) < 0.1
+    groups[single] = np.where(np.arange(4) == 3, groups[single], 0.0)
+    return groups.reshape(n, k)
+
+
+def _decoded(values, meta, n, k) -> np.ndarray:
+    """The dense [n, k] of `encode_2of4`'s output, read as the hardware reads it."""
+    w = np.zeros((n, k), np.float64)
+    v = np.asarray(values, np.float64)
+    for j in range(n):
+        for c in range(k // 2):
+            ks, p, i = c // 16, c % 16 // 8, c % 8
+            word = int(meta[j // 16, ks, j % 8, p]) >> (16 * (j % 16 // 8) + 2 * i)
+            w[j, 32 * ks + 4 * (c % 16 // 2) + (word & 3)] += v[j, c]
+    return w
+
+
+def test_the_2of4_encoding_decodes_to_the_weights(rng):
+    from dnnc.backends.cuda.sparse import encode_2of4
+
+    w = pruned_2of4(rng, 32, 64)
+    values, meta = encode_2of4(w, T.float16)
+    assert values.shape == (32, 32) and meta.shape == (2, 2, 8, 2)
+    np.testing.assert_array_equal(_decoded(values, meta, 32, 64),
+                                  w.astype(np.float16).astype(np.float64))
+    with pytest.raises(ValueError, match="more than 2 nonzeros"):
+        encode_2of4(np.ones((16, 32), np.float32), T.float16)
+
+
+def _sparse24(precision, m, k, n):
+    from dnnc.backends.cuda.sparse import sparse24_product
+
+    half = HALF[precision]
+    x = L.Buffer("x", T.float32, (m, k))
+    values = L.Buffer("w_values", half, (n, k // 2))
+    meta = L.Buffer("w_meta", T.uint32, (n // 16 * (k // 32) * 16,))
+    y = L.Buffer("y", T.float32, (m, n))
+    return sparse24_product(f"sparse24_{precision}", x, values, meta, y, precision)
+
+
+@needs_gxx
+@pytest.mark.parametrize("precision", ["sp_fp16", "sp_bf16"])
+def test_a_2of4_product_on_the_sparse_tensor_cores_on_host(rng, tmp_path, precision):
+    """mma.sp m16n8k32 emulated by the host shim (the PTX ISA's metadata layout) on weights
+    encoded at compile time, against the float64 product of the rounded operands; a tail of
+    places past a tile."""
+    import test_host_semantics as host
+    from dnnc.backends.cuda.sparse import encode_2of4
+
+    m, k, n = 20, 96, 32
+    w = pruned_2of4(rng, n, k)
+    values, meta = encode_2of4(w, HALF[precision])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    func = _sparse24(precision, m, k, n)
+    module = render_module([(func, True)])
+    lib = host.host_library([(func, True)], tmp_path, module)
+    y = np.full((m, n), np.nan, np.float32)
+    host.launch_on_host(lib, module.kernels[func.name], [x, values, meta.reshape(-1), y])
+    half = HALF[precision].np
+    want = x.astype(half).astype(np.float64) @ w.astype(half).astype(np.float64).T
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_2of4_product_compiles_with_nvrtc(arch):
+    funcs = [(_sparse24(p, 24, 64, 32), True) for p in HALF]
+    nvrtc_compiled(render_module(funcs).source, arch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["sp_fp16", "sp_bf16"])
+def test_a_2of4_product_on_the_gpu(rng, precision):
+    """The same product on the device's sparse tensor cores (the metadata layout the host
+    shim assumes, checked by the hardware)."""
+    cp = pytest.importorskip("cupy")
+    from dnnc.backends.cuda.sparse import encode_2of4
+
+    m, k, n = 40, 128, 64
+    w = pruned_2of4(rng, n, k)
+    values, meta = encode_2of4(w, HALF[precision])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    func = _sparse24(precision, m, k, n)
+    module = render_module([(func, True)])
+    (launch,) = module.kernels[func.name].launches
+    kernel = cp.RawModule(code=module.source, options=("-std=c++17",)).get_function(
+        launch.name)
+    y = cp.full((m, n), np.nan, cp.float32)
+    kernel(launch.grid, launch.block, (cp.asarray(x), cp.asarray(values.view(np.uint16)),
+                                       cp.asarray(meta.reshape(-1)), y))
+    half = HALF[precision].np
+    want = x.astype(half).astype(np.float64) @ w.astype(half).astype(np.float64).T
+    np.testing.assert_allclose(cp.asnumpy(y), want, rtol=1e-5, atol=1e-5)
