@@ -180,7 +180,8 @@ def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> li
         estimate = find_sparsity.gpu_dense_seconds(places, rows, depth, flops, bandwidth) / \
             find_sparsity.gpu_sparse_seconds(places, rows, depth, w_nnz, kind != "conv",
                                              flops, bandwidth)
-        rule = "sparse" if estimate > 1 and zeros >= 1 - find_sparsity.MAX_DENSITY else "dense"
+        rule = "sparse" if estimate > find_sparsity.GPU_MARGIN and \
+            zeros >= 1 - find_sparsity.MAX_DENSITY else "dense"
         ok = "ok" if max(errors) <= 1e-4 else "WRONG"
         lines.append(f"  {zeros:4.0%} zeros: sparse {d_ms * 1e3:9.1f} us  speed-up "
                      f"{dense_ms / d_ms:5.2f}  best {dense_ms / best[1]:5.2f} "

@@ -194,6 +194,10 @@ entry costs a warp two broadcast shared loads and one 128-bit load of B for 4 x 
 about 6 of the L1's 128-byte cycles, so 21 of the SM's 128 FMAs a cycle at best (16%)."""
 GPU_LAUNCH_S = 2e-6
 """A launch in a CUDA graph (GPU.md): the SpMM is two of them (three for a SparseDense)."""
+GPU_MARGIN = 1.2
+"""How much faster the SpMM must be estimated for a layer to go sparse on a GPU: the
+efficiencies above are estimates, not yet fitted to bench/gpu_sparse.py on a device, and a
+pruned model must never run slower than the dense one."""
 GPU_FIGURES = (51e12, 2.9e12)
 """(fp32 FLOP/s, copy bytes/s) of the reference GPU (an H100, GPU.md) for a GPU target built
 without its figures (`Target.gpu` None)."""
@@ -218,12 +222,14 @@ def gpu_sparse_seconds(places: int, rows: int, depth: int, nnz: int, transposed:
 
 
 def gpu_sparse_faster(places: int, w: np.ndarray, transposed: bool, target: Target) -> bool:
-    """Whether the SpMM is estimated faster than the dense product on `target`'s GPU."""
+    """Whether the SpMM is estimated GPU_MARGIN times faster than the dense product on
+    `target`'s GPU."""
     rows, depth = w.shape
     flops, bandwidth = (target.gpu.fp32_flops, target.gpu.copy_bytes_per_s) \
         if target.gpu is not None else GPU_FIGURES
     nnz = int(np.count_nonzero(w))
-    return gpu_sparse_seconds(places, rows, depth, nnz, transposed, flops, bandwidth) < \
+    return GPU_MARGIN * gpu_sparse_seconds(places, rows, depth, nnz, transposed, flops,
+                                           bandwidth) < \
         gpu_dense_seconds(places, rows, depth, flops, bandwidth)
 
 
