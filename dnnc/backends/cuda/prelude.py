@@ -123,9 +123,9 @@ template <int N> __device__ __forceinline__ void dnnc_cp_async_wait() {
 }
 """[1:]
 """What `L.Mma`, `L.LdMatrix`, `L.CopyAsync` (and its commit and wait) and the `L.PACKS`
-intrinsics render to (`dnnc_mma_<precision>(acc + offset,
-a0..a3, b0, b1)`; a sparse precision's `(acc + offset, a0..a3, b0..b3, e)`; `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`, `dnnc_bf16x2(lo, hi)`): added after
-`PRELUDE` to a module that uses them."""
+intrinsics render to (`dnnc_mma_<precision>(acc + offset, a0..a3, b0, b1)`, a sparse
+precision's `(acc + offset, a0..a3, b0..b3, e)`; `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`,
+`dnnc_bf16x2(lo, hi)`): added after `PRELUDE` to a module that uses them."""
 
 ARCH_SPECIFIC = "// dnnc: sm_90a (wgmma)\n"
 """The first line of a module using `WGMMA_PRELUDE`: its architecture-specific instructions
