@@ -50,6 +50,7 @@ class SparseProblem:
     padded_hw: tuple = ()           # its padded plane (hp, wp), where `windowed`
     image_hw: tuple = ()            # its input's (H, W)
     strides: tuple = (1, 1)         # its (sh, sw)
+    order: L.Buffer | None = None   # the rows by nonzero count, most first (a GPU's swizzle)
 
     @property
     def windowed(self) -> bool:
@@ -103,7 +104,7 @@ def sparse_product(kernel: Kernel) -> SparseProblem | None:
     if node is not kernel.nodes[0] or node.op not in ("SparseDense", "SparseConv") or \
             layout_tail(kernel) or node.inputs[3].const is None:
         return None
-    x, values, columns, starts, bias = _operands(kernel, node, 5)
+    x, values, columns, starts, bias, order = _operands(kernel, node, 6)
     y = kernel.func.params[-1]
     x_dims, anchor_dims = L.static_shape(x.shape), L.static_shape(node.outputs[0].type.shape)
     if x_dims is None or anchor_dims is None or 0 in anchor_dims:
@@ -136,4 +137,4 @@ def sparse_product(kernel: Kernel) -> SparseProblem | None:
         columns=columns, starts=starts, bias=bias, y=yv, batch=batch, rows=rows, depth=depth,
         places=places, transposed=not conv, epilogue=epilogue(kernel),
         anchor_dims=tuple(anchor_dims), flat_reads=flat,
-        slice_depth=node.attrs["slice_depth"], nnz=int(known[-1, -1]), **window)
+        slice_depth=node.attrs["slice_depth"], nnz=int(known[-1, -1]), order=order, **window)

@@ -31,10 +31,10 @@ that is not depthwise (which has no channels-last kernel) through elementwise op
 NCHW. "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
 (`winograd_applies`) where Winograd's F(m x m, 3x3) is estimated faster than the direct conv
 (`winograd_tile`, the tile m of the least estimate, `conv_costs`) becomes ConvWinograd, its
-filters transformed once here. "sparse_weights" (llvm, first): a product whose constant weights
-are sparse enough that its sparse op is estimated faster becomes SparseDense / SparseConv, its
-weights in CSR (`find_sparsity.py`). A rewrite keeps the output Value of the last node it replaces, so
-its users are untouched.
+filters transformed once here. "sparse_weights" (llvm and cuda, first): a product whose
+constant weights are sparse enough that its sparse op is estimated faster becomes
+SparseDense / SparseConv, its weights in CSR (`find_sparsity.py`). A rewrite keeps the
+output Value of the last node it replaces, so its users are untouched.
 """
 
 from __future__ import annotations

@@ -21,6 +21,12 @@ they do with constants fitted to measurements (bench/cpu_sparse.py): a layer run
 only where that is estimated faster, so 0% and 30% zeros stay dense. It estimates; it never
 compiles or times anything, and it never changes what a layer computes (a sparse op's
 reference is its dense product).
+
+On a GPU target (`Target.arch`; cuda at precision fp32) the rule is `gpu_sparse_faster`: the
+cuda SpMM's estimated time (a roofline of its multiply-adds at GPU_SPARSE_EFFICIENCY of the
+GPU's fp32 figure and its bytes, its passes over the activations and its launches) against
+the dense template's, for products and 1x1 convs only; the sparse op then also takes the
+rows' `order` (`row_order`, the SpMM's row swizzle).
 """
 
 from __future__ import annotations
@@ -177,6 +183,63 @@ def sparse_faster(places: int, w: np.ndarray, lanes: int, transposed: bool = Fal
         dense_cycles(places, rows, depth, lanes)
 
 
+# -- the GPU's cost rule -----------------------------------------------------------------------
+
+GPU_DENSE_EFFICIENCY = 0.5
+"""The fraction of the GPU's fp32 figure (`GPU.fp32_flops`) the dense templates reach on a
+layer (cuda/dense.py's large tiles, fitted on an H200: 0.43-0.5)."""
+GPU_SPARSE_EFFICIENCY = 0.12
+"""The fraction of it the SpMM (cuda/sparse.py) reaches per nonzero's multiply-add: an
+entry costs a warp two broadcast shared loads and one 128-bit load of B for 4 x 32 FMAs,
+about 6 of the L1's 128-byte cycles, so 21 of the SM's 128 FMAs a cycle at best (16%)."""
+GPU_LAUNCH_S = 2e-6
+"""A launch in a CUDA graph (GPU.md): the SpMM is two of them (three for a SparseDense)."""
+GPU_MARGIN = 1.2
+"""How much faster the SpMM must be estimated for a layer to go sparse on a GPU: the
+efficiencies above are estimates, not yet fitted to bench/gpu_sparse.py on a device, and a
+pruned model must never run slower than the dense one."""
+GPU_FIGURES = (51e12, 2.9e12)
+"""(fp32 FLOP/s, copy bytes/s) of the reference GPU (an H100, GPU.md) for a GPU target built
+without its figures (`Target.gpu` None)."""
+
+
+def gpu_dense_seconds(places: int, rows: int, depth: int, flops: float,
+                      bandwidth: float) -> float:
+    """Estimated seconds of the dense fp32 product on a GPU of `flops` and `bandwidth`."""
+    work = 2 * places * rows * depth / (flops * GPU_DENSE_EFFICIENCY)
+    moved = 4 * (places * depth + rows * depth + places * rows) / bandwidth
+    return max(work, moved) + GPU_LAUNCH_S
+
+
+def gpu_sparse_seconds(places: int, rows: int, depth: int, nnz: int, transposed: bool,
+                       flops: float, bandwidth: float) -> float:
+    """Estimated seconds of the SpMM (its non-finite counts' pass over the activations, and a
+    SparseDense's transpose of them, included)."""
+    work = 2 * places * nnz / (flops * GPU_SPARSE_EFFICIENCY)
+    moved = (4 * (places * depth + places * rows) + 8 * nnz) / bandwidth
+    passes = 4 * places * depth * (3 if transposed else 1) / bandwidth
+    return max(work, moved) + passes + (3 if transposed else 2) * GPU_LAUNCH_S
+
+
+def gpu_sparse_faster(places: int, w: np.ndarray, transposed: bool, target: Target) -> bool:
+    """Whether the SpMM is estimated GPU_MARGIN times faster than the dense product on
+    `target`'s GPU."""
+    rows, depth = w.shape
+    flops, bandwidth = (target.gpu.fp32_flops, target.gpu.copy_bytes_per_s) \
+        if target.gpu is not None else GPU_FIGURES
+    nnz = int(np.count_nonzero(w))
+    return GPU_MARGIN * gpu_sparse_seconds(places, rows, depth, nnz, transposed, flops,
+                                           bandwidth) < \
+        gpu_dense_seconds(places, rows, depth, flops, bandwidth)
+
+
+def row_order(starts: np.ndarray) -> np.ndarray:
+    """The rows by nonzero count, most first (ties in row order): the GPU template's row
+    swizzle (int32 [rows])."""
+    counts = starts[:, -1] - starts[:, 0]
+    return np.argsort(-counts, kind="stable").astype(np.int32)
+
+
 # -- the rewrite -------------------------------------------------------------------------------
 
 
@@ -229,12 +292,16 @@ def _conv_window(node: Node) -> tuple[list, list, list] | None:
 
 
 def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Target) -> bool:
-    """`sparse_faster` for a MatMul / Gemm (A's rows transposed) or a 1x1 Conv; for a
+    """On a GPU, `gpu_sparse_faster` for a MatMul / Gemm or a 1x1 Conv (never a windowed
+    one). Else `sparse_faster` for a MatMul / Gemm (A's rows transposed) or a 1x1 Conv; for a
     windowed Conv, the sparse template over its padded-width places, its planes' padding and
     its output's read-back counted, against the least of `conv_costs`' direct and Winograd
     estimates for a 3x3 one (convert_layout would choose that), else the direct conv's."""
+    unit = window is None or window == ([1, 1], [0, 0, 0, 0], [1, 1])
+    if target.arch:   # a GPU: its SpMM takes products and 1x1 convs only
+        return unit and gpu_sparse_faster(places, w, node.op != "Conv", target)
     lanes = max(target.vector_bits // 32, 1)
-    if window is None or window == ([1, 1], [0, 0, 0, 0], [1, 1]):
+    if unit:
         return sparse_faster(places, w, lanes, node.op != "Conv")
     (kh, kw), (top, left, bottom, right), (sh, sw) = window
     n, m, oh, ow = node.outputs[0].type.shape
@@ -254,9 +321,10 @@ def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Ta
 
 
 def sparse_weights(graph: Graph, node: Node, users, target: Target):
-    """MatMul / Gemm / 1x1 Conv with constant float32 weights -> SparseDense / SparseConv
-    where `sparse_faster` holds and at most MAX_DENSITY of the weights are nonzero
-    (convert_layout's rule signature: the new node and no nodes taken over)."""
+    """MatMul / Gemm / Conv with constant float32 weights -> SparseDense / SparseConv
+    where `_estimated_faster` holds and at most MAX_DENSITY of the weights are nonzero, on
+    a GPU with the rows' `order` (convert_layout's rule signature: the new node and no
+    nodes taken over)."""
     w = layer_weights(node)
     if w is None or target.precision != "fp32" or node.inputs[0].type.dtype is not float32 or \
             node.outputs[0].type.dtype is not float32:
@@ -282,6 +350,11 @@ def sparse_weights(graph: Graph, node: Node, users, target: Target):
         if bias is False:
             return None
     inputs = [node.inputs[0]] + consts + ([bias] if bias is not None else [])
+    if target.arch:   # the GPU template's row swizzle
+        starts = consts[2].const
+        inputs = inputs[:5] + [None] * (5 - len(inputs)) + [Value(
+            f"{node.inputs[1].name}.order", TensorType(int32, (len(starts),)),
+            const=row_order(starts))]
     types, _, full = infer_node(op, inputs, attrs, 1, node.name)
     if types[0] != node.outputs[0].type:
         return None

@@ -3,8 +3,9 @@
 dense product and their compute rules against their references; which layers the rewrite
 ("sparse_weights", convert_layout) takes by the cost rule (pruned to 90%: sparse; 0% and
 30%: dense; a 3x3 conv against Winograd, a strided one; not a dilated conv, a Gemm with
-alpha, a reduced precision); and what `dnnc inspect`
-prints per layer."""
+alpha, a reduced precision); on a GPU target the GPU rule (90% zeros of a large product:
+sparse, with its rows' order; 30% and none: dense; never at tf32; never a windowed conv);
+and what `dnnc inspect` prints per layer."""
 
 import dataclasses
 
@@ -20,8 +21,9 @@ from dnnc.ir.ops.conv import conv
 from dnnc.ir.ops.registry import get_op
 from dnnc.ir.ops.sparse import decode_csr, encode_csr, row_max
 from dnnc.passes.convert_layout import convert_layout
-from dnnc.passes.find_sparsity import (SLICE_DEPTH, dense_cycles, measure, sparse_cycles,
-                                       sparse_faster)
+from dnnc.ir.target import Target
+from dnnc.passes.find_sparsity import (SLICE_DEPTH, dense_cycles, measure, row_order,
+                                       sparse_cycles, sparse_faster)
 
 
 def pruned(rng, shape, zeros) -> np.ndarray:
@@ -110,6 +112,13 @@ def test_the_sparse_references_are_the_dense_products(rng):
         got = run_rule(op, [data, values, columns, starts, bias], {**extra, **attrs},
                        const_inputs=(1, 2, 3, 4))[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        # the rows' order (a GPU's swizzle) changes nothing, with or without a bias
+        order = row_order(starts)
+        for b in (bias, None):
+            np.testing.assert_array_equal(
+                get_op(op).evaluate(data, values, columns, starts, b, order, **extra,
+                                    **attrs),
+                get_op(op).evaluate(data, values, columns, starts, b, **extra, **attrs))
 
 
 def _const(name, array) -> Value:
@@ -214,3 +223,57 @@ def test_inspect_prints_each_layer_and_counts_the_sparse_ones(rng):
     dense = _layers(rng, 0.0)
     assert "sparse weights" not in format_summary(summarize(dense))
     assert summarize(dense).to_dict()["sparsity"] == []
+
+
+# -- the GPU's rule ---------------------------------------------------------------------------
+
+GPU_TARGET = Target("cuda", arch="sm_90", layouts=("sparse_weights",))
+"""A GPU target without its figures (the rule then reads the reference GPU's)."""
+
+
+def _matmul(rng, m, k, n, zeros) -> tuple[Graph, np.ndarray]:
+    g = Graph("mm")
+    a = g.add_input("a", T.TensorType(T.float32, (m, k)))
+    w = pruned(rng, (k, n), zeros)
+    g.outputs = [g.add("Relu", g.add("MatMul", a, _const("w", w)))]
+    return g, w
+
+
+def test_a_gpu_takes_a_pruned_product_with_its_row_order(rng):
+    g, w = _matmul(rng, 512, 768, 768, 0.9)
+    convert_layout(g, GPU_TARGET)
+    (node,) = [n for n in g.nodes if n.op == "SparseDense"]
+    order = node.inputs[5].const
+    assert node.inputs[4] is None   # (no bias)
+    assert sorted(order) == list(range(768))
+    assert np.all(np.diff(np.count_nonzero(w, axis=0)[order]) <= 0)   # most entries first
+
+
+def test_the_row_order_is_by_count_most_first_ties_in_row_order():
+    w = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 0], [1, 0, 1], [1, 1, 1]], np.float32)
+    _, _, starts = encode_csr(w, 2)
+    assert row_order(starts).tolist() == [4, 1, 3, 0, 2]
+
+
+@pytest.mark.parametrize("zeros", [0.0, 0.3])
+def test_a_gpu_keeps_dense_and_lightly_pruned_products_dense(rng, zeros):
+    g, _ = _matmul(rng, 512, 768, 768, zeros)
+    assert convert_layout(g, GPU_TARGET) == 0
+
+
+def test_a_gpu_keeps_products_dense_at_a_reduced_precision(rng):
+    g, _ = _matmul(rng, 512, 768, 768, 0.9)
+    assert convert_layout(g, dataclasses.replace(GPU_TARGET, precision="tf32")) == 0
+
+
+def test_a_gpu_takes_no_windowed_conv(rng):
+    """A 3x3 conv pruned to 95% stays a Conv on a GPU (its SpMM takes 1x1 convs only); a
+    1x1 one of the same image goes sparse."""
+    for k, sparse in ((3, False), (1, True)):
+        g = Graph("conv")
+        x = g.add_input("x", T.TensorType(T.float32, (32, 256, 28, 28)))
+        w = pruned(rng, (256, 256, k, k), 0.95)
+        g.outputs = [g.add("Conv", x, _const("w", w), kernel_shape=[k, k],
+                           pads=[k // 2] * 4)]
+        convert_layout(g, GPU_TARGET)
+        assert (g.nodes[0].op == "SparseConv") == sparse, k

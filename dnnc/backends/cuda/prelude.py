@@ -54,6 +54,22 @@ __device__ __forceinline__ void dnnc_mma_{name}(float* d, unsigned a0, unsigned 
 """One precision's `dnnc_mma_<name>`: mma.sync m16n8k<k> on <ptx> operands, fp32
 accumulators (`L.MMA_SHAPES`), as MMA_PRELUDE spells it for tf32, fp16 and bf16."""
 
+_SPARSE_MMA_FUNCTION = r"""
+__device__ __forceinline__ void dnnc_mma_{name}(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1,
+                                              unsigned b2, unsigned b3, unsigned e) {{
+  asm volatile("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{ptx}.{ptx}.f32 "
+               "{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9, %10, %11}}, "
+               "{{%0, %1, %2, %3}}, %12, 0x0;"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(b2), "r"(b3),
+                 "r"(e));
+}}
+"""[1:]
+"""A sparse precision's `dnnc_mma_<name>` (`L.SPARSE_MMA`): mma.sp::ordered_metadata
+m16n8k32 on <ptx> operands, A 2:4 sparse with its metadata `e` (each group's two positions
+ascending) from the first two lanes of each quad (sparsity selector 0), fp32 accumulators."""
+
 _LDMATRIX_FUNCTION = r"""
 __device__ __forceinline__ void dnnc_ldmatrix_x{n}{suffix}(unsigned* d, const unsigned* p) {{
   asm volatile("ldmatrix.sync.aligned.m8n8.x{n}{ptx}.shared.b16 {{{regs}}}, [%{n}];"
@@ -82,7 +98,9 @@ __device__ __forceinline__ unsigned dnnc_bf16x2(float lo, float hi) {
   unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
 """ + "".join(_MMA_FUNCTION.format(name=name, k=k, ptx=ptx) for name, k, ptx in (
-    ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16"))) + r"""
+    ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16"))) + "".join(
+    _SPARSE_MMA_FUNCTION.format(name=name, ptx=ptx) for name, ptx in (
+        ("sp_fp16", "f16"), ("sp_bf16", "bf16"))) + r"""
 // a generic address of shared memory as the 32-bit shared-window address PTX's
 // ldmatrix and cp.async take
 __device__ __forceinline__ unsigned dnnc_shared_address(const void* p) {
@@ -105,9 +123,9 @@ template <int N> __device__ __forceinline__ void dnnc_cp_async_wait() {
 }
 """[1:]
 """What `L.Mma`, `L.LdMatrix`, `L.CopyAsync` (and its commit and wait) and the `L.PACKS`
-intrinsics render to (`dnnc_mma_<precision>(acc + offset,
-a0..a3, b0, b1)`, `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`, `dnnc_bf16x2(lo, hi)`): added after
-`PRELUDE` to a module that uses them."""
+intrinsics render to (`dnnc_mma_<precision>(acc + offset, a0..a3, b0, b1)`, a sparse
+precision's `(acc + offset, a0..a3, b0..b3, e)`; `dnnc_tf32(x)`, `dnnc_f16x2(lo, hi)`,
+`dnnc_bf16x2(lo, hi)`): added after `PRELUDE` to a module that uses them."""
 
 ARCH_SPECIFIC = "// dnnc: sm_90a (wgmma)\n"
 """The first line of a module using `WGMMA_PRELUDE`: its architecture-specific instructions

@@ -85,6 +85,7 @@ from .mma_attention import MMA_ATTENTION
 from .plane_mean import PLANE_MEAN_NHWC
 from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, pow2,
                    reads_columns, reduction, row_length, writes_rows)
+from .sparse import SPMM
 from .threads import (WARP, Config, Names, Scratch, independent_prefix, single_thread,
                       thread_per_iteration)
 
@@ -276,8 +277,9 @@ TEMPLATES = {
     # (attention.py), depthwise conv a block per tile of a channel's plane (depthwise.py),
     # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py),
     # a channels-last depthwise one a block per tile of pixels x run of channels
-    # (depthwise_nhwc.py); the rest (grouped conv) one thread per output element
-    ("cuda", Pattern.OUT_FUSABLE): (MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
+    # (depthwise_nhwc.py), sparse weights' products (SparseDense, 1x1 SparseConv) as an
+    # SpMM (sparse.py); the rest (grouped conv) one thread per output element
+    ("cuda", Pattern.OUT_FUSABLE): (SPMM, MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
                                     CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE,
                                     DEPTHWISE_NHWC, DEFAULT),
     # the mean over a channels-last plane (squeeze-and-excitation's pool) a block per image

@@ -18,8 +18,8 @@ backend.
 
 from .nodes import (
     ARITH, ASYNC_COPY_BYTES, BITWISE, COMPARE, INDEX, INTRINSICS, LDMATRIX_COUNTS, LOGIC,
-    MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES, SWIZZLE_BYTES,
-    TILE_PRECISIONS, TILE_REGISTERS, TILE_ROWS, WGMMA_K,
+    MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES, SPARSE_MMA,
+    SPARSE_MMA_REGISTERS, SWIZZLE_BYTES, TILE_PRECISIONS, TILE_REGISTERS, TILE_ROWS, WGMMA_K,
     Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Buffer, Call, Cast, Const, CopyAsync, Expr,
     For, ForKind, If, IterVar, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope,
     Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
@@ -37,7 +37,8 @@ __all__ = [
     # nodes
     "ARITH", "ASYNC_COPY_BYTES", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LDMATRIX_COUNTS",
     "LOGIC", "MMA_REGISTERS", "MMA_SHAPES", "PACKS", "REDUCE_COMBINERS", "SHUFFLES",
-    "SWIZZLE_BYTES", "TILE_PRECISIONS", "TILE_REGISTERS", "TILE_ROWS", "WGMMA_K",
+    "SPARSE_MMA", "SPARSE_MMA_REGISTERS", "SWIZZLE_BYTES", "TILE_PRECISIONS", "TILE_REGISTERS",
+    "TILE_ROWS", "WGMMA_K",
     "Allocate", "AsyncCommit", "AsyncWait", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const",
     "CopyAsync", "Expr", "For", "ForKind", "If", "IterVar", "LdMatrix", "Let", "Load", "Mma",
     "PrimFunc", "ProxyFence", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store",

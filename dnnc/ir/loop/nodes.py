@@ -452,9 +452,15 @@ class Barrier(Stmt):
         return hash("Barrier")
 
 
-MMA_SHAPES = {"tf32": (16, 8, 8), "fp16": (16, 8, 16), "bf16": (16, 8, 16)}
+MMA_SHAPES = {"tf32": (16, 8, 8), "fp16": (16, 8, 16), "bf16": (16, 8, 16),
+              "sp_fp16": (16, 8, 32), "sp_bf16": (16, 8, 32)}
 """Precision -> (m, n, k) of its warp-level tensor-core product (`Mma`): PTX's
-mma.sync.aligned.m16n8k8 for tf32 operands, m16n8k16 for fp16 and bf16, fp32 accumulators."""
+mma.sync.aligned.m16n8k8 for tf32 operands, m16n8k16 for fp16 and bf16, fp32 accumulators;
+the sparse ones (`SPARSE_MMA`) mma.sp.sync.aligned.m16n8k32 with A 2:4 sparse."""
+
+SPARSE_MMA = {"sp_fp16": "fp16", "sp_bf16": "bf16"}
+"""The sparse tensor cores' precisions (`Mma` on a 2:4 sparse A) -> their operands' type
+(whose `PACKS` intrinsic makes their registers)."""
 
 
 @dataclass(frozen=True, eq=True)
@@ -474,7 +480,15 @@ class Mma(Stmt):
     fp16 and bf16 elements 2 r and 2 r + 1 in register r, the first in the low half. The
     products of the rounded operands are summed in fp32 into C. Every lane of the warp runs
     it together (a threadIdx.x loop of whole warps, no lane-dependent condition around it).
-    CPU backends do not render it."""
+    CPU backends do not render it.
+
+    The sparse precisions (`SPARSE_MMA`: mma.sp m16n8k32, A 2:4 sparse along k) take A as
+    its kept 16 x 16 (two of every 4 consecutive k of a row, in order), in the fp16
+    fragment layout above (`a`, 4 registers), B's 32 x 8 elements e < 8 B[2 t + e % 2 + 8
+    (e // 2), g] in 4 registers, then the metadata register (`b` holds 5): lanes with t < 2
+    give it (sparsity selector 0), its bits 2 i, 2 i + 1 (i < 8) the position within its
+    group of 4 of kept element i of row g's kept columns 8 t .. 8 t + 7, bits 16 + 2 i of
+    row g + 8's."""
 
     precision: str
     acc: Buffer
@@ -487,7 +501,9 @@ class Mma(Stmt):
 
 
 MMA_REGISTERS = (4, 2)
-"""The operand registers of A and of B a lane passes to an `Mma` (every precision)."""
+"""The operand registers of A and of B a lane passes to an `Mma` (every dense precision)."""
+SPARSE_MMA_REGISTERS = (4, 5)
+"""Those of a sparse one (`SPARSE_MMA`): B's 4, then the metadata."""
 
 LDMATRIX_COUNTS = (1, 2, 4)
 

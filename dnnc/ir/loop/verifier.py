@@ -12,7 +12,8 @@ import math
 
 from .. import types as T
 from .nodes import (
-    LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, TILE_PRECISIONS,
+    LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, SPARSE_MMA,
+    SPARSE_MMA_REGISTERS, TILE_PRECISIONS,
     TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Const, CopyAsync,
     For, If, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Store,
     TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
@@ -120,12 +121,13 @@ def _check_mma(func, s: Mma, gpu: set, buffers) -> None:
     if s.precision not in MMA_SHAPES:
         raise LoopIRError(f"{func.name}: mma of unknown precision {s.precision!r} (one of "
                           f"{', '.join(MMA_SHAPES)})")
-    if (len(s.a), len(s.b)) != MMA_REGISTERS:
-        raise LoopIRError(f"{func.name}: mma takes {MMA_REGISTERS} A and B registers a lane, "
+    registers = SPARSE_MMA_REGISTERS if s.precision in SPARSE_MMA else MMA_REGISTERS
+    if (len(s.a), len(s.b)) != registers:
+        raise LoopIRError(f"{func.name}: mma takes {registers} A and B registers a lane, "
                           f"not {(len(s.a), len(s.b))}")
     if any(x.dtype is not T.uint32 for x in s.a + s.b):
         raise LoopIRError(f"{func.name}: mma operands are uint32 registers (made by "
-                          f"{PACKS[s.precision]})")
+                          f"{PACKS[SPARSE_MMA.get(s.precision, s.precision)]})")
     if s.acc.scope is not Scope.LOCAL or s.acc.dtype is not T.float32 or \
             len(s.acc.shape) != 1 or not s.offset.dtype.is_int:
         raise LoopIRError(f"{func.name}: mma accumulates into a 1-d local float32 buffer at an "

@@ -18,6 +18,10 @@ that a template can walk the reduction a slice at a time, its activations' slice
         of values[e] * x[n, c, h sh + ky - top, w sw + kx - left] (zero outside the image)
         (+ bias[m])
 
+Both take an optional `order` (int32 [rows], after the bias, which may then be absent):
+the rows by nonzero count, most first, built at compile time for a GPU template's row
+swizzle (Sputnik's load balance); it never changes what the op computes.
+
 Attributes: `n` (SparseDense) or `oc` (SparseConv), the rows (and a SparseConv's
 `kernel_shape`, `pads` and `strides`); `slice_depth`; `row_max`, the most entries a
 row holds (the compute rule's reduction reads each row to that length, masked: the one loop
@@ -96,6 +100,10 @@ def _check_csr(ctx, rows) -> None:
         check_dtype(ctx, 4, (T.float32,), "bias")
         if ctx.shape(4) != (rows,):
             raise ctx.fail(f"bias is one per output ({rows}), given {ctx.type(4)}")
+    if ctx.has(5):
+        check_dtype(ctx, 5, (T.int32,), "order")
+        if ctx.shape(5) != (rows,):
+            raise ctx.fail(f"order is one per output ({rows}), given {ctx.type(5)}")
 
 
 def _row_sum(values, columns, starts, nnz, row, read, limit: int):
@@ -118,7 +126,8 @@ def _dense_infer(ctx):
     return [T.TensorType(T.float32, tuple(a[:-1]) + (n,))]
 
 
-def sparse_dense(a, values, columns, starts, bias=None, *, n, row_max, **measured):
+def sparse_dense(a, values, columns, starts, bias=None, order=None, *, n, row_max,
+                 **measured):
     w = decode_csr(values, columns, starts, a.shape[-1])
     y = np.matmul(a, w.T)
     return (y if bias is None else y + bias).astype(np.float32)
@@ -150,7 +159,7 @@ def _flops(node) -> Count:
 
 
 register_op("SparseDense", pattern=Pattern.OUT_FUSABLE, infer=_dense_infer,
-            evaluate=sparse_dense, inputs=(4, 5), compute=_dense_rule, flops=_flops,
+            evaluate=sparse_dense, inputs=(4, 6), compute=_dense_rule, flops=_flops,
             attrs={"n": REQUIRED, **SPARSE_ATTRS})
 
 
@@ -166,7 +175,8 @@ def _conv_infer(ctx):
     return [T.TensorType(T.float32, (x[0], oc, h, w))]
 
 
-def sparse_conv(x, values, columns, starts, bias=None, *, oc, row_max, kernel_shape=(1, 1),
+def sparse_conv(x, values, columns, starts, bias=None, order=None, *, oc, row_max,
+                kernel_shape=(1, 1),
                 pads=(0, 0, 0, 0), strides=(1, 1), **measured):
     w = decode_csr(values, columns, starts, x.shape[1] * kernel_shape[0] * kernel_shape[1])
     return conv(x, w.reshape((oc, x.shape[1]) + tuple(kernel_shape)), bias,
@@ -200,7 +210,7 @@ def _conv_rule(inputs, outputs, *, oc, row_max, kernel_shape=(1, 1), pads=(0, 0,
 
 
 register_op("SparseConv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer,
-            evaluate=sparse_conv, inputs=(4, 5), compute=_conv_rule, flops=_flops,
+            evaluate=sparse_conv, inputs=(4, 6), compute=_conv_rule, flops=_flops,
             attrs={"oc": REQUIRED, "kernel_shape": [1, 1], "pads": [0, 0, 0, 0],
                    "strides": [1, 1],
                    **SPARSE_ATTRS})

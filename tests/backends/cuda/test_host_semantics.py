@@ -196,6 +196,52 @@ static void NAME(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, u
 DNNC_MMA(dnnc_mma_tf32, 0)
 DNNC_MMA(dnnc_mma_fp16, 1)
 DNNC_MMA(dnnc_mma_bf16, 2)
+// mma.sp m16n8k32 (PTX ISA, "Sparse matrix storage", 16832 f16/bf16): A's kept 16 x 16 in
+// the fp16 fragment layout, B's 32 x 8 rows 2 tig + (i & 1) + 8 (i >> 1), and the metadata
+// of lanes 4 g + p (p < 2, selector 0): bits 2 c of its low half the position in its group of
+// 4 of row g's kept column 8 p + c, its high half row g + 8's
+static unsigned dnnc_mma_e[1024];
+static void dnnc_mma_sp(int kind, float* d, const unsigned* a, const unsigned* b, unsigned e) {
+  const unsigned lane = threadIdx.x % 32, first = threadIdx.x - lane;
+  dnnc_unpack(kind, a, 4, dnnc_mma_a[threadIdx.x]);
+  float bs[8];
+  dnnc_unpack(kind, b, 4, bs);
+  dnnc_mma_e[threadIdx.x] = e;
+  static float dnnc_mma_b8[1024][8];
+  for (int i = 0; i < 8; ++i) dnnc_mma_b8[threadIdx.x][i] = bs[i];
+  dnnc_block->arrive_and_wait();
+  float A[16][16], B[32][8];
+  int K[16][16];
+  for (int l = 0; l < 32; ++l) {
+    const int group = l >> 2, tig = l % 4;
+    for (int i = 0; i < 8; ++i) {
+      const int row = (i == 0 || i == 1 || i == 4 || i == 5) ? group : group + 8;
+      A[row][tig * 2 + (i & 1) + (i >= 4 ? 8 : 0)] = dnnc_mma_a[first + l][i];
+      B[tig * 2 + (i & 1) + 8 * (i >> 1)][group] = dnnc_mma_b8[first + l][i];
+    }
+  }
+  for (int row = 0; row < 16; ++row)
+    for (int c = 0; c < 16; ++c) {
+      const unsigned meta = dnnc_mma_e[first + (row % 8) * 4 + c / 8];
+      K[row][c] = 4 * (c / 2) + (int)((meta >> (16 * (row / 8) + 2 * (c % 8))) & 3u);
+    }
+  dnnc_block->arrive_and_wait();
+  const int group = lane >> 2, tig = lane % 4;
+  for (int r = 0; r < 4; ++r) {
+    const int row = r < 2 ? group : group + 8, col = tig * 2 + (r & 1);
+    float sum = d[r];
+    for (int c = 0; c < 16; ++c) sum += A[row][c] * B[K[row][c]][col];
+    d[r] = sum;
+  }
+}
+#define DNNC_MMA_SP(NAME, KIND)                                                          \
+static void NAME(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, \
+                 unsigned b1, unsigned b2, unsigned b3, unsigned e) {                    \
+  const unsigned a[] = {a0, a1, a2, a3}, b[] = {b0, b1, b2, b3};                         \
+  dnnc_mma_sp(KIND, d, a, b, e);                                                         \
+}
+DNNC_MMA_SP(dnnc_mma_sp_fp16, 1)
+DNNC_MMA_SP(dnnc_mma_sp_bf16, 2)
 // ldmatrix (PTX ISA, "Warp-level matrix load instruction: ldmatrix"): each lane posts its row
 // address; lanes 8 q .. 8 q + 7 address rows 0..7 of matrix q, 8 16-bit elements each; lane
 // l's register q then holds (row l / 4, columns 2 (l % 4), + 1), or with .trans (rows

@@ -1,0 +1,283 @@
+"""Sparse weights on the GPU (issue 34, item 4): the cuda SpMM (`backends/cuda/sparse.py`)
+against dnnc's dense fp32 kernels, one run.
+
+    PYTHONPATH=$PWD python bench/gpu_sparse.py [--batches 1,32] [--sparsity 0.7,0.9]
+        [--repeat 20] [--trials 5] [--no-layers] [--no-variants]
+        [--models bert_base,resnet50] [--model-batches 1,32]
+
+Layers: BERT-base's products at 128 tokens a sequence (768->768, 768->3072, 3072->768) and
+resnet50's 1x1 convs (224 x 224 images) at each of `--batches`, each with a Relu fused, as
+dnnc's dense kernel (its default template and config at fp32) and as a SparseDense /
+SparseConv of the weights magnitude-pruned to each `--sparsity` (forced, not the cost
+rule's choice) at the SpMM's default config and, unless `--no-variants`, a few other points
+of its space (the best named). Timed by CUDA events (bench/gpu_timing.py: median over
+`--trials` of the mean of `--repeat` launch sequences, interleaved); `speed-up` = dense /
+sparse default, `best` = dense / the best variant; `rule` says whether find_sparsity's GPU
+cost rule would run the layer sparse (its estimated speed-up beside). Each sparse output is
+checked against the dense kernel's (max |d| / max |dense|).
+
+Models (unless `--no-models`): each zoo model of `--models` at each of `--model-batches`, the
+dense file and its 90% magnitude-pruned copy (`testing/pruned_files.py`, as `dnnc sparsify`
+writes it) compiled for cuda at fp32: median ms of a call ended by a synchronize, the layers
+running sparse, the speed-up, and the largest output difference of the pruned file on cuda
+from onnxruntime's (CPU; relative to its largest output: a sanity check).
+Never imported by dnnc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dnnc.backends.cuda import device  # noqa: E402
+from dnnc.backends.cuda.codegen import render_module  # noqa: E402
+from dnnc.backends.cuda.schedules import template_for  # noqa: E402
+from dnnc.backends.cuda.sparse import SpmmConfig  # noqa: E402
+from dnnc.backends.lower import lower_group  # noqa: E402
+from dnnc.ir import types as T  # noqa: E402
+from dnnc.ir.graph import Graph, Value  # noqa: E402
+from dnnc.ir.ops.sparse import encode_csr, row_max  # noqa: E402
+from dnnc.passes import find_sparsity  # noqa: E402
+from gpu_timing import cupy_timer, header, interleaved_ms, load_module  # noqa: E402
+
+BERT = [("dense 768->768", 768, 768), ("dense 768->3072", 768, 3072),
+        ("dense 3072->768", 3072, 768)]
+"""(name, K, N) of BERT-base's products; 128 tokens a sequence."""
+RESNET50_1X1 = [(256, 56, 64), (64, 56, 256), (512, 28, 128), (128, 28, 512),
+                (1024, 14, 256), (256, 14, 1024), (2048, 7, 512), (512, 7, 2048)]
+"""(C, H = W, M) of resnet50's stride-1 1x1 convs."""
+VARIANTS = [SpmmConfig(32, 4, 8, 32), SpmmConfig(16, 4, 8, 32), SpmmConfig(32, 2, 4, 64)]
+"""SpMM configs timed beside the default (those outside a layer's space skipped)."""
+SEQ = 128
+
+
+def _pruned(rng, rows: int, depth: int, zeros: float) -> np.ndarray:
+    w = (rng.standard_normal((rows, depth)) / math.sqrt(depth)).astype(np.float32)
+    if zeros:
+        w[np.abs(w) <= np.quantile(np.abs(w), zeros)] = 0
+    return w
+
+
+def _const(name, array) -> Value:
+    dtype = T.float32 if array.dtype == np.float32 else T.int32
+    return Value(name, T.TensorType(dtype, array.shape), const=array)
+
+
+def layer_graph(kind: str, batch: int, depth: int, rows: int, hw: int, w: np.ndarray,
+                sparse: bool) -> Graph:
+    """The layer (dense or sparse, with a Relu) over `w` [rows, depth]."""
+    g = Graph("layer")
+    if kind == "conv":
+        x = g.add_input("x", T.TensorType(T.float32, (batch, depth, hw, hw)))
+    else:
+        x = g.add_input("x", T.TensorType(T.float32, (batch * SEQ, depth)))
+    if sparse:
+        values, columns, starts = encode_csr(w, find_sparsity.SLICE_DEPTH)
+        csr = [_const("values", values), _const("columns", columns), _const("starts", starts),
+               None, _const("order", find_sparsity.row_order(starts))]
+        attrs = {"row_max": row_max(starts), "slice_depth": find_sparsity.SLICE_DEPTH}
+        y = g.add("SparseConv", x, *csr, oc=rows, kernel_shape=[1, 1], pads=[0] * 4,
+                  strides=[1, 1], **attrs) if kind == "conv" else \
+            g.add("SparseDense", x, *csr, n=rows, **attrs)
+    elif kind == "conv":
+        y = g.add("Conv", x, _const("w", w.reshape(rows, depth, 1, 1)), kernel_shape=[1, 1])
+    else:
+        y = g.add("MatMul", x, _const("w", np.ascontiguousarray(w.T)))
+    g.outputs = [g.add("Relu", y)]
+    return g
+
+
+def cases(graph: Graph, machine, configs: list) -> list:
+    """[(template name, config, scheduled PrimFunc, kernel)]: the default, then `configs`
+    inside the space."""
+    out = []
+    for n, config in enumerate([None] + configs):
+        kernel = lower_group(list(graph.nodes), f"k{n}", outputs=graph.outputs)
+        template, problem = template_for(kernel, machine=machine)
+        if config is None:
+            config = template.default(problem, machine)
+        else:
+            try:
+                config = template.space(problem, machine).check(config)
+            except Exception:
+                continue
+            if config == out[0][1]:
+                continue
+        out.append((template.name, config, template.build(problem, config, machine), kernel))
+    return out
+
+
+def launcher(cp, raw, module, func, kernel, x_dev):
+    """(a function launching `func`'s stages once, its output array)."""
+    info = module.kernels[func.name]
+    ins = [x_dev if v.const is None else cp.asarray(np.ascontiguousarray(v.const))
+           for v in kernel.inputs]
+    (out_value,) = kernel.outputs
+    out = cp.zeros(out_value.type.shape, cp.float32)
+    args = tuple(ins + [out] + [cp.empty(size, cp.uint8) for size in info.workspace])
+    launches = []
+    for lc in info.launches:
+        fn = raw.get_function(lc.name)
+        device.allow_shared(fn, lc.shared_bytes)
+        launches.append((fn, lc))
+
+    def launch():
+        for fn, lc in launches:
+            fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
+
+    return launch, out
+
+
+def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> list[str]:
+    places = batch * hw * hw if kind == "conv" else batch * SEQ
+    shape = (batch, depth, hw, hw) if kind == "conv" else (batch * SEQ, depth)
+    x = cp.random.standard_normal(shape, dtype=cp.float32)
+    dense = cases(layer_graph(kind, batch, depth, rows, hw, _pruned(rng, rows, depth, 0.0),
+                              False), machine, [])
+    entries = [("dense", *dense[0])]
+    for zeros in args.sparsity:
+        w = _pruned(rng, rows, depth, zeros)
+        entries += [(zeros, *c) for c in cases(layer_graph(kind, batch, depth, rows, hw, w,
+                                                           True), machine,
+                                               [] if args.no_variants else VARIANTS)]
+        dense_w = cases(layer_graph(kind, batch, depth, rows, hw, w, False), machine, [])[0]
+        entries.append((f"dense@{zeros}", *dense_w))
+    funcs = [(dataclasses.replace(e[3], name=f"c{n}_{e[3].name}"), True)
+             for n, e in enumerate(entries)]
+    module = render_module(funcs)
+    raw = load_module(cp, module.source)
+    timers, outs = [], []
+    for entry, (func, _) in zip(entries, funcs):
+        launch, out = launcher(cp, raw, module, func, entry[4], x)
+        timers.append(cupy_timer(cp, launch))
+        outs.append(out)
+    times = interleaved_ms(timers, args.repeat, args.trials)
+    dense_ms = times[0]
+    lines = [f"{name:20} b{batch:<3} dense {dense_ms * 1e3:9.1f} us "
+             f"({2 * places * rows * depth / dense_ms / 1e9:5.1f} TF/s)  {dense[0][1]}"]
+    for zeros in args.sparsity:
+        picks = [(e, t, o) for e, t, o in zip(entries, times, outs) if e[0] == zeros]
+        (_, _, want_out) = next((e, t, o) for e, t, o in zip(entries, times, outs)
+                                if e[0] == f"dense@{zeros}")
+        want = cp.asnumpy(want_out)
+        (default, d_ms, _) = picks[0]
+        best = min(picks, key=lambda p: p[1])
+        errors = [float(np.abs(cp.asnumpy(o) - want).max() / max(np.abs(want).max(), 1e-30))
+                  for _, _, o in picks]
+        w_nnz = int(default[4].inputs[1].type.shape[0])
+        flops, bandwidth = machine.gpu.fp32_flops, machine.gpu.copy_bytes_per_s
+        estimate = find_sparsity.gpu_dense_seconds(places, rows, depth, flops, bandwidth) / \
+            find_sparsity.gpu_sparse_seconds(places, rows, depth, w_nnz, kind != "conv",
+                                             flops, bandwidth)
+        rule = "sparse" if estimate > find_sparsity.GPU_MARGIN and \
+            zeros >= 1 - find_sparsity.MAX_DENSITY else "dense"
+        ok = "ok" if max(errors) <= 1e-4 else "WRONG"
+        lines.append(f"  {zeros:4.0%} zeros: sparse {d_ms * 1e3:9.1f} us  speed-up "
+                     f"{dense_ms / d_ms:5.2f}  best {dense_ms / best[1]:5.2f} "
+                     f"({best[0][2]})  rule {rule} ({estimate:4.2f}x est.)  err "
+                     f"{max(errors):.1e} {ok}")
+    return lines
+
+
+def layers_table(cp, machine, args) -> None:
+    rng = np.random.default_rng(0)
+    for batch in args.batches:
+        for name, depth, rows in BERT:
+            print("\n".join(layer_rows(cp, machine, args, "dense", name, batch, depth, rows, 0,
+                                       rng)), flush=True)
+        for c, hw, m in RESNET50_1X1:
+            name = f"conv1x1 {c}->{m} @{hw}"
+            print("\n".join(layer_rows(cp, machine, args, "conv", name, batch, c, m, hw, rng)),
+                  flush=True)
+
+
+def model_rows(cp, name: str, batch: int, args) -> str:
+    import dnnc
+    from dnnc import zoo
+    from dnnc.testing.pruned_files import pruned_file
+
+    config = {"seq": SEQ} if name.startswith("bert") else {}
+    folder = Path(args.folder)
+    dense_model = zoo.build(name, batch=batch, **config)
+    pruned_path = pruned_file(folder, name, 0.9, batch=batch, **config)
+    feeds = zoo.inputs_for(dense_model, np.random.default_rng(0))
+    dev = {k: cp.asarray(v) for k, v in feeds.items()}
+    models, times = {}, {}
+    for label, source in (("dense", dense_model), ("pruned", str(pruned_path))):
+        start = time.perf_counter()
+        models[label] = dnnc.compile(source, "cuda")
+        compile_s = time.perf_counter() - start
+        model = models[label]
+        times[label] = (model.benchmark(*dev.values(), repeat=args.repeat,
+                                        warmup=3)["median_ms"],
+                        compile_s)
+    ops = [n.op for n in models["pruned"].graph.nodes]
+    sparse = sum(op in ("SparseConv", "SparseDense") for op in ops)
+    error = float("nan")
+    try:   # onnxruntime (CPU) on the pruned file: the reference
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(pruned_path),
+                                               providers=["CPUExecutionProvider"])
+        want = session.run(None, feeds)
+        got = models["pruned"](*dev.values())
+        got = got if isinstance(got, (list, tuple)) else [got]
+        error = max(float(np.abs(cp.asnumpy(g) - np.asarray(w)).max() /
+                          max(np.abs(np.asarray(w)).max(), 1e-30)) for g, w in zip(got, want))
+    except ImportError:
+        pass
+    (d_ms, d_s), (p_ms, p_s) = times["dense"], times["pruned"]
+    return (f"{name:10} b{batch:<3} dense {d_ms:8.3f} ms  pruned 90% {p_ms:8.3f} ms  "
+            f"speed-up {d_ms / p_ms:5.2f}  sparse layers {sparse}  err vs onnxruntime "
+            f"{error:.1e}  (compiles {d_s:.1f} s, {p_s:.1f} s)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", default="1,32")
+    parser.add_argument("--sparsity", default="0.7,0.9")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--no-layers", action="store_true")
+    parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--no-models", action="store_true")
+    parser.add_argument("--models", default="bert_base,resnet50")
+    parser.add_argument("--model-batches", default="1,32")
+    parser.add_argument("--folder", default=str(Path(tempfile.gettempdir()) / "dnnc_pruned"))
+    args = parser.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.sparsity = [float(s) for s in args.sparsity.split(",")]
+    cp = device.import_cupy()
+    machine = device.machine()
+    print(f"# {header()}; fp32, TF32 off; dnnc dense kernels vs the SpMM")
+    failed = 0
+    if not args.no_layers:
+        try:
+            layers_table(cp, machine, args)
+        except Exception:
+            traceback.print_exc()
+            failed = 1
+    if not args.no_models:
+        for batch in (int(b) for b in args.model_batches.split(",")):
+            for name in args.models.split(","):
+                try:
+                    print(model_rows(cp, name, batch, args), flush=True)
+                except Exception:
+                    traceback.print_exc()
+                    failed = 1
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())

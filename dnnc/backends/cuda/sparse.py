@@ -1,0 +1,429 @@
+"""The cuda sparse-weights template: SparseDense and 1x1 SparseConv kernels
+(`sparse_problems.SparseProblem`) as an unstructured sparse x dense product (SpMM), weights in
+CSR rows (one an output), the activations dense, in fp32.
+
+As Sputnik does it (Gale et al., "Sparse GPU Kernels for Deep Learning", SC 2020): C[j, p] =
+sum over the entries e of row j of values[e] B[columns[e], p], B the activations [depth,
+places] with places contiguous (a 1x1 conv's pixels of one image; a SparseDense's A [m, K]
+first transposed into a workspace, `_transpose`, so its m rows are the places). A block takes
+`block_rows` rows, one a subwarp of `subwarp` threads, by a tile of `subwarp * vector` places
+(`vector` consecutive ones a thread, one 128-bit load of B an entry at vector 4): the rows in
+the order of the op's `order` input (the row swizzle: rows sorted by nonzero count at compile
+time, so a block's rows, and the blocks running together, carry similar work; without it the
+natural order). Each subwarp copies `stage` entries of its row at a time (values and
+columns, coalesced) into shared memory, every thread then reads them from there (a broadcast)
+for its places; a full stage runs unrolled. The block's loop runs over the most entries any of
+its rows holds (uniform: the barriers), each row's own count bounding its products. The bias,
+the fused epilogue (activation, residual) and the rounding to Y's type apply where each
+output is stored (`SparseProblem.finish`), as the dense templates do.
+
+Skipping a pruned (zero) weight drops its term x * 0, which IEEE makes NaN for a NaN or
+infinite x (the dense product's result). A first stage counts each place's non-finite
+activations over slices of FLAG_DEPTH columns (`_flags`); a block sums its places' counts
+into shared memory, and an output whose place has some makes its sum NaN unless every one of
+them meets an entry of its row (its sum is then non-finite already: counted exactly, on
+that rare path only), as the llvm template's `_Flag.fix`.
+
+Knobs (`SpmmConfig`): subwarp, vector, block_rows, stage. The arithmetic is fp32 FMAs with
+fp32 accumulation; operands are float32 (SparseDense / SparseConv are float32 ops). It never
+serves a dense product, nor a windowed SparseConv (kh x kw, padded, strided: those keep
+the compute rule's default schedule).
+
+2:4 structured sparsity (`encode_2of4`, `sparse24_product`): weights with at most 2
+nonzeros in every 4 consecutive k, compressed and their metadata built at compile time, on
+the sparse tensor cores (`L.Mma` at precision sp_fp16 / sp_bf16: mma.sp m16n8k32, fp32
+accumulators), a warp a 16 x 8 tile. A kernel builder only, so far: no graph op carries 2:4
+weights yet (the rewrite, a template with knobs and a pipelined tile are what is left).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir import loop as L
+from ...ir import types as T
+from ..problems import widened
+from ..sparse_problems import SparseProblem, sparse_product
+from ..space import Constraint, Space, Template
+from .device import gpu_of
+
+FLAG_DEPTH = 64
+"""Columns whose non-finite activations one thread of `_flags` counts (per place): the
+blocks then sum depth / FLAG_DEPTH counts per place, a sixth of a 90%-sparse row's work."""
+TRANSPOSE_TILE = 32
+TRANSPOSE_THREADS = 256
+FLAG_THREADS = 256
+MAX_GRID_YZ = 65535
+MAX_SHARED_BYTES = 48 << 10
+BLOCK_THREADS = 128
+"""Threads a block of the default config aims for (4 warps), halved while the blocks
+cannot fill the GPU twice over (`default`)."""
+
+
+@dataclass(frozen=True)
+class SpmmConfig:
+    subwarp: int = 32     # threads sharing a row (its places split over them)
+    vector: int = 4       # consecutive places a thread (one vector load of B an entry)
+    block_rows: int = 4   # rows a block (one a subwarp)
+    stage: int = 32       # entries of a row copied to shared memory at a time
+
+    @property
+    def threads(self) -> int:
+        return self.subwarp * self.block_rows
+
+    @property
+    def tile(self) -> int:
+        """Places a block computes."""
+        return self.subwarp * self.vector
+
+
+def _shared_bytes(c: SpmmConfig) -> int:
+    return c.block_rows * c.stage * 8 + c.tile * 4
+
+
+def space(p: SparseProblem, machine) -> Space:
+    return Space("cuda_spmm", SpmmConfig, {
+        "subwarp": (4, 8, 16, 32), "vector": (1, 2, 4), "block_rows": (1, 2, 4, 8, 16, 32),
+        "stage": (16, 32, 64, 128),
+    }, [Constraint("32 <= subwarp * block_rows <= 1024 threads",
+                   lambda c: 32 <= c.threads <= 1024),
+        Constraint("stage a multiple of subwarp (each thread copies whole rounds)",
+                   lambda c: c.stage % c.subwarp == 0),
+        Constraint(f"vector divides the places ({p.places}): B's vector loads stay aligned "
+                   f"and inside", lambda c: p.places % c.vector == 0),
+        Constraint("staged entries and place counts within 48 KiB (static shared memory)",
+                   lambda c: _shared_bytes(c) <= MAX_SHARED_BYTES),
+        Constraint("row groups and images within the grid's y and z",
+                   lambda c: -(-p.rows // c.block_rows) <= MAX_GRID_YZ and
+                   p.batch <= MAX_GRID_YZ)])
+
+
+def default(p: SparseProblem, machine) -> SpmmConfig:
+    """The widest vector dividing the places; a subwarp as wide as the places need (4 to
+    32); BLOCK_THREADS threads, fewer rows a block while the blocks are under two per SM."""
+    vector = next(v for v in (4, 2, 1) if p.places % v == 0)
+    lanes = -(-p.places // vector)
+    subwarp = min(32, max(4, 1 << (lanes - 1).bit_length()))
+    rows = max(1, BLOCK_THREADS // subwarp)
+    tiles = -(-p.places // (subwarp * vector))
+    sms = gpu_of(machine).sms
+    while rows > 1 and (rows // 2) * subwarp >= 32 and \
+            p.batch * tiles * -(-p.rows // rows) < 2 * sms:
+        rows //= 2
+    while -(-p.rows // rows) > MAX_GRID_YZ:
+        rows *= 2
+    return SpmmConfig(subwarp, vector, rows, max(32, subwarp))
+
+
+def applies(p: SparseProblem) -> bool:
+    return not p.windowed and p.x.dtype is T.float32 and p.batch <= MAX_GRID_YZ
+
+
+def _index(e: L.Expr) -> L.Expr:
+    return L.Cast(T.int64, e)
+
+
+def _nonfinite(x: L.Expr) -> L.Expr:
+    """1 (int32) where x is NaN or infinite (x - x is NaN), else 0."""
+    d = x - x
+    return L.Select(L.ne(d, d), L.const(1, T.int32), L.const(0, T.int32))
+
+
+class _Operand:
+    """B as the SpMM reads it: `at(b, column, place)`, from A transposed into a workspace
+    (SparseDense) or the image itself (SparseConv)."""
+
+    def __init__(self, p: SparseProblem):
+        self.p = p
+        self.xt = L.Buffer("spmm_xt", T.float32, (p.depth * p.places,), L.Scope.GLOBAL) \
+            if p.transposed else None
+
+    def at(self, b, col, place) -> L.Expr:
+        if self.xt is not None:
+            return self.xt[col * self.p.places + place]
+        return self.p.x[b, col, place]
+
+
+def _transpose(p: SparseProblem, xt: L.Buffer) -> L.Stmt:
+    """xt[k, i] = A[i, k] through 32 x 33 shared tiles (coalesced both ways)."""
+    n = TRANSPOSE_TILE
+    t, bp, bk, i = L.Var("tt"), L.Var("tpb"), L.Var("tkb"), L.Var("ti")
+    tile = L.Buffer("xt_tile", T.float32, (n * (n + 1),), L.Scope.SHARED)
+    rows = TRANSPOSE_THREADS // n
+    ty, tx = t // n, t % n
+
+    def phase(body):
+        return L.For(t, TRANSPOSE_THREADS, L.For(i, n // rows, body, L.ForKind.UNROLLED),
+                     L.ForKind.THREAD_X)
+
+    place, k = bp * n + ty + i * rows, bk * n + tx
+    load = phase(L.If(L.logical_and(place < p.places, k < p.depth), L.Store(
+        tile, ((ty + i * rows) * (n + 1) + tx,), p.x[place, k])))
+    kk, place2 = bk * n + ty + i * rows, bp * n + tx
+    store = phase(L.If(L.logical_and(kk < p.depth, place2 < p.places), L.Store(
+        xt, (kk * p.places + place2,), tile[tx * (n + 1) + ty + i * rows])))
+    body = L.Allocate(tile, L.seq(load, L.Barrier(), store))
+    return L.For(bk, -(-p.depth // n), L.For(bp, -(-p.places // n), body, L.ForKind.BLOCK_X),
+                 L.ForKind.BLOCK_Y)
+
+
+def _flags(p: SparseProblem, b_op: _Operand, part: L.Buffer) -> L.Stmt:
+    """part[b, kc, place] = the non-finite activations of `place` among columns kc
+    FLAG_DEPTH .. (kc + 1) FLAG_DEPTH - 1, a thread each (consecutive threads, consecutive
+    places: coalesced)."""
+    slices = -(-p.depth // FLAG_DEPTH)
+    total = p.batch * slices * p.places
+    ob, ot, e, c = L.Var("fb"), L.Var("ft"), L.Var("fe"), L.Var("fc")
+    count = L.Buffer("nf_count", T.int32, (1,), L.Scope.LOCAL)
+    b, kc, place = e // (slices * p.places), e // p.places % slices, e % p.places
+    col = kc * FLAG_DEPTH + c
+    add = L.Store(count, (L.const(0),), count[0] + _nonfinite(b_op.at(b, col, place)))
+    if p.depth % FLAG_DEPTH:
+        add = L.If(col < p.depth, add)
+    body = L.Allocate(count, L.seq(
+        L.Store(count, (L.const(0),), L.const(0, T.int32)),
+        L.For(c, FLAG_DEPTH, add, L.ForKind.UNROLLED),
+        L.Store(part, (e,), count[0])))
+    return L.For(ob, -(-total // FLAG_THREADS), L.For(ot, FLAG_THREADS, L.Let(
+        e, ob * FLAG_THREADS + ot, L.If(e < total, body)), L.ForKind.THREAD_X),
+        L.ForKind.BLOCK_X)
+
+
+class _Spmm:
+    """The product's stage (the module's docstring): its block's phases, each over every
+    thread, barriers between them."""
+
+    def __init__(self, p: SparseProblem, c: SpmmConfig, b_op: _Operand, part: L.Buffer):
+        self.p, self.c, self.b_op, self.part = p, c, b_op, part
+        self.bx, self.by, self.bz = L.Var("sbx"), L.Var("sby"), L.Var("sbz")
+        self.t, self.r, self.lane = L.Var("st"), L.Var("sr"), L.Var("sl")
+        self.sv = L.Buffer("spmm_values", T.float32, (c.block_rows * c.stage,),
+                           L.Scope.SHARED)
+        self.sc = L.Buffer("spmm_columns", T.int32, (c.block_rows * c.stage,),
+                           L.Scope.SHARED)
+        self.nfs = L.Buffer("spmm_nonfinite", T.int32, (c.tile,), L.Scope.SHARED)
+        self.acc = L.Buffer("acc", T.float32, (c.vector,), L.Scope.LOCAL)
+        self.xr = L.Buffer("b_vec", T.float32, (c.vector,), L.Scope.LOCAL)
+        # the thread's row: (j, first entry, end); the block's most entries a row
+        self.row = L.Buffer("row_of", T.int32, (3,), L.Scope.LOCAL)
+        self.most = L.Buffer("most", T.int32, (1,), L.Scope.LOCAL)
+        self.count = L.Buffer("nf_row", T.int32, (1,), L.Scope.LOCAL)
+        self.last = p.starts.shape[1].value - 1
+
+    def per_thread(self, body: L.Stmt) -> L.Stmt:
+        c = self.c
+        return L.For(self.t, c.threads, L.Let(self.r, self.t // c.subwarp, L.Let(
+            self.lane, self.t % c.subwarp, body)), L.ForKind.THREAD_X)
+
+    def place(self) -> L.Expr:
+        """The thread's first place."""
+        return self.bx * self.c.tile + self.lane * self.c.vector
+
+    def row_at(self, q: L.Expr) -> L.Expr:
+        """The row at position q of the swizzled order (q clamped to the rows)."""
+        q = L.minimum(q, self.p.rows - 1)
+        return _index(self.p.order[q]) if self.p.order is not None else q
+
+    def entries(self, j: L.Expr) -> tuple[L.Expr, L.Expr]:
+        return _index(self.p.starts[j, 0]), _index(self.p.starts[j, self.last])
+
+    def setup(self) -> L.Stmt:
+        """Each thread's row and the block's most entries, zero sums; the block's places'
+        non-finite counts summed into shared memory."""
+        p, c = self.p, self.c
+        q = self.by * c.block_rows + self.r
+        j, i = L.Var("sj"), L.Var("si")
+        first, end = self.entries(j)
+        valid = q < p.rows
+        row = L.Let(j, self.row_at(q), L.seq(
+            L.Store(self.row, (L.const(0),), L.Cast(T.int32, j)),
+            L.Store(self.row, (L.const(1),), L.Select(valid, L.Cast(T.int32, first),
+                                                      L.const(0, T.int32))),
+            L.Store(self.row, (L.const(2),), L.Select(valid, L.Cast(T.int32, end),
+                                                      L.const(0, T.int32)))))
+        jm = L.Var("sjm")
+        f2, e2 = self.entries(jm)
+        most = L.seq(L.Store(self.most, (L.const(0),), L.const(0, T.int32)), L.For(
+            i, c.block_rows, L.If(self.by * c.block_rows + i < p.rows, L.Let(
+                jm, self.row_at(self.by * c.block_rows + i), L.Store(
+                    self.most, (L.const(0),), L.maximum(self.most[0], L.Cast(
+                        T.int32, e2 - f2)))))))
+        v = L.Var("sv0")
+        zero = L.For(v, c.vector, L.Store(self.acc, (v,), L.const(0.0)), L.ForKind.UNROLLED)
+        return L.seq(self.per_thread(L.seq(row, most, zero)), self._nonfinite_counts(),
+                     L.Barrier())
+
+    def _nonfinite_counts(self) -> L.Stmt:
+        p, c = self.p, self.c
+        slices = -(-p.depth // FLAG_DEPTH)
+        rounds = -(-c.tile // c.threads)
+        i, kc = L.Var("sni"), L.Var("snk")
+        slot = i * c.threads + self.t
+        place = self.bx * c.tile + slot
+        total = L.seq(L.Store(self.count, (L.const(0),), L.const(0, T.int32)), L.For(
+            kc, slices, L.Store(self.count, (L.const(0),), self.count[0] + self.part[
+                (self.bz * slices + kc) * p.places + place]), L.ForKind.UNROLLED))
+        body = L.If(place < p.places, L.seq(total, L.Store(self.nfs, (slot,), self.count[0])),
+                    L.Store(self.nfs, (slot,), L.const(0, T.int32)))
+        if rounds * c.threads > c.tile:
+            body = L.If(slot < c.tile, body)
+        return L.For(self.t, c.threads, L.For(i, rounds, body, L.ForKind.UNROLLED),
+                     L.ForKind.THREAD_X)
+
+    def copy(self, ch: L.Expr) -> L.Stmt:
+        """Stage ch of each row's entries into shared memory (a subwarp's threads take
+        consecutive entries)."""
+        c = self.c
+        i = L.Var("sci")
+        slot = i * c.subwarp + self.lane
+        e = _index(self.row[1]) + ch * c.stage + slot
+        at = (self.r * c.stage + slot,)
+        return self.per_thread(L.For(i, c.stage // c.subwarp, L.If(
+            e < _index(self.row[2]), L.seq(L.Store(self.sv, at, self.p.values[e]),
+                                           L.Store(self.sc, at, self.p.columns[e]))),
+            L.ForKind.UNROLLED))
+
+    def multiply(self, ch: L.Expr) -> L.Stmt:
+        """Each thread's places times the staged entries of its row (all of a full stage
+        unrolled, else as many as the row has left)."""
+        p, c = self.p, self.c
+        i, v, w, col = L.Var("smi"), L.Var("smv"), L.Var("smw", T.float32), L.Var("smc")
+        slot = self.r * c.stage + i
+        place = self.place()
+        step = L.Let(w, self.sv[slot], L.Let(col, _index(self.sc[slot]), L.seq(
+            L.For(v, c.vector, L.Store(self.xr, (v,), self.b_op.at(self.bz, col, place + v)),
+                  L.ForKind.VECTORIZED),
+            L.For(v, c.vector, L.Store(self.acc, (v,), L.call(
+                "fma", w, self.xr[v], self.acc[v])), L.ForKind.UNROLLED))))
+        left = _index(self.row[2]) - _index(self.row[1]) - ch * c.stage
+        body = L.If(left >= c.stage, L.For(i, c.stage, step, L.ForKind.UNROLLED),
+                    L.For(i, L.maximum(left, 0), step))
+        if p.places % c.tile:
+            body = L.If(place < p.places, body)
+        return self.per_thread(body)
+
+    def finish(self) -> L.Stmt:
+        """Each output: NaN where its place's non-finite activations meet a pruned weight
+        (the module's docstring), then through the bias and epilogue to Y."""
+        p, c = self.p, self.c
+        v, e, nf = L.Var("sfv"), L.Var("sfe"), L.Var("sfn", T.int32)
+        place = self.place() + v
+        j, first = _index(self.row[0]), _index(self.row[1])
+        s = self.acc[v]
+        nan = L.Store(self.acc, (v,), L.const(float("nan")))
+        recount = L.seq(
+            L.Store(self.count, (L.const(0),), L.const(0, T.int32)),
+            L.For(e, _index(self.row[2]) - first, L.Store(self.count, (L.const(0),), self.count[
+                0] + _nonfinite(self.b_op.at(self.bz, _index(p.columns[first + e]), place)))),
+            L.If(self.count[0] < nf, nan))
+        fix = L.If(nf > 0, L.If(L.eq(s - s, s - s), nan, recount))
+        b = self.bz if not p.transposed else L.const(0)
+        store = L.Store(p.y, p.y_at(b, j, place), p.finish(self.acc[v], b, j, place))
+        body = L.For(v, c.vector, L.Let(nf, self.nfs[self.lane * c.vector + v],
+                                        L.seq(fix, store)), L.ForKind.UNROLLED)
+        inside = self.by * c.block_rows + self.r < p.rows
+        if p.places % c.tile:
+            inside = L.logical_and(inside, self.place() < p.places)
+        return self.per_thread(L.If(inside, body))
+
+    def build(self) -> L.Stmt:
+        p, c = self.p, self.c
+        ch = L.Var("sch")
+        chunks = (_index(self.most[0]) + (c.stage - 1)) // c.stage
+        body = L.seq(self.setup(), L.For(ch, chunks, L.seq(
+            self.copy(ch), L.Barrier(), self.multiply(ch), L.Barrier())), self.finish())
+        for buffer in (self.sv, self.sc, self.nfs, self.acc, self.xr, self.row, self.most,
+                       self.count):
+            body = L.Allocate(buffer, body)
+        return L.For(self.bz, p.batch, L.For(self.by, -(-p.rows // c.block_rows), L.For(
+            self.bx, -(-p.places // c.tile), body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y),
+            L.ForKind.BLOCK_Z)
+
+
+def build(p: SparseProblem, config: SpmmConfig, machine) -> L.PrimFunc:
+    b_op = _Operand(p)
+    part = L.Buffer("spmm_flags", T.int32, (p.batch * -(-p.depth // FLAG_DEPTH) * p.places,),
+                    L.Scope.GLOBAL)
+    stages = [_flags(p, b_op, part), _Spmm(p, config, b_op, part).build()]
+    if b_op.xt is not None:
+        stages.insert(0, _transpose(p, b_op.xt))
+    body = L.Allocate(part, L.seq(*stages))
+    if b_op.xt is not None:
+        body = L.Allocate(b_op.xt, body)
+    views = {buffer.name: buffer for buffer in (p.x, p.y)}
+    params = tuple(views.get(x.name, x) for x in p.params)
+    return L.PrimFunc(p.name, params, body)
+
+
+SPMM = Template("cuda_spmm", sparse_product, applies, space, default, build)
+
+
+# -- 2:4 structured sparsity on the sparse tensor cores ------------------------------------------
+
+def encode_2of4(w: np.ndarray, dtype: T.DType) -> tuple[np.ndarray, np.ndarray]:
+    """(values [N, K / 2] in `dtype`, metadata uint32 [N / 16, K / 32, 8, 2]) of weights `w`
+    [N, K] (N a multiple of 16, K of 32) holding at most 2 nonzeros in every 4 consecutive k:
+    each group's two kept positions ascending (its nonzeros, then its first zeros), their
+    values in order; metadata [row tile, k step, g, p] as `L.Mma`'s sparse precisions take
+    it from lane 4 g + p (2 bits a kept column: row g's columns 8 p .. 8 p + 7 of the k
+    step's 16 low, row g + 8's high). Built at compile time."""
+    n, k = w.shape
+    if n % 16 or k % 32:
+        raise ValueError(f"2:4 weights are [16 n, 32 k], not {w.shape}")
+    groups = np.asarray(w, np.float32).reshape(n, k // 4, 4)
+    nonzero = groups != 0
+    if nonzero.sum(axis=-1).max(initial=0) > 2:
+        raise ValueError("the weights hold more than 2 nonzeros in a group of 4")
+    key = np.where(nonzero, 0, 4) + np.arange(4)   # nonzeros first, then by position
+    kept = np.sort(np.argsort(key, axis=-1, kind="stable")[..., :2], axis=-1)
+    values = np.take_along_axis(groups, kept, axis=-1).reshape(n, k // 2).astype(dtype.np)
+    index = kept.reshape(n // 16, 2, 8, k // 32, 2, 8).astype(np.uint32)  # [jt, half, g, ks, p, i]
+    bits = (index << (2 * np.arange(8, dtype=np.uint32))).sum(axis=-1, dtype=np.uint32)
+    meta = bits[:, 0] | (bits[:, 1] << np.uint32(16))   # [jt, g, ks, p]
+    return values, np.ascontiguousarray(meta.transpose(0, 2, 1, 3))
+
+
+def sparse24_product(name: str, x: L.Buffer, values: L.Buffer, meta: L.Buffer, y: L.Buffer,
+                     precision: str) -> L.PrimFunc:
+    """Y[i, j] = sum_k X[i, k] W[j, k] (X [m, k] of any float type, Y [m, n] float32) with W
+    2:4 sparse (`encode_2of4`: `values` [n, k / 2] float16 or bfloat16, `meta` uint32) on
+    the sparse tensor cores (`precision` sp_fp16 / sp_bf16: X's elements rounded to that
+    type, fp32 accumulation): a warp a block computes 16 rows of W by 8 of X, a k step of 32
+    an `L.Mma` (mma.sp m16n8k32), W the sparse A operand; the places past m read as zero and
+    are not stored."""
+    m, k = L.static_shape(x.shape)
+    n = L.static_shape(values.shape)[0]
+    steps = k // 32
+    pack = L.PACKS[L.SPARSE_MMA[precision]]
+    bx, by, t, ks, r = L.Var("qbx"), L.Var("qby"), L.Var("qt"), L.Var("qks"), L.Var("qr")
+    g, tig = t // 4, t % 4
+    acc = L.Buffer("acc", T.float32, (4,), L.Scope.LOCAL)
+    j0, p0 = by * 16, bx * 8
+
+    def w_pair(reg: int):
+        row, col = j0 + g + 8 * (reg % 2), ks * 16 + 2 * tig + 8 * (reg // 2)
+        return L.call(pack, widened(values[row, col]), widened(values[row, col + 1]),
+                      dtype=T.uint32)
+
+    def x_pair(reg: int):
+        place, col = p0 + g, ks * 32 + 2 * tig + 8 * reg
+        at = L.minimum(place, m - 1)
+
+        def one(c):
+            return L.Select(place < m, widened(x[at, c]), L.const(0.0))
+        return L.call(pack, one(col), one(col + 1), dtype=T.uint32)
+
+    e = meta[((by * steps + ks) * 8 + g) * 2 + tig % 2]
+    product = L.Mma(precision, acc, L.const(0), tuple(w_pair(q) for q in range(4)),
+                    tuple(x_pair(q) for q in range(4)) + (e,))
+    row, col = j0 + g + 8 * (r // 2), p0 + 2 * tig + r % 2
+    body = L.seq(
+        L.For(r, 4, L.Store(acc, (r,), L.const(0.0)), L.ForKind.UNROLLED),
+        L.For(ks, steps, product),
+        L.For(r, 4, L.If(col < m, L.Store(y, (col, row), acc[r])), L.ForKind.UNROLLED))
+    thread = L.Allocate(acc, L.For(t, 32, body, L.ForKind.THREAD_X))
+    grid = L.For(by, n // 16, L.For(bx, -(-m // 8), thread, L.ForKind.BLOCK_X),
+                 L.ForKind.BLOCK_Y)
+    return L.PrimFunc(name, (x, values, meta, y), grid)

@@ -1,0 +1,400 @@
+"""The cuda SpMM template (issue 34, item 4; dnnc/backends/cuda/sparse.py) without a GPU:
+SparseDense and 1x1 SparseConv kernels scheduled for cuda (the default config and others of
+its knob space), rendered, run on host threads by test_host_semantics.py's shim against the
+float64 product of the dense weights: random inputs, places that fill no tile, rows of no
+entries (and a matrix of none), rows swizzled and not, a bias and a fused epilogue reading a
+residual, and NaN / infinite activations meeting pruned weights (NaN, as the dense product).
+The renderings compile with NVRTC for sm_80 and sm_90 (skipped without CuPy). A pruned
+product through the cuda rewrite runs on the host (emulated_full). The `gpu` tests run the
+same on a GPU (skipped without one)."""
+
+import dataclasses
+import shutil
+
+import numpy as np
+import pytest
+
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.cuda.sparse import SPMM, SpmmConfig
+from dnnc.errors import ConfigError
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.ir.ops.sparse import encode_csr, row_max
+from dnnc.passes.find_sparsity import row_order
+from cuda_kernels import MACHINE, nvrtc_compiled, programs
+from test_cuda_codegen import poisoned
+
+pytestmark = pytest.mark.codegen
+
+SPARSE_MACHINE = dataclasses.replace(MACHINE, layouts=("sparse_weights", "nhwc_conv"))
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+
+
+def pruned(rng, shape, density, empty_rows=()) -> np.ndarray:
+    w = rng.standard_normal(shape).astype(np.float32)
+    w[rng.random(shape) >= density] = 0.0
+    w[list(empty_rows)] = 0.0
+    return w
+
+
+def _const(name, array) -> Value:
+    dtype = T.float32 if array.dtype == np.float32 else T.int32
+    return Value(name, T.TensorType(dtype, array.shape), const=array)
+
+
+def _csr(w, slice_depth, ordered) -> tuple[list, dict]:
+    values, columns, starts = encode_csr(w, slice_depth)
+    order = [_const("order", row_order(starts))] if ordered else []
+    return [_const("values", values), _const("columns", columns),
+            _const("starts", starts)], order, {"row_max": row_max(starts),
+                                               "slice_depth": slice_depth}
+
+
+def dense_graph(rng, a_shape, n, density, bias, ordered, empty_rows=(), slice_depth=256):
+    """SparseDense (+ bias) -> Tanh; the graph, its dense weights [n, K] and bias."""
+    w = pruned(rng, (n, a_shape[-1]), density, empty_rows) / np.float32(np.sqrt(a_shape[-1]))
+    b = rng.standard_normal(n).astype(np.float32) if bias else None
+    g = Graph("sparse_dense")
+    a = g.add_input("a", T.TensorType(T.float32, a_shape))
+    csr, order, attrs = _csr(w, slice_depth, ordered)
+    extra = [_const("b", b)] if bias else [None] if order else []
+    y = g.add("SparseDense", a, *csr, *extra, *order, n=n, **attrs)
+    g.outputs = [g.add("Tanh", y)]
+    return g, w, b
+
+
+def conv_graph(rng, n, c, m, h, wid, density, bias, ordered, empty_rows=()):
+    """1x1 SparseConv (+ bias) + residual -> Relu; the graph, its weights [m, c], bias."""
+    w = pruned(rng, (m, c), density, empty_rows)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    g = Graph("sparse_conv")
+    x = g.add_input("x", T.TensorType(T.float32, (n, c, h, wid)))
+    csr, order, attrs = _csr(w, 64, ordered)
+    extra = [_const("b", b)] if bias else [None] if order else []
+    y = g.add("SparseConv", x, *csr, *extra, *order, oc=m, kernel_shape=[1, 1],
+              pads=[0, 0, 0, 0], strides=[1, 1], **attrs)
+    y = g.add("Add", y, g.add_input("r", y.type))
+    g.outputs = [g.add("Relu", y)]
+    return g, w, b
+
+
+def _dense_want(a, w, b):
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = a.astype(np.float64) @ w.T.astype(np.float64)
+    return np.tanh(y if b is None else y + b)
+
+
+def _conv_want(x, r, w, b):
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = np.einsum("mc,nchw->nmhw", w.astype(np.float64), x.astype(np.float64))
+    if b is not None:
+        y = y + b[:, None, None]
+    return np.maximum(y + r, 0)
+
+
+def _nonfinite(rng, x, count=6) -> np.ndarray:
+    """x with NaN, +inf and -inf at a few random elements."""
+    x = x.copy()
+    flat = x.reshape(-1)
+    spots = rng.choice(flat.size, size=min(count, flat.size), replace=False)
+    flat[spots[0::3]], flat[spots[1::3]], flat[spots[2::3]] = np.nan, np.inf, -np.inf
+    return x
+
+
+def _scheduled(graph, config=None):
+    """(the optimised graph, its one program) with the sparse kernel on the SpMM."""
+    graph, (program,) = programs(graph, machine=MACHINE, config=config)
+    (kernel,) = program.kernels
+    assert kernel.schedule[0] == "cuda_spmm"
+    return graph, program
+
+
+def _on_host(graph, feeds: dict, tmp_path, config=None) -> np.ndarray:
+    import test_host_semantics as host
+
+    graph, program = _scheduled(graph, config)
+    module = render_module(program.unique)
+    lib = host.host_library(program.unique, tmp_path, module)
+    values = host.program_on_host(lib, module, program, feeds)
+    return values[graph.outputs[0].name]
+
+
+DENSES = [  # (A's shape, n, density, bias, ordered, empty rows, nonfinite): a tile of places
+    # partly filled, several stages a row, an odd place count (scalar loads), a batch of
+    # sequences, rows of no entries, a matrix of none, non-finite activations
+    ((12, 40), 24, 0.3, True, True, (), False), ((37, 70), 9, 0.6, False, True, (2, 5), False),
+    ((2, 6, 33), 40, 0.1, True, False, (0,), False), ((8, 16), 10, 0.0, True, True, (), False),
+    ((12, 40), 24, 0.2, True, True, (3,), True), ((9, 50), 7, 0.5, False, True, (), True)]
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", DENSES, ids=[str(c[:3]) for c in DENSES])
+def test_sparse_dense_on_host(rng, tmp_path, case):
+    a_shape, n, density, bias, ordered, empty, nonfinite = case
+    g, w, b = dense_graph(rng, a_shape, n, density, bias, ordered, empty)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    if nonfinite:
+        a = _nonfinite(rng, a)
+    want = _dense_want(a, w, b)
+    if nonfinite:
+        assert np.isnan(want).any()
+    got = _on_host(g, {"a": a}, tmp_path)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+CONVS = [  # (n, c, m, h, w, density, bias, ordered, empty rows, nonfinite)
+    (1, 24, 20, 7, 7, 0.2, True, True, (), False), (2, 40, 12, 4, 6, 0.4, False, True, (1,),
+                                                    False),
+    (1, 16, 8, 3, 3, 0.3, True, False, (), True), (2, 20, 9, 2, 4, 0.1, True, True, (0, 4),
+                                                   True)]
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", CONVS, ids=[str(c[:6]) for c in CONVS])
+def test_sparse_conv_on_host(rng, tmp_path, case):
+    n, c, m, h, wid, density, bias, ordered, empty, nonfinite = case
+    g, w, b = conv_graph(rng, n, c, m, h, wid, density, bias, ordered, empty)
+    x = rng.standard_normal((n, c, h, wid)).astype(np.float32)
+    if nonfinite:
+        x = _nonfinite(rng, x)
+    r = rng.standard_normal((n, m, h, wid)).astype(np.float32)
+    want = _conv_want(x, r, w, b)
+    got = _on_host(g, {"x": x, "r": r}, tmp_path)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+CONFIGS = [SpmmConfig(4, 2, 8, 16), SpmmConfig(8, 1, 4, 16), SpmmConfig(16, 4, 2, 64),
+           SpmmConfig(32, 2, 1, 32)]
+
+
+@needs_gxx
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_knob_configs_compute_the_same(rng, tmp_path, config):
+    """Other points of the knob space (subwarps of 4 to 32, vectors of 1 to 4, stages
+    shorter and longer than the rows) on a SparseDense with NaNs."""
+    g, w, b = dense_graph(rng, (16, 90), 33, 0.3, True, True, (4,))
+    a = _nonfinite(rng, rng.standard_normal((16, 90)).astype(np.float32))
+    graph, program = _scheduled(g, config)
+    kernel = program.kernels[0]
+    assert kernel.schedule == ("cuda_spmm", config)
+    got = _on_host(g, {"a": a}, tmp_path, config)
+    np.testing.assert_allclose(got, _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+
+
+def test_the_knob_space_holds_the_defaults(rng):
+    """Every default is a point of the space (the tuner's), and the space refuses a vector
+    that does not divide the places."""
+    from dnnc.backends.cuda.schedules import template_for
+    from dnnc.backends.plan import build_program, segment_groups
+    from dnnc.ir.segments import plan_steps
+    from dnnc.passes.manager import optimize
+
+    for g in (dense_graph(rng, (12, 40), 24, 0.3, True, True)[0],
+              dense_graph(rng, (37, 70), 9, 0.3, True, True)[0],
+              conv_graph(rng, 2, 40, 12, 7, 7, 0.3, True, True)[0]):
+        graph = optimize(g, MACHINE)
+        (step,) = plan_steps(graph)
+        found = []
+
+        def schedule(kernel):
+            found.append(template_for(kernel, machine=MACHINE))
+            return kernel.func
+
+        build_program(step, tuple(v.type.shape for v in step.inputs), (),
+                      segment_groups(step, graph.groups), schedule, True)
+        ((template, problem),) = found
+        assert template is SPMM
+        space = SPMM.space(problem, MACHINE)
+        space.check(SPMM.default(problem, MACHINE))
+        if problem.places % 2:
+            with pytest.raises(ConfigError, match="vector divides the places"):
+                space.check(SpmmConfig(8, 2, 4, 16))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_spmm_compiles_with_nvrtc(rng, arch):
+    funcs = []
+    for k, g in enumerate((dense_graph(rng, (64, 96), 80, 0.1, True, True)[0],
+                           conv_graph(rng, 2, 64, 32, 8, 8, 0.1, True, True)[0])):
+        _, program = _scheduled(g)
+        funcs += [(dataclasses.replace(f, name=f"g{k}_{f.name}"), noalias)
+                  for f, noalias in program.unique]
+    nvrtc_compiled(render_module(funcs).source, arch)
+
+
+# -- the rewrite on cuda (its rule: tests/passes/test_find_sparsity.py) ---------------------
+
+def _matmul_graph(rng, m, k, n, density):
+    g = Graph("mm")
+    a = g.add_input("a", T.TensorType(T.float32, (m, k)))
+    w = pruned(rng, (k, n), density)
+    g.outputs = [g.add("Relu", g.add("MatMul", a, _const("w", w)))]
+    return g, w
+
+
+# -- on a GPU ---------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("density", [0.1, 0.05])
+def test_a_pruned_model_runs_sparse_on_the_gpu(rng, density):
+    """A pruned MatMul -> Relu and a 1x1 conv chain compiled for cuda: the layers run sparse
+    and match the dense product, NaNs included."""
+    import dnnc
+
+    g, w = _matmul_graph(rng, 512, 768, 768, density)
+    model = dnnc.compile(g, target="cuda", outputs="numpy")
+    assert any(n.op == "SparseDense" for n in model.graph.nodes)
+    a = _nonfinite(rng, rng.standard_normal((512, 768)).astype(np.float32))
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.maximum(a.astype(np.float64) @ w.astype(np.float64), 0)
+    np.testing.assert_allclose(model(a), want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+@pytest.mark.gpu
+def test_spmm_kernels_on_the_gpu(rng):
+    """The host tests' shapes on the device."""
+    import dnnc
+
+    for a_shape, n, density, bias, ordered, empty, nonfinite in DENSES:
+        g, w, b = dense_graph(rng, a_shape, n, density, bias, ordered, empty)
+        a = rng.standard_normal(a_shape).astype(np.float32)
+        a = _nonfinite(rng, a) if nonfinite else a
+        model = dnnc.compile(g, target="cuda", outputs="numpy")
+        np.testing.assert_allclose(model(a), _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
+                                   equal_nan=True)
+    for n, c, m, h, wid, density, bias, ordered, empty, nonfinite in CONVS:
+        g, w, b = conv_graph(rng, n, c, m, h, wid, density, bias, ordered, empty)
+        x = rng.standard_normal((n, c, h, wid)).astype(np.float32)
+        x = _nonfinite(rng, x) if nonfinite else x
+        r = rng.standard_normal((n, m, h, wid)).astype(np.float32)
+        model = dnnc.compile(g, target="cuda", outputs="numpy")
+        np.testing.assert_allclose(model(x, r), _conv_want(x, r, w, b), rtol=1e-5,
+                                   atol=1e-5, equal_nan=True)
+
+
+@needs_gxx
+@pytest.mark.emulated_full
+def test_a_pruned_product_through_the_rewrite_on_host(rng, tmp_path):
+    """BERT-base's FFN expansion at 128 tokens pruned to 90% zeros, from the plain MatMul:
+    the rewrite makes it a SparseDense (with its order), the SpMM's kernels run on the host
+    and match the dense product, NaNs included."""
+    import test_host_semantics as host
+
+    g, w = _matmul_graph(rng, 128, 768, 3072, 0.1)
+    graph, (program,) = programs(g, machine=SPARSE_MACHINE)
+    assert [k.schedule[0] for k in program.kernels] == ["cuda_spmm"]
+    a = _nonfinite(rng, rng.standard_normal((128, 768)).astype(np.float32))
+    module = render_module(program.unique)
+    lib = host.host_library(program.unique, tmp_path, module)
+    got = host.program_on_host(lib, module, program, {"a": a})[graph.outputs[0].name]
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.maximum(a.astype(np.float64) @ w.astype(np.float64), 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+# -- 2:4 on the sparse tensor cores ---------------------------------------------------------------
+
+HALF = {"sp_fp16": T.float16, "sp_bf16": T.bfloat16}
+
+
+def pruned_2of4(rng, n, k) -> np.ndarray:
+    """Weights [n, k] keeping the 2 largest of every 4 along k, some groups 1 or none."""
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    groups = w.reshape(n, k // 4, 4)
+    smallest = np.argsort(np.abs(groups), axis=-1)[..., :2]
+    np.put_along_axis(groups, smallest, 0.0, axis=-1)
+    groups[rng.random(groups.shape[:2]) < 0.1, :] = 0.0
+    single = rng.random(groups.shape[:2]) < 0.1
+    groups[single] = np.where(np.arange(4) == 3, groups[single], 0.0)
+    return groups.reshape(n, k)
+
+
+def _decoded(values, meta, n, k) -> np.ndarray:
+    """The dense [n, k] of `encode_2of4`'s output, read as the hardware reads it."""
+    w = np.zeros((n, k), np.float64)
+    v = np.asarray(values, np.float64)
+    for j in range(n):
+        for c in range(k // 2):
+            ks, p, i = c // 16, c % 16 // 8, c % 8
+            word = int(meta[j // 16, ks, j % 8, p]) >> (16 * (j % 16 // 8) + 2 * i)
+            w[j, 32 * ks + 4 * (c % 16 // 2) + (word & 3)] += v[j, c]
+    return w
+
+
+def test_the_2of4_encoding_decodes_to_the_weights(rng):
+    from dnnc.backends.cuda.sparse import encode_2of4
+
+    w = pruned_2of4(rng, 32, 64)
+    values, meta = encode_2of4(w, T.float16)
+    assert values.shape == (32, 32) and meta.shape == (2, 2, 8, 2)
+    np.testing.assert_array_equal(_decoded(values, meta, 32, 64),
+                                  w.astype(np.float16).astype(np.float64))
+    with pytest.raises(ValueError, match="more than 2 nonzeros"):
+        encode_2of4(np.ones((16, 32), np.float32), T.float16)
+
+
+def _sparse24(precision, m, k, n):
+    from dnnc.backends.cuda.sparse import sparse24_product
+
+    half = HALF[precision]
+    x = L.Buffer("x", T.float32, (m, k))
+    values = L.Buffer("w_values", half, (n, k // 2))
+    meta = L.Buffer("w_meta", T.uint32, (n // 16 * (k // 32) * 16,))
+    y = L.Buffer("y", T.float32, (m, n))
+    return sparse24_product(f"sparse24_{precision}", x, values, meta, y, precision)
+
+
+@needs_gxx
+@pytest.mark.parametrize("precision", ["sp_fp16", "sp_bf16"])
+def test_a_2of4_product_on_the_sparse_tensor_cores_on_host(rng, tmp_path, precision):
+    """mma.sp m16n8k32 emulated by the host shim (the PTX ISA's metadata layout) on weights
+    encoded at compile time, against the float64 product of the rounded operands; a tail of
+    places past a tile."""
+    import test_host_semantics as host
+    from dnnc.backends.cuda.sparse import encode_2of4
+
+    m, k, n = 20, 96, 32
+    w = pruned_2of4(rng, n, k)
+    values, meta = encode_2of4(w, HALF[precision])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    func = _sparse24(precision, m, k, n)
+    module = render_module([(func, True)])
+    lib = host.host_library([(func, True)], tmp_path, module)
+    y = np.full((m, n), np.nan, np.float32)
+    host.launch_on_host(lib, module.kernels[func.name], [x, values, meta.reshape(-1), y])
+    half = HALF[precision].np
+    want = x.astype(half).astype(np.float64) @ w.astype(half).astype(np.float64).T
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_2of4_product_compiles_with_nvrtc(arch):
+    funcs = [(_sparse24(p, 24, 64, 32), True) for p in HALF]
+    nvrtc_compiled(render_module(funcs).source, arch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["sp_fp16", "sp_bf16"])
+def test_a_2of4_product_on_the_gpu(rng, precision):
+    """The same product on the device's sparse tensor cores (the metadata layout the host
+    shim assumes, checked by the hardware)."""
+    cp = pytest.importorskip("cupy")
+    from dnnc.backends.cuda.sparse import encode_2of4
+
+    m, k, n = 40, 128, 64
+    w = pruned_2of4(rng, n, k)
+    values, meta = encode_2of4(w, HALF[precision])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    func = _sparse24(precision, m, k, n)
+    module = render_module([(func, True)])
+    (launch,) = module.kernels[func.name].launches
+    kernel = cp.RawModule(code=module.source, options=("-std=c++17",)).get_function(
+        launch.name)
+    y = cp.full((m, n), np.nan, cp.float32)
+    kernel(launch.grid, launch.block, (cp.asarray(x), cp.asarray(values.view(np.uint16)),
+                                       cp.asarray(meta.reshape(-1)), y))
+    half = HALF[precision].np
+    want = x.astype(half).astype(np.float64) @ w.astype(half).astype(np.float64).T
+    np.testing.assert_allclose(cp.asnumpy(y), want, rtol=1e-5, atol=1e-5)
