@@ -188,10 +188,15 @@ def sparse_faster(places: int, w: np.ndarray, lanes: int, transposed: bool = Fal
 GPU_DENSE_EFFICIENCY = 0.5
 """The fraction of the GPU's fp32 figure (`GPU.fp32_flops`) the dense templates reach on a
 layer (cuda/dense.py's large tiles, fitted on an H200: 0.43-0.5)."""
-GPU_SPARSE_EFFICIENCY = 0.12
-"""The fraction of it the SpMM (cuda/sparse.py) reaches per nonzero's multiply-add: an
-entry costs a warp two broadcast shared loads and one 128-bit load of B for 4 x 32 FMAs,
-about 6 of the L1's 128-byte cycles, so 21 of the SM's 128 FMAs a cycle at best (16%)."""
+GPU_SPARSE_EFFICIENCY = 0.05
+"""The fraction of it the SpMM (cuda/sparse.py) reaches per nonzero's multiply-add. Measured
+on an H200 (bench/gpu_sparse.py, 90% zeros, batch 32): 2.7 to 4.2 TFLOP/s of nonzero
+multiply-adds (BERT-base's 768 x 3072 products 2.7, resnet50's 1x1 convs 3.8 to 4.2), 0.04 to
+0.065 of the fp32 figure, where the dense templates reached 22 to 44; first estimated at 0.12
+from its loads (an entry: two broadcast shared loads and one 128-bit load of B for 4 x 32
+FMAs), which chose the SpMM at BERT's products where it ran 0.61 to 0.90 of dense. At this
+value the rule keeps every layer timed there dense at 90% (the faster 1x1 convs, 1.2 to 1.6x,
+were estimated at break-even): the SpMM is a kernel for the tuner, not yet the default."""
 GPU_LAUNCH_S = 2e-6
 """A launch in a CUDA graph (GPU.md): the SpMM is two of them (three for a SparseDense)."""
 GPU_MARGIN = 1.2

@@ -240,7 +240,9 @@ def _matmul(rng, m, k, n, zeros) -> tuple[Graph, np.ndarray]:
 
 
 def test_a_gpu_takes_a_pruned_product_with_its_row_order(rng):
-    g, w = _matmul(rng, 512, 768, 768, 0.9)
+    """97% zeros: beyond the measured break-even (`GPU_SPARSE_EFFICIENCY`), which keeps 90%
+    products dense (test_a_gpu_keeps_products_dense_below_its_break_even)."""
+    g, w = _matmul(rng, 512, 768, 768, 0.97)
     convert_layout(g, GPU_TARGET)
     (node,) = [n for n in g.nodes if n.op == "SparseDense"]
     order = node.inputs[5].const
@@ -255,8 +257,8 @@ def test_the_row_order_is_by_count_most_first_ties_in_row_order():
     assert row_order(starts).tolist() == [4, 1, 3, 0, 2]
 
 
-@pytest.mark.parametrize("zeros", [0.0, 0.3])
-def test_a_gpu_keeps_dense_and_lightly_pruned_products_dense(rng, zeros):
+@pytest.mark.parametrize("zeros", [0.0, 0.3, 0.9])
+def test_a_gpu_keeps_products_dense_below_its_break_even(rng, zeros):
     g, _ = _matmul(rng, 512, 768, 768, zeros)
     assert convert_layout(g, GPU_TARGET) == 0
 

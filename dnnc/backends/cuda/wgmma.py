@@ -47,6 +47,8 @@ such an operand is transposed through registers, as mma.py does).
 
 from __future__ import annotations
 
+import os
+
 from ...ir import loop as L
 from ...ir import types as T
 from .dense import Operand
@@ -106,7 +108,8 @@ class _SwizzledTile(_Tile):
         """At tf32, the float32 words this thread's cp.asyncs brought into `slot` rounded to
         tf32 where they lie (wgmma ignores their low mantissa bits: rounding first keeps
         the precision's bound); nothing otherwise (registers staged them rounded)."""
-        if self.precision != "tf32" or not self.asynchronous:
+        if self.precision != "tf32" or not self.asynchronous or \
+                os.environ.get("DNNC_TF32_TRUNCATE") == "1":
             return None
 
         def body(step, o, c):
