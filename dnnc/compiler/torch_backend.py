@@ -4,7 +4,7 @@ dnnc is needed first.
 
 Dynamo hands `dnnc_backend` an FX graph of torch calls; aot_autograd (in inference mode:
 outputs carry no autograd history) functionalises it and decomposes it to core ATen
-(`DECOMPOSITIONS`); `compile_aten` then freezes the module's parameters and buffers into
+(`torch_fx.DECOMPOSITIONS`); `compile_aten` then freezes the module's parameters and buffers into
 constants (read once, at compile time, as torch's own freezing does: weights fold and pack at
 compile time; a parameter changed after the compile is not seen), splits the graph with
 torch's CapabilityBasedPartitioner into the largest subgraphs `frontend/torch_fx.py` imports
@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.fx as fx
-from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch._aot_autograd.schemas import OutputType
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -38,18 +37,12 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..backends.registry import REGISTRY
 from ..errors import ArgumentError, DNNCError
-from ..frontend.torch_aten import ATEN
-from ..frontend.torch_fx import import_fx, op_name, supported, tensor_array
+from ..frontend.torch_fx import DECOMPOSITIONS, import_fx, op_name, supported, tensor_array
 from .driver import compile as dnnc_compile
 
 __all__ = ["dnnc_backend", "compile_aten", "stats", "reports", "GraphReport", "OPTIONS"]
 
 LOG = logging.getLogger(__name__)
-
-DECOMPOSITIONS = {op: fn for op, fn in core_aten_decompositions().items()
-                  if str(op) not in ATEN}
-"""What aot_autograd decomposes: to torch's core ATen opset (`frontend/torch_aten.py` maps
-it), except the ops dnnc imports whole (hardswish as one HardSwish, not five ops)."""
 
 OPTIONS = {"target": None, "precision": None, "tuning_log": None, "opt_level": None,
            "cache": True, "verbose": False}

@@ -18,6 +18,7 @@ import operator
 import numpy as np
 import torch
 import torch.fx as fx
+from torch._decomp import core_aten_decompositions
 
 from ..errors import DNNCError, ShapeError, UnsupportedOpError, UnsupportedTypeError
 from ..ir import types as T
@@ -25,7 +26,14 @@ from ..ir.graph import Graph, Value
 from .onnx import constant_value
 from .torch_aten import ATEN, ImportContext, np_dtype
 
-__all__ = ["import_fx", "supported", "op_name", "tensor_array", "UnsupportedATenError"]
+__all__ = ["import_fx", "supported", "size_node", "op_name", "tensor_array",
+           "UnsupportedATenError", "DECOMPOSITIONS", "CHECKS"]
+
+DECOMPOSITIONS = {op: fn for op, fn in core_aten_decompositions().items()
+                  if str(op) not in ATEN}
+"""What torch decomposes before an import (aot_autograd for the backend, `run_decompositions`
+for an ExportedProgram): to its core ATen opset (`torch_aten.py` maps it), except the ops
+dnnc imports whole (hardswish as one HardSwish, not five ops)."""
 
 
 class UnsupportedATenError(UnsupportedOpError):
@@ -46,6 +54,12 @@ _SYMPY_OPS = {"Mul": "Mul", "Add": "Add", "FloorDiv": "Div"}
 floor division is truncation)."""
 
 
+CHECKS = {"aten._assert_scalar.default", "aten._assert_tensor_metadata.default",
+          "aten.sym_constrain_range.default", "aten.sym_constrain_range_for_size.default"}
+"""Ops torch.export leaves in a graph to check a size's range or a tensor's metadata at run
+time: dnnc imports none (a call's inputs are checked against the graph's types)."""
+
+
 def op_name(node: fx.Node) -> str:
     """The name a node's target is known by: "aten.convolution.default", "getitem", "mul"."""
     target = node.target
@@ -64,6 +78,12 @@ def supported(node: fx.Node) -> bool:
     if converter is None or not _dtypes_known(node):
         return False
     return converter.accepts is None or bool(converter.accepts(node))
+
+
+def size_node(node: fx.Node) -> bool:
+    """A call on sizes, not tensors (`aten.sym_size.int`, `s77 * 7` in a torch.export graph):
+    imported as its value's expression over the inputs' dims (`FxImport.symbol`)."""
+    return node.op == "call_function" and isinstance(node.meta.get("val"), torch.SymInt)
 
 
 def _dtypes_known(node: fx.Node) -> bool:
@@ -180,6 +200,8 @@ class FxImport(ImportContext):
         name = op_name(node)
         if node.target is operator.getitem:
             self.env[node] = self.env[node.args[0]][node.args[1]]
+        elif size_node(node):
+            self.env[node] = self.symbol(node.meta["val"].node.expr)
         else:
             self.env[node] = ATEN[name].convert(self, node)
 
@@ -206,7 +228,8 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
     frozen = frozen or {}
     missing: dict[str, list[str]] = {}
     for n in gm.graph.nodes:
-        if n.op == "call_function" and not supported(n):
+        if n.op == "call_function" and not (supported(n) or size_node(n) or
+                                            op_name(n) in CHECKS):
             missing.setdefault(op_name(n), []).append(n.name)
     if missing:
         raise UnsupportedATenError(list(missing.items()))
@@ -221,6 +244,8 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
         if node.op == "get_attr":
             ctx.env[node] = constant_value(node.name, tensor_array(getattr(gm, node.target)))
         elif node.op == "call_function":
+            if op_name(node) in CHECKS:
+                continue
             try:
                 ctx.call(node)
             except DNNCError as exc:

@@ -20,6 +20,7 @@ nn = torch.nn
 
 from dnnc.compiler import torch_backend  # noqa: E402
 from dnnc.compiler.torch_backend import dnnc_backend  # noqa: E402
+from torch_modules import Block, SmallCNN, randomize_batch_norm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,55 +93,10 @@ def test_an_output_that_views_an_input_keeps_aot_autograds_wrapper():
     np.testing.assert_allclose(doubled.numpy(), torch.relu(x).numpy() * 2, rtol=1e-6)
 
 
-class SmallCNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(8)
-        self.conv2 = nn.Conv2d(8, 8, 3, stride=2, groups=2)
-        self.bn2 = nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8, 5)
-
-    def forward(self, x):
-        x = nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
-        x = nn.functional.avg_pool2d(torch.relu(self.bn2(self.conv2(x))), 2, ceil_mode=True)
-        x = nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
-        return torch.log_softmax(self.fc(x), -1)
-
-
-def randomize_batch_norm(module):
-    """Running statistics that are not 0 and 1, so that folding them is tested."""
-    gen = torch.Generator().manual_seed(1)
-    for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.num_features, generator=gen))
-            m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-    return module
-
-
 def test_small_cnn_conv_batchnorm_pools():
     torch.manual_seed(0)
     (report,) = check(randomize_batch_norm(SmallCNN()), torch.randn(2, 3, 20, 20))
     assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
-
-
-class Block(nn.Module):
-    """A pre-norm transformer block: layer norm, softmax attention, gelu MLP."""
-
-    def __init__(self, d=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-        return x + self.down(nn.functional.gelu(self.up(self.ln2(x)), approximate="tanh"))
 
 
 def test_transformer_block():
