@@ -67,15 +67,16 @@ def op_name(node: fx.Node) -> str:
         getattr(target, "__name__", str(target))
 
 
-def supported(node: fx.Node) -> bool:
+def supported(node: fx.Node, device: str | None = None) -> bool:
     """Whether dnnc imports this call_function node: a converter for its overload that takes
-    these arguments, and dtypes dnnc has for every tensor it reads and writes."""
+    these arguments, and dtypes dnnc has for every tensor it reads and writes, all on torch
+    device type `device` (None: any; the graph dnnc builds has no device, its target has)."""
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
         return True
     converter = ATEN.get(op_name(node))
-    if converter is None or not _dtypes_known(node):
+    if converter is None or not _dtypes_known(node, device):
         return False
     return converter.accepts is None or bool(converter.accepts(node))
 
@@ -86,12 +87,12 @@ def size_node(node: fx.Node) -> bool:
     return node.op == "call_function" and isinstance(node.meta.get("val"), torch.SymInt)
 
 
-def _dtypes_known(node: fx.Node) -> bool:
+def _dtypes_known(node: fx.Node, device: str | None) -> bool:
     vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
     for val in vals:
         for t in val if isinstance(val, (tuple, list)) else (val,):
             if isinstance(t, torch.Tensor) and (np_dtype(t.dtype) is None or
-                                                t.device.type != "cpu"):
+                                                device not in (None, t.device.type)):
                 return False
     return True
 
@@ -258,8 +259,9 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
 
 
 def tensor_array(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's data as a NumPy array without copying (bfloat16 through ml_dtypes)."""
-    t = t.detach()
+    """A CPU tensor's data as a NumPy array without copying (bfloat16 through ml_dtypes); a
+    tensor on a device is copied to the host (weights frozen at compile time)."""
+    t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(T.bfloat16.np)
     return t.numpy()

@@ -327,3 +327,49 @@ def test_transformers_bert_built_locally():
         got = compiled(bert)(input_ids=ids).last_hidden_state
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
     assert all(sum(r.torch_ops.values()) == 0 for r in new_reports(before))
+
+
+def test_only_tensors_on_the_partitions_device_are_imported():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dnnc.frontend.torch_fx import supported
+
+    gm = make_fx(lambda x: torch.relu(x) + 1)(torch.empty(3, 4, device="meta"))
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert all(supported(n) and supported(n, "meta") for n in ops)   # None: any device
+    assert not any(supported(n, "cpu") for n in ops)
+
+
+def test_cuda_tensors_go_to_a_target_of_device_arrays():
+    from dnnc.backends.registry import REGISTRY
+
+    gpu = [n for n, s in REGISTRY.items() if s.from_dlpack is not None]
+    host = [n for n, s in REGISTRY.items() if s.from_dlpack is None]
+    assert gpu and host
+    assert torch_backend.placement(gpu[0], "cuda") == torch_backend.Placement(
+        "cuda", REGISTRY[gpu[0]].returns[0])
+    # a host target leaves CUDA tensors' ops to torch; CPU tensors stay on the host anyway
+    assert torch_backend.placement(host[0], "cuda") == torch_backend.HOST
+    assert torch_backend.placement(gpu[0], "cpu") == torch_backend.HOST
+    assert torch_backend.HOST == torch_backend.Placement("cpu", "numpy")
+    chosen = torch_backend.check_backend_options({}, "cuda")["target"]
+    assert chosen in (gpu if REGISTRY[gpu[0]].available() else host)
+    assert torch_backend.check_backend_options({}, "cpu")["target"] in host
+    assert torch_backend.tensor_device([torch.zeros(2), 3]) == "cpu"
+
+
+def test_a_device_partition_passes_tensors_and_wraps_outputs_without_copies():
+    class Model:   # what a GPU target's CompiledModel is to the partition
+        def run(self, *arrays):
+            self.given = arrays
+            self.out = np.arange(6, dtype=np.float32).reshape(2, 3)
+            return [self.out]
+
+    model = Model()
+    x = torch.randn(2, 3, requires_grad=True)
+    out = torch_backend.DnncPartition(model, [0], single=True, on_device=True)(x, 7)
+    (given,) = model.given
+    assert isinstance(given, torch.Tensor) and not given.requires_grad   # the tensor itself
+    assert given.data_ptr() == x.data_ptr()
+    assert isinstance(out, torch.Tensor)
+    assert out.data_ptr() == model.out.ctypes.data   # DLPack: the output's own memory
