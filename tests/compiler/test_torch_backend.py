@@ -329,6 +329,44 @@ def test_transformers_bert_built_locally():
     assert all(sum(r.torch_ops.values()) == 0 for r in new_reports(before))
 
 
+DECODERS = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 64}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM",
+              {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+               "num_attention_heads": 4, "num_key_value_heads": 2,
+               "max_position_embeddings": 64}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECODERS))
+def test_static_cache_generate_compiles_prefill_and_decode_once(name):
+    """transformers' generate with a static KV cache: one graph for the prompt, one for every
+    decode step after it (the cache an input the graph writes, not a new shape per token),
+    and eager's greedy tokens."""
+    transformers = pytest.importorskip("transformers")
+    config_name, model_name, sizes = DECODERS[name]
+    config = getattr(transformers, config_name)(vocab_size=500, bos_token_id=1,
+                                                eos_token_id=2, **sizes)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config).eval()
+    ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(1))
+    options = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
+               "pad_token_id": 0, "eos_token_id": None}
+    with torch.no_grad():
+        want = model.generate(ids, **options)
+        torch._dynamo.reset()
+        before = len(torch_backend.reports())
+        model.forward = torch.compile(model.forward, backend=dnnc_backend)
+        got = model.generate(ids, **options)
+    assert got.shape == (2, 16) and len(set(want[:, 8:].flatten().tolist())) > 2
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    prefill, decode = new_reports(before)   # 8 tokens, 2 compiles
+    assert prefill.partitions >= 1 and decode.partitions >= 1
+    # only the cache writes stay in torch
+    assert set(prefill.torch_ops) | set(decode.torch_ops) <= {"aten.index_put.default"}
+
+
 def test_only_tensors_on_the_partitions_device_are_imported():
     from torch.fx.experimental.proxy_tensor import make_fx
 
