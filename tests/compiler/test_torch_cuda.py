@@ -95,3 +95,25 @@ def test_exported_program_takes_cuda_tensors_in_place():
                 got = torch.from_dlpack(model(buffer))   # CuPy out, a CUDA tensor over it
             side.synchronize()
             close(got, module(x))
+
+
+def test_static_cache_generate_on_cuda_compiles_prefill_and_decode_once():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, vocab_size=500,
+                                      bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval().to(CUDA)
+    ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(1)).to(CUDA)
+    options = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
+               "pad_token_id": 0, "eos_token_id": None}
+    with torch.no_grad():
+        want = model.generate(ids, **options)
+        torch._dynamo.reset()
+        before = len(torch_backend.reports())
+        model.forward = torch.compile(model.forward, backend=torch_backend.dnnc_backend)
+        got = model.generate(ids, **options)
+    assert torch.equal(got, want)
+    reports = torch_backend.reports()[before:]
+    assert len(reports) == 2 and all({m.target for m in r.models} == {"cuda"} for r in reports)
