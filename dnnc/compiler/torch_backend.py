@@ -43,7 +43,8 @@ from ..errors import ArgumentError, DNNCError
 from ..frontend.torch_fx import DECOMPOSITIONS, import_fx, op_name, supported, tensor_array
 from .driver import compile as dnnc_compile
 
-__all__ = ["dnnc_backend", "compile_aten", "stats", "reports", "GraphReport", "OPTIONS"]
+__all__ = ["dnnc_backend", "compile_aten", "stats", "reports", "GraphReport", "OPTIONS",
+           "Placement", "placement", "HOST", "tensor_device"]
 
 LOG = logging.getLogger(__name__)
 

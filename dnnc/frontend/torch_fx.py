@@ -6,9 +6,11 @@ A placeholder becomes a graph input with its fake tensor's type (a dim that dyna
 symbolic, a SymInt such as `s77`, becomes the symbolic dim "s77"), or a constant where the
 caller gives its value (frozen parameters and buffers); a placeholder that is a SymInt is no
 input at all: its value is read from the shape of an input that has it. Each `call_function`
-node goes through the converter `torch_aten.py` registers for its ATen overload;
-`supported(node)` is what the partitioner asks. This module imports torch (an optional
-dependency: only the torch backend imports it) and never compiles or runs a graph.
+node goes through the converter `torch_aten.py` registers for its ATen overload (a node on
+sizes, `aten.sym_size.int` or `s77 * 7` in a torch.export graph, becomes its expression over
+the inputs' dims); `supported(node, device)` is what the partitioner asks. This module
+imports torch (an optional dependency: only the torch backend and `torch_export.py` import
+it) and never compiles or runs a graph.
 """
 
 from __future__ import annotations
