@@ -98,7 +98,11 @@ def main(argv=None) -> None:
     with torch.no_grad():
         for name in args.models.split(","):
             for batch in map(int, args.batches.split(",")):
-                row = measure(name, batch, args)
+                try:
+                    row = measure(name, batch, args)
+                except ImportError as exc:
+                    print(f"# {name}: not built ({exc})")
+                    break
                 r = row["rates"]
                 print(f"{name:12}{batch:6d}{r['eager']:10.1f}{r['inductor']:10.1f}"
                       f"{r['dnnc']:10.1f}{r['dnnc'] / r['inductor']:9.2f}{row['graphs']:8d}"
