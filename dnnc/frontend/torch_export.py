@@ -40,18 +40,18 @@ def import_exported(program: ExportedProgram, name: str | None = None) -> Graph:
     signature = program.graph_signature
     written = [s.target for s in signature.output_specs if s.kind != OutputKind.USER_OUTPUT]
     if written:
-        raise CompileError(f"the exported program writes {', '.join(map(str, written))}"
-                                 f": dnnc compiles programs without state (export the model "
-                                 f"in eval mode, its buffers unchanged by a call)")
+        raise CompileError(f"the exported program writes {', '.join(map(str, written))}: "
+                           f"dnnc compiles programs without state (export the model in eval "
+                           f"mode, its buffers unchanged by a call)")
     frozen = {}
     for i, spec in enumerate(signature.input_specs):
         if spec.kind == InputKind.USER_INPUT:
             continue
         if spec.kind not in FROZEN_KINDS:
             raise UnsupportedTypeError(f"the exported program's input {spec.arg.name} is a "
-                                     f"{spec.kind.name.lower()}, which dnnc does not take")
+                                       f"{spec.kind.name.lower()}, which dnnc does not take")
         value = program.state_dict.get(spec.target)
-        if value is None:
+        if value is None:   # a non-persistent buffer, a tensor constant
             value = program.constants[spec.target]
         # a copy on the host: the compile owns its constants (a CUDA weight read once)
         frozen[i] = tensor_array(value.detach().to("cpu", copy=True))

@@ -45,6 +45,25 @@ def test_transformer_block_program_matches_eager():
     np.testing.assert_allclose(compiled(x), eager(block, x), rtol=1e-4, atol=1e-5)
 
 
+def test_non_persistent_buffers_and_tensor_constants_are_constants():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+            self.register_buffer("scale", torch.linspace(0.5, 2, 6), persistent=False)
+            self.offset = torch.arange(6.0)   # neither parameter nor buffer: a constant
+
+        def forward(self, x):
+            return self.fc(x) * self.scale + self.offset
+
+    torch.manual_seed(0)
+    module = Scaled()
+    x = torch.randn(3, 6)
+    compiled = dnnc.compile(exported(module, x), "llvm", cache=False)
+    assert compiled.input_names == ["x"]
+    np.testing.assert_allclose(compiled(x), eager(module, x), rtol=1e-5, atol=1e-6)
+
+
 def test_a_dynamic_batch_is_a_symbolic_dim_and_one_compile_runs_every_size():
     torch.manual_seed(0)
     block = Block()
