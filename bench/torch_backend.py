@@ -3,6 +3,7 @@ dnnc through ONNX, on torchvision's, timm's and transformers' own modules, in on
 
     python bench/torch_backend.py [--models resnet18_tv,efficientnet_b0,bert_hf,...]
                                   [--threads 2] [--repeat 10] [--blocks 3] [--no-onnx]
+                                  [--target llvm|cuda]
 
 Models are bench/library_models.py's (random seeded weights, nothing downloaded) at batch 1.
 Every runtime gets `--threads` threads (torch.set_num_threads, DNNC_NUM_THREADS) and runs
@@ -13,6 +14,11 @@ dnnc-backend / dnnc-onnx (the same model exported by torch's TorchScript exporte
 by `dnnc.compile`), their geometric means, each runtime's compile seconds, and whether the
 backend's outputs match eager's (and how many ATen ops stayed in torch). Needs torch (and the
 libraries whose models are asked for); never imported by dnnc.
+
+`--target cuda` runs every runtime on the GPU (model and input moved there): inductor with
+`mode="reduce-overhead"` (CUDA graphs), the backend with the cuda target (CUDA tensors read in
+place on torch's stream), dnnc through ONNX on cuda given the CUDA tensor; each call is timed
+to its end (torch.cuda.synchronize()), eager and inductor in fp32 arithmetic (no TF32).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ def compile_seconds(fn, x) -> float:
     return time.perf_counter() - start
 
 
-def through_onnx(name: str, folder: Path):
+def through_onnx(name: str, folder: Path, target: str):
     """Model `name` exported by TorchScript and compiled by dnnc: a callable of a tensor, or
     None (with a line saying why) where the export fails."""
     path = folder / f"{name}.onnx"
@@ -60,7 +66,9 @@ def through_onnx(name: str, folder: Path):
     except Exception as exc:
         print(f"# {name}: no ONNX export ({type(exc).__name__}: {str(exc)[:80]})")
         return None
-    model = dnnc.compile(str(path), "llvm")
+    model = dnnc.compile(str(path), target)
+    if target == "cuda":   # the CUDA tensor read in place; CuPy out, a tensor over it
+        return lambda x: torch.from_dlpack(model(x))
     return lambda x: model(x.numpy())
 
 
@@ -70,17 +78,24 @@ def measure(name: str, args, folder: Path) -> dict | None:
     except ImportError as exc:
         print(f"# {name}: not built ({exc})")
         return None
+    gpu = args.target == "cuda"
+    if gpu:
+        module, x = module.cuda(), x.cuda()
     torch._dynamo.reset()
     before = len(torch_backend.reports())
     runtimes = {"eager": module,
-                "inductor": torch.compile(module),
-                "dnnc": torch.compile(module, backend=torch_backend.dnnc_backend)}
+                "inductor": torch.compile(module, mode="reduce-overhead" if gpu else None),
+                "dnnc": torch.compile(module, backend=torch_backend.dnnc_backend,
+                                      options={"target": args.target})}
     if not args.no_onnx:
-        onnx_fn = through_onnx(name, folder)
+        onnx_fn = through_onnx(name, folder, args.target)
         if onnx_fn is not None:
             runtimes["dnnc-onnx"] = onnx_fn
+    if gpu:   # a call ends when its results are ready
+        runtimes = {k: (lambda x, fn=fn: (fn(x), torch.cuda.synchronize())[0])
+                    for k, fn in runtimes.items()}
     compiles = {k: compile_seconds(fn, x) for k, fn in runtimes.items()}
-    want, got = module(x), runtimes["dnnc"](x)
+    want, got = runtimes["eager"](x), runtimes["dnnc"](x)
     error = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
     left = sum(sum(r.torch_ops.values()) for r in torch_backend.reports()[before:])
     times = median_block_ms({k: (lambda fn=fn: fn(x)) for k, fn in runtimes.items()},
@@ -95,10 +110,16 @@ def main(argv=None) -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--no-onnx", action="store_true", help="leave dnnc-through-ONNX out")
+    parser.add_argument("--target", default="llvm", choices=("llvm", "cuda"),
+                        help="cuda: every runtime on the GPU, inductor in reduce-overhead mode")
     args = parser.parse_args(argv)
+    if args.target == "cuda":   # fp32 products in eager and inductor too, as dnnc's default
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     os.environ["DNNC_NUM_THREADS"] = str(args.threads)
     torch.set_num_threads(args.threads)
-    print(f"# {platform.processor() or platform.machine()}, {args.threads} threads, batch 1; "
+    machine = torch.cuda.get_device_name() if args.target == "cuda" else \
+        (platform.processor() or platform.machine())
+    print(f"# {machine}, {args.target}, {args.threads} threads, batch 1; "
           f"torch {torch.__version__}, dnnc {dnnc.__version__}; median of {args.blocks} "
           f"blocks of {args.repeat} calls, ms")
     columns = ["eager", "inductor", "dnnc", "dnnc-onnx"]

@@ -5,6 +5,7 @@ check the arguments -> import -> refuse absurd tensor sizes -> (graph passes, pe
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from ..autotune.records import ranked_configs, read, warn_unapplied
@@ -78,21 +79,38 @@ def check_precision(target: str, precision) -> None:
 
 
 def load_graph(model, input_shapes: dict | None = None) -> Graph:
-    """A Graph from a Graph, an ONNX path, bytes or ModelProto."""
+    """A Graph from a Graph, an ONNX path, bytes or ModelProto, or a torch.export
+    ExportedProgram (`frontend/torch_export.py`)."""
     if isinstance(model, Graph):
         if input_shapes is not None:
             raise ArgumentError("input_shapes applies to ONNX models; a Graph's input shapes "
                                 "are already fixed")
         return model
+    if _exported_program(model):
+        if input_shapes is not None:
+            raise ArgumentError("input_shapes applies to ONNX models; an exported program's "
+                                "dynamic dims are declared with torch.export.Dim")
+        from ..frontend.torch_export import import_exported   # imports torch: only here
+
+        return import_exported(model)
     import onnx
 
     if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview,
                               onnx.ModelProto)):
-        raise ArgumentError(f"model must be an ONNX file path, bytes, an onnx.ModelProto or a "
-                            f"dnnc.Graph, not {type(model).__name__}")
+        raise ArgumentError(f"model must be an ONNX file path, bytes, an onnx.ModelProto, a "
+                            f"dnnc.Graph or a torch.export.ExportedProgram, not "
+                            f"{type(model).__name__}")
     from ..frontend.onnx import import_onnx
 
     return import_onnx(model, input_shapes=input_shapes)
+
+
+def _exported_program(model) -> bool:
+    """Whether `model` is a torch.export ExportedProgram (torch already imported: the caller
+    made one; dnnc never imports torch to ask)."""
+    torch = sys.modules.get("torch")
+    export = getattr(torch, "export", None) if torch is not None else None
+    return export is not None and isinstance(model, export.ExportedProgram)
 
 
 def physical_memory_bytes() -> int | None:
@@ -132,7 +150,8 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
             dump_ir=None, cache_size: int | None = None,
             render_only: bool = False, outputs: str | None = None,
             precision: str | None = None, cache: bool = True) -> CompiledModel:
-    """Compile an ONNX model (path, bytes, ModelProto) or a Graph for `target` (default: the
+    """Compile an ONNX model (path, bytes, ModelProto), a Graph, or a torch.export
+    ExportedProgram (docs/torch_backend.md, "torch.export") for `target` (default: the
     fastest target this host can run, as for `dnnc.jit` and the CLI: llvm on a CPU, cuda where
     CuPy sees a GPU; `backends.registry.default_target`).
 

@@ -4,13 +4,16 @@ dnnc is needed first.
 
 Dynamo hands `dnnc_backend` an FX graph of torch calls; aot_autograd (in inference mode:
 outputs carry no autograd history) functionalises it and decomposes it to core ATen
-(`DECOMPOSITIONS`); `compile_aten` then freezes the module's parameters and buffers into
+(`torch_fx.DECOMPOSITIONS`); `compile_aten` then freezes the module's parameters and buffers into
 constants (read once, at compile time, as torch's own freezing does: weights fold and pack at
 compile time; a parameter changed after the compile is not seen), splits the graph with
 torch's CapabilityBasedPartitioner into the largest subgraphs `frontend/torch_fx.py` imports
 (no cycles), compiles each with `dnnc.compile`, and leaves the rest to torch: the result is
 one FX GraphModule that calls dnnc's partitions and torch's ops in turn. CPU tensors pass in
-and out without copies (NumPy views of the tensors; `torch.from_numpy` of the outputs). A dim
+and out without copies (NumPy views of the tensors; `torch.from_numpy` of the outputs); CUDA
+tensors go to a target that takes device arrays (its registry entry's `from_dlpack`), read in
+place, on torch's current CUDA stream (the target's runtime reads it off a torch tensor
+argument), and its device outputs come back through `torch.from_dlpack`, not copied. A dim
 dynamo made symbolic is a dnnc symbolic dim: a new batch size runs on the same compile (per
 dnnc's own rules for new sizes). What stayed in torch is counted in `stats()` and named in
 the log with `options={"verbose": True}`. This module imports torch; `import dnnc` never
@@ -29,7 +32,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.fx as fx
-from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch._aot_autograd.schemas import OutputType
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -38,24 +40,20 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..backends.registry import REGISTRY
 from ..errors import ArgumentError, DNNCError
-from ..frontend.torch_aten import ATEN
-from ..frontend.torch_fx import import_fx, op_name, supported, tensor_array
+from ..frontend.torch_fx import DECOMPOSITIONS, import_fx, op_name, supported, tensor_array
 from .driver import compile as dnnc_compile
 
-__all__ = ["dnnc_backend", "compile_aten", "stats", "reports", "GraphReport", "OPTIONS"]
+__all__ = ["dnnc_backend", "compile_aten", "stats", "reports", "GraphReport", "OPTIONS",
+           "Placement", "placement", "HOST", "tensor_device"]
 
 LOG = logging.getLogger(__name__)
-
-DECOMPOSITIONS = {op: fn for op, fn in core_aten_decompositions().items()
-                  if str(op) not in ATEN}
-"""What aot_autograd decomposes: to torch's core ATen opset (`frontend/torch_aten.py` maps
-it), except the ops dnnc imports whole (hardswish as one HardSwish, not five ops)."""
 
 OPTIONS = {"target": None, "precision": None, "tuning_log": None, "opt_level": None,
            "cache": True, "verbose": False}
 """The backend's options and their defaults: `target`, `precision`, `tuning_log`, `opt_level`
-and `cache` are `dnnc.compile`'s (`target` None: the fastest target taking host arrays, as
-torch's CPU tensors are); `verbose` logs the ops left in torch by name."""
+and `cache` are `dnnc.compile`'s (`target` None: the fastest target taking the example
+inputs where they are: host arrays for CPU tensors, device arrays for CUDA ones); `verbose`
+logs the ops left in torch by name."""
 
 VIEW_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.permute.default",
             "aten.expand.default", "aten.unsqueeze.default", "aten.squeeze.dim",
@@ -106,31 +104,70 @@ def stats() -> dict:
             "failed_partitions": sum(len(r.failed) for r in _REPORTS)}
 
 
-def check_backend_options(options) -> dict:
+def check_backend_options(options, device: str = "cpu") -> dict:
     """`options` over `OPTIONS`' defaults; `ArgumentError` for a key the backend does not
-    take (the compile options themselves are checked by `dnnc.compile`)."""
+    take (the compile options themselves are checked by `dnnc.compile`). The default target
+    is the fastest that takes tensors on torch device type `device` in place (CPU: host
+    arrays; a GPU: device arrays, else the host's: the ops then stay in torch)."""
     options = dict(options or {})
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ArgumentError(f"torch.compile(backend='dnnc') options: unknown {', '.join(unknown)}"
                             f"; it takes {', '.join(OPTIONS)}")
     options = {**OPTIONS, **options}
-    if options["target"] is None:   # the fastest target whose calls take host arrays
-        options["target"] = max((s for s in REGISTRY.values()
-                                 if s.available() and s.from_dlpack is None),
+    if options["target"] is None:
+        host = [s for s in REGISTRY.values() if s.available() and s.from_dlpack is None]
+        gpu = [s for s in REGISTRY.values() if s.available() and s.from_dlpack is not None]
+        options["target"] = max(gpu if device != "cpu" and gpu else host,
                                 key=lambda s: s.speed).name
     return options
+
+
+def tensor_device(example_inputs) -> str:
+    """The torch device type of the example inputs' CUDA tensors, else "cpu"."""
+    return next((t.device.type for t in example_inputs
+                 if isinstance(t, torch.Tensor) and t.is_cuda), "cpu")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a compile's partitions run: `device`, the torch device type whose tensors its
+    target takes in place ("cpu" for a target of host arrays), and `outputs`, the kind of
+    array its calls return (NumPy for CPU tensors, the target's device arrays for others)."""
+
+    device: str
+    outputs: str
+
+    @property
+    def on_device(self) -> bool:
+        return self.device != "cpu"
+
+
+HOST = Placement("cpu", outputs="numpy")
+"""Partitions of CPU tensors: NumPy arrays in and out."""
+
+
+def placement(target: str, device: str) -> Placement:
+    """The placement of `target`'s partitions for example tensors on `device`: on that
+    device where the target takes device arrays, else on the host (tensors on another
+    device then stay in torch: `torch_fx.supported` refuses them)."""
+    spec = REGISTRY[target]
+    if device != "cpu" and spec.from_dlpack is not None:
+        return Placement(device, spec.returns[0])
+    return HOST
 
 
 def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None):
     """The dynamo backend: the callable that runs `gm` through dnnc (and torch, for what dnnc
     does not compile). Runs inference only: under `torch.no_grad()` whatever the caller's
     grad mode, so its outputs carry no autograd history."""
-    options = check_backend_options(options)
+    device = tensor_device(example_inputs)
+    options = check_backend_options(options, device)
     frozen = frozen_inputs(gm, example_inputs)
     state: dict = {}
     fw = functools.partial(compile_aten, real_inputs=list(example_inputs), frozen=frozen,
-                           options=options, state=state)
+                           options=options, state=state,
+                           place=placement(options["target"], device))
     with torch.no_grad():
         compiled = aot_autograd(fw_compiler=fw, decompositions=DECOMPOSITIONS)(gm,
                                                                              example_inputs)
@@ -193,17 +230,24 @@ def _plain(count: int) -> bool:
 
 
 class _Support(OperatorSupportBase):
+    def __init__(self, device: str):
+        super().__init__()
+        self.device = device
+
     def is_node_supported(self, submodules, node: fx.Node) -> bool:
         if op_name(node) == "getitem":   # of a tuple from a node dnnc imports
-            return supported(node.args[0])
-        return supported(node)
+            return supported(node.args[0], self.device)
+        return supported(node, self.device)
 
 
 def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[int],
-                 options: dict, state: dict | None = None) -> "LiveArguments":
+                 options: dict, state: dict | None = None,
+                 place: Placement | None = None) -> "LiveArguments":
     """aot_autograd's fw_compiler: `gm` (core ATen, placeholders in the order of dynamo's
-    inputs `real_inputs`) with its supported partitions compiled by dnnc, the rest in torch.
+    inputs `real_inputs`) with its supported partitions (tensors on `place.device`) compiled
+    by dnnc (default: `HOST`), the rest in torch.
     `state["direct"]` is set to the result when dynamo may call it directly (`_plain`)."""
+    place = place or HOST
     report = GraphReport()
     _REPORTS.append(report)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -216,13 +260,14 @@ def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[in
         constants = {placeholders[i].name: tensor_array(real_inputs[i]).copy() for i in frozen}
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     report.ops = len(calls)
-    partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
+    partitioner = CapabilityBasedPartitioner(gm, _Support(place.device),
+                                             allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions()
                   if any(op_name(n) not in VIEW_OPS for n in p.nodes)]
     fused = partitioner.fuse_partitions(partitions, prefix="dnnc_partition_")
     for node in list(fused.graph.nodes):
         if node.op == "call_module" and node.target.startswith("dnnc_partition_"):
-            _compile_partition(fused, node, constants, options, report)
+            _compile_partition(fused, node, constants, options, report, place)
     fused.graph.lint()
     fused.recompile()
     for node in fused.graph.nodes:
@@ -266,7 +311,7 @@ def _tensor_op(node: fx.Node) -> bool:
 
 
 def _compile_partition(fused: fx.GraphModule, node: fx.Node, constants: dict,
-                       options: dict, report: GraphReport) -> None:
+                       options: dict, report: GraphReport, place: Placement) -> None:
     """Replace partition `node` (a call_module of an FX submodule) by a `DnncPartition` that
     runs its dnnc compile; frozen arguments become the compile's constants. A partition dnnc
     refuses (an op's operands it cannot take) stays in torch, said in `report.failed`."""
@@ -276,7 +321,7 @@ def _compile_partition(fused: fx.GraphModule, node: fx.Node, constants: dict,
         graph = import_fx(sub, frozen, name=node.target)
         model = dnnc_compile(graph, options["target"], opt_level=options["opt_level"],
                              tuning_log=options["tuning_log"], precision=options["precision"],
-                             cache=options["cache"], outputs="numpy")
+                             cache=options["cache"], outputs=place.outputs)
     except DNNCError as exc:
         report.failed.append(f"{node.target}: {exc}")
         LOG.debug("%s stays in torch: %s", node.target, exc)
@@ -291,7 +336,7 @@ def _compile_partition(fused: fx.GraphModule, node: fx.Node, constants: dict,
                if isinstance(node.args[i], fx.Node) and
                isinstance(node.args[i].meta.get("val"), torch.Tensor)]
     single = isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], fx.Node)
-    setattr(fused, node.target, DnncPartition(model, tensors, single))
+    setattr(fused, node.target, DnncPartition(model, tensors, single, place.on_device))
     node.args = tuple(node.args[i] for i in keep)
     report.partitions += 1
     report._models.append(weakref.ref(model))
@@ -306,18 +351,27 @@ class DnncPartition(torch.nn.Module):
     """A partition compiled by dnnc, called as the FX submodule it replaces: its tensor
     arguments (at `tensors`; SymInt arguments are read from their shapes by dnnc) become
     NumPy views, its outputs torch tensors over dnnc's arrays, neither copied (an argument
-    that is not contiguous is copied once, as dnnc reads dense arrays)."""
+    that is not contiguous is copied once, as dnnc reads dense arrays). `on_device`: the
+    arguments are GPU tensors, given to the model as they are (its target reads them in
+    place, on torch's current stream: `CompiledModel` sees their `__cuda_array_interface__`
+    and the runtime the tensor behind it), and its device outputs come back as tensors over
+    the same memory (`torch.from_dlpack`)."""
 
-    def __init__(self, model, tensors: list[int], single: bool):
+    def __init__(self, model, tensors: list[int], single: bool, on_device: bool = False):
         super().__init__()
         self.model = model
         self.tensors = tensors
         self.single = single
+        self.on_device = on_device
 
     def forward(self, *args):
-        # (np.require, not ascontiguousarray: that makes a 0-d array 1-d)
-        arrays = [np.require(tensor_array(args[i]), requirements="C") for i in self.tensors]
-        outs = [_as_tensor(o) for o in self.model.run(*arrays)]
+        if self.on_device:   # (detached: torch refuses the interface of a tensor with grad)
+            outs = [torch.from_dlpack(o)
+                    for o in self.model.run(*[args[i].detach() for i in self.tensors])]
+        else:   # (np.require, not ascontiguousarray: that makes a 0-d array 1-d)
+            arrays = [np.require(tensor_array(args[i]), requirements="C")
+                      for i in self.tensors]
+            outs = [_as_tensor(o) for o in self.model.run(*arrays)]
         return outs[0] if self.single else tuple(outs)
 
 

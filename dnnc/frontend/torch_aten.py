@@ -145,7 +145,7 @@ for _name, _op in [("relu", "Relu"), ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), (
                    ("lift_fresh_copy", "Identity"), ("detach", "Identity")]:
     elementwise(f"{_name}.default", _op)
 # torch's decompositions of these are 3 to 6 elementwise ops each (hardswish: x * clamp(x + 3,
-# 0, 6) / 6): kept whole (`torch_backend.DECOMPOSITIONS` leaves out what has a converter)
+# 0, 6) / 6): kept whole (`torch_fx.DECOMPOSITIONS` leaves out what has a converter)
 for _name, _op in [("hardswish", "HardSwish"), ("silu", "Swish"), ("mish", "Mish")]:
     elementwise(f"{_name}.default", _op)
 elementwise("hardsigmoid.default", "HardSigmoid", alpha=1 / 6, beta=0.5)

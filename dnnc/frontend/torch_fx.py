@@ -6,9 +6,11 @@ A placeholder becomes a graph input with its fake tensor's type (a dim that dyna
 symbolic, a SymInt such as `s77`, becomes the symbolic dim "s77"), or a constant where the
 caller gives its value (frozen parameters and buffers); a placeholder that is a SymInt is no
 input at all: its value is read from the shape of an input that has it. Each `call_function`
-node goes through the converter `torch_aten.py` registers for its ATen overload;
-`supported(node)` is what the partitioner asks. This module imports torch (an optional
-dependency: only the torch backend imports it) and never compiles or runs a graph.
+node goes through the converter `torch_aten.py` registers for its ATen overload (a node on
+sizes, `aten.sym_size.int` or `s77 * 7` in a torch.export graph, becomes its expression over
+the inputs' dims); `supported(node, device)` is what the partitioner asks. This module
+imports torch (an optional dependency: only the torch backend and `torch_export.py` import
+it) and never compiles or runs a graph.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import operator
 import numpy as np
 import torch
 import torch.fx as fx
+from torch._decomp import core_aten_decompositions
 
 from ..errors import DNNCError, ShapeError, UnsupportedOpError, UnsupportedTypeError
 from ..ir import types as T
@@ -25,7 +28,14 @@ from ..ir.graph import Graph, Value
 from .onnx import constant_value
 from .torch_aten import ATEN, ImportContext, np_dtype
 
-__all__ = ["import_fx", "supported", "op_name", "tensor_array", "UnsupportedATenError"]
+__all__ = ["import_fx", "supported", "size_node", "op_name", "tensor_array",
+           "UnsupportedATenError", "DECOMPOSITIONS", "CHECKS"]
+
+DECOMPOSITIONS = {op: fn for op, fn in core_aten_decompositions().items()
+                  if str(op) not in ATEN}
+"""What torch decomposes before an import (aot_autograd for the backend, `run_decompositions`
+for an ExportedProgram): to its core ATen opset (`torch_aten.py` maps it), except the ops
+dnnc imports whole (hardswish as one HardSwish, not five ops)."""
 
 
 class UnsupportedATenError(UnsupportedOpError):
@@ -46,6 +56,12 @@ _SYMPY_OPS = {"Mul": "Mul", "Add": "Add", "FloorDiv": "Div"}
 floor division is truncation)."""
 
 
+CHECKS = {"aten._assert_scalar.default", "aten._assert_tensor_metadata.default",
+          "aten.sym_constrain_range.default", "aten.sym_constrain_range_for_size.default"}
+"""Ops torch.export leaves in a graph to check a size's range or a tensor's metadata at run
+time: dnnc imports none (a call's inputs are checked against the graph's types)."""
+
+
 def op_name(node: fx.Node) -> str:
     """The name a node's target is known by: "aten.convolution.default", "getitem", "mul"."""
     target = node.target
@@ -53,25 +69,32 @@ def op_name(node: fx.Node) -> str:
         getattr(target, "__name__", str(target))
 
 
-def supported(node: fx.Node) -> bool:
+def supported(node: fx.Node, device: str | None = None) -> bool:
     """Whether dnnc imports this call_function node: a converter for its overload that takes
-    these arguments, and dtypes dnnc has for every tensor it reads and writes."""
+    these arguments, and dtypes dnnc has for every tensor it reads and writes, all on torch
+    device type `device` (None: any; the graph dnnc builds has no device, its target has)."""
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
         return True
     converter = ATEN.get(op_name(node))
-    if converter is None or not _dtypes_known(node):
+    if converter is None or not _dtypes_known(node, device):
         return False
     return converter.accepts is None or bool(converter.accepts(node))
 
 
-def _dtypes_known(node: fx.Node) -> bool:
+def size_node(node: fx.Node) -> bool:
+    """A call on sizes, not tensors (`aten.sym_size.int`, `s77 * 7` in a torch.export graph):
+    imported as its value's expression over the inputs' dims (`FxImport.symbol`)."""
+    return node.op == "call_function" and isinstance(node.meta.get("val"), torch.SymInt)
+
+
+def _dtypes_known(node: fx.Node, device: str | None) -> bool:
     vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
     for val in vals:
         for t in val if isinstance(val, (tuple, list)) else (val,):
             if isinstance(t, torch.Tensor) and (np_dtype(t.dtype) is None or
-                                                t.device.type != "cpu"):
+                                                device not in (None, t.device.type)):
                 return False
     return True
 
@@ -180,6 +203,8 @@ class FxImport(ImportContext):
         name = op_name(node)
         if node.target is operator.getitem:
             self.env[node] = self.env[node.args[0]][node.args[1]]
+        elif size_node(node):
+            self.env[node] = self.symbol(node.meta["val"].node.expr)
         else:
             self.env[node] = ATEN[name].convert(self, node)
 
@@ -206,7 +231,8 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
     frozen = frozen or {}
     missing: dict[str, list[str]] = {}
     for n in gm.graph.nodes:
-        if n.op == "call_function" and not supported(n):
+        if n.op == "call_function" and not (supported(n) or size_node(n) or
+                                            op_name(n) in CHECKS):
             missing.setdefault(op_name(n), []).append(n.name)
     if missing:
         raise UnsupportedATenError(list(missing.items()))
@@ -221,6 +247,8 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
         if node.op == "get_attr":
             ctx.env[node] = constant_value(node.name, tensor_array(getattr(gm, node.target)))
         elif node.op == "call_function":
+            if op_name(node) in CHECKS:
+                continue
             try:
                 ctx.call(node)
             except DNNCError as exc:
@@ -233,8 +261,9 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
 
 
 def tensor_array(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's data as a NumPy array without copying (bfloat16 through ml_dtypes)."""
-    t = t.detach()
+    """A CPU tensor's data as a NumPy array without copying (bfloat16 through ml_dtypes); a
+    tensor on a device is copied to the host (weights frozen at compile time)."""
+    t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(T.bfloat16.np)
     return t.numpy()

@@ -71,7 +71,8 @@ def test_compile_takes_what_it_documents(mlp):
 
 def test_model_of_the_wrong_type_and_shapes_for_a_graph(mlp):
     with pytest.raises(ArgumentError, match="model must be an ONNX file path, bytes, an "
-                                            "onnx.ModelProto or a dnnc.Graph, not int"):
+                                            "onnx.ModelProto, a dnnc.Graph or a "
+                                            "torch.export.ExportedProgram, not int"):
         dnnc.compile(42, "numpy")
     graph = dnnc.compile(mlp, "numpy").graph
     with pytest.raises(ArgumentError, match="input_shapes applies to ONNX models"):

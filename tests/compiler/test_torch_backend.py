@@ -20,6 +20,7 @@ nn = torch.nn
 
 from dnnc.compiler import torch_backend  # noqa: E402
 from dnnc.compiler.torch_backend import dnnc_backend  # noqa: E402
+from torch_modules import Block, SmallCNN, randomize_batch_norm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,55 +93,10 @@ def test_an_output_that_views_an_input_keeps_aot_autograds_wrapper():
     np.testing.assert_allclose(doubled.numpy(), torch.relu(x).numpy() * 2, rtol=1e-6)
 
 
-class SmallCNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(8)
-        self.conv2 = nn.Conv2d(8, 8, 3, stride=2, groups=2)
-        self.bn2 = nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8, 5)
-
-    def forward(self, x):
-        x = nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
-        x = nn.functional.avg_pool2d(torch.relu(self.bn2(self.conv2(x))), 2, ceil_mode=True)
-        x = nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
-        return torch.log_softmax(self.fc(x), -1)
-
-
-def randomize_batch_norm(module):
-    """Running statistics that are not 0 and 1, so that folding them is tested."""
-    gen = torch.Generator().manual_seed(1)
-    for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.num_features, generator=gen))
-            m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-    return module
-
-
 def test_small_cnn_conv_batchnorm_pools():
     torch.manual_seed(0)
     (report,) = check(randomize_batch_norm(SmallCNN()), torch.randn(2, 3, 20, 20))
     assert report.partitions == 1 and sum(report.torch_ops.values()) == 0
-
-
-class Block(nn.Module):
-    """A pre-norm transformer block: layer norm, softmax attention, gelu MLP."""
-
-    def __init__(self, d=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-        return x + self.down(nn.functional.gelu(self.up(self.ln2(x)), approximate="tanh"))
 
 
 def test_transformer_block():
@@ -371,3 +327,87 @@ def test_transformers_bert_built_locally():
         got = compiled(bert)(input_ids=ids).last_hidden_state
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
     assert all(sum(r.torch_ops.values()) == 0 for r in new_reports(before))
+
+
+DECODERS = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 64}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM",
+              {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+               "num_attention_heads": 4, "num_key_value_heads": 2,
+               "max_position_embeddings": 64}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECODERS))
+def test_static_cache_generate_compiles_prefill_and_decode_once(name):
+    """transformers' generate with a static KV cache: one graph for the prompt, one for every
+    decode step after it (the cache an input the graph writes, not a new shape per token),
+    and eager's greedy tokens."""
+    transformers = pytest.importorskip("transformers")
+    config_name, model_name, sizes = DECODERS[name]
+    config = getattr(transformers, config_name)(vocab_size=500, bos_token_id=1,
+                                                eos_token_id=2, **sizes)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config).eval()
+    ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(1))
+    options = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
+               "pad_token_id": 0, "eos_token_id": None}
+    with torch.no_grad():
+        want = model.generate(ids, **options)
+        torch._dynamo.reset()
+        before = len(torch_backend.reports())
+        model.forward = torch.compile(model.forward, backend=dnnc_backend)
+        got = model.generate(ids, **options)
+    assert got.shape == (2, 16) and len(set(want[:, 8:].flatten().tolist())) > 2
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    prefill, decode = new_reports(before)   # 8 tokens, 2 compiles
+    assert prefill.partitions >= 1 and decode.partitions >= 1
+    # only the cache writes stay in torch
+    assert set(prefill.torch_ops) | set(decode.torch_ops) <= {"aten.index_put.default"}
+
+
+def test_only_tensors_on_the_partitions_device_are_imported():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dnnc.frontend.torch_fx import supported
+
+    gm = make_fx(lambda x: torch.relu(x) + 1)(torch.empty(3, 4, device="meta"))
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert all(supported(n) and supported(n, "meta") for n in ops)   # None: any device
+    assert not any(supported(n, "cpu") for n in ops)
+
+
+def test_cuda_tensors_go_to_a_target_of_device_arrays():
+    from dnnc.backends.registry import REGISTRY
+
+    gpu = [n for n, s in REGISTRY.items() if s.from_dlpack is not None]
+    host = [n for n, s in REGISTRY.items() if s.from_dlpack is None]
+    assert gpu and host
+    assert torch_backend.placement(gpu[0], "cuda") == torch_backend.Placement(
+        "cuda", REGISTRY[gpu[0]].returns[0])
+    # a host target leaves CUDA tensors' ops to torch; CPU tensors stay on the host anyway
+    assert torch_backend.placement(host[0], "cuda") == torch_backend.HOST
+    assert torch_backend.placement(gpu[0], "cpu") == torch_backend.HOST
+    assert torch_backend.HOST == torch_backend.Placement("cpu", "numpy")
+    chosen = torch_backend.check_backend_options({}, "cuda")["target"]
+    assert chosen in (gpu if REGISTRY[gpu[0]].available() else host)
+    assert torch_backend.check_backend_options({}, "cpu")["target"] in host
+    assert torch_backend.tensor_device([torch.zeros(2), 3]) == "cpu"
+
+
+def test_a_device_partition_passes_tensors_and_wraps_outputs_without_copies():
+    class Model:   # what a GPU target's CompiledModel is to the partition
+        def run(self, *arrays):
+            self.given = arrays
+            self.out = np.arange(6, dtype=np.float32).reshape(2, 3)
+            return [self.out]
+
+    model = Model()
+    x = torch.randn(2, 3, requires_grad=True)
+    out = torch_backend.DnncPartition(model, [0], single=True, on_device=True)(x, 7)
+    (given,) = model.given
+    assert isinstance(given, torch.Tensor) and not given.requires_grad   # the tensor itself
+    assert given.data_ptr() == x.data_ptr()
+    assert isinstance(out, torch.Tensor)
+    assert out.data_ptr() == model.out.ctypes.data   # DLPack: the output's own memory

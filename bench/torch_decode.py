@@ -1,0 +1,113 @@
+"""Greedy decoding with a static KV cache (transformers' `generate`, cache_implementation=
+"static") through torch.compile(backend="dnnc") next to inductor and eager, in one run:
+tokens per second at each batch size.
+
+    python bench/torch_decode.py [--models gpt2_hf,llama_hf] [--batches 1,8] [--prompt 32]
+                                 [--tokens 64] [--target llvm|cuda] [--threads 2] [--repeat 3]
+
+Models are bench/library_models.py's decoders (2 layers at the originals' widths, random
+seeded weights). Each runtime compiles `model.forward` (inductor with mode="reduce-overhead"
+on cuda, as issue 35 compares), runs one untimed generate (prefill and decode compiles), then
+`--repeat` timed ones; prints the median tokens/s (new tokens x batch / seconds), the ratio
+of tokens/s dnnc / inductor (above 1: dnnc decodes faster; issue 35 asks >= 1), the graphs the backend compiled (2: prefill and decode) and whether its tokens
+equal eager's. Needs torch and transformers; never imported by dnnc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import library_models  # noqa: E402
+
+from dnnc.compiler import torch_backend  # noqa: E402
+
+
+def decoder(name: str, device: str) -> torch.nn.Module:
+    """The transformers model inside library_models' `name` (its wrapper drops the cache)."""
+    wrapped, _ = library_models.build(name)
+    return wrapped.model.to(device)
+
+
+def tokens_per_second(model, ids, args) -> tuple[float, torch.Tensor]:
+    options = {"max_new_tokens": args.tokens, "do_sample": False,
+               "cache_implementation": "static", "pad_token_id": 0, "eos_token_id": None}
+    out = model.generate(ids, **options)   # compiles (prefill, decode)
+    rates = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        out = model.generate(ids, **options)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        rates.append(args.tokens * ids.shape[0] / (time.perf_counter() - start))
+    return statistics.median(rates), out
+
+
+def measure(name: str, batch: int, args) -> dict:
+    device = "cuda" if args.target == "cuda" else "cpu"
+    ids = torch.randint(3, 5000, (batch, args.prompt),
+                        generator=torch.Generator().manual_seed(batch)).to(device)
+    rates, outs, graphs = {}, {}, 0
+    for runtime in ("eager", "inductor", "dnnc"):
+        model = decoder(name, device)
+        torch._dynamo.reset()
+        before = len(torch_backend.reports())
+        if runtime == "inductor":
+            model.forward = torch.compile(model.forward, mode="reduce-overhead"
+                                          if device == "cuda" else None)
+        elif runtime == "dnnc":
+            model.forward = torch.compile(model.forward, backend=torch_backend.dnnc_backend,
+                                          options={"target": args.target})
+        rates[runtime], outs[runtime] = tokens_per_second(model, ids, args)
+        if runtime == "dnnc":
+            graphs = len(torch_backend.reports()) - before
+    return {"rates": rates, "graphs": graphs,
+            "same": bool(torch.equal(outs["dnnc"].cpu(), outs["eager"].cpu()))}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="gpt2_hf,llama_hf")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--target", default="llvm", choices=("llvm", "cuda"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    os.environ["DNNC_NUM_THREADS"] = str(args.threads)
+    torch.set_num_threads(args.threads)
+    if args.target == "cuda":   # fp32 products in eager and inductor, as dnnc's default
+        torch.backends.cuda.matmul.allow_tf32 = False
+    machine = torch.cuda.get_device_name() if args.target == "cuda" else \
+        (platform.processor() or platform.machine())
+    print(f"# {machine}, {args.target}, {args.threads} threads; torch {torch.__version__}; "
+          f"prompt {args.prompt}, {args.tokens} new tokens, median of {args.repeat}, tokens/s")
+    print(f"{'model':12}{'batch':>6}{'eager':>10}{'inductor':>10}{'dnnc':>10}{'dnnc/ind':>9}"
+          f"{'graphs':>8}  same tokens")
+    with torch.no_grad():
+        for name in args.models.split(","):
+            for batch in map(int, args.batches.split(",")):
+                try:
+                    row = measure(name, batch, args)
+                except ImportError as exc:
+                    print(f"# {name}: not built ({exc})")
+                    break
+                r = row["rates"]
+                print(f"{name:12}{batch:6d}{r['eager']:10.1f}{r['inductor']:10.1f}"
+                      f"{r['dnnc']:10.1f}{r['dnnc'] / r['inductor']:9.2f}{row['graphs']:8d}"
+                      f"  {row['same']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

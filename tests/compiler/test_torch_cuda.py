@@ -1,0 +1,119 @@
+"""CUDA tensors through the torch.compile backend and the torch.export path: read in place by
+the cuda target on torch's current stream, outputs CUDA tensors (DLPack), checked against
+eager. A device tier: skips without torch, without a CUDA GPU torch sees, or without the
+cuda target (CuPy)."""
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.backends.registry import REGISTRY
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available() or not REGISTRY["cuda"].available():
+    pytest.skip("needs a CUDA GPU that torch and CuPy both see", allow_module_level=True)
+
+from dnnc.compiler import torch_backend  # noqa: E402
+from torch_modules import Block, ResNetLike, randomize_batch_norm  # noqa: E402
+
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def fp32_reference():
+    """Eager in fp32 arithmetic: cuDNN's convolutions default to TF32."""
+    conv, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, matmul
+
+
+def close(got, want, tol=1e-3):
+    assert got.device == want.device
+    np.testing.assert_allclose(got.cpu().numpy(), want.cpu().numpy(), rtol=tol, atol=tol)
+
+
+def compiled(module):
+    torch._dynamo.reset()
+    return torch.compile(module, backend=torch_backend.dnnc_backend)
+
+
+@pytest.mark.parametrize("build, shape", [(ResNetLike, (2, 3, 32, 32)), (Block, (2, 7, 32))])
+def test_backend_runs_cuda_tensors_on_the_cuda_target(build, shape):
+    torch.manual_seed(0)
+    module = randomize_batch_norm(build()).eval().to(CUDA)
+    x = torch.randn(*shape, device=CUDA)
+    before = len(torch_backend.reports())
+    fn = compiled(module)
+    with torch.no_grad():
+        for _ in range(3):   # the third call reads the input in place (a captured graph)
+            got = fn(x)
+        close(got, module(x))
+    (report,) = torch_backend.reports()[before:]
+    assert report.partitions >= 1 and sum(report.torch_ops.values()) == 0, report
+    assert {m.target for m in report.models} == {"cuda"}
+    assert got.is_cuda and isinstance(got, torch.Tensor)
+
+
+def test_backend_runs_on_the_callers_stream():
+    """A side stream is busy, then writes the input: a call on any other stream would read
+    the input before it is written."""
+    torch.manual_seed(0)
+    module = ResNetLike().eval().to(CUDA)
+    fn = compiled(module)
+    x = torch.randn(2, 3, 32, 32, device=CUDA)
+    with torch.no_grad():
+        fn(x)
+        want = module(x)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                buffer = torch.zeros_like(x)
+                torch.cuda._sleep(50_000_000)   # ~25 ms of spinning before the write
+                buffer.copy_(x)
+                got = fn(buffer)
+        side.synchronize()
+    close(got, want)
+
+
+def test_exported_program_takes_cuda_tensors_in_place():
+    torch.manual_seed(0)
+    module = randomize_batch_norm(ResNetLike()).eval().to(CUDA)
+    batch = torch.export.Dim("batch", max=16)
+    x = torch.randn(2, 3, 32, 32, device=CUDA)
+    program = torch.export.export(module, (x,), dynamic_shapes=({0: batch},))
+    model = dnnc.compile(program, "cuda", cache=False)
+    with torch.no_grad():
+        for size in (2, 5):
+            x = torch.randn(size, 3, 32, 32, device=CUDA)
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                buffer = torch.zeros_like(x)
+                torch.cuda._sleep(50_000_000)
+                buffer.copy_(x)
+                got = torch.from_dlpack(model(buffer))   # CuPy out, a CUDA tensor over it
+            side.synchronize()
+            close(got, module(x))
+
+
+def test_static_cache_generate_on_cuda_compiles_prefill_and_decode_once():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, vocab_size=500,
+                                      bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval().to(CUDA)
+    ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(1)).to(CUDA)
+    options = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
+               "pad_token_id": 0, "eos_token_id": None}
+    with torch.no_grad():
+        want = model.generate(ids, **options)
+        torch._dynamo.reset()
+        before = len(torch_backend.reports())
+        model.forward = torch.compile(model.forward, backend=torch_backend.dnnc_backend)
+        got = model.generate(ids, **options)
+    assert torch.equal(got, want)
+    reports = torch_backend.reports()[before:]
+    assert len(reports) == 2 and all({m.target for m in r.models} == {"cuda"} for r in reports)
