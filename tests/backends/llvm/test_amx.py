@@ -189,12 +189,6 @@ def test_tile_product_compiles_to_tile_instructions_for_sapphire_rapids(accumula
     assert ("tilezero" in asm) == (not accumulate)
 
 
-def test_int8_tile_product_compiles_to_tdpbusd():
-    """The same node at int8 (the int8 work's AMX-INT8): unsigned x signed bytes, int32."""
-    asm = sapphire_rapids_assembly(tile_func("int8", m_tiles=1, n_tiles=2, steps=1))
-    assert "tdpbusd" in asm and "tdpbf16ps" not in asm
-
-
 def test_amx_template_compiles_for_sapphire_rapids():
     """A whole kernel of the AMX dense template (odd sizes, a fused epilogue)."""
     from test_knob_spaces import _kernel, matmul_bias_relu
