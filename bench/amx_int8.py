@@ -8,7 +8,7 @@ projections at 128 tokens, uint8 activations as quantize_dynamic makes them;
 QuantizedConvPacked of resnet50's convs, int8 activations as quantize_static's QDQ makes
 them; per-channel scales, int8 outputs), compiled twice for this CPU: without amx-int8
 (`-amx-int8`: dense_int8 / conv_int8 on vpdpbusd, or the widening path where the CPU has no
-VNNI) and as this CPU takes it (the `amx_dense_int8` / `amx_conv_int8` tile templates where
+VNNI) and as this CPU takes it (the `amx_*_int8` tile templates where
 `amx_usable`). Each is the better of two interleaved blocks' medians of `--repeat` calls.
 Prints GOP/s (2 ops a multiply-add), AMX / VNNI, and whether the two outputs are the same
 bits (they must be). Threads default to 1 (DNNC_NUM_THREADS is set before the worker pool

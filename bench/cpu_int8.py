@@ -9,14 +9,15 @@ quantize_static, QDQ, per-channel int8 weights, int8 activations, calibrated on 
 inputs; transformers: one file per `--dynamic` variant: quantize_dynamic with int8 or uint8
 weights, `_pc` per channel; `qdq` / `qop`: quantize_static, QDQ / operator format), then the
 float file compiled by dnnc, each quantized file compiled by dnnc (fuse_quantized's integer
-ops: `amx_dense_int8` / `amx_conv_int8` on AMX tiles where the CPU has AMX-INT8, `dense_int8` /
+ops: the `amx_*_int8` templates on AMX tiles where the CPU has AMX-INT8, `dense_int8` /
 `conv_int8` on vpdpbusd where it has VNNI) and run by onnxruntime, all timed in
 interleaved blocks of `--repeat` calls, 0.3 s apart, the median
 block each. Transformers are the zoo's (`bert`, `bert_tiny`, `bert_base`) or transformers'
 own exported by torch (`bert_hf`: BertModel, `gpt2_hf`: GPT2LMHeadModel; 2 layers, hidden
 768, 12 heads, vocabulary 5000, sequence 128, batch 1, seeded random weights; needs torch and
-transformers); `--layers` cuts the zoo's to that many layers (bert_base's products at 2). Prints the milliseconds, dnnc fp32 / dnnc int8 (the speedup), dnnc int8 /
-onnxruntime int8, and their geometric means; one table per thread count (each in a process
+transformers); `--layers` cuts the zoo's to that many layers (bert_base's products at 2).
+Prints the milliseconds, dnnc fp32 / dnnc int8 (the speedup), dnnc int8 / onnxruntime int8,
+and their geometric means; one table per thread count (each in a process
 of its own: DNNC_NUM_THREADS is read when the worker pool starts). Timing only: what it
 computes is checked by tests/models/test_quantized_files.py and tests/backends/llvm/
 test_int8.py, never here.

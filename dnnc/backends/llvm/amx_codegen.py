@@ -142,19 +142,22 @@ def _flat(place: L.Load) -> tuple[L.Buffer, L.Expr]:
         L.simplify_expr(offset)
 
 
-def _signed_quads(acc: L.Expr, a: L.Expr, b: L.Expr) -> L.Expr:
-    """acc + the four products of a's and b's signed bytes, in int32 (tdpbssd's sum)."""
-    for t in range(4):
-        x, y = (L.Cast(T.int32, L.Cast(T.int8, w if t == 0 else L.BinOp(
-            ">>", w, L.Const(8 * t, T.uint32)))) for w in (a, b))
-        acc = acc + x * y
-    return acc
+def _quads(a_type: T.DType, b_type: T.DType):
+    """acc + the four products of a's and b's bytes (of those types), in int32."""
+    def dot(acc: L.Expr, a: L.Expr, b: L.Expr) -> L.Expr:
+        for t in range(4):
+            x, y = (L.Cast(T.int32, L.Cast(dtype, w if t == 0 else L.BinOp(
+                ">>", w, L.Const(8 * t, T.uint32)))) for w, dtype in ((a, a_type), (b, b_type)))
+            acc = acc + x * y
+        return acc
+    return dot
 
 
 _DOTS = {
     "bf16": lambda acc, a, b: L.call("dot_bf16x2", acc, a, b, dtype=T.float32),
     "u8s8": lambda acc, a, b: L.call("dot_u8s8x4", acc, a, b, dtype=T.int32),
-    "s8s8": _signed_quads,
+    "s8s8": _quads(T.int8, T.int8),
+    "s8u8": _quads(T.int8, T.uint8),
 }
 """Precision -> one word of A against one of B, added to acc, as loop IR (`_expanded`)."""
 

@@ -1,11 +1,14 @@
-"""The int8 products on AMX tiles (Sapphire Rapids and later): QuantizedDense (`AMX_DENSE_INT8`)
-and QuantizedConvPacked of any window (`AMX_CONV_INT8`), where the target has amx-tile and
-amx-int8; `int8.py`'s vpdpbusd templates serve every other CPU, and their results are the
-same bits (int32 sums are exact; the finish is `int8.requantized`, the same expression).
+"""The int8 products on AMX tiles (Sapphire Rapids and later): QuantizedDense (`AMX_DENSE_INT8`),
+a 1x1 stride-1 unpadded QuantizedConvPacked (`AMX_POINTWISE_INT8`) and one of any other window
+(`AMX_CONV_INT8`), where the target has amx-tile and amx-int8; `int8.py`'s vpdpbusd templates
+serve every other CPU, and their results are the same bits (int32 sums are exact; the finish
+is `int8.requantized`, the same expression).
 
-The tile dot takes the activation's signedness as it is: tdpbusd (`TileProduct` "u8s8") for
-uint8 A, tdpbssd ("s8s8") for int8 A, so no byte is flipped to A + 128 and the zero point's
-compensation is za sum_k w[k, j] (`int8.zero_point(p, flipped=False)`), once per output.
+The tile dot takes the activation's signedness as it is (AMX has every pairing): tdpbusd
+(`TileProduct` "u8s8") for uint8 activations as A against the int8 weights, tdpbssd ("s8s8")
+for int8, tdpbsud ("s8u8") for uint8 as B (blocks of Y^T, the weights A); so no byte is
+flipped to A + 128 and the zero point's compensation is za sum_k w[k, j]
+(`int8.zero_point(p, flipped=False)`), once per output.
 
 - **dense**: the weights stay as `pack_groups` made them, [ceil(N / 16), ceil(K / 4), 16]
   words of 4 k bytes: a B tile is 16 groups of a panel, rows 16 words apart, read in place;
@@ -21,7 +24,15 @@ compensation is za sum_k w[k, j] (`int8.zero_point(p, flipped=False)`), once per
   a tap, folding few channels) on words of 4 channels: the image packed with the zero point
   outside it (padding then adds nothing after the compensation), the weights `pack_conv_groups`'
   [panels, C4, kh, kw, 16] words, read in place where C4 fills whole steps. Panels are 16
-  channels wide, so a block is one column tile (3 x 1 by default).
+  channels wide, so a block is one column tile (3 x 1 by default). Its stores are a pixel's
+  channels, a plane apart in NCHW.
+- **pointwise** (1x1, stride 1, unpadded: most of a ResNet's products): blocks of Y^T = W^T X,
+  so that a C tile row is one output channel's consecutive pixels, stored as one vector of
+  the plane (the pixel-rows tile scattered them; amx_dense's Y^T has the same reason). The
+  weights are copied once a call into tiles of W^T (`wt`), the image into groups of 4
+  channels by pixels (`xq`, the B operand: a tile row is one group at 16 pixels, made a vector
+  of pixels at a time as `int8`'s pack makes `quads`). Knobs `AmxInt8Config` (row tiles are
+  output channels, column tiles pixels; 2 x 2 by default).
 
 It must never be chosen for a target without the tiles (its Templates' `features`), nor read
 A, the image or the weights outside what they hold.
@@ -40,7 +51,8 @@ from ..space import Constraint, Space, Template
 from . import amx_conv
 from .amx import AMX_INT8_FEATURES
 from .amx_dense import _power_of_two_below, _unit_cols
-from .int8 import DenseTile, Int8Config, cast_to, dot_widths, requantized, zero_point
+from .int8 import (DenseTile, Int8Config, cast_to, dot_widths, pointwise, requantized,
+                   zero_point)
 
 ROWS = L.TILE_ROWS          # rows of a tile; words (4 bytes of k) of a tile row
 TILE_WORDS = ROWS * ROWS    # words of a tile (1 KB)
@@ -57,10 +69,12 @@ def int8_products(features: frozenset[str]) -> str:
     return "widening to int32 (no VNNI)"
 
 
-def tile_precision(p) -> str:
+def tile_precision(p, transposed: bool = False) -> str:
     """The `TileProduct` precision of a problem's activations: tdpbssd for int8, tdpbusd
-    for uint8."""
-    return "s8s8" if p.signed else "u8s8"
+    for uint8 (tdpbsud where the weights are A: blocks of Y^T)."""
+    if p.signed:
+        return "s8s8"
+    return "s8u8" if transposed else "u8s8"
 
 
 @dataclass(frozen=True)
@@ -284,7 +298,165 @@ def conv_build(p: QuantizedConvProblem, config: amx_conv.AmxConvConfig,
     return L.simplify(L.PrimFunc(p.name, params, body))
 
 
+# -- pointwise conv (blocks of Y^T) -------------------------------------------------------------
+
+
+class _Pointwise:
+    """The sizes a config gives a 1x1 stride-1 unpadded conv as blocks of Y^T = W^T X: rows
+    the output channels (row_tiles tiles a block), columns an image's pixels (col_tiles)."""
+
+    def __init__(self, p: QuantizedConvProblem, config: AmxInt8Config):
+        n, c, h, w = p.x_dims
+        self.config, self.images, self.channels = config, n, p.y_dims[1]
+        self.pixels = h * w
+        self.groups = -(-c // GROUP_DEPTH)
+        self.steps = -(-self.groups // ROWS)
+        self.k16 = self.steps * ROWS
+        self.bm, self.bn = ROWS * config.row_tiles, ROWS * config.col_tiles
+        self.row_blocks = -(-self.channels // self.bm)
+        self.col_blocks = -(-self.pixels // self.bn)
+        self.width = self.col_blocks * self.bn          # a row of `xq`: whole pixel blocks
+        self.row_groups = -(-self.row_blocks // config.unit_rows)
+        self.col_groups = -(-self.col_blocks // config.unit_cols)
+        self.units = n * self.row_groups * self.col_groups
+
+
+def pointwise_space(p: QuantizedConvProblem, machine) -> Space:
+    pixels = p.x_dims[2] * p.x_dims[3]
+    row_blocks = [-(-p.y_dims[1] // (ROWS * r)) for r in (1, 2, 3)]
+    col_blocks = [-(-pixels // (ROWS * c)) for c in (1, 2, 3)]
+    return Space("amx_pointwise_int8", AmxInt8Config, {
+        "row_tiles": (1, 2, 3), "col_tiles": (1, 2, 3), "unit_rows": (1, 2, 4, 8),
+        "unit_cols": (1, 2, 4, 8, 16, 32)}, [
+        Constraint("row_tiles * col_tiles + row_tiles + col_tiles <= 8: C's tiles and a "
+                   "step's A and B tiles fit AMX's 8 tile registers",
+                   lambda c: c.row_tiles * c.col_tiles + c.row_tiles + c.col_tiles
+                   <= L.TILE_REGISTERS),
+        Constraint(f"unit_rows < 2 * channel blocks (M = {p.y_dims[1]})",
+                   lambda c: c.unit_rows < 2 * row_blocks[c.row_tiles - 1]),
+        Constraint(f"unit_cols < 2 * pixel blocks ({pixels} pixels)",
+                   lambda c: c.unit_cols < 2 * col_blocks[c.col_tiles - 1])])
+
+
+def pointwise_default(p: QuantizedConvProblem, machine) -> AmxInt8Config:
+    """2 x 2 tiles where channels and pixels have two each, else 3 x 1 or 1 x 3; units of up
+    to 4 channel blocks (fewer where the threads would lack units) by the pixel blocks
+    `_unit_cols` balances."""
+    m, pixels, n = p.y_dims[1], p.x_dims[2] * p.x_dims[3], p.x_dims[0]
+    rows = 2 if m > ROWS else 1
+    cols = 2 if pixels > ROWS else 1
+    if rows == 1 and cols == 2:
+        cols = 3
+    elif cols == 1 and rows == 2:
+        rows = 3
+    row_blocks, col_blocks = -(-m // (ROWS * rows)), -(-pixels // (ROWS * cols))
+    threads = machine.threads
+    unit_rows = max(1, min(4, n * row_blocks // threads if threads > 1 else row_blocks))
+    unit_rows = _power_of_two_below(min(unit_rows, row_blocks))
+    return AmxInt8Config(rows, cols, unit_rows, min(32, _unit_cols(
+        n * -(-row_blocks // unit_rows), col_blocks, threads)))
+
+
+def pointwise_build(p: QuantizedConvProblem, config: AmxInt8Config, machine) -> L.PrimFunc:
+    """Each call: the weights copied into tiles of W^T (`wt`: [channel tiles, steps, 16
+    channels, 16 groups], zero past M and C), the image into groups of 4 channels by pixels
+    (`xq`: [images, steps x 16, pixels rounded up to a block], zero past C and the pixels,
+    vector rows as `int8`'s pack), then every block's tile product over C and its store, an
+    output channel's pixels one vector of the NCHW plane."""
+    g = _Pointwise(p, config)
+    n, c, h, wid = p.x_dims
+    par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
+    w = L.Buffer(p.w.name, T.uint32, (-(-g.channels // GROUP_COLUMNS), g.groups,
+                                      GROUP_COLUMNS))
+    x = L.Buffer(p.x.name, p.x.dtype, (n, c, g.pixels))
+    y = L.Buffer(p.y.name, p.y.dtype, (n, g.channels, g.pixels))
+    tiles = g.row_blocks * config.row_tiles
+    wt = L.Buffer("wt", T.uint32, (tiles * g.steps * TILE_WORDS,), L.Scope.GLOBAL)
+    xq = L.Buffer("xq", T.uint32, (n * g.k16 * g.width,), L.Scope.GLOBAL)
+    u, t, ii, q = L.Var("u"), L.Var("t"), L.Var("ii"), L.Var("q")
+    ch, group = u * ROWS + ii, t * ROWS + q
+    word = L.Select(L.logical_and(ch < g.channels, group < g.groups), w[
+        L.minimum(ch, g.channels - 1) // GROUP_COLUMNS, L.minimum(group, g.groups - 1),
+        L.minimum(ch, g.channels - 1) % GROUP_COLUMNS], L.Const(0, T.uint32))
+    weights = L.For(u, tiles, L.For(t, g.steps, L.For(ii, ROWS, L.For(q, ROWS, L.Store(
+        wt, (((u * g.steps + t) * ROWS + ii) * ROWS + q,), word), L.ForKind.VECTORIZED))),
+        par if tiles > 1 else L.ForKind.SERIAL)
+    stmts = [weights, _pack_pixels(p, g, x, xq, par), _pointwise_blocks(p, g, wt, xq, y, par)]
+    body = L.Allocate(wt, L.Allocate(xq, L.seq(*stmts)))
+    views = {b.name: b for b in (w, x, y)}
+    params = tuple(views.get(b.name, b) for b in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, body))
+
+
+def _pack_pixels(p: QuantizedConvProblem, g: _Pointwise, x: L.Buffer, xq: L.Buffer,
+                 par: L.ForKind) -> L.Stmt:
+    """`xq`: row (image, group kk), word px: channels 4 kk .. 4 kk + 3 of pixel px (past C:
+    channel C - 1, whose weights are 0 in `wt`), a vector of pixels a row; zero past the
+    pixels and for groups past C's."""
+    c = p.x_dims[1]
+    v, px = L.Var("v"), L.Var("px")
+    bi, kk = v // g.k16, v % g.k16
+    word = None
+    for t in range(GROUP_DEPTH):
+        byte = L.Cast(T.uint32, L.Cast(T.uint8, x[bi, L.minimum(kk * GROUP_DEPTH + t, c - 1),
+                                                  px]))
+        byte = byte if t == 0 else L.BinOp("<<", byte, L.Const(8 * t, T.uint32))
+        word = byte if word is None else L.BinOp("|", word, byte)
+    vec = L.ForKind.VECTORIZED
+    zero = L.Const(0, T.uint32)
+    pixels = L.For(px, g.pixels, L.Store(xq, (v * g.width + px,), word), vec)
+    if g.width > g.pixels:
+        pixels = L.seq(pixels, L.For(px, g.width - g.pixels, L.Store(
+            xq, (v * g.width + g.pixels + px,), zero), vec))
+    row = pixels if g.k16 == g.groups else L.If(kk < g.groups, pixels, L.For(
+        px, g.width, L.Store(xq, (v * g.width + px,), zero), vec))
+    return L.For(v, g.images * g.k16, row, par)
+
+
+def _pointwise_blocks(p: QuantizedConvProblem, g: _Pointwise, wt: L.Buffer, xq: L.Buffer,
+                      y: L.Buffer, par: L.ForKind) -> L.Stmt:
+    """Every unit's blocks, channel blocks outside pixel blocks (a unit writes its planes
+    front to back: amx_dense.ORDER_OF_Y_T's finding), each C^T over every step then its
+    store."""
+    c = g.config
+    v, rl, cl = L.Var("v"), L.Var("rl"), L.Var("cl")
+    per_image = g.row_groups * g.col_groups
+    bi, rest = v // per_image, v % per_image
+    rb = rest // g.col_groups * c.unit_rows + rl
+    cb = rest % g.col_groups * c.unit_cols + cl
+    cacc = L.Buffer("cacc", T.int32, (g.bm * g.bn,), L.Scope.LOCAL)
+    product = L.TileProduct(
+        tile_precision(p, transposed=True), cacc[0],
+        wt[rb * c.row_tiles * g.steps * TILE_WORDS],
+        xq[bi * g.k16 * g.width + cb * g.bn], g.bn,
+        (ROWS, g.steps * TILE_WORDS, TILE_WORDS), (g.width, ROWS, ROWS * g.width),
+        c.row_tiles, c.col_tiles, g.steps, accumulate=False)
+    sx, sy = L.Var("sx"), L.Var("sy")
+    ch, pix = rb * g.bm + sx, cb * g.bn + sy
+    ow = p.y_dims[3]
+    value = requantized(p, cacc[sx * g.bn + sy] - zero_point(p, False) * p.sums[ch], ch)
+    store = L.Store(y, (bi, ch, pix), cast_to(p.epilogue(value, (bi, ch, pix // ow, pix % ow)),
+                                              p.y.dtype))
+
+    def line(width: int) -> L.Stmt:
+        return L.For(sx, g.bm, L.If(ch < g.channels, L.For(
+            sy, width, store, L.ForKind.VECTORIZED if width >= 2 else L.ForKind.SERIAL)))
+
+    last = g.pixels - (g.col_blocks - 1) * g.bn
+    stores = line(g.bn) if last == g.bn else L.If(cb < g.col_blocks - 1, line(g.bn),
+                                                  line(last))
+    block = L.Allocate(cacc, L.seq(product, stores))
+    cols = L.For(cl, c.unit_cols, L.If(cb < g.col_blocks, block)
+                 if g.col_blocks % c.unit_cols else block)
+    rows = L.For(rl, c.unit_rows, L.If(rb < g.row_blocks, cols)
+                 if g.row_blocks % c.unit_rows else cols)
+    return L.For(v, g.units, rows, par if g.units > 1 else L.ForKind.SERIAL)
+
+
 AMX_DENSE_INT8 = Template("amx_dense_int8", quantized_dense, lambda p: True, space, default,
                           build, features=AMX_INT8_FEATURES)
+AMX_POINTWISE_INT8 = Template("amx_pointwise_int8", quantized_conv, pointwise,
+                              pointwise_space, pointwise_default, pointwise_build,
+                              features=AMX_INT8_FEATURES)
 AMX_CONV_INT8 = Template("amx_conv_int8", quantized_conv, lambda p: True, conv_space,
                          conv_default, conv_build, features=AMX_INT8_FEATURES)

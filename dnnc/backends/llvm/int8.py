@@ -18,8 +18,9 @@ sum (A - za) W = sum (A + 128) W - (za + 128) w_sums[j]: the zero point (a run-t
 where DynamicQuantizeLinear made it) is compensated once per output element from the
 weights' column sums. A weights' zero point zw (uint8 weights, stored as int8 with zw =
 their zero point - 128) takes zw[j] (sum_k A[i, k] - k za) more: each call first sums A's
-rows into a workspace (`DenseTile.sum_rows`, which `amx_int8` shares). Tiles are shared by the worker pool,
-panel-major so that a panel (K x 64 bytes) stays in L2 while the row tiles pass.
+rows into a workspace (`DenseTile.sum_rows`, which `amx_int8` shares). Tiles are shared by
+the worker pool, panel-major so that a panel (K x 64 bytes) stays in L2 while the row tiles
+pass.
 
 The conv is the same micro-kernel as an implicit GEMM: rows are output pixels (of every
 image: a 7x7 plane fills tiles as well as a 56x56 one), columns output channels, k the

@@ -36,7 +36,8 @@ from test_int8 import conv_graph, dense_graph
 
 HAS_AMX_INT8 = amx.amx_usable(host_target().feature_set, "u8s8")
 NO_AMX = "this CPU (or its kernel) gives no AMX-INT8 tiles (amx_usable is false)"
-BYTE_DOTS = ("u8s8", "s8s8")
+DOTS = {"u8s8": "tdpbusd", "s8s8": "tdpbssd", "s8u8": "tdpbsud"}
+"""The byte `TileProduct` precisions and their AMX instructions."""
 
 
 def amx_int8_cpu():
@@ -57,7 +58,7 @@ def mode(request, monkeypatch):
     if request.param == "amx" and not HAS_AMX_INT8:
         pytest.skip(NO_AMX)
     if request.param == "loops":
-        for precision in BYTE_DOTS:
+        for precision in DOTS:
             name, needs = amx.TILE_DOTS[precision]
             monkeypatch.setitem(amx.TILE_DOTS, precision, (name, needs | {"no-such-feature"}))
     return request.param
@@ -65,11 +66,15 @@ def mode(request, monkeypatch):
 
 def on_tiles(graph, mode: str, signed: bool, **options):
     """`graph` compiled for this CPU with the int8 tiles: its products are tile products of
-    the activation's signedness, tdpbssd / tdpbusd in the code only in mode "amx"."""
+    the activation's signedness (uint8: as A, or as B against the weights in blocks of Y^T),
+    their instructions in the code only in mode "amx"."""
     compiled = dnnc.compile(graph, "llvm", cache=False, cpu=amx_int8_cpu(), **options)
-    precision, dot = ("s8s8", "tdpbssd") if signed else ("u8s8", "tdpbusd")
-    assert f"tile_product_{precision}" in compiled.source("loop")
-    assert (dot in compiled.source("asm")) == (mode == "amx")
+    loop, asm = compiled.source("loop"), compiled.source("asm")
+    used = [p for p in (("s8s8",) if signed else ("u8s8", "s8u8"))
+            if f"tile_product_{p}" in loop]
+    assert used and (signed or "tile_product_s8s8" not in loop)
+    for precision in used:
+        assert (DOTS[precision] in asm) == (mode == "amx"), precision
     return compiled
 
 
@@ -82,14 +87,17 @@ def on_vnni(graph):
 
 
 def test_int8_products_take_the_tiles_where_the_target_has_amx_int8():
-    """Compile only: a QuantizedDense and QuantizedConvPacked (1x1 and 3x3) take the AMX
-    templates on a target with amx-tile and amx-int8, at fp32 and bf16; the same CPU
-    without amx-int8 (or with amx-bf16 alone) keeps vpdpbusd's templates."""
+    """Compile only: a QuantizedDense and QuantizedConvPacked (3x3, 1x1 at stride 1 as
+    blocks of Y^T, strided 1x1) take the AMX templates on a target with amx-tile and
+    amx-int8, at fp32 and bf16; the same CPU without amx-int8 (or with amx-bf16 alone) keeps
+    vpdpbusd's templates."""
     rng = np.random.default_rng(1)
     cases = [(dense_graph(rng, 5, 40, 20, np.uint8, "int8")[0], "amx_dense_int8", "dense_int8"),
              (conv_graph(rng, 1, 8, 9, 9, 20, 3, 1, 1, np.int8, np.int8)[0], "amx_conv_int8",
               "conv_int8"),
-             (conv_graph(rng, 1, 16, 6, 6, 24, 1, 1, 0, np.uint8, None)[0], "amx_conv_int8",
+             (conv_graph(rng, 1, 16, 6, 6, 24, 1, 1, 0, np.uint8, None)[0],
+              "amx_pointwise_int8", "conv_int8"),
+             (conv_graph(rng, 1, 16, 6, 6, 24, 1, 2, 0, np.uint8, None)[0], "amx_conv_int8",
               "conv_int8")]
     for graph, tiles, plain in cases:
         kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
@@ -121,12 +129,12 @@ def test_depthwise_int8_stays_off_the_tiles():
 # the tile dots and whole kernels, compiled for a Sapphire Rapids
 
 
-@pytest.mark.parametrize("precision,dot", [("u8s8", "tdpbusd"), ("s8s8", "tdpbssd")])
-def test_byte_tile_products_compile_to_their_dot(precision, dot):
+@pytest.mark.parametrize("precision", list(DOTS))
+def test_byte_tile_products_compile_to_their_dot(precision):
     asm = sapphire_rapids_assembly(tile_func(precision, m_tiles=2, n_tiles=2, steps=3))
-    assert asm.count(dot) >= 4 and "tdpbf16ps" not in asm and "ldtilecfg" in asm
-    other = "tdpbssd" if dot == "tdpbusd" else "tdpbusd"
-    assert other not in asm
+    assert asm.count(DOTS[precision]) >= 4 and "ldtilecfg" in asm
+    assert not any(dot in asm for dot in ("tdpbf16ps", *DOTS.values())
+                   if dot != DOTS[precision])
 
 
 def test_tile_product_accumulates_into_int32_places():
@@ -139,7 +147,8 @@ def test_tile_product_accumulates_into_int32_places():
             wrong.body.a_layout, wrong.body.b_layout, 2, 2, 3)))
 
 
-@pytest.mark.parametrize("case", ["dense-u8", "dense-s8-tail", "conv-3x3", "conv-stem"])
+@pytest.mark.parametrize("case", ["dense-u8", "dense-s8-tail", "conv-3x3", "conv-stem",
+                                  "pointwise"])
 def test_amx_int8_kernels_compile_for_sapphire_rapids(case):
     rng = np.random.default_rng(3)
     graph, dot = {
@@ -149,6 +158,8 @@ def test_amx_int8_kernels_compile_for_sapphire_rapids(case):
         "conv-3x3": (lambda: conv_graph(rng, 1, 64, 9, 9, 40, 3, 1, 1, np.uint8, np.uint8)[0],
                      "tdpbusd"),
         "conv-stem": (lambda: conv_graph(rng, 1, 3, 15, 15, 16, 7, 2, 3, np.int8, np.int8)[0],
+                      "tdpbssd"),
+        "pointwise": (lambda: conv_graph(rng, 1, 64, 9, 9, 40, 1, 1, 0, np.int8, np.int8)[0],
                       "tdpbssd")}[case]
     graph = graph()
     kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
@@ -195,7 +206,11 @@ CONVS = [
     (1, 128, 7, 7, 20, 3, 2, 1, np.int8, np.int8),     # C4 32: in place, 2 steps, stride 2
     (1, 72, 6, 5, 24, 3, 1, 1, np.uint8, None),        # C4 18: copied, a tail step
     (3, 20, 5, 7, 13, 1, 1, 0, np.uint8, np.int8),     # 1x1, 3 images, a partial panel
+    (1, 130, 10, 10, 40, 1, 1, 0, np.int8, np.int8),   # 1x1 of C4 33 (3 steps), 100 pixels
+    (2, 64, 4, 4, 70, 1, 1, 0, np.uint8, None),        # 1x1 of one pixel tile, 5 channel tiles
 ]
+"""The 1x1 stride-1 unpadded ones run as blocks of Y^T (amx_pointwise_int8), the rest on
+amx_conv_int8's implicit GEMM."""
 
 
 @pytest.mark.parametrize("case", CONVS, ids=lambda c: "n{}c{}_{}x{}_m{}k{}s{}p{}_{}".format(
@@ -232,13 +247,14 @@ def run_all(funcs, inputs, outputs_like):
 SPACE_CASES = {
     "dense": lambda rng: dense_graph(rng, 20, 100, 40, np.int8, "int8", zw="column"),
     "conv": lambda rng: conv_graph(rng, 2, 9, 7, 8, 20, 3, 2, 1, np.uint8, np.int8),
+    "pointwise": lambda rng: conv_graph(rng, 2, 24, 6, 9, 40, 1, 1, 0, np.int8, np.int8),
 }
 
 
 @pytest.mark.parametrize("case", list(SPACE_CASES))
 def test_every_config_of_the_space_equals_the_reference(case, mode):
-    """Every config of the dense space (1-3 x 1-2 tiles, units of 1-8 row and 1-128 column
-    blocks) and of the conv space (tiles, folded or not, either order) built by
+    """Every config of the dense and pointwise spaces (1-3 x 1-3 tiles, units of 1-8 row
+    and 1-128 column blocks) and of the conv space (tiles, folded or not, either order) built by
     `schedule_kernel(..., config=)` and run with mode's tiles: the reference's bits."""
     rng = np.random.default_rng(12)
     graph, x, want = SPACE_CASES[case](rng)
