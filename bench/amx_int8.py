@@ -8,11 +8,11 @@ projections at 128 tokens, uint8 activations as quantize_dynamic makes them;
 QuantizedConvPacked of resnet50's convs, int8 activations as quantize_static's QDQ makes
 them; per-channel scales, int8 outputs), compiled twice for this CPU: without amx-int8
 (`-amx-int8`: dense_int8 / conv_int8 on vpdpbusd, or the widening path where the CPU has no
-VNNI) and as this CPU takes it (the `amx_*_int8` tile templates where
-`amx_usable`). Each is the better of two interleaved blocks' medians of `--repeat` calls.
-Prints GOP/s (2 ops a multiply-add), AMX / VNNI, and whether the two outputs are the same
-bits (they must be). Threads default to 1 (DNNC_NUM_THREADS is set before the worker pool
-starts). Without AMX both columns are the VNNI path (said on the first line).
+VNNI) and as this CPU takes it (the `amx_*_int8` tile templates where `amx_usable`). Each
+is the better of two interleaved blocks' medians of `--repeat` calls. Prints GOP/s (2 ops a
+multiply-add), AMX / VNNI, whether the two outputs are the same bits (they must be) and the
+template the AMX compile took. Threads default to 1 (DNNC_NUM_THREADS is set before the
+worker pool starts). Without AMX both columns are the VNNI path (said on the first line).
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def main() -> None:
           f"; int8 products: {amx_int8.int8_products(cpu.feature_set)}"
           f"{'' if tiles else ' (no AMX-INT8: both columns are the same path)'}")
     variants = {"vnni": cpu_from(None, "-amx-int8"), "amx": cpu}
-    print(f"{'product':26} {'vnni GOP/s':>11} {'amx GOP/s':>11} {'amx/vnni':>9} {'same bits':>10}")
+    print(f"{'product':26} {'vnni GOP/s':>11} {'amx GOP/s':>11} {'amx/vnni':>9} {'same bits':>10}"
+          f"  template")
     rng = np.random.default_rng(0)
     for label, shape in SHAPES[args.shapes]:
         graph, x, macs = product_graph(shape, rng)
@@ -110,6 +111,7 @@ def main() -> None:
             assert "tile_product" in compiled["amx"].source("loop"), label
         outs = {name: m.run(x)[0] for name, m in compiled.items()}
         same = bool(np.array_equal(outs["amx"], outs["vnni"]))
+        template = compiled["amx"].profile(x, repeat=1)[0]["template"]
         ms: dict[str, list[float]] = {name: [] for name in compiled}
         for _ in range(2):   # interleaved blocks, 0.2 s apart
             for name, m in compiled.items():
@@ -118,7 +120,8 @@ def main() -> None:
                                                               args.repeat, 2))))
         gops = {name: 2.0 * macs / min(t) / 1e6 for name, t in ms.items()}
         print(f"{label:26} {gops['vnni']:11.1f} {gops['amx']:11.1f} "
-              f"{gops['amx'] / gops['vnni']:9.2f} {'yes' if same else 'NO':>10}", flush=True)
+              f"{gops['amx'] / gops['vnni']:9.2f} {'yes' if same else 'NO':>10}  {template}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -109,14 +109,18 @@ class _Geometry:
         # weights read in place: ConvPacked's [panels, P, kh, kw, NR] words
         self.in_place = not self.fold and self.pairs % ROWS == 0
 
-    def run(self, index: int) -> tuple[int, int]:
-        """(A, B) word offsets of tap run `index`: its phase's grid shifted by the tap, its
-        weights' tap."""
+    def tap(self, index: int) -> tuple[int, int]:
+        """(phase, grid pixels it is shifted by) of tap run `index`."""
         r, s = self.taps[index]
         a, dy = (r * self.dh) % self.sh, (r * self.dh) // self.sh
         b, dx = ((s * self.dw) % self.sw, (s * self.dw) // self.sw) if not self.fold else (0, 0)
-        phase = a * self.col_phases + b
-        return ((phase * self.plane + dy * self.wg + dx) * self.k16, index * self.nr)
+        return a * self.col_phases + b, dy * self.wg + dx
+
+    def run(self, index: int) -> tuple[int, int]:
+        """(A, B) word offsets of tap run `index`: its phase's grid shifted by the tap, its
+        weights' tap."""
+        phase, shift = self.tap(index)
+        return ((phase * self.plane + shift) * self.k16, index * self.nr)
 
 
 

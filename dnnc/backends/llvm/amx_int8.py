@@ -1,6 +1,7 @@
 """The int8 products on AMX tiles (Sapphire Rapids and later): QuantizedDense (`AMX_DENSE_INT8`),
 a 1x1 stride-1 unpadded QuantizedConvPacked (`AMX_POINTWISE_INT8`) and one of any other window
-(`AMX_CONV_INT8`), where the target has amx-tile and amx-int8; `int8.py`'s vpdpbusd templates
+(`AMX_CONV_INT8`; `amx_int8_conv.py`'s Y^T over taps first where it applies), where the target
+has amx-tile and amx-int8; `int8.py`'s vpdpbusd templates
 serve every other CPU, and their results are the same bits (int32 sums are exact; the finish
 is `int8.requantized`, the same expression).
 
@@ -25,7 +26,8 @@ flipped to A + 128 and the zero point's compensation is za sum_k w[k, j]
   outside it (padding then adds nothing after the compensation), the weights `pack_conv_groups`'
   [panels, C4, kh, kw, 16] words, read in place where C4 fills whole steps. Panels are 16
   channels wide, so a block is one column tile (3 x 1 by default). Its stores are a pixel's
-  channels, a plane apart in NCHW.
+  channels, a plane apart in NCHW: it serves convs of fewer output pixels than weight words
+  a channel (resnet50's 3x3s at 14^2 and 7^2) and the folded stem; `amx_int8_conv` the rest.
 - **pointwise** (1x1, stride 1, unpadded: most of a ResNet's products): blocks of Y^T = W^T X,
   so that a C tile row is one output channel's consecutive pixels, stored as one vector of
   the plane (the pixel-rows tile scattered them; amx_dense's Y^T has the same reason). The
@@ -322,27 +324,34 @@ class _Pointwise:
 
 
 def pointwise_space(p: QuantizedConvProblem, machine) -> Space:
-    pixels = p.x_dims[2] * p.x_dims[3]
-    row_blocks = [-(-p.y_dims[1] // (ROWS * r)) for r in (1, 2, 3)]
+    return y_t_space("amx_pointwise_int8", p.y_dims[1], p.x_dims[2] * p.x_dims[3])
+
+
+def pointwise_default(p: QuantizedConvProblem, machine) -> AmxInt8Config:
+    return y_t_default(p.y_dims[1], p.x_dims[2] * p.x_dims[3], p.x_dims[0], machine)
+
+
+def y_t_space(name: str, m: int, pixels: int) -> Space:
+    """The knobs of blocks of Y^T of `m` output channels (rows) by `pixels` an image."""
+    row_blocks = [-(-m // (ROWS * r)) for r in (1, 2, 3)]
     col_blocks = [-(-pixels // (ROWS * c)) for c in (1, 2, 3)]
-    return Space("amx_pointwise_int8", AmxInt8Config, {
+    return Space(name, AmxInt8Config, {
         "row_tiles": (1, 2, 3), "col_tiles": (1, 2, 3), "unit_rows": (1, 2, 4, 8),
         "unit_cols": (1, 2, 4, 8, 16, 32)}, [
         Constraint("row_tiles * col_tiles + row_tiles + col_tiles <= 8: C's tiles and a "
                    "step's A and B tiles fit AMX's 8 tile registers",
                    lambda c: c.row_tiles * c.col_tiles + c.row_tiles + c.col_tiles
                    <= L.TILE_REGISTERS),
-        Constraint(f"unit_rows < 2 * channel blocks (M = {p.y_dims[1]})",
+        Constraint(f"unit_rows < 2 * channel blocks (M = {m})",
                    lambda c: c.unit_rows < 2 * row_blocks[c.row_tiles - 1]),
         Constraint(f"unit_cols < 2 * pixel blocks ({pixels} pixels)",
                    lambda c: c.unit_cols < 2 * col_blocks[c.col_tiles - 1])])
 
 
-def pointwise_default(p: QuantizedConvProblem, machine) -> AmxInt8Config:
+def y_t_default(m: int, pixels: int, n: int, machine) -> AmxInt8Config:
     """2 x 2 tiles where channels and pixels have two each, else 3 x 1 or 1 x 3; units of up
     to 4 channel blocks (fewer where the threads would lack units) by the pixel blocks
     `_unit_cols` balances."""
-    m, pixels, n = p.y_dims[1], p.x_dims[2] * p.x_dims[3], p.x_dims[0]
     rows = 2 if m > ROWS else 1
     cols = 2 if pixels > ROWS else 1
     if rows == 1 and cols == 2:

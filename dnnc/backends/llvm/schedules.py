@@ -42,6 +42,7 @@ from ..space import Constraint, Space, Template, choose_template
 from .amx_conv import AMX_CONV
 from .amx_dense import AMX_DENSE, AMX_POINTWISE
 from .amx_int8 import AMX_CONV_INT8, AMX_DENSE_INT8, AMX_POINTWISE_INT8
+from .amx_int8_conv import AMX_CONV_T_INT8
 from .conv import CONV2D, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
 from .depthwise import DEPTHWISE
@@ -658,8 +659,9 @@ TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
     ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, AMX_CONV, DENSE,
                                     AMX_DENSE_INT8, DENSE_INT8, AMX_POINTWISE_INT8,
-                                    AMX_CONV_INT8, CONV_INT8, DEPTHWISE_INT8, POINTWISE_GEMM,
-                                    POINTWISE, CONV2D, DEPTHWISE, WINOGRAD, SPARSE, ROWS),
+                                    AMX_CONV_T_INT8, AMX_CONV_INT8, CONV_INT8, DEPTHWISE_INT8,
+                                    POINTWISE_GEMM, POINTWISE, CONV2D, DEPTHWISE, WINOGRAD,
+                                    SPARSE, ROWS),
     ("llvm", Pattern.OPAQUE): (POOL2D, MAXPOOL_INT8, DYNAMIC_QUANTIZE, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first that serves the

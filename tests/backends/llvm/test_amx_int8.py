@@ -87,8 +87,9 @@ def on_vnni(graph):
 
 
 def test_int8_products_take_the_tiles_where_the_target_has_amx_int8():
-    """Compile only: a QuantizedDense and QuantizedConvPacked (3x3, 1x1 at stride 1 as
-    blocks of Y^T, strided 1x1) take the AMX templates on a target with amx-tile and
+    """Compile only: a QuantizedDense and QuantizedConvPacked (a folded 3x3, 1x1 at stride 1
+    as blocks of Y^T, a strided 1x1 and a 3x3 of many pixels as Y^T over taps, a 3x3 of fewer
+    pixels than weight words a channel) take the AMX templates on a target with amx-tile and
     amx-int8, at fp32 and bf16; the same CPU without amx-int8 (or with amx-bf16 alone) keeps
     vpdpbusd's templates."""
     rng = np.random.default_rng(1)
@@ -97,8 +98,12 @@ def test_int8_products_take_the_tiles_where_the_target_has_amx_int8():
               "conv_int8"),
              (conv_graph(rng, 1, 16, 6, 6, 24, 1, 1, 0, np.uint8, None)[0],
               "amx_pointwise_int8", "conv_int8"),
-             (conv_graph(rng, 1, 16, 6, 6, 24, 1, 2, 0, np.uint8, None)[0], "amx_conv_int8",
-              "conv_int8")]
+             (conv_graph(rng, 1, 16, 6, 6, 24, 1, 2, 0, np.uint8, None)[0],
+              "amx_conv_t_int8", "conv_int8"),
+             (conv_graph(rng, 1, 64, 7, 7, 24, 3, 1, 1, np.uint8, None)[0], "amx_conv_int8",
+              "conv_int8"),
+             (conv_graph(rng, 1, 64, 14, 14, 32, 3, 1, 1, np.int8, None)[0],
+              "amx_conv_t_int8", "conv_int8")]
     for graph, tiles, plain in cases:
         kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
         for precision in ("fp32", "bf16"):
@@ -148,7 +153,7 @@ def test_tile_product_accumulates_into_int32_places():
 
 
 @pytest.mark.parametrize("case", ["dense-u8", "dense-s8-tail", "conv-3x3", "conv-stem",
-                                  "pointwise"])
+                                  "pointwise", "conv-t"])
 def test_amx_int8_kernels_compile_for_sapphire_rapids(case):
     rng = np.random.default_rng(3)
     graph, dot = {
@@ -160,7 +165,9 @@ def test_amx_int8_kernels_compile_for_sapphire_rapids(case):
         "conv-stem": (lambda: conv_graph(rng, 1, 3, 15, 15, 16, 7, 2, 3, np.int8, np.int8)[0],
                       "tdpbssd"),
         "pointwise": (lambda: conv_graph(rng, 1, 64, 9, 9, 40, 1, 1, 0, np.int8, np.int8)[0],
-                      "tdpbssd")}[case]
+                      "tdpbssd"),
+        "conv-t": (lambda: conv_graph(rng, 1, 64, 16, 16, 40, 3, 1, 1, np.uint8, np.int8)[0],
+                   "tdpbsud")}[case]
     graph = graph()
     kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
     asm = sapphire_rapids_assembly(schedule_kernel(kernel, REGISTRY["llvm"].target(
@@ -208,9 +215,13 @@ CONVS = [
     (3, 20, 5, 7, 13, 1, 1, 0, np.uint8, np.int8),     # 1x1, 3 images, a partial panel
     (1, 130, 10, 10, 40, 1, 1, 0, np.int8, np.int8),   # 1x1 of C4 33 (3 steps), 100 pixels
     (2, 64, 4, 4, 70, 1, 1, 0, np.uint8, None),        # 1x1 of one pixel tile, 5 channel tiles
+    (2, 64, 12, 10, 40, 3, 1, 1, np.uint8, None),      # Y^T over taps: 2 images, M partial
+    (2, 64, 20, 18, 24, 3, 2, 1, np.int8, np.int8),    # Y^T, stride 2: four phases
+    (1, 40, 16, 16, 36, 5, 1, 2, np.uint8, np.int8),   # Y^T, 5x5, groups past C's in a step
 ]
-"""The 1x1 stride-1 unpadded ones run as blocks of Y^T (amx_pointwise_int8), the rest on
-amx_conv_int8's implicit GEMM."""
+"""The 1x1 stride-1 unpadded ones run as blocks of Y^T (amx_pointwise_int8), those of more
+output pixels than weight words a channel as blocks of Y^T over taps (amx_conv_t_int8), the
+rest on amx_conv_int8's implicit GEMM (pixel rows)."""
 
 
 @pytest.mark.parametrize("case", CONVS, ids=lambda c: "n{}c{}_{}x{}_m{}k{}s{}p{}_{}".format(
@@ -248,6 +259,7 @@ SPACE_CASES = {
     "dense": lambda rng: dense_graph(rng, 20, 100, 40, np.int8, "int8", zw="column"),
     "conv": lambda rng: conv_graph(rng, 2, 9, 7, 8, 20, 3, 2, 1, np.uint8, np.int8),
     "pointwise": lambda rng: conv_graph(rng, 2, 24, 6, 9, 40, 1, 1, 0, np.int8, np.int8),
+    "conv_t": lambda rng: conv_graph(rng, 2, 36, 18, 16, 20, 3, 2, 1, np.uint8, np.int8),
 }
 
 
