@@ -73,7 +73,7 @@ def _whole(words: int) -> int:
     return -(-words // ROWS) * ROWS
 
 
-class _Geometry:
+class ConvGeometry:
     """The sizes a config gives a conv: k per pixel, runs (taps), phases, the pixel grid,
     the blocks."""
 
@@ -157,7 +157,7 @@ def default_for(p, per_word: int) -> AmxConvConfig:
     fold = kw > 1 and 2 * kh * _whole(kw * words) <= kh * kw * _whole(words)
     two = oc > ROWS and p.packed_nr % (2 * ROWS) == 0
     config = AmxConvConfig(2 if two else 3, 2 if two else 1, fold)
-    g = _Geometry(p, config, per_word)
+    g = ConvGeometry(p, config, per_word)
     weights = g.panels * g.k16 * len(g.taps) * g.nr
     image = p.x_dims[0] * g.phases * g.plane * g.k16
     return AmxConvConfig(config.row_tiles, config.col_tiles, fold,
@@ -167,7 +167,7 @@ def default_for(p, per_word: int) -> AmxConvConfig:
 def build(p: Conv2d, config: AmxConvConfig, machine) -> L.PrimFunc:
     # (weights in bf16 pairs: the parameter as the uint32 words the body reads)
     w5 = L.Buffer(p.w.name, T.uint32, L.static_shape(p.w.shape)[:5])
-    body = tile_conv(p, _Geometry(p, config), machine, w5, _pair_of(p), L.Const(0, T.uint32),
+    body = tile_conv(p, ConvGeometry(p, config), machine, w5, _pair_of(p), L.Const(0, T.uint32),
                      "bf16", p.finish)
     params = tuple(w5 if x.name == w5.name else x for x in p.params)
     return L.simplify(L.PrimFunc(p.name, params, body))
@@ -186,7 +186,7 @@ def _pair_of(p: Conv2d):
     return pair
 
 
-def tile_conv(p, g: _Geometry, machine, w5: L.Buffer, word_of, pad: L.Expr, precision: str,
+def tile_conv(p, g: ConvGeometry, machine, w5: L.Buffer, word_of, pad: L.Expr, precision: str,
               finish) -> L.Stmt:
     """The body of a conv on the tiles, for a precision's words (`amx_int8` makes the int8
     one so): the image made into `ximg` (`word_of(bi, q, y, x)`: word q of a pixel's channels,
@@ -209,7 +209,7 @@ def tile_conv(p, g: _Geometry, machine, w5: L.Buffer, word_of, pad: L.Expr, prec
     return body
 
 
-def _image(p: Conv2d, g: _Geometry, ximg: L.Buffer, par: L.ForKind, word_of,
+def _image(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKind, word_of,
            pad: L.Expr) -> L.Stmt:
     """`ximg`: word kk of grid pixel (y, x) of phase (a, b) of image bi, word q of the
     channels (`word_of`) at padded row y S + a, column x S + b (folded: + s dw, kk = s P +
@@ -234,7 +234,7 @@ def _image(p: Conv2d, g: _Geometry, ximg: L.Buffer, par: L.ForKind, word_of,
         kk, g.k16, L.Store(ximg, ((u * g.wg + px) * g.k16 + kk,), word))), par)
 
 
-def _weights(g: _Geometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.Stmt:
+def _weights(g: ConvGeometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.Stmt:
     """`wtaps` [panels, K16, runs, NR]: row kk of run t's tap, zero past k."""
     jp, kk, t, j = L.Var("jp"), L.Var("kk"), L.Var("t"), L.Var("j")
     if g.fold:   # run t is window row t, kk = s P + q
@@ -249,7 +249,7 @@ def _weights(g: _Geometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.S
         L.ForKind.VECTORIZED))), par)
 
 
-def _products(p: Conv2d, g: _Geometry, ximg: L.Buffer, weights: L.Buffer,
+def _products(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, weights: L.Buffer,
               par: L.ForKind, precision: str, finish) -> L.Stmt:
     """Every block: one parallel loop over (image, pixel block, channel block), the blocks in
     the config's order, a block's tile product over every tap run, then its store."""
@@ -275,7 +275,7 @@ def _products(p: Conv2d, g: _Geometry, ximg: L.Buffer, weights: L.Buffer,
     return L.For(v, units, block, par if units > 1 else L.ForKind.SERIAL)
 
 
-def _store(p: Conv2d, g: _Geometry, cacc: L.Buffer, bi, pb, cb, finish) -> L.Stmt:
+def _store(p: Conv2d, g: ConvGeometry, cacc: L.Buffer, bi, pb, cb, finish) -> L.Stmt:
     """The block's sums through `finish` (bias and the epilogue) into Y: its grid pixels inside
     the output (columns below OW, rows below OH), a channel block's channels (the last one's
     below M) in one vector loop of constant width."""

@@ -20,7 +20,7 @@ flipped to A + 128 and the zero point's compensation is za sum_k w[k, j]
   accumulates over K in tile registers, then its int32 sums go through the weights' zero
   point (`DenseTile.compensated`, from A's row sums), the finish and the fused consumers into
   Y, a tile row's columns one vector. The worker pool shares units of unit_rows x unit_cols
-  blocks (`amx_dense._unit_cols` balances them).
+  blocks (`amx_dense.unit_cols` balances them).
 - **conv**: `amx_conv`'s implicit GEMM (`tile_conv`: phases, the grid, a `TileProduct` run
   a tap, folding few channels) on words of 4 channels: the image packed with the zero point
   outside it (padding then adds nothing after the compensation), the weights `pack_conv_groups`'
@@ -52,7 +52,7 @@ from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, q
 from ..space import Constraint, Space, Template
 from . import amx_conv
 from .amx import AMX_INT8_FEATURES
-from .amx_dense import _power_of_two_below, _unit_cols
+from .amx_dense import power_of_two_below, unit_cols
 from .int8 import (DenseTile, Int8Config, cast_to, dot_widths, pointwise, requantized,
                    zero_point)
 
@@ -125,7 +125,7 @@ def space(p: QuantizedDenseProblem, machine) -> Space:
 def default(p: QuantizedDenseProblem, machine) -> AmxInt8Config:
     """2 x 2 tiles where both extents have two (4 C tiles, 2 A and 2 B tiles a step: AMX's
     8 registers, as oneDNN's brgemm blocks), else 1 x 2 or 3 x 1; units of up to 4 row blocks
-    (fewer where the threads would lack units) by the column blocks `_unit_cols` balances
+    (fewer where the threads would lack units) by the column blocks `unit_cols` balances
     (as `amx_dense.default`)."""
     two = p.n > ROWS
     cols = 2 if two else 1
@@ -133,9 +133,9 @@ def default(p: QuantizedDenseProblem, machine) -> AmxInt8Config:
     row_blocks, col_blocks = -(-p.m // (ROWS * rows)), -(-p.n // (ROWS * cols))
     threads = machine.threads
     unit_rows = max(1, min(4, row_blocks // threads if threads > 1 else row_blocks))
-    unit_rows = _power_of_two_below(min(unit_rows, row_blocks))
+    unit_rows = power_of_two_below(min(unit_rows, row_blocks))
     return AmxInt8Config(rows, cols, unit_rows,
-                         _unit_cols(-(-row_blocks // unit_rows), col_blocks, threads))
+                         unit_cols(-(-row_blocks // unit_rows), col_blocks, threads))
 
 
 def build(p: QuantizedDenseProblem, config: AmxInt8Config, machine) -> L.PrimFunc:
@@ -272,7 +272,7 @@ def conv_build(p: QuantizedConvProblem, config: amx_conv.AmxConvConfig,
                machine) -> L.PrimFunc:
     n, c, h, wid = p.x_dims
     m, _, kh, kw = p.w_dims
-    g = amx_conv._Geometry(p, config, GROUP_DEPTH)
+    g = amx_conv.ConvGeometry(p, config, GROUP_DEPTH)
     w5 = L.Buffer(p.w.name, T.uint32, (g.panels, g.pairs, kh, kw, GROUP_COLUMNS))
     # the zero point's byte in each byte of a word: a padding pixel adds nothing once the
     # compensation is taken
@@ -351,7 +351,7 @@ def y_t_space(name: str, m: int, pixels: int) -> Space:
 def y_t_default(m: int, pixels: int, n: int, machine) -> AmxInt8Config:
     """2 x 2 tiles where channels and pixels have two each, else 3 x 1 or 1 x 3; units of up
     to 4 channel blocks (fewer where the threads would lack units) by the pixel blocks
-    `_unit_cols` balances."""
+    `unit_cols` balances."""
     rows = 2 if m > ROWS else 1
     cols = 2 if pixels > ROWS else 1
     if rows == 1 and cols == 2:
@@ -361,8 +361,8 @@ def y_t_default(m: int, pixels: int, n: int, machine) -> AmxInt8Config:
     row_blocks, col_blocks = -(-m // (ROWS * rows)), -(-pixels // (ROWS * cols))
     threads = machine.threads
     unit_rows = max(1, min(4, n * row_blocks // threads if threads > 1 else row_blocks))
-    unit_rows = _power_of_two_below(min(unit_rows, row_blocks))
-    return AmxInt8Config(rows, cols, unit_rows, min(32, _unit_cols(
+    unit_rows = power_of_two_below(min(unit_rows, row_blocks))
+    return AmxInt8Config(rows, cols, unit_rows, min(32, unit_cols(
         n * -(-row_blocks // unit_rows), col_blocks, threads)))
 
 

@@ -5,7 +5,7 @@ into tiles of W^T costs less than `amx_int8.AMX_CONV_INT8`'s stores, a pixel's c
 plane apart (resnet50's 3x3s at 56^2 and 28^2: 3136 and 784 pixels against 144 and 288 words;
 not at 14^2 and 7^2, nor the folded stem).
 
-The geometry is `amx_conv`'s (`_Geometry`: the image in S x S phases on a grid as wide as a
+The geometry is `amx_conv`'s (`ConvGeometry`: the image in S x S phases on a grid as wide as a
 row's reads, a `TileProduct` run a tap) with the operands swapped: A is the weights, copied
 once a call into `wt` [channel tiles, taps, steps, 16 channels, 16 words of 4 input channels];
 B the image made once a call into `ximgt` [images, phases, k16, plane] words, a row one group
@@ -41,9 +41,9 @@ def applies(p: QuantizedConvProblem) -> bool:
     return p.x_dims[0] * p.y_dims[2] * p.y_dims[3] >= -(-p.x_dims[1] // GROUP_DEPTH) * kh * kw
 
 
-def _geometry(p: QuantizedConvProblem, config: AmxInt8Config) -> amx_conv._Geometry:
+def _geometry(p: QuantizedConvProblem, config: AmxInt8Config) -> amx_conv.ConvGeometry:
     """`amx_conv`'s geometry with blocks of col_tiles x 16 grid pixels, unfolded."""
-    return amx_conv._Geometry(p, amx_conv.AmxConvConfig(config.col_tiles, 1, False),
+    return amx_conv.ConvGeometry(p, amx_conv.AmxConvConfig(config.col_tiles, 1, False),
                               GROUP_DEPTH)
 
 

@@ -423,5 +423,5 @@ def test_default_blocks_y_transposed_for_convs_of_many_pixels_and_balances_units
         # Y^T: a unit's row blocks (output channels) outside, each plane written in order
         assert default.order == ("rows" if along == "n" else "columns")
     # bert-base's 768 x 768 at 128 tokens, 16 threads: 48 units in 3 full rounds
-    assert amx_dense._unit_cols(4, 24, 16) == 2
-    assert amx_dense._unit_cols(1, 300, 1) == 128   # one thread: the widest units
+    assert amx_dense.unit_cols(4, 24, 16) == 2
+    assert amx_dense.unit_cols(1, 300, 1) == 128   # one thread: the widest units
