@@ -302,3 +302,25 @@ def test_a_dynamically_quantized_transformer_on_tiles_equals_vnni(tmp_path, mode
     np.testing.assert_array_equal(got, on_vnni(str(path))(**feeds))
     want = onnxruntime_outputs(path, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name,activations", [("resnet18", "int8"), ("mobilenet_v2", "uint8")])
+def test_a_qdq_cnn_on_tiles_equals_onnxruntime_and_vnni(tmp_path, name, activations, mode):
+    """A zoo CNN through onnxruntime's quantize_static (QDQ, per-channel weights): every
+    product but the depthwise convs on the tiles (the stem and the 3x3s of few pixels on
+    amx_conv_int8, strided 1x1s on amx_conv_t_int8, 1x1s on amx_pointwise_int8, the
+    classifier on amx_dense_int8), the outputs onnxruntime's int8 outputs and the vpdpbusd
+    compile's, bit for bit."""
+    pytest.importorskip("onnxruntime")
+    from dnnc import zoo
+    from dnnc.testing.quantized_files import onnxruntime_outputs, quantize_static
+
+    model = zoo.build(name, size=32)
+    path = quantize_static(model, tmp_path, name, seed=3, activations=activations)
+    feeds = zoo.inputs_for(model, np.random.default_rng(11))
+    compiled = on_tiles(str(path), mode, signed=activations == "int8")
+    templates = {r["template"] for r in compiled.profile(*feeds.values(), repeat=1)}
+    assert "amx_dense_int8" in templates and not templates & {"dense_int8", "conv_int8"}
+    got = compiled(**feeds)
+    assert np.array_equal(got, onnxruntime_outputs(path, feeds)[0])
+    assert np.array_equal(got, on_vnni(str(path))(**feeds))
