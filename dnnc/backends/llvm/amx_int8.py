@@ -1,9 +1,9 @@
 """The int8 products on AMX tiles (Sapphire Rapids and later): QuantizedDense (`AMX_DENSE_INT8`),
 a 1x1 stride-1 unpadded QuantizedConvPacked (`AMX_POINTWISE_INT8`) and one of any other window
 (`AMX_CONV_INT8`; `amx_int8_conv.py`'s Y^T over taps first where it applies), where the target
-has amx-tile and amx-int8; `int8.py`'s vpdpbusd templates
-serve every other CPU, and their results are the same bits (int32 sums are exact; the finish
-is `int8.requantized`, the same expression).
+has amx-tile and amx-int8; `int8.py`'s vpdpbusd templates serve every other CPU, and their
+results are the same bits (int32 sums are exact; the finish is `int8.requantized`, the same
+expression).
 
 The tile dot takes the activation's signedness as it is (AMX has every pairing): tdpbusd
 (`TileProduct` "u8s8") for uint8 activations as A against the int8 weights, tdpbssd ("s8s8")
@@ -64,7 +64,7 @@ def int8_products(features: frozenset[str]) -> str:
     """How a target of `features` computes int8 products (what `bench/` prints): AMX-INT8
     tiles, a vpdpbusd form, or int32 widening."""
     if AMX_INT8_FEATURES <= features:
-        return "AMX-INT8 tiles (tdpbusd / tdpbssd)"
+        return "AMX-INT8 tiles (tdpbusd / tdpbssd / tdpbsud)"
     widths = dot_widths(features)
     if widths:
         return f"{'AVX-512 VNNI' if widths[0] == 16 else 'AVX-VNNI'} (vpdpbusd)"
