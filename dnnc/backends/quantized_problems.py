@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..ir import loop as L
 from ..ir import types as T
+from ..ir.ops.quantized import GROUP_COLUMNS
 from .lower import Kernel, epilogue, layout_tail
 from .problems import Epilogue, plane_geometry
 
@@ -109,6 +110,16 @@ class QuantizedConvProblem:
     @property
     def signed(self) -> bool:
         return self.x.dtype is T.int8
+
+    @property
+    def w_dims(self) -> tuple:
+        """[M, C, kh, kw], as `problems.Conv2d`'s (the AMX conv's geometry reads both)."""
+        return (self.y_dims[1], self.x_dims[1]) + tuple(self.kernel)
+
+    @property
+    def packed_nr(self) -> int:
+        """Output channels of a packed panel of W (`pack_conv_groups`)."""
+        return GROUP_COLUMNS
 
 
 def quantized_conv(kernel: Kernel, op: str = "QuantizedConvPacked"

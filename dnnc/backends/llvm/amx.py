@@ -3,15 +3,16 @@ permission they need (the loop IR's `TileProduct` is rendered by `amx_codegen.py
 
 - **Features** (`tile_features`, `amx_usable`): a tile product of a precision needs the
   target's own feature string to hold its features (`TILE_DOTS`: amx-tile and amx-bf16 for
-  bf16, amx-tile and amx-int8 for int8; never a CPU's name), and the process must have asked
-  Linux for the tiles' register state (`request_tile_state`: arch_prctl(ARCH_REQ_XCOMP_PERM,
-  XFEATURE_XTILEDATA), Linux 5.16 and later), else the first tile instruction is a SIGILL.
+  bf16, amx-tile and amx-int8 for the byte products; never a CPU's name), and the process
+  must have asked Linux for the tiles' register state (`request_tile_state`:
+  arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), Linux 5.16 and later), else the first
+  tile instruction is a SIGILL.
   `cpu.host_target` drops the AMX features of a host whose kernel refuses the state, so code
   compiled for the host uses tiles only where they run.
 
 It must never run a tile instruction without `amx_usable`, nor decide what a kernel's tiles
-are (the templates do: `amx_dense.py`), nor import llvmlite (the artifact codec reads it when
-the targets are listed).
+are (the templates do: `amx_dense.py`, `amx_conv.py`, `amx_int8.py`), nor import llvmlite
+(the artifact codec reads it when the targets are listed).
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from __future__ import annotations
 import ctypes
 import functools
 
-TILE_DOTS = {"bf16": ("llvm.x86.tdpbf16ps.internal", frozenset({"amx-tile", "amx-bf16"})),
-             "int8": ("llvm.x86.tdpbusd.internal", frozenset({"amx-tile", "amx-int8"}))}
-"""`TileProduct` precision -> (LLVM's dot of two tiles into a third, the CPU features (LLVM's
-names) it needs): tdpbf16ps sums bf16 pairs in float32, tdpbusd u8 x s8 quads in int32."""
-
-AMX_FEATURES = TILE_DOTS["bf16"][1]
+AMX_FEATURES = frozenset({"amx-tile", "amx-bf16"})
 """The CPU features a bf16 tile product needs."""
+AMX_INT8_FEATURES = frozenset({"amx-tile", "amx-int8"})
+"""The CPU features an int8 tile product needs (either signedness of A)."""
+TILE_DOTS = {"bf16": ("llvm.x86.tdpbf16ps.internal", AMX_FEATURES),
+             "u8s8": ("llvm.x86.tdpbusd.internal", AMX_INT8_FEATURES),
+             "s8s8": ("llvm.x86.tdpbssd.internal", AMX_INT8_FEATURES),
+             "s8u8": ("llvm.x86.tdpbsud.internal", AMX_INT8_FEATURES)}
+"""`TileProduct` precision -> (LLVM's dot of two tiles into a third, the CPU features (LLVM's
+names) it needs): tdpbf16ps sums bf16 pairs in float32, tdpbusd u8 x s8, tdpbssd s8 x s8 and
+tdpbsud s8 x u8 quads in int32."""
 
 SYS_ARCH_PRCTL = 158            # x86-64 Linux
 ARCH_GET_XCOMP_PERM = 0x1022

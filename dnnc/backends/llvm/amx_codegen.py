@@ -5,9 +5,9 @@
 itself. The k loop carries C's tiles in registers (phis), each step loading its A and B
 tiles once for all of C's.
 
-On a CPU without the tiles (`expand_tile_products`) a `TileProduct` becomes loops of
-`dot_bf16x2` of the same operands. It must never decide where tiles may run
-(`amx.tile_features`, the templates' `features`).
+On a CPU without the tiles (`expand_tile_products`) a `TileProduct` becomes loops of the
+same sums (`dot_bf16x2`, `dot_u8s8x4`, or s8 x s8 bytes widened to int32). It must never
+decide where tiles may run (`amx.tile_features`, the templates' `features`).
 """
 
 from __future__ import annotations
@@ -142,27 +142,46 @@ def _flat(place: L.Load) -> tuple[L.Buffer, L.Expr]:
         L.simplify_expr(offset)
 
 
+def _quads(a_type: T.DType, b_type: T.DType):
+    """acc + the four products of a's and b's bytes (of those types), in int32."""
+    def dot(acc: L.Expr, a: L.Expr, b: L.Expr) -> L.Expr:
+        for t in range(4):
+            x, y = (L.Cast(T.int32, L.Cast(dtype, w if t == 0 else L.BinOp(
+                ">>", w, L.Const(8 * t, T.uint32)))) for w, dtype in ((a, a_type), (b, b_type)))
+            acc = acc + x * y
+        return acc
+    return dot
+
+
+_DOTS = {
+    "bf16": lambda acc, a, b: L.call("dot_bf16x2", acc, a, b, dtype=T.float32),
+    "u8s8": lambda acc, a, b: L.call("dot_u8s8x4", acc, a, b, dtype=T.int32),
+    "s8s8": _quads(T.int8, T.int8),
+    "s8u8": _quads(T.int8, T.uint8),
+}
+"""Precision -> one word of A against one of B, added to acc, as loop IR (`_expanded`)."""
+
+
 def _expanded(s: L.TileProduct) -> L.Stmt:
-    """`s` as loops: each row of each C tile summed in a 16-lane local vector, one
-    `dot_bf16x2` per (run, step, pair) and column, in that order."""
-    if s.precision != "bf16":
-        raise NotImplementedError(f"tile products of {s.precision} run on AMX only")
+    """`s` as loops: each row of each C tile summed in a 16-lane local vector, one dot of
+    the precision (`_DOTS`) per (run, step, word) and column, in that order."""
+    dot_of = _DOTS[s.precision]
     (c, c0), (a, a0), (b, b0) = (_flat(x) for x in (s.c, s.a, s.b))
     (a_row, a_tile, a_step), (b_row, b_tile, b_step) = s.a_layout, s.b_layout
     r, j, i, t, q, col = (L.Var(f"tile_{x}") for x in ("r", "j", "i", "t", "q", "col"))
     word = L.Var("tile_a", T.uint32)
-    acc = L.Buffer("tile_acc", T.float32, (L.TILE_ROWS,), L.Scope.LOCAL)
+    acc_type = L.TILE_PRECISIONS[s.precision]
+    acc = L.Buffer("tile_acc", acc_type, (L.TILE_ROWS,), L.Scope.LOCAL)
     rows = L.TILE_ROWS
     c_at = c0 + (rows * r + i) * s.c_row + rows * j + col
     vec = L.ForKind.VECTORIZED
-    start = c[c_at] if s.accumulate else L.const(0.0)
+    start = c[c_at] if s.accumulate else L.const(0, acc_type)
     init = L.For(col, rows, L.Store(acc, (col,), start), vec)
 
     def run(a_run: int, b_run: int) -> L.Stmt:
         dot = L.Let(word, a[a0 + a_run + r * a_tile + t * a_step + i * a_row + q], L.For(
-            col, rows, L.Store(acc, (col,), L.call(
-                "dot_bf16x2", acc[col], word,
-                b[b0 + b_run + t * b_step + j * b_tile + q * b_row + col], dtype=T.float32)),
+            col, rows, L.Store(acc, (col,), dot_of(
+                acc[col], word, b[b0 + b_run + t * b_step + j * b_tile + q * b_row + col])),
             vec))
         return L.For(t, s.steps, L.For(q, rows, dot))
 

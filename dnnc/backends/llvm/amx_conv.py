@@ -73,17 +73,18 @@ def _whole(words: int) -> int:
     return -(-words // ROWS) * ROWS
 
 
-class _Geometry:
+class ConvGeometry:
     """The sizes a config gives a conv: k per pixel, runs (taps), phases, the pixel grid,
     the blocks."""
 
-    def __init__(self, p: Conv2d, config: AmxConvConfig):
+    def __init__(self, p: Conv2d, config: AmxConvConfig, per_word: int = 2):
+        """`per_word`: channels a 32-bit word of the image holds (2 bf16, 4 bytes)."""
         n, c, h, w = p.x_dims
         self.oc, _, self.kh, self.kw = p.w_dims
         _, _, self.oh, self.ow = p.y_dims
         (self.sh, self.sw), (self.dh, self.dw) = p.strides, p.dilations
         self.config, self.fold = config, config.fold
-        self.pairs = -(-c // 2)
+        self.pairs = -(-c // per_word)   # words of a pixel's channels (pairs, or quads)
         self.words = self.kw * self.pairs if self.fold else self.pairs   # k a pixel, a run
         self.k16 = _whole(self.words)
         self.steps = self.k16 // ROWS
@@ -108,14 +109,18 @@ class _Geometry:
         # weights read in place: ConvPacked's [panels, P, kh, kw, NR] words
         self.in_place = not self.fold and self.pairs % ROWS == 0
 
-    def run(self, index: int) -> tuple[int, int]:
-        """(A, B) word offsets of tap run `index`: its phase's grid shifted by the tap, its
-        weights' tap."""
+    def tap(self, index: int) -> tuple[int, int]:
+        """(phase, grid pixels it is shifted by) of tap run `index`."""
         r, s = self.taps[index]
         a, dy = (r * self.dh) % self.sh, (r * self.dh) // self.sh
         b, dx = ((s * self.dw) % self.sw, (s * self.dw) // self.sw) if not self.fold else (0, 0)
-        phase = a * self.col_phases + b
-        return ((phase * self.plane + dy * self.wg + dx) * self.k16, index * self.nr)
+        return a * self.col_phases + b, dy * self.wg + dx
+
+    def run(self, index: int) -> tuple[int, int]:
+        """(A, B) word offsets of tap run `index`: its phase's grid shifted by the tap, its
+        weights' tap."""
+        phase, shift = self.tap(index)
+        return ((phase * self.plane + shift) * self.k16, index * self.nr)
 
 
 
@@ -142,12 +147,17 @@ def default(p: Conv2d, machine) -> AmxConvConfig:
     outweigh the image operand, so that the bigger is read once past L2 (resnet50's 3x3
     512->512 at 7^2: 4.7 MB of weights, one pass over them, not one a pixel block), pixel
     blocks outside otherwise (its 64->64 at 56^2: 74 KB of weights, 430 KB of image)."""
+    return default_for(p, 2)
+
+
+def default_for(p, per_word: int) -> AmxConvConfig:
+    """`default` for an image of `per_word` channels a word (2 bf16, 4 bytes)."""
     c, (oc, _, kh, kw) = p.x_dims[1], p.w_dims
-    pairs = -(-c // 2)
-    fold = kw > 1 and 2 * kh * _whole(kw * pairs) <= kh * kw * _whole(pairs)
+    words = -(-c // per_word)
+    fold = kw > 1 and 2 * kh * _whole(kw * words) <= kh * kw * _whole(words)
     two = oc > ROWS and p.packed_nr % (2 * ROWS) == 0
     config = AmxConvConfig(2 if two else 3, 2 if two else 1, fold)
-    g = _Geometry(p, config)
+    g = ConvGeometry(p, config, per_word)
     weights = g.panels * g.k16 * len(g.taps) * g.nr
     image = p.x_dims[0] * g.phases * g.plane * g.k16
     return AmxConvConfig(config.row_tiles, config.col_tiles, fold,
@@ -155,31 +165,55 @@ def default(p: Conv2d, machine) -> AmxConvConfig:
 
 
 def build(p: Conv2d, config: AmxConvConfig, machine) -> L.PrimFunc:
-    g = _Geometry(p, config)
-    par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
+    # (weights in bf16 pairs: the parameter as the uint32 words the body reads)
     w5 = L.Buffer(p.w.name, T.uint32, L.static_shape(p.w.shape)[:5])
+    body = tile_conv(p, ConvGeometry(p, config), machine, w5, _pair_of(p), L.Const(0, T.uint32),
+                     "bf16", p.finish)
+    params = tuple(w5 if x.name == w5.name else x for x in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, body))
+
+
+def _pair_of(p: Conv2d):
+    """The bf16 pair of channels (2q, 2q + 1) of image bi at (y, x) (zero past C)."""
+    c = p.x_dims[1]
+
+    def pair(bi, q, yy, xx) -> L.Expr:
+        lo = p.x[bi, 2 * q, yy, xx]
+        hi = p.x[bi, L.minimum(2 * q + 1, c - 1), yy, xx]
+        if c % 2:
+            hi = L.Select(2 * q + 1 < c, hi, L.const(0.0))
+        return bf16.pair(lo, hi)
+    return pair
+
+
+def tile_conv(p, g: ConvGeometry, machine, w5: L.Buffer, word_of, pad: L.Expr, precision: str,
+              finish) -> L.Stmt:
+    """The body of a conv on the tiles, for a precision's words (`amx_int8` makes the int8
+    one so): the image made into `ximg` (`word_of(bi, q, y, x)`: word q of a pixel's channels,
+    `pad` outside the image), the weights (`w5`: [panels, words, kh, kw, NR] uint32) read in
+    place or copied, every block's `TileProduct` and its store through `finish(acc, index)`."""
+    par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
     ximg = L.Buffer("ximg", T.uint32, (p.x_dims[0] * g.phases * g.plane * g.k16,),
                     L.Scope.GLOBAL)
-    stmts = [_image(p, g, ximg, par)]
+    stmts = [_image(p, g, ximg, par, word_of, pad)]
     if g.in_place:
         weights = L.Buffer(p.w.name, T.uint32, (g.panels * g.pairs * len(g.taps) * g.nr,))
     else:
         weights = L.Buffer("wtaps", T.uint32, (g.panels * g.k16 * len(g.taps) * g.nr,),
                            L.Scope.GLOBAL)
         stmts.append(_weights(g, w5, weights, par))
-    stmts.append(_products(p, g, ximg, weights, par))
+    stmts.append(_products(p, g, ximg, weights, par, precision, finish))
     body = L.Allocate(ximg, L.seq(*stmts))
     if not g.in_place:
         body = L.Allocate(weights, body)
-    # (weights in bf16 pairs: the parameter as the uint32 words the body reads)
-    params = tuple(w5 if x.name == w5.name else x for x in p.params)
-    return L.simplify(L.PrimFunc(p.name, params, body))
+    return body
 
 
-def _image(p: Conv2d, g: _Geometry, ximg: L.Buffer, par: L.ForKind) -> L.Stmt:
-    """`ximg`: word kk of grid pixel (y, x) of phase (a, b) of image bi, the pair of
-    channels (2q, 2q + 1) at padded row y S + a, column x S + b (folded: + s dw, kk = s P +
-    q), zero past k, C or the image; a grid row a unit of the worker pool."""
+def _image(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKind, word_of,
+           pad: L.Expr) -> L.Stmt:
+    """`ximg`: word kk of grid pixel (y, x) of phase (a, b) of image bi, word q of the
+    channels (`word_of`) at padded row y S + a, column x S + b (folded: + s dw, kk = s P +
+    q), `pad` past k or outside the image; a grid row a unit of the worker pool."""
     n, c, h, w = p.x_dims
     (ph, pw) = p.begins
     u, px, kk = L.Var("u"), L.Var("px"), L.Var("kk")
@@ -195,17 +229,12 @@ def _image(p: Conv2d, g: _Geometry, ximg: L.Buffer, par: L.ForKind) -> L.Stmt:
     row = py * g.sh + a - ph
     inside = L.logical_and(kk < g.words, row >= 0, row < h, col >= 0, col < w)
     yy, xx = L.minimum(L.maximum(row, 0), h - 1), L.minimum(L.maximum(col, 0), w - 1)
-    qc = L.minimum(q, g.pairs - 1)
-    lo = p.x[bi, 2 * qc, yy, xx]
-    hi = p.x[bi, L.minimum(2 * qc + 1, c - 1), yy, xx]
-    if c % 2:
-        hi = L.Select(2 * qc + 1 < c, hi, L.const(0.0))
-    word = L.Select(inside, bf16.pair(lo, hi), L.Const(0, T.uint32))
+    word = L.Select(inside, word_of(bi, L.minimum(q, g.pairs - 1), yy, xx), pad)
     return L.For(u, n * g.phases * g.plane_rows, L.For(px, g.wg, L.For(
         kk, g.k16, L.Store(ximg, ((u * g.wg + px) * g.k16 + kk,), word))), par)
 
 
-def _weights(g: _Geometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.Stmt:
+def _weights(g: ConvGeometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.Stmt:
     """`wtaps` [panels, K16, runs, NR]: row kk of run t's tap, zero past k."""
     jp, kk, t, j = L.Var("jp"), L.Var("kk"), L.Var("t"), L.Var("j")
     if g.fold:   # run t is window row t, kk = s P + q
@@ -220,8 +249,8 @@ def _weights(g: _Geometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.S
         L.ForKind.VECTORIZED))), par)
 
 
-def _products(p: Conv2d, g: _Geometry, ximg: L.Buffer, weights: L.Buffer,
-              par: L.ForKind) -> L.Stmt:
+def _products(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, weights: L.Buffer,
+              par: L.ForKind, precision: str, finish) -> L.Stmt:
     """Every block: one parallel loop over (image, pixel block, channel block), the blocks in
     the config's order, a block's tile product over every tap run, then its store."""
     c = g.config
@@ -235,19 +264,19 @@ def _products(p: Conv2d, g: _Geometry, ximg: L.Buffer, weights: L.Buffer,
     k_rows = g.pairs if g.in_place else g.k16     # rows of k a panel holds
     runs = len(g.taps)
     jp, c0 = cb * g.bn // g.nr, cb * g.bn % g.nr
-    cacc = L.Buffer("cacc", T.float32, (g.bm * g.bn,), L.Scope.LOCAL)
+    cacc = L.Buffer("cacc", L.TILE_PRECISIONS[precision], (g.bm * g.bn,), L.Scope.LOCAL)
     product = L.TileProduct(
-        "bf16", cacc[0], ximg[(bi * g.phases * g.plane + pb * g.bm) * g.k16],
+        precision, cacc[0], ximg[(bi * g.phases * g.plane + pb * g.bm) * g.k16],
         weights[jp * k_rows * runs * g.nr + c0], g.bn, (g.k16, ROWS * g.k16, ROWS),
         (runs * g.nr, ROWS, ROWS * runs * g.nr), c.row_tiles, c.col_tiles, g.steps,
         accumulate=False, runs=tuple(g.run(i) for i in range(runs)))
-    block = L.Allocate(cacc, L.seq(product, _store(p, g, cacc, bi, pb, cb)))
+    block = L.Allocate(cacc, L.seq(product, _store(p, g, cacc, bi, pb, cb, finish)))
     units = p.x_dims[0] * per_image
     return L.For(v, units, block, par if units > 1 else L.ForKind.SERIAL)
 
 
-def _store(p: Conv2d, g: _Geometry, cacc: L.Buffer, bi, pb, cb) -> L.Stmt:
-    """The block's fp32 sums through bias and the epilogue into Y: its grid pixels inside
+def _store(p: Conv2d, g: ConvGeometry, cacc: L.Buffer, bi, pb, cb, finish) -> L.Stmt:
+    """The block's sums through `finish` (bias and the epilogue) into Y: its grid pixels inside
     the output (columns below OW, rows below OH), a channel block's channels (the last one's
     below M) in one vector loop of constant width."""
     x, y = L.Var("sx"), L.Var("sy")
@@ -257,7 +286,7 @@ def _store(p: Conv2d, g: _Geometry, cacc: L.Buffer, bi, pb, cb) -> L.Stmt:
     def line(width: int) -> L.Stmt:
         ch = cb * g.bn + y
         index = (bi, ch, oy, ox)
-        store = L.Store(p.y, index, p.finish(cacc[x * g.bn + y], index))
+        store = L.Store(p.y, index, finish(cacc[x * g.bn + y], index))
         return L.For(x, g.bm, L.If(L.logical_and(ox < g.ow, gp < g.grid), L.For(
             y, width, store, L.ForKind.VECTORIZED if width >= 2 else L.ForKind.SERIAL)))
 

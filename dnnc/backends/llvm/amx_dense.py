@@ -129,7 +129,7 @@ def default(p: Dense, machine) -> AmxConfig:
     """Blocks of Y^T for a 1x1 conv of at least as many pixels as pairs of input channels,
     of Y otherwise (module docstring); 2 x 2 tiles where both extents have two (along m, and
     the panel holds two), else 1 x 2 or 3 x 1; units of up to 4 row blocks (fewer where the
-    threads would lack units) by the column blocks `_unit_cols` balances; a unit's row
+    threads would lack units) by the column blocks `unit_cols` balances; a unit's row
     blocks outside its column blocks for Y^T (`ORDER_OF_Y_T`), inside for Y."""
     along = "n" if isinstance(p, PointwiseDense) and p.m >= -(-p.k // 2) else "m"
     r, s = (p.m, p.n) if along == "m" else (p.n, p.m)
@@ -139,9 +139,9 @@ def default(p: Dense, machine) -> AmxConfig:
     row_blocks, col_blocks = _blocks(r, rows), _blocks(s, cols)
     threads = machine.threads
     unit_rows = max(1, min(4, p.batch * row_blocks // threads if threads > 1 else row_blocks))
-    unit_rows = _power_of_two_below(min(unit_rows, row_blocks))
+    unit_rows = power_of_two_below(min(unit_rows, row_blocks))
     row_units = p.batch * -(-row_blocks // unit_rows)
-    return AmxConfig(along, rows, cols, unit_rows, _unit_cols(row_units, col_blocks, threads),
+    return AmxConfig(along, rows, cols, unit_rows, unit_cols(row_units, col_blocks, threads),
                      ORDER_OF_Y_T if along == "n" else "columns")
 
 
@@ -161,10 +161,10 @@ space (`order`); `bench/amx_bf16.py --shapes convs` times both."""
 
 
 UNIT_COST = 0.25
-"""What a unit costs besides its blocks, in blocks (`_unit_cols`)."""
+"""What a unit costs besides its blocks, in blocks (`unit_cols`)."""
 
 
-def _unit_cols(row_units: int, col_blocks: int, threads: int) -> int:
+def unit_cols(row_units: int, col_blocks: int, threads: int) -> int:
     """Column blocks a unit: the power of two (at most 128, below twice the blocks) whose
     units the threads finish soonest, each thread taking the next unit when it is free
     (the pool's chunks are claimed so), a unit costing its blocks and `UNIT_COST`; the widest
@@ -185,7 +185,7 @@ def _unit_cols(row_units: int, col_blocks: int, threads: int) -> int:
     return best
 
 
-def _power_of_two_below(x: int) -> int:
+def power_of_two_below(x: int) -> int:
     """The largest power of two at most x (1 for x < 2)."""
     return 1 << (max(1, x).bit_length() - 1)
 

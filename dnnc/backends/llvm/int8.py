@@ -18,8 +18,9 @@ sum (A - za) W = sum (A + 128) W - (za + 128) w_sums[j]: the zero point (a run-t
 where DynamicQuantizeLinear made it) is compensated once per output element from the
 weights' column sums. A weights' zero point zw (uint8 weights, stored as int8 with zw =
 their zero point - 128) takes zw[j] (sum_k A[i, k] - k za) more: each call first sums A's
-rows into a workspace (`_DenseTile.sum_rows`). Tiles are shared by the worker pool,
-panel-major so that a panel (K x 64 bytes) stays in L2 while the row tiles pass.
+rows into a workspace (`DenseTile.sum_rows`, which `amx_int8` shares). Tiles are shared by
+the worker pool, panel-major so that a panel (K x 64 bytes) stays in L2 while the row tiles
+pass.
 
 The conv is the same micro-kernel as an implicit GEMM: rows are output pixels (of every
 image: a 7x7 plane fills tiles as well as a 56x56 one), columns output channels, k the
@@ -94,10 +95,18 @@ def _channel(buffer: L.Buffer | None, j) -> L.Expr | None:
     return buffer[j]
 
 
-def _zero_point(p) -> L.Expr:
-    """The activation's zero point as the u8 x s8 products see it (int8: + 128), int32."""
+def zero_point(p, flipped: bool | None = None) -> L.Expr:
+    """The activation's zero point as the products see it, int32: + 128 where int8 A is read
+    flipped to A + 128 (`flipped`, by default where A is int8: the u8 x s8 vpdpbusd)."""
     za = L.Cast(T.int32, _channel(p.za, 0))
-    return za + L.const(128, T.int32) if p.signed else za
+    return za + L.const(128, T.int32) if (p.signed if flipped is None else flipped) else za
+
+
+def requantized(p, acc: L.Expr, j) -> L.Expr:
+    """Column (output channel) j's sum of (a - za)(w - zw) through the op's finish (bias,
+    scale, zero point, lo / hi) in the anchor's type."""
+    return finish_expr(acc, *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
+                       p.lo, p.hi)
 
 
 class _Tile:
@@ -137,10 +146,8 @@ class _Tile:
         """Element (ii, j) of the tile (row i) through the compensation and the op's
         finish."""
         p = self.p
-        acc = self.compensated(self.acc[ii * self.nr + (j % self.nr)] -
-                               _zero_point(p) * p.sums[j], i, j)
-        return finish_expr(acc, *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
-                           p.lo, p.hi)
+        return requantized(p, self.compensated(self.acc[ii * self.nr + (j % self.nr)] -
+                                               zero_point(p) * p.sums[j], i, j), j)
 
     def compensated(self, acc: L.Expr, i, j) -> L.Expr:
         """sum (a - za) w of element (i, j) less what the weights' zero point adds (none)."""
@@ -166,7 +173,7 @@ class _Tile:
         return L.For(t, tiles * panels, body, kind)
 
 
-class _DenseTile(_Tile):
+class DenseTile(_Tile):
     def __init__(self, p: QuantizedDenseProblem, config: Int8Config):
         super().__init__(p, config, p.m, p.n, -(-p.k // GROUP_DEPTH))
         self.a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
@@ -210,17 +217,18 @@ class _DenseTile(_Tile):
         kind = L.ForKind.PARALLEL if threads > 1 and p.m > 1 else L.ForKind.SERIAL
         return L.For(i, p.m, L.Allocate(lanes, body), kind)
 
-    def word(self, row, g, guard: bool) -> L.Expr:
+    def word(self, row, g, guard: bool, flip: bool | None = None) -> L.Expr:
         """A's bytes 4g..4g+3 of `row` as one uint32 (byte t in bits 8t..8t+7; past K: 0),
-        xor 0x80 per byte for int8 A."""
+        xor 0x80 per byte where `flip` (by default for int8 A)."""
         p, word = self.p, None
+        flip = p.signed if flip is None else flip
         for t in range(GROUP_DEPTH):
             k = g * GROUP_DEPTH + t
             value = self.a[row, L.minimum(k, p.k - 1) if guard else k]
             byte = L.Cast(T.uint32, L.Cast(T.uint8, value))
             if guard:
                 byte = L.Select(k < p.k, byte, L.Const(0, T.uint32))
-            if p.signed:
+            if flip:
                 byte = L.BinOp("^", byte, L.Const(0x80, T.uint32))
             byte = byte if t == 0 else L.BinOp("<<", byte, L.Const(8 * t, T.uint32))
             word = byte if word is None else L.BinOp("|", word, byte)
@@ -242,7 +250,7 @@ class _DenseTile(_Tile):
 
             def put(i, j, value):
                 value = p.epilogue(value, p.anchor_index(i, j))
-                return L.Store(self.y, (i, j), _as(value, p.y.dtype))
+                return L.Store(self.y, (i, j), cast_to(value, p.y.dtype))
             return L.seq(*parts, self.store(i0, jp, put))
 
         if p.w_zp is None:
@@ -251,7 +259,8 @@ class _DenseTile(_Tile):
                                                self.nest(threads, tile)))
 
 
-def _as(value: L.Expr, dtype: T.DType) -> L.Expr:
+def cast_to(value: L.Expr, dtype: T.DType) -> L.Expr:
+    """`value` as `dtype` (itself where it has that type)."""
     return value if value.dtype is dtype else L.Cast(dtype, value)
 
 
@@ -331,14 +340,14 @@ class _ConvTile(_Tile):
             def put(i, j, value):
                 img, pix = i // self.pixels, i % self.pixels
                 value = p.epilogue(value, (img, j, pix // ow, pix % ow))
-                return L.Store(self.y, (img, j, pix), _as(value, p.y.dtype))
+                return L.Store(self.y, (img, j, pix), cast_to(value, p.y.dtype))
             return L.seq(k_loops, self.store(i0, jp, put))
 
         return L.Allocate(self.quads, L.seq(self.pack(threads), self.nest(threads, tile)))
 
 
 def build(p: QuantizedDenseProblem, config: Int8Config, machine) -> L.PrimFunc:
-    tile = _DenseTile(p, config)
+    tile = DenseTile(p, config)
     return L.simplify(L.PrimFunc(p.name, tile.params(), tile.body(machine.threads)))
 
 
@@ -399,12 +408,10 @@ class _PointwiseTile(_ConvTile):
         p = self.p
         ii, jj = L.Var("si"), L.Var("sj")
         ch, pix = m0 + ii, p0 + jj
-        acc = self.acc[ii * self.nr + jj] - _zero_point(p) * p.sums[ch]
-        value = finish_expr(acc, *(_channel(b, ch) for b in (p.bias, p.scale, p.y_zp)), p.out,
-                            p.lo, p.hi)
+        value = requantized(p, self.acc[ii * self.nr + jj] - zero_point(p) * p.sums[ch], ch)
         ow = p.y_dims[3]
         value = p.epilogue(value, (img, ch, pix // ow, pix % ow))
-        store = L.Store(self.y, (img, ch, pix), _as(value, p.y.dtype))
+        store = L.Store(self.y, (img, ch, pix), cast_to(value, p.y.dtype))
         whole = L.For(jj, self.nr, store, L.ForKind.VECTORIZED)
         part = L.For(jj, self.pixels - p0, store)
         return L.For(ii, self.mr, L.If(ch < p.y_dims[1], L.If(
@@ -462,11 +469,10 @@ def depthwise_build(p: QuantizedConvProblem, config: DepthwiseConfig, machine) -
             at = (plane * hp + row * sh + ky * dh) * wp + ox * sw + kx * dw
             term = shifted[at] * L.Cast(T.int32, w[ch, ky * kw + kx])
             acc = term if acc is None else acc + term
-    out = finish_expr(acc, *(_channel(b, ch) for b in (p.bias, p.scale, p.y_zp)), p.out,
-                      p.lo, p.hi)
+    out = requantized(p, acc, ch)
     out = p.epilogue(out, (plane // c, ch, row, ox))
     rows = L.For(oy, L.minimum(L.const(config.rows), oh - (task % blocks) * config.rows),
-                 L.For(ox, ow, L.Store(y, (plane // c, ch, row, ox), _as(out, p.y.dtype)),
+                 L.For(ox, ow, L.Store(y, (plane // c, ch, row, ox), cast_to(out, p.y.dtype)),
                        L.ForKind.VECTORIZED))
     body = L.Allocate(shifted, L.seq(pack, L.For(task, n * c * blocks, rows, par)))
     params = tuple({w.name: w, y.name: y}.get(x.name, x) for x in p.params)

@@ -41,6 +41,8 @@ from ..loop_analysis import (carried, fuse_row_loops, fuse_until, nest_work, ren
 from ..space import Constraint, Space, Template, choose_template
 from .amx_conv import AMX_CONV
 from .amx_dense import AMX_DENSE, AMX_POINTWISE
+from .amx_int8 import AMX_CONV_INT8, AMX_DENSE_INT8, AMX_POINTWISE_INT8
+from .amx_int8_conv import AMX_CONV_T_INT8
 from .conv import CONV2D, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
 from .depthwise import DEPTHWISE
@@ -655,15 +657,18 @@ ROWS = Template("rows", problems.rows, lambda p: True, rows_space, rows_default,
 
 TEMPLATES = {
     **{("llvm", pattern): (ROWS,) for pattern in Pattern},
-    ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, AMX_CONV, DENSE, DENSE_INT8,
-                                    CONV_INT8, DEPTHWISE_INT8, POINTWISE_GEMM, POINTWISE,
-                                    CONV2D, DEPTHWISE, WINOGRAD, SPARSE, ROWS),
+    ("llvm", Pattern.OUT_FUSABLE): (AMX_DENSE, AMX_POINTWISE, AMX_CONV, DENSE,
+                                    AMX_DENSE_INT8, DENSE_INT8, AMX_POINTWISE_INT8,
+                                    AMX_CONV_T_INT8, AMX_CONV_INT8, CONV_INT8, DEPTHWISE_INT8,
+                                    POINTWISE_GEMM, POINTWISE, CONV2D, DEPTHWISE, WINOGRAD,
+                                    SPARSE, ROWS),
     ("llvm", Pattern.OPAQUE): (POOL2D, MAXPOOL_INT8, DYNAMIC_QUANTIZE, ROWS),
 }
 """(target name, anchor pattern) -> the templates tried in order: the first that serves the
 target's precision on its CPU features, whose problem kind describes the kernel and that
-applies to that problem builds it (the AMX ones first: bf16 products where the CPU has
-tiles; ROWS, last, serves every kernel)."""
+applies to that problem builds it (the AMX ones first: bf16 products, and int8 products at
+any precision, where the CPU has the tiles, vpdpbusd's `int8` templates otherwise; ROWS,
+last, serves every kernel)."""
 
 
 def template_for(kernel, target: str = "llvm", machine=None) -> tuple[Template, object]:

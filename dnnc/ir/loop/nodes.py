@@ -672,9 +672,9 @@ class ProxyFence(Stmt):
 TILE_ROWS = 16
 """Rows of a `TileProduct` tile, and 32-bit words a row holds (64 bytes)."""
 
-TILE_PRECISIONS = {"bf16": T.float32, "int8": T.int32}
-"""Precision -> the accumulator type of a `TileProduct`: bf16 pairs summed in float32, int8
-quads (unsigned A, signed B) summed in int32."""
+TILE_PRECISIONS = {"bf16": T.float32, "u8s8": T.int32, "s8s8": T.int32, "s8u8": T.int32}
+"""Precision -> the accumulator type of a `TileProduct`: bf16 pairs summed in float32, quads
+of bytes (A's signedness, then B's) summed in int32."""
 
 
 @dataclass(frozen=True, eq=True)
@@ -692,7 +692,8 @@ class TileProduct(Stmt):
     sum over t and p of dot(A[r, t][i, p], B[t, s][p, j]): for bf16, lo(x) lo(y) + hi(x)
     hi(y) of the bfloat16 numbers in each word's bits 0-15 and 16-31, in float32 (each
     product exact, sums rounded to nearest even, denormal operands and results zero); for
-    int8, the four products of A's unsigned bytes and B's signed bytes in int32. `runs`:
+    u8s8, s8s8 and s8u8, the four products of A's and B's bytes, unsigned or signed as the
+    name says (A's first), summed in int32 with wraparound (tdpbusd, tdpbssd, tdpbsud). `runs`:
     (A, B) offsets in words of k's runs of `steps` steps each, one after another with C in
     the tile registers (a convolution's taps; by default one run at offset 0). GPU backends
     do not render it."""

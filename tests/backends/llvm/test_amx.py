@@ -189,12 +189,6 @@ def test_tile_product_compiles_to_tile_instructions_for_sapphire_rapids(accumula
     assert ("tilezero" in asm) == (not accumulate)
 
 
-def test_int8_tile_product_compiles_to_tdpbusd():
-    """The same node at int8 (the int8 work's AMX-INT8): unsigned x signed bytes, int32."""
-    asm = sapphire_rapids_assembly(tile_func("int8", m_tiles=1, n_tiles=2, steps=1))
-    assert "tdpbusd" in asm and "tdpbf16ps" not in asm
-
-
 def test_amx_template_compiles_for_sapphire_rapids():
     """A whole kernel of the AMX dense template (odd sizes, a fused epilogue)."""
     from test_knob_spaces import _kernel, matmul_bias_relu
@@ -429,5 +423,5 @@ def test_default_blocks_y_transposed_for_convs_of_many_pixels_and_balances_units
         # Y^T: a unit's row blocks (output channels) outside, each plane written in order
         assert default.order == ("rows" if along == "n" else "columns")
     # bert-base's 768 x 768 at 128 tokens, 16 threads: 48 units in 3 full rounds
-    assert amx_dense._unit_cols(4, 24, 16) == 2
-    assert amx_dense._unit_cols(1, 300, 1) == 128   # one thread: the widest units
+    assert amx_dense.unit_cols(4, 24, 16) == 2
+    assert amx_dense.unit_cols(1, 300, 1) == 128   # one thread: the widest units

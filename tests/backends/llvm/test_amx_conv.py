@@ -307,7 +307,7 @@ def test_geometry_reads_stay_inside_the_image_operand():
         p = problems.conv2d(kernel)
         for fold in (False, True):
             for rows in (1, 2, 3):
-                g = amx_conv._Geometry(p, AmxConvConfig(rows, 1, fold))
+                g = amx_conv.ConvGeometry(p, AmxConvConfig(rows, 1, fold))
                 for i in range(len(g.taps)):
                     a_run = g.run(i)[0]
                     phase, shift = divmod(a_run // g.k16, g.plane)

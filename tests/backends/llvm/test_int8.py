@@ -22,11 +22,12 @@ from test_bf16 import dot_kernel
 
 HOST = host_target().feature_set
 FEATURE_PATHS = {
-    "avx512vnni": (int8.VNNI512, None),
-    "avxvnni": (int8.AVXVNNI, "-avx512vnni"),
-    "widening": (frozenset(), "-avx512vnni,-avxvnni"),
+    "avx512vnni": (int8.VNNI512, "-amx-int8"),
+    "avxvnni": (int8.AVXVNNI, "-amx-int8,-avx512vnni"),
+    "widening": (frozenset(), "-amx-int8,-avx512vnni,-avxvnni"),
 }
-"""path -> (the features it needs, the --mattr that forces the others off)."""
+"""path -> (the features it needs, the --mattr that forces the others off: AMX-INT8's tiles
+too, which test_amx_int8.py checks)."""
 
 
 def _needs(path):
@@ -147,7 +148,8 @@ def test_a_dynamically_quantized_transformer_compiles_to_int8_dense_kernels(tmp_
     path = quantize_dynamic(model, tmp_path, "bert_tiny")
     feeds = zoo.inputs_for(model, np.random.default_rng(21))
     want = onnxruntime_outputs(path, feeds)[0]
-    compiled = dnnc.compile(str(path), "llvm", cache=False)
+    # (the VNNI path, where an AMX host's tiles would take the products: test_amx_int8.py)
+    compiled = dnnc.compile(str(path), "llvm", cache=False, cpu=cpu_from(None, "-amx-int8"))
     assert compiled.source("llvm-ir").count("vpdpbusd") > 0 or not int8.native(HOST)
     np.testing.assert_allclose(compiled(**feeds), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
