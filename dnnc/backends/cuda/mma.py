@@ -79,8 +79,10 @@ from .device import REFERENCE, gpu_of, has_wgmma
 PRECISIONS = ("tf32", "fp16", "bf16")
 """The precisions these templates serve (`Template.precisions`)."""
 
-STORAGE = {"fp16": T.float16, "bf16": T.bfloat16}
-"""A 16-bit precision's element type: an operand stored so is copied with cp.async."""
+STORAGE = {"fp16": T.float16, "bf16": T.bfloat16, "s8": T.int8, "u8": T.uint8}
+"""A 16-bit precision's element type: an operand stored so is copied with cp.async; an
+integer precision's (`L.INTEGER_MMA`, int8.py's templates: bytes 4 a word, tiles along k
+like tf32's, int32 accumulators) A type."""
 
 WARP = 32
 CHUNK_WORDS = 4
@@ -176,7 +178,7 @@ def shared_bytes(c: TensorCoreConfig, precision: str) -> int:
 
 
 def _element_bytes(precision: str) -> int:
-    return 4 if precision == "tf32" else 2
+    return 4 if precision == "tf32" else 1 if precision in L.INTEGER_MMA else 2
 
 
 def _deepest(block_m: int, block_n: int, precision: str) -> int:
@@ -414,10 +416,11 @@ class _Tile:
         self.rows, self.first, self.extent, self.operand = rows, first, extent, operand
         self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, checked, bi
         self.precision = precision
-        self.per_word = 1 if precision == "tf32" else 2    # elements a 32-bit word
+        self.per_word = 4 // _element_bytes(precision)     # elements a 32-bit word
         self.chunk = CHUNK_WORDS * self.per_word            # elements a chunk
-        # the tile's rows run along k (ldmatrix) or along the operand's rows (.trans)
-        self.k_inner = precision == "tf32" or not operand.rows_contiguous
+        # the tile's rows run along k (ldmatrix) or along the operand's rows (.trans: 16-bit
+        # elements only)
+        self.k_inner = _element_bytes(precision) != 2 or not operand.rows_contiguous
         inner, self.outer = (bk, rows) if self.k_inner else (rows, bk)
         self.row_words = inner // self.per_word
         self.per_row = self.row_words // CHUNK_WORDS        # chunks a tile row
@@ -546,6 +549,8 @@ class _Tile:
         values = [self.stage[at + h] for h in range(self.per_word)]
         if self.precision == "tf32":
             return L.call("pack_tf32", _as_float32(values[0]), dtype=T.uint32)
+        if self.precision in L.INTEGER_MMA:   # 4 bytes, the first lowest
+            return _bytes_word(values)
         if self.dtype is STORAGE[self.precision]:
             lo, hi = (L.Cast(T.uint32, L.call("bitcast", x, dtype=T.uint16)) for x in values)
             return L.BinOp("|", lo, L.BinOp("<<", hi, L.const(16, T.uint32)))
@@ -584,9 +589,19 @@ def _copies_async(operand: Operand, sample: L.Expr, precision: str) -> bool:
     if precision == "tf32":
         fits, chunk = stored is T.float32 and not operand.rows_contiguous, CHUNK_WORDS
     else:
-        fits, chunk = stored is STORAGE[precision], CHUNK_WORDS * 2
+        fits, chunk = stored is STORAGE[precision], CHUNK_WORDS * 4 // _element_bytes(precision)
     return fits and sample.buffer.scope is L.Scope.GLOBAL and isinstance(extent, L.Const) \
         and extent.value % chunk == 0
+
+
+def _bytes_word(values: list) -> L.Expr:
+    """Four 8-bit values as the bytes of a uint32, the first in the lowest."""
+    word = None
+    for e, x in enumerate(values):
+        byte = L.Cast(T.uint32, x if x.dtype is T.uint8 else L.Cast(T.uint8, x))
+        byte = byte if e == 0 else L.BinOp("<<", byte, L.const(8 * e, T.uint32))
+        word = byte if word is None else L.BinOp("|", word, byte)
+    return word
 
 
 def _as_float32(x: L.Expr) -> L.Expr:
@@ -616,7 +631,8 @@ class _WarpTiles:
         self.b_in = _Tile("b", bn, self.col0, n, b, bk, k, c.threads, past_k or n % bn != 0,
                           bi, precision, c.stages)
         ra, rb = L.MMA_REGISTERS
-        self.acc = L.Buffer("acc", T.float32, (tm * tn * 4,), L.Scope.LOCAL)
+        self.acc_type = T.int32 if precision in L.INTEGER_MMA else T.float32
+        self.acc = L.Buffer("acc", self.acc_type, (tm * tn * 4,), L.Scope.LOCAL)
         # two sets of fragments: one step's loaded while the other's mmas run
         self.a_frag = L.Buffer("a_frag", T.uint32, (2 * tm * ra,), L.Scope.LOCAL)
         self.b_frag = L.Buffer("b_frag", T.uint32, (2 * tn * rb,), L.Scope.LOCAL)
@@ -640,7 +656,7 @@ class _WarpTiles:
         """Every accumulator zeroed."""
         r = L.Var("r")
         return self.per_thread(L.For(r, self.tm * self.tn * 4, L.Store(
-            self.acc, (r,), L.const(0.0, T.float32)), L.ForKind.UNROLLED))
+            self.acc, (r,), L.const(0, self.acc_type)), L.ForKind.UNROLLED))
 
     def _fragments(self, slot: L.Expr, ks: int, half: int) -> L.Stmt:
         """The warp's A and B fragments of mma step `ks` into register set `half`."""

@@ -54,6 +54,18 @@ __device__ __forceinline__ void dnnc_mma_{name}(float* d, unsigned a0, unsigned 
 """One precision's `dnnc_mma_<name>`: mma.sync m16n8k<k> on <ptx> operands, fp32
 accumulators (`L.MMA_SHAPES`), as MMA_PRELUDE spells it for tf32, fp16 and bf16."""
 
+_INTEGER_MMA_FUNCTION = r"""
+__device__ __forceinline__ void dnnc_mma_{name}(int* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {{
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.{name}.s8.s32 "
+               "{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}}
+"""[1:]
+"""`dnnc_mma_s8` / `dnnc_mma_u8`: mma.sync m16n8k32 of s8 / u8 A bytes and s8 B bytes into
+int32 accumulators (`L.INTEGER_MMA`; sm_80 and newer)."""
+
 _LDMATRIX_FUNCTION = r"""
 __device__ __forceinline__ void dnnc_ldmatrix_x{n}{suffix}(unsigned* d, const unsigned* p) {{
   asm volatile("ldmatrix.sync.aligned.m8n8.x{n}{ptx}.shared.b16 {{{regs}}}, [%{n}];"
@@ -82,7 +94,8 @@ __device__ __forceinline__ unsigned dnnc_bf16x2(float lo, float hi) {
   unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
 """ + "".join(_MMA_FUNCTION.format(name=name, k=k, ptx=ptx) for name, k, ptx in (
-    ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16"))) + r"""
+    ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16"))) + "".join(
+    _INTEGER_MMA_FUNCTION.format(name=name) for name in ("s8", "u8")) + r"""
 // a generic address of shared memory as the 32-bit shared-window address PTX's
 // ldmatrix and cp.async take
 __device__ __forceinline__ unsigned dnnc_shared_address(const void* p) {

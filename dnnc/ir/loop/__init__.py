@@ -17,8 +17,8 @@ backend.
 """
 
 from .nodes import (
-    ARITH, ASYNC_COPY_BYTES, BITWISE, COMPARE, INDEX, INTRINSICS, LDMATRIX_COUNTS, LOGIC,
-    MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES, SWIZZLE_BYTES,
+    ARITH, ASYNC_COPY_BYTES, BITWISE, COMPARE, INDEX, INTEGER_MMA, INTRINSICS, LDMATRIX_COUNTS,
+    LOGIC, MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES, SWIZZLE_BYTES,
     TILE_PRECISIONS, TILE_REGISTERS, TILE_ROWS, WGMMA_K,
     Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Buffer, Call, Cast, Const, CopyAsync, Expr,
     For, ForKind, If, IterVar, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope,
@@ -35,7 +35,8 @@ from . import index_checks
 
 __all__ = [
     # nodes
-    "ARITH", "ASYNC_COPY_BYTES", "BITWISE", "COMPARE", "INDEX", "INTRINSICS", "LDMATRIX_COUNTS",
+    "ARITH", "ASYNC_COPY_BYTES", "BITWISE", "COMPARE", "INDEX", "INTEGER_MMA", "INTRINSICS",
+    "LDMATRIX_COUNTS",
     "LOGIC", "MMA_REGISTERS", "MMA_SHAPES", "PACKS", "REDUCE_COMBINERS", "SHUFFLES",
     "SWIZZLE_BYTES", "TILE_PRECISIONS", "TILE_REGISTERS", "TILE_ROWS", "WGMMA_K",
     "Allocate", "AsyncCommit", "AsyncWait", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const",

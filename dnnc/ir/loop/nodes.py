@@ -452,9 +452,15 @@ class Barrier(Stmt):
         return hash("Barrier")
 
 
-MMA_SHAPES = {"tf32": (16, 8, 8), "fp16": (16, 8, 16), "bf16": (16, 8, 16)}
+MMA_SHAPES = {"tf32": (16, 8, 8), "fp16": (16, 8, 16), "bf16": (16, 8, 16),
+              "s8": (16, 8, 32), "u8": (16, 8, 32)}
 """Precision -> (m, n, k) of its warp-level tensor-core product (`Mma`): PTX's
-mma.sync.aligned.m16n8k8 for tf32 operands, m16n8k16 for fp16 and bf16, fp32 accumulators."""
+mma.sync.aligned.m16n8k8 for tf32 operands, m16n8k16 for fp16 and bf16, fp32 accumulators;
+m16n8k32 for the integer ones (`INTEGER_MMA`)."""
+
+INTEGER_MMA = ("s8", "u8")
+"""The integer `Mma` precisions, named by A's type (B is int8): PTX's
+mma.sync.aligned.m16n8k32.row.col.s32.{s8,u8}.s8.s32, int32 accumulators, exact."""
 
 
 @dataclass(frozen=True, eq=True)
@@ -474,7 +480,9 @@ class Mma(Stmt):
     fp16 and bf16 elements 2 r and 2 r + 1 in register r, the first in the low half. The
     products of the rounded operands are summed in fp32 into C. Every lane of the warp runs
     it together (a threadIdx.x loop of whole warps, no lane-dependent condition around it).
-    CPU backends do not render it."""
+    The integer precisions (`INTEGER_MMA`) hold A's bytes A[g + 8 (r % 2), 4 t + 16 (r // 2)
+    + e] in byte e of register r and B's bytes B[4 t + 16 r + e, g] in byte e of b[r], and
+    sum exactly into int32 accumulators. CPU backends do not render it."""
 
     precision: str
     acc: Buffer

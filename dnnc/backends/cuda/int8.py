@@ -1,0 +1,228 @@
+"""The cuda int8 templates: QuantizedDense (cuda_int8_dense) and the one-group
+QuantizedConvPacked (cuda_int8_conv2d, an implicit GEMM of the NCHW image) on the integer
+tensor cores, `mma.sync.m16n8k32.row.col.s32.{s8,u8}.s8.s32` (`L.INTEGER_MMA`), with the
+requantization fused where a tile stores.
+
+The product is mma.py's (`mma_product`: blocks and warps, the cp.async ring of shared k tiles
+with its XOR swizzle, ldmatrix fragments) at the integer precision of the activations' type,
+"s8" or "u8": bytes four to a 32-bit word, tiles along k as tf32's are (an m16n8k32 A or B
+fragment is, word for word, a tf32 m16n8k8 one), int32 accumulators. Rows i are A's (a dense
+product's rows, a conv's output pixels of every image), columns j the weights' (output
+channels). A dense A whose rows are whole 16-byte chunks (k a multiple of 16) is copied by
+cp.async; the packed weights (`ir/ops/quantized.pack_groups`: 4 bytes of k a column, 16
+columns apart) and a conv's patches go through registers, 4 bytes of one packed k group (4
+input channels at a tap, `pack_conv_groups`' order) a word, a pixel outside the image read
+as the activation's zero point, so that padding adds nothing after the compensation.
+
+Zero points: the products sum A W exactly (u8 x s8 or s8 x s8: no + 128 shift, unlike the
+CPU's vpdpbusd), and each result takes - za w_sums[j] (the weights' column sums, made at
+compile time) before `finish_expr` (bias, the float32 scale, round half to even, the zero
+point, saturation and a fused Relu / Clip), bit for bit the reference's and llvm's int8
+templates'; then the group's fused consumers (`Epilogue`). Weights with a zero point
+(QuantizedDense's `w_zp`) are not served here (the generic loops run them).
+
+Knobs: mma.py's TensorCoreConfig tiles (block_m, block_n, block_k in bytes, warps, stages),
+k unsplit and no wgmma. This module builds loop IR; it must never render C or launch.
+
+Not yet: dp4a (`__dp4a`) for products too small for a 16-row tile (fewer than 16 rows: a
+GEMV), a conv's patches by cp.async from a channels-last image, wgmma's s8 form on sm_90.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr
+from ...ir.target import GPU
+from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, quantized_conv,
+                                  quantized_dense)
+from ..space import Constraint, Space, Template
+from .dense import Operand, min_blocks
+from .device import gpu_of
+from .mma import (DEFAULTS, EFFICIENCY, MAX_ACCUMULATORS, MAX_SHARED_BYTES, WARP,
+                  TensorCoreConfig, mma_product, resident, shared_bytes)
+
+BLOCK_K = (32, 64, 128)
+"""k tiles in bytes: one, two or four m16n8k32 steps."""
+DEFAULT_BLOCK_K, DEFAULT_STAGES = 64, 3
+"""A default's k tile (bytes, the 128-byte lines of fp16's 32-deep tile halved: two mma
+steps a tile) and its stages (as mma.py's)."""
+
+
+def precision(p) -> str:
+    """The integer mma of problem `p`: A's type."""
+    return "s8" if p.signed else "u8"
+
+
+def space(name: str, p) -> Space:
+    """The tiles of an int8 product: mma.py's knobs, k unsplit, no wgmma."""
+    kind = precision(p)
+    return Space(name, TensorCoreConfig, {
+        "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
+        "block_k": BLOCK_K, "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
+        "stages": (2, 3, 4, 5), "split_k": (1,), "wgmma": (False,),
+        "early_refill": (False,),
+    }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
+                   "multiples of 16",
+                   lambda c: c.block_m % (16 * c.warps_m) == 0 and
+                   c.block_n % (16 * c.warps_n) == 0),
+        Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
+                   lambda c: c.block_m * c.block_n // (c.warps_m * c.warps_n * WARP) <=
+                   MAX_ACCUMULATORS),
+        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB",
+                   lambda c: shared_bytes(c, kind) <= MAX_SHARED_BYTES)])
+
+
+def choose(m: int, n: int, k: int, gpu: GPU) -> TensorCoreConfig:
+    """The default tile of an m x n x k int8 product on `gpu`: of mma.py's DEFAULTS tiles
+    (k tiles of DEFAULT_BLOCK_K bytes), the one its rough model (mma.choose's without
+    splits: guessed efficiency, slowed where blocks cannot fill the GPU or leave a last wave
+    part empty) says is fastest. resnet50 at batch 32 (100352 x 64 x 576 ... 1568 x 2048 x
+    512) and BERT at batch 8 (1024 x 768 x 3072) take 64 x 64 to 128 x 256 tiles of 4 or 8
+    warps; a product of a few dozen rows 16 x 32."""
+    best, best_time = None, float("inf")
+    for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
+        config = TensorCoreConfig(bm, bn, DEFAULT_BLOCK_K, wm, wn, DEFAULT_STAGES)
+        if shared_bytes(config, "s8") > MAX_SHARED_BYTES:
+            continue
+        blocks = -(-m // bm) * -(-n // bn)
+        fill = min(1.0, blocks / min_blocks(gpu))
+        wave = gpu.sms * resident(config, "s8")
+        waves = -(-blocks // wave) * wave / blocks if blocks > wave else 1.0
+        seconds = 2 * blocks * bm * bn * k * waves / (gpu.tensor_flops * efficiency * fill)
+        if seconds < best_time:
+            best, best_time = config, seconds
+    return best
+
+
+def _channel(buffer: L.Buffer | None, j) -> L.Expr | None:
+    """A scalar or per-channel parameter at channel j."""
+    if buffer is None:
+        return None
+    if all(d == L.const(1) for d in buffer.shape):
+        return buffer[(0,) * len(buffer.shape)] if buffer.shape else buffer[()]
+    return buffer[j]
+
+
+def _finished(p, acc: L.Expr, j) -> L.Expr:
+    """The int32 sum A W of channel j with the zero point's share taken off (- za
+    w_sums[j]), through the op's `finish_expr`."""
+    za = L.Cast(T.int32, _channel(p.za, 0))
+    return finish_expr(acc - za * p.sums[j],
+                       *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out, p.lo, p.hi)
+
+
+def _as(value: L.Expr, dtype: T.DType) -> L.Expr:
+    return value if value.dtype is dtype else L.Cast(dtype, value)
+
+
+def _weights(w: L.Buffer) -> Operand:
+    """The packed weights as B (row j: column / output channel j; k: bytes), read through
+    registers a byte at a time (4 of a k group contiguous)."""
+    return Operand(lambda bi, j, kk: w[j // GROUP_COLUMNS, kk // GROUP_DEPTH,
+                                       j % GROUP_COLUMNS, kk % GROUP_DEPTH], False)
+
+
+# -- QuantizedDense -------------------------------------------------------------------------------
+
+def dense_applies(p: QuantizedDenseProblem) -> bool:
+    return p.w_zp is None
+
+
+def dense_space(p: QuantizedDenseProblem, machine) -> Space:
+    return space("cuda_int8_dense", p)
+
+
+def dense_default(p: QuantizedDenseProblem, machine) -> TensorCoreConfig:
+    return choose(p.m, p.n, p.k, gpu_of(machine))
+
+
+def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
+    """Y[i, j] (A's batch dims folded into rows) on the integer tensor cores."""
+    a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
+    y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+
+    def store(bi, i, j, acc):
+        value = p.epilogue(_finished(p, acc, j), p.anchor_index(i, j))
+        return L.Store(y, (i, j), _as(value, y.dtype))
+
+    rows = Operand(lambda bi, i, kk: a[i, kk], False, array=True)
+    body = mma_product(c, 1, p.m, p.n, p.k, rows, _weights(p.w), store,
+                       precision=precision(p))
+    views = {a.name: a, y.name: y}
+    return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
+
+
+# -- QuantizedConvPacked --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Geometry:
+    """An implicit GEMM's sizes: M output pixels of every image, N output channels, K the
+    packed depth (ceil(C / 4) groups of 4 channels at each tap, 4 bytes a group)."""
+
+    m: int
+    n: int
+    k: int
+    taps: int
+
+
+def _geometry(p: QuantizedConvProblem) -> _Geometry:
+    images, c = p.x_dims[:2]
+    _, oc, oh, ow = p.y_dims
+    taps = p.kernel[0] * p.kernel[1]
+    return _Geometry(images * oh * ow, oc, -(-c // GROUP_DEPTH) * taps * GROUP_DEPTH, taps)
+
+
+def conv_applies(p: QuantizedConvProblem) -> bool:
+    return p.group == 1 and len(p.kernel) == 2
+
+
+def conv_space(p: QuantizedConvProblem, machine) -> Space:
+    return space("cuda_int8_conv2d", p)
+
+
+def conv_default(p: QuantizedConvProblem, machine) -> TensorCoreConfig:
+    g = _geometry(p)
+    return choose(g.m, g.n, g.k, gpu_of(machine))
+
+
+def conv_build(p: QuantizedConvProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
+    """Y[img, j, oy, ox] as an implicit GEMM: row i the pixel (img, oy, ox), byte kk of the
+    packed depth channel (kk // 4 // taps) 4 + kk % 4 at tap kk // 4 % taps."""
+    g = _geometry(p)
+    _, channels, h, wid = p.x_dims
+    _, _, oh, ow = p.y_dims
+    kw = p.kernel[1]
+    (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
+    x = p.x
+    y = L.Buffer(p.y.name, p.y.dtype, (p.y_dims[0], g.n, oh * ow))
+    za = _channel(p.za, 0)
+
+    def patch(bi, i, kk):
+        img, pix = i // (oh * ow), i % (oh * ow)
+        word = kk // GROUP_DEPTH
+        ch = word // g.taps * GROUP_DEPTH + kk % GROUP_DEPTH
+        tap = word % g.taps
+        iy = pix // ow * sh - ph + tap // kw * dh
+        ix = pix % ow * sw - pw + tap % kw * dw
+        inside = L.logical_and(ch < channels, iy >= 0, iy < h, ix >= 0, ix < wid)
+        clamped = x[img, L.minimum(ch, channels - 1), L.minimum(L.maximum(iy, 0), h - 1),
+                    L.minimum(L.maximum(ix, 0), wid - 1)]
+        return L.Select(inside, clamped, za)
+
+    def store(bi, i, j, acc):
+        img, pix = i // (oh * ow), i % (oh * ow)
+        value = p.epilogue(_finished(p, acc, j), (img, j, pix // ow, pix % ow))
+        return L.Store(y, (img, j, pix), _as(value, y.dtype))
+
+    body = mma_product(c, 1, g.m, g.n, g.k, Operand(patch, True), _weights(p.w), store,
+                       precision=precision(p))
+    return L.PrimFunc(p.name, tuple(y if b.name == y.name else b for b in p.params), body)
+
+
+INT8_DENSE = Template("cuda_int8_dense", quantized_dense, dense_applies, dense_space,
+                      dense_default, dense_build)
+INT8_CONV2D = Template("cuda_int8_conv2d", quantized_conv, conv_applies, conv_space,
+                       conv_default, conv_build)
