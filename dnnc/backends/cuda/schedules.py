@@ -279,7 +279,8 @@ TEMPLATES = {
     # a channels-last depthwise one a block per tile of pixels x run of channels
     # (depthwise_nhwc.py), int8 dense and conv on the integer tensor cores (int8.py); the
     # rest (grouped conv) one thread per output element
-    ("cuda", Pattern.OUT_FUSABLE): (INT8_DENSE, INT8_CONV2D, MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
+    ("cuda", Pattern.OUT_FUSABLE): (INT8_DENSE, INT8_CONV2D,
+                                    MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
                                     CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE,
                                     DEPTHWISE_NHWC, DEFAULT),
     # the mean over a channels-last plane (squeeze-and-excitation's pool) a block per image

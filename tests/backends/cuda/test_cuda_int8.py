@@ -5,13 +5,17 @@ op's NumPy reference and with the llvm int8 templates; their modules compiled by
 sm_80 and sm_90 where CuPy is installed. The same graphs on a GPU (`gpu` marker) are
 test_cuda_int8_gpu.py's."""
 
+import collections
+
 import numpy as np
 import pytest
 
 import dnnc
+from dnnc import zoo
 from dnnc.backends.cuda import int8
 from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.mma import TensorCoreConfig
+from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.quantized import (pack_conv_groups, pack_groups, quantized_conv_packed,
@@ -149,6 +153,8 @@ def test_every_config_of_the_space_honours_its_constraints():
     configs = list(space.configs())
     assert SMALL_TILE in configs and int8.dense_default(p, MACHINE) in configs
     assert all(c.split_k == 1 and not c.wgmma for c in configs)
+    for k in rng.choice(len(configs), 24, replace=False):   # each builds verified loop IR
+        L.verify(int8.dense_build(p, configs[k], MACHINE))
 
 
 @pytest.mark.parametrize("m,n,k", [
@@ -188,3 +194,38 @@ def test_int8_kernels_compile_with_nvrtc(arch):
     assert "dnnc_mma_s8(" in source.split("dnnc_mma_u8(int*")[-1]
     assert "dnnc_mma_u8(&" in source and "dnnc_cp_async(&" in source
     nvrtc_compiled(source, arch)
+
+
+QUANTIZED_FILES = {   # zoo model -> (its config, the int8 dense and conv kernels)
+    "cnn": ({}, 1, 3), "resnet18": ({"size": 32}, 1, 20),
+    "bert_tiny": ({"seq": 16, "vocab": 512}, 12, 0)}
+
+
+@pytest.mark.parametrize("name", [
+    "cnn", pytest.param("resnet18", marks=pytest.mark.emulated_full), "bert_tiny"])
+def test_quantized_files_on_host(name, tmp_path):
+    """QDQ CNNs (quantize_static) and a dynamically quantized BERT: every conv and dense
+    product on the int8 templates, the whole program run on host threads giving
+    onnxruntime's outputs (the CNNs bit for bit; BERT, whose float ops sum in another order,
+    as tests/models/test_quantized_files.py bounds it)."""
+    pytest.importorskip("onnxruntime")
+    from dnnc.frontend.onnx import import_onnx
+    from dnnc.testing.quantized_files import (onnxruntime_outputs, quantize_dynamic,
+                                              quantize_static)
+
+    config, dense, convs = QUANTIZED_FILES[name]
+    model = zoo.build(name, **config)
+    path = quantize_dynamic(model, tmp_path, name) if name == "bert_tiny" else \
+        quantize_static(model, tmp_path, name, seed=3)
+    feeds = zoo.inputs_for(model, np.random.default_rng(13))
+    graph, (program,) = programs(import_onnx(str(path)), machine=MACHINE)
+    templates = collections.Counter(k.schedule[0] for k in program.kernels)
+    assert templates["cuda_int8_dense"] == dense and templates["cuda_int8_conv2d"] == convs
+    module = render_module(program.unique)
+    lib = host_library(program.unique, tmp_path / "lib", module)
+    got = program_on_host(lib, module, program, feeds)[graph.outputs[0].name]
+    want = onnxruntime_outputs(path, feeds)[0]
+    if name == "bert_tiny":
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    else:
+        assert np.array_equal(got, want)
