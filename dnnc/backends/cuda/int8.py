@@ -9,10 +9,12 @@ with its XOR swizzle, ldmatrix fragments) at the integer precision of the activa
 fragment is, word for word, a tf32 m16n8k8 one), int32 accumulators. Rows i are A's (a dense
 product's rows, a conv's output pixels of every image), columns j the weights' (output
 channels). A dense A whose rows are whole 16-byte chunks (k a multiple of 16) is copied by
-cp.async; the packed weights (`ir/ops/quantized.pack_groups`: 4 bytes of k a column, 16
-columns apart) and a conv's patches go through registers, 4 bytes of one packed k group (4
-input channels at a tap, `pack_conv_groups`' order) a word, a pixel outside the image read
-as the activation's zero point, so that padding adds nothing after the compensation.
+cp.async; other operands go through registers a 32-bit word at a time (`Operand.word`): the
+packed weights (`ir/ops/quantized.pack_groups`: 4 bytes of k a column, one load, read
+through a uint32 view of the constant), a conv's patches (4 input channels at a tap,
+`pack_conv_groups`' order: one position and bounds check, 4 byte loads; a pixel outside the
+image reads as the activation's zero point, so that padding adds nothing after the
+compensation), a dense A of another k (4 byte loads).
 
 Zero points: the products sum A W exactly (u8 x s8 or s8 x s8: no + 128 shift, unlike the
 CPU's vpdpbusd), and each result takes - za w_sums[j] (the weights' column sums, made at
@@ -118,11 +120,25 @@ def _as(value: L.Expr, dtype: T.DType) -> L.Expr:
     return value if value.dtype is dtype else L.Cast(dtype, value)
 
 
-def _weights(w: L.Buffer) -> Operand:
-    """The packed weights as B (row j: column / output channel j; k: bytes), read through
-    registers a byte at a time (4 of a k group contiguous)."""
+def _weights(w: L.Buffer) -> tuple[Operand, L.Buffer]:
+    """The packed weights as B (row j: column / output channel j; k: bytes), staged a 32-bit
+    word (4 k of a column) a load, consecutive threads on consecutive columns (16 of them
+    one 64-byte run), and the uint32 view of them the kernel takes."""
+    words = L.Buffer(w.name, T.uint32, tuple(w.shape[:3]))
     return Operand(lambda bi, j, kk: w[j // GROUP_COLUMNS, kk // GROUP_DEPTH,
-                                       j % GROUP_COLUMNS, kk % GROUP_DEPTH], False)
+                                       j % GROUP_COLUMNS, kk % GROUP_DEPTH], True,
+                   word=lambda bi, j, kw: words[j // GROUP_COLUMNS, kw, j % GROUP_COLUMNS]), \
+        words
+
+
+def _word(byte_values: list) -> L.Expr:
+    """Four 8-bit values as the bytes of a uint32, the first lowest."""
+    word = None
+    for e, x in enumerate(byte_values):
+        byte = L.Cast(T.uint32, x if x.dtype is T.uint8 else L.Cast(T.uint8, x))
+        byte = byte if e == 0 else L.BinOp("<<", byte, L.const(8 * e, T.uint32))
+        word = byte if word is None else L.BinOp("|", word, byte)
+    return word
 
 
 # -- QuantizedDense -------------------------------------------------------------------------------
@@ -148,10 +164,15 @@ def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.Pri
         value = p.epilogue(_finished(p, acc, j), p.anchor_index(i, j))
         return L.Store(y, (i, j), _as(value, y.dtype))
 
-    rows = Operand(lambda bi, i, kk: a[i, kk], False, array=True)
-    body = mma_product(c, 1, p.m, p.n, p.k, rows, _weights(p.w), store,
-                       precision=precision(p))
-    views = {a.name: a, y.name: y}
+    def row_word(bi, i, kw):
+        """4 k of row i (those past k: any value, their weights are 0)."""
+        return _word([a[i, L.minimum(kw * GROUP_DEPTH + e, p.k - 1)]
+                      for e in range(GROUP_DEPTH)])
+
+    rows = Operand(lambda bi, i, kk: a[i, kk], False, array=True, word=row_word)
+    weights, words = _weights(p.w)
+    body = mma_product(c, 1, p.m, p.n, p.k, rows, weights, store, precision=precision(p))
+    views = {a.name: a, y.name: y, words.name: words}
     return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
 
 
@@ -194,32 +215,45 @@ def conv_build(p: QuantizedConvProblem, c: TensorCoreConfig, machine) -> L.PrimF
     g = _geometry(p)
     _, channels, h, wid = p.x_dims
     _, _, oh, ow = p.y_dims
-    kw = p.kernel[1]
+    kwid = p.kernel[1]
     (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
     x = p.x
     y = L.Buffer(p.y.name, p.y.dtype, (p.y_dims[0], g.n, oh * ow))
     za = _channel(p.za, 0)
 
+    def place(i, kw):
+        """(image, first channel, row, column, whether inside the image) of word kw of
+        pixel i's patch."""
+        img, pix, tap = i // (oh * ow), i % (oh * ow), kw % g.taps
+        iy = pix // ow * sh - ph + tap // kwid * dh
+        ix = pix % ow * sw - pw + tap % kwid * dw
+        inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < wid)
+        return img, kw // g.taps * GROUP_DEPTH, L.minimum(L.maximum(iy, 0), h - 1), \
+            L.minimum(L.maximum(ix, 0), wid - 1), inside
+
     def patch(bi, i, kk):
-        img, pix = i // (oh * ow), i % (oh * ow)
-        word = kk // GROUP_DEPTH
-        ch = word // g.taps * GROUP_DEPTH + kk % GROUP_DEPTH
-        tap = word % g.taps
-        iy = pix // ow * sh - ph + tap // kw * dh
-        ix = pix % ow * sw - pw + tap % kw * dw
-        inside = L.logical_and(ch < channels, iy >= 0, iy < h, ix >= 0, ix < wid)
-        clamped = x[img, L.minimum(ch, channels - 1), L.minimum(L.maximum(iy, 0), h - 1),
-                    L.minimum(L.maximum(ix, 0), wid - 1)]
-        return L.Select(inside, clamped, za)
+        img, first, iy, ix, inside = place(i, kk // GROUP_DEPTH)
+        ch = first + kk % GROUP_DEPTH
+        value = x[img, L.minimum(ch, channels - 1), iy, ix]
+        return L.Select(L.logical_and(ch < channels, inside), value, za)
+
+    def patch_word(bi, i, kw):
+        """4 channels at a tap (those past C: any value, their weights are 0)."""
+        img, first, iy, ix, inside = place(i, kw)
+        word = _word([x[img, L.minimum(first + e, channels - 1), iy, ix]
+                      for e in range(GROUP_DEPTH)])
+        return L.Select(inside, word, _word([za] * GROUP_DEPTH))
 
     def store(bi, i, j, acc):
         img, pix = i // (oh * ow), i % (oh * ow)
         value = p.epilogue(_finished(p, acc, j), (img, j, pix // ow, pix % ow))
         return L.Store(y, (img, j, pix), _as(value, y.dtype))
 
-    body = mma_product(c, 1, g.m, g.n, g.k, Operand(patch, True), _weights(p.w), store,
-                       precision=precision(p))
-    return L.PrimFunc(p.name, tuple(y if b.name == y.name else b for b in p.params), body)
+    weights, words = _weights(p.w)
+    body = mma_product(c, 1, g.m, g.n, g.k, Operand(patch, True, word=patch_word), weights,
+                       store, precision=precision(p))
+    views = {y.name: y, words.name: words}
+    return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
 
 
 INT8_DENSE = Template("cuda_int8_dense", quantized_dense, dense_applies, dense_space,

@@ -435,7 +435,11 @@ class _Tile:
         sample = operand.at(bi, L.const(0), L.const(0))
         self.dtype = sample.dtype
         self.asynchronous = _copies_async(operand, sample, precision)
-        self.stage = L.Buffer(f"{name}_stage", self.dtype, (self.steps * self.chunk,),
+        self.words = self.per_word == 4   # 8-bit elements: staged a word at a time
+        if self.words and operand.word is None:
+            raise ValueError(f"{name}: 8-bit operands are staged by words (Operand.word)")
+        self.stage = L.Buffer(f"{name}_stage", T.uint32 if self.words else self.dtype,
+                              (self.steps * (CHUNK_WORDS if self.words else self.chunk),),
                               L.Scope.LOCAL)
 
     # -- the shared layout ------------------------------------------------------------------
@@ -524,6 +528,8 @@ class _Tile:
         """One chunk's elements into registers: 4 at a time (a vector load) along the
         operand's contiguous dimension where nothing needs checking, else one by one, 0
         outside the operand or k."""
+        if self.words:
+            return self._load_words(kt, step, o, c)
         zero = L.const(0.0, self.dtype)
 
         def element(x) -> L.Expr:
@@ -541,16 +547,33 @@ class _Tile:
         return L.seq(*(L.Store(self.stage, (slot + x,), element(x))
                        for x in range(self.chunk)))
 
+    def _load_words(self, kt: L.Expr, step: L.Expr, o: L.Expr, c: L.Expr) -> L.Stmt:
+        """One chunk's 4 words of 8-bit elements into registers (`Operand.word`), 0 outside
+        the operand or k."""
+        out = []
+        for x in range(CHUNK_WORDS):
+            row, kg = self._global(kt, o, c, x * self.per_word)
+            if not self.checked:
+                value = self.operand.word(self.bi, row, kg // self.per_word)
+            else:
+                value = L.Select(L.logical_and(row < self.extent, kg < self.k),
+                                 self.operand.word(self.bi, L.minimum(row, self.extent - 1),
+                                                   L.minimum(kg, self.k - 1) // self.per_word),
+                                 L.const(0, T.uint32))
+            out.append(L.Store(self.stage, (step * CHUNK_WORDS + x,), value))
+        return L.seq(*out)
+
     def _packed(self, step: L.Expr, v: L.Expr) -> L.Expr:
         """Word v of the chunk staged at `step`, in the precision's type: a tf32 element
         rounded (`pack_tf32`), or two 16-bit ones (their bits when the operand is stored so,
-        else rounded from float32), the first in the low half."""
+        else rounded from float32), the first in the low half; four 8-bit ones as staged
+        (`Operand.word`)."""
+        if self.words:
+            return self.stage[step * CHUNK_WORDS + v]
         at = step * self.chunk + v * self.per_word
         values = [self.stage[at + h] for h in range(self.per_word)]
         if self.precision == "tf32":
             return L.call("pack_tf32", _as_float32(values[0]), dtype=T.uint32)
-        if self.precision in L.INTEGER_MMA:   # 4 bytes, the first lowest
-            return _bytes_word(values)
         if self.dtype is STORAGE[self.precision]:
             lo, hi = (L.Cast(T.uint32, L.call("bitcast", x, dtype=T.uint16)) for x in values)
             return L.BinOp("|", lo, L.BinOp("<<", hi, L.const(16, T.uint32)))
@@ -592,16 +615,6 @@ def _copies_async(operand: Operand, sample: L.Expr, precision: str) -> bool:
         fits, chunk = stored is STORAGE[precision], CHUNK_WORDS * 4 // _element_bytes(precision)
     return fits and sample.buffer.scope is L.Scope.GLOBAL and isinstance(extent, L.Const) \
         and extent.value % chunk == 0
-
-
-def _bytes_word(values: list) -> L.Expr:
-    """Four 8-bit values as the bytes of a uint32, the first in the lowest."""
-    word = None
-    for e, x in enumerate(values):
-        byte = L.Cast(T.uint32, x if x.dtype is T.uint8 else L.Cast(T.uint8, x))
-        byte = byte if e == 0 else L.BinOp("<<", byte, L.const(8 * e, T.uint32))
-        word = byte if word is None else L.BinOp("|", word, byte)
-    return word
 
 
 def _as_float32(x: L.Expr) -> L.Expr:
