@@ -26,8 +26,11 @@ templates'; then the group's fused consumers (`Epilogue`). Weights with a zero p
 Knobs: mma.py's TensorCoreConfig tiles (block_m, block_n, block_k in bytes, warps, stages),
 k unsplit and no wgmma. This module builds loop IR; it must never render C or launch.
 
-Not yet: dp4a (`__dp4a`) for products too small for a 16-row tile (fewer than 16 rows: a
-GEMV), a conv's patches by cp.async from a channels-last image, wgmma's s8 form on sm_90.
+Products of fewer than 16 rows (a GEMV: batch-1 classifier heads) take dp4a instead
+(cuda_int8_gemv: `L.dot_u8s8x4`, which the cuda renderer emits as `dp4a.u32.s32`), a warp a
+16-column panel of the weights.
+
+Not yet: a conv's patches by cp.async from a channels-last image, wgmma's s8 form on sm_90.
 """
 
 from __future__ import annotations
@@ -108,10 +111,10 @@ def _channel(buffer: L.Buffer | None, j) -> L.Expr | None:
     return buffer[j]
 
 
-def _finished(p, acc: L.Expr, j) -> L.Expr:
-    """The int32 sum A W of channel j with the zero point's share taken off (- za
-    w_sums[j]), through the op's `finish_expr`."""
-    za = L.Cast(T.int32, _channel(p.za, 0))
+def _finished(p, acc: L.Expr, j, shift: int = 0) -> L.Expr:
+    """The int32 sum (A + shift) W of channel j with the zero point's share taken off (-
+    (za + shift) w_sums[j]), through the op's `finish_expr`."""
+    za = L.Cast(T.int32, _channel(p.za, 0)) + L.const(shift, T.int32)
     return finish_expr(acc - za * p.sums[j],
                        *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out, p.lo, p.hi)
 
@@ -144,7 +147,7 @@ def _word(byte_values: list) -> L.Expr:
 # -- QuantizedDense -------------------------------------------------------------------------------
 
 def dense_applies(p: QuantizedDenseProblem) -> bool:
-    return p.w_zp is None
+    return p.w_zp is None and p.m >= GEMV_ROWS
 
 
 def dense_space(p: QuantizedDenseProblem, machine) -> Space:
@@ -174,6 +177,74 @@ def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.Pri
     body = mma_product(c, 1, p.m, p.n, p.k, rows, weights, store, precision=precision(p))
     views = {a.name: a, y.name: y, words.name: words}
     return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
+
+
+# -- QuantizedDense of few rows: dp4a ------------------------------------------------------------
+
+GEMV_ROWS = 16
+"""Products of fewer rows than an mma tile's 16 take dp4a (`cuda_int8_gemv`)."""
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Knobs of cuda_int8_gemv: warps a block (each one 16-column panel of the weights)."""
+
+    warps: int = 4
+
+
+def gemv_applies(p: QuantizedDenseProblem) -> bool:
+    return p.w_zp is None and p.m < GEMV_ROWS
+
+
+def gemv_space(p: QuantizedDenseProblem, machine) -> Space:
+    return Space("cuda_int8_gemv", GemvConfig, {"warps": (1, 2, 4, 8)})
+
+
+def gemv_default(p: QuantizedDenseProblem, machine) -> GemvConfig:
+    return GemvConfig()
+
+
+def gemv_build(p: QuantizedDenseProblem, c: GemvConfig, machine) -> L.PrimFunc:
+    """Y[i, j] for m < 16 rows: a warp a panel of 16 columns, lane l on column l % 16 and
+    every other word of k from l // 16 (a warp's load: 2 words x 16 columns, 128 contiguous
+    bytes of the packing), each row's sum in a register by `dot_u8s8x4` (dp4a: int8 A read
+    as A + 128), the two halves added by one shuffle, stored by lanes 0-15."""
+    a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
+    y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+    panels, words = -(-p.n // GROUP_COLUMNS), -(-p.k // GROUP_DEPTH)
+    w = L.Buffer(p.w.name, T.uint32, (panels, words, GROUP_COLUMNS))
+    shift = 128 if p.signed else 0
+    b, t, s, r = L.Var("b"), L.Var("t"), L.Var("s"), L.Var("r")
+    lane, panel, kw, wv = L.Var("lane"), L.Var("panel"), L.Var("kw"), L.Var("wv", T.uint32)
+    acc = L.Buffer("acc", T.int32, (p.m,), L.Scope.LOCAL)
+    col = panel * GROUP_COLUMNS + lane % GROUP_COLUMNS
+
+    def row_word(i):
+        word = _word([a[i, L.minimum(kw * GROUP_DEPTH + e, p.k - 1)]
+                      for e in range(GROUP_DEPTH)])
+        return L.BinOp("^", word, L.const(0x80808080, T.uint32)) if shift else word
+
+    def each_row(body) -> L.Stmt:
+        return L.For(r, p.m, body, L.ForKind.UNROLLED)
+
+    dot = L.call("dot_u8s8x4", acc[r], row_word(r), wv, dtype=T.int32)
+    step = L.Let(kw, s * 2 + lane // GROUP_COLUMNS, L.If(kw < words, L.Let(
+        wv, w[L.minimum(panel, panels - 1), kw, lane % GROUP_COLUMNS],
+        each_row(L.Store(acc, (r,), dot)))))
+    value = p.epilogue(_finished(p, acc[r], col, shift), p.anchor_index(r, col))
+    body = L.seq(
+        each_row(L.Store(acc, (r,), L.const(0, T.int32))),
+        L.For(s, -(-words // 2), step),
+        each_row(L.Store(acc, (r,), acc[r] + L.call("shfl_xor", acc[r], L.const(16, T.int32),
+                                                    dtype=T.int32))),
+        L.If(L.logical_and(lane < GROUP_COLUMNS, col < p.n),
+             each_row(L.Store(y, (r, col), _as(value, y.dtype)))))
+    threads = WARP * c.warps
+    body = L.For(t, threads, L.Let(lane, t % WARP, L.Let(
+        panel, b * c.warps + t // WARP, body)), L.ForKind.THREAD_X)
+    body = L.For(b, -(-panels // c.warps), L.Allocate(acc, body), L.ForKind.BLOCK_X)
+    views = {a.name: a, y.name: y, w.name: w}
+    return L.PrimFunc(p.name, tuple(views.get(x.name, x) for x in p.params), body)
 
 
 # -- QuantizedConvPacked --------------------------------------------------------------------------
@@ -258,5 +329,7 @@ def conv_build(p: QuantizedConvProblem, c: TensorCoreConfig, machine) -> L.PrimF
 
 INT8_DENSE = Template("cuda_int8_dense", quantized_dense, dense_applies, dense_space,
                       dense_default, dense_build)
+INT8_GEMV = Template("cuda_int8_gemv", quantized_dense, gemv_applies, gemv_space, gemv_default,
+                     gemv_build)
 INT8_CONV2D = Template("cuda_int8_conv2d", quantized_conv, conv_applies, conv_space,
                        conv_default, conv_build)

@@ -20,6 +20,10 @@ __device__ __forceinline__ float dnnc_h2f(unsigned short h) {
 __device__ __forceinline__ unsigned short dnnc_f2h(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
+// L.dot_u8s8x4: acc + the products of a's unsigned and b's signed bytes (dp4a, sm_61+)
+__device__ __forceinline__ int dnnc_dp4a(int acc, unsigned a, unsigned b) {
+  int d; asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc)); return d;
+}
 // NaN-propagating, as NumPy's maximum / minimum (fmaxf would drop the NaN)
 template <typename T> __device__ __forceinline__ T dnnc_fmax(T a, T b) {
   return a != a ? a : b != b ? b : a > b ? a : b;

@@ -80,7 +80,7 @@ from .depthwise_nhwc import DEPTHWISE_NHWC
 from .dense import DENSE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
-from .int8 import INT8_CONV2D, INT8_DENSE
+from .int8 import INT8_CONV2D, INT8_DENSE, INT8_GEMV
 from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
 from .plane_mean import PLANE_MEAN_NHWC
@@ -277,9 +277,9 @@ TEMPLATES = {
     # (attention.py), depthwise conv a block per tile of a channel's plane (depthwise.py),
     # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py),
     # a channels-last depthwise one a block per tile of pixels x run of channels
-    # (depthwise_nhwc.py), int8 dense and conv on the integer tensor cores (int8.py); the
+    # (depthwise_nhwc.py), int8 dense and conv on the integer tensor cores or dp4a (int8.py); the
     # rest (grouped conv) one thread per output element
-    ("cuda", Pattern.OUT_FUSABLE): (INT8_DENSE, INT8_CONV2D,
+    ("cuda", Pattern.OUT_FUSABLE): (INT8_DENSE, INT8_GEMV, INT8_CONV2D,
                                     MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
                                     CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE,
                                     DEPTHWISE_NHWC, DEFAULT),

@@ -80,7 +80,9 @@ def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out):
 DENSE_CASES = [   # (batch, m, k, n, activation, output): tails of m, n and k, k % 16 != 0
     (2, 5, 37, 19, np.uint8, "int8"), (1, 40, 64, 48, np.int8, "uint8"),
     (2, 9, 30, 33, np.int8, "float32"), (1, 17, 3, 1, np.uint8, "int32"),
-    (1, 70, 160, 70, np.int8, "int8")]
+    (1, 70, 160, 70, np.int8, "int8"), (1, 1, 2048, 1000, np.uint8, "float32"),
+    (1, 15, 37, 40, np.int8, "int8")]
+"""Fewer than 16 rows (batch x m) take dp4a (cuda_int8_gemv), others the mma."""
 CONV_CASES = [   # (n, c, h, w, m, k, stride, pad, activation, output)
     (1, 5, 9, 7, 19, 3, 1, 1, np.uint8, "int8"), (2, 16, 8, 8, 40, 1, 1, 0, np.int8, "uint8"),
     (1, 3, 11, 11, 8, 3, 2, 1, np.int8, "float32"), (1, 6, 10, 10, 16, 7, 2, 3, np.int8, "int8"),
@@ -113,7 +115,19 @@ def _check(graph, x, want, tmp_path, template, config=None):
 def test_int8_dense_on_host_equals_the_reference_and_llvm(batch, m, k, n, act, out, tmp_path):
     rng = np.random.default_rng(m * k * n + 7)
     g, x, want = dense_graph(rng, batch, m, k, n, act, out, lo=-100 if out == "int8" else None)
-    _check(g, x, want, tmp_path, "cuda_int8_dense")
+    _check(g, x, want, tmp_path, dense_template(batch * m))
+
+
+def dense_template(rows: int) -> str:
+    return "cuda_int8_gemv" if rows < int8.GEMV_ROWS else "cuda_int8_dense"
+
+
+def test_gemv_warps_on_host(tmp_path):
+    """dp4a with 1 and 8 warps a block: panels past the last, a tail of k words."""
+    rng = np.random.default_rng(17)
+    g, x, want = dense_graph(rng, 1, 3, 70, 200, np.int8, "uint8")
+    for warps in (1, 8):
+        _check(g, x, want, tmp_path / str(warps), "cuda_int8_gemv", int8.GemvConfig(warps))
 
 
 @pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", CONV_CASES)
@@ -184,7 +198,8 @@ def test_int8_kernels_compile_with_nvrtc(arch):
     rng = np.random.default_rng(5)
     funcs = []
     for g in (dense_graph(rng, 2, 40, 64, 48, np.int8, "uint8")[0],
-              dense_graph(rng, 1, 9, 37, 19, np.uint8, "float32")[0],
+              dense_graph(rng, 1, 19, 37, 19, np.uint8, "float32")[0],
+              dense_graph(rng, 1, 3, 37, 19, np.int8, "int8")[0],
               conv_graph(rng, 1, 5, 9, 7, 19, 3, 1, 1, np.uint8, "int8")[0]):
         _, (program,) = programs(g, machine=MACHINE)
         funcs += [(f.__class__(f"{f.name}_{len(funcs)}", f.params, f.body), noalias)
@@ -193,10 +208,11 @@ def test_int8_kernels_compile_with_nvrtc(arch):
     assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in source
     assert "dnnc_mma_s8(" in source.split("dnnc_mma_u8(int*")[-1]
     assert "dnnc_mma_u8(&" in source and "dnnc_cp_async(&" in source
+    assert "dnnc_dp4a(" in source.split("__global__", 1)[1]
     nvrtc_compiled(source, arch)
 
 
-QUANTIZED_FILES = {   # zoo model -> (its config, the int8 dense and conv kernels)
+QUANTIZED_FILES = {   # zoo model -> (its config, its int8 dense (mma or dp4a) and conv kernels)
     "cnn": ({}, 1, 3), "resnet18": ({"size": 32}, 1, 20),
     "bert_tiny": ({"seq": 16, "vocab": 512}, 12, 0)}
 
@@ -220,7 +236,8 @@ def test_quantized_files_on_host(name, tmp_path):
     feeds = zoo.inputs_for(model, np.random.default_rng(13))
     graph, (program,) = programs(import_onnx(str(path)), machine=MACHINE)
     templates = collections.Counter(k.schedule[0] for k in program.kernels)
-    assert templates["cuda_int8_dense"] == dense and templates["cuda_int8_conv2d"] == convs
+    assert templates["cuda_int8_dense"] + templates["cuda_int8_gemv"] == dense
+    assert templates["cuda_int8_conv2d"] == convs
     module = render_module(program.unique)
     lib = host_library(program.unique, tmp_path / "lib", module)
     got = program_on_host(lib, module, program, feeds)[graph.outputs[0].name]

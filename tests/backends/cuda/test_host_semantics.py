@@ -118,6 +118,14 @@ template <typename T> static T __shfl_down_sync(unsigned, T v, int d) {
 // the PTX conversions of the prelude, as the host rounds them (to nearest even)
 static inline float dnnc_h2f(unsigned short h) { return (float)dnnc_bits<_Float16>(h); }
 static inline unsigned short dnnc_f2h(float f) { return dnnc_bits<unsigned short>((_Float16)f); }
+// dp4a.u32.s32 (PTX ISA): acc + the four products of a's unsigned and b's signed bytes,
+// wrapping as a 32-bit register does
+static inline int dnnc_dp4a(int acc, unsigned a, unsigned b) {
+  unsigned sum = (unsigned)acc;
+  for (int t = 0; t < 4; ++t)
+    sum += (unsigned)((int)(a >> 8 * t & 0xffu) * (int)(signed char)(b >> 8 * t & 0xffu));
+  return (int)sum;
+}
 """
 
 MMA_SHIM = r"""
