@@ -80,9 +80,8 @@ PRECISIONS = ("tf32", "fp16", "bf16")
 """The precisions these templates serve (`Template.precisions`)."""
 
 STORAGE = {"fp16": T.float16, "bf16": T.bfloat16, "s8": T.int8, "u8": T.uint8}
-"""A 16-bit precision's element type: an operand stored so is copied with cp.async; an
-integer precision's (`L.INTEGER_MMA`, int8.py's templates: bytes 4 a word, tiles along k
-like tf32's, int32 accumulators) A type."""
+"""A 16-bit precision's element type: an operand stored so is copied with cp.async (s8, u8:
+int8.py's integer precisions, A's type: 4 a word, tiles along k as tf32's, int32 sums)."""
 
 WARP = 32
 CHUNK_WORDS = 4
@@ -418,8 +417,7 @@ class _Tile:
         self.precision = precision
         self.per_word = 4 // _element_bytes(precision)     # elements a 32-bit word
         self.chunk = CHUNK_WORDS * self.per_word            # elements a chunk
-        # the tile's rows run along k (ldmatrix) or along the operand's rows (.trans: 16-bit
-        # elements only)
+        # the tile's rows run along k (ldmatrix) or along the operand's rows (.trans: 16-bit)
         self.k_inner = _element_bytes(precision) != 2 or not operand.rows_contiguous
         inner, self.outer = (bk, rows) if self.k_inner else (rows, bk)
         self.row_words = inner // self.per_word
