@@ -14,9 +14,9 @@ kernel's time is `CompiledModel.profile`'s median for the product (the kernel of
 the fp16 side's layout copies are not counted); `fp16/int8` is the speedup and TOPS = 2 M N
 K / time.
 
-Models (unless `--no-models`; timed first): resnet50 at batch 32 (224 x 224) quantized by onnxruntime's
-quantize_static (QDQ, per-channel int8 weights, int8 activations, as bench/cpu_int8.py builds
-it) and BERT-base at batch 8 (sequence 128) by quantize_dynamic, each compiled by dnnc for
+Models (unless `--no-models`; timed first): resnet50 at batch 32 (224 x 224) quantized by
+onnxruntime's quantize_static (QDQ, per-channel int8 weights, int8 activations, as
+bench/cpu_int8.py builds it) and BERT-base at batch 8 (sequence 128) by quantize_dynamic, each compiled by dnnc for
 cuda, against the float model compiled at precision="fp16" (the issue's bar: int8 >= 1.5x
 fp16); median ms of `CompiledModel.benchmark` (inputs from the host, outputs to the host,
 the same on both sides). Each int8 output is compared with onnxruntime's int8 run of the same
