@@ -19,10 +19,10 @@ onnxruntime's quantize_static (QDQ, per-channel int8 weights, int8 activations, 
 bench/cpu_int8.py builds it) and BERT-base at batch 8 (sequence 128) by quantize_dynamic,
 each compiled by dnnc for cuda, against the float model compiled at precision="fp16" (the
 issue's bar: int8 >= 1.5x fp16); median ms of `CompiledModel.benchmark` (inputs from the
-host, outputs to the host, the same on both sides). Each int8 output is compared with onnxruntime's int8 run of the same
-file on the CPU: `mismatch` is the fraction of elements that differ, `max |d| / step` the
-largest difference in units of the output's quantized step (max |ort| / 127). Never imported
-by dnnc.
+host, outputs to the host, the same on both sides). Each int8 output is compared with
+onnxruntime's int8 run of the same file on the CPU: `mismatch` is the fraction of elements
+that differ, `max |d| / step` the largest difference in units of the output's quantized step
+(max |ort| / 127). Never imported by dnnc.
 """
 
 from __future__ import annotations
