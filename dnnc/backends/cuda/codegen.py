@@ -83,9 +83,10 @@ CHECKS_HOIST_FROM = frozenset({L.ForKind.SERIAL, L.ForKind.UNROLLED, L.ForKind.V
 """Loops an index check that does not change in them is hoisted out of: a thread's own loops
 (a GPU-bound loop is its launch's threads, each checking its own index)."""
 
-NATIVE: frozenset[str] = frozenset()
-"""Legalize rules whose ops this renderer renders itself: none (CUDA's rsqrtf is not
-correctly rounded; its half conversions are the prelude's)."""
+NATIVE: frozenset[str] = frozenset({"dot_u8s8x4"})
+"""Legalize rules whose ops this renderer renders itself: the int8 dot product (dp4a,
+PRELUDE's `dnnc_dp4a`); no others (CUDA's rsqrtf is not correctly rounded; its half
+conversions are the prelude's)."""
 
 
 TENSOR_CORE_NODES = (L.Mma, L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)
@@ -355,6 +356,7 @@ _CALLS: dict[tuple[str, str], Callable] = {
     # tensor-core operand registers (MMA_PRELUDE)
     ("f", "pack_tf32"): _func("dnnc_tf32"), ("f", "pack_fp16x2"): _func("dnnc_f16x2"),
     ("f", "pack_bf16x2"): _func("dnnc_bf16x2"),
+    ("s", "dot_u8s8x4"): _func("dnnc_dp4a"),   # (PRELUDE)
 }
 """(class of the first argument, Call name) -> emitter(*args, result dtype)."""
 

@@ -216,12 +216,15 @@ class Operand:
     k) of a plain global array whose following elements along its last dimension are (row,
     k + 1), ... up to the next multiple of 16 bytes, whether (row, k) is inside the operand
     rather than padding), so the tensor-core tiles copy the run with one zero-filling
-    cp.async."""
+    cp.async. `word`, for 8-bit elements (the integer tensor cores, int8.py): `word(bi, row,
+    kw)` (indices in range) is elements (row, 4 kw) .. (row, 4 kw + 3) as the bytes of a
+    uint32, the first lowest, so that the tiles stage a word at a time."""
 
     at: Callable[[L.Expr, L.Expr, L.Expr], L.Expr]
     rows_contiguous: bool
     array: bool = False
     chunk: Callable | None = None
+    word: Callable | None = None
 
     @property
     def dtype(self) -> T.DType:

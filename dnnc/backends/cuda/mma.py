@@ -79,8 +79,9 @@ from .device import REFERENCE, gpu_of, has_wgmma
 PRECISIONS = ("tf32", "fp16", "bf16")
 """The precisions these templates serve (`Template.precisions`)."""
 
-STORAGE = {"fp16": T.float16, "bf16": T.bfloat16}
-"""A 16-bit precision's element type: an operand stored so is copied with cp.async."""
+STORAGE = {"fp16": T.float16, "bf16": T.bfloat16, "s8": T.int8, "u8": T.uint8}
+"""A 16-bit precision's element type: an operand stored so is copied with cp.async (s8, u8:
+int8.py's integer precisions, A's type: 4 a word, tiles along k as tf32's, int32 sums)."""
 
 WARP = 32
 CHUNK_WORDS = 4
@@ -194,7 +195,7 @@ def _shared_limit(c: TensorCoreConfig) -> int:
 
 
 def _element_bytes(precision: str) -> int:
-    return 4 if precision == "tf32" else 2
+    return 4 if precision == "tf32" else 1 if precision in L.INTEGER_MMA else 2
 
 
 def _deepest(block_m: int, block_n: int, precision: str) -> int:
@@ -481,10 +482,10 @@ class _Tile:
         self.rows, self.first, self.extent, self.operand = rows, first, extent, operand
         self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, checked, bi
         self.precision = precision
-        self.per_word = 1 if precision == "tf32" else 2    # elements a 32-bit word
+        self.per_word = 4 // _element_bytes(precision)     # elements a 32-bit word
         self.chunk = CHUNK_WORDS * self.per_word            # elements a chunk
-        # the tile's rows run along k (ldmatrix) or along the operand's rows (.trans)
-        self.k_inner = precision == "tf32" or not operand.rows_contiguous
+        # the tile's rows run along k (ldmatrix) or along the operand's rows (.trans: 16-bit)
+        self.k_inner = _element_bytes(precision) != 2 or not operand.rows_contiguous
         inner, self.outer = (bk, rows) if self.k_inner else (rows, bk)
         self.row_words = inner // self.per_word
         self.per_row = self.row_words // CHUNK_WORDS        # chunks a tile row
@@ -499,7 +500,11 @@ class _Tile:
         sample = operand.at(bi, L.const(0), L.const(0))
         self.dtype = sample.dtype
         self.asynchronous = _copies_async(operand, sample, precision)
-        self.stage = L.Buffer(f"{name}_stage", self.dtype, (self.steps * self.chunk,),
+        self.words = self.per_word == 4   # 8-bit elements: staged a word at a time
+        if self.words and operand.word is None:
+            raise ValueError(f"{name}: 8-bit operands are staged by words (Operand.word)")
+        self.stage = L.Buffer(f"{name}_stage", T.uint32 if self.words else self.dtype,
+                              (self.steps * (CHUNK_WORDS if self.words else self.chunk),),
                               L.Scope.LOCAL)
 
     # -- the shared layout ------------------------------------------------------------------
@@ -588,6 +593,8 @@ class _Tile:
         """One chunk's elements into registers: 4 at a time (a vector load) along the
         operand's contiguous dimension where nothing needs checking, else one by one, 0
         outside the operand or k."""
+        if self.words:
+            return self._load_words(kt, step, o, c)
         zero = L.const(0.0, self.dtype)
 
         def element(x) -> L.Expr:
@@ -605,10 +612,29 @@ class _Tile:
         return L.seq(*(L.Store(self.stage, (slot + x,), element(x))
                        for x in range(self.chunk)))
 
+    def _load_words(self, kt: L.Expr, step: L.Expr, o: L.Expr, c: L.Expr) -> L.Stmt:
+        """One chunk's 4 words of 8-bit elements into registers (`Operand.word`), 0 outside
+        the operand or k."""
+        out = []
+        for x in range(CHUNK_WORDS):
+            row, kg = self._global(kt, o, c, x * self.per_word)
+            if not self.checked:
+                value = self.operand.word(self.bi, row, kg // self.per_word)
+            else:
+                value = L.Select(L.logical_and(row < self.extent, kg < self.k),
+                                 self.operand.word(self.bi, L.minimum(row, self.extent - 1),
+                                                   L.minimum(kg, self.k - 1) // self.per_word),
+                                 L.const(0, T.uint32))
+            out.append(L.Store(self.stage, (step * CHUNK_WORDS + x,), value))
+        return L.seq(*out)
+
     def _packed(self, step: L.Expr, v: L.Expr) -> L.Expr:
         """Word v of the chunk staged at `step`, in the precision's type: a tf32 element
         rounded (`pack_tf32`), or two 16-bit ones (their bits when the operand is stored so,
-        else rounded from float32), the first in the low half."""
+        else rounded from float32), the first in the low half; four 8-bit ones as staged
+        (`Operand.word`)."""
+        if self.words:
+            return self.stage[step * CHUNK_WORDS + v]
         at = step * self.chunk + v * self.per_word
         values = [self.stage[at + h] for h in range(self.per_word)]
         if self.precision == "tf32":
@@ -651,7 +677,7 @@ def _copies_async(operand: Operand, sample: L.Expr, precision: str) -> bool:
     if precision == "tf32":
         fits, chunk = stored is T.float32 and not operand.rows_contiguous, CHUNK_WORDS
     else:
-        fits, chunk = stored is STORAGE[precision], CHUNK_WORDS * 2
+        fits, chunk = stored is STORAGE[precision], CHUNK_WORDS * 4 // _element_bytes(precision)
     return fits and sample.buffer.scope is L.Scope.GLOBAL and isinstance(extent, L.Const) \
         and extent.value % chunk == 0
 
@@ -683,7 +709,8 @@ class _WarpTiles:
         self.b_in = _Tile("b", bn, self.col0, n, b, bk, k, c.threads, past_k or n % bn != 0,
                           bi, precision, c.stages)
         ra, rb = L.MMA_REGISTERS
-        self.acc = L.Buffer("acc", T.float32, (tm * tn * 4,), L.Scope.LOCAL)
+        self.acc_type = T.int32 if precision in L.INTEGER_MMA else T.float32
+        self.acc = L.Buffer("acc", self.acc_type, (tm * tn * 4,), L.Scope.LOCAL)
         # two sets of fragments: one step's loaded while the other's mmas run
         self.a_frag = L.Buffer("a_frag", T.uint32, (2 * tm * ra,), L.Scope.LOCAL)
         self.b_frag = L.Buffer("b_frag", T.uint32, (2 * tn * rb,), L.Scope.LOCAL)
@@ -707,7 +734,7 @@ class _WarpTiles:
         """Every accumulator zeroed."""
         r = L.Var("r")
         return self.per_thread(L.For(r, self.tm * self.tn * 4, L.Store(
-            self.acc, (r,), L.const(0.0, T.float32)), L.ForKind.UNROLLED))
+            self.acc, (r,), L.const(0, self.acc_type)), L.ForKind.UNROLLED))
 
     def _fragments(self, slot: L.Expr, ks: int, half: int) -> L.Stmt:
         """The warp's A and B fragments of mma step `ks` into register set `half`."""

@@ -20,6 +20,10 @@ __device__ __forceinline__ float dnnc_h2f(unsigned short h) {
 __device__ __forceinline__ unsigned short dnnc_f2h(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
+// L.dot_u8s8x4: acc + the products of a's unsigned and b's signed bytes (dp4a, sm_61+)
+__device__ __forceinline__ int dnnc_dp4a(int acc, unsigned a, unsigned b) {
+  int d; asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc)); return d;
+}
 // NaN-propagating, as NumPy's maximum / minimum (fmaxf would drop the NaN)
 template <typename T> __device__ __forceinline__ T dnnc_fmax(T a, T b) {
   return a != a ? a : b != b ? b : a > b ? a : b;
@@ -69,6 +73,17 @@ __device__ __forceinline__ void dnnc_mma_{name}(float* d, unsigned a0, unsigned 
 """A sparse precision's `dnnc_mma_<name>` (`L.SPARSE_MMA`): mma.sp::ordered_metadata
 m16n8k32 on <ptx> operands, A 2:4 sparse with its metadata `e` (each group's two positions
 ascending) from the first two lanes of each quad (sparsity selector 0), fp32 accumulators."""
+_INTEGER_MMA_FUNCTION = r"""
+__device__ __forceinline__ void dnnc_mma_{name}(int* d, unsigned a0, unsigned a1, unsigned a2,
+                                              unsigned a3, unsigned b0, unsigned b1) {{
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.{name}.s8.s32 "
+               "{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}}
+"""[1:]
+"""`dnnc_mma_s8` / `dnnc_mma_u8`: mma.sync m16n8k32 of s8 / u8 A bytes and s8 B bytes into
+int32 accumulators (`L.INTEGER_MMA`; sm_80 and newer)."""
 
 _LDMATRIX_FUNCTION = r"""
 __device__ __forceinline__ void dnnc_ldmatrix_x{n}{suffix}(unsigned* d, const unsigned* p) {{
@@ -100,7 +115,8 @@ __device__ __forceinline__ unsigned dnnc_bf16x2(float lo, float hi) {
 """ + "".join(_MMA_FUNCTION.format(name=name, k=k, ptx=ptx) for name, k, ptx in (
     ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16"))) + "".join(
     _SPARSE_MMA_FUNCTION.format(name=name, ptx=ptx) for name, ptx in (
-        ("sp_fp16", "f16"), ("sp_bf16", "bf16"))) + r"""
+        ("sp_fp16", "f16"), ("sp_bf16", "bf16"))) + "".join(
+    _INTEGER_MMA_FUNCTION.format(name=name) for name in ("s8", "u8")) + r"""
 // a generic address of shared memory as the 32-bit shared-window address PTX's
 // ldmatrix and cp.async take
 __device__ __forceinline__ unsigned dnnc_shared_address(const void* p) {

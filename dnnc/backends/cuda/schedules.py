@@ -80,6 +80,7 @@ from .depthwise_nhwc import DEPTHWISE_NHWC
 from .dense import DENSE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
+from .int8 import INT8_CONV2D, INT8_DENSE, INT8_GEMV
 from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
 from .plane_mean import PLANE_MEAN_NHWC
@@ -278,8 +279,10 @@ TEMPLATES = {
     # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py),
     # a channels-last depthwise one a block per tile of pixels x run of channels
     # (depthwise_nhwc.py), sparse weights' products (SparseDense, 1x1 SparseConv) as an
-    # SpMM (sparse.py); the rest (grouped conv) one thread per output element
-    ("cuda", Pattern.OUT_FUSABLE): (SPMM, MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
+    # SpMM (sparse.py), int8 dense and conv on the integer tensor cores or dp4a (int8.py); the
+    # rest (grouped conv) one thread per output element
+    ("cuda", Pattern.OUT_FUSABLE): (SPMM, INT8_DENSE, INT8_GEMV, INT8_CONV2D,
+                                    MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
                                     CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE,
                                     DEPTHWISE_NHWC, DEFAULT),
     # the mean over a channels-last plane (squeeze-and-excitation's pool) a block per image

@@ -453,14 +453,20 @@ class Barrier(Stmt):
 
 
 MMA_SHAPES = {"tf32": (16, 8, 8), "fp16": (16, 8, 16), "bf16": (16, 8, 16),
-              "sp_fp16": (16, 8, 32), "sp_bf16": (16, 8, 32)}
+              "sp_fp16": (16, 8, 32), "sp_bf16": (16, 8, 32), "s8": (16, 8, 32),
+              "u8": (16, 8, 32)}
 """Precision -> (m, n, k) of its warp-level tensor-core product (`Mma`): PTX's
 mma.sync.aligned.m16n8k8 for tf32 operands, m16n8k16 for fp16 and bf16, fp32 accumulators;
-the sparse ones (`SPARSE_MMA`) mma.sp.sync.aligned.m16n8k32 with A 2:4 sparse."""
+the sparse ones (`SPARSE_MMA`) mma.sp.sync.aligned.m16n8k32 with A 2:4 sparse; m16n8k32 for
+the integer ones (`INTEGER_MMA`)."""
 
 SPARSE_MMA = {"sp_fp16": "fp16", "sp_bf16": "bf16"}
 """The sparse tensor cores' precisions (`Mma` on a 2:4 sparse A) -> their operands' type
 (whose `PACKS` intrinsic makes their registers)."""
+
+INTEGER_MMA = ("s8", "u8")
+"""The integer `Mma` precisions, named by A's type (B is int8): PTX's
+mma.sync.aligned.m16n8k32.row.col.s32.{s8,u8}.s8.s32, int32 accumulators, exact."""
 
 
 @dataclass(frozen=True, eq=True)
@@ -488,7 +494,11 @@ class Mma(Stmt):
     (e // 2), g] in 4 registers, then the metadata register (`b` holds 5): lanes with t < 2
     give it (sparsity selector 0), its bits 2 i, 2 i + 1 (i < 8) the position within its
     group of 4 of kept element i of row g's kept columns 8 t .. 8 t + 7, bits 16 + 2 i of
-    row g + 8's."""
+    row g + 8's.
+
+    The integer precisions (`INTEGER_MMA`) hold A's bytes A[g + 8 (r % 2), 4 t + 16 (r // 2)
+    + e] in byte e of register r and B's bytes B[4 t + 16 r + e, g] in byte e of b[r], and
+    sum exactly into int32 accumulators. CPU backends do not render it."""
 
     precision: str
     acc: Buffer

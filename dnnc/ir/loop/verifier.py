@@ -12,7 +12,7 @@ import math
 
 from .. import types as T
 from .nodes import (
-    LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, SPARSE_MMA,
+    INTEGER_MMA, LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, SPARSE_MMA,
     SPARSE_MMA_REGISTERS, TILE_PRECISIONS,
     TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Const, CopyAsync,
     For, If, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Store,
@@ -115,7 +115,8 @@ def _check_pack(func, call: Call) -> None:
 
 def _check_mma(func, s: Mma, gpu: set, buffers) -> None:
     """A tensor-core product runs on a GPU's threads, with a known precision, 4 + 2 uint32
-    operand registers and fp32 registers of the thread as accumulators."""
+    operand registers and fp32 registers of the thread as accumulators (int32 for the
+    integer precisions)."""
     if "threadIdx.x" not in gpu:
         raise LoopIRError(f"{func.name}: mma outside a threadIdx.x loop")
     if s.precision not in MMA_SHAPES:
@@ -126,12 +127,14 @@ def _check_mma(func, s: Mma, gpu: set, buffers) -> None:
         raise LoopIRError(f"{func.name}: mma takes {registers} A and B registers a lane, "
                           f"not {(len(s.a), len(s.b))}")
     if any(x.dtype is not T.uint32 for x in s.a + s.b):
+        made_by = PACKS.get(SPARSE_MMA.get(s.precision, s.precision), "packing bytes")
         raise LoopIRError(f"{func.name}: mma operands are uint32 registers (made by "
-                          f"{PACKS[SPARSE_MMA.get(s.precision, s.precision)]})")
-    if s.acc.scope is not Scope.LOCAL or s.acc.dtype is not T.float32 or \
+                          f"{made_by})")
+    acc = T.int32 if s.precision in INTEGER_MMA else T.float32
+    if s.acc.scope is not Scope.LOCAL or s.acc.dtype is not acc or \
             len(s.acc.shape) != 1 or not s.offset.dtype.is_int:
-        raise LoopIRError(f"{func.name}: mma accumulates into a 1-d local float32 buffer at an "
-                          f"integer offset, not {s.acc.name}")
+        raise LoopIRError(f"{func.name}: mma accumulates into a 1-d local {acc.name} buffer at "
+                          f"an integer offset, not {s.acc.name}")
     _check_access(func, s.acc, (s.offset,), buffers)
 
 

@@ -118,6 +118,14 @@ template <typename T> static T __shfl_down_sync(unsigned, T v, int d) {
 // the PTX conversions of the prelude, as the host rounds them (to nearest even)
 static inline float dnnc_h2f(unsigned short h) { return (float)dnnc_bits<_Float16>(h); }
 static inline unsigned short dnnc_f2h(float f) { return dnnc_bits<unsigned short>((_Float16)f); }
+// dp4a.u32.s32 (PTX ISA): acc + the four products of a's unsigned and b's signed bytes,
+// wrapping as a 32-bit register does
+static inline int dnnc_dp4a(int acc, unsigned a, unsigned b) {
+  unsigned sum = (unsigned)acc;
+  for (int t = 0; t < 4; ++t)
+    sum += (unsigned)((int)(a >> 8 * t & 0xffu) * (int)(signed char)(b >> 8 * t & 0xffu));
+  return (int)sum;
+}
 """
 
 MMA_SHIM = r"""
@@ -242,6 +250,49 @@ static void NAME(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, u
 }
 DNNC_MMA_SP(dnnc_mma_sp_fp16, 1)
 DNNC_MMA_SP(dnnc_mma_sp_bf16, 2)
+// the integer mma (m16n8k32, s8 or u8 A, s8 B, int32 accumulators; PTX ISA "mma.m16n8k32"
+// fragments): element i of A in byte i % 4 of register i / 4, at row groupID (+8 for
+// i in 4..7 and 12..15), column 4 tig + i % 4 (+16 from i = 8); of B at row 4 tig + i % 4
+// (+16 from i = 4), column groupID; sums exact, wrapping as 32-bit registers do
+static unsigned dnnc_mma_ia[1024][4], dnnc_mma_ib[1024][2];
+static void dnnc_mma_integer(bool unsigned_a, int* d, const unsigned* a, const unsigned* b) {
+  const unsigned lane = threadIdx.x % 32, first = threadIdx.x - lane;
+  std::memcpy(dnnc_mma_ia[threadIdx.x], a, 16);
+  std::memcpy(dnnc_mma_ib[threadIdx.x], b, 8);
+  dnnc_block->arrive_and_wait();
+  int A[16][32], B[32][8];
+  for (int l = 0; l < 32; ++l) {
+    const int group = l >> 2, tig = l % 4;
+    for (int i = 0; i < 16; ++i) {
+      const unsigned byte = dnnc_mma_ia[first + l][i / 4] >> 8 * (i % 4) & 0xffu;
+      const int row = (i < 4 || (i >= 8 && i < 12)) ? group : group + 8;
+      const int col = tig * 4 + (i & 3) + (i >= 8 ? 16 : 0);
+      A[row][col] = unsigned_a ? (int)byte : (int)(signed char)byte;
+    }
+    for (int i = 0; i < 8; ++i) {
+      const unsigned byte = dnnc_mma_ib[first + l][i / 4] >> 8 * (i % 4) & 0xffu;
+      B[tig * 4 + (i & 3) + (i >= 4 ? 16 : 0)][group] = (int)(signed char)byte;
+    }
+  }
+  dnnc_block->arrive_and_wait();
+  const int group = lane >> 2, tig = lane % 4;
+  for (int r = 0; r < 4; ++r) {
+    const int row = r < 2 ? group : group + 8, col = tig * 2 + (r & 1);
+    unsigned sum = (unsigned)d[r];
+    for (int k = 0; k < 32; ++k) sum += (unsigned)(A[row][k] * B[k][col]);
+    d[r] = (int)sum;
+  }
+}
+static void dnnc_mma_s8(int* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                        unsigned b0, unsigned b1) {
+  const unsigned a[] = {a0, a1, a2, a3}, b[] = {b0, b1};
+  dnnc_mma_integer(false, d, a, b);
+}
+static void dnnc_mma_u8(int* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                        unsigned b0, unsigned b1) {
+  const unsigned a[] = {a0, a1, a2, a3}, b[] = {b0, b1};
+  dnnc_mma_integer(true, d, a, b);
+}
 // ldmatrix (PTX ISA, "Warp-level matrix load instruction: ldmatrix"): each lane posts its row
 // address; lanes 8 q .. 8 q + 7 address rows 0..7 of matrix q, 8 16-bit elements each; lane
 // l's register q then holds (row l / 4, columns 2 (l % 4), + 1), or with .trans (rows

@@ -1,0 +1,192 @@
+"""dnnc's int8 kernels on the integer tensor cores against dnnc's fp16 ones (issue 33, item
+4), one run on one GPU.
+
+    PYTHONPATH=$PWD python bench/gpu_int8.py [--repeat 20] [--no-kernels] [--no-models]
+        [--shapes 8] [--models resnet50,bert_base]
+
+Kernels: resnet50's distinct convolution shapes (bench/gpu_conv.py's RESNET50; the first
+`--shapes` of them, all by default) at batch 32, each as one QuantizedConvPacked (int8 NCHW
+image, per-channel scales, int8 output: `backends/cuda/int8.py`'s cuda_int8_conv2d) against
+the ConvNHWC kernel dnnc runs at precision="fp16" (fp16 channels-last image and weights), and
+BERT-base's dense products at batch 8 x 128 tokens as one QuantizedDense (uint8 activations,
+float32 output, as quantize_dynamic's MatMulInteger) against an fp16 MatMul at fp16. Each
+kernel's time is `CompiledModel.profile`'s median for the product (the kernel of most flops:
+the fp16 side's layout copies are not counted); `fp16/int8` is the speedup and TOPS = 2 M N
+K / time.
+
+Models (unless `--no-models`; timed first): resnet50 at batch 32 (224 x 224) quantized by
+onnxruntime's quantize_static (QDQ, per-channel int8 weights, int8 activations, as
+bench/cpu_int8.py builds it) and BERT-base at batch 8 (sequence 128) by quantize_dynamic,
+each compiled by dnnc for cuda, against the float model compiled at precision="fp16" (the
+issue's bar: int8 >= 1.5x fp16); median ms of `CompiledModel.benchmark` (inputs from the
+host, outputs to the host, the same on both sides). Each int8 output is compared with
+onnxruntime's int8 run of the same file on the CPU: `mismatch` is the fraction of elements
+that differ, `max |d| / step` the largest difference in units of the output's quantized step
+(max |ort| / 127). Never imported by dnnc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import dnnc  # noqa: E402
+from dnnc import zoo  # noqa: E402
+from dnnc.ir import types as T  # noqa: E402
+from dnnc.ir.graph import Graph, Value  # noqa: E402
+from dnnc.ir.ops.quantized import pack_conv_groups, pack_groups  # noqa: E402
+from gpu_conv import RESNET50, conv_graph  # noqa: E402
+from gpu_timing import header  # noqa: E402
+
+BERT_DENSE = [(768, 768, 4), (768, 3072, 1), (3072, 768, 1)]
+"""BERT-base's dense products (k, n, count in a layer): q, k, v and the output projection,
+the feed-forward's two."""
+
+
+def _const(name, a):
+    a = np.asarray(a)
+    return Value(name, T.TensorType(T.DType.from_numpy(a.dtype), a.shape), const=a)
+
+
+def int8_conv(c, h, m, k, s, batch, rng) -> tuple[Graph, np.ndarray]:
+    w = rng.integers(-128, 128, (m, c, k, k)).astype(np.int8)
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.int8, (batch, c, h, h)))
+    ins = [x, _const("za", np.int8(3)), _const("w", pack_conv_groups(w)),
+           _const("s", w.astype(np.int32).reshape(m, -1).sum(1).astype(np.int32)),
+           _const("b", rng.integers(-1000, 1000, m).astype(np.int32)),
+           _const("sc", rng.uniform(1e-5, 1e-4, m).astype(np.float32)), _const("yz", np.int8(0))]
+    g.outputs = [g.add("QuantizedConvPacked", *ins, kernel_shape=[k, k], strides=[s, s],
+                       pads=[k // 2] * 4, oc=m, lo=0, hi=None)]
+    return g, rng.integers(-128, 128, (batch, c, h, h)).astype(np.int8)
+
+
+def int8_dense(rows, k, n, rng) -> tuple[Graph, np.ndarray]:
+    w = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    g = Graph("q")
+    a = g.add_input("a", T.TensorType(T.uint8, (rows, k)))
+    ins = [a, _const("za", np.uint8(120)), _const("w", pack_groups(w)),
+           _const("s", w.astype(np.int32).sum(0).astype(np.int32)), None,
+           _const("sc", np.float32(1e-4))]
+    g.outputs = [g.add("QuantizedDense", *ins, n=n, lo=None, hi=None)]
+    return g, rng.integers(0, 256, (rows, k)).astype(np.uint8)
+
+
+def fp16_dense(rows, k, n, rng) -> tuple[Graph, np.ndarray]:
+    g = Graph("f")
+    a = g.add_input("a", T.TensorType(T.float16, (rows, k)))
+    w = Value("w", T.TensorType(T.float16, (k, n)),
+              const=(rng.uniform(-1, 1, (k, n)) / np.sqrt(k)).astype(np.float16))
+    g.outputs = [g.add("MatMul", a, w)]
+    return g, rng.uniform(-1, 1, (rows, k)).astype(np.float16)
+
+
+def product_ms(graph: Graph, x: np.ndarray, repeat: int, **options) -> tuple[float, str]:
+    """(median ms, template) of the graph's product kernel (its kernel of most flops)."""
+    model = dnnc.compile(graph, "cuda", cache=False, **options)
+    model(x)
+    records = model.profile(x, repeat=repeat)
+    best = max(records, key=lambda r: r.get("flops") or 0)
+    return best["ms"], best.get("template") or "?"
+
+
+def kernel_rows(args) -> None:
+    rng = np.random.default_rng(0)
+    print(f"{'kernel':34} {'int8 ms':>8} {'TOPS':>6} {'fp16 ms':>8} {'TFLOPS':>7} "
+          f"{'fp16/int8':>9}  templates")
+    weighted = np.zeros(2)
+    shapes = [("conv", s) for s in RESNET50[:args.shapes]] + [("dense", s) for s in BERT_DENSE]
+    for kind, shape in shapes:
+        if kind == "conv":
+            c, h, m, k, s, count = shape
+            oh = (h + 2 * (k // 2) - k) // s + 1
+            flops = 2 * 32 * oh * oh * m * c * k * k
+            q, xq = int8_conv(c, h, m, k, s, 32, rng)
+            f, arrays = conv_graph(c, h, m, k, s, 32, T.float16, True, rng)
+            xf = np.ascontiguousarray(arrays[0].transpose(0, 2, 3, 1)).astype(np.float16)
+            label = f"conv {c}x{h}^2 -> {m} k{k} s{s}"
+        else:
+            k, n, count = shape
+            flops = 2 * 1024 * k * n
+            q, xq = int8_dense(1024, k, n, rng)
+            f, xf = fp16_dense(1024, k, n, rng)
+            label = f"dense 1024 x {k} -> {n}"
+        try:
+            ms8, t8 = product_ms(q, xq, args.repeat)
+            ms16, t16 = product_ms(f, xf, args.repeat, precision="fp16")
+        except Exception as exc:   # one shape's failure must not hide the others
+            print(f"{label:34} error {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        weighted += count * np.array([ms8, ms16])
+        print(f"{label:34} {ms8:8.4f} {flops / ms8 / 1e9:6.0f} {ms16:8.4f} "
+              f"{flops / ms16 / 1e9:7.0f} {ms16 / ms8:9.2f}  {t8}, {t16}", flush=True)
+    print(f"{'weighted by count':34} {weighted[0]:8.3f} {'':6} {weighted[1]:8.3f} {'':7} "
+          f"{weighted[1] / weighted[0]:9.2f}")
+
+
+def quantized_file(name: str, folder: Path):
+    """(float model, its quantized file) as bench/cpu_int8.py makes them, calibrated on one
+    batch (32 images: the scales a benchmark needs, in a quarter of the time)."""
+    from dnnc.testing import quantized_files
+    from dnnc.testing.quantized_files import quantize_dynamic, quantize_static
+
+    quantized_files.CALIBRATION_INPUTS = 1
+    if name == "resnet50":
+        model = zoo.build(name, batch=32)
+        return model, quantize_static(model, folder, name)
+    model = zoo.build(name, batch=8)
+    return model, quantize_dynamic(model, folder, name)
+
+
+def model_rows(args) -> None:
+    from dnnc.testing.quantized_files import onnxruntime_outputs
+
+    print(f"{'model':18} {'int8 ms':>8} {'fp16 ms':>8} {'fp16/int8':>9} {'mismatch':>9} "
+          f"{'max|d|/step':>11}  compile s (int8, fp16)")
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models.split(","):
+            start = time.perf_counter()
+            model, path = quantized_file(name, Path(folder))
+            feeds = zoo.inputs_for(model, np.random.default_rng(1))
+            t0 = time.perf_counter()
+            q8 = dnnc.compile(str(path), "cuda", outputs="numpy")
+            t1 = time.perf_counter()
+            f16 = dnnc.compile(model, "cuda", precision="fp16", outputs="numpy")
+            t2 = time.perf_counter()
+            got = np.asarray(q8(**feeds))
+            want = np.asarray(onnxruntime_outputs(path, feeds, threads=16)[0])
+            ms8 = q8.benchmark(*feeds.values(), repeat=args.repeat)["median_ms"]
+            ms16 = f16.benchmark(*feeds.values(), repeat=args.repeat)["median_ms"]
+            step = np.abs(want).max() / 127
+            d = np.abs(got.astype(np.float64) - want)
+            print(f"{name + (' b32' if name == 'resnet50' else ' b8'):18} {ms8:8.3f} "
+                  f"{ms16:8.3f} {ms16 / ms8:9.2f} {np.mean(d > 0):9.2e} {d.max() / step:11.3g}"
+                  f"  {t1 - t0:.1f}, {t2 - t1:.1f} (quantizing {t0 - start:.1f})", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--shapes", type=int, default=len(RESNET50))
+    parser.add_argument("--models", default="resnet50,bert_base")
+    parser.add_argument("--no-kernels", action="store_true")
+    parser.add_argument("--no-models", action="store_true")
+    args = parser.parse_args(argv)
+    print(header())
+    if not args.no_models:   # (first: the issue's bar)
+        model_rows(args)
+    if not args.no_kernels:
+        kernel_rows(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""The cuda int8 templates: QuantizedDense (cuda_int8_dense) and the one-group
+QuantizedConvPacked (cuda_int8_conv2d, an implicit GEMM of the NCHW image) on the integer
+tensor cores, `mma.sync.m16n8k32.row.col.s32.{s8,u8}.s8.s32` (`L.INTEGER_MMA`), with the
+requantization fused where a tile stores.
+
+The product is mma.py's (`mma_product`: blocks and warps, the cp.async ring of shared k tiles
+with its XOR swizzle, ldmatrix fragments) at the integer precision of the activations' type,
+"s8" or "u8": bytes four to a 32-bit word, tiles along k as tf32's are (an m16n8k32 A or B
+fragment is, word for word, a tf32 m16n8k8 one), int32 accumulators. Rows i are A's (a dense
+product's rows, a conv's output pixels of every image), columns j the weights' (output
+channels). A dense A whose rows are whole 16-byte chunks (k a multiple of 16) is copied by
+cp.async; other operands go through registers a 32-bit word at a time (`Operand.word`): the
+packed weights (`ir/ops/quantized.pack_groups`: 4 bytes of k a column, one load, read
+through a uint32 view of the constant), a conv's patches (4 input channels at a tap,
+`pack_conv_groups`' order: one position and bounds check, 4 byte loads; a pixel outside the
+image reads as the activation's zero point, so that padding adds nothing after the
+compensation), a dense A of another k (4 byte loads).
+
+Zero points: the products sum A W exactly (u8 x s8 or s8 x s8: no + 128 shift, unlike the
+CPU's vpdpbusd), and each result takes - za w_sums[j] (the weights' column sums, made at
+compile time) before `finish_expr` (bias, the float32 scale, round half to even, the zero
+point, saturation and a fused Relu / Clip), bit for bit the reference's and llvm's int8
+templates'; then the group's fused consumers (`Epilogue`). Weights with a zero point
+(QuantizedDense's `w_zp`) are not served here (the generic loops run them).
+
+Knobs: mma.py's TensorCoreConfig tiles (block_m, block_n, block_k in bytes, warps, stages),
+k unsplit and no wgmma. This module builds loop IR; it must never render C or launch.
+
+Products of fewer than 16 rows (a GEMV: batch-1 classifier heads) take dp4a instead
+(cuda_int8_gemv: `L.dot_u8s8x4`, which the cuda renderer emits as `dp4a.u32.s32`), a warp a
+16-column panel of the weights.
+
+Not yet: a conv's patches by cp.async from a channels-last image, wgmma's s8 form on sm_90.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir import loop as L
+from ...ir import types as T
+from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr
+from ...ir.target import GPU
+from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, quantized_conv,
+                                  quantized_dense)
+from ..space import Constraint, Space, Template
+from .dense import Operand, min_blocks
+from .device import gpu_of
+from .mma import (DEFAULTS, EFFICIENCY, MAX_ACCUMULATORS, MAX_SHARED_BYTES, WARP,
+                  TensorCoreConfig, mma_product, resident, shared_bytes)
+
+BLOCK_K = (32, 64, 128)
+"""k tiles in bytes: one, two or four m16n8k32 steps."""
+DEFAULT_BLOCK_K, DEFAULT_STAGES = 64, 3
+"""A default's k tile (bytes, the 128-byte lines of fp16's 32-deep tile halved: two mma
+steps a tile) and its stages (as mma.py's)."""
+
+
+def precision(p) -> str:
+    """The integer mma of problem `p`: A's type."""
+    return "s8" if p.signed else "u8"
+
+
+def space(name: str, p) -> Space:
+    """The tiles of an int8 product: mma.py's knobs, k unsplit, no wgmma."""
+    kind = precision(p)
+    return Space(name, TensorCoreConfig, {
+        "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
+        "block_k": BLOCK_K, "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
+        "stages": (2, 3, 4, 5), "split_k": (1,), "wgmma": (False,),
+        "early_refill": (False,),
+    }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
+                   "multiples of 16",
+                   lambda c: c.block_m % (16 * c.warps_m) == 0 and
+                   c.block_n % (16 * c.warps_n) == 0),
+        Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
+                   lambda c: c.block_m * c.block_n // (c.warps_m * c.warps_n * WARP) <=
+                   MAX_ACCUMULATORS),
+        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB",
+                   lambda c: shared_bytes(c, kind) <= MAX_SHARED_BYTES)])
+
+
+def choose(m: int, n: int, k: int, gpu: GPU) -> TensorCoreConfig:
+    """The default tile of an m x n x k int8 product on `gpu`: of mma.py's DEFAULTS tiles
+    (k tiles of DEFAULT_BLOCK_K bytes), the one its rough model (mma.choose's without
+    splits: guessed efficiency, slowed where blocks cannot fill the GPU or leave a last wave
+    part empty) says is fastest. resnet50 at batch 32 (100352 x 64 x 576 ... 1568 x 2048 x
+    512) and BERT at batch 8 (1024 x 768 x 3072) take 64 x 64 to 128 x 256 tiles of 4 or 8
+    warps; a product of a few dozen rows 16 x 32."""
+    best, best_time = None, float("inf")
+    for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
+        config = TensorCoreConfig(bm, bn, DEFAULT_BLOCK_K, wm, wn, DEFAULT_STAGES)
+        if shared_bytes(config, "s8") > MAX_SHARED_BYTES:
+            continue
+        blocks = -(-m // bm) * -(-n // bn)
+        fill = min(1.0, blocks / min_blocks(gpu))
+        wave = gpu.sms * resident(config, "s8")
+        waves = -(-blocks // wave) * wave / blocks if blocks > wave else 1.0
+        seconds = 2 * blocks * bm * bn * k * waves / (gpu.tensor_flops * efficiency * fill)
+        if seconds < best_time:
+            best, best_time = config, seconds
+    return best
+
+
+def _channel(buffer: L.Buffer | None, j) -> L.Expr | None:
+    """A scalar or per-channel parameter at channel j."""
+    if buffer is None:
+        return None
+    if all(d == L.const(1) for d in buffer.shape):
+        return buffer[(0,) * len(buffer.shape)] if buffer.shape else buffer[()]
+    return buffer[j]
+
+
+def _finished(p, acc: L.Expr, j, shift: int = 0) -> L.Expr:
+    """The int32 sum (A + shift) W of channel j with the zero point's share taken off (-
+    (za + shift) w_sums[j]), through the op's `finish_expr`."""
+    za = L.Cast(T.int32, _channel(p.za, 0)) + L.const(shift, T.int32)
+    return finish_expr(acc - za * p.sums[j],
+                       *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out, p.lo, p.hi)
+
+
+def _as(value: L.Expr, dtype: T.DType) -> L.Expr:
+    return value if value.dtype is dtype else L.Cast(dtype, value)
+
+
+def _weights(w: L.Buffer) -> tuple[Operand, L.Buffer]:
+    """The packed weights as B (row j: column / output channel j; k: bytes), staged a 32-bit
+    word (4 k of a column) a load, consecutive threads on consecutive columns (16 of them
+    one 64-byte run), and the uint32 view of them the kernel takes."""
+    words = L.Buffer(w.name, T.uint32, tuple(w.shape[:3]))
+    return Operand(lambda bi, j, kk: w[j // GROUP_COLUMNS, kk // GROUP_DEPTH,
+                                       j % GROUP_COLUMNS, kk % GROUP_DEPTH], True,
+                   word=lambda bi, j, kw: words[j // GROUP_COLUMNS, kw, j % GROUP_COLUMNS]), \
+        words
+
+
+def _word(byte_values: list) -> L.Expr:
+    """Four 8-bit values as the bytes of a uint32, the first lowest."""
+    word = None
+    for e, x in enumerate(byte_values):
+        byte = L.Cast(T.uint32, x if x.dtype is T.uint8 else L.Cast(T.uint8, x))
+        byte = byte if e == 0 else L.BinOp("<<", byte, L.const(8 * e, T.uint32))
+        word = byte if word is None else L.BinOp("|", word, byte)
+    return word
+
+
+# -- QuantizedDense -------------------------------------------------------------------------------
+
+def dense_applies(p: QuantizedDenseProblem) -> bool:
+    return p.w_zp is None and p.m >= GEMV_ROWS
+
+
+def dense_space(p: QuantizedDenseProblem, machine) -> Space:
+    return space("cuda_int8_dense", p)
+
+
+def dense_default(p: QuantizedDenseProblem, machine) -> TensorCoreConfig:
+    return choose(p.m, p.n, p.k, gpu_of(machine))
+
+
+def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
+    """Y[i, j] (A's batch dims folded into rows) on the integer tensor cores."""
+    a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
+    y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+
+    def store(bi, i, j, acc):
+        value = p.epilogue(_finished(p, acc, j), p.anchor_index(i, j))
+        return L.Store(y, (i, j), _as(value, y.dtype))
+
+    def row_word(bi, i, kw):
+        """4 k of row i (those past k: any value, their weights are 0)."""
+        return _word([a[i, L.minimum(kw * GROUP_DEPTH + e, p.k - 1)]
+                      for e in range(GROUP_DEPTH)])
+
+    rows = Operand(lambda bi, i, kk: a[i, kk], False, array=True, word=row_word)
+    weights, words = _weights(p.w)
+    body = mma_product(c, 1, p.m, p.n, p.k, rows, weights, store, precision=precision(p))
+    views = {a.name: a, y.name: y, words.name: words}
+    return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
+
+
+# -- QuantizedDense of few rows: dp4a ------------------------------------------------------------
+
+GEMV_ROWS = 16
+"""Products of fewer rows than an mma tile's 16 take dp4a (`cuda_int8_gemv`)."""
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Knobs of cuda_int8_gemv: warps a block (each one 16-column panel of the weights)."""
+
+    warps: int = 4
+
+
+def gemv_applies(p: QuantizedDenseProblem) -> bool:
+    return p.w_zp is None and p.m < GEMV_ROWS
+
+
+def gemv_space(p: QuantizedDenseProblem, machine) -> Space:
+    return Space("cuda_int8_gemv", GemvConfig, {"warps": (1, 2, 4, 8)})
+
+
+def gemv_default(p: QuantizedDenseProblem, machine) -> GemvConfig:
+    return GemvConfig()
+
+
+def gemv_build(p: QuantizedDenseProblem, c: GemvConfig, machine) -> L.PrimFunc:
+    """Y[i, j] for m < 16 rows: a warp a panel of 16 columns, lane l on column l % 16 and
+    every other word of k from l // 16 (a warp's load: 2 words x 16 columns, 128 contiguous
+    bytes of the packing), each row's sum in a register by `dot_u8s8x4` (dp4a: int8 A read
+    as A + 128), the two halves added by one shuffle, stored by lanes 0-15."""
+    a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
+    y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+    panels, words = -(-p.n // GROUP_COLUMNS), -(-p.k // GROUP_DEPTH)
+    w = L.Buffer(p.w.name, T.uint32, (panels, words, GROUP_COLUMNS))
+    shift = 128 if p.signed else 0
+    b, t, s, r = L.Var("b"), L.Var("t"), L.Var("s"), L.Var("r")
+    lane, panel, kw, wv = L.Var("lane"), L.Var("panel"), L.Var("kw"), L.Var("wv", T.uint32)
+    acc = L.Buffer("acc", T.int32, (p.m,), L.Scope.LOCAL)
+    col = panel * GROUP_COLUMNS + lane % GROUP_COLUMNS
+
+    def row_word(i):
+        word = _word([a[i, L.minimum(kw * GROUP_DEPTH + e, p.k - 1)]
+                      for e in range(GROUP_DEPTH)])
+        return L.BinOp("^", word, L.const(0x80808080, T.uint32)) if shift else word
+
+    def each_row(body) -> L.Stmt:
+        return L.For(r, p.m, body, L.ForKind.UNROLLED)
+
+    dot = L.call("dot_u8s8x4", acc[r], row_word(r), wv, dtype=T.int32)
+    step = L.Let(kw, s * 2 + lane // GROUP_COLUMNS, L.If(kw < words, L.Let(
+        wv, w[L.minimum(panel, panels - 1), kw, lane % GROUP_COLUMNS],
+        each_row(L.Store(acc, (r,), dot)))))
+    value = p.epilogue(_finished(p, acc[r], col, shift), p.anchor_index(r, col))
+    body = L.seq(
+        each_row(L.Store(acc, (r,), L.const(0, T.int32))),
+        L.For(s, -(-words // 2), step),
+        each_row(L.Store(acc, (r,), acc[r] + L.call("shfl_xor", acc[r], L.const(16, T.int32),
+                                                    dtype=T.int32))),
+        L.If(L.logical_and(lane < GROUP_COLUMNS, col < p.n),
+             each_row(L.Store(y, (r, col), _as(value, y.dtype)))))
+    threads = WARP * c.warps
+    body = L.For(t, threads, L.Let(lane, t % WARP, L.Let(
+        panel, b * c.warps + t // WARP, body)), L.ForKind.THREAD_X)
+    body = L.For(b, -(-panels // c.warps), L.Allocate(acc, body), L.ForKind.BLOCK_X)
+    views = {a.name: a, y.name: y, w.name: w}
+    return L.PrimFunc(p.name, tuple(views.get(x.name, x) for x in p.params), body)
+
+
+# -- QuantizedConvPacked --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Geometry:
+    """An implicit GEMM's sizes: M output pixels of every image, N output channels, K the
+    packed depth (ceil(C / 4) groups of 4 channels at each tap, 4 bytes a group)."""
+
+    m: int
+    n: int
+    k: int
+    taps: int
+
+
+def _geometry(p: QuantizedConvProblem) -> _Geometry:
+    images, c = p.x_dims[:2]
+    _, oc, oh, ow = p.y_dims
+    taps = p.kernel[0] * p.kernel[1]
+    return _Geometry(images * oh * ow, oc, -(-c // GROUP_DEPTH) * taps * GROUP_DEPTH, taps)
+
+
+def conv_applies(p: QuantizedConvProblem) -> bool:
+    return p.group == 1 and len(p.kernel) == 2
+
+
+def conv_space(p: QuantizedConvProblem, machine) -> Space:
+    return space("cuda_int8_conv2d", p)
+
+
+def conv_default(p: QuantizedConvProblem, machine) -> TensorCoreConfig:
+    g = _geometry(p)
+    return choose(g.m, g.n, g.k, gpu_of(machine))
+
+
+def conv_build(p: QuantizedConvProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
+    """Y[img, j, oy, ox] as an implicit GEMM: row i the pixel (img, oy, ox), byte kk of the
+    packed depth channel (kk // 4 // taps) 4 + kk % 4 at tap kk // 4 % taps."""
+    g = _geometry(p)
+    _, channels, h, wid = p.x_dims
+    _, _, oh, ow = p.y_dims
+    kwid = p.kernel[1]
+    (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
+    x = p.x
+    y = L.Buffer(p.y.name, p.y.dtype, (p.y_dims[0], g.n, oh * ow))
+    za = _channel(p.za, 0)
+
+    def place(i, kw):
+        """(image, first channel, row, column, whether inside the image) of word kw of
+        pixel i's patch."""
+        img, pix, tap = i // (oh * ow), i % (oh * ow), kw % g.taps
+        iy = pix // ow * sh - ph + tap // kwid * dh
+        ix = pix % ow * sw - pw + tap % kwid * dw
+        inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < wid)
+        return img, kw // g.taps * GROUP_DEPTH, L.minimum(L.maximum(iy, 0), h - 1), \
+            L.minimum(L.maximum(ix, 0), wid - 1), inside
+
+    def patch(bi, i, kk):
+        img, first, iy, ix, inside = place(i, kk // GROUP_DEPTH)
+        ch = first + kk % GROUP_DEPTH
+        value = x[img, L.minimum(ch, channels - 1), iy, ix]
+        return L.Select(L.logical_and(ch < channels, inside), value, za)
+
+    def patch_word(bi, i, kw):
+        """4 channels at a tap (those past C: any value, their weights are 0)."""
+        img, first, iy, ix, inside = place(i, kw)
+        word = _word([x[img, L.minimum(first + e, channels - 1), iy, ix]
+                      for e in range(GROUP_DEPTH)])
+        return L.Select(inside, word, _word([za] * GROUP_DEPTH))
+
+    def store(bi, i, j, acc):
+        img, pix = i // (oh * ow), i % (oh * ow)
+        value = p.epilogue(_finished(p, acc, j), (img, j, pix // ow, pix % ow))
+        return L.Store(y, (img, j, pix), _as(value, y.dtype))
+
+    weights, words = _weights(p.w)
+    body = mma_product(c, 1, g.m, g.n, g.k, Operand(patch, True, word=patch_word), weights,
+                       store, precision=precision(p))
+    views = {y.name: y, words.name: words}
+    return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
+
+
+INT8_DENSE = Template("cuda_int8_dense", quantized_dense, dense_applies, dense_space,
+                      dense_default, dense_build)
+INT8_GEMV = Template("cuda_int8_gemv", quantized_dense, gemv_applies, gemv_space, gemv_default,
+                     gemv_build)
+INT8_CONV2D = Template("cuda_int8_conv2d", quantized_conv, conv_applies, conv_space,
+                       conv_default, conv_build)

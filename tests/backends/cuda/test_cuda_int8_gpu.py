@@ -1,0 +1,84 @@
+"""The cuda int8 templates on a GPU (`gpu` marker: skipped without one): test_cuda_int8.py's
+graphs compiled for cuda and run on the device, bit for bit the op's NumPy reference and the
+llvm int8 templates; a QDQ CNN and a dynamically quantized BERT written by onnxruntime's
+quantizer, their integer products on the integer tensor cores, against dnnc's llvm int8 run
+(bit for bit where the output is quantized, a float32 output within the quantized step) and
+onnxruntime's int8 outputs (issue 33's contract: at most one unit on 0.1% of elements).
+
+    python -m pytest -m gpu tests/backends/cuda/test_cuda_int8_gpu.py
+"""
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc import zoo
+from test_cuda_int8 import CONV_CASES, DENSE_CASES, conv_graph, dense_graph, dense_template
+
+pytestmark = pytest.mark.gpu
+
+
+def _templates(model, x) -> list[str]:
+    return [r.get("template") for r in model.profile(x, repeat=1)]
+
+
+@pytest.mark.parametrize("batch,m,k,n,act,out", DENSE_CASES)
+def test_int8_dense_on_the_gpu_equals_the_reference(batch, m, k, n, act, out):
+    rng = np.random.default_rng(m * k * n + 7)
+    g, x, want = dense_graph(rng, batch, m, k, n, act, out, lo=-100 if out == "int8" else None)
+    model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
+    assert dense_template(batch * m) in _templates(model, x)
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", CONV_CASES)
+def test_int8_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride, pad, act, out):
+    rng = np.random.default_rng(n * c * h * m * k + 7)
+    g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
+    model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
+    assert "cuda_int8_conv2d" in _templates(model, x)
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_large_int8_products_on_the_gpu_equal_the_reference():
+    """resnet50- and BERT-sized products at the default tiles (several waves, k tiles)."""
+    rng = np.random.default_rng(50)
+    for g, x, want in (dense_graph(rng, 2, 128, 768, 1024, np.uint8, "float32"),
+                       conv_graph(rng, 4, 64, 28, 28, 128, 3, 1, 1, np.int8, "int8"),
+                       conv_graph(rng, 4, 256, 14, 14, 512, 1, 2, 0, np.uint8, "uint8")):
+        got = dnnc.compile(g, "cuda", cache=False, outputs="numpy")(x)
+        assert np.array_equal(got, want), f"{np.sum(got != want)} of {got.size} differ"
+
+
+@pytest.mark.parametrize("name", ["resnet18", "bert_tiny"])
+def test_quantized_files_on_the_gpu(name, tmp_path):
+    """A QDQ resnet18 (quantize_static, int8 activations, per-channel weights): cuda's int8
+    kernels give onnxruntime's and llvm's outputs bit for bit; a dynamically quantized BERT:
+    llvm's int8 outputs within float32 rounding (its float ops sum in another order), and
+    onnxruntime's as tests/models/test_quantized_files.py bounds them."""
+    pytest.importorskip("onnxruntime")
+    from dnnc.testing.quantized_files import (onnxruntime_outputs, quantize_dynamic,
+                                              quantize_static)
+
+    if name == "resnet18":
+        model = zoo.build(name, batch=4, size=64)
+        path = quantize_static(model, tmp_path, name)
+    else:
+        model = zoo.build(name, batch=2, seq=32, vocab=512)
+        path = quantize_dynamic(model, tmp_path, name)
+    feeds = zoo.inputs_for(model, np.random.default_rng(21))
+    cuda = dnnc.compile(str(path), "cuda", cache=False, outputs="numpy")
+    templates = [r.get("template") for r in cuda.profile(*feeds.values(), repeat=1)]
+    assert {"cuda_int8_dense", "cuda_int8_gemv"} & set(templates)
+    assert name != "resnet18" or "cuda_int8_conv2d" in templates
+    got = cuda(**feeds)
+    llvm = dnnc.compile(str(path), "llvm", cache=False)(**feeds)
+    want = onnxruntime_outputs(path, feeds)[0]
+    if name == "resnet18":
+        assert np.array_equal(got, llvm) and np.array_equal(got, want)
+        return
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, llvm, rtol=1e-4, atol=1e-4 * scale)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
