@@ -68,7 +68,7 @@ def space(name: str, p) -> Space:
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
         "block_k": BLOCK_K, "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": (1,), "wgmma": (False,),
-        "early_refill": (False,),
+        "early_refill": (False,), "staged": (False, True),
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and

@@ -400,7 +400,7 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
 
 def _staged(w, store) -> L.Stmt:
     """The block's results stored through shared memory: each thread's accumulators into a
-    block_m x block_n float32 tile (rows STAGING_PAD floats apart: a warp's pairs of a
+    block_m x block_n tile (of their type: float32, int32) (rows STAGING_PAD floats apart: a warp's pairs of a
     fragment land in distinct banks), then, after a barrier, each thread takes runs of
     STAGED_RUN consecutive results of a row (consecutive threads the consecutive runs of a
     row: a warp's loads and stores of Y, its bias and residual are whole lines), finishes
@@ -415,10 +415,10 @@ def _staged(w, store) -> L.Stmt:
     1.003), tf32 0.994 to 1.003. The direct epilogue's half-filled sectors and per-element
     index arithmetic are not what the in-model products lose time to."""
     run, stride = STAGED_RUN, w.bn + STAGING_PAD
-    tile = L.Buffer("y_tile", T.float32, (w.bm * stride,), L.Scope.SHARED)
+    tile = L.Buffer("y_tile", w.acc.dtype, (w.bm * stride,), L.Scope.SHARED)
     kept = w.each_result(lambda i, j, value: L.Store(tile, (i * stride + j,), value),
                          within_tile=True)
-    results = L.Buffer("y_run", T.float32, (run,), L.Scope.LOCAL)
+    results = L.Buffer("y_run", w.acc.dtype, (run,), L.Scope.LOCAL)
     v = L.Var("v")
 
     def finish(step, e):
