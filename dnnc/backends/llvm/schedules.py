@@ -46,6 +46,7 @@ from .dense import DENSE
 from .depthwise import DEPTHWISE
 from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8, DYNAMIC_QUANTIZE, MAXPOOL_INT8
 from .pool import POOL2D
+from .row_terms import reuse_terms
 from .sparse import SPARSE
 from .winograd import WINOGRAD
 
@@ -81,6 +82,9 @@ class Config:
     # (`_blocked`): rounding error grows with the block, not the row
     reduce_block: int = REDUCE_BLOCK
     fuse_rows: bool = True
+    # a row's costly terms stored by its sum and read back, divisions by a row's statistic
+    # made products (`row_terms`)
+    reuse_terms: bool = True
 
 
 def default_schedule(func: L.PrimFunc, config: Config = Config(), threads: int = 1
@@ -95,6 +99,8 @@ def default_schedule(func: L.PrimFunc, config: Config = Config(), threads: int =
             n, config.reduce_lanes, config.reduce_block, config.reduce_vectors))
         body = L.transform(body, lambda n: _block_outer_sum(n, config.reduce_block))
     body = _schedule_stmt(body, config, threads)
+    if config.reuse_terms:
+        body = reuse_terms(body)
     return L.PrimFunc(func.name, func.params, body, func.size_vars, func.attrs)
 
 
@@ -658,6 +664,7 @@ def rows_space(p: problems.Rows, machine) -> Space:
         "reduce_vectors": (1, 2, 4),
         "reduce_block": (32, REDUCE_BLOCK, 512),
         "fuse_rows": (False, True),
+        "reuse_terms": (False, True),
     }, [Constraint(f"min_parallel_work == {MIN_PARALLEL_WORK} when not parallel (it has no "
                    f"effect then)",
                    lambda c: c.parallel or c.min_parallel_work == MIN_PARALLEL_WORK),
