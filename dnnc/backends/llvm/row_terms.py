@@ -25,12 +25,11 @@ import itertools
 from ...ir import loop as L
 from ...ir import types as T
 
-_names = itertools.count()
-
-
-def reuse_row_terms(n):
+def reuse_row_terms(n, names=None):
     """A `Seq` of a row's stages with its last stage's terms stored by its sum (module
-    docstring); None where nothing applies (an `L.transform` rule)."""
+    docstring); None where nothing applies (an `L.transform` rule; `names` numbers the
+    terms' variables)."""
+    names = itertools.count() if names is None else names
     if not isinstance(n, L.Seq) or len(n.stmts) < 2:
         return None
     last = n.stmts[-1]
@@ -44,7 +43,7 @@ def reuse_row_terms(n):
         return None
     for term in _terms(store.value, j):
         for k, stmt in enumerate(n.stmts[:-1]):
-            found = _store_terms(stmt, term, j, y, idx, last.extent.value)
+            found = _store_terms(stmt, term, j, y, idx, last.extent.value, names)
             if found is None:
                 continue
             value = _replace(store.value, term, L.Load(y, idx))
@@ -72,7 +71,7 @@ def _replace(e: L.Expr, old: L.Expr, new: L.Expr) -> L.Expr:
 
 
 def _store_terms(stmt: L.Stmt, term: L.Expr, j: L.Var, y: L.Buffer, idx: tuple,
-                 extent: int) -> L.Stmt | None:
+                 extent: int, names) -> L.Stmt | None:
     """`stmt` with each `part[l] = part[l] + term(e)` (a float32 sum's update, e the element
     it adds) also storing term(e) at y[..., e]; None unless such updates exist and their trip
     counts add up to `extent` (each element of the row once)."""
@@ -91,7 +90,7 @@ def _store_terms(stmt: L.Stmt, term: L.Expr, j: L.Var, y: L.Buffer, idx: tuple,
         if at is None or s.value.b != L.substitute(term, {j: at}):
             return None
         visits.append(trips)
-        t = L.Var(f"term{next(_names)}", T.float32)
+        t = L.Var(f"term{next(names)}", T.float32)
         return L.Let(t, s.value.b, L.seq(
             L.Store(y, idx[:-1] + (at,), t),
             L.Store(s.buffer, s.indices, L.BinOp("+", L.Load(s.buffer, s.indices), t))))
@@ -138,7 +137,7 @@ def _rewrite(s: L.Stmt, rule, trips: int) -> L.Stmt | None:
     return s
 
 
-def reciprocal(n, internal: frozenset):
+def reciprocal(n, internal: frozenset, names=None):
     """`for j: y[.., j] = a(j) / d` with d fixed along j and read only from `internal` (the
     buffers the kernel allocates, not its parameters) becomes `r = 1 / d; for j: y[.., j] =
     a(j) * r`: a vector division costs several products' time (an `L.transform` rule)."""
@@ -154,9 +153,10 @@ def reciprocal(n, internal: frozenset):
             divisors.append(x.b)
     if not divisors:
         return None
+    names = itertools.count() if names is None else names
     body, lets = n.body, []
     for d in divisors:
-        r = L.Var(f"rcp{next(_names)}", T.float32)
+        r = L.Var(f"rcp{next(names)}", T.float32)
         lets.append((r, L.BinOp("/", L.const(1.0, T.float32), d)))
         body = L.transform(body, lambda x, d=d, r=r: L.BinOp("*", x.a, r) if isinstance(
             x, L.BinOp) and x.op == "/" and x.b == d else None)
@@ -167,7 +167,9 @@ def reciprocal(n, internal: frozenset):
 
 
 def reuse_terms(body: L.Stmt) -> L.Stmt:
-    """`body` with `reuse_row_terms` and then `reciprocal` applied everywhere."""
-    body = L.transform(body, reuse_row_terms)
+    """`body` with `reuse_row_terms` and then `reciprocal` applied everywhere (the new
+    variables numbered from 0: the same kernel gives the same code)."""
+    names = itertools.count()
+    body = L.transform(body, lambda n: reuse_row_terms(n, names))
     internal = frozenset(x.buffer.name for x in L.walk(body) if isinstance(x, L.Allocate))
-    return L.transform(body, lambda n: reciprocal(n, internal))
+    return L.transform(body, lambda n: reciprocal(n, internal, names))
