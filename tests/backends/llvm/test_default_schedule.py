@@ -90,6 +90,30 @@ def test_split_reductions_match_numpy_with_tails(rng, n):
         assert "_lanes" in compiled.runtime.source("loop")
 
 
+def test_split_reductions_over_several_vectors_fold_every_lane(rng):
+    """A row of 256 takes 4 vectors of partial results (`reduce_vectors`), folded half into
+    half: a NaN in any one of the 64 lanes reaches the max and the min, and the largest and
+    smallest elements are found in whichever lane holds them."""
+    n = 256
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (70, n)))
+    axes = Value("axes", T.TensorType(T.int64, (1,)), const=np.array([1], np.int64))
+    g.outputs = [g.add("ReduceSum", x, axes), g.add("ReduceMax", x, axes),
+                 g.add("ReduceMin", x, axes)]
+    compiled = dnnc.compile(g, target="llvm")
+    a = rng.standard_normal((70, n)).astype(np.float32)
+    for row in range(64):                   # rows 0-63: a NaN in lane `row`
+        a[row, row + 64 * (row % 4)] = np.nan
+    for row in range(64, 70):               # the rest: extremes in scattered lanes
+        a[row, 7 * row % n] = 50.0
+        a[row, 11 * row % n] = -50.0
+    s, mx, mn = compiled.run(a)
+    np.testing.assert_allclose(s[64:], a[64:].sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(mx, a.max(1, keepdims=True))
+    np.testing.assert_array_equal(mn, a.min(1, keepdims=True))
+    assert "float32[64]" in compiled.runtime.source("loop")
+
+
 @pytest.mark.parametrize("op,kwargs", [("Softmax", {"axis": -1}),
                                        ("LayerNormalization", {"axis": -1})])
 def test_row_stages_run_as_one_parallel_loop(rng, op, kwargs):

@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dnnc
+from dnnc.backends.llvm import dense
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.target import Target
@@ -534,12 +535,13 @@ def _conv_residual(rng, w, oc, mr):
 
 
 @pytest.mark.parametrize("k, n, computed", [(40, 35, 4), (40, 37, 8), (40, 44, 16), (40, 25, 16),
-                                            (40, 36, 4), (40, 40, 8), (1100, 44, 12)])
+                                            (40, 36, 4), (40, 40, 8), (1100, 44, 8)])
 def test_a_narrow_last_panel_computes_whole_vectors(rng, k, n, computed):
     """The last panel of packed B narrower than NR computes whole vectors (or a power of two
     below one vector), reading the panel's zero padding, and stores only its own columns;
     with k in several slices it computes what it stores (the partial sums are read back
-    from the output). 8 lanes, NR 16: tails of 3, 5, 12, 9, 4 and 8 columns."""
+    from the output), as tiles of whole registers (12 columns: 8 + 4). 8 lanes, NR 16:
+    tails of 3, 5, 12, 9, 4 and 8 columns."""
     g = Graph("g")
     a = g.add_input("a", T.TensorType(T.float32, (13, k)))
     bv = rng.standard_normal((k, n)).astype(np.float32)
@@ -553,6 +555,28 @@ def test_a_narrow_last_panel_computes_whole_vectors(rng, k, n, computed):
     np.testing.assert_allclose(compiled.run(av, rv)[0], av @ bv + rv, rtol=1e-4, atol=1e-4)
     source = compiled.runtime.source("loop")
     assert f"acc = alloc(float32[{6 * computed}], scope=local)" in source
+
+
+@pytest.mark.parametrize("n, pieces", [(20, (16, 4)), (7, (4, 2, 1)), (12, (8, 4)),
+                                       (36, (32, 4)), (16, (16,))])
+def test_a_run_time_b_of_odd_width_runs_in_tiles_of_whole_registers(rng, n, pieces):
+    """Attention's probabilities times V ([16, 49, 49] @ [16, 49, n], both run-time inputs):
+    a tail of columns that is not whole vectors runs as tiles of whole vectors, then halves,
+    quarters... of one (`dense.vector_pieces`), each its own accumulators; all match NumPy."""
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (16, 49, 49)))
+    b = g.add_input("b", T.TensorType(T.float32, (16, 49, n)))
+    g.outputs = [g.add("MatMul", a, b)]
+    compiled = dnnc.compile(g, target="llvm", cpu=Target("llvm", cpu="znver4",
+                                                          features="+avx512f,+fma", threads=1))
+    av = rng.standard_normal((16, 49, 49)).astype(np.float32)
+    bv = rng.standard_normal((16, 49, n)).astype(np.float32)
+    np.testing.assert_allclose(compiled.run(av, bv)[0], av @ bv, rtol=1e-4, atol=1e-4)
+    source = compiled.runtime.source("loop")
+    for w in pieces:
+        assert f"acc = alloc(float32[{6 * w}], scope=local)" in source
+    assert f"acc = alloc(float32[{6 * n}], scope=local)" in source or len(pieces) > 1
+    assert dense.vector_pieces(n, 16) == list(pieces)
 
 
 QUANTIZED_CONV = r"""
