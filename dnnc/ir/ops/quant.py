@@ -16,7 +16,8 @@ import numpy as np
 from .. import types as T
 from ..compute import (
     NoCompute, Tensor, broadcast_load, compute, reduce_axis, reduce_max, reduce_min, reduce_sum)
-from ..loop import Cast, Expr, Select, call, const, eq, maximum, minimum
+from ..loop import Cast, Const, Expr, Select, call, const, eq, maximum, minimum
+from .index_exprs import unravel
 from .infer import check_dtype, normalize_axis
 from .linalg import matmul_operands, widen
 from .conv import conv_flops, conv_sum, scalar_or_per_channel
@@ -204,20 +205,48 @@ def dynamic_quantize_linear(x):
             np.array(zero_point, np.float32).astype(np.uint8))
 
 
+DQ_PARTS = 1024
+"""Partial results of DynamicQuantizeLinear's max and min over a tensor of more than
+DQ_ONE_LEVEL elements (or of a symbolic size): partial b reduces elements b, b + DQ_PARTS,
+... (neighbouring partials read neighbouring elements), then one reduction of the partials.
+As one whole-tensor reduction a GPU ran it on one block: on an H200 each of dynamically
+quantized BERT-base's 72 quantizations of [1024, 768] (batch 8) took 0.47 ms, 11.3 of the
+model's 13.2 ms. max and min are exact in any order: the results are the same."""
+DQ_ONE_LEVEL = 1 << 16
+
+
 def _dynamic_quantize_rule(inputs, outputs):
-    """Three stages: x's max and min (each a full reduction), then scale, zero point and the
-    elementwise quantization reading them."""
+    """Three stages: x's max and min (each a full reduction, in two levels past DQ_ONE_LEVEL
+    elements: DQ_PARTS), then scale, zero point and the elementwise quantization reading
+    them."""
     x = inputs[0]
     f32 = T.float32
+    dims = list(x.shape)
+    size = const(1)
+    for d in dims:
+        size = size * d
+    static = [d.value for d in dims if isinstance(d, Const)]
+    two_levels = len(static) < len(dims) or int(np.prod(static)) > DQ_ONE_LEVEL
 
-    def whole(reducer):
-        def fn():
-            r = [reduce_axis(d, f"r{i}") for i, d in enumerate(x.shape)]
-            return reducer(x[tuple(a.var for a in r)], r) if r else x[()]
-        return fn
+    def whole(reducer, name):
+        if not dims:
+            return compute((), lambda: x[()], name, f32)
+        if not two_levels:
+            def fn():
+                r = [reduce_axis(d, f"r{i}") for i, d in enumerate(dims)]
+                return reducer(x[tuple(a.var for a in r)], r)
+            return compute((), fn, name, f32)
+        step = reduce_axis((size + (DQ_PARTS - 1)) // DQ_PARTS, "rs")
 
-    hi = compute((), whole(reduce_max), "dq_max", f32)
-    lo = compute((), whole(reduce_min), "dq_min", f32)
+        def part(b):
+            flat = step.var * DQ_PARTS + b
+            return reducer(x[tuple(unravel(flat, dims))], step, where=flat < size)
+        parts = compute((DQ_PARTS,), part, f"{name}_parts", f32)
+        r = reduce_axis(DQ_PARTS, "rp")
+        return compute((), lambda: reducer(parts[r.var], r), name, f32)
+
+    hi = whole(reduce_max, "dq_max")
+    lo = whole(reduce_min, "dq_min")
     # range widened to include 0, as the reference
     top, bottom = maximum(hi[()], const(0.0)), minimum(lo[()], const(0.0))
     scale = compute((), lambda: Select(eq(top, bottom), const(1.0), top - bottom)

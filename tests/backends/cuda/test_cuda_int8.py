@@ -246,3 +246,26 @@ def test_quantized_files_on_host(name, tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     else:
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape", [(300, 500), (64, 33)])
+def test_dynamic_quantize_of_a_large_tensor_on_host(shape, rng, tmp_path):
+    """DynamicQuantizeLinear of 150,000 elements reduces its max and min in two levels
+    (ir/ops/quant.py's DQ_PARTS partials, then one reduction: a GPU spreads the first over
+    its blocks), of 2,112 in one; both give the reference's outputs exactly on host
+    threads."""
+    import test_host_semantics as host
+    from dnnc.ir.ops.quant import dynamic_quantize_linear
+
+    g = Graph("dq")
+    x = g.add_input("x", T.TensorType(T.float32, shape))
+    g.outputs = list(g.add_node("DynamicQuantizeLinear", [x], {}, num_outputs=3))
+    graph, (program,) = programs(g)
+    module = render_module(program.unique)
+    assert ("dq_max_parts" in module.source) == (shape[0] * shape[1] > (1 << 16)), \
+        module.source[-3000:]
+    lib = host.host_library(program.unique, tmp_path, module)
+    a = (rng.standard_normal(shape) * 3).astype(np.float32)
+    got = host.program_on_host(lib, module, program, {"x": a})
+    for out, want in zip(graph.outputs, dynamic_quantize_linear(a)):
+        assert np.array_equal(got[out.name], want)
