@@ -1,8 +1,8 @@
 """ONNX importers for the com.microsoft quantized ops onnxruntime's quantizer writes
 (quantize_static in the operator format: QGemm, QLinearAdd, QLinearMul, QLinearSigmoid,
-QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearConcat; quantize_dynamic
-of a file its transformer optimizer fused: QAttention) and the ones its
-graph optimizer fuses into the files it saves (MatMulIntegerToFloat, DynamicQuantizeMatMul),
+QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool,
+QLinearConcat; quantize_dynamic of a file its transformer optimizer fused: QAttention) and
+the ones its graph optimizer fuses into the files it saves (MatMulIntegerToFloat, DynamicQuantizeMatMul),
 with onnxruntime's contrib-op semantics.
 
 Each is the chain of default-domain ops it abbreviates: dequantize the integer inputs
@@ -15,8 +15,8 @@ bias drifted by 3 units of its output through two layers. QLinearMul of constant
 MLAS's own formula too (the exact integer product times one multiplier s_a s_b / s_c).
 Where onnxruntime's kernel rounds otherwise (QLinearSoftmax and QLinearSigmoid through
 tables), a quantized value may differ by one unit on a tie: issue 33's accuracy contract.
-QLinearAveragePool is not imported: no chain tried rounded as onnxruntime's kernel does on
-99.9% of the values. This module only translates; it never evaluates.
+QLinearAveragePool adds y's zero point before rounding, as onnxruntime's kernel does (bit for
+bit on random inputs). This module only translates; it never evaluates.
 """
 
 from __future__ import annotations
@@ -94,6 +94,21 @@ def import_qlinear_global_average_pool(ctx: ImportContext):
     _channels_first(ctx)
     x, sx, zx, sy, zy = (ctx.input(k) for k in range(5))
     return _q(ctx, ctx.add("GlobalAveragePool", _dq(ctx, x, sx, zx)), sy, zy, x)
+
+
+@onnx_op("QLinearAveragePool", domain=MICROSOFT)
+def import_qlinear_average_pool(ctx: ImportContext):
+    """AveragePool of the dequantized x, quantized as onnxruntime's kernel does: the zero
+    point added before rounding, round(mean / y_scale + y_zero_point) in float32 (ONNX's
+    QuantizeLinear adds it after; the two part on about one value in a thousand)."""
+    _channels_first(ctx)
+    x, sx, zx, sy, zy = (ctx.input(k) for k in range(5))
+    attrs = {k: v for k, v in ctx.attrs.items() if k != "channels_last"}
+    y = ctx.add("Div", ctx.add("AveragePool", _dq(ctx, x, sx, zx), **attrs), sy)
+    if zy is not None:
+        y = ctx.add("Add", y, ctx.add("Cast", zy, to=T.float32))
+    zero = ctx.const(np.zeros((), x.type.dtype.np))
+    return _q(ctx, y, ctx.const(np.float32(1.0)), zero, x)
 
 
 @onnx_op("QLinearConcat", domain=MICROSOFT)
