@@ -56,7 +56,7 @@ def test_an_in_place_kernel_keeps_noalias_and_vectorizes(rng):
     assert re.search(r"<\d+ x float>", text)  # its loop vectorized (scalar without noalias)
 
 
-def _relu_func():
+def _sum_func():
     buffers = [L.Buffer(n, T.float32, (64,)) for n in ("a", "b", "y")]
     i = L.Var("i")
     body = L.For(i, 64, L.Store(buffers[2], (i,), L.Load(buffers[0], (i,)) +
@@ -69,7 +69,7 @@ def _loads(func):
 
 
 def test_one_input_at_the_output_s_place_is_read_through_the_output():
-    func = _relu_func()
+    func = _sum_func()
     calls = [Call("k", [("arena", 0), ("arena", 256), ("arena", 0)]),
              Call("k", [("arena", 512), ("arena", 0), ("arena", 512)])]
     ((out, noalias),) = alias_free([(func, False)], calls)
@@ -77,7 +77,7 @@ def test_one_input_at_the_output_s_place_is_read_through_the_output():
 
 
 def test_other_aliasing_keeps_the_function_as_planned():
-    func = _relu_func()
+    func = _sum_func()
     cases = {
         "a different input per call": [Call("k", [("arena", 0), ("arena", 256), ("arena", 0)]),
                                        Call("k", [("arena", 256), ("arena", 0), ("arena", 0)])],
