@@ -8,7 +8,9 @@ and optionally dumped.
        on its own copy of the graph), fold_constants (on a copy bound to the inputs' declared shapes), simplify,
        eliminate (common subexpressions, then dead code), widen_half (a half-precision
        model's float16 / bfloat16 values computed in float32 on a target whose kernels do
-       not compute in that type: llvm; Casts at its inputs and outputs only)
+       not compute in that type: llvm; Casts at its inputs and outputs only),
+       expand_powers (float Pow(x, 2) / Pow(x, 3) as multiplies; at level 2 after
+       store_half, which keeps Pow's squares in float32)
     2  + fuse_attention (attention chains as one FusedAttention node, for targets whose
        fusion asks for it: cuda), + store_half (at precision fp16 / bf16 on a target with
        `half_storage`, cuda: the model's weights and activations stored in that type, Casts
@@ -44,6 +46,7 @@ from ..ir.target import Target
 from ..levels import DEFAULT_OPT_LEVEL, levels
 from .convert_layout import convert_layout
 from .eliminate import eliminate_common_subexpressions, eliminate_dead_code
+from .expand_powers import expand_powers
 from .fuse_attention import fuse_attention
 from .fuse_ops import fuse_ops
 from .fuse_quantized import QUANTIZED, fuse_quantized
@@ -79,6 +82,11 @@ def _eliminate(graph: Graph, target: Target) -> Graph:
     return graph
 
 
+def _expand_powers(graph: Graph, target: Target) -> Graph:
+    expand_powers(graph)
+    return graph
+
+
 def _layout(graph: Graph, target: Target) -> Graph:
     convert_layout(graph, target)
     return graph
@@ -87,7 +95,8 @@ def _layout(graph: Graph, target: Target) -> Graph:
 PIPELINE = [("fuse_quantized", 1, _quantized), ("fold_constants", 1, _fold), ("simplify", 1, _simplify),
             ("eliminate", 1, _eliminate), ("widen_half", 1, widen_half),
             ("fuse_attention", 2, fuse_attention),
-            ("store_half", 2, store_half), ("convert_layout", 2, _layout),
+            ("store_half", 2, store_half), ("expand_powers", 1, _expand_powers),
+            ("convert_layout", 2, _layout),
             ("fuse_ops", 2, fuse_ops)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""
 

@@ -43,6 +43,7 @@ from ...ir.target import Target
 from ...levels import DEFAULT_OPT_LEVEL, levels
 from .codegen import ModuleBuilder, workspace_params
 from .cpu import host_target
+from .in_place import alias_free
 from .jit import JITModule, target_machine
 from .objfile import check_object
 from .process import at_fork_in_child, initialize, llvm_lock
@@ -177,6 +178,7 @@ class _CompiledSegment(CompiledSegment):
         self._take_program(program)
         step = program.step
         unique, self.calls, self.arena_bytes = _with_workspace(program)
+        unique = alias_free(unique, self.calls)   # in-place kernels vectorize too
         self.arena_workspace_bytes = self.arena_bytes - program.arena_bytes
         mb = ModuleBuilder(f"segment{step.index}", rt.target.feature_set)
         for func, noalias in unique:

@@ -1,7 +1,8 @@
 """ONNX importers for the com.microsoft quantized ops onnxruntime's quantizer writes
 (quantize_static in the operator format: QGemm, QLinearAdd, QLinearMul, QLinearSigmoid,
-QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearConcat) and the ones its
-graph optimizer fuses into the files it saves (MatMulIntegerToFloat, DynamicQuantizeMatMul),
+QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool,
+QLinearConcat; quantize_dynamic of a file its transformer optimizer fused: QAttention) and
+the ones its graph optimizer fuses into the files it saves (MatMulIntegerToFloat, DynamicQuantizeMatMul),
 with onnxruntime's contrib-op semantics.
 
 Each is the chain of default-domain ops it abbreviates: dequantize the integer inputs
@@ -14,8 +15,8 @@ bias drifted by 3 units of its output through two layers. QLinearMul of constant
 MLAS's own formula too (the exact integer product times one multiplier s_a s_b / s_c).
 Where onnxruntime's kernel rounds otherwise (QLinearSoftmax and QLinearSigmoid through
 tables), a quantized value may differ by one unit on a tie: issue 33's accuracy contract.
-QLinearAveragePool is not imported: no chain tried rounded as onnxruntime's kernel does on
-99.9% of the values. This module only translates; it never evaluates.
+QLinearAveragePool adds y's zero point before rounding, as onnxruntime's kernel does (bit for
+bit on random inputs). This module only translates; it never evaluates.
 """
 
 from __future__ import annotations
@@ -95,6 +96,21 @@ def import_qlinear_global_average_pool(ctx: ImportContext):
     return _q(ctx, ctx.add("GlobalAveragePool", _dq(ctx, x, sx, zx)), sy, zy, x)
 
 
+@onnx_op("QLinearAveragePool", domain=MICROSOFT)
+def import_qlinear_average_pool(ctx: ImportContext):
+    """AveragePool of the dequantized x, quantized as onnxruntime's kernel does: the zero
+    point added before rounding, round(mean / y_scale + y_zero_point) in float32 (ONNX's
+    QuantizeLinear adds it after; the two part on about one value in a thousand)."""
+    _channels_first(ctx)
+    x, sx, zx, sy, zy = (ctx.input(k) for k in range(5))
+    attrs = {k: v for k, v in ctx.attrs.items() if k != "channels_last"}
+    y = ctx.add("Div", ctx.add("AveragePool", _dq(ctx, x, sx, zx), **attrs), sy)
+    if zy is not None:
+        y = ctx.add("Add", y, ctx.add("Cast", zy, to=T.float32))
+    zero = ctx.const(np.zeros((), x.type.dtype.np))
+    return _q(ctx, y, ctx.const(np.float32(1.0)), zero, x)
+
+
 @onnx_op("QLinearConcat", domain=MICROSOFT)
 def import_qlinear_concat(ctx: ImportContext):
     sy, zy = ctx.input(0), ctx.input(1)
@@ -148,3 +164,55 @@ def import_dynamic_quantize_matmul(ctx: ImportContext):
     a, b, sb, zb, bias = (ctx.input(k) for k in range(5))
     aq, sa, za = ctx.emit("DynamicQuantizeLinear", [a], {}, num_outputs=3)
     return _integer_to_float(ctx, aq, b, sa, sb, za, zb, bias)
+
+
+def _attention_mask(ctx: ImportContext, mask: Value, seq: int, fill: float) -> Value:
+    """QAttention's int32 mask_index as Attention's additive float mask: 0 where a key is
+    attended, `fill` (mask_filter_value) where not, as onnxruntime adds it. [batch]: each
+    row's key count (right padding); [batch, keys]: 1 / 0 per key; [batch, seq, keys]: per
+    query too."""
+    batch = mask.type.shape[0]
+    if mask.type.rank == 1:
+        keys = ctx.const(np.arange(seq, dtype=np.int32).reshape(1, seq))
+        lengths = ctx.add("Reshape", mask, ctx.const(np.array([batch, 1], np.int64)))
+        attended = ctx.add("Less", keys, lengths)
+        shape = [batch, 1, 1, seq]
+    elif mask.type.rank in (2, 3):
+        attended = ctx.add("Not", ctx.add("Equal", mask, ctx.const(np.int32(0))))
+        shape = [batch, 1, 1, seq] if mask.type.rank == 2 else [batch, 1, seq, seq]
+    else:
+        raise ctx.fail(f"mask_index of rank {mask.type.rank} is not supported (only [batch], "
+                       f"[batch, keys] and [batch, seq, keys])")
+    additive = ctx.add("Where", attended, ctx.const(np.float32(0.0)),
+                       ctx.const(np.float32(fill)))
+    return ctx.add("Reshape", additive, ctx.const(np.array(shape, np.int64)))
+
+
+@onnx_op("QAttention", domain=MICROSOFT)
+def import_qattention(ctx: ImportContext):
+    """Self-attention of a quantized input: Q, K and V are the thirds of
+    MatMulInteger(input, weight) * (input_scale * weight_scale) + bias (fuse_quantized's
+    integer product), then Attention over `num_heads` heads (scale 1/sqrt(head size) unless
+    given; `unidirectional`: causal), the mask_index as an additive mask_filter_value. The
+    past / present cache and rotary embeddings are not supported."""
+    x, w, bias, sx, sw, mask, zx, zw, past = (ctx.input(k) for k in range(9))
+    if past is not None or ctx.num_outputs > 1:
+        raise ctx.fail("the past / present key-value cache is not supported")
+    if ctx.attrs.get("do_rotary", 0):
+        raise ctx.fail("do_rotary is not supported")
+    if x.type.rank != 3 or w.type.rank != 2 or not isinstance(w.type.shape[1], int) or \
+            w.type.shape[1] % 3:
+        raise ctx.fail(f"expects input [batch, seq, in] and weight [in, 3 * hidden], given "
+                       f"{x.type} and {w.type}")
+    hidden, heads = w.type.shape[1] // 3, ctx.attrs["num_heads"]
+    qkv = _integer_to_float(ctx, x, w, sx, sw, zx, zw, bias)
+    q, k, v = ctx.emit("Split", [qkv, ctx.const(np.array([hidden] * 3, np.int64))],
+                       {"axis": -1}, num_outputs=3)
+    inputs = [q, k, v]
+    if mask is not None:
+        inputs.append(_attention_mask(ctx, mask, x.type.shape[1],
+                                      ctx.attrs.get("mask_filter_value", -10000.0)))
+    scale = ctx.attrs.get("scale", 0.0)
+    return ctx.add("Attention", *inputs, q_num_heads=heads, kv_num_heads=heads,
+                   is_causal=int(ctx.attrs.get("unidirectional", 0)),
+                   scale=float(scale) if scale else None)
