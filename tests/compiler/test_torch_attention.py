@@ -204,3 +204,20 @@ def test_static_cache_llama_with_the_cuda_attention_lowering(monkeypatch):
     prefill, decode = torch_backend.reports()[before:]
     assert _efficient_as_on_cuda.calls == 4   # 2 layers, 2 graphs
     assert set(prefill.torch_ops) | set(decode.torch_ops) <= {"aten.index_put.default"}
+
+
+def test_an_exported_program_keeps_scaled_dot_product_attention_whole():
+    import dnnc
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, m):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    q, k, v, m = _inputs("float", 4)
+    program = torch.export.export(Attention(), (q, k, v, m))
+    ops = [str(n.target) for n in program.run_decompositions(torch_fx.DECOMPOSITIONS)
+           .graph.nodes if n.op == "call_function"]
+    assert ops == ["aten.scaled_dot_product_attention.default"]
+    got = dnnc.compile(program, "llvm", cache=False)(q, k, v, m)
+    np.testing.assert_allclose(got, _reference(q, k, v, m, False, None).numpy(), rtol=1e-5,
+                               atol=1e-6)
