@@ -11,7 +11,8 @@ Each becomes the chain `passes/fuse_attention.py` matches, so a target that fuse
 
 with `drop` the causal mask (`is_causal`: a query sees the keys up to its own position,
 counted from the top left, as torch's `is_causal` is) or the negation of a boolean mask, and
-`mask` a float mask (cast to the queries' dtype). K and V with fewer heads than Q (grouped
+`mask` a float mask (cast to the queries' dtype; the causal mask is a constant, or computed
+from the lengths where they are symbolic). K and V with fewer heads than Q (grouped
 query attention) are repeated head by head as `repeat_interleave` does. Taken only in
 inference (`dropout_p` 0) and where nothing reads an output but the attention (the
 log-sum-exp and RNG state that backward needs: then the op stays in torch). A row whose
@@ -78,8 +79,6 @@ def _accepts(args: _Args):
         if not (q.dim() == k.dim() == v.dim() >= 2) or \
                 _dims(k)[:-2] != _dims(v)[:-2] or not _heads_match(_dims(q), _dims(k)):
             return False
-        if causal and not all(isinstance(d, int) for d in (q.shape[-2], k.shape[-2])):
-            return False   # the causal mask is a constant
         return mask is None or isinstance(mask, fx.Node)
     return accepts
 
@@ -101,17 +100,18 @@ def _convert(args: _Args):
         rank = q.type.rank
         perm = list(range(rank - 2)) + [rank - 1, rank - 2]
         scores = ctx.add("MatMul", q, ctx.add("Transpose", k, perm=perm))
-        if scale is None:
-            depth = q.type.shape[-1]
-            if not isinstance(depth, int):
-                raise ShapeError("attention with a symbolic head size and no scale")
-            scale = 1 / math.sqrt(depth)
-        scores = ctx.add("Mul", scores, ctx.const(np.array(scale, dtype)))
+        depth = q.type.shape[-1]
+        if scale is None and not isinstance(depth, int):   # 1 / sqrt(E), computed
+            size = ctx.add("Shape", q, start=rank - 1, end=rank)
+            factor = ctx.add("Reciprocal", ctx.add("Sqrt", ctx.add(
+                "Cast", size, to=T.DType.from_numpy(dtype))))
+        else:
+            factor = ctx.const(np.array(1 / math.sqrt(depth) if scale is None else scale,
+                                        dtype))
+        scores = ctx.add("Mul", scores, factor)
         ninf = ctx.const(np.array(-np.inf, dtype))
         if causal:
-            sq, sk = q.type.shape[-2], k.type.shape[-2]
-            later = np.triu(np.ones((sq, sk), np.bool_), k=1)   # keys after each query
-            scores = ctx.add("Where", ctx.const(later), ninf, scores)
+            scores = ctx.add("Where", _later_keys(ctx, q, k), ninf, scores)
         if mask is not None:
             mask = ctx.value(mask)
             if mask.type.dtype is T.bool_:   # True: attend
@@ -122,6 +122,25 @@ def _convert(args: _Args):
         val = node.meta["val"]
         return [out] + [None] * (len(val) - 1) if isinstance(val, tuple) else out
     return convert
+
+
+def _later_keys(ctx, q: Value, k: Value) -> Value:
+    """The [L, S] boolean mask of the keys after each query (torch's top-left causal mask):
+    a constant for static lengths, else Range(S) > Range(L)ᵀ over the inputs' dims."""
+    sq, sk = q.type.shape[-2], k.type.shape[-2]
+    if isinstance(sq, int) and isinstance(sk, int):
+        return ctx.const(np.triu(np.ones((sq, sk), np.bool_), k=1))
+    zero, one = ctx.const(np.array(0, np.int64)), ctx.const(np.array(1, np.int64))
+    rows, cols = (ctx.add("Range", zero, _length(ctx, x), one) for x in (q, k))
+    return ctx.add("Greater", ctx.add("Unsqueeze", cols, ctx.const(np.array([0], np.int64))),
+                   ctx.add("Unsqueeze", rows, ctx.const(np.array([1], np.int64))))
+
+
+def _length(ctx, x: Value) -> Value:
+    """The length of `x`'s second-last axis as a 0-d int64 value."""
+    rank = x.type.rank
+    return ctx.add("Squeeze", ctx.add("Shape", x, start=rank - 2, end=rank - 1),
+                   ctx.const(np.array([0], np.int64)))
 
 
 def _repeat_heads(ctx, x: Value, q: Value) -> Value:

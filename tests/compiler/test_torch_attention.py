@@ -221,3 +221,24 @@ def test_an_exported_program_keeps_scaled_dot_product_attention_whole():
     got = dnnc.compile(program, "llvm", cache=False)(q, k, v, m)
     np.testing.assert_allclose(got, _reference(q, k, v, m, False, None).numpy(), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_a_causal_mask_over_symbolic_lengths():
+    """dynamic=True: the lengths are symbols, the causal mask is computed from them, and one
+    compile runs every length."""
+    class Causal(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch._dynamo.reset()
+    before = len(torch_backend.reports())
+    fn = torch.compile(Causal(), backend=torch_backend.dnnc_backend, dynamic=True)
+    with torch.no_grad():
+        for length in (5, 9):
+            q, k, v, _ = _inputs(None, 4, sq=length, sk=length, seed=length)
+            np.testing.assert_allclose(fn(q, k, v).numpy(),
+                                       _reference(q, k, v, None, True, None).numpy(),
+                                       rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+    (report,) = torch_backend.reports()[before:]
+    assert report.partitions == 1 and not report.torch_ops, report
