@@ -10,16 +10,16 @@ Each becomes the chain `passes/fuse_attention.py` matches, so a target that fuse
         -> Softmax(-1) -> MatMul(., V)
 
 with `drop` the causal mask (`is_causal`: a query sees the keys up to its own position,
-counted from the top left, as torch's `is_causal` is) or the negation of a boolean mask, and
-`mask` a float mask (cast to the queries' dtype; the causal mask is a constant, or computed
-from the lengths where they are symbolic). K and V with fewer heads than Q (grouped
-query attention) are repeated head by head as `repeat_interleave` does. Taken only in
-inference (`dropout_p` 0) and where nothing reads an output but the attention (the
-log-sum-exp and RNG state that backward needs: then the op stays in torch). A row whose
-every key is masked gives NaN, as Softmax does (torch's math path gives 0 there).
+counted from the top left, as torch's `is_causal` is; a constant, or computed from the
+lengths where they are symbolic) or the negation of a boolean mask, and `mask` a float mask
+(cast to the queries' dtype). K and V with fewer heads than Q (grouped query attention) are
+repeated head by head as `repeat_interleave` does. Taken only in inference (`dropout_p` 0)
+and where nothing reads an output but the attention (the log-sum-exp and RNG state that
+backward needs: then the op stays in torch). A row whose every key is masked gives NaN, as
+Softmax does (torch's math path gives 0 there).
 
-This module never walks a graph and never compiles; it imports torch only through
-`torch_aten`.
+This module never walks a graph and never compiles; it imports torch (an optional
+dependency: only `torch_fx.py` imports this module).
 """
 
 from __future__ import annotations
