@@ -176,6 +176,8 @@ def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None
     call = state.get("direct") or compiled
 
     def run(*args):
+        if not torch.is_grad_enabled():
+            return call(*args)
         with torch.no_grad():
             return call(*args)
     return run
@@ -298,10 +300,13 @@ class LiveArguments:
             if not node.users:
                 fused.graph.erase_node(node)
         fused.recompile()
+        if hasattr(fused, "real_recompile"):   # a lazy GraphModule: its code now, not later
+            fused.real_recompile()
         self.fused = fused
+        self._forward = fused.forward   # the generated code, without Module.__call__
 
     def __call__(self, *args):
-        return self.fused(*[args[i] for i in self.live])
+        return self._forward(*[args[i] for i in self.live])
 
 
 def _tensor_op(node: fx.Node) -> bool:
@@ -351,11 +356,15 @@ class DnncPartition(torch.nn.Module):
     """A partition compiled by dnnc, called as the FX submodule it replaces: its tensor
     arguments (at `tensors`; SymInt arguments are read from their shapes by dnnc) become
     NumPy views, its outputs torch tensors over dnnc's arrays, neither copied (an argument
-    that is not contiguous is copied once, as dnnc reads dense arrays). `on_device`: the
-    arguments are GPU tensors, given to the model as they are (its target reads them in
-    place, on torch's current stream: `CompiledModel` sees their `__cuda_array_interface__`
-    and the runtime the tensor behind it), and its device outputs come back as tensors over
-    the same memory (`torch.from_dlpack`)."""
+    that is not contiguous is copied once, as dnnc reads dense arrays).
+    `on_device`: the arguments are GPU tensors, given to the model as they are (its target
+    reads them in place, on torch's current stream: `CompiledModel` sees their
+    `__cuda_array_interface__` and the runtime the tensor behind it), and its device outputs
+    come back as tensors over the same memory (`torch.from_dlpack`).
+
+    A call costs what dnnc's own does plus the conversions: `__call__` skips
+    `nn.Module.__call__`'s hook dispatch (a partition has no hooks), and the conversion of
+    each output is chosen once, here."""
 
     def __init__(self, model, tensors: list[int], single: bool, on_device: bool = False):
         super().__init__()
@@ -363,22 +372,44 @@ class DnncPartition(torch.nn.Module):
         self.tensors = tensors
         self.single = single
         self.on_device = on_device
+        if on_device:
+            self._call = self._device_call
+        else:
+            self._call = self._host_call
+            halves = [t.dtype.np.name == "bfloat16" for t in model.output_types]
+            self._wraps = [_bfloat16_tensor if h else torch.from_numpy for h in halves]
+            self._plain = not any(halves)
 
-    def forward(self, *args):
-        if self.on_device:   # (detached: torch refuses the interface of a tensor with grad)
-            outs = [torch.from_dlpack(o)
-                    for o in self.model.run(*[args[i].detach() for i in self.tensors])]
-        else:   # (np.require, not ascontiguousarray: that makes a 0-d array 1-d)
-            arrays = [np.require(tensor_array(args[i]), requirements="C")
-                      for i in self.tensors]
-            outs = [_as_tensor(o) for o in self.model.run(*arrays)]
+    def __call__(self, *args):
+        return self._call(args)
+
+    forward = __call__
+
+    def _host_call(self, args):
+        arrays = []
+        for i in self.tensors:
+            t = args[i]
+            if not t.is_contiguous():
+                t = t.contiguous()
+            try:   # (bfloat16, a tensor with grad: tensor_array)
+                arrays.append(t.numpy())
+            except (RuntimeError, TypeError):
+                arrays.append(tensor_array(t))
+        outs = self.model.run(*arrays)
+        if self.single:
+            return self._wraps[0](outs[0])
+        if self._plain:
+            return tuple(map(torch.from_numpy, outs))
+        return tuple(w(o) for w, o in zip(self._wraps, outs))
+
+    def _device_call(self, args):   # (detached: torch refuses the interface of a grad tensor)
+        outs = [torch.from_dlpack(o)
+                for o in self.model.run(*[args[i].detach() for i in self.tensors])]
         return outs[0] if self.single else tuple(outs)
 
 
-def _as_tensor(array: np.ndarray) -> torch.Tensor:
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+def _bfloat16_tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
 
 
 def _log(report: GraphReport, options: dict) -> None:

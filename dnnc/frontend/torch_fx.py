@@ -25,6 +25,7 @@ from torch._decomp import core_aten_decompositions
 from ..errors import DNNCError, ShapeError, UnsupportedOpError, UnsupportedTypeError
 from ..ir import types as T
 from ..ir.graph import Graph, Value
+from . import torch_attention  # noqa: F401  (registers the attention ops in ATEN)
 from .onnx import constant_value
 from .torch_aten import ATEN, ImportContext, np_dtype
 
@@ -90,7 +91,15 @@ def size_node(node: fx.Node) -> bool:
 
 
 def _dtypes_known(node: fx.Node, device: str | None) -> bool:
-    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    """Every tensor the node reads, and each of its outputs that something reads (a tuple's
+    items through a getitem something reads: attention's RNG state may be uint64), has a dnnc
+    dtype and lies on `device`."""
+    out = node.meta.get("val")
+    if isinstance(out, (tuple, list)):
+        read = {u.args[1] for u in node.users if u.target is operator.getitem and u.users}
+        whole = any(u.target is not operator.getitem for u in node.users)
+        out = [t for i, t in enumerate(out) if whole or i in read]
+    vals = [out] + [a.meta.get("val") for a in node.all_input_nodes]
     for val in vals:
         for t in val if isinstance(val, (tuple, list)) else (val,):
             if isinstance(t, torch.Tensor) and (np_dtype(t.dtype) is None or

@@ -411,3 +411,29 @@ def test_a_device_partition_passes_tensors_and_wraps_outputs_without_copies():
     assert given.data_ptr() == x.data_ptr()
     assert isinstance(out, torch.Tensor)
     assert out.data_ptr() == model.out.ctypes.data   # DLPack: the output's own memory
+
+
+def test_a_host_partition_takes_any_tensor_and_wraps_each_output_by_its_dtype():
+    from dnnc.ir import types as T
+
+    class Model:   # what a CompiledModel of host arrays is to the partition
+        output_types = [T.TensorType(T.float32, (2, 3)), T.TensorType(T.bfloat16, (2, 3))]
+
+        def run(self, *arrays):
+            self.given = arrays
+            return [arrays[0] + 1, (arrays[0] * 2).astype(T.bfloat16.np)]
+
+    model = Model()
+    x = torch.randn(3, 2, requires_grad=True).t()   # a view with grad, not contiguous
+    plus, twice = torch_backend.DnncPartition(model, [0], single=False)(x, 7)
+    (given,) = model.given
+    assert isinstance(given, np.ndarray) and given.flags.c_contiguous
+    np.testing.assert_array_equal(given, x.detach().numpy())
+    assert plus.dtype == torch.float32 and twice.dtype == torch.bfloat16
+    np.testing.assert_array_equal(plus.numpy(), x.detach().numpy() + 1)
+    halved = (x.detach().numpy() * 2).astype(T.bfloat16.np).astype(np.float32)
+    np.testing.assert_array_equal(twice.float().numpy(), halved)
+    model.output_types = model.output_types[1:]
+    model.run = lambda *arrays: [(arrays[0] * 2).astype(T.bfloat16.np)]
+    alone = torch_backend.DnncPartition(model, [0], single=True)(x)
+    np.testing.assert_array_equal(alone.float().numpy(), halved)
