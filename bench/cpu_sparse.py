@@ -3,7 +3,7 @@ one run.
 
     python bench/cpu_sparse.py [--models resnet50,mobilenet_v2,bert_base] [--size 224]
                                [--sparsity 0,0.3,0.7,0.9] [--threads 1,2] [--repeat 10]
-                               [--blocks 3]
+                               [--blocks 3] [--cpu-time]
     python bench/cpu_sparse.py --layers [--sparsity 0.5,0.7,0.9] [--threads 1] [--match 3x3]
 
 Each zoo model is built once (seeded random weights) and magnitude-pruned per layer (`prune`:
@@ -15,8 +15,11 @@ block each. Prints milliseconds, dense / pruned (the speed-up), the layers runni
 the products, and the largest difference of the pruned file's outputs between dnnc with and
 without the sparse ops (relative to the largest output: a sanity check; what they compute is
 tested by tests/backends/llvm/test_sparse.py), then the geometric mean of the speed-ups per
-sparsity. One table per thread count (each in a process of its own: DNNC_NUM_THREADS is read
-when the worker pool starts).
+sparsity. `--cpu-time` (1 thread only) times each call by this process's CPU time instead of
+the wall clock: on a machine shared with other work, a call longer than a scheduler time slice
+is stretched by the others' slices (a 4 ms CPU call measured 8-30 ms on a loaded 2-core host),
+diluting every ratio towards 1. One table per thread count (each in a process of its own:
+DNNC_NUM_THREADS is read when the worker pool starts).
 
 `--layers`: single layers of those models' shapes (1x1 and 3x3 convs, BERT's projections,
 a classifier at batch 1) as SparseConv / SparseDense against the dense ops, forced (not the
@@ -33,6 +36,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +98,22 @@ def _products(model: CompiledModel) -> tuple[int, int]:
                                        "MatMul", "Gemm") for op in ops)
 
 
+def median_cpu_ms(fns: dict, repeat: int, blocks: int) -> dict:
+    """As bench/cpu.py's median_block_ms (interleaved blocks, the median block's median
+    call), each call timed by the process's CPU time (`--cpu-time`, 1 thread)."""
+    times: dict = {k: [] for k in fns}
+    for _ in range(blocks):
+        for key, fn in fns.items():
+            fn(), fn()
+            calls = []
+            for _ in range(repeat):
+                start = time.process_time()
+                fn()
+                calls.append((time.process_time() - start) * 1e3)
+            times[key].append(float(np.median(calls)))
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
 def model_rows(name: str, args) -> list[tuple]:
     config = {} if name.startswith("bert") else {"size": args.size}
     dense_file = zoo.build(name, **config)
@@ -112,7 +132,7 @@ def model_rows(name: str, args) -> list[tuple]:
                           max(np.abs(np.asarray(w)).max(), 1e-30)) for g, w in zip(got, want))
         extra[s] = (_products(sparse), error)
         fns[s] = lambda m=sparse: m(**feeds)
-    ms = median_block_ms(fns, args.repeat, args.blocks)
+    ms = (median_cpu_ms if args.cpu_time else median_block_ms)(fns, args.repeat, args.blocks)
     rows = []
     for s in sorted(ms):
         (n_sparse, n_all), error = extra.get(s, (_products(base), 0.0))
@@ -125,7 +145,8 @@ def models_table(args) -> None:
     cpu = host_target()
     print(f"# {platform.node()} {cpu.cpu}, {cpu.vector_bits}-bit vectors, {threads} "
           f"thread(s); dnnc {dnnc.__version__}; zoo models magnitude-pruned per layer "
-          f"(unstructured); speed-up = dense file / pruned file, both dnnc")
+          f"(unstructured); speed-up = dense file / pruned file, both dnnc"
+          f"{'; CPU time' if args.cpu_time else ''}")
     print(f"{'model':14} {'zeros':>6} {'ms':>9} {'speed-up':>9} {'sparse':>9} "
           f"{'max diff':>9}")
     speedups: dict[float, list[float]] = {}
@@ -223,8 +244,13 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--layers", action="store_true")
     parser.add_argument("--match", default="", help="--layers: only layers whose name has this")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time calls by the process's CPU time (1 thread only)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # one thread count, in this process
     args = parser.parse_args()
+    if args.cpu_time and (args.layers or (args.threads != "1" and not args.one)):
+        parser.error("--cpu-time times models at --threads 1 (other threads' CPU time "
+                     "counts too)")
     default = "0.5,0.7,0.9" if args.layers else "0,0.3,0.7,0.9"
     sparsity = args.sparsity or default
     if args.one:
@@ -236,7 +262,8 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--one", n, "--models", args.models,
                         "--size", str(args.size), "--sparsity", sparsity,
                         "--repeat", str(args.repeat), "--blocks", str(args.blocks)]
-                       + (["--layers", "--match", args.match] if args.layers else []),
+                       + (["--layers", "--match", args.match] if args.layers else [])
+                       + (["--cpu-time"] if args.cpu_time else []),
                        env=env, check=True)
 
 

@@ -64,11 +64,23 @@ def space(p: SparseProblem, machine) -> Space:
                              "planes)", lambda c: c.pack or not (p.transposed or p.windowed))])
 
 
+WIDE_SLICES = 3
+"""A SparseDense or 1x1 SparseConv whose rows span at most this many slices computes 4
+vectors of places a block (else 2): each entry's weight and column loaded, and each row set
+up, once for twice the multiply-adds, at the cost of twice the partial sums between slices.
+1 thread, shared znver5, CPU time, against 2 vectors: BERT-base's products at 128 tokens 768
+deep (3 slices) 1.14-1.17x faster at 70% zeros, 1.0-1.05x at 90%, 3072 deep (12 slices)
+0.72x at 90% (the partial sums, 768 rows x 4 vectors a block, leave L1: those keep 2);
+1x1 convs of mobilenet_v2's and resnet50's at 90% (1 to 3 slices) 0.98-1.19x, at 70% up to
+1.21x. (find_sparsity's estimate still counts 2 vectors: it errs towards dense.)"""
+
+
 def default(p: SparseProblem, machine) -> SparseConfig:
     lanes, threads = machine.vector_bits // 32, machine.threads
     # one block where the places are few (a 7x7 image's 49: computed as 4 vectors), else
-    # two vectors of them
-    places = p.places if p.places <= 4 * lanes else 2 * lanes
+    # two vectors of them (four where the rows span few slices, WIDE_SLICES)
+    vectors = 4 if not p.windowed and p.slices <= WIDE_SLICES else 2
+    places = p.places if p.places <= 4 * lanes else vectors * lanes
     blocks = p.batch * -(-p.places // places)
     groups = 1
     chunks = -(-p.rows // chunk_rows(p, lanes))
@@ -105,8 +117,8 @@ def build(p: SparseProblem, config: SparseConfig, machine) -> L.PrimFunc:
     lanes = machine.vector_bits // 32
 
     def block(w: int, p0: L.Expr) -> L.Stmt:
-        return _block(p, config, geometry, w, computed_width(w, lanes, p.transposed or
-                                                             config.pack or p.windowed), p0)
+        cw = computed_width(w, lanes, p.transposed or config.pack or p.windowed)
+        return _Block(p, config, geometry, w, cw, p0).stmt()
 
     if full and rest:
         unit = L.If(pb < full, block(width, pb * width), block(rest, L.const(full * width)))
@@ -159,112 +171,135 @@ def computed_width(width: int, lanes: int, packed: bool) -> int:
     return -(-width // lanes) * lanes
 
 
-def _block(p: SparseProblem, config: SparseConfig, geo: _Rows, width: int, cw: int,
-           p0: L.Expr) -> L.Stmt:
+class _Block:
     """The unit's chunks of rows on the block of `width` places from p0 (computed as `cw`),
-    slice by slice: a slice's activations packed (`_pack`), then each row's entries of that
-    slice added to its partial sums (`geo.part`, the unit's slot of the workspace, between
-    slices)."""
-    splits, b = config.splits, geo.b
-    vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
-    jc, r, lane, sl, rr = L.Var("jc"), L.Var("r"), L.Var("l"), L.Var("s"), L.Var("rr")
-    ch = geo.g * geo.per_group + jc
-    j = ch * geo.rows + rr
-    packed = p.transposed or config.pack or p.windowed
-    block = L.Buffer("xt", T.float32, (min(p.slice_depth, p.depth) * cw,), L.Scope.LOCAL)
-    tile = L.Buffer("tile", T.float32, (geo.rows * width,), L.Scope.LOCAL)
+    slice by slice (`stmt`): a slice's activations packed (`_pack`), then each row's entries
+    of that slice added to its partial sums (`geo.part`, the unit's slot of the workspace,
+    between slices)."""
 
-    def x_at(col):
-        if packed:   # col: a column of the slice
-            return block[(col - sl * p.slice_depth) * cw + lane]
-        return p.x_at(b, col, p0 + lane)
+    def __init__(self, p: SparseProblem, config: SparseConfig, geo: _Rows, width: int,
+                 cw: int, p0: L.Expr):
+        self.p, self.config, self.geo, self.width, self.cw, self.p0 = \
+            p, config, geo, width, cw, p0
+        self.splits, self.b = config.splits, geo.b
+        self.vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+        self.jc, self.r, self.lane, self.sl, self.rr = \
+            L.Var("jc"), L.Var("r"), L.Var("l"), L.Var("s"), L.Var("rr")
+        self.ch = geo.g * geo.per_group + self.jc
+        self.j = self.ch * geo.rows + self.rr
+        self.packed = p.transposed or config.pack or p.windowed
+        self.block = L.Buffer("xt", T.float32, (min(p.slice_depth, p.depth) * cw,),
+                              L.Scope.LOCAL)
+        self.tile = L.Buffer("tile", T.float32, (geo.rows * width,), L.Scope.LOCAL)
+        self.acc = L.Buffer("acc", T.float32, (self.splits * cw,), L.Scope.LOCAL)
+        self.first, self.count = L.Var("first"), L.Var("count")
+        self.wv, self.col = L.Var("wv", T.float32), L.Var("col")
+        self.flag = _Flag(p, geo.window, width, cw, self.b, p0)
 
-    acc = L.Buffer("acc", T.float32, (splits * cw,), L.Scope.LOCAL)
-    first, count = L.Var("first"), L.Var("count")
-    wv, col = L.Var("wv", T.float32), L.Var("col")
+    def x_at(self, col: L.Expr) -> L.Expr:
+        """The activation of column `col` at the block's place `lane` (packed: a column of
+        the slice)."""
+        if self.packed:
+            return self.block[(col - self.sl * self.p.slice_depth) * self.cw + self.lane]
+        return self.p.x_at(self.b, col, self.p0 + self.lane)
 
-    def update(entry: L.Expr, s: int) -> L.Stmt:
-        at = s * cw + lane
-        return L.Let(wv, p.values[entry], L.Let(col, _index(p.columns[entry]), L.For(
-            lane, cw, L.Store(acc, (at,), L.call("fma", wv, x_at(col), acc[at])), vec)))
+    def update(self, entry: L.Expr, s: int) -> L.Stmt:
+        """Entry `entry`'s weight times its column's activations added to accumulator set s."""
+        p, acc, lane = self.p, self.acc, self.lane
+        at = s * self.cw + lane
+        return L.Let(self.wv, p.values[entry], L.Let(self.col, _index(p.columns[entry]), L.For(
+            lane, self.cw, L.Store(acc, (at,), L.call("fma", self.wv, self.x_at(self.col),
+                                                      acc[at])), self.vec)))
 
-    def row(start: bool, end: bool, fixing: bool) -> L.Stmt:
+    def row(self, start: bool, end: bool, fixing: bool) -> L.Stmt:
         """Row j (row rr of chunk ch) on slice sl's entries: from zero or its partial sums,
         into its partial sums, the chunk's tile or through the epilogue to Y (`fixing`: NaN
         added where a flagged place meets a zero weight, `_Flag.fix`)."""
+        p, geo, acc, lane, vec = self.p, self.geo, self.acc, self.lane, self.vec
+        splits, cw, width, first, count = self.splits, self.cw, self.width, self.first, \
+            self.count
+        b, j, r, rr, p0 = self.b, self.j, self.r, self.rr, self.p0
         # (the unit's slots are config.places wide: a narrower last block's too, else its
         # slots would reach into another unit's)
-        slot = ((geo.t * geo.per_group + jc) * geo.rows + rr) * config.places + lane
+        slot = ((geo.t * geo.per_group + self.jc) * geo.rows + rr) * self.config.places + lane
         init = L.For(lane, splits * cw, L.Store(acc, (lane,), L.const(0.0)), vec)
         if not start:
             init = L.seq(init, L.For(lane, width, L.Store(acc, (lane,), geo.part[slot]), vec))
         whole = count // splits
-        main = L.For(r, whole, L.seq(*(update(first + r * splits + s, s)
+        main = L.For(r, whole, L.seq(*(self.update(first + r * splits + s, s)
                                        for s in range(splits))))
-        tail = L.For(r, count - whole * splits, update(first + whole * splits + r, 0))
+        tail = L.For(r, count - whole * splits, self.update(first + whole * splits + r, 0))
         if fixing:
-            tail = L.seq(tail, flag.fix(j, acc, vec))
+            tail = L.seq(tail, self.flag.fix(j, acc, vec))
         total = sum((acc[s * cw + lane] for s in range(1, splits)), acc[lane])
         if not end:
             store = L.Store(geo.part, (slot,), total)
         elif p.transposed:
-            store = L.Store(tile, (rr * width + lane,), total)
+            store = L.Store(self.tile, (rr * width + lane,), total)
         elif geo.window is not None:
             store = geo.window.store(b, j, p0 + lane, total)
         else:
             store = L.Store(p.y, p.y_at(b, j, p0 + lane), p.finish(total, b, j, p0 + lane))
-        return L.Allocate(acc, L.Let(first, _index(p.starts[j, sl]), L.Let(
-            count, _index(p.starts[j, sl + 1]) - first,
+        return L.Allocate(acc, L.Let(first, _index(p.starts[j, self.sl]), L.Let(
+            count, _index(p.starts[j, self.sl + 1]) - first,
             L.seq(init, main, tail, L.For(lane, width, store, vec)))))
 
-    def chunk(start: bool, end: bool, rows: int, fixing: bool) -> L.Stmt:
+    def chunk(self, start: bool, end: bool, rows: int, fixing: bool) -> L.Stmt:
         """Chunk ch's first `rows` rows; a SparseDense's tile then stored a row of Y (its
         places' outputs of the chunk's rows) at a time."""
-        body = L.For(rr, rows, row(start, end, fixing))
+        p, lane, rr, b, p0 = self.p, self.lane, self.rr, self.b, self.p0
+        body = L.For(rr, rows, self.row(start, end, fixing))
         if end and p.transposed:
-            jv = ch * geo.rows + rr
+            jv = self.ch * self.geo.rows + rr
             kind = L.ForKind.VECTORIZED if rows >= 2 else L.ForKind.UNROLLED
-            out = L.For(lane, width, L.For(rr, rows, L.Store(
-                p.y, p.y_at(b, jv, p0 + lane), p.finish(tile[rr * width + lane], b, jv,
-                                                        p0 + lane)), kind))
-            body = L.Allocate(tile, L.seq(body, out))
+            out = L.For(lane, self.width, L.For(rr, rows, L.Store(
+                p.y, p.y_at(b, jv, p0 + lane), p.finish(self.tile[rr * self.width + lane], b,
+                                                        jv, p0 + lane)), kind))
+            body = L.Allocate(self.tile, L.seq(body, out))
         return body
 
-    def chunks(start: bool, end: bool) -> L.Stmt:
+    def chunks(self, start: bool, end: bool) -> L.Stmt:
+        """The unit's chunks on slice sl, its activations packed first; on the last slice
+        (`end`), in a second version with the fix-up for a block with a flagged place."""
+        p, geo, flag = self.p, self.geo, self.flag
         last_rows = p.rows - (geo.chunks - 1) * geo.rows
 
         def rows_of(fixing: bool) -> L.Stmt:
-            body = chunk(start, end, geo.rows, fixing)
+            body = self.chunk(start, end, geo.rows, fixing)
             if last_rows != geo.rows:
-                body = L.If(ch < geo.chunks - 1, body, chunk(start, end, last_rows, fixing))
+                body = L.If(self.ch < geo.chunks - 1, body,
+                            self.chunk(start, end, last_rows, fixing))
             if geo.per_group * geo.groups != geo.chunks:
-                body = L.If(ch < geo.chunks, body)
-            return L.For(jc, geo.per_group, body)
+                body = L.If(self.ch < geo.chunks, body)
+            return L.For(self.jc, geo.per_group, body)
 
         stage = rows_of(False)
         if end:   # the rows again with the fix-up, for a block with a flagged place
             stage = L.If(flag.raised, rows_of(True), stage)
-            if packed:   # every slice packed (this one below): the block's flag
+            if self.packed:   # every slice packed (this one below): the block's flag
                 stage = L.seq(flag.summary, stage)
+        args = (self.block, flag.bad, self.width, self.cw, self.p0, self.b, self.sl, self.vec)
         if geo.window is not None:
-            stage = L.seq(geo.window.pack(block, flag.bad, width, cw, p0, b, sl, vec), stage)
-        elif packed:
-            stage = L.seq(_pack(p, block, flag.bad, width, cw, p0, b, sl, vec), stage)
+            stage = L.seq(geo.window.pack(*args), stage)
+        elif self.packed:
+            stage = L.seq(_pack(p, *args), stage)
         return stage
 
-    flag = _Flag(p, geo.window, width, cw, b, p0)
-    last = p.slices - 1
-    if last == 0:
-        stages = L.substitute(chunks(True, True), {sl: L.const(0)})
-    else:
-        middle = L.Var("sm")
-        stages = L.seq(L.substitute(chunks(True, False), {sl: L.const(0)}),
-                       L.For(middle, last - 1, L.substitute(chunks(False, False),
-                                                           {sl: middle + 1})),
-                       L.substitute(chunks(False, True), {sl: L.const(last)}))
-    stages = L.Allocate(block, stages) if packed else L.seq(flag.scan(vec), flag.summary,
-                                                                stages)
-    return flag.around(stages, vec)
+    def stmt(self) -> L.Stmt:
+        """The block's slices: the first from zero, the middle ones between partial sums,
+        the last through the epilogue."""
+        sl, flag, last = self.sl, self.flag, self.p.slices - 1
+        if last == 0:
+            stages = L.substitute(self.chunks(True, True), {sl: L.const(0)})
+        else:
+            middle = L.Var("sm")
+            stages = L.seq(L.substitute(self.chunks(True, False), {sl: L.const(0)}),
+                           L.For(middle, last - 1, L.substitute(self.chunks(False, False),
+                                                               {sl: middle + 1})),
+                           L.substitute(self.chunks(False, True), {sl: L.const(last)}))
+        stages = L.Allocate(self.block, stages) if self.packed else \
+            L.seq(flag.scan(self.vec), flag.summary, stages)
+        return flag.around(stages, self.vec)
 
 
 def _nonfinite(x: L.Expr) -> L.Expr:

@@ -301,3 +301,26 @@ def test_a_1x1_sparse_conv_read_in_place_propagates_nonfinite_inputs(rng, pack):
         (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]), (ctypes.c_int64 * 1)())
     assert np.isnan(want).any()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def _default_places(graph) -> int:
+    from dnnc.backends.llvm.cpu import host_target
+    from dnnc.backends.llvm.sparse import default
+
+    _, problem = template_for(lower_group(graph.nodes, "k", outputs=graph.outputs))
+    machine = host_target()
+    return default(problem, machine).places // (machine.vector_bits // 32)
+
+
+@pytest.mark.parametrize("depth,vectors", [(768, 4), (3072, 2)])
+def test_a_shallow_sparse_product_computes_four_vectors_of_places(rng, depth, vectors):
+    """BERT's products at 128 tokens: 768 deep (3 slices of 256) in blocks of 4 vectors of
+    places, 3072 deep (12 slices: the partial sums between them) in blocks of 2; a 1x1 conv
+    of as many slices likewise, a 3x3 one (its padded planes) in 2."""
+    assert _default_places(sparse_dense_graph(rng, (128, depth), 64, 0.05, False, 256)[0]) \
+        == vectors
+    conv = sparse_conv_graph(rng, 1, depth, 32, 28, 28, 0.05, True, False, 256)[0]
+    assert _default_places(conv) == vectors
+    window = sparse_conv_graph(rng, 1, 16, 32, 28, 28, 0.05, True, False, 256, 3,
+                               (1, 1, 1, 1))[0]
+    assert _default_places(window) == 2
