@@ -3,7 +3,7 @@ compiled once with the switch's environment variable as given (`--env NAME=VALUE
 without it, then called in interleaved trials (A, B, A, B, ...: clock and thermal drift fall
 on both alike), inputs and outputs on the GPU as a torch caller keeps them.
 
-    PYTHONPATH=$PWD python bench/gpu_env_ab.py --env DNNC_STAGED=0 \
+    PYTHONPATH=$PWD python bench/gpu_env_ab.py --env DNNC_WGMMA=0 [--base NAME=VALUE] \
         [--models bert_hf,vit_tiny_timm] [--batch 32] [--precision fp16] [--repeat 20]
         [--trials 5]
 

@@ -52,9 +52,10 @@ same shared tiles (`wgmma.py`, which says why it is a knob), in the dense and co
 at every precision; the dense default picks it on sm_90 at fp16 and bf16 (`WGMMA_DEFAULT`,
 `WGMMA_PRECISIONS`; DNNC_WGMMA=0 turns it off, =1 on at tf32 too).
 
-Not yet: TMA on sm_90; the next k tile's first fragments loaded before this
-tile's last mmas (CUTLASS's overlap of the barrier); vector stores of Y at the edges and
-through epilogues that read memory; fp32 operands at fp16 / bf16 and tf32 operands
+With the `staged` knob (staged.py) results go through shared memory and are stored in
+vector runs, through epilogues that read memory too. Not yet: TMA on sm_90; the next k
+tile's first fragments loaded before this tile's last mmas (CUTLASS's overlap of the
+barrier); fp32 operands at fp16 / bf16 and tf32 operands
 contiguous along their rows through cp.async (converting or transposing in shared memory);
 measured EFFICIENCY figures.
 """
@@ -111,13 +112,6 @@ DEFAULT_STAGES = 3
 # every precision), a split costs as in dense.py
 LAUNCH_S = 2e-6
 
-STAGED_RUN = 4
-"""Consecutive results of a row a thread finishes and stores at once in a staged epilogue
-(`_staged`): 16 bytes of float32, 8 of a 16-bit Y."""
-STAGING_PAD = 8
-"""Floats past each row of the staged tile (rows 8 banks apart: a warp's float2 stores of its
-fragments, 4 rows of 4 lanes a half-warp, hit distinct banks)."""
-
 GROUP_ROWS = 8
 """Row tiles a group of consecutive blocks runs down before moving across (`_grouped`)."""
 
@@ -135,7 +129,7 @@ class TensorCoreConfig:
     split_k: int = 1     # k slices summed by a second launch (fills the GPU when m n is small)
     wgmma: bool = False  # warpgroups of warps_m / 4 x warps_n issue wgmma (sm_90: wgmma.py)
     early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
-    staged: bool = False   # results through shared memory, stored in runs of a row (`_staged`)
+    staged: bool = False   # results through shared memory, stored in runs of a row (staged.py)
 
     @property
     def threads(self) -> int:
@@ -183,11 +177,10 @@ def shared_bytes(c: TensorCoreConfig, precision: str) -> int:
     """Bytes of shared memory a block of config `c` takes at `precision`: its ring of
     tiles, or the staged results where they take more (they reuse the ring's memory)."""
     ring = c.stages * c.block_k * (c.block_m + c.block_n) * _element_bytes(precision)
-    return max(ring, _staging_bytes(c)) if c.staged and c.split_k == 1 else ring
-
-
-def _staging_bytes(c: TensorCoreConfig) -> int:
-    return c.block_m * (c.block_n + STAGING_PAD) * 4
+    if c.staged and c.split_k == 1:
+        from .staged import staging_bytes   # (it builds on this module's tiles)
+        return max(ring, staging_bytes(c))
+    return ring
 
 
 def _shared_limit(c: TensorCoreConfig) -> int:
@@ -382,7 +375,8 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
     grid = (-(-m // w.bm), -(-n // w.bn))
     if c.split_k == 1:
         if c.staged:
-            body = w.block(L.seq(w.init(), w.product(L.const(0))), _staged(w, store))
+            from .staged import staged_results   # (it builds on this module's tiles)
+            body = w.block(L.seq(w.init(), w.product(L.const(0))), staged_results(w, store))
         else:
             done = w.each_result(lambda i, j, value: store(bi, i, j, value))
             body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
@@ -396,52 +390,6 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
         return L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
 
     return dense_template._split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
-
-
-def _staged(w, store) -> L.Stmt:
-    """The block's results stored through shared memory: each thread's accumulators into a
-    block_m x block_n tile (of their type: float32, int32) (rows STAGING_PAD floats apart: a warp's pairs of a
-    fragment land in distinct banks), then, after a barrier, each thread takes runs of
-    STAGED_RUN consecutive results of a row (consecutive threads the consecutive runs of a
-    row: a warp's loads and stores of Y, its bias and residual are whole lines), finishes
-    them (`store`'s epilogue) into registers and stores them with one vector store where
-    the renderer proves the run contiguous and aligned in Y (through a layout tail too:
-    the simplifier splits a run's lane off an aligned base). The tile takes the memory the
-    operands' ring held (`codegen.shared_pool_bytes`).
-
-    A knob the tuner searches, off in the defaults: on an H200 (bench/gpu_env_ab.py, every
-    default product staged where it fit against none, interleaved) whole models took the same
-    time: fp16 bert_hf b8, vit_tiny, convnext_tiny, resnet18 b32 B/A 0.996 to 1.019 (geomean
-    1.003), tf32 0.994 to 1.003. The direct epilogue's half-filled sectors and per-element
-    index arithmetic are not what the in-model products lose time to."""
-    run, stride = STAGED_RUN, w.bn + STAGING_PAD
-    tile = L.Buffer("y_tile", w.acc.dtype, (w.bm * stride,), L.Scope.SHARED)
-    kept = w.each_result(lambda i, j, value: L.Store(tile, (i * stride + j,), value),
-                         within_tile=True)
-    results = L.Buffer("y_run", w.acc.dtype, (run,), L.Scope.LOCAL)
-    v = L.Var("v")
-
-    def finish(step, e):
-        r, col = e // (w.bn // run), e % (w.bn // run) * run
-        i, j = w.row0 + r, w.col0 + col
-        done = store(w.bi, i, j + v, results[v])
-        out = L.Buffer("y_out", done.buffer.dtype, (run,), L.Scope.LOCAL)
-        if w.n % run == 0:   # a run is inside Y or past its edge whole
-            body = L.seq(L.For(v, run, L.Store(out, (v,), done.value), L.ForKind.UNROLLED),
-                         L.For(v, run, L.Store(done.buffer, done.indices, out[v]),
-                               L.ForKind.VECTORIZED))
-            inside = L.logical_and(i < w.m, j < w.n)
-        else:
-            body = L.For(v, run, L.If(j + v < w.n, done), L.ForKind.UNROLLED)
-            inside = i < w.m
-        if w.m % w.bm == 0 and w.n % w.bn == 0:
-            inside = None
-        body = L.seq(L.For(v, run, L.Store(results, (v,), tile[r * stride + col + v]),
-                           L.ForKind.VECTORIZED), body if inside is None else L.If(inside, body))
-        return L.Allocate(results, L.Allocate(out, body))
-
-    copied = _over_threads(w.c.threads, w.bm * w.bn // run, finish)
-    return L.Allocate(tile, L.seq(kept, L.Barrier(), copied))
 
 
 def _grouped(body: L.Stmt, grid: tuple[int, int], by: L.Var, bx: L.Var) -> L.Stmt:
@@ -823,7 +771,7 @@ class _WarpTiles:
 
     def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
         """`body` with the block's shared tiles and the thread's registers allocated, then
-        `after` (if any) with the registers only (the tiles' memory free: `_staged`)."""
+        `after` (if any) with the registers only (the tiles' memory free: staged.py)."""
         return _allocated(body, after, [self.a_in.tile, self.b_in.tile] + [
             x.stage for x in (self.a_in, self.b_in) if not x.asynchronous],
             [self.acc, self.a_frag, self.b_frag])

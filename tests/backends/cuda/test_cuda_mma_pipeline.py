@@ -310,7 +310,7 @@ def test_results_of_whole_tiles_are_stored_as_vectors(rng, tmp_path):
 
 
 def test_staged_results_reuse_the_ring_and_store_runs_as_vectors():
-    """A staged epilogue (`mma._staged`): the tile of results takes the pool memory the
+    """A staged epilogue (cuda/staged.py): the tile of results takes the pool memory the
     operands' ring held, after a barrier (the pool is the larger of the two, not their sum),
     and each run of 4 results is one vector load from it and one vector store of Y, the bias
     read in the same runs."""

@@ -1,0 +1,71 @@
+"""The staged epilogue of the tensor-core products (`mma.py`'s `staged` knob): a block's
+results go through shared memory before the problem's store finishes them.
+
+Each thread's accumulators go into a block_m x block_n tile of their type (float32, int32;
+rows STAGING_PAD apart: a warp's pairs of a fragment land in distinct banks); after a
+barrier each thread takes runs of STAGED_RUN consecutive results of a row (consecutive
+threads the consecutive runs of a row: a warp's loads and stores of Y, its bias and
+residual are whole lines), finishes them (`store`'s epilogue) into registers and stores
+them with one vector store where the renderer proves the run contiguous and aligned in Y
+(through a layout tail too: the simplifier splits a run's lane off an aligned base). The
+tile takes the memory the operands' ring held (`codegen.shared_pool_bytes`).
+
+A knob the tuner searches, off in the defaults: on an H200 (bench/gpu_env_ab.py, every
+default product staged where it fit against none, interleaved) whole models took the same
+time: fp16 bert_hf b8, vit_tiny, convnext_tiny, resnet18 b32 B/A 0.996 to 1.019 (geomean
+1.003), tf32 0.994 to 1.003. The direct epilogue's half-filled sectors and per-element
+index arithmetic are not what the in-model products lose time to.
+
+Never changes what is computed: the same accumulators reach the same `store`, in another
+order of threads.
+"""
+
+from __future__ import annotations
+
+from ...ir import loop as L
+from .mma import TensorCoreConfig, _over_threads
+
+STAGED_RUN = 4
+"""Consecutive results of a row a thread finishes and stores at once: 16 bytes of float32, 8
+of a 16-bit Y."""
+STAGING_PAD = 8
+"""Floats past each row of the staged tile (rows 8 banks apart: a warp's float2 stores of its
+fragments, 4 rows of 4 lanes a half-warp, hit distinct banks)."""
+
+
+def staging_bytes(c: TensorCoreConfig) -> int:
+    """Bytes of config `c`'s staged tile of results (4-byte accumulators)."""
+    return c.block_m * (c.block_n + STAGING_PAD) * 4
+
+
+def staged_results(w, store) -> L.Stmt:
+    """The statements of `w`'s staged epilogue (the module's docstring), `w` a
+    `mma._WarpTiles` or `wgmma.Warpgroups` whose k loop has ended."""
+    run, stride = STAGED_RUN, w.bn + STAGING_PAD
+    tile = L.Buffer("y_tile", w.acc.dtype, (w.bm * stride,), L.Scope.SHARED)
+    kept = w.each_result(lambda i, j, value: L.Store(tile, (i * stride + j,), value),
+                         within_tile=True)
+    results = L.Buffer("y_run", w.acc.dtype, (run,), L.Scope.LOCAL)
+    v = L.Var("v")
+
+    def finish(step, e):
+        r, col = e // (w.bn // run), e % (w.bn // run) * run
+        i, j = w.row0 + r, w.col0 + col
+        done = store(w.bi, i, j + v, results[v])
+        out = L.Buffer("y_out", done.buffer.dtype, (run,), L.Scope.LOCAL)
+        if w.n % run == 0:   # a run is inside Y or past its edge whole
+            body = L.seq(L.For(v, run, L.Store(out, (v,), done.value), L.ForKind.UNROLLED),
+                         L.For(v, run, L.Store(done.buffer, done.indices, out[v]),
+                               L.ForKind.VECTORIZED))
+            inside = L.logical_and(i < w.m, j < w.n)
+        else:
+            body = L.For(v, run, L.If(j + v < w.n, done), L.ForKind.UNROLLED)
+            inside = i < w.m
+        if w.m % w.bm == 0 and w.n % w.bn == 0:
+            inside = None
+        body = L.seq(L.For(v, run, L.Store(results, (v,), tile[r * stride + col + v]),
+                           L.ForKind.VECTORIZED), body if inside is None else L.If(inside, body))
+        return L.Allocate(results, L.Allocate(out, body))
+
+    copied = _over_threads(w.c.threads, w.bm * w.bn // run, finish)
+    return L.Allocate(tile, L.seq(kept, L.Barrier(), copied))
