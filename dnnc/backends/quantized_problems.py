@@ -232,3 +232,13 @@ def dynamic_quantize(kernel: Kernel) -> DynamicQuantize | None:
         return None
     return DynamicQuantize(kernel.func.name, kernel.func.params, x, y, scale, zero_point,
                            math.prod(dims))
+
+
+def channel_param(buffer: L.Buffer | None, j) -> L.Expr | None:
+    """A quantization parameter (scale, zero point) of a product, scalar or per output
+    channel, at channel j; None where the problem has none."""
+    if buffer is None:
+        return None
+    if all(d == L.const(1) for d in buffer.shape):
+        return buffer[(0,) * len(buffer.shape)] if buffer.shape else buffer[()]
+    return buffer[j]

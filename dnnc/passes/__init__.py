@@ -1,6 +1,6 @@
-"""Graph passes, one module each (`fuse_quantized`, `fold_constants`/`specialize`, `simplify`, `eliminate`,
-`widen_half`, `fuse_attention`, `store_half`, `convert_layout` with `sink_transposes`,
-`conv_costs` (its estimate of each conv algorithm's time) and `find_sparsity` (products with
-sparse constant weights as sparse ops, by its estimate), `fuse_ops`), and `manager.py`: the
-pipeline per opt level,
-which verifies, times and dumps the graph after every pass (docs/passes.md)."""
+"""Graph passes, one module each (`fuse_quantized`, `fold_constants`/`specialize`, `simplify`,
+`eliminate`, `widen_half`, `fuse_attention`, `store_half`, `expand_powers` (Pow by 2 and 3 as
+multiplies), `convert_layout` with `sink_transposes`, `conv_costs` (its estimate of each conv
+algorithm's time) and `find_sparsity` (products with sparse constant weights as sparse ops, by
+its estimate), `fuse_ops`), and `manager.py`: the pipeline per opt level, which verifies,
+times and dumps the graph after every pass (docs/passes.md)."""

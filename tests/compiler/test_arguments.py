@@ -38,9 +38,9 @@ def compiled(mlp):
     ({"input_shapes": {"input": (2.5, 4)}}, r"input_shapes\['input'\] must be a tuple"),
     ({"input_shapes": [(2, 4)]}, "input_shapes must be a dict"),
     ({"target": "tpu"}, "target must be one of numpy, llvm, cuda, not 'tpu'"),
-    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 9"),
-    ({"passes": 10, "target": "llvm"}, "passes must be from 0 to 9, not 10"),   # 9 at level 3
-    ({"passes": 6, "opt_level": 1, "target": "llvm"}, "passes must be from 0 to 5, not 6"),
+    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 10"),
+    ({"passes": 11, "target": "llvm"}, "passes must be from 0 to 10, not 11"),  # 10 at level 3
+    ({"passes": 7, "opt_level": 1, "target": "llvm"}, "passes must be from 0 to 6, not 7"),
     ({"passes": 2}, "passes does not apply to the numpy target"),
     ({"dump_ir": "ir"}, "dump_ir does not apply to the numpy target"),
     ({"dump_ir": 3, "target": "llvm"}, "dump_ir must be a path"),

@@ -10,6 +10,8 @@ import operator
 import numpy as np
 import pytest
 
+from dnnc.testing.optional import library
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 A = torch.ops.aten
@@ -179,7 +181,7 @@ def test_static_cache_llama_with_the_cuda_attention_lowering(monkeypatch):
     """tests/compiler/test_torch_cuda.py's decoder on CPU, its attention lowered as on cuda
     (efficient attention, the mask padded to 16 keys and expanded): every attention op in
     dnnc, eager's greedy tokens, one compile each for the prefill and the decode step."""
-    transformers = pytest.importorskip("transformers")
+    transformers = library("transformers", "LlamaConfig", "LlamaForCausalLM")
     config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64,
                                       intermediate_size=128, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64,

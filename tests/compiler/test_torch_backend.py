@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from dnnc.errors import ArgumentError
+from dnnc.testing.optional import library
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -306,7 +307,7 @@ def test_options_reach_the_compile_and_unknown_ones_are_refused():
 
 
 def test_torchvision_resnet18():
-    torchvision = pytest.importorskip("torchvision")
+    torchvision = library("torchvision", "models")
     torch.manual_seed(0)
     model = randomize_batch_norm(torchvision.models.resnet18())
     (report,) = check(model, torch.randn(1, 3, 64, 64), atol=1e-3)
@@ -314,7 +315,7 @@ def test_torchvision_resnet18():
 
 
 def test_transformers_bert_built_locally():
-    transformers = pytest.importorskip("transformers")
+    transformers = library("transformers", "BertConfig", "BertModel")
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
                                      num_attention_heads=2, intermediate_size=64,
@@ -344,8 +345,8 @@ def test_static_cache_generate_compiles_prefill_and_decode_once(name):
     """transformers' generate with a static KV cache: one graph for the prompt, one for every
     decode step after it (the cache an input the graph writes, not a new shape per token),
     and eager's greedy tokens."""
-    transformers = pytest.importorskip("transformers")
     config_name, model_name, sizes = DECODERS[name]
+    transformers = library("transformers", config_name, model_name)
     config = getattr(transformers, config_name)(vocab_size=500, bos_token_id=1,
                                                 eos_token_id=2, **sizes)
     torch.manual_seed(0)

@@ -134,6 +134,7 @@ J4 = {j: Bounds(0, 3), i: Bounds(0, 99)}
     ((i * 4 + j) % 64, (i * 4) % 64 + j, J4),                   # a lane over an aligned base
     ((i * 4 + j) // 64, (i * 4) // 64, J4),
     ((i * 128 + k * 4 + j) % 64, k * 4 + j, {**J4, k: Bounds(0, 9)}),
+    (((k * 4 + j) // 64) * 64 + (k * 4 + j) % 64, k * 4 + j, {**J4, k: Bounds(0, 99)}),
     (j < 4, const(True, T.bool_), J4), (j >= 4, const(False, T.bool_), J4),
     (minimum(j, 10), j, J4), (maximum(j, 10), const(10), J4),
     (Select(j < 4, i, j), i, J4), (Select(i < n, j, j), j, {}),

@@ -18,6 +18,7 @@ from dnnc.ir.interpreter import run_graph
 from dnnc.ir.target import Target
 from dnnc.passes.manager import optimize
 from dnnc.testing.quantized_files import onnxruntime_outputs, quantize_dynamic, quantize_static
+from dnnc.testing.optional import library
 
 pytest.importorskip("onnxruntime")
 
@@ -89,7 +90,7 @@ def test_dynamically_quantized_exports_run_integer_dense_ops_close_to_onnxruntim
     than onnxruntime's own two optimisation levels are from each other (twice that: a
     flipped rounding of DynamicQuantizeLinear moves a whole row by a quantum, and the float
     ops around it round differently in each runtime)."""
-    pytest.importorskip("transformers")
+    library("transformers", "BertModel", "GPT2LMHeadModel")
     from dnnc.testing.quantized_files import export_transformer
 
     model = export_transformer(arch, hidden=64, heads=4, seq=16, vocab=200, seed=5)
@@ -139,7 +140,7 @@ def test_statically_quantized_exports_run_integer_dense_ops_close_to_onnxruntime
     """transformers' BERT and GPT-2 through quantize_static, QDQ and the operator format
     (QLinearMatMul, com.microsoft's QGemm, QLinearAdd, QLinearMul, QLinearSoftmax): every
     weight product an integer dense op, outputs within the dynamic files' bound."""
-    pytest.importorskip("transformers")
+    library("transformers", "BertModel", "GPT2LMHeadModel")
     from dnnc.testing.quantized_files import export_transformer
 
     model = export_transformer(arch, hidden=64, heads=4, seq=16, vocab=200, seed=6)

@@ -41,8 +41,8 @@ from ...ir import loop as L
 from ...ir import types as T
 from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr
 from ...ir.target import GPU
-from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, quantized_conv,
-                                  quantized_dense)
+from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, channel_param,
+                                  quantized_conv, quantized_dense)
 from ..space import Constraint, Space, Template
 from .dense import Operand, min_blocks
 from .device import gpu_of
@@ -102,21 +102,12 @@ def choose(m: int, n: int, k: int, gpu: GPU) -> TensorCoreConfig:
     return best
 
 
-def _channel(buffer: L.Buffer | None, j) -> L.Expr | None:
-    """A scalar or per-channel parameter at channel j."""
-    if buffer is None:
-        return None
-    if all(d == L.const(1) for d in buffer.shape):
-        return buffer[(0,) * len(buffer.shape)] if buffer.shape else buffer[()]
-    return buffer[j]
-
-
 def _finished(p, acc: L.Expr, j, shift: int = 0) -> L.Expr:
     """The int32 sum (A + shift) W of channel j with the zero point's share taken off (-
     (za + shift) w_sums[j]), through the op's `finish_expr`."""
-    za = L.Cast(T.int32, _channel(p.za, 0)) + L.const(shift, T.int32)
+    za = L.Cast(T.int32, channel_param(p.za, 0)) + L.const(shift, T.int32)
     return finish_expr(acc - za * p.sums[j],
-                       *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out, p.lo, p.hi)
+                       *(channel_param(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out, p.lo, p.hi)
 
 
 def _as(value: L.Expr, dtype: T.DType) -> L.Expr:
@@ -290,7 +281,7 @@ def conv_build(p: QuantizedConvProblem, c: TensorCoreConfig, machine) -> L.PrimF
     (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
     x = p.x
     y = L.Buffer(p.y.name, p.y.dtype, (p.y_dims[0], g.n, oh * ow))
-    za = _channel(p.za, 0)
+    za = channel_param(p.za, 0)
 
     def place(i, kw):
         """(image, first channel, row, column, whether inside the image) of word kw of

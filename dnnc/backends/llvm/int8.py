@@ -45,8 +45,9 @@ from ...ir import loop as L
 from ...ir import types as T
 from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, MAGIC, MAGIC_BITS, finish_expr
 from ..quantized_problems import (DynamicQuantize, MaxPool8, QuantizedConvProblem,
-                                  QuantizedDenseProblem, dynamic_quantize, max_pool8,
-                                  quantized_conv, quantized_dense, quantized_depthwise)
+                                  QuantizedDenseProblem, channel_param, dynamic_quantize,
+                                  max_pool8, quantized_conv, quantized_dense,
+                                  quantized_depthwise)
 from ..space import Constraint, Space, Template
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
@@ -86,26 +87,17 @@ def default(p: QuantizedDenseProblem, machine) -> Int8Config:
     return Int8Config(min(MR, p.m), 32 if p.n > GROUP_COLUMNS else 16)
 
 
-def _channel(buffer: L.Buffer | None, j) -> L.Expr | None:
-    """A scalar or per-column parameter at column j."""
-    if buffer is None:
-        return None
-    if all(d == L.const(1) for d in buffer.shape):
-        return buffer[(0,) * len(buffer.shape)] if buffer.shape else buffer[()]
-    return buffer[j]
-
-
 def zero_point(p, flipped: bool | None = None) -> L.Expr:
     """The activation's zero point as the products see it, int32: + 128 where int8 A is read
     flipped to A + 128 (`flipped`, by default where A is int8: the u8 x s8 vpdpbusd)."""
-    za = L.Cast(T.int32, _channel(p.za, 0))
+    za = L.Cast(T.int32, channel_param(p.za, 0))
     return za + L.const(128, T.int32) if (p.signed if flipped is None else flipped) else za
 
 
 def requantized(p, acc: L.Expr, j) -> L.Expr:
     """Column (output channel) j's sum of (a - za)(w - zw) through the op's finish (bias,
     scale, zero point, lo / hi) in the anchor's type."""
-    return finish_expr(acc, *(_channel(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
+    return finish_expr(acc, *(channel_param(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
                        p.lo, p.hi)
 
 
@@ -189,8 +181,8 @@ class DenseTile(_Tile):
         p = self.p
         if p.w_zp is None:
             return acc
-        shift = self.row_sums[i] - L.const(p.k, T.int32) * L.Cast(T.int32, _channel(p.za, 0))
-        return acc - L.Cast(T.int32, _channel(p.w_zp, j)) * shift
+        shift = self.row_sums[i] - L.const(p.k, T.int32) * L.Cast(T.int32, channel_param(p.za, 0))
+        return acc - L.Cast(T.int32, channel_param(p.w_zp, j)) * shift
 
     def sum_rows(self, threads: int) -> L.Stmt:
         """row_sums[i] = sum over k of A[i, k] (its values, int32): 16 lanes of partial sums
@@ -293,7 +285,7 @@ class _ConvTile(_Tile):
         (ph, pw) = p.begins
         nc, iy, ix = L.Var("qnc"), L.Var("qy"), L.Var("qx")
         flip = 0x80808080 if p.signed else 0
-        zero = L.Cast(T.uint32, L.Cast(T.uint8, _channel(p.za, 0)))
+        zero = L.Cast(T.uint32, L.Cast(T.uint8, channel_param(p.za, 0)))
         pad_word = L.BinOp("^", zero * L.Const(0x01010101, T.uint32), L.Const(flip, T.uint32))
         word = None
         for t in range(GROUP_DEPTH):
@@ -445,7 +437,7 @@ def depthwise_build(p: QuantizedConvProblem, config: DepthwiseConfig, machine) -
     w = L.Buffer(p.w.name, p.w.dtype, (m, kh * kw))
     y = L.Buffer(p.y.name, p.y.dtype, (n, m, oh, ow))
     nc, iy, ix = L.Var("qnc"), L.Var("qy"), L.Var("qx")
-    za = L.Cast(T.int32, _channel(p.za, 0))
+    za = L.Cast(T.int32, channel_param(p.za, 0))
     vec = L.ForKind.VECTORIZED
 
     def zeros(start, count) -> L.Stmt:   # padding: x - za is 0 there

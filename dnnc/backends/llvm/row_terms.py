@@ -42,6 +42,8 @@ def reuse_row_terms(n, names=None):
             y.scope is L.Scope.LOCAL or any(_touches(s, y) for s in n.stmts[:-1]):
         return None
     for term in _terms(store.value, j):
+        if term.dtype is not y.dtype:   # y could not hold the term unrounded (fp16, uint8 Y)
+            continue
         for k, stmt in enumerate(n.stmts[:-1]):
             found = _store_terms(stmt, term, j, y, idx, last.extent.value, names)
             if found is None:

@@ -263,14 +263,20 @@ def _split_small_addend(e, env):
 
 
 def _recombine_div_mod(e, env):
-    """(x//c)*c + x%c -> x."""
+    """(x//c)*c + x%c -> x, the two among the addends of a sum (`_split_small_addend` leaves
+    a lane beside them: (x//c)*c + (x%c + v) -> x + v)."""
     if not (isinstance(e, BinOp) and e.op == "+" and e.dtype.is_int):
         return None
-    for p, q in ((e.a, e.b), (e.b, e.a)):
-        if isinstance(p, BinOp) and p.op == "*" and isinstance(p.a, BinOp) and \
-                p.a.op == "//" and isinstance(q, BinOp) and q.op == "%" and \
-                p.a.a == q.a and p.a.b == q.b == p.b:
-            return q.a
+    terms = _terms(e)
+    for k, p in enumerate(terms):
+        if not (isinstance(p, BinOp) and p.op == "*" and isinstance(p.a, BinOp) and
+                p.a.op == "//"):
+            continue
+        for m, q in enumerate(terms):
+            if m != k and isinstance(q, BinOp) and q.op == "%" and p.a.a == q.a and \
+                    p.a.b == q.b == p.b:
+                rest = [t for i, t in enumerate(terms) if i not in (k, m)]
+                return _sum([q.a] + rest, e.dtype)
     return None
 
 
