@@ -20,6 +20,9 @@ from __future__ import annotations
 import ctypes
 import functools
 
+from ...ir import loop as L
+from ..space import Constraint
+
 AMX_FEATURES = frozenset({"amx-tile", "amx-bf16"})
 """The CPU features a bf16 tile product needs."""
 AMX_INT8_FEATURES = frozenset({"amx-tile", "amx-int8"})
@@ -31,6 +34,13 @@ TILE_DOTS = {"bf16": ("llvm.x86.tdpbf16ps.internal", AMX_FEATURES),
 """`TileProduct` precision -> (LLVM's dot of two tiles into a third, the CPU features (LLVM's
 names) it needs): tdpbf16ps sums bf16 pairs in float32, tdpbusd u8 x s8, tdpbssd s8 x s8 and
 tdpbsud s8 x u8 quads in int32."""
+
+TILES_FIT = Constraint(
+    "row_tiles * col_tiles + row_tiles + col_tiles <= 8: C's tiles and a step's A and B "
+    "tiles fit AMX's 8 tile registers",
+    lambda c: c.row_tiles * c.col_tiles + c.row_tiles + c.col_tiles <= L.TILE_REGISTERS)
+"""The constraint every tile template's space holds (configs with `row_tiles` and
+`col_tiles`): a block of C's tiles and one step's A and B tiles in the tile registers."""
 
 SYS_ARCH_PRCTL = 158            # x86-64 Linux
 ARCH_GET_XCOMP_PERM = 0x1022

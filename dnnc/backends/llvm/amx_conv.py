@@ -46,7 +46,7 @@ from .. import problems
 from ..problems import Conv2d
 from ..space import Constraint, Space, Template
 from . import bf16
-from .amx import AMX_FEATURES
+from .amx import AMX_FEATURES, TILES_FIT
 
 ROWS = L.TILE_ROWS          # rows of a tile; words (bf16 pairs) of a tile row
 
@@ -129,10 +129,7 @@ def space(p: Conv2d, machine) -> Space:
     return Space("amx_conv", AmxConvConfig, {
         "row_tiles": (1, 2, 3), "col_tiles": (1, 2), "fold": (False, True),
         "order": ("pixels", "channels")}, [
-        Constraint("row_tiles * col_tiles + row_tiles + col_tiles <= 8: C's tiles and a "
-                   "step's A and B tiles fit AMX's 8 tile registers",
-                   lambda c: c.row_tiles * c.col_tiles + c.row_tiles + c.col_tiles
-                   <= L.TILE_REGISTERS),
+        TILES_FIT,
         Constraint(f"16 * col_tiles divides the panel width {nr}: a block's B tiles lie in "
                    f"one panel", lambda c: nr % (ROWS * c.col_tiles) == 0)])
 

@@ -47,7 +47,7 @@ from .. import problems
 from ..problems import Dense, PointwiseDense, rounded
 from ..space import Constraint, Space, Template
 from . import bf16
-from .amx import AMX_FEATURES
+from .amx import AMX_FEATURES, TILES_FIT
 from .dense import DenseViews
 
 ROWS = L.TILE_ROWS          # rows of a tile; words (bf16 pairs, fp32) of a tile row
@@ -106,10 +106,7 @@ def space(p: Dense, machine) -> Space:
         return (p.m, p.n) if c.rows_along == "m" else (p.n, p.m)
 
     constraints = [
-        Constraint("row_tiles * col_tiles + row_tiles + col_tiles <= 8: C's tiles and a "
-                   "step's A and B tiles fit AMX's 8 tile registers",
-                   lambda c: c.row_tiles * c.col_tiles + c.row_tiles + c.col_tiles
-                   <= L.TILE_REGISTERS),
+        TILES_FIT,
         Constraint(f"rows_along == 'n' or 16 * col_tiles divides the panel width {nr}: a "
                    f"block's B tiles lie in one panel",
                    lambda c: c.rows_along == "n" or nr % (ROWS * c.col_tiles) == 0),

@@ -51,7 +51,7 @@ from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, q
                                   quantized_dense)
 from ..space import Constraint, Space, Template
 from . import amx_conv
-from .amx import AMX_INT8_FEATURES
+from .amx import AMX_INT8_FEATURES, TILES_FIT
 from .amx_dense import power_of_two_below, unit_cols
 from .int8 import (DenseTile, Int8Config, cast_to, dot_widths, pointwise, requantized,
                    zero_point)
@@ -112,10 +112,7 @@ def space(p: QuantizedDenseProblem, machine) -> Space:
     return Space("amx_dense_int8", AmxInt8Config, {
         "row_tiles": (1, 2, 3), "col_tiles": (1, 2), "unit_rows": (1, 2, 4, 8),
         "unit_cols": (1, 2, 4, 8, 16, 32, 64, 128)}, [
-        Constraint("row_tiles * col_tiles + row_tiles + col_tiles <= 8: C's tiles and a "
-                   "step's A and B tiles fit AMX's 8 tile registers",
-                   lambda c: c.row_tiles * c.col_tiles + c.row_tiles + c.col_tiles
-                   <= L.TILE_REGISTERS),
+        TILES_FIT,
         Constraint(f"unit_rows < 2 * row blocks (m = {p.m}): no unit twice the rows",
                    lambda c: c.unit_rows < 2 * row_blocks[c.row_tiles - 1]),
         Constraint(f"unit_cols < 2 * column blocks (n = {p.n}): no unit twice the columns",
@@ -338,10 +335,7 @@ def y_t_space(name: str, m: int, pixels: int) -> Space:
     return Space(name, AmxInt8Config, {
         "row_tiles": (1, 2, 3), "col_tiles": (1, 2, 3), "unit_rows": (1, 2, 4, 8),
         "unit_cols": (1, 2, 4, 8, 16, 32)}, [
-        Constraint("row_tiles * col_tiles + row_tiles + col_tiles <= 8: C's tiles and a "
-                   "step's A and B tiles fit AMX's 8 tile registers",
-                   lambda c: c.row_tiles * c.col_tiles + c.row_tiles + c.col_tiles
-                   <= L.TILE_REGISTERS),
+        TILES_FIT,
         Constraint(f"unit_rows < 2 * channel blocks (M = {m})",
                    lambda c: c.unit_rows < 2 * row_blocks[c.row_tiles - 1]),
         Constraint(f"unit_cols < 2 * pixel blocks ({pixels} pixels)",
