@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python bench/gpu_conv.py [--batch 32] [--precision fp16|bf16]
         [--repeat 30] [--trials 5] [--no-variants] [--no-nchw] [--no-shapes] [--no-model]
+        [--shapes C,H,M,k,s;...]
         [--models resnet18,mobilenet_v2] [--modes eager,reduce-overhead]
 
 Kernels: resnet50's distinct convolution shapes (torchvision's, 224 x 224 images) at
@@ -16,7 +17,9 @@ TFLOP/s = 2 N OH OW M C kh kw / time; `cuDNN/dnnc` is cuDNN's time over dnnc's (
 >= 0.8); the weighted rows sum each kernel's time times its count in resnet50. Each dnnc
 output is checked against cuDNN's: max |d| / max |cuDNN| within `model_error_bound`.
 
-(`--no-shapes`: none of those kernel rows.)
+(`--no-shapes`: none of those kernel rows; `--shapes C,H,M,k,s;...`: these in their place.)
+cuDNN is timed as a CUDA graph of `--repeat` calls (`torch_graph_timer`): issued one by one
+from Python, its host side (longer than the kernel at small shapes) was what got timed.
 
 Models (unless `--no-model`): each of the zoo's `--models` at `--batch`, compiled with
 `precision=`, against its torch mirror (bench/zoo_torch.py: the same weights) cast to that type and
@@ -45,7 +48,7 @@ from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.target import model_error_bound  # noqa: E402
 from gpu_timing import cuda_torch, cupy_timer, header, interleaved_ms, load_module, \
-    median_ms, torch_timer  # noqa: E402
+    median_ms, torch_graph_timer  # noqa: E402
 
 # (C, H = W, M, kernel, stride, count in resnet50), torchvision's v1.5 (stride on the 3x3)
 RESNET50 = [
@@ -64,7 +67,9 @@ VARIANTS = [C(256, 128, 32, 4, 2, 3), C(256, 64, 32, 4, 1, 3), C(128, 128, 32, 2
             C(128, 64, 32, 2, 2, 4), C(64, 128, 32, 2, 2, 4), C(128, 128, 64, 2, 2, 3),
             # warpgroups issuing wgmma (sm_90 only: skipped elsewhere, outside the space)
             C(128, 256, 64, 8, 1, 4, wgmma=True), C(128, 128, 64, 8, 1, 5, wgmma=True),
-            C(64, 128, 64, 4, 1, 5, wgmma=True), C(64, 64, 64, 4, 1, 4, wgmma=True)]
+            C(64, 128, 64, 4, 1, 5, wgmma=True), C(64, 64, 64, 4, 1, 4, wgmma=True),
+            C(128, 64, 64, 8, 1, 4, wgmma=True), C(128, 64, 64, 8, 1, 3, wgmma=True),
+            C(64, 64, 64, 4, 1, 3, wgmma=True), C(256, 64, 64, 8, 1, 3, wgmma=True)]
 """Other configs timed beside the default (those outside a shape's space, and all for a
 stem of fewer channels than a chunk, are skipped)."""
 
@@ -157,7 +162,7 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
     nhwc_in = cp.asarray(np.ascontiguousarray(x.transpose(0, 2, 3, 1)).astype(dtype.np)
                          .view(np.uint16))
     nchw_in = cp.asarray(x.astype(dtype.np).view(np.uint16))
-    timers, outs = [torch_timer(lambda: f(tx, tw, tb, stride=s, padding=k // 2))], []
+    timers, outs = [torch_graph_timer(lambda: f(tx, tw, tb, stride=s, padding=k // 2))], []
     for (name, config, _, kernel), (func, _) in zip(cases, funcs):
         launch, out = launcher(cp, raw, module, func, kernel,
                                nchw_in if name.endswith("(nchw)") else nhwc_in)
@@ -233,6 +238,8 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", default="fp16", choices=sorted(STORED))
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--shapes", default=None,
+                        help="C,H,M,kernel,stride[;...] in place of resnet50's (a count of 1 each)")
     parser.add_argument("--no-variants", action="store_true")
     parser.add_argument("--no-nchw", action="store_true")
     parser.add_argument("--no-shapes", action="store_true")
@@ -252,7 +259,9 @@ def main(argv=None) -> int:
           f"median of {args.trials} x mean of {args.repeat}")
     rng = np.random.default_rng(0)
     totals, failed = np.zeros(3), 0
-    for shape in [] if args.no_shapes else RESNET50:
+    shapes = RESNET50 if args.shapes is None else [
+        tuple(int(v) for v in text.split(",")) + (1,) for text in args.shapes.split(";")]
+    for shape in [] if args.no_shapes else shapes:
         try:
             default, best, cudnn, lines = conv_row(cp, torch, shape, args, machine, rng)
         except Exception as exc:   # one shape's failure must not hide the others

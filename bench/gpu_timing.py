@@ -173,6 +173,34 @@ def torch_timer(call) -> Callable[[int], float]:
     return once
 
 
+def torch_graph_timer(call) -> Callable[[int], float]:
+    """As `torch_timer`, with the `repeat` calls captured once into a CUDA graph and
+    replayed: the GPU time of the kernels alone, without the host's cost of issuing them (a
+    cuDNN convolution's host side takes longer than its kernel at small shapes, so calls
+    issued back to back time the host)."""
+    import torch
+
+    graphs: dict[int, object] = {}
+
+    def once(repeat: int) -> float:
+        if repeat not in graphs:
+            call()   # (workspaces allocated, algorithms chosen: outside the capture)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(repeat):
+                    call()
+            graphs[repeat] = graph
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graphs[repeat].replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / repeat
+    return once
+
+
 def interleaved_ms(timers: list, repeat: int, trials: int) -> list[float]:
     """Each timer's median ms over `trials`, the trials taken in turn (A, B, C, A, B, C,
     ...): clock, thermal and L2 drift over the run fall on every variant alike, so the
