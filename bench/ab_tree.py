@@ -3,7 +3,7 @@ models, each compiled by both trees and timed in interleaved blocks, printed as 
 
     git worktree add /tmp/dnnc-old <commit>
     python bench/ab_tree.py --old /tmp/dnnc-old [--models mlp,cnn,resnet18] [--target llvm]
-                            [--rounds 5] [--compiles 2]
+                            [--rounds 5] [--compiles 2] [--precision fp16] [--batch 32]
 
 The old tree's package is copied to a temporary folder as `dnnc_old` and imported beside this
 tree's `dnnc` (dnnc imports itself relatively, so both live in one interpreter, each with its
@@ -41,9 +41,11 @@ def import_old(tree: Path, folder: Path):
     return importlib.import_module("dnnc_old")
 
 
-def compile_seconds(package, model, target: str) -> tuple[float, object]:
+def compile_seconds(package, model, target: str, precision: str | None = None
+                    ) -> tuple[float, object]:
     start = time.perf_counter()
-    compiled = package.compile(model, target=target, cache=False)
+    options = {"precision": precision} if precision else {}
+    compiled = package.compile(model, target=target, cache=False, **options)
     return time.perf_counter() - start, compiled
 
 
@@ -60,19 +62,20 @@ def block_ms(compiled, inputs: list, calls: int) -> float:
     return (time.perf_counter() - start) * 1e3 / calls
 
 
-def measure(name: str, new, old, target: str, rounds: int, compiles: int) -> dict:
+def measure(name: str, new, old, target: str, rounds: int, compiles: int,
+            precision: str | None = None, batch: int | None = None) -> dict:
     from dnnc import zoo
 
     import numpy as np
 
-    model = zoo.build(name)
+    model = zoo.build(name) if batch is None else zoo.build(name, batch=batch)
     inputs = list(zoo.inputs_for(model, np.random.default_rng(0)).values())
     times = {"new": [], "old": []}
     compiled = {}
     for i in range(compiles):
         for which in (("old", "new") if i % 2 == 0 else ("new", "old")):
             seconds, compiled[which] = compile_seconds(new if which == "new" else old, model,
-                                                       target)
+                                                       target, precision)
             times[which].append(seconds)
     ya, yb = compiled["new"].run(*inputs), compiled["old"].run(*inputs)
     same = all(np.array_equal(host(a), host(b)) for a, b in zip(ya, yb))
@@ -96,6 +99,8 @@ def main() -> int:
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--compiles", type=int, default=2)
+    parser.add_argument("--precision", default=None, help="compile option (cuda: fp16, tf32...)")
+    parser.add_argument("--batch", type=int, default=None, help="the zoo models' batch")
     args = parser.parse_args()
     import dnnc
 
@@ -109,7 +114,8 @@ def main() -> int:
               f"{'call new ms':>11} {'old ms':>8} {'new/old':>7}  outputs")
         measure("mlp", dnnc, old, args.target, 1, 1)   # each tree's JIT and pool started
         for name in args.models.split(","):
-            r = measure(name, dnnc, old, args.target, args.rounds, args.compiles)
+            r = measure(name, dnnc, old, args.target, args.rounds, args.compiles,
+                        args.precision, args.batch)
             print(f"{name:14} {r['compile_new']:13.2f} {r['compile_old']:7.2f} "
                   f"{r['compile_new'] / r['compile_old']:7.2f} {r['ms_new']:11.3f} "
                   f"{r['ms_old']:8.3f} {r['ms_new'] / r['ms_old']:7.2f}  "

@@ -318,7 +318,9 @@ _BINARY: dict[tuple[str, str], Callable] = {
     **{(c, op): _int_infix(op) for c in "su" for op in ("<<", ">>")},  # >>: arithmetic on s
     **{(c, op): _func(fn) for c in "su" for op, fn in (("min", "dnnc_imin"),
                                                        ("max", "dnnc_imax"))},
-    ("b", "and"): _infix("&&"), ("b", "or"): _infix("||"),
+    # not && and ||: the IR's expressions evaluate every operand (no side effects, loads in
+    # range), and C's short circuit became branches around a copy's bounds checks
+    ("b", "and"): _infix("&"), ("b", "or"): _infix("|"),
 }
 """(class of the operands, BinOp op) -> emitter(a, b, result dtype)."""
 

@@ -88,7 +88,9 @@ def narrow_indices(func: L.PrimFunc) -> L.PrimFunc:
     64-bit integer arithmetic in several 32-bit instructions (a division by a constant far
     more: there is no 64-bit multiply-high). An unsigned 64-bit `idiv` / `irem` whose
     operands lie in [0, 2**32) becomes a 32-bit one; a buffer offset whose every
-    subexpression lies in the int32 range is computed in int32."""
+    subexpression lies in the int32 range is computed in int32, and so is a comparison of
+    two such index values (a copy's bounds check: a cp.async gather compared 64-bit rows
+    and taps, two instructions a compare)."""
     def rewrite(e: L.Expr, env) -> L.Expr:
         def rule(n):
             if isinstance(n, L.Call) and n.name in ("idiv", "irem") and n.dtype is T.uint64:
@@ -99,6 +101,10 @@ def narrow_indices(func: L.PrimFunc) -> L.PrimFunc:
                     return L.Cast(T.uint64, L.Call(n.name, narrow, T.uint32))
             if isinstance(n, L.Load):
                 return L.Load(n.buffer, tuple(offset(i, env) for i in n.indices))
+            if isinstance(n, L.BinOp) and n.op in L.COMPARE and n.a.dtype is L.INDEX:
+                a, b = _int32(n.a, env), _int32(n.b, env)   # (a bounds check: 1 ISETP)
+                if a is not None and b is not None:
+                    return L.BinOp(n.op, a, b)
             return None
         return L.transform(e, rule)
 

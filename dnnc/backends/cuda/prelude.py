@@ -120,9 +120,7 @@ __device__ __forceinline__ unsigned dnnc_bf16x2(float lo, float hi) {
 // a generic address of shared memory as the 32-bit shared-window address PTX's
 // ldmatrix and cp.async take
 __device__ __forceinline__ unsigned dnnc_shared_address(const void* p) {
-  unsigned a;
-  asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(p));
-  return a;
+  return (unsigned)__cvta_generic_to_shared(p);   // (not asm: the compiler folds it)
 }
 // a warp's ldmatrix: each lane's row address, `n` registers of 16-bit pairs
 """[1:] + "".join(_ldmatrix(n, trans) for trans in (False, True) for n in (1, 2, 4)) + r"""

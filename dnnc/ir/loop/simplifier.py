@@ -59,6 +59,15 @@ def bounds(e: Expr, env: dict[Var, Bounds]) -> Bounds:
             if a.within(0, b.lo - 1):
                 return a
             return Bounds(0, b.lo - 1)
+        if e.op == "//" and b.lo is not None and b.lo > 0 and a.lo is not None and a.lo >= 0:
+            # a divisor known only to be positive (a block grouping's min(rows left, 8))
+            return Bounds(0 if b.hi is None else a.lo // b.hi,
+                          None if a.hi is None else a.hi // b.lo)
+        if e.op == "%" and b.lo is not None and b.lo > 0:
+            hi = None if b.hi is None else b.hi - 1
+            if a.lo is not None and a.lo >= 0:
+                hi = _opt_keep(min, a.hi, hi)
+            return Bounds(0, hi)
         if e.op == "min":
             return Bounds(_opt(min, a.lo, b.lo), _opt_keep(min, a.hi, b.hi))
         if e.op == "max":

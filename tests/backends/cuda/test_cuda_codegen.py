@@ -191,7 +191,8 @@ def test_elementwise_launch_covers_the_extent_with_a_guard():
     text, k = render_func(schedule_kernel(kernel, MACHINE))
     (launch,) = k.launches
     assert launch.grid[0] * launch.block[0] >= 5 * 77 > (launch.grid[0] - 1) * launch.block[0]
-    assert re.search(r"if \(\(\w+ < 385LL\)\)", text)          # the tail is guarded
+    # the tail is guarded (in 32 bits: narrow_indices)
+    assert re.search(r"if \(\(\(\(int\)\(\w+\)\) < 385\)\)", text)
     assert 'extern "C" __global__' in text and "__restrict__" in text
     assert "const float* __restrict__ v_x" in text             # an input is const
 
@@ -398,7 +399,7 @@ def test_a_warp_per_row_needs_no_shared_memory_nor_barrier():
     text, k = render_func(func)
     assert k.launches[0].grid == (3, 1, 1) and k.launches[0].block == (128, 1, 1)
     assert "__shared__" not in text and "__syncthreads" not in text
-    assert "if ((i3 < 10LL))" in text               # the last block's rows past the tenth
+    assert "if ((((int)(i3)) < 10))" in text   # the last block's rows past the tenth (32-bit)
     assert "float v_x_row" in text and k.workspace == []
 
 
