@@ -232,3 +232,30 @@ def test_integer_division_by_zero_and_min_by_minus_one_is_defined(dtype):
             folded = simplify_expr(e)
             if isinstance(folded, Const):
                 assert folded.value == value, (a, op, b)
+
+
+def test_bounds_of_a_division_by_a_divisor_known_only_to_be_positive():
+    """A block grouping's tile // min(rows left, 8): bounded, so that legalize divides
+    unsigned and the index arithmetic narrows to 32 bits (cuda's tensor-core kernels)."""
+    from dnnc.ir.loop import bounds
+    t = Var("t")
+    env = {t: Bounds(0, 391)}
+    divisor = minimum(98 - t // 32 * 8, 8)
+    assert bounds(divisor, env) == Bounds(2, 8)
+    assert bounds(t % 32 // divisor, env) == Bounds(0, 15)
+    assert bounds(t // 32 * 8 + t % 32 % divisor, env) == Bounds(0, 103)
+    assert bounds(i % divisor, {**env, i: Bounds(-5, 3)}) == Bounds(0, 7)   # floor's: >= 0
+    assert bounds(t // n, {**env, n: Bounds(None, 4)}) == Bounds(None, None)   # n may be <= 0
+
+
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(1, 9), st.integers(0, 9),
+       st.integers(0, 60), st.integers(0, 12))
+@settings(max_examples=300, deadline=None)
+def test_bounds_of_division_and_remainder_by_a_positive_range_hold(alo, aw, blo, bw, a, b):
+    from dnnc.ir.loop import bounds
+    ahi, bhi = alo + aw, blo + bw
+    a, b = min(max(a, alo), ahi), min(max(b, blo), bhi)
+    env = {i: Bounds(alo, ahi), j: Bounds(blo, bhi)}
+    for e, value in ((i // j, a // b), (i % j, a % b)):
+        r = bounds(e, env)
+        assert (r.lo is None or r.lo <= value) and (r.hi is None or value <= r.hi)

@@ -54,9 +54,13 @@ def default(p: problems.Conv2dNHWC, machine) -> TensorCoreConfig:
     the dense default has them (`wgmma_by_default`: sm_90 at fp16 / bf16). On an H200 at
     fp16, batch 32 (bench/gpu_conv.py), resnet50's convolutions but the stem: 2.21 ms weighted
     on mma.sync's default tiles, 1.87 so chosen (within 1.03 of the fastest tile timed at
-    each shape; cuDNN channels_last 1.90)."""
+    each shape; cuDNN channels_last 1.90). Not SHALLOW_K's rule (measured on dense products):
+    resnet50's 1x1 convs of 256 input channels took 32 x 64 mma.sync tiles by it, 55.2 us at
+    256@56 -> 64 against 35.7 on the 64 x 64 wgmma tile, 36.4 at 256@14 -> 1024 against 29.6
+    (H200, fp16, batch 32, bench/gpu_conv.py)."""
     return choose(*gemm(p), gpu=gpu_of(machine), precision=machine.precision,
-                  wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision))
+                  wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision),
+                  shallow_rule=False)
 
 
 def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:

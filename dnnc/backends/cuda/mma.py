@@ -288,12 +288,14 @@ def wgmma_by_default(arch: str | None, precision: str = "fp16") -> bool:
     return on and arch is not None and has_wgmma(arch)
 
 
-def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int):
+def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
+                shallow_rule: bool = True):
     """(config without split, guessed efficiency) of the tiles the default tries for a
-    product of depth `k` and `outputs` results (m n, every batch)."""
+    product of depth `k` and `outputs` results (m n, every batch); `shallow_rule`: whether
+    SHALLOW_K's tiles apply (dense products; a convolution's do not)."""
     from . import wgmma   # (it builds on this module's tiles)
 
-    shallow = with_wgmma and k <= SHALLOW_K
+    shallow = shallow_rule and with_wgmma and k <= SHALLOW_K
     if shallow and outputs >= SHALLOW_LARGE:
         yield SHALLOW_LARGE_TILE, 1.0
         return
@@ -311,15 +313,17 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int):
 
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
-           precision: str = "fp16", wgmma: bool = False) -> TensorCoreConfig:
+           precision: str = "fp16", wgmma: bool = False,
+           shallow_rule: bool = True) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
     fastest (its guessed efficiency, slowed where its blocks cannot fill the GPU or leave
     the last of their waves part empty, plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
-    H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59)."""
+    H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59).
+    `shallow_rule`: SHALLOW_K's tiles for shallow products (dense ones; see SHALLOW_EFFICIENCY)."""
     best, best_time = None, math.inf
-    for base, efficiency in _candidates(precision, wgmma, k, m * n * batch):
+    for base, efficiency in _candidates(precision, wgmma, k, m * n * batch, shallow_rule):
         bm, bn = base.block_m, base.block_n
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:

@@ -186,6 +186,18 @@ def _kernel(op, shape, dtype=T.float32, **attrs):
 # -- the renderer on hand-built kernels --------------------------------------------------------
 
 
+def test_bool_and_or_render_without_short_circuit():
+    """The IR evaluates every operand of and / or: C's && and || only added branches (a
+    copy's bounds checks in the tensor-core kernels became BSSY/BSYNC regions)."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.bool_, (4, 8)))
+    y = g.add_input("y", T.TensorType(T.bool_, (4, 8)))
+    g.outputs = [g.add("Or", g.add("And", x, y), x)]
+    text, _ = render_func(schedule_kernel(lower_group(list(g.nodes), "k_bool"), MACHINE))
+    assert "&&" not in text and "||" not in text
+    assert " & " in text and " | " in text
+
+
 def test_elementwise_launch_covers_the_extent_with_a_guard():
     kernel = _kernel("Relu", (5, 77))
     text, k = render_func(schedule_kernel(kernel, MACHINE))

@@ -55,6 +55,23 @@ def test_half_precision_rules_round_like_the_reference(rng, op):
     _check(op, arrays, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("op", ["Gelu", "HardSwish", "Mish", "Softplus", "Elu"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_composites_compute_in_float32_and_round_once(rng, op, dtype):
+    """A composite activation of a float16 / bfloat16 input: reference and rule both compute
+    in float32 and round at the output (not after each of the composite's steps), so they
+    agree bit for bit with the float32 result rounded once."""
+    import ml_dtypes
+    half = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    x = (rng.standard_normal((6, 9)) * 3).astype(half)
+    once = get_op(op).run([x.astype(np.float32)], _defaults(op))[0].astype(half)
+    (reference,) = get_op(op).run([x], _defaults(op))
+    (rule,) = run_rule(op, [x])
+    assert reference.dtype == rule.dtype == x.dtype
+    np.testing.assert_array_equal(reference.view(np.uint16), once.view(np.uint16))
+    np.testing.assert_array_equal(rule.view(np.uint16), once.view(np.uint16))
+
+
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean",
                                 "PRelu", "Equal", "Less", "LessOrEqual", "Greater",
                                 "GreaterOrEqual"])
