@@ -38,8 +38,10 @@ def compiled(path: Path, x, precision: str, env: dict[str, str] | None):
     os.environ.update(env or {})
     try:
         options = {} if precision == "fp32" else {"precision": precision}
+        # cache=False: the compile cache's key does not hold environment switches, so a
+        # cached compile would hand B the kernels A compiled (A against A)
         return dnnc.compile(str(path), "cuda", input_shapes={"x": tuple(x.shape)},
-                            progress=False, **options)
+                            progress=False, cache=False, **options)
     finally:
         for name, value in saved.items():
             if value is None:
