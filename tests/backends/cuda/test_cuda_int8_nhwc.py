@@ -1,0 +1,143 @@
+"""The cuda channels-last int8 convolution (backends/cuda/int8_nhwc.py: QuantizedConvNHWC on
+the integer tensor cores, patches by cp.async) without a GPU: kernels scheduled for cuda, run
+on host threads with the mma and cp.async emulated (test_host_semantics' shim), bit for bit
+the op's NumPy reference (whose padding is the activation's zero point: the kernel's
+zero-filled padding compensated by w_tap_sums) and the llvm build; "nhwc_conv" making int8
+segments channels-last; NVRTC compiles for sm_80 and sm_90 where CuPy is installed. The same
+graphs on a GPU (`gpu` marker) are test_cuda_int8_gpu.py's."""
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.backends.cuda import FUSION, int8_nhwc
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.cuda.mma import TensorCoreConfig
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.ir.ops.quantized import quantized_conv_nhwc, tap_sums
+from dnnc.ir.target import Target
+from cuda_kernels import MACHINE, nvrtc_compiled, programs
+from test_cuda_int8 import _const, _epilogue, conv_graph
+from test_host_semantics import host_library, program_on_host
+
+pytestmark = pytest.mark.codegen
+
+LAYOUTS = Target("cuda", arch="sm_90", fusion=FUSION, layouts=("sparse_weights", "nhwc_conv"))
+"""The cuda Target with the layouts a compile for cuda applies ("nhwc_conv")."""
+
+
+def nhwc_graph(rng, n, c, h, w, m, k, stride, pad, act, out, lo=None):
+    """Relu(QuantizedConvNHWC(x, ...)) of a channels-last x of type `act`, per-channel scales
+    and a random zero point (never 0: the padding's share matters); the graph, an input and
+    the reference output."""
+    info = np.iinfo(act)
+    wq = rng.integers(-128, 128, (m, k, k, c)).astype(np.int8)
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, h, w, c)))
+    za = act(rng.choice([info.min, info.max, 3, -77 % (info.max + 1)]))
+    ins = [x, _const("za", za), _const("w", wq),
+           _const("s", wq.astype(np.int32).reshape(m, -1).sum(1).astype(np.int32))]
+    ins += _epilogue(rng, m, out)
+    ins += [None] * (7 - len(ins)) + [_const("t", tap_sums(wq))]
+    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, lo=lo,
+                 hi=None)
+    g.outputs = [g.add("Relu", g.add("QuantizedConvNHWC", *ins, **attrs))]
+    xv = rng.integers(info.min, info.max + 1, (n, h, w, c)).astype(act)
+    want = np.maximum(quantized_conv_nhwc(xv, *[None if v is None else v.const for v in ins[1:]],
+                                          auto_pad="NOTSET", dilations=None, group=1, **attrs),
+                      0)
+    return g, xv, want
+
+
+CASES = [   # (n, c, h, w, m, k, stride, pad, activation, output)
+    (1, 16, 7, 9, 19, 3, 1, 1, np.uint8, "int8"), (2, 32, 8, 8, 40, 1, 1, 0, np.int8, "uint8"),
+    (1, 48, 11, 11, 24, 3, 2, 1, np.int8, "float32"), (1, 16, 10, 10, 16, 5, 2, 2, np.int8, "int8"),
+    (3, 16, 5, 7, 13, 1, 2, 0, np.uint8, "int8"), (1, 64, 6, 6, 33, 3, 1, 1, np.int8, "int32"),
+    (2, 16, 6, 5, 20, 1, 1, 1, np.uint8, "uint8")]
+"""3x3 stride 1 and 2, 5x5, 1x1 (a plain array; stride 2; padded), C 16 to 64, tails of
+M and N, every output type, both activation types, zero points at the type's ends."""
+SMALL_TILE = TensorCoreConfig(32, 32, 32, 2, 1, 2)
+
+
+def _on_host(graph, x, tmp_path, machine=MACHINE, config=None):
+    optimised, (program,) = programs(graph, machine=machine, config=config)
+    module = render_module(program.unique)
+    lib = host_library(program.unique, tmp_path, module)
+    values = program_on_host(lib, module, program, {optimised.inputs[0].name: x})
+    return values[optimised.outputs[0].name], [k.schedule[0] for k in program.kernels], \
+        module.source
+
+
+def _check(graph, x, want, tmp_path, config=None):
+    got, templates, source = _on_host(graph, x, tmp_path, config=config)
+    assert templates[0] == "cuda_int8_conv2d_nhwc"
+    assert "dnnc_cp_async(&" in source
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got, want), f"{np.sum(got != want)} of {got.size} differ"
+    assert np.array_equal(got, dnnc.compile(graph, "llvm", cache=False)(x))
+
+
+@pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", CASES)
+def test_int8_nhwc_conv_on_host_equals_the_reference_and_llvm(n, c, h, w, m, k, stride, pad,
+                                                             act, out, tmp_path):
+    rng = np.random.default_rng(n * c * h * m * k + stride)
+    g, x, want = nhwc_graph(rng, n, c, h, w, m, k, stride, pad, act, out,
+                            lo=-100 if out == "int8" else None)
+    _check(g, x, want, tmp_path)
+
+
+def test_int8_nhwc_small_tiles_and_stages_on_host(tmp_path):
+    """Several blocks each way, edges of m and n, rings of 2 and 4 k tiles of 32 and 128
+    bytes (a k tile across taps)."""
+    rng = np.random.default_rng(12)
+    g, x, want = nhwc_graph(rng, 2, 32, 9, 9, 40, 3, 1, 1, np.uint8, "uint8")
+    for config in (SMALL_TILE, TensorCoreConfig(16, 32, 128, 1, 2, 4)):
+        _check(g, x, want, tmp_path / str(config.block_k), config)
+
+
+def test_every_config_of_the_space_builds():
+    rng = np.random.default_rng(3)
+    g, _, _ = nhwc_graph(rng, 1, 32, 8, 8, 48, 3, 1, 1, np.int8, "uint8")
+    _, (program,) = programs(g, machine=MACHINE)
+    from dnnc.backends.quantized_problems import quantized_conv_nhwc as describe
+
+    p = describe(program.kernels[0])
+    configs = list(int8_nhwc.conv_space(p, MACHINE).configs())
+    assert SMALL_TILE in configs and int8_nhwc.conv_default(p, MACHINE) in configs
+    for k in rng.choice(len(configs), 16, replace=False):   # each builds verified loop IR
+        L.verify(int8_nhwc.conv_build(p, configs[k], MACHINE))
+
+
+def _ops(graph) -> list[str]:
+    return [n.op for n in graph.nodes]
+
+
+def test_nhwc_conv_makes_int8_convs_channels_last(tmp_path):
+    """A QuantizedConvPacked of 16 channels becomes Transpose -> QuantizedConvNHWC ->
+    Transpose for cuda (at fp32: the integer kernels have no precision), one of 5 channels
+    stays NCHW; both give the reference on host threads."""
+    rng = np.random.default_rng(4)
+    for c, nhwc in ((16, True), (5, False)):
+        g, x, want = conv_graph(rng, 2, c, 9, 7, 24, 3, 1, 1, np.uint8, "int8")
+        optimised, _ = programs(g, machine=LAYOUTS)
+        assert ("QuantizedConvNHWC" in _ops(optimised)) == nhwc
+        got, templates, _ = _on_host(g, x, tmp_path / str(c), machine=LAYOUTS)
+        assert ("cuda_int8_conv2d_nhwc" in templates) == nhwc
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_int8_nhwc_kernels_compile_with_nvrtc(arch):
+    """u8 and s8 patches by cp.async, the padding's share, a pointwise conv."""
+    rng = np.random.default_rng(5)
+    funcs = []
+    for case in (CASES[0], CASES[1], CASES[2]):
+        _, (program,) = programs(nhwc_graph(rng, *case)[0], machine=MACHINE)
+        funcs += [(f.__class__(f"{f.name}_{len(funcs)}", f.params, f.body), noalias)
+                  for f, noalias in program.unique]
+    source = render_module(funcs).source
+    assert "dnnc_mma_u8(&" in source and "dnnc_mma_s8(&" in source
+    assert "dnnc_cp_async(&" in source
+    nvrtc_compiled(source, arch)
