@@ -37,19 +37,62 @@ def test_int8_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride, pad
     rng = np.random.default_rng(n * c * h * m * k + 7)
     g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
     model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
-    assert "cuda_int8_conv2d" in _templates(model, x)
+    # channels of whole 16-byte chunks run channels-last (int8_nhwc.py)
+    assert ("cuda_int8_conv2d_nhwc" if c % 16 == 0 else "cuda_int8_conv2d") in \
+        _templates(model, x)
     got = model(x)
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
-def test_large_int8_products_on_the_gpu_equal_the_reference():
-    """resnet50- and BERT-sized products at the default tiles (several waves, k tiles)."""
-    rng = np.random.default_rng(50)
-    for g, x, want in (dense_graph(rng, 2, 128, 768, 1024, np.uint8, "float32"),
-                       conv_graph(rng, 4, 64, 28, 28, 128, 3, 1, 1, np.int8, "int8"),
-                       conv_graph(rng, 4, 256, 14, 14, 512, 1, 2, 0, np.uint8, "uint8")):
-        got = dnnc.compile(g, "cuda", cache=False, outputs="numpy")(x)
-        assert np.array_equal(got, want), f"{np.sum(got != want)} of {got.size} differ"
+NHWC_CASES = [   # (n, c, h, w, m, k, stride, pad, activation, output)
+    (2, 16, 14, 14, 24, 3, 1, 1, np.uint8, "uint8"), (4, 64, 28, 28, 64, 3, 1, 1, np.int8, "int8"),
+    (4, 128, 28, 28, 128, 3, 2, 1, np.int8, "int8"), (2, 256, 14, 14, 256, 3, 1, 1, np.uint8, "int8"),
+    (4, 64, 56, 56, 256, 1, 1, 0, np.int8, "int8"), (4, 256, 56, 56, 128, 1, 1, 0, np.uint8, "uint8"),
+    (4, 512, 28, 28, 1024, 1, 2, 0, np.int8, "int8"), (3, 32, 9, 11, 40, 5, 2, 2, np.int8, "float32"),
+    (2, 48, 7, 7, 33, 3, 1, 1, np.uint8, "int32"), (2, 16, 10, 10, 20, 1, 1, 1, np.int8, "int8")]
+"""resnet50-like 3x3 (stride 1 and 2, padded) and 1x1 (stride 1 and 2) convs of C = 16 to
+512, both activation types, every output type, a padded 1x1 and a 5x5."""
+
+
+@pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", NHWC_CASES)
+def test_int8_nhwc_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride, pad, act,
+                                                        out):
+    """A QuantizedConvPacked with per-channel scales and a random zero point, compiled for
+    cuda: channels-last ("nhwc_conv"), its patches by cp.async, the padding's zero point
+    compensated; bit for bit the reference."""
+    rng = np.random.default_rng(n * c * h * m * k + stride + 1)
+    g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
+    model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
+    assert "cuda_int8_conv2d_nhwc" in _templates(model, x)
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want), \
+        f"{np.sum(got != want)} of {got.size} differ"
+
+
+def test_int8_nhwc_conv_tiles_on_the_gpu(monkeypatch):
+    """The channels-last int8 conv at several tiles of its space (small and large, 2 to 5
+    stages, k tiles of 32 to 128 bytes, the staged epilogue): each bit for bit the
+    reference."""
+    from dataclasses import replace
+
+    from dnnc.backends.cuda import schedules
+    from dnnc.backends.cuda.int8_nhwc import INT8_CONV2D_NHWC
+    from dnnc.backends.cuda.mma import TensorCoreConfig
+    from dnnc.ir.ops.registry import Pattern
+
+    rng = np.random.default_rng(77)
+    g, x, want = conv_graph(rng, 4, 64, 28, 28, 96, 3, 1, 1, np.int8, "int8")
+    key = ("cuda", Pattern.OUT_FUSABLE)
+    for config in (TensorCoreConfig(32, 32, 32, 2, 1, 2), TensorCoreConfig(64, 64, 64, 2, 2, 3),
+                   TensorCoreConfig(128, 128, 128, 2, 4, 4), TensorCoreConfig(128, 64, 64, 4, 2, 5),
+                   TensorCoreConfig(64, 128, 64, 2, 2, 3, staged=True)):
+        fixed = replace(INT8_CONV2D_NHWC, default=lambda p, machine, c=config: c)
+        monkeypatch.setitem(schedules.TEMPLATES, key, tuple(
+            fixed if t is INT8_CONV2D_NHWC else t for t in schedules.TEMPLATES[key]))
+        model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
+        assert "cuda_int8_conv2d_nhwc" in _templates(model, x)
+        got = model(x)
+        assert np.array_equal(got, want), f"{config}: {np.sum(got != want)} differ"
 
 
 @pytest.mark.parametrize("name", [pytest.param("resnet18", marks=pytest.mark.xfail(

@@ -141,3 +141,28 @@ def test_int8_nhwc_kernels_compile_with_nvrtc(arch):
     assert "dnnc_mma_u8(&" in source and "dnnc_mma_s8(&" in source
     assert "dnnc_cp_async(&" in source
     nvrtc_compiled(source, arch)
+
+
+@pytest.mark.parametrize("name,convs", [
+    ("cnn", 2), pytest.param("resnet18", 19, marks=pytest.mark.emulated_full)])
+def test_quantized_files_channels_last_on_host(name, convs, tmp_path):
+    """A QDQ CNN (quantize_static, int8 activations) compiled for cuda with its layouts: its
+    convs of 16 channels or more channels-last, their int8 values kept channels-last through
+    the residual Adds' DQ / Q and the pools; the whole program on host threads gives
+    onnxruntime's outputs bit for bit."""
+    pytest.importorskip("onnxruntime")
+    from dnnc import zoo
+    from dnnc.frontend.onnx import import_onnx
+    from dnnc.testing.quantized_files import onnxruntime_outputs, quantize_static
+
+    model = zoo.build(name, **({"size": 32} if name == "resnet18" else {}))
+    path = quantize_static(model, tmp_path, name, seed=3)
+    feeds = zoo.inputs_for(model, np.random.default_rng(13))
+    graph, (program,) = programs(import_onnx(str(path)), machine=LAYOUTS)
+    templates = [k.schedule[0] for k in program.kernels]
+    assert templates.count("cuda_int8_conv2d_nhwc") == convs
+    assert _ops(graph).count("Transpose") <= 2
+    module = render_module(program.unique)
+    lib = host_library(program.unique, tmp_path / "lib", module)
+    got = program_on_host(lib, module, program, feeds)[graph.outputs[0].name]
+    assert np.array_equal(got, onnxruntime_outputs(path, feeds)[0])
