@@ -263,24 +263,35 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
 
 
 def _nhwc_int8_conv(node: Node):
-    """QuantizedConvPacked(x, za, W packed, ...) (2-D, one group, C whole 16-byte chunks of
-    int8) -> Transpose(x) -> QuantizedConvNHWC(., za, OHWI(W), w_sums, ..., tap sums(W)) ->
-    Transpose(back): the cuda int8 template's patches copied a chunk of 16 channels at a time
+    """QuantizedConvPacked(x, za, W packed, ...) (2-D, one group) -> Transpose(x) -> [Pad of
+    its channels with zeros to whole 16-byte chunks of int8: a stem's 3 to 16, their weights
+    0] -> QuantizedConvNHWC(., za, OHWI(W), w_sums, ..., tap sums(W)) -> Transpose(back):
+    the cuda int8 template's patches copied a chunk of 16 channels at a time
     (cuda/int8_nhwc.py), the int8 values between such convs left channels-last by
-    `sink_transposes`."""
+    `sink_transposes`. (Padded channels add nothing whatever they hold: their weights, sums
+    and tap sums are 0.)"""
     x, w = node.inputs[0], node.inputs[2]
     kernel = tuple(node.attrs.get("kernel_shape") or ())
     channels = x.type.shape[1] if x.type.rank == 4 else None
-    if len(kernel) != 2 or w.const is None or not isinstance(channels, int) or \
-            channels % CHUNK_BYTES:
+    if len(kernel) != 2 or w.const is None or not isinstance(channels, int):
         return None
+    padded = -(-channels // CHUNK_BYTES) * CHUNK_BYTES
     full = unpack_conv_groups(np.asarray(w.const), node.attrs["oc"], channels, kernel)
-    ohwi = np.ascontiguousarray(full.transpose(NHWC_OF_NCHW))
+    ohwi = np.pad(full.transpose(NHWC_OF_NCHW), [(0, 0)] * 3 + [(0, padded - channels)])
+    ohwi = np.ascontiguousarray(ohwi)
     wv = Value(f"{w.name}.ohwi", TensorType(int8, ohwi.shape), const=ohwi)
     taps = tap_sums(ohwi)
     tv = Value(f"{w.name}.tap_sums", TensorType(int32, taps.shape), const=taps)
     xt = Value(f"{x.name}.nhwc", TensorType(x.type.dtype, tuple(
         x.type.shape[i] for i in NHWC_OF_NCHW)))
+    edge = [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{node.name}.in")]
+    if padded != channels:
+        pads = Value(f"{node.name}.channel_pads", TensorType(int64, (8,)),
+                     const=np.array([0] * 7 + [padded - channels], np.int64))
+        xp = Value(f"{x.name}.nhwc{padded}", TensorType(x.type.dtype, xt.type.shape[:3] +
+                                                         (padded,)))
+        edge.append(Node("Pad", [xt, pads], [xp], {"mode": "constant"}, f"{node.name}.pad"))
+        xt = xp
     extra = list(node.inputs[4:7]) + [None] * (7 - len(node.inputs[:7]))
     inputs = [xt, node.inputs[1], wv, node.inputs[3]] + extra[:3] + [tv]
     attrs = {k: v for k, v in node.attrs.items() if k != "oc"}
@@ -289,9 +300,9 @@ def _nhwc_int8_conv(node: Node):
     yt = Value(f"{out.name}.nhwc", types[0])
     if tuple(yt.type.shape[i] for i in NCHW_OF_NHWC) != tuple(out.type.shape):
         return None
-    return [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{node.name}.in"),
-            Node("QuantizedConvNHWC", inputs, [yt], full_attrs, node.name),
-            Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)}, f"{node.name}.out")], []
+    return edge + [Node("QuantizedConvNHWC", inputs, [yt], full_attrs, node.name),
+                   Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)},
+                        f"{node.name}.out")], []
 
 
 def _grouped(node: Node) -> bool:

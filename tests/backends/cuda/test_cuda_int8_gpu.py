@@ -32,13 +32,20 @@ def test_int8_dense_on_the_gpu_equals_the_reference(batch, m, k, n, act, out):
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", CONV_CASES)
-def test_int8_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride, pad, act, out):
+def test_int8_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride, pad, act, out,
+                                                   layout, monkeypatch):
+    """As compiled for cuda (channels-last, channels padded to whole 16-byte chunks:
+    int8_nhwc.py) and with convert_layout's int8 rewrite off (NCHW: int8.py)."""
+    from dnnc.passes import convert_layout
+
+    if layout == "nchw":
+        monkeypatch.setattr(convert_layout, "_nhwc_int8_conv", lambda node: None)
     rng = np.random.default_rng(n * c * h * m * k + 7)
     g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
     model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
-    # channels of whole 16-byte chunks run channels-last (int8_nhwc.py)
-    assert ("cuda_int8_conv2d_nhwc" if c % 16 == 0 else "cuda_int8_conv2d") in \
+    assert ("cuda_int8_conv2d_nhwc" if layout == "nhwc" else "cuda_int8_conv2d") in \
         _templates(model, x)
     got = model(x)
     assert got.dtype == want.dtype and np.array_equal(got, want)
@@ -120,7 +127,7 @@ def test_quantized_files_on_the_gpu(name, tmp_path):
     cuda = dnnc.compile(str(path), "cuda", cache=False, outputs="numpy")
     templates = [r.get("template") for r in cuda.profile(*feeds.values(), repeat=1)]
     assert {"cuda_int8_dense", "cuda_int8_gemv"} & set(templates)
-    assert name != "resnet18" or "cuda_int8_conv2d" in templates
+    assert name != "resnet18" or "cuda_int8_conv2d_nhwc" in templates
     got = cuda(**feeds)
     llvm = dnnc.compile(str(path), "llvm", cache=False)(**feeds)
     want = onnxruntime_outputs(path, feeds)[0]

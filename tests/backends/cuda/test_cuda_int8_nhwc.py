@@ -114,18 +114,19 @@ def _ops(graph) -> list[str]:
     return [n.op for n in graph.nodes]
 
 
-def test_nhwc_conv_makes_int8_convs_channels_last(tmp_path):
-    """A QuantizedConvPacked of 16 channels becomes Transpose -> QuantizedConvNHWC ->
-    Transpose for cuda (at fp32: the integer kernels have no precision), one of 5 channels
-    stays NCHW; both give the reference on host threads."""
-    rng = np.random.default_rng(4)
-    for c, nhwc in ((16, True), (5, False)):
-        g, x, want = conv_graph(rng, 2, c, 9, 7, 24, 3, 1, 1, np.uint8, "int8")
-        optimised, _ = programs(g, machine=LAYOUTS)
-        assert ("QuantizedConvNHWC" in _ops(optimised)) == nhwc
-        got, templates, _ = _on_host(g, x, tmp_path / str(c), machine=LAYOUTS)
-        assert ("cuda_int8_conv2d_nhwc" in templates) == nhwc
-        assert np.array_equal(got, want)
+@pytest.mark.parametrize("c", [16, 5])
+def test_nhwc_conv_makes_int8_convs_channels_last(c, tmp_path):
+    """A QuantizedConvPacked becomes Transpose -> QuantizedConvNHWC -> Transpose for cuda (at
+    fp32: the integer kernels have no precision), 5 channels padded with zeros to 16 (Pad,
+    zero weights); both give the reference on host threads."""
+    rng = np.random.default_rng(4 + c)
+    g, x, want = conv_graph(rng, 2, c, 9, 7, 24, 3, 1, 1, np.uint8, "int8")
+    optimised, _ = programs(g, machine=LAYOUTS)
+    assert _ops(optimised).count("QuantizedConvNHWC") == 1
+    assert ("Pad" in _ops(optimised)) == (c % 16 != 0)
+    got, templates, _ = _on_host(g, x, tmp_path, machine=LAYOUTS)
+    assert "cuda_int8_conv2d_nhwc" in templates
+    assert np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -144,10 +145,10 @@ def test_int8_nhwc_kernels_compile_with_nvrtc(arch):
 
 
 @pytest.mark.parametrize("name,convs", [
-    ("cnn", 2), pytest.param("resnet18", 19, marks=pytest.mark.emulated_full)])
+    ("cnn", 3), pytest.param("resnet18", 20, marks=pytest.mark.emulated_full)])
 def test_quantized_files_channels_last_on_host(name, convs, tmp_path):
     """A QDQ CNN (quantize_static, int8 activations) compiled for cuda with its layouts: its
-    convs of 16 channels or more channels-last, their int8 values kept channels-last through
+    convs channels-last (the stem's channels padded to 16), their int8 values kept channels-last through
     the residual Adds' DQ / Q and the pools; the whole program on host threads gives
     onnxruntime's outputs bit for bit."""
     pytest.importorskip("onnxruntime")
