@@ -2,7 +2,7 @@
 4), one run on one GPU.
 
     PYTHONPATH=$PWD python bench/gpu_int8.py [--repeat 20] [--no-kernels] [--no-models]
-        [--shapes 8] [--models resnet50,bert_base]
+        [--shapes 8] [--models resnet50,bert_base] [--sweep]
 
 Kernels: resnet50's distinct convolution shapes (bench/gpu_conv.py's RESNET50; the first
 `--shapes` of them, all by default) at batch 32, each as one QuantizedConvPacked (int8
@@ -24,7 +24,8 @@ bench/cpu_int8.py builds it) and BERT-base at batch 8 (sequence 128) by quantize
 each compiled by dnnc for cuda, against the float model compiled at precision="fp16" (the
 issue's bar: int8 >= 1.5x fp16); median ms of `CompiledModel.benchmark` (inputs from the
 host, outputs to the host, the same on both sides), then the int8 model's kernel time by
-template (`CompiledModel.profile`). Each int8 output is compared with
+template (`CompiledModel.profile`). `--sweep` instead times the channels-last int8 conv at
+each SWEEP tile (plain and staged) at resnet50's 3x3 and first two 1x1 shapes. Each int8 output is compared with
 onnxruntime's int8 run of the same file on the CPU: `mismatch` is the fraction of elements
 that differ, `max |d| / step` the largest difference in units of the output's quantized step
 (max |ort| / 127). Never imported by dnnc.
@@ -204,6 +205,59 @@ def by_template(model, feeds) -> None:
         print(f"    {name:30} {ms:8.3f} ms in {count} kernels", flush=True)
 
 
+SWEEP = [(128, 128, 64, 2, 2, 3), (128, 128, 64, 2, 4, 3), (128, 128, 128, 2, 2, 3),
+         (128, 256, 64, 2, 4, 3), (256, 128, 64, 4, 2, 3), (64, 128, 128, 2, 2, 4),
+         (128, 64, 128, 2, 2, 4), (64, 64, 128, 2, 2, 4), (128, 128, 64, 2, 4, 4)]
+"""(block_m, block_n, block_k bytes, warps_m, warps_n, stages) `--sweep` times, each also
+staged, at resnet50's 3x3 and first two 1x1 conv shapes (cuda_int8_conv2d_nhwc)."""
+
+
+def with_config(graph: Graph, x: np.ndarray, config, repeat: int) -> float:
+    """`product_ms` with every cuda_int8_conv2d_nhwc kernel at `config`."""
+    from dataclasses import replace
+
+    from dnnc.backends.cuda import schedules
+    from dnnc.backends.cuda.int8_nhwc import INT8_CONV2D_NHWC
+    from dnnc.ir.ops.registry import Pattern
+
+    key = ("cuda", Pattern.OUT_FUSABLE)
+    saved = schedules.TEMPLATES[key]
+    fixed = replace(INT8_CONV2D_NHWC, default=lambda p, machine: config)
+    schedules.TEMPLATES[key] = tuple(fixed if t is INT8_CONV2D_NHWC else t for t in saved)
+    try:
+        return product_ms(graph, x, repeat)[0]
+    finally:
+        schedules.TEMPLATES[key] = saved
+
+
+def sweep_rows(args) -> None:
+    """Per shape: the default's ms, then each SWEEP config's (plain / staged), the best."""
+    from dnnc.backends.cuda.mma import MAX_SHARED_BYTES, TensorCoreConfig, shared_bytes
+
+    rng = np.random.default_rng(2)
+    shapes = [s for s in RESNET50 if s[3] == 3] + [s for s in RESNET50 if s[3] == 1][:2]
+    for c, h, m, k, s, count in shapes:
+        q, xq = int8_conv(c, h, m, k, s, 32, rng)
+        label = f"conv {c}x{h}^2 -> {m} k{k} s{s}"
+        base, template = product_ms(q, xq, args.repeat)
+        times = {}
+        for t in SWEEP:
+            for staged in (False, True):
+                config = TensorCoreConfig(*t, staged=staged)
+                if shared_bytes(config, "s8") > MAX_SHARED_BYTES:
+                    continue
+                try:
+                    times[(t, staged)] = with_config(q, xq, config, args.repeat)
+                except Exception as exc:   # one config's failure must not hide the others
+                    print(f"  {t} staged={staged}: {type(exc).__name__}: {str(exc)[:120]}")
+        best = min(times, key=times.get) if times else None
+        print(f"{label:34} default {base:.4f} ({template})  " + " ".join(
+            f"{t[0]}x{t[1]}x{t[2]}/{t[3]}x{t[4]}/{t[5]}{'s' if st else ''}={ms:.4f}"
+            for (t, st), ms in times.items()) + (f"  best {best} {times[best]:.4f} "
+                                                 f"default/best {base / times[best]:.2f}"
+                                                 if best else ""), flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
@@ -211,8 +265,13 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="resnet50,bert_base")
     parser.add_argument("--no-kernels", action="store_true")
     parser.add_argument("--no-models", action="store_true")
+    parser.add_argument("--sweep", action="store_true",
+                        help="only time the SWEEP tiles of the channels-last int8 conv")
     args = parser.parse_args(argv)
     print(header())
+    if args.sweep:
+        sweep_rows(args)
+        return 0
     if not args.no_models:   # (first: the issue's bar)
         model_rows(args)
     if not args.no_kernels:

@@ -90,11 +90,12 @@ def test_int8_nhwc_conv_on_host_equals_the_reference_and_llvm(n, c, h, w, m, k, 
 
 def test_int8_nhwc_small_tiles_and_stages_on_host(tmp_path):
     """Several blocks each way, edges of m and n, rings of 2 and 4 k tiles of 32 and 128
-    bytes (a k tile across taps)."""
+    bytes (a k tile across taps), the staged epilogue (runs of 4 int8 results)."""
     rng = np.random.default_rng(12)
     g, x, want = nhwc_graph(rng, 2, 32, 9, 9, 40, 3, 1, 1, np.uint8, "uint8")
-    for config in (SMALL_TILE, TensorCoreConfig(16, 32, 128, 1, 2, 4)):
-        _check(g, x, want, tmp_path / str(config.block_k), config)
+    for k, config in enumerate((SMALL_TILE, TensorCoreConfig(16, 32, 128, 1, 2, 4),
+                                TensorCoreConfig(32, 64, 64, 1, 2, 3, staged=True))):
+        _check(g, x, want, tmp_path / str(k), config)
 
 
 def test_every_config_of_the_space_builds():
