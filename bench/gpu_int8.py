@@ -25,9 +25,9 @@ each compiled by dnnc for cuda, against the float model compiled at precision="f
 issue's bar: int8 >= 1.5x fp16); median ms of `CompiledModel.benchmark` (inputs from the
 host, outputs to the host, the same on both sides), then the int8 model's kernel time by
 template (`CompiledModel.profile`). `--sweep` instead times the channels-last int8 conv at
-each SWEEP tile (plain and staged) at resnet50's 3x3 and first two 1x1 shapes. Each int8 output is compared with
-onnxruntime's int8 run of the same file on the CPU: `mismatch` is the fraction of elements
-that differ, `max |d| / step` the largest difference in units of the output's quantized step
+each SWEEP tile (plain and staged) at resnet50's 3x3 and first two 1x1 shapes. Each int8
+output is compared with onnxruntime's int8 run of the same file on the CPU: `mismatch` is
+the fraction of elements that differ, `max |d| / step` the largest difference in units of the output's quantized step
 (max |ort| / 127). Never imported by dnnc.
 """
 
@@ -232,8 +232,12 @@ def with_config(graph: Graph, x: np.ndarray, config, repeat: int) -> float:
 
 def sweep_rows(args) -> None:
     """Per shape: the default's ms, then each SWEEP config's (plain / staged), the best."""
-    from dnnc.backends.cuda.mma import MAX_SHARED_BYTES, TensorCoreConfig, shared_bytes
+    from types import SimpleNamespace
 
+    from dnnc.backends.cuda.int8_nhwc import INT8_CONV2D_NHWC
+    from dnnc.backends.cuda.mma import TensorCoreConfig
+
+    space = set(INT8_CONV2D_NHWC.space(SimpleNamespace(signed=True), None).configs())
     rng = np.random.default_rng(2)
     shapes = [s for s in RESNET50 if s[3] == 3] + [s for s in RESNET50 if s[3] == 1][:2]
     for c, h, m, k, s, count in shapes:
@@ -244,7 +248,7 @@ def sweep_rows(args) -> None:
         for t in SWEEP:
             for staged in (False, True):
                 config = TensorCoreConfig(*t, staged=staged)
-                if shared_bytes(config, "s8") > MAX_SHARED_BYTES:
+                if config not in space:
                     continue
                 try:
                     times[(t, staged)] = with_config(q, xq, config, args.repeat)

@@ -1,5 +1,5 @@
-"""The problem descriptors of QuantizedDense, QuantizedConvPacked and QuantizedConvNHWC kernels
-(`ir/ops/quantized.py`), as the int8 templates read them: buffers, sizes, the epilogue's parameters and the group's fused
+"""The problem descriptors of QuantizedDense, QuantizedConvPacked and QuantizedConvNHWC
+kernels (`ir/ops/quantized.py`), as the int8 templates read them: buffers, sizes, the epilogue's parameters and the group's fused
 elementwise consumers. Target-neutral, like `problems.py`; it must never import a backend.
 """
 

@@ -28,7 +28,12 @@ model's inputs and outputs). On an image of one pixel (squeeze-and-excitation's 
 4 or 6 channels, through the registers) no channel is padded: there a Transpose moves
 nothing (`sink_transposes` makes it a Reshape or cancels it). Convs next to a grouped conv
 that is not depthwise (which has no channels-last kernel) through elementwise ops only stay
-NCHW. "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
+NCHW. The same layout makes a 2-D QuantizedConvPacked (at any precision: its products are
+integers) Transpose -> [Pad of its channels to whole 16-byte chunks of int8] ->
+QuantizedConvNHWC (weights OHWI and their sums at each tap, once) -> Transpose
+(`_nhwc_int8_conv`), so a QDQ CNN's int8 values run channels-last between its convolutions
+(sink_transposes carries them through the per-tensor QuantizeLinear / DequantizeLinear and the
+float residual Adds between). "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
 (`winograd_applies`) where Winograd's F(m x m, 3x3) is estimated faster than the direct conv
 (`winograd_tile`, the tile m of the least estimate, `conv_costs`) becomes ConvWinograd, its
 filters transformed once here. "sparse_weights" (llvm and cuda, first): a product whose

@@ -5,7 +5,8 @@ elementwise ops between two such ops instead of converting back and forth around
 
 One walk in topological order. A positionwise node (pattern ELEMWISE or BROADCAST, no
 parameter inputs, no `axis` (but a QuantizeLinear / DequantizeLinear of one scale and zero
-point: the int8 values between cuda's channels-last int8 convolutions), one output) whose every input is a Transpose by one perm P,
+point: the int8 values between cuda's channels-last int8 convolutions), one output) whose
+every input is a Transpose by one perm P,
 a constant (re-laid out once: broadcast to the output's rank, transposed by P's inverse), a
 scalar, a value already read through a Transpose by P's inverse earlier in the graph (a
 residual Add of a block's input, which its first convolution reads transposed: that

@@ -30,7 +30,9 @@ Products of fewer than 16 rows (a GEMV: batch-1 classifier heads) take dp4a inst
 (cuda_int8_gemv: `L.dot_u8s8x4`, which the cuda renderer emits as `dp4a.u32.s32`), a warp a
 16-column panel of the weights.
 
-Not yet: a conv's patches by cp.async from a channels-last image, wgmma's s8 form on sm_90.
+A conv compiled for cuda runs channels-last where `convert_layout`'s "nhwc_conv" makes it a
+QuantizedConvNHWC (int8_nhwc.py: patches by cp.async); this NCHW kernel serves the rest
+(channels not static). Not yet: wgmma's s8 form on sm_90.
 """
 
 from __future__ import annotations

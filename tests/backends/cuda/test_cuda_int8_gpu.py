@@ -52,11 +52,16 @@ def test_int8_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride, pad
 
 
 NHWC_CASES = [   # (n, c, h, w, m, k, stride, pad, activation, output)
-    (2, 16, 14, 14, 24, 3, 1, 1, np.uint8, "uint8"), (4, 64, 28, 28, 64, 3, 1, 1, np.int8, "int8"),
-    (4, 128, 28, 28, 128, 3, 2, 1, np.int8, "int8"), (2, 256, 14, 14, 256, 3, 1, 1, np.uint8, "int8"),
-    (4, 64, 56, 56, 256, 1, 1, 0, np.int8, "int8"), (4, 256, 56, 56, 128, 1, 1, 0, np.uint8, "uint8"),
-    (4, 512, 28, 28, 1024, 1, 2, 0, np.int8, "int8"), (3, 32, 9, 11, 40, 5, 2, 2, np.int8, "float32"),
-    (2, 48, 7, 7, 33, 3, 1, 1, np.uint8, "int32"), (2, 16, 10, 10, 20, 1, 1, 1, np.int8, "int8")]
+    (2, 16, 14, 14, 24, 3, 1, 1, np.uint8, "uint8"),
+    (4, 64, 28, 28, 64, 3, 1, 1, np.int8, "int8"),
+    (4, 128, 28, 28, 128, 3, 2, 1, np.int8, "int8"),
+    (2, 256, 14, 14, 256, 3, 1, 1, np.uint8, "int8"),
+    (4, 64, 56, 56, 256, 1, 1, 0, np.int8, "int8"),
+    (4, 256, 56, 56, 128, 1, 1, 0, np.uint8, "uint8"),
+    (4, 512, 28, 28, 1024, 1, 2, 0, np.int8, "int8"),
+    (3, 32, 9, 11, 40, 5, 2, 2, np.int8, "float32"),
+    (2, 48, 7, 7, 33, 3, 1, 1, np.uint8, "int32"),
+    (2, 16, 10, 10, 20, 1, 1, 1, np.int8, "int8")]
 """resnet50-like 3x3 (stride 1 and 2, padded) and 1x1 (stride 1 and 2) convs of C = 16 to
 512, both activation types, every output type, a padded 1x1 and a 5x5."""
 
@@ -81,6 +86,7 @@ def test_int8_nhwc_conv_tiles_on_the_gpu(monkeypatch):
     stages, k tiles of 32 to 128 bytes, the staged epilogue): each bit for bit the
     reference."""
     from dataclasses import replace
+    from types import SimpleNamespace
 
     from dnnc.backends.cuda import schedules
     from dnnc.backends.cuda.int8_nhwc import INT8_CONV2D_NHWC
@@ -90,9 +96,12 @@ def test_int8_nhwc_conv_tiles_on_the_gpu(monkeypatch):
     rng = np.random.default_rng(77)
     g, x, want = conv_graph(rng, 4, 64, 28, 28, 96, 3, 1, 1, np.int8, "int8")
     key = ("cuda", Pattern.OUT_FUSABLE)
+    space = set(INT8_CONV2D_NHWC.space(SimpleNamespace(signed=True), None).configs())
     for config in (TensorCoreConfig(32, 32, 32, 2, 1, 2), TensorCoreConfig(64, 64, 64, 2, 2, 3),
-                   TensorCoreConfig(128, 128, 128, 2, 4, 4), TensorCoreConfig(128, 64, 64, 4, 2, 5),
+                   TensorCoreConfig(128, 128, 128, 2, 4, 3),
+                   TensorCoreConfig(128, 64, 64, 4, 2, 5),
                    TensorCoreConfig(64, 128, 64, 2, 2, 3, staged=True)):
+        assert config in space
         fixed = replace(INT8_CONV2D_NHWC, default=lambda p, machine, c=config: c)
         monkeypatch.setitem(schedules.TEMPLATES, key, tuple(
             fixed if t is INT8_CONV2D_NHWC else t for t in schedules.TEMPLATES[key]))

@@ -149,9 +149,9 @@ def test_int8_nhwc_kernels_compile_with_nvrtc(arch):
     ("cnn", 3), pytest.param("resnet18", 20, marks=pytest.mark.emulated_full)])
 def test_quantized_files_channels_last_on_host(name, convs, tmp_path):
     """A QDQ CNN (quantize_static, int8 activations) compiled for cuda with its layouts: its
-    convs channels-last (the stem's channels padded to 16), their int8 values kept channels-last through
-    the residual Adds' DQ / Q and the pools; the whole program on host threads gives
-    onnxruntime's outputs bit for bit."""
+    convs channels-last (the stem's channels padded to 16), their int8 values kept
+    channels-last through the residual Adds' DQ / Q and the pools; the whole program on host
+    threads gives onnxruntime's outputs bit for bit."""
     pytest.importorskip("onnxruntime")
     from dnnc import zoo
     from dnnc.frontend.onnx import import_onnx
