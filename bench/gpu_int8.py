@@ -27,13 +27,15 @@ host, outputs to the host, the same on both sides), then the int8 model's kernel
 template (`CompiledModel.profile`). `--sweep` instead times the channels-last int8 conv at
 each SWEEP tile (plain and staged) at resnet50's 3x3 and first two 1x1 shapes. Each int8
 output is compared with onnxruntime's int8 run of the same file on the CPU: `mismatch` is
-the fraction of elements that differ, `max |d| / step` the largest difference in units of the output's quantized step
-(max |ort| / 127). Never imported by dnnc.
+the fraction of elements that differ, `max |d| / step` the largest difference in units of
+the output's quantized step (max |ort| / 127); a second int8 row compiles the model with
+DNNC_WGMMA=1 (wgmma's s8 / u8 form on sm_90). Never imported by dnnc.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -192,6 +194,25 @@ def model_rows(args) -> None:
                   f"{ms16:8.3f} {ms16 / ms8:9.2f} {np.mean(d > 0):9.2e} {d.max() / step:11.3g}"
                   f"  {t1 - t0:.1f}, {t2 - t1:.1f} (quantizing {t0 - start:.1f})", flush=True)
             by_template(q8, feeds)
+            wgmma_row(name, path, feeds, got, ms16, args.repeat)
+
+
+def wgmma_row(name: str, path, feeds, got: np.ndarray, ms16: float, repeat: int) -> None:
+    """The int8 model compiled again with DNNC_WGMMA=1 (its int8 defaults may take wgmma's
+    s8 / u8 form on sm_90): ms, fp16/int8, and whether its outputs equal the first int8
+    compile's bit for bit."""
+    os.environ["DNNC_WGMMA"] = "1"
+    try:
+        q8 = dnnc.compile(str(path), "cuda", outputs="numpy", cache=False)
+    finally:
+        del os.environ["DNNC_WGMMA"]
+    same = np.array_equal(np.asarray(q8(**feeds)), got)
+    ms8 = q8.benchmark(*feeds.values(), repeat=repeat)["median_ms"]
+    wgmma = sum("wgmma=True" in str(r.get("config")) for r in q8.profile(*feeds.values(),
+                                                                         repeat=1))
+    print(f"{name + ' wgmma':18} {ms8:8.3f} {ms16:8.3f} {ms16 / ms8:9.2f}  outputs "
+          f"{'equal' if same else 'DIFFER'} to the int8 row's; {wgmma} kernels on wgmma",
+          flush=True)
 
 
 def by_template(model, feeds) -> None:
@@ -208,8 +229,11 @@ def by_template(model, feeds) -> None:
 SWEEP = [(128, 128, 64, 2, 2, 3), (128, 128, 64, 2, 4, 3), (128, 128, 128, 2, 2, 3),
          (128, 256, 64, 2, 4, 3), (256, 128, 64, 4, 2, 3), (64, 128, 128, 2, 2, 4),
          (128, 64, 128, 2, 2, 4), (64, 64, 128, 2, 2, 4), (128, 128, 64, 2, 4, 4)]
-"""(block_m, block_n, block_k bytes, warps_m, warps_n, stages) `--sweep` times, each also
-staged, at resnet50's 3x3 and first two 1x1 conv shapes (cuda_int8_conv2d_nhwc)."""
+WGMMA_SWEEP = [(128, 256, 128, 8, 1, 4), (128, 128, 128, 8, 1, 5), (64, 128, 128, 4, 1, 5),
+               (64, 64, 128, 4, 1, 4), (128, 128, 128, 8, 1, 4)]
+"""(block_m, block_n, block_k bytes, warps_m, warps_n, stages) `--sweep` times (SWEEP also
+staged; WGMMA_SWEEP with the wgmma knob, on sm_90), at resnet50's 3x3 and first two 1x1 conv
+shapes (cuda_int8_conv2d_nhwc)."""
 
 
 def with_config(graph: Graph, x: np.ndarray, config, repeat: int) -> float:
@@ -231,13 +255,19 @@ def with_config(graph: Graph, x: np.ndarray, config, repeat: int) -> float:
 
 
 def sweep_rows(args) -> None:
-    """Per shape: the default's ms, then each SWEEP config's (plain / staged), the best."""
+    """Per shape: the default's ms, then each SWEEP config's (plain, staged `s`) and
+    WGMMA_SWEEP's (`w`, on sm_90), the best and default / best."""
     from types import SimpleNamespace
 
+    from dnnc.backends.cuda.device import gpu_arch
     from dnnc.backends.cuda.int8_nhwc import INT8_CONV2D_NHWC
     from dnnc.backends.cuda.mma import TensorCoreConfig
 
-    space = set(INT8_CONV2D_NHWC.space(SimpleNamespace(signed=True), None).configs())
+    space = set(INT8_CONV2D_NHWC.space(SimpleNamespace(signed=True),
+                                       SimpleNamespace(arch=gpu_arch())).configs())
+    configs = [TensorCoreConfig(*t, staged=staged) for t in SWEEP for staged in (False, True)]
+    configs += [TensorCoreConfig(*t, wgmma=True) for t in WGMMA_SWEEP]
+    configs = [c for c in configs if c in space]
     rng = np.random.default_rng(2)
     shapes = [s for s in RESNET50 if s[3] == 3] + [s for s in RESNET50 if s[3] == 1][:2]
     for c, h, m, k, s, count in shapes:
@@ -245,21 +275,19 @@ def sweep_rows(args) -> None:
         label = f"conv {c}x{h}^2 -> {m} k{k} s{s}"
         base, template = product_ms(q, xq, args.repeat)
         times = {}
-        for t in SWEEP:
-            for staged in (False, True):
-                config = TensorCoreConfig(*t, staged=staged)
-                if config not in space:
-                    continue
-                try:
-                    times[(t, staged)] = with_config(q, xq, config, args.repeat)
-                except Exception as exc:   # one config's failure must not hide the others
-                    print(f"  {t} staged={staged}: {type(exc).__name__}: {str(exc)[:120]}")
+        for config in configs:
+            name = (f"{config.block_m}x{config.block_n}x{config.block_k}/{config.warps_m}x"
+                    f"{config.warps_n}/{config.stages}{'s' * config.staged}"
+                    f"{'w' * config.wgmma}")
+            try:
+                times[name] = with_config(q, xq, config, args.repeat)
+            except Exception as exc:   # one config's failure must not hide the others
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
         best = min(times, key=times.get) if times else None
-        print(f"{label:34} default {base:.4f} ({template})  " + " ".join(
-            f"{t[0]}x{t[1]}x{t[2]}/{t[3]}x{t[4]}/{t[5]}{'s' if st else ''}={ms:.4f}"
-            for (t, st), ms in times.items()) + (f"  best {best} {times[best]:.4f} "
-                                                 f"default/best {base / times[best]:.2f}"
-                                                 if best else ""), flush=True)
+        print(f"{label:34} default {base:.4f}  " + " ".join(
+            f"{name}={ms:.4f}" for name, ms in times.items()) + (
+            f"  best {best} {times[best]:.4f} default/best {base / times[best]:.2f}"
+            if best else ""), flush=True)
 
 
 def main(argv=None) -> int:

@@ -25,12 +25,14 @@ the image's border (a select on the pixel's row and column); a conv that reads n
 has none. The register path (an operand `_copies_async` refuses) reads padding as 0 too,
 so the correction is right whichever path copies the patches.
 
-Knobs: int8.py's (`int8.space`: mma.py's TensorCoreConfig tiles, k tiles in bytes, stages),
-searched by the tuner; the default is `int8.choose`'s on the implicit GEMM.
+Knobs: int8.py's (`int8.space`: mma.py's TensorCoreConfig tiles, k tiles in bytes, stages,
+on sm_90 the `wgmma` knob: wgmma.py's s8 / u8 form, both tiles K-major), searched by the
+tuner; the default is `int8.choose`'s on the implicit GEMM (wgmma tiles only with
+DNNC_WGMMA=1).
 
 This module builds loop IR; it must never render C or launch. Never used for a grouped or
 depthwise conv, or channels that are not whole 16-byte chunks (those keep int8.py's NCHW
-kernel). Not yet: wgmma's s8 form on sm_90.
+kernel).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ..space import Space, Template
 from .dense import Operand
 from .device import gpu_of
 from .int8 import _as, _finished, _word, choose, precision, space
-from .mma import TensorCoreConfig, mma_product
+from .mma import TensorCoreConfig, mma_product, wgmma_by_default
 
 CHUNK = 16
 """Channels of a cp.async chunk (16 bytes of int8)."""
@@ -67,11 +69,14 @@ def applies(p: QuantizedConvProblem) -> bool:
 
 
 def conv_space(p: QuantizedConvProblem, machine) -> Space:
-    return space("cuda_int8_conv2d_nhwc", p)
+    return space("cuda_int8_conv2d_nhwc", p, getattr(machine, "arch", None))
 
 
 def conv_default(p: QuantizedConvProblem, machine) -> TensorCoreConfig:
-    return choose(*gemm(p), gpu_of(machine))
+    """`int8.choose`'s tile of the implicit GEMM (with the wgmma tiles on sm_90 where
+    `mma.wgmma_by_default` says: DNNC_WGMMA=1)."""
+    return choose(*gemm(p), gpu_of(machine),
+                  wgmma_by_default(getattr(machine, "arch", None), precision(p)))
 
 
 def _padding_share(p: QuantizedConvProblem, img_pixel, j) -> L.Expr:

@@ -14,8 +14,16 @@ import pytest
 import dnnc
 from dnnc import zoo
 from test_cuda_int8 import CONV_CASES, DENSE_CASES, conv_graph, dense_graph, dense_template
+from test_cuda_int8_nhwc import WGMMA_TILES
 
 pytestmark = pytest.mark.gpu
+
+
+def _sm90() -> bool:
+    """Whether the GPU has wgmma (sm_90)."""
+    from dnnc.backends.cuda import device
+
+    return device.has_wgmma(device.gpu_arch())
 
 
 def _templates(model, x) -> list[str]:
@@ -83,8 +91,8 @@ def test_int8_nhwc_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride
 
 def test_int8_nhwc_conv_tiles_on_the_gpu(monkeypatch):
     """The channels-last int8 conv at several tiles of its space (small and large, 2 to 5
-    stages, k tiles of 32 to 128 bytes, the staged epilogue): each bit for bit the
-    reference."""
+    stages, k tiles of 32 to 128 bytes, the staged epilogue; on sm_90 wgmma's s8 form, one
+    and two warpgroups, early refill): each bit for bit the reference."""
     from dataclasses import replace
     from types import SimpleNamespace
 
@@ -96,11 +104,13 @@ def test_int8_nhwc_conv_tiles_on_the_gpu(monkeypatch):
     rng = np.random.default_rng(77)
     g, x, want = conv_graph(rng, 4, 64, 28, 28, 96, 3, 1, 1, np.int8, "int8")
     key = ("cuda", Pattern.OUT_FUSABLE)
-    space = set(INT8_CONV2D_NHWC.space(SimpleNamespace(signed=True), None).configs())
+    machine = SimpleNamespace(arch="sm_90" if _sm90() else "sm_80")
+    space = set(INT8_CONV2D_NHWC.space(SimpleNamespace(signed=True), machine).configs())
     for config in (TensorCoreConfig(32, 32, 32, 2, 1, 2), TensorCoreConfig(64, 64, 64, 2, 2, 3),
                    TensorCoreConfig(128, 128, 128, 2, 4, 3),
                    TensorCoreConfig(128, 64, 64, 4, 2, 5),
-                   TensorCoreConfig(64, 128, 64, 2, 2, 3, staged=True)):
+                   TensorCoreConfig(64, 128, 64, 2, 2, 3, staged=True),
+                   *(WGMMA_TILES if _sm90() else ())):
         assert config in space
         fixed = replace(INT8_CONV2D_NHWC, default=lambda p, machine, c=config: c)
         monkeypatch.setitem(schedules.TEMPLATES, key, tuple(
@@ -109,6 +119,22 @@ def test_int8_nhwc_conv_tiles_on_the_gpu(monkeypatch):
         assert "cuda_int8_conv2d_nhwc" in _templates(model, x)
         got = model(x)
         assert np.array_equal(got, want), f"{config}: {np.sum(got != want)} differ"
+
+
+@pytest.mark.parametrize("case", [DENSE_CASES[1], DENSE_CASES[4], NHWC_CASES[0], NHWC_CASES[1],
+                                  NHWC_CASES[3], NHWC_CASES[5]])
+def test_int8_wgmma_defaults_on_the_gpu(case, monkeypatch):
+    """With DNNC_WGMMA=1 on sm_90 the int8 dense and channels-last conv defaults may take
+    wgmma's s8 / u8 form: bit for bit the reference whichever they take."""
+    if not _sm90():
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setenv("DNNC_WGMMA", "1")
+    rng = np.random.default_rng(sum(x for x in case if isinstance(x, int)))
+    g, x, want = dense_graph(rng, *case) if len(case) == 6 else conv_graph(rng, *case)
+    model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want), \
+        f"{np.sum(got != want)} of {got.size} differ"
 
 
 @pytest.mark.parametrize("name", [pytest.param("resnet18", marks=pytest.mark.xfail(

@@ -168,3 +168,55 @@ def test_quantized_files_channels_last_on_host(name, convs, tmp_path):
     lib = host_library(program.unique, tmp_path / "lib", module)
     got = program_on_host(lib, module, program, feeds)[graph.outputs[0].name]
     assert np.array_equal(got, onnxruntime_outputs(path, feeds)[0])
+
+
+WGMMA_TILES = [TensorCoreConfig(64, 64, 128, 4, 1, 4, wgmma=True),
+               TensorCoreConfig(128, 128, 128, 8, 1, 3, wgmma=True, staged=True),
+               TensorCoreConfig(64, 128, 128, 4, 1, 2, wgmma=True, early_refill=True)]
+"""wgmma's s8 / u8 form (sm_90): one warpgroup, two of 128 columns (staged), early refill."""
+
+
+@pytest.mark.parametrize("act", [np.int8, np.uint8])
+def test_int8_wgmma_on_host(act, tmp_path):
+    """The channels-last conv and the dense product on wgmma.mma_async's integer form
+    (emulated: K-major swizzled tiles, int32 sums), padded 3x3 patches, edges of M and N and
+    k: bit for bit the reference."""
+    from test_cuda_int8 import dense_graph
+
+    rng = np.random.default_rng(31)
+    g, x, want = nhwc_graph(rng, 2, 48, 9, 7, 72, 3, 1, 1, act, "int8")
+    for k, config in enumerate(WGMMA_TILES):
+        _check(g, x, want, tmp_path / str(k), config)
+    g, x, want = dense_graph(rng, 1, 70, 160, 136, act, "uint8")
+    got, templates, source = _on_host(g, x, tmp_path / "dense", config=WGMMA_TILES[0])
+    assert templates == ["cuda_int8_dense"] and np.array_equal(got, want)
+    assert f"dnnc_wgmma_{'s8' if act is np.int8 else 'u8'}_n64<" in source
+
+
+def test_int8_wgmma_compiles_for_sm90a_without_spills():
+    """NVRTC (where CuPy is) compiles the channels-last conv at each WGMMA_TILES tile, s8 and
+    u8, for sm_90a to wgmma's integer form, without register spills."""
+    import re
+
+    from dnnc.backends.cuda import device
+
+    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    rng = np.random.default_rng(8)
+    funcs = []
+    for act in (np.int8, np.uint8):
+        g = nhwc_graph(rng, 2, 64, 14, 14, 128, 3, 1, 1, act, "int8")[0]
+        for config in WGMMA_TILES:
+            _, (program,) = programs(g, machine=MACHINE, config=config)
+            funcs += [(f.__class__(f"{f.name}_{len(funcs)}", f.params, f.body), noalias)
+                      for f, noalias in program.unique if "QuantizedConvNHWC" in f.name]
+    source = render_module(funcs).source
+    assert device.compile_arch("sm_90", source) == "sm_90a"
+    prog, log = nvrtc_compiled(source, "sm_90a", "--ptxas-options=-v")
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    assert len(spills) >= len(funcs) and all(int(x) == 0 for x in spills), log[-4000:]
+    ptx = nvrtc.getPTX(prog)
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    for instruction in ("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8",
+                        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8"):
+        assert instruction in ptx, instruction
+    nvrtc.destroyProgram(prog)
