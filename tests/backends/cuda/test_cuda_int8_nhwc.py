@@ -15,7 +15,7 @@ from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.mma import TensorCoreConfig
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
-from dnnc.ir.graph import Graph, Value
+from dnnc.ir.graph import Graph
 from dnnc.ir.ops.quantized import quantized_conv_nhwc, tap_sums
 from dnnc.ir.target import Target
 from cuda_kernels import MACHINE, nvrtc_compiled, programs
@@ -178,9 +178,9 @@ WGMMA_TILES = [TensorCoreConfig(64, 64, 128, 4, 1, 4, wgmma=True),
 
 @pytest.mark.parametrize("act", [np.int8, np.uint8])
 def test_int8_wgmma_on_host(act, tmp_path):
-    """The channels-last conv and the dense product on wgmma.mma_async's integer form
-    (emulated: K-major swizzled tiles, int32 sums), padded 3x3 patches, edges of M and N and
-    k: bit for bit the reference."""
+    """The channels-last conv, the dense product and the NCHW conv (patches through
+    registers) on wgmma.mma_async's integer form (emulated: K-major swizzled tiles, int32
+    sums), padded 3x3 patches, edges of M and N and k: bit for bit the reference."""
     from test_cuda_int8 import dense_graph
 
     rng = np.random.default_rng(31)
@@ -191,6 +191,9 @@ def test_int8_wgmma_on_host(act, tmp_path):
     got, templates, source = _on_host(g, x, tmp_path / "dense", config=WGMMA_TILES[0])
     assert templates == ["cuda_int8_dense"] and np.array_equal(got, want)
     assert f"dnnc_wgmma_{'s8' if act is np.int8 else 'u8'}_n64<" in source
+    g, x, want = conv_graph(rng, 1, 13, 9, 9, 24, 3, 1, 1, act, "uint8")
+    got, templates, _ = _on_host(g, x, tmp_path / "nchw", config=WGMMA_TILES[0])
+    assert templates == ["cuda_int8_conv2d"] and np.array_equal(got, want)
 
 
 def test_int8_wgmma_compiles_for_sm90a_without_spills():
