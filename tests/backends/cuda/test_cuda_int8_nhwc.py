@@ -223,3 +223,50 @@ def test_int8_wgmma_compiles_for_sm90a_without_spills():
                         "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8"):
         assert instruction in ptx, instruction
     nvrtc.destroyProgram(prog)
+
+
+def _residual_block(rng, act):
+    """x (int8 / uint8 NCHW, 32 channels) -> MaxPool -> conv 3x3 -> conv 3x3 -> Q(DQ(.) +
+    DQ(pooled x)) -> conv 1x1: a QDQ ResNet block as fuse_quantized leaves it (the residual
+    Add on float32 between per-tensor DQs and a Q)."""
+    info = np.iinfo(act)
+    g = Graph("block")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (2, 32, 10, 10)))
+
+    def conv(v, m, k, name):
+        c = v.type.shape[1]
+        wq = rng.integers(-128, 128, (m, c, k, k)).astype(np.int8)
+        from dnnc.ir.ops.quantized import pack_conv_groups
+
+        ins = [v, _const(f"{name}.za", act(5)), _const(f"{name}.w", pack_conv_groups(wq)),
+               _const(f"{name}.s", wq.astype(np.int32).reshape(m, -1).sum(1, dtype=np.int32)),
+               None, _const(f"{name}.sc", np.float32(1e-3)), _const(f"{name}.yz", act(5))]
+        return g.add("QuantizedConvPacked", *ins, kernel_shape=[k, k], strides=[1, 1],
+                     pads=[k // 2] * 4, oc=m, lo=None, hi=None)
+
+    pooled = g.add("MaxPool", x, kernel_shape=[2, 2], strides=[1, 1])
+    y = conv(conv(pooled, 32, 3, "c1"), 32, 3, "c2")
+    scale, zp = _const("s", np.float32(0.05)), _const("z", act(5))
+    total = g.add("Add", g.add("DequantizeLinear", y, scale, zp),
+                  g.add("DequantizeLinear", pooled, scale, zp))
+    g.outputs = [conv(g.add("QuantizeLinear", total, scale, zp), 16, 1, "c3")]
+    return g, rng.integers(info.min, info.max + 1, (2, 32, 10, 10)).astype(act)
+
+
+@pytest.mark.parametrize("act", [np.int8, np.uint8])
+def test_int8_values_stay_channels_last_through_a_residual_block(act):
+    """"nhwc_conv" then sink_transposes on a QDQ residual block: one Transpose in (after the
+    pool: MaxPool of int8 stays NCHW before the first conv's Transpose) and one out, the
+    residual's DQ made again on the transposed pool (sink_transposes' `_requantized`), the
+    per-tensor DQ / Add / Q channels-last; the graph's value unchanged."""
+    from dnnc.ir.interpreter import run_graph
+    from dnnc.passes.manager import optimize
+
+    rng = np.random.default_rng(9)
+    g, x = _residual_block(rng, act)
+    want = run_graph(g, [x])[0]
+    optimised = optimize(g, LAYOUTS)
+    ops = _ops(optimised)
+    assert ops.count("QuantizedConvNHWC") == 3 and "QuantizedConvPacked" not in ops
+    assert ops.count("Transpose") == 2, ops
+    assert np.array_equal(run_graph(optimised, [x])[0], want)
