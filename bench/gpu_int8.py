@@ -208,8 +208,8 @@ def wgmma_row(name: str, path, feeds, got: np.ndarray, ms16: float, repeat: int)
         del os.environ["DNNC_WGMMA"]
     same = np.array_equal(np.asarray(q8(**feeds)), got)
     ms8 = q8.benchmark(*feeds.values(), repeat=repeat)["median_ms"]
-    wgmma = sum("wgmma=True" in str(r.get("config")) for r in q8.profile(*feeds.values(),
-                                                                         repeat=1))
+    wgmma = sum(isinstance(r.get("config"), dict) and bool(r["config"].get("wgmma"))
+                for r in q8.profile(*feeds.values(), repeat=1))
     print(f"{name + ' wgmma':18} {ms8:8.3f} {ms16:8.3f} {ms16 / ms8:9.2f}  outputs "
           f"{'equal' if same else 'DIFFER'} to the int8 row's; {wgmma} kernels on wgmma",
           flush=True)
