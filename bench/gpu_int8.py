@@ -2,32 +2,40 @@
 4), one run on one GPU.
 
     PYTHONPATH=$PWD python bench/gpu_int8.py [--repeat 20] [--no-kernels] [--no-models]
-        [--shapes 8] [--models resnet50,bert_base]
+        [--shapes 8] [--models resnet50,bert_base] [--sweep]
 
 Kernels: resnet50's distinct convolution shapes (bench/gpu_conv.py's RESNET50; the first
-`--shapes` of them, all by default) at batch 32, each as one QuantizedConvPacked (int8 NCHW
-image, per-channel scales, int8 output: `backends/cuda/int8.py`'s cuda_int8_conv2d) against
-the ConvNHWC kernel dnnc runs at precision="fp16" (fp16 channels-last image and weights), and
+`--shapes` of them, all by default) at batch 32, each as one QuantizedConvPacked (int8
+image, per-channel scales, int8 output) compiled for cuda as it comes (`nhwc`: channels-last
+where C is whole 16-byte chunks, `backends/cuda/int8_nhwc.py`'s cuda_int8_conv2d_nhwc; the
+stem's 3 channels stay NCHW) and with convert_layout's int8 rewrite off (`nchw`:
+`backends/cuda/int8.py`'s cuda_int8_conv2d), against the ConvNHWC kernel dnnc runs at
+precision="fp16" (fp16 channels-last image and weights), and
 BERT-base's dense products at batch 8 x 128 tokens as one QuantizedDense (uint8 activations,
 float32 output, as quantize_dynamic's MatMulInteger) against an fp16 MatMul at fp16. Each
 kernel's time is `CompiledModel.profile`'s median for the product (the kernel of most flops:
-the fp16 side's layout copies are not counted); `fp16/int8` is the speedup and TOPS = 2 M N
-K / time.
+the fp16 side's layout copies are not counted); `fp16/int8` is the speedup of the int8 kernel as
+compiled (nhwc), `nchw/nhwc` that of the channels-last int8 kernel over the NCHW one, and
+TOPS = 2 M N K / time.
 
 Models (unless `--no-models`; timed first): resnet50 at batch 32 (224 x 224) quantized by
 onnxruntime's quantize_static (QDQ, per-channel int8 weights, int8 activations, as
 bench/cpu_int8.py builds it) and BERT-base at batch 8 (sequence 128) by quantize_dynamic,
 each compiled by dnnc for cuda, against the float model compiled at precision="fp16" (the
 issue's bar: int8 >= 1.5x fp16); median ms of `CompiledModel.benchmark` (inputs from the
-host, outputs to the host, the same on both sides). Each int8 output is compared with
-onnxruntime's int8 run of the same file on the CPU: `mismatch` is the fraction of elements
-that differ, `max |d| / step` the largest difference in units of the output's quantized step
-(max |ort| / 127). Never imported by dnnc.
+host, outputs to the host, the same on both sides), then the int8 model's kernel time by
+template (`CompiledModel.profile`). `--sweep` instead times the channels-last int8 conv at
+each SWEEP tile (plain and staged) at resnet50's 3x3 and first two 1x1 shapes. Each int8
+output is compared with onnxruntime's int8 run of the same file on the CPU: `mismatch` is
+the fraction of elements that differ, `max |d| / step` the largest difference in units of
+the output's quantized step (max |ort| / 127); a second int8 row compiles the model with
+DNNC_WGMMA=1 (wgmma's s8 / u8 form on sm_90). Never imported by dnnc.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -98,11 +106,23 @@ def product_ms(graph: Graph, x: np.ndarray, repeat: int, **options) -> tuple[flo
     return best["ms"], best.get("template") or "?"
 
 
+def nchw_ms(graph: Graph, x: np.ndarray, repeat: int) -> tuple[float, str]:
+    """`product_ms` with convert_layout's int8 rewrite off (the conv stays NCHW)."""
+    from dnnc.passes import convert_layout
+
+    rewrite = convert_layout._nhwc_int8_conv
+    convert_layout._nhwc_int8_conv = lambda node: None
+    try:
+        return product_ms(graph, x, repeat)
+    finally:
+        convert_layout._nhwc_int8_conv = rewrite
+
+
 def kernel_rows(args) -> None:
     rng = np.random.default_rng(0)
-    print(f"{'kernel':34} {'int8 ms':>8} {'TOPS':>6} {'fp16 ms':>8} {'TFLOPS':>7} "
-          f"{'fp16/int8':>9}  templates")
-    weighted = np.zeros(2)
+    print(f"{'kernel':34} {'nhwc ms':>8} {'TOPS':>6} {'nchw ms':>8} {'fp16 ms':>8} "
+          f"{'TFLOPS':>7} {'fp16/int8':>9} {'nchw/nhwc':>9}  templates")
+    weighted = np.zeros(3)
     shapes = [("conv", s) for s in RESNET50[:args.shapes]] + [("dense", s) for s in BERT_DENSE]
     for kind, shape in shapes:
         if kind == "conv":
@@ -121,14 +141,17 @@ def kernel_rows(args) -> None:
             label = f"dense 1024 x {k} -> {n}"
         try:
             ms8, t8 = product_ms(q, xq, args.repeat)
+            ms_nchw, t_nchw = nchw_ms(q, xq, args.repeat) if kind == "conv" else (ms8, t8)
             ms16, t16 = product_ms(f, xf, args.repeat, precision="fp16")
         except Exception as exc:   # one shape's failure must not hide the others
             print(f"{label:34} error {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             continue
-        weighted += count * np.array([ms8, ms16])
-        print(f"{label:34} {ms8:8.4f} {flops / ms8 / 1e9:6.0f} {ms16:8.4f} "
-              f"{flops / ms16 / 1e9:7.0f} {ms16 / ms8:9.2f}  {t8}, {t16}", flush=True)
-    print(f"{'weighted by count':34} {weighted[0]:8.3f} {'':6} {weighted[1]:8.3f} {'':7} "
+        weighted += count * np.array([ms8, ms_nchw, ms16])
+        print(f"{label:34} {ms8:8.4f} {flops / ms8 / 1e9:6.0f} {ms_nchw:8.4f} {ms16:8.4f} "
+              f"{flops / ms16 / 1e9:7.0f} {ms16 / ms8:9.2f} {ms_nchw / ms8:9.2f}  "
+              f"{t8}, {t_nchw}, {t16}", flush=True)
+    print(f"{'weighted by count':34} {weighted[0]:8.3f} {'':6} {weighted[1]:8.3f} "
+          f"{weighted[2]:8.3f} {'':7} {weighted[2] / weighted[0]:9.2f} "
           f"{weighted[1] / weighted[0]:9.2f}")
 
 
@@ -170,6 +193,101 @@ def model_rows(args) -> None:
             print(f"{name + (' b32' if name == 'resnet50' else ' b8'):18} {ms8:8.3f} "
                   f"{ms16:8.3f} {ms16 / ms8:9.2f} {np.mean(d > 0):9.2e} {d.max() / step:11.3g}"
                   f"  {t1 - t0:.1f}, {t2 - t1:.1f} (quantizing {t0 - start:.1f})", flush=True)
+            by_template(q8, feeds)
+            wgmma_row(name, path, feeds, got, ms16, args.repeat)
+
+
+def wgmma_row(name: str, path, feeds, got: np.ndarray, ms16: float, repeat: int) -> None:
+    """The int8 model compiled again with DNNC_WGMMA=1 (its int8 defaults may take wgmma's
+    s8 / u8 form on sm_90): ms, fp16/int8, and whether its outputs equal the first int8
+    compile's bit for bit."""
+    os.environ["DNNC_WGMMA"] = "1"
+    try:
+        q8 = dnnc.compile(str(path), "cuda", outputs="numpy", cache=False)
+    finally:
+        del os.environ["DNNC_WGMMA"]
+    same = np.array_equal(np.asarray(q8(**feeds)), got)
+    ms8 = q8.benchmark(*feeds.values(), repeat=repeat)["median_ms"]
+    wgmma = sum(isinstance(r.get("config"), dict) and bool(r["config"].get("wgmma"))
+                for r in q8.profile(*feeds.values(), repeat=1))
+    print(f"{name + ' wgmma':18} {ms8:8.3f} {ms16:8.3f} {ms16 / ms8:9.2f}  outputs "
+          f"{'equal' if same else 'DIFFER'} to the int8 row's; {wgmma} kernels on wgmma",
+          flush=True)
+
+
+def by_template(model, feeds) -> None:
+    """The model's kernel time (`profile`'s median ms, summed) by template, largest first."""
+    totals: dict[str, list] = {}
+    for r in model.profile(*feeds.values(), repeat=5):
+        entry = totals.setdefault(r.get("template") or "?", [0.0, 0])
+        entry[0] += r["ms"]
+        entry[1] += 1
+    for name, (ms, count) in sorted(totals.items(), key=lambda t: -t[1][0])[:8]:
+        print(f"    {name:30} {ms:8.3f} ms in {count} kernels", flush=True)
+
+
+SWEEP = [(128, 128, 64, 2, 2, 3), (128, 128, 64, 2, 4, 3), (128, 128, 128, 2, 2, 3),
+         (128, 256, 64, 2, 4, 3), (256, 128, 64, 4, 2, 3), (64, 128, 128, 2, 2, 4),
+         (128, 64, 128, 2, 2, 4), (64, 64, 128, 2, 2, 4), (128, 128, 64, 2, 4, 4)]
+WGMMA_SWEEP = [(128, 256, 128, 8, 1, 4), (128, 128, 128, 8, 1, 5), (64, 128, 128, 4, 1, 5),
+               (64, 64, 128, 4, 1, 4), (128, 128, 128, 8, 1, 4)]
+"""(block_m, block_n, block_k bytes, warps_m, warps_n, stages) `--sweep` times (SWEEP also
+staged; WGMMA_SWEEP with the wgmma knob, on sm_90), at resnet50's 3x3 and first two 1x1 conv
+shapes (cuda_int8_conv2d_nhwc)."""
+
+
+def with_config(graph: Graph, x: np.ndarray, config, repeat: int) -> float:
+    """`product_ms` with every cuda_int8_conv2d_nhwc kernel at `config`."""
+    from dataclasses import replace
+
+    from dnnc.backends.cuda import schedules
+    from dnnc.backends.cuda.int8_nhwc import INT8_CONV2D_NHWC
+    from dnnc.ir.ops.registry import Pattern
+
+    key = ("cuda", Pattern.OUT_FUSABLE)
+    saved = schedules.TEMPLATES[key]
+    fixed = replace(INT8_CONV2D_NHWC, default=lambda p, machine: config)
+    schedules.TEMPLATES[key] = tuple(fixed if t is INT8_CONV2D_NHWC else t for t in saved)
+    try:
+        return product_ms(graph, x, repeat)[0]
+    finally:
+        schedules.TEMPLATES[key] = saved
+
+
+def sweep_rows(args) -> None:
+    """Per shape: the default's ms, then each SWEEP config's (plain, staged `s`) and
+    WGMMA_SWEEP's (`w`, on sm_90), the best and default / best."""
+    from types import SimpleNamespace
+
+    from dnnc.backends.cuda.device import gpu_arch
+    from dnnc.backends.cuda.int8_nhwc import INT8_CONV2D_NHWC
+    from dnnc.backends.cuda.mma import TensorCoreConfig
+
+    space = set(INT8_CONV2D_NHWC.space(SimpleNamespace(signed=True),
+                                       SimpleNamespace(arch=gpu_arch())).configs())
+    configs = [TensorCoreConfig(*t, staged=staged) for t in SWEEP for staged in (False, True)]
+    configs += [TensorCoreConfig(*t, wgmma=True) for t in WGMMA_SWEEP]
+    configs = [c for c in configs if c in space]
+    rng = np.random.default_rng(2)
+    shapes = [s for s in RESNET50 if s[3] == 3] + [s for s in RESNET50 if s[3] == 1][:2]
+    for c, h, m, k, s, count in shapes:
+        q, xq = int8_conv(c, h, m, k, s, 32, rng)
+        label = f"conv {c}x{h}^2 -> {m} k{k} s{s}"
+        base, template = product_ms(q, xq, args.repeat)
+        times = {}
+        for config in configs:
+            name = (f"{config.block_m}x{config.block_n}x{config.block_k}/{config.warps_m}x"
+                    f"{config.warps_n}/{config.stages}{'s' * config.staged}"
+                    f"{'w' * config.wgmma}")
+            try:
+                times[name] = with_config(q, xq, config, args.repeat)
+            except Exception as exc:   # one config's failure must not hide the others
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        best = min(times, key=times.get) if times else None
+        print(f"{label:34} default {base:.4f}  " + " ".join(
+            f"{name}={ms:.4f}" for name, ms in times.items()) + (
+            f"  best {best} {times[best]:.4f} default/best {base / times[best]:.2f}"
+            if best else ""), flush=True)
 
 
 def main(argv=None) -> int:
@@ -179,8 +297,13 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="resnet50,bert_base")
     parser.add_argument("--no-kernels", action="store_true")
     parser.add_argument("--no-models", action="store_true")
+    parser.add_argument("--sweep", action="store_true",
+                        help="only time the SWEEP tiles of the channels-last int8 conv")
     args = parser.parse_args(argv)
     print(header())
+    if args.sweep:
+        sweep_rows(args)
+        return 0
     if not args.no_models:   # (first: the issue's bar)
         model_rows(args)
     if not args.no_kernels:

@@ -1,5 +1,5 @@
-"""The problem descriptors of QuantizedDense and QuantizedConvPacked kernels
-(`ir/ops/quantized.py`), as the int8 templates read them: buffers, sizes, the epilogue's parameters and the group's fused
+"""The problem descriptors of QuantizedDense, QuantizedConvPacked and QuantizedConvNHWC
+kernels (`ir/ops/quantized.py`), as the int8 templates read them: buffers, sizes, the epilogue's parameters and the group's fused
 elementwise consumers. Target-neutral, like `problems.py`; it must never import a backend.
 """
 
@@ -106,6 +106,7 @@ class QuantizedConvProblem:
     hi: int | None
     epilogue: Epilogue
     group: int = 1
+    tap_sums: L.Buffer | None = None   # QuantizedConvNHWC's w_tap_sums [M, kh * kw]
 
     @property
     def signed(self) -> bool:
@@ -148,6 +149,32 @@ def quantized_conv(kernel: Kernel, op: str = "QuantizedConvPacked"
         dilations=tuple(dilations), begins=tuple(begins), padded_hw=tuple(padded_hw),
         out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
         epilogue=epilogue(kernel), group=node.attrs["group"])
+
+
+def quantized_conv_nhwc(kernel: Kernel) -> QuantizedConvProblem | None:
+    """The kernel's 2-D QuantizedConvNHWC anchor (first in its group, static shapes, no
+    layout tail) as a problem whose x_dims and y_dims are channels-last ([N, H, W, C], [N,
+    OH, OW, M]) and w [M, kh, kw, C]; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "QuantizedConvNHWC" or layout_tail(kernel):
+        return None
+    x, za, w, sums, bias, scale, y_zp, taps = _buffers(kernel, node, 8)
+    x_dims = L.static_shape(x.shape)
+    y_dims = L.static_shape(node.outputs[0].type.shape)
+    if x_dims is None or y_dims is None or 0 in y_dims:
+        return None
+    kh_kw = tuple(L.static_shape(node.inputs[2].type.shape)[1:3])
+    geometry = plane_geometry(node.attrs, x_dims[1:3], kh_kw, y_dims[1:3])
+    if geometry is None:
+        return None
+    strides, dilations, begins, padded_hw = geometry
+    return QuantizedConvProblem(
+        name=kernel.func.name, params=kernel.func.params, x=x, za=za, w=w, sums=sums,
+        bias=bias, scale=scale, y_zp=y_zp, y=kernel.func.params[-1], x_dims=tuple(x_dims),
+        y_dims=tuple(y_dims), kernel=kh_kw, strides=tuple(strides),
+        dilations=tuple(dilations), begins=tuple(begins), padded_hw=tuple(padded_hw),
+        out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
+        epilogue=epilogue(kernel), tap_sums=taps)
 
 
 def quantized_depthwise(kernel: Kernel) -> QuantizedConvProblem | None:

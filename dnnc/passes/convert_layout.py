@@ -28,7 +28,12 @@ model's inputs and outputs). On an image of one pixel (squeeze-and-excitation's 
 4 or 6 channels, through the registers) no channel is padded: there a Transpose moves
 nothing (`sink_transposes` makes it a Reshape or cancels it). Convs next to a grouped conv
 that is not depthwise (which has no channels-last kernel) through elementwise ops only stay
-NCHW. "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
+NCHW. The same layout makes a 2-D QuantizedConvPacked (at any precision: its products are
+integers) Transpose -> [Pad of its channels to whole 16-byte chunks of int8] ->
+QuantizedConvNHWC (weights OHWI and their sums at each tap, once) -> Transpose
+(`_nhwc_int8_conv`), so a QDQ CNN's int8 values run channels-last between its convolutions
+(sink_transposes carries them through the per-tensor QuantizeLinear / DequantizeLinear and the
+float residual Adds between). "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
 (`winograd_applies`) where Winograd's F(m x m, 3x3) is estimated faster than the direct conv
 (`winograd_tile`, the tile m of the least estimate, `conv_costs`) becomes ConvWinograd, its
 filters transformed once here. "sparse_weights" (llvm and cuda, first): a product whose
@@ -45,10 +50,11 @@ from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import PACKED_PRECISIONS, pack_pairs, pack_panels
 from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights
+from ..ir.ops.quantized import tap_sums, unpack_conv_groups
 from ..ir.ops.winograd import winograd_weights
 from ..ir.ops.registry import infer_node
 from ..ir.target import Target
-from ..ir.types import FLOAT_DTYPES, TensorType, bfloat16, float32, int64
+from ..ir.types import FLOAT_DTYPES, TensorType, bfloat16, float32, int8, int32, int64
 from .conv_costs import conv3x3_costs
 from .find_sparsity import sparse_weights
 from .sink_transposes import positionwise, sink_transposes
@@ -215,7 +221,10 @@ def _winograd_conv(graph: Graph, node: Node, users, target: Target):
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     """Conv(x, W const, B) (2-D, one group or depthwise) at a reduced precision ->
     Transpose(x) -> [Pad of its channels to whole chunks, one group only and not on a
-    one-pixel image] -> ConvNHWC(., OHWI(W), B) -> Transpose(back)."""
+    one-pixel image] -> ConvNHWC(., OHWI(W), B) -> Transpose(back); a QuantizedConvPacked at
+    any precision: `_nhwc_int8_conv`."""
+    if node.op == "QuantizedConvPacked":
+        return _nhwc_int8_conv(node)
     if node.op != "Conv" or target.precision == "fp32":
         return None
     x, w = node.inputs[0], node.inputs[1]
@@ -254,6 +263,49 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     if tuple(yt.type.shape[i] for i in NCHW_OF_NHWC) != tuple(out.type.shape):
         return None
     return edge + [Node("ConvNHWC", inputs, [yt], full, node.name),
+                   Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)},
+                        f"{node.name}.out")], []
+
+
+def _nhwc_int8_conv(node: Node):
+    """QuantizedConvPacked(x, za, W packed, ...) (2-D, one group) -> Transpose(x) -> [Pad of
+    its channels with zeros to whole 16-byte chunks of int8: a stem's 3 to 16, their weights
+    0] -> QuantizedConvNHWC(., za, OHWI(W), w_sums, ..., tap sums(W)) -> Transpose(back):
+    the cuda int8 template's patches copied a chunk of 16 channels at a time
+    (cuda/int8_nhwc.py), the int8 values between such convs left channels-last by
+    `sink_transposes`. (Padded channels add nothing whatever they hold: their weights, sums
+    and tap sums are 0.)"""
+    x, w = node.inputs[0], node.inputs[2]
+    kernel = tuple(node.attrs.get("kernel_shape") or ())
+    channels = x.type.shape[1] if x.type.rank == 4 else None
+    if len(kernel) != 2 or w.const is None or not isinstance(channels, int):
+        return None
+    padded = -(-channels // CHUNK_BYTES) * CHUNK_BYTES
+    full = unpack_conv_groups(np.asarray(w.const), node.attrs["oc"], channels, kernel)
+    ohwi = np.pad(full.transpose(NHWC_OF_NCHW), [(0, 0)] * 3 + [(0, padded - channels)])
+    ohwi = np.ascontiguousarray(ohwi)
+    wv = Value(f"{w.name}.ohwi", TensorType(int8, ohwi.shape), const=ohwi)
+    taps = tap_sums(ohwi)
+    tv = Value(f"{w.name}.tap_sums", TensorType(int32, taps.shape), const=taps)
+    xt = Value(f"{x.name}.nhwc", TensorType(x.type.dtype, tuple(
+        x.type.shape[i] for i in NHWC_OF_NCHW)))
+    edge = [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{node.name}.in")]
+    if padded != channels:
+        pads = Value(f"{node.name}.channel_pads", TensorType(int64, (8,)),
+                     const=np.array([0] * 7 + [padded - channels], np.int64))
+        xp = Value(f"{x.name}.nhwc{padded}", TensorType(x.type.dtype, xt.type.shape[:3] +
+                                                         (padded,)))
+        edge.append(Node("Pad", [xt, pads], [xp], {"mode": "constant"}, f"{node.name}.pad"))
+        xt = xp
+    extra = list(node.inputs[4:7]) + [None] * (7 - len(node.inputs[:7]))
+    inputs = [xt, node.inputs[1], wv, node.inputs[3]] + extra[:3] + [tv]
+    attrs = {k: v for k, v in node.attrs.items() if k != "oc"}
+    types, _, full_attrs = infer_node("QuantizedConvNHWC", inputs, attrs, 1, node.name)
+    out = node.outputs[0]
+    yt = Value(f"{out.name}.nhwc", types[0])
+    if tuple(yt.type.shape[i] for i in NCHW_OF_NHWC) != tuple(out.type.shape):
+        return None
+    return edge + [Node("QuantizedConvNHWC", inputs, [yt], full_attrs, node.name),
                    Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)},
                         f"{node.name}.out")], []
 

@@ -4,7 +4,9 @@ elementwise ops between two such ops instead of converting back and forth around
 (TVM's ConvertLayout with transpose sinking).
 
 One walk in topological order. A positionwise node (pattern ELEMWISE or BROADCAST, no
-parameter inputs, no `axis`, one output) whose every input is a Transpose by one perm P,
+parameter inputs, no `axis` (but a QuantizeLinear / DequantizeLinear of one scale and zero
+point: the int8 values between cuda's channels-last int8 convolutions), one output) whose
+every input is a Transpose by one perm P,
 a constant (re-laid out once: broadcast to the output's rank, transposed by P's inverse), a
 scalar, a value already read through a Transpose by P's inverse earlier in the graph (a
 residual Add of a block's input, which its first convolution reads transposed: that
@@ -50,7 +52,17 @@ def positionwise(node: Node) -> bool:
     (broadcast) position: it commutes with a Transpose."""
     op = get_op(node.op)
     return op.pattern in (Pattern.ELEMWISE, Pattern.BROADCAST) and not op.params and \
-        "axis" not in node.attrs and len(node.outputs) == 1 and not node.subgraphs()
+        ("axis" not in node.attrs or _per_tensor(node)) and len(node.outputs) == 1 and \
+        not node.subgraphs()
+
+
+def _per_tensor(node: Node) -> bool:
+    """Whether `node` is a QuantizeLinear / DequantizeLinear of one scale and one zero
+    point (its axis unused: the quantized values between int8 convolutions)."""
+    return node.op in ("QuantizeLinear", "DequantizeLinear") and \
+        not node.attrs.get("block_size") and \
+        all(v is None or v.type.rank == 0 or (v.const is not None and v.type.shape == (1,))
+            for v in node.inputs[1:])
 
 
 def _relaid(c: Value, rank: int, inverse: tuple[int, ...]) -> Value:
@@ -77,7 +89,8 @@ def _reshaped(v: Value, rank: int, inverse: tuple[int, ...]) -> Node | None:
 
 
 def _sunk(node: Node, made: dict) -> list[Node] | None:
-    """[any Reshapes of its inputs, node computed before the Transpose, the Transpose] when
+    """[any Reshapes (or `_requantized` nodes) of its inputs, node computed before the
+    Transpose, the Transpose] when
     `node` can take its inputs' Transpose, else None; `made[(id(value), perm)]` is an earlier
     Transpose's (or Reshape's) output holding `value` transposed by `perm` (the Reshapes made
     here are added)."""
@@ -94,8 +107,9 @@ def _sunk(node: Node, made: dict) -> list[Node] | None:
         return None
     inverse = tuple(int(i) for i in np.argsort(perm))
     inputs, reshapes = [], []
-    for v in node.inputs:
-        if v is None or (v.const is None and v.type.rank == 0):
+    for k, v in enumerate(node.inputs):
+        if v is None or (v.const is None and v.type.rank == 0) or \
+                (k > 0 and _per_tensor(node)):   # a scale or zero point of one element
             inputs.append(v)
         elif v.const is not None:
             inputs.append(_relaid(v, out.type.rank, inverse) if v.type.rank else v)
@@ -104,17 +118,32 @@ def _sunk(node: Node, made: dict) -> list[Node] | None:
         elif (id(v), inverse) in made:
             inputs.append(made[(id(v), inverse)])
         else:
-            reshape = _reshaped(v, out.type.rank, inverse)
+            reshape = _requantized(v, inverse, made) or _reshaped(v, out.type.rank, inverse)
             if reshape is None:
                 return None
-            reshapes.append(reshape)
+            reshapes.append((v, reshape))
             inputs.append(reshape.outputs[0])
     inner = Value(f"{out.name}.sunk", TensorType(out.type.dtype,
                                                  tuple(out.type.shape[i] for i in inverse)))
-    for reshape in reshapes:   # (read by later nodes too)
-        made[(id(reshape.inputs[0]), inverse)] = reshape.outputs[0]
+    for v, reshape in reshapes:   # (read by later nodes too)
+        made[(id(v), inverse)] = reshape.outputs[0]
+    reshapes = [reshape for _, reshape in reshapes]
     return reshapes + [Node(node.op, inputs, [inner], node.attrs, node.name),
             Node("Transpose", [inner], [out], {"perm": list(perm)}, f"{node.name}.sunk")]
+
+
+def _requantized(v: Value, inverse: tuple[int, ...], made: dict) -> Node | None:
+    """A per-tensor DequantizeLinear / QuantizeLinear producing `v` (`_per_tensor`) again, on
+    its input's transposed copy by `inverse` made earlier: a residual Add's DQ of a block's
+    int8 input, which the block's first channels-last int8 conv reads transposed. None where
+    there is no such copy."""
+    node = v.producer
+    if node is None or not _per_tensor(node) or (id(node.inputs[0]), inverse) not in made:
+        return None
+    out = Value(f"{v.name}.relaid", TensorType(v.type.dtype, tuple(
+        v.type.shape[i] for i in inverse)))
+    return Node(node.op, [made[(id(node.inputs[0]), inverse)]] + list(node.inputs[1:]), [out],
+                node.attrs, f"{node.name}.relaid")
 
 
 def _plane_mean(node: Node) -> bool:

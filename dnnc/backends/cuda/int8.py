@@ -24,13 +24,18 @@ templates'; then the group's fused consumers (`Epilogue`). Weights with a zero p
 (QuantizedDense's `w_zp`) are not served here (the generic loops run them).
 
 Knobs: mma.py's TensorCoreConfig tiles (block_m, block_n, block_k in bytes, warps, stages),
-k unsplit and no wgmma. This module builds loop IR; it must never render C or launch.
+k unsplit; on sm_90 the `wgmma` knob (wgmma.py's m64nNk32 s8 / u8 form on the same shared
+tiles, k tiles of 128 bytes, int32 accumulators), which the dense and channels-last conv
+defaults take only with DNNC_WGMMA=1 (`mma.wgmma_by_default`: s8 / u8 are not among
+WGMMA_PRECISIONS until measured). This module builds loop IR; it must never render C or launch.
 
 Products of fewer than 16 rows (a GEMV: batch-1 classifier heads) take dp4a instead
 (cuda_int8_gemv: `L.dot_u8s8x4`, which the cuda renderer emits as `dp4a.u32.s32`), a warp a
 16-column panel of the weights.
 
-Not yet: a conv's patches by cp.async from a channels-last image, wgmma's s8 form on sm_90.
+A conv compiled for cuda runs channels-last where `convert_layout`'s "nhwc_conv" makes it a
+QuantizedConvNHWC (int8_nhwc.py: patches by cp.async); this NCHW kernel serves the rest
+(channels not static).
 """
 
 from __future__ import annotations
@@ -45,13 +50,17 @@ from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, c
                                   quantized_conv, quantized_dense)
 from ..space import Constraint, Space, Template
 from .dense import Operand, min_blocks
-from .device import gpu_of
-from .mma import (DEFAULTS, EFFICIENCY, MAX_ACCUMULATORS, MAX_SHARED_BYTES, WARP,
-                  TensorCoreConfig, mma_product, resident, shared_bytes)
+from .device import gpu_of, has_wgmma
+from .mma import (DEFAULTS, EFFICIENCY, MAX_ACCUMULATORS, MAX_SHARED_BYTES,
+                  MAX_WGMMA_SHARED_BYTES, MMA_UNDER_WGMMA, WARP, WGMMA_DEFAULTS,
+                  WGMMA_EFFICIENCY, TensorCoreConfig, mma_product, resident, shared_bytes,
+                  wgmma_by_default)
 
 BLOCK_K = (32, 64, 128)
 """k tiles in bytes: one, two or four m16n8k32 steps."""
 DEFAULT_BLOCK_K, DEFAULT_STAGES = 64, 3
+WGMMA_BLOCK_K = 128
+"""The k tile (bytes) of the `wgmma` knob: one 128-byte swizzle row (wgmma.block_k)."""
 """A default's k tile (bytes, the 128-byte lines of fp16's 32-deep tile halved: two mma
 steps a tile) and its stages (as mma.py's)."""
 
@@ -61,45 +70,75 @@ def precision(p) -> str:
     return "s8" if p.signed else "u8"
 
 
-def space(name: str, p) -> Space:
-    """The tiles of an int8 product: mma.py's knobs, k unsplit, no wgmma."""
+def space(name: str, p, arch: str | None = None) -> Space:
+    """The tiles of an int8 product: mma.py's knobs, k unsplit; the `wgmma` knob (wgmma.py's
+    s8 / u8 form) where `arch` has it (sm_90)."""
+    from . import wgmma   # (it builds on mma.py's tiles)
+
     kind = precision(p)
+    warpgroups = arch is not None and has_wgmma(arch)
     return Space(name, TensorCoreConfig, {
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
         "block_k": BLOCK_K, "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
-        "stages": (2, 3, 4, 5), "split_k": (1,), "wgmma": (False,),
-        "early_refill": (False,), "staged": (False, True),
+        "stages": (2, 3, 4, 5), "split_k": (1,), "wgmma": (False, True)[:1 + warpgroups],
+        "early_refill": (False, True)[:1 + warpgroups], "staged": (False, True),
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
                    c.block_n % (16 * c.warps_n) == 0),
         Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
-                   lambda c: c.block_m * c.block_n // (c.warps_m * c.warps_n * WARP) <=
-                   MAX_ACCUMULATORS),
-        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB",
-                   lambda c: shared_bytes(c, kind) <= MAX_SHARED_BYTES)])
+                   lambda c: c.wgmma or c.block_m * c.block_n // (
+                       c.warps_m * c.warps_n * WARP) <= MAX_ACCUMULATORS),
+        Constraint("with wgmma: k tiles of 128 bytes, warps_m a multiple of 4, a "
+                   "warpgroup's columns 64, 128 or 256 and rows whole m64 tiles, at most 128 "
+                   "accumulators a thread, at least 3 stages (2 with early_refill)",
+                   lambda c: not c.wgmma or wgmma.fits(c, kind)),
+        Constraint("early_refill only with wgmma", lambda c: c.wgmma or not c.early_refill),
+        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB "
+                   f"({MAX_WGMMA_SHARED_BYTES >> 10} KiB with wgmma)",
+                   lambda c: shared_bytes(c, kind) <= (
+                       MAX_WGMMA_SHARED_BYTES if c.wgmma else MAX_SHARED_BYTES))])
 
 
-def choose(m: int, n: int, k: int, gpu: GPU) -> TensorCoreConfig:
+def choose(m: int, n: int, k: int, gpu: GPU, with_wgmma: bool = False) -> TensorCoreConfig:
     """The default tile of an m x n x k int8 product on `gpu`: of mma.py's DEFAULTS tiles
     (k tiles of DEFAULT_BLOCK_K bytes), the one its rough model (mma.choose's without
     splits: guessed efficiency, slowed where blocks cannot fill the GPU or leave a last wave
     part empty) says is fastest. resnet50 at batch 32 (100352 x 64 x 576 ... 1568 x 2048 x
     512) and BERT at batch 8 (1024 x 768 x 3072) take 64 x 64 to 128 x 256 tiles of 4 or 8
-    warps; a product of a few dozen rows 16 x 32."""
+    warps; a product of a few dozen rows 16 x 32. `with_wgmma` (`mma.wgmma_by_default` of
+    the arch and precision: on sm_90 with DNNC_WGMMA=1, not measured yet) adds mma.py's
+    WGMMA_DEFAULTS tiles, k tiles of 128 bytes, and scales the others' guesses as mma.py
+    does."""
     best, best_time = None, float("inf")
-    for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
-        config = TensorCoreConfig(bm, bn, DEFAULT_BLOCK_K, wm, wn, DEFAULT_STAGES)
-        if shared_bytes(config, "s8") > MAX_SHARED_BYTES:
+    for config, efficiency in _candidates(with_wgmma):
+        if shared_bytes(config, "s8") > (MAX_WGMMA_SHARED_BYTES if config.wgmma else
+                                         MAX_SHARED_BYTES):
             continue
+        bm, bn = config.block_m, config.block_n
+        if config.wgmma and 2 * m * n < -(-m // bm) * -(-n // bn) * bm * bn:
+            continue   # mostly past the edges: a warpgroup's 64 rows for a few
         blocks = -(-m // bm) * -(-n // bn)
-        fill = min(1.0, blocks / min_blocks(gpu))
+        # a wgmma block fills its SM's shared memory: one a SM is full
+        fill = min(1.0, blocks / (gpu.sms if config.wgmma else min_blocks(gpu)))
         wave = gpu.sms * resident(config, "s8")
         waves = -(-blocks // wave) * wave / blocks if blocks > wave else 1.0
         seconds = 2 * blocks * bm * bn * k * waves / (gpu.tensor_flops * efficiency * fill)
         if seconds < best_time:
             best, best_time = config, seconds
     return best
+
+
+def _candidates(with_wgmma: bool):
+    """(config, guessed efficiency) of the tiles `choose` tries."""
+    scale = MMA_UNDER_WGMMA if with_wgmma else 1.0
+    for (bm, bn, wm, wn), efficiency in zip(DEFAULTS, EFFICIENCY):
+        yield TensorCoreConfig(bm, bn, DEFAULT_BLOCK_K, wm, wn, DEFAULT_STAGES), \
+            efficiency * scale
+    if with_wgmma:
+        for (bm, bn, wm, wn, stages), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
+            yield TensorCoreConfig(bm, bn, WGMMA_BLOCK_K, wm, wn, stages, wgmma=True), \
+                efficiency
 
 
 def _finished(p, acc: L.Expr, j, shift: int = 0) -> L.Expr:
@@ -142,11 +181,12 @@ def dense_applies(p: QuantizedDenseProblem) -> bool:
 
 
 def dense_space(p: QuantizedDenseProblem, machine) -> Space:
-    return space("cuda_int8_dense", p)
+    return space("cuda_int8_dense", p, getattr(machine, "arch", None))
 
 
 def dense_default(p: QuantizedDenseProblem, machine) -> TensorCoreConfig:
-    return choose(p.m, p.n, p.k, gpu_of(machine))
+    return choose(p.m, p.n, p.k, gpu_of(machine),
+                  wgmma_by_default(getattr(machine, "arch", None), precision(p)))
 
 
 def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
@@ -263,7 +303,7 @@ def conv_applies(p: QuantizedConvProblem) -> bool:
 
 
 def conv_space(p: QuantizedConvProblem, machine) -> Space:
-    return space("cuda_int8_conv2d", p)
+    return space("cuda_int8_conv2d", p, getattr(machine, "arch", None))
 
 
 def conv_default(p: QuantizedConvProblem, machine) -> TensorCoreConfig:

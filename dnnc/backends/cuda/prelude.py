@@ -160,6 +160,27 @@ template <int TA, int TB> __device__ __forceinline__ void dnnc_wgmma_{name}_n{n}
 """[1:]
 
 
+_WGMMA_INTEGER_FUNCTION = r"""
+template <int TA, int TB> __device__ __forceinline__ void dnnc_wgmma_{name}_n{n}(
+    int* d, unsigned long long a, unsigned long long b) {{
+  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{one}, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n{n}k32.s32.{name}.s8 "
+               "{{{d}}}, %{da}, %{db}, p; }}"
+               : {outs}
+               : "l"(a), "l"(b), "r"(1));
+}}
+"""[1:]
+"""The integer precisions' (s8 or u8 A, s8 B: K-major only, no transposes; TA, TB unused):
+int32 accumulators, exact sums."""
+
+
+def _wgmma_integer_function(name: str, n: int) -> str:
+    count = n // 2
+    return _WGMMA_INTEGER_FUNCTION.format(
+        name=name, n=n, d=", ".join(f"%{i}" for i in range(count)), da=count, db=count + 1,
+        one=count + 2, outs=", ".join(f'"+r"(d[{i}])' for i in range(count)))
+
+
 def _wgmma_function(name: str, n: int, k: int, ptx: str) -> str:
     """`dnnc_wgmma_<name>_n<n><TA, TB>(d, desc a, desc b)`: D (n / 2 registers from d) += A B
     (TA, TB: A, B MN-major; tf32 has no transposes)."""
@@ -193,10 +214,16 @@ template <int N, int COUNT> __device__ __forceinline__ void dnnc_wgmma_wait(floa
 #pragma unroll
   for (int i = 0; i < COUNT; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
 }
+template <int N, int COUNT> __device__ __forceinline__ void dnnc_wgmma_wait(int* d) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i) asm volatile("" : "+r"(d[i]) :: "memory");
+}
 __device__ __forceinline__ void dnnc_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 """ + "".join(_wgmma_function(name, n, k, ptx) for name, k, ptx in (
-    ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16")) for n in WGMMA_N)
+    ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16")) for n in WGMMA_N) + \
+    "".join(_wgmma_integer_function(name, n) for name in ("s8", "u8") for n in WGMMA_N)
 """What `L.Wgmma` and its fence, commit and wait and `L.ProxyFence` render to, added after
 MMA_PRELUDE (whose `dnnc_shared_address` it uses) to a module that uses them."""

@@ -81,6 +81,7 @@ from .dense import DENSE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
 from .int8 import INT8_CONV2D, INT8_DENSE, INT8_GEMV
+from .int8_nhwc import INT8_CONV2D_NHWC
 from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
 from .plane_mean import PLANE_MEAN_NHWC
@@ -279,9 +280,11 @@ TEMPLATES = {
     # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py),
     # a channels-last depthwise one a block per tile of pixels x run of channels
     # (depthwise_nhwc.py), sparse weights' products (SparseDense, 1x1 SparseConv) as an
-    # SpMM (sparse.py), int8 dense and conv on the integer tensor cores or dp4a (int8.py); the
-    # rest (grouped conv) one thread per output element
+    # SpMM (sparse.py), int8 dense and conv on the integer tensor cores or dp4a (int8.py; a
+    # channels-last int8 conv's patches by cp.async: int8_nhwc.py); the rest (grouped conv)
+    # one thread per output element
     ("cuda", Pattern.OUT_FUSABLE): (SPMM, INT8_DENSE, INT8_GEMV, INT8_CONV2D,
+                                    INT8_CONV2D_NHWC,
                                     MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
                                     CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE,
                                     DEPTHWISE_NHWC, DEFAULT),

@@ -13,7 +13,9 @@ warpgroups (4 warps each): warpgroup (wy, wx) owns (block_m / (warps_m / 4)) row
 m64 tiles and n = block_n / warps_n columns (64, 128 or 256); per k step of 16 (tf32: 8)
 and m64 tile it issues one wgmma m64n<n>k16 (k8) reading both operands from shared memory
 through matrix descriptors, its accumulators n / 2 fp32 registers a thread (`L.Wgmma`'s D
-layout).
+layout). At int8.py's integer precisions ("s8" / "u8": A's type, B s8) a k step is 32
+bytes too (m64n<n>k32), the k tile 128 of them, both tiles K-major (as 8-bit tiles always
+are), the accumulators int32.
 
 Shared memory. k goes in tiles of 128 bytes (64 16-bit elements, 32 tf32) through a ring of
 `stages` slots, as `mma._Tile` copies them (cp.async where the operand is stored in the
@@ -40,7 +42,9 @@ store, as `mma.py`'s, and `split_k` splits k as there.
 Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer the knob on
 sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-last conv
 defaults take it at fp16 / bf16 (`mma.WGMMA_DEFAULT`; DNNC_WGMMA=1 at tf32 too), the NCHW
-conv default stays on mma.sync (its gathered patches come through registers: not measured). Not done: TMA bulk copies with mbarriers, warp-specialised
+conv default stays on mma.sync (its gathered patches come through registers: not measured).
+int8.py's and int8_nhwc.py's spaces offer it at "s8" / "u8" on sm_90, their defaults only
+with DNNC_WGMMA=1. Not done: TMA bulk copies with mbarriers, warp-specialised
 producer warps, MN-major tf32 operands in shared memory (wgmma reads tf32 K-major only:
 such an operand is transposed through registers, as mma.py does).
 """
@@ -70,8 +74,9 @@ ROW_CHUNKS = 8
 
 
 def block_k(precision: str) -> int:
-    """The k tile at `precision`: one 128-byte swizzle row of its elements."""
-    return ROW_BYTES // (4 if precision == "tf32" else 2)
+    """The k tile at `precision`: one 128-byte swizzle row of its elements (128 of the
+    integer precisions' bytes)."""
+    return ROW_BYTES // (4 if precision == "tf32" else 1 if precision in L.INTEGER_MMA else 2)
 
 
 def fits(c: TensorCoreConfig, precision: str) -> bool:
@@ -155,7 +160,8 @@ class Warpgroups:
         self.b_in = _SwizzledTile("b", bn, self.col0, n, b, bk, k, c.threads,
                                   past_k or n % bn != 0, bi, precision, c.stages)
         self.count = self.tm * self.cols // 2
-        self.acc = L.Buffer("acc", T.float32, (self.count,), L.Scope.LOCAL)
+        self.acc_type = T.int32 if precision in L.INTEGER_MMA else T.float32
+        self.acc = L.Buffer("acc", self.acc_type, (self.count,), L.Scope.LOCAL)
         self.t, self.wy, self.wx, self.warp, self.g, self.q = (
             L.Var(x) for x in ("t", "wy", "wx", "warp", "g", "q"))
         self.mi = L.Var("mi")
@@ -177,7 +183,7 @@ class Warpgroups:
         """Every accumulator zeroed."""
         r = L.Var("r")
         return self.per_thread(L.For(r, self.count, L.Store(
-            self.acc, (r,), L.const(0.0, T.float32)), L.ForKind.UNROLLED))
+            self.acc, (r,), L.const(0, self.acc_type)), L.ForKind.UNROLLED))
 
     def update(self, slot: L.Expr) -> L.Stmt:
         """The k tile in shared `slot`: per k step (16, tf32 8) and m64 tile one wgmma of

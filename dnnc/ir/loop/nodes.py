@@ -583,9 +583,10 @@ class AsyncWait(Stmt):
         return hash(("AsyncWait", self.pending))
 
 
-WGMMA_K = {"tf32": 8, "fp16": 16, "bf16": 16}
+WGMMA_K = {"tf32": 8, "fp16": 16, "bf16": 16, "s8": 32, "u8": 32}
 """Precision -> the k of a `Wgmma` (PTX's wgmma.mma_async m64nNk8 for tf32, k16 for fp16 and
-bf16): 32 bytes of k either way."""
+bf16, k32 for the integer precisions `INTEGER_MMA`, A's type, B s8): 32 bytes of k either
+way."""
 
 SWIZZLE_BYTES = 1024
 """A `Wgmma` operand layout's swizzle repeats every 1024 bytes (8 rows of 128): the shared
@@ -612,7 +613,9 @@ class Wgmma(Stmt):
     `*_offsets` in bytes; the swizzle of shared address p is p ^ ((p >> 7) % 8 << 4) (16-byte
     chunk c of a 128-byte row r of a 1024-byte aligned block at chunk c ^ r % 8). Operands
     are the precision's bits (fp16 / bf16 elements; tf32 read from float32 words, the low
-    13 mantissa bits ignored); products summed in fp32.
+    13 mantissa bits ignored); products summed in fp32. At the integer precisions
+    (`INTEGER_MMA`: s8 or u8 A, s8 B, K-major only, e = 1) `acc` is int32 and the products'
+    sums exact (`.s32.<p>.s8`).
 
     It only starts: `acc` holds the result after a `WgmmaCommit` and the `WgmmaWait` that
     completes that group; until then neither the registers nor the shared operands may be
@@ -658,7 +661,8 @@ class WgmmaCommit(Stmt):
 class WgmmaWait(Stmt):
     """The warpgroup waits until at most `pending` of its committed `Wgmma` groups are
     incomplete (`wgmma.wait_group.sync.aligned`): the older ones' accumulators (the `count`
-    registers from `acc`, a Load of a LOCAL float32 buffer as a place) hold their results
+    registers from `acc`, a Load of a LOCAL float32 (integer precisions: int32) buffer as a
+    place) hold their results
     and their shared operands may be written again."""
 
     pending: int

@@ -169,20 +169,23 @@ def _is_place(x, scope: Scope, dtype) -> bool:
 
 
 def _check_wgmma(func, s: Wgmma, gpu: set) -> None:
-    """A warpgroup's product: on a GPU's threads, a known precision (tf32 K-major only), n a
-    multiple of 8 up to 256, fp32 registers from shared uint32 words laid out at 16-byte
-    offsets the descriptor can hold."""
+    """A warpgroup's product: on a GPU's threads, a known precision (tf32, s8, u8 K-major
+    only), n a multiple of 8 up to 256, fp32 (s8, u8: int32) registers from shared uint32
+    words laid out at 16-byte offsets the descriptor can hold."""
     if "threadIdx.x" not in gpu:
         raise LoopIRError(f"{func.name}: wgmma outside a threadIdx.x loop")
-    if s.precision not in WGMMA_K or s.precision == "tf32" and (s.a_mn_major or s.b_mn_major):
+    k_major = s.precision == "tf32" or s.precision in INTEGER_MMA
+    if s.precision not in WGMMA_K or k_major and (s.a_mn_major or s.b_mn_major):
         raise LoopIRError(f"{func.name}: wgmma of precision {s.precision!r} (one of "
-                          f"{', '.join(WGMMA_K)}; tf32 K-major only) with these majors")
+                          f"{', '.join(WGMMA_K)}; tf32 K-major only, s8 and u8 too) with "
+                          f"these majors")
     if s.n % 8 or not 8 <= s.n <= 256:
         raise LoopIRError(f"{func.name}: wgmma n={s.n} (a multiple of 8 up to 256)")
-    if not (_is_place(s.acc, Scope.LOCAL, T.float32) and _is_place(s.a, Scope.SHARED, T.uint32)
+    acc = T.int32 if s.precision in INTEGER_MMA else T.float32
+    if not (_is_place(s.acc, Scope.LOCAL, acc) and _is_place(s.a, Scope.SHARED, T.uint32)
             and _is_place(s.b, Scope.SHARED, T.uint32)):
-        raise LoopIRError(f"{func.name}: wgmma reads shared uint32 words into local float32 "
-                          f"registers")
+        raise LoopIRError(f"{func.name}: wgmma reads shared uint32 words into local "
+                          f"{acc.name} registers")
     if any(x % 16 or not 0 <= x < 1 << 18 for x in s.a_offsets + s.b_offsets):
         raise LoopIRError(f"{func.name}: wgmma layout offsets {s.a_offsets}, {s.b_offsets} "
                           f"are not 16-byte multiples below 256 KiB")
@@ -287,9 +290,10 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
         _check_tile_product(func, s, gpu if placement else set())
         exprs(s.c, s.a, s.b)
     elif isinstance(s, WgmmaWait):
-        if s.pending < 0 or s.count < 0 or not _is_place(s.acc, Scope.LOCAL, T.float32):
+        if s.pending < 0 or s.count < 0 or not (_is_place(s.acc, Scope.LOCAL, T.float32) or
+                                                 _is_place(s.acc, Scope.LOCAL, T.int32)):
             raise LoopIRError(f"{func.name}: wgmma wait for {s.pending} groups, {s.count} "
-                              f"local float32 registers")
+                              f"local float32 (int32) registers")
         exprs(s.acc)
     elif isinstance(s, AsyncWait):
         if s.pending < 0:

@@ -43,6 +43,7 @@ from ..loop import Cast, Expr, call, const, maximum, minimum
 from .conv import CONV_ATTRS, conv, conv_flops, conv_shape, conv_sum, scalar_or_per_channel
 from .infer import check_dtype
 from .linalg import widen
+from .packed import NCHW_OF_NHWC, NHWC_OF_NCHW
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 GROUP_COLUMNS = 16
@@ -54,7 +55,7 @@ QUANT_ATTRS = {"lo": None, "hi": None}
 MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
 """1.5 * 2**23 and its float32 bits: x + MAGIC holds integral x (|x| <= 2**22) in its low
 mantissa bits."""
-INTEGER_PRODUCTS = ("QuantizedDense", "QuantizedConv", "QuantizedConvPacked")
+INTEGER_PRODUCTS = ("QuantizedDense", "QuantizedConv", "QuantizedConvPacked", "QuantizedConvNHWC")
 """The ops of this module: products computed on integers (`dnnc inspect` counts them)."""
 
 
@@ -364,4 +365,84 @@ register_op("QuantizedConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_pack
             attrs={**CONV_ATTRS, **QUANT_ATTRS, "oc": REQUIRED}, weights=(2, 3, 4),
             flops=lambda node: conv_flops(node.outputs[0], (node.inputs[0].shape[1],) + tuple(
                 node.attrs["kernel_shape"]), node.outputs[0], has_input(node, 4)),
+            batched=batching.data_input)
+
+
+# -- QuantizedConvNHWC --------------------------------------------------------------------------
+#
+# QuantizedConvNHWC(x, x_zero_point, w, w_sums, bias, scale, y_zero_point, w_tap_sums) is
+# QuantizedConv on channels-last tensors: x [N, H, W, C], w [M, kh, kw, C] (OHWI, one group),
+# y [N, OH, OW, M]. `w_tap_sums` [M, kh * kw] (optional) holds each output channel's
+# weights summed over C at each tap (row-major taps), derived at compile time like w_sums:
+# a kernel that reads the padding as 0 rather than as the zero point adds back
+# x_zero_point * w_tap_sums[m, tap] for each tap of a pixel's window that falls outside the
+# image. The reference checks it and never computes with it.
+
+
+def tap_sums(w: np.ndarray) -> np.ndarray:
+    """int8 OHWI [M, kh, kw, C] -> int32 [M, kh * kw], the sums over C at each tap."""
+    return w.astype(np.int32).sum(axis=3, dtype=np.int32).reshape(w.shape[0], -1)
+
+
+def _nchw(shape) -> tuple:
+    return tuple(shape[i] for i in NCHW_OF_NHWC)
+
+
+def _conv_nhwc_infer(ctx):
+    _check_activation(ctx, "x")
+    x, w = ctx.shape(0), ctx.shape(2)
+    if len(x) != 4 or len(w) != 4 or ctx.attrs["group"] != 1 or \
+            (isinstance(x[3], int) and w[3] != x[3]):
+        raise ctx.fail(f"channels-last x [N, H, W, C] and one group's w [M, kh, kw, C], "
+                       f"given {x}, {w}, group {ctx.attrs['group']}")
+    m = w[0]
+    if ctx.shape(3) != (m,):
+        raise ctx.fail(f"w_sums has one entry per output channel ({m}), given {ctx.type(3)}")
+    if ctx.has(7):
+        check_dtype(ctx, 7, (T.int32,), "w_tap_sums")
+        if ctx.shape(7) != (m, w[1] * w[2]):
+            raise ctx.fail(f"w_tap_sums is [{m}, {w[1] * w[2]}], given {ctx.type(7)}")
+    out = _check_epilogue(ctx, 4, m)
+    inputs = [Value("x.f", T.TensorType(T.float32, _nchw(x))),
+              Value("w.f", T.TensorType(T.float32, _nchw(w)))]
+    (conv_type,), _, _ = infer_node("Conv", inputs, _conv_attrs(ctx.attrs), 1, ctx.node_name)
+    return [T.TensorType(out, tuple(conv_type.shape[i] for i in NHWC_OF_NCHW))]
+
+
+def quantized_conv_nhwc(x, x_zero_point, w, w_sums, bias=None, scale=None, y_zero_point=None,
+                        w_tap_sums=None, *, lo, hi, **attrs):
+    if w_tap_sums is not None and not np.array_equal(tap_sums(w), w_tap_sums):
+        raise ValueError("w_tap_sums are not the sums of the weights over C at each tap")
+    y = quantized_conv(x.transpose(NCHW_OF_NHWC), x_zero_point, w.transpose(NCHW_OF_NHWC),
+                       w_sums, bias, scale, y_zero_point, lo=lo, hi=hi, **attrs)
+    return np.ascontiguousarray(y.transpose(NHWC_OF_NCHW))
+
+
+def _conv_nhwc_rule(inputs, outputs, *, lo, hi, **attrs):
+    x, zx, w = inputs[0], inputs[1], inputs[2]
+    bias, scale, y_zp = (_optional(inputs, k) for k in (4, 5, 6))
+    out = outputs[0]
+    # channels-first views, inlined into the conv's loads (no reduction in them)
+    xv, wv = (compute(_nchw(t.shape), lambda n, c, h, wid, t=t: t[n, h, wid, c],
+                      f"{name}_nchw", t.dtype) for t, name in ((x, "x"), (w, "w")))
+
+    def term(xe, we, m):
+        return (widen(T.int32, xe) - widen(T.int32, scalar_or_per_channel(zx, m))) * \
+            widen(T.int32, we)
+
+    total = conv_sum(xv, wv, _nchw(out.shape), {**CONV_ATTRS, **attrs}, term)
+
+    def element(b, oy, ox, m):
+        return finish_expr(total(b, m, oy, ox), *(
+            None if p is None else scalar_or_per_channel(p, m) for p in (bias, scale, y_zp)),
+            out.dtype, lo, hi)
+
+    return [compute(out.shape, element, "quantized_conv_nhwc", out.dtype)]
+
+
+register_op("QuantizedConvNHWC", pattern=Pattern.OUT_FUSABLE, infer=_conv_nhwc_infer,
+            evaluate=quantized_conv_nhwc, inputs=(4, 8), compute=_conv_nhwc_rule,
+            attrs={**CONV_ATTRS, **QUANT_ATTRS}, weights=(2, 3, 4, 7),
+            flops=lambda node: conv_flops(node.outputs[0], node.inputs[2].shape[1:],
+                                          node.outputs[0], has_input(node, 4)),
             batched=batching.data_input)

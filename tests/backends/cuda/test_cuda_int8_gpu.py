@@ -14,8 +14,16 @@ import pytest
 import dnnc
 from dnnc import zoo
 from test_cuda_int8 import CONV_CASES, DENSE_CASES, conv_graph, dense_graph, dense_template
+from test_cuda_int8_nhwc import WGMMA_TILES
 
 pytestmark = pytest.mark.gpu
+
+
+def _sm90() -> bool:
+    """Whether the GPU has wgmma (sm_90)."""
+    from dnnc.backends.cuda import device
+
+    return device.has_wgmma(device.gpu_arch())
 
 
 def _templates(model, x) -> list[str]:
@@ -32,24 +40,101 @@ def test_int8_dense_on_the_gpu_equals_the_reference(batch, m, k, n, act, out):
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", CONV_CASES)
-def test_int8_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride, pad, act, out):
+def test_int8_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride, pad, act, out,
+                                                   layout, monkeypatch):
+    """As compiled for cuda (channels-last, channels padded to whole 16-byte chunks:
+    int8_nhwc.py) and with convert_layout's int8 rewrite off (NCHW: int8.py)."""
+    from dnnc.passes import convert_layout
+
+    if layout == "nchw":
+        monkeypatch.setattr(convert_layout, "_nhwc_int8_conv", lambda node: None)
     rng = np.random.default_rng(n * c * h * m * k + 7)
     g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
     model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
-    assert "cuda_int8_conv2d" in _templates(model, x)
+    assert ("cuda_int8_conv2d_nhwc" if layout == "nhwc" else "cuda_int8_conv2d") in \
+        _templates(model, x)
     got = model(x)
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
-def test_large_int8_products_on_the_gpu_equal_the_reference():
-    """resnet50- and BERT-sized products at the default tiles (several waves, k tiles)."""
-    rng = np.random.default_rng(50)
-    for g, x, want in (dense_graph(rng, 2, 128, 768, 1024, np.uint8, "float32"),
-                       conv_graph(rng, 4, 64, 28, 28, 128, 3, 1, 1, np.int8, "int8"),
-                       conv_graph(rng, 4, 256, 14, 14, 512, 1, 2, 0, np.uint8, "uint8")):
-        got = dnnc.compile(g, "cuda", cache=False, outputs="numpy")(x)
-        assert np.array_equal(got, want), f"{np.sum(got != want)} of {got.size} differ"
+NHWC_CASES = [   # (n, c, h, w, m, k, stride, pad, activation, output)
+    (2, 16, 14, 14, 24, 3, 1, 1, np.uint8, "uint8"),
+    (4, 64, 28, 28, 64, 3, 1, 1, np.int8, "int8"),
+    (4, 128, 28, 28, 128, 3, 2, 1, np.int8, "int8"),
+    (2, 256, 14, 14, 256, 3, 1, 1, np.uint8, "int8"),
+    (4, 64, 56, 56, 256, 1, 1, 0, np.int8, "int8"),
+    (4, 256, 56, 56, 128, 1, 1, 0, np.uint8, "uint8"),
+    (4, 512, 28, 28, 1024, 1, 2, 0, np.int8, "int8"),
+    (3, 32, 9, 11, 40, 5, 2, 2, np.int8, "float32"),
+    (2, 48, 7, 7, 33, 3, 1, 1, np.uint8, "int32"),
+    (2, 16, 10, 10, 20, 1, 1, 1, np.int8, "int8")]
+"""resnet50-like 3x3 (stride 1 and 2, padded) and 1x1 (stride 1 and 2) convs of C = 16 to
+512, both activation types, every output type, a padded 1x1 and a 5x5."""
+
+
+@pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", NHWC_CASES)
+def test_int8_nhwc_conv_on_the_gpu_equals_the_reference(n, c, h, w, m, k, stride, pad, act,
+                                                        out):
+    """A QuantizedConvPacked with per-channel scales and a random zero point, compiled for
+    cuda: channels-last ("nhwc_conv"), its patches by cp.async, the padding's zero point
+    compensated; bit for bit the reference."""
+    rng = np.random.default_rng(n * c * h * m * k + stride + 1)
+    g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
+    model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
+    assert "cuda_int8_conv2d_nhwc" in _templates(model, x)
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want), \
+        f"{np.sum(got != want)} of {got.size} differ"
+
+
+def test_int8_nhwc_conv_tiles_on_the_gpu(monkeypatch):
+    """The channels-last int8 conv at several tiles of its space (small and large, 2 to 5
+    stages, k tiles of 32 to 128 bytes, the staged epilogue; on sm_90 wgmma's s8 form, one
+    and two warpgroups, early refill): each bit for bit the reference."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from dnnc.backends.cuda import schedules
+    from dnnc.backends.cuda.int8_nhwc import INT8_CONV2D_NHWC
+    from dnnc.backends.cuda.mma import TensorCoreConfig
+    from dnnc.ir.ops.registry import Pattern
+
+    rng = np.random.default_rng(77)
+    g, x, want = conv_graph(rng, 4, 64, 28, 28, 96, 3, 1, 1, np.int8, "int8")
+    key = ("cuda", Pattern.OUT_FUSABLE)
+    machine = SimpleNamespace(arch="sm_90" if _sm90() else "sm_80")
+    space = set(INT8_CONV2D_NHWC.space(SimpleNamespace(signed=True), machine).configs())
+    for config in (TensorCoreConfig(32, 32, 32, 2, 1, 2), TensorCoreConfig(64, 64, 64, 2, 2, 3),
+                   TensorCoreConfig(128, 128, 128, 2, 4, 3),
+                   TensorCoreConfig(128, 64, 64, 4, 2, 5),
+                   TensorCoreConfig(64, 128, 64, 2, 2, 3, staged=True),
+                   *(WGMMA_TILES if _sm90() else ())):
+        assert config in space
+        fixed = replace(INT8_CONV2D_NHWC, default=lambda p, machine, c=config: c)
+        monkeypatch.setitem(schedules.TEMPLATES, key, tuple(
+            fixed if t is INT8_CONV2D_NHWC else t for t in schedules.TEMPLATES[key]))
+        model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
+        assert "cuda_int8_conv2d_nhwc" in _templates(model, x)
+        got = model(x)
+        assert np.array_equal(got, want), f"{config}: {np.sum(got != want)} differ"
+
+
+@pytest.mark.parametrize("case", [DENSE_CASES[1], DENSE_CASES[4], NHWC_CASES[0], NHWC_CASES[1],
+                                  NHWC_CASES[3], NHWC_CASES[5]])
+def test_int8_wgmma_defaults_on_the_gpu(case, monkeypatch):
+    """With DNNC_WGMMA=1 on sm_90 the int8 dense and channels-last conv defaults may take
+    wgmma's s8 / u8 form: bit for bit the reference whichever they take."""
+    if not _sm90():
+        pytest.skip("wgmma needs sm_90")
+    monkeypatch.setenv("DNNC_WGMMA", "1")
+    rng = np.random.default_rng(sum(x for x in case if isinstance(x, int)))
+    g, x, want = dense_graph(rng, *case) if len(case) == 6 else conv_graph(rng, *case)
+    model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want), \
+        f"{np.sum(got != want)} of {got.size} differ"
 
 
 @pytest.mark.parametrize("name", [pytest.param("resnet18", marks=pytest.mark.xfail(
@@ -77,7 +162,7 @@ def test_quantized_files_on_the_gpu(name, tmp_path):
     cuda = dnnc.compile(str(path), "cuda", cache=False, outputs="numpy")
     templates = [r.get("template") for r in cuda.profile(*feeds.values(), repeat=1)]
     assert {"cuda_int8_dense", "cuda_int8_gemv"} & set(templates)
-    assert name != "resnet18" or "cuda_int8_conv2d" in templates
+    assert name != "resnet18" or "cuda_int8_conv2d_nhwc" in templates
     got = cuda(**feeds)
     llvm = dnnc.compile(str(path), "llvm", cache=False)(**feeds)
     want = onnxruntime_outputs(path, feeds)[0]

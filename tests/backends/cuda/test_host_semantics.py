@@ -360,7 +360,7 @@ static unsigned long long dnnc_wgmma_desc(const void* p, unsigned leading, unsig
 static float dnnc_wgmma_element(int kind, unsigned long long desc, bool mn, int x, int kk) {
   if (desc >> 62 != 1 || (desc >> 49 & 7) != 0) __builtin_trap();
   const unsigned start = (desc & 0x3fff) << 4, leading = (desc >> 16 & 0x3fff) << 4,
-                 stride = (desc >> 32 & 0x3fff) << 4, e = kind == 0 ? 4 : 2;
+                 stride = (desc >> 32 & 0x3fff) << 4, e = kind == 0 ? 4 : kind >= 3 ? 1 : 2;
   unsigned p = start + (mn ? x / 64 * leading + x % 64 * e + kk / 8 * stride + kk % 8 * 128
                            : x / 8 * stride + x % 8 * 128 + kk * e);
   p ^= (p >> 7) % 8 << 4;
@@ -368,24 +368,37 @@ static float dnnc_wgmma_element(int kind, unsigned long long desc, bool mn, int 
     unsigned bits; std::memcpy(&bits, dnnc_shared_window + p, 4);
     return dnnc_bits<float>(bits & 0xffffe000u);
   }
+  if (kind >= 3) {   // s8 (3) or u8 (4): a byte; B is s8 either way (`signed_b`)
+    const unsigned char byte = dnnc_shared_window[p];
+    return kind == 3 ? (float)(signed char)byte : (float)byte;
+  }
   unsigned short bits; std::memcpy(&bits, dnnc_shared_window + p, 2);
   return kind == 1 ? (float)dnnc_bits<_Float16>(bits) : dnnc_bits<float>((unsigned)bits << 16);
 }
-struct dnnc_wgmma_op { int kind, n; bool ta, tb; float* d; unsigned long long a, b; long group; };
+// d: float* (kinds 0-2) or int* (3, 4: int32 sums, exact)
+struct dnnc_wgmma_op { int kind, n; bool ta, tb; void* d; unsigned long long a, b; long group; };
 static thread_local std::vector<dnnc_wgmma_op> dnnc_wgmma_ops;
 static thread_local long dnnc_wgmma_groups;   // committed so far
 // thread t of a warpgroup (warp w, g, q) holds D[16 w + g + 8 (r / 2 % 2), 8 (r / 4) + 2 q
 // + r % 2] in register r < n / 2
 static void dnnc_wgmma_run(const dnnc_wgmma_op& op) {
   const int t = threadIdx.x % 128, warp = t / 32, g = t % 32 / 4, q = t % 4;
-  const int K = op.kind == 0 ? 8 : 16;
+  const int K = op.kind == 0 ? 8 : op.kind >= 3 ? 32 : 16;
   for (int r = 0; r < op.n / 2; ++r) {
     const int i = 16 * warp + g + 8 * (r / 2 % 2), j = 8 * (r / 4) + 2 * q + r % 2;
-    float sum = op.d[r];
+    if (op.kind >= 3) {   // B's bytes signed whatever A's are
+      int sum = static_cast<int*>(op.d)[r];
+      for (int kk = 0; kk < K; ++kk)
+        sum += (int)dnnc_wgmma_element(op.kind, op.a, op.ta, i, kk) *
+               (int)dnnc_wgmma_element(3, op.b, op.tb, j, kk);
+      static_cast<int*>(op.d)[r] = sum;
+      continue;
+    }
+    float sum = static_cast<float*>(op.d)[r];
     for (int kk = 0; kk < K; ++kk)
       sum += dnnc_wgmma_element(op.kind, op.a, op.ta, i, kk) *
              dnnc_wgmma_element(op.kind, op.b, op.tb, j, kk);
-    op.d[r] = sum;
+    static_cast<float*>(op.d)[r] = sum;
   }
 }
 static void dnnc_wgmma_fence() {}
@@ -395,7 +408,7 @@ static void dnnc_wgmma_commit() {
     if (op.group < 0) op.group = dnnc_wgmma_groups;
   ++dnnc_wgmma_groups;
 }
-template <int N, int COUNT> static void dnnc_wgmma_wait(float*) {
+template <int N, int COUNT> static void dnnc_wgmma_wait(void*) {
   std::vector<dnnc_wgmma_op> pending;
   for (auto& op : dnnc_wgmma_ops) {
     if (op.group >= 0 && op.group < dnnc_wgmma_groups - N) dnnc_wgmma_run(op);
@@ -403,14 +416,17 @@ template <int N, int COUNT> static void dnnc_wgmma_wait(float*) {
   }
   dnnc_wgmma_ops = pending;
 }
-#define DNNC_WGMMA(NAME, KIND, N)                                                          \
-template <int TA, int TB> static void NAME(float* d, unsigned long long a,                 \
+#define DNNC_WGMMA(NAME, KIND, N, T)                                                       \
+template <int TA, int TB> static void NAME(T* d, unsigned long long a,                     \
                                            unsigned long long b) {                         \
   if (dnnc_unfenced_copies) __builtin_trap();                                              \
   dnnc_wgmma_ops.push_back({KIND, N, TA != 0, TB != 0, d, a, b, -1});                      \
 }
-""" + "".join(f"DNNC_WGMMA(dnnc_wgmma_{name}_n{n}, {kind}, {n})\n"   # (WGMMA_PRELUDE's)
-             for kind, name in enumerate(("tf32", "fp16", "bf16")) for n in WGMMA_N)
+""" + "".join(f"DNNC_WGMMA(dnnc_wgmma_{name}_n{n}, {kind}, {n}, {accumulator})\n"
+             for kind, (name, accumulator) in enumerate((
+                 ("tf32", "float"), ("fp16", "float"), ("bf16", "float"), ("s8", "int"),
+                 ("u8", "int")))
+             for n in WGMMA_N)   # (WGMMA_PRELUDE's)
 
 
 def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:

@@ -1,0 +1,272 @@
+"""The cuda channels-last int8 convolution (backends/cuda/int8_nhwc.py: QuantizedConvNHWC on
+the integer tensor cores, patches by cp.async) without a GPU: kernels scheduled for cuda, run
+on host threads with the mma and cp.async emulated (test_host_semantics' shim), bit for bit
+the op's NumPy reference (whose padding is the activation's zero point: the kernel's
+zero-filled padding compensated by w_tap_sums) and the llvm build; "nhwc_conv" making int8
+segments channels-last; NVRTC compiles for sm_80 and sm_90 where CuPy is installed. The same
+graphs on a GPU (`gpu` marker) are test_cuda_int8_gpu.py's."""
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.backends.cuda import FUSION, int8_nhwc
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.cuda.mma import TensorCoreConfig
+from dnnc.ir import loop as L
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph
+from dnnc.ir.ops.quantized import quantized_conv_nhwc, tap_sums
+from dnnc.ir.target import Target
+from cuda_kernels import MACHINE, nvrtc_compiled, programs
+from test_cuda_int8 import _const, _epilogue, conv_graph
+from test_host_semantics import host_library, program_on_host
+
+pytestmark = pytest.mark.codegen
+
+LAYOUTS = Target("cuda", arch="sm_90", fusion=FUSION, layouts=("sparse_weights", "nhwc_conv"))
+"""The cuda Target with the layouts a compile for cuda applies ("nhwc_conv")."""
+
+
+def nhwc_graph(rng, n, c, h, w, m, k, stride, pad, act, out, lo=None):
+    """Relu(QuantizedConvNHWC(x, ...)) of a channels-last x of type `act`, per-channel scales
+    and a random zero point (never 0: the padding's share matters); the graph, an input and
+    the reference output."""
+    info = np.iinfo(act)
+    wq = rng.integers(-128, 128, (m, k, k, c)).astype(np.int8)
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, h, w, c)))
+    za = act(rng.choice([info.min, info.max, 3, -77 % (info.max + 1)]))
+    ins = [x, _const("za", za), _const("w", wq),
+           _const("s", wq.astype(np.int32).reshape(m, -1).sum(1).astype(np.int32))]
+    ins += _epilogue(rng, m, out)
+    ins += [None] * (7 - len(ins)) + [_const("t", tap_sums(wq))]
+    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, lo=lo,
+                 hi=None)
+    g.outputs = [g.add("Relu", g.add("QuantizedConvNHWC", *ins, **attrs))]
+    xv = rng.integers(info.min, info.max + 1, (n, h, w, c)).astype(act)
+    want = np.maximum(quantized_conv_nhwc(xv, *[None if v is None else v.const for v in ins[1:]],
+                                          auto_pad="NOTSET", dilations=None, group=1, **attrs),
+                      0)
+    return g, xv, want
+
+
+CASES = [   # (n, c, h, w, m, k, stride, pad, activation, output)
+    (1, 16, 7, 9, 19, 3, 1, 1, np.uint8, "int8"), (2, 32, 8, 8, 40, 1, 1, 0, np.int8, "uint8"),
+    (1, 48, 11, 11, 24, 3, 2, 1, np.int8, "float32"), (1, 16, 10, 10, 16, 5, 2, 2, np.int8, "int8"),
+    (3, 16, 5, 7, 13, 1, 2, 0, np.uint8, "int8"), (1, 64, 6, 6, 33, 3, 1, 1, np.int8, "int32"),
+    (2, 16, 6, 5, 20, 1, 1, 1, np.uint8, "uint8")]
+"""3x3 stride 1 and 2, 5x5, 1x1 (a plain array; stride 2; padded), C 16 to 64, tails of
+M and N, every output type, both activation types, zero points at the type's ends."""
+SMALL_TILE = TensorCoreConfig(32, 32, 32, 2, 1, 2)
+
+
+def _on_host(graph, x, tmp_path, machine=MACHINE, config=None):
+    optimised, (program,) = programs(graph, machine=machine, config=config)
+    module = render_module(program.unique)
+    lib = host_library(program.unique, tmp_path, module)
+    values = program_on_host(lib, module, program, {optimised.inputs[0].name: x})
+    return values[optimised.outputs[0].name], [k.schedule[0] for k in program.kernels], \
+        module.source
+
+
+def _check(graph, x, want, tmp_path, config=None):
+    got, templates, source = _on_host(graph, x, tmp_path, config=config)
+    assert templates[0] == "cuda_int8_conv2d_nhwc"
+    assert "dnnc_cp_async(&" in source
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got, want), f"{np.sum(got != want)} of {got.size} differ"
+    assert np.array_equal(got, dnnc.compile(graph, "llvm", cache=False)(x))
+
+
+@pytest.mark.parametrize("n,c,h,w,m,k,stride,pad,act,out", CASES)
+def test_int8_nhwc_conv_on_host_equals_the_reference_and_llvm(n, c, h, w, m, k, stride, pad,
+                                                             act, out, tmp_path):
+    rng = np.random.default_rng(n * c * h * m * k + stride)
+    g, x, want = nhwc_graph(rng, n, c, h, w, m, k, stride, pad, act, out,
+                            lo=-100 if out == "int8" else None)
+    _check(g, x, want, tmp_path)
+
+
+def test_int8_nhwc_small_tiles_and_stages_on_host(tmp_path):
+    """Several blocks each way, edges of m and n, rings of 2 and 4 k tiles of 32 and 128
+    bytes (a k tile across taps), the staged epilogue (runs of 4 int8 results)."""
+    rng = np.random.default_rng(12)
+    g, x, want = nhwc_graph(rng, 2, 32, 9, 9, 40, 3, 1, 1, np.uint8, "uint8")
+    for k, config in enumerate((SMALL_TILE, TensorCoreConfig(16, 32, 128, 1, 2, 4),
+                                TensorCoreConfig(32, 64, 64, 1, 2, 3, staged=True))):
+        _check(g, x, want, tmp_path / str(k), config)
+
+
+def test_every_config_of_the_space_builds():
+    rng = np.random.default_rng(3)
+    g, _, _ = nhwc_graph(rng, 1, 32, 8, 8, 48, 3, 1, 1, np.int8, "uint8")
+    _, (program,) = programs(g, machine=MACHINE)
+    from dnnc.backends.quantized_problems import quantized_conv_nhwc as describe
+
+    p = describe(program.kernels[0])
+    configs = list(int8_nhwc.conv_space(p, MACHINE).configs())
+    assert SMALL_TILE in configs and int8_nhwc.conv_default(p, MACHINE) in configs
+    for k in rng.choice(len(configs), 16, replace=False):   # each builds verified loop IR
+        L.verify(int8_nhwc.conv_build(p, configs[k], MACHINE))
+
+
+def _ops(graph) -> list[str]:
+    return [n.op for n in graph.nodes]
+
+
+@pytest.mark.parametrize("c", [16, 5])
+def test_nhwc_conv_makes_int8_convs_channels_last(c, tmp_path):
+    """A QuantizedConvPacked becomes Transpose -> QuantizedConvNHWC -> Transpose for cuda (at
+    fp32: the integer kernels have no precision), 5 channels padded with zeros to 16 (Pad,
+    zero weights); both give the reference on host threads."""
+    rng = np.random.default_rng(4 + c)
+    g, x, want = conv_graph(rng, 2, c, 9, 7, 24, 3, 1, 1, np.uint8, "int8")
+    optimised, _ = programs(g, machine=LAYOUTS)
+    assert _ops(optimised).count("QuantizedConvNHWC") == 1
+    assert ("Pad" in _ops(optimised)) == (c % 16 != 0)
+    got, templates, _ = _on_host(g, x, tmp_path, machine=LAYOUTS)
+    assert "cuda_int8_conv2d_nhwc" in templates
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_int8_nhwc_kernels_compile_with_nvrtc(arch):
+    """u8 and s8 patches by cp.async, the padding's share, a pointwise conv."""
+    rng = np.random.default_rng(5)
+    funcs = []
+    for case in (CASES[0], CASES[1], CASES[2]):
+        _, (program,) = programs(nhwc_graph(rng, *case)[0], machine=MACHINE)
+        funcs += [(f.__class__(f"{f.name}_{len(funcs)}", f.params, f.body), noalias)
+                  for f, noalias in program.unique]
+    source = render_module(funcs).source
+    assert "dnnc_mma_u8(&" in source and "dnnc_mma_s8(&" in source
+    assert "dnnc_cp_async(&" in source
+    nvrtc_compiled(source, arch)
+
+
+@pytest.mark.parametrize("name,convs", [
+    ("cnn", 3), pytest.param("resnet18", 20, marks=pytest.mark.emulated_full)])
+def test_quantized_files_channels_last_on_host(name, convs, tmp_path):
+    """A QDQ CNN (quantize_static, int8 activations) compiled for cuda with its layouts: its
+    convs channels-last (the stem's channels padded to 16), their int8 values kept
+    channels-last through the residual Adds' DQ / Q and the pools; the whole program on host
+    threads gives onnxruntime's outputs bit for bit."""
+    pytest.importorskip("onnxruntime")
+    from dnnc import zoo
+    from dnnc.frontend.onnx import import_onnx
+    from dnnc.testing.quantized_files import onnxruntime_outputs, quantize_static
+
+    model = zoo.build(name, **({"size": 32} if name == "resnet18" else {}))
+    path = quantize_static(model, tmp_path, name, seed=3)
+    feeds = zoo.inputs_for(model, np.random.default_rng(13))
+    graph, (program,) = programs(import_onnx(str(path)), machine=LAYOUTS)
+    templates = [k.schedule[0] for k in program.kernels]
+    assert templates.count("cuda_int8_conv2d_nhwc") == convs
+    assert _ops(graph).count("Transpose") <= 2
+    module = render_module(program.unique)
+    lib = host_library(program.unique, tmp_path / "lib", module)
+    got = program_on_host(lib, module, program, feeds)[graph.outputs[0].name]
+    assert np.array_equal(got, onnxruntime_outputs(path, feeds)[0])
+
+
+WGMMA_TILES = [TensorCoreConfig(64, 64, 128, 4, 1, 4, wgmma=True),
+               TensorCoreConfig(128, 128, 128, 8, 1, 3, wgmma=True, staged=True),
+               TensorCoreConfig(64, 128, 128, 4, 1, 2, wgmma=True, early_refill=True)]
+"""wgmma's s8 / u8 form (sm_90): one warpgroup, two of 128 columns (staged), early refill."""
+
+
+@pytest.mark.parametrize("act", [np.int8, np.uint8])
+def test_int8_wgmma_on_host(act, tmp_path):
+    """The channels-last conv, the dense product and the NCHW conv (patches through
+    registers) on wgmma.mma_async's integer form (emulated: K-major swizzled tiles, int32
+    sums), padded 3x3 patches, edges of M and N and k: bit for bit the reference."""
+    from test_cuda_int8 import dense_graph
+
+    rng = np.random.default_rng(31)
+    g, x, want = nhwc_graph(rng, 2, 48, 9, 7, 72, 3, 1, 1, act, "int8")
+    for k, config in enumerate(WGMMA_TILES):
+        _check(g, x, want, tmp_path / str(k), config)
+    g, x, want = dense_graph(rng, 1, 70, 160, 136, act, "uint8")
+    got, templates, source = _on_host(g, x, tmp_path / "dense", config=WGMMA_TILES[0])
+    assert templates == ["cuda_int8_dense"] and np.array_equal(got, want)
+    assert f"dnnc_wgmma_{'s8' if act is np.int8 else 'u8'}_n64<" in source
+    g, x, want = conv_graph(rng, 1, 13, 9, 9, 24, 3, 1, 1, act, "uint8")
+    got, templates, _ = _on_host(g, x, tmp_path / "nchw", config=WGMMA_TILES[0])
+    assert templates == ["cuda_int8_conv2d"] and np.array_equal(got, want)
+
+
+def test_int8_wgmma_compiles_for_sm90a_without_spills():
+    """NVRTC (where CuPy is) compiles the channels-last conv at each WGMMA_TILES tile, s8 and
+    u8, for sm_90a to wgmma's integer form, without register spills."""
+    import re
+
+    from dnnc.backends.cuda import device
+
+    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    rng = np.random.default_rng(8)
+    funcs = []
+    for act in (np.int8, np.uint8):
+        g = nhwc_graph(rng, 2, 64, 14, 14, 128, 3, 1, 1, act, "int8")[0]
+        for config in WGMMA_TILES:
+            _, (program,) = programs(g, machine=MACHINE, config=config)
+            funcs += [(f.__class__(f"{f.name}_{len(funcs)}", f.params, f.body), noalias)
+                      for f, noalias in program.unique if "QuantizedConvNHWC" in f.name]
+    source = render_module(funcs).source
+    assert device.compile_arch("sm_90", source) == "sm_90a"
+    prog, log = nvrtc_compiled(source, "sm_90a", "--ptxas-options=-v")
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    assert len(spills) >= len(funcs) and all(int(x) == 0 for x in spills), log[-4000:]
+    ptx = nvrtc.getPTX(prog)
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    for instruction in ("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8",
+                        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8"):
+        assert instruction in ptx, instruction
+    nvrtc.destroyProgram(prog)
+
+
+def _residual_block(rng, act):
+    """x (int8 / uint8 NCHW, 32 channels) -> MaxPool -> conv 3x3 -> conv 3x3 -> Q(DQ(.) +
+    DQ(pooled x)) -> conv 1x1: a QDQ ResNet block as fuse_quantized leaves it (the residual
+    Add on float32 between per-tensor DQs and a Q)."""
+    info = np.iinfo(act)
+    g = Graph("block")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (2, 32, 10, 10)))
+
+    def conv(v, m, k, name):
+        c = v.type.shape[1]
+        wq = rng.integers(-128, 128, (m, c, k, k)).astype(np.int8)
+        from dnnc.ir.ops.quantized import pack_conv_groups
+
+        ins = [v, _const(f"{name}.za", act(5)), _const(f"{name}.w", pack_conv_groups(wq)),
+               _const(f"{name}.s", wq.astype(np.int32).reshape(m, -1).sum(1, dtype=np.int32)),
+               None, _const(f"{name}.sc", np.float32(1e-3)), _const(f"{name}.yz", act(5))]
+        return g.add("QuantizedConvPacked", *ins, kernel_shape=[k, k], strides=[1, 1],
+                     pads=[k // 2] * 4, oc=m, lo=None, hi=None)
+
+    pooled = g.add("MaxPool", x, kernel_shape=[2, 2], strides=[1, 1])
+    y = conv(conv(pooled, 32, 3, "c1"), 32, 3, "c2")
+    scale, zp = _const("s", np.float32(0.05)), _const("z", act(5))
+    total = g.add("Add", g.add("DequantizeLinear", y, scale, zp),
+                  g.add("DequantizeLinear", pooled, scale, zp))
+    g.outputs = [conv(g.add("QuantizeLinear", total, scale, zp), 16, 1, "c3")]
+    return g, rng.integers(info.min, info.max + 1, (2, 32, 10, 10)).astype(act)
+
+
+@pytest.mark.parametrize("act", [np.int8, np.uint8])
+def test_int8_values_stay_channels_last_through_a_residual_block(act):
+    """"nhwc_conv" then sink_transposes on a QDQ residual block: one Transpose in (after the
+    pool: MaxPool of int8 stays NCHW before the first conv's Transpose) and one out, the
+    residual's DQ made again on the transposed pool (sink_transposes' `_requantized`), the
+    per-tensor DQ / Add / Q channels-last; the graph's value unchanged."""
+    from dnnc.ir.interpreter import run_graph
+    from dnnc.passes.manager import optimize
+
+    rng = np.random.default_rng(9)
+    g, x = _residual_block(rng, act)
+    want = run_graph(g, [x])[0]
+    optimised = optimize(g, LAYOUTS)
+    ops = _ops(optimised)
+    assert ops.count("QuantizedConvNHWC") == 3 and "QuantizedConvPacked" not in ops
+    assert ops.count("Transpose") == 2, ops
+    assert np.array_equal(run_graph(optimised, [x])[0], want)
