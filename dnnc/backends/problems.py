@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ir import loop as L
 from ..ir import types as T
+from ..ir.ops.packed import is_tf32
 from ..ir.ops.registry import Pattern, get_op
 from .lower import Kernel, epilogue, layout_tail, store_index
 
@@ -529,6 +530,7 @@ class Conv2dNHWC:
     epilogue: Epilogue
     anchor_dtype: T.DType = T.float32
     group: int = 1
+    w_tf32: bool = False   # the weights are constants of tf32 values (`packed.round_tf32`)
 
     @property
     def depthwise(self) -> bool:
@@ -561,10 +563,12 @@ def conv2d_nhwc(kernel: Kernel) -> Conv2dNHWC | None:
     if geometry is None or tuple(node.outputs[0].type.shape) != tuple(yd):
         return None
     strides, dilations, begins, _ = geometry
+    weights = node.inputs[1].const
     problem = Conv2dNHWC(kernel.func.name, kernel.func.params, x, w, bias, y, tuple(xd),
                          tuple(wd), tuple(yd), tuple(strides), tuple(dilations),
                          tuple(begins), epilogue(kernel), node.outputs[0].type.dtype,
-                         node.attrs.get("group") or 1)
+                         node.attrs.get("group") or 1,
+                         weights is not None and is_tf32(weights))
     return problem if problem.group == 1 or problem.depthwise else None
 
 

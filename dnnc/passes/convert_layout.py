@@ -49,7 +49,8 @@ import numpy as np
 from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import PACKED_PRECISIONS, pack_pairs, pack_panels
-from ..ir.ops.packed import NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights
+from ..ir.ops.packed import (NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights,
+                              round_tf32)
 from ..ir.ops.quantized import tap_sums, unpack_conv_groups
 from ..ir.ops.winograd import winograd_weights
 from ..ir.ops.registry import infer_node
@@ -222,7 +223,8 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     """Conv(x, W const, B) (2-D, one group or depthwise) at a reduced precision ->
     Transpose(x) -> [Pad of its channels to whole chunks, one group only and not on a
     one-pixel image] -> ConvNHWC(., OHWI(W), B) -> Transpose(back); a QuantizedConvPacked at
-    any precision: `_nhwc_int8_conv`."""
+    any precision: `_nhwc_int8_conv`. At tf32 a one-group conv's weights are rounded to tf32
+    here (`round_tf32`, as its tensor-core tiles would round them: they then need not)."""
     if node.op == "QuantizedConvPacked":
         return _nhwc_int8_conv(node)
     if node.op != "Conv" or target.precision == "fp32":
@@ -243,6 +245,9 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
         return None
     ohwi = np.asarray(w.const).transpose(NHWC_OF_NCHW)
     ohwi = np.ascontiguousarray(np.pad(ohwi, [(0, 0)] * 3 + [(0, padded - channels)]))
+    if target.precision == "tf32" and ohwi.dtype == np.float32 and \
+            (node.attrs.get("group") or 1) == 1:   # (a depthwise one: no tensor cores)
+        ohwi = round_tf32(ohwi)   # once here: the product's tiles then leave them as they are
     wv = Value(f"{w.name}.ohwi", TensorType(w.type.dtype, ohwi.shape), const=ohwi)
     xt = Value(f"{x.name}.nhwc", TensorType(x.type.dtype, tuple(
         x.type.shape[i] for i in NHWC_OF_NCHW)))

@@ -12,7 +12,8 @@ the padding, as CUTLASS's analytic implicit-GEMM iterator (a pointwise conv's pa
 X itself, a plain [pixels, C] array); otherwise (a stem's 3 channels,
 float32 storage at fp16) the patches go through registers element by element (`mma.py`'s
 `_Tile._load`), padding read as 0. The weights, a plain [N, K] array, are copied by cp.async
-when K fills whole chunks. The bias and the fused epilogue apply on the store
+when K fills whole chunks (at tf32 as they are: `convert_layout` rounded them to tf32 once,
+`Operand.rounded`). The bias and the fused epilogue apply on the store
 (`Conv2dNHWC.finish`). Knobs: `mma.product_space`'s, searched by the tuner, the `wgmma`
 knob on sm_90 among them (both tiles k-major, as wgmma.py's swizzle takes them), which the
 default takes where the dense default does (`default`).
@@ -103,7 +104,7 @@ def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:
         flat = L.Buffer(p.x.name, p.x.dtype, (m, ch))
         patches = Operand(lambda bi, i, kk: flat[i, kk], False, array=True)
         x = flat
-    weights = Operand(lambda bi, j, kk: w[j, kk], False, array=True)
+    weights = Operand(lambda bi, j, kk: w[j, kk], False, array=True, rounded=p.w_tf32)
     body = mma_product(c, 1, m, n, k, patches, weights, store, precision=machine.precision)
     views = {w.name: w, x.name: x, y.name: y}
     return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)

@@ -218,13 +218,16 @@ class Operand:
     rather than padding), so the tensor-core tiles copy the run with one zero-filling
     cp.async. `word`, for 8-bit elements (the integer tensor cores, int8.py): `word(bi, row,
     kw)` (indices in range) is elements (row, 4 kw) .. (row, 4 kw + 3) as the bytes of a
-    uint32, the first lowest, so that the tiles stage a word at a time."""
+    uint32, the first lowest, so that the tiles stage a word at a time. `rounded`: its
+    float32 values are tf32 values already (weights rounded at compile time,
+    `packed.round_tf32`): a tf32 product's tiles copy them as they are, unrounded."""
 
     at: Callable[[L.Expr, L.Expr, L.Expr], L.Expr]
     rows_contiguous: bool
     array: bool = False
     chunk: Callable | None = None
     word: Callable | None = None
+    rounded: bool = False
 
     @property
     def dtype(self) -> T.DType:

@@ -700,7 +700,8 @@ class _WarpTiles:
                 (self.b_in, self.b_frag, (half * self.tn + bj * 2) * rb, b_rows, bj, False)):
             body = [L.LdMatrix(frag[first], tile.tile[tile.fragment_row(
                 slot, ks, rows, self.lane, a_side)], 4, not tile.k_inner)]
-            if self.precision == "tf32" and tile.asynchronous:   # fp32 as copied: round
+            if self.precision == "tf32" and tile.asynchronous and not tile.operand.rounded:
+                # fp32 as copied: round
                 body += [L.Store(frag, (first + r,), L.call("pack_tf32", L.call(
                     "bitcast", frag[first + r], dtype=T.float32), dtype=T.uint32))
                     for r in range(4)]

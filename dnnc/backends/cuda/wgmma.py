@@ -113,7 +113,7 @@ class _SwizzledTile(_Tile):
         """At tf32, the float32 words this thread's cp.asyncs brought into `slot` rounded to
         tf32 where they lie (wgmma ignores their low mantissa bits: rounding first keeps
         the precision's bound); nothing otherwise (registers staged them rounded)."""
-        if self.precision != "tf32" or not self.asynchronous or \
+        if self.precision != "tf32" or not self.asynchronous or self.operand.rounded or \
                 os.environ.get("DNNC_TF32_TRUNCATE") == "1":
             return None
 

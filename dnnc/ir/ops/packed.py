@@ -52,6 +52,26 @@ def pack_conv_weights(w: np.ndarray, nr: int, group: int = 1) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(lead, 1, -1))
 
 
+def round_tf32(a: np.ndarray) -> np.ndarray:
+    """float32 `a` rounded to tf32's 10 mantissa bits as PTX's `cvt.rna.tf32.f32` rounds
+    (to nearest, ties away from zero; infinities and NaN kept), still float32: weights so
+    rounded once at compile time need no rounding in a tf32 product's tiles."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    rounded = np.where(finite, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000), bits)
+    return rounded.astype(np.uint32).view(np.float32).reshape(np.shape(a))
+
+
+def is_tf32(a: np.ndarray) -> bool:
+    """Whether every element of float32 `a` is a tf32 value (its 13 low mantissa bits 0, or
+    it is not finite)."""
+    a = np.asarray(a)
+    if a.dtype != np.float32:
+        return False
+    bits = np.ascontiguousarray(a).view(np.uint32)
+    return bool(np.all(((bits & 0x1FFF) == 0) | ((bits & 0x7F800000) == 0x7F800000)))
+
+
 def pack_conv_pairs(w: np.ndarray, nr: int) -> np.ndarray:
     """[M, C, *kernel] float32 (one group) -> [ceil(M / nr), ceil(C / 2), *kernel, nr, 2]
     bfloat16 (rounded to nearest even): `pack_conv_weights`' blocks with input channels 2t

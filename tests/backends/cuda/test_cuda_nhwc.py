@@ -275,3 +275,33 @@ def test_zoo_model_channels_last_matches_onnxruntime(name, convs, transposes, pr
     (want,) = session.run(None, feeds)
     worst = np.abs(got - want).max() / np.abs(want).max()
     assert worst <= model_error_bound(precision), f"{precision}: {worst:.3g}"
+
+
+def test_tf32_weights_are_rounded_once_at_compile_time():
+    """At tf32 a one-group channels-last conv's weights are tf32 values from the layout pass
+    (`round_tf32`, PTX's cvt.rna: to nearest, ties away) and its tiles leave them unrounded
+    (`w_tf32`); a depthwise conv (no tensor cores) keeps its float32 weights."""
+    from dnnc.backends.lower import lower_group
+    from dnnc.backends.problems import conv2d_nhwc
+    from dnnc.ir.ops.packed import is_tf32, round_tf32
+
+    ties = np.array([1 + 2 ** -11, -(1 + 2 ** -11), 1 + 2 ** -12, np.inf, -np.inf],
+                    np.float32)
+    np.testing.assert_array_equal(round_tf32(ties), np.array(
+        [1 + 2 ** -10, -(1 + 2 ** -10), 1, np.inf, -np.inf], np.float32))
+    assert np.isnan(round_tf32(np.array([np.nan], np.float32)))[0]
+    rng = np.random.default_rng(0)
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 16, 9, 9)))
+    w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    dw = rng.standard_normal((24, 1, 3, 3)).astype(np.float32)
+    y = g.add("Conv", x, Value("w", T.TensorType(T.float32, w.shape), const=w), pads=[1] * 4)
+    g.outputs = [g.add("Conv", y, Value("dw", T.TensorType(T.float32, dw.shape), const=dw),
+                       pads=[1] * 4, group=24)]
+    graph, _ = programs(g, machine=target("tf32"))
+    convs = [n for n in graph.nodes if n.op == "ConvNHWC"]
+    assert len(convs) == 2
+    for node in convs:
+        one_group = (node.attrs.get("group") or 1) == 1
+        assert is_tf32(node.inputs[1].const) == one_group
+        assert conv2d_nhwc(lower_group([node], "k", outputs=node.outputs)).w_tf32 == one_group
