@@ -1,6 +1,8 @@
 """The problem descriptor of SparseDense and SparseConv kernels (`ir/ops/sparse.py`), as the
 sparse templates read them: the CSR buffers, the sizes, the bias and the group's fused
-elementwise consumers. Target-neutral, like `problems.py`; it must never import a backend.
+elementwise consumers; and of Sparse24Dense (2:4 weights) as a `problems.Dense` whose B is
+the kept values, with their metadata. Target-neutral, like `problems.py`; it must never
+import a backend.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import loop as L
-from .lower import Kernel, epilogue, layout_tail
-from .problems import Epilogue, _flat_epilogue_reads, _operands, rounded
+from .lower import Kernel, epilogue, layout_tail, store_index
+from .problems import Dense, Epilogue, STORAGE, _flat_epilogue_reads, _operands, rounded
 
 
 @dataclass(frozen=True)
@@ -138,3 +140,39 @@ def sparse_product(kernel: Kernel) -> SparseProblem | None:
         places=places, transposed=not conv, epilogue=epilogue(kernel),
         anchor_dims=tuple(anchor_dims), flat_reads=flat,
         slice_depth=node.attrs["slice_depth"], nnz=int(known[-1, -1]), order=order, **window)
+
+
+@dataclass(frozen=True)
+class Sparse24Problem(Dense):
+    """Y[i, j] = epilogue(sum_k A[i, k] W[j, k] + bias[j]) (A's batch dims folded into its m
+    rows) with W 2:4 sparse [n, k]: B is its kept values [n, k / 2] (`ir/ops/sparse.py`'s
+    `encode_2of4`), `meta` their metadata [n / 16, k / 32, 8, 2]; the rest as `Dense`'s
+    (C the bias, the store through a layout tail)."""
+
+    meta: L.Buffer | None = None
+
+
+def sparse24_product(kernel: Kernel) -> Sparse24Problem | None:
+    """The kernel's Sparse24Dense anchor (first in its group, static shapes) as a problem;
+    None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "Sparse24Dense":
+        return None
+    where = store_index(kernel)
+    anchor_dtype = node.outputs[0].type.dtype
+    a, values, meta, bias = _operands(kernel, node, 4)
+    a_dims, anchor_dims = L.static_shape(a.shape), L.static_shape(node.outputs[0].type.shape)
+    if where is None or anchor_dtype not in STORAGE or a_dims is None or \
+            anchor_dims is None or 0 in anchor_dims:
+        return None
+    n, k = node.attrs["n"], node.attrs["k"]
+    m = math.prod(a_dims[:-1])
+    return Sparse24Problem(
+        name=kernel.func.name, params=kernel.func.params, a=a, b=values,
+        c=L.Buffer(bias.name, bias.dtype, (n,)) if bias is not None else None,
+        y=kernel.func.params[-1], b_dims=(n, k // 2),
+        y_dims=tuple(L.static_shape(kernel.func.params[-1].shape)),
+        anchor_dims=tuple(anchor_dims), batch=1, m=m, n=n, k=k, trans_a=False, trans_b=True,
+        alpha=1.0, beta=1.0, b_batched=False, packed_panel=0, epilogue=epilogue(kernel),
+        store_index=where if layout_tail(kernel) else None, anchor_dtype=anchor_dtype,
+        meta=meta)

@@ -41,6 +41,7 @@ from ..ir.ops.sparse import encode_csr, row_max
 from ..ir.target import Target
 from ..ir.types import TensorType, float32, int32
 from .conv_costs import conv3x3_costs
+from .sparse24 import HALF, sparse24_weights
 
 # -- measuring ---------------------------------------------------------------------------------
 
@@ -331,6 +332,9 @@ def sparse_weights(graph: Graph, node: Node, users, target: Target):
     a GPU with the rows' `order` (convert_layout's rule signature: the new node and no
     nodes taken over)."""
     w = layer_weights(node)
+    if w is not None and target.arch and target.precision in HALF:   # sparse tensor cores
+        return sparse24_weights(node, w, _places(node), float(np.count_nonzero(w)) / w.size,
+                                target)
     if w is None or target.precision != "fp32" or node.inputs[0].type.dtype is not float32 or \
             node.outputs[0].type.dtype is not float32:
         return None

@@ -30,6 +30,20 @@ measured of the dense weights (`density`, the fraction of nonzeros; `structure`,
 `find_sparsity.measure`'s name for their pattern), which `dnnc inspect` prints.
 The references rebuild the dense weights and multiply: the accuracy contract the templates
 are tested against. This module must never choose whether a layer runs sparse.
+
+2:4 structured weights (what sparse tensor cores take) have their own op, their encoding
+(`encode_2of4`) the hardware's:
+
+    Sparse24Dense(a [..., K] half or float32, values [N, K / 2] half, meta uint32
+        [N / 16, K / 32, 8, 2], bias [N]?)   y[..., j] = sum_k a[..., k] W[j, k] (+ bias[j])
+        with W the [N, K] weights `decode_2of4(values, meta)` holds (at most 2 nonzeros in
+        every 4 consecutive k), summed in float32, y of a's type
+
+Attributes `n`, `k` (K), and `density` / `structure` as above. a is multiplied as its
+type holds it and W as `values` holds it (float16 or bfloat16: rounded once at compile time);
+skipping the pruned positions drops their x * 0 terms (NaN for a non-finite x in the dense
+product: the op's meaning is the product over the kept positions, which `evaluate` computes
+on the decoded weights, zeros included, for finite inputs alike).
 """
 
 from __future__ import annotations
@@ -39,7 +53,7 @@ import numpy as np
 from .. import types as T
 from ..compute import compute, reduce_axis, reduce_sum
 from ..flops import Count, numel
-from ..loop import Cast, Select, const, logical_and, maximum, minimum
+from ..loop import BinOp, Cast, Select, const, logical_and, maximum, minimum
 from .conv import conv
 from .infer import check_dtype
 from .registry import REQUIRED, Pattern, register_op
@@ -215,5 +229,120 @@ register_op("SparseConv", pattern=Pattern.OUT_FUSABLE, infer=_conv_infer,
                    "strides": [1, 1],
                    **SPARSE_ATTRS})
 
-SPARSE_PRODUCTS = ("SparseDense", "SparseConv")
+# -- 2:4 structured weights ----------------------------------------------------------------------
+
+def fits_2of4(w: np.ndarray) -> bool:
+    """Whether weights `w` [N, K] hold at most 2 nonzeros in every 4 consecutive k, with N a
+    multiple of 16 and K of 32 (the sparse tensor cores' 16 x 32 tiles)."""
+    n, k = w.shape
+    if n % 16 or k % 32 or not n:
+        return False
+    return int((np.asarray(w).reshape(n, k // 4, 4) != 0).sum(axis=-1).max()) <= 2
+
+
+def encode_2of4(w: np.ndarray, dtype: T.DType) -> tuple[np.ndarray, np.ndarray]:
+    """(values [N, K / 2] in `dtype`, metadata uint32 [N / 16, K / 32, 8, 2]) of weights `w`
+    [N, K] (N a multiple of 16, K of 32) holding at most 2 nonzeros in every 4 consecutive k:
+    each group's two kept positions ascending (its nonzeros, then its first zeros), their
+    values in order; metadata [row tile, k step, g, p] as `L.Mma`'s sparse precisions take
+    it from lane 4 g + p (2 bits a kept column: row g's columns 8 p .. 8 p + 7 of the k
+    step's 16 low, row g + 8's high). Built at compile time."""
+    n, k = w.shape
+    if n % 16 or k % 32:
+        raise ValueError(f"2:4 weights are [16 n, 32 k], not {w.shape}")
+    groups = np.asarray(w, np.float32).reshape(n, k // 4, 4)
+    nonzero = groups != 0
+    if nonzero.sum(axis=-1).max(initial=0) > 2:
+        raise ValueError("the weights hold more than 2 nonzeros in a group of 4")
+    key = np.where(nonzero, 0, 4) + np.arange(4)   # nonzeros first, then by position
+    kept = np.sort(np.argsort(key, axis=-1, kind="stable")[..., :2], axis=-1)
+    values = np.take_along_axis(groups, kept, axis=-1).reshape(n, k // 2).astype(dtype.np)
+    index = kept.reshape(n // 16, 2, 8, k // 32, 2, 8).astype(np.uint32)  # [jt, half, g, ks, p, i]
+    bits = (index << (2 * np.arange(8, dtype=np.uint32))).sum(axis=-1, dtype=np.uint32)
+    meta = bits[:, 0] | (bits[:, 1] << np.uint32(16))   # [jt, g, ks, p]
+    return values, np.ascontiguousarray(meta.transpose(0, 2, 1, 3))
+
+
+def kept_columns(meta: np.ndarray, n: int, k: int) -> np.ndarray:
+    """The column (k) of each of `encode_2of4`'s values [n, k / 2], from its metadata."""
+    c = np.arange(k // 2)
+    ks, p, i = c // 16, c % 16 // 8, c % 8
+    j = np.arange(n)[:, None]
+    word = meta[j // 16, ks[None], j % 8, p[None]] >> (16 * (j % 16 // 8) + 2 * i[None])
+    return (32 * ks + 4 * (c % 16 // 2))[None] + (word & 3).astype(np.int64)
+
+
+def decode_2of4(values: np.ndarray, meta: np.ndarray, k: int) -> np.ndarray:
+    """The dense float32 [N, K] weights `encode_2of4` encoded."""
+    n = values.shape[0]
+    w = np.zeros((n, k), np.float32)
+    np.add.at(w, (np.arange(n)[:, None], kept_columns(meta, n, k)),
+              np.asarray(values, np.float32))
+    return w
+
+
+def _sparse24_infer(ctx):
+    a, n, k = ctx.shape(0), ctx.attrs["n"], ctx.attrs["k"]
+    half = (T.float16, T.bfloat16)
+    check_dtype(ctx, 0, (T.float32,) + half)
+    check_dtype(ctx, 1, half, "values")
+    check_dtype(ctx, 2, (T.uint32,), "meta")
+    if len(a) < 1 or a[-1] != k or n % 16 or k % 32:
+        raise ctx.fail(f"A is [..., {k}] (K a multiple of 32, N = {n} of 16), given "
+                       f"{ctx.type(0)}")
+    if ctx.shape(1) != (n, k // 2) or ctx.shape(2) != (n // 16, k // 32, 8, 2):
+        raise ctx.fail(f"2:4 weights of {n} x {k} are values [{n}, {k // 2}] and meta "
+                       f"[{n // 16}, {k // 32}, 8, 2], given {ctx.type(1)}, {ctx.type(2)}")
+    if ctx.has(3):
+        check_dtype(ctx, 3, (T.float32,) + half, "bias")
+        if ctx.shape(3) != (n,):
+            raise ctx.fail(f"bias is one per output ({n}), given {ctx.type(3)}")
+    return [T.TensorType(ctx.dtype(0), tuple(a[:-1]) + (n,))]
+
+
+def sparse24_dense(a, values, meta, bias=None, *, n, k, **measured):
+    w = decode_2of4(values, meta, k)
+    y = np.matmul(np.asarray(a, np.float32), w.T)
+    return (y if bias is None else y + np.asarray(bias, np.float32)).astype(a.dtype)
+
+
+def _sparse24_rule(inputs, outputs, *, n, k, **measured):
+    """Each output a sum over the K / 2 kept values of its row, the column of each read
+    from its metadata's 2 bits."""
+    a, values, meta = inputs[:3]
+    bias = inputs[3] if len(inputs) > 3 else None
+    e = reduce_axis(k // 2, "e")
+
+    def element(*idx):
+        j, c = idx[-1], e.var
+        ks, p, i = c // 16, c % 16 // 8, c % 8
+        word = meta[j // 16, ks, j % 8, p]
+        shift = Cast(T.uint32, (j % 16 // 8) * 16 + 2 * i)
+        kept = Cast(T.int64, BinOp("&", BinOp(">>", word, shift), const(3, T.uint32)))
+        col = 32 * ks + 4 * (c % 16 // 2) + kept
+        value = reduce_sum(Cast(T.float32, values[j, c]) * _wide(a[tuple(idx[:-1]) + (col,)]),
+                           e)
+        return value if bias is None else value + _wide(bias[j])
+
+    return [compute(outputs[0].shape, element, "sparse24_dense", outputs[0].dtype)]
+
+
+def _wide(x):
+    return x if x.dtype is T.float32 else Cast(T.float32, x)
+
+
+def _sparse24_flops(node) -> Count:
+    """2 x the kept values (K / 2 a row) x the places, + one per output for a bias."""
+    out = node.outputs[0]
+    flops = Count.of(out.shape[:-1]) * (2 * node.inputs[1].shape[0] * node.inputs[1].shape[1])
+    return flops + numel(out) if len(node.inputs) > 3 and node.inputs[3] is not None \
+        else flops
+
+
+register_op("Sparse24Dense", pattern=Pattern.OUT_FUSABLE, infer=_sparse24_infer,
+            evaluate=sparse24_dense, inputs=(3, 4), compute=_sparse24_rule,
+            flops=_sparse24_flops,
+            attrs={"n": REQUIRED, "k": REQUIRED, "density": 1.0, "structure": "2:4"})
+
+SPARSE_PRODUCTS = ("SparseDense", "SparseConv", "Sparse24Dense")
 """The ops of this module (`dnnc inspect` counts them)."""

@@ -1,0 +1,143 @@
+"""The 2:4 rewrite of "sparse_weights" (`find_sparsity.sparse_weights` calls it on a GPU
+target at precision fp16 or bf16): a product whose constant weights hold at most 2
+nonzeros in every 4 consecutive elements of the reduction (`ir/ops/sparse.py`'s
+`fits_2of4`: what `dnnc sparsify --pattern 2:4` writes) becomes Sparse24Dense, its weights
+compressed and their metadata built once, here (`encode_2of4`), where `sparse24_faster`
+estimates the sparse tensor cores' kernel (cuda/sparse24.py) faster than the dense one:
+
+- MatMul(A, B const) of A [..., K] and B [K, N];
+- Gemm(A, B const, C const?) with alpha = beta = 1 and A not transposed (C, of N or 1 x N,
+  the op's bias);
+- a 1x1 Conv of one group, unpadded, stride 1, no dilation, as Transpose(NCHW -> NHWC) ->
+  Sparse24Dense over the channels -> Transpose(back) (the bias the op's), whose
+  Transposes `sink_transposes` (nhwc_conv's finish) cancels against the channels-last
+  convolutions around it.
+
+Larger windows, strided and grouped convs stay dense (an implicit-GEMM 2:4 conv is not
+written). The rule is a roofline of both kernels: their multiply-adds at a fraction of the
+tensor cores' figure (GPU_DENSE_TENSOR_EFFICIENCY of the dense one, GPU_SPARSE24_EFFICIENCY of
+the sparse one, twice as fast) and their bytes (the 2:4 weights half the values and an
+eighth for the metadata), the sparse one GPU_SPARSE24_MARGIN times faster. It estimates; it
+never compiles or times anything, and it never changes what a layer computes: the op's
+reference is the product on the decoded weights. It must never import a backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import Node, Value
+from ..ir.ops.packed import NCHW_OF_NHWC, NHWC_OF_NCHW
+from ..ir.ops.registry import infer_node
+from ..ir.ops.sparse import encode_2of4, fits_2of4
+from ..ir.target import Target
+from ..ir.types import TensorType, bfloat16, float16, uint32
+
+HALF = {"fp16": float16, "bf16": bfloat16}
+"""The precisions the rewrite serves -> the type of the kept values (the activations' too:
+store_half has stored the model so)."""
+
+GPU_DENSE_TENSOR_EFFICIENCY = 0.6
+"""The fraction of the tensor cores' fp16 / bf16 figure (twice `GPU.tensor_flops`) the dense
+templates reach on a large product: on an H200 (mma.py's WGMMA_DEFAULT) the wgmma default
+ran 0.55-0.73 of cuBLAS, which reaches about 0.95 of the figure."""
+GPU_SPARSE24_EFFICIENCY = 0.4
+"""The fraction of the sparse tensor cores' figure (twice the dense one) the 2:4 template
+reaches. An ESTIMATE, not yet measured: the template is mma.py's mma.sync pipeline (0.41 to
+0.70 of cuBLAS dense at fp16 on an H200, mma.py's WGMMA_DEFAULT) with half of A's copies and
+fragment loads, taken at 0.4; bench/gpu_sparse.py's 2:4 rows measure it (the ratio of the
+two kernels' times is what to fit)."""
+GPU_SPARSE24_MARGIN = 1.1
+"""How much faster the 2:4 kernel must be estimated for a layer to take it."""
+GPU_TENSOR_FIGURES = (400e12, 2.9e12)
+"""(tf32 tensor FLOP/s, copy bytes/s) of the reference GPU (an H100, GPU.md) for a target
+built without its figures."""
+GPU_LAUNCH_S = 2e-6
+
+
+def product_seconds(places: int, rows: int, depth: int, tensor_flops: float,
+                    bandwidth: float, sparse: bool) -> float:
+    """Estimated seconds of the fp16 product of `places` places by `rows` outputs of
+    `depth`, dense or 2:4 sparse, on a GPU of `tensor_flops` (tf32) and `bandwidth`."""
+    rate = 2 * tensor_flops * (2 * GPU_SPARSE24_EFFICIENCY if sparse else
+                               GPU_DENSE_TENSOR_EFFICIENCY)
+    weights = rows * depth * (1 + 1 / 8) if sparse else 2 * rows * depth
+    moved = 2 * places * (depth + rows) + weights
+    return max(2 * places * rows * depth / rate, moved / bandwidth) + GPU_LAUNCH_S
+
+
+def sparse24_faster(places: int, rows: int, depth: int, target: Target) -> bool:
+    """Whether the 2:4 kernel is estimated GPU_SPARSE24_MARGIN times faster than the dense
+    one on `target`'s GPU."""
+    flops, bandwidth = (target.gpu.tensor_flops, target.gpu.copy_bytes_per_s) \
+        if target.gpu is not None else GPU_TENSOR_FIGURES
+    return GPU_SPARSE24_MARGIN * product_seconds(places, rows, depth, flops, bandwidth, True) \
+        < product_seconds(places, rows, depth, flops, bandwidth, False)
+
+
+def _unit_conv(node: Node) -> bool:
+    """A 1x1 Conv of one group, unpadded, stride 1, no dilation, on a static NCHW image."""
+    a, w = node.attrs, node.inputs[1]
+    x = node.inputs[0]
+    return w.type.rank == 4 and tuple(w.type.shape[2:]) == (1, 1) and x.type.rank == 4 and \
+        (a.get("group") or 1) == 1 and a.get("auto_pad", "NOTSET") == "NOTSET" and \
+        all(v == 0 for v in a.get("pads") or [0]) and \
+        all(v == 1 for v in (a.get("strides") or [1]) + (a.get("dilations") or [1])) and \
+        all(isinstance(d, int) for d in x.type.shape[1:])
+
+
+def _bias(node: Node, n: int) -> Value | None | bool:
+    """The bias [n] of a Gemm's C or a Conv's B (None when absent; False when it is not a
+    constant of n or 1 x n)."""
+    if len(node.inputs) < 3 or node.inputs[2] is None:
+        return None
+    c = node.inputs[2]
+    if c.const is None or c.const.size not in (1, n) or c.const.ndim > 2 or \
+            (c.const.ndim == 2 and c.const.shape[0] != 1):
+        return False
+    row = np.ascontiguousarray(np.broadcast_to(np.asarray(c.const).reshape(-1), (n,)))
+    return Value(f"{c.name}.row", TensorType(c.type.dtype, (n,)), const=row)
+
+
+def sparse24_weights(node: Node, w: np.ndarray, places: int | None, density: float,
+                     target: Target):
+    """The 2:4 rewrite of MatMul / Gemm / 1x1 Conv `node` of weights `w` [N, K] applied at
+    `places` (None: not static) at the target's precision; None where it does not apply or
+    is not estimated faster (convert_layout's rule result otherwise)."""
+    half = HALF.get(target.precision)
+    x = node.inputs[0]
+    if half is None or x.type.dtype is not half or node.outputs[0].type.dtype is not half or \
+            places is None or not fits_2of4(w):
+        return None
+    if node.op == "Gemm" and (node.attrs.get("transA") or node.attrs.get("alpha", 1.0) != 1.0
+                              or node.attrs.get("beta", 1.0) != 1.0):
+        return None
+    if node.op == "MatMul" and x.type.rank < 2 or node.op == "Conv" and not _unit_conv(node):
+        return None
+    n, k = w.shape
+    if not sparse24_faster(places, n, k, target):
+        return None
+    bias = _bias(node, n) if node.op != "MatMul" else None
+    if bias is False:
+        return None
+    values, meta = encode_2of4(np.asarray(w, np.float32), half)
+    base = node.inputs[1].name
+    inputs = [x, Value(f"{base}.kept", TensorType(half, values.shape), const=values),
+              Value(f"{base}.meta", TensorType(uint32, meta.shape), const=meta)] + \
+        ([bias] if bias is not None else [])
+    attrs = {"n": n, "k": k, "density": round(density, 4), "structure": "2:4"}
+    if node.op != "Conv":
+        types, _, full = infer_node("Sparse24Dense", inputs, attrs, 1, node.name)
+        if types[0] != node.outputs[0].type:
+            return None
+        return Node("Sparse24Dense", inputs, node.outputs, full, node.name), []
+    out = node.outputs[0]
+    xt = Value(f"{x.name}.nhwc", TensorType(half, tuple(x.type.shape[i] for i in NHWC_OF_NCHW)))
+    inputs[0] = xt
+    types, _, full = infer_node("Sparse24Dense", inputs, attrs, 1, node.name)
+    yt = Value(f"{out.name}.nhwc", types[0])
+    if tuple(yt.type.shape[i] for i in NCHW_OF_NHWC) != tuple(out.type.shape):
+        return None
+    return [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{node.name}.in"),
+            Node("Sparse24Dense", inputs, [yt], full, node.name),
+            Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)}, f"{node.name}.out")], []

@@ -1,0 +1,291 @@
+"""2:4 weights on the sparse tensor cores (issue 34, item 4; dnnc/backends/cuda/sparse24.py,
+dnnc/passes/sparse24.py): the encoding against the hardware's metadata layout; Sparse24Dense
+kernels (a bias, a fused activation and a residual, a layout tail; the default config and
+others of the knob space, split k included) rendered and run on host threads by
+test_host_semantics.py's shim (mma.sp, ldmatrix and cp.async emulated) against the float64
+product of the rounded operands; their NVRTC compiles for sm_80 and sm_90 (skipped without
+CuPy); the rewrite's choices (2:4 products and 1x1 convs at fp16 / bf16 on cuda; nothing on
+llvm, at fp32, or for weights past 2:4). The `gpu` tests run pruned models on a GPU
+(skipped without one)."""
+
+import dataclasses
+import random
+import shutil
+
+import numpy as np
+import pytest
+
+from dnnc.backends.cuda.codegen import render_module
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+from dnnc.ir.ops.sparse import decode_2of4, encode_2of4, fits_2of4, kept_columns
+from dnnc.ir.target import Target
+from cuda_kernels import MACHINE, nvrtc_compiled, programs, renamed
+
+pytestmark = pytest.mark.codegen
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+HALF = {"fp16": T.float16, "bf16": T.bfloat16}
+LAYOUTS = ("sparse_weights", "nhwc_conv")
+
+
+def machine(precision: str) -> Target:
+    return dataclasses.replace(MACHINE, precision=precision, half_storage=True,
+                               layouts=LAYOUTS)
+
+
+def pruned_2of4(rng, n, k) -> np.ndarray:
+    """Weights [n, k] keeping the 2 largest of every 4 along k, some groups 1 or none."""
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    groups = w.reshape(n, k // 4, 4)
+    smallest = np.argsort(np.abs(groups), axis=-1)[..., :2]
+    np.put_along_axis(groups, smallest, 0.0, axis=-1)
+    groups[rng.random(groups.shape[:2]) < 0.1, :] = 0.0
+    single = rng.random(groups.shape[:2]) < 0.1
+    groups[single] = np.where(np.arange(4) == 3, groups[single], 0.0)
+    return groups.reshape(n, k)
+
+
+def _hardware_view(values, meta, n, k) -> np.ndarray:
+    """The dense [n, k] of `encode_2of4`'s output read as the PTX ISA lays the metadata out
+    (lane 4 g + p, p < 2: row g's kept columns 8 p .. 8 p + 7 of a 32-k step low, row g + 8's
+    high), element by element."""
+    w = np.zeros((n, k), np.float64)
+    v = np.asarray(values, np.float64)
+    for j in range(n):
+        for c in range(k // 2):
+            ks, p, i = c // 16, c % 16 // 8, c % 8
+            word = int(meta[j // 16, ks, j % 8, p]) >> (16 * (j % 16 // 8) + 2 * i)
+            w[j, 32 * ks + 4 * (c % 16 // 2) + (word & 3)] += v[j, c]
+    return w
+
+
+def test_the_2of4_encoding_decodes_to_the_weights(rng):
+    w = pruned_2of4(rng, 32, 64)
+    values, meta = encode_2of4(w, T.float16)
+    assert values.shape == (32, 32) and meta.shape == (2, 2, 8, 2)
+    want = w.astype(np.float16).astype(np.float64)
+    np.testing.assert_array_equal(_hardware_view(values, meta, 32, 64), want)
+    np.testing.assert_array_equal(decode_2of4(values, meta, 64), want)
+    # each group's two kept columns ascending, inside the group
+    cols = kept_columns(meta, 32, 64).reshape(32, 16, 2)
+    assert (cols[..., 0] < cols[..., 1]).all() and (cols // 4 == np.arange(16)[:, None]).all()
+    with pytest.raises(ValueError, match="more than 2 nonzeros"):
+        encode_2of4(np.ones((16, 32), np.float32), T.float16)
+    assert fits_2of4(w) and not fits_2of4(np.ones((16, 32))) and not fits_2of4(w[:8])
+
+
+# -- Sparse24Dense kernels on the host shim ------------------------------------------------------
+
+def sparse24_graph(rng, places_shape, k, n, precision, bias=True, tail=False):
+    """Sparse24Dense (+ bias) -> Relu -> + residual (-> Reshape / Transpose to heads with
+    `tail`), stored in the precision's half type; (graph, dense weights [n, k] rounded,
+    bias)."""
+    half = HALF[precision]
+    w = pruned_2of4(rng, n, k) / np.float32(np.sqrt(k))
+    values, meta = encode_2of4(w, half)
+    g = Graph("sparse24")
+    a = g.add_input("a", T.TensorType(half, places_shape + (k,)))
+    r = g.add_input("r", T.TensorType(half, places_shape + (n,)))
+    inputs = [a, Value("w.kept", T.TensorType(half, values.shape), const=values),
+              Value("w.meta", T.TensorType(T.uint32, meta.shape), const=meta)]
+    b = None
+    if bias:
+        b = rng.standard_normal(n).astype(half.np)
+        inputs.append(Value("b", T.TensorType(half, (n,)), const=b))
+    y = g.add("Add", g.add("Relu", g.add("Sparse24Dense", *inputs, n=n, k=k)), r)
+    if tail:   # [b, s, n] -> [b, s, 2, n / 2] -> [b, 2, s, n / 2]
+        shape = Value("shape", T.TensorType(T.int64, (4,)), const=np.array(
+            list(places_shape) + [2, n // 2], np.int64))
+        y = g.add("Transpose", g.add("Reshape", y, shape), perm=[0, 2, 1, 3])
+    g.outputs = [y]
+    return g, decode_2of4(values, meta, k).astype(np.float64), b
+
+
+def _want(a, r, w, b, tail, half):
+    """The float64 result of the rounded operands (the kernel's, but for its float32 sums'
+    order and one rounding to the half type before the residual and at the end)."""
+    y = a.astype(np.float64) @ w.T + (0 if b is None else b.astype(np.float64))
+    y = np.maximum(y.astype(half.np).astype(np.float64), 0) + r.astype(np.float64)
+    if tail:
+        y = y.reshape(y.shape[:-1] + (2, -1)).transpose(0, 2, 1, 3)
+    return y
+
+
+def _run_on_host(g, feeds, target, tmp_path, config=None):
+    import test_host_semantics as host
+
+    graph, (program,) = programs(g, machine=target, config=config)
+    assert [k.schedule[0] for k in program.kernels] == ["cuda_sparse24"]
+    module = render_module(program.unique)
+    lib = host.host_library(program.unique, tmp_path, module)
+    return host.program_on_host(lib, module, program, feeds)[graph.outputs[0].name], program
+
+
+def _configs(p, target, count):
+    """The default and `count` other configs of the problem's space, split k among them."""
+    from dnnc.backends.cuda.sparse24 import default, space
+
+    configs = list(space(p, target).configs())
+    picked = random.Random(0).sample(configs, min(count, len(configs)))
+    split = [c for c in configs if c.split_k > 1][:1]
+    return [default(p, target)] + picked + split
+
+
+# (places shape, k, n, precision, bias, tail)
+CASES = [((40,), 128, 64, "fp16", True, False),
+         ((2, 12), 64, 48, "bf16", False, False),
+         ((2, 24), 256, 32, "fp16", True, True)]
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_sparse24_kernels_on_host(rng, tmp_path, case):
+    """The default config and others of the space, against the float64 product on the
+    decoded weights: within 2 units of the half type at the output's magnitude (the half
+    roundings before and after the residual) plus the sums' float32 order."""
+    from dnnc.backends.sparse_problems import sparse24_product
+
+    places, k, n, precision, bias, tail = CASES[case]
+    half = HALF[precision]
+    g, w, b = sparse24_graph(rng, places, k, n, precision, bias, tail)
+    a = rng.standard_normal(places + (k,)).astype(half.np)
+    r = rng.standard_normal(places + (n,)).astype(half.np)
+    want = _want(a, r, w, b, tail, half)
+    unit = 2.0 ** (-8 if precision == "bf16" else -11)
+    target = machine(precision)
+    _, (program,) = programs(g, machine=target)
+    p = sparse24_product(program.kernels[0])
+    for i, config in enumerate(_configs(p, target, 4)):
+        got, _ = _run_on_host(g, {"a": a, "r": r}, target, tmp_path / str(i), config)
+        bound = 2 * unit * (np.abs(want) + 1) + 1e-5
+        assert (np.abs(got.astype(np.float64) - want) <= bound).all(), config
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_sparse24_kernels_compile_with_nvrtc(rng, arch):
+    """The host cases' kernels at their defaults and a few other configs compile."""
+    from dnnc.backends.sparse_problems import sparse24_product
+
+    funcs = []
+    for places, k, n, precision, bias, tail in CASES:
+        g, _, _ = sparse24_graph(rng, places, k, n, precision, bias, tail)
+        target = machine(precision)
+        _, (program,) = programs(g, machine=target)
+        for config in _configs(sparse24_product(program.kernels[0]), target, 2):
+            _, (program,) = programs(g, machine=target, config=config)
+            funcs += renamed(program, f"c{len(funcs)}_")
+    nvrtc_compiled(render_module(funcs).source, arch)
+
+
+# -- the rewrite ------------------------------------------------------------------------------
+
+def _pruned_graph(rng, kind, precision_dtype=T.float32):
+    """A 2:4 pruned product -> Relu in float32: MatMul [8, 128, 768] x [768, 768], Gemm
+    (transB, bias) [1024, 768] x [3072, 768]^T, a 1x1 Conv [32, 512, 14, 14] -> 512 (with a
+    bias), or a strided one (stays dense)."""
+    g = Graph(kind)
+    if kind == "matmul":
+        a = g.add_input("a", T.TensorType(T.float32, (8, 128, 768)))
+        w = pruned_2of4(rng, 768, 768)
+        y = g.add("MatMul", a, Value("w", T.TensorType(T.float32, (768, 768)),
+                                     const=np.ascontiguousarray(w.T)))
+    elif kind == "gemm":
+        a = g.add_input("a", T.TensorType(T.float32, (1024, 768)))
+        w = pruned_2of4(rng, 3072, 768)
+        y = g.add("Gemm", a, Value("w", T.TensorType(T.float32, w.shape), const=w),
+                  Value("c", T.TensorType(T.float32, (3072,)),
+                        const=rng.standard_normal(3072).astype(np.float32)), transB=1)
+    else:
+        a = g.add_input("a", T.TensorType(T.float32, (32, 512, 14, 14)))
+        w = pruned_2of4(rng, 512, 512).reshape(512, 512, 1, 1)
+        y = g.add("Conv", a, Value("w", T.TensorType(T.float32, w.shape), const=w),
+                  Value("c", T.TensorType(T.float32, (512,)),
+                        const=rng.standard_normal(512).astype(np.float32)),
+                  strides=[2, 2] if kind == "strided" else [1, 1])
+    g.outputs = [g.add("Relu", y)]
+    return g
+
+
+@pytest.mark.parametrize("kind", ["matmul", "gemm", "conv"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_2of4_products_take_the_sparse_tensor_cores(rng, kind, precision):
+    from dnnc.passes.manager import optimize
+
+    graph = optimize(_pruned_graph(rng, kind), machine(precision))
+    ops = [n.op for n in graph.nodes]
+    assert "Sparse24Dense" in ops and not {"MatMul", "Gemm", "Conv", "ConvNHWC"} & set(ops)
+    node = next(n for n in graph.nodes if n.op == "Sparse24Dense")
+    assert node.attrs["structure"] == "2:4" and node.inputs[1].type.dtype is HALF[precision]
+    assert (len(node.inputs) > 3 and node.inputs[3] is not None) == (kind != "matmul")
+
+
+@pytest.mark.parametrize("case", ["fp32", "llvm", "not 2:4", "strided", "tiny"])
+def test_nothing_changes_elsewhere(rng, case):
+    """fp32 on cuda, llvm at any precision, weights of 3 nonzeros in a group, a strided
+    1x1 conv and a product too small to gain keep their dense ops."""
+    from dnnc.backends.registry import REGISTRY
+    from dnnc.passes.manager import optimize
+
+    g = _pruned_graph(rng, "strided" if case == "strided" else "matmul")
+    if case == "not 2:4":
+        w = g.nodes[0].inputs[1]
+        w.const[:3, 0] = 1.0   # W = B^T: 3 nonzeros in W[0]'s first group
+    if case == "tiny":
+        g = Graph("tiny")
+        a = g.add_input("a", T.TensorType(T.float32, (4, 64)))
+        g.outputs = [g.add("MatMul", a, Value("w", T.TensorType(T.float32, (64, 32)),
+                                               const=pruned_2of4(rng, 32, 64).T.copy()))]
+    target = {"fp32": Target("cuda", arch="sm_90", layouts=LAYOUTS),
+              "llvm": REGISTRY["llvm"].target(precision="bf16")}.get(case, machine("fp16"))
+    graph = optimize(g, target)
+    assert "Sparse24Dense" not in [n.op for n in graph.nodes]
+
+
+# -- on a GPU ---------------------------------------------------------------------------------
+
+def _gpu_model(graph, precision):
+    import dnnc
+
+    return dnnc.compile(graph, target="cuda", precision=precision, outputs="numpy")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["matmul", "gemm", "conv"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_2of4_pruned_model_on_the_gpu(rng, kind, precision):
+    """A 2:4 pruned product compiled for cuda at fp16 / bf16: it takes the sparse tensor
+    cores (cuda_sparse24) and matches the model's fp32 reference within the precision's
+    model bound."""
+    from dnnc.ir.target import model_error_bound
+
+    g = _pruned_graph(rng, kind)
+    model = _gpu_model(g, precision)
+    assert any(n.op == "Sparse24Dense" for n in model.graph.nodes)
+    x = rng.standard_normal(g.inputs[0].type.shape).astype(np.float32)
+    want = _fp32_reference(g, x)
+    got = model(x)
+    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+    assert err <= model_error_bound(precision), err
+
+
+def _fp32_reference(g, x) -> np.ndarray:
+    from dnnc.ir.interpreter import run_graph
+
+    return np.asarray(run_graph(g, [x])[0], np.float64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_sparse24_kernels_on_the_gpu(rng, case):
+    """The host cases (bias, residual, layout tail) compiled whole on the device."""
+    places, k, n, precision, bias, tail = CASES[case]
+    half = HALF[precision]
+    g, w, b = sparse24_graph(rng, places, k, n, precision, bias, tail)
+    model = _gpu_model(g, precision)
+    a = rng.standard_normal(places + (k,)).astype(half.np)
+    r = rng.standard_normal(places + (n,)).astype(half.np)
+    want = _want(a, r, w, b, tail, half)
+    unit = 2.0 ** (-8 if precision == "bf16" else -11)
+    got = np.asarray(model(a, r), np.float64)
+    assert (np.abs(got - want) <= 2 * unit * (np.abs(want) + 1) + 1e-5).all()
