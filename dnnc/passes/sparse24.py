@@ -17,12 +17,16 @@ Larger windows, strided and grouped convs stay dense (an implicit-GEMM 2:4 conv 
 written). The rule is a roofline of both kernels: their multiply-adds at a fraction of the
 tensor cores' figure (GPU_DENSE_TENSOR_EFFICIENCY of the dense one, GPU_SPARSE24_EFFICIENCY of
 the sparse one, twice as fast) and their bytes (the 2:4 weights half the values and an
-eighth for the metadata), the sparse one GPU_SPARSE24_MARGIN times faster. It estimates; it
+eighth for the metadata), the sparse one GPU_SPARSE24_MARGIN times faster. DNNC_SPARSE24=1
+takes every product that fits instead (the fuzzer's small layers, which the rule keeps
+dense), =0 none. It estimates; it
 never compiles or times anything, and it never changes what a layer computes: the op's
 reference is the product on the decoded weights. It must never import a backend.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -115,7 +119,8 @@ def sparse24_weights(node: Node, w: np.ndarray, places: int | None, density: flo
     if node.op == "MatMul" and x.type.rank < 2 or node.op == "Conv" and not _unit_conv(node):
         return None
     n, k = w.shape
-    if not sparse24_faster(places, n, k, target):
+    switch = os.environ.get("DNNC_SPARSE24")
+    if switch == "0" or switch != "1" and not sparse24_faster(places, n, k, target):
         return None
     bias = _bias(node, n) if node.op != "MatMul" else None
     if bias is False:

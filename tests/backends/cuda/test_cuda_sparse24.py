@@ -289,3 +289,21 @@ def test_sparse24_kernels_on_the_gpu(rng, case):
     unit = 2.0 ** (-8 if precision == "bf16" else -11)
     got = np.asarray(model(a, r), np.float64)
     assert (np.abs(got - want) <= 2 * unit * (np.abs(want) + 1) + 1e-5).all()
+
+
+@pytest.mark.parametrize("switch", ["0", "1"])
+def test_the_switch_overrides_the_rule(rng, monkeypatch, switch):
+    """DNNC_SPARSE24=1 takes a product the rule keeps dense (the fuzzer's small layers), =0
+    keeps one the rule takes."""
+    from dnnc.passes.manager import optimize
+
+    if switch == "1":
+        g = Graph("tiny")
+        a = g.add_input("a", T.TensorType(T.float32, (4, 64)))
+        g.outputs = [g.add("MatMul", a, Value("w", T.TensorType(T.float32, (64, 32)),
+                                               const=pruned_2of4(rng, 32, 64).T.copy()))]
+    else:
+        g = _pruned_graph(rng, "matmul")
+    monkeypatch.setenv("DNNC_SPARSE24", switch)
+    ops = [n.op for n in optimize(g, machine("fp16")).nodes]
+    assert ("Sparse24Dense" in ops) == (switch == "1")
