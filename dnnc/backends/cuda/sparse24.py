@@ -24,10 +24,13 @@ or 128; it must divide k, and split_k the k tiles: no tile reads past k, whose m
 be zero-filled). The default is `mma.choose`'s tile for the product of depth k / 2 (what the
 tensor cores multiply), at the deepest block_k of 64 or 32 that fits in 3 stages.
 
-Skipping a pruned weight drops its x * 0 term, which is NaN in the dense product for a
-non-finite x: this template computes the op's meaning (the kept positions' sum), as the
-reference does for finite activations; a non-finite activation at a pruned position is not
-propagated (the CSR template's non-finite counting, cuda/sparse.py, is not done here).
+Skipping a pruned weight drops its x * 0 term, which IEEE makes NaN for a non-finite x (the
+dense product's result). As each k tile's B tile lands in shared memory, the threads test its
+chunks' halves for an exponent of all ones (4 words a thread, one add and two masks a word:
+`_flags`) and flag the block's places holding one; after the k loop an accumulator of a
+flagged place becomes NaN where one of the place's non-finite activations sits at a pruned
+position of its row (the rare path, `_fix`: the place's row and the metadata read again from
+global memory), as the CSR template's non-finite counts do (cuda/sparse.py).
 It never serves a dense product, nor weights without the 2:4 encoding.
 """
 
@@ -42,8 +45,9 @@ from ..sparse_problems import Sparse24Problem, sparse24_product
 from ..space import Constraint, Space, Template
 from .dense import MAX_GRID_YZ, SPLITS, Operand
 from .device import gpu_of
+from ..problems import widened
 from .mma import (MAX_ACCUMULATORS, MAX_SHARED_BYTES, TensorCoreConfig, _accumulators,
-                  _allocated, _over_threads, _Tile, _WarpTiles, choose, mma_product)
+                  _allocated, _c, _over_threads, _Tile, _WarpTiles, choose, mma_product)
 
 PRECISIONS = ("fp16", "bf16")
 SPARSE = {T.float16: ("fp16", "sp_fp16"), T.bfloat16: ("bf16", "sp_bf16")}
@@ -159,9 +163,76 @@ class _SparseTiles(_WarpTiles):
         self.a_frag = L.Buffer("a_frag", T.uint32, (2 * self.tm * 4,), L.Scope.LOCAL)
         self.b_frag = L.Buffer("b_frag", T.uint32, (2 * self.tn * 4,), L.Scope.LOCAL)
         self.e_frag = L.Buffer("e_frag", T.uint32, (2 * self.tm,), L.Scope.LOCAL)
+        # places of the block whose activations hold a NaN or an infinity (`_flags`)
+        self.flags = L.Buffer("nonfinite", T.int32, (self.bn,), L.Scope.SHARED)
+        self.exponent = 0x7c00 if precision == "fp16" else 0x7f80
+        self.meta, self.k, self.places = meta, k, n
 
     def rings(self) -> tuple:
         return self.a_in, self.b_in, self.meta_in
+
+    def init(self) -> L.Stmt:
+        """The accumulators zeroed, and the block's places' flags (before the k loop's
+        first barrier)."""
+        return L.seq(super().init(), _over_threads(self.c.threads, self.bn, lambda step, e: L.Store(
+            self.flags, (e,), L.const(0, T.int32))))
+
+    def _flags(self, slot: L.Expr) -> L.Stmt:
+        """Each place of the B tile in `slot` holding a half whose exponent is all ones (a NaN
+        or an infinity) flagged: a chunk's 4 words tested at once a thread."""
+        b, mask = self.b_in, self.exponent
+        both, carry = L.const(mask | mask << 16, T.uint32), L.const(
+            (mask & -mask) | (mask & -mask) << 16, T.uint32)
+        top = L.const(0x80008000, T.uint32)
+
+        def visit(step, e):
+            o, c = b._chunk_of(e)
+            words = [b.tile[b.word(slot, o, c) + v] for v in range(4)]
+            bits = None
+            for w in words:   # exponent all ones: adding its lowest bit carries into bit 15
+                t = L.BinOp("&", L.BinOp("+", L.BinOp("&", w, both), carry), top)
+                bits = t if bits is None else L.BinOp("|", bits, t)
+            return L.If(L.ne(bits, L.const(0, T.uint32)), L.Store(self.flags, (o,), L.const(
+                1, T.int32)))
+        return _over_threads(self.c.threads, b.chunks, visit)
+
+    def each_result(self, body, within_tile: bool = False) -> L.Stmt:
+        """mma.py's, after the non-finite fix (`_fix`)."""
+        return L.seq(L.Barrier(), self._fix(), super().each_result(body, within_tile))
+
+    def _fix(self) -> L.Stmt:
+        """Each accumulator of a flagged place NaN where one of the place's non-finite
+        activations sits at a pruned position of its row (the dense product's x * 0: the
+        rare path, reading the activations and the metadata from global memory)."""
+        mi, ni, v, gg, q = self.mi, self.ni, L.Var("fv"), L.Var("fg"), L.Var("fq")
+        count = L.Buffer("pruned_nonfinite", T.int32, (1,), L.Scope.LOCAL)
+        row, col = _c(2 * (v // 2), self.g, self.q)
+        j = self.row0 + self.wy * self.wm + mi * 16 + row
+        local = self.wx * self.wn + ni * 8 + col + v % 2
+        place = self.col0 + local
+        steps = self.k // STEP_K
+
+        def kept(c):   # the column in its group of kept value c of row j
+            word = self.meta[((j // 16 * steps + c // 16) * 8 + j % 8) * 2 + c % 16 // 8]
+            shift = L.Cast(T.uint32, (j % 16 // 8) * 16 + 2 * (c % 8))
+            return L.Cast(T.int64, L.BinOp("&", L.BinOp(">>", word, shift),
+                                           L.const(3, T.uint32)))
+
+        x = widened(self.b_in.operand.at(self.bi, place, gg * 4 + q))
+        d = x - x
+        pruned = L.logical_and(L.ne(q, kept(2 * gg)), L.ne(q, kept(2 * gg + 1)))
+        add = L.If(L.logical_and(pruned, L.ne(d, d)), L.Store(count, (L.const(0),), L.const(
+            1, T.int32)))
+        at = (mi * self.tn + ni) * 4 + v
+        recount = L.Allocate(count, L.seq(
+            L.Store(count, (L.const(0),), L.const(0, T.int32)),
+            L.For(gg, self.k // 4, L.For(q, 4, add)),
+            L.If(L.ne(count[0], L.const(0, T.int32)), L.Store(self.acc, (at,), L.const(
+                float("nan"))))))
+        inside = L.logical_and(L.logical_and(place < self.places, j < self.m),
+                               L.ne(self.flags[local], L.const(0, T.int32)))
+        return self.per_thread(L.For(mi, self.tm, L.For(ni, self.tn, L.For(
+            v, 4, L.If(inside, recount)))))
 
     def _fragments(self, slot: L.Expr, ks: int, half: int) -> L.Stmt:
         """The warp's A fragments and metadata words and its B fragments of step `ks` into
@@ -186,6 +257,7 @@ class _SparseTiles(_WarpTiles):
         mi, ni, tm, tn = self.mi, self.ni, self.tm, self.tn
         steps = self.bk // STEP_K
         body = [self._fragments(slot, 0, 0)]
+        flags = self._flags(slot)
         for ks in range(steps):
             if ks + 1 < steps:
                 body.append(self._fragments(slot, ks + 1, (ks + 1) % 2))
@@ -196,10 +268,11 @@ class _SparseTiles(_WarpTiles):
                         (self.e_frag[half * tm + mi],))
             body.append(L.For(mi, tm, L.For(ni, tn, mma, L.ForKind.UNROLLED),
                               L.ForKind.UNROLLED))
-        return self.per_thread(L.seq(*body))
+        return L.seq(flags, self.per_thread(L.seq(*body)))
 
     def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
-        return _allocated(body, after, [self.a_in.tile, self.b_in.tile, self.meta_in.tile] +
+        return _allocated(body, after, [self.a_in.tile, self.b_in.tile, self.meta_in.tile,
+                                        self.flags] +
                           [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous],
                           [self.acc, self.a_frag, self.b_frag, self.e_frag])
 

@@ -34,16 +34,16 @@ are tested against. This module must never choose whether a layer runs sparse.
 2:4 structured weights (what sparse tensor cores take) have their own op, their encoding
 (`encode_2of4`) the hardware's:
 
-    Sparse24Dense(a [..., K] half or float32, values [N, K / 2] half, meta uint32
+    Sparse24Dense(a [..., K] half or float32, values [N, K / 2] half (or float32: a
+        target widening half values, llvm), meta uint32
         [N / 16, K / 32, 8, 2], bias [N]?)   y[..., j] = sum_k a[..., k] W[j, k] (+ bias[j])
         with W the [N, K] weights `decode_2of4(values, meta)` holds (at most 2 nonzeros in
         every 4 consecutive k), summed in float32, y of a's type
 
 Attributes `n`, `k` (K), and `density` / `structure` as above. a is multiplied as its
-type holds it and W as `values` holds it (float16 or bfloat16: rounded once at compile time);
-skipping the pruned positions drops their x * 0 terms (NaN for a non-finite x in the dense
-product: the op's meaning is the product over the kept positions, which `evaluate` computes
-on the decoded weights, zeros included, for finite inputs alike).
+type holds it and W as `values` holds it (float16 or bfloat16: rounded once at compile time),
+the pruned positions' zeros included (a non-finite activation there makes the output NaN, as
+the dense product does).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import numpy as np
 from .. import types as T
 from ..compute import compute, reduce_axis, reduce_sum
 from ..flops import Count, numel
-from ..loop import BinOp, Cast, Select, const, logical_and, maximum, minimum
+from ..loop import BinOp, Cast, Select, const, eq, logical_and, maximum, minimum
 from .conv import conv
 from .infer import check_dtype
 from .registry import REQUIRED, Pattern, register_op
@@ -285,7 +285,7 @@ def _sparse24_infer(ctx):
     a, n, k = ctx.shape(0), ctx.attrs["n"], ctx.attrs["k"]
     half = (T.float16, T.bfloat16)
     check_dtype(ctx, 0, (T.float32,) + half)
-    check_dtype(ctx, 1, half, "values")
+    check_dtype(ctx, 1, (T.float32,) + half, "values")
     check_dtype(ctx, 2, (T.uint32,), "meta")
     if len(a) < 1 or a[-1] != k or n % 16 or k % 32:
         raise ctx.fail(f"A is [..., {k}] (K a multiple of 32, N = {n} of 16), given "
@@ -307,21 +307,24 @@ def sparse24_dense(a, values, meta, bias=None, *, n, k, **measured):
 
 
 def _sparse24_rule(inputs, outputs, *, n, k, **measured):
-    """Each output a sum over the K / 2 kept values of its row, the column of each read
-    from its metadata's 2 bits."""
+    """Each output a sum over all K columns of its row, W[j, k] rebuilt from the metadata's 2
+    bits of its group's two kept values (0 at a pruned k: a non-finite activation there
+    makes NaN, as the dense product)."""
     a, values, meta = inputs[:3]
     bias = inputs[3] if len(inputs) > 3 else None
-    e = reduce_axis(k // 2, "e")
+    r = reduce_axis(k, "k")
+
+    def kept(j, c):   # the position in its group of kept value c of row j
+        word = meta[j // 16, c // 16, j % 8, c % 16 // 8]
+        shift = Cast(T.uint32, (j % 16 // 8) * 16 + 2 * (c % 8))
+        return Cast(T.int64, BinOp("&", BinOp(">>", word, shift), const(3, T.uint32)))
 
     def element(*idx):
-        j, c = idx[-1], e.var
-        ks, p, i = c // 16, c % 16 // 8, c % 8
-        word = meta[j // 16, ks, j % 8, p]
-        shift = Cast(T.uint32, (j % 16 // 8) * 16 + 2 * i)
-        kept = Cast(T.int64, BinOp("&", BinOp(">>", word, shift), const(3, T.uint32)))
-        col = 32 * ks + 4 * (c % 16 // 2) + kept
-        value = reduce_sum(Cast(T.float32, values[j, c]) * _wide(a[tuple(idx[:-1]) + (col,)]),
-                           e)
+        j, col = idx[-1], r.var
+        first, q = col // 4 * 2, col % 4
+        weight = Select(eq(q, kept(j, first)), _wide(values[j, first]), Select(
+            eq(q, kept(j, first + 1)), _wide(values[j, first + 1]), const(0.0)))
+        value = reduce_sum(weight * _wide(a[tuple(idx[:-1]) + (col,)]), r)
         return value if bias is None else value + _wide(bias[j])
 
     return [compute(outputs[0].shape, element, "sparse24_dense", outputs[0].dtype)]

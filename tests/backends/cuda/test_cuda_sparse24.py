@@ -307,3 +307,78 @@ def test_the_switch_overrides_the_rule(rng, monkeypatch, switch):
     monkeypatch.setenv("DNNC_SPARSE24", switch)
     ops = [n.op for n in optimize(g, machine("fp16")).nodes]
     assert ("Sparse24Dense" in ops) == (switch == "1")
+
+
+def _nonfinite_case(rng, precision):
+    """(graph, x, want): a bare Sparse24Dense of [24, 128] by 32 outputs, NaN and +-inf
+    activations at kept and pruned positions; want the float64 dense product."""
+    half = HALF[precision]
+    places, k, n = 24, 128, 32
+    w = pruned_2of4(rng, n, k) / np.float32(np.sqrt(k))
+    values, meta = encode_2of4(w, half)
+    g = Graph("sparse24_nan")
+    a = g.add_input("a", T.TensorType(half, (places, k)))
+    g.outputs = [g.add("Sparse24Dense", a, Value("w.kept", T.TensorType(half, values.shape),
+                                                 const=values),
+                       Value("w.meta", T.TensorType(T.uint32, meta.shape), const=meta),
+                       n=n, k=k)]
+    x = rng.standard_normal((places, k)).astype(half.np)
+    x[3, 5], x[7, 64], x[7, 65], x[11, 127], x[20, 0] = np.nan, np.inf, -np.inf, np.inf, -np.inf
+    dense = decode_2of4(values, meta, k).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        want = (x.astype(np.float64)[:, None, :] * dense[None]).sum(-1)
+    assert np.isnan(want[3]).all() and np.isfinite(want[0]).all() and np.isnan(want[11]).any()
+    return g, x, want
+
+
+def _check_nonfinite(got, want, precision):
+    got = got.astype(np.float64)
+    unit = 2.0 ** (-8 if precision == "bf16" else -11)
+    assert (np.isnan(got) == np.isnan(want)).all() and \
+        (np.isinf(got) == np.isinf(want)).all()
+    finite = np.isfinite(want)
+    assert (np.abs(got[finite] - want[finite]) <= unit * (np.abs(want[finite]) + 1)).all()
+
+
+@needs_gxx
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_nonfinite_activations_at_pruned_weights_make_nan_on_host(rng, tmp_path, precision):
+    """NaN and +-inf activations at kept and at pruned positions: the outputs are what the
+    dense product makes (x * 0 is NaN for a non-finite x), through the flags and the rare
+    path's recount; the other places' outputs as without them."""
+    g, x, want = _nonfinite_case(rng, precision)
+    got, _ = _run_on_host(g, {"a": x}, machine(precision), tmp_path)
+    _check_nonfinite(got, want, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_nonfinite_activations_at_pruned_weights_make_nan_on_the_gpu(rng, precision):
+    g, x, want = _nonfinite_case(rng, precision)
+    _check_nonfinite(np.asarray(_gpu_model(g, precision)(x)), want, precision)
+
+
+def test_the_op_s_rule_and_reference_agree_on_llvm(rng):
+    """Sparse24Dense through its compute rule (the default schedule: llvm, its half values
+    widened) against `evaluate` and the float64 product of the decoded weights, a NaN and an
+    infinity among the activations (x * 0 at a pruned weight is NaN there too)."""
+    import dnnc
+    from dnnc.ir.ops.registry import get_op
+
+    n, k = 32, 64
+    values, meta = encode_2of4(pruned_2of4(rng, n, k), T.float16)
+    g = Graph("rule")
+    a = g.add_input("a", T.TensorType(T.float32, (5, k)))
+    g.outputs = [g.add("Sparse24Dense", a, Value("v", T.TensorType(T.float16, values.shape),
+                                                 const=values),
+                       Value("m", T.TensorType(T.uint32, meta.shape), const=meta), n=n, k=k)]
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    x[2, 3], x[4, 7] = np.inf, np.nan
+    with np.errstate(invalid="ignore"):
+        want = (x.astype(np.float64)[:, None, :] *
+                decode_2of4(values, meta, k).astype(np.float64)[None]).sum(-1)
+        reference = get_op("Sparse24Dense").evaluate(x, values, meta, n=n, k=k)
+    got = dnnc.compile(g, target="llvm")(x)
+    for y in (got, reference):
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert np.isnan(want[2]).any() and np.isnan(want[4]).all()
