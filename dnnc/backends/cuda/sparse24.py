@@ -115,7 +115,8 @@ class _Metadata:
 
     def __init__(self, meta: L.Buffer, rows: int, first: L.Expr, n: int, bk: int, k: int,
                  threads: int, stages: int):
-        self.meta, self.first, self.threads = meta, first // 16, threads
+        """`first`: the block's first 16-row tile."""
+        self.meta, self.first, self.threads = meta, first, threads
         self.row_tiles, self.steps, self.k_steps = rows // 16, bk // STEP_K, k // STEP_K
         self.tiles_n = n // 16
         self.slot_words = self.row_tiles * self.steps * META_WORDS
@@ -156,8 +157,8 @@ class _SparseTiles(_WarpTiles):
         self.sparse, self.mk = sparse, STEP_K
         self.a_in = _Tile("a", self.bm, self.row0, m, a, self.bk // 2, k // 2, c.threads,
                           m % self.bm != 0, self.bi, precision, c.stages)
-        self.meta_in = _Metadata(meta, self.bm, self.row0, m, self.bk, k, c.threads,
-                                 c.stages)
+        self.meta_in = _Metadata(meta, self.bm, self.by * (self.bm // 16), m, self.bk, k,
+                                 c.threads, c.stages)
         if not self.b_in.k_inner:
             raise ValueError("2:4 products read B's rows along k (ldmatrix of 8 x 32)")
         self.a_frag = L.Buffer("a_frag", T.uint32, (2 * self.tm * 4,), L.Scope.LOCAL)
