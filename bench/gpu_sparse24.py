@@ -7,10 +7,12 @@ fp16 on BERT's and resnet50's GEMM-heavy layers), one run; `bench/gpu_sparse.py 
 Layers: BERT-base's products at batch 8 (1024 rows: 768->768, 768->3072, 3072->768) and
 resnet50's stride-1 1x1 convs at batch 32 (channels-last, as dnnc runs them at fp16: the
 product of [32 H W, C] by [C, M]), each with a Relu fused, weights magnitude-pruned to 2:4,
-stored in fp16: dnnc's dense fp16 kernel (its default template and config: MatMul, or the
-1x1 ConvNHWC for the convs), the 2:4 kernel (cuda_sparse24) at its default config and,
+stored in fp16 (and its stride-1 3x3 convs, 2:4 along the input channels: implicit GEMMs):
+dnnc's dense fp16 kernel (its default template and config: MatMul, or the ConvNHWC for the
+convs), the 2:4 kernel (cuda_sparse24) at its default config and,
 unless `--no-variants`, a few other points of its space (the best named), and cuBLAS's fp16
-product through torch.matmul (unless `--no-torch`), timed by CUDA events (bench/gpu_timing.py:
+product through torch.matmul (cuDNN's channels-last conv2d for the 3x3 convs; unless
+`--no-torch`), timed by CUDA events (bench/gpu_timing.py:
 median over `--trials` of the mean of `--repeat` calls, interleaved). `2:4/dense` is the 2:4
 default's time over dnnc dense's (the bar: <= 1/1.3 = 0.77), `best` the best variant's,
 `rule` whether passes/sparse24.py's cost rule takes the layer (its estimated dense / 2:4
@@ -70,12 +72,30 @@ def _const(name, array) -> Value:
     return Value(name, T.TensorType(dtype, array.shape), const=array)
 
 
+RESNET50_3X3 = [(64, 56, 64), (128, 28, 128), (256, 14, 256), (512, 7, 512)]
+"""(C, H = W, M) of resnet50's stride-1 3x3 convs (padded 1)."""
+
+
 def layer_graph(kind: str, places: int, depth: int, rows: int, hw: int, w: np.ndarray,
                 sparse: bool) -> Graph:
-    """The fp16 layer (dense, or 2:4 as Sparse24Dense; a Relu fused) over `w` [rows, depth]:
-    a product of `places` rows, or a 1x1 ConvNHWC of places / hw^2 images."""
+    """The fp16 layer (dense, or 2:4; a Relu fused) over `w` [rows, depth]: a product of
+    `places` rows (Sparse24Dense), a 1x1 ConvNHWC of places / hw^2 images (2:4: the product
+    of its pixels, Sparse24Dense, as the rewrite makes it) or a padded 3x3 one (`conv3`, 2:4:
+    Sparse24ConvNHWC; w [rows, 9 C], channels fastest)."""
     g = Graph("layer")
-    if kind == "conv" and not sparse:
+    if kind == "conv3":
+        c = depth // 9
+        x = g.add_input("x", T.TensorType(T.float16, (places // (hw * hw), hw, hw, c)))
+        window = {"kernel_shape": [3, 3], "pads": [1] * 4, "strides": [1, 1],
+                  "dilations": [1, 1]}
+        if sparse:
+            values, meta = encode_2of4(w.astype(np.float32), T.float16)
+            y = g.add("Sparse24ConvNHWC", x, _const("kept", values), _const("meta", meta),
+                      oc=rows, k=depth, **window)
+        else:
+            y = g.add("ConvNHWC", x, _const("w", np.ascontiguousarray(w.reshape(rows, 3, 3, c))),
+                      group=1, **window)
+    elif kind == "conv" and not sparse:
         x = g.add_input("x", T.TensorType(T.float16, (places // (hw * hw), hw, hw, depth)))
         y = g.add("ConvNHWC", x, _const("w", np.ascontiguousarray(w.reshape(rows, 1, 1, depth))),
                   kernel_shape=[1, 1], pads=[0] * 4, strides=[1, 1], dilations=[1, 1], group=1)
@@ -114,7 +134,8 @@ def launcher(cp, raw, module, func, kernel, x_dev):
 
 def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> str:
     w = pruned_2of4(rng, rows, depth)
-    x = cp.random.standard_normal((places, depth), dtype=cp.float32).astype(cp.float16)
+    width = depth // 9 if kind == "conv3" else depth
+    x = cp.random.standard_normal((places, width), dtype=cp.float32).astype(cp.float16)
     dense = cases(layer_graph(kind, places, depth, rows, hw, w, False), machine, [])
     sparse = cases(layer_graph(kind, places, depth, rows, hw, w, True), machine,
                    [] if args.no_variants else VARIANTS)
@@ -133,9 +154,17 @@ def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> st
     if not args.no_torch:
         import torch
 
-        xt = torch.from_dlpack(x)
-        wt = torch.from_dlpack(cp.asarray(np.ascontiguousarray(w.T)))
-        timers.append(torch_timer(lambda: torch.relu(torch.matmul(xt, wt))))
+        if kind == "conv3":   # cuDNN, channels-last
+            c = depth // 9
+            xt = torch.from_dlpack(x).reshape(-1, hw, hw, c).permute(0, 3, 1, 2)
+            wt = torch.from_dlpack(cp.asarray(np.ascontiguousarray(
+                w.reshape(rows, 3, 3, c)))).permute(0, 3, 1, 2)
+            timers.append(torch_timer(lambda: torch.relu(torch.nn.functional.conv2d(
+                xt, wt, padding=1))))
+        else:
+            xt = torch.from_dlpack(x)
+            wt = torch.from_dlpack(cp.asarray(np.ascontiguousarray(w.T)))
+            timers.append(torch_timer(lambda: torch.relu(torch.matmul(xt, wt))))
     times = interleaved_ms(timers, args.repeat, args.trials)
     want = cp.asnumpy(outs[0]).astype(np.float64).reshape(places, rows)
     errors = [float(np.abs(cp.asnumpy(o).astype(np.float64).reshape(places, rows) - want).max()
@@ -165,6 +194,8 @@ def layers_table(cp, machine, args) -> int:
     shapes = [("dense", f"bert {name[6:]}", BERT_BATCH * SEQ, k, n, 0) for name, k, n in BERT]
     shapes += [("conv", f"conv1x1 {c}->{m} @{hw}", RESNET_BATCH * hw * hw, c, m, hw)
                for c, hw, m in RESNET50_1X1]
+    shapes += [("conv3", f"conv3x3 {c}->{m} @{hw}", RESNET_BATCH * hw * hw, 9 * c, m, hw)
+               for c, hw, m in RESNET50_3X3]
     ratios = []
     for kind, name, places, depth, rows, hw in shapes:
         try:

@@ -1,7 +1,8 @@
 """The problem descriptor of SparseDense and SparseConv kernels (`ir/ops/sparse.py`), as the
 sparse templates read them: the CSR buffers, the sizes, the bias and the group's fused
-elementwise consumers; and of Sparse24Dense (2:4 weights) as a `problems.Dense` whose B is
-the kept values, with their metadata. Target-neutral, like `problems.py`; it must never
+elementwise consumers; and of Sparse24Dense / Sparse24ConvNHWC (2:4 weights) as a
+`problems.Dense` / `problems.Conv2dNHWC` whose weights are the kept values, with their
+metadata. Target-neutral, like `problems.py`; it must never
 import a backend.
 """
 
@@ -14,7 +15,8 @@ import numpy as np
 
 from ..ir import loop as L
 from .lower import Kernel, epilogue, layout_tail, store_index
-from .problems import Dense, Epilogue, STORAGE, _flat_epilogue_reads, _operands, rounded
+from .problems import (STORAGE, Conv2dNHWC, Dense, Epilogue, _flat_epilogue_reads, _operands,
+                       plane_geometry, rounded)
 
 
 @dataclass(frozen=True)
@@ -176,3 +178,36 @@ def sparse24_product(kernel: Kernel) -> Sparse24Problem | None:
         alpha=1.0, beta=1.0, b_batched=False, packed_panel=0, epilogue=epilogue(kernel),
         store_index=where if layout_tail(kernel) else None, anchor_dtype=anchor_dtype,
         meta=meta)
+
+
+@dataclass(frozen=True)
+class Sparse24ConvProblem(Conv2dNHWC):
+    """A channels-last conv of one group (`Conv2dNHWC`: `w_dims` the logical [M, kh, kw, C])
+    whose weights are 2:4 along k = (ky, kx, c): `w` the kept values [M, K / 2], `meta` their
+    metadata [M / 16, K / 32, 8, 2]."""
+
+    meta: L.Buffer | None = None
+
+
+def sparse24_conv_product(kernel: Kernel) -> Sparse24ConvProblem | None:
+    """The kernel's Sparse24ConvNHWC anchor (first in its group, static shapes) as a
+    problem; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "Sparse24ConvNHWC":
+        return None
+    x, values, meta, bias = _operands(kernel, node, 4)
+    y = kernel.func.params[-1]
+    xd, yd = L.static_shape(x.shape), L.static_shape(y.shape)
+    if node.outputs[0].type.dtype not in STORAGE or xd is None or yd is None or \
+            tuple(node.outputs[0].type.shape) != tuple(yd):
+        return None
+    (kh, kw), oc = node.attrs["kernel_shape"], node.attrs["oc"]
+    wd = (oc, kh, kw, xd[3])
+    geometry = plane_geometry(node.attrs, xd[1:3], wd[1:3], yd[1:3])
+    if geometry is None:
+        return None
+    strides, dilations, begins, _ = geometry
+    return Sparse24ConvProblem(kernel.func.name, kernel.func.params, x, values, bias, y,
+                               tuple(xd), wd, tuple(yd), tuple(strides), tuple(dilations),
+                               tuple(begins), epilogue(kernel), node.outputs[0].type.dtype,
+                               1, meta=meta)

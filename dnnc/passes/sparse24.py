@@ -11,10 +11,13 @@ estimates the sparse tensor cores' kernel (cuda/sparse24.py) faster than the den
 - a 1x1 Conv of one group, unpadded, stride 1, no dilation, as Transpose(NCHW -> NHWC) ->
   Sparse24Dense over the channels -> Transpose(back) (the bias the op's), whose
   Transposes `sink_transposes` (nhwc_conv's finish) cancels against the channels-last
-  convolutions around it.
+  convolutions around it;
+- any other 2-D Conv of one group (a k x k window, strides, pads, dilations) whose weights
+  fit 2:4 along k = (ky, kx, c) (input channels fastest, as `dnnc sparsify` lays its groups:
+  the OHWI weights as a matrix [M, kh kw C]) as Transpose -> Sparse24ConvNHWC (an implicit
+  GEMM, the channels-last conv's) -> Transpose.
 
-Larger windows, strided and grouped convs stay dense (an implicit-GEMM 2:4 conv is not
-written). The rule is a roofline of both kernels: their multiply-adds at a fraction of the
+Grouped and depthwise convs stay dense. The rule is a roofline of both kernels: their multiply-adds at a fraction of the
 tensor cores' figure (GPU_DENSE_TENSOR_EFFICIENCY of the dense one, GPU_SPARSE24_EFFICIENCY of
 the sparse one, twice as fast) and their bytes (the 2:4 weights half the values and an
 eighth for the metadata), the sparse one GPU_SPARSE24_MARGIN times faster. DNNC_SPARSE24=1
@@ -90,6 +93,21 @@ def _unit_conv(node: Node) -> bool:
         all(isinstance(d, int) for d in x.type.shape[1:])
 
 
+def _plain_conv(node: Node) -> bool:
+    """A 2-D Conv of one group with explicit pads (or none) on a static NCHW image."""
+    a, w, x = node.attrs, node.inputs[1], node.inputs[0]
+    return w.type.rank == 4 and x.type.rank == 4 and (a.get("group") or 1) == 1 and \
+        a.get("auto_pad", "NOTSET") == "NOTSET" and \
+        all(isinstance(d, int) for d in x.type.shape[1:])
+
+
+def conv_matrix(node: Node) -> np.ndarray:
+    """A Conv's constant weights [M, C, kh, kw] as the channels-last conv reads them: OHWI
+    as a matrix [M, kh kw C] (input channels fastest)."""
+    w = np.asarray(node.inputs[1].const)
+    return w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1)
+
+
 def _bias(node: Node, n: int) -> Value | None | bool:
     """The bias [n] of a Gemm's C or a Conv's B (None when absent; False when it is not a
     constant of n or 1 x n)."""
@@ -105,20 +123,26 @@ def _bias(node: Node, n: int) -> Value | None | bool:
 
 def sparse24_weights(node: Node, w: np.ndarray, places: int | None, density: float,
                      target: Target):
-    """The 2:4 rewrite of MatMul / Gemm / 1x1 Conv `node` of weights `w` [N, K] applied at
-    `places` (None: not static) at the target's precision; None where it does not apply or
-    is not estimated faster (convert_layout's rule result otherwise)."""
+    """The 2:4 rewrite of MatMul / Gemm / Conv `node` of weights `w` [N, K] (a Conv's in
+    `layer_weights`' order) applied at `places` (None: not static) at the target's
+    precision; None where it does not apply or is not estimated faster (convert_layout's
+    rule result otherwise)."""
     half = HALF.get(target.precision)
     x = node.inputs[0]
     if half is None or x.type.dtype is not half or node.outputs[0].type.dtype is not half or \
-            places is None or not fits_2of4(w):
+            places is None:
         return None
     if node.op == "Gemm" and (node.attrs.get("transA") or node.attrs.get("alpha", 1.0) != 1.0
                               or node.attrs.get("beta", 1.0) != 1.0):
         return None
-    if node.op == "MatMul" and x.type.rank < 2 or node.op == "Conv" and not _unit_conv(node):
+    if node.op == "MatMul" and x.type.rank < 2 or node.op == "Conv" and not _plain_conv(node):
         return None
+    windowed = node.op == "Conv" and not _unit_conv(node)
+    if windowed:
+        w = conv_matrix(node)
     n, k = w.shape
+    if not fits_2of4(w):
+        return None
     switch = os.environ.get("DNNC_SPARSE24")
     if switch == "0" or switch != "1" and not sparse24_faster(places, n, k, target):
         return None
@@ -130,19 +154,34 @@ def sparse24_weights(node: Node, w: np.ndarray, places: int | None, density: flo
     inputs = [x, Value(f"{base}.kept", TensorType(half, values.shape), const=values),
               Value(f"{base}.meta", TensorType(uint32, meta.shape), const=meta)] + \
         ([bias] if bias is not None else [])
-    attrs = {"n": n, "k": k, "density": round(density, 4), "structure": "2:4"}
+    attrs = {"k": k, "density": round(density, 4), "structure": "2:4"}
     if node.op != "Conv":
-        types, _, full = infer_node("Sparse24Dense", inputs, attrs, 1, node.name)
+        types, _, full = infer_node("Sparse24Dense", inputs, dict(attrs, n=n), 1, node.name)
         if types[0] != node.outputs[0].type:
             return None
         return Node("Sparse24Dense", inputs, node.outputs, full, node.name), []
-    out = node.outputs[0]
+    op, attrs = ("Sparse24ConvNHWC", dict(attrs, oc=n, **_window(node))) if windowed else \
+        ("Sparse24Dense", dict(attrs, n=n))
+    return _channels_last(node, op, inputs, attrs, half)
+
+
+def _window(node: Node) -> dict:
+    """A Conv's window attributes, its kernel shape read from its weights."""
+    a = node.attrs
+    return {"kernel_shape": [int(d) for d in node.inputs[1].type.shape[2:]],
+            "pads": list(a.get("pads") or [0] * 4), "strides": list(a.get("strides") or [1, 1]),
+            "dilations": list(a.get("dilations") or [1, 1])}
+
+
+def _channels_last(node: Node, op: str, inputs: list, attrs: dict, half):
+    """Transpose(x to NHWC) -> `op` -> Transpose(back to the Conv's NCHW output)."""
+    x, out = node.inputs[0], node.outputs[0]
     xt = Value(f"{x.name}.nhwc", TensorType(half, tuple(x.type.shape[i] for i in NHWC_OF_NCHW)))
-    inputs[0] = xt
-    types, _, full = infer_node("Sparse24Dense", inputs, attrs, 1, node.name)
+    inputs = [xt] + inputs[1:]
+    types, _, full = infer_node(op, inputs, attrs, 1, node.name)
     yt = Value(f"{out.name}.nhwc", types[0])
     if tuple(yt.type.shape[i] for i in NCHW_OF_NHWC) != tuple(out.type.shape):
         return None
     return [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{node.name}.in"),
-            Node("Sparse24Dense", inputs, [yt], full, node.name),
+            Node(op, inputs, [yt], full, node.name),
             Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)}, f"{node.name}.out")], []

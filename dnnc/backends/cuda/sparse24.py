@@ -1,11 +1,14 @@
-"""The cuda 2:4 template (cuda_sparse24): Sparse24Dense kernels (`sparse_problems.
-Sparse24Problem`: weights with at most 2 nonzeros in every 4 consecutive k, compressed and
-their metadata built at compile time, `ir/ops/sparse.py`'s `encode_2of4`) on the sparse
-tensor cores (`L.Mma` at precision sp_fp16 / sp_bf16: mma.sp m16n8k32, fp32 accumulators).
+"""The cuda 2:4 templates: Sparse24Dense kernels (cuda_sparse24, `sparse_problems.
+Sparse24Problem`) and Sparse24ConvNHWC ones (cuda_sparse24_conv, `Sparse24ConvProblem`: the
+channels-last conv's implicit GEMM, conv_nhwc.py's `implicit_gemm` patches and store), their
+weights with at most 2 nonzeros in every 4 consecutive k, compressed and their metadata built
+at compile time (`ir/ops/sparse.py`'s `encode_2of4`), on the sparse tensor cores (`L.Mma` at
+precision sp_fp16 / sp_bf16: mma.sp m16n8k32, fp32 accumulators).
 
 It is mma.py's product (`mma_product`, `_WarpTiles`) with the weights as the mma's A
 operand, the sparse one: the product computed is Y^T = W X^T, W's rows (the outputs, j) down
-a block's `block_m`, the activations' rows (the places, i) across its `block_n`. Each k tile
+a block's `block_m`, the activations' rows (the places, i: a conv's output pixels, whose
+patches are gathered as conv_nhwc.py gathers them) across its `block_n`. Each k tile
 of `block_k` (a multiple of 32) rings through the same shared slots (cp.async, XOR-swizzled
 16-byte chunks), three tiles a slot: W's kept values (`block_k` / 2 of a row: `_Tile` over
 the compressed [n, k / 2]), X's rows (`block_k` each, as a dense B along k) and the
@@ -31,7 +34,7 @@ chunks' halves for an exponent of all ones (4 words a thread, one add and two ma
 flagged place becomes NaN where one of the place's non-finite activations sits at a pruned
 position of its row (the rare path, `_fix`: the place's row and the metadata read again from
 global memory), as the CSR template's non-finite counts do (cuda/sparse.py).
-It never serves a dense product, nor weights without the 2:4 encoding.
+They never serve a dense product, nor weights without the 2:4 encoding, nor a grouped conv.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ from dataclasses import replace
 
 from ...ir import loop as L
 from ...ir import types as T
-from ..sparse_problems import Sparse24Problem, sparse24_product
+from ..sparse_problems import (Sparse24ConvProblem, Sparse24Problem, sparse24_conv_product,
+                               sparse24_product)
 from ..space import Constraint, Space, Template
+from . import conv_nhwc
 from .dense import MAX_GRID_YZ, SPLITS, Operand
 from .device import gpu_of
 from ..problems import widened
@@ -66,9 +71,20 @@ def shared_bytes(c: TensorCoreConfig) -> int:
                        c.block_m // 16 * c.block_k // STEP_K * META_WORDS * 4)
 
 
-def space(p: Sparse24Problem, machine) -> Space:
-    tiles = lambda c: p.k // c.block_k   # noqa: E731
-    return Space("cuda_sparse24", TensorCoreConfig, {
+def _dims(p) -> tuple[int, int, int, T.DType]:
+    """(rows of W, places, k, the kept values' type) of a Sparse24Problem or a
+    Sparse24ConvProblem (its implicit GEMM: the output pixels the places)."""
+    if isinstance(p, Sparse24ConvProblem):
+        places, rows, k = conv_nhwc.gemm(p)
+        return rows, places, k, p.w.dtype
+    return p.n, p.m, p.k, p.b.dtype
+
+
+def space(p, machine) -> Space:
+    rows, places, k, _ = _dims(p)
+    tiles = lambda c: k // c.block_k   # noqa: E731
+    name = "cuda_sparse24_conv" if isinstance(p, Sparse24ConvProblem) else "cuda_sparse24"
+    return Space(name, TensorCoreConfig, {
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
         "block_k": (32, 64, 128), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False,),
@@ -79,31 +95,34 @@ def space(p: Sparse24Problem, machine) -> Space:
                    c.block_n % (16 * c.warps_n) == 0),
         Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
                    lambda c: _accumulators(c) <= MAX_ACCUMULATORS),
-        Constraint(f"block_k divides k ({p.k}), split_k the k tiles",
-                   lambda c: p.k % c.block_k == 0 and tiles(c) % c.split_k == 0),
+        Constraint(f"block_k divides k ({k}), split_k the k tiles",
+                   lambda c: k % c.block_k == 0 and tiles(c) % c.split_k == 0),
         Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB",
                    lambda c: shared_bytes(c) <= MAX_SHARED_BYTES),
         Constraint("split_k slices on grid z", lambda c: c.split_k <= MAX_GRID_YZ)])
 
 
-def default(p: Sparse24Problem, machine) -> TensorCoreConfig:
-    """`mma.choose`'s tile for the n x m product of depth k / 2, its k tile the deepest of
-    64 or 32 dividing k that fits DEFAULT_STAGES slots, k unsplit unless the split divides
-    the k tiles."""
-    base = choose(p.n, p.m, p.k // 2, 1, gpu_of(machine), SPARSE[p.b.dtype][0])
+def default(p, machine) -> TensorCoreConfig:
+    """`mma.choose`'s tile for the rows x places product of depth k / 2, its k tile the
+    deepest of 64 or 32 dividing k that fits DEFAULT_STAGES slots, k unsplit unless the
+    split divides the k tiles."""
+    rows, places, k, dtype = _dims(p)
+    base = choose(rows, places, k // 2, 1, gpu_of(machine), SPARSE[dtype][0])
     for bk in (64, 32):
         c = replace(base, block_k=bk, stages=DEFAULT_STAGES, wgmma=False, staged=False,
                     early_refill=False)
-        if p.k % bk == 0 and shared_bytes(c) <= MAX_SHARED_BYTES:
+        if k % bk == 0 and shared_bytes(c) <= MAX_SHARED_BYTES:
             break
-    if (p.k // c.block_k) % c.split_k:
+    if (k // c.block_k) % c.split_k:
         c = replace(c, split_k=1)
     return c
 
 
-def applies(p: Sparse24Problem) -> bool:
-    return p.b.dtype in SPARSE and p.k % STEP_K == 0 and p.n % 16 == 0 and \
-        p.a.dtype in (T.float32, p.b.dtype)
+def applies(p) -> bool:
+    rows, _, k, dtype = _dims(p)
+    x = p.x if isinstance(p, Sparse24ConvProblem) else p.a
+    return dtype in SPARSE and k % STEP_K == 0 and rows % 16 == 0 and \
+        x.dtype in (T.float32, dtype)
 
 
 class _Metadata:
@@ -303,5 +322,25 @@ def build(p: Sparse24Problem, c: TensorCoreConfig, machine) -> L.PrimFunc:
     return L.PrimFunc(p.name, tuple(views.get(x.name, x) for x in p.params), body)
 
 
+def conv_build(p: Sparse24ConvProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
+    """A channels-last conv's implicit GEMM (conv_nhwc.py's patches, store and views) on the
+    sparse tensor cores: W (M rows of K / 2 kept values) as the mma's A, the output pixels
+    as its columns."""
+    precision, sparse = SPARSE[p.w.dtype]
+    places, rows, k = conv_nhwc.gemm(p)
+    patches, store, views = conv_nhwc.implicit_gemm(p)
+    values = L.Buffer(p.w.name, p.w.dtype, (rows, k // 2))
+    meta = L.Buffer(p.meta.name, T.uint32, (rows // 16 * (k // STEP_K) * META_WORDS,))
+    tiles = functools.partial(_SparseTiles, meta=meta, sparse=sparse)
+    body = mma_product(c, 1, rows, places, k, Operand(lambda bi, j, kk: values[j, kk], False,
+                                                      array=True),
+                       patches, lambda bi, j, i, value: store(bi, i, j, value),
+                       precision=precision, tiles=tiles)
+    views.update({values.name: values, meta.name: meta})
+    return L.PrimFunc(p.name, tuple(views.get(x.name, x) for x in p.params), body)
+
+
 SPARSE24 = Template("cuda_sparse24", sparse24_product, applies, space, default, build,
                     precisions=PRECISIONS)
+SPARSE24_CONV = Template("cuda_sparse24_conv", sparse24_conv_product, applies, space, default,
+                         conv_build, precisions=PRECISIONS)

@@ -40,7 +40,12 @@ are tested against. This module must never choose whether a layer runs sparse.
         with W the [N, K] weights `decode_2of4(values, meta)` holds (at most 2 nonzeros in
         every 4 consecutive k), summed in float32, y of a's type
 
-Attributes `n`, `k` (K), and `density` / `structure` as above. a is multiplied as its
+    Sparse24ConvNHWC(x [N, H, W, C], values [M, K / 2], meta, bias [M]?)   ConvNHWC's
+        conv of one group (`kernel_shape`, `pads`, `strides`, `dilations`) with the OHWI
+        weights W [M, kh kw C] (input channels fastest) 2:4 along K = kh kw C
+
+Attributes `n` (Sparse24Dense) or `oc` (Sparse24ConvNHWC), `k` (K), and `density` /
+`structure` as above. a is multiplied as its
 type holds it and W as `values` holds it (float16 or bfloat16: rounded once at compile time),
 the pruned positions' zeros included (a non-finite activation there makes the output NaN, as
 the dense product does).
@@ -54,9 +59,11 @@ from .. import types as T
 from ..compute import compute, reduce_axis, reduce_sum
 from ..flops import Count, numel
 from ..loop import BinOp, Cast, Select, const, eq, logical_and, maximum, minimum
-from .conv import conv
+from ..graph import Value
+from .conv import CONV_ATTRS, conv, conv_sum
+from .packed import NCHW_OF_NHWC, conv_nhwc
 from .infer import check_dtype
-from .registry import REQUIRED, Pattern, register_op
+from .registry import REQUIRED, Pattern, infer_node, register_op
 
 SPARSE_ATTRS = {"row_max": REQUIRED, "slice_depth": REQUIRED, "density": 1.0,
                 "structure": "unstructured"}
@@ -314,16 +321,9 @@ def _sparse24_rule(inputs, outputs, *, n, k, **measured):
     bias = inputs[3] if len(inputs) > 3 else None
     r = reduce_axis(k, "k")
 
-    def kept(j, c):   # the position in its group of kept value c of row j
-        word = meta[j // 16, c // 16, j % 8, c % 16 // 8]
-        shift = Cast(T.uint32, (j % 16 // 8) * 16 + 2 * (c % 8))
-        return Cast(T.int64, BinOp("&", BinOp(">>", word, shift), const(3, T.uint32)))
-
     def element(*idx):
         j, col = idx[-1], r.var
-        first, q = col // 4 * 2, col % 4
-        weight = Select(eq(q, kept(j, first)), _wide(values[j, first]), Select(
-            eq(q, kept(j, first + 1)), _wide(values[j, first + 1]), const(0.0)))
+        weight = _decoded(values, meta, j, col)
         value = reduce_sum(weight * _wide(a[tuple(idx[:-1]) + (col,)]), r)
         return value if bias is None else value + _wide(bias[j])
 
@@ -347,5 +347,84 @@ register_op("Sparse24Dense", pattern=Pattern.OUT_FUSABLE, infer=_sparse24_infer,
             flops=_sparse24_flops,
             attrs={"n": REQUIRED, "k": REQUIRED, "density": 1.0, "structure": "2:4"})
 
-SPARSE_PRODUCTS = ("SparseDense", "SparseConv", "Sparse24Dense")
+def _kept(meta, j, c):
+    """The position in its group of 4 of kept value c of row j (the metadata's 2 bits)."""
+    word = meta[j // 16, c // 16, j % 8, c % 16 // 8]
+    shift = Cast(T.uint32, (j % 16 // 8) * 16 + 2 * (c % 8))
+    return Cast(T.int64, BinOp("&", BinOp(">>", word, shift), const(3, T.uint32)))
+
+
+def _decoded(values, meta, j, col):
+    """W[j, col] of 2:4 weights, float32 (0 at a pruned position)."""
+    first, q = col // 4 * 2, col % 4
+    return Select(eq(q, _kept(meta, j, first)), _wide(values[j, first]), Select(
+        eq(q, _kept(meta, j, first + 1)), _wide(values[j, first + 1]), const(0.0)))
+
+
+def _sparse24_conv_infer(ctx):
+    x, oc, k = ctx.type(0), ctx.attrs["oc"], ctx.attrs["k"]
+    kh, kw = ctx.attrs["kernel_shape"]
+    half = (T.float16, T.bfloat16)
+    check_dtype(ctx, 0, (T.float32,) + half)
+    check_dtype(ctx, 1, (T.float32,) + half, "values")
+    check_dtype(ctx, 2, (T.uint32,), "meta")
+    if x.rank != 4 or not isinstance(x.shape[3], int) or kh * kw * x.shape[3] != k or \
+            oc % 16 or k % 32:
+        raise ctx.fail(f"x is NHWC of {k} / {kh * kw} channels (kh kw C = K a multiple of 32, "
+                       f"{oc} outputs of 16), given {x}")
+    if ctx.shape(1) != (oc, k // 2) or ctx.shape(2) != (oc // 16, k // 32, 8, 2):
+        raise ctx.fail(f"2:4 weights of {oc} x {k} are values [{oc}, {k // 2}] and meta "
+                       f"[{oc // 16}, {k // 32}, 8, 2], given {ctx.type(1)}, {ctx.type(2)}")
+    w = Value("w.ohwi", T.TensorType(x.dtype, (oc, kh, kw, x.shape[3])))
+    inputs = [ctx.values[0], w] + ([ctx.values[3]] if ctx.has(3) else [])
+    (out,), _, _ = infer_node("ConvNHWC", inputs, {a: ctx.attrs[a] for a in CONV_ATTRS}, 1,
+                              ctx.node_name)
+    return [out]
+
+
+def sparse24_conv_nhwc(x, values, meta, bias=None, *, oc, k, **attrs):
+    (kh, kw), c = attrs["kernel_shape"], x.shape[3]
+    w = decode_2of4(values, meta, k).reshape(oc, kh, kw, c)
+    y = conv_nhwc(np.asarray(x, np.float32), w, None if bias is None else
+                  np.asarray(bias, np.float32), **{a: attrs[a] for a in CONV_ATTRS})
+    return y.astype(x.dtype)
+
+
+def _sparse24_conv_rule(inputs, outputs, *, oc, k, **attrs):
+    """ConvNHWC's rule (a conv sum over channels-first views) with the weights' view
+    rebuilt from the metadata, element by element (zeros included)."""
+    x, values, meta = inputs[:3]
+    b = inputs[3] if len(inputs) > 3 else None
+    (kh, kw), c = attrs["kernel_shape"], x.shape[3]
+    xv = compute(tuple(x.shape[i] for i in NCHW_OF_NHWC), lambda n, ch, h, wid: x[n, h, wid, ch],
+                 "x_nchw", x.dtype)
+    wv = compute((oc, c, kh, kw), lambda m, ch, ky, kx: _decoded(
+        values, meta, m, (ky * kw + kx) * c + ch), "w_oihw", T.float32)
+    (out,) = outputs
+    nchw = tuple(out.shape[i] for i in NCHW_OF_NHWC)
+    total = conv_sum(xv, wv, nchw, {**CONV_ATTRS, **{a: attrs[a] for a in CONV_ATTRS}},
+                     lambda xe, we, m: _wide(xe) * we)
+
+    def element(n, oy, ox, m):
+        y = total(n, m, oy, ox)
+        return y if b is None else y + _wide(b[m])
+
+    return [compute(out.shape, element, "sparse24_conv_nhwc", out.dtype)]
+
+
+def _sparse24_conv_flops(node) -> Count:
+    """2 x the kept values a row x the outputs, + one per output for a bias."""
+    out = node.outputs[0]
+    flops = numel(out) * node.inputs[1].shape[1] * 2
+    return flops + numel(out) if len(node.inputs) > 3 and node.inputs[3] is not None \
+        else flops
+
+
+register_op("Sparse24ConvNHWC", pattern=Pattern.OUT_FUSABLE, infer=_sparse24_conv_infer,
+            evaluate=sparse24_conv_nhwc, inputs=(3, 4), compute=_sparse24_conv_rule,
+            flops=_sparse24_conv_flops,
+            attrs={**CONV_ATTRS, "kernel_shape": REQUIRED, "oc": REQUIRED, "k": REQUIRED,
+                   "density": 1.0, "structure": "2:4"})
+
+SPARSE_PRODUCTS = ("SparseDense", "SparseConv", "Sparse24Dense", "Sparse24ConvNHWC")
 """The ops of this module (`dnnc inspect` counts them)."""

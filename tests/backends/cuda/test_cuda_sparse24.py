@@ -1,11 +1,12 @@
 """2:4 weights on the sparse tensor cores (issue 34, item 4; dnnc/backends/cuda/sparse24.py,
 dnnc/passes/sparse24.py): the encoding against the hardware's metadata layout; Sparse24Dense
-kernels (a bias, a fused activation and a residual, a layout tail; the default config and
-others of the knob space, split k included) rendered and run on host threads by
+and Sparse24ConvNHWC kernels (a bias, a fused activation and a residual, a layout tail; a
+padded, strided window; the default config and others of the knob space, split k included;
+NaN and infinite activations at pruned weights) rendered and run on host threads by
 test_host_semantics.py's shim (mma.sp, ldmatrix and cp.async emulated) against the float64
 product of the rounded operands; their NVRTC compiles for sm_80 and sm_90 (skipped without
-CuPy); the rewrite's choices (2:4 products and 1x1 convs at fp16 / bf16 on cuda; nothing on
-llvm, at fp32, or for weights past 2:4). The `gpu` tests run pruned models on a GPU
+CuPy); the rewrite's choices (2:4 products and convs at fp16 / bf16 on cuda; nothing on llvm,
+at fp32, for grouped convs or for weights past 2:4); the op's rule on llvm. The `gpu` tests run pruned models on a GPU
 (skipped without one)."""
 
 import dataclasses
@@ -112,11 +113,11 @@ def _want(a, r, w, b, tail, half):
     return y
 
 
-def _run_on_host(g, feeds, target, tmp_path, config=None):
+def _run_on_host(g, feeds, target, tmp_path, config=None, template="cuda_sparse24"):
     import test_host_semantics as host
 
     graph, (program,) = programs(g, machine=target, config=config)
-    assert [k.schedule[0] for k in program.kernels] == ["cuda_sparse24"]
+    assert [k.schedule[0] for k in program.kernels] == [template]
     module = render_module(program.unique)
     lib = host.host_library(program.unique, tmp_path, module)
     return host.program_on_host(lib, module, program, feeds)[graph.outputs[0].name], program
@@ -162,10 +163,73 @@ def test_sparse24_kernels_on_host(rng, tmp_path, case):
         assert (np.abs(got.astype(np.float64) - want) <= bound).all(), config
 
 
+def conv24_graph(rng, n, hw, c, m, window, pads, strides, precision, bias=True):
+    """Sparse24ConvNHWC (+ bias) -> Relu -> + residual on an NHWC image, stored in the
+    precision's half type; (graph, dense OIHW weights rounded, bias, output shape)."""
+    half = HALF[precision]
+    k = window * window * c
+    w = pruned_2of4(rng, m, k) / np.float32(np.sqrt(k / 2))
+    values, meta = encode_2of4(w, half)
+    out = (hw + pads[0] + pads[2] - window) // strides[0] + 1
+    g = Graph("sparse24_conv")
+    x = g.add_input("x", T.TensorType(half, (n, hw, hw, c)))
+    r = g.add_input("r", T.TensorType(half, (n, out, out, m)))
+    inputs = [x, Value("w.kept", T.TensorType(half, values.shape), const=values),
+              Value("w.meta", T.TensorType(T.uint32, meta.shape), const=meta)]
+    b = None
+    if bias:
+        b = rng.standard_normal(m).astype(half.np)
+        inputs.append(Value("b", T.TensorType(half, (m,)), const=b))
+    y = g.add("Sparse24ConvNHWC", *inputs, oc=m, k=k, kernel_shape=[window, window],
+              pads=list(pads), strides=list(strides), dilations=[1, 1])
+    g.outputs = [g.add("Add", g.add("Relu", y), r)]
+    oihw = decode_2of4(values, meta, k).reshape(m, window, window, c).transpose(0, 3, 1, 2)
+    return g, oihw.astype(np.float64), b, (n, out, out, m)
+
+
+def _conv_want(x, r, w, b, pads, strides, half):
+    from dnnc.ir.ops.conv import conv
+
+    y = conv(x.astype(np.float64).transpose(0, 3, 1, 2), w, None, pads=list(pads),
+             strides=list(strides)).transpose(0, 2, 3, 1)
+    y = y + (0 if b is None else b.astype(np.float64))
+    return np.maximum(y.astype(half.np).astype(np.float64), 0) + r.astype(np.float64)
+
+
+# (images, H = W, C, M, window, pads, strides, precision, bias)
+CONV_CASES = [(2, 5, 32, 32, 3, (1, 1, 1, 1), (1, 1), "fp16", True),
+              (2, 7, 64, 16, 1, (0, 0, 0, 0), (2, 2), "bf16", False),
+              (1, 6, 32, 48, 3, (1, 1, 1, 1), (2, 2), "fp16", True)]
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", range(len(CONV_CASES)))
+def test_sparse24_conv_kernels_on_host(rng, tmp_path, case):
+    """Sparse24ConvNHWC's implicit GEMM (patches gathered as conv_nhwc.py's: padding, strides)
+    at the default config and others, against the float64 conv of the decoded weights."""
+    from dnnc.backends.sparse_problems import sparse24_conv_product
+
+    n, hw, c, m, window, pads, strides, precision, bias = CONV_CASES[case]
+    half = HALF[precision]
+    g, w, b, out = conv24_graph(rng, n, hw, c, m, window, pads, strides, precision, bias)
+    x = rng.standard_normal((n, hw, hw, c)).astype(half.np)
+    r = rng.standard_normal(out).astype(half.np)
+    want = _conv_want(x, r, w, b, pads, strides, half)
+    unit = 2.0 ** (-8 if precision == "bf16" else -11)
+    target = machine(precision)
+    _, (program,) = programs(g, machine=target)
+    p = sparse24_conv_product(program.kernels[0])
+    for i, config in enumerate(_configs(p, target, 3)):
+        got, program = _run_on_host(g, {"x": x, "r": r}, target, tmp_path / str(i), config,
+                                    "cuda_sparse24_conv")
+        bound = 2 * unit * (np.abs(want) + 1) + 1e-5
+        assert (np.abs(got.astype(np.float64) - want) <= bound).all(), config
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_sparse24_kernels_compile_with_nvrtc(rng, arch):
     """The host cases' kernels at their defaults and a few other configs compile."""
-    from dnnc.backends.sparse_problems import sparse24_product
+    from dnnc.backends.sparse_problems import sparse24_conv_product, sparse24_product
 
     funcs = []
     for places, k, n, precision, bias, tail in CASES:
@@ -173,6 +237,13 @@ def test_sparse24_kernels_compile_with_nvrtc(rng, arch):
         target = machine(precision)
         _, (program,) = programs(g, machine=target)
         for config in _configs(sparse24_product(program.kernels[0]), target, 2):
+            _, (program,) = programs(g, machine=target, config=config)
+            funcs += renamed(program, f"c{len(funcs)}_")
+    for n, hw, c, m, window, pads, strides, precision, bias in CONV_CASES:
+        g, _, _, _ = conv24_graph(rng, n, hw, c, m, window, pads, strides, precision, bias)
+        target = machine(precision)
+        _, (program,) = programs(g, machine=target)
+        for config in _configs(sparse24_conv_product(program.kernels[0]), target, 1):
             _, (program,) = programs(g, machine=target, config=config)
             funcs += renamed(program, f"c{len(funcs)}_")
     nvrtc_compiled(render_module(funcs).source, arch)
@@ -183,7 +254,8 @@ def test_sparse24_kernels_compile_with_nvrtc(rng, arch):
 def _pruned_graph(rng, kind, precision_dtype=T.float32):
     """A 2:4 pruned product -> Relu in float32: MatMul [8, 128, 768] x [768, 768], Gemm
     (transB, bias) [1024, 768] x [3072, 768]^T, a 1x1 Conv [32, 512, 14, 14] -> 512 (with a
-    bias), or a strided one (stays dense)."""
+    bias), a strided one, one of 2 groups (stays dense), or a padded 3x3 Conv [32, 256, 14,
+    14] -> 256."""
     g = Graph(kind)
     if kind == "matmul":
         a = g.add_input("a", T.TensorType(T.float32, (8, 128, 768)))
@@ -196,38 +268,50 @@ def _pruned_graph(rng, kind, precision_dtype=T.float32):
         y = g.add("Gemm", a, Value("w", T.TensorType(T.float32, w.shape), const=w),
                   Value("c", T.TensorType(T.float32, (3072,)),
                         const=rng.standard_normal(3072).astype(np.float32)), transB=1)
+    elif kind == "conv3x3":   # 2:4 along the input channels (OHWI), as dnnc sparsify lays it
+        a = g.add_input("a", T.TensorType(T.float32, (32, 256, 14, 14)))
+        w = pruned_2of4(rng, 256, 9 * 256).reshape(256, 3, 3, 256).transpose(0, 3, 1, 2)
+        y = g.add("Conv", a, Value("w", T.TensorType(T.float32, w.shape),
+                                   const=np.ascontiguousarray(w)), pads=[1, 1, 1, 1])
     else:
         a = g.add_input("a", T.TensorType(T.float32, (32, 512, 14, 14)))
         w = pruned_2of4(rng, 512, 512).reshape(512, 512, 1, 1)
-        y = g.add("Conv", a, Value("w", T.TensorType(T.float32, w.shape), const=w),
+        groups = 2 if kind == "grouped" else 1
+        w = w[:, :512 // groups]
+        y = g.add("Conv", a, Value("w", T.TensorType(T.float32, w.shape),
+                                   const=np.ascontiguousarray(w)),
                   Value("c", T.TensorType(T.float32, (512,)),
                         const=rng.standard_normal(512).astype(np.float32)),
-                  strides=[2, 2] if kind == "strided" else [1, 1])
+                  strides=[2, 2] if kind == "strided" else [1, 1], group=groups)
     g.outputs = [g.add("Relu", y)]
     return g
 
 
-@pytest.mark.parametrize("kind", ["matmul", "gemm", "conv"])
+@pytest.mark.parametrize("kind", ["matmul", "gemm", "conv", "strided", "conv3x3"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_2of4_products_take_the_sparse_tensor_cores(rng, kind, precision):
+    """Products and unit 1x1 convs become Sparse24Dense, other convs Sparse24ConvNHWC (their
+    Transposes to channels-last and back the only others); the bias an input."""
     from dnnc.passes.manager import optimize
 
     graph = optimize(_pruned_graph(rng, kind), machine(precision))
     ops = [n.op for n in graph.nodes]
-    assert "Sparse24Dense" in ops and not {"MatMul", "Gemm", "Conv", "ConvNHWC"} & set(ops)
-    node = next(n for n in graph.nodes if n.op == "Sparse24Dense")
+    op = "Sparse24ConvNHWC" if kind in ("strided", "conv3x3") else "Sparse24Dense"
+    assert op in ops and not {"MatMul", "Gemm", "Conv", "ConvNHWC"} & set(ops), ops
+    node = next(n for n in graph.nodes if n.op == op)
     assert node.attrs["structure"] == "2:4" and node.inputs[1].type.dtype is HALF[precision]
-    assert (len(node.inputs) > 3 and node.inputs[3] is not None) == (kind != "matmul")
+    assert (len(node.inputs) > 3 and node.inputs[3] is not None) == \
+        (kind not in ("matmul", "conv3x3"))
 
 
-@pytest.mark.parametrize("case", ["fp32", "llvm", "not 2:4", "strided", "tiny"])
+@pytest.mark.parametrize("case", ["fp32", "llvm", "not 2:4", "grouped", "tiny"])
 def test_nothing_changes_elsewhere(rng, case):
-    """fp32 on cuda, llvm at any precision, weights of 3 nonzeros in a group, a strided
-    1x1 conv and a product too small to gain keep their dense ops."""
+    """fp32 on cuda, llvm at any precision, weights of 3 nonzeros in a group, a grouped conv
+    and a product too small to gain keep their dense ops."""
     from dnnc.backends.registry import REGISTRY
     from dnnc.passes.manager import optimize
 
-    g = _pruned_graph(rng, "strided" if case == "strided" else "matmul")
+    g = _pruned_graph(rng, "grouped" if case == "grouped" else "matmul")
     if case == "not 2:4":
         w = g.nodes[0].inputs[1]
         w.const[:3, 0] = 1.0   # W = B^T: 3 nonzeros in W[0]'s first group
@@ -239,7 +323,7 @@ def test_nothing_changes_elsewhere(rng, case):
     target = {"fp32": Target("cuda", arch="sm_90", layouts=LAYOUTS),
               "llvm": REGISTRY["llvm"].target(precision="bf16")}.get(case, machine("fp16"))
     graph = optimize(g, target)
-    assert "Sparse24Dense" not in [n.op for n in graph.nodes]
+    assert not {"Sparse24Dense", "Sparse24ConvNHWC"} & {n.op for n in graph.nodes}
 
 
 # -- on a GPU ---------------------------------------------------------------------------------
@@ -251,17 +335,17 @@ def _gpu_model(graph, precision):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["matmul", "gemm", "conv"])
+@pytest.mark.parametrize("kind", ["matmul", "gemm", "conv", "strided", "conv3x3"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_a_2of4_pruned_model_on_the_gpu(rng, kind, precision):
-    """A 2:4 pruned product compiled for cuda at fp16 / bf16: it takes the sparse tensor
-    cores (cuda_sparse24) and matches the model's fp32 reference within the precision's
-    model bound."""
+    """A 2:4 pruned product or conv compiled for cuda at fp16 / bf16: it takes the sparse
+    tensor cores (Sparse24Dense / Sparse24ConvNHWC) and matches the model's fp32 reference
+    within the precision's model bound."""
     from dnnc.ir.target import model_error_bound
 
     g = _pruned_graph(rng, kind)
     model = _gpu_model(g, precision)
-    assert any(n.op == "Sparse24Dense" for n in model.graph.nodes)
+    assert {"Sparse24Dense", "Sparse24ConvNHWC"} & {n.op for n in model.graph.nodes}
     x = rng.standard_normal(g.inputs[0].type.shape).astype(np.float32)
     want = _fp32_reference(g, x)
     got = model(x)
@@ -358,6 +442,27 @@ def test_nonfinite_activations_at_pruned_weights_make_nan_on_the_gpu(rng, precis
     _check_nonfinite(np.asarray(_gpu_model(g, precision)(x)), want, precision)
 
 
+@needs_gxx
+def test_nonfinite_activations_in_a_2of4_conv_on_host(rng, tmp_path):
+    """The implicit GEMM's patches (a 3x3 window, padded, strided) with a NaN and infinities
+    at kept and pruned taps: NaN where the dense conv makes it (elementwise float64 sums)."""
+    n, hw, c, m, window, pads, strides = 1, 6, 32, 16, 3, (1, 1, 1, 1), (2, 2)
+    g, w, _, out = conv24_graph(rng, n, hw, c, m, window, pads, strides, "fp16", False)
+    g.outputs = [g.nodes[0].outputs[0]]   # the conv alone
+    x = rng.standard_normal((n, hw, hw, c)).astype(np.float16)
+    x[0, 0, 0, 3], x[0, 3, 2, 10], x[0, 5, 5, 31] = np.nan, np.inf, -np.inf
+    xp = np.pad(x.astype(np.float64), [(0, 0), (1, 1), (1, 1), (0, 0)])
+    want = np.zeros(out)
+    with np.errstate(invalid="ignore"):
+        for ky in range(3):
+            for kx in range(3):
+                patch = xp[:, ky:ky + 2 * out[1]:2, kx:kx + 2 * out[2]:2]
+                want += (patch[..., None, :] * w[:, :, ky, kx][None, None, None]).sum(-1)
+    got, _ = _run_on_host(g, {"x": x}, machine("fp16"), tmp_path, None, "cuda_sparse24_conv")
+    assert np.isnan(want).any() and np.isfinite(want).any()
+    _check_nonfinite(got, want, "fp16")
+
+
 def test_the_op_s_rule_and_reference_agree_on_llvm(rng):
     """Sparse24Dense through its compute rule (the default schedule: llvm, its half values
     widened) against `evaluate` and the float64 product of the decoded weights, a NaN and an
@@ -382,3 +487,18 @@ def test_the_op_s_rule_and_reference_agree_on_llvm(rng):
     for y in (got, reference):
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, equal_nan=True)
     assert np.isnan(want[2]).any() and np.isnan(want[4]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(CONV_CASES)))
+def test_sparse24_conv_kernels_on_the_gpu(rng, case):
+    """The host conv cases (padding, strides, bias, residual) compiled whole on the device."""
+    n, hw, c, m, window, pads, strides, precision, bias = CONV_CASES[case]
+    half = HALF[precision]
+    g, w, b, out = conv24_graph(rng, n, hw, c, m, window, pads, strides, precision, bias)
+    x = rng.standard_normal((n, hw, hw, c)).astype(half.np)
+    r = rng.standard_normal(out).astype(half.np)
+    want = _conv_want(x, r, w, b, pads, strides, half)
+    unit = 2.0 ** (-8 if precision == "bf16" else -11)
+    got = np.asarray(_gpu_model(g, precision)(x, r), np.float64)
+    assert (np.abs(got - want) <= 2 * unit * (np.abs(want) + 1) + 1e-5).all()
