@@ -176,9 +176,10 @@ def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> st
     gpu = machine.gpu
     flops, bandwidth = (gpu.tensor_flops, gpu.copy_bytes_per_s) if gpu else \
         rule.GPU_TENSOR_FIGURES
-    estimate = rule.product_seconds(places, rows, depth, flops, bandwidth, False) / \
-        rule.product_seconds(places, rows, depth, flops, bandwidth, True)
-    chosen = "2:4" if rule.sparse24_faster(places, rows, depth, machine) else "dense"
+    reads = places * width   # a conv's image once (stride 1)
+    estimate = rule.product_seconds(places, rows, depth, flops, bandwidth, False, reads) / \
+        rule.product_seconds(places, rows, depth, flops, bandwidth, True, reads)
+    chosen = "2:4" if rule.sparse24_faster(places, rows, depth, machine, reads) else "dense"
     ok = "ok" if max(errors) <= 2e-2 else "WRONG"
     tflops = 2 * places * rows * depth / 1e9
     return (f"{name:24} M={places:<6} dense {dense_ms * 1e3:7.1f} us ({tflops / dense_ms:5.0f} "

@@ -63,23 +63,28 @@ GPU_LAUNCH_S = 2e-6
 
 
 def product_seconds(places: int, rows: int, depth: int, tensor_flops: float,
-                    bandwidth: float, sparse: bool) -> float:
+                    bandwidth: float, sparse: bool, reads: int | None = None) -> float:
     """Estimated seconds of the fp16 product of `places` places by `rows` outputs of
-    `depth`, dense or 2:4 sparse, on a GPU of `tensor_flops` (tf32) and `bandwidth`."""
+    `depth`, dense or 2:4 sparse, on a GPU of `tensor_flops` (tf32) and `bandwidth`;
+    `reads`: the activations it reads (default places x depth; a conv's image about once,
+    its patches overlapping in the caches)."""
     rate = 2 * tensor_flops * (2 * GPU_SPARSE24_EFFICIENCY if sparse else
                                GPU_DENSE_TENSOR_EFFICIENCY)
     weights = rows * depth * (1 + 1 / 8) if sparse else 2 * rows * depth
-    moved = 2 * places * (depth + rows) + weights
+    reads = places * depth if reads is None else reads
+    moved = 2 * (reads + places * rows) + weights
     return max(2 * places * rows * depth / rate, moved / bandwidth) + GPU_LAUNCH_S
 
 
-def sparse24_faster(places: int, rows: int, depth: int, target: Target) -> bool:
+def sparse24_faster(places: int, rows: int, depth: int, target: Target,
+                    reads: int | None = None) -> bool:
     """Whether the 2:4 kernel is estimated GPU_SPARSE24_MARGIN times faster than the dense
-    one on `target`'s GPU."""
+    one on `target`'s GPU (`reads` as `product_seconds`')."""
     flops, bandwidth = (target.gpu.tensor_flops, target.gpu.copy_bytes_per_s) \
         if target.gpu is not None else GPU_TENSOR_FIGURES
-    return GPU_SPARSE24_MARGIN * product_seconds(places, rows, depth, flops, bandwidth, True) \
-        < product_seconds(places, rows, depth, flops, bandwidth, False)
+    times = [product_seconds(places, rows, depth, flops, bandwidth, sparse, reads)
+             for sparse in (True, False)]
+    return GPU_SPARSE24_MARGIN * times[0] < times[1]
 
 
 def _unit_conv(node: Node) -> bool:
@@ -143,8 +148,13 @@ def sparse24_weights(node: Node, w: np.ndarray, places: int | None, density: flo
     n, k = w.shape
     if not fits_2of4(w):
         return None
+    # a conv reads its image about once (its windows' patches overlap in the caches), a
+    # strided 1x1 one only the pixels it takes
+    reads = min(places * k, int(np.prod([d if isinstance(d, int) else 1
+                                          for d in x.type.shape]))) \
+        if node.op == "Conv" else None
     switch = os.environ.get("DNNC_SPARSE24")
-    if switch == "0" or switch != "1" and not sparse24_faster(places, n, k, target):
+    if switch == "0" or switch != "1" and not sparse24_faster(places, n, k, target, reads):
         return None
     bias = _bias(node, n) if node.op != "MatMul" else None
     if bias is False:

@@ -502,3 +502,15 @@ def test_sparse24_conv_kernels_on_the_gpu(rng, case):
     unit = 2.0 ** (-8 if precision == "bf16" else -11)
     got = np.asarray(_gpu_model(g, precision)(x, r), np.float64)
     assert (np.abs(got - want) <= 2 * unit * (np.abs(want) + 1) + 1e-5).all()
+
+
+def test_the_rule_reads_a_conv_s_image_once():
+    """resnet50's 3x3 64 -> 64 conv at 56 x 56, batch 32: bound by its products with the
+    image read once (2:4), by its bytes were its patches counted (9 reads a pixel: dense);
+    its 1x1 256 -> 64 stays dense (bound by the activations either way)."""
+    from dnnc.passes.sparse24 import sparse24_faster
+
+    target = machine("fp16")
+    assert sparse24_faster(100352, 64, 576, target, reads=32 * 64 * 56 * 56)
+    assert not sparse24_faster(100352, 64, 576, target)
+    assert not sparse24_faster(100352, 64, 256, target, reads=32 * 256 * 56 * 56)
