@@ -44,13 +44,13 @@ from dataclasses import replace
 
 from ...ir import loop as L
 from ...ir import types as T
+from ..problems import widened
 from ..sparse_problems import (Sparse24ConvProblem, Sparse24Problem, sparse24_conv_product,
                                sparse24_product)
 from ..space import Constraint, Space, Template
 from . import conv_nhwc
 from .dense import MAX_GRID_YZ, SPLITS, Operand
 from .device import gpu_of
-from ..problems import widened
 from .mma import (MAX_ACCUMULATORS, MAX_SHARED_BYTES, TensorCoreConfig, _accumulators,
                   _allocated, _c, _over_threads, _Tile, _WarpTiles, choose, mma_product)
 
@@ -66,8 +66,8 @@ DEFAULT_STAGES = 3
 
 def shared_bytes(c: TensorCoreConfig) -> int:
     """A block's ring: per slot W's kept values (block_k / 2 a row), X's block_k a place (2
-    bytes each) and the metadata words."""
-    return c.stages * (c.block_k * (c.block_m // 2 + c.block_n) * 2 +
+    bytes each) and the metadata words; and the places' non-finite flags."""
+    return c.block_n * 4 + c.stages * (c.block_k * (c.block_m // 2 + c.block_n) * 2 +
                        c.block_m // 16 * c.block_k // STEP_K * META_WORDS * 4)
 
 
