@@ -223,12 +223,14 @@ class _SparseTiles(_WarpTiles):
     def _fix(self) -> L.Stmt:
         """Each accumulator of a flagged place NaN where one of the place's non-finite
         activations sits at a pruned position of its row (the dense product's x * 0: the
-        rare path, reading the activations and the metadata from global memory)."""
-        mi, ni, v, gg, q = self.mi, self.ni, L.Var("fv"), L.Var("fg"), L.Var("fq")
+        rare path, reading the activations and the metadata from global memory). A lane's
+        places are (place tile ni, column h): their flags read once each."""
+        mi, ni, h, r = self.mi, self.ni, L.Var("fh"), L.Var("fr")
+        gg, q = L.Var("fg"), L.Var("fq")
         count = L.Buffer("pruned_nonfinite", T.int32, (1,), L.Scope.LOCAL)
-        row, col = _c(2 * (v // 2), self.g, self.q)
+        row, _ = _c(2 * r + h, self.g, self.q)    # (g + 8 r, 2 q + h)
         j = self.row0 + self.wy * self.wm + mi * 16 + row
-        local = self.wx * self.wn + ni * 8 + col + v % 2
+        local = self.wx * self.wn + ni * 8 + 2 * self.q + h
         place = self.col0 + local
         steps = self.k // STEP_K
 
@@ -243,16 +245,16 @@ class _SparseTiles(_WarpTiles):
         pruned = L.logical_and(L.ne(q, kept(2 * gg)), L.ne(q, kept(2 * gg + 1)))
         add = L.If(L.logical_and(pruned, L.ne(d, d)), L.Store(count, (L.const(0),), L.const(
             1, T.int32)))
-        at = (mi * self.tn + ni) * 4 + v
-        recount = L.Allocate(count, L.seq(
+        at = (mi * self.tn + ni) * 4 + 2 * r + h
+        recount = L.If(j < self.m, L.Allocate(count, L.seq(
             L.Store(count, (L.const(0),), L.const(0, T.int32)),
             L.For(gg, self.k // 4, L.For(q, 4, add)),
             L.If(L.ne(count[0], L.const(0, T.int32)), L.Store(self.acc, (at,), L.const(
-                float("nan"))))))
-        inside = L.logical_and(L.logical_and(place < self.places, j < self.m),
-                               L.ne(self.flags[local], L.const(0, T.int32)))
-        return self.per_thread(L.For(mi, self.tm, L.For(ni, self.tn, L.For(
-            v, 4, L.If(inside, recount)))))
+                float("nan")))))))
+        flagged = L.logical_and(place < self.places,
+                                L.ne(self.flags[local], L.const(0, T.int32)))
+        return self.per_thread(L.For(ni, self.tn, L.For(h, 2, L.If(flagged, L.For(
+            mi, self.tm, L.For(r, 2, recount))), L.ForKind.UNROLLED), L.ForKind.UNROLLED))
 
     def _fragments(self, slot: L.Expr, ks: int, half: int) -> L.Stmt:
         """The warp's A fragments and metadata words and its B fragments of step `ks` into
