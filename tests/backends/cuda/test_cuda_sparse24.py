@@ -514,3 +514,27 @@ def test_the_rule_reads_a_conv_s_image_once():
     assert sparse24_faster(100352, 64, 576, target, reads=32 * 64 * 56 * 56)
     assert not sparse24_faster(100352, 64, 576, target)
     assert not sparse24_faster(100352, 64, 256, target, reads=32 * 256 * 56 * 56)
+
+
+def test_a_sparsified_file_runs_2of4_end_to_end(rng, monkeypatch):
+    """resnet50 (32 x 32 images) pruned as `dnnc sparsify --pattern 2:4` writes it, compiled
+    for cuda at fp16 with every fitting layer taken (DNNC_SPARSE24=1): all its convs but the
+    stem run 2:4 (Sparse24Dense, Sparse24ConvNHWC), and the optimised graph's reference
+    (the ops' evaluate) matches the pruned file's fp32 one within the fp16 model bound."""
+    from dnnc.frontend.onnx import import_onnx
+    from dnnc.ir.interpreter import run_graph
+    from dnnc.ir.target import model_error_bound
+    from dnnc.passes.manager import optimize
+    from dnnc.testing.pruned_files import pruned_model
+
+    model = pruned_model("resnet50", None, "2:4", batch=2, size=32)
+    graph = import_onnx(model)
+    monkeypatch.setenv("DNNC_SPARSE24", "1")
+    optimized = optimize(graph, machine("fp16"))
+    ops = [n.op for n in optimized.nodes]
+    assert ops.count("Sparse24Dense") + ops.count("Sparse24ConvNHWC") == 52
+    assert ops.count("ConvNHWC") == 1 and ops.count("Transpose") <= 2
+    x = rng.standard_normal(graph.inputs[0].type.shape).astype(np.float32)
+    want = np.asarray(run_graph(graph, [x])[0], np.float64)
+    got = np.asarray(run_graph(optimized, [x])[0], np.float64)
+    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound("fp16")
