@@ -21,6 +21,9 @@ dense file and its 90% magnitude-pruned copy (`testing/pruned_files.py`, as `dnn
 writes it) compiled for cuda at fp32: median ms of a call ended by a synchronize, the layers
 running sparse, the speed-up, and the largest output difference of the pruned file on cuda
 from onnxruntime's (CPU; relative to its largest output: a sanity check).
+
+`--sparse24` runs bench/gpu_sparse24.py instead (2:4 weights at fp16 against dnnc's dense fp16
+kernels and cuBLAS; its options after `--sparse24`).
 Never imported by dnnc.
 """
 
@@ -244,6 +247,12 @@ def model_rows(cp, name: str, batch: int, args) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--sparse24" in argv:
+        import gpu_sparse24
+
+        return gpu_sparse24.run(gpu_sparse24.parser().parse_args(
+            [a for a in argv if a != "--sparse24"]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--sparsity", default="0.7,0.9")

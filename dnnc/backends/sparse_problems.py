@@ -1,6 +1,9 @@
 """The problem descriptor of SparseDense and SparseConv kernels (`ir/ops/sparse.py`), as the
 sparse templates read them: the CSR buffers, the sizes, the bias and the group's fused
-elementwise consumers. Target-neutral, like `problems.py`; it must never import a backend.
+elementwise consumers; and of Sparse24Dense / Sparse24ConvNHWC (2:4 weights) as a
+`problems.Dense` / `problems.Conv2dNHWC` whose weights are the kept values, with their
+metadata. Target-neutral, like `problems.py`; it must never
+import a backend.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import loop as L
-from .lower import Kernel, epilogue, layout_tail
-from .problems import Epilogue, _flat_epilogue_reads, _operands, rounded
+from .lower import Kernel, epilogue, layout_tail, store_index
+from .problems import (STORAGE, Conv2dNHWC, Dense, Epilogue, _flat_epilogue_reads, _operands,
+                       plane_geometry, rounded)
 
 
 @dataclass(frozen=True)
@@ -138,3 +142,72 @@ def sparse_product(kernel: Kernel) -> SparseProblem | None:
         places=places, transposed=not conv, epilogue=epilogue(kernel),
         anchor_dims=tuple(anchor_dims), flat_reads=flat,
         slice_depth=node.attrs["slice_depth"], nnz=int(known[-1, -1]), order=order, **window)
+
+
+@dataclass(frozen=True)
+class Sparse24Problem(Dense):
+    """Y[i, j] = epilogue(sum_k A[i, k] W[j, k] + bias[j]) (A's batch dims folded into its m
+    rows) with W 2:4 sparse [n, k]: B is its kept values [n, k / 2] (`ir/ops/sparse.py`'s
+    `encode_2of4`), `meta` their metadata [n / 16, k / 32, 8, 2]; the rest as `Dense`'s
+    (C the bias, the store through a layout tail)."""
+
+    meta: L.Buffer | None = None
+
+
+def sparse24_product(kernel: Kernel) -> Sparse24Problem | None:
+    """The kernel's Sparse24Dense anchor (first in its group, static shapes) as a problem;
+    None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "Sparse24Dense":
+        return None
+    where = store_index(kernel)
+    anchor_dtype = node.outputs[0].type.dtype
+    a, values, meta, bias = _operands(kernel, node, 4)
+    a_dims, anchor_dims = L.static_shape(a.shape), L.static_shape(node.outputs[0].type.shape)
+    if where is None or anchor_dtype not in STORAGE or a_dims is None or \
+            anchor_dims is None or 0 in anchor_dims:
+        return None
+    n, k = node.attrs["n"], node.attrs["k"]
+    m = math.prod(a_dims[:-1])
+    return Sparse24Problem(
+        name=kernel.func.name, params=kernel.func.params, a=a, b=values,
+        c=L.Buffer(bias.name, bias.dtype, (n,)) if bias is not None else None,
+        y=kernel.func.params[-1], b_dims=(n, k // 2),
+        y_dims=tuple(L.static_shape(kernel.func.params[-1].shape)),
+        anchor_dims=tuple(anchor_dims), batch=1, m=m, n=n, k=k, trans_a=False, trans_b=True,
+        alpha=1.0, beta=1.0, b_batched=False, packed_panel=0, epilogue=epilogue(kernel),
+        store_index=where if layout_tail(kernel) else None, anchor_dtype=anchor_dtype,
+        meta=meta)
+
+
+@dataclass(frozen=True)
+class Sparse24ConvProblem(Conv2dNHWC):
+    """A channels-last conv of one group (`Conv2dNHWC`: `w_dims` the logical [M, kh, kw, C])
+    whose weights are 2:4 along k = (ky, kx, c): `w` the kept values [M, K / 2], `meta` their
+    metadata [M / 16, K / 32, 8, 2]."""
+
+    meta: L.Buffer | None = None
+
+
+def sparse24_conv_product(kernel: Kernel) -> Sparse24ConvProblem | None:
+    """The kernel's Sparse24ConvNHWC anchor (first in its group, static shapes) as a
+    problem; None otherwise."""
+    node = kernel.anchor
+    if node is not kernel.nodes[0] or node.op != "Sparse24ConvNHWC":
+        return None
+    x, values, meta, bias = _operands(kernel, node, 4)
+    y = kernel.func.params[-1]
+    xd, yd = L.static_shape(x.shape), L.static_shape(y.shape)
+    if node.outputs[0].type.dtype not in STORAGE or xd is None or yd is None or \
+            tuple(node.outputs[0].type.shape) != tuple(yd):
+        return None
+    (kh, kw), oc = node.attrs["kernel_shape"], node.attrs["oc"]
+    wd = (oc, kh, kw, xd[3])
+    geometry = plane_geometry(node.attrs, xd[1:3], wd[1:3], yd[1:3])
+    if geometry is None:
+        return None
+    strides, dilations, begins, _ = geometry
+    return Sparse24ConvProblem(kernel.func.name, kernel.func.params, x, values, bias, y,
+                               tuple(xd), wd, tuple(yd), tuple(strides), tuple(dilations),
+                               tuple(begins), epilogue(kernel), node.outputs[0].type.dtype,
+                               1, meta=meta)

@@ -26,7 +26,9 @@ On a GPU target (`Target.arch`; cuda at precision fp32) the rule is `gpu_sparse_
 cuda SpMM's estimated time (a roofline of its multiply-adds at GPU_SPARSE_EFFICIENCY of the
 GPU's fp32 figure and its bytes, its passes over the activations and its launches) against
 the dense template's, for products and 1x1 convs only; the sparse op then also takes the
-rows' `order` (`row_order`, the SpMM's row swizzle).
+rows' `order` (`row_order`, the SpMM's row swizzle). At fp16 / bf16 on a GPU the rewrite
+is `sparse24.py`'s instead: 2:4 weights as Sparse24Dense / Sparse24ConvNHWC on the sparse
+tensor cores.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ..ir.ops.sparse import encode_csr, row_max
 from ..ir.target import Target
 from ..ir.types import TensorType, float32, int32
 from .conv_costs import conv3x3_costs
+from .sparse24 import HALF, sparse24_weights
 
 # -- measuring ---------------------------------------------------------------------------------
 
@@ -331,6 +334,9 @@ def sparse_weights(graph: Graph, node: Node, users, target: Target):
     a GPU with the rows' `order` (convert_layout's rule signature: the new node and no
     nodes taken over)."""
     w = layer_weights(node)
+    if w is not None and target.arch and target.precision in HALF:   # sparse tensor cores
+        return sparse24_weights(node, w, _places(node), float(np.count_nonzero(w)) / w.size,
+                                target)
     if w is None or target.precision != "fp32" or node.inputs[0].type.dtype is not float32 or \
             node.outputs[0].type.dtype is not float32:
         return None

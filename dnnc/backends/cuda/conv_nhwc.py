@@ -24,6 +24,8 @@ depthwise ConvNHWC (depthwise_nhwc.py).
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ...ir import loop as L
 from .. import problems
 from ..space import Space, Template
@@ -68,11 +70,24 @@ def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:
     """The scheduled kernel of `p`: `mma_product` on the gathered patches and the weights,
     the bias and epilogue on the store."""
     m, n, k = gemm(p)
+    patches, store, views = implicit_gemm(p)
+    w = L.Buffer(p.w.name, p.w.dtype, (n, k))
+    weights = Operand(lambda bi, j, kk: w[j, kk], False, array=True, rounded=p.w_tf32)
+    body = mma_product(c, 1, m, n, k, patches, weights, store, precision=machine.precision)
+    views[w.name] = w
+    return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
+
+
+def implicit_gemm(p: problems.Conv2dNHWC) -> tuple[Operand, Callable, dict]:
+    """(the patches as the product's operand: row i an output pixel, k = (ky, kx, c); the
+    store of the result of pixel i, output channel j: `store(bi, i, j, value)`; the views of
+    X and Y the kernel takes, by name) of `p`'s implicit GEMM (also sparse24.py's, whose
+    weights are 2:4)."""
+    m, n, k = gemm(p)
     _, h, wid, ch = p.x_dims
     oc, kh, kw, _ = p.w_dims
     _, oh, ow, _ = p.y_dims
     (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
-    w = L.Buffer(p.w.name, p.w.dtype, (oc, k))
     x = L.Buffer(p.x.name, p.x.dtype, p.x_dims)
     y = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
 
@@ -104,10 +119,7 @@ def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:
         flat = L.Buffer(p.x.name, p.x.dtype, (m, ch))
         patches = Operand(lambda bi, i, kk: flat[i, kk], False, array=True)
         x = flat
-    weights = Operand(lambda bi, j, kk: w[j, kk], False, array=True, rounded=p.w_tf32)
-    body = mma_product(c, 1, m, n, k, patches, weights, store, precision=machine.precision)
-    views = {w.name: w, x.name: x, y.name: y}
-    return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
+    return patches, store, {x.name: x, y.name: y}
 
 
 MMA_CONV2D_NHWC = Template("cuda_mma_conv2d_nhwc", problems.conv2d_nhwc, applies, space,

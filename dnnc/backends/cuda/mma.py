@@ -366,13 +366,14 @@ def _c(r: int, g: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr]:
 # -- the product ------------------------------------------------------------------------------
 
 def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
-                b: Operand, store, *, precision: str) -> L.Stmt:
+                b: Operand, store, *, precision: str, tiles=None) -> L.Stmt:
     """The blocks, warps and loops of Y[bi, i, j] = sum_k A[bi, i, k] B[bi, k, j] on tensor
     cores at `precision` (see the module's docstring; with the `wgmma` knob, wgmma.py's
-    warpgroups); the arguments as dense.tiled_product's."""
-    if c.wgmma:
+    warpgroups); the arguments as dense.tiled_product's. `tiles`: the class of a block's
+    tiles where it is another (sparse24.py's, A 2:4 sparse), called as `_WarpTiles`."""
+    if tiles is None and c.wgmma:
         from .wgmma import Warpgroups as tiles   # (it builds on this module's tiles)
-    else:
+    elif tiles is None:
         tiles = _WarpTiles
     w = tiles(c, batch, m, n, k, a, b, precision)
     bi, by, bx = w.bi, w.by, w.bx
@@ -727,12 +728,17 @@ class _WarpTiles:
                               L.ForKind.UNROLLED))
         return self.per_thread(L.seq(*body))
 
+    def rings(self) -> tuple:
+        """What each k tile copies into shared memory: the operands' tiles (a subclass may
+        add one: sparse24.py's metadata)."""
+        return self.a_in, self.b_in
+
     def product(self, first: L.Expr) -> L.Stmt:
         """k tiles first .. first + per - 1 through the ring of `stages` slots: the first
         stages - 1 fetched ahead; then at each tile kt, wait for its copies and the barrier,
         start tile kt + stages - 1's way into the slot tile kt - 1 freed, multiply tile kt,
         finish the started tile's way (registers into shared memory)."""
-        tiles, stages, per = (self.a_in, self.b_in), self.c.stages, self.per
+        tiles, stages, per = self.rings(), self.c.stages, self.per
         asynchronous = any(x.asynchronous for x in tiles)
         commit = [L.AsyncCommit()] if asynchronous else []
         ahead = []

@@ -88,6 +88,7 @@ from .plane_mean import PLANE_MEAN_NHWC
 from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, pow2,
                    reads_columns, reduction, row_length, writes_rows)
 from .sparse import SPMM
+from .sparse24 import SPARSE24, SPARSE24_CONV
 from .threads import (WARP, Config, Names, Scratch, independent_prefix, single_thread,
                       thread_per_iteration)
 
@@ -280,11 +281,12 @@ TEMPLATES = {
     # channels-last conv (ConvNHWC, reduced precisions only) on tensor cores (conv_nhwc.py),
     # a channels-last depthwise one a block per tile of pixels x run of channels
     # (depthwise_nhwc.py), sparse weights' products (SparseDense, 1x1 SparseConv) as an
-    # SpMM (sparse.py), int8 dense and conv on the integer tensor cores or dp4a (int8.py; a
-    # channels-last int8 conv's patches by cp.async: int8_nhwc.py); the rest (grouped conv)
-    # one thread per output element
-    ("cuda", Pattern.OUT_FUSABLE): (SPMM, INT8_DENSE, INT8_GEMV, INT8_CONV2D,
-                                    INT8_CONV2D_NHWC,
+    # SpMM (sparse.py) and 2:4 weights' (Sparse24Dense, Sparse24ConvNHWC) on the sparse
+    # tensor cores (sparse24.py), int8 dense and conv on the integer tensor cores or dp4a
+    # (int8.py; a channels-last int8 conv's patches by cp.async: int8_nhwc.py); the rest
+    # (grouped conv) one thread per output element
+    ("cuda", Pattern.OUT_FUSABLE): (SPMM, SPARSE24, SPARSE24_CONV, INT8_DENSE, INT8_GEMV,
+                                    INT8_CONV2D, INT8_CONV2D_NHWC,
                                     MMA_DENSE, DENSE, GEMV, MMA_CONV2D_NHWC, MMA_CONV2D,
                                     CONV2D, MMA_ATTENTION, ATTENTION, DEPTHWISE,
                                     DEPTHWISE_NHWC, DEFAULT),

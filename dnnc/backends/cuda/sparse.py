@@ -29,22 +29,15 @@ fp32 accumulation; operands are float32 (SparseDense / SparseConv are float32 op
 serves a dense product, nor a windowed SparseConv (kh x kw, padded, strided: those keep
 the compute rule's default schedule).
 
-2:4 structured sparsity (`encode_2of4`, `sparse24_product`): weights with at most 2
-nonzeros in every 4 consecutive k, compressed and their metadata built at compile time, on
-the sparse tensor cores (`L.Mma` at precision sp_fp16 / sp_bf16: mma.sp m16n8k32, fp32
-accumulators), a warp a 16 x 8 tile. A kernel builder only, so far: no graph op carries 2:4
-weights yet (the rewrite, a template with knobs and a pipelined tile are what is left).
+2:4 structured weights (Sparse24Dense) are sparse24.py's, on the sparse tensor cores.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ...ir import loop as L
 from ...ir import types as T
-from ..problems import widened
 from ..sparse_problems import SparseProblem, sparse_product
 from ..space import Constraint, Space, Template
 from .device import gpu_of
@@ -359,71 +352,3 @@ def build(p: SparseProblem, config: SpmmConfig, machine) -> L.PrimFunc:
 
 SPMM = Template("cuda_spmm", sparse_product, applies, space, default, build)
 
-
-# -- 2:4 structured sparsity on the sparse tensor cores ------------------------------------------
-
-def encode_2of4(w: np.ndarray, dtype: T.DType) -> tuple[np.ndarray, np.ndarray]:
-    """(values [N, K / 2] in `dtype`, metadata uint32 [N / 16, K / 32, 8, 2]) of weights `w`
-    [N, K] (N a multiple of 16, K of 32) holding at most 2 nonzeros in every 4 consecutive k:
-    each group's two kept positions ascending (its nonzeros, then its first zeros), their
-    values in order; metadata [row tile, k step, g, p] as `L.Mma`'s sparse precisions take
-    it from lane 4 g + p (2 bits a kept column: row g's columns 8 p .. 8 p + 7 of the k
-    step's 16 low, row g + 8's high). Built at compile time."""
-    n, k = w.shape
-    if n % 16 or k % 32:
-        raise ValueError(f"2:4 weights are [16 n, 32 k], not {w.shape}")
-    groups = np.asarray(w, np.float32).reshape(n, k // 4, 4)
-    nonzero = groups != 0
-    if nonzero.sum(axis=-1).max(initial=0) > 2:
-        raise ValueError("the weights hold more than 2 nonzeros in a group of 4")
-    key = np.where(nonzero, 0, 4) + np.arange(4)   # nonzeros first, then by position
-    kept = np.sort(np.argsort(key, axis=-1, kind="stable")[..., :2], axis=-1)
-    values = np.take_along_axis(groups, kept, axis=-1).reshape(n, k // 2).astype(dtype.np)
-    index = kept.reshape(n // 16, 2, 8, k // 32, 2, 8).astype(np.uint32)  # [jt, half, g, ks, p, i]
-    bits = (index << (2 * np.arange(8, dtype=np.uint32))).sum(axis=-1, dtype=np.uint32)
-    meta = bits[:, 0] | (bits[:, 1] << np.uint32(16))   # [jt, g, ks, p]
-    return values, np.ascontiguousarray(meta.transpose(0, 2, 1, 3))
-
-
-def sparse24_product(name: str, x: L.Buffer, values: L.Buffer, meta: L.Buffer, y: L.Buffer,
-                     precision: str) -> L.PrimFunc:
-    """Y[i, j] = sum_k X[i, k] W[j, k] (X [m, k] of any float type, Y [m, n] float32) with W
-    2:4 sparse (`encode_2of4`: `values` [n, k / 2] float16 or bfloat16, `meta` uint32) on
-    the sparse tensor cores (`precision` sp_fp16 / sp_bf16: X's elements rounded to that
-    type, fp32 accumulation): a warp a block computes 16 rows of W by 8 of X, a k step of 32
-    an `L.Mma` (mma.sp m16n8k32), W the sparse A operand; the places past m read as zero and
-    are not stored."""
-    m, k = L.static_shape(x.shape)
-    n = L.static_shape(values.shape)[0]
-    steps = k // 32
-    pack = L.PACKS[L.SPARSE_MMA[precision]]
-    bx, by, t, ks, r = L.Var("qbx"), L.Var("qby"), L.Var("qt"), L.Var("qks"), L.Var("qr")
-    g, tig = t // 4, t % 4
-    acc = L.Buffer("acc", T.float32, (4,), L.Scope.LOCAL)
-    j0, p0 = by * 16, bx * 8
-
-    def w_pair(reg: int):
-        row, col = j0 + g + 8 * (reg % 2), ks * 16 + 2 * tig + 8 * (reg // 2)
-        return L.call(pack, widened(values[row, col]), widened(values[row, col + 1]),
-                      dtype=T.uint32)
-
-    def x_pair(reg: int):
-        place, col = p0 + g, ks * 32 + 2 * tig + 8 * reg
-        at = L.minimum(place, m - 1)
-
-        def one(c):
-            return L.Select(place < m, widened(x[at, c]), L.const(0.0))
-        return L.call(pack, one(col), one(col + 1), dtype=T.uint32)
-
-    e = meta[((by * steps + ks) * 8 + g) * 2 + tig % 2]
-    product = L.Mma(precision, acc, L.const(0), tuple(w_pair(q) for q in range(4)),
-                    tuple(x_pair(q) for q in range(4)) + (e,))
-    row, col = j0 + g + 8 * (r // 2), p0 + 2 * tig + r % 2
-    body = L.seq(
-        L.For(r, 4, L.Store(acc, (r,), L.const(0.0)), L.ForKind.UNROLLED),
-        L.For(ks, steps, product),
-        L.For(r, 4, L.If(col < m, L.Store(y, (col, row), acc[r])), L.ForKind.UNROLLED))
-    thread = L.Allocate(acc, L.For(t, 32, body, L.ForKind.THREAD_X))
-    grid = L.For(by, n // 16, L.For(bx, -(-m // 8), thread, L.ForKind.BLOCK_X),
-                 L.ForKind.BLOCK_Y)
-    return L.PrimFunc(name, (x, values, meta, y), grid)

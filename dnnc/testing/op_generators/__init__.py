@@ -15,7 +15,7 @@ from .elementwise import gen_binary, gen_cast, gen_clip, gen_exp, gen_gelu, gen_
 from .layers import gen_batchnorm, gen_conv, gen_gemm, gen_layernorm, gen_matmul, gen_pool, \
     gen_reduce, gen_resize, gen_softmax, gen_softmax_chain
 from .quantized import gen_qdq
-from .sparse import gen_sparse
+from .sparse import gen_sparse, gen_sparse24
 from .movement import gen_concat, gen_expand, gen_gather, gen_pad, gen_reshape, gen_slice, \
     gen_split, gen_squeeze, gen_transpose
 
@@ -28,7 +28,7 @@ OPS = [  # (weight, generator)
     (2, gen_expand), (2, gen_cast), (5, gen_qdq),
 ]
 
-SPARSE_OPS = [(6, gen_sparse)]
+SPARSE_OPS = [(6, gen_sparse), (2, gen_sparse24)]
 """Drawn besides OPS in a sparse case: layers with pruned constant weights (issue 34)."""
 
 SPECIAL_OPS = OPS + [(4, gen_softmax_chain)]

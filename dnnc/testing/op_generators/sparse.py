@@ -16,6 +16,12 @@ zeros at the zero point) or a float16 one behind a Cast. Sizes reach past the sm
 other generators draw (reductions of 16 to 128), so a compiler that weighs dense against sparse
 templates has layers worth choosing for.
 
+`gen_sparse24` draws layers that fit the sparse tensor cores exactly (issue 34's 2:4 on the
+GPU): MatMul, Dense, Gemm or a 1x1 Conv of 16 to 64 outputs by a reduction of 32 to 128, every
+group of 4 along it holding at most 2 nonzeros (2:4 or 1:4, some groups emptied), so that a
+cuda compile at fp16 / bf16 (with DNNC_SPARSE24=1: the cost rule keeps such small layers
+dense) runs them as Sparse24Dense.
+
 These generators only write models; whether a layer runs sparse is the compiler's choice, and
 the fuzzer checks whatever it chose. They never read a value downstream of a QuantizeLinear
 (`Val.rounded`) and never one that may be huge (a sum of huge values overflows by order).
@@ -162,3 +168,48 @@ def _conv(g: Builder):
     weight = np.ascontiguousarray(np.moveaxis(flat.reshape(m, kh, kw, c // group), -1, 1))
     bias = [g.weight((m,), 1)] if g.chance(0.6) else []
     g.node("Conv", [x, sparse_weight(g, weight)] + bias, **attrs)
+
+
+def _two_of_four(g: Builder, rows: int, cols: int) -> np.ndarray:
+    """A mask of at most 2 kept in every 4 along the columns: 2:4 or 1:4, a tenth of the
+    groups emptied (and, a quarter of the time, whole rows)."""
+    mask = keep_mask(g.rng.random((rows, cols)), parse_pattern(g.choice(["2:4", "2:4", "1:4"])),
+                     0.5)
+    groups = mask.reshape(rows, cols // 4, 4)
+    groups[g.rng.random(groups.shape[:2]) < 0.1] = False
+    if g.chance(0.25):
+        mask[g.rng.random(rows) < 0.3] = False
+    return mask
+
+
+def gen_sparse24(g: Builder):
+    """MatMul, Dense, Gemm (alpha = beta = 1) or a 1x1 Conv whose weight fits 2:4 exactly
+    (outputs a multiple of 16, the reduction of 32)."""
+    kind = g.choice(["matmul", "dense", "gemm", "conv"])
+    k, m = g.choice([32, 64, 96, 128]), g.choice([16, 32, 48, 64])
+    if kind == "conv":
+        x = _input(g, lambda v: v.rank == 4 and all(v.static(i) for i in (1, 2, 3)) and
+                   v.shape[1] % 32 == 0, lambda: (g.batch_dim, k, g.choice([3, 5, 8]),
+                                                  g.choice([4, 7, 9])))
+        c = x.shape[1]
+        w = _values(g, _two_of_four(g, m, c), c)
+        bias = [g.weight((m,), 1)] if g.chance(0.6) else []
+        g.node("Conv", [x, sparse_weight(g, w.reshape(m, c, 1, 1))] + bias,
+               kernel_shape=[1, 1])
+        return
+    rank = (lambda v: v.rank == 2) if kind == "gemm" else (lambda v: v.rank >= 2)
+    x = _input(g, lambda v: rank(v) and v.static(-1) and v.shape[-1] % 32 == 0,
+               lambda: (g.batch_dim, k) if kind == "gemm" else
+               (g.batch_dim, g.size((1, 3, 7, 16)), k))
+    k = x.shape[-1]
+    w = _values(g, _two_of_four(g, m, k), k)
+    if kind == "gemm":
+        trans_b = int(g.chance(0.5))
+        inputs = [x, sparse_weight(g, w if trans_b else np.ascontiguousarray(w.T))]
+        if g.chance(0.6):
+            inputs.append(g.weight(g.choice([(m,), (1, m)]), 1))
+        g.node("Gemm", inputs, transB=trans_b)
+        return
+    y = g.node("MatMul", [x, sparse_weight(g, np.ascontiguousarray(w.T))])[0]
+    if kind == "dense":
+        g.node("Add", [y, g.weight((m,), 1)])

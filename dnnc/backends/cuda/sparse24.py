@@ -1,0 +1,348 @@
+"""The cuda 2:4 templates: Sparse24Dense kernels (cuda_sparse24, `sparse_problems.
+Sparse24Problem`) and Sparse24ConvNHWC ones (cuda_sparse24_conv, `Sparse24ConvProblem`: the
+channels-last conv's implicit GEMM, conv_nhwc.py's `implicit_gemm` patches and store), their
+weights with at most 2 nonzeros in every 4 consecutive k, compressed and their metadata built
+at compile time (`ir/ops/sparse.py`'s `encode_2of4`), on the sparse tensor cores (`L.Mma` at
+precision sp_fp16 / sp_bf16: mma.sp m16n8k32, fp32 accumulators).
+
+It is mma.py's product (`mma_product`, `_WarpTiles`) with the weights as the mma's A
+operand, the sparse one: the product computed is Y^T = W X^T, W's rows (the outputs, j) down
+a block's `block_m`, the activations' rows (the places, i: a conv's output pixels, whose
+patches are gathered as conv_nhwc.py gathers them) across its `block_n`. Each k tile
+of `block_k` (a multiple of 32) rings through the same shared slots (cp.async, XOR-swizzled
+16-byte chunks), three tiles a slot: W's kept values (`block_k` / 2 of a row: `_Tile` over
+the compressed [n, k / 2]), X's rows (`block_k` each, as a dense B along k) and the
+metadata (`_Metadata`: a 16-row tile's 16 words a 32-k step, contiguous in the encoded
+layout, so one cp.async a 16 bytes). A warp's step of 32 k loads, for each of its 16-row
+tiles, A's fragment by one ldmatrix.x4 (as a dense 16 x 16 step: the compressed tile is
+one) and its metadata word (lane 4 g + p reads word (g, p % 2)), for each of its 8-place
+tiles B's 4 registers by one ldmatrix.x4 (8 places x 32 k), double buffered as mma.py does;
+then one mma.sp per (row tile, place tile). The results are stored through the problem's
+store transposed back (accumulator (j, i) to Y[i, j]): the bias, the fused epilogue
+(activation, residual) and a layout tail apply as for the dense templates
+(`problems.Dense.finish`, the store dense.py builds).
+
+Knobs: mma.py's `TensorCoreConfig` without wgmma and the staged results (block_k of 32, 64
+or 128; it must divide k, and split_k the k tiles: no tile reads past k, whose metadata would
+be zero-filled). The default is `mma.choose`'s tile for the product of depth k / 2 (what the
+tensor cores multiply), at the deepest block_k of 64 or 32 that fits in 3 stages.
+
+Skipping a pruned weight drops its x * 0 term, which IEEE makes NaN for a non-finite x (the
+dense product's result). As each k tile's B tile lands in shared memory, the threads test its
+chunks' halves for an exponent of all ones (4 words a thread, one add and two masks a word:
+`_flags`) and flag the block's places holding one; after the k loop an accumulator of a
+flagged place becomes NaN where one of the place's non-finite activations sits at a pruned
+position of its row (the rare path, `_fix`: the place's row and the metadata read again from
+global memory), as the CSR template's non-finite counts do (cuda/sparse.py).
+They never serve a dense product, nor weights without the 2:4 encoding, nor a grouped conv.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from ...ir import loop as L
+from ...ir import types as T
+from ..problems import widened
+from ..sparse_problems import (Sparse24ConvProblem, Sparse24Problem, sparse24_conv_product,
+                               sparse24_product)
+from ..space import Constraint, Space, Template
+from . import conv_nhwc
+from .dense import MAX_GRID_YZ, SPLITS, Operand
+from .device import gpu_of
+from .mma import (MAX_ACCUMULATORS, MAX_SHARED_BYTES, TensorCoreConfig, _accumulators,
+                  _allocated, _c, _over_threads, _Tile, _WarpTiles, choose, mma_product)
+
+PRECISIONS = ("fp16", "bf16")
+SPARSE = {T.float16: ("fp16", "sp_fp16"), T.bfloat16: ("bf16", "sp_bf16")}
+"""The kept values' type -> (the tiles' precision, the mma's sparse precision)."""
+STEP_K = 32
+"""k of an mma.sp step (16 kept values a row)."""
+META_WORDS = 16
+"""Metadata words of a 16-row tile a step: (g, p) for lanes 4 g + p, p < 2."""
+DEFAULT_STAGES = 3
+
+
+def shared_bytes(c: TensorCoreConfig) -> int:
+    """A block's ring: per slot W's kept values (block_k / 2 a row), X's block_k a place (2
+    bytes each) and the metadata words; and the places' non-finite flags."""
+    return c.block_n * 4 + c.stages * (c.block_k * (c.block_m // 2 + c.block_n) * 2 +
+                       c.block_m // 16 * c.block_k // STEP_K * META_WORDS * 4)
+
+
+def _dims(p) -> tuple[int, int, int, T.DType]:
+    """(rows of W, places, k, the kept values' type) of a Sparse24Problem or a
+    Sparse24ConvProblem (its implicit GEMM: the output pixels the places)."""
+    if isinstance(p, Sparse24ConvProblem):
+        places, rows, k = conv_nhwc.gemm(p)
+        return rows, places, k, p.w.dtype
+    return p.n, p.m, p.k, p.b.dtype
+
+
+def space(p, machine) -> Space:
+    rows, places, k, _ = _dims(p)
+    tiles = lambda c: k // c.block_k   # noqa: E731
+    name = "cuda_sparse24_conv" if isinstance(p, Sparse24ConvProblem) else "cuda_sparse24"
+    return Space(name, TensorCoreConfig, {
+        "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
+        "block_k": (32, 64, 128), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
+        "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False,),
+        "early_refill": (False,), "staged": (False,),
+    }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
+                   "multiples of 16",
+                   lambda c: c.block_m % (16 * c.warps_m) == 0 and
+                   c.block_n % (16 * c.warps_n) == 0),
+        Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
+                   lambda c: _accumulators(c) <= MAX_ACCUMULATORS),
+        Constraint(f"block_k divides k ({k}), split_k the k tiles",
+                   lambda c: k % c.block_k == 0 and tiles(c) % c.split_k == 0),
+        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB",
+                   lambda c: shared_bytes(c) <= MAX_SHARED_BYTES),
+        Constraint("split_k slices on grid z", lambda c: c.split_k <= MAX_GRID_YZ)])
+
+
+def default(p, machine) -> TensorCoreConfig:
+    """`mma.choose`'s tile for the rows x places product of depth k / 2, its k tile the
+    deepest of 64 or 32 dividing k that fits DEFAULT_STAGES slots, k unsplit unless the
+    split divides the k tiles."""
+    rows, places, k, dtype = _dims(p)
+    base = choose(rows, places, k // 2, 1, gpu_of(machine), SPARSE[dtype][0])
+    for bk in (64, 32):
+        c = replace(base, block_k=bk, stages=DEFAULT_STAGES, wgmma=False, staged=False,
+                    early_refill=False)
+        if k % bk == 0 and shared_bytes(c) <= MAX_SHARED_BYTES:
+            break
+    if (k // c.block_k) % c.split_k:
+        c = replace(c, split_k=1)
+    return c
+
+
+def applies(p) -> bool:
+    rows, _, k, dtype = _dims(p)
+    x = p.x if isinstance(p, Sparse24ConvProblem) else p.a
+    return dtype in SPARSE and k % STEP_K == 0 and rows % 16 == 0 and \
+        x.dtype in (T.float32, dtype)
+
+
+class _Metadata:
+    """The metadata's k tiles in a ring of shared slots (the ring's third tile), copied by
+    cp.async: a slot holds the block's 16-row tiles' words [row tile, step, g, p], each row
+    tile's steps one run of the encoded layout (16 bytes a copy, zero-filled past n)."""
+
+    asynchronous = True
+
+    def __init__(self, meta: L.Buffer, rows: int, first: L.Expr, n: int, bk: int, k: int,
+                 threads: int, stages: int):
+        """`first`: the block's first 16-row tile."""
+        self.meta, self.first, self.threads = meta, first, threads
+        self.row_tiles, self.steps, self.k_steps = rows // 16, bk // STEP_K, k // STEP_K
+        self.tiles_n = n // 16
+        self.slot_words = self.row_tiles * self.steps * META_WORDS
+        self.tile = L.Buffer("meta_tile", T.uint32, (stages * self.slot_words,),
+                             L.Scope.SHARED)
+
+    def word(self, slot: L.Expr, tile: L.Expr, ks: int, g: L.Expr, p: L.Expr) -> L.Expr:
+        return slot * self.slot_words + (tile * self.steps + ks) * META_WORDS + g * 2 + p
+
+    def issue(self, kt: L.Expr, slot: L.Expr, when: L.Expr | None) -> L.Stmt:
+        per_tile = self.steps * META_WORDS // 4    # 16-byte chunks a row tile
+
+        def visit(step, e):
+            tile, chunk = e // per_tile, e % per_tile
+            jt = self.first + tile
+            src = (L.minimum(jt, self.tiles_n - 1) * self.k_steps + kt * self.steps) * \
+                META_WORDS + chunk * 4
+            copy = L.CopyAsync(self.tile[slot * self.slot_words + tile * per_tile * 4 +
+                                         chunk * 4], self.meta[src],
+                               L.Select(jt < self.tiles_n, L.const(16), L.const(0)))
+            return copy if when is None else L.If(when, copy)
+        return _over_threads(self.threads, self.row_tiles * per_tile, visit)
+
+    def fetch(self, kt: L.Expr, slot: L.Expr) -> L.Stmt:
+        return self.issue(kt, slot, None)
+
+    def finish(self, slot: L.Expr, when: L.Expr | None) -> None:
+        return None
+
+
+class _SparseTiles(_WarpTiles):
+    """A block of the 2:4 product (the module's docstring): mma.py's block with A's tile
+    over the kept values, the metadata's ring beside it, and sparse mma steps of 32 k."""
+
+    def __init__(self, c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
+                 b: Operand, precision: str, *, meta: L.Buffer, sparse: str):
+        super().__init__(c, batch, m, n, k, a, b, precision)
+        self.sparse, self.mk = sparse, STEP_K
+        self.a_in = _Tile("a", self.bm, self.row0, m, a, self.bk // 2, k // 2, c.threads,
+                          m % self.bm != 0, self.bi, precision, c.stages)
+        self.meta_in = _Metadata(meta, self.bm, self.by * (self.bm // 16), m, self.bk, k,
+                                 c.threads, c.stages)
+        if not self.b_in.k_inner:
+            raise ValueError("2:4 products read B's rows along k (ldmatrix of 8 x 32)")
+        self.a_frag = L.Buffer("a_frag", T.uint32, (2 * self.tm * 4,), L.Scope.LOCAL)
+        self.b_frag = L.Buffer("b_frag", T.uint32, (2 * self.tn * 4,), L.Scope.LOCAL)
+        self.e_frag = L.Buffer("e_frag", T.uint32, (2 * self.tm,), L.Scope.LOCAL)
+        # places of the block whose activations hold a NaN or an infinity (`_flags`)
+        self.flags = L.Buffer("nonfinite", T.int32, (self.bn,), L.Scope.SHARED)
+        self.exponent = 0x7c00 if precision == "fp16" else 0x7f80
+        self.meta, self.k, self.places = meta, k, n
+
+    def rings(self) -> tuple:
+        return self.a_in, self.b_in, self.meta_in
+
+    def init(self) -> L.Stmt:
+        """The accumulators zeroed, and the block's places' flags (before the k loop's
+        first barrier)."""
+        return L.seq(super().init(), _over_threads(self.c.threads, self.bn, lambda step, e: L.Store(
+            self.flags, (e,), L.const(0, T.int32))))
+
+    def _flags(self, slot: L.Expr) -> L.Stmt:
+        """Each place of the B tile in `slot` holding a half whose exponent is all ones (a NaN
+        or an infinity) flagged: a chunk's 4 words tested at once a thread."""
+        b, mask = self.b_in, self.exponent
+        both, carry = L.const(mask | mask << 16, T.uint32), L.const(
+            (mask & -mask) | (mask & -mask) << 16, T.uint32)
+        top = L.const(0x80008000, T.uint32)
+
+        def visit(step, e):
+            o, c = b._chunk_of(e)
+            words = [b.tile[b.word(slot, o, c) + v] for v in range(4)]
+            bits = None
+            for w in words:   # exponent all ones: adding its lowest bit carries into bit 15
+                t = L.BinOp("&", L.BinOp("+", L.BinOp("&", w, both), carry), top)
+                bits = t if bits is None else L.BinOp("|", bits, t)
+            return L.If(L.ne(bits, L.const(0, T.uint32)), L.Store(self.flags, (o,), L.const(
+                1, T.int32)))
+        return _over_threads(self.c.threads, b.chunks, visit)
+
+    def each_result(self, body, within_tile: bool = False) -> L.Stmt:
+        """mma.py's, after the non-finite fix (`_fix`)."""
+        return L.seq(L.Barrier(), self._fix(), super().each_result(body, within_tile))
+
+    def _fix(self) -> L.Stmt:
+        """Each accumulator of a flagged place NaN where one of the place's non-finite
+        activations sits at a pruned position of its row (the dense product's x * 0: the
+        rare path, reading the activations and the metadata from global memory). A lane's
+        places are (place tile ni, column h): their flags read once each."""
+        mi, ni, h, r = self.mi, self.ni, L.Var("fh"), L.Var("fr")
+        gg, q = L.Var("fg"), L.Var("fq")
+        count = L.Buffer("pruned_nonfinite", T.int32, (1,), L.Scope.LOCAL)
+        row, _ = _c(2 * r + h, self.g, self.q)    # (g + 8 r, 2 q + h)
+        j = self.row0 + self.wy * self.wm + mi * 16 + row
+        local = self.wx * self.wn + ni * 8 + 2 * self.q + h
+        place = self.col0 + local
+        steps = self.k // STEP_K
+
+        def kept(c):   # the column in its group of kept value c of row j
+            word = self.meta[((j // 16 * steps + c // 16) * 8 + j % 8) * 2 + c % 16 // 8]
+            shift = L.Cast(T.uint32, (j % 16 // 8) * 16 + 2 * (c % 8))
+            return L.Cast(T.int64, L.BinOp("&", L.BinOp(">>", word, shift),
+                                           L.const(3, T.uint32)))
+
+        x = widened(self.b_in.operand.at(self.bi, place, gg * 4 + q))
+        d = x - x
+        pruned = L.logical_and(L.ne(q, kept(2 * gg)), L.ne(q, kept(2 * gg + 1)))
+        add = L.If(L.logical_and(pruned, L.ne(d, d)), L.Store(count, (L.const(0),), L.const(
+            1, T.int32)))
+        at = (mi * self.tn + ni) * 4 + 2 * r + h
+        recount = L.If(j < self.m, L.Allocate(count, L.seq(
+            L.Store(count, (L.const(0),), L.const(0, T.int32)),
+            L.For(gg, self.k // 4, L.For(q, 4, add)),
+            L.If(L.ne(count[0], L.const(0, T.int32)), L.Store(self.acc, (at,), L.const(
+                float("nan")))))))
+        flagged = L.logical_and(place < self.places,
+                                L.ne(self.flags[local], L.const(0, T.int32)))
+        return self.per_thread(L.For(ni, self.tn, L.For(h, 2, L.If(flagged, L.For(
+            mi, self.tm, L.For(r, 2, recount))), L.ForKind.UNROLLED), L.ForKind.UNROLLED))
+
+    def _fragments(self, slot: L.Expr, ks: int, half: int) -> L.Stmt:
+        """The warp's A fragments and metadata words and its B fragments of step `ks` into
+        register set `half`."""
+        ai, bj = L.Var("ai"), L.Var("bj")
+        lane, tm, tn = self.lane, self.tm, self.tn
+        a_rows = self.wy * (self.wm // 8) + ai * 2      # in 8s
+        a = L.seq(
+            L.LdMatrix(self.a_frag[(half * tm + ai) * 4], self.a_in.tile[
+                self.a_in.fragment_row(slot, ks, a_rows, lane, True)], 4,
+                not self.a_in.k_inner),
+            L.Store(self.e_frag, (half * tm + ai,), self.meta_in.tile[self.meta_in.word(
+                slot, self.wy * tm + ai, ks, self.g, self.q % 2)]))
+        place = (self.wx * tn + bj) * 8 + lane % 8
+        b = L.LdMatrix(self.b_frag[(half * tn + bj) * 4], self.b_in.tile[self.b_in.word(
+            slot, place, ks * 4 + lane // 8)], 4, False)
+        return L.seq(L.For(ai, tm, a, L.ForKind.UNROLLED), L.For(bj, tn, b, L.ForKind.UNROLLED))
+
+    def update(self, slot: L.Expr) -> L.Stmt:
+        """The k tile in shared `slot`, 32 k a step: step s + 1's fragments loaded while step
+        s's mma.sp run, one per (row tile, place tile)."""
+        mi, ni, tm, tn = self.mi, self.ni, self.tm, self.tn
+        steps = self.bk // STEP_K
+        body = [self._fragments(slot, 0, 0)]
+        flags = self._flags(slot)
+        for ks in range(steps):
+            if ks + 1 < steps:
+                body.append(self._fragments(slot, ks + 1, (ks + 1) % 2))
+            half = ks % 2
+            mma = L.Mma(self.sparse, self.acc, (mi * tn + ni) * 4,
+                        tuple(self.a_frag[(half * tm + mi) * 4 + r] for r in range(4)),
+                        tuple(self.b_frag[(half * tn + ni) * 4 + r] for r in range(4)) +
+                        (self.e_frag[half * tm + mi],))
+            body.append(L.For(mi, tm, L.For(ni, tn, mma, L.ForKind.UNROLLED),
+                              L.ForKind.UNROLLED))
+        return L.seq(flags, self.per_thread(L.seq(*body)))
+
+    def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
+        return _allocated(body, after, [self.a_in.tile, self.b_in.tile, self.meta_in.tile,
+                                        self.flags] +
+                          [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous],
+                          [self.acc, self.a_frag, self.b_frag, self.e_frag])
+
+
+def build(p: Sparse24Problem, c: TensorCoreConfig, machine) -> L.PrimFunc:
+    """Y[i, j] on the sparse tensor cores: W (n rows of k / 2 kept values) as the mma's A,
+    the places as its columns, each result stored at (place, output) through the problem's
+    finish (bias, epilogue, layout tail)."""
+    precision, sparse = SPARSE[p.b.dtype]
+    a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
+    values = L.Buffer(p.b.name, p.b.dtype, (p.n, p.k // 2))
+    meta = L.Buffer(p.meta.name, T.uint32, (p.n // 16 * (p.k // STEP_K) * META_WORDS,))
+    y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+    y_full = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
+
+    def store(bi, j, i, value):   # the product's (row j of W, place i)
+        target = y[i, j] if p.store_index is None else \
+            y_full[p.store_index(p.anchor_index(bi, i, j))]
+        return L.Store(target.buffer, target.indices, p.finish(value, bi, i, j))
+
+    tiles = functools.partial(_SparseTiles, meta=meta, sparse=sparse)
+    body = mma_product(c, 1, p.n, p.m, p.k, Operand(lambda bi, j, kk: values[j, kk], False,
+                                                    array=True),
+                       Operand(lambda bi, i, kk: a[i, kk], False, array=True), store,
+                       precision=precision, tiles=tiles)
+    views = {x.name: x for x in (a, values, meta, y if p.store_index is None else y_full)}
+    return L.PrimFunc(p.name, tuple(views.get(x.name, x) for x in p.params), body)
+
+
+def conv_build(p: Sparse24ConvProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
+    """A channels-last conv's implicit GEMM (conv_nhwc.py's patches, store and views) on the
+    sparse tensor cores: W (M rows of K / 2 kept values) as the mma's A, the output pixels
+    as its columns."""
+    precision, sparse = SPARSE[p.w.dtype]
+    places, rows, k = conv_nhwc.gemm(p)
+    patches, store, views = conv_nhwc.implicit_gemm(p)
+    values = L.Buffer(p.w.name, p.w.dtype, (rows, k // 2))
+    meta = L.Buffer(p.meta.name, T.uint32, (rows // 16 * (k // STEP_K) * META_WORDS,))
+    tiles = functools.partial(_SparseTiles, meta=meta, sparse=sparse)
+    body = mma_product(c, 1, rows, places, k, Operand(lambda bi, j, kk: values[j, kk], False,
+                                                      array=True),
+                       patches, lambda bi, j, i, value: store(bi, i, j, value),
+                       precision=precision, tiles=tiles)
+    views.update({values.name: values, meta.name: meta})
+    return L.PrimFunc(p.name, tuple(views.get(x.name, x) for x in p.params), body)
+
+
+SPARSE24 = Template("cuda_sparse24", sparse24_product, applies, space, default, build,
+                    precisions=PRECISIONS)
+SPARSE24_CONV = Template("cuda_sparse24_conv", sparse24_conv_product, applies, space, default,
+                         conv_build, precisions=PRECISIONS)
