@@ -17,6 +17,7 @@ from dnnc.ir.graph import Graph, Value
 from dnnc.ir.interpreter import run_graph
 from dnnc.ir.target import Target
 from dnnc.passes.convert_layout import convert_layout
+from dnnc.ir.ops.packed import round_tf32
 from dnnc.passes.manager import optimize
 from dnnc.passes.sink_transposes import sink_transposes
 
@@ -24,8 +25,11 @@ NHWC = Target("cuda", arch="sm_90", layouts=("nhwc_conv",), precision="tf32")
 
 
 def _const(rng, name, shape):
+    """A float32 constant of tf32 values: at tf32 the rewrite rounds a one-group conv's
+    weights to tf32 (`round_tf32`, tested in test_cuda_nhwc), so that the layout's own
+    exactness is what these tests compare."""
     return Value(name, T.TensorType(T.float32, shape),
-                 const=rng.uniform(-1, 1, shape).astype(np.float32))
+                 const=round_tf32(rng.uniform(-1, 1, shape).astype(np.float32)))
 
 
 def _block(rng, c=8):
