@@ -223,8 +223,9 @@ def layers_table(args) -> None:
         for zeros in args.sparsity:
             dense_g, sparse_g, data, nnz = _layer_graphs(shape, rows, channels, k, zeros, rng)
             dense, sparse = _compiled(dense_g, False), _compiled(sparse_g, False)
-            ms = median_block_ms({"dense": lambda: dense(data), "sparse": lambda: sparse(data)},
-                                 args.repeat, args.blocks)
+            timer = median_cpu_ms if args.cpu_time else median_block_ms
+            ms = timer({"dense": lambda: dense(data), "sparse": lambda: sparse(data)},
+                       args.repeat, args.blocks)
             estimate = find_sparsity.dense_cycles(places, rows, depth, lanes) / \
                 find_sparsity.sparse_cycles(places, rows, depth, nnz, lanes,
                                             not isinstance(shape, tuple)) if k == 1 else \
@@ -248,8 +249,8 @@ def main() -> None:
                         help="time calls by the process's CPU time (1 thread only)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # one thread count, in this process
     args = parser.parse_args()
-    if args.cpu_time and (args.layers or (args.threads != "1" and not args.one)):
-        parser.error("--cpu-time times models at --threads 1 (other threads' CPU time "
+    if args.cpu_time and args.threads != "1" and args.one != "1":
+        parser.error("--cpu-time times calls at --threads 1 (other threads' CPU time "
                      "counts too)")
     default = "0.5,0.7,0.9" if args.layers else "0,0.3,0.7,0.9"
     sparsity = args.sparsity or default

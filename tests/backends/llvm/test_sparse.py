@@ -173,6 +173,25 @@ def test_a_pruned_model_runs_sparse_and_matches(rng, density, sparse):
     np.testing.assert_allclose(model(x), y @ w2 + b2, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_pruned_3x3_conv_in_even_slices_matches(rng, threads):
+    """A 3x3 conv over 64 channels of a 28x28 image (576 deep, several blocks of places)
+    through the rewrite: two slices of 288 (find_sparsity.slice_depth), the dense product's
+    result."""
+    g = Graph("conv3x3")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 64, 28, 28)))
+    w = pruned(rng, (64, 64, 3, 3), 0.05) / np.float32(24)
+    g.outputs = [g.add("Relu", g.add("Conv", x, _const("w", w), kernel_shape=[3, 3],
+                                     pads=[1, 1, 1, 1]))]
+    model = compiled(g, threads)
+    [node] = [n for n in model.graph.nodes if n.op == "SparseConv"]
+    assert node.attrs["slice_depth"] == 288
+    data = rng.standard_normal((1, 64, 28, 28)).astype(np.float32)
+    want = np.maximum(conv(data.astype(np.float64), w.astype(np.float64), None,
+                           pads=[1, 1, 1, 1], strides=[1, 1]), 0)
+    np.testing.assert_allclose(model(data), want, rtol=1e-4, atol=1e-4)
+
+
 def test_without_the_layout_a_pruned_model_stays_dense(rng):
     """The dense fallback: a target not listing "sparse_weights" packs the pruned weights
     as dense ones, and computes the same."""
