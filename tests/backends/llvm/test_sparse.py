@@ -148,6 +148,17 @@ def test_the_sparse_template_schedules_both_ops(rng):
         assert problem.slices == 2 and problem.windowed == windowed
 
 
+@pytest.mark.parametrize("threads,groups", [(1, 1), (2, 2), (4, 4)])
+def test_one_block_of_places_is_split_into_a_row_group_a_thread(rng, threads, groups):
+    """A 7x7 image is one block: its rows are dealt over one unit a thread (each unit packs
+    the block again: at 1 thread, one)."""
+    g = sparse_conv_graph(rng, 1, 64, 96, 7, 7, 0.1, False, False, 256)[0]
+    kernel = lower_group(g.nodes, "k", outputs=g.outputs)
+    machine = dataclasses.replace(REGISTRY["llvm"].target(), threads=threads)
+    template, problem = template_for(kernel, machine=machine)
+    assert template.default(problem, machine).row_groups == groups
+
+
 def _pruned_model(rng, density):
     """1x1 Conv -> Relu -> Flatten -> MatMul + bias, weights pruned to `density`."""
     g = Graph("pruned")
