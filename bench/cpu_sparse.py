@@ -178,11 +178,15 @@ def _layer_graphs(shape, rows: int, channels: int, k: int, zeros: float, rng):
     depth = channels * k * k
     w = rng.standard_normal((rows, depth)).astype(np.float32)
     w[np.abs(w) <= np.quantile(np.abs(w), zeros)] = 0
-    values, columns, starts = encode_csr(w, find_sparsity.SLICE_DEPTH)
+    windowed = isinstance(shape, tuple) and k > 1   # (stride 1, padded k // 2)
+    places = shape[0] * (shape[1] + k - 1) if windowed else 0
+    columns_a_slice = find_sparsity.slice_depth(depth, places, windowed,
+                                                host_target().vector_bits // 32)
+    values, columns, starts = encode_csr(w, columns_a_slice)
     csr = [Value("values", T.TensorType(T.float32, values.shape), const=values),
            Value("columns", T.TensorType(T.int32, columns.shape), const=columns),
            Value("starts", T.TensorType(T.int32, starts.shape), const=starts)]
-    attrs = {"row_max": row_max(starts), "slice_depth": find_sparsity.SLICE_DEPTH}
+    attrs = {"row_max": row_max(starts), "slice_depth": columns_a_slice}
     graphs = []
     for sparse in (False, True):
         g = Graph("layer")
