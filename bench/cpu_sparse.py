@@ -178,11 +178,15 @@ def _layer_graphs(shape, rows: int, channels: int, k: int, zeros: float, rng):
     depth = channels * k * k
     w = rng.standard_normal((rows, depth)).astype(np.float32)
     w[np.abs(w) <= np.quantile(np.abs(w), zeros)] = 0
-    values, columns, starts = encode_csr(w, find_sparsity.SLICE_DEPTH)
+    windowed = isinstance(shape, tuple) and k > 1   # (stride 1, padded k // 2)
+    places = shape[0] * (shape[1] + k - 1) if windowed else 0
+    columns_a_slice = find_sparsity.slice_depth(depth, places, windowed,
+                                                host_target().vector_bits // 32)
+    values, columns, starts = encode_csr(w, columns_a_slice)
     csr = [Value("values", T.TensorType(T.float32, values.shape), const=values),
            Value("columns", T.TensorType(T.int32, columns.shape), const=columns),
            Value("starts", T.TensorType(T.int32, starts.shape), const=starts)]
-    attrs = {"row_max": row_max(starts), "slice_depth": find_sparsity.SLICE_DEPTH}
+    attrs = {"row_max": row_max(starts), "slice_depth": columns_a_slice}
     graphs = []
     for sparse in (False, True):
         g = Graph("layer")
@@ -223,8 +227,9 @@ def layers_table(args) -> None:
         for zeros in args.sparsity:
             dense_g, sparse_g, data, nnz = _layer_graphs(shape, rows, channels, k, zeros, rng)
             dense, sparse = _compiled(dense_g, False), _compiled(sparse_g, False)
-            ms = median_block_ms({"dense": lambda: dense(data), "sparse": lambda: sparse(data)},
-                                 args.repeat, args.blocks)
+            timer = median_cpu_ms if args.cpu_time else median_block_ms
+            ms = timer({"dense": lambda: dense(data), "sparse": lambda: sparse(data)},
+                       args.repeat, args.blocks)
             estimate = find_sparsity.dense_cycles(places, rows, depth, lanes) / \
                 find_sparsity.sparse_cycles(places, rows, depth, nnz, lanes,
                                             not isinstance(shape, tuple)) if k == 1 else \
@@ -248,8 +253,8 @@ def main() -> None:
                         help="time calls by the process's CPU time (1 thread only)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # one thread count, in this process
     args = parser.parse_args()
-    if args.cpu_time and (args.layers or (args.threads != "1" and not args.one)):
-        parser.error("--cpu-time times models at --threads 1 (other threads' CPU time "
+    if args.cpu_time and args.threads != "1" and args.one != "1":
+        parser.error("--cpu-time times calls at --threads 1 (other threads' CPU time "
                      "counts too)")
     default = "0.5,0.7,0.9" if args.layers else "0,0.3,0.7,0.9"
     sparsity = args.sparsity or default

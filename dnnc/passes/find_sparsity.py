@@ -122,6 +122,25 @@ SLICE_DEPTH = 256
 for a slice, 256 x 32 places x 4 bytes, is 32 KB, inside L1 (bench/cpu_sparse.py: a block of
 the whole depth, 768 x 48 floats, 147 KB, past L1 and the stack's scratch (malloc'd a block),
 ran 6x slower than one of 16 places)."""
+WINDOW_SLICE_DEPTH = 288
+"""The most columns a slice of a windowed SparseConv spans where its image is several blocks
+of two vectors of places (`slice_depth`): the depth dealt over that many slices evenly, a
+block 288 x 32 x 4 bytes = 36 KB at most, inside Zen 5's 48 KB L1 (a 3x3 conv over 64
+channels, 576 deep, was 256 + 256 + 64: its last slice's rows set up and their partial sums
+kept for ~6 nonzeros each at 90% zeros). 1 thread, shared znver5, CPU time, sparse template
+against itself: resnet50's 3x3 convs at 56x56 and 28x28 (2 and 4 slices of 288 where 3 and 5
+of 256) 0.88-0.95x the time at 90% zeros, 0.91-0.97x at 70%; at 14x14 (8 of 288, 9 of 256)
+even; a 1x1 conv's 4-vector block of 288 deep (73 KB) took 1.2-1.5x the time of 256's, and
+the 7x7 image (one 64-place block) 1.08-1.3x: those keep SLICE_DEPTH."""
+
+
+def slice_depth(depth: int, places: int, windowed: bool, lanes: int) -> int:
+    """Columns a slice of a layer's CSR rows spans (`encode_csr`): a windowed SparseConv's
+    image of more than one block (places past 4 vectors) in even slices of at most
+    WINDOW_SLICE_DEPTH, every other layer SLICE_DEPTH."""
+    if not windowed or places <= 4 * lanes:
+        return SLICE_DEPTH
+    return -(-depth // -(-depth // WINDOW_SLICE_DEPTH))
 
 
 # -- the cost rule -----------------------------------------------------------------------------
@@ -157,14 +176,15 @@ def dense_cycles(places: int, rows: int, depth: int, lanes: int) -> float:
 
 
 def sparse_cycles(places: int, rows: int, depth: int, nnz: int, lanes: int,
-                  transposed: bool = False) -> float:
+                  transposed: bool = False, slice_columns: int = SLICE_DEPTH) -> float:
     """Estimated cycles of the sparse template on `nnz` nonzeros in `rows` rows of `depth`
     over `places` places (a SparseDense's rows of A: `transposed`): blocks of places, each
-    packing its activations and walking every row's nonzeros, slice by slice."""
+    packing its activations and walking every row's nonzeros, slice by slice (of
+    `slice_columns`)."""
     width = places if places <= 4 * lanes else SPARSE_VECTORS * lanes
     blocks = -(-places // width)
     vectors = -(-width // lanes)
-    slices = -(-depth // SLICE_DEPTH)
+    slices = -(-depth // slice_columns)
     per_block = nnz * (VECTOR_FMA_CYCLES * vectors + ENTRY_CYCLES) + \
         rows * slices * ROW_CYCLES + PACK_CYCLES * depth * (width if transposed else vectors)
     return blocks * per_block + (nnz * 8 + rows * slices * 4) / MEMORY_BYTES_PER_CYCLE
@@ -252,14 +272,16 @@ def row_order(starts: np.ndarray) -> np.ndarray:
 
 
 
-def _csr_inputs(node: Node, w: np.ndarray, sparsity: Sparsity) -> tuple[list[Value], dict]:
-    """The CSR constants of `w` [rows, K] and the sparse op's attributes."""
-    values, columns, starts = encode_csr(w, SLICE_DEPTH)
+def _csr_inputs(node: Node, w: np.ndarray, sparsity: Sparsity,
+                columns_a_slice: int) -> tuple[list[Value], dict]:
+    """The CSR constants of `w` [rows, K] in slices of `columns_a_slice` and the sparse op's
+    attributes."""
+    values, columns, starts = encode_csr(w, columns_a_slice)
     base = node.inputs[1].name
     consts = [Value(f"{base}.values", TensorType(float32, values.shape), const=values),
               Value(f"{base}.columns", TensorType(int32, columns.shape), const=columns),
               Value(f"{base}.starts", TensorType(int32, starts.shape), const=starts)]
-    return consts, {"row_max": row_max(starts), "slice_depth": SLICE_DEPTH,
+    return consts, {"row_max": row_max(starts), "slice_depth": columns_a_slice,
                     "density": round(sparsity.density, 4),
                     "structure": sparsity.structure}
 
@@ -299,6 +321,21 @@ def _conv_window(node: Node) -> tuple[list, list, list] | None:
         [int(v) for v in attrs.get("strides") or [1, 1]]
 
 
+def _window_places(node: Node, window) -> int:
+    """The places an image of a windowed SparseConv computes: its output rows by the padded
+    width's phase (the template's `phase_width`)."""
+    (_, _), (_, left, _, right), (_, sw) = window
+    return node.outputs[0].type.shape[2] * -(-(node.inputs[0].type.shape[3] + left + right)
+                                             // sw)
+
+
+def _slice_columns(node: Node, w: np.ndarray, window, target: Target) -> int:
+    """`slice_depth` of the layer (a windowed SparseConv's places: `_window_places`)."""
+    windowed = window is not None and window != ([1, 1], [0, 0, 0, 0], [1, 1])
+    places = _window_places(node, window) if windowed else 0
+    return slice_depth(w.shape[1], places, windowed, max(target.vector_bits // 32, 1))
+
+
 def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Target) -> bool:
     """On a GPU, `gpu_sparse_faster` for a MatMul / Gemm or a 1x1 Conv (never a windowed
     one). Else `sparse_faster` for a MatMul / Gemm (A's rows transposed) or a 1x1 Conv; for a
@@ -318,7 +355,8 @@ def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Ta
     h, wid = node.inputs[0].type.shape[2:]
     hp, wp = h + top + bottom, wid + left + right
     nnz = int(np.count_nonzero(w))
-    sparse = n * sparse_cycles(oh * -(-wp // sw), m, w.shape[1], nnz, lanes) + \
+    sparse = n * sparse_cycles(_window_places(node, window), m, w.shape[1], nnz, lanes,
+                               slice_columns=_slice_columns(node, w, window, target)) + \
         n * (c * hp * wp + m * oh * ow) / lanes * PACK_CYCLES
     if (kh, kw, sh, sw) == (3, 3, 1, 1):
         dense = min(conv3x3_costs(n, c, m, oh, ow, target.panel("pack_conv"),
@@ -350,7 +388,7 @@ def sparse_weights(graph: Graph, node: Node, users, target: Target):
     if places is None or np.count_nonzero(w) > MAX_DENSITY * w.size or \
             not _estimated_faster(node, places, w, window, target):
         return None
-    consts, attrs = _csr_inputs(node, w, measure(w))
+    consts, attrs = _csr_inputs(node, w, measure(w), _slice_columns(node, w, window, target))
     if node.op == "Conv":
         op, attrs["oc"] = "SparseConv", int(w.shape[0])
         attrs["kernel_shape"], attrs["pads"], attrs["strides"] = window

@@ -22,8 +22,8 @@ from dnnc.ir.ops.registry import get_op
 from dnnc.ir.ops.sparse import decode_csr, encode_csr, row_max
 from dnnc.passes.convert_layout import convert_layout
 from dnnc.ir.target import Target
-from dnnc.passes.find_sparsity import (SLICE_DEPTH, dense_cycles, measure, row_order,
-                                       sparse_cycles, sparse_faster)
+from dnnc.passes.find_sparsity import (SLICE_DEPTH, WINDOW_SLICE_DEPTH, dense_cycles, measure,
+                                       row_order, slice_depth, sparse_cycles, sparse_faster)
 
 
 def pruned(rng, shape, zeros) -> np.ndarray:
@@ -158,8 +158,23 @@ def test_the_rewrite_takes_the_layers_estimated_faster(rng, zeros, sparse):
         assert node.attrs["slice_depth"] == SLICE_DEPTH
         assert len(g.nodes[1].inputs) == 5   # the Gemm's C as the bias
         assert g.nodes[3].attrs["kernel_shape"] == [3, 3]
+        assert g.nodes[3].attrs["slice_depth"] == 288   # 4608 deep, 28 x 30 places
+        assert g.nodes[4].attrs["slice_depth"] == 64   # strided, windowed: one even slice
         assert g.nodes[3].attrs["pads"] == [1, 1, 1, 1]
         assert g.nodes[4].attrs["strides"] == [2, 2]
+
+
+def test_a_windowed_conv_of_several_blocks_is_sliced_evenly():
+    """At most WINDOW_SLICE_DEPTH columns a slice, as few slices as that allows, their
+    depth even; one block of places (a 7x7 image), a 1x1 conv and a product keep
+    SLICE_DEPTH."""
+    assert WINDOW_SLICE_DEPTH == 288
+    for depth, want in ((576, 288), (1152, 288), (2304, 288), (600, 200), (147, 147),
+                        (289, 145)):
+        assert slice_depth(depth, 56 * 58, True, 16) == want, depth
+    assert slice_depth(4608, 7 * 9, True, 16) == SLICE_DEPTH
+    assert slice_depth(4608, 7 * 9, True, 4) == 288   # 63 places: past 4 vectors of 4
+    assert slice_depth(576, 3136, False, 16) == SLICE_DEPTH
 
 
 def test_the_rewrite_keeps_what_it_does_not_compute(rng):

@@ -148,6 +148,17 @@ def test_the_sparse_template_schedules_both_ops(rng):
         assert problem.slices == 2 and problem.windowed == windowed
 
 
+@pytest.mark.parametrize("threads,groups", [(1, 1), (2, 2), (4, 4)])
+def test_one_block_of_places_is_split_into_a_row_group_a_thread(rng, threads, groups):
+    """A 7x7 image is one block: its rows are dealt over one unit a thread (each unit packs
+    the block again: at 1 thread, one)."""
+    g = sparse_conv_graph(rng, 1, 64, 96, 7, 7, 0.1, False, False, 256)[0]
+    kernel = lower_group(g.nodes, "k", outputs=g.outputs)
+    machine = dataclasses.replace(REGISTRY["llvm"].target(), threads=threads)
+    template, problem = template_for(kernel, machine=machine)
+    assert template.default(problem, machine).row_groups == groups
+
+
 def _pruned_model(rng, density):
     """1x1 Conv -> Relu -> Flatten -> MatMul + bias, weights pruned to `density`."""
     g = Graph("pruned")
@@ -171,6 +182,25 @@ def test_a_pruned_model_runs_sparse_and_matches(rng, density, sparse):
     x = rng.standard_normal((1, 128, 14, 14)).astype(np.float32)
     y = np.maximum(np.einsum("mc,nchw->nmhw", w.astype(np.float64), x), 0).mean(axis=(2, 3))
     np.testing.assert_allclose(model(x), y @ w2 + b2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_pruned_3x3_conv_in_even_slices_matches(rng, threads):
+    """A 3x3 conv over 64 channels of a 28x28 image (576 deep, several blocks of places)
+    through the rewrite: two slices of 288 (find_sparsity.slice_depth), the dense product's
+    result."""
+    g = Graph("conv3x3")
+    x = g.add_input("x", T.TensorType(T.float32, (1, 64, 28, 28)))
+    w = pruned(rng, (64, 64, 3, 3), 0.05) / np.float32(24)
+    g.outputs = [g.add("Relu", g.add("Conv", x, _const("w", w), kernel_shape=[3, 3],
+                                     pads=[1, 1, 1, 1]))]
+    model = compiled(g, threads)
+    [node] = [n for n in model.graph.nodes if n.op == "SparseConv"]
+    assert node.attrs["slice_depth"] == 288
+    data = rng.standard_normal((1, 64, 28, 28)).astype(np.float32)
+    want = np.maximum(conv(data.astype(np.float64), w.astype(np.float64), None,
+                           pads=[1, 1, 1, 1], strides=[1, 1]), 0)
+    np.testing.assert_allclose(model(data), want, rtol=1e-4, atol=1e-4)
 
 
 def test_without_the_layout_a_pruned_model_stays_dense(rng):
