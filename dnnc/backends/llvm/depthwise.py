@@ -68,15 +68,16 @@ def _flat_applies(p: Conv2d) -> bool:
     return p.strides == (1, 1) and p.dilations == (1, 1)
 
 
-CHANNELS_MAX_WIDTH = 0
+CHANNELS_MAX_WIDTH = 7
 """Output rows at most this wide run a stride-1 depthwise conv a vector of channels at a time
-by default (`channels`); 0: never, the knob is the tuner's. Alone, 1 thread, znver5, CPU
-time, rows or flat -> channels: 1152x7x7 5x5 70.2 -> 44.8 us, 960x7x7 3x3 36.2 -> 28.9 us
-(onnxruntime 35.2, 22.7), but 14x14 planes lost (576x14x14 3x3 30.2 -> 96.1 us, 672x14x14
-5x5 100.8 -> 140.2; at stride 2 1.3-2.9x): copying a plane into the interleaved buffer costs
-a scalar store a pixel. In whole models channels on 7-pixel rows (this constant at 7) lost
-1-2% (mobilenet_v3_small 1.012-1.021x, efficientnet_b0 1.016x, mobilenet_v2 1.011x, medians
-of 5 interleaved blocks of CPU time), so the default keeps rows and flat."""
+by default (`channels`). Alone, 1 thread, znver5, CPU time, rows or flat -> channels:
+1152x7x7 5x5 70.2 -> 44.8 us, 960x7x7 3x3 36.2 -> 28.9 us (onnxruntime 35.2, 22.7), but
+14x14 planes lost (576x14x14 3x3 30.2 -> 96.1 us, 672x14x14 5x5 100.8 -> 140.2; at stride 2
+1.3-2.9x): copying a plane into the interleaved buffer costs a scalar store a pixel, which
+a 7x7 output's taps repay and a larger or strided one's do not. Whole models, 0 -> 7
+(medians of 5 interleaved blocks of CPU time, one process): efficientnet_b0 0.979x,
+mobilenet_v3_small 0.956x, mobilenet_v2 1.019x (its 960x7x7 3x3; within this shared host's
+noise)."""
 
 
 def _channels_default(p: Conv2d, lanes: int) -> bool:

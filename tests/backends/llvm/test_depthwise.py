@@ -3,8 +3,8 @@ flattened padded plane crossing rows) and by channels (a vector of channels a st
 planes interleaved), against the NumPy reference: odd and even planes, 3x3 and 5x5, padded
 and not, rows narrower and wider than a vector, channel counts below, at and past a vector's
 lanes, strided and dilated, with bias and a fused residual Add + Relu, at 1 and 2 threads; the
-default takes flat for narrow rows, never at a stride or dilation (the space's constraint), and
-channels only where CHANNELS_MAX_WIDTH says (by default nowhere)."""
+default takes channels for rows of CHANNELS_MAX_WIDTH (7) or fewer at stride 1, flat for other
+narrow rows, and neither at a stride or dilation (the space's constraints)."""
 
 import dataclasses
 
