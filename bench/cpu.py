@@ -4,7 +4,7 @@
                         [--repeat 20] [--opt-level N] [--mattr -avx512f]
                         [--peers onnxruntime,openvino,openvino-f32] [--float16 half-io]
                         [--load busy|alternate] [--blocks 5] [--new-batch 1,3,8]
-                        [--shard K/N] [--ort-spin 0|1] [--alone-blocks 3]
+                        [--shard K/N] [--ort-spin 0|1] [--alone-blocks 3] [--cpu-time]
 
 `--models` takes model names and sets, comma-separated: a zoo model (`resnet50`), an ONNX file,
 or a set: `zoo` (the zoo's models), `torch` and `torch-dynamo` (torchvision-, timm- and
@@ -24,6 +24,13 @@ OpenVINO's INFERENCE_NUM_THREADS set to match), each alone: `--alone-blocks` blo
 `--repeat` calls per runtime, interleaved, 0.3 s apart. Prints the median block's latency, the
 ratio dnnc / peer (the column after each peer's) per model, and their geometric mean per peer.
 "check" compares dnnc's outputs with onnxruntime's (fp32 tolerances).
+
+`--cpu-time` (1 thread only): each call timed by this process's CPU time instead of the wall
+clock, so that other jobs on a shared machine, which take the core away mid-call, add nothing
+(each runtime computes on one thread: onnxruntime on the caller's, OpenVINO on its one
+worker's, both counted). 2-core EPYC beside six other jobs (load 17), resnet18, wall / CPU
+ms: onnxruntime 35.3 / 15.9, OpenVINO-f32 48.0 / 15.9 (15.9 and 15.3 when the machine was
+quiet).
 
 `--float16 half-io` (or `float-io`): each model's float16 file instead (`zoo.float16`, as
 onnxconverter_common writes it; float16 inputs and outputs, or float32 ones), every runtime
@@ -254,9 +261,23 @@ def own_code(compiled, fn, name: str) -> None:
               flush=True)
 
 
-def median_ms(fn, repeat: int, warmup: int = 2, pause: float = 1.0) -> float:
+def median_ms(fn, repeat: int, warmup: int = 2, pause: float = 1.0,
+              cpu_time: bool = False) -> float:
     time.sleep(pause)  # let the previous timing's spinning threads (OpenBLAS, onnxruntime) idle
-    return float(np.median(call_times_ms(fn, repeat, warmup)))
+    return float(np.median(cpu_times_ms(fn, repeat, warmup) if cpu_time
+                           else call_times_ms(fn, repeat, warmup)))
+
+
+def cpu_times_ms(fn, repeat: int, warmup: int) -> list[float]:
+    """The process's CPU milliseconds in each of `repeat` calls of `fn` (`--cpu-time`)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        times.append((time.process_time() - start) * 1e3)
+    return times
 
 
 class BusyProcess:
@@ -379,7 +400,12 @@ def main(argv: list[str] | None = None) -> None:
                              "table spread over processes on disjoint cores")
     parser.add_argument("--new-batch", default=None,
                         help="batch sizes to call a symbolic-batch model at (module docstring)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time calls by the process's CPU time (1 thread only)")
     args = parser.parse_args(argv)
+    if args.cpu_time and (args.threads != 1 or args.load or args.new_batch):
+        parser.error("--cpu-time times the alone table at --threads 1 (other threads' CPU "
+                     "time would add up, not overlap)")
     if args.threads:
         # read when the worker pool starts (the first host_target() below)
         os.environ["DNNC_NUM_THREADS"] = str(args.threads)
@@ -397,7 +423,8 @@ def main(argv: list[str] | None = None) -> None:
     peers = installed_peers(args.peers)
     print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors"
           f"{', ' + args.mattr if args.mattr else ''}), {threads} "
-          f"threads each; dnnc {dnnc.__version__}, {peer_versions(peers)}, batch {args.batch}")
+          f"threads each; dnnc {dnnc.__version__}, {peer_versions(peers)}, batch {args.batch}"
+          f"{'; CPU time' if args.cpu_time else ''}")
     print(f"{'model':20} {'compile s':>9} {'fallbacks':>9} {'kernels':>8} {'dnnc ms':>9} "
           + "".join(f"{peer + ' ms':>16} {'ratio':>6}" for peer in peers)
           + "  check  precision (" + ", ".join(peers) + ")")
@@ -416,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.alone_blocks):
             for run in runs:
                 blocks[run.label].append(median_ms(lambda: run.run(inputs), args.repeat,
-                                                   pause=0.3))
+                                                   pause=0.3, cpu_time=args.cpu_time))
         ms = {label: float(np.median(times)) for label, times in blocks.items()}
         check = "-"
         if "onnxruntime" in peers:

@@ -1,9 +1,11 @@
 """The depthwise 2-D convolution template for CPUs (group == channels, one filter per channel,
 NCHW float32): per plane, the input padded in a cache-resident buffer, then either each output
 row in blocks of pixels (`_depthwise_rows`) or, at stride 1, blocks of the flattened padded
-plane crossing rows (`_depthwise_flat`). It never serves a conv that is not depthwise.
+plane crossing rows (`_depthwise_flat`); or, on small planes, a vector of channels at a time
+(`_depthwise_channels`: the planes of a block of channels interleaved, as onnxruntime's and
+oneDNN's NCHWc kernels hold them). It never serves a conv that is not depthwise.
 
-Knobs (`DepthwiseConfig`): pixels (a block's width), flat.
+Knobs (`DepthwiseConfig`): pixels (a block's width), flat, channels.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .conv import PIXEL_BLOCKS, pad_plane, parallel_kind, row_in_vectors
 class DepthwiseConfig:
     pixels: int    # output pixels per block of a row (a narrower block ends the row)
     flat: bool = False   # stride 1: blocks of the flattened padded plane, not of a row
+    channels: bool = False   # a vector of channels a step, their planes interleaved
 
 
 FLAT_MAX_WIDTH = 32
@@ -33,20 +36,67 @@ thread, znver5, rows / flat: 5x5 1.17 (240x28x28) to 1.54 (1152x7x7); 3x3 384x14
 56x56 or wider 0.85-0.96."""
 
 
+CHANNELS_PLANE_BYTES = 32 << 10
+"""A vector of channels' padded planes, interleaved, at most this big for `channels` (the
+taps read it from L1)."""
+
+CHANNELS_MAX_PIXELS = 16
+"""Pixels a block of `channels` has at most: a vector of accumulators each, with the weight
+and the loads in the rest of AVX-512's 32 registers."""
+
+
 def space(p: Conv2d, machine) -> Space:
     flat_ok = Constraint("flat needs stride 1 and no dilation",
                          lambda c: not c.flat or _flat_applies(p))
-    return Space("depthwise", DepthwiseConfig, {"pixels": PIXEL_BLOCKS, "flat": (False, True)},
-                 [flat_ok])
+    lanes = machine.vector_bits // 32
+    channels_ok = Constraint(
+        f"channels: not flat, pixels <= {CHANNELS_MAX_PIXELS}, and {lanes} padded planes "
+        f"within {CHANNELS_PLANE_BYTES} bytes",
+        lambda c: not c.channels or (not c.flat and c.pixels <= CHANNELS_MAX_PIXELS
+                                     and _channels_fit(p, lanes)))
+    return Space("depthwise", DepthwiseConfig, {"pixels": PIXEL_BLOCKS, "flat": (False, True),
+                                                "channels": (False, True)},
+                 [flat_ok, channels_ok])
+
+
+def _channels_fit(p: Conv2d, lanes: int) -> bool:
+    hp, wp = p.padded_hw
+    return hp * wp * lanes * 4 <= CHANNELS_PLANE_BYTES
 
 
 def _flat_applies(p: Conv2d) -> bool:
     return p.strides == (1, 1) and p.dilations == (1, 1)
 
 
+CHANNELS_MAX_WIDTH = 7
+"""Output rows at most this wide run a stride-1 depthwise conv a vector of channels at a time
+by default (`channels`). Alone, 1 thread, znver5, CPU time, rows or flat -> channels:
+1152x7x7 5x5 70.2 -> 44.8 us, 960x7x7 3x3 36.2 -> 28.9 us (onnxruntime 35.2, 22.7), but
+14x14 planes lost (576x14x14 3x3 30.2 -> 96.1 us, 672x14x14 5x5 100.8 -> 140.2; at stride 2
+1.3-2.9x): copying a plane into the interleaved buffer costs a scalar store a pixel, which
+a 7x7 output's taps repay and a larger or strided one's do not. Whole models, 0 -> 7
+(medians of 5 interleaved blocks of CPU time, one process): efficientnet_b0 0.979x,
+mobilenet_v3_small 0.956x, mobilenet_v2 1.019x (its 960x7x7 3x3; within this shared host's
+noise)."""
+
+
+def _channels_default(p: Conv2d, lanes: int) -> bool:
+    return (p.y_dims[3] <= CHANNELS_MAX_WIDTH and _flat_applies(p)
+            and _channels_fit(p, lanes))
+
+
+def _channels_pixels(ow: int) -> int:
+    """Pixels a block of `channels`: a row's in as few even blocks as CHANNELS_MAX_PIXELS
+    allows (a 14-pixel row one block, 28 two of 14)."""
+    parts = -(-ow // CHANNELS_MAX_PIXELS)
+    return -(-ow // parts)
+
+
 def default(p: Conv2d, machine) -> DepthwiseConfig:
     lanes = machine.vector_bits // 32
     ow, kw = p.y_dims[3], p.w_dims[3]
+    if _channels_default(p, lanes):
+        return DepthwiseConfig(_channels_pixels(ow), channels=True)
     if _flat_applies(p) and ow < FLAT_MAX_WIDTH and (kw > 3 or ow > 7):
         return DepthwiseConfig(lanes, True)
     return DepthwiseConfig(lanes)
@@ -70,7 +120,12 @@ def build(p: Conv2d, config: DepthwiseConfig, machine) -> L.PrimFunc:
     par = parallel_kind(machine.threads, n * c * (oh * ow * kh * kw + hp * wp),
                         MIN_PARALLEL_WORK)
     plane = L.Var("plane")
-    body = _depthwise_flat(p, config, plane, machine.vector_bits // 32) if config.flat else \
+    lanes = machine.vector_bits // 32
+    if config.channels:
+        blocks = -(-c // lanes)
+        return L.simplify(L.PrimFunc(p.name, p.params, L.For(
+            plane, n * blocks, _depthwise_channels(p, config, plane, lanes), par)))
+    body = _depthwise_flat(p, config, plane, lanes) if config.flat else \
         _depthwise_rows(p, config, plane)
     return L.simplify(L.PrimFunc(p.name, p.params, L.For(plane, n * c, body, par)))
 
@@ -162,6 +217,67 @@ def _depthwise_flat(p: Conv2d, config: DepthwiseConfig, plane: L.Var, lanes: int
 
     back = L.For(row, oh, row_in_vectors(block, ow, lanes))
     return L.Allocate(xflat, L.Allocate(yflat, L.seq(pad, sums, back)))
+
+
+def _depthwise_channels(p: Conv2d, config: DepthwiseConfig, block: L.Var, lanes: int
+                        ) -> L.Stmt:
+    """Block `block` (image block // blocks, channels from (block % blocks) * lanes) a vector
+    of channels at a time: their planes copied, padded, into one interleaved buffer
+    ([hp, wp, lanes]: a pixel's channels one vector) and their taps into [kh, kw, lanes]; then
+    each output row in blocks of `pixels`, a vector of accumulators a pixel, every tap one
+    full-width multiply-add per pixel whatever the plane's width (a 7-pixel row by rows fills
+    7 of 16 lanes); each channel's pixels stored from the accumulators transposed in
+    registers. A last block of fewer channels than lanes runs narrower."""
+    c = p.x_dims[1]
+    blocks = -(-c // lanes)
+    full, tail = c // lanes, c % lanes
+    bn, cb = block // blocks, block % blocks
+    if not tail:
+        return _channels_block(p, config, bn, cb * lanes, lanes)
+    narrow = _channels_block(p, config, bn, L.const(full * lanes), tail)
+    if not full:
+        return narrow
+    return L.If(cb < full, _channels_block(p, config, bn, cb * lanes, lanes), narrow)
+
+
+def _channels_block(p: Conv2d, config: DepthwiseConfig, bn: L.Expr, c0: L.Expr,
+                    width: int) -> L.Stmt:
+    """`width` channels from `c0` of image `bn` (`_depthwise_channels`)."""
+    h, wid = p.x_dims[2:]
+    _, _, kh, kw = p.w_dims
+    _, _, oh, ow = p.y_dims
+    (ph, pw), (hp, wp) = p.begins, p.padded_hw
+    (sh, sw), (dh, dw) = p.strides, p.dilations
+    xt = L.Buffer("xlanes", T.float32, (hp * wp * width,))
+    wt = L.Buffer("wlanes", T.float32, (kh * kw * width,))
+    i, i_h, i_w, ll, r, s, jj, row = (L.Var(v) for v in ("i", "ph", "pw", "l", "r", "s", "j",
+                                                         "row"))
+    vec, unrolled = L.ForKind.VECTORIZED, L.ForKind.UNROLLED
+    zero = L.For(i, hp * wp * width, L.Store(xt, (i,), L.const(0.0)), vec)
+    copy = L.For(ll, width, L.For(i_h, h, L.For(i_w, wid, L.Store(
+        xt, (((i_h + ph) * wp + i_w + pw) * width + ll,), p.x[bn, c0 + ll, i_h, i_w]))))
+    taps = L.For(r, kh, L.For(s, kw, L.For(ll, width, L.Store(
+        wt, ((r * kw + s) * width + ll,), p.w[c0 + ll, 0, r, s]), vec)))
+
+    def pixels(n: int, ow0: L.Expr) -> L.Stmt:
+        acc = L.Buffer("acc", T.float32, (n * width,), L.Scope.LOCAL)
+        at = jj * width + ll
+        init = L.For(jj, n, L.For(ll, width, L.Store(acc, (at,), L.const(0.0)), vec),
+                     unrolled)
+        x_at = xt[((row * sh + r * dh) * wp + (ow0 + jj) * sw + s * dw) * width + ll]
+        step = L.For(jj, n, L.For(ll, width, L.Store(acc, (at,), L.call(
+            "fma", x_at, wt[(r * kw + s) * width + ll], acc[at])), vec), unrolled)
+        value = acc[at]
+        if p.bias is not None:
+            value = value + p.bias[c0 + ll]
+        value = p.epilogue(value, (bn, c0 + ll, row, ow0 + jj))
+        kind = vec if n >= 2 else unrolled
+        store = L.For(ll, width, L.For(jj, n, L.Store(p.y, (bn, c0 + ll, row, ow0 + jj),
+                                                      value), kind), unrolled)
+        return L.Allocate(acc, L.seq(init, L.For(r, kh, L.For(s, kw, step)), store))
+
+    rows = L.For(row, oh, row_in_vectors(pixels, ow, config.pixels))
+    return L.Allocate(xt, L.Allocate(wt, L.seq(zero, copy, taps, rows)))
 
 
 DEPTHWISE = Template("depthwise", problems.conv2d, lambda p: p.float32 and p.depthwise,

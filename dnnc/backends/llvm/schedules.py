@@ -50,6 +50,7 @@ from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8, DYNAMIC_QUANTIZE, MAXPO
 from .pool import POOL2D
 from .row_terms import reuse_terms
 from .sparse import SPARSE
+from .vectorize import vectorizable
 from .winograd import WINOGRAD
 
 # a parallel region costs a few microseconds to start; below this many inner iterations
@@ -167,7 +168,18 @@ def _flat_rows(n):
     body = L.substitute(inner.body, {i: k // b, j: k % b})
     if any(v in L.free_vars(body) for v in pair):
         return None
-    return L.For(k, n.extent.value * b, body)
+    flat = L.For(k, n.extent.value * b, body)
+    if flat.extent.value <= FLAT_VECTOR_MAX and vectorizable(body) and not carried(flat):
+        return L.For(k, flat.extent, body, L.ForKind.VECTORIZED)
+    return flat
+
+
+FLAT_VECTOR_MAX = 64
+"""A flattened plane of at most this many pixels (and no sum over it) becomes one VECTORIZED
+loop, straight-line vector code, rather than a loop left to LLVM's vectoriser, whose vector
+body (16 lanes x 4 interleaved on AVX-512) runs only 64 or more iterations: a 7x7 plane's 49
+ran a lane at a time. 1 thread, znver5, efficientnet_b0's squeeze-excitation Mul at
+[1, 1152, 7, 7]: 27.2 us, NumPy 10.0."""
 
 
 def _split_reduction(n, lanes: int, block_size: int, vectors: int = 1):

@@ -1,8 +1,10 @@
-"""The llvm depthwise template's two schedules, by rows and flat (stride 1: blocks of the
-flattened padded plane crossing rows), against the NumPy reference: odd and even planes, 3x3
-and 5x5, padded and not, rows narrower and wider than a vector, with bias and a fused
-residual Add + Relu, at 1 and 2 threads; the default takes flat for narrow rows only, and
-never at a stride or dilation (the space's constraint)."""
+"""The llvm depthwise template's three schedules, by rows, flat (stride 1: blocks of the
+flattened padded plane crossing rows) and by channels (a vector of channels a step, their
+planes interleaved), against the NumPy reference: odd and even planes, 3x3 and 5x5, padded
+and not, rows narrower and wider than a vector, channel counts below, at and past a vector's
+lanes, strided and dilated, with bias and a fused residual Add + Relu, at 1 and 2 threads; the
+default takes channels for rows of CHANNELS_MAX_WIDTH (7) or fewer at stride 1, flat for other
+narrow rows, and neither at a stride or dilation (the space's constraints)."""
 
 import dataclasses
 
@@ -63,6 +65,7 @@ def test_depthwise_by_rows_and_flat_match_the_reference(rng, monkeypatch, case, 
                                                         threads):
     c, h, w, k, pads, bias, residual = case
     monkeypatch.setattr(depthwise, "FLAT_MAX_WIDTH", flat_width)
+    monkeypatch.setattr(depthwise, "CHANNELS_MAX_WIDTH", 0)
     graph = depthwise_graph(rng, c, h, w, k, pads, bias=bias, residual=residual)
     feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
     model = compiled(graph, threads)
@@ -71,21 +74,45 @@ def test_depthwise_by_rows_and_flat_match_the_reference(rng, monkeypatch, case, 
                                atol=1e-5)
 
 
-def test_the_default_runs_narrow_rows_flat_and_strided_ones_by_rows(rng):
-    for (h, w, k, strides, dilations), flat in [
-            ((7, 7, 5, 1, 1), True), ((14, 14, 3, 1, 1), True), ((7, 7, 3, 1, 1), False),
-            ((56, 56, 3, 1, 1), False), ((14, 14, 3, 2, 1), False), ((14, 14, 3, 1, 2), False)]:
-        graph = depthwise_graph(rng, 4, h, w, k, dilations * (k // 2), strides, dilations)
-        assert ("yplane" in compiled(graph, 1).runtime.source("loop")) == flat, (h, k, strides)
+CHANNEL_CASES = [   # (channels, height, width, kernel, pads, strides, dilations, bias, residual)
+    (5, 7, 7, 5, 2, 1, 1, True, False),      # fewer channels than lanes: the narrow block only
+    (20, 7, 7, 3, 1, 1, 1, True, True),      # a whole block and a narrow one, a residual
+    (32, 9, 13, 3, 0, 1, 1, False, False),   # whole blocks only, unpadded, odd sizes, no bias
+    (18, 14, 14, 5, 2, 2, 1, True, False),   # stride 2
+    (17, 11, 11, 3, 2, 1, 2, True, True),    # dilation 2
+    (3, 1, 1, 5, 2, 1, 1, True, False),      # one pixel
+    (16, 10, 30, 3, 1, 1, 1, True, False),   # rows of 30: two blocks of 15 pixels
+]
 
 
-def test_flat_is_outside_the_space_at_a_stride(rng, monkeypatch):
-    """A strided conv with FLAT_MAX_WIDTH past its rows still runs by rows: the default never
-    leaves the space."""
-    monkeypatch.setattr(depthwise, "FLAT_MAX_WIDTH", 1 << 20)
-    graph = depthwise_graph(rng, 4, 12, 12, 3, 1, strides=2)
+@pytest.mark.parametrize("case", CHANNEL_CASES,
+                         ids=[f"{c[0]}x{c[1]}x{c[2]}k{c[3]}s{c[5]}d{c[6]}"
+                              for c in CHANNEL_CASES])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_by_channels_matches_the_reference(rng, monkeypatch, case, threads):
+    c, h, w, k, pads, strides, dilations, bias, residual = case
+    monkeypatch.setattr(depthwise, "_channels_default",
+                        lambda p, lanes: depthwise._channels_fit(p, lanes))
+    graph = depthwise_graph(rng, c, h, w, k, pads, strides, dilations, bias=bias,
+                            residual=residual)
     feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
-    model = compiled(graph, 1)
-    assert "yplane" not in model.runtime.source("loop")
+    model = compiled(graph, threads)
+    assert "xlanes" in model.runtime.source("loop")
     np.testing.assert_allclose(model.run(*feeds)[0], reference(graph, feeds), rtol=1e-5,
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("channels_width", [0, 7])
+def test_the_default_runs_narrow_rows_flat_and_strided_ones_by_rows(rng, monkeypatch,
+                                                                   channels_width):
+    monkeypatch.setattr(depthwise, "CHANNELS_MAX_WIDTH", channels_width)
+    narrow = "channels" if channels_width else None
+    for (h, w, k, strides, dilations), kind in [
+            ((7, 7, 5, 1, 1), narrow or "flat"), ((7, 7, 3, 1, 1), narrow or "rows"),
+            ((14, 14, 3, 1, 1), "flat"), ((14, 14, 5, 1, 1), "flat"), ((56, 56, 3, 1, 1), "rows"),
+            ((14, 14, 3, 2, 1), "rows"), ((14, 14, 3, 1, 2), "rows"), ((7, 7, 3, 1, 2), "rows")]:
+        graph = depthwise_graph(rng, 4, h, w, k, dilations * (k // 2), strides, dilations)
+        source = compiled(graph, 1).runtime.source("loop")
+        got = "channels" if "xlanes" in source else "flat" if "yplane" in source else "rows"
+        assert got == kind, (h, k, strides, dilations)
+

@@ -1,7 +1,8 @@
 """The default schedule's `_flat_rows`: two loops over an NCHW plane's narrow rows become one
 loop over the plane (a global pool's sum then splits into vector lanes, an elementwise op or
 a broadcast runs whole vectors), results as the NumPy reference's; wide rows, and loops whose
-indices are not the plane's (a transpose), keep their two loops."""
+indices are not the plane's (a transpose), keep their two loops; a flat plane of at most
+FLAT_VECTOR_MAX pixels with no sum over it is one VECTORIZED loop."""
 
 import numpy as np
 import pytest
@@ -43,6 +44,27 @@ def test_a_broadcast_product_and_a_silu_run_the_plane_as_one_loop(rng):
              rng.standard_normal((1, 16, 1, 1)).astype(np.float32)]
     source = _check(model, feeds)
     assert "range(49)" in source and "range(7)" not in source, source
+
+
+@pytest.mark.parametrize("side,vectorized", [(7, True), (8, True), (9, False)])
+def test_a_small_plane_is_one_vector_loop_and_a_larger_one_is_llvms(rng, side, vectorized):
+    """49 or 64 pixels: `range(n):  # vectorized` (LLVM's own vectoriser ran a 7x7 plane a
+    lane at a time: its vector body needs 64 iterations); 81: a loop LLVM vectorises."""
+    model = _model([helper.make_node("Mul", ["x", "c"], ["y"])],
+                   [("x", [1, 40, side, side]), ("c", [1, 40, 1, 1])], ["y"])
+    feeds = [rng.standard_normal((1, 40, side, side)).astype(np.float32),
+             rng.standard_normal((1, 40, 1, 1)).astype(np.float32)]
+    source = _check(model, feeds)
+    assert (f"range({side * side}):  # vectorized" in source) == vectorized, source
+
+
+def test_a_global_pool_over_a_small_plane_stays_a_sum(rng):
+    """A sum over the flat plane is carried: never one VECTORIZED loop (its lanes would each
+    add into the same accumulator)."""
+    model = _model([helper.make_node("GlobalAveragePool", ["x"], ["y"])],
+                   [("x", [1, 8, 5, 5])], ["y"])
+    source = _check(model, [rng.standard_normal((1, 8, 5, 5)).astype(np.float32)])
+    assert "range(25):  # vectorized" not in source, source
 
 
 def test_a_transpose_of_the_plane_keeps_its_two_loops(rng):
