@@ -11,7 +11,9 @@ as issue 35 compares, each call a new CUDA-graph step: `new_step`), runs one unt
 (prefill and decode compiles), then `--repeat` timed ones; prints the median tokens/s (new
 tokens x batch / seconds), the ratio of tokens/s dnnc / inductor (above 1: dnnc decodes faster;
 issue 35 asks >= 1), the graphs the backend compiled (2: prefill and decode) and whether its
-tokens equal eager's. Needs torch and transformers; never imported by dnnc.
+tokens equal eager's, and the seconds of each compiled runtime's first generate (its compiles).
+generate's own compile is off for every runtime (`decoder`). Needs torch and transformers;
+never imported by dnnc.
 """
 
 from __future__ import annotations
@@ -36,9 +38,14 @@ from dnnc.compiler import torch_backend  # noqa: E402
 
 
 def decoder(name: str, device: str) -> torch.nn.Module:
-    """The transformers model inside library_models' `name` (its wrapper drops the cache)."""
+    """The transformers model inside library_models' `name` (its wrapper drops the cache),
+    with generate's own compile off: on cuda, generate with a static cache otherwise wraps
+    the model in torch.compile(mode="reduce-overhead") of inductor itself, around whichever
+    runtime is measured (eager included), and compiles it again for every model."""
     wrapped, _ = library_models.build(name)
-    return wrapped.model.to(device)
+    model = wrapped.model.to(device)
+    model.generation_config.disable_compile = True
+    return model
 
 
 def new_step(forward):
@@ -53,10 +60,14 @@ def new_step(forward):
     return step
 
 
-def tokens_per_second(model, ids, args) -> tuple[float, torch.Tensor]:
+def tokens_per_second(model, ids, args) -> tuple[float, float, torch.Tensor]:
+    """Median tokens/s of `--repeat` generates, the first (untimed) generate's seconds
+    (compiles included) and the tokens of the last."""
     options = {"max_new_tokens": args.tokens, "do_sample": False,
                "cache_implementation": "static", "pad_token_id": 0, "eos_token_id": None}
+    start = time.perf_counter()
     out = model.generate(ids, **options)   # compiles (prefill, decode)
+    first = time.perf_counter() - start
     rates = []
     for _ in range(args.repeat):
         start = time.perf_counter()
@@ -64,14 +75,14 @@ def tokens_per_second(model, ids, args) -> tuple[float, torch.Tensor]:
         if ids.is_cuda:
             torch.cuda.synchronize()
         rates.append(args.tokens * ids.shape[0] / (time.perf_counter() - start))
-    return statistics.median(rates), out
+    return statistics.median(rates), first, out
 
 
 def measure(name: str, batch: int, args) -> dict:
     device = "cuda" if args.target == "cuda" else "cpu"
     ids = torch.randint(3, 5000, (batch, args.prompt),
                         generator=torch.Generator().manual_seed(batch)).to(device)
-    rates, outs, graphs = {}, {}, 0
+    rates, firsts, outs, graphs = {}, {}, {}, 0
     for runtime in ("eager", "inductor", "dnnc"):
         model = decoder(name, device)
         torch._dynamo.reset()
@@ -84,10 +95,10 @@ def measure(name: str, batch: int, args) -> dict:
         elif runtime == "dnnc":
             model.forward = torch.compile(model.forward, backend=torch_backend.dnnc_backend,
                                           options={"target": args.target})
-        rates[runtime], outs[runtime] = tokens_per_second(model, ids, args)
+        rates[runtime], firsts[runtime], outs[runtime] = tokens_per_second(model, ids, args)
         if runtime == "dnnc":
             graphs = len(torch_backend.reports()) - before
-    return {"rates": rates, "graphs": graphs,
+    return {"rates": rates, "firsts": firsts, "graphs": graphs,
             "same": bool(torch.equal(outs["dnnc"].cpu(), outs["eager"].cpu()))}
 
 
@@ -110,7 +121,7 @@ def main(argv=None) -> None:
     print(f"# {machine}, {args.target}, {args.threads} threads; torch {torch.__version__}; "
           f"prompt {args.prompt}, {args.tokens} new tokens, median of {args.repeat}, tokens/s")
     print(f"{'model':12}{'batch':>6}{'eager':>10}{'inductor':>10}{'dnnc':>10}{'dnnc/ind':>9}"
-          f"{'graphs':>8}  same tokens")
+          f"{'graphs':>8}  same tokens  first generate s (ind, dnnc)")
     with torch.no_grad():
         for name in args.models.split(","):
             for batch in map(int, args.batches.split(",")):
@@ -122,7 +133,8 @@ def main(argv=None) -> None:
                 r = row["rates"]
                 print(f"{name:12}{batch:6d}{r['eager']:10.1f}{r['inductor']:10.1f}"
                       f"{r['dnnc']:10.1f}{r['dnnc'] / r['inductor']:9.2f}{row['graphs']:8d}"
-                      f"  {row['same']}", flush=True)
+                      f"  {str(row['same']):11}  {row['firsts']['inductor']:6.1f} "
+                      f"{row['firsts']['dnnc']:6.1f}", flush=True)
 
 
 if __name__ == "__main__":

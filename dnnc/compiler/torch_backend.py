@@ -9,7 +9,9 @@ constants (read once, at compile time, as torch's own freezing does: weights fol
 compile time; a parameter changed after the compile is not seen), splits the graph with
 torch's CapabilityBasedPartitioner into the largest subgraphs `frontend/torch_fx.py` imports
 (no cycles), compiles each with `dnnc.compile`, and leaves the rest to torch: the result is
-one FX GraphModule that calls dnnc's partitions and torch's ops in turn. CPU tensors pass in
+one FX GraphModule that calls dnnc's partitions and torch's ops in turn; an input the graph
+writes (a KV cache) is written in torch, in place where nothing later reads its old value
+(`_write_in_place`). CPU tensors pass in
 and out without copies (NumPy views of the tensors; `torch.from_numpy` of the outputs); CUDA
 tensors go to a target that takes device arrays (its registry entry's `from_dlpack`), read in
 place, on torch's current CUDA stream (the target's runtime reads it off a torch tensor
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch._aot_autograd.schemas import OutputType
+from torch._functorch._aot_autograd.schemas import MutationType, OutputType
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
@@ -169,8 +171,10 @@ def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None
                            options=options, state=state,
                            place=placement(options["target"], device))
     with torch.no_grad():
-        compiled = aot_autograd(fw_compiler=fw, decompositions=DECOMPOSITIONS)(gm,
-                                                                             example_inputs)
+        # the writes of inputs stay in the graph (`copy_` of the new value), where
+        # `_write_in_place` makes a KV cache's index_put write the cache itself
+        compiled = aot_autograd(fw_compiler=fw, decompositions=DECOMPOSITIONS,
+                                keep_inference_input_mutations=True)(gm, example_inputs)
     # a graph that writes no input and returns no view of one needs none of aot_autograd's
     # bookkeeping around its calls (`_plain`): dynamo's arguments go straight to it
     call = state.get("direct") or compiled
@@ -217,15 +221,18 @@ def _mutated(count: int) -> set[int]:
 
 def _plain(count: int) -> bool:
     """Whether the graph aot_autograd is compiling takes dynamo's `count` inputs as they are,
-    writes none, returns no view of an input or of another output and threads no effect
-    tokens: then calling it is all aot_autograd's runtime wrapper would do."""
+    writes none but in the graph itself (a `copy_` into the input), returns no view of an
+    input or of another output and threads no effect tokens: then calling it is all
+    aot_autograd's runtime wrapper would do."""
     meta = _fw_metadata()
     try:
         return (len(meta.input_info) == count and not meta.tokens and
                 meta.num_intermediate_bases == 0 and
                 all(type(m).__name__ in ("int", "PlainTensorMeta")   # no tensor subclass
                     for m in meta.subclass_inp_meta) and
-                not any(i.mutates_data or i.mutates_metadata for i in meta.input_info) and
+                all(i.mutation_type in (MutationType.NOT_MUTATED,
+                                        MutationType.MUTATED_IN_GRAPH)
+                    for i in meta.input_info) and
                 all(o.output_type == OutputType.non_alias for o in meta.output_info))
     except AttributeError:   # another torch's metadata: keep the wrapper
         return False
@@ -270,6 +277,7 @@ def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[in
     for node in list(fused.graph.nodes):
         if node.op == "call_module" and node.target.startswith("dnnc_partition_"):
             _compile_partition(fused, node, constants, options, report, place)
+    _write_in_place(fused)
     fused.graph.lint()
     fused.recompile()
     for node in fused.graph.nodes:
@@ -286,6 +294,26 @@ def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[in
     if state is not None and report.direct_call:
         state["direct"] = runner
     return runner
+
+
+def _write_in_place(fused: fx.GraphModule) -> None:
+    """`copy_(cache, index_put(cache, idx, v))`, the functional write of an input the graph
+    ends with (a static KV cache's update at `cache_position`), as `index_put_(cache, idx, v)`:
+    the cache written where it is, not copied whole twice a call (the new tensor, then back
+    into the input). Taken where every other reader of `cache` runs before the write (it
+    reads the old value) and the write is the input's only one."""
+    order = {node: i for i, node in enumerate(fused.graph.nodes)}
+    for copy in [n for n in fused.graph.nodes if n.op == "call_function" and
+                 n.target is torch.ops.aten.copy_.default]:
+        target, new = copy.args[:2]
+        if not (target.op == "placeholder" and isinstance(new, fx.Node) and
+                new.op == "call_function" and new.target is torch.ops.aten.index_put.default
+                and new.args[0] is target and not copy.users):
+            continue
+        if any(order[user] > order[new] for user in target.users if user not in (new, copy)):
+            continue
+        new.target = torch.ops.aten.index_put_.default
+        fused.graph.erase_node(copy)
 
 
 class LiveArguments:

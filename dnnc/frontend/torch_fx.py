@@ -8,7 +8,9 @@ caller gives its value (frozen parameters and buffers); a placeholder that is a 
 input at all: its value is read from the shape of an input that has it. Each `call_function`
 node goes through the converter `torch_aten.py` registers for its ATen overload (a node on
 sizes, `aten.sym_size.int` or `s77 * 7` in a torch.export graph, becomes its expression over
-the inputs' dims); `supported(node, device)` is what the partitioner asks. This module
+the inputs' dims), except the views and flattened products that torch's decomposition of
+`linear` and `matmul` leaves: each is one N-D MatMul, as in an ONNX export (`torch_matmul.py`).
+`supported(node, device)` is what the partitioner asks. This module
 imports torch (an optional dependency: only the torch backend and `torch_export.py` import
 it) and never compiles or runs a graph.
 """
@@ -26,6 +28,7 @@ from ..errors import DNNCError, ShapeError, UnsupportedOpError, UnsupportedTypeE
 from ..ir import types as T
 from ..ir.graph import Graph, Value
 from . import torch_attention  # noqa: F401  (registers the attention ops in ATEN)
+from .torch_matmul import Fold, fold
 from .onnx import constant_value
 from .torch_aten import ATEN, ImportContext, np_dtype
 
@@ -124,9 +127,11 @@ def _dim(d) -> T.Dim:
 class FxImport(ImportContext):
     """One FX graph being imported: FX nodes to dnnc values, and the graph they build."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, folds: dict[fx.Node, Fold] | None = None):
         self.graph = Graph(name)
         self.env: dict[fx.Node, object] = {}
+        # outer views of flattened products, imported as N-D MatMuls (`torch_matmul`)
+        self.folds = folds or {}
         # each symbolic dim's first place in an input: (input value, axis)
         self.dims: dict[str, tuple[Value, int]] = {}
         self.consts = 0
@@ -214,6 +219,11 @@ class FxImport(ImportContext):
             self.env[node] = self.env[node.args[0]][node.args[1]]
         elif size_node(node):
             self.env[node] = self.symbol(node.meta["val"].node.expr)
+        elif node in self.folds:
+            found = self.folds[node]
+            out = self.add("MatMul", self.env[found.a], self.env[found.b])
+            self.env[node] = out if found.bias is None else \
+                self.add("Add", out, self.env[found.bias])
         else:
             self.env[node] = ATEN[name].convert(self, node)
 
@@ -245,7 +255,9 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
             missing.setdefault(op_name(n), []).append(n.name)
     if missing:
         raise UnsupportedATenError(list(missing.items()))
-    ctx = FxImport(name)
+    folds = fold(gm)
+    skipped = set().union(*(f.skipped for f in folds.values()))
+    ctx = FxImport(name, folds)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, node in enumerate(placeholders):
         ctx.placeholder(node, frozen.get(i))
@@ -256,7 +268,7 @@ def import_fx(gm: fx.GraphModule, frozen: dict[int, np.ndarray] | None = None,
         if node.op == "get_attr":
             ctx.env[node] = constant_value(node.name, tensor_array(getattr(gm, node.target)))
         elif node.op == "call_function":
-            if op_name(node) in CHECKS:
+            if op_name(node) in CHECKS or node in skipped:
                 continue
             try:
                 ctx.call(node)

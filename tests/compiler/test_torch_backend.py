@@ -221,7 +221,48 @@ def test_a_buffer_the_graph_writes_is_not_frozen():
             np.testing.assert_allclose(fn(x).numpy(), model(x).numpy(), rtol=1e-5,
                                        atol=1e-6)
     assert float(twin.calls) == 3
-    assert not torch_backend.reports()[-1].direct_call   # aot_autograd writes the buffer
+    # the write is the graph's own (a copy_ into the buffer, in torch): no wrapper needed
+    report = torch_backend.reports()[-1]
+    assert report.direct_call and report.torch_ops["aten.copy_.default"] == 1
+
+
+class Cache(nn.Module):
+    """A static cache written at `pos` each call (as transformers' StaticCache is) and read
+    after the write; with `early`, its old value read before the write too."""
+
+    def __init__(self, early: bool):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(2, 6, 4))
+        self.early = early
+
+    def forward(self, x, pos):
+        old = self.cache * 2 if self.early else None
+        self.cache[:, pos] = self.fc(x)
+        new = torch.relu(self.cache).sum(1)
+        return new if old is None else new + old.sum(1)
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_a_cache_write_is_made_in_place_where_no_later_op_reads_the_old_cache(early):
+    """copy_(cache, index_put(cache, pos, v)) -> index_put_(cache, pos, v): the cache written
+    where it is, not copied twice a call. With `early`, dnnc's partition reads the old cache
+    and runs after the write (it also reads the new one): the write stays functional. Results
+    and the cache as eager's either way."""
+    torch.manual_seed(0)
+    model, twin = Cache(early).eval(), Cache(early).eval()
+    twin.load_state_dict(model.state_dict())
+    fn = compiled(twin)
+    with torch.no_grad():
+        for step in range(4):
+            x, pos = torch.randn(2, 1, 4), torch.tensor([step])
+            np.testing.assert_allclose(fn(x, pos).numpy(), model(x, pos).numpy(),
+                                       rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(twin.cache.numpy(), model.cache.numpy(), rtol=1e-5, atol=1e-6)
+    report = torch_backend.reports()[-1]
+    want = {"aten.index_put.default", "aten.copy_.default"} if early else \
+        {"aten.index_put_.default"}
+    assert set(report.torch_ops) == want and report.direct_call, report.torch_ops
 
 
 def test_import_names_every_node_it_cannot_take():
@@ -330,6 +371,10 @@ def test_transformers_bert_built_locally():
     assert all(sum(r.torch_ops.values()) == 0 for r in new_reports(before))
 
 
+CACHE_WRITES = {"aten.index_put.default", "aten.index_put_.default", "aten.copy_.default"}
+"""The ops of a static-cache decoder left in torch: its cache writes (the prefill's
+functional, the decode step's in place, `copy_` of what aot_autograd keeps in the graph)."""
+
 DECODERS = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel",
              {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 64}),
@@ -364,8 +409,10 @@ def test_static_cache_generate_compiles_prefill_and_decode_once(name):
     np.testing.assert_array_equal(got.numpy(), want.numpy())
     prefill, decode = new_reports(before)   # 8 tokens, 2 compiles
     assert prefill.partitions >= 1 and decode.partitions >= 1
-    # only the cache writes stay in torch
-    assert set(prefill.torch_ops) | set(decode.torch_ops) <= {"aten.index_put.default"}
+    # only the cache writes stay in torch; the decode step's write the cache in place
+    assert set(prefill.torch_ops) | set(decode.torch_ops) <= CACHE_WRITES
+    assert "aten.index_put.default" not in decode.torch_ops and \
+        decode.torch_ops["aten.index_put_.default"] == 4 and decode.direct_call
 
 
 def test_only_tensors_on_the_partitions_device_are_imported():

@@ -108,6 +108,9 @@ def test_static_cache_generate_on_cuda_compiles_prefill_and_decode_once():
                                       bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval().to(CUDA)
+    # generate's own torch.compile (inductor, reduce-overhead, on cuda with a static cache)
+    # off: eager's tokens from eager, and the backend's compiles the only ones
+    model.generation_config.disable_compile = True
     ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(1)).to(CUDA)
     options = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
                "pad_token_id": 0, "eos_token_id": None}
