@@ -1,6 +1,7 @@
 """fuse_quantized: rewrite the quantized chains of a model into integer ops
-(`ir/ops/quantized.py`: QuantizedDense, QuantizedConvPacked for one group, QuantizedConv
-for grouped convolutions) with the requantization as their
+(`ir/ops/quantized.py`: QuantizedDense, QuantizedConvPacked for one group and for groups of
+at least 4 output and a multiple of 4 input channels (`packed`), QuantizedConv for the other
+grouped convolutions, depthwise ones) with the requantization as their
 epilogue, weights quantized and packed once here.
 
 The chains, in the two formats onnxruntime's quantizer writes:
@@ -39,7 +40,8 @@ import numpy as np
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.conv import CONV_ATTRS
-from ..ir.ops.quantized import QUANT_ATTRS, clamp_bounds, pack_conv_groups, pack_groups
+from ..ir.ops.quantized import (GROUP_DEPTH, QUANT_ATTRS, clamp_bounds, pack_conv_groups,
+                                 pack_groups, panel_span)
 from ..ir.ops.registry import infer_node
 from .eliminate import eliminate_dead_code
 
@@ -164,9 +166,9 @@ class _Rewriter:
             sums = w.astype(np.int32).reshape(w.shape[0], -1).sum(axis=1, dtype=np.int32)
             attrs = {k: anchor.attrs[k] for k in CONV_ATTRS}
             sums_v = _value(g, f"{anchor.name}.w_sums", sums)
-            if attrs["group"] == 1:   # packed once: the int8 conv templates' layout
+            if packed(w, attrs["group"]):   # packed once: the int8 conv templates' layout
                 attrs.update(kernel_shape=list(w.shape[2:]), oc=int(w.shape[0]))
-                wv = _value(g, f"{anchor.name}.w_groups", pack_conv_groups(w))
+                wv = _value(g, f"{anchor.name}.w_groups", pack_conv_groups(w, attrs["group"]))
                 return "QuantizedConvPacked", [x.q, zx, wv, sums_v] + tail, attrs
             return "QuantizedConv", [x.q, zx, _value(g, f"{anchor.name}.w", w), sums_v] + \
                 tail, attrs
@@ -415,6 +417,17 @@ class _Rewriter:
             return self.replace([node, q], "Max", [inputs[0], _value(
                 self.graph, f"{node.name}.zero_point", zy.reshape(()))], {})
         return self.replace([node, q], node.op, inputs, node.attrs)
+
+
+def packed(w: np.ndarray, group: int) -> bool:
+    """Whether a conv of weights `w` [M, C / group, *kernel] becomes QuantizedConvPacked: one
+    group, or groups whose packed panels exist (`panel_span`) and are at least a quarter
+    products of their own groups (M / group >= 4: a panel of 16 channels then spans at most
+    4 groups, each of whose channels sees the others' as zeros). The rest (depthwise convs)
+    stay QuantizedConv."""
+    m, cin = w.shape[:2]
+    return group == 1 or (m // group >= GROUP_DEPTH and
+                          panel_span(m, cin * group, group) is not None)
 
 
 def signed_weights(w: np.ndarray, zero_point: np.ndarray, columns: int

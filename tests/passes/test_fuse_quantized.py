@@ -106,6 +106,35 @@ def test_a_qdq_conv_chain_becomes_one_integer_conv_and_an_integer_maxpool(tmp_pa
         assert got[0].min() == 0.0
 
 
+@pytest.mark.parametrize("group,op", [(2, "QuantizedConvPacked"), (4, "QuantizedConvPacked"),
+                                      (8, "QuantizedConv"), (16, "QuantizedConv")])
+def test_a_grouped_qdq_conv_equals_onnxruntime(tmp_path, group, op):
+    """Groups of 8 and 4 channels pack (`fuse_quantized.packed`: panels over their groups'
+    channels), groups of 2 and depthwise stay QuantizedConv; both onnxruntime's bits."""
+    rng = np.random.default_rng(group)
+    f32 = TensorProto.FLOAT
+    sx, sw = np.float32(0.02), _scales(rng, 16)
+    inits = {"sx": sx, "zx": np.uint8(121),
+             "wq": rng.integers(-127, 128, (16, 16 // group, 3, 3)).astype(np.int8),
+             "sw": sw, "zw": np.zeros(16, np.int8),
+             "bq": rng.integers(-500, 500, 16).astype(np.int32), "sb": sx * sw,
+             "zb": np.zeros(16, np.int32), "sy": np.float32(0.01), "zy": np.uint8(100)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], axis=0),
+             helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], pads=[1, 1, 1, 1],
+                              strides=[2, 2], group=group),
+             helper.make_node("QuantizeLinear", ["c", "sy", "zy"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", f32, [1, 16, 9, 9])],
+                   [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 16, 5, 5])],
+                   inits)
+    x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
+    ops, got, want = _fused(model, {"x": x}, tmp_path)
+    assert ops == ["QuantizeLinear", op]
+    assert np.array_equal(got[0], want[0]) and len(np.unique(want[0])) > 10
+
+
 def test_a_relu_before_q_is_the_zero_point_as_lower_bound():
     g = import_onnx(_qdq_conv_model(np.random.default_rng(1), relu=True))
     fuse_quantized(g)

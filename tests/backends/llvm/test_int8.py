@@ -154,21 +154,21 @@ def test_a_dynamically_quantized_transformer_compiles_to_int8_dense_kernels(tmp_
     np.testing.assert_allclose(compiled(**feeds), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out):
+def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out, group=1):
     """y = Relu(QuantizedConvPacked(x, ...)); its inputs and reference."""
     from dnnc.ir.ops.quantized import pack_conv_groups, quantized_conv_packed
 
     info = np.iinfo(act)
-    wq = rng.integers(-128, 128, (m, c, k, k)).astype(np.int8)
+    wq = rng.integers(-128, 128, (m, c // group, k, k)).astype(np.int8)
     g = Graph("q")
     x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, c, h, w)))
-    ins = _conv_inputs(rng, x, act, pack_conv_groups(wq), wq, (1e-4, 1e-3), out)
+    ins = _conv_inputs(rng, x, act, pack_conv_groups(wq, group), wq, (1e-4, 1e-3), out)
     attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, oc=m,
                  lo=None, hi=None)
-    g.outputs = [g.add("Relu", g.add("QuantizedConvPacked", *ins, **attrs))]
+    g.outputs = [g.add("Relu", g.add("QuantizedConvPacked", *ins, group=group, **attrs))]
     xv = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(act)
     want = np.maximum(quantized_conv_packed(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
-                                            dilations=None, group=1, **attrs), 0)
+                                            dilations=None, group=group, **attrs), 0)
     return g, xv, want
 
 
@@ -201,6 +201,40 @@ def test_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, pad, act
     assert ("vpdpbusd" in model.source("llvm-ir")) == (path != "widening")
     got = model(x)
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n,c,h,w,m,k,stride,group,act,out", [
+    (1, 48, 10, 9, 48, 3, 2, 6, np.uint8, np.int8),    # regnet's: 8 channels a group
+    (1, 40, 7, 7, 40, 3, 1, 5, np.int8, np.uint8),     # the last panel's span clamped to C
+    (2, 16, 6, 6, 16, 3, 1, 4, np.int8, None),         # 4 channels a group: 4 a panel
+    (1, 16, 5, 5, 64, 3, 1, 2, np.uint8, np.int8),     # 32 a group: tiles of two panels
+    (1, 12, 6, 5, 48, 1, 1, 3, np.int8, np.int8)])     # 1x1 of 16 a group (not pointwise)
+def test_grouped_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, group, act,
+                                                out):
+    """A grouped QuantizedConvPacked (panels over their groups' channels, `panel_span`) on
+    conv_int8, bit for bit its reference, on every feature path."""
+    rng = np.random.default_rng(n * c * h * m * k * group)
+    g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, 1, act, out, group)
+    model = dnnc.compile(g, "llvm", cpu=cpu_from(None, FEATURE_PATHS[path][1]), cache=False)
+    assert [r["template"] for r in model.profile(x, repeat=1)] == ["conv_int8"]
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("c,m,group", [(40, 40, 5), (16, 64, 2)])
+def test_a_grouped_packed_conv_lowers_generically_to_its_reference(monkeypatch, c, m, group):
+    """QuantizedConvPacked's loop-IR rule (what a target without an int8 template lowers,
+    cuda's for groups) reads a grouped panel's weights where the reference does."""
+    from dnnc.backends.llvm import schedules
+    from dnnc.ir.ops.registry import Pattern
+
+    monkeypatch.setitem(schedules.TEMPLATES, ("llvm", Pattern.OUT_FUSABLE), (schedules.ROWS,))
+    rng = np.random.default_rng(c * m * group)
+    g, x, want = conv_graph(rng, 1, c, 6, 5, m, 3, 1, 1, np.int8, np.int8, group)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert [r["template"] for r in model.profile(x, repeat=1)] == ["rows"]
+    assert np.array_equal(model(x), want)
 
 
 @pytest.mark.parametrize("n,c,h,w,k,stride,pad,act,out", [
