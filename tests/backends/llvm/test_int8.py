@@ -261,6 +261,34 @@ def test_depthwise_int8_equals_the_reference(n, c, h, w, k, stride, pad, act, ou
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("k,template", [(11, "depthwise_int8"), (12, "rows")])
+def test_depthwise_int8_sums_at_the_float32_bound_are_exact(k, template):
+    """The largest sums the depthwise template takes (121 taps of 255 x -128: -3949440, below
+    2**22 in float32) equal the reference; 144 taps would not, and go to the generic loops."""
+    from dnnc.ir.ops.quantized import quantized_conv
+
+    rng = np.random.default_rng(k)
+    c, size = 3, 13
+    wq = np.full((c, 1, k, k), -128, np.int8)
+    wq[1] = 127
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.uint8, (1, c, size, size)))
+    ins = [x, _const("za", np.uint8(0)), _const("w", wq),
+           _const("s", wq.astype(np.int32).reshape(c, -1).sum(1).astype(np.int32)),
+           _const("b", np.array([-7, 5, 1 << 20], np.int32)),
+           _const("sc", np.full(c, 1e-4, np.float32))]
+    attrs = dict(kernel_shape=[k, k], strides=[1, 1], pads=[k // 2] * 4, group=c,
+                 lo=None, hi=None)
+    g.outputs = [g.add("QuantizedConv", *ins, **attrs)]
+    xv = np.full((1, c, size, size), 255, np.uint8)
+    xv[0, 2] = rng.integers(0, 256, (size, size))
+    want = quantized_conv(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET", dilations=None,
+                          **attrs)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert [r["template"] for r in model.profile(xv, repeat=1)] == [template]
+    assert np.array_equal(model(xv), want) and want.min() < -390   # (the sums, scaled)
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
 @pytest.mark.parametrize("k,stride,pad,size", [(3, 2, 1, 13), (2, 2, 0, 8), (3, 1, 1, 37)])
 def test_maxpool_int8_equals_the_reference(dtype, k, stride, pad, size):
