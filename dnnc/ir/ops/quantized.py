@@ -2,7 +2,7 @@
 QuantizedConv and QuantizedConvPacked (weights in 4-byte groups of input channels at a tap,
 `pack_conv_groups`; of one group, or of groups whose panels of 16 output channels read
 `panel_span` input channels each), an int32 sum of u8/s8 activations times int8 weights with the requantization
-fused as its epilogue. Frontends never produce these ops; their references are the accuracy
+fused as its epilogue; QuantizedTable, an 8-bit value through a table of its 256 results. Frontends never produce these ops; their references are the accuracy
 contract the kernels are tested against bit for bit.
 
 Both compute, for output channel n (a dense product's column, a conv's output channel):
@@ -428,4 +428,42 @@ register_op("QuantizedConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_pack
             flops=lambda node: conv_flops(node.outputs[0], (
                 node.inputs[0].shape[1] // node.attrs["group"],) + tuple(
                 node.attrs["kernel_shape"]), node.outputs[0], has_input(node, 4)),
+            batched=batching.data_input)
+
+
+# -- QuantizedTable -----------------------------------------------------------------------------
+
+
+TABLE_SIZE = 256
+"""Entries of a QuantizedTable: one per value of an 8-bit input, from the type's minimum."""
+
+
+def _table_infer(ctx):
+    check_dtype(ctx, 0, ACTIVATIONS, "x")
+    check_dtype(ctx, 1, ACTIVATIONS, "table")
+    if ctx.shape(1) != (TABLE_SIZE,):
+        raise ctx.fail(f"the table has one entry per 8-bit value ({TABLE_SIZE}), given "
+                       f"{ctx.type(1)}")
+    return [T.TensorType(ctx.dtype(1), ctx.shape(0))]
+
+
+def quantized_table(x, table):
+    return table[x.astype(np.int32) - int(np.iinfo(x.dtype).min)]
+
+
+def _table_rule(inputs, outputs):
+    x, table = inputs
+    out = outputs[0]
+    low = int(np.iinfo(x.dtype.np).min)
+
+    def element(*idx):
+        return table[widen(T.int32, x[idx]) - const(low, T.int32)]
+
+    return [compute(out.shape, element, "table", out.dtype)]
+
+
+# y = table[x - min of x's type]: what an elementwise chain between quantizations of one 8-bit
+# value computes (fuse_quantized's `tabled`), evaluated once for every value
+register_op("QuantizedTable", pattern=Pattern.ELEMWISE, infer=_table_infer,
+            evaluate=quantized_table, inputs=2, compute=_table_rule, params=(1,),
             batched=batching.data_input)

@@ -222,6 +222,31 @@ def test_grouped_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, 
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("act,out", [(np.uint8, np.int8), (np.int8, np.uint8)])
+def test_a_table_in_a_conv_epilogue_equals_the_reference(act, out):
+    """QuantizedTable(QuantizedConvPacked(x)) in one kernel: the lookup's index computed in
+    vector code (vectorize's gather), the table read a lane at a time."""
+    from dnnc.ir.ops.quantized import quantized_table
+
+    rng = np.random.default_rng(11)
+    g, x, _ = conv_graph(rng, 1, 8, 9, 9, 48, 3, 1, 1, act, out)
+    relu = g.nodes[-1]
+    table = rng.integers(-128, 128, 256).astype(np.int8) if act is np.int8 else \
+        rng.integers(0, 256, 256).astype(np.uint8)
+    conv = relu.inputs[0]
+    y = g.add("QuantizedTable", conv, _const("t", table))
+    g.nodes = [n for n in g.nodes if n is not relu]
+    g.outputs = [y]
+    ref = dnnc.compile(g, "numpy")(x)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert len(model.profile(x, repeat=1)) == 1
+    got = model(x)
+    assert got.dtype == table.dtype and np.array_equal(got, ref)
+    conv_only = Graph("q")
+    conv_only.inputs, conv_only.nodes, conv_only.outputs = g.inputs, g.nodes[:-1], [conv]
+    assert np.array_equal(ref, quantized_table(dnnc.compile(conv_only, "numpy")(x), table))
+
+
 @pytest.mark.parametrize("c,m,group", [(40, 40, 5), (16, 64, 2)])
 def test_a_grouped_packed_conv_lowers_generically_to_its_reference(monkeypatch, c, m, group):
     """QuantizedConvPacked's loop-IR rule (what a target without an int8 template lowers,
