@@ -4,7 +4,7 @@ in one run.
     python bench/cpu_int8.py [--models resnet50,mobilenet_v2,efficientnet_b0,...]
                              [--dynamic int8,uint8,int8_pc,uint8_pc,qdq,qop] [--size 224]
                              [--threads 1,2] [--repeat 20] [--blocks 3] [--layers N]
-                             [--peers onnxruntime,openvino]
+                             [--peers onnxruntime,openvino] [--cpu-time]
 
 The default models are issue 33's: zoo resnet50 and mobilenet_v2, torchvision's
 efficientnet_b0, regnet_y_400mf and convnext_tiny (bench/library_models.py: exported once by
@@ -26,7 +26,9 @@ BertModel, `gpt2_hf`: GPT2LMHeadModel; 2 layers, hidden 768, 12 heads, vocabular
 sequence 128, batch 1, seeded random weights; needs torch and transformers); `--layers` cuts
 the zoo's to that many layers (bert_base's products at 2).
 Prints the milliseconds, dnnc fp32 / dnnc int8 (the speedup), dnnc int8 / each peer's int8,
-and their geometric means; one table per thread count (each in a process
+and their geometric means; `--cpu-time` (1 thread only) times each call by the process's CPU
+time, as bench/cpu_sparse.py's (on a shared host a call longer than a scheduler slice is
+stretched by the others' slices); one table per thread count (each in a process
 of its own: DNNC_NUM_THREADS is read when the worker pool starts). Timing only: what it
 computes is checked by tests/models/test_quantized_files.py and tests/backends/llvm/
 test_int8.py, never here.
@@ -56,6 +58,7 @@ from dnnc.backends.llvm.cpu import host_target  # noqa: E402
 from dnnc.testing.quantized_files import (  # noqa: E402
     export_transformer, quantize_dynamic, quantize_static)
 from cpu import EXPORTS, median_block_ms  # noqa: E402  (bench/cpu.py, beside this script)
+from cpu_sparse import median_cpu_ms  # noqa: E402
 
 ISSUE_MODELS = "resnet50,mobilenet_v2,efficientnet_b0,regnet_y_400mf,convnext_tiny,bert_hf,gpt2_hf"
 """issue 33's list: the CPU bars are geometric means over these."""
@@ -169,7 +172,7 @@ def one_model(name: str, args, folder: Path, threads: int, peers: list[str]) -> 
         for peer in peers:
             call, precisions[label, peer] = PEERS[peer][1](path, threads)
             fns[label, peer] = lambda call=call: call(feeds)
-    ms = median_block_ms(fns, args.repeat, args.blocks)
+    ms = (median_cpu_ms if args.cpu_time else median_block_ms)(fns, args.repeat, args.blocks)
     return {label: {"fp32": ms["fp32"], "int8": ms[label, "int8"],
                     **{peer: ms[label, peer] for peer in peers},
                     **{(peer, "precision"): precisions[label, peer] for peer in peers}}
@@ -183,7 +186,7 @@ def table(args) -> None:
     peers = installed_peers(args.peers)
     versions = ", ".join(f"{p} {__import__(p).__version__.split('-')[0]}" for p in peers)
     print(f"# {platform.node()} {cpu.cpu}, int8 products: {path}, {threads} thread(s); "
-          f"dnnc {dnnc.__version__}, {versions}")
+          f"dnnc {dnnc.__version__}, {versions}{'; CPU time' if args.cpu_time else ''}")
     labels = [PEERS[p][0] for p in peers]
     print(f"{'model':22} {'fp32 ms':>9} {'int8 ms':>9} " +
           " ".join(f"{lb + ' ms':>9}" for lb in labels) + f" {'fp32/int8':>10} " +
@@ -220,8 +223,13 @@ def main() -> None:
                         help="layers of the zoo's transformers (default: the zoo's)")
     parser.add_argument("--peers", default="onnxruntime,openvino",
                         help="runtimes timed on the same int8 files (those installed)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time calls by the process's CPU time (1 thread only)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # one thread count, in this process
     args = parser.parse_args()
+    if args.cpu_time and args.threads != "1" and not args.one:
+        parser.error("--cpu-time times models at --threads 1 (other threads' CPU time would "
+                     "count too)")
     if args.one:
         table(args)
         return
@@ -231,6 +239,7 @@ def main() -> None:
                         "--dynamic", args.dynamic, "--peers", args.peers,
                         "--size", str(args.size), "--repeat", str(args.repeat),
                         "--blocks", str(args.blocks)] +
+                       (["--cpu-time"] if args.cpu_time else []) +
                        ([] if args.layers is None else ["--layers", str(args.layers)]),
                        env=env, check=True)
 
