@@ -1,6 +1,7 @@
 """The int8 products on AMX tiles (Sapphire Rapids and later): QuantizedDense (`AMX_DENSE_INT8`),
-a 1x1 stride-1 unpadded QuantizedConvPacked of one group (`AMX_POINTWISE_INT8`) and one of any other window
-(`AMX_CONV_INT8`; `amx_int8_conv.py`'s Y^T over taps first where it applies), where the target
+a 1x1 stride-1 unpadded QuantizedConvPacked of one group (`AMX_POINTWISE_INT8`) and one of any
+other window (`AMX_CONV_INT8`; `amx_int8_conv.py`'s Y^T over taps first where it applies; a
+grouped one: `int8.CONV_INT8`), where the target
 has amx-tile and amx-int8; `int8.py`'s vpdpbusd templates serve every other CPU, and their
 results are the same bits (int32 sums are exact; the finish is `int8.requantized`, the same
 expression).

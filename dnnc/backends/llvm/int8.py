@@ -1,6 +1,6 @@
 """The int8 templates for CPUs: dense_int8 (QuantizedDense), conv_int8 (QuantizedConvPacked,
-of one group or grouped) and depthwise_int8 (QuantizedConv of one channel a group): int32 sums of u8 x s8 products, the
-requantization fused where a tile stores.
+of one group or grouped) and depthwise_int8 (QuantizedConv of one channel a group): int32 sums
+of u8 x s8 products, the requantization fused where a tile stores.
 
 The product is the loop-IR intrinsic `dot_u8s8x4(acc, a, b)` (`ir/loop/nodes.INTRINSICS`):
 the renderer emits AVX-512 VNNI's `vpdpbusd` where the CPU has avx512vnni (with avx512vl for
@@ -31,8 +31,9 @@ load at the pixel's base plus the group's offset. A grouped conv's panel reads o
 groups' channels (`panel_span` from `panel_base`: regnet's groups of 8 channels, 2 a panel,
 half its products zeros: 4.36 -> 0.12 ms for its first 3x3, 1 thread, where the generic
 loops ran it), a tile of one panel where the next reads other channels. A pointwise conv
-(one group) transposes the tile (`_PointwiseTile`). A depthwise conv has no channel sum to take 4 bytes of: the float32
-depthwise template's nest on the integers (`depthwise_build`: exact in float32).
+(one group) transposes the tile (`_PointwiseTile`). A depthwise conv has no channel sum to
+take 4 bytes of: the float32 depthwise template's nest on the integers (`depthwise_build`:
+exact in float32).
 
 Knobs (`Int8Config`): mr (rows a tile), nr (16 or 32 columns). This module builds loop IR and
 names features; it must never import llvmlite.
@@ -388,7 +389,8 @@ def conv_build(p: QuantizedConvProblem, config: Int8Config, machine) -> L.PrimFu
 def pointwise(p: QuantizedConvProblem) -> bool:
     """A 1x1, stride-1, unpadded conv of one group: an image's pixels are consecutive words
     of `quads`, every channel an output's."""
-    return p.group == 1 and p.kernel == (1, 1) and p.strides == (1, 1) and tuple(p.begins) == (0, 0) and \
+    return p.group == 1 and p.kernel == (1, 1) and p.strides == (1, 1) and \
+        tuple(p.begins) == (0, 0) and \
         tuple(p.padded_hw) == tuple(p.x_dims[2:])
 
 

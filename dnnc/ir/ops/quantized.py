@@ -1,8 +1,9 @@
 """Integer ops the quantization pass makes (`passes/fuse_quantized.py`): QuantizedDense,
 QuantizedConv and QuantizedConvPacked (weights in 4-byte groups of input channels at a tap,
 `pack_conv_groups`; of one group, or of groups whose panels of 16 output channels read
-`panel_span` input channels each), an int32 sum of u8/s8 activations times int8 weights with the requantization
-fused as its epilogue; QuantizedTable, an 8-bit value through a table of its 256 results. Frontends never produce these ops; their references are the accuracy
+`panel_span` input channels each), an int32 sum of u8/s8 activations times int8 weights with
+the requantization fused as its epilogue; QuantizedTable, an 8-bit value through a table of its
+256 results. Frontends never produce these ops; their references are the accuracy
 contract the kernels are tested against bit for bit.
 
 Both compute, for output channel n (a dense product's column, a conv's output channel):
