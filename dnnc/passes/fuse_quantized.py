@@ -65,8 +65,9 @@ integers. (Concat: every data input; the others: input 0.)"""
 TABLE_FREE = frozenset({"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Max", "Min"})
 """Ops a chain of one quantized value is not made a table for when it has no other: they cost
 less than a table's lookups (one load a lane)."""
-TABLE_CHAIN = 16
-"""The most nodes a chain made a table may have."""
+TABLE_CHAIN = 32
+"""The most values a chain made a table may pass (convnext's GELU, a Q -> DQ pair after each
+of its 5 ops as onnxruntime's quantizer writes it, passes 18)."""
 
 
 @dataclass
@@ -428,8 +429,8 @@ class _Rewriter:
         """The 8-bit values a chain of elementwise ops computing `u` could start from (each
         read through a DequantizeLinear of scalar parameters; None: any, u is a scalar
         constant); the empty set where none."""
-        if u.const is not None:
-            return None if u.const.size == 1 else set()
+        if u.const is not None or _scalar_constant(u):
+            return None if u.const is None or u.const.size == 1 else set()
         if id(u) in memo:
             return memo[id(u)]
         p, found = u.producer, set()
@@ -460,8 +461,8 @@ class _Rewriter:
                 if p is None or id(p) in seen:
                     continue
                 seen.add(id(p))
-                if p.op == "DequantizeLinear" and p.inputs[0] is v:
-                    leaves.append(p)
+                if p.op == "DequantizeLinear" and p.inputs[0] is v or _scalar_constant(u):
+                    leaves.append(p)   # (evaluated, not replaced: others may read it)
                 else:
                     chain.append(p)
                     todo.append(p)
@@ -511,6 +512,14 @@ class _Rewriter:
             return self.replace([node, q], "Max", [inputs[0], _value(
                 self.graph, f"{node.name}.zero_point", zy.reshape(()))], {})
         return self.replace([node, q], node.op, inputs, node.attrs)
+
+
+def _scalar_constant(v: Value) -> bool:
+    """Whether `v` is one value computed from constants alone (a DequantizeLinear of a
+    quantized scalar constant: GELU's 1 and 0.5 as onnxruntime's quantizer writes them)."""
+    node = v.producer
+    return node is not None and all(d == 1 for d in v.type.shape) and \
+        all(i is None or i.const is not None for i in node.inputs)
 
 
 def packed(w: np.ndarray, group: int) -> bool:

@@ -171,6 +171,27 @@ def test_a_silu_between_quantizations_becomes_one_table_equal_to_onnxruntime(tmp
     assert np.abs(got[0].astype(int) - want[0].astype(int)).max() <= (act is np.uint8)
 
 
+def test_a_chain_with_dequantized_scalar_constants_becomes_one_table(tmp_path):
+    """GELU's constants quantized (DQ of an int8 scalar, as onnxruntime's quantizer writes
+    convnext's): evaluated into the table, their DequantizeLinear left to whoever reads it."""
+    f32 = TensorProto.FLOAT
+    inits = {"s": np.float32(0.05), "z": np.int8(2), "c": np.int8(40), "sc": np.float32(0.1),
+             "zc": np.int8(0), "s2": np.float32(0.04), "z2": np.int8(-3)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["c", "sc", "zc"], ["cd"]),
+             helper.make_node("Erf", ["xd"], ["e"]),
+             helper.make_node("Mul", ["e", "cd"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "s2", "z2"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", f32, [3, 40])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT8, [3, 40])], inits)
+    x = np.random.default_rng(9).standard_normal((3, 40)).astype(np.float32) * 3
+    ops, got, want = _fused(model, {"x": x}, tmp_path)
+    assert ops == ["QuantizeLinear", "QuantizedTable"]
+    assert np.array_equal(got[0], run_graph(import_onnx(model), [x])[0])
+    assert np.array_equal(got[0], want[0])
+
+
 def test_a_chain_read_elsewhere_or_of_clamps_only_is_no_table(tmp_path):
     """The Sigmoid's value is also an output: no chain through it is taken (it must still
     be computed); a Clip alone between quantizations costs less than a lookup."""
