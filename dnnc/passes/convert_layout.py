@@ -283,7 +283,8 @@ def _nhwc_int8_conv(node: Node):
     x, w = node.inputs[0], node.inputs[2]
     kernel = tuple(node.attrs.get("kernel_shape") or ())
     channels = x.type.shape[1] if x.type.rank == 4 else None
-    if len(kernel) != 2 or w.const is None or not isinstance(channels, int):
+    if len(kernel) != 2 or w.const is None or not isinstance(channels, int) or \
+            (node.attrs.get("group") or 1) != 1:   # (grouped: cuda's NCHW int8 conv)
         return None
     padded = -(-channels // CHUNK_BYTES) * CHUNK_BYTES
     full = unpack_conv_groups(np.asarray(w.const), node.attrs["oc"], channels, kernel)

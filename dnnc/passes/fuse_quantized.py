@@ -1,6 +1,7 @@
 """fuse_quantized: rewrite the quantized chains of a model into integer ops
-(`ir/ops/quantized.py`: QuantizedDense, QuantizedConvPacked for one group, QuantizedConv
-for grouped convolutions) with the requantization as their
+(`ir/ops/quantized.py`: QuantizedDense, QuantizedConvPacked for one group and for groups of
+at least 4 output and a multiple of 4 input channels (`packed`), QuantizedConv for the other
+grouped convolutions, depthwise ones) with the requantization as their
 epilogue, weights quantized and packed once here.
 
 The chains, in the two formats onnxruntime's quantizer writes:
@@ -15,6 +16,11 @@ The chains, in the two formats onnxruntime's quantizer writes:
   ConvInteger (what quantize_dynamic writes after DynamicQuantizeLinear), with the Cast to
   float32 and the Mul by the scales' product that follow them taken as the float32
   epilogue.
+- an elementwise chain between quantizations of one 8-bit value v (DQ(v) -> Sigmoid -> Q ->
+  DQ -> Mul by DQ(v) -> Q: efficientnet's SiLU; HardSwish, GELU, ...; scalar constants
+  besides) becomes QuantizedTable(v, table): its result for each of v's 256 values,
+  evaluated here by the ops' references (`tabled`), so that a lookup replaces the float
+  arithmetic and its quantizations (a SiLU's exp and three divisions).
 - between integer ops, DQ -> op -> Q of the same scale and zero point for an op that only
   moves or selects values (MaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat;
   Relu as Max with the zero point) runs the op on the integers: exact, since Q(DQ(v)) = v.
@@ -39,8 +45,9 @@ import numpy as np
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.conv import CONV_ATTRS
-from ..ir.ops.quantized import QUANT_ATTRS, clamp_bounds, pack_conv_groups, pack_groups
-from ..ir.ops.registry import infer_node
+from ..ir.ops.quantized import (GROUP_DEPTH, QUANT_ATTRS, clamp_bounds, pack_conv_groups,
+                                 pack_groups, panel_span)
+from ..ir.ops.registry import Pattern, get_op, infer_node
 from .eliminate import eliminate_dead_code
 
 PRODUCTS = ("Conv", "MatMul", "Gemm")
@@ -53,6 +60,14 @@ partial sum a float32 holds exactly."""
 MOVES = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat")
 """Ops that only move or select values: DQ -> op -> Q of the same parameters is op on the
 integers. (Concat: every data input; the others: input 0.)"""
+
+
+TABLE_FREE = frozenset({"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Max", "Min"})
+"""Ops a chain of one quantized value is not made a table for when it has no other: they cost
+less than a table's lookups (one load a lane)."""
+TABLE_CHAIN = 32
+"""The most values a chain made a table may pass (convnext's GELU, a Q -> DQ pair after each
+of its 5 ops as onnxruntime's quantizer writes it, passes 18)."""
 
 
 @dataclass
@@ -164,9 +179,9 @@ class _Rewriter:
             sums = w.astype(np.int32).reshape(w.shape[0], -1).sum(axis=1, dtype=np.int32)
             attrs = {k: anchor.attrs[k] for k in CONV_ATTRS}
             sums_v = _value(g, f"{anchor.name}.w_sums", sums)
-            if attrs["group"] == 1:   # packed once: the int8 conv templates' layout
+            if packed(w, attrs["group"]):   # packed once: the int8 conv templates' layout
                 attrs.update(kernel_shape=list(w.shape[2:]), oc=int(w.shape[0]))
-                wv = _value(g, f"{anchor.name}.w_groups", pack_conv_groups(w))
+                wv = _value(g, f"{anchor.name}.w_groups", pack_conv_groups(w, attrs["group"]))
                 return "QuantizedConvPacked", [x.q, zx, wv, sums_v] + tail, attrs
             return "QuantizedConv", [x.q, zx, _value(g, f"{anchor.name}.w", w), sums_v] + \
                 tail, attrs
@@ -388,6 +403,88 @@ class _Rewriter:
                 self.users.setdefault(v, []).append(n)
         return True
 
+    # -- elementwise chains of one quantized value as tables -------------------------------------
+
+    def tabled(self, q: Node) -> bool:
+        """Q(f(DQ(v), DQ(v), ...)) for f elementwise ops (scalar constants besides) of one
+        8-bit value v, at v's shape, computing more than `TABLE_FREE` ops -> QuantizedTable(v,
+        the chain's result for each of v's 256 values, evaluated here by the references).
+        Of the values the chain could start from (a SiLU's inner Q is one), the earliest
+        whose chain is read by nothing else: the longest chain one table replaces."""
+        out = q.outputs[0].type
+        if out.dtype not in (T.int8, T.uint8) or q.attrs["block_size"]:
+            return False
+        sources = self.table_sources(q.inputs[0], out.shape, {}, [0])
+        order = {id(n.outputs[0]): k for k, n in enumerate(self.graph.nodes)}
+        for v in sorted(sources or (), key=lambda v: order.get(id(v), -1)):
+            chain, leaves = self.table_chain(q, v)
+            inside = {id(n) for n in chain}
+            if any(n.op not in TABLE_FREE for n in chain) and all(
+                    self.only_readers(n.outputs[0], inside) for n in chain if n is not q):
+                return self.replace([n for n in self.graph.nodes if id(n) in inside],
+                                    "QuantizedTable", [v, self.table(q, v, chain + leaves)], {})
+        return False
+
+    def table_sources(self, u: Value, shape, memo: dict, visited: list) -> set | None:
+        """The 8-bit values a chain of elementwise ops computing `u` could start from (each
+        read through a DequantizeLinear of scalar parameters; None: any, u is a scalar
+        constant); the empty set where none."""
+        if u.const is not None or _scalar_constant(u):
+            return None if u.const is None or u.const.size == 1 else set()
+        if id(u) in memo:
+            return memo[id(u)]
+        p, found = u.producer, set()
+        visited[0] += 1
+        x = _dequantized(u) if p is not None and p.op == "DequantizeLinear" else None
+        if x is not None and x.q.const is None and x.scale.size == 1 and \
+                x.zero_point.size == 1 and x.q.type.dtype in (T.int8, T.uint8) and \
+                x.q.type.shape == shape:
+            found = {x.q} | (self.table_sources(x.q, shape, memo, visited) or set())
+        elif p is not None and len(p.outputs) == 1 and u.type.shape == shape and \
+                get_op(p.op).pattern in (Pattern.ELEMWISE, Pattern.BROADCAST) and \
+                visited[0] <= TABLE_CHAIN:
+            found = None
+            for i in p.inputs:
+                if i is not None:
+                    each = self.table_sources(i, shape, memo, visited)
+                    found = each if found is None else found if each is None else found & each
+            found = set() if found is None else found
+        memo[id(u)] = found
+        return found
+
+    def table_chain(self, q: Node, v: Value) -> tuple[list[Node], list[Node]]:
+        """(the nodes from `q` back to v's DequantizeLinears, those DequantizeLinears)."""
+        chain, leaves, todo, seen = [q], [], [q], {id(q)}
+        while todo:
+            for u in todo.pop().inputs:
+                p = None if u is None or u.const is not None else u.producer
+                if p is None or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                if p.op == "DequantizeLinear" and p.inputs[0] is v or _scalar_constant(u):
+                    leaves.append(p)   # (evaluated, not replaced: others may read it)
+                else:
+                    chain.append(p)
+                    todo.append(p)
+        return chain, leaves
+
+    def table(self, q: Node, v: Value, nodes: list[Node]) -> Value:
+        """q's output for each value of v (from its type's minimum): `nodes` evaluated in
+        graph order by their references on the 256 values."""
+        info = np.iinfo(v.type.dtype.np)
+        arrays = {id(v): np.arange(info.min, info.max + 1).astype(v.type.dtype.np)}
+        picked = {id(n) for n in nodes}
+        for n in self.graph.nodes:   # (in order: each input is computed before it is read)
+            if id(n) in picked:
+                args = [None if i is None else i.const if i.const is not None else
+                        arrays[id(i)] for i in n.inputs]
+                arrays[id(n.outputs[0])] = get_op(n.op).run(args, n.attrs)[0]
+        return _value(self.graph, f"{q.name}.table", arrays[id(q.outputs[0])])
+
+    def only_readers(self, v: Value, nodes: set[int]) -> bool:
+        """Whether every reader of `v` is one of `nodes` (ids), v no graph output."""
+        return id(v) not in self.outputs and all(id(u) in nodes for u in self.users.get(v, []))
+
     # -- integers through moves -----------------------------------------------------------------
 
     def moved(self, q: Node) -> bool:
@@ -417,6 +514,25 @@ class _Rewriter:
         return self.replace([node, q], node.op, inputs, node.attrs)
 
 
+def _scalar_constant(v: Value) -> bool:
+    """Whether `v` is one value computed from constants alone (a DequantizeLinear of a
+    quantized scalar constant: GELU's 1 and 0.5 as onnxruntime's quantizer writes them)."""
+    node = v.producer
+    return node is not None and all(d == 1 for d in v.type.shape) and \
+        all(i is None or i.const is not None for i in node.inputs)
+
+
+def packed(w: np.ndarray, group: int) -> bool:
+    """Whether a conv of weights `w` [M, C / group, *kernel] becomes QuantizedConvPacked: one
+    group, or groups whose packed panels exist (`panel_span`) and are at least a quarter
+    products of their own groups (M / group >= 4: a panel of 16 channels then spans at most
+    4 groups, each of whose channels sees the others' as zeros). The rest (depthwise convs)
+    stay QuantizedConv."""
+    m, cin = w.shape[:2]
+    return group == 1 or (m // group >= GROUP_DEPTH and
+                          panel_span(m, cin * group, group) is not None)
+
+
 def signed_weights(w: np.ndarray, zero_point: np.ndarray, columns: int
                    ) -> tuple[np.ndarray, np.ndarray | None] | None:
     """Integer weights and their zero point (a scalar, or one per column of `columns` where w
@@ -443,8 +559,12 @@ def fuse_quantized(graph: Graph) -> int:
                         (PRODUCTS, r.dequantized_output),
                         (("MatMulInteger", "ConvInteger"), r.integer_product),
                         (("QLinearMatMul", "QLinearConv"), r.qlinear),
-                        (("QLinearMatMul",), r.activation_product)):
-        for node in list(graph.nodes):
+                        (("QLinearMatMul",), r.activation_product),
+                        (("QuantizeLinear",), r.tabled)):
+        # (tables from the last Q back: a chain's inner Q -> DQ pairs are part of the
+        # outer one's, as a SiLU's Sigmoid is quantized before its Mul)
+        nodes = list(graph.nodes)
+        for node in reversed(nodes) if rule == r.tabled else nodes:
             if node.op in kinds and id(node) not in r.removed:
                 count += rule(node)
     if count:

@@ -51,6 +51,64 @@ def test_a_qdq_cnn_runs_integer_ops_equal_to_onnxruntime(tmp_path, name, config,
     assert np.array_equal(dnnc.load(tmp_path / "model.dnnc")(**feeds), want[0])
 
 
+def _block_model(seed: int = 0):
+    """efficientnet's and regnet's block shapes in one float model: a 3x3 conv and a
+    depthwise one each with SiLU (Sigmoid, Mul), a grouped 3x3 (groups of 8) with Relu,
+    squeeze-and-excitation (GlobalAveragePool, 1x1 convs, Sigmoid, Mul), a 1x1 conv, the
+    classifier."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits, nodes = {}, []
+
+    def conv(x, cin, cout, k, group=1, name=None):
+        w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k))
+        inits[f"{name}.w"] = w.astype(np.float32)
+        inits[f"{name}.b"] = (rng.standard_normal(cout) * 0.1).astype(np.float32)
+        nodes.append(helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [name],
+                                      pads=[k // 2] * 4, group=group))
+        return name
+
+    def silu(x):
+        nodes.append(helper.make_node("Sigmoid", [x], [f"{x}.s"]))
+        nodes.append(helper.make_node("Mul", [x, f"{x}.s"], [f"{x}.silu"]))
+        return f"{x}.silu"
+
+    y = silu(conv("x", 16, 32, 3, name="c1"))
+    y = silu(conv(y, 32, 32, 3, group=32, name="dw"))
+    nodes.append(helper.make_node("Relu", [conv(y, 32, 32, 3, group=4, name="g")], ["gr"]))
+    nodes.append(helper.make_node("GlobalAveragePool", ["gr"], ["se0"]))
+    e = silu(conv("se0", 32, 8, 1, name="se1"))
+    nodes.append(helper.make_node("Sigmoid", [conv(e, 8, 32, 1, name="se2")], ["se3"]))
+    nodes.append(helper.make_node("Mul", ["gr", "se3"], ["sc"]))
+    nodes.append(helper.make_node("GlobalAveragePool", [conv("sc", 32, 16, 1, name="p")],
+                                  ["pool"]))
+    nodes.append(helper.make_node("Flatten", ["pool"], ["flat"]))
+    inits["fc.w"] = rng.standard_normal((10, 16)).astype(np.float32)
+    inits["fc.b"] = rng.standard_normal(10).astype(np.float32)
+    nodes.append(helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["y"], transB=1))
+    graph = helper.make_graph(
+        nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_efficientnet_and_regnet_blocks_run_integer_ops_equal_to_onnxruntime(tmp_path):
+    """Grouped convs packed, depthwise ones on their template, each SiLU between
+    quantizations one QuantizedTable: onnxruntime's outputs bit for bit (int8 activations)."""
+    model = _block_model()
+    path = quantize_static(model, tmp_path, "block", seed=3)
+    feeds = zoo.inputs_for(model, np.random.default_rng(11))
+    want = onnxruntime_outputs(path, feeds)
+    got, ops = _reference_outputs(path, feeds)
+    assert ops["QuantizedConvPacked"] == 5 and ops["QuantizedConv"] == 1   # (the depthwise)
+    assert ops["QuantizedTable"] == 4 and "Sigmoid" not in ops   # 3 SiLUs, the SE's Sigmoid
+    assert np.array_equal(got[0], want[0])
+    compiled = dnnc.compile(str(path), "llvm")
+    assert np.array_equal(compiled(**feeds), want[0])
+
+
 def test_a_dynamically_quantized_transformer_runs_integer_dense_ops(tmp_path):
     model = zoo.build("bert_tiny", seq=16, vocab=512)
     path = quantize_dynamic(model, tmp_path, "bert_tiny")

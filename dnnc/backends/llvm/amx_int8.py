@@ -1,6 +1,7 @@
 """The int8 products on AMX tiles (Sapphire Rapids and later): QuantizedDense (`AMX_DENSE_INT8`),
-a 1x1 stride-1 unpadded QuantizedConvPacked (`AMX_POINTWISE_INT8`) and one of any other window
-(`AMX_CONV_INT8`; `amx_int8_conv.py`'s Y^T over taps first where it applies), where the target
+a 1x1 stride-1 unpadded QuantizedConvPacked of one group (`AMX_POINTWISE_INT8`) and one of any
+other window (`AMX_CONV_INT8`; `amx_int8_conv.py`'s Y^T over taps first where it applies; a
+grouped one: `int8.CONV_INT8`), where the target
 has amx-tile and amx-int8; `int8.py`'s vpdpbusd templates serve every other CPU, and their
 results are the same bits (int32 sums are exact; the finish is `int8.requantized`, the same
 expression).
@@ -461,5 +462,11 @@ AMX_DENSE_INT8 = Template("amx_dense_int8", quantized_dense, lambda p: True, spa
 AMX_POINTWISE_INT8 = Template("amx_pointwise_int8", quantized_conv, pointwise,
                               pointwise_space, pointwise_default, pointwise_build,
                               features=AMX_INT8_FEATURES)
-AMX_CONV_INT8 = Template("amx_conv_int8", quantized_conv, lambda p: True, conv_space,
+def one_group(p: QuantizedConvProblem) -> bool:
+    """A conv of one group (grouped ones: `int8.CONV_INT8`, whose panels read their groups'
+    channels)."""
+    return p.group == 1
+
+
+AMX_CONV_INT8 = Template("amx_conv_int8", quantized_conv, one_group, conv_space,
                          conv_default, conv_build, features=AMX_INT8_FEATURES)

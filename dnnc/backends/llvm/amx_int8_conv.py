@@ -33,9 +33,10 @@ from .int8 import cast_to, pointwise, requantized, zero_point
 
 
 def applies(p: QuantizedConvProblem) -> bool:
-    """Not a pointwise conv, not folded (few input channels: `amx_conv.default_for`), and
-    output pixels (of every image) at least the weight words of an output channel."""
-    if pointwise(p) or amx_conv.default_for(p, GROUP_DEPTH).fold:
+    """One group, not a pointwise conv, not folded (few input channels:
+    `amx_conv.default_for`), and output pixels (of every image) at least the weight words of
+    an output channel."""
+    if p.group != 1 or pointwise(p) or amx_conv.default_for(p, GROUP_DEPTH).fold:
         return False
     kh, kw = p.kernel
     return p.x_dims[0] * p.y_dims[2] * p.y_dims[3] >= -(-p.x_dims[1] // GROUP_DEPTH) * kh * kw

@@ -89,14 +89,17 @@ def pad_input(p: Conv2d, par: L.ForKind) -> tuple[L.Buffer, L.Stmt | None]:
 
 
 def pad_plane(x: L.Buffer, bn: L.Expr, ch: L.Expr, image_hw, begins, padded_hw,
-              fill: float = 0.0, phases: int = 1) -> tuple[L.Buffer, L.Stmt]:
+              fill: float = 0.0, phases: int = 1, load=None) -> tuple[L.Buffer, L.Stmt]:
     """Plane (bn, ch) of NCHW `x` copied into a [hp, wp] buffer filled with `fill` around it:
     done inside the loop over planes, it stays in cache for the taps that read it (a whole
     padded image would go out to memory and back: at 3x3 depthwise that copy cost more than
     the convolution). With `phases` S > 1 the buffer is [hp, S, ceil(wp / S)], column c at
     [c % S, c // S]: a tap of a stride-S window then reads consecutive elements for
-    consecutive output pixels (one vector load, not S loads and a shuffle)."""
+    consecutive output pixels (one vector load, not S loads and a shuffle). `load` makes an
+    element of x the float32 the plane holds (default: itself)."""
     (h, wid), (ph, pw), (hp, wp) = image_hw, begins, padded_hw
+    if load is not None:
+        x = _Loaded(x, load)
     i_h, i_w = L.Var("ph"), L.Var("pw")
     if phases == 1:
         plane = L.Buffer("xplane", T.float32, (hp, wp))
@@ -119,6 +122,16 @@ def pad_plane(x: L.Buffer, bn: L.Expr, ch: L.Expr, image_hw, begins, padded_hw,
                 plane, (i_h + ph, L.const(phase), i_w + lo),
                 x[bn, ch, i_h, (i_w + lo) * phases + (phase - pw)])))
     return plane, L.seq(around, L.For(i_h, h, L.seq(*copies)))
+
+
+class _Loaded:
+    """A buffer read through `load` (`pad_plane`'s x[...] as the float32 its plane holds)."""
+
+    def __init__(self, x: L.Buffer, load):
+        self.x, self.load = x, load
+
+    def __getitem__(self, index) -> L.Expr:
+        return self.load(self.x[index])
 
 
 def row_in_vectors(block, width: int, lanes: int) -> L.Stmt:

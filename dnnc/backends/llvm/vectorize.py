@@ -143,6 +143,25 @@ class VectorLoop:
                             [stride * k for k in range(self.lanes)])
         return self.b.shuffle_vector(wide, ir.Constant(mem, ir.Undefined), picks)
 
+    def _gather(self, e: L.Load) -> ir.Value:
+        """Lanes at computed places (a QuantizedTable's lookups): each index not affine in the
+        lane a vector first, then one scalar load a lane, so that the index's arithmetic (an
+        int8 conv's requantization) runs once in vector code, not once a lane."""
+        indices, temps = [], []
+        for k, i in enumerate(e.indices):
+            if _lane_coefficient(i, self.var, set(self.vectors)) is not None:
+                indices.append(i)
+                continue
+            temp = L.Var(f"lane_index{k}", i.dtype)
+            self.vectors[temp] = self._as_vector(i)
+            indices.append(temp)
+            temps.append(temp)
+        try:
+            return self.lanewise(L.Load(e.buffer, tuple(indices)))
+        finally:
+            for temp in temps:
+                del self.vectors[temp]
+
     def _base_address(self, buf, indices):
         zero = {self.var: L.const(0)}
         return self.em.address(buf, tuple(L.substitute(i, zero) for i in indices))
@@ -217,6 +236,8 @@ class VectorLoop:
         dtype = e.buffer.dtype
         if stride in (2, 3, 4) and (dtype in _VECTOR_FLOATS or dtype in _STRIDED_INTS):
             return self._strided_load(e, stride)
+        if stride is None and dtype.kind != "b":
+            return self._gather(e)
         if stride != 1:
             return None
         ptr = self._base_address(e.buffer, e.indices)

@@ -1,7 +1,9 @@
 """Integer ops the quantization pass makes (`passes/fuse_quantized.py`): QuantizedDense,
-QuantizedConv and QuantizedConvPacked (one group, weights in 4-byte groups of input
-channels at a tap, `pack_conv_groups`), an int32 sum of u8/s8 activations times int8 weights with the requantization
-fused as its epilogue. Frontends never produce these ops; their references are the accuracy
+QuantizedConv and QuantizedConvPacked (weights in 4-byte groups of input channels at a tap,
+`pack_conv_groups`; of one group, or of groups whose panels of 16 output channels read
+`panel_span` input channels each), an int32 sum of u8/s8 activations times int8 weights with
+the requantization fused as its epilogue; QuantizedTable, an 8-bit value through a table of its
+256 results. Frontends never produce these ops; their references are the accuracy
 contract the kernels are tested against bit for bit.
 
 Both compute, for output channel n (a dense product's column, a conv's output channel):
@@ -36,11 +38,12 @@ import numpy as np
 
 from .. import batching
 from .. import types as T
-from ..compute import compute, reduce_axis, reduce_sum
+from ..compute import NoCompute, compute, reduce_axis, reduce_sum
 from ..flops import Count, has_input, numel
 from ..graph import Value
 from ..loop import Cast, Expr, call, const, maximum, minimum
 from .conv import CONV_ATTRS, conv, conv_flops, conv_shape, conv_sum, scalar_or_per_channel
+from .index_exprs import const_int
 from .infer import check_dtype
 from .linalg import widen
 from .packed import NCHW_OF_NHWC, NHWC_OF_NCHW
@@ -299,15 +302,64 @@ def conv_groups_matrix(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(taps.transpose(1, 3, 2, 0).reshape(-1, m))
 
 
-def pack_conv_groups(w: np.ndarray) -> np.ndarray:
-    """int8 [M, C, *kernel] -> [ceil(M / 16), ceil(C / 4) * taps, 16, 4]: `pack_groups` of
-    `conv_groups_matrix`, a group of 4 input channels at one tap against 16 output
-    channels in one 64-byte row."""
-    return pack_groups(conv_groups_matrix(w))
+def panel_span(m: int, c: int, group: int) -> int | None:
+    """Input channels one packed panel (16 output channels) of a conv of M output and C input
+    channels in `group` groups reads: C for one group; for several, those of the groups its
+    channels belong to: C / group x 16 / (M / group) where M / group divides 16 (never past
+    C), C / group where 16 divides M / group. None where neither, or where C / group is no
+    multiple of 4 (a panel's channels would not start a 4-byte group)."""
+    if group == 1:
+        return c
+    cin, cout = c // group, m // group
+    if cin % GROUP_DEPTH:
+        return None
+    if GROUP_COLUMNS % cout == 0:
+        return min(c, cin * (GROUP_COLUMNS // cout))
+    return cin if cout % GROUP_COLUMNS == 0 else None
 
 
-def unpack_conv_groups(wp: np.ndarray, m: int, c: int, kernel: tuple) -> np.ndarray:
-    """`pack_conv_groups`' [M, C, *kernel] back from its packing."""
+def panel_base(panel, m: int, c: int, group: int, lesser=min):
+    """The first input channel of packed panel `panel` (an int, or loop IR with `lesser`
+    `loop.minimum`): that of its first output channel's group, or C less `panel_span` where
+    the span from there would pass C (the last panel of a conv whose M / group divides 16 but
+    whose groups do not fill it)."""
+    cin, cout = c // group, m // group
+    return lesser(panel * GROUP_COLUMNS // cout * cin, c - panel_span(m, c, group))
+
+
+def pack_conv_groups(w: np.ndarray, group: int = 1) -> np.ndarray:
+    """int8 [M, C / group, *kernel] -> [ceil(M / 16), ceil(span / 4) * taps, 16, 4] (span:
+    `panel_span`): `pack_groups` of `conv_groups_matrix`, a group of 4 input channels at one
+    tap against 16 output channels in one 64-byte row. With several groups each panel is
+    packed from `panel_base` on, over the whole-C weights (zero between groups: a product of
+    another group's channel adds nothing)."""
+    if group == 1:
+        return pack_groups(conv_groups_matrix(w))
+    m, cin = w.shape[:2]
+    c, cout = cin * group, m // group
+    span = panel_span(m, c, group)
+    full = np.zeros((m, c) + w.shape[2:], np.int8)
+    for g in range(group):
+        full[g * cout:(g + 1) * cout, g * cin:(g + 1) * cin] = w[g * cout:(g + 1) * cout]
+    return np.concatenate([pack_groups(conv_groups_matrix(
+        full[jp * GROUP_COLUMNS:(jp + 1) * GROUP_COLUMNS, base:base + span]))
+        for jp in range(-(-m // GROUP_COLUMNS)) for base in [panel_base(jp, m, c, group)]])
+
+
+def unpack_conv_groups(wp: np.ndarray, m: int, c: int, kernel: tuple, group: int = 1
+                       ) -> np.ndarray:
+    """`pack_conv_groups`' [M, C / group, *kernel] back from its packing."""
+    if group > 1:
+        span, cin, cout = panel_span(m, c, group), c // group, m // group
+        w = np.zeros((m, cin) + tuple(kernel), np.int8)
+        for jp in range(wp.shape[0]):
+            cols = min(GROUP_COLUMNS, m - jp * GROUP_COLUMNS)
+            block = unpack_conv_groups(wp[jp:jp + 1], cols, span, kernel)
+            base = panel_base(jp, m, c, group)
+            for k in range(cols):
+                first = (jp * GROUP_COLUMNS + k) // cout * cin - base
+                w[jp * GROUP_COLUMNS + k] = block[k, first:first + cin]
+        return w
     c4, taps = -(-c // GROUP_DEPTH), int(np.prod(kernel))
     matrix = unpack_groups(wp, c4 * taps * GROUP_DEPTH, m)
     full = matrix.reshape(c4, taps, GROUP_DEPTH, m).transpose(3, 0, 2, 1)
@@ -317,20 +369,25 @@ def unpack_conv_groups(wp: np.ndarray, m: int, c: int, kernel: tuple) -> np.ndar
 def _conv_packed_infer(ctx):
     _check_activation(ctx, "x")
     oc, kernel = ctx.attrs["oc"], tuple(ctx.attrs["kernel_shape"] or ())
-    x, wp = ctx.shape(0), ctx.shape(2)
-    if ctx.attrs["group"] != 1 or not kernel or len(kernel) != len(x) - 2:
-        raise ctx.fail(f"packed groups serve one group of a given kernel_shape of rank "
-                       f"{len(x) - 2}, given group {ctx.attrs['group']}, kernel {kernel}")
+    x, wp, group = ctx.shape(0), ctx.shape(2), ctx.attrs["group"]
+    if not kernel or len(kernel) != len(x) - 2:
+        raise ctx.fail(f"packed groups serve a given kernel_shape of rank {len(x) - 2}, "
+                       f"given kernel {kernel}")
     taps = int(np.prod(kernel))
-    if isinstance(x[1], int) and wp != (-(-oc // GROUP_COLUMNS),
-                                        -(-x[1] // GROUP_DEPTH) * taps, GROUP_COLUMNS,
-                                        GROUP_DEPTH):
-        raise ctx.fail(f"weights of {oc} channels over {x[1]} x {kernel} in groups are "
-                       f"[{-(-oc // 16)}, {-(-x[1] // 4) * taps}, 16, 4], given {wp}")
+    if isinstance(x[1], int):
+        span = None if x[1] % group or oc % group else panel_span(oc, x[1], group)
+        if span is None:
+            raise ctx.fail(f"{group} groups of {x[1]} input and {oc} output channels have no "
+                           f"packed panels (panel_span)")
+        if wp != (-(-oc // GROUP_COLUMNS), -(-span // GROUP_DEPTH) * taps, GROUP_COLUMNS,
+                  GROUP_DEPTH):
+            raise ctx.fail(f"weights of {oc} channels over {span} x {kernel} in groups are "
+                           f"[{-(-oc // 16)}, {-(-span // 4) * taps}, 16, 4], given {wp}")
     if ctx.shape(3) != (oc,):
         raise ctx.fail(f"w_sums has one entry per output channel ({oc}), given {ctx.type(3)}")
     out = _check_epilogue(ctx, 4, oc)
-    w = Value("w.unpacked", T.TensorType(T.float32, (oc, x[1]) + kernel))
+    cin = x[1] // group if isinstance(x[1], int) else x[1]
+    w = Value("w.unpacked", T.TensorType(T.float32, (oc, cin) + kernel))
     (conv_type,), _, _ = infer_node("Conv", [Value("x.f", T.TensorType(T.float32, x)), w],
                                     _conv_attrs(ctx.attrs), 1, ctx.node_name)
     return [T.TensorType(out, conv_type.shape)]
@@ -338,32 +395,40 @@ def _conv_packed_infer(ctx):
 
 def quantized_conv_packed(x, x_zero_point, w, w_sums, bias=None, scale=None, y_zero_point=None,
                           *, oc, lo, hi, **attrs):
-    full = unpack_conv_groups(w, oc, x.shape[1], tuple(attrs["kernel_shape"]))
+    full = unpack_conv_groups(w, oc, x.shape[1], tuple(attrs["kernel_shape"]), attrs["group"])
     return quantized_conv(x, x_zero_point, full, w_sums, bias, scale, y_zero_point, lo=lo, hi=hi,
                           **attrs)
 
 
 def _conv_packed_rule(inputs, outputs, *, oc, lo, hi, **attrs):
     x, wp = inputs[0], inputs[2]
-    kernel = tuple(attrs["kernel_shape"])
+    kernel, group = tuple(attrs["kernel_shape"]), attrs["group"]
     taps = int(np.prod(kernel))
+    c = const_int(x.shape[1])
+    if group > 1 and c is None:
+        raise NoCompute(f"the input channels {x.shape[1]} of {group} groups are not known")
+    cin = x.shape[1] if group == 1 else c // group
 
-    def weight(m, c, *k):
+    def weight(m, c_in, *k):
         tap = 0
         for d, i in zip(kernel, k):
             tap = tap * d + i
-        g = (c // GROUP_DEPTH) * taps + tap
-        return wp[m // GROUP_COLUMNS, g, m % GROUP_COLUMNS, c % GROUP_DEPTH]
+        if group > 1:   # the channel's place in its panel's span
+            c_in = m // (oc // group) * cin + c_in - panel_base(m // GROUP_COLUMNS, oc, c,
+                                                                 group, minimum)
+        g = (c_in // GROUP_DEPTH) * taps + tap
+        return wp[m // GROUP_COLUMNS, g, m % GROUP_COLUMNS, c_in % GROUP_DEPTH]
 
     # the unpacking stage has no reduction: lowering inlines it into the conv's loads
-    w = compute((oc, x.shape[1]) + kernel, weight, "unpack", T.int8)
+    w = compute((oc, cin) + kernel, weight, "unpack", T.int8)
     return _conv_rule([x, inputs[1], w] + list(inputs[3:]), outputs, lo=lo, hi=hi, **attrs)
 
 
 register_op("QuantizedConvPacked", pattern=Pattern.OUT_FUSABLE, infer=_conv_packed_infer,
             evaluate=quantized_conv_packed, inputs=(4, 7), compute=_conv_packed_rule,
             attrs={**CONV_ATTRS, **QUANT_ATTRS, "oc": REQUIRED}, weights=(2, 3, 4),
-            flops=lambda node: conv_flops(node.outputs[0], (node.inputs[0].shape[1],) + tuple(
+            flops=lambda node: conv_flops(node.outputs[0], (
+                node.inputs[0].shape[1] // node.attrs["group"],) + tuple(
                 node.attrs["kernel_shape"]), node.outputs[0], has_input(node, 4)),
             batched=batching.data_input)
 
@@ -445,4 +510,42 @@ register_op("QuantizedConvNHWC", pattern=Pattern.OUT_FUSABLE, infer=_conv_nhwc_i
             attrs={**CONV_ATTRS, **QUANT_ATTRS}, weights=(2, 3, 4, 7),
             flops=lambda node: conv_flops(node.outputs[0], node.inputs[2].shape[1:],
                                           node.outputs[0], has_input(node, 4)),
+            batched=batching.data_input)
+
+
+# -- QuantizedTable -----------------------------------------------------------------------------
+
+
+TABLE_SIZE = 256
+"""Entries of a QuantizedTable: one per value of an 8-bit input, from the type's minimum."""
+
+
+def _table_infer(ctx):
+    check_dtype(ctx, 0, ACTIVATIONS, "x")
+    check_dtype(ctx, 1, ACTIVATIONS, "table")
+    if ctx.shape(1) != (TABLE_SIZE,):
+        raise ctx.fail(f"the table has one entry per 8-bit value ({TABLE_SIZE}), given "
+                       f"{ctx.type(1)}")
+    return [T.TensorType(ctx.dtype(1), ctx.shape(0))]
+
+
+def quantized_table(x, table):
+    return table[x.astype(np.int32) - int(np.iinfo(x.dtype).min)]
+
+
+def _table_rule(inputs, outputs):
+    x, table = inputs
+    out = outputs[0]
+    low = int(np.iinfo(x.dtype.np).min)
+
+    def element(*idx):
+        return table[widen(T.int32, x[idx]) - const(low, T.int32)]
+
+    return [compute(out.shape, element, "table", out.dtype)]
+
+
+# y = table[x - min of x's type]: what an elementwise chain between quantizations of one 8-bit
+# value computes (fuse_quantized's `tabled`), evaluated once for every value
+register_op("QuantizedTable", pattern=Pattern.ELEMWISE, infer=_table_infer,
+            evaluate=quantized_table, inputs=2, compute=_table_rule, params=(1,),
             batched=batching.data_input)

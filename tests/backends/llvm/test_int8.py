@@ -154,21 +154,21 @@ def test_a_dynamically_quantized_transformer_compiles_to_int8_dense_kernels(tmp_
     np.testing.assert_allclose(compiled(**feeds), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out):
+def conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out, group=1):
     """y = Relu(QuantizedConvPacked(x, ...)); its inputs and reference."""
     from dnnc.ir.ops.quantized import pack_conv_groups, quantized_conv_packed
 
     info = np.iinfo(act)
-    wq = rng.integers(-128, 128, (m, c, k, k)).astype(np.int8)
+    wq = rng.integers(-128, 128, (m, c // group, k, k)).astype(np.int8)
     g = Graph("q")
     x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, c, h, w)))
-    ins = _conv_inputs(rng, x, act, pack_conv_groups(wq), wq, (1e-4, 1e-3), out)
+    ins = _conv_inputs(rng, x, act, pack_conv_groups(wq, group), wq, (1e-4, 1e-3), out)
     attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, oc=m,
                  lo=None, hi=None)
-    g.outputs = [g.add("Relu", g.add("QuantizedConvPacked", *ins, **attrs))]
+    g.outputs = [g.add("Relu", g.add("QuantizedConvPacked", *ins, group=group, **attrs))]
     xv = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(act)
     want = np.maximum(quantized_conv_packed(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
-                                            dilations=None, group=1, **attrs), 0)
+                                            dilations=None, group=group, **attrs), 0)
     return g, xv, want
 
 
@@ -203,6 +203,65 @@ def test_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, pad, act
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n,c,h,w,m,k,stride,group,act,out", [
+    (1, 48, 10, 9, 48, 3, 2, 6, np.uint8, np.int8),    # regnet's: 8 channels a group
+    (1, 40, 7, 7, 40, 3, 1, 5, np.int8, np.uint8),     # the last panel's span clamped to C
+    (2, 16, 6, 6, 16, 3, 1, 4, np.int8, None),         # 4 channels a group: 4 a panel
+    (1, 16, 5, 5, 64, 3, 1, 2, np.uint8, np.int8),     # 32 a group: tiles of two panels
+    (1, 12, 6, 5, 48, 1, 1, 3, np.int8, np.int8)])     # 1x1 of 16 a group (not pointwise)
+def test_grouped_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, group, act,
+                                                out):
+    """A grouped QuantizedConvPacked (panels over their groups' channels, `panel_span`) on
+    conv_int8, bit for bit its reference, on every feature path."""
+    rng = np.random.default_rng(n * c * h * m * k * group)
+    g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, 1, act, out, group)
+    model = dnnc.compile(g, "llvm", cpu=cpu_from(None, FEATURE_PATHS[path][1]), cache=False)
+    assert [r["template"] for r in model.profile(x, repeat=1)] == ["conv_int8"]
+    got = model(x)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("act,out", [(np.uint8, np.int8), (np.int8, np.uint8)])
+def test_a_table_in_a_conv_epilogue_equals_the_reference(act, out):
+    """QuantizedTable(QuantizedConvPacked(x)) in one kernel: the lookup's index computed in
+    vector code (vectorize's gather), the table read a lane at a time."""
+    from dnnc.ir.ops.quantized import quantized_table
+
+    rng = np.random.default_rng(11)
+    g, x, _ = conv_graph(rng, 1, 8, 9, 9, 48, 3, 1, 1, act, out)
+    relu = g.nodes[-1]
+    table = rng.integers(-128, 128, 256).astype(np.int8) if act is np.int8 else \
+        rng.integers(0, 256, 256).astype(np.uint8)
+    conv = relu.inputs[0]
+    y = g.add("QuantizedTable", conv, _const("t", table))
+    g.nodes = [n for n in g.nodes if n is not relu]
+    g.outputs = [y]
+    ref = dnnc.compile(g, "numpy")(x)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert len(model.profile(x, repeat=1)) == 1
+    got = model(x)
+    assert got.dtype == table.dtype and np.array_equal(got, ref)
+    conv_only = Graph("q")
+    conv_only.inputs, conv_only.nodes, conv_only.outputs = g.inputs, g.nodes[:-1], [conv]
+    assert np.array_equal(ref, quantized_table(dnnc.compile(conv_only, "numpy")(x), table))
+
+
+@pytest.mark.parametrize("c,m,group", [(40, 40, 5), (16, 64, 2)])
+def test_a_grouped_packed_conv_lowers_generically_to_its_reference(monkeypatch, c, m, group):
+    """QuantizedConvPacked's loop-IR rule (what a target without an int8 template lowers,
+    cuda's for groups) reads a grouped panel's weights where the reference does."""
+    from dnnc.backends.llvm import schedules
+    from dnnc.ir.ops.registry import Pattern
+
+    monkeypatch.setitem(schedules.TEMPLATES, ("llvm", Pattern.OUT_FUSABLE), (schedules.ROWS,))
+    rng = np.random.default_rng(c * m * group)
+    g, x, want = conv_graph(rng, 1, c, 6, 5, m, 3, 1, 1, np.int8, np.int8, group)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert [r["template"] for r in model.profile(x, repeat=1)] == ["rows"]
+    assert np.array_equal(model(x), want)
+
+
 @pytest.mark.parametrize("n,c,h,w,k,stride,pad,act,out", [
     (1, 5, 9, 7, 3, 1, 1, np.uint8, np.int8), (2, 16, 8, 8, 3, 2, 1, np.int8, np.uint8),
     (1, 3, 11, 11, 5, 1, 2, np.int8, None), (1, 8, 7, 7, 3, 2, 0, np.uint8, np.int8)])
@@ -225,6 +284,34 @@ def test_depthwise_int8_equals_the_reference(n, c, h, w, k, stride, pad, act, ou
     assert [r["template"] for r in model.profile(xv, repeat=1)] == ["depthwise_int8"]
     got = model(xv)
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("k,template", [(11, "depthwise_int8"), (12, "rows")])
+def test_depthwise_int8_sums_at_the_float32_bound_are_exact(k, template):
+    """The largest sums the depthwise template takes (121 taps of 255 x -128: -3949440, below
+    2**22 in float32) equal the reference; 144 taps would not, and go to the generic loops."""
+    from dnnc.ir.ops.quantized import quantized_conv
+
+    rng = np.random.default_rng(k)
+    c, size = 3, 13
+    wq = np.full((c, 1, k, k), -128, np.int8)
+    wq[1] = 127
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.uint8, (1, c, size, size)))
+    ins = [x, _const("za", np.uint8(0)), _const("w", wq),
+           _const("s", wq.astype(np.int32).reshape(c, -1).sum(1).astype(np.int32)),
+           _const("b", np.array([-7, 5, 1 << 20], np.int32)),
+           _const("sc", np.full(c, 1e-4, np.float32))]
+    attrs = dict(kernel_shape=[k, k], strides=[1, 1], pads=[k // 2] * 4, group=c,
+                 lo=None, hi=None)
+    g.outputs = [g.add("QuantizedConv", *ins, **attrs)]
+    xv = np.full((1, c, size, size), 255, np.uint8)
+    xv[0, 2] = rng.integers(0, 256, (size, size))
+    want = quantized_conv(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET", dilations=None,
+                          **attrs)
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert [r["template"] for r in model.profile(xv, repeat=1)] == [template]
+    assert np.array_equal(model(xv), want) and want.min() < -390   # (the sums, scaled)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
