@@ -219,6 +219,23 @@ def _winograd_conv(graph: Graph, node: Node, users, target: Target):
     return Node("ConvWinograd", inputs, node.outputs, full, node.name), []
 
 
+def _channels_last_input(x: Value, name: str, channels: int, padded: int
+                         ) -> tuple[list[Node], Value]:
+    """(the nodes, the value) of NCHW `x` made channels-last: a Transpose, then a Pad of its
+    channels with zeros up to `padded` where that is more than `channels`."""
+    xt = Value(f"{x.name}.nhwc", TensorType(x.type.dtype, tuple(
+        x.type.shape[i] for i in NHWC_OF_NCHW)))
+    edge = [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{name}.in")]
+    if padded != channels:
+        pads = Value(f"{name}.channel_pads", TensorType(int64, (8,)),
+                     const=np.array([0] * 7 + [padded - channels], np.int64))
+        xp = Value(f"{x.name}.nhwc{padded}", TensorType(x.type.dtype, xt.type.shape[:3] +
+                                                         (padded,)))
+        edge.append(Node("Pad", [xt, pads], [xp], {"mode": "constant"}, f"{name}.pad"))
+        xt = xp
+    return edge, xt
+
+
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     """Conv(x, W const, B) (2-D, one group or depthwise) at a reduced precision ->
     Transpose(x) -> [Pad of its channels to whole chunks, one group only and not on a
@@ -249,16 +266,7 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
             (node.attrs.get("group") or 1) == 1:   # (a depthwise one: no tensor cores)
         ohwi = round_tf32(ohwi)   # once here: the product's tiles then leave them as they are
     wv = Value(f"{w.name}.ohwi", TensorType(w.type.dtype, ohwi.shape), const=ohwi)
-    xt = Value(f"{x.name}.nhwc", TensorType(x.type.dtype, tuple(
-        x.type.shape[i] for i in NHWC_OF_NCHW)))
-    edge = [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{node.name}.in")]
-    if padded != channels:
-        pads = Value(f"{node.name}.channel_pads", TensorType(int64, (8,)),
-                     const=np.array([0] * 7 + [padded - channels], np.int64))
-        xp = Value(f"{x.name}.nhwc{padded}", TensorType(x.type.dtype, xt.type.shape[:3] +
-                                                         (padded,)))
-        edge.append(Node("Pad", [xt, pads], [xp], {"mode": "constant"}, f"{node.name}.pad"))
-        xt = xp
+    edge, xt = _channels_last_input(x, node.name, channels, padded)
     out = node.outputs[0]
     inputs = [xt, wv] + list(node.inputs[2:])
     attrs = dict(node.attrs, kernel_shape=list(node.attrs.get("kernel_shape") or
@@ -293,16 +301,7 @@ def _nhwc_int8_conv(node: Node):
     wv = Value(f"{w.name}.ohwi", TensorType(int8, ohwi.shape), const=ohwi)
     taps = tap_sums(ohwi)
     tv = Value(f"{w.name}.tap_sums", TensorType(int32, taps.shape), const=taps)
-    xt = Value(f"{x.name}.nhwc", TensorType(x.type.dtype, tuple(
-        x.type.shape[i] for i in NHWC_OF_NCHW)))
-    edge = [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{node.name}.in")]
-    if padded != channels:
-        pads = Value(f"{node.name}.channel_pads", TensorType(int64, (8,)),
-                     const=np.array([0] * 7 + [padded - channels], np.int64))
-        xp = Value(f"{x.name}.nhwc{padded}", TensorType(x.type.dtype, xt.type.shape[:3] +
-                                                         (padded,)))
-        edge.append(Node("Pad", [xt, pads], [xp], {"mode": "constant"}, f"{node.name}.pad"))
-        xt = xp
+    edge, xt = _channels_last_input(x, node.name, channels, padded)
     extra = list(node.inputs[4:7]) + [None] * (7 - len(node.inputs[:7]))
     inputs = [xt, node.inputs[1], wv, node.inputs[3]] + extra[:3] + [tv]
     attrs = {k: v for k, v in node.attrs.items() if k != "oc"}
