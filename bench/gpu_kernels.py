@@ -94,6 +94,7 @@ from dnnc.backends.lower import lower_group  # noqa: E402
 from dnnc.ir import loop as L  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
+from dnnc.ir.ops.packed import round_tf32  # noqa: E402
 from dnnc.ir.target import PRECISIONS, Target  # noqa: E402
 from gpu_attention import attention_table  # noqa: E402
 from gpu_timing import (cuda_torch, cupy_timer, event_ms, header,  # noqa: E402
@@ -366,10 +367,15 @@ def torch_call(case: Case):
     return None if torch is None else case.torch(torch.from_numpy(case.x).cuda())
 
 
-def build(case: Case, machine: Target, overrides: dict):
-    """(the scheduled PrimFunc, its config) of the case's graph as one kernel."""
+def build(case: Case, machine: Target, overrides: dict, tf32_operands: bool = False):
+    """(the scheduled PrimFunc, its config) of the case's graph as one kernel;
+    `tf32_operands`: a product's operands taken as tf32 values already (as in a model at
+    tf32, where passes/store_tf32.py has their producers store them so: `run_kernel` then
+    feeds them rounded)."""
     kernel = lower_group(list(case.graph.nodes), case.name, outputs=case.graph.outputs)
     template, problem = template_for(kernel, machine=machine)
+    if tf32_operands:
+        problem = dataclasses.replace(problem, a_tf32=True, b_tf32=True)
     config = template.default(problem, machine)
     if overrides:
         config = dataclasses.replace(config, **overrides)
@@ -377,13 +383,16 @@ def build(case: Case, machine: Target, overrides: dict):
     return kernel, template.build(problem, config, machine), config
 
 
-def run_kernel(cp, kernel, func, x_dev):
-    """A function launching `func`'s launches once, and its output device array."""
+def run_kernel(cp, kernel, func, x_dev, tf32: bool = False):
+    """A function launching `func`'s launches once, and its output device array; `tf32`:
+    the inputs rounded to tf32 first (`packed.round_tf32`, as `build`'s tf32_operands)."""
     module = render_module([(func, True)])
     raw = load_module(cp, module.source)
     info = module.kernels[func.name]
     ins = [x_dev if v.const is None else cp.asarray(np.ascontiguousarray(v.const))
            for v in kernel.inputs]
+    if tf32:
+        ins = [cp.asarray(round_tf32(cp.asnumpy(a))) for a in ins]
     (out_value,) = kernel.outputs
     out = cp.full(out_value.type.shape, np.nan, np.float32)
     scratch = [cp.empty(size, cp.uint8) for size in info.workspace]
@@ -495,11 +504,14 @@ def dense_table(cp, machine: Target, args) -> int:
             print(f"{'dense':12s} {case.label:18s} {label:58s} "
                   f"{blas_ms * 1e3:9.1f} {flops / blas_ms / 1e9:7.1f} {1:9.2f}")
         default, measured = None, set()
-        storages = ("fp32", precision) if precision in mma.STORAGE else ("fp32",)
+        # the operands as a model's products read them: in 16 bits (half storage), or at
+        # tf32 as tf32 values (passes/store_tf32.py)
+        storages = ("fp32", precision) if precision in mma.STORAGE or precision == "tf32" \
+            else ("fp32",)
         for storage, overrides in [(s, o) for s in storages for o in [{}] + (
                 [] if args.no_variants else case.variants)]:
             try:
-                kernel, func, config = build(case, machine, overrides)
+                kernel, func, config = build(case, machine, overrides, storage == "tf32")
             except Exception as exc:   # a variant outside this problem's space
                 print(f"{'dense':12s} {case.label:18s} {str(overrides)[:58]:58s} skipped: "
                       f"{str(exc).splitlines()[0][:60]}")
@@ -508,8 +520,8 @@ def dense_table(cp, machine: Target, args) -> int:
                 continue
             measured.add((storage, config))
             default = default or config
-            if storage == "fp32":
-                launch, out, n = run_kernel(cp, kernel, func, x_dev)
+            if storage in ("fp32", "tf32"):
+                launch, out, n = run_kernel(cp, kernel, func, x_dev, storage == "tf32")
             else:   # the operands stored in 16 bits
                 launch, out = stored_16bit(cp, precision, case.x, cp.asnumpy(w_dev), config)
             ms = event_ms(cp, launch, repeat, args.trials)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ir import loop as L
 from ..ir import types as T
-from ..ir.ops.packed import is_tf32
+from ..ir.ops.packed import holds_tf32
 from ..ir.ops.registry import Pattern, get_op
 from .lower import Kernel, epilogue, layout_tail, store_index
 
@@ -85,6 +85,9 @@ class Dense:
     # B packed in bf16 pairs along K, [n / panel, ceil(k / 2), panel, 2] (MatMulPacked at
     # precision bf16): products of A and B rounded to bf16, accumulated in float32
     pairs: bool = False
+    # A, B hold tf32 values only (`packed.holds_tf32`: passes/store_tf32.py rounded them)
+    a_tf32: bool = False
+    b_tf32: bool = False
 
     @property
     def float32(self) -> bool:
@@ -221,7 +224,9 @@ def dense(kernel: Kernel) -> Dense | None:
         alpha=attrs.get("alpha", 1.0), beta=attrs.get("beta", 1.0),
         b_batched=not packed and len(b_dims) > 2, packed_panel=b_dims[2] if packed else 0,
         epilogue=epilogue(kernel), store_index=where if layout_tail(kernel) else None,
-        anchor_dtype=anchor_dtype, pairs=packed and attrs.get("precision") == "bf16")
+        anchor_dtype=anchor_dtype, pairs=packed and attrs.get("precision") == "bf16",
+        a_tf32=a.dtype is T.float32 and holds_tf32(node.inputs[0]),
+        b_tf32=not packed and b.dtype is T.float32 and holds_tf32(node.inputs[1]))
 
 
 def _operands(kernel: Kernel, node, count: int) -> list:
@@ -531,6 +536,7 @@ class Conv2dNHWC:
     anchor_dtype: T.DType = T.float32
     group: int = 1
     w_tf32: bool = False   # the weights are constants of tf32 values (`packed.round_tf32`)
+    x_tf32: bool = False   # the image holds tf32 values only (`packed.holds_tf32`)
 
     @property
     def depthwise(self) -> bool:
@@ -563,12 +569,12 @@ def conv2d_nhwc(kernel: Kernel) -> Conv2dNHWC | None:
     if geometry is None or tuple(node.outputs[0].type.shape) != tuple(yd):
         return None
     strides, dilations, begins, _ = geometry
-    weights = node.inputs[1].const
     problem = Conv2dNHWC(kernel.func.name, kernel.func.params, x, w, bias, y, tuple(xd),
                          tuple(wd), tuple(yd), tuple(strides), tuple(dilations),
                          tuple(begins), epilogue(kernel), node.outputs[0].type.dtype,
                          node.attrs.get("group") or 1,
-                         weights is not None and is_tf32(weights))
+                         w.dtype is T.float32 and holds_tf32(node.inputs[1]),
+                         x.dtype is T.float32 and holds_tf32(node.inputs[0]))
     return problem if problem.group == 1 or problem.depthwise else None
 
 

@@ -17,7 +17,9 @@ and optionally dumped.
        at its inputs and outputs; after fuse_attention, which would not match across its
        Casts), + convert_layout (the target's weight layouts, converted once at compile
        time; cuda at a reduced precision: convolutions channels-last, Transposes sunk
-       between them), + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
+       between them), + store_tf32 (at tf32 on a target with `half_storage`: what the
+       tensor-core products read stored as tf32 values, rounded in their producers'
+       epilogues), + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
     3  the same as 2 today (the default: the fastest correct level)
 
 Memory planning is not a graph pass: arena offsets need the final kernels and concrete sizes,
@@ -53,6 +55,7 @@ from .fuse_quantized import QUANTIZED, fuse_quantized
 from .simplify import simplify
 from .specialize import specialize
 from .store_half import store_half
+from .store_tf32 import store_tf32
 from .widen_half import widen_half
 
 log = logging.getLogger(__name__)
@@ -96,7 +99,7 @@ PIPELINE = [("fuse_quantized", 1, _quantized), ("fold_constants", 1, _fold), ("s
             ("eliminate", 1, _eliminate), ("widen_half", 1, widen_half),
             ("fuse_attention", 2, fuse_attention),
             ("store_half", 2, store_half), ("expand_powers", 1, _expand_powers),
-            ("convert_layout", 2, _layout),
+            ("convert_layout", 2, _layout), ("store_tf32", 2, store_tf32),
             ("fuse_ops", 2, fuse_ops)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""
 

@@ -62,7 +62,8 @@ def default(p: problems.Conv2dNHWC, machine) -> TensorCoreConfig:
     256@56 -> 64 against 35.7 on the 64 x 64 wgmma tile, 36.4 at 256@14 -> 1024 against 29.6
     (H200, fp16, batch 32, bench/gpu_conv.py)."""
     return choose(*gemm(p), gpu=gpu_of(machine), precision=machine.precision,
-                  wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision),
+                  wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
+                                         p.x_tf32 and p.w_tf32),
                   shallow_rule=False)
 
 
@@ -113,11 +114,11 @@ def implicit_gemm(p: problems.Conv2dNHWC) -> tuple[Operand, Callable, dict]:
         index = (img, oy, ox, j)
         return L.Store(y, index, p.finish(value, index))
 
-    patches = Operand(patch, False, chunk=lambda bi, i, kk: tap(i, kk))
+    patches = Operand(patch, False, chunk=lambda bi, i, kk: tap(i, kk), rounded=p.x_tf32)
     if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wid):
         # a pointwise conv's patches are X itself, [pixels, C]: a plain array
         flat = L.Buffer(p.x.name, p.x.dtype, (m, ch))
-        patches = Operand(lambda bi, i, kk: flat[i, kk], False, array=True)
+        patches = Operand(lambda bi, i, kk: flat[i, kk], False, array=True, rounded=p.x_tf32)
         x = flat
     return patches, store, {x.name: x, y.name: y}
 

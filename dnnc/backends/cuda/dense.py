@@ -194,8 +194,9 @@ def build(p: problems.Dense, c, machine, product: Callable | None = None) -> L.P
         return L.Store(target.buffer, target.indices, p.finish(value, bi, i, j))
 
     body = (product or tiled_product)(c, p.batch, p.m, p.n, p.k,
-                                      Operand(a_at, p.trans_a, array=True),
-                                      Operand(b_at, not p.trans_b, array=True), store)
+                                      Operand(a_at, p.trans_a, array=True, rounded=p.a_tf32),
+                                      Operand(b_at, not p.trans_b, array=True,
+                                              rounded=p.b_tf32), store)
     views: dict[str, L.Buffer] = {}
     for x in (a, b, y if p.store_index is None else y_full, p.c):
         if x is not None:

@@ -273,18 +273,22 @@ DNNC_WGMMA is unset (DNNC_WGMMA=0 turns it off; =1 on at every precision). On an
 and of bert_base and mlp at fp16 / bf16 passed."""
 
 WGMMA_PRECISIONS = ("fp16", "bf16")
-"""Where the default takes wgmma unasked: at tf32 (K-major 32-bit tiles) the same run had
+"""Where the default takes wgmma unasked (and at tf32 where both operands are tf32 values
+already, `wgmma_by_default`): at tf32 rounding in the tiles (K-major 32-bit tiles) the same run had
 it slower than mma.sync but at 8192 x 768 x 3072 (0.23 against 0.35 at 8192 x 3072 x 768,
 0.37 against 0.62 at 1024 x 768 x 3072). Models agree: with DNNC_WGMMA=1 at tf32, batch 32
 (H200, bench/gpu_versus.py), resnet18 took 3.83 ms against 1.96 on mma.sync, convnext_tiny
 7.94 against 5.24."""
 
 
-def wgmma_by_default(arch: str | None, precision: str = "fp16") -> bool:
+def wgmma_by_default(arch: str | None, precision: str = "fp16", rounded: bool = False) -> bool:
     """Whether the default config may pick the `wgmma` knob: on sm_90, where DNNC_WGMMA=1,
-    or at WGMMA_PRECISIONS where WGMMA_DEFAULT and it is unset."""
+    or, where WGMMA_DEFAULT and it is unset, at WGMMA_PRECISIONS and at tf32 when both
+    operands are `rounded` (tf32 values already, `packed.holds_tf32`: the tiles then round
+    nothing, see WGMMA_PRECISIONS)."""
     switch = os.environ.get("DNNC_WGMMA")
-    on = WGMMA_DEFAULT and precision in WGMMA_PRECISIONS if switch is None else switch == "1"
+    on = WGMMA_DEFAULT and (precision in WGMMA_PRECISIONS or precision == "tf32" and rounded) \
+        if switch is None else switch == "1"
     return on and arch is not None and has_wgmma(arch)
 
 
@@ -591,7 +595,8 @@ class _Tile:
         at = step * self.chunk + v * self.per_word
         values = [self.stage[at + h] for h in range(self.per_word)]
         if self.precision == "tf32":
-            return L.call("pack_tf32", _as_float32(values[0]), dtype=T.uint32)
+            return L.call("bitcast" if self.operand.rounded else "pack_tf32",
+                          _as_float32(values[0]), dtype=T.uint32)
         if self.dtype is STORAGE[self.precision]:
             lo, hi = (L.Cast(T.uint32, L.call("bitcast", x, dtype=T.uint16)) for x in values)
             return L.BinOp("|", lo, L.BinOp("<<", hi, L.const(16, T.uint32)))
@@ -812,7 +817,8 @@ def dense_space(p: problems.Dense, machine) -> Space:
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
     return choose(p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
-                  wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision))
+                  wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
+                                         p.a_tf32 and p.b_tf32))
 
 
 def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:

@@ -164,6 +164,24 @@ unary("Tanh", np.tanh, dtypes=FLOATS, expr=lambda x: call("tanh", x))
 unary("Erf", erf, dtypes=FLOATS, expr=lambda x: call("erf", x))
 unary("Identity", lambda x: x, shape_arith=True, expr=lambda x: x, flops=per_output(0))
 
+
+def _round_tf32(x):
+    """float32 `x` rounded to tf32 (10 mantissa bits) to nearest, ties away from zero, as
+    PTX's `cvt.rna.tf32.f32`; NaN kept (an infinity rounds to itself)."""
+    from .packed import round_tf32
+    return round_tf32(x)
+
+
+def _round_tf32_expr(x):
+    bits = call("bitcast", x, dtype=T.uint32)
+    up = L.BinOp("&", bits + const(0x1000, T.uint32), const(0xFFFFE000, T.uint32))
+    return Select(call("isnan", x), x, call("bitcast", up, dtype=T.float32))
+
+
+# dnnc's own (passes/store_tf32.py): a float32 activation stored as a tf32 value, so that the
+# tensor-core products reading it need not round it in their tiles
+unary("RoundTF32", _round_tf32, dtypes=(T.float32,), expr=_round_tf32_expr)
+
 # -- activations -------------------------------------------------------------------------------
 
 

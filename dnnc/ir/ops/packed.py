@@ -72,6 +72,21 @@ def is_tf32(a: np.ndarray) -> bool:
     return bool(np.all(((bits & 0x1FFF) == 0) | ((bits & 0x7F800000) == 0x7F800000)))
 
 
+VALUE_PRESERVING = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
+                              "Identity"})
+"""Ops whose output holds exactly their first input's values, rearranged."""
+
+
+def holds_tf32(v: Value) -> bool:
+    """Whether float32 value `v` holds tf32 values only: a constant of them (`round_tf32`),
+    or the output of a RoundTF32 (passes/store_tf32.py), through VALUE_PRESERVING ops."""
+    while v.const is None and v.producer is not None and v.producer.op in VALUE_PRESERVING:
+        v = v.producer.inputs[0]
+    if v.const is not None:
+        return is_tf32(v.const)
+    return v.producer is not None and v.producer.op == "RoundTF32"
+
+
 def pack_conv_pairs(w: np.ndarray, nr: int) -> np.ndarray:
     """[M, C, *kernel] float32 (one group) -> [ceil(M / nr), ceil(C / 2), *kernel, nr, 2]
     bfloat16 (rounded to nearest even): `pack_conv_weights`' blocks with input channels 2t

@@ -72,17 +72,18 @@ DEVICE_CASES = CASES + [
 
 
 def product(precision, m, n, k, batch, config, dtype, trans_a, trans_b, name="mm",
-            epilogue=True):
+            epilogue=True, rounded=False):
     """(PrimFunc, config) of Y = relu(A B + bias[j]) (batched, A and B in `dtype`, stored
-    transposed when asked) on tensor cores at `precision`; Y = A B without `epilogue`."""
+    transposed when asked) on tensor cores at `precision`; Y = A B without `epilogue`;
+    `rounded`: A and B hold tf32 values already (`Operand.rounded`)."""
     a = L.Buffer("a", dtype, (batch, k, m) if trans_a else (batch, m, k))
     b = L.Buffer("b", dtype, (batch, n, k) if trans_b else (batch, k, n))
     bias = L.Buffer("bias", T.float32, (n,))
     y = L.Buffer("y", T.float32, (batch, m, n))
     a_op = Operand((lambda bi, i, kk: a[bi, kk, i]) if trans_a else
-                   (lambda bi, i, kk: a[bi, i, kk]), trans_a, True)
+                   (lambda bi, i, kk: a[bi, i, kk]), trans_a, True, rounded=rounded)
     b_op = Operand((lambda bi, j, kk: b[bi, j, kk]) if trans_b else
-                   (lambda bi, j, kk: b[bi, kk, j]), not trans_b, True)
+                   (lambda bi, j, kk: b[bi, kk, j]), not trans_b, True, rounded=rounded)
     config = config or mma.choose(m, n, k, batch, precision=precision)
 
     def store(bi, i, j, value):

@@ -18,6 +18,7 @@ shared tiles in the 128-byte swizzle, fed by the cp.async ring.
 """
 
 import ctypes
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -388,6 +389,36 @@ def test_graph_products_with_the_knob_on_host(name, precision, config, rng, tmp_
     assert np.isfinite(got).all() and (error <= bound(precision, k, scale, want)).all()
 
 
+@on_host
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False)])
+def test_tf32_operands_that_are_tf32_values_are_read_as_they_land(trans_a, trans_b, rng,
+                                                                   tmp_path):
+    """A and B holding tf32 values already (`Operand.rounded`: passes/store_tf32.py has their
+    producers store them so): the K-major tiles are not rounded in shared memory, nor the
+    staged words in registers (no `dnnc_tf32` in the kernel), and the products are the ones
+    rounding would give, within the bound."""
+    from test_host_semantics import host_library, launch_on_host
+
+    from dnnc.ir.ops.packed import round_tf32
+
+    m, n, k = 100, 136, 200
+    case = ("tf32", m, n, k, 1, W(64, 128, 32, 4, 1, 3), T.float32, trans_a, trans_b)
+    func, _ = product(*case, rounded=True)
+    module = render_module([(func, True)])
+    kernels = module.source[module.source.index('extern "C"'):]
+    assert "dnnc_wgmma_tf32" in kernels and "dnnc_tf32(" not in kernels
+    lib = host_library([(func, True)], tmp_path, module)
+    _, _, bias, stored = operands(rng, m, n, k, 1, T.float32, trans_a, trans_b)
+    stored[:2] = [round_tf32(x) for x in stored[:2]]
+    a = (stored[0].transpose(0, 2, 1) if trans_a else stored[0]).astype(np.float64)
+    b = (stored[1].transpose(0, 2, 1) if trans_b else stored[1]).astype(np.float64)
+    y = np.full((1, m, n), np.nan, np.float32)
+    info = module.kernels[func.name]
+    launch_on_host(lib, info, stored + [y] + [np.full(size, 0xFF, np.uint8)
+                                             for size in info.workspace])
+    check("tf32", k, a, b, bias, y)
+
+
 # -- the knob -------------------------------------------------------------------------------------
 
 def test_the_knob_is_searched_on_sm90_only():
@@ -414,6 +445,8 @@ def test_the_default_picks_wgmma_on_sm90_at_16_bit_precisions(monkeypatch):
     monkeypatch.delenv("DNNC_WGMMA", raising=False)
     assert mma.wgmma_by_default("sm_90", "fp16") and mma.wgmma_by_default("sm_90", "bf16")
     assert not mma.wgmma_by_default("sm_90", "tf32") and not mma.wgmma_by_default("sm_80")
+    # at tf32 where both operands are tf32 values already (passes/store_tf32.py)
+    assert mma.wgmma_by_default("sm_90", "tf32", rounded=True)
     monkeypatch.setenv("DNNC_WGMMA", "0")
     assert not mma.choose(4096, 4096, 4096, wgmma=False).wgmma
     assert not mma.wgmma_by_default("sm_90")
@@ -461,6 +494,25 @@ def test_a_model_compiles_to_wgmma_by_default_on_sm90_with_the_switch(monkeypatc
         assert ("dnnc_wgmma_bf16_n256<" in kernels) == switch
         assert ("dnnc_mma_bf16(" in kernels) != switch
         assert (ARCH_SPECIFIC in source) == switch
+
+
+def test_a_model_at_tf32_takes_wgmma_where_its_operands_are_tf32_values(monkeypatch):
+    """At tf32 with DNNC_WGMMA unset: the first product reads the graph's input (rounded in
+    its tiles: mma.sync), the second the first's output, which store_tf32 had stored as tf32
+    values (wgmma, nothing rounded); the module compiles for sm_90a where CuPy is."""
+    import dnnc
+    from dnnc import zoo
+
+    monkeypatch.delenv("DNNC_WGMMA", raising=False)
+    model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
+    module = dnnc.compile(model, "cuda", precision="tf32", render_only=True)
+    source = module.source("cuda")
+    kernels = source[source.index('extern "C"'):].split('extern "C"')[1:]
+    uses = [("dnnc_wgmma_tf32" in k, "dnnc_tf32(" in k) for k in kernels
+            if "dnnc_wgmma_tf32" in k or "dnnc_mma_tf32(" in k]
+    assert uses == [(False, True), (True, False)], uses
+    if importlib.util.find_spec("cupy") is not None:
+        nvrtc_compiled(source, device.compile_arch("sm_90", source))
 
 
 @pytest.mark.gpu
