@@ -281,6 +281,17 @@ it slower than mma.sync but at 8192 x 768 x 3072 (0.23 against 0.35 at 8192 x 30
 7.94 against 5.24."""
 
 
+TF32_WGMMA_OUTPUTS = 1 << 20
+"""At tf32 (operands tf32 values already: `wgmma_by_default`) the default offers wgmma tiles
+only to products deeper than SHALLOW_K with at least this many outputs; the others keep
+mma.sync's tiles and EFFICIENCY. On an H200 (bench/gpu_kernels.py, operands tf32 values,
+against cuBLAS tf32): wgmma 0.49 at 4096^3 (mma.sync 0.31), 0.68 at 8192 x 768 x 3072 (0.40),
+0.47 at 8192 x 3072 x 768 (0.37), 0.80 at 1024 x 768 x 3072 (0.75), but 0.54 at 1024 x 3072 x
+768 (0.8 M outputs) where mma.sync split 4 ways took 0.64; end to end (bench/gpu_env_ab.py,
+batch 32) resnet18 gained 13% with wgmma on every conv, where convnext_tiny, whose dense
+products are mostly 96 to 384 deep, lost 23% and bert_hf at batch 8 (1024 rows) 14%."""
+
+
 def wgmma_by_default(arch: str | None, precision: str = "fp16", rounded: bool = False) -> bool:
     """Whether the default config may pick the `wgmma` knob: on sm_90, where DNNC_WGMMA=1,
     or, where WGMMA_DEFAULT and it is unset, at WGMMA_PRECISIONS and at tf32 when both
@@ -299,6 +310,8 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
     SHALLOW_K's tiles apply (dense products; a convolution's do not)."""
     from . import wgmma   # (it builds on this module's tiles)
 
+    if precision == "tf32" and (k <= SHALLOW_K or outputs < TF32_WGMMA_OUTPUTS):
+        with_wgmma = False
     shallow = shallow_rule and with_wgmma and k <= SHALLOW_K
     if shallow and outputs >= SHALLOW_LARGE:
         yield SHALLOW_LARGE_TILE, 1.0
