@@ -202,6 +202,18 @@ CONV_CASES = [(2, 5, 32, 32, 3, (1, 1, 1, 1), (1, 1), "fp16", True),
               (1, 6, 32, 48, 3, (1, 1, 1, 1), (2, 2), "fp16", True)]
 
 
+def _conv_case(rng, case: int):
+    """CONV_CASES[case]: (its graph, the image, the residual, the float64 result, the
+    precision's unit roundoff, the precision)."""
+    n, hw, c, m, window, pads, strides, precision, bias = CONV_CASES[case]
+    half = HALF[precision]
+    g, w, b, out = conv24_graph(rng, n, hw, c, m, window, pads, strides, precision, bias)
+    x = rng.standard_normal((n, hw, hw, c)).astype(half.np)
+    r = rng.standard_normal(out).astype(half.np)
+    want = _conv_want(x, r, w, b, pads, strides, half)
+    return g, x, r, want, 2.0 ** (-8 if precision == "bf16" else -11), precision
+
+
 @needs_gxx
 @pytest.mark.parametrize("case", range(len(CONV_CASES)))
 def test_sparse24_conv_kernels_on_host(rng, tmp_path, case):
@@ -209,13 +221,7 @@ def test_sparse24_conv_kernels_on_host(rng, tmp_path, case):
     at the default config and others, against the float64 conv of the decoded weights."""
     from dnnc.backends.sparse_problems import sparse24_conv_product
 
-    n, hw, c, m, window, pads, strides, precision, bias = CONV_CASES[case]
-    half = HALF[precision]
-    g, w, b, out = conv24_graph(rng, n, hw, c, m, window, pads, strides, precision, bias)
-    x = rng.standard_normal((n, hw, hw, c)).astype(half.np)
-    r = rng.standard_normal(out).astype(half.np)
-    want = _conv_want(x, r, w, b, pads, strides, half)
-    unit = 2.0 ** (-8 if precision == "bf16" else -11)
+    g, x, r, want, unit, precision = _conv_case(rng, case)
     target = machine(precision)
     _, (program,) = programs(g, machine=target)
     p = sparse24_conv_product(program.kernels[0])
@@ -502,13 +508,7 @@ def test_the_op_s_rule_and_reference_agree_on_llvm(rng):
 @pytest.mark.parametrize("case", range(len(CONV_CASES)))
 def test_sparse24_conv_kernels_on_the_gpu(rng, case):
     """The host conv cases (padding, strides, bias, residual) compiled whole on the device."""
-    n, hw, c, m, window, pads, strides, precision, bias = CONV_CASES[case]
-    half = HALF[precision]
-    g, w, b, out = conv24_graph(rng, n, hw, c, m, window, pads, strides, precision, bias)
-    x = rng.standard_normal((n, hw, hw, c)).astype(half.np)
-    r = rng.standard_normal(out).astype(half.np)
-    want = _conv_want(x, r, w, b, pads, strides, half)
-    unit = 2.0 ** (-8 if precision == "bf16" else -11)
+    g, x, r, want, unit, precision = _conv_case(rng, case)
     got = np.asarray(_gpu_model(g, precision)(x, r), np.float64)
     assert (np.abs(got - want) <= 2 * unit * (np.abs(want) + 1) + 1e-5).all()
 
