@@ -202,6 +202,9 @@ def dense(kernel: Kernel) -> Dense | None:
         # B arrives as [panels, K, NR] (convert_layout packed it at compile time)
         batch, n, k = 1, attrs["n"], a_dims[-1]
         m = math.prod(a_dims[:-1])
+        if b_dims[2] == 1 and attrs.get("precision", "fp32") == "fp32":
+            # panels of one column: B^T [n, k] as it is (convert_layout's "tf32_dense")
+            packed, trans_b, b_dims = False, True, (n, k)
     elif len(b_dims) == 2:
         if len(a_dims) > 2 and trans_a:
             return None

@@ -38,7 +38,11 @@ float residual Adds between). "winograd_conv" (llvm, before "pack_conv"): a 3x3 
 (`winograd_tile`, the tile m of the least estimate, `conv_costs`) becomes ConvWinograd, its
 filters transformed once here. "sparse_weights" (llvm and cuda, first): a product whose
 constant weights are sparse enough that its sparse op is estimated faster becomes
-SparseDense / SparseConv, its weights in CSR (`find_sparsity.py`). A rewrite keeps the
+SparseDense / SparseConv, its weights in CSR (`find_sparsity.py`). "tf32_dense" (cuda at tf32: its
+tensor-core tiles hold 32-bit operands K-major, and cp.async copies a B stored [k, n] only
+through registers, transposed): a MatMul whose B is a 2-D float32 constant becomes
+MatMulPacked with panels of one column, B^T [n, K, 1] (K-major), rounded to tf32 once
+(`round_tf32`, as the tiles would round it: the same products). A rewrite keeps the
 output Value of the last node it replaces, so its users are untouched.
 """
 
@@ -108,6 +112,24 @@ def _pack_dense(graph: Graph, node: Node, users, target: Target):
     if types[0] != outputs[0].type:
         return None
     return Node("MatMulPacked", inputs, outputs, full, node.name), [add] if add else []
+
+
+def _tf32_dense(graph: Graph, node: Node, users, target: Target):
+    """MatMul(A, B const [k, n]) at tf32 -> MatMulPacked(A, round_tf32(B^T) as [n, K, 1])."""
+    if node.op != "MatMul" or target.precision != "tf32":
+        return None
+    a, b = node.inputs
+    if b.const is None or b.type.rank != 2 or a.type.rank < 2 or a.type.dtype is not float32 \
+            or b.type.dtype is not float32:
+        return None
+    k, n = b.const.shape
+    column_panels = round_tf32(np.ascontiguousarray(np.asarray(b.const).T)).reshape(n, k, 1)
+    pv = Value(f"{b.name}.tf32_kn", TensorType(float32, column_panels.shape),
+               const=column_panels)
+    types, _, full = infer_node("MatMulPacked", [a, pv], {"n": int(n)}, 1, node.name)
+    if types[0] != node.outputs[0].type:
+        return None
+    return Node("MatMulPacked", [a, pv], node.outputs, full, node.name), []
 
 
 def _bias_add(graph: Graph, node: Node, users):
@@ -343,7 +365,8 @@ def _beside_grouped(x: Value, y: Value, users) -> bool:
 
 
 REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nhwc_conv,
-            "winograd_conv": _winograd_conv, "sparse_weights": sparse_weights}
+            "winograd_conv": _winograd_conv, "sparse_weights": sparse_weights,
+            "tf32_dense": _tf32_dense}
 """layout name -> its rewrite: (graph, node, users, target) -> None, or the replacement node
 (or nodes, in order, the last producing the replaced node's outputs) and the later nodes it
 takes over (their outputs are its own)."""

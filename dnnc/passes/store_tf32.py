@@ -9,7 +9,8 @@ reads its operands from shared memory and ignores their low bits). On an H200 th
 pass in shared memory made wgmma at tf32 slower than mma.sync, where with operands that are
 tf32 values already it ran 2.5 times as fast (issue 31). The rewrite:
 
-- a product's constant operand (MatMul's or Gemm's B, a ConvNHWC's weights) is rounded here,
+- a product's constant operand (MatMul's or Gemm's B, a ConvNHWC's weights; convert_layout
+  rounded a MatMulPacked's already, "tf32_dense") is rounded here,
   once, as its tiles would round it (`packed.round_tf32`: the same products, bit for bit);
 - a product's activation operand, traced back through VALUE_PRESERVING ops (a Reshape, a
   Transpose) to the node computing it, gets a RoundTF32 right after that node, which every
@@ -35,7 +36,7 @@ from ..ir.ops.packed import VALUE_PRESERVING, holds_tf32, round_tf32
 from ..ir.ops.registry import Pattern, get_op
 from ..ir.target import Target
 
-PRODUCT_OPERANDS = {"MatMul": (0, 1), "Gemm": (0, 1), "ConvNHWC": (0, 1)}
+PRODUCT_OPERANDS = {"MatMul": (0, 1), "Gemm": (0, 1), "MatMulPacked": (0, 1), "ConvNHWC": (0, 1)}
 """Ops the cuda target runs on tensor cores at tf32 -> the inputs they read as operands (a
 ConvNHWC of one group only: a depthwise one runs on the SIMT cores, `tensor_core_operands`)."""
 

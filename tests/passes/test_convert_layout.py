@@ -93,7 +93,7 @@ def test_a_layout_no_rewrite_implements_is_refused_by_name(rng):
     with pytest.raises(CompileError, match=r"target llvm wants layout\(s\) nchw16c, which "
                                            r"convert_layout does not know \(it knows "
                                            r"pack_dense, pack_conv, nhwc_conv, "
-                                           r"winograd_conv, sparse_weights\)"):
+                                           r"winograd_conv, sparse_weights, tf32_dense\)"):
         convert_layout(_graph(rng, "MatMul"), Target("llvm", layouts=("pack_dense", "nchw16c")))
 
 

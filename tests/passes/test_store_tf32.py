@@ -145,3 +145,39 @@ def test_round_tf32_means_ptx_cvt_rna_on_every_target():
     compiled = dnnc.compile(g, target="llvm")
     np.testing.assert_array_equal(np.asarray(compiled(x)).view(np.uint32),
                                   round_tf32(x).view(np.uint32))
+
+
+def test_a_matmul_at_tf32_reads_its_weights_k_major():
+    """convert_layout's "tf32_dense" (cuda at tf32): MatMul(A [2, 3, 8], W [8, 5]) becomes
+    MatMulPacked of one-column panels, W^T [5, 8, 1] rounded to tf32, which the dense
+    problem reads as a B stored [n, k] (trans_b: K-major, copied by cp.async); the products
+    are the ones the tiles' rounding gives; other precisions keep the MatMul."""
+    from dnnc.backends.lower import lower_group
+    from dnnc.backends.problems import dense
+    from dnnc.passes.convert_layout import convert_layout
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((8, 5)).astype(np.float32)
+
+    def graph():
+        g = Graph("mm")
+        x = g.add_input("x", T.TensorType(T.float32, (2, 3, 8)))
+        g.outputs = [g.add("MatMul", x, Value("w", T.TensorType(T.float32, (8, 5)), const=w),
+                           name="mm")]
+        return g
+
+    target = Target("cuda", arch="sm_90", precision="tf32", half_storage=True,
+                    layouts=("tf32_dense",))
+    g = graph()
+    assert convert_layout(g, target) == 1
+    (node,) = g.nodes
+    assert node.op == "MatMulPacked" and node.inputs[1].shape == (5, 8, 1)
+    np.testing.assert_array_equal(node.inputs[1].const[:, :, 0], round_tf32(w.T))
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    np.testing.assert_allclose(run_graph(g, [x])[0], x @ round_tf32(w), rtol=1e-6, atol=1e-6)
+    p = dense(lower_group(list(g.nodes), "k", outputs=g.outputs))
+    assert (p.trans_b, p.packed_panel, p.m, p.n, p.k, p.b_tf32) == (True, 0, 6, 5, 8, True)
+    for precision in ("fp32", "fp16"):
+        other = graph()
+        assert convert_layout(other, Target("cuda", arch="sm_90", precision=precision,
+                                            layouts=("tf32_dense",))) == 0

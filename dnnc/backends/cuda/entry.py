@@ -81,7 +81,7 @@ SPEC = TargetSpec(
     options=("passes", "dump_ir", "cache_size", "tuning_log", "precision"),
     emits={"cuda": ".cu", "loop": ".loop"},
     codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
-    runs_passes=True, machine=machine, layouts=("sparse_weights", "nhwc_conv"),
+    runs_passes=True, machine=machine, layouts=("sparse_weights", "nhwc_conv", "tf32_dense"),
     fusion=lambda: FUSION,
     templates=lazy(f"{__package__}.schedules", "TEMPLATES"),
     tuning=lazy(f"{__package__}.tuning"), speed=20, available=available, require=require,
