@@ -48,6 +48,8 @@ output Value of the last node it replaces, so its users are untouched.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..errors import CompileError
@@ -116,7 +118,8 @@ def _pack_dense(graph: Graph, node: Node, users, target: Target):
 
 def _tf32_dense(graph: Graph, node: Node, users, target: Target):
     """MatMul(A, B const [k, n]) at tf32 -> MatMulPacked(A, round_tf32(B^T) as [n, K, 1])."""
-    if node.op != "MatMul" or target.precision != "tf32":
+    if node.op != "MatMul" or target.precision != "tf32" or \
+            os.environ.get("DNNC_STORE_TF32") == "0":   # (store_tf32's A/B switch)
         return None
     a, b = node.inputs
     if b.const is None or b.type.rank != 2 or a.type.rank < 2 or a.type.dtype is not float32 \

@@ -50,7 +50,8 @@ def tensor_core_operands(node) -> tuple[int, ...]:
 
 def store_tf32(graph: Graph, target: Target) -> Graph:
     """Round, once, what tf32 products read (see the module docstring); DNNC_STORE_TF32=0
-    turns it off (an A/B switch for bench/gpu_env_ab.py)."""
+    turns it off, and convert_layout's "tf32_dense" with it (an A/B switch for
+    bench/gpu_env_ab.py)."""
     if target.precision != "tf32" or not target.half_storage or \
             os.environ.get("DNNC_STORE_TF32") == "0" or \
             any(node.subgraphs() for node in graph.nodes):
