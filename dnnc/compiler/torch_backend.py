@@ -206,7 +206,7 @@ def _tag_guards() -> None:
     callbacks: `_untag_guards` restores the user's setting). Nothing where this torch has no
     such guards, or outside a dynamo compile (a backend called by hand)."""
     config, handler = torch._dynamo.config, getattr(torch._dynamo, "callback_handler", None)
-    if handler is None or not hasattr(config, _GUARD_CONFIG) or \
+    if not hasattr(handler, "end_callbacks") or not hasattr(config, _GUARD_CONFIG) or \
             torch._guards.TracingContext.try_get() is None:
         return
     if _untag_guards not in handler.end_callbacks:   # (torch._dynamo.reset() clears them)
