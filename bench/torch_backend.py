@@ -128,7 +128,11 @@ def main(argv=None) -> None:
     ratios = {"inductor": [], "eager": [], "dnnc-onnx": []}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         for name in args.models.split(","):
-            row = measure(name, args, Path(tmp))
+            try:
+                row = measure(name, args, Path(tmp))
+            except Exception as exc:   # one model's failure: said, and the others still run
+                print(f"# {name}: failed ({type(exc).__name__}: {str(exc)[:300]})", flush=True)
+                continue
             if row is None:
                 continue
             t, c = row["times"], row["compiles"]

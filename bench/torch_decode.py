@@ -130,6 +130,10 @@ def main(argv=None) -> None:
                 except ImportError as exc:
                     print(f"# {name}: not built ({exc})")
                     break
+                except Exception as exc:   # said, and the other rows still run
+                    print(f"# {name} batch {batch}: failed ({type(exc).__name__}: "
+                          f"{str(exc)[:300]})", flush=True)
+                    continue
                 r = row["rates"]
                 print(f"{name:12}{batch:6d}{r['eager']:10.1f}{r['inductor']:10.1f}"
                       f"{r['dnnc']:10.1f}{r['dnnc'] / r['inductor']:9.2f}{row['graphs']:8d}"

@@ -485,3 +485,36 @@ def test_a_host_partition_takes_any_tensor_and_wraps_each_output_by_its_dtype():
     model.run = lambda *arrays: [(arrays[0] * 2).astype(T.bfloat16.np)]
     alone = torch_backend.DnncPartition(model, [0], single=True)(x)
     np.testing.assert_array_equal(alone.float().numpy(), halved)
+
+
+@pytest.mark.parametrize("tag_guards", [True, False])
+def test_guards_by_dict_tags_still_see_a_module_attribute_set_after_the_compile(tag_guards):
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.scale = nn.Linear(6, 4), 2.0
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    config = torch._dynamo.config
+    if not hasattr(config, "use_recursive_dict_tags_for_guards"):
+        pytest.skip("this torch has no recursive dict tags for guards")
+    building = []   # the config while dynamo builds the guards (it filters them first)
+
+    def keep_all(entries):
+        building.append(config.use_recursive_dict_tags_for_guards)
+        return [True] * len(entries)
+
+    torch.manual_seed(0)
+    module, x = Scaled().eval(), torch.randn(3, 6)
+    before = len(torch_backend.reports())
+    fn = compiled(module, tag_guards=tag_guards, guard_filter_fn=keep_all)
+    with torch.no_grad():
+        fn(x)
+        assert building == [tag_guards]
+        assert not config.use_recursive_dict_tags_for_guards   # set for the compile only
+        module.scale = 3.0   # the module's dict changes: its guards run, and fail
+        np.testing.assert_allclose(fn(x).numpy(), module(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert len(new_reports(before)) == 2
+    assert not config.use_recursive_dict_tags_for_guards
