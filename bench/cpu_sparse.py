@@ -1,12 +1,16 @@
 """dnnc on magnitude-pruned models (sparse weights, issue 34) next to dnnc on the dense file, in
 one run.
 
-    python bench/cpu_sparse.py [--models resnet50,mobilenet_v2,bert_base] [--size 224]
+    python bench/cpu_sparse.py [--models resnet50,mobilenet_v2,bert_base,resnet50_torch,...]
+                               [--size 224]
                                [--sparsity 0,0.3,0.7,0.9] [--threads 1,2] [--repeat 10]
                                [--blocks 3] [--cpu-time]
     python bench/cpu_sparse.py --layers [--sparsity 0.5,0.7,0.9] [--threads 1] [--match 3x3]
 
-Each zoo model is built once (seeded random weights) and magnitude-pruned per layer (`prune`:
+Each zoo model is built once (seeded random weights; a name ending in `_torch`: the zoo model's
+torch mirror, bench/zoo_torch.py, on its weights, exported by torch's TorchScript exporter,
+whose file folds the batch norms into the convs and writes BERT's linears as MatMul + Add:
+`torch_export`) and magnitude-pruned per layer (`prune`:
 the smallest |w| of every Conv, Gemm and MatMul constant weight set to zero, to the given
 fraction; a minimal copy of `dnnc sparsify`'s unstructured rule); the dense file and each
 pruned file are compiled by dnnc (llvm; find_sparsity's cost rule choosing per layer which
@@ -31,12 +35,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import math
 import os
 import platform
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +66,10 @@ from dnnc.passes.manager import optimize  # noqa: E402
 from cpu import median_block_ms  # noqa: E402  (bench/cpu.py, beside this script)
 
 PRODUCTS = ("Conv", "Gemm", "MatMul")
+TORCH = "_torch"
+"""A model name ending in this: the zoo model's torch export (`torch_export`)."""
+MODELS = "resnet50,mobilenet_v2,bert_base,resnet50_torch,mobilenet_v2_torch,bert_base_torch"
+"""Issue 34's models, the zoo's files and torch's exports of them."""
 
 
 def prune(model: onnx.ModelProto, sparsity: float) -> onnx.ModelProto:
@@ -78,6 +88,23 @@ def prune(model: onnx.ModelProto, sparsity: float) -> onnx.ModelProto:
         w[np.abs(w) <= cut] = 0
         out.graph.initializer[k].CopyFrom(numpy_helper.from_array(w, t.name))
     return out
+
+
+def torch_export(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Zoo model `model` as torch's TorchScript exporter writes its torch mirror (opset 17,
+    the zoo file's input and output names), on the same weights."""
+    import torch
+    from zoo_torch import module_for   # (bench/, beside this script; needs torch)
+
+    feeds = zoo.inputs_for(model, np.random.default_rng(0))
+    names = [i.name for i in model.graph.input]
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module_for(model), tuple(torch.from_numpy(feeds[n]) for n in names),
+                          buffer, dynamo=False, input_names=names,
+                          output_names=[o.name for o in model.graph.output], opset_version=17)
+    return onnx.load_from_string(buffer.getvalue())
 
 
 def _compiled(graph: Graph, sparse: bool) -> CompiledModel:
@@ -115,9 +142,12 @@ def median_cpu_ms(fns: dict, repeat: int, blocks: int) -> dict:
 
 
 def model_rows(name: str, args) -> list[tuple]:
-    config = {} if name.startswith("bert") else {"size": args.size}
-    dense_file = zoo.build(name, **config)
-    feeds = zoo.inputs_for(dense_file, np.random.default_rng(0))
+    base_name = name.removesuffix(TORCH)
+    config = {} if base_name.startswith("bert") else {"size": args.size}
+    zoo_file = zoo.build(base_name, **config)
+    feeds = zoo.inputs_for(zoo_file, np.random.default_rng(0))
+    dense_file = torch_export(zoo_file) if name.endswith(TORCH) else zoo_file
+    feeds = {i.name: feeds[i.name] for i in dense_file.graph.input if i.name in feeds}
     fns, extra = {}, {}
     base = dnnc.compile(dense_file, "llvm")
     fns[0.0] = lambda: base(**feeds)
@@ -240,7 +270,7 @@ def layers_table(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="resnet50,mobilenet_v2,bert_base")
+    parser.add_argument("--models", default=MODELS)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--sparsity", default=None,
                         help="fractions of zeros (default 0,0.3,0.7,0.9; --layers 0.5,0.7,0.9)")

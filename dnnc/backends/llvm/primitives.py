@@ -80,6 +80,29 @@ def _intrinsic(name: str) -> Callable:
     return emit
 
 
+def _in_powers_of_two(name: str) -> Callable:
+    """Intrinsic `name` on scalars, or on a vector in pieces of power-of-two widths, widest
+    first, joined: LLVM 22's x86 code for llvm.minimum on <49 x float> (a 7x7 plane of two
+    images' eight channels, fuzz seed 3402 case 50) put the other operand's lanes into 16 of
+    the 49 lanes (24-39) of every plane but each image's first."""
+    call = _intrinsic(name)
+
+    def emit(em, a, b):
+        count = a.type.count if isinstance(a.type, ir.VectorType) else 0
+        if count & (count - 1) == 0:   # a scalar (0) or a power of two
+            return call(em, a, b)
+        parts, start = [], 0
+        while start < count:
+            picks = list(range(start, start + (1 << ((count - start).bit_length() - 1))))
+            parts.append(call(em, _lanes(em, a, picks), _lanes(em, b, picks)))
+            start += len(picks)
+        out = parts[0]
+        for part in parts[1:]:
+            out = _concat(em, out, part)
+        return out
+    return emit
+
+
 def _libm(name: str) -> Callable:
     """A C library call: `name` for double, `name`f for float (scalars only)."""
     def emit(em, *args):
@@ -188,8 +211,8 @@ BINARY: dict[tuple[str, str], Callable] = {
     ("f", "*"): lambda em, a, b: em.b.fmul(a, b),
     ("f", "/"): lambda em, a, b: em.b.fdiv(a, b),
     # NaN-propagating, as NumPy's minimum / maximum (minnum would drop the NaN)
-    ("f", "min"): _intrinsic("llvm.minimum"),
-    ("f", "max"): _intrinsic("llvm.maximum"),
+    ("f", "min"): _in_powers_of_two("llvm.minimum"),
+    ("f", "max"): _in_powers_of_two("llvm.maximum"),
     # ordered compares are false on NaN; != is unordered, so true on NaN (IEEE, NumPy)
     **{("f", op): (lambda em, a, b, op=op: em.b.fcmp_ordered(op, a, b))
        for op in ("==", "<", "<=", ">", ">=")},

@@ -305,6 +305,15 @@ class _Block:
         return flag.around(stages, self.vec)
 
 
+def _pairwise(terms: list) -> L.Expr:
+    """The sum of `terms` added in pairs (a tree of log2 depth): a block's flags summed one
+    after another were a chain of `width` dependent adds, 64 x 4 cycles of latency a block of
+    a 1x1 conv (NaN wherever a term is NaN, in any order)."""
+    while len(terms) > 1:
+        terms = [a + b for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) & ~1:]
+    return terms[0]
+
+
 def _nonfinite(x: L.Expr) -> L.Expr:
     """x - x: 0 for a finite x, NaN for a NaN or infinite one."""
     return x - x
@@ -322,8 +331,8 @@ class _Flag:
         self.counts = L.Buffer("nfc", T.int32, (2,), L.Scope.LOCAL)
         self.nans = L.Buffer("nans", T.float32, (cw,), L.Scope.LOCAL)
         self.raised = L.ne(self.any[0], self.any[0])
-        self.summary = L.Store(self.any, (L.const(0),), sum(
-            (self.bad[i] for i in range(1, width)), self.bad[0]))
+        self.summary = L.Store(self.any, (L.const(0),),
+                               _pairwise([self.bad[i] for i in range(width)]))
 
     def around(self, body: L.Stmt, vec) -> L.Stmt:
         lane = L.Var("l")

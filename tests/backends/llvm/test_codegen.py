@@ -749,3 +749,24 @@ def test_strided_loads_in_vectorized_loops(rng, stride, dtype):
         out = np.empty(lanes * blocks, dtype.np)
         call(jit(func, opt=opt), func, [xs, out])
         np.testing.assert_array_equal(out, xs[::stride] * 2 + xs[:lanes * blocks])
+
+
+@pytest.mark.parametrize("op, reference", [("Min", np.minimum), ("Max", np.maximum)])
+def test_min_max_of_odd_vector_widths(op, reference):
+    """A 7x7 plane's <49 x float> llvm.minimum / maximum, two images of eight channels: LLVM
+    put the constant into lanes 24-39 of the planes but each image's first (fuzz seed 3402
+    case 50); now emitted in power-of-two pieces."""
+    import onnx.helper as oh
+    from onnx import TensorProto, numpy_helper
+
+    import dnnc
+
+    c = numpy_helper.from_array(np.array([[[[-0.4769]]]], np.float32), "c")
+    graph = oh.make_graph([oh.make_node(op, ["c", "x"], ["y"])], "g",
+                          [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 7, 7])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)], [c])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    x = np.random.default_rng(34).standard_normal((2, 8, 7, 7)).astype(np.float32)
+    x[0, 1, 3, 4] = np.nan
+    got = dnnc.compile(model, "llvm", cache=False)(x)
+    np.testing.assert_array_equal(got, reference(np.float32(-0.4769), x))
