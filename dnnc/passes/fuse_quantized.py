@@ -112,7 +112,7 @@ def _dequantized(v: Value | None) -> _Quantized | None:
 
 
 def _value(graph: Graph, name: str, array: np.ndarray) -> Value:
-    array = np.ascontiguousarray(array)
+    array = np.require(array, requirements="C")   # (a scalar stays rank 0: no re-layout)
     return Value(graph.fresh_name(name), T.TensorType(T.DType.from_numpy(array.dtype),
                                                        array.shape), const=array)
 
