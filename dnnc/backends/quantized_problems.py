@@ -130,25 +130,12 @@ def quantized_conv(kernel: Kernel, op: str = "QuantizedConvPacked"
     node = kernel.anchor
     if node is not kernel.nodes[0] or node.op != op or layout_tail(kernel):
         return None
-    x, za, w, sums, bias, scale, y_zp = _buffers(kernel, node)
-    x_dims = L.static_shape(x.shape)
-    y_dims = L.static_shape(node.outputs[0].type.shape)
-    w_dims = L.static_shape(w.shape)
-    if x_dims is None or y_dims is None or w_dims is None or len(x_dims) != 4 or \
-            0 in y_dims:
+    buffers = _buffers(kernel, node)
+    w_dims = L.static_shape(buffers[2].shape)
+    if w_dims is None:
         return None
     kh_kw = tuple(node.attrs["kernel_shape"] or w_dims[2:])
-    geometry = plane_geometry(node.attrs, x_dims[2:], kh_kw, y_dims[2:])
-    if geometry is None:
-        return None
-    strides, dilations, begins, padded_hw = geometry
-    return QuantizedConvProblem(
-        name=kernel.func.name, params=kernel.func.params, x=x, za=za, w=w, sums=sums,
-        bias=bias, scale=scale, y_zp=y_zp, y=kernel.func.params[-1], x_dims=tuple(x_dims),
-        y_dims=tuple(y_dims), kernel=kh_kw, strides=tuple(strides),
-        dilations=tuple(dilations), begins=tuple(begins), padded_hw=tuple(padded_hw),
-        out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
-        epilogue=epilogue(kernel), group=node.attrs["group"])
+    return _conv_problem(kernel, node, buffers, kh_kw, slice(2, 4), group=node.attrs["group"])
 
 
 def quantized_conv_nhwc(kernel: Kernel) -> QuantizedConvProblem | None:
@@ -158,13 +145,22 @@ def quantized_conv_nhwc(kernel: Kernel) -> QuantizedConvProblem | None:
     node = kernel.anchor
     if node is not kernel.nodes[0] or node.op != "QuantizedConvNHWC" or layout_tail(kernel):
         return None
-    x, za, w, sums, bias, scale, y_zp, taps = _buffers(kernel, node, 8)
+    *buffers, taps = _buffers(kernel, node, 8)
+    kh_kw = tuple(L.static_shape(node.inputs[2].type.shape)[1:3])
+    return _conv_problem(kernel, node, buffers, kh_kw, slice(1, 3), tap_sums=taps)
+
+
+def _conv_problem(kernel: Kernel, node, buffers, kh_kw: tuple, plane: slice, **layout
+                  ) -> QuantizedConvProblem | None:
+    """The conv problem of `node` reading `buffers` (x, za, w, sums, bias, scale, y_zp), its
+    image plane at `plane` of x's and y's dims (static, 4-D); None otherwise. `layout`:
+    the fields one layout adds (group, tap_sums)."""
+    x, za, w, sums, bias, scale, y_zp = buffers
     x_dims = L.static_shape(x.shape)
     y_dims = L.static_shape(node.outputs[0].type.shape)
-    if x_dims is None or y_dims is None or 0 in y_dims:
+    if x_dims is None or y_dims is None or len(x_dims) != 4 or 0 in y_dims:
         return None
-    kh_kw = tuple(L.static_shape(node.inputs[2].type.shape)[1:3])
-    geometry = plane_geometry(node.attrs, x_dims[1:3], kh_kw, y_dims[1:3])
+    geometry = plane_geometry(node.attrs, x_dims[plane], kh_kw, y_dims[plane])
     if geometry is None:
         return None
     strides, dilations, begins, padded_hw = geometry
@@ -174,7 +170,7 @@ def quantized_conv_nhwc(kernel: Kernel) -> QuantizedConvProblem | None:
         y_dims=tuple(y_dims), kernel=kh_kw, strides=tuple(strides),
         dilations=tuple(dilations), begins=tuple(begins), padded_hw=tuple(padded_hw),
         out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
-        epilogue=epilogue(kernel), tap_sums=taps)
+        epilogue=epilogue(kernel), **layout)
 
 
 def quantized_depthwise(kernel: Kernel) -> QuantizedConvProblem | None:

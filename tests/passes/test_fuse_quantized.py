@@ -334,3 +334,45 @@ def test_qlinear_matmul_weights_through_a_transpose_become_an_integer_dense(tmp_
     ops, got, want = _fused(model, feeds, tmp_path)
     assert ops == ["QuantizedDense"]
     assert np.array_equal(got[0], want[0]) and len(np.unique(want[0])) > 20
+
+
+def _residual_add_model(act, b_type=None, extra_reader=False):
+    """DQ(a) + DQ(b) -> Q of random scalar parameters, broadcasting b over a's rows; b of
+    `b_type` (default a's); with `extra_reader` the sum is also a graph output."""
+    t = {np.uint8: TensorProto.UINT8, np.int8: TensorProto.INT8}
+    b_type = b_type or act
+    rng = np.random.default_rng(4)
+    low = np.iinfo(act).min
+    inits = {"sa": np.float32(0.031), "za": act(low + 121), "sb": np.float32(0.017),
+             "zb": b_type(np.iinfo(b_type).min + 90), "sc": np.float32(0.043),
+             "zc": act(low + 133)}
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["ad"]),
+             helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bd"]),
+             helper.make_node("Add", ["ad", "bd"], ["s"]),
+             helper.make_node("QuantizeLinear", ["s", "sc", "zc"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", t[act], [64, 48])]
+    if extra_reader:
+        outputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, [64, 48]))
+    model = _model(nodes, [helper.make_tensor_value_info("a", t[act], [64, 48]),
+                           helper.make_tensor_value_info("b", t[b_type], [48])], outputs, inits)
+    feeds = {"a": rng.integers(np.iinfo(act).min, np.iinfo(act).max + 1, (64, 48)).astype(act),
+             "b": rng.integers(np.iinfo(b_type).min, np.iinfo(b_type).max + 1, 48)
+             .astype(b_type)}
+    return model, feeds
+
+
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_a_dequantized_add_requantized_becomes_qlinear_add_equal_to_onnxruntime(tmp_path, act):
+    model, feeds = _residual_add_model(act)
+    ops, got, want = _fused(model, feeds, tmp_path)
+    assert ops == ["QLinearAdd"]
+    assert np.array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("case", ["mixed_types", "sum_read_elsewhere"])
+def test_an_add_of_mixed_types_or_a_sum_read_elsewhere_stays_float(case):
+    model, _ = _residual_add_model(np.uint8, b_type=np.int8 if case == "mixed_types" else None,
+                                   extra_reader=case == "sum_read_elsewhere")
+    g = import_onnx(model)
+    fuse_quantized(g)
+    assert "QLinearAdd" not in [n.op for n in g.nodes] and "Add" in [n.op for n in g.nodes]

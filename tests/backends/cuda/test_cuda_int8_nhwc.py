@@ -227,8 +227,8 @@ def test_int8_wgmma_compiles_for_sm90a_without_spills():
 
 def _residual_block(rng, act):
     """x (int8 / uint8 NCHW, 32 channels) -> MaxPool -> conv 3x3 -> conv 3x3 -> Q(DQ(.) +
-    DQ(pooled x)) -> conv 1x1: a QDQ ResNet block as fuse_quantized leaves it (the residual
-    Add on float32 between per-tensor DQs and a Q)."""
+    DQ(pooled x)) -> conv 1x1: a QDQ ResNet block after its products' chains (the residual
+    Add between per-tensor DQs and a Q, which fuse_quantized makes a QLinearAdd)."""
     info = np.iinfo(act)
     g = Graph("block")
     x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (2, 32, 10, 10)))
@@ -257,8 +257,8 @@ def _residual_block(rng, act):
 def test_int8_values_stay_channels_last_through_a_residual_block(act):
     """"nhwc_conv" then sink_transposes on a QDQ residual block: one Transpose in (after the
     pool: MaxPool of int8 stays NCHW before the first conv's Transpose) and one out, the
-    residual's DQ made again on the transposed pool (sink_transposes' `_requantized`), the
-    per-tensor DQ / Add / Q channels-last; the graph's value unchanged."""
+    residual's QLinearAdd (its scalar parameters of rank 0) channels-last; the graph's value
+    unchanged."""
     from dnnc.ir.interpreter import run_graph
     from dnnc.passes.manager import optimize
 
