@@ -38,8 +38,8 @@ def compiled(mlp):
     ({"input_shapes": {"input": (2.5, 4)}}, r"input_shapes\['input'\] must be a tuple"),
     ({"input_shapes": [(2, 4)]}, "input_shapes must be a dict"),
     ({"target": "tpu"}, "target must be one of numpy, llvm, cuda, not 'tpu'"),
-    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 10"),
-    ({"passes": 11, "target": "llvm"}, "passes must be from 0 to 10, not 11"),  # 10 at level 3
+    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 11"),
+    ({"passes": 12, "target": "llvm"}, "passes must be from 0 to 11, not 12"),  # 11 at level 3
     ({"passes": 7, "opt_level": 1, "target": "llvm"}, "passes must be from 0 to 6, not 7"),
     ({"passes": 2}, "passes does not apply to the numpy target"),
     ({"dump_ir": "ir"}, "dump_ir does not apply to the numpy target"),

@@ -313,11 +313,13 @@ def test_cuda_compiles_store_half_at_fp16_and_bf16_only():
     assert REGISTRY["cuda"].target(precision="fp16").half_storage
     assert not REGISTRY["llvm"].target().half_storage
     model = zoo.build("mlp", hidden=(64,), in_features=32, classes=16, batch=32)
+    # (at tf32 the weights stay float32, rounded to tf32 values by store_tf32: `_tf32`)
     for precision, weights in (("fp32", "float32"), ("tf32", "float32"), ("fp16", "float16"),
                                ("bf16", "bfloat16")):
         compiled = dnnc.compile(model, "cuda", precision=precision, render_only=True)
         loop = compiled.source("loop")
-        assert f"v_fc_0_weight: {weights}[" in loop, precision
+        name = "v_fc_0_weight_tf32" if precision == "tf32" else "v_fc_0_weight"
+        assert f"{name}: {weights}[" in loop, precision
         graph = compiled.runtime.graph   # the signature stays float32 at every precision
         assert [v.type.dtype for v in graph.inputs + graph.outputs] == [T.float32, T.float32]
 
