@@ -292,15 +292,22 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
         ohwi = round_tf32(ohwi)   # once here: the product's tiles then leave them as they are
     wv = Value(f"{w.name}.ohwi", TensorType(w.type.dtype, ohwi.shape), const=ohwi)
     edge, xt = _channels_last_input(x, node.name, channels, padded)
-    out = node.outputs[0]
     inputs = [xt, wv] + list(node.inputs[2:])
     attrs = dict(node.attrs, kernel_shape=list(node.attrs.get("kernel_shape") or
                                                 w.const.shape[2:]))
-    types, _, full = infer_node("ConvNHWC", inputs, attrs, 1, node.name)
+    return _channels_last_conv("ConvNHWC", inputs, attrs, node, edge)
+
+
+def _channels_last_conv(op: str, inputs, attrs: dict, node: Node, edge: list[Node]):
+    """The rewrite of conv `node` into channels-last `op` on `inputs` (its input made
+    channels-last by `edge`), its output transposed back to `node`'s NCHW output; None where
+    `op`'s output is not that output's NHWC shape."""
+    types, _, full = infer_node(op, inputs, attrs, 1, node.name)
+    out = node.outputs[0]
     yt = Value(f"{out.name}.nhwc", types[0])
     if tuple(yt.type.shape[i] for i in NCHW_OF_NHWC) != tuple(out.type.shape):
         return None
-    return edge + [Node("ConvNHWC", inputs, [yt], full, node.name),
+    return edge + [Node(op, inputs, [yt], full, node.name),
                    Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)},
                         f"{node.name}.out")], []
 
@@ -330,14 +337,7 @@ def _nhwc_int8_conv(node: Node):
     extra = list(node.inputs[4:7]) + [None] * (7 - len(node.inputs[:7]))
     inputs = [xt, node.inputs[1], wv, node.inputs[3]] + extra[:3] + [tv]
     attrs = {k: v for k, v in node.attrs.items() if k != "oc"}
-    types, _, full_attrs = infer_node("QuantizedConvNHWC", inputs, attrs, 1, node.name)
-    out = node.outputs[0]
-    yt = Value(f"{out.name}.nhwc", types[0])
-    if tuple(yt.type.shape[i] for i in NCHW_OF_NHWC) != tuple(out.type.shape):
-        return None
-    return edge + [Node("QuantizedConvNHWC", inputs, [yt], full_attrs, node.name),
-                   Node("Transpose", [yt], [out], {"perm": list(NCHW_OF_NHWC)},
-                        f"{node.name}.out")], []
+    return _channels_last_conv("QuantizedConvNHWC", inputs, attrs, node, edge)
 
 
 def _grouped(node: Node) -> bool:
