@@ -47,8 +47,8 @@ from dnnc.backends.lower import lower_group  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.target import model_error_bound  # noqa: E402
-from gpu_timing import cuda_torch, cupy_timer, header, interleaved_ms, load_module, \
-    median_ms, torch_graph_timer  # noqa: E402
+from gpu_timing import cuda_torch, cupy_timer, header, interleaved_ms, kernel_launcher, \
+    load_module, median_ms, torch_graph_timer  # noqa: E402
 
 # (C, H = W, M, kernel, stride, count in resnet50), torchvision's v1.5 (stride on the 3x3)
 RESNET50 = [
@@ -118,27 +118,6 @@ def kernels(graph: Graph, machine, configs: list) -> list:
     return out
 
 
-def launcher(cp, raw, module, func, kernel, x_dev):
-    """(a function launching `func` once, its output array)."""
-    info = module.kernels[func.name]
-    ins = [x_dev if v.const is None else cp.asarray(np.ascontiguousarray(v.const).view(
-        np.uint16)) for v in kernel.inputs]
-    (out_value,) = kernel.outputs
-    out = cp.zeros(out_value.type.shape, cp.uint16)
-    args = tuple(ins + [out] + [cp.empty(size, cp.uint8) for size in info.workspace])
-    launches = []
-    for lc in info.launches:
-        fn = raw.get_function(lc.name)
-        device.allow_shared(fn, lc.shared_bytes)
-        launches.append((fn, lc))
-
-    def launch():
-        for fn, lc in launches:
-            fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
-
-    return launch, out
-
-
 def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float, list[str]]:
     """(dnnc default ms, best dnnc ms, cuDNN ms, printed lines) of one shape."""
     c, h, m, k, s, count = shape
@@ -164,8 +143,9 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
     nchw_in = cp.asarray(x.astype(dtype.np).view(np.uint16))
     timers, outs = [torch_graph_timer(lambda: f(tx, tw, tb, stride=s, padding=k // 2))], []
     for (name, config, _, kernel), (func, _) in zip(cases, funcs):
-        launch, out = launcher(cp, raw, module, func, kernel,
-                               nchw_in if name.endswith("(nchw)") else nhwc_in)
+        launch, out = kernel_launcher(cp, raw, module, func, kernel,
+                                      nchw_in if name.endswith("(nchw)") else nhwc_in,
+                                      cp.uint16, lambda a: a.view(np.uint16))
         timers.append(cupy_timer(cp, launch))
         outs.append(out)
     times = interleaved_ms(timers, args.repeat, args.trials)

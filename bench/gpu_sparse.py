@@ -52,7 +52,8 @@ from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.sparse import encode_csr, row_max  # noqa: E402
 from dnnc.passes import find_sparsity  # noqa: E402
-from gpu_timing import cupy_timer, header, interleaved_ms, load_module  # noqa: E402
+from gpu_timing import (cupy_timer, header, interleaved_ms, kernel_launcher,  # noqa: E402
+                        load_module)
 
 BERT = [("dense 768->768", 768, 768), ("dense 768->3072", 768, 3072),
         ("dense 3072->768", 3072, 768)]
@@ -121,27 +122,6 @@ def cases(graph: Graph, machine, configs: list) -> list:
     return out
 
 
-def launcher(cp, raw, module, func, kernel, x_dev):
-    """(a function launching `func`'s stages once, its output array)."""
-    info = module.kernels[func.name]
-    ins = [x_dev if v.const is None else cp.asarray(np.ascontiguousarray(v.const))
-           for v in kernel.inputs]
-    (out_value,) = kernel.outputs
-    out = cp.zeros(out_value.type.shape, cp.float32)
-    args = tuple(ins + [out] + [cp.empty(size, cp.uint8) for size in info.workspace])
-    launches = []
-    for lc in info.launches:
-        fn = raw.get_function(lc.name)
-        device.allow_shared(fn, lc.shared_bytes)
-        launches.append((fn, lc))
-
-    def launch():
-        for fn, lc in launches:
-            fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
-
-    return launch, out
-
-
 def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> list[str]:
     places = batch * hw * hw if kind == "conv" else batch * SEQ
     shape = (batch, depth, hw, hw) if kind == "conv" else (batch * SEQ, depth)
@@ -162,7 +142,7 @@ def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> li
     raw = load_module(cp, module.source)
     timers, outs = [], []
     for entry, (func, _) in zip(entries, funcs):
-        launch, out = launcher(cp, raw, module, func, entry[4], x)
+        launch, out = kernel_launcher(cp, raw, module, func, entry[4], x, cp.float32)
         timers.append(cupy_timer(cp, launch))
         outs.append(out)
     times = interleaved_ms(timers, args.repeat, args.trials)

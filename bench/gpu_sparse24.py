@@ -49,7 +49,8 @@ from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.sparse import encode_2of4  # noqa: E402
 from dnnc.passes import sparse24 as rule  # noqa: E402
 from gpu_sparse import BERT, RESNET50_1X1, SEQ, cases  # noqa: E402
-from gpu_timing import cupy_timer, header, interleaved_ms, load_module, torch_timer  # noqa: E402
+from gpu_timing import (cupy_timer, header, interleaved_ms, kernel_launcher,  # noqa: E402
+                        load_module, torch_timer)
 
 BERT_BATCH, RESNET_BATCH = 8, 32
 VARIANTS = [TensorCoreConfig(128, 128, 64, 2, 4, 3), TensorCoreConfig(128, 128, 64, 2, 4, 4),
@@ -111,27 +112,6 @@ def layer_graph(kind: str, places: int, depth: int, rows: int, hw: int, w: np.nd
     return g
 
 
-def launcher(cp, raw, module, func, kernel, x_dev):
-    """(a function launching `func`'s stages once, its output array)."""
-    info = module.kernels[func.name]
-    ins = [x_dev if v.const is None else cp.asarray(np.ascontiguousarray(v.const))
-           for v in kernel.inputs]
-    (out_value,) = kernel.outputs
-    out = cp.zeros(out_value.type.shape, out_value.type.dtype.np)
-    args = tuple(ins + [out] + [cp.empty(size, cp.uint8) for size in info.workspace])
-    launches = []
-    for lc in info.launches:
-        fn = raw.get_function(lc.name)
-        device.allow_shared(fn, lc.shared_bytes)
-        launches.append((fn, lc))
-
-    def launch():
-        for fn, lc in launches:
-            fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
-
-    return launch, out
-
-
 def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> str:
     w = pruned_2of4(rng, rows, depth)
     width = depth // 9 if kind == "conv3" else depth
@@ -147,7 +127,7 @@ def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> st
     timers, outs = [], []
     for entry, (func, _) in zip(entries, funcs):
         x_in = x.reshape(entry[3].inputs[0].type.shape)
-        launch, out = launcher(cp, raw, module, func, entry[3], x_in)
+        launch, out = kernel_launcher(cp, raw, module, func, entry[3], x_in)
         timers.append(cupy_timer(cp, launch))
         outs.append(out)
     cublas = ""

@@ -138,6 +138,31 @@ def load_module(cp, source: str):
     return module
 
 
+def kernel_launcher(cp, raw, module, func, kernel, x_dev, out_dtype=None,
+                    stored=lambda a: a):
+    """(a function launching `func`'s stages once, its output array) for the lowered
+    `kernel`, compiled in `module` and loaded as `raw`: `x_dev` its one non-constant input,
+    the constants as `stored` makes them, the output zeroed in `out_dtype` (default: its own
+    type)."""
+    info = module.kernels[func.name]
+    ins = [x_dev if v.const is None else cp.asarray(stored(np.ascontiguousarray(v.const)))
+           for v in kernel.inputs]
+    (out_value,) = kernel.outputs
+    out = cp.zeros(out_value.type.shape, out_dtype or out_value.type.dtype.np)
+    args = tuple(ins + [out] + [cp.empty(size, cp.uint8) for size in info.workspace])
+    launches = []
+    for lc in info.launches:
+        fn = raw.get_function(lc.name)
+        device.allow_shared(fn, lc.shared_bytes)
+        launches.append((fn, lc))
+
+    def launch():
+        for fn, lc in launches:
+            fn(lc.grid, lc.block, args, shared_mem=lc.shared_bytes)
+
+    return launch, out
+
+
 def event_ms(cp, fn, repeat: int, trials: int) -> float:
     """Median over `trials` of the mean ms of `repeat` back-to-back calls of `fn`."""
     return interleaved_ms([cupy_timer(cp, fn)], repeat, trials)[0]
