@@ -5,6 +5,7 @@ kernels against the GPU's copy bandwidth.
                                         attention]
                                 [--repeat 200] [--trials 7] [--no-variants]
                                 [--precision tf32|fp16|bf16] [--dense-shapes MxKxN,...]
+                                [--storages fp32,16,16/out] [--wgmma-variants]
 
 Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
 the cuda templates' default config and, unless `--no-variants`, with the previous default
@@ -39,8 +40,10 @@ rows are then the tensor-core template's (`backends/cuda/mma.py`: its default an
 `--no-variants`, `MMA_VARIANTS` unsplit and split, the measurements `mma.EFFICIENCY`
 should be fitted from), first with the operands stored in fp32 ("fp32 in": staged through
 registers, converted on the way), then for fp16 and bf16 stored in that type ("fp16 in",
-"bf16 in": converted once before timing; the cp.async path), against cuBLAS at the same
-precision:
+"bf16 in": converted once before timing; the cp.async path), then with the product stored in
+that type as well ("fp16 in/out": as cuBLAS's half product and a half-storage model's products
+store it; its check allows the product's own rounding, u |x w|), against cuBLAS at the same
+precision (`--storages` picks among these rows):
 tf32 `torch.matmul` with `torch.backends.cuda.matmul.allow_tf32 = True` on the fp32
 operands (else `cupy.matmul` if CUPY_TF32=1 is set), fp16 `cupy.matmul` on float16 copies,
 bf16 `torch.matmul` on bfloat16 copies (each peer's time excludes its conversion). Each
@@ -284,7 +287,12 @@ MMA_VARIANTS = (
          early_refill=True),
     dict(block_m=128, block_n=128, block_k=64, warps_m=4, warps_n=2, stages=3, wgmma=True),
     dict(block_m=64, block_n=256, block_k=64, warps_m=4, warps_n=1, stages=3, wgmma=True),
-    dict(block_m=256, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=3, wgmma=True))
+    dict(block_m=256, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=3, wgmma=True),
+    # results staged through shared memory (whole lines of Y stored)
+    dict(block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, wgmma=True,
+         staged=True),
+    dict(block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=5, wgmma=True,
+         staged=True))
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
 
@@ -312,7 +320,8 @@ def _dense_variants(k: int, precision: str = "fp32", m: int = 0) -> list[dict]:
 
     if precision != "fp32":   # the tensor-core template's (every knob set: the default's
         # wgmma must not carry over into an mma.sync variant)
-        return [{"wgmma": False, "early_refill": False, **v, "split_k": split}
+        return [{"wgmma": False, "early_refill": False, "staged": False, **v,
+                 "split_k": split}
                 for v in MMA_VARIANTS for split in (1, 2, 4, 8)
                 if split == 1 or k >= 2 * split * MIN_SPLIT_K and m <= 1024 and
                 v["block_m"] <= 128]
@@ -415,24 +424,28 @@ def _function(raw, launch):
     return fn
 
 
-def stored_16bit(cp, precision: str, x, w, config):
+def stored_16bit(cp, precision: str, x, w, config, y_16bit: bool = False):
     """(launch, output) of x w (fp32 arrays) with both operands stored in the precision's
-    16-bit type (converted here, once): the tensor-core template's cp.async path."""
+    16-bit type (converted here, once): the tensor-core template's cp.async path; with
+    `y_16bit` the product is stored in that type too (as cuBLAS's half product and a
+    half-storage model's products are), the output returned as float32."""
     m, k = x.shape
     n = w.shape[1]
     dtype = mma.STORAGE[precision]
     a, b = L.Buffer("a", dtype, (1, m, k)), L.Buffer("b", dtype, (1, k, n))
-    y = L.Buffer("y", T.float32, (1, m, n))
+    y = L.Buffer("y", dtype if y_16bit else T.float32, (1, m, n))
     body = mma.mma_product(config, 1, m, n, k, Operand(lambda bi, i, kk: a[bi, i, kk], False,
                                                        True),
                            Operand(lambda bi, j, kk: b[bi, kk, j], True, True),
-                           lambda bi, i, j, value: L.Store(y, (bi, i, j), value),
+                           lambda bi, i, j, value: L.Store(
+                               y, (bi, i, j), L.Cast(dtype, value) if y_16bit else value),
                            precision=precision)
     func = L.PrimFunc("stored_16bit", (a, b, y), body)
     module = render_module([(func, True)])
     raw = load_module(cp, module.source)
     info = module.kernels[func.name]
-    out = cp.full((m, n), np.nan, np.float32)
+    out = cp.full((m, n), np.nan, np.float32) if not y_16bit else \
+        cp.asarray(np.full((m, n), np.nan, np.float32).astype(dtype.np).view(np.uint16))
     args = tuple([cp.asarray(v.astype(dtype.np).view(np.uint16)) for v in (x, w)] + [out] +
                  [cp.empty(size, cp.uint8) for size in info.workspace])
     launches = [(_function(raw, lc), lc) for lc in info.launches]
@@ -443,6 +456,10 @@ def stored_16bit(cp, precision: str, x, w, config):
 
     launch.module = raw   # (loaded as long as its launches run)
 
+    if y_16bit:
+        launch.result = lambda: cp.asnumpy(out).view(dtype.np).astype(np.float32)
+    else:
+        launch.result = lambda: cp.asnumpy(out)
     return launch, out
 
 
@@ -470,7 +487,9 @@ def dense_table(cp, machine: Target, args) -> int:
     print(f"B stored {'[n, k] (Gemm transB)' if args.b_layout == 'nk' else '[k, n] (MatMul)'}")
     for case in dense_cases(shapes, args.b_layout):
         if precision != "fp32":
-            case.variants = _dense_variants(case.x.shape[1], precision, case.x.shape[0])
+            case.variants = [v for v in _dense_variants(case.x.shape[1], precision,
+                                                        case.x.shape[0])
+                             if v["wgmma"] or not args.wgmma_variants]
         x_dev = cp.asarray(case.x)
         w = next(v.const for v in case.graph.nodes[0].inputs if v.const is not None)
         w_dev = cp.asarray(np.ascontiguousarray(w.T) if args.b_layout == "nk" else w)
@@ -479,7 +498,7 @@ def dense_table(cp, machine: Target, args) -> int:
         if precision == "fp32":
             want = cp.asnumpy(cp.matmul(x_dev, w_dev))
 
-            def close(got):
+            def close(got, _=0.0):
                 return np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.sqrt(k))
         else:   # within the precision's bound of the float64 product
             x64, w64 = x_dev.astype(cp.float64), w_dev.astype(cp.float64)
@@ -491,8 +510,8 @@ def dense_table(cp, machine: Target, args) -> int:
                 limit += 2 * k * 2.0 ** -25 * float(cp.abs(x_dev).max() * cp.abs(w_dev).max())
             del x64, w64
 
-            def close(got):
-                return bool((np.abs(got - want) <= limit).all())
+            def close(got, u_out=0.0):   # (u_out: the product's own rounding, stored)
+                return bool((np.abs(got - want) <= limit + u_out * np.abs(want)).all())
         peer = blas_peer(cp, precision, x_dev, w_dev)
         blas_ms = None
         if peer is None:
@@ -506,8 +525,10 @@ def dense_table(cp, machine: Target, args) -> int:
         default, measured = None, set()
         # the operands as a model's products read them: in 16 bits (half storage), or at
         # tf32 as tf32 values (passes/store_tf32.py)
-        storages = ("fp32", precision) if precision in mma.STORAGE or precision == "tf32" \
-            else ("fp32",)
+        storages = ("fp32", precision, precision + "/out") if precision in mma.STORAGE \
+            else ("fp32", precision) if precision == "tf32" else ("fp32",)
+        storages = [s for s in storages
+                    if s.replace(precision, "16") in args.storages.split(",")]
         for storage, overrides in [(s, o) for s in storages for o in [{}] + (
                 [] if args.no_variants else case.variants)]:
             try:
@@ -516,19 +537,24 @@ def dense_table(cp, machine: Target, args) -> int:
                 print(f"{'dense':12s} {case.label:18s} {str(overrides)[:58]:58s} skipped: "
                       f"{str(exc).splitlines()[0][:60]}")
                 continue
+            if storage.endswith("/out") and not overrides:   # the default for a 16-bit Y
+                config = mma.staged_by_default(config, mma.STORAGE[precision], precision)
             if (storage, config) in measured:
                 continue
             measured.add((storage, config))
-            default = default or config
+            if not overrides:
+                default = config
             if storage in ("fp32", "tf32"):
                 launch, out, n = run_kernel(cp, kernel, func, x_dev, storage == "tf32")
-            else:   # the operands stored in 16 bits
-                launch, out = stored_16bit(cp, precision, case.x, cp.asnumpy(w_dev), config)
+            else:   # the operands stored in 16 bits (and with "/out" the product too)
+                launch, out = stored_16bit(cp, precision, case.x, cp.asnumpy(w_dev), config,
+                                           storage.endswith("/out"))
             ms = event_ms(cp, launch, repeat, args.trials)
-            got = cp.asnumpy(out)
-            ok = close(got)
+            got = launch.result() if hasattr(launch, "result") else cp.asnumpy(out)
+            ok = close(got, UNIT[precision] if storage.endswith("/out") else 0.0)
             wrong += not ok
-            label = (f"{storage} in: " if precision != "fp32" else "") + \
+            label = (f"{storage.replace('/out', ' in/out')}: " if storage.endswith("/out")
+                     else f"{storage} in: " if precision != "fp32" else "") + \
                 ("default: " if config == default else "") + _tiles(config)
             ratio = f"{blas_ms / ms:9.2f}" if blas_ms else f"{'-':>9s}"
             print(f"{'dense':12s} {case.label:18s} {label[:58]:58s} {ms * 1e3:9.1f} "
@@ -544,7 +570,7 @@ def _tiles(c) -> str:
     if isinstance(c, mma.TensorCoreConfig):
         return f"{c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
             f"stages {c.stages} split {c.split_k}{' wgmma' if c.wgmma else ''}" \
-            f"{' early' if c.early_refill else ''}"
+            f"{' early' if c.early_refill else ''}{' staged' if c.staged else ''}"
     return f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
         f"split_k {c.split_k}"
 
@@ -617,6 +643,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--wgmma-variants", action="store_true",
+                        help="of the tensor-core variants only those issuing wgmma")
+    parser.add_argument("--storages", default="fp32,16,16/out",
+                        help="which dense rows at a reduced precision: operands stored in "
+                             "fp32, in the precision's type (16; tf32 values at tf32), and "
+                             "the product stored in it too (16/out: fp16 and bf16)")
     parser.add_argument("--dense-shapes", default="",
                         help="the dense cases' shapes, m x k x n, comma separated (default: "
                              "all of DENSE_SHAPES)")

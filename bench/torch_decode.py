@@ -52,11 +52,20 @@ def new_step(forward):
     """`forward` compiled with reduce-overhead, each call a new CUDA-graph step: generate
     calls it once per token, and cudagraph trees would otherwise take the next call for part
     of the same step and refuse it ("accessing tensor output of CUDAGraphs that has been
-    overwritten by a subsequent run"). Keeps `forward`'s signature (generate reads it)."""
+    overwritten by a subsequent run"). Its tensors are cloned out of the graph's memory:
+    where the static cache's counters make inductor skip CUDA graphs for part of the model
+    ("mutated inputs"), generate still read a logits tensor a later replay had overwritten
+    (transformers 4.5x, torch 2.11, H200). Keeps `forward`'s signature (generate reads it)."""
     @functools.wraps(forward)
     def step(*args, **kwargs):
         torch.compiler.cudagraph_mark_step_begin()
-        return forward(*args, **kwargs)
+        out = forward(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            return out.clone()
+        for key, value in list(out.items()):   # (a ModelOutput: a dict)
+            if isinstance(value, torch.Tensor):
+                out[key] = value.clone()
+        return out
     return step
 
 

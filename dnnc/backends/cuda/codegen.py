@@ -39,8 +39,9 @@ through tables, as tinygrad's `code_for_op`: `_BINARY`, `_CALLS`, `_CASTS` and
 `bool`, integers as their C types, float32/float64 as float/double; float16 and bfloat16 are
 stored as `unsigned short` bits (legalize leaves them only loads, stores, selects, bit casts
 and conversions to and from float32): float16 converts through PTX `cvt` in two small device
-functions of the prelude (what cuda_fp16.h does, without needing its header), bfloat16 by
-legalize's own integer bit operations. Index arithmetic is `long long` (the IR's int64)
+functions of the prelude (what cuda_fp16.h does, without needing its header), bfloat16
+likewise (`dnnc_f2bf`: `cvt.rn.bf16.f32` with legalize's NaN, NATIVE's `bf16_cast`; before
+sm_80 legalize's integer bit operations). Index arithmetic is `long long` (the IR's int64)
 unless `narrow_indices` proves 32 bits enough.
 Warp shuffles (`L.SHUFFLES`) are `__shfl_xor_sync` / `__shfl_down_sync` over the full warp.
 A gather's run-time index check (`L.index_checks`) is the prelude's `dnnc_check_index`, on the
@@ -83,10 +84,12 @@ CHECKS_HOIST_FROM = frozenset({L.ForKind.SERIAL, L.ForKind.UNROLLED, L.ForKind.V
 """Loops an index check that does not change in them is hoisted out of: a thread's own loops
 (a GPU-bound loop is its launch's threads, each checking its own index)."""
 
-NATIVE: frozenset[str] = frozenset({"dot_u8s8x4"})
+NATIVE: frozenset[str] = frozenset({"dot_u8s8x4", "bf16_cast"})
 """Legalize rules whose ops this renderer renders itself: the int8 dot product (dp4a,
-PRELUDE's `dnnc_dp4a`); no others (CUDA's rsqrtf is not correctly rounded; its half
-conversions are the prelude's)."""
+PRELUDE's `dnnc_dp4a`) and the bfloat16 <-> float32 casts (PRELUDE's `dnnc_f2bf`, one
+`cvt.rn.bf16.f32` where the GPU has it, with legalize's NaN: a cast is then one expression, so
+a pair of them is stored as one vector, as float16's); no others (CUDA's rsqrtf is not
+correctly rounded; its half conversions are the prelude's)."""
 
 
 TENSOR_CORE_NODES = (L.Mma, L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)
@@ -376,6 +379,12 @@ _CASTS: dict[tuple[str, str], Callable] = {
     ("f", "h"): lambda x, dt: f"dnnc_f2h({x})",
 }
 """(source class, destination class) -> emitter(value, destination dtype)."""
+
+_BF16_CASTS: dict[tuple[T.DType, T.DType], Callable] = {
+    (T.float32, T.bfloat16): _func("dnnc_f2bf"), (T.bfloat16, T.float32): _func("dnnc_bf2f"),
+}
+"""The bfloat16 casts (NATIVE's `bf16_cast`; legalize leaves no other): (source, destination)
+-> emitter."""
 
 _BITCASTS: dict[tuple[T.DType, T.DType], Callable] = {
     (T.float32, T.uint32): _func("__float_as_uint"),
@@ -677,7 +686,8 @@ class _Emitter:
         value = self.expr(e.value)
         if src is dst:
             return value
-        emit = _CASTS.get((_class(src), _class(dst)))
+        emit = _BF16_CASTS.get((src, dst)) if T.bfloat16 in (src, dst) else \
+            _CASTS.get((_class(src), _class(dst)))
         if emit is None:
             self.fail(f"no CUDA cast from {src.name} to {dst.name} (legalized?)")
         return emit(value, dst)

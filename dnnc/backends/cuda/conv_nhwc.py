@@ -32,7 +32,7 @@ from ..space import Space, Template
 from .dense import Operand
 from .device import gpu_of
 from .mma import (PRECISIONS, TensorCoreConfig, choose, mma_product, product_space,
-                  wgmma_by_default)
+                  staged_by_default, wgmma_by_default)
 
 
 def gemm(p: problems.Conv2dNHWC) -> tuple[int, int, int]:
@@ -60,11 +60,13 @@ def default(p: problems.Conv2dNHWC, machine) -> TensorCoreConfig:
     each shape; cuDNN channels_last 1.90). Not SHALLOW_K's rule (measured on dense products):
     resnet50's 1x1 convs of 256 input channels took 32 x 64 mma.sync tiles by it, 55.2 us at
     256@56 -> 64 against 35.7 on the 64 x 64 wgmma tile, 36.4 at 256@14 -> 1024 against 29.6
-    (H200, fp16, batch 32, bench/gpu_conv.py)."""
-    return choose(*gemm(p), gpu=gpu_of(machine), precision=machine.precision,
-                  wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
-                                         p.x_tf32 and p.w_tf32),
-                  shallow_rule=False)
+    (H200, fp16, batch 32, bench/gpu_conv.py). Its results staged as a dense product's
+    (`staged_by_default`)."""
+    return staged_by_default(choose(
+        *gemm(p), gpu=gpu_of(machine), precision=machine.precision,
+        wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
+                               p.x_tf32 and p.w_tf32),
+        shallow_rule=False), p.y.dtype, machine.precision)
 
 
 def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:

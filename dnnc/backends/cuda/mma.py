@@ -829,9 +829,31 @@ def dense_space(p: problems.Dense, machine) -> Space:
 
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
-    return choose(p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
-                  wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
-                                         p.a_tf32 and p.b_tf32))
+    return staged_by_default(choose(
+        p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
+        wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
+                               p.a_tf32 and p.b_tf32)), p.y.dtype, machine.precision)
+
+
+STAGED_OUTPUTS = (T.float16, T.bfloat16)
+"""Outputs whose wgmma products the default stages (staged.py) unless DNNC_STAGED=0: a
+direct store of a 16-bit Y writes a lane's 4 bytes, a warp's store 8 rows of 16 bytes, where
+the staged one stores runs of a row. On an H200 (bench/gpu_kernels.py, fp16 stored in and
+out, against cuBLAS's fp16 product): 4096^3 0.82 staged against 0.76 direct (128 x 256, 4
+stages), 8192 x 768 x 3072 0.77 against 0.60, 8192 x 3072 x 768 0.70 against 0.66 (128 x 128,
+5 stages). A float32 Y's direct stores fill whole sectors (what staged.py's A/B measured:
+no gain) and stay direct."""
+
+
+def staged_by_default(c: TensorCoreConfig, y: T.DType, precision: str) -> TensorCoreConfig:
+    """Default config `c` of a product storing a `y` output, staged where STAGED_OUTPUTS
+    says (a wgmma product, k unsplit, its staged tile within the shared limit)."""
+    staged = replace(c, staged=True)
+    if c.wgmma and c.split_k == 1 and y in STAGED_OUTPUTS and \
+            os.environ.get("DNNC_STAGED") != "0" and \
+            shared_bytes(staged, precision) <= _shared_limit(staged):
+        return staged
+    return c
 
 
 def dense_build(p: problems.Dense, c: TensorCoreConfig, machine) -> L.PrimFunc:

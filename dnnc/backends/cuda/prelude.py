@@ -20,6 +20,20 @@ __device__ __forceinline__ float dnnc_h2f(unsigned short h) {
 __device__ __forceinline__ unsigned short dnnc_f2h(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
+// bfloat16 <-> float32 as legalize's bf16_cast: to nearest even, a NaN stays a quiet NaN of its
+// sign and payload (cvt.rn.bf16.f32, sm_80 on, gives one canonical NaN)
+__device__ __forceinline__ unsigned short dnnc_f2bf(float f) {
+  const unsigned u = __float_as_uint(f);
+  if (f != f) return (unsigned short)((u | 0x400000u) >> 16);
+#if __CUDA_ARCH__ >= 800
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+#else
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
+__device__ __forceinline__ float dnnc_bf2f(unsigned short h) {
+  return __uint_as_float((unsigned)h << 16);
+}
 // L.dot_u8s8x4: acc + the products of a's unsigned and b's signed bytes (dp4a, sm_61+)
 __device__ __forceinline__ int dnnc_dp4a(int acc, unsigned a, unsigned b) {
   int d; asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc)); return d;

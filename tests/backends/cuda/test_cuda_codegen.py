@@ -449,7 +449,7 @@ def test_whole_tensor_reduction_shuffles_then_one_exchange():
 
 
 @pytest.mark.parametrize("dtype,needle", [
-    (T.float16, "dnnc_h2f("), (T.bfloat16, "__uint_as_float("), (T.float64, "double"),
+    (T.float16, "dnnc_h2f("), (T.bfloat16, "dnnc_bf2f("), (T.float64, "double"),
     (T.int8, "signed char"), (T.uint16, "unsigned short")])
 def test_dtypes(dtype, needle):
     op = "Abs" if dtype.is_int else "Neg"

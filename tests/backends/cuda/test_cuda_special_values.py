@@ -47,6 +47,45 @@ def test_float_to_int_casts_on_the_gpu_give_the_numpy_targets_table(source):
                                   f"{[(float(x[i]), g[i], w[i]) for i in bad[:8]]}")
 
 
+BF16_PROBES = np.array([
+    0x3F800000, 0x3F808000, 0x3F818000, 0x3F80C000, 0x3F807FFF, 0x80000000, 0x00000001,
+    0x00408000, 0x80C18000, 0x7F7FFFFF, 0xFF7F8000, 0x7F800000, 0xFF800000, 0x7FC12345,
+    0x7F800001, 0xFFC00001, 0x7FFFFFFF, 0x3EAAAAAB, 0xC2F6E979], np.uint32).view(np.float32)
+"""float32 values whose bfloat16 casts tell roundings apart: ties to even either way, just
+below a tie, zeros, subnormals (a tie among them), FLT_MAX and its negative tie (to infinity),
+infinities, NaNs of either sign with payloads (quiet and signaling), ordinary values."""
+
+
+@pytest.mark.gpu
+def test_bfloat16_casts_on_the_gpu_are_the_numpy_targets_bit_for_bit():
+    """float32 -> bfloat16 -> float32 on the GPU (the renderer's native `dnnc_f2bf`: one
+    cvt.rn.bf16.f32, NaNs as legalize keeps them) bit for bit as the numpy target's, a NaN
+    a NaN of its sign (payloads are not the semantics': docs/semantics.md)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(BF16_PROBES)])
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.BFLOAT16),
+             helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT)]
+    outputs = [helper.make_tensor_value_info(n, t, [len(BF16_PROBES)])
+               for n, t in (("h", TensorProto.BFLOAT16), ("y", TensorProto.FLOAT))]
+    model = helper.make_model(helper.make_graph(nodes, "bf16_casts", [x], outputs),
+                              opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = helper.find_min_ir_version_for(model.opset_import)
+    model = model.SerializeToString()
+    want = dnnc.compile(model, target="numpy").run(x=BF16_PROBES)
+    nan = np.isnan(BF16_PROBES)
+    for opt_level in (0, 3):
+        got = dnnc.compile(model, target="cuda", opt_level=opt_level).run(x=BF16_PROBES,
+                                                                          to="numpy")
+        for name, g, w in zip(("h", "y"), got, want):
+            g32, w32 = (np.asarray(v, np.float32) for v in (g, w))
+            assert np.isnan(g32[nan]).all() and \
+                (np.signbit(g32[nan]) == np.signbit(BF16_PROBES[nan])).all(), name
+            bits = {"h": np.uint16, "y": np.uint32}[name]
+            g, w = g[~nan].view(bits), w[~nan].view(bits)
+            bad = np.nonzero(g != w)[0]
+            assert not bad.size, (f"{name}, opt {opt_level}: (x, gpu, numpy) "
+                                  f"{[(BF16_PROBES[~nan][i], hex(g[i]), hex(w[i])) for i in bad]}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("opt_level", [0, 3])
 def test_special_values_fuzz_batch_on_the_gpu_finds_nothing(opt_level, tmp_path):

@@ -465,6 +465,34 @@ def test_the_default_picks_wgmma_on_sm90_at_16_bit_precisions(monkeypatch):
             assert space.check(config) == config
 
 
+def test_the_default_stages_the_wgmma_products_of_16_bit_outputs(monkeypatch):
+    """`mma.staged_by_default`: a wgmma product storing float16 / bfloat16 is staged (its
+    tile within the shared limit), a float32 one, an mma.sync one or a split one is not;
+    DNNC_STAGED=0 turns it off; a model at fp16 renders the staged epilogue."""
+    import dnnc
+    from dnnc import zoo
+
+    monkeypatch.delenv("DNNC_STAGED", raising=False)
+    big = mma.choose(4096, 4096, 4096, wgmma=True)
+    for y in (T.float16, T.bfloat16):
+        staged = mma.staged_by_default(big, y, "fp16")
+        assert staged == replace(big, staged=True)
+        assert mma.product_space("x", 4096, 1, "fp16", "sm_90").check(staged) == staged
+    assert mma.staged_by_default(big, T.float32, "fp16") == big
+    plain = mma.choose(4096, 4096, 4096, wgmma=False)
+    assert mma.staged_by_default(plain, T.float16, "fp16") == plain
+    split = replace(big, split_k=2)
+    assert mma.staged_by_default(split, T.float16, "fp16") == split
+    monkeypatch.setenv("DNNC_STAGED", "0")
+    assert mma.staged_by_default(big, T.float16, "fp16") == big
+    monkeypatch.delenv("DNNC_WGMMA", raising=False)
+    model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
+    for switch in ("1", "0"):
+        monkeypatch.setenv("DNNC_STAGED", switch)
+        source = dnnc.compile(model, "cuda", precision="fp16", render_only=True).source("cuda")
+        assert ("y_tile" in source) == (switch == "1") and "dnnc_wgmma_fp16" in source
+
+
 def test_modules_using_wgmma_compile_for_sm90a():
     func, _ = product(*CASES[0])
     source = render_module([(func, True)]).source

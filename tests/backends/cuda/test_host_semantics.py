@@ -118,6 +118,12 @@ template <typename T> static T __shfl_down_sync(unsigned, T v, int d) {
 // the PTX conversions of the prelude, as the host rounds them (to nearest even)
 static inline float dnnc_h2f(unsigned short h) { return (float)dnnc_bits<_Float16>(h); }
 static inline unsigned short dnnc_f2h(float f) { return dnnc_bits<unsigned short>((_Float16)f); }
+// cvt.rn.bf16.f32 (to nearest even) with the prelude's NaN (quiet, of its sign and payload)
+static inline unsigned short dnnc_f2bf(float f) {
+  const unsigned u = dnnc_bits<unsigned>(f);
+  return (unsigned short)((f != f ? u | 0x400000u : u + 0x7fffu + (u >> 16 & 1u)) >> 16);
+}
+static inline float dnnc_bf2f(unsigned short h) { return dnnc_bits<float>((unsigned)h << 16); }
 // dp4a.u32.s32 (PTX ISA): acc + the four products of a's unsigned and b's signed bytes,
 // wrapping as a 32-bit register does
 static inline int dnnc_dp4a(int acc, unsigned a, unsigned b) {
