@@ -7,8 +7,9 @@ A depthwise conv has no channel sum to take vpdpbusd's 4 bytes from; its 4 bytes
 of a filter row instead. Per plane (the worker pool's unit): the plane's bytes copied into a
 padded buffer (the zero point around it: padding then adds nothing after the compensation),
 then `words`: for each padded row and output column, the bytes under taps 4g .. 4g + 3 of a
-filter row as one uint32 (at stride 2 the padded row is kept in phases, so these are
-consecutive bytes too), xor 0x80808080 for int8 (read as x + 128, the u8 x s8 product's
+filter row as one uint32 (`pack_u8x4`: a vector of words one interleaving shuffle of 4
+byte loads; at stride 2 the padded row is kept in phases, so these are consecutive bytes
+too), xor 0x80808080 for int8 (read as x + 128, the u8 x s8 product's
 operand); a filter row of kw taps is ceil(kw / 4) words, the taps past kw 0. An output pixel
 is then sum over filter rows ky and groups g of dot(words[oy sh + ky dh, g, ox], w word
 (ky, g)): a 3x3 window three vpdpbusd for a vector of 16 pixels (nine float32 fmas before),
@@ -66,6 +67,14 @@ def default(p: QuantizedConvProblem, machine) -> DepthwiseInt8Config:
     return DepthwiseInt8Config(lanes, _flat_applies(p) and p.y_dims[3] < lanes)
 
 
+def _word_count(n: int, lanes: int) -> int:
+    """Words to build for `n`: whole vectors of `lanes`, then the rest rounded up to a power
+    of two (a vector of 7 words, mobilenet_v2's 7x7 planes at stride 2, took 2.3x the time
+    of 8: LLVM's code for odd-width shuffles)."""
+    rest = n % lanes
+    return n - rest + (1 << (rest - 1).bit_length() if rest else 0)
+
+
 class _Plane:
     """The buffers and expressions of one plane (image bn, channel ch) of problem p."""
 
@@ -94,14 +103,22 @@ class _Plane:
         return L.seq(*stores)
 
     def word(self, byte_at) -> L.Expr:
-        """The uint32 of bytes `byte_at(t)` (t = 0..3; a uint8 expression each), xor FLIP
-        where x is int8."""
-        word = None
-        for t in range(TAPS):
-            byte = L.Cast(T.uint32, byte_at(t))
-            byte = byte if t == 0 else L.BinOp("<<", byte, L.Const(8 * t, T.uint32))
-            word = byte if word is None else L.BinOp("|", word, byte)
+        """The uint32 of bytes `byte_at(t)` (t = 0..3; a uint8 expression each: loads of a
+        window, one load and a shuffle in vector code), xor FLIP where x is int8."""
+        word = L.call("pack_u8x4", *(byte_at(t) for t in range(TAPS)), dtype=T.uint32)
         return L.BinOp("^", word, L.Const(FLIP, T.uint32)) if self.p.signed else word
+
+    def words(self, count: int, lanes: int, store) -> L.Stmt:
+        """`store(g, i, word)` for each group g and i < count, `word(t)` -> the byte of tap t,
+        in vectors of `lanes` words (a vector's bytes one load and a shuffle)."""
+        i = L.Var("wi")
+
+        def block(width: int, start: L.Expr, g: int) -> L.Stmt:
+            kind = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+            return L.For(i, width, store(g, start + i), kind)
+
+        return L.seq(*(row_in_vectors(lambda w, s, g=g: block(w, s, g), count, lanes)
+                       for g in range(self.groups)))
 
     def dots(self, acc: L.Buffer, jj: L.Var, width: int, word_at) -> L.Stmt:
         """acc[jj] (jj < width) += the window's products: `word_at(ky, g)` pixel jj's word
@@ -125,32 +142,36 @@ class _Plane:
         return cast_to(p.epilogue(value, index), p.y.dtype)
 
 
-def _rows(p: QuantizedConvProblem, config: DepthwiseInt8Config, plane: L.Var) -> L.Stmt:
+def _rows(p: QuantizedConvProblem, config: DepthwiseInt8Config, plane: L.Var, lanes: int
+          ) -> L.Stmt:
     """Plane `plane`'s output rows in blocks of `pixels`, from the words of every padded row."""
     pl = _Plane(p, plane)
     _, _, oh, ow = p.y_dims
     kh, kw = p.kernel
     (sh, sw), (dh, dw) = p.strides, p.dilations
     hp, wp = p.padded_hw
+    # at stride S > 1 the padded row is kept in S phases (`pad_plane`): the bytes of a tap
+    # are then consecutive for consecutive pixels (a strided window of one load and a
+    # shuffle took 5x the time: LLVM 22 built its 34 bytes one at a time)
     phases = sw if sw > 1 and dw == 1 else 1
     # the padded row reaches the last group's last tap (past kw: any byte, its weight 0)
-    reach = (ow - 1) * sw + (pl.groups * TAPS - 1) * dw + 1
+    count = _word_count(ow, lanes)
+    reach = (count - 1) * sw + (pl.groups * TAPS - 1) * dw + 1
     za = L.Cast(T.uint8, channel_param(p.za, 0))
     xpad, pad = pad_plane(p.x, pl.bn, pl.ch, p.x_dims[2:], p.begins, (hp, max(wp, reach)),
                           fill=za, phases=phases, dtype=T.uint8,
                           load=lambda v: L.Cast(T.uint8, v))
 
-    def byte(iy, ox, offset: int):
+    def byte(iy, ox, offset: int) -> L.Expr:
         """The padded byte at row iy, column ox * sw + offset."""
         if phases == 1:
             return xpad[iy, ox * sw + offset]
         return xpad[iy, offset % phases, ox + offset // phases]
 
-    words = L.Buffer("words", T.uint32, (hp, pl.groups, ow))
-    iy, ox, jj, row = L.Var("wy"), L.Var("wx"), L.Var("j"), L.Var("row")
-    build = L.For(iy, hp, L.seq(*(L.For(ox, ow, L.Store(words, (iy, g, ox), pl.word(
-        lambda t, g=g: byte(iy, ox, (g * TAPS + t) * dw))), L.ForKind.VECTORIZED)
-        for g in range(pl.groups))))
+    words = L.Buffer("words", T.uint32, (hp, pl.groups, count))
+    iy, jj, row = L.Var("wy"), L.Var("j"), L.Var("row")
+    build = L.For(iy, hp, pl.words(count, lanes, lambda g, ox: L.Store(words, (iy, g, ox), pl.word(
+        lambda t: byte(iy, ox, (g * TAPS + t) * dw)))))
 
     def block(width: int, ow0: L.Expr) -> L.Stmt:
         acc = L.Buffer("acc", T.int32, (width,), L.Scope.LOCAL)
@@ -165,7 +186,8 @@ def _rows(p: QuantizedConvProblem, config: DepthwiseInt8Config, plane: L.Var) ->
         pad, build, pl.weight_words(), rows))))
 
 
-def _flat(p: QuantizedConvProblem, config: DepthwiseInt8Config, plane: L.Var) -> L.Stmt:
+def _flat(p: QuantizedConvProblem, config: DepthwiseInt8Config, plane: L.Var, lanes: int
+          ) -> L.Stmt:
     """Plane `plane` at stride 1 as a 1-D convolution of its padded plane flattened (as
     `depthwise._depthwise_flat`): output q = row * wp + col is the sum over ky, g of
     dot(words[g, q + ky wp], ...), the columns past the output's computed and dropped; each
@@ -178,7 +200,7 @@ def _flat(p: QuantizedConvProblem, config: DepthwiseInt8Config, plane: L.Var) ->
     (ph, pw), (_, wp) = p.begins, p.padded_hw
     pix = config.pixels
     blocks = -(-oh * wp // pix)
-    count = blocks * pix + (kh - 1) * wp          # words the last block's last row reads
+    count = _word_count(blocks * pix + (kh - 1) * wp, lanes)   # the last block's last row
     size = count + pl.groups * TAPS                # bytes those words read
     za = L.Cast(T.uint8, channel_param(p.za, 0))
     xflat = L.Buffer("xplane", T.uint8, (size,))
@@ -190,8 +212,8 @@ def _flat(p: QuantizedConvProblem, config: DepthwiseInt8Config, plane: L.Var) ->
                 L.For(i_h, h, L.For(i_w, wid, L.Store(
                     xflat, ((i_h + ph) * wp + i_w + pw,),
                     L.Cast(T.uint8, p.x[pl.bn, pl.ch, i_h, i_w])), vec)))
-    build = L.seq(*(L.For(q, count, L.Store(words, (g, q), pl.word(
-        lambda t, g=g: xflat[q + g * TAPS + t])), vec) for g in range(pl.groups)))
+    build = pl.words(count, lanes, lambda g, i: L.Store(words, (g, i), pl.word(
+        lambda t: xflat[i + g * TAPS + t])))
     acc = L.Buffer("acc", T.int32, (pix,), L.Scope.LOCAL)
     kind = vec if pix >= 2 else L.ForKind.UNROLLED
     sums = L.For(q, blocks, L.Allocate(acc, L.seq(
@@ -212,7 +234,8 @@ def _flat(p: QuantizedConvProblem, config: DepthwiseInt8Config, plane: L.Var) ->
 def build(p: QuantizedConvProblem, config: DepthwiseInt8Config, machine) -> L.PrimFunc:
     n, c = p.x_dims[:2]
     plane = L.Var("plane")
-    body = _flat(p, config, plane) if config.flat else _rows(p, config, plane)
+    lanes = machine.vector_bits // 32
+    body = (_flat if config.flat else _rows)(p, config, plane, lanes)
     return L.simplify(L.PrimFunc(p.name, p.params, L.For(
         plane, n * c, body, plane_parallel(p, machine))))
 

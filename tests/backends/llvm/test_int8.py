@@ -401,3 +401,31 @@ def test_dynamic_quantize_equals_the_reference(shape, kind):
     assert [r["template"] for r in model.profile(x, repeat=1)] == ["dynamic_quantize"]
     for got, want in zip(model(x), dynamic_quantize_linear(x)):
         assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("lanes,offsets", [(1, (0, 1, 2, 3)), (16, (0, 1, 2, 3)),
+                                           (8, (0, 2, 1, 5)), (7, (3, 0, 0, 9))])
+def test_pack_u8x4_puts_byte_t_in_bits_8t(lanes, offsets):
+    """`pack_u8x4` of 4 loads of a byte row (a window, as depthwise_int8's words, or bytes
+    anywhere), scalar and in vector code of odd widths, against NumPy's view of the bytes."""
+    from dnnc.ir import loop as L
+
+    rows = 3
+    src = L.Buffer("src", T.uint8, (rows, 64))
+    y = L.Buffer("y", T.uint32, (rows, lanes))
+    r, j = L.Var("r"), L.Var("j")
+    kind = L.ForKind.VECTORIZED if lanes > 1 else L.ForKind.SERIAL
+    word = L.call("pack_u8x4", *(src[r, j * 2 + d] for d in offsets), dtype=T.uint32)
+    func = L.PrimFunc("pack", (src, y), L.For(r, rows, L.For(j, lanes, L.Store(
+        y, (r, j), word), kind)))
+    mb = ModuleBuilder("pack", HOST)
+    mb.add(func)
+    assert "shufflevector" in str(mb) or lanes == 1
+    jm = JITModule(str(mb), host_target(), 2)
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jm.address("pack_packed"))
+    a = np.random.default_rng(lanes).integers(0, 256, (rows, 64)).astype(np.uint8)
+    got = np.zeros((rows, lanes), np.uint32)
+    fn((ctypes.c_void_p * 2)(a.ctypes.data, got.ctypes.data), (ctypes.c_int64 * 1)())
+    cols = np.arange(lanes)[:, None] * 2 + np.array(offsets)[None, :]
+    want = np.ascontiguousarray(a[:, cols]).view(np.uint32)[..., 0]
+    assert np.array_equal(got, want)
