@@ -60,11 +60,11 @@ def _flat_applies(p: QuantizedConvProblem) -> bool:
 
 
 def default(p: QuantizedConvProblem, machine) -> DepthwiseInt8Config:
-    """Flat where a row is narrower than a vector (1 thread, znver4, rows / flat: 960x7x7
-    3x3 77.7 / 62.7 us, 384x14x14 59.7 / 44.3, 1152x7x7 5x5 177 / 155; at 28x28 flat
-    took 0.98x (3x3) to 1.18x (5x5) the rows' time, at 56x56 1.2x)."""
+    """Flat where a row is narrower than two vectors (1 thread, znver4, rows / flat: 960x7x7
+    3x3 71.2 / 59.7 us, 384x14x14 55.6 / 38.9, 192x28x28 48.8 / 48.5, 1152x7x7 5x5 156.7 /
+    92.4, 240x28x28 5x5 109.8 / 94.3; 144x56x56 3x3 108.1 / 129.0)."""
     lanes = machine.vector_bits // 32
-    return DepthwiseInt8Config(lanes, _flat_applies(p) and p.y_dims[3] < lanes)
+    return DepthwiseInt8Config(lanes, _flat_applies(p) and p.y_dims[3] < 2 * lanes)
 
 
 def _word_count(n: int, lanes: int) -> int:

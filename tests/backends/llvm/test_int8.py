@@ -317,8 +317,8 @@ def test_depthwise_int8_equals_the_reference(path, n, c, h, w, k, stride, pad, d
 
 
 def test_depthwise_int8_default_runs_narrow_rows_flat():
-    """Flat where a row is narrower than a vector at stride 1; by rows otherwise."""
-    cases = {(7, 1): True, (14, 1): True, (28, 1): False, (14, 2): False}
+    """Flat where a row is narrower than two vectors at stride 1; by rows otherwise."""
+    cases = {(7, 1): True, (28, 1): True, (56, 1): False, (14, 2): False}
     for (side, stride), flat in cases.items():
         rng = np.random.default_rng(side)
         g, x, _ = depthwise_graph(rng, 1, 8, side * stride, side * stride, 3, stride, 1,
