@@ -169,6 +169,19 @@ def _dot_u8s8x4(e, ctx):
     return total
 
 
+def _pack_u8x4(e, ctx):
+    """pack_u8x4(b0, b1, b2, b3) -> uint32(b0) | uint32(b1) << 8 | uint32(b2) << 16 |
+    uint32(b3) << 24."""
+    if not (isinstance(e, L.Call) and e.name == "pack_u8x4"):
+        return None
+    word = None
+    for t, byte in enumerate(e.args):
+        part = L.Cast(T.uint32, byte)
+        part = part if t == 0 else L.BinOp("<<", part, L.Const(8 * t, T.uint32))
+        word = part if word is None else L.BinOp("|", word, part)
+    return word
+
+
 def _float_to_int(e, ctx):
     """Float -> integer casts, defined for every input as x86's conversions (onnxruntime's
     and NumPy's results there; docs/semantics.md), with N the destination's bits:
@@ -338,6 +351,7 @@ RULES: dict[str, Callable] = {
     "bf16_cast": _bf16_cast,
     "dot_bf16x2": _dot_bf16x2,
     "dot_u8s8x4": _dot_u8s8x4,
+    "pack_u8x4": _pack_u8x4,
     "float_to_int": _float_to_int,
     "sigmoid": _sigmoid,
     "rsqrt": _rsqrt,

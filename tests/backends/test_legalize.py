@@ -344,3 +344,14 @@ def test_a_view_of_a_parameter_keeps_its_own_shape():
     body = L.For(i, 4, L.For(j, 4, L.Store(y, (i, j), x3[0, i, j] + x4[0, i, 0, 0])))
     func = L.PrimFunc("view", (x4, y), body)
     assert legalize(func) == func
+
+
+def test_pack_u8x4_is_its_bytes_shifted_and_ored():
+    func = kernel(lambda *b: L.call("pack_u8x4", *b, dtype=T.uint32), [T.uint8] * 4, T.uint32)
+    u32 = T.uint32
+    expected = L.Cast(u32, x(0, T.uint8))
+    for k in (1, 2, 3):
+        expected = L.BinOp("|", expected, L.BinOp("<<", L.Cast(u32, x(k, T.uint8)),
+                                                  L.Const(8 * k, u32)))
+    assert legal_body(func) == store(u32, expected)
+    assert legal_body(func, frozenset({"pack_u8x4"})) == func.body.body

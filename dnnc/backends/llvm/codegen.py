@@ -38,10 +38,12 @@ CHECKS_HOIST_FROM = frozenset(k for k in L.ForKind if not (k.is_gpu_block or k.i
 STACK_SCRATCH = 1 << 16
 """Bytes a kernel's scratch buffer may have to live on the stack (else malloc'd)."""
 
-NATIVE: frozenset[str] = frozenset()
-"""Legalize rules whose ops this renderer renders itself on every CPU: none. LLVM has no exact rsqrt or
-sigmoid instruction, and its direct double -> half and float -> bfloat conversions call
-compiler-rt helpers (__truncdfhf2, __truncsfbf2) the JIT's process may lack."""
+NATIVE: frozenset[str] = frozenset({"pack_u8x4"})
+"""Legalize rules whose ops this renderer renders itself on every CPU: `pack_u8x4` (a window
+of bytes one load and a shuffle in vector code, `vectorize.VectorLoop.pack_u8x4`). LLVM has
+no exact rsqrt or sigmoid instruction, and its direct double -> half and float -> bfloat
+conversions call compiler-rt helpers (__truncdfhf2, __truncsfbf2) the JIT's process may
+lack."""
 
 
 class CodegenError(Exception):

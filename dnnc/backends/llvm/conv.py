@@ -89,29 +89,32 @@ def pad_input(p: Conv2d, par: L.ForKind) -> tuple[L.Buffer, L.Stmt | None]:
 
 
 def pad_plane(x: L.Buffer, bn: L.Expr, ch: L.Expr, image_hw, begins, padded_hw,
-              fill: float = 0.0, phases: int = 1, load=None) -> tuple[L.Buffer, L.Stmt]:
+              fill: float | L.Expr = 0.0, phases: int = 1, load=None,
+              dtype: T.DType = T.float32) -> tuple[L.Buffer, L.Stmt]:
     """Plane (bn, ch) of NCHW `x` copied into a [hp, wp] buffer filled with `fill` around it:
     done inside the loop over planes, it stays in cache for the taps that read it (a whole
     padded image would go out to memory and back: at 3x3 depthwise that copy cost more than
     the convolution). With `phases` S > 1 the buffer is [hp, S, ceil(wp / S)], column c at
     [c % S, c // S]: a tap of a stride-S window then reads consecutive elements for
     consecutive output pixels (one vector load, not S loads and a shuffle). `load` makes an
-    element of x the float32 the plane holds (default: itself)."""
+    element of x the value the plane holds (default: itself), of `dtype`, as `fill` (a value
+    or an expression: int8's zero point)."""
     (h, wid), (ph, pw), (hp, wp) = image_hw, begins, padded_hw
     if load is not None:
         x = _Loaded(x, load)
     i_h, i_w = L.Var("ph"), L.Var("pw")
+    fill = fill if isinstance(fill, L.Expr) else L.const(fill)
     if phases == 1:
-        plane = L.Buffer("xplane", T.float32, (hp, wp))
-        around = L.For(i_h, hp, L.For(i_w, wp, L.Store(plane, (i_h, i_w), L.const(fill))))
+        plane = L.Buffer("xplane", dtype, (hp, wp))
+        around = L.For(i_h, hp, L.For(i_w, wp, L.Store(plane, (i_h, i_w), fill)))
         copy = L.For(i_h, h, L.For(i_w, wid, L.Store(plane, (i_h + ph, i_w + pw),
                                                       x[bn, ch, i_h, i_w])))
         return plane, L.seq(around, copy)
     cols = -(-wp // phases)
-    plane = L.Buffer("xplane", T.float32, (hp, phases, cols))
+    plane = L.Buffer("xplane", dtype, (hp, phases, cols))
     i_p = L.Var("pp")
     around = L.For(i_h, hp, L.For(i_p, phases, L.For(i_w, cols, L.Store(
-        plane, (i_h, i_p, i_w), L.const(fill)))))
+        plane, (i_h, i_p, i_w), fill))))
     copies = []
     for phase in range(phases):
         # padded column j * S + phase holds image column j * S + phase - pw where that is

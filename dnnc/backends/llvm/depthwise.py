@@ -5,19 +5,12 @@ plane crossing rows (`_depthwise_flat`); or, on small planes, a vector of channe
 (`_depthwise_channels`: the planes of a block of channels interleaved, as onnxruntime's and
 oneDNN's NCHWc kernels hold them). It never serves a conv that is not depthwise.
 
-The int8 depthwise template (`int8.DEPTHWISE_INT8`) is this nest on other `Values`: the plane
-holds float32(x - zero point) (padding 0), the taps multiply float32 weights, and a sum (an
-integer below 2**22 in magnitude, so every partial sum is exact in float32) is finished as
-int32; a float32 fma runs as fast as an int32 multiply-add and needs no widening. It takes
-the rows or flat nest (the channels knob is float32's alone: with other `Values` it is off).
-
 Knobs (`DepthwiseConfig`): pixels (a block's width), flat, channels.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from ...ir import loop as L
 from ...ir import types as T
@@ -34,22 +27,9 @@ class DepthwiseConfig:
     channels: bool = False   # a vector of channels a step, their planes interleaved
 
 
-@dataclass(frozen=True)
-class Values:
-    """What the nest reads and stores: `load(x element)` the float32 the padded plane holds
-    (padding adds 0), `weight(w element)` a float32 tap, `finish(acc, ch, index)` channel ch's
-    float32 sum as the value stored at `index` of y (bias, epilogue, the output's type)."""
-
-    load: Callable
-    weight: Callable
-    finish: Callable
-
-
-def float_values(p: Conv2d) -> Values:
-    """A float32 conv's: elements as they are, the bias and the epilogue."""
-    def finish(acc, ch, index):
-        return p.epilogue(acc if p.bias is None else acc + p.bias[ch], index)
-    return Values(lambda v: v, lambda v: v, finish)
+def _finish(p: Conv2d, acc: L.Expr, ch, index) -> L.Expr:
+    """Channel ch's sum as the value stored at `index` of y: the bias, the epilogue."""
+    return p.epilogue(acc if p.bias is None else acc + p.bias[ch], index)
 
 
 FLAT_MAX_WIDTH = 32
@@ -127,8 +107,7 @@ def default(p: Conv2d, machine) -> DepthwiseConfig:
     return DepthwiseConfig(lanes)
 
 
-def build(p: Conv2d, config: DepthwiseConfig, machine, values: Values | None = None
-          ) -> L.PrimFunc:
+def build(p: Conv2d, config: DepthwiseConfig, machine) -> L.PrimFunc:
     """Depthwise 2-D convolution (group == channels, one filter per channel): per plane, the
     input padded in a cached buffer, then each output row in blocks of pixels, the window's
     taps broadcast from the filter; full blocks read the padded plane contiguously (at stride
@@ -137,28 +116,34 @@ def build(p: Conv2d, config: DepthwiseConfig, machine, values: Values | None = N
     n, c = p.x_dims[:2]
     _, _, kh, kw = p.w_dims
     _, _, oh, ow = p.y_dims
-    # a plane's taps and its padded copy, against the threshold of the row templates (pool2d,
-    # rows): a depthwise multiply-add is no GEMM's, mobilenet_v2's 3x3 convs on 7x7 planes
-    # (960 channels, 0.42 M multiply-adds) ran on one thread under MIN_PARALLEL_MACS (Zen 3,
-    # 2 threads: 0.057 -> 0.049 ms on both; 576 channels at stride 2, 0.052 -> 0.036)
-    from .schedules import MIN_PARALLEL_WORK   # (schedules imports this module's templates)
-    hp, wp = p.padded_hw
-    par = parallel_kind(machine.threads, n * c * (oh * ow * kh * kw + hp * wp),
-                        MIN_PARALLEL_WORK)
+    par = plane_parallel(p, machine)
     plane = L.Var("plane")
     lanes = machine.vector_bits // 32
-    if config.channels and values is None:
+    if config.channels:
         blocks = -(-c // lanes)
         return L.simplify(L.PrimFunc(p.name, p.params, L.For(
             plane, n * blocks, _depthwise_channels(p, config, plane, lanes), par)))
-    values = values or float_values(p)
-    body = _depthwise_flat(p, config, plane, lanes, values) if config.flat else \
-        _depthwise_rows(p, config, plane, values)
+    body = _depthwise_flat(p, config, plane, lanes) if config.flat else \
+        _depthwise_rows(p, config, plane)
     return L.simplify(L.PrimFunc(p.name, p.params, L.For(plane, n * c, body, par)))
 
 
-def _depthwise_rows(p: Conv2d, config: DepthwiseConfig, plane: L.Var, values: Values
-                    ) -> L.Stmt:
+def plane_parallel(p, machine) -> L.ForKind:
+    """The loop over a depthwise conv's planes (float32 or int8): parallel where a plane's
+    taps and its padded copy, summed, reach the row templates' threshold (pool2d, rows): a
+    depthwise multiply-add is no GEMM's, mobilenet_v2's 3x3 convs on 7x7 planes (960
+    channels, 0.42 M multiply-adds) ran on one thread under MIN_PARALLEL_MACS (Zen 3, 2
+    threads: 0.057 -> 0.049 ms on both; 576 channels at stride 2, 0.052 -> 0.036)."""
+    from .schedules import MIN_PARALLEL_WORK   # (schedules imports this module's templates)
+    n, c = p.x_dims[:2]
+    _, _, oh, ow = p.y_dims
+    kh, kw = p.w_dims[2:]
+    hp, wp = p.padded_hw
+    return parallel_kind(machine.threads, n * c * (oh * ow * kh * kw + hp * wp),
+                         MIN_PARALLEL_WORK)
+
+
+def _depthwise_rows(p: Conv2d, config: DepthwiseConfig, plane: L.Var) -> L.Stmt:
     """Plane `plane`'s output rows in blocks of `pixels`."""
     w, y = p.w, p.y
     c = p.x_dims[1]
@@ -172,7 +157,7 @@ def _depthwise_rows(p: Conv2d, config: DepthwiseConfig, plane: L.Var, values: Va
     # 0.135 ms; c96 112x112, where copying the plane dominates, 0.348 -> 0.389 ms)
     phases = sw if sw > 1 and dw == 1 else 1
     xpad, pad_stmt = pad_plane(p.x, bn, ch, p.x_dims[2:], p.begins, p.padded_hw,
-                               phases=phases, load=values.load)
+                               phases=phases)
     r, s, jj = L.Var("r"), L.Var("s"), L.Var("j")
     wv = L.Var("wv", T.float32)
 
@@ -186,10 +171,10 @@ def _depthwise_rows(p: Conv2d, config: DepthwiseConfig, plane: L.Var, values: Va
         acc = L.Buffer("acc", T.float32, (width,), L.Scope.LOCAL)
         kind = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
         init = L.For(jj, width, L.Store(acc, (jj,), L.const(0.0)), kind)
-        tap = L.Let(wv, values.weight(w[ch, 0, r, s]), L.For(jj, width, L.Store(
+        tap = L.Let(wv, w[ch, 0, r, s], L.For(jj, width, L.Store(
             acc, (jj,), L.call("fma", tap_at(row * sh + r * dh, ow0 + jj, s), wv, acc[jj])),
             kind))
-        value = values.finish(acc[jj], ch, (bn, ch, row, ow0 + jj))
+        value = _finish(p, acc[jj], ch, (bn, ch, row, ow0 + jj))
         store = L.For(jj, width, L.Store(y, (bn, ch, row, ow0 + jj), value), kind)
         return L.Allocate(acc, L.seq(init, L.For(r, kh, L.For(s, kw, tap)), store))
 
@@ -197,8 +182,8 @@ def _depthwise_rows(p: Conv2d, config: DepthwiseConfig, plane: L.Var, values: Va
                                                                           config.pixels))))
 
 
-def _depthwise_flat(p: Conv2d, config: DepthwiseConfig, plane: L.Var, lanes: int,
-                    values: Values) -> L.Stmt:
+def _depthwise_flat(p: Conv2d, config: DepthwiseConfig, plane: L.Var, lanes: int
+                    ) -> L.Stmt:
     """Plane `plane` at stride 1 as a 1-D convolution of its padded plane flattened: output
     q = row * wp + col (col < wp, the columns past the output's computed and dropped) is the
     sum over taps (r, s) of padded[q + r * wp + s] w[r, s], so a block of `pixels`
@@ -220,11 +205,11 @@ def _depthwise_flat(p: Conv2d, config: DepthwiseConfig, plane: L.Var, lanes: int
     vec = L.ForKind.VECTORIZED if pix >= 2 else L.ForKind.UNROLLED
     pad = L.seq(L.For(i_h, size, L.Store(xflat, (i_h,), L.const(0.0)), L.ForKind.VECTORIZED),
                 L.For(i_h, h, L.For(i_w, wid, L.Store(
-                    xflat, ((i_h + ph) * wp + i_w + pw,), values.load(p.x[bn, ch, i_h, i_w])),
+                    xflat, ((i_h + ph) * wp + i_w + pw,), p.x[bn, ch, i_h, i_w]),
                     L.ForKind.VECTORIZED)))
     acc = L.Buffer("acc", T.float32, (pix,), L.Scope.LOCAL)
     wv = L.Var("wv", T.float32)
-    tap = L.Let(wv, values.weight(w[ch, 0, r, s]), L.For(jj, pix, L.Store(acc, (jj,), L.call(
+    tap = L.Let(wv, w[ch, 0, r, s], L.For(jj, pix, L.Store(acc, (jj,), L.call(
         "fma", xflat[q * pix + jj + r * wp + s], wv, acc[jj])), vec))
     sums = L.For(q, blocks, L.Allocate(acc, L.seq(
         L.For(jj, pix, L.Store(acc, (jj,), L.const(0.0)), vec),
@@ -233,7 +218,7 @@ def _depthwise_flat(p: Conv2d, config: DepthwiseConfig, plane: L.Var, lanes: int
     row = L.Var("row")
 
     def block(width: int, ow0: L.Expr) -> L.Stmt:
-        value = values.finish(yflat[row * wp + ow0 + jj], ch, (bn, ch, row, ow0 + jj))
+        value = _finish(p, yflat[row * wp + ow0 + jj], ch, (bn, ch, row, ow0 + jj))
         kind = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
         return L.For(jj, width, L.Store(y, (bn, ch, row, ow0 + jj), value), kind)
 

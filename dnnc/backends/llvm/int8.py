@@ -1,6 +1,6 @@
-"""The int8 templates for CPUs: dense_int8 (QuantizedDense), conv_int8 (QuantizedConvPacked,
-of one group or grouped) and depthwise_int8 (QuantizedConv of one channel a group): int32 sums
-of u8 x s8 products, the requantization fused where a tile stores.
+"""The int8 templates for CPUs: dense_int8 (QuantizedDense) and conv_int8 (QuantizedConvPacked,
+of one group or grouped): int32 sums of u8 x s8 products, the requantization fused where a
+tile stores (depthwise_int8, a QuantizedConv of one channel a group: `depthwise_int8.py`).
 
 The product is the loop-IR intrinsic `dot_u8s8x4(acc, a, b)` (`ir/loop/nodes.INTRINSICS`):
 the renderer emits AVX-512 VNNI's `vpdpbusd` where the CPU has avx512vnni (with avx512vl for
@@ -31,9 +31,7 @@ load at the pixel's base plus the group's offset. A grouped conv's panel reads o
 groups' channels (`panel_span` from `panel_base`: regnet's groups of 8 channels, 2 a panel,
 half its products zeros: 4.36 -> 0.12 ms for its first 3x3, 1 thread, where the generic
 loops ran it), a tile of one panel where the next reads other channels. A pointwise conv
-(one group) transposes the tile (`_PointwiseTile`). A depthwise conv has no channel sum to
-take 4 bytes of: the float32 depthwise template's nest on the integers (`depthwise_build`:
-exact in float32).
+(one group) transposes the tile (`_PointwiseTile`).
 
 Knobs (`Int8Config`): mr (rows a tile), nr (16 or 32 columns). This module builds loop IR and
 names features; it must never import llvmlite.
@@ -51,10 +49,8 @@ from ...ir.ops.quantized import (GROUP_COLUMNS, GROUP_DEPTH, MAGIC, MAGIC_BITS, 
                                   panel_base, panel_span)
 from ..quantized_problems import (DynamicQuantize, MaxPool8, QuantizedConvProblem,
                                   QuantizedDenseProblem, channel_param, dynamic_quantize,
-                                  max_pool8, quantized_conv, quantized_dense,
-                                  quantized_depthwise)
+                                  max_pool8, quantized_conv, quantized_dense)
 from ..space import Constraint, Space, Template
-from . import depthwise
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
 """The features of vpdpbusd at 512, 256 and 128 bits."""
@@ -439,40 +435,6 @@ class _PointwiseTile(_ConvTile):
             p0 + self.nr <= self.pixels, whole, part)), L.ForKind.UNROLLED)
 
 
-EXACT_TAPS = (1 << 22) // (255 * 128)
-"""Taps of a depthwise sum that float32 holds exactly (|x - za| <= 255, |w| <= 128: every
-partial sum an integer below 2**22 in magnitude), read back as int32 through its bits."""
-
-
-def depthwise_values(p: QuantizedConvProblem) -> depthwise.Values:
-    """`depthwise.build`'s nest on integers: the plane holds float32(x - za) (padding 0, what
-    the zero point adds), the taps float32(w); a sum becomes int32 through the bits of
-    sum + 1.5 * 2**23 (exact below 2**22), then the op's finish and the group's consumers."""
-    za = L.Cast(T.float32, channel_param(p.za, 0))
-
-    def finish(acc: L.Expr, ch, index) -> L.Expr:
-        bits = L.call("bitcast", acc + L.const(MAGIC), dtype=T.int32) - \
-            L.const(MAGIC_BITS, T.int32)
-        return cast_to(p.epilogue(requantized(p, bits, ch), index), p.y.dtype)
-
-    return depthwise.Values(lambda v: L.Cast(T.float32, v) - za,
-                            lambda v: L.Cast(T.float32, v), finish)
-
-
-def depthwise_applies(p: QuantizedConvProblem) -> bool:
-    return p.kernel[0] * p.kernel[1] <= EXACT_TAPS
-
-
-def depthwise_build(p: QuantizedConvProblem, config: depthwise.DepthwiseConfig, machine
-                    ) -> L.PrimFunc:
-    """The float32 depthwise template's nest (a plane padded in cache, rows in vector blocks
-    or, at stride 1 on narrow planes, the flattened plane) on `depthwise_values`. Its own
-    nest (the whole image shifted to int32 in memory, a row's pixels a vector: a 7-pixel row
-    one partial vector) took 4x the float32 conv's time on efficientnet_b0's 1152 x 7 x 7
-    planes, 1.8x on its 144 x 56 x 56 (1 thread)."""
-    return depthwise.build(p, config, machine, depthwise_values(p))
-
-
 @dataclass(frozen=True)
 class PoolConfig:
     pixels: int   # output pixels a vector block of a row
@@ -590,8 +552,6 @@ def quantize_build(p: DynamicQuantize, config: QuantizeConfig, machine) -> L.Pri
 DENSE_INT8 = Template("dense_int8", quantized_dense, lambda p: True, space, default, build)
 CONV_INT8 = Template("conv_int8", quantized_conv, lambda p: True, conv_space, conv_default,
                      conv_build)
-DEPTHWISE_INT8 = Template("depthwise_int8", quantized_depthwise, depthwise_applies,
-                          depthwise.space, depthwise.default, depthwise_build)
 MAXPOOL_INT8 = Template("maxpool_int8", max_pool8, lambda p: True, pool_space, pool_default,
                         pool_build)
 DYNAMIC_QUANTIZE = Template("dynamic_quantize", dynamic_quantize, lambda p: True,

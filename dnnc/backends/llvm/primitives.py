@@ -205,6 +205,16 @@ def _dpbusd(em, acc, a, b):
     return em.b.call(fn, [acc, a, b])
 
 
+def _pack_u8x4(em, *parts):
+    """`pack_u8x4` on scalars: byte t zero-extended, shifted left by 8t, or'ed."""
+    word = None
+    for t, part in enumerate(parts):
+        part = em.b.zext(part, I32)
+        part = part if t == 0 else em.b.shl(part, ir.Constant(I32, 8 * t))
+        word = part if word is None else em.b.or_(word, part)
+    return word
+
+
 BINARY: dict[tuple[str, str], Callable] = {
     ("f", "+"): lambda em, a, b: em.b.fadd(a, b),
     ("f", "-"): lambda em, a, b: em.b.fsub(a, b),
@@ -246,6 +256,7 @@ CALLS: dict[tuple[str, str], Callable] = {
     ("f", "neg"): lambda em, x: em.b.fneg(x),
     ("f", "dot_bf16x2"): _dot_bf16x2,
     ("s", "dot_u8s8x4"): _dot_u8s8x4,
+    ("u", "pack_u8x4"): _pack_u8x4,
     # legalize's primitives: C's truncating quotient and remainder, the divisor made safe
     ("s", "idiv"): lambda em, a, b: em.b.sdiv(a, b),
     ("u", "idiv"): lambda em, a, b: em.b.udiv(a, b),

@@ -46,7 +46,8 @@ from .amx_int8_conv import AMX_CONV_T_INT8
 from .conv import CONV2D, POINTWISE, POINTWISE_GEMM
 from .dense import DENSE
 from .depthwise import DEPTHWISE
-from .int8 import CONV_INT8, DENSE_INT8, DEPTHWISE_INT8, DYNAMIC_QUANTIZE, MAXPOOL_INT8
+from .depthwise_int8 import DEPTHWISE_INT8
+from .int8 import CONV_INT8, DENSE_INT8, DYNAMIC_QUANTIZE, MAXPOOL_INT8
 from .pool import POOL2D
 from .row_terms import reuse_terms
 from .sparse import SPARSE

@@ -143,7 +143,7 @@ INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "f
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
               "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down",
               "pack_tf32", "pack_fp16x2", "pack_bf16x2", "check_index", "dot_bf16x2",
-              "dot_u8s8x4")
+              "dot_u8s8x4", "pack_u8x4")
 """`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
 `dot_bf16x2(acc, a, b)` is acc + hi(a) hi(b) + lo(a) lo(b) in float32, where lo(x) and hi(x)
 are the bfloat16 numbers in bits 0-15 and 16-31 of the uint32 x: the high pair's product
@@ -151,6 +151,8 @@ added first, each product exact and each sum rounded to nearest even (AVX512_BF1
 `vdpbf16ps` on one lane, whose denormal operands and results are zeros; a CPU's bf16 products);
 `dot_u8s8x4(acc, a, b)` is int32 acc plus the four products of the unsigned bytes of uint32 a
 and the signed bytes of uint32 b, exact (AVX-512 VNNI / AVX-VNNI `vpdpbusd` on one lane);
+`pack_u8x4(b0, b1, b2, b3)` is the uint32 whose byte t (bits 8t to 8t + 7) is the uint8 bt
+(vpdpbusd's operand of four bytes from four places: a window of a row of bytes);
 `check_index(i, n, site)` is i, checked to lie in [-n, n-1] at run time (`index_checks`);
 `bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T; the shuffles are a
 GPU warp's (`SHUFFLES`); the packs make tensor-core operand registers (`PACKS`)."""

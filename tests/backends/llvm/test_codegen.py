@@ -367,7 +367,7 @@ def test_every_intrinsic_is_rendered_or_rejected():
     tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma", "bitcast",
                                            "check_index", *L.SHUFFLES, *L.PACKS.values(),
                                            "dot_bf16x2",   # (test_bf16.py)
-                                           "dot_u8s8x4"}   # (test_int8.py)
+                                           "dot_u8s8x4", "pack_u8x4"}   # (test_int8.py)
     assert tested == set(L.INTRINSICS)
 
 

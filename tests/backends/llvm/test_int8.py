@@ -262,56 +262,100 @@ def test_a_grouped_packed_conv_lowers_generically_to_its_reference(monkeypatch, 
     assert np.array_equal(model(x), want)
 
 
-@pytest.mark.parametrize("n,c,h,w,k,stride,pad,act,out", [
-    (1, 5, 9, 7, 3, 1, 1, np.uint8, np.int8), (2, 16, 8, 8, 3, 2, 1, np.int8, np.uint8),
-    (1, 3, 11, 11, 5, 1, 2, np.int8, None), (1, 8, 7, 7, 3, 2, 0, np.uint8, np.int8)])
-def test_depthwise_int8_equals_the_reference(n, c, h, w, k, stride, pad, act, out):
+def depthwise_graph(rng, n, c, h, w, k, stride, pad, act, out, dilation=1):
+    """y = Relu(QuantizedConv(x, ...)) of one channel a group; its input and reference."""
     from dnnc.ir.ops.quantized import quantized_conv
 
-    rng = np.random.default_rng(n * c * h * k)
     info = np.iinfo(act)
     wq = rng.integers(-128, 128, (c, 1, k, k)).astype(np.int8)
     g = Graph("q")
     x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, c, h, w)))
     ins = _conv_inputs(rng, x, act, wq, wq, (1e-3, 1e-2), out)
     attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=c,
-                 lo=None, hi=None)
+                 dilations=[dilation, dilation], lo=None, hi=None)
     g.outputs = [g.add("Relu", g.add("QuantizedConv", *ins, **attrs))]
     xv = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(act)
     want = np.maximum(quantized_conv(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
-                                     dilations=None, **attrs), 0)
-    model = dnnc.compile(g, "llvm", cache=False)
-    assert [r["template"] for r in model.profile(xv, repeat=1)] == ["depthwise_int8"]
-    got = model(xv)
-    assert got.dtype == want.dtype and np.array_equal(got, want)
+                                     **attrs), 0)
+    return g, xv, want
 
 
-@pytest.mark.parametrize("k,template", [(11, "depthwise_int8"), (12, "rows")])
-def test_depthwise_int8_sums_at_the_float32_bound_are_exact(k, template):
-    """The largest sums the depthwise template takes (121 taps of 255 x -128: -3949440, below
-    2**22 in float32) equal the reference; 144 taps would not, and go to the generic loops."""
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n,c,h,w,k,stride,pad,dilation,act,out", [
+    (1, 5, 9, 7, 3, 1, 1, 1, np.uint8, np.int8), (2, 16, 8, 8, 3, 2, 1, 1, np.int8, np.uint8),
+    (1, 3, 11, 11, 5, 1, 2, 1, np.int8, None), (1, 8, 7, 7, 3, 2, 0, 1, np.uint8, np.int8),
+    (1, 4, 20, 37, 3, 1, 1, 1, np.int8, np.int8),     # rows of 37: two vectors and a tail
+    (1, 6, 13, 13, 7, 3, 3, 1, np.int8, np.uint8),    # 7 taps a row: two words, stride 3
+    (1, 5, 12, 12, 3, 1, 2, 2, np.uint8, np.int8),    # dilated: no phases
+    (2, 3, 9, 10, 1, 2, 0, 1, np.int8, np.int8)])     # 1x1: one tap a word
+def test_depthwise_int8_equals_the_reference(path, n, c, h, w, k, stride, pad, dilation, act,
+                                             out, monkeypatch):
+    """Both nests (rows, and flat where it applies), each with blocks of 16 pixels and of 5
+    (a row's tail narrower), on every feature path, bit for bit the reference."""
+    import dataclasses
+
+    from dnnc.backends.llvm import depthwise_int8, schedules
+    from dnnc.ir.ops.registry import Pattern
+
+    key = ("llvm", Pattern.OUT_FUSABLE)
+    templates = schedules.TEMPLATES[key]
+    rng = np.random.default_rng(n * c * h * w * k * stride * dilation)
+    g, x, want = depthwise_graph(rng, n, c, h, w, k, stride, pad, act, out, dilation)
+    mattr = FEATURE_PATHS[path][1]
+    flats = (False, True) if stride == dilation == 1 else (False,)
+    for flat in flats:
+        for pixels in (16, 5):
+            config = depthwise_int8.DepthwiseInt8Config(pixels, flat)
+            chosen = dataclasses.replace(schedules.DEPTHWISE_INT8, default=lambda p, m: config)
+            monkeypatch.setitem(schedules.TEMPLATES, key, tuple(
+                chosen if t is schedules.DEPTHWISE_INT8 else t for t in templates))
+            model = dnnc.compile(g, "llvm", cpu=cpu_from(None, mattr), cache=False)
+            assert [r["template"] for r in model.profile(x, repeat=1)] == ["depthwise_int8"]
+            assert ("vpdpbusd" in model.source("llvm-ir")) == (path != "widening")
+            got = model(x)
+            assert got.dtype == want.dtype and np.array_equal(got, want), config
+
+
+def test_depthwise_int8_default_runs_narrow_rows_flat():
+    """Flat where a row is narrower than two vectors at stride 1; by rows otherwise."""
+    cases = {(7, 1): True, (28, 1): True, (56, 1): False, (14, 2): False}
+    for (side, stride), flat in cases.items():
+        rng = np.random.default_rng(side)
+        g, x, _ = depthwise_graph(rng, 1, 8, side * stride, side * stride, 3, stride, 1,
+                                  np.int8, np.int8)
+        model = dnnc.compile(g, "llvm", cache=False)
+        assert model.profile(x, repeat=1)[0]["template"] == "depthwise_int8"
+        assert ("yplane" in model.source("loop")) == flat, (side, stride)
+
+
+def test_depthwise_int8_sums_of_many_taps_are_exact():
+    """The largest sums (an 11x11 window: 121 taps of 255 x -128, -3949440) in int32: a
+    12x12 window too (past float32's exact integers, where the float nest on integers
+    stopped), bit for bit the reference."""
     from dnnc.ir.ops.quantized import quantized_conv
 
-    rng = np.random.default_rng(k)
-    c, size = 3, 13
-    wq = np.full((c, 1, k, k), -128, np.int8)
-    wq[1] = 127
-    g = Graph("q")
-    x = g.add_input("x", T.TensorType(T.uint8, (1, c, size, size)))
-    ins = [x, _const("za", np.uint8(0)), _const("w", wq),
-           _const("s", wq.astype(np.int32).reshape(c, -1).sum(1).astype(np.int32)),
-           _const("b", np.array([-7, 5, 1 << 20], np.int32)),
-           _const("sc", np.full(c, 1e-4, np.float32))]
-    attrs = dict(kernel_shape=[k, k], strides=[1, 1], pads=[k // 2] * 4, group=c,
-                 lo=None, hi=None)
-    g.outputs = [g.add("QuantizedConv", *ins, **attrs)]
-    xv = np.full((1, c, size, size), 255, np.uint8)
-    xv[0, 2] = rng.integers(0, 256, (size, size))
-    want = quantized_conv(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET", dilations=None,
-                          **attrs)
-    model = dnnc.compile(g, "llvm", cache=False)
-    assert [r["template"] for r in model.profile(xv, repeat=1)] == [template]
-    assert np.array_equal(model(xv), want) and want.min() < -390   # (the sums, scaled)
+    for k in (11, 12):
+        rng = np.random.default_rng(k)
+        c, size = 3, 13
+        wq = np.full((c, 1, k, k), -128, np.int8)
+        wq[1] = 127
+        g = Graph("q")
+        x = g.add_input("x", T.TensorType(T.uint8, (1, c, size, size)))
+        ins = [x, _const("za", np.uint8(0)), _const("w", wq),
+               _const("s", wq.astype(np.int32).reshape(c, -1).sum(1).astype(np.int32)),
+               _const("b", np.array([-7, 5, 1 << 20], np.int32)),
+               _const("sc", np.full(c, 1e-4, np.float32))]
+        attrs = dict(kernel_shape=[k, k], strides=[1, 1], pads=[k // 2, k // 2, k - 1 - k // 2,
+                                                                k - 1 - k // 2],
+                     group=c, lo=None, hi=None)
+        g.outputs = [g.add("QuantizedConv", *ins, **attrs)]
+        xv = np.full((1, c, size, size), 255, np.uint8)
+        xv[0, 2] = rng.integers(0, 256, (size, size))
+        want = quantized_conv(xv, *[v.const for v in ins[1:]], auto_pad="NOTSET",
+                              dilations=None, **attrs)
+        model = dnnc.compile(g, "llvm", cache=False)
+        assert [r["template"] for r in model.profile(xv, repeat=1)] == ["depthwise_int8"]
+        assert np.array_equal(model(xv), want) and want.min() < -390   # (the sums, scaled)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
@@ -357,3 +401,31 @@ def test_dynamic_quantize_equals_the_reference(shape, kind):
     assert [r["template"] for r in model.profile(x, repeat=1)] == ["dynamic_quantize"]
     for got, want in zip(model(x), dynamic_quantize_linear(x)):
         assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("lanes,offsets", [(1, (0, 1, 2, 3)), (16, (0, 1, 2, 3)),
+                                           (8, (0, 2, 1, 5)), (7, (3, 0, 0, 9))])
+def test_pack_u8x4_puts_byte_t_in_bits_8t(lanes, offsets):
+    """`pack_u8x4` of 4 loads of a byte row (a window, as depthwise_int8's words, or bytes
+    anywhere), scalar and in vector code of odd widths, against NumPy's view of the bytes."""
+    from dnnc.ir import loop as L
+
+    rows = 3
+    src = L.Buffer("src", T.uint8, (rows, 64))
+    y = L.Buffer("y", T.uint32, (rows, lanes))
+    r, j = L.Var("r"), L.Var("j")
+    kind = L.ForKind.VECTORIZED if lanes > 1 else L.ForKind.SERIAL
+    word = L.call("pack_u8x4", *(src[r, j * 2 + d] for d in offsets), dtype=T.uint32)
+    func = L.PrimFunc("pack", (src, y), L.For(r, rows, L.For(j, lanes, L.Store(
+        y, (r, j), word), kind)))
+    mb = ModuleBuilder("pack", HOST)
+    mb.add(func)
+    assert "shufflevector" in str(mb) or lanes == 1
+    jm = JITModule(str(mb), host_target(), 2)
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jm.address("pack_packed"))
+    a = np.random.default_rng(lanes).integers(0, 256, (rows, 64)).astype(np.uint8)
+    got = np.zeros((rows, lanes), np.uint32)
+    fn((ctypes.c_void_p * 2)(a.ctypes.data, got.ctypes.data), (ctypes.c_int64 * 1)())
+    cols = np.arange(lanes)[:, None] * 2 + np.array(offsets)[None, :]
+    want = np.ascontiguousarray(a[:, cols]).view(np.uint32)[..., 0]
+    assert np.array_equal(got, want)
