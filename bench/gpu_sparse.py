@@ -87,10 +87,10 @@ def layer_graph(kind: str, batch: int, depth: int, rows: int, hw: int, w: np.nda
     else:
         x = g.add_input("x", T.TensorType(T.float32, (batch * SEQ, depth)))
     if sparse:
-        values, columns, starts = encode_csr(w, find_sparsity.SLICE_DEPTH)
+        values, columns, starts = encode_csr(w, find_sparsity.GPU_SLICE_DEPTH)
         csr = [_const("values", values), _const("columns", columns), _const("starts", starts),
                None, _const("order", find_sparsity.row_order(starts))]
-        attrs = {"row_max": row_max(starts), "slice_depth": find_sparsity.SLICE_DEPTH}
+        attrs = {"row_max": row_max(starts), "slice_depth": find_sparsity.GPU_SLICE_DEPTH}
         y = g.add("SparseConv", x, *csr, oc=rows, kernel_shape=[1, 1], pads=[0] * 4,
                   strides=[1, 1], **attrs) if kind == "conv" else \
             g.add("SparseDense", x, *csr, n=rows, **attrs)

@@ -64,13 +64,13 @@ def dense_graph(rng, a_shape, n, density, bias, ordered, empty_rows=(), slice_de
     return g, w, b
 
 
-def conv_graph(rng, n, c, m, h, wid, density, bias, ordered, empty_rows=()):
+def conv_graph(rng, n, c, m, h, wid, density, bias, ordered, empty_rows=(), slice_depth=64):
     """1x1 SparseConv (+ bias) + residual -> Relu; the graph, its weights [m, c], bias."""
     w = pruned(rng, (m, c), density, empty_rows)
     b = rng.standard_normal(m).astype(np.float32) if bias else None
     g = Graph("sparse_conv")
     x = g.add_input("x", T.TensorType(T.float32, (n, c, h, wid)))
-    csr, order, attrs = _csr(w, 64, ordered)
+    csr, order, attrs = _csr(w, slice_depth, ordered)
     extra = [_const("b", b)] if bias else [None] if order else []
     y = g.add("SparseConv", x, *csr, *extra, *order, oc=m, kernel_shape=[1, 1],
               pads=[0, 0, 0, 0], strides=[1, 1], **attrs)
@@ -183,6 +183,30 @@ def test_knob_configs_compute_the_same(rng, tmp_path, config):
                                equal_nan=True)
 
 
+STAGED = [SpmmConfig(8, 2, 4, 32, True, 2), SpmmConfig(4, 1, 8, 32, True, 4),
+          SpmmConfig(16, 4, 2, 32, True, 1), SpmmConfig(32, 2, 1, 32, True, 8)]
+
+
+@needs_gxx
+@pytest.mark.parametrize("config", STAGED, ids=str)
+def test_staged_configs_compute_the_same(rng, tmp_path, config):
+    """B staged in shared memory a slice at a time (32 columns: 90 deep is 3 slices and a
+    partial one; 40 is one and a partial one), a subwarp taking 1 to 8 rows: a SparseDense
+    (A transposed by the staging) and a 1x1 SparseConv with NaNs, places filling no tile and
+    rows past the last block's."""
+    g, w, b = dense_graph(rng, (20, 90), 33, 0.3, True, True, (4,), slice_depth=32)
+    a = _nonfinite(rng, rng.standard_normal((20, 90)).astype(np.float32))
+    got = _on_host(g, {"a": a}, tmp_path, config)
+    np.testing.assert_allclose(got, _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+    g, w, b = conv_graph(rng, 2, 40, 19, 4, 5, 0.3, True, True, (2,), slice_depth=32)
+    x = _nonfinite(rng, rng.standard_normal((2, 40, 4, 5)).astype(np.float32))
+    r = rng.standard_normal((2, 19, 4, 5)).astype(np.float32)
+    got = _on_host(g, {"x": x, "r": r}, tmp_path / "conv", config)
+    np.testing.assert_allclose(got, _conv_want(x, r, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+
+
 def test_the_knob_space_holds_the_defaults(rng):
     """Every default is a point of the space (the tuner's), and the space refuses a vector
     that does not divide the places."""
@@ -216,9 +240,14 @@ def test_the_knob_space_holds_the_defaults(rng):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_spmm_compiles_with_nvrtc(rng, arch):
     funcs = []
-    for k, g in enumerate((dense_graph(rng, (64, 96), 80, 0.1, True, True)[0],
-                           conv_graph(rng, 2, 64, 32, 8, 8, 0.1, True, True)[0])):
-        _, program = _scheduled(g)
+    staged = SpmmConfig(16, 4, 8, 32, True, 4)
+    for k, (g, config) in enumerate((
+            (dense_graph(rng, (64, 96), 80, 0.1, True, True)[0], None),
+            (conv_graph(rng, 2, 64, 32, 8, 8, 0.1, True, True)[0], None),
+            (dense_graph(rng, (256, 384), 96, 0.1, True, True, slice_depth=128)[0], staged),
+            (conv_graph(rng, 2, 256, 64, 8, 8, 0.1, True, True, slice_depth=128)[0],
+             staged))):
+        _, program = _scheduled(g, config)
         funcs += [(dataclasses.replace(f, name=f"g{k}_{f.name}"), noalias)
                   for f, noalias in program.unique]
     nvrtc_compiled(render_module(funcs).source, arch)
