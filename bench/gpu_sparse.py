@@ -17,7 +17,8 @@ cost rule would run the layer sparse (its estimated speed-up beside). Each spars
 checked against the dense kernel's (max |d| / max |dense|).
 
 Models (unless `--no-models`): each zoo model of `--models` at each of `--model-batches`, the
-dense file and its 90% magnitude-pruned copy (`testing/pruned_files.py`, as `dnnc sparsify`
+dense file and its 90% magnitude-pruned copy (DNNC_SPARSE_GPU=1 in the environment: every
+product and 1x1 conv sparse, not the cost rule's choice) (`testing/pruned_files.py`, as `dnnc sparsify`
 writes it) compiled for cuda at fp32: median ms of a call ended by a synchronize, the layers
 running sparse, the speed-up, and the largest output difference of the pruned file on cuda
 from onnxruntime's (CPU; relative to its largest output: a sanity check).
@@ -61,8 +62,12 @@ BERT = [("dense 768->768", 768, 768), ("dense 768->3072", 768, 3072),
 RESNET50_1X1 = [(256, 56, 64), (64, 56, 256), (512, 28, 128), (128, 28, 512),
                 (1024, 14, 256), (256, 14, 1024), (2048, 7, 512), (512, 7, 2048)]
 """(C, H = W, M) of resnet50's stride-1 1x1 convs."""
-VARIANTS = [SpmmConfig(32, 4, 8, 32), SpmmConfig(16, 4, 8, 32), SpmmConfig(32, 2, 4, 64)]
-"""SpMM configs timed beside the default (those outside a layer's space skipped)."""
+VARIANTS = [SpmmConfig(32, 4, 8, 32), SpmmConfig(16, 4, 8, 32), SpmmConfig(32, 2, 4, 64),
+            SpmmConfig(16, 4, 8, 32, True, 4), SpmmConfig(16, 4, 8, 32, True, 8),
+            SpmmConfig(8, 4, 16, 32, True, 2), SpmmConfig(16, 4, 16, 32, True, 4),
+            SpmmConfig(8, 4, 16, 32, True, 1), SpmmConfig(16, 1, 8, 32, True, 4)]
+"""SpMM configs timed beside the default (those outside a layer's space skipped): unstaged,
+and B staged (`staged`) at 8 to 64 rows a block and 16 to 64 places."""
 SEQ = 128
 
 
