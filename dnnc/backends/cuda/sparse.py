@@ -101,9 +101,15 @@ class SpmmConfig:
         return self.tile + 4
 
 
+def _staged_floats(c: SpmmConfig, p: SparseProblem) -> int:
+    """The staged slice's floats, or a SparseDense's block of sums if more (`write_out`)."""
+    out = c.tile * (c.block_span + 1) if p.transposed else 0
+    return max(p.slice_depth * c.stride, out)
+
+
 def _shared_bytes(c: SpmmConfig, p: SparseProblem) -> int:
     if c.staged:
-        return p.slice_depth * c.stride * 4 + c.tile * 4
+        return _staged_floats(c, p) * 4 + c.tile * 4
     return c.block_rows * c.stage * 8 + c.tile * 4
 
 
@@ -375,9 +381,14 @@ class _Spmm:
             L.If(self.count[0] < total, nan))
         fix = L.If(nf > 0, L.If(L.eq(s - s, s - s), nan, recount))
         b = self.bz if not p.transposed else L.const(0)
-        store = L.Store(p.y, p.y_at(b, j, place), p.finish(self.acc[at + v], b, j, place))
+        store = self.out(j, v, at) if self.out is not None else \
+            L.Store(p.y, p.y_at(b, j, place), p.finish(self.acc[at + v], b, j, place))
         return L.For(v, c.vector, L.Let(nf, self.nfs[self.lane * c.vector + v],
                                         L.seq(fix, store)), L.ForKind.UNROLLED)
+
+    out = None
+    """(j, v, at) -> the statement keeping sum acc[at + v] for a later store (None: `store`
+    stores it to Y)."""
 
     def nonfinite_total(self, place: L.Expr, nf: L.Expr) -> tuple[L.Stmt, L.Expr]:
         """(what counts them, the count) of the non-finite activations of `place`, on the
@@ -407,10 +418,42 @@ class _StagedSpmm(_Spmm):
 
     def __init__(self, p: SparseProblem, c: SpmmConfig, b_op: _Operand, part: L.Buffer):
         super().__init__(p, c, b_op, part)
-        self.sb = L.Buffer("spmm_b", T.float32, (p.slice_depth * c.stride,), L.Scope.SHARED)
+        self.sb = L.Buffer("spmm_b", T.float32, (_staged_floats(c, p),), L.Scope.SHARED)
+        if p.transposed:
+            self.out = self.keep
         self.acc = L.Buffer("acc", T.float32, (c.row_steps * c.vector,), L.Scope.LOCAL)
         self.row = L.Buffer("row_of", T.int32, (c.row_steps,), L.Scope.LOCAL)
         self.total = L.Buffer("nf_total", T.int32, (1,), L.Scope.LOCAL)
+
+    def row_at(self, q: L.Expr) -> L.Expr:
+        """A SparseDense's rows in their natural order (a block's rows are a run of Y's
+        columns: `write_out`), an image's swizzled."""
+        return super().row_at(q) if not self.p.transposed else L.minimum(q, self.p.rows - 1)
+
+    def keep(self, j: L.Expr, v: L.Expr, at) -> L.Stmt:
+        """A SparseDense's sum into shared memory at (its place, its row) of the block."""
+        c = self.c
+        row = at // c.vector * c.block_rows + self.r
+        return L.Store(self.sb, ((self.lane * c.vector + v) * (c.block_span + 1) + row,),
+                       self.acc[at + v])
+
+    def write_out(self) -> L.Stmt:
+        """Y[place, j] of the block's kept sums through the bias and epilogue, consecutive
+        threads storing consecutive j of a place (coalesced; from `out`: a thread's own
+        rows are 8 to 64 columns of Y apart, each store a sector)."""
+        p, c = self.p, self.c
+        span, i = c.block_span, L.Var("swi")
+        idx = i * c.threads + self.t
+        row, pl = idx % span, idx // span
+        j, place = self.by * span + row, self.bx * c.tile + pl
+        body = L.If(L.logical_and(j < p.rows, place < p.places), L.Store(
+            p.y, p.y_at(L.const(0), j, place), p.finish(self.sb[pl * (span + 1) + row],
+                                                          L.const(0), j, place)))
+        rounds = -(-(span * c.tile) // c.threads)
+        if rounds * c.threads > span * c.tile:
+            body = L.If(idx < span * c.tile, body)
+        return L.For(self.t, c.threads, L.For(i, rounds, body, L.ForKind.UNROLLED),
+                     L.ForKind.THREAD_X)
 
     def position(self, step) -> L.Expr:
         """The position (in the swizzled order) of the thread's row of step `step`."""
@@ -502,9 +545,10 @@ class _StagedSpmm(_Spmm):
     def build(self) -> L.Stmt:
         p, c = self.p, self.c
         s = L.Var("sls")
+        done = [self.finish()] if not p.transposed else \
+            [L.Barrier(), self.finish(), L.Barrier(), self.write_out()]
         body = L.seq(self.setup(), L.For(s, p.slices, L.seq(
-            L.Barrier(), self.stage_b(s), L.Barrier(), self.multiply_slice(s))),
-            self.finish())
+            L.Barrier(), self.stage_b(s), L.Barrier(), self.multiply_slice(s))), *done)
         for buffer in (self.sb, self.nfs, self.acc, self.xr, self.row, self.count, self.total):
             body = L.Allocate(buffer, body)
         return L.For(self.bz, p.batch, L.For(self.by, -(-p.rows // c.block_span), L.For(
