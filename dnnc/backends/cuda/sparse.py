@@ -64,6 +64,9 @@ BLOCK_THREADS = 128
 """Threads a block of the default config aims for (4 warps), halved while the blocks
 cannot fill the GPU twice over (`default`)."""
 STAGE = 32
+ENTRY_UNROLL = 4
+"""Entries of a row a staged product's loop runs unrolled (their values', columns' and B's
+loads issued together: the trip count is the row's, unknown to the compiler)."""
 STAGED_ROWS = 32
 """Rows a block of the default staged config computes (8 subwarps of 4 rows): each staged
 activation then serves 3 of their entries at 90% zeros, where the unstaged SpMM reads B
@@ -507,20 +510,28 @@ class _StagedSpmm(_Spmm):
                      L.ForKind.THREAD_X)
 
     def multiply_slice(self, s: L.Expr) -> L.Stmt:
-        """Each thread's rows' entries of slice s times its places of the staged slice."""
+        """Each thread's rows' entries of slice s times its places of the staged slice,
+        ENTRY_UNROLL at a time (their loads in flight together) and the rest one by one."""
         p, c = self.p, self.c
-        i, e, v = L.Var("smi"), L.Var("sme"), L.Var("smv")
-        w, col, j = L.Var("smw", T.float32), L.Var("smc"), L.Var("smj")
-        first, end = L.Var("smf"), L.Var("smn")
-        at = (col - s * p.slice_depth) * c.stride + self.lane * c.vector
-        step = L.Let(w, p.values[first + e], L.Let(col, _index(p.columns[first + e]), L.seq(
-            L.For(v, c.vector, L.Store(self.xr, (v,), self.sb[at + v]), L.ForKind.VECTORIZED),
-            L.For(v, c.vector, L.Store(self.acc, (i * c.vector + v,), L.call(
-                "fma", w, self.xr[v], self.acc[i * c.vector + v])), L.ForKind.UNROLLED))))
+        i, q, u, r, v = L.Var("smi"), L.Var("smq"), L.Var("smu"), L.Var("smr"), L.Var("smv")
+        j, first, end = L.Var("smj"), L.Var("smf"), L.Var("smn")
+
+        def step(e: L.Expr, tag: str) -> L.Stmt:
+            w, col = L.Var(f"smw{tag}", T.float32), L.Var(f"smc{tag}")
+            at = (col - s * p.slice_depth) * c.stride + self.lane * c.vector
+            return L.Let(w, p.values[first + e], L.Let(col, _index(p.columns[first + e]), L.seq(
+                L.For(v, c.vector, L.Store(self.xr, (v,), self.sb[at + v]),
+                      L.ForKind.VECTORIZED),
+                L.For(v, c.vector, L.Store(self.acc, (i * c.vector + v,), L.call(
+                    "fma", w, self.xr[v], self.acc[i * c.vector + v])), L.ForKind.UNROLLED))))
+
+        n, k = end - first, ENTRY_UNROLL
+        entries = L.seq(
+            L.For(q, n // k, L.For(u, k, step(q * k + u, "q"), L.ForKind.UNROLLED)),
+            L.For(r, n - n // k * k, step(n // k * k + r, "r")))
         # the bounds as Lets: a loop's extent is not linearized (starts is 2-D)
         row = L.If(self.position(i) < p.rows, L.Let(j, _index(self.row[i]), L.Let(
-            first, _index(p.starts[j, s]), L.Let(end, _index(p.starts[j, s + 1]), L.For(
-                e, end - first, step)))))
+            first, _index(p.starts[j, s]), L.Let(end, _index(p.starts[j, s + 1]), entries))))
         return self.per_thread(L.For(i, c.row_steps, row, L.ForKind.UNROLLED))
 
     def nonfinite_total(self, place: L.Expr, nf: L.Expr) -> tuple[L.Stmt, L.Expr]:
