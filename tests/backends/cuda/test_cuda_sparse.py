@@ -303,6 +303,27 @@ def test_spmm_kernels_on_the_gpu(rng):
                                    atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.gpu
+def test_staged_spmm_kernels_on_the_gpu(rng):
+    """Shapes whose default stages B (a SparseDense of 2048 rows, a batch of 32 images of a
+    1x1 conv), NaNs included, on the device."""
+    import dnnc
+
+    g, w, b = dense_graph(rng, (2048, 256), 512, 0.1, True, True, (3,), slice_depth=128)
+    assert _scheduled(g)[1].kernels[0].schedule[1].staged
+    a = _nonfinite(rng, rng.standard_normal((2048, 256)).astype(np.float32), 40)
+    model = dnnc.compile(g, target="cuda", outputs="numpy")
+    np.testing.assert_allclose(model(a), _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+    g, w, b = conv_graph(rng, 32, 256, 128, 14, 14, 0.1, True, True, (5,), slice_depth=128)
+    assert _scheduled(g)[1].kernels[0].schedule[1].staged
+    x = _nonfinite(rng, rng.standard_normal((32, 256, 14, 14)).astype(np.float32), 40)
+    r = rng.standard_normal((32, 128, 14, 14)).astype(np.float32)
+    model = dnnc.compile(g, target="cuda", outputs="numpy")
+    np.testing.assert_allclose(model(x, r), _conv_want(x, r, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+
+
 @needs_gxx
 @pytest.mark.emulated_full
 def test_a_pruned_product_through_the_rewrite_on_host(rng, tmp_path):
