@@ -25,8 +25,8 @@ reference is its dense product).
 On a GPU target (`Target.arch`; cuda at precision fp32) the rule is `gpu_sparse_faster`: the
 cuda SpMM's estimated time (a roofline of its multiply-adds at GPU_SPARSE_EFFICIENCY of the
 GPU's fp32 figure and its bytes, its passes over the activations and its launches) against
-the dense template's, for products and 1x1 convs only (DNNC_SPARSE_GPU=1 takes every one
-that fits, =0 none: for measuring); the sparse op then also takes the rows' `order`
+the dense template's, for products and 1x1 convs only (DNNC_SPARSE_GPU=1 takes every product
+and conv that fits, windowed ones too, =0 none: for measuring); the sparse op then also takes the rows' `order`
 (`row_order`, the SpMM's row swizzle) and slices of GPU_SLICE_DEPTH columns. At fp16 / bf16 on a GPU the rewrite
 is `sparse24.py`'s instead: 2:4 weights as Sparse24Dense / Sparse24ConvNHWC on the sparse
 tensor cores.
@@ -353,10 +353,10 @@ def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Ta
     its output's read-back counted, against the least of `conv_costs`' direct and Winograd
     estimates for a 3x3 one (convert_layout would choose that), else the direct conv's."""
     unit = window is None or window == ([1, 1], [0, 0, 0, 0], [1, 1])
-    if target.arch:   # a GPU: its SpMM takes products and 1x1 convs only
+    if target.arch:   # a GPU: by its rule products and 1x1 convs only; forced, any conv
         switch = os.environ.get("DNNC_SPARSE_GPU")
-        return unit and switch != "0" and (
-            switch == "1" or gpu_sparse_faster(places, w, node.op != "Conv", target))
+        return switch != "0" and (switch == "1" or unit and gpu_sparse_faster(
+            places, w, node.op != "Conv", target))
     lanes = max(target.vector_bits // 32, 1)
     if unit:
         return sparse_faster(places, w, lanes, node.op != "Conv")

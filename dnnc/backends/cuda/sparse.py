@@ -44,7 +44,7 @@ the compute rule's default schedule).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...ir import loop as L
 from ...ir import types as T
@@ -131,6 +131,8 @@ def space(p: SparseProblem, machine) -> Space:
         Constraint("one row a subwarp unless B is staged; staged, the stage knob unused "
                    "(at its default)",
                    lambda c: c.row_steps == 1 if not c.staged else c.stage == STAGE),
+        Constraint("a windowed conv's B staged (only the staging gathers its windows)",
+                   lambda c: c.staged or not p.windowed),
         Constraint("row groups and images within the grid's y and z",
                    lambda c: -(-p.rows // c.block_span) <= MAX_GRID_YZ and
                    p.batch <= MAX_GRID_YZ)])
@@ -143,8 +145,8 @@ def default(p: SparseProblem, machine) -> SpmmConfig:
     vector = next(v for v in (4, 2, 1) if p.places % v == 0)
     sms = gpu_of(machine).sms
     staged = _staged_default(p, vector)
-    if staged is not None and p.batch * -(-p.places // staged.tile) * \
-            -(-p.rows // staged.block_span) >= 2 * sms:
+    if staged is not None and (p.windowed or p.batch * -(-p.places // staged.tile) *
+                               -(-p.rows // staged.block_span) >= 2 * sms):
         return staged
     lanes = -(-p.places // vector)
     subwarp = min(32, max(4, 1 << (lanes - 1).bit_length()))
@@ -164,14 +166,28 @@ def _staged_default(p: SparseProblem, vector: int) -> SpmmConfig | None:
     for subwarp in (32, 16, 8):
         rows = BLOCK_THREADS // subwarp
         c = SpmmConfig(subwarp, vector, rows, STAGE, True, max(1, STAGED_ROWS // rows))
-        if _shared_bytes(c, p) <= MAX_SHARED_BYTES and c.tile <= p.places and \
-                -(-p.rows // c.block_span) <= MAX_GRID_YZ:
+        if _shared_bytes(c, p) <= MAX_SHARED_BYTES and (c.tile <= p.places or p.windowed) \
+                and -(-p.rows // c.block_span) <= MAX_GRID_YZ:
             return c
     return None
 
 
 def applies(p: SparseProblem) -> bool:
-    return not p.windowed and p.x.dtype is T.float32 and p.batch <= MAX_GRID_YZ
+    """float32; a windowed conv only where a staged config fits (its slices' depth)."""
+    return p.x.dtype is T.float32 and p.batch <= MAX_GRID_YZ and \
+        (not p.windowed or _staged_default(p, 1) is not None)
+
+
+def gathered_product(kernel) -> SparseProblem | None:
+    """`sparse_product`'s problem as this template reads it: a windowed SparseConv's places
+    its output pixels (oy OW + ox; Y viewed [N, M, OH OW]), its columns (c, ky, kx)
+    gathered from the image by `_Operand.at` (no padded planes: the staging gathers)."""
+    p = sparse_product(kernel)
+    if p is None or not p.windowed:
+        return p
+    oh, ow = p.anchor_dims[2:]
+    return replace(p, places=oh * ow, y=L.Buffer(p.y.name, p.y.dtype, (p.batch, p.rows,
+                                                                      oh * ow)))
 
 
 def _index(e: L.Expr) -> L.Expr:
@@ -197,7 +213,22 @@ class _Operand:
     def at(self, b, col, place) -> L.Expr:
         if self.xt is not None:
             return self.xt[col * self.p.places + place]
+        if self.p.windowed:
+            return self.window(b, col, place)
         return self.p.x_at(b, col, place)
+
+    def window(self, b, col, place) -> L.Expr:
+        """A windowed SparseConv's column (c, ky, kx) at output pixel `place`: the image's
+        pixel under the window, 0 in the padding (indices clamped: both sides are read)."""
+        p = self.p
+        (kh, kw), (sh, sw), (top, left) = p.kernel, p.strides, p.begins
+        (h, w), ow = p.image_hw, p.anchor_dims[3]
+        iy = place // ow * sh + col // kw % kh - top
+        ix = place % ow * sw + col % kw - left
+        inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < w)
+        clamp = lambda i, n: L.maximum(L.minimum(i, n - 1), 0)   # noqa: E731
+        return L.Select(inside, p.x[b, col // (kh * kw), clamp(iy, h), clamp(ix, w)],
+                        L.const(0.0))
 
 
 def _transpose(p: SparseProblem, xt: L.Buffer) -> L.Stmt:
@@ -489,6 +520,9 @@ class _StagedSpmm(_Spmm):
         if p.transposed:
             width, total = 1, sd * c.tile
             k, pl = idx % sd, idx // sd
+        elif p.windowed:   # gathered a pixel at a time, consecutive threads along ox
+            width, total = 1, sd * c.tile
+            k, pl = idx // c.tile, idx % c.tile
         else:
             width, total = c.vector, sd * (c.tile // c.vector)
             k, pl = idx // (c.tile // c.vector), idx % (c.tile // c.vector) * c.vector
@@ -585,5 +619,5 @@ def build(p: SparseProblem, config: SpmmConfig, machine) -> L.PrimFunc:
     return L.PrimFunc(p.name, params, body)
 
 
-SPMM = Template("cuda_spmm", sparse_product, applies, space, default, build)
+SPMM = Template("cuda_spmm", gathered_product, applies, space, default, build)
 

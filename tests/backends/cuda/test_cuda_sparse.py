@@ -207,6 +207,57 @@ def test_staged_configs_compute_the_same(rng, tmp_path, config):
                                equal_nan=True)
 
 
+def window_graph(rng, n, c, m, h, wid, k, pads, stride, density, ordered, slice_depth=32):
+    """A k x k SparseConv (+ bias), padded and strided -> Relu; the graph, its weights [m, c,
+    k, k] and bias."""
+    w = pruned(rng, (m, c, k, k), density)
+    b = rng.standard_normal(m).astype(np.float32)
+    g = Graph("sparse_window")
+    x = g.add_input("x", T.TensorType(T.float32, (n, c, h, wid)))
+    csr, order, attrs = _csr(w.reshape(m, -1), slice_depth, ordered)
+    y = g.add("SparseConv", x, *csr, _const("b", b), *order, oc=m, kernel_shape=[k, k],
+              pads=list(pads), strides=[stride, stride], **attrs)
+    g.outputs = [g.add("Relu", y)]
+    return g, w, b
+
+
+def _window_want(x, w, b, pads, stride):
+    """The dense conv in float64 (NaN * 0 = NaN, as the dense product)."""
+    top, left, bottom, right = pads
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    m, _, k, _ = w.shape
+    oh, ow = (xp.shape[2] - k) // stride + 1, (xp.shape[3] - k) // stride + 1
+    y = np.zeros((x.shape[0], m, oh, ow))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for ky in range(k):
+            for kx in range(k):
+                patch = xp[:, :, ky:ky + stride * oh:stride, kx:kx + stride * ow:stride]
+                y += np.einsum("mc,nchw->nmhw", w[:, :, ky, kx].astype(np.float64), patch)
+    return np.maximum(y + b[:, None, None], 0)
+
+
+WINDOWS = [  # (n, c, m, h, w, k, pads, stride, ordered, config): 3x3 padded (the default
+    # config; a subwarp's rows in turn), stride 2 unevenly padded, an unpadded 5x5, NaNs in all
+    (2, 6, 9, 5, 6, 3, (1, 1, 1, 1), 1, True, None),
+    (1, 5, 7, 7, 6, 3, (1, 0, 1, 1), 2, False, SpmmConfig(8, 1, 4, 32, True, 2)),
+    (2, 3, 10, 6, 7, 5, (0, 0, 0, 0), 1, True, SpmmConfig(4, 2, 8, 32, True, 1))]
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", WINDOWS, ids=[str(c[:8]) for c in WINDOWS])
+def test_windowed_sparse_conv_on_host(rng, tmp_path, case):
+    """k x k SparseConvs on the staged SpMM, the staging gathering the windows (padding
+    zero): against the dense conv, NaN / infinite pixels meeting pruned weights included."""
+    n, c, m, h, wid, k, pads, stride, ordered, config = case
+    g, w, b = window_graph(rng, n, c, m, h, wid, k, pads, stride, 0.3, ordered)
+    x = _nonfinite(rng, rng.standard_normal((n, c, h, wid)).astype(np.float32), 3)
+    graph, program = _scheduled(g, config)
+    assert program.kernels[0].schedule[1].staged
+    got = _on_host(g, {"x": x}, tmp_path, config)
+    np.testing.assert_allclose(got, _window_want(x, w, b, pads, stride), rtol=1e-5,
+                               atol=1e-5, equal_nan=True)
+
+
 def test_the_knob_space_holds_the_defaults(rng):
     """Every default is a point of the space (the tuner's), and the space refuses a vector
     that does not divide the places."""
@@ -246,7 +297,9 @@ def test_the_spmm_compiles_with_nvrtc(rng, arch):
             (conv_graph(rng, 2, 64, 32, 8, 8, 0.1, True, True)[0], None),
             (dense_graph(rng, (256, 384), 96, 0.1, True, True, slice_depth=128)[0], staged),
             (conv_graph(rng, 2, 256, 64, 8, 8, 0.1, True, True, slice_depth=128)[0],
-             staged))):
+             staged),
+            (window_graph(rng, 2, 64, 64, 14, 14, 3, (1, 1, 1, 1), 1, 0.1, True, 128)[0],
+             None))):
         _, program = _scheduled(g, config)
         funcs += [(dataclasses.replace(f, name=f"g{k}_{f.name}"), noalias)
                   for f, noalias in program.unique]
