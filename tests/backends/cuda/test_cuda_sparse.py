@@ -222,6 +222,11 @@ def window_graph(rng, n, c, m, h, wid, k, pads, stride, density, ordered, slice_
 
 
 def _window_want(x, w, b, pads, stride):
+    """The dense conv (+ bias) -> Relu in float64."""
+    return np.maximum(_conv_nchw(x, w, pads, stride) + b[:, None, None], 0)
+
+
+def _conv_nchw(x, w, pads, stride):
     """The dense conv in float64 (NaN * 0 = NaN, as the dense product)."""
     top, left, bottom, right = pads
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
@@ -233,7 +238,7 @@ def _window_want(x, w, b, pads, stride):
             for kx in range(k):
                 patch = xp[:, :, ky:ky + stride * oh:stride, kx:kx + stride * ow:stride]
                 y += np.einsum("mc,nchw->nmhw", w[:, :, ky, kx].astype(np.float64), patch)
-    return np.maximum(y + b[:, None, None], 0)
+    return y
 
 
 WINDOWS = [  # (n, c, m, h, w, k, pads, stride, ordered, config): 3x3 padded (the default
@@ -396,3 +401,30 @@ def test_a_pruned_product_through_the_rewrite_on_host(rng, tmp_path):
         want = np.maximum(a.astype(np.float64) @ w.astype(np.float64), 0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
+
+
+@needs_gxx
+@pytest.mark.emulated_full
+def test_pruned_convs_through_the_forced_rewrite_on_host(rng, tmp_path, monkeypatch):
+    """A pruned 3x3 conv (padded) then a stride-2 1x1 one, with DNNC_SPARSE_GPU=1 (the rule
+    takes no windowed conv): both become SparseConvs on the staged SpMM, gathering their
+    windows, and match the dense convs on the host, NaNs included."""
+    import test_host_semantics as host
+
+    monkeypatch.setenv("DNNC_SPARSE_GPU", "1")
+    w1, w2 = pruned(rng, (24, 16, 3, 3), 0.1), pruned(rng, (20, 24, 1, 1), 0.1)
+    g = Graph("convs")
+    x = g.add_input("x", T.TensorType(T.float32, (2, 16, 9, 9)))
+    y = g.add("Relu", g.add("Conv", x, _const("w1", w1), kernel_shape=[3, 3],
+                            pads=[1, 1, 1, 1]))
+    g.outputs = [g.add("Conv", y, _const("w2", w2), kernel_shape=[1, 1], strides=[2, 2])]
+    graph, (program,) = programs(g, machine=SPARSE_MACHINE)
+    assert [n.op for n in graph.nodes].count("SparseConv") == 2
+    assert all(k.schedule[0] == "cuda_spmm" and k.schedule[1].staged for k in program.kernels)
+    xv = _nonfinite(rng, rng.standard_normal((2, 16, 9, 9)).astype(np.float32), 3)
+    module = render_module(program.unique)
+    lib = host.host_library(program.unique, tmp_path, module)
+    got = host.program_on_host(lib, module, program, {"x": xv})[graph.outputs[0].name]
+    hidden = np.maximum(_conv_nchw(xv, w1, (1, 1, 1, 1), 1), 0).astype(np.float32)
+    want = _conv_nchw(hidden, w2, (0, 0, 0, 0), 2)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
