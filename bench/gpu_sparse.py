@@ -17,9 +17,9 @@ cost rule would run the layer sparse (its estimated speed-up beside). Each spars
 checked against the dense kernel's (max |d| / max |dense|).
 
 Models (unless `--no-models`): each zoo model of `--models` at each of `--model-batches`, the
-dense file and its 90% magnitude-pruned copy (DNNC_SPARSE_GPU=1 in the environment: every
-product and 1x1 conv sparse, not the cost rule's choice) (`testing/pruned_files.py`, as `dnnc sparsify`
-writes it) compiled for cuda at fp32: median ms of a call ended by a synchronize, the layers
+dense file and its 90% magnitude-pruned copy (`testing/pruned_files.py`, as `dnnc sparsify`
+writes it; DNNC_SPARSE_GPU=1 in the environment: every product and conv sparse, not the cost
+rule's choice) compiled for cuda at fp32: median ms of a call ended by a synchronize, the layers
 running sparse, the speed-up, and the largest output difference of the pruned file on cuda
 from onnxruntime's (CPU; relative to its largest output: a sanity check).
 

@@ -26,10 +26,10 @@ On a GPU target (`Target.arch`; cuda at precision fp32) the rule is `gpu_sparse_
 cuda SpMM's estimated time (a roofline of its multiply-adds at GPU_SPARSE_EFFICIENCY of the
 GPU's fp32 figure and its bytes, its passes over the activations and its launches) against
 the dense template's, for products and 1x1 convs only (DNNC_SPARSE_GPU=1 takes every product
-and conv that fits, windowed ones too, =0 none: for measuring); the sparse op then also takes the rows' `order`
-(`row_order`, the SpMM's row swizzle) and slices of GPU_SLICE_DEPTH columns. At fp16 / bf16 on a GPU the rewrite
-is `sparse24.py`'s instead: 2:4 weights as Sparse24Dense / Sparse24ConvNHWC on the sparse
-tensor cores.
+and conv that fits, windowed ones too, =0 none: for measuring); the sparse op then also takes
+the rows' `order` (`row_order`, the SpMM's row swizzle) and slices of GPU_SLICE_DEPTH
+columns. At fp16 / bf16 on a GPU the rewrite is `sparse24.py`'s instead: 2:4 weights as
+Sparse24Dense / Sparse24ConvNHWC on the sparse tensor cores.
 """
 
 from __future__ import annotations

@@ -34,10 +34,13 @@ SparseDense's A directly (coalesced along a row of A; the stores to shared memor
 and flags the places holding a non-finite activation, so the product is one kernel; an
 output of a flagged place counts them over the depth on that rare path.
 
-Knobs (`SpmmConfig`): subwarp, vector, block_rows, stage, staged, row_steps. The arithmetic is fp32 FMAs with
-fp32 accumulation; operands are float32 (SparseDense / SparseConv are float32 ops). It never
-serves a dense product, nor a windowed SparseConv (kh x kw, padded, strided: those keep
-the compute rule's default schedule).
+A windowed SparseConv (kh x kw, padded, strided) runs staged only: its places are its output
+pixels (`gathered_product`), and the staging gathers column (c, ky, kx) of each from the
+image (`_Operand.window`: zero in the padding), as an implicit GEMM's patches.
+
+Knobs (`SpmmConfig`): subwarp, vector, block_rows, stage, staged, row_steps. The arithmetic
+is fp32 FMAs with fp32 accumulation; operands are float32 (SparseDense / SparseConv are
+float32 ops). It never serves a dense product.
 
 2:4 structured weights (Sparse24Dense) are sparse24.py's, on the sparse tensor cores.
 """
@@ -512,8 +515,9 @@ class _StagedSpmm(_Spmm):
     def stage_b(self, s: L.Expr) -> L.Stmt:
         """sb[k, place] = B[s slice_depth + k, the tile's place] (zero past the depth or the
         places): an image's places vector by vector (consecutive threads, consecutive
-        places), A's columns one by one (consecutive threads, consecutive columns of a row
-        of A: coalesced, the transpose done by the stores)."""
+        places), a windowed conv's one by one (gathered), A's columns one by one
+        (consecutive threads, consecutive columns of a row of A: coalesced, the transpose
+        done by the stores)."""
         p, c = self.p, self.c
         sd, i, v = p.slice_depth, L.Var("sgi"), L.Var("sgv")
         idx = i * c.threads + self.t
