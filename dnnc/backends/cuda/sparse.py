@@ -74,6 +74,12 @@ STAGED_ROWS = 32
 """Rows a block of the default staged config computes (8 subwarps of 4 rows): each staged
 activation then serves 3 of their entries at 90% zeros, where the unstaged SpMM reads B
 from L2 an entry (measured there: 2.7-4.2 TFLOP/s of nonzero multiply-adds on an H200)."""
+MAX_SUMS = 32
+"""Sums (registers) a thread of the staged product keeps."""
+WINDOW_ROWS = 64
+"""Rows of a windowed conv's default block: a gathered activation costs ~25 instructions
+(its (c, ky, kx) and pixel decoded, bounds tested), 8 an entry-use at 32 rows and 10% of
+weights, the multiply-add ~3: twice the rows halves that (rows' sums: 32 registers)."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,7 @@ def _shared_bytes(c: SpmmConfig, p: SparseProblem) -> int:
 def space(p: SparseProblem, machine) -> Space:
     return Space("cuda_spmm", SpmmConfig, {
         "subwarp": (4, 8, 16, 32), "vector": (1, 2, 4), "block_rows": (1, 2, 4, 8, 16, 32),
-        "stage": (16, 32, 64, 128), "staged": (False, True), "row_steps": (1, 2, 4, 8),
+        "stage": (16, 32, 64, 128), "staged": (False, True), "row_steps": (1, 2, 4, 8, 16),
     }, [Constraint("32 <= subwarp * block_rows <= 1024 threads",
                    lambda c: 32 <= c.threads <= 1024),
         Constraint("stage a multiple of subwarp (each thread copies whole rounds)",
@@ -134,6 +140,8 @@ def space(p: SparseProblem, machine) -> Space:
         Constraint("one row a subwarp unless B is staged; staged, the stage knob unused "
                    "(at its default)",
                    lambda c: c.row_steps == 1 if not c.staged else c.stage == STAGE),
+        Constraint(f"at most {MAX_SUMS} sums a thread (row_steps * vector)",
+                   lambda c: c.row_steps * c.vector <= MAX_SUMS),
         Constraint("a windowed conv's B staged (only the staging gathers its windows)",
                    lambda c: c.staged or not p.windowed),
         Constraint("row groups and images within the grid's y and z",
@@ -165,10 +173,12 @@ def default(p: SparseProblem, machine) -> SpmmConfig:
 
 def _staged_default(p: SparseProblem, vector: int) -> SpmmConfig | None:
     """The widest subwarp (32 to 8) whose staged slice fits in shared memory, BLOCK_THREADS
-    threads, STAGED_ROWS rows a block; None where none fits or the places fill no tile."""
+    threads, STAGED_ROWS rows a block (a windowed conv's WINDOW_ROWS where it has them);
+    None where none fits or the places fill no tile."""
+    span = WINDOW_ROWS if p.windowed and p.rows >= WINDOW_ROWS else STAGED_ROWS
     for subwarp in (32, 16, 8):
         rows = BLOCK_THREADS // subwarp
-        c = SpmmConfig(subwarp, vector, rows, STAGE, True, max(1, STAGED_ROWS // rows))
+        c = SpmmConfig(subwarp, vector, rows, STAGE, True, max(1, span // rows))
         if _shared_bytes(c, p) <= MAX_SHARED_BYTES and (c.tile <= p.places or p.windowed) \
                 and -(-p.rows // c.block_span) <= MAX_GRID_YZ:
             return c

@@ -273,7 +273,9 @@ def test_the_knob_space_holds_the_defaults(rng):
 
     for g in (dense_graph(rng, (12, 40), 24, 0.3, True, True)[0],
               dense_graph(rng, (37, 70), 9, 0.3, True, True)[0],
-              conv_graph(rng, 2, 40, 12, 7, 7, 0.3, True, True)[0]):
+              conv_graph(rng, 2, 40, 12, 7, 7, 0.3, True, True)[0],
+              window_graph(rng, 2, 8, 64, 7, 7, 3, (1, 1, 1, 1), 1, 0.3, True, 128)[0],
+              window_graph(rng, 2, 8, 64, 8, 8, 3, (1, 1, 1, 1), 1, 0.3, True, 128)[0]):
         graph = optimize(g, MACHINE)
         (step,) = plan_steps(graph)
         found = []
