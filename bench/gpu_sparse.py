@@ -6,8 +6,8 @@ against dnnc's dense fp32 kernels, one run.
         [--models bert_base,resnet50] [--model-batches 1,32]
 
 Layers: BERT-base's products at 128 tokens a sequence (768->768, 768->3072, 3072->768) and
-resnet50's 1x1 convs (224 x 224 images) at each of `--batches`, each with a Relu fused, as
-dnnc's dense kernel (its default template and config at fp32) and as a SparseDense /
+resnet50's 1x1 and stride-1 3x3 convs (224 x 224 images) at each of `--batches`, each with a
+Relu fused, as dnnc's dense kernel (its default template and config at fp32) and as a SparseDense /
 SparseConv of the weights magnitude-pruned to each `--sparsity` (forced, not the cost
 rule's choice) at the SpMM's default config and, unless `--no-variants`, a few other points
 of its space (the best named). Timed by CUDA events (bench/gpu_timing.py: median over
@@ -18,7 +18,8 @@ checked against the dense kernel's (max |d| / max |dense|).
 
 Models (unless `--no-models`): each zoo model of `--models` at each of `--model-batches`, the
 dense file and its 90% magnitude-pruned copy (`testing/pruned_files.py`, as `dnnc sparsify`
-writes it) compiled for cuda at fp32: median ms of a call ended by a synchronize, the layers
+writes it; DNNC_SPARSE_GPU=1 in the environment: every product and conv sparse, not the cost
+rule's choice) compiled for cuda at fp32: median ms of a call ended by a synchronize, the layers
 running sparse, the speed-up, and the largest output difference of the pruned file on cuda
 from onnxruntime's (CPU; relative to its largest output: a sanity check).
 
@@ -61,8 +62,14 @@ BERT = [("dense 768->768", 768, 768), ("dense 768->3072", 768, 3072),
 RESNET50_1X1 = [(256, 56, 64), (64, 56, 256), (512, 28, 128), (128, 28, 512),
                 (1024, 14, 256), (256, 14, 1024), (2048, 7, 512), (512, 7, 2048)]
 """(C, H = W, M) of resnet50's stride-1 1x1 convs."""
-VARIANTS = [SpmmConfig(32, 4, 8, 32), SpmmConfig(16, 4, 8, 32), SpmmConfig(32, 2, 4, 64)]
-"""SpMM configs timed beside the default (those outside a layer's space skipped)."""
+RESNET50_3X3 = [(64, 56, 64), (128, 28, 128), (256, 14, 256), (512, 7, 512)]
+"""(C, H = W, M) of resnet50's stride-1 3x3 convs (padded 1)."""
+VARIANTS = [SpmmConfig(32, 4, 8, 32), SpmmConfig(16, 4, 8, 32), SpmmConfig(32, 2, 4, 64),
+            SpmmConfig(16, 4, 8, 32, True, 4), SpmmConfig(16, 4, 8, 32, True, 8),
+            SpmmConfig(8, 4, 16, 32, True, 2), SpmmConfig(16, 4, 16, 32, True, 4),
+            SpmmConfig(8, 4, 16, 32, True, 1), SpmmConfig(16, 1, 8, 32, True, 4)]
+"""SpMM configs timed beside the default (those outside a layer's space skipped): unstaged,
+and B staged (`staged`) at 8 to 64 rows a block and 16 to 64 places."""
 SEQ = 128
 
 
@@ -80,22 +87,24 @@ def _const(name, array) -> Value:
 
 def layer_graph(kind: str, batch: int, depth: int, rows: int, hw: int, w: np.ndarray,
                 sparse: bool) -> Graph:
-    """The layer (dense or sparse, with a Relu) over `w` [rows, depth]."""
+    """The layer (dense or sparse, with a Relu) over `w` [rows, depth] (a 3x3 conv's [rows,
+    9 depth], padded 1: `conv3`)."""
     g = Graph("layer")
-    if kind == "conv":
+    k = 3 if kind == "conv3" else 1
+    window = {"kernel_shape": [k, k], "pads": [k // 2] * 4}
+    if kind != "dense":
         x = g.add_input("x", T.TensorType(T.float32, (batch, depth, hw, hw)))
     else:
         x = g.add_input("x", T.TensorType(T.float32, (batch * SEQ, depth)))
     if sparse:
-        values, columns, starts = encode_csr(w, find_sparsity.SLICE_DEPTH)
+        values, columns, starts = encode_csr(w, find_sparsity.GPU_SLICE_DEPTH)
         csr = [_const("values", values), _const("columns", columns), _const("starts", starts),
                None, _const("order", find_sparsity.row_order(starts))]
-        attrs = {"row_max": row_max(starts), "slice_depth": find_sparsity.SLICE_DEPTH}
-        y = g.add("SparseConv", x, *csr, oc=rows, kernel_shape=[1, 1], pads=[0] * 4,
-                  strides=[1, 1], **attrs) if kind == "conv" else \
-            g.add("SparseDense", x, *csr, n=rows, **attrs)
-    elif kind == "conv":
-        y = g.add("Conv", x, _const("w", w.reshape(rows, depth, 1, 1)), kernel_shape=[1, 1])
+        attrs = {"row_max": row_max(starts), "slice_depth": find_sparsity.GPU_SLICE_DEPTH}
+        y = g.add("SparseConv", x, *csr, oc=rows, strides=[1, 1], **window, **attrs) \
+            if kind != "dense" else g.add("SparseDense", x, *csr, n=rows, **attrs)
+    elif kind != "dense":
+        y = g.add("Conv", x, _const("w", w.reshape(rows, depth, k, k)), **window)
     else:
         y = g.add("MatMul", x, _const("w", np.ascontiguousarray(w.T)))
     g.outputs = [g.add("Relu", y)]
@@ -123,14 +132,15 @@ def cases(graph: Graph, machine, configs: list) -> list:
 
 
 def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> list[str]:
-    places = batch * hw * hw if kind == "conv" else batch * SEQ
-    shape = (batch, depth, hw, hw) if kind == "conv" else (batch * SEQ, depth)
+    places = batch * hw * hw if kind != "dense" else batch * SEQ
+    shape = (batch, depth, hw, hw) if kind != "dense" else (batch * SEQ, depth)
     x = cp.random.standard_normal(shape, dtype=cp.float32)
-    dense = cases(layer_graph(kind, batch, depth, rows, hw, _pruned(rng, rows, depth, 0.0),
+    width = depth * (9 if kind == "conv3" else 1)   # the weights' columns
+    dense = cases(layer_graph(kind, batch, depth, rows, hw, _pruned(rng, rows, width, 0.0),
                               False), machine, [])
     entries = [("dense", *dense[0])]
     for zeros in args.sparsity:
-        w = _pruned(rng, rows, depth, zeros)
+        w = _pruned(rng, rows, width, zeros)
         entries += [(zeros, *c) for c in cases(layer_graph(kind, batch, depth, rows, hw, w,
                                                            True), machine,
                                                [] if args.no_variants else VARIANTS)]
@@ -148,7 +158,7 @@ def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> li
     times = interleaved_ms(timers, args.repeat, args.trials)
     dense_ms = times[0]
     lines = [f"{name:20} b{batch:<3} dense {dense_ms * 1e3:9.1f} us "
-             f"({2 * places * rows * depth / dense_ms / 1e9:5.1f} TF/s)  {dense[0][1]}"]
+             f"({2 * places * rows * width / dense_ms / 1e9:5.1f} TF/s)  {dense[0][1]}"]
     for zeros in args.sparsity:
         picks = [(e, t, o) for e, t, o in zip(entries, times, outs) if e[0] == zeros]
         (_, _, want_out) = next((e, t, o) for e, t, o in zip(entries, times, outs)
@@ -160,8 +170,8 @@ def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> li
                   for _, _, o in picks]
         w_nnz = int(default[4].inputs[1].type.shape[0])
         flops, bandwidth = machine.gpu.fp32_flops, machine.gpu.copy_bytes_per_s
-        estimate = find_sparsity.gpu_dense_seconds(places, rows, depth, flops, bandwidth) / \
-            find_sparsity.gpu_sparse_seconds(places, rows, depth, w_nnz, kind != "conv",
+        estimate = find_sparsity.gpu_dense_seconds(places, rows, width, flops, bandwidth) / \
+            find_sparsity.gpu_sparse_seconds(places, rows, width, w_nnz, kind == "dense",
                                              flops, bandwidth)
         rule = "sparse" if estimate > find_sparsity.GPU_MARGIN and \
             zeros >= 1 - find_sparsity.MAX_DENSITY else "dense"
@@ -183,6 +193,10 @@ def layers_table(cp, machine, args) -> None:
             name = f"conv1x1 {c}->{m} @{hw}"
             print("\n".join(layer_rows(cp, machine, args, "conv", name, batch, c, m, hw, rng)),
                   flush=True)
+        for c, hw, m in RESNET50_3X3:
+            name = f"conv3x3 {c}->{m} @{hw}"
+            print("\n".join(layer_rows(cp, machine, args, "conv3", name, batch, c, m, hw,
+                                        rng)), flush=True)
 
 
 def model_rows(cp, name: str, batch: int, args) -> str:

@@ -48,7 +48,7 @@ from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.sparse import encode_2of4  # noqa: E402
 from dnnc.passes import sparse24 as rule  # noqa: E402
-from gpu_sparse import BERT, RESNET50_1X1, SEQ, cases  # noqa: E402
+from gpu_sparse import BERT, RESNET50_1X1, RESNET50_3X3, SEQ, cases  # noqa: E402
 from gpu_timing import (cupy_timer, header, interleaved_ms, kernel_launcher,  # noqa: E402
                         load_module, torch_timer)
 
@@ -73,8 +73,6 @@ def _const(name, array) -> Value:
     return Value(name, T.TensorType(dtype, array.shape), const=array)
 
 
-RESNET50_3X3 = [(64, 56, 64), (128, 28, 128), (256, 14, 256), (512, 7, 512)]
-"""(C, H = W, M) of resnet50's stride-1 3x3 convs (padded 1)."""
 
 
 def layer_graph(kind: str, places: int, depth: int, rows: int, hw: int, w: np.ndarray,

@@ -25,14 +25,16 @@ reference is its dense product).
 On a GPU target (`Target.arch`; cuda at precision fp32) the rule is `gpu_sparse_faster`: the
 cuda SpMM's estimated time (a roofline of its multiply-adds at GPU_SPARSE_EFFICIENCY of the
 GPU's fp32 figure and its bytes, its passes over the activations and its launches) against
-the dense template's, for products and 1x1 convs only; the sparse op then also takes the
-rows' `order` (`row_order`, the SpMM's row swizzle). At fp16 / bf16 on a GPU the rewrite
-is `sparse24.py`'s instead: 2:4 weights as Sparse24Dense / Sparse24ConvNHWC on the sparse
-tensor cores.
+the dense template's, for products and 1x1 convs only (DNNC_SPARSE_GPU=1 takes every product
+and conv that fits, windowed ones too, =0 none: for measuring); the sparse op then also takes
+the rows' `order` (`row_order`, the SpMM's row swizzle) and slices of GPU_SLICE_DEPTH
+columns. At fp16 / bf16 on a GPU the rewrite is `sparse24.py`'s instead: 2:4 weights as
+Sparse24Dense / Sparse24ConvNHWC on the sparse tensor cores.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,6 +134,11 @@ against itself: resnet50's 3x3 convs at 56x56 and 28x28 (2 and 4 slices of 288 w
 of 256) 0.88-0.95x the time at 90% zeros, 0.91-0.97x at 70%; at 14x14 (8 of 288, 9 of 256)
 even; a 1x1 conv's 4-vector block of 288 deep (73 KB) took 1.2-1.5x the time of 256's, and
 the 7x7 image (one 64-place block) 1.08-1.3x: those keep SLICE_DEPTH."""
+
+
+GPU_SLICE_DEPTH = 128
+"""Columns a slice spans on a GPU: the cuda SpMM stages a slice of B (128 columns by 64
+places, 34 KB) in shared memory for a block's rows (cuda/sparse.py, `staged`)."""
 
 
 def slice_depth(depth: int, places: int, windowed: bool, lanes: int) -> int:
@@ -330,7 +337,10 @@ def _window_places(node: Node, window) -> int:
 
 
 def _slice_columns(node: Node, w: np.ndarray, window, target: Target) -> int:
-    """`slice_depth` of the layer (a windowed SparseConv's places: `_window_places`)."""
+    """`slice_depth` of the layer (a windowed SparseConv's places: `_window_places`);
+    GPU_SLICE_DEPTH on a GPU."""
+    if target.arch:
+        return GPU_SLICE_DEPTH
     windowed = window is not None and window != ([1, 1], [0, 0, 0, 0], [1, 1])
     places = _window_places(node, window) if windowed else 0
     return slice_depth(w.shape[1], places, windowed, max(target.vector_bits // 32, 1))
@@ -343,8 +353,10 @@ def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Ta
     its output's read-back counted, against the least of `conv_costs`' direct and Winograd
     estimates for a 3x3 one (convert_layout would choose that), else the direct conv's."""
     unit = window is None or window == ([1, 1], [0, 0, 0, 0], [1, 1])
-    if target.arch:   # a GPU: its SpMM takes products and 1x1 convs only
-        return unit and gpu_sparse_faster(places, w, node.op != "Conv", target)
+    if target.arch:   # a GPU: by its rule products and 1x1 convs only; forced, any conv
+        switch = os.environ.get("DNNC_SPARSE_GPU")
+        return switch != "0" and (switch == "1" or unit and gpu_sparse_faster(
+            places, w, node.op != "Conv", target))
     lanes = max(target.vector_bits // 32, 1)
     if unit:
         return sparse_faster(places, w, lanes, node.op != "Conv")

@@ -24,17 +24,30 @@ into shared memory, and an output whose place has some makes its sum NaN unless 
 them meets an entry of its row (its sum is then non-finite already: counted exactly, on
 that rare path only), as the llvm template's `_Flag.fix`.
 
-Knobs (`SpmmConfig`): subwarp, vector, block_rows, stage. The arithmetic is fp32 FMAs with
-fp32 accumulation; operands are float32 (SparseDense / SparseConv are float32 ops). It never
-serves a dense product, nor a windowed SparseConv (kh x kw, padded, strided: those keep
-the compute rule's default schedule).
+Staged (`SpmmConfig.staged`; the default where its blocks fill the GPU twice over): B's
+slices of `slice_depth` columns (the CSR rows' slices, `starts[j, s]`: find_sparsity's
+GPU_SLICE_DEPTH) are copied a tile of places at a time into shared memory by the whole block,
+and each subwarp runs `row_steps` rows' entries of the slice against it (`_StagedSpmm`): an
+activation is read from L2 once a block of `block_rows * row_steps` rows, not once an entry
+(the unstaged product's 2.7-4.2 TFLOP/s on an H200 were its L2 reads). The staging reads a
+SparseDense's A directly (coalesced along a row of A; the stores to shared memory transpose)
+and flags the places holding a non-finite activation, so the product is one kernel; an
+output of a flagged place counts them over the depth on that rare path.
+
+A windowed SparseConv (kh x kw, padded, strided) runs staged only: its places are its output
+pixels (`gathered_product`), and the staging gathers column (c, ky, kx) of each from the
+image (`_Operand.window`: zero in the padding), as an implicit GEMM's patches.
+
+Knobs (`SpmmConfig`): subwarp, vector, block_rows, stage, staged, row_steps. The arithmetic
+is fp32 FMAs with fp32 accumulation; operands are float32 (SparseDense / SparseConv are
+float32 ops). It never serves a dense product.
 
 2:4 structured weights (Sparse24Dense) are sparse24.py's, on the sparse tensor cores.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...ir import loop as L
 from ...ir import types as T
@@ -53,14 +66,30 @@ MAX_SHARED_BYTES = 48 << 10
 BLOCK_THREADS = 128
 """Threads a block of the default config aims for (4 warps), halved while the blocks
 cannot fill the GPU twice over (`default`)."""
+STAGE = 32
+ENTRY_UNROLL = 4
+"""Entries of a row a staged product's loop runs unrolled (their values', columns' and B's
+loads issued together: the trip count is the row's, unknown to the compiler)."""
+STAGED_ROWS = 32
+"""Rows a block of the default staged config computes (8 subwarps of 4 rows): each staged
+activation then serves 3 of their entries at 90% zeros, where the unstaged SpMM reads B
+from L2 an entry (measured there: 2.7-4.2 TFLOP/s of nonzero multiply-adds on an H200)."""
+MAX_SUMS = 32
+"""Sums (registers) a thread of the staged product keeps."""
+WINDOW_ROWS = 64
+"""Rows of a windowed conv's default block: a gathered activation costs ~25 instructions
+(its (c, ky, kx) and pixel decoded, bounds tested), 8 an entry-use at 32 rows and 10% of
+weights, the multiply-add ~3: twice the rows halves that (rows' sums: 32 registers)."""
 
 
 @dataclass(frozen=True)
 class SpmmConfig:
     subwarp: int = 32     # threads sharing a row (its places split over them)
     vector: int = 4       # consecutive places a thread (one vector load of B an entry)
-    block_rows: int = 4   # rows a block (one a subwarp)
-    stage: int = 32       # entries of a row copied to shared memory at a time
+    block_rows: int = 4   # subwarps a block (each a row at a time)
+    stage: int = 32       # entries of a row copied to shared memory at a time (B not staged)
+    staged: bool = False  # B's slices staged in shared memory, a block's rows reading them
+    row_steps: int = 1    # rows a subwarp takes in turn (staged)
 
     @property
     def threads(self) -> int:
@@ -71,47 +100,107 @@ class SpmmConfig:
         """Places a block computes."""
         return self.subwarp * self.vector
 
+    @property
+    def block_span(self) -> int:
+        """Rows a block computes."""
+        return self.block_rows * self.row_steps
 
-def _shared_bytes(c: SpmmConfig) -> int:
+    @property
+    def stride(self) -> int:
+        """Floats between a staged slice's columns in shared memory: the tile and 4 (a
+        SparseDense's A staged column by column: 4-way bank conflicts on the stores, not
+        32; the vector loads stay 16-byte aligned)."""
+        return self.tile + 4
+
+
+def _staged_floats(c: SpmmConfig, p: SparseProblem) -> int:
+    """The staged slice's floats, or a SparseDense's block of sums if more (`write_out`)."""
+    out = c.tile * (c.block_span + 1) if p.transposed else 0
+    return max(p.slice_depth * c.stride, out)
+
+
+def _shared_bytes(c: SpmmConfig, p: SparseProblem) -> int:
+    if c.staged:
+        return _staged_floats(c, p) * 4 + c.tile * 4
     return c.block_rows * c.stage * 8 + c.tile * 4
 
 
 def space(p: SparseProblem, machine) -> Space:
     return Space("cuda_spmm", SpmmConfig, {
         "subwarp": (4, 8, 16, 32), "vector": (1, 2, 4), "block_rows": (1, 2, 4, 8, 16, 32),
-        "stage": (16, 32, 64, 128),
+        "stage": (16, 32, 64, 128), "staged": (False, True), "row_steps": (1, 2, 4, 8, 16),
     }, [Constraint("32 <= subwarp * block_rows <= 1024 threads",
                    lambda c: 32 <= c.threads <= 1024),
         Constraint("stage a multiple of subwarp (each thread copies whole rounds)",
                    lambda c: c.stage % c.subwarp == 0),
         Constraint(f"vector divides the places ({p.places}): B's vector loads stay aligned "
                    f"and inside", lambda c: p.places % c.vector == 0),
-        Constraint("staged entries and place counts within 48 KiB (static shared memory)",
-                   lambda c: _shared_bytes(c) <= MAX_SHARED_BYTES),
+        Constraint("staged B, or entries, and place counts within 48 KiB (static shared "
+                   "memory)", lambda c: _shared_bytes(c, p) <= MAX_SHARED_BYTES),
+        Constraint("one row a subwarp unless B is staged; staged, the stage knob unused "
+                   "(at its default)",
+                   lambda c: c.row_steps == 1 if not c.staged else c.stage == STAGE),
+        Constraint(f"at most {MAX_SUMS} sums a thread (row_steps * vector)",
+                   lambda c: c.row_steps * c.vector <= MAX_SUMS),
+        Constraint("a windowed conv's B staged (only the staging gathers its windows)",
+                   lambda c: c.staged or not p.windowed),
         Constraint("row groups and images within the grid's y and z",
-                   lambda c: -(-p.rows // c.block_rows) <= MAX_GRID_YZ and
+                   lambda c: -(-p.rows // c.block_span) <= MAX_GRID_YZ and
                    p.batch <= MAX_GRID_YZ)])
 
 
 def default(p: SparseProblem, machine) -> SpmmConfig:
-    """The widest vector dividing the places; a subwarp as wide as the places need (4 to
-    32); BLOCK_THREADS threads, fewer rows a block while the blocks are under two per SM."""
+    """B staged (`_staged_default`) where its blocks fill the GPU twice over; else the
+    widest vector dividing the places, a subwarp as wide as the places need (4 to 32),
+    BLOCK_THREADS threads, fewer rows a block while the blocks are under two per SM."""
     vector = next(v for v in (4, 2, 1) if p.places % v == 0)
+    sms = gpu_of(machine).sms
+    staged = _staged_default(p, vector)
+    if staged is not None and (p.windowed or p.batch * -(-p.places // staged.tile) *
+                               -(-p.rows // staged.block_span) >= 2 * sms):
+        return staged
     lanes = -(-p.places // vector)
     subwarp = min(32, max(4, 1 << (lanes - 1).bit_length()))
     rows = max(1, BLOCK_THREADS // subwarp)
     tiles = -(-p.places // (subwarp * vector))
-    sms = gpu_of(machine).sms
     while rows > 1 and (rows // 2) * subwarp >= 32 and \
             p.batch * tiles * -(-p.rows // rows) < 2 * sms:
         rows //= 2
     while -(-p.rows // rows) > MAX_GRID_YZ:
         rows *= 2
-    return SpmmConfig(subwarp, vector, rows, max(32, subwarp))
+    return SpmmConfig(subwarp, vector, rows, max(STAGE, subwarp))
+
+
+def _staged_default(p: SparseProblem, vector: int) -> SpmmConfig | None:
+    """The widest subwarp (32 to 8) whose staged slice fits in shared memory, BLOCK_THREADS
+    threads, STAGED_ROWS rows a block (a windowed conv's WINDOW_ROWS where it has them);
+    None where none fits or the places fill no tile."""
+    span = WINDOW_ROWS if p.windowed and p.rows >= WINDOW_ROWS else STAGED_ROWS
+    for subwarp in (32, 16, 8):
+        rows = BLOCK_THREADS // subwarp
+        c = SpmmConfig(subwarp, vector, rows, STAGE, True, max(1, span // rows))
+        if _shared_bytes(c, p) <= MAX_SHARED_BYTES and (c.tile <= p.places or p.windowed) \
+                and -(-p.rows // c.block_span) <= MAX_GRID_YZ:
+            return c
+    return None
 
 
 def applies(p: SparseProblem) -> bool:
-    return not p.windowed and p.x.dtype is T.float32 and p.batch <= MAX_GRID_YZ
+    """float32; a windowed conv only where a staged config fits (its slices' depth)."""
+    return p.x.dtype is T.float32 and p.batch <= MAX_GRID_YZ and \
+        (not p.windowed or _staged_default(p, 1) is not None)
+
+
+def gathered_product(kernel) -> SparseProblem | None:
+    """`sparse_product`'s problem as this template reads it: a windowed SparseConv's places
+    its output pixels (oy OW + ox; Y viewed [N, M, OH OW]), its columns (c, ky, kx)
+    gathered from the image by `_Operand.at` (no padded planes: the staging gathers)."""
+    p = sparse_product(kernel)
+    if p is None or not p.windowed:
+        return p
+    oh, ow = p.anchor_dims[2:]
+    return replace(p, places=oh * ow, y=L.Buffer(p.y.name, p.y.dtype, (p.batch, p.rows,
+                                                                      oh * ow)))
 
 
 def _index(e: L.Expr) -> L.Expr:
@@ -126,17 +215,33 @@ def _nonfinite(x: L.Expr) -> L.Expr:
 
 class _Operand:
     """B as the SpMM reads it: `at(b, column, place)`, from A transposed into a workspace
-    (SparseDense) or the image itself (SparseConv)."""
+    (SparseDense, `workspace`), A itself (SparseDense, B staged: the staging transposes) or
+    the image itself (SparseConv)."""
 
-    def __init__(self, p: SparseProblem):
+    def __init__(self, p: SparseProblem, workspace: bool):
         self.p = p
         self.xt = L.Buffer("spmm_xt", T.float32, (p.depth * p.places,), L.Scope.GLOBAL) \
-            if p.transposed else None
+            if p.transposed and workspace else None
 
     def at(self, b, col, place) -> L.Expr:
         if self.xt is not None:
             return self.xt[col * self.p.places + place]
-        return self.p.x[b, col, place]
+        if self.p.windowed:
+            return self.window(b, col, place)
+        return self.p.x_at(b, col, place)
+
+    def window(self, b, col, place) -> L.Expr:
+        """A windowed SparseConv's column (c, ky, kx) at output pixel `place`: the image's
+        pixel under the window, 0 in the padding (indices clamped: both sides are read)."""
+        p = self.p
+        (kh, kw), (sh, sw), (top, left) = p.kernel, p.strides, p.begins
+        (h, w), ow = p.image_hw, p.anchor_dims[3]
+        iy = place // ow * sh + col // kw % kh - top
+        ix = place % ow * sw + col % kw - left
+        inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < w)
+        clamp = lambda i, n: L.maximum(L.minimum(i, n - 1), 0)   # noqa: E731
+        return L.Select(inside, p.x[b, col // (kh * kw), clamp(iy, h), clamp(ix, w)],
+                        L.const(0.0))
 
 
 def _transpose(p: SparseProblem, xt: L.Buffer) -> L.Stmt:
@@ -298,28 +403,44 @@ class _Spmm:
         return self.per_thread(body)
 
     def finish(self) -> L.Stmt:
-        """Each output: NaN where its place's non-finite activations meet a pruned weight
-        (the module's docstring), then through the bias and epilogue to Y."""
+        """Each output through `store`; the thread's row from `setup`."""
         p, c = self.p, self.c
-        v, e, nf = L.Var("sfv"), L.Var("sfe"), L.Var("sfn", T.int32)
-        place = self.place() + v
-        j, first = _index(self.row[0]), _index(self.row[1])
-        s = self.acc[v]
-        nan = L.Store(self.acc, (v,), L.const(float("nan")))
-        recount = L.seq(
-            L.Store(self.count, (L.const(0),), L.const(0, T.int32)),
-            L.For(e, _index(self.row[2]) - first, L.Store(self.count, (L.const(0),), self.count[
-                0] + _nonfinite(self.b_op.at(self.bz, _index(p.columns[first + e]), place)))),
-            L.If(self.count[0] < nf, nan))
-        fix = L.If(nf > 0, L.If(L.eq(s - s, s - s), nan, recount))
-        b = self.bz if not p.transposed else L.const(0)
-        store = L.Store(p.y, p.y_at(b, j, place), p.finish(self.acc[v], b, j, place))
-        body = L.For(v, c.vector, L.Let(nf, self.nfs[self.lane * c.vector + v],
-                                        L.seq(fix, store)), L.ForKind.UNROLLED)
         inside = self.by * c.block_rows + self.r < p.rows
         if p.places % c.tile:
             inside = L.logical_and(inside, self.place() < p.places)
-        return self.per_thread(L.If(inside, body))
+        return self.per_thread(L.If(inside, self.store(
+            _index(self.row[0]), _index(self.row[1]), _index(self.row[2]), 0)))
+
+    def store(self, j: L.Expr, first: L.Expr, end: L.Expr, at: int) -> L.Stmt:
+        """Row j's outputs of the thread (its entries first .. end - 1; its sums from acc[at]
+        on): NaN where its place's non-finite activations meet a pruned weight (the module's
+        docstring), then through the bias and epilogue to Y."""
+        p, c = self.p, self.c
+        v, e, nf = L.Var("sfv"), L.Var("sfe"), L.Var("sfn", T.int32)
+        place = self.place() + v
+        s = self.acc[at + v]
+        nan = L.Store(self.acc, (at + v,), L.const(float("nan")))
+        counted, total = self.nonfinite_total(place, nf)
+        recount = L.seq(
+            counted, L.Store(self.count, (L.const(0),), L.const(0, T.int32)),
+            L.For(e, end - first, L.Store(self.count, (L.const(0),), self.count[
+                0] + _nonfinite(self.b_op.at(self.bz, _index(p.columns[first + e]), place)))),
+            L.If(self.count[0] < total, nan))
+        fix = L.If(nf > 0, L.If(L.eq(s - s, s - s), nan, recount))
+        b = self.bz if not p.transposed else L.const(0)
+        store = self.out(j, v, at) if self.out is not None else \
+            L.Store(p.y, p.y_at(b, j, place), p.finish(self.acc[at + v], b, j, place))
+        return L.For(v, c.vector, L.Let(nf, self.nfs[self.lane * c.vector + v],
+                                        L.seq(fix, store)), L.ForKind.UNROLLED)
+
+    out = None
+    """(j, v, at) -> the statement keeping sum acc[at + v] for a later store (None: `store`
+    stores it to Y)."""
+
+    def nonfinite_total(self, place: L.Expr, nf: L.Expr) -> tuple[L.Stmt, L.Expr]:
+        """(what counts them, the count) of the non-finite activations of `place`, on the
+        rare path: `nf`, the block's count."""
+        return L.seq(), nf
 
     def build(self) -> L.Stmt:
         p, c = self.p, self.c
@@ -335,20 +456,182 @@ class _Spmm:
             L.ForKind.BLOCK_Z)
 
 
+class _StagedSpmm(_Spmm):
+    """The product with B staged (`SpmmConfig.staged`): for each slice of `slice_depth`
+    columns, the block copies B's [slice, tile] into shared memory (`stage_b`), then each
+    subwarp runs its `row_steps` rows' entries of that slice (`starts[j, s]` ..) against it
+    (`multiply_slice`): an activation read from L2 once a block serves its `block_span`
+    rows, where the unstaged product reads it from L2 (or L1) once an entry."""
+
+    def __init__(self, p: SparseProblem, c: SpmmConfig, b_op: _Operand, part: L.Buffer):
+        super().__init__(p, c, b_op, part)
+        self.sb = L.Buffer("spmm_b", T.float32, (_staged_floats(c, p),), L.Scope.SHARED)
+        if p.transposed:
+            self.out = self.keep
+        self.acc = L.Buffer("acc", T.float32, (c.row_steps * c.vector,), L.Scope.LOCAL)
+        self.row = L.Buffer("row_of", T.int32, (c.row_steps,), L.Scope.LOCAL)
+        self.total = L.Buffer("nf_total", T.int32, (1,), L.Scope.LOCAL)
+
+    def row_at(self, q: L.Expr) -> L.Expr:
+        """A SparseDense's rows in their natural order (a block's rows are a run of Y's
+        columns: `write_out`), an image's swizzled."""
+        return super().row_at(q) if not self.p.transposed else L.minimum(q, self.p.rows - 1)
+
+    def keep(self, j: L.Expr, v: L.Expr, at) -> L.Stmt:
+        """A SparseDense's sum into shared memory at (its place, its row) of the block."""
+        c = self.c
+        row = at // c.vector * c.block_rows + self.r
+        return L.Store(self.sb, ((self.lane * c.vector + v) * (c.block_span + 1) + row,),
+                       self.acc[at + v])
+
+    def write_out(self) -> L.Stmt:
+        """Y[place, j] of the block's kept sums through the bias and epilogue, consecutive
+        threads storing consecutive j of a place (coalesced; from `out`: a thread's own
+        rows are 8 to 64 columns of Y apart, each store a sector)."""
+        p, c = self.p, self.c
+        span, i = c.block_span, L.Var("swi")
+        idx = i * c.threads + self.t
+        row, pl = idx % span, idx // span
+        j, place = self.by * span + row, self.bx * c.tile + pl
+        body = L.If(L.logical_and(j < p.rows, place < p.places), L.Store(
+            p.y, p.y_at(L.const(0), j, place), p.finish(self.sb[pl * (span + 1) + row],
+                                                          L.const(0), j, place)))
+        rounds = -(-(span * c.tile) // c.threads)
+        if rounds * c.threads > span * c.tile:
+            body = L.If(idx < span * c.tile, body)
+        return L.For(self.t, c.threads, L.For(i, rounds, body, L.ForKind.UNROLLED),
+                     L.ForKind.THREAD_X)
+
+    def position(self, step) -> L.Expr:
+        """The position (in the swizzled order) of the thread's row of step `step`."""
+        c = self.c
+        return self.by * c.block_span + step * c.block_rows + self.r
+
+    def setup(self) -> L.Stmt:
+        """The thread's rows, zero sums, no place flagged."""
+        c = self.c
+        i, v, f = L.Var("ssi"), L.Var("ssv"), L.Var("ssf")
+        rows = L.For(i, c.row_steps, L.Store(self.row, (i,), L.Cast(
+            T.int32, self.row_at(self.position(i)))), L.ForKind.UNROLLED)
+        zero = L.For(v, c.row_steps * c.vector, L.Store(self.acc, (v,), L.const(0.0)),
+                     L.ForKind.UNROLLED)
+        rounds = -(-c.tile // c.threads)
+        slot = f * c.threads + self.t
+        clear = L.Store(self.nfs, (slot,), L.const(0, T.int32))
+        if rounds * c.threads > c.tile:
+            clear = L.If(slot < c.tile, clear)
+        return self.per_thread(L.seq(rows, zero, L.For(f, rounds, clear, L.ForKind.UNROLLED)))
+
+    def stage_b(self, s: L.Expr) -> L.Stmt:
+        """sb[k, place] = B[s slice_depth + k, the tile's place] (zero past the depth or the
+        places): an image's places vector by vector (consecutive threads, consecutive
+        places), a windowed conv's one by one (gathered), A's columns one by one
+        (consecutive threads, consecutive columns of a row of A: coalesced, the transpose
+        done by the stores)."""
+        p, c = self.p, self.c
+        sd, i, v = p.slice_depth, L.Var("sgi"), L.Var("sgv")
+        idx = i * c.threads + self.t
+        if p.transposed:
+            width, total = 1, sd * c.tile
+            k, pl = idx % sd, idx // sd
+        elif p.windowed:   # gathered a pixel at a time, consecutive threads along ox
+            width, total = 1, sd * c.tile
+            k, pl = idx // c.tile, idx % c.tile
+        else:
+            width, total = c.vector, sd * (c.tile // c.vector)
+            k, pl = idx // (c.tile // c.vector), idx % (c.tile // c.vector) * c.vector
+        col, place = s * sd + k, self.bx * c.tile + pl
+        at = k * c.stride + pl
+        copy = L.seq(
+            L.For(v, width, L.Store(self.sb, (at + v,), self.b_op.at(self.bz, col, place + v)),
+                  L.ForKind.VECTORIZED),
+            # a place's flag, set by any thread staging a non-finite activation of it (the
+            # same value stored by all: no race); `nonfinite_total` counts them if needed
+            L.For(v, width, L.If(L.ne(_nonfinite(self.sb[at + v]), 0), L.Store(
+                self.nfs, (pl + v,), L.const(1, T.int32))), L.ForKind.UNROLLED))
+        zero = L.For(v, width, L.Store(self.sb, (at + v,), L.const(0.0)), L.ForKind.VECTORIZED)
+        body = L.If(L.logical_and(col < p.depth, place < p.places), copy, zero)
+        rounds = -(-total // c.threads)
+        if rounds * c.threads > total:
+            body = L.If(idx < total, body)
+        return L.For(self.t, c.threads, L.For(i, rounds, body, L.ForKind.UNROLLED),
+                     L.ForKind.THREAD_X)
+
+    def multiply_slice(self, s: L.Expr) -> L.Stmt:
+        """Each thread's rows' entries of slice s times its places of the staged slice,
+        ENTRY_UNROLL at a time (their loads in flight together) and the rest one by one."""
+        p, c = self.p, self.c
+        i, q, u, r, v = L.Var("smi"), L.Var("smq"), L.Var("smu"), L.Var("smr"), L.Var("smv")
+        j, first, end = L.Var("smj"), L.Var("smf"), L.Var("smn")
+
+        def step(e: L.Expr, tag: str) -> L.Stmt:
+            w, col = L.Var(f"smw{tag}", T.float32), L.Var(f"smc{tag}")
+            at = (col - s * p.slice_depth) * c.stride + self.lane * c.vector
+            return L.Let(w, p.values[first + e], L.Let(col, _index(p.columns[first + e]), L.seq(
+                L.For(v, c.vector, L.Store(self.xr, (v,), self.sb[at + v]),
+                      L.ForKind.VECTORIZED),
+                L.For(v, c.vector, L.Store(self.acc, (i * c.vector + v,), L.call(
+                    "fma", w, self.xr[v], self.acc[i * c.vector + v])), L.ForKind.UNROLLED))))
+
+        n, k = end - first, ENTRY_UNROLL
+        entries = L.seq(
+            L.For(q, n // k, L.For(u, k, step(q * k + u, "q"), L.ForKind.UNROLLED)),
+            L.For(r, n - n // k * k, step(n // k * k + r, "r")))
+        # the bounds as Lets: a loop's extent is not linearized (starts is 2-D)
+        row = L.If(self.position(i) < p.rows, L.Let(j, _index(self.row[i]), L.Let(
+            first, _index(p.starts[j, s]), L.Let(end, _index(p.starts[j, s + 1]), entries))))
+        return self.per_thread(L.For(i, c.row_steps, row, L.ForKind.UNROLLED))
+
+    def nonfinite_total(self, place: L.Expr, nf: L.Expr) -> tuple[L.Stmt, L.Expr]:
+        """The place's non-finite activations counted over the whole depth (`nf` only
+        flags the place: the rare path)."""
+        k = L.Var("snt")
+        return L.seq(L.Store(self.total, (L.const(0),), L.const(0, T.int32)), L.For(
+            k, self.p.depth, L.Store(self.total, (L.const(0),), self.total[0] + _nonfinite(
+                self.b_op.at(self.bz, k, place))))), self.total[0]
+
+    def finish(self) -> L.Stmt:
+        p, c = self.p, self.c
+        i, j, first, end = L.Var("sfi"), L.Var("sfj"), L.Var("sff"), L.Var("sfz")
+        f, e = self.entries(j)
+        inside = self.position(i) < p.rows
+        if p.places % c.tile:
+            inside = L.logical_and(inside, self.place() < p.places)
+        return self.per_thread(L.For(i, c.row_steps, L.If(inside, L.Let(
+            j, _index(self.row[i]), L.Let(first, f, L.Let(end, e, self.store(
+                j, first, end, i * c.vector))))), L.ForKind.UNROLLED))
+
+    def build(self) -> L.Stmt:
+        p, c = self.p, self.c
+        s = L.Var("sls")
+        done = [self.finish()] if not p.transposed else \
+            [L.Barrier(), self.finish(), L.Barrier(), self.write_out()]
+        body = L.seq(self.setup(), L.For(s, p.slices, L.seq(
+            L.Barrier(), self.stage_b(s), L.Barrier(), self.multiply_slice(s))), *done)
+        for buffer in (self.sb, self.nfs, self.acc, self.xr, self.row, self.count, self.total):
+            body = L.Allocate(buffer, body)
+        return L.For(self.bz, p.batch, L.For(self.by, -(-p.rows // c.block_span), L.For(
+            self.bx, -(-p.places // c.tile), body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y),
+            L.ForKind.BLOCK_Z)
+
+
 def build(p: SparseProblem, config: SpmmConfig, machine) -> L.PrimFunc:
-    b_op = _Operand(p)
-    part = L.Buffer("spmm_flags", T.int32, (p.batch * -(-p.depth // FLAG_DEPTH) * p.places,),
-                    L.Scope.GLOBAL)
-    stages = [_flags(p, b_op, part), _Spmm(p, config, b_op, part).build()]
-    if b_op.xt is not None:
-        stages.insert(0, _transpose(p, b_op.xt))
-    body = L.Allocate(part, L.seq(*stages))
-    if b_op.xt is not None:
-        body = L.Allocate(b_op.xt, body)
+    b_op = _Operand(p, workspace=not config.staged)
+    if config.staged:   # one kernel: the staging transposes and flags
+        body = _StagedSpmm(p, config, b_op, None).build()
+    else:
+        part = L.Buffer("spmm_flags", T.int32,
+                        (p.batch * -(-p.depth // FLAG_DEPTH) * p.places,), L.Scope.GLOBAL)
+        stages = [_flags(p, b_op, part), _Spmm(p, config, b_op, part).build()]
+        if b_op.xt is not None:
+            stages.insert(0, _transpose(p, b_op.xt))
+        body = L.Allocate(part, L.seq(*stages))
+        if b_op.xt is not None:
+            body = L.Allocate(b_op.xt, body)
     views = {buffer.name: buffer for buffer in (p.x, p.y)}
     params = tuple(views.get(x.name, x) for x in p.params)
     return L.PrimFunc(p.name, params, body)
 
 
-SPMM = Template("cuda_spmm", sparse_product, applies, space, default, build)
+SPMM = Template("cuda_spmm", gathered_product, applies, space, default, build)
 

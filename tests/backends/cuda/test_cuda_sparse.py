@@ -64,13 +64,13 @@ def dense_graph(rng, a_shape, n, density, bias, ordered, empty_rows=(), slice_de
     return g, w, b
 
 
-def conv_graph(rng, n, c, m, h, wid, density, bias, ordered, empty_rows=()):
+def conv_graph(rng, n, c, m, h, wid, density, bias, ordered, empty_rows=(), slice_depth=64):
     """1x1 SparseConv (+ bias) + residual -> Relu; the graph, its weights [m, c], bias."""
     w = pruned(rng, (m, c), density, empty_rows)
     b = rng.standard_normal(m).astype(np.float32) if bias else None
     g = Graph("sparse_conv")
     x = g.add_input("x", T.TensorType(T.float32, (n, c, h, wid)))
-    csr, order, attrs = _csr(w, 64, ordered)
+    csr, order, attrs = _csr(w, slice_depth, ordered)
     extra = [_const("b", b)] if bias else [None] if order else []
     y = g.add("SparseConv", x, *csr, *extra, *order, oc=m, kernel_shape=[1, 1],
               pads=[0, 0, 0, 0], strides=[1, 1], **attrs)
@@ -183,6 +183,86 @@ def test_knob_configs_compute_the_same(rng, tmp_path, config):
                                equal_nan=True)
 
 
+STAGED = [SpmmConfig(8, 2, 4, 32, True, 2), SpmmConfig(4, 1, 8, 32, True, 4),
+          SpmmConfig(16, 4, 2, 32, True, 1), SpmmConfig(32, 2, 1, 32, True, 8)]
+
+
+@needs_gxx
+@pytest.mark.parametrize("config", STAGED, ids=str)
+def test_staged_configs_compute_the_same(rng, tmp_path, config):
+    """B staged in shared memory a slice at a time (32 columns: 90 deep is 3 slices and a
+    partial one; 40 is one and a partial one), a subwarp taking 1 to 8 rows: a SparseDense
+    (A transposed by the staging) and a 1x1 SparseConv with NaNs, places filling no tile and
+    rows past the last block's."""
+    g, w, b = dense_graph(rng, (20, 90), 33, 0.3, True, True, (4,), slice_depth=32)
+    a = _nonfinite(rng, rng.standard_normal((20, 90)).astype(np.float32))
+    got = _on_host(g, {"a": a}, tmp_path, config)
+    np.testing.assert_allclose(got, _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+    g, w, b = conv_graph(rng, 2, 40, 19, 4, 5, 0.3, True, True, (2,), slice_depth=32)
+    x = _nonfinite(rng, rng.standard_normal((2, 40, 4, 5)).astype(np.float32))
+    r = rng.standard_normal((2, 19, 4, 5)).astype(np.float32)
+    got = _on_host(g, {"x": x, "r": r}, tmp_path / "conv", config)
+    np.testing.assert_allclose(got, _conv_want(x, r, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+
+
+def window_graph(rng, n, c, m, h, wid, k, pads, stride, density, ordered, slice_depth=32):
+    """A k x k SparseConv (+ bias), padded and strided -> Relu; the graph, its weights [m, c,
+    k, k] and bias."""
+    w = pruned(rng, (m, c, k, k), density)
+    b = rng.standard_normal(m).astype(np.float32)
+    g = Graph("sparse_window")
+    x = g.add_input("x", T.TensorType(T.float32, (n, c, h, wid)))
+    csr, order, attrs = _csr(w.reshape(m, -1), slice_depth, ordered)
+    y = g.add("SparseConv", x, *csr, _const("b", b), *order, oc=m, kernel_shape=[k, k],
+              pads=list(pads), strides=[stride, stride], **attrs)
+    g.outputs = [g.add("Relu", y)]
+    return g, w, b
+
+
+def _window_want(x, w, b, pads, stride):
+    """The dense conv (+ bias) -> Relu in float64."""
+    return np.maximum(_conv_nchw(x, w, pads, stride) + b[:, None, None], 0)
+
+
+def _conv_nchw(x, w, pads, stride):
+    """The dense conv in float64 (NaN * 0 = NaN, as the dense product)."""
+    top, left, bottom, right = pads
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    m, _, k, _ = w.shape
+    oh, ow = (xp.shape[2] - k) // stride + 1, (xp.shape[3] - k) // stride + 1
+    y = np.zeros((x.shape[0], m, oh, ow))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for ky in range(k):
+            for kx in range(k):
+                patch = xp[:, :, ky:ky + stride * oh:stride, kx:kx + stride * ow:stride]
+                y += np.einsum("mc,nchw->nmhw", w[:, :, ky, kx].astype(np.float64), patch)
+    return y
+
+
+WINDOWS = [  # (n, c, m, h, w, k, pads, stride, ordered, config): 3x3 padded (the default
+    # config; a subwarp's rows in turn), stride 2 unevenly padded, an unpadded 5x5, NaNs in all
+    (2, 6, 9, 5, 6, 3, (1, 1, 1, 1), 1, True, None),
+    (1, 5, 7, 7, 6, 3, (1, 0, 1, 1), 2, False, SpmmConfig(8, 1, 4, 32, True, 2)),
+    (2, 3, 10, 6, 7, 5, (0, 0, 0, 0), 1, True, SpmmConfig(4, 2, 8, 32, True, 1))]
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", WINDOWS, ids=[str(c[:8]) for c in WINDOWS])
+def test_windowed_sparse_conv_on_host(rng, tmp_path, case):
+    """k x k SparseConvs on the staged SpMM, the staging gathering the windows (padding
+    zero): against the dense conv, NaN / infinite pixels meeting pruned weights included."""
+    n, c, m, h, wid, k, pads, stride, ordered, config = case
+    g, w, b = window_graph(rng, n, c, m, h, wid, k, pads, stride, 0.3, ordered)
+    x = _nonfinite(rng, rng.standard_normal((n, c, h, wid)).astype(np.float32), 3)
+    graph, program = _scheduled(g, config)
+    assert program.kernels[0].schedule[1].staged
+    got = _on_host(g, {"x": x}, tmp_path, config)
+    np.testing.assert_allclose(got, _window_want(x, w, b, pads, stride), rtol=1e-5,
+                               atol=1e-5, equal_nan=True)
+
+
 def test_the_knob_space_holds_the_defaults(rng):
     """Every default is a point of the space (the tuner's), and the space refuses a vector
     that does not divide the places."""
@@ -193,7 +273,9 @@ def test_the_knob_space_holds_the_defaults(rng):
 
     for g in (dense_graph(rng, (12, 40), 24, 0.3, True, True)[0],
               dense_graph(rng, (37, 70), 9, 0.3, True, True)[0],
-              conv_graph(rng, 2, 40, 12, 7, 7, 0.3, True, True)[0]):
+              conv_graph(rng, 2, 40, 12, 7, 7, 0.3, True, True)[0],
+              window_graph(rng, 2, 8, 64, 7, 7, 3, (1, 1, 1, 1), 1, 0.3, True, 128)[0],
+              window_graph(rng, 2, 8, 64, 8, 8, 3, (1, 1, 1, 1), 1, 0.3, True, 128)[0]):
         graph = optimize(g, MACHINE)
         (step,) = plan_steps(graph)
         found = []
@@ -216,9 +298,16 @@ def test_the_knob_space_holds_the_defaults(rng):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_spmm_compiles_with_nvrtc(rng, arch):
     funcs = []
-    for k, g in enumerate((dense_graph(rng, (64, 96), 80, 0.1, True, True)[0],
-                           conv_graph(rng, 2, 64, 32, 8, 8, 0.1, True, True)[0])):
-        _, program = _scheduled(g)
+    staged = SpmmConfig(16, 4, 8, 32, True, 4)
+    for k, (g, config) in enumerate((
+            (dense_graph(rng, (64, 96), 80, 0.1, True, True)[0], None),
+            (conv_graph(rng, 2, 64, 32, 8, 8, 0.1, True, True)[0], None),
+            (dense_graph(rng, (256, 384), 96, 0.1, True, True, slice_depth=128)[0], staged),
+            (conv_graph(rng, 2, 256, 64, 8, 8, 0.1, True, True, slice_depth=128)[0],
+             staged),
+            (window_graph(rng, 2, 64, 64, 14, 14, 3, (1, 1, 1, 1), 1, 0.1, True, 128)[0],
+             None))):
+        _, program = _scheduled(g, config)
         funcs += [(dataclasses.replace(f, name=f"g{k}_{f.name}"), noalias)
                   for f, noalias in program.unique]
     nvrtc_compiled(render_module(funcs).source, arch)
@@ -274,6 +363,27 @@ def test_spmm_kernels_on_the_gpu(rng):
                                    atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.gpu
+def test_staged_spmm_kernels_on_the_gpu(rng):
+    """Shapes whose default stages B (a SparseDense of 2048 rows, a batch of 32 images of a
+    1x1 conv), NaNs included, on the device."""
+    import dnnc
+
+    g, w, b = dense_graph(rng, (2048, 256), 512, 0.1, True, True, (3,), slice_depth=128)
+    assert _scheduled(g)[1].kernels[0].schedule[1].staged
+    a = _nonfinite(rng, rng.standard_normal((2048, 256)).astype(np.float32), 40)
+    model = dnnc.compile(g, target="cuda", outputs="numpy")
+    np.testing.assert_allclose(model(a), _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+    g, w, b = conv_graph(rng, 32, 256, 128, 14, 14, 0.1, True, True, (5,), slice_depth=128)
+    assert _scheduled(g)[1].kernels[0].schedule[1].staged
+    x = _nonfinite(rng, rng.standard_normal((32, 256, 14, 14)).astype(np.float32), 40)
+    r = rng.standard_normal((32, 128, 14, 14)).astype(np.float32)
+    model = dnnc.compile(g, target="cuda", outputs="numpy")
+    np.testing.assert_allclose(model(x, r), _conv_want(x, r, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+
+
 @needs_gxx
 @pytest.mark.emulated_full
 def test_a_pruned_product_through_the_rewrite_on_host(rng, tmp_path):
@@ -293,3 +403,30 @@ def test_a_pruned_product_through_the_rewrite_on_host(rng, tmp_path):
         want = np.maximum(a.astype(np.float64) @ w.astype(np.float64), 0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
+
+
+@needs_gxx
+@pytest.mark.emulated_full
+def test_pruned_convs_through_the_forced_rewrite_on_host(rng, tmp_path, monkeypatch):
+    """A pruned 3x3 conv (padded) then a stride-2 1x1 one, with DNNC_SPARSE_GPU=1 (the rule
+    takes no windowed conv): both become SparseConvs on the staged SpMM, gathering their
+    windows, and match the dense convs on the host, NaNs included."""
+    import test_host_semantics as host
+
+    monkeypatch.setenv("DNNC_SPARSE_GPU", "1")
+    w1, w2 = pruned(rng, (24, 16, 3, 3), 0.1), pruned(rng, (20, 24, 1, 1), 0.1)
+    g = Graph("convs")
+    x = g.add_input("x", T.TensorType(T.float32, (2, 16, 9, 9)))
+    y = g.add("Relu", g.add("Conv", x, _const("w1", w1), kernel_shape=[3, 3],
+                            pads=[1, 1, 1, 1]))
+    g.outputs = [g.add("Conv", y, _const("w2", w2), kernel_shape=[1, 1], strides=[2, 2])]
+    graph, (program,) = programs(g, machine=SPARSE_MACHINE)
+    assert [n.op for n in graph.nodes].count("SparseConv") == 2
+    assert all(k.schedule[0] == "cuda_spmm" and k.schedule[1].staged for k in program.kernels)
+    xv = _nonfinite(rng, rng.standard_normal((2, 16, 9, 9)).astype(np.float32), 3)
+    module = render_module(program.unique)
+    lib = host.host_library(program.unique, tmp_path, module)
+    got = host.program_on_host(lib, module, program, {"x": xv})[graph.outputs[0].name]
+    hidden = np.maximum(_conv_nchw(xv, w1, (1, 1, 1, 1), 1), 0).astype(np.float32)
+    want = _conv_nchw(hidden, w2, (0, 0, 0, 0), 2)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
