@@ -15,7 +15,7 @@ WINOGRAD_TILES = {"fp32": (2, 4), "bf16": (2,)}
 """The tiles the choice weighs at each precision. F(6x6, 3x3) computes (ConvWinograd takes
 it) but its error is ~100x the direct conv's (docs/llvm_backend.md, "Winograd convolutions"):
 never chosen. At bf16 (transformed patches rounded to bf16) F(4x4)'s error measured ~10x the
-bf16 direct conv's (1.5-2.9e-2 of the largest output a layer, F(2x2) 1.5x: 2.3-4.6e-3)."""
+bf16 direct conv's (1.5-3.1e-2 of the largest output a layer, F(2x2) 1.5x: 2.3-4.6e-3)."""
 
 FMA_PORTS = 2
 """Vector multiply-adds a cycle: two FMA pipes (AVX-512 on Zen 4/5, Skylake-SP and later)."""
