@@ -5,6 +5,7 @@
                         [--peers onnxruntime,openvino,openvino-f32] [--float16 half-io]
                         [--load busy|alternate] [--blocks 5] [--new-batch 1,3,8]
                         [--shard K/N] [--ort-spin 0|1] [--alone-blocks 3] [--cpu-time]
+                        [--precision fp32|bf16]
 
 `--models` takes model names and sets, comma-separated: a zoo model (`resnet50`), an ONNX file,
 or a set: `zoo` (the zoo's models), `torch` and `torch-dynamo` (torchvision-, timm- and
@@ -31,6 +32,11 @@ clock, so that other jobs on a shared machine, which take the core away mid-call
 worker's, both counted). 2-core EPYC beside six other jobs (load 17), resnet18, wall / CPU
 ms: onnxruntime 35.3 / 15.9, OpenVINO-f32 48.0 / 15.9 (15.9 and 15.3 when the machine was
 quiet).
+
+`--precision bf16`: dnnc compiled at `precision="bf16"` (its products on bf16 operands,
+fp32 accumulation: docs/llvm_backend.md, "Precision"), the peers unchanged, so the `openvino`
+column is issue 32's bf16 bar; "check" then holds dnnc to `model_error_bound("bf16")` of
+onnxruntime's largest output.
 
 `--float16 half-io` (or `float-io`): each model's float16 file instead (`zoo.float16`, as
 onnxconverter_common writes it; float16 inputs and outputs, or float32 ones), every runtime
@@ -153,13 +159,15 @@ def load_model(name: str, batch: int, float16: str | None = None):
     return model, zoo.inputs_for(model, np.random.default_rng(0), dims), stem
 
 
-def matches(got: list, want: list, float16: str | None) -> bool:
-    """Whether dnnc's outputs match onnxruntime's: fp32 tolerances, or for a float16 file the
-    documented bound (docs/llvm_backend.md, "Half-precision files")."""
-    if not float16:
+def matches(got: list, want: list, float16: str | None, precision: str = "fp32") -> bool:
+    """Whether dnnc's outputs match onnxruntime's: fp32 tolerances, or the documented bound
+    of a float16 file (docs/llvm_backend.md, "Half-precision files") or of a reduced
+    `precision` ("Precision")."""
+    if not float16 and precision == "fp32":
         return all(np.allclose(o, r, rtol=1e-4, atol=1e-5) for o, r in zip(got, want))
+    bound = model_error_bound("fp16" if float16 else precision)
     return all(o.dtype == r.dtype and np.abs(o.astype(np.float32) - r.astype(np.float32)).max()
-               <= model_error_bound("fp16") * np.abs(r.astype(np.float32)).max()
+               <= bound * np.abs(r.astype(np.float32)).max()
                for o, r in zip(got, want))
 
 
@@ -402,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="batch sizes to call a symbolic-batch model at (module docstring)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time calls by the process's CPU time (1 thread only)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="dnnc's arithmetic of products (module docstring)")
     args = parser.parse_args(argv)
     if args.cpu_time and (args.threads != 1 or args.load or args.new_batch):
         parser.error("--cpu-time times the alone table at --threads 1 (other threads' CPU "
@@ -424,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors"
           f"{', ' + args.mattr if args.mattr else ''}), {threads} "
           f"threads each; dnnc {dnnc.__version__}, {peer_versions(peers)}, batch {args.batch}"
-          f"{'; CPU time' if args.cpu_time else ''}")
+          f"{'; CPU time' if args.cpu_time else ''}; dnnc precision {args.precision}")
     print(f"{'model':20} {'compile s':>9} {'fallbacks':>9} {'kernels':>8} {'dnnc ms':>9} "
           + "".join(f"{peer + ' ms':>16} {'ratio':>6}" for peer in peers)
           + "  check  precision (" + ", ".join(peers) + ")")
@@ -432,9 +442,10 @@ def main(argv: list[str] | None = None) -> None:
     for entry in args.models.split(","):
         model, inputs, name = load_model(entry, args.batch, args.float16)
         start = time.perf_counter()
-        compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu)
+        compiled = dnnc.compile(model, target="llvm", opt_level=args.opt_level, cpu=cpu,
+                                precision=args.precision)
         compile_s = time.perf_counter() - start
-        runs = [Peer("dnnc", "f32", lambda inputs: compiled.run(*inputs.values()))]
+        runs = [Peer("dnnc", args.precision, lambda inputs: compiled.run(*inputs.values()))]
         runs += [PEERS[peer](model, threads, args) for peer in peers]
         own_code(compiled, lambda: compiled.run(*inputs.values()), name)
         # blocks of each alone, interleaved (the median block each): a pause before each
@@ -448,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
         check = "-"
         if "onnxruntime" in peers:
             ref = runs[1 + peers.index("onnxruntime")].run(inputs)
-            ok = matches(compiled.run(*inputs.values()), ref, args.float16)
+            ok = matches(compiled.run(*inputs.values()), ref, args.float16, args.precision)
             check = "ok" if ok else "MISMATCH"
         for peer in peers:
             ratios[peer].append(ms["dnnc"] / ms[peer])

@@ -2,7 +2,7 @@
 per model.
 
     python bench/winograd.py [--threads N] [--repeat 20] [--blocks 5] [--tiles 2,4,6]
-                             [--models resnet18,...] [--no-layers]
+                             [--models resnet18,...] [--no-layers] [--precision fp32|bf16]
 
 Layers: the 3x3 stride-1 convolutions of ResNet-18/50 and VGG at batch 1 (Conv + bias + Relu,
 random weights), each compiled for this host's llvm target direct ("winograd_conv" left out)
@@ -12,7 +12,9 @@ one's milliseconds as direct / it (above 1: faster than direct), each one's larg
 relative to the largest output against a float64 NumPy reference, and the tile the cost
 estimate picks ("-": direct) with its estimated direct / it. `--models` times whole zoo models
 direct, with F(2x2) wherever the estimate picks Winograd, and with the estimate's tiles (and
-onnxruntime, same threads), each over direct. Timing only: what it measures is checked by
+onnxruntime, same threads), each over direct. `--precision bf16` compiles every variant at
+bf16 (direct: the bf16 direct conv; Winograd: bf16 products, F(2x2) the only tile the estimate
+weighs there; pass `--tiles 2,4` to time F(4x4) too). Timing only: what it measures is checked by
 tests/backends/llvm/test_winograd.py, never here.
 """
 
@@ -51,11 +53,11 @@ mixed ones, and the smaller and fewer-channel layers where the cost estimate wei
 against Winograd closely."""
 
 
-def compiled(graph: Graph, winograd: bool | int | str) -> CompiledModel:
-    """`graph` compiled for this host's llvm target without "winograd_conv" (False), with it
-    and its cost estimate's choice (True), with tile m forced (m), or with F(2x2) where the
-    estimate picks any tile ("F2")."""
-    target = REGISTRY["llvm"].target()
+def compiled(graph: Graph, winograd: bool | int | str, precision: str) -> CompiledModel:
+    """`graph` compiled for this host's llvm target at `precision` without "winograd_conv"
+    (False), with it and its cost estimate's choice (True), with tile m forced (m), or with
+    F(2x2) where the estimate picks any tile ("F2")."""
+    target = REGISTRY["llvm"].target(precision=precision)
     layouts = tuple(name for name in target.layouts if name != "winograd_conv")
     target = dataclasses.replace(target, layouts=("winograd_conv",) * bool(winograd) + layouts)
     choose = convert_layout.winograd_tile
@@ -101,13 +103,14 @@ def layers_table(args) -> None:
         graph, w, b, x = layer(c, m, side, rng)
         ref = np.maximum(conv(x.astype(np.float64), w.astype(np.float64),
                               b.astype(np.float64), pads=[1] * 4), 0)
-        models = {"direct": compiled(graph, False), **{t: compiled(graph, t) for t in tiles}}
+        models = {"direct": compiled(graph, False, args.precision),
+                  **{t: compiled(graph, t, args.precision) for t in tiles}}
         errs = {k: np.abs(mod.run(x)[0] - ref).max() / np.abs(ref).max()
                 for k, mod in models.items()}
         ms = interleaved({k: (lambda mod=mod: mod.run(x)) for k, mod in models.items()},
                          args.repeat, args.blocks)
         costs = conv3x3_costs(1, c, m, side, side, target.panel("pack_conv"),
-                              target.vector_bits, target.threads)
+                              target.vector_bits, target.threads, args.precision)
         pick = min(costs, key=costs.get)
         print(f"{f'{c}->{m} @{side}':>16} {ms['direct']:10.3f} " +
               " ".join(f"{ms['direct'] / ms[t]:7.2f}" for t in tiles) +
@@ -124,8 +127,9 @@ def models_table(args) -> None:
         model = zoo.build(name, batch=1)
         feeds = zoo.inputs_for(model, np.random.default_rng(0))
         graph = import_onnx(model)
-        models = {"direct": compiled(graph, False), "F2": compiled(graph, "F2"),
-                  "chosen": compiled(graph, True)}
+        models = {"direct": compiled(graph, False, args.precision),
+                  "F2": compiled(graph, "F2", args.precision),
+                  "chosen": compiled(graph, True, args.precision)}
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(os.environ["DNNC_NUM_THREADS"])
         session = ort.InferenceSession(model.SerializeToString(), options,
@@ -147,11 +151,13 @@ def main() -> None:
     parser.add_argument("--tiles", default="2,4,6")
     parser.add_argument("--models", default="")
     parser.add_argument("--no-layers", action="store_true")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = parser.parse_args()
     os.environ["DNNC_NUM_THREADS"] = str(args.threads)   # read when the pool starts
     target = REGISTRY["llvm"].target()
     print(f"# {platform.machine()} {target.cpu} ({target.vector_bits}-bit vectors), "
-          f"{target.threads} threads; dnnc {dnnc.__version__}; batch 1")
+          f"{target.threads} threads; dnnc {dnnc.__version__}; batch 1; precision "
+          f"{args.precision}")
     if not args.no_layers:
         layers_table(args)
     if args.models:

@@ -475,7 +475,8 @@ class Conv2d:
 def conv2d(kernel: Kernel, ops: tuple[str, ...] = ("Conv", "ConvPacked")) -> Conv2d | None:
     """An NCHW 2-D Conv / ConvPacked (or of `ops`) of `STORAGE` types anchoring `kernel`
     (first in its group, static shapes) as a `Conv2d`; None otherwise. A ConvWinograd's
-    weights are its transformed filters [16, blocks, C, NR] (`packed_nr` NR)."""
+    weights are its transformed filters [alpha^2, blocks, C, NR] (`packed_nr` NR; at bf16
+    [alpha^2, blocks, ceil(C / 2), NR, 2], `pairs`)."""
     node = kernel.anchor
     if node is not kernel.nodes[0] or node.op not in ops:
         return None
@@ -486,8 +487,11 @@ def conv2d(kernel: Kernel, ops: tuple[str, ...] = ("Conv", "ConvPacked")) -> Con
             len(xd) != 4 or any(b is not None and b.dtype not in STORAGE for b in (x, w, bias)):
         return None
     packed_nr = 0
-    pairs = node.op == "ConvPacked" and node.attrs.get("precision") == "bf16"
-    if pairs:
+    pairs = node.attrs.get("precision") == "bf16"
+    if pairs and node.op == "ConvWinograd":
+        packed_nr = wd[-2]
+        wd = (node.attrs["oc"], xd[1], 3, 3)
+    elif pairs:
         if len(wd) != 6:
             return None
         packed_nr = wd[-2]

@@ -56,6 +56,8 @@ class TargetSpec:
     runs_passes: bool = False          # the graph pipeline: --dump-ir, --bisect-passes, ...
     machine: Callable | None = None    # () -> this host's Target (None: no machine to describe)
     layouts: tuple[str, ...] = ()      # the layout rewrites it wants (passes/convert_layout.py)
+    # (machine Target, precision) -> the layouts of a compile there, where they depend on them
+    layouts_for: Callable | None = None
     fusion: Callable | None = None     # () -> Fusion: what its kernels can take as one (fuse_ops)
     panels: Callable | None = None     # (vector bits) -> ((layout, panel width), ...)
     templates: Callable | None = None  # () -> {(target, anchor pattern): templates, in order}
@@ -91,14 +93,17 @@ class TargetSpec:
 
     def target(self, cpu: Target | None = None, precision: str | None = None) -> Target:
         """The Target a compile for this target reads, passes and runtime alike: the machine
-        `cpu` describes (the `cpu` option), else this host's, with this target's layouts and
+        `cpu` describes (the `cpu` option), else this host's, with this target's layouts (for
+        that machine and precision) and
         fusion limits, its templates' panel widths on that machine, `precision` (the
         `precision` option; None: fp32), whether it stores models in that precision and the
         half types its kernels compute in there."""
         machine = cpu or (self.machine() if self.machine else Target(self.name))
         half = self.half_arithmetic(machine) if self.half_arithmetic else \
             Target.half_arithmetic
-        return replace(machine, name=self.name, layouts=self.layouts,
+        layouts = self.layouts_for(machine, precision or "fp32") if self.layouts_for else \
+            self.layouts
+        return replace(machine, name=self.name, layouts=layouts,
                        fusion=self.fusion() if self.fusion else Fusion(),
                        panels=self.panels(machine.vector_bits) if self.panels else (),
                        precision=precision or "fp32", half_storage=self.half_storage,

@@ -11,9 +11,11 @@ import functools
 
 from ..ir.ops.winograd import winograd
 
-WINOGRAD_TILES = (2, 4)
-"""The tiles the choice weighs. F(6x6, 3x3) computes (ConvWinograd takes it) but its error
-is ~100x the direct conv's (docs/llvm_backend.md, "Winograd convolutions"): never chosen."""
+WINOGRAD_TILES = {"fp32": (2, 4), "bf16": (2,)}
+"""The tiles the choice weighs at each precision. F(6x6, 3x3) computes (ConvWinograd takes
+it) but its error is ~100x the direct conv's (docs/llvm_backend.md, "Winograd convolutions"):
+never chosen. At bf16 (transformed patches rounded to bf16) F(4x4)'s error measured ~10x the
+bf16 direct conv's (1.5-3.1e-2 of the largest output a layer, F(2x2) 1.5x: 2.3-4.6e-3)."""
 
 FMA_PORTS = 2
 """Vector multiply-adds a cycle: two FMA pipes (AVX-512 on Zen 4/5, Skylake-SP and later)."""
@@ -70,33 +72,37 @@ def _step(rows: int, vectors: int, lanes: int, weight_bytes_per_cycle: float) ->
 
 
 def conv3x3_costs(n: int, c: int, oc: int, oh: int, ow: int, nr: int, vector_bits: int,
-                  threads: int, tiles=WINOGRAD_TILES) -> dict[int | None, float]:
+                  threads: int, precision: str = "fp32") -> dict[int | None, float]:
     """Estimated cycles of the conv [n, c, oh + 2, ow + 2] -> [n, oc, oh, ow] (3x3 stride 1)
-    direct (key None) and by F(m x m, 3x3) (key m) for each m of `tiles`. The direct conv
-    runs 8-pixel by NR tiles over 9 C steps; Winograd transforms each alpha x alpha patch
-    (T patches in a vector), runs alpha^2 products of T x NR tiles over C steps, and
-    transforms each tile back; the parallel loops split whole units over `threads`; each
-    reads its weights from memory once."""
+    direct (key None) and by F(m x m, 3x3) (key m) for each m of the precision's
+    `WINOGRAD_TILES`. The direct conv runs 8-pixel by NR tiles over 9 C steps; Winograd
+    transforms each alpha x alpha patch (T patches in a vector), runs alpha^2 products of
+    T x NR tiles over C steps, and transforms each tile back; the parallel loops split whole
+    units over `threads`; each reads its weights from memory once. At bf16 a step takes a
+    pair of channels (vdpbf16ps) and a weight 2 bytes; the transforms stay fp32."""
     lanes = max(vector_bits // 32, 1)
     vectors = max(nr // lanes, 1)
     rows = 8 if vector_bits >= 512 else 4
     blocks = -(-oc // nr)
     pixel_tiles = -(-oh * ow // rows)
-    direct = n * blocks * _share(pixel_tiles, threads) * 9 * c * rows * vectors / FMA_PORTS
-    costs = {None: direct + 9 * c * oc * 4 / MEMORY_BYTES_PER_CYCLE}
-    for m in tiles:
+    per_step, weight_bytes = (2, 2) if precision == "bf16" else (1, 4)
+    steps = -(-c // per_step)
+    direct = n * blocks * _share(pixel_tiles, threads) * 9 * steps * rows * vectors / FMA_PORTS
+    costs = {None: direct + 9 * c * oc * weight_bytes / MEMORY_BYTES_PER_CYCLE}
+    for m in WINOGRAD_TILES[precision]:
         tw, th = -(-ow // m), -(-oh // m)
         t = -(-tw // -(-tw // rows))                   # the template's default block
         tblocks = th * -(-tw // t)
         alpha2 = (m + 2) ** 2
         in_ops, out_ops = _transform_ops(m)
         rate = L2_BYTES_PER_CYCLE if alpha2 * c * nr * 4 <= L2_BYTES else L3_BYTES_PER_CYCLE
-        products = alpha2 * (c * _step(t, vectors, lanes, rate) + POSITION_OP_CYCLES * t * vectors)
+        products = alpha2 * (steps * _step(t, vectors, lanes, rate) +
+                             POSITION_OP_CYCLES * t * vectors)
         back = t * out_ops * vectors * OUTPUT_OP_CYCLES
         transform = c * in_ops * INPUT_OP_CYCLES
         costs[m] = n * (_share(tblocks, threads) * transform +
                         _share(tblocks * blocks, threads) * (products + back)) + \
-            alpha2 * c * oc * 4 / MEMORY_BYTES_PER_CYCLE
+            alpha2 * c * oc * weight_bytes / MEMORY_BYTES_PER_CYCLE
     return costs
 
 

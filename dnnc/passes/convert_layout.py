@@ -36,7 +36,8 @@ QuantizedConvNHWC (weights OHWI and their sums at each tap, once) -> Transpose
 float residual Adds between). "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
 (`winograd_applies`) where Winograd's F(m x m, 3x3) is estimated faster than the direct conv
 (`winograd_tile`, the tile m of the least estimate, `conv_costs`) becomes ConvWinograd, its
-filters transformed once here. "sparse_weights" (llvm and cuda, first): a product whose
+filters transformed once here (at bf16 rounded to bf16 in pairs of input channels, F(2x2)
+only). "sparse_weights" (llvm and cuda, first): a product whose
 constant weights are sparse enough that its sparse op is estimated faster becomes
 SparseDense / SparseConv, its weights in CSR (`find_sparsity.py`). "tf32_dense" (cuda at tf32: its
 tensor-core tiles hold 32-bit operands K-major, and cp.async copies a B stored [k, n] only
@@ -219,24 +220,30 @@ def winograd_tile(node: Node, target: Target) -> int | None:
     oc, c = node.inputs[1].const.shape[:2]
     n, _, oh, ow = node.outputs[0].type.shape
     costs = conv3x3_costs(n if isinstance(n, int) else 1, c, oc, oh, ow,
-                          target.panel("pack_conv"), target.vector_bits, target.threads)
+                          target.panel("pack_conv"), target.vector_bits, target.threads,
+                          target.precision)
     return min(costs, key=costs.get)
 
 
 def _winograd_conv(graph: Graph, node: Node, users, target: Target):
     """Conv(x, W const 3x3, B) -> ConvWinograd(x, G W G^T, B) where `winograd_applies` and
     `winograd_tile` chooses a tile: the filters transformed once, here, in the channel blocks
-    of the conv panel's width. At a reduced precision (llvm's bf16) the conv stays for
-    "pack_conv" (its products in bf16)."""
-    if target.precision != "fp32" or not winograd_applies(node):
+    of the conv panel's width; at bf16 (`PAIRED`) rounded to bf16 in pairs of input channels,
+    the products in the transformed domain of bf16 operands. At another reduced precision
+    (cuda's) the conv stays for "pack_conv"."""
+    if target.precision not in ("fp32",) + PAIRED or not winograd_applies(node):
         return None
     tile = winograd_tile(node, target)
     if tile is None:
         return None
     w = node.inputs[1]
-    u = winograd_weights(np.asarray(w.const), target.panel("pack_conv"), tile)
-    uv = Value(f"{w.name}.winograd", TensorType(float32, u.shape), const=u)
+    pairs = target.precision in PAIRED
+    u = winograd_weights(np.asarray(w.const), target.panel("pack_conv"), tile, pairs)
+    uv = Value(f"{w.name}.winograd", TensorType(bfloat16 if pairs else float32, u.shape),
+               const=u)
     attrs = dict(node.attrs, oc=int(w.const.shape[0]), kernel_shape=[3, 3])
+    if pairs:
+        attrs["precision"] = target.precision
     inputs = [node.inputs[0], uv] + list(node.inputs[2:])
     types, _, full = infer_node("ConvWinograd", inputs, attrs, 1, node.name)
     if types[0] != node.outputs[0].type:

@@ -8,7 +8,7 @@ import importlib.util
 
 from ...ir.target import Target
 from ..target_spec import ArtifactCodec, TargetSpec, lazy
-from . import FUSION, artifact, bf16, panels
+from . import FUSION, amx, artifact, bf16, panels
 
 
 def runtime(graph, opt_level: int, target: Target, progress=None, reuse_memory=True,
@@ -55,6 +55,20 @@ def half_arithmetic(machine: Target) -> tuple[str, ...]:
     return ()
 
 
+LAYOUTS = ("sparse_weights", "winograd_conv", "pack_dense", "pack_conv")
+"""convert_layout's rewrites for llvm: products whose weights are sparse enough as sparse ops
+(CSR), 3x3 convs Winograd's where its rule takes them, else dense and conv weights packed
+into the micro-kernels' panels."""
+
+
+def layouts(machine: Target, precision: str) -> tuple[str, ...]:
+    """LAYOUTS, but no Winograd where `precision`'s products run on AMX tiles on `machine`
+    (`amx_conv` takes the 3x3 convs there; a Winograd conv's products are vdpbf16ps')."""
+    if precision in amx.TILE_DOTS and amx.amx_features(machine.feature_set, precision):
+        return tuple(name for name in LAYOUTS if name != "winograd_conv")
+    return LAYOUTS
+
+
 def about() -> str:
     if not available():
         return "needs llvmlite (pip install llvmlite)"
@@ -73,10 +87,7 @@ SPEC = TargetSpec(
     emits={"llvm-ir": ".ll", "asm": ".s", "loop": ".loop"}, source_aliases=("llvm",),
     codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,
     runs_passes=True, machine=host,
-    # products whose weights are sparse enough as sparse ops (CSR), 3x3 convs Winograd's
-    # where its rule takes them, else dense and conv weights packed into the micro-kernels'
-    # panels (convert_layout)
-    layouts=("sparse_weights", "winograd_conv", "pack_dense", "pack_conv"), fusion=lambda: FUSION, panels=panels,
+    layouts=LAYOUTS, layouts_for=layouts, fusion=lambda: FUSION, panels=panels,
     templates=lazy(f"{__package__}.schedules", "TEMPLATES"),
     tuning=lazy(f"{__package__}.tuning"), speed=10, available=available, about=about,
     versions=versions, cpu_from=cpu_from, half_arithmetic=half_arithmetic)

@@ -23,6 +23,11 @@ of the transformed tile. Two parallel loops:
 
 Knob (`WinogradConfig`): tiles, T of a block (its accumulators: T x NR).
 
+At precision bf16 (`Conv2d.pairs`: U in bf16 pairs of input channels) the input transform
+computes two channels' patches at a time and stores them rounded to bf16 as one word per
+(position, pair, tile), and a product step is one `dot_bf16x2` (vdpbf16ps) of a broadcast
+word of V and an NR-vector of U's words: half the steps, the transforms unchanged in fp32.
+
 Accuracy: B^T's and A^T's coefficients are exact in binary (the interpolation's other
 factors are in G, applied in float64 at compile time); F(2x2)'s error is below the direct
 conv's, F(4x4)'s about 5x it, F(6x6)'s about 20x (docs/llvm_backend.md, "Winograd
@@ -39,6 +44,7 @@ from ...ir import loop as L
 from ...ir import types as T
 from .. import problems
 from ..problems import Conv2d
+from . import bf16
 from ..space import Space, Template
 from ...ir.ops.winograd import tile_of, winograd
 from .conv import MR_BY_VECTOR_BITS, pad_input, parallel_kind
@@ -99,7 +105,10 @@ def output_transform(mt, m: int = 2) -> list[list[L.Expr]]:
 
 
 def build(p: Conv2d, config: WinogradConfig, machine) -> L.PrimFunc:
-    return L.simplify(L.PrimFunc(p.name, p.params, _Winograd(p, config, machine).body()))
+    kernel = _Winograd(p, config, machine)
+    # (U in bf16 pairs: the parameter as the uint32 words the body reads)
+    params = tuple(kernel.u if x.name == kernel.u.name else x for x in p.params)
+    return L.simplify(L.PrimFunc(p.name, params, kernel.body()))
 
 
 class _Winograd:
@@ -129,12 +138,17 @@ class _Winograd:
             p, padded_hw=(self.tile * self.th + 2, self.tile * self.row_blocks * self.t_n + 2))
         self.xpad, self.pad_stmt = pad_input(plane, self.par)
         self.ic, self.t, self.jj, self.xi = (L.Var(v) for v in ("ic", "t", "j", "xi"))
+        # steps of the products' reduction: input channels, or pairs of them (bf16)
+        self.depth = -(-self.c // 2) if p.pairs else self.c
         # the transformed input: [image's tile block, position, channel, tile of the block],
         # a block's panels contiguous (what one unit of the products reads, in order; a
         # whole image's [16, C, tiles] put each channel's T values a row of tiles apart:
-        # 3x slower at 64 channels 56x56)
-        self.v = L.Buffer("v", T.float32, (self.n * self.tblocks, self.positions, self.c,
-                                           self.t_n))
+        # 3x slower at 64 channels 56x56); at bf16 a pair of channels a word
+        self.v = L.Buffer("v", T.uint32 if p.pairs else T.float32,
+                          (self.n * self.tblocks, self.positions, self.depth, self.t_n))
+        # U as the products read it: at bf16 the uint32 words of its pairs
+        self.u = L.Buffer(p.w.name, T.uint32, L.static_shape(p.w.shape)[:4]) if p.pairs \
+            else p.w
         self.m = L.Buffer("m", T.float32, (self.positions * self.t_n * self.nr,))
         self.acc = L.Buffer("acc", T.float32, (self.t_n * self.nr,), L.Scope.LOCAL)
 
@@ -155,15 +169,28 @@ class _Winograd:
 
     def transform_input(self) -> L.Stmt:
         """V[block, ., ic, t] = B^T d B of the block's tile t's patch of channel ic, a unit a
-        block, the block's tiles in the vector lanes (stride-m loads)."""
+        block, the block's tiles in the vector lanes (stride-m loads); at bf16 of channels
+        2 ic and 2 ic + 1 (0 past C), one word of the two rounded."""
         block, t, ic = L.Var("block"), self.t, self.ic
         bn, y0, x0 = self.corner(block, t)
-        v = input_transform(lambda a, b: self.xpad[bn, ic, y0 + a, x0 + b], self.tile)
+
+        def patch(channel):
+            return input_transform(lambda a, b: self.xpad[bn, channel, y0 + a, x0 + b],
+                                   self.tile)
+
         alpha = self.alpha
+        if self.p.pairs:
+            lo, hi = patch(2 * ic), patch(L.minimum(2 * ic + 1, self.c - 1))
+            if self.c % 2:
+                hi = [[L.Select(2 * ic + 1 < self.c, e, L.const(0.0)) for e in row]
+                      for row in hi]
+            v = [[bf16.pair(lo[a][b], hi[a][b]) for b in range(alpha)] for a in range(alpha)]
+        else:
+            v = patch(ic)
         stores = [L.Store(self.v, (block, a * alpha + b, ic, t), v[a][b])
                   for a in range(alpha) for b in range(alpha)]
         lanes = L.ForKind.VECTORIZED if self.t_n > 1 else L.ForKind.SERIAL
-        return L.For(block, self.n * self.tblocks, L.For(ic, self.c, L.For(
+        return L.For(block, self.n * self.tblocks, L.For(ic, self.depth, L.For(
             t, self.t_n, L.seq(*stores), lanes)), self.par)
 
     def products_and_output(self) -> L.Stmt:
@@ -183,16 +210,16 @@ class _Winograd:
         """Position xi's T x NR accumulators over the input channels, into m."""
         t, jj, nr, acc, xi = self.t, self.jj, self.nr, self.acc, self.xi
         vec, unrolled = L.ForKind.VECTORIZED, L.ForKind.UNROLLED
-        a = L.Var("a", T.float32)
+        a = L.Var("a", self.v.dtype)
         init = L.For(t, self.t_n, L.For(jj, nr, L.Store(acc, (t * nr + jj,), L.const(0.0)),
                                         vec), unrolled)
+        u, at = self.u[xi, ob, self.ic, jj], t * nr + jj
+        value = bf16.product(acc[at], a, u) if self.p.pairs else L.call("fma", a, u, acc[at])
         step = L.For(t, self.t_n, L.Let(a, self.v[block, xi, self.ic, t], L.For(
-            jj, nr, L.Store(acc, (t * nr + jj,), L.call(
-                "fma", a, self.p.w[xi, ob, self.ic, jj], acc[t * nr + jj])), vec)),
-            unrolled)
+            jj, nr, L.Store(acc, (at,), value), vec)), unrolled)
         keep = L.For(t, self.t_n, L.For(jj, nr, L.Store(
             self.m, ((xi * self.t_n + t) * nr + jj,), acc[t * nr + jj]), vec), unrolled)
-        return L.seq(init, L.For(self.ic, self.c, step), keep)
+        return L.seq(init, L.For(self.ic, self.depth, step), keep)
 
     def transform_output(self, block, ob) -> L.Stmt:
         """Each tile's m x m pixels of the NR channels, A^T m A, through bias and epilogue."""

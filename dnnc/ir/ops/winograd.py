@@ -14,7 +14,12 @@ scaled to few multiplies with coefficients exact in binary floating point.
 
 ConvWinograd(x, U, b) is Conv(x, G' U G'^T, b), G' an exact left inverse of G
 (`Winograd.g_inverse`): U is [alpha^2, ceil(M / NR), C, NR] (`winograd_weights`), so
-m = sqrt(U's first axis) - 2; `oc` (M) and Conv's attributes are attributes.
+m = sqrt(U's first axis) - 2; `oc` (M) and Conv's attributes are attributes. With
+`precision` "bf16" U is bfloat16 in pairs of input channels, [alpha^2, ceil(M / NR),
+ceil(C / 2), NR, 2] (as vdpbf16ps reads an operand), and the op is the algorithm itself with
+each transformed input patch B^T d B rounded to bf16 (`winograd_bf16`): the products are of
+bf16 operands, as ConvPacked's at bf16, but in the transformed domain, so no rounding of x and
+W reproduces them.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from .. import types as T
 from ..compute import compute
 from ..flops import has_input
 from ..graph import Value
-from ..loop import Select, eq, static_shape
+from ..loop import Cast, Select, eq, static_shape
 from .conv import CONV_ATTRS, conv, conv_flops, conv_rule
-from .packed import _conv_attrs
+from .packed import PACKED_PRECISIONS, _conv_attrs
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 POINTS = {2: (0, 1, -1), 4: (0, Fraction(1, 2), Fraction(-1, 2), 2, -2),
@@ -159,24 +164,40 @@ def tile_of(positions: int) -> int:
     return alpha - 2
 
 
-def winograd_weights(w: np.ndarray, nr: int, m: int = 2) -> np.ndarray:
+def winograd_weights(w: np.ndarray, nr: int, m: int = 2, pairs: bool = False) -> np.ndarray:
     """3x3 weights [M, C, 3, 3] -> U = G g G^T of each filter for F(m x m, 3x3), in float64
-    then rounded once, as [alpha^2, ceil(M / nr), C, nr] (position a * alpha + b, then
-    channel blocks of nr, zero past the last): for each position a product's B panel, read
-    one NR-vector a step."""
+    then rounded once, as [alpha^2, ceil(M / nr), C, nr] float32 (position a * alpha + b,
+    then channel blocks of nr, zero past the last): for each position a product's B panel,
+    read one NR-vector a step. With `pairs`, bfloat16 [alpha^2, ceil(M / nr), ceil(C / 2),
+    nr, 2], input channels 2t and 2t + 1 side by side (C padded with a zero channel when
+    odd)."""
     oc, c = w.shape[:2]
     g = _floats(winograd(m).g)
     alpha = m + 2
     u = np.einsum("ar,mcrs,bs->abmc", g, w.astype(np.float64), g)
     blocks = -(-oc // nr)
-    padded = np.zeros((alpha * alpha, blocks * nr, c))
-    padded[:, :oc] = u.reshape(alpha * alpha, oc, c)
-    return np.ascontiguousarray(
-        padded.reshape(alpha * alpha, blocks, nr, c).transpose(0, 1, 3, 2)).astype(np.float32)
+    depth = -(-c // 2) * 2 if pairs else c
+    padded = np.zeros((alpha * alpha, blocks * nr, depth))
+    padded[:, :oc, :c] = u.reshape(alpha * alpha, oc, c)
+    u = padded.reshape(alpha * alpha, blocks, nr, depth).transpose(0, 1, 3, 2)
+    if not pairs:
+        return np.ascontiguousarray(u).astype(np.float32)
+    u = u.reshape(alpha * alpha, blocks, depth // 2, 2, nr).transpose(0, 1, 2, 4, 3)
+    return np.ascontiguousarray(u).astype(np.float32).astype(T.bfloat16.np)
 
 
-def winograd_filters(u: np.ndarray, oc: int) -> np.ndarray:
-    """The 3x3 weights [oc, C, 3, 3] `winograd_weights` transformed (G' U G'^T)."""
+def _unpaired(u: np.ndarray, c: int) -> np.ndarray:
+    """`winograd_weights`' pairs [alpha^2, blocks, ceil(C / 2), nr, 2] as its float32
+    [alpha^2, blocks, C, nr]."""
+    u = u.astype(np.float32).transpose(0, 1, 2, 4, 3)
+    return u.reshape(u.shape[:2] + (-1, u.shape[-1]))[:, :, :c]
+
+
+def winograd_filters(u: np.ndarray, oc: int, c: int | None = None) -> np.ndarray:
+    """The 3x3 weights [oc, C, 3, 3] `winograd_weights` transformed (G' U G'^T); `c`, the
+    input channels, where U is in pairs (float32 weights)."""
+    if c is not None:
+        u = _unpaired(u, c)
     m = tile_of(u.shape[0])
     alpha = m + 2
     inverse = _floats(winograd(m).g_inverse)
@@ -185,34 +206,84 @@ def winograd_filters(u: np.ndarray, oc: int) -> np.ndarray:
     return np.einsum("ra,abmc,sb->mcrs", inverse, full, inverse).astype(u.dtype)
 
 
+def winograd_bf16(x: np.ndarray, u: np.ndarray, b, oc: int, pads) -> np.ndarray:
+    """ConvWinograd at bf16 on NumPy arrays, the algorithm written out: the padded image cut
+    into m x m tiles' alpha x alpha patches, each transformed (B^T d B) and rounded to bf16,
+    multiplied by U position by position and summed over channels, transformed back
+    (A^T M A), cropped to the output, plus the bias."""
+    n, c, h, wid = x.shape
+    uf = _unpaired(u, c).astype(np.float64)
+    m = tile_of(u.shape[0])
+    alpha = m + 2
+    top, left, bottom, right = pads or [0, 0, 0, 0]
+    oh, ow = h + top + bottom - 2, wid + left + right - 2
+    th, tw = -(-oh // m), -(-ow // m)
+    xp = np.zeros((n, c, th * m + 2, tw * m + 2))
+    xp[:, :, top:top + h, left:left + wid] = x
+    patches = np.lib.stride_tricks.sliding_window_view(xp, (alpha, alpha), axis=(2, 3))
+    patches = patches[:, :, ::m, ::m]                            # [n, c, th, tw, a, a]
+    bt, at = _floats(winograd(m).bt), _floats(winograd(m).at)
+    v = np.einsum("ia,nctuab,jb->ijnctu", bt, patches, bt).astype(np.float32)
+    v = v.astype(T.bfloat16.np).astype(np.float64).reshape(alpha * alpha, n, c, th, tw)
+    uo = uf.transpose(0, 1, 3, 2).reshape(alpha * alpha, -1, c)[:, :oc]
+    prod = np.einsum("poc,pnctu->pnotu", uo, v).reshape(alpha, alpha, n, oc, th, tw)
+    y = np.einsum("ri,ijnotu,sj->notrus", at, prod, at).reshape(n, oc, th * m, tw * m)
+    y = y[:, :, :oh, :ow]
+    if b is not None:
+        y = y + b.astype(np.float64).reshape(oc, 1, 1)
+    return y.astype(np.float32)
+
+
 def _conv_winograd_infer(ctx):
     u = ctx.type(1)
+    precision = ctx.attrs.get("precision", "fp32")
+    if precision not in PACKED_PRECISIONS:
+        raise ctx.fail(f"precision must be one of {', '.join(PACKED_PRECISIONS)}, not "
+                       f"{precision!r}")
+    pairs = precision == "bf16"
     try:
-        tile_of(u.shape[0] if u.rank == 4 else 0)
+        tile_of(u.shape[0] if u.rank == (5 if pairs else 4) else 0)
     except ValueError as e:
-        raise ctx.fail(f"Winograd weights are [alpha^2, blocks, C, NR], given {u}: {e}")
+        raise ctx.fail(f"Winograd weights are [alpha^2, blocks, C, NR] (at bf16 [alpha^2, "
+                       f"blocks, ceil(C / 2), NR, 2]), given {u}: {e}")
+    c = ctx.type(0).shape[1]
+    if pairs and (u.dtype is not T.bfloat16 or u.shape[-1] != 2 or
+                  ctx.type(0).dtype is not T.float32 or -(-c // 2) != u.shape[2]):
+        raise ctx.fail(f"bf16 Winograd weights are [alpha^2, blocks, ceil(C / 2), NR, 2] "
+                       f"bfloat16 for a float32 image, given {u} for {ctx.type(0)}")
     oc = ctx.attrs["oc"]
-    w = Value("w.filters", T.TensorType(u.dtype, (oc, u.shape[2], 3, 3)))
+    w = Value("w.filters", T.TensorType(T.float32 if pairs else u.dtype,
+                                        (oc, c if pairs else u.shape[2], 3, 3)))
     inputs = [ctx.values[0], w] + ([ctx.values[2]] if ctx.has(2) else [])
     types, _, _ = infer_node("Conv", inputs, _conv_attrs(ctx.attrs), 1, ctx.node_name)
     return types
 
 
-def conv_winograd(x, u, b=None, *, oc, **attrs):
+def conv_winograd(x, u, b=None, *, oc, precision="fp32", **attrs):
+    if precision == "bf16":
+        return winograd_bf16(x, u, b, oc, attrs.get("pads"))
     return conv(x, winograd_filters(u, oc), b, **_conv_attrs(attrs))
 
 
-def _conv_winograd_rule(inputs, outputs, *, oc, **attrs):
+def _conv_winograd_rule(inputs, outputs, *, oc, precision="fp32", **attrs):
     """Conv of the filters G' U G'^T (a sum of the few non-zero terms each, no reduction:
-    lowering inlines it into the conv's loads). The llvm Winograd template reads U itself."""
+    lowering inlines it into the conv's loads). The llvm Winograd template reads U itself and
+    serves every ConvWinograd; at bf16 this rule is the fp32 conv of U's filters (the
+    transformed patches unrounded), within the precision's contract of `winograd_bf16`."""
     x, u = inputs[0], inputs[1]
-    nr = u.shape[-1]
+    pairs = precision == "bf16"
+    nr = u.shape[-2 if pairs else -1]
     m = tile_of(static_shape(u.shape)[0])
     alpha = m + 2
     inv = [[float(v) for v in row] for row in winograd(m).g_inverse]
 
+    def weight(a: int, b: int, o, c):
+        if pairs:
+            return Cast(T.float32, u[a * alpha + b, o // nr, c // 2, o % nr, c % 2])
+        return u[a * alpha + b, o // nr, c, o % nr]
+
     def tap(o, c, r: int, s: int):
-        terms = [inv[r][a] * inv[s][b] * u[a * alpha + b, o // nr, c, o % nr]
+        terms = [inv[r][a] * inv[s][b] * weight(a, b, o, c)
                  for a in range(alpha) for b in range(alpha) if inv[r][a] and inv[s][b]]
         return sum(terms[1:], terms[0])
 
@@ -222,13 +293,14 @@ def _conv_winograd_rule(inputs, outputs, *, oc, **attrs):
     def filters(o, c, r, s):
         return pick(r, [pick(s, [tap(o, c, i, j) for j in range(3)]) for i in range(3)])
 
-    w = compute((oc, u.shape[2], 3, 3), filters, "filters", u.dtype)
+    w = compute((oc, x.shape[1], 3, 3), filters, "filters", T.float32 if pairs else u.dtype)
     return conv_rule([x, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
 
 
 register_op("ConvWinograd", pattern=Pattern.OUT_FUSABLE, infer=_conv_winograd_infer,
-            evaluate=conv_winograd, attrs={**CONV_ATTRS, "oc": REQUIRED}, inputs=(2, 3),
+            evaluate=conv_winograd, attrs={**CONV_ATTRS, "oc": REQUIRED, "precision": "fp32"},
+            inputs=(2, 3),
             compute=_conv_winograd_rule,
-            flops=lambda node: conv_flops(node.outputs[0], (node.inputs[1].shape[2], 3, 3),
+            flops=lambda node: conv_flops(node.outputs[0], (node.inputs[0].shape[1], 3, 3),
                                           node.outputs[0], has_input(node, 2)),
             batched=batching.data_input)

@@ -4,7 +4,10 @@ correlation exactly (in fractions); the filters transformed at compile time (con
 estimate picks (on by default: the llvm target lists it); the template at tiles 2, 4 and 6
 against the NumPy reference (float64) on odd and even images, padded and not, a partial channel
 block, with and without bias, with a fused residual epilogue, at 1 and 2 threads, its error
-within its documented factor of the direct conv's (the tile forced on the small test convs)."""
+within its documented factor of the direct conv's (the tile forced on the small test convs).
+At precision bf16 (transformed patches and filters in bf16 pairs): the NumPy reference is the
+algorithm (exact where no rounding happens), the kernel equals it, its error within its factor
+of the bf16 direct conv's, and the estimate never picks F(4x4)."""
 
 import dataclasses
 from fractions import Fraction
@@ -19,8 +22,8 @@ from dnnc.ir import types as T
 from dnnc.ir.flops import node_flops
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.conv import conv
-from dnnc.ir.ops.winograd import (POINTS, conv_winograd, winograd, winograd_filters,
-                                  winograd_weights)
+from dnnc.ir.ops.winograd import (POINTS, conv_winograd, winograd, winograd_bf16,
+                                  winograd_filters, winograd_weights)
 from dnnc.passes import convert_layout
 from dnnc.passes.conv_costs import conv3x3_costs
 from dnnc.passes.convert_layout import winograd_applies, winograd_tile
@@ -48,9 +51,11 @@ def conv_graph(rng, c, m, h, wid, pads=1, bias=True, residual=False) -> tuple[Gr
     return g, {"w": w, "b": b, "pads": pads}
 
 
-def compiled(graph: Graph, winograd: bool, threads: int | None = None) -> CompiledModel:
-    """`graph` compiled for this host's llvm target, "winograd_conv" in its layouts or not."""
-    target = REGISTRY["llvm"].target()
+def compiled(graph: Graph, winograd: bool, threads: int | None = None,
+             precision: str = "fp32") -> CompiledModel:
+    """`graph` compiled for this host's llvm target at `precision`, "winograd_conv" in its
+    layouts or not."""
+    target = dataclasses.replace(REGISTRY["llvm"].target(), precision=precision)
     if not winograd:
         layouts = tuple(name for name in target.layouts if name != "winograd_conv")
         target = dataclasses.replace(target, layouts=layouts)
@@ -201,3 +206,81 @@ def test_a_winograd_conv_counts_as_the_conv_it_replaces(rng):
     want = node_flops(graph.nodes[0])
     (node,) = [n for n in compiled(graph, True).graph.nodes if n.op == "ConvWinograd"]
     assert want.value and node_flops(node) == want
+
+
+ATTRS = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": [3, 3],
+         "strides": None}
+
+
+def test_the_bf16_reference_is_the_algorithm(rng):
+    """Small integers stay exact through F(2x2)'s transforms (coefficients 0, +-1; U in
+    quarters) and bf16: the reference then equals the direct conv exactly, on odd sizes,
+    odd channels and uneven pads; the pairs unpack to the fp32 filters."""
+    w = rng.integers(-3, 4, (40, 7, 3, 3)).astype(np.float32)
+    u = winograd_weights(w, 32, 2, pairs=True)
+    assert u.dtype == T.bfloat16.np and u.shape == (16, 2, 4, 32, 2)
+    assert not u[:, :, 3, :, 1].astype(np.float32).any()          # the 8th channel: zero
+    np.testing.assert_array_equal(winograd_filters(u, 40, 7), w)
+    x = rng.integers(-4, 5, (2, 7, 9, 8)).astype(np.float32)
+    b = rng.integers(-4, 5, 40).astype(np.float32)
+    pads = [1, 0, 1, 2]
+    np.testing.assert_array_equal(winograd_bf16(x, u, b, 40, pads),
+                                  conv(x, w, b, pads=pads, **ATTRS))
+    got = conv_winograd(x, u, b, oc=40, precision="bf16", pads=pads, **ATTRS)
+    np.testing.assert_array_equal(got, conv(x, w, b, pads=pads, **ATTRS))
+
+
+BF16_ERROR_FACTOR = 3
+"""F(2x2) at bf16: its error at most this many times the bf16 direct conv's (measured 1.3-1.9x
+on these cases)."""
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}@{c[2]}x{c[3]}" for c in CASES])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bf16_winograd_matches_its_reference_and_the_conv(rng, case, threads, force_tile):
+    c, oc, h, wid, pads, bias, residual = case
+    c += 1   # an odd count of channels: the last pair's high half zero
+    graph, params = conv_graph(rng, c, oc, h, wid, pads, bias, residual)
+    feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
+    force_tile(2)
+    ours = compiled(graph, True, threads, "bf16")
+    (node,) = [n for n in ours.graph.nodes if n.op == "ConvWinograd"]
+    assert node.attrs["precision"] == "bf16" and node.inputs[1].type.dtype is T.bfloat16
+    got = ours.run(*feeds)[0]
+    # the kernel computes its op's meaning: sums in another order, a rare patch rounded the
+    # other way (fp32 transforms against float64's)
+    conv_out = conv_winograd(feeds[0], node.inputs[1].const, params["b"], **node.attrs)
+    mine = np.maximum(conv_out + (feeds[1] if residual else 0), 0)
+    want = reference(feeds, params)
+    scale = np.abs(want).max()
+    assert np.abs(got - mine).max() <= 2 ** -8 * scale
+    direct = compiled(graph, False, threads, "bf16")
+    assert [n.op for n in direct.graph.nodes][0] == "ConvPacked"
+    err = np.abs(got - want).max() / scale
+    err_direct = np.abs(direct.run(*feeds)[0] - want).max() / scale
+    assert err <= BF16_ERROR_FACTOR * err_direct, (err, err_direct)
+
+
+def test_at_bf16_the_estimate_weighs_f2x2_against_the_bf16_direct_conv(rng):
+    target = dataclasses.replace(REGISTRY["llvm"].target(), precision="bf16")
+    same = {"pads": [1, 1, 1, 1]}
+    assert winograd_tile(_node(rng, c=128, m=128, side=28, **same), target) == 2
+    assert winograd_tile(_node(rng, c=512, m=512, side=7, **same), target) is None
+    for c, side in ((64, 56), (128, 28), (256, 14), (512, 7)):
+        assert set(conv3x3_costs(1, c, c, side, side, 32, 512, 1, "bf16")) == {None, 2}
+    graph, _ = conv_graph(rng, 64, 64, 28, 28)
+    (node,) = [n for n in compiled(graph, True, precision="bf16").graph.nodes
+               if n.op.startswith("Conv")]
+    assert node.op == "ConvWinograd" and node.inputs[1].shape == (16, 2, 32, 32, 2)
+
+
+def test_no_winograd_where_the_bf16_products_run_on_amx_tiles():
+    """amx_conv takes the 3x3 convs on a CPU with AMX-BF16 (its tiles, not vdpbf16ps); fp32
+    keeps Winograd there."""
+    spec = REGISTRY["llvm"]
+    host = spec.target()
+    amx_host = dataclasses.replace(host, features=host.features + ",+amx-tile,+amx-bf16")
+    assert "winograd_conv" not in spec.target(amx_host, "bf16").layouts
+    assert "winograd_conv" in spec.target(amx_host, "fp32").layouts
+    tiles_only = dataclasses.replace(host, features=host.features + ",+amx-tile")
+    assert "winograd_conv" in spec.target(tiles_only, "bf16").layouts
