@@ -104,7 +104,8 @@ def test_convs_of_every_window_take_the_tiles_at_bf16_where_the_target_has_them(
     without = REGISTRY["llvm"].target(cpu_from(None, "-amx-bf16"), "bf16")
     for attrs in ({}, {"strides": [2, 2], "pads": [1, 1, 1, 1]},
                   {"c": 3, "k": 7, "h": 15, "w": 15, "strides": [2, 2], "pads": [3] * 4}):
-        kernel = _kernel(rng, lambda r: conv_bias_relu(r, **attrs), "bf16")[0]
+        kernel = _kernel(rng, lambda r: conv_bias_relu(r, **attrs), "bf16",
+                         cpu=amx_cpu())[0]
         assert template_for(kernel, machine=with_tiles)[0].name == "amx_conv"
         assert template_for(kernel, machine=without)[0].name == "conv2d"
     model = conv_onnx(1, 8, 16, 10, 10, 3, 1, 1, 1, False)[0]
@@ -124,12 +125,13 @@ def test_default_folds_few_channels_and_fills_the_tile_registers():
               (dict(c=48, oc=64, k=3, h=8, w=8), AmxConvConfig(2, 2, False, "channels")),  # 240/288
              (dict(c=8, oc=16, k=3, h=8, w=8), AmxConvConfig(3, 1, True))]       # 48 / 144
     for attrs, want in cases:
-        kernel = _kernel(rng, lambda r: conv_bias_relu(r, **attrs), "bf16")[0]
+        kernel = _kernel(rng, lambda r: conv_bias_relu(r, **attrs), "bf16",
+                         cpu=amx_cpu())[0]
         template, problem = template_for(kernel, machine=machine)
         default = template.default(problem, machine)
         assert default == want, attrs
         assert template.space(problem, machine).check(default) == default
-    kernel = _kernel(rng, lambda r: conv_bias_relu(r, c=8, oc=16), "bf16")[0]
+    kernel = _kernel(rng, lambda r: conv_bias_relu(r, c=8, oc=16), "bf16", cpu=amx_cpu())[0]
     template, problem = template_for(kernel, machine=machine)
     with pytest.raises(ConfigError, match="8 tile registers"):
         template.space(problem, machine).check(AmxConvConfig(3, 2, False))
@@ -211,7 +213,8 @@ def test_amx_conv_compiles_for_sapphire_rapids():
     for attrs, dots in ((dict(c=64, oc=40, k=3, h=9, w=11, pads=[1] * 4), 9 * 4),
                         (dict(c=3, oc=20, k=7, h=15, w=13, strides=[2, 2], pads=[3] * 4),
                          7 * 4)):
-        kernel = _kernel(rng, lambda r: conv_bias_relu(r, **attrs), "bf16")[0]
+        kernel = _kernel(rng, lambda r: conv_bias_relu(r, **attrs), "bf16",
+                         cpu=amx_cpu())[0]
         asm = sapphire_rapids_assembly(schedule_kernel(kernel, machine))
         assert asm.count("tdpbf16ps") == dots and asm.count("tilestored") == 4
         assert "ldtilecfg" in asm
@@ -303,7 +306,7 @@ def test_geometry_reads_stay_inside_the_image_operand():
         rng = np.random.default_rng(1)
         kernel = _kernel(rng, lambda r: conv_bias_relu(
             r, c=c, oc=m, k=k, h=h, w=w, strides=[stride] * 2, pads=[pad] * 4,
-            dilations=[dilation] * 2), "bf16")[0]
+            dilations=[dilation] * 2), "bf16", cpu=amx_cpu())[0]
         p = problems.conv2d(kernel)
         for fold in (False, True):
             for rows in (1, 2, 3):

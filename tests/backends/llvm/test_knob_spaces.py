@@ -200,9 +200,11 @@ def _machine() -> Target:
 FEATURES = {128: "+sse2", 256: "+avx,+avx2,+fma", 512: "+avx,+avx2,+fma,+avx512f"}
 
 
-def _kernel(rng, build, packed, integers=False):
+def _kernel(rng, build, packed, integers=False, cpu=None):
     """The case's graph with its batch specialised, its kernel (every node one group), and
-    random inputs (normal, or integers in [-8, 8])."""
+    random inputs (normal, or integers in [-8, 8]); its layouts converted for `cpu` (None:
+    this host's; which layouts a precision takes depends on the CPU: AMX keeps 3x3 convs
+    from Winograd at bf16)."""
     graph = build(rng)
     shapes = [tuple(BATCH if d == "N" else d for d in v.type.shape) for v in graph.inputs]
     graph = specialize(graph, shapes)
@@ -211,7 +213,7 @@ def _kernel(rng, build, packed, integers=False):
     want = run_graph(graph, feeds)
     if packed:
         precision = packed if isinstance(packed, str) else None
-        assert convert_layout(graph, REGISTRY["llvm"].target(None, precision)) == 1
+        assert convert_layout(graph, REGISTRY["llvm"].target(cpu, precision)) == 1
         if precision:   # the products of bf16-rounded operands
             want = run_graph(graph, feeds)
     kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
