@@ -2,9 +2,11 @@
 
     python bench/library_models.py OUT_DIR [--models efficientnet_b0,...] [--exporter torchscript|dynamo]
 
-bench/torch_models.py writes architectures out in plain torch because torchvision and
-transformers do not install beside the CPU torch build here. Where they are installed (the GPU
-machine's host has torchvision, timm and transformers), this module builds the libraries' own
+bench/torch_models.py writes architectures out in plain torch, for hosts without these
+libraries. Where they are installed (the GPU machine's host has torchvision, timm and
+transformers; beside the CPU torch build, `pip install --no-deps torchvision==0.28.0 timm`
+works although the index's torchvision wheel is a CUDA build: see _import_torchvision), this
+module builds the libraries' own
 modules, with random weights (seeded; no weights are downloaded, `weights=None` and config
 objects only) and batch-norm statistics randomised so folding them is not a no-op, at batch 1
 with a symbolic batch axis, and exports them. A model whose library is missing, or whose
@@ -29,16 +31,37 @@ import torch_models
 from torch_models import export_module, randomize_batchnorm
 
 
+def _import_torchvision():
+    """torchvision, also where its wheel's compiled operators were built for another torch
+    (the package index here has only the CUDA build of torchvision beside the CPU torch): the
+    models are plain Python, and only the fake-tensor registrations of the detection
+    operators (nms, roi_align) need the compiled library. Where that library does not load,
+    those registrations are left out; the classification models never call them."""
+    import sys
+    import types
+
+    try:
+        import torchvision
+    except RuntimeError as e:   # "operator torchvision::nms does not exist"
+        if "torchvision::" not in str(e):
+            raise
+        for mod in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[mod]
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType(
+            "torchvision._meta_registrations")
+        import torchvision
+    return torchvision
+
+
 def _torchvision(name: str):
     def make():
-        import torchvision
-
-        return getattr(torchvision.models, name)(weights=None)
+        return getattr(_import_torchvision().models, name)(weights=None)
     return make
 
 
 def _timm(name: str):
     def make():
+        _import_torchvision()   # timm imports it
         import timm
 
         return timm.create_model(name, pretrained=False)
