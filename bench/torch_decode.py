@@ -6,20 +6,21 @@ tokens per second at each batch size.
                                  [--tokens 64] [--target llvm|cuda] [--threads 2] [--repeat 3]
 
 Models are bench/library_models.py's decoders (2 layers at the originals' widths, random seeded
-weights). Each runtime compiles `model.forward` (inductor with mode="reduce-overhead" on cuda,
-as issue 35 compares, each call a new CUDA-graph step: `new_step`), runs one untimed generate
+weights). Each runtime compiles `model.forward` (on cuda, inductor with mode="reduce-overhead"
+as issue 35 compares, the way transformers compiles it there: `transformers_compile`, the
+decode step compiled, the prefill eager), runs one untimed generate
 (prefill and decode compiles), then `--repeat` timed ones; prints the median tokens/s (new
 tokens x batch / seconds), the ratio of tokens/s dnnc / inductor (above 1: dnnc decodes faster;
 issue 35 asks >= 1), the graphs the backend compiled (2: prefill and decode) and whether its
 tokens equal eager's, and the seconds of each compiled runtime's first generate (its compiles).
-generate's own compile is off for every runtime (`decoder`). Needs torch and transformers;
+generate's own compile is off for every other runtime (`decoder`). Needs torch and transformers;
 never imported by dnnc.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import math
 import os
 import platform
 import statistics
@@ -48,25 +49,19 @@ def decoder(name: str, device: str) -> torch.nn.Module:
     return model
 
 
-def new_step(forward):
-    """`forward` compiled with reduce-overhead, each call a new CUDA-graph step: generate
-    calls it once per token, and cudagraph trees would otherwise take the next call for part
-    of the same step and refuse it ("accessing tensor output of CUDAGraphs that has been
-    overwritten by a subsequent run"). Its tensors are cloned out of the graph's memory:
-    where the static cache's counters make inductor skip CUDA graphs for part of the model
-    ("mutated inputs"), generate still read a logits tensor a later replay had overwritten
-    (transformers 4.5x, torch 2.11, H200). Keeps `forward`'s signature (generate reads it)."""
-    @functools.wraps(forward)
-    def step(*args, **kwargs):
-        torch.compiler.cudagraph_mark_step_begin()
-        out = forward(*args, **kwargs)
-        if isinstance(out, torch.Tensor):
-            return out.clone()
-        for key, value in list(out.items()):   # (a ModelOutput: a dict)
-            if isinstance(value, torch.Tensor):
-                out[key] = value.clone()
-        return out
-    return step
+def transformers_compile(model) -> None:
+    """inductor with reduce-overhead as transformers itself compiles a static-cache generate
+    on a GPU (its `compile_config`, the default when generate runs there): the decode step's
+    forward compiled, the prefill eager, the cache's tensors made before any CUDA graph and
+    marked static. Compiling `model.forward` for every call instead, CUDA-graph trees took
+    the prefill's lazily made cache for a graph's output and refused it once a later replay
+    overwrote it ("accessing tensor output of CUDAGraphs that has been overwritten by a
+    subsequent run", transformers 4.5x / 5.x, torch 2.11, H200), with or without a step mark
+    per call and the outputs cloned."""
+    import transformers
+
+    model.generation_config.disable_compile = False
+    model.generation_config.compile_config = transformers.CompileConfig(mode="reduce-overhead")
 
 
 def tokens_per_second(model, ids, args) -> tuple[float, float, torch.Tensor]:
@@ -96,19 +91,27 @@ def measure(name: str, batch: int, args) -> dict:
         model = decoder(name, device)
         torch._dynamo.reset()
         before = len(torch_backend.reports())
-        if runtime == "inductor":
-            model.forward = torch.compile(model.forward, mode="reduce-overhead"
-                                          if device == "cuda" else None)
-            if device == "cuda":
-                model.forward = new_step(model.forward)
+        if runtime == "inductor" and device == "cuda":
+            transformers_compile(model)
+        elif runtime == "inductor":
+            model.forward = torch.compile(model.forward)
         elif runtime == "dnnc":
             model.forward = torch.compile(model.forward, backend=torch_backend.dnnc_backend,
                                           options={"target": args.target})
-        rates[runtime], firsts[runtime], outs[runtime] = tokens_per_second(model, ids, args)
+        try:
+            rates[runtime], firsts[runtime], outs[runtime] = tokens_per_second(model, ids, args)
+        except Exception as exc:   # said; the other runtimes still run
+            if runtime == "eager":
+                raise
+            print(f"# {name} batch {batch}, {runtime}: failed ({type(exc).__name__}: "
+                  f"{str(exc)[:300]})", flush=True)
+            rates[runtime] = firsts[runtime] = math.nan
+            continue
         if runtime == "dnnc":
             graphs = len(torch_backend.reports()) - before
     return {"rates": rates, "firsts": firsts, "graphs": graphs,
-            "same": bool(torch.equal(outs["dnnc"].cpu(), outs["eager"].cpu()))}
+            "same": "dnnc" in outs and bool(torch.equal(outs["dnnc"].cpu(),
+                                                         outs["eager"].cpu()))}
 
 
 def main(argv=None) -> None:
