@@ -170,11 +170,18 @@ def one_model(name: str, args, folder: Path, threads: int, peers: list[str]) -> 
         q8 = dnnc.compile(str(path), "llvm", input_shapes=shapes)
         fns[label, "int8"] = lambda q8=q8: q8(**feeds)
         for peer in peers:
-            call, precisions[label, peer] = PEERS[peer][1](path, threads)
+            try:
+                call, precisions[label, peer] = PEERS[peer][1](path, threads)
+            except Exception as exc:   # a peer refusing the file (OpenVINO on AMX: "No
+                # suitable implementations" for a QDQ resnet50) is said; the others go on
+                print(f"# {label}: {peer} failed ({type(exc).__name__}: "
+                      f"{' '.join(str(exc).split())[-200:]})", flush=True)
+                precisions[label, peer] = "failed"
+                continue
             fns[label, peer] = lambda call=call: call(feeds)
     ms = (median_cpu_ms if args.cpu_time else median_block_ms)(fns, args.repeat, args.blocks)
     return {label: {"fp32": ms["fp32"], "int8": ms[label, "int8"],
-                    **{peer: ms[label, peer] for peer in peers},
+                    **{peer: ms.get((label, peer), math.nan) for peer in peers},
                     **{(peer, "precision"): precisions[label, peer] for peer in peers}}
             for label in files}
 
@@ -197,13 +204,14 @@ def table(args) -> None:
             for label, ms in one_model(name, args, Path(folder), threads, peers).items():
                 ratios["speedup"].append(ms["fp32"] / ms["int8"])
                 for p in peers:
-                    ratios[p].append(ms["int8"] / ms[p])
+                    ratios[p].append(ms["int8"] / ms[p])   # nan where the peer failed
                 precision = " ".join(f"{PEERS[p][0]} {ms[p, 'precision']}" for p in peers)
                 print(f"{label:22} {ms['fp32']:9.2f} {ms['int8']:9.2f} " +
                       " ".join(f"{ms[p]:9.2f}" for p in peers) +
                       f" {ratios['speedup'][-1]:10.2f} " +
                       " ".join(f"{ratios[p][-1]:9.2f}" for p in peers) + f"  {precision}",
                       flush=True)
+    ratios = {k: [x for x in xs if not math.isnan(x)] for k, xs in ratios.items()}
     gm = {k: math.exp(sum(map(math.log, xs)) / len(xs)) for k, xs in ratios.items() if xs}
     print(f"{'geomean':22} {'':9} {'':9} " + " ".join(f"{'':9}" for _ in peers) +
           f" {gm.get('speedup', math.nan):10.2f} " +
