@@ -83,6 +83,10 @@ class _Logits(nn.Module):
 
 def _transformers(config_name: str, model_name: str, decoder: bool, **config):
     def make():
+        try:   # transformers imports torchvision where it is installed
+            _import_torchvision()
+        except ImportError:
+            pass
         import transformers
 
         cfg = getattr(transformers, config_name)(**config)
