@@ -63,8 +63,10 @@ into the micro-kernels' panels."""
 
 def layouts(machine: Target, precision: str) -> tuple[str, ...]:
     """LAYOUTS, but no Winograd where `precision`'s products run on AMX tiles on `machine`
-    (`amx_conv` takes the 3x3 convs there; a Winograd conv's products are vdpbf16ps')."""
-    if precision in amx.TILE_DOTS and amx.amx_features(machine.feature_set, precision):
+    (`amx_conv` takes the 3x3 convs there; a Winograd conv's products are vdpbf16ps'): where
+    `machine` has the features amx_conv's template asks for (`amx.AMX_FEATURES`), the test
+    the template table makes, whatever the renderer then emits for a tile product."""
+    if precision == "bf16" and amx.AMX_FEATURES <= machine.feature_set:
         return tuple(name for name in LAYOUTS if name != "winograd_conv")
     return LAYOUTS
 
