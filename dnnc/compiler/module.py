@@ -32,10 +32,11 @@ class DeviceArray:
     `view` is what has the interface when `obj` has none (a CuPy array over a DLPack-only
     `obj`'s memory), kept alive with it."""
 
-    def __init__(self, obj, view=None):
+    def __init__(self, obj, view=None, face=None):
         self.obj = obj
         self.view = obj if view is None else view
-        face = self.view.__cuda_array_interface__
+        if face is None:
+            face = self.view.__cuda_array_interface__
         self.__cuda_array_interface__ = face
         self.shape = tuple(face["shape"])
         self.ndim = len(self.shape)
@@ -66,8 +67,12 @@ def as_array(x) -> np.ndarray:
     `from_dlpack` of the target that takes device arrays (zero copy)."""
     if isinstance(x, np.ndarray):
         return x
-    if hasattr(x, "__cuda_array_interface__"):
-        return DeviceArray(x)
+    try:   # read once: PyTorch builds the interface at each read (~7 us a tensor on the device)
+        face = x.__cuda_array_interface__
+    except AttributeError:   # none, or a CPU tensor's (hasattr's test)
+        face = None
+    if face is not None:
+        return DeviceArray(x, face=face)
     if hasattr(x, "__dlpack__"):
         if _on_cuda(x):
             readers = [s.from_dlpack for s in REGISTRY.values() if s.from_dlpack]
