@@ -15,7 +15,8 @@ writes (a KV cache) is written in torch, in place where nothing later reads its 
 and out without copies (NumPy views of the tensors; `torch.from_numpy` of the outputs); CUDA
 tensors go to a target that takes device arrays (its registry entry's `from_dlpack`), read in
 place, on torch's current CUDA stream (the target's runtime reads it off a torch tensor
-argument), and its device outputs come back through `torch.from_dlpack`, not copied. A dim
+argument), and its device outputs come back as tensors the runtime fills (cuda's `to="torch"`;
+else `torch.from_dlpack` of its arrays). A dim
 dynamo made symbolic is a dnnc symbolic dim: a new batch size runs on the same compile (per
 dnnc's own rules for new sizes). What stayed in torch is counted in `stats()` and named in
 the log with `options={"verbose": True}`. This module imports torch; `import dnnc` never
@@ -422,8 +423,9 @@ class DnncPartition(torch.nn.Module):
     that is not contiguous is copied once, as dnnc reads dense arrays).
     `on_device`: the arguments are GPU tensors, given to the model as they are (its target
     reads them in place, on torch's current stream: `CompiledModel` sees their
-    `__cuda_array_interface__` and the runtime the tensor behind it), and its device outputs
-    come back as tensors over the same memory (`torch.from_dlpack`).
+    `__cuda_array_interface__` and the runtime the tensor behind it), and its outputs come
+    back as tensors the runtime fills (`to="torch"`: one device copy each, as a CuPy output
+    is; a CuPy copy wrapped by `torch.from_dlpack` cost ~50 us an output under cProfile).
 
     A call costs what dnnc's own does plus the conversions: `__call__` skips
     `nn.Module.__call__`'s hook dispatch (a partition has no hooks), and the conversion of
@@ -437,6 +439,8 @@ class DnncPartition(torch.nn.Module):
         self.on_device = on_device
         if on_device:
             self._call = self._device_call
+            # tensors filled by the runtime where its target returns them, else DLPack
+            self._kind = "torch" if "torch" in REGISTRY[model.target].returns else None
         else:
             self._call = self._host_call
             halves = [t.dtype.np.name == "bfloat16" for t in model.output_types]
@@ -466,8 +470,9 @@ class DnncPartition(torch.nn.Module):
         return tuple(w(o) for w, o in zip(self._wraps, outs))
 
     def _device_call(self, args):   # (detached: torch refuses the interface of a grad tensor)
-        outs = [torch.from_dlpack(o)
-                for o in self.model.run(*[args[i].detach() for i in self.tensors])]
+        outs = self.model.run(*[args[i].detach() for i in self.tensors], to=self._kind)
+        if self._kind != "torch":
+            outs = [torch.from_dlpack(o) for o in outs]
         return outs[0] if self.single else tuple(outs)
 
 

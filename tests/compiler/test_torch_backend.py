@@ -445,9 +445,11 @@ def test_cuda_tensors_go_to_a_target_of_device_arrays():
 
 
 def test_a_device_partition_passes_tensors_and_wraps_outputs_without_copies():
-    class Model:   # what a GPU target's CompiledModel is to the partition
-        def run(self, *arrays):
-            self.given = arrays
+    class Model:   # what a CompiledModel of a target returning no tensors is to the partition
+        target = "llvm"   # (its registry entry's `returns`: no "torch")
+
+        def run(self, *arrays, to=None):
+            self.given, self.to = arrays, to
             self.out = np.arange(6, dtype=np.float32).reshape(2, 3)
             return [self.out]
 
@@ -457,8 +459,25 @@ def test_a_device_partition_passes_tensors_and_wraps_outputs_without_copies():
     (given,) = model.given
     assert isinstance(given, torch.Tensor) and not given.requires_grad   # the tensor itself
     assert given.data_ptr() == x.data_ptr()
+    assert model.to is None
     assert isinstance(out, torch.Tensor)
     assert out.data_ptr() == model.out.ctypes.data   # DLPack: the output's own memory
+
+
+def test_a_device_partition_asks_a_target_returning_tensors_for_them():
+    class Model:   # a cuda CompiledModel: its runtime fills tensors (to="torch")
+        target = "cuda"
+
+        def run(self, *arrays, to=None):
+            self.to = to
+            self.out = [torch.ones(2), torch.zeros(3)]
+            return self.out
+
+    model = Model()
+    a, b = torch_backend.DnncPartition(model, [0], single=False, on_device=True)(
+        torch.randn(2))
+    assert model.to == "torch"
+    assert a is model.out[0] and b is model.out[1]   # handed on as they are
 
 
 def test_a_host_partition_takes_any_tensor_and_wraps_each_output_by_its_dtype():

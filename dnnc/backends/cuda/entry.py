@@ -77,7 +77,7 @@ def from_dlpack(x):
 SPEC = TargetSpec(
     "cuda", "NVIDIA GPUs through NVRTC (CuPy)", runtime,
     # device arrays by default: a caller on the GPU pays no copy to the host
-    returns=("cupy", "numpy"),
+    returns=("cupy", "numpy", "torch"),
     options=("passes", "dump_ir", "cache_size", "tuning_log", "precision"),
     emits={"cuda": ".cu", "loop": ".loop"},
     codec=ArtifactCodec(artifact.export, artifact.check, artifact.restore), cached=True,

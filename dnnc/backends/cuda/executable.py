@@ -29,7 +29,9 @@ PyTorch's current one when an input is a PyTorch tensor), after the work that pr
 other (read in place: their addresses are fixed); a host fallback step gets NumPy arrays
 (`_run_host`). The model's outputs come back as `outputs` says (per call, or the runtime's
 default, "cupy"): CuPy arrays of their own (a device copy of the frame's output buffers, which
-the next call reuses: a returned array is never overwritten) or NumPy arrays.
+the next call reuses: a returned array is never overwritten), PyTorch tensors of their own
+("torch": the same copy into tensors from PyTorch's allocator, made on the caller's stream) or
+NumPy arrays.
 
 `render_only` builds the sources without a GPU (`dnnc compile --emit cuda` on a machine
 without one): `source()` works, running raises the `DeviceError` saying what is missing.
@@ -65,8 +67,9 @@ VECTOR_ALIGN = 16
 """Byte alignment the kernels assume of a parameter (a float4 load, the widest they make): a
 caller's array read in place must have it."""
 
-OUTPUT_KINDS = ("cupy", "numpy")
-"""What a call can return: CuPy arrays (the default) or NumPy arrays."""
+OUTPUT_KINDS = ("cupy", "numpy", "torch")
+"""What a call can return: CuPy arrays (the default), NumPy arrays or PyTorch CUDA tensors
+(for a caller that has PyTorch: the torch backend's partitions)."""
 
 GRAPHS_PER_FRAME = 8
 """CUDA graphs a frame keeps for callers' input addresses, least recently used dropped first,
@@ -390,7 +393,39 @@ class CUDARuntime(Executable):
         silent overwrite is the worse bug, so copies it is; bench/cuda_calls.py times it.)"""
         if kind == "cupy":
             return [self.cupy.array(a) for a in outs]   # a copy, on the current stream
+        if kind == "torch":
+            return [self._to_torch(a, v.type.dtype.np) for v, a in zip(self.graph.outputs, outs)]
         return [self._to_host(a, v.type.dtype.np) for v, a in zip(self.graph.outputs, outs)]
+
+    def _to_torch(self, a, dtype: np.dtype):
+        """Output `a` copied into a new PyTorch tensor on the current device: allocated by
+        PyTorch (its caching allocator, on its current stream) and filled by one
+        memcpyAsync on CuPy's current stream, which `_caller_stream` made PyTorch's where an
+        input was a tensor (else PyTorch's stream is made to wait for it). A CuPy copy
+        wrapped by `torch.from_dlpack` cost ~50 us an output under cProfile on an H200,
+        most of a small partition's call (bench/torch_decode.py)."""
+        import torch   # (the caller asked for tensors: it has PyTorch)
+
+        cupy = self.cupy
+        kind = torch.bfloat16 if dtype.name == "bfloat16" else \
+            torch.from_numpy(np.empty(0, dtype)).dtype
+        device = torch.device("cuda", cupy.cuda.Device().id)
+        if not _is_device(a):   # a host step's output
+            host = np.ascontiguousarray(a)
+            if kind is torch.bfloat16:
+                return torch.from_numpy(host.view(np.int16)).view(kind).to(device)
+            return torch.from_numpy(host).to(device)
+        a = cupy.ascontiguousarray(cupy.asarray(a))
+        out = torch.empty(a.shape, dtype=kind, device=device)
+        if a.nbytes:
+            stream = cupy.cuda.get_current_stream()
+            runtime = cupy.cuda.runtime
+            runtime.memcpyAsync(out.data_ptr(), a.data.ptr, a.nbytes,
+                                runtime.memcpyDeviceToDevice, stream.ptr)
+            current = torch.cuda.current_stream(device)
+            if current.cuda_stream != stream.ptr:
+                current.wait_stream(torch.cuda.ExternalStream(stream.ptr, device=device))
+        return out
 
     def _to_host(self, a, dtype: np.dtype) -> np.ndarray:
         if not _is_device(a):
