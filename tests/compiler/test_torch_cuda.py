@@ -124,3 +124,27 @@ def test_static_cache_generate_on_cuda_compiles_prefill_and_decode_once():
     reports = torch_backend.reports()[before:]
     assert len(reports) == 2 and all({m.target for m in r.models} == {"cuda"} for r in reports)
     assert not any("scaled_dot_product" in op for r in reports for op in r.torch_ops), reports
+
+
+def test_a_cuda_model_returns_torch_tensors_of_its_own():
+    """to="torch": CUDA tensors the runtime filled on torch's stream, each the caller's (the
+    next call leaves it), in the output's dtype (bfloat16 as torch.bfloat16)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]),
+         helper.make_node("Cast", ["y"], ["h"], to=TensorProto.BFLOAT16)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 33])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 33]),
+         helper.make_tensor_value_info("h", TensorProto.BFLOAT16, [4, 33])])
+    model = dnnc.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                         "cuda", cache=False)
+    x, x2 = torch.randn(4, 33, device=CUDA), torch.randn(4, 33, device=CUDA)
+    y, h = model(x, to="torch")
+    y2, _ = model(x2, to="torch")
+    assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == torch.float32
+    assert h.dtype == torch.bfloat16 and h.is_cuda
+    close(y, torch.relu(x), 0)
+    close(y2, torch.relu(x2), 0)
+    close(h.float(), torch.relu(x).bfloat16().float(), 0)
+    assert y.data_ptr() != y2.data_ptr()
