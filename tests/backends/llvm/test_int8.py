@@ -108,8 +108,9 @@ def dense_graph(rng, m, k, n, act, out, lo=None, hi=None, zw=None):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("m,k,n,act,out", [
     (5, 37, 19, np.uint8, "int8"), (7, 64, 48, np.int8, "uint8"), (3, 9, 33, np.int8, "float32"),
-    (1, 3, 1, np.uint8, "int32"), (13, 130, 70, np.int8, "int8")])
+    (1, 3, 1, np.uint8, "int32"), (13, 130, 70, np.int8, "int8"), (11, 96, 40, np.uint8, "int8")])
 def test_dense_int8_equals_the_reference(path, m, k, n, act, out):
+    """(K a multiple of 4: A read as words, `DenseTile.words`; else as bytes.)"""
     rng = np.random.default_rng(m * k * n)
     g, x, want = dense_graph(rng, m, k, n, act, out, lo=-100 if out == "int8" else None)
     mattr = FEATURE_PATHS[path][1]
