@@ -108,8 +108,9 @@ def dense_graph(rng, m, k, n, act, out, lo=None, hi=None, zw=None):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("m,k,n,act,out", [
     (5, 37, 19, np.uint8, "int8"), (7, 64, 48, np.int8, "uint8"), (3, 9, 33, np.int8, "float32"),
-    (1, 3, 1, np.uint8, "int32"), (13, 130, 70, np.int8, "int8")])
+    (1, 3, 1, np.uint8, "int32"), (13, 130, 70, np.int8, "int8"), (11, 96, 40, np.uint8, "int8")])
 def test_dense_int8_equals_the_reference(path, m, k, n, act, out):
+    """(K a multiple of 4: A read as words, `DenseTile.words`; else as bytes.)"""
     rng = np.random.default_rng(m * k * n)
     g, x, want = dense_graph(rng, m, k, n, act, out, lo=-100 if out == "int8" else None)
     mattr = FEATURE_PATHS[path][1]
@@ -222,10 +223,18 @@ def test_grouped_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, 
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+TABLE_READS = [pytest.param("", id="vpermi2b", marks=pytest.mark.skipif(
+    "avx512vbmi" not in HOST, reason="this CPU lacks avx512vbmi")),
+    pytest.param("-avx512vbmi", id="lanewise")]
+"""--mattr of the two ways vectorize reads a 256-byte table: in registers (`_table_lookup`),
+a lane at a time."""
+
+
+@pytest.mark.parametrize("mattr", TABLE_READS)
 @pytest.mark.parametrize("act,out", [(np.uint8, np.int8), (np.int8, np.uint8)])
-def test_a_table_in_a_conv_epilogue_equals_the_reference(act, out):
+def test_a_table_in_a_conv_epilogue_equals_the_reference(act, out, mattr):
     """QuantizedTable(QuantizedConvPacked(x)) in one kernel: the lookup's index computed in
-    vector code (vectorize's gather), the table read a lane at a time."""
+    vector code (vectorize's gather), the table read in registers or a lane at a time."""
     from dnnc.ir.ops.quantized import quantized_table
 
     rng = np.random.default_rng(11)
@@ -238,13 +247,33 @@ def test_a_table_in_a_conv_epilogue_equals_the_reference(act, out):
     g.nodes = [n for n in g.nodes if n is not relu]
     g.outputs = [y]
     ref = dnnc.compile(g, "numpy")(x)
-    model = dnnc.compile(g, "llvm", cache=False)
+    model = dnnc.compile(g, "llvm", cpu=cpu_from(None, mattr or None), cache=False)
     assert len(model.profile(x, repeat=1)) == 1
     got = model(x)
     assert got.dtype == table.dtype and np.array_equal(got, ref)
     conv_only = Graph("q")
     conv_only.inputs, conv_only.nodes, conv_only.outputs = g.inputs, g.nodes[:-1], [conv]
     assert np.array_equal(ref, quantized_table(dnnc.compile(conv_only, "numpy")(x), table))
+
+
+@pytest.mark.parametrize("mattr", TABLE_READS)
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_a_table_reads_every_entry_as_the_reference(act, mattr):
+    """QuantizedTable on every 8-bit value (both 128-byte halves of the table, rows of 64
+    and of 16 + 3 lanes) equals its reference."""
+    from dnnc.ir.ops.quantized import quantized_table
+
+    rng = np.random.default_rng(12)
+    info = np.iinfo(act)
+    table = rng.integers(info.min, info.max + 1, 256).astype(act)
+    for shape in ((8, 64), (5, 19)):
+        values = np.resize(np.arange(info.min, info.max + 1), shape[0] * shape[1])
+        x = rng.permutation(values).astype(act).reshape(shape)
+        g = Graph("t")
+        g.inputs = [Value("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), shape))]
+        g.outputs = [g.add("QuantizedTable", g.inputs[0], _const("t", table))]
+        model = dnnc.compile(g, "llvm", cpu=cpu_from(None, mattr or None), cache=False)
+        assert np.array_equal(model(x), quantized_table(x, table))
 
 
 @pytest.mark.parametrize("c,m,group", [(40, 40, 5), (16, 64, 2)])
