@@ -372,7 +372,7 @@ def test_bench_times_each_batch_size_on_its_own_code(tmp_path, capsys, monkeypat
     (["bench", "{mlp}", "--batch", "8"], "batch is fixed"),
     (["compile", "{mlp}", "--target", "llvm", "--outputs", "cupy"],
      "outputs='cupy': the llvm target returns numpy arrays; cupy arrays come from the cuda"),
-    (["compile", "{mlp}", "--outputs", "torch"], "invalid choice: 'torch'"),
+    (["compile", "{mlp}", "--outputs", "jax"], "invalid choice: 'jax'"),
 ])
 def test_compile_run_bench_mistakes(tmp_path, capsys, monkeypatch, argv, message):
     mlp = mlp_file(tmp_path, capsys)
