@@ -1,16 +1,20 @@
 """dnnc on magnitude-pruned models (sparse weights, issue 34) next to dnnc on the dense file, in
 one run.
 
-    python bench/cpu_sparse.py [--models resnet50,mobilenet_v2,bert_base,resnet50_torch,...]
+    python bench/cpu_sparse.py [--models resnet50,mobilenet_v2,bert_base,resnet50_torch,
+                                         resnet50_tv,bert_hf,FILE.onnx,...]
                                [--size 224]
                                [--sparsity 0,0.3,0.7,0.9] [--threads 1,2] [--repeat 10]
                                [--blocks 3] [--cpu-time]
     python bench/cpu_sparse.py --layers [--sparsity 0.5,0.7,0.9] [--threads 1] [--match 3x3]
+    python bench/cpu_sparse.py --profile resnet50 [--sparsity 0.9] [--threads 1]
 
 Each zoo model is built once (seeded random weights; a name ending in `_torch`: the zoo model's
 torch mirror, bench/zoo_torch.py, on its weights, exported by torch's TorchScript exporter,
 whose file folds the batch norms into the convs and writes BERT's linears as MatMul + Add:
-`torch_export`) and magnitude-pruned per layer (`prune`:
+`torch_export`; a name of bench/library_models.py: torchvision's or transformers' own
+module, exported once by `cpu.library_exports`, needing `PYTHONPATH=$PWD:/work/tvenv` here; a
+path ending in .onnx: that file, its symbolic dims 1) and magnitude-pruned per layer (`prune`:
 the smallest |w| of every Conv, Gemm and MatMul constant weight set to zero, to the given
 fraction; a minimal copy of `dnnc sparsify`'s unstructured rule); the dense file and each
 pruned file are compiled by dnnc (llvm; find_sparsity's cost rule choosing per layer which
@@ -29,6 +33,11 @@ DNNC_NUM_THREADS is read when the worker pool starts).
 a classifier at batch 1) as SparseConv / SparseDense against the dense ops, forced (not the
 cost rule's choice), with the cost rule's estimated speed-up beside the measured one: the
 measurements the constants of passes/find_sparsity.py are fitted to.
+
+`--profile MODEL`: the pruned model's kernels, each called alone (`CompiledModel.profile`,
+wall clock, medians of `--repeat`), with the sparse ops and without (find_sparsity's choice
+against the dense kernels on the same pruned weights), matched by their first node: where a
+layer's choice costs or gains time.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.sparse import encode_csr, row_max  # noqa: E402
 from dnnc.passes import find_sparsity  # noqa: E402
 from dnnc.passes.manager import optimize  # noqa: E402
-from cpu import median_block_ms  # noqa: E402  (bench/cpu.py, beside this script)
+from cpu import EXPORTS, load_model, median_block_ms  # noqa: E402  (bench/cpu.py, beside)
 
 PRODUCTS = ("Conv", "Gemm", "MatMul")
 TORCH = "_torch"
@@ -107,6 +116,28 @@ def torch_export(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.load_from_string(buffer.getvalue())
 
 
+def dense_model(name: str, size: int) -> tuple[onnx.ModelProto, dict]:
+    """The dense file a `--models` name stands for (module docstring) and its inputs."""
+    if not name.endswith(".onnx"):
+        base_name = name.removesuffix(TORCH)
+        if base_name not in zoo.MODELS:   # bench/library_models.py's, exported once
+            import library_models
+            from torch_models import export_all
+
+            paths = export_all(library_models.MODELS, library_models.export,
+                               EXPORTS / "library-torchscript", "torchscript", [name])
+            if not paths:
+                sys.exit(f"{name}: not exported (see above)")
+            return load_model(paths[0], 1)[:2]
+        config = {} if base_name.startswith("bert") else {"size": size}
+        zoo_file = zoo.build(base_name, **config)
+        feeds = zoo.inputs_for(zoo_file, np.random.default_rng(0))
+        dense_file = torch_export(zoo_file) if name.endswith(TORCH) else zoo_file
+        return dense_file, {i.name: feeds[i.name] for i in dense_file.graph.input
+                            if i.name in feeds}
+    return load_model(name, 1)[:2]
+
+
 def _compiled(graph: Graph, sparse: bool) -> CompiledModel:
     """`graph` compiled for this host's llvm target, with or without "sparse_weights"."""
     target = REGISTRY["llvm"].target()
@@ -142,12 +173,7 @@ def median_cpu_ms(fns: dict, repeat: int, blocks: int) -> dict:
 
 
 def model_rows(name: str, args) -> list[tuple]:
-    base_name = name.removesuffix(TORCH)
-    config = {} if base_name.startswith("bert") else {"size": args.size}
-    zoo_file = zoo.build(base_name, **config)
-    feeds = zoo.inputs_for(zoo_file, np.random.default_rng(0))
-    dense_file = torch_export(zoo_file) if name.endswith(TORCH) else zoo_file
-    feeds = {i.name: feeds[i.name] for i in dense_file.graph.input if i.name in feeds}
+    dense_file, feeds = dense_model(name, args.size)
     fns, extra = {}, {}
     base = dnnc.compile(dense_file, "llvm")
     fns[0.0] = lambda: base(**feeds)
@@ -166,7 +192,7 @@ def model_rows(name: str, args) -> list[tuple]:
     rows = []
     for s in sorted(ms):
         (n_sparse, n_all), error = extra.get(s, (_products(base), 0.0))
-        rows.append((name, s, ms[s], ms[0.0] / ms[s], n_sparse, n_all, error))
+        rows.append((Path(name).stem, s, ms[s], ms[0.0] / ms[s], n_sparse, n_all, error))
     return rows
 
 
@@ -268,6 +294,35 @@ def layers_table(args) -> None:
                   f"{ms['dense'] / ms['sparse']:9.2f} {estimate:9.2f}", flush=True)
 
 
+def profile_table(args) -> None:
+    threads = int(args.one)
+    cpu = host_target()
+    name = args.profile
+    dense_file, feeds = dense_model(name, args.size)
+    feeds = list(feeds.values())
+    for s in args.sparsity:
+        graph = import_onnx(prune(dense_file, s))
+        rows = {}
+        for sparse in (False, True):
+            for row in _compiled(graph, sparse).profile(*feeds, repeat=args.repeat):
+                rows.setdefault(row["nodes"][0], {})[sparse] = row
+        print(f"# {platform.node()} {cpu.cpu}, {threads} thread(s); {name} at {s:.0%} zeros: "
+              f"each kernel alone (wall clock), dense kernels / find_sparsity's choice")
+        print(f"{'first node':34} {'dense ms':>9} {'chosen ms':>9} {'ratio':>6}  template")
+        total = {False: 0.0, True: 0.0}
+        for first, pair in sorted(rows.items(), key=lambda kv: -max(
+                r["ms"] for r in kv[1].values())):
+            ms = {k: pair[k]["ms"] if k in pair else float("nan") for k in (False, True)}
+            for k in total:
+                total[k] += ms[k] if k in pair else 0.0
+            chosen = pair.get(True, pair.get(False))
+            print(f"{first[:34]:34} {ms[False]:9.3f} {ms[True]:9.3f} "
+                  f"{ms[False] / ms[True]:6.2f}  {chosen.get('template', '')} "
+                  f"{chosen.get('config', '')}"[:160], flush=True)
+        print(f"{'sum':34} {total[False]:9.3f} {total[True]:9.3f} "
+              f"{total[False] / total[True]:6.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=MODELS)
@@ -279,6 +334,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--layers", action="store_true")
     parser.add_argument("--match", default="", help="--layers: only layers whose name has this")
+    parser.add_argument("--profile", help="one model's kernels, dense and as chosen")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time calls by the process's CPU time (1 thread only)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # one thread count, in this process
@@ -286,11 +342,12 @@ def main() -> None:
     if args.cpu_time and args.threads != "1" and args.one != "1":
         parser.error("--cpu-time times calls at --threads 1 (other threads' CPU time "
                      "counts too)")
-    default = "0.5,0.7,0.9" if args.layers else "0,0.3,0.7,0.9"
+    default = "0.5,0.7,0.9" if args.layers else "0.9" if args.profile else "0,0.3,0.7,0.9"
     sparsity = args.sparsity or default
     if args.one:
         args.sparsity = [float(s) for s in sparsity.split(",")]
-        (layers_table if args.layers else models_table)(args)
+        (layers_table if args.layers else profile_table if args.profile else
+         models_table)(args)
         return
     for n in args.threads.split(","):
         env = {**os.environ, "DNNC_NUM_THREADS": n}
@@ -298,6 +355,7 @@ def main() -> None:
                         "--size", str(args.size), "--sparsity", sparsity,
                         "--repeat", str(args.repeat), "--blocks", str(args.blocks)]
                        + (["--layers", "--match", args.match] if args.layers else [])
+                       + (["--profile", args.profile] if args.profile else [])
                        + (["--cpu-time"] if args.cpu_time else []),
                        env=env, check=True)
 

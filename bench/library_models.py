@@ -108,6 +108,8 @@ def _tokens(seq: int):
 # name: (constructor, example input); the input's axis 0 is the symbolic batch
 MODELS = {
     "resnet18_tv": (_torchvision("resnet18"), _image),
+    "resnet50_tv": (_torchvision("resnet50"), _image),
+    "mobilenet_v2_tv": (_torchvision("mobilenet_v2"), _image),
     "mobilenet_v3_small_tv": (_torchvision("mobilenet_v3_small"), _image),
     "efficientnet_b0": (_torchvision("efficientnet_b0"), _image),
     "shufflenet_v2": (_torchvision("shufflenet_v2_x1_0"), _image),

@@ -546,8 +546,8 @@ class _Legalizer:
         return wrap(L.Mma(s.precision, acc, offset, a, b))
 
     def leaf(self, s: L.Stmt) -> L.Stmt:
-        """A statement of expressions only (ldmatrix, cp.async, wgmma and their groups and
-        fences, tile products): each legal."""
+        """A statement of expressions only (prefetches, ldmatrix, cp.async, wgmma and their
+        groups and fences, tile products): each legal."""
         out, wrap = self.own(lambda: L.map_exprs(s, self.expr))
         return wrap(out)
 
@@ -616,8 +616,8 @@ _STATEMENTS: dict[type, Callable] = {
     L.Seq: _Legalizer.seq, L.Allocate: _Legalizer.allocate, L.Barrier: _Legalizer.barrier,
     L.For: _Legalizer.loop, L.Let: _Legalizer.let, L.If: _Legalizer.if_,
     L.Store: _Legalizer.store, L.Mma: _Legalizer.mma,
-    **{kind: _Legalizer.leaf for kind in (L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait,
-                                          L.Wgmma, L.WgmmaFence, L.WgmmaCommit, L.WgmmaWait,
+    **{kind: _Legalizer.leaf for kind in (L.Prefetch, L.LdMatrix, L.CopyAsync, L.AsyncCommit,
+                                          L.AsyncWait, L.Wgmma, L.WgmmaFence, L.WgmmaCommit, L.WgmmaWait,
                                           L.ProxyFence, L.TileProduct)},
 }
 

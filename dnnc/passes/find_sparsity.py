@@ -226,7 +226,10 @@ multiply-adds (BERT-base's 768 x 3072 products 2.7, resnet50's 1x1 convs 3.8 to 
 from its loads (an entry: two broadcast shared loads and one 128-bit load of B for 4 x 32
 FMAs), which chose the SpMM at BERT's products where it ran 0.61 to 0.90 of dense. At this
 value the rule keeps every layer timed there dense at 90% (the faster 1x1 convs, 1.2 to 1.6x,
-were estimated at break-even): the SpMM is a kernel for the tuner, not yet the default."""
+were estimated at break-even): the SpMM is a kernel for the tuner, not yet the default. Kept
+after the staged SpMM's timings (H200, BERT-base's products at 90%: batch 32 0.34-0.52 of
+dense by default, batch 1 0.71-1.43; docs/cuda_backend.md): the measured / estimated ratio
+ran 1.09-1.66 at batch 1 and 0.36-0.55 at batch 32, which no one efficiency fits."""
 GPU_LAUNCH_S = 2e-6
 """A launch in a CUDA graph (GPU.md): the SpMM is two of them (three for a SparseDense)."""
 GPU_MARGIN = 1.2

@@ -574,6 +574,9 @@ class _Emitter:
         self.stmt(s.body, depth + 1)
         self.emit(depth, "}")
 
+    def prefetch(self, s: L.Prefetch, depth: int) -> None:
+        """Nothing: a CPU template's cache hint (`L.Prefetch` changes no value)."""
+
     def barrier(self, s: L.Barrier, depth: int) -> None:
         self.emit(depth, "__syncthreads();")
 
@@ -706,7 +709,7 @@ _STMT: dict[type, Callable] = {
     L.AsyncCommit: _Emitter.async_commit, L.AsyncWait: _Emitter.async_wait,
     L.Wgmma: _Emitter.wgmma, L.WgmmaFence: _Emitter.wgmma_fence,
     L.WgmmaCommit: _Emitter.wgmma_commit, L.WgmmaWait: _Emitter.wgmma_wait,
-    L.ProxyFence: _Emitter.proxy_fence,
+    L.ProxyFence: _Emitter.proxy_fence, L.Prefetch: _Emitter.prefetch,
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,

@@ -263,6 +263,13 @@ class FunctionEmitter:
     def barrier(self, s: L.Barrier) -> None:
         self.fail("barriers are GPU-only")
 
+    def prefetch(self, s: L.Prefetch) -> None:
+        """`llvm.prefetch` of the element's line: a read, kept in every cache level (the x86
+        prefetcht0)."""
+        fn = self.mb.declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+        self.b.call(fn, [self.address(s.at.buffer, s.at.indices), ir.Constant(I32, 0),
+                         ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
     def warp_memory(self, s: L.Stmt) -> None:
         self.fail(f"{type(s).__name__} (ldmatrix, cp.async, wgmma) is GPU-only")
 
@@ -509,7 +516,7 @@ _STMT: dict[type, Callable] = {
     L.Seq: FunctionEmitter.seq, L.For: FunctionEmitter.loop, L.Store: FunctionEmitter.store,
     L.Let: FunctionEmitter.let, L.If: FunctionEmitter.if_, L.Allocate: FunctionEmitter.allocate,
     L.Barrier: FunctionEmitter.barrier, L.Mma: FunctionEmitter.mma,
-    L.TileProduct: FunctionEmitter.tile_product,
+    L.Prefetch: FunctionEmitter.prefetch, L.TileProduct: FunctionEmitter.tile_product,
     **{kind: FunctionEmitter.warp_memory for kind in (
         L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait, L.Wgmma, L.WgmmaFence,
         L.WgmmaCommit, L.WgmmaWait, L.ProxyFence)},

@@ -21,8 +21,8 @@ from .nodes import (
     LOGIC, MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES, SPARSE_MMA,
     SPARSE_MMA_REGISTERS, SWIZZLE_BYTES, TILE_PRECISIONS, TILE_REGISTERS, TILE_ROWS, WGMMA_K,
     Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Buffer, Call, Cast, Const, CopyAsync, Expr,
-    For, ForKind, If, IterVar, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope,
-    Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
+    For, ForKind, If, IterVar, LdMatrix, Let, Load, Mma, Prefetch, PrimFunc, ProxyFence, Reduce,
+    Scope, Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
     call, const, eq, logical_and, logical_or, loop_nest, maximum, minimum, mma_fragments, ne,
     seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
@@ -42,7 +42,7 @@ __all__ = [
     "TILE_ROWS", "WGMMA_K",
     "Allocate", "AsyncCommit", "AsyncWait", "Barrier", "BinOp", "Buffer", "Call", "Cast", "Const",
     "CopyAsync", "Expr", "For", "ForKind", "If", "IterVar", "LdMatrix", "Let", "Load", "Mma",
-    "PrimFunc", "ProxyFence", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store",
+    "Prefetch", "PrimFunc", "ProxyFence", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store",
     "TileProduct", "Var", "Wgmma", "WgmmaCommit", "WgmmaFence", "WgmmaWait", "call", "const", "eq",
     "logical_and", "logical_or", "loop_nest", "maximum", "minimum", "mma_fragments", "ne", "seq",
     "static_shape",

@@ -1,8 +1,8 @@
 """Operator-IR nodes: expressions, statements, buffers and `PrimFunc`, with their constructors.
 
 Expressions (`Var`, `Const`, `BinOp`, `Call`, `Cast`, `Select`, `Load`, `Reduce`) and statements
-(`For`, `Store`, `Let`, `If`, `Allocate`, `Seq`, `Barrier`, `Mma`, `LdMatrix`, `CopyAsync`,
-`AsyncCommit`, `AsyncWait`, `Wgmma`, `WgmmaFence`, `WgmmaCommit`, `WgmmaWait`, `ProxyFence`)
+(`For`, `Store`, `Let`, `If`, `Allocate`, `Seq`, `Prefetch`, `Barrier`, `Mma`, `LdMatrix`,
+`CopyAsync`, `AsyncCommit`, `AsyncWait`, `Wgmma`, `WgmmaFence`, `WgmmaCommit`, `WgmmaWait`, `ProxyFence`)
 are immutable dataclasses, so `==`
 is structural equality and nodes hash. Arithmetic operators build expressions (`i * 4 + j`);
 comparisons other than `==`/`!=` do too (`i < n`); use `eq(a, b)` / `ne(a, b)` for those two.
@@ -444,6 +444,18 @@ class Seq(Stmt):
 
     def __hash__(self):
         return hash(("Seq", self.stmts))
+
+
+@dataclass(frozen=True, eq=True)
+class Prefetch(Stmt):
+    """A hint that the element `at` names (a `Load` used as an address, never evaluated) will
+    be read soon: its cache line is fetched towards the caches (llvm's `llvm.prefetch`, which
+    never faults). It changes no value; a backend may render nothing for it."""
+
+    at: Load
+
+    def __hash__(self):
+        return hash(("Prefetch", self.at))
 
 
 @dataclass(frozen=True, eq=True)

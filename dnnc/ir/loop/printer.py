@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from .nodes import (
     INDEX, MMA_SHAPES, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Cast, Const,
-    CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce,
-    Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+    CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mma, Prefetch, PrimFunc, ProxyFence,
+    Reduce, Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 
 
 _PRECEDENCE = {"or": 1, "and": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
@@ -85,6 +85,8 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
                 f"{print_expr(s.src_bytes)})\n")
     if isinstance(s, AsyncCommit):
         return f"{pad}cp_async_commit()\n"
+    if isinstance(s, Prefetch):
+        return f"{pad}prefetch({print_expr(s.at)})\n"
     if isinstance(s, AsyncWait):
         return f"{pad}cp_async_wait({s.pending})\n"
     if isinstance(s, Wgmma):

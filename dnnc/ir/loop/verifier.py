@@ -15,8 +15,8 @@ from .nodes import (
     INTEGER_MMA, LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, SPARSE_MMA,
     SPARSE_MMA_REGISTERS, TILE_PRECISIONS,
     TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Const, CopyAsync,
-    For, If, LdMatrix, Let, Load, Mma, PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Store,
-    TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+    For, If, LdMatrix, Let, Load, Mma, Prefetch, PrimFunc, ProxyFence, Reduce, Scope, Select, Seq,
+    Store, TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from .printer import print_expr
 from .traversal import walk
 
@@ -280,6 +280,8 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
     elif isinstance(s, LdMatrix):
         _check_ldmatrix(func, s, gpu if placement else {"threadIdx.x"})
         exprs(s.dst, s.src)
+    elif isinstance(s, Prefetch):
+        exprs(s.at)
     elif isinstance(s, CopyAsync):
         _check_copy_async(func, s, gpu if placement else {"threadIdx.x"})
         exprs(s.dst, s.src, s.src_bytes)

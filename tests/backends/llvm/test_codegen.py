@@ -509,6 +509,24 @@ def test_if_without_else_and_zero_extent_loops(rng):
     call(jm, f, [empty, empty], (0,))
 
 
+def test_prefetch_is_a_prefetch_instruction_and_changes_nothing(rng):
+    """`L.Prefetch` renders as the x86 prefetch of the element's line (llvm.prefetch), the
+    element never read: a copy with a prefetch of the element 8 on, past the end at the last
+    elements, copies the same."""
+    n = L.Var("N")
+    x, y = L.Buffer("x", T.float32, (n,)), L.Buffer("y", T.float32, (n,))
+    i = L.Var("i")
+    body = L.For(i, n, L.seq(L.Prefetch(x[i + 8]), L.Store(y, (i,), x[i])))
+    f = L.PrimFunc("prefetched_copy", (x, y), body, (n,))
+    assert "prefetch(x[i + 8])" in str(f)
+    jm = jit(f, opt=3)
+    assert "prefetcht0" in jm.assembly()
+    a = random(rng, T.float32, 50, -100, 100)
+    out = np.empty_like(a)
+    call(jm, f, [a, out], (50,))
+    assert_same(out, a)
+
+
 @pytest.mark.parametrize("extent", [4, 10000, None], ids=["stack", "heap", "dynamic"])
 def test_allocate_scratch_on_stack_heap_and_dynamic(rng, extent):
     """Two passes through a scratch buffer: reversed copy, then prefix sum."""

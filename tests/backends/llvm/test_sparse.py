@@ -298,9 +298,12 @@ def test_a_sparse_dense_propagates_nonfinite_inputs_as_the_dense_one(rng, shape)
 
 
 @pytest.mark.parametrize("pack", [False, True])
-def test_a_1x1_sparse_conv_read_in_place_propagates_nonfinite_inputs(rng, pack):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_1x1_sparse_conv_read_in_place_propagates_nonfinite_inputs(rng, pack, prefetch):
     """The config reading a 1x1 conv's activations in place (pack=False: its flags found by a
-    pass of their own) and the packed one, built through schedule_kernel and run."""
+    pass of their own) and the packed one, with and without the rows' prefetches (3 slices:
+    a row fetches the entries of a later one, the last rows none past the end), built through
+    schedule_kernel and run."""
     import ctypes
 
     from dnnc.backends.llvm.codegen import ModuleBuilder
@@ -320,7 +323,7 @@ def test_a_1x1_sparse_conv_read_in_place_propagates_nonfinite_inputs(rng, pack):
     with np.errstate(invalid="ignore"):
         want = conv(feed.astype(np.float64), w.astype(np.float64), b.astype(np.float64))
     kernel = lower_group(g.nodes, "k", outputs=g.outputs)
-    func = schedule_kernel(kernel, host_target(), config=SparseConfig(16, 2, 2, pack))
+    func = schedule_kernel(kernel, host_target(), config=SparseConfig(16, 2, 2, pack, prefetch))
     mb = ModuleBuilder("nan")
     mb.add(func)
     jit = JITModule(str(mb), host_target(), 2)
