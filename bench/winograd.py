@@ -110,7 +110,8 @@ def layers_table(args) -> None:
         ms = interleaved({k: (lambda mod=mod: mod.run(x)) for k, mod in models.items()},
                          args.repeat, args.blocks)
         costs = conv3x3_costs(1, c, m, side, side, target.panel("pack_conv"),
-                              target.vector_bits, target.threads, args.precision)
+                              target.vector_bits, target.threads, args.precision,
+                              target.fma_ports)
         pick = min(costs, key=costs.get)
         print(f"{f'{c}->{m} @{side}':>16} {ms['direct']:10.3f} " +
               " ".join(f"{ms['direct'] / ms[t]:7.2f}" for t in tiles) +

@@ -115,6 +115,10 @@ class Target:
     # them; a model's values of the others are computed in float32, converted at compile time
     # (passes/widen_half.py). The target's entry says, from the machine's features.
     half_arithmetic: tuple[str, ...] = ("float16", "bfloat16")
+    # a CPU's multiply-adds of its widest vectors a cycle, which the cost models read
+    # (passes/conv_costs.py): 2 (two full-width FMA pipes) unless the host measured fewer
+    # (backends/llvm/fma_rate.py: Zen 4 runs AVX-512 in halves, 1)
+    fma_ports: int = 2
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:

@@ -17,13 +17,10 @@ it) but its error is ~100x the direct conv's (docs/llvm_backend.md, "Winograd co
 never chosen. At bf16 (transformed patches rounded to bf16) F(4x4)'s error measured ~10x the
 bf16 direct conv's (1.5-3.1e-2 of the largest output a layer, F(2x2) 1.5x: 2.3-4.6e-3)."""
 
-FMA_PORTS = 2
-"""Vector multiply-adds a cycle: two FMA pipes (AVX-512 on Zen 4/5, Skylake-SP and later)."""
-
 STEP_CYCLES = 6
 """The fewest cycles a reduction step of the micro-kernel takes (a broadcast, the weight
 vectors' loads, the multiply-adds' latency), fitted: a tile of fewer accumulators than
-FMA_PORTS x STEP_CYCLES leaves the pipes idle (F(4x4)'s 2 tiles a row of a 7x7 output)."""
+fma_ports x STEP_CYCLES leaves the pipes idle (F(4x4)'s 2 tiles a row of a 7x7 output)."""
 
 L2_BYTES = 1 << 20
 """What stays in a core's L2 between reuses: a channel block's transformed filters
@@ -63,23 +60,29 @@ def _transform_ops(m: int) -> tuple[int, int]:
     return 2 * alpha * ops(w.bt), (alpha + m) * ops(w.at)
 
 
-def _step(rows: int, vectors: int, lanes: int, weight_bytes_per_cycle: float) -> float:
+def _step(rows: int, vectors: int, lanes: int, weight_bytes_per_cycle: float,
+          fma_ports: int) -> float:
     """Cycles of one reduction step of a rows x vectors tile of accumulators: its
-    multiply-adds at FMA_PORTS a cycle, at least STEP_CYCLES, at least its weight vectors'
+    multiply-adds at `fma_ports` a cycle, at least STEP_CYCLES, at least its weight vectors'
     bytes at the cache's rate."""
-    return max(rows * vectors / FMA_PORTS, STEP_CYCLES,
+    return max(rows * vectors / fma_ports, STEP_CYCLES,
                vectors * lanes * 4 / weight_bytes_per_cycle)
 
 
 def conv3x3_costs(n: int, c: int, oc: int, oh: int, ow: int, nr: int, vector_bits: int,
-                  threads: int, precision: str = "fp32") -> dict[int | None, float]:
+                  threads: int, precision: str = "fp32", fma_ports: int = 2
+                  ) -> dict[int | None, float]:
     """Estimated cycles of the conv [n, c, oh + 2, ow + 2] -> [n, oc, oh, ow] (3x3 stride 1)
     direct (key None) and by F(m x m, 3x3) (key m) for each m of the precision's
     `WINOGRAD_TILES`. The direct conv runs 8-pixel by NR tiles over 9 C steps; Winograd
     transforms each alpha x alpha patch (T patches in a vector), runs alpha^2 products of
     T x NR tiles over C steps, and transforms each tile back; the parallel loops split whole
     units over `threads`; each reads its weights from memory once. At bf16 a step takes a
-    pair of channels (vdpbf16ps) and a weight 2 bytes; the transforms stay fp32."""
+    pair of channels (vdpbf16ps) and a weight 2 bytes; the transforms stay fp32. `fma_ports`:
+    full-width multiply-adds a cycle (`Target.fma_ports`: 2 where the constants were fitted,
+    Zen 5; 1 on Zen 4's AVX-512, where cnn's 16->32 @16, 32->64 @8 and 512->512 @7 measured
+    F(2x2) 1.29-1.39x the direct conv, all estimated slower with 2, and F(2x2) with 1; but
+    16->16 @56, now estimated F(4x4), measured 0.80x: docs/llvm_backend.md)."""
     lanes = max(vector_bits // 32, 1)
     vectors = max(nr // lanes, 1)
     rows = 8 if vector_bits >= 512 else 4
@@ -87,7 +90,7 @@ def conv3x3_costs(n: int, c: int, oc: int, oh: int, ow: int, nr: int, vector_bit
     pixel_tiles = -(-oh * ow // rows)
     per_step, weight_bytes = (2, 2) if precision == "bf16" else (1, 4)
     steps = -(-c // per_step)
-    direct = n * blocks * _share(pixel_tiles, threads) * 9 * steps * rows * vectors / FMA_PORTS
+    direct = n * blocks * _share(pixel_tiles, threads) * 9 * steps * rows * vectors / fma_ports
     costs = {None: direct + 9 * c * oc * weight_bytes / MEMORY_BYTES_PER_CYCLE}
     for m in WINOGRAD_TILES[precision]:
         tw, th = -(-ow // m), -(-oh // m)
@@ -96,7 +99,7 @@ def conv3x3_costs(n: int, c: int, oc: int, oh: int, ow: int, nr: int, vector_bit
         alpha2 = (m + 2) ** 2
         in_ops, out_ops = _transform_ops(m)
         rate = L2_BYTES_PER_CYCLE if alpha2 * c * nr * 4 <= L2_BYTES else L3_BYTES_PER_CYCLE
-        products = alpha2 * (steps * _step(t, vectors, lanes, rate) +
+        products = alpha2 * (steps * _step(t, vectors, lanes, rate, fma_ports) +
                              POSITION_OP_CYCLES * t * vectors)
         back = t * out_ops * vectors * OUTPUT_OP_CYCLES
         transform = c * in_ops * INPUT_OP_CYCLES

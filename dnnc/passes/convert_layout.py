@@ -221,7 +221,7 @@ def winograd_tile(node: Node, target: Target) -> int | None:
     n, _, oh, ow = node.outputs[0].type.shape
     costs = conv3x3_costs(n if isinstance(n, int) else 1, c, oc, oh, ow,
                           target.panel("pack_conv"), target.vector_bits, target.threads,
-                          target.precision)
+                          target.precision, target.fma_ports)
     return min(costs, key=costs.get)
 
 

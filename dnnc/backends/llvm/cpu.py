@@ -1,6 +1,7 @@
 """The CPU the llvm target compiles for, as an `ir.Target`: `host_target` probes this machine,
 `cpu_from` describes another CPU (what --mcpu/--mattr say), and `llvm_cpu` turns a Target into
-the CPU name and feature string LLVM is handed. It must never compile code."""
+the CPU name and feature string LLVM is handed. It compiles no code itself (`fma_rate` times
+the host's multiply-adds)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import llvmlite.binding as llvm
 
 from ...ir.target import Target
 from .amx import TILE_DOTS, request_tile_state
+from .fma_rate import widest_fma_ports
 from .process import initialize
 from .workers import ensure_pool
 
@@ -59,9 +61,11 @@ def _without_refused_tiles(features: str) -> str:
 
 def host_target() -> Target:
     """This machine as the llvm target compiles for it: its CPU, every feature LLVM detects
-    on the architecture (signed), and the threads of the worker pool (started here)."""
+    on the architecture (signed), the threads of the worker pool (started here) and its
+    widest vectors' multiply-adds a cycle (measured once)."""
     name, features = _host_cpu()
-    return Target("llvm", name, features, threads=ensure_pool())
+    target = Target("llvm", name, features, threads=ensure_pool())
+    return replace(target, fma_ports=widest_fma_ports(name, features, target.vector_bits))
 
 
 def _levels() -> dict[str, tuple[str, ...]]:
@@ -114,7 +118,10 @@ def cpu_from(name: str | None = None, mattr: str | None = None) -> Target:
                              f"has {feature}, code without it cannot be made")
         features.pop(feature, None)  # last in the string: LLVM applies features in order
         features[feature] = sign
-    return replace(host, cpu=name, features=",".join(sign + f for f, sign in features.items()))
+    target = replace(host, cpu=name, features=",".join(sign + f for f, sign in features.items()))
+    if (name, target.vector_bits) != (host.cpu, host.vector_bits):   # not what was measured
+        target = replace(target, fma_ports=Target.fma_ports)
+    return target
 
 
 _PROBE = """

@@ -1,7 +1,9 @@
 """The default schedule's `_flat_rows`: two loops over an NCHW plane's narrow rows become one
 loop over the plane (a global pool's sum then splits into vector lanes, an elementwise op or
-a broadcast runs whole vectors), results as the NumPy reference's; wide rows, and loops whose
-indices are not the plane's (a transpose), keep their two loops; a flat plane of at most
+a broadcast runs whole vectors), results as the NumPy reference's; wide rows too where nothing
+is summed over them (LLVM vectorised a 40-wide row's outer loop with gathers and scatters);
+a sum over wide rows, and loops whose indices are not the plane's (a transpose), keep their
+two loops; a flat plane of at most
 FLAT_VECTOR_MAX pixels with no sum over it is one VECTORIZED loop."""
 
 import numpy as np
@@ -44,6 +46,16 @@ def test_a_broadcast_product_and_a_silu_run_the_plane_as_one_loop(rng):
              rng.standard_normal((1, 16, 1, 1)).astype(np.float32)]
     source = _check(model, feeds)
     assert "range(49)" in source and "range(7)" not in source, source
+
+
+@pytest.mark.parametrize("side", [40, 56])
+def test_a_broadcast_product_over_wide_rows_runs_the_plane_as_one_loop(rng, side):
+    model = _model([helper.make_node("Mul", ["x", "c"], ["y"])],
+                   [("x", [1, 8, side, side]), ("c", [1, 8, 1, 1])], ["y"])
+    feeds = [rng.standard_normal((1, 8, side, side)).astype(np.float32),
+             rng.standard_normal((1, 8, 1, 1)).astype(np.float32)]
+    source = _check(model, feeds)
+    assert f"range({side * side})" in source and f"range({side})" not in source, source
 
 
 @pytest.mark.parametrize("side,vectorized", [(7, True), (8, True), (9, False)])
