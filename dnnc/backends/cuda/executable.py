@@ -394,38 +394,45 @@ class CUDARuntime(Executable):
         if kind == "cupy":
             return [self.cupy.array(a) for a in outs]   # a copy, on the current stream
         if kind == "torch":
-            return [self._to_torch(a, v.type.dtype.np) for v, a in zip(self.graph.outputs, outs)]
+            return self._to_torch(outs)
         return [self._to_host(a, v.type.dtype.np) for v, a in zip(self.graph.outputs, outs)]
 
-    def _to_torch(self, a, dtype: np.dtype):
-        """Output `a` copied into a new PyTorch tensor on the current device: allocated by
-        PyTorch (its caching allocator, on its current stream) and filled by one
+    def _to_torch(self, outs: list) -> list:
+        """The outputs `outs` copied into new PyTorch tensors on the current device: each
+        allocated by PyTorch (its caching allocator, on its current stream) and filled by one
         memcpyAsync on CuPy's current stream, which `_caller_stream` made PyTorch's where an
-        input was a tensor (else PyTorch's stream is made to wait for it). A CuPy copy
-        wrapped by `torch.from_dlpack` cost ~50 us an output under cProfile on an H200,
+        input was a tensor (else PyTorch's stream is made to wait for it, once a call). A CuPy
+        copy wrapped by `torch.from_dlpack` cost ~50 us an output under cProfile on an H200,
         most of a small partition's call (bench/torch_decode.py)."""
         import torch   # (the caller asked for tensors: it has PyTorch)
 
         cupy = self.cupy
-        kind = torch.bfloat16 if dtype.name == "bfloat16" else \
-            torch.from_numpy(np.empty(0, dtype)).dtype
+        runtime = cupy.cuda.runtime
         device = torch.device("cuda", cupy.cuda.Device().id)
-        if not _is_device(a):   # a host step's output
-            host = np.ascontiguousarray(a)
-            if kind is torch.bfloat16:
-                return torch.from_numpy(host.view(np.int16)).view(kind).to(device)
-            return torch.from_numpy(host).to(device)
-        a = cupy.ascontiguousarray(cupy.asarray(a))
-        out = torch.empty(a.shape, dtype=kind, device=device)
-        if a.nbytes:
-            stream = cupy.cuda.get_current_stream()
-            runtime = cupy.cuda.runtime
-            runtime.memcpyAsync(out.data_ptr(), a.data.ptr, a.nbytes,
-                                runtime.memcpyDeviceToDevice, stream.ptr)
-            current = torch.cuda.current_stream(device)
-            if current.cuda_stream != stream.ptr:
-                current.wait_stream(torch.cuda.ExternalStream(stream.ptr, device=device))
-        return out
+        stream = cupy.cuda.get_current_stream()
+        keep, tensors = [], []   # keep: contiguous copies of strided outputs, until enqueued
+        for v, a in zip(self.graph.outputs, outs):
+            dtype = v.type.dtype.np
+            kind = torch.bfloat16 if dtype.name == "bfloat16" else \
+                torch.from_numpy(np.empty(0, dtype)).dtype
+            face = _face(a)
+            if face is None:   # a host step's output
+                host = np.ascontiguousarray(a)
+                if kind is torch.bfloat16:
+                    tensors.append(torch.from_numpy(host.view(np.int16)).view(kind).to(device))
+                else:
+                    tensors.append(torch.from_numpy(host).to(device))
+                continue
+            out = torch.empty(tuple(face["shape"]), dtype=kind, device=device)
+            nbytes = _nbytes(face["shape"], dtype)
+            if nbytes:
+                runtime.memcpyAsync(out.data_ptr(), _contiguous_address(a, face, cupy, keep),
+                                    nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
+            tensors.append(out)
+        current = torch.cuda.current_stream(device)
+        if current.cuda_stream != stream.ptr:
+            current.wait_stream(torch.cuda.ExternalStream(stream.ptr, device=device))
+        return tensors
 
     def _to_host(self, a, dtype: np.dtype) -> np.ndarray:
         if not _is_device(a):

@@ -155,6 +155,36 @@ def test_a_torch_input_runs_on_torchs_current_stream(simulated, rng, monkeypatch
     assert model.benchmark(Tensor(x), repeat=2, warmup=0)["median_ms"] >= 0
 
 
+def test_torch_outputs_are_tensors_filled_on_the_calls_stream(simulated, rng, monkeypatch):
+    """to="torch": each output a tensor PyTorch allocates, filled by one device copy of the
+    frame's buffer (the next call leaves it); PyTorch's current stream, where it is not the
+    call's, waits for the call once. PyTorch's CUDA side is stubbed (its tensors are host
+    tensors here, the simulated device's memory being the host's)."""
+    real = pytest.importorskip("torch")
+    from dnnc.compiler.module import CompiledModel
+
+    waits = []
+    current = types.SimpleNamespace(cuda_stream=0, wait_stream=waits.append)
+    torch = types.ModuleType("torch")
+    torch.Tensor, torch.bfloat16, torch.from_numpy = real.Tensor, real.bfloat16, real.from_numpy
+    torch.device = lambda kind, index: (kind, index)
+    torch.empty = lambda shape, dtype, device: real.empty(shape, dtype=dtype)
+    torch.cuda = types.SimpleNamespace(current_stream=lambda device: current,
+                                       ExternalStream=lambda ptr, device: ("stream", ptr))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    model = CompiledModel(*_graph_and(simulated(relu_model([3, 5]))), "cuda")
+    x, x2 = (rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32) for _ in range(2))
+    copies = len(FAKE.copies)
+    y = model(x, to="torch")
+    assert isinstance(y, real.Tensor) and y.dtype == real.float32
+    assert FAKE.copies[copies:].count(3) >= 1 and waits == []   # device to device, one stream
+    current.cuda_stream = 0x7f00
+    y2 = model(x2, to="torch")
+    np.testing.assert_array_equal(y.numpy(), x)   # not overwritten by the second call
+    np.testing.assert_array_equal(y2.numpy(), x2)
+    assert waits == [("stream", 0)]   # once for the call
+
+
 def test_a_producer_stream_an_input_names_is_waited_for(simulated, rng):
     """`__cuda_array_interface__` version 3 names the stream its data is produced on: the
     call's stream waits for it (an event), unless it is the call's own or the legacy default
