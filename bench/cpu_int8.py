@@ -58,7 +58,6 @@ from dnnc.backends.llvm.cpu import host_target  # noqa: E402
 from dnnc.testing.quantized_files import (  # noqa: E402
     export_transformer, quantize_dynamic, quantize_static)
 from cpu import EXPORTS, median_block_ms  # noqa: E402  (bench/cpu.py, beside this script)
-from cpu_sparse import median_cpu_ms  # noqa: E402
 
 ISSUE_MODELS = "resnet50,mobilenet_v2,efficientnet_b0,regnet_y_400mf,convnext_tiny,bert_hf,gpt2_hf"
 """issue 33's list: the CPU bars are geometric means over these."""
@@ -179,7 +178,7 @@ def one_model(name: str, args, folder: Path, threads: int, peers: list[str]) -> 
                 precisions[label, peer] = "failed"
                 continue
             fns[label, peer] = lambda call=call: call(feeds)
-    ms = (median_cpu_ms if args.cpu_time else median_block_ms)(fns, args.repeat, args.blocks)
+    ms = median_block_ms(fns, args.repeat, args.blocks, args.cpu_time)
     return {label: {"fp32": ms["fp32"], "int8": ms[label, "int8"],
                     **{peer: ms.get((label, peer), math.nan) for peer in peers},
                     **{(peer, "precision"): precisions[label, peer] for peer in peers}}

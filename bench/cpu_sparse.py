@@ -50,7 +50,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -156,22 +155,6 @@ def _products(model: CompiledModel) -> tuple[int, int]:
                                        "MatMul", "Gemm") for op in ops)
 
 
-def median_cpu_ms(fns: dict, repeat: int, blocks: int) -> dict:
-    """As bench/cpu.py's median_block_ms (interleaved blocks, the median block's median
-    call), each call timed by the process's CPU time (`--cpu-time`, 1 thread)."""
-    times: dict = {k: [] for k in fns}
-    for _ in range(blocks):
-        for key, fn in fns.items():
-            fn(), fn()
-            calls = []
-            for _ in range(repeat):
-                start = time.process_time()
-                fn()
-                calls.append((time.process_time() - start) * 1e3)
-            times[key].append(float(np.median(calls)))
-    return {k: float(np.median(v)) for k, v in times.items()}
-
-
 def model_rows(name: str, args) -> list[tuple]:
     dense_file, feeds = dense_model(name, args.size)
     fns, extra = {}, {}
@@ -188,7 +171,7 @@ def model_rows(name: str, args) -> list[tuple]:
                           max(np.abs(np.asarray(w)).max(), 1e-30)) for g, w in zip(got, want))
         extra[s] = (_products(sparse), error)
         fns[s] = lambda m=sparse: m(**feeds)
-    ms = (median_cpu_ms if args.cpu_time else median_block_ms)(fns, args.repeat, args.blocks)
+    ms = median_block_ms(fns, args.repeat, args.blocks, args.cpu_time)
     rows = []
     for s in sorted(ms):
         (n_sparse, n_all), error = extra.get(s, (_products(base), 0.0))
@@ -283,9 +266,8 @@ def layers_table(args) -> None:
         for zeros in args.sparsity:
             dense_g, sparse_g, data, nnz = _layer_graphs(shape, rows, channels, k, zeros, rng)
             dense, sparse = _compiled(dense_g, False), _compiled(sparse_g, False)
-            timer = median_cpu_ms if args.cpu_time else median_block_ms
-            ms = timer({"dense": lambda: dense(data), "sparse": lambda: sparse(data)},
-                       args.repeat, args.blocks)
+            ms = median_block_ms({"dense": lambda: dense(data), "sparse": lambda: sparse(data)},
+                                 args.repeat, args.blocks, args.cpu_time)
             estimate = find_sparsity.dense_cycles(places, rows, depth, lanes) / \
                 find_sparsity.sparse_cycles(places, rows, depth, nnz, lanes,
                                             not isinstance(shape, tuple)) if k == 1 else \

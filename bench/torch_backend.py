@@ -3,7 +3,7 @@ dnnc through ONNX, on torchvision's, timm's and transformers' own modules, in on
 
     python bench/torch_backend.py [--models resnet18_tv,efficientnet_b0,bert_hf,...]
                                   [--threads 2] [--repeat 10] [--blocks 3] [--no-onnx]
-                                  [--target llvm|cuda]
+                                  [--target llvm|cuda] [--cpu-time]
 
 Models are bench/library_models.py's (random seeded weights, nothing downloaded) at batch 1.
 Every runtime gets `--threads` threads (torch.set_num_threads, DNNC_NUM_THREADS) and runs
@@ -14,6 +14,11 @@ dnnc-backend / dnnc-onnx (the same model exported by torch's TorchScript exporte
 by `dnnc.compile`), their geometric means, each runtime's compile seconds, and whether the
 backend's outputs match eager's (and how many ATen ops stayed in torch). Needs torch (and the
 libraries whose models are asked for); never imported by dnnc.
+
+`--cpu-time` (llvm, `--threads 1`): each call timed by this process's CPU time instead of the
+wall clock, so that other jobs on a shared machine, which take the core away mid-call, add
+nothing (every runtime computes on the caller's thread at 1 thread: torch's intra-op pool
+and dnnc's run there).
 
 `--target cuda` runs every runtime on the GPU (model and input moved there): inductor with
 `mode="reduce-overhead"` (CUDA graphs), the backend with the cuda target (CUDA tensors read in
@@ -99,7 +104,7 @@ def measure(name: str, args, folder: Path) -> dict | None:
     error = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
     left = sum(sum(r.torch_ops.values()) for r in torch_backend.reports()[before:])
     times = median_block_ms({k: (lambda fn=fn: fn(x)) for k, fn in runtimes.items()},
-                            args.repeat, args.blocks)
+                            args.repeat, args.blocks, args.cpu_time)
     return {"times": times, "compiles": compiles, "error": error, "left": left}
 
 
@@ -112,7 +117,11 @@ def main(argv=None) -> None:
     parser.add_argument("--no-onnx", action="store_true", help="leave dnnc-through-ONNX out")
     parser.add_argument("--target", default="llvm", choices=("llvm", "cuda"),
                         help="cuda: every runtime on the GPU, inductor in reduce-overhead mode")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time calls by the process's CPU time (llvm, 1 thread only)")
     args = parser.parse_args(argv)
+    if args.cpu_time and (args.threads != 1 or args.target != "llvm"):
+        parser.error("--cpu-time needs --threads 1 and the llvm target")
     if args.target == "cuda":   # fp32 products in eager and inductor too, as dnnc's default
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     os.environ["DNNC_NUM_THREADS"] = str(args.threads)
@@ -121,7 +130,7 @@ def main(argv=None) -> None:
         (platform.processor() or platform.machine())
     print(f"# {machine}, {args.target}, {args.threads} threads, batch 1; "
           f"torch {torch.__version__}, dnnc {dnnc.__version__}; median of {args.blocks} "
-          f"blocks of {args.repeat} calls, ms")
+          f"blocks of {args.repeat} calls, ms{' of CPU time' if args.cpu_time else ''}")
     columns = ["eager", "inductor", "dnnc", "dnnc-onnx"]
     print(f"{'model':22}" + "".join(f"{c:>10}" for c in columns) +
           f"{'/ind':>7}{'/eager':>7}{'/onnx':>7}  compile s (ind, dnnc, onnx)  rel.err  in torch")
