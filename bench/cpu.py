@@ -70,6 +70,7 @@ timed there).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import platform
@@ -445,6 +446,7 @@ def main(argv: list[str] | None = None) -> None:
           + "".join(f"{peer + ' ms':>16} {'ratio':>6}" for peer in peers)
           + "  check  precision (" + ", ".join(peers) + ")")
     ratios: dict[str, list[float]] = {peer: [] for peer in peers}
+    checked = "onnxruntime" in peers or importlib.util.find_spec("onnxruntime") is not None
     for entry in args.models.split(","):
         model, inputs, name = load_model(entry, args.batch, args.float16)
         start = time.perf_counter()
@@ -463,8 +465,9 @@ def main(argv: list[str] | None = None) -> None:
                                                    pause=0.3, cpu_time=args.cpu_time))
         ms = {label: float(np.median(times)) for label, times in blocks.items()}
         check = "-"
-        if "onnxruntime" in peers:
-            ref = runs[1 + peers.index("onnxruntime")].run(inputs)
+        if checked:   # onnxruntime's outputs are the reference, timed or not
+            ref = (runs[1 + peers.index("onnxruntime")] if "onnxruntime" in peers else
+                   onnxruntime_peer(model, threads, args)).run(inputs)
             ok = matches(compiled.run(*inputs.values()), ref, args.float16, args.precision)
             check = "ok" if ok else "MISMATCH"
         for peer in peers:
