@@ -326,7 +326,8 @@ def _dense_variants(k: int, precision: str = "fp32", m: int = 0) -> list[dict]:
                 if split == 1 or k >= 2 * split * MIN_SPLIT_K and m <= 1024 and
                 v["block_m"] <= 128]
     tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
-    wider = ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4))
+    wider = ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4), (64, 256, 8, 8, 8),
+             (64, 128, 8, 8, 8), (128, 256, 8, 8, 8))
     return [dict(zip(tiles, dims), split_k=split) for dims in DEFAULTS + wider
             for split in (1, 2, 4, 8) if split == 1 or k >= split * MIN_SPLIT_K]
 
