@@ -132,7 +132,7 @@ class TileModel:
 DENSE_MODEL = TileModel(DEFAULTS, EFFICIENCY)
 """The dense products' default model (fitted on the H200, above)."""
 
-CONV_MODEL = TileModel(((128, 128, 8, 8, 8), (64, 256, 8, 8, 8), (64, 128, 8, 8, 8),
+CONV_MODEL = TileModel(((128, 128, 8, 8, 8), (64, 128, 8, 8, 8), (64, 256, 8, 8, 8),
                         (64, 64, 16, 4, 4), (32, 64, 16, 2, 4), (32, 32, 16, 2, 2),
                         (16, 32, 16, 1, 2)), (0.5, 0.45, 0.4, 0.3, 0.22, 0.15, 0.08),
                        by_threads=False)
@@ -140,7 +140,8 @@ CONV_MODEL = TileModel(((128, 128, 8, 8, 8), (64, 256, 8, 8, 8), (64, 128, 8, 8,
 64-row tiles for 64 output channels (128 x 128 computed half a tile of padding rows: resnet18's
 stem and first stage). The dense fit does not carry over: with it resnet18 at batch 32 ran
 7.88 ms on the H200 against 5.53 (its patch gather is cheaper per output in a bigger
-tile). The 64-row efficiencies are guesses, not yet fitted."""
+tile). The 64-row efficiencies are guesses, not yet fitted (64 x 128: 128 registers, four
+blocks an SM; 64 x 256 needs 145, one block of 256 threads)."""
 
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
