@@ -262,8 +262,8 @@ def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand
     past_k = k % bk != 0 or tiles % c.split_k != 0   # a tile reads past k
     acc = L.Buffer("acc", T.float32, (c.thread_m * c.thread_n,), L.Scope.LOCAL)
     row0, col0 = by * bm, bx * bn
-    a_in = _Staged("a", bm, row0, m, a, bk, k, threads, past_k or m % bm != 0, bi)
-    b_in = _Staged("b", bn, col0, n, b, bk, k, threads, past_k or n % bn != 0, bi)
+    a_in = _Staged("a", bm, row0, m, a, bk, k, threads, past_k, bi)
+    b_in = _Staged("b", bn, col0, n, b, bk, k, threads, past_k, bi)
     t, kk, ii, jj = L.Var("t"), L.Var("kk"), L.Var("ii"), L.Var("jj")
     tm, tn = L.Var("tm"), L.Var("tn")
     row, col = _micro_tile(c.thread_m, bm, tm), _micro_tile(c.thread_n, bn, tn)
@@ -371,13 +371,18 @@ class _Staged:
     into one of the two shared buffers as float32 (`store`). Consecutive threads walk the
     operand's contiguous dimension, each reading 4 consecutive elements as one vector load
     where no bound needs checking (the renderer proves the alignment, or reads them one by
-    one)."""
+    one). Only k needs checking (`past_k`: 0 past it, element by element): a tile's rows
+    past the operand's extent (a ragged edge) read the last row instead (a vector along the
+    rows, the last whole vector), since they only reach products of rows (columns) of Y
+    that are never stored."""
 
     def __init__(self, name: str, rows: int, first: L.Expr, extent: int, operand: Operand,
-                 bk: int, k: int, threads: int, checked: bool, bi: L.Var):
+                 bk: int, k: int, threads: int, past_k: bool, bi: L.Var):
         self.rows, self.first, self.extent, self.operand = rows, first, extent, operand
-        self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, checked, bi
-        self.lanes = 1 if checked else 4
+        self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, past_k, bi
+        self.edge = extent % rows != 0
+        self.lanes = 1 if past_k or self.edge and operand.rows_contiguous and extent % 4 \
+            else 4
         self.groups = (rows if operand.rows_contiguous else bk) // self.lanes
         self.vectors = bk * rows // self.lanes
         self.steps = -(-self.vectors // threads)
@@ -406,14 +411,19 @@ class _Staged:
             e, step * self.threads + t, inner), L.ForKind.UNROLLED), L.ForKind.THREAD_X)
 
     def load(self, kt: L.Expr, when: L.Expr | None) -> L.Stmt:
-        """Registers <- k tile `kt` (0 past the operand's extent or k), if `when`."""
+        """Registers <- k tile `kt` (0 past k; rows past the extent the last row's), if
+        `when`."""
         def body(step, e, v):
             r, kk = self._place(e, v)
             row, kg = self.first + r, kt * self.bk + kk
+            if self.edge and self.lanes > 1 and self.operand.rows_contiguous:
+                base, _ = self._place(e, L.const(0))   # the vector, whole, inside
+                row = L.minimum(self.first + base, self.extent - self.lanes) + v
+            elif self.edge:
+                row = L.minimum(row, self.extent - 1)
             if self.checked:
-                value = L.Select(L.logical_and(row < self.extent, kg < self.k), self.operand.at(
-                    self.bi, L.minimum(row, self.extent - 1), L.minimum(kg, self.k - 1)),
-                    L.const(0.0, self.stage.dtype))
+                value = L.Select(kg < self.k, self.operand.at(
+                    self.bi, row, L.minimum(kg, self.k - 1)), L.const(0.0, self.stage.dtype))
             else:
                 value = self.operand.at(self.bi, row, kg)
             return L.Store(self.stage, (step * self.lanes + v,), value)
