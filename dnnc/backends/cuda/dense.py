@@ -71,9 +71,14 @@ MIN_SPLIT_K = 128    # the least k a split-k default gives one slice
 # split_k 1, 2, 4 timed on vit_tiny's, ConvNeXt-T's and BERT's products at batch 32 and 8,
 # twelve shapes from 1024 x 768 x 3072 to 100352 x 384 x 96: the default so chosen is within
 # 3% of the fastest of them on average, worst 20%; the previous default, 128 x 128 first,
-# was 33% slower on average); the two small ones are the H100's earlier figures
+# was 33% slower on average), then refitted once the kernel took register fragments, 4 x 8
+# warps and unchecked ragged edges (H200, vit_tiny's four products at batch 32 and 4096^3,
+# every DEFAULTS tile and 64 x 128, 64 x 256, 128 x 256: the 8 x 8 tiles' TFLOP/s over the
+# fp32 figure; the default so chosen within 0.2% of the fastest on average, against 13%
+# with the earlier fractions, which chose 32 x 64 throughout); the two small ones are the
+# H100's earlier figures
 LAUNCH_S = 2e-6
-EFFICIENCY = (0.5, 0.43, 0.5, 0.34, 0.15, 0.08)
+EFFICIENCY = (0.6, 0.5, 0.5, 0.6, 0.15, 0.08)
 
 
 @dataclass(frozen=True)
@@ -132,16 +137,18 @@ class TileModel:
 DENSE_MODEL = TileModel(DEFAULTS, EFFICIENCY)
 """The dense products' default model (fitted on the H200, above)."""
 
-CONV_MODEL = TileModel(((128, 128, 8, 8, 8), (64, 128, 8, 8, 8), (64, 256, 8, 8, 8),
-                        (64, 64, 16, 4, 4), (32, 64, 16, 2, 4), (32, 32, 16, 2, 2),
-                        (16, 32, 16, 1, 2)), (0.5, 0.45, 0.4, 0.3, 0.22, 0.15, 0.08),
-                       by_threads=False)
-"""The implicit-GEMM convolutions' (conv.py): the H100's earlier model, 128 x 128 first, and
-64-row tiles for 64 output channels (128 x 128 computed half a tile of padding rows: resnet18's
-stem and first stage). The dense fit does not carry over: with it resnet18 at batch 32 ran
-7.88 ms on the H200 against 5.53 (its patch gather is cheaper per output in a bigger
-tile). The 64-row efficiencies are guesses, not yet fitted (64 x 128: 128 registers, four
-blocks an SM; 64 x 256 needs 145, one block of 256 threads)."""
+CONV_MODEL = TileModel(((128, 64, 8, 8, 8), (64, 64, 8, 8, 8), (64, 128, 8, 8, 8),
+                        (128, 128, 8, 8, 8), (64, 64, 16, 4, 4), (32, 64, 16, 2, 4),
+                        (32, 32, 16, 2, 2), (16, 32, 16, 1, 2)),
+                       (0.6, 0.55, 0.5, 0.45, 0.3, 0.22, 0.15, 0.08), by_threads=False)
+"""The implicit-GEMM convolutions' (conv.py), padding rows counted (a 128-row tile over 64
+output channels computes half a tile of zeros). The four 8 x 8 tiles' fractions fitted on
+the H200 (bench/gpu_conv.py --precision fp32 --shapes resnet18: resnet18's convolutions at
+batch 32, 7 tiles x split_k 1, 2, 4, 8 timed: the default so chosen sums to 3.07 ms a call
+of its convolutions against 3.00 for the fastest of each and 3.37 with the earlier model,
+128 x 128 first; 64 x 256 and 128 x 256 were slower everywhere); the small ones are the
+H100's earlier figures. The dense fit does not carry over (with it resnet18 at batch 32 once
+ran 1.4x slower: the patch gather's cost, by block rather than by thread)."""
 
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
