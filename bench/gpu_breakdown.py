@@ -142,7 +142,9 @@ def one(name: str, path: Path, args) -> None:
     d_kernels, d_counts = traced(d_call, args.iters)
 
     def template_of(kernel: str) -> str:
-        return templates.get(kernel) or next(
+        # a stage of a kernel (split-k's products "_s0" and sums "_s1") is its kernel's
+        staged = re.sub(r"_s\d+$", "", kernel)
+        return templates.get(kernel) or templates.get(staged) or next(
             (t for k, t in templates.items() if re.search(rf"\b{re.escape(k)}\b", kernel)), "")
 
     def d_class(kernel: str) -> str:

@@ -1,8 +1,8 @@
 """Channels-last convolutions on tensor cores against cuDNN (issue 31, item 3), one run.
 
-    PYTHONPATH=$PWD python bench/gpu_conv.py [--batch 32] [--precision fp16|bf16]
+    PYTHONPATH=$PWD python bench/gpu_conv.py [--batch 32] [--precision fp16|bf16|fp32]
         [--repeat 30] [--trials 5] [--no-variants] [--no-nchw] [--no-shapes] [--no-model]
-        [--shapes C,H,M,k,s;...]
+        [--shapes C,H,M,k,s;...|resnet18]
         [--models resnet18,mobilenet_v2] [--modes eager,reduce-overhead]
 
 Kernels: resnet50's distinct convolution shapes (torchvision's, 224 x 224 images) at
@@ -17,7 +17,12 @@ TFLOP/s = 2 N OH OW M C kh kw / time; `cuDNN/dnnc` is cuDNN's time over dnnc's (
 >= 0.8); the weighted rows sum each kernel's time times its count in resnet50. Each dnnc
 output is checked against cuDNN's: max |d| / max |cuDNN| within `model_error_bound`.
 
-(`--no-shapes`: none of those kernel rows; `--shapes C,H,M,k,s;...`: these in their place.)
+(`--no-shapes`: none of those kernel rows; `--shapes C,H,M,k,s;...`: these in their place;
+`--shapes resnet18`: resnet18's, with their counts.)
+
+`--precision fp32`: the SIMT implicit GEMM on NCHW float32 (`backends/cuda/conv.py`, the
+fp32 bar of issue 31) at its default and, unless `--no-variants`, `SIMT_VARIANTS` (each
+also split where k allows), against cuDNN's fp32 NCHW conv with TF32 off; no model rows.
 cuDNN is timed as a CUDA graph of `--repeat` calls (`torch_graph_timer`): issued one by one
 from Python, its host side (longer than the kernel at small shapes) was what got timed.
 
@@ -42,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dnnc.backends.cuda import device, mma  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
+from dnnc.backends.cuda.dense import DenseConfig  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
 from dnnc.backends.lower import lower_group  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
@@ -74,6 +80,26 @@ VARIANTS = [C(256, 128, 32, 4, 2, 3), C(256, 64, 32, 4, 1, 3), C(128, 128, 32, 2
 stem of fewer channels than a chunk, are skipped)."""
 
 STORED = {"fp16": T.float16, "bf16": T.bfloat16}
+RESNET18 = [(3, 224, 64, 7, 2, 1), (64, 56, 64, 3, 1, 4), (64, 56, 128, 3, 2, 1),
+            (64, 56, 128, 1, 2, 1), (128, 28, 128, 3, 1, 3), (128, 28, 256, 3, 2, 1),
+            (128, 28, 256, 1, 2, 1), (256, 14, 256, 3, 1, 3), (256, 14, 512, 3, 2, 1),
+            (256, 14, 512, 1, 2, 1), (512, 7, 512, 3, 1, 3)]
+"""torchvision resnet18's convolutions (C, H = W, M, kernel, stride, count)."""
+SIMT_TILES = ((128, 128, 8, 8, 8), (64, 256, 8, 8, 8), (64, 128, 8, 8, 8), (128, 64, 8, 8, 8),
+              (128, 256, 8, 8, 8), (128, 128, 16, 8, 8), (64, 64, 8, 8, 8))
+"""The tiles (tile_m, tile_n, tile_k, thread_m, thread_n) the fp32 rows time."""
+
+
+def simt_variants(m: int, n: int, sms: int) -> list:
+    """The fp32 conv configs timed beside the default of an m x n product: SIMT_TILES, each
+    also split in 2, 4 and 8 where unsplit it has fewer than two blocks an SM (those outside
+    a shape's space are skipped)."""
+    return [DenseConfig(*tiles, split_k=split) for tiles in SIMT_TILES for split in (1, 2, 4, 8)
+            if split == 1 or -(-m // tiles[0]) * -(-n // tiles[1]) < 2 * sms]
+
+
+FP32_BOUND = 1e-4
+"""max |dnnc - cuDNN| / max |cuDNN| an fp32 conv may show (both summing k in fp32)."""
 
 
 def conv_graph(c, h, m, k, s, batch, dtype, nhwc: bool, rng, arrays=None
@@ -121,19 +147,27 @@ def kernels(graph: Graph, machine, configs: list) -> list:
 def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float, list[str]]:
     """(dnnc default ms, best dnnc ms, cuDNN ms, printed lines) of one shape."""
     c, h, m, k, s, count = shape
-    dtype = STORED[args.precision]
-    t_dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[args.precision])
-    graph, (x, w, b) = conv_graph(c, h, m, k, s, args.batch, dtype, True, rng)
-    cases = kernels(graph, machine, [] if args.no_variants or c % 8 else VARIANTS)
-    if not args.no_nchw:
+    fp32 = args.precision == "fp32"
+    dtype = T.float32 if fp32 else STORED[args.precision]
+    t_dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16",
+                              "fp32": "float32"}[args.precision])
+    graph, (x, w, b) = conv_graph(c, h, m, k, s, args.batch, dtype, not fp32, rng)
+    if fp32:
+        n = args.batch * (-(-h // s)) ** 2
+        cases = kernels(graph, machine, [] if args.no_variants else
+                        simt_variants(m, n, device.gpu_of(machine).sms))
+    else:
+        cases = kernels(graph, machine, [] if args.no_variants or c % 8 else VARIANTS)
+    if not args.no_nchw and not fp32:
         nchw, _ = conv_graph(c, h, m, k, s, args.batch, dtype, False, rng, (x, w, b))
         cases += [(f"{name} (nchw)", *rest) for name, *rest in kernels(nchw, machine, [])]
     funcs = [(dataclasses.replace(f, name=f"c{n}_{f.name}"), True)
              for n, (_, _, f, _) in enumerate(cases)]
     module = render_module(funcs)
     raw = load_module(cp, module.source)   # (sm_90a where a variant uses wgmma)
-    tx = torch.from_numpy(x).cuda().to(t_dtype).contiguous(memory_format=torch.channels_last)
-    tw = torch.from_numpy(w).cuda().to(t_dtype).contiguous(memory_format=torch.channels_last)
+    layout = torch.contiguous_format if fp32 else torch.channels_last
+    tx = torch.from_numpy(x).cuda().to(t_dtype).contiguous(memory_format=layout)
+    tw = torch.from_numpy(w).cuda().to(t_dtype).contiguous(memory_format=layout)
     tb = torch.from_numpy(b).cuda().to(t_dtype)
     f = torch.nn.functional.conv2d
     want = f(tx, tw, tb, stride=s, padding=k // 2)
@@ -143,9 +177,12 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
     nchw_in = cp.asarray(x.astype(dtype.np).view(np.uint16))
     timers, outs = [torch_graph_timer(lambda: f(tx, tw, tb, stride=s, padding=k // 2))], []
     for (name, config, _, kernel), (func, _) in zip(cases, funcs):
-        launch, out = kernel_launcher(cp, raw, module, func, kernel,
-                                      nchw_in if name.endswith("(nchw)") else nhwc_in,
-                                      cp.uint16, lambda a: a.view(np.uint16))
+        if fp32:
+            launch, out = kernel_launcher(cp, raw, module, func, kernel, cp.asarray(x))
+        else:
+            launch, out = kernel_launcher(cp, raw, module, func, kernel,
+                                          nchw_in if name.endswith("(nchw)") else nhwc_in,
+                                          cp.uint16, lambda a: a.view(np.uint16))
         timers.append(cupy_timer(cp, launch))
         outs.append(out)
     times = interleaved_ms(timers, args.repeat, args.trials)
@@ -155,11 +192,12 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
     for n, ((name, config, _, _), out, ms) in enumerate(zip(cases, outs, times[1:])):
         got = cp.asnumpy(out).view(dtype.np).astype(np.float32)
         if not name.endswith("(nchw)"):
-            got = got.transpose(0, 3, 1, 2)
+            got = got if fp32 else got.transpose(0, 3, 1, 2)
             if best is None or ms < best:
                 best = ms
         err = np.abs(got - want_np).max() / np.abs(want_np).max()
-        ok = "ok" if err <= model_error_bound(args.precision) else "WRONG"
+        ok = "ok" if err <= (FP32_BOUND if fp32 else model_error_bound(args.precision)) \
+            else "WRONG"
         tag = "default" if n == 0 or name.endswith("(nchw)") else "variant"
         lines.append(f"  {name:<28} {tag:<8} {mma_text(config):<22} {ms:8.4f} ms "
                      f"{flops / ms / 1e9:7.1f} TF/s  cuDNN/dnnc {cudnn / ms:5.2f}  "
@@ -170,6 +208,9 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
 
 
 def mma_text(c) -> str:
+    if isinstance(c, DenseConfig):
+        return f"{c.tile_m}x{c.tile_n}x{c.tile_k} t{c.thread_m}x{c.thread_n}" + \
+            (f" k/{c.split_k}" if c.split_k > 1 else "")
     if not isinstance(c, mma.TensorCoreConfig):
         return str(c)[:22]
     return (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.warps_m}x{c.warps_n} s{c.stages}"
@@ -215,7 +256,7 @@ def model_row(torch, name: str, args) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--precision", default="fp16", choices=sorted(STORED))
+    parser.add_argument("--precision", default="fp16", choices=sorted(STORED) + ["fp32"])
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--shapes", default=None,
@@ -233,14 +274,18 @@ def main(argv=None) -> int:
         print("torch with CUDA is needed (cuDNN is the peer)")
         return 1
     torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False   # (fp32: cuDNN's fp32 kernels, as dnnc's)
     print(header())
     machine = dataclasses.replace(device.machine(), precision=args.precision)
-    print(f"resnet50 conv shapes, batch {args.batch}, {args.precision}, {machine.arch}; "
+    named = {"resnet50": RESNET50, "resnet18": RESNET18}
+    shapes = named.get(args.shapes or "resnet50") or [
+        tuple(int(v) for v in text.split(",")) + (1,) for text in args.shapes.split(";")]
+    label = args.shapes if args.shapes in named else "resnet50" if args.shapes is None \
+        else "these"
+    print(f"{label} conv shapes, batch {args.batch}, {args.precision}, {machine.arch}; "
           f"median of {args.trials} x mean of {args.repeat}")
     rng = np.random.default_rng(0)
     totals, failed = np.zeros(3), 0
-    shapes = RESNET50 if args.shapes is None else [
-        tuple(int(v) for v in text.split(",")) + (1,) for text in args.shapes.split(";")]
     for shape in [] if args.no_shapes else shapes:
         try:
             default, best, cudnn, lines = conv_row(cp, torch, shape, args, machine, rng)
@@ -253,10 +298,10 @@ def main(argv=None) -> int:
         print("\n".join(lines), flush=True)
         failed += any(line.endswith("WRONG") for line in lines)
     if totals[0]:
-        print(f"resnet50 convs weighted: dnnc default {totals[0]:.3f} ms, best variant "
+        print(f"{label} convs weighted: dnnc default {totals[0]:.3f} ms, best variant "
               f"{totals[1]:.3f} ms, cuDNN {totals[2]:.3f} ms: cuDNN/dnnc "
               f"{totals[2] / totals[0]:.2f} (best {totals[2] / totals[1]:.2f})")
-    for name in [] if args.no_model else args.models.split(","):
+    for name in [] if args.no_model or args.precision == "fp32" else args.models.split(","):
         try:
             print(model_row(torch, name, args), flush=True)
         except Exception as exc:

@@ -296,9 +296,11 @@ MMA_VARIANTS = (
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
 
-def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn"):
+def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn", epilogue: str = ""):
     """x [m, k] times a constant w: MatMul of w [k, n] (`b_layout` "kn", as ONNX MatMul
-    stores a weight), or Gemm with transB of w stored [n, k] ("nk", as a Linear's weight)."""
+    stores a weight), or Gemm with transB of w stored [n, k] ("nk", as a Linear's weight);
+    with `epilogue` "gelu", the product then GELU as torch exports it (erf: y / sqrt 2,
+    Erf, + 1, times y, times 0.5: a transformer's MLP, fused into the product)."""
     rng = np.random.default_rng(0)
     for m, k, n in shapes:
         g = Graph("dense")
@@ -311,6 +313,11 @@ def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn"):
         else:
             g.outputs = [g.add("MatMul", x, Value("w", T.TensorType(T.float32, (k, n)),
                                                   const=w))]
+        if epilogue == "gelu":
+            y = g.outputs[0]
+            erf = g.add("Erf", g.add("Div", y, _scalar("sqrt2", np.sqrt(2.0))))
+            g.outputs = [g.add("Mul", g.add("Mul", y, g.add("Add", erf, _scalar("one", 1.0))),
+                               _scalar("half", 0.5))]
         x = rng.standard_normal((m, k), dtype=np.float32)
         yield Case("dense", f"{m}x{k}x{n}", g, x, None, None, _dense_variants(k))
 
@@ -326,7 +333,8 @@ def _dense_variants(k: int, precision: str = "fp32", m: int = 0) -> list[dict]:
                 if split == 1 or k >= 2 * split * MIN_SPLIT_K and m <= 1024 and
                 v["block_m"] <= 128]
     tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
-    wider = ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4))
+    wider = ((128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4), (64, 256, 8, 8, 8),
+             (64, 128, 8, 8, 8), (128, 256, 8, 8, 8))
     return [dict(zip(tiles, dims), split_k=split) for dims in DEFAULTS + wider
             for split in (1, 2, 4, 8) if split == 1 or k >= split * MIN_SPLIT_K]
 
@@ -485,7 +493,9 @@ def dense_table(cp, machine: Target, args) -> int:
     shapes = [tuple(int(x) for x in text.split("x")) for text in args.dense_shapes.split(",")
               if text] if args.dense_shapes else DENSE_SHAPES
     print(f"B stored {'[n, k] (Gemm transB)' if args.b_layout == 'nk' else '[k, n] (MatMul)'}")
-    for case in dense_cases(shapes, args.b_layout):
+    if args.dense_epilogue:
+        print(f"epilogue {args.dense_epilogue} fused (cuBLAS: the product alone)")
+    for case in dense_cases(shapes, args.b_layout, args.dense_epilogue):
         if precision != "fp32":
             case.variants = [v for v in _dense_variants(case.x.shape[1], precision,
                                                         case.x.shape[0])
@@ -496,7 +506,11 @@ def dense_table(cp, machine: Target, args) -> int:
         k = w_dev.shape[0]
         flops = 2 * case.x.shape[0] * k * w_dev.shape[1]
         if precision == "fp32":
-            want = cp.asnumpy(cp.matmul(x_dev, w_dev))
+            want_dev = cp.matmul(x_dev, w_dev)
+            if args.dense_epilogue == "gelu":
+                from cupyx.scipy.special import erf
+                want_dev = want_dev * 0.5 * (1 + erf(want_dev / np.float32(np.sqrt(2.0))))
+            want = cp.asnumpy(want_dev)
 
             def close(got, _=0.0):
                 return np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.sqrt(k))
@@ -652,6 +666,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dense-shapes", default="",
                         help="the dense cases' shapes, m x k x n, comma separated (default: "
                              "all of DENSE_SHAPES)")
+    parser.add_argument("--dense-epilogue", default="", choices=("", "gelu"),
+                        help="the dense rows' product followed by GELU (fp32 only)")
     parser.add_argument("--b-layout", default="kn", choices=("kn", "nk"),
                         help="the dense rows' constant B: [k, n] (MatMul, default) or [n, k] "
                              "(Gemm transB: K-major, a Linear's weight)")

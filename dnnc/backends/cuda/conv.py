@@ -5,15 +5,21 @@ ox sw - pw + kx dw] is a product of W viewed as [M = out channels, K = C kh kw] 
 image's patches [K, N = images x output pixels], which are never materialised: the tiled
 product of `dense.py` (`tiled_product`) gathers each patch element into shared memory as it
 copies a B slice, padding read as 0 (consecutive threads take consecutive output pixels:
-consecutive input columns at stride 1). The bias and the fused epilogue apply on the store
-(`Conv2d.finish`). A float16 or bfloat16 image or weights are widened to float32 on their way
-into shared memory, as dense.py's operands. Depthwise convolutions have their own template
+consecutive input columns at stride 1). The gather's integer work competes with the FMAs for
+issue slots (a 128 x 128 tile's k loop was a third other instructions): every division is of
+the pixel or k index itself (so that each is an unsigned 32-bit one), a tap's bounds are two
+unsigned compares and its offset into the flat image one clamp. The bias and the fused
+epilogue apply on the store (`Conv2d.finish`). A float16 or bfloat16 image or weights are
+widened to float32 on their way into shared memory, as dense.py's operands. Depthwise convolutions have their own template
 (depthwise.py); grouped ones keep the default template (one thread per output).
 """
 
 from __future__ import annotations
 
+import math
+
 from ...ir import loop as L
+from ...ir import types as T
 from .. import problems
 from ..space import Space, Template
 from .dense import CONV_MODEL, DenseConfig, Operand, choose, product_space, tiled_product
@@ -53,24 +59,31 @@ def build(p: problems.Conv2d, c, machine, product=None) -> L.PrimFunc:
     _, _, oh, ow = p.y_dims
     (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
     w = L.Buffer(p.w.name, p.w.dtype, (oc, k))
-    x = L.Buffer(p.x.name, p.x.dtype, p.x_dims)
+    x = L.Buffer(p.x.name, p.x.dtype, (math.prod(p.x_dims),))
     y = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
 
-    def pixel(j):
-        """(image, output row, output column) of output pixel j."""
-        return j // (oh * ow), j // ow % oh, j % ow
+    def divided(i, inner, outer):
+        """(i // (inner outer), i // inner % outer, i % inner), each division of i itself
+        (a remainder of a quotient was a signed one: legalize knows no bounds of a
+        quotient's quotient)."""
+        first = i // (inner * outer)
+        return first, i // inner - first * outer, i % inner
 
     def patch(bi, j, kk):
-        img, oy, ox = pixel(j)
-        ch, ky, kx = kk // (kh * kw), kk // kw % kh, kk % kw
+        img, oy, ox = divided(j, ow, oh)
+        ch, ky, kx = divided(kk, kw, kh)
         iy, ix = oy * sh - ph + ky * dh, ox * sw - pw + kx * dw
-        inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < wid)
-        clamped = x[img, ch, L.minimum(L.maximum(iy, 0), h - 1),
-                    L.minimum(L.maximum(ix, 0), wid - 1)]
+        # 0 <= iy < h as one unsigned compare (a negative iy wraps past h)
+        inside = L.logical_and(L.Cast(T.uint32, iy) < L.const(h, T.uint32),
+                               L.Cast(T.uint32, ix) < L.const(wid, T.uint32))
+        # one clamp of the flat offset (a tap in the padding reads some element, then 0):
+        # two integer instructions an element, not four on the row and column
+        at = ((img * cg + ch) * h + iy) * wid + ix
+        clamped = x[L.minimum(L.maximum(at, 0), x.shape[0] - 1)]
         return L.Select(inside, clamped, L.const(0.0, x.dtype))
 
     def store(bi, i, j, value):
-        img, oy, ox = pixel(j)
+        img, oy, ox = divided(j, ow, oh)
         index = (img, i, oy, ox)
         return L.Store(y, index, p.finish(value, index))
 

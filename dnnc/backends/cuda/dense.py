@@ -5,14 +5,19 @@ tiles, blockIdx.z: the batch) with (tile_m / thread_m) x (tile_n / thread_n) thr
 accumulating a thread_m x thread_n block in registers. The k dimension goes in slices of
 `tile_k`, double buffered: while the threads multiply slice s from one shared buffer, slice
 s + 1 comes from global memory into their registers (`_Staged`), and is then stored into the
-other buffer; one barrier a slice. Both slices are stored k-major (A transposed on the way),
-so that a thread's rows of A and columns of B are consecutive shared words: a thread's rows are
-runs of 4 (`_micro_tile`: rows 4 tm .. 4 tm + 3 and the same half a tile further for
-thread_m = 8), read as one 128-bit shared load each. The copies from global memory walk the
-operand's contiguous dimension with consecutive threads, 4 elements a thread as one 128-bit
-load where no bound needs checking (the tiles divide the product; the renderer proves the
-alignment), else element by element, reading 0 past the operand's extent or k through a
-clamped load. The product's element then goes through Gemm's scaling and bias and the fused
+other buffer; one barrier a slice. Both slices are stored k-major (A transposed on the way;
+each k row TILE_PAD floats longer than the tile, so the transposed stores spread over the
+banks), so that a thread's rows of A and columns of B are consecutive shared words: a
+thread's rows are runs of 4 (`_micro_tile`: rows 4 tm .. 4 tm + 3 and the same half a tile
+further for thread_m = 8), copied at each k step into registers as one 128-bit shared load
+each, then multiplied as an outer product (thread_m x thread_n FMAs from registers, the
+structure of CUTLASS's SIMT SGEMM). A warp's threads take a 4 x 8 block of thread tiles
+(`_thread_offsets`), so that a k step's shared loads are one wavefront each. The copies from
+global memory walk the operand's contiguous dimension with consecutive threads, 4 elements a
+thread as one 128-bit load where no bound needs checking (the tiles divide the product; the
+renderer proves the alignment), else element by element, reading 0 past the operand's extent
+or k through a clamped load; B's 4 elements go into shared memory as one 128-bit store
+(rendered so; inside the k loop nvcc still splits it in four). The product's element then goes through Gemm's scaling and bias and the fused
 epilogue (`Dense.finish`) and is stored through the layout tail, if any.
 
 With `split_k` > 1 (products whose m x n tiles are too few to fill the GPU, as bert's
@@ -55,6 +60,9 @@ DEFAULTS = ((128, 64, 8, 8, 8), (128, 128, 8, 8, 8), (32, 64, 8, 4, 8), (64, 64,
             (32, 32, 16, 2, 2), (16, 32, 16, 1, 2))
 MAX_GRID_YZ = 65535
 MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
+# floats past each k row of a shared tile: a warp's transposed stores of A (8 rows x 4 k a
+# warp, or 16 x 2 vectors) land in distinct banks, not 8 (or 2) to a bank
+TILE_PAD = 4
 SPLITS = (1, 2, 4, 8, 16)
 MIN_SPLIT_K = 128    # the least k a split-k default gives one slice
 # the default's model (`choose`): the device's fp32 FMA throughput and copy bandwidth (its
@@ -63,9 +71,14 @@ MIN_SPLIT_K = 128    # the least k a split-k default gives one slice
 # split_k 1, 2, 4 timed on vit_tiny's, ConvNeXt-T's and BERT's products at batch 32 and 8,
 # twelve shapes from 1024 x 768 x 3072 to 100352 x 384 x 96: the default so chosen is within
 # 3% of the fastest of them on average, worst 20%; the previous default, 128 x 128 first,
-# was 33% slower on average); the two small ones are the H100's earlier figures
+# was 33% slower on average), then refitted once the kernel took register fragments, 4 x 8
+# warps and unchecked ragged edges (H200, vit_tiny's four products at batch 32 and 4096^3,
+# every DEFAULTS tile and 64 x 128, 64 x 256, 128 x 256: the 8 x 8 tiles' TFLOP/s over the
+# fp32 figure; the default so chosen within 0.2% of the fastest on average, against 13%
+# with the earlier fractions, which chose 32 x 64 throughout); the two small ones are the
+# H100's earlier figures
 LAUNCH_S = 2e-6
-EFFICIENCY = (0.5, 0.43, 0.5, 0.34, 0.15, 0.08)
+EFFICIENCY = (0.6, 0.5, 0.5, 0.6, 0.15, 0.08)
 
 
 @dataclass(frozen=True)
@@ -89,12 +102,13 @@ def space(p: problems.Dense, machine) -> Space:
 def product_space(name: str, k: int, batch: int) -> Space:
     """The knobs of a tiled product of depth `k`, `batch` of them (dense and conv)."""
     return Space(name, DenseConfig, {
-        "tile_m": (16, 32, 64, 128), "tile_n": (32, 64, 128), "tile_k": (8, 16, 32),
+        "tile_m": (16, 32, 64, 128), "tile_n": (32, 64, 128, 256), "tile_k": (8, 16, 32),
         "thread_m": (1, 2, 4, 8), "thread_n": (1, 2, 4, 8), "split_k": SPLITS,
     }, [Constraint("32 <= (tile_m / thread_m) * (tile_n / thread_n) <= 1024 threads",
                    lambda c: c.thread_m <= c.tile_m and 32 <= c.threads <= 1024),
         Constraint("two shared buffers of each tile within 48 KiB (static shared memory)",
-                   lambda c: 2 * 4 * c.tile_k * (c.tile_m + c.tile_n) <= MAX_SHARED_BYTES),
+                   lambda c: 2 * 4 * c.tile_k * (c.tile_m + c.tile_n + 2 * TILE_PAD) <=
+                   MAX_SHARED_BYTES),
         Constraint("split_k at most the k tiles, batch * split_k blocks on grid z",
                    lambda c: c.split_k <= -(-k // c.tile_k) and batch * c.split_k <= MAX_GRID_YZ)])
 
@@ -123,12 +137,18 @@ class TileModel:
 DENSE_MODEL = TileModel(DEFAULTS, EFFICIENCY)
 """The dense products' default model (fitted on the H200, above)."""
 
-CONV_MODEL = TileModel(((128, 128, 8, 8, 8), (64, 64, 16, 4, 4), (32, 64, 16, 2, 4),
-                        (32, 32, 16, 2, 2), (16, 32, 16, 1, 2)), (0.5, 0.3, 0.22, 0.15, 0.08),
-                       by_threads=False, padded=False)
-"""The implicit-GEMM convolutions' (conv.py): the H100's earlier model, 128 x 128 first. The
-dense fit does not carry over: with it resnet18 at batch 32 ran 7.88 ms on the H200
-against 5.53 (its patch gather is cheaper per output in a bigger tile)."""
+CONV_MODEL = TileModel(((128, 64, 8, 8, 8), (64, 64, 8, 8, 8), (64, 128, 8, 8, 8),
+                        (128, 128, 8, 8, 8), (64, 64, 16, 4, 4), (32, 64, 16, 2, 4),
+                        (32, 32, 16, 2, 2), (16, 32, 16, 1, 2)),
+                       (0.6, 0.55, 0.5, 0.45, 0.3, 0.22, 0.15, 0.08), by_threads=False)
+"""The implicit-GEMM convolutions' (conv.py), padding rows counted (a 128-row tile over 64
+output channels computes half a tile of zeros). The four 8 x 8 tiles' fractions fitted on
+the H200 (bench/gpu_conv.py --precision fp32 --shapes resnet18: resnet18's convolutions at
+batch 32, 7 tiles x split_k 1, 2, 4, 8 timed: the default so chosen sums to 3.07 ms a call
+of its convolutions against 3.00 for the fastest of each and 3.37 with the earlier model,
+128 x 128 first; 64 x 256 and 128 x 256 were slower everywhere); the small ones are the
+H100's earlier figures. The dense fit does not carry over (with it resnet18 at batch 32 once
+ran 1.4x slower: the patch gather's cost, by block rather than by thread)."""
 
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
@@ -249,16 +269,16 @@ def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand
     past_k = k % bk != 0 or tiles % c.split_k != 0   # a tile reads past k
     acc = L.Buffer("acc", T.float32, (c.thread_m * c.thread_n,), L.Scope.LOCAL)
     row0, col0 = by * bm, bx * bn
-    a_in = _Staged("a", bm, row0, m, a, bk, k, threads, past_k or m % bm != 0, bi)
-    b_in = _Staged("b", bn, col0, n, b, bk, k, threads, past_k or n % bn != 0, bi)
+    a_in = _Staged("a", bm, row0, m, a, bk, k, threads, past_k, bi)
+    b_in = _Staged("b", bn, col0, n, b, bk, k, threads, past_k, bi)
     t, kk, ii, jj = L.Var("t"), L.Var("kk"), L.Var("ii"), L.Var("jj")
     tm, tn = L.Var("tm"), L.Var("tn")
-    across_n = bn // c.thread_n
     row, col = _micro_tile(c.thread_m, bm, tm), _micro_tile(c.thread_n, bn, tn)
 
     def per_thread(body):
         """`body` on every thread, with its row and column offsets tm and tn."""
-        return L.For(t, threads, L.Let(tm, t // across_n, L.Let(tn, t % across_n, body)),
+        offset_m, offset_n = _thread_offsets(c, t)
+        return L.For(t, threads, L.Let(tm, offset_m, L.Let(tn, offset_n, body)),
                      L.ForKind.THREAD_X)
 
     def each(body):
@@ -268,10 +288,24 @@ def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand
     slot = (ii * c.thread_n + jj,)
     init = per_thread(each(L.Store(acc, slot, L.const(0.0, T.float32))))
 
+    a_frag = L.Buffer("a_frag", T.float32, (c.thread_m,), L.Scope.LOCAL)
+    b_frag = L.Buffer("b_frag", T.float32, (c.thread_n,), L.Scope.LOCAL)
+
+    def fragment(frag: L.Buffer, staged: _Staged, place: Callable, buf: L.Expr) -> L.Stmt:
+        """A thread's rows of A (columns of B) at k step kk: registers <- shared memory, a
+        run of 4 one 128-bit load."""
+        (size,) = L.static_shape(frag.shape)
+        run, r, v = min(4, size), L.Var(f"{frag.name}_r"), L.Var(f"{frag.name}_v")
+        e = r * run + v
+        return L.For(r, size // run, L.For(v, run, L.Store(
+            frag, (e,), staged.tile[staged.at(buf, kk, place(e))]), L.ForKind.VECTORIZED),
+            L.ForKind.UNROLLED)
+
     def update(buf):
-        return per_thread(L.For(kk, bk, each(L.Store(acc, slot, L.call(
-            "fma", a_in.tile[(buf * bk + kk) * bm + row(ii)],
-            b_in.tile[(buf * bk + kk) * bn + col(jj)], acc[slot]))), L.ForKind.UNROLLED))
+        return per_thread(L.For(kk, bk, L.seq(
+            fragment(a_frag, a_in, row, buf), fragment(b_frag, b_in, col, buf),
+            each(L.Store(acc, slot, L.call("fma", a_frag[ii], b_frag[jj], acc[slot])))),
+            L.ForKind.UNROLLED))
 
     def product(first: L.Expr) -> L.Stmt:
         """The k tiles first .. first + per - 1, double buffered: tile s + 1 comes from
@@ -289,7 +323,7 @@ def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand
     inside = L.logical_and(i < m, j < n)
 
     def block(body: L.Stmt) -> L.Stmt:
-        for buffer in (a_in.tile, b_in.tile, a_in.stage, b_in.stage, acc):
+        for buffer in (a_in.tile, b_in.tile, a_in.stage, b_in.stage, acc, a_frag, b_frag):
             body = L.Allocate(buffer, body)
         return body
 
@@ -309,6 +343,26 @@ def tiled_product(c: DenseConfig, batch: int, m: int, n: int, k: int, a: Operand
     return _split_k(c, batch, m, n, grid, store, slice_block, (by, bx))
 
 
+WARP_COLUMNS = 8
+"""Threads a warp's row of threads spans (a warp takes 4 x 8 thread tiles where the block has
+that many, as CUTLASS's SIMT warps): a step of k then reads 4 distinct 128-bit words of A
+and 8 of B a warp from shared memory, one wavefront each, against 2 and 16 (3 wavefronts)
+with 2 rows of 16."""
+
+
+def _thread_offsets(c: DenseConfig, t: L.Var) -> tuple[L.Expr, L.Expr]:
+    """(row, column) of thread `t` among the block's (tile_m / thread_m) x (tile_n / thread_n)
+    thread tiles: each warp a 4 x 8 block of them (WARP_COLUMNS), the warps row-major; a
+    grid too small for that row-major throughout."""
+    across_m, across_n = c.tile_m // c.thread_m, c.tile_n // c.thread_n
+    cols = min(across_n, WARP_COLUMNS)
+    rows = 32 // cols
+    if across_m % rows or across_n % cols:
+        return t // across_n, t % across_n
+    warp, lane, warps_n = t // 32, t % 32, across_n // cols
+    return warp // warps_n * rows + lane // cols, warp % warps_n * cols + lane % cols
+
+
 def _micro_tile(size: int, tile: int, offset: L.Var) -> Callable[[L.Expr], L.Expr]:
     """Element e of a thread's `size` rows (or columns) of a `tile`: runs of up to 4
     consecutive ones (read from shared memory as one vector), the runs `tile / groups`
@@ -324,17 +378,24 @@ class _Staged:
     into one of the two shared buffers as float32 (`store`). Consecutive threads walk the
     operand's contiguous dimension, each reading 4 consecutive elements as one vector load
     where no bound needs checking (the renderer proves the alignment, or reads them one by
-    one)."""
+    one). Only k needs checking (`past_k`: 0 past it, element by element): a tile's rows
+    past the operand's extent (a ragged edge) read the last row instead (a vector along the
+    rows, the last whole vector), since they only reach products of rows (columns) of Y
+    that are never stored."""
 
     def __init__(self, name: str, rows: int, first: L.Expr, extent: int, operand: Operand,
-                 bk: int, k: int, threads: int, checked: bool, bi: L.Var):
+                 bk: int, k: int, threads: int, past_k: bool, bi: L.Var):
         self.rows, self.first, self.extent, self.operand = rows, first, extent, operand
-        self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, checked, bi
-        self.lanes = 1 if checked else 4
+        self.bk, self.k, self.threads, self.checked, self.bi = bk, k, threads, past_k, bi
+        self.edge = extent % rows != 0
+        self.lanes = 1 if past_k or self.edge and operand.rows_contiguous and extent % 4 \
+            else 4
         self.groups = (rows if operand.rows_contiguous else bk) // self.lanes
         self.vectors = bk * rows // self.lanes
         self.steps = -(-self.vectors // threads)
-        self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * rows,), L.Scope.SHARED)
+        self.stride = rows + TILE_PAD
+        self.tile = L.Buffer(f"{name}_tile", T.float32, (2 * bk * self.stride,),
+                             L.Scope.SHARED)
         self.stage = L.Buffer(f"{name}_stage", operand.dtype, (self.steps * self.lanes,),
                               L.Scope.LOCAL)
 
@@ -357,26 +418,37 @@ class _Staged:
             e, step * self.threads + t, inner), L.ForKind.UNROLLED), L.ForKind.THREAD_X)
 
     def load(self, kt: L.Expr, when: L.Expr | None) -> L.Stmt:
-        """Registers <- k tile `kt` (0 past the operand's extent or k), if `when`."""
+        """Registers <- k tile `kt` (0 past k; rows past the extent the last row's), if
+        `when`."""
         def body(step, e, v):
             r, kk = self._place(e, v)
             row, kg = self.first + r, kt * self.bk + kk
+            if self.edge and self.lanes > 1 and self.operand.rows_contiguous:
+                base, _ = self._place(e, L.const(0))   # the vector, whole, inside
+                row = L.minimum(self.first + base, self.extent - self.lanes) + v
+            elif self.edge:
+                row = L.minimum(row, self.extent - 1)
             if self.checked:
-                value = L.Select(L.logical_and(row < self.extent, kg < self.k), self.operand.at(
-                    self.bi, L.minimum(row, self.extent - 1), L.minimum(kg, self.k - 1)),
-                    L.const(0.0, self.stage.dtype))
+                value = L.Select(kg < self.k, self.operand.at(
+                    self.bi, row, L.minimum(kg, self.k - 1)), L.const(0.0, self.stage.dtype))
             else:
                 value = self.operand.at(self.bi, row, kg)
             return L.Store(self.stage, (step * self.lanes + v,), value)
         return self._each(when, body, L.ForKind.VECTORIZED)
 
+    def at(self, buf: L.Expr, kk: L.Expr, r: L.Expr) -> L.Expr:
+        """Row `r`, k `kk` of shared buffer `buf` (an offset into `tile`)."""
+        return (buf * self.bk + kk) * self.stride + r
+
     def store(self, buf: L.Expr, when: L.Expr | None) -> L.Stmt:
-        """Shared buffer `buf` <- the registers widened to float32, if `when`."""
+        """Shared buffer `buf` <- the registers widened to float32, if `when` (a vector's
+        lanes, consecutive rows, as one 128-bit store)."""
         def body(step, e, v):
             r, kk = self._place(e, v)
-            return L.Store(self.tile, ((buf * self.bk + kk) * self.rows + r,),
+            return L.Store(self.tile, (self.at(buf, kk, r),),
                            problems.widened(self.stage[step * self.lanes + v]))
-        return self._each(when, body, L.ForKind.UNROLLED)
+        return self._each(when, body, L.ForKind.VECTORIZED if self.operand.rows_contiguous
+                          else L.ForKind.UNROLLED)
 
 
 def _split_k(c: DenseConfig, batch: int, m: int, n: int, grid, store, block,

@@ -577,9 +577,11 @@ def test_dense_configs_are_correct(rng, case):
     want = reference(g, {"a": xs})[out.name]
     space = template.space(problem, MACHINE)
     configs = space.sample(np.random.default_rng(1), 5) + [template.default(problem, MACHINE)]
-    if template is DENSE:   # split-k: slices summed by a second launch; 4 x 4 micro-tiles
+    if template is DENSE:   # split-k: slices summed by a second launch; 4 x 4 micro-tiles;
+        # warps of 4 x 8 thread tiles (128 x 128, 64 x 256)
         configs += [c for c in [DenseConfig(16, 32, 8, 1, 2, split) for split in (2, 4, 8)] +
-                    [DenseConfig(32, 32, 8, 4, 4), DenseConfig(32, 64, 16, 8, 8)]
+                    [DenseConfig(32, 32, 8, 4, 4), DenseConfig(32, 64, 16, 8, 8),
+                     DenseConfig(128, 128, 8, 8, 8), DenseConfig(64, 256, 8, 8, 8)]
                     if _accepts(space, c)]
     funcs, arrays, texts = [], {}, []
     for c, config in enumerate(configs):
@@ -596,6 +598,23 @@ def test_dense_configs_are_correct(rng, case):
     for func, config in zip(funcs, configs):
         np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-4,
                                    err_msg=str(config))
+
+
+@pytest.mark.parametrize("dims", [(128, 128, 8, 8, 8), (64, 256, 8, 8, 8), (32, 64, 8, 4, 8),
+                                  (64, 64, 16, 4, 4), (16, 32, 16, 1, 2), (32, 32, 8, 8, 8)])
+def test_warps_take_4_by_8_blocks_of_thread_tiles(dims):
+    from dnnc.backends.cuda.dense import DenseConfig, _thread_offsets
+
+    c = DenseConfig(*dims)
+    t = L.Var("t")
+    offsets = [tuple(L.simplify_expr(L.substitute(e, {t: L.const(n)})).value
+                     for e in _thread_offsets(c, t)) for n in range(c.threads)]
+    across_m, across_n = c.tile_m // c.thread_m, c.tile_n // c.thread_n
+    assert sorted(offsets) == [(r, q) for r in range(across_m) for q in range(across_n)]
+    if across_m * across_n >= 32 and across_n >= 8 and across_m >= 4:
+        for w in range(c.threads // 32):   # a warp: 4 consecutive rows x 8 consecutive columns
+            rows, cols = zip(*offsets[32 * w:32 * w + 32])
+            assert len(set(rows)) == 4 and len(set(cols)) == 8 and min(cols) % 8 == 0
 
 
 @pytest.mark.parametrize("cfg", [
@@ -627,7 +646,8 @@ def test_conv_configs_are_correct(rng, cfg):
     want = reference(g, {"x": xs})[out.name]
     space = CONV2D.space(problem, MACHINE)
     configs = space.sample(np.random.default_rng(2), 4) + [CONV2D.default(problem, MACHINE)] + \
-        [c for c in (DenseConfig(16, 32, 8, 1, 2, split) for split in (2, 4))
+        [c for c in [DenseConfig(16, 32, 8, 1, 2, split) for split in (2, 4)] +
+         [DenseConfig(64, 256, 8, 8, 8), DenseConfig(64, 128, 16, 8, 8)]
          if _accepts(space, c)]
     check_configs_on_cpu(CONV2D, problem, kernel, configs, xs, want, atol=1e-4)
 
