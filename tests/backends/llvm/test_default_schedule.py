@@ -71,6 +71,35 @@ def test_sigmoid_expansion_is_accurate_and_keeps_specials(rng):
     assert np.isnan(got[-1])
 
 
+@pytest.mark.parametrize("c", [0.75, -0.75, 0.25, -1.5, 2.25, 3.75])
+def test_pow_to_quarters_is_accurate_and_keeps_c99_specials(rng, c):
+    """pow(x, c) for a constant multiple of 1/4 expanded into square roots and products (no
+    libm powf a lane at a time; LRN's base ** 0.75): within 4 ulp of float64's pow, and C99's
+    special values: negative x NaN, +-0 -> +0 (c > 0) or +inf (c < 0), -inf -> +inf or +0."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(T.float32, (40064,)))
+    g.outputs = [g.add("Pow", x, Value("c", T.TensorType(T.float32, ()),
+                                      const=np.array(c, np.float32)))]
+    model = dnnc.compile(g, target="llvm", cache=False)
+    assert "pow" not in model.source()
+    xs = np.concatenate([rng.uniform(0, 10, 20000), np.exp(rng.uniform(-20, 20, 20000)),
+                         [0.0, -0.0, -1.0, -2.5, np.inf, -np.inf, np.nan, 1.0, 1e-30, 3e38,
+                          5e-39, 1e-45]] + [rng.uniform(1, 2, 52)]).astype(np.float32)
+    got = model.run(xs)[0]
+    with np.errstate(all="ignore"):
+        want = np.power(xs.astype(np.float64), c)
+    normal = np.isfinite(want) & (np.abs(want) >= np.finfo(np.float32).tiny) & \
+        (np.abs(want) <= np.finfo(np.float32).max)
+    # a root or two, up to 3 products and a reciprocal, each rounded: 4 ulp at most
+    np.testing.assert_allclose(got[normal], want[normal], rtol=4.8e-7)
+    special = dict(zip([0.0, -0.0, -1.0, -2.5, np.inf, -np.inf],
+                       got[40000:40006].tolist()))
+    assert np.isnan(got[40002]) and np.isnan(got[40003]) and np.isnan(got[40006])
+    assert got[40000] == got[40001] == (0.0 if c > 0 else np.inf)
+    assert not np.signbit(got[40000]) and not np.signbit(got[40001])
+    assert got[40004] == (np.inf if c > 0 else 0.0) and got[40005] == got[40004], special
+
+
 @pytest.mark.parametrize("n", [128, 100, 7])
 def test_split_reductions_match_numpy_with_tails(rng, n):
     """n = 100: a 16-lane split leaves a tail of 4; n = 7 is too short to split."""
