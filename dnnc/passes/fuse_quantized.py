@@ -24,7 +24,7 @@ The chains, in the two formats onnxruntime's quantizer writes:
 - Q(Add(DQ(a), DQ(b))) (a residual add) stays the float32 chain the file defines, which
   fuse_ops makes one elementwise kernel: elementwise float32 arithmetic is defined to the
   bit, and onnxruntime's QLinearAdd (MLAS's fused multiply-adds on r = s_a / s_c, ...)
-  rounds otherwise near ties: 0.14% of one of efficientnet_b0's adds, 3.4% of a GELU's
+  rounds otherwise near ties: 0.14% of one of efficientnet_b0's adds, 3.4-18% of a GELU's
   Erf + 1 (scales 2 / 255 and 1 / 255: every value within float32 rounding of a tie).
 - between integer ops, DQ -> op -> Q of the same scale and zero point for an op that only
   moves or selects values (MaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat;
