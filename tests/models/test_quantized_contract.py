@@ -144,7 +144,7 @@ def test_a_quantized_block_meets_the_contract_to_its_outputs(tmp_path, block, ac
     got = dnnc.compile(str(path), "numpy")(**feeds)
     share, steps = contract(got, values[name], step)
     assert share <= CONTRACT_SHARE and steps <= 1 + 1e-6, (share, steps)
-    assert "QLinearAdd" not in {n.op for n in graph.nodes}   # the file's float32 adds
+    assert "QLinearAdd" not in {n.op for n in graph.nodes}   # (QuantizedAdd: the file's adds)
     assert np.array_equal(dnnc.compile(str(path), "llvm", cache=False)(**feeds), got)
 
 

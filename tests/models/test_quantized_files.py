@@ -279,10 +279,9 @@ def test_qdq_conv_add_and_matmul_equal_onnxruntime_integer_ops(tmp_path, activat
     activations with its `session.qdqisint8allowed`: by default on x86 it converts int8
     chains to uint8 and, where a shared value is converted for one reader only, leaves the
     other's product in float32, whose summation order no spec fixes): bit for bit, one
-    float32 product by x_scale * w_scale / y_scale rounded half to even. The add stays the
-    file's float32 chain (DQ, Add, Q: one fused elementwise kernel), equal to onnxruntime's
-    run of the ops one by one; its QLinearAdd (MLAS's fused multiply-adds) rounds otherwise
-    near ties."""
+    float32 product by x_scale * w_scale / y_scale rounded half to even. The add is the
+    file's float32 chain as one op (QuantizedAdd), equal to onnxruntime's run of the ops one
+    by one; its QLinearAdd (MLAS's fused multiply-adds) rounds otherwise near ties."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(seed)
@@ -299,8 +298,8 @@ def test_qdq_conv_add_and_matmul_equal_onnxruntime_integer_ops(tmp_path, activat
     one_by_one = onnxruntime_values(path, {"x": x})
     g = optimize(import_onnx(model), Target("numpy"), opt_level=1)
     ops = collections.Counter(n.op for n in g.nodes)
-    assert (ops["QuantizedConvPacked"], ops["Add"], ops["QuantizedDense"]) == (1, 1, 1), ops
-    assert "QLinearAdd" not in ops
+    assert (ops["QuantizedConvPacked"], ops["QuantizedAdd"], ops["QuantizedDense"]) == (1, 1, 1)
+    assert not {"DequantizeLinear", "QuantizeLinear", "Add", "QLinearAdd"} & set(ops), ops
     for got in (run_graph(g, [x]), dnnc.compile(model, "llvm", cache=False)(x=x)):
         for mine, theirs in zip(got, fused):   # (no tie in these adds: QLinearAdd agrees)
             assert np.array_equal(mine, theirs)
