@@ -376,3 +376,22 @@ def test_a_dequantized_add_requantized_is_the_files_float_chain_as_one_op(tmp_pa
     want = onnxruntime_values(path, feeds)["y"]
     assert np.array_equal(run_graph(g, [feeds[v.name] for v in g.inputs])[0], want)
     assert np.array_equal(dnnc.compile(model, "llvm", cache=False)(**feeds), want)
+
+
+@pytest.mark.parametrize("act", [np.uint8, np.int8])
+def test_known_difference_onnxruntime_fuses_the_add_into_qlinear_add_rounding_ties_otherwise(
+        tmp_path, act):
+    """Recorded, not dnnc's: onnxruntime's optimised session (int8 chains allowed, as it fuses
+    uint8 ones by default) computes the chain as QLinearAdd, MLAS's fused multiply-adds on
+    s_a / s_c, s_b / s_c and a folded zero point, which round part of the ties otherwise
+    than the file's float32 chain (its own one-op-at-a-time run, and dnnc's QuantizedAdd)."""
+    model, feeds = _residual_add_model(act, ties=True)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.qdqisint8allowed", "1")
+    fused = ort.InferenceSession(str(path), options,
+                                 providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    d = np.abs(fused.astype(np.int32) - onnxruntime_values(path, feeds)["y"].astype(np.int32))
+    assert np.count_nonzero(d) > 0 and d.max() == 1
