@@ -5,7 +5,8 @@
 bench/torch_models.py writes architectures out in plain torch, for hosts without these
 libraries. Where they are installed (the GPU machine's host has torchvision, timm and
 transformers; beside the CPU torch build, `pip install --no-deps torchvision==0.28.0 timm`
-works although the index's torchvision wheel is a CUDA build: see _import_torchvision), this
+works although the index's torchvision wheel is a CUDA build: see
+dnnc.testing.optional.import_torchvision), this
 module builds the libraries' own
 modules, with random weights (seeded; no weights are downloaded, `weights=None` and config
 objects only) and batch-norm statistics randomised so folding them is not a no-op, at batch 1
@@ -30,27 +31,7 @@ from torch import nn
 import torch_models
 from torch_models import export_module, randomize_batchnorm
 
-
-def _import_torchvision():
-    """torchvision, also where its wheel's compiled operators were built for another torch
-    (the package index here has only the CUDA build of torchvision beside the CPU torch): the
-    models are plain Python, and only the fake-tensor registrations of the detection
-    operators (nms, roi_align) need the compiled library. Where that library does not load,
-    those registrations are left out; the classification models never call them."""
-    import sys
-    import types
-
-    try:
-        import torchvision
-    except RuntimeError as e:   # "operator torchvision::nms does not exist"
-        if "torchvision::" not in str(e):
-            raise
-        for mod in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[mod]
-        sys.modules["torchvision._meta_registrations"] = types.ModuleType(
-            "torchvision._meta_registrations")
-        import torchvision
-    return torchvision
+from dnnc.testing.optional import import_torchvision as _import_torchvision
 
 
 def _torchvision(name: str):

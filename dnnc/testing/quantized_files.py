@@ -160,3 +160,90 @@ def onnxruntime_outputs(path: Path, feeds: dict, threads: int = 1) -> list[np.nd
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
+
+
+CONTRACT_SHARE = 1e-3
+"""Issue 33's accuracy contract: at most this share of a quantized file's values differ from
+onnxruntime's, each by at most one quantized step."""
+
+
+def onnxruntime_values(path: Path, feeds: dict) -> dict[str, np.ndarray]:
+    """The file's semantics as onnxruntime computes them one op at a time (its graph
+    optimisations off: no fused int8 kernels, no conversion of int8 chains to uint8; each
+    DequantizeLinear, float op and QuantizeLinear as the file writes it): the graph's inputs
+    (`feeds`), its outputs and every QuantizeLinear's output, by name."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    named = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.output[0] not in named:
+            model.graph.output.append(onnx.ValueInfoProto(name=node.output[0]))
+            named.add(node.output[0])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return {**feeds, **{o.name: v for o, v in zip(session.get_outputs(),
+                                                   session.run(None, feeds))}}
+
+
+def local_differences(graph, values: dict) -> dict[str, tuple[str, int, int, int]]:
+    """How each node of `graph` (a quantized file's, after fuse_quantized) that writes an
+    8-bit value of `values` (`onnxruntime_values`) differs from it when computed from
+    `values`' own 8-bit values (the float values between, a float chain's, computed by the
+    references from those): node name -> (op, elements that differ, elements, largest
+    difference in quantized steps). A product's differences are float32 summation ties (no
+    order is the file's); an elementwise chain's float32 arithmetic is defined to the bit."""
+    from ..ir.ops.registry import get_op
+
+    def boundary(v) -> bool:
+        return v.name in values and v.type.dtype.np in (np.int8, np.uint8)
+
+    computed: dict = {}
+
+    def value(v):
+        if v.const is not None:
+            return v.const
+        if boundary(v) or (v.producer is None and v.name in values):
+            return values[v.name]
+        if id(v) not in computed:
+            node = v.producer
+            outs = get_op(node.op).run([None if i is None else value(i) for i in node.inputs],
+                                       node.attrs)
+            computed.update({id(o): a for o, a in zip(node.outputs, outs)})
+        return computed[id(v)]
+
+    found = {}
+    for node in graph.nodes:
+        out = node.outputs[0]
+        if not boundary(out):
+            continue
+        got = get_op(node.op).run([None if v is None else value(v) for v in node.inputs],
+                                  node.attrs)[0].astype(np.int32)
+        d = np.abs(got - values[out.name].astype(np.int32))
+        found[node.name] = (node.op, int(np.count_nonzero(d)), d.size, int(d.max(initial=0)))
+    return found
+
+
+def contract(got: np.ndarray, want: np.ndarray, step: float) -> tuple[float, float]:
+    """(share of elements that differ, largest difference in steps of `step`, the scale of a
+    dequantized output) of `got` against `want`."""
+    d = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    return float(np.count_nonzero(d) / d.size), float(d.max(initial=0) / step)
+
+
+def output_steps(path: Path) -> list[float | None]:
+    """Each graph output's quantized step: the scale of the DequantizeLinear writing it
+    (a scalar), None where no such DequantizeLinear writes it."""
+    model = onnx.load(str(path))
+    writers = {n.output[0]: n for n in model.graph.node}
+    scales = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    steps = []
+    for output in model.graph.output:
+        node = writers.get(output.name)
+        scale = scales.get(node.input[1]) if node is not None and \
+            node.op_type == "DequantizeLinear" else None
+        steps.append(None if scale is None or scale.size != 1 else float(scale.reshape(())))
+    return steps

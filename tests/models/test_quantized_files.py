@@ -17,7 +17,8 @@ from dnnc.frontend.onnx import import_onnx
 from dnnc.ir.interpreter import run_graph
 from dnnc.ir.target import Target
 from dnnc.passes.manager import optimize
-from dnnc.testing.quantized_files import onnxruntime_outputs, quantize_dynamic, quantize_static
+from dnnc.testing.quantized_files import (onnxruntime_outputs, onnxruntime_values,
+                                          quantize_dynamic, quantize_static)
 from dnnc.testing.optional import library
 
 pytest.importorskip("onnxruntime")
@@ -273,15 +274,14 @@ def _qdq_products(rng, activations: str):
 
 @pytest.mark.parametrize("activations", ["uint8", "int8"])
 @pytest.mark.parametrize("seed", [7, 8])
-def test_qdq_conv_add_and_matmul_equal_onnxruntime_integer_ops(activations, seed):
-    """The QDQ chains as onnxruntime fuses them (QLinearConv, QLinearAdd, QLinearMatMul; int8
+def test_qdq_conv_add_and_matmul_equal_onnxruntime_integer_ops(tmp_path, activations, seed):
+    """The QDQ products as onnxruntime fuses them (QLinearConv, QLinearMatMul; int8
     activations with its `session.qdqisint8allowed`: by default on x86 it converts int8
     chains to uint8 and, where a shared value is converted for one reader only, leaves the
-    other's product in float32, whose summation order no spec fixes): bit for bit. The conv
-    and the matmul are one float32 product by x_scale * w_scale / y_scale rounded half to
-    even; the add is QLinearAdd, MLAS's fused multiply-adds, not the float32 chain (which
-    differs on values within float32 rounding of a tie: at 224x224 one such value in
-    mobilenet_v2's second residual add moved a third of its logits by a step)."""
+    other's product in float32, whose summation order no spec fixes): bit for bit, one
+    float32 product by x_scale * w_scale / y_scale rounded half to even. The add is the
+    file's float32 chain as one op (QuantizedAdd), equal to onnxruntime's run of the ops one
+    by one; its QLinearAdd (MLAS's fused multiply-adds) rounds otherwise near ties."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(seed)
@@ -291,12 +291,16 @@ def test_qdq_conv_add_and_matmul_equal_onnxruntime_integer_ops(activations, seed
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.add_session_config_entry("session.qdqisint8allowed", "1")
-    want = ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    fused = ort.InferenceSession(model.SerializeToString(), options,
+                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    path = tmp_path / "qdq.onnx"
+    path.write_bytes(model.SerializeToString())
+    one_by_one = onnxruntime_values(path, {"x": x})
     g = optimize(import_onnx(model), Target("numpy"), opt_level=1)
     ops = collections.Counter(n.op for n in g.nodes)
-    assert (ops["QuantizedConvPacked"], ops["QLinearAdd"], ops["QuantizedDense"]) == (1, 1, 1)
-    assert not {"DequantizeLinear", "QuantizeLinear", "Add"} & set(ops), ops
+    assert (ops["QuantizedConvPacked"], ops["QuantizedAdd"], ops["QuantizedDense"]) == (1, 1, 1)
+    assert not {"DequantizeLinear", "QuantizeLinear", "Add", "QLinearAdd"} & set(ops), ops
     for got in (run_graph(g, [x]), dnnc.compile(model, "llvm", cache=False)(x=x)):
-        for mine, theirs in zip(got, want):
+        for mine, theirs in zip(got, fused):   # (no tie in these adds: QLinearAdd agrees)
             assert np.array_equal(mine, theirs)
+        assert np.array_equal(got[1], one_by_one["a"])

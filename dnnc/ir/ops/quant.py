@@ -1,5 +1,6 @@
 """Quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, QLinearMatMul,
-QLinearConv, and com.microsoft's QLinearAdd (MLAS's arithmetic: a fused multiply-add chain).
+QLinearConv, com.microsoft's QLinearAdd (MLAS's arithmetic: a fused multiply-add chain), and
+QuantizedAdd (a QDQ file's Q(DQ(a) + DQ(b)) as one op, the chain's float32 arithmetic).
 
 Integer types only (int8, uint8, int16, uint16); the float8 / int4 families are outside dnnc's
 dtypes and rejected by the frontend. Scales and zero points are scalars, per-axis vectors, or
@@ -480,3 +481,56 @@ def _qlinear_add_rule(inputs, outputs):
 
 register_op("QLinearAdd", pattern=Pattern.BROADCAST, infer=_qlinear_add_infer,
             evaluate=qlinear_add, inputs=(7, 8), compute=_qlinear_add_rule)
+
+
+# -- QuantizedAdd -------------------------------------------------------------------------------
+#
+# QuantizedAdd(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point) is
+# QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b)) of scalar parameters, every step
+# the chain's own float32 arithmetic: ((a - za) sa + (b - zb) sb) / sc, rounded half to even,
+# plus zc, saturated. fuse_quantized makes it of a QDQ file's residual add so that the 8-bit
+# operands reach a product's epilogue as they are (the chain's DequantizeLinear of the other
+# operand was a float32 tensor of its own, a kernel and 4 bytes a value).
+
+
+def _quantized_add_infer(ctx):
+    for i, what in ((0, "a"), (3, "b")):
+        check_dtype(ctx, i, (T.int8, T.uint8), what)
+        if ctx.dtype(i + 2) != ctx.dtype(i):
+            raise ctx.fail(f"{what}'s zero point is of its type {ctx.dtype(i).name}, given "
+                           f"{ctx.dtype(i + 2).name}")
+    check_dtype(ctx, 7, (T.int8, T.uint8), "c_zero_point")
+    for i in (1, 2, 4, 5, 6, 7):
+        if ctx.shape(i) != ():
+            raise ctx.fail(f"input {i} is a scalar, given {ctx.type(i)}")
+    for i in (1, 4, 6):
+        check_dtype(ctx, i, (T.float32,), "a scale")
+    return [T.TensorType(ctx.dtype(7), T.broadcast_shapes(ctx.shape(0), ctx.shape(3)))]
+
+
+def quantized_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point):
+    """The chain, by its ops' references."""
+    per_tensor = {"axis": 1, "block_size": 0}
+    total = dequantize_linear(a, a_scale, a_zero_point, output_dtype=None, **per_tensor) + \
+        dequantize_linear(b, b_scale, b_zero_point, output_dtype=None, **per_tensor)
+    return quantize_linear(total, c_scale, c_zero_point, output_dtype=None, saturate=1,
+                           precision=None, **per_tensor)
+
+
+def _quantized_add_rule(inputs, outputs):
+    a, sa, za, b, sb, zb, sc, zc = inputs
+    out, f32 = outputs[0], T.float32
+
+    def element(*idx):
+        def dequantized(t, s, z):   # DequantizeLinear's rule: (x - z) * s in float32
+            return (widen(f32, broadcast_load(t, idx)) - widen(f32, z[()])) * widen(f32, s[()])
+
+        total = dequantized(a, sa, za) + dequantized(b, sb, zb)
+        return _saturate(call("round", total / widen(f32, sc[()])) + widen(f32, zc[()]),
+                         out.dtype)
+
+    return [compute(out.shape, element, "quantized_add", out.dtype)]
+
+
+register_op("QuantizedAdd", pattern=Pattern.BROADCAST, infer=_quantized_add_infer,
+            evaluate=quantized_add, inputs=8, compute=_quantized_add_rule)
