@@ -37,7 +37,7 @@ from ..lower import Kernel
 from ..memory import ALIGN, aligned
 from ..contract import CompiledSegment
 from ..executable import Executable, index_error
-from ..plan import Call, Program, image_consts
+from ..plan import Call, Program, image_consts, in_place_outputs
 from ..specialisations import DEFAULT_CACHE_SIZE
 from ...ir.target import Target
 from ...levels import DEFAULT_OPT_LEVEL, levels
@@ -187,7 +187,7 @@ class _CompiledSegment(CompiledSegment):
         digest = layout_digest(step, program.shapes, program.key_values,
                                program.escaping_types, program.const_refs, program.consts,
                                program.n_inputs, program.slots, self.arena_bytes, "entry",
-                               rt.target)
+                               rt.target, program.in_place)
         try:
             jit = JITModule(str(mb) + _layout_global(digest), rt.target,
                             levels(rt.opt_level).codegen,
@@ -203,14 +203,14 @@ class _CompiledSegment(CompiledSegment):
         """A specialisation restored from an artifact: its object code is loaded, nothing is
         lowered or optimised again."""
         self = cls.__new__(cls)
-        self._take_image(step, image)
+        self._take_image(step, image, in_place_outputs(rt.graph, step))
         self._loop_ir = image.loop_ir
         consts = image_consts(step, image)
         jit = ObjectModule(image.object_code, rt.target, name=f"segment{step.index}",
                            llvm_ir=image.llvm_ir)
         want = layout_digest(step, image.shapes, image.values, image.escaping_types,
                              image.consts, consts, image.n_inputs, image.slots,
-                             image.arena_bytes, image.entry, rt.target)
+                             image.arena_bytes, image.entry, rt.target, self.in_place)
         if jit.layout() != want:
             raise ArtifactError(
                 f"the object code of segment {step.index} (shapes {list(image.shapes)}) was "
@@ -251,7 +251,11 @@ class _CompiledSegment(CompiledSegment):
         dtypes, or fresh ones), their pointers written into the frame's slots."""
         arrays = [np.ascontiguousarray(inputs[i]) for i in self._data_inputs]
         if outs is None:
-            outs = [np.empty(t.shape, t.dtype.np) for t in self.escaping_types]
+            outs = [np.empty(t.shape, t.dtype.np) if e not in self.in_place else
+                    arrays[self.in_place[e]] for e, t in enumerate(self.escaping_types)]
+        else:   # (a batch split's slices: the kernel updates a copy of the input there)
+            for e, d in self.in_place.items():
+                np.copyto(outs[e], arrays[d])
         for k, a in enumerate(arrays + outs):
             frame.slots[k] = _address(a)
         return arrays, outs
@@ -390,8 +394,9 @@ LAYOUT_BYTES = 32
 
 def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, const_arrays,
                   n_inputs: int, slots: int, arena_bytes: int, entry: str,
-                  target: Target) -> bytes:
-    """The SHA-256 of everything a call of the segment's code relies on."""
+                  target: Target, in_place: dict[int, int]) -> bytes:
+    """The SHA-256 of everything a call of the segment's code relies on (`in_place`: the
+    outputs its kernels compute over their inputs' arrays)."""
     doc = {"nodes": [[n.op, n.name] for n in step.nodes],
            "inputs": [[v.type.dtype.name, v.const is not None] for v in step.inputs],
            "shapes": [list(s) for s in shapes], "values": [[i, list(v)] for i, v in values],
@@ -401,6 +406,8 @@ def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, con
                       for (k, j), c in zip(const_refs, const_arrays)],
            "n_inputs": n_inputs, "slots": slots, "arena_bytes": arena_bytes, "entry": entry,
            "cpu": [target.cpu, target.features]}
+    if in_place:   # (absent where empty: earlier artifacts' digests stay valid)
+        doc["in_place"] = sorted(in_place.items())
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).digest()
 
 
