@@ -63,12 +63,13 @@ class CompiledSegment(ABC):
         """The outputs, and each kernel's median milliseconds over `repeat` calls of that
         kernel alone, in call order."""
 
-    def fast(self, positions: list, returned: list[int], signature: list[tuple]
-             ) -> FastCall | None:
+    def fast(self, positions: list, returned: list[int], signature: list[tuple],
+             checked: bool = True) -> FastCall | None:
         """`run` as one closure over the model's call arguments (`Executable.fast_call`), or
         None where the target has no such path: `positions[i]` is the argument that is this
         segment's i-th input (None: a constant), `returned` the escaping values the model
-        returns, in order, and `signature` the (shape, dtype) of each argument."""
+        returns, in order, and `signature` the (shape, dtype) of each argument, which
+        without `checked` each call's arguments have (C-order NumPy arrays): not checked."""
         return None
 
     def _take_program(self, program: Program) -> None:

@@ -262,13 +262,16 @@ class Executable(TargetHooks):
         """Write `value` into the caller's input array `target`."""
         write_host_array(target, value)
 
-    def fast_call(self, inputs: list[np.ndarray]):
+    def fast_call(self, inputs: list[np.ndarray], checked: bool = True):
         """A function that runs calls whose arguments are C-contiguous NumPy arrays of exactly
         these inputs' shapes and dtypes with the least Python between the caller and the
         kernels, returning the outputs, or None for any other arguments; None where the model
         is not one segment compiled for exactly these shapes (a host step, value inputs, a
         batch split) or the target's segments have no `fast`. `CompiledModel.run` keeps one
-        for the last shapes it ran: a small model's call costs ~10 us instead of ~30."""
+        for the last shapes it ran: a small model's call costs ~10 us instead of ~30.
+        Without `checked` the arguments are not looked at: the caller vouches for each
+        call's (`CompiledModel.bound_call`), and the specialisation is kept alive by the
+        function, used or evicted."""
         if len(self.steps) != 1 or not isinstance(self.steps[0], Segment):
             return None
         step = self.steps[0]
@@ -284,10 +287,18 @@ class Executable(TargetHooks):
         seg = self._cache.get(key)
         run = None if seg is None else seg.fast([position.get(id(v)) for v in step.inputs],
                                                 [escaping[id(v)] for v in self.graph.outputs],
-                                                [(a.shape, a.dtype) for a in inputs])
+                                                [(a.shape, a.dtype) for a in inputs], checked)
         if run is None:
             return None
         cache, aliases = self._cache, self.graph.aliases
+        if not checked:
+            if not aliases:
+                return run
+
+            def unchecked(args) -> list[np.ndarray]:
+                return self.write_aliases(args, run(args))
+
+            return unchecked
 
         def call(args) -> list[np.ndarray] | None:
             try:

@@ -47,8 +47,10 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..backends.registry import REGISTRY
 from ..errors import ArgumentError, DNNCError
+from ..frontend.torch_aten import np_dtype
 from ..frontend.torch_fx import DECOMPOSITIONS, import_fx, op_name, supported, tensor_array
 from .driver import compile as dnnc_compile
+from .module import DeviceArray
 
 __all__ = ["dnnc_backend", "compile_aten", "stats", "reports", "GraphReport", "OPTIONS",
            "Placement", "placement", "HOST", "tensor_device"]
@@ -477,8 +479,11 @@ class DnncPartition(torch.nn.Module):
     argument itself).
 
     A call costs what dnnc's own does plus the conversions: `__call__` skips
-    `nn.Module.__call__`'s hook dispatch (a partition has no hooks), and the conversion of
-    each output is chosen once, here."""
+    `nn.Module.__call__`'s hook dispatch (a partition has no hooks), the conversion of
+    each output is chosen once, here, and a partition of static shapes whose tensors are
+    plain (C-order, no bfloat16) takes the model's `bound_call` after its first call: its
+    arguments' shapes, dtypes and strides are fixed by dynamo's guards on the graph's
+    inputs, so nothing is checked again per call."""
 
     def __init__(self, model, tensors: list[int], single: bool, on_device: bool = False,
                  written: set[int] = frozenset(), unused: set[int] = frozenset()):
@@ -498,6 +503,8 @@ class DnncPartition(torch.nn.Module):
             self._wraps = [_unused if k in unused else _bfloat16_tensor if h else
                            torch.from_numpy for k, h in enumerate(halves)]
             self._plain = not any(halves) and not unused
+        # the model's `bound_call`, taken after the first call; device: interfaces' fixed parts
+        self._first, self._bound, self._faces = True, None, []
 
     def __call__(self, *args):
         return self._call(args)
@@ -505,27 +512,65 @@ class DnncPartition(torch.nn.Module):
     forward = __call__
 
     def _host_call(self, args):
-        arrays = []
+        if self._bound is not None:
+            outs = self._bound([args[i].numpy() for i in self.tensors])
+            if self._plain:
+                return torch.from_numpy(outs[0]) if self.single else \
+                    tuple(map(torch.from_numpy, outs))
+            return self._wraps[0](outs[0]) if self.single else \
+                tuple(w(o) for w, o in zip(self._wraps, outs))
+        arrays, plain = [], True
         for i in self.tensors:
             t = args[i]
-            if not t.is_contiguous() and i not in self.written:
-                t = t.contiguous()
+            if not t.is_contiguous():
+                plain = False
+                if i not in self.written:
+                    t = t.contiguous()
             try:   # (bfloat16, a tensor with grad: tensor_array)
                 arrays.append(t.numpy())
             except (RuntimeError, TypeError):
                 arrays.append(tensor_array(t))
+                plain = False
         outs = self.model.run(*arrays)
+        if self._first:   # (once: None where the model has no such path)
+            self._bound = self.model.bound_call(*arrays) if plain else None
+            self._first = False
         if self.single:
             return self._wraps[0](outs[0])
         if self._plain:
             return tuple(map(torch.from_numpy, outs))
         return tuple(w(o) for w, o in zip(self._wraps, outs))
 
-    def _device_call(self, args):   # (detached: torch refuses the interface of a grad tensor)
-        outs = self.model.run(*[args[i].detach() for i in self.tensors], to=self._kind)
+    def _device_call(self, args):
+        if self._bound is not None:   # each tensor's interface made from its address alone
+            outs = self._bound([DeviceArray(args[i], face={**face, "data": (args[i].data_ptr(),
+                                                                             False)})
+                                for i, face in zip(self.tensors, self._faces)])
+        else:   # (detached: torch refuses the interface of a grad tensor)
+            given = [args[i].detach() for i in self.tensors]
+            outs = self.model.run(*given, to=self._kind)
+            if self._first:
+                self._bound = self._bind_device(given)
+                self._first = False
         if self._kind != "torch":
             outs = [torch.from_dlpack(o) for o in outs]
         return outs[0] if self.single else tuple(outs)
+
+
+    def _bind_device(self, tensors: list):
+        """The model's `bound_call` for these tensors where each is C-order and of a NumPy
+        dtype (its `__cuda_array_interface__` then depends on its address alone: torch
+        builds the interface in Python, ~7 us a tensor under cProfile on the device), with
+        the interfaces' fixed parts (`_faces`); else None."""
+        faces = []
+        for t in tensors:
+            dtype = np_dtype(t.dtype)
+            if dtype is None or dtype.name == "bfloat16" or not t.is_contiguous():
+                return None
+            faces.append({"shape": tuple(t.shape), "typestr": dtype.str, "strides": None,
+                          "version": 3})
+        self._faces = faces
+        return self.model.bound_call(*tensors, to=self._kind)
 
 
 def _unused(array) -> None:

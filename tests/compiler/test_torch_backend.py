@@ -466,6 +466,9 @@ def test_a_device_partition_passes_tensors_and_wraps_outputs_without_copies():
             self.out = np.arange(6, dtype=np.float32).reshape(2, 3)
             return [self.out]
 
+        def bound_call(self, *arrays, to=None):
+            return None
+
     model = Model()
     x = torch.randn(2, 3, requires_grad=True)
     out = torch_backend.DnncPartition(model, [0], single=True, on_device=True)(x, 7)
@@ -486,6 +489,9 @@ def test_a_device_partition_asks_a_target_returning_tensors_for_them():
             self.out = [torch.ones(2), torch.zeros(3)]
             return self.out
 
+        def bound_call(self, *arrays, to=None):
+            return None
+
     model = Model()
     a, b = torch_backend.DnncPartition(model, [0], single=False, on_device=True)(
         torch.randn(2))
@@ -503,6 +509,9 @@ def test_a_host_partition_takes_any_tensor_and_wraps_each_output_by_its_dtype():
             self.given = arrays
             return [arrays[0] + 1, (arrays[0] * 2).astype(T.bfloat16.np)]
 
+        def bound_call(self, *arrays, to=None):
+            raise AssertionError("a partition of a strided tensor with grad binds nothing")
+
     model = Model()
     x = torch.randn(3, 2, requires_grad=True).t()   # a view with grad, not contiguous
     plus, twice = torch_backend.DnncPartition(model, [0], single=False)(x, 7)
@@ -517,6 +526,58 @@ def test_a_host_partition_takes_any_tensor_and_wraps_each_output_by_its_dtype():
     model.run = lambda *arrays: [(arrays[0] * 2).astype(T.bfloat16.np)]
     alone = torch_backend.DnncPartition(model, [0], single=True)(x)
     np.testing.assert_array_equal(alone.float().numpy(), halved)
+
+
+def test_a_partition_of_static_shapes_takes_the_unchecked_path_after_its_first_call():
+    """After the first call a host partition of static shapes runs the model's `bound_call`
+    (no per-call checks: dynamo's guards fix its arguments); each call's results as eager's,
+    each output a tensor of its own."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    fn = compiled(mlp)
+    with torch.no_grad():
+        outs = []
+        for seed in range(3):
+            x = torch.randn(5, 16, generator=torch.Generator().manual_seed(seed))
+            outs.append((fn(x), mlp(x)))
+    for got, want in outs:
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    assert len({got.data_ptr() for got, _ in outs}) == 3
+    parts = [m for m in torch_backend.reports()[-1].models]
+    assert len(parts) == 1 and parts[0].bound_call(np.zeros((5, 16), np.float32)) is not None
+    assert parts[0].bound_call(np.zeros((16, 5), np.float32).T) is None   # not C order
+
+
+def test_a_device_partition_binds_interfaces_made_from_each_tensors_address():
+    """A device partition of C-order tensors takes the model's `bound_call` after its first
+    call and hands it `DeviceArray`s whose interface is the first call's shape and dtype
+    with each call's address, over the tensor itself (the runtime reads its stream)."""
+    from dnnc.compiler.module import DeviceArray
+
+    class Model:   # a cuda CompiledModel: its runtime fills tensors (to="torch")
+        target = "cuda"
+
+        def run(self, *arrays, to=None):
+            return [torch.ones(2)]
+
+        def bound_call(self, *arrays, to=None):
+            self.bound_to = to
+
+            def call(arrays):
+                self.given = arrays
+                return [torch.zeros(2)]
+            return call
+
+    model = Model()
+    part = torch_backend.DnncPartition(model, [1], single=True, on_device=True)
+    assert float(part(7, torch.randn(2, 3)).sum()) == 2   # the first call: `run`
+    x = torch.randn(2, 3)
+    assert float(part(7, x).sum()) == 0 and model.bound_to == "torch"
+    (given,) = model.given
+    assert isinstance(given, DeviceArray) and given.obj is x
+    assert given.__cuda_array_interface__ == {"shape": (2, 3), "typestr": "<f4",
+                                              "strides": None, "version": 3,
+                                              "data": (x.data_ptr(), False)}
 
 
 @pytest.mark.parametrize("tag_guards", [True, False])
