@@ -15,7 +15,8 @@ issue 35 asks >= 1), the graphs the backend compiled (2: prefill and decode), th
 step's dnnc partitions and ops left in torch (`parts`, `torch`: 1 and 0 once the cache writes
 are dnnc's), whether its tokens equal eager's, and the seconds of each compiled runtime's first
 generate (its compiles). `--runtimes` times a subset (eager is always run: its tokens are the
-reference).
+reference); `--cpu-time` times by the process's CPU time (a loaded machine; meant for
+`--threads 1`, where no worker spins).
 generate's own compile is off for every other runtime (`decoder`). Needs torch and transformers;
 never imported by dnnc.
 """
@@ -72,16 +73,17 @@ def tokens_per_second(model, ids, args) -> tuple[float, float, torch.Tensor]:
     (compiles included) and the tokens of the last."""
     options = {"max_new_tokens": args.tokens, "do_sample": False,
                "cache_implementation": "static", "pad_token_id": 0, "eos_token_id": None}
+    clock = time.process_time if args.cpu_time else time.perf_counter
     start = time.perf_counter()
     out = model.generate(ids, **options)   # compiles (prefill, decode)
     first = time.perf_counter() - start
     rates = []
     for _ in range(args.repeat):
-        start = time.perf_counter()
+        start = clock()
         out = model.generate(ids, **options)
         if ids.is_cuda:
             torch.cuda.synchronize()
-        rates.append(args.tokens * ids.shape[0] / (time.perf_counter() - start))
+        rates.append(args.tokens * ids.shape[0] / (clock() - start))
     return statistics.median(rates), first, out
 
 
@@ -129,6 +131,8 @@ def main(argv=None) -> None:
     parser.add_argument("--target", default="llvm", choices=("llvm", "cuda"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by the process's CPU time (with --threads 1)")
     parser.add_argument("--runtimes", default="inductor,dnnc",
                         help="besides eager: inductor, dnnc or both")
     args = parser.parse_args(argv)
@@ -139,7 +143,8 @@ def main(argv=None) -> None:
     machine = torch.cuda.get_device_name() if args.target == "cuda" else \
         (platform.processor() or platform.machine())
     print(f"# {machine}, {args.target}, {args.threads} threads; torch {torch.__version__}; "
-          f"prompt {args.prompt}, {args.tokens} new tokens, median of {args.repeat}, tokens/s")
+          f"prompt {args.prompt}, {args.tokens} new tokens, median of {args.repeat}, tokens/s"
+          f"{' of CPU time' if args.cpu_time else ''}")
     print(f"{'model':12}{'batch':>6}{'eager':>10}{'inductor':>10}{'dnnc':>10}{'dnnc/ind':>9}"
           f"{'graphs':>8}{'parts':>6}{'torch':>6}  same tokens  first generate s (ind, dnnc)")
     with torch.no_grad():

@@ -12,13 +12,13 @@ from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 
 
-def cache_graph(old_read: bool) -> Graph:
+def cache_graph(old_read: bool, width: int = 4) -> Graph:
     """cache[:, pos] = relu(x); returns the new cache (written into input 0) and
     new cache * 2 (+ the old cache's sum with `old_read`)."""
     g = Graph("cache")
-    cache = g.add_input("cache", T.TensorType(T.float32, (2, 6, 4)))
+    cache = g.add_input("cache", T.TensorType(T.float32, (2, 6, width)))
     pos = g.add_input("pos", T.TensorType(T.int64, (2,)))
-    x = g.add_input("x", T.TensorType(T.float32, (2, 2, 4)))
+    x = g.add_input("x", T.TensorType(T.float32, (2, 2, width)))
     new = g.add("IndexCopy", cache, pos, g.add("Relu", x), axis=1)
     two = Value("two", T.TensorType(T.float32, ()), const=np.array(2, np.float32))
     out = g.add("Mul", new, two)

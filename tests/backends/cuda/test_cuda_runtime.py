@@ -645,12 +645,12 @@ def test_an_output_written_into_an_input_is_computed_at_the_callers_array(simula
     from dnnc.backends.cuda.executable import CUDARuntime
 
     target = REGISTRY["cuda"].target()
-    rt = CUDARuntime(optimize(cache_graph(False), target, 3), target=target,
-                     outputs="cupy").start()
+    rt = CUDARuntime(optimize(cache_graph(False, width=96), target, 3), target=target,
+                     outputs="cupy").start()   # (a cache above COPIED_INPUT_BYTES)
     (seg,) = rt.compiled_segments()
     (e, d), = seg.in_place.items()
-    cache = np.zeros((2, 6, 4), np.float32).view(FakeArray)
-    pos, x = np.array([0, 1]), rng.standard_normal((2, 2, 4)).astype(np.float32)
+    cache = np.zeros((2, 6, 96), np.float32).view(FakeArray)
+    pos, x = np.array([0, 1]), rng.standard_normal((2, 2, 96)).astype(np.float32)
     for call in range(3):
         outs = rt.run([cache, pos, x], {})
         assert outs[0] is cache
