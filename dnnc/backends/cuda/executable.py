@@ -21,7 +21,10 @@ fixed addresses, so a frame keeps one per tuple of input addresses (`_Frame`):
   serving loop that reuses its input buffers pays no copy from its third call on, and a
   caller that allocates a fresh input per call pays one device copy, never a capture per call.
   A graph reads its addresses' contents when it is replayed: new data in a reused buffer is
-  read, never stale data.
+  read, never stale data. An input of at most `COPIED_INPUT_BYTES` is always copied, so its
+  address keys no graph;
+- an output the graph writes into an input (`plan.in_place_outputs`) at that input's place
+  in every launch list and graph: the caller's array where it is read in place.
 
 A run works on the caller's stream (`CUDARuntime._caller_stream`: CuPy's current stream, or
 PyTorch's current one when an input is a PyTorch tensor), after the work that produced a
