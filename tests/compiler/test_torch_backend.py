@@ -233,10 +233,10 @@ class Cache(nn.Module):
     """A static cache written at `pos` each call (as transformers' StaticCache is) and read
     after the write; with `early`, its old value read before the write too."""
 
-    def __init__(self, early: bool):
+    def __init__(self, early: bool, width: int = 4):
         super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.register_buffer("cache", torch.zeros(2, 6, 4))
+        self.fc = nn.Linear(4, width)
+        self.register_buffer("cache", torch.zeros(2, 6, width))
         self.early = early
 
     def forward(self, x, pos):

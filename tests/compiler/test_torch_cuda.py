@@ -139,11 +139,12 @@ def test_static_cache_generate_on_cuda_compiles_prefill_and_decode_once():
 def test_a_cache_write_on_cuda_writes_the_cache_tensor_in_place():
     """The cache's new value computed in the cache tensor itself each step (from the third
     call on the captured CUDA graph reads and writes it there; before, the frame's buffer is
-    copied back), the tensor as eager's after every step."""
+    copied back; a cache above the runtime's COPIED_INPUT_BYTES), the tensor as eager's after
+    every step."""
     from test_torch_backend import Cache   # (its folder is on the path, as torch_modules')
 
     torch.manual_seed(0)
-    model, twin = Cache(False).eval().to(CUDA), Cache(False).eval().to(CUDA)
+    model, twin = Cache(False, 128).eval().to(CUDA), Cache(False, 128).eval().to(CUDA)
     twin.load_state_dict(model.state_dict())
     fn = compiled(twin)
     cache = twin.cache
