@@ -11,8 +11,12 @@ as issue 35 compares, the way transformers compiles it there: `transformers_comp
 decode step compiled, the prefill eager), runs one untimed generate
 (prefill and decode compiles), then `--repeat` timed ones; prints the median tokens/s (new
 tokens x batch / seconds), the ratio of tokens/s dnnc / inductor (above 1: dnnc decodes faster;
-issue 35 asks >= 1), the graphs the backend compiled (2: prefill and decode) and whether its
-tokens equal eager's, and the seconds of each compiled runtime's first generate (its compiles).
+issue 35 asks >= 1), the graphs the backend compiled (2: prefill and decode), the decode
+step's dnnc partitions and ops left in torch (`parts`, `torch`: 1 and 0 once the cache writes
+are dnnc's), whether its tokens equal eager's, and the seconds of each compiled runtime's first
+generate (its compiles). `--runtimes` times a subset (eager is always run: its tokens are the
+reference); `--cpu-time` times by the process's CPU time (a loaded machine; meant for
+`--threads 1`, where no worker spins).
 generate's own compile is off for every other runtime (`decoder`). Needs torch and transformers;
 never imported by dnnc.
 """
@@ -69,16 +73,17 @@ def tokens_per_second(model, ids, args) -> tuple[float, float, torch.Tensor]:
     (compiles included) and the tokens of the last."""
     options = {"max_new_tokens": args.tokens, "do_sample": False,
                "cache_implementation": "static", "pad_token_id": 0, "eos_token_id": None}
+    clock = time.process_time if args.cpu_time else time.perf_counter
     start = time.perf_counter()
     out = model.generate(ids, **options)   # compiles (prefill, decode)
     first = time.perf_counter() - start
     rates = []
     for _ in range(args.repeat):
-        start = time.perf_counter()
+        start = clock()
         out = model.generate(ids, **options)
         if ids.is_cuda:
             torch.cuda.synchronize()
-        rates.append(args.tokens * ids.shape[0] / (time.perf_counter() - start))
+        rates.append(args.tokens * ids.shape[0] / (clock() - start))
     return statistics.median(rates), first, out
 
 
@@ -86,8 +91,8 @@ def measure(name: str, batch: int, args) -> dict:
     device = "cuda" if args.target == "cuda" else "cpu"
     ids = torch.randint(3, 5000, (batch, args.prompt),
                         generator=torch.Generator().manual_seed(batch)).to(device)
-    rates, firsts, outs, graphs = {}, {}, {}, 0
-    for runtime in ("eager", "inductor", "dnnc"):
+    rates, firsts, outs, graphs, decode = {}, {}, {}, 0, None
+    for runtime in ("eager", *args.runtimes.split(",")):
         model = decoder(name, device)
         torch._dynamo.reset()
         before = len(torch_backend.reports())
@@ -109,7 +114,10 @@ def measure(name: str, batch: int, args) -> dict:
             continue
         if runtime == "dnnc":
             graphs = len(torch_backend.reports()) - before
+            decode = torch_backend.reports()[-1]
     return {"rates": rates, "firsts": firsts, "graphs": graphs,
+            "parts": decode.partitions if decode else 0,
+            "torch": sum(decode.torch_ops.values()) if decode else 0,
             "same": "dnnc" in outs and bool(torch.equal(outs["dnnc"].cpu(),
                                                          outs["eager"].cpu()))}
 
@@ -123,6 +131,10 @@ def main(argv=None) -> None:
     parser.add_argument("--target", default="llvm", choices=("llvm", "cuda"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by the process's CPU time (with --threads 1)")
+    parser.add_argument("--runtimes", default="inductor,dnnc",
+                        help="besides eager: inductor, dnnc or both")
     args = parser.parse_args(argv)
     os.environ["DNNC_NUM_THREADS"] = str(args.threads)
     torch.set_num_threads(args.threads)
@@ -131,9 +143,10 @@ def main(argv=None) -> None:
     machine = torch.cuda.get_device_name() if args.target == "cuda" else \
         (platform.processor() or platform.machine())
     print(f"# {machine}, {args.target}, {args.threads} threads; torch {torch.__version__}; "
-          f"prompt {args.prompt}, {args.tokens} new tokens, median of {args.repeat}, tokens/s")
+          f"prompt {args.prompt}, {args.tokens} new tokens, median of {args.repeat}, tokens/s"
+          f"{' of CPU time' if args.cpu_time else ''}")
     print(f"{'model':12}{'batch':>6}{'eager':>10}{'inductor':>10}{'dnnc':>10}{'dnnc/ind':>9}"
-          f"{'graphs':>8}  same tokens  first generate s (ind, dnnc)")
+          f"{'graphs':>8}{'parts':>6}{'torch':>6}  same tokens  first generate s (ind, dnnc)")
     with torch.no_grad():
         for name in args.models.split(","):
             for batch in map(int, args.batches.split(",")):
@@ -146,11 +159,12 @@ def main(argv=None) -> None:
                     print(f"# {name} batch {batch}: failed ({type(exc).__name__}: "
                           f"{str(exc)[:300]})", flush=True)
                     continue
-                r = row["rates"]
+                r = {k: row["rates"].get(k, math.nan) for k in ("eager", "inductor", "dnnc")}
+                first = {k: row["firsts"].get(k, math.nan) for k in ("inductor", "dnnc")}
                 print(f"{name:12}{batch:6d}{r['eager']:10.1f}{r['inductor']:10.1f}"
                       f"{r['dnnc']:10.1f}{r['dnnc'] / r['inductor']:9.2f}{row['graphs']:8d}"
-                      f"  {str(row['same']):11}  {row['firsts']['inductor']:6.1f} "
-                      f"{row['firsts']['dnnc']:6.1f}", flush=True)
+                      f"{row['parts']:6d}{row['torch']:6d}  {str(row['same']):11}  "
+                      f"{first['inductor']:6.1f} {first['dnnc']:6.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ class CompiledSegment(ABC):
     # target that places workspace there sets it: the llvm target's packed A)
     arena_workspace_bytes: int
     calls: list[Call]                      # for `profile`: each kernel called on its own
+    # escaping position -> data input position: the runtime binds that output's slot to the
+    # input's array (`plan.in_place_outputs`)
+    in_place: dict[int, int]
     frames: threading.local                # each calling thread's `frame()`, as `frames.frame`
 
     @abstractmethod
@@ -60,12 +63,13 @@ class CompiledSegment(ABC):
         """The outputs, and each kernel's median milliseconds over `repeat` calls of that
         kernel alone, in call order."""
 
-    def fast(self, positions: list, returned: list[int], signature: list[tuple]
-             ) -> FastCall | None:
+    def fast(self, positions: list, returned: list[int], signature: list[tuple],
+             checked: bool = True) -> FastCall | None:
         """`run` as one closure over the model's call arguments (`Executable.fast_call`), or
         None where the target has no such path: `positions[i]` is the argument that is this
         segment's i-th input (None: a constant), `returned` the escaping values the model
-        returns, in order, and `signature` the (shape, dtype) of each argument."""
+        returns, in order, and `signature` the (shape, dtype) of each argument, which
+        without `checked` each call's arguments have (C-order NumPy arrays): not checked."""
         return None
 
     def _take_program(self, program: Program) -> None:
@@ -81,8 +85,10 @@ class CompiledSegment(ABC):
         self.arena_bytes = program.arena_bytes
         self.arena_workspace_bytes = 0
         self.calls = program.calls
+        self.in_place = program.in_place
 
-    def _take_image(self, step: Segment, image) -> None:
+    def _take_image(self, step: Segment, image, in_place: dict[int, int]) -> None:
+        """`in_place`: `plan.in_place_outputs` of the runtime's graph, as the code was built."""
         self.step = step
         self.shapes = image.shapes
         self.key_values = image.values
@@ -95,6 +101,7 @@ class CompiledSegment(ABC):
         self.arena_bytes = image.arena_bytes
         self.arena_workspace_bytes = 0
         self.calls = []
+        self.in_place = in_place
 
 
 class TargetHooks(ABC):

@@ -35,7 +35,7 @@ from ..progress import Progress
 from .batch_split import SPECIALIZE_AFTER, BatchSplit, BatchSplits
 from .contract import CompiledSegment, TargetHooks
 from .lower import Kernel
-from .plan import HostAfterAll, ProgramBuilder, segment_groups
+from .plan import HostAfterAll, ProgramBuilder, in_place_outputs, segment_groups
 from .specialisations import DEFAULT_CACHE_SIZE, Specialisations
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,37 @@ def index_error(step: Segment, record) -> InputError | None:
     node = step.nodes[site] if 0 <= site < len(step.nodes) else None
     where = f"{node.op} node {node.name!r}" if node is not None else f"segment {step.index}"
     return InputError(f"{where}: {IndexRangeError(index, size)}")
+
+
+def write_aliases(graph: Graph, inputs: list, outs: list, same_array=None,
+                  write_into=None) -> list:
+    """`outs` with each output the graph writes into an input (`Graph.aliases`) written
+    there and returned as that input's array: copied where it was computed apart (a host
+    step, an input copied to be contiguous), nothing where its kernel wrote it in place
+    (`plan.in_place_outputs`). `same_array(a, b)`: whether two arrays are the same memory;
+    `write_into(target, value)`: the copy (defaults: host arrays)."""
+    same_array = same_array or same_host_array
+    write_into = write_into or write_host_array
+    for k, i in graph.aliases.items():
+        if not same_array(outs[k], inputs[i]):
+            write_into(inputs[i], outs[k])
+        outs[k] = inputs[i]
+    return outs
+
+
+def same_host_array(a, b) -> bool:
+    """Whether host arrays `a` and `b` are the same memory, laid out alike."""
+    return a is b or (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and
+                      a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and
+                      a.shape == b.shape and a.strides == b.strides)
+
+
+def write_host_array(target, value) -> None:
+    """Write `value` into the caller's host array `target`."""
+    try:
+        np.copyto(target, value)
+    except ValueError as exc:   # read-only
+        raise InputError(f"the model writes an input it was given read-only: {exc}") from None
 
 
 def kernel_facts(kernel: Kernel) -> dict:
@@ -197,7 +228,7 @@ class Executable(TargetHooks):
     def run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
         while True:
             try:
-                return self._run(inputs)
+                return self.write_aliases(inputs, self._run(inputs))
             except HostAfterAll as exc:
                 # a node specialised on run-time parameters still has no loop form for them:
                 # it runs on the host from now on (one re-plan, then cached as usual)
@@ -219,13 +250,28 @@ class Executable(TargetHooks):
                     env[id(v)] = a
         return [self._value(v, env) for v in self.graph.outputs]
 
-    def fast_call(self, inputs: list[np.ndarray]):
+    def write_aliases(self, inputs: list, outs: list) -> list:
+        """`write_aliases` with this target's arrays (`same_array`, `write_into`)."""
+        return write_aliases(self.graph, inputs, outs, self.same_array, self.write_into)
+
+    def same_array(self, a, b) -> bool:
+        """Whether the arrays are the same memory (a target of device arrays overrides)."""
+        return same_host_array(a, b)
+
+    def write_into(self, target, value) -> None:
+        """Write `value` into the caller's input array `target`."""
+        write_host_array(target, value)
+
+    def fast_call(self, inputs: list[np.ndarray], checked: bool = True):
         """A function that runs calls whose arguments are C-contiguous NumPy arrays of exactly
         these inputs' shapes and dtypes with the least Python between the caller and the
         kernels, returning the outputs, or None for any other arguments; None where the model
         is not one segment compiled for exactly these shapes (a host step, value inputs, a
         batch split) or the target's segments have no `fast`. `CompiledModel.run` keeps one
-        for the last shapes it ran: a small model's call costs ~10 us instead of ~30."""
+        for the last shapes it ran: a small model's call costs ~10 us instead of ~30.
+        Without `checked` the arguments are not looked at: the caller vouches for each
+        call's (`CompiledModel.bound_call`), and the specialisation is kept alive by the
+        function, used or evicted."""
         if len(self.steps) != 1 or not isinstance(self.steps[0], Segment):
             return None
         step = self.steps[0]
@@ -241,17 +287,26 @@ class Executable(TargetHooks):
         seg = self._cache.get(key)
         run = None if seg is None else seg.fast([position.get(id(v)) for v in step.inputs],
                                                 [escaping[id(v)] for v in self.graph.outputs],
-                                                [(a.shape, a.dtype) for a in inputs])
+                                                [(a.shape, a.dtype) for a in inputs], checked)
         if run is None:
             return None
-        cache = self._cache
+        cache, aliases = self._cache, self.graph.aliases
+        if not checked:
+            if not aliases:
+                return run
+
+            def unchecked(args) -> list[np.ndarray]:
+                return self.write_aliases(args, run(args))
+
+            return unchecked
 
         def call(args) -> list[np.ndarray] | None:
             try:
                 cache.move_to_end(key)   # a use, as `_compiled` counts one
             except KeyError:   # evicted: the plain path compiles it again, as it would have
                 return None
-            return run(args)
+            outs = run(args)
+            return self.write_aliases(args, outs) if aliases and outs is not None else outs
 
         return call
 
@@ -340,7 +395,8 @@ class Executable(TargetHooks):
                     scheduled = partial(_kernel_done, progress, step.index, len(groups))
                 elif self.progress:
                     log.info(message)
-                program = self.builder.build(step, shapes, values, groups, scheduled)
+                program = self.builder.build(step, shapes, values, groups, scheduled,
+                                             in_place_outputs(self.graph, step))
                 if progress is not None:
                     progress.step(f"segment {step.index}: machine code of {len(groups)} "
                                   f"kernel(s) for {self.describe_machine()}", detail=True)

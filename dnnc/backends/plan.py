@@ -77,6 +77,9 @@ class Program:
     memory: MemoryPlan
     plan_seconds: float = 0.0            # spent in plan_memory
     viewed: list[Kernel] = field(default_factory=list)   # copies done as views: never called
+    # escaping position -> data input position: that output is computed over that input's
+    # array, which the runtime binds as the output's slot (`in_place_outputs`)
+    in_place: dict[int, int] = field(default_factory=dict)
 
     @property
     def slots(self) -> int:
@@ -122,12 +125,60 @@ def count_kernels(graph: Graph) -> int:
                if isinstance(s, Segment))
 
 
+def in_place_outputs(graph: Graph, step: Segment) -> dict[int, int]:
+    """The outputs of `step` that its kernels compute straight into the input array the
+    graph writes them into (`Graph.aliases`): escaping position -> data input position.
+    Taken where the output is made in `step` by an op that may take that input's buffer
+    (`OpDef.in_place`: it reads each element only for the output element at its index), from
+    that very input, and nothing else in the graph reads the input (its old value is then
+    read by that kernel alone, element by element, before it is written). The runtime binds
+    the output's slot to the input's array, and the kernel reads the input through its output
+    (`build_program`); any other aliased output is computed apart and copied into its input
+    after the call (`Executable.run`). A function of the graph alone: an artifact's restored
+    code is bound as it was compiled."""
+    if not graph.aliases:
+        return {}
+    users = graph.users()
+    data = [v for v in step.inputs if v.const is None]
+    escaping = {id(v): e for e, v in enumerate(step.escaping)}
+    found = {}
+    for k, i in graph.aliases.items():
+        out, source = graph.outputs[k], graph.inputs[i]
+        node = out.producer
+        position = get_op(node.op).in_place if node is not None else None
+        if position is None or node.inputs[position] is not source or \
+                [n for n in users.get(source, ()) if n is not node] or \
+                id(out) not in escaping or all(v is not source for v in data) or \
+                sum(1 for v in graph.outputs if v is out) != 1:
+            continue
+        found[escaping[id(out)]] = next(d for d, v in enumerate(data) if v is source)
+    return found
+
+
+def _read_through_output(kernel: Kernel, source: Value, out: Value) -> None:
+    """`kernel` reading parameter `source` through parameter `out`, which the runtime binds
+    to the same array (`in_place_outputs`): the loads see the same bytes, and no two buffers
+    the kernel touches overlap, so its parameters stay `noalias` / `__restrict__`."""
+    params = kernel.func.params
+    old = params[next(k for k, v in enumerate(kernel.inputs) if v is source)]
+    new = params[len(kernel.inputs) + next(k for k, v in enumerate(kernel.outputs) if v is out)]
+    body = L.transform(kernel.func.body, lambda n: L.Load(new, n.indices)
+                       if isinstance(n, L.Load) and n.buffer == old else None)
+    kernel.func = L.PrimFunc(kernel.func.name, params, body, kernel.func.size_vars,
+                             kernel.func.attrs)
+
+
 def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[list[int]],
-                  schedule: Callable[[Kernel], L.PrimFunc], reuse_memory: bool) -> Program:
+                  schedule: Callable[[Kernel], L.PrimFunc], reuse_memory: bool,
+                  in_place: dict[int, int] | None = None) -> Program:
     """Specialise `step` to `shapes` (and the values of its value inputs), lower one kernel
-    per group, schedule each with the target's `schedule`, and plan the memory."""
+    per group, schedule each with the target's `schedule`, and plan the memory. `in_place`
+    (`in_place_outputs`): the outputs computed over their inputs' arrays."""
+    in_place = in_place or {}
     nodes, values = _specialize(step, shapes, dict(key_values))
     escaping = [values[id(v)] for v in step.escaping]
+    data = [values[id(v)] for v in step.inputs if v.const is None]
+    over = {id(escaping[e]): data[d] for e, d in in_place.items()}
     escaping_ids = {id(v) for v in escaping}
     kernels = []
     for k, members in enumerate(groups):
@@ -146,6 +197,9 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
             raise CompileError(f"{node.op} node {node.name!r}: shapes still symbolic after "
                                f"specialisation: {kernel.func.size_vars}")
         kernel.func = L.index_checks.with_errors(schedule(kernel))
+        for out in kernel.outputs:
+            if id(out) in over:
+                _read_through_output(kernel, over[id(out)], out)
         kernels.append(kernel)
     # slots: inputs, escaping outputs, constants, then arena-resident intermediates
     ext: list[Value] = [values[id(v)] for v in step.inputs if v.const is None] + escaping
@@ -169,7 +223,8 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
     unique, calls = _calls(kernels, slot, memory)
     return Program(step, shapes, key_values, [v.type for v in escaping], kernels, unique,
                    calls, [v.const for v in consts], const_refs,
-                   sum(1 for v in step.inputs if v.const is None), memory, seconds, viewed)
+                   sum(1 for v in step.inputs if v.const is None), memory, seconds, viewed,
+                   dict(in_place))
 
 
 def views_in_place(kernels: list[Kernel], external: dict[int, int]
@@ -426,9 +481,11 @@ class ProgramBuilder:
         return self.schedule_kernel(kernel)
 
     def build(self, step: Segment, shapes: tuple, values: tuple, groups: list[list[int]],
-              scheduled: Callable[[int, Kernel], None] | None = None) -> Program:
+              scheduled: Callable[[int, Kernel], None] | None = None,
+              in_place: dict[int, int] | None = None) -> Program:
         """`step` specialised to `shapes` (and `values`), its kernels the `groups`;
-        `scheduled(k, kernel)` is told as each kernel is lowered and scheduled (progress)."""
+        `scheduled(k, kernel)` is told as each kernel is lowered and scheduled (progress);
+        `in_place` as `build_program` takes it."""
         schedule = self.schedule
         if scheduled is not None:
             count = iter(range(len(groups)))
@@ -437,7 +494,8 @@ class ProgramBuilder:
                 func = self.schedule(kernel)
                 scheduled(next(count), kernel)
                 return func
-        program = build_program(step, shapes, values, groups, schedule, self.reuse_memory)
+        program = build_program(step, shapes, values, groups, schedule, self.reuse_memory,
+                                in_place)
         self.plan_seconds += program.plan_seconds
         return program
 

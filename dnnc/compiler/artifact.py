@@ -122,6 +122,8 @@ class _Writer:
                 "attrs": {k: self.attr(a, f"{n.op} node {n.name!r} attribute {k!r}")
                           for k, a in n.attrs.items()}})
         doc["outputs"] = [self.value(v) for v in g.outputs]
+        if g.aliases:   # output position -> the input it is written into (as text keys)
+            doc["aliases"] = {str(k): i for k, i in sorted(g.aliases.items())}
         if g.groups is not None:   # fuse_ops' kernels, as node indices
             index = {id(n): k for k, n in enumerate(g.nodes)}
             doc["groups"] = [[index[id(n)] for n in group] for group in g.groups]
@@ -204,6 +206,7 @@ class _Reader:
                               [vals[k] for k in nd["outputs"]], attrs, nd["name"]))
         g = Graph(doc["name"], [vals[k] for k in doc["inputs"]],
                   [vals[k] for k in doc["outputs"]], nodes)
+        g.aliases = {int(k): i for k, i in doc.get("aliases", {}).items()}
         if "groups" in doc:
             groups = doc["groups"]
             if type(groups) is not list or not all(

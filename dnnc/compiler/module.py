@@ -11,6 +11,7 @@ artifact (`dnnc/compiler/artifact.py`), `load` (`dnnc.load`) makes a CompiledMod
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -241,6 +242,25 @@ class CompiledModel:
                 all(type(a) is np.ndarray and a.flags.c_contiguous for a in inputs):
             self._fast = self.runtime.fast_call(inputs)
         return outs
+
+    def bound_call(self, *args, to: str | None = None):
+        """A function running this model, given a list of arguments laid out as `args` were
+        at a call (the same shapes and dtypes), without checking them, and returning the
+        outputs as a list (`to` as `run` takes it): for a caller that guarantees every
+        call's arguments so (the torch backend's partitions, whose arguments dynamo's guards
+        fix for static shapes). C-order NumPy `args`: the runtime's unchecked `fast_call`
+        (None where it has none, or the specialisation is not compiled yet); else the
+        arguments as `check_inputs` makes them (NumPy arrays, `DeviceArray`s), run without
+        the checks. None for a model of symbolic shapes."""
+        if len(args) != len(self.input_types) or \
+                not all(t.is_static for t in self.input_types):
+            return None
+        if to is None and all(type(a) is np.ndarray for a in args):
+            fast = getattr(self.runtime, "fast_call", None)
+            if fast is None or not all(a.flags.c_contiguous for a in args):
+                return None
+            return fast(list(args), checked=False)
+        return functools.partial(self._run, bindings={}, to=to)
 
     def _only_kind(self) -> str | None:
         """The one kind of array this target returns, None where it returns several."""

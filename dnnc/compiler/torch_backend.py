@@ -9,8 +9,11 @@ constants (read once, at compile time, as torch's own freezing does: weights fol
 compile time; a parameter changed after the compile is not seen), splits the graph with
 torch's CapabilityBasedPartitioner into the largest subgraphs `frontend/torch_fx.py` imports
 (no cycles), compiles each with `dnnc.compile`, and leaves the rest to torch: the result is
-one FX GraphModule that calls dnnc's partitions and torch's ops in turn; an input the graph
-writes (a KV cache) is written in torch, in place where nothing later reads its old value
+one FX GraphModule that calls dnnc's partitions and torch's ops in turn. An input the graph
+writes (a KV cache: aot_autograd's `copy_(cache, index_put(cache, pos, v))`) is written by the
+dnnc partition that computes its new value, into the caller's tensor (`Graph.aliases`, in
+place where only the write reads the old value: `_input_writes`); one whose write stays in
+torch is written there, in place where nothing later reads its old value
 (`_write_in_place`). CPU tensors pass in
 and out without copies (NumPy views of the tensors; `torch.from_numpy` of the outputs); CUDA
 tensors go to a target that takes device arrays (its registry entry's `from_dlpack`), read in
@@ -28,6 +31,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import operator
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -43,8 +47,10 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..backends.registry import REGISTRY
 from ..errors import ArgumentError, DNNCError
+from ..frontend.torch_aten import np_dtype
 from ..frontend.torch_fx import DECOMPOSITIONS, import_fx, op_name, supported, tensor_array
 from .driver import compile as dnnc_compile
+from .module import DeviceArray
 
 __all__ = ["dnnc_backend", "compile_aten", "stats", "reports", "GraphReport", "OPTIONS",
            "Placement", "placement", "HOST", "tensor_device"]
@@ -175,8 +181,9 @@ def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None
                            options=options, state=state,
                            place=placement(options["target"], device))
     with torch.no_grad():
-        # the writes of inputs stay in the graph (`copy_` of the new value), where
-        # `_write_in_place` makes a KV cache's index_put write the cache itself
+        # the writes of inputs stay in the graph (`copy_` of the new value, which aot's
+        # metadata marks MUTATED_IN_GRAPH), where dnnc's partition writes the cache itself
+        # (`_input_writes`) or, left in torch, `_write_in_place` makes index_put do so
         compiled = aot_autograd(fw_compiler=fw, decompositions=DECOMPOSITIONS,
                                 keep_inference_input_mutations=True)(gm, example_inputs)
     # a graph that writes no input and returns no view of one needs none of aot_autograd's
@@ -386,8 +393,12 @@ def _compile_partition(fused: fx.GraphModule, node: fx.Node, constants: dict,
     refuses (an op's operands it cannot take) stays in torch, said in `report.failed`."""
     sub = getattr(fused, node.target)
     frozen = {i: constants[a.name] for i, a in enumerate(node.args) if _frozen(a, constants)}
+    writes = _input_writes(fused, node)
     try:
         graph = import_fx(sub, frozen, name=node.target)
+        names = [v.name for v in graph.inputs]
+        placeholders = [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+        graph.aliases = {k: names.index(placeholders[a]) for k, (a, _) in writes.items()}
         model = dnnc_compile(graph, options["target"], opt_level=options["opt_level"],
                              tuning_log=options["tuning_log"], precision=options["precision"],
                              cache=options["cache"], outputs=place.outputs)
@@ -405,11 +416,46 @@ def _compile_partition(fused: fx.GraphModule, node: fx.Node, constants: dict,
                if isinstance(node.args[i], fx.Node) and
                isinstance(node.args[i].meta.get("val"), torch.Tensor)]
     single = isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], fx.Node)
-    setattr(fused, node.target, DnncPartition(model, tensors, single, place.on_device))
+    setattr(fused, node.target, DnncPartition(model, tensors, single, place.on_device,
+                                              written={keep.index(a) for a, _ in
+                                                       writes.values()},
+                                              unused=set(writes)))
+    for k, (a, copy) in writes.items():   # the partition writes the input: no copy_ after it
+        new = copy.args[1]
+        # read after the partition (copy_ returns the input): the input holds the new value
+        copy.replace_all_uses_with(node.args[a])
+        fused.graph.erase_node(copy)
+        new.replace_all_uses_with(node.args[a])
+        if new is not node:
+            fused.graph.erase_node(new)
     node.args = tuple(node.args[i] for i in keep)
     report.partitions += 1
     report._models.append(weakref.ref(model))
     report.dnnc_ops += sum(1 for n in sub.graph.nodes if n.op == "call_function")
+
+
+def _input_writes(fused: fx.GraphModule, node: fx.Node) -> dict[int, tuple[int, fx.Node]]:
+    """The outputs of partition `node` that the graph copies into an input the partition
+    reads (`copy_(cache, out)`, aot_autograd's write of a mutated input kept in the graph:
+    a static KV cache's new value): output position -> (argument position, the copy_), where
+    that copy_ is the input's only write and nothing reads the input after the partition
+    but the copy_ (whose result, the input itself, may be read: a graph output).
+    dnnc then writes the output into the input's tensor itself (`Graph.aliases`)."""
+    order = {n: i for i, n in enumerate(fused.graph.nodes)}
+    outputs = {node: 0} if not any(u.target is operator.getitem for u in node.users) else \
+        {u: u.args[1] for u in node.users if u.target is operator.getitem}
+    found = {}
+    for value, k in outputs.items():
+        for copy in value.users:
+            target = copy.args[0] if copy.target is torch.ops.aten.copy_.default else None
+            if target is None or copy.args[1] is not value or \
+                    target.op != "placeholder" or target not in node.args or \
+                    any(u is not node and u is not copy and order[u] > order[node]
+                        for u in target.users) or \
+                    sum(1 for u in target.users if op_name(u).endswith("_.default")) != 1:
+                continue
+            found[k] = (node.args.index(target), copy)
+    return found
 
 
 def _frozen(arg, constants: dict) -> bool:
@@ -427,16 +473,26 @@ class DnncPartition(torch.nn.Module):
     back as tensors the runtime fills (`to="torch"`: one device copy each, as a CuPy output
     is; a CuPy copy wrapped by `torch.from_dlpack` cost ~50 us an output under cProfile).
 
-    A call costs what dnnc's own does plus the conversions: `__call__` skips
-    `nn.Module.__call__`'s hook dispatch (a partition has no hooks), and the conversion of
-    each output is chosen once, here."""
+    `written`: the arguments the model writes (`Graph.aliases`: a KV cache updated in
+    place; one that is not contiguous is passed as its strided view, which dnnc writes back)
+    and `unused`, the outputs that are those writes: not wrapped (None; the graph reads the
+    argument itself).
 
-    def __init__(self, model, tensors: list[int], single: bool, on_device: bool = False):
+    A call costs what dnnc's own does plus the conversions: `__call__` skips
+    `nn.Module.__call__`'s hook dispatch (a partition has no hooks), the conversion of
+    each output is chosen once, here, and a partition of static shapes whose tensors are
+    plain (C-order, no bfloat16) takes the model's `bound_call` after its first call: its
+    arguments' shapes, dtypes and strides are fixed by dynamo's guards on the graph's
+    inputs, so nothing is checked again per call."""
+
+    def __init__(self, model, tensors: list[int], single: bool, on_device: bool = False,
+                 written: set[int] = frozenset(), unused: set[int] = frozenset()):
         super().__init__()
         self.model = model
         self.tensors = tensors
         self.single = single
         self.on_device = on_device
+        self.written = written
         if on_device:
             self._call = self._device_call
             # tensors filled by the runtime where its target returns them, else DLPack
@@ -444,8 +500,11 @@ class DnncPartition(torch.nn.Module):
         else:
             self._call = self._host_call
             halves = [t.dtype.np.name == "bfloat16" for t in model.output_types]
-            self._wraps = [_bfloat16_tensor if h else torch.from_numpy for h in halves]
-            self._plain = not any(halves)
+            self._wraps = [_unused if k in unused else _bfloat16_tensor if h else
+                           torch.from_numpy for k, h in enumerate(halves)]
+            self._plain = not any(halves) and not unused
+        # the model's `bound_call`, taken after the first call; device: interfaces' fixed parts
+        self._first, self._bound, self._faces = True, None, []
 
     def __call__(self, *args):
         return self._call(args)
@@ -453,27 +512,69 @@ class DnncPartition(torch.nn.Module):
     forward = __call__
 
     def _host_call(self, args):
-        arrays = []
+        if self._bound is not None:
+            outs = self._bound([args[i].numpy() for i in self.tensors])
+            if self._plain:
+                return torch.from_numpy(outs[0]) if self.single else \
+                    tuple(map(torch.from_numpy, outs))
+            return self._wraps[0](outs[0]) if self.single else \
+                tuple(w(o) for w, o in zip(self._wraps, outs))
+        arrays, plain = [], True
         for i in self.tensors:
             t = args[i]
             if not t.is_contiguous():
-                t = t.contiguous()
+                plain = False
+                if i not in self.written:
+                    t = t.contiguous()
             try:   # (bfloat16, a tensor with grad: tensor_array)
                 arrays.append(t.numpy())
             except (RuntimeError, TypeError):
                 arrays.append(tensor_array(t))
+                plain = False
         outs = self.model.run(*arrays)
+        if self._first:   # (once: None where the model has no such path)
+            self._bound = self.model.bound_call(*arrays) if plain else None
+            self._first = False
         if self.single:
             return self._wraps[0](outs[0])
         if self._plain:
             return tuple(map(torch.from_numpy, outs))
         return tuple(w(o) for w, o in zip(self._wraps, outs))
 
-    def _device_call(self, args):   # (detached: torch refuses the interface of a grad tensor)
-        outs = self.model.run(*[args[i].detach() for i in self.tensors], to=self._kind)
+    def _device_call(self, args):
+        if self._bound is not None:   # each tensor's interface made from its address alone
+            outs = self._bound([DeviceArray(args[i], face={**face, "data": (args[i].data_ptr(),
+                                                                             False)})
+                                for i, face in zip(self.tensors, self._faces)])
+        else:   # (detached: torch refuses the interface of a grad tensor)
+            given = [args[i].detach() for i in self.tensors]
+            outs = self.model.run(*given, to=self._kind)
+            if self._first:
+                self._bound = self._bind_device(given)
+                self._first = False
         if self._kind != "torch":
             outs = [torch.from_dlpack(o) for o in outs]
         return outs[0] if self.single else tuple(outs)
+
+
+    def _bind_device(self, tensors: list):
+        """The model's `bound_call` for these tensors where each is C-order and of a NumPy
+        dtype (its `__cuda_array_interface__` then depends on its address alone: torch
+        builds the interface in Python, ~7 us a tensor under cProfile on the device), with
+        the interfaces' fixed parts (`_faces`); else None."""
+        faces = []
+        for t in tensors:
+            dtype = np_dtype(t.dtype)
+            if dtype is None or dtype.name == "bfloat16" or not t.is_contiguous():
+                return None
+            faces.append({"shape": tuple(t.shape), "typestr": dtype.str, "strides": None,
+                          "version": 3})
+        self._faces = faces
+        return self.model.bound_call(*tensors, to=self._kind)
+
+
+def _unused(array) -> None:
+    return None
 
 
 def _bfloat16_tensor(array: np.ndarray) -> torch.Tensor:

@@ -544,6 +544,47 @@ def _index(ctx, node):
     return ctx.add("Transpose", out, perm=perm)
 
 
+def _one_position_index(node: fx.Node) -> bool:
+    """index_put without accumulation at one 1-D integer index tensor after full slices
+    (`cache[:, :, pos] = v`, a static KV cache's write), values of the written shape."""
+    indices = list(node.args[1])
+    given = [k for k, i in enumerate(indices) if i is not None]
+    if arg(node, 3, "accumulate", False) or len(given) != 1:
+        return False
+    axis, index = given[0], indices[given[0]]
+    return _positions_fit(node.args[0], axis, index, node.args[2])
+
+
+def _positions_fit(data: fx.Node, axis: int, index, values) -> bool:
+    """`values` is `data` with dim `axis` replaced by 1-D integer `index`'s length."""
+    if not isinstance(index, fx.Node) or not isinstance(values, fx.Node):
+        return False
+    x, i, v = data.meta["val"], index.meta["val"], values.meta["val"]
+    want = list(x.shape)
+    if i.dim() != 1 or i.dtype not in (torch.int64, torch.int32) or not 0 <= axis < x.dim():
+        return False
+    want[axis] = i.shape[0]
+    return v.dtype == x.dtype and [str(d) for d in v.shape] == [str(d) for d in want]
+
+
+@aten("index_put.default", accepts=_one_position_index)
+def _index_put(ctx, node):
+    axis = next(k for k, i in enumerate(node.args[1]) if i is not None)
+    index = tensor(ctx, ctx.value(node.args[1][axis]), np.dtype(np.int64))
+    return ctx.add("IndexCopy", ctx.value(node.args[0]), index, ctx.value(node.args[2]),
+                   axis=axis)
+
+
+@aten("index_copy.default",
+      accepts=lambda n: _positions_fit(n.args[0], n.args[1] % n.args[0].meta["val"].dim(),
+                                       n.args[2], n.args[3]))
+def _index_copy(ctx, node):
+    x = ctx.value(node.args[0])
+    index = tensor(ctx, ctx.value(node.args[2]), np.dtype(np.int64))
+    return ctx.add("IndexCopy", x, index, ctx.value(node.args[3]),
+                   axis=node.args[1] % x.type.rank)
+
+
 def _strided_static(node: fx.Node) -> bool:
     """as_strided of a contiguous tensor at offset 0 (its storage is its row-major values),
     static sizes, strides and offset."""

@@ -82,6 +82,11 @@ class Graph:
         # the kernels the fuse_ops pass chose: each the nodes of one kernel, in order; None
         # before it runs (every node a kernel of its own). A rewrite of `nodes` drops it.
         self.groups: list[list[Node]] | None = None
+        # output position -> input position: a call leaves that output's value in that
+        # input's array (a KV cache the graph updates, as XLA's input_output_alias). The
+        # graph stays a function: every output is computed from the inputs as given, then
+        # written; a runtime may compute it in place (`plan.in_place_outputs`)
+        self.aliases: dict[int, int] = {}
         self._names = itertools.count()
 
     # -- building ----------------------------------------------------------------------------
@@ -208,6 +213,13 @@ class Graph:
         for v in self.outputs:
             if not v.is_const and id(v) not in defined:
                 raise ValueError(f"graph output {v.name!r} is never defined")
+        for k, i in self.aliases.items():
+            if not (0 <= k < len(self.outputs) and 0 <= i < len(self.inputs)) or \
+                    self.outputs[k].type != self.inputs[i].type:
+                raise ValueError(f"output {k} cannot be written into input {i}: positions "
+                                 f"out of range or types differ")
+        if len(set(self.aliases.values())) != len(self.aliases):
+            raise ValueError("an input is written by two outputs")
         if self.groups is not None:
             grouped = sorted(id(n) for g in self.groups for n in g)
             if grouped != sorted(id(n) for n in self.nodes):
@@ -273,6 +285,8 @@ def _print_graph(graph: Graph, indent: str) -> list[str]:
             lines.extend(_print_graph(sub, indent + "    "))
     outs = ", ".join(f"%{v.name}" for v in graph.outputs)
     lines.append(f"{indent}  return {outs}")
+    for k, i in sorted(graph.aliases.items()):
+        lines.append(f"{indent}  write %{graph.outputs[k].name} into %{graph.inputs[i].name}")
     for k, group in enumerate(graph.groups or ()):
         lines.append(f"{indent}  kernel {k}: " + ", ".join(n.name for n in group))
     lines.append(f"{indent}}}")

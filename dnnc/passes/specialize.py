@@ -72,4 +72,5 @@ def specialize(graph: Graph, shapes: list[tuple], values: dict[int, np.ndarray] 
 
     out.nodes = reinfer(graph.nodes, mapping, fold=fold_node if fold else None)
     out.outputs = [mapping.get(id(v), v) for v in graph.outputs]
+    out.aliases = dict(graph.aliases)
     return out

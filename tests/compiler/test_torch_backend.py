@@ -221,19 +221,22 @@ def test_a_buffer_the_graph_writes_is_not_frozen():
             np.testing.assert_allclose(fn(x).numpy(), model(x).numpy(), rtol=1e-5,
                                        atol=1e-6)
     assert float(twin.calls) == 3
-    # the write is the graph's own (a copy_ into the buffer, in torch): no wrapper needed
+    # the write is the graph's own (a copy_ into the buffer), made by dnnc's partition: its
+    # output written into the buffer (`Graph.aliases`; an Add, so copied there after the
+    # call), nothing left in torch, no wrapper needed
     report = torch_backend.reports()[-1]
-    assert report.direct_call and report.torch_ops["aten.copy_.default"] == 1
+    assert report.direct_call and not report.torch_ops, report.torch_ops
+    assert len(report.models[0].graph.aliases) == 1
 
 
 class Cache(nn.Module):
     """A static cache written at `pos` each call (as transformers' StaticCache is) and read
     after the write; with `early`, its old value read before the write too."""
 
-    def __init__(self, early: bool):
+    def __init__(self, early: bool, width: int = 4):
         super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.register_buffer("cache", torch.zeros(2, 6, 4))
+        self.fc = nn.Linear(4, width)
+        self.register_buffer("cache", torch.zeros(2, 6, width))
         self.early = early
 
     def forward(self, x, pos):
@@ -244,25 +247,31 @@ class Cache(nn.Module):
 
 
 @pytest.mark.parametrize("early", [False, True])
-def test_a_cache_write_is_made_in_place_where_no_later_op_reads_the_old_cache(early):
-    """copy_(cache, index_put(cache, pos, v)) -> index_put_(cache, pos, v): the cache written
-    where it is, not copied twice a call. With `early`, dnnc's partition reads the old cache
-    and runs after the write (it also reads the new one): the write stays functional. Results
-    and the cache as eager's either way."""
+def test_a_cache_write_is_compiled_and_writes_the_cache_itself(early):
+    """copy_(cache, index_put(cache, pos, v)): the write is dnnc's (IndexCopy), in the one
+    partition, its output written into the cache tensor (`Graph.aliases`) instead of a new
+    cache torch copies back; computed in place where only the write reads the old cache, else
+    (`early`) copied into it after the call. The cache as eager's after every step."""
     torch.manual_seed(0)
     model, twin = Cache(early).eval(), Cache(early).eval()
     twin.load_state_dict(model.state_dict())
     fn = compiled(twin)
+    cache = twin.cache
     with torch.no_grad():
         for step in range(4):
             x, pos = torch.randn(2, 1, 4), torch.tensor([step])
             np.testing.assert_allclose(fn(x, pos).numpy(), model(x, pos).numpy(),
                                        rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(twin.cache.numpy(), model.cache.numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(twin.cache.numpy(), model.cache.numpy(), rtol=1e-5,
+                                       atol=1e-6)
+    assert twin.cache is cache
     report = torch_backend.reports()[-1]
-    want = {"aten.index_put.default", "aten.copy_.default"} if early else \
-        {"aten.index_put_.default"}
-    assert set(report.torch_ops) == want and report.direct_call, report.torch_ops
+    assert report.partitions == 1 and not report.torch_ops and report.direct_call, \
+        report.torch_ops
+    (dnnc_model,) = report.models
+    assert len(dnnc_model.graph.aliases) == 1
+    (segment,) = dnnc_model.runtime.compiled_segments()
+    assert bool(segment.in_place) == (not early)
 
 
 def test_import_names_every_node_it_cannot_take():
@@ -371,9 +380,6 @@ def test_transformers_bert_built_locally():
     assert all(sum(r.torch_ops.values()) == 0 for r in new_reports(before))
 
 
-CACHE_WRITES = {"aten.index_put.default", "aten.index_put_.default", "aten.copy_.default"}
-"""The ops of a static-cache decoder left in torch: its cache writes (the prefill's
-functional, the decode step's in place, `copy_` of what aot_autograd keeps in the graph)."""
 
 DECODERS = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel",
@@ -389,7 +395,7 @@ DECODERS = {
 def test_static_cache_generate_compiles_prefill_and_decode_once(name):
     """transformers' generate with a static KV cache: one graph for the prompt, one for every
     decode step after it (the cache an input the graph writes, not a new shape per token),
-    and eager's greedy tokens."""
+    eager's greedy tokens, and eager's keys and values in the cache tensors at the end."""
     config_name, model_name, sizes = DECODERS[name]
     transformers = library("transformers", config_name, model_name)
     config = getattr(transformers, config_name)(vocab_size=500, bos_token_id=1,
@@ -397,22 +403,29 @@ def test_static_cache_generate_compiles_prefill_and_decode_once(name):
     torch.manual_seed(0)
     model = getattr(transformers, model_name)(config).eval()
     ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(1))
-    options = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
-               "pad_token_id": 0, "eos_token_id": None}
+    options = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0,
+               "eos_token_id": None}
+    caches = [transformers.StaticCache(config=config, max_cache_len=16) for _ in range(2)]
     with torch.no_grad():
-        want = model.generate(ids, **options)
+        want = model.generate(ids, past_key_values=caches[0], **options)
         torch._dynamo.reset()
         before = len(torch_backend.reports())
         model.forward = torch.compile(model.forward, backend=dnnc_backend)
-        got = model.generate(ids, **options)
+        got = model.generate(ids, past_key_values=caches[1], **options)
+    for eager, ours in zip(*(c.layers for c in caches)):
+        for name in ("keys", "values"):
+            np.testing.assert_allclose(getattr(ours, name).numpy(),
+                                       getattr(eager, name).numpy(), rtol=1e-4, atol=1e-5)
     assert got.shape == (2, 16) and len(set(want[:, 8:].flatten().tolist())) > 2
     np.testing.assert_array_equal(got.numpy(), want.numpy())
     prefill, decode = new_reports(before)   # 8 tokens, 2 compiles
-    assert prefill.partitions >= 1 and decode.partitions >= 1
-    # only the cache writes stay in torch; the decode step's write the cache in place
-    assert set(prefill.torch_ops) | set(decode.torch_ops) <= CACHE_WRITES
-    assert "aten.index_put.default" not in decode.torch_ops and \
-        decode.torch_ops["aten.index_put_.default"] == 4 and decode.direct_call
+    # each graph one dnnc partition, nothing left to torch: the decode step's cache writes
+    # (2 layers' keys and values) computed in place in the cache tensors (the prefill makes
+    # the caches: transformers allocates them at their first write)
+    assert all(r.partitions == 1 and not r.torch_ops for r in (prefill, decode)), \
+        [r.torch_ops for r in (prefill, decode)]
+    (segment,) = decode.models[0].runtime.compiled_segments()
+    assert len(segment.in_place) == 4 and decode.direct_call
 
 
 def test_only_tensors_on_the_partitions_device_are_imported():
@@ -453,6 +466,9 @@ def test_a_device_partition_passes_tensors_and_wraps_outputs_without_copies():
             self.out = np.arange(6, dtype=np.float32).reshape(2, 3)
             return [self.out]
 
+        def bound_call(self, *arrays, to=None):
+            return None
+
     model = Model()
     x = torch.randn(2, 3, requires_grad=True)
     out = torch_backend.DnncPartition(model, [0], single=True, on_device=True)(x, 7)
@@ -473,6 +489,9 @@ def test_a_device_partition_asks_a_target_returning_tensors_for_them():
             self.out = [torch.ones(2), torch.zeros(3)]
             return self.out
 
+        def bound_call(self, *arrays, to=None):
+            return None
+
     model = Model()
     a, b = torch_backend.DnncPartition(model, [0], single=False, on_device=True)(
         torch.randn(2))
@@ -490,6 +509,9 @@ def test_a_host_partition_takes_any_tensor_and_wraps_each_output_by_its_dtype():
             self.given = arrays
             return [arrays[0] + 1, (arrays[0] * 2).astype(T.bfloat16.np)]
 
+        def bound_call(self, *arrays, to=None):
+            raise AssertionError("a partition of a strided tensor with grad binds nothing")
+
     model = Model()
     x = torch.randn(3, 2, requires_grad=True).t()   # a view with grad, not contiguous
     plus, twice = torch_backend.DnncPartition(model, [0], single=False)(x, 7)
@@ -504,6 +526,58 @@ def test_a_host_partition_takes_any_tensor_and_wraps_each_output_by_its_dtype():
     model.run = lambda *arrays: [(arrays[0] * 2).astype(T.bfloat16.np)]
     alone = torch_backend.DnncPartition(model, [0], single=True)(x)
     np.testing.assert_array_equal(alone.float().numpy(), halved)
+
+
+def test_a_partition_of_static_shapes_takes_the_unchecked_path_after_its_first_call():
+    """After the first call a host partition of static shapes runs the model's `bound_call`
+    (no per-call checks: dynamo's guards fix its arguments); each call's results as eager's,
+    each output a tensor of its own."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    fn = compiled(mlp)
+    with torch.no_grad():
+        outs = []
+        for seed in range(3):
+            x = torch.randn(5, 16, generator=torch.Generator().manual_seed(seed))
+            outs.append((fn(x), mlp(x)))
+    for got, want in outs:
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    assert len({got.data_ptr() for got, _ in outs}) == 3
+    parts = [m for m in torch_backend.reports()[-1].models]
+    assert len(parts) == 1 and parts[0].bound_call(np.zeros((5, 16), np.float32)) is not None
+    assert parts[0].bound_call(np.zeros((16, 5), np.float32).T) is None   # not C order
+
+
+def test_a_device_partition_binds_interfaces_made_from_each_tensors_address():
+    """A device partition of C-order tensors takes the model's `bound_call` after its first
+    call and hands it `DeviceArray`s whose interface is the first call's shape and dtype
+    with each call's address, over the tensor itself (the runtime reads its stream)."""
+    from dnnc.compiler.module import DeviceArray
+
+    class Model:   # a cuda CompiledModel: its runtime fills tensors (to="torch")
+        target = "cuda"
+
+        def run(self, *arrays, to=None):
+            return [torch.ones(2)]
+
+        def bound_call(self, *arrays, to=None):
+            self.bound_to = to
+
+            def call(arrays):
+                self.given = arrays
+                return [torch.zeros(2)]
+            return call
+
+    model = Model()
+    part = torch_backend.DnncPartition(model, [1], single=True, on_device=True)
+    assert float(part(7, torch.randn(2, 3)).sum()) == 2   # the first call: `run`
+    x = torch.randn(2, 3)
+    assert float(part(7, x).sum()) == 0 and model.bound_to == "torch"
+    (given,) = model.given
+    assert isinstance(given, DeviceArray) and given.obj is x
+    assert given.__cuda_array_interface__ == {"shape": (2, 3), "typestr": "<f4",
+                                              "strides": None, "version": 3,
+                                              "data": (x.data_ptr(), False)}
 
 
 @pytest.mark.parametrize("tag_guards", [True, False])

@@ -100,7 +100,9 @@ def test_exported_program_takes_cuda_tensors_in_place():
 def test_static_cache_generate_on_cuda_compiles_prefill_and_decode_once():
     """On cuda, aot_autograd lowers the attention to _scaled_dot_product_efficient_attention
     with its mask padded to 16 keys and expanded: imported as the attention chain (the same
-    graph on CPU: test_torch_attention.py's llama test), nothing of it stays in torch."""
+    graph on CPU: test_torch_attention.py's llama test), nothing of it stays in torch; the
+    cache writes are dnnc's too, computed in the cache tensors (each graph one partition),
+    which hold eager's keys and values at the end."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                                       num_attention_heads=4, num_key_value_heads=2,
@@ -112,18 +114,50 @@ def test_static_cache_generate_on_cuda_compiles_prefill_and_decode_once():
     # off: eager's tokens from eager, and the backend's compiles the only ones
     model.generation_config.disable_compile = True
     ids = torch.randint(3, 500, (2, 8), generator=torch.Generator().manual_seed(1)).to(CUDA)
-    options = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
-               "pad_token_id": 0, "eos_token_id": None}
+    options = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0,
+               "eos_token_id": None}
+    caches = [transformers.StaticCache(config=config, max_cache_len=16) for _ in range(2)]
     with torch.no_grad():
-        want = model.generate(ids, **options)
+        want = model.generate(ids, past_key_values=caches[0], **options)
         torch._dynamo.reset()
         before = len(torch_backend.reports())
         model.forward = torch.compile(model.forward, backend=torch_backend.dnnc_backend)
-        got = model.generate(ids, **options)
+        got = model.generate(ids, past_key_values=caches[1], **options)
     assert torch.equal(got, want)
+    for eager, ours in zip(*(c.layers for c in caches)):
+        close(ours.keys, eager.keys)
+        close(ours.values, eager.values)
     reports = torch_backend.reports()[before:]
     assert len(reports) == 2 and all({m.target for m in r.models} == {"cuda"} for r in reports)
-    assert not any("scaled_dot_product" in op for r in reports for op in r.torch_ops), reports
+    prefill, decode = reports   # (the prefill leaves device copies, _to_copy, to torch)
+    assert prefill.partitions == decode.partitions == 1 and not decode.torch_ops, \
+        [r.torch_ops for r in reports]
+    (segment,) = decode.models[0].runtime.compiled_segments()
+    assert len(segment.in_place) == 4
+
+
+def test_a_cache_write_on_cuda_writes_the_cache_tensor_in_place():
+    """The cache's new value computed in the cache tensor itself each step (from the third
+    call on the captured CUDA graph reads and writes it there; before, the frame's buffer is
+    copied back; a cache above the runtime's COPIED_INPUT_BYTES), the tensor as eager's after
+    every step."""
+    from test_torch_backend import Cache   # (its folder is on the path, as torch_modules')
+
+    torch.manual_seed(0)
+    model, twin = Cache(False, 128).eval().to(CUDA), Cache(False, 128).eval().to(CUDA)
+    twin.load_state_dict(model.state_dict())
+    fn = compiled(twin)
+    cache = twin.cache
+    with torch.no_grad():
+        for step in range(5):
+            x, pos = torch.randn(2, 1, 4, device=CUDA), torch.tensor([step], device=CUDA)
+            close(fn(x, pos), model(x, pos))
+            close(twin.cache, model.cache, 1e-6)
+    assert twin.cache is cache
+    report = torch_backend.reports()[-1]
+    assert report.partitions == 1 and not report.torch_ops, report.torch_ops
+    (segment,) = report.models[0].runtime.compiled_segments()
+    assert len(segment.in_place) == 1
 
 
 def test_a_cuda_model_returns_torch_tensors_of_its_own():

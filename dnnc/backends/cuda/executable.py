@@ -21,7 +21,10 @@ fixed addresses, so a frame keeps one per tuple of input addresses (`_Frame`):
   serving loop that reuses its input buffers pays no copy from its third call on, and a
   caller that allocates a fresh input per call pays one device copy, never a capture per call.
   A graph reads its addresses' contents when it is replayed: new data in a reused buffer is
-  read, never stale data.
+  read, never stale data. An input of at most `COPIED_INPUT_BYTES` is always copied, so its
+  address keys no graph;
+- an output the graph writes into an input (`plan.in_place_outputs`) at that input's place
+  in every launch list and graph: the caller's array where it is read in place.
 
 A run works on the caller's stream (`CUDARuntime._caller_stream`: CuPy's current stream, or
 PyTorch's current one when an input is a PyTorch tensor), after the work that produced a
@@ -56,7 +59,7 @@ from ...levels import DEFAULT_OPT_LEVEL
 from ..lower import Kernel
 from ..contract import CompiledSegment
 from ..executable import Executable, index_error
-from ..plan import Call, Program, image_consts
+from ..plan import Call, Program, image_consts, in_place_outputs
 from ..specialisations import DEFAULT_CACHE_SIZE
 from . import device
 
@@ -79,6 +82,13 @@ and a few models' worth of segments fed by one another."""
 SEEN_PER_FRAME = 64
 """Tuples of callers' input addresses a frame remembers meeting once: a tuple that comes
 back gets a graph of its own; one seen only once cost a device copy, not a capture."""
+
+COPIED_INPUT_BYTES = 4096
+"""Inputs of at most this many bytes are always copied into the frame's own buffers, never
+read in place: a decode step's token ids, positions and mask are new tensors each step at
+addresses torch's allocator cycles through, and reading them in place keyed a graph capture
+on them (29 captures in a 64-token gpt2 generate on an H200, ~1 ms each under cProfile); a
+copy of a few bytes costs one memcpyAsync."""
 
 DEVICE_MEMORY = (2, 3)
 """cudaPointerAttributes types a kernel of this device can read: device and managed."""
@@ -386,24 +396,50 @@ class CUDARuntime(Executable):
             raise DeviceError(f"this cuda model was built for its source only: "
                               f"{device.unavailable_reason() or 'compile it again to run it'}")
 
+    def same_array(self, a, b) -> bool:
+        return a is b   # an output computed in place is the caller's input array itself
+
+    def write_into(self, target, value) -> None:
+        """An output computed apart written into the caller's input array, on the current
+        stream (device arrays of any strides through CuPy; host arrays copied back)."""
+        if _is_device(target):
+            face, cupy = _face(target), self.cupy
+            to = _direct_address(face)
+            if to is not None and value.flags.c_contiguous:   # (a frame's buffer: C order)
+                runtime = cupy.cuda.runtime
+                runtime.memcpyAsync(to, _face(value)["data"][0], value.nbytes,
+                                    runtime.memcpyDeviceToDevice,
+                                    cupy.cuda.get_current_stream().ptr)
+            else:
+                cupy.asarray(target)[...] = cupy.asarray(value)
+        else:
+            super().write_into(target, self._to_host(value, target.dtype))
+
     def _deliver(self, outs: list, kind: str) -> list:
         """The model's outputs as `kind` says, each the caller's own: device arrays (a
-        frame's reused buffers) copied on the device or to the host. (A view of the frame's
-        buffer would save a device copy per output and be overwritten by the next call: a
-        silent overwrite is the worse bug, so copies it is; bench/cuda_calls.py times it.)"""
-        if kind == "cupy":
-            return [self.cupy.array(a) for a in outs]   # a copy, on the current stream
-        if kind == "torch":
-            return self._to_torch(outs)
-        return [self._to_host(a, v.type.dtype.np) for v, a in zip(self.graph.outputs, outs)]
+        frame's reused buffers) copied on the device or to the host; an output written into
+        an input (`Graph.aliases`) is the caller's array it was given (a `DeviceArray`'s
+        object). (A view of the frame's buffer would save a device copy per output and be
+        overwritten by the next call: a silent overwrite is the worse bug, so copies it is;
+        bench/cuda_calls.py times it.)"""
+        given = {k: getattr(outs[k], "obj", outs[k]) for k in self.graph.aliases}
+        if kind == "cupy":   # a copy, on the current stream
+            made = [self.cupy.array(a) if k not in given else None for k, a in enumerate(outs)]
+        elif kind == "torch":
+            made = self._to_torch(outs, given)
+        else:
+            made = [self._to_host(a, v.type.dtype.np) if k not in given else None
+                    for k, (v, a) in enumerate(zip(self.graph.outputs, outs))]
+        return [given.get(k, a) for k, a in enumerate(made)]
 
-    def _to_torch(self, outs: list) -> list:
+    def _to_torch(self, outs: list, skip=()) -> list:
         """The outputs `outs` copied into new PyTorch tensors on the current device: each
         allocated by PyTorch (its caching allocator, on its current stream) and filled by one
         memcpyAsync on CuPy's current stream, which `_caller_stream` made PyTorch's where an
         input was a tensor (else PyTorch's stream is made to wait for it, once a call). A CuPy
         copy wrapped by `torch.from_dlpack` cost ~50 us an output under cProfile on an H200,
-        most of a small partition's call (bench/torch_decode.py)."""
+        most of a small partition's call (bench/torch_decode.py). Outputs at `skip` are
+        left None (the caller's own arrays, `_deliver`)."""
         import torch   # (the caller asked for tensors: it has PyTorch)
 
         cupy = self.cupy
@@ -411,7 +447,10 @@ class CUDARuntime(Executable):
         device = torch.device("cuda", cupy.cuda.Device().id)
         stream = cupy.cuda.get_current_stream()
         keep, tensors = [], []   # keep: contiguous copies of strided outputs, until enqueued
-        for v, a in zip(self.graph.outputs, outs):
+        for k, (v, a) in enumerate(zip(self.graph.outputs, outs)):
+            if k in skip:   # (the caller's own tensor, written in place)
+                tensors.append(None)
+                continue
             dtype = v.type.dtype.np
             kind = torch.bfloat16 if dtype.name == "bfloat16" else \
                 torch.from_numpy(np.empty(0, dtype)).dtype
@@ -504,6 +543,7 @@ class _Frame:
     memory: object                  # the cupy MemoryPointer of its one allocation
     inputs: tuple[int, ...]         # its own input buffers' addresses
     outputs: list                   # output buffers as CuPy arrays (views of `memory`)
+    own_inputs: list                # its input buffers as CuPy arrays (an in-place output)
     ext: list[int]                  # every external slot's address: inputs, outputs, constants
     arena: int                      # the arena's address
     workspace: int                  # the workspace's address
@@ -533,7 +573,7 @@ class _CompiledSegment(CompiledSegment):
         """A specialisation restored from an artifact: its cubin is loaded when it was built
         for this GPU's architecture, else its source is compiled again for this one."""
         self = cls.__new__(cls)
-        self._take_image(step, image)
+        self._take_image(step, image, in_place_outputs(rt.graph, step))
         self.source = image.source
         self._loop_ir = image.loop_ir
         self.launches, self.workspace_bytes = list(image.launches), image.workspace_bytes
@@ -551,6 +591,7 @@ class _CompiledSegment(CompiledSegment):
         data = [i for i, v in enumerate(step.inputs) if v.const is None]
         self.input_types = [(self.shapes[i], step.inputs[i].type.dtype.np) for i in data]
         self.input_names = [step.inputs[i].name for i in data]
+        self.copied = [_nbytes(s, d) <= COPIED_INPUT_BYTES for s, d in self.input_types]
         self.output_types = [(tuple(t.shape), t.dtype.np) for t in self.escaping_types]
         self.layout = _Layout.of(self.arena_bytes, self.workspace_bytes,
                                  [_nbytes(s, d) for s, d in self.input_types],
@@ -621,15 +662,25 @@ class _CompiledSegment(CompiledSegment):
         inputs = tuple(base + o for o in self.layout.inputs)
         outputs = [cupy.ndarray(shape, _storage(dtype), memory + o)
                    for (shape, dtype), o in zip(self.output_types, self.layout.outputs)]
+        own_inputs = [cupy.ndarray(shape, _storage(dtype), memory + o)
+                      for (shape, dtype), o in zip(self.input_types, self.layout.inputs)]
         errors = base + self.layout.errors   # zeroed before each run (`_clear_errors`)
-        ext = list(inputs) + [base + o for o in self.layout.outputs] + self._const_ptrs + \
-            [errors]   # the record: slot `slots` (plan.Program)
+        ext = self._ext(inputs, [base + o for o in self.layout.outputs] + self._const_ptrs +
+                        [errors])   # the record: slot `slots` (plan.Program)
         arena, workspace = base + self.layout.arena, base + self.layout.workspace
         pinned = cupy.cuda.alloc_pinned_memory(ERROR_BYTES)
-        return _Frame(memory, inputs, outputs, ext, arena, workspace,
+        return _Frame(memory, inputs, outputs, own_inputs, ext, arena, workspace,
                       self._resolved(ext, arena, workspace),
                       cupy.cuda.Stream(non_blocking=True), errors,
                       np.frombuffer(pinned, np.int64, 3))
+
+    def _ext(self, places: tuple[int, ...], rest: list[int]) -> list[int]:
+        """Every external slot's address, the data inputs at `places`: an output computed
+        in place (`in_place`) at its input's place, so the captured graph writes it there."""
+        ext = list(places) + list(rest)
+        for e, d in self.in_place.items():
+            ext[len(places) + e] = places[d]
+        return ext
 
     def _resolved(self, ext: list[int], arena: int, workspace: int) -> list[tuple]:
         """Every launch with its arguments as device addresses: (function, grid, block,
@@ -680,7 +731,8 @@ class _CompiledSegment(CompiledSegment):
         stream = self.cupy.cuda.get_current_stream()
         data = self._data(arrays)
         faces = [_face(a) for a in data]
-        places = tuple(_direct_address(f) or own for f, own in zip(faces, frame.inputs))
+        places = tuple(own if small else _direct_address(f) or own
+                       for f, own, small in zip(faces, frame.inputs, self.copied))
         graph = self._graph_for(places, frame)
         if graph is None:
             places = frame.inputs
@@ -693,7 +745,10 @@ class _CompiledSegment(CompiledSegment):
         graph.launch(stream=stream)
         del keep   # host sources were staged by memcpyAsync; device ones are the caller's
         self._fetch_errors(frame, stream)
-        return list(frame.outputs)
+        outs = list(frame.outputs)
+        for e, d in self.in_place.items():   # written where the kernels read the input
+            outs[e] = frame.own_inputs[d] if places[d] == frame.inputs[d] else data[d]
+        return outs
 
     def _clear_errors(self, frame: _Frame, stream) -> None:
         """Zero the error record before a run of kernels that check indices where it may hold
@@ -766,7 +821,7 @@ class _CompiledSegment(CompiledSegment):
         """Every launch of the segment reading its inputs at `places`, captured once as a
         CUDA graph on the frame's non-blocking stream (nothing in it allocates, copies to the
         host or synchronises)."""
-        ext = list(places) + frame.ext[len(places):]
+        ext = self._ext(places, frame.ext[len(places):])
         launches = frame.launches if places == frame.inputs else \
             self._resolved(ext, frame.arena, frame.workspace)
         stream = frame.capture

@@ -37,7 +37,7 @@ from ..lower import Kernel
 from ..memory import ALIGN, aligned
 from ..contract import CompiledSegment
 from ..executable import Executable, index_error
-from ..plan import Call, Program, image_consts
+from ..plan import Call, Program, image_consts, in_place_outputs
 from ..specialisations import DEFAULT_CACHE_SIZE
 from ...ir.target import Target
 from ...levels import DEFAULT_OPT_LEVEL, levels
@@ -187,7 +187,7 @@ class _CompiledSegment(CompiledSegment):
         digest = layout_digest(step, program.shapes, program.key_values,
                                program.escaping_types, program.const_refs, program.consts,
                                program.n_inputs, program.slots, self.arena_bytes, "entry",
-                               rt.target)
+                               rt.target, program.in_place)
         try:
             jit = JITModule(str(mb) + _layout_global(digest), rt.target,
                             levels(rt.opt_level).codegen,
@@ -203,14 +203,14 @@ class _CompiledSegment(CompiledSegment):
         """A specialisation restored from an artifact: its object code is loaded, nothing is
         lowered or optimised again."""
         self = cls.__new__(cls)
-        self._take_image(step, image)
+        self._take_image(step, image, in_place_outputs(rt.graph, step))
         self._loop_ir = image.loop_ir
         consts = image_consts(step, image)
         jit = ObjectModule(image.object_code, rt.target, name=f"segment{step.index}",
                            llvm_ir=image.llvm_ir)
         want = layout_digest(step, image.shapes, image.values, image.escaping_types,
                              image.consts, consts, image.n_inputs, image.slots,
-                             image.arena_bytes, image.entry, rt.target)
+                             image.arena_bytes, image.entry, rt.target, self.in_place)
         if jit.layout() != want:
             raise ArtifactError(
                 f"the object code of segment {step.index} (shapes {list(image.shapes)}) was "
@@ -228,6 +228,7 @@ class _CompiledSegment(CompiledSegment):
         self._const_ptrs = [c.ctypes.data for c in self.consts]
         self.frames = threading.local()   # each calling thread's `_Frame`
         self._data_inputs = [i for i, v in enumerate(self.step.inputs) if v.const is None]
+        self._outputs = [(t.shape, t.dtype.np) for t in self.escaping_types]
 
     def frame(self) -> "_Frame":
         """What one thread needs to call this segment: its arena and a slot array with the
@@ -244,32 +245,59 @@ class _CompiledSegment(CompiledSegment):
         slots[self.slots] = errors.ctypes.data
         return _Frame(arena, arena.ctypes.data, slots, errors)
 
-    def _fill(self, inputs: list[np.ndarray], frame: "_Frame", outs: list | None = None
-              ) -> tuple[list, list]:
-        """The call's data inputs (contiguous; kept alive by the caller until the call
-        returns) and its outputs (`outs`, contiguous arrays of the outputs' shapes and
-        dtypes, or fresh ones), their pointers written into the frame's slots."""
-        arrays = [np.ascontiguousarray(inputs[i]) for i in self._data_inputs]
+    def _fill(self, arrays: list[np.ndarray], frame: "_Frame", outs: list | None = None
+              ) -> list:
+        """The call's outputs (`outs`, contiguous arrays of the outputs' shapes and dtypes,
+        or fresh ones; an output computed in place, its input's array), their pointers and
+        those of the data inputs `arrays` (contiguous; kept alive by the caller until the
+        call returns) written into the frame's slots."""
         if outs is None:
-            outs = [np.empty(t.shape, t.dtype.np) for t in self.escaping_types]
+            outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
+            for e, d in self.in_place.items():
+                outs[e] = arrays[d]
+        else:   # (a batch split's slices: the kernel updates a copy of the input there)
+            for e, d in self.in_place.items():
+                np.copyto(outs[e], arrays[d])
+        slots = frame.slots
         for k, a in enumerate(arrays + outs):
-            frame.slots[k] = _address(a)
-        return arrays, outs
+            slots[k] = _address(a)
+        return outs
 
     def run(self, inputs: list[np.ndarray], frame: "_Frame", outs: list | None = None
             ) -> list[np.ndarray]:
-        arrays, outs = self._fill(inputs, frame, outs)
+        return self._call([np.ascontiguousarray(inputs[i]) for i in self._data_inputs], frame,
+                          outs)
+
+    def _call(self, arrays: list[np.ndarray], frame: "_Frame", outs: list | None = None
+              ) -> list[np.ndarray]:
+        """`run` on the data inputs, C-order (`_fill`)."""
+        outs = self._fill(arrays, frame, outs)
         self.entry(frame.slots, frame.arena_ptr)
         if frame.errors[0]:   # an index out of range (the test: ~80 ns a call)
             raise index_error(self.step, frame.errors)
         return outs
 
-    def fast(self, positions: list, returned: list[int], signature: list[tuple]):
+    def fast(self, positions: list, returned: list[int], signature: list[tuple],
+             checked: bool = True):
         """`run` as one closure over the model's call arguments (`Executable.fast_call`):
         `positions[i]` is the argument that is this segment's i-th input (None: a constant),
         `returned` the escaping values the model returns, in order, and `signature` the
-        (shape, dtype) of each argument; other arguments get None."""
+        (shape, dtype) of each argument; other arguments get None. Without `checked`, every
+        call's arguments are taken to fit `signature` (C-order NumPy arrays), unchecked: with
+        the model's own checks gone too, a torch partition of a 2-layer MLP took 5.4-5.6 us
+        a call instead of 6.9-7.0 (1 thread, CPU time, bench/torch_call_overhead.py)."""
         count, run, frames, frame_of = len(signature), self.run, self.frames, self.frame
+        if not checked:
+            data, bound = [positions[i] for i in self._data_inputs], self._call
+
+            def unchecked(args) -> list[np.ndarray]:
+                frame = getattr(frames, "frame", None)
+                if frame is None:
+                    frame = frames.frame = frame_of()
+                outs = bound([args[p] for p in data], frame)
+                return [outs[j] for j in returned]
+
+            return unchecked
 
         def call(args) -> list[np.ndarray] | None:
             if len(args) != count:
@@ -291,7 +319,8 @@ class _CompiledSegment(CompiledSegment):
         """The segment's outputs, and each kernel's median milliseconds over `repeat` calls
         of that kernel alone (in order, on the data the kernels before it left; the outputs
         equal `run`'s)."""
-        arrays, outs = self._fill(inputs, frame)
+        arrays = [np.ascontiguousarray(inputs[i]) for i in self._data_inputs]
+        outs = self._fill(arrays, frame)
         arena = frame.arena
         rows = []
         for kernel, call in zip(self.kernels, self.calls):
@@ -390,8 +419,9 @@ LAYOUT_BYTES = 32
 
 def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, const_arrays,
                   n_inputs: int, slots: int, arena_bytes: int, entry: str,
-                  target: Target) -> bytes:
-    """The SHA-256 of everything a call of the segment's code relies on."""
+                  target: Target, in_place: dict[int, int]) -> bytes:
+    """The SHA-256 of everything a call of the segment's code relies on (`in_place`: the
+    outputs its kernels compute over their inputs' arrays)."""
     doc = {"nodes": [[n.op, n.name] for n in step.nodes],
            "inputs": [[v.type.dtype.name, v.const is not None] for v in step.inputs],
            "shapes": [list(s) for s in shapes], "values": [[i, list(v)] for i, v in values],
@@ -401,6 +431,8 @@ def layout_digest(step: Segment, shapes, values, escaping_types, const_refs, con
                       for (k, j), c in zip(const_refs, const_arrays)],
            "n_inputs": n_inputs, "slots": slots, "arena_bytes": arena_bytes, "entry": entry,
            "cpu": [target.cpu, target.features]}
+    if in_place:   # (absent where empty: earlier artifacts' digests stay valid)
+        doc["in_place"] = sorted(in_place.items())
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).digest()
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from ...ir.graph import Graph
 from ...ir.interpreter import run_graph
 from ...ir.target import Target
+from ..executable import write_aliases
 
 
 class NumpyRuntime:
@@ -18,7 +19,7 @@ class NumpyRuntime:
         self.target = target   # what the registry describes it as (one thread, no CPU)
 
     def run(self, inputs: list[np.ndarray], bindings: dict[str, int]) -> list[np.ndarray]:
-        return run_graph(self.graph, inputs, dict(bindings))
+        return write_aliases(self.graph, inputs, run_graph(self.graph, inputs, dict(bindings)))
 
 
 def runtime(graph: Graph, opt_level: int, target: Target, progress=None, reuse_memory=True,

@@ -12,7 +12,8 @@ negative and clamped into range (as TVM's `take` mode "clip"), so no load ever l
 buffer, even at a bad index or in the arm of a Select not taken; the gathers' indices are also
 checked at run time (`loop.index_checks`: an out-of-range one is reported as the reference
 raises it, naming the node). Scatters, sorting and
-selections of data-dependent size have no loop form here (NoCompute: a host fallback).
+selections of data-dependent size have no loop form here (NoCompute: a host fallback), but
+for IndexCopy (a few positions along one axis: a KV cache's write, a Select per position).
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ register_op("GatherElements", pattern=Pattern.INJECTIVE, infer=_gather_elements_
 register_op("GatherND", pattern=Pattern.INJECTIVE, infer=_gather_nd_infer, evaluate=gather_nd,
             attrs={"batch_dims": 0}, inputs=2, shape_arith=True, compute=_gather_nd_rule)
 
-# -- ScatterElements, ScatterND, TensorScatter ---------------------------------------------------
+# -- ScatterElements, ScatterND, TensorScatter, IndexCopy ---------------------------------------------------
 
 _REDUCE_AT = {"add": np.add.at, "mul": np.multiply.at, "max": np.maximum.at,
               "min": np.minimum.at}
@@ -332,6 +333,58 @@ def _tensor_scatter_rule(inputs, outputs, axis, mode):
 register_op("TensorScatter", pattern=Pattern.OPAQUE, infer=_tensor_scatter_infer,
             evaluate=tensor_scatter, attrs={"axis": -2, "mode": "linear"}, inputs=(2, 3),
             compute=_tensor_scatter_rule)
+
+
+def _index_copy_infer(ctx):
+    check_same_dtype(ctx, 0, 2)
+    check_dtype(ctx, 1, (T.int64,), "index")
+    data, index, updates = ctx.shape(0), ctx.shape(1), ctx.shape(2)
+    axis = normalize_axis(ctx, ctx.attrs["axis"], len(data))
+    want = data[:axis] + index + data[axis + 1:]
+    if len(index) != 1 or len(updates) != len(data) or any(
+            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(updates, want)):
+        raise ctx.fail(f"index must be 1-D and updates of shape {list(want)}, given "
+                       f"{ctx.type(1)} and {ctx.type(2)}")
+    return [ctx.type(0)]
+
+
+def index_copy(data, index, updates, axis):
+    out = data.copy()
+    axis %= data.ndim
+    np.moveaxis(out, axis, 0)[_checked_wrap(index, data.shape[axis])] = \
+        np.moveaxis(updates, axis, 0)
+    return out
+
+
+INDEX_COPY_MOST = 64
+"""Positions an IndexCopy kernel compares each element against (one Select each): a decode
+step writes 1, a prompt its length; a longer index runs on the host."""
+
+
+def _index_copy_rule(inputs, outputs, axis):
+    # each output element is data's, or the last update whose position is its index: a
+    # Select per position, reading data only at the element's own index (`in_place=0`)
+    data, index, updates = inputs
+    axis %= data.ndim
+    count = const_int(index.shape[0])
+    if count is None or count > INDEX_COPY_MOST:
+        raise NoCompute(f"IndexCopy of {index.shape[0]} positions (at most {INDEX_COPY_MOST} "
+                        f"on a target)")
+
+    def element(*i):
+        out = data[i]
+        for j in range(count):
+            src = list(i)
+            src[axis] = const(j)
+            out = Select(eq(i[axis], _index(index[(const(j),)], data.shape[axis])),
+                         updates[tuple(src)], out)
+        return out
+
+    return [compute(outputs[0].shape, element, dtype=outputs[0].dtype)]
+
+
+register_op("IndexCopy", pattern=Pattern.OPAQUE, infer=_index_copy_infer, evaluate=index_copy,
+            attrs={"axis": 0}, inputs=3, compute=_index_copy_rule, in_place=0)
 
 # -- selections of data-dependent size: Compress, NonZero ----------------------------------------
 

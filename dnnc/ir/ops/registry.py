@@ -68,6 +68,9 @@ class OpDef:
     # of those (ir/batching.py); None: elementwise and broadcasting ops by their pattern,
     # every other op is not batch-separable
     batched: Callable | None = None
+    # the input whose buffer the output may take (an in-place update, `Graph.aliases`): the
+    # compute rule reads each element of it only for the output element at the same index
+    in_place: int | None = None
 
     def run(self, inputs: list, attrs: dict) -> list[np.ndarray]:
         """Evaluate the NumPy reference; always returns a list of outputs."""

@@ -68,10 +68,10 @@ def test_a_reused_device_buffer_is_read_in_place_and_never_stale(simulated, rng)
     replay it with no copy at all, and every result is the buffer's current contents."""
     from dnnc.backends.cuda.executable import SEEN_PER_FRAME
 
-    rt = simulated(relu_model([3, 5]))
-    buffer = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(FakeArray)
+    rt = simulated(relu_model([32, 40]))   # (above COPIED_INPUT_BYTES: read in place)
+    buffer = rng.uniform(0.5, 2.0, (32, 40)).astype(np.float32).view(FakeArray)
     for call in range(5):
-        buffer[...] = rng.uniform(0.5, 2.0, (3, 5))   # new contents, same address
+        buffer[...] = rng.uniform(0.5, 2.0, (32, 40))   # new contents, same address
         before = _copies()
         (y,) = rt.run([buffer], {})
         np.testing.assert_array_equal(np.asarray(y), buffer)
@@ -80,7 +80,7 @@ def test_a_reused_device_buffer_is_read_in_place_and_never_stale(simulated, rng)
     assert (own.launches, mine.launches) == (1, 4)
     # a caller with a new address per call pays a device copy each time, never a capture
     # (kept alive here: a freed array's address comes back, as from CuPy's memory pool)
-    fresh = [rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(FakeArray)
+    fresh = [rng.uniform(0.5, 2.0, (32, 40)).astype(np.float32).view(FakeArray)
              for _ in range(SEEN_PER_FRAME + 3)]
     before = _copies()
     for x in fresh:
@@ -88,13 +88,28 @@ def test_a_reused_device_buffer_is_read_in_place_and_never_stale(simulated, rng)
     assert len(FAKE.graphs) == 2 and _copies() - before == len(fresh)
 
 
+def test_small_device_inputs_are_copied_so_their_addresses_key_no_graph(simulated, rng):
+    """An input of at most COPIED_INPUT_BYTES (a decode step's token ids, positions) is
+    copied into the frame's buffer at every call, whatever its address: new small tensors
+    each call never make a graph capture."""
+    rt = simulated(relu_model([3, 5]))
+    buffers = [rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(FakeArray)
+               for _ in range(2)]   # (two addresses, taken in turn: each recurs)
+    for call in range(6):
+        x = buffers[call % 2]
+        before = _copies()
+        np.testing.assert_array_equal(np.asarray(rt.run([x], {})[0]), x)
+        assert _copies() - before == 1
+    assert len(FAKE.graphs) == 1   # the frame's own
+
+
 def test_a_misaligned_device_view_is_copied_not_read_in_place(simulated, rng):
     """The kernels load parameters as float4 where the offsets allow: a view starting 4 bytes
     into an allocation (`x[1:]`) is copied to the frame's own buffer on every call."""
-    rt = simulated(relu_model([4]))
-    whole = rng.uniform(0.5, 2.0, 64).astype(np.float32).view(FakeArray)
+    rt = simulated(relu_model([1200]))
+    whole = rng.uniform(0.5, 2.0, 1260).astype(np.float32).view(FakeArray)
     assert whole.ctypes.data % 16 == 0
-    view = whole[1:5]
+    view = whole[1:1201]
     for _ in range(3):
         before = _copies()
         np.testing.assert_array_equal(np.asarray(rt.run([view], {})[0]), view)
@@ -105,8 +120,8 @@ def test_a_misaligned_device_view_is_copied_not_read_in_place(simulated, rng):
 def test_graphs_per_frame_are_bounded(simulated, rng):
     from dnnc.backends.cuda.executable import GRAPHS_PER_FRAME
 
-    rt = simulated(relu_model([4]))
-    buffers = [rng.uniform(0.5, 2.0, 4).astype(np.float32).view(FakeArray)
+    rt = simulated(relu_model([1200]))   # (above COPIED_INPUT_BYTES: read in place)
+    buffers = [rng.uniform(0.5, 2.0, 1200).astype(np.float32).view(FakeArray)
                for _ in range(GRAPHS_PER_FRAME + 2)]
     for _ in range(3):
         for b in buffers:
@@ -118,8 +133,8 @@ def test_graphs_per_frame_are_bounded(simulated, rng):
 def test_a_device_array_another_gpu_holds_is_refused_by_name(simulated, rng):
     from dnnc.compiler.module import CompiledModel
 
-    model = CompiledModel(*_graph_and(simulated(relu_model([3, 5]))), "cuda")
-    x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32).view(FakeArray)
+    model = CompiledModel(*_graph_and(simulated(relu_model([32, 40]))), "cuda")
+    x = rng.uniform(0.5, 2.0, (32, 40)).astype(np.float32).view(FakeArray)
     FAKE.places[x.ctypes.data] = {"device": 1}
     with pytest.raises(dnnc.errors.InputError, match="input 'x' is on GPU 1; this model runs "
                                                      "on GPU 0"):

@@ -629,3 +629,35 @@ def test_the_compile_cache_serves_the_cuda_target(tmp_path, monkeypatch, rng):
     assert (first.stats["compile_cache"], second.stats["compile_cache"]) == ("miss", "hit")
     x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
     np.testing.assert_array_equal(second(x, to="numpy")[0], first(x, to="numpy")[0])
+
+
+def test_an_output_written_into_an_input_is_computed_at_the_callers_array(simulated, rng):
+    """An IndexCopy output the graph writes into its cache input (`Graph.aliases`): its slot
+    is the cache's place, the frame's own input buffer at first (then copied back into the
+    caller's array) and the caller's array once a graph on its address is captured; the
+    call returns the caller's array itself, never a copy of the cache."""
+    import sys
+
+    from dnnc.passes.manager import optimize
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_aliases import cache_graph
+    from dnnc.backends.cuda.executable import CUDARuntime
+
+    target = REGISTRY["cuda"].target()
+    rt = CUDARuntime(optimize(cache_graph(False, width=96), target, 3), target=target,
+                     outputs="cupy").start()   # (a cache above COPIED_INPUT_BYTES)
+    (seg,) = rt.compiled_segments()
+    (e, d), = seg.in_place.items()
+    cache = np.zeros((2, 6, 96), np.float32).view(FakeArray)
+    pos, x = np.array([0, 1]), rng.standard_normal((2, 2, 96)).astype(np.float32)
+    for call in range(3):
+        outs = rt.run([cache, pos, x], {})
+        assert outs[0] is cache
+        frame = seg.frames.frame
+        if call == 0:   # copied in, written in the frame's buffer, then into the caller's
+            assert frame.ext[seg.n_inputs + e] == frame.inputs[d]
+            np.testing.assert_array_equal(cache, frame.own_inputs[d])
+    (places,) = frame.graphs   # (the cache at the caller's address: the captured graph's)
+    assert places[d] == cache.ctypes.data and \
+        seg._ext(places, frame.ext[len(places):])[seg.n_inputs + e] == cache.ctypes.data

@@ -473,6 +473,28 @@ def test_tensor_scatter_rule(rng, mode):
         _check_rule("TensorScatter", [cache[:, :, :3], _data(rng, 3, 2, 5, 4), starts], attrs)
 
 
+@pytest.mark.parametrize("axis", [0, 2, -1])
+def test_index_copy_rule_and_reference(rng, axis):
+    """IndexCopy: data with the updates at the index's positions along `axis` (negative ones
+    wrap), as torch's index_copy / index_put; the rule as the reference, a long index on the
+    host (NoCompute)."""
+    from dnnc.ir.ops.indexing import INDEX_COPY_MOST
+
+    data = _data(rng, 3, 4, 6)
+    index = np.array([data.shape[axis] - 2, -1, 0], np.int64)
+    shape = list(data.shape)
+    shape[axis] = len(index)
+    updates = _data(rng, *shape)
+    want = data.copy()
+    np.moveaxis(want, axis, 0)[index % data.shape[axis]] = np.moveaxis(updates, axis, 0)
+    _same(get_op("IndexCopy").run([data, index, updates], {"axis": axis}), [want])
+    _check_rule("IndexCopy", [data, index, updates], {"axis": axis})
+    long = np.zeros(INDEX_COPY_MOST + 1, np.int64)
+    shape[axis] = len(long)
+    with pytest.raises(NoCompute):
+        run_rule("IndexCopy", [data, long, _data(rng, *shape)], {"axis": axis})
+
+
 def test_rules_on_symbolic_batch(rng):
     n, s = 3, 4
     x, ids = _data(rng, 10, 8), _indices(rng, 10, (n, s))

@@ -1,0 +1,96 @@
+"""Outputs a graph writes into its inputs (`Graph.aliases`, a KV cache updated by IndexCopy):
+after each call the caller's array holds the output's value on every target, computed in place
+by its kernel where nothing else reads the old value (`plan.in_place_outputs`), else copied
+there after the call; a strided or read-only input, an artifact round trip."""
+
+import numpy as np
+import pytest
+
+import dnnc
+from dnnc.errors import InputError
+from dnnc.ir import types as T
+from dnnc.ir.graph import Graph, Value
+
+
+def cache_graph(old_read: bool, width: int = 4) -> Graph:
+    """cache[:, pos] = relu(x); returns the new cache (written into input 0) and
+    new cache * 2 (+ the old cache's sum with `old_read`)."""
+    g = Graph("cache")
+    cache = g.add_input("cache", T.TensorType(T.float32, (2, 6, width)))
+    pos = g.add_input("pos", T.TensorType(T.int64, (2,)))
+    x = g.add_input("x", T.TensorType(T.float32, (2, 2, width)))
+    new = g.add("IndexCopy", cache, pos, g.add("Relu", x), axis=1)
+    two = Value("two", T.TensorType(T.float32, ()), const=np.array(2, np.float32))
+    out = g.add("Mul", new, two)
+    if old_read:
+        out = g.add("Add", out, cache)
+    g.outputs = [new, out]
+    g.aliases = {0: 0}
+    g.verify()
+    return g
+
+
+def reference(cache, pos, x, old_read):
+    new = cache.copy()
+    new[:, pos % 6] = np.maximum(x, 0)
+    out = new * 2 + (cache if old_read else 0)
+    return new, out
+
+
+@pytest.mark.parametrize("old_read", [False, True])
+@pytest.mark.parametrize("target", ["numpy", "llvm"])
+def test_the_callers_cache_holds_each_steps_value(rng, target, old_read):
+    model = dnnc.compile(cache_graph(old_read), target, cache=False)
+    cache = np.zeros((2, 6, 4), np.float32)
+    want = cache.copy()
+    for step in range(3):
+        pos = np.array([2 * step, -1 - step], np.int64)
+        x = rng.standard_normal((2, 2, 4)).astype(np.float32)
+        want, out = reference(want, pos, x, old_read)
+        got = model(cache, pos, x)
+        assert got[0] is cache   # the caller's array, written
+        np.testing.assert_array_equal(cache, want)
+        np.testing.assert_allclose(got[1], out, rtol=1e-6)
+    if target == "llvm":   # in place unless the old cache is read beside the write
+        (seg,) = model.runtime.compiled_segments()
+        assert list(seg.in_place) == ([] if old_read else [0])   # escaping output 0
+
+
+def test_a_strided_cache_is_written_back(rng):
+    model = dnnc.compile(cache_graph(False), "llvm", cache=False)
+    whole = np.zeros((2, 6, 8), np.float32)
+    cache = whole[:, :, ::2]   # not contiguous: computed on a copy, then written back
+    pos, x = np.array([1, 3]), rng.standard_normal((2, 2, 4)).astype(np.float32)
+    want, _ = reference(cache.copy(), pos, x, False)
+    model(cache, pos, x)
+    np.testing.assert_array_equal(whole[:, :, ::2], want)
+    assert not whole[:, :, 1::2].any()
+
+
+def test_a_read_only_cache_is_refused(rng):
+    model = dnnc.compile(cache_graph(True), "llvm", cache=False)
+    cache = np.zeros((2, 6, 4), np.float32)
+    cache.setflags(write=False)
+    with pytest.raises(InputError, match="read-only"):
+        model(cache, np.array([0, 1]), np.ones((2, 2, 4), np.float32))
+
+
+def test_an_artifact_keeps_the_writes(rng, tmp_path):
+    model = dnnc.compile(cache_graph(False), "llvm", cache=False)
+    model.save(tmp_path / "cache.dnnc")
+    loaded = dnnc.load(tmp_path / "cache.dnnc")
+    assert loaded.graph.aliases == {0: 0}
+    cache = np.zeros((2, 6, 4), np.float32)
+    pos, x = np.array([0, 5]), rng.standard_normal((2, 2, 4)).astype(np.float32)
+    want, _ = reference(cache.copy(), pos, x, False)
+    loaded(cache, pos, x)
+    np.testing.assert_array_equal(cache, want)
+    (seg,) = loaded.runtime.compiled_segments()
+    assert list(seg.in_place) == [0]
+
+
+def test_verify_refuses_a_write_of_another_type():
+    g = cache_graph(False)
+    g.aliases = {1: 2}   # out (2, 6, 4) into x (2, 2, 4)
+    with pytest.raises(ValueError, match="cannot be written"):
+        g.verify()
