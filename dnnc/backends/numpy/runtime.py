@@ -8,7 +8,7 @@ import numpy as np
 from ...ir.graph import Graph
 from ...ir.interpreter import run_graph
 from ...ir.target import Target
-from ..executable import write_aliases
+from dnnc.backends.executable import write_aliases
 
 
 class NumpyRuntime:
