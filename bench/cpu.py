@@ -318,10 +318,8 @@ def median_block_ms(fns: dict, repeat: int, blocks: int, cpu_time: bool = False)
     interleaved; `cpu_time` (1 thread): each call timed by the process's CPU time."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(blocks):
-        for key, fn in fns.items():
-            time.sleep(0.3)   # the previous block's workers go idle
-            calls = cpu_times_ms(fn, repeat, 2) if cpu_time else call_times_ms(fn, repeat, 2)
-            times[key].append(float(np.median(calls)))
+        for key, fn in fns.items():   # a pause first: the previous block's workers go idle
+            times[key].append(median_ms(fn, repeat, pause=0.3, cpu_time=cpu_time))
     return {k: float(np.median(v)) for k, v in times.items()}
 
 

@@ -688,8 +688,8 @@ def fast_math(func: L.PrimFunc) -> L.PrimFunc:
             if isinstance(n, L.Call) and n.dtype is T.float32 and n.name in FAST_MATH:
                 return FAST_MATH[n.name](n.args[0], let)
             if isinstance(n, L.Call) and n.dtype is T.float32 and n.name == "pow" and \
-                    _quarters(n.args[1]) is not None:
-                return _pow_quarters_f32(n.args[0], _quarters(n.args[1]), let)
+                    (q := _quarters(n.args[1])) is not None:
+                return _pow_quarters_f32(n.args[0], q, let)
             return None
 
         return L.transform(e, rule)
