@@ -154,7 +154,9 @@ def _depthwise_rows(p: Conv2d, config: DepthwiseConfig, plane: L.Var) -> L.Stmt:
     bn, ch = plane // c, plane % c
     # a stride-2 window reads every other column: the plane is kept in phases (pad_plane),
     # so a tap's pixels are consecutive (Zen 3, 2 threads, 3x3 stride 2: c144 56x56 0.230 ->
-    # 0.135 ms; c96 112x112, where copying the plane dominates, 0.348 -> 0.389 ms)
+    # 0.135 ms; c96 112x112, where copying the plane dominates, 0.348 -> 0.389 ms; the copy
+    # in vectors since, znver4, kernel alone, 2 threads: c96 112x112 0.25 -> 0.135-0.157 ms,
+    # onnxruntime 0.126-0.140; c144 56x56 0.093 -> 0.046)
     phases = sw if sw > 1 and dw == 1 else 1
     xpad, pad_stmt = pad_plane(p.x, bn, ch, p.x_dims[2:], p.begins, p.padded_hw,
                                phases=phases)
