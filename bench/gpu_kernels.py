@@ -6,6 +6,7 @@ kernels against the GPU's copy bandwidth.
                                 [--repeat 200] [--trials 7] [--no-variants]
                                 [--precision tf32|fp16|bf16] [--dense-shapes MxKxN,...]
                                 [--storages fp32,16,16/out] [--wgmma-variants]
+                                [--pipeline-variants]
 
 Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
 the cuda templates' default config and, unless `--no-variants`, with the previous default
@@ -258,6 +259,18 @@ DENSE_SHAPES = ((4096, 4096, 4096), (128, 768, 3072), (128, 3072, 768), (1024, 7
 """(m, k, n): the issue's 4096^3 and bert_base's FFN products at batch 1, 8 and 64
 (`--dense-shapes` picks some)."""
 
+TRANSFORMER_SHAPES = (
+    # vit_tiny at batch 32 (6304 tokens of 192): qkv, proj, fc1, fc2
+    (6304, 192, 576), (6304, 192, 192), (6304, 192, 768), (6304, 768, 192),
+    # bert_base at batch 8 (1024 tokens of 768): q / k / v / out, fc1, fc2
+    (1024, 768, 768), (1024, 768, 3072), (1024, 3072, 768),
+    # convnext_tiny at batch 32: each stage's pointwise fc1, fc2 (NHWC rows)
+    (100352, 96, 384), (100352, 384, 96), (25088, 192, 768), (25088, 768, 192),
+    (6272, 384, 1536), (6272, 1536, 384), (1568, 768, 3072), (1568, 3072, 768))
+"""(m, k, n): the products of vit_tiny (batch 32), bert_base (batch 8) and convnext_tiny
+(batch 32), issue 31's transformer shapes (`--dense-shapes transformers`; `all`: these,
+then DENSE_SHAPES)."""
+
 MMA_VARIANTS = (
     dict(block_m=128, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=3),
     dict(block_m=128, block_n=128, block_k=32, warps_m=2, warps_n=4, stages=4),
@@ -295,6 +308,34 @@ MMA_VARIANTS = (
          staged=True))
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
+PIPELINE_VARIANTS = (
+    dict(block_m=128, block_n=256, warps_m=8, warps_n=1, stages=4, wgmma=True),
+    dict(block_m=128, block_n=256, warps_m=8, warps_n=1, stages=4, wgmma=True,
+         refill_first=True),
+    dict(block_m=128, block_n=128, warps_m=8, warps_n=1, stages=5, wgmma=True),
+    dict(block_m=128, block_n=128, warps_m=8, warps_n=1, stages=5, wgmma=True,
+         refill_first=True),
+    dict(block_m=128, block_n=128, warps_m=8, warps_n=1, stages=3, wgmma=True,
+         refill_first=True),
+    dict(block_m=128, block_n=192, warps_m=8, warps_n=1, stages=5, wgmma=True),
+    dict(block_m=128, block_n=192, warps_m=8, warps_n=1, stages=5, wgmma=True,
+         refill_first=True),
+    dict(block_m=128, block_n=192, warps_m=8, warps_n=1, stages=4, wgmma=True,
+         refill_first=True),
+    dict(block_m=256, block_n=128, warps_m=8, warps_n=1, stages=3, wgmma=True,
+         refill_first=True),
+    dict(block_m=64, block_n=256, warps_m=4, warps_n=1, stages=4, wgmma=True,
+         refill_first=True),
+    dict(block_m=64, block_n=192, warps_m=4, warps_n=1, stages=5, wgmma=True,
+         refill_first=True),
+    dict(block_m=64, block_n=128, warps_m=4, warps_n=1, stages=5, wgmma=True,
+         refill_first=True),
+    dict(block_m=64, block_n=64, warps_m=4, warps_n=1, stages=4, wgmma=True),
+    dict(block_m=64, block_n=64, warps_m=4, warps_n=1, stages=4, wgmma=True,
+         refill_first=True))
+"""`--pipeline-variants`: the wgmma tiles with and without `refill_first` and the 192-column
+warpgroups, in place of MMA_VARIANTS (k tiles of 128 bytes at each precision)."""
+
 
 def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn", epilogue: str = ""):
     """x [m, k] times a constant w: MatMul of w [k, n] (`b_layout` "kn", as ONNX MatMul
@@ -322,14 +363,18 @@ def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn", epilogue: str = ""):
         yield Case("dense", f"{m}x{k}x{n}", g, x, None, None, _dense_variants(k))
 
 
-def _dense_variants(k: int, precision: str = "fp32", m: int = 0) -> list[dict]:
+def _dense_variants(k: int, precision: str = "fp32", m: int = 0,
+                    pipeline: bool = False) -> list[dict]:
+    from dnnc.backends.cuda import wgmma
     from dnnc.backends.cuda.dense import DEFAULTS, MIN_SPLIT_K
 
     if precision != "fp32":   # the tensor-core template's (every knob set: the default's
         # wgmma must not carry over into an mma.sync variant)
-        return [{"wgmma": False, "early_refill": False, "staged": False, **v,
-                 "split_k": split}
-                for v in MMA_VARIANTS for split in (1, 2, 4, 8)
+        listed = [{"block_k": wgmma.block_k(precision), **v} for v in PIPELINE_VARIANTS] \
+            if pipeline else MMA_VARIANTS
+        return [{"wgmma": False, "early_refill": False, "refill_first": False,
+                 "staged": False, **v, "split_k": split}
+                for v in listed for split in (1, 2, 4, 8)
                 if split == 1 or k >= 2 * split * MIN_SPLIT_K and m <= 1024 and
                 v["block_m"] <= 128]
     tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
@@ -490,15 +535,18 @@ def dense_table(cp, machine: Target, args) -> int:
     print(f"{'case':12s} {'shape':18s} {'config':58s} {'us':>9s} {'TF/s':>7s} "
           f"{'vs cuBLAS':>9s}  check")
     wrong = 0
-    shapes = [tuple(int(x) for x in text.split("x")) for text in args.dense_shapes.split(",")
-              if text] if args.dense_shapes else DENSE_SHAPES
+    named = {"transformers": TRANSFORMER_SHAPES, "all": TRANSFORMER_SHAPES + DENSE_SHAPES}
+    shapes = named[args.dense_shapes] if args.dense_shapes in named else \
+        [tuple(int(x) for x in text.split("x")) for text in args.dense_shapes.split(",")
+         if text] if args.dense_shapes else DENSE_SHAPES
     print(f"B stored {'[n, k] (Gemm transB)' if args.b_layout == 'nk' else '[k, n] (MatMul)'}")
     if args.dense_epilogue:
         print(f"epilogue {args.dense_epilogue} fused (cuBLAS: the product alone)")
     for case in dense_cases(shapes, args.b_layout, args.dense_epilogue):
         if precision != "fp32":
             case.variants = [v for v in _dense_variants(case.x.shape[1], precision,
-                                                        case.x.shape[0])
+                                                        case.x.shape[0],
+                                                        args.pipeline_variants)
                              if v["wgmma"] or not args.wgmma_variants]
         x_dev = cp.asarray(case.x)
         w = next(v.const for v in case.graph.nodes[0].inputs if v.const is not None)
@@ -551,7 +599,8 @@ def dense_table(cp, machine: Target, args) -> int:
                 print(f"{'dense':12s} {case.label:18s} {str(overrides)[:58]:58s} skipped: "
                       f"{str(exc).splitlines()[0][:60]}")
                 continue
-            if storage.endswith("/out") and not overrides:   # the default for a 16-bit Y
+            if storage.endswith("/out") and (not overrides or args.pipeline_variants):
+                # the default's (and the pipeline variants') staging of a 16-bit Y
                 config = mma.staged_by_default(config, mma.STORAGE[precision], precision)
             if (storage, config) in measured:
                 continue
@@ -584,7 +633,8 @@ def _tiles(c) -> str:
     if isinstance(c, mma.TensorCoreConfig):
         return f"{c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
             f"stages {c.stages} split {c.split_k}{' wgmma' if c.wgmma else ''}" \
-            f"{' early' if c.early_refill else ''}{' staged' if c.staged else ''}"
+            f"{' early' if c.early_refill else ''}{' first' if c.refill_first else ''}" \
+            f"{' staged' if c.staged else ''}"
     return f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
         f"split_k {c.split_k}"
 
@@ -659,13 +709,17 @@ def main(argv=None) -> int:
     parser.add_argument("--no-variants", action="store_true")
     parser.add_argument("--wgmma-variants", action="store_true",
                         help="of the tensor-core variants only those issuing wgmma")
+    parser.add_argument("--pipeline-variants", action="store_true",
+                        help="the dense variants at a reduced precision: PIPELINE_VARIANTS "
+                             "(wgmma tiles, refill_first, 192 columns), not MMA_VARIANTS")
     parser.add_argument("--storages", default="fp32,16,16/out",
                         help="which dense rows at a reduced precision: operands stored in "
                              "fp32, in the precision's type (16; tf32 values at tf32), and "
                              "the product stored in it too (16/out: fp16 and bf16)")
     parser.add_argument("--dense-shapes", default="",
-                        help="the dense cases' shapes, m x k x n, comma separated (default: "
-                             "all of DENSE_SHAPES)")
+                        help="the dense cases' shapes, m x k x n, comma separated, or "
+                             "'transformers' (TRANSFORMER_SHAPES), 'all' (both sets) "
+                             "(default: DENSE_SHAPES)")
     parser.add_argument("--dense-epilogue", default="", choices=("", "gelu"),
                         help="the dense rows' product followed by GELU (fp32 only)")
     parser.add_argument("--b-layout", default="kn", choices=("kn", "nk"),

@@ -129,6 +129,7 @@ class TensorCoreConfig:
     split_k: int = 1     # k slices summed by a second launch (fills the GPU when m n is small)
     wgmma: bool = False  # warpgroups of warps_m / 4 x warps_n issue wgmma (sm_90: wgmma.py)
     early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
+    refill_first: bool = False   # with wgmma: a k tile's refill issued before its wgmmas
     staged: bool = False   # results through shared memory, stored in runs of a row (staged.py)
 
     @property
@@ -144,10 +145,11 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
 
     warpgroups = arch is not None and has_wgmma(arch)
     return Space(name, TensorCoreConfig, {
-        "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
+        "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 192, 256),
         "block_k": (16, 32, 64), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
-        "early_refill": (False, True)[:1 + warpgroups], "staged": (False, True),
+        "early_refill": (False, True)[:1 + warpgroups],
+        "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -155,11 +157,13 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
                    lambda c: c.wgmma or _accumulators(c) <= MAX_ACCUMULATORS),
         Constraint(f"with wgmma: k tiles of {wgmma.block_k(precision)} (128 bytes), warps_m "
-                   "a multiple of 4, a warpgroup's columns 64, 128 or 256 and rows whole "
+                   "a multiple of 4, a warpgroup's columns 64, 128, 192 or 256 and rows whole "
                    "m64 tiles, at most 128 accumulators a thread, at least 3 stages (2 "
                    "with early_refill)",
                    lambda c: not c.wgmma or wgmma.fits(c, precision)),
         Constraint("early_refill only with wgmma", lambda c: c.wgmma or not c.early_refill),
+        Constraint("refill_first only with wgmma, not with early_refill",
+                   lambda c: not c.refill_first or c.wgmma and not c.early_refill),
         Constraint(f"the stages' shared tiles (and staged results) within "
                    f"{MAX_SHARED_BYTES >> 10} KiB ({MAX_WGMMA_SHARED_BYTES >> 10} KiB with "
                    "wgmma)",
