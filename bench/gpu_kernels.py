@@ -535,7 +535,8 @@ def dense_table(cp, machine: Target, args) -> int:
     print(f"{'case':12s} {'shape':18s} {'config':58s} {'us':>9s} {'TF/s':>7s} "
           f"{'vs cuBLAS':>9s}  check")
     wrong = 0
-    named = {"transformers": TRANSFORMER_SHAPES, "all": TRANSFORMER_SHAPES + DENSE_SHAPES}
+    named = {"transformers": TRANSFORMER_SHAPES,
+             "all": tuple(dict.fromkeys(TRANSFORMER_SHAPES + DENSE_SHAPES))}
     shapes = named[args.dense_shapes] if args.dense_shapes in named else \
         [tuple(int(x) for x in text.split("x")) for text in args.dense_shapes.split(",")
          if text] if args.dense_shapes else DENSE_SHAPES
