@@ -523,16 +523,20 @@ def _config_text(config, default) -> str:
     return " ".join(f"{k}={v}" for k, v in changed.items()) or "default"
 
 
+CONFIG_WIDTH = 80
+"""Characters of a dense row's config column (the longest label whole)."""
+
+
 def dense_table(cp, machine: Target, args) -> int:
     """Print the dense rows (each config against cuBLAS at the machine's precision); the
     number of wrong results."""
     import os
 
-    precision = machine.precision
+    precision, W = machine.precision, CONFIG_WIDTH
     repeat = max(3, args.repeat // 10)
     print(f"dense at precision {precision}: cuBLAS at the same precision, CUPY_TF32="
           f"{os.environ.get('CUPY_TF32', '0')}; {repeat} launches x {args.trials} trials")
-    print(f"{'case':12s} {'shape':18s} {'config':58s} {'us':>9s} {'TF/s':>7s} "
+    print(f"{'case':12s} {'shape':18s} {'config':{W}s} {'us':>9s} {'TF/s':>7s} "
           f"{'vs cuBLAS':>9s}  check")
     wrong = 0
     named = {"transformers": TRANSFORMER_SHAPES,
@@ -578,12 +582,12 @@ def dense_table(cp, machine: Target, args) -> int:
         peer = blas_peer(cp, precision, x_dev, w_dev)
         blas_ms = None
         if peer is None:
-            print(f"{'dense':12s} {case.label:18s} {'cuBLAS at ' + precision:58s} "
+            print(f"{'dense':12s} {case.label:18s} {'cuBLAS at ' + precision:{W}s} "
                   f"not available (needs torch with CUDA)")
         else:
             label, fn = peer
             blas_ms = event_ms(cp, fn, repeat, args.trials)
-            print(f"{'dense':12s} {case.label:18s} {label:58s} "
+            print(f"{'dense':12s} {case.label:18s} {label:{W}s} "
                   f"{blas_ms * 1e3:9.1f} {flops / blas_ms / 1e9:7.1f} {1:9.2f}")
         default, measured = None, set()
         # the operands as a model's products read them: in 16 bits (half storage), or at
@@ -597,7 +601,7 @@ def dense_table(cp, machine: Target, args) -> int:
             try:
                 kernel, func, config = build(case, machine, overrides, storage == "tf32")
             except Exception as exc:   # a variant outside this problem's space
-                print(f"{'dense':12s} {case.label:18s} {str(overrides)[:58]:58s} skipped: "
+                print(f"{'dense':12s} {case.label:18s} {str(overrides)[:W]:{W}s} skipped: "
                       f"{str(exc).splitlines()[0][:60]}")
                 continue
             if storage.endswith("/out") and (not overrides or args.pipeline_variants):
@@ -621,7 +625,7 @@ def dense_table(cp, machine: Target, args) -> int:
                      else f"{storage} in: " if precision != "fp32" else "") + \
                 ("default: " if config == default else "") + _tiles(config)
             ratio = f"{blas_ms / ms:9.2f}" if blas_ms else f"{'-':>9s}"
-            print(f"{'dense':12s} {case.label:18s} {label[:58]:58s} {ms * 1e3:9.1f} "
+            print(f"{'dense':12s} {case.label:18s} {label[:W]:{W}s} {ms * 1e3:9.1f} "
                   f"{flops / ms / 1e9:7.1f} {ratio}  "
                   f"{'ok' if ok else 'WRONG: max err %.3g' % np.max(np.abs(got - want))}")
         del x_dev, w_dev
