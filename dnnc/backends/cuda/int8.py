@@ -139,9 +139,10 @@ def _candidates(with_wgmma: bool):
         yield TensorCoreConfig(bm, bn, DEFAULT_BLOCK_K, wm, wn, DEFAULT_STAGES), \
             efficiency * scale
     if with_wgmma:
-        for (bm, bn, wm, wn, stages), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
-            yield TensorCoreConfig(bm, bn, WGMMA_BLOCK_K, wm, wn, stages, wgmma=True), \
-                efficiency
+        for (bm, bn, wm, wn, stages, _), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
+            if bn != 192:   # (not in this space: timed at fp16, bf16 and tf32 only)
+                yield TensorCoreConfig(bm, bn, WGMMA_BLOCK_K, wm, wn, stages, wgmma=True), \
+                    efficiency
 
 
 def _finished(p, acc: L.Expr, j, shift: int = 0) -> L.Expr:
