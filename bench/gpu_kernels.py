@@ -310,31 +310,15 @@ MMA_VARIANTS = (
          staged=True))
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
-PIPELINE_VARIANTS = (
-    dict(block_m=128, block_n=256, warps_m=8, warps_n=1, stages=4, wgmma=True),
-    dict(block_m=128, block_n=256, warps_m=8, warps_n=1, stages=4, wgmma=True,
-         refill_first=True),
-    dict(block_m=128, block_n=128, warps_m=8, warps_n=1, stages=5, wgmma=True),
-    dict(block_m=128, block_n=128, warps_m=8, warps_n=1, stages=5, wgmma=True,
-         refill_first=True),
-    dict(block_m=128, block_n=128, warps_m=8, warps_n=1, stages=3, wgmma=True,
-         refill_first=True),
-    dict(block_m=128, block_n=192, warps_m=8, warps_n=1, stages=5, wgmma=True),
-    dict(block_m=128, block_n=192, warps_m=8, warps_n=1, stages=5, wgmma=True,
-         refill_first=True),
-    dict(block_m=128, block_n=192, warps_m=8, warps_n=1, stages=4, wgmma=True,
-         refill_first=True),
-    dict(block_m=256, block_n=128, warps_m=8, warps_n=1, stages=3, wgmma=True,
-         refill_first=True),
-    dict(block_m=64, block_n=256, warps_m=4, warps_n=1, stages=4, wgmma=True,
-         refill_first=True),
-    dict(block_m=64, block_n=192, warps_m=4, warps_n=1, stages=5, wgmma=True,
-         refill_first=True),
-    dict(block_m=64, block_n=128, warps_m=4, warps_n=1, stages=5, wgmma=True,
-         refill_first=True),
-    dict(block_m=64, block_n=64, warps_m=4, warps_n=1, stages=4, wgmma=True),
-    dict(block_m=64, block_n=64, warps_m=4, warps_n=1, stages=4, wgmma=True,
-         refill_first=True))
+PIPELINE_VARIANTS = tuple(
+    dict(block_m=bm, block_n=bn, warps_m=wm, warps_n=1, stages=st, wgmma=True,
+         refill_first=first)
+    for bm, bn, wm, st, first in (
+        (128, 256, 8, 4, False), (128, 256, 8, 4, True), (128, 128, 8, 5, False),
+        (128, 128, 8, 5, True), (128, 128, 8, 3, True), (128, 192, 8, 5, False),
+        (128, 192, 8, 5, True), (128, 192, 8, 4, True), (256, 128, 8, 3, True),
+        (64, 256, 4, 4, True), (64, 192, 4, 5, True), (64, 128, 4, 5, True),
+        (64, 64, 4, 4, False), (64, 64, 4, 4, True)))
 """`--variant-set pipeline`: the wgmma tiles with and without `refill_first` and the
 192-column warpgroups, in place of MMA_VARIANTS (k tiles of 128 bytes at each precision; a
 16-bit product staged as the default stages it)."""
