@@ -6,6 +6,7 @@ kernels against the GPU's copy bandwidth.
                                 [--repeat 200] [--trials 7] [--no-variants]
                                 [--precision tf32|fp16|bf16] [--dense-shapes MxKxN,...]
                                 [--storages fp32,16,16/out] [--wgmma-variants]
+                                [--variant-set mma|pipeline|shallow] [--graphs]
 
 Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
 the cuda templates' default config and, unless `--no-variants`, with the previous default
@@ -31,7 +32,9 @@ anything was wrong.
 `dense` is timed against `cupy.matmul` (cuBLAS, fp32: TF32 stays off unless CUPY_TF32=1 is
 set, and the header says which) on the same operands: TF/s = 2 m n k / time, `vs cuBLAS` is
 cuBLAS's time over dnnc's (bar: 4096^3 >= 0.70), every variant checked against cuBLAS's
-result (rtol 1e-3, atol 1e-3 scaled by sqrt(k)); the variants are the default-model tiles
+result (rtol 1e-3, atol 1e-3 scaled by sqrt(k)); with `--graphs` each side's launches are
+timed as a CUDA graph replayed (the kernels' time: below ~20 us a cupy.matmul's host side,
+not its kernel, decides back-to-back calls; cuBLAS then through torch); the variants are the default-model tiles
 (`dense.DEFAULTS`) with k unsplit and split, the measurements `dense.EFFICIENCY` is fitted
 from. Dense launches repeat `--repeat` / 10 times.
 
@@ -100,8 +103,8 @@ from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.packed import round_tf32  # noqa: E402
 from dnnc.ir.target import PRECISIONS, Target  # noqa: E402
 from gpu_attention import attention_table  # noqa: E402
-from gpu_timing import (cuda_torch, cupy_timer, event_ms, header,  # noqa: E402
-                        interleaved_ms, load_module, torch_timer)
+from gpu_timing import (cuda_torch, cupy_graph_timer, cupy_timer, header,  # noqa: E402
+                        interleaved_ms, load_module, torch_graph_timer, torch_timer)
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -258,6 +261,18 @@ DENSE_SHAPES = ((4096, 4096, 4096), (128, 768, 3072), (128, 3072, 768), (1024, 7
 """(m, k, n): the issue's 4096^3 and bert_base's FFN products at batch 1, 8 and 64
 (`--dense-shapes` picks some)."""
 
+TRANSFORMER_SHAPES = (
+    # vit_tiny at batch 32 (6304 tokens of 192): qkv, proj, fc1, fc2
+    (6304, 192, 576), (6304, 192, 192), (6304, 192, 768), (6304, 768, 192),
+    # bert_base at batch 8 (1024 tokens of 768): q / k / v / out, fc1, fc2
+    (1024, 768, 768), (1024, 768, 3072), (1024, 3072, 768),
+    # convnext_tiny at batch 32: each stage's pointwise fc1, fc2 (NHWC rows)
+    (100352, 96, 384), (100352, 384, 96), (25088, 192, 768), (25088, 768, 192),
+    (6272, 384, 1536), (6272, 1536, 384), (1568, 768, 3072), (1568, 3072, 768))
+"""(m, k, n): the products of vit_tiny (batch 32), bert_base (batch 8) and convnext_tiny
+(batch 32), issue 31's transformer shapes (`--dense-shapes transformers`; `all`: these,
+then DENSE_SHAPES)."""
+
 MMA_VARIANTS = (
     dict(block_m=128, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=3),
     dict(block_m=128, block_n=128, block_k=32, warps_m=2, warps_n=4, stages=4),
@@ -295,6 +310,35 @@ MMA_VARIANTS = (
          staged=True))
 """Tensor-core configs timed beside the default (each also split where k allows)."""
 
+PIPELINE_VARIANTS = tuple(
+    dict(block_m=bm, block_n=bn, warps_m=wm, warps_n=1, stages=st, wgmma=True,
+         refill_first=first)
+    for bm, bn, wm, st, first in (
+        (128, 256, 8, 4, False), (128, 256, 8, 4, True), (128, 128, 8, 5, False),
+        (128, 128, 8, 5, True), (128, 128, 8, 3, True), (128, 192, 8, 5, False),
+        (128, 192, 8, 5, True), (128, 192, 8, 4, True), (256, 128, 8, 3, True),
+        (64, 256, 4, 4, True), (64, 192, 4, 5, True), (64, 128, 4, 5, True),
+        (64, 64, 4, 4, False), (64, 64, 4, 4, True)))
+"""`--variant-set pipeline`: the wgmma tiles with and without `refill_first` and the
+192-column warpgroups, in place of MMA_VARIANTS (k tiles of 128 bytes at each precision; a
+16-bit product staged as the default stages it)."""
+
+SHALLOW_VARIANTS = tuple(
+    dict(block_m=bm, block_n=bn, block_k=bk, warps_m=wm, warps_n=wn, stages=st, staged=staged)
+    for bm, bn, bk, wm, wn, st in ((32, 64, 32, 1, 2, 3), (64, 64, 32, 2, 2, 3),
+                                   (64, 128, 32, 2, 2, 4), (128, 128, 64, 2, 2, 3),
+                                   (128, 128, 32, 2, 4, 3))
+    for staged in (False, True)) + tuple(
+    dict(block_m=bm, block_n=bn, warps_m=wm, warps_n=1, stages=st, wgmma=True,
+         refill_first=first, staged=staged)
+    for bm, bn, wm, st, first in ((128, 128, 8, 5, True), (128, 192, 8, 5, True),
+                                  (64, 192, 4, 5, True), (64, 64, 4, 4, False))
+    for staged in (False, True))
+"""`--variant-set shallow`: products of k at most mma.SHALLOW_K (vit's and convnext's): the
+mma.sync tiles of mma.DEFAULTS and SHALLOW_LARGE_TILE and the wgmma tiles, each with its
+results stored directly and staged (staged.py), at every precision (wgmma k tiles of 128
+bytes)."""
+
 
 def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn", epilogue: str = ""):
     """x [m, k] times a constant w: MatMul of w [k, n] (`b_layout` "kn", as ONNX MatMul
@@ -322,14 +366,20 @@ def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn", epilogue: str = ""):
         yield Case("dense", f"{m}x{k}x{n}", g, x, None, None, _dense_variants(k))
 
 
-def _dense_variants(k: int, precision: str = "fp32", m: int = 0) -> list[dict]:
+def _dense_variants(k: int, precision: str = "fp32", m: int = 0,
+                    variant_set: str = "mma") -> list[dict]:
+    from dnnc.backends.cuda import wgmma
     from dnnc.backends.cuda.dense import DEFAULTS, MIN_SPLIT_K
 
     if precision != "fp32":   # the tensor-core template's (every knob set: the default's
         # wgmma must not carry over into an mma.sync variant)
-        return [{"wgmma": False, "early_refill": False, "staged": False, **v,
-                 "split_k": split}
-                for v in MMA_VARIANTS for split in (1, 2, 4, 8)
+        listed = {"mma": MMA_VARIANTS, "pipeline": PIPELINE_VARIANTS,
+                  "shallow": SHALLOW_VARIANTS}[variant_set]
+        listed = [{**v, "block_k": wgmma.block_k(precision)} if v.get("wgmma") else v
+                  for v in listed]
+        return [{"wgmma": False, "early_refill": False, "refill_first": False,
+                 "staged": False, **v, "split_k": split}
+                for v in listed for split in (1, 2, 4, 8)
                 if split == 1 or k >= 2 * split * MIN_SPLIT_K and m <= 1024 and
                 v["block_m"] <= 128]
     tiles = ("tile_m", "tile_n", "tile_k", "thread_m", "thread_n")
@@ -343,14 +393,28 @@ UNIT = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 """Unit roundoff of an operand rounded to a reduced precision (test_cuda_precision.py)."""
 
 
-def blas_peer(cp, precision: str, x_dev, w_dev):
-    """(label, a function running cuBLAS's product of the operands at `precision`), or None
-    when no library here offers it."""
+def blas_peer(cp, precision: str, x_dev, w_dev, graphs: bool = False):
+    """(label, a function running cuBLAS's product of the operands at `precision`, a timer
+    of that function (`--graphs`: a CUDA graph's)), or None when no library here offers
+    it; with `graphs` every precision through torch where torch has CUDA (a cupy.matmul
+    allocates its result, which a graph's capture may not)."""
+    peer = _blas_call(cp, precision, x_dev, w_dev, graphs)
+    if peer is None:
+        return None
+    label, fn = peer
+    if not graphs:
+        return label, fn, cupy_timer(cp, fn)
+    if label.startswith("cuBLAS") and "torch" in label:
+        return label + ", graph", fn, torch_graph_timer(fn)
+    return label + ", not a graph", fn, cupy_timer(cp, fn)
+
+
+def _blas_call(cp, precision: str, x_dev, w_dev, graphs: bool):
     import os
 
     if precision == "fp32":
         return "cuBLAS (cupy.matmul)", lambda: cp.matmul(x_dev, w_dev)
-    if precision == "fp16":
+    if precision == "fp16" and not (graphs and cuda_torch() is not None):
         x16, w16 = x_dev.astype(cp.float16), w_dev.astype(cp.float16)
         return "cuBLAS fp16 (cupy.matmul, float16)", lambda: cp.matmul(x16, w16)
     try:
@@ -362,6 +426,9 @@ def blas_peer(cp, precision: str, x_dev, w_dev):
             return "cuBLAS tf32 (cupy.matmul, CUPY_TF32=1)", lambda: cp.matmul(x_dev, w_dev)
         return None
     x_t, w_t = torch.from_dlpack(x_dev), torch.from_dlpack(w_dev)
+    if precision == "fp16":
+        xh, wh = x_t.to(torch.float16), w_t.to(torch.float16)
+        return "cuBLAS fp16 (torch.matmul, float16)", lambda: torch.matmul(xh, wh)
     if precision == "tf32":
         def tf32():
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -375,7 +442,7 @@ CASES = {"dense": dense_cases, "elementwise": elementwise_cases, "softmax": soft
          "attention": None}
 
 
-# -- measuring (gpu_timing: event_ms, cupy_timer, torch_timer, interleaved_ms) ---------------
+# -- measuring (gpu_timing: cupy_timer, cupy_graph_timer, torch_timer, interleaved_ms) ------
 
 
 def torch_call(case: Case):
@@ -478,27 +545,35 @@ def _config_text(config, default) -> str:
     return " ".join(f"{k}={v}" for k, v in changed.items()) or "default"
 
 
+CONFIG_WIDTH = 80
+"""Characters of a dense row's config column (the longest label whole)."""
+
+
 def dense_table(cp, machine: Target, args) -> int:
     """Print the dense rows (each config against cuBLAS at the machine's precision); the
     number of wrong results."""
     import os
 
-    precision = machine.precision
+    precision, W = machine.precision, CONFIG_WIDTH
     repeat = max(3, args.repeat // 10)
     print(f"dense at precision {precision}: cuBLAS at the same precision, CUPY_TF32="
           f"{os.environ.get('CUPY_TF32', '0')}; {repeat} launches x {args.trials} trials")
-    print(f"{'case':12s} {'shape':18s} {'config':58s} {'us':>9s} {'TF/s':>7s} "
+    print(f"{'case':12s} {'shape':18s} {'config':{W}s} {'us':>9s} {'TF/s':>7s} "
           f"{'vs cuBLAS':>9s}  check")
     wrong = 0
-    shapes = [tuple(int(x) for x in text.split("x")) for text in args.dense_shapes.split(",")
-              if text] if args.dense_shapes else DENSE_SHAPES
+    named = {"transformers": TRANSFORMER_SHAPES,
+             "all": tuple(dict.fromkeys(TRANSFORMER_SHAPES + DENSE_SHAPES))}
+    shapes = named[args.dense_shapes] if args.dense_shapes in named else \
+        [tuple(int(x) for x in text.split("x")) for text in args.dense_shapes.split(",")
+         if text] if args.dense_shapes else DENSE_SHAPES
     print(f"B stored {'[n, k] (Gemm transB)' if args.b_layout == 'nk' else '[k, n] (MatMul)'}")
     if args.dense_epilogue:
         print(f"epilogue {args.dense_epilogue} fused (cuBLAS: the product alone)")
     for case in dense_cases(shapes, args.b_layout, args.dense_epilogue):
         if precision != "fp32":
             case.variants = [v for v in _dense_variants(case.x.shape[1], precision,
-                                                        case.x.shape[0])
+                                                        case.x.shape[0],
+                                                        args.variant_set)
                              if v["wgmma"] or not args.wgmma_variants]
         x_dev = cp.asarray(case.x)
         w = next(v.const for v in case.graph.nodes[0].inputs if v.const is not None)
@@ -526,15 +601,15 @@ def dense_table(cp, machine: Target, args) -> int:
 
             def close(got, u_out=0.0):   # (u_out: the product's own rounding, stored)
                 return bool((np.abs(got - want) <= limit + u_out * np.abs(want)).all())
-        peer = blas_peer(cp, precision, x_dev, w_dev)
+        peer = blas_peer(cp, precision, x_dev, w_dev, args.graphs)
         blas_ms = None
         if peer is None:
-            print(f"{'dense':12s} {case.label:18s} {'cuBLAS at ' + precision:58s} "
+            print(f"{'dense':12s} {case.label:18s} {'cuBLAS at ' + precision:{W}s} "
                   f"not available (needs torch with CUDA)")
         else:
-            label, fn = peer
-            blas_ms = event_ms(cp, fn, repeat, args.trials)
-            print(f"{'dense':12s} {case.label:18s} {label:58s} "
+            label, fn, timer = peer
+            blas_ms = interleaved_ms([timer], repeat, args.trials)[0]
+            print(f"{'dense':12s} {case.label:18s} {label:{W}s} "
                   f"{blas_ms * 1e3:9.1f} {flops / blas_ms / 1e9:7.1f} {1:9.2f}")
         default, measured = None, set()
         # the operands as a model's products read them: in 16 bits (half storage), or at
@@ -548,10 +623,11 @@ def dense_table(cp, machine: Target, args) -> int:
             try:
                 kernel, func, config = build(case, machine, overrides, storage == "tf32")
             except Exception as exc:   # a variant outside this problem's space
-                print(f"{'dense':12s} {case.label:18s} {str(overrides)[:58]:58s} skipped: "
+                print(f"{'dense':12s} {case.label:18s} {str(overrides)[:W]:{W}s} skipped: "
                       f"{str(exc).splitlines()[0][:60]}")
                 continue
-            if storage.endswith("/out") and not overrides:   # the default for a 16-bit Y
+            if storage.endswith("/out") and (not overrides or args.variant_set == "pipeline"):
+                # the default's (and the pipeline variants') staging of a 16-bit Y
                 config = mma.staged_by_default(config, mma.STORAGE[precision], precision)
             if (storage, config) in measured:
                 continue
@@ -563,7 +639,7 @@ def dense_table(cp, machine: Target, args) -> int:
             else:   # the operands stored in 16 bits (and with "/out" the product too)
                 launch, out = stored_16bit(cp, precision, case.x, cp.asnumpy(w_dev), config,
                                            storage.endswith("/out"))
-            ms = event_ms(cp, launch, repeat, args.trials)
+            ms = _kernel_ms(cp, launch, repeat, args)
             got = launch.result() if hasattr(launch, "result") else cp.asnumpy(out)
             ok = close(got, UNIT[precision] if storage.endswith("/out") else 0.0)
             wrong += not ok
@@ -571,7 +647,7 @@ def dense_table(cp, machine: Target, args) -> int:
                      else f"{storage} in: " if precision != "fp32" else "") + \
                 ("default: " if config == default else "") + _tiles(config)
             ratio = f"{blas_ms / ms:9.2f}" if blas_ms else f"{'-':>9s}"
-            print(f"{'dense':12s} {case.label:18s} {label[:58]:58s} {ms * 1e3:9.1f} "
+            print(f"{'dense':12s} {case.label:18s} {label[:W]:{W}s} {ms * 1e3:9.1f} "
                   f"{flops / ms / 1e9:7.1f} {ratio}  "
                   f"{'ok' if ok else 'WRONG: max err %.3g' % np.max(np.abs(got - want))}")
         del x_dev, w_dev
@@ -579,12 +655,24 @@ def dense_table(cp, machine: Target, args) -> int:
     return wrong
 
 
+def _kernel_ms(cp, launch, repeat: int, args) -> float:
+    """The ms of dnnc's `launch`, as a CUDA graph's with `--graphs` (back to back where its
+    capture fails: said on the row before)."""
+    if args.graphs:
+        try:
+            return interleaved_ms([cupy_graph_timer(cp, launch)], repeat, args.trials)[0]
+        except Exception as exc:   # (the capture: not expected)
+            print(f"{'':31s} not timed as a graph: {str(exc).splitlines()[0][:80]}")
+    return interleaved_ms([cupy_timer(cp, launch)], repeat, args.trials)[0]
+
+
 def _tiles(c) -> str:
     """A dense config's tiles, as the dense rows print them."""
     if isinstance(c, mma.TensorCoreConfig):
         return f"{c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
             f"stages {c.stages} split {c.split_k}{' wgmma' if c.wgmma else ''}" \
-            f"{' early' if c.early_refill else ''}{' staged' if c.staged else ''}"
+            f"{' early' if c.early_refill else ''}{' first' if c.refill_first else ''}" \
+            f"{' staged' if c.staged else ''}"
     return f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
         f"split_k {c.split_k}"
 
@@ -659,13 +747,22 @@ def main(argv=None) -> int:
     parser.add_argument("--no-variants", action="store_true")
     parser.add_argument("--wgmma-variants", action="store_true",
                         help="of the tensor-core variants only those issuing wgmma")
+    parser.add_argument("--variant-set", default="mma", choices=("mma", "pipeline", "shallow"),
+                        help="the dense variants at a reduced precision: MMA_VARIANTS, "
+                             "PIPELINE_VARIANTS (wgmma tiles, refill_first, 192 columns) or "
+                             "SHALLOW_VARIANTS (tiles for k <= 256, direct and staged)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="the dense rows timed as CUDA graphs of their launches (dnnc's "
+                             "by CuPy, cuBLAS's through torch): the kernels' time without the "
+                             "host's cost of issuing them, which decides below ~20 us")
     parser.add_argument("--storages", default="fp32,16,16/out",
                         help="which dense rows at a reduced precision: operands stored in "
                              "fp32, in the precision's type (16; tf32 values at tf32), and "
                              "the product stored in it too (16/out: fp16 and bf16)")
     parser.add_argument("--dense-shapes", default="",
-                        help="the dense cases' shapes, m x k x n, comma separated (default: "
-                             "all of DENSE_SHAPES)")
+                        help="the dense cases' shapes, m x k x n, comma separated, or "
+                             "'transformers' (TRANSFORMER_SHAPES), 'all' (both sets) "
+                             "(default: DENSE_SHAPES)")
     parser.add_argument("--dense-epilogue", default="", choices=("", "gelu"),
                         help="the dense rows' product followed by GELU (fp32 only)")
     parser.add_argument("--b-layout", default="kn", choices=("kn", "nk"),

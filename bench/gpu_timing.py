@@ -226,6 +226,32 @@ def torch_graph_timer(call) -> Callable[[int], float]:
     return once
 
 
+def cupy_graph_timer(cp, fn) -> Callable[[int], float]:
+    """As `cupy_timer`, with the `repeat` calls captured once into a CUDA graph (on a
+    stream of its own: nothing in `fn` may allocate or synchronise) and replayed: the GPU
+    time of the kernels alone, as `torch_graph_timer`'s (and as a model's captured graph
+    runs them)."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    graphs: dict[int, object] = {}
+
+    def once(repeat: int) -> float:
+        with stream:
+            if repeat not in graphs:
+                fn()
+                stream.synchronize()
+                stream.begin_capture()
+                for _ in range(repeat):
+                    fn()
+                graphs[repeat] = stream.end_capture()
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graphs[repeat].launch(stream)
+            end.record(stream)
+            end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) / repeat
+    return once
+
+
 def interleaved_ms(timers: list, repeat: int, trials: int) -> list[float]:
     """Each timer's median ms over `trials`, the trials taken in turn (A, B, C, A, B, C,
     ...): clock, thermal and L2 drift over the run fall on every variant alike, so the

@@ -129,6 +129,7 @@ class TensorCoreConfig:
     split_k: int = 1     # k slices summed by a second launch (fills the GPU when m n is small)
     wgmma: bool = False  # warpgroups of warps_m / 4 x warps_n issue wgmma (sm_90: wgmma.py)
     early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
+    refill_first: bool = False   # with wgmma: a k tile's refill issued before its wgmmas
     staged: bool = False   # results through shared memory, stored in runs of a row (staged.py)
 
     @property
@@ -144,10 +145,11 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
 
     warpgroups = arch is not None and has_wgmma(arch)
     return Space(name, TensorCoreConfig, {
-        "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
+        "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 192, 256),
         "block_k": (16, 32, 64), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
-        "early_refill": (False, True)[:1 + warpgroups], "staged": (False, True),
+        "early_refill": (False, True)[:1 + warpgroups],
+        "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -155,11 +157,13 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
                    lambda c: c.wgmma or _accumulators(c) <= MAX_ACCUMULATORS),
         Constraint(f"with wgmma: k tiles of {wgmma.block_k(precision)} (128 bytes), warps_m "
-                   "a multiple of 4, a warpgroup's columns 64, 128 or 256 and rows whole "
+                   "a multiple of 4, a warpgroup's columns 64, 128, 192 or 256 and rows whole "
                    "m64 tiles, at most 128 accumulators a thread, at least 3 stages (2 "
                    "with early_refill)",
                    lambda c: not c.wgmma or wgmma.fits(c, precision)),
         Constraint("early_refill only with wgmma", lambda c: c.wgmma or not c.early_refill),
+        Constraint("refill_first only with wgmma, not with early_refill",
+                   lambda c: not c.refill_first or c.wgmma and not c.early_refill),
         Constraint(f"the stages' shared tiles (and staged results) within "
                    f"{MAX_SHARED_BYTES >> 10} KiB ({MAX_WGMMA_SHARED_BYTES >> 10} KiB with "
                    "wgmma)",
@@ -200,21 +204,29 @@ def _deepest(block_m: int, block_n: int, precision: str) -> int:
     return 16
 
 
-WGMMA_DEFAULTS = ((128, 256, 8, 1, 4), (128, 128, 8, 1, 5), (64, 128, 4, 1, 5),
-                  (64, 64, 4, 1, 4))
-WGMMA_EFFICIENCY = (0.95, 0.85, 0.6, 0.75)
-"""(block_m, block_n, warps_m, warps_n, stages) the default tries with the `wgmma` knob
-(warpgroups down m: 64 x 256, 64 x 128 or 64 x 64 each, as CUTLASS's sm_90 kernels), k
-tiles of 128 bytes, and their guessed fractions of the peak on DEFAULTS' scale (wgmma's peak
-is about 1.5 times mma.sync's on Hopper). 128 x 128 in 5 stages: on an H200 at fp16 as fast
-as 4 or faster at every shape timed (.devrun sweep: 6304 x 768 x 192 17.0 us against 4
-stages' 22.7 of 128 x 256). 64 x 64 (one warpgroup, 4 stages) for products of a few hundred
-rows (batch 1: vit's 197, bert's 128): on an H200 at fp16 the fastest tile at all seven such
-shapes timed, 7.1 to 10.6 us, against the 64 x 128 default's 7.1 to 12.6. 64 x 64 at 0.75
-(was 0.5) with the waves counted (`SM_SHARED_BYTES`): on an H200 at fp16, at convnext_tiny's
-batch-32 products of k 384 to 3072 (6272 x 384 x 1536 ... 25088 x 768 x 192) it was the fastest
-tile or within 1% of it at four of five, 32.2 to 40.6 us where the default then took 37.6 to
-50.9 (chosen within 1.04 of the fastest on average, was 1.21)."""
+WGMMA_DEFAULTS = ((128, 256, 8, 1, 4, False), (128, 192, 8, 1, 5, True),
+                  (128, 128, 8, 1, 5, True), (64, 192, 4, 1, 5, True), (64, 128, 4, 1, 5, True),
+                  (64, 64, 4, 1, 4, False))
+WGMMA_EFFICIENCY = (0.95, 0.85, 0.75, 0.8, 0.5, 0.6)
+"""(block_m, block_n, warps_m, warps_n, stages, refill_first) the default tries with the
+`wgmma` knob (warpgroups down m: 64 x 256, 64 x 192, 64 x 128 or 64 x 64 each, as CUTLASS's
+sm_90 kernels), k tiles of 128 bytes, and their guessed fractions of the peak on DEFAULTS'
+scale (wgmma's peak is about 1.5 times mma.sync's on Hopper), fitted on an H200 sweep
+(bench/gpu_kernels.py --variant-set pipeline, fp16 stored in and out and tf32, eight shapes of
+4096^3, the 8192-row FFN and the vit b32 / bert b8 / convnext b32 products of k >= 768): the
+model's pick is within 1.04 of the fastest tile timed on average (1.17 with the tiles before;
+worst 1.43, bert b8's fc2 at tf32, which keeps mma.sync: TF32_WGMMA_OUTPUTS).
+- 128 x 256, 4 stages: the fastest at 4096^3 and 8192 x 768 x 3072 (n 3072), where
+  `refill_first` took 1-2% longer.
+- 128 x 192 and 64 x 192 (`refill_first`) where n is 192, 384 or 768: 8192 x 3072 x 768 (m x k x
+  n) 68.7-69.7 us against 82.9 for the 128 x 128 default then (fp16; tf32 131 against 155),
+  convnext's 6272 x 1536 x 384 19.0 against 24.2, 25088 x 768 x 192 21.9 against 26.5, 1568 x 3072
+  x 768 22.3 against 26.1 (tf32 43.5 against 52.9).
+- 128 x 128 in 5 stages, `refill_first`: 5-11% faster with it at every shape timed (4096^3 fp16
+  261 us against 281; 8192 x 3072 x 768 74.1 against 82.9).
+- 64 x 64 (one warpgroup, 4 stages) for products of a few hundred rows (batch 1: vit's 197,
+  bert's 128): on an H200 at fp16 the fastest tile at all seven such shapes timed, 7.1 to 10.6
+  us, against the 64 x 128 default's 7.1 to 12.6; `refill_first` within 2% either way."""
 
 SM_SHARED_BYTES = 227 << 10
 """Shared memory of an SM on sm_90 (sm_80: 163 KiB; the model counts sm_90's): with the
@@ -324,9 +336,9 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
             yield TensorCoreConfig(bm, bn, bk, wm, wn, DEFAULT_STAGES), efficiency * scale
     if not with_wgmma or shallow:
         return
-    for (bm, bn, wm, wn, stages), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
-        yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, stages,
-                               wgmma=True), efficiency
+    for (bm, bn, wm, wn, stages, first), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
+        yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, stages, wgmma=True,
+                               refill_first=first), efficiency
 
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,

@@ -159,7 +159,7 @@ ARCH_SPECIFIC = "// dnnc: sm_90a (wgmma)\n"
 """The first line of a module using `WGMMA_PRELUDE`: its architecture-specific instructions
 need NVRTC's `sm_90a` where the device says `sm_90` (`device.compile_arch`)."""
 
-WGMMA_N = (64, 128, 256)
+WGMMA_N = (64, 128, 192, 256)
 """The n of the `dnnc_wgmma_<precision>_n<n>` functions WGMMA_PRELUDE defines."""
 
 _WGMMA_FUNCTION = r"""

@@ -88,7 +88,7 @@ def space(p, machine) -> Space:
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
         "block_k": (32, 64, 128), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False,),
-        "early_refill": (False,), "staged": (False,),
+        "early_refill": (False,), "refill_first": (False,), "staged": (False,),
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -110,7 +110,7 @@ def default(p, machine) -> TensorCoreConfig:
     base = choose(rows, places, k // 2, 1, gpu_of(machine), SPARSE[dtype][0])
     for bk in (64, 32):
         c = replace(base, block_k=bk, stages=DEFAULT_STAGES, wgmma=False, staged=False,
-                    early_refill=False)
+                    early_refill=False, refill_first=False)
         if k % bk == 0 and shared_bytes(c) <= MAX_SHARED_BYTES:
             break
     if (k // c.block_k) % c.split_k:

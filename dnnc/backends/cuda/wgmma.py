@@ -36,7 +36,10 @@ then the fetch of tile kt + stages - 2 into the slot of tile kt - 2, which every
 has finished (each waited for it before the barrier the fetching thread passed). With
 `early_refill`, a second barrier after that wait lets the fetch of tile kt + stages - 1
 take the slot of kt - 1 (`stages - 1` tiles ahead, kt's wgmmas running across the
-barrier): which pays is the GPU's to say. After the last tile, a wait for all. The epilogue stores each accumulator through the problem's
+barrier): which pays is the GPU's to say. With `refill_first` the fetch of tile
+kt + stages - 2 is issued right after the barrier, before kt's wgmmas (its slot, kt - 2's, is
+free there already), not after the wait for kt - 1's: its copies start up to a k tile's
+product earlier, while kt - 1's wgmmas still run, for no second barrier. After the last tile, a wait for all. The epilogue stores each accumulator through the problem's
 store, as `mma.py`'s, and `split_k` splits k as there.
 
 Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer the knob on
@@ -66,9 +69,11 @@ from .mma import CHUNK_WORDS, WARP, TensorCoreConfig, _allocated, _Tile
 WARPGROUP = 4 * WARP
 TILE_M = 64
 """Rows of one wgmma (m64)."""
-WGMMA_N = (64, 128, 256)
+WGMMA_N = (64, 128, 192, 256)
 """Columns a warpgroup's wgmma may have here (MN-major atoms are 64 wide; PTX allows any
-multiple of 8 up to 256)."""
+multiple of 8 up to 256). 192: 128 x 192 blocks tile n = 768 in 4 (a transformer's 3072 ->
+768 product: 128 x 256's 3 leave 1.45 waves of 132 SMs at 8192 rows, 128 x 128's 6 take
+thinner tiles)."""
 ROW_BYTES = 128
 """A swizzle row: a k tile's bytes (64 16-bit or 32 tf32 elements, `block_k`)."""
 ATOM_ROWS = 64
@@ -86,8 +91,8 @@ def block_k(precision: str) -> int:
 
 def fits(c: TensorCoreConfig, precision: str) -> bool:
     """Whether config `c` is one this product runs at `precision`: k tiles of a 128-byte
-    row (`block_k`), warpgroups of 4 warps down m, each owning whole m64 tiles and 64, 128
-    or 256 columns, 128 accumulators a thread at most, and at least 3 slots (2 tiles ahead
+    row (`block_k`), warpgroups of 4 warps down m, each owning whole m64 tiles and 64, 128,
+    192 or 256 columns, 128 accumulators a thread at most, and at least 3 slots (2 tiles ahead
     of the one being multiplied is stages - 2; with `early_refill`, 2 slots)."""
     if c.block_k != block_k(precision) or c.warps_m % 4 or c.stages < 3 - c.early_refill:
         return False
@@ -222,11 +227,13 @@ class Warpgroups:
         coming = kt + ahead
         more, slot = coming < per, coming % stages
         fence = self.per_thread(L.ProxyFence())
+        refill = [*(x.issue(first + coming, slot, more) for x in tiles), *commit]
+        first_refill = self.c.refill_first
         loop = L.For(kt, per, L.seq(
             *([self.per_thread(L.AsyncWait(ahead - 1))] if asynchronous else []),
             *(x.round_in_place(kt % stages) for x in tiles), fence,
-            L.Barrier(), self.update(kt % stages), *([L.Barrier()] if early else []),
-            *(x.issue(first + coming, slot, more) for x in tiles), *commit,
+            L.Barrier(), *(refill if first_refill else []), self.update(kt % stages),
+            *([L.Barrier()] if early else []), *([] if first_refill else refill),
             *(x.finish(slot, more) for x in tiles)))
         done = self.per_thread(L.WgmmaWait(0, self.acc[0], self.count))
         return L.seq(*prologue, loop, done)

@@ -61,8 +61,17 @@ CASES = [
     ("bf16", 100, 130, 300, 1, W(64, 128, 64, 4, 1, 3, early_refill=True), T.float32,
      True, True),
     ("fp16", 70, 136, 200, 1, W(64, 128, 64, 4, 2, 4, staged=True), T.float16, False, True),
+    # the refill issued before the wgmmas; warpgroups of 192 columns
+    ("fp16", 200, 384, 520, 1, W(128, 192, 64, 8, 1, 4, refill_first=True), T.float16,
+     False, False),
+    ("bf16", 130, 200, 300, 2, W(128, 192, 64, 8, 1, 3, refill_first=True), T.float32,
+     True, True),
+    ("tf32", 100, 192, 200, 1, W(64, 192, 32, 4, 1, 4, refill_first=True), T.float32,
+     False, True),
+    ("fp16", 128, 200, 400, 1, W(128, 128, 64, 8, 1, 3, refill_first=True, staged=True),
+     T.float16, True, False),
 ]
-SMOKE = (0, 1, 2, 5, 7, 9, 11)
+SMOKE = (0, 1, 2, 5, 7, 9, 11, 12, 14)
 """CASES run on host threads in every run; the rest are `emulated_full`."""
 
 DEVICE_CASES = CASES + [
@@ -73,6 +82,12 @@ DEVICE_CASES = CASES + [
     ("tf32", 1024, 3072, 768, 1, W(128, 128, 32, 8, 1, 4), T.float32, False, False),
     ("fp16", 4096, 4096, 4096, 1, W(128, 256, 64, 8, 1, 4, early_refill=True), T.float16,
      False, False),
+    ("fp16", 4096, 4096, 4096, 1, W(128, 256, 64, 8, 1, 4, refill_first=True), T.float16,
+     False, False),
+    ("bf16", 8192, 768, 3072, 1, W(128, 192, 64, 8, 1, 5, refill_first=True), T.bfloat16,
+     False, False),
+    ("tf32", 8192, 768, 3072, 1, W(128, 192, 32, 8, 1, 5, refill_first=True), T.float32,
+     False, True),
 ]
 """What NVRTC compiles (and the GPU runs): CASES and the bench's shapes."""
 

@@ -69,10 +69,10 @@ extern "C" void dnnc_launch(void (*kernel)(void**), void** args, unsigned gx, un
 #define __launch_bounds__(n)
 #define __shared__ static
 // the dynamic pool: where the shim's shared addresses (wgmma's descriptors) count from; and
-// whether this thread's cp.asyncs since its last fence.proxy.async are unfenced (a wgmma
-// then may not read them: the shim traps)
+// the 16-byte chunks this thread's cp.asyncs wrote since its last fence.proxy.async (a wgmma
+// of this thread may not read them: the shim traps)
 static thread_local unsigned char* dnnc_shared_window;
-static thread_local bool dnnc_unfenced_copies;
+static thread_local std::vector<const unsigned char*> dnnc_unfenced_copies;
 #define DNNC_SHARED_POOL(name, bytes) \
   static __attribute__((aligned(1024))) unsigned char name[bytes]; dnnc_shared_window = name
 #define __restrict__ __restrict
@@ -338,7 +338,7 @@ static void dnnc_cp_async(void* dst, const void* src, int bytes) {
       (bytes && reinterpret_cast<unsigned long>(src) % 16)) __builtin_trap();
   std::memcpy(dst, src, bytes);
   std::memset(static_cast<char*>(dst) + bytes, 0, 16 - bytes);
-  dnnc_unfenced_copies = true;
+  dnnc_unfenced_copies.push_back(static_cast<const unsigned char*>(dst));
 }
 static void dnnc_cp_async_commit() {}
 template <int N> static void dnnc_cp_async_wait() {}
@@ -350,8 +350,9 @@ WGMMA_SHIM = r"""
 // layouts): a descriptor holds the operand's shared address (from the pool's start) and its
 // offsets in 16-byte units, the 128-byte swizzle; a wgmma is only recorded, and runs when a
 // wait completes its group (so reading an operand after its slot is refilled, or an
-// accumulator before the wait, shows as a wrong product); a thread issuing one with
-// cp.asyncs not yet fenced into the async proxy traps
+// accumulator before the wait, shows as a wrong product); a thread issuing one that reads a
+// chunk its cp.asyncs wrote and no fence.proxy.async has since fenced into the async proxy
+// traps (copies into another slot, as `refill_first` issues them, may stay unfenced)
 static unsigned long long dnnc_wgmma_desc(const void* p, unsigned leading, unsigned stride) {
   const long address = static_cast<const unsigned char*>(p) - dnnc_shared_window;
   if (!dnnc_shared_window || address < 0 || address >= (1 << 18) || address % 16 ||
@@ -408,7 +409,23 @@ static void dnnc_wgmma_run(const dnnc_wgmma_op& op) {
   }
 }
 static void dnnc_wgmma_fence() {}
-static void dnnc_fence_proxy_async() { dnnc_unfenced_copies = false; }
+static void dnnc_fence_proxy_async() { dnnc_unfenced_copies.clear(); }
+// whether operand `desc` (`rows` of x, K of kk) covers an unfenced chunk: its bytes lie
+// between its (0, 0) element's and its (rows - 1, K - 1) element's 128-byte row (the layouts
+// grow with x and kk; the swizzle stays within a row)
+static bool dnnc_reads_unfenced(int kind, unsigned long long desc, bool mn, int rows) {
+  const unsigned start = (desc & 0x3fff) << 4, leading = (desc >> 16 & 0x3fff) << 4,
+                 stride = (desc >> 32 & 0x3fff) << 4, e = kind == 0 ? 4 : kind >= 3 ? 1 : 2;
+  const int x = rows - 1, kk = (kind == 0 ? 8 : kind >= 3 ? 32 : 16) - 1;
+  const unsigned last = start + (mn ? x / 64 * leading + x % 64 * e + kk / 8 * stride +
+                                          kk % 8 * 128
+                                      : x / 8 * stride + x % 8 * 128 + kk * e);
+  const unsigned char *lo = dnnc_shared_window + start,
+                      *hi = dnnc_shared_window + (last | 127);
+  for (const unsigned char* chunk : dnnc_unfenced_copies)
+    if (chunk + 16 > lo && chunk <= hi) return true;
+  return false;
+}
 static void dnnc_wgmma_commit() {
   for (auto& op : dnnc_wgmma_ops)
     if (op.group < 0) op.group = dnnc_wgmma_groups;
@@ -425,7 +442,8 @@ template <int N, int COUNT> static void dnnc_wgmma_wait(void*) {
 #define DNNC_WGMMA(NAME, KIND, N, T)                                                       \
 template <int TA, int TB> static void NAME(T* d, unsigned long long a,                     \
                                            unsigned long long b) {                         \
-  if (dnnc_unfenced_copies) __builtin_trap();                                              \
+  if (dnnc_reads_unfenced(KIND, a, TA != 0, 64) ||                                        \
+      dnnc_reads_unfenced(KIND, b, TB != 0, N)) __builtin_trap();                          \
   dnnc_wgmma_ops.push_back({KIND, N, TA != 0, TB != 0, d, a, b, -1});                      \
 }
 """ + "".join(f"DNNC_WGMMA(dnnc_wgmma_{name}_n{n}, {kind}, {n}, {accumulator})\n"
