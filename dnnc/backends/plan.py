@@ -187,7 +187,8 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
         needed = list(group[-1].outputs) + \
             [v for n in group[:-1] for v in n.outputs if id(v) in escaping_ids]
         try:
-            kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed, sites=members)
+            kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed, sites=members,
+                                 in_place=frozenset(over))
         except NoCompute:
             for i in members:   # the node without a loop form runs on the host from now on
                 if not has_loop_form(nodes[i]):

@@ -56,6 +56,32 @@ def test_the_callers_cache_holds_each_steps_value(rng, target, old_read):
         assert list(seg.in_place) == ([] if old_read else [0])   # escaping output 0
 
 
+@pytest.mark.parametrize("target", ["numpy", "llvm"])
+def test_a_position_written_twice_keeps_its_last_value(rng, target):
+    model = dnnc.compile(cache_graph(False), target, cache=False)
+    cache = rng.standard_normal((2, 6, 4)).astype(np.float32)
+    for pos in ([3, 3], [-2, 4], [0, 0]):
+        pos = np.array(pos, np.int64)
+        x = rng.standard_normal((2, 2, 4)).astype(np.float32)
+        want, _ = reference(cache.copy(), pos, x, False)
+        model(cache, pos, x)
+        np.testing.assert_array_equal(cache, want)
+
+
+def test_an_in_place_write_stores_only_its_positions():
+    """Computed in the cache's array, the IndexCopy kernel loops over the written rows alone
+    (`OpDef.updates`), not over the whole cache with a Select per position."""
+    from dnnc.ir import loop as L
+
+    model = dnnc.compile(cache_graph(False, width=8), "llvm", cache=False)
+    (seg,) = model.runtime.compiled_segments()
+    (kernel,) = [k for k in seg.kernels if k.anchor.op == "IndexCopy"]
+    stores = [n for n in L.walk(kernel.func.body) if isinstance(n, L.Store)]
+    loops = [n.extent.value for n in L.walk(kernel.func.body) if isinstance(n, L.For)]
+    assert [s.buffer.name for s in stores] == [kernel.func.params[3].name]
+    assert np.prod(loops) == 2 * 2 * 8   # the updates' elements, not the cache's 2 * 6 * 8
+
+
 def test_a_strided_cache_is_written_back(rng):
     model = dnnc.compile(cache_graph(False), "llvm", cache=False)
     whole = np.zeros((2, 6, 8), np.float32)
