@@ -82,6 +82,38 @@ def test_an_in_place_write_stores_only_its_positions():
     assert np.prod(loops) == 2 * 2 * 8   # the updates' elements, not the cache's 2 * 6 * 8
 
 
+def counter_graph(read_after: bool) -> Graph:
+    """count + 1 written into count (a counter beside a cache); with `read_after`, also
+    (count + 1) * 2, which fusion puts in the Add's kernel."""
+    g = Graph("counter")
+    count = g.add_input("count", T.TensorType(T.int64, (3,)))
+    one = Value("one", T.TensorType(T.int64, ()), const=np.array(1, np.int64))
+    new = g.add("Add", count, one)
+    g.outputs = [new]
+    if read_after:
+        two = Value("two", T.TensorType(T.int64, ()), const=np.array(2, np.int64))
+        g.outputs.append(g.add("Mul", new, two))
+    g.aliases = {0: 0}
+    g.verify()
+    return g
+
+
+@pytest.mark.parametrize("read_after", [False, True])
+def test_an_elementwise_update_is_computed_in_its_input(read_after):
+    """An elementwise op's output written into its own input is computed there, unless its
+    kernel reads it again (an inlined read would see the new value)."""
+    model = dnnc.compile(counter_graph(read_after), "llvm", cache=False)
+    count = np.array([0, 5, -2], np.int64)
+    for step in range(1, 4):
+        got = model(count)
+        np.testing.assert_array_equal(count, [step, 5 + step, step - 2])
+        if read_after:
+            np.testing.assert_array_equal(got[1], 2 * count)
+    (seg,) = model.runtime.compiled_segments()
+    fused = len(seg.kernels) == 1
+    assert list(seg.in_place) == ([] if read_after and fused else [0])
+
+
 def test_a_strided_cache_is_written_back(rng):
     model = dnnc.compile(cache_graph(False), "llvm", cache=False)
     whole = np.zeros((2, 6, 8), np.float32)

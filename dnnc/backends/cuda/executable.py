@@ -42,6 +42,7 @@ without one): `source()` works, running raises the `DeviceError` saying what is 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from collections import OrderedDict
@@ -88,7 +89,8 @@ COPIED_INPUT_BYTES = 4096
 read in place: a decode step's token ids, positions and mask are new tensors each step at
 addresses torch's allocator cycles through, and reading them in place keyed a graph capture
 on them (29 captures in a 64-token gpt2 generate on an H200, ~1 ms each under cProfile); a
-copy of a few bytes costs one memcpyAsync."""
+copy of a few bytes costs one memcpyAsync. Not an input the segment writes in place (a
+counter beside a KV cache: the caller's state, whose address recurs)."""
 
 DEVICE_MEMORY = (2, 3)
 """cudaPointerAttributes types a kernel of this device can read: device and managed."""
@@ -452,8 +454,7 @@ class CUDARuntime(Executable):
                 tensors.append(None)
                 continue
             dtype = v.type.dtype.np
-            kind = torch.bfloat16 if dtype.name == "bfloat16" else \
-                torch.from_numpy(np.empty(0, dtype)).dtype
+            kind = _torch_dtype(torch, dtype)
             face = _face(a)
             if face is None:   # a host step's output
                 host = np.ascontiguousarray(a)
@@ -591,10 +592,15 @@ class _CompiledSegment(CompiledSegment):
         data = [i for i, v in enumerate(step.inputs) if v.const is None]
         self.input_types = [(self.shapes[i], step.inputs[i].type.dtype.np) for i in data]
         self.input_names = [step.inputs[i].name for i in data]
-        self.copied = [_nbytes(s, d) <= COPIED_INPUT_BYTES for s, d in self.input_types]
+        self.input_nbytes = [_nbytes(s, d) for s, d in self.input_types]
+        # (an input the segment writes in place is the caller's state, at an address that
+        # recurs: read in place however small, it is neither copied in nor back)
+        written = set(self.in_place.values())
+        self.copied = [n <= COPIED_INPUT_BYTES and d not in written
+                       for d, n in enumerate(self.input_nbytes)]
         self.output_types = [(tuple(t.shape), t.dtype.np) for t in self.escaping_types]
         self.layout = _Layout.of(self.arena_bytes, self.workspace_bytes,
-                                 [_nbytes(s, d) for s, d in self.input_types],
+                                 self.input_nbytes,
                                  [_nbytes(s, d) for s, d in self.output_types])
         self.cupy = rt.cupy
         self.rt = rt
@@ -701,9 +707,8 @@ class _CompiledSegment(CompiledSegment):
         cupy = self.cupy
         runtime = cupy.cuda.runtime
         keep = []
-        for a, face, dst, at, (shape, dtype) in zip(data, faces, frame.inputs, places,
-                                                    self.input_types):
-            nbytes = _nbytes(shape, dtype)
+        for a, face, dst, at, nbytes in zip(data, faces, frame.inputs, places,
+                                            self.input_nbytes):
             if at != dst or not nbytes:
                 continue
             if face is not None:
@@ -868,8 +873,20 @@ class _CompiledSegment(CompiledSegment):
         return list(frame.outputs), rows
 
 
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_dtype(torch, dtype: np.dtype):
+    """The PyTorch dtype of NumPy's `dtype` (bfloat16's too), looked up once."""
+    kind = _TORCH_DTYPES.get(dtype)
+    if kind is None:
+        kind = _TORCH_DTYPES[dtype] = torch.bfloat16 if dtype.name == "bfloat16" else \
+            torch.from_numpy(np.empty(0, dtype)).dtype
+    return kind
+
+
 def _nbytes(shape, dtype: np.dtype) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return math.prod(shape) * np.dtype(dtype).itemsize   # (np.prod: ~3 us a call)
 
 
 def _face(a) -> dict | None:
@@ -886,7 +903,7 @@ def _direct_address(face: dict | None) -> int | None:
     if face is None or face["data"][0] % VECTOR_ALIGN:
         return None
     shape, strides = tuple(face["shape"]), face.get("strides")
-    if not int(np.prod(shape, dtype=np.int64)):
+    if not math.prod(shape):
         return None
     if strides is not None and tuple(strides) != \
             _c_strides(shape, np.dtype(face["typestr"]).itemsize):

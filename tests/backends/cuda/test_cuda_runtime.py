@@ -661,3 +661,27 @@ def test_an_output_written_into_an_input_is_computed_at_the_callers_array(simula
     (places,) = frame.graphs   # (the cache at the caller's address: the captured graph's)
     assert places[d] == cache.ctypes.data and \
         seg._ext(places, frame.ext[len(places):])[seg.n_inputs + e] == cache.ctypes.data
+
+
+def test_a_small_input_written_in_place_is_read_at_the_callers_array(simulated):
+    """A counter beside a cache (`count + 1` written into `count`, 24 bytes): below
+    COPIED_INPUT_BYTES, but the caller's state at a recurring address, so it is read and
+    written in place by the captured graph from the second call on, not copied in and back."""
+    import sys
+
+    from dnnc.passes.manager import optimize
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_aliases import counter_graph
+    from dnnc.backends.cuda.executable import CUDARuntime
+
+    target = REGISTRY["cuda"].target()
+    rt = CUDARuntime(optimize(counter_graph(False), target, 3), target=target,
+                     outputs="cupy").start()
+    (seg,) = rt.compiled_segments()
+    assert seg.in_place == {0: 0} and seg.copied == [False]
+    count = np.zeros(3, np.int64).view(FakeArray)
+    for _ in range(3):
+        assert rt.run([count], {})[0] is count
+    (places,) = seg.frames.frame.graphs
+    assert places == (count.ctypes.data,)
