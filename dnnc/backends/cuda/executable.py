@@ -300,6 +300,35 @@ class CUDARuntime(Executable):
         finally:
             self._checking.runs = None
 
+    def bound_call(self, inputs: list, outputs: str | None = None):
+        """`run` for calls whose inputs have the shapes and dtypes of `inputs`, unchecked: the
+        caller vouches for every call's (`CompiledModel.bound_call`: a torch partition, whose
+        arguments dynamo's guards fix). The call goes straight to the model's one segment
+        (`one_segment`), without the plan's walk, the specialisation's lookup or the checks
+        of `run`; None where the model is not one such segment compiled for these shapes."""
+        one = self.one_segment(inputs) if not self.render_only else None
+        if one is None:
+            return None
+        _, seg, positions, returned = one
+        kind = self._outputs if outputs is None else _output_kind(outputs)
+        data = [p for p, v in zip(positions, seg.step.inputs) if v.const is None]
+        checking = self._checking
+
+        def call(args) -> list:
+            self._raise_pending()
+            checking.runs = []
+            try:
+                with self._caller_stream(args):
+                    outs = seg.run_data([args[p] for p in data], self._frame(seg))
+                    outs = self._deliver(self.write_aliases(args, [outs[j] for j in returned]),
+                                         kind)
+                    self._defer_recorded()
+                    return outs
+            finally:
+                checking.runs = None
+
+        return call
+
     def checked(self, segment: "_CompiledSegment", frame: _Frame) -> None:
         """A segment whose kernels check indices ran on `frame` in this thread's call: its
         record is read when the call's outputs are delivered (`_raise_recorded`)."""
@@ -316,8 +345,11 @@ class CUDARuntime(Executable):
         H200 (0.219 against 0.121 ms), waiting at the next call's start 1.48x: the caller's
         launches no longer overlapped the GPU's work."""
         runs, self._checking.runs = self._checking.runs, None
-        if runs:
-            event = self.cupy.cuda.Event(disable_timing=True)
+        if runs:   # (one event a thread, recorded again by each call: a later record passes
+            #        after an earlier one, so an older pending record is read no sooner)
+            event = getattr(self._checking, "event", None)
+            if event is None:
+                event = self._checking.event = self.cupy.cuda.Event(disable_timing=True)
             event.record()
             _, older = getattr(self._checking, "pending", None) or (None, [])
             self._checking.pending = (event, older + [r for r in runs if r not in older])
@@ -733,8 +765,11 @@ class _CompiledSegment(CompiledSegment):
         C-order device inputs are read in place when a graph on their addresses exists or
         these addresses come for the second time (then captured); else every input is
         copied into the frame's own buffers and their graph replayed."""
+        return self.run_data(self._data(arrays), frame)
+
+    def run_data(self, data: list, frame: _Frame) -> list:
+        """`run` given the data inputs alone (its constants are the segment's own)."""
         stream = self.cupy.cuda.get_current_stream()
-        data = self._data(arrays)
         faces = [_face(a) for a in data]
         places = tuple(own if small else _direct_address(f) or own
                        for f, own, small in zip(faces, frame.inputs, self.copied))
