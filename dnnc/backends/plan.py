@@ -131,9 +131,11 @@ def in_place_outputs(graph: Graph, step: Segment) -> dict[int, int]:
     Taken where the output is made in `step` by an op that may take that input's buffer
     (`OpDef.in_place`: it reads each element only for the output element at its index; an
     elementwise or broadcasting op, from an input of the output's type, as a counter's `+ 1`,
-    where no other node of its kernel reads the output), from that very input, and nothing
-    else in the graph reads the input (its old value is then read by that kernel alone,
-    element by element, before it is written). The runtime binds
+    where no other node of its kernel reads the output), from that very input, and every
+    other node reading the input is in a kernel of `step` that runs before (its old value is
+    then read by those kernels, and by that kernel element by element before it writes
+    it: the positions gpt2's cache writes read from the counter that is then incremented).
+    The runtime binds
     the output's slot to the input's array, and the kernel reads the input through its output
     (`build_program`); any other aliased output is computed apart and copied into its input
     after the call (`Executable.run`). A function of the graph alone: an artifact's restored
@@ -152,12 +154,27 @@ def in_place_outputs(graph: Graph, step: Segment) -> dict[int, int]:
                 graph, step, node, source, users):
             position = node.inputs.index(source)
         if position is None or node.inputs[position] is not source or \
-                [n for n in users.get(source, ()) if n is not node] or \
+                not _read_before(graph, step, node, source, users) or \
                 id(out) not in escaping or all(v is not source for v in data) or \
                 sum(1 for v in graph.outputs if v is out) != 1:
             continue
         found[escaping[id(out)]] = next(d for d, v in enumerate(data) if v is source)
     return found
+
+
+def _read_before(graph: Graph, step: Segment, node: Node, source: Value, users: dict) -> bool:
+    """Whether every node reading `source` but `node` is in a kernel of `step` that runs
+    before `node`'s (kernels run in their order, each to its end)."""
+    others = [n for n in users.get(source, ()) if n is not node]
+    if not others:
+        return True
+    where = {id(n): k for k, n in enumerate(step.nodes)}
+    if id(node) not in where or any(id(n) not in where for n in others):
+        return False
+    kernel = {k: g for g, group in enumerate(segment_groups(step, graph.groups))
+              for k in group}
+    mine = kernel[where[id(node)]]
+    return all(kernel[where[id(n)]] < mine for n in others)
 
 
 def _elementwise_update(graph: Graph, step: Segment, node: Node, source: Value,

@@ -114,6 +114,36 @@ def test_an_elementwise_update_is_computed_in_its_input(read_after):
     assert list(seg.in_place) == ([] if read_after and fused else [0])
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_an_input_read_elsewhere_is_updated_in_place_after_its_readers(first):
+    """gpt2's counter: the positions its cache writes at read the old count, then `+ 1`
+    writes it. In place where the other reader's kernel runs first (the input's old value
+    is read there, before the update's kernel); computed apart where it runs after."""
+    g = Graph("counter")
+    count = g.add_input("count", T.TensorType(T.int64, (3,)))
+
+    def const(name, value):
+        return Value(name, T.TensorType(T.int64, ()), const=np.array(value, np.int64))
+
+    def positions():
+        return g.add("Mul", count, const("three", 3))
+
+    before = positions() if first else None
+    new = g.add("Add", count, const("one", 1))
+    after = positions() if not first else None
+    g.outputs = [new, before if first else after]
+    g.aliases = {0: 0}
+    g.verify()
+    model = dnnc.compile(g, "llvm", cache=False)
+    count = np.array([0, 5, -2], np.int64)
+    for step in range(1, 4):
+        got = model(count)
+        np.testing.assert_array_equal(count, [step, 5 + step, step - 2])
+        np.testing.assert_array_equal(got[1], 3 * (count - 1))   # the old count's
+    (seg,) = model.runtime.compiled_segments()
+    assert list(seg.in_place.values()) == ([0] if first else [])   # data input 0
+
+
 def test_a_strided_cache_is_written_back(rng):
     model = dnnc.compile(cache_graph(False), "llvm", cache=False)
     whole = np.zeros((2, 6, 8), np.float32)
