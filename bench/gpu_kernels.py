@@ -92,7 +92,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dnnc.backends.cuda import FUSION  # noqa: E402
-from dnnc.backends.cuda import device, mma  # noqa: E402
+from dnnc.backends.cuda import device, gemv, mma  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
 from dnnc.backends.cuda.dense import Operand  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
@@ -363,7 +363,17 @@ def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn", epilogue: str = ""):
             g.outputs = [g.add("Mul", g.add("Mul", y, g.add("Add", erf, _scalar("one", 1.0))),
                                _scalar("half", 0.5))]
         x = rng.standard_normal((m, k), dtype=np.float32)
-        yield Case("dense", f"{m}x{k}x{n}", g, x, None, None, _dense_variants(k))
+        yield Case("dense", f"{m}x{k}x{n}", g, x, None, None,
+                   _gemv_variants() if m < gemv.MAX_ROWS else _dense_variants(k))
+
+
+def _gemv_variants() -> list[dict]:
+    """Configs of the gemv template (fewer than 16 rows: a decode step's products) timed
+    beside its default: columns a block, threads along k, k steps in flight."""
+    return [dict(cols=cols, k_split=ks, unroll=unroll) for cols, ks, unroll in (
+        (32, 8, 4), (8, 32, 4),   # the previous defaults: B [k, n], B [n, k]
+        (4, 32, 8), (4, 64, 8), (8, 16, 8), (8, 32, 8), (8, 64, 8), (16, 16, 8),
+        (16, 32, 8), (32, 32, 8))]
 
 
 def _dense_variants(k: int, precision: str = "fp32", m: int = 0,
@@ -668,6 +678,8 @@ def _kernel_ms(cp, launch, repeat: int, args) -> float:
 
 def _tiles(c) -> str:
     """A dense config's tiles, as the dense rows print them."""
+    if isinstance(c, gemv.GemvConfig):
+        return f"gemv cols {c.cols} k_split {c.k_split} unroll {c.unroll}"
     if isinstance(c, mma.TensorCoreConfig):
         return f"{c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
             f"stages {c.stages} split {c.split_k}{' wgmma' if c.wgmma else ''}" \

@@ -272,22 +272,11 @@ class Executable(TargetHooks):
         Without `checked` the arguments are not looked at: the caller vouches for each
         call's (`CompiledModel.bound_call`), and the specialisation is kept alive by the
         function, used or evicted."""
-        if len(self.steps) != 1 or not isinstance(self.steps[0], Segment):
+        one = self.one_segment(inputs)
+        if one is None:
             return None
-        step = self.steps[0]
-        position = {id(v): i for i, v in enumerate(self.graph.inputs)}
-        escaping = {id(v): i for i, v in enumerate(step.escaping)}
-        if step.value_inputs or any(v.const is None and id(v) not in position
-                                    for v in step.inputs) \
-                or any(id(v) not in escaping for v in self.graph.outputs):
-            return None
-        shapes = tuple(inputs[position[id(v)]].shape if v.const is None else v.const.shape
-                       for v in step.inputs)
-        key = (step.index, shapes, ())
-        seg = self._cache.get(key)
-        run = None if seg is None else seg.fast([position.get(id(v)) for v in step.inputs],
-                                                [escaping[id(v)] for v in self.graph.outputs],
-                                                [(a.shape, a.dtype) for a in inputs], checked)
+        key, seg, positions, returned = one
+        run = seg.fast(positions, returned, [(a.shape, a.dtype) for a in inputs], checked)
         if run is None:
             return None
         cache, aliases = self._cache, self.graph.aliases
@@ -309,6 +298,29 @@ class Executable(TargetHooks):
             return self.write_aliases(args, outs) if aliases and outs is not None else outs
 
         return call
+
+    def one_segment(self, inputs: list) -> tuple | None:
+        """For a model that is one segment taking the model's inputs as they are and
+        returning its outputs (no host step, no value inputs), compiled for the shapes of
+        `inputs`: (its cache key, the specialisation, the argument position of each of its
+        inputs (None: a constant), the escaping position of each model output); else None."""
+        if len(self.steps) != 1 or not isinstance(self.steps[0], Segment):
+            return None
+        step = self.steps[0]
+        position = {id(v): i for i, v in enumerate(self.graph.inputs)}
+        escaping = {id(v): i for i, v in enumerate(step.escaping)}
+        if step.value_inputs or any(v.const is None and id(v) not in position
+                                    for v in step.inputs) \
+                or any(id(v) not in escaping for v in self.graph.outputs):
+            return None
+        shapes = tuple(inputs[position[id(v)]].shape if v.const is None else v.const.shape
+                       for v in step.inputs)
+        key = (step.index, shapes, ())
+        seg = self._cache.get(key)
+        if seg is None:
+            return None
+        return (key, seg, [position.get(id(v)) for v in step.inputs],
+                [escaping[id(v)] for v in self.graph.outputs])
 
     def _segment_call(self, step: Segment, env, exact: bool = False
                       ) -> tuple[CompiledSegment | BatchSplit, list]:

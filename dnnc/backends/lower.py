@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import CompileError
 from ..ir import loop as L
 from ..ir import types as T
-from ..ir.compute import NoCompute, Tensor, apply_rule, placeholder, stages
+from ..ir.compute import NoCompute, Tensor, apply_rule, dim_expr, placeholder, stages
 from ..ir.graph import Node, Value
 from ..ir.ops.registry import get_op, known_constant
 
@@ -61,12 +61,16 @@ class Kernel:
 
 
 def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None,
-                sizes: dict[str, int] | None = None, sites: list[int] | None = None) -> Kernel:
+                sizes: dict[str, int] | None = None, sites: list[int] | None = None,
+                in_place: frozenset[int] = frozenset()) -> Kernel:
     """Lower `nodes` (in topological order) into one PrimFunc named `name`.
 
     `outputs` are the group's values needed outside it (default: every node output).
     `sites` are the nodes' positions in their segment: gathers check their indices at run
     time naming them (`loop.index_checks`); without sites nothing is checked.
+    `in_place`: ids of outputs the runtime binds to the input array they update
+    (`plan.in_place_outputs`); a lone node whose op has an `updates` rule then stores only
+    the elements it changes (the rest are already in that array).
     Raises NoCompute when a node has no loop form (it then runs as a host fallback).
     """
     produced = {id(v) for n in nodes for v in n.outputs}
@@ -81,6 +85,7 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
     tensors: dict[int, Tensor] = {
         id(v): placeholder(names[id(v)], v.type.dtype, v.type.shape, value=known_constant(v))
         for v in inputs}
+    wheres: dict[int, object] = {}   # id(output tensor) -> where its elements are stored
     for n, site in zip(nodes, sites or [None] * len(nodes)):
         op = get_op(n.op)
         if op.compute is None:
@@ -88,7 +93,12 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
         args = [None if v is None else tensors[id(v)] for v in n.inputs]
         try:
             with L.index_checks.checking(site):
-                outs = apply_rule(n.op, args, n.attrs, [v.type for v in n.outputs])
+                if len(nodes) == 1 and op.updates is not None and id(n.outputs[0]) in in_place:
+                    values, where = op.updates(args, [v.type for v in n.outputs], **n.attrs)
+                    wheres[id(values)] = _checking(where, site)
+                    outs = [values]
+                else:
+                    outs = apply_rule(n.op, args, n.attrs, [v.type for v in n.outputs])
         except NoCompute:
             raise
         except Exception as exc:  # a rule that fails is a compiler bug; name the node
@@ -103,14 +113,23 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
             t = _copy(t)  # an output that is an input, or repeated: stored by a copy stage
         out_tensors.append(t)
     params = [_param(tensors[id(v)], v) for v in inputs] + \
-        [L.Buffer(names[id(v)], v.type.dtype, tuple(t.shape)) for v, t in
-         zip(outputs, out_tensors)]
+        [L.Buffer(names[id(v)], v.type.dtype, tuple(t.shape) if id(t) not in wheres else
+                  tuple(dim_expr(d) for d in v.type.shape))   # (an update: the whole array)
+         for v, t in zip(outputs, out_tensors)]
     body = _Lowering(inputs, tensors, sizes or {}, taken=set(names.values())).lower(
-        out_tensors, params[len(inputs):])
+        out_tensors, params[len(inputs):], wheres)
     size_vars = _size_vars(params, body)
     func = L.PrimFunc(name, tuple(params), body, tuple(size_vars))
     func = L.simplify(func)
     return Kernel(name, func, inputs, outputs, nodes, names)
+
+
+def _checking(where, site):
+    """`where` checking the indices it reads at run time as its node's site."""
+    def checked(*index):
+        with L.index_checks.checking(site):
+            return where(*index)
+    return checked
 
 
 def _copy(t: Tensor) -> Tensor:
@@ -199,7 +218,11 @@ class _Lowering:
             self.counter += 1
         return f"{hint}{self.counter}"
 
-    def lower(self, outputs: list[Tensor], out_buffers: list[L.Buffer]) -> L.Stmt:
+    def lower(self, outputs: list[Tensor], out_buffers: list[L.Buffer],
+              wheres: dict | None = None) -> L.Stmt:
+        """`wheres`: id(output) -> `where(*i)` -> (the buffer index its element i is stored
+        at, the store's condition or None), for an output that updates its buffer."""
+        wheres = wheres or {}
         order = stages(outputs)
         out_index = {id(t): b for t, b in zip(outputs, out_buffers)}
         stored: list[tuple[Tensor, L.Buffer]] = []
@@ -216,17 +239,20 @@ class _Lowering:
             self.materialized[id(t)] = buf
             stored.append((t, buf))
         # an output that is also read by a later stage is read back from its buffer
-        body = L.seq(*(self.stage(t, buf) for t, buf in stored))
+        body = L.seq(*(self.stage(t, buf, wheres.get(id(t))) for t, buf in stored))
         for buf in reversed(self.scratch):
             body = L.Allocate(buf, body)
         return body
 
-    def stage(self, t: Tensor, buf: L.Buffer) -> L.Stmt:
+    def stage(self, t: Tensor, buf: L.Buffer, where=None) -> L.Stmt:
         axes = [L.Var(self.fresh("i")) for _ in t.axes]
         expr = L.substitute(self.inline(t.body), dict(zip(t.axes, axes)))
         allocs, value = self.lower_reduces(expr)
-        store = L.Store(buf, tuple(axes), value if value.dtype is buf.dtype
-                        else L.Cast(buf.dtype, value))
+        index, cond = (tuple(axes), None) if where is None else where(*axes)
+        store: L.Stmt = L.Store(buf, tuple(self.inline(L.const(i)) for i in index),
+                                value if value.dtype is buf.dtype else L.Cast(buf.dtype, value))
+        if cond is not None:
+            store = L.If(self.inline(cond), store)
         return L.loop_nest(zip(axes, t.shape), _wrap(allocs, store))
 
     def inline(self, e: L.Expr) -> L.Expr:

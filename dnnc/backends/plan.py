@@ -129,9 +129,13 @@ def in_place_outputs(graph: Graph, step: Segment) -> dict[int, int]:
     """The outputs of `step` that its kernels compute straight into the input array the
     graph writes them into (`Graph.aliases`): escaping position -> data input position.
     Taken where the output is made in `step` by an op that may take that input's buffer
-    (`OpDef.in_place`: it reads each element only for the output element at its index), from
-    that very input, and nothing else in the graph reads the input (its old value is then
-    read by that kernel alone, element by element, before it is written). The runtime binds
+    (`OpDef.in_place`: it reads each element only for the output element at its index; an
+    elementwise or broadcasting op, from an input of the output's type, as a counter's `+ 1`,
+    where no other node of its kernel reads the output), from that very input, and every
+    other node reading the input is in a kernel of `step` that runs before (its old value is
+    then read by those kernels, and by that kernel element by element before it writes
+    it: the positions gpt2's cache writes read from the counter that is then incremented).
+    The runtime binds
     the output's slot to the input's array, and the kernel reads the input through its output
     (`build_program`); any other aliased output is computed apart and copied into its input
     after the call (`Executable.run`). A function of the graph alone: an artifact's restored
@@ -145,14 +149,49 @@ def in_place_outputs(graph: Graph, step: Segment) -> dict[int, int]:
     for k, i in graph.aliases.items():
         out, source = graph.outputs[k], graph.inputs[i]
         node = out.producer
-        position = get_op(node.op).in_place if node is not None else None
+        position = None if node is None else get_op(node.op).in_place
+        if position is None and node is not None and _elementwise_update(
+                graph, step, node, source, users):
+            position = node.inputs.index(source)
         if position is None or node.inputs[position] is not source or \
-                [n for n in users.get(source, ()) if n is not node] or \
+                not _read_before(graph, step, node, source, users) or \
                 id(out) not in escaping or all(v is not source for v in data) or \
                 sum(1 for v in graph.outputs if v is out) != 1:
             continue
         found[escaping[id(out)]] = next(d for d, v in enumerate(data) if v is source)
     return found
+
+
+def _read_before(graph: Graph, step: Segment, node: Node, source: Value, users: dict) -> bool:
+    """Whether every node reading `source` but `node` is in a kernel of `step` that runs
+    before `node`'s (kernels run in their order, each to its end)."""
+    others = [n for n in users.get(source, ()) if n is not node]
+    if not others:
+        return True
+    where = {id(n): k for k, n in enumerate(step.nodes)}
+    if id(node) not in where or any(id(n) not in where for n in others):
+        return False
+    kernel = {k: g for g, group in enumerate(segment_groups(step, graph.groups))
+              for k in group}
+    mine = kernel[where[id(node)]]
+    return all(kernel[where[id(n)]] < mine for n in others)
+
+
+def _elementwise_update(graph: Graph, step: Segment, node: Node, source: Value,
+                        users: dict) -> bool:
+    """Whether `node` is an elementwise or broadcasting op that reads input `source`, of its
+    output's type, once, and whose kernel reads its output nowhere else (an inlined read
+    would load `source` at another element, maybe after it was written)."""
+    if get_op(node.op).pattern not in (Pattern.ELEMWISE, Pattern.BROADCAST) or \
+            len(node.outputs) != 1 or node.outputs[0].type != source.type or \
+            sum(1 for v in node.inputs if v is source) != 1:
+        return False
+    where = {id(n): k for k, n in enumerate(step.nodes)}
+    if id(node) not in where:
+        return False
+    group = next(g for g in segment_groups(step, graph.groups) if where[id(node)] in g)
+    members = {id(step.nodes[k]) for k in group}
+    return not any(id(n) in members for n in users.get(node.outputs[0], ()))
 
 
 def _read_through_output(kernel: Kernel, source: Value, out: Value) -> None:
@@ -187,7 +226,8 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
         needed = list(group[-1].outputs) + \
             [v for n in group[:-1] for v in n.outputs if id(v) in escaping_ids]
         try:
-            kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed, sites=members)
+            kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed, sites=members,
+                                 in_place=frozenset(over))
         except NoCompute:
             for i in members:   # the node without a loop form runs on the host from now on
                 if not has_loop_form(nodes[i]):

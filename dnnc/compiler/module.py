@@ -251,7 +251,8 @@ class CompiledModel:
         fix for static shapes). C-order NumPy `args`: the runtime's unchecked `fast_call`
         (None where it has none, or the specialisation is not compiled yet); else the
         arguments as `check_inputs` makes them (NumPy arrays, `DeviceArray`s), run without
-        the checks. None for a model of symbolic shapes."""
+        the checks (through the runtime's `bound_call` where it has one: cuda's goes
+        straight to the model's one segment). None for a model of symbolic shapes."""
         if len(args) != len(self.input_types) or \
                 not all(t.is_static for t in self.input_types):
             return None
@@ -260,7 +261,12 @@ class CompiledModel:
             if fast is None or not all(a.flags.c_contiguous for a in args):
                 return None
             return fast(list(args), checked=False)
-        return functools.partial(self._run, bindings={}, to=to)
+        if to is not None:
+            check_returns(self.target, "to", to)
+        # a target's own unchecked path for its arrays (cuda: device arrays), else `_run`
+        bound = getattr(self.runtime, "bound_call", None)
+        run = bound(list(args), to) if bound is not None else None
+        return run or functools.partial(self._run, bindings={}, to=to)
 
     def _only_kind(self) -> str | None:
         """The one kind of array this target returns, None where it returns several."""

@@ -56,6 +56,94 @@ def test_the_callers_cache_holds_each_steps_value(rng, target, old_read):
         assert list(seg.in_place) == ([] if old_read else [0])   # escaping output 0
 
 
+@pytest.mark.parametrize("target", ["numpy", "llvm"])
+def test_a_position_written_twice_keeps_its_last_value(rng, target):
+    model = dnnc.compile(cache_graph(False), target, cache=False)
+    cache = rng.standard_normal((2, 6, 4)).astype(np.float32)
+    for pos in ([3, 3], [-2, 4], [0, 0]):
+        pos = np.array(pos, np.int64)
+        x = rng.standard_normal((2, 2, 4)).astype(np.float32)
+        want, _ = reference(cache.copy(), pos, x, False)
+        model(cache, pos, x)
+        np.testing.assert_array_equal(cache, want)
+
+
+def test_an_in_place_write_stores_only_its_positions():
+    """Computed in the cache's array, the IndexCopy kernel loops over the written rows alone
+    (`OpDef.updates`), not over the whole cache with a Select per position."""
+    from dnnc.ir import loop as L
+
+    model = dnnc.compile(cache_graph(False, width=8), "llvm", cache=False)
+    (seg,) = model.runtime.compiled_segments()
+    (kernel,) = [k for k in seg.kernels if k.anchor.op == "IndexCopy"]
+    stores = [n for n in L.walk(kernel.func.body) if isinstance(n, L.Store)]
+    loops = [n.extent.value for n in L.walk(kernel.func.body) if isinstance(n, L.For)]
+    assert [s.buffer.name for s in stores] == [kernel.func.params[3].name]
+    assert np.prod(loops) == 2 * 2 * 8   # the updates' elements, not the cache's 2 * 6 * 8
+
+
+def counter_graph(read_after: bool) -> Graph:
+    """count + 1 written into count (a counter beside a cache); with `read_after`, also
+    (count + 1) * 2, which fusion puts in the Add's kernel."""
+    g = Graph("counter")
+    count = g.add_input("count", T.TensorType(T.int64, (3,)))
+    one = Value("one", T.TensorType(T.int64, ()), const=np.array(1, np.int64))
+    new = g.add("Add", count, one)
+    g.outputs = [new]
+    if read_after:
+        two = Value("two", T.TensorType(T.int64, ()), const=np.array(2, np.int64))
+        g.outputs.append(g.add("Mul", new, two))
+    g.aliases = {0: 0}
+    g.verify()
+    return g
+
+
+@pytest.mark.parametrize("read_after", [False, True])
+def test_an_elementwise_update_is_computed_in_its_input(read_after):
+    """An elementwise op's output written into its own input is computed there, unless its
+    kernel reads it again (an inlined read would see the new value)."""
+    model = dnnc.compile(counter_graph(read_after), "llvm", cache=False)
+    count = np.array([0, 5, -2], np.int64)
+    for step in range(1, 4):
+        got = model(count)
+        np.testing.assert_array_equal(count, [step, 5 + step, step - 2])
+        if read_after:
+            np.testing.assert_array_equal(got[1], 2 * count)
+    (seg,) = model.runtime.compiled_segments()
+    fused = len(seg.kernels) == 1
+    assert list(seg.in_place) == ([] if read_after and fused else [0])
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_an_input_read_elsewhere_is_updated_in_place_after_its_readers(first):
+    """gpt2's counter: the positions its cache writes at read the old count, then `+ 1`
+    writes it. In place where the other reader's kernel runs first (the input's old value
+    is read there, before the update's kernel); computed apart where it runs after."""
+    g = Graph("counter")
+    count = g.add_input("count", T.TensorType(T.int64, (3,)))
+
+    def const(name, value):
+        return Value(name, T.TensorType(T.int64, ()), const=np.array(value, np.int64))
+
+    def positions():
+        return g.add("Mul", count, const("three", 3))
+
+    before = positions() if first else None
+    new = g.add("Add", count, const("one", 1))
+    after = positions() if not first else None
+    g.outputs = [new, before if first else after]
+    g.aliases = {0: 0}
+    g.verify()
+    model = dnnc.compile(g, "llvm", cache=False)
+    count = np.array([0, 5, -2], np.int64)
+    for step in range(1, 4):
+        got = model(count)
+        np.testing.assert_array_equal(count, [step, 5 + step, step - 2])
+        np.testing.assert_array_equal(got[1], 3 * (count - 1))   # the old count's
+    (seg,) = model.runtime.compiled_segments()
+    assert list(seg.in_place.values()) == ([0] if first else [])   # data input 0
+
+
 def test_a_strided_cache_is_written_back(rng):
     model = dnnc.compile(cache_graph(False), "llvm", cache=False)
     whole = np.zeros((2, 6, 8), np.float32)

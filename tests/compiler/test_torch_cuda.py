@@ -133,7 +133,9 @@ def test_static_cache_generate_on_cuda_compiles_prefill_and_decode_once():
     assert prefill.partitions == decode.partitions == 1 and not decode.torch_ops, \
         [r.torch_ops for r in reports]
     (segment,) = decode.models[0].runtime.compiled_segments()
-    assert len(segment.in_place) == 4
+    # every write computed in place: the caches, and the counters beside them (after
+    # the kernels reading their old values)
+    assert len(segment.in_place) == len(decode.models[0].graph.aliases) >= 4
 
 
 def test_a_cache_write_on_cuda_writes_the_cache_tensor_in_place():

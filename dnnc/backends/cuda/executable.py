@@ -42,6 +42,7 @@ without one): `source()` works, running raises the `DeviceError` saying what is 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from collections import OrderedDict
@@ -88,7 +89,8 @@ COPIED_INPUT_BYTES = 4096
 read in place: a decode step's token ids, positions and mask are new tensors each step at
 addresses torch's allocator cycles through, and reading them in place keyed a graph capture
 on them (29 captures in a 64-token gpt2 generate on an H200, ~1 ms each under cProfile); a
-copy of a few bytes costs one memcpyAsync."""
+copy of a few bytes costs one memcpyAsync. Not an input the segment writes in place (a
+counter beside a KV cache: the caller's state, whose address recurs)."""
 
 DEVICE_MEMORY = (2, 3)
 """cudaPointerAttributes types a kernel of this device can read: device and managed."""
@@ -298,6 +300,35 @@ class CUDARuntime(Executable):
         finally:
             self._checking.runs = None
 
+    def bound_call(self, inputs: list, outputs: str | None = None):
+        """`run` for calls whose inputs have the shapes and dtypes of `inputs`, unchecked: the
+        caller vouches for every call's (`CompiledModel.bound_call`: a torch partition, whose
+        arguments dynamo's guards fix). The call goes straight to the model's one segment
+        (`one_segment`), without the plan's walk, the specialisation's lookup or the checks
+        of `run`; None where the model is not one such segment compiled for these shapes."""
+        one = self.one_segment(inputs) if not self.render_only else None
+        if one is None:
+            return None
+        _, seg, positions, returned = one
+        kind = self._outputs if outputs is None else _output_kind(outputs)
+        data = [p for p, v in zip(positions, seg.step.inputs) if v.const is None]
+        checking = self._checking
+
+        def call(args) -> list:
+            self._raise_pending()
+            checking.runs = []
+            try:
+                with self._caller_stream(args):
+                    outs = seg.run_data([args[p] for p in data], self._frame(seg))
+                    outs = self._deliver(self.write_aliases(args, [outs[j] for j in returned]),
+                                         kind)
+                    self._defer_recorded()
+                    return outs
+            finally:
+                checking.runs = None
+
+        return call
+
     def checked(self, segment: "_CompiledSegment", frame: _Frame) -> None:
         """A segment whose kernels check indices ran on `frame` in this thread's call: its
         record is read when the call's outputs are delivered (`_raise_recorded`)."""
@@ -314,8 +345,11 @@ class CUDARuntime(Executable):
         H200 (0.219 against 0.121 ms), waiting at the next call's start 1.48x: the caller's
         launches no longer overlapped the GPU's work."""
         runs, self._checking.runs = self._checking.runs, None
-        if runs:
-            event = self.cupy.cuda.Event(disable_timing=True)
+        if runs:   # (one event a thread, recorded again by each call: a later record passes
+            #        after an earlier one, so an older pending record is read no sooner)
+            event = getattr(self._checking, "event", None)
+            if event is None:
+                event = self._checking.event = self.cupy.cuda.Event(disable_timing=True)
             event.record()
             _, older = getattr(self._checking, "pending", None) or (None, [])
             self._checking.pending = (event, older + [r for r in runs if r not in older])
@@ -452,8 +486,7 @@ class CUDARuntime(Executable):
                 tensors.append(None)
                 continue
             dtype = v.type.dtype.np
-            kind = torch.bfloat16 if dtype.name == "bfloat16" else \
-                torch.from_numpy(np.empty(0, dtype)).dtype
+            kind = _torch_dtype(torch, dtype)
             face = _face(a)
             if face is None:   # a host step's output
                 host = np.ascontiguousarray(a)
@@ -591,10 +624,15 @@ class _CompiledSegment(CompiledSegment):
         data = [i for i, v in enumerate(step.inputs) if v.const is None]
         self.input_types = [(self.shapes[i], step.inputs[i].type.dtype.np) for i in data]
         self.input_names = [step.inputs[i].name for i in data]
-        self.copied = [_nbytes(s, d) <= COPIED_INPUT_BYTES for s, d in self.input_types]
+        self.input_nbytes = [_nbytes(s, d) for s, d in self.input_types]
+        # (an input the segment writes in place is the caller's state, at an address that
+        # recurs: read in place however small, it is neither copied in nor back)
+        written = set(self.in_place.values())
+        self.copied = [n <= COPIED_INPUT_BYTES and d not in written
+                       for d, n in enumerate(self.input_nbytes)]
         self.output_types = [(tuple(t.shape), t.dtype.np) for t in self.escaping_types]
         self.layout = _Layout.of(self.arena_bytes, self.workspace_bytes,
-                                 [_nbytes(s, d) for s, d in self.input_types],
+                                 self.input_nbytes,
                                  [_nbytes(s, d) for s, d in self.output_types])
         self.cupy = rt.cupy
         self.rt = rt
@@ -701,9 +739,8 @@ class _CompiledSegment(CompiledSegment):
         cupy = self.cupy
         runtime = cupy.cuda.runtime
         keep = []
-        for a, face, dst, at, (shape, dtype) in zip(data, faces, frame.inputs, places,
-                                                    self.input_types):
-            nbytes = _nbytes(shape, dtype)
+        for a, face, dst, at, nbytes in zip(data, faces, frame.inputs, places,
+                                            self.input_nbytes):
             if at != dst or not nbytes:
                 continue
             if face is not None:
@@ -728,8 +765,11 @@ class _CompiledSegment(CompiledSegment):
         C-order device inputs are read in place when a graph on their addresses exists or
         these addresses come for the second time (then captured); else every input is
         copied into the frame's own buffers and their graph replayed."""
+        return self.run_data(self._data(arrays), frame)
+
+    def run_data(self, data: list, frame: _Frame) -> list:
+        """`run` given the data inputs alone (its constants are the segment's own)."""
         stream = self.cupy.cuda.get_current_stream()
-        data = self._data(arrays)
         faces = [_face(a) for a in data]
         places = tuple(own if small else _direct_address(f) or own
                        for f, own, small in zip(faces, frame.inputs, self.copied))
@@ -868,8 +908,20 @@ class _CompiledSegment(CompiledSegment):
         return list(frame.outputs), rows
 
 
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_dtype(torch, dtype: np.dtype):
+    """The PyTorch dtype of NumPy's `dtype` (bfloat16's too), looked up once."""
+    kind = _TORCH_DTYPES.get(dtype)
+    if kind is None:
+        kind = _TORCH_DTYPES[dtype] = torch.bfloat16 if dtype.name == "bfloat16" else \
+            torch.from_numpy(np.empty(0, dtype)).dtype
+    return kind
+
+
 def _nbytes(shape, dtype: np.dtype) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return math.prod(shape) * np.dtype(dtype).itemsize   # (np.prod: ~3 us a call)
 
 
 def _face(a) -> dict | None:
@@ -886,7 +938,7 @@ def _direct_address(face: dict | None) -> int | None:
     if face is None or face["data"][0] % VECTOR_ALIGN:
         return None
     shape, strides = tuple(face["shape"]), face.get("strides")
-    if not int(np.prod(shape, dtype=np.int64)):
+    if not math.prod(shape):
         return None
     if strides is not None and tuple(strides) != \
             _c_strides(shape, np.dtype(face["typestr"]).itemsize):

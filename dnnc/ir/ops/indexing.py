@@ -24,7 +24,8 @@ from .. import batching
 from .. import types as T
 from ...errors import IndexRangeError
 from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_sum
-from ..loop import Select, const, eq, index_checks, logical_and, maximum, minimum
+from ..loop import (Select, const, eq, index_checks, logical_and, logical_or, maximum,
+                     minimum, ne)
 from .index_exprs import as_index, check_sizes_bound, clamp_index, const_int, unravel
 from .infer import check_dtype, check_same_dtype, normalize_axis
 from .registry import Pattern, register_op
@@ -357,8 +358,17 @@ def index_copy(data, index, updates, axis):
 
 
 INDEX_COPY_MOST = 64
-"""Positions an IndexCopy kernel compares each element against (one Select each): a decode
-step writes 1, a prompt its length; a longer index runs on the host."""
+"""Positions an IndexCopy kernel compares each element against (one Select each; in place,
+each written element against the later positions): a decode step writes 1, a prompt its
+length; a longer index runs on the host."""
+
+
+def _index_copy_count(index) -> int:
+    count = const_int(index.shape[0])
+    if count is None or count > INDEX_COPY_MOST:
+        raise NoCompute(f"IndexCopy of {index.shape[0]} positions (at most {INDEX_COPY_MOST} "
+                        f"on a target)")
+    return count
 
 
 def _index_copy_rule(inputs, outputs, axis):
@@ -366,10 +376,7 @@ def _index_copy_rule(inputs, outputs, axis):
     # Select per position, reading data only at the element's own index (`in_place=0`)
     data, index, updates = inputs
     axis %= data.ndim
-    count = const_int(index.shape[0])
-    if count is None or count > INDEX_COPY_MOST:
-        raise NoCompute(f"IndexCopy of {index.shape[0]} positions (at most {INDEX_COPY_MOST} "
-                        f"on a target)")
+    count = _index_copy_count(index)
 
     def element(*i):
         out = data[i]
@@ -383,8 +390,28 @@ def _index_copy_rule(inputs, outputs, axis):
     return [compute(outputs[0].shape, element, dtype=outputs[0].dtype)]
 
 
+def _index_copy_updates(inputs, outputs, axis):
+    # in place (`OpDef.updates`): each element of `updates` stored at its position, unless a
+    # later position of the index is the same one (the last write wins, as the reference's)
+    data, index, updates = inputs
+    axis %= data.ndim
+    count = _index_copy_count(index)
+    values = compute(updates.shape, lambda *i: updates[i], dtype=outputs[0].dtype)
+
+    def where(*i):
+        def position(j):
+            return _index(index[(j,)], data.shape[axis])
+        at = position(i[axis])
+        last = logical_and(*(logical_or(i[axis] >= j, ne(position(const(j)), at))
+                             for j in range(1, count)))
+        return (*i[:axis], at, *i[axis + 1:]), (last if count > 1 else None)
+
+    return values, where
+
+
 register_op("IndexCopy", pattern=Pattern.OPAQUE, infer=_index_copy_infer, evaluate=index_copy,
-            attrs={"axis": 0}, inputs=3, compute=_index_copy_rule, in_place=0)
+            attrs={"axis": 0}, inputs=3, compute=_index_copy_rule, in_place=0,
+            updates=_index_copy_updates)
 
 # -- selections of data-dependent size: Compress, NonZero ----------------------------------------
 

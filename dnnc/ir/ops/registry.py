@@ -71,6 +71,11 @@ class OpDef:
     # the input whose buffer the output may take (an in-place update, `Graph.aliases`): the
     # compute rule reads each element of it only for the output element at the same index
     in_place: int | None = None
+    # the op's loop form where its output is computed in that input's array: (inputs,
+    # outputs, **attrs) -> (a tensor of the values it writes, `where(*i)` -> (the output
+    # index its element i goes to, the condition of that store or None)); the elements it
+    # leaves as they were are not touched (a KV cache's one new row, not a pass over all)
+    updates: Callable | None = None
 
     def run(self, inputs: list, attrs: dict) -> list[np.ndarray]:
         """Evaluate the NumPy reference; always returns a list of outputs."""

@@ -652,6 +652,43 @@ def test_conv_configs_are_correct(rng, cfg):
     check_configs_on_cpu(CONV2D, problem, kernel, configs, xs, want, atol=1e-4)
 
 
+@pytest.mark.parametrize("pos", [[5], [2, -1], [3, 3, 0]])
+def test_a_cache_written_in_place_stores_only_its_rows(rng, pos):
+    """IndexCopy computed in its cache's array (`plan.in_place_outputs`): one thread an
+    updated element, stores at the written positions only, the last of a repeated one wins;
+    emulated on the CPU over a cache whose other rows must stay as they were."""
+    from dnnc.backends.plan import build_program, in_place_outputs, segment_groups
+    from dnnc.ir.segments import plan_steps
+    from dnnc.passes.manager import optimize
+
+    g = Graph("cache")
+    cache = g.add_input("cache", T.TensorType(T.float32, (2, 3, 8, 16)))
+    index = g.add_input("pos", T.TensorType(T.int64, (len(pos),)))
+    x = g.add_input("x", T.TensorType(T.float32, (2, 3, len(pos), 16)))
+    g.outputs = [g.add("IndexCopy", cache, index, x, axis=2)]
+    g.aliases = {0: 0}
+    graph = optimize(g, MACHINE, 3)
+    (step,) = plan_steps(graph)
+    program = build_program(step, tuple(v.type.shape for v in step.inputs), (),
+                            segment_groups(step, graph.groups),
+                            lambda k: schedule_kernel(k, MACHINE), True,
+                            in_place_outputs(graph, step))
+    (kernel,) = program.kernels
+    _, k = render_func(kernel.func)
+    (launch,) = k.launches
+    assert launch.grid[0] * launch.block[0] < 2 * 3 * 8 * 16   # not a pass over the cache
+    old = rng.standard_normal((2, 3, 8, 16)).astype(np.float32)
+    xs = rng.standard_normal((2, 3, len(pos), 16)).astype(np.float32)
+    at = np.array(pos, np.int64)
+    want = old.copy()
+    want[:, :, at % 8] = xs
+    out = old.copy()   # the cache's own array: the kernel reads and writes it there
+    run_on_cpu([kernel.func], {kernel.func.name: [old.copy(), at, xs, out,
+                                                  np.zeros(3, np.int64)][
+        :len(kernel.func.params)]})
+    np.testing.assert_array_equal(out, want)
+
+
 def check_configs_on_cpu(template, problem, kernel, configs, x, want, rtol=1e-4, atol=1e-5):
     """`template` built under each of `configs` (checked against its space), verified,
     rendered, and run emulated on the CPU on `x` and the kernel's constants: each output

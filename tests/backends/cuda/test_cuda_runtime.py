@@ -7,6 +7,7 @@ test_cuda_calls.py's.
 Named test_cuda_runtime.py: the test folders have no __init__.py, so a second
 test_runtime.py (tests/backends/llvm/ has one) would not import."""
 
+import functools
 import os
 import threading
 import time
@@ -661,3 +662,61 @@ def test_an_output_written_into_an_input_is_computed_at_the_callers_array(simula
     (places,) = frame.graphs   # (the cache at the caller's address: the captured graph's)
     assert places[d] == cache.ctypes.data and \
         seg._ext(places, frame.ext[len(places):])[seg.n_inputs + e] == cache.ctypes.data
+
+
+def test_a_small_input_written_in_place_is_read_at_the_callers_array(simulated):
+    """A counter beside a cache (`count + 1` written into `count`, 24 bytes): below
+    COPIED_INPUT_BYTES, but the caller's state at a recurring address, so it is read and
+    written in place by the captured graph from the second call on, not copied in and back."""
+    import sys
+
+    from dnnc.passes.manager import optimize
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_aliases import counter_graph
+    from dnnc.backends.cuda.executable import CUDARuntime
+
+    target = REGISTRY["cuda"].target()
+    rt = CUDARuntime(optimize(counter_graph(False), target, 3), target=target,
+                     outputs="cupy").start()
+    (seg,) = rt.compiled_segments()
+    assert seg.in_place == {0: 0} and seg.copied == [False]
+    count = np.zeros(3, np.int64).view(FakeArray)
+    for _ in range(3):
+        assert rt.run([count], {})[0] is count
+    (places,) = seg.frames.frame.graphs
+    assert places == (count.ctypes.data,)
+
+
+def test_a_bound_call_runs_the_one_segment_unchecked(simulated, rng):
+    """`CompiledModel.bound_call` on device arrays: the runtime's `bound_call`, straight to
+    the model's one compiled segment (not `run`'s plan walk), reading the arrays it is given
+    each call, and writing an aliased output into its input as `run` does."""
+    import sys
+
+    from dnnc.backends.cuda.executable import CUDARuntime
+    from dnnc.compiler.module import CompiledModel, DeviceArray
+    from dnnc.passes.manager import optimize
+
+    rt = simulated(relu_model([3, 5]), outputs="numpy")
+    model = CompiledModel(rt.graph, rt, "cuda")
+    first = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+    model(DeviceArray(Interface(first)))
+    call = model.bound_call(DeviceArray(Interface(first)), to="numpy")
+    assert not isinstance(call, functools.partial)
+    rt.run = None   # (not through run)
+    for _ in range(3):
+        x = rng.uniform(0.5, 2.0, (3, 5)).astype(np.float32)
+        (y,) = call([DeviceArray(Interface(x))])
+        np.testing.assert_array_equal(y, x)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_aliases import counter_graph
+
+    target = REGISTRY["cuda"].target()
+    rt = CUDARuntime(optimize(counter_graph(False), target, 3), target=target,
+                     outputs="cupy").start()
+    model = CompiledModel(rt.graph, rt, "cuda")
+    count = np.zeros(3, np.int64).view(FakeArray)
+    call = model.bound_call(DeviceArray(count))
+    for _ in range(3):
+        assert call([DeviceArray(count)])[0] is count
