@@ -130,9 +130,9 @@ def pad_plane(x: L.Buffer, bn: L.Expr, ch: L.Expr, image_hw, begins, padded_hw,
                                           fill))]
 
     # a phase's columns are copied in vectors of COPY_LANES (at stride S one wide load and a
-    # shuffle each: scalar loads and stores, one an element, cost as much as the layer's taps
-    # and, the two vCPUs of this 2-core host sharing a core's ports, did not get faster on 2
-    # threads) where the vectoriser takes the load: float32 planes of float32 images
+    # shuffle each: with scalar loads and stores, one an element, a 2-vCPU znver4 VM ran the
+    # 3x3 stride-2 layers no faster on 2 threads than on 1, for reasons not established)
+    # where the vectoriser takes the load: float32 planes of float32 images
     vectors = phases > 1 and load is None and dtype == T.float32 and x.dtype == T.float32
     # only the border is filled (the image's rows are written once, not filled first: a
     # whole-plane fill before the copy doubled the stores, and at 2 threads the 3x3 stride-2
