@@ -7,6 +7,7 @@ kernels against the GPU's copy bandwidth.
                                 [--precision tf32|fp16|bf16] [--dense-shapes MxKxN,...]
                                 [--storages fp32,16,16/out] [--wgmma-variants]
                                 [--variant-set mma|pipeline|shallow] [--graphs]
+                                [--configs 'knob=value,...;...']
 
 Each case builds a small graph, lowers it as one kernel (`lower_group`), schedules it with
 the cuda templates' default config and, unless `--no-variants`, with the previous default
@@ -399,6 +400,25 @@ def _dense_variants(k: int, precision: str = "fp32", m: int = 0,
             for split in (1, 2, 4, 8) if split == 1 or k >= split * MIN_SPLIT_K]
 
 
+def parse_configs(text: str) -> list[dict]:
+    """`--configs`: dense configs as `knob=value,...` separated by `;` (values ints or
+    True / False), each a complete tensor-core config where it sets block_m (the knobs a
+    variant leaves out as `_dense_variants` sets them: no wgmma, no refill, direct, unsplit),
+    else overrides of the default."""
+    configs = []
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        knobs = {}
+        for pair in item.split(","):
+            name, value = (x.strip() for x in pair.split("="))
+            knobs[name] = {"True": True, "False": False}.get(value) if value in (
+                "True", "False") else int(value)
+        if "block_m" in knobs:
+            knobs = {"wgmma": False, "early_refill": False, "refill_first": False,
+                     "staged": False, "split_k": 1, **knobs}
+        configs.append(knobs)
+    return configs
+
+
 UNIT = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 """Unit roundoff of an operand rounded to a reduced precision (test_cuda_precision.py)."""
 
@@ -461,20 +481,32 @@ def torch_call(case: Case):
     return None if torch is None else case.torch(torch.from_numpy(case.x).cuda())
 
 
-def build(case: Case, machine: Target, overrides: dict, tf32_operands: bool = False):
+def build(case: Case, machine: Target, overrides: dict, tf32_operands: bool = False,
+          y_dtype: T.DType | None = None):
     """(the scheduled PrimFunc, its config) of the case's graph as one kernel;
     `tf32_operands`: a product's operands taken as tf32 values already (as in a model at
     tf32, where passes/store_tf32.py has their producers store them so: `run_kernel` then
-    feeds them rounded)."""
+    feeds them rounded); `y_dtype`: the config as for a product storing Y in that type (the
+    16-bit rows', which `stored_16bit` builds; the PrimFunc stays the graph's)."""
     kernel = lower_group(list(case.graph.nodes), case.name, outputs=case.graph.outputs)
     template, problem = template_for(kernel, machine=machine)
     if tf32_operands:
         problem = dataclasses.replace(problem, a_tf32=True, b_tf32=True)
+    if y_dtype is not None:
+        y = problem.y
+        config = _config(template, dataclasses.replace(
+            problem, y=L.Buffer(y.name, y_dtype, y.shape, y.scope)), machine, overrides)
+        return kernel, template.build(problem, config, machine), config
+    config = _config(template, problem, machine, overrides)
+    return kernel, template.build(problem, config, machine), config
+
+
+def _config(template, problem, machine: Target, overrides: dict):
+    """`template`'s default config of `problem` with `overrides`, checked in its space."""
     config = template.default(problem, machine)
     if overrides:
         config = dataclasses.replace(config, **overrides)
-    config = template.space(problem, machine).check(config)
-    return kernel, template.build(problem, config, machine), config
+    return template.space(problem, machine).check(config)
 
 
 def run_kernel(cp, kernel, func, x_dev, tf32: bool = False):
@@ -580,7 +612,9 @@ def dense_table(cp, machine: Target, args) -> int:
     if args.dense_epilogue:
         print(f"epilogue {args.dense_epilogue} fused (cuBLAS: the product alone)")
     for case in dense_cases(shapes, args.b_layout, args.dense_epilogue):
-        if precision != "fp32":
+        if args.configs:
+            case.variants = parse_configs(args.configs)
+        elif precision != "fp32":
             case.variants = [v for v in _dense_variants(case.x.shape[1], precision,
                                                         case.x.shape[0],
                                                         args.variant_set)
@@ -631,13 +665,15 @@ def dense_table(cp, machine: Target, args) -> int:
         for storage, overrides in [(s, o) for s in storages for o in [{}] + (
                 [] if args.no_variants else case.variants)]:
             try:
-                kernel, func, config = build(case, machine, overrides, storage == "tf32")
+                kernel, func, config = build(
+                    case, machine, overrides, storage == "tf32",
+                    mma.STORAGE[precision] if storage.endswith("/out") else None)
             except Exception as exc:   # a variant outside this problem's space
                 print(f"{'dense':12s} {case.label:18s} {str(overrides)[:W]:{W}s} skipped: "
                       f"{str(exc).splitlines()[0][:60]}")
                 continue
-            if storage.endswith("/out") and (not overrides or args.variant_set == "pipeline"):
-                # the default's (and the pipeline variants') staging of a 16-bit Y
+            if storage.endswith("/out") and overrides and args.variant_set == "pipeline" \
+                    and not args.configs:   # the pipeline variants staged as the default
                 config = mma.staged_by_default(config, mma.STORAGE[precision], precision)
             if (storage, config) in measured:
                 continue
@@ -763,6 +799,11 @@ def main(argv=None) -> int:
                         help="the dense variants at a reduced precision: MMA_VARIANTS, "
                              "PIPELINE_VARIANTS (wgmma tiles, refill_first, 192 columns) or "
                              "SHALLOW_VARIANTS (tiles for k <= 256, direct and staged)")
+    parser.add_argument("--configs", default="",
+                        help="dense configs timed beside the default in place of the variant "
+                             "set: knob=value,... separated by ';' (a config naming block_m "
+                             "is whole: unnamed knobs off, split 1; else overrides of the "
+                             "default), e.g. an earlier default beside the new one")
     parser.add_argument("--graphs", action="store_true",
                         help="the dense rows timed as CUDA graphs of their launches (dnnc's "
                              "by CuPy, cuBLAS's through torch): the kernels' time without the "

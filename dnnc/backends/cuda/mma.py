@@ -53,7 +53,8 @@ at every precision; the dense default picks it on sm_90 at fp16 and bf16 (`WGMMA
 `WGMMA_PRECISIONS`; DNNC_WGMMA=0 turns it off, =1 on at tf32 too).
 
 With the `staged` knob (staged.py) results go through shared memory and are stored in
-vector runs, through epilogues that read memory too. Not yet: TMA on sm_90; the next k
+vector runs, through epilogues that read memory too; the defaults stage a 16-bit Y
+(`staged_by_default`). Not yet: TMA on sm_90; the next k
 tile's first fragments loaded before this tile's last mmas (CUTLASS's overlap of the
 barrier); fp32 operands at fp16 / bf16 and tf32 operands
 contiguous along their rows through cp.async (converting or transposing in shared memory);
@@ -254,7 +255,8 @@ of a block's k loop, which products of k = 192 are bound by."""
 SHALLOW_K = 256
 SHALLOW_EFFICIENCY = (0.3, 0.35, 0.4, 0.4, 0.5, 0.6, 0.45, 0.3)
 """Products of k at most SHALLOW_K where wgmma is on offer (the dense products at fp16 and
-bf16 on sm_90, what was measured; convolutions and tf32 keep EFFICIENCY): each DEFAULTS
+bf16 on sm_90, what was measured; convolutions and tf32 keep EFFICIENCY) but for those
+SHALLOW_STAGED_TILE takes (a staged 16-bit Y of SHALLOW_STAGED_OUTPUTS or more): each DEFAULTS
 tile's guessed efficiency there, and no wgmma tile. A block of a few k tiles spends its
 time filling its pipeline and storing its outputs, which small tiles in many blocks overlap: on an H200 at fp16, 6304 x 192 x 576
 (vit's qkv at batch 32) took 14.0 us in 32 x 64 tiles, 17.2 in 64 x 64, 19.4 in the best
@@ -270,6 +272,17 @@ fastest tile timed at convnext_tiny's batch-32 products of k 96 and 192 (100352 
 66.2 us against 78.7 for the 32 x 64 of SHALLOW_EFFICIENCY, cuBLAS 61.1; 25088 x 192 x 768:
 41.4 against 51.1, cuBLAS 45.5), where at vit's 6304 x 192 x 576 (3.6 M outputs) 32 x 64 was
 (14.0 against 19.7)."""
+
+SHALLOW_STAGED_OUTPUTS = 1 << 20
+SHALLOW_STAGED_TILE = TensorCoreConfig(128, 128, 64, 8, 1, 5, wgmma=True)
+"""Shallow products (k at most SHALLOW_K, where wgmma is on offer) of at least
+SHALLOW_STAGED_OUTPUTS results that are staged (`results_staged`: a 16-bit Y) take
+SHALLOW_STAGED_TILE (its k tile the precision's `wgmma.block_k`), staged: they are bound by
+storing Y, which the staged tile stores in whole lines. On an H200 (bench/gpu_kernels.py
+--graphs, 16-bit in and out, against cuBLAS) vit b32's 6304 x 192 x 576 took 7.3 us so at fp16
+against 10.9 for the 32 x 64 mma.sync tile that was the default (0.87 of cuBLAS against
+0.58), 18.2 with this tile's results stored directly; 6304 x 192 x 192 4.2 against 5.1 (0.96
+against 0.77); at bf16 0.75 against 0.54 and 0.84 against 0.67."""
 
 SHALLOWEST_K = 32
 """mma.sync tiles whose k tile would be shallower (128 x 256 at tf32: 16 deep in 3 stages)
@@ -316,15 +329,19 @@ def wgmma_by_default(arch: str | None, precision: str = "fp16", rounded: bool = 
 
 
 def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
-                shallow_rule: bool = True):
+                shallow_rule: bool = True, staged: bool = False):
     """(config without split, guessed efficiency) of the tiles the default tries for a
     product of depth `k` and `outputs` results (m n, every batch); `shallow_rule`: whether
-    SHALLOW_K's tiles apply (dense products; a convolution's do not)."""
+    SHALLOW_K's tiles apply (dense products; a convolution's do not); `staged`: whether its
+    results will be staged (`results_staged`: a 16-bit Y)."""
     from . import wgmma   # (it builds on this module's tiles)
 
     if precision == "tf32" and (k <= SHALLOW_K or outputs < TF32_WGMMA_OUTPUTS):
         with_wgmma = False
     shallow = shallow_rule and with_wgmma and k <= SHALLOW_K
+    if shallow and staged and outputs >= SHALLOW_STAGED_OUTPUTS:
+        yield replace(SHALLOW_STAGED_TILE, block_k=wgmma.block_k(precision)), 1.0
+        return
     if shallow and outputs >= SHALLOW_LARGE:
         yield SHALLOW_LARGE_TILE, 1.0
         return
@@ -343,16 +360,18 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
            precision: str = "fp16", wgmma: bool = False,
-           shallow_rule: bool = True) -> TensorCoreConfig:
+           shallow_rule: bool = True, staged: bool = False) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
     fastest (its guessed efficiency, slowed where its blocks cannot fill the GPU or leave
     the last of their waves part empty, plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59).
-    `shallow_rule`: SHALLOW_K's tiles for shallow products (dense ones; see SHALLOW_EFFICIENCY)."""
+    `shallow_rule`: SHALLOW_K's tiles for shallow products (dense ones; see SHALLOW_EFFICIENCY);
+    `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE)."""
     best, best_time = None, math.inf
-    for base, efficiency in _candidates(precision, wgmma, k, m * n * batch, shallow_rule):
+    for base, efficiency in _candidates(precision, wgmma, k, m * n * batch, shallow_rule,
+                                        staged):
         bm, bn = base.block_m, base.block_n
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
@@ -844,25 +863,34 @@ def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
     return staged_by_default(choose(
         p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
         wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
-                               p.a_tf32 and p.b_tf32)), p.y.dtype, machine.precision)
+                               p.a_tf32 and p.b_tf32), staged=results_staged(p.y.dtype)),
+        p.y.dtype, machine.precision)
 
 
 STAGED_OUTPUTS = (T.float16, T.bfloat16)
-"""Outputs whose wgmma products the default stages (staged.py) unless DNNC_STAGED=0: a
-direct store of a 16-bit Y writes a lane's 4 bytes, a warp's store 8 rows of 16 bytes, where
-the staged one stores runs of a row. On an H200 (bench/gpu_kernels.py, fp16 stored in and
-out, against cuBLAS's fp16 product): 4096^3 0.82 staged against 0.76 direct (128 x 256, 4
+"""Outputs whose products the default stages (staged.py) unless DNNC_STAGED=0: a direct
+store of a 16-bit Y writes a lane's 4 bytes, a warp's store 8 rows of 16 bytes, where the
+staged one stores runs of a row. On an H200 (bench/gpu_kernels.py, fp16 stored in and out,
+against cuBLAS's fp16 product): wgmma 4096^3 0.82 staged against 0.76 direct (128 x 256, 4
 stages), 8192 x 768 x 3072 0.77 against 0.60, 8192 x 3072 x 768 0.70 against 0.66 (128 x 128,
-5 stages). A float32 Y's direct stores fill whole sectors (what staged.py's A/B measured:
-no gain) and stay direct."""
+5 stages), 6304 x 192 x 576 0.87 against 0.35 (128 x 128, 5 stages, --graphs); mma.sync
+(--graphs, fp16 and bf16) staged as fast or faster at every tile timed: 4096^3 128 x 128 x 64
+0.53 against 0.50, 128 x 768 x 3072 64 x 64 x 32 0.66 against 0.54 (bf16), 32 x 64 within 2%.
+A float32 Y's direct stores fill whole sectors (what staged.py's A/B measured: no gain) and
+stay direct."""
+
+
+def results_staged(y: T.DType) -> bool:
+    """Whether the default stages the results of a product storing a `y` output
+    (STAGED_OUTPUTS; never with DNNC_STAGED=0)."""
+    return y in STAGED_OUTPUTS and os.environ.get("DNNC_STAGED") != "0"
 
 
 def staged_by_default(c: TensorCoreConfig, y: T.DType, precision: str) -> TensorCoreConfig:
-    """Default config `c` of a product storing a `y` output, staged where STAGED_OUTPUTS
-    says (a wgmma product, k unsplit, its staged tile within the shared limit)."""
+    """Default config `c` of a product storing a `y` output, staged where `results_staged`
+    says (k unsplit, its staged tile within the shared limit)."""
     staged = replace(c, staged=True)
-    if c.wgmma and c.split_k == 1 and y in STAGED_OUTPUTS and \
-            os.environ.get("DNNC_STAGED") != "0" and \
+    if c.split_k == 1 and results_staged(y) and \
             shared_bytes(staged, precision) <= _shared_limit(staged):
         return staged
     return c

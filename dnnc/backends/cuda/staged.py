@@ -10,10 +10,11 @@ them with one vector store where the renderer proves the run contiguous and alig
 (through a layout tail too: the simplifier splits a run's lane off an aligned base). The
 tile takes the memory the operands' ring held (`codegen.shared_pool_bytes`).
 
-A knob the tuner searches. The defaults stage the wgmma products of a 16-bit Y
-(`mma.staged_by_default`: their direct stores write 4 bytes a lane, 16 a row of a warp's
-store; on an H200, fp16 in and out, 8192 x 768 x 3072 went from 0.60 of cuBLAS to 0.77 and
-4096^3 from 0.76 to 0.82), and leave the rest direct: with every default product staged
+A knob the tuner searches. The defaults stage the unsplit products of a 16-bit Y, wgmma or
+mma.sync (`mma.staged_by_default`: their direct stores write 4 bytes a lane, 16 a row of a
+warp's store; on an H200, fp16 in and out, wgmma's 8192 x 768 x 3072 went from 0.60 of cuBLAS
+to 0.77 and 4096^3 from 0.76 to 0.82, vit b32's k = 192 products on the 128 x 128 tile from
+0.35 to 0.87), and leave the rest direct: with every default product staged
 where it fit (bench/gpu_env_ab.py, interleaved, before products stored 16 bits went through
 wgmma's tiles) whole models took the same time, fp16 bert_hf b8, vit_tiny, convnext_tiny,
 resnet18 b32 B/A 0.996 to 1.019 (geomean 1.003), tf32 0.994 to 1.003.

@@ -483,32 +483,67 @@ def test_the_default_picks_wgmma_on_sm90_at_16_bit_precisions(monkeypatch):
             assert space.check(config) == config
 
 
-def test_the_default_stages_the_wgmma_products_of_16_bit_outputs(monkeypatch):
-    """`mma.staged_by_default`: a wgmma product storing float16 / bfloat16 is staged (its
-    tile within the shared limit), a float32 one, an mma.sync one or a split one is not;
+def test_the_default_stages_the_products_of_16_bit_outputs(monkeypatch):
+    """`mma.staged_by_default`: a product storing float16 / bfloat16, wgmma or mma.sync, is
+    staged (its tile within the shared limit: not mma.sync's 128 x 256), a float32 one or a
+    split one is not;
     DNNC_STAGED=0 turns it off; a model at fp16 renders the staged epilogue."""
     import dnnc
     from dnnc import zoo
 
     monkeypatch.delenv("DNNC_STAGED", raising=False)
     big = mma.choose(4096, 4096, 4096, wgmma=True)
-    for y in (T.float16, T.bfloat16):
-        staged = mma.staged_by_default(big, y, "fp16")
-        assert staged == replace(big, staged=True)
-        assert mma.product_space("x", 4096, 1, "fp16", "sm_90").check(staged) == staged
-    assert mma.staged_by_default(big, T.float32, "fp16") == big
-    plain = mma.choose(4096, 4096, 4096, wgmma=False)
-    assert mma.staged_by_default(plain, T.float16, "fp16") == plain
+    plain = C(128, 128, 32, 2, 4, 3)
+    for config in (big, plain):
+        for y in (T.float16, T.bfloat16):
+            staged = mma.staged_by_default(config, y, "fp16")
+            assert staged == replace(config, staged=True)
+            assert mma.product_space("x", 4096, 1, "fp16", "sm_90").check(staged) == staged
+        assert mma.staged_by_default(config, T.float32, "fp16") == config
     split = replace(big, split_k=2)
     assert mma.staged_by_default(split, T.float16, "fp16") == split
+    wide = mma.choose(4096, 4096, 4096, wgmma=False)   # 128 x 256: its tile past 99 KiB
+    assert mma.staged_by_default(wide, T.float16, "fp16") == wide
     monkeypatch.setenv("DNNC_STAGED", "0")
     assert mma.staged_by_default(big, T.float16, "fp16") == big
+    assert not mma.results_staged(T.float16)
     monkeypatch.delenv("DNNC_WGMMA", raising=False)
     model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
     for switch in ("1", "0"):
         monkeypatch.setenv("DNNC_STAGED", switch)
         source = dnnc.compile(model, "cuda", precision="fp16", render_only=True).source("cuda")
         assert ("y_tile" in source) == (switch == "1") and "dnnc_wgmma_fp16" in source
+
+
+def test_shallow_products_of_16_bit_outputs_take_the_staged_wgmma_tile(monkeypatch):
+    """Products of k at most SHALLOW_K with at least SHALLOW_STAGED_OUTPUTS results: with a
+    16-bit Y (staged) the default is SHALLOW_STAGED_TILE staged, with a float32 Y the mma.sync
+    tiles stored directly (SHALLOW_LARGE_TILE for the largest); smaller ones keep the mma.sync
+    tiles, staged with a 16-bit Y."""
+    from types import SimpleNamespace
+
+    from dnnc.backends.cuda.device import REFERENCE
+
+    monkeypatch.delenv("DNNC_STAGED", raising=False)
+    monkeypatch.delenv("DNNC_WGMMA", raising=False)
+    machine = Target("cuda", arch="sm_90", gpu=REFERENCE)
+    for precision in ("fp16", "bf16"):
+        machine = replace(machine, precision=precision)
+        half = mma.STORAGE[precision]
+        for m, k, n in ((6304, 192, 576), (100352, 96, 384), (25088, 192, 768), (197, 192, 576)):
+            for y in (half, T.float32):
+                p = SimpleNamespace(m=m, n=n, k=k, batch=1, a_tf32=False, b_tf32=False,
+                                    y=SimpleNamespace(dtype=y))   # (what the default reads)
+                config = mma.dense_default(p, machine)
+                large = m * n >= mma.SHALLOW_STAGED_OUTPUTS
+                if y is half and large:
+                    assert config == replace(mma.SHALLOW_STAGED_TILE, staged=True)
+                else:
+                    assert not config.wgmma and config.staged == (y is half)
+                    if y is T.float32 and m * n >= mma.SHALLOW_LARGE:
+                        assert config == mma.SHALLOW_LARGE_TILE
+                space = mma.dense_space(p, machine)
+                assert space.check(config) == config
 
 
 def test_modules_using_wgmma_compile_for_sm90a():
