@@ -274,15 +274,23 @@ fastest tile timed at convnext_tiny's batch-32 products of k 96 and 192 (100352 
 (14.0 against 19.7)."""
 
 SHALLOW_STAGED_OUTPUTS = 1 << 20
-SHALLOW_STAGED_TILE = TensorCoreConfig(128, 128, 64, 8, 1, 5, wgmma=True)
+SHALLOW_STAGED_TILE = TensorCoreConfig(128, 128, 64, 8, 1, 3, wgmma=True, refill_first=True)
 """Shallow products (k at most SHALLOW_K, where wgmma is on offer) of at least
 SHALLOW_STAGED_OUTPUTS results that are staged (`results_staged`: a 16-bit Y) take
 SHALLOW_STAGED_TILE (its k tile the precision's `wgmma.block_k`), staged: they are bound by
-storing Y, which the staged tile stores in whole lines. On an H200 (bench/gpu_kernels.py
---graphs, 16-bit in and out, against cuBLAS) vit b32's 6304 x 192 x 576 took 7.3 us so at fp16
-against 10.9 for the 32 x 64 mma.sync tile that was the default (0.87 of cuBLAS against
-0.58), 18.2 with this tile's results stored directly; 6304 x 192 x 192 4.2 against 5.1 (0.96
-against 0.77); at bf16 0.75 against 0.54 and 0.84 against 0.67."""
+storing Y, which the staged tile stores in whole lines, and a few k tiles need few slots (3:
+two blocks an SM). On an H200 (bench/gpu_kernels.py --graphs, 16-bit in and out, us, against
+the defaults before: 32 x 64 x 32 or 128 x 128 x 64 mma.sync stored directly; cuBLAS):
+
+| m x k x n | fp16 | fp16 before | cuBLAS | bf16 | bf16 before | cuBLAS |
+| --- | --- | --- | --- | --- | --- | --- |
+| 6304 x 192 x 768 (vit b32 fc1) | 10.4 | 13.4 | 6.8 | 9.6 | 13.9 | 6.7 |
+| 100352 x 96 x 384 (convnext b32) | 49.3 | 78.5 | 33.1 | 49.8 | 87.5 | 32.9 |
+| 25088 x 192 x 768 (convnext b32) | 28.9 | 44.7 | 21.5 | 28.9 | 50.8 | 21.4 |
+
+5 slots took 10.1 / 58.8 / 32.3 us at fp16 (128 x 128 x 64 mma.sync staged 11.5 / 44.2 /
+29.0, at bf16 12.7 / 51.0 / 31.1; 64 x 64 wgmma staged 9.1 / 57.1 / 34.9); vit's 6304 x 192 x
+576 on 5 slots 7.3 us against 10.9 before (cuBLAS 6.3)."""
 
 SHALLOWEST_K = 32
 """mma.sync tiles whose k tile would be shallower (128 x 256 at tf32: 16 deep in 3 stages)
