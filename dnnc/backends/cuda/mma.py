@@ -239,7 +239,12 @@ WGMMA_SPLIT_S = 6e-6
 """What a split of k costs a wgmma product beyond its partials' traffic (the second launch,
 the blocks' longer prologue): on an H200 at fp16, 64 x 64 split in 2 took 1.8 to 7.2 us more
 than unsplit at bert's and vit's batch-1 shapes, where the model with LAUNCH_S chose splits
-of 4 and 8."""
+of 4 and 8. Timed as CUDA graphs (H200, bench/gpu_kernels.py --graphs) a split costs less:
+bert b8's fc2, 1024 x 3072 x 768, took 15.4 us in 64 x 192 tiles split in 2 against 20.1 for
+the unsplit 64 x 64 default at fp16 and bf16 (cuBLAS 10.3), and at tf32 23.8 (cuBLAS 23.8)
+against mma.sync's 35.8; not refitted: this and the partials' traffic at the copy bandwidth
+lowered enough to pick it also move the batch-1 shapes (128 x 768 x 768, 197 x 768 x 192)
+this was fitted on, untimed as graphs."""
 
 MMA_UNDER_WGMMA = 0.75
 """mma.sync's tiles' efficiencies where wgmma is on offer. First fitted on a sweep whose
@@ -289,8 +294,11 @@ the defaults before: 32 x 64 x 32 or 128 x 128 x 64 mma.sync stored directly; cu
 | 25088 x 192 x 768 (convnext b32) | 28.9 | 44.7 | 21.5 | 28.9 | 50.8 | 21.4 |
 
 5 slots took 10.1 / 58.8 / 32.3 us at fp16 (128 x 128 x 64 mma.sync staged 11.5 / 44.2 /
-29.0, at bf16 12.7 / 51.0 / 31.1; 64 x 64 wgmma staged 9.1 / 57.1 / 34.9); vit's 6304 x 192 x
-576 on 5 slots 7.3 us against 10.9 before (cuBLAS 6.3)."""
+29.0, at bf16 12.7 / 51.0 / 31.1; 64 x 64 wgmma staged 9.1 / 57.1 / 34.9). A second run: vit's
+6304 x 192 x 576 6.3 us (cuBLAS 6.6; 10.9 before); of 8 tiles with more blocks an SM none
+faster at every shape: 128 x 64 wgmma (3 slots) 8.2 us at vit's fc1 but 52.5 / 29.9 at
+convnext's (this tile 50.4 / 29.3), 128 x 64 x 32 mma.sync 46.2 at 100352 x 96 x 384 but 33.9
+at 25088 x 192 x 768."""
 
 SHALLOWEST_K = 32
 """mma.sync tiles whose k tile would be shallower (128 x 256 at tf32: 16 deep in 3 stages)
