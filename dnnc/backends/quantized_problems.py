@@ -257,6 +257,25 @@ def dynamic_quantize(kernel: Kernel) -> DynamicQuantize | None:
                            math.prod(dims))
 
 
+def dynamic_scale(top: L.Expr, bottom: L.Expr) -> L.Expr:
+    """DynamicQuantizeLinear's scale from x's range widened to include 0 (`top` >= 0 >=
+    `bottom`), as its reference forms it."""
+    return L.Select(L.eq(top, bottom), L.const(1.0), top - bottom) / L.const(255.0)
+
+
+def dynamic_zero_point(bottom: L.Expr, scale: L.Expr) -> L.Expr:
+    """Its zero point (an integral float32 in [0, 255]) from the range's `bottom` and the
+    scale, as its reference forms it."""
+    return L.call("round", L.minimum(L.maximum(L.const(0.0) - bottom / scale, L.const(0.0)),
+                                     L.const(255.0)))
+
+
+def dynamic_quantized(x: L.Expr, scale: L.Expr, zero: L.Expr) -> L.Expr:
+    """x quantized at that scale and (float32) zero point: an integral float32 in [0, 255]."""
+    return L.minimum(L.maximum(L.call("round", x / scale) + zero, L.const(0.0)),
+                     L.const(255.0))
+
+
 def channel_param(buffer: L.Buffer | None, j) -> L.Expr | None:
     """A quantization parameter (scale, zero point) of a product, scalar or per output
     channel, at channel j; None where the problem has none."""

@@ -49,6 +49,7 @@ from ...ir.ops.quantized import (GROUP_COLUMNS, GROUP_DEPTH, MAGIC, MAGIC_BITS, 
                                   panel_base, panel_span)
 from ..quantized_problems import (DynamicQuantize, MaxPool8, QuantizedConvProblem,
                                   QuantizedDenseProblem, channel_param, dynamic_quantize,
+                                  dynamic_quantized, dynamic_scale, dynamic_zero_point,
                                   max_pool8, quantized_conv, quantized_dense)
 from ..space import Constraint, Space, Template
 
@@ -535,9 +536,7 @@ def quantize_build(p: DynamicQuantize, config: QuantizeConfig, machine) -> L.Pri
         top, bottom = L.maximum(top, hi[t]), L.minimum(bottom, lo[t])
     scale = L.Var("scale", f32)
     zero = L.Var("zero", f32)
-    scale_value = L.Select(L.eq(top, bottom), L.const(1.0), top - bottom) / L.const(255.0)
-    zero_value = L.call("round", L.minimum(L.maximum(L.const(0.0) - bottom / scale,
-                                                     L.const(0.0)), L.const(255.0)))
+    scale_value, zero_value = dynamic_scale(top, bottom), dynamic_zero_point(bottom, scale)
     params = L.seq(L.Store(p.scale, (), scale), L.Store(p.zero_point, (), _as_byte(zero)))
     ranges = L.Allocate(hi, L.Allocate(lo, L.seq(
         L.For(lane, lanes, L.seq(L.Store(hi, (lane,), L.const(0.0)),
@@ -548,8 +547,7 @@ def quantize_build(p: DynamicQuantize, config: QuantizeConfig, machine) -> L.Pri
     s, z = L.Var("s", f32), L.Var("z", f32)
 
     def quantize(k: L.Expr) -> L.Stmt:
-        q = L.minimum(L.maximum(L.call("round", x[k] / s) + z, L.const(0.0)), L.const(255.0))
-        return L.Store(y, (k,), _as_byte(q))
+        return L.Store(y, (k,), _as_byte(dynamic_quantized(x[k], s, z)))
 
     chunk = config.chunk
     chunks = p.size // chunk
