@@ -54,7 +54,7 @@ from .device import gpu_of, has_wgmma
 from .mma import (DEFAULTS, EFFICIENCY, MAX_ACCUMULATORS, MAX_SHARED_BYTES,
                   MAX_WGMMA_SHARED_BYTES, MMA_UNDER_WGMMA, WARP, WGMMA_DEFAULTS,
                   WGMMA_EFFICIENCY, TensorCoreConfig, mma_product, resident, shared_bytes,
-                  wgmma_by_default)
+                  staged_by_default, wgmma_by_default)
 
 BLOCK_K = (32, 64, 128)
 """k tiles in bytes: one, two or four m16n8k32 steps."""
@@ -180,6 +180,15 @@ def _word(byte_values: list) -> L.Expr:
 
 # -- QuantizedDense -------------------------------------------------------------------------------
 
+def _output(p: QuantizedDenseProblem) -> tuple[L.Buffer, object]:
+    """(Y as the kernel stores it, `put(i, j)`: where element (i, j) goes): Y as [m, n], or
+    through the layout tail the group ends with (attention's Q, K and V projections written
+    heads-first), Y's own shape at the remapped index."""
+    if p.store_index is None:
+        return L.Buffer(p.y.name, p.y.dtype, (p.m, p.n)), lambda i, j: (i, j)
+    return p.y, lambda i, j: tuple(p.store_index(p.anchor_index(i, j)))
+
+
 def dense_applies(p: QuantizedDenseProblem) -> bool:
     return p.w_zp is None and p.m >= GEMV_ROWS
 
@@ -189,18 +198,18 @@ def dense_space(p: QuantizedDenseProblem, machine) -> Space:
 
 
 def dense_default(p: QuantizedDenseProblem, machine) -> TensorCoreConfig:
-    return choose(p.m, p.n, p.k, gpu_of(machine),
-                  wgmma_by_default(getattr(machine, "arch", None), precision(p)))
+    return staged_by_default(choose(p.m, p.n, p.k, gpu_of(machine), wgmma_by_default(
+        getattr(machine, "arch", None), precision(p))), p.y.dtype, precision(p))
 
 
 def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
     """Y[i, j] (A's batch dims folded into rows) on the integer tensor cores."""
     a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
-    y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+    y, put = _output(p)
 
     def store(bi, i, j, acc):
         value = p.epilogue(_finished(p, acc, j), p.anchor_index(i, j))
-        return L.Store(y, (i, j), _as(value, y.dtype))
+        return L.Store(y, put(i, j), _as(value, y.dtype))
 
     def row_word(bi, i, kw):
         """4 k of row i (those past k: any value, their weights are 0)."""
@@ -245,7 +254,7 @@ def gemv_build(p: QuantizedDenseProblem, c: GemvConfig, machine) -> L.PrimFunc:
     bytes of the packing), each row's sum in a register by `dot_u8s8x4` (dp4a: int8 A read
     as A + 128), the two halves added by one shuffle, stored by lanes 0-15."""
     a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
-    y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+    y, put = _output(p)
     panels, words = -(-p.n // GROUP_COLUMNS), -(-p.k // GROUP_DEPTH)
     w = L.Buffer(p.w.name, T.uint32, (panels, words, GROUP_COLUMNS))
     shift = 128 if p.signed else 0
@@ -273,7 +282,7 @@ def gemv_build(p: QuantizedDenseProblem, c: GemvConfig, machine) -> L.PrimFunc:
         each_row(L.Store(acc, (r,), acc[r] + L.call("shfl_xor", acc[r], L.const(16, T.int32),
                                                     dtype=T.int32))),
         L.If(L.logical_and(lane < GROUP_COLUMNS, col < p.n),
-             each_row(L.Store(y, (r, col), _as(value, y.dtype)))))
+             each_row(L.Store(y, put(r, col), _as(value, y.dtype)))))
     threads = WARP * c.warps
     body = L.For(t, threads, L.Let(lane, t % WARP, L.Let(
         panel, b * c.warps + t // WARP, body)), L.ForKind.THREAD_X)

@@ -44,7 +44,7 @@ from ..space import Space, Template
 from .dense import Operand
 from .device import gpu_of
 from .int8 import _as, _finished, _word, choose, precision, space
-from .mma import TensorCoreConfig, mma_product, wgmma_by_default
+from .mma import TensorCoreConfig, mma_product, staged_by_default, wgmma_by_default
 
 CHUNK = 16
 """Channels of a cp.async chunk (16 bytes of int8)."""
@@ -75,8 +75,8 @@ def conv_space(p: QuantizedConvProblem, machine) -> Space:
 def conv_default(p: QuantizedConvProblem, machine) -> TensorCoreConfig:
     """`int8.choose`'s tile of the implicit GEMM (with the wgmma tiles on sm_90 where
     `mma.wgmma_by_default` says: DNNC_WGMMA=1)."""
-    return choose(*gemm(p), gpu_of(machine),
-                  wgmma_by_default(getattr(machine, "arch", None), precision(p)))
+    return staged_by_default(choose(*gemm(p), gpu_of(machine), wgmma_by_default(
+        getattr(machine, "arch", None), precision(p))), p.y.dtype, precision(p))
 
 
 def _padding_share(p: QuantizedConvProblem, img_pixel, j) -> L.Expr:
