@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from ..ir import loop as L
 from ..ir import types as T
 from ..ir.ops.quantized import GROUP_COLUMNS
-from .lower import Kernel, epilogue, layout_tail
+from .lower import Kernel, epilogue, layout_tail, store_index
 from .problems import Epilogue, plane_geometry
 
 
@@ -41,6 +42,10 @@ class QuantizedDenseProblem:
     anchor_dims: tuple
     epilogue: Epilogue
     w_zp: L.Buffer | None = None
+    # where Y stores the element computed at an anchor index, through the layout tail (a
+    # Reshape / Transpose the target fuses after the epilogue: `Fusion.store_remaps`); None
+    # without one (Y is the anchor's [..., n])
+    store_index: Callable | None = None
 
     @property
     def signed(self) -> bool:
@@ -56,10 +61,11 @@ class QuantizedDenseProblem:
 
 
 def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
-    """The kernel's QuantizedDense anchor (first in its group, static shapes, no layout
-    tail) as a problem; None otherwise."""
+    """The kernel's QuantizedDense anchor (first in its group, static shapes, a layout tail
+    of known index maps) as a problem; None otherwise."""
     node = kernel.anchor
-    if node is not kernel.nodes[0] or node.op != "QuantizedDense" or layout_tail(kernel):
+    where = store_index(kernel)
+    if node is not kernel.nodes[0] or node.op != "QuantizedDense" or where is None:
         return None
     params = kernel.func.params
     a, za, w, sums, bias, scale, y_zp, w_zp = _buffers(kernel, node, 8)
@@ -74,7 +80,14 @@ def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
         name=kernel.func.name, params=params, a=a, za=za, w=w, sums=sums, bias=bias,
         scale=scale, y_zp=y_zp, y=params[-1], m=m, n=n, k=k,
         out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
-        anchor_dims=tuple(anchor_dims), epilogue=epilogue(kernel), w_zp=w_zp)
+        anchor_dims=tuple(anchor_dims), epilogue=epilogue(kernel), w_zp=w_zp,
+        store_index=where if layout_tail(kernel) else None)
+
+
+def untailed(p: QuantizedDenseProblem) -> bool:
+    """Whether the product stores its anchor's layout (no layout tail: what the templates of
+    a target that fuses none serve)."""
+    return p.store_index is None
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from ...ir.ops.quantized import (GROUP_COLUMNS, GROUP_DEPTH, MAGIC, MAGIC_BITS, 
 from ..quantized_problems import (DynamicQuantize, MaxPool8, QuantizedConvProblem,
                                   QuantizedDenseProblem, channel_param, dynamic_quantize,
                                   dynamic_quantized, dynamic_scale, dynamic_zero_point,
-                                  max_pool8, quantized_conv, quantized_dense)
+                                  max_pool8, quantized_conv, quantized_dense, untailed)
 from ..space import Constraint, Space, Template
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
@@ -559,7 +559,7 @@ def quantize_build(p: DynamicQuantize, config: QuantizeConfig, machine) -> L.Pri
     return L.simplify(L.PrimFunc(p.name, params, L.seq(ranges, body)))
 
 
-DENSE_INT8 = Template("dense_int8", quantized_dense, lambda p: True, space, default, build)
+DENSE_INT8 = Template("dense_int8", quantized_dense, untailed, space, default, build)
 CONV_INT8 = Template("conv_int8", quantized_conv, lambda p: True, conv_space, conv_default,
                      conv_build)
 MAXPOOL_INT8 = Template("maxpool_int8", max_pool8, lambda p: True, pool_space, pool_default,
