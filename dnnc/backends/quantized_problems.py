@@ -46,6 +46,7 @@ class QuantizedDenseProblem:
     # Reshape / Transpose the target fuses after the epilogue: `Fusion.store_remaps`); None
     # without one (Y is the anchor's [..., n])
     store_index: Callable | None = None
+    x_scale: L.Buffer | None = None   # a scalar factor of scale (QuantizedDense's x_scale)
 
     @property
     def signed(self) -> bool:
@@ -68,7 +69,7 @@ def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
     if node is not kernel.nodes[0] or node.op != "QuantizedDense" or where is None:
         return None
     params = kernel.func.params
-    a, za, w, sums, bias, scale, y_zp, w_zp = _buffers(kernel, node, 8)
+    a, za, w, sums, bias, scale, y_zp, w_zp, x_scale = _buffers(kernel, node, 9)
     anchor_dims = L.static_shape(node.outputs[0].type.shape)
     a_dims = L.static_shape(a.shape)
     if anchor_dims is None or a_dims is None:
@@ -81,7 +82,7 @@ def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
         scale=scale, y_zp=y_zp, y=params[-1], m=m, n=n, k=k,
         out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
         anchor_dims=tuple(anchor_dims), epilogue=epilogue(kernel), w_zp=w_zp,
-        store_index=where if layout_tail(kernel) else None)
+        store_index=where if layout_tail(kernel) else None, x_scale=x_scale)
 
 
 def untailed(p: QuantizedDenseProblem) -> bool:
@@ -120,6 +121,7 @@ class QuantizedConvProblem:
     epilogue: Epilogue
     group: int = 1
     tap_sums: L.Buffer | None = None   # QuantizedConvNHWC's w_tap_sums [M, kh * kw]
+    x_scale = None                     # (a dense product's only: `scale_param`)
 
     @property
     def signed(self) -> bool:
@@ -287,6 +289,13 @@ def dynamic_quantized(x: L.Expr, scale: L.Expr, zero: L.Expr) -> L.Expr:
     """x quantized at that scale and (float32) zero point: an integral float32 in [0, 255]."""
     return L.minimum(L.maximum(L.call("round", x / scale) + zero, L.const(0.0)),
                      L.const(255.0))
+
+
+def scale_param(p: QuantizedDenseProblem | QuantizedConvProblem, j) -> L.Expr | None:
+    """The scale of a product's channel j (None without one): its scale times its x_scale
+    where it has one, one float32 product as the op's reference forms it."""
+    scale = channel_param(p.scale, j)
+    return scale if p.x_scale is None or scale is None else channel_param(p.x_scale, j) * scale
 
 
 def channel_param(buffer: L.Buffer | None, j) -> L.Expr | None:

@@ -47,7 +47,7 @@ from ...ir import types as T
 from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr
 from ...ir.target import GPU
 from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, channel_param,
-                                  quantized_conv, quantized_dense)
+                                  quantized_conv, quantized_dense, scale_param)
 from ..space import Constraint, Space, Template
 from .dense import Operand, min_blocks
 from .device import gpu_of, has_wgmma
@@ -149,8 +149,8 @@ def _finished(p, acc: L.Expr, j, shift: int = 0) -> L.Expr:
     """The int32 sum (A + shift) W of channel j with the zero point's share taken off (-
     (za + shift) w_sums[j]), through the op's `finish_expr`."""
     za = L.Cast(T.int32, channel_param(p.za, 0)) + L.const(shift, T.int32)
-    return finish_expr(acc - za * p.sums[j],
-                       *(channel_param(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out, p.lo, p.hi)
+    return finish_expr(acc - za * p.sums[j], channel_param(p.bias, j), scale_param(p, j),
+                       channel_param(p.y_zp, j), p.out, p.lo, p.hi)
 
 
 def _as(value: L.Expr, dtype: T.DType) -> L.Expr:

@@ -50,7 +50,8 @@ from ...ir.ops.quantized import (GROUP_COLUMNS, GROUP_DEPTH, MAGIC, MAGIC_BITS, 
 from ..quantized_problems import (DynamicQuantize, MaxPool8, QuantizedConvProblem,
                                   QuantizedDenseProblem, channel_param, dynamic_quantize,
                                   dynamic_quantized, dynamic_scale, dynamic_zero_point,
-                                  max_pool8, quantized_conv, quantized_dense, untailed)
+                                  max_pool8, quantized_conv, quantized_dense, scale_param,
+                                  untailed)
 from ..space import Constraint, Space, Template
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
@@ -101,8 +102,8 @@ def zero_point(p, flipped: bool | None = None) -> L.Expr:
 def requantized(p, acc: L.Expr, j) -> L.Expr:
     """Column (output channel) j's sum of (a - za)(w - zw) through the op's finish (bias,
     scale, zero point, lo / hi) in the anchor's type."""
-    return finish_expr(acc, *(channel_param(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
-                       p.lo, p.hi)
+    return finish_expr(acc, channel_param(p.bias, j), scale_param(p, j),
+                       channel_param(p.y_zp, j), p.out, p.lo, p.hi)
 
 
 class _Tile:
