@@ -26,8 +26,9 @@ templates'; then the group's fused consumers (`Epilogue`). Weights with a zero p
 Knobs: mma.py's TensorCoreConfig tiles (block_m, block_n, block_k in bytes, warps, stages),
 k unsplit; on sm_90 the `wgmma` knob (wgmma.py's m64nNk32 s8 / u8 form on the same shared
 tiles, k tiles of 128 bytes, int32 accumulators), which the dense and channels-last conv
-defaults take only with DNNC_WGMMA=1 (`mma.wgmma_by_default`: s8 / u8 are not among
-WGMMA_PRECISIONS until measured). This module builds loop IR; it must never render C or launch.
+defaults take (`mma.wgmma_by_default`: s8 / u8 are among WGMMA_PRECISIONS; DNNC_WGMMA=0
+keeps mma.sync), staging 8-bit results (`mma.staged_by_default`). This module builds loop
+IR; it must never render C or launch.
 
 Products of fewer than 16 rows (a GEMV: batch-1 classifier heads) take dp4a instead
 (cuda_int8_gemv: `L.dot_u8s8x4`, which the cuda renderer emits as `dp4a.u32.s32`), a warp a
@@ -110,7 +111,7 @@ def choose(m: int, n: int, k: int, gpu: GPU, with_wgmma: bool = False) -> Tensor
     part empty) says is fastest. resnet50 at batch 32 (100352 x 64 x 576 ... 1568 x 2048 x
     512) and BERT at batch 8 (1024 x 768 x 3072) take 64 x 64 to 128 x 256 tiles of 4 or 8
     warps; a product of a few dozen rows 16 x 32. `with_wgmma` (`mma.wgmma_by_default` of
-    the arch and precision: on sm_90 with DNNC_WGMMA=1, not measured yet) adds mma.py's
+    the arch and precision: on sm_90 unless DNNC_WGMMA=0) adds mma.py's
     WGMMA_DEFAULTS tiles, k tiles of 128 bytes, and scales the others' guesses as mma.py
     does."""
     best, best_time = None, float("inf")
