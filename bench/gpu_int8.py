@@ -2,7 +2,7 @@
 4), one run on one GPU.
 
     PYTHONPATH=$PWD python bench/gpu_int8.py [--repeat 20] [--no-kernels] [--no-models]
-        [--shapes 8] [--models resnet50,bert_base] [--sweep]
+        [--shapes 8] [--models resnet50,bert_base] [--variants mma.sync,unstaged] [--sweep]
 
 Kernels: resnet50's distinct convolution shapes (bench/gpu_conv.py's RESNET50; the first
 `--shapes` of them, all by default) at batch 32, each as one QuantizedConvPacked (int8
@@ -206,7 +206,9 @@ def model_rows(args) -> None:
                   f"{'':9} {'':11}  {time.perf_counter() - t0:.1f} (quantizing "
                   f"{t0 - start:.1f})", flush=True)
             first = None
-            for variant, env in (("int8", {}),) + VARIANTS:
+            chosen = tuple(v for v in VARIANTS if args.variants and v[0].split()[-1] in
+                           args.variants.split(","))
+            for variant, env in (("int8", {}),) + chosen:
                 try:
                     first = int8_row(f"{label} {variant}", path, feeds, device_feeds, want,
                                      ms16, first, env, args.repeat)
@@ -346,6 +348,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--shapes", type=int, default=len(RESNET50))
     parser.add_argument("--models", default="resnet50,bert_base")
+    parser.add_argument("--variants", default="mma.sync,unstaged",
+                        help="VARIANTS rows to add (comma-separated: mma.sync, unstaged; "
+                             "empty: none): each compiles and times the int8 model again")
     parser.add_argument("--no-kernels", action="store_true")
     parser.add_argument("--no-models", action="store_true")
     parser.add_argument("--sweep", action="store_true",
