@@ -2,7 +2,7 @@
 4), one run on one GPU.
 
     PYTHONPATH=$PWD python bench/gpu_int8.py [--repeat 20] [--no-kernels] [--no-models]
-        [--shapes 8] [--models resnet50,bert_base] [--sweep]
+        [--shapes 8] [--models resnet50,bert_base] [--variants mma.sync,unstaged] [--sweep]
 
 Kernels: resnet50's distinct convolution shapes (bench/gpu_conv.py's RESNET50; the first
 `--shapes` of them, all by default) at batch 32, each as one QuantizedConvPacked (int8
@@ -21,15 +21,18 @@ TOPS = 2 M N K / time.
 Models (unless `--no-models`; timed first): resnet50 at batch 32 (224 x 224) quantized by
 onnxruntime's quantize_static (QDQ, per-channel int8 weights, int8 activations, as
 bench/cpu_int8.py builds it) and BERT-base at batch 8 (sequence 128) by quantize_dynamic,
-each compiled by dnnc for cuda, against the float model compiled at precision="fp16" (the
-issue's bar: int8 >= 1.5x fp16); median ms of `CompiledModel.benchmark` (inputs from the
-host, outputs to the host, the same on both sides), then the int8 model's kernel time by
-template (`CompiledModel.profile`). `--sweep` instead times the channels-last int8 conv at
-each SWEEP tile (plain and staged) at resnet50's 3x3 and first two 1x1 shapes. Each int8
-output is compared with onnxruntime's int8 run of the same file on the CPU: `mismatch` is
-the fraction of elements that differ, `max |d| / step` the largest difference in units of
-the output's quantized step (max |ort| / 127); a second int8 row compiles the model with
-DNNC_WGMMA=1 (wgmma's s8 / u8 form on sm_90). Never imported by dnnc.
+each compiled by dnnc for cuda (`cache=False`: a model from the compile cache cannot be
+profiled), against the float model compiled at precision="fp16" (the issue's bar: int8 >=
+1.5x fp16); median ms of `CompiledModel.benchmark` with the inputs on the device (CuPy arrays,
+outputs left there: `ms`, the bar's figure) and from the host (`host ms`: a resnet50 batch's
+19 MB of float32 pixels copied in each call, the same on both sides). Each int8 output is
+compared with onnxruntime's int8 run of the same file on the CPU: `mismatch` is the fraction
+of elements that differ, `max |d| / step` the largest difference in units of the output's
+quantized step (max |ort| / 127). VARIANTS add int8 rows compiled under DNNC_WGMMA=0
+(mma.sync) and DNNC_STAGED=0; then each model's kernel time by template and its slowest
+kernels (`CompiledModel.profile`, each kernel alone), int8 and fp16. `--sweep` instead times
+the channels-last int8 conv at each SWEEP tile (plain and staged) at resnet50's 3x3 and
+first two 1x1 shapes. Never imported by dnnc.
 """
 
 from __future__ import annotations
@@ -169,61 +172,111 @@ def quantized_file(name: str, folder: Path):
     return model, quantize_dynamic(model, folder, name)
 
 
+VARIANTS = (("int8 mma.sync", {"DNNC_WGMMA": "0"}), ("int8 unstaged", {"DNNC_STAGED": "0"}))
+"""Further int8 rows: the model compiled again under these variables (DNNC_WGMMA=0: the
+integer products on mma.sync, not wgmma; DNNC_STAGED=0: wgmma's 8-bit results stored
+directly, not staged)."""
+
+
+def on_device(feeds: dict) -> list:
+    """The inputs as CuPy arrays (read in place: no copy from the host in a timed call)."""
+    import cupy
+
+    return [cupy.asarray(a) for a in feeds.values()]
+
+
 def model_rows(args) -> None:
     from dnnc.testing.quantized_files import onnxruntime_outputs
 
-    print(f"{'model':18} {'int8 ms':>8} {'fp16 ms':>8} {'fp16/int8':>9} {'mismatch':>9} "
-          f"{'max|d|/step':>11}  compile s (int8, fp16)")
+    print(f"{'model':22} {'ms':>8} {'fp16 ms':>8} {'fp16/int8':>9} {'host ms':>8} "
+          f"{'mismatch':>9} {'max|d|/step':>11}  compile s")
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models.split(","):
             start = time.perf_counter()
             model, path = quantized_file(name, Path(folder))
             feeds = zoo.inputs_for(model, np.random.default_rng(1))
-            t0 = time.perf_counter()
-            q8 = dnnc.compile(str(path), "cuda", outputs="numpy")
-            t1 = time.perf_counter()
-            f16 = dnnc.compile(model, "cuda", precision="fp16", outputs="numpy")
-            t2 = time.perf_counter()
-            got = np.asarray(q8(**feeds))
+            device_feeds = on_device(feeds)
             want = np.asarray(onnxruntime_outputs(path, feeds, threads=16)[0])
-            ms8 = q8.benchmark(*feeds.values(), repeat=args.repeat)["median_ms"]
-            ms16 = f16.benchmark(*feeds.values(), repeat=args.repeat)["median_ms"]
-            step = np.abs(want).max() / 127
-            d = np.abs(got.astype(np.float64) - want)
-            print(f"{name + (' b32' if name == 'resnet50' else ' b8'):18} {ms8:8.3f} "
-                  f"{ms16:8.3f} {ms16 / ms8:9.2f} {np.mean(d > 0):9.2e} {d.max() / step:11.3g}"
-                  f"  {t1 - t0:.1f}, {t2 - t1:.1f} (quantizing {t0 - start:.1f})", flush=True)
-            by_template(q8, feeds)
-            wgmma_row(name, path, feeds, got, ms16, args.repeat)
+            t0 = time.perf_counter()
+            f16 = dnnc.compile(model, "cuda", precision="fp16", cache=False)
+            ms16 = f16.benchmark(*device_feeds, repeat=args.repeat)["median_ms"]
+            host16 = f16.benchmark(*feeds.values(), repeat=args.repeat)["median_ms"]
+            label = name + (" b32" if name == "resnet50" else " b8")
+            print(f"{label + ' fp16':22} {ms16:8.3f} {ms16:8.3f} {1:9.2f} {host16:8.3f} "
+                  f"{'':9} {'':11}  {time.perf_counter() - t0:.1f} (quantizing "
+                  f"{t0 - start:.1f})", flush=True)
+            first = None
+            chosen = tuple(v for v in VARIANTS if args.variants and v[0].split()[-1] in
+                           args.variants.split(","))
+            for variant, env in (("int8", {}),) + chosen:
+                try:
+                    first = int8_row(f"{label} {variant}", path, feeds, device_feeds, want,
+                                     ms16, first, env, args.repeat)
+                except Exception as exc:   # one row's failure must not hide the others
+                    print(f"{label} {variant}: {type(exc).__name__}: {str(exc)[:300]}",
+                          flush=True)
+            by_template("fp16", f16, device_feeds)
 
 
-def wgmma_row(name: str, path, feeds, got: np.ndarray, ms16: float, repeat: int) -> None:
-    """The int8 model compiled again with DNNC_WGMMA=1 (its int8 defaults may take wgmma's
-    s8 / u8 form on sm_90): ms, fp16/int8, and whether its outputs equal the first int8
-    compile's bit for bit."""
-    os.environ["DNNC_WGMMA"] = "1"
+def int8_row(label: str, path, feeds, device_feeds, want, ms16, first, env: dict,
+             repeat: int):
+    """The int8 file compiled under `env`, timed (inputs on the device, and from the host),
+    compared with onnxruntime (`mismatch`: the fraction of elements that differ; max |d| in
+    units of the output's quantized step, max |ort| / 127) and with the first int8 row's
+    outputs; its kernels by template (the first row's) and how many took wgmma. Returns
+    its outputs."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        q8 = dnnc.compile(str(path), "cuda", outputs="numpy", cache=False)
+        t0 = time.perf_counter()
+        q8 = dnnc.compile(str(path), "cuda", cache=False)
+        seconds = time.perf_counter() - t0
     finally:
-        del os.environ["DNNC_WGMMA"]
-    same = np.array_equal(np.asarray(q8(**feeds)), got)
-    ms8 = q8.benchmark(*feeds.values(), repeat=repeat)["median_ms"]
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    got = np.asarray(q8(**feeds, to="numpy"))
+    ms8 = q8.benchmark(*device_feeds, repeat=repeat)["median_ms"]
+    host8 = q8.benchmark(*feeds.values(), repeat=repeat)["median_ms"]
+    d = np.abs(got.astype(np.float64) - want)
+    step = np.abs(want).max() / 127
+    records = q8.profile(*device_feeds, repeat=5)
     wgmma = sum(isinstance(r.get("config"), dict) and bool(r["config"].get("wgmma"))
-                for r in q8.profile(*feeds.values(), repeat=1))
-    print(f"{name + ' wgmma':18} {ms8:8.3f} {ms16:8.3f} {ms16 / ms8:9.2f}  outputs "
-          f"{'equal' if same else 'DIFFER'} to the int8 row's; {wgmma} kernels on wgmma",
-          flush=True)
+                for r in records)
+    same = "" if first is None else \
+        f"; outputs {'equal' if np.array_equal(got, first) else 'DIFFER'} to the int8 row's"
+    print(f"{label:22} {ms8:8.3f} {ms16:8.3f} {ms16 / ms8:9.2f} {host8:8.3f} "
+          f"{np.mean(d > 0):9.2e} {d.max() / step:11.3g}  {seconds:.1f}; {wgmma} kernels on "
+          f"wgmma{same}", flush=True)
+    if first is None:
+        by_template("int8", q8, device_feeds, records)
+    return got if first is None else first
 
 
-def by_template(model, feeds) -> None:
-    """The model's kernel time (`profile`'s median ms, summed) by template, largest first."""
+SLOWEST = 8
+"""Kernels listed one by one (the slowest, with their configs) under a model's templates."""
+
+
+def by_template(label: str, model, device_feeds, records=None) -> None:
+    """The model's kernel time (`profile`'s median ms, each kernel alone, summed) by
+    template, largest first, and its SLOWEST kernels."""
+    records = records or model.profile(*device_feeds, repeat=5)
     totals: dict[str, list] = {}
-    for r in model.profile(*feeds.values(), repeat=5):
+    for r in records:
         entry = totals.setdefault(r.get("template") or "?", [0.0, 0])
         entry[0] += r["ms"]
         entry[1] += 1
-    for name, (ms, count) in sorted(totals.items(), key=lambda t: -t[1][0])[:8]:
+    print(f"  {label} kernels: {sum(t[0] for t in totals.values()):.3f} ms in "
+          f"{sum(t[1] for t in totals.values())}", flush=True)
+    for name, (ms, count) in sorted(totals.items(), key=lambda t: -t[1][0])[:10]:
         print(f"    {name:30} {ms:8.3f} ms in {count} kernels", flush=True)
+    for r in sorted(records, key=lambda r: -r["ms"])[:SLOWEST]:
+        config = r.get("config")
+        config = ",".join(f"{k}={v}" for k, v in config.items() if v) \
+            if isinstance(config, dict) else config
+        print(f"      {r['ms']:7.4f} {r.get('kernel')} {r.get('template')} {config}", flush=True)
 
 
 SWEEP = [(128, 128, 64, 2, 2, 3), (128, 128, 64, 2, 4, 3), (128, 128, 128, 2, 2, 3),
@@ -295,6 +348,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--shapes", type=int, default=len(RESNET50))
     parser.add_argument("--models", default="resnet50,bert_base")
+    parser.add_argument("--variants", default="mma.sync,unstaged",
+                        help="VARIANTS rows to add (comma-separated: mma.sync, unstaged; "
+                             "empty: none): each compiles and times the int8 model again")
     parser.add_argument("--no-kernels", action="store_true")
     parser.add_argument("--no-models", action="store_true")
     parser.add_argument("--sweep", action="store_true",

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from ..ir import loop as L
 from ..ir import types as T
 from ..ir.ops.quantized import GROUP_COLUMNS
-from .lower import Kernel, epilogue, layout_tail
+from .lower import Kernel, epilogue, layout_tail, store_index
 from .problems import Epilogue, plane_geometry
 
 
@@ -41,6 +42,11 @@ class QuantizedDenseProblem:
     anchor_dims: tuple
     epilogue: Epilogue
     w_zp: L.Buffer | None = None
+    # where Y stores the element computed at an anchor index, through the layout tail (a
+    # Reshape / Transpose the target fuses after the epilogue: `Fusion.store_remaps`); None
+    # without one (Y is the anchor's [..., n])
+    store_index: Callable | None = None
+    x_scale: L.Buffer | None = None   # a scalar factor of scale (QuantizedDense's x_scale)
 
     @property
     def signed(self) -> bool:
@@ -56,13 +62,14 @@ class QuantizedDenseProblem:
 
 
 def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
-    """The kernel's QuantizedDense anchor (first in its group, static shapes, no layout
-    tail) as a problem; None otherwise."""
+    """The kernel's QuantizedDense anchor (first in its group, static shapes, a layout tail
+    of known index maps) as a problem; None otherwise."""
     node = kernel.anchor
-    if node is not kernel.nodes[0] or node.op != "QuantizedDense" or layout_tail(kernel):
+    where = store_index(kernel)
+    if node is not kernel.nodes[0] or node.op != "QuantizedDense" or where is None:
         return None
     params = kernel.func.params
-    a, za, w, sums, bias, scale, y_zp, w_zp = _buffers(kernel, node, 8)
+    a, za, w, sums, bias, scale, y_zp, w_zp, x_scale = _buffers(kernel, node, 9)
     anchor_dims = L.static_shape(node.outputs[0].type.shape)
     a_dims = L.static_shape(a.shape)
     if anchor_dims is None or a_dims is None:
@@ -74,7 +81,14 @@ def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
         name=kernel.func.name, params=params, a=a, za=za, w=w, sums=sums, bias=bias,
         scale=scale, y_zp=y_zp, y=params[-1], m=m, n=n, k=k,
         out=node.outputs[0].type.dtype, lo=node.attrs["lo"], hi=node.attrs["hi"],
-        anchor_dims=tuple(anchor_dims), epilogue=epilogue(kernel), w_zp=w_zp)
+        anchor_dims=tuple(anchor_dims), epilogue=epilogue(kernel), w_zp=w_zp,
+        store_index=where if layout_tail(kernel) else None, x_scale=x_scale)
+
+
+def untailed(p: QuantizedDenseProblem) -> bool:
+    """Whether the product stores its anchor's layout (no layout tail: what the templates of
+    a target that fuses none serve)."""
+    return p.store_index is None
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,7 @@ class QuantizedConvProblem:
     epilogue: Epilogue
     group: int = 1
     tap_sums: L.Buffer | None = None   # QuantizedConvNHWC's w_tap_sums [M, kh * kw]
+    x_scale = None                     # (a dense product's only: `scale_param`)
 
     @property
     def signed(self) -> bool:
@@ -255,6 +270,32 @@ def dynamic_quantize(kernel: Kernel) -> DynamicQuantize | None:
         return None
     return DynamicQuantize(kernel.func.name, kernel.func.params, x, y, scale, zero_point,
                            math.prod(dims))
+
+
+def dynamic_scale(top: L.Expr, bottom: L.Expr) -> L.Expr:
+    """DynamicQuantizeLinear's scale from x's range widened to include 0 (`top` >= 0 >=
+    `bottom`), as its reference forms it."""
+    return L.Select(L.eq(top, bottom), L.const(1.0), top - bottom) / L.const(255.0)
+
+
+def dynamic_zero_point(bottom: L.Expr, scale: L.Expr) -> L.Expr:
+    """Its zero point (an integral float32 in [0, 255]) from the range's `bottom` and the
+    scale, as its reference forms it."""
+    return L.call("round", L.minimum(L.maximum(L.const(0.0) - bottom / scale, L.const(0.0)),
+                                     L.const(255.0)))
+
+
+def dynamic_quantized(x: L.Expr, scale: L.Expr, zero: L.Expr) -> L.Expr:
+    """x quantized at that scale and (float32) zero point: an integral float32 in [0, 255]."""
+    return L.minimum(L.maximum(L.call("round", x / scale) + zero, L.const(0.0)),
+                     L.const(255.0))
+
+
+def scale_param(p: QuantizedDenseProblem | QuantizedConvProblem, j) -> L.Expr | None:
+    """The scale of a product's channel j (None without one): its scale times its x_scale
+    where it has one, one float32 product as the op's reference forms it."""
+    scale = channel_param(p.scale, j)
+    return scale if p.x_scale is None or scale is None else channel_param(p.x_scale, j) * scale
 
 
 def channel_param(buffer: L.Buffer | None, j) -> L.Expr | None:

@@ -360,8 +360,28 @@ class _Rewriter:
                     chain, scale = [node, cast[0], mul[0]], s
         x = _Quantized(a, np.ones((), np.float32), za, 1)
         w, w_zp = weights
+        factors = self.scale_factors(scale, chain[-1]) if node.op == "MatMulInteger" else None
+        if factors is not None:   # the scales' Mul taken in: x_scale * w_scale in the op
+            chain, scale = [node, factors[0]] + chain[1:], factors[2]
         made = self.product_inputs(node, x, w, None, None, scale, None, w_zp)
+        if made is not None and factors is not None:
+            made[1].extend([None] * (8 - len(made[1])) + [factors[1]])
         return made is not None and self.replace(chain, *made[:2], {**made[2], **QUANT_ATTRS})
+
+    def scale_factors(self, scale: Value | None, reader: Node):
+        """(the Mul node, its run-time float32 scalar, its constant) where `scale`, read by
+        `reader` only, is a Mul of a run-time scalar (a DynamicQuantizeLinear's scale) and a
+        constant scalar or vector (the weights' scales), as quantize_dynamic writes it; None
+        otherwise."""
+        node = None if scale is None else scale.producer
+        if node is None or node.op != "Mul" or not self.only_reader(scale, reader):
+            return None
+        u, c = node.inputs if node.inputs[0].const is None else node.inputs[::-1]
+        if c.const is None or u.const is not None or u.type.shape not in ((), (1,)) or \
+                c.type.shape != scale.type.shape or \
+                not u.type.dtype is c.type.dtype is T.float32:
+            return None
+        return node, u, c
 
     def qlinear(self, node: Node) -> bool:
         """QLinearMatMul / QLinearConv of constant int8 weights -> one integer op."""

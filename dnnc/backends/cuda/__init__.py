@@ -18,12 +18,13 @@ from ..lower import STORE_REMAPS
 
 FUSION = Fusion(max_group=8, store_remaps=tuple(sorted(
     (op, frozenset(STORE_REMAPS))
-    for op in problems.DENSE_OPS + ("FusedAttention", "Sparse24Dense"))),
+    for op in problems.DENSE_OPS + ("FusedAttention", "Sparse24Dense", "QuantizedDense"))),
     attention=True)
 """What the cuda target's kernels take as one: any fused group of up to 8 nodes (a reduction
 with its injective producers and consumers, as a softmax or layernorm row), and a dense
 product with the layout ops after its epilogue (the dense and gemv templates store through
-them: attention's Q, K and V projections write heads-first straight from the accumulators),
+them: attention's Q, K and V projections write heads-first straight from the accumulators,
+int8 ones too: int8.py's QuantizedDense),
 and attention fused into one FusedAttention node (`passes/fuse_attention.py`), whose template
 (`attention.py`) stores through the layout ops after it too (the heads merged back), as
 the 2:4 product's (Sparse24Dense: `sparse24.py`) does."""

@@ -26,8 +26,9 @@ templates'; then the group's fused consumers (`Epilogue`). Weights with a zero p
 Knobs: mma.py's TensorCoreConfig tiles (block_m, block_n, block_k in bytes, warps, stages),
 k unsplit; on sm_90 the `wgmma` knob (wgmma.py's m64nNk32 s8 / u8 form on the same shared
 tiles, k tiles of 128 bytes, int32 accumulators), which the dense and channels-last conv
-defaults take only with DNNC_WGMMA=1 (`mma.wgmma_by_default`: s8 / u8 are not among
-WGMMA_PRECISIONS until measured). This module builds loop IR; it must never render C or launch.
+defaults take (`mma.wgmma_by_default`: s8 / u8 are among WGMMA_PRECISIONS; DNNC_WGMMA=0
+keeps mma.sync), staging 8-bit results (`mma.staged_by_default`). This module builds loop
+IR; it must never render C or launch.
 
 Products of fewer than 16 rows (a GEMV: batch-1 classifier heads) take dp4a instead
 (cuda_int8_gemv: `L.dot_u8s8x4`, which the cuda renderer emits as `dp4a.u32.s32`), a warp a
@@ -47,14 +48,14 @@ from ...ir import types as T
 from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr
 from ...ir.target import GPU
 from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, channel_param,
-                                  quantized_conv, quantized_dense)
+                                  quantized_conv, quantized_dense, scale_param)
 from ..space import Constraint, Space, Template
 from .dense import Operand, min_blocks
 from .device import gpu_of, has_wgmma
 from .mma import (DEFAULTS, EFFICIENCY, MAX_ACCUMULATORS, MAX_SHARED_BYTES,
                   MAX_WGMMA_SHARED_BYTES, MMA_UNDER_WGMMA, WARP, WGMMA_DEFAULTS,
                   WGMMA_EFFICIENCY, TensorCoreConfig, mma_product, resident, shared_bytes,
-                  wgmma_by_default)
+                  staged_by_default, wgmma_by_default)
 
 BLOCK_K = (32, 64, 128)
 """k tiles in bytes: one, two or four m16n8k32 steps."""
@@ -110,7 +111,7 @@ def choose(m: int, n: int, k: int, gpu: GPU, with_wgmma: bool = False) -> Tensor
     part empty) says is fastest. resnet50 at batch 32 (100352 x 64 x 576 ... 1568 x 2048 x
     512) and BERT at batch 8 (1024 x 768 x 3072) take 64 x 64 to 128 x 256 tiles of 4 or 8
     warps; a product of a few dozen rows 16 x 32. `with_wgmma` (`mma.wgmma_by_default` of
-    the arch and precision: on sm_90 with DNNC_WGMMA=1, not measured yet) adds mma.py's
+    the arch and precision: on sm_90 unless DNNC_WGMMA=0) adds mma.py's
     WGMMA_DEFAULTS tiles, k tiles of 128 bytes, and scales the others' guesses as mma.py
     does."""
     best, best_time = None, float("inf")
@@ -149,8 +150,8 @@ def _finished(p, acc: L.Expr, j, shift: int = 0) -> L.Expr:
     """The int32 sum (A + shift) W of channel j with the zero point's share taken off (-
     (za + shift) w_sums[j]), through the op's `finish_expr`."""
     za = L.Cast(T.int32, channel_param(p.za, 0)) + L.const(shift, T.int32)
-    return finish_expr(acc - za * p.sums[j],
-                       *(channel_param(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out, p.lo, p.hi)
+    return finish_expr(acc - za * p.sums[j], channel_param(p.bias, j), scale_param(p, j),
+                       channel_param(p.y_zp, j), p.out, p.lo, p.hi)
 
 
 def _as(value: L.Expr, dtype: T.DType) -> L.Expr:
@@ -180,6 +181,15 @@ def _word(byte_values: list) -> L.Expr:
 
 # -- QuantizedDense -------------------------------------------------------------------------------
 
+def _output(p: QuantizedDenseProblem) -> tuple[L.Buffer, object]:
+    """(Y as the kernel stores it, `put(i, j)`: where element (i, j) goes): Y as [m, n], or
+    through the layout tail the group ends with (attention's Q, K and V projections written
+    heads-first), Y's own shape at the remapped index."""
+    if p.store_index is None:
+        return L.Buffer(p.y.name, p.y.dtype, (p.m, p.n)), lambda i, j: (i, j)
+    return p.y, lambda i, j: tuple(p.store_index(p.anchor_index(i, j)))
+
+
 def dense_applies(p: QuantizedDenseProblem) -> bool:
     return p.w_zp is None and p.m >= GEMV_ROWS
 
@@ -189,18 +199,18 @@ def dense_space(p: QuantizedDenseProblem, machine) -> Space:
 
 
 def dense_default(p: QuantizedDenseProblem, machine) -> TensorCoreConfig:
-    return choose(p.m, p.n, p.k, gpu_of(machine),
-                  wgmma_by_default(getattr(machine, "arch", None), precision(p)))
+    return staged_by_default(choose(p.m, p.n, p.k, gpu_of(machine), wgmma_by_default(
+        getattr(machine, "arch", None), precision(p))), p.y.dtype, precision(p))
 
 
 def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
     """Y[i, j] (A's batch dims folded into rows) on the integer tensor cores."""
     a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
-    y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+    y, put = _output(p)
 
     def store(bi, i, j, acc):
         value = p.epilogue(_finished(p, acc, j), p.anchor_index(i, j))
-        return L.Store(y, (i, j), _as(value, y.dtype))
+        return L.Store(y, put(i, j), _as(value, y.dtype))
 
     def row_word(bi, i, kw):
         """4 k of row i (those past k: any value, their weights are 0)."""
@@ -245,7 +255,7 @@ def gemv_build(p: QuantizedDenseProblem, c: GemvConfig, machine) -> L.PrimFunc:
     bytes of the packing), each row's sum in a register by `dot_u8s8x4` (dp4a: int8 A read
     as A + 128), the two halves added by one shuffle, stored by lanes 0-15."""
     a = L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
-    y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))
+    y, put = _output(p)
     panels, words = -(-p.n // GROUP_COLUMNS), -(-p.k // GROUP_DEPTH)
     w = L.Buffer(p.w.name, T.uint32, (panels, words, GROUP_COLUMNS))
     shift = 128 if p.signed else 0
@@ -273,7 +283,7 @@ def gemv_build(p: QuantizedDenseProblem, c: GemvConfig, machine) -> L.PrimFunc:
         each_row(L.Store(acc, (r,), acc[r] + L.call("shfl_xor", acc[r], L.const(16, T.int32),
                                                     dtype=T.int32))),
         L.If(L.logical_and(lane < GROUP_COLUMNS, col < p.n),
-             each_row(L.Store(y, (r, col), _as(value, y.dtype)))))
+             each_row(L.Store(y, put(r, col), _as(value, y.dtype)))))
     threads = WARP * c.warps
     body = L.For(t, threads, L.Let(lane, t % WARP, L.Let(
         panel, b * c.warps + t // WARP, body)), L.ForKind.THREAD_X)

@@ -27,8 +27,8 @@ so the correction is right whichever path copies the patches.
 
 Knobs: int8.py's (`int8.space`: mma.py's TensorCoreConfig tiles, k tiles in bytes, stages,
 on sm_90 the `wgmma` knob: wgmma.py's s8 / u8 form, both tiles K-major), searched by the
-tuner; the default is `int8.choose`'s on the implicit GEMM (wgmma tiles only with
-DNNC_WGMMA=1).
+tuner; the default is `int8.choose`'s on the implicit GEMM (wgmma's tiles on sm_90, 8-bit
+results staged: `mma.staged_by_default`).
 
 This module builds loop IR; it must never render C or launch. Never used for a grouped or
 depthwise conv, or channels that are not whole 16-byte chunks (those keep int8.py's NCHW
@@ -44,7 +44,7 @@ from ..space import Space, Template
 from .dense import Operand
 from .device import gpu_of
 from .int8 import _as, _finished, _word, choose, precision, space
-from .mma import TensorCoreConfig, mma_product, wgmma_by_default
+from .mma import TensorCoreConfig, mma_product, staged_by_default, wgmma_by_default
 
 CHUNK = 16
 """Channels of a cp.async chunk (16 bytes of int8)."""
@@ -74,9 +74,9 @@ def conv_space(p: QuantizedConvProblem, machine) -> Space:
 
 def conv_default(p: QuantizedConvProblem, machine) -> TensorCoreConfig:
     """`int8.choose`'s tile of the implicit GEMM (with the wgmma tiles on sm_90 where
-    `mma.wgmma_by_default` says: DNNC_WGMMA=1)."""
-    return choose(*gemm(p), gpu_of(machine),
-                  wgmma_by_default(getattr(machine, "arch", None), precision(p)))
+    `mma.wgmma_by_default` says), staged where `mma.staged_by_default` says."""
+    return staged_by_default(choose(*gemm(p), gpu_of(machine), wgmma_by_default(
+        getattr(machine, "arch", None), precision(p))), p.y.dtype, precision(p))
 
 
 def _padding_share(p: QuantizedConvProblem, img_pixel, j) -> L.Expr:

@@ -313,9 +313,11 @@ DNNC_WGMMA is unset (DNNC_WGMMA=0 turns it off; =1 on at every precision). On an
 3072 x 768, 0.73 and 0.65 at 1024 rows (mma.sync 0.70, 0.63); the GPU tests of the product
 and of bert_base and mlp at fp16 / bf16 passed."""
 
-WGMMA_PRECISIONS = ("fp16", "bf16")
+WGMMA_PRECISIONS = ("fp16", "bf16", "s8", "u8")
 """Where the default takes wgmma unasked (and at tf32 where both operands are tf32 values
-already, `wgmma_by_default`): at tf32 rounding in the tiles (K-major 32-bit tiles) the same run had
+already, `wgmma_by_default`); s8 / u8: int8.py's integer products (DNNC_WGMMA=0 keeps them on
+mma.sync): on an H200 a QDQ resnet50 at batch 32 took 2.44 ms so against 2.86 on mma.sync
+(bench/gpu_int8.py, 8-bit results staged). At tf32 rounding in the tiles (K-major 32-bit tiles) the same run had
 it slower than mma.sync but at 8192 x 768 x 3072 (0.23 against 0.35 at 8192 x 3072 x 768,
 0.37 against 0.62 at 1024 x 768 x 3072). Models agree: with DNNC_WGMMA=1 at tf32, batch 32
 (H200, bench/gpu_versus.py), resnet18 took 3.83 ms against 1.96 on mma.sync, convnext_tiny
@@ -883,16 +885,18 @@ def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
         p.y.dtype, machine.precision)
 
 
-STAGED_OUTPUTS = (T.float16, T.bfloat16)
+STAGED_OUTPUTS = (T.float16, T.bfloat16, T.int8, T.uint8)
 """Outputs whose products the default stages (staged.py) unless DNNC_STAGED=0: a direct
-store of a 16-bit Y writes a lane's 4 bytes, a warp's store 8 rows of 16 bytes, where the
-staged one stores runs of a row. On an H200 (bench/gpu_kernels.py, fp16 stored in and out,
-against cuBLAS's fp16 product): wgmma 4096^3 0.82 staged against 0.76 direct (128 x 256, 4
+store of a 16-bit Y writes a lane's 4 bytes, a warp's store 8 rows of 16 bytes (an 8-bit Y,
+int8.py's requantized results: 2 bytes, rows of 8; a QDQ resnet50 at batch 32 on wgmma,
+H200: 2.44 ms staged against 2.74 direct), where the staged one stores runs of a row. On an
+H200 (bench/gpu_kernels.py, fp16 stored in and out, against cuBLAS's fp16 product): wgmma
+4096^3 0.82 staged against 0.76 direct (128 x 256, 4
 stages), 8192 x 768 x 3072 0.77 against 0.60, 8192 x 3072 x 768 0.70 against 0.66 (128 x 128,
 5 stages), 6304 x 192 x 576 0.87 against 0.35 (128 x 128, 5 stages, --graphs); mma.sync
 (--graphs, fp16 and bf16) staged as fast or faster at every tile timed: 4096^3 128 x 128 x 64
-0.53 against 0.50, 128 x 768 x 3072 64 x 64 x 32 0.66 against 0.54 (bf16), 32 x 64 within 2%.
-A float32 Y's direct stores fill whole sectors (what staged.py's A/B measured: no gain) and
+0.53 against 0.50, 128 x 768 x 3072 64 x 64 x 32 0.66 against 0.54 (bf16), 32 x 64 within 2% (8-bit
+results on mma.sync are staged too, untimed). A float32 Y's direct stores fill whole sectors (what staged.py's A/B measured: no gain) and
 stay direct."""
 
 

@@ -78,6 +78,7 @@ from .conv_nhwc import MMA_CONV2D_NHWC
 from .depthwise import DEPTHWISE
 from .depthwise_nhwc import DEPTHWISE_NHWC
 from .dense import DENSE
+from .dynamic_quantize import DYNAMIC_QUANTIZE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
 from .int8 import INT8_CONV2D, INT8_DENSE, INT8_GEMV
@@ -293,6 +294,8 @@ TEMPLATES = {
     # the mean over a channels-last plane (squeeze-and-excitation's pool) a block per image
     # x run of channels (plane_mean.py)
     ("cuda", Pattern.REDUCE): (PLANE_MEAN_NHWC, ROWS, DEFAULT),
+    # DynamicQuantizeLinear in two launches (dynamic_quantize.py)
+    ("cuda", Pattern.OPAQUE): (DYNAMIC_QUANTIZE, ROWS, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""

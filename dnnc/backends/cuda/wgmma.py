@@ -46,8 +46,8 @@ Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer th
 sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-last conv
 defaults take it at fp16 / bf16 (`mma.WGMMA_DEFAULT`; DNNC_WGMMA=1 at tf32 too), the NCHW
 conv default stays on mma.sync (its gathered patches come through registers: not measured).
-int8.py's and int8_nhwc.py's spaces offer it at "s8" / "u8" on sm_90, their defaults only
-with DNNC_WGMMA=1. Tried and dropped: a persistent form (132 blocks each looping over
+int8.py's and int8_nhwc.py's spaces offer it at "s8" / "u8" on sm_90, and their defaults
+take it (DNNC_WGMMA=0: mma.sync). Tried and dropped: a persistent form (132 blocks each looping over
 output tiles, its cp.async ring running on into the next tile's first k tiles while this
 one's results were stored) measured slower on an H200 at fp16 in and out: 4096^3 0.61-0.66
 of cuBLAS against 0.76 unpersistent, 8192 x 768 x 3072 0.32 against 0.60 (the same

@@ -49,7 +49,9 @@ from ...ir.ops.quantized import (GROUP_COLUMNS, GROUP_DEPTH, MAGIC, MAGIC_BITS, 
                                   panel_base, panel_span)
 from ..quantized_problems import (DynamicQuantize, MaxPool8, QuantizedConvProblem,
                                   QuantizedDenseProblem, channel_param, dynamic_quantize,
-                                  max_pool8, quantized_conv, quantized_dense)
+                                  dynamic_quantized, dynamic_scale, dynamic_zero_point,
+                                  max_pool8, quantized_conv, quantized_dense, scale_param,
+                                  untailed)
 from ..space import Constraint, Space, Template
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
@@ -100,8 +102,8 @@ def zero_point(p, flipped: bool | None = None) -> L.Expr:
 def requantized(p, acc: L.Expr, j) -> L.Expr:
     """Column (output channel) j's sum of (a - za)(w - zw) through the op's finish (bias,
     scale, zero point, lo / hi) in the anchor's type."""
-    return finish_expr(acc, *(channel_param(b, j) for b in (p.bias, p.scale, p.y_zp)), p.out,
-                       p.lo, p.hi)
+    return finish_expr(acc, channel_param(p.bias, j), scale_param(p, j),
+                       channel_param(p.y_zp, j), p.out, p.lo, p.hi)
 
 
 class _Tile:
@@ -535,9 +537,7 @@ def quantize_build(p: DynamicQuantize, config: QuantizeConfig, machine) -> L.Pri
         top, bottom = L.maximum(top, hi[t]), L.minimum(bottom, lo[t])
     scale = L.Var("scale", f32)
     zero = L.Var("zero", f32)
-    scale_value = L.Select(L.eq(top, bottom), L.const(1.0), top - bottom) / L.const(255.0)
-    zero_value = L.call("round", L.minimum(L.maximum(L.const(0.0) - bottom / scale,
-                                                     L.const(0.0)), L.const(255.0)))
+    scale_value, zero_value = dynamic_scale(top, bottom), dynamic_zero_point(bottom, scale)
     params = L.seq(L.Store(p.scale, (), scale), L.Store(p.zero_point, (), _as_byte(zero)))
     ranges = L.Allocate(hi, L.Allocate(lo, L.seq(
         L.For(lane, lanes, L.seq(L.Store(hi, (lane,), L.const(0.0)),
@@ -548,8 +548,7 @@ def quantize_build(p: DynamicQuantize, config: QuantizeConfig, machine) -> L.Pri
     s, z = L.Var("s", f32), L.Var("z", f32)
 
     def quantize(k: L.Expr) -> L.Stmt:
-        q = L.minimum(L.maximum(L.call("round", x[k] / s) + z, L.const(0.0)), L.const(255.0))
-        return L.Store(y, (k,), _as_byte(q))
+        return L.Store(y, (k,), _as_byte(dynamic_quantized(x[k], s, z)))
 
     chunk = config.chunk
     chunks = p.size // chunk
@@ -561,7 +560,7 @@ def quantize_build(p: DynamicQuantize, config: QuantizeConfig, machine) -> L.Pri
     return L.simplify(L.PrimFunc(p.name, params, L.seq(ranges, body)))
 
 
-DENSE_INT8 = Template("dense_int8", quantized_dense, lambda p: True, space, default, build)
+DENSE_INT8 = Template("dense_int8", quantized_dense, untailed, space, default, build)
 CONV_INT8 = Template("conv_int8", quantized_conv, lambda p: True, conv_space, conv_default,
                      conv_build)
 MAXPOOL_INT8 = Template("maxpool_int8", max_pool8, lambda p: True, pool_space, pool_default,

@@ -20,6 +20,11 @@ QuantizeLinear) and the clamp saturates to the output type, narrowed by `lo` / `
 Relu or Clip, in the output's integer domain). A conv pads with the activation's zero point
 (padding adds nothing to the sum), as QLinearConv does.
 
+QuantizedDense's `x_scale` (optional, a float32 scalar, known at run time: the activation's
+DynamicQuantizeLinear scale) multiplies its scale first: scale[n] = x_scale * w_scale[n],
+one float32 product, as onnxruntime's quantize_dynamic files form it (a Mul of the two
+scales before the Mul of the converted sums), so that product needs no kernel of its own.
+
 `w_sums[n]` = sum over k of w[k, n]: derived from the weights at compile time for the
 u8 x s8 kernels' zero-point compensation (sum a w - a_zero_point * w_sums); the reference
 checks it and never computes with it. `w_zero_point` (QuantizedDense only, absent: 0) is
@@ -175,6 +180,11 @@ def _optional(inputs, k: int):
 
 def _dense_infer(ctx):
     _check_activation(ctx, "a")
+    if ctx.has(8):
+        check_dtype(ctx, 8, (T.float32,), "x_scale")
+        if ctx.shape(8) not in ((), (1,)) or not ctx.has(5):
+            raise ctx.fail(f"x_scale is a scalar factor of a scale, given {ctx.type(8)}"
+                           f"{'' if ctx.has(5) else ' without a scale'}")
     if ctx.has(7):
         check_dtype(ctx, 7, (T.int8,), "w_zero_point")
         if ctx.shape(7) not in ((), (1,), (ctx.attrs["n"],)):
@@ -195,7 +205,9 @@ def _dense_infer(ctx):
 
 
 def quantized_dense(a, a_zero_point, w, w_sums, bias=None, scale=None, y_zero_point=None,
-                    w_zero_point=None, *, n, lo, hi):
+                    w_zero_point=None, x_scale=None, *, n, lo, hi):
+    if x_scale is not None:
+        scale = np.float32(x_scale.reshape(())) * scale.astype(np.float32)
     wk = unpack_groups(w, a.shape[-1], n)
     _check_sums(wk, w_sums)
     wk = wk.astype(np.int64)
@@ -207,9 +219,13 @@ def quantized_dense(a, a_zero_point, w, w_sums, bias=None, scale=None, y_zero_po
 
 def _dense_rule(inputs, outputs, *, n, lo, hi):
     a, za, w = inputs[0], inputs[1], inputs[2]
-    bias, scale, y_zp, zw = (_optional(inputs, k) for k in (4, 5, 6, 7))
+    bias, scale, y_zp, zw, x_scale = (_optional(inputs, k) for k in (4, 5, 6, 7, 8))
     out = outputs[0]
     k = reduce_axis(a.shape[-1], "k")
+
+    def scale_at(j):
+        s = scalar_or_per_channel(scale, j)
+        return s if x_scale is None else scalar_or_per_channel(x_scale, j) * s
 
     def element(*idx):
         j = idx[-1]
@@ -219,15 +235,17 @@ def _dense_rule(inputs, outputs, *, n, lo, hi):
                               k.var % GROUP_DEPTH])
         if zw is not None:
             wv = wv - widen(T.int32, scalar_or_per_channel(zw, j))
-        return finish_expr(reduce_sum(av * wv, k), *(
-            None if p is None else scalar_or_per_channel(p, j) for p in (bias, scale, y_zp)),
-            out.dtype, lo, hi)
+        return finish_expr(reduce_sum(av * wv, k),
+                           None if bias is None else scalar_or_per_channel(bias, j),
+                           None if scale is None else scale_at(j),
+                           None if y_zp is None else scalar_or_per_channel(y_zp, j),
+                           out.dtype, lo, hi)
 
     return [compute(out.shape, element, "quantized_dense", out.dtype)]
 
 
 register_op("QuantizedDense", pattern=Pattern.OUT_FUSABLE, infer=_dense_infer,
-            evaluate=quantized_dense, inputs=(4, 8), compute=_dense_rule,
+            evaluate=quantized_dense, inputs=(4, 9), compute=_dense_rule,
             attrs={"n": REQUIRED, **QUANT_ATTRS}, weights=(2, 3, 4, 7),
             flops=lambda node: 2 * numel(node.outputs[0]) * Count.of([node.inputs[0].shape[-1]]),
             batched=batching.data_input)

@@ -252,12 +252,15 @@ def test_quantized_files_on_host(name, tmp_path):
         assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("shape", [(300, 500), (64, 33)])
-def test_dynamic_quantize_of_a_large_tensor_on_host(shape, rng, tmp_path):
-    """DynamicQuantizeLinear of 150,000 elements reduces its max and min in two levels
-    (ir/ops/quant.py's DQ_PARTS partials, then one reduction: a GPU spreads the first over
-    its blocks), of 2,112 in one; both give the reference's outputs exactly on host
-    threads."""
+@pytest.mark.parametrize("shape,values", [
+    ((300, 500), "normal"), ((64, 33), "normal"), ((7, 5), "positive"), ((1000, 3), "negative"),
+    ((2, 129), "zero")])
+def test_dynamic_quantize_on_host(shape, values, rng, tmp_path):
+    """DynamicQuantizeLinear as cuda_dynamic_quantize's two launches (partial ranges of a
+    grid-stride share a block; every block the whole range from them, then its share
+    quantized): the reference's outputs exactly on host threads, for 150,000 elements down
+    to fewer than a block's threads, ranges on both sides of 0, one side only (the range
+    widened to 0) and none (scale 1)."""
     import test_host_semantics as host
     from dnnc.ir.ops.quant import dynamic_quantize_linear
 
@@ -265,11 +268,12 @@ def test_dynamic_quantize_of_a_large_tensor_on_host(shape, rng, tmp_path):
     x = g.add_input("x", T.TensorType(T.float32, shape))
     g.outputs = list(g.add_node("DynamicQuantizeLinear", [x], {}, num_outputs=3))
     graph, (program,) = programs(g)
+    assert [k.schedule[0] for k in program.kernels] == ["cuda_dynamic_quantize"]
     module = render_module(program.unique)
-    assert ("dq_max_parts" in module.source) == (shape[0] * shape[1] > (1 << 16)), \
-        module.source[-3000:]
     lib = host.host_library(program.unique, tmp_path, module)
     a = (rng.standard_normal(shape) * 3).astype(np.float32)
+    a = {"normal": a, "positive": np.abs(a) + 1, "negative": -np.abs(a) - 0.5,
+         "zero": np.zeros_like(a)}[values]
     got = host.program_on_host(lib, module, program, {"x": a})
     for out, want in zip(graph.outputs, dynamic_quantize_linear(a)):
         assert np.array_equal(got[out.name], want)

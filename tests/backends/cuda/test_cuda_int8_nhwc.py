@@ -132,17 +132,24 @@ def test_nhwc_conv_makes_int8_convs_channels_last(c, tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_int8_nhwc_kernels_compile_with_nvrtc(arch):
-    """u8 and s8 patches by cp.async, the padding's share, a pointwise conv."""
+    """u8 and s8 patches by cp.async, the padding's share, a pointwise conv, as the defaults
+    schedule them for `arch` (sm_80: mma.sync; sm_90: wgmma, compiled for sm_90a as the
+    runtime does)."""
+    from dataclasses import replace
+
     rng = np.random.default_rng(5)
     funcs = []
     for case in (CASES[0], CASES[1], CASES[2]):
-        _, (program,) = programs(nhwc_graph(rng, *case)[0], machine=MACHINE)
+        _, (program,) = programs(nhwc_graph(rng, *case)[0], machine=replace(MACHINE, arch=arch))
         funcs += [(f.__class__(f"{f.name}_{len(funcs)}", f.params, f.body), noalias)
                   for f, noalias in program.unique]
     source = render_module(funcs).source
-    assert "dnnc_mma_u8(&" in source and "dnnc_mma_s8(&" in source
+    if arch == "sm_80":
+        assert "dnnc_mma_u8(&" in source and "dnnc_mma_s8(&" in source
+    else:
+        assert "dnnc_wgmma_u8_" in source and "dnnc_wgmma_s8_" in source
     assert "dnnc_cp_async(&" in source
-    nvrtc_compiled(source, arch)
+    nvrtc_compiled(source, arch + ("a" if "dnnc_wgmma_" in source else ""))
 
 
 @pytest.mark.parametrize("name,convs", [
