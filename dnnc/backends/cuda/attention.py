@@ -59,7 +59,7 @@ MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
 MAX_REGISTERS = 64
 MAX_HEAD = 128                # head sizes the template takes (d and dv)
 MAX_GRID_Y = 65535
-ROWS = (8, 16, 32, 64, 128)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)   # (fewer than 8: a decode step's query rows)
 THREADS = (32, 64, 128, 256, 512)
 TILE_K = (16, 32, 64, 128)
 THREAD_ROWS = (1, 2, 4)
@@ -130,15 +130,27 @@ DEFAULTS = ((32, 128, 32, 4), (16, 128, 32, 1), (32, 128, 32, 1), (16, 64, 32, 1
 UNROLL_HEAD = 64
 
 
+# (rows, threads, tile_k, thread_rows) of the default where the queries are fewer than
+# its rows (a decode step's one row against the cache): 8 rows a block (the fewest the other
+# defaults have; DEFAULTS[0]'s 32 rows of 4 a thread computed the one row 8 times over, 8 us
+# a call for gpt2's 12 heads of 96 keys on an H200), a row group of 16 lanes, 16-key tiles
+# (the most slices of the keys, `split_for`)
+DECODE = (8, 128, 16, 1)
+
+
 def default(p: problems.Attention, machine) -> AttentionConfig:
     """The first DEFAULTS config in the space whose blocks fill the GPU (a block per SM),
-    else the one giving the most blocks; unrolled up to heads of UNROLL_HEAD; its keys split
-    (`split_for`) where its blocks are few."""
+    else the one giving the most blocks (DECODE first where the queries are fewer than its
+    rows); unrolled up to heads of UNROLL_HEAD; its keys split (`split_for`) where its
+    blocks are few."""
     s = space(p, machine)
     unroll = max(p.d, p.dv) <= UNROLL_HEAD
+    sms = gpu_of(machine).sms
+    decode = AttentionConfig(*DECODE, unroll=unroll)
+    if p.sq < decode.rows and _valid(s, decode):
+        return split_for(p, decode, sms)
     valid = [c for c in (AttentionConfig(*x, unroll=unroll) for x in DEFAULTS)
              if _valid(s, c)]
-    sms = gpu_of(machine).sms
     if valid and valid[0] == AttentionConfig(*DEFAULTS[0], unroll=unroll):
         return split_for(p, valid[0], sms)   # measured fastest unsplit, few blocks or many
     for c in valid:
