@@ -40,11 +40,11 @@ cache of 96 keys (bench/torch_decode.py's prompt 32 and 64 new tokens), K as the
 it, [b, h, keys, d], through a Transpose (as torch_attention imports sdpa)."""
 DECODE_VARIANTS = ((8, 128, 32, 1), (8, 128, 16, 1), (8, 256, 32, 1), (8, 64, 16, 1),
                    (8, 128, 16, 1, True, 2), (8, 128, 16, 1, True, 4),
-                   (8, 128, 16, 1, True, 8), (8, 256, 32, 1, True, 2),
-                   (8, 256, 32, 1, True, 4), (8, 64, 16, 1, True, 4),
-                   (1, 32, 32, 1), (1, 32, 32, 1, True, 2), (1, 32, 16, 1, True, 4),
-                   (1, 32, 16, 1, True, 8), (2, 64, 32, 1, True, 2),
-                   (4, 128, 32, 1, True, 2), (4, 128, 16, 1, True, 4),
+                   (8, 128, 16, 1, False, 4), (8, 256, 32, 1, True, 2),
+                   (16, 128, 16, 1, True, 4), (8, 64, 16, 1, True, 4),
+                   (8, 64, 16, 2, True, 4), (1, 32, 32, 1), (1, 32, 32, 1, True, 2),
+                   (2, 32, 16, 1, True, 4), (4, 64, 16, 1, True, 4),
+                   (2, 64, 32, 1, True, 2), (4, 128, 32, 1, True, 2),
                    (32, 128, 32, 4, True, 2))
 """(rows, threads, tile_k, thread_rows[, unroll[, split]]) configs timed at DECODE_SHAPES: one
 query row's blocks of the fewest rows (8, or 1, 2, 4: a row group of a warp), the keys split
