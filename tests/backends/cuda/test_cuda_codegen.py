@@ -608,6 +608,29 @@ def test_dense_configs_are_correct(rng, case):
                                    err_msg=str(config))
 
 
+@pytest.mark.parametrize("m,k,n,trans_b,want", [
+    (1, 768, 768, False, (8, 128, 8, 4)),    # gpt2's decode products, B [k, n]: a float4 of
+    (8, 3072, 768, False, (8, 128, 8, 4)),   # B a step, 2 threads across 8 columns
+    (15, 768, 2304, False, (8, 64, 8, 4)),   # 15 rows' partials: fewer threads along k
+    (1, 768, 5000, True, (8, 32, 8, 4)),     # B [n, k]: a float4 of k, a warp a column
+    (1, 96, 48, True, (4, 32, 1, 4)),        # few columns: 4 a block; 24 steps of k
+    (1, 300, 37, False, (8, 32, 8, 1)),      # an odd n: scalar columns
+])
+def test_gemv_default_geometry(m, k, n, trans_b, want):
+    from dnnc.backends.cuda.gemv import GEMV, threads
+
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (m, k)))
+    b = Value("b", T.TensorType(T.float32, (n, k) if trans_b else (k, n)),
+              const=np.ones((n, k) if trans_b else (k, n), np.float32))
+    g.outputs = [g.add("Gemm", a, b, transB=1) if trans_b else g.add("MatMul", a, b)]
+    problem = GEMV.problem(lower_group(list(g.nodes), "k", outputs=g.outputs))
+    config = GEMV.default(problem, MACHINE)
+    assert (config.cols, config.k_split, config.unroll, config.vector) == want
+    assert GEMV.space(problem, MACHINE).check(config) == config
+    assert threads(problem, config) <= 256
+
+
 @pytest.mark.parametrize("dims", [(128, 128, 8, 8, 8), (64, 256, 8, 8, 8), (32, 64, 8, 4, 8),
                                   (64, 64, 16, 4, 4), (16, 32, 16, 1, 2), (32, 32, 8, 8, 8)])
 def test_warps_take_4_by_8_blocks_of_thread_tiles(dims):
