@@ -130,25 +130,26 @@ DEFAULTS = ((32, 128, 32, 4), (16, 128, 32, 1), (32, 128, 32, 1), (16, 64, 32, 1
 UNROLL_HEAD = 64
 
 
-# (rows, threads, tile_k, thread_rows) of the default where the queries are fewer than
-# its rows (a decode step's one row against the cache): 8 rows a block (the fewest the other
-# defaults have; DEFAULTS[0]'s 32 rows of 4 a thread computed the one row 8 times over, 8 us
-# a call for gpt2's 12 heads of 96 keys on an H200), a row group of 16 lanes, 16-key tiles
-# (the most slices of the keys, `split_for`)
-DECODE = (8, 128, 16, 1)
+# (rows, threads, tile_k, thread_rows) of the default where the queries are fewer than its
+# rows (a decode step's one row against the cache), its keys unsplit: the fastest or within
+# 10% of it of 19 configs at gpt2's and llama's decode shapes (12 and 8 heads of 64, 96
+# keys, batch 1 and 8; H200, bench/gpu_kernels.py --attention-shapes decode: 9.3, 8.0, 7.7,
+# 8.7 us against 11.1, 11.4, 10.3 for DEFAULTS[0] split in 2, which computed the one row 8
+# times over, and 9.5 to 22.8 for 8 rows of 16 lanes, 16-key tiles split in 4)
+DECODE = (8, 256, 32, 1)
 
 
 def default(p: problems.Attention, machine) -> AttentionConfig:
-    """The first DEFAULTS config in the space whose blocks fill the GPU (a block per SM),
-    else the one giving the most blocks (DECODE first where the queries are fewer than its
-    rows); unrolled up to heads of UNROLL_HEAD; its keys split (`split_for`) where its
-    blocks are few."""
+    """DECODE where the queries are fewer than its rows and the space takes it; else the
+    first DEFAULTS config in the space whose blocks fill the GPU (a block per SM), else the
+    one giving the most blocks; unrolled up to heads of UNROLL_HEAD; its keys split
+    (`split_for`) where its blocks are few."""
     s = space(p, machine)
     unroll = max(p.d, p.dv) <= UNROLL_HEAD
     sms = gpu_of(machine).sms
     decode = AttentionConfig(*DECODE, unroll=unroll)
     if p.sq < decode.rows and _valid(s, decode):
-        return split_for(p, decode, sms)
+        return decode
     valid = [c for c in (AttentionConfig(*x, unroll=unroll) for x in DEFAULTS)
              if _valid(s, c)]
     if valid and valid[0] == AttentionConfig(*DEFAULTS[0], unroll=unroll):

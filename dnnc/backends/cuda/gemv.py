@@ -35,6 +35,8 @@ MAX_GRID_Y = 65535
 SHARED_FLOATS = 12288    # the partial sums' shared memory: 48 KiB, static shared's limit
 WARP = 32
 BLOCK_THREADS = 256      # a default block's threads
+LONG_K = 2048            # from this depth the default's block takes LONG_K_THREADS threads
+LONG_K_THREADS = 512
 VECTORS = (1, 2, 4)
 
 
@@ -90,8 +92,14 @@ def default(p: problems.Dense, machine) -> GemvConfig:
     reads 128 consecutive k of one column), 4 columns where 8 would leave SMs idle (B [n, k]
     only: its reads stay whole), BLOCK_THREADS threads (fewer where k has not that many
     steps), each step's loads in flight up to 8, within the shared memory the rows'
-    partials need. Before the vectors (ff7e5e0: a float a step, 32 threads along k) an
-    element of A read served one column: 8 loads of A a load of B at 8 rows."""
+    partials need; from LONG_K deep, LONG_K_THREADS threads (256 along k), 4 columns where
+    8 rows' partials would not fit 8. On an H200 (bench/gpu_kernels.py --graphs, weights
+    L2-resident), against ff7e5e0's default (a float a step, 32 threads along k: an element
+    of A read served one column, 8 loads of A a load of B at 8 rows): 1 x 768 x 768 2.4 us
+    (3.1), 1 x 768 x 3072 3.8 (4.7), 8 x 768 x 768 4.8 (7.5), 8 x 768 x 2304 8.1 (9.2);
+    k = 3072 (gpt2's second MLP product) took 5.4 (10.5) at 1 row and 9.8 (22.8) at 8 with
+    256 threads; 4.4 with 512 threads unrolled 4 (the default unrolls 8 there: untimed),
+    8.0 in 4 columns of 256 threads (the default at 8 rows)."""
     contiguous = p.k if p.trans_b else p.n
     vec = max(v for v in VECTORS if contiguous % v == 0)
     cols = 8
@@ -99,8 +107,12 @@ def default(p: problems.Dense, machine) -> GemvConfig:
         cols = 4
     c = GemvConfig(cols, 1, 1, vec)
     step_k = vec if p.trans_b else 1
-    ks = min(BLOCK_THREADS // across(p, c), max(-(-WARP // across(p, c)),
-                                                 _pow2(-(-p.k // step_k))))
+    block = LONG_K_THREADS if p.k >= LONG_K else BLOCK_THREADS
+    ks = min(block // across(p, c), max(-(-WARP // across(p, c)), _pow2(-(-p.k // step_k))))
+    if p.k >= LONG_K:   # (the threads along k kept, the columns halved, where rows' partials
+        #                 would not fit: 8 x 3072 x 768 in 4 columns of 256 threads)
+        while ks * cols * p.m > SHARED_FLOATS and cols > max(4, vec):
+            cols //= 2
     while ks * cols * p.m > SHARED_FLOATS and ks > 8:
         ks //= 2
     steps = -(-p.k // (ks * step_k))

@@ -610,7 +610,9 @@ def test_dense_configs_are_correct(rng, case):
 
 @pytest.mark.parametrize("m,k,n,trans_b,want", [
     (1, 768, 768, False, (8, 128, 8, 4)),    # gpt2's decode products, B [k, n]: a float4 of
-    (8, 3072, 768, False, (8, 128, 8, 4)),   # B a step, 2 threads across 8 columns
+    (8, 768, 2304, False, (8, 128, 8, 4)),   # B a step, 2 threads across 8 columns
+    (1, 3072, 768, False, (8, 256, 8, 4)),   # deep: 512 threads
+    (8, 3072, 768, False, (4, 256, 8, 4)),   # ... in 4 columns where 8 rows' partials don't fit
     (15, 768, 2304, False, (8, 64, 8, 4)),   # 15 rows' partials: fewer threads along k
     (1, 768, 5000, True, (8, 32, 8, 4)),     # B [n, k]: a float4 of k, a warp a column
     (1, 96, 48, True, (4, 32, 1, 4)),        # few columns: 4 a block; 24 steps of k
@@ -628,7 +630,7 @@ def test_gemv_default_geometry(m, k, n, trans_b, want):
     config = GEMV.default(problem, MACHINE)
     assert (config.cols, config.k_split, config.unroll, config.vector) == want
     assert GEMV.space(problem, MACHINE).check(config) == config
-    assert threads(problem, config) <= 256
+    assert threads(problem, config) <= 512
 
 
 @pytest.mark.parametrize("dims", [(128, 128, 8, 8, 8), (64, 256, 8, 8, 8), (32, 64, 8, 4, 8),
