@@ -27,12 +27,28 @@ from gpu_timing import cuda_torch, event_ms, fp32_only, interleaved_ms, load_mod
 RTOL, ATOL = 1e-4, 1e-5
 
 
-ATTENTION_SHAPES = (("bert_base b1", 1, 12, 128, 64), ("bert_base b8", 8, 12, 128, 64),
-                    ("vit b1", 1, 3, 197, 64), ("vit b32", 32, 3, 197, 64),
-                    ("seq 1024", 1, 12, 1024, 64),
-                    ("seq 4096", 1, 12, 4096, 64))
-"""(label, batch, heads, tokens, head size) of the attention table."""
-
+ATTENTION_SHAPES = (("bert_base b1", 1, 12, 128, 128, 64), ("bert_base b8", 8, 12, 128, 128, 64),
+                    ("vit b1", 1, 3, 197, 197, 64), ("vit b32", 32, 3, 197, 197, 64),
+                    ("seq 1024", 1, 12, 1024, 1024, 64),
+                    ("seq 4096", 1, 12, 4096, 4096, 64))
+"""(label, batch, heads, queries, keys, head size) of the attention table (`--attention-shapes
+default`): K arriving transposed, [b, h, d, keys], as bert's key projection stores it."""
+DECODE_SHAPES = (("gpt2 decode b1", 1, 12, 1, 96, 64), ("gpt2 decode b8", 8, 12, 1, 96, 64),
+                 ("llama decode b1", 1, 8, 1, 96, 64), ("llama decode b8", 8, 8, 1, 96, 64))
+"""A decode step's attention (`--attention-shapes decode`): one query row against a static
+cache of 96 keys (bench/torch_decode.py's prompt 32 and 64 new tokens), K as the cache holds
+it, [b, h, keys, d], through a Transpose (as torch_attention imports sdpa)."""
+DECODE_VARIANTS = ((8, 128, 32, 1), (8, 128, 16, 1), (8, 256, 32, 1), (8, 64, 16, 1),
+                   (8, 128, 16, 1, True, 2), (8, 128, 16, 1, True, 4),
+                   (8, 128, 16, 1, False, 4), (8, 256, 32, 1, True, 2),
+                   (16, 128, 16, 1, True, 4), (8, 64, 16, 1, True, 4),
+                   (8, 64, 16, 2, True, 4), (1, 32, 32, 1), (1, 32, 32, 1, True, 2),
+                   (2, 32, 16, 1, True, 4), (4, 64, 16, 1, True, 4),
+                   (2, 64, 32, 1, True, 2), (4, 128, 32, 1, True, 2),
+                   (32, 128, 32, 4, True, 2))
+"""(rows, threads, tile_k, thread_rows[, unroll[, split]]) configs timed at DECODE_SHAPES: one
+query row's blocks of the fewest rows (8, or 1, 2, 4: a row group of a warp), the keys split
+in 2 to 8 slices; the last is the default before decode shapes had their own."""
 ATTENTION_VARIANTS = ((8, 32, 32, 1), (16, 64, 32, 1), (16, 64, 64, 1), (32, 128, 32, 1),
                       (64, 256, 32, 1), (16, 128, 32, 1), (32, 256, 32, 1), (64, 128, 32, 1),
                       (32, 64, 32, 1), (16, 64, 32, 2), (32, 64, 32, 2), (64, 128, 32, 2),
@@ -53,13 +69,20 @@ RTOL and ATOL): the operands' rounding (test_cuda_mma_attention's bound, about 1
 and fp16 for these inputs) with room."""
 
 
-def attention_chain(batch: int, heads: int, seq: int, d: int) -> Graph:
-    """bert's attention as exported: MatMul(Q, Kᵀ) / sqrt(d) + mask -> Softmax -> MatMul(., V)."""
+def attention_chain(batch: int, heads: int, queries: int, keys: int, d: int,
+                    cache: bool = False) -> Graph:
+    """bert's attention as exported: MatMul(Q, Kᵀ) / sqrt(d) + mask -> Softmax -> MatMul(., V),
+    K given [b, h, d, keys]; with `cache`, [b, h, keys, d] through a Transpose (a decode
+    step's static cache)."""
     g = Graph("attention")
-    q = g.add_input("q", T.TensorType(T.float32, (batch, heads, seq, d)))
-    kt = g.add_input("kt", T.TensorType(T.float32, (batch, heads, d, seq)))
-    v = g.add_input("v", T.TensorType(T.float32, (batch, heads, seq, d)))
-    mask = g.add_input("mask", T.TensorType(T.float32, (batch, 1, 1, seq)))
+    q = g.add_input("q", T.TensorType(T.float32, (batch, heads, queries, d)))
+    if cache:
+        k = g.add_input("k", T.TensorType(T.float32, (batch, heads, keys, d)))
+        kt = g.add("Transpose", k, perm=[0, 1, 3, 2])
+    else:
+        kt = g.add_input("kt", T.TensorType(T.float32, (batch, heads, d, keys)))
+    v = g.add_input("v", T.TensorType(T.float32, (batch, heads, keys, d)))
+    mask = g.add_input("mask", T.TensorType(T.float32, (batch, 1, 1, keys)))
     scale = Value("scale", T.TensorType(T.float32, ()), const=np.array(d ** 0.5, np.float32))
     x = g.add("Div", g.add("MatMul", q, kt), scale)
     p = g.add("Softmax", g.add("Add", x, mask), axis=-1)
@@ -67,13 +90,15 @@ def attention_chain(batch: int, heads: int, seq: int, d: int) -> Graph:
     return g
 
 
-def attention_inputs(batch: int, heads: int, seq: int, d: int) -> list[np.ndarray]:
+def attention_inputs(batch: int, heads: int, queries: int, keys: int, d: int
+                     ) -> list[np.ndarray]:
+    """Q, Kᵀ [b, h, d, keys], V and the mask (transpose Kᵀ for a `cache` chain's K)."""
     rng = np.random.default_rng(3)
     q, kt, v = (rng.standard_normal(shape, dtype=np.float32) for shape in (
-        (batch, heads, seq, d), (batch, heads, d, seq), (batch, heads, seq, d)))
-    mask = np.zeros((batch, 1, 1, seq), np.float32)
+        (batch, heads, queries, d), (batch, heads, d, keys), (batch, heads, keys, d)))
+    mask = np.zeros((batch, 1, 1, keys), np.float32)
     for b in range(batch):   # right padding of up to a quarter of the tokens, as bert's
-        mask[b, ..., seq - int(rng.integers(0, seq // 4 + 1)):] = -10000.0
+        mask[b, ..., keys - int(rng.integers(0, keys // 4 + 1)):] = -10000.0
     return [q, kt, v, mask]
 
 
@@ -176,12 +201,16 @@ def attention_table(cp, machine: Target, args) -> int:
     print(f"{'attention':12s} {'shape':24s} {'path / config':52s} {'us':>9s} {'GFLOP/s':>8s} "
           f"{'vs unfused':>10s} {'torch/dnnc':>10s}  check")
     wrong = 0
-    for label, batch, heads, seq, d in ATTENTION_SHAPES:
-        shape = f"{label} [{batch},{heads},{seq},{d}]"
-        graph = attention_chain(batch, heads, seq, d)
-        arrays = attention_inputs(batch, heads, seq, d)
+    decode = getattr(args, "attention_shapes", "default") == "decode"
+    for label, batch, heads, queries, keys, d in DECODE_SHAPES if decode else ATTENTION_SHAPES:
+        shape = f"{label} [{batch},{heads},{queries}x{keys},{d}]"
+        graph = attention_chain(batch, heads, queries, keys, d, cache=decode)
+        arrays = attention_inputs(batch, heads, queries, keys, d)
         want = attention_reference(*arrays)
-        flops = 4 * batch * heads * seq * seq * d
+        # (dnnc's inputs: K as the cache holds it where `decode`; torch's sdpa takes Kᵀ's)
+        inputs = [arrays[0], np.ascontiguousarray(np.swapaxes(arrays[1], -1, -2)),
+                  *arrays[2:]] if decode else arrays
+        flops = 4 * batch * heads * queries * keys * d
         precision = machine.precision
         peer = torch_sdpa_ms(arrays, args.repeat, args.trials, precision)
         if peer is not None:
@@ -207,7 +236,7 @@ def attention_table(cp, machine: Target, args) -> int:
                   f"{'ok' if ok else 'WRONG: max err %.3g' % np.max(np.abs(got - want))}")
             return ms
 
-        launch, out, n, _ = chain_kernels(cp, graph, machine, False, None, arrays)
+        launch, out, n, _ = chain_kernels(cp, graph, machine, False, None, inputs)
         unfused_ms = row(f"dnnc unfused ({n} launches)", launch, out, None)
         measured = set()
         # (at a reduced precision both templates' configs: the tensor-core one takes only
@@ -215,10 +244,11 @@ def attention_table(cp, machine: Target, args) -> int:
         variants = [None] + ([] if args.no_variants else
                              ([MmaAttentionConfig(*x) for x in MMA_ATTENTION_VARIANTS]
                               if machine.precision != "fp32" else []) +
-                             [AttentionConfig(*x) for x in ATTENTION_VARIANTS])
+                             [AttentionConfig(*x) for x in (
+                                 DECODE_VARIANTS if decode else ATTENTION_VARIANTS)])
         for config in variants:
             try:
-                launch, out, n, used = chain_kernels(cp, graph, machine, True, config, arrays)
+                launch, out, n, used = chain_kernels(cp, graph, machine, True, config, inputs)
             except Exception as exc:   # a variant outside this problem's space
                 print(f"{'attention':12s} {shape:24s} {str(config)[:52]:52s} skipped: "
                       f"{str(exc).splitlines()[0][:60]}")

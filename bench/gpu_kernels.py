@@ -370,11 +370,15 @@ def dense_cases(shapes=DENSE_SHAPES, b_layout: str = "kn", epilogue: str = ""):
 
 def _gemv_variants() -> list[dict]:
     """Configs of the gemv template (fewer than 16 rows: a decode step's products) timed
-    beside its default: columns a block, threads along k, k steps in flight."""
-    return [dict(cols=cols, k_split=ks, unroll=unroll) for cols, ks, unroll in (
-        (32, 8, 4), (8, 32, 4),   # the previous defaults: B [k, n], B [n, k]
-        (4, 32, 8), (4, 64, 8), (8, 16, 8), (8, 32, 8), (8, 64, 8), (16, 16, 8),
-        (16, 32, 8), (32, 32, 8))]
+    beside its default: columns a block, threads along k, k steps in flight, elements of B's
+    contiguous dimension a step (a variant whose vector does not divide it is skipped)."""
+    return [dict(cols=cols, k_split=ks, unroll=unroll, vector=vector)
+            for cols, ks, unroll, vector in (
+                (8, 32, 8, 1),   # the previous default (ff7e5e0), B [k, n]
+                (8, 32, 4, 1), (4, 64, 8, 1), (16, 32, 8, 1),
+                (8, 128, 8, 4), (8, 64, 8, 4), (8, 256, 4, 4), (4, 256, 8, 4),
+                (16, 64, 8, 4), (16, 128, 4, 4), (32, 32, 8, 4), (8, 128, 8, 2),
+                (8, 32, 8, 4), (4, 32, 8, 4), (8, 16, 8, 4))]
 
 
 def _dense_variants(k: int, precision: str = "fp32", m: int = 0,
@@ -715,7 +719,7 @@ def _kernel_ms(cp, launch, repeat: int, args) -> float:
 def _tiles(c) -> str:
     """A dense config's tiles, as the dense rows print them."""
     if isinstance(c, gemv.GemvConfig):
-        return f"gemv cols {c.cols} k_split {c.k_split} unroll {c.unroll}"
+        return f"gemv cols {c.cols} k_split {c.k_split} unroll {c.unroll} vector {c.vector}"
     if isinstance(c, mma.TensorCoreConfig):
         return f"{c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
             f"stages {c.stages} split {c.split_k}{' wgmma' if c.wgmma else ''}" \
@@ -816,6 +820,10 @@ def main(argv=None) -> int:
                         help="the dense cases' shapes, m x k x n, comma separated, or "
                              "'transformers' (TRANSFORMER_SHAPES), 'all' (both sets) "
                              "(default: DENSE_SHAPES)")
+    parser.add_argument("--attention-shapes", default="default", choices=("default", "decode"),
+                        help="the attention rows' shapes: bert's, vit's and long sequences "
+                             "(default), or a decode step's one query row against a static "
+                             "cache (gpu_attention.DECODE_SHAPES, with DECODE_VARIANTS)")
     parser.add_argument("--dense-epilogue", default="", choices=("", "gelu"),
                         help="the dense rows' product followed by GELU (fp32 only)")
     parser.add_argument("--b-layout", default="kn", choices=("kn", "nk"),

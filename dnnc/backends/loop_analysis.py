@@ -88,6 +88,8 @@ def row_local(first: L.Stmt, second: L.Stmt, var: L.Var, extent: int) -> bool:
     all of `first`) keeps every read: what they share is written and read at one index that
     depends on `var` alone (the row) and differs for each of its values, and nothing
     `second` writes is touched by `first`."""
+    if extent == 1:   # (one row: `first` then `second`, fused or not)
+        return True
     w1, r1 = accesses(first)
     w2, r2 = accesses(second)
     for name in w2:
@@ -184,7 +186,9 @@ def carried(loop: L.For) -> set[str]:
     An element is an iteration's own when every access to the buffer has the same components
     that depend on the loop variable alone, and these differ for each of its values (the
     output rows of a stage); an accumulator's `acc[0]` has none. Buffers allocated inside
-    the loop are private to an iteration."""
+    the loop are private to an iteration. A loop of one iteration carries nothing."""
+    if isinstance(loop.extent, L.Const) and loop.extent.value == 1:
+        return set()
     private = {n.buffer.name for n in L.walk(loop.body) if isinstance(n, L.Allocate)}
     stores, loads = accesses(loop.body)
     carried = set()

@@ -59,7 +59,7 @@ MAX_SHARED_BYTES = 48 << 10   # a block's static shared memory
 MAX_REGISTERS = 64
 MAX_HEAD = 128                # head sizes the template takes (d and dv)
 MAX_GRID_Y = 65535
-ROWS = (8, 16, 32, 64, 128)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)   # (fewer than 8: a decode step's query rows)
 THREADS = (32, 64, 128, 256, 512)
 TILE_K = (16, 32, 64, 128)
 THREAD_ROWS = (1, 2, 4)
@@ -130,15 +130,28 @@ DEFAULTS = ((32, 128, 32, 4), (16, 128, 32, 1), (32, 128, 32, 1), (16, 64, 32, 1
 UNROLL_HEAD = 64
 
 
+# (rows, threads, tile_k, thread_rows) of the default where the queries are fewer than its
+# rows (a decode step's one row against the cache), its keys unsplit: the fastest or within
+# 10% of it of 19 configs at gpt2's and llama's decode shapes (12 and 8 heads of 64, 96
+# keys, batch 1 and 8; H200, bench/gpu_kernels.py --attention-shapes decode: 9.3, 8.0, 7.7,
+# 8.7 us against 11.1, 11.4, 10.3 for DEFAULTS[0] split in 2, which computed the one row 8
+# times over, and 9.5 to 22.8 for 8 rows of 16 lanes, 16-key tiles split in 4)
+DECODE = (8, 256, 32, 1)
+
+
 def default(p: problems.Attention, machine) -> AttentionConfig:
-    """The first DEFAULTS config in the space whose blocks fill the GPU (a block per SM),
-    else the one giving the most blocks; unrolled up to heads of UNROLL_HEAD; its keys split
+    """DECODE where the queries are fewer than its rows and the space takes it; else the
+    first DEFAULTS config in the space whose blocks fill the GPU (a block per SM), else the
+    one giving the most blocks; unrolled up to heads of UNROLL_HEAD; its keys split
     (`split_for`) where its blocks are few."""
     s = space(p, machine)
     unroll = max(p.d, p.dv) <= UNROLL_HEAD
+    sms = gpu_of(machine).sms
+    decode = AttentionConfig(*DECODE, unroll=unroll)
+    if p.sq < decode.rows and _valid(s, decode):
+        return decode
     valid = [c for c in (AttentionConfig(*x, unroll=unroll) for x in DEFAULTS)
              if _valid(s, c)]
-    sms = gpu_of(machine).sms
     if valid and valid[0] == AttentionConfig(*DEFAULTS[0], unroll=unroll):
         return split_for(p, valid[0], sms)   # measured fastest unsplit, few blocks or many
     for c in valid:

@@ -73,6 +73,29 @@ def pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def one_row(body: list[L.Stmt], row: L.Var) -> list[L.Stmt]:
+    """Stages of a function over a single row (a layernorm or softmax of one token, whose
+    lowering has no row loop: its reductions are whole-tensor stages) as loops of one row
+    `row`: each reduction a warp's worth long or more, and each elementwise loop after one
+    that is no longer than its row (the normalisation; not a broadcast over a larger
+    tensor), so that `fuse_row_loops` makes them one stage on a row's threads (a
+    layernorm of [1, 1, 768] took 3 launches, a whole-tensor reduction on one block each and
+    the normalisation a thread an element)."""
+    out: list[L.Stmt] = []
+    for s in body:
+        unit = L.For(row, 1, s)
+        if reduction(s) is not None and is_row_reduction(unit) or \
+                isinstance(s, L.For) and out and _one_row(out[-1], row) and \
+                (nest_work(s) or 0) <= row_length(out[-1]):
+            s = unit
+        out.append(s)
+    return out
+
+
+def _one_row(s: L.Stmt, row: L.Var) -> bool:
+    return isinstance(s, L.For) and s.var == row
+
+
 def row_parts(loop: L.For) -> list[L.Stmt]:
     return list(loop.body.stmts) if isinstance(loop.body, L.Seq) else [loop.body]
 
@@ -247,7 +270,8 @@ def _private_scalars(loop: L.For, parts: list, scratch: Scratch, names: Names) -
         if len(indices) != 1 or not scratch.private_to_stage(name):
             continue
         (index,) = indices
-        if set().union(*(L.free_vars(i) for i in index)) != {loop.var}:
+        used = set().union(*(L.free_vars(i) for i in index))
+        if used != {loop.var} and not (used == set() and loop.extent.value == 1):
             continue
         dtype = next(n.buffer.dtype for n in L.walk(loop.body)
                      if isinstance(n, L.Store) and n.buffer.name == name)

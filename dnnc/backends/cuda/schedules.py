@@ -25,7 +25,9 @@ around threadIdx loops:
   threads; `reduce_threads=1` runs it on one thread. Anything else runs on one thread
   (correct, slow: the last resort, e.g. an argmax's paired accumulators).
 - `ROWS` (kernels with row reductions, as softmax, layernorm, a reduce over the last axis):
-  consecutive stages over the same rows become one (`loop_analysis.fuse_row_loops`), and a
+  a function of a single row (no row loop: its reductions whole-tensor stages) is taken as
+  a loop of one row (`rows.one_row`), consecutive stages over the same rows become one
+  (`loop_analysis.fuse_row_loops`), and a
   row stage with a reduction of at least `MIN_ROW_WORK` iterations over the row's own
   elements (`loop_analysis.steps_contiguously`: a reduction over NCHW's channels that
   writes a pixel at a time reads coalesced one thread a row instead) runs `row_threads`
@@ -86,8 +88,8 @@ from .int8_nhwc import INT8_CONV2D_NHWC
 from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
 from .plane_mean import PLANE_MEAN_NHWC
-from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, pow2,
-                   reads_columns, reduction, row_length, writes_rows)
+from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, one_row,
+                   pow2, reads_columns, reduction, row_length, writes_rows)
 from .sparse import SPMM
 from .sparse24 import SPARSE24, SPARSE24_CONV
 from .threads import (WARP, Config, Names, Scratch, independent_prefix, single_thread,
@@ -146,6 +148,8 @@ def schedule(func: L.PrimFunc, config, block_rows: bool = False, fuse: bool = Fa
     `gpu`."""
     names = Names(func)
     workspace, body = stages(func.body)
+    if block_rows:
+        body = one_row(body, names.var("row"))
     if fuse:
         body = fuse_row_loops(rows_first(body))
     scheduled = []
@@ -262,7 +266,7 @@ def _row_loops(p: problems.Rows) -> list[L.For]:
     """The stages (their outer loops flattened, consecutive ones over the same rows fused
     as `schedule` fuses them) that are row reductions."""
     out = []
-    for s in fuse_row_loops(rows_first(stages(p.func.body)[1])):
+    for s in fuse_row_loops(rows_first(one_row(stages(p.func.body)[1], L.Var("row")))):
         loop = independent_prefix(s) if isinstance(s, L.For) else None
         if loop is not None and is_row_reduction(loop):
             out.append(loop)

@@ -101,6 +101,12 @@ CASES = [
     ((1, 2, 17, 70, 16, 12, 0, (1, 2, 17, 70), "-inf", AttentionConfig(8, 64, 16, split=4))),
     ((1, 1, 33, 128, 16, 16, 1, (33, 128), "-inf",
       AttentionConfig(32, 64, 16, 4, False, split=8))),
+    # a decode step's one query row (the cache untransposed): the default (8 rows, keys
+    # split), blocks of 1, 2 and 4 rows (a row group of a warp, of 32 or 16 lanes)
+    ((2, 3, 1, 70, 16, 16, 0, (2, 1, 1, 70), "-inf", None)),
+    ((2, 2, 1, 70, 16, 16, 0, (2, 1, 1, 70), "finite", AttentionConfig(1, 32, 32, split=2))),
+    ((1, 2, 3, 33, 16, 16, 1, None, None, AttentionConfig(2, 64, 32))),
+    ((1, 2, 1, 40, 16, 12, 0, (1, 2, 1, 40), "finite", AttentionConfig(4, 32, 16, 2))),
 ]
 DROPS = [   # (case index, the boolean drop's shape): torch's masked_fill by -inf
     (0, (40, 37)), (2, (2, 1, 33, 21)), (7, (37, 29)), (10, (2, 1, 40, 33))]

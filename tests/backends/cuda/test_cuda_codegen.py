@@ -546,12 +546,14 @@ DNNC_FULL_CUDA_EMULATION=1."""
     pytest.param("2x20x9x33 batched", marks=FULL),
     pytest.param("3x16x40x24 shared-B relu", marks=FULL), "1x300x37 gemv",
     "3x70x65 transB gemv", "2x5x9x33 batched gemv", "2x3x40x24 shared-B relu gemv",
+    # B's contiguous dimension a multiple of 4: a thread's step a vector of B (float4)
+    "1x64x48 gemv", "8x48x32 relu gemv", "3x40x64 transB gemv", "2x4x32x24 batched gemv",
     # tiles that divide the product: vector loads from global
     pytest.param("64x48x96", marks=FULL), pytest.param("32x64x96 transB", marks=FULL),
     "2x32x16x64 batched"])
 def test_dense_configs_are_correct(rng, case):
     from dnnc.backends.cuda.dense import DENSE, DenseConfig
-    from dnnc.backends.cuda.gemv import GEMV
+    from dnnc.backends.cuda.gemv import GEMV, GemvConfig
 
     template = GEMV if "gemv" in case else DENSE
     dims = [int(d) for d in case.split()[0].split("x")]
@@ -583,6 +585,10 @@ def test_dense_configs_are_correct(rng, case):
                     [DenseConfig(32, 32, 8, 4, 4), DenseConfig(32, 64, 16, 8, 8),
                      DenseConfig(128, 128, 8, 8, 8), DenseConfig(64, 256, 8, 8, 8)]
                     if _accepts(space, c)]
+    if template is GEMV:   # vectors of B, by default where they divide its rows
+        configs += [c for c in [GemvConfig(8, 16, 2, 4), GemvConfig(4, 32, 1, 4),
+                                GemvConfig(16, 8, 4, 2), GemvConfig(8, 64, 8, 4)]
+                    if _accepts(space, c)]
     funcs, arrays, texts = [], {}, []
     for c, config in enumerate(configs):
         func = template.build(problem, space.check(config), MACHINE)
@@ -594,10 +600,37 @@ def test_dense_configs_are_correct(rng, case):
         arrays[func.name] = [xs] + consts + [poisoned(want.dtype, want.shape)]
     if template is DENSE and all(d % 16 == 0 for d in (m, k, n)):
         assert any("reinterpret_cast<const float4" in text for text in texts)
+    if template is GEMV and (k if "transB" in case else n) % 4 == 0:   # (texts[5]: default's)
+        assert "reinterpret_cast<const float4*>(&v_b[" in texts[5]
     run_on_cpu(funcs, arrays)
     for func, config in zip(funcs, configs):
         np.testing.assert_allclose(arrays[func.name][-1], want, rtol=1e-4, atol=1e-4,
                                    err_msg=str(config))
+
+
+@pytest.mark.parametrize("m,k,n,trans_b,want", [
+    (1, 768, 768, False, (8, 128, 8, 4)),    # gpt2's decode products, B [k, n]: a float4 of
+    (8, 768, 2304, False, (8, 128, 8, 4)),   # B a step, 2 threads across 8 columns
+    (1, 3072, 768, False, (8, 256, 8, 4)),   # deep: 512 threads
+    (8, 3072, 768, False, (4, 256, 8, 4)),   # ... in 4 columns where 8 rows' partials don't fit
+    (15, 768, 2304, False, (8, 64, 8, 4)),   # 15 rows' partials: fewer threads along k
+    (1, 768, 5000, True, (8, 32, 8, 4)),     # B [n, k]: a float4 of k, a warp a column
+    (1, 96, 48, True, (4, 32, 1, 4)),        # few columns: 4 a block; 24 steps of k
+    (1, 300, 37, False, (8, 32, 8, 1)),      # an odd n: scalar columns
+])
+def test_gemv_default_geometry(m, k, n, trans_b, want):
+    from dnnc.backends.cuda.gemv import GEMV, threads
+
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (m, k)))
+    b = Value("b", T.TensorType(T.float32, (n, k) if trans_b else (k, n)),
+              const=np.ones((n, k) if trans_b else (k, n), np.float32))
+    g.outputs = [g.add("Gemm", a, b, transB=1) if trans_b else g.add("MatMul", a, b)]
+    problem = GEMV.problem(lower_group(list(g.nodes), "k", outputs=g.outputs))
+    config = GEMV.default(problem, MACHINE)
+    assert (config.cols, config.k_split, config.unroll, config.vector) == want
+    assert GEMV.space(problem, MACHINE).check(config) == config
+    assert threads(problem, config) <= 512
 
 
 @pytest.mark.parametrize("dims", [(128, 128, 8, 8, 8), (64, 256, 8, 8, 8), (32, 64, 8, 4, 8),

@@ -44,6 +44,9 @@ ROW_CONFIGS = [
     RowsConfig(row_threads=32, row_block=64, row_vector=4, cache_row=False),  # re-read
     RowsConfig(row_threads=32, row_block=128, row_vector=1),   # the default before float4
 ]
+SINGLE_ROWS = ((1, 33), (1, 1, 768), (1, 770))
+"""Inputs of one row (a decode step's token: no row loop in the lowering, the row template
+takes its whole-tensor stages as one row)."""
 COLUMN_SHAPES = ((2, 96, 5, 7), (3, 40, 3, 3), (1, 769, 2, 3))
 """[N, C, H, W] inputs of a layernorm over channels through a Transpose to NHWC (ConvNeXt's):
 70 rows of 96, 27 of 40, 6 of 769 (a row past the register cache)."""
@@ -144,6 +147,13 @@ def cases(rng):
             template = template_for(lower_group(list(g.nodes), "k", outputs=g.outputs))[0]
             for config in ROW_CONFIGS if template is ROWS else [None]:
                 out.append((f"{op}{list(shape)} {config}", g, template, config, x, want))
+    for op in ("Softmax", "LayerNormalization"):
+        for shape in SINGLE_ROWS:
+            g = row_graph(op, shape, rng)
+            x = (rng.standard_normal(shape) * 3).astype(np.float32)
+            want = expected(g, x)
+            for config in ROW_CONFIGS:
+                out.append((f"{op}{list(shape)} {config}", g, ROWS, config, x, want))
     for shape in COLUMN_SHAPES:
         g = channel_layernorm_graph(shape, rng)
         x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
@@ -244,6 +254,22 @@ def test_default_row_geometry_by_length():
         kind = {1: None, 2: "float2", 4: "float4"}[vector]
         assert (f"*reinterpret_cast<{kind}*>(&v_{op}_0[" in text) if kind else \
             "reinterpret_cast" not in text
+
+
+@pytest.mark.parametrize("op,shape", [("LayerNormalization", (1, 1, 768)),
+                                      ("Softmax", (1, 96)), ("LayerNormalization", (1, 770))])
+def test_a_single_row_is_one_launch_on_a_rows_threads(op, shape):
+    """A row with no row loop (a decode step's one token: its reductions whole-tensor
+    stages) on the row template, as a row of a batch is: one launch, the statistics in
+    registers (a layernorm of [1, 1, 768] was 3 launches: two one-block reductions and a
+    thread an element)."""
+    g = row_graph(op, shape, np.random.default_rng(0))
+    kernel = lower_group(list(g.nodes), "k", outputs=g.outputs)
+    template, problem = template_for(kernel)
+    assert template is ROWS
+    func = template.build(problem, template.default(problem, MACHINE), MACHINE)
+    _, k = render_func(func)
+    assert len(k.launches) == 1 and k.workspace == []
 
 
 @pytest.mark.parametrize("shape,axes,template", [
@@ -372,7 +398,7 @@ def test_layernorm_rows_read_and_write_as_vectors(n, vector, kind, cache):
 # -- every case emulated on the CPU, compiled by nvcc, run on a GPU --------------------------
 
 
-SMOKE = ("Softmax[7, 33] ", "LayerNormalization[7, 128] ", "ReduceMax[7, 770] None",
+SMOKE = ("Softmax[7, 33] ", "LayerNormalization[7, 128] ", "LayerNormalization[1, 1, 768] ", "ReduceMax[7, 770] None",
          "chain[1000, 37] ", "channel_layernorm[2, 96, 5, 7] ", "channel_pool[3, 17, 19, 5] ")
 """The cases of every run: a softmax (a length of no vector width) and a layernorm (float4
 rows, scale and bias) under every row config, a reduction's default, the elementwise chain
@@ -385,7 +411,7 @@ def smoke(label: str) -> bool:
 
 def test_smoke_rows_and_elementwise_on_cpu():
     funcs, arrays, want, labels = build_all(np.random.default_rng(1), smoke)
-    assert len(funcs) == 2 * len(ROW_CONFIGS) + 1 + len(ELEMENTWISE_CONFIGS) + \
+    assert len(funcs) == 3 * len(ROW_CONFIGS) + 1 + len(ELEMENTWISE_CONFIGS) + \
         2 * len(COLUMN_CONFIGS)
     run_on_cpu(funcs, arrays)
     check(arrays, want, labels)
