@@ -43,7 +43,7 @@ def _scales(rng, n):
 def test_qlinear_conv_and_matmul_equal_onnxruntime(tmp_path, act):
     rng = np.random.default_rng(33)
     info = np.iinfo(act)
-    f32, elem = TensorProto.FLOAT, helper.np_dtype_to_tensor_dtype(np.dtype(act))
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(act))
     w = rng.integers(-127, 128, (12, 5, 3, 3)).astype(np.int8)
     wm = rng.integers(-127, 128, (12 * 9 * 7, 21)).astype(np.int8)
     inits = {"sx": np.float32(0.05), "zx": act(7), "w": w, "sw": _scales(rng, 12),
