@@ -21,7 +21,17 @@ of the transformed tile. Two parallel loops:
    epilogue. (One loop of tile blocks, each transforming its own input, left a 7x7 image's
    two blocks to two threads: 2x slower than the direct conv at 2 threads.)
 
-Knob (`WinogradConfig`): tiles, T of a block (its accumulators: T x NR).
+But where there are tile blocks enough for every thread, the two loops cost more than they
+share out: a block's V, written by the thread that transformed it, is read by whichever
+claims its products, so on every call the call's whole V moves between cores. On a 2-vCPU
+znver4 (1.8 MB of V, 64 -> 64 channels at 56x56) the conv took 0.78 ms on 1 thread and
+0.81 on 2, both threads busy throughout (perf: in the kernel, not waiting; two 1-thread
+processes at once ran 0.87-0.95 ms each). `fused` makes it one loop of tile blocks again,
+each unit transforming its block into scratch of its own and then doing every channel
+block: the default where each thread gets FUSED_BLOCKS_PER_THREAD blocks and the scratch
+is at most FUSED_SCRATCH (`fused_by_default`).
+
+Knobs (`WinogradConfig`): tiles, T of a block (its accumulators: T x NR); fused.
 
 At precision bf16 (`Conv2d.pairs`: U in bf16 pairs of input channels) the input transform
 computes two channels' patches at a time and stores them rounded to bf16 as one word per
@@ -53,10 +63,14 @@ from .conv import MR_BY_VECTOR_BITS, pad_input, parallel_kind
 @dataclass(frozen=True)
 class WinogradConfig:
     tiles: int   # m x m output tiles a block (T): T x NR accumulators
+    # one parallel loop of tile blocks, each transforming its own input into the unit's
+    # scratch and then doing every channel block's products (no V shared across threads),
+    # instead of the two loops (module docstring)
+    fused: bool = False
 
 
 def space(p: Conv2d, machine) -> Space:
-    return Space("winograd", WinogradConfig, {"tiles": range(1, 25)})
+    return Space("winograd", WinogradConfig, {"tiles": range(1, 25), "fused": (False, True)})
 
 
 def default(p: Conv2d, machine) -> WinogradConfig:
@@ -64,8 +78,35 @@ def default(p: Conv2d, machine) -> WinogradConfig:
     as many as split a row of tiles evenly (a 7x7 output's 4 tiles: blocks of 4, not one
     block of 8 half past the image)."""
     most = MR_BY_VECTOR_BITS.get(machine.vector_bits, 4)
-    row = -(-p.y_dims[3] // tile_of(L.static_shape(p.w.shape)[0]))
-    return WinogradConfig(-(-row // -(-row // most)))
+    tile = tile_of(L.static_shape(p.w.shape)[0])
+    row = -(-p.y_dims[3] // tile)
+    tiles = -(-row // -(-row // most))
+    return WinogradConfig(tiles, fused_by_default(p, tiles, tile, machine.threads))
+
+
+FUSED_BLOCKS_PER_THREAD = 8
+"""Tile blocks a thread at least, for the default to fuse the input transform into the
+products' units (`WinogradConfig.fused`): with fewer, one loop of tile blocks leaves threads
+idle (a 7x7 image's two blocks), which the two loops' channel blocks share out."""
+
+
+FUSED_SCRATCH = 1 << 18
+"""Bytes of a fused unit's transformed input (alpha^2 positions x C x T words) at most for
+the default to fuse: above codegen's stack scratch (64 KiB) it is allocated a unit (128 -> 32
+channels at 56x56, T = 7: 129 KiB a unit, 0.80 ms fused against 1.91 in two loops, 2 threads,
+znver4)."""
+
+
+def fused_by_default(p: Conv2d, tiles: int, tile: int, threads: int) -> bool:
+    """Whether the default fuses (`WinogradConfig.fused`): on more than one thread, with
+    FUSED_BLOCKS_PER_THREAD tile blocks a thread, the unit's scratch within FUSED_SCRATCH."""
+    n, c = p.x_dims[:2]
+    row = -(-p.y_dims[3] // tile)                     # tiles a row of tiles
+    blocks = n * -(-p.y_dims[2] // tile) * -(-row // tiles)
+    depth = -(-c // 2) if p.pairs else c
+    scratch = (tile + 2) ** 2 * depth * tiles * 4
+    return threads > 1 and blocks >= FUSED_BLOCKS_PER_THREAD * threads and \
+        scratch <= FUSED_SCRATCH
 
 
 def _combine(row, values: list) -> L.Expr:
@@ -119,7 +160,7 @@ class _Winograd:
     apart: the input transform reads them as stride-m vectors."""
 
     def __init__(self, p: Conv2d, config: WinogradConfig, machine):
-        self.p, self.t_n = p, config.tiles
+        self.p, self.t_n, self.fused = p, config.tiles, config.fused
         self.tile = tile_of(L.static_shape(p.w.shape)[0])    # m: m x m pixels a tile
         self.alpha = self.tile + 2                            # an alpha x alpha patch
         self.positions = self.alpha * self.alpha
@@ -162,16 +203,25 @@ class _Winograd:
         """The input padded, then transformed (parallel over tile blocks), then the products
         and the output transform (parallel over tile blocks and channel blocks: the small
         images' few tiles still share out)."""
-        stmts = ([self.pad_stmt] if self.pad_stmt is not None else []) + \
-            [self.transform_input(), self.products_and_output()]
-        body = L.Allocate(self.v, L.seq(*stmts))
+        pad = [self.pad_stmt] if self.pad_stmt is not None else []
+        if self.fused:
+            body = L.seq(*pad, self.fused_units())
+        else:
+            body = L.Allocate(self.v, L.seq(*pad, self.transform_input(),
+                                            self.products_and_output()))
         return L.Allocate(self.xpad, body) if self.pad_stmt is not None else body
 
     def transform_input(self) -> L.Stmt:
         """V[block, ., ic, t] = B^T d B of the block's tile t's patch of channel ic, a unit a
         block, the block's tiles in the vector lanes (stride-m loads); at bf16 of channels
         2 ic and 2 ic + 1 (0 past C), one word of the two rounded."""
-        block, t, ic = L.Var("block"), self.t, self.ic
+        block = L.Var("block")
+        return L.For(block, self.n * self.tblocks, self.transform_block(block, self.v, block),
+                     self.par)
+
+    def transform_block(self, block: L.Expr, v_buf: L.Buffer, at: L.Expr) -> L.Stmt:
+        """Tile block `block`'s transformed input into v_buf[at, ., ., .]."""
+        t, ic = self.t, self.ic
         bn, y0, x0 = self.corner(block, t)
 
         def patch(channel):
@@ -187,11 +237,10 @@ class _Winograd:
             v = [[bf16.pair(lo[a][b], hi[a][b]) for b in range(alpha)] for a in range(alpha)]
         else:
             v = patch(ic)
-        stores = [L.Store(self.v, (block, a * alpha + b, ic, t), v[a][b])
+        stores = [L.Store(v_buf, (at, a * alpha + b, ic, t), v[a][b])
                   for a in range(alpha) for b in range(alpha)]
         lanes = L.ForKind.VECTORIZED if self.t_n > 1 else L.ForKind.SERIAL
-        return L.For(block, self.n * self.tblocks, L.For(ic, self.depth, L.For(
-            t, self.t_n, L.seq(*stores), lanes)), self.par)
+        return L.For(ic, self.depth, L.For(t, self.t_n, L.seq(*stores), lanes))
 
     def products_and_output(self) -> L.Stmt:
         """One parallel unit a (image, channel block, tile block): the alpha^2 products into m,
@@ -202,12 +251,29 @@ class _Winograd:
         bn, rest = unit // per_image, unit % per_image
         ob, tb = rest // self.tblocks, rest % self.tblocks
         block = bn * self.tblocks + tb
-        return L.For(unit, self.n * per_image, L.Allocate(self.m, L.seq(
-            L.For(self.xi, self.positions, L.Allocate(self.acc, self.products(block, ob))),
-            self.transform_output(block, ob))), self.par)
+        return L.For(unit, self.n * per_image, self.channel_block(block, ob, self.v, block),
+                     self.par)
 
-    def products(self, block, ob) -> L.Stmt:
-        """Position xi's T x NR accumulators over the input channels, into m."""
+    def channel_block(self, block, ob, v_buf: L.Buffer, at: L.Expr) -> L.Stmt:
+        """Channel block ob of tile block `block` (its transformed input v_buf[at]): the
+        alpha^2 products into m, then m transformed into the tiles' pixels."""
+        return L.Allocate(self.m, L.seq(
+            L.For(self.xi, self.positions, L.Allocate(self.acc, self.products(v_buf, at, ob))),
+            self.transform_output(block, ob)))
+
+    def fused_units(self) -> L.Stmt:
+        """One parallel unit a tile block (`WinogradConfig.fused`): its input transformed
+        into the unit's own scratch, then every channel block's products and output."""
+        block, ob = L.Var("block"), L.Var("ob")
+        mine = L.Buffer("vt", self.v.dtype, (1,) + tuple(self.v.shape[1:]))
+        zero = L.const(0)
+        return L.For(block, self.n * self.tblocks, L.Allocate(mine, L.seq(
+            self.transform_block(block, mine, zero),
+            L.For(ob, self.blocks, self.channel_block(block, ob, mine, zero)))), self.par)
+
+    def products(self, v_buf: L.Buffer, v_at, ob) -> L.Stmt:
+        """Position xi's T x NR accumulators over the input channels (of v_buf[v_at]), into
+        m."""
         t, jj, nr, acc, xi = self.t, self.jj, self.nr, self.acc, self.xi
         vec, unrolled = L.ForKind.VECTORIZED, L.ForKind.UNROLLED
         a = L.Var("a", self.v.dtype)
@@ -215,7 +281,7 @@ class _Winograd:
                                         vec), unrolled)
         u, at = self.u[xi, ob, self.ic, jj], t * nr + jj
         value = bf16.product(acc[at], a, u) if self.p.pairs else L.call("fma", a, u, acc[at])
-        step = L.For(t, self.t_n, L.Let(a, self.v[block, xi, self.ic, t], L.For(
+        step = L.For(t, self.t_n, L.Let(a, v_buf[v_at, xi, self.ic, t], L.For(
             jj, nr, L.Store(acc, (at,), value), vec)), unrolled)
         keep = L.For(t, self.t_n, L.For(jj, nr, L.Store(
             self.m, ((xi * self.t_n + t) * nr + jj,), acc[t * nr + jj]), vec), unrolled)

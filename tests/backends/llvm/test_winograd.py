@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from dnnc.backends.llvm import winograd as winograd_template
 from dnnc.backends.llvm.entry import runtime
 from dnnc.backends.registry import REGISTRY
 from dnnc.compiler.module import CompiledModel
@@ -164,6 +165,15 @@ def force_tile(monkeypatch):
     return force
 
 
+@pytest.fixture
+def force_fused(monkeypatch):
+    """`WinogradConfig.fused` (one loop of tile blocks) on, or off, whatever the default's
+    rule says."""
+    def force(fused):
+        monkeypatch.setattr(winograd_template, "fused_by_default", lambda *args: fused)
+    return force
+
+
 CASES = [   # (input channels, output channels, height, width, pads, bias, residual)
     (16, 32, 8, 8, 1, True, False),
     (32, 48, 9, 13, 1, True, True),     # odd sizes: partial tiles; 48 = a block and a half
@@ -179,13 +189,15 @@ ERROR_FACTOR = {2: 2, 4: 8, 6: 400}
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}@{c[2]}x{c[3]}" for c in CASES])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m", sorted(POINTS))
-def test_winograd_matches_the_reference_as_well_as_direct_conv(rng, case, threads, m,
-                                                               force_tile):
+@pytest.mark.parametrize("fused", [False, True], ids=["two_loops", "fused"])
+def test_winograd_matches_the_reference_as_well_as_direct_conv(rng, case, threads, m, fused,
+                                                               force_tile, force_fused):
     c, oc, h, wid, pads, bias, residual = case
     graph, params = conv_graph(rng, c, oc, h, wid, pads, bias, residual)
     feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
     want = reference(feeds, params)
     force_tile(m)
+    force_fused(fused)
     ours = compiled(graph, True, threads)
     (node,) = [n for n in ours.graph.nodes if n.op == "ConvWinograd"]
     assert node.inputs[1].shape[0] == (m + 2) ** 2
@@ -250,12 +262,15 @@ on these cases)."""
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}@{c[2]}x{c[3]}" for c in CASES])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_bf16_winograd_matches_its_reference_and_the_conv(rng, case, threads, force_tile):
+@pytest.mark.parametrize("fused", [False, True], ids=["two_loops", "fused"])
+def test_bf16_winograd_matches_its_reference_and_the_conv(rng, case, threads, fused, force_tile,
+                                                          force_fused):
     c, oc, h, wid, pads, bias, residual = case
     c += 1   # an odd count of channels: the last pair's high half zero
     graph, params = conv_graph(rng, c, oc, h, wid, pads, bias, residual)
     feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
     force_tile(2)
+    force_fused(fused)
     ours = compiled(graph, True, threads, "bf16")
     (node,) = [n for n in ours.graph.nodes if n.op == "ConvWinograd"]
     assert node.attrs["precision"] == "bf16" and node.inputs[1].type.dtype is T.bfloat16
