@@ -81,7 +81,7 @@ def default(p: Conv2d, machine) -> WinogradConfig:
     tile = tile_of(L.static_shape(p.w.shape)[0])
     row = -(-p.y_dims[3] // tile)
     tiles = -(-row // -(-row // most))
-    return WinogradConfig(tiles, fused_by_default(p, tiles, tile, machine.threads))
+    return WinogradConfig(tiles, fused_by_default(p, tile, row, tiles, machine.threads))
 
 
 FUSED_BLOCKS_PER_THREAD = 8
@@ -97,11 +97,11 @@ channels at 56x56, T = 7: 129 KiB a unit, 0.80 ms fused against 1.91 in two loop
 znver4)."""
 
 
-def fused_by_default(p: Conv2d, tiles: int, tile: int, threads: int) -> bool:
-    """Whether the default fuses (`WinogradConfig.fused`): on more than one thread, with
-    FUSED_BLOCKS_PER_THREAD tile blocks a thread, the unit's scratch within FUSED_SCRATCH."""
+def fused_by_default(p: Conv2d, tile: int, row: int, tiles: int, threads: int) -> bool:
+    """Whether the default fuses (`WinogradConfig.fused`) F(tile) blocks of `tiles` of a
+    row of `row` tiles: on more than one thread, with FUSED_BLOCKS_PER_THREAD tile blocks a
+    thread, the unit's scratch within FUSED_SCRATCH."""
     n, c = p.x_dims[:2]
-    row = -(-p.y_dims[3] // tile)                     # tiles a row of tiles
     blocks = n * -(-p.y_dims[2] // tile) * -(-row // tiles)
     depth = -(-c // 2) if p.pairs else c
     scratch = (tile + 2) ** 2 * depth * tiles * 4
@@ -202,7 +202,7 @@ class _Winograd:
     def body(self) -> L.Stmt:
         """The input padded, then transformed (parallel over tile blocks), then the products
         and the output transform (parallel over tile blocks and channel blocks: the small
-        images' few tiles still share out)."""
+        images' few tiles still share out); fused, one loop of tile blocks after the pad."""
         pad = [self.pad_stmt] if self.pad_stmt is not None else []
         if self.fused:
             body = L.seq(*pad, self.fused_units())
