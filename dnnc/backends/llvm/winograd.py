@@ -27,9 +27,13 @@ claims its products, so on every call the call's whole V moves between cores. On
 znver4 (1.8 MB of V, 64 -> 64 channels at 56x56) the conv took 0.78 ms on 1 thread and
 0.81 on 2, both threads busy throughout (perf: in the kernel, not waiting; two 1-thread
 processes at once ran 0.87-0.95 ms each). `fused` makes it one loop of tile blocks again,
-each unit transforming its block into scratch of its own and then doing every channel
-block: the default where each thread gets FUSED_BLOCKS_PER_THREAD blocks and the scratch
-is at most FUSED_SCRATCH (`fused_by_default`).
+each unit padding the band of the input its patches read and transforming its block into
+scratch of its own, then doing every channel block (a padded copy of the whole input,
+written a plane a unit, moved between cores the same way: 0.75 ms at 64 -> 64, 0.46 with
+the band): the default on more than one thread where each thread gets
+FUSED_BLOCKS_PER_THREAD blocks and the scratch is at most FUSED_SCRATCH
+(`fused_by_default`). On 1 thread the two loops stay: a tile block's pass over every
+channel block reads all of U (0.82 ms against 0.91 fused at 64 -> 64 @ 56).
 
 Knobs (`WinogradConfig`): tiles, T of a block (its accumulators: T x NR); fused.
 
@@ -84,10 +88,13 @@ def default(p: Conv2d, machine) -> WinogradConfig:
     return WinogradConfig(tiles, fused_by_default(p, tile, row, tiles, machine.threads))
 
 
-FUSED_BLOCKS_PER_THREAD = 8
+FUSED_BLOCKS_PER_THREAD = 3
 """Tile blocks a thread at least, for the default to fuse the input transform into the
 products' units (`WinogradConfig.fused`): with fewer, one loop of tile blocks leaves threads
-idle (a 7x7 image's two blocks), which the two loops' channel blocks share out."""
+idle (a 7x7 image's two blocks), which the two loops' channel blocks share out. 2 threads,
+znver4, quiet host, two loops -> fused (ms): 64 -> 64 @ 28 (7 blocks) 0.31 -> 0.13, 128 ->
+128 @ 28 0.58 -> 0.39, 256 -> 256 @ 14 (7 blocks) 0.56 -> 0.58, 512 -> 512 @ 7 1.09 -> 1.07;
+16 threads keep the two loops at 56x56 (28 blocks)."""
 
 
 FUSED_SCRATCH = 1 << 18
@@ -202,14 +209,14 @@ class _Winograd:
     def body(self) -> L.Stmt:
         """The input padded, then transformed (parallel over tile blocks), then the products
         and the output transform (parallel over tile blocks and channel blocks: the small
-        images' few tiles still share out); fused, one loop of tile blocks after the pad."""
-        pad = [self.pad_stmt] if self.pad_stmt is not None else []
+        images' few tiles still share out); fused, one loop of tile blocks, each padding its
+        own band of the input."""
         if self.fused:
-            body = L.seq(*pad, self.fused_units())
-        else:
-            body = L.Allocate(self.v, L.seq(*pad, self.transform_input(),
-                                            self.products_and_output()))
-        return L.Allocate(self.xpad, body) if self.pad_stmt is not None else body
+            return self.fused_units()
+        body = L.Allocate(self.v, L.seq(self.transform_input(), self.products_and_output()))
+        if self.pad_stmt is None:
+            return body
+        return L.Allocate(self.xpad, L.seq(self.pad_stmt, body))
 
     def transform_input(self) -> L.Stmt:
         """V[block, ., ic, t] = B^T d B of the block's tile t's patch of channel ic, a unit a
@@ -219,12 +226,17 @@ class _Winograd:
         return L.For(block, self.n * self.tblocks, self.transform_block(block, self.v, block),
                      self.par)
 
-    def transform_block(self, block: L.Expr, v_buf: L.Buffer, at: L.Expr) -> L.Stmt:
-        """Tile block `block`'s transformed input into v_buf[at, ., ., .]."""
+    def transform_block(self, block: L.Expr, v_buf: L.Buffer, at: L.Expr,
+                        band: L.Buffer | None = None) -> L.Stmt:
+        """Tile block `block`'s transformed input into v_buf[at, ., ., .], its patches read
+        from the padded input, or from `band` (`band_copy`'s) where given."""
         t, ic = self.t, self.ic
         bn, y0, x0 = self.corner(block, t)
 
         def patch(channel):
+            if band is not None:
+                return input_transform(lambda a, b: band[channel, a, t * self.tile + b],
+                                       self.tile)
             return input_transform(lambda a, b: self.xpad[bn, channel, y0 + a, x0 + b],
                                    self.tile)
 
@@ -263,13 +275,48 @@ class _Winograd:
 
     def fused_units(self) -> L.Stmt:
         """One parallel unit a tile block (`WinogradConfig.fused`): its input transformed
-        into the unit's own scratch, then every channel block's products and output."""
+        into the unit's own scratch, then every channel block's products and output. Where
+        the input needs padding, the unit pads the band of it that its patches read
+        (`band_copy`): a padded copy of the whole input, written a plane a unit, would move
+        between cores like V."""
         block, ob = L.Var("block"), L.Var("ob")
         mine = L.Buffer("vt", self.v.dtype, (1,) + tuple(self.v.shape[1:]))
         zero = L.const(0)
+        if self.pad_stmt is None:
+            transform = self.transform_block(block, mine, zero)
+        else:
+            band = L.Buffer("xband", T.float32, (self.c, self.alpha, self.band_columns))
+            transform = L.Allocate(band, L.seq(self.band_copy(block, band),
+                                               self.transform_block(block, mine, zero, band)))
         return L.For(block, self.n * self.tblocks, L.Allocate(mine, L.seq(
-            self.transform_block(block, mine, zero),
+            transform,
             L.For(ob, self.blocks, self.channel_block(block, ob, mine, zero)))), self.par)
+
+    @property
+    def band_columns(self) -> int:
+        """Columns of the padded input a tile block's patches read."""
+        return self.t_n * self.tile + 2
+
+    def band_copy(self, block: L.Expr, band: L.Buffer) -> L.Stmt:
+        """band[c, a, b] = the padded input's row y0 + a, column x0 + b of channel c, for
+        tile block `block` at (y0, x0): zeros, then the image's part of each row copied
+        (two simple loops LLVM vectorises, as `pad_input`'s)."""
+        p = self.p
+        bn, y0, x0 = self.corner(block, L.const(0))
+        h, wid = p.x_dims[2:]
+        ph, pw = p.begins
+        cols = self.band_columns
+        c, a, b = L.Var("bc"), L.Var("ba"), L.Var("bb")
+        zero = L.For(c, self.c, L.For(a, self.alpha, L.For(
+            b, cols, L.Store(band, (c, a, b), L.const(0.0)))))
+        first = L.maximum(pw - x0, 0)                    # band columns left of the image
+        count = L.maximum(L.minimum(wid + pw - x0, cols) - first, 0)
+        row = y0 + a - ph
+        copy = L.For(c, self.c, L.For(a, self.alpha, L.If(
+            L.logical_and(row >= 0, row < h),
+            L.For(b, count, L.Store(band, (c, a, first + b),
+                                    p.x[bn, c, row, x0 + first + b - pw])))))
+        return L.seq(zero, copy)
 
     def products(self, v_buf: L.Buffer, v_at, ob) -> L.Stmt:
         """Position xi's T x NR accumulators over the input channels (of v_buf[v_at]), into
