@@ -131,25 +131,48 @@ def _combine(row, values: list) -> L.Expr:
     return total
 
 
-def _sandwich(left, d, size: int) -> list[list[L.Expr]]:
+Bindings = list[tuple[L.Var, L.Expr]]
+"""Let-bound intermediate values of a transform, in order (`bind` wraps a body in them)."""
+
+
+def _sandwich(left, d, size: int, name: str) -> tuple[Bindings, list[list[L.Expr]]]:
     """left d left^T of a size x size tile (`d(a, b)` its element): left applied to each
-    column, then to each row of the result."""
-    cols = [[_combine(row, [d(a, b) for a in range(size)]) for row in left]
-            for b in range(size)]                          # cols[b][i] = (left d)[i][b]
-    return [[_combine(row, [cols[b][i] for b in range(size)]) for row in left]
-            for i in range(len(left))]
+    column, then to each row of the result. The first stage's sums are bound to variables
+    (`name` b_i): every row of the second stage reads them, and inlined as expression trees
+    they multiplied the code LLVM had to clean up (F(6x6): 75 s of a conv's compile)."""
+    lets, cols = [], []
+    for b in range(size):
+        col = []
+        for i, row in enumerate(left):
+            value = _combine(row, [d(a, b) for a in range(size)])
+            if isinstance(value, L.BinOp):
+                var = L.Var(f"{name}{b}_{i}", T.float32)
+                lets.append((var, value))
+                value = var
+            col.append(value)
+        cols.append(col)                                   # cols[b][i] = (left d)[i][b]
+    return lets, [[_combine(row, [cols[b][i] for b in range(size)]) for row in left]
+                  for i in range(len(left))]
 
 
-def input_transform(d, m: int = 2) -> list[list[L.Expr]]:
+def bind(lets: Bindings, body: L.Stmt) -> L.Stmt:
+    """`body` inside the Lets of `lets` (the first one outermost)."""
+    for var, value in reversed(lets):
+        body = L.Let(var, value, body)
+    return body
+
+
+def input_transform(d, m: int = 2, name: str = "bd") -> tuple[Bindings, list[list[L.Expr]]]:
     """B^T d B of an alpha x alpha patch (`d(a, b)` its element), F(m, 3)'s B^T
     (`ir/ops/winograd.py`; F(2, 3)'s [[1, 0, -1, 0], [0, 1, 1, 0], [0, 1, -1, 0],
-    [0, 1, 0, -1]])."""
-    return _sandwich(winograd(m).bt, d, m + 2)
+    [0, 1, 0, -1]]): the bindings its values read, and the values."""
+    return _sandwich(winograd(m).bt, d, m + 2, name)
 
 
-def output_transform(mt, m: int = 2) -> list[list[L.Expr]]:
-    """A^T mt A of an alpha x alpha tile (`mt(a, b)` its element): the m x m pixels."""
-    return _sandwich(winograd(m).at, mt, m + 2)
+def output_transform(mt, m: int = 2) -> tuple[Bindings, list[list[L.Expr]]]:
+    """A^T mt A of an alpha x alpha tile (`mt(a, b)` its element): the bindings its values
+    read, and the m x m pixels."""
+    return _sandwich(winograd(m).at, mt, m + 2, "am")
 
 
 def build(p: Conv2d, config: WinogradConfig, machine) -> L.PrimFunc:
@@ -233,26 +256,28 @@ class _Winograd:
         t, ic = self.t, self.ic
         bn, y0, x0 = self.corner(block, t)
 
-        def patch(channel):
+        def patch(channel, name):
             if band is not None:
                 return input_transform(lambda a, b: band[channel, a, t * self.tile + b],
-                                       self.tile)
+                                       self.tile, name)
             return input_transform(lambda a, b: self.xpad[bn, channel, y0 + a, x0 + b],
-                                   self.tile)
+                                   self.tile, name)
 
         alpha = self.alpha
         if self.p.pairs:
-            lo, hi = patch(2 * ic), patch(L.minimum(2 * ic + 1, self.c - 1))
+            (lets, lo), (more, hi) = patch(2 * ic, "lo"), \
+                patch(L.minimum(2 * ic + 1, self.c - 1), "hi")
+            lets = lets + more
             if self.c % 2:
                 hi = [[L.Select(2 * ic + 1 < self.c, e, L.const(0.0)) for e in row]
                       for row in hi]
             v = [[bf16.pair(lo[a][b], hi[a][b]) for b in range(alpha)] for a in range(alpha)]
         else:
-            v = patch(ic)
+            lets, v = patch(ic, "bd")
         stores = [L.Store(v_buf, (at, a * alpha + b, ic, t), v[a][b])
                   for a in range(alpha) for b in range(alpha)]
         lanes = L.ForKind.VECTORIZED if self.t_n > 1 else L.ForKind.SERIAL
-        return L.For(ic, self.depth, L.For(t, self.t_n, L.seq(*stores), lanes))
+        return L.For(ic, self.depth, L.For(t, self.t_n, bind(lets, L.seq(*stores)), lanes))
 
     def products_and_output(self) -> L.Stmt:
         """One parallel unit a (image, channel block, tile block): the alpha^2 products into m,
@@ -337,8 +362,8 @@ class _Winograd:
     def transform_output(self, block, ob) -> L.Stmt:
         """Each tile's m x m pixels of the NR channels, A^T m A, through bias and epilogue."""
         p, t, jj, nr, t_n, alpha = self.p, self.t, self.jj, self.nr, self.t_n, self.alpha
-        y = output_transform(lambda a, b: self.m[((a * alpha + b) * t_n + t) * nr + jj],
-                             self.tile)
+        lets, y = output_transform(
+            lambda a, b: self.m[((a * alpha + b) * t_n + t) * nr + jj], self.tile)
         out_c = ob * nr + jj
         bn, y0, x0 = self.corner(block, t)
         stores = []
@@ -355,10 +380,11 @@ class _Winograd:
                     (x0 + j < self.ow, self.ow % self.tile and j >= self.ow % self.tile))
                     if past]
                 stores.append(L.If(L.logical_and(*inside), store) if inside else store)
+        pixels = bind(lets, L.seq(*stores))
         if self.oc % nr:
-            channels = L.For(jj, nr, L.If(out_c < self.oc, L.seq(*stores)), L.ForKind.UNROLLED)
+            channels = L.For(jj, nr, L.If(out_c < self.oc, pixels), L.ForKind.UNROLLED)
         else:
-            channels = L.For(jj, nr, L.seq(*stores), L.ForKind.VECTORIZED)
+            channels = L.For(jj, nr, pixels, L.ForKind.VECTORIZED)
         return L.For(t, t_n, L.If(x0 < self.tile * self.tw, channels))
 
 
