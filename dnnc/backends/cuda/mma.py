@@ -233,7 +233,11 @@ SM_SHARED_BYTES = 227 << 10
 """Shared memory of an SM on sm_90 (sm_80: 163 KiB; the model counts sm_90's): with the
 block's threads and registers (its accumulators and ~64 more a thread) it bounds the blocks an
 SM holds at once, `resident`. Blocks past a whole number of such waves wait for a wave of
-their own: the model counts whole waves (a block's time in a wave as its share of the SM)."""
+their own: the model counts whole waves (a block's time in a wave as its share of the SM).
+A wgmma block is taken to fill its SM alone, so its wave is one block an SM: the busiest SM's
+blocks count, whatever else fits beside them (192 blocks of 64 x 64 on 132 SMs rate as two,
+not as one wave of three: bert b8's fc2, 1024 x 3072 x 768, took 20.1 us so at fp16 on an H200
+against 15.4 in 64 x 192 tiles split in 2, which the whole-wave count ranked below it)."""
 
 WGMMA_SPLIT_S = 6e-6
 """What a split of k costs a wgmma product beyond its partials' traffic (the second launch,
@@ -242,9 +246,9 @@ than unsplit at bert's and vit's batch-1 shapes, where the model with LAUNCH_S c
 of 4 and 8. Timed as CUDA graphs (H200, bench/gpu_kernels.py --graphs) a split costs less:
 bert b8's fc2, 1024 x 3072 x 768, took 15.4 us in 64 x 192 tiles split in 2 against 20.1 for
 the unsplit 64 x 64 default at fp16 and bf16 (cuBLAS 10.3), and at tf32 23.8 (cuBLAS 23.8)
-against mma.sync's 35.8; not refitted: this and the partials' traffic at the copy bandwidth
-lowered enough to pick it also move the batch-1 shapes (128 x 768 x 768, 197 x 768 x 192)
-this was fitted on, untimed as graphs."""
+against mma.sync's 35.8. Not refitted: lowered enough to pick it, this (and the partials'
+traffic at the copy bandwidth) also moved the batch-1 shapes (128 x 768 x 768, 197 x 768 x
+192) it was fitted on; the wgmma wave of one block an SM (SM_SHARED_BYTES) picks it instead."""
 
 MMA_UNDER_WGMMA = 0.75
 """mma.sync's tiles' efficiencies where wgmma is on offer. First fitted on a sweep whose
@@ -324,13 +328,15 @@ it slower than mma.sync but at 8192 x 768 x 3072 (0.23 against 0.35 at 8192 x 30
 7.94 against 5.24."""
 
 
-TF32_WGMMA_OUTPUTS = 1 << 20
+TF32_WGMMA_OUTPUTS = 3 << 18
 """At tf32 (operands tf32 values already: `wgmma_by_default`) the default offers wgmma tiles
 only to products deeper than SHALLOW_K with at least this many outputs; the others keep
 mma.sync's tiles and EFFICIENCY. On an H200 (bench/gpu_kernels.py, operands tf32 values,
 against cuBLAS tf32): wgmma 0.49 at 4096^3 (mma.sync 0.31), 0.68 at 8192 x 768 x 3072 (0.40),
 0.47 at 8192 x 3072 x 768 (0.37), 0.80 at 1024 x 768 x 3072 (0.75), but 0.54 at 1024 x 3072 x
-768 (0.8 M outputs) where mma.sync split 4 ways took 0.64; end to end (bench/gpu_env_ab.py,
+768 (0.8 M outputs) where mma.sync split 4 ways took 0.64 (and 64 x 192 wgmma tiles split
+in 2, 1.00: 23.8 us against 35.8; the bound is 1024 x 768 so that bert b8's products are
+offered wgmma, and split); end to end (bench/gpu_env_ab.py,
 batch 32) resnet18 gained 13% with wgmma on every conv, where convnext_tiny, whose dense
 products are mostly 96 to 384 deep, lost 23% and bert_hf at batch 8 (1024 rows) 14%."""
 
@@ -383,7 +389,8 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
     fastest (its guessed efficiency, slowed where its blocks cannot fill the GPU or leave
-    the last of their waves part empty, plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
+    the last of their waves part empty, a wgmma block's wave one block an SM: SM_SHARED_BYTES,
+    plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59).
     `shallow_rule`: SHALLOW_K's tiles for shallow products (dense ones; see SHALLOW_EFFICIENCY);
     `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE)."""
@@ -394,9 +401,9 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
             continue   # mostly past the edges: a warpgroup's 64 rows for a few
-        # a wgmma block fills its SM's shared memory: one a SM is full
+        # a wgmma block fills its SM: one a SM is full, a second one's waits (SM_SHARED_BYTES)
         full = gpu.sms if base.wgmma else min_blocks(gpu)
-        wave = gpu.sms * resident(base, precision)
+        wave = gpu.sms if base.wgmma else gpu.sms * resident(base, precision)
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break
