@@ -236,8 +236,8 @@ SM holds at once, `resident`. Blocks past a whole number of such waves wait for 
 their own: the model counts whole waves (a block's time in a wave as its share of the SM).
 A wgmma block is taken to fill its SM alone, so its wave is one block an SM: the busiest SM's
 blocks count, whatever else fits beside them (192 blocks of 64 x 64 on 132 SMs rate as two,
-not as one wave of three). With WGMMA_SPLIT_S this was fitted on an H200 sweep (session 44,
-.devrun/s44_sweep.py: CUDA graphs, 16-bit in and out, tf32 operands tf32 values; M x 3072 x
+not as one wave of three). With WGMMA_SPLIT_S this was fitted on an H200 sweep (session 44's
+device run: CUDA graphs, 16-bit in and out, tf32 operands tf32 values; M x 3072 x
 768 for M = 128 ... 2048 with 8 to 15 tiles and splits each, batch-1 and 1024-row 768 x 768 /
 768 x 192 products): the default's time over the fastest timed, geometric mean over the 50
 of 51 shape-precision pairs whose pick was timed, 1.020 (worst 1.46: tf32's 512 x 3072 x 768
@@ -256,8 +256,9 @@ cost 3 to 6 us, TF32_WGMMA_OUTPUTS) triples scored. Moved, us, this default / th
 resnet50's 3x3 convs of 512 channels (1568 x 4608 x 512 at batch 32) moved from 64 x 64 to
 128 x 256 split 4: 35.0 / 35.4 and 35.5 / 36.4 us (cuDNN 23.9, 22.4; 128 x 128 split 2 took
 30.5, 31.0: not the model's pick). Left below 0.8 of cuBLAS: 512 x 3072 x 768 at fp16 (13.0
-us unsplit 64 x 64; 64 x 192 split 4 10.7; cuBLAS 8.2), what a split's second launch and fp32
-partials cost (a split summed in the kernel would not pay them)."""
+us unsplit 64 x 64, which the model rates faster than 64 x 192 split 4's 10.7; cuBLAS 8.2) and
+1024 x 3072 x 768 (0.71), where a split's second launch and fp32 partials take their share (a
+split summed inside the kernel would not pay them)."""
 
 WGMMA_SPLIT_S = 5e-6
 """What a split of k costs a wgmma product beyond its partials' traffic (the second launch,
@@ -266,7 +267,8 @@ than unsplit at bert's and vit's batch-1 shapes (launched back to back), where t
 LAUNCH_S chose splits of 4 and 8. Refitted with the wave of one wgmma block an SM on graph
 timings (SM_SHARED_BYTES): 6 us kept 128 x 3072 x 768 off wgmma (mma.sync 128 x 64 split 16,
 8.4 us at fp16 against 6.7 for 64 x 64 split 8), 4 and 5 us scored alike, 3 us and less moved
-batch-1 products to splits the sweep had not timed."""
+products timed only at fp16 (bf16's 512 x 3072 x 768, vit's 197 x 768 x 192) to untimed
+splits."""
 
 MMA_UNDER_WGMMA = 0.75
 """mma.sync's tiles' efficiencies where wgmma is on offer. First fitted on a sweep whose
