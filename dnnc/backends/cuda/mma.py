@@ -233,18 +233,42 @@ SM_SHARED_BYTES = 227 << 10
 """Shared memory of an SM on sm_90 (sm_80: 163 KiB; the model counts sm_90's): with the
 block's threads and registers (its accumulators and ~64 more a thread) it bounds the blocks an
 SM holds at once, `resident`. Blocks past a whole number of such waves wait for a wave of
-their own: the model counts whole waves (a block's time in a wave as its share of the SM)."""
+their own: the model counts whole waves (a block's time in a wave as its share of the SM).
+A wgmma block is taken to fill its SM alone, so its wave is one block an SM: the busiest SM's
+blocks count, whatever else fits beside them (192 blocks of 64 x 64 on 132 SMs rate as two,
+not as one wave of three). With WGMMA_SPLIT_S this was fitted on an H200 sweep (session 44's
+device run: CUDA graphs, 16-bit in and out, tf32 operands tf32 values; M x 3072 x
+768 for M = 128 ... 2048 with 8 to 15 tiles and splits each, batch-1 and 1024-row 768 x 768 /
+768 x 192 products): the default's time over the fastest timed, geometric mean over the 50
+of 51 shape-precision pairs whose pick was timed, 1.020 (worst 1.46: tf32's 512 x 3072 x 768
+on mma.sync, 22.2 us against 15.2 for 64 x 192 wgmma split 4), against 1.048 for whole waves,
+6 us and wgmma at tf32 from 1M outputs, 1.029 with 6 us; the best of 32 (wave rule, split
+cost 3 to 6 us, TF32_WGMMA_OUTPUTS) triples scored. Moved, us, this default / the one before
+/ cuBLAS (fp16, bf16, tf32):
 
-WGMMA_SPLIT_S = 6e-6
+| m x k x n | fp16 | bf16 | tf32 |
+| --- | --- | --- | --- |
+| 1024 x 3072 x 768 (bert b8 fc2: 64 x 192 split 2) | 16.1 / 20.6 / 11.5 | 15.7 / 20.4 / 11.0 | 24.7 / 36.1 / 24.2 |
+| 256 x 3072 x 768 (64 x 192 split 8) | 8.6 / 9.1 / 8.3 | 8.2 / 8.7 / 7.4 | - |
+| 128 x 3072 x 768 (64 x 64 split 4, was 8) | 6.9 / 6.7 / 8.6 | - | - |
+| 1024 x 768 x 768, 256 x 768 x 3072 (tf32: wgmma 64 x 64) | - | - | 11.5 / 14.3 / 10.8, 11.2 / 13.5 / 10.9 |
+
+resnet50's 3x3 convs of 512 channels (1568 x 4608 x 512 at batch 32) moved from 64 x 64 to
+128 x 256 split 4: 35.0 / 35.4 and 35.5 / 36.4 us (cuDNN 23.9, 22.4; 128 x 128 split 2 took
+30.5, 31.0: not the model's pick). Left below 0.8 of cuBLAS: 512 x 3072 x 768 at fp16 (13.0
+us unsplit 64 x 64, which the model rates faster than 64 x 192 split 4's 10.7; cuBLAS 8.2) and
+1024 x 3072 x 768 (0.71), where a split's second launch and fp32 partials take their share (a
+split summed inside the kernel would not pay them)."""
+
+WGMMA_SPLIT_S = 5e-6
 """What a split of k costs a wgmma product beyond its partials' traffic (the second launch,
 the blocks' longer prologue): on an H200 at fp16, 64 x 64 split in 2 took 1.8 to 7.2 us more
-than unsplit at bert's and vit's batch-1 shapes, where the model with LAUNCH_S chose splits
-of 4 and 8. Timed as CUDA graphs (H200, bench/gpu_kernels.py --graphs) a split costs less:
-bert b8's fc2, 1024 x 3072 x 768, took 15.4 us in 64 x 192 tiles split in 2 against 20.1 for
-the unsplit 64 x 64 default at fp16 and bf16 (cuBLAS 10.3), and at tf32 23.8 (cuBLAS 23.8)
-against mma.sync's 35.8; not refitted: this and the partials' traffic at the copy bandwidth
-lowered enough to pick it also move the batch-1 shapes (128 x 768 x 768, 197 x 768 x 192)
-this was fitted on, untimed as graphs."""
+than unsplit at bert's and vit's batch-1 shapes (launched back to back), where the model with
+LAUNCH_S chose splits of 4 and 8. Refitted with the wave of one wgmma block an SM on graph
+timings (SM_SHARED_BYTES): 6 us kept 128 x 3072 x 768 off wgmma (mma.sync 128 x 64 split 16,
+8.4 us at fp16 against 6.7 for 64 x 64 split 8), 4 and 5 us scored alike, 3 us and less moved
+products timed only at fp16 (bf16's 512 x 3072 x 768, vit's 197 x 768 x 192) to untimed
+splits."""
 
 MMA_UNDER_WGMMA = 0.75
 """mma.sync's tiles' efficiencies where wgmma is on offer. First fitted on a sweep whose
@@ -324,13 +348,17 @@ it slower than mma.sync but at 8192 x 768 x 3072 (0.23 against 0.35 at 8192 x 30
 7.94 against 5.24."""
 
 
-TF32_WGMMA_OUTPUTS = 1 << 20
+TF32_WGMMA_OUTPUTS = 3 << 18
 """At tf32 (operands tf32 values already: `wgmma_by_default`) the default offers wgmma tiles
 only to products deeper than SHALLOW_K with at least this many outputs; the others keep
 mma.sync's tiles and EFFICIENCY. On an H200 (bench/gpu_kernels.py, operands tf32 values,
 against cuBLAS tf32): wgmma 0.49 at 4096^3 (mma.sync 0.31), 0.68 at 8192 x 768 x 3072 (0.40),
 0.47 at 8192 x 3072 x 768 (0.37), 0.80 at 1024 x 768 x 3072 (0.75), but 0.54 at 1024 x 3072 x
-768 (0.8 M outputs) where mma.sync split 4 ways took 0.64; end to end (bench/gpu_env_ab.py,
+768 (0.8 M outputs) where mma.sync split 4 ways took 0.64; lowered to 1024 x 768 outputs
+(bert b8's) with the wave of one wgmma block an SM (SM_SHARED_BYTES' figures: 1024 x 3072 x
+768 0.98 of cuBLAS split in 2 on 64 x 192, 1024 x 768 x 768 0.94 against 0.76 on mma.sync);
+below, wgmma split 4 was faster at 128 to 512 x 3072 x 768 too (512: 15.2 us against 22.2),
+not taken: its batch-1 products untimed; end to end (bench/gpu_env_ab.py,
 batch 32) resnet18 gained 13% with wgmma on every conv, where convnext_tiny, whose dense
 products are mostly 96 to 384 deep, lost 23% and bert_hf at batch 8 (1024 rows) 14%."""
 
@@ -383,7 +411,8 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
     fastest (its guessed efficiency, slowed where its blocks cannot fill the GPU or leave
-    the last of their waves part empty, plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
+    the last of their waves part empty, a wgmma block's wave one block an SM: SM_SHARED_BYTES,
+    plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59).
     `shallow_rule`: SHALLOW_K's tiles for shallow products (dense ones; see SHALLOW_EFFICIENCY);
     `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE)."""
@@ -394,9 +423,9 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
             continue   # mostly past the edges: a warpgroup's 64 rows for a few
-        # a wgmma block fills its SM's shared memory: one a SM is full
+        # a wgmma block fills its SM: one a SM is full, a second one's waits (SM_SHARED_BYTES)
         full = gpu.sms if base.wgmma else min_blocks(gpu)
-        wave = gpu.sms * resident(base, precision)
+        wave = gpu.sms if base.wgmma else gpu.sms * resident(base, precision)
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
                 break

@@ -546,6 +546,30 @@ def test_shallow_products_of_16_bit_outputs_take_the_staged_wgmma_tile(monkeypat
                 assert space.check(config) == config
 
 
+def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
+    """bert b8's fc2 (1024 x 3072 x 768: 64 tiles of 64 x 192 for 132 SMs) splits k in 2 on
+    64 x 192 wgmma tiles at fp16, bf16 and tf32 (tf32 operands): the model counts the
+    busiest SM's blocks, so 192 blocks of 64 x 64 (two on some SMs, one on others) no longer
+    rate as one full wave; the 4096-row product keeps its unsplit tile."""
+    from types import SimpleNamespace
+
+    from dnnc.backends.cuda.device import REFERENCE
+
+    monkeypatch.delenv("DNNC_WGMMA", raising=False)
+    machine = Target("cuda", arch="sm_90", gpu=REFERENCE)
+    for precision in ("fp16", "bf16", "tf32"):
+        machine = replace(machine, precision=precision)
+        y = mma.STORAGE.get(precision, T.float32)
+        for m, split in ((1024, 2), (4096, 1)):
+            p = SimpleNamespace(m=m, n=768, k=3072, batch=1, a_tf32=precision == "tf32",
+                                b_tf32=precision == "tf32", y=SimpleNamespace(dtype=y))
+            config = mma.dense_default(p, machine)
+            assert config.wgmma and config.split_k == split
+            if split > 1:
+                assert (config.block_m, config.block_n) == (64, 192) and not config.staged
+            assert mma.dense_space(p, machine).check(config) == config
+
+
 def test_modules_using_wgmma_compile_for_sm90a():
     func, _ = product(*CASES[0])
     source = render_module([(func, True)]).source
