@@ -8,9 +8,10 @@ with its XOR swizzle, ldmatrix fragments) at the integer precision of the activa
 "s8" or "u8": bytes four to a 32-bit word, tiles along k as tf32's are (an m16n8k32 A or B
 fragment is, word for word, a tf32 m16n8k8 one), int32 accumulators. Rows i are A's (a dense
 product's rows, a conv's output pixels of every image), columns j the weights' (output
-channels). A dense A whose rows are whole 16-byte chunks (k a multiple of 16) is copied by
-cp.async; other operands go through registers a 32-bit word at a time (`Operand.word`): the
-packed weights (`ir/ops/quantized.pack_groups`: 4 bytes of k a column, one load, read
+channels). A dense A whose rows are whole 16-byte chunks (k a multiple of 16) and dense
+weights in rows (`ir/ops/quantized.pack_rows`, convert_layout's "int8_dense_rows" for cuda)
+are copied by cp.async; other operands go through registers a 32-bit word at a time
+(`Operand.word`): weights in groups (`pack_groups`: 4 bytes of k a column, one load, read
 through a uint32 view of the constant), a conv's patches (4 input channels at a tap,
 `pack_conv_groups`' order: one position and bounds check, 4 byte loads; a pixel outside the
 image reads as the activation's zero point, so that padding adds nothing after the
@@ -169,6 +170,15 @@ def _weights(w: L.Buffer) -> tuple[Operand, L.Buffer]:
         words
 
 
+def _row_weights(p: QuantizedDenseProblem) -> tuple[Operand, L.Buffer]:
+    """Weights in rows (`pack_rows`: [n, k padded to 16 bytes], K-major as the tiles) as B,
+    copied by cp.async, read as A's type (mma's B is s8 either way), and that view."""
+    w = L.Buffer(p.w.name, T.int8 if p.signed else T.uint8, tuple(p.w.shape))
+    return Operand(lambda bi, j, kk: w[j, kk], False, array=True,
+                   word=lambda bi, j, kw: _word([w[j, kw * GROUP_DEPTH + e]
+                                                 for e in range(GROUP_DEPTH)])), w
+
+
 def _word(byte_values: list) -> L.Expr:
     """Four 8-bit values as the bytes of a uint32, the first lowest."""
     word = None
@@ -218,9 +228,9 @@ def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.Pri
                       for e in range(GROUP_DEPTH)])
 
     rows = Operand(lambda bi, i, kk: a[i, kk], False, array=True, word=row_word)
-    weights, words = _weights(p.w)
+    weights, view = _row_weights(p) if p.rows else _weights(p.w)
     body = mma_product(c, 1, p.m, p.n, p.k, rows, weights, store, precision=precision(p))
-    views = {a.name: a, y.name: y, words.name: words}
+    views = {a.name: a, y.name: y, view.name: view}
     return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
 
 
@@ -238,7 +248,7 @@ class GemvConfig:
 
 
 def gemv_applies(p: QuantizedDenseProblem) -> bool:
-    return p.w_zp is None and p.m < GEMV_ROWS
+    return p.w_zp is None and p.m < GEMV_ROWS and not p.rows
 
 
 def gemv_space(p: QuantizedDenseProblem, machine) -> Space:

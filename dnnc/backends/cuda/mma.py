@@ -604,8 +604,11 @@ class _Tile:
             return L.CopyAsync(dst, self.operand.at(self.bi, row, kg), L.const(16))
         edge = (1, self.chunk) if self.k_inner else (self.chunk, 1)
         inside = L.logical_and(row < self.extent, kg < self.k)
+        # along k whole chunks: an operand whose rows are padded past k (int8 weights in
+        # rows) copies its last chunk from its start, not from k - chunk
+        k_end = -(-self.k // self.chunk) * self.chunk if self.k_inner else self.k
         src = self.operand.at(self.bi, L.minimum(row, self.extent - edge[0]),
-                              L.minimum(kg, self.k - edge[1]))
+                              L.minimum(kg, k_end - edge[1]))
         return L.CopyAsync(dst, src, L.Select(inside, L.const(16), L.const(0)))
 
     def _load(self, kt: L.Expr, step: L.Expr, o: L.Expr, c: L.Expr) -> L.Stmt:

@@ -6,6 +6,7 @@ sm_80 and sm_90 where CuPy is installed. The same graphs on a GPU (`gpu` marker)
 test_cuda_int8_gpu.py's."""
 
 import collections
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -148,6 +149,30 @@ def test_int8_dense_small_tiles_and_stages_on_host(case, tmp_path):
     g, x, want = dense_graph(rng, batch, m, k, n, act, out)
     for config in (SMALL_TILE, TensorCoreConfig(16, 32, 128, 1, 2, 4)):
         _check(g, x, want, tmp_path / str(config.block_k), "cuda_int8_dense", config)
+
+
+@pytest.mark.parametrize("case", [DENSE_CASES[1], DENSE_CASES[4], (1, 20, 37, 19, np.uint8,
+                                                                   "int8")])
+def test_int8_dense_weights_in_rows_on_host(case, tmp_path):
+    """With cuda's "int8_dense_rows" layout the weights are rows [n, k padded to 16] copied
+    by cp.async (k a multiple of 16 or not: the padding's zeros), at the default, a small
+    mma.sync tile and a wgmma tile: bit for bit the reference and llvm."""
+    from test_cuda_int8_nhwc import WGMMA_TILES
+
+    batch, m, k, n, act, out = case
+    rng = np.random.default_rng(m + k + n + 1)
+    g, x, want = dense_graph(rng, batch, m, k, n, act, out)
+    machine = replace(MACHINE, layouts=("int8_dense_rows",))
+    for config in (None, SMALL_TILE, WGMMA_TILES[0]):
+        optimised, (program,) = programs(g, machine=machine, config=config)
+        (dense,) = [n for n in optimised.nodes if n.op == "QuantizedDense"]
+        assert dense.inputs[2].type.shape == (n, -(-k // 16) * 16)
+        module = render_module(program.unique)
+        assert "cp_async(&b_tile" in module.source
+        lib = host_library(program.unique, tmp_path / str(config), module)
+        got = program_on_host(lib, module, program, {optimised.inputs[0].name: x})
+        assert [k.schedule[0] for k in program.kernels] == ["cuda_int8_dense"]
+        assert np.array_equal(got[optimised.outputs[0].name], want)
 
 
 def test_int8_conv_small_tiles_on_host(tmp_path):
