@@ -42,7 +42,7 @@ QuantizedConvNHWC (int8_nhwc.py: patches by cp.async); this NCHW kernel serves t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...ir import loop as L
 from ...ir import types as T
@@ -54,9 +54,10 @@ from ..space import Constraint, Space, Template
 from .dense import Operand, min_blocks
 from .device import gpu_of, has_wgmma
 from .mma import (DEFAULTS, EFFICIENCY, MAX_ACCUMULATORS, MAX_SHARED_BYTES,
-                  MAX_WGMMA_SHARED_BYTES, MMA_UNDER_WGMMA, WARP, WGMMA_DEFAULTS,
-                  WGMMA_EFFICIENCY, TensorCoreConfig, mma_product, resident, shared_bytes,
-                  staged_by_default, wgmma_by_default)
+                  MAX_WGMMA_SHARED_BYTES, MMA_UNDER_WGMMA, SHALLOW_K, SHALLOW_STAGED_OUTPUTS,
+                  SHALLOW_STAGED_TILE, WARP, WGMMA_DEFAULTS, WGMMA_EFFICIENCY,
+                  TensorCoreConfig, mma_product, resident, shared_bytes, staged_by_default,
+                  wgmma_by_default)
 
 BLOCK_K = (32, 64, 128)
 """k tiles in bytes: one, two or four m16n8k32 steps."""
@@ -114,7 +115,10 @@ def choose(m: int, n: int, k: int, gpu: GPU, with_wgmma: bool = False) -> Tensor
     warps; a product of a few dozen rows 16 x 32. `with_wgmma` (`mma.wgmma_by_default` of
     the arch and precision: on sm_90 unless DNNC_WGMMA=0) adds mma.py's
     WGMMA_DEFAULTS tiles, k tiles of 128 bytes, and scales the others' guesses as mma.py
-    does."""
+    does; a shallow product of many outputs takes SHALLOW_TILE there."""
+    if with_wgmma and k <= SHALLOW_K and n >= SHALLOW_TILE.block_n and \
+            m * n >= SHALLOW_OUTPUTS:
+        return SHALLOW_TILE
     best, best_time = None, float("inf")
     for config, efficiency in _candidates(with_wgmma):
         if shared_bytes(config, "s8") > (MAX_WGMMA_SHARED_BYTES if config.wgmma else
@@ -132,6 +136,18 @@ def choose(m: int, n: int, k: int, gpu: GPU, with_wgmma: bool = False) -> Tensor
         if seconds < best_time:
             best, best_time = config, seconds
     return best
+
+
+SHALLOW_TILE = replace(SHALLOW_STAGED_TILE, block_k=WGMMA_BLOCK_K)
+SHALLOW_OUTPUTS = SHALLOW_STAGED_OUTPUTS
+"""Products of k at most SHALLOW_K (one or two k tiles), at least SHALLOW_TILE's columns and
+SHALLOW_OUTPUTS results take mma.py's shallow staged tile (128 x 128 wgmma, 3 slots: two
+blocks an SM) where wgmma is on offer: they are bound by their epilogue (requantizing and
+storing every result after one or two k tiles), which a block of the 128 x 256 tile the
+model chose ran alone on its SM (its shared ring, 4 slots of 48 KiB, and its 128
+accumulators a thread: one block an SM). resnet50's 1x1 convs of 64 to 256 input channels
+at batch 32 took 0.19-0.22 ms so on an H200 against 0.065 for fp16's (bench/gpu_int8.py,
+session 43)."""
 
 
 def _candidates(with_wgmma: bool):

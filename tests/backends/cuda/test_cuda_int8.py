@@ -214,6 +214,23 @@ def test_default_tiles_of_resnet50_and_bert_fill_the_gpu(m, n, k):
     assert c.block_k == int8.DEFAULT_BLOCK_K and c.stages == int8.DEFAULT_STAGES
 
 
+@pytest.mark.parametrize("m,n,k", [(100352, 256, 64), (25088, 512, 128), (6272, 1024, 256)])
+def test_shallow_products_on_wgmma_take_the_shallow_tile(m, n, k):
+    """resnet50's 1x1 convs of at most 256 input channels (with wgmma): int8.SHALLOW_TILE, a
+    tile of the space two blocks of which an SM holds; deeper products, or of fewer columns
+    than its 128, keep the model's choice."""
+    from dnnc.backends.cuda import wgmma
+    from dnnc.backends.cuda.device import REFERENCE
+    from dnnc.backends.cuda.mma import resident
+
+    tile = int8.SHALLOW_TILE
+    assert int8.choose(m, n, k, REFERENCE, True) == tile
+    assert wgmma.fits(tile, "s8") and resident(replace(tile, staged=True), "s8") == 2
+    assert int8.choose(m, n, 512, REFERENCE, True) != tile
+    assert int8.choose(m, 64, k, REFERENCE, True) != tile
+    assert int8.choose(m, n, k, REFERENCE) != tile   # (mma.sync only)
+
+
 def test_default_tile_of_a_small_product_is_small():
     from dnnc.backends.cuda.device import REFERENCE
 
