@@ -2,7 +2,8 @@
 4), one run on one GPU.
 
     PYTHONPATH=$PWD python bench/gpu_int8.py [--repeat 20] [--no-kernels] [--no-models]
-        [--shapes 8] [--models resnet50,bert_base] [--variants mma.sync,unstaged,deep-tiles]
+        [--shapes 8] [--models resnet50,bert_base]
+        [--variants mma.sync,unstaged,deep-tiles,staged-f32]
         [--slowest 8] [--sweep]
 
 Kernels: resnet50's distinct convolution shapes (bench/gpu_conv.py's RESNET50; the first
@@ -175,11 +176,14 @@ def quantized_file(name: str, folder: Path):
 
 VARIANTS = (("int8 mma.sync", {"DNNC_WGMMA": "0"}, {}),
             ("int8 unstaged", {"DNNC_STAGED": "0"}, {}),
-            ("int8 deep-tiles", {}, {"SHALLOW_OUTPUTS": float("inf")}))
+            ("int8 deep-tiles", {}, {"int8.SHALLOW_OUTPUTS": float("inf")}),
+            ("int8 staged-f32", {}, {"mma.STAGED_OUTPUTS": (T.float16, T.bfloat16, T.int8,
+                                                            T.uint8, T.float32)}))
 """Further int8 rows: the model compiled again under these variables and values of
-backends/cuda/int8.py (DNNC_WGMMA=0: the integer products on mma.sync, not wgmma;
+backends/cuda modules (DNNC_WGMMA=0: the integer products on mma.sync, not wgmma;
 DNNC_STAGED=0: wgmma's 8-bit results stored directly, not staged; deep-tiles: no
-int8.SHALLOW_TILE, shallow products on the tile int8.choose's model picks)."""
+int8.SHALLOW_TILE, shallow products on the tile int8.choose's model picks; staged-f32:
+float32 results staged too, as a dynamically quantized model's products store them)."""
 
 
 def on_device(feeds: dict) -> list:
@@ -229,13 +233,17 @@ def int8_row(label: str, path, feeds, device_feeds, want, ms16, first, env: dict
     fraction of elements that differ; max |d| in units of the output's quantized step, max
     |ort| / 127) and with the first int8 row's outputs; its kernels by template (the first
     row's) and how many took wgmma. Returns its outputs."""
-    from dnnc.backends.cuda import int8
+    import importlib
+
+    def place(name):
+        module, attr = name.rsplit(".", 1)
+        return importlib.import_module(f"dnnc.backends.cuda.{module}"), attr
 
     saved = {k: os.environ.get(k) for k in env}
-    kept = {k: getattr(int8, k) for k in values}
+    kept = {k: getattr(*place(k)) for k in values}
     os.environ.update(env)
     for k, v in values.items():
-        setattr(int8, k, v)
+        setattr(*place(k), v)
     try:
         t0 = time.perf_counter()
         q8 = dnnc.compile(str(path), "cuda", cache=False)
@@ -247,7 +255,7 @@ def int8_row(label: str, path, feeds, device_feeds, want, ms16, first, env: dict
             else:
                 os.environ[k] = v
         for k, v in kept.items():
-            setattr(int8, k, v)
+            setattr(*place(k), v)
     repeat = args.repeat
     got = np.asarray(q8(**feeds, to="numpy"))
     ms8 = q8.benchmark(*device_feeds, repeat=repeat)["median_ms"]
@@ -361,8 +369,8 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="resnet50,bert_base")
     parser.add_argument("--variants", default="mma.sync,unstaged",
                         help="VARIANTS rows to add (comma-separated: mma.sync, unstaged, "
-                             "deep-tiles; empty: none): each compiles and times the int8 "
-                             "model again")
+                             "deep-tiles, staged-f32; empty: none): each compiles and times "
+                             "the int8 model again")
     parser.add_argument("--slowest", type=int, default=8,
                         help="kernels listed one by one under each model's templates")
     parser.add_argument("--no-kernels", action="store_true")
