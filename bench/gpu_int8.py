@@ -2,7 +2,9 @@
 4), one run on one GPU.
 
     PYTHONPATH=$PWD python bench/gpu_int8.py [--repeat 20] [--no-kernels] [--no-models]
-        [--shapes 8] [--models resnet50,bert_base] [--variants mma.sync,unstaged] [--sweep]
+        [--shapes 8] [--models resnet50,bert_base]
+        [--variants mma.sync,unstaged,deep-tiles,staged-f32]
+        [--slowest 8] [--sweep]
 
 Kernels: resnet50's distinct convolution shapes (bench/gpu_conv.py's RESNET50; the first
 `--shapes` of them, all by default) at batch 32, each as one QuantizedConvPacked (int8
@@ -172,10 +174,16 @@ def quantized_file(name: str, folder: Path):
     return model, quantize_dynamic(model, folder, name)
 
 
-VARIANTS = (("int8 mma.sync", {"DNNC_WGMMA": "0"}), ("int8 unstaged", {"DNNC_STAGED": "0"}))
-"""Further int8 rows: the model compiled again under these variables (DNNC_WGMMA=0: the
-integer products on mma.sync, not wgmma; DNNC_STAGED=0: wgmma's 8-bit results stored
-directly, not staged)."""
+VARIANTS = (("int8 mma.sync", {"DNNC_WGMMA": "0"}, {}),
+            ("int8 unstaged", {"DNNC_STAGED": "0"}, {}),
+            ("int8 deep-tiles", {}, {"int8.SHALLOW_OUTPUTS": float("inf")}),
+            ("int8 staged-f32", {}, {"mma.STAGED_OUTPUTS": (T.float16, T.bfloat16, T.int8,
+                                                            T.uint8, T.float32)}))
+"""Further int8 rows: the model compiled again under these variables and values of
+backends/cuda modules (DNNC_WGMMA=0: the integer products on mma.sync, not wgmma;
+DNNC_STAGED=0: wgmma's 8-bit results stored directly, not staged; deep-tiles: no
+int8.SHALLOW_TILE, shallow products on the tile int8.choose's model picks; staged-f32:
+float32 results staged too, as a dynamically quantized model's products store them)."""
 
 
 def on_device(feeds: dict) -> list:
@@ -208,25 +216,34 @@ def model_rows(args) -> None:
             first = None
             chosen = tuple(v for v in VARIANTS if args.variants and v[0].split()[-1] in
                            args.variants.split(","))
-            for variant, env in (("int8", {}),) + chosen:
+            for variant, env, values in (("int8", {}, {}),) + chosen:
                 try:
                     first = int8_row(f"{label} {variant}", path, feeds, device_feeds, want,
-                                     ms16, first, env, args.repeat)
+                                     ms16, first, env, values, args)
                 except Exception as exc:   # one row's failure must not hide the others
                     print(f"{label} {variant}: {type(exc).__name__}: {str(exc)[:300]}",
                           flush=True)
-            by_template("fp16", f16, device_feeds)
+            by_template("fp16", f16, device_feeds, slowest=args.slowest)
 
 
 def int8_row(label: str, path, feeds, device_feeds, want, ms16, first, env: dict,
-             repeat: int):
-    """The int8 file compiled under `env`, timed (inputs on the device, and from the host),
-    compared with onnxruntime (`mismatch`: the fraction of elements that differ; max |d| in
-    units of the output's quantized step, max |ort| / 127) and with the first int8 row's
-    outputs; its kernels by template (the first row's) and how many took wgmma. Returns
-    its outputs."""
+             values: dict, args):
+    """The int8 file compiled under `env` and `values` (of backends/cuda/int8.py), timed
+    (inputs on the device, and from the host), compared with onnxruntime (`mismatch`: the
+    fraction of elements that differ; max |d| in units of the output's quantized step, max
+    |ort| / 127) and with the first int8 row's outputs; its kernels by template (the first
+    row's) and how many took wgmma. Returns its outputs."""
+    import importlib
+
+    def place(name):
+        module, attr = name.rsplit(".", 1)
+        return importlib.import_module(f"dnnc.backends.cuda.{module}"), attr
+
     saved = {k: os.environ.get(k) for k in env}
+    kept = {k: getattr(*place(k)) for k in values}
     os.environ.update(env)
+    for k, v in values.items():
+        setattr(*place(k), v)
     try:
         t0 = time.perf_counter()
         q8 = dnnc.compile(str(path), "cuda", cache=False)
@@ -237,6 +254,9 @@ def int8_row(label: str, path, feeds, device_feeds, want, ms16, first, env: dict
                 del os.environ[k]
             else:
                 os.environ[k] = v
+        for k, v in kept.items():
+            setattr(*place(k), v)
+    repeat = args.repeat
     got = np.asarray(q8(**feeds, to="numpy"))
     ms8 = q8.benchmark(*device_feeds, repeat=repeat)["median_ms"]
     host8 = q8.benchmark(*feeds.values(), repeat=repeat)["median_ms"]
@@ -251,17 +271,14 @@ def int8_row(label: str, path, feeds, device_feeds, want, ms16, first, env: dict
           f"{np.mean(d > 0):9.2e} {d.max() / step:11.3g}  {seconds:.1f}; {wgmma} kernels on "
           f"wgmma{same}", flush=True)
     if first is None:
-        by_template("int8", q8, device_feeds, records)
+        by_template("int8", q8, device_feeds, records, args.slowest)
     return got if first is None else first
 
 
-SLOWEST = 8
-"""Kernels listed one by one (the slowest, with their configs) under a model's templates."""
-
-
-def by_template(label: str, model, device_feeds, records=None) -> None:
+def by_template(label: str, model, device_feeds, records=None, slowest: int = 8) -> None:
     """The model's kernel time (`profile`'s median ms, each kernel alone, summed) by
-    template, largest first, and its SLOWEST kernels."""
+    template, largest first, and its `slowest` kernels (GF: its 10^9 operations, MB: the
+    bytes of its parameters)."""
     records = records or model.profile(*device_feeds, repeat=5)
     totals: dict[str, list] = {}
     for r in records:
@@ -272,11 +289,13 @@ def by_template(label: str, model, device_feeds, records=None) -> None:
           f"{sum(t[1] for t in totals.values())}", flush=True)
     for name, (ms, count) in sorted(totals.items(), key=lambda t: -t[1][0])[:10]:
         print(f"    {name:30} {ms:8.3f} ms in {count} kernels", flush=True)
-    for r in sorted(records, key=lambda r: -r["ms"])[:SLOWEST]:
+    for r in sorted(records, key=lambda r: -r["ms"])[:slowest]:
         config = r.get("config")
         config = ",".join(f"{k}={v}" for k, v in config.items() if v) \
             if isinstance(config, dict) else config
-        print(f"      {r['ms']:7.4f} {r.get('kernel')} {r.get('template')} {config}", flush=True)
+        print(f"      {r['ms']:7.4f} {(r.get('flops') or 0) / 1e9:6.2f} GF "
+              f"{(r.get('bytes') or 0) / 1e6:6.1f} MB {r.get('kernel')} {r.get('template')} "
+              f"{config}", flush=True)
 
 
 SWEEP = [(128, 128, 64, 2, 2, 3), (128, 128, 64, 2, 4, 3), (128, 128, 128, 2, 2, 3),
@@ -349,8 +368,11 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", type=int, default=len(RESNET50))
     parser.add_argument("--models", default="resnet50,bert_base")
     parser.add_argument("--variants", default="mma.sync,unstaged",
-                        help="VARIANTS rows to add (comma-separated: mma.sync, unstaged; "
-                             "empty: none): each compiles and times the int8 model again")
+                        help="VARIANTS rows to add (comma-separated: mma.sync, unstaged, "
+                             "deep-tiles, staged-f32; empty: none): each compiles and times "
+                             "the int8 model again")
+    parser.add_argument("--slowest", type=int, default=8,
+                        help="kernels listed one by one under each model's templates")
     parser.add_argument("--no-kernels", action="store_true")
     parser.add_argument("--no-models", action="store_true")
     parser.add_argument("--sweep", action="store_true",

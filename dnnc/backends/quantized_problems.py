@@ -20,8 +20,8 @@ from .problems import Epilogue, plane_geometry
 class QuantizedDenseProblem:
     """Y[i, j] = epilogue(finish(sum_k (A[i, k] - za) (W[k, j] - zw[j]))) for i < m, j < n
     (A's batch dims folded into rows; zw: `w_zp`, None where 0), W in 4-byte groups
-    [ceil(n / 16), ceil(k / 4), 16, 4]; `finish` is QuantizedDense's (bias, scale, zero
-    point, lo / hi) in the anchor's type `out`."""
+    [ceil(n / 16), ceil(k / 4), 16, 4] or in rows (`rows`); `finish` is QuantizedDense's
+    (bias, scale, zero point, lo / hi) in the anchor's type `out`."""
 
     name: str
     params: tuple
@@ -52,6 +52,11 @@ class QuantizedDenseProblem:
     def signed(self) -> bool:
         """Whether A holds int8 (the u8 x s8 products then read A + 128)."""
         return self.a.dtype is T.int8
+
+    @property
+    def rows(self) -> bool:
+        """Whether W is in rows [n, ceil(k / 16) * 16] (`pack_rows`), not in groups."""
+        return len(self.w.shape) == 2
 
     def anchor_index(self, i, j) -> tuple:
         index = []
@@ -85,10 +90,10 @@ def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
         store_index=where if layout_tail(kernel) else None, x_scale=x_scale)
 
 
-def untailed(p: QuantizedDenseProblem) -> bool:
-    """Whether the product stores its anchor's layout (no layout tail: what the templates of
-    a target that fuses none serve)."""
-    return p.store_index is None
+def untailed_groups(p: QuantizedDenseProblem) -> bool:
+    """Whether the product stores its anchor's layout (no layout tail) from weights in
+    groups: what the templates of a target that fuses no tails and lays out no rows serve."""
+    return p.store_index is None and not p.rows
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,11 @@ SparseDense / SparseConv, its weights in CSR (`find_sparsity.py`). "tf32_dense" 
 tensor-core tiles hold 32-bit operands K-major, and cp.async copies a B stored [k, n] only
 through registers, transposed): a MatMul whose B is a 2-D float32 constant becomes
 MatMulPacked with panels of one column, B^T [n, K, 1] (K-major), rounded to tf32 once
-(`round_tf32`, as the tiles would round it: the same products). A rewrite keeps the
+(`round_tf32`, as the tiles would round it: the same products). "int8_dense_rows" (cuda: its
+integer tensor-core tiles hold both operands K-major, and the 4-byte groups of columns
+`pack_groups` makes went through registers a word at a time): a QuantizedDense of at least
+DENSE_ROWS_MIN rows (static) and no weight zero point takes its weights in rows
+(`pack_rows`: [N, K] padded to 16 bytes, copied by cp.async). A rewrite keeps the
 output Value of the last node it replaces, so its users are untouched.
 """
 
@@ -58,7 +62,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import PACKED_PRECISIONS, pack_pairs, pack_panels
 from ..ir.ops.packed import (NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights,
                               round_tf32)
-from ..ir.ops.quantized import tap_sums, unpack_conv_groups
+from ..ir.ops.quantized import dense_weights, pack_rows, tap_sums, unpack_conv_groups
 from ..ir.ops.winograd import winograd_weights
 from ..ir.ops.registry import infer_node
 from ..ir.target import Target
@@ -134,6 +138,28 @@ def _tf32_dense(graph: Graph, node: Node, users, target: Target):
     if types[0] != node.outputs[0].type:
         return None
     return Node("MatMulPacked", [a, pv], node.outputs, full, node.name), []
+
+
+DENSE_ROWS_MIN = 16
+"""Products of fewer rows keep the groups: cuda runs them as a dp4a GEMV (`cuda_int8_gemv`),
+a warp reading whole 64-byte rows of a panel."""
+
+
+def _int8_dense_rows(graph: Graph, node: Node, users, target: Target):
+    """QuantizedDense(a, za, W in groups, ...) of at least DENSE_ROWS_MIN static rows, no
+    w_zero_point -> the same with W in rows (`pack_rows`)."""
+    if node.op != "QuantizedDense" or len(node.inputs) > 7 and node.inputs[7] is not None:
+        return None
+    a, w = node.inputs[0], node.inputs[2]
+    static = all(isinstance(d, int) for d in a.type.shape)
+    if w.const is None or w.type.rank != 4 or not static or \
+            int(np.prod(a.type.shape[:-1])) < DENSE_ROWS_MIN:
+        return None
+    packed = pack_rows(dense_weights(np.asarray(w.const), a.type.shape[-1], node.attrs["n"]))
+    wv = Value(f"{w.name}.rows", TensorType(int8, packed.shape), const=packed)
+    inputs = list(node.inputs)
+    inputs[2] = wv
+    return Node("QuantizedDense", inputs, node.outputs, dict(node.attrs), node.name), []
 
 
 def _bias_add(graph: Graph, node: Node, users):
@@ -376,7 +402,7 @@ def _beside_grouped(x: Value, y: Value, users) -> bool:
 
 REWRITES = {"pack_dense": _pack_dense, "pack_conv": _pack_conv, "nhwc_conv": _nhwc_conv,
             "winograd_conv": _winograd_conv, "sparse_weights": sparse_weights,
-            "tf32_dense": _tf32_dense}
+            "tf32_dense": _tf32_dense, "int8_dense_rows": _int8_dense_rows}
 """layout name -> its rewrite: (graph, node, users, target) -> None, or the replacement node
 (or nodes, in order, the last producing the replaced node's outputs) and the later nodes it
 takes over (their outputs are its own)."""

@@ -93,7 +93,8 @@ def test_a_layout_no_rewrite_implements_is_refused_by_name(rng):
     with pytest.raises(CompileError, match=r"target llvm wants layout\(s\) nchw16c, which "
                                            r"convert_layout does not know \(it knows "
                                            r"pack_dense, pack_conv, nhwc_conv, "
-                                           r"winograd_conv, sparse_weights, tf32_dense\)"):
+                                           r"winograd_conv, sparse_weights, tf32_dense, "
+                                           r"int8_dense_rows\)"):
         convert_layout(_graph(rng, "MatMul"), Target("llvm", layouts=("pack_dense", "nchw16c")))
 
 
@@ -214,3 +215,45 @@ def test_a_conv_of_at_most_one_vector_of_channels_is_packed_one_vector_wide(rng)
     assert g.nodes[0].inputs[1].type.shape == (1, 6, 3, 3, 8)     # 8 lanes, not 16
     np.testing.assert_allclose(dnnc.compile(g, target="llvm", opt_level=1).run(x)[0], before,
                                rtol=1e-5, atol=1e-5)
+
+
+def _quantized_dense(rng, rows: int, k: int, n: int, w_zero_point: bool = False) -> Graph:
+    """QuantizedDense(a [rows, k] uint8, weights in groups, per-column scales) -> uint8."""
+    from dnnc.ir.ops.quantized import pack_groups
+
+    w = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    g = Graph("q")
+    a = g.add_input("a", T.TensorType(T.uint8, (rows, k)))
+
+    def const(name, v):
+        v = np.asarray(v)
+        return Value(name, T.TensorType(T.DType.from_numpy(v.dtype), v.shape), const=v)
+
+    ins = [a, const("za", np.uint8(rng.integers(0, 256))), const("w", pack_groups(w)),
+           const("s", w.astype(np.int32).sum(0).astype(np.int32)),
+           const("b", rng.integers(-500, 500, n).astype(np.int32)),
+           const("sc", rng.uniform(1e-4, 1e-3, n).astype(np.float32)),
+           const("yz", np.uint8(rng.integers(0, 256)))]
+    if w_zero_point:
+        ins.append(const("wz", np.int8(3)))
+    g.outputs = [g.add("QuantizedDense", *ins, n=n, lo=None, hi=None)]
+    return g
+
+
+@pytest.mark.parametrize("k", [64, 37])
+def test_int8_dense_rows_puts_the_weights_of_a_product_of_16_rows_in_rows(rng, k):
+    """"int8_dense_rows" (cuda): a QuantizedDense of 16 rows or more without a weight zero
+    point reads its weights in rows [n, k padded to 16], the same results bit for bit
+    (reference and llvm's generic loops); fewer rows, or a weight zero point, keep the
+    groups."""
+    rows_target = Target("cuda", layouts=("int8_dense_rows",))
+    g = _quantized_dense(rng, 16, k, 24)
+    x = rng.integers(0, 256, (16, k)).astype(np.uint8)
+    before = dnnc.compile(g, target="numpy").run(x)[0]
+    assert convert_layout(g, rows_target) == 1
+    g.verify()
+    assert g.nodes[0].inputs[2].type.shape == (24, -(-k // 16) * 16)
+    for target in ("numpy", "llvm"):
+        assert np.array_equal(dnnc.compile(g, target=target, cache=False).run(x)[0], before)
+    assert convert_layout(_quantized_dense(rng, 15, k, 24), rows_target) == 0
+    assert convert_layout(_quantized_dense(rng, 16, k, 24, w_zero_point=True), rows_target) == 0

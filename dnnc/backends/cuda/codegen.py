@@ -721,9 +721,10 @@ loops to blocks and threads instead); a vectorized one is a vector load where pr
 
 _VECTOR_TYPES = {(T.float32, 2): "float2", (T.float32, 4): "float4", (T.int32, 2): "int2",
                  (T.int32, 4): "int4", (T.uint32, 2): "uint2", (T.uint32, 4): "uint4",
-                 **{(dt, n): f"ushort{n}" for dt in (T.float16, T.bfloat16) for n in (2, 4)}}
+                 **{(dt, n): f"ushort{n}" for dt in (T.float16, T.bfloat16) for n in (2, 4)},
+                 (T.int8, 4): "char4", (T.uint8, 4): "uchar4"}
 """(element type, lanes) -> the CUDA vector type a vectorized loop loads or stores (float16
-and bfloat16 as their bits, `unsigned short`)."""
+and bfloat16 as their bits, `unsigned short`; int8 and uint8 four to a 32-bit access)."""
 
 
 def _vector_load(s: L.For, divisors: dict) -> tuple[str, L.Expr] | None:

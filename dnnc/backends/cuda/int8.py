@@ -8,9 +8,10 @@ with its XOR swizzle, ldmatrix fragments) at the integer precision of the activa
 "s8" or "u8": bytes four to a 32-bit word, tiles along k as tf32's are (an m16n8k32 A or B
 fragment is, word for word, a tf32 m16n8k8 one), int32 accumulators. Rows i are A's (a dense
 product's rows, a conv's output pixels of every image), columns j the weights' (output
-channels). A dense A whose rows are whole 16-byte chunks (k a multiple of 16) is copied by
-cp.async; other operands go through registers a 32-bit word at a time (`Operand.word`): the
-packed weights (`ir/ops/quantized.pack_groups`: 4 bytes of k a column, one load, read
+channels). A dense A whose rows are whole 16-byte chunks (k a multiple of 16) and dense
+weights in rows (`ir/ops/quantized.pack_rows`, convert_layout's "int8_dense_rows" for cuda)
+are copied by cp.async; other operands go through registers a 32-bit word at a time
+(`Operand.word`): weights in groups (`pack_groups`: 4 bytes of k a column, one load, read
 through a uint32 view of the constant), a conv's patches (4 input channels at a tap,
 `pack_conv_groups`' order: one position and bounds check, 4 byte loads; a pixel outside the
 image reads as the activation's zero point, so that padding adds nothing after the
@@ -41,7 +42,7 @@ QuantizedConvNHWC (int8_nhwc.py: patches by cp.async); this NCHW kernel serves t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...ir import loop as L
 from ...ir import types as T
@@ -53,9 +54,10 @@ from ..space import Constraint, Space, Template
 from .dense import Operand, min_blocks
 from .device import gpu_of, has_wgmma
 from .mma import (DEFAULTS, EFFICIENCY, MAX_ACCUMULATORS, MAX_SHARED_BYTES,
-                  MAX_WGMMA_SHARED_BYTES, MMA_UNDER_WGMMA, WARP, WGMMA_DEFAULTS,
-                  WGMMA_EFFICIENCY, TensorCoreConfig, mma_product, resident, shared_bytes,
-                  staged_by_default, wgmma_by_default)
+                  MAX_WGMMA_SHARED_BYTES, MMA_UNDER_WGMMA, SHALLOW_K, SHALLOW_STAGED_OUTPUTS,
+                  SHALLOW_STAGED_TILE, WARP, WGMMA_DEFAULTS, WGMMA_EFFICIENCY,
+                  TensorCoreConfig, mma_product, resident, shared_bytes, staged_by_default,
+                  wgmma_by_default)
 
 BLOCK_K = (32, 64, 128)
 """k tiles in bytes: one, two or four m16n8k32 steps."""
@@ -113,7 +115,10 @@ def choose(m: int, n: int, k: int, gpu: GPU, with_wgmma: bool = False) -> Tensor
     warps; a product of a few dozen rows 16 x 32. `with_wgmma` (`mma.wgmma_by_default` of
     the arch and precision: on sm_90 unless DNNC_WGMMA=0) adds mma.py's
     WGMMA_DEFAULTS tiles, k tiles of 128 bytes, and scales the others' guesses as mma.py
-    does."""
+    does; a shallow product of many outputs takes SHALLOW_TILE there."""
+    if with_wgmma and k <= SHALLOW_K and n >= SHALLOW_TILE.block_n and \
+            m * n >= SHALLOW_OUTPUTS:
+        return SHALLOW_TILE
     best, best_time = None, float("inf")
     for config, efficiency in _candidates(with_wgmma):
         if shared_bytes(config, "s8") > (MAX_WGMMA_SHARED_BYTES if config.wgmma else
@@ -131,6 +136,19 @@ def choose(m: int, n: int, k: int, gpu: GPU, with_wgmma: bool = False) -> Tensor
         if seconds < best_time:
             best, best_time = config, seconds
     return best
+
+
+SHALLOW_TILE = replace(SHALLOW_STAGED_TILE, block_k=WGMMA_BLOCK_K)
+SHALLOW_OUTPUTS = SHALLOW_STAGED_OUTPUTS
+"""Products of k at most SHALLOW_K (one or two k tiles), at least SHALLOW_TILE's columns and
+SHALLOW_OUTPUTS results take mma.py's shallow staged tile (128 x 128 wgmma, 3 slots: two
+blocks an SM) where wgmma is on offer: they are bound by their epilogue (requantizing and
+storing every result after one or two k tiles), which a block of the 128 x 256 tile the
+model chose ran alone on its SM (its shared ring, 4 slots of 48 KiB, and its 128
+accumulators a thread: one block an SM). On an H200 (bench/gpu_int8.py, session 44) the
+QDQ resnet50 at batch 32 took 1.79 ms with it against 2.17 without (its deep-tiles row),
+its residual 1x1 convs of 64 input channels 0.10-0.12 ms (main's tile and epilogue before:
+0.19-0.22; fp16: 0.051)."""
 
 
 def _candidates(with_wgmma: bool):
@@ -169,6 +187,15 @@ def _weights(w: L.Buffer) -> tuple[Operand, L.Buffer]:
         words
 
 
+def _row_weights(p: QuantizedDenseProblem) -> tuple[Operand, L.Buffer]:
+    """Weights in rows (`pack_rows`: [n, k padded to 16 bytes], K-major as the tiles) as B,
+    copied by cp.async, read as A's type (mma's B is s8 either way), and that view."""
+    w = L.Buffer(p.w.name, T.int8 if p.signed else T.uint8, tuple(p.w.shape))
+    return Operand(lambda bi, j, kk: w[j, kk], False, array=True,
+                   word=lambda bi, j, kw: _word([w[j, kw * GROUP_DEPTH + e]
+                                                 for e in range(GROUP_DEPTH)])), w
+
+
 def _word(byte_values: list) -> L.Expr:
     """Four 8-bit values as the bytes of a uint32, the first lowest."""
     word = None
@@ -199,8 +226,12 @@ def dense_space(p: QuantizedDenseProblem, machine) -> Space:
 
 
 def dense_default(p: QuantizedDenseProblem, machine) -> TensorCoreConfig:
+    """`choose`'s tile, staged where `mma.staged_by_default` says, float32 results (a
+    dynamically quantized model's) as 8-bit ones: on an H200 BERT-base b8 took 1.57 ms so
+    against 1.68 unstaged (fp16 1.31; bench/gpu_int8.py's staged-f32 row, session 44)."""
+    stored = T.int8 if p.y.dtype is T.float32 else p.y.dtype
     return staged_by_default(choose(p.m, p.n, p.k, gpu_of(machine), wgmma_by_default(
-        getattr(machine, "arch", None), precision(p))), p.y.dtype, precision(p))
+        getattr(machine, "arch", None), precision(p))), stored, precision(p))
 
 
 def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.PrimFunc:
@@ -218,9 +249,9 @@ def dense_build(p: QuantizedDenseProblem, c: TensorCoreConfig, machine) -> L.Pri
                       for e in range(GROUP_DEPTH)])
 
     rows = Operand(lambda bi, i, kk: a[i, kk], False, array=True, word=row_word)
-    weights, words = _weights(p.w)
+    weights, view = _row_weights(p) if p.rows else _weights(p.w)
     body = mma_product(c, 1, p.m, p.n, p.k, rows, weights, store, precision=precision(p))
-    views = {a.name: a, y.name: y, words.name: words}
+    views = {a.name: a, y.name: y, view.name: view}
     return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
 
 
@@ -238,7 +269,7 @@ class GemvConfig:
 
 
 def gemv_applies(p: QuantizedDenseProblem) -> bool:
-    return p.w_zp is None and p.m < GEMV_ROWS
+    return p.w_zp is None and p.m < GEMV_ROWS and not p.rows
 
 
 def gemv_space(p: QuantizedDenseProblem, machine) -> Space:

@@ -113,7 +113,7 @@ def conv_build(p: QuantizedConvProblem, c: TensorCoreConfig, machine) -> L.PrimF
     byte = T.int8 if p.signed else T.uint8   # the tiles' type: A's
     x = L.Buffer(p.x.name, p.x.dtype, p.x_dims)
     w = L.Buffer(p.w.name, byte, (n, k))
-    y = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
+    y = L.Buffer(p.y.name, p.y.dtype, (m, n))
     padded = reads_padding(p)
 
     def pixel(i):
@@ -145,11 +145,13 @@ def conv_build(p: QuantizedConvProblem, c: TensorCoreConfig, machine) -> L.PrimF
         return L.Select(inside, word, L.const(0, T.uint32))
 
     def store(bi, i, j, acc):
+        """Y as [pixels, channels] (the NHWC tensor itself): a staged run's 4 results are
+        one 32-bit store, its index free of the pixel's row and column."""
         img, oy, ox = pixel(i)
         if padded:
             acc = acc + _padding_share(p, (oy, ox), j)
-        index = (img, oy, ox, j)
-        return L.Store(y, index, _as(p.epilogue(_finished(p, acc, j), index), y.dtype))
+        value = p.epilogue(_finished(p, acc, j), (img, oy, ox, j))
+        return L.Store(y, (i, j), _as(value, y.dtype))
 
     patches = Operand(patch, False, chunk=chunk, word=patch_word)
     if (kh, kw, sh, sw) == (1, 1, 1, 1) and not padded and (oh, ow) == (h, wid):

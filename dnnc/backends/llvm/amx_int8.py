@@ -49,7 +49,7 @@ from ...ir import loop as L
 from ...ir import types as T
 from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH
 from ..quantized_problems import (QuantizedConvProblem, QuantizedDenseProblem, quantized_conv,
-                                  quantized_dense, untailed)
+                                  quantized_dense, untailed_groups)
 from ..space import Constraint, Space, Template
 from . import amx_conv
 from .amx import AMX_INT8_FEATURES, TILES_FIT
@@ -457,8 +457,8 @@ def _pointwise_blocks(p: QuantizedConvProblem, g: _Pointwise, wt: L.Buffer, xq: 
     return L.For(v, g.units, rows, par if g.units > 1 else L.ForKind.SERIAL)
 
 
-AMX_DENSE_INT8 = Template("amx_dense_int8", quantized_dense, untailed, space, default,
-                          build, features=AMX_INT8_FEATURES)
+AMX_DENSE_INT8 = Template("amx_dense_int8", quantized_dense, untailed_groups, space,
+                          default, build, features=AMX_INT8_FEATURES)
 AMX_POINTWISE_INT8 = Template("amx_pointwise_int8", quantized_conv, pointwise,
                               pointwise_space, pointwise_default, pointwise_build,
                               features=AMX_INT8_FEATURES)

@@ -51,7 +51,7 @@ from ..quantized_problems import (DynamicQuantize, MaxPool8, QuantizedConvProble
                                   QuantizedDenseProblem, channel_param, dynamic_quantize,
                                   dynamic_quantized, dynamic_scale, dynamic_zero_point,
                                   max_pool8, quantized_conv, quantized_dense, scale_param,
-                                  untailed)
+                                  untailed_groups)
 from ..space import Constraint, Space, Template
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
@@ -560,7 +560,8 @@ def quantize_build(p: DynamicQuantize, config: QuantizeConfig, machine) -> L.Pri
     return L.simplify(L.PrimFunc(p.name, params, L.seq(ranges, body)))
 
 
-DENSE_INT8 = Template("dense_int8", quantized_dense, untailed, space, default, build)
+DENSE_INT8 = Template("dense_int8", quantized_dense, untailed_groups, space, default,
+                      build)
 CONV_INT8 = Template("conv_int8", quantized_conv, lambda p: True, conv_space, conv_default,
                      conv_build)
 MAXPOOL_INT8 = Template("maxpool_int8", max_pool8, lambda p: True, pool_space, pool_default,

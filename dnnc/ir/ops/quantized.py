@@ -33,8 +33,11 @@ w - 128 with zero point z - 128 (the same differences, in the int8 operand of vp
 kernels compensate it with the rows' sums of a. QuantizedDense's weights are packed in 4-byte groups
 (`pack_groups`): [ceil(N / 16), ceil(K / 4), 16, 4], weight (k, n) at [n // 16, k // 4, n % 16,
 k % 4]: 16 columns of 4 consecutive k in one 64-byte row, what one `vpdpbusd` reads as its
-signed operand per 512-bit vector and what one AMX tile row (`tdpbusd`'s B) holds.
-This module must never choose a target's layout beyond that fixed one.
+signed operand per 512-bit vector and what one AMX tile row (`tdpbusd`'s B) holds; or in rows
+(`pack_rows`, where a target's layout asks: `convert_layout`'s "int8_dense_rows"): [N,
+ceil(K / 16) * 16], column n's weights contiguous along k and zero past K, what a K-major
+tensor-core tile copies 16 bytes at a time. The rank of w says which.
+This module must never choose a target's layout beyond those two.
 """
 
 from __future__ import annotations
@@ -82,6 +85,24 @@ def unpack_groups(wp: np.ndarray, k: int, n: int) -> np.ndarray:
     panels, groups = wp.shape[:2]
     full = wp.transpose(1, 3, 0, 2).reshape(groups * GROUP_DEPTH, panels * GROUP_COLUMNS)
     return full[:k, :n]
+
+
+ROW_ALIGN = 16
+"""k of a row of `pack_rows` is padded to a multiple of this (16 bytes: one cp.async chunk)."""
+
+
+def pack_rows(w: np.ndarray) -> np.ndarray:
+    """int8 [K, N] -> [N, ceil(K / ROW_ALIGN) * ROW_ALIGN], zero-padded: QuantizedDense's
+    rows layout."""
+    k, n = w.shape
+    rows = np.zeros((n, -(-k // ROW_ALIGN) * ROW_ALIGN), np.int8)
+    rows[:, :k] = w.T
+    return rows
+
+
+def dense_weights(w: np.ndarray, k: int, n: int) -> np.ndarray:
+    """QuantizedDense's weights [K, N] from either layout (by rank: groups or rows)."""
+    return unpack_groups(w, k, n) if w.ndim == 4 else w[:n, :k].T
 
 
 def _check_epilogue(ctx, first: int, channels) -> T.DType:
@@ -191,12 +212,18 @@ def _dense_infer(ctx):
             raise ctx.fail(f"w_zero_point is a scalar or one per column ({ctx.attrs['n']}), "
                            f"given {ctx.type(7)}")
     a, wp, n = ctx.shape(0), ctx.shape(2), ctx.attrs["n"]
-    if len(a) < 2 or len(wp) != 4 or wp[2:] != (GROUP_COLUMNS, GROUP_DEPTH):
+    if len(a) >= 2 and len(wp) == 2:
+        if wp[0] != n or isinstance(a[-1], int) and wp[1] != -(-a[-1] // ROW_ALIGN) * ROW_ALIGN:
+            raise ctx.fail(f"w in rows is [N, ceil(K / {ROW_ALIGN}) * {ROW_ALIGN}], given "
+                           f"{wp} for a {a} and {n} columns")
+    elif len(a) < 2 or len(wp) != 4 or wp[2:] != (GROUP_COLUMNS, GROUP_DEPTH):
         raise ctx.fail(f"expects a of rank >= 2 and w in groups [ceil(N / 16), ceil(K / 4), "
-                       f"16, 4], given {a}, {wp}")
-    if isinstance(a[-1], int) and isinstance(wp[1], int) and -(-a[-1] // GROUP_DEPTH) != wp[1]:
+                       f"16, 4] or rows [N, ceil(K / {ROW_ALIGN}) * {ROW_ALIGN}], given {a}, "
+                       f"{wp}")
+    elif isinstance(a[-1], int) and isinstance(wp[1], int) and \
+            -(-a[-1] // GROUP_DEPTH) != wp[1]:
         raise ctx.fail(f"inner dimensions differ: a {a} and w in groups {wp}")
-    if isinstance(wp[0], int) and wp[0] != -(-n // GROUP_COLUMNS):
+    elif isinstance(wp[0], int) and wp[0] != -(-n // GROUP_COLUMNS):
         raise ctx.fail(f"{n} columns are {-(-n // GROUP_COLUMNS)} panels, given {wp[0]}")
     if ctx.shape(3) != (n,):
         raise ctx.fail(f"w_sums has one entry per column ({n}), given {ctx.type(3)}")
@@ -208,7 +235,7 @@ def quantized_dense(a, a_zero_point, w, w_sums, bias=None, scale=None, y_zero_po
                     w_zero_point=None, x_scale=None, *, n, lo, hi):
     if x_scale is not None:
         scale = np.float32(x_scale.reshape(())) * scale.astype(np.float32)
-    wk = unpack_groups(w, a.shape[-1], n)
+    wk = dense_weights(w, a.shape[-1], n)
     _check_sums(wk, w_sums)
     wk = wk.astype(np.int64)
     if w_zero_point is not None:
@@ -231,8 +258,9 @@ def _dense_rule(inputs, outputs, *, n, lo, hi):
         j = idx[-1]
         av = widen(T.int32, a[tuple(idx[:-1]) + (k.var,)]) - widen(T.int32,
                                                                     scalar_or_per_channel(za, j))
-        wv = widen(T.int32, w[j // GROUP_COLUMNS, k.var // GROUP_DEPTH, j % GROUP_COLUMNS,
-                              k.var % GROUP_DEPTH])
+        wv = widen(T.int32, w[j, k.var] if len(w.shape) == 2 else
+                   w[j // GROUP_COLUMNS, k.var // GROUP_DEPTH, j % GROUP_COLUMNS,
+                     k.var % GROUP_DEPTH])
         if zw is not None:
             wv = wv - widen(T.int32, scalar_or_per_channel(zw, j))
         return finish_expr(reduce_sum(av * wv, k),

@@ -6,6 +6,7 @@ sm_80 and sm_90 where CuPy is installed. The same graphs on a GPU (`gpu` marker)
 test_cuda_int8_gpu.py's."""
 
 import collections
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -150,6 +151,30 @@ def test_int8_dense_small_tiles_and_stages_on_host(case, tmp_path):
         _check(g, x, want, tmp_path / str(config.block_k), "cuda_int8_dense", config)
 
 
+@pytest.mark.parametrize("case", [DENSE_CASES[1], DENSE_CASES[4], (1, 20, 37, 19, np.uint8,
+                                                                   "int8")])
+def test_int8_dense_weights_in_rows_on_host(case, tmp_path):
+    """With cuda's "int8_dense_rows" layout the weights are rows [n, k padded to 16] copied
+    by cp.async (k a multiple of 16 or not: the padding's zeros), at the default, a small
+    mma.sync tile and a wgmma tile: bit for bit the reference and llvm."""
+    from test_cuda_int8_nhwc import WGMMA_TILES
+
+    batch, m, k, n, act, out = case
+    rng = np.random.default_rng(m + k + n + 1)
+    g, x, want = dense_graph(rng, batch, m, k, n, act, out)
+    machine = replace(MACHINE, layouts=("int8_dense_rows",))
+    for config in (None, SMALL_TILE, WGMMA_TILES[0]):
+        optimised, (program,) = programs(g, machine=machine, config=config)
+        (dense,) = [n for n in optimised.nodes if n.op == "QuantizedDense"]
+        assert dense.inputs[2].type.shape == (n, -(-k // 16) * 16)
+        module = render_module(program.unique)
+        assert "cp_async(&b_tile" in module.source
+        lib = host_library(program.unique, tmp_path / str(config), module)
+        got = program_on_host(lib, module, program, {optimised.inputs[0].name: x})
+        assert [k.schedule[0] for k in program.kernels] == ["cuda_int8_dense"]
+        assert np.array_equal(got[optimised.outputs[0].name], want)
+
+
 def test_int8_conv_small_tiles_on_host(tmp_path):
     rng = np.random.default_rng(11)
     g, x, want = conv_graph(rng, 2, 13, 9, 9, 24, 3, 1, 1, np.uint8, "uint8")
@@ -187,6 +212,23 @@ def test_default_tiles_of_resnet50_and_bert_fill_the_gpu(m, n, k):
     assert c.block_m * c.block_n >= 64 * 64 and c.warps_m * c.warps_n >= 4
     assert -(-m // c.block_m) * -(-n // c.block_n) >= REFERENCE.sms
     assert c.block_k == int8.DEFAULT_BLOCK_K and c.stages == int8.DEFAULT_STAGES
+
+
+@pytest.mark.parametrize("m,n,k", [(100352, 256, 64), (25088, 512, 128), (6272, 1024, 256)])
+def test_shallow_products_on_wgmma_take_the_shallow_tile(m, n, k):
+    """resnet50's 1x1 convs of at most 256 input channels (with wgmma): int8.SHALLOW_TILE, a
+    tile of the space two blocks of which an SM holds; deeper products, or of fewer columns
+    than its 128, keep the model's choice."""
+    from dnnc.backends.cuda import wgmma
+    from dnnc.backends.cuda.device import REFERENCE
+    from dnnc.backends.cuda.mma import resident
+
+    tile = int8.SHALLOW_TILE
+    assert int8.choose(m, n, k, REFERENCE, True) == tile
+    assert wgmma.fits(tile, "s8") and resident(replace(tile, staged=True), "s8") == 2
+    assert int8.choose(m, n, 512, REFERENCE, True) != tile
+    assert int8.choose(m, 64, k, REFERENCE, True) != tile
+    assert int8.choose(m, n, k, REFERENCE) != tile   # (mma.sync only)
 
 
 def test_default_tile_of_a_small_product_is_small():

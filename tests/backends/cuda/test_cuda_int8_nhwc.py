@@ -179,8 +179,11 @@ def test_quantized_files_channels_last_on_host(name, convs, tmp_path):
 
 WGMMA_TILES = [TensorCoreConfig(64, 64, 128, 4, 1, 4, wgmma=True),
                TensorCoreConfig(128, 128, 128, 8, 1, 3, wgmma=True, staged=True),
-               TensorCoreConfig(64, 128, 128, 4, 1, 2, wgmma=True, early_refill=True)]
-"""wgmma's s8 / u8 form (sm_90): one warpgroup, two of 128 columns (staged), early refill."""
+               TensorCoreConfig(64, 128, 128, 4, 1, 2, wgmma=True, early_refill=True),
+               TensorCoreConfig(128, 128, 128, 8, 1, 3, wgmma=True, refill_first=True,
+                                staged=True)]
+"""wgmma's s8 / u8 form (sm_90): one warpgroup, two of 128 columns (staged), early refill,
+the shallow products' default (`int8.SHALLOW_TILE`, staged)."""
 
 
 @pytest.mark.parametrize("act", [np.int8, np.uint8])

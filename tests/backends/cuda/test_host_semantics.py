@@ -85,6 +85,8 @@ struct alignas(4) ushort2 { unsigned short x, y; };
 struct alignas(8) ushort4 { unsigned short x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(4) char4 { signed char x, y, z, w; };
+struct alignas(4) uchar4 { unsigned char x, y, z, w; };
 template <typename To, typename From> static inline To dnnc_bits(From x) {
   To y; std::memcpy(&y, &x, sizeof y); return y;
 }
