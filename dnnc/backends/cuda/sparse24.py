@@ -423,26 +423,33 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
             raise ValueError("2:4 warpgroup products read both operands along k")
         self.meta_in = _Metadata(meta, self.bm, self.by * (self.bm // 16), m, self.bk, k,
                                  c.threads, c.stages)
+        self.e_frag = L.Buffer("e_frag", T.uint32, (self.bk // STEP_K * self.tm,),
+                               L.Scope.LOCAL)
         self._sparse(meta, sparse, k, n)
 
     def rings(self) -> tuple:
         return self.a_in, self.b_in, self.meta_in
 
     def update(self, slot: L.Expr) -> L.Stmt:
-        """The places' flags of the k tile in `slot`, then per sparse step and m64 tile one
-        sparse wgmma of the warpgroup's columns, the group committed and all but it waited
-        for (as `Warpgroups.update`)."""
-        body = [L.WgmmaFence()]
+        """The places' flags of the k tile in `slot`; the tile's metadata words into
+        registers, then (after the fence: PTX orders a wgmma's input registers written
+        before it only through one, and an H200 gave wrong products with the words loaded
+        after it) per sparse step and m64 tile one sparse wgmma of the warpgroup's columns,
+        the group committed and all but it waited for (as `Warpgroups.update`)."""
+        loads, products = [], []
         for ks in range(self.bk // STEP_K):
             for mi in range(self.tm):
                 first = self.wy * self.rows + mi * wgmma.TILE_M
                 a, a_offsets = self.a_in.descriptor(slot, first, ks)
                 b, b_offsets = self.b_in.descriptor(slot, self.wx * self.cols, ks)
-                meta = self.meta_in.tile[self.meta_in.word(
-                    slot, first // 16 + self.warp, ks, self.g, self.q % 2)]
-                body.append(L.Wgmma(self.sparse, self.cols, self.acc[mi * (self.cols // 2)],
-                                    a, b, False, False, a_offsets, b_offsets, meta))
-        body += [L.WgmmaCommit(), L.WgmmaWait(1, self.acc[0], self.count)]
+                at = ks * self.tm + mi
+                loads.append(L.Store(self.e_frag, (at,), self.meta_in.tile[self.meta_in.word(
+                    slot, first // 16 + self.warp, ks, self.g, self.q % 2)]))
+                products.append(L.Wgmma(self.sparse, self.cols,
+                                        self.acc[mi * (self.cols // 2)], a, b, False, False,
+                                        a_offsets, b_offsets, self.e_frag[at]))
+        body = [*loads, L.WgmmaFence(), *products, L.WgmmaCommit(),
+                L.WgmmaWait(1, self.acc[0], self.count)]
         return L.seq(self._flags(slot), self.per_thread(L.seq(*body)))
 
     def _fix(self) -> L.Stmt:
@@ -463,7 +470,7 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
         return _allocated(body, after, [self.a_in.tile, self.b_in.tile, self.meta_in.tile,
                                         self.flags] +
                           [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous],
-                          [self.acc])
+                          [self.acc, self.e_frag])
 
 
 def _blocks(meta: L.Buffer, sparse: str):
