@@ -431,11 +431,12 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
         return self.a_in, self.b_in, self.meta_in
 
     def update(self, slot: L.Expr) -> L.Stmt:
-        """The places' flags of the k tile in `slot`; the tile's metadata words into
-        registers, then (after the fence: PTX orders a wgmma's input registers written
-        before it only through one, and an H200 gave wrong products with the words loaded
-        after it) per sparse step and m64 tile one sparse wgmma of the warpgroup's columns,
-        the group committed and all but it waited for (as `Warpgroups.update`)."""
+        """The k tile in `slot`: its metadata words into registers, then (after the fence:
+        PTX orders a wgmma's input registers written before it only through one, and an
+        H200 gave wrong products with the words loaded after it) per sparse step and m64
+        tile one sparse wgmma of the warpgroup's columns, the group committed; the places'
+        flags of the tile while its wgmmas run (they only read it); then all groups but it
+        waited for (as `Warpgroups.update`)."""
         loads, products = [], []
         for ks in range(self.bk // STEP_K):
             for mi in range(self.tm):
@@ -448,9 +449,9 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
                 products.append(L.Wgmma(self.sparse, self.cols,
                                         self.acc[mi * (self.cols // 2)], a, b, False, False,
                                         a_offsets, b_offsets, self.e_frag[at]))
-        body = [*loads, L.WgmmaFence(), *products, L.WgmmaCommit(),
-                L.WgmmaWait(1, self.acc[0], self.count)]
-        return L.seq(self._flags(slot), self.per_thread(L.seq(*body)))
+        return L.seq(self.per_thread(L.seq(*loads, L.WgmmaFence(), *products,
+                                           L.WgmmaCommit())), self._flags(slot),
+                     self.per_thread(L.WgmmaWait(1, self.acc[0], self.count)))
 
     def _fix(self) -> L.Stmt:
         """`_recount` for each accumulator of a flagged place (`L.Wgmma`'s D layout: register
