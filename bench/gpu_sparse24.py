@@ -2,7 +2,7 @@
 fp16 on BERT's and resnet50's GEMM-heavy layers), one run; `bench/gpu_sparse.py --sparse24`.
 
     PYTHONPATH=$PWD python bench/gpu_sparse24.py [--repeat 20] [--trials 5]
-        [--no-layers] [--no-variants] [--no-models] [--no-torch]
+        [--no-layers] [--no-variants] [--no-models] [--no-torch] [--only bert,3x3]
 
 Layers: BERT-base's products at batch 8 (1024 rows: 768->768, 768->3072, 3072->768) and
 resnet50's stride-1 1x1 convs at batch 32 (channels-last, as dnnc runs them at fp16: the
@@ -15,7 +15,8 @@ product through torch.matmul (cuDNN's channels-last conv2d for the 3x3 convs; un
 `--no-torch`), timed by CUDA events (bench/gpu_timing.py:
 median over `--trials` of the mean of `--repeat` calls, interleaved). `2:4/dense` is the 2:4
 default's time over dnnc dense's (the bar: <= 1/1.3 = 0.77), `best` the best variant's,
-`rule` whether passes/sparse24.py's cost rule takes the layer (its estimated dense / 2:4
+`mma.sp/dense` the mma.sp warps' default's (the 2:4 default without wgmma: sm_90's before
+session 44), `rule` whether passes/sparse24.py's cost rule takes the layer (its estimated dense / 2:4
 beside: what GPU_SPARSE24_EFFICIENCY is to be fitted to); each 2:4 output is checked against
 the dense kernel's (max |d| / max |dense|).
 
@@ -44,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dnnc.backends.cuda import device  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
 from dnnc.backends.cuda.mma import TensorCoreConfig  # noqa: E402
+from dnnc.backends.cuda.schedules import template_for  # noqa: E402
+from dnnc.backends.lower import lower_group  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.sparse import encode_2of4  # noqa: E402
@@ -56,8 +59,22 @@ BERT_BATCH, RESNET_BATCH = 8, 32
 VARIANTS = [TensorCoreConfig(128, 128, 64, 2, 4, 3), TensorCoreConfig(128, 128, 64, 2, 4, 4),
             TensorCoreConfig(128, 256, 32, 2, 4, 4), TensorCoreConfig(256, 128, 32, 4, 2, 4),
             TensorCoreConfig(64, 128, 64, 2, 2, 4), TensorCoreConfig(128, 64, 64, 2, 2, 4),
-            TensorCoreConfig(128, 128, 32, 2, 4, 5)]
-"""2:4 configs timed beside the default (those outside a layer's space skipped)."""
+            TensorCoreConfig(128, 128, 32, 2, 4, 5)] + [
+    TensorCoreConfig(bm, bn, 128, bm // 16, 1, stages, wgmma=True, refill_first=first)
+    for bm, bn, stages, first in ((64, 64, 4, False), (64, 128, 4, False), (64, 128, 4, True),
+                                  (128, 128, 4, False), (128, 128, 4, True),
+                                  (128, 64, 4, False), (64, 192, 3, True),
+                                  (128, 192, 3, True), (64, 256, 3, False))]
+"""2:4 configs timed beside the default (those outside a layer's space skipped): mma.sp
+warps' and, on sm_90, warpgroups' (wgmma.mma_async.sp)."""
+
+
+def warp_default(graph: Graph, machine) -> TensorCoreConfig:
+    """The 2:4 default on mma.sp warps: what a GPU without wgmma gets (and every GPU got
+    before the warpgroup product)."""
+    kernel = lower_group(list(graph.nodes), "k", outputs=graph.outputs)
+    template, problem = template_for(kernel, machine=machine)
+    return template.default(problem, dataclasses.replace(machine, arch="sm_80"))
 
 
 def pruned_2of4(rng, rows: int, depth: int) -> np.ndarray:
@@ -115,8 +132,9 @@ def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> st
     width = depth // 9 if kind == "conv3" else depth
     x = cp.random.standard_normal((places, width), dtype=cp.float32).astype(cp.float16)
     dense = cases(layer_graph(kind, places, depth, rows, hw, w, False), machine, [])
-    sparse = cases(layer_graph(kind, places, depth, rows, hw, w, True), machine,
-                   [] if args.no_variants else VARIANTS)
+    graph24 = layer_graph(kind, places, depth, rows, hw, w, True)
+    warps = warp_default(graph24, machine)
+    sparse = cases(graph24, machine, [warps] + ([] if args.no_variants else VARIANTS))
     entries = dense + sparse
     funcs = [(dataclasses.replace(e[2], name=f"c{n}_{e[2].name}"), True)
              for n, e in enumerate(entries)]
@@ -149,6 +167,8 @@ def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> st
                     / max(np.abs(want).max(), 1e-30)) for o in outs[1:]]
     dense_ms, sparse_ms = times[0], times[1:len(entries)]
     best = int(np.argmin(sparse_ms))
+    at = [i for i, entry in enumerate(sparse) if entry[1] == warps]
+    mma_sp = f"  mma.sp/dense {sparse_ms[at[0]] / dense_ms:4.2f}" if at else ""
     if not args.no_torch:
         cublas = f"  cuBLAS {times[-1] * 1e3:7.1f} us ({times[-1] / dense_ms:4.2f} of dense)"
     gpu = machine.gpu
@@ -163,7 +183,7 @@ def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> st
     return (f"{name:24} M={places:<6} dense {dense_ms * 1e3:7.1f} us ({tflops / dense_ms:5.0f} "
             f"TF/s, {dense[0][0]})  2:4 {sparse_ms[0] * 1e3:7.1f} us  2:4/dense "
             f"{sparse_ms[0] / dense_ms:4.2f}  best {sparse_ms[best] / dense_ms:4.2f} "
-            f"({sparse[best][1]})" + cublas +
+            f"({sparse[best][1]})" + mma_sp + cublas +
             f"  rule {chosen} ({estimate:4.2f}x est.)  err {max(errors):.1e} {ok}")
 
 
@@ -175,6 +195,8 @@ def layers_table(cp, machine, args) -> int:
                for c, hw, m in RESNET50_1X1]
     shapes += [("conv3", f"conv3x3 {c}->{m} @{hw}", RESNET_BATCH * hw * hw, 9 * c, m, hw)
                for c, hw, m in RESNET50_3X3]
+    if args.only:
+        shapes = [x for x in shapes if any(word in x[1] for word in args.only.split(","))]
     ratios = []
     for kind, name, places, depth, rows, hw in shapes:
         try:
@@ -253,6 +275,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-variants", action="store_true")
     p.add_argument("--no-models", action="store_true")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--only", default="", help="comma-separated words: only the layers whose "
+                   "names hold one (e.g. bert,3x3)")
     p.add_argument("--folder", default=str(Path(tempfile.gettempdir()) / "dnnc_pruned"))
     return p
 

@@ -604,13 +604,15 @@ class _Emitter:
 
     def wgmma(self, s: L.Wgmma, depth: int) -> None:
         """`dnnc_wgmma_<precision>_n<n><A MN-major, B MN-major>(&acc, desc a, desc b)`
-        (WGMMA_PRELUDE), each descriptor `dnnc_wgmma_desc(&start, leading, stride)`."""
+        (WGMMA_PRELUDE; a sparse precision's metadata register last), each descriptor
+        `dnnc_wgmma_desc(&start, leading, stride)`."""
         if s.n not in WGMMA_N:
             self.fail(f"wgmma n={s.n}: the prelude has n in {WGMMA_N}")
         a, b = (f"dnnc_wgmma_desc(&{self.load(x)}, {lead}u, {stride}u)"
                 for x, (lead, stride) in ((s.a, s.a_offsets), (s.b, s.b_offsets)))
+        meta = "" if s.meta is None else f", {self.expr(s.meta)}"
         self.emit(depth, f"dnnc_wgmma_{s.precision}_n{s.n}<{int(s.a_mn_major)}, "
-                         f"{int(s.b_mn_major)}>(&{self.load(s.acc)}, {a}, {b});")
+                         f"{int(s.b_mn_major)}>(&{self.load(s.acc)}, {a}, {b}{meta});")
 
     def wgmma_fence(self, s: L.WgmmaFence, depth: int) -> None:
         self.emit(depth, "dnnc_wgmma_fence();")

@@ -195,6 +195,28 @@ def _wgmma_integer_function(name: str, n: int) -> str:
         one=count + 2, outs=", ".join(f'"+r"(d[{i}])' for i in range(count)))
 
 
+_SPARSE_WGMMA_FUNCTION = r"""
+template <int TA, int TB> __device__ __forceinline__ void dnnc_wgmma_{name}_n{n}(
+    float* d, unsigned long long a, unsigned long long b, unsigned e) {{
+  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{one}, 0;\n"
+               "wgmma.mma_async.sp.sync.aligned.m64n{n}k32.f32.{ptx}.{ptx} "
+               "{{{d}}}, %{da}, %{db}, %{de}, 0, p, 1, 1, %{ta}, %{tb}; }}"
+               : {outs}
+               : "l"(a), "l"(b), "r"(e), "r"(1), "n"(TA), "n"(TB));
+}}
+"""[1:]
+"""A sparse precision's (`L.SPARSE_MMA`: A 2:4 sparse, its kept values in A's layout; the
+metadata `e` from lanes q < 2 of each quad, sparsity selector 0): fp32 accumulators."""
+
+
+def _sparse_wgmma_function(name: str, n: int, ptx: str) -> str:
+    count = n // 2
+    return _SPARSE_WGMMA_FUNCTION.format(
+        name=name, n=n, ptx=ptx, d=", ".join(f"%{i}" for i in range(count)), da=count,
+        db=count + 1, de=count + 2, one=count + 3, ta=count + 4, tb=count + 5,
+        outs=", ".join(f'"+f"(d[{i}])' for i in range(count)))
+
+
 def _wgmma_function(name: str, n: int, k: int, ptx: str) -> str:
     """`dnnc_wgmma_<name>_n<n><TA, TB>(d, desc a, desc b)`: D (n / 2 registers from d) += A B
     (TA, TB: A, B MN-major; tf32 has no transposes)."""
@@ -238,6 +260,9 @@ __device__ __forceinline__ void dnnc_fence_proxy_async() {
 }
 """ + "".join(_wgmma_function(name, n, k, ptx) for name, k, ptx in (
     ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16")) for n in WGMMA_N) + \
-    "".join(_wgmma_integer_function(name, n) for name in ("s8", "u8") for n in WGMMA_N)
+    "".join(_wgmma_integer_function(name, n) for name in ("s8", "u8") for n in WGMMA_N) + \
+    "".join(_sparse_wgmma_function(name, n, ptx) for name, ptx in (
+        ("sp_fp16", "f16"), ("sp_bf16", "bf16")) for n in WGMMA_N)
 """What `L.Wgmma` and its fence, commit and wait and `L.ProxyFence` render to, added after
-MMA_PRELUDE (whose `dnnc_shared_address` it uses) to a module that uses them."""
+MMA_PRELUDE (whose `dnnc_shared_address` it uses) to a module that uses them (a sparse
+precision's `dnnc_wgmma_sp_<p>_n<n><TA, TB>(&acc, desc a, desc b, metadata)`)."""

@@ -3,7 +3,8 @@ Sparse24Problem`) and Sparse24ConvNHWC ones (cuda_sparse24_conv, `Sparse24ConvPr
 channels-last conv's implicit GEMM, conv_nhwc.py's `implicit_gemm` patches and store), their
 weights with at most 2 nonzeros in every 4 consecutive k, compressed and their metadata built
 at compile time (`ir/ops/sparse.py`'s `encode_2of4`), on the sparse tensor cores (`L.Mma` at
-precision sp_fp16 / sp_bf16: mma.sp m16n8k32, fp32 accumulators).
+precision sp_fp16 / sp_bf16: mma.sp m16n8k32, fp32 accumulators; on sm_90 `L.Wgmma` at those
+precisions: wgmma.mma_async.sp m64nNk32).
 
 It is mma.py's product (`mma_product`, `_WarpTiles`) with the weights as the mma's A
 operand, the sparse one: the product computed is Y^T = W X^T, W's rows (the outputs, j) down
@@ -22,10 +23,23 @@ store transposed back (accumulator (j, i) to Y[i, j]): the bias, the fused epilo
 (activation, residual) and a layout tail apply as for the dense templates
 (`problems.Dense.finish`, the store dense.py builds).
 
-Knobs: mma.py's `TensorCoreConfig` without wgmma and the staged results (block_k of 32, 64
-or 128; it must divide k, and split_k the k tiles: no tile reads past k, whose metadata would
-be zero-filled). The default is `mma.choose`'s tile for the product of depth k / 2 (what the
-tensor cores multiply), at the deepest block_k of 64 or 32 that fits in 3 stages.
+On sm_90 the `wgmma` knob runs the same product on warpgroups (`_SparseWarpgroups`, on
+wgmma.py's block): per sparse step of 32 k and m64 tile of W's rows one
+wgmma.mma_async.sp (`L.Wgmma` at a sparse precision) reading W's kept values and X's rows
+from shared memory through descriptors, each warp's metadata word (the mma.sp word of its
+16 rows) from the metadata ring. A k tile is 128 k: W's 64 kept values a row are one
+128-byte swizzle row, X's 128 two (`_Panels`: two panels of 64 k, wgmma's K-major rows
+being 128 bytes). mma.sync.sp on Hopper runs at about half wgmma's rate, which is why the
+mma.sp product ran 1.29-1.34x slower than the dense fp16 wgmma default on BERT-base b8's
+products (H200, session 40).
+
+Knobs: mma.py's `TensorCoreConfig` without the staged results (block_k of 32, 64 or 128; it
+must divide k, and split_k the k tiles: no tile reads past k, whose metadata would be
+zero-filled; with wgmma 128, as `wgmma.fits` says at the sparse precision, and
+`refill_first`, not `early_refill`). The default on sm_90 where k is a multiple of 128 is
+`mma.choose`'s warpgroup tile for the product of depth k / 2 (what the tensor cores
+multiply), narrowed and its stages cut until its ring fits (`_warpgroup_default`); elsewhere
+`mma.choose`'s mma.sync tile at the deepest block_k of 64 or 32 that fits in 3 stages.
 
 Skipping a pruned weight drops its x * 0 term, which IEEE makes NaN for a non-finite x (the
 dense product's result). As each k tile's B tile lands in shared memory, the threads test its
@@ -39,7 +53,6 @@ They never serve a dense product, nor weights without the 2:4 encoding, nor a gr
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 from ...ir import loop as L
@@ -49,10 +62,12 @@ from ..sparse_problems import (Sparse24ConvProblem, Sparse24Problem, sparse24_co
                                sparse24_product)
 from ..space import Constraint, Space, Template
 from . import conv_nhwc
+from . import wgmma
 from .dense import MAX_GRID_YZ, SPLITS, Operand
-from .device import gpu_of
-from .mma import (MAX_ACCUMULATORS, MAX_SHARED_BYTES, TensorCoreConfig, _accumulators,
-                  _allocated, _c, _over_threads, _Tile, _WarpTiles, choose, mma_product)
+from .device import gpu_of, has_wgmma
+from .mma import (CHUNK_WORDS, MAX_ACCUMULATORS, MAX_SHARED_BYTES, MAX_WGMMA_SHARED_BYTES,
+                  TensorCoreConfig, _accumulators, _allocated, _c, _over_threads, _Tile,
+                  _WarpTiles, choose, mma_product)
 
 PRECISIONS = ("fp16", "bf16")
 SPARSE = {T.float16: ("fp16", "sp_fp16"), T.bfloat16: ("bf16", "sp_bf16")}
@@ -66,9 +81,24 @@ DEFAULT_STAGES = 3
 
 def shared_bytes(c: TensorCoreConfig) -> int:
     """A block's ring: per slot W's kept values (block_k / 2 a row), X's block_k a place (2
-    bytes each) and the metadata words; and the places' non-finite flags."""
-    return c.block_n * 4 + c.stages * (c.block_k * (c.block_m // 2 + c.block_n) * 2 +
-                       c.block_m // 16 * c.block_k // STEP_K * META_WORDS * 4)
+    bytes each) and the metadata words; and the places' non-finite flags (with `wgmma`,
+    each buffer from a 1024-byte boundary, as the renderer carves them)."""
+    align = L.SWIZZLE_BYTES if c.wgmma else 4
+    buffers = (c.stages * c.block_k * c.block_m, c.stages * c.block_k * c.block_n * 2,
+               c.stages * c.block_m // 16 * c.block_k // STEP_K * META_WORDS * 4,
+               c.block_n * 4)
+    return sum(-(-x // align) * align for x in buffers)
+
+
+def _fits(c: TensorCoreConfig, precision: str) -> bool:
+    """Whether config `c` is one the product runs: with `wgmma` (sm_90), warpgroup tiles
+    (`wgmma.fits` at the sparse precision: k tiles of 128, A's 64 kept a row one swizzle
+    row); without, mma.sync's (warp tiles of whole 16 x 16 mma tiles, their accumulators
+    bounded)."""
+    if c.wgmma:
+        return wgmma.fits(c, precision)
+    return c.block_k <= 128 and c.block_m % (16 * c.warps_m) == 0 and \
+        c.block_n % (16 * c.warps_n) == 0 and _accumulators(c) <= MAX_ACCUMULATORS
 
 
 def _dims(p) -> tuple[int, int, int, T.DType]:
@@ -80,34 +110,51 @@ def _dims(p) -> tuple[int, int, int, T.DType]:
     return p.n, p.m, p.k, p.b.dtype
 
 
+def _limit(c: TensorCoreConfig) -> int:
+    return MAX_WGMMA_SHARED_BYTES if c.wgmma else MAX_SHARED_BYTES
+
+
 def space(p, machine) -> Space:
-    rows, places, k, _ = _dims(p)
+    rows, places, k, dtype = _dims(p)
     tiles = lambda c: k // c.block_k   # noqa: E731
     name = "cuda_sparse24_conv" if isinstance(p, Sparse24ConvProblem) else "cuda_sparse24"
+    arch = getattr(machine, "arch", None)
+    warpgroups = (False, True)[:1 + (arch is not None and has_wgmma(arch))]
+    sparse = SPARSE[dtype][1]
     return Space(name, TensorCoreConfig, {
-        "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256),
+        "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 192, 256),
         "block_k": (32, 64, 128), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
-        "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False,),
-        "early_refill": (False,), "refill_first": (False,), "staged": (False,),
-    }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
-                   "multiples of 16",
-                   lambda c: c.block_m % (16 * c.warps_m) == 0 and
-                   c.block_n % (16 * c.warps_n) == 0),
-        Constraint(f"at most {MAX_ACCUMULATORS} accumulators a lane",
-                   lambda c: _accumulators(c) <= MAX_ACCUMULATORS),
+        "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": warpgroups,
+        "early_refill": (False,), "refill_first": warpgroups, "staged": (False,),
+    }, [Constraint("without wgmma: a warp's rows (block_m / warps_m) and columns (block_n / "
+                   f"warps_n) multiples of 16, at most {MAX_ACCUMULATORS} accumulators a "
+                   "lane; with wgmma (sm_90): k tiles of 128, warps_m a multiple of 4, a "
+                   "warpgroup's columns 64, 128, 192 or 256 and rows whole m64 tiles, at "
+                   "most 128 accumulators a thread, at least 3 stages",
+                   lambda c: _fits(c, sparse)),
+        Constraint("refill_first only with wgmma", lambda c: c.wgmma or not c.refill_first),
         Constraint(f"block_k divides k ({k}), split_k the k tiles",
                    lambda c: k % c.block_k == 0 and tiles(c) % c.split_k == 0),
-        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB",
-                   lambda c: shared_bytes(c) <= MAX_SHARED_BYTES),
+        Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB "
+                   f"({MAX_WGMMA_SHARED_BYTES >> 10} KiB with wgmma)",
+                   lambda c: shared_bytes(c) <= _limit(c)),
         Constraint("split_k slices on grid z", lambda c: c.split_k <= MAX_GRID_YZ)])
 
 
 def default(p, machine) -> TensorCoreConfig:
-    """`mma.choose`'s tile for the rows x places product of depth k / 2, its k tile the
-    deepest of 64 or 32 dividing k that fits DEFAULT_STAGES slots, k unsplit unless the
-    split divides the k tiles."""
+    """On sm_90 where k is a multiple of 128, `mma.choose`'s warpgroup tile for the rows x
+    places product of depth k / 2 (`_warpgroup_default`); else its mma.sync tile, its k
+    tile the deepest of 64 or 32 dividing k that fits DEFAULT_STAGES slots; k unsplit
+    unless the split divides the k tiles."""
     rows, places, k, dtype = _dims(p)
-    base = choose(rows, places, k // 2, 1, gpu_of(machine), SPARSE[dtype][0])
+    precision, sparse = SPARSE[dtype]
+    arch = getattr(machine, "arch", None)
+    if arch is not None and has_wgmma(arch) and k % wgmma.block_k(sparse) == 0:
+        c = _warpgroup_default(choose(rows, places, k // 2, 1, gpu_of(machine), precision,
+                                      wgmma=True, shallow_rule=False), sparse, k)
+        if c is not None:
+            return c
+    base = choose(rows, places, k // 2, 1, gpu_of(machine), precision)
     for bk in (64, 32):
         c = replace(base, block_k=bk, stages=DEFAULT_STAGES, wgmma=False, staged=False,
                     early_refill=False, refill_first=False)
@@ -116,6 +163,25 @@ def default(p, machine) -> TensorCoreConfig:
     if (k // c.block_k) % c.split_k:
         c = replace(c, split_k=1)
     return c
+
+
+def _warpgroup_default(base: TensorCoreConfig, sparse: str, k: int
+                       ) -> TensorCoreConfig | None:
+    """`base` (a tile `mma.choose` picked for depth k / 2) as the warpgroup product runs it:
+    k tiles of 128 (`wgmma.block_k`), the most of its stages (at least 3) that fit in
+    shared memory, its columns narrowed to 128 or 64 where none do (B's k tile is twice
+    the dense one's); None where `base` is no warpgroup tile."""
+    if not base.wgmma:
+        return None
+    for columns in (base.block_n, 128, 64):
+        c = replace(base, block_n=min(columns, base.block_n), block_k=wgmma.block_k(sparse),
+                    early_refill=False, staged=False)
+        for stages in range(c.stages, 2, -1):
+            config = replace(c, stages=stages)
+            if _fits(config, sparse) and shared_bytes(config) <= MAX_WGMMA_SHARED_BYTES:
+                return config if (k // config.block_k) % config.split_k == 0 else \
+                    replace(config, split_k=1)
+    return None
 
 
 def applies(p) -> bool:
@@ -165,31 +231,22 @@ class _Metadata:
     def finish(self, slot: L.Expr, when: L.Expr | None) -> None:
         return None
 
+    def round_in_place(self, slot: L.Expr) -> None:
+        return None
 
-class _SparseTiles(_WarpTiles):
-    """A block of the 2:4 product (the module's docstring): mma.py's block with A's tile
-    over the kept values, the metadata's ring beside it, and sparse mma steps of 32 k."""
 
-    def __init__(self, c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
-                 b: Operand, precision: str, *, meta: L.Buffer, sparse: str):
-        super().__init__(c, batch, m, n, k, a, b, precision)
-        self.sparse, self.mk = sparse, STEP_K
-        self.a_in = _Tile("a", self.bm, self.row0, m, a, self.bk // 2, k // 2, c.threads,
-                          m % self.bm != 0, self.bi, precision, c.stages)
-        self.meta_in = _Metadata(meta, self.bm, self.by * (self.bm // 16), m, self.bk, k,
-                                 c.threads, c.stages)
-        if not self.b_in.k_inner:
-            raise ValueError("2:4 products read B's rows along k (ldmatrix of 8 x 32)")
-        self.a_frag = L.Buffer("a_frag", T.uint32, (2 * self.tm * 4,), L.Scope.LOCAL)
-        self.b_frag = L.Buffer("b_frag", T.uint32, (2 * self.tn * 4,), L.Scope.LOCAL)
-        self.e_frag = L.Buffer("e_frag", T.uint32, (2 * self.tm,), L.Scope.LOCAL)
+class _NonFinite:
+    """What both blocks of the 2:4 product share (the module's docstring's last paragraph):
+    the places' non-finite flags, set as each k tile of B lands (`_flags`), and after the k
+    loop the accumulators of flagged places made NaN where one of the place's non-finite
+    activations sits at a pruned position of its row (`_recount`, from each block's `_fix`:
+    its accumulators' layout). Mixed in before the block's product class."""
+
+    def _sparse(self, meta: L.Buffer, sparse: str, k: int, places: int) -> None:
         # places of the block whose activations hold a NaN or an infinity (`_flags`)
         self.flags = L.Buffer("nonfinite", T.int32, (self.bn,), L.Scope.SHARED)
-        self.exponent = 0x7c00 if precision == "fp16" else 0x7f80
-        self.meta, self.k, self.places = meta, k, n
-
-    def rings(self) -> tuple:
-        return self.a_in, self.b_in, self.meta_in
+        self.exponent = 0x7c00 if sparse == "sp_fp16" else 0x7f80
+        self.meta, self.sparse, self.k, self.places = meta, sparse, k, places
 
     def init(self) -> L.Stmt:
         """The accumulators zeroed, and the block's places' flags (before the k loop's
@@ -217,21 +274,20 @@ class _SparseTiles(_WarpTiles):
         return _over_threads(self.c.threads, b.chunks, visit)
 
     def each_result(self, body, within_tile: bool = False) -> L.Stmt:
-        """mma.py's, after the non-finite fix (`_fix`)."""
+        """The product class's, after the non-finite fix (`_fix`)."""
         return L.seq(L.Barrier(), self._fix(), super().each_result(body, within_tile))
 
-    def _fix(self) -> L.Stmt:
-        """Each accumulator of a flagged place NaN where one of the place's non-finite
-        activations sits at a pruned position of its row (the dense product's x * 0: the
-        rare path, reading the activations and the metadata from global memory). A lane's
-        places are (place tile ni, column h): their flags read once each."""
-        mi, ni, h, r = self.mi, self.ni, L.Var("fh"), L.Var("fr")
+    def _flagged(self, local: L.Expr) -> L.Expr:
+        """Whether the block's place `local` is inside X and flagged."""
+        return L.logical_and(self.col0 + local < self.places,
+                             L.ne(self.flags[local], L.const(0, T.int32)))
+
+    def _recount(self, j: L.Expr, place: L.Expr, at: L.Expr) -> L.Stmt:
+        """Accumulator `at` (row j of W, `place`) NaN where one of the place's non-finite
+        activations sits at a pruned position of row j (the dense product's x * 0: the rare
+        path, reading the activations and the metadata from global memory)."""
         gg, q = L.Var("fg"), L.Var("fq")
         count = L.Buffer("pruned_nonfinite", T.int32, (1,), L.Scope.LOCAL)
-        row, _ = _c(2 * r + h, self.g, self.q)    # (g + 8 r, 2 q + h)
-        j = self.row0 + self.wy * self.wm + mi * 16 + row
-        local = self.wx * self.wn + ni * 8 + 2 * self.q + h
-        place = self.col0 + local
         steps = self.k // STEP_K
 
         def kept(c):   # the column in its group of kept value c of row j
@@ -245,15 +301,44 @@ class _SparseTiles(_WarpTiles):
         pruned = L.logical_and(L.ne(q, kept(2 * gg)), L.ne(q, kept(2 * gg + 1)))
         add = L.If(L.logical_and(pruned, L.ne(d, d)), L.Store(count, (L.const(0),), L.const(
             1, T.int32)))
-        at = (mi * self.tn + ni) * 4 + 2 * r + h
-        recount = L.If(j < self.m, L.Allocate(count, L.seq(
+        return L.If(j < self.m, L.Allocate(count, L.seq(
             L.Store(count, (L.const(0),), L.const(0, T.int32)),
             L.For(gg, self.k // 4, L.For(q, 4, add)),
             L.If(L.ne(count[0], L.const(0, T.int32)), L.Store(self.acc, (at,), L.const(
                 float("nan")))))))
-        flagged = L.logical_and(place < self.places,
-                                L.ne(self.flags[local], L.const(0, T.int32)))
-        return self.per_thread(L.For(ni, self.tn, L.For(h, 2, L.If(flagged, L.For(
+
+
+class _SparseTiles(_NonFinite, _WarpTiles):
+    """A block of the 2:4 product on mma.sp (the module's docstring): mma.py's block with A's
+    tile over the kept values, the metadata's ring beside it, and sparse mma steps of 32 k."""
+
+    def __init__(self, c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
+                 b: Operand, precision: str, *, meta: L.Buffer, sparse: str):
+        super().__init__(c, batch, m, n, k, a, b, precision)
+        self.mk = STEP_K
+        self.a_in = _Tile("a", self.bm, self.row0, m, a, self.bk // 2, k // 2, c.threads,
+                          m % self.bm != 0, self.bi, precision, c.stages)
+        self.meta_in = _Metadata(meta, self.bm, self.by * (self.bm // 16), m, self.bk, k,
+                                 c.threads, c.stages)
+        if not self.b_in.k_inner:
+            raise ValueError("2:4 products read B's rows along k (ldmatrix of 8 x 32)")
+        self.a_frag = L.Buffer("a_frag", T.uint32, (2 * self.tm * 4,), L.Scope.LOCAL)
+        self.b_frag = L.Buffer("b_frag", T.uint32, (2 * self.tn * 4,), L.Scope.LOCAL)
+        self.e_frag = L.Buffer("e_frag", T.uint32, (2 * self.tm,), L.Scope.LOCAL)
+        self._sparse(meta, sparse, k, n)
+
+    def rings(self) -> tuple:
+        return self.a_in, self.b_in, self.meta_in
+
+    def _fix(self) -> L.Stmt:
+        """`_recount` for each accumulator of a flagged place; a lane's places are (place
+        tile ni, column h): their flags read once each."""
+        mi, ni, h, r = self.mi, self.ni, L.Var("fh"), L.Var("fr")
+        row, _ = _c(2 * r + h, self.g, self.q)    # (g + 8 r, 2 q + h)
+        j = self.row0 + self.wy * self.wm + mi * 16 + row
+        local = self.wx * self.wn + ni * 8 + 2 * self.q + h
+        recount = self._recount(j, self.col0 + local, (mi * self.tn + ni) * 4 + 2 * r + h)
+        return self.per_thread(L.For(ni, self.tn, L.For(h, 2, L.If(self._flagged(local), L.For(
             mi, self.tm, L.For(r, 2, recount))), L.ForKind.UNROLLED), L.ForKind.UNROLLED))
 
     def _fragments(self, slot: L.Expr, ks: int, half: int) -> L.Stmt:
@@ -299,6 +384,105 @@ class _SparseTiles(_WarpTiles):
                           [self.acc, self.a_frag, self.b_frag, self.e_frag])
 
 
+class _Panels(wgmma._SwizzledTile):
+    """B's k tile of the warpgroup product (128 k, twice a 128-byte swizzle row) as two
+    panels of 64 k, the second after the first, each in `_SwizzledTile`'s K-major layout
+    (wgmma's K-major rows are 128 bytes): chunk c of row o at panel c // 8, chunk
+    c % 8 ^ o % 8 of its row."""
+
+    def word(self, slot: L.Expr, o: L.Expr, c: L.Expr) -> L.Expr:
+        return slot * self.slot_words + c // wgmma.ROW_CHUNKS * (self.rows * wgmma.ROW_WORDS) + \
+            o * wgmma.ROW_WORDS + L.BinOp("^", c % wgmma.ROW_CHUNKS, o % 8) * CHUNK_WORDS
+
+    def descriptor(self, slot: L.Expr, first: L.Expr, ks: int) -> tuple[L.Load, tuple]:
+        """(the first word, the offsets) of the rows from `first` at sparse step `ks` (32 k,
+        64 bytes: half a panel's row)."""
+        panel, half = divmod(ks, 2)
+        return self.tile[slot * self.slot_words + panel * (self.rows * wgmma.ROW_WORDS) +
+                         first * wgmma.ROW_WORDS + half * (wgmma.ROW_WORDS // 2)], \
+            (16, L.SWIZZLE_BYTES)
+
+
+class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
+    """A block of the 2:4 product on sm_90's warpgroups (`wgmma` knob): wgmma.py's block with
+    A's tile over the kept values (64 a row, one swizzle row: k tiles of 128), B's k tile in
+    two panels (`_Panels`), the metadata's ring beside them, and per sparse step of 32 k
+    and m64 tile one wgmma.mma_async.sp, each warp's metadata word read from the ring (the
+    mma.sp word of its 16 rows: `L.Wgmma`)."""
+
+    def __init__(self, c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
+                 b: Operand, precision: str, *, meta: L.Buffer, sparse: str):
+        super().__init__(c, batch, m, n, k, a, b, precision)
+        self.mk = STEP_K
+        self.a_in = wgmma._SwizzledTile("a", self.bm, self.row0, m, a, self.bk // 2, k // 2,
+                                        c.threads, m % self.bm != 0, self.bi, precision,
+                                        c.stages)
+        self.b_in = _Panels("b", self.bn, self.col0, n, b, self.bk, k, c.threads,
+                            n % self.bn != 0, self.bi, precision, c.stages)
+        if not (self.a_in.k_inner and self.b_in.k_inner):
+            raise ValueError("2:4 warpgroup products read both operands along k")
+        self.meta_in = _Metadata(meta, self.bm, self.by * (self.bm // 16), m, self.bk, k,
+                                 c.threads, c.stages)
+        self.e_frag = L.Buffer("e_frag", T.uint32, (self.bk // STEP_K * self.tm,),
+                               L.Scope.LOCAL)
+        self._sparse(meta, sparse, k, n)
+
+    def rings(self) -> tuple:
+        return self.a_in, self.b_in, self.meta_in
+
+    def update(self, slot: L.Expr) -> L.Stmt:
+        """The k tile in `slot`: its metadata words into registers, then (after the fence:
+        PTX orders a wgmma's input registers written before it only through one, and an
+        H200 gave wrong products with the words loaded after it) per sparse step and m64
+        tile one sparse wgmma of the warpgroup's columns, the group committed; the places'
+        flags of the tile while its wgmmas run (they only read it); then all groups but it
+        waited for (as `Warpgroups.update`)."""
+        loads, products = [], []
+        for ks in range(self.bk // STEP_K):
+            for mi in range(self.tm):
+                first = self.wy * self.rows + mi * wgmma.TILE_M
+                a, a_offsets = self.a_in.descriptor(slot, first, ks)
+                b, b_offsets = self.b_in.descriptor(slot, self.wx * self.cols, ks)
+                at = ks * self.tm + mi
+                loads.append(L.Store(self.e_frag, (at,), self.meta_in.tile[self.meta_in.word(
+                    slot, first // 16 + self.warp, ks, self.g, self.q % 2)]))
+                products.append(L.Wgmma(self.sparse, self.cols,
+                                        self.acc[mi * (self.cols // 2)], a, b, False, False,
+                                        a_offsets, b_offsets, self.e_frag[at]))
+        return L.seq(self.per_thread(L.seq(*loads, L.WgmmaFence(), *products,
+                                           L.WgmmaCommit())), self._flags(slot),
+                     self.per_thread(L.WgmmaWait(1, self.acc[0], self.count)))
+
+    def _fix(self) -> L.Stmt:
+        """`_recount` for each accumulator of a flagged place (`L.Wgmma`'s D layout: register
+        4 nt + 2 r + h at row 16 warp + g + 8 r, column 8 nt + 2 q + h of its m64 tile)."""
+        mi, nt, h, r = self.mi, L.Var("fnt"), L.Var("fh"), L.Var("fr")
+        j = self.row0 + self.wy * self.rows + mi * wgmma.TILE_M + self.warp * 16 + self.g + \
+            8 * r
+        local = self.wx * self.cols + nt * 8 + 2 * self.q + h
+        recount = self._recount(j, self.col0 + local,
+                                mi * (self.cols // 2) + nt * 4 + 2 * r + h)
+        return self.per_thread(L.For(nt, self.cols // 8, L.For(h, 2, L.If(
+            self._flagged(local), L.For(mi, self.tm, L.For(r, 2, recount, L.ForKind.UNROLLED),
+                                        L.ForKind.UNROLLED)), L.ForKind.UNROLLED),
+            L.ForKind.UNROLLED))
+
+    def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
+        return _allocated(body, after, [self.a_in.tile, self.b_in.tile, self.meta_in.tile,
+                                        self.flags] +
+                          [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous],
+                          [self.acc, self.e_frag])
+
+
+def _blocks(meta: L.Buffer, sparse: str):
+    """`mma_product`'s `tiles`: a config's block of the 2:4 product (warpgroups with the
+    `wgmma` knob, else mma.sp warps)."""
+    def tiles(c: TensorCoreConfig, *args):
+        kind = _SparseWarpgroups if c.wgmma else _SparseTiles
+        return kind(c, *args, meta=meta, sparse=sparse)
+    return tiles
+
+
 def build(p: Sparse24Problem, c: TensorCoreConfig, machine) -> L.PrimFunc:
     """Y[i, j] on the sparse tensor cores: W (n rows of k / 2 kept values) as the mma's A,
     the places as its columns, each result stored at (place, output) through the problem's
@@ -315,7 +499,7 @@ def build(p: Sparse24Problem, c: TensorCoreConfig, machine) -> L.PrimFunc:
             y_full[p.store_index(p.anchor_index(bi, i, j))]
         return L.Store(target.buffer, target.indices, p.finish(value, bi, i, j))
 
-    tiles = functools.partial(_SparseTiles, meta=meta, sparse=sparse)
+    tiles = _blocks(meta, sparse)
     body = mma_product(c, 1, p.n, p.m, p.k, Operand(lambda bi, j, kk: values[j, kk], False,
                                                     array=True),
                        Operand(lambda bi, i, kk: a[i, kk], False, array=True), store,
@@ -333,7 +517,7 @@ def conv_build(p: Sparse24ConvProblem, c: TensorCoreConfig, machine) -> L.PrimFu
     patches, store, views = conv_nhwc.implicit_gemm(p)
     values = L.Buffer(p.w.name, p.w.dtype, (rows, k // 2))
     meta = L.Buffer(p.meta.name, T.uint32, (rows // 16 * (k // STEP_K) * META_WORDS,))
-    tiles = functools.partial(_SparseTiles, meta=meta, sparse=sparse)
+    tiles = _blocks(meta, sparse)
     body = mma_product(c, 1, rows, places, k, Operand(lambda bi, j, kk: values[j, kk], False,
                                                       array=True),
                        patches, lambda bi, j, i, value: store(bi, i, j, value),

@@ -47,7 +47,8 @@ sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-la
 defaults take it at fp16 / bf16 (`mma.WGMMA_DEFAULT`; DNNC_WGMMA=1 at tf32 too), the NCHW
 conv default stays on mma.sync (its gathered patches come through registers: not measured).
 int8.py's and int8_nhwc.py's spaces offer it at "s8" / "u8" on sm_90, and their defaults
-take it (DNNC_WGMMA=0: mma.sync). Tried and dropped: a persistent form (132 blocks each looping over
+take it (DNNC_WGMMA=0: mma.sync). sparse24.py's 2:4 product builds its sm_90 block on
+`Warpgroups` (a third ring, the metadata's: `rings`; sparse wgmmas). Tried and dropped: a persistent form (132 blocks each looping over
 output tiles, its cp.async ring running on into the next tile's first k tiles while this
 one's results were stored) measured slower on an H200 at fp16 in and out: 4096^3 0.61-0.66
 of cuBLAS against 0.76 unpersistent, 8192 x 768 x 3072 0.32 against 0.60 (the same
@@ -85,7 +86,9 @@ ROW_CHUNKS = 8
 
 def block_k(precision: str) -> int:
     """The k tile at `precision`: one 128-byte swizzle row of its elements (128 of the
-    integer precisions' bytes)."""
+    integer precisions' bytes; at a sparse one, A's 64 kept values of 128 k)."""
+    if precision in L.SPARSE_MMA:
+        return ROW_BYTES
     return ROW_BYTES // (4 if precision == "tf32" else 1 if precision in L.INTEGER_MMA else 2)
 
 
@@ -211,9 +214,14 @@ class Warpgroups:
         body += [L.WgmmaCommit(), L.WgmmaWait(1, self.acc[0], self.count)]
         return self.per_thread(L.seq(*body))
 
+    def rings(self) -> tuple:
+        """What each k tile copies into shared memory: the operands' tiles (a subclass may
+        add one: sparse24.py's metadata)."""
+        return self.a_in, self.b_in
+
     def product(self, first: L.Expr) -> L.Stmt:
         """k tiles first .. first + per - 1 through the ring (see the module's docstring)."""
-        tiles, stages, per = (self.a_in, self.b_in), self.c.stages, self.per
+        tiles, stages, per = self.rings(), self.c.stages, self.per
         early = self.c.early_refill
         ahead = stages - 1 if early else stages - 2
         asynchronous = any(x.asynchronous for x in tiles)

@@ -597,10 +597,12 @@ class AsyncWait(Stmt):
         return hash(("AsyncWait", self.pending))
 
 
-WGMMA_K = {"tf32": 8, "fp16": 16, "bf16": 16, "s8": 32, "u8": 32}
+WGMMA_K = {"tf32": 8, "fp16": 16, "bf16": 16, "s8": 32, "u8": 32, "sp_fp16": 32,
+           "sp_bf16": 32}
 """Precision -> the k of a `Wgmma` (PTX's wgmma.mma_async m64nNk8 for tf32, k16 for fp16 and
 bf16, k32 for the integer precisions `INTEGER_MMA`, A's type, B s8): 32 bytes of k either
-way."""
+way; k32 for the sparse ones (`SPARSE_MMA`: wgmma.mma_async.sp, A's 16 kept a row 32
+bytes)."""
 
 SWIZZLE_BYTES = 1024
 """A `Wgmma` operand layout's swizzle repeats every 1024 bytes (8 rows of 128): the shared
@@ -631,6 +633,14 @@ class Wgmma(Stmt):
     (`INTEGER_MMA`: s8 or u8 A, s8 B, K-major only, e = 1) `acc` is int32 and the products'
     sums exact (`.s32.<p>.s8`).
 
+    At the sparse precisions (`SPARSE_MMA`: wgmma.mma_async.sp m64nNk32, A 2:4 sparse along
+    k, K-major only) A's layout holds its kept 64 x 16 (two of every 4 consecutive k of a
+    row, in order: element (i, c) at kk = c above), B's is k32's, and `meta` is the thread's
+    metadata register, as a sparse `Mma`'s for the 16 rows of its warp: lanes with q < 2
+    give it (sparsity selector 0), its bits 2 c, 2 c + 1 (c < 8) the position within its
+    group of 4 of kept element c of row 16 w + g's kept columns 8 q .. 8 q + 7, bits 16 + 2 c
+    of row 16 w + g + 8's.
+
     It only starts: `acc` holds the result after a `WgmmaCommit` and the `WgmmaWait` that
     completes that group; until then neither the registers nor the shared operands may be
     touched. Shared memory written by ordinary stores or `CopyAsync` reaches it only
@@ -646,10 +656,12 @@ class Wgmma(Stmt):
     b_mn_major: bool = False
     a_offsets: tuple[int, int] = (16, SWIZZLE_BYTES)
     b_offsets: tuple[int, int] = (16, SWIZZLE_BYTES)
+    meta: Expr | None = None
 
     def __hash__(self):
         return hash(("Wgmma", self.precision, self.n, self.acc, self.a, self.b,
-                     self.a_mn_major, self.b_mn_major, self.a_offsets, self.b_offsets))
+                     self.a_mn_major, self.b_mn_major, self.a_offsets, self.b_offsets,
+                     self.meta))
 
 
 @dataclass(frozen=True, eq=True)

@@ -92,7 +92,9 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
     if isinstance(s, Wgmma):
         a, b = (f"{print_expr(x)} {'mn' if mn else 'k'}-major {offsets}" for x, mn, offsets in
                 ((s.a, s.a_mn_major, s.a_offsets), (s.b, s.b_mn_major, s.b_offsets)))
-        return f"{pad}wgmma_m64n{s.n}_{s.precision}({print_expr(s.acc)}, a={a}, b={b})\n"
+        meta = "" if s.meta is None else f", meta={print_expr(s.meta)}"
+        return (f"{pad}wgmma_m64n{s.n}_{s.precision}({print_expr(s.acc)}, a={a}, b={b}"
+                f"{meta})\n")
     if isinstance(s, WgmmaFence):
         return f"{pad}wgmma_fence()\n"
     if isinstance(s, WgmmaCommit):

@@ -170,15 +170,21 @@ def _is_place(x, scope: Scope, dtype) -> bool:
 
 def _check_wgmma(func, s: Wgmma, gpu: set) -> None:
     """A warpgroup's product: on a GPU's threads, a known precision (tf32, s8, u8 K-major
-    only), n a multiple of 8 up to 256, fp32 (s8, u8: int32) registers from shared uint32
-    words laid out at 16-byte offsets the descriptor can hold."""
+    only; a sparse one's A K-major, with its uint32 metadata), n a multiple of 8 up to 256,
+    fp32 (s8, u8: int32) registers from shared uint32 words laid out at 16-byte offsets the
+    descriptor can hold."""
     if "threadIdx.x" not in gpu:
         raise LoopIRError(f"{func.name}: wgmma outside a threadIdx.x loop")
     k_major = s.precision == "tf32" or s.precision in INTEGER_MMA
-    if s.precision not in WGMMA_K or k_major and (s.a_mn_major or s.b_mn_major):
+    if s.precision not in WGMMA_K or k_major and (s.a_mn_major or s.b_mn_major) or \
+            s.precision in SPARSE_MMA and s.a_mn_major:
         raise LoopIRError(f"{func.name}: wgmma of precision {s.precision!r} (one of "
-                          f"{', '.join(WGMMA_K)}; tf32 K-major only, s8 and u8 too) with "
-                          f"these majors")
+                          f"{', '.join(WGMMA_K)}; tf32 K-major only, s8 and u8 too, the "
+                          f"sparse ones' A too) with these majors")
+    if (s.meta is None) != (s.precision not in SPARSE_MMA) or \
+            s.meta is not None and s.meta.dtype is not T.uint32:
+        raise LoopIRError(f"{func.name}: a sparse wgmma (and only one) takes a uint32 "
+                          f"metadata register")
     if s.n % 8 or not 8 <= s.n <= 256:
         raise LoopIRError(f"{func.name}: wgmma n={s.n} (a multiple of 8 up to 256)")
     acc = T.int32 if s.precision in INTEGER_MMA else T.float32

@@ -4,12 +4,14 @@ and Sparse24ConvNHWC kernels (a bias, a fused activation and a residual, a layou
 padded, strided window; the default config and others of the knob space, split k included;
 NaN and infinite activations at pruned weights) rendered and run on host threads by
 test_host_semantics.py's shim (mma.sp, ldmatrix and cp.async emulated) against the float64
-product of the rounded operands; their NVRTC compiles for sm_80 and sm_90 (skipped without
-CuPy); the rewrite's choices (2:4 products and convs at fp16 / bf16 on cuda; nothing on llvm,
+product of the rounded operands, and sm_90's warpgroup product (wgmma.mma_async.sp emulated)
+at tiles of one and two warpgroups, split k, the refill first and a 3x3 conv; their NVRTC
+compiles for sm_80 and sm_90a (skipped without CuPy); the rewrite's choices (2:4 products and convs at fp16 / bf16 on cuda; nothing on llvm,
 at fp32, for grouped convs or for weights past 2:4); the op's rule on llvm. The `gpu` tests run pruned models on a GPU
 (skipped without one)."""
 
 import dataclasses
+import functools
 import random
 import shutil
 
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.cuda.mma import TensorCoreConfig
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.sparse import decode_2of4, encode_2of4, fits_2of4, kept_columns
@@ -139,27 +142,32 @@ CASES = [((40,), 128, 64, "fp16", True, False),
          ((2, 24), 256, 32, "fp16", True, True)]
 
 
-@needs_gxx
-@pytest.mark.parametrize("case", range(len(CASES)))
-def test_sparse24_kernels_on_host(rng, tmp_path, case):
-    """The default config and others of the space, against the float64 product on the
-    decoded weights: within 2 units of the half type at the output's magnitude (the half
-    roundings before and after the residual) plus the sums' float32 order."""
-    from dnnc.backends.sparse_problems import sparse24_product
-
-    places, k, n, precision, bias, tail = CASES[case]
+def _product_case(rng, places, k, n, precision, bias, tail):
+    """(graph, feeds, the float64 result, its bound) of a CASES row: within 2 units of the
+    half type at the output's magnitude (the half roundings before and after the residual)
+    plus the sums' float32 order."""
     half = HALF[precision]
     g, w, b = sparse24_graph(rng, places, k, n, precision, bias, tail)
     a = rng.standard_normal(places + (k,)).astype(half.np)
     r = rng.standard_normal(places + (n,)).astype(half.np)
     want = _want(a, r, w, b, tail, half)
     unit = 2.0 ** (-8 if precision == "bf16" else -11)
-    target = machine(precision)
+    return g, {"a": a, "r": r}, want, 2 * unit * (np.abs(want) + 1) + 1e-5
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_sparse24_kernels_on_host(rng, tmp_path, case):
+    """The default config and others of the space, against the float64 product on the
+    decoded weights (`_product_case`)."""
+    from dnnc.backends.sparse_problems import sparse24_product
+
+    g, feeds, want, bound = _product_case(rng, *CASES[case])
+    target = machine(CASES[case][3])
     _, (program,) = programs(g, machine=target)
     p = sparse24_product(program.kernels[0])
     for i, config in enumerate(_configs(p, target, 4)):
-        got, _ = _run_on_host(g, {"a": a, "r": r}, target, tmp_path / str(i), config)
-        bound = 2 * unit * (np.abs(want) + 1) + 1e-5
+        got, _ = _run_on_host(g, feeds, target, tmp_path / str(i), config)
         assert (np.abs(got.astype(np.float64) - want) <= bound).all(), config
 
 
@@ -232,27 +240,74 @@ def test_sparse24_conv_kernels_on_host(rng, tmp_path, case):
         assert (np.abs(got.astype(np.float64) - want) <= bound).all(), config
 
 
+W = functools.partial(TensorCoreConfig, wgmma=True)
+# (places shape, k, n, precision, bias, tail, config): warpgroup tiles (sm_90's wgmma knob)
+# of one and two warpgroups down the rows, 64 and 128 columns, ragged edges, split k and the
+# refill issued first
+WARPGROUP_CASES = [((40,), 128, 64, "fp16", True, False, W(64, 64, 128, 4, 1, 3)),
+                   ((2, 50), 256, 96, "bf16", True, True,
+                    W(128, 128, 128, 8, 1, 3, refill_first=True)),
+                   ((72,), 512, 64, "fp16", False, False, W(64, 64, 128, 4, 1, 4, 2)),
+                   ((2, 24), 256, 128, "bf16", True, False, W(64, 128, 128, 4, 2, 3))]
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", range(len(WARPGROUP_CASES)))
+def test_sparse24_warpgroup_kernels_on_host(rng, tmp_path, case):
+    """The wgmma.mma_async.sp product (the shim's emulation: the kept values through A's
+    descriptor, each row's columns from its warp's metadata registers) against the float64
+    product on the decoded weights, as the mma.sp product's cases."""
+    *shape, config = WARPGROUP_CASES[case]
+    g, feeds, want, bound = _product_case(rng, *shape)
+    got, program = _run_on_host(g, feeds, machine(shape[3]), tmp_path, config)
+    assert "dnnc_wgmma_sp_" in render_module(program.unique).source
+    assert (np.abs(got.astype(np.float64) - want) <= bound).all()
+
+
+@needs_gxx
+def test_sparse24_warpgroup_conv_on_host(rng, tmp_path):
+    """A padded 3x3 conv of 128 channels (k = 1152: k tiles of 128) on warpgroups."""
+    n, hw, c, m, window, pads, strides = 1, 5, 128, 64, 3, (1, 1, 1, 1), (1, 1)
+    g, w, b, out = conv24_graph(rng, n, hw, c, m, window, pads, strides, "fp16")
+    x = rng.standard_normal((n, hw, hw, c)).astype(np.float16)
+    r = rng.standard_normal(out).astype(np.float16)
+    want = _conv_want(x, r, w, b, pads, strides, T.float16)
+    got, _ = _run_on_host(g, {"x": x, "r": r}, machine("fp16"), tmp_path,
+                          W(64, 64, 128, 4, 1, 3), "cuda_sparse24_conv")
+    assert (np.abs(got.astype(np.float64) - want) <= 2 * 2.0 ** -11 * (np.abs(want) + 1) +
+            1e-5).all()
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_sparse24_kernels_compile_with_nvrtc(rng, arch):
-    """The host cases' kernels at their defaults and a few other configs compile."""
+    """The host cases' kernels at their defaults (on sm_90 warpgroups where k allows) and a
+    few other configs compile, and the warpgroup cases on sm_90 (for sm_90a)."""
+    from dnnc.backends.cuda.device import compile_arch
     from dnnc.backends.sparse_problems import sparse24_conv_product, sparse24_product
 
     funcs = []
+    for places, k, n, precision, bias, tail, config in WARPGROUP_CASES if arch == "sm_90" \
+            else []:
+        g, _, _ = sparse24_graph(rng, places, k, n, precision, bias, tail)
+        _, (program,) = programs(g, machine=machine(precision), config=config)
+        funcs += renamed(program, f"c{len(funcs)}_")
     for places, k, n, precision, bias, tail in CASES:
         g, _, _ = sparse24_graph(rng, places, k, n, precision, bias, tail)
-        target = machine(precision)
+        target = dataclasses.replace(machine(precision), arch=arch)
         _, (program,) = programs(g, machine=target)
         for config in _configs(sparse24_product(program.kernels[0]), target, 2):
             _, (program,) = programs(g, machine=target, config=config)
             funcs += renamed(program, f"c{len(funcs)}_")
     for n, hw, c, m, window, pads, strides, precision, bias in CONV_CASES:
         g, _, _, _ = conv24_graph(rng, n, hw, c, m, window, pads, strides, precision, bias)
-        target = machine(precision)
+        target = dataclasses.replace(machine(precision), arch=arch)
         _, (program,) = programs(g, machine=target)
         for config in _configs(sparse24_conv_product(program.kernels[0]), target, 1):
             _, (program,) = programs(g, machine=target, config=config)
             funcs += renamed(program, f"c{len(funcs)}_")
-    nvrtc_compiled(render_module(funcs).source, arch)
+    source = render_module(funcs).source
+    assert ("dnnc_wgmma_sp_" in source) == (arch == "sm_90")
+    nvrtc_compiled(source, compile_arch(arch, source))
 
 
 # -- the rewrite ------------------------------------------------------------------------------
@@ -441,12 +496,15 @@ def _check_nonfinite(got, want, precision):
 
 @needs_gxx
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_nonfinite_activations_at_pruned_weights_make_nan_on_host(rng, tmp_path, precision):
+@pytest.mark.parametrize("config", [None, W(64, 64, 128, 4, 1, 3)], ids=["default", "wgmma"])
+def test_nonfinite_activations_at_pruned_weights_make_nan_on_host(rng, tmp_path, precision,
+                                                                  config):
     """NaN and +-inf activations at kept and at pruned positions: the outputs are what the
     dense product makes (x * 0 is NaN for a non-finite x), through the flags and the rare
-    path's recount; the other places' outputs as without them."""
+    path's recount; the other places' outputs as without them (mma.sp's warps, the
+    default here, and warpgroups)."""
     g, x, want = _nonfinite_case(rng, precision)
-    got, _ = _run_on_host(g, {"a": x}, machine(precision), tmp_path)
+    got, _ = _run_on_host(g, {"a": x}, machine(precision), tmp_path, config)
     _check_nonfinite(got, want, precision)
 
 

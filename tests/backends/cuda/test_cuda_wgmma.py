@@ -156,9 +156,20 @@ def test_wgmma_nodes_are_verified_printed_and_refused_by_llvm():
     for change, message in ((lambda s: replace(s, n=12), "n=12"),
                             (lambda s: replace(s, precision="tf32"), "tf32 K-major only"),
                             (lambda s: replace(s, a=s.acc), "shared uint32 words"),
-                            (lambda s: replace(s, a_offsets=(8, 1024)), "16-byte multiples")):
+                            (lambda s: replace(s, a_offsets=(8, 1024)), "16-byte multiples"),
+                            # a sparse one takes its metadata, K-major A; a dense one none
+                            (lambda s: replace(s, precision="sp_fp16"), "metadata register"),
+                            (lambda s: replace(s, meta=L.const(0, T.uint32)),
+                             "metadata register"),
+                            (lambda s: replace(s, precision="sp_bf16", a_mn_major=True,
+                                               meta=L.const(0, T.uint32)), "A too")):
         with pytest.raises(L.LoopIRError, match=message):
             L.verify(L.transform(func, wgmma_of(change)))
+    sparse = L.transform(func, wgmma_of(lambda s: replace(s, precision="sp_fp16",
+                                                          meta=L.const(7, T.uint32))))
+    L.verify(sparse)
+    assert "wgmma_m64n64_sp_fp16(acc[0], a=tile[0] k-major (16, 1024)" in str(sparse) and \
+        "meta=uint32(7))" in str(sparse)
     serial = L.transform(func.body, lambda s: replace(s, kind=L.ForKind.SERIAL)
                          if isinstance(s, L.For) and s.kind is L.ForKind.THREAD_X else None)
     with pytest.raises(L.LoopIRError, match="wgmma outside a threadIdx.x loop"):

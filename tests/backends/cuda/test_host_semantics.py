@@ -384,8 +384,15 @@ static float dnnc_wgmma_element(int kind, unsigned long long desc, bool mn, int 
   unsigned short bits; std::memcpy(&bits, dnnc_shared_window + p, 2);
   return kind == 1 ? (float)dnnc_bits<_Float16>(bits) : dnnc_bits<float>((unsigned)bits << 16);
 }
-// d: float* (kinds 0-2) or int* (3, 4: int32 sums, exact)
-struct dnnc_wgmma_op { int kind, n; bool ta, tb; void* d; unsigned long long a, b; long group; };
+// d: float* (kinds 0-2) or int* (3, 4: int32 sums, exact); `sparse`: the slot of the
+// metadata registers its warpgroup posted (dnnc_wgmma_e), or -1
+struct dnnc_wgmma_op {
+  int kind, n; bool ta, tb; void* d; unsigned long long a, b; long group; long sparse;
+};
+// a sparse wgmma's metadata (mma.sp's layout for each warp's 16 rows): each thread posts its
+// register at its issue in slot (its sparse wgmmas so far) % 4096, read when a wait runs it
+static unsigned dnnc_wgmma_e[4096][1024];
+static thread_local long dnnc_wgmma_sparse_issued;
 static thread_local std::vector<dnnc_wgmma_op> dnnc_wgmma_ops;
 static thread_local long dnnc_wgmma_groups;   // committed so far
 // thread t of a warpgroup (warp w, g, q) holds D[16 w + g + 8 (r / 2 % 2), 8 (r / 4) + 2 q
@@ -404,9 +411,19 @@ static void dnnc_wgmma_run(const dnnc_wgmma_op& op) {
       continue;
     }
     float sum = static_cast<float*>(op.d)[r];
-    for (int kk = 0; kk < K; ++kk)
-      sum += dnnc_wgmma_element(op.kind, op.a, op.ta, i, kk) *
-             dnnc_wgmma_element(op.kind, op.b, op.tb, j, kk);
+    if (op.sparse >= 0) {   // A's kept (i, c) at kk = c; its column from the metadata
+      const unsigned first = threadIdx.x - t + 32 * (i / 16);
+      for (int c = 0; c < 16; ++c) {
+        const unsigned e = dnnc_wgmma_e[op.sparse][first + 4 * (i % 8) + c / 8];
+        const int kk = 4 * (c / 2) + (int)(e >> (16 * (i % 16 / 8) + 2 * (c % 8)) & 3u);
+        sum += dnnc_wgmma_element(op.kind, op.a, false, i, c) *
+               dnnc_wgmma_element(op.kind, op.b, op.tb, j, kk);
+      }
+    } else {
+      for (int kk = 0; kk < K; ++kk)
+        sum += dnnc_wgmma_element(op.kind, op.a, op.ta, i, kk) *
+               dnnc_wgmma_element(op.kind, op.b, op.tb, j, kk);
+    }
     static_cast<float*>(op.d)[r] = sum;
   }
 }
@@ -415,10 +432,11 @@ static void dnnc_fence_proxy_async() { dnnc_unfenced_copies.clear(); }
 // whether operand `desc` (`rows` of x, K of kk) covers an unfenced chunk: its bytes lie
 // between its (0, 0) element's and its (rows - 1, K - 1) element's 128-byte row (the layouts
 // grow with x and kk; the swizzle stays within a row)
-static bool dnnc_reads_unfenced(int kind, unsigned long long desc, bool mn, int rows) {
+static bool dnnc_reads_unfenced(int kind, unsigned long long desc, bool mn, int rows,
+                                int K) {
   const unsigned start = (desc & 0x3fff) << 4, leading = (desc >> 16 & 0x3fff) << 4,
                  stride = (desc >> 32 & 0x3fff) << 4, e = kind == 0 ? 4 : kind >= 3 ? 1 : 2;
-  const int x = rows - 1, kk = (kind == 0 ? 8 : kind >= 3 ? 32 : 16) - 1;
+  const int x = rows - 1, kk = K - 1;
   const unsigned last = start + (mn ? x / 64 * leading + x % 64 * e + kk / 8 * stride +
                                           kk % 8 * 128
                                       : x / 8 * stride + x % 8 * 128 + kk * e);
@@ -434,6 +452,13 @@ static void dnnc_wgmma_commit() {
   ++dnnc_wgmma_groups;
 }
 template <int N, int COUNT> static void dnnc_wgmma_wait(void*) {
+  // every thread of the block waits here together: a sparse wgmma to run reads the
+  // metadata its warpgroup's threads posted, so they must all have issued it
+  for (auto& op : dnnc_wgmma_ops)
+    if (op.sparse >= 0 && op.group >= 0 && op.group < dnnc_wgmma_groups - N) {
+      dnnc_block->arrive_and_wait();
+      break;
+    }
   std::vector<dnnc_wgmma_op> pending;
   for (auto& op : dnnc_wgmma_ops) {
     if (op.group >= 0 && op.group < dnnc_wgmma_groups - N) dnnc_wgmma_run(op);
@@ -444,15 +469,28 @@ template <int N, int COUNT> static void dnnc_wgmma_wait(void*) {
 #define DNNC_WGMMA(NAME, KIND, N, T)                                                       \
 template <int TA, int TB> static void NAME(T* d, unsigned long long a,                     \
                                            unsigned long long b) {                         \
-  if (dnnc_reads_unfenced(KIND, a, TA != 0, 64) ||                                        \
-      dnnc_reads_unfenced(KIND, b, TB != 0, N)) __builtin_trap();                          \
-  dnnc_wgmma_ops.push_back({KIND, N, TA != 0, TB != 0, d, a, b, -1});                      \
+  const int K = KIND == 0 ? 8 : KIND >= 3 ? 32 : 16;                                      \
+  if (dnnc_reads_unfenced(KIND, a, TA != 0, 64, K) ||                                     \
+      dnnc_reads_unfenced(KIND, b, TB != 0, N, K)) __builtin_trap();                       \
+  dnnc_wgmma_ops.push_back({KIND, N, TA != 0, TB != 0, d, a, b, -1, -1});                  \
+}
+// the sparse ones (A's kept 64 x 16 K-major; B's k32): the metadata posted
+#define DNNC_SPARSE_WGMMA(NAME, KIND, N)                                                   \
+template <int TA, int TB> static void NAME(float* d, unsigned long long a,                 \
+                                           unsigned long long b, unsigned e) {             \
+  if (TA != 0 || dnnc_reads_unfenced(KIND, a, false, 64, 16) ||                            \
+      dnnc_reads_unfenced(KIND, b, TB != 0, N, 32)) __builtin_trap();                      \
+  const long slot = dnnc_wgmma_sparse_issued++ % 4096;                                     \
+  dnnc_wgmma_e[slot][threadIdx.x] = e;                                                     \
+  dnnc_wgmma_ops.push_back({KIND, N, false, TB != 0, d, a, b, -1, slot});                  \
 }
 """ + "".join(f"DNNC_WGMMA(dnnc_wgmma_{name}_n{n}, {kind}, {n}, {accumulator})\n"
              for kind, (name, accumulator) in enumerate((
                  ("tf32", "float"), ("fp16", "float"), ("bf16", "float"), ("s8", "int"),
                  ("u8", "int")))
-             for n in WGMMA_N)   # (WGMMA_PRELUDE's)
+             for n in WGMMA_N) + "".join(   # (WGMMA_PRELUDE's)
+    f"DNNC_SPARSE_WGMMA(dnnc_wgmma_sp_{name}_n{n}, {kind}, {n})\n"
+    for kind, name in ((1, "fp16"), (2, "bf16")) for n in WGMMA_N)
 
 
 def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
