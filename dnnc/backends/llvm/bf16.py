@@ -91,6 +91,15 @@ class PairedA:
         return L.For(ii, self.mr, L.seq(vectors, rest), L.ForKind.UNROLLED)
 
 
+def channel_pair(x: L.Buffer, c: int, i_n, i_t, row, col) -> L.Expr:
+    """The word of channels 2t and 2t + 1 of NCHW `x` (C channels) at (row, col) of image
+    i_n, rounded to bf16 (a channel past C as 0)."""
+    hi = x[i_n, L.minimum(2 * i_t + 1, c - 1), row, col]
+    if c % 2:
+        hi = L.Select(2 * i_t + 1 < c, hi, L.const(0.0))
+    return pair(x[i_n, 2 * i_t, row, col], hi)
+
+
 def pair_planes(x: L.Buffer, x_dims, begins, padded_hw, par: L.ForKind) -> tuple[L.Buffer,
                                                                                L.Stmt]:
     """NCHW image `x` rounded to bf16 in pairs of channels, [N, ceil(C / 2), HP, WP] uint32
@@ -105,10 +114,7 @@ def pair_planes(x: L.Buffer, x_dims, begins, padded_hw, par: L.ForKind) -> tuple
     i_n, i_t = nc // pairs, nc % pairs
 
     def word(row, col) -> L.Expr:
-        hi = x[i_n, L.minimum(2 * i_t + 1, c - 1), row, col]
-        if c % 2:
-            hi = L.Select(2 * i_t + 1 < c, hi, L.const(0.0))
-        return pair(x[i_n, 2 * i_t, row, col], hi)
+        return channel_pair(x, c, i_n, i_t, row, col)
 
     if (ph, pw) == (0, 0) and (hp, wp) == (h, wid):
         out = L.Buffer("xpairs", T.uint32, (n, pairs, h * wid))

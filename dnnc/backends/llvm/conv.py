@@ -11,7 +11,9 @@ convert_layout packed them at compile time (ConvPacked); the input is copied onc
 zero-padded buffer so the inner loops never test bounds. Strips of an image's pixels (a row's
 worth of tiles) are shared by the worker pool. Knobs (`ConvConfig`): mr (pixels), nr
 (channels; a packed weight's block width fixes it), order (strips or channel blocks outside:
-whichever reads fewer bytes past L2, `conv2d_order`).
+whichever reads fewer bytes past L2, `conv2d_order`), strips, chunk (input channels a slice of
+the reduction), band (in rows order, each unit copies the band of the padded input its strip
+reads instead of one padded copy of the whole input before the parallel loop).
 
 `pointwise` (1x1, stride 1, unpadded) is a GEMM with the pixels in the vector lanes; knobs
 (`PointwiseConfig`): channels and pixels per tile, and order (pixel or channel blocks
@@ -217,6 +219,11 @@ class ConvConfig:
     # tiles before the next (their partial sums kept in a buffer): the slice's weights stay
     # in L1 for the span; 0: every input channel in one pass a tile
     chunk: int = 0
+    # "rows" order, where the input needs a copy (padding, or bf16 pairs): each unit
+    # (group, strip) copies the band of the padded input its strip reads into scratch of its
+    # own, instead of one copy of the whole input made before the parallel loop, whose
+    # planes, written a plane a thread, every thread then reads (`_DirectConv.band_fill`)
+    band: bool = False
 
 
 L2_BYTES = 1 << 20
@@ -230,9 +237,12 @@ def conv2d_space(p: Conv2d, machine) -> Space:
     constraints = constraints + [Constraint(
         f"strips <= ceil({pixels} / mr): a strip has a tile at least",
         lambda c: c.strips <= -(-pixels // c.mr))]
+    constraints = constraints + [Constraint(
+        "band only in rows order: in blocks order a strip would be copied once a block",
+        lambda c: not c.band or c.order == "rows")]
     return Space("conv2d", ConvConfig, {"mr": range(1, 17), "nr": widths,
                                         "order": ("rows", "blocks"), "strips": STRIPS,
-                                        "chunk": CHUNKS},
+                                        "chunk": CHUNKS, "band": (False, True)},
                  constraints)
 
 
@@ -259,7 +269,16 @@ def conv2d_default(p: Conv2d, machine) -> ConvConfig:
     mr = MR_BY_VECTOR_BITS.get(machine.vector_bits, 4) * max(2 // max(nr // lanes, 1), 1)
     order = conv2d_order(p, nr)
     return ConvConfig(mr, nr, order, conv2d_strips(p, mr, nr, machine.threads)
-                      if order == "blocks" else 0, conv2d_chunk(p, nr))
+                      if order == "blocks" else 0, conv2d_chunk(p, nr),
+                      conv2d_band(order, machine.threads))
+
+
+def conv2d_band(order: str, threads: int) -> bool:
+    """Whether the default copies a band a unit (`ConvConfig.band`): not yet. On the
+    2-vCPU znver4 host, 1 and 2 threads, the stems and strided 3x3 convs timed alike either
+    way within that session's noise (docs/llvm_backend.md, "Threads"); the tuner searches
+    it."""
+    return False
 
 
 def conv2d_chunk(p: Conv2d, nr: int) -> int:
@@ -357,11 +376,6 @@ class _DirectConv:
         self.mg = oc // groups               # output channels of a group
         self.ocb_n = ocb_n = -(-self.mg // nr)   # channel blocks of a group
         self.par = parallel_kind(machine.threads, n * oc * oh * ow * cg * kh * kw)
-        if p.pairs:   # the image and the weights in bf16 pairs of input channels
-            self.xpad, self.pad_stmt = bf16.pair_planes(p.x, p.x_dims, p.begins, p.padded_hw,
-                                                        self.par)
-        else:
-            self.xpad, self.pad_stmt = pad_input(p, self.par)
         # steps of the reduction over input channels: channels, or pairs of them
         self.depth = -(-cg // 2) if p.pairs else cg
         self.q, self.ic, self.r, self.s, self.jj = (L.Var(v) for v in ("q", "ic", "r", "s",
@@ -401,6 +415,60 @@ class _DirectConv:
         self.in_group = self.ob * nr + self.jj                  # output channel in its group
         self.out_c = self.in_group if groups == 1 else g * self.mg + self.in_group
         self.out_index = (self.bn, self.out_c, self.px // ow, self.px % ow)
+        # the input the reduction reads: a band of the padded input a unit, the whole input
+        # padded (or paired) once a call, or the input itself
+        self.band_rows = self.banded_rows(strips_n) if config.band and \
+            config.order == "rows" and (groups == 1 or not p.pairs) else 0
+        if self.band_rows:
+            self.xpad = L.Buffer("xband", T.uint32 if p.pairs else T.float32,
+                                 (self.depth, self.band_rows, p.padded_hw[1]))
+            self.pad_stmt = None
+        elif p.pairs:   # the image and the weights in bf16 pairs of input channels
+            self.xpad, self.pad_stmt = bf16.pair_planes(p.x, p.x_dims, p.begins, p.padded_hw,
+                                                        self.par)
+        else:
+            self.xpad, self.pad_stmt = pad_input(p, self.par)
+
+    def banded_rows(self, strips_n: int) -> int:
+        """Rows of the padded input the most a strip's windows read (`ConvConfig.band`), or 0
+        where the input is read as it is (no padding, not paired)."""
+        p = self.p
+        if not p.pairs and tuple(p.begins) == (0, 0) and \
+                tuple(p.padded_hw) == tuple(p.x_dims[2:]):
+            return 0
+        span = self.strip_tiles * self.mr
+        below = max((min((s + 1) * span, self.pixels_n) - 1) // self.ow - s * span // self.ow
+                      for s in range(strips_n))
+        return below * p.strides[0] + (self.kh - 1) * p.dilations[0] + 1
+
+    def band_top(self) -> L.Expr:
+        """The padded input's row that the band's first row holds: the strip's first output
+        row's first window row."""
+        return (self.strip * (self.strip_tiles * self.mr)) // self.ow * self.p.strides[0]
+
+    def band_fill(self) -> L.Stmt:
+        """The unit's band: band[c, a, b] = the padded input's row band_top + a, column b of
+        the group's channel c (bf16: pair of channels c), zero outside the image (rows past
+        the padded plane as well: never read). A row inside the image is its left border,
+        its copy and its right border, each a simple loop LLVM vectorises."""
+        p, band = self.p, self.xpad
+        h, wid = p.x_dims[2:]
+        ph, pw = p.begins
+        wp = p.padded_hw[1]
+        c, a, b = L.Var("bc"), L.Var("ba"), L.Var("bb")
+        row = self.band_top() + a - ph
+        if p.pairs:
+            value = bf16.channel_pair(p.x, p.x_dims[1], self.bn, c, row, b)
+        else:
+            value = p.x[self.bn, self.channel0 + c, row, b]
+        zero = L.Const(0, band.dtype)
+
+        def zeros(first: int, count: int) -> L.Stmt:
+            return L.For(b, count, L.Store(band, (c, a, first + b), zero))
+        inside = L.seq(zeros(0, pw), L.For(b, wid, L.Store(band, (c, a, pw + b), value)),
+                       zeros(pw + wid, wp - pw - wid))
+        return L.For(c, self.depth, L.For(a, self.band_rows, L.If(
+            L.logical_and(row >= 0, row < h), inside, zeros(0, wp))))
 
     def packed_weights(self) -> tuple[L.Buffer, L.Stmt | None]:
         """The weights as [channel block, in-channel, kh, kw, NR] (zero past a group's last
@@ -438,7 +506,9 @@ class _DirectConv:
         # pixels past the image's end repeat; not stored
         pix = L.minimum(self.p0 + ii, self.pixels_n - 1)
         row, col = (pix // ow) * sh + r * dh, (pix % ow) * sw + s * dw
-        if len(self.xpad.shape) == 3:   # (bf16 pairs of an unpadded image: flat planes)
+        if self.band_rows:
+            load = self.xpad[ic, row - self.band_top(), col]
+        elif len(self.xpad.shape) == 3:   # (bf16 pairs of an unpadded image: flat planes)
             load = self.xpad[self.bn, self.channel0 + ic, row * p.padded_hw[1] + col]
         else:
             load = self.xpad[self.bn, self.channel0 + ic, row, col]
@@ -518,7 +588,10 @@ class _DirectConv:
         """The one parallel loop over (group, image strip, channel block)."""
         pixels = self.strip_tiles_loop(wpk)
         if self.ob_of is None:
-            return L.For(self.outer, self.extent, L.For(self.ob, self.ocb_n, pixels), self.par)
+            unit = L.For(self.ob, self.ocb_n, pixels)
+            if self.band_rows:
+                unit = L.Allocate(self.xpad, L.seq(self.band_fill(), unit))
+            return L.For(self.outer, self.extent, unit, self.par)
         return L.For(self.outer, self.extent, L.Let(self.ob, self.ob_of, pixels), self.par)
 
 

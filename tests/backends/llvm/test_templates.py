@@ -124,7 +124,7 @@ def test_gemm_epilogue(rng, trans_b, alpha, beta):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def _conv(rng, c, oc, h, w, k, stride=1, pad=1, dilation=1, bias=True):
+def _conv(rng, c, oc, h, w, k, stride=1, pad=1, dilation=1, bias=True, n=1):
     weights = (rng.standard_normal((oc, c, k, k)) * 0.2).astype(np.float32)
     inits = [numpy_helper.from_array(weights, "w")]
     if bias:
@@ -132,7 +132,7 @@ def _conv(rng, c, oc, h, w, k, stride=1, pad=1, dilation=1, bias=True):
     node = helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"],
                             pads=[pad] * 4, strides=[stride] * 2, dilations=[dilation] * 2)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [1, c, h, w])], [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [n, c, h, w])], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, None)], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -218,6 +218,43 @@ def test_conv2d_reduction_in_slices_of_input_channels(rng, cfg, chunk, order, th
     assert "part = alloc" in compiled.runtime.source("loop")
     want = dnnc.compile(model, target="numpy").run(x)[0]
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cfg", [
+    # strips of a row's worth of tiles crossing rows (7 and 13 columns, 4 a tile on AVX2), a
+    # stride, a dilation, a 5x5 window, a conv without padding (bf16 pairs still copied), an
+    # odd channel count (a pair's high half 0), two images
+    dict(c=3, oc=20, h=9, w=7, k=3), dict(c=8, oc=20, h=11, w=13, k=3, stride=2),
+    dict(c=5, oc=7, h=10, w=10, k=3, dilation=2, pad=2), dict(c=6, oc=33, h=5, w=19, k=5, pad=2),
+    dict(c=5, oc=16, h=6, w=9, k=3, pad=0, n=2), dict(c=16, oc=32, h=8, w=8, k=3, n=2)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("chunk", [0, 8])
+def test_conv2d_band_of_the_padded_input_a_unit(rng, cfg, precision, chunk, monkeypatch):
+    """`ConvConfig.band`: each unit copies the band of the padded (bf16: paired) input its
+    strip reads, and the results are those of one padded copy of the whole input, to the
+    bit (the same products in the same order), at 1 and 2 threads."""
+    from dnnc.backends.llvm import conv
+
+    monkeypatch.setattr(conv, "conv2d_order", lambda p, nr: "rows")
+    monkeypatch.setattr(conv, "conv2d_chunk", lambda p, nr: chunk)
+    model = _conv(rng, **cfg)
+    x = rng.standard_normal((cfg.get("n", 1), cfg["c"], cfg["h"], cfg["w"])).astype(
+        np.float32)
+    outputs = {}
+    for band in (False, True):
+        for threads in (1, 2):
+            monkeypatch.setattr(conv, "conv2d_band", lambda order, threads, band=band: band)
+            compiled = dnnc.compile(model, target="llvm", precision=precision, cache=False,
+                                    cpu=Target("llvm", cpu="x86-64-v3", features="+avx2,+fma",
+                                               threads=threads))
+            copied = precision == "bf16" or cfg.get("pad", 1) > 0   # else x read as it is
+            assert ("xband = alloc" in compiled.runtime.source("loop")) == (band and copied)
+            outputs[band, threads] = compiled.run(x)[0]
+    for key, y in outputs.items():
+        np.testing.assert_array_equal(y, outputs[False, 1], err_msg=str(key))
+    if precision == "fp32":
+        want = dnnc.compile(model, target="numpy").run(x)[0]
+        np.testing.assert_allclose(outputs[True, 2], want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("c,k,chunk", [(64, 3, 24), (28, 3, 0), (29, 3, 24), (10, 5, 0), (11, 5, 8), (6, 7, 0),
