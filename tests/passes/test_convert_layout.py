@@ -207,6 +207,22 @@ def test_grouped_conv_weights_are_packed_per_group(rng, monkeypatch, use_templat
             assert ("acc = alloc" in compiled.source("loop")) == use_template
 
 
+@pytest.mark.parametrize("group,oc,nr", [(2, 16, 8), (2, 32, 16), (2, 20, 16), (3, 24, 8)])
+def test_on_avx512_a_grouped_conv_may_take_blocks_of_a_256_bit_vector(rng, group, oc, nr):
+    """With 512-bit vectors (a panel of 32) a group's blocks may be 8 wide, one 256-bit
+    vector: 8 channels a group computed as 8, not as 16 with 8 of zeros; a wider block on a
+    tie (10 a group: 16 either way)."""
+    target = Target("llvm", features="+avx2,+avx512f", layouts=("pack_conv",),
+                    panels=(("pack_conv", 32),))
+    g = _conv_graph(rng, group=group, oc=oc)
+    x = rng.standard_normal((2, 6, 9, 8)).astype(np.float32)
+    before = dnnc.compile(g, target="numpy").run(x)[0]
+    assert convert_layout(g, target) == 1
+    assert g.nodes[0].inputs[1].type.shape[-1] == nr
+    compiled = dnnc.compile(g, target="llvm", opt_level=1)
+    np.testing.assert_allclose(compiled.run(x)[0], before, rtol=1e-5, atol=1e-5)
+
+
 def test_a_conv_of_at_most_one_vector_of_channels_is_packed_one_vector_wide(rng):
     g = _conv_graph(rng, oc=8)
     x = rng.standard_normal((2, 6, 9, 8)).astype(np.float32)
