@@ -495,7 +495,7 @@ def conv2d(kernel: Kernel, ops: tuple[str, ...] = ("Conv", "ConvPacked")) -> Con
         if len(wd) != 6:
             return None
         packed_nr = wd[-2]
-        wd = (node.attrs["oc"], xd[1]) + tuple(wd[2:4])
+        wd = (node.attrs["oc"], xd[1] // node.attrs.get("group", 1)) + tuple(wd[2:4])
     elif node.op == "ConvPacked":
         if len(wd) != 5:
             return None

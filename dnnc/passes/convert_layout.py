@@ -11,9 +11,9 @@ axis reads takes that bias as MatMulPacked's C (simplify already made the 2-D ca
 N-D A has no ONNX op with a bias), so the dense kernel adds it in its epilogue. "pack_conv": a
 2-D Conv with constant weights (any group but depthwise) becomes ConvPacked, its weights in
 the [channel block, C / group, kh, kw, NR] order the conv template's micro-kernel reads as
-one vector per step, a grouped conv's blocks per group; at precision bf16 an ungrouped conv's
-rounded to bf16 in pairs along input channels (`pack_conv_pairs`, ConvPacked's precision
-"bf16"). "nhwc_conv" (cuda at a reduced
+one vector per step, a grouped conv's blocks per group; at precision bf16 those of an
+ungrouped conv, or of a grouped one of an even number of channels a group, rounded to bf16 in
+pairs along input channels (`pack_conv_pairs`, ConvPacked's precision "bf16"). "nhwc_conv" (cuda at a reduced
 precision: the tensor cores' implicit GEMM copies a patch's channels 16 bytes at a time): an
 ungrouped or depthwise 2-D Conv with constant weights whose channels fill whole 16-byte
 chunks becomes Transpose(NCHW -> NHWC) -> ConvNHWC (weights OHWI, once) -> Transpose(back);
@@ -211,9 +211,10 @@ def _pack_conv(graph: Graph, node: Node, users, target: Target):
         nr = min(widths, key=lambda b: -(-mg // b) * b)
     attrs = dict(node.attrs, oc=oc,
                  kernel_shape=list(node.attrs.get("kernel_shape") or w.const.shape[2:]))
-    if target.precision in PAIRED and group == 1:
-        # bf16 products: the weights rounded once here, in pairs along input channels
-        packed = pack_conv_pairs(np.asarray(w.const), nr)
+    if target.precision in PAIRED and (group == 1 or cg % 2 == 0):
+        # bf16 products: the weights rounded once here, in pairs along input channels (a
+        # group's channels even, so that the image's pairs never straddle two groups)
+        packed = pack_conv_pairs(np.asarray(w.const), nr, group)
         attrs["precision"] = target.precision
     else:
         packed = pack_conv_weights(np.asarray(w.const), nr, group)

@@ -65,7 +65,7 @@ class AmxConvConfig:
 def applies(p: Conv2d) -> bool:
     """A ConvPacked of bf16 pairs (one group) in panels of whole tiles, of a float32 image
     (as the vdpbf16ps `conv2d`: 16-bit storage takes the default template)."""
-    return p.pairs and p.float32 and p.packed_nr % ROWS == 0
+    return p.pairs and p.float32 and p.packed_nr % ROWS == 0 and p.group == 1
 
 
 def _whole(words: int) -> int:

@@ -25,8 +25,8 @@ group's channel slice a conv of its own: packed weights hold each group's channe
 (ConvPacked), the group is part of the one parallel loop, a tile never straddles two groups;
 same knobs. Group 1 gives the loop IR it always did.
 
-At precision bf16 (`Conv2d.pairs`: one group's weights packed in bf16 pairs of input
-channels) `conv2d` and `pointwise` read the image as bf16 pairs of channels made once a call
+At precision bf16 (`Conv2d.pairs`: the weights packed in bf16 pairs of input channels, a
+group's channels even) `conv2d` and `pointwise` read the image as bf16 pairs of channels made once a call
 (`bf16.pair_planes`) and reduce over pairs, one `dot_bf16x2` (vdpbf16ps) a step; the GEMM of
 `pointwise_gemm` is the dense template's.
 
@@ -407,8 +407,8 @@ class _DirectConv:
         if groups == 1:
             g = None
             self.channel0, self.block0 = L.const(0), self.ob
-        else:
-            self.channel0, self.block0 = g * cg, g * ocb_n + self.ob
+        else:   # (in pairs of channels at bf16: a group's channels are even)
+            self.channel0, self.block0 = g * self.depth, g * ocb_n + self.ob
         self.bn, self.strip = image_strip // strips_n, image_strip % strips_n
         self.p0 = (self.strip * self.strip_tiles + self.pb) * mr
         self.px = self.p0 + self.ii
@@ -418,7 +418,7 @@ class _DirectConv:
         # the input the reduction reads: a band of the padded input a unit, the whole input
         # padded (or paired) once a call, or the input itself
         self.band_rows = self.banded_rows(strips_n) if config.band and \
-            config.order == "rows" and (groups == 1 or not p.pairs) else 0
+            config.order == "rows" else 0
         if self.band_rows:
             self.xpad = L.Buffer("xband", T.uint32 if p.pairs else T.float32,
                                  (self.depth, self.band_rows, p.padded_hw[1]))
@@ -448,7 +448,7 @@ class _DirectConv:
 
     def band_fill(self) -> L.Stmt:
         """The unit's band: band[c, a, b] = the padded input's row band_top + a, column b of
-        the group's channel c (bf16: pair of channels c), zero outside the image (rows past
+        the group's channel c (bf16: its pair of channels c), zero outside the image (rows past
         the padded plane as well: never read). A row inside the image is its left border,
         its copy and its right border, each a simple loop LLVM vectorises."""
         p, band = self.p, self.xpad
@@ -458,7 +458,7 @@ class _DirectConv:
         c, a, b = L.Var("bc"), L.Var("ba"), L.Var("bb")
         row = self.band_top() + a - ph
         if p.pairs:
-            value = bf16.channel_pair(p.x, p.x_dims[1], self.bn, c, row, b)
+            value = bf16.channel_pair(p.x, p.x_dims[1], self.bn, self.channel0 + c, row, b)
         else:
             value = p.x[self.bn, self.channel0 + c, row, b]
         zero = L.Const(0, band.dtype)
@@ -707,7 +707,7 @@ def pointwise_build(p: Conv2d, config: PointwiseConfig, machine) -> L.PrimFunc:
     def block(bn, g, j0, p0, channels: int, width: int) -> L.Stmt:
         acc = L.Buffer("acc", T.float32, (channels * width,), L.Scope.LOCAL)
         vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
-        ci = ic if g is None else g * cg + ic
+        ci = ic if g is None else g * depth + ic   # (depth: pairs of channels at bf16)
         init = L.For(cm, channels, L.For(q, width, L.Store(acc, (cm * width + q,),
                                                              L.const(0.0)), vec),
                      L.ForKind.UNROLLED)

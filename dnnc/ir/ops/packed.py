@@ -3,8 +3,9 @@ weights are constant, so a target's template streams them contiguously without r
 them on every call. Frontends never produce these ops.
 
 ConvPacked(x, w_packed, b) is Conv(x, unpack(w_packed), b) (with `precision` "bf16": of x
-rounded to bf16 and one group's weights rounded to bf16 in pairs along C, `pack_conv_pairs`,
-[ceil(M / NR), ceil(C / 2), *kernel, NR, 2]): w_packed is
+rounded to bf16 and the weights rounded to bf16 in pairs along C, `pack_conv_pairs`,
+[group * ceil(M / group / NR), ceil(C / group / 2), *kernel, NR, 2], C / group even where
+group > 1, so that a pair never straddles two groups): w_packed is
 [group * ceil(M / group / NR), C / group, *kernel, NR], each group's M / group output
 channels in blocks of NR of their own: channel j of group g at [g * ceil(M / group / NR) +
 j // NR, ..., j % NR], channels past a group's last zero (so a block never straddles two
@@ -87,24 +88,25 @@ def holds_tf32(v: Value) -> bool:
     return v.producer is not None and v.producer.op == "RoundTF32"
 
 
-def pack_conv_pairs(w: np.ndarray, nr: int) -> np.ndarray:
-    """[M, C, *kernel] float32 (one group) -> [ceil(M / nr), ceil(C / 2), *kernel, nr, 2]
-    bfloat16 (rounded to nearest even): `pack_conv_weights`' blocks with input channels 2t
-    and 2t + 1 side by side (one 32-bit word, as vdpbf16ps reads an operand), C padded with a
-    zero channel when odd."""
+def pack_conv_pairs(w: np.ndarray, nr: int, group: int = 1) -> np.ndarray:
+    """[M, C / group, *kernel] float32 -> [group * ceil(M / group / nr), ceil(C / group / 2),
+    *kernel, nr, 2] bfloat16 (rounded to nearest even): `pack_conv_weights`' blocks with
+    input channels 2t and 2t + 1 side by side (one 32-bit word, as vdpbf16ps reads an
+    operand), C / group padded with a zero channel when odd."""
     m, c = w.shape[:2]
     even = np.zeros((m, -(-c // 2) * 2) + w.shape[2:], np.float32)
     even[:, :c] = w
-    blocks = pack_conv_weights(even, nr)   # [B, 2 C2, *kernel, nr]
+    blocks = pack_conv_weights(even, nr, group)   # [B, 2 C2, *kernel, nr]
     pairs = blocks.reshape((blocks.shape[0], -1, 2) + blocks.shape[2:])
     return np.ascontiguousarray(np.moveaxis(pairs, 2, -1)).astype(T.bfloat16.np)
 
 
-def unpack_conv_pairs(wp: np.ndarray, oc: int, c: int) -> np.ndarray:
-    """`pack_conv_pairs`' [M, C, *kernel] (as float32) back from its packing."""
+def unpack_conv_pairs(wp: np.ndarray, oc: int, c: int, group: int = 1) -> np.ndarray:
+    """`pack_conv_pairs`' [M, C / group, *kernel] (as float32; `c`: C / group) back from its
+    packing."""
     blocks = np.moveaxis(wp.astype(np.float32), -1, 2)
     blocks = blocks.reshape((blocks.shape[0], -1) + blocks.shape[3:])
-    return unpack_conv_weights(blocks, oc)[:, :c]
+    return unpack_conv_weights(blocks, oc, group)[:, :c]
 
 
 def unpack_conv_weights(wp: np.ndarray, oc: int, group: int = 1) -> np.ndarray:
@@ -132,11 +134,14 @@ def _conv_packed_infer(ctx):
     if precision not in PACKED_PRECISIONS:
         raise ctx.fail(f"precision must be one of {', '.join(PACKED_PRECISIONS)}, not "
                        f"{precision!r}")
-    if pairs and (group != 1 or ctx.type(0).dtype is not T.float32 or
-                  wp.dtype is not T.bfloat16 or wp.rank < 4 or wp.shape[-1] != 2 or
-                  -(-ctx.type(0).shape[1] // 2) != wp.shape[1]):
-        raise ctx.fail(f"bf16 pairs are weights [blocks, ceil(C / 2), *kernel, NR, 2] of "
-                       f"one group for a float32 image, given {wp} for {ctx.type(0)}")
+    channels = ctx.type(0).shape[1]
+    if pairs and (ctx.type(0).dtype is not T.float32 or wp.dtype is not T.bfloat16 or
+                  wp.rank < 4 or wp.shape[-1] != 2 or
+                  (group > 1 and (not isinstance(channels, int) or channels % (2 * group))) or
+                  -(-channels // 2) // group != wp.shape[1]):
+        raise ctx.fail(f"bf16 pairs are weights [blocks, ceil(C / group / 2), *kernel, NR, "
+                       f"2] (C / group even where group > 1) for a float32 image, given "
+                       f"{wp} for {ctx.type(0)} in {group} group(s)")
     if wp.rank < 3:
         raise ctx.fail(f"packed weights need rank >= 3, given {wp}")
     blocks, nr = wp.shape[0], wp.shape[-2 if pairs else -1]
@@ -144,17 +149,19 @@ def _conv_packed_infer(ctx):
             blocks != group * -(-(oc // group) // nr):
         raise ctx.fail(f"packed weights of {oc} output channels in {group} group(s) have "
                        f"{group * -(-(oc // group) // nr)} blocks of {nr}, given {blocks}")
-    w = Value("w.unpacked", _unpacked_type(wp, oc, ctx.type(0).shape[1] if pairs else None))
+    c = (channels if group == 1 else channels // group) if pairs else None
+    w = Value("w.unpacked", _unpacked_type(wp, oc, c))
     inputs = [ctx.values[0], w] + ([ctx.values[2]] if ctx.has(2) else [])
     types, _, _ = infer_node("Conv", inputs, _conv_attrs(ctx.attrs), 1, ctx.node_name)
     return types
 
 
 def conv_packed(x, wp, b=None, *, oc, precision="fp32", **attrs):
+    group = attrs.get("group") or 1
     if precision == "bf16":   # the image rounded to bf16 too
-        w = unpack_conv_pairs(wp, oc, x.shape[1])
+        w = unpack_conv_pairs(wp, oc, x.shape[1] // group, group)
         return conv(x.astype(T.bfloat16.np).astype(np.float32), w, b, **_conv_attrs(attrs))
-    return conv(x, unpack_conv_weights(wp, oc, attrs.get("group") or 1), b,
+    return conv(x, unpack_conv_weights(wp, oc, group), b,
                 **_conv_attrs(attrs))
 
 
@@ -162,32 +169,36 @@ def _conv_packed_pairs_rule(inputs, outputs, *, oc, **attrs):
     """ConvPacked at bf16: the image rounded to bf16 and the weights read from their pairs,
     both stages inlined into the conv's loads."""
     x, wp = inputs[0], inputs[1]
-    nr = wp.shape[-2]
-    shape = (oc, x.shape[1]) + tuple(wp.shape[2:-2])
-    w = compute(shape, lambda m, c, *rest: Cast(T.float32, wp[(m // nr, c // 2) + rest +
-                                                             (m % nr, c % 2)]),
-                "unpack", T.float32)
+    group = attrs.get("group") or 1
+    block = _block_of(oc, group, wp.shape[0] // group, wp.shape[-2])
+    shape = (oc, x.shape[1] // group) + tuple(wp.shape[2:-2])
+    w = compute(shape, lambda m, c, *rest: Cast(T.float32, wp[
+        (block(m)[0], c // 2) + rest + (block(m)[1], c % 2)]), "unpack", T.float32)
     xr = compute(x.shape, lambda *i: Cast(T.float32, Cast(T.bfloat16, x[i])), "round",
                  T.float32)
     return conv_rule([xr, w] + list(inputs[2:]), outputs, **_conv_attrs(attrs))
+
+
+def _block_of(oc: int, group: int, blocks: int, nr: int):
+    """(the block, the lane) of output channel m in packed weights of `blocks` blocks of `nr`
+    a group."""
+    mg = oc // group
+
+    def block(m):
+        if group == 1:
+            return m // nr, m % nr
+        j = m % mg
+        return (m // mg) * blocks + j // nr, j % nr
+    return block
 
 
 def _conv_packed_rule(inputs, outputs, *, oc, precision="fp32", **attrs):
     if precision == "bf16":
         return _conv_packed_pairs_rule(inputs, outputs, oc=oc, **attrs)
     x, wp = inputs[0], inputs[1]
-    nr = wp.shape[-1]
     group = attrs.get("group") or 1
     shape = (oc,) + tuple(wp.shape[1:-1])
-    mg = oc // group
-    blocks = wp.shape[0] // group   # blocks a group
-
-    def block(m):   # (the block, the lane) of output channel m
-        if group == 1:
-            return m // nr, m % nr
-        j = m % mg
-        return (m // mg) * blocks + j // nr, j % nr
-
+    block = _block_of(oc, group, wp.shape[0] // group, wp.shape[-1])
     # the unpacking stage has no reduction: lowering inlines it into the conv's loads
     w = compute(shape, lambda m, *rest: wp[(block(m)[0],) + rest + (block(m)[1],)], "unpack",
                 wp.dtype)
@@ -198,7 +209,8 @@ def _conv_packed_flops(node):
     """Conv's, over the weights' window [C_in/group, *kernel]: the packed weights'
     [blocks, C_in/group, *kernel, NR], or in pairs [blocks, ceil(C_in/2), *kernel, NR, 2]."""
     wp = node.inputs[1].shape
-    window = (node.inputs[0].shape[1],) + tuple(wp[2:-2]) \
+    group = node.attrs.get("group") or 1
+    window = (node.inputs[0].shape[1] // group,) + tuple(wp[2:-2]) \
         if node.attrs.get("precision") == "bf16" else wp[1:-1]
     return conv_flops(node.outputs[0], window, node.outputs[0], has_input(node, 2))
 

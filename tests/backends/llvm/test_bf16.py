@@ -265,16 +265,17 @@ def test_zoo_model_at_bf16_within_the_contract(name):
 # convolutions
 
 
-def conv_model(c: int, m: int, size: int, kernel: int, stride: int, pad: int, seed: int):
+def conv_model(c: int, m: int, size: int, kernel: int, stride: int, pad: int, seed: int,
+               group: int = 1):
     """Y = Conv(X, W, b) with constant W and b, X [1, c, size, size] an input."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
-    w = rng.standard_normal((m, c, kernel, kernel)).astype(np.float32)
+    w = rng.standard_normal((m, c // group, kernel, kernel)).astype(np.float32)
     b = rng.standard_normal(m).astype(np.float32)
     out = (size + 2 * pad - kernel) // stride + 1
     node = helper.make_node("Conv", ["X", "W", "b"], ["Y"], kernel_shape=[kernel, kernel],
-                            strides=[stride, stride], pads=[pad] * 4)
+                            strides=[stride, stride], pads=[pad] * 4, group=group)
     graph = helper.make_graph(
         [node], "conv", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
                                                        [1, c, size, size])],
@@ -330,6 +331,45 @@ def test_conv_bf16_is_the_conv_of_bf16_rounded_operands(shape, native):
     tolerance = c * kernel * kernel * 2.0 ** -22 * np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
     assert np.abs(got - conv_reference(model, x, w, rounded=False)).max() > tolerance
+
+
+GROUPED = [(48, 48, 14, 3, 1, 1, 6), (24, 30, 11, 3, 2, 1, 3), (48, 24, 10, 1, 1, 0, 3),
+           (12, 24, 9, 1, 2, 0, 3), (16, 32, 9, 3, 1, 1, 2), (15, 30, 8, 3, 1, 1, 3)]
+"""(C, M, size, kernel, stride, pad, group): RegNet's 8 channels a group, a strided 3x3 of 10
+outputs a group (a partial block), a grouped 1x1 (pointwise), a strided grouped 1x1 (conv2d),
+AlexNet-like group 2; 5 channels a group (odd: the conv stays float32, as pairs would straddle
+two groups)."""
+
+
+@pytest.mark.parametrize("shape", GROUPED, ids=lambda s: "c{}m{}s{}k{}st{}p{}g{}".format(*s))
+@pytest.mark.parametrize("native", [True, False], ids=["vdpbf16ps", "fp32-fmas"])
+@pytest.mark.parametrize("band", [False, True])
+def test_grouped_conv_bf16_is_the_conv_of_bf16_rounded_operands(shape, native, band,
+                                                                 monkeypatch):
+    """A grouped conv of an even number of channels a group multiplies in bf16 pairs too,
+    each group's pairs its own (the image's pairs read from the group's first pair); with
+    `band`, each unit copies its band of pairs."""
+    import dnnc
+    from dnnc.backends.llvm import conv
+
+    if native and not HAS_BF16:
+        pytest.skip("this CPU has no AVX512_BF16")
+    monkeypatch.setattr(conv, "conv2d_band", lambda order, threads: band)
+    monkeypatch.setattr(conv, "conv2d_order", lambda p, nr: "rows")
+    c, m, size, kernel, stride, pad, group = shape
+    model, w, _ = conv_model(*shape[:6], seed=c * 100 + m, group=group)
+    compiled = dnnc.compile(model, "llvm", precision="bf16", cache=False,
+                            cpu=vdpbf16ps_cpu() if native else fallback_cpu())
+    paired = (c // group) % 2 == 0
+    assert [n.attrs.get("precision", "fp32") for n in compiled.graph.nodes] == \
+        ["bf16" if paired else "fp32"]
+    direct = (kernel, stride) != (1, 1)   # (a grouped 1x1: the pointwise template)
+    copied = paired or pad > 0   # (float32 unpadded: the image read as it is)
+    assert ("xband = alloc" in compiled.source("loop")) == (band and direct and copied)
+    x = np.random.default_rng(size).standard_normal((1, c, size, size)).astype(np.float32)
+    want = conv_reference(model, x, w, rounded=paired)
+    tolerance = c // group * kernel * kernel * 2.0 ** -22 * np.abs(want).max()
+    np.testing.assert_allclose(compiled(x), want, rtol=0, atol=tolerance)
 
 
 def test_tuning_at_bf16_applies_to_bf16_compiles_only(mlp, tmp_path):
