@@ -330,7 +330,9 @@ class _Rewriter:
         reciprocal = add_reciprocal(a.q.type.dtype.np, a.scale.item(), a.zero_point.item(),
                                     b.q.type.dtype.np, b.scale.item(), b.zero_point.item(),
                                     sy.item())
-        return self.replace([node, q], "QuantizedAdd", inputs, {"c_reciprocal": reciprocal})
+        reciprocal, refined = reciprocal or (None, False)
+        return self.replace([node, q], "QuantizedAdd", inputs,
+                            {"c_reciprocal": reciprocal, "c_refined": refined})
 
     # -- operator format ----------------------------------------------------------------------
 
