@@ -4,7 +4,7 @@
     PYTHONPATH=$PWD python bench/gpu_int8.py [--repeat 20] [--no-kernels] [--no-models]
         [--shapes 8] [--models resnet50,bert_base]
         [--variants mma.sync,unstaged,deep-tiles,staged-f32]
-        [--slowest 8] [--sweep]
+        [--slowest 8] [--sweep] [--quantize]
 
 Kernels: resnet50's distinct convolution shapes (bench/gpu_conv.py's RESNET50; the first
 `--shapes` of them, all by default) at batch 32, each as one QuantizedConvPacked (int8
@@ -34,7 +34,8 @@ quantized step (max |ort| / 127). VARIANTS add int8 rows compiled under DNNC_WGM
 (mma.sync) and DNNC_STAGED=0; then each model's kernel time by template and its slowest
 kernels (`CompiledModel.profile`, each kernel alone), int8 and fp16. `--sweep` instead times
 the channels-last int8 conv at each SWEEP tile (plain and staged) at resnet50's 3x3 and
-first two 1x1 shapes. Never imported by dnnc.
+first two 1x1 shapes; `--quantize` instead times DynamicQuantizeLinear at BERT-base's
+shapes, inside a CUDA graph and alone. Never imported by dnnc.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ from gpu_timing import header  # noqa: E402
 BERT_DENSE = [(768, 768, 4), (768, 3072, 1), (3072, 768, 1)]
 """BERT-base's dense products (k, n, count in a layer): q, k, v and the output projection,
 the feed-forward's two."""
+
+
+BERT_QUANTIZE = [((1024, 768), 3), ((1024, 3072), 1)]
+"""BERT-base's DynamicQuantizeLinear inputs at batch 8 (shape, count in a layer): the
+q/k/v and feed-forward inputs and the attention output [tokens, 768], the second
+feed-forward input [tokens, 3072]."""
+QUANTIZE_COPIES = 8
+"""Independent DynamicQuantizeLinear ops in one graph of `quantize_rows`: its replayed time
+over this is one op's time inside a CUDA graph (the graph's own launch shared by eight)."""
 
 
 def _const(name, a):
@@ -158,6 +168,43 @@ def kernel_rows(args) -> None:
     print(f"{'weighted by count':34} {weighted[0]:8.3f} {'':6} {weighted[1]:8.3f} "
           f"{weighted[2]:8.3f} {'':7} {weighted[2] / weighted[0]:9.2f} "
           f"{weighted[1] / weighted[0]:9.2f}")
+
+
+def quantize_rows(args) -> None:
+    """Per BERT_QUANTIZE shape: QUANTIZE_COPIES DynamicQuantizeLinear ops of their own
+    inputs in one graph, compiled for cuda; `in graph` is its `benchmark` median (a replayed
+    CUDA graph, inputs on the device) over the copies, `alone` the median of each op's
+    kernel launched by itself (`CompiledModel.profile`: a host launch and events around
+    it), GB/s the bytes a quantization must move (x read once, y written) over `in graph`.
+    `in graph` includes the call's host side (8 inputs, 24 outputs: about 0.3 ms a call on
+    the H200, session 45), so it tells kernels apart only above that."""
+    from dnnc.ir.ops.quant import dynamic_quantize_linear
+
+    rng = np.random.default_rng(3)
+    print(f"{'DynamicQuantizeLinear':34} {'in graph':>9} {'alone':>8} {'GB/s':>6}  template",
+          flush=True)
+    for shape, count in BERT_QUANTIZE:
+        g = Graph("dq")
+        xs = [rng.standard_normal(shape).astype(np.float32) * (k + 1)
+              for k in range(QUANTIZE_COPIES)]
+        outs = []
+        for k in range(QUANTIZE_COPIES):
+            x = g.add_input(f"x{k}", T.TensorType(T.float32, shape))
+            outs += list(g.add_node("DynamicQuantizeLinear", [x], {}, num_outputs=3))
+        g.outputs = outs
+        model = dnnc.compile(g, "cuda", cache=False)
+        got = model(*xs, to="numpy")
+        same = all(np.array_equal(a, b) for k, x in enumerate(xs)
+                   for a, b in zip(got[3 * k:3 * k + 3], dynamic_quantize_linear(x)))
+        device_xs = on_device(dict(enumerate(xs)))
+        ms = model.benchmark(*device_xs, repeat=args.repeat)["median_ms"] / QUANTIZE_COPIES
+        records = model.profile(*device_xs, repeat=args.repeat)
+        alone = float(np.median([r["ms"] for r in records]))
+        size = int(np.prod(shape))
+        print(f"{f'{shape[0]} x {shape[1]} (x{count} a layer)':34} {ms * 1e3:7.1f}us "
+              f"{alone * 1e3:6.1f}us {5 * size / ms / 1e6:6.0f}  "
+              f"{records[0].get('template')} {records[0].get('config')}; outputs "
+              f"{'equal to' if same else 'DIFFER from'} the reference", flush=True)
 
 
 def quantized_file(name: str, folder: Path):
@@ -377,10 +424,15 @@ def main(argv=None) -> int:
     parser.add_argument("--no-models", action="store_true")
     parser.add_argument("--sweep", action="store_true",
                         help="only time the SWEEP tiles of the channels-last int8 conv")
+    parser.add_argument("--quantize", action="store_true",
+                        help="only time DynamicQuantizeLinear at BERT-base's shapes")
     args = parser.parse_args(argv)
     print(header())
     if args.sweep:
         sweep_rows(args)
+        return 0
+    if args.quantize:
+        quantize_rows(args)
         return 0
     if not args.no_models:   # (first: the issue's bar)
         model_rows(args)

@@ -189,7 +189,10 @@ def _float_to_int(e, ctx):
       select(in, ftoi(select(in, x, 0)), MIN), in = -2**(N-1) <= x < 2**(N-1) (both bounds
       exact in float32 and float64; an x between -2**(N-1) - 1 and -2**(N-1) truncates to MIN,
       the fallback, anyway);
-    int8, int16, uint8, uint16: int32(x) as above, then its low N bits;
+    int8, int16, uint8, uint16: int32(x) as above, then its low N bits: MIN's are 0, as
+      ftoi(0)'s, so low bits of ftoi(select(in, x, 0)) with no second select; where x is
+      clamped between constants inside int32 (a quantizer's saturation: min(max(v, lo), hi),
+      NaN or in range) `in` is x == x;
     uint32, uint64: select(x >= 2**(N-1), sN(x - 2**(N-1)) ^ MIN, sN(x)) as unsigned bits,
       sN the signed conversion above (x - 2**(N-1) is exact where the result fits: Sterbenz).
     float16 and bfloat16 sources reach here as float32 (`narrow_float` runs first)."""
@@ -199,7 +202,10 @@ def _float_to_int(e, ctx):
     src, dst = e.value.dtype, e.dtype
     bits = 8 * dst.itemsize
     if bits < 32:
-        return L.Cast(dst, L.Cast(T.int32, e.value))
+        x = ctx.bind(e.value)
+        inside = L.eq(x, x) if _clamped_inside_int32(e.value) else ctx.bind(
+            L.logical_and(x >= L.Const(-(2.0 ** 31), src), x < L.Const(2.0 ** 31, src)))
+        return L.Cast(dst, L.Call("ftoi", (L.Select(inside, x, L.Const(0.0, src)),), T.int32))
     signed = _SIGNED[dst.itemsize]
     minimum = L.const(-(1 << (bits - 1)), signed)
     half = L.Const(2.0 ** (bits - 1), src)
@@ -210,6 +216,17 @@ def _float_to_int(e, ctx):
     inside = ctx.bind(L.logical_and(x >= L.Const(-(2.0 ** (bits - 1)), src), x < half))
     safe = L.Select(inside, x, L.Const(0.0, src))
     return L.Select(inside, L.Call("ftoi", (safe,), dst), minimum)
+
+
+def _clamped_inside_int32(x: L.Expr) -> bool:
+    """Whether x is min(max(v, lo), hi) or max(min(v, hi), lo) of constants lo <= hi both
+    inside int32's range: x is then in [lo, hi] or NaN (min and max propagate NaN)."""
+    ops, bounds = [], []
+    while isinstance(x, L.BinOp) and x.op in ("min", "max") and isinstance(x.b, L.Const):
+        ops.append(x.op)
+        bounds.append(x.b.value)
+        x = x.a
+    return sorted(ops) == ["max", "min"] and all(-(2.0 ** 31) <= b < 2.0 ** 31 for b in bounds)
 
 
 def _sigmoid(e, ctx):

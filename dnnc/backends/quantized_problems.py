@@ -65,6 +65,12 @@ class QuantizedDenseProblem:
             i = i // d
         return (i,) + tuple(reversed(index)) + (j,)
 
+    def epilogue_reads(self, buffer: L.Buffer) -> bool:
+        """Whether the epilogue loads `buffer` (a residual add of A itself: then A keeps its
+        own type, no template's view of it as words)."""
+        value = self.epilogue(L.Var("acc", T.float32), self.anchor_index(L.Var("i"), L.Var("j")))
+        return any(isinstance(n, L.Load) and n.buffer.name == buffer.name for n in L.walk(value))
+
 
 def quantized_dense(kernel: Kernel) -> QuantizedDenseProblem | None:
     """The kernel's QuantizedDense anchor (first in its group, static shapes, a layout tail

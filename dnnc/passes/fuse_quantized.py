@@ -53,6 +53,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.conv import CONV_ATTRS
+from ..ir.ops.quant import add_reciprocal
 from ..ir.ops.quantized import (GROUP_DEPTH, QUANT_ATTRS, clamp_bounds, pack_conv_groups,
                                  pack_groups, panel_span)
 from ..ir.ops.registry import Pattern, get_op, infer_node
@@ -325,7 +326,13 @@ class _Rewriter:
                        _value(g, f"{name}.{k}_zero_point", x.zero_point.reshape(()))]
         inputs += [_value(g, f"{name}.c_scale", sy.reshape(())),
                    _value(g, f"{name}.c_zero_point", zy.reshape(()))]
-        return self.replace([node, q], "QuantizedAdd", inputs, {})
+        a, b = operands
+        reciprocal = add_reciprocal(a.q.type.dtype.np, a.scale.item(), a.zero_point.item(),
+                                    b.q.type.dtype.np, b.scale.item(), b.zero_point.item(),
+                                    sy.item())
+        reciprocal, refined = reciprocal or (None, False)
+        return self.replace([node, q], "QuantizedAdd", inputs,
+                            {"c_reciprocal": reciprocal, "c_refined": refined})
 
     # -- operator format ----------------------------------------------------------------------
 

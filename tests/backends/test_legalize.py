@@ -267,6 +267,32 @@ def test_float_to_narrow_ints_goes_through_int32_and_unsigned_32_64_through_sign
         assert illegal_ops(kernel(lambda v: L.Cast(T.int32, v), [src], T.int32))
 
 
+def test_float_to_8_and_16_bits_keep_only_the_inner_select():
+    """To 8 and 16 bits: low bits of ftoi(select(in, x, 0)) (MIN's low bits are 0, as
+    ftoi(0)'s); of a value clamped between constants inside int32 (a quantizer's
+    saturation: in range or NaN) `in` is x == x."""
+    for dst in (T.int8, T.uint8, T.int16):
+        body = legal_body(kernel(lambda v: L.Cast(dst, v), [F32], dst))
+        v, inside = t(1, F32), t(2, T.bool_)
+        assert body == lets(
+            (v, x(0, F32)),
+            (inside, L.logical_and(v >= L.Const(-(2.0 ** 31), F32),
+                                   v < L.Const(2.0 ** 31, F32))),
+            store(dst, L.Cast(dst, L.Call("ftoi", (L.Select(inside, v, L.Const(0.0, F32)),),
+                                          T.int32))))
+    def clamped(lo, hi):
+        return lambda v: L.Cast(T.int8, L.minimum(L.maximum(v, lo), hi))
+
+    body = legal_body(kernel(clamped(-128.0, 127.0), [F32], T.int8))
+    v = t(1, F32)
+    assert body == lets((v, L.minimum(L.maximum(x(0, F32), -128.0), 127.0)), store(
+        T.int8, L.Cast(T.int8, L.Call("ftoi", (L.Select(L.eq(v, v), v, L.Const(0.0, F32)),),
+                                      T.int32))))
+    for lo, hi in ((-128.0, 2.0 ** 31), (float("-inf"), 127.0)):   # a bound out of int32
+        assert not any(isinstance(n, L.BinOp) and n.op == "==" for n in
+                       L.walk(legal_body(kernel(clamped(lo, hi), [F32], T.int8))))
+
+
 def test_float64_to_float16_rounds_to_odd_through_float32():
     body = legal_body(kernel(lambda v: L.Cast(F16, v), [F64], F16))
     casts = [(n.value.dtype, n.dtype) for n in L.walk(body) if isinstance(n, L.Cast)]

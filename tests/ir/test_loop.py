@@ -14,7 +14,7 @@ from dnnc.ir.loop import (
     Allocate, Barrier, BinOp, Bounds, Buffer, Cast, Const, For, ForKind, If, Let, Load,
     LoopIRError, PrimFunc, Reduce, IterVar, Scope, Select, Store, Var, call, const, eq,
     free_vars, maximum, minimum, seq, simplify, simplify_expr, static_shape, structural_equal,
-    verify)
+    verify, walk)
 
 i, j, k, n = Var("i"), Var("j"), Var("k"), Var("n")
 
@@ -211,6 +211,22 @@ def test_simplification_preserves_values(e, vi, vj, vk):
     env = {i: Bounds(0, 7), j: Bounds(0, 3), k: Bounds(0, 15)}
     values = {i: vi, j: vj, k: vk}
     assert _evaluate(simplify_expr(e, env), values) == _evaluate(e, values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-5000, 5000), st.integers(1, 9), st.integers(1, 9), st.integers(1, 6),
+       st.integers(0, 3))
+def test_an_unravelled_row_ravelled_again_folds_back(row, h, w, scale, lane):
+    """(r // (h w)) * (h w s) + (r // w % h) * (w s) + (r % w) * s + j -> r * s + j (a
+    channels-last tensor's (n, h, w) offset of a flat row, `linearize`): no division left,
+    the same value for every row, negative ones too (floor division and modulo)."""
+    e = (i // (h * w)) * (h * w * scale) + (i // w % h) * (w * scale) + (i % w) * scale + j
+    out = simplify_expr(e, {j: Bounds(0, 3)})
+    assert not any(isinstance(n, BinOp) and n.op in ("//", "%") for n in walk(out)), out
+    assert _evaluate(out, {i: row, j: lane}) == _evaluate(e, {i: row, j: lane}) == \
+        row * scale + lane
+    # a multiple that does not match stays: x // 7 * 14 + x % 7 * 3 is no x * s
+    assert simplify_expr((i // 7) * 14 + (i % 7) * 3) == (i // 7) * 14 + (i % 7) * 3
 
 
 @pytest.mark.parametrize("dtype", [T.int8, T.int32, T.int64])

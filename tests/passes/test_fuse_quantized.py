@@ -369,13 +369,15 @@ def test_a_dequantized_add_requantized_is_the_files_float_chain_as_one_op(tmp_pa
     """QuantizedAdd: the file's float32 DQ, Add, Q (defined to the bit), equal to
     onnxruntime's run of the ops one by one. (onnxruntime's own QLinearAdd, the chain's fusion
     in its optimised sessions, rounds MLAS's fused multiply-adds: off by a step on part of
-    the ties.)"""
+    the ties.) It multiplies by 1 / c_scale (`add_reciprocal` proves it rounds as the
+    quotient), with the tie-making scales refined by an fma step."""
     model, feeds = _residual_add_model(act, ties)
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
     g = import_onnx(model)
     fuse_quantized(g)
     assert [n.op for n in g.nodes] == ["QuantizedAdd"]
+    assert g.nodes[0].attrs["c_reciprocal"] is not None and g.nodes[0].attrs["c_refined"] == ties
     want = onnxruntime_values(path, feeds)["y"]
     assert np.array_equal(run_graph(g, [feeds[v.name] for v in g.inputs])[0], want)
     assert np.array_equal(dnnc.compile(model, "llvm", cache=False)(**feeds), want)

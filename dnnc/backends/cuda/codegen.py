@@ -327,6 +327,13 @@ _BINARY: dict[tuple[str, str], Callable] = {
 }
 """(class of the operands, BinOp op) -> emitter(a, b, result dtype)."""
 
+_BINARY_BY_NUMBER: dict[tuple[str, str], Callable] = {
+    ("f", "min"): _func("dnnc_fmin_k"), ("f", "max"): _func("dnnc_fmax_k"),
+}
+"""(class, op) -> emitter where b is a constant other than NaN (a clamp's bound, Relu's 0):
+min and max as one unordered compare and a select, the same results as `_BINARY`'s (a clamp
+to a byte's range was 8 instructions, 4 here)."""
+
 _MATH = ("exp", "log", "sqrt", "tanh", "erf", "floor", "ceil", "trunc", "sin", "cos", "tan",
          "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "fmod",
          "log1p", "expm1", "atan2", "fma")
@@ -660,7 +667,10 @@ class _Emitter:
         return f"({self.expr(e.cond)} ? {self.expr(e.true)} : {self.expr(e.false)})"
 
     def binop(self, e: L.BinOp) -> str:
-        emit = _BINARY.get((_class(e.a.dtype), e.op))
+        key = (_class(e.a.dtype), e.op)
+        emit = _BINARY.get(key)
+        if isinstance(e.b, L.Const) and e.b.dtype.is_float and not math.isnan(e.b.value):
+            emit = _BINARY_BY_NUMBER.get(key, emit)
         if emit is None:
             self.fail(f"no CUDA rendering for operator {e.op} on {e.a.dtype.name} "
                       f"(legalized?)")

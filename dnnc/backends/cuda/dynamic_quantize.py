@@ -2,16 +2,22 @@
 and every element quantized in two launches, as quantize_dynamic's files run one before
 each integer product (BERT-base at batch 8: 48 of them).
 
-Launch 1: `blocks` blocks (a few a SM) each take a grid-stride share of x (consecutive
-threads on consecutive elements) and write their share's max and min, each thread's
-running from 0 (the reference widens the range to include 0: the same result), met in
-shared memory by a tree of halvings, to a workspace of partials. Launch 2: every block
-reduces all partials itself (a few thousand floats from L2: no third launch, no atomics,
-no grid-wide wait), forms the scale and zero point as the reference does
-(`quantized_problems.dynamic_scale`, `dynamic_zero_point`: max and min are exact in any
-order, so the results are the reference's bit for bit), block 0's thread 0 stores them, and
-its threads quantize a grid-stride share of x. The generic lowering (`ir/ops/quant.py`'s
-stages) took 7 launches, 4 of them one block or one thread.
+Both launches read x in chunks of `lanes` elements (one float4 where x's size is a multiple
+of 4), a thread's share grid-strided (consecutive threads on consecutive chunks), `unroll`
+chunks loaded into registers before any is used: the loads in flight decide a kernel that
+moves bytes and does little else (4.3 TB/s times HBM's ~0.8 us latency is ~3.4 MB in flight;
+132 SMs x 1024 threads x 4 float4 is 8.6 MB; one float a thread at a time was 0.5).
+
+Launch 1: `blocks` blocks (a few a SM) each write their share's max and min, each thread's
+running from 0 (the reference widens the range to include 0: the same result), met across
+the warp by a butterfly of shuffles and across the block's warps in shared memory, to a
+workspace of partials. Launch 2: every block reduces all partials itself (a few thousand
+floats from L2: no third launch, no atomics, no grid-wide wait) the same way, forms the
+scale and zero point as the reference does (`quantized_problems.dynamic_scale`,
+`dynamic_zero_point`: max and min are exact in any order, so the results are the
+reference's bit for bit), block 0's thread 0 stores them, and its threads quantize their
+share (four uint8 results a 32-bit store). The generic lowering (`ir/ops/quant.py`'s stages)
+took 7 launches, 4 of them one block or one thread.
 
 This module builds loop IR; it must never render C or launch.
 """
@@ -25,94 +31,158 @@ from ...ir import types as T
 from ..quantized_problems import (DynamicQuantize, dynamic_quantize, dynamic_quantized,
                                   dynamic_scale, dynamic_zero_point)
 from ..space import Space, Template
+from .attention import _butterfly
 from .device import gpu_of
+from .threads import WARP
 
 
 @dataclass(frozen=True)
 class QuantizeConfig:
-    """Knobs of cuda_dynamic_quantize: threads a block, blocks a SM (both launches)."""
+    """Knobs of cuda_dynamic_quantize: threads a block, blocks a SM (both launches), chunks a
+    thread loads before using any."""
 
     threads: int = 256
     blocks_per_sm: int = 4
+    unroll: int = 4
 
 
 def space(p: DynamicQuantize, machine) -> Space:
     return Space("cuda_dynamic_quantize", QuantizeConfig,
-                 {"threads": (128, 256, 512, 1024), "blocks_per_sm": (1, 2, 4, 8)}, [])
+                 {"threads": (128, 256, 512, 1024), "blocks_per_sm": (1, 2, 4, 8),
+                  "unroll": (1, 2, 4, 8)}, [])
 
 
 def default(p: DynamicQuantize, machine) -> QuantizeConfig:
     return QuantizeConfig()
 
 
+def _lanes(p: DynamicQuantize) -> int:
+    """Elements a chunk: a float4 where x's size allows (x is aligned, as every parameter)."""
+    return 4 if p.size % 4 == 0 else 1
+
+
 def _grid(p: DynamicQuantize, c: QuantizeConfig, machine) -> int:
-    """Blocks of each launch: blocks_per_sm a SM, fewer where x has fewer elements than
+    """Blocks of each launch: blocks_per_sm a SM, fewer where x has fewer chunks than
     threads."""
-    return max(1, min(c.blocks_per_sm * gpu_of(machine).sms, -(-p.size // c.threads)))
+    chunks = p.size // _lanes(p)
+    return max(1, min(c.blocks_per_sm * gpu_of(machine).sms, -(-chunks // c.threads)))
 
 
-def _block_range(t: L.Var, threads: int, hi: L.Buffer, lo: L.Buffer) -> L.Stmt:
-    """The block's max and min into hi[0] and lo[0] (each thread's in hi[t], lo[t] before):
-    halvings, a barrier after each."""
-    steps = []
-    half = threads // 2
-    while half:
-        steps += [L.For(t, threads, L.If(t < half, L.seq(
-            L.Store(hi, (t,), L.maximum(hi[t], hi[t + half])),
-            L.Store(lo, (t,), L.minimum(lo[t], lo[t + half])))), L.ForKind.THREAD_X),
-            L.Barrier()]
-        half //= 2
-    return L.seq(*steps)
+class _Launch:
+    """What both launches share: their block and thread variables, a thread's running max
+    and min (`run`), the block's warps' (`hi`, `lo` in shared memory), the chunk registers."""
+
+    def __init__(self, p: DynamicQuantize, c: QuantizeConfig, blocks: int):
+        f32 = T.float32
+        self.c, self.blocks = c, blocks
+        self.lanes = _lanes(p)
+        self.chunks = p.size // self.lanes
+        self.warps = -(-c.threads // WARP)
+        self.x = L.Buffer(p.x.name, f32, (p.size,))
+        self.b, self.t = L.Var("b"), L.Var("t")
+        self.run = L.Buffer("dq_run", f32, (2,), L.Scope.LOCAL)
+        self.regs = L.Buffer("dq_x", f32, (c.unroll * self.lanes,), L.Scope.LOCAL)
+        self.hi = L.Buffer("dq_hi", f32, (self.warps,), L.Scope.SHARED)
+        self.lo = L.Buffer("dq_lo", f32, (self.warps,), L.Scope.SHARED)
+
+    def on_threads(self, body: L.Stmt) -> L.Stmt:
+        return L.For(self.t, self.c.threads, body, L.ForKind.THREAD_X)
+
+    def widen(self, top: L.Expr, bottom: L.Expr) -> L.Stmt:
+        run = self.run
+        return L.seq(L.Store(run, (0,), L.maximum(run[0], top)),
+                     L.Store(run, (1,), L.minimum(run[1], bottom)))
+
+    def shares(self, each) -> L.Stmt:
+        """The thread's chunks, `unroll` at a time: each group's chunks loaded into `regs`
+        (zeros past x's end: 0 is in the range already), then `each(chunk, lane)` (the
+        chunk's index, its first register) for every chunk of the group."""
+        c, lanes, regs = self.c, self.lanes, self.regs
+        stride = self.blocks * c.threads
+        g, u, v = L.Var("g"), L.Var("u"), L.Var("v")
+        chunk = L.Var("chunk")
+        groups = -(-self.chunks // (stride * c.unroll))
+
+        def at(body):
+            return L.Let(chunk, (g * c.unroll + u) * stride + self.b * c.threads + self.t, body)
+
+        load = L.If(chunk < self.chunks,
+                    L.For(v, lanes, L.Store(regs, (u * lanes + v,), self.x[chunk * lanes + v]),
+                          L.ForKind.VECTORIZED),
+                    L.For(v, lanes, L.Store(regs, (u * lanes + v,), L.const(0.0)),
+                          L.ForKind.UNROLLED))
+        return L.For(g, groups, L.seq(
+            L.For(u, c.unroll, at(load), L.ForKind.UNROLLED),
+            L.For(u, c.unroll, at(each(chunk, u * lanes)), L.ForKind.UNROLLED)))
+
+    def block_range(self, own: L.Stmt, after) -> L.Stmt:
+        """Each thread's range from 0 (`own` widens `run`), met across the block: a butterfly
+        of shuffles in each warp, its first lane's result into `hi` / `lo`, a barrier, then
+        every thread the block's max and min from the warps', and `after(top, bottom)`."""
+        run, hi, lo, t = self.run, self.hi, self.lo, self.t
+        zero = L.const(0.0)
+        w = L.Var("w")
+        steps = [self.on_threads(L.seq(L.Store(run, (0,), zero), L.Store(run, (1,), zero),
+                                       own))]
+        steps += [self.on_threads(s) for pair in zip(_butterfly(run, (0,), "max", WARP),
+                                                     _butterfly(run, (1,), "min", WARP))
+                  for s in pair]
+        steps += [self.on_threads(L.If(L.eq(t % WARP, 0), L.seq(
+                      L.Store(hi, (t // WARP,), run[0]), L.Store(lo, (t // WARP,), run[1])))),
+                  L.Barrier(),
+                  self.on_threads(L.seq(L.For(w, self.warps, self.widen(hi[w], lo[w]),
+                                              L.ForKind.UNROLLED),
+                                        after(run[0], run[1])))]
+        return L.Allocate(hi, L.Allocate(lo, L.Allocate(run, L.seq(*steps))))
 
 
 def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
     """The two launches of `p` (see the module's docstring)."""
-    f32, threads = T.float32, c.threads
+    f32 = T.float32
     blocks = _grid(p, c, machine)
-    x = L.Buffer(p.x.name, f32, (p.size,))
+    k = _Launch(p, c, blocks)
+    x, lanes, regs = k.x, k.lanes, k.regs
     y = L.Buffer(p.y.name, T.uint8, (p.size,))
+    out = L.Buffer("dq_y", T.uint8, (lanes,), L.Scope.LOCAL)
     parts = L.Buffer("dq_parts", f32, (2 * blocks,), L.Scope.GLOBAL)
-    hi = L.Buffer("dq_hi", f32, (threads,), L.Scope.SHARED)
-    lo = L.Buffer("dq_lo", f32, (threads,), L.Scope.SHARED)
-    run = L.Buffer("dq_run", f32, (2,), L.Scope.LOCAL)
-    b, t, q, e = L.Var("b"), L.Var("t"), L.Var("q"), L.Var("e")
-    zero = L.const(0.0, f32)
+    b, t, v, e = k.b, k.t, L.Var("v"), L.Var("e")
+    first_thread = L.eq(t, L.const(0))
 
-    def ranged(count: int, stride: int, first: L.Expr, read_hi, read_lo,
-               after: L.Stmt) -> L.Stmt:
-        """The block's range of items first, first + stride, ... below `count` (thread t's
-        from item first + t; `read_hi(k)`, `read_lo(k)` item k's max and min) into hi[0] and
-        lo[0], then `after`."""
-        widen = L.Let(e, q * stride + first + t, L.If(e < count, L.seq(
-            L.Store(run, (0,), L.maximum(run[0], read_hi(e))),
-            L.Store(run, (1,), L.minimum(run[1], read_lo(e))))))
-        own = L.Allocate(run, L.seq(
-            L.Store(run, (0,), zero), L.Store(run, (1,), zero),
-            L.For(q, -(-count // stride), widen),
-            L.Store(hi, (t,), run[0]), L.Store(lo, (t,), run[1])))
-        return L.Allocate(hi, L.Allocate(lo, L.seq(
-            L.For(t, threads, own, L.ForKind.THREAD_X), L.Barrier(),
-            _block_range(t, threads, hi, lo), after)))
+    def chunk_range(chunk, at):
+        lane = L.Var("lane")
+        return L.For(lane, lanes, k.widen(regs[at + lane], regs[at + lane]), L.ForKind.UNROLLED)
 
     # launch 1: each block's share of x -> its partial max and min
-    store_part = L.For(t, threads, L.If(L.eq(t, L.const(0)), L.seq(
-        L.Store(parts, (b,), hi[0]), L.Store(parts, (blocks + b,), lo[0]))),
-        L.ForKind.THREAD_X)
-    partials = L.For(b, blocks, ranged(p.size, blocks * threads, b * threads, lambda k: x[k],
-                                       lambda k: x[k], store_part), L.ForKind.BLOCK_X)
+    def store_part(top, bottom):
+        return L.If(first_thread, L.seq(L.Store(parts, (b,), top),
+                                        L.Store(parts, (blocks + b,), bottom)))
+
+    partials = L.For(b, blocks, L.Allocate(regs, k.block_range(
+        k.shares(chunk_range), store_part)), L.ForKind.BLOCK_X)
 
     # launch 2: every block the whole range from the partials, then its share quantized
     scale, z = L.Var("scale", f32), L.Var("z", f32)
-    params = L.If(L.logical_and(L.eq(b, L.const(0)), L.eq(t, L.const(0))), L.seq(
-        L.Store(p.scale, (), scale), L.Store(p.zero_point, (), L.Cast(T.uint8, z))))
-    stride = blocks * threads
-    quantize = L.For(q, -(-p.size // stride), L.Let(e, q * stride + b * threads + t, L.If(
-        e < p.size, L.Store(y, (e,), L.Cast(T.uint8, dynamic_quantized(x[e], scale, z))))))
-    top, bottom = hi[0], lo[0]
-    finish = L.For(t, threads, L.Let(scale, dynamic_scale(top, bottom), L.Let(
-        z, dynamic_zero_point(bottom, scale), L.seq(params, quantize))), L.ForKind.THREAD_X)
-    whole = L.For(b, blocks, ranged(blocks, threads, L.const(0), lambda k: parts[k],
-                                    lambda k: parts[blocks + k], finish), L.ForKind.BLOCK_X)
+    from_parts = L.For(e, -(-blocks // c.threads), L.Let(v, e * c.threads + t, L.If(
+        v < blocks, k.widen(parts[v], parts[blocks + v]))))
+
+    def quantize(chunk, at):
+        """The chunk's results into registers, then one store (a uchar4: values from
+        registers only, `codegen.vector_for`)."""
+        lane = L.Var("lane")
+        return L.If(chunk < k.chunks, L.seq(
+            L.For(lane, lanes, L.Store(out, (lane,), L.Cast(
+                T.uint8, dynamic_quantized(regs[at + lane], scale, z))), L.ForKind.UNROLLED),
+            L.For(lane, lanes, L.Store(y, (chunk * lanes + lane,), out[lane]),
+                  L.ForKind.VECTORIZED)))
+
+    def finish(top, bottom):
+        params = L.If(L.logical_and(L.eq(b, L.const(0)), first_thread), L.seq(
+            L.Store(p.scale, (), scale), L.Store(p.zero_point, (), L.Cast(T.uint8, z))))
+        return L.Let(scale, dynamic_scale(top, bottom), L.Let(
+            z, dynamic_zero_point(bottom, scale), L.seq(params, k.shares(quantize))))
+
+    whole = L.For(b, blocks, L.Allocate(regs, L.Allocate(out, k.block_range(
+        from_parts, finish))), L.ForKind.BLOCK_X)
     views = {x.name: x, y.name: y}
     return L.PrimFunc(p.name, tuple(views.get(v.name, v) for v in p.params),
                       L.Allocate(parts, L.seq(partials, whole)))

@@ -45,6 +45,14 @@ template <typename T> __device__ __forceinline__ T dnnc_fmax(T a, T b) {
 template <typename T> __device__ __forceinline__ T dnnc_fmin(T a, T b) {
   return a != a ? a : b != b ? b : a < b ? a : b;
 }
+// the same where b is no NaN (codegen's _BINARY_BY_NUMBER): a if a is NaN or beyond b, else
+// b, as one unordered compare (!(a <= b): NaN or greater) and a select
+template <typename T> __device__ __forceinline__ T dnnc_fmax_k(T a, T b) {
+  return !(a <= b) ? a : b;
+}
+template <typename T> __device__ __forceinline__ T dnnc_fmin_k(T a, T b) {
+  return !(a >= b) ? a : b;
+}
 template <typename T> __device__ __forceinline__ T dnnc_imax(T a, T b) { return a > b ? a : b; }
 template <typename T> __device__ __forceinline__ T dnnc_imin(T a, T b) { return a < b ? a : b; }
 // a gather index outside [-n, n-1] (one unsigned compare): (site + 1, i, n) into the error

@@ -5,8 +5,11 @@ Each thread's accumulators go into a block_m x block_n tile of their type (float
 rows STAGING_PAD apart: a warp's pairs of a fragment land in distinct banks); after a
 barrier each thread takes runs of STAGED_RUN consecutive results of a row (consecutive
 threads the consecutive runs of a row: a warp's loads and stores of Y, its bias and
-residual are whole lines), finishes them (`store`'s epilogue) into registers and stores
-them with one vector store where the renderer proves the run contiguous and aligned in Y
+residual are whole lines), finishes them (`store`'s epilogue) into registers, the operands
+it reads along the run (a residual, per-channel sums and scales) first copied into registers
+a vector load each (`threads.vector_loads`: resnet50's int8 residual a char4, not 4 byte
+loads), and stores them with one vector store where the renderer proves the run contiguous
+and aligned in Y
 (through a layout tail too: the simplifier splits a run's lane off an aligned base). The
 tile takes the memory the operands' ring held (`codegen.shared_pool_bytes`).
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 from ...ir import loop as L
 from .mma import TensorCoreConfig, _over_threads
+from .threads import Names, vector_loads
 
 STAGED_RUN = 4
 """Consecutive results of a row a thread finishes and stores at once: 16 bytes of float32, 8
@@ -57,9 +61,15 @@ def staged_results(w, store) -> L.Stmt:
         done = store(w.bi, i, j + v, results[v])
         out = L.Buffer("y_out", done.buffer.dtype, (run,), L.Scope.LOCAL)
         if w.n % run == 0:   # a run is inside Y or past its edge whole
-            body = L.seq(L.For(v, run, L.Store(out, (v,), done.value), L.ForKind.UNROLLED),
+            # its operands in Y's order (a residual, per-channel sums) one vector load each
+            copies, registers, finished = vector_loads(
+                L.Store(out, (v,), done.value), v, run, L.free_vars(done.value), v,
+                L.const(0, v.dtype), run, Names(done))
+            body = L.seq(*copies, L.For(v, run, finished, L.ForKind.UNROLLED),
                          L.For(v, run, L.Store(done.buffer, done.indices, out[v]),
                                L.ForKind.VECTORIZED))
+            for reg in registers:
+                body = L.Allocate(reg, body)
             inside = L.logical_and(i < w.m, j < w.n)
         else:
             body = L.For(v, run, L.If(j + v < w.n, done), L.ForKind.UNROLLED)

@@ -45,11 +45,13 @@ class Scratch:
 
 
 class Names:
-    """Fresh variable and buffer names, distinct from every name of the function."""
+    """Fresh variable and buffer names, distinct from every name of the function (or of the
+    statement or expression given: fresh where their scopes nest inside it)."""
 
-    def __init__(self, func: L.PrimFunc):
-        self.taken = {n.name for n in L.walk(func.body) if isinstance(n, L.Var)} | \
-            {n.buffer.name for n in L.walk(func.body) if isinstance(n, (L.Allocate, L.Load))}
+    def __init__(self, func: L.PrimFunc | L.Stmt | L.Expr):
+        body = func.body if isinstance(func, L.PrimFunc) else func
+        self.taken = {n.name for n in L.walk(body) if isinstance(n, L.Var)} | \
+            {n.buffer.name for n in L.walk(body) if isinstance(n, (L.Allocate, L.Load))}
         self.count = itertools.count()
 
     def __call__(self, hint: str) -> str:

@@ -179,10 +179,10 @@ class DenseTile(_Tile):
     def __init__(self, p: QuantizedDenseProblem, config: Int8Config):
         super().__init__(p, config, p.m, p.n, -(-p.k // GROUP_DEPTH))
         # A's rows as words where they are whole words and nothing reads A's bytes (the row
-        # sums): one 32-bit load (and xor) a word; int8 A's 4 byte loads, each flipped, LLVM
-        # assembled in 9 vector instructions a row and a step (a 3136 x 96 x 384 QDQ product,
-        # 1 thread, znver4: 2.07 -> 1.41 ms)
-        self.words = p.k % GROUP_DEPTH == 0 and p.w_zp is None
+        # sums, an epilogue adding A itself): one 32-bit load (and xor) a word; int8 A's 4
+        # byte loads, each flipped, LLVM assembled in 9 vector instructions a row and a step
+        # (a 3136 x 96 x 384 QDQ product, 1 thread, znver4: 2.07 -> 1.41 ms)
+        self.words = p.k % GROUP_DEPTH == 0 and p.w_zp is None and not p.epilogue_reads(p.a)
         self.a = L.Buffer(p.a.name, T.uint32, (p.m, p.k // GROUP_DEPTH)) if self.words else \
             L.Buffer(p.a.name, p.a.dtype, (p.m, p.k))
         self.y = L.Buffer(p.y.name, p.y.dtype, (p.m, p.n))

@@ -271,21 +271,49 @@ def _split_small_addend(e, env):
     return None
 
 
+def _scaled_terms(e, s: int = 1) -> list:
+    """The addends of integer sum e as (x, k) pairs, e = sum of x * k, through constant
+    multiples of inner sums ((a + b) * 4 -> (a, 4), (b, 4))."""
+    if isinstance(e, BinOp) and e.op == "+" and e.dtype.is_int:
+        return _scaled_terms(e.a, s) + _scaled_terms(e.b, s)
+    if isinstance(e, BinOp) and e.op == "*" and e.dtype.is_int:
+        for x, k in ((e.a, _int_const(e.b)), (e.b, _int_const(e.a))):
+            if k is not None:
+                return _scaled_terms(x, s * k)
+    return [(e, s)]
+
+
+def _quotient_of(e) -> tuple:
+    """(x, d) for e = x // d1 // d2 ... of positive constants, d = d1 d2 ... (floor divisions
+    by positive constants compose: (x // a) // b = x // (a b)); (e, 1) for any other e."""
+    d = 1
+    while isinstance(e, BinOp) and e.op == "//" and (_int_const(e.b) or 0) > 0:
+        d *= e.b.value
+        e = e.a
+    return e, d
+
+
 def _recombine_div_mod(e, env):
-    """(x//c)*c + x%c -> x, the two among the addends of a sum (`_split_small_addend` leaves
-    a lane beside them: (x//c)*c + (x%c + v) -> x + v)."""
+    """(x//c)*(c s) + (x%c)*s -> x*s among the addends of a sum, where the quotient may be
+    spelt as nested divisions of x's own root: y//(a c) with x = y//a (floor division and
+    modulo by positive constants: identities for every integer). Rows unravelled into
+    (n, h, w) and ravelled again fold back to the row (`linearize`'s offsets through a
+    layout tail); `_split_small_addend` leaves a lane beside them: (x//c)*c + (x%c + v) ->
+    x + v."""
     if not (isinstance(e, BinOp) and e.op == "+" and e.dtype.is_int):
         return None
-    terms = _terms(e)
-    for k, p in enumerate(terms):
-        if not (isinstance(p, BinOp) and p.op == "*" and isinstance(p.a, BinOp) and
-                p.a.op == "//"):
+    scaled = _scaled_terms(e)
+    for m, (q, s) in enumerate(scaled):
+        c = _int_const(q.b) if isinstance(q, BinOp) and q.op == "%" else None
+        if c is None or c <= 0:
             continue
-        for m, q in enumerate(terms):
-            if m != k and isinstance(q, BinOp) and q.op == "%" and p.a.a == q.a and \
-                    p.a.b == q.b == p.b:
-                rest = [t for i, t in enumerate(terms) if i not in (k, m)]
-                return _sum([q.a] + rest, e.dtype)
+        root, d = _quotient_of(q.a)
+        for k, (p, s_p) in enumerate(scaled):
+            if k != m and s_p == c * s and isinstance(p, BinOp) and p.op == "//" and \
+                    _quotient_of(p) == (root, d * c):
+                kept = [(q.a, s)] + [t for i, t in enumerate(scaled) if i not in (k, m)]
+                return _sum([x if f == 1 else BinOp("*", x, Const(f, x.dtype))
+                             for x, f in kept], e.dtype)
     return None
 
 

@@ -795,6 +795,11 @@ def _every_op() -> list[L.PrimFunc]:
         for op in ops:
             out = T.bool_ if op in L.COMPARE or op in L.LOGIC else dt
             kernel(f"{dt.name}_{op}", (dt, dt), out, lambda a, b, op=op: L.BinOp(op, a, b))
+        if dt.is_float:   # against a number (codegen's _BINARY_BY_NUMBER): x's NaN, ties
+            for op in ("min", "max"):
+                for k, c in enumerate((0.0, -0.0, 1.5, float("inf"), float("-inf"))):
+                    kernel(f"{dt.name}_{op}_by_{k}", (dt,), dt,
+                           lambda a, op=op, c=c: L.BinOp(op, a, L.const(c, dt)))
         # (check_index: test_host_semantics.test_check_index_records_the_first_bad_index;
         # dot_bf16x2 and dot_u8s8x4, a CPU's bf16 and int8 products, pack_u8x4 their
         # operand: tests/backends/llvm/test_bf16.py and test_int8.py)

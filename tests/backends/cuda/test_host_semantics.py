@@ -544,7 +544,7 @@ def _random(rng, dtype: T.DType, n: int) -> np.ndarray:
         info = np.iinfo(dtype.np)
         return rng.integers(info.min, info.max, n, dtype=dtype.np, endpoint=True)
     x = rng.standard_normal(n) * 10.0 ** rng.integers(-2, 3, n)
-    x[:3] = (np.inf, -np.inf, np.nan)[: n]
+    x[:6] = (np.inf, -np.inf, np.nan, 0.0, -0.0, 1.5)[: n]
     return x.astype(dtype.np)
 
 

@@ -126,6 +126,25 @@ def test_dense_int8_equals_the_reference(path, m, k, n, act, out):
         assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("act", [np.int8, np.uint8])
+def test_dense_int8_adding_its_own_input_reads_it_as_bytes(act):
+    """QuantizedAdd(QuantizedDense(a), a) in one kernel (a QDQ residual around a product:
+    fuzz seed 4500 case 53): A, which the epilogue reads as bytes, is not viewed as words
+    (`DenseTile.words`; the verifier refused the kernel), and the result is the reference's."""
+    rng = np.random.default_rng(53)
+    g, x, _ = dense_graph(rng, 3, 16, 16, act, "uint8")
+    relu = g.nodes[-1]
+    y, a = relu.inputs[0], g.inputs[0]
+    scalar = [_const(f"p{k}", v) for k, v in enumerate(
+        (np.float32(0.05), np.uint8(5), np.float32(0.03), act(3), np.float32(0.07),
+         np.uint8(9)))]
+    g.nodes = [n for n in g.nodes if n is not relu]
+    g.outputs = [g.add("QuantizedAdd", y, *scalar[:2], a, *scalar[2:])]
+    model = dnnc.compile(g, "llvm", cache=False)
+    assert len(model.profile(x, repeat=1)) == 1
+    assert np.array_equal(model(x), dnnc.compile(g, "numpy")(x))
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("m,k,n,act,out,zw", [
     (5, 37, 19, np.uint8, "float32", "column"), (7, 64, 48, np.int8, "uint8", "scalar"),
