@@ -36,12 +36,17 @@ BERT-base b8's products (H200, session 40). With the `staged` knob (warpgroups o
 results go through shared memory transposed (staged.py's `transposed_results`: Y runs along
 W's rows) and are stored in runs of 4 of a place's outputs, not 2 bytes a lane.
 
-Why the k-128 tile lost to dense fp16 (session 44, H200: 2:4 / dense 1.04-2.10): X's k tile
-of 128 doubles B's slot (bn x 256 bytes), so the ring that fit the dense tile did not fit
-(resnet50's 1x1 1024->256 ran 64 x 192 in 3 slots, one warpgroup an SM; BERT's 768->3072
-128 x 128 in 4, 192 blocks on 132 SMs, two waves where dense ran one), and the non-finite
-scan read B's slot a word a lane, 4-way bank conflicts (rows of two panels at one chunk in
-one bank group): about 4 times B's bytes in shared loads a k tile besides the wgmmas' own.
+Why the 2:4 product lost to dense fp16 (session 44, H200: 2:4 / dense 1.04-2.10 at the
+k-128 default), measured on an H200 in session 45 (bench/gpu_sparse24.py --all
+--unscanned): X's k tile of 128 doubled B's slot, so the rings that fit dense tiles did not
+(64 x 64 at k 64, staged, against k 128: resnet50 b32's 1x1 1024->256 1.18 against 1.71,
+1x1 256->64 1.12 against 1.48; BERT b8's 768->768 1.37 against 1.34); and the non-finite
+scan, whose work a thread grows with the block's places, is still the largest cost (built
+without it, 64 x 128 ran BERT's 768->768 at 1.20 for 1.75, 64 x 192 the 1x1 1024->256 at
+1.62 for 2.47), so the narrow tiles win (WARPGROUP_TILES). Staging the results gained up to
+10% (128 x 128 on BERT 1.69 against 1.86). At the rule's tiles 2:4 / dense is 1.12-1.18 on
+these three layers: still slower. Next: the places' flags from one pass over X (a launch
+before the product) rather than each block's scan of every k tile.
 
 Knobs: mma.py's `TensorCoreConfig` (block_k of 32, 64 or 128; it must divide k, and split_k
 the k tiles: no tile reads past k, whose metadata would be zero-filled; with wgmma 64 or
@@ -168,17 +173,17 @@ def space(p, machine) -> Space:
 
 WARPGROUP_TILES = (
     (TensorCoreConfig(64, 64, 64, 4, 1, 4, wgmma=True, staged=True), 0.45),
-    (TensorCoreConfig(64, 128, 64, 4, 1, 4, wgmma=True, staged=True), 0.6),
-    (TensorCoreConfig(128, 64, 64, 8, 1, 4, wgmma=True, staged=True), 0.6),
-    (TensorCoreConfig(64, 192, 64, 4, 1, 3, wgmma=True, staged=True), 0.65),
-    (TensorCoreConfig(128, 128, 64, 8, 1, 4, wgmma=True, staged=True), 0.72),
-    (TensorCoreConfig(64, 256, 64, 4, 1, 3, wgmma=True, staged=True), 0.68),
-    (TensorCoreConfig(128, 192, 64, 8, 1, 3, wgmma=True, staged=True), 0.78),
-    (TensorCoreConfig(128, 256, 64, 8, 1, 3, wgmma=True, staged=True), 0.8),
-    (TensorCoreConfig(256, 64, 64, 8, 1, 4, wgmma=True, staged=True), 0.7),
-    (TensorCoreConfig(256, 128, 64, 8, 1, 3, wgmma=True, staged=True), 0.8))
-"""(tile, its guessed share of the sparse tensor cores' rate) the warpgroup default chooses
-from (`_warpgroup_default`): W's rows x places, k tiles of 64, results staged."""
+    (TensorCoreConfig(128, 64, 64, 8, 1, 4, wgmma=True, staged=True), 0.55))
+"""(tile, its share of the sparse tensor cores' rate as the rule weighs it) the warpgroup
+default chooses from (`_warpgroup_default`): W's rows x places, k tiles of 64, results
+staged. Measured (H200, fp16, bench/gpu_sparse24.py --all, 2:4 / dnnc dense fp16): BERT b8
+768->768 128 x 64 1.15, 64 x 64 1.37; resnet50 b32 1x1 1024->256 64 x 64 1.18, 128 x 64
+1.22; 1x1 256->64 @56 64 x 64 1.12, 128 x 64 1.37: the best of 17 configs on each. Wider
+tiles lost everywhere (64 x 128 1.38-1.75, 128 x 128 1.31-1.69, 64 x 192 1.56-2.97; 128 x 192
+and up 1.86-3.62): the non-finite scan's work a thread grows with the places (built without
+it, 64 x 128 ran BERT's 768->768 at 1.20 for 1.75, 64 x 192 the 1x1 1024->256 at 1.62 for
+2.47). The shares put 128 x 64 ahead where 64 x 64 takes two waves to its one (BERT) and
+behind where 64 x 64's waves are fewer per row (the 1x1 convs)."""
 
 
 def default(p, machine) -> TensorCoreConfig:
