@@ -3,6 +3,7 @@ fp16 on BERT's and resnet50's GEMM-heavy layers), one run; `bench/gpu_sparse.py 
 
     PYTHONPATH=$PWD python bench/gpu_sparse24.py [--repeat 20] [--trials 5]
         [--no-layers] [--no-variants] [--no-models] [--no-torch] [--only bert,3x3]
+        [--all] [--unscanned]
 
 Layers: BERT-base's products at batch 8 (1024 rows: 768->768, 768->3072, 3072->768) and
 resnet50's stride-1 1x1 convs at batch 32 (channels-last, as dnnc runs them at fp16: the
@@ -16,9 +17,11 @@ product through torch.matmul (cuDNN's channels-last conv2d for the 3x3 convs; un
 median over `--trials` of the mean of `--repeat` calls, interleaved). `2:4/dense` is the 2:4
 default's time over dnnc dense's (the bar: <= 1/1.3 = 0.77), `best` the best variant's,
 `mma.sp/dense` the mma.sp warps' default's (the 2:4 default without wgmma: sm_90's before
-session 44), `rule` whether passes/sparse24.py's cost rule takes the layer (its estimated dense / 2:4
-beside: what GPU_SPARSE24_EFFICIENCY is to be fitted to); each 2:4 output is checked against
-the dense kernel's (max |d| / max |dense|).
+session 44), `rule` whether passes/sparse24.py's cost rule takes the layer (its estimated
+dense / 2:4 beside: what GPU_SPARSE24_EFFICIENCY is to be fitted to); each 2:4 output is
+checked against the dense kernel's (max |d| / max |dense|). `--all` prints a line for each
+2:4 config timed; `--unscanned` adds the default built without its non-finite scan (a
+diagnostic of the scan's cost, exact only where the activations are finite, as these are).
 
 Models (unless `--no-models`): bert_base at batch 8 (128 tokens) and resnet50 at batch 32,
 the dense file and its 2:4 magnitude-pruned copy (`testing/pruned_files.py`, as `dnnc
@@ -42,11 +45,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dnnc.backends.cuda import device  # noqa: E402
+from dnnc.backends.cuda import device, sparse24  # noqa: E402
 from dnnc.backends.cuda.codegen import render_module  # noqa: E402
 from dnnc.backends.cuda.mma import TensorCoreConfig  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
 from dnnc.backends.lower import lower_group  # noqa: E402
+from dnnc.ir import loop as L  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.sparse import encode_2of4  # noqa: E402
@@ -56,17 +60,29 @@ from gpu_timing import (cupy_timer, header, interleaved_ms, kernel_launcher,  # 
                         load_module, torch_timer)
 
 BERT_BATCH, RESNET_BATCH = 8, 32
-VARIANTS = [TensorCoreConfig(128, 128, 64, 2, 4, 3), TensorCoreConfig(128, 128, 64, 2, 4, 4),
-            TensorCoreConfig(128, 256, 32, 2, 4, 4), TensorCoreConfig(256, 128, 32, 4, 2, 4),
-            TensorCoreConfig(64, 128, 64, 2, 2, 4), TensorCoreConfig(128, 64, 64, 2, 2, 4),
-            TensorCoreConfig(128, 128, 32, 2, 4, 5)] + [
-    TensorCoreConfig(bm, bn, 128, bm // 16, 1, stages, wgmma=True, refill_first=first)
-    for bm, bn, stages, first in ((64, 64, 4, False), (64, 128, 4, False), (64, 128, 4, True),
-                                  (128, 128, 4, False), (128, 128, 4, True),
-                                  (128, 64, 4, False), (64, 192, 3, True),
-                                  (128, 192, 3, True), (64, 256, 3, False))]
-"""2:4 configs timed beside the default (those outside a layer's space skipped): mma.sp
-warps' and, on sm_90, warpgroups' (wgmma.mma_async.sp)."""
+VARIANTS = [c for c, _ in sparse24.WARPGROUP_TILES] + [
+    TensorCoreConfig(64, 128, 64, 4, 1, 4, wgmma=True, staged=True),
+    TensorCoreConfig(256, 64, 64, 8, 1, 4, wgmma=True, staged=True),
+    TensorCoreConfig(64, 64, 64, 4, 1, 4, wgmma=True),
+    TensorCoreConfig(64, 64, 128, 4, 1, 4, wgmma=True),
+    TensorCoreConfig(128, 192, 128, 8, 1, 3, wgmma=True, refill_first=True)]
+"""2:4 configs timed beside the default (those outside a layer's space skipped): the
+warpgroup default's tiles (k tiles of 64, staged), the next best of session 45's run, one
+unstaged, and session 44's defaults for BERT's 768->768 and resnet50's 3x3 convs (k tiles of
+128, unstaged). Each costs a device about 3 s of NVRTC on a conv (H200 host, session 45: 18
+configs took a minute a layer)."""
+
+
+def unscanned(graph: Graph, machine, config) -> list:
+    """`cases` of `config` built with the places' non-finite scan left out (a diagnostic of
+    its cost only: such a kernel is wrong where activations at pruned weights are NaN or
+    infinite; these layers' are finite)."""
+    scan = sparse24._NonFinite._flags
+    sparse24._NonFinite._flags = lambda self, slot: L.seq()
+    try:
+        return cases(graph, machine, [config])[-1:]
+    finally:
+        sparse24._NonFinite._flags = scan
 
 
 def warp_default(graph: Graph, machine) -> TensorCoreConfig:
@@ -135,6 +151,9 @@ def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> st
     graph24 = layer_graph(kind, places, depth, rows, hw, w, True)
     warps = warp_default(graph24, machine)
     sparse = cases(graph24, machine, [warps] + ([] if args.no_variants else VARIANTS))
+    if args.unscanned:
+        sparse += [(name, f"{config} unscanned", *rest)
+                   for name, config, *rest in unscanned(graph24, machine, sparse[0][1])]
     entries = dense + sparse
     funcs = [(dataclasses.replace(e[2], name=f"c{n}_{e[2].name}"), True)
              for n, e in enumerate(entries)]
@@ -166,7 +185,8 @@ def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> st
     errors = [float(np.abs(cp.asnumpy(o).astype(np.float64).reshape(places, rows) - want).max()
                     / max(np.abs(want).max(), 1e-30)) for o in outs[1:]]
     dense_ms, sparse_ms = times[0], times[1:len(entries)]
-    best = int(np.argmin(sparse_ms))
+    best = int(np.argmin([ms if not isinstance(entry[1], str) else np.inf
+                          for ms, entry in zip(sparse_ms, sparse)]))   # not a diagnostic
     at = [i for i, entry in enumerate(sparse) if entry[1] == warps]
     mma_sp = f"  mma.sp/dense {sparse_ms[at[0]] / dense_ms:4.2f}" if at else ""
     if not args.no_torch:
@@ -180,11 +200,29 @@ def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> st
     chosen = "2:4" if rule.sparse24_faster(places, rows, depth, machine, reads) else "dense"
     ok = "ok" if max(errors) <= 2e-2 else "WRONG"
     tflops = 2 * places * rows * depth / 1e9
+    if args.all:
+        for (_, config, *_), ms, err in zip(sparse, sparse_ms, errors[len(dense) - 1:]):
+            print(f"  {name:24} {_timed(ms, dense_ms)}  {short(config)}  err {err:.1e}")
     return (f"{name:24} M={places:<6} dense {dense_ms * 1e3:7.1f} us ({tflops / dense_ms:5.0f} "
             f"TF/s, {dense[0][0]})  2:4 {sparse_ms[0] * 1e3:7.1f} us  2:4/dense "
             f"{sparse_ms[0] / dense_ms:4.2f}  best {sparse_ms[best] / dense_ms:4.2f} "
             f"({sparse[best][1]})" + mma_sp + cublas +
             f"  rule {chosen} ({estimate:4.2f}x est.)  err {max(errors):.1e} {ok}")
+
+
+def _timed(ms: float, dense_ms: float) -> str:
+    return f"{ms * 1e3:7.1f} us  2:4/dense {ms / dense_ms:4.2f}"
+
+
+def short(config) -> str:
+    """A config as `bm x bn kbk sS wmW [staged] [first] [wgmma]` (or as given, a string)."""
+    if isinstance(config, str):
+        return config
+    flags = [x for x, on in (("staged", config.staged), ("first", config.refill_first),
+                              ("wgmma", config.wgmma), ("mma.sp", not config.wgmma)) if on]
+    split = f" split {config.split_k}" if config.split_k > 1 else ""
+    return (f"{config.block_m}x{config.block_n} k{config.block_k} s{config.stages} "
+            f"wm{config.warps_m}{split} " + " ".join(flags))
 
 
 def layers_table(cp, machine, args) -> int:
@@ -275,6 +313,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-variants", action="store_true")
     p.add_argument("--no-models", action="store_true")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--all", action="store_true", help="a line for each 2:4 config timed")
+    p.add_argument("--unscanned", action="store_true", help="the default also built without "
+                   "its non-finite scan (its cost; exact only on finite activations)")
     p.add_argument("--only", default="", help="comma-separated words: only the layers whose "
                    "names hold one (e.g. bert,3x3)")
     p.add_argument("--folder", default=str(Path(tempfile.gettempdir()) / "dnnc_pruned"))

@@ -27,27 +27,42 @@ On sm_90 the `wgmma` knob runs the same product on warpgroups (`_SparseWarpgroup
 wgmma.py's block): per sparse step of 32 k and m64 tile of W's rows one
 wgmma.mma_async.sp (`L.Wgmma` at a sparse precision) reading W's kept values and X's rows
 from shared memory through descriptors, each warp's metadata word (the mma.sp word of its
-16 rows) from the metadata ring. A k tile is 128 k: W's 64 kept values a row are one
-128-byte swizzle row, X's 128 two (`_Panels`: two panels of 64 k, wgmma's K-major rows
-being 128 bytes). mma.sync.sp on Hopper runs at about half wgmma's rate, which is why the
-mma.sp product ran 1.29-1.34x slower than the dense fp16 wgmma default on BERT-base b8's
-products (H200, session 40).
+16 rows) from the metadata ring. A k tile is 128 k (W's 64 kept values a row one 128-byte
+swizzle row, X's 128 two: `_Panels`, two panels of 64 k, wgmma's K-major rows being 128
+bytes) or 64 k (`WARPGROUP_K`: W's 32 a row in half a swizzle row, `_HalfRows`; X's 64 one
+row, as the dense product's k tile). mma.sync.sp on Hopper runs at about half wgmma's rate,
+which is why the mma.sp product ran 1.29-1.34x slower than the dense fp16 wgmma default on
+BERT-base b8's products (H200, session 40). With the `staged` knob (warpgroups only) the
+results go through shared memory transposed (staged.py's `transposed_results`: Y runs along
+W's rows) and are stored in runs of 4 of a place's outputs, not 2 bytes a lane.
 
-Knobs: mma.py's `TensorCoreConfig` without the staged results (block_k of 32, 64 or 128; it
-must divide k, and split_k the k tiles: no tile reads past k, whose metadata would be
-zero-filled; with wgmma 128, as `wgmma.fits` says at the sparse precision, and
-`refill_first`, not `early_refill`). The default on sm_90 where k is a multiple of 128 is
-`mma.choose`'s warpgroup tile for the product of depth k / 2 (what the tensor cores
-multiply), narrowed and its stages cut until its ring fits (`_warpgroup_default`); elsewhere
-`mma.choose`'s mma.sync tile at the deepest block_k of 64 or 32 that fits in 3 stages.
+Why the 2:4 product lost to dense fp16 (session 44, H200: 2:4 / dense 1.04-2.10 at the
+k-128 default), measured on an H200 in session 45 (bench/gpu_sparse24.py --all
+--unscanned): X's k tile of 128 doubled B's slot, so the rings that fit dense tiles did not
+(64 x 64 at k 64, staged, against k 128: resnet50 b32's 1x1 1024->256 1.18 against 1.71,
+1x1 256->64 1.12 against 1.48; BERT b8's 768->768 1.37 against 1.34); and the non-finite
+scan, whose work a thread grows with the block's places, is still the largest cost (built
+without it, 64 x 128 ran BERT's 768->768 at 1.20 for 1.75, 64 x 192 the 1x1 1024->256 at
+1.62 for 2.47), so the narrow tiles win (WARPGROUP_TILES). Staging the results gained up to
+10% (128 x 128 on BERT 1.69 against 1.86). At the rule's tiles 2:4 / dense is 1.12-1.18 on
+these three layers: still slower. Next: the places' flags from one pass over X (a launch
+before the product) rather than each block's scan of every k tile.
+
+Knobs: mma.py's `TensorCoreConfig` (block_k of 32, 64 or 128; it must divide k, and split_k
+the k tiles: no tile reads past k, whose metadata would be zero-filled; with wgmma 64 or
+128, `refill_first`, not `early_refill`, and `staged`). The default on sm_90 where k is a
+multiple of 64 is a WARPGROUP_TILES tile (`_warpgroup_default`: the one whose busiest SM
+has least to do); elsewhere `mma.choose`'s mma.sync tile for depth k / 2 at the deepest
+block_k of 64 or 32 that fits in 3 stages.
 
 Skipping a pruned weight drops its x * 0 term, which IEEE makes NaN for a non-finite x (the
-dense product's result). As each k tile's B tile lands in shared memory, the threads test its
-chunks' halves for an exponent of all ones (4 words a thread, one add and two masks a word:
-`_flags`) and flag the block's places holding one; after the k loop an accumulator of a
-flagged place becomes NaN where one of the place's non-finite activations sits at a pruned
-position of its row (the rare path, `_fix`: the place's row and the metadata read again from
-global memory), as the CSR template's non-finite counts do (cuda/sparse.py).
+dense product's result). As each k tile's B tile lands in shared memory, the threads test
+its chunks' halves for an exponent of all ones (a chunk's 16 bytes one load, one add and two
+masks a word: `_flags`) and flag the block's places holding one; after the k loop an
+accumulator of a flagged place becomes NaN where one of the place's non-finite activations
+sits at a pruned position of its row (the rare path, `_fix`: the place's row and the
+metadata read again from global memory), as the CSR template's non-finite counts do
+(cuda/sparse.py).
 They never serve a dense product, nor weights without the 2:4 encoding, nor a grouped conv.
 """
 
@@ -68,6 +83,7 @@ from .device import gpu_of, has_wgmma
 from .mma import (CHUNK_WORDS, MAX_ACCUMULATORS, MAX_SHARED_BYTES, MAX_WGMMA_SHARED_BYTES,
                   TensorCoreConfig, _accumulators, _allocated, _c, _over_threads, _Tile,
                   _WarpTiles, choose, mma_product)
+from .staged import staging_bytes
 
 PRECISIONS = ("fp16", "bf16")
 SPARSE = {T.float16: ("fp16", "sp_fp16"), T.bfloat16: ("bf16", "sp_bf16")}
@@ -77,26 +93,38 @@ STEP_K = 32
 META_WORDS = 16
 """Metadata words of a 16-row tile a step: (g, p) for lanes 4 g + p, p < 2."""
 DEFAULT_STAGES = 3
+WARPGROUP_K = (64, 128)
+"""k tiles of the warpgroup product: 128 (W's 64 kept values a row, one 128-byte swizzle
+row; X's two) or 64 (W's 32 a row, half a swizzle row, two slots sharing the rows:
+`_HalfRows`; X's one, as the dense product's): the shallower tile halves X's slot, so a
+ring of as many slots as the dense product's fits beside as wide a tile."""
 
 
 def shared_bytes(c: TensorCoreConfig) -> int:
-    """A block's ring: per slot W's kept values (block_k / 2 a row), X's block_k a place (2
-    bytes each) and the metadata words; and the places' non-finite flags (with `wgmma`,
-    each buffer from a 1024-byte boundary, as the renderer carves them)."""
+    """A block's ring: per slot W's kept values (block_k / 2 a row; with `wgmma` at k tiles
+    of 64 an even count of slots, `_HalfRows`), X's block_k a place (2 bytes each) and the
+    metadata words, or the staged results where they take more; and the places' non-finite
+    flags (with `wgmma`, each buffer from a 1024-byte boundary, as the renderer carves
+    them)."""
     align = L.SWIZZLE_BYTES if c.wgmma else 4
-    buffers = (c.stages * c.block_k * c.block_m, c.stages * c.block_k * c.block_n * 2,
-               c.stages * c.block_m // 16 * c.block_k // STEP_K * META_WORDS * 4,
-               c.block_n * 4)
-    return sum(-(-x // align) * align for x in buffers)
+    up = lambda x: -(-x // align) * align   # noqa: E731
+    kept = -(-c.stages // 2) * 2 if c.wgmma and c.block_k < wgmma.ROW_BYTES else c.stages
+    ring = sum(up(x) for x in (kept * c.block_k * c.block_m,
+                               c.stages * c.block_k * c.block_n * 2,
+                               c.stages * c.block_m // 16 * c.block_k // STEP_K * META_WORDS * 4))
+    if c.staged and c.split_k == 1:
+        ring = max(ring, up(staging_bytes(c, transposed=True)))
+    return ring + up(c.block_n * 4)
 
 
 def _fits(c: TensorCoreConfig, precision: str) -> bool:
     """Whether config `c` is one the product runs: with `wgmma` (sm_90), warpgroup tiles
-    (`wgmma.fits` at the sparse precision: k tiles of 128, A's 64 kept a row one swizzle
-    row); without, mma.sync's (warp tiles of whole 16 x 16 mma tiles, their accumulators
-    bounded)."""
+    (`wgmma.fits` at the sparse precision, whose k tile is 128: A's 64 kept a row one
+    swizzle row; or k tiles of 64, `WARPGROUP_K`); without, mma.sync's (warp tiles of whole
+    16 x 16 mma tiles, their accumulators bounded)."""
     if c.wgmma:
-        return wgmma.fits(c, precision)
+        return c.block_k in WARPGROUP_K and wgmma.fits(
+            replace(c, block_k=wgmma.block_k(precision)), precision)
     return c.block_k <= 128 and c.block_m % (16 * c.warps_m) == 0 and \
         c.block_n % (16 * c.warps_n) == 0 and _accumulators(c) <= MAX_ACCUMULATORS
 
@@ -125,14 +153,16 @@ def space(p, machine) -> Space:
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 192, 256),
         "block_k": (32, 64, 128), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": warpgroups,
-        "early_refill": (False,), "refill_first": warpgroups, "staged": (False,),
+        "early_refill": (False,), "refill_first": warpgroups, "staged": warpgroups,
     }, [Constraint("without wgmma: a warp's rows (block_m / warps_m) and columns (block_n / "
                    f"warps_n) multiples of 16, at most {MAX_ACCUMULATORS} accumulators a "
-                   "lane; with wgmma (sm_90): k tiles of 128, warps_m a multiple of 4, a "
+                   "lane; with wgmma (sm_90): k tiles of 64 or 128, warps_m a multiple of 4, a "
                    "warpgroup's columns 64, 128, 192 or 256 and rows whole m64 tiles, at "
                    "most 128 accumulators a thread, at least 3 stages",
                    lambda c: _fits(c, sparse)),
         Constraint("refill_first only with wgmma", lambda c: c.wgmma or not c.refill_first),
+        Constraint("staged results only with wgmma, k unsplit",
+                   lambda c: not c.staged or c.wgmma and c.split_k == 1),
         Constraint(f"block_k divides k ({k}), split_k the k tiles",
                    lambda c: k % c.block_k == 0 and tiles(c) % c.split_k == 0),
         Constraint(f"the stages' shared tiles within {MAX_SHARED_BYTES >> 10} KiB "
@@ -141,19 +171,31 @@ def space(p, machine) -> Space:
         Constraint("split_k slices on grid z", lambda c: c.split_k <= MAX_GRID_YZ)])
 
 
+WARPGROUP_TILES = (
+    (TensorCoreConfig(64, 64, 64, 4, 1, 4, wgmma=True, staged=True), 0.45),
+    (TensorCoreConfig(128, 64, 64, 8, 1, 4, wgmma=True, staged=True), 0.55))
+"""(tile, its share of the sparse tensor cores' rate as the rule weighs it) the warpgroup
+default chooses from (`_warpgroup_default`): W's rows x places, k tiles of 64, results
+staged. Measured (H200, fp16, bench/gpu_sparse24.py --all, 2:4 / dnnc dense fp16): BERT b8
+768->768 128 x 64 1.15, 64 x 64 1.37; resnet50 b32 1x1 1024->256 64 x 64 1.18, 128 x 64
+1.22; 1x1 256->64 @56 64 x 64 1.12, 128 x 64 1.37: the best of 17 configs on each. Wider
+tiles lost everywhere (64 x 128 1.38-1.75, 128 x 128 1.31-1.69, 64 x 192 1.56-2.97; 128 x 192
+and up 1.86-3.62): the non-finite scan's work a thread grows with the places (built without
+it, 64 x 128 ran BERT's 768->768 at 1.20 for 1.75, 64 x 192 the 1x1 1024->256 at 1.62 for
+2.47). The shares put 128 x 64 ahead where 64 x 64 takes two waves to its one (BERT) and
+behind where 64 x 64's waves are fewer per row (the 1x1 convs)."""
+
+
 def default(p, machine) -> TensorCoreConfig:
-    """On sm_90 where k is a multiple of 128, `mma.choose`'s warpgroup tile for the rows x
-    places product of depth k / 2 (`_warpgroup_default`); else its mma.sync tile, its k
-    tile the deepest of 64 or 32 dividing k that fits DEFAULT_STAGES slots; k unsplit
-    unless the split divides the k tiles."""
+    """On sm_90 where k is a multiple of 64, a WARPGROUP_TILES tile (`_warpgroup_default`);
+    else `mma.choose`'s mma.sync tile for depth k / 2, its k tile the deepest of 64 or 32
+    dividing k that fits DEFAULT_STAGES slots; k unsplit unless the split divides the k
+    tiles."""
     rows, places, k, dtype = _dims(p)
     precision, sparse = SPARSE[dtype]
     arch = getattr(machine, "arch", None)
-    if arch is not None and has_wgmma(arch) and k % wgmma.block_k(sparse) == 0:
-        c = _warpgroup_default(choose(rows, places, k // 2, 1, gpu_of(machine), precision,
-                                      wgmma=True, shallow_rule=False), sparse, k)
-        if c is not None:
-            return c
+    if arch is not None and has_wgmma(arch) and k % min(WARPGROUP_K) == 0:
+        return _warpgroup_default(rows, places, gpu_of(machine).sms)
     base = choose(rows, places, k // 2, 1, gpu_of(machine), precision)
     for bk in (64, 32):
         c = replace(base, block_k=bk, stages=DEFAULT_STAGES, wgmma=False, staged=False,
@@ -165,23 +207,15 @@ def default(p, machine) -> TensorCoreConfig:
     return c
 
 
-def _warpgroup_default(base: TensorCoreConfig, sparse: str, k: int
-                       ) -> TensorCoreConfig | None:
-    """`base` (a tile `mma.choose` picked for depth k / 2) as the warpgroup product runs it:
-    k tiles of 128 (`wgmma.block_k`), the most of its stages (at least 3) that fit in
-    shared memory, its columns narrowed to 128 or 64 where none do (B's k tile is twice
-    the dense one's); None where `base` is no warpgroup tile."""
-    if not base.wgmma:
-        return None
-    for columns in (base.block_n, 128, 64):
-        c = replace(base, block_n=min(columns, base.block_n), block_k=wgmma.block_k(sparse),
-                    early_refill=False, staged=False)
-        for stages in range(c.stages, 2, -1):
-            config = replace(c, stages=stages)
-            if _fits(config, sparse) and shared_bytes(config) <= MAX_WGMMA_SHARED_BYTES:
-                return config if (k // config.block_k) % config.split_k == 0 else \
-                    replace(config, split_k=1)
-    return None
+def _warpgroup_default(rows: int, places: int, sms: int) -> TensorCoreConfig:
+    """The WARPGROUP_TILES tile whose busiest SM has least to do: its blocks' products
+    (ceil(blocks / sms) of them; a ragged edge's tile counts whole) over the tile's share
+    of the rate."""
+    def seconds(entry):
+        c, efficiency = entry
+        blocks = -(-rows // c.block_m) * -(-places // c.block_n)
+        return -(-blocks // sms) * c.block_m * c.block_n / efficiency
+    return min(WARPGROUP_TILES, key=seconds)[0]
 
 
 def applies(p) -> bool:
@@ -242,6 +276,9 @@ class _NonFinite:
     activations sits at a pruned position of its row (`_recount`, from each block's `_fix`:
     its accumulators' layout). Mixed in before the block's product class."""
 
+    transposed_results = True
+    """Y^T = W X^T: Y runs along the block's rows (W's), which a staged epilogue stores."""
+
     def _sparse(self, meta: L.Buffer, sparse: str, k: int, places: int) -> None:
         # places of the block whose activations hold a NaN or an infinity (`_flags`)
         self.flags = L.Buffer("nonfinite", T.int32, (self.bn,), L.Scope.SHARED)
@@ -263,14 +300,18 @@ class _NonFinite:
         top = L.const(0x80008000, T.uint32)
 
         def visit(step, e):
-            o, c = b._chunk_of(e)
-            words = [b.tile[b.word(slot, o, c) + v] for v in range(4)]
+            o, c, v = *b._chunk_of(e), L.Var("v")
+            words = L.Buffer("scanned", T.uint32, (CHUNK_WORDS,), L.Scope.LOCAL)
+            # one 16-byte load a chunk (4 loads of a word each were 4-way bank conflicts:
+            # a warp's 8 rows of 16-byte chunks span the banks only at 16 bytes a lane)
+            load = L.For(v, CHUNK_WORDS, L.Store(words, (v,), b.tile[b.word(slot, o, c) + v]),
+                         L.ForKind.VECTORIZED)
             bits = None
-            for w in words:   # exponent all ones: adding its lowest bit carries into bit 15
-                t = L.BinOp("&", L.BinOp("+", L.BinOp("&", w, both), carry), top)
+            for x in range(CHUNK_WORDS):   # exponent all ones: its lowest bit carries into 15
+                t = L.BinOp("&", L.BinOp("+", L.BinOp("&", words[x], both), carry), top)
                 bits = t if bits is None else L.BinOp("|", bits, t)
-            return L.If(L.ne(bits, L.const(0, T.uint32)), L.Store(self.flags, (o,), L.const(
-                1, T.int32)))
+            return L.Allocate(words, L.seq(load, L.If(L.ne(bits, L.const(0, T.uint32)), L.Store(
+                self.flags, (o,), L.const(1, T.int32)))))
         return _over_threads(self.c.threads, b.chunks, visit)
 
     def each_result(self, body, within_tile: bool = False) -> L.Stmt:
@@ -378,10 +419,9 @@ class _SparseTiles(_NonFinite, _WarpTiles):
         return L.seq(flags, self.per_thread(L.seq(*body)))
 
     def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
-        return _allocated(body, after, [self.a_in.tile, self.b_in.tile, self.meta_in.tile,
-                                        self.flags] +
+        return _allocated(body, after, [self.a_in.tile, self.b_in.tile, self.meta_in.tile] +
                           [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous],
-                          [self.acc, self.a_frag, self.b_frag, self.e_frag])
+                          [self.flags, self.acc, self.a_frag, self.b_frag, self.e_frag])
 
 
 class _Panels(wgmma._SwizzledTile):
@@ -403,6 +443,33 @@ class _Panels(wgmma._SwizzledTile):
             (16, L.SWIZZLE_BYTES)
 
 
+class _HalfRows(wgmma._SwizzledTile):
+    """W's kept values at k tiles of 64 (`WARPGROUP_K`): 32 a row, 64 bytes, half a
+    128-byte swizzle row; two slots of the ring share one slot of rows (`_SwizzledTile`'s
+    K-major layout), slot s in the row's half s % 2: chunk c of row o at (c + 4 (s % 2)) ^
+    o % 8. A descriptor's start 64 bytes into a row is as a dense k step's 32 bytes in:
+    the swizzle is of the address."""
+
+    def __init__(self, name: str, rows: int, first: L.Expr, extent: int, operand: Operand,
+                 bk: int, k: int, threads: int, checked: bool, bi: L.Var, precision: str,
+                 stages: int):
+        super().__init__(name, rows, first, extent, operand, bk, k, threads, checked, bi,
+                         precision, stages)
+        self.slot_words = self.outer * wgmma.ROW_WORDS   # of a pair of slots
+        self.tile = L.Buffer(self.tile.name, T.uint32, (-(-stages // 2) * self.slot_words,),
+                             L.Scope.SHARED)
+
+    def word(self, slot: L.Expr, o: L.Expr, c: L.Expr) -> L.Expr:
+        return slot // 2 * self.slot_words + o * wgmma.ROW_WORDS + \
+            L.BinOp("^", c + slot % 2 * self.per_row, o % 8) * CHUNK_WORDS
+
+    def descriptor(self, slot: L.Expr, first: L.Expr, ks: int) -> tuple[L.Load, tuple]:
+        """(the first word, the offsets) of the rows from `first` at sparse step `ks` (16
+        kept values, 32 bytes) of `slot`."""
+        return self.tile[slot // 2 * self.slot_words + first * wgmma.ROW_WORDS +
+                         slot % 2 * (wgmma.ROW_WORDS // 2) + ks * 8], (16, L.SWIZZLE_BYTES)
+
+
 class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
     """A block of the 2:4 product on sm_90's warpgroups (`wgmma` knob): wgmma.py's block with
     A's tile over the kept values (64 a row, one swizzle row: k tiles of 128), B's k tile in
@@ -414,9 +481,9 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
                  b: Operand, precision: str, *, meta: L.Buffer, sparse: str):
         super().__init__(c, batch, m, n, k, a, b, precision)
         self.mk = STEP_K
-        self.a_in = wgmma._SwizzledTile("a", self.bm, self.row0, m, a, self.bk // 2, k // 2,
-                                        c.threads, m % self.bm != 0, self.bi, precision,
-                                        c.stages)
+        kept = wgmma._SwizzledTile if self.bk == wgmma.ROW_BYTES else _HalfRows
+        self.a_in = kept("a", self.bm, self.row0, m, a, self.bk // 2, k // 2, c.threads,
+                         m % self.bm != 0, self.bi, precision, c.stages)
         self.b_in = _Panels("b", self.bn, self.col0, n, b, self.bk, k, c.threads,
                             n % self.bn != 0, self.bi, precision, c.stages)
         if not (self.a_in.k_inner and self.b_in.k_inner):
@@ -468,10 +535,11 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
             L.ForKind.UNROLLED))
 
     def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
-        return _allocated(body, after, [self.a_in.tile, self.b_in.tile, self.meta_in.tile,
-                                        self.flags] +
+        """The rings' tiles for `body`; the flags (read by the results' `_fix`, a staged
+        tile's stores after it: not in the ring's memory) and registers for both."""
+        return _allocated(body, after, [self.a_in.tile, self.b_in.tile, self.meta_in.tile] +
                           [x.stage for x in (self.a_in, self.b_in) if not x.asynchronous],
-                          [self.acc, self.e_frag])
+                          [self.flags, self.acc, self.e_frag])
 
 
 def _blocks(meta: L.Buffer, sparse: str):

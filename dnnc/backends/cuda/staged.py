@@ -22,6 +22,11 @@ where it fit (bench/gpu_env_ab.py, interleaved, before products stored 16 bits w
 wgmma's tiles) whole models took the same time, fp16 bert_hf b8, vit_tiny, convnext_tiny,
 resnet18 b32 B/A 0.996 to 1.019 (geomean 1.003), tf32 0.994 to 1.003.
 
+A block whose Y runs along its rows, not its columns (sparse24.py's 2:4 product: Y^T = W X^T,
+`transposed_results`), stages its tile transposed, a column of the block a row of the tile
+(rows TRANSPOSED_PAD floats past block_m: a warp's scalar stores, 8 rows by 4 column pairs,
+hit distinct banks), and each thread stores runs of a column.
+
 Never changes what is computed: the same accumulators reach the same `store`, in another
 order of threads.
 """
@@ -38,33 +43,52 @@ of a 16-bit Y."""
 STAGING_PAD = 8
 """Floats past each row of the staged tile (rows 8 banks apart: a warp's float2 stores of its
 fragments, 4 rows of 4 lanes a half-warp, hit distinct banks)."""
+TRANSPOSED_PAD = 4
+"""Floats past each row of a transposed staged tile (a block's rows a multiple of 16: the
+column pairs' rows 8 banks apart, a warp's 8 rows at one column pair in 8 consecutive banks)."""
 
 
-def staging_bytes(c: TensorCoreConfig) -> int:
-    """Bytes of config `c`'s staged tile of results (4-byte accumulators)."""
+def staging_bytes(c: TensorCoreConfig, transposed: bool = False) -> int:
+    """Bytes of config `c`'s staged tile of results (4-byte accumulators), `transposed` as a
+    block whose Y runs along its rows stages them."""
+    if transposed:
+        return c.block_n * (c.block_m + TRANSPOSED_PAD) * 4
     return c.block_m * (c.block_n + STAGING_PAD) * 4
 
 
 def staged_results(w, store) -> L.Stmt:
     """The statements of `w`'s staged epilogue (the module's docstring), `w` a
-    `mma._WarpTiles` or `wgmma.Warpgroups` whose k loop has ended."""
-    run, stride = STAGED_RUN, w.bn + STAGING_PAD
-    tile = L.Buffer("y_tile", w.acc.dtype, (w.bm * stride,), L.Scope.SHARED)
-    kept = w.each_result(lambda i, j, value: L.Store(tile, (i * stride + j,), value),
-                         within_tile=True)
+    `mma._WarpTiles` or `wgmma.Warpgroups` whose k loop has ended (its
+    `transposed_results`, where it has one, says Y runs along its rows)."""
+    transposed = getattr(w, "transposed_results", False)
+    run = STAGED_RUN
+    # the tile's rows: the block's rows (Y's runs along its columns), or its columns
+    rows, width = (w.bn, w.bm) if transposed else (w.bm, w.bn)
+    stride = width + (TRANSPOSED_PAD if transposed else STAGING_PAD)
+    tile = L.Buffer("y_tile", w.acc.dtype, (rows * stride,), L.Scope.SHARED)
+    kept = w.each_result(lambda i, j, value: L.Store(
+        tile, ((j * stride + i) if transposed else (i * stride + j),), value), within_tile=True)
     results = L.Buffer("y_run", w.acc.dtype, (run,), L.Scope.LOCAL)
     v = L.Var("v")
 
     def finish(step, e):
-        r, col = e // (w.bn // run), e % (w.bn // run) * run
-        i, j = w.row0 + r, w.col0 + col
-        done = store(w.bi, i, j + v, results[v])
+        r, col = e // (width // run), e % (width // run) * run
+        if transposed:   # a run of rows of column r
+            i, j = w.row0 + col, w.col0 + r
+            done = store(w.bi, i + v, j, results[v])
+            whole, inside_run = w.m % run == 0, i + v < w.m
+        else:
+            i, j = w.row0 + r, w.col0 + col
+            done = store(w.bi, i, j + v, results[v])
+            whole, inside_run = w.n % run == 0, j + v < w.n
         out = L.Buffer("y_out", done.buffer.dtype, (run,), L.Scope.LOCAL)
-        if w.n % run == 0:   # a run is inside Y or past its edge whole
-            # its operands in Y's order (a residual, per-channel sums) one vector load each
-            copies, registers, finished = vector_loads(
-                L.Store(out, (v,), done.value), v, run, L.free_vars(done.value), v,
-                L.const(0, v.dtype), run, Names(done))
+        if whole:   # a run is inside Y or past its edge whole
+            if transposed:
+                copies, registers, finished = [], [], L.Store(out, (v,), done.value)
+            else:   # its operands in Y's order (a residual, per-channel sums) a vector each
+                copies, registers, finished = vector_loads(
+                    L.Store(out, (v,), done.value), v, run, L.free_vars(done.value), v,
+                    L.const(0, v.dtype), run, Names(done))
             body = L.seq(*copies, L.For(v, run, finished, L.ForKind.UNROLLED),
                          L.For(v, run, L.Store(done.buffer, done.indices, out[v]),
                                L.ForKind.VECTORIZED))
@@ -72,8 +96,8 @@ def staged_results(w, store) -> L.Stmt:
                 body = L.Allocate(reg, body)
             inside = L.logical_and(i < w.m, j < w.n)
         else:
-            body = L.For(v, run, L.If(j + v < w.n, done), L.ForKind.UNROLLED)
-            inside = i < w.m
+            body = L.For(v, run, L.If(inside_run, done), L.ForKind.UNROLLED)
+            inside = (j < w.n) if transposed else (i < w.m)
         if w.m % w.bm == 0 and w.n % w.bn == 0:
             inside = None
         body = L.seq(L.For(v, run, L.Store(results, (v,), tile[r * stride + col + v]),

@@ -243,12 +243,19 @@ def test_sparse24_conv_kernels_on_host(rng, tmp_path, case):
 W = functools.partial(TensorCoreConfig, wgmma=True)
 # (places shape, k, n, precision, bias, tail, config): warpgroup tiles (sm_90's wgmma knob)
 # of one and two warpgroups down the rows, 64 and 128 columns, ragged edges, split k and the
-# refill issued first
+# refill issued first; k tiles of 128 and of 64 (W's rows in halves: an odd count of slots
+# too), results direct and staged (transposed)
 WARPGROUP_CASES = [((40,), 128, 64, "fp16", True, False, W(64, 64, 128, 4, 1, 3)),
                    ((2, 50), 256, 96, "bf16", True, True,
                     W(128, 128, 128, 8, 1, 3, refill_first=True)),
                    ((72,), 512, 64, "fp16", False, False, W(64, 64, 128, 4, 1, 4, 2)),
-                   ((2, 24), 256, 128, "bf16", True, False, W(64, 128, 128, 4, 2, 3))]
+                   ((2, 24), 256, 128, "bf16", True, False, W(64, 128, 128, 4, 2, 3)),
+                   ((40,), 128, 64, "fp16", True, False, W(64, 64, 64, 4, 1, 3, staged=True)),
+                   ((2, 50), 256, 96, "bf16", True, True,
+                    W(128, 128, 64, 8, 1, 4, staged=True)),
+                   ((72,), 512, 64, "fp16", False, False, W(64, 64, 64, 4, 1, 4, 2)),
+                   ((2, 24), 192, 128, "bf16", True, False,
+                    W(64, 128, 64, 4, 2, 3, refill_first=True, staged=True))]
 
 
 @needs_gxx
@@ -276,6 +283,24 @@ def test_sparse24_warpgroup_conv_on_host(rng, tmp_path):
                           W(64, 64, 128, 4, 1, 3), "cuda_sparse24_conv")
     assert (np.abs(got.astype(np.float64) - want) <= 2 * 2.0 ** -11 * (np.abs(want) + 1) +
             1e-5).all()
+
+
+@pytest.mark.parametrize("rows,places,k", [(768, 1024, 768), (3072, 1024, 768),
+                                            (256, 6272, 1024), (64, 100352, 256),
+                                            (128, 25088, 1152), (64, 200704, 576)])
+def test_the_warpgroup_default_is_a_tile_of_the_table_in_the_space(rows, places, k):
+    """On sm_90 the default of BERT-base b8's and resnet50 b32's layers is a WARPGROUP_TILES
+    tile that the layer's space holds (its k tiles divide k, its ring fits)."""
+    from dnnc.backends.cuda import sparse24
+    from dnnc.backends.sparse_problems import sparse24_product
+
+    g, _, _ = sparse24_graph(np.random.default_rng(0), (places,), k, rows, "fp16", True,
+                             False)
+    _, (program,) = programs(g, machine=machine("fp16"))
+    p = sparse24_product(program.kernels[0])
+    c = sparse24.default(p, machine("fp16"))
+    assert c in [tile for tile, _ in sparse24.WARPGROUP_TILES]
+    assert sparse24.space(p, machine("fp16")).check(c) == c
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -496,7 +521,9 @@ def _check_nonfinite(got, want, precision):
 
 @needs_gxx
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("config", [None, W(64, 64, 128, 4, 1, 3)], ids=["default", "wgmma"])
+@pytest.mark.parametrize("config", [None, W(64, 64, 128, 4, 1, 3),
+                                    W(64, 64, 64, 4, 1, 4, staged=True)],
+                         ids=["default", "wgmma", "wgmma_k64_staged"])
 def test_nonfinite_activations_at_pruned_weights_make_nan_on_host(rng, tmp_path, precision,
                                                                   config):
     """NaN and +-inf activations at kept and at pruned positions: the outputs are what the

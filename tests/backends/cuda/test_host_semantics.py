@@ -366,13 +366,18 @@ static unsigned long long dnnc_wgmma_desc(const void* p, unsigned leading, unsig
 // K-major at (x / 8) stride + (x % 8) 128 + kk e, MN-major at (x / 64) leading + (x % 64) e
 // + (kk / 8) stride + (kk % 8) 128 bytes from the start, e bytes an element; then the
 // 128-byte swizzle of the shared address (bits 4-6 ^= bits 7-9)
-static float dnnc_wgmma_element(int kind, unsigned long long desc, bool mn, int x, int kk) {
+static unsigned dnnc_wgmma_address(int kind, unsigned long long desc, bool mn, int x,
+                                   int kk) {
   if (desc >> 62 != 1 || (desc >> 49 & 7) != 0) __builtin_trap();
   const unsigned start = (desc & 0x3fff) << 4, leading = (desc >> 16 & 0x3fff) << 4,
                  stride = (desc >> 32 & 0x3fff) << 4, e = kind == 0 ? 4 : kind >= 3 ? 1 : 2;
-  unsigned p = start + (mn ? x / 64 * leading + x % 64 * e + kk / 8 * stride + kk % 8 * 128
-                           : x / 8 * stride + x % 8 * 128 + kk * e);
-  p ^= (p >> 7) % 8 << 4;
+  const unsigned p = start + (mn ? x / 64 * leading + x % 64 * e + kk / 8 * stride +
+                                       kk % 8 * 128
+                                 : x / 8 * stride + x % 8 * 128 + kk * e);
+  return p ^ (p >> 7) % 8 << 4;
+}
+static float dnnc_wgmma_element(int kind, unsigned long long desc, bool mn, int x, int kk) {
+  const unsigned p = dnnc_wgmma_address(kind, desc, mn, x, kk);
   if (kind == 0) {   // tf32: a float32 word, its low 13 mantissa bits ignored
     unsigned bits; std::memcpy(&bits, dnnc_shared_window + p, 4);
     return dnnc_bits<float>(bits & 0xffffe000u);
@@ -429,21 +434,28 @@ static void dnnc_wgmma_run(const dnnc_wgmma_op& op) {
 }
 static void dnnc_wgmma_fence() {}
 static void dnnc_fence_proxy_async() { dnnc_unfenced_copies.clear(); }
-// whether operand `desc` (`rows` of x, K of kk) covers an unfenced chunk: its bytes lie
-// between its (0, 0) element's and its (rows - 1, K - 1) element's 128-byte row (the layouts
-// grow with x and kk; the swizzle stays within a row)
+// whether operand `desc` (`rows` of x, K of kk) reads an unfenced chunk: first whether one
+// lies between its (0, 0) element's and its (rows - 1, K - 1) element's 128-byte row (the
+// layouts grow with x and kk; the swizzle stays within a row), then, if so, whether one is
+// a chunk an element is read from (copies into other chunks of its rows, as a k tile of
+// half a row's shares them with the next slot's, may stay unfenced)
 static bool dnnc_reads_unfenced(int kind, unsigned long long desc, bool mn, int rows,
                                 int K) {
-  const unsigned start = (desc & 0x3fff) << 4, leading = (desc >> 16 & 0x3fff) << 4,
-                 stride = (desc >> 32 & 0x3fff) << 4, e = kind == 0 ? 4 : kind >= 3 ? 1 : 2;
-  const int x = rows - 1, kk = K - 1;
-  const unsigned last = start + (mn ? x / 64 * leading + x % 64 * e + kk / 8 * stride +
-                                          kk % 8 * 128
-                                      : x / 8 * stride + x % 8 * 128 + kk * e);
+  const unsigned start = (desc & 0x3fff) << 4, last = dnnc_wgmma_address(
+      kind, desc, mn, rows - 1, K - 1);
   const unsigned char *lo = dnnc_shared_window + start,
                       *hi = dnnc_shared_window + (last | 127);
+  bool near = false;
   for (const unsigned char* chunk : dnnc_unfenced_copies)
-    if (chunk + 16 > lo && chunk <= hi) return true;
+    near |= chunk + 16 > lo && chunk <= hi;
+  if (!near) return false;
+  for (int x = 0; x < rows; ++x)
+    for (int kk = 0; kk < K; ++kk) {
+      const unsigned char* p = dnnc_shared_window + (dnnc_wgmma_address(kind, desc, mn, x,
+                                                                         kk) & ~15u);
+      for (const unsigned char* chunk : dnnc_unfenced_copies)
+        if (chunk == p) return true;
+    }
   return false;
 }
 static void dnnc_wgmma_commit() {
