@@ -36,7 +36,8 @@ tiles), `.trans` where the tile's rows are the operand's rows (16-bit only; tf32
 fragment order), double buffered: step s + 1's while step s's mmas run. The epilogue stores each accumulator through the
 problem's store (Gemm's scaling and bias, the fused epilogue, the layout tail; a conv's
 bias), guarded at the edges. `split_k` > 1 splits k over blockIdx.z as dense.py does (partial
-sums in a workspace, a second launch adds them).
+sums in a workspace, a second launch adds them; with `cluster_split` on sm_90 the slices'
+blocks form a cluster that sums them through distributed shared memory: CLUSTER_SPLITS).
 
 Which kernels: every dense / batched matmul of at least 16 rows and ungrouped conv2d (an
 implicit GEMM, patches gathered as conv.py does) that the fp32 templates would tile; the
@@ -116,6 +117,12 @@ LAUNCH_S = 2e-6
 GROUP_ROWS = 8
 """Row tiles a group of consecutive blocks runs down before moving across (`_grouped`)."""
 
+CLUSTER_SPLITS = (2, 4, 8)
+"""k slices a `cluster_split` product may have: the blocks of one output tile's slices form
+a cluster (at most 8 blocks: the portable size on sm_90), each stages its float32 sums in its
+shared memory and sums a 1 / split_k share of the tile's rows over the cluster's blocks
+(`staged.cluster_results`): one launch, no float32 partials in global memory."""
+
 
 @dataclass(frozen=True)
 class TensorCoreConfig:
@@ -131,7 +138,9 @@ class TensorCoreConfig:
     wgmma: bool = False  # warpgroups of warps_m / 4 x warps_n issue wgmma (sm_90: wgmma.py)
     early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
     refill_first: bool = False   # with wgmma: a k tile's refill issued before its wgmmas
+    refill_mid: bool = False     # with wgmma: ... after their commit, before the wait
     staged: bool = False   # results through shared memory, stored in runs of a row (staged.py)
+    cluster_split: bool = False   # with wgmma: the k slices of a tile one cluster, summed in it
 
     @property
     def threads(self) -> int:
@@ -150,7 +159,9 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         "block_k": (16, 32, 64), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
         "early_refill": (False, True)[:1 + warpgroups],
-        "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
+        "refill_first": (False, True)[:1 + warpgroups],
+        "refill_mid": (False, True)[:1 + warpgroups], "staged": (False, True),
+        "cluster_split": (False, True)[:1 + warpgroups],
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -165,6 +176,12 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         Constraint("early_refill only with wgmma", lambda c: c.wgmma or not c.early_refill),
         Constraint("refill_first only with wgmma, not with early_refill",
                    lambda c: not c.refill_first or c.wgmma and not c.early_refill),
+        Constraint("refill_mid only with wgmma, not with early_refill or refill_first",
+                   lambda c: not c.refill_mid or c.wgmma and not c.early_refill and
+                   not c.refill_first),
+        Constraint(f"cluster_split only with wgmma, a split_k of {CLUSTER_SPLITS} dividing "
+                   "block_m", lambda c: not c.cluster_split or c.wgmma and
+                   c.split_k in CLUSTER_SPLITS and c.block_m % c.split_k == 0),
         Constraint(f"the stages' shared tiles (and staged results) within "
                    f"{MAX_SHARED_BYTES >> 10} KiB ({MAX_WGMMA_SHARED_BYTES >> 10} KiB with "
                    "wgmma)",
@@ -182,7 +199,7 @@ def shared_bytes(c: TensorCoreConfig, precision: str) -> int:
     """Bytes of shared memory a block of config `c` takes at `precision`: its ring of
     tiles, or the staged results where they take more (they reuse the ring's memory)."""
     ring = c.stages * c.block_k * (c.block_m + c.block_n) * _element_bytes(precision)
-    if c.staged and c.split_k == 1:
+    if c.staged and c.split_k == 1 or c.cluster_split and c.split_k > 1:
         from .staged import staging_bytes   # (it builds on this module's tiles)
         return max(ring, staging_bytes(c))
     return ring
@@ -269,6 +286,16 @@ timings (SM_SHARED_BYTES): 6 us kept 128 x 3072 x 768 off wgmma (mma.sync 128 x 
 8.4 us at fp16 against 6.7 for 64 x 64 split 8), 4 and 5 us scored alike, 3 us and less moved
 products timed only at fp16 (bf16's 512 x 3072 x 768, vit's 197 x 768 x 192) to untimed
 splits."""
+
+CLUSTER_SPLIT_S = 1.5e-6
+"""What a `cluster_split` costs a wgmma product (its blocks' staged tiles summed over the
+cluster through distributed shared memory, two cluster barriers; no second launch, no
+float32 partials in global memory): a guess, to be measured. The default splits so only
+where the split blocks fit in one wave (skinny products: the unsplit tiles leave SMs idle);
+past it, a split only evens out the waves, which the throughput model overrates."""
+
+DNNC_CLUSTER_SPLIT = "DNNC_CLUSTER_SPLIT"
+"""=0: the dense default sums every split of k in a second launch (no `cluster_split`)."""
 
 MMA_UNDER_WGMMA = 0.75
 """mma.sync's tiles' efficiencies where wgmma is on offer. First fitted on a sweep whose
@@ -406,7 +433,8 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
            precision: str = "fp16", wgmma: bool = False,
-           shallow_rule: bool = True, staged: bool = False) -> TensorCoreConfig:
+           shallow_rule: bool = True, staged: bool = False,
+           cluster_split: bool = False) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
@@ -415,7 +443,9 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59).
     `shallow_rule`: SHALLOW_K's tiles for shallow products (dense ones; see SHALLOW_EFFICIENCY);
-    `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE)."""
+    `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE);
+    `cluster_split`: a wgmma tile's split of CLUSTER_SPLITS may be summed in its cluster
+    (CLUSTER_SPLIT_S), else every split is summed by a second launch."""
     best, best_time = None, math.inf
     for base, efficiency in _candidates(precision, wgmma, k, m * n * batch, shallow_rule,
                                         staged):
@@ -435,7 +465,10 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
             waves = -(-count // wave) * wave / count if count > wave else 1.0
             seconds = 2 * blocks * bm * bn * k * waves / (
                 gpu.tensor_flops * efficiency * fill)
-            if split > 1:
+            if split > 1 and cluster_split and base.wgmma and split in CLUSTER_SPLITS and \
+                    bm % split == 0 and count <= wave:   # (one wave: see CLUSTER_SPLIT_S)
+                config, seconds = replace(config, cluster_split=True), seconds + CLUSTER_SPLIT_S
+            elif split > 1:
                 seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + (
                     WGMMA_SPLIT_S if base.wgmma else LAUNCH_S)
             if seconds < best_time:
@@ -482,6 +515,12 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
             body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
         return L.For(bi, batch, _grouped(body, grid, by, bx), L.ForKind.BLOCK_Z)
     sk = L.Var("sk")
+    if c.cluster_split:
+        from .staged import cluster_results   # (it builds on this module's tiles)
+        bz = L.Var("bz")
+        body = w.block(L.seq(w.init(), w.product(sk * w.per)), cluster_results(w, store, sk))
+        body = L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
+        return L.For(bz, batch * c.split_k, _grouped(body, grid, by, bx), L.ForKind.BLOCK_Z)
 
     def slice_block(bz: L.Var, partial: L.Buffer) -> L.Stmt:
         keep = w.each_result(lambda i, j, value: L.Store(
@@ -917,7 +956,8 @@ def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
     return staged_by_default(choose(
         p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
         wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
-                               p.a_tf32 and p.b_tf32), staged=results_staged(p.y.dtype)),
+                               p.a_tf32 and p.b_tf32), staged=results_staged(p.y.dtype),
+        cluster_split=os.environ.get(DNNC_CLUSTER_SPLIT) != "0"),
         p.y.dtype, machine.precision)
 
 

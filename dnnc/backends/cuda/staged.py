@@ -21,11 +21,18 @@ resnet18 b32 B/A 0.996 to 1.019 (geomean 1.003), tf32 0.994 to 1.003.
 
 Never changes what is computed: the same accumulators reach the same `store`, in another
 order of threads.
+
+`cluster_results` is the same epilogue for a `cluster_split` product (mma.CLUSTER_SPLITS): the
+split_k blocks of a tile (one cluster) each stage their slice's sums, pass a cluster barrier,
+and block `sk` finishes rows sk * block_m / split_k onwards of the tile, each result the sum
+of the staged tiles of blocks 0, 1, ... (`cluster_load`: the order the two-launch split adds
+its partials in); a second cluster barrier keeps every tile in place until all are read.
 """
 
 from __future__ import annotations
 
 from ...ir import loop as L
+from ...ir import types as T
 from .mma import TensorCoreConfig, _over_threads
 
 STAGED_RUN = 4
@@ -44,15 +51,50 @@ def staging_bytes(c: TensorCoreConfig) -> int:
 def staged_results(w, store) -> L.Stmt:
     """The statements of `w`'s staged epilogue (the module's docstring), `w` a
     `mma._WarpTiles` or `wgmma.Warpgroups` whose k loop has ended."""
-    run, stride = STAGED_RUN, w.bn + STAGING_PAD
-    tile = L.Buffer("y_tile", w.acc.dtype, (w.bm * stride,), L.Scope.SHARED)
-    kept = w.each_result(lambda i, j, value: L.Store(tile, (i * stride + j,), value),
+    tile = _staging_tile(w)
+    return L.Allocate(tile, L.seq(_kept(w, tile), L.Barrier(), _finished(
+        w, store, w.bm, L.const(0), lambda at: tile[at], L.ForKind.VECTORIZED)))
+
+
+def cluster_results(w, store, sk: L.Expr) -> L.Stmt:
+    """The statements of `w`'s epilogue as block `sk` of a cluster of `split_k` blocks, one
+    a k slice of the tile (the module's docstring), `w` a `wgmma.Warpgroups` whose k loop
+    has ended."""
+    split = w.c.split_k
+    tile = _staging_tile(w)
+    rows = w.bm // split
+
+    def summed(at):
+        value = L.call("cluster_load", tile[at], L.const(0), dtype=T.float32)
+        for s in range(1, split):
+            value = value + L.call("cluster_load", tile[at], L.const(s), dtype=T.float32)
+        return value
+    return L.Allocate(tile, L.seq(
+        _kept(w, tile), L.ClusterBarrier(split),
+        _finished(w, store, rows, sk * rows, summed, L.ForKind.UNROLLED),
+        L.ClusterBarrier(split)))
+
+
+def _staging_tile(w) -> L.Buffer:
+    return L.Buffer("y_tile", w.acc.dtype, (w.bm * (w.bn + STAGING_PAD),), L.Scope.SHARED)
+
+
+def _kept(w, tile: L.Buffer) -> L.Stmt:
+    """Each thread's accumulators into the staged `tile`."""
+    stride = w.bn + STAGING_PAD
+    return w.each_result(lambda i, j, value: L.Store(tile, (i * stride + j,), value),
                          within_tile=True)
+
+
+def _finished(w, store, rows: int, first: L.Expr, value, kind: L.ForKind) -> L.Stmt:
+    """Rows first .. first + rows - 1 of the staged tile finished through `store` in runs of
+    STAGED_RUN, a run's results `value(offset into tile)` (read as one vector: `kind`)."""
+    run, stride = STAGED_RUN, w.bn + STAGING_PAD
     results = L.Buffer("y_run", w.acc.dtype, (run,), L.Scope.LOCAL)
     v = L.Var("v")
 
     def finish(step, e):
-        r, col = e // (w.bn // run), e % (w.bn // run) * run
+        r, col = first + e // (w.bn // run), e % (w.bn // run) * run
         i, j = w.row0 + r, w.col0 + col
         done = store(w.bi, i, j + v, results[v])
         out = L.Buffer("y_out", done.buffer.dtype, (run,), L.Scope.LOCAL)
@@ -66,9 +108,8 @@ def staged_results(w, store) -> L.Stmt:
             inside = i < w.m
         if w.m % w.bm == 0 and w.n % w.bn == 0:
             inside = None
-        body = L.seq(L.For(v, run, L.Store(results, (v,), tile[r * stride + col + v]),
-                           L.ForKind.VECTORIZED), body if inside is None else L.If(inside, body))
+        body = L.seq(L.For(v, run, L.Store(results, (v,), value(r * stride + col + v)), kind),
+                     body if inside is None else L.If(inside, body))
         return L.Allocate(results, L.Allocate(out, body))
 
-    copied = _over_threads(w.c.threads, w.bm * w.bn // run, finish)
-    return L.Allocate(tile, L.seq(kept, L.Barrier(), copied))
+    return _over_threads(w.c.threads, rows * w.bn // run, finish)
