@@ -294,6 +294,10 @@ float32 partials in global memory): a guess, to be measured. The default splits 
 where the split blocks fit in one wave (skinny products: the unsplit tiles leave SMs idle);
 past it, a split only evens out the waves, which the throughput model overrates."""
 
+CLUSTER_WAVES = 1
+"""The most waves (blocks an SM at once: one for a wgmma block) a cluster split's blocks
+may take in the default (see CLUSTER_SPLIT_S)."""
+
 DNNC_CLUSTER_SPLIT = "DNNC_CLUSTER_SPLIT"
 """=0: the dense default sums every split of k in a second launch (no `cluster_split`)."""
 
@@ -466,7 +470,7 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
             seconds = 2 * blocks * bm * bn * k * waves / (
                 gpu.tensor_flops * efficiency * fill)
             if split > 1 and cluster_split and base.wgmma and split in CLUSTER_SPLITS and \
-                    bm % split == 0 and count <= wave:   # (one wave: see CLUSTER_SPLIT_S)
+                    bm % split == 0 and count <= CLUSTER_WAVES * wave:
                 config, seconds = replace(config, cluster_split=True), seconds + CLUSTER_SPLIT_S
             elif split > 1:
                 seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + (

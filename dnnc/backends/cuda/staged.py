@@ -61,7 +61,7 @@ def cluster_results(w, store, sk: L.Expr) -> L.Stmt:
     a k slice of the tile (the module's docstring), `w` a `wgmma.Warpgroups` whose k loop
     has ended."""
     split = w.c.split_k
-    tile = _staging_tile(w)
+    tile = _staging_tile(w, "slice_sums")
     rows = w.bm // split
 
     def summed(at):
@@ -75,8 +75,8 @@ def cluster_results(w, store, sk: L.Expr) -> L.Stmt:
         L.ClusterBarrier(split)))
 
 
-def _staging_tile(w) -> L.Buffer:
-    return L.Buffer("y_tile", w.acc.dtype, (w.bm * (w.bn + STAGING_PAD),), L.Scope.SHARED)
+def _staging_tile(w, name: str = "y_tile") -> L.Buffer:
+    return L.Buffer(name, w.acc.dtype, (w.bm * (w.bn + STAGING_PAD),), L.Scope.SHARED)
 
 
 def _kept(w, tile: L.Buffer) -> L.Stmt:

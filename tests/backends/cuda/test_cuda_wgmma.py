@@ -477,7 +477,7 @@ def test_a_cluster_split_is_one_launch_in_clusters_without_partials():
     case = next(c for c in DEVICE_CASES if c[1:4] == (512, 768, 3072) and c[5].cluster_split)
     func, config = product(*case)
     text = str(func)
-    assert text.count("cluster_barrier(4)") == 2 and "cluster_load(y_tile[" in text
+    assert text.count("cluster_barrier(4)") == 2 and "cluster_load(slice_sums[" in text
     module = render_module([(func, True)])
     info = module.kernels[func.name]
     assert len(info.launches) == 1 and info.workspace == []
@@ -652,27 +652,38 @@ def test_shallow_products_of_16_bit_outputs_take_the_staged_wgmma_tile(monkeypat
 
 
 def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
-    """bert b8's fc2 (1024 x 3072 x 768: 64 tiles of 64 x 192 for 132 SMs) splits k in 2 on
-    64 x 192 wgmma tiles at fp16, bf16 and tf32 (tf32 operands): the model counts the
-    busiest SM's blocks, so 192 blocks of 64 x 64 (two on some SMs, one on others) no longer
-    rate as one full wave; the 4096-row product keeps its unsplit tile."""
+    """bert b8's fc2 (1024 x 3072 x 768: 64 tiles of 64 x 192 for 132 SMs) splits k on wgmma
+    tiles at fp16, bf16 and tf32 (tf32 operands): summed in clusters by default, its split
+    blocks within one wave; with DNNC_CLUSTER_SPLIT=0 in 2 on 64 x 192 tiles summed by a
+    second launch (the model counts the busiest SM's blocks, so 192 blocks of 64 x 64 do not
+    rate as one full wave). The 4096-row product keeps its unsplit tile either way."""
     from types import SimpleNamespace
 
     from dnnc.backends.cuda.device import REFERENCE
 
     monkeypatch.delenv("DNNC_WGMMA", raising=False)
     machine = Target("cuda", arch="sm_90", gpu=REFERENCE)
-    for precision in ("fp16", "bf16", "tf32"):
-        machine = replace(machine, precision=precision)
-        y = mma.STORAGE.get(precision, T.float32)
-        for m, split in ((1024, 2), (4096, 1)):
-            p = SimpleNamespace(m=m, n=768, k=3072, batch=1, a_tf32=precision == "tf32",
-                                b_tf32=precision == "tf32", y=SimpleNamespace(dtype=y))
-            config = mma.dense_default(p, machine)
-            assert config.wgmma and config.split_k == split
-            if split > 1:
-                assert (config.block_m, config.block_n) == (64, 192) and not config.staged
-            assert mma.dense_space(p, machine).check(config) == config
+    for switch in (None, "0"):
+        if switch is None:
+            monkeypatch.delenv(mma.DNNC_CLUSTER_SPLIT, raising=False)
+        else:
+            monkeypatch.setenv(mma.DNNC_CLUSTER_SPLIT, switch)
+        for precision in ("fp16", "bf16", "tf32"):
+            machine = replace(machine, precision=precision)
+            y = mma.STORAGE.get(precision, T.float32)
+            for m in (1024, 4096):
+                p = SimpleNamespace(m=m, n=768, k=3072, batch=1, a_tf32=precision == "tf32",
+                                    b_tf32=precision == "tf32", y=SimpleNamespace(dtype=y))
+                config = mma.dense_default(p, machine)
+                assert config.wgmma and (config.split_k > 1) == (m == 1024)
+                assert config.cluster_split == (m == 1024 and switch is None)
+                if config.cluster_split:
+                    blocks = -(-m // config.block_m) * -(-768 // config.block_n)
+                    assert blocks * config.split_k <= mma.CLUSTER_WAVES * REFERENCE.sms
+                elif m == 1024:
+                    assert (config.block_m, config.block_n, config.split_k) == (64, 192, 2)
+                    assert not config.staged
+                assert mma.dense_space(p, machine).check(config) == config
 
 
 def test_modules_using_wgmma_compile_for_sm90a():
