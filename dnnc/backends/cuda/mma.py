@@ -138,7 +138,6 @@ class TensorCoreConfig:
     wgmma: bool = False  # warpgroups of warps_m / 4 x warps_n issue wgmma (sm_90: wgmma.py)
     early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
     refill_first: bool = False   # with wgmma: a k tile's refill issued before its wgmmas
-    refill_mid: bool = False     # with wgmma: ... after their commit, before the wait
     staged: bool = False   # results through shared memory, stored in runs of a row (staged.py)
     cluster_split: bool = False   # with wgmma: the k slices of a tile one cluster, summed in it
 
@@ -159,8 +158,7 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         "block_k": (16, 32, 64), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
         "early_refill": (False, True)[:1 + warpgroups],
-        "refill_first": (False, True)[:1 + warpgroups],
-        "refill_mid": (False, True)[:1 + warpgroups], "staged": (False, True),
+        "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
         "cluster_split": (False, True)[:1 + warpgroups],
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
@@ -176,9 +174,6 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         Constraint("early_refill only with wgmma", lambda c: c.wgmma or not c.early_refill),
         Constraint("refill_first only with wgmma, not with early_refill",
                    lambda c: not c.refill_first or c.wgmma and not c.early_refill),
-        Constraint("refill_mid only with wgmma, not with early_refill or refill_first",
-                   lambda c: not c.refill_mid or c.wgmma and not c.early_refill and
-                   not c.refill_first),
         Constraint(f"cluster_split only with wgmma, a split_k of {CLUSTER_SPLITS} dividing "
                    "block_m", lambda c: not c.cluster_split or c.wgmma and
                    c.split_k in CLUSTER_SPLITS and c.block_m % c.split_k == 0),
@@ -226,6 +221,7 @@ WGMMA_DEFAULTS = ((128, 256, 8, 1, 4, False), (128, 192, 8, 1, 5, True),
                   (128, 128, 8, 1, 5, True), (64, 192, 4, 1, 5, True), (64, 128, 4, 1, 5, True),
                   (64, 64, 4, 1, 4, False))
 WGMMA_EFFICIENCY = (0.95, 0.85, 0.75, 0.8, 0.5, 0.6)
+DENSE_WGMMA_EFFICIENCY = (0.95, 0.85, 0.75, 0.8, 0.6, 0.6)
 """(block_m, block_n, warps_m, warps_n, stages, refill_first) the default tries with the
 `wgmma` knob (warpgroups down m: 64 x 256, 64 x 192, 64 x 128 or 64 x 64 each, as CUTLASS's
 sm_90 kernels), k tiles of 128 bytes, and their guessed fractions of the peak on DEFAULTS'
@@ -244,7 +240,17 @@ worst 1.43, bert b8's fc2 at tf32, which keeps mma.sync: TF32_WGMMA_OUTPUTS).
   261 us against 281; 8192 x 3072 x 768 74.1 against 82.9).
 - 64 x 64 (one warpgroup, 4 stages) for products of a few hundred rows (batch 1: vit's 197,
   bert's 128): on an H200 at fp16 the fastest tile at all seven such shapes timed, 7.1 to 10.6
-  us, against the 64 x 128 default's 7.1 to 12.6; `refill_first` within 2% either way."""
+  us, against the 64 x 128 default's 7.1 to 12.6; `refill_first` within 2% either way.
+- DENSE_WGMMA_EFFICIENCY, the dense products' (convolutions keep these: their tiles were not
+  timed): 64 x 128 0.5 -> 0.6 (session 45's H200 sweep, .devrun/s45_sweep.py: fp16 / bf16 in
+  and out, 17 transformer shapes, 7 wgmma tiles x splits each, graphs interleaved with
+  cuBLAS): it was the fastest tile at 256 x 768 x 3072 (6.3 / 6.2 us against 64 x 64's 6.8 /
+  6.8) and 1024 x 768 x 768 (6.4 / 6.1 against 7.0 / 6.8); the default's time over the fastest
+  timed, geometric mean of the 34 shape-precision pairs, 1.005 (worst 1.05) against 1.016
+  (1.12). With it, resnet50's 3x3 128- and 1x1 512-channel convs would move to 64 x 128.
+  The sweep also fits one line to every lone block's k tile: 190 ns + its FLOPs at 6.25
+  TFLOP/s (77% of an SM's peak), from 64 x 64's 258 ns to 128 x 256's 875: a fixed cost a
+  k tile that neither the proxy fence (dropping it: 0.97-1.03) nor the refill's place moves."""
 
 SM_SHARED_BYTES = 227 << 10
 """Shared memory of an SM on sm_90 (sm_80: 163 KiB; the model counts sm_90's): with the
@@ -287,19 +293,28 @@ timings (SM_SHARED_BYTES): 6 us kept 128 x 3072 x 768 off wgmma (mma.sync 128 x 
 products timed only at fp16 (bf16's 512 x 3072 x 768, vit's 197 x 768 x 192) to untimed
 splits."""
 
-CLUSTER_SPLIT_S = 1.5e-6
-"""What a `cluster_split` costs a wgmma product (its blocks' staged tiles summed over the
-cluster through distributed shared memory, two cluster barriers; no second launch, no
-float32 partials in global memory): a guess, to be measured. The default splits so only
-where the split blocks fit in one wave (skinny products: the unsplit tiles leave SMs idle);
-past it, a split only evens out the waves, which the throughput model overrates."""
+CLUSTER_SPLIT_S = 4e-6
+"""What a `cluster_split` costs a wgmma product in the model (its blocks' staged tiles summed
+over the cluster through distributed shared memory, two cluster barriers; no second launch,
+no float32 partials in global memory), where DNNC_CLUSTER_SPLIT=1 lets the default take one
+(only for split blocks within CLUSTER_WAVES waves). Off by default: on an H200 (session 45's
+sweep, fp16 / bf16 in and out) the cluster sum cost more than the second launch it saves.
+64 x 64 split 4 at 128 x 3072 x 768 took 7.5 us summed in clusters against 6.5 in two
+launches; 64 x 192 split 4 at 512 x 3072 x 768 22.8 (256 blocks: clusters of 4 on GPCs of
+one 64 x 192 block an SM) against session 44's 10.7; at 128 rows, in one wave, 11.9 against
+9.1, of which 5.2 is the k loop: about 6.7 us to stage and sum 48 KiB a block through scalar
+`ld.shared::cluster` loads. It won only at vit's 197 x 768 x 192 (64 x 64 split 4: 4.7 us
+against 5.0 unsplit). With it on, the default's time over the fastest timed (geometric mean
+of 34 shape-precision pairs) went from 1.005 to 1.12 (CLUSTER_SPLIT_S 8 us), 1.22 (4 us), 1.59
+(1 us). The tuner may still pick it (the knob stays in the space)."""
 
 CLUSTER_WAVES = 1
 """The most waves (blocks an SM at once: one for a wgmma block) a cluster split's blocks
 may take in the default (see CLUSTER_SPLIT_S)."""
 
 DNNC_CLUSTER_SPLIT = "DNNC_CLUSTER_SPLIT"
-"""=0: the dense default sums every split of k in a second launch (no `cluster_split`)."""
+"""=1: the dense default may sum a split of k in its cluster (CLUSTER_SPLIT_S); unset or 0,
+every split is summed by a second launch."""
 
 MMA_UNDER_WGMMA = 0.75
 """mma.sync's tiles' efficiencies where wgmma is on offer. First fitted on a sweep whose
@@ -409,7 +424,8 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
                 shallow_rule: bool = True, staged: bool = False):
     """(config without split, guessed efficiency) of the tiles the default tries for a
     product of depth `k` and `outputs` results (m n, every batch); `shallow_rule`: whether
-    SHALLOW_K's tiles apply (dense products; a convolution's do not); `staged`: whether its
+    SHALLOW_K's tiles and DENSE_WGMMA_EFFICIENCY apply (dense products; a convolution's
+    do not: WGMMA_EFFICIENCY); `staged`: whether its
     results will be staged (`results_staged`: a 16-bit Y)."""
     from . import wgmma   # (it builds on this module's tiles)
 
@@ -430,7 +446,8 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
             yield TensorCoreConfig(bm, bn, bk, wm, wn, DEFAULT_STAGES), efficiency * scale
     if not with_wgmma or shallow:
         return
-    for (bm, bn, wm, wn, stages, first), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
+    for (bm, bn, wm, wn, stages, first), efficiency in zip(
+            WGMMA_DEFAULTS, DENSE_WGMMA_EFFICIENCY if shallow_rule else WGMMA_EFFICIENCY):
         yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, stages, wgmma=True,
                                refill_first=first), efficiency
 
@@ -469,14 +486,17 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
             waves = -(-count // wave) * wave / count if count > wave else 1.0
             seconds = 2 * blocks * bm * bn * k * waves / (
                 gpu.tensor_flops * efficiency * fill)
-            if split > 1 and cluster_split and base.wgmma and split in CLUSTER_SPLITS and \
-                    bm % split == 0 and count <= CLUSTER_WAVES * wave:
-                config, seconds = replace(config, cluster_split=True), seconds + CLUSTER_SPLIT_S
-            elif split > 1:
-                seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + (
-                    WGMMA_SPLIT_S if base.wgmma else LAUNCH_S)
-            if seconds < best_time:
-                best, best_time = config, seconds
+            options = [(config, seconds)]
+            if split > 1:
+                options = [(config, seconds + 8 * m * n * batch * split / gpu.copy_bytes_per_s +
+                            (WGMMA_SPLIT_S if base.wgmma else LAUNCH_S))]
+                if cluster_split and base.wgmma and split in CLUSTER_SPLITS and \
+                        bm % split == 0 and count <= CLUSTER_WAVES * wave:
+                    options.append((replace(config, cluster_split=True),
+                                    seconds + CLUSTER_SPLIT_S))
+            for option, option_seconds in options:
+                if option_seconds < best_time:
+                    best, best_time = option, option_seconds
     return best
 
 
@@ -961,7 +981,7 @@ def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
         p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
         wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
                                p.a_tf32 and p.b_tf32), staged=results_staged(p.y.dtype),
-        cluster_split=os.environ.get(DNNC_CLUSTER_SPLIT) != "0"),
+        cluster_split=os.environ.get(DNNC_CLUSTER_SPLIT) == "1"),
         p.y.dtype, machine.precision)
 
 

@@ -39,10 +39,10 @@ take the slot of kt - 1 (`stages - 1` tiles ahead, kt's wgmmas running across th
 barrier): which pays is the GPU's to say. With `refill_first` the fetch of tile
 kt + stages - 2 is issued right after the barrier, before kt's wgmmas (its slot, kt - 2's, is
 free there already), not after the wait for kt - 1's: its copies start up to a k tile's
-product earlier, while kt - 1's wgmmas still run, for no second barrier. With `refill_mid`
-it is issued between kt's wgmmas' commit and the wait for kt - 1's: the wgmmas first (the
-tensor cores fed a refill's issue earlier), the copies still started while both tiles'
-products run. After the last tile, a wait for all. The epilogue stores each accumulator
+product earlier, while kt - 1's wgmmas still run, for no second barrier (issued between kt's
+wgmmas' commit and the wait for kt - 1's instead, it took 4% longer, geometric mean of 27
+fp16 shape-tile pairs on an H200, session 45, and was dropped). After the last tile, a wait
+for all. The epilogue stores each accumulator
 through the problem's store, as `mma.py`'s, and `split_k` splits k as there (with
 `cluster_split`, summed in the slices' cluster: `staged.cluster_results`).
 
@@ -205,14 +205,6 @@ class Warpgroups:
     def update(self, slot: L.Expr) -> L.Stmt:
         """The k tile in shared `slot`: per k step (16, tf32 8) and m64 tile one wgmma of
         the warpgroup's columns, then the group committed and all but it waited for."""
-        return self.per_thread(L.seq(*self._issued(slot), self._waited()))
-
-    def _waited(self) -> L.Stmt:
-        """All but the last committed group of wgmmas waited for."""
-        return L.WgmmaWait(1, self.acc[0], self.count)
-
-    def _issued(self, slot: L.Expr) -> list:
-        """`update`'s wgmmas of the tile in `slot`, fenced and committed."""
         body = [L.WgmmaFence()]
         for ks in range(self.bk // self.mk):
             for mi in range(self.tm):
@@ -223,7 +215,8 @@ class Warpgroups:
                                     self.acc[mi * (self.cols // 2)], a, b,
                                     not self.a_in.k_inner, not self.b_in.k_inner,
                                     a_offsets, b_offsets))
-        return body + [L.WgmmaCommit()]
+        body += [L.WgmmaCommit(), L.WgmmaWait(1, self.acc[0], self.count)]
+        return self.per_thread(L.seq(*body))
 
     def rings(self) -> tuple:
         """What each k tile copies into shared memory: the operands' tiles (a subclass may
@@ -247,14 +240,12 @@ class Warpgroups:
         more, slot = coming < per, coming % stages
         fence = self.per_thread(L.ProxyFence())
         refill = [*(x.issue(first + coming, slot, more) for x in tiles), *commit]
-        first_refill, mid = self.c.refill_first, self.c.refill_mid
-        update = L.seq(self.per_thread(L.seq(*self._issued(kt % stages))), *refill,
-                       self.per_thread(self._waited())) if mid else self.update(kt % stages)
+        first_refill = self.c.refill_first
         loop = L.For(kt, per, L.seq(
             *([self.per_thread(L.AsyncWait(ahead - 1))] if asynchronous else []),
             *(x.round_in_place(kt % stages) for x in tiles), fence,
-            L.Barrier(), *(refill if first_refill else []), update,
-            *([L.Barrier()] if early else []), *([] if first_refill or mid else refill),
+            L.Barrier(), *(refill if first_refill else []), self.update(kt % stages),
+            *([L.Barrier()] if early else []), *([] if first_refill else refill),
             *(x.finish(slot, more) for x in tiles)))
         done = self.per_thread(L.WgmmaWait(0, self.acc[0], self.count))
         return L.seq(*prologue, loop, done)

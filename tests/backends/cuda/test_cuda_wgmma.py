@@ -70,11 +70,6 @@ CASES = [
      False, True),
     ("fp16", 128, 200, 400, 1, W(128, 128, 64, 8, 1, 3, refill_first=True, staged=True),
      T.float16, True, False),
-    # the refill between the commit and the wait
-    ("fp16", 130, 256, 520, 1, W(128, 256, 64, 8, 1, 4, refill_mid=True), T.float16, False,
-     False),
-    ("bf16", 100, 130, 300, 1, W(64, 128, 64, 4, 1, 3, refill_mid=True), T.float32, True,
-     True),
     # split k summed in clusters (the shim runs a cluster's blocks on concurrent threads)
     ("fp16", 128, 192, 512, 1, W(64, 192, 64, 4, 1, 5, 4, refill_first=True,
                                  cluster_split=True), T.float16, False, False),
@@ -85,7 +80,7 @@ CASES = [
     ("tf32", 100, 192, 300, 1, W(64, 192, 32, 4, 1, 4, 4, refill_first=True,
                                  cluster_split=True), T.float32, False, True),
 ]
-SMOKE = (0, 1, 2, 5, 7, 9, 11, 12, 14, 16, 18, 19)
+SMOKE = (0, 1, 2, 5, 7, 9, 11, 12, 14, 16, 17)
 """CASES run on host threads in every run; the rest are `emulated_full`."""
 
 DEVICE_CASES = CASES + [
@@ -105,10 +100,8 @@ DEVICE_CASES = CASES + [
 ] + [
     ("fp16", 512, 768, 3072, 1, W(64, 192, 64, 4, 1, 5, 4, refill_first=True,
                                   cluster_split=True), T.float16, False, False),
-    ("bf16", 1024, 768, 3072, 1, W(128, 192, 64, 8, 1, 5, 4, refill_mid=True,
+    ("bf16", 1024, 768, 3072, 1, W(128, 192, 64, 8, 1, 5, 4, refill_first=True,
                                    cluster_split=True), T.bfloat16, False, False),
-    ("fp16", 8192, 768, 3072, 1, W(128, 256, 64, 8, 1, 4, refill_mid=True), T.float16,
-     False, False),
 ]
 """What NVRTC compiles (and the GPU runs): CASES and the bench's shapes."""
 
@@ -653,17 +646,17 @@ def test_shallow_products_of_16_bit_outputs_take_the_staged_wgmma_tile(monkeypat
 
 def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
     """bert b8's fc2 (1024 x 3072 x 768: 64 tiles of 64 x 192 for 132 SMs) splits k on wgmma
-    tiles at fp16, bf16 and tf32 (tf32 operands): summed in clusters by default, its split
-    blocks within one wave; with DNNC_CLUSTER_SPLIT=0 in 2 on 64 x 192 tiles summed by a
-    second launch (the model counts the busiest SM's blocks, so 192 blocks of 64 x 64 do not
-    rate as one full wave). The 4096-row product keeps its unsplit tile either way."""
+    tiles at fp16, bf16 and tf32 (tf32 operands): by default in 2 on 64 x 192 tiles summed by
+    a second launch (the model counts the busiest SM's blocks, so 192 blocks of 64 x 64 do
+    not rate as one full wave); with DNNC_CLUSTER_SPLIT=1 summed in clusters, its split
+    blocks within one wave. The 4096-row product keeps its unsplit tile either way."""
     from types import SimpleNamespace
 
     from dnnc.backends.cuda.device import REFERENCE
 
     monkeypatch.delenv("DNNC_WGMMA", raising=False)
     machine = Target("cuda", arch="sm_90", gpu=REFERENCE)
-    for switch in (None, "0"):
+    for switch in (None, "1"):
         if switch is None:
             monkeypatch.delenv(mma.DNNC_CLUSTER_SPLIT, raising=False)
         else:
@@ -676,7 +669,7 @@ def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
                                     b_tf32=precision == "tf32", y=SimpleNamespace(dtype=y))
                 config = mma.dense_default(p, machine)
                 assert config.wgmma and (config.split_k > 1) == (m == 1024)
-                assert config.cluster_split == (m == 1024 and switch is None)
+                assert config.cluster_split == (m == 1024 and switch == "1")
                 if config.cluster_split:
                     blocks = -(-m // config.block_m) * -(-768 // config.block_n)
                     assert blocks * config.split_k <= mma.CLUSTER_WAVES * REFERENCE.sms
