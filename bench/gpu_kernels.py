@@ -393,7 +393,7 @@ def _dense_variants(k: int, precision: str = "fp32", m: int = 0,
         listed = [{**v, "block_k": wgmma.block_k(precision)} if v.get("wgmma") else v
                   for v in listed]
         return [{"wgmma": False, "early_refill": False, "refill_first": False,
-                 "staged": False, **v, "split_k": split}
+                 "staged": False, "cluster_split": False, **v, "split_k": split}
                 for v in listed for split in (1, 2, 4, 8)
                 if split == 1 or k >= 2 * split * MIN_SPLIT_K and m <= 1024 and
                 v["block_m"] <= 128]
@@ -418,7 +418,7 @@ def parse_configs(text: str) -> list[dict]:
                 "True", "False") else int(value)
         if "block_m" in knobs:
             knobs = {"wgmma": False, "early_refill": False, "refill_first": False,
-                     "staged": False, "split_k": 1, **knobs}
+                     "staged": False, "cluster_split": False, "split_k": 1, **knobs}
         configs.append(knobs)
     return configs
 
@@ -724,7 +724,7 @@ def _tiles(c) -> str:
         return f"{c.block_m}x{c.block_n}x{c.block_k} warps {c.warps_m}x{c.warps_n} " \
             f"stages {c.stages} split {c.split_k}{' wgmma' if c.wgmma else ''}" \
             f"{' early' if c.early_refill else ''}{' first' if c.refill_first else ''}" \
-            f"{' staged' if c.staged else ''}"
+            f"{' staged' if c.staged else ''}{' cluster' if c.cluster_split else ''}"
     return f"tile {c.tile_m}x{c.tile_n}x{c.tile_k} thread {c.thread_m}x{c.thread_n} " \
         f"split_k {c.split_k}"
 

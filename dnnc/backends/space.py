@@ -49,10 +49,17 @@ class Space:
 
     def __init__(self, template: str, config_type: type, knobs: Mapping[str, Sequence],
                  constraints: Sequence[Constraint] = ()):
-        names = [f.name for f in dataclasses.fields(config_type)]
-        if sorted(names) != sorted(knobs):
+        fields = dataclasses.fields(config_type)
+        names = [f.name for f in fields]
+        # a field the space leaves out is a knob fixed at its default (a knob added to a
+        # config type that several templates share, before the others search it)
+        fixed = {f.name: (f.default,) for f in fields
+                 if f.name not in knobs and f.default is not dataclasses.MISSING}
+        if sorted(names) != sorted({**knobs, **fixed}):
             raise ValueError(f"{template}: knobs {sorted(knobs)} are not the fields of "
-                             f"{config_type.__name__} {sorted(names)}")
+                             f"{config_type.__name__} {sorted(names)} (those with defaults "
+                             f"may be left out)")
+        knobs = {**knobs, **fixed}
         self.template = template
         self.config_type = config_type
         self.knobs = tuple(Knob(name, tuple(knobs[name])) for name in names)

@@ -58,7 +58,10 @@ and `L.AsyncWait` are `cp.async.cg` (16 bytes, the source size zero-filling the 
 (`wgmma.mma_async` with matrix descriptors built from the operands' shared addresses); a
 module using them holds its `ARCH_SPECIFIC` line (compiled for sm_90a), and a stage using
 them takes all its shared buffers from the dynamic pool, each from a multiple of
-`L.SWIZZLE_BYTES` (the descriptors' swizzle is of absolute shared addresses).
+`L.SWIZZLE_BYTES` (the descriptors' swizzle is of absolute shared addresses). A stage holding
+`L.ClusterBarrier`s is launched in clusters of their size along z (`__cluster_dims__`, a
+compile-time attribute: a plain launch honours it); they and `cluster_load` (a load through
+the generic address `mapa` gives: `ld.shared::cluster`) are WGMMA_PRELUDE's too.
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -95,7 +98,8 @@ correctly rounded; its half conversions are the prelude's)."""
 TENSOR_CORE_NODES = (L.Mma, L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)
 """Statements rendered through MMA_PRELUDE."""
 
-WGMMA_NODES = (L.Wgmma, L.WgmmaFence, L.WgmmaCommit, L.WgmmaWait, L.ProxyFence)
+WGMMA_NODES = (L.Wgmma, L.WgmmaFence, L.WgmmaCommit, L.WgmmaWait, L.ProxyFence,
+               L.ClusterBarrier)
 """Statements rendered through WGMMA_PRELUDE (which uses MMA_PRELUDE's shared addresses)."""
 
 C_TYPES: dict[T.DType, str] = {
@@ -122,6 +126,7 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int = 0          # dynamic shared memory
+    cluster: int = 1               # blocks a cluster along z (its __cluster_dims__)
 
 
 @dataclass
@@ -145,7 +150,8 @@ def render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule:
         parts.append(text)
         kernels[func.name] = kernel
     nodes = [n for func, _ in funcs for n in L.walk(func.body)]
-    uses_wgmma = any(isinstance(n, WGMMA_NODES) for n in nodes)
+    uses_wgmma = any(isinstance(n, WGMMA_NODES) or isinstance(n, L.Call) and
+                     n.name == "cluster_load" for n in nodes)
     uses_mma = uses_wgmma or any(isinstance(n, TENSOR_CORE_NODES) or isinstance(n, L.Call) and
                                  n.name in L.PACKS.values() for n in nodes)
     return CudaModule("\n".join([PRELUDE] + [MMA_PRELUDE] * uses_mma +
@@ -192,9 +198,11 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
             em.emit(1, f"DNNC_SHARED_POOL({SHARED_POOL}, {pool});")
         em.stmt(stage, 1)
         threads = math.prod(block)
-        texts.append(f'extern "C" __global__ void __launch_bounds__({threads})\n'
+        cluster = _cluster_size(stage, func.name)
+        dims = f" __cluster_dims__(1, 1, {cluster})" if cluster > 1 else ""
+        texts.append(f'extern "C" __global__ void __launch_bounds__({threads}){dims}\n'
                      f"{name}({', '.join(params)}) {{\n" + "\n".join(em.lines) + "\n}\n")
-        launches.append(Launch(name, grid, block, pool if em.pool is not None else 0))
+        launches.append(Launch(name, grid, block, pool if em.pool is not None else 0, cluster))
     sizes = []
     for b in workspace:
         shape = L.static_shape(b.shape)
@@ -202,6 +210,15 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
             raise CudaCodegenError(f"{func.name}: scratch {b.name} has a symbolic shape")
         sizes.append(max(1, math.prod(shape)) * b.dtype.itemsize)
     return "\n".join(texts), CudaKernel(launches, sizes)
+
+
+def _cluster_size(stage: L.Stmt, name: str) -> int:
+    """Blocks a cluster (along z) of a stage: what its `L.ClusterBarrier`s say, 1 without
+    them."""
+    sizes = {n.size for n in L.walk(stage) if isinstance(n, L.ClusterBarrier)}
+    if len(sizes) > 1:
+        raise CudaCodegenError(f"{name}: clusters of {sorted(sizes)} blocks in one launch")
+    return sizes.pop() if sizes else 1
 
 
 def _shared_size(b: L.Buffer, align: int) -> int:
@@ -633,6 +650,9 @@ class _Emitter:
     def proxy_fence(self, s: L.ProxyFence, depth: int) -> None:
         self.emit(depth, "dnnc_fence_proxy_async();")
 
+    def cluster_barrier(self, s: L.ClusterBarrier, depth: int) -> None:
+        self.emit(depth, "dnnc_cluster_sync();")
+
     # -- expressions (dispatched through _EXPR) ----------------------------------------------
 
     def expr(self, e: L.Expr) -> str:
@@ -689,6 +709,8 @@ class _Emitter:
             if emit is None:
                 self.fail(f"no CUDA bit cast from {src.name} to {e.dtype.name}")
             return emit(args[0], e.dtype)
+        if e.name == "cluster_load":   # (WGMMA_PRELUDE) the element's place, not its value
+            return f"dnnc_cluster_load(&{self.load(e.args[0])}, (unsigned)({args[1]}))"
         if e.name == L.index_checks.CHECK:   # (PRELUDE)
             return f"dnnc_check_index({', '.join(args)}, {c_name(ERRORS.name)})"
         emit = _CALLS.get((_class(src), e.name))
@@ -722,6 +744,7 @@ _STMT: dict[type, Callable] = {
     L.Wgmma: _Emitter.wgmma, L.WgmmaFence: _Emitter.wgmma_fence,
     L.WgmmaCommit: _Emitter.wgmma_commit, L.WgmmaWait: _Emitter.wgmma_wait,
     L.ProxyFence: _Emitter.proxy_fence, L.Prefetch: _Emitter.prefetch,
+    L.ClusterBarrier: _Emitter.cluster_barrier,
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,

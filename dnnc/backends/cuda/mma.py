@@ -36,7 +36,8 @@ tiles), `.trans` where the tile's rows are the operand's rows (16-bit only; tf32
 fragment order), double buffered: step s + 1's while step s's mmas run. The epilogue stores each accumulator through the
 problem's store (Gemm's scaling and bias, the fused epilogue, the layout tail; a conv's
 bias), guarded at the edges. `split_k` > 1 splits k over blockIdx.z as dense.py does (partial
-sums in a workspace, a second launch adds them).
+sums in a workspace, a second launch adds them; with `cluster_split` on sm_90 the slices'
+blocks form a cluster that sums them through distributed shared memory: CLUSTER_SPLITS).
 
 Which kernels: every dense / batched matmul of at least 16 rows and ungrouped conv2d (an
 implicit GEMM, patches gathered as conv.py does) that the fp32 templates would tile; the
@@ -116,6 +117,12 @@ LAUNCH_S = 2e-6
 GROUP_ROWS = 8
 """Row tiles a group of consecutive blocks runs down before moving across (`_grouped`)."""
 
+CLUSTER_SPLITS = (2, 4, 8)
+"""k slices a `cluster_split` product may have: the blocks of one output tile's slices form
+a cluster (at most 8 blocks: the portable size on sm_90), each stages its float32 sums in its
+shared memory and sums a 1 / split_k share of the tile's rows over the cluster's blocks
+(`staged.cluster_results`): one launch, no float32 partials in global memory."""
+
 
 @dataclass(frozen=True)
 class TensorCoreConfig:
@@ -132,6 +139,7 @@ class TensorCoreConfig:
     early_refill: bool = False   # with wgmma: a second barrier a k tile, stages - 1 ahead
     refill_first: bool = False   # with wgmma: a k tile's refill issued before its wgmmas
     staged: bool = False   # results through shared memory, stored in runs of a row (staged.py)
+    cluster_split: bool = False   # with wgmma: the k slices of a tile one cluster, summed in it
 
     @property
     def threads(self) -> int:
@@ -151,6 +159,7 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
         "early_refill": (False, True)[:1 + warpgroups],
         "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
+        "cluster_split": (False, True)[:1 + warpgroups],
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -165,6 +174,9 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         Constraint("early_refill only with wgmma", lambda c: c.wgmma or not c.early_refill),
         Constraint("refill_first only with wgmma, not with early_refill",
                    lambda c: not c.refill_first or c.wgmma and not c.early_refill),
+        Constraint(f"cluster_split only with wgmma, a split_k of {CLUSTER_SPLITS} dividing "
+                   "block_m", lambda c: not c.cluster_split or c.wgmma and
+                   c.split_k in CLUSTER_SPLITS and c.block_m % c.split_k == 0),
         Constraint(f"the stages' shared tiles (and staged results) within "
                    f"{MAX_SHARED_BYTES >> 10} KiB ({MAX_WGMMA_SHARED_BYTES >> 10} KiB with "
                    "wgmma)",
@@ -182,7 +194,7 @@ def shared_bytes(c: TensorCoreConfig, precision: str) -> int:
     """Bytes of shared memory a block of config `c` takes at `precision`: its ring of
     tiles, or the staged results where they take more (they reuse the ring's memory)."""
     ring = c.stages * c.block_k * (c.block_m + c.block_n) * _element_bytes(precision)
-    if c.staged and c.split_k == 1:
+    if c.staged and c.split_k == 1 or c.cluster_split and c.split_k > 1:
         from .staged import staging_bytes   # (it builds on this module's tiles)
         return max(ring, staging_bytes(c))
     return ring
@@ -209,6 +221,7 @@ WGMMA_DEFAULTS = ((128, 256, 8, 1, 4, False), (128, 192, 8, 1, 5, True),
                   (128, 128, 8, 1, 5, True), (64, 192, 4, 1, 5, True), (64, 128, 4, 1, 5, True),
                   (64, 64, 4, 1, 4, False))
 WGMMA_EFFICIENCY = (0.95, 0.85, 0.75, 0.8, 0.5, 0.6)
+DENSE_WGMMA_EFFICIENCY = (0.95, 0.85, 0.75, 0.8, 0.6, 0.6)
 """(block_m, block_n, warps_m, warps_n, stages, refill_first) the default tries with the
 `wgmma` knob (warpgroups down m: 64 x 256, 64 x 192, 64 x 128 or 64 x 64 each, as CUTLASS's
 sm_90 kernels), k tiles of 128 bytes, and their guessed fractions of the peak on DEFAULTS'
@@ -227,7 +240,17 @@ worst 1.43, bert b8's fc2 at tf32, which keeps mma.sync: TF32_WGMMA_OUTPUTS).
   261 us against 281; 8192 x 3072 x 768 74.1 against 82.9).
 - 64 x 64 (one warpgroup, 4 stages) for products of a few hundred rows (batch 1: vit's 197,
   bert's 128): on an H200 at fp16 the fastest tile at all seven such shapes timed, 7.1 to 10.6
-  us, against the 64 x 128 default's 7.1 to 12.6; `refill_first` within 2% either way."""
+  us, against the 64 x 128 default's 7.1 to 12.6; `refill_first` within 2% either way.
+- DENSE_WGMMA_EFFICIENCY, the dense products' (convolutions keep these: their tiles were not
+  timed): 64 x 128 0.5 -> 0.6 (session 45's H200 sweep, .devrun/s45_sweep.py: fp16 / bf16 in
+  and out, 17 transformer shapes, 7 wgmma tiles x splits each, graphs interleaved with
+  cuBLAS): it was the fastest tile at 256 x 768 x 3072 (6.3 / 6.2 us against 64 x 64's 6.8 /
+  6.8) and 1024 x 768 x 768 (6.4 / 6.1 against 7.0 / 6.8); the default's time over the fastest
+  timed, geometric mean of the 34 shape-precision pairs, 1.005 (worst 1.05) against 1.016
+  (1.12). With it, resnet50's 3x3 128- and 1x1 512-channel convs would move to 64 x 128.
+  The sweep also fits one line to every lone block's k tile: 190 ns + its FLOPs at 6.25
+  TFLOP/s (77% of an SM's peak), from 64 x 64's 258 ns to 128 x 256's 875: a fixed cost a
+  k tile that neither the proxy fence (dropping it: 0.97-1.03) nor the refill's place moves."""
 
 SM_SHARED_BYTES = 227 << 10
 """Shared memory of an SM on sm_90 (sm_80: 163 KiB; the model counts sm_90's): with the
@@ -269,6 +292,29 @@ timings (SM_SHARED_BYTES): 6 us kept 128 x 3072 x 768 off wgmma (mma.sync 128 x 
 8.4 us at fp16 against 6.7 for 64 x 64 split 8), 4 and 5 us scored alike, 3 us and less moved
 products timed only at fp16 (bf16's 512 x 3072 x 768, vit's 197 x 768 x 192) to untimed
 splits."""
+
+CLUSTER_SPLIT_S = 4e-6
+"""What a `cluster_split` costs a wgmma product in the model (its blocks' staged tiles summed
+over the cluster through distributed shared memory, two cluster barriers; no second launch,
+no float32 partials in global memory), where DNNC_CLUSTER_SPLIT=1 lets the default take one
+(only for split blocks within CLUSTER_WAVES waves). Off by default: on an H200 (session 45's
+sweep, fp16 / bf16 in and out) the cluster sum cost more than the second launch it saves.
+64 x 64 split 4 at 128 x 3072 x 768 took 7.5 us summed in clusters against 6.5 in two
+launches; 64 x 192 split 4 at 512 x 3072 x 768 22.8 (256 blocks: clusters of 4 on GPCs of
+one 64 x 192 block an SM) against session 44's 10.7; at 128 rows, in one wave, 11.9 against
+9.1, of which 5.2 is the k loop: about 6.7 us to stage and sum 48 KiB a block through scalar
+`ld.shared::cluster` loads. It won only at vit's 197 x 768 x 192 (64 x 64 split 4: 4.7 us
+against 5.0 unsplit). With it on, the default's time over the fastest timed (geometric mean
+of 34 shape-precision pairs) went from 1.005 to 1.12 (CLUSTER_SPLIT_S 8 us), 1.22 (4 us), 1.59
+(1 us). The tuner may still pick it (the knob stays in the space)."""
+
+CLUSTER_WAVES = 1
+"""The most waves (blocks an SM at once: one for a wgmma block) a cluster split's blocks
+may take in the default (see CLUSTER_SPLIT_S)."""
+
+DNNC_CLUSTER_SPLIT = "DNNC_CLUSTER_SPLIT"
+"""=1: the dense default may sum a split of k in its cluster (CLUSTER_SPLIT_S); unset or 0,
+every split is summed by a second launch."""
 
 MMA_UNDER_WGMMA = 0.75
 """mma.sync's tiles' efficiencies where wgmma is on offer. First fitted on a sweep whose
@@ -378,7 +424,8 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
                 shallow_rule: bool = True, staged: bool = False):
     """(config without split, guessed efficiency) of the tiles the default tries for a
     product of depth `k` and `outputs` results (m n, every batch); `shallow_rule`: whether
-    SHALLOW_K's tiles apply (dense products; a convolution's do not); `staged`: whether its
+    SHALLOW_K's tiles and DENSE_WGMMA_EFFICIENCY apply (dense products; a convolution's
+    do not: WGMMA_EFFICIENCY); `staged`: whether its
     results will be staged (`results_staged`: a 16-bit Y)."""
     from . import wgmma   # (it builds on this module's tiles)
 
@@ -399,14 +446,16 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
             yield TensorCoreConfig(bm, bn, bk, wm, wn, DEFAULT_STAGES), efficiency * scale
     if not with_wgmma or shallow:
         return
-    for (bm, bn, wm, wn, stages, first), efficiency in zip(WGMMA_DEFAULTS, WGMMA_EFFICIENCY):
+    for (bm, bn, wm, wn, stages, first), efficiency in zip(
+            WGMMA_DEFAULTS, DENSE_WGMMA_EFFICIENCY if shallow_rule else WGMMA_EFFICIENCY):
         yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, stages, wgmma=True,
                                refill_first=first), efficiency
 
 
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
            precision: str = "fp16", wgmma: bool = False,
-           shallow_rule: bool = True, staged: bool = False) -> TensorCoreConfig:
+           shallow_rule: bool = True, staged: bool = False,
+           cluster_split: bool = False) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
@@ -415,7 +464,9 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
     H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59).
     `shallow_rule`: SHALLOW_K's tiles for shallow products (dense ones; see SHALLOW_EFFICIENCY);
-    `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE)."""
+    `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE);
+    `cluster_split`: a wgmma tile's split of CLUSTER_SPLITS may be summed in its cluster
+    (CLUSTER_SPLIT_S), else every split is summed by a second launch."""
     best, best_time = None, math.inf
     for base, efficiency in _candidates(precision, wgmma, k, m * n * batch, shallow_rule,
                                         staged):
@@ -435,11 +486,17 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
             waves = -(-count // wave) * wave / count if count > wave else 1.0
             seconds = 2 * blocks * bm * bn * k * waves / (
                 gpu.tensor_flops * efficiency * fill)
+            options = [(config, seconds)]
             if split > 1:
-                seconds += 8 * m * n * batch * split / gpu.copy_bytes_per_s + (
-                    WGMMA_SPLIT_S if base.wgmma else LAUNCH_S)
-            if seconds < best_time:
-                best, best_time = config, seconds
+                options = [(config, seconds + 8 * m * n * batch * split / gpu.copy_bytes_per_s +
+                            (WGMMA_SPLIT_S if base.wgmma else LAUNCH_S))]
+                if cluster_split and base.wgmma and split in CLUSTER_SPLITS and \
+                        bm % split == 0 and count <= CLUSTER_WAVES * wave:
+                    options.append((replace(config, cluster_split=True),
+                                    seconds + CLUSTER_SPLIT_S))
+            for option, option_seconds in options:
+                if option_seconds < best_time:
+                    best, best_time = option, option_seconds
     return best
 
 
@@ -482,6 +539,12 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
             body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
         return L.For(bi, batch, _grouped(body, grid, by, bx), L.ForKind.BLOCK_Z)
     sk = L.Var("sk")
+    if c.cluster_split:
+        from .staged import cluster_results   # (it builds on this module's tiles)
+        bz = L.Var("bz")
+        body = w.block(L.seq(w.init(), w.product(sk * w.per)), cluster_results(w, store, sk))
+        body = L.Let(bi, bz // c.split_k, L.Let(sk, bz % c.split_k, body))
+        return L.For(bz, batch * c.split_k, _grouped(body, grid, by, bx), L.ForKind.BLOCK_Z)
 
     def slice_block(bz: L.Var, partial: L.Buffer) -> L.Stmt:
         keep = w.each_result(lambda i, j, value: L.Store(
@@ -917,7 +980,8 @@ def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
     return staged_by_default(choose(
         p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
         wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
-                               p.a_tf32 and p.b_tf32), staged=results_staged(p.y.dtype)),
+                               p.a_tf32 and p.b_tf32), staged=results_staged(p.y.dtype),
+        cluster_split=os.environ.get(DNNC_CLUSTER_SPLIT) == "1"),
         p.y.dtype, machine.precision)
 
 

@@ -266,11 +266,23 @@ template <int N, int COUNT> __device__ __forceinline__ void dnnc_wgmma_wait(int*
 __device__ __forceinline__ void dnnc_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// every thread of the cluster's blocks: shared memory written before is seen by all after
+__device__ __forceinline__ void dnnc_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// the float at shared p's offset in the shared memory of block `rank` of this cluster: a
+// plain load through the generic address `mapa` gives (ordered by the cluster barriers'
+// memory clobbers; free to be issued together with its neighbours)
+__device__ __forceinline__ float dnnc_cluster_load(const float* p, unsigned rank) {
+  return *static_cast<const float*>(__cluster_map_shared_rank(p, rank));
+}
 """ + "".join(_wgmma_function(name, n, k, ptx) for name, k, ptx in (
     ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16")) for n in WGMMA_N) + \
     "".join(_wgmma_integer_function(name, n) for name in ("s8", "u8") for n in WGMMA_N) + \
     "".join(_sparse_wgmma_function(name, n, ptx) for name, ptx in (
         ("sp_fp16", "f16"), ("sp_bf16", "bf16")) for n in WGMMA_N)
-"""What `L.Wgmma` and its fence, commit and wait and `L.ProxyFence` render to, added after
+"""What `L.Wgmma` and its fence, commit and wait, `L.ProxyFence`, `L.ClusterBarrier` and
+`cluster_load` render to, added after
 MMA_PRELUDE (whose `dnnc_shared_address` it uses) to a module that uses them (a sparse
 precision's `dnnc_wgmma_sp_<p>_n<n><TA, TB>(&acc, desc a, desc b, metadata)`)."""

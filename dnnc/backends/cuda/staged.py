@@ -29,11 +29,18 @@ hit distinct banks), and each thread stores runs of a column.
 
 Never changes what is computed: the same accumulators reach the same `store`, in another
 order of threads.
+
+`cluster_results` is the same epilogue for a `cluster_split` product (mma.CLUSTER_SPLITS): the
+split_k blocks of a tile (one cluster) each stage their slice's sums, pass a cluster barrier,
+and block `sk` finishes rows sk * block_m / split_k onwards of the tile, each result the sum
+of the staged tiles of blocks 0, 1, ... (`cluster_load`: the order the two-launch split adds
+its partials in); a second cluster barrier keeps every tile in place until all are read.
 """
 
 from __future__ import annotations
 
 from ...ir import loop as L
+from ...ir import types as T
 from .mma import TensorCoreConfig, _over_threads
 from .threads import Names, vector_loads
 
@@ -60,19 +67,66 @@ def staged_results(w, store) -> L.Stmt:
     """The statements of `w`'s staged epilogue (the module's docstring), `w` a
     `mma._WarpTiles` or `wgmma.Warpgroups` whose k loop has ended (its
     `transposed_results`, where it has one, says Y runs along its rows)."""
-    transposed = getattr(w, "transposed_results", False)
-    run = STAGED_RUN
-    # the tile's rows: the block's rows (Y's runs along its columns), or its columns
-    rows, width = (w.bn, w.bm) if transposed else (w.bm, w.bn)
-    stride = width + (TRANSPOSED_PAD if transposed else STAGING_PAD)
-    tile = L.Buffer("y_tile", w.acc.dtype, (rows * stride,), L.Scope.SHARED)
-    kept = w.each_result(lambda i, j, value: L.Store(
+    tile = _staging_tile(w)
+    rows = _geometry(w)[0]
+    return L.Allocate(tile, L.seq(_kept(w, tile), L.Barrier(), _finished(
+        w, store, rows, L.const(0), lambda at: tile[at], L.ForKind.VECTORIZED)))
+
+
+def cluster_results(w, store, sk: L.Expr) -> L.Stmt:
+    """The statements of `w`'s epilogue as block `sk` of a cluster of `split_k` blocks, one
+    a k slice of the tile (the module's docstring), `w` a `wgmma.Warpgroups` whose k loop
+    has ended (Y along its columns)."""
+    split = w.c.split_k
+    tile = _staging_tile(w, "slice_sums")
+    rows = w.bm // split
+
+    def summed(at):
+        value = L.call("cluster_load", tile[at], L.const(0), dtype=T.float32)
+        for s in range(1, split):
+            value = value + L.call("cluster_load", tile[at], L.const(s), dtype=T.float32)
+        return value
+    return L.Allocate(tile, L.seq(
+        _kept(w, tile), L.ClusterBarrier(split),
+        _finished(w, store, rows, sk * rows, summed, L.ForKind.UNROLLED),
+        L.ClusterBarrier(split)))
+
+
+def _transposed(w) -> bool:
+    return getattr(w, "transposed_results", False)
+
+
+def _geometry(w) -> tuple[int, int, int]:
+    """(rows, width, stride) of `w`'s staged tile: the block's rows (Y's runs along its
+    columns), or its columns where transposed."""
+    if _transposed(w):
+        return w.bn, w.bm, w.bm + TRANSPOSED_PAD
+    return w.bm, w.bn, w.bn + STAGING_PAD
+
+
+def _staging_tile(w, name: str = "y_tile") -> L.Buffer:
+    rows, _, stride = _geometry(w)
+    return L.Buffer(name, w.acc.dtype, (rows * stride,), L.Scope.SHARED)
+
+
+def _kept(w, tile: L.Buffer) -> L.Stmt:
+    """Each thread's accumulators into the staged `tile`."""
+    transposed, stride = _transposed(w), _geometry(w)[2]
+    return w.each_result(lambda i, j, value: L.Store(
         tile, ((j * stride + i) if transposed else (i * stride + j),), value), within_tile=True)
+
+
+def _finished(w, store, rows: int, first: L.Expr, value, kind: L.ForKind) -> L.Stmt:
+    """Rows first .. first + rows - 1 of the staged tile finished through `store` in runs of
+    STAGED_RUN, a run's results `value(offset into tile)` (read as one vector: `kind`)."""
+    transposed = _transposed(w)
+    _, width, stride = _geometry(w)
+    run = STAGED_RUN
     results = L.Buffer("y_run", w.acc.dtype, (run,), L.Scope.LOCAL)
     v = L.Var("v")
 
     def finish(step, e):
-        r, col = e // (width // run), e % (width // run) * run
+        r, col = first + e // (width // run), e % (width // run) * run
         if transposed:   # a run of rows of column r
             i, j = w.row0 + col, w.col0 + r
             done = store(w.bi, i + v, j, results[v])
@@ -100,9 +154,8 @@ def staged_results(w, store) -> L.Stmt:
             inside = (j < w.n) if transposed else (i < w.m)
         if w.m % w.bm == 0 and w.n % w.bn == 0:
             inside = None
-        body = L.seq(L.For(v, run, L.Store(results, (v,), tile[r * stride + col + v]),
-                           L.ForKind.VECTORIZED), body if inside is None else L.If(inside, body))
+        body = L.seq(L.For(v, run, L.Store(results, (v,), value(r * stride + col + v)), kind),
+                     body if inside is None else L.If(inside, body))
         return L.Allocate(results, L.Allocate(out, body))
 
-    copied = _over_threads(w.c.threads, w.bm * w.bn // run, finish)
-    return L.Allocate(tile, L.seq(kept, L.Barrier(), copied))
+    return _over_threads(w.c.threads, rows * width // run, finish)

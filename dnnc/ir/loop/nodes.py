@@ -2,8 +2,8 @@
 
 Expressions (`Var`, `Const`, `BinOp`, `Call`, `Cast`, `Select`, `Load`, `Reduce`) and statements
 (`For`, `Store`, `Let`, `If`, `Allocate`, `Seq`, `Prefetch`, `Barrier`, `Mma`, `LdMatrix`,
-`CopyAsync`, `AsyncCommit`, `AsyncWait`, `Wgmma`, `WgmmaFence`, `WgmmaCommit`, `WgmmaWait`, `ProxyFence`)
-are immutable dataclasses, so `==`
+`CopyAsync`, `AsyncCommit`, `AsyncWait`, `Wgmma`, `WgmmaFence`, `WgmmaCommit`, `WgmmaWait`, `ProxyFence`,
+`ClusterBarrier`) are immutable dataclasses, so `==`
 is structural equality and nodes hash. Arithmetic operators build expressions (`i * 4 + j`);
 comparisons other than `==`/`!=` do too (`i < n`); use `eq(a, b)` / `ne(a, b)` for those two.
 
@@ -17,7 +17,8 @@ operand and accumulator layout is PTX's fragment layout (`mma.sync`), `LdMatrix`
 load of such fragments from shared memory (`ldmatrix`), and `CopyAsync` / `AsyncCommit` /
 `AsyncWait`, copies from global to shared memory that complete later (`cp.async`), and
 `Wgmma` with its fence, groups and wait, a warpgroup's asynchronous product of operands in
-shared memory (sm_90a's `wgmma.mma_async`), with `ProxyFence`. Only a GPU
+shared memory (sm_90a's `wgmma.mma_async`), with `ProxyFence`, and `ClusterBarrier`, the
+barrier of a cluster of blocks whose shared memory its blocks read (`cluster_load`). Only a GPU
 renderer that has warps and tensor cores renders them (the cuda one; llvm's refuses them as
 GPU-only, and only the cuda tensor-core templates emit them). They live here, not in a
 backend, because the shared traversals (printer, verifier, simplifier, the loop analyses)
@@ -143,7 +144,7 @@ INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "f
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
               "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down",
               "pack_tf32", "pack_fp16x2", "pack_bf16x2", "check_index", "dot_bf16x2",
-              "dot_u8s8x4", "pack_u8x4")
+              "dot_u8s8x4", "pack_u8x4", "cluster_load")
 """`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
 `dot_bf16x2(acc, a, b)` is acc + hi(a) hi(b) + lo(a) lo(b) in float32, where lo(x) and hi(x)
 are the bfloat16 numbers in bits 0-15 and 16-31 of the uint32 x: the high pair's product
@@ -155,7 +156,10 @@ and the signed bytes of uint32 b, exact (AVX-512 VNNI / AVX-VNNI `vpdpbusd` on o
 (vpdpbusd's operand of four bytes from four places: a window of a row of bytes);
 `check_index(i, n, site)` is i, checked to lie in [-n, n-1] at run time (`index_checks`);
 `bitcast(x, dtype=T)` reinterprets x's bits as the same-width type T; the shuffles are a
-GPU warp's (`SHUFFLES`); the packs make tensor-core operand registers (`PACKS`)."""
+GPU warp's (`SHUFFLES`); the packs make tensor-core operand registers (`PACKS`);
+`cluster_load(x, rank)` (GPU-only, sm_90) is the value the shared float32 element `x` (a
+`Load`: a place, never evaluated here) holds in the shared memory of block `rank` of this
+block's cluster (`ClusterBarrier`), read between two cluster barriers."""
 
 PACKS = {"tf32": "pack_tf32", "fp16": "pack_fp16x2", "bf16": "pack_bf16x2"}
 """Precision -> the intrinsic making an `Mma` operand register (uint32, PTX's .b32) from
@@ -707,6 +711,20 @@ class ProxyFence(Stmt):
 
     def __hash__(self):
         return hash("ProxyFence")
+
+
+@dataclass(frozen=True, eq=True)
+class ClusterBarrier(Stmt):
+    """All threads of the `size` blocks of this block's cluster wait here; shared memory
+    written before it is visible to every block of the cluster after it (sm_90's
+    `barrier.cluster.arrive.release` / `wait.acquire`). A cluster is `size` blocks consecutive
+    along blockIdx.z (blockIdx.z // size the same): a kernel holding one launches so
+    (`__cluster_dims__(1, 1, size)`), and every block of it passes the same barriers."""
+
+    size: int
+
+    def __hash__(self):
+        return hash(("ClusterBarrier", self.size))
 
 
 TILE_ROWS = 16

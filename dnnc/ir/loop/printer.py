@@ -7,7 +7,8 @@ only. It must never be parsed back or used as a key (compare with `structural_eq
 from __future__ import annotations
 
 from .nodes import (
-    INDEX, MMA_SHAPES, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Cast, Const,
+    INDEX, MMA_SHAPES, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Cast,
+    ClusterBarrier, Const,
     CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mma, Prefetch, PrimFunc, ProxyFence,
     Reduce, Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 
@@ -103,6 +104,8 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
         return f"{pad}wgmma_wait({s.pending}, {print_expr(s.acc)}:+{s.count})\n"
     if isinstance(s, ProxyFence):
         return f"{pad}fence_proxy_async()\n"
+    if isinstance(s, ClusterBarrier):
+        return f"{pad}cluster_barrier({s.size})\n"
     if isinstance(s, TileProduct):
         op = "+=" if s.accumulate else "="
         return (f"{pad}tile_product_{s.precision}_{s.m_tiles}x{s.n_tiles}("

@@ -14,7 +14,8 @@ from .. import types as T
 from .nodes import (
     INTEGER_MMA, LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, SPARSE_MMA,
     SPARSE_MMA_REGISTERS, TILE_PRECISIONS,
-    TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Const, CopyAsync,
+    TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, ClusterBarrier, Const,
+    CopyAsync,
     For, If, LdMatrix, Let, Load, Mma, Prefetch, PrimFunc, ProxyFence, Reduce, Scope, Select, Seq,
     Store, TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from .printer import print_expr
@@ -94,6 +95,17 @@ def _check_shuffle(func, call: Call, gpu: set) -> None:
     if not (isinstance(lanes, Const) and lanes.dtype.is_int and 0 <= lanes.value < 32):
         raise LoopIRError(f"{func.name}: {print_expr(call)}: the lane offset must be a "
                           f"constant in [0, 32)")
+
+
+def _check_cluster_load(func, call: Call, gpu: set) -> None:
+    """A cluster load runs on a GPU's threads and reads a shared float32 element of a block of
+    the cluster, given by its rank."""
+    if "threadIdx.x" not in gpu:
+        raise LoopIRError(f"{func.name}: cluster_load outside a threadIdx.x loop")
+    if len(call.args) != 2 or not _is_place(call.args[0], Scope.SHARED, T.float32) or \
+            call.dtype is not T.float32 or not call.args[1].dtype.is_int:
+        raise LoopIRError(f"{func.name}: {print_expr(call)} is not cluster_load(a shared "
+                          f"float32 element, an integer rank) giving float32")
 
 
 def _check_dot_bf16x2(func, call: Call) -> None:
@@ -237,6 +249,8 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
                     _check_pack(func, n)
                 elif isinstance(n, Call) and n.name == "dot_bf16x2":
                     _check_dot_bf16x2(func, n)
+                elif isinstance(n, Call) and n.name == "cluster_load" and placement:
+                    _check_cluster_load(func, n, gpu)
 
     if isinstance(s, For):
         exprs(s.extent)
@@ -306,7 +320,10 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
     elif isinstance(s, AsyncWait):
         if s.pending < 0:
             raise LoopIRError(f"{func.name}: cp.async wait for {s.pending} groups")
-    elif isinstance(s, (Barrier, AsyncCommit, WgmmaFence, WgmmaCommit, ProxyFence)):
+    elif isinstance(s, (Barrier, AsyncCommit, WgmmaFence, WgmmaCommit, ProxyFence,
+                        ClusterBarrier)):
+        if isinstance(s, ClusterBarrier) and not 2 <= s.size <= 8:
+            raise LoopIRError(f"{func.name}: a cluster of {s.size} blocks (2 to 8)")
         # inside a thread loop, or between the thread loops of one block (its threads' phases)
         if placement and not gpu:
             raise LoopIRError(f"{func.name}: barrier outside the GPU loops")

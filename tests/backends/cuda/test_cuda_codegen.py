@@ -802,10 +802,12 @@ def _every_op() -> list[L.PrimFunc]:
                            lambda a, op=op, c=c: L.BinOp(op, a, L.const(c, dt)))
         # (check_index: test_host_semantics.test_check_index_records_the_first_bad_index;
         # dot_bf16x2 and dot_u8s8x4, a CPU's bf16 and int8 products, pack_u8x4 their
-        # operand: tests/backends/llvm/test_bf16.py and test_int8.py)
+        # operand: tests/backends/llvm/test_bf16.py and test_int8.py; cluster_load, a
+        # shared element of another block: test_cuda_wgmma.py's cluster splits)
         calls = [n for n in L.INTRINSICS if n not in ("bitcast", "fma", "pow", "fmod",
                                                       "atan2", "check_index", "dot_bf16x2",
-                                                      "dot_u8s8x4", "pack_u8x4", *L.SHUFFLES,
+                                                      "dot_u8s8x4", "pack_u8x4",
+                                                      "cluster_load", *L.SHUFFLES,
                                                       *L.PACKS.values())]
         if not dt.is_float:
             calls = ["abs", "neg", "sign", "not", "isnan", "isinf"] if dt.kind != "b" \

@@ -70,8 +70,17 @@ CASES = [
      False, True),
     ("fp16", 128, 200, 400, 1, W(128, 128, 64, 8, 1, 3, refill_first=True, staged=True),
      T.float16, True, False),
+    # split k summed in clusters (the shim runs a cluster's blocks on concurrent threads)
+    ("fp16", 128, 192, 512, 1, W(64, 192, 64, 4, 1, 5, 4, refill_first=True,
+                                 cluster_split=True), T.float16, False, False),
+    ("bf16", 100, 130, 300, 2, W(64, 128, 64, 4, 1, 4, 2, cluster_split=True), T.bfloat16,
+     True, True),
+    ("fp16", 70, 136, 700, 1, W(128, 128, 64, 8, 1, 3, 8, cluster_split=True), T.float32,
+     False, True),
+    ("tf32", 100, 192, 300, 1, W(64, 192, 32, 4, 1, 4, 4, refill_first=True,
+                                 cluster_split=True), T.float32, False, True),
 ]
-SMOKE = (0, 1, 2, 5, 7, 9, 11, 12, 14)
+SMOKE = (0, 1, 2, 5, 7, 9, 11, 12, 14, 16, 17)
 """CASES run on host threads in every run; the rest are `emulated_full`."""
 
 DEVICE_CASES = CASES + [
@@ -88,6 +97,11 @@ DEVICE_CASES = CASES + [
      False, False),
     ("tf32", 8192, 768, 3072, 1, W(128, 192, 32, 8, 1, 5, refill_first=True), T.float32,
      False, True),
+] + [
+    ("fp16", 512, 768, 3072, 1, W(64, 192, 64, 4, 1, 5, 4, refill_first=True,
+                                  cluster_split=True), T.float16, False, False),
+    ("bf16", 1024, 768, 3072, 1, W(128, 192, 64, 8, 1, 5, 4, refill_first=True,
+                                   cluster_split=True), T.bfloat16, False, False),
 ]
 """What NVRTC compiles (and the GPU runs): CASES and the bench's shapes."""
 
@@ -448,6 +462,63 @@ def test_tf32_operands_that_are_tf32_values_are_read_as_they_land(trans_a, trans
     check("tf32", k, a, b, bias, y)
 
 
+def test_a_cluster_split_is_one_launch_in_clusters_without_partials():
+    """A `cluster_split` product: one launch of split_k-block clusters along z, no workspace,
+    two cluster barriers around the sums read from the cluster's shared tiles (PTX's
+    barrier.cluster, mapa, ld.shared::cluster); the two-launch split of the same tiles has
+    its partials' workspace and a second launch."""
+    case = next(c for c in DEVICE_CASES if c[1:4] == (512, 768, 3072) and c[5].cluster_split)
+    func, config = product(*case)
+    text = str(func)
+    assert text.count("cluster_barrier(4)") == 2 and "cluster_load(slice_sums[" in text
+    module = render_module([(func, True)])
+    info = module.kernels[func.name]
+    assert len(info.launches) == 1 and info.workspace == []
+    assert info.launches[0].grid[2] == 4   # batch 1 x 4 slices: one cluster down z
+    assert "__launch_bounds__(128) __cluster_dims__(1, 1, 4)" in module.source
+    two = render_module([(product(*case[:5], replace(config, cluster_split=False), *case[6:],
+                                  name="two")[0], True)])
+    assert len(two.kernels["two"].launches) == 2 and two.kernels["two"].workspace
+    assert "__cluster_dims__" not in two.source
+    if importlib.util.find_spec("cupy") is not None:
+        prog, _ = nvrtc_compiled(module.source, "sm_90a")
+        ptx = pytest.importorskip("cupy.cuda").nvrtc.getPTX(prog)
+        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+        for instruction in ("barrier.cluster.arrive.release.aligned",
+                            "barrier.cluster.wait.acquire.aligned", "mapa.u64",
+                            "ld.shared::cluster.f32", ".reqnctapercluster 1, 1, 4"):
+            assert instruction in ptx, instruction
+
+
+def test_cluster_nodes_are_verified_printed_and_refused_by_llvm():
+    from dnnc.backends.llvm.codegen import CodegenError, ModuleBuilder
+
+    x = L.Buffer("x", T.float32, (4,))
+    tile = L.Buffer("tile", T.float32, (128,), L.Scope.SHARED)
+    t = L.Var("t")
+
+    def func(value, size=2, threads=True):
+        load = L.For(t, 128, L.Store(x, (t % 4,), value), L.ForKind.THREAD_X if threads
+                     else L.ForKind.SERIAL)
+        body = L.Allocate(tile, L.seq(L.ClusterBarrier(size), load, L.ClusterBarrier(size)))
+        return L.PrimFunc("f", (x,), L.For(L.Var("b"), 2, body, L.ForKind.BLOCK_Z))
+
+    good = func(L.call("cluster_load", tile[t], L.const(1), dtype=T.float32))
+    L.verify(good)
+    assert "cluster_barrier(2)" in str(good) and "cluster_load(tile[t], 1)" in str(good)
+    with pytest.raises(L.LoopIRError, match="a cluster of 16 blocks"):
+        L.verify(func(L.const(0.0, T.float32), size=16))
+    with pytest.raises(L.LoopIRError, match="not cluster_load"):
+        L.verify(func(L.call("cluster_load", x[t % 4], L.const(1), dtype=T.float32)))
+    with pytest.raises(L.LoopIRError, match="outside a threadIdx.x loop"):
+        L.verify(func(L.call("cluster_load", tile[t], L.const(1), dtype=T.float32),
+                      threads=False))
+    on_cpu = L.transform(good.body, lambda s: replace(s, kind=L.ForKind.SERIAL)
+                         if isinstance(s, L.For) else None)
+    with pytest.raises(CodegenError, match="GPU-only"):
+        ModuleBuilder("m").add(replace(good, body=on_cpu))
+
+
 # -- the knob -------------------------------------------------------------------------------------
 
 def test_the_knob_is_searched_on_sm90_only():
@@ -465,6 +536,22 @@ def test_the_knob_is_searched_on_sm90_only():
     for bad in (W(128, 256, 32, 8, 1, 4), W(128, 256, 64, 2, 4, 4), W(128, 256, 64, 8, 1, 2),
                 W(256, 256, 64, 8, 1, 4)):
         with pytest.raises(Exception, match="with wgmma"):
+            space.check(bad)
+
+
+def test_cluster_split_is_searched_on_sm90_with_wgmma_and_its_splits():
+    def values(arch):
+        space = mma.product_space("s", 4096, 1, "fp16", arch)
+        return dict((x.name, x.values) for x in space.knobs)["cluster_split"]
+
+    assert values("sm_90") == (False, True) and values("sm_80") == (False,)
+    space = mma.product_space("s", 4096, 1, "fp16", "sm_90")
+    space.check(W(64, 192, 64, 4, 1, 5, 4, cluster_split=True))
+    space.check(W(128, 128, 64, 8, 1, 3, 8, cluster_split=True))
+    for bad in (C(64, 64, 32, 2, 2, 3, 2, cluster_split=True),      # mma.sync
+                W(64, 192, 64, 4, 1, 5, 16, cluster_split=True),    # 16 blocks a cluster
+                W(64, 192, 64, 4, 1, 5, 1, cluster_split=True)):    # nothing split
+        with pytest.raises(Exception, match="cluster_split only"):
             space.check(bad)
 
 
@@ -558,27 +645,38 @@ def test_shallow_products_of_16_bit_outputs_take_the_staged_wgmma_tile(monkeypat
 
 
 def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
-    """bert b8's fc2 (1024 x 3072 x 768: 64 tiles of 64 x 192 for 132 SMs) splits k in 2 on
-    64 x 192 wgmma tiles at fp16, bf16 and tf32 (tf32 operands): the model counts the
-    busiest SM's blocks, so 192 blocks of 64 x 64 (two on some SMs, one on others) no longer
-    rate as one full wave; the 4096-row product keeps its unsplit tile."""
+    """bert b8's fc2 (1024 x 3072 x 768: 64 tiles of 64 x 192 for 132 SMs) splits k on wgmma
+    tiles at fp16, bf16 and tf32 (tf32 operands): by default in 2 on 64 x 192 tiles summed by
+    a second launch (the model counts the busiest SM's blocks, so 192 blocks of 64 x 64 do
+    not rate as one full wave); with DNNC_CLUSTER_SPLIT=1 summed in clusters, its split
+    blocks within one wave. The 4096-row product keeps its unsplit tile either way."""
     from types import SimpleNamespace
 
     from dnnc.backends.cuda.device import REFERENCE
 
     monkeypatch.delenv("DNNC_WGMMA", raising=False)
     machine = Target("cuda", arch="sm_90", gpu=REFERENCE)
-    for precision in ("fp16", "bf16", "tf32"):
-        machine = replace(machine, precision=precision)
-        y = mma.STORAGE.get(precision, T.float32)
-        for m, split in ((1024, 2), (4096, 1)):
-            p = SimpleNamespace(m=m, n=768, k=3072, batch=1, a_tf32=precision == "tf32",
-                                b_tf32=precision == "tf32", y=SimpleNamespace(dtype=y))
-            config = mma.dense_default(p, machine)
-            assert config.wgmma and config.split_k == split
-            if split > 1:
-                assert (config.block_m, config.block_n) == (64, 192) and not config.staged
-            assert mma.dense_space(p, machine).check(config) == config
+    for switch in (None, "1"):
+        if switch is None:
+            monkeypatch.delenv(mma.DNNC_CLUSTER_SPLIT, raising=False)
+        else:
+            monkeypatch.setenv(mma.DNNC_CLUSTER_SPLIT, switch)
+        for precision in ("fp16", "bf16", "tf32"):
+            machine = replace(machine, precision=precision)
+            y = mma.STORAGE.get(precision, T.float32)
+            for m in (1024, 4096):
+                p = SimpleNamespace(m=m, n=768, k=3072, batch=1, a_tf32=precision == "tf32",
+                                    b_tf32=precision == "tf32", y=SimpleNamespace(dtype=y))
+                config = mma.dense_default(p, machine)
+                assert config.wgmma and (config.split_k > 1) == (m == 1024)
+                assert config.cluster_split == (m == 1024 and switch == "1")
+                if config.cluster_split:
+                    blocks = -(-m // config.block_m) * -(-768 // config.block_n)
+                    assert blocks * config.split_k <= mma.CLUSTER_WAVES * REFERENCE.sms
+                elif m == 1024:
+                    assert (config.block_m, config.block_n, config.split_k) == (64, 192, 2)
+                    assert not config.staged
+                assert mma.dense_space(p, machine).check(config) == config
 
 
 def test_modules_using_wgmma_compile_for_sm90a():

@@ -36,45 +36,62 @@ SHIM = r"""
 #include <barrier>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 struct dnnc_dim3 { unsigned x = 0, y = 0, z = 0; };
 static thread_local dnnc_dim3 threadIdx, blockIdx;
-static std::barrier<>* dnnc_block;
+static thread_local std::barrier<>* dnnc_block;     // this thread's block's
+static thread_local std::barrier<>* dnnc_cluster;   // its cluster's (every block's threads)
+static thread_local unsigned dnnc_rank;             // its block's in the cluster
 extern "C" void dnnc_set_thread(unsigned x) { threadIdx.x = x; }
-// one host thread per CUDA thread of a block; the blocks in order, a barrier between them
-// (static "shared" arrays are then one block's at a time)
-extern "C" void dnnc_launch(void (*kernel)(void**), void** args, unsigned gx, unsigned gy,
-                            unsigned gz, unsigned bx) {
-  std::barrier<> block(bx);
-  dnnc_block = &block;
+// one host thread per CUDA thread of a cluster of cz blocks along z (a block where cz is 1);
+// the clusters in order, a barrier between them (static "shared" arrays are then one
+// cluster's at a time; the dynamic pool one a block of it: DNNC_SHARED_POOL)
+extern "C" void dnnc_launch_cluster(void (*kernel)(void**), void** args, unsigned gx,
+                                    unsigned gy, unsigned gz, unsigned bx, unsigned cz) {
+  if (cz < 1 || cz > 8 || gz % cz) __builtin_trap();
+  std::barrier<> cluster(bx * cz);
+  std::vector<std::unique_ptr<std::barrier<>>> blocks;
+  for (unsigned r = 0; r < cz; ++r) blocks.emplace_back(new std::barrier<>(bx));
   std::vector<std::thread> threads;
-  for (unsigned t = 0; t < bx; ++t)
-    threads.emplace_back([=, &block] {
-      threadIdx.x = t;
-      for (unsigned z = 0; z < gz; ++z)
+  for (unsigned t = 0; t < bx * cz; ++t)
+    threads.emplace_back([=, &cluster, &blocks] {
+      threadIdx.x = t % bx;
+      dnnc_rank = t / bx;
+      dnnc_block = blocks[dnnc_rank].get();
+      dnnc_cluster = &cluster;
+      for (unsigned z = 0; z < gz; z += cz)
         for (unsigned y = 0; y < gy; ++y)
           for (unsigned x = 0; x < gx; ++x) {
-            blockIdx.x = x; blockIdx.y = y; blockIdx.z = z;
+            blockIdx.x = x; blockIdx.y = y; blockIdx.z = z + dnnc_rank;
             kernel(args);
-            block.arrive_and_wait();
+            cluster.arrive_and_wait();
           }
     });
   for (auto& th : threads) th.join();
+}
+extern "C" void dnnc_launch(void (*kernel)(void**), void** args, unsigned gx, unsigned gy,
+                            unsigned gz, unsigned bx) {
+  dnnc_launch_cluster(kernel, args, gx, gy, gz, bx, 1);
 }
 #define __syncthreads() dnnc_block->arrive_and_wait()
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
+#define __cluster_dims__(x, y, z)
 #define __shared__ static
 // the dynamic pool: where the shim's shared addresses (wgmma's descriptors) count from; and
 // the 16-byte chunks this thread's cp.asyncs wrote since its last fence.proxy.async (a wgmma
 // of this thread may not read them: the shim traps)
 static thread_local unsigned char* dnnc_shared_window;
+static unsigned char* dnnc_windows[8];   // each rank's pool (cluster_load's)
 static thread_local std::vector<const unsigned char*> dnnc_unfenced_copies;
 #define DNNC_SHARED_POOL(name, bytes) \
-  static __attribute__((aligned(1024))) unsigned char name[bytes]; dnnc_shared_window = name
+  static __attribute__((aligned(1024))) unsigned char name##_ranks[8][bytes]; \
+  unsigned char* const name = name##_ranks[dnnc_rank]; \
+  dnnc_shared_window = dnnc_windows[dnnc_rank] = name
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 struct alignas(8) float2 { float x, y; };
@@ -98,11 +115,11 @@ static inline long long __double_as_longlong(double x) { return dnnc_bits<long l
 static inline double __longlong_as_double(long long x) { return dnnc_bits<double>(x); }
 // warp shuffles: every thread of the block reaches them together (the schedules' thread
 // loops cover whole blocks), each posts its value, reads its partner's, and waits again
-static unsigned long long dnnc_lanes[1024];
+static unsigned long long dnnc_lanes[8][1024];
 template <typename T> static T dnnc_shfl(T v, unsigned src) {
-  std::memcpy(&dnnc_lanes[threadIdx.x], &v, sizeof v);
+  std::memcpy(&dnnc_lanes[dnnc_rank][threadIdx.x], &v, sizeof v);
   dnnc_block->arrive_and_wait();
-  T out; std::memcpy(&out, &dnnc_lanes[src], sizeof out);
+  T out; std::memcpy(&out, &dnnc_lanes[dnnc_rank][src], sizeof out);
   dnnc_block->arrive_and_wait();
   return out;
 }
@@ -434,6 +451,15 @@ static void dnnc_wgmma_run(const dnnc_wgmma_op& op) {
 }
 static void dnnc_wgmma_fence() {}
 static void dnnc_fence_proxy_async() { dnnc_unfenced_copies.clear(); }
+// clusters: every thread of the cluster's blocks (concurrent host threads) meets; a load
+// from rank r's pool at this pool's offset
+static void dnnc_cluster_sync() { dnnc_cluster->arrive_and_wait(); }
+static float dnnc_cluster_load(const float* p, unsigned rank) {
+  const long offset = reinterpret_cast<const unsigned char*>(p) - dnnc_shared_window;
+  if (rank >= 8 || !dnnc_windows[rank] || offset < 0 || offset >= (1 << 18) || offset % 4)
+    __builtin_trap();
+  float v; std::memcpy(&v, dnnc_windows[rank] + offset, 4); return v;
+}
 // whether operand `desc` (`rows` of x, K of kk) reads an unfenced chunk: first whether one
 // lies between its (0, 0) element's and its (rows - 1, K - 1) element's 128-byte row (the
 // layouts grow with x and kk; the swizzle stays within a row), then, if so, whether one is
@@ -545,8 +571,8 @@ def launch_on_host(lib, info, arrays) -> None:
     for launch in info.launches:
         assert launch.block[1:] == (1, 1)   # (the shim runs threadIdx.x only)
         host = ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p)
-        lib.dnnc_launch(host, args, *[ctypes.c_uint(g) for g in launch.grid],
-                        ctypes.c_uint(launch.block[0]))
+        lib.dnnc_launch_cluster(host, args, *[ctypes.c_uint(g) for g in launch.grid],
+                                ctypes.c_uint(launch.block[0]), ctypes.c_uint(launch.cluster))
 
 
 def _random(rng, dtype: T.DType, n: int) -> np.ndarray:

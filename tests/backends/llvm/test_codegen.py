@@ -367,7 +367,8 @@ def test_every_intrinsic_is_rendered_or_rejected():
     tested = set(_UNARY) | set(_BINARY) | {"round", "isnan", "isinf", "not", "fma", "bitcast",
                                            "check_index", *L.SHUFFLES, *L.PACKS.values(),
                                            "dot_bf16x2",   # (test_bf16.py)
-                                           "dot_u8s8x4", "pack_u8x4"}   # (test_int8.py)
+                                           "dot_u8s8x4", "pack_u8x4",   # (test_int8.py)
+                                           "cluster_load"}
     assert tested == set(L.INTRINSICS)
 
 
@@ -684,6 +685,14 @@ def test_tensor_core_packs_are_codegen_errors(name):
     f = elementwise(name, [T.float32] * args, T.uint32,
                     lambda *x: L.call(name, *x, dtype=T.uint32))
     with pytest.raises(CodegenError, match=name):
+        ModuleBuilder().add(f)
+
+
+def test_cluster_loads_are_codegen_errors():
+    """A GPU-only intrinsic: a CPU has no block clusters (test_cuda_wgmma.py renders it)."""
+    f = elementwise("cluster_load", [T.float32], T.float32,
+                    lambda x: L.call("cluster_load", x, L.const(1, T.int32), dtype=T.float32))
+    with pytest.raises(CodegenError, match="cluster_load"):
         ModuleBuilder().add(f)
 
 
