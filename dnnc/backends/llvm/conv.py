@@ -274,11 +274,15 @@ def conv2d_default(p: Conv2d, machine) -> ConvConfig:
 
 
 def conv2d_band(order: str, threads: int) -> bool:
-    """Whether the default copies a band a unit (`ConvConfig.band`): not yet. On the
-    2-vCPU znver4 host, 1 and 2 threads, the stems and strided 3x3 convs timed alike either
-    way within that session's noise (docs/llvm_backend.md, "Threads"); the tuner searches
-    it."""
-    return False
+    """Whether the default copies a band a unit (`ConvConfig.band`): in rows order on more
+    than one thread, where one padded copy of the whole input, written a plane a thread,
+    moves between the cores that read it. 2 threads, quiet znver4 host, whole copy -> band:
+    3x3 stride-2 stem 0.20 -> 0.16 ms, 16 -> 24 stride 2 at 112 0.22 -> 0.16, 64 -> 128
+    stride 2 at 56 0.63 -> 0.59, 7x7 stem 1.18 -> 1.16; bf16 0.12 -> 0.10, 0.33 -> 0.30
+    (docs/llvm_backend.md, "Winograd convolutions"). On 1 thread the band's copies (a
+    window's rows again for each strip) cost more than they save on small-channel convs
+    (8 -> 16 at 112: 0.27 -> 0.55 ms on the device host's Xeon)."""
+    return order == "rows" and threads > 1
 
 
 def conv2d_chunk(p: Conv2d, nr: int) -> int:
