@@ -90,6 +90,36 @@ def pad_input(p: Conv2d, par: L.ForKind) -> tuple[L.Buffer, L.Stmt | None]:
     return xpad, L.For(nc, n * c, L.seq(zero, copy), par)
 
 
+def band_copy(band: L.Buffer, value, channels: int, top: L.Expr, left: L.Expr | int,
+              image_hw, begins) -> L.Stmt:
+    """band[c, a, b] = the padded input's row `top` + a, column `left` + b of channel c, zero
+    outside the image (rows and columns past the padded plane as well); `value(c, row, col)`
+    reads the image at an unpadded row and column. A row inside the image is its left zeros,
+    its copy and its right zeros, each a simple loop LLVM vectorises (a per-element bounds
+    test would not be). The direct conv's and Winograd's bands of rows (`ConvConfig.band`,
+    `WinogradConfig.fused`): a unit pads only the rows its windows read."""
+    (h, wid), (ph, pw) = image_hw, begins
+    rows, cols = L.static_shape(band.shape)[1:]
+    c, a, b = L.Var("bc"), L.Var("ba"), L.Var("bb")
+    if isinstance(left, int):   # the bounds of the image's columns known now
+        first = min(max(pw - left, 0), cols)
+        end = min(max(wid + pw - left, first), cols)
+    else:
+        first = L.minimum(L.maximum(pw - left, 0), cols)
+        end = L.minimum(L.maximum(wid + pw - left, first), cols)
+    row = top + a - ph
+    zero = L.Const(0, band.dtype)
+
+    def zeros(start, count) -> L.Stmt:
+        return L.For(b, count, L.Store(band, (c, a, start + b), zero))
+    inside = L.seq(zeros(0, first),
+                   L.For(b, end - first, L.Store(band, (c, a, first + b),
+                                                 value(c, row, left + first + b - pw))),
+                   zeros(end, cols - end))
+    return L.For(c, channels, L.For(a, rows, L.If(
+        L.logical_and(row >= 0, row < h), inside, zeros(0, cols))))
+
+
 COPY_LANES = 16
 """Elements a vector of `pad_plane`'s strided copy holds."""
 
@@ -451,28 +481,17 @@ class _DirectConv:
         return (self.strip * (self.strip_tiles * self.mr)) // self.ow * self.p.strides[0]
 
     def band_fill(self) -> L.Stmt:
-        """The unit's band: band[c, a, b] = the padded input's row band_top + a, column b of
-        the group's channel c (bf16: its pair of channels c), zero outside the image (rows past
-        the padded plane as well: never read). A row inside the image is its left border,
-        its copy and its right border, each a simple loop LLVM vectorises."""
-        p, band = self.p, self.xpad
-        h, wid = p.x_dims[2:]
-        ph, pw = p.begins
-        wp = p.padded_hw[1]
-        c, a, b = L.Var("bc"), L.Var("ba"), L.Var("bb")
-        row = self.band_top() + a - ph
+        """The unit's band (`band_copy`): the padded input's rows from band_top on, every
+        column, of the group's channels (bf16: its pairs of channels)."""
+        p = self.p
         if p.pairs:
-            value = bf16.channel_pair(p.x, p.x_dims[1], self.bn, self.channel0 + c, row, b)
+            def value(c, row, col):
+                return bf16.channel_pair(p.x, p.x_dims[1], self.bn, self.channel0 + c, row, col)
         else:
-            value = p.x[self.bn, self.channel0 + c, row, b]
-        zero = L.Const(0, band.dtype)
-
-        def zeros(first: int, count: int) -> L.Stmt:
-            return L.For(b, count, L.Store(band, (c, a, first + b), zero))
-        inside = L.seq(zeros(0, pw), L.For(b, wid, L.Store(band, (c, a, pw + b), value)),
-                       zeros(pw + wid, wp - pw - wid))
-        return L.For(c, self.depth, L.For(a, self.band_rows, L.If(
-            L.logical_and(row >= 0, row < h), inside, zeros(0, wp))))
+            def value(c, row, col):
+                return p.x[self.bn, self.channel0 + c, row, col]
+        return band_copy(self.xpad, value, self.depth, self.band_top(), 0, p.x_dims[2:],
+                         p.begins)
 
     def packed_weights(self) -> tuple[L.Buffer, L.Stmt | None]:
         """The weights as [channel block, in-channel, kh, kw, NR] (zero past a group's last

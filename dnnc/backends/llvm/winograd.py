@@ -61,7 +61,7 @@ from ..problems import Conv2d
 from . import bf16
 from ..space import Space, Template
 from ...ir.ops.winograd import tile_of, winograd
-from .conv import MR_BY_VECTOR_BITS, pad_input, parallel_kind
+from .conv import MR_BY_VECTOR_BITS, band_copy, pad_input, parallel_kind
 
 
 @dataclass(frozen=True)
@@ -324,24 +324,11 @@ class _Winograd:
 
     def band_copy(self, block: L.Expr, band: L.Buffer) -> L.Stmt:
         """band[c, a, b] = the padded input's row y0 + a, column x0 + b of channel c, for
-        tile block `block` at (y0, x0): zeros, then the image's part of each row copied
-        (two simple loops LLVM vectorises, as `pad_input`'s)."""
+        tile block `block` at (y0, x0) (conv's `band_copy`)."""
         p = self.p
         bn, y0, x0 = self.corner(block, L.const(0))
-        h, wid = p.x_dims[2:]
-        ph, pw = p.begins
-        cols = self.band_columns
-        c, a, b = L.Var("bc"), L.Var("ba"), L.Var("bb")
-        zero = L.For(c, self.c, L.For(a, self.alpha, L.For(
-            b, cols, L.Store(band, (c, a, b), L.const(0.0)))))
-        first = L.maximum(pw - x0, 0)                    # band columns left of the image
-        count = L.maximum(L.minimum(wid + pw - x0, cols) - first, 0)
-        row = y0 + a - ph
-        copy = L.For(c, self.c, L.For(a, self.alpha, L.If(
-            L.logical_and(row >= 0, row < h),
-            L.For(b, count, L.Store(band, (c, a, first + b),
-                                    p.x[bn, c, row, x0 + first + b - pw])))))
-        return L.seq(zero, copy)
+        return band_copy(band, lambda c, row, col: p.x[bn, c, row, col], self.c, y0, x0,
+                         p.x_dims[2:], p.begins)
 
     def products(self, v_buf: L.Buffer, v_at, ob) -> L.Stmt:
         """Position xi's T x NR accumulators over the input channels (of v_buf[v_at]), into
