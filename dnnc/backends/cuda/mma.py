@@ -279,9 +279,9 @@ cost 3 to 6 us, TF32_WGMMA_OUTPUTS) triples scored. Moved, us, this default / th
 resnet50's 3x3 convs of 512 channels (1568 x 4608 x 512 at batch 32) moved from 64 x 64 to
 128 x 256 split 4: 35.0 / 35.4 and 35.5 / 36.4 us (cuDNN 23.9, 22.4; 128 x 128 split 2 took
 30.5, 31.0: not the model's pick). Left below 0.8 of cuBLAS: 512 x 3072 x 768 at fp16 (13.0
-us unsplit 64 x 64, which the model rates faster than 64 x 192 split 4's 10.7; cuBLAS 8.2) and
-1024 x 3072 x 768 (0.71), where a split's second launch and fp32 partials take their share (a
-split summed inside the kernel would not pay them)."""
+us unsplit 64 x 64, which the model rates faster than 64 x 192 split 4's 10.7; cuBLAS 8.2: now
+WGMMA_TILE_S's pick) and 1024 x 3072 x 768 (0.71), where a split's second launch and fp32
+partials take their share (a split summed inside the kernel would not pay them)."""
 
 WGMMA_SPLIT_S = 5e-6
 """What a split of k costs a wgmma product beyond its partials' traffic (the second launch,
@@ -292,6 +292,31 @@ timings (SM_SHARED_BYTES): 6 us kept 128 x 3072 x 768 off wgmma (mma.sync 128 x 
 8.4 us at fp16 against 6.7 for 64 x 64 split 8), 4 and 5 us scored alike, 3 us and less moved
 products timed only at fp16 (bf16's 512 x 3072 x 768, vit's 197 x 768 x 192) to untimed
 splits."""
+
+WGMMA_TILE_S = 190e-9
+WGMMA_EPILOGUE_S = 2.25e-6
+WGMMA_PARTIALS_S = 2e-6
+WGMMA_PARTIALS_IN_L2 = 1.5
+WGMMA_MIN_SLICE_TILES = 8
+"""The dense default's model of its wgmma tiles at fp16 / bf16 (`_wgmma_seconds`), in place of
+the guessed efficiencies (which leave out a k tile's fixed cost) for products deeper than
+SHALLOW_K: a block's k tiles one after another, each WGMMA_TILE_S plus its FLOPs at an SM's
+share of the peak (2 tensor_flops / sms), then its results, WGMMA_EPILOGUE_S a 128 x 128
+tile's worth; blocks in waves of one an SM; a split's second launch WGMMA_PARTIALS_S plus its
+float32 partials written and read at WGMMA_PARTIALS_IN_L2 times the copy bandwidth (they stay
+in L2), each slice at least WGMMA_MIN_SLICE_TILES k tiles. Fitted on session 46's three H200
+sweeps (316 timings, fp16 / bf16 in and out, graphs interleaved with cuBLAS: 64 x 64 to 128 x
+256 tiles, splits 1 to 8, the 15 transformer shapes, 4096^3 and five more; session 45's
+lone-block fit had the same 190 ns and 6.25 TFLOP/s an SM): rms error of a time 16%; of each
+of 77 shape sweeps' timed configs it picks one within 1.003 of the fastest on average (worst
+1.07: 128 x 768 x 768 unsplit at bf16, 4.4 us against split 4's 4.1). The slice floor: the
+model leaves out what shallow slices pay (blocks sharing an SM, a block's prologue), and
+slices of 3 and 6 tiles lost or tied (197 x 768 x 192 64 x 64 split 4 4.9 us against 4.5
+unsplit; 256 x 3072 x 768 64 x 192 split 8 8.3 against 64 x 128 split 4's 8.4). Moved, same
+call (us, fp16 / bf16, cuBLAS): 512 x 3072 x 768 64 x 64 -> 64 x 192 split 4 12.6 / 13.0 ->
+10.8 / 10.8 (8.1 / 8.7), 256 x 3072 x 768 64 x 64 split 2 -> 64 x 128 split 4 9.4 / 9.3 -> 8.4
+/ 8.4 (7.7 / 7.8), 1000^3 64 x 64 -> 64 x 128 13.3 / 13.6 -> 10.4 / 11.1 (7.5 / 8.4); every
+other transformer shape and 4096^3 keeps its tile."""
 
 CLUSTER_SPLIT_S = 4e-6
 """What a `cluster_split` costs a wgmma product in the model (its blocks' staged tiles summed
@@ -461,8 +486,10 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
     fastest (its guessed efficiency, slowed where its blocks cannot fill the GPU or leave
     the last of their waves part empty, a wgmma block's wave one block an SM: SM_SHARED_BYTES,
-    plus a split's cost). Tiles count whole: a ragged edge's tile issues all its products (on an
-    H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x 128 ones 59).
+    plus a split's cost; a dense product's wgmma tiles at fp16 / bf16 by WGMMA_TILE_S's
+    model of their k tiles instead). Tiles count whole: a ragged edge's tile issues all its
+    products (on an H200 at fp16, 100352 x 384 x 96 in 128 x 256 tiles took 92 us, in 128 x
+    128 ones 59).
     `shallow_rule`: SHALLOW_K's tiles for shallow products (dense ones; see SHALLOW_EFFICIENCY);
     `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE);
     `cluster_split`: a wgmma tile's split of CLUSTER_SPLITS may be summed in its cluster
@@ -477,19 +504,23 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
         # a wgmma block fills its SM: one a SM is full, a second one's waits (SM_SHARED_BYTES)
         full = gpu.sms if base.wgmma else min_blocks(gpu)
         wave = gpu.sms if base.wgmma else gpu.sms * resident(base, precision)
+        latency = base.wgmma and shallow_rule and precision in ("fp16", "bf16")
         for split in SPLITS:
-            if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ):
+            if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ or
+                              latency and k < split * WGMMA_MIN_SLICE_TILES * base.block_k):
                 break
             config = replace(base, split_k=split)
             count = blocks * split
             fill = min(1.0, count / full)
             waves = -(-count // wave) * wave / count if count > wave else 1.0
-            seconds = 2 * blocks * bm * bn * k * waves / (
-                gpu.tensor_flops * efficiency * fill)
+            seconds = _wgmma_seconds(config, k, count, gpu) if latency else \
+                2 * blocks * bm * bn * k * waves / (gpu.tensor_flops * efficiency * fill)
             options = [(config, seconds)]
             if split > 1:
-                options = [(config, seconds + 8 * m * n * batch * split / gpu.copy_bytes_per_s +
-                            (WGMMA_SPLIT_S if base.wgmma else LAUNCH_S))]
+                partials = 8 * m * n * batch * split / gpu.copy_bytes_per_s
+                options = [(config, seconds + (
+                    partials / WGMMA_PARTIALS_IN_L2 + WGMMA_PARTIALS_S if latency else
+                    partials + (WGMMA_SPLIT_S if base.wgmma else LAUNCH_S)))]
                 if cluster_split and base.wgmma and split in CLUSTER_SPLITS and \
                         bm % split == 0 and count <= CLUSTER_WAVES * wave:
                     options.append((replace(config, cluster_split=True),
@@ -498,6 +529,17 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
                 if option_seconds < best_time:
                     best, best_time = option, option_seconds
     return best
+
+
+def _wgmma_seconds(c: TensorCoreConfig, k: int, blocks: int, gpu: GPU) -> float:
+    """The time of `blocks` wgmma blocks of config `c` (fp16 / bf16) over depth `k` split in
+    c.split_k, as WGMMA_TILE_S's model says, before a split's second launch."""
+    k_tiles = -(-k // c.block_k)
+    tiles = -(-k_tiles // c.split_k)
+    sm_rate = 2 * gpu.tensor_flops / gpu.sms
+    block = tiles * (WGMMA_TILE_S + 2 * c.block_m * c.block_n * c.block_k / sm_rate) + \
+        WGMMA_EPILOGUE_S * c.block_m * c.block_n / (128 * 128)
+    return -(-blocks // gpu.sms) * block
 
 
 def resident(c: TensorCoreConfig, precision: str) -> int:

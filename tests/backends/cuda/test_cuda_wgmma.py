@@ -79,6 +79,9 @@ CASES = [
      False, True),
     ("tf32", 100, 192, 300, 1, W(64, 192, 32, 4, 1, 4, 4, refill_first=True,
                                  cluster_split=True), T.float32, False, True),
+    # a split of 4 summed in clusters by 128 x 256 tiles (8 runs of 4 sums a thread)
+    ("fp16", 200, 512, 1100, 1, W(128, 256, 64, 8, 1, 3, 4, cluster_split=True), T.float16,
+     False, False),
 ]
 SMOKE = (0, 1, 2, 5, 7, 9, 11, 12, 14, 16, 17)
 """CASES run on host threads in every run; the rest are `emulated_full`."""
@@ -677,6 +680,33 @@ def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
                     assert (config.block_m, config.block_n, config.split_k) == (64, 192, 2)
                     assert not config.staged
                 assert mma.dense_space(p, machine).check(config) == config
+
+
+def test_the_default_models_a_wgmma_k_tile_s_fixed_cost(monkeypatch):
+    """At fp16 / bf16 the dense default rates its wgmma tiles by their k tiles' fixed cost
+    (mma.WGMMA_TILE_S; H200, session 46, same call): 512 x 3072 x 768 splits 64 x 192 tiles
+    in 4 (10.8 us against the efficiencies' 64 x 64 unsplit, 12.6 / 13.0), 256 x 3072 x 768
+    64 x 128 in 4 (8.4 against 64 x 64 split 2's 9.4), 1000^3 takes 64 x 128 (10.4 against
+    13.3); no slice is shallower than WGMMA_MIN_SLICE_TILES k tiles (vit's 197 x 768 x 192
+    stays unsplit: 4.5 us against split 4's 4.9); a convolution's GEMM keeps the
+    efficiencies."""
+    from dnnc.backends.cuda.device import REFERENCE
+
+    monkeypatch.delenv("DNNC_WGMMA", raising=False)
+    monkeypatch.delenv(mma.DNNC_CLUSTER_SPLIT, raising=False)
+    for precision in ("fp16", "bf16"):
+        for (m, k, n), tile in (((512, 3072, 768), (64, 192, 4)),
+                                ((256, 3072, 768), (64, 128, 4)),
+                                ((1000, 1000, 1000), (64, 128, 1)),
+                                ((197, 768, 192), (64, 64, 1)),
+                                ((1024, 3072, 768), (64, 192, 2)),
+                                ((4096, 4096, 4096), (128, 256, 1))):
+            c = mma.choose(m, n, k, 1, REFERENCE, precision, wgmma=True, staged=True)
+            assert c.wgmma and (c.block_m, c.block_n, c.split_k) == tile, (m, k, n, c)
+            assert c.split_k == 1 or -(-k // c.block_k) >= c.split_k * mma.WGMMA_MIN_SLICE_TILES
+    assert mma.choose(512, 768, 3072, 1, REFERENCE, "fp16", wgmma=True, staged=True) != \
+        mma.choose(512, 768, 3072, 1, REFERENCE, "fp16", wgmma=True, shallow_rule=False,
+                   staged=True)   # a convolution's GEMM keeps the efficiencies' 64 x 64
 
 
 def test_modules_using_wgmma_compile_for_sm90a():
