@@ -22,7 +22,7 @@ from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.mma import TensorCoreConfig
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
-from dnnc.ir.ops.sparse import decode_2of4, encode_2of4, fits_2of4, kept_columns
+from dnnc.ir.ops.sparse import covering_rows, decode_2of4, encode_2of4, fits_2of4, kept_columns
 from dnnc.ir.target import Target
 from cuda_kernels import MACHINE, nvrtc_compiled, programs, renamed
 
@@ -488,13 +488,18 @@ def test_the_switch_overrides_the_rule(rng, monkeypatch, switch):
     assert ("Sparse24Dense" in ops) == (switch == "1")
 
 
-def _nonfinite_case(rng, precision):
+def _nonfinite_case(rng, precision, dead=False):
     """(graph, x, want): a bare Sparse24Dense of [24, 128] by 32 outputs, NaN and +-inf
-    activations at kept and pruned positions; want the float64 dense product."""
+    activations at kept and pruned positions; want the float64 dense product. `dead`: column
+    64 pruned in every row (its group keeps 65 and 66), so that no row's sum sees x[:, 64]
+    (`covering_rows` 0: the kernel scans its k tiles)."""
     half = HALF[precision]
     places, k, n = 24, 128, 32
     w = pruned_2of4(rng, n, k) / np.float32(np.sqrt(k))
+    if dead:
+        w[:, 64:68] = np.where(np.isin(np.arange(4), (1, 2)), 0.5, 0.0)
     values, meta = encode_2of4(w, half)
+    assert (covering_rows(meta, n, k) == 0) == dead
     g = Graph("sparse24_nan")
     a = g.add_input("a", T.TensorType(half, (places, k)))
     g.outputs = [g.add("Sparse24Dense", a, Value("w.kept", T.TensorType(half, values.shape),
@@ -503,6 +508,7 @@ def _nonfinite_case(rng, precision):
                        n=n, k=k)]
     x = rng.standard_normal((places, k)).astype(half.np)
     x[3, 5], x[7, 64], x[7, 65], x[11, 127], x[20, 0] = np.nan, np.inf, -np.inf, np.inf, -np.inf
+    x[15, 64] = np.nan   # where `dead`, at no kept weight: only a scan finds it
     dense = decode_2of4(values, meta, k).astype(np.float64)
     with np.errstate(invalid="ignore"):
         want = (x.astype(np.float64)[:, None, :] * dense[None]).sum(-1)
@@ -520,26 +526,44 @@ def _check_nonfinite(got, want, precision):
 
 
 @needs_gxx
+@pytest.mark.parametrize("dead", [False, True], ids=["sums", "scanned"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("config", [None, W(64, 64, 128, 4, 1, 3),
                                     W(64, 64, 64, 4, 1, 4, staged=True)],
                          ids=["default", "wgmma", "wgmma_k64_staged"])
 def test_nonfinite_activations_at_pruned_weights_make_nan_on_host(rng, tmp_path, precision,
-                                                                  config):
+                                                                  config, dead):
     """NaN and +-inf activations at kept and at pruned positions: the outputs are what the
     dense product makes (x * 0 is NaN for a non-finite x), through the flags and the rare
     path's recount; the other places' outputs as without them (mma.sp's warps, the
-    default here, and warpgroups)."""
-    g, x, want = _nonfinite_case(rng, precision)
-    got, _ = _run_on_host(g, {"a": x}, machine(precision), tmp_path, config)
+    default here, and warpgroups). The flags come from the block's sums where its rows keep
+    every k, from a scan of each k tile where a column is pruned in every row (`dead`)."""
+    g, x, want = _nonfinite_case(rng, precision, dead)
+    got, program = _run_on_host(g, {"a": x}, machine(precision), tmp_path, config)
+    assert ("scanned" in render_module(program.unique).source) == dead
     _check_nonfinite(got, want, precision)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dead", [False, True], ids=["sums", "scanned"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_nonfinite_activations_at_pruned_weights_make_nan_on_the_gpu(rng, precision):
-    g, x, want = _nonfinite_case(rng, precision)
+def test_nonfinite_activations_at_pruned_weights_make_nan_on_the_gpu(rng, precision, dead):
+    g, x, want = _nonfinite_case(rng, precision, dead)
     _check_nonfinite(np.asarray(_gpu_model(g, precision)(x)), want, precision)
+
+
+def test_covering_rows_is_the_fewest_rows_that_keep_every_column():
+    """16 where each 16 rows keep every column, 32 where rows 0-15 prune one that rows
+    16-31 keep, 0 where every row prunes it; the last run is the rows left (48 rows)."""
+    w = np.tile(np.array([1.0, 1.0, 0.0, 0.0], np.float32), (48, 8))
+    w[1::2] = np.roll(w[1::2], 2, axis=1)      # odd rows keep columns 2, 3 of each group
+    assert covering_rows(encode_2of4(w, T.float16)[1], 48, 32) == 16
+    w[:16, 4:8] = [1.0, 1.0, 0.0, 0.0]          # rows 0-15 prune columns 6 and 7
+    assert covering_rows(encode_2of4(w, T.float16)[1], 48, 32) == 32
+    w[32:, 4:8] = [1.0, 1.0, 0.0, 0.0]          # so do rows 32-47, the last run of 32
+    assert covering_rows(encode_2of4(w, T.float16)[1], 48, 32) == 64
+    w[:, 4:8] = [1.0, 1.0, 0.0, 0.0]
+    assert covering_rows(encode_2of4(w, T.float16)[1], 48, 32) == 0
 
 
 @needs_gxx
