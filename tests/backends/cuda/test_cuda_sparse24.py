@@ -20,6 +20,7 @@ import pytest
 
 from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.mma import TensorCoreConfig
+from dnnc.errors import ConfigError
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.ops.sparse import covering_rows, decode_2of4, encode_2of4, fits_2of4, kept_columns
@@ -242,17 +243,18 @@ def test_sparse24_conv_kernels_on_host(rng, tmp_path, case):
 
 W = functools.partial(TensorCoreConfig, wgmma=True)
 # (places shape, k, n, precision, bias, tail, config): warpgroup tiles (sm_90's wgmma knob)
-# of one and two warpgroups down the rows, 64 and 128 columns, ragged edges, split k and the
-# refill issued first; k tiles of 128 and of 64 (W's rows in halves: an odd count of slots
-# too), results direct and staged (transposed)
+# of one warpgroup, two down the rows, two across the places and four (64 places a
+# warpgroup: sparse24.WARPGROUP_COLUMNS), ragged edges, split k and the refill issued first;
+# k tiles of 128 and of 64 (W's rows in halves: an odd count of slots too), results direct
+# and staged (transposed)
 WARPGROUP_CASES = [((40,), 128, 64, "fp16", True, False, W(64, 64, 128, 4, 1, 3)),
                    ((2, 50), 256, 96, "bf16", True, True,
-                    W(128, 128, 128, 8, 1, 3, refill_first=True)),
+                    W(128, 128, 128, 8, 2, 3, refill_first=True)),
                    ((72,), 512, 64, "fp16", False, False, W(64, 64, 128, 4, 1, 4, 2)),
                    ((2, 24), 256, 128, "bf16", True, False, W(64, 128, 128, 4, 2, 3)),
                    ((40,), 128, 64, "fp16", True, False, W(64, 64, 64, 4, 1, 3, staged=True)),
                    ((2, 50), 256, 96, "bf16", True, True,
-                    W(128, 128, 64, 8, 1, 4, staged=True)),
+                    W(128, 128, 64, 8, 2, 4, staged=True)),
                    ((72,), 512, 64, "fp16", False, False, W(64, 64, 64, 4, 1, 4, 2)),
                    ((2, 24), 192, 128, "bf16", True, False,
                     W(64, 128, 64, 4, 2, 3, refill_first=True, staged=True))]
@@ -300,7 +302,10 @@ def test_the_warpgroup_default_is_a_tile_of_the_table_in_the_space(rows, places,
     p = sparse24_product(program.kernels[0])
     c = sparse24.default(p, machine("fp16"))
     assert c in [tile for tile, _ in sparse24.WARPGROUP_TILES]
-    assert sparse24.space(p, machine("fp16")).check(c) == c
+    space = sparse24.space(p, machine("fp16"))
+    assert space.check(c) == c
+    with pytest.raises(ConfigError, match="WARPGROUP_COLUMNS"):   # 128 places a warpgroup
+        space.check(W(64, 128, 64, 4, 1, 4, staged=True))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
