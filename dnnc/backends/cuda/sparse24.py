@@ -37,32 +37,39 @@ results go through shared memory transposed (staged.py's `transposed_results`: Y
 W's rows) and are stored in runs of 4 of a place's outputs, not 2 bytes a lane.
 
 Why the 2:4 product lost to dense fp16 (session 44, H200: 2:4 / dense 1.04-2.10 at the
-k-128 default), measured on an H200 in session 45 (bench/gpu_sparse24.py --all
---unscanned): X's k tile of 128 doubled B's slot, so the rings that fit dense tiles did not
+k-128 default), measured on an H200 in session 45 (bench/gpu_sparse24.py --all and a
+build without the scan): X's k tile of 128 doubled B's slot, so the rings that fit dense tiles did not
 (64 x 64 at k 64, staged, against k 128: resnet50 b32's 1x1 1024->256 1.18 against 1.71,
 1x1 256->64 1.12 against 1.48; BERT b8's 768->768 1.37 against 1.34); and the non-finite
 scan, whose work a thread grows with the block's places, is still the largest cost (built
 without it, 64 x 128 ran BERT's 768->768 at 1.20 for 1.75, 64 x 192 the 1x1 1024->256 at
 1.62 for 2.47), so the narrow tiles win (WARPGROUP_TILES). Staging the results gained up to
-10% (128 x 128 on BERT 1.69 against 1.86). At the rule's tiles 2:4 / dense is 1.12-1.18 on
-these three layers: still slower. Next: the places' flags from one pass over X (a launch
-before the product) rather than each block's scan of every k tile.
+10% (128 x 128 on BERT 1.69 against 1.86). At the rule's tiles 2:4 / dense was 1.12-1.18 on
+these three layers. Session 46 (H200, 15 layers, bench/gpu_sparse24.py --all --scanned):
+the flags from the block's sums (below) instead of the scan, and WARPGROUP_TILES refitted,
+took 2:4 / dense from a geomean of 1.157 to 1.015 (0.84 to 1.18; faster than dense on 6):
+still short of issue 34's 0.77.
 
 Knobs: mma.py's `TensorCoreConfig` (block_k of 32, 64 or 128; it must divide k, and split_k
 the k tiles: no tile reads past k, whose metadata would be zero-filled; with wgmma 64 or
-128, `refill_first`, not `early_refill`, and `staged`). The default on sm_90 where k is a
-multiple of 64 is a WARPGROUP_TILES tile (`_warpgroup_default`: the one whose busiest SM
-has least to do); elsewhere `mma.choose`'s mma.sync tile for depth k / 2 at the deepest
-block_k of 64 or 32 that fits in 3 stages.
+128, at most WARPGROUP_COLUMNS places a warpgroup, `refill_first`, not `early_refill`, and
+`staged`). The default on sm_90 where k is a multiple of 64 is a WARPGROUP_TILES tile
+(SCANNED_TILES where the block's k tiles are scanned; `_warpgroup_default`: the one whose
+busiest SM has least to do); elsewhere `mma.choose`'s mma.sync tile for depth k / 2 at the
+deepest block_k of 64 or 32 that fits in 3 stages.
 
 Skipping a pruned weight drops its x * 0 term, which IEEE makes NaN for a non-finite x (the
-dense product's result). As each k tile's B tile lands in shared memory, the threads test
-its chunks' halves for an exponent of all ones (a chunk's 16 bytes one load, one add and two
-masks a word: `_flags`) and flag the block's places holding one; after the k loop an
-accumulator of a flagged place becomes NaN where one of the place's non-finite activations
-sits at a pruned position of its row (the rare path, `_fix`: the place's row and the
-metadata read again from global memory), as the CSR template's non-finite counts do
-(cuda/sparse.py).
+dense product's result). The block flags its places holding a non-finite activation; after
+the k loop an accumulator of a flagged place becomes NaN where one of the place's non-finite
+activations sits at a pruned position of its row (the rare path, `_fix`: the place's row and
+the metadata read again from global memory), as the CSR template's non-finite counts do
+(cuda/sparse.py). Where the block's rows are whole runs of the weights' `covering_rows`
+(each k kept by one of them: the problem's `cover`, from the constant metadata), the flags
+come from the sums, once after the k loop (`_seen`: x times a kept value, a kept zero too,
+is not finite for a non-finite x); elsewhere, as each k tile's B tile lands in shared
+memory, the threads test its chunks' halves for an exponent of all ones (a chunk's 16 bytes
+one load, one add and two masks a word: `_flags`). The scan was the product's largest cost
+(session 45).
 They never serve a dense product, nor weights without the 2:4 encoding, nor a grouped conv.
 """
 
