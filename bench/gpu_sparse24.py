@@ -3,7 +3,7 @@ fp16 on BERT's and resnet50's GEMM-heavy layers), one run; `bench/gpu_sparse.py 
 
     PYTHONPATH=$PWD python bench/gpu_sparse24.py [--repeat 20] [--trials 5]
         [--no-layers] [--no-variants] [--no-models] [--no-torch] [--only bert,3x3]
-        [--all] [--unscanned]
+        [--all] [--scanned] [--jobs 15]
 
 Layers: BERT-base's products at batch 8 (1024 rows: 768->768, 768->3072, 3072->768) and
 resnet50's stride-1 1x1 convs at batch 32 (channels-last, as dnnc runs them at fp16: the
@@ -20,8 +20,12 @@ default's time over dnnc dense's (the bar: <= 1/1.3 = 0.77), `best` the best var
 session 44), `rule` whether passes/sparse24.py's cost rule takes the layer (its estimated
 dense / 2:4 beside: what GPU_SPARSE24_EFFICIENCY is to be fitted to); each 2:4 output is
 checked against the dense kernel's (max |d| / max |dense|). `--all` prints a line for each
-2:4 config timed; `--unscanned` adds the default built without its non-finite scan (a
-diagnostic of the scan's cost, exact only where the activations are finite, as these are).
+2:4 config timed; `--scanned` adds the default of weights whose rows keep no column in
+common (`covering_rows` 0: session 45's kernel, every k tile scanned for non-finite
+activations, and its tiles), the "before" of session 46's flags from the sums. `--jobs N`
+compiles the layers' modules in N processes first (into the on-disk module cache the
+timing then reads: NVRTC took about a minute a layer of 18 configs on the device). Each
+layer's weights are drawn from a seed of its name.
 
 Models (unless `--no-models`): bert_base at batch 8 (128 tokens) and resnet50 at batch 32,
 the dense file and its 2:4 magnitude-pruned copy (`testing/pruned_files.py`, as `dnnc
@@ -34,10 +38,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import multiprocessing
 import sys
 import tempfile
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +57,6 @@ from dnnc.backends.cuda.codegen import render_module  # noqa: E402
 from dnnc.backends.cuda.mma import TensorCoreConfig  # noqa: E402
 from dnnc.backends.cuda.schedules import template_for  # noqa: E402
 from dnnc.backends.lower import lower_group  # noqa: E402
-from dnnc.ir import loop as L  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.sparse import encode_2of4  # noqa: E402
@@ -60,29 +66,26 @@ from gpu_timing import (cupy_timer, header, interleaved_ms, kernel_launcher,  # 
                         load_module, torch_timer)
 
 BERT_BATCH, RESNET_BATCH = 8, 32
-VARIANTS = [c for c, _ in sparse24.WARPGROUP_TILES] + [
-    TensorCoreConfig(64, 128, 64, 4, 1, 4, wgmma=True, staged=True),
-    TensorCoreConfig(256, 64, 64, 8, 1, 4, wgmma=True, staged=True),
-    TensorCoreConfig(64, 64, 64, 4, 1, 4, wgmma=True),
-    TensorCoreConfig(64, 64, 128, 4, 1, 4, wgmma=True),
-    TensorCoreConfig(128, 192, 128, 8, 1, 3, wgmma=True, refill_first=True)]
+S = functools.partial(TensorCoreConfig, wgmma=True, staged=True)
+VARIANTS = [c for c, _ in sparse24.WARPGROUP_TILES + sparse24.SCANNED_TILES] + [
+    S(256, 64, 64, 8, 1, 4), S(64, 128, 64, 4, 2, 4), S(128, 128, 64, 8, 2, 4),
+    S(128, 128, 64, 4, 2, 4), S(128, 128, 128, 8, 2, 3)]
 """2:4 configs timed beside the default (those outside a layer's space skipped): the
-warpgroup default's tiles (k tiles of 64, staged), the next best of session 45's run, one
-unstaged, and session 44's defaults for BERT's 768->768 and resnet50's 3x3 convs (k tiles of
-128, unstaged). Each costs a device about 3 s of NVRTC on a conv (H200 host, session 45: 18
-configs took a minute a layer)."""
+warpgroup defaults' tiles (k tiles of 64, staged), and wider blocks of warpgroups of 64
+places (`sparse24.WARPGROUP_COLUMNS`), k tiles of 64 and 128. Each costs a device about 3 s
+of NVRTC on a conv (H200 host, session 45: 18 configs took a minute a layer; `--jobs`)."""
 
 
-def unscanned(graph: Graph, machine, config) -> list:
-    """`cases` of `config` built with the places' non-finite scan left out (a diagnostic of
-    its cost only: such a kernel is wrong where activations at pruned weights are NaN or
-    infinite; these layers' are finite)."""
-    scan = sparse24._NonFinite._flags
-    sparse24._NonFinite._flags = lambda self, slot: L.seq()
-    try:
-        return cases(graph, machine, [config])[-1:]
-    finally:
-        sparse24._NonFinite._flags = scan
+def scanned(graph: Graph, machine) -> list:
+    """`cases`' entry of the 2:4 default for the layer's weights taken as keeping no column
+    in every run of rows (`covering_rows` 0): every k tile scanned for non-finite
+    activations, at the scanned tiles (session 45's kernel)."""
+    kernel = lower_group(list(graph.nodes), "ks", outputs=graph.outputs)
+    template, problem = template_for(kernel, machine=machine)
+    problem = dataclasses.replace(problem, cover=0)
+    config = template.default(problem, machine)
+    return [(template.name, f"{short(config)} scanned",
+             template.build(problem, config, machine), kernel)]
 
 
 def warp_default(graph: Graph, machine) -> TensorCoreConfig:
@@ -143,21 +146,36 @@ def layer_graph(kind: str, places: int, depth: int, rows: int, hw: int, w: np.nd
     return g
 
 
-def layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng) -> str:
-    w = pruned_2of4(rng, rows, depth)
-    width = depth // 9 if kind == "conv3" else depth
-    x = cp.random.standard_normal((places, width), dtype=cp.float32).astype(cp.float16)
+def layer_kernels(machine, args, kind, name, places, depth, rows, hw) -> tuple:
+    """(the weights, the dense entries, the 2:4 ones, the mma.sp default, every entry, their
+    functions, the rendered module) of a layer, its weights drawn from its name's seed."""
+    w = pruned_2of4(np.random.default_rng(zlib.crc32(name.encode())), rows, depth)
     dense = cases(layer_graph(kind, places, depth, rows, hw, w, False), machine, [])
     graph24 = layer_graph(kind, places, depth, rows, hw, w, True)
     warps = warp_default(graph24, machine)
     sparse = cases(graph24, machine, [warps] + ([] if args.no_variants else VARIANTS))
-    if args.unscanned:
-        sparse += [(name, f"{config} unscanned", *rest)
-                   for name, config, *rest in unscanned(graph24, machine, sparse[0][1])]
+    if args.scanned:
+        sparse += scanned(graph24, machine)
     entries = dense + sparse
     funcs = [(dataclasses.replace(e[2], name=f"c{n}_{e[2].name}"), True)
              for n, e in enumerate(entries)]
-    module = render_module(funcs)
+    return w, dense, sparse, warps, entries, funcs, render_module(funcs)
+
+
+def _compiled(job) -> str:
+    """A pool worker: the layer's module compiled into the on-disk module cache."""
+    machine, args, arch, shape = job
+    source = layer_kernels(machine, args, *shape)[-1].source
+    target = device.compile_arch(arch, source)
+    device.ModuleCache().get(source, target, device.nvrtc_options(target))
+    return shape[1]
+
+
+def layer_row(cp, machine, args, kind, name, places, depth, rows, hw) -> str:
+    width = depth // 9 if kind == "conv3" else depth
+    x = cp.random.standard_normal((places, width), dtype=cp.float32).astype(cp.float16)
+    w, dense, sparse, warps, entries, funcs, module = layer_kernels(
+        machine, args, kind, name, places, depth, rows, hw)
     raw = load_module(cp, module.source)
     timers, outs = [], []
     for entry, (func, _) in zip(entries, funcs):
@@ -226,7 +244,6 @@ def short(config) -> str:
 
 
 def layers_table(cp, machine, args) -> int:
-    rng = np.random.default_rng(0)
     failed = 0
     shapes = [("dense", f"bert {name[6:]}", BERT_BATCH * SEQ, k, n, 0) for name, k, n in BERT]
     shapes += [("conv", f"conv1x1 {c}->{m} @{hw}", RESNET_BATCH * hw * hw, c, m, hw)
@@ -235,10 +252,19 @@ def layers_table(cp, machine, args) -> int:
                for c, hw, m in RESNET50_3X3]
     if args.only:
         shapes = [x for x in shapes if any(word in x[1] for word in args.only.split(","))]
+    if args.jobs > 1:
+        start = time.perf_counter()
+        jobs = [(machine, args, device.gpu_arch(), shape) for shape in shapes]
+        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+            pool.map(_compiled, jobs, chunksize=1)
+        print(f"# {len(jobs)} layers' modules compiled in {args.jobs} processes in "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
+    if args.compile_only:
+        return failed
     ratios = []
     for kind, name, places, depth, rows, hw in shapes:
         try:
-            line = layer_row(cp, machine, args, kind, name, places, depth, rows, hw, rng)
+            line = layer_row(cp, machine, args, kind, name, places, depth, rows, hw)
             ratios.append(float(line.split("2:4/dense")[1].split()[0]))
             failed |= "WRONG" in line
             print(line, flush=True)
@@ -295,7 +321,7 @@ def run(args) -> int:
     failed = 0
     if not args.no_layers:
         failed |= layers_table(cp, machine, args)
-    if not args.no_models:
+    if not args.no_models and not args.compile_only:
         for name, batch in (("bert_base", BERT_BATCH), ("resnet50", RESNET_BATCH)):
             try:
                 print(model_row(cp, name, batch, args), flush=True)
@@ -314,8 +340,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-models", action="store_true")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--all", action="store_true", help="a line for each 2:4 config timed")
-    p.add_argument("--unscanned", action="store_true", help="the default also built without "
-                   "its non-finite scan (its cost; exact only on finite activations)")
+    p.add_argument("--scanned", action="store_true", help="the default also built with every "
+                   "k tile scanned for non-finite activations (session 45's kernel)")
+    p.add_argument("--jobs", type=int, default=1, help="processes compiling the layers' "
+                   "modules first")
+    p.add_argument("--compile-only", action="store_true", help="with --jobs: only fill the "
+                   "module cache (no timing, no models)")
     p.add_argument("--only", default="", help="comma-separated words: only the layers whose "
                    "names hold one (e.g. bert,3x3)")
     p.add_argument("--folder", default=str(Path(tempfile.gettempdir()) / "dnnc_pruned"))

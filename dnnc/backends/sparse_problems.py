@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import loop as L
+from ..ir.ops.sparse import covering_rows
 from .lower import Kernel, epilogue, layout_tail, store_index
 from .problems import (STORAGE, Conv2dNHWC, Dense, Epilogue, _flat_epilogue_reads, _operands,
                        plane_geometry, rounded)
@@ -148,10 +149,17 @@ def sparse_product(kernel: Kernel) -> SparseProblem | None:
 class Sparse24Problem(Dense):
     """Y[i, j] = epilogue(sum_k A[i, k] W[j, k] + bias[j]) (A's batch dims folded into its m
     rows) with W 2:4 sparse [n, k]: B is its kept values [n, k / 2] (`ir/ops/sparse.py`'s
-    `encode_2of4`), `meta` their metadata [n / 16, k / 32, 8, 2]; the rest as `Dense`'s
-    (C the bias, the store through a layout tail)."""
+    `encode_2of4`), `meta` their metadata [n / 16, k / 32, 8, 2], `cover` `covering_rows`
+    of the weights; the rest as `Dense`'s (C the bias, the store through a layout tail)."""
 
     meta: L.Buffer | None = None
+    cover: int = 0
+
+
+def _cover(node, rows: int, k: int) -> int:
+    """`covering_rows` of a 2:4 node's constant metadata (0 where it is not a constant)."""
+    meta = node.inputs[2].const
+    return 0 if meta is None else covering_rows(np.asarray(meta), rows, k)
 
 
 def sparse24_product(kernel: Kernel) -> Sparse24Problem | None:
@@ -177,16 +185,17 @@ def sparse24_product(kernel: Kernel) -> Sparse24Problem | None:
         anchor_dims=tuple(anchor_dims), batch=1, m=m, n=n, k=k, trans_a=False, trans_b=True,
         alpha=1.0, beta=1.0, b_batched=False, packed_panel=0, epilogue=epilogue(kernel),
         store_index=where if layout_tail(kernel) else None, anchor_dtype=anchor_dtype,
-        meta=meta)
+        meta=meta, cover=_cover(node, n, k))
 
 
 @dataclass(frozen=True)
 class Sparse24ConvProblem(Conv2dNHWC):
     """A channels-last conv of one group (`Conv2dNHWC`: `w_dims` the logical [M, kh, kw, C])
     whose weights are 2:4 along k = (ky, kx, c): `w` the kept values [M, K / 2], `meta` their
-    metadata [M / 16, K / 32, 8, 2]."""
+    metadata [M / 16, K / 32, 8, 2], `cover` `covering_rows` of the weights."""
 
     meta: L.Buffer | None = None
+    cover: int = 0
 
 
 def sparse24_conv_product(kernel: Kernel) -> Sparse24ConvProblem | None:
@@ -210,4 +219,4 @@ def sparse24_conv_product(kernel: Kernel) -> Sparse24ConvProblem | None:
     return Sparse24ConvProblem(kernel.func.name, kernel.func.params, x, values, bias, y,
                                tuple(xd), wd, tuple(yd), tuple(strides), tuple(dilations),
                                tuple(begins), epilogue(kernel), node.outputs[0].type.dtype,
-                               1, meta=meta)
+                               1, meta=meta, cover=_cover(node, oc, node.attrs["k"]))

@@ -37,32 +37,39 @@ results go through shared memory transposed (staged.py's `transposed_results`: Y
 W's rows) and are stored in runs of 4 of a place's outputs, not 2 bytes a lane.
 
 Why the 2:4 product lost to dense fp16 (session 44, H200: 2:4 / dense 1.04-2.10 at the
-k-128 default), measured on an H200 in session 45 (bench/gpu_sparse24.py --all
---unscanned): X's k tile of 128 doubled B's slot, so the rings that fit dense tiles did not
+k-128 default), measured on an H200 in session 45 (bench/gpu_sparse24.py --all and a
+build without the scan): X's k tile of 128 doubled B's slot, so the rings that fit dense tiles did not
 (64 x 64 at k 64, staged, against k 128: resnet50 b32's 1x1 1024->256 1.18 against 1.71,
 1x1 256->64 1.12 against 1.48; BERT b8's 768->768 1.37 against 1.34); and the non-finite
 scan, whose work a thread grows with the block's places, is still the largest cost (built
 without it, 64 x 128 ran BERT's 768->768 at 1.20 for 1.75, 64 x 192 the 1x1 1024->256 at
 1.62 for 2.47), so the narrow tiles win (WARPGROUP_TILES). Staging the results gained up to
-10% (128 x 128 on BERT 1.69 against 1.86). At the rule's tiles 2:4 / dense is 1.12-1.18 on
-these three layers: still slower. Next: the places' flags from one pass over X (a launch
-before the product) rather than each block's scan of every k tile.
+10% (128 x 128 on BERT 1.69 against 1.86). At the rule's tiles 2:4 / dense was 1.12-1.18 on
+these three layers. Session 46 (H200, 15 layers, bench/gpu_sparse24.py --all --scanned):
+the flags from the block's sums (below) instead of the scan, and WARPGROUP_TILES refitted,
+took 2:4 / dense from a geomean of 1.157 to 1.015 (0.84 to 1.18; faster than dense on 6):
+still short of issue 34's 0.77.
 
 Knobs: mma.py's `TensorCoreConfig` (block_k of 32, 64 or 128; it must divide k, and split_k
 the k tiles: no tile reads past k, whose metadata would be zero-filled; with wgmma 64 or
-128, `refill_first`, not `early_refill`, and `staged`). The default on sm_90 where k is a
-multiple of 64 is a WARPGROUP_TILES tile (`_warpgroup_default`: the one whose busiest SM
-has least to do); elsewhere `mma.choose`'s mma.sync tile for depth k / 2 at the deepest
-block_k of 64 or 32 that fits in 3 stages.
+128, at most WARPGROUP_COLUMNS places a warpgroup, `refill_first`, not `early_refill`, and
+`staged`). The default on sm_90 where k is a multiple of 64 is a WARPGROUP_TILES tile
+(SCANNED_TILES where the block's k tiles are scanned; `_warpgroup_default`: the one whose
+busiest SM has least to do); elsewhere `mma.choose`'s mma.sync tile for depth k / 2 at the
+deepest block_k of 64 or 32 that fits in 3 stages.
 
 Skipping a pruned weight drops its x * 0 term, which IEEE makes NaN for a non-finite x (the
-dense product's result). As each k tile's B tile lands in shared memory, the threads test
-its chunks' halves for an exponent of all ones (a chunk's 16 bytes one load, one add and two
-masks a word: `_flags`) and flag the block's places holding one; after the k loop an
-accumulator of a flagged place becomes NaN where one of the place's non-finite activations
-sits at a pruned position of its row (the rare path, `_fix`: the place's row and the
-metadata read again from global memory), as the CSR template's non-finite counts do
-(cuda/sparse.py).
+dense product's result). The block flags its places holding a non-finite activation; after
+the k loop an accumulator of a flagged place becomes NaN where one of the place's non-finite
+activations sits at a pruned position of its row (the rare path, `_fix`: the place's row and
+the metadata read again from global memory), as the CSR template's non-finite counts do
+(cuda/sparse.py). Where the block's rows are whole runs of the weights' `covering_rows`
+(each k kept by one of them: the problem's `cover`, from the constant metadata), the flags
+come from the sums, once after the k loop (`_seen`: x times a kept value, a kept zero too,
+is not finite for a non-finite x); elsewhere, as each k tile's B tile lands in shared
+memory, the threads test its chunks' halves for an exponent of all ones (a chunk's 16 bytes
+one load, one add and two masks a word: `_flags`). The scan was the product's largest cost
+(session 45).
 They never serve a dense product, nor weights without the 2:4 encoding, nor a grouped conv.
 """
 
@@ -117,14 +124,25 @@ def shared_bytes(c: TensorCoreConfig) -> int:
     return ring + up(c.block_n * 4)
 
 
+WARPGROUP_COLUMNS = 64
+"""The most places a warpgroup of the 2:4 product multiplies. Wider ones gave wrong products
+on an H200 (session 46, bench/gpu_sparse24.py --all: at k tiles of 64, 64 x 128, 128 x 128,
+128 x 192, 64 x 256, 128 x 256 and 256 x 128 wrong by 0.1-0.6 of the output's scale on 2 to
+11 of 15 layers each, while 64 x 64 and 128 x 64 matched dense on all and 128 x 128 at k 128
+in 3 stages on 13) once the k tiles' non-finite scan no longer delayed the next k tile: a
+race not found yet. The suspect: each k tile's metadata registers are rewritten while the
+previous tile's wgmmas, longer at wider n, still run (`wgmma.wait_group` 1)."""
+
+
 def _fits(c: TensorCoreConfig, precision: str) -> bool:
     """Whether config `c` is one the product runs: with `wgmma` (sm_90), warpgroup tiles
     (`wgmma.fits` at the sparse precision, whose k tile is 128: A's 64 kept a row one
-    swizzle row; or k tiles of 64, `WARPGROUP_K`); without, mma.sync's (warp tiles of whole
-    16 x 16 mma tiles, their accumulators bounded)."""
+    swizzle row; or k tiles of 64, `WARPGROUP_K`) of at most WARPGROUP_COLUMNS places a
+    warpgroup; without, mma.sync's (warp tiles of whole 16 x 16 mma tiles, their
+    accumulators bounded)."""
     if c.wgmma:
-        return c.block_k in WARPGROUP_K and wgmma.fits(
-            replace(c, block_k=wgmma.block_k(precision)), precision)
+        return c.block_k in WARPGROUP_K and c.block_n <= WARPGROUP_COLUMNS * c.warps_n and \
+            wgmma.fits(replace(c, block_k=wgmma.block_k(precision)), precision)
     return c.block_k <= 128 and c.block_m % (16 * c.warps_m) == 0 and \
         c.block_n % (16 * c.warps_n) == 0 and _accumulators(c) <= MAX_ACCUMULATORS
 
@@ -157,8 +175,8 @@ def space(p, machine) -> Space:
     }, [Constraint("without wgmma: a warp's rows (block_m / warps_m) and columns (block_n / "
                    f"warps_n) multiples of 16, at most {MAX_ACCUMULATORS} accumulators a "
                    "lane; with wgmma (sm_90): k tiles of 64 or 128, warps_m a multiple of 4, a "
-                   "warpgroup's columns 64, 128, 192 or 256 and rows whole m64 tiles, at "
-                   "most 128 accumulators a thread, at least 3 stages",
+                   f"warpgroup's columns {WARPGROUP_COLUMNS} (WARPGROUP_COLUMNS) and rows "
+                   "whole m64 tiles, at most 128 accumulators a thread, at least 3 stages",
                    lambda c: _fits(c, sparse)),
         Constraint("refill_first only with wgmma", lambda c: c.wgmma or not c.refill_first),
         Constraint("staged results only with wgmma, k unsplit",
@@ -172,11 +190,23 @@ def space(p, machine) -> Space:
 
 
 WARPGROUP_TILES = (
+    (TensorCoreConfig(64, 64, 64, 4, 1, 4, wgmma=True, staged=True), 0.4),
+    (TensorCoreConfig(128, 64, 64, 8, 1, 4, wgmma=True, staged=True), 0.6))
+"""(tile, its share of the sparse tensor cores' rate as the rule weighs it) the warpgroup
+default chooses from (`_warpgroup_default`) where the tile's rows are whole runs of the
+weights' `covering_rows`, so that no k tile is scanned: W's rows x places, k tiles of 64,
+results staged. Measured (H200, fp16, bench/gpu_sparse24.py --all --scanned, 2:4 / dnnc
+dense fp16, 15 layers of BERT-base b8 and resnet50 b32): 128 x 64 the better on 11 (0.84 to
+1.18), 64 x 64 where W has 64 rows (1x1 256->64 1.05 for 1.30, 3x3 64->64 1.06 for 1.45) and
+on BERT's 768->768 (1.00 for 1.05); the shares pick the better of the two on 14 of 15
+(geomean 1.015 against 1.012 for the better of each). Wider tiles are outside the space
+(WARPGROUP_COLUMNS); 128 x 128 at k 128 ran 0.96-2.18."""
+
+SCANNED_TILES = (
     (TensorCoreConfig(64, 64, 64, 4, 1, 4, wgmma=True, staged=True), 0.45),
     (TensorCoreConfig(128, 64, 64, 8, 1, 4, wgmma=True, staged=True), 0.55))
-"""(tile, its share of the sparse tensor cores' rate as the rule weighs it) the warpgroup
-default chooses from (`_warpgroup_default`): W's rows x places, k tiles of 64, results
-staged. Measured (H200, fp16, bench/gpu_sparse24.py --all, 2:4 / dnnc dense fp16): BERT b8
+"""WARPGROUP_TILES' counterpart for weights whose rows do not keep every column (each k
+tile scanned). Measured (H200, fp16, bench/gpu_sparse24.py --all, 2:4 / dnnc dense fp16): BERT b8
 768->768 128 x 64 1.15, 64 x 64 1.37; resnet50 b32 1x1 1024->256 64 x 64 1.18, 128 x 64
 1.22; 1x1 256->64 @56 64 x 64 1.12, 128 x 64 1.37: the best of 17 configs on each. Wider
 tiles lost everywhere (64 x 128 1.38-1.75, 128 x 128 1.31-1.69, 64 x 192 1.56-2.97; 128 x 192
@@ -195,7 +225,9 @@ def default(p, machine) -> TensorCoreConfig:
     precision, sparse = SPARSE[dtype]
     arch = getattr(machine, "arch", None)
     if arch is not None and has_wgmma(arch) and k % min(WARPGROUP_K) == 0:
-        return _warpgroup_default(rows, places, gpu_of(machine).sms)
+        whole = [(c, share) for c, share in WARPGROUP_TILES
+                 if p.cover and c.block_m % p.cover == 0]
+        return _warpgroup_default(whole or SCANNED_TILES, rows, places, gpu_of(machine).sms)
     base = choose(rows, places, k // 2, 1, gpu_of(machine), precision)
     for bk in (64, 32):
         c = replace(base, block_k=bk, stages=DEFAULT_STAGES, wgmma=False, staged=False,
@@ -207,15 +239,15 @@ def default(p, machine) -> TensorCoreConfig:
     return c
 
 
-def _warpgroup_default(rows: int, places: int, sms: int) -> TensorCoreConfig:
-    """The WARPGROUP_TILES tile whose busiest SM has least to do: its blocks' products
-    (ceil(blocks / sms) of them; a ragged edge's tile counts whole) over the tile's share
-    of the rate."""
+def _warpgroup_default(tiles, rows: int, places: int, sms: int) -> TensorCoreConfig:
+    """The tile of `tiles` (WARPGROUP_TILES' entries or SCANNED_TILES) whose busiest SM has
+    least to do: its blocks' products (ceil(blocks / sms) of them; a ragged edge's tile
+    counts whole) over the tile's share of the rate."""
     def seconds(entry):
         c, efficiency = entry
         blocks = -(-rows // c.block_m) * -(-places // c.block_n)
         return -(-blocks // sms) * c.block_m * c.block_n / efficiency
-    return min(WARPGROUP_TILES, key=seconds)[0]
+    return min(tiles, key=seconds)[0]
 
 
 def applies(p) -> bool:
@@ -271,19 +303,27 @@ class _Metadata:
 
 class _NonFinite:
     """What both blocks of the 2:4 product share (the module's docstring's last paragraph):
-    the places' non-finite flags, set as each k tile of B lands (`_flags`), and after the k
-    loop the accumulators of flagged places made NaN where one of the place's non-finite
-    activations sits at a pruned position of its row (`_recount`, from each block's `_fix`:
-    its accumulators' layout). Mixed in before the block's product class."""
+    the places' non-finite flags, set after the k loop from the block's own sums where its
+    rows keep every k (`_seen`), else as each k tile of B lands (`_flags`), and then the
+    accumulators of flagged places made NaN where one of the place's non-finite activations
+    sits at a pruned position of its row (`_recount`, from `_fix`; each block's `_results`
+    walks its accumulators' layout). Mixed in before the block's product class."""
 
     transposed_results = True
     """Y^T = W X^T: Y runs along the block's rows (W's), which a staged epilogue stores."""
 
-    def _sparse(self, meta: L.Buffer, sparse: str, k: int, places: int) -> None:
-        # places of the block whose activations hold a NaN or an infinity (`_flags`)
+    def _sparse(self, meta: L.Buffer, sparse: str, k: int, places: int, cover: int) -> None:
+        # places of the block whose activations hold a NaN or an infinity (`_seen`, `_flags`)
         self.flags = L.Buffer("nonfinite", T.int32, (self.bn,), L.Scope.SHARED)
         self.exponent = 0x7c00 if sparse == "sp_fp16" else 0x7f80
         self.meta, self.sparse, self.k, self.places = meta, sparse, k, places
+        # the block's rows whole runs of `cover` (`covering_rows`): its sums see every
+        # non-finite activation, so no k tile is scanned
+        self.scanned = not (cover and self.bm % cover == 0)
+
+    def scan(self, slot: L.Expr) -> L.Stmt:
+        """`_flags` of the k tile in `slot` where the block's rows do not keep every k."""
+        return self._flags(slot) if self.scanned else L.seq()
 
     def init(self) -> L.Stmt:
         """The accumulators zeroed, and the block's places' flags (before the k loop's
@@ -314,9 +354,25 @@ class _NonFinite:
                 self.flags, (o,), L.const(1, T.int32)))))
         return _over_threads(self.c.threads, b.chunks, visit)
 
+    def _seen(self) -> L.Stmt:
+        """Each place with a non-finite sum flagged: x times a kept value is not finite for a
+        non-finite x, and the block's rows keep every k (`covering_rows`), so every place
+        holding one has one (a non-finite weight flags its places too: `_fix` is exact)."""
+        def seen(j, local, at):
+            d = self.acc[at] - self.acc[at]
+            return L.If(L.ne(d, d), L.Store(self.flags, (local,), L.const(1, T.int32)))
+        return self._results(None, seen)
+
+    def _fix(self) -> L.Stmt:
+        """`_recount` for each accumulator of a flagged place (its flag read once a lane)."""
+        return self._results(self._flagged, lambda j, local, at: self._recount(
+            j, self.col0 + local, at))
+
     def each_result(self, body, within_tile: bool = False) -> L.Stmt:
-        """The product class's, after the non-finite fix (`_fix`)."""
-        return L.seq(L.Barrier(), self._fix(), super().each_result(body, within_tile))
+        """The product class's, after the flags from the sums (`_seen`, unless `scanned`) and
+        the non-finite fix (`_fix`)."""
+        seen = L.seq() if self.scanned else self._seen()
+        return L.seq(seen, L.Barrier(), self._fix(), super().each_result(body, within_tile))
 
     def _flagged(self, local: L.Expr) -> L.Expr:
         """Whether the block's place `local` is inside X and flagged."""
@@ -354,7 +410,7 @@ class _SparseTiles(_NonFinite, _WarpTiles):
     tile over the kept values, the metadata's ring beside it, and sparse mma steps of 32 k."""
 
     def __init__(self, c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
-                 b: Operand, precision: str, *, meta: L.Buffer, sparse: str):
+                 b: Operand, precision: str, *, meta: L.Buffer, sparse: str, cover: int):
         super().__init__(c, batch, m, n, k, a, b, precision)
         self.mk = STEP_K
         self.a_in = _Tile("a", self.bm, self.row0, m, a, self.bk // 2, k // 2, c.threads,
@@ -366,21 +422,23 @@ class _SparseTiles(_NonFinite, _WarpTiles):
         self.a_frag = L.Buffer("a_frag", T.uint32, (2 * self.tm * 4,), L.Scope.LOCAL)
         self.b_frag = L.Buffer("b_frag", T.uint32, (2 * self.tn * 4,), L.Scope.LOCAL)
         self.e_frag = L.Buffer("e_frag", T.uint32, (2 * self.tm,), L.Scope.LOCAL)
-        self._sparse(meta, sparse, k, n)
+        self._sparse(meta, sparse, k, n, cover)
 
     def rings(self) -> tuple:
         return self.a_in, self.b_in, self.meta_in
 
-    def _fix(self) -> L.Stmt:
-        """`_recount` for each accumulator of a flagged place; a lane's places are (place
-        tile ni, column h): their flags read once each."""
+    def _results(self, when, each) -> L.Stmt:
+        """`each(j, local, at)` for a lane's accumulators (row j of W, the block's place
+        `local`, register `at`), a place's (place tile ni, column h) under `when(local)`
+        (None: always)."""
         mi, ni, h, r = self.mi, self.ni, L.Var("fh"), L.Var("fr")
         row, _ = _c(2 * r + h, self.g, self.q)    # (g + 8 r, 2 q + h)
         j = self.row0 + self.wy * self.wm + mi * 16 + row
         local = self.wx * self.wn + ni * 8 + 2 * self.q + h
-        recount = self._recount(j, self.col0 + local, (mi * self.tn + ni) * 4 + 2 * r + h)
-        return self.per_thread(L.For(ni, self.tn, L.For(h, 2, L.If(self._flagged(local), L.For(
-            mi, self.tm, L.For(r, 2, recount))), L.ForKind.UNROLLED), L.ForKind.UNROLLED))
+        body = L.For(mi, self.tm, L.For(r, 2, each(j, local, (mi * self.tn + ni) * 4 + 2 * r +
+                                                   h), L.ForKind.UNROLLED), L.ForKind.UNROLLED)
+        return self.per_thread(L.For(ni, self.tn, L.For(h, 2, body if when is None else L.If(
+            when(local), body), L.ForKind.UNROLLED), L.ForKind.UNROLLED))
 
     def _fragments(self, slot: L.Expr, ks: int, half: int) -> L.Stmt:
         """The warp's A fragments and metadata words and its B fragments of step `ks` into
@@ -405,7 +463,7 @@ class _SparseTiles(_NonFinite, _WarpTiles):
         mi, ni, tm, tn = self.mi, self.ni, self.tm, self.tn
         steps = self.bk // STEP_K
         body = [self._fragments(slot, 0, 0)]
-        flags = self._flags(slot)
+        flags = self.scan(slot)
         for ks in range(steps):
             if ks + 1 < steps:
                 body.append(self._fragments(slot, ks + 1, (ks + 1) % 2))
@@ -478,7 +536,7 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
     mma.sp word of its 16 rows: `L.Wgmma`)."""
 
     def __init__(self, c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Operand,
-                 b: Operand, precision: str, *, meta: L.Buffer, sparse: str):
+                 b: Operand, precision: str, *, meta: L.Buffer, sparse: str, cover: int):
         super().__init__(c, batch, m, n, k, a, b, precision)
         self.mk = STEP_K
         kept = wgmma._SwizzledTile if self.bk == wgmma.ROW_BYTES else _HalfRows
@@ -492,7 +550,7 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
                                  c.threads, c.stages)
         self.e_frag = L.Buffer("e_frag", T.uint32, (self.bk // STEP_K * self.tm,),
                                L.Scope.LOCAL)
-        self._sparse(meta, sparse, k, n)
+        self._sparse(meta, sparse, k, n, cover)
 
     def rings(self) -> tuple:
         return self.a_in, self.b_in, self.meta_in
@@ -517,21 +575,22 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
                                         self.acc[mi * (self.cols // 2)], a, b, False, False,
                                         a_offsets, b_offsets, self.e_frag[at]))
         return L.seq(self.per_thread(L.seq(*loads, L.WgmmaFence(), *products,
-                                           L.WgmmaCommit())), self._flags(slot),
+                                           L.WgmmaCommit())), self.scan(slot),
                      self.per_thread(L.WgmmaWait(1, self.acc[0], self.count)))
 
-    def _fix(self) -> L.Stmt:
-        """`_recount` for each accumulator of a flagged place (`L.Wgmma`'s D layout: register
-        4 nt + 2 r + h at row 16 warp + g + 8 r, column 8 nt + 2 q + h of its m64 tile)."""
+    def _results(self, when, each) -> L.Stmt:
+        """`each(j, local, at)` for a thread's accumulators (`L.Wgmma`'s D layout: register
+        4 nt + 2 r + h at row 16 warp + g + 8 r, column 8 nt + 2 q + h of its m64 tile), a
+        place's under `when(local)` (None: always)."""
         mi, nt, h, r = self.mi, L.Var("fnt"), L.Var("fh"), L.Var("fr")
         j = self.row0 + self.wy * self.rows + mi * wgmma.TILE_M + self.warp * 16 + self.g + \
             8 * r
         local = self.wx * self.cols + nt * 8 + 2 * self.q + h
-        recount = self._recount(j, self.col0 + local,
-                                mi * (self.cols // 2) + nt * 4 + 2 * r + h)
-        return self.per_thread(L.For(nt, self.cols // 8, L.For(h, 2, L.If(
-            self._flagged(local), L.For(mi, self.tm, L.For(r, 2, recount, L.ForKind.UNROLLED),
-                                        L.ForKind.UNROLLED)), L.ForKind.UNROLLED),
+        body = L.For(mi, self.tm, L.For(r, 2, each(j, local, mi * (self.cols // 2) + nt * 4 +
+                                                   2 * r + h), L.ForKind.UNROLLED),
+                     L.ForKind.UNROLLED)
+        return self.per_thread(L.For(nt, self.cols // 8, L.For(
+            h, 2, body if when is None else L.If(when(local), body), L.ForKind.UNROLLED),
             L.ForKind.UNROLLED))
 
     def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
@@ -542,12 +601,12 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
                           [self.flags, self.acc, self.e_frag])
 
 
-def _blocks(meta: L.Buffer, sparse: str):
+def _blocks(meta: L.Buffer, sparse: str, cover: int):
     """`mma_product`'s `tiles`: a config's block of the 2:4 product (warpgroups with the
-    `wgmma` knob, else mma.sp warps)."""
+    `wgmma` knob, else mma.sp warps) over weights of `covering_rows` `cover`."""
     def tiles(c: TensorCoreConfig, *args):
         kind = _SparseWarpgroups if c.wgmma else _SparseTiles
-        return kind(c, *args, meta=meta, sparse=sparse)
+        return kind(c, *args, meta=meta, sparse=sparse, cover=cover)
     return tiles
 
 
@@ -567,7 +626,7 @@ def build(p: Sparse24Problem, c: TensorCoreConfig, machine) -> L.PrimFunc:
             y_full[p.store_index(p.anchor_index(bi, i, j))]
         return L.Store(target.buffer, target.indices, p.finish(value, bi, i, j))
 
-    tiles = _blocks(meta, sparse)
+    tiles = _blocks(meta, sparse, p.cover)
     body = mma_product(c, 1, p.n, p.m, p.k, Operand(lambda bi, j, kk: values[j, kk], False,
                                                     array=True),
                        Operand(lambda bi, i, kk: a[i, kk], False, array=True), store,
@@ -585,7 +644,7 @@ def conv_build(p: Sparse24ConvProblem, c: TensorCoreConfig, machine) -> L.PrimFu
     patches, store, views = conv_nhwc.implicit_gemm(p)
     values = L.Buffer(p.w.name, p.w.dtype, (rows, k // 2))
     meta = L.Buffer(p.meta.name, T.uint32, (rows // 16 * (k // STEP_K) * META_WORDS,))
-    tiles = _blocks(meta, sparse)
+    tiles = _blocks(meta, sparse, p.cover)
     body = mma_product(c, 1, rows, places, k, Operand(lambda bi, j, kk: values[j, kk], False,
                                                       array=True),
                        patches, lambda bi, j, i, value: store(bi, i, j, value),

@@ -279,6 +279,28 @@ def kept_columns(meta: np.ndarray, n: int, k: int) -> np.ndarray:
     return (32 * ks + 4 * (c % 16 // 2))[None] + (word & 3).astype(np.int64)
 
 
+COVER_ROWS = (16, 32, 64, 128, 256)
+"""The row tiles `covering_rows` tries: the 2:4 templates' block rows (`block_m`)."""
+
+
+def covering_rows(meta: np.ndarray, n: int, k: int) -> int:
+    """The fewest rows R of COVER_ROWS such that every aligned run of R rows of
+    `encode_2of4`'s weights (the last run the rows left) keeps each of the k columns in one
+    of its rows (a kept zero counts); 0 where no R does (a column pruned in every row of a
+    run: an input nothing reads). A non-finite activation times a kept value is not finite,
+    so a 2:4 block whose rows are whole runs sees every place holding one in its own sums
+    (the cuda templates' flags, docs/cuda_backend.md). Built at compile time."""
+    kept = np.zeros((n, k), bool)
+    np.put_along_axis(kept, kept_columns(meta, n, k), True, axis=1)
+    for rows in COVER_ROWS:
+        runs = -(-n // rows)
+        padded = np.zeros((runs * rows, k), bool)
+        padded[:n] = kept
+        if padded.reshape(runs, rows, k).any(axis=1).all():
+            return rows
+    return 0
+
+
 def decode_2of4(values: np.ndarray, meta: np.ndarray, k: int) -> np.ndarray:
     """The dense float32 [N, K] weights `encode_2of4` encoded."""
     n = values.shape[0]

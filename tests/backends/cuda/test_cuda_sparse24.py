@@ -20,9 +20,10 @@ import pytest
 
 from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.mma import TensorCoreConfig
+from dnnc.errors import ConfigError
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
-from dnnc.ir.ops.sparse import decode_2of4, encode_2of4, fits_2of4, kept_columns
+from dnnc.ir.ops.sparse import covering_rows, decode_2of4, encode_2of4, fits_2of4, kept_columns
 from dnnc.ir.target import Target
 from cuda_kernels import MACHINE, nvrtc_compiled, programs, renamed
 
@@ -242,17 +243,18 @@ def test_sparse24_conv_kernels_on_host(rng, tmp_path, case):
 
 W = functools.partial(TensorCoreConfig, wgmma=True)
 # (places shape, k, n, precision, bias, tail, config): warpgroup tiles (sm_90's wgmma knob)
-# of one and two warpgroups down the rows, 64 and 128 columns, ragged edges, split k and the
-# refill issued first; k tiles of 128 and of 64 (W's rows in halves: an odd count of slots
-# too), results direct and staged (transposed)
+# of one warpgroup, two down the rows, two across the places and four (64 places a
+# warpgroup: sparse24.WARPGROUP_COLUMNS), ragged edges, split k and the refill issued first;
+# k tiles of 128 and of 64 (W's rows in halves: an odd count of slots too), results direct
+# and staged (transposed)
 WARPGROUP_CASES = [((40,), 128, 64, "fp16", True, False, W(64, 64, 128, 4, 1, 3)),
                    ((2, 50), 256, 96, "bf16", True, True,
-                    W(128, 128, 128, 8, 1, 3, refill_first=True)),
+                    W(128, 128, 128, 8, 2, 3, refill_first=True)),
                    ((72,), 512, 64, "fp16", False, False, W(64, 64, 128, 4, 1, 4, 2)),
                    ((2, 24), 256, 128, "bf16", True, False, W(64, 128, 128, 4, 2, 3)),
                    ((40,), 128, 64, "fp16", True, False, W(64, 64, 64, 4, 1, 3, staged=True)),
                    ((2, 50), 256, 96, "bf16", True, True,
-                    W(128, 128, 64, 8, 1, 4, staged=True)),
+                    W(128, 128, 64, 8, 2, 4, staged=True)),
                    ((72,), 512, 64, "fp16", False, False, W(64, 64, 64, 4, 1, 4, 2)),
                    ((2, 24), 192, 128, "bf16", True, False,
                     W(64, 128, 64, 4, 2, 3, refill_first=True, staged=True))]
@@ -300,7 +302,10 @@ def test_the_warpgroup_default_is_a_tile_of_the_table_in_the_space(rows, places,
     p = sparse24_product(program.kernels[0])
     c = sparse24.default(p, machine("fp16"))
     assert c in [tile for tile, _ in sparse24.WARPGROUP_TILES]
-    assert sparse24.space(p, machine("fp16")).check(c) == c
+    space = sparse24.space(p, machine("fp16"))
+    assert space.check(c) == c
+    with pytest.raises(ConfigError, match="WARPGROUP_COLUMNS"):   # 128 places a warpgroup
+        space.check(W(64, 128, 64, 4, 1, 4, staged=True))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -488,13 +493,18 @@ def test_the_switch_overrides_the_rule(rng, monkeypatch, switch):
     assert ("Sparse24Dense" in ops) == (switch == "1")
 
 
-def _nonfinite_case(rng, precision):
+def _nonfinite_case(rng, precision, dead=False):
     """(graph, x, want): a bare Sparse24Dense of [24, 128] by 32 outputs, NaN and +-inf
-    activations at kept and pruned positions; want the float64 dense product."""
+    activations at kept and pruned positions; want the float64 dense product. `dead`: column
+    64 pruned in every row (its group keeps 65 and 66), so that no row's sum sees x[:, 64]
+    (`covering_rows` 0: the kernel scans its k tiles)."""
     half = HALF[precision]
     places, k, n = 24, 128, 32
     w = pruned_2of4(rng, n, k) / np.float32(np.sqrt(k))
+    if dead:
+        w[:, 64:68] = np.where(np.isin(np.arange(4), (1, 2)), 0.5, 0.0)
     values, meta = encode_2of4(w, half)
+    assert (covering_rows(meta, n, k) == 0) == dead
     g = Graph("sparse24_nan")
     a = g.add_input("a", T.TensorType(half, (places, k)))
     g.outputs = [g.add("Sparse24Dense", a, Value("w.kept", T.TensorType(half, values.shape),
@@ -503,6 +513,7 @@ def _nonfinite_case(rng, precision):
                        n=n, k=k)]
     x = rng.standard_normal((places, k)).astype(half.np)
     x[3, 5], x[7, 64], x[7, 65], x[11, 127], x[20, 0] = np.nan, np.inf, -np.inf, np.inf, -np.inf
+    x[15, 64] = np.nan   # where `dead`, at no kept weight: only a scan finds it
     dense = decode_2of4(values, meta, k).astype(np.float64)
     with np.errstate(invalid="ignore"):
         want = (x.astype(np.float64)[:, None, :] * dense[None]).sum(-1)
@@ -520,26 +531,44 @@ def _check_nonfinite(got, want, precision):
 
 
 @needs_gxx
+@pytest.mark.parametrize("dead", [False, True], ids=["sums", "scanned"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("config", [None, W(64, 64, 128, 4, 1, 3),
                                     W(64, 64, 64, 4, 1, 4, staged=True)],
                          ids=["default", "wgmma", "wgmma_k64_staged"])
 def test_nonfinite_activations_at_pruned_weights_make_nan_on_host(rng, tmp_path, precision,
-                                                                  config):
+                                                                  config, dead):
     """NaN and +-inf activations at kept and at pruned positions: the outputs are what the
     dense product makes (x * 0 is NaN for a non-finite x), through the flags and the rare
     path's recount; the other places' outputs as without them (mma.sp's warps, the
-    default here, and warpgroups)."""
-    g, x, want = _nonfinite_case(rng, precision)
-    got, _ = _run_on_host(g, {"a": x}, machine(precision), tmp_path, config)
+    default here, and warpgroups). The flags come from the block's sums where its rows keep
+    every k, from a scan of each k tile where a column is pruned in every row (`dead`)."""
+    g, x, want = _nonfinite_case(rng, precision, dead)
+    got, program = _run_on_host(g, {"a": x}, machine(precision), tmp_path, config)
+    assert ("scanned" in render_module(program.unique).source) == dead
     _check_nonfinite(got, want, precision)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dead", [False, True], ids=["sums", "scanned"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_nonfinite_activations_at_pruned_weights_make_nan_on_the_gpu(rng, precision):
-    g, x, want = _nonfinite_case(rng, precision)
+def test_nonfinite_activations_at_pruned_weights_make_nan_on_the_gpu(rng, precision, dead):
+    g, x, want = _nonfinite_case(rng, precision, dead)
     _check_nonfinite(np.asarray(_gpu_model(g, precision)(x)), want, precision)
+
+
+def test_covering_rows_is_the_fewest_rows_that_keep_every_column():
+    """16 where each 16 rows keep every column, 32 where rows 0-15 prune one that rows
+    16-31 keep, 0 where every row prunes it; the last run is the rows left (48 rows)."""
+    w = np.tile(np.array([1.0, 1.0, 0.0, 0.0], np.float32), (48, 8))
+    w[1::2] = np.roll(w[1::2], 2, axis=1)      # odd rows keep columns 2, 3 of each group
+    assert covering_rows(encode_2of4(w, T.float16)[1], 48, 32) == 16
+    w[:16, 4:8] = [1.0, 1.0, 0.0, 0.0]          # rows 0-15 prune columns 6 and 7
+    assert covering_rows(encode_2of4(w, T.float16)[1], 48, 32) == 32
+    w[32:, 4:8] = [1.0, 1.0, 0.0, 0.0]          # so do rows 32-47, the last run of 32
+    assert covering_rows(encode_2of4(w, T.float16)[1], 48, 32) == 64
+    w[:, 4:8] = [1.0, 1.0, 0.0, 0.0]
+    assert covering_rows(encode_2of4(w, T.float16)[1], 48, 32) == 0
 
 
 @needs_gxx
