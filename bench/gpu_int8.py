@@ -3,7 +3,7 @@
 
     PYTHONPATH=$PWD python bench/gpu_int8.py [--repeat 20] [--no-kernels] [--no-models]
         [--shapes 8] [--models resnet50,bert_base]
-        [--variants mma.sync,unstaged,deep-tiles,staged-f32]
+        [--variants mma.sync,no-s2d,unstaged,deep-tiles,staged-f32]
         [--slowest 8] [--sweep] [--quantize]
 
 Kernels: resnet50's distinct convolution shapes (bench/gpu_conv.py's RESNET50; the first
@@ -222,12 +222,15 @@ def quantized_file(name: str, folder: Path):
 
 
 VARIANTS = (("int8 mma.sync", {"DNNC_WGMMA": "0"}, {}),
+            ("int8 no-s2d", {"DNNC_SPACE_TO_DEPTH": "0"}, {}),
             ("int8 unstaged", {"DNNC_STAGED": "0"}, {}),
             ("int8 deep-tiles", {}, {"int8.SHALLOW_OUTPUTS": float("inf")}),
             ("int8 staged-f32", {}, {"mma.STAGED_OUTPUTS": (T.float16, T.bfloat16, T.int8,
                                                             T.uint8, T.float32)}))
 """Further int8 rows: the model compiled again under these variables and values of
 backends/cuda modules (DNNC_WGMMA=0: the integer products on mma.sync, not wgmma;
+DNNC_SPACE_TO_DEPTH=0: a strided stem's conv as it comes, not on its input's space to depth
+(convert_layout's `_space_to_depth`);
 DNNC_STAGED=0: wgmma's 8-bit results stored directly, not staged; deep-tiles: no
 int8.SHALLOW_TILE, shallow products on the tile int8.choose's model picks; staged-f32:
 float32 results staged too, as a dynamically quantized model's products store them)."""

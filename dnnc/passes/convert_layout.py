@@ -33,7 +33,9 @@ integers) Transpose -> [Pad of its channels to whole 16-byte chunks of int8] ->
 QuantizedConvNHWC (weights OHWI and their sums at each tap, once) -> Transpose
 (`_nhwc_int8_conv`), so a QDQ CNN's int8 values run channels-last between its convolutions
 (sink_transposes carries them through the per-tensor QuantizeLinear / DequantizeLinear and the
-float residual Adds between). "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
+float residual Adds between); a strided one whose patches copy fewer chunks so (a stem: 7x7 of
+3 channels, stride 2) reads its input's space to depth instead, a stride-1 conv of s x s times
+the channels (`_space_to_depth`). "winograd_conv" (llvm, before "pack_conv"): a 3x3 stride-1 Conv
 (`winograd_applies`) where Winograd's F(m x m, 3x3) is estimated faster than the direct conv
 (`winograd_tile`, the tile m of the least estimate, `conv_costs`) becomes ConvWinograd, its
 filters transformed once here (at bf16 rounded to bf16 in pairs of input channels, F(2x2)
@@ -289,14 +291,20 @@ def _channels_last_input(x: Value, name: str, channels: int, padded: int
     xt = Value(f"{x.name}.nhwc", TensorType(x.type.dtype, tuple(
         x.type.shape[i] for i in NHWC_OF_NCHW)))
     edge = [Node("Transpose", [x], [xt], {"perm": list(NHWC_OF_NCHW)}, f"{name}.in")]
-    if padded != channels:
-        pads = Value(f"{name}.channel_pads", TensorType(int64, (8,)),
-                     const=np.array([0] * 7 + [padded - channels], np.int64))
-        xp = Value(f"{x.name}.nhwc{padded}", TensorType(x.type.dtype, xt.type.shape[:3] +
-                                                         (padded,)))
-        edge.append(Node("Pad", [xt, pads], [xp], {"mode": "constant"}, f"{name}.pad"))
-        xt = xp
-    return edge, xt
+    more, xt = _padded_channels(xt, name, channels, padded)
+    return edge + more, xt
+
+
+def _padded_channels(xt: Value, name: str, channels: int, padded: int
+                     ) -> tuple[list[Node], Value]:
+    """(the nodes, the value) of channels-last `xt`'s channels padded with zeros up to
+    `padded`: a Pad where that is more than `channels`, else nothing."""
+    if padded == channels:
+        return [], xt
+    pads = Value(f"{name}.channel_pads", TensorType(int64, (8,)),
+                 const=np.array([0] * 7 + [padded - channels], np.int64))
+    xp = Value(f"{xt.name}{padded}", TensorType(xt.type.dtype, xt.type.shape[:3] + (padded,)))
+    return [Node("Pad", [xt, pads], [xp], {"mode": "constant"}, f"{name}.pad")], xp
 
 
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
@@ -357,25 +365,96 @@ def _nhwc_int8_conv(node: Node):
     the cuda int8 template's patches copied a chunk of 16 channels at a time
     (cuda/int8_nhwc.py), the int8 values between such convs left channels-last by
     `sink_transposes`. (Padded channels add nothing whatever they hold: their weights, sums
-    and tap sums are 0.)"""
+    and tap sums are 0.) A strided conv whose patches copy fewer chunks after a space to
+    depth (`_space_to_depth`: a stem) takes that instead."""
     x, w = node.inputs[0], node.inputs[2]
     kernel = tuple(node.attrs.get("kernel_shape") or ())
     channels = x.type.shape[1] if x.type.rank == 4 else None
     if len(kernel) != 2 or w.const is None or not isinstance(channels, int) or \
             (node.attrs.get("group") or 1) != 1:   # (grouped: cuda's NCHW int8 conv)
         return None
-    padded = -(-channels // CHUNK_BYTES) * CHUNK_BYTES
     full = unpack_conv_groups(np.asarray(w.const), node.attrs["oc"], channels, kernel)
-    ohwi = np.pad(full.transpose(NHWC_OF_NCHW), [(0, 0)] * 3 + [(0, padded - channels)])
-    ohwi = np.ascontiguousarray(ohwi)
+    attrs = {k: v for k, v in node.attrs.items() if k != "oc"}
+    ohwi = full.transpose(NHWC_OF_NCHW)
+    folded = _space_to_depth(node, ohwi, attrs)
+    if folded is not None:
+        edge, xt, ohwi, attrs = folded
+        channels = ohwi.shape[3]
+    padded = -(-channels // CHUNK_BYTES) * CHUNK_BYTES
+    ohwi = np.ascontiguousarray(np.pad(ohwi, [(0, 0)] * 3 + [(0, padded - channels)]))
     wv = Value(f"{w.name}.ohwi", TensorType(int8, ohwi.shape), const=ohwi)
     taps = tap_sums(ohwi)
     tv = Value(f"{w.name}.tap_sums", TensorType(int32, taps.shape), const=taps)
-    edge, xt = _channels_last_input(x, node.name, channels, padded)
+    if folded is None:
+        edge, xt = _channels_last_input(x, node.name, channels, padded)
+    else:
+        more, xt = _padded_channels(xt, node.name, channels, padded)
+        edge += more
     extra = list(node.inputs[4:7]) + [None] * (7 - len(node.inputs[:7]))
     inputs = [xt, node.inputs[1], wv, node.inputs[3]] + extra[:3] + [tv]
-    attrs = {k: v for k, v in node.attrs.items() if k != "oc"}
     return _channels_last_conv("QuantizedConvNHWC", inputs, attrs, node, edge)
+
+
+def _chunks(channels: int) -> int:
+    return -(-channels // CHUNK_BYTES)
+
+
+def _space_to_depth(node: Node, ohwi: np.ndarray, attrs: dict):
+    """(edge nodes, channels-last x', OHWI weights', attrs') of a QuantizedConvPacked of
+    stride s (both axes) computed as a stride-1 conv of x's s x s space to depth, where its
+    patches copy fewer 16-byte chunks: resnet's stem (7x7, stride 2, 3 channels padded to
+    16: 49 chunks a patch) becomes a 4x4 conv of 12 channels (16 chunks, a third of the
+    products). x is padded with its zero point by the conv's pads (and at the end up to
+    whole s x s blocks, or cropped to the rows and columns the outputs read), then
+    x'[n, i, j, c'] = x[n, c, s i + a, s j + b] with c' = (a s + b) C + c (a Reshape, a
+    Transpose, a Reshape: channels-last at once), the kernel padded with zeros to whole
+    blocks and rearranged alike: the same products summed in int32, so the same results;
+    none of x' is padding (no w_tap_sums share). None where it does not apply or copies no
+    fewer chunks."""
+    x, za = node.inputs[0], node.inputs[1]
+    (n, c, h, w), (m, kh, kw, _) = x.type.shape, ohwi.shape
+    strides = tuple(attrs.get("strides") or (1, 1))
+    pads = tuple(attrs.get("pads") or (0, 0, 0, 0))
+    s = strides[0]
+    if s < 2 or strides != (s, s) or tuple(attrs.get("dilations") or (1, 1)) != (1, 1) or \
+            attrs.get("auto_pad", "NOTSET") != "NOTSET" or not isinstance(h, int) or \
+            not isinstance(w, int) or za is None or za.const is None or za.type.numel != 1 or \
+            os.environ.get("DNNC_SPACE_TO_DEPTH") == "0":   # (bench/gpu_int8.py's A/B switch)
+        return None
+    bh, bw = -(-kh // s), -(-kw // s)   # the kernel in blocks of s x s taps
+    if bh * bw * _chunks(s * s * c) >= kh * kw * _chunks(c):
+        return None
+    oh = (h + pads[0] + pads[2] - kh) // s + 1
+    ow = (w + pads[1] + pads[3] - kw) // s + 1
+    # x padded to exactly the rows and columns the outputs read (a negative end crops)
+    hp, wp = s * (oh + bh - 1), s * (ow + bw - 1)
+    bottom, right = hp - h - pads[0], wp - w - pads[1]
+    name, dtype = node.name, x.type.dtype
+
+    def value(label, shape):
+        return Value(f"{x.name}.{label}", TensorType(dtype, shape))
+
+    def ints(label, a):
+        return Value(f"{name}.{label}", TensorType(int64, (len(a),)),
+                     const=np.array(a, np.int64))
+
+    xp = value("s2d_padded", (n, c, hp, wp))
+    blocks = value("s2d_blocks", (n, c, hp // s, s, wp // s, s))
+    moved = value("s2d_moved", (n, hp // s, wp // s, s, s, c))
+    xs = value("s2d_nhwc", (n, hp // s, wp // s, s * s * c))
+    edge = [Node("Pad", [x, ints("s2d_pads", [0, 0, pads[0], pads[1], 0, 0, bottom, right]),
+                         za], [xp], {"mode": "constant"}, f"{name}.s2d_pad"),
+            Node("Reshape", [xp, ints("s2d_blocks", [0, c, hp // s, s, wp // s, s])],
+                 [blocks], {"allowzero": 0}, f"{name}.s2d_blocks"),
+            Node("Transpose", [blocks], [moved], {"perm": [0, 2, 4, 3, 5, 1]},
+                 f"{name}.s2d_move"),
+            Node("Reshape", [moved, ints("s2d_shape", [0, hp // s, wp // s, s * s * c])],
+                 [xs], {"allowzero": 0}, f"{name}.s2d")]
+    full = np.pad(ohwi, [(0, 0), (0, bh * s - kh), (0, bw * s - kw), (0, 0)])
+    folded = full.reshape(m, bh, s, bw, s, c).transpose(0, 1, 3, 2, 4, 5)
+    folded = folded.reshape(m, bh, bw, s * s * c)
+    return edge, xs, folded, dict(attrs, kernel_shape=[bh, bw], strides=[1, 1],
+                                  pads=[0, 0, 0, 0])
 
 
 def _grouped(node: Node) -> bool:

@@ -280,3 +280,37 @@ def test_int8_values_stay_channels_last_through_a_residual_block(act):
     assert ops.count("QuantizedConvNHWC") == 3 and "QuantizedConvPacked" not in ops
     assert ops.count("Transpose") == 2, ops
     assert np.array_equal(run_graph(optimised, [x])[0], want)
+
+
+@pytest.mark.parametrize("n,c,h,w,k,stride,pad,act", [
+    (2, 3, 17, 15, 7, 2, 3, np.uint8), (1, 3, 12, 13, 3, 2, 1, np.int8),
+    (1, 2, 11, 10, 5, 3, 1, np.int8), (1, 4, 9, 9, 4, 2, 0, np.uint8)])
+def test_strided_stems_run_as_a_space_to_depth(n, c, h, w, k, stride, pad, act, tmp_path):
+    """A strided conv of few channels (resnet's 7x7 stride 2 stem, a 3x3 stride 2 stem, stride
+    3, an even kernel without pads) becomes a stride-1 conv of its input's space to depth
+    (`convert_layout._space_to_depth`: padded with the zero point, zero weights past the
+    kernel): fewer 16-byte chunks a patch, bit for bit the reference on host threads, odd
+    sizes padded at the end."""
+    rng = np.random.default_rng(k * 10 + c)
+    g, x, want = conv_graph(rng, n, c, h, w, 24, k, stride, pad, act, "int8")
+    optimised, _ = programs(g, machine=LAYOUTS)
+    (conv,) = [node for node in optimised.nodes if node.op == "QuantizedConvNHWC"]
+    blocks = -(-k // stride)
+    assert conv.attrs["strides"] == [1, 1] and conv.attrs["kernel_shape"] == [blocks] * 2
+    chunks = -(-stride * stride * c // 16)
+    assert conv.inputs[2].type.shape[1:] == (blocks, blocks, 16 * chunks)
+    assert chunks * blocks * blocks < -(-c // 16) * k * k
+    got, templates, _ = _on_host(g, x, tmp_path, machine=LAYOUTS)
+    assert "cuda_int8_conv2d_nhwc" in templates
+    assert np.array_equal(got, want), f"{np.sum(got != want)} of {got.size} differ"
+
+
+def test_space_to_depth_only_where_patches_copy_fewer_chunks():
+    """A stride-2 conv of 16 channels (3x3: 9 chunks a patch, 4 blocks of 64 channels: 16)
+    and a 1x1 stride-2 one stay as they are."""
+    for c, k in ((16, 3), (8, 1)):
+        g, _, _ = conv_graph(np.random.default_rng(c), 1, c, 8, 8, 16, k, 2, k // 2, np.int8,
+                             "int8")
+        optimised, _ = programs(g, machine=LAYOUTS)
+        (conv,) = [node for node in optimised.nodes if node.op == "QuantizedConvNHWC"]
+        assert conv.attrs["strides"] == [2, 2]
