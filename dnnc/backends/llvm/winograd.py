@@ -283,13 +283,13 @@ class _Winograd:
         """One parallel unit a (image, channel block, tile block): the alpha^2 products into m,
         then m transformed into the tiles' pixels; tile blocks inner, so a channel block's
         transformed filters stay in L2 for its tile blocks."""
-        unit = L.Var("unit")
-        per_image = self.tblocks * self.blocks
+        unit, b = L.Var("unit"), L.Var("bcol")
+        per_image = self.th * self.blocks
         bn, rest = unit // per_image, unit % per_image
-        ob, tb = rest // self.tblocks, rest % self.tblocks
-        block = bn * self.tblocks + tb
-        return L.For(unit, self.n * per_image, self.channel_block(block, ob, self.v, block),
-                     self.par)
+        ob, ty = rest // self.th, rest % self.th
+        block = bn * self.tblocks + ty * self.row_blocks + b
+        return L.For(unit, self.n * per_image, L.For(
+            b, self.row_blocks, self.channel_block(block, ob, self.v, block)), self.par)
 
     def channel_block(self, block, ob, v_buf: L.Buffer, at: L.Expr) -> L.Stmt:
         """Channel block ob of tile block `block` (its transformed input v_buf[at]): the
@@ -313,9 +313,11 @@ class _Winograd:
             band = L.Buffer("xband", T.float32, (self.c, self.alpha, self.band_columns))
             transform = L.Allocate(band, L.seq(self.band_copy(block, band),
                                                self.transform_block(block, mine, zero, band)))
-        return L.For(block, self.n * self.tblocks, L.Allocate(mine, L.seq(
-            transform,
-            L.For(ob, self.blocks, self.channel_block(block, ob, mine, zero)))), self.par)
+        unit = L.Allocate(mine, L.seq(
+            transform, L.For(ob, self.blocks, self.channel_block(block, ob, mine, zero))))
+        row, b = L.Var("brow"), L.Var("bcol")
+        return L.For(row, self.n * self.th, L.For(b, self.row_blocks, L.substitute(
+            unit, {block: row * self.row_blocks + b})), self.par)
 
     @property
     def band_columns(self) -> int:
