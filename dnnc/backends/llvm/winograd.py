@@ -14,7 +14,8 @@ of the transformed tile. Two parallel loops:
 1. the input transformed, a block of T tiles of a row of tiles a unit, into V [blocks,
    alpha^2, C, T] (a scratch buffer of the call: each block's alpha^2 [C, T] panels
    contiguous), the block's tiles in the vector lanes;
-2. a unit a block of T tiles and a block of NR output channels: for each of the alpha^2
+2. a unit a row of tile blocks and a block of NR output channels (the row's blocks one
+   after another: see "Units" below): for each block and each of the alpha^2
    positions, T x NR accumulators summed over C, a step one broadcast V value times one
    NR-vector of U (the direct conv's micro-kernel, conv.py), kept in `m` [alpha^2, T, NR];
    then `m` transformed back into each tile's m x m pixels, through bias and the fused
@@ -31,9 +32,15 @@ each unit padding the band of the input its patches read and transforming its bl
 scratch of its own, then doing every channel block (a padded copy of the whole input,
 written a plane a unit, moved between cores the same way: 0.75 ms at 64 -> 64, 0.46 with
 the band): the default on more than one thread where each thread gets
-FUSED_BLOCKS_PER_THREAD blocks and the scratch is at most FUSED_SCRATCH
+FUSED_UNITS_PER_THREAD rows of blocks and the scratch is at most FUSED_SCRATCH
 (`fused_by_default`). On 1 thread the two loops stay: a tile block's pass over every
 channel block reads all of U (0.82 ms against 0.91 fused at 64 -> 64 @ 56).
+
+Units: a thread writes whole rows of tiles, never one block of a row that another thread
+writes the rest of. Blocks claimed one at a time (the pool's chunks are single units on
+small images) went to alternate threads, and neighbouring blocks wrote the same cache lines
+of every output plane (a 27-wide row in blocks of 14 pixels): znver5, 2 threads, 32 -> 64
+@27 (squeezenet's expand) 260 us against 66 on 1 thread; with a row of blocks a unit 51.
 
 Knobs (`WinogradConfig`): tiles, T of a block (its accumulators: T x NR); fused.
 
@@ -88,10 +95,12 @@ def default(p: Conv2d, machine) -> WinogradConfig:
     return WinogradConfig(tiles, fused_by_default(p, tile, row, tiles, machine.threads))
 
 
-FUSED_BLOCKS_PER_THREAD = 3
-"""Tile blocks a thread at least, for the default to fuse the input transform into the
-products' units (`WinogradConfig.fused`): with fewer, one loop of tile blocks leaves threads
-idle (a 7x7 image's two blocks), which the two loops' channel blocks share out. 2 threads,
+FUSED_UNITS_PER_THREAD = 3
+"""Fused units (rows of tile blocks) a thread at least, for the default to fuse the input
+transform into the products' units (`WinogradConfig.fused`): with fewer, one loop of tile
+rows leaves threads idle (a 7x7 image's two blocks), which the two loops' channel blocks
+share out. (Measured when a unit was one block; the tile rows of these layers were one
+block each, but at 56x56 two.) 2 threads,
 znver4, quiet host, two loops -> fused (ms): 64 -> 64 @ 28 (7 blocks) 0.31 -> 0.13, 128 ->
 128 @ 28 0.58 -> 0.39, 256 -> 256 @ 14 (7 blocks) 0.56 -> 0.58, 512 -> 512 @ 7 1.09 -> 1.07;
 16 threads keep the two loops at 56x56 (28 blocks)."""
@@ -106,13 +115,13 @@ znver4)."""
 
 def fused_by_default(p: Conv2d, tile: int, row: int, tiles: int, threads: int) -> bool:
     """Whether the default fuses (`WinogradConfig.fused`) F(tile) blocks of `tiles` of a
-    row of `row` tiles: on more than one thread, with FUSED_BLOCKS_PER_THREAD tile blocks a
-    thread, the unit's scratch within FUSED_SCRATCH."""
+    row of `row` tiles: on more than one thread, with FUSED_UNITS_PER_THREAD units (rows of
+    tile blocks) a thread, the unit's scratch within FUSED_SCRATCH."""
     n, c = p.x_dims[:2]
-    blocks = n * -(-p.y_dims[2] // tile) * -(-row // tiles)
+    rows = n * -(-p.y_dims[2] // tile)
     depth = -(-c // 2) if p.pairs else c
     scratch = (tile + 2) ** 2 * depth * tiles * 4
-    return threads > 1 and blocks >= FUSED_BLOCKS_PER_THREAD * threads and \
+    return threads > 1 and rows >= FUSED_UNITS_PER_THREAD * threads and \
         scratch <= FUSED_SCRATCH
 
 
@@ -280,9 +289,9 @@ class _Winograd:
         return L.For(ic, self.depth, L.For(t, self.t_n, bind(lets, L.seq(*stores)), lanes))
 
     def products_and_output(self) -> L.Stmt:
-        """One parallel unit a (image, channel block, tile block): the alpha^2 products into m,
-        then m transformed into the tiles' pixels; tile blocks inner, so a channel block's
-        transformed filters stay in L2 for its tile blocks."""
+        """One parallel unit a (image, channel block, row of tile blocks), a block at a time:
+        the alpha^2 products into m, then m transformed into the tiles' pixels; tile rows
+        inner, so a channel block's transformed filters stay in L2 for its tile blocks."""
         unit, b = L.Var("unit"), L.Var("bcol")
         per_image = self.th * self.blocks
         bn, rest = unit // per_image, unit % per_image
@@ -299,8 +308,9 @@ class _Winograd:
             self.transform_output(block, ob)))
 
     def fused_units(self) -> L.Stmt:
-        """One parallel unit a tile block (`WinogradConfig.fused`): its input transformed
-        into the unit's own scratch, then every channel block's products and output. Where
+        """One parallel unit a row of tile blocks (`WinogradConfig.fused`), each block's input
+        transformed into the unit's own scratch, then every channel block's products and
+        output (a unit a block shared output lines between threads: "Units"). Where
         the input needs padding, the unit pads the band of it that its patches read
         (`band_copy`): a padded copy of the whole input, written a plane a unit, would move
         between cores like V."""
