@@ -815,9 +815,27 @@ def pointwise_gemm_default(p: problems.PointwiseDense, machine) -> dense.DenseCo
     reloads) a lane at a time (Zen 3, 2 threads: 1024->256 at 14x14 0.773 -> 0.707 ms;
     2048->512 at 7x7 1.023 -> 0.861; 512->2048 at 7x7 0.960 -> 0.853)."""
     config = dense.default(p, machine)
+    config = dataclasses.replace(config, mc_tiles=whole_image_tiles(p, config, machine.threads))
     if config.kc == p.k:
         return config   # one slice already (few rows, or an output partial sums cannot wait in)
     return dataclasses.replace(config, kc=min(p.k, GEMM_SLICE))
+
+
+def whole_image_tiles(p: problems.PointwiseDense, config: dense.DenseConfig,
+                      threads: int) -> int:
+    """`config`'s row tiles a block, or every pixel of an image in one block where the dense
+    default split an image's pixels only to share (row block, panel) pairs between threads
+    (`dense.shared_block_tiles`) while the panels alone give every thread one: NCHW stores a
+    row block's pixels into a run of each channel's plane, so two blocks of a plane write the
+    cache line where they meet, and on a small image (a 7x7 plane's 49 pixels: no block
+    boundary falls on a line's) a split makes threads write the same lines. znver5, 2
+    threads, alone: 960 -> 160 at 7x7 (5 panels) 63-64 us in 3-tile blocks, 55 whole (1
+    thread 87); 576 -> 160 38 -> 34.5."""
+    whole = -(-p.m // config.mr)
+    if threads > 1 and config.mc_tiles < whole and whole * config.mr <= dense.MC and \
+            p.batch * (p.n // config.nr) >= threads:
+        return whole
+    return config.mc_tiles
 
 
 GEMM_SLICE = 1024

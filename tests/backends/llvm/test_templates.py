@@ -101,6 +101,25 @@ def test_row_blocks_and_panels_share_one_parallel_loop_on_many_threads(rng, m, k
     assert shared_block_tiles(33, 11, 8, 2) == 11
 
 
+@pytest.mark.parametrize("threads,whole", [(2, True), (16, False)])
+def test_pointwise_gemm_keeps_a_small_image_whole_where_the_panels_fill_the_threads(
+        rng, threads, whole):
+    """A 1x1 conv on a 7x7 image as the dense template's GEMM: on 2 threads its 5 panels (of
+    16 channels) are units enough, so a row block holds all 49 pixels where
+    `dense.shared_block_tiles` alone would split them in 3 (a split writes cache lines of
+    every channel plane from two threads: `conv.whole_image_tiles`); on 16 the rows still
+    split so that (row block, panel) pairs fill the threads. Outputs match either way."""
+    model = _conv(rng, c=96, oc=80, h=7, w=7, k=1, pad=0)
+    x = rng.standard_normal((1, 96, 7, 7)).astype(np.float32)
+    compiled = dnnc.compile(model, target="llvm", cpu=Target(
+        "llvm", cpu="x86-64-v3", features="+avx2,+fma", threads=threads))
+    (row,) = compiled.profile(x, repeat=1)
+    assert row["template"] == "pointwise_gemm"
+    assert (row["config"]["mc_tiles"] * row["config"]["mr"] >= 49) == whole
+    want = dnnc.compile(model, target="numpy").run(x)[0]
+    np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
 def test_dense_template_folds_batch_dims_into_rows(rng):
     g, bv = _dense(rng, 5, 9, 20, batch=(2, 3))
     compiled = dnnc.compile(g, target="llvm", opt_level=0)
