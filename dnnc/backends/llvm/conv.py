@@ -101,12 +101,10 @@ def band_copy(band: L.Buffer, value, channels: int, top: L.Expr, left: L.Expr | 
     (h, wid), (ph, pw) = image_hw, begins
     rows, cols = L.static_shape(band.shape)[1:]
     c, a, b = L.Var("bc"), L.Var("ba"), L.Var("bb")
-    if isinstance(left, int):   # the bounds of the image's columns known now
-        first = min(max(pw - left, 0), cols)
-        end = min(max(wid + pw - left, first), cols)
-    else:
-        first = L.minimum(L.maximum(pw - left, 0), cols)
-        end = L.minimum(L.maximum(wid + pw - left, first), cols)
+    # the band's columns left of the image, and where the image ends (constants once
+    # L.simplify folds them, where `left` is)
+    first = L.minimum(L.maximum(pw - left, 0), cols)
+    end = L.minimum(L.maximum(wid + pw - left, first), cols)
     row = top + a - ph
     zero = L.Const(0, band.dtype)
 

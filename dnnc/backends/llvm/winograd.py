@@ -314,7 +314,8 @@ class _Winograd:
         the input needs padding, the unit pads the band of it that its patches read
         (`band_copy`): a padded copy of the whole input, written a plane a unit, would move
         between cores like V."""
-        block, ob = L.Var("block"), L.Var("ob")
+        row, b, ob = L.Var("brow"), L.Var("bcol"), L.Var("ob")
+        block = row * self.row_blocks + b
         mine = L.Buffer("vt", self.v.dtype, (1,) + tuple(self.v.shape[1:]))
         zero = L.const(0)
         if self.pad_stmt is None:
@@ -325,9 +326,7 @@ class _Winograd:
                                                self.transform_block(block, mine, zero, band)))
         unit = L.Allocate(mine, L.seq(
             transform, L.For(ob, self.blocks, self.channel_block(block, ob, mine, zero))))
-        row, b = L.Var("brow"), L.Var("bcol")
-        return L.For(row, self.n * self.th, L.For(b, self.row_blocks, L.substitute(
-            unit, {block: row * self.row_blocks + b})), self.par)
+        return L.For(row, self.n * self.th, L.For(b, self.row_blocks, unit), self.par)
 
     @property
     def band_columns(self) -> int:
