@@ -2,6 +2,7 @@
 
     python bench/fuzz_sweep.py --cases 2000 --seed 2026 [--opt-levels 0,3] [--threads 1,2]
                                [--shards 3] [--out DIR] [--special] [--target T]
+                               [--boost G ...]
 
 Runs `python -m dnnc.testing.fuzz` for every (opt level, thread count) pair, each pair's case
 range cut into `--shards` pieces run side by side (a machine with many cores finishes the
@@ -10,7 +11,9 @@ configuration: cases, passed, mismatches, crashes, timeouts, errors, known diffe
 Exit status 1 if any shard found something. Findings go to `--out/<config>/`. `--special`
 sweeps the special-values cases (+-inf, NaN, huge values in the inputs), `--target` another
 target than llvm (cuda on a GPU host), `--precision` a reduced one there (fp16, bf16: half
-storage and tensor cores, judged within the fuzzer's PRECISION_UNITS).
+storage and tensor cores, judged within the fuzzer's PRECISION_UNITS), `--boost G` the
+fuzzer's `--boost` (repeatable: `--boost sparse --boost sparse24` with DNNC_SPARSE24=1 sweeps
+the 2:4 layers, docs/fuzzing.md).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def main() -> int:
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--no-minimize", action="store_true",
                         help="save findings unminimised (the fuzzer's --no-minimize)")
+    parser.add_argument("--boost", action="append", default=[],
+                        help="the fuzzer's --boost G (repeatable)")
     parser.add_argument("--precision", default="fp32",
                         help="the fuzzer's --precision (cuda: tf32, fp16, bf16)")
     args = parser.parse_args()
@@ -67,7 +72,8 @@ def main() -> int:
                    "--threads", str(threads), "--out", str(out), "--quiet",
                    "--target", args.target, "--precision", args.precision] + \
                 (["--special"] if args.special else []) + \
-                (["--no-minimize"] if args.no_minimize else [])
+                (["--no-minimize"] if args.no_minimize else []) + \
+                [x for g in args.boost for x in ("--boost", g)]
             jobs.append(((opt, threads), subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     totals: dict[tuple, dict[str, int]] = {}
@@ -83,7 +89,8 @@ def main() -> int:
             print(f"--- o{config[0]} t{config[1]} shard, exit {proc.returncode}:\n"
                   f"{text[-3000:]}")
     print(f"# fuzz sweep: {args.target}, seed {args.seed}"
-          f"{' (special values)' if args.special else ''}, {args.cases} cases a configuration, "
+          f"{' (special values)' if args.special else ''}"
+          f"{''.join(f' --boost {g}' for g in args.boost)}, {args.cases} cases a configuration, "
           f"{args.shards} shards each, {time.perf_counter() - start:.0f} s")
     print(f"{'opt':>3} {'threads':>7} " + " ".join(f"{f:>10}" for f in FIELDS))
     for (opt, threads), total in totals.items():

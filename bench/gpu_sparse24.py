@@ -67,13 +67,14 @@ from gpu_timing import (cupy_timer, header, interleaved_ms, kernel_launcher,  # 
 
 BERT_BATCH, RESNET_BATCH = 8, 32
 S = functools.partial(TensorCoreConfig, wgmma=True, staged=True)
-VARIANTS = [c for c, _ in sparse24.WARPGROUP_TILES + sparse24.SCANNED_TILES] + [
-    S(256, 64, 64, 8, 1, 4), S(64, 128, 64, 4, 2, 4), S(128, 128, 64, 8, 2, 4),
-    S(128, 128, 64, 4, 2, 4), S(128, 128, 128, 8, 2, 3)]
+VARIANTS = list(dict.fromkeys([c for c, _ in sparse24.WARPGROUP_TILES + sparse24.SCANNED_TILES] + [
+    S(256, 64, 64, 8, 1, 4), S(64, 128, 64, 4, 1, 4), S(128, 128, 64, 8, 1, 4),
+    S(128, 192, 64, 8, 1, 4), S(128, 256, 64, 8, 1, 3), S(256, 128, 64, 8, 1, 4),
+    S(128, 128, 128, 8, 1, 3)]))
 """2:4 configs timed beside the default (those outside a layer's space skipped): the
-warpgroup defaults' tiles (k tiles of 64, staged), and wider blocks of warpgroups of 64
-places (`sparse24.WARPGROUP_COLUMNS`), k tiles of 64 and 128. Each costs a device about 3 s
-of NVRTC on a conv (H200 host, session 45: 18 configs took a minute a layer; `--jobs`)."""
+warpgroup defaults' tiles (k tiles of 64, staged), and wider blocks, of warpgroups of 64 to
+256 places, k tiles of 64 and 128. Each costs a device about 3 s of NVRTC on a conv (H200
+host, session 45: 18 configs took a minute a layer; `--jobs`)."""
 
 
 def scanned(graph: Graph, machine) -> list:

@@ -24,17 +24,18 @@ store transposed back (accumulator (j, i) to Y[i, j]): the bias, the fused epilo
 (`problems.Dense.finish`, the store dense.py builds).
 
 On sm_90 the `wgmma` knob runs the same product on warpgroups (`_SparseWarpgroups`, on
-wgmma.py's block): per sparse step of 32 k and m64 tile of W's rows one
-wgmma.mma_async.sp (`L.Wgmma` at a sparse precision) reading W's kept values and X's rows
-from shared memory through descriptors, each warp's metadata word (the mma.sp word of its
-16 rows) from the metadata ring. A k tile is 128 k (W's 64 kept values a row one 128-byte
-swizzle row, X's 128 two: `_Panels`, two panels of 64 k, wgmma's K-major rows being 128
-bytes) or 64 k (`WARPGROUP_K`: W's 32 a row in half a swizzle row, `_HalfRows`; X's 64 one
-row, as the dense product's k tile). mma.sync.sp on Hopper runs at about half wgmma's rate,
-which is why the mma.sp product ran 1.29-1.34x slower than the dense fp16 wgmma default on
-BERT-base b8's products (H200, session 40). With the `staged` knob (warpgroups only) the
-results go through shared memory transposed (staged.py's `transposed_results`: Y runs along
-W's rows) and are stored in runs of 4 of a place's outputs, not 2 bytes a lane.
+wgmma.py's block): per sparse step of 32 k and m64 tile of W's rows one wgmma.mma_async.sp
+(`L.Wgmma` at a sparse precision) reading W's kept values and X's rows from shared memory
+through descriptors, each warp's metadata word (the mma.sp word of its 16 rows) from the
+metadata ring into registers, two sets taken by turns of k tiles (`register_sets`: the wgmmas
+still running read the other). A k tile is 128 k (W's 64 kept values a row one 128-byte swizzle
+row, X's 128 two: `_Panels`, two panels of 64 k, wgmma's K-major rows being 128 bytes) or 64 k
+(`WARPGROUP_K`: W's 32 a row in half a swizzle row, `_HalfRows`; X's 64 one row, as the dense
+product's k tile). mma.sync.sp on Hopper runs at about half wgmma's rate, which is why the
+mma.sp product ran 1.29-1.34x slower than the dense fp16 wgmma default on BERT-base b8's
+products (H200, session 40). With the `staged` knob (warpgroups only) the results go through
+shared memory transposed (staged.py's `transposed_results`: Y runs along W's rows) and are
+stored in runs of 4 of a place's outputs, not 2 bytes a lane.
 
 Why the 2:4 product lost to dense fp16 (session 44, H200: 2:4 / dense 1.04-2.10 at the
 k-128 default), measured on an H200 in session 45 (bench/gpu_sparse24.py --all and a
@@ -48,15 +49,19 @@ without it, 64 x 128 ran BERT's 768->768 at 1.20 for 1.75, 64 x 192 the 1x1 1024
 these three layers. Session 46 (H200, 15 layers, bench/gpu_sparse24.py --all --scanned):
 the flags from the block's sums (below) instead of the scan, and WARPGROUP_TILES refitted,
 took 2:4 / dense from a geomean of 1.157 to 1.015 (0.84 to 1.18; faster than dense on 6):
-still short of issue 34's 0.77.
+still short of issue 34's 0.77. Session 47 (H200): the race that made warpgroups of more
+than 64 places wrong found (the metadata registers: `_SparseWarpgroups.register_sets`) and
+256 x 64 added to WARPGROUP_TILES: 0.993 in a run where session 46's tiles gave 1.022 (a
+second call, HEAD's tree against this one: 0.987 against 1.011 and 1.008); the wide
+warpgroups, now correct, were the best tile on 3 of the 15 layers only.
 
 Knobs: mma.py's `TensorCoreConfig` (block_k of 32, 64 or 128; it must divide k, and split_k
 the k tiles: no tile reads past k, whose metadata would be zero-filled; with wgmma 64 or
-128, at most WARPGROUP_COLUMNS places a warpgroup, `refill_first`, not `early_refill`, and
-`staged`). The default on sm_90 where k is a multiple of 64 is a WARPGROUP_TILES tile
-(SCANNED_TILES where the block's k tiles are scanned; `_warpgroup_default`: the one whose
-busiest SM has least to do); elsewhere `mma.choose`'s mma.sync tile for depth k / 2 at the
-deepest block_k of 64 or 32 that fits in 3 stages.
+128, `refill_first`, not `early_refill`, and `staged`). The default on sm_90 where k is a
+multiple of 64 is a WARPGROUP_TILES tile (SCANNED_TILES where the block's k tiles are
+scanned; `_warpgroup_default`: the one whose busiest SM has least to do); elsewhere
+`mma.choose`'s mma.sync tile for depth k / 2 at the deepest block_k of 64 or 32 that fits in
+3 stages.
 
 Skipping a pruned weight drops its x * 0 term, which IEEE makes NaN for a non-finite x (the
 dense product's result). The block flags its places holding a non-finite activation; after
@@ -124,24 +129,13 @@ def shared_bytes(c: TensorCoreConfig) -> int:
     return ring + up(c.block_n * 4)
 
 
-WARPGROUP_COLUMNS = 64
-"""The most places a warpgroup of the 2:4 product multiplies. Wider ones gave wrong products
-on an H200 (session 46, bench/gpu_sparse24.py --all: at k tiles of 64, 64 x 128, 128 x 128,
-128 x 192, 64 x 256, 128 x 256 and 256 x 128 wrong by 0.1-0.6 of the output's scale on 2 to
-11 of 15 layers each, while 64 x 64 and 128 x 64 matched dense on all and 128 x 128 at k 128
-in 3 stages on 13) once the k tiles' non-finite scan no longer delayed the next k tile: a
-race not found yet. The suspect: each k tile's metadata registers are rewritten while the
-previous tile's wgmmas, longer at wider n, still run (`wgmma.wait_group` 1)."""
-
-
 def _fits(c: TensorCoreConfig, precision: str) -> bool:
     """Whether config `c` is one the product runs: with `wgmma` (sm_90), warpgroup tiles
     (`wgmma.fits` at the sparse precision, whose k tile is 128: A's 64 kept a row one
-    swizzle row; or k tiles of 64, `WARPGROUP_K`) of at most WARPGROUP_COLUMNS places a
-    warpgroup; without, mma.sync's (warp tiles of whole 16 x 16 mma tiles, their
-    accumulators bounded)."""
+    swizzle row; or k tiles of 64, `WARPGROUP_K`); without, mma.sync's (warp tiles of whole
+    16 x 16 mma tiles, their accumulators bounded)."""
     if c.wgmma:
-        return c.block_k in WARPGROUP_K and c.block_n <= WARPGROUP_COLUMNS * c.warps_n and \
+        return c.block_k in WARPGROUP_K and \
             wgmma.fits(replace(c, block_k=wgmma.block_k(precision)), precision)
     return c.block_k <= 128 and c.block_m % (16 * c.warps_m) == 0 and \
         c.block_n % (16 * c.warps_n) == 0 and _accumulators(c) <= MAX_ACCUMULATORS
@@ -175,8 +169,8 @@ def space(p, machine) -> Space:
     }, [Constraint("without wgmma: a warp's rows (block_m / warps_m) and columns (block_n / "
                    f"warps_n) multiples of 16, at most {MAX_ACCUMULATORS} accumulators a "
                    "lane; with wgmma (sm_90): k tiles of 64 or 128, warps_m a multiple of 4, a "
-                   f"warpgroup's columns {WARPGROUP_COLUMNS} (WARPGROUP_COLUMNS) and rows "
-                   "whole m64 tiles, at most 128 accumulators a thread, at least 3 stages",
+                   f"warpgroup's columns one of {wgmma.WGMMA_N} and rows whole m64 tiles, at "
+                   "most 128 accumulators a thread, at least 3 stages",
                    lambda c: _fits(c, sparse)),
         Constraint("refill_first only with wgmma", lambda c: c.wgmma or not c.refill_first),
         Constraint("staged results only with wgmma, k unsplit",
@@ -191,16 +185,24 @@ def space(p, machine) -> Space:
 
 WARPGROUP_TILES = (
     (TensorCoreConfig(64, 64, 64, 4, 1, 4, wgmma=True, staged=True), 0.4),
-    (TensorCoreConfig(128, 64, 64, 8, 1, 4, wgmma=True, staged=True), 0.6))
+    (TensorCoreConfig(128, 64, 64, 8, 1, 4, wgmma=True, staged=True), 0.6),
+    (TensorCoreConfig(256, 64, 64, 8, 1, 4, wgmma=True, staged=True), 0.7))
 """(tile, its share of the sparse tensor cores' rate as the rule weighs it) the warpgroup
 default chooses from (`_warpgroup_default`) where the tile's rows are whole runs of the
 weights' `covering_rows`, so that no k tile is scanned: W's rows x places, k tiles of 64,
-results staged. Measured (H200, fp16, bench/gpu_sparse24.py --all --scanned, 2:4 / dnnc
-dense fp16, 15 layers of BERT-base b8 and resnet50 b32): 128 x 64 the better on 11 (0.84 to
-1.18), 64 x 64 where W has 64 rows (1x1 256->64 1.05 for 1.30, 3x3 64->64 1.06 for 1.45) and
-on BERT's 768->768 (1.00 for 1.05); the shares pick the better of the two on 14 of 15
-(geomean 1.015 against 1.012 for the better of each). Wider tiles are outside the space
-(WARPGROUP_COLUMNS); 128 x 128 at k 128 ran 0.96-2.18."""
+results staged. Measured (H200, fp16, bench/gpu_sparse24.py --all, 2:4 / dnnc dense fp16,
+15 layers of BERT-base b8 and resnet50 b32; session 47, one run): 256 x 64 (two warpgroups
+of 128 rows: X's tile read once for twice the rows) the better where W has 256 rows or more
+and its blocks fill the SMs (1x1 1024->256 0.96 for 1.07 at 128 x 64, 256->1024 0.98 for
+1.02, 128->512 1.10 for 1.18, 512->2048 1.05 for 1.19, 64->256 1.08 for 1.09, 3x3 256->256
+0.88 for 0.95), 128 x 64 on BERT and where 256-row blocks leave SMs idle (1x1 2048->512 @7
+0.90 for 1.22), 64 x 64 where W has 64 rows (1x1 256->64 1.08, 3x3 64->64 1.06); the shares
+(any of 256 x 64's from 0.65 to 0.8) pick the best of the three on all 15 (geomean 0.993
+against 1.022 for session 46's two tiles in the same run; the best of all 10 tiles timed on
+each layer 0.980). Warpgroups of 128 to 256 places (`wgmma.WGMMA_N`),
+correct since session 47, were the best on 3 layers (1x1 512->128 128 x 192 0.88 for 0.99,
+3x3 256->256 128 x 128 0.85, BERT 768->3072 128 x 128 1.09 for 1.13) and 1.3-2.7 elsewhere:
+not in the table."""
 
 SCANNED_TILES = (
     (TensorCoreConfig(64, 64, 64, 4, 1, 4, wgmma=True, staged=True), 0.45),
@@ -548,27 +550,40 @@ class _SparseWarpgroups(_NonFinite, wgmma.Warpgroups):
             raise ValueError("2:4 warpgroup products read both operands along k")
         self.meta_in = _Metadata(meta, self.bm, self.by * (self.bm // 16), m, self.bk, k,
                                  c.threads, c.stages)
-        self.e_frag = L.Buffer("e_frag", T.uint32, (self.bk // STEP_K * self.tm,),
-                               L.Scope.LOCAL)
+        self.e_frag = L.Buffer("e_frag", T.uint32, (self.register_sets * self.bk // STEP_K *
+                                                    self.tm,), L.Scope.LOCAL)
         self._sparse(meta, sparse, k, n, cover)
 
     def rings(self) -> tuple:
         return self.a_in, self.b_in, self.meta_in
 
-    def update(self, slot: L.Expr) -> L.Stmt:
-        """The k tile in `slot`: its metadata words into registers, then (after the fence:
-        PTX orders a wgmma's input registers written before it only through one, and an
-        H200 gave wrong products with the words loaded after it) per sparse step and m64
-        tile one sparse wgmma of the warpgroup's columns, the group committed; the places'
-        flags of the tile while its wgmmas run (they only read it); then all groups but it
-        waited for (as `Warpgroups.update`)."""
+    register_sets = 2
+    """The metadata words' register sets, a k tile's each in turn (`Warpgroups.product`'s
+    turns of two k tiles): a sparse wgmma reads its metadata register as it runs, not as it
+    is issued (PTX: a wgmma's input registers are not to be written until a wait completes
+    it), and tile kt + 1's words are loaded while tile kt's wgmmas still run (`wgmma.
+    wait_group 1`). With one set, NVCC's SASS for a k loop it kept rolled loaded them into
+    the registers of the running wgmmas (nvdisasm: LDS R88 after HGMMA.SP ... R88 before
+    the WARPGROUP.DEPBAR): the race of session 46, whose products were wrong by 0.05-0.18 of
+    the output's scale on an H200 at warpgroups of 128 and more places (the SASS of every
+    tile had the hazard; none of 64 places showed it). With two, the words go into the set whose
+    wgmmas the last wait completed (a wait of 0 before the loads, as CUTLASS's sm_90 sparse
+    mainloop does, would idle the tensor cores between k tiles)."""
+
+    def update(self, slot: L.Expr, turn: int = 0) -> L.Stmt:
+        """The k tile in `slot`: its metadata words into register set `turn`, then (after
+        the fence: PTX orders a wgmma's input registers written before it only through one,
+        and an H200 gave wrong products with the words loaded after it) per sparse step and
+        m64 tile one sparse wgmma of the warpgroup's columns, the group committed; the
+        places' flags of the tile while its wgmmas run (they only read it); then all groups
+        but it waited for (as `Warpgroups.update`)."""
         loads, products = [], []
         for ks in range(self.bk // STEP_K):
             for mi in range(self.tm):
                 first = self.wy * self.rows + mi * wgmma.TILE_M
                 a, a_offsets = self.a_in.descriptor(slot, first, ks)
                 b, b_offsets = self.b_in.descriptor(slot, self.wx * self.cols, ks)
-                at = ks * self.tm + mi
+                at = (turn * self.bk // STEP_K + ks) * self.tm + mi
                 loads.append(L.Store(self.e_frag, (at,), self.meta_in.tile[self.meta_in.word(
                     slot, first // 16 + self.warp, ks, self.g, self.q % 2)]))
                 products.append(L.Wgmma(self.sparse, self.cols,

@@ -42,7 +42,9 @@ free there already), not after the wait for kt - 1's: its copies start up to a k
 product earlier, while kt - 1's wgmmas still run, for no second barrier (issued between kt's
 wgmmas' commit and the wait for kt - 1's instead, it took 4% longer, geometric mean of 27
 fp16 shape-tile pairs on an H200, session 45, and was dropped). After the last tile, a wait
-for all. The epilogue stores each accumulator
+for all. A block whose wgmmas read registers each k tile loads (sparse24.py's metadata:
+`register_sets` 2) takes k tiles by turns of as many, each its own registers, the odd
+tiles after the loop. The epilogue stores each accumulator
 through the problem's store, as `mma.py`'s, and `split_k` splits k as there (with
 `cluster_split`, summed in the slices' cluster: `staged.cluster_results`).
 
@@ -202,7 +204,12 @@ class Warpgroups:
         return self.per_thread(L.For(r, self.count, L.Store(
             self.acc, (r,), L.const(0, self.acc_type)), L.ForKind.UNROLLED))
 
-    def update(self, slot: L.Expr) -> L.Stmt:
+    register_sets = 1
+    """k tiles a turn of the k loop takes, each its own set of the registers `update` loads
+    for its wgmmas (`turn`): sparse24.py's metadata words take 2, so that a tile's words never
+    go into registers the previous tile's wgmmas, still running, read."""
+
+    def update(self, slot: L.Expr, turn: int = 0) -> L.Stmt:
         """The k tile in shared `slot`: per k step (16, tf32 8) and m64 tile one wgmma of
         the warpgroup's columns, then the group committed and all but it waited for."""
         body = [L.WgmmaFence()]
@@ -235,18 +242,24 @@ class Warpgroups:
             if s < per:
                 prologue += [x.fetch(first + s, L.const(s)) for x in tiles]
             prologue += commit
-        kt = L.Var("kt")
-        coming = kt + ahead
-        more, slot = coming < per, coming % stages
         fence = self.per_thread(L.ProxyFence())
-        refill = [*(x.issue(first + coming, slot, more) for x in tiles), *commit]
         first_refill = self.c.refill_first
-        loop = L.For(kt, per, L.seq(
-            *([self.per_thread(L.AsyncWait(ahead - 1))] if asynchronous else []),
-            *(x.round_in_place(kt % stages) for x in tiles), fence,
-            L.Barrier(), *(refill if first_refill else []), self.update(kt % stages),
-            *([L.Barrier()] if early else []), *([] if first_refill else refill),
-            *(x.finish(slot, more) for x in tiles)))
+
+        def tile(kt: L.Expr, turn: int) -> L.Stmt:
+            coming = kt + ahead
+            more, slot = coming < per, coming % stages
+            refill = [*(x.issue(first + coming, slot, more) for x in tiles), *commit]
+            return L.seq(
+                *([self.per_thread(L.AsyncWait(ahead - 1))] if asynchronous else []),
+                *(x.round_in_place(kt % stages) for x in tiles), fence,
+                L.Barrier(), *(refill if first_refill else []), self.update(kt % stages, turn),
+                *([L.Barrier()] if early else []), *([] if first_refill else refill),
+                *(x.finish(slot, more) for x in tiles))
+
+        kt, sets = L.Var("kt"), self.register_sets
+        turn = [tile(kt, 0)] if sets == 1 else [tile(kt * sets + s, s) for s in range(sets)]
+        loop = L.seq(L.For(kt, per // sets, L.seq(*turn)), *(
+            tile(L.const(per // sets * sets + s), s) for s in range(per % sets)))
         done = self.per_thread(L.WgmmaWait(0, self.acc[0], self.count))
         return L.seq(*prologue, loop, done)
 

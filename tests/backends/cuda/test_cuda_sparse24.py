@@ -5,10 +5,12 @@ padded, strided window; the default config and others of the knob space, split k
 NaN and infinite activations at pruned weights) rendered and run on host threads by
 test_host_semantics.py's shim (mma.sp, ldmatrix and cp.async emulated) against the float64
 product of the rounded operands, and sm_90's warpgroup product (wgmma.mma_async.sp emulated)
-at tiles of one and two warpgroups, split k, the refill first and a 3x3 conv; their NVRTC
-compiles for sm_80 and sm_90a (skipped without CuPy); the rewrite's choices (2:4 products and convs at fp16 / bf16 on cuda; nothing on llvm,
-at fp32, for grouped convs or for weights past 2:4); the op's rule on llvm. The `gpu` tests run pruned models on a GPU
-(skipped without one)."""
+at tiles of one and two warpgroups of 64 to 256 places, split k, the refill first and a 3x3
+conv, and its k loop's metadata registers never written under a running wgmma; their NVRTC
+compiles for sm_80 and sm_90a (skipped without CuPy); the rewrite's choices (2:4 products
+and convs at fp16 / bf16 on cuda; nothing on llvm, at fp32, for grouped convs or for weights
+past 2:4); the op's rule on llvm. The `gpu` tests run pruned models and wide warpgroup tiles
+on a GPU (skipped without one)."""
 
 import dataclasses
 import functools
@@ -242,11 +244,15 @@ def test_sparse24_conv_kernels_on_host(rng, tmp_path, case):
 
 
 W = functools.partial(TensorCoreConfig, wgmma=True)
+WIDE = [W(64, 128, 64, 4, 1, 4, staged=True), W(128, 256, 64, 8, 1, 3, staged=True),
+        W(256, 128, 64, 8, 1, 4, staged=True), W(128, 128, 128, 8, 1, 3)]
+"""Warpgroups of more than 64 places (128 and 256; two m64 tiles a warpgroup in 256 x 128):
+the tiles session 46's race made wrong (a k tile's metadata words loaded into the registers
+the previous tile's wgmmas still read)."""
 # (places shape, k, n, precision, bias, tail, config): warpgroup tiles (sm_90's wgmma knob)
-# of one warpgroup, two down the rows, two across the places and four (64 places a
-# warpgroup: sparse24.WARPGROUP_COLUMNS), ragged edges, split k and the refill issued first;
-# k tiles of 128 and of 64 (W's rows in halves: an odd count of slots too), results direct
-# and staged (transposed)
+# of one warpgroup, two down the rows, two across the places and four, of 64, 128 and 256
+# places, ragged edges, split k and the refill issued first; k tiles of 128 and of 64 (W's
+# rows in halves: an odd count of slots too), results direct and staged (transposed)
 WARPGROUP_CASES = [((40,), 128, 64, "fp16", True, False, W(64, 64, 128, 4, 1, 3)),
                    ((2, 50), 256, 96, "bf16", True, True,
                     W(128, 128, 128, 8, 2, 3, refill_first=True)),
@@ -257,7 +263,10 @@ WARPGROUP_CASES = [((40,), 128, 64, "fp16", True, False, W(64, 64, 128, 4, 1, 3)
                     W(128, 128, 64, 8, 2, 4, staged=True)),
                    ((72,), 512, 64, "fp16", False, False, W(64, 64, 64, 4, 1, 4, 2)),
                    ((2, 24), 192, 128, "bf16", True, False,
-                    W(64, 128, 64, 4, 2, 3, refill_first=True, staged=True))]
+                    W(64, 128, 64, 4, 2, 3, refill_first=True, staged=True)),
+                   ((2, 100), 320, 64, "fp16", True, False, WIDE[0]),
+                   ((300,), 384, 128, "bf16", False, False, WIDE[1]),
+                   ((2, 68), 256, 256, "fp16", True, True, WIDE[2])]
 
 
 @needs_gxx
@@ -271,6 +280,85 @@ def test_sparse24_warpgroup_kernels_on_host(rng, tmp_path, case):
     got, program = _run_on_host(g, feeds, machine(shape[3]), tmp_path, config)
     assert "dnnc_wgmma_sp_" in render_module(program.unique).source
     assert (np.abs(got.astype(np.float64) - want) <= bound).all()
+
+
+def _metadata_rewritten_while_read(func) -> list[str]:
+    """The stores of `func`'s k loop into metadata registers (`e_frag`) that a wgmma group
+    still running reads (issued, committed, not yet completed by a `WgmmaWait`), the loop
+    taken three times in a row (its turns follow one another) and what follows it once."""
+    from dnnc.ir import loop as L
+
+    loop = next(n for n in L.walk(func.body) if isinstance(n, L.For) and n.var.name == "kt")
+    inside = set(map(id, L.walk(loop.body)))
+    events = [n for n in L.walk(func.body) if isinstance(n, (L.Store, L.Wgmma, L.WgmmaCommit,
+                                                             L.WgmmaWait))]
+    last = max(i for i, n in enumerate(events) if id(n) in inside)
+    turn, after = [n for n in events if id(n) in inside], events[last + 1:]
+    running, issued, found = [], set(), []
+    for n in turn * 3 + after:
+        if isinstance(n, L.Store) and n.buffer.name == "e_frag":
+            at = n.indices[0].value
+            if any(at in group for group in running):
+                found.append(f"e_frag[{at}]")
+        elif isinstance(n, L.Wgmma):
+            issued.add(n.meta.indices[0].value)
+        elif isinstance(n, L.WgmmaCommit):
+            running, issued = running + [issued], set()
+        elif isinstance(n, L.WgmmaWait):
+            running = running[len(running) - n.pending:] if n.pending else []
+    return found
+
+
+@pytest.mark.parametrize("config", WIDE + [W(128, 64, 64, 8, 1, 4, staged=True),
+                                           W(64, 64, 128, 4, 1, 3, refill_first=True)])
+def test_no_metadata_register_is_rewritten_while_a_wgmma_reads_it(config):
+    """PTX forbids writing a wgmma's input registers until a wait completes it, and an H200
+    read the metadata register as the wgmma ran: each k tile's words loaded into the
+    registers the previous tile's wgmmas still read gave wide tiles wrong products (session
+    46). Over k = 1088 (17 k tiles of 64, a k loop and an odd one after it), no store into a
+    metadata register meets a group still running that reads it."""
+    g, _, _ = sparse24_graph(np.random.default_rng(0), (256,), 1088 if config.block_k == 64
+                             else 1152, 256, "fp16", False, False)
+    _, (program,) = programs(g, machine=machine("fp16"), config=config)
+    assert _metadata_rewritten_while_read(program.kernels[0].func) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", WIDE, ids=["64x128", "128x256", "256x128", "128x128k128"])
+def test_wide_warpgroups_on_the_gpu(config):
+    """Warpgroups of 128 and 256 places over k = 3072 (48 k tiles of 64, a k loop NVCC keeps
+    rolled: the form in which session 46's race rewrote a running wgmma's metadata register;
+    its products were off by 0.05-0.18 of the output's scale) on 1024 x 512 results, each of
+    5 launches within `_product_case`'s bound plus one ulp of the Relu's output (the tensor
+    cores' float32 sums, in their own order, can round a product to the half next to the
+    float64 one's: on an H200 by 0.0029, an ulp at |y| in [2, 4) and the output's rounding)."""
+    import cupy as cp
+    from dnnc.backends.cuda import device
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"wgmma needs sm_90, not {device.gpu_arch()}")
+    g, feeds, want, bound = _product_case(np.random.default_rng(47), (1024,), 3072, 512,
+                                          "fp16", True, False)
+    bound = bound + 2 * 2.0 ** -11 * np.abs(want - feeds["r"])   # |Relu(y)|: want - r
+    _, (program,) = programs(g, machine=machine("fp16"), config=config)
+    (kernel,) = program.kernels
+    module = render_module(program.unique)
+    arch = device.compile_arch(device.gpu_arch(), module.source)   # sm_90a
+    raw = cp.cuda.function.Module()
+    raw.load(device.nvrtc_compile(module.source, arch, device.nvrtc_options(arch)))
+    info = module.kernels[kernel.func.name]
+    ins = [cp.asarray(v.const if v.const is not None else feeds[v.name]) for v in kernel.inputs]
+    (out,) = kernel.outputs
+    y = cp.full(out.type.shape, np.nan, np.float16)
+    args = tuple(ins + [y] + [cp.empty(size, cp.uint8) for size in info.workspace])
+    for _ in range(5):
+        y[...] = np.nan
+        for launch in info.launches:
+            fn = raw.get_function(launch.name)
+            device.allow_shared(fn, launch.shared_bytes)
+            fn(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+        got = cp.asnumpy(y).astype(np.float64)
+        assert (np.abs(got - want) <= bound).all(), np.abs(got - want).max()
 
 
 @needs_gxx
@@ -302,10 +390,12 @@ def test_the_warpgroup_default_is_a_tile_of_the_table_in_the_space(rows, places,
     p = sparse24_product(program.kernels[0])
     c = sparse24.default(p, machine("fp16"))
     assert c in [tile for tile, _ in sparse24.WARPGROUP_TILES]
+    # W's rows in 64-row tiles where it has 64, two warpgroups of 128 rows where 256-row
+    # blocks fill 132 SMs (resnet50's 1024->256 @14), of 64 on BERT's products
+    assert c.block_m == {64: 64, 256: 256, 768: 128, 3072: 128}.get(rows, c.block_m)
     space = sparse24.space(p, machine("fp16"))
     assert space.check(c) == c
-    with pytest.raises(ConfigError, match="WARPGROUP_COLUMNS"):   # 128 places a warpgroup
-        space.check(W(64, 128, 64, 4, 1, 4, staged=True))
+    assert space.check(WIDE[0]) == WIDE[0]   # 128 places a warpgroup
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
