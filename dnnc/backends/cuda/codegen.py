@@ -61,7 +61,9 @@ them takes all its shared buffers from the dynamic pool, each from a multiple of
 `L.SWIZZLE_BYTES` (the descriptors' swizzle is of absolute shared addresses). A stage holding
 `L.ClusterBarrier`s is launched in clusters of their size along z (`__cluster_dims__`, a
 compile-time attribute: a plain launch honours it); they and `cluster_load` (a load through
-the generic address `mapa` gives: `ld.shared::cluster`) are WGMMA_PRELUDE's too.
+the generic address `mapa` gives: `ld.shared::cluster`) are WGMMA_PRELUDE's too, and so are
+`L.Mbarrier`'s operations (`mbarrier.init`, `mbarrier.arrive`, `cp.async.mbarrier.arrive.noinc`,
+a `mbarrier.try_wait.parity` loop).
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -99,7 +101,7 @@ TENSOR_CORE_NODES = (L.Mma, L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)
 """Statements rendered through MMA_PRELUDE."""
 
 WGMMA_NODES = (L.Wgmma, L.WgmmaFence, L.WgmmaCommit, L.WgmmaWait, L.ProxyFence,
-               L.ClusterBarrier)
+               L.ClusterBarrier, L.Mbarrier)
 """Statements rendered through WGMMA_PRELUDE (which uses MMA_PRELUDE's shared addresses)."""
 
 C_TYPES: dict[T.DType, str] = {
@@ -503,7 +505,15 @@ class _Emitter:
         size = (self.grid if s.kind.is_gpu_block else self.block)[axis]
         v = c_name(s.var.name)
         self.emit(depth, f"{{ const long long {v} = {s.kind.value};")
-        if s.extent.value < size:
+        if s.extent.value < size and s.kind is L.ForKind.THREAD_X and \
+                s.extent.value % 32 == 0 and size % 32 == 0 and \
+                any(isinstance(n, L.Wgmma) for n in L.walk(s.body)):
+            # whole warps: a condition ptxas sees is the warp's (a wgmma on a path it deems
+            # divergent is serialized, C7518), from lane 0 (WGMMA_PRELUDE)
+            self.emit(depth + 1, f"if (dnnc_warp_index() < {s.extent.value // 32}u) {{")
+            self.stmt(s.body, depth + 2)
+            self.emit(depth + 1, "}")
+        elif s.extent.value < size:
             self.emit(depth + 1, f"if ({v} < {s.extent.value}LL) {{")
             self.stmt(s.body, depth + 2)
             self.emit(depth + 1, "}")
@@ -653,6 +663,11 @@ class _Emitter:
     def cluster_barrier(self, s: L.ClusterBarrier, depth: int) -> None:
         self.emit(depth, "dnnc_cluster_sync();")
 
+    def mbarrier(self, s: L.Mbarrier, depth: int) -> None:
+        """`dnnc_mbarrier_<op>(&bar[, value])` (WGMMA_PRELUDE)."""
+        value = "" if s.value is None else f", (unsigned)({self.expr(s.value)})"
+        self.emit(depth, f"dnnc_mbarrier_{s.op}(&{self.load(s.bar)}{value});")
+
     # -- expressions (dispatched through _EXPR) ----------------------------------------------
 
     def expr(self, e: L.Expr) -> str:
@@ -744,7 +759,7 @@ _STMT: dict[type, Callable] = {
     L.Wgmma: _Emitter.wgmma, L.WgmmaFence: _Emitter.wgmma_fence,
     L.WgmmaCommit: _Emitter.wgmma_commit, L.WgmmaWait: _Emitter.wgmma_wait,
     L.ProxyFence: _Emitter.proxy_fence, L.Prefetch: _Emitter.prefetch,
-    L.ClusterBarrier: _Emitter.cluster_barrier,
+    L.ClusterBarrier: _Emitter.cluster_barrier, L.Mbarrier: _Emitter.mbarrier,
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,

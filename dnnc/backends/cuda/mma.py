@@ -124,6 +124,14 @@ shared memory and sums a 1 / split_k share of the tile's rows over the cluster's
 (`staged.cluster_results`): one launch, no float32 partials in global memory."""
 
 
+PRODUCER_WARPS = 4
+"""Warps of the `producer` knob's copying threads (wgmma.py): a warpgroup. One warp (a
+quarter of the arrivals, 288 threads a 128 x 256 block) spilled: its 96 copies a lane keep
+their addresses in registers across the k loop, and ptxas allocates the block's registers
+for its busiest thread (NVRTC, sm_90a: 128 x 256 tiles 840 bytes of spills at 168
+registers)."""
+
+
 @dataclass(frozen=True)
 class TensorCoreConfig:
     """Knobs of the tensor-core templates."""
@@ -140,10 +148,12 @@ class TensorCoreConfig:
     refill_first: bool = False   # with wgmma: a k tile's refill issued before its wgmmas
     staged: bool = False   # results through shared memory, stored in runs of a row (staged.py)
     cluster_split: bool = False   # with wgmma: the k slices of a tile one cluster, summed in it
+    producer: bool = False   # with wgmma: PRODUCER_WARPS more copy the k tiles (mbarriers)
 
     @property
     def threads(self) -> int:
-        return WARP * self.warps_m * self.warps_n
+        """The block's threads: its warps', and the producer's (`producer`)."""
+        return WARP * (self.warps_m * self.warps_n + PRODUCER_WARPS * self.producer)
 
 
 def product_space(name: str, k: int, batch: int, precision: str, arch: str | None = None
@@ -160,6 +170,7 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         "early_refill": (False, True)[:1 + warpgroups],
         "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
         "cluster_split": (False, True)[:1 + warpgroups],
+        "producer": (False, True)[:1 + warpgroups],
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -177,6 +188,9 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         Constraint(f"cluster_split only with wgmma, a split_k of {CLUSTER_SPLITS} dividing "
                    "block_m", lambda c: not c.cluster_split or c.wgmma and
                    c.split_k in CLUSTER_SPLITS and c.block_m % c.split_k == 0),
+        Constraint("producer only with wgmma, neither early_refill nor refill_first",
+                   lambda c: not c.producer or c.wgmma and not c.early_refill and
+                   not c.refill_first),
         Constraint(f"the stages' shared tiles (and staged results) within "
                    f"{MAX_SHARED_BYTES >> 10} KiB ({MAX_WGMMA_SHARED_BYTES >> 10} KiB with "
                    "wgmma)",
@@ -192,12 +206,14 @@ def _accumulators(c: TensorCoreConfig) -> int:
 
 def shared_bytes(c: TensorCoreConfig, precision: str) -> int:
     """Bytes of shared memory a block of config `c` takes at `precision`: its ring of
-    tiles, or the staged results where they take more (they reuse the ring's memory)."""
+    tiles, or the staged results where they take more (they reuse the ring's memory), and
+    with `producer` its barriers' 1024 bytes (beside them: never reused)."""
     ring = c.stages * c.block_k * (c.block_m + c.block_n) * _element_bytes(precision)
+    barriers = L.SWIZZLE_BYTES if c.producer else 0   # the producer's mbarriers (wgmma.py)
     if c.staged and c.split_k == 1 or c.cluster_split and c.split_k > 1:
         from .staged import staging_bytes   # (it builds on this module's tiles)
-        return max(ring, staging_bytes(c))
-    return ring
+        return max(ring, staging_bytes(c)) + barriers
+    return ring + barriers
 
 
 def _shared_limit(c: TensorCoreConfig) -> int:
@@ -1019,12 +1035,48 @@ def dense_space(p: problems.Dense, machine) -> Space:
 
 
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
-    return staged_by_default(choose(
+    return producer_by_default(staged_by_default(choose(
         p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
         wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
                                p.a_tf32 and p.b_tf32), staged=results_staged(p.y.dtype),
         cluster_split=os.environ.get(DNNC_CLUSTER_SPLIT) == "1"),
-        p.y.dtype, machine.precision)
+        p.y.dtype, machine.precision), machine.precision, p.k)
+
+
+DNNC_PRODUCER = "DNNC_PRODUCER"
+"""=1: the dense default gives every wgmma tile it picks the producer warpgroup (`producer`,
+wgmma.py) where it fits; =0: never; unset: where PRODUCER_TILES says."""
+
+PRODUCER_TILES = {(64, 64): 0, (128, 256): 64}
+"""(block_m, block_n) of a wgmma tile -> the fewest k tiles a block's slice must have for the
+dense default to give it the producer warpgroup (DNNC_PRODUCER unset); other tiles keep the
+warps copying. Session 47, one H200, two calls of bench/gpu_gemm_ab.py (fp16 / bf16 in and
+out, graphs interleaved with cuBLAS; the default's tile with and without the producer, the
+same numbers in both calls within 0.05): 64 x 64 (the 128-row products, 12 k tiles a
+slice) 0.92 -> 0.97 / 0.89 -> 0.94 of cuBLAS at 128 x 768 x 3072, 1.13 -> 1.18 / 1.12 ->
+1.15 at 128 x 3072 x 768 (split 4); 128 x 256 at 4096^3 (64 k tiles) 0.77 -> 0.86 / 0.81 ->
+0.91, but at k = 768 (12 tiles; 4096 and 8192 x 768 x 3072) 0.79 -> 0.79, 0.74 -> 0.76 at
+fp16 and 0.84 -> 0.75, 0.80 -> 0.71 at bf16. Every 64 x 128, 64 x 192 and 128 x 192 tile
+the transformer shapes take lost with it (10-15%: 1024 x 3072 x 768 64 x 192 split 2 16.0 ->
+18.2 us at fp16), and so did 128 x 128 in 6 slots wherever timed (4096^3 329 us against
+128 x 256's 215)."""
+
+
+def producer_by_default(c: TensorCoreConfig, precision: str, k: int) -> TensorCoreConfig:
+    """Default config `c` of a product of depth `k` with the producer warpgroup where
+    DNNC_PRODUCER (else PRODUCER_TILES, at fp16 and bf16) says, `c` a wgmma tile and its ring and barriers
+    within the limit (its refill knobs off: the producer refills)."""
+    switch = os.environ.get(DNNC_PRODUCER)
+    if switch is None:   # (timed at fp16 and bf16 only)
+        fewest = PRODUCER_TILES.get((c.block_m, c.block_n))
+        per = -(-(-(-k // c.block_k)) // c.split_k)   # k tiles a slice
+        on = precision in ("fp16", "bf16") and fewest is not None and per >= fewest
+    else:
+        on = switch == "1"
+    if not c.wgmma or not on:
+        return c
+    produced = replace(c, producer=True, refill_first=False, early_refill=False)
+    return produced if shared_bytes(produced, precision) <= _shared_limit(produced) else c
 
 
 STAGED_OUTPUTS = (T.float16, T.bfloat16, T.int8, T.uint8)

@@ -271,6 +271,32 @@ __device__ __forceinline__ void dnnc_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// this thread's warp, as lane 0 says: a value ptxas knows the same on every lane (a
+// guard of whole warps around a wgmma: see codegen's gpu_for)
+__device__ __forceinline__ unsigned dnnc_warp_index() {
+  return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
+}
+// mbarriers (L.Mbarrier): a 64-bit object in shared memory counting arrivals a phase
+__device__ __forceinline__ void dnnc_mbarrier_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+               :: "r"(dnnc_shared_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void dnnc_mbarrier_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];"
+               :: "r"(dnnc_shared_address(bar)) : "memory");
+}
+// an arrival once every cp.async this thread issued before has landed (counted at init)
+__device__ __forceinline__ void dnnc_mbarrier_copy_arrive(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];"
+               :: "r"(dnnc_shared_address(bar)) : "memory");
+}
+// until the phase of `parity` has completed (acquire)
+__device__ __forceinline__ void dnnc_mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile("{\n.reg .pred done;\nDNNC_MBARRIER_WAIT:\n"
+               "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra DNNC_MBARRIER_WAIT;\n}"
+               :: "r"(dnnc_shared_address(bar)), "r"(parity) : "memory");
+}
 // the float at shared p's offset in the shared memory of block `rank` of this cluster: a
 // plain load through the generic address `mapa` gives (ordered by the cluster barriers'
 // memory clobbers; free to be issued together with its neighbours)
@@ -282,7 +308,7 @@ __device__ __forceinline__ float dnnc_cluster_load(const float* p, unsigned rank
     "".join(_wgmma_integer_function(name, n) for name in ("s8", "u8") for n in WGMMA_N) + \
     "".join(_sparse_wgmma_function(name, n, ptx) for name, ptx in (
         ("sp_fp16", "f16"), ("sp_bf16", "bf16")) for n in WGMMA_N)
-"""What `L.Wgmma` and its fence, commit and wait, `L.ProxyFence`, `L.ClusterBarrier` and
-`cluster_load` render to, added after
+"""What `L.Wgmma` and its fence, commit and wait, `L.ProxyFence`, `L.ClusterBarrier`,
+`L.Mbarrier` and `cluster_load` render to, added after
 MMA_PRELUDE (whose `dnnc_shared_address` it uses) to a module that uses them (a sparse
 precision's `dnnc_wgmma_sp_<p>_n<n><TA, TB>(&acc, desc a, desc b, metadata)`)."""

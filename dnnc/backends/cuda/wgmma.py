@@ -48,6 +48,26 @@ tiles after the loop. The epilogue stores each accumulator
 through the problem's store, as `mma.py`'s, and `split_k` splits k as there (with
 `cluster_split`, summed in the slices' cluster: `staged.cluster_results`).
 
+The producer (the `producer` knob, session 47; CUTLASS's warp-specialised mainloop with
+cp.async in place of TMA). The block gets a warpgroup more (`mma.PRODUCER_WARPS`, the last
+128 threads), which alone copies: for each k tile of its slice it waits until the tile's
+slot is `empty` (from the ring's second pass on), issues the tile's cp.asyncs and a
+`cp.async.mbarrier.arrive.noinc` on the slot's `full` barrier (`L.Mbarrier`, 128 arrivals a
+phase: each thread's copies landed). The consumer warpgroups run the whole k loop in one
+guarded region: wait on `full` (the phase's parity), `fence.proxy.async`, the tile's
+wgmmas, commit, wait for all but these, then lane 0 of each warp arrives on the previous
+tile's `empty` (a warp's `wgmma.wait_group` is `.sync.aligned`: its lanes leave it
+together). No `__syncthreads` in the loop. The barriers (2 x stages, made by one thread
+before a block barrier) sit beside the ring, never reused by staged results. The consumers'
+guard is `dnnc_warp_index()` (lane 0's warp, `__shfl_sync`): with a plain threadIdx.x
+guard ptxas took the wgmmas for divergent and serialized them (C7518), and one k loop
+inside one guard keeps wgmmas in flight from crossing a region's end (C7517). Where an
+operand does not come by cp.async as it lies (through registers, tf32 rounded in place) the
+config falls back to the plain loop, without the warpgroup. The default takes it where it
+measured faster (`mma.PRODUCER_TILES`). Not done: TMA (a tensor map a kernel parameter,
+built at run time: the executable's launches would carry it), `setmaxnreg` (a 128 x 256
+block's 384 threads get 168 registers each).
+
 Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer the knob on
 sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-last conv
 defaults take it at fp16 / bf16 (`mma.WGMMA_DEFAULT`; DNNC_WGMMA=1 at tf32 too), the NCHW
@@ -59,14 +79,15 @@ output tiles, its cp.async ring running on into the next tile's first k tiles wh
 one's results were stored) measured slower on an H200 at fp16 in and out: 4096^3 0.61-0.66
 of cuBLAS against 0.76 unpersistent, 8192 x 768 x 3072 0.32 against 0.60 (the same
 issuing threads then do the epilogue and the next tile's address arithmetic; a
-warp-specialised producer is what would make it pay). Not done: TMA bulk copies with
-mbarriers, warp-specialised producer warps, MN-major tf32 operands in shared memory (wgmma reads tf32 K-major only:
-such an operand is transposed through registers, as mma.py does).
+warp-specialised producer is what would make it pay). Not done: TMA bulk copies, MN-major
+tf32 operands in shared memory (wgmma reads tf32 K-major only: such an operand is transposed
+through registers, as mma.py does).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from ...ir import loop as L
 from ...ir import types as T
@@ -174,10 +195,24 @@ class Warpgroups:
         past_k = k % bk != 0 or tiles % c.split_k != 0
         self.bi, self.by, self.bx = bi, by, bx = L.Var("bi"), L.Var("by"), L.Var("bx")
         self.row0, self.col0 = by * bm, bx * bn
-        self.a_in = _SwizzledTile("a", bm, self.row0, m, a, bk, k, c.threads,
-                                  past_k or m % bm != 0, bi, precision, c.stages)
-        self.b_in = _SwizzledTile("b", bn, self.col0, n, b, bk, k, c.threads,
-                                  past_k or n % bn != 0, bi, precision, c.stages)
+        self.consumers = WARP * c.warps_m * c.warps_n   # the threads issuing wgmmas
+
+        def tiles(threads: int) -> tuple[_SwizzledTile, _SwizzledTile]:
+            return (_SwizzledTile("a", bm, self.row0, m, a, bk, k, threads,
+                                  past_k or m % bm != 0, bi, precision, c.stages),
+                    _SwizzledTile("b", bn, self.col0, n, b, bk, k, threads,
+                                  past_k or n % bn != 0, bi, precision, c.stages))
+        self.producers = c.threads - self.consumers   # (mma.PRODUCER_WARPS' threads)
+        self.a_in, self.b_in = tiles(self.producers if c.producer else self.consumers)
+        # the producer copies only what cp.async brings as it lies (not through registers,
+        # nor rounded in place at tf32): elsewhere its warpgroup idles, the warps copy
+        self.producer = c.producer and all(
+            x.asynchronous and x.round_in_place(L.const(0)) is None
+            for x in (self.a_in, self.b_in))
+        if c.producer and not self.producer:   # (no idle warpgroup in the block either)
+            self.c = c = replace(c, producer=False)
+            self.a_in, self.b_in = tiles(self.consumers)
+        self.bars = L.Buffer("k_bars", T.uint64, (2 * c.stages,), L.Scope.SHARED)
         self.count = self.tm * self.cols // 2
         self.acc_type = T.int32 if precision in L.INTEGER_MMA else T.float32
         self.acc = L.Buffer("acc", self.acc_type, (self.count,), L.Scope.LOCAL)
@@ -196,13 +231,29 @@ class Warpgroups:
                                     (self.g, t % WARP // 4), (self.q, t % 4))):
             if var in used:
                 body = L.Let(var, value, body)
-        return L.For(t, self.c.threads, body, L.ForKind.THREAD_X)
+        return L.For(t, self.consumers, body, L.ForKind.THREAD_X)
+
+    def _producing(self, body) -> L.Stmt:
+        """`body(p)` on the producer's threads, the block's last (from `consumers` on), p
+        its thread's place among them."""
+        u = L.Var("u")
+        return L.For(u, self.c.threads, L.If(u >= self.consumers, body(u - self.consumers)),
+                     L.ForKind.THREAD_X)
 
     def init(self) -> L.Stmt:
-        """Every accumulator zeroed."""
+        """Every accumulator zeroed; with the producer, its barriers made (a k slot's `full`
+        awaits each producer thread's copies, its `empty` each consumer warp's arrival)."""
         r = L.Var("r")
-        return self.per_thread(L.For(r, self.count, L.Store(
+        zero = self.per_thread(L.For(r, self.count, L.Store(
             self.acc, (r,), L.const(0, self.acc_type)), L.ForKind.UNROLLED))
+        if not self.producer:
+            return zero
+        stages = self.c.stages
+        made = [L.Mbarrier("init", self.bars[s], L.const(
+            self.producers if s < stages else self.consumers // WARP))
+            for s in range(2 * stages)]
+        return L.seq(zero, self._producing(lambda p: L.If(L.eq(p, L.const(0)), L.seq(*made))),
+                     L.Barrier())
 
     register_sets = 1
     """k tiles a turn of the k loop takes, each its own set of the registers `update` loads
@@ -212,6 +263,10 @@ class Warpgroups:
     def update(self, slot: L.Expr, turn: int = 0) -> L.Stmt:
         """The k tile in shared `slot`: per k step (16, tf32 8) and m64 tile one wgmma of
         the warpgroup's columns, then the group committed and all but it waited for."""
+        return self.per_thread(self._updated(slot))
+
+    def _updated(self, slot: L.Expr) -> L.Stmt:
+        """`update`'s statements on one thread."""
         body = [L.WgmmaFence()]
         for ks in range(self.bk // self.mk):
             for mi in range(self.tm):
@@ -223,15 +278,42 @@ class Warpgroups:
                                     not self.a_in.k_inner, not self.b_in.k_inner,
                                     a_offsets, b_offsets))
         body += [L.WgmmaCommit(), L.WgmmaWait(1, self.acc[0], self.count)]
-        return self.per_thread(L.seq(*body))
+        return L.seq(*body)
 
     def rings(self) -> tuple:
         """What each k tile copies into shared memory: the operands' tiles (a subclass may
         add one: sparse24.py's metadata)."""
         return self.a_in, self.b_in
 
+    def _produced(self, first: L.Expr) -> L.Stmt:
+        """k tiles first .. first + per - 1 through the ring, copied by the producer's
+        warpgroup (the `producer` knob, see the module's docstring)."""
+        stages, per, kt = self.c.stages, self.per, L.Var("kt")
+        slot = kt % stages
+        full, empty = self.bars[slot], self.bars[stages + slot]
+
+        def copies(p: L.Expr) -> L.Stmt:
+            issued = []
+            for x in self.rings():   # each a loop over the producer's threads
+                loop = x.issue(first + kt, slot, None)
+                assert isinstance(loop, L.For) and loop.kind is L.ForKind.THREAD_X
+                issued.append(L.Let(loop.var, p, loop.body))
+            return L.For(kt, per, L.seq(
+                L.If(kt >= stages, L.Mbarrier("wait", empty, (kt // stages + 1) % 2)),
+                *issued, L.Mbarrier("copy_arrive", full)))
+        # one thread loop around the k loop: the wgmmas in flight never cross the end of
+        # a guarded region (ptxas would wait for them there, C7517)
+        consumed = self.per_thread(L.seq(L.For(kt, per, L.seq(
+            L.Mbarrier("wait", full, kt // stages % 2), L.ProxyFence(), self._updated(slot),
+            L.If(L.logical_and(kt > 0, L.eq(self.t % WARP, L.const(0))),   # a warp's
+                 L.Mbarrier("arrive", self.bars[stages + (kt + stages - 1) % stages])))),
+            L.WgmmaWait(0, self.acc[0], self.count)))
+        return L.seq(self._producing(copies), consumed)
+
     def product(self, first: L.Expr) -> L.Stmt:
         """k tiles first .. first + per - 1 through the ring (see the module's docstring)."""
+        if self.producer:
+            return self._produced(first)
         tiles, stages, per = self.rings(), self.c.stages, self.per
         early = self.c.early_refill
         ahead = stages - 1 if early else stages - 2
@@ -288,5 +370,7 @@ class Warpgroups:
     def block(self, body: L.Stmt, after: L.Stmt | None = None) -> L.Stmt:
         """`body` with the block's shared tiles and the thread's registers allocated, then
         `after` (as `mma._WarpTiles.block`)."""
-        return _allocated(body, after, [self.a_in.tile, self.b_in.tile] + [
+        out = _allocated(body, after, [self.a_in.tile, self.b_in.tile] + [
             x.stage for x in (self.a_in, self.b_in) if not x.asynchronous], [self.acc])
+        # the barriers outside the tiles: memory an mbarrier held is not reused
+        return L.Allocate(self.bars, out) if self.producer else out

@@ -519,7 +519,8 @@ _STMT: dict[type, Callable] = {
     L.Prefetch: FunctionEmitter.prefetch, L.TileProduct: FunctionEmitter.tile_product,
     **{kind: FunctionEmitter.warp_memory for kind in (
         L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait, L.Wgmma, L.WgmmaFence,
-        L.WgmmaCommit, L.WgmmaWait, L.ProxyFence, L.ClusterBarrier)},
+        L.WgmmaCommit, L.WgmmaWait, L.ProxyFence, L.ClusterBarrier,
+        L.Mbarrier)},
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: FunctionEmitter.serial_for,

@@ -727,6 +727,35 @@ class ClusterBarrier(Stmt):
         return hash(("ClusterBarrier", self.size))
 
 
+MBARRIER_OPS = ("init", "arrive", "copy_arrive", "wait")
+
+
+@dataclass(frozen=True, eq=True)
+class Mbarrier(Stmt):
+    """One thread's operation on a shared-memory barrier object (sm_90's `mbarrier`): `bar`
+    (a Load of a SHARED uint64 buffer, used as a place, never evaluated) is the object.
+
+    - "init": it counts `value` (an integer constant) arrivals a phase, its phase 0 pending
+      (one thread initialises it, then a `Barrier` before any other use);
+    - "arrive": one arrival, ordering this thread's memory accesses before it (release);
+    - "copy_arrive": one arrival once every `CopyAsync` this thread issued before it has
+      landed (PTX's `cp.async.mbarrier.arrive.noinc`: the count at init includes it);
+    - "wait": this thread waits until the phase of parity `value` (an integer 0 or 1, an
+      expression) has completed (`try_wait.parity`, acquire): what the arrivals of that
+      phase ordered before them is then visible to it.
+
+    A phase completes when its count of arrivals has come; the next begins at once. A
+    waiter must not fall two phases behind (parity names one of two). CPU backends do not
+    render it."""
+
+    op: str
+    bar: Load
+    value: Expr | None = None
+
+    def __hash__(self):
+        return hash(("Mbarrier", self.op, self.bar, self.value))
+
+
 TILE_ROWS = 16
 """Rows of a `TileProduct` tile, and 32-bit words a row holds (64 bytes)."""
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from .nodes import (
     INDEX, MMA_SHAPES, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Cast,
     ClusterBarrier, Const,
-    CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mma, Prefetch, PrimFunc, ProxyFence,
-    Reduce, Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+    CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mbarrier, Mma, Prefetch, PrimFunc,
+    ProxyFence, Reduce, Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 
 
 _PRECEDENCE = {"or": 1, "and": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
@@ -106,6 +106,9 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
         return f"{pad}fence_proxy_async()\n"
     if isinstance(s, ClusterBarrier):
         return f"{pad}cluster_barrier({s.size})\n"
+    if isinstance(s, Mbarrier):
+        value = "" if s.value is None else f", {print_expr(s.value)}"
+        return f"{pad}mbarrier_{s.op}({print_expr(s.bar)}{value})\n"
     if isinstance(s, TileProduct):
         op = "+=" if s.accumulate else "="
         return (f"{pad}tile_product_{s.precision}_{s.m_tiles}x{s.n_tiles}("

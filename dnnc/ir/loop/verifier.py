@@ -16,8 +16,8 @@ from .nodes import (
     SPARSE_MMA_REGISTERS, TILE_PRECISIONS,
     TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, ClusterBarrier, Const,
     CopyAsync,
-    For, If, LdMatrix, Let, Load, Mma, Prefetch, PrimFunc, ProxyFence, Reduce, Scope, Select, Seq,
-    Store, TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+    For, If, LdMatrix, Let, Load, MBARRIER_OPS, Mbarrier, Mma, Prefetch, PrimFunc, ProxyFence,
+    Reduce, Scope, Select, Seq, Store, TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from .printer import print_expr
 from .traversal import walk
 
@@ -209,6 +209,26 @@ def _check_wgmma(func, s: Wgmma, gpu: set) -> None:
                           f"are not 16-byte multiples below 256 KiB")
 
 
+def _check_mbarrier(func, s: Mbarrier, gpu: set) -> None:
+    """A barrier object's operation: on a GPU's threads, a shared uint64 object, a constant
+    count to init, an integer parity to wait on, nothing to arrive with."""
+    if "threadIdx.x" not in gpu:
+        raise LoopIRError(f"{func.name}: mbarrier outside a threadIdx.x loop")
+    if s.op not in MBARRIER_OPS or not _is_place(s.bar, Scope.SHARED, T.uint64):
+        raise LoopIRError(f"{func.name}: mbarrier {s.op!r} (one of {MBARRIER_OPS}) on a "
+                          f"shared uint64 object")
+    takes = {"init": "a positive integer constant", "wait": "an integer parity"}.get(s.op)
+    if s.op == "init":
+        fits = isinstance(s.value, Const) and s.value.dtype.is_int and \
+            0 < s.value.value < 1 << 20
+    elif s.op == "wait":
+        fits = s.value is not None and s.value.dtype.is_int
+    else:
+        fits = s.value is None
+    if not fits:
+        raise LoopIRError(f"{func.name}: mbarrier {s.op} takes {takes or 'no value'}")
+
+
 def _check_tile_product(func, s: TileProduct, gpu: set) -> None:
     """A tile unit's product: on a CPU (outside the GPU loops), a known precision, C's places
     of its accumulator type, uint32 operands, at most `TILE_REGISTERS` tiles at once, and
@@ -317,6 +337,9 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
             raise LoopIRError(f"{func.name}: wgmma wait for {s.pending} groups, {s.count} "
                               f"local float32 (int32) registers")
         exprs(s.acc)
+    elif isinstance(s, Mbarrier):
+        _check_mbarrier(func, s, gpu if placement else {"threadIdx.x"})
+        exprs(s.bar, *(() if s.value is None else (s.value,)))
     elif isinstance(s, AsyncWait):
         if s.pending < 0:
             raise LoopIRError(f"{func.name}: cp.async wait for {s.pending} groups")

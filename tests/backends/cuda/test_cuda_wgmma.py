@@ -82,8 +82,29 @@ CASES = [
     # a split of 4 summed in clusters by 128 x 256 tiles (8 runs of 4 sums a thread)
     ("fp16", 200, 512, 1100, 1, W(128, 256, 64, 8, 1, 3, 4, cluster_split=True), T.float16,
      False, False),
+    # the producer warpgroup's ring (mbarriers): edges, k past its tiles, both layouts,
+    # batches, split k (summed by a launch, in clusters), staged results, more k tiles than
+    # slots (each slot's barriers through several phases)
+    ("fp16", 128, 128, 384, 1, W(64, 128, 64, 4, 1, 3, producer=True), T.float16, False,
+     False),
+    ("bf16", 136, 200, 296, 2, W(128, 128, 64, 8, 1, 4, producer=True), T.bfloat16, True,
+     True),
+    ("fp16", 72, 136, 712, 1, W(64, 128, 64, 4, 1, 5, 2, producer=True), T.float16, False,
+     True),
+    ("fp16", 104, 200, 520, 1, W(128, 192, 64, 8, 1, 3, producer=True, staged=True),
+     T.float16, True, False),
+    ("fp16", 128, 192, 512, 1, W(64, 192, 64, 4, 1, 5, 4, producer=True, cluster_split=True),
+     T.float16, False, False),
+    ("fp16", 200, 512, 1096, 1, W(128, 256, 64, 8, 1, 4, producer=True), T.float16, False,
+     False),
+    # operands cp.async cannot copy as they lie (fp32 through registers; 16-bit rows of an
+    # odd extent): no producer, the warps copy
+    ("bf16", 100, 130, 300, 1, W(64, 128, 64, 4, 1, 3, producer=True), T.float32, True,
+     True),
+    ("fp16", 100, 130, 300, 1, W(128, 128, 64, 8, 1, 4, producer=True, staged=True),
+     T.float16, True, True),
 ]
-SMOKE = (0, 1, 2, 5, 7, 9, 11, 12, 14, 16, 17)
+SMOKE = (0, 1, 2, 5, 7, 9, 11, 12, 14, 16, 17, 21, 22, 23, 24, 25, 27, 28)
 """CASES run on host threads in every run; the rest are `emulated_full`."""
 
 DEVICE_CASES = CASES + [
@@ -105,6 +126,13 @@ DEVICE_CASES = CASES + [
                                   cluster_split=True), T.float16, False, False),
     ("bf16", 1024, 768, 3072, 1, W(128, 192, 64, 8, 1, 5, 4, refill_first=True,
                                    cluster_split=True), T.bfloat16, False, False),
+] + [
+    ("fp16", 4096, 4096, 4096, 1, W(128, 256, 64, 8, 1, 4, producer=True), T.float16, False,
+     False),
+    ("bf16", 1024, 768, 3072, 1, W(64, 192, 64, 4, 1, 6, 2, producer=True), T.bfloat16,
+     False, False),
+    ("fp16", 8192, 3072, 768, 1, W(128, 192, 64, 8, 1, 5, producer=True, staged=True),
+     T.float16, False, False),
 ]
 """What NVRTC compiles (and the GPU runs): CASES and the bench's shapes."""
 
@@ -522,6 +550,83 @@ def test_cluster_nodes_are_verified_printed_and_refused_by_llvm():
         ModuleBuilder("m").add(replace(good, body=on_cpu))
 
 
+def test_mbarrier_nodes_are_verified_printed_and_refused_by_llvm():
+    from dnnc.backends.llvm.codegen import CodegenError, ModuleBuilder
+
+    x = L.Buffer("x", T.float32, (4,))
+    bars = L.Buffer("bars", T.uint64, (2,), L.Scope.SHARED)
+    t, kt = L.Var("t"), L.Var("kt")
+
+    def func(*ops, threads=True):
+        body = L.For(t, 128, L.seq(*ops, L.Store(x, (t % 4,), L.const(0.0, T.float32))),
+                     L.ForKind.THREAD_X if threads else L.ForKind.SERIAL)
+        return L.PrimFunc("f", (x,), L.For(L.Var("b"), 2, L.Allocate(bars, body),
+                                            L.ForKind.BLOCK_X))
+
+    good = func(L.Mbarrier("init", bars[0], L.const(128)), L.Mbarrier("arrive", bars[0]),
+                L.Mbarrier("copy_arrive", bars[1]),
+                L.For(kt, 3, L.Mbarrier("wait", bars[0], kt % 2)))
+    L.verify(good)
+    text = str(good)
+    for line in ("mbarrier_init(bars[0], 128)", "mbarrier_arrive(bars[0])",
+                 "mbarrier_copy_arrive(bars[1])", "mbarrier_wait(bars[0], kt % 2)"):
+        assert line in text, text
+    source = render_module([(good, True)]).source
+    for call in ("dnnc_mbarrier_init(&bars[", "dnnc_mbarrier_copy_arrive(&bars[",
+                 "dnnc_mbarrier_wait(&bars["):
+        assert call in source
+    for bad, why in ((L.Mbarrier("init", bars[0], L.Var("n")), "init takes a positive"),
+                     (L.Mbarrier("init", bars[0], L.const(0)), "init takes a positive"),
+                     (L.Mbarrier("wait", bars[0]), "wait takes an integer parity"),
+                     (L.Mbarrier("arrive", bars[0], L.const(1)), "arrive takes no value"),
+                     (L.Mbarrier("expect", bars[0]), "one of"),
+                     (L.Mbarrier("arrive", x[0]), "shared uint64")):
+        with pytest.raises(L.LoopIRError, match=why):
+            L.verify(func(bad))
+    with pytest.raises(L.LoopIRError, match="outside a threadIdx.x loop"):
+        L.verify(func(L.Mbarrier("arrive", bars[0]), threads=False))
+    on_cpu = L.transform(good.body, lambda s: replace(s, kind=L.ForKind.SERIAL)
+                         if isinstance(s, L.For) else None)
+    with pytest.raises(CodegenError, match="GPU-only"):
+        ModuleBuilder("m").add(replace(good, body=on_cpu))
+
+
+def test_the_producer_warpgroup_copies_through_mbarriers():
+    """With `producer` a block is its warps and a warpgroup more (the last), which alone
+    issues the cp.asyncs, one `copy_arrive` a k tile on its slot's `full` barrier (128
+    arrivals), the consumers waiting on it and releasing the slot through `empty` (a warp's
+    lane 0 each), the barriers 1024 bytes beside the ring; the consumers' guard is lane 0's
+    warp index (ptxas then knows the wgmmas in it are not divergent: C7518); operands
+    cp.async cannot copy as they lie leave the block as it was, the warps copying."""
+    case = next(c for c in CASES if c[5].producer and c[5].staged and c[1] == 104)
+    assert case[5].block_n == 192   # (104 x 200, k 520, fp16, staged)
+    func, config = product(*case)
+    assert config.threads == 256 + 128 and mma.shared_bytes(config, "fp16") == \
+        mma.shared_bytes(replace(config, producer=False), "fp16") + 1024
+    text = str(func)
+    assert text.count("cp_async(") == 2 and text.count("mbarrier_copy_arrive(") == 1
+    assert "mbarrier_init(k_bars[0], 128)" in text and "mbarrier_init(k_bars[3], 8)" in text
+    assert text.count("barrier()") == 2   # the barriers made, the staged tile filled
+    module = render_module([(func, True)])
+    (launch,) = module.kernels[func.name].launches
+    assert launch.block == (384, 1, 1)
+    assert "if (dnnc_warp_index() < 8u)" in module.source
+    fallback = next(c for c in CASES if c[5].producer and c[6] is T.float32)
+    func, config = product(*fallback)
+    assert "mbarrier" not in str(func)
+    assert render_module([(func, True)]).kernels[func.name].launches[0].block == (128, 1, 1)
+    if importlib.util.find_spec("cupy") is not None:
+        prog, log = nvrtc_compiled(module.source, "sm_90a", "--ptxas-options=-v")
+        assert "C7517" not in log and "C7518" not in log, log[-2000:]
+        ptx = pytest.importorskip("cupy.cuda").nvrtc.getPTX(prog)
+        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+        for instruction in ("cp.async.mbarrier.arrive.noinc.shared::cta.b64",
+                            "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64",
+                            "mbarrier.arrive.release.cta.shared::cta.b64",
+                            "mbarrier.init.shared::cta.b64", "shfl.sync.idx.b32"):
+            assert instruction in ptx, instruction
+
+
 # -- the knob -------------------------------------------------------------------------------------
 
 def test_the_knob_is_searched_on_sm90_only():
@@ -556,6 +661,51 @@ def test_cluster_split_is_searched_on_sm90_with_wgmma_and_its_splits():
                 W(64, 192, 64, 4, 1, 5, 1, cluster_split=True)):    # nothing split
         with pytest.raises(Exception, match="cluster_split only"):
             space.check(bad)
+
+
+def test_the_producer_is_searched_with_wgmma_and_taken_where_it_measured_faster(
+        monkeypatch):
+    """The `producer` knob is in the sm_90 space, with wgmma only, not with the refill knobs;
+    the dense default takes it (DNNC_PRODUCER unset) on the tiles and depths PRODUCER_TILES
+    names at fp16 and bf16 (H200, session 47: 64 x 64 and 128 x 256 of 64 k tiles and
+    more), never with DNNC_PRODUCER=0, on every wgmma tile with =1."""
+    from dnnc.backends.cuda.device import REFERENCE
+
+    def values(arch):
+        space = mma.product_space("s", 4096, 1, "fp16", arch)
+        return dict((x.name, x.values) for x in space.knobs)["producer"]
+
+    assert values("sm_90") == (False, True) and values("sm_80") == (False,)
+    space = mma.product_space("s", 4096, 1, "fp16", "sm_90")
+    space.check(W(128, 256, 64, 8, 1, 4, producer=True))
+    for bad in (C(64, 64, 32, 2, 2, 3, producer=True),
+                W(128, 128, 64, 8, 1, 5, refill_first=True, producer=True),
+                W(128, 256, 64, 8, 1, 2, early_refill=True, producer=True)):
+        with pytest.raises(Exception, match="producer only"):
+            space.check(bad)
+    monkeypatch.delenv(mma.DNNC_PRODUCER, raising=False)
+
+    def default(m, k, n, precision="fp16"):
+        c = mma.choose(m, n, k, 1, REFERENCE, precision, wgmma=True, staged=True)
+        return mma.producer_by_default(mma.staged_by_default(c, T.float16, precision),
+                                       precision, k)
+
+    for precision in ("fp16", "bf16"):
+        for shape, tile, produced in (((4096, 4096, 4096), (128, 256), True),
+                                      ((8192, 768, 3072), (128, 256), False),
+                                      ((128, 768, 3072), (64, 64), True),
+                                      ((128, 3072, 768), (64, 64), True),
+                                      ((1024, 3072, 768), (64, 192), False),
+                                      ((8192, 3072, 768), (128, 192), False)):
+            c = default(*shape, precision)
+            assert (c.block_m, c.block_n) == tile and c.producer == produced, (shape, c)
+            assert not c.producer or not c.refill_first and space.check(c) == c
+    assert not default(4096, 4096, 4096, "tf32").producer
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "0")
+    assert not default(4096, 4096, 4096).producer
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "1")
+    assert default(1024, 3072, 768).producer and default(8192, 768, 3072).producer
+    assert not mma.producer_by_default(C(64, 64, 32, 2, 2, 3), "fp16", 4096).producer
 
 
 def test_the_default_picks_wgmma_on_sm90_at_16_bit_precisions(monkeypatch):

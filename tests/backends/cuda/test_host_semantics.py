@@ -33,6 +33,8 @@ from test_cuda_codegen import _every_op, poisoned, run_on_cpu
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
 
 SHIM = r"""
+#include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstring>
@@ -44,6 +46,7 @@ static thread_local dnnc_dim3 threadIdx, blockIdx;
 static thread_local std::barrier<>* dnnc_block;     // this thread's block's
 static thread_local std::barrier<>* dnnc_cluster;   // its cluster's (every block's threads)
 static thread_local unsigned dnnc_rank;             // its block's in the cluster
+static thread_local std::barrier<>* dnnc_warp;      // its warp's (`.sync.aligned` waits)
 extern "C" void dnnc_set_thread(unsigned x) { threadIdx.x = x; }
 // one host thread per CUDA thread of a cluster of cz blocks along z (a block where cz is 1);
 // the clusters in order, a barrier between them (static "shared" arrays are then one
@@ -52,14 +55,20 @@ extern "C" void dnnc_launch_cluster(void (*kernel)(void**), void** args, unsigne
                                     unsigned gy, unsigned gz, unsigned bx, unsigned cz) {
   if (cz < 1 || cz > 8 || gz % cz) __builtin_trap();
   std::barrier<> cluster(bx * cz);
-  std::vector<std::unique_ptr<std::barrier<>>> blocks;
-  for (unsigned r = 0; r < cz; ++r) blocks.emplace_back(new std::barrier<>(bx));
+  std::vector<std::unique_ptr<std::barrier<>>> blocks, warps;
+  const unsigned per = (bx + 31) / 32;   // warps a block
+  for (unsigned r = 0; r < cz; ++r) {
+    blocks.emplace_back(new std::barrier<>(bx));
+    for (unsigned w = 0; w < per; ++w)
+      warps.emplace_back(new std::barrier<>(std::min(32u, bx - 32 * w)));
+  }
   std::vector<std::thread> threads;
   for (unsigned t = 0; t < bx * cz; ++t)
-    threads.emplace_back([=, &cluster, &blocks] {
+    threads.emplace_back([=, &cluster, &blocks, &warps] {
       threadIdx.x = t % bx;
       dnnc_rank = t / bx;
       dnnc_block = blocks[dnnc_rank].get();
+      dnnc_warp = warps[dnnc_rank * per + threadIdx.x / 32].get();
       dnnc_cluster = &cluster;
       for (unsigned z = 0; z < gz; z += cz)
         for (unsigned y = 0; y < gy; ++y)
@@ -454,6 +463,30 @@ static void dnnc_fence_proxy_async() { dnnc_unfenced_copies.clear(); }
 // clusters: every thread of the cluster's blocks (concurrent host threads) meets; a load
 // from rank r's pool at this pool's offset
 static void dnnc_cluster_sync() { dnnc_cluster->arrive_and_wait(); }
+static unsigned dnnc_warp_index() { return threadIdx.x / 32; }
+// mbarriers: the object's 64 bits hold its phase's parity (bit 63), its count (bits 32-51)
+// and the arrivals the phase still awaits (bits 0-31), changed atomically by the block's
+// host threads; a cp.async lands at once, so its arrival is an arrival; an arrival on a
+// complete phase, or on an object not made, traps
+static void dnnc_mbarrier_init(unsigned long long* bar, unsigned count) {
+  if (count == 0 || count >= 1u << 20) __builtin_trap();
+  std::atomic_ref<unsigned long long>(*bar).store((unsigned long long)count << 32 | count);
+}
+static void dnnc_mbarrier_arrive(unsigned long long* bar) {
+  std::atomic_ref<unsigned long long> word(*bar);
+  unsigned long long old = word.load(), next;
+  do {
+    const unsigned long long count = old >> 32 & 0xfffff, pending = old & 0xffffffffull;
+    if (count == 0 || pending == 0) __builtin_trap();
+    next = pending > 1 ? old - 1 : ((old ^ 1ull << 63) & ~0xffffffffull) | count;
+  } while (!word.compare_exchange_weak(old, next));
+}
+static void dnnc_mbarrier_copy_arrive(unsigned long long* bar) { dnnc_mbarrier_arrive(bar); }
+// the phase of `parity` has completed once the current phase's parity is the other
+static void dnnc_mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  std::atomic_ref<unsigned long long> word(*bar);
+  while ((word.load() >> 63) == (parity & 1)) std::this_thread::yield();
+}
 static float dnnc_cluster_load(const float* p, unsigned rank) {
   const long offset = reinterpret_cast<const unsigned char*>(p) - dnnc_shared_window;
   if (rank >= 8 || !dnnc_windows[rank] || offset < 0 || offset >= (1 << 18) || offset % 4)
@@ -503,6 +536,9 @@ template <int N, int COUNT> static void dnnc_wgmma_wait(void*) {
     else pending.push_back(op);
   }
   dnnc_wgmma_ops = pending;
+  // `.sync.aligned`: the warp's lanes leave the wait together, each lane's products run
+  // (a lane's arrival after it speaks for its warp: the producer's ring counts warps)
+  dnnc_warp->arrive_and_wait();
 }
 #define DNNC_WGMMA(NAME, KIND, N, T)                                                       \
 template <int TA, int TB> static void NAME(T* d, unsigned long long a,                     \

@@ -1,0 +1,227 @@
+"""The sm_90 wgmma product's producer warpgroup (`TensorCoreConfig.producer`, wgmma.py)
+against the dense default and cuBLAS, one run (issue 31): issue 31's transformer shapes
+(M = 128 ... 8192 with 768 x 3072 and 3072 x 768, m x k x n) and 4096^3, fp16 and bf16
+stored in and out (a half-storage model's products; B stored [k, n]).
+
+    python bench/gpu_gemm_ab.py [--precisions fp16,bf16] [--shapes MxKxN,...]
+                                [--trials 7] [--repeat 20] [--jobs 16]
+                                [--tile-s 80e-9,30e-9] [--out rows.json]
+
+Per cell (shape, precision) the rows are cuBLAS (torch.matmul in the precision), the
+default without the producer (`old`: the dense default's pick, `producer` off), the default
+(as `mma.dense_default` takes it: DNNC_PRODUCER / PRODUCER_DEFAULT), the old default's tile
+with the producer (`+producer`) and with a slot more where it fits (`+producer +1 slot`),
+and, for each `--tile-s`, what `mma.choose` picks with a k tile's fixed cost
+(`mma.WGMMA_TILE_S`, 190 ns fitted without the producer) that small, with the producer:
+what the model would choose were the producer to take that cost away; then 128 x 256 (4 slots)
+and 128 x 128 (6 slots) unsplit, staged, with the producer. Every launch is a
+CUDA graph replayed (`cupy_graph_timer` / `torch_graph_timer`), a cell's rows timed in turn,
+trial by trial (`interleaved_ms`); every result checked against the float64 product within
+the precision's bound (as bench/gpu_kernels.py's dense rows, the 16-bit output's own
+rounding allowed). Every kernel is compiled first, `--jobs` NVRTC processes at once (into
+the module cache the timing then reads). The exit status is 1 when a result was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import sys
+from dataclasses import asdict, replace
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gpu_kernels import UNIT, blas_peer   # noqa: E402
+from gpu_timing import cupy_graph_timer, header, interleaved_ms   # noqa: E402
+
+from dnnc.backends.cuda import device, mma, wgmma   # noqa: E402
+from dnnc.backends.cuda.codegen import render_module   # noqa: E402
+from dnnc.backends.cuda.dense import Operand   # noqa: E402
+from dnnc.ir import loop as L   # noqa: E402
+
+SHAPES = tuple((m, 768, 3072) for m in (128, 256, 512, 1024, 2048, 4096, 8192)) + \
+    tuple((m, 3072, 768) for m in (128, 256, 512, 1024, 2048, 4096, 8192)) + \
+    ((4096, 4096, 4096),)
+"""(m, k, n): issue 31's transformer shapes and 4096^3."""
+
+
+def old_default(m: int, k: int, n: int, precision: str, gpu) -> mma.TensorCoreConfig:
+    """The dense default of a 16-bit product stored in 16 bits, the producer off."""
+    chosen = mma.choose(m, n, k, 1, gpu, precision, wgmma=True, staged=True)
+    return replace(mma.staged_by_default(chosen, mma.STORAGE[precision], precision),
+                   producer=False)
+
+
+def produced(c: mma.TensorCoreConfig, slots: int = 0) -> mma.TensorCoreConfig | None:
+    """Config `c` with the producer (and `slots` more), or None outside the space."""
+    if not c.wgmma:
+        return None
+    p = replace(c, producer=True, refill_first=False, early_refill=False,
+                stages=c.stages + slots)
+    precision = "fp16"   # (fp16 and bf16 tiles take the same bytes)
+    fits = wgmma.fits(p, precision) and \
+        mma.shared_bytes(p, precision) <= mma.MAX_WGMMA_SHARED_BYTES
+    return p if fits else None
+
+
+def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float]) -> list:
+    """(label, config) of a cell's dnnc rows, each config once."""
+    old = old_default(m, k, n, precision, gpu)
+    default = mma.producer_by_default(old, precision, k)
+    rows = [("old", old), ("default", default), ("+producer", produced(old)),
+            ("+producer +1 slot", produced(old, 1))]
+    for bm, bn, wm, stages in ((128, 256, 8, 4), (128, 128, 8, 6)):   # wider, unsplit
+        tile = replace(old, block_m=bm, block_n=bn, warps_m=wm, warps_n=1, stages=stages,
+                       split_k=1, cluster_split=False, staged=True)
+        rows.append((f"{bm}x{bn} +producer", produced(tile)))
+    saved = mma.WGMMA_TILE_S
+    try:
+        for seconds in tile_s:
+            mma.WGMMA_TILE_S = seconds
+            pick = old_default(m, k, n, precision, gpu)
+            rows.append((f"pick at {seconds * 1e9:.0f} ns +producer", produced(pick)))
+    finally:
+        mma.WGMMA_TILE_S = saved
+    out, seen = [], set()
+    for label, c in rows:
+        if c is not None and c not in seen:
+            seen.add(c)
+            out.append((label, c))
+    return out
+
+
+def source(precision: str, m: int, k: int, n: int, c) -> tuple[str, object, str]:
+    """(the CUDA source, its module entry, the kernel's name) of Y = A B, A [m, k], B
+    [k, n] and Y [m, n] in the precision's 16-bit type, under config `c`."""
+    dtype = mma.STORAGE[precision]
+    a, b = L.Buffer("a", dtype, (1, m, k)), L.Buffer("b", dtype, (1, k, n))
+    y = L.Buffer("y", dtype, (1, m, n))
+    body = mma.mma_product(c, 1, m, n, k,
+                           Operand(lambda bi, i, kk: a[bi, i, kk], False, True),
+                           Operand(lambda bi, j, kk: b[bi, kk, j], True, True),
+                           lambda bi, i, j, value: L.Store(y, (bi, i, j),
+                                                           L.Cast(dtype, value)),
+                           precision=precision)
+    func = L.PrimFunc("ab", (a, b, y), body)
+    module = render_module([(func, True)])
+    return module.source, module.kernels[func.name], func.name
+
+
+def _tiles(c) -> str:
+    return f"{c.block_m}x{c.block_n} st{c.stages} sk{c.split_k}" + "".join(
+        f" {f}" for f in ("refill_first", "staged", "producer", "cluster_split")
+        if getattr(c, f))
+
+
+def _compile(item: tuple[str, str]) -> int:
+    text, arch = item
+    device.ModuleCache().get(text, arch, device.nvrtc_options(arch))
+    return len(text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precisions", default="fp16,bf16")
+    parser.add_argument("--shapes", default="")
+    parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--tile-s", default="80e-9,30e-9")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--list", action="store_true",
+                        help="print each cell's configs (device.REFERENCE's figures), time none")
+    args = parser.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] \
+        or SHAPES
+    tile_s = [float(x) for x in args.tile_s.split(",") if x]
+    if args.list:
+        for precision in args.precisions.split(","):
+            for m, k, n in shapes:
+                for label, c in configs(m, k, n, precision, device.REFERENCE, tile_s):
+                    print(precision, f"{m}x{k}x{n}", label, _tiles(c))
+        return 0
+    gpu = device.describe_gpu(device.properties())
+    arch = device.gpu_arch()
+    cells = []
+    for precision in args.precisions.split(","):
+        for m, k, n in shapes:
+            rows = [(label, c, *source(precision, m, k, n, c))
+                    for label, c in configs(m, k, n, precision, gpu, tile_s)]
+            cells.append((precision, (m, k, n), rows))
+    items = sorted({(row[2], device.compile_arch(arch, row[2]))
+                    for _, _, rows in cells for row in rows})
+    with concurrent.futures.ProcessPoolExecutor(
+            args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile, items))
+
+    import cupy as cp
+
+    print(header())
+    print(f"{len(items)} kernels compiled; graphs, {args.repeat} launches x {args.trials} "
+          f"trials, interleaved with cuBLAS")
+    wrong, records = 0, []
+    rng = np.random.default_rng(0)
+    for precision, (m, k, n), rows in cells:
+        dtype = mma.STORAGE[precision].np
+        x = rng.uniform(-1, 1, (m, k)).astype(np.float32).astype(dtype)
+        w = rng.uniform(-1, 1, (k, n)).astype(np.float32).astype(dtype)
+        x_dev, w_dev = cp.asarray(x.astype(np.float32)), cp.asarray(w.astype(np.float32))
+        x64, w64 = x_dev.astype(cp.float64), w_dev.astype(cp.float64)   # (exact copies)
+        want = cp.asnumpy(x64 @ w64)
+        scale = cp.asnumpy(cp.abs(x64) @ cp.abs(w64))
+        del x64, w64
+        u = UNIT[precision]
+        limit = (2 * u + u * u + k * (2.0 ** -23 + 2.0 ** -24)) * scale + u * np.abs(want)
+        if precision == "fp16":
+            limit += 2 * k * 2.0 ** -25
+        peer = blas_peer(cp, precision, x_dev, w_dev, True)
+        a_dev = cp.asarray(x.view(np.uint16)).reshape(1, m, k)
+        b_dev = cp.asarray(w.view(np.uint16)).reshape(1, k, n)
+        timers, outs, kept = [peer[2]], [], []
+        for label, c, text, info, name in rows:
+            raw = cp.cuda.function.Module()
+            raw.load(device.ModuleCache().get(text, device.compile_arch(arch, text),
+                                              device.nvrtc_options(
+                                                  device.compile_arch(arch, text))))
+            out = cp.zeros((1, m, n), cp.uint16)
+            args_ = (a_dev, b_dev, out) + tuple(cp.empty(s, cp.uint8) for s in info.workspace)
+            fns = []
+            for lc in info.launches:
+                fn = raw.get_function(lc.name)
+                device.allow_shared(fn, lc.shared_bytes)
+                fns.append((fn, lc))
+
+            def launch(fns=fns, args_=args_):
+                for fn, lc in fns:
+                    fn(lc.grid, lc.block, args_, shared_mem=lc.shared_bytes)
+            launch()
+            cp.cuda.runtime.deviceSynchronize()
+            got = cp.asnumpy(out).view(dtype).astype(np.float64)[0]
+            ok = bool(np.isfinite(got).all() and (np.abs(got - want) <= limit).all())
+            wrong += not ok
+            kept.append(raw)
+            timers.append(cupy_graph_timer(cp, launch))
+            outs.append(ok)
+        times = interleaved_ms(timers, args.repeat, args.trials)
+        blas = times[0]
+        print(f"\n{precision} {m}x{k}x{n}: {peer[0]} {blas * 1e3:.1f} us")
+        for (label, c, *_), ms, ok in zip(rows, times[1:], outs):
+            print(f"  {label:28s} {_tiles(c):52s} {ms * 1e3:8.1f} us {blas / ms:6.2f} "
+                  f"{'ok' if ok else 'WRONG'}")
+            records.append(dict(precision=precision, shape=[m, k, n], label=label,
+                                config=asdict(c), us=ms * 1e3, cublas_us=blas * 1e3, ok=ok))
+        del kept
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(records, f)
+    print(f"\nwrong: {wrong}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
