@@ -27,6 +27,7 @@ batched products with equal batch dims). Knobs (`DenseConfig`): mr, nr, kc and m
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,12 @@ LAYOUT_TAILS = {op: frozenset(STORE_REMAPS) for op in problems.DENSE_OPS}
 `store_remaps`): the QKV projections write heads-first straight from the accumulators."""
 
 MR = 6      # rows per tile: 6 x 2 vectors = 12 accumulators of AVX2's 16 ymm (BLIS Haswell)
+MR_PAIRS_512 = 8
+"""Rows per tile of a product in bf16 pairs on 512-bit vectors: 8 x 2 = 16 accumulators of
+the 32 zmm, whose vdpbf16ps chains (latency ~6 cycles, two a cycle) 12 did not keep full.
+Single products, 1 thread, znver5, CPU time, mr 6 / 8 / 10 / 12: 64x768x2304 505 / 442 / 487
+/ 505 us, 64x3072x768 696 / 626 / 687 / 700, 3136x384x96 675 / 629 / 653 / 651, 196x1024x256
+261 / 246 / 249 / 253; in float32 (FMA, latency 4) 8 rows were within 3% of 6 either way."""
 KC = 256    # k per slice: a slice of B stays in L2
 MC = 72     # rows per block at most (the worker pool's unit of work)
 # row tiles a block must have for a B that is not packed ahead (a run-time input) to be
@@ -89,27 +96,38 @@ def space(p: Dense, machine) -> Space:
                                         "prefetch": (False, True)}, constraints)
 
 
+def default_rows(p: Dense, machine) -> int:
+    """Rows of a full tile: MR, or MR_PAIRS_512 for bf16 pairs on 512-bit vectors."""
+    return MR_PAIRS_512 if p.pairs and machine.vector_bits >= 512 else MR
+
+
 def default(p: Dense, machine) -> DenseConfig:
     m, threads = p.m, machine.threads
     nr = p.packed_panel or default_panel(machine.vector_bits)
-    mc = max(MR, min(MC, -(-m // MR) * MR))
+    rows = default_rows(p, machine)
+    mc = max(rows, min(MC, -(-m // rows) * rows))
     blocks = -(-m // mc)
     if threads > 1 and p.batch == 1 and blocks >= threads:
-        # row blocks in a multiple of the threads, as even as MR allows: 128 rows on 2
+        # row blocks in a multiple of the threads, as even as a tile's rows allow: 128 rows on 2
         # threads as 66 + 62 rather than 72 + 56 (the slower thread sets the time)
         blocks = -(-blocks // threads) * threads
-        mc = max(MR, -(-(-(-m // blocks)) // MR) * MR)
+        mc = max(rows, -(-(-(-m // blocks)) // rows) * rows)
     elif threads > 1 and p.batch * blocks < threads and p.n // nr >= 2:
         # fewer row blocks than threads: the pool shares (row block, panel) pairs (`loops`)
-        mc = shared_block_tiles(-(-m // MR), mc // MR, p.batch * (p.n // nr), threads) * MR
+        mc = shared_block_tiles(-(-m // rows), mc // rows, p.batch * (p.n // nr), threads) * rows
     elif blocks > 1:
-        # blocks as even as MR allows
-        mc = max(MR, -(-(-(-m // blocks)) // MR) * MR)
+        # blocks as even as a tile's rows allow
+        mc = max(rows, -(-(-(-m // blocks)) // rows) * rows)
+    if threads > 1 and mc > rows and rows_contiguous(p):
+        # a column's rows consecutive in the output (`column_store`): row blocks whole
+        # cache lines of each column, so that no two threads write one line
+        step = math.lcm(rows, max(1, 64 // p.y.dtype.itemsize))
+        mc = mc // step * step if mc >= step else mc
     # fewer rows than a tile: a tile of m rows (a 6-row tile at m = 1 did six times the
     # FMAs, the five extra rows' never stored), k in one slice (the rows of A fit in L1)
-    mr = min(MR, m)
-    kc = min(KC, p.k) if p.y.dtype is T.float32 and m > MR else p.k
-    return DenseConfig(mr, nr, kc, 1 if m < MR else mc // MR)
+    mr = min(rows, m)
+    kc = min(KC, p.k) if p.y.dtype is T.float32 and m > rows else p.k
+    return DenseConfig(mr, nr, kc, 1 if m < rows else mc // rows)
 
 
 CHUNK_COST = 0.25
@@ -159,6 +177,9 @@ class DenseViews:
         self.y_full = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
         self.panels_contiguous = p.store_index is not None and _panels_contiguous(
             p.store_index, p.anchor_index, batch * m, n, nr, (n // nr) * nr)
+        # a column's rows consecutive in the output (NCHW pixels of a 1x1 conv, a product
+        # stored through a Transpose to channels first): a tile is stored a column at a time
+        self.rows_contiguous = not self.panels_contiguous and rows_contiguous(p)
 
     def a_at(self, bi, i, kk) -> L.Expr:
         return self.a[self.p.a_index(bi, i, kk)]
@@ -407,9 +428,34 @@ class _Blocking:
         target = views.y_at(bi, i0 + ii, j0, jj)
         store = L.For(ii, mr, L.If(i0 + ii < p.m, L.For(jj, stored, L.Store(
             target.buffer, target.indices, done), vec)), L.ForKind.UNROLLED)
+        if views.rows_contiguous and mr > 1:
+            store = L.If(i0 + mr <= p.m, self.column_store(acc, done, target, width, stored),
+                         store)
         body = L.Allocate(acc, L.seq(init, kloop, store))
         return L.Let(i0, self.mb * self.mc + self.ib * mr, L.If(i0 < p.m, body))
 
+
+    def column_store(self, acc: L.Buffer, done: L.Expr, target: L.Load, width: int,
+                     stored: int) -> L.Stmt:
+        """A whole tile stored a column at a time, its MR rows one vector (the finished values
+        staged in acc, or a tile of Y's type, then transposed in registers), where the
+        output holds a column's rows consecutively (`DenseViews.rows_contiguous`): stored a
+        row at a time, each of the row's columns went to a plane of its own, one lane a store.
+        Row / column stores, 1 thread, znver5, CPU time (the same bits): convnext's 384 -> 96
+        at 56x56 through its Transpose to NCHW 845 / 767 us in bf16, 1160 / 1094 in float32;
+        1536 -> 384 at 14x14 668 / 612 (bf16); 1x1 convs through `pointwise_gemm`, bf16:
+        stride-2 256 -> 512 at 56x56 569 / 518, 1024 -> 256 at 14x14 316 / 310."""
+        mr, ii, jj = self.mr, L.Var("ii"), L.Var("jj")
+        vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
+        staged = acc if done.dtype is acc.dtype else \
+            L.Buffer("yt", done.dtype, (mr * width,), L.Scope.LOCAL)
+        finish = L.For(ii, mr, L.For(jj, width, L.Store(staged, (ii * width + jj,), done), vec),
+                       L.ForKind.UNROLLED)
+        columns = L.For(jj, stored, L.For(ii, mr, L.Store(
+            target.buffer, target.indices, staged[ii * width + jj]), L.ForKind.VECTORIZED),
+            L.ForKind.UNROLLED)
+        out = L.seq(finish, columns)
+        return out if staged is acc else L.Allocate(staged, out)
 
     def prefetch_ahead(self, depth: L.Expr):
         """k step -> the prefetches of a packed B's next panel (this k-slice's; the next
@@ -461,6 +507,30 @@ def vector_pieces(width: int, lanes: int) -> list[int]:
             pieces.append(size)
             rest -= size
     return pieces
+
+
+def rows_contiguous(p: Dense) -> bool:
+    """Whether the layout tail stores row i + 1 of every column right after row i (batch
+    0; each batch is the same tail): the flat output offsets checked on every element
+    (skipped, as False, past 4M)."""
+    from ...ir.compute import ComputeEvalError, _Evaluator
+
+    where, anchor_index, m, n, y_dims = p.store_index, p.anchor_index, p.m, p.n, p.y_dims
+    if where is None or m < 2 or m * n > 1 << 22:
+        return False
+    i, j = L.Var("i"), L.Var("j")
+    grid = {i: np.arange(m).reshape(-1, 1), j: np.arange(n).reshape(1, -1)}
+    try:
+        comps = [np.broadcast_to(_Evaluator({}, {}).eval(e, grid), (m, n)).astype(np.int64)
+                 for e in where(anchor_index(L.const(0), i, j))]
+    except ComputeEvalError:
+        return False
+    if len(comps) != len(y_dims):
+        return False
+    flat = np.zeros((m, n), np.int64)
+    for c, d in zip(comps, y_dims):
+        flat = flat * int(d) + c
+    return bool(np.all(flat[1:] - flat[:-1] == 1))
 
 
 def _panels_contiguous(where, anchor_index, rows: int, n: int, nr: int, n_main: int) -> bool:
