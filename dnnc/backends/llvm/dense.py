@@ -385,7 +385,8 @@ class _Blocking:
         depth = L.minimum(L.const(kc), p.k - kb * kc)
         if self.paired is not None:
             depth = (depth + 1) // 2
-        ahead = self.prefetch_ahead(depth) if self.prefetching and width == self.nr and \
+        # (full panels only: a narrow last panel computed as a whole one is outside jp's loop)
+        ahead = self.prefetch_ahead(depth) if self.prefetching and stored == self.nr and \
             panel is None else None
 
         def update(k_in_slice: L.Expr, part: int) -> L.Stmt:
