@@ -66,6 +66,13 @@ def check_windows(sizes, attrs) -> None:
             raise Rejected
 
 
+PRODUCT_WIDTHS_SMALL = (1, 2, 3, 5, 8, 13)
+PRODUCT_WIDTHS_BIG = (16, 32, 45, 64, 88)
+"""A product's output widths drawn: 45 and 88 make two or more full packed panels and a narrow
+last one wider than half a panel, for 16- and 32-column panels (AVX2's and AVX-512's), which
+is computed as a whole one."""
+
+
 def gen_matmul(g: Builder):
     x = g.pick(lambda v: v.rank >= 2 and v.static(-1) and not v.huge)
     k = x.shape[-1]
@@ -74,7 +81,7 @@ def gen_matmul(g: Builder):
         y = g.add_input(tuple(d if g.chance(0.7) else 1 for d in x.shape[:-2]) + (k, m))
         g.node("MatMul", [x, y])
         return
-    m = g.size((1, 2, 3, 5, 8, 13, 16), (16, 32, 64))
+    m = g.size(PRODUCT_WIDTHS_SMALL + (16,), PRODUCT_WIDTHS_BIG)
     g.node("MatMul", [x, g.weight((k, m), k)])
 
 
@@ -82,7 +89,7 @@ def gen_gemm(g: Builder):
     x = g.pick(lambda v: v.rank == 2 and v.static(1) and not v.huge)
     trans_a = int(x.static(0) and g.chance(0.3))
     n, k = (x.shape[1], x.shape[0]) if trans_a else x.shape
-    m = g.size((1, 2, 3, 5, 8, 13), (16, 32, 64))
+    m = g.size(PRODUCT_WIDTHS_SMALL, PRODUCT_WIDTHS_BIG)
     trans_b = int(g.chance(0.5))
     b = g.weight((m, k) if trans_b else (k, m), k)
     inputs = [x, b]
