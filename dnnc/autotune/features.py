@@ -11,7 +11,8 @@ For the innermost statements (stores), each with the loops around it:
   and the innermost loop's stride-1 accesses (vectorisable loads).
 A kernel's vector is the mean over its statements weighted by their iterations (so the hot
 statements dominate), plus kernel-wide counts: statements, loops, parallel and vectorised
-extents, local and shared allocation bytes. Every entry is finite; the length is `LENGTH`.
+extents, local and shared allocation bytes, and the prefetches a call makes (log2). Every
+entry is finite; the length is `LENGTH`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ LEVELS = 6
 KINDS = ("serial", "parallel", "vectorized", "unrolled", "block", "thread")
 _PER_LEVEL = 1 + len(KINDS)
 _PER_STMT = LEVELS * _PER_LEVEL + 9
-LENGTH = _PER_STMT + 6
+LENGTH = _PER_STMT + 7
 
 
 def _kind(kind: L.ForKind) -> int:
@@ -45,7 +46,8 @@ def features(func: L.PrimFunc) -> np.ndarray:
     """The feature vector of a scheduled PrimFunc (static extents assumed; a symbolic extent
     counts as 1)."""
     total = np.zeros(_PER_STMT)
-    counts = {"stmts": 0, "loops": 0, "parallel": 0, "vector": 0, "local": 0, "shared": 0}
+    counts = {"stmts": 0, "loops": 0, "parallel": 0, "vector": 0, "local": 0, "shared": 0,
+              "prefetches": 0.0}
 
     def extent(loop: L.For) -> int:
         return loop.extent.value if isinstance(loop.extent, L.Const) else 1
@@ -80,12 +82,15 @@ def features(func: L.PrimFunc) -> np.ndarray:
             vec, iters = _statement(s, loops)
             total[:] += vec * iters
             counts["iters"] = counts.get("iters", 0.0) + iters
+        elif isinstance(s, L.Prefetch):
+            counts["prefetches"] += math.prod(extent(loop) for loop in loops)
 
     visit(func.body, [])
     head = total / max(counts.get("iters", 0.0), 1.0)   # weighted by each store's iterations
     tail = np.array([_log2(counts["stmts"]), _log2(counts["loops"]),
                      _log2(counts["parallel"]), _log2(counts["vector"]),
-                     _log2(counts["local"]), _log2(counts["shared"])])
+                     _log2(counts["local"]), _log2(counts["shared"]),
+                     _log2(counts["prefetches"])])
     return np.concatenate([head, tail])
 
 

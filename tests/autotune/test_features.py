@@ -54,7 +54,7 @@ def test_a_loop_level_is_its_extent_and_kind():
     assert vector[1 + KINDS.index("vectorized")] == 1.0 and \
         vector[1:per_level].sum() == 1.0
     assert not serial[per_level:LEVELS * per_level].any()   # no second level
-    assert vector[-3] == 3.0 and serial[-3] == 0.0          # log2 of the vector width
+    assert vector[-4] == 3.0 and serial[-4] == 0.0          # log2 of the vector width
     assert features(_scale(64))[0] == 6.0
 
 

@@ -440,7 +440,7 @@ def test_bench_profile_writes_a_chrome_trace_of_the_kernels(tmp_path, mlp):
     assert row["throughput_per_s"] == pytest.approx(2 * 1e3 / row["dnnc_ms"])
     first = row["profile"][0]
     assert first["template"] == "dense" and set(first["config"]) == {"mr", "nr", "kc",
-                                                                     "mc_tiles"}
+                                                                     "mc_tiles", "prefetch"}
     assert first["flops"] >= 2 * 2 * 8 * 16   # a multiply and an add per product term
     assert first["bytes"] >= (2 * 8 + 8 * 16 + 2 * 16) * 4
 
@@ -449,7 +449,8 @@ def test_bench_profile_writes_a_chrome_trace_of_the_kernels(tmp_path, mlp):
     assert code == 0 and re.search(r"^profile, batch 2: 2 kernels, each called alone", out,
                                    re.M)
     assert re.search(r"^ +[\d.]+ +[\d.]+% +[\d.]+ +[\d.]+  k\d_MatMulPacked \(fc_0, relu_0\) "
-                     r"dense \{mr=\d+, nr=\d+, kc=\d+, mc_tiles=\d+\}$", out, re.M)
+                     r"dense \{mr=\d+, nr=\d+, kc=\d+, mc_tiles=\d+, prefetch=(True|False)\}$",
+                     out, re.M)
     assert re.search(r"^ +batch +dnnc ms +p90 +p99 +items/s", out, re.M)
 
 

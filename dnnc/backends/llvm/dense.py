@@ -93,7 +93,14 @@ def space(p: Dense, machine) -> Space:
     return Space("dense", DenseConfig, {"mr": range(1, 9), "nr": sorted(widths),
                                         "kc": sorted(slices),
                                         "mc_tiles": range(1, min(p.m, 64) + 1),
-                                        "prefetch": (False, True)}, constraints)
+                                        "prefetch": prefetch_choices(p)}, constraints)
+
+
+def prefetch_choices(p: Dense) -> tuple:
+    """The prefetch knob's values: both where a packed B has a next panel to fetch in its
+    k-slice (two full panels or more), else on only (at most the next slice's first panel:
+    off would be the same code but for that)."""
+    return (False, True) if p.packed_panel and p.n // p.packed_panel >= 2 else (True,)
 
 
 def default_rows(p: Dense, machine) -> int:
