@@ -109,13 +109,9 @@ def row_local(first: L.Stmt, second: L.Stmt, var: L.Var, extent: int) -> bool:
 def injective(index: tuple, var: L.Var, extent: int) -> bool:
     """Whether each value of `var` in [0, extent) writes its own element (then the fused
     loop's reads see the same iteration's write, as the unfused order would)."""
-    from ..ir.compute import ComputeEvalError, _Evaluator
-
     grid = np.arange(extent, dtype=np.int64)
-    try:
-        columns = [np.broadcast_to(_Evaluator({}, {}).eval(i, {var: grid}), grid.shape)
-                   for i in index]
-    except (ComputeEvalError, KeyError):
+    columns = evaluated(index, {var: grid}, grid.shape)
+    if columns is None:
         return False
     rows = np.stack(columns, axis=1)
     return len(np.unique(rows, axis=0)) == extent
@@ -147,21 +143,31 @@ def flat_offsets(load: L.Load | L.Store, var: L.Var, points: np.ndarray
     """The row-major element offsets `load` (or a store) touches at `var` = each of `points`
     (its other variables held at 0); None when its buffer's shape is symbolic or an index is
     not computable here."""
-    from ..ir.compute import ComputeEvalError, _Evaluator
-
     shape = L.static_shape(load.buffer.shape)
     if shape is None:
         return None
     env = {v: np.int64(0) for i in load.indices for v in L.free_vars(i)}
     env[var] = points
+    columns = evaluated(load.indices, env, points.shape)
+    if columns is None:
+        return None
     offsets = np.zeros_like(points)
-    for index, stride in zip(load.indices, np.cumprod((1,) + shape[:0:-1])[::-1]):
-        try:
-            value = _Evaluator({}, {}).eval(index, env)
-        except (ComputeEvalError, KeyError):
-            return None
-        offsets = offsets + np.broadcast_to(value, points.shape) * int(stride)
+    for value, stride in zip(columns, np.cumprod((1,) + shape[:0:-1])[::-1]):
+        offsets = offsets + value * int(stride)
     return offsets
+
+
+def evaluated(index: tuple, env: dict, shape: tuple) -> list[np.ndarray] | None:
+    """Each component of `index` over the grids `env` gives its variables (numpy arrays that
+    broadcast to `shape`), as int64 arrays of that shape; None when a component is not
+    computable here (a variable without a grid, an op the evaluator lacks)."""
+    from ..ir.compute import ComputeEvalError, _Evaluator
+
+    try:
+        return [np.broadcast_to(_Evaluator({}, {}).eval(e, env), shape).astype(np.int64)
+                for e in index]
+    except (ComputeEvalError, KeyError):
+        return None
 
 
 def nest_work(s: L.Stmt) -> int | None:
@@ -208,8 +214,6 @@ def blocks_per_iteration(index: tuple, loop: L.For, limit: int = 1 << 16) -> boo
     those of loops inside it, over their whole ranges) are reached by no other iteration, as
     `out[io * 64 + l]` for l in range(64) is: a block of its own per iteration. Checked by
     evaluating the index over every combination (none when that passes `limit`)."""
-    from ..ir.compute import ComputeEvalError, _Evaluator
-
     extents = {n.var: n.extent.value for n in L.walk(loop.body)
                if isinstance(n, L.For) and isinstance(n.extent, L.Const)}
     used = set().union(*(L.free_vars(e) for e in index)) - {loop.var}
@@ -222,11 +226,10 @@ def blocks_per_iteration(index: tuple, loop: L.For, limit: int = 1 << 16) -> boo
         return False
     grids = np.meshgrid(*(np.arange(n, dtype=np.int64) for n in axes), indexing="ij")
     env = dict(zip([loop.var, *names], grids))
-    try:
-        columns = [np.broadcast_to(_Evaluator({}, {}).eval(e, env), grids[0].shape).ravel()
-                   for e in index]
-    except (ComputeEvalError, KeyError):
+    columns = evaluated(index, env, grids[0].shape)
+    if columns is None:
         return False
+    columns = [c.ravel() for c in columns]
     owner = grids[0].ravel()
     elements = np.unique(np.stack(columns + [owner], axis=1), axis=0)
     # each element appears with one owner: as many distinct elements as distinct (element,

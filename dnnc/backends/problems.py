@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -109,6 +110,34 @@ class Dense:
             i = i // d
         index.append(i)
         return tuple(reversed(index)) + (j,)
+
+    def store_grid(self, rows: int) -> list[np.ndarray] | None:
+        """The output index (in `y_dims`, one [rows, n] int64 array a component) that the
+        layout tail gives each of rows [0, rows) (past m: the next batches') and every
+        column; None without a tail, past 4M elements, or where the tail's index is not
+        computable here."""
+        from .loop_analysis import evaluated
+
+        if self.store_index is None or rows * self.n > 1 << 22:
+            return None
+        i, j = L.Var("i"), L.Var("j")
+        grid = {i: np.arange(rows).reshape(-1, 1), j: np.arange(self.n).reshape(1, -1)}
+        return evaluated(self.store_index(self.anchor_index(L.const(0), i, j)), grid,
+                         (rows, self.n))
+
+    @cached_property
+    def rows_contiguous(self) -> bool:
+        """Whether the layout tail stores row i + 1 of every column right after row i (NCHW
+        pixels of a 1x1 conv, a product stored through a Transpose to channels first), batch
+        0's rows checked (each batch is the same tail); False past 4M elements. Computed
+        once a problem: the default schedule and the template both ask."""
+        comps = self.store_grid(self.m) if self.m >= 2 else None
+        if comps is None or len(comps) != len(self.y_dims):
+            return False
+        flat = np.zeros((self.m, self.n), np.int64)
+        for c, d in zip(comps, self.y_dims):
+            flat = flat * int(d) + c
+        return bool(np.all(flat[1:] - flat[:-1] == 1))
 
     @property
     def a_dims(self) -> tuple:

@@ -125,7 +125,7 @@ def default(p: Dense, machine) -> DenseConfig:
     elif blocks > 1:
         # blocks as even as a tile's rows allow
         mc = max(rows, -(-(-(-m // blocks)) // rows) * rows)
-    if threads > 1 and mc > rows and rows_contiguous(p):
+    if threads > 1 and mc > rows and p.rows_contiguous:
         # a column's rows consecutive in the output (`column_store`): row blocks whole
         # cache lines of each column, so that no two threads write one line
         step = math.lcm(rows, max(1, 64 // p.y.dtype.itemsize))
@@ -182,11 +182,10 @@ class DenseViews:
                               ((n, k) if p.trans_b else (k, n)))
         self.y = L.Buffer(p.y.name, p.y.dtype, (batch, m, n))
         self.y_full = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
-        self.panels_contiguous = p.store_index is not None and _panels_contiguous(
-            p.store_index, p.anchor_index, batch * m, n, nr, (n // nr) * nr)
+        self.panels_contiguous = _panels_contiguous(p, nr)
         # a column's rows consecutive in the output (NCHW pixels of a 1x1 conv, a product
         # stored through a Transpose to channels first): a tile is stored a column at a time
-        self.rows_contiguous = not self.panels_contiguous and rows_contiguous(p)
+        self.rows_contiguous = not self.panels_contiguous and p.rows_contiguous
 
     def a_at(self, bi, i, kk) -> L.Expr:
         return self.a[self.p.a_index(bi, i, kk)]
@@ -491,7 +490,7 @@ class _Blocking:
             at = (self.ib * depth + k_in_slice) * words
             fetches = []
             for q in range(0, words, LINE_WORDS):
-                w = L.minimum(at + q, end)
+                w = L.minimum(at + q if q else at, end)
                 row = L.minimum(kn * kc_rows + w // nr, L.const(rows - 1))
                 fetches.append(L.Prefetch(views.b[jn, row, w % nr]))
             return L.seq(*fetches)
@@ -517,46 +516,14 @@ def vector_pieces(width: int, lanes: int) -> list[int]:
     return pieces
 
 
-def rows_contiguous(p: Dense) -> bool:
-    """Whether the layout tail stores row i + 1 of every column right after row i (batch
-    0; each batch is the same tail): the flat output offsets checked on every element
-    (skipped, as False, past 4M)."""
-    from ...ir.compute import ComputeEvalError, _Evaluator
-
-    where, anchor_index, m, n, y_dims = p.store_index, p.anchor_index, p.m, p.n, p.y_dims
-    if where is None or m < 2 or m * n > 1 << 22:
-        return False
-    i, j = L.Var("i"), L.Var("j")
-    grid = {i: np.arange(m).reshape(-1, 1), j: np.arange(n).reshape(1, -1)}
-    try:
-        comps = [np.broadcast_to(_Evaluator({}, {}).eval(e, grid), (m, n)).astype(np.int64)
-                 for e in where(anchor_index(L.const(0), i, j))]
-    except ComputeEvalError:
-        return False
-    if len(comps) != len(y_dims):
-        return False
-    flat = np.zeros((m, n), np.int64)
-    for c, d in zip(comps, y_dims):
-        flat = flat * int(d) + c
-    return bool(np.all(flat[1:] - flat[:-1] == 1))
-
-
-def _panels_contiguous(where, anchor_index, rows: int, n: int, nr: int, n_main: int) -> bool:
+def _panels_contiguous(p: Dense, nr: int) -> bool:
     """Whether a layout tail keeps each panel's columns consecutive in the output (heads of
     64 columns hold whole 32-column panels): then a panel row is stored as one vector at its
     first column's place. Checked on every element (skipped, as False, past 4M)."""
-    from ...ir.compute import ComputeEvalError, _Evaluator
-
-    if rows * n > 1 << 22:
+    comps = p.store_grid(p.batch * p.m)
+    if comps is None:
         return False
-    i, j = L.Var("i"), L.Var("j")
-    grid = {i: np.arange(rows).reshape(-1, 1), j: np.arange(n).reshape(1, -1)}
-    try:
-        comps = [np.broadcast_to(_Evaluator({}, {}).eval(e, grid), (rows, n))
-                 for e in where(anchor_index(L.const(0), i, j))]
-    except ComputeEvalError:
-        return False
-    cols = np.arange(n)
+    n_main, cols = (p.n // nr) * nr, np.arange(p.n)
     first = np.where(cols < n_main, cols // nr * nr, n_main)
     for c in comps[:-1]:
         if not np.array_equal(c, c[:, first]):

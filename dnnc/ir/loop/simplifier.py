@@ -15,8 +15,8 @@ from typing import Callable
 
 from .. import types as T
 from .nodes import (
-    Allocate, BinOp, Call, Cast, Const, Expr, For, ForKind, If, Let, PrimFunc, Select, Seq,
-    Store, Var, seq)
+    Allocate, BinOp, Call, Cast, Const, Expr, For, ForKind, If, Let, Load, Prefetch, PrimFunc,
+    Select, Seq, Store, Var, seq)
 from .traversal import _replace, substitute, transform
 
 
@@ -447,6 +447,8 @@ def simplify(node, env: dict[Var, Bounds] | None = None):
             return simplify(s.orelse, env) if s.orelse is not None else Seq(())
         return If(cond, simplify(s.then, env),
                   None if s.orelse is None else simplify(s.orelse, env))
+    if isinstance(s, Prefetch):
+        return Prefetch(Load(s.at.buffer, tuple(simplify_expr(i, env) for i in s.at.indices)))
     if isinstance(s, Allocate):
         return Allocate(s.buffer, simplify(s.body, env))
     if isinstance(s, Seq):
