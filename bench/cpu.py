@@ -5,7 +5,7 @@
                         [--peers onnxruntime,openvino,openvino-f32] [--float16 half-io]
                         [--load busy|alternate] [--blocks 5] [--new-batch 1,3,8]
                         [--shard K/N] [--ort-spin 0|1] [--alone-blocks 3] [--cpu-time]
-                        [--precision fp32|bf16]
+                        [--precision fp32|bf16] [--compile-jobs N]
 
 `--models` takes model names and sets, comma-separated: a zoo model (`resnet50`), an ONNX file,
 or a set: `zoo` (the zoo's models), `torch` and `torch-dynamo` (torchvision-, timm- and
@@ -32,6 +32,11 @@ clock, so that other jobs on a shared machine, which take the core away mid-call
 worker's, both counted). 2-core EPYC beside six other jobs (load 17), resnet18, wall / CPU
 ms: onnxruntime 35.3 / 15.9, OpenVINO-f32 48.0 / 15.9 (15.9 and 15.3 when the machine was
 quiet).
+
+`--compile-jobs N`: every model of the table compiled first, N processes at once, into dnnc's
+compile cache (docs/artifacts.md), so that the table's own compiles load them: the "compile
+s" column then reads a cache load, the timings are the same code's. On a many-core host this
+takes a table's compile time from the sum of its models' to about the slowest one's.
 
 `--precision bf16`: dnnc compiled at `precision="bf16"` (its products on bf16 operands,
 fp32 accumulation: docs/llvm_backend.md, "Precision"), the peers unchanged, so the `openvino`
@@ -70,8 +75,10 @@ timed there).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib.util
 import math
+import multiprocessing
 import os
 import platform
 import signal
@@ -137,6 +144,33 @@ def library_exports(exporter: str) -> list[str]:
         sys.exit(f"--models library needs the optional torch and onnxscript packages, and "
                  f"torchvision, timm or transformers for its models: {exc}")
     return library_models.export_all(EXPORTS / f"library-{exporter}", exporter)
+
+
+def compile_ahead(models: list[str], args, jobs: int) -> None:
+    """Every model compiled once into dnnc's compile cache, `jobs` processes at once (the
+    exports already written: `expand_models`); a model that fails is left to the table's
+    own compile, which reports it."""
+    work = [(m, args.batch, args.float16, args.opt_level, args.precision, args.mattr)
+            for m in models]
+    start = time.perf_counter()
+    context = multiprocessing.get_context("spawn")   # workers read DNNC_NUM_THREADS afresh
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        for name, error in pool.map(_compile_into_cache, work):
+            if error:
+                print(f"# {name}: not compiled ahead ({error})", flush=True)
+    print(f"# {len(models)} models compiled ahead in {time.perf_counter() - start:.0f} s, "
+          f"{jobs} at once (the compile column reads the cache)", flush=True)
+
+
+def _compile_into_cache(work: tuple) -> tuple[str, str | None]:
+    name, batch, float16, opt_level, precision, mattr = work
+    try:
+        model, _, _ = load_model(name, batch, float16)
+        cpu = cpu_from(mattr=mattr) if mattr else host_target()
+        dnnc.compile(model, target="llvm", opt_level=opt_level, cpu=cpu, precision=precision)
+        return name, None
+    except Exception as e:   # noqa: BLE001 - reported; the table's compile meets it again
+        return name, f"{type(e).__name__}: {e}"
 
 
 def load_model(name: str, batch: int, float16: str | None = None):
@@ -415,6 +449,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="batch sizes to call a symbolic-batch model at (module docstring)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time calls by the process's CPU time (1 thread only)")
+    parser.add_argument("--compile-jobs", type=int, default=0, metavar="N",
+                        help="compile every model first, N at once, into the compile cache")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                         help="dnnc's arithmetic of products (module docstring)")
     args = parser.parse_args(argv)
@@ -436,6 +472,8 @@ def main(argv: list[str] | None = None) -> None:
     cpu = cpu_from(mattr=args.mattr) if args.mattr else host_target()
     threads = cpu.threads
     peers = installed_peers(args.peers)
+    if args.compile_jobs:
+        compile_ahead(args.models.split(","), args, args.compile_jobs)
     print(f"# {platform.machine()} {cpu.cpu} ({cpu.vector_bits}-bit vectors"
           f"{', ' + args.mattr if args.mattr else ''}), {threads} "
           f"threads each; dnnc {dnnc.__version__}, {peer_versions(peers)}, batch {args.batch}"

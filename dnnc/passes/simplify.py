@@ -15,7 +15,9 @@ The families, in `RULES` order:
 
 - folding constants into the op before: BatchNormalization into Conv, and into a 2-D Gemm /
   MatMul with constant weights (BN over the channel axis 1 of an (N, C) product); a
-  per-output-channel constant Mul, Add or Sub after a Conv into its weights and bias;
+  per-output-channel constant Mul, Add or Sub after a Conv into its weights and bias; a
+  BatchNormalization left over (after no Conv or Gemm) as a per-channel Mul and Add, which
+  fuse with the ops around them;
 - values passed through unchanged: Identity, inference Dropout (its mask, when read, an
   all-true ConstantOfShape of x's shape; an unread mask goes with it), x*1, 1*x, x+0, 0+x, x-0,
   x/1 (a constant of all ones / zeros that broadcasting does not make change x's shape or
@@ -269,6 +271,36 @@ def fold_scale_into_conv(graph: Graph, node: Node, users) -> bool:
                                   f"{conv.inputs[1].name}.{node.name}"):
             return True
     return False
+
+
+def batch_norm_as_affine(graph: Graph, node: Node, users) -> bool:
+    """Inference BatchNormalization over constant statistics, of a float32 x, that no rule
+    above folded into the op before == Mul(x, s) then Add(t), s and t per-channel constants
+    (`_bn_scale_shift`, as the folds compute them): two elementwise ops that fuse with their
+    neighbours, where the opaque op was a kernel of its own. The onnx light densenet121's
+    pre-activation BatchNormalization before each layer's 1x1 conv (58 of them, then a Mul,
+    Add and Relu) was a pass over the concatenated activations each: 124 elementwise
+    kernels, 3.4 ms of 9.0 at 16 threads on the AMX Xeon, against OpenVINO's 0.8 ms for the
+    same 62 nodes."""
+    affine = _bn_scale_shift(node)
+    x = node.inputs[0]
+    if affine is None or x.type.dtype is not float32 or x.type.rank < 2 or \
+            not isinstance(x.type.shape[1], int):
+        return False
+    shape = (x.type.shape[1],) + (1,) * (x.type.rank - 2)
+    scale, shift = (_const_value(f"{node.name}.{what}", a.astype(np.float32).reshape(shape),
+                                 float32) for what, a in zip(("scale", "shift"), affine))
+    scaled = Value(f"{node.name}.scaled", x.type)
+    nodes = []
+    for op, inputs, out, name in (("Mul", [x, scale], scaled, f"{node.name}.mul"),
+                                  ("Add", [scaled, shift], node.outputs[0], node.name)):
+        types, _, attrs = infer_node(op, inputs, {}, 1, name)
+        if types[0] != out.type:
+            return False
+        nodes.append(Node(op, inputs, [out], attrs, name))
+    k = next(i for i, n in enumerate(graph.nodes) if n is node)
+    graph.nodes[k:k + 1] = nodes
+    return True
 
 
 # -- values passed through unchanged -----------------------------------------------------------
@@ -636,7 +668,7 @@ def fuse_matmul_bias(graph: Graph, node: Node, users) -> bool:
 
 
 RULES = [fold_batch_norm_into_conv, fold_batch_norm_into_dense, fold_scale_into_conv,
-         remove_identity, remove_inference_dropout, remove_neutral_elements,
+         batch_norm_as_affine, remove_identity, remove_inference_dropout, remove_neutral_elements,
          remove_same_type_cast, merge_transposes, merge_reshapes, constant_reshape_shape,
          recognize_gelu, recognize_layer_norm, recognize_softmax, fuse_matmul_bias]
 """The rewrites `simplify` applies, in order."""

@@ -67,9 +67,43 @@ def test_batch_norm_folds_into_a_half_conv(rng, dtype):
                                atol=16 * unit * scale)
 
 
-def test_batch_norm_stays_when_it_cannot_fold(rng):
-    assert simplify(_conv_bn(rng, const_stats=False)) == 0      # statistics are inputs
-    assert simplify(_conv_bn(rng, extra_use=True)) == 0         # the conv's output is read too
+def test_batch_norm_stays_when_its_statistics_are_inputs(rng):
+    assert simplify(_conv_bn(rng, const_stats=False)) == 0
+
+
+def test_batch_norm_that_cannot_fold_becomes_a_per_channel_mul_and_add(rng):
+    """The conv's output read too (no fold into it): the BN becomes x * s + t, constants of
+    shape (C, 1, 1) computed as the folds compute them, elementwise ops that fuse with their
+    neighbours; both outputs as before. A half BN stays (its two roundings would differ)."""
+    g = _conv_bn(rng, extra_use=True)
+    x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    before = _run(g, [x])
+    assert simplify(g) == 1
+    g.verify()
+    assert [n.op for n in g.nodes] == ["Conv", "Mul", "Add"]
+    assert [v.type.shape for v in (g.nodes[1].inputs[1], g.nodes[2].inputs[1])] == \
+        [(4, 1, 1)] * 2
+    for got, want in zip(_run(g, [x]), before):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert simplify(_conv_bn(rng, extra_use=True, dtype=T.float16)) == 0
+
+
+def test_a_batch_norm_after_a_concat_fuses_with_the_relu_after_it(rng):
+    """DenseNet's pre-activation (Concat -> BatchNormalization -> Relu -> 1x1 Conv): one
+    elementwise kernel on llvm for the BN and the Relu (the opaque BN was a kernel of its
+    own), outputs as the reference's."""
+    g = Graph("g")
+    a = g.add_input("a", T.TensorType(T.float32, (1, 4, 5, 5)))
+    b = g.add_input("b", T.TensorType(T.float32, (1, 3, 5, 5)))
+    cat = g.add("Concat", a, b, axis=1)
+    stats = [_const(n, rng.standard_normal(7)) for n in ("scale", "bias", "mean")]
+    bn = g.add("BatchNormalization", cat, *stats, _const("var", rng.random(7) + 0.5))
+    g.outputs = [g.add("Conv", g.add("Relu", bn), _const("w", rng.standard_normal((2, 7, 1, 1))))]
+    feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
+    want = _run(g, feeds)[0]
+    compiled = dnnc.compile(g, target="llvm")
+    np.testing.assert_allclose(compiled.run(*feeds)[0], want, rtol=1e-4, atol=1e-4)
+    assert compiled.stats["kernels"] == 2    # Concat, BN and Relu one kernel; the conv
 
 
 def test_identity_and_inference_dropout_disappear():
@@ -229,11 +263,13 @@ def test_batch_norm_folds_into_the_dense_op_before_it(rng, op, attrs):
     assert g.nodes[0].attrs["beta"] == 1.0 and g.nodes[0].inputs[1].const is not None
 
 
-def test_batch_norm_stays_after_a_dense_op_it_cannot_fold_into(rng):
-    _kept(_dense_bn(rng, const_b=False))                # weights are an input
-    _kept(_dense_bn(rng, const_stats=False))            # statistics are an input
-    _kept(_dense_bn(rng, extra_use=True))               # the product is read too
-    _kept(_dense_bn(rng, a_shape=(2, 5, 6)))            # 3-D product: channel axis 1 is not N
+def test_batch_norm_after_a_dense_op_it_cannot_fold_into_is_a_mul_and_add(rng):
+    """No fold into the product: weights an input, the product read too, a 3-D product
+    (channel axis 1 is not N); the BN is then x * s + t; with statistics an input it stays."""
+    _kept(_dense_bn(rng, const_stats=False))
+    for g in (_dense_bn(rng, const_b=False), _dense_bn(rng, extra_use=True),
+              _dense_bn(rng, a_shape=(2, 5, 6))):
+        _rewrites_and_keeps_meaning(rng, g, ["MatMul", "Mul", "Add"])
 
 
 # -- values passed through unchanged ---------------------------------------------------------
