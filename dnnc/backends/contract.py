@@ -33,6 +33,7 @@ class CompiledSegment(ABC):
     key_values: tuple                      # ((input position, ints), ...) of value inputs
     escaping_types: list[T.TensorType]     # of the segment's outputs, in slot order
     kernels: list[Kernel]                  # in call order; empty when restored
+    kernel_count: int                      # kernels a call (restored: as its image says)
     viewed: list[Kernel]                   # copies done as views (plan.views_in_place)
     const_refs: list[tuple[int, int]]      # where each constant is read: (node, input position)
     n_inputs: int                          # data inputs
@@ -78,6 +79,7 @@ class CompiledSegment(ABC):
         self.key_values = program.key_values
         self.escaping_types = program.escaping_types
         self.kernels = program.kernels
+        self.kernel_count = len(program.kernels)
         self.viewed = program.viewed
         self.const_refs = program.const_refs
         self.n_inputs = program.n_inputs
@@ -94,6 +96,7 @@ class CompiledSegment(ABC):
         self.key_values = image.values
         self.escaping_types = list(image.escaping_types)
         self.kernels = []
+        self.kernel_count = image.kernel_count   # (0 in an artifact older than the count)
         self.viewed = []
         self.const_refs = list(image.consts)
         self.n_inputs = image.n_inputs

@@ -54,8 +54,8 @@ def check_tuned(target: dict) -> None:
 
 def check_segments(manifest: dict, target_fields) -> None:
     """The plan, and each segment entry's fields every target stores (step, shapes, output
-    types, constant slots, value key, member files); `target_fields(entry, what)` checks the
-    target's own and returns the entry's member file names."""
+    types, constant slots, value key, kernels a call, member files); `target_fields(entry,
+    what)` checks the target's own and returns the entry's member file names."""
     plan = manifest.get("plan")
     need(type(plan) is list and all(
         type(e) is dict and len(e) == 1 and
@@ -75,6 +75,7 @@ def check_segments(manifest: dict, target_fields) -> None:
             for t in e["escaping"]), what + " escaping types")
         need(type(e.get("consts")) is list and all(ints(c, 0, 1 << 20) and len(c) == 2
                                                    for c in e["consts"]), what + " consts")
+        need(is_int(e.get("kernels", 0), 0, 1 << 20), what + " kernels")
         members = target_fields(e, what)
         need(all(type(m) is str and m in files for m in members), what + " members")
         need(type(e.get("values", [])) is list and all(

@@ -46,12 +46,12 @@ class Specialisations(OrderedDict):
             self.evictions += 1
 
     def kernel_counts(self) -> dict[int, int]:
-        """Segment index -> the kernels of its first specialisation that keeps them (one
-        restored from an artifact keeps none)."""
+        """Segment index -> the kernels of its first specialisation that counts them (one
+        restored from an artifact older than the count does not)."""
         compiled: dict[int, int] = {}
         for (index, *_), seg in list(self.items()):
-            if seg.kernels:
-                compiled.setdefault(index, len(seg.kernels))
+            if seg.kernel_count:
+                compiled.setdefault(index, seg.kernel_count)
         return compiled
 
     @property

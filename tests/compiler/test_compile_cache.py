@@ -481,3 +481,32 @@ def test_a_graph_with_bfloat16_constants_is_cached(folder):
     model = dnnc.compile(graph, "llvm")
     assert model.stats["compile_cache"] == "miss"
     assert dnnc.compile(graph, "llvm").stats["compile_cache"] == "hit"
+
+
+def test_kernels_counted_alike_after_a_load_and_a_compile_cache_hit(folder, tmp_path):
+    """A Concat whose parts their producers write in place is no kernel (`plan.views_in_place`:
+    a DenseNet block's growing concat): a compile, a compile cache hit and the artifact loaded
+    count the same kernels (the hit and the load counted the segment's node groups, each such
+    Concat among them: densenet121's 187 kernels read 241)."""
+    from dnnc.ir import types as T
+    from dnnc.ir.graph import Graph, Value
+
+    rng = np.random.default_rng(0)
+
+    def conv(g, x, k, c, m):
+        w = rng.standard_normal((m, c, 1, 1)).astype(np.float32)
+        return g.add("Conv", x, Value(f"w{k}", T.TensorType(T.float32, w.shape), const=w))
+
+    g = Graph("g")
+    cur, channels = conv(g, g.add_input("x", T.TensorType(T.float32, (1, 4, 8, 8))), 0, 4, 4), 4
+    for k in range(1, 4):   # a DenseNet block: each layer's 2 channels joined to the rest
+        cur = g.add("Concat", cur, conv(g, g.add("Relu", cur), k, channels, 2), axis=1)
+        channels += 2
+    g.outputs = [g.add("Relu", cur)]
+    fresh = dnnc.compile(g, "llvm", cache=False)
+    assert dnnc.compile(g, "llvm").stats["compile_cache"] == "miss"
+    hit = dnnc.compile(g, "llvm")
+    assert hit.stats["compile_cache"] == "hit"
+    fresh.save(tmp_path / "m.dnnc")
+    loaded = dnnc.load(tmp_path / "m.dnnc")
+    assert hit.stats["kernels"] == loaded.stats["kernels"] == fresh.stats["kernels"] == 8

@@ -34,6 +34,7 @@ def export(runtime, manifest: dict, files: dict) -> None:
         files[f"{base}.cubin"] = image.cubin
         entry = {"step": image.step, "shapes": [list(s) for s in image.shapes],
                  "values": [[i, list(v)] for i, v in image.values],
+                 "kernels": image.kernel_count,
                  "escaping": [type_doc(t) for t in image.escaping_types],
                  "consts": [list(c) for c in image.consts], "n_inputs": image.n_inputs,
                  "arena_bytes": image.arena_bytes, "workspace_bytes": image.workspace_bytes,
@@ -118,7 +119,8 @@ def restore(spec, graph: Graph, manifest: dict, read, progress):
             arena_bytes=entry["arena_bytes"], workspace_bytes=entry["workspace_bytes"],
             launches=launches, source=read(entry["source"]).decode(), arch=entry["arch"],
             cubin=read(entry["cubin"]),
-            loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else ""))
+            loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else "",
+            kernel_count=entry.get("kernels", 0)))
     # this machine's GPU: a cubin built for another architecture is rebuilt from its source
     return CUDARuntime.restore(graph, manifest["plan"], images,
                                # (older artifacts: fp32, the only precision there was)

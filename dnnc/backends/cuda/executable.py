@@ -160,6 +160,7 @@ class SegmentImage:
     arch: str                              # what `cubin` was built for
     cubin: bytes
     loop_ir: str = ""
+    kernel_count: int = 0                  # kernels a call (0: not recorded)
 
     @property
     def slots(self) -> int:
@@ -664,7 +665,8 @@ class _CompiledSegment(CompiledSegment):
             escaping_types=list(self.escaping_types), consts=list(self.const_refs),
             n_inputs=self.n_inputs, arena_bytes=self.arena_bytes,
             workspace_bytes=self.workspace_bytes, launches=list(self.launches),
-            source=self.source, arch=self.arch, cubin=self.cubin, loop_ir=self.loop_source())
+            source=self.source, arch=self.arch, cubin=self.cubin, loop_ir=self.loop_source(),
+            kernel_count=self.kernel_count)
 
     def _function(self, launch: BoundLaunch):
         """The loaded __global__ function, allowed the dynamic shared memory its largest

@@ -45,7 +45,8 @@ def export(runtime, manifest: dict, files: dict) -> None:
                  "consts": [list(c) for c in image.consts], "n_inputs": image.n_inputs,
                  "slots": image.slots, "arena_bytes": image.arena_bytes,
                  "entry": image.entry, "object": f"{base}.o",
-                 "values": [[i, list(v)] for i, v in image.values]}
+                 "values": [[i, list(v)] for i, v in image.values],
+                 "kernels": image.kernel_count}
         if image.llvm_ir:
             files[f"{base}.ll"] = image.llvm_ir.encode()
             entry["llvm_ir"] = f"{base}.ll"
@@ -149,7 +150,8 @@ def restore(spec, graph: Graph, manifest: dict, read, progress):
             object_code=read(entry["object"]),
             llvm_ir=read(entry["llvm_ir"]).decode() if "llvm_ir" in entry else "",
             loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else "",
-            values=tuple((i, tuple(v)) for i, v in entry.get("values", []))))
+            values=tuple((i, tuple(v)) for i, v in entry.get("values", [])),
+            kernel_count=entry.get("kernels", 0)))
     return LLVMRuntime.restore(graph, manifest["plan"], images, machine,
                                opt_level=target["opt_level"], progress=progress,
                                tuned=target.get("tuned"))

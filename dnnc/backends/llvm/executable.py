@@ -67,6 +67,7 @@ class SegmentImage:
     llvm_ir: str = ""                      # for `source()` after a load; optional
     loop_ir: str = ""
     values: tuple = ()                     # ((input position, (ints...)), ...): value key
+    kernel_count: int = 0                  # kernels a call (0: not recorded)
 
 
 class LLVMRuntime(Executable):
@@ -356,7 +357,7 @@ class _CompiledSegment(CompiledSegment):
             object_code=self.jit.object_code(),
             llvm_ir=self.jit.optimized_ir() if with_source else "",
             loop_ir=self.loop_source() if with_source else "",
-            values=self.key_values)
+            values=self.key_values, kernel_count=self.kernel_count)
 
 
 class ObjectModule:
