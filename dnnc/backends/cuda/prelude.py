@@ -313,8 +313,8 @@ __device__ __forceinline__ float dnnc_cluster_load(const float* p, unsigned rank
 MMA_PRELUDE (whose `dnnc_shared_address` it uses) to a module that uses them (a sparse
 precision's `dnnc_wgmma_sp_<p>_n<n><TA, TB>(&acc, desc a, desc b, metadata)`)."""
 
-TMA_PRELUDE = r"""// TMA (sm_90a): tensor-map bulk copies into shared memory, counted on an mbarrier in
-// bytes (tensor_map.py builds the maps on the host)
+TMA_PRELUDE = r"""// TMA (sm_90a): tensor-map bulk copies into shared memory, counted on an mbarrier
+// in bytes (tensor_map.py builds the maps on the host)
 // the mbarriers' inits seen by the async proxy (the TMA unit) before a copy counts on them
 __device__ __forceinline__ void dnnc_fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -324,16 +324,9 @@ __device__ __forceinline__ void dnnc_mbarrier_expect_tx(unsigned long long* bar,
   asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
                :: "r"(dnnc_shared_address(bar)), "r"(bytes) : "memory");
 }
-// the box of tensor map `map` (a generic address: a __grid_constant__ parameter's or global
-// memory's) at element coordinates (x innermost, y) into shared `dst` (1024-byte aligned
-// for the 128-byte swizzle), its bytes completing on `bar`
-__device__ __forceinline__ void dnnc_tma_load_2d(void* dst, const void* map,
-                                                 unsigned long long* bar, int x, int y) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3}], [%4];"
-               :: "r"(dnnc_shared_address(dst)), "l"(map), "r"(x), "r"(y),
-                  "r"(dnnc_shared_address(bar)) : "memory");
-}
+// the box of 3-d tensor map `map` (a generic address: a __grid_constant__ parameter's or
+// global memory's) at element coordinates (x innermost, y, z) into shared `dst` (1024-byte
+// aligned for the 128-byte swizzle), its bytes completing on `bar`
 __device__ __forceinline__ void dnnc_tma_load_3d(void* dst, const void* map,
                                                  unsigned long long* bar, int x, int y, int z) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
@@ -362,6 +355,6 @@ template <int N> __device__ __forceinline__ void dnnc_setmaxnreg_dec() {
 """
 """TMA's copies, their mbarrier byte counts and the warp specialisation's register split,
 after WGMMA_PRELUDE (whose shared addresses and mbarriers they use). No loop-IR statement
-renders to them yet: the wgmma producer still copies by cp.async (docs/cuda_backend.md);
-tests/backends/cuda/test_cuda_tma.py compiles them for sm_90a and runs them on the GPU."""
+renders to them yet (the wgmma producer still copies by cp.async): `tma.py`'s hand-written
+product uses them."""
 
