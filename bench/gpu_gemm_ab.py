@@ -14,11 +14,11 @@ default without the producer (`old`: the dense default's pick, `producer` off), 
 with the producer (`+producer`) and with a slot more where it fits (`+producer +1 slot`),
 and, for each `--tile-s`, what `mma.choose` picks with a k tile's fixed cost
 (`mma.WGMMA_TILE_S`, 190 ns fitted without the producer) that small, with the producer:
-what the model would choose were the producer to take that cost away; then 128 x 256 (4 slots)
+what the model would choose were the producer to take that cost away; then 128 x 256 (4 slots),
 128 x 192 (5 slots) and 128 x 128 (6 slots) unsplit, staged, with the producer; then
 `tma.py`'s TMA product (one elected thread's TMA copies, setmaxnreg, unsplit, 16-bit
-results unstaged) at 128 x 64 (8 slots), 128 x 128 (6), 128 x 192 (5) and 128 x 256 (4),
-its tensor maps built once per cell (`tensor_map.operand_map`). Every launch is a
+results from registers or staged) at 128 x 64 (8 slots), 128 x 128 (6), 128 x 192 (5) and
+128 x 256 (4), its tensor maps built once per cell (`tensor_map.operand_map`). Every launch is a
 CUDA graph replayed (`cupy_graph_timer` / `torch_graph_timer`), a cell's rows timed in turn,
 trial by trial (`interleaved_ms`); every result checked against the float64 product within
 the precision's bound (as bench/gpu_kernels.py's dense rows, the 16-bit output's own
@@ -98,17 +98,20 @@ def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float],
         if c is not None and c not in seen:
             seen.add(c)
             out.append((label, c))
-    return out + [(f"tma 128x{bn}", TmaBlock(bn, stages))
+    return out + [(f"tma 128x{bn}" + " staged" * staged, TmaBlock(bn, stages, staged))
                   for bn, stages in ((64, 8), (128, 6), (192, 5), (256, 4))
+                  for staged in (False, True)
                   if with_tma and tma.fits(bn, stages) and n % 8 == 0 and k % 8 == 0]
 
 
 @dataclass(frozen=True)
 class TmaBlock:
-    """A block of `tma.py`'s product: 128 x `block_n`, `stages` slots."""
+    """A block of `tma.py`'s product: 128 x `block_n`, `stages` slots, its results
+    `staged` or not."""
 
     block_n: int
     stages: int
+    staged: bool
 
 
 def source(precision: str, m: int, k: int, n: int, c) -> tuple[str, object, str]:
@@ -116,7 +119,8 @@ def source(precision: str, m: int, k: int, n: int, c) -> tuple[str, object, str]
     [k, n] and Y [m, n] in the precision's 16-bit type, under config `c` (a `TmaBlock`:
     `tma.py`'s kernel, its entry None)."""
     if isinstance(c, TmaBlock):
-        return tma.source(precision, m, n, k, c.block_n, c.stages), None, "tma_product"
+        return (tma.source(precision, m, n, k, c.block_n, c.stages, c.staged), None,
+                "tma_product")
     dtype = mma.STORAGE[precision]
     a, b = L.Buffer("a", dtype, (1, m, k)), L.Buffer("b", dtype, (1, k, n))
     y = L.Buffer("y", dtype, (1, m, n))
@@ -133,7 +137,7 @@ def source(precision: str, m: int, k: int, n: int, c) -> tuple[str, object, str]
 
 def _tiles(c) -> str:
     if isinstance(c, TmaBlock):
-        return f"128x{c.block_n} st{c.stages} tma"
+        return f"128x{c.block_n} st{c.stages} tma" + " staged" * c.staged
     return f"{c.block_m}x{c.block_n} st{c.stages} sk{c.split_k}" + "".join(
         f" {f}" for f in ("refill_first", "staged", "producer", "cluster_split")
         if getattr(c, f))

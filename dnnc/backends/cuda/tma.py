@@ -14,7 +14,8 @@ producer whose elected thread alone copies each k tile by TMA (`prelude.TMA_PREL
 on the slot's `full` mbarrier in bytes (expect_tx), after waiting for the slot's `empty`
 (one arrival a consumer warp, once its wgmmas of the tile are done). `setmaxnreg` gives the
 producer 40 registers and the consumers 232 (384 threads start at 168: CUTLASS's split).
-Tiles past m, n or k read TMA's zeros. m, n and k are compile-time constants (a run-time k
+Tiles past m, n or k read TMA's zeros; the results stored from registers or (`staged`)
+through shared memory. m, n and k are compile-time constants (a run-time k
 loop's trip count had ptxas serialize the wgmmas, C7515). Blocks go in groups of 8 block
 rows (as `mma.py`'s tile order) for L2 reuse. The tensor maps come in global memory, A's
 then B's (`tensor_map.operand_map`: A boxes of 128 rows, B of 64 k rows).
@@ -95,6 +96,25 @@ extern "C" __global__ void __launch_bounds__(384, 1) tma_product(
   }
   dnnc_wgmma_wait<0, BN / 2>(acc);
   const unsigned lane = threadIdx.x %% 32, g = lane / 4, q = lane %% 4;
+  if constexpr (%(staged)d) {   // through shared memory: whole 16-byte runs of a row stored
+    constexpr int PITCH = BN + 8;   // (halves a staged row: 8 rows' pairs in distinct banks)
+    unsigned short* staged = (unsigned short*)pool;   // the ring, every k tile consumed
+    asm volatile("bar.sync 1, 256;" ::: "memory");   // (the consumer warps only)
+#pragma unroll
+    for (int r = 0; r < BN / 2; r += 2) {
+      const int i = wy * 64 + warp %% 4 * 16 + g + 8 * (r / 2 %% 2), j = r / 4 * 8 + 2 * q;
+      *(unsigned*)&staged[i * PITCH + j] =
+          (unsigned)%(convert)s(acc[r]) | (unsigned)%(convert)s(acc[r + 1]) << 16;
+    }
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    for (int e = threadIdx.x; e < 128 * (BN / 8); e += 256) {
+      const int il = e / (BN / 8), jl = e %% (BN / 8) * 8;
+      const int i = by * 128 + il, j = bx * BN + jl;
+      if (i < M && j < N)
+        *(uint4*)&y[(long long)i * N + j] = *(const uint4*)&staged[il * PITCH + jl];
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < BN / 2; r += 2) {   // wgmma's D layout: register 4 nt + 2 half + v
     const int i = by * 128 + wy * 64 + warp %% 4 * 16 + g + 8 * (r / 2 %% 2);
@@ -123,14 +143,18 @@ def fits(block_n: int, stages: int) -> bool:
         shared_bytes(block_n, stages) <= MAX_SHARED
 
 
-def source(precision: str, m: int, n: int, k: int, block_n: int, stages: int) -> str:
+def source(precision: str, m: int, n: int, k: int, block_n: int, stages: int,
+           staged: bool = False) -> str:
     """The module (entry `tma_product(maps, y)`) of Y = A B at `precision` ("fp16" or
-    "bf16") for these sizes and this block; n and k multiples of 8 (TMA's 16-byte strides)."""
+    "bf16") for these sizes and this block; n and k multiples of 8 (TMA's 16-byte strides).
+    `staged`: the results go through shared memory (the ring, once consumed), stored in
+    16-byte runs of a row, as `mma.py`'s staged results; else each thread's pairs from
+    registers."""
     if precision not in ("fp16", "bf16") or not fits(block_n, stages) or n % 8 or k % 8:
         raise ValueError(f"no TMA product of {precision} {m}x{k}x{n} in 128 x {block_n} "
                          f"blocks of {stages} slots")
     return PRELUDE + MMA_PRELUDE + WGMMA_PRELUDE + TMA_PRELUDE + _KERNEL % dict(
-        m=m, n=n, k=k, bn=block_n, stages=stages, precision=precision,
+        m=m, n=n, k=k, bn=block_n, stages=stages, precision=precision, staged=int(staged),
         convert="dnnc_f2h" if precision == "fp16" else "dnnc_f2bf")
 
 

@@ -59,15 +59,16 @@ def test_tensor_maps_outside_tma_s_limits_are_refused():
             tensor_map.encode_tiled(*args)
 
 
-@pytest.mark.parametrize("precision,block_n,stages", [
-    ("fp16", 64, 4), ("bf16", 128, 6), ("fp16", 192, 5), ("bf16", 256, 4)])
-def test_the_tma_product_compiles_for_sm90a(precision, block_n, stages):
+@pytest.mark.parametrize("precision,block_n,stages,staged", [
+    ("fp16", 64, 4, False), ("bf16", 128, 6, True), ("fp16", 192, 5, False),
+    ("bf16", 256, 4, False), ("fp16", 256, 4, True)])
+def test_the_tma_product_compiles_for_sm90a(precision, block_n, stages, staged):
     """TMA_PRELUDE's copies, byte counts, election and register split are PTX NVRTC takes
     for sm_90a; the product's consumers keep their accumulators in registers (no spills)
     at the 168 registers 384 threads start with, its wgmmas unserialized (no C7515,
     C7517, C7518) and setmaxnreg kept."""
     nvrtc = pytest.importorskip("cupy.cuda").nvrtc
-    source = tma.source(precision, 1000, 768, 3072, block_n, stages)
+    source = tma.source(precision, 1000, 768, 3072, block_n, stages, staged)
     assert device.compile_arch("sm_90", source) == "sm_90a"
     prog, log = nvrtc_compiled(source, "sm_90a", "--ptxas-options=-v")
     ptx = nvrtc.getPTX(prog).decode()
@@ -149,21 +150,24 @@ def test_a_tma_box_lands_where_the_swizzled_tile_puts_it(rows_contiguous, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision,m,k,n,block_n,stages", [
-    ("fp16", 256, 320, 128, 64, 4), ("fp16", 200, 200, 136, 64, 3),
-    ("bf16", 300, 1024, 200, 128, 6), ("fp16", 1000, 768, 3072, 192, 5),
-    ("bf16", 520, 3072, 768, 256, 4), ("fp16", 128, 4096, 256, 256, 2)])
+@pytest.mark.parametrize("precision,m,k,n,block_n,stages,staged", [
+    ("fp16", 256, 320, 128, 64, 4, False), ("fp16", 200, 200, 136, 64, 3, True),
+    ("bf16", 300, 1024, 200, 128, 6, False), ("fp16", 1000, 768, 3072, 192, 5, True),
+    ("bf16", 520, 3072, 768, 256, 4, True), ("fp16", 128, 4096, 256, 256, 2, False),
+    ("bf16", 136, 512, 264, 256, 2, True)])
 def test_the_tma_product_is_within_the_precision_s_bound(precision, m, k, n, block_n,
-                                                         stages, rng):
+                                                         stages, staged, rng):
     """Y = A B (`tma.source`): one elected producer thread's TMA copies into the ring
     (`full` completed by bytes, `empty` by the 8 consumer warps; rings that wrap many
     times), setmaxnreg 40 / 232, two consumer warpgroups' wgmmas on the 128-byte swizzle;
-    blocks past m and n and a k tile past k read TMA's zeros. Within the precision's bound
+    blocks past m and n and a k tile past k read TMA's zeros; results from registers or
+    staged through the ring. Within the precision's bound
     of the float64 product (exact operands; the 16-bit output's own rounding allowed)."""
     import cupy as cp
 
     dtype = {"fp16": np.float16, "bf16": mma.STORAGE["bf16"].np}[precision]
-    fn = _module(tma.source(precision, m, n, k, block_n, stages)).get_function("tma_product")
+    fn = _module(tma.source(precision, m, n, k, block_n, stages, staged)).get_function(
+        "tma_product")
     a = rng.uniform(-1, 1, (m, k)).astype(np.float32).astype(dtype)
     b = rng.uniform(-1, 1, (k, n)).astype(np.float32).astype(dtype)
     a_dev, b_dev = cp.asarray(a.view(np.uint16)), cp.asarray(b.view(np.uint16))
