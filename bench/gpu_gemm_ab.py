@@ -1,11 +1,12 @@
-"""The sm_90 wgmma product's producer warpgroup (`TensorCoreConfig.producer`, wgmma.py)
-against the dense default and cuBLAS, one run (issue 31): issue 31's transformer shapes
+"""The sm_90 wgmma product's producer warpgroup (`TensorCoreConfig.producer`, wgmma.py) and
+the hand-written TMA product (`tma.py`) against the dense default and cuBLAS, one run
+(issue 31): issue 31's transformer shapes
 (M = 128 ... 8192 with 768 x 3072 and 3072 x 768, m x k x n) and 4096^3, fp16 and bf16
 stored in and out (a half-storage model's products; B stored [k, n]).
 
     python bench/gpu_gemm_ab.py [--precisions fp16,bf16] [--shapes MxKxN,...]
                                 [--trials 7] [--repeat 20] [--jobs 16]
-                                [--tile-s 80e-9,30e-9] [--out rows.json]
+                                [--tile-s 80e-9,30e-9] [--out rows.json] [--tma 0]
 
 Per cell (shape, precision) the rows are cuBLAS (torch.matmul in the precision), the
 default without the producer (`old`: the dense default's pick, `producer` off), the default
@@ -13,8 +14,11 @@ default without the producer (`old`: the dense default's pick, `producer` off), 
 with the producer (`+producer`) and with a slot more where it fits (`+producer +1 slot`),
 and, for each `--tile-s`, what `mma.choose` picks with a k tile's fixed cost
 (`mma.WGMMA_TILE_S`, 190 ns fitted without the producer) that small, with the producer:
-what the model would choose were the producer to take that cost away; then 128 x 256 (4 slots)
-and 128 x 128 (6 slots) unsplit, staged, with the producer. Every launch is a
+what the model would choose were the producer to take that cost away; then 128 x 256 (4 slots),
+128 x 192 (5 slots) and 128 x 128 (6 slots) unsplit, staged, with the producer; then
+`tma.py`'s TMA product (one elected thread's TMA copies, setmaxnreg, unsplit, 16-bit
+results from registers or staged) at 128 x 64 (8 slots), 128 x 128 (6), 128 x 192 (5) and
+128 x 256 (4), its tensor maps built once per cell (`tensor_map.operand_map`). Every launch is a
 CUDA graph replayed (`cupy_graph_timer` / `torch_graph_timer`), a cell's rows timed in turn,
 trial by trial (`interleaved_ms`); every result checked against the float64 product within
 the precision's bound (as bench/gpu_kernels.py's dense rows, the 16-bit output's own
@@ -30,7 +34,7 @@ import json
 import multiprocessing
 import os
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -39,8 +43,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_kernels import UNIT, blas_peer   # noqa: E402
 from gpu_timing import cupy_graph_timer, header, interleaved_ms   # noqa: E402
 
-from dnnc.backends.cuda import device, mma, wgmma   # noqa: E402
-from dnnc.backends.cuda.codegen import render_module   # noqa: E402
+from dnnc.backends.cuda import device, mma, tensor_map, tma, wgmma   # noqa: E402
+from dnnc.backends.cuda.codegen import Launch, render_module   # noqa: E402
 from dnnc.backends.cuda.dense import Operand   # noqa: E402
 from dnnc.ir import loop as L   # noqa: E402
 
@@ -69,13 +73,15 @@ def produced(c: mma.TensorCoreConfig, slots: int = 0) -> mma.TensorCoreConfig | 
     return p if fits else None
 
 
-def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float]) -> list:
-    """(label, config) of a cell's dnnc rows, each config once."""
+def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float],
+            with_tma: bool = True) -> list:
+    """(label, config) of a cell's dnnc rows, each config once (`tma.py`'s with `with_tma`)."""
     old = old_default(m, k, n, precision, gpu)
     default = mma.producer_by_default(old, precision, k)
     rows = [("old", old), ("default", default), ("+producer", produced(old)),
             ("+producer +1 slot", produced(old, 1))]
-    for bm, bn, wm, stages in ((128, 256, 8, 4), (128, 128, 8, 6)):   # wider, unsplit
+    for bm, bn, wm, stages in ((128, 256, 8, 4), (128, 192, 8, 5),
+                               (128, 128, 8, 6)):   # wider, unsplit
         tile = replace(old, block_m=bm, block_n=bn, warps_m=wm, warps_n=1, stages=stages,
                        split_k=1, cluster_split=False, staged=True)
         rows.append((f"{bm}x{bn} +producer", produced(tile)))
@@ -92,12 +98,29 @@ def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float]) ->
         if c is not None and c not in seen:
             seen.add(c)
             out.append((label, c))
-    return out
+    return out + [(f"tma 128x{bn}" + " staged" * staged, TmaBlock(bn, stages, staged))
+                  for bn, stages in ((64, 8), (128, 6), (192, 5), (256, 4))
+                  for staged in (False, True)
+                  if with_tma and tma.fits(bn, stages) and n % 8 == 0 and k % 8 == 0]
+
+
+@dataclass(frozen=True)
+class TmaBlock:
+    """A block of `tma.py`'s product: 128 x `block_n`, `stages` slots, its results
+    `staged` or not."""
+
+    block_n: int
+    stages: int
+    staged: bool
 
 
 def source(precision: str, m: int, k: int, n: int, c) -> tuple[str, object, str]:
     """(the CUDA source, its module entry, the kernel's name) of Y = A B, A [m, k], B
-    [k, n] and Y [m, n] in the precision's 16-bit type, under config `c`."""
+    [k, n] and Y [m, n] in the precision's 16-bit type, under config `c` (a `TmaBlock`:
+    `tma.py`'s kernel, its entry None)."""
+    if isinstance(c, TmaBlock):
+        return (tma.source(precision, m, n, k, c.block_n, c.stages, c.staged), None,
+                "tma_product")
     dtype = mma.STORAGE[precision]
     a, b = L.Buffer("a", dtype, (1, m, k)), L.Buffer("b", dtype, (1, k, n))
     y = L.Buffer("y", dtype, (1, m, n))
@@ -113,6 +136,8 @@ def source(precision: str, m: int, k: int, n: int, c) -> tuple[str, object, str]
 
 
 def _tiles(c) -> str:
+    if isinstance(c, TmaBlock):
+        return f"128x{c.block_n} st{c.stages} tma" + " staged" * c.staged
     return f"{c.block_m}x{c.block_n} st{c.stages} sk{c.split_k}" + "".join(
         f" {f}" for f in ("refill_first", "staged", "producer", "cluster_split")
         if getattr(c, f))
@@ -133,6 +158,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--tile-s", default="80e-9,30e-9")
     parser.add_argument("--out", default="")
+    parser.add_argument("--tma", type=int, default=1, help="0: without tma.py's rows")
     parser.add_argument("--list", action="store_true",
                         help="print each cell's configs (device.REFERENCE's figures), time none")
     args = parser.parse_args()
@@ -142,7 +168,8 @@ def main() -> int:
     if args.list:
         for precision in args.precisions.split(","):
             for m, k, n in shapes:
-                for label, c in configs(m, k, n, precision, device.REFERENCE, tile_s):
+                for label, c in configs(m, k, n, precision, device.REFERENCE, tile_s,
+                                            bool(args.tma)):
                     print(precision, f"{m}x{k}x{n}", label, _tiles(c))
         return 0
     gpu = device.describe_gpu(device.properties())
@@ -151,7 +178,7 @@ def main() -> int:
     for precision in args.precisions.split(","):
         for m, k, n in shapes:
             rows = [(label, c, *source(precision, m, k, n, c))
-                    for label, c in configs(m, k, n, precision, gpu, tile_s)]
+                    for label, c in configs(m, k, n, precision, gpu, tile_s, bool(args.tma))]
             cells.append((precision, (m, k, n), rows))
     items = sorted({(row[2], device.compile_arch(arch, row[2]))
                     for _, _, rows in cells for row in rows})
@@ -189,12 +216,24 @@ def main() -> int:
                                               device.nvrtc_options(
                                                   device.compile_arch(arch, text))))
             out = cp.zeros((1, m, n), cp.uint16)
-            args_ = (a_dev, b_dev, out) + tuple(cp.empty(s, cp.uint8) for s in info.workspace)
             fns = []
-            for lc in info.launches:
-                fn = raw.get_function(lc.name)
-                device.allow_shared(fn, lc.shared_bytes)
-                fns.append((fn, lc))
+            if isinstance(c, TmaBlock):
+                name_ = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+                maps = cp.asarray(np.concatenate([
+                    tensor_map.operand_map(a_dev.data.ptr, name_, (1, m, k), tma.BLOCK_M),
+                    tensor_map.operand_map(b_dev.data.ptr, name_, (1, k, n), tma.BLOCK_K)]))
+                args_ = (maps, out)
+                grid, block, shared = tma.launch(m, n, c.block_n, c.stages)
+                fn = raw.get_function(name)
+                device.allow_shared(fn, shared)
+                fns.append((fn, Launch(name, grid, block, shared)))
+            else:
+                args_ = (a_dev, b_dev, out) + tuple(cp.empty(s, cp.uint8)
+                                                    for s in info.workspace)
+                for lc in info.launches:
+                    fn = raw.get_function(lc.name)
+                    device.allow_shared(fn, lc.shared_bytes)
+                    fns.append((fn, lc))
 
             def launch(fns=fns, args_=args_):
                 for fn, lc in fns:
@@ -214,7 +253,8 @@ def main() -> int:
             print(f"  {label:28s} {_tiles(c):52s} {ms * 1e3:8.1f} us {blas / ms:6.2f} "
                   f"{'ok' if ok else 'WRONG'}")
             records.append(dict(precision=precision, shape=[m, k, n], label=label,
-                                config=asdict(c), us=ms * 1e3, cublas_us=blas * 1e3, ok=ok))
+                                config=asdict(c) | {"tma": isinstance(c, TmaBlock)},
+                                us=ms * 1e3, cublas_us=blas * 1e3, ok=ok))
         del kept
     if args.out:
         with open(args.out, "w") as f:

@@ -3,8 +3,8 @@ NaN-propagating min / max, the run-time index check, the dynamic shared-memory p
 of the tensor cores (`MMA_PRELUDE`: operand conversions, mma.sync, ldmatrix, cp.async) and
 those of Hopper's warpgroup products (`WGMMA_PRELUDE`: matrix descriptors, wgmma.mma_async,
 its fence, groups and wait, the async-proxy fence; sm_90a only, the module then holds the
-line `ARCH_SPECIFIC`), as CUDA C with inline PTX that NVRTC compiles without any
-header.
+line `ARCH_SPECIFIC`) and TMA's (`TMA_PRELUDE`: tensor-map copies, sm_90a), as CUDA C
+with inline PTX that NVRTC compiles without any header.
 
 `codegen.py` renders calls of them and decides which a module holds; this module is only
 their text and must never render or decide anything. The host-C++ shim of
@@ -312,3 +312,49 @@ __device__ __forceinline__ float dnnc_cluster_load(const float* p, unsigned rank
 `L.Mbarrier` and `cluster_load` render to, added after
 MMA_PRELUDE (whose `dnnc_shared_address` it uses) to a module that uses them (a sparse
 precision's `dnnc_wgmma_sp_<p>_n<n><TA, TB>(&acc, desc a, desc b, metadata)`)."""
+
+TMA_PRELUDE = r"""// TMA (sm_90a): tensor-map bulk copies into shared memory, counted on an mbarrier
+// in bytes (tensor_map.py builds the maps on the host)
+// the mbarriers' inits seen by the async proxy (the TMA unit) before a copy counts on them
+__device__ __forceinline__ void dnnc_fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// this thread's arrival on `bar`, and `bytes` more the phase awaits from copies
+__device__ __forceinline__ void dnnc_mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
+               :: "r"(dnnc_shared_address(bar)), "r"(bytes) : "memory");
+}
+// the box of 3-d tensor map `map` (a generic address: a __grid_constant__ parameter's or
+// global memory's) at element coordinates (x innermost, y, z) into shared `dst` (1024-byte
+// aligned for the 128-byte swizzle), its bytes completing on `bar`
+__device__ __forceinline__ void dnnc_tma_load_3d(void* dst, const void* map,
+                                                 unsigned long long* bar, int x, int y, int z) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(dnnc_shared_address(dst)), "l"(map), "r"(x), "r"(y), "r"(z),
+                  "r"(dnnc_shared_address(bar)) : "memory");
+}
+__device__ __forceinline__ void dnnc_prefetch_tensor_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];" :: "l"(map) : "memory");
+}
+// one lane of the (whole, converged) warp elected: true there only
+__device__ __forceinline__ bool dnnc_elect_one() {
+  unsigned elected;
+  asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}"
+               : "=r"(elected));
+  return elected != 0;
+}
+// a warpgroup's registers a thread raised to / lowered to N (a multiple of 8, 24..256):
+// the producer gives its registers to the consumers
+template <int N> __device__ __forceinline__ void dnnc_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N));
+}
+template <int N> __device__ __forceinline__ void dnnc_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N));
+}
+"""
+"""TMA's copies, their mbarrier byte counts and the warp specialisation's register split,
+after WGMMA_PRELUDE (whose shared addresses and mbarriers they use). No loop-IR statement
+renders to them yet (the wgmma producer still copies by cp.async): `tma.py`'s hand-written
+product uses them."""
+

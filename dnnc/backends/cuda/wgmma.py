@@ -64,9 +64,9 @@ guard ptxas took the wgmmas for divergent and serialized them (C7518), and one k
 inside one guard keeps wgmmas in flight from crossing a region's end (C7517). Where an
 operand does not come by cp.async as it lies (through registers, tf32 rounded in place) the
 config falls back to the plain loop, without the warpgroup. The default takes it where it
-measured faster (`mma.PRODUCER_TILES`). Not done: TMA (a tensor map a kernel parameter,
-built at run time: the executable's launches would carry it), `setmaxnreg` (a 128 x 256
-block's 384 threads get 168 registers each).
+measured faster (`mma.PRODUCER_TILES`). Not done: TMA copies and `setmaxnreg` here (a
+tensor map is a kernel argument built at run time: the executable's launches would carry
+it); `tma.py`'s hand-written TMA product measured them (docs/cuda_backend.md).
 
 Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer the knob on
 sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-last conv

@@ -1,0 +1,94 @@
+"""Tensor maps for Hopper's TMA copies (`cp.async.bulk.tensor`, `prelude.TMA_PRELUDE`): the
+128-byte `CUtensorMap` a kernel's copies read, built on the host by the driver's
+`cuTensorMapEncodeTiled` (libcuda through ctypes: CuPy 14 does not wrap it).
+
+A map holds its tensor's global address, so it is built where the address is known (at run
+time, once the arena is allocated; in a test or bench, once its buffers are), then handed
+to the kernel as a `__grid_constant__` parameter or copied to global memory before the launch
+(a generic address of either is what the copy takes). `operand_map` is the map of a 16-bit
+operand as wgmma.py's tiles lie in shared memory: boxes of 64 elements along the operand's
+contiguous dimension (one 128-byte swizzle row) by `rows` of the other, in the 128-byte
+swizzle (chunk c of box row r at chunk c ^ r % 8: `wgmma._SwizzledTile`'s layout, K-major
+and MN-major alike), elements outside the tensor read as zero (a k tile past k, a block
+past m or n: what the cp.async ring's zero fill does). This module builds maps only; it
+never launches or renders anything.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+from ...errors import DeviceError
+
+MAP_BYTES = 128
+"""sizeof(CUtensorMap): 16 64-bit words, 64-byte aligned where a kernel reads it."""
+SWIZZLE_BYTES = 128
+"""The swizzle span: a box's rows are this many bytes (64 16-bit elements)."""
+MAX_BOX = 256
+"""The driver's largest box extent in any dimension."""
+
+_DATA_TYPE = {"float16": 6, "bfloat16": 9, "uint16": 1}
+"""dtype name -> CUtensorMapDataType (CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16, _UINT16)."""
+_INTERLEAVE_NONE = 0
+_SWIZZLE_128B = 3
+_L2_PROMOTION_256B = 3   # (CUTLASS's choice for its Hopper GEMM's operand maps)
+_OOB_FILL_ZERO = 0       # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: elements outside read as zero
+
+
+@functools.cache
+def _encode():
+    """libcuda's cuTensorMapEncodeTiled with its argument types, or a DeviceError."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise DeviceError(f"TMA tensor maps need the CUDA driver (libcuda.so.1): {e}") from e
+    fn = driver.cuTensorMapEncodeTiled
+    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p,
+                   ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u32),
+                   ctypes.POINTER(u32), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def encode_tiled(address: int, dtype: str, extents: tuple[int, ...],
+                 strides: tuple[int, ...], box: tuple[int, ...]) -> np.ndarray:
+    """The tensor map (16 uint64 words) of the tensor at global `address` of `dtype` (a name
+    of `_DATA_TYPE`), `extents` in elements and the byte `strides` of every dimension but
+    the first, innermost first; TMA copies a `box` of it (innermost first) into shared
+    memory in the 128-byte swizzle, zeros where the box passes the tensor's edges."""
+    rank = len(extents)
+    if dtype not in _DATA_TYPE:
+        raise DeviceError(f"no TMA data type for {dtype} (have {sorted(_DATA_TYPE)})")
+    if len(strides) != rank - 1 or len(box) != rank or not 1 <= rank <= 5:
+        raise DeviceError(f"a tensor map of rank {rank} takes {rank - 1} strides and "
+                          f"{rank} box extents: {strides}, {box}")
+    if box[0] * 2 > SWIZZLE_BYTES or any(not 1 <= b <= MAX_BOX for b in box) or \
+            address % 16 or any(s % 16 for s in strides):
+        raise DeviceError(f"tensor map out of TMA's limits: box {box} (at most "
+                          f"{SWIZZLE_BYTES} bytes inner, {MAX_BOX} a dimension), "
+                          f"address {address:#x} and strides {strides} multiples of 16")
+    out = np.zeros(MAP_BYTES // 8, np.uint64)
+    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+    status = _encode()(out.ctypes.data, _DATA_TYPE[dtype], rank, address,
+                       (u64 * rank)(*extents), (u64 * max(1, rank - 1))(*strides),
+                       (u32 * rank)(*box), (u32 * rank)(*([1] * rank)),
+                       _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZERO)
+    if status != 0:
+        raise DeviceError(f"cuTensorMapEncodeTiled failed (CUresult {status}): {dtype} "
+                          f"extents {extents}, strides {strides}, box {box}")
+    return out
+
+
+def operand_map(address: int, dtype: str, shape: tuple[int, int, int], rows: int) -> np.ndarray:
+    """The map of a contiguous 16-bit operand of `shape` (batch, outer, inner) at `address`,
+    in boxes of 64 inner elements (one swizzle row) by `rows` outer ones (a K-major tile's
+    block rows, or an MN-major atom's k tile) of one batch: coordinates (inner, outer,
+    batch) in elements."""
+    batch, outer, inner = shape
+    row = SWIZZLE_BYTES // 2
+    return encode_tiled(address, dtype, (inner, outer, batch),
+                        (inner * 2, outer * inner * 2), (row, rows, 1))
