@@ -238,7 +238,7 @@ for k, (name, config) in enumerate(cases):
     model.save(f"{folder}/{k}.dnnc")
     np.save(f"{folder}/{k}.x.npy", x)
     np.save(f"{folder}/{k}.y.npy", want)
-    parallel += "dnnc_parallel_for_grain" in model.source("llvm")
+    parallel += "dnnc_parallel_for" in model.source("llvm")
     # loaded in the compiling process too
     np.testing.assert_array_equal(dnnc.load(f"{folder}/{k}.dnnc")(x), want)
 print("parallel", parallel)

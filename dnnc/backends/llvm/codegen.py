@@ -3,7 +3,7 @@
 Each PrimFunc becomes `void @name(ptr noalias %buf..., i64 %size...)`; a `_packed` twin taking
 `(ptr args, ptr sizes)` arrays lets tests and the runtime call any kernel through one ctypes
 signature. Parallel loops are outlined into `@name_par<k>(ptr closure, i64 start, i64 end)`
-and handed to the runtime's `dnnc_parallel_for_grain`.
+and handed to the runtime's `dnnc_parallel_for`.
 
 A PrimFunc is legalized first (`backends/legalize.py`): what ops mean (sigmoid, sign, floor
 division, integer division by zero, float16 arithmetic in float32, ...) is settled there, so
@@ -26,12 +26,10 @@ from llvmlite import ir
 from ...ir import loop as L
 from ...ir import types as T
 from ..legalize import check_legal, legalize
-from ..loop_analysis import nest_work
 from . import amx, amx_codegen, bf16, int8
 from .primitives import BINARY, CALLS, CASTS, I1, I8, I16, I32, I64, PTR, cast_class, \
     compute_type, intrinsic_suffix, memory_type, op_class
 from .vectorize import VectorLoop, vectorizable
-from .workers import GRAIN_WORK
 
 ERRORS = L.index_checks.INDEX_ERRORS
 CHECKS_HOIST_FROM = frozenset(k for k in L.ForKind if not (k.is_gpu_block or k.is_gpu_thread))
@@ -82,8 +80,7 @@ class ModuleBuilder:
         self.tiles = frozenset(p for p, (_, needs) in amx.TILE_DOTS.items() if needs <= features)
         self._decls: dict[str, ir.Function] = {}
         self.parallel_for = ir.Function(
-            self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]),
-            "dnnc_parallel_for_grain")
+            self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64]), "dnnc_parallel_for")
 
     def declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         fn = self._decls.get(name)
@@ -348,11 +345,7 @@ class FunctionEmitter:
         inner = FunctionEmitter(self.fb, outlined, ob, env, buffers)
         inner.serial_for(s, start=outlined.args[1], end=outlined.args[2])
         inner.finish()
-        # chunks of GRAIN_WORK innermost iterations or more (workers.GRAIN_WORK)
-        work = nest_work(s.body)
-        grain = max(1, -(-GRAIN_WORK // work)) if work else 1
-        self.b.call(self.mb.parallel_for, [outlined, closure, self.expr(s.extent),
-                                           ir.Constant(I64, grain)])
+        self.b.call(self.mb.parallel_for, [outlined, closure, self.expr(s.extent)])
 
     def _shape_vars(self, node) -> list[L.Var]:
         out: list[L.Var] = []

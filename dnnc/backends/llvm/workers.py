@@ -4,9 +4,8 @@ compile anything but the pool itself.
 
 The pool is written in LLVM IR (it needs only libc's pthread, sched_yield and clock_gettime,
 which every Python process has loaded), compiled once per process, and exported to generated
-code as the symbol `dnnc_parallel_for_grain(fn, closure, n, grain)`: `fn(closure, start, end)`
-is called on chunks of [0, n), each of `grain` iterations or more, by the calling thread and the
-workers together (`dnnc_parallel_for(fn, closure, n)`, grain 1, for code compiled before). It is built to degrade
+code as the symbol `dnnc_parallel_for(fn, closure, n)`: `fn(closure, start, end)` is called on
+chunks of [0, n) by the calling thread and the workers together. It is built to degrade
 gracefully when the machine is busy (another process, or more threads than cores):
 
 - chunks are *claimed* from an atomic counter, never assigned, so whoever runs takes the work;
@@ -64,13 +63,6 @@ _BUSY_YIELD_NS = 50_000
 # from 1.61x to 1.18-1.49x its time alone and resnet18 from 1.78x to 1.64-1.69x, with no
 # measurable loss alone (docs/llvm_backend.md, "Threads")
 _CHUNKS_PER_THREAD = 16
-# ...but a chunk of at least GRAIN_WORK of the loop body's innermost iterations (`nest_work`:
-# ~1-3 us), the grain the generated code passes: every claim is an atomic add on one cache
-# line, which 16 threads take in turn, so 16 chunks a thread of a short loop cost more than
-# its work. On the 16-core Xeon, densenet121's elementwise kernels (512 channels of 784
-# pixels: 256 chunks of 2 channels, 0.2 us of work each) took 27 us on average against
-# OpenVINO's 15. With 2 threads a chunk is still a 32nd of any loop of 260K iterations or more.
-GRAIN_WORK = 8192
 
 _CLOSED = 1 << 40   # in `state`: the region takes no more workers; low bits count those inside
 
@@ -259,18 +251,11 @@ entry:
   ret void
 }
 
-; code compiled before the grain existed calls this one: chunks of at least one iteration
 define void @dnnc_parallel_for(ptr %fn, ptr %ctx, i64 %n) {
-entry:
-  call void @dnnc_parallel_for_grain(ptr %fn, ptr %ctx, i64 %n, i64 1)
-  ret void
-}
-
-define void @dnnc_parallel_for_grain(ptr %fn, ptr %ctx, i64 %n, i64 %grain) {
 entry:
   %nt = load i64, ptr @nthreads
   %single = icmp sle i64 %nt, 1
-  %small = icmp sle i64 %n, %grain
+  %small = icmp sle i64 %n, 1
   %serial0 = or i1 %single, %small
   br i1 %serial0, label %serial, label %claim
 claim:
@@ -287,8 +272,8 @@ open:
   store i64 %n, ptr @task_n
   %parts = mul i64 %nt, CHUNKS_PER_THREAD
   %c0 = sdiv i64 %n, %parts
-  %cz = icmp slt i64 %c0, %grain
-  %chunk = select i1 %cz, i64 %grain, i64 %c0
+  %cz = icmp slt i64 %c0, 1
+  %chunk = select i1 %cz, i64 1, i64 %c0
   store i64 %chunk, ptr @task_chunk
   store i64 0, ptr @next
   store atomic i64 0, ptr @state release, align 8
@@ -442,8 +427,8 @@ class _Pool:
             opt=2)
         self.engine = llvm.create_mcjit_compiler(module, tm)
         self.engine.finalize_object()
-        for name in ("dnnc_parallel_for", "dnnc_parallel_for_grain"):
-            llvm.add_symbol(name, self.engine.get_function_address(name))
+        self.parallel_for = self.engine.get_function_address("dnnc_parallel_for")
+        llvm.add_symbol("dnnc_parallel_for", self.parallel_for)
         self._start = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(
             self.engine.get_function_address("dnnc_pool_start"))
         self._reset = ctypes.CFUNCTYPE(None)(self.engine.get_function_address("dnnc_pool_reset"))
