@@ -16,8 +16,8 @@ The families, in `RULES` order:
 - folding constants into the op before: BatchNormalization into Conv, and into a 2-D Gemm /
   MatMul with constant weights (BN over the channel axis 1 of an (N, C) product); a
   per-output-channel constant Mul, Add or Sub after a Conv into its weights and bias; a
-  BatchNormalization left over (after no Conv or Gemm) as a per-channel Mul and Add, which
-  fuse with the ops around them;
+  BatchNormalization left over (after no Conv or Gemm) as per-channel Sub, Mul, Mul and Add
+  in its own order, which fuse with the ops around them;
 - values passed through unchanged: Identity, inference Dropout (its mask, when read, an
   all-true ConstantOfShape of x's shape; an unread mask goes with it), x*1, 1*x, x+0, 0+x, x-0,
   x/1 (a constant of all ones / zeros that broadcasting does not make change x's shape or
@@ -275,29 +275,41 @@ def fold_scale_into_conv(graph: Graph, node: Node, users) -> bool:
 
 def batch_norm_as_affine(graph: Graph, node: Node, users) -> bool:
     """Inference BatchNormalization over constant statistics, of a float32 x, that no rule
-    above folded into the op before == Mul(x, s) then Add(t), s and t per-channel constants
-    (`_bn_scale_shift`, as the folds compute them): two elementwise ops that fuse with their
-    neighbours, where the opaque op was a kernel of its own. The onnx light densenet121's
-    pre-activation BatchNormalization before each layer's 1x1 conv (58 of them, then a Mul,
-    Add and Relu) was a pass over the concatenated activations each: 124 elementwise
-    kernels, 3.4 ms of 9.0 at 16 threads on the AMX Xeon, against OpenVINO's 0.8 ms for the
-    same 62 nodes."""
-    affine = _bn_scale_shift(node)
+    above folded into the op before == Sub(x, mean), Mul(1 / sqrt(var + epsilon)), Mul(scale),
+    Add(bias), per-channel constants: elementwise ops that fuse with their neighbours, where
+    the opaque op was a kernel of its own. They compute what the op's own kernel computes,
+    in its order and float32 roundings (its reciprocal as the kernel makes it), so results
+    are the same bits, overflow near FLT_MAX included (the spec's order: fuzz's
+    huge-in-batchnorm). The onnx light densenet121's pre-activation BatchNormalization before
+    each layer's 1x1 conv (then a Mul, Add and Relu) was a pass over the concatenated
+    activations each: 124 elementwise kernels, 3.4 ms of 9.0 at 16 threads on the AMX Xeon,
+    against OpenVINO's 0.8 ms for the same 62 nodes."""
+    if node.op != "BatchNormalization" or node.attrs.get("training_mode") or \
+            len(node.outputs) != 1:
+        return False
     x = node.inputs[0]
-    if affine is None or x.type.dtype is not float32 or x.type.rank < 2 or \
+    params = [known_constant(v) for v in node.inputs[1:5]]
+    if any(p is None for p in params) or x.type.dtype is not float32 or x.type.rank < 2 or \
             not isinstance(x.type.shape[1], int):
         return False
+    scale, bias, mean, var = (np.asarray(p, np.float32) for p in params)
+    with np.errstate(all="ignore"):
+        inv_std = np.float32(1.0) / np.sqrt(var + np.float32(node.attrs["epsilon"]))
     shape = (x.type.shape[1],) + (1,) * (x.type.rank - 2)
-    scale, shift = (_const_value(f"{node.name}.{what}", a.astype(np.float32).reshape(shape),
-                                 float32) for what, a in zip(("scale", "shift"), affine))
-    scaled = Value(f"{node.name}.scaled", x.type)
-    nodes = []
-    for op, inputs, out, name in (("Mul", [x, scale], scaled, f"{node.name}.mul"),
-                                  ("Add", [scaled, shift], node.outputs[0], node.name)):
-        types, _, attrs = infer_node(op, inputs, {}, 1, name)
+    steps = [("Sub", "mean", mean), ("Mul", "inv_std", inv_std), ("Mul", "scale", scale),
+             ("Add", "bias", bias)]
+    nodes, value = [], x
+    for k, (op, what, array) in enumerate(steps):
+        const = _const_value(f"{node.name}.{what}", np.broadcast_to(array, shape[:1])
+                             .reshape(shape).copy(), float32)
+        out = node.outputs[0] if k == len(steps) - 1 else \
+            Value(f"{node.name}.{what}_applied", x.type)
+        types, _, attrs = infer_node(op, [value, const], {}, 1, f"{node.name}.{what}")
         if types[0] != out.type:
             return False
-        nodes.append(Node(op, inputs, [out], attrs, name))
+        nodes.append(Node(op, [value, const], [out], attrs,
+                          node.name if k == len(steps) - 1 else f"{node.name}.{what}"))
+        value = out
     k = next(i for i, n in enumerate(graph.nodes) if n is node)
     graph.nodes[k:k + 1] = nodes
     return True

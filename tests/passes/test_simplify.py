@@ -71,20 +71,21 @@ def test_batch_norm_stays_when_its_statistics_are_inputs(rng):
     assert simplify(_conv_bn(rng, const_stats=False)) == 0
 
 
-def test_batch_norm_that_cannot_fold_becomes_a_per_channel_mul_and_add(rng):
-    """The conv's output read too (no fold into it): the BN becomes x * s + t, constants of
-    shape (C, 1, 1) computed as the folds compute them, elementwise ops that fuse with their
-    neighbours; both outputs as before. A half BN stays (its two roundings would differ)."""
+def test_batch_norm_that_cannot_fold_becomes_per_channel_elementwise_ops(rng):
+    """The conv's output read too (no fold into it): the BN becomes (x - mean) * inv_std *
+    scale + bias, constants of shape (C, 1, 1), elementwise ops that fuse with their
+    neighbours; both outputs the same bits as the op's own (numpy and llvm). A half BN
+    stays."""
     g = _conv_bn(rng, extra_use=True)
     x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
-    before = _run(g, [x])
+    before = {t: dnnc.compile(g, target=t, opt_level=0).run(x) for t in ("numpy", "llvm")}
     assert simplify(g) == 1
     g.verify()
-    assert [n.op for n in g.nodes] == ["Conv", "Mul", "Add"]
-    assert [v.type.shape for v in (g.nodes[1].inputs[1], g.nodes[2].inputs[1])] == \
-        [(4, 1, 1)] * 2
-    for got, want in zip(_run(g, [x]), before):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert [n.op for n in g.nodes] == ["Conv", "Sub", "Mul", "Mul", "Add"]
+    assert {n.inputs[1].type.shape for n in g.nodes[1:]} == {(4, 1, 1)}
+    for target, want in before.items():
+        for got, expected in zip(dnnc.compile(g, target=target, opt_level=0).run(x), want):
+            np.testing.assert_array_equal(got, expected)
     assert simplify(_conv_bn(rng, extra_use=True, dtype=T.float16)) == 0
 
 
@@ -265,11 +266,12 @@ def test_batch_norm_folds_into_the_dense_op_before_it(rng, op, attrs):
 
 def test_batch_norm_after_a_dense_op_it_cannot_fold_into_is_a_mul_and_add(rng):
     """No fold into the product: weights an input, the product read too, a 3-D product
-    (channel axis 1 is not N); the BN is then x * s + t; with statistics an input it stays."""
+    (channel axis 1 is not N); the BN is then (x - mean) * inv_std * scale + bias; with
+    statistics an input it stays."""
     _kept(_dense_bn(rng, const_stats=False))
     for g in (_dense_bn(rng, const_b=False), _dense_bn(rng, extra_use=True),
               _dense_bn(rng, a_shape=(2, 5, 6))):
-        _rewrites_and_keeps_meaning(rng, g, ["MatMul", "Mul", "Add"])
+        _rewrites_and_keeps_meaning(rng, g, ["MatMul", "Sub", "Mul", "Mul", "Add"])
 
 
 # -- values passed through unchanged ---------------------------------------------------------
