@@ -20,7 +20,11 @@ registers across them) and, within a tap, over the input channels' bf16 pairs.
   into k, pixel (y, x) holding the pairs of its kw columns side by side (kw P words, rounded
   up to K16), and the runs are the kh rows alone: the stem's 7 x 16 words a pixel against
   49 x 16 unfolded (7x fewer products, most of them zeros). The default folds where that
-  computes half the words or fewer (`default`).
+  computes half the words or fewer (`default`). The taps are in k by the column phase they
+  read (`ConvGeometry.tap_order`; the weights copied in that order), so that at dilation 1 a
+  pixel's words are one run a phase of a row made once in column phases (`xrow`): the
+  stem's image 260 -> 95 us on 1 thread (znver5), against making each of a pixel's 16
+  words from two loads of its own.
 - **The weights** are ConvPacked's bf16 pairs, [panels, P, kh, kw, NR] words: for a tap,
   rows of pairs kh kw NR words apart, which is AMX's B layout read in place, where P fills
   whole steps (ResNet's convs: C a multiple of 32). Otherwise (an odd P, or folded) they are
@@ -108,6 +112,23 @@ class ConvGeometry:
             [(r, s) for r in range(self.kh) for s in range(self.kw)]
         # weights read in place: ConvPacked's [panels, P, kh, kw, NR] words
         self.in_place = not self.fold and self.pairs % ROWS == 0
+        # folded: a window row's taps in k by the column phase they read (`_phase_runs`)
+        self.tap_order, self.phase_runs = list(range(self.kw)), None
+        if self.fold:
+            self.tap_order, self.phase_runs, self.col_min, self.phase_cols = \
+                _phase_runs(self, p.begins[1])
+
+    def tap_at(self, kk: L.Expr) -> L.Expr:
+        """The window column s of word kk of a folded pixel (its taps in `tap_order`)."""
+        position = kk // self.pairs
+        if self.tap_order == list(range(self.kw)):
+            return position
+        s = L.const(self.tap_order[-1])
+        for k in range(len(self.tap_order) - 2, -1, -1):
+            if self.tap_order[k] != self.tap_order[-1]:
+                s = L.Select(L.eq(position, k), L.const(self.tap_order[k]), s)
+        return s
+
 
     def tap(self, index: int) -> tuple[int, int]:
         """(phase, grid pixels it is shifted by) of tap run `index`."""
@@ -122,6 +143,24 @@ class ConvGeometry:
         phase, shift = self.tap(index)
         return ((phase * self.plane + shift) * self.k16, index * self.nr)
 
+
+def _phase_runs(g: ConvGeometry, pw: int):
+    """A folded window row's taps ordered by the column phase they read: output column x's
+    tap s reads image column x S + s D - pw = (x + e) S + b, phase b, shift e. Where each
+    phase's taps have consecutive shifts (dilation 1), a pixel's words are, phase by phase,
+    one run of a phase-split image row: (tap order, [(b, e of its first tap, taps, first
+    word)], the least shift, the phase columns a row needs). Otherwise (tap order 0..kw-1,
+    None, 0, 0): each word is made on its own."""
+    taps = sorted(((s * g.dw - pw) % g.sw, (s * g.dw - pw) // g.sw, s) for s in range(g.kw))
+    runs, start = [], 0
+    for b in sorted({t[0] for t in taps}):
+        mine = [t for t in taps if t[0] == b]
+        if any(later[1] != earlier[1] + 1 for earlier, later in zip(mine, mine[1:])):
+            return list(range(g.kw)), None, 0, 0
+        runs.append((b, mine[0][1], len(mine), start))
+        start += len(mine) * g.pairs
+    shifts = [t[1] for t in taps]
+    return [t[2] for t in taps], runs, min(shifts), g.wg - 1 + max(shifts) - min(shifts) + 1
 
 
 def space(p: Conv2d, machine) -> Space:
@@ -203,7 +242,7 @@ def tile_conv(p, g: ConvGeometry, machine, w5: L.Buffer, word_of, pad: L.Expr, p
     body = L.Allocate(ximg, L.seq(*stmts))
     if not g.in_place:
         body = L.Allocate(weights, body)
-    return body
+    return L.Allocate(_xrow(p, g), body) if g.phase_runs else body
 
 
 def _image(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKind, word_of,
@@ -217,8 +256,10 @@ def _image(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKind, word_of,
     bi, phase, py = u // (g.phases * g.plane_rows), u // g.plane_rows % g.phases, \
         u % g.plane_rows
     a, b = phase // g.col_phases, phase % g.col_phases
+    if g.phase_runs:
+        return _phase_split_image(p, g, ximg, par, word_of, pad)
     if g.fold:
-        s, q = kk // g.pairs, kk % g.pairs
+        s, q = g.tap_at(kk), kk % g.pairs
         col = px * g.sw + s * g.dw - pw
     else:
         q = kk
@@ -231,11 +272,53 @@ def _image(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKind, word_of,
         kk, g.k16, L.Store(ximg, ((u * g.wg + px) * g.k16 + kk,), word))), par)
 
 
+def _phase_split_image(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKind, word_of,
+                       pad: L.Expr) -> L.Stmt:
+    """`_image` of a fold whose phases' taps read consecutive columns: each grid row (a unit)
+    first made as S column phases of its words (`xrow` [unit, S, phase columns, P]: word q of
+    image column (c + least shift) S + b), then each pixel's words copied from it, a run a
+    phase (`phase_runs`), pad past k. Two loads, a rounding and a select a word of the image
+    instead of one of the pixel's kw P words (the stem: 115 x 2 x 2 words a row, not 112 x
+    16)."""
+    n, c, h, w = p.x_dims
+    ph = p.begins[0]
+    u, px, cc, q, j = L.Var("u"), L.Var("px"), L.Var("cc"), L.Var("q"), L.Var("j")
+    bi, phase, py = u // (g.phases * g.plane_rows), u // g.plane_rows % g.phases, \
+        u % g.plane_rows
+    units, cols, xrow = n * g.phases * g.plane_rows, g.phase_cols, _xrow(p, g)
+    row = py * g.sh + phase - ph
+    rowy = L.minimum(L.maximum(row, 0), h - 1)
+    make = []
+    for b in range(g.sw):
+        col = (cc + g.col_min) * g.sw + b
+        inside = L.logical_and(row >= 0, row < h, col >= 0, col < w)
+        word = L.Select(inside, word_of(bi, q, rowy, L.minimum(L.maximum(col, 0), w - 1)), pad)
+        make.append(L.For(q, g.pairs, L.For(cc, cols, L.Store(
+            xrow, (((u * g.sw + b) * cols + cc) * g.pairs + q,), word))))
+    copies = []
+    for b, e, taps, start in g.phase_runs:
+        first = ((u * g.sw + b) * cols + px + e - g.col_min) * g.pairs
+        copies.append(L.For(j, taps * g.pairs, L.Store(
+            ximg, ((u * g.wg + px) * g.k16 + start + j,), xrow[first + j]), L.ForKind.VECTORIZED
+            if taps * g.pairs >= 2 else L.ForKind.SERIAL))
+    if g.k16 > g.words:
+        copies.append(L.For(j, g.k16 - g.words, L.Store(
+            ximg, ((u * g.wg + px) * g.k16 + g.words + j,), pad)))
+    return L.For(u, units, L.seq(*make, L.For(px, g.wg, L.seq(*copies))), par)
+
+
+def _xrow(p: Conv2d, g: ConvGeometry) -> L.Buffer:
+    """`_phase_split_image`'s rows of column phases (allocated around the whole kernel, so
+    that it is workspace in the arena, not memory a call)."""
+    units = p.x_dims[0] * g.phases * g.plane_rows
+    return L.Buffer("xrow", T.uint32, (units * g.sw * g.phase_cols * g.pairs,), L.Scope.GLOBAL)
+
+
 def _weights(g: ConvGeometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.Stmt:
     """`wtaps` [panels, K16, runs, NR]: row kk of run t's tap, zero past k."""
     jp, kk, t, j = L.Var("jp"), L.Var("kk"), L.Var("t"), L.Var("j")
-    if g.fold:   # run t is window row t, kk = s P + q
-        s, q, r = kk // g.pairs, kk % g.pairs, t
+    if g.fold:   # run t is window row t, kk = (s's place in tap_order) P + q
+        s, q, r = g.tap_at(kk), kk % g.pairs, t
     else:        # run t is tap (t // kw, t % kw), kk = q
         s, q, r = t % g.kw, kk, t // g.kw
     value = L.Select(kk < g.words, w5[jp, L.minimum(q, g.pairs - 1), r,
