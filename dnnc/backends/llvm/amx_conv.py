@@ -125,10 +125,14 @@ class ConvGeometry:
             return position
         s = L.const(self.tap_order[-1])
         for k in range(len(self.tap_order) - 2, -1, -1):
-            if self.tap_order[k] != self.tap_order[-1]:
-                s = L.Select(L.eq(position, k), L.const(self.tap_order[k]), s)
+            s = L.Select(L.eq(position, k), L.const(self.tap_order[k]), s)
         return s
 
+    def grid_row(self, u: L.Expr) -> tuple:
+        """(image, phase, row of the phase's grid) of the image's grid row `u`, the unit the
+        image is made in."""
+        return u // (self.phases * self.plane_rows), u // self.plane_rows % self.phases, \
+            u % self.plane_rows
 
     def tap(self, index: int) -> tuple[int, int]:
         """(phase, grid pixels it is shifted by) of tap run `index`."""
@@ -250,14 +254,13 @@ def _image(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKind, word_of,
     """`ximg`: word kk of grid pixel (y, x) of phase (a, b) of image bi, word q of the
     channels (`word_of`) at padded row y S + a, column x S + b (folded: + s dw, kk = s P +
     q), `pad` past k or outside the image; a grid row a unit of the worker pool."""
+    if g.phase_runs:
+        return _phase_split_image(p, g, ximg, par, word_of, pad)
     n, c, h, w = p.x_dims
     (ph, pw) = p.begins
     u, px, kk = L.Var("u"), L.Var("px"), L.Var("kk")
-    bi, phase, py = u // (g.phases * g.plane_rows), u // g.plane_rows % g.phases, \
-        u % g.plane_rows
+    bi, phase, py = g.grid_row(u)
     a, b = phase // g.col_phases, phase % g.col_phases
-    if g.phase_runs:
-        return _phase_split_image(p, g, ximg, par, word_of, pad)
     if g.fold:
         s, q = g.tap_at(kk), kk % g.pairs
         col = px * g.sw + s * g.dw - pw
@@ -283,8 +286,7 @@ def _phase_split_image(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKin
     n, c, h, w = p.x_dims
     ph = p.begins[0]
     u, px, cc, q, j = L.Var("u"), L.Var("px"), L.Var("cc"), L.Var("q"), L.Var("j")
-    bi, phase, py = u // (g.phases * g.plane_rows), u // g.plane_rows % g.phases, \
-        u % g.plane_rows
+    bi, phase, py = g.grid_row(u)
     units, cols, xrow = n * g.phases * g.plane_rows, g.phase_cols, _xrow(p, g)
     row = py * g.sh + phase - ph
     rowy = L.minimum(L.maximum(row, 0), h - 1)
