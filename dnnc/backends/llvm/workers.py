@@ -8,7 +8,12 @@ code as the symbol `dnnc_parallel_for(fn, closure, n)`: `fn(closure, start, end)
 chunks of [0, n) by the calling thread and the workers together. It is built to degrade
 gracefully when the machine is busy (another process, or more threads than cores):
 
-- chunks are *claimed* from an atomic counter, never assigned, so whoever runs takes the work;
+- every thread has a *home* range of the loop, [t n / T, (t + 1) n / T), whose chunks it
+  claims first from a counter of its own, so that the same thread runs the same iterations
+  call after call (their data stays in its caches: the image an AMX conv makes and then
+  reads, the output its next layer reads); chunks are *claimed*, never assigned, so a
+  thread with its home done claims what is left of the others', and whoever runs takes the
+  work;
 - the caller runs chunks too and, when none are left, waits only for workers that entered the
   region and are running chunks they claimed; a worker that has not started yet is never
   waited for, and one that arrives after the region closed sees it closed and touches nothing
@@ -39,10 +44,11 @@ from .process import initialize, llvm_lock, on_fork_in_child
 # ---------------------------------------------------------------------------------------------
 # The worker pool
 #
-# A region's life: the caller fills the task (fn, closure, n, chunk size), *opens* the region
+# A region's life: the caller fills the task (fn, closure, n, chunk size, every thread's home
+# range: the caller's is 0, worker i's i, the id `pthread_create` hands it), *opens* the region
 # (`state` = 0 workers inside) and bumps `generation`, waking sleeping workers only when there
-# are any. Everyone, caller included, claims chunks from the `next` counter until none are
-# left. A worker enters a region by incrementing `state`'s count with a compare-and-swap that
+# are any. Everyone, caller included, claims chunks from its home counter, then from the
+# others' (in turn from the next thread's) until none are left. A worker enters a region by incrementing `state`'s count with a compare-and-swap that
 # fails once the region is closed, so a worker that arrives late never reads the task of a
 # region whose closure is gone. When the caller runs out of chunks it *closes* the region
 # (sets CLOSED in `state`) and waits only for the workers counted inside, which are running
@@ -57,12 +63,17 @@ from .process import initialize, llvm_lock, on_fork_in_child
 _SPIN_NS = 20_000
 _BLOCK_NS = 1_000_000
 _BUSY_YIELD_NS = 50_000
-# chunks per thread: a worker descheduled while running a chunk delays the region by at most
-# that chunk, so finer chunks bound the damage under load; the cost is one atomic add and an
-# indirect call each. Beside one busy process on 2 cores, 16 rather than 4 took mobilenet_v2
+# chunks per thread (the claims a home range takes): a worker descheduled while running a
+# chunk delays the region by at most that chunk, so finer chunks bound the damage under load;
+# the cost is one atomic add and an indirect call each. Beside one busy process on 2 cores, 16 rather than 4 took mobilenet_v2
 # from 1.61x to 1.18-1.49x its time alone and resnet18 from 1.78x to 1.64-1.69x, with no
 # measurable loss alone (docs/llvm_backend.md, "Threads")
 _CHUNKS_PER_THREAD = 16
+
+# threads the pool starts at most, and the words between two threads' home counters (a cache
+# line: the owner's claims never contend with another thread's)
+_MAX_THREADS = 1024
+_HOME_STRIDE = 8
 
 _CLOSED = 1 << 40   # in `state`: the region takes no more workers; low bits count those inside
 
@@ -93,7 +104,10 @@ PAUSE_DECL
 @task_ctx = internal global ptr null
 @task_n = internal global i64 0
 @task_chunk = internal global i64 1
-@next = internal global i64 0, align 64
+@task_threads = internal global i64 1
+; per thread (HOME_STRIDE words apart: a cache line each): its home range's next unclaimed
+; iteration and its end
+@home = internal global [HOME_WORDS x i64] zeroinitializer, align 64
 @state = internal global i64 CLOSED, align 64
 @generation = internal global i64 0, align 64
 @sleepers = internal global i64 0, align 64
@@ -135,29 +149,52 @@ stop:
   ret i1 false
 }
 
-define internal void @run_chunks() {
+; the calling thread's (`%me`) home chunks first, then the other threads' left over, each
+; range from its own counter (own: a line no other thread writes while its owner is there)
+define internal void @run_chunks(i64 %me) {
 entry:
   %fn = load ptr, ptr @task_fn
   %ctx = load ptr, ptr @task_ctx
-  %n = load i64, ptr @task_n
   %chunk = load i64, ptr @task_chunk
-  br label %loop
-loop:
-  %s = atomicrmw add ptr @next, i64 %chunk monotonic
-  %more = icmp slt i64 %s, %n
-  br i1 %more, label %body, label %done
+  %nt = load i64, ptr @task_threads
+  br label %range
+range:
+  %k = phi i64 [ 0, %entry ], [ %k1, %next_range ]
+  %v0 = add i64 %me, %k
+  %wrap = icmp sge i64 %v0, %nt
+  %v1 = sub i64 %v0, %nt
+  %v = select i1 %wrap, i64 %v1, i64 %v0
+  %at = mul i64 %v, HOME_STRIDE
+  %pn = getelementptr i64, ptr @home, i64 %at
+  %at1 = add i64 %at, 1
+  %pe = getelementptr i64, ptr @home, i64 %at1
+  %end = load i64, ptr %pe
+  br label %look
+look:
+  %seen = load atomic i64, ptr %pn monotonic, align 8
+  %left = icmp slt i64 %seen, %end
+  br i1 %left, label %claim, label %next_range
+claim:
+  %s = atomicrmw add ptr %pn, i64 %chunk monotonic
+  %more = icmp slt i64 %s, %end
+  br i1 %more, label %body, label %next_range
 body:
   %e0 = add i64 %s, %chunk
-  %lt = icmp slt i64 %e0, %n
-  %e = select i1 %lt, i64 %e0, i64 %n
+  %lt = icmp slt i64 %e0, %end
+  %e = select i1 %lt, i64 %e0, i64 %end
   call void %fn(ptr %ctx, i64 %s, i64 %e)
-  br label %loop
+  br label %claim
+next_range:
+  %k1 = add i64 %k, 1
+  %others = icmp slt i64 %k1, %nt
+  br i1 %others, label %range, label %done
 done:
   ret void
 }
 
 define internal ptr @worker(ptr %arg) {
 entry:
+  %me = ptrtoint ptr %arg to i64
   %gen0 = load atomic i64, ptr @generation acquire, align 8
   br label %wait
 wait:
@@ -202,7 +239,7 @@ cas:
   %ok = extractvalue { i64, i1 } %pair, 1
   br i1 %ok, label %work, label %try
 work:
-  call void @run_chunks()
+  call void @run_chunks(i64 %me)
   %old = atomicrmw sub ptr @state, i64 1 acq_rel
   %last = icmp eq i64 %old, LAST_OUT
   br i1 %last, label %signal, label %next_region
@@ -217,16 +254,19 @@ next_region:
 }
 
 ; starts up to %n - 1 workers; returns the threads running loops (the caller's included)
-define i64 @dnnc_pool_start(i64 %n) {
+define i64 @dnnc_pool_start(i64 %n0) {
 entry:
   %tid = alloca i64
+  %over = icmp sgt i64 %n0, MAX_THREADS
+  %n = select i1 %over, i64 MAX_THREADS, i64 %n0
   br label %loop
 loop:
   %i = phi i64 [ 1, %entry ], [ %i1, %body ]
   %more = icmp slt i64 %i, %n
   br i1 %more, label %body, label %done
 body:
-  %r = call i32 @pthread_create(ptr %tid, ptr null, ptr @worker, ptr null)
+  %id = inttoptr i64 %i to ptr
+  %r = call i32 @pthread_create(ptr %tid, ptr null, ptr @worker, ptr %id)
   %ok = icmp eq i32 %r, 0
   %i1 = add i64 %i, 1
   br i1 %ok, label %loop, label %done
@@ -246,7 +286,6 @@ entry:
   store i64 1, ptr @nthreads
   store i64 CLOSED, ptr @state
   store i64 0, ptr @sleepers
-  store i64 0, ptr @next
   store atomic i32 0, ptr @busy release, align 4
   ret void
 }
@@ -275,7 +314,25 @@ open:
   %cz = icmp slt i64 %c0, 1
   %chunk = select i1 %cz, i64 1, i64 %c0
   store i64 %chunk, ptr @task_chunk
-  store i64 0, ptr @next
+  store i64 %nt, ptr @task_threads
+  br label %homes
+homes:
+  ; thread t's home: iterations [t n / nt, (t + 1) n / nt)
+  %t = phi i64 [ 0, %open ], [ %t1, %homes ]
+  %lo = mul i64 %t, %n
+  %start = sdiv i64 %lo, %nt
+  %t1 = add i64 %t, 1
+  %hi = mul i64 %t1, %n
+  %stop = sdiv i64 %hi, %nt
+  %hat = mul i64 %t, HOME_STRIDE
+  %hn = getelementptr i64, ptr @home, i64 %hat
+  %hat1 = add i64 %hat, 1
+  %he = getelementptr i64, ptr @home, i64 %hat1
+  store i64 %start, ptr %hn
+  store i64 %stop, ptr %he
+  %more_homes = icmp slt i64 %t1, %nt
+  br i1 %more_homes, label %homes, label %opened
+opened:
   store atomic i64 0, ptr @state release, align 8
   %g = atomicrmw add ptr @generation, i64 1 seq_cst
   %sl = load atomic i64, ptr @sleepers seq_cst, align 8
@@ -287,7 +344,7 @@ wake:
   %r2 = call i32 @pthread_mutex_unlock(ptr @mutex)
   br label %run
 run:
-  call void @run_chunks()
+  call void @run_chunks(i64 0)
   %before = atomicrmw or ptr @state, i64 CLOSED acq_rel
   %none_inside = icmp eq i64 %before, 0
   br i1 %none_inside, label %release, label %wait
@@ -325,7 +382,9 @@ def _pool_ir(arch: str) -> str:
     decl, call = _PAUSE.get(arch, _NO_PAUSE)
     subs = {"PAUSE_DECL": decl, "PAUSE_CALL": call, "SPIN_NS": _SPIN_NS,
             "BLOCK_NS": _BLOCK_NS, "BUSY_YIELD_NS": _BUSY_YIELD_NS, "LAST_OUT": _CLOSED + 1,
-            "CLOSED": _CLOSED, "CHUNKS_PER_THREAD": _CHUNKS_PER_THREAD}
+            "CLOSED": _CLOSED, "CHUNKS_PER_THREAD": _CHUNKS_PER_THREAD,
+            "MAX_THREADS": _MAX_THREADS, "HOME_STRIDE": _HOME_STRIDE,
+            "HOME_WORDS": _MAX_THREADS * _HOME_STRIDE}
     return re.sub("|".join(sorted(subs, key=len, reverse=True)),
                   lambda m: str(subs[m.group(0)]), _POOL_IR)
 
