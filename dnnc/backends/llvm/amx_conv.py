@@ -34,7 +34,20 @@ registers across them) and, within a tap, over the input channels' bf16 pairs.
 A block is row_tiles x col_tiles C tiles (2 x 2 by default: 4 C tiles, 2 A and 2 B tiles a
 step in AMX's 8 registers) of 16 grid pixels by 16 channels of one packed panel; its fp32
 sums go through bias and the fused epilogue into Y ([N, M, OH, OW]: a pixel's channels a
-plane apart). The worker pool shares the blocks (batch, pixel block, channel block; knob
+plane apart, a scalar store each).
+
+**rows_along "channels"** (a knob; blocks of Y^T, as `amx_dense`'s "n" for 1x1 convs): A is
+the weights, copied once a call into `wrows` [M rounded up to blocks, runs, K16] (a tile row
+one channel's 16 words of a run), B the image, made word-major into `ximg` [batch, phases,
+K16, plane] (a tile row: one word of 16 consecutive grid pixels; a word's row of pixels is
+made from loads at the stride S, vectorised, the columns outside the image apart). A block
+is 16 row_tiles channels by 16 col_tiles pixels of one output row (a row's last block its
+remaining pixels: blocks never cross a row, so no grid column past OW is computed there),
+and a channel's pixels are stored along a tile row, one vector store per 16 pixels. With
+the products rendered as loops ('loops' mode, so the tiles' share is out), on 1 znver5
+thread: the stem's image 93 -> 59 us, image and store 337 -> 175 us; a 3x3 64 -> 64 conv
+at 56^2, 47 -> 20 and 108 -> 42 us. Not yet measured on the tiles (its B rows start at
+any pixel, not at a 64-byte line), so not the default. The worker pool shares the blocks (batch, pixel block, channel block; knob
 `order`: the bigger operand's blocks outside, read once past L2). It must never be chosen for
 a target without the tiles (its Template's `features`), nor read the image or the weights
 outside what it wrote or ConvPacked holds.
@@ -64,6 +77,10 @@ class AmxConvConfig:
     # L1/L2 by each channel block) or "channels" (a channel block's weights from L2 by each
     # pixel block)
     order: str = "pixels"
+    # what a C tile's rows are: "pixels" (A the image, B the weights: a pixel's channels
+    # stored a plane apart) or "channels" (A the weights, B the image: blocks of Y^T, an
+    # output channel's pixels stored along a tile row; module docstring)
+    rows_along: str = "pixels"
 
 
 def applies(p: Conv2d) -> bool:
@@ -99,22 +116,29 @@ class ConvGeometry:
         self.wg = self.ow + dx_max                 # grid columns
         self.grid = self.oh * self.wg              # grid pixels
         self.bm, self.bn = ROWS * config.row_tiles, ROWS * config.col_tiles
-        self.pixel_blocks = -(-self.grid // self.bm)
+        self.transposed = config.rows_along == "channels"
+        if self.transposed:   # blocks of bn pixels of one output row by bm channels
+            self.line_blocks = -(-self.ow // self.bn)
+            self.pixel_blocks = self.oh * self.line_blocks
+            self.channel_blocks = -(-self.oc // self.bm)
+            last_read = (self.oh - 1 + dy_max) * self.wg + self.line_blocks * self.bn + dx_max
+        else:                 # blocks of bm consecutive grid pixels by bn channels
+            self.pixel_blocks = -(-self.grid // self.bm)
+            self.channel_blocks = -(-self.oc // self.bn)
+            last_read = self.pixel_blocks * self.bm + dy_max * self.wg + dx_max
         # a phase's pixels: every row a tap reads, whole grid rows (the image is made a
         # row a unit of the worker pool)
-        self.plane_rows = max(self.oh + dy_max, -(-(self.pixel_blocks * self.bm + dy_max *
-                                                     self.wg + dx_max) // self.wg))
+        self.plane_rows = max(self.oh + dy_max, -(-last_read // self.wg))
         self.plane = self.plane_rows * self.wg
         self.nr = p.packed_nr
         self.panels = -(-self.oc // self.nr)
-        self.channel_blocks = -(-self.oc // self.bn)
         self.taps = [(r, 0) for r in range(self.kh)] if self.fold else \
             [(r, s) for r in range(self.kh) for s in range(self.kw)]
         # weights read in place: ConvPacked's [panels, P, kh, kw, NR] words
-        self.in_place = not self.fold and self.pairs % ROWS == 0
+        self.in_place = not self.fold and self.pairs % ROWS == 0 and not self.transposed
         # folded: a window row's taps in k by the column phase they read (`_phase_runs`)
         self.tap_order, self.phase_runs = list(range(self.kw)), None
-        if self.fold:
+        if self.fold and not self.transposed:
             self.tap_order, self.phase_runs, self.col_min, self.phase_cols = \
                 _phase_runs(self, p.begins[1])
 
@@ -143,8 +167,10 @@ class ConvGeometry:
 
     def run(self, index: int) -> tuple[int, int]:
         """(A, B) word offsets of tap run `index`: its phase's grid shifted by the tap, its
-        weights' tap."""
+        weights' tap (the weights A and the image B where `transposed`)."""
         phase, shift = self.tap(index)
+        if self.transposed:
+            return (index * self.k16, phase * self.k16 * self.plane + shift)
         return ((phase * self.plane + shift) * self.k16, index * self.nr)
 
 
@@ -167,14 +193,18 @@ def _phase_runs(g: ConvGeometry, pw: int):
     return [t[2] for t in taps], runs, min(shifts), g.wg - 1 + max(shifts) - min(shifts) + 1
 
 
-def space(p: Conv2d, machine) -> Space:
+def space(p: Conv2d, machine, transposed: bool = True) -> Space:
+    """The knobs; `transposed`: with blocks of Y^T (`rows_along` "channels"; the int8
+    template's words are not laid out for them)."""
     nr = p.packed_nr
     return Space("amx_conv", AmxConvConfig, {
         "row_tiles": (1, 2, 3), "col_tiles": (1, 2), "fold": (False, True),
-        "order": ("pixels", "channels")}, [
+        "order": ("pixels", "channels"),
+        "rows_along": ("pixels", "channels") if transposed else ("pixels",)}, [
         TILES_FIT,
         Constraint(f"16 * col_tiles divides the panel width {nr}: a block's B tiles lie in "
-                   f"one panel", lambda c: nr % (ROWS * c.col_tiles) == 0)])
+                   f"one panel", lambda c: c.rows_along == "channels" or
+                   nr % (ROWS * c.col_tiles) == 0)])
 
 
 def default(p: Conv2d, machine) -> AmxConvConfig:
@@ -235,6 +265,12 @@ def tile_conv(p, g: ConvGeometry, machine, w5: L.Buffer, word_of, pad: L.Expr, p
     par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
     ximg = L.Buffer("ximg", T.uint32, (p.x_dims[0] * g.phases * g.plane * g.k16,),
                     L.Scope.GLOBAL)
+    if g.transposed:
+        wrows = L.Buffer("wrows", T.uint32, (g.channel_blocks * g.bm * len(g.taps) * g.k16,),
+                         L.Scope.GLOBAL)
+        return L.Allocate(wrows, L.Allocate(ximg, L.seq(
+            _image_by_words(p, g, ximg, par, word_of, pad), _weight_rows(g, w5, wrows, par),
+            _products_transposed(p, g, ximg, wrows, par, precision, finish))))
     stmts = [_image(p, g, ximg, par, word_of, pad)]
     if g.in_place:
         weights = L.Buffer(p.w.name, T.uint32, (g.panels * g.pairs * len(g.taps) * g.nr,))
@@ -376,6 +412,109 @@ def _store(p: Conv2d, g: ConvGeometry, cacc: L.Buffer, bi, pb, cb, finish) -> L.
     if last == g.bn:
         return line(g.bn)
     return L.If(cb < g.channel_blocks - 1, line(g.bn), line(last))
+
+
+# -- blocks of Y^T (rows_along "channels") -----------------------------------------------------
+
+
+def _image_by_words(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKind, word_of,
+                    pad: L.Expr) -> L.Stmt:
+    """`ximg` [batch, phases, K16, plane]: the B operand of blocks of Y^T, word kk of every
+    grid pixel of a phase side by side (a B tile's row: 16 pixels' word kk). A unit is a grid
+    row (image, row phase a, row y) of every column phase b and word: each word's row of
+    pixels in three loops, the columns left of the image, inside it (loads at the stride
+    S, a constant offset: LLVM vectorises them), right of it; `pad` outside the image and
+    past k. Folded, word kk = s P + q is channel pair q at window column s."""
+    n, c, h, w = p.x_dims
+    ph, pw = p.begins
+    u, q, px = L.Var("u"), L.Var("q"), L.Var("px")
+    units = n * g.sh * g.plane_rows
+    bi, a, py = u // (g.sh * g.plane_rows), u // g.plane_rows % g.sh, u % g.plane_rows
+    row = py * g.sh + a - ph
+    inside_row = L.logical_and(row >= 0, row < h)
+    yy = L.minimum(L.maximum(row, 0), h - 1)
+
+    def line(phase, kk: L.Expr, offset: int, word: L.Expr | None) -> L.Stmt:
+        """Word kk's row of pixels of `phase` at grid row py: image column px S + offset."""
+        at = (((bi * g.phases + phase) * g.k16 + kk) * g.plane_rows + py) * g.wg
+        if word is None:
+            return L.For(px, g.wg, L.Store(ximg, (at + px,), pad))
+        lo = min(g.wg, max(0, -(-(-offset) // g.sw)))
+        hi = max(lo, min(g.wg, (w - 1 - offset) // g.sw + 1))
+        parts = [L.For(px, lo, L.Store(ximg, (at + px,), pad))] if lo else []
+        if hi > lo:
+            value = L.Select(inside_row, word_of(bi, word, yy, (px + lo) * g.sw + offset), pad)
+            parts.append(L.For(px, hi - lo, L.Store(ximg, (at + lo + px,), value)))
+        if g.wg > hi:
+            parts.append(L.For(px, g.wg - hi, L.Store(ximg, (at + hi + px,), pad)))
+        return L.seq(*parts)
+
+    rows = []
+    for b in range(g.col_phases):
+        phase = a * g.col_phases + b
+        if g.fold:
+            for s in range(g.kw):
+                rows.append(L.For(q, g.pairs, line(phase, s * g.pairs + q, s * g.dw - pw, q)))
+        else:
+            rows.append(L.For(q, g.pairs, line(phase, q, b - pw, q)))
+        if g.k16 > g.words:
+            rows.append(L.For(q, g.k16 - g.words, line(phase, g.words + q, 0, None)))
+    return L.For(u, units, L.seq(*rows), par)
+
+
+def _weight_rows(g: ConvGeometry, w5: L.Buffer, wrows: L.Buffer, par: L.ForKind) -> L.Stmt:
+    """`wrows` [channel blocks x bm, runs, K16]: output channel ch's words of run t, the A
+    operand of blocks of Y^T (a tile row: 16 words of one channel), zero past k and past M;
+    copied once a call from ConvPacked's [panels, P, kh, kw, NR]."""
+    ch, t, kk = L.Var("ch"), L.Var("t"), L.Var("kk")
+    if g.fold:   # run t is window row t, kk = s P + q
+        s, q, r = kk // g.pairs, kk % g.pairs, t
+    else:        # run t is tap (t // kw, t % kw), kk = q
+        s, q, r = t % g.kw, kk, t // g.kw
+    oc = L.minimum(ch, g.oc - 1)
+    value = L.Select(L.logical_and(kk < g.words, ch < g.oc), w5[
+        oc // g.nr, L.minimum(q, g.pairs - 1), r, L.minimum(s, g.kw - 1), oc % g.nr],
+        L.Const(0, T.uint32))
+    runs = len(g.taps)
+    return L.For(ch, g.channel_blocks * g.bm, L.For(t, runs, L.For(
+        kk, g.k16, L.Store(wrows, ((ch * runs + t) * g.k16 + kk,), value))), par)
+
+
+def _products_transposed(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, wrows: L.Buffer,
+                         par: L.ForKind, precision: str, finish) -> L.Stmt:
+    """Every block of Y^T (bm channels by bn pixels of one output row): its tile product
+    over every tap run, then its store, a channel's pixels along a row (a row's last block
+    its remaining pixels)."""
+    c = g.config
+    v, x, y = L.Var("v"), L.Var("v_ch"), L.Var("v_px")
+    per_image = g.pixel_blocks * g.channel_blocks
+    bi, rest = v // per_image, v % per_image
+    if c.order == "channels":
+        cb, pb = rest // g.pixel_blocks, rest % g.pixel_blocks
+    else:
+        pb, cb = rest // g.channel_blocks, rest % g.channel_blocks
+    oy, j = pb // g.line_blocks, pb % g.line_blocks
+    runs = len(g.taps)
+    cacc = L.Buffer("cacc", L.TILE_PRECISIONS[precision], (g.bm * g.bn,), L.Scope.LOCAL)
+    product = L.TileProduct(
+        precision, cacc[0], wrows[cb * g.bm * runs * g.k16],
+        ximg[bi * g.phases * g.k16 * g.plane + oy * g.wg + j * g.bn], g.bn,
+        (runs * g.k16, ROWS * runs * g.k16, ROWS), (g.plane, ROWS, ROWS * g.plane),
+        c.row_tiles, c.col_tiles, g.steps, accumulate=False,
+        runs=tuple(g.run(i) for i in range(runs)))
+    ch = cb * g.bm + x
+
+    def line(width: int) -> L.Stmt:
+        index = (bi, ch, oy, j * g.bn + y)
+        store = L.For(y, width, L.Store(p.y, index, finish(cacc[x * g.bn + y], index)),
+                      L.ForKind.VECTORIZED if width >= 2 else L.ForKind.SERIAL)
+        return L.For(x, g.bm, L.If(ch < g.oc, store) if g.oc % g.bm else store)
+
+    last = g.ow - (g.line_blocks - 1) * g.bn
+    stores = line(g.bn) if last == g.bn else L.If(j < g.line_blocks - 1, line(g.bn), line(last))
+    units = p.x_dims[0] * per_image
+    return L.For(v, units, L.Allocate(cacc, L.seq(product, stores)),
+                 par if units > 1 else L.ForKind.SERIAL)
 
 
 AMX_CONV = Template("amx_conv", problems.conv2d, applies, space, default, build,

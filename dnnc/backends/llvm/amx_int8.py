@@ -259,7 +259,7 @@ def _store(p: QuantizedDenseProblem, g: _Geometry, tile: DenseTile, cacc: L.Buff
 
 
 def conv_space(p: QuantizedConvProblem, machine) -> Space:
-    return amx_conv.space(p, machine)
+    return amx_conv.space(p, machine, transposed=False)
 
 
 def conv_default(p: QuantizedConvProblem, machine) -> amx_conv.AmxConvConfig:

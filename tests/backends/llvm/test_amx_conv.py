@@ -247,6 +247,28 @@ def test_conv_on_tiles_is_the_conv_of_bf16_rounded_operands(shape, mode):
     assert np.abs(got - np.maximum(rough, 0)).max() > tolerance   # the operands were rounded
 
 
+@pytest.fixture
+def rows_along_channels():
+    """amx_conv's default config with blocks of Y^T (`rows_along` "channels")."""
+    import dataclasses
+
+    template = amx_conv.AMX_CONV
+    default = template.default
+    object.__setattr__(template, "default", lambda p, machine: dataclasses.replace(
+        default(p, machine), rows_along="channels"))
+    yield
+    object.__setattr__(template, "default", default)
+
+
+@pytest.mark.parametrize("shape", CONVS, ids=lambda s: "n{}c{}m{}_{}x{}_k{}s{}p{}d{}".format(
+    *s[:9]))
+def test_blocks_of_y_transposed_are_the_conv_of_bf16_rounded_operands(
+        shape, mode, rows_along_channels):
+    """The same convs (folded or not, phases, edges, partial blocks, the fused residual and
+    Relu) with the weights as A and the image as B, a channel's pixels stored along a row."""
+    test_conv_on_tiles_is_the_conv_of_bf16_rounded_operands(shape, mode)
+
+
 SPACE_CASES = {
     "in-place": dict(c=32, oc=40, k=3, h=7, w=9, pads=[1] * 4),
     "strided-odd": dict(c=5, oc=18, k=3, h=9, w=8, strides=[2, 2], pads=[1] * 4),
@@ -268,6 +290,7 @@ def test_every_config_of_the_space_matches_the_reference(case, mode):
     configs = list(template.space(problem, machine).configs())
     assert {c.fold for c in configs} == {False, True} and len(configs) >= 16
     assert {c.order for c in configs} == {"pixels", "channels"}
+    assert {c.rows_along for c in configs} == {"pixels", "channels"}
     funcs = []
     for k, config in enumerate(configs):
         func = schedule_kernel(kernel, machine, config=config)
@@ -320,3 +343,14 @@ def test_geometry_reads_stay_inside_the_image_operand():
                 pixels = [(gp // g.wg, gp % g.wg) for gp in range(g.pixel_blocks * g.bm)
                           if gp < g.grid and gp % g.wg < g.ow]
                 assert sorted(pixels) == [(y, x) for y in range(g.oh) for x in range(g.ow)]
+                # blocks of Y^T: a block's bn pixels of one output row, the B operand's
+                # rows a word's pixels of a phase
+                g = amx_conv.ConvGeometry(p, AmxConvConfig(1, rows, fold, rows_along="channels"))
+                for i in range(len(g.taps)):
+                    phase, shift = divmod(g.run(i)[1], g.k16 * g.plane)
+                    assert phase < g.phases and g.run(i)[0] == i * g.k16
+                    assert shift + (g.oh - 1) * g.wg + g.line_blocks * g.bn <= g.plane
+                stored = [(oy, j * g.bn + x) for oy in range(g.oh)
+                          for j in range(g.line_blocks) for x in range(g.bn)
+                          if j * g.bn + x < g.ow]
+                assert sorted(stored) == [(y, x) for y in range(g.oh) for x in range(g.ow)]
