@@ -148,12 +148,21 @@ class TensorCoreConfig:
     refill_first: bool = False   # with wgmma: a k tile's refill issued before its wgmmas
     staged: bool = False   # results through shared memory, stored in runs of a row (staged.py)
     cluster_split: bool = False   # with wgmma: the k slices of a tile one cluster, summed in it
-    producer: bool = False   # with wgmma: PRODUCER_WARPS more copy the k tiles (mbarriers)
+    # with wgmma: PRODUCER_WARPS more copy the k tiles (mbarriers), by cp.async (True) or
+    # by TMA (PRODUCERS' "tma": one thread's bulk tensor copies, wgmma.py)
+    producer: bool | str = False
 
     @property
     def threads(self) -> int:
         """The block's threads: its warps', and the producer's (`producer`)."""
-        return WARP * (self.warps_m * self.warps_n + PRODUCER_WARPS * self.producer)
+        return WARP * (self.warps_m * self.warps_n + PRODUCER_WARPS * bool(self.producer))
+
+
+PRODUCERS = (False, True, "tma")
+"""The `producer` knob's values: none (the warps copy), a warpgroup copying by cp.async, a
+warpgroup one thread of which copies by TMA (fp16 / bf16 operands only)."""
+TMA_PRECISIONS = ("fp16", "bf16")
+"""Precisions whose k tiles TMA copies (a box row of 64 16-bit elements: 128 bytes)."""
 
 
 def product_space(name: str, k: int, batch: int, precision: str, arch: str | None = None
@@ -170,7 +179,7 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         "early_refill": (False, True)[:1 + warpgroups],
         "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
         "cluster_split": (False, True)[:1 + warpgroups],
-        "producer": (False, True)[:1 + warpgroups],
+        "producer": PRODUCERS[:1 + warpgroups],   # ("tma": once the runtime builds maps)
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -191,6 +200,8 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         Constraint("producer only with wgmma, neither early_refill nor refill_first",
                    lambda c: not c.producer or c.wgmma and not c.early_refill and
                    not c.refill_first),
+        Constraint(f"a TMA producer only at {' or '.join(TMA_PRECISIONS)}",
+                   lambda c: c.producer != "tma" or precision in TMA_PRECISIONS),
         Constraint(f"the stages' shared tiles (and staged results) within "
                    f"{MAX_SHARED_BYTES >> 10} KiB ({MAX_WGMMA_SHARED_BYTES >> 10} KiB with "
                    "wgmma)",

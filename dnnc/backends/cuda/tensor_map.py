@@ -3,9 +3,10 @@
 `cuTensorMapEncodeTiled` (libcuda through ctypes: CuPy 14 does not wrap it).
 
 A map holds its tensor's global address, so it is built where the address is known (at run
-time, once the arena is allocated; in a test or bench, once its buffers are), then handed
-to the kernel as a `__grid_constant__` parameter or copied to global memory before the launch
-(a generic address of either is what the copy takes). `operand_map` is the map of a 16-bit
+time, once the arena is allocated: `kernel_map` of each `codegen.TensorMapArg` a kernel
+takes; in a test or bench, once its buffers are), then copied to global memory, a pointer to
+it the kernel's argument (a `__grid_constant__` parameter would do too: a generic address of
+either is what the copy takes). `operand_map` is the map of a 16-bit
 operand as wgmma.py's tiles lie in shared memory: boxes of 64 elements along the operand's
 contiguous dimension (one 128-byte swizzle row) by `rows` of the other, in the 128-byte
 swizzle (chunk c of box row r at chunk c ^ r % 8: `wgmma._SwizzledTile`'s layout, K-major
@@ -81,6 +82,13 @@ def encode_tiled(address: int, dtype: str, extents: tuple[int, ...],
         raise DeviceError(f"cuTensorMapEncodeTiled failed (CUresult {status}): {dtype} "
                           f"extents {extents}, strides {strides}, box {box}")
     return out
+
+
+def kernel_map(arg, address: int) -> np.ndarray:
+    """The map a kernel's argument `arg` (a `codegen.TensorMapArg`: its parameter's dtype,
+    extents, byte strides and box) names, of that parameter at device `address`."""
+    return encode_tiled(address, arg.dtype, tuple(arg.extents), tuple(arg.strides),
+                        tuple(arg.box))
 
 
 def operand_map(address: int, dtype: str, shape: tuple[int, int, int], rows: int) -> np.ndarray:
