@@ -179,7 +179,7 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         "early_refill": (False, True)[:1 + warpgroups],
         "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
         "cluster_split": (False, True)[:1 + warpgroups],
-        "producer": PRODUCERS[:1 + warpgroups],   # ("tma": once the runtime builds maps)
+        "producer": PRODUCERS[:1 + 2 * warpgroups],
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -1056,7 +1056,8 @@ def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
 
 DNNC_PRODUCER = "DNNC_PRODUCER"
 """=1: the dense default gives every wgmma tile it picks the producer warpgroup (`producer`,
-wgmma.py) where it fits; =0: never; unset: where PRODUCER_TILES says."""
+wgmma.py) where it fits; =tma: the TMA producer (at fp16 and bf16; the cp.async one where an
+operand has no tensor map: wgmma.py); =0: never; unset: where PRODUCER_TILES says."""
 
 PRODUCER_TILES = {(64, 64): 0, (128, 256): 64}
 """(block_m, block_n) of a wgmma tile -> the fewest k tiles a block's slice must have for the
@@ -1078,15 +1079,18 @@ def producer_by_default(c: TensorCoreConfig, precision: str, k: int) -> TensorCo
     DNNC_PRODUCER (else PRODUCER_TILES, at fp16 and bf16) says, `c` a wgmma tile and its ring and barriers
     within the limit (its refill knobs off: the producer refills)."""
     switch = os.environ.get(DNNC_PRODUCER)
+    value: bool | str = True
     if switch is None:   # (timed at fp16 and bf16 only)
         fewest = PRODUCER_TILES.get((c.block_m, c.block_n))
         per = -(-(-(-k // c.block_k)) // c.split_k)   # k tiles a slice
         on = precision in ("fp16", "bf16") and fewest is not None and per >= fewest
+    elif switch == "tma":
+        on, value = precision in TMA_PRECISIONS, "tma"
     else:
         on = switch == "1"
     if not c.wgmma or not on:
         return c
-    produced = replace(c, producer=True, refill_first=False, early_refill=False)
+    produced = replace(c, producer=value, refill_first=False, early_refill=False)
     return produced if shared_bytes(produced, precision) <= _shared_limit(produced) else c
 
 

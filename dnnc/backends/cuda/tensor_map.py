@@ -31,7 +31,7 @@ SWIZZLE_BYTES = 128
 MAX_BOX = 256
 """The driver's largest box extent in any dimension."""
 
-_DATA_TYPE = {"float16": 6, "bfloat16": 9, "uint16": 1}
+DATA_TYPES = {"float16": 6, "bfloat16": 9, "uint16": 1}
 """dtype name -> CUtensorMapDataType (CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16, _UINT16)."""
 _INTERLEAVE_NONE = 0
 _SWIZZLE_128B = 3
@@ -58,12 +58,12 @@ def _encode():
 def encode_tiled(address: int, dtype: str, extents: tuple[int, ...],
                  strides: tuple[int, ...], box: tuple[int, ...]) -> np.ndarray:
     """The tensor map (16 uint64 words) of the tensor at global `address` of `dtype` (a name
-    of `_DATA_TYPE`), `extents` in elements and the byte `strides` of every dimension but
+    of `DATA_TYPES`), `extents` in elements and the byte `strides` of every dimension but
     the first, innermost first; TMA copies a `box` of it (innermost first) into shared
     memory in the 128-byte swizzle, zeros where the box passes the tensor's edges."""
     rank = len(extents)
-    if dtype not in _DATA_TYPE:
-        raise DeviceError(f"no TMA data type for {dtype} (have {sorted(_DATA_TYPE)})")
+    if dtype not in DATA_TYPES:
+        raise DeviceError(f"no TMA data type for {dtype} (have {sorted(DATA_TYPES)})")
     if len(strides) != rank - 1 or len(box) != rank or not 1 <= rank <= 5:
         raise DeviceError(f"a tensor map of rank {rank} takes {rank - 1} strides and "
                           f"{rank} box extents: {strides}, {box}")
@@ -74,7 +74,7 @@ def encode_tiled(address: int, dtype: str, extents: tuple[int, ...],
                           f"address {address:#x} and strides {strides} multiples of 16")
     out = np.zeros(MAP_BYTES // 8, np.uint64)
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
-    status = _encode()(out.ctypes.data, _DATA_TYPE[dtype], rank, address,
+    status = _encode()(out.ctypes.data, DATA_TYPES[dtype], rank, address,
                        (u64 * rank)(*extents), (u64 * max(1, rank - 1))(*strides),
                        (u32 * rank)(*box), (u32 * rank)(*([1] * rank)),
                        _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZERO)

@@ -435,14 +435,26 @@ def test_the_tma_producer_is_a_value_of_the_producer_knob():
         space = mma.product_space("s", 4096, 1, precision, arch)
         return dict((x.name, x.values) for x in space.knobs)["producer"]
 
-    assert values("sm_90") == (False, True) and values("sm_80") == (False,)
-    return
+    assert values("sm_90") == (False, True, "tma") and values("sm_80") == (False,)
     mma.product_space("s", 4096, 1, "bf16", "sm_90").check(
         W(128, 256, 64, 8, 1, 4, producer="tma"))
     with pytest.raises(Exception, match="TMA producer only"):
         mma.product_space("s", 4096, 1, "tf32", "sm_90").check(
             W(128, 256, 32, 8, 1, 4, producer="tma"))
     assert W(128, 256, 64, 8, 1, 4, producer="tma").threads == 384
+
+
+def test_dnnc_producer_tma_gives_every_16_bit_wgmma_tile_the_tma_producer(monkeypatch):
+    """DNNC_PRODUCER=tma: the dense default's wgmma tiles take producer "tma" at fp16 and
+    bf16 (the refill knobs off), not at tf32 nor on mma.sync."""
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "tma")
+    tile = W(64, 192, 64, 4, 1, 5, 2, refill_first=True)
+    for precision in ("fp16", "bf16"):
+        c = mma.producer_by_default(tile, precision, 768)
+        assert c == replace(tile, producer="tma", refill_first=False)
+    assert not mma.producer_by_default(replace(tile, block_k=32), "tf32", 768).producer
+    assert not mma.producer_by_default(mma.TensorCoreConfig(64, 64, 32, 2, 2, 3), "fp16",
+                                       768).producer
 
 
 @pytest.mark.gpu
@@ -474,3 +486,38 @@ def test_the_tma_producer_s_products_on_the_gpu_within_the_precision_bound(case,
         device.allow_shared(fn, launch.shared_bytes)
         fn(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
     check(precision, k, a, b, bias, cp.asnumpy(y), gpu=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_model_runs_on_the_tma_producer_on_the_gpu(precision, monkeypatch, tmp_path):
+    """The runtime's path on an H100 / H200 with DNNC_PRODUCER=tma: the executable encodes
+    each kernel's tensor maps once the frame's arena is allocated (and again for a caller's
+    array read in place: its graph's maps), an artifact carries their description and the
+    loaded model builds them again; every output within the precision's model bound of the
+    numpy target's."""
+    import cupy as cp
+
+    import dnnc
+    from dnnc import zoo
+    from dnnc.ir.target import model_error_bound
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"TMA and wgmma need sm_90, not {device.gpu_arch()}")
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "tma")
+    model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
+    (x,) = zoo.inputs_for(model, np.random.default_rng(0)).values()
+    want = np.asarray(dnnc.compile(model, "numpy")(x), np.float64)
+    compiled = dnnc.compile(model, "cuda", precision=precision, outputs="numpy")
+    assert "dnnc_tma_load_3d(" in compiled.source("cuda")
+
+    def error(got) -> float:
+        return np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
+
+    assert error(compiled(x)) <= model_error_bound(precision)
+    x_dev = cp.asarray(x)
+    for _ in range(3):   # the second call captures a graph on x_dev's address
+        assert error(compiled(x_dev)) <= model_error_bound(precision)
+    compiled.save(tmp_path / "m.dnnc")
+    loaded = dnnc.load(tmp_path / "m.dnnc")
+    assert error(loaded(x)) <= model_error_bound(precision)

@@ -675,7 +675,7 @@ def test_the_producer_is_searched_with_wgmma_and_taken_where_it_measured_faster(
         space = mma.product_space("s", 4096, 1, "fp16", arch)
         return dict((x.name, x.values) for x in space.knobs)["producer"]
 
-    assert values("sm_90") == (False, True) and values("sm_80") == (False,)
+    assert values("sm_90") == (False, True, "tma") and values("sm_80") == (False,)
     space = mma.product_space("s", 4096, 1, "fp16", "sm_90")
     space.check(W(128, 256, 64, 8, 1, 4, producer=True))
     for bad in (C(64, 64, 32, 2, 2, 3, producer=True),
