@@ -10,7 +10,7 @@ stored in and out (a half-storage model's products; B stored [k, n]).
 
 Per cell (shape, precision) the rows are cuBLAS (torch.matmul in the precision), the
 default without the producer (`old`: the dense default's pick, `producer` off), the default
-(as `mma.dense_default` takes it: DNNC_PRODUCER / PRODUCER_TILES), the old default's tile
+(as `mma.dense_default` takes it: DNNC_PRODUCER / PRODUCER_DEFAULT), the old default's tile
 with the cp.async producer (`+producer`) and with the TMA producer (`+tma`), and, for each
 `--tile-s`, what `mma.choose` picks with a k tile's fixed cost (`mma.WGMMA_TILE_S`, 190 ns
 fitted without the producer) that small, with the producer: what the model would choose

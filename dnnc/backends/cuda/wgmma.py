@@ -248,12 +248,13 @@ class Warpgroups:
                                   past_k or n % bn != 0, bi, precision, c.stages))
         self.producers = c.threads - self.consumers   # (mma.PRODUCER_WARPS' threads)
         self.a_in, self.b_in = tiles(self.producers if c.producer else self.consumers)
-        # TMA where both operands have a map, else the cp.async producer
+        # TMA where both operands have a map
         maps = [x.tensor_map() for x in (self.a_in, self.b_in)] \
             if c.producer == "tma" else []
         self.maps = maps if maps and all(maps) else None
-        if c.producer == "tma" and self.maps is None:
-            self.c = c = replace(c, producer=True)
+        if c.producer == "tma" and self.maps is None:   # the plain loop (the cp.async
+            self.c = c = replace(c, producer=False)     # producer lost to it on most tiles)
+            self.a_in, self.b_in = tiles(self.consumers)
         # the producer copies only what cp.async brings as it lies (not through registers,
         # nor rounded in place at tf32): elsewhere its warpgroup idles, the warps copy
         self.producer = c.producer and all(

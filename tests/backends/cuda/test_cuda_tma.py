@@ -41,7 +41,7 @@ def W(*args, **kw):
 
 # (precision, m, n, k, batch, config, operand dtype, trans_a, trans_b): the template's TMA
 # producer; the last two cannot copy by TMA (an fp32 operand; a K-major B of k 300, rows
-# not 16-byte strided): the cp.async producer, or none
+# not 16-byte strided): the plain loop, no producer
 TMA_CASES = [
     ("fp16", 128, 128, 384, 1, W(64, 128, 64, 4, 1, 3, producer="tma"), T.float16, False,
      False),
@@ -383,7 +383,7 @@ def test_the_tma_producer_s_products_on_host_within_the_precision_bound(case, rn
     box of its block rows; MN-major: one a 64-row atom), no cp.async and no proxy fence in
     the block; the maps' extents the product's, so tiles past m, n and k read zeros. Where
     an operand has no map (fp32 through registers; rows not 16-byte strided) the block is
-    the cp.async producer's, or the plain one's."""
+    the plain loop's: its warps copy, no producer warpgroup, no mbarrier."""
     from test_host_semantics import host_library, launch_on_host
 
     precision, m, n, k, batch, config, dtype, trans_a, trans_b = case
@@ -394,6 +394,9 @@ def test_the_tma_producer_s_products_on_host_within_the_precision_bound(case, rn
     runs = (m if trans_a else k, k if trans_b else n)
     by_tma = dtype is mma.STORAGE[precision] and all(x % 8 == 0 for x in runs)
     assert ("dnnc_tma_load_3d(" in body) == by_tma == (len(info.tensor_maps) == 2)
+    assert ("dnnc_mbarrier_" in body) == by_tma
+    assert info.launches[0].block[0] == (config.threads if by_tma else
+                                         config.warps_m * config.warps_n * 32)
     if by_tma:
         assert "dnnc_cp_async(" not in body and "dnnc_fence_proxy_async" not in body
         assert [t.param for t in info.tensor_maps] == [0, 1]
@@ -444,10 +447,16 @@ def test_the_tma_producer_is_a_value_of_the_producer_knob():
     assert W(128, 256, 64, 8, 1, 4, producer="tma").threads == 384
 
 
-def test_dnnc_producer_tma_gives_every_16_bit_wgmma_tile_the_tma_producer(monkeypatch):
-    """DNNC_PRODUCER=tma: the dense default's wgmma tiles take producer "tma" at fp16 and
-    bf16 (the refill knobs off), not at tf32 nor on mma.sync."""
-    monkeypatch.setenv(mma.DNNC_PRODUCER, "tma")
+@pytest.mark.parametrize("switch", [None, "tma"])
+def test_the_dense_default_gives_every_16_bit_wgmma_tile_the_tma_producer(switch,
+                                                                         monkeypatch):
+    """DNNC_PRODUCER unset (PRODUCER_DEFAULT, products deeper than SHALLOW_K) or =tma: the
+    dense default's wgmma tiles take producer "tma" at fp16 and bf16 (the refill knobs off),
+    not at tf32 nor on mma.sync; =1 the cp.async producer, =0 none."""
+    if switch is None:
+        monkeypatch.delenv(mma.DNNC_PRODUCER, raising=False)
+    else:
+        monkeypatch.setenv(mma.DNNC_PRODUCER, switch)
     tile = W(64, 192, 64, 4, 1, 5, 2, refill_first=True)
     for precision in ("fp16", "bf16"):
         c = mma.producer_by_default(tile, precision, 768)
@@ -455,6 +464,12 @@ def test_dnnc_producer_tma_gives_every_16_bit_wgmma_tile_the_tma_producer(monkey
     assert not mma.producer_by_default(replace(tile, block_k=32), "tf32", 768).producer
     assert not mma.producer_by_default(mma.TensorCoreConfig(64, 64, 32, 2, 2, 3), "fp16",
                                        768).producer
+    if switch is None:   # shallow products: untimed with it, the plain loop
+        assert mma.producer_by_default(tile, "fp16", mma.SHALLOW_K) == tile
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "1")
+    assert mma.producer_by_default(tile, "fp16", 768).producer is True
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "0")
+    assert mma.producer_by_default(tile, "fp16", 768) == tile
 
 
 @pytest.mark.gpu
