@@ -1065,9 +1065,10 @@ PRODUCER_DEFAULT = "tma"
 one H200, bench/gpu_gemm_ab.py (fp16 / bf16 in and out, B [k, n], graphs interleaved with
 cuBLAS, every result within the bound): the default's tile with the TMA producer against
 without a producer (session 47's cp.async one where it took it) reached 0.8 of cuBLAS on 29
-of the 30 transformer / 4096^3 cells against 14, never slower (512 x 768 x 3072 equal), e.g.
-fp16 8192 x 768 x 3072 0.71 -> 0.88, 2048 x 3072 x 768 0.73 -> 0.96, 4096^3 0.92 -> 0.99
-(the cp.async producer's); the cp.async producer was slower than TMA on every tile timed.
+of the 30 transformer / 4096^3 cells against 14 (two calls), faster everywhere but 512 x 768 x
+3072 (within 0.02 either way), e.g. fp16 8192 x 768 x 3072 0.71 -> 0.88, 2048 x 3072 x 768
+0.73 -> 0.96, 4096^3 0.92 -> 0.99 (the cp.async producer's); the cp.async producer was slower
+than TMA on every tile timed (docs/cuda_backend.md, "TMA in the template").
 Shallow products (k <= SHALLOW_K, SHALLOW_STAGED_TILE's) were not timed with it: they keep
 the plain loop."""
 

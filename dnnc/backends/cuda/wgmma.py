@@ -63,10 +63,17 @@ guard is `dnnc_warp_index()` (lane 0's warp, `__shfl_sync`): with a plain thread
 guard ptxas took the wgmmas for divergent and serialized them (C7518), and one k loop
 inside one guard keeps wgmmas in flight from crossing a region's end (C7517). Where an
 operand does not come by cp.async as it lies (through registers, tf32 rounded in place) the
-config falls back to the plain loop, without the warpgroup. The default takes it where it
-measured faster (`mma.PRODUCER_TILES`). Not done: TMA copies and `setmaxnreg` here (a
-tensor map is a kernel argument built at run time: the executable's launches would carry
-it); `tma.py`'s hand-written TMA product measured them (docs/cuda_backend.md).
+config falls back to the plain loop, without the warpgroup.
+
+The TMA producer (`producer="tma"`, session 49, fp16 / bf16): the same warpgroup, but its
+first thread alone copies: per k tile it waits for the slot's `empty`, announces the tile's
+bytes on its `full` barrier (`L.Mbarrier` "expect_tx", count 1) and issues the operands'
+boxes (`L.TmaLoad`: a K-major tile one box of 64 k by its rows, an MN-major one a box of 64
+rows by 64 k an atom, landing in the layouts above; `_SwizzledTile.tensor_map`), the maps
+kernel arguments the runtime builds (`codegen.TensorMapArg`). The consumers need no proxy
+fence. An operand without a map (not a plain 16-bit array with 16-byte strides) makes the
+block the plain loop's. The dense default takes it on 16-bit wgmma tiles
+(`mma.PRODUCER_DEFAULT`). Not done: `setmaxnreg` and `elect.sync` (`tma.py` has them).
 
 Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer the knob on
 sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-last conv
