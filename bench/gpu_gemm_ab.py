@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_kernels import UNIT, blas_peer   # noqa: E402
-from gpu_timing import cupy_graph_timer, header, interleaved_ms   # noqa: E402
+from gpu_timing import cupy_graph_timer, header, interleaved_ms, launch_args   # noqa: E402
 
 from dnnc.backends.cuda import device, mma, tensor_map, tma, wgmma   # noqa: E402
 from dnnc.backends.cuda.codegen import Launch, render_module   # noqa: E402
@@ -230,11 +230,7 @@ def main() -> int:
                 device.allow_shared(fn, shared)
                 fns.append((fn, Launch(name, grid, block, shared)))
             else:   # (the template's tensor maps, `producer="tma"`, after the workspace)
-                params = (a_dev, b_dev, out)
-                maps = [cp.asarray(tensor_map.kernel_map(t, params[t.param].data.ptr))
-                        for t in info.tensor_maps]
-                args_ = params + tuple(cp.empty(s, cp.uint8) for s in info.workspace) + \
-                    tuple(maps)
+                args_ = launch_args(cp, info, [a_dev, b_dev, out])
                 for lc in info.launches:
                     fn = raw.get_function(lc.name)
                     device.allow_shared(fn, lc.shared_bytes)
