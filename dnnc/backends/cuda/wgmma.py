@@ -217,8 +217,9 @@ class _SwizzledTile(_Tile):
 
     def tma_copies(self, tensor_map: L.TensorMap, batched: bool, kt: L.Expr, slot: L.Expr,
                    bar: L.Load) -> list[L.Stmt]:
-        """k tile `kt` into `slot` by TMA through `tensor_map` (`tensor_map`'s), completing
-        on `bar`: one box for a K-major tile, one an atom of 64 rows for an MN-major one."""
+        """k tile `kt` into `slot` by TMA through `tensor_map` (what the method of that name
+        gave), completing on `bar`: one box for a K-major tile, one an atom of 64 rows for an
+        MN-major one."""
         z = self.bi if batched else L.const(0)
         base = slot * self.slot_words
         if self.k_inner:
