@@ -21,8 +21,8 @@ from dnnc.backends.lower import lower_group
 from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 from dnnc.ir.target import Target
-from gpu_timing import cuda_torch, event_ms, fp32_only, interleaved_ms, load_module, \
-    torch_timer
+from gpu_timing import cuda_torch, event_ms, fp32_only, interleaved_ms, launch_args, \
+    load_module, torch_timer
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -144,8 +144,7 @@ def chain_kernels(cp, graph: Graph, machine: Target, fused: bool, config, arrays
     launches = []
     for func, kernel in zip(funcs, calls):
         info = module.kernels[func.name]
-        args = tuple([devices[id(x)] for x in kernel.inputs + kernel.outputs] +
-                     [cp.empty(size, cp.uint8) for size in info.workspace])
+        args = launch_args(cp, info, [devices[id(x)] for x in kernel.inputs + kernel.outputs])
         for lc in info.launches:   # (a tile beyond 48 KiB: its function allowed it first)
             fn = raw.get_function(lc.name)
             device.allow_shared(fn, lc.shared_bytes)

@@ -1,6 +1,6 @@
-"""The sm_90 wgmma product's producer warpgroup (`TensorCoreConfig.producer`, wgmma.py) and
-the hand-written TMA product (`tma.py`) against the dense default and cuBLAS, one run
-(issue 31): issue 31's transformer shapes
+"""The sm_90 wgmma product's producer warpgroup (`TensorCoreConfig.producer`, wgmma.py: by
+cp.async or by TMA) and the hand-written TMA product (`tma.py`) against the dense default and
+cuBLAS, one run (issue 31): issue 31's transformer shapes
 (M = 128 ... 8192 with 768 x 3072 and 3072 x 768, m x k x n) and 4096^3, fp16 and bf16
 stored in and out (a half-storage model's products; B stored [k, n]).
 
@@ -11,14 +11,15 @@ stored in and out (a half-storage model's products; B stored [k, n]).
 Per cell (shape, precision) the rows are cuBLAS (torch.matmul in the precision), the
 default without the producer (`old`: the dense default's pick, `producer` off), the default
 (as `mma.dense_default` takes it: DNNC_PRODUCER / PRODUCER_DEFAULT), the old default's tile
-with the producer (`+producer`) and with a slot more where it fits (`+producer +1 slot`),
-and, for each `--tile-s`, what `mma.choose` picks with a k tile's fixed cost
-(`mma.WGMMA_TILE_S`, 190 ns fitted without the producer) that small, with the producer:
-what the model would choose were the producer to take that cost away; then 128 x 256 (4 slots),
-128 x 192 (5 slots) and 128 x 128 (6 slots) unsplit, staged, with the producer; then
-`tma.py`'s TMA product (one elected thread's TMA copies, setmaxnreg, unsplit, 16-bit
-results from registers or staged) at 128 x 64 (8 slots), 128 x 128 (6), 128 x 192 (5) and
-128 x 256 (4), its tensor maps built once per cell (`tensor_map.operand_map`). Every launch is a
+with the cp.async producer (`+producer`) and with the TMA producer (`+tma`), and, for each
+`--tile-s`, what `mma.choose` picks with a k tile's fixed cost (`mma.WGMMA_TILE_S`, 190 ns
+fitted without the producer) that small, with the producer: what the model would choose
+were the producer to take that cost away; then 128 x 256 (4 slots), 128 x 192 (5 slots), 128
+x 128 (6 slots) and 128 x 64 (8 slots) unsplit, staged, with the TMA producer (the template's
+tensor maps built per cell from `CudaKernel.tensor_maps`, `tensor_map.kernel_map`); then
+`tma.py`'s hand-written TMA product (one elected thread's TMA copies, setmaxnreg, unsplit,
+16-bit results staged: session 48 found staging faster on every cell) at the same four
+blocks, its tensor maps built once per cell (`tensor_map.operand_map`). Every launch is a
 CUDA graph replayed (`cupy_graph_timer` / `torch_graph_timer`), a cell's rows timed in turn,
 trial by trial (`interleaved_ms`); every result checked against the float64 product within
 the precision's bound (as bench/gpu_kernels.py's dense rows, the 16-bit output's own
@@ -41,7 +42,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_kernels import UNIT, blas_peer   # noqa: E402
-from gpu_timing import cupy_graph_timer, header, interleaved_ms   # noqa: E402
+from gpu_timing import cupy_graph_timer, header, interleaved_ms, launch_args   # noqa: E402
 
 from dnnc.backends.cuda import device, mma, tensor_map, tma, wgmma   # noqa: E402
 from dnnc.backends.cuda.codegen import Launch, render_module   # noqa: E402
@@ -61,11 +62,13 @@ def old_default(m: int, k: int, n: int, precision: str, gpu) -> mma.TensorCoreCo
                    producer=False)
 
 
-def produced(c: mma.TensorCoreConfig, slots: int = 0) -> mma.TensorCoreConfig | None:
-    """Config `c` with the producer (and `slots` more), or None outside the space."""
+def produced(c: mma.TensorCoreConfig, slots: int = 0,
+             producer: bool | str = True) -> mma.TensorCoreConfig | None:
+    """Config `c` with the producer (`producer`: True, cp.async's, or "tma"; and `slots`
+    more), or None outside the space."""
     if not c.wgmma:
         return None
-    p = replace(c, producer=True, refill_first=False, early_refill=False,
+    p = replace(c, producer=producer, refill_first=False, early_refill=False,
                 stages=c.stages + slots)
     precision = "fp16"   # (fp16 and bf16 tiles take the same bytes)
     fits = wgmma.fits(p, precision) and \
@@ -79,12 +82,12 @@ def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float],
     old = old_default(m, k, n, precision, gpu)
     default = mma.producer_by_default(old, precision, k)
     rows = [("old", old), ("default", default), ("+producer", produced(old)),
-            ("+producer +1 slot", produced(old, 1))]
+            ("+tma", produced(old, producer="tma"))]
     for bm, bn, wm, stages in ((128, 256, 8, 4), (128, 192, 8, 5),
-                               (128, 128, 8, 6)):   # wider, unsplit
+                               (128, 128, 8, 6), (128, 64, 8, 8)):   # wider, unsplit
         tile = replace(old, block_m=bm, block_n=bn, warps_m=wm, warps_n=1, stages=stages,
                        split_k=1, cluster_split=False, staged=True)
-        rows.append((f"{bm}x{bn} +producer", produced(tile)))
+        rows.append((f"{bm}x{bn} +tma", produced(tile, producer="tma")))
     saved = mma.WGMMA_TILE_S
     try:
         for seconds in tile_s:
@@ -98,9 +101,8 @@ def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float],
         if c is not None and c not in seen:
             seen.add(c)
             out.append((label, c))
-    return out + [(f"tma 128x{bn}" + " staged" * staged, TmaBlock(bn, stages, staged))
+    return out + [(f"tma.py 128x{bn} staged", TmaBlock(bn, stages, True))
                   for bn, stages in ((64, 8), (128, 6), (192, 5), (256, 4))
-                  for staged in (False, True)
                   if with_tma and tma.fits(bn, stages) and n % 8 == 0 and k % 8 == 0]
 
 
@@ -140,7 +142,7 @@ def _tiles(c) -> str:
         return f"128x{c.block_n} st{c.stages} tma" + " staged" * c.staged
     return f"{c.block_m}x{c.block_n} st{c.stages} sk{c.split_k}" + "".join(
         f" {f}" for f in ("refill_first", "staged", "producer", "cluster_split")
-        if getattr(c, f))
+        if getattr(c, f)) + " tma" * (c.producer == "tma")
 
 
 def _compile(item: tuple[str, str]) -> int:
@@ -227,9 +229,8 @@ def main() -> int:
                 fn = raw.get_function(name)
                 device.allow_shared(fn, shared)
                 fns.append((fn, Launch(name, grid, block, shared)))
-            else:
-                args_ = (a_dev, b_dev, out) + tuple(cp.empty(s, cp.uint8)
-                                                    for s in info.workspace)
+            else:   # (the template's tensor maps, `producer="tma"`, after the workspace)
+                args_ = launch_args(cp, info, [a_dev, b_dev, out])
                 for lc in info.launches:
                     fn = raw.get_function(lc.name)
                     device.allow_shared(fn, lc.shared_bytes)

@@ -104,7 +104,7 @@ from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.packed import round_tf32  # noqa: E402
 from dnnc.ir.target import PRECISIONS, Target  # noqa: E402
 from gpu_attention import attention_table  # noqa: E402
-from gpu_timing import (cuda_torch, cupy_graph_timer, cupy_timer, header,  # noqa: E402
+from gpu_timing import (cuda_torch, cupy_graph_timer, cupy_timer, header, launch_args,  # noqa: E402
                         interleaved_ms, load_module, torch_graph_timer, torch_timer)
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -525,8 +525,7 @@ def run_kernel(cp, kernel, func, x_dev, tf32: bool = False):
         ins = [cp.asarray(round_tf32(cp.asnumpy(a))) for a in ins]
     (out_value,) = kernel.outputs
     out = cp.full(out_value.type.shape, np.nan, np.float32)
-    scratch = [cp.empty(size, cp.uint8) for size in info.workspace]
-    args = tuple(ins + [out] + scratch)
+    args = launch_args(cp, info, ins + [out])
     launches = [(_function(raw, lc), lc) for lc in info.launches]
 
     def launch():
@@ -567,8 +566,8 @@ def stored_16bit(cp, precision: str, x, w, config, y_16bit: bool = False):
     info = module.kernels[func.name]
     out = cp.full((m, n), np.nan, np.float32) if not y_16bit else \
         cp.asarray(np.full((m, n), np.nan, np.float32).astype(dtype.np).view(np.uint16))
-    args = tuple([cp.asarray(v.astype(dtype.np).view(np.uint16)) for v in (x, w)] + [out] +
-                 [cp.empty(size, cp.uint8) for size in info.workspace])
+    args = launch_args(cp, info, [cp.asarray(v.astype(dtype.np).view(np.uint16))
+                                  for v in (x, w)] + [out])
     launches = [(_function(raw, lc), lc) for lc in info.launches]
 
     def launch():

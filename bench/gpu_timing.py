@@ -13,7 +13,7 @@ and compare outputs, so that dnnc's and PyTorch's columns are measured the same 
   atol 1e-4 + rtol 1e-3 |want| (<= 1 passes);
 - kernel timing by CUDA events (bench/gpu_kernels.py, bench/gpu_attention.py): `event_ms`,
   `cupy_timer`, `torch_timer`, and `interleaved_ms` (variants timed in turn, trial by
-  trial).
+  trial); `launch_args`, a rendered kernel's arguments (scratch and tensor maps made).
 Needs CuPy (header) and, for the torch functions, torch; never imported by dnnc.
 """
 
@@ -26,13 +26,23 @@ from typing import Callable
 
 import numpy as np
 
-from dnnc.backends.cuda import device
+from dnnc.backends.cuda import device, tensor_map
 from dnnc.compiler.module import call_times_ms
 
 RTOL, ATOL = 1e-3, 1e-4
 TORCH_MODES = ("eager", "default", "reduce-overhead")
 """PyTorch's columns: the module itself, then torch.compile in its default mode and with
 mode="reduce-overhead" (CUDA graphs: the anchor dnnc's graph replay is measured against)."""
+
+
+def launch_args(cp, info, params: list) -> tuple:
+    """The arguments of a kernel launched by hand (`info`: its `codegen.CudaKernel`): its
+    parameters (`params`, device arrays in order), a scratch array a workspace buffer, then
+    its tensor maps (TMA copies': the dense default's at fp16 / bf16 on sm_90) built from the
+    parameters' addresses."""
+    maps = [cp.asarray(tensor_map.kernel_map(m, params[m.param].data.ptr))
+            for m in info.tensor_maps]
+    return tuple(list(params) + [cp.empty(size, cp.uint8) for size in info.workspace] + maps)
 
 
 def header() -> str:
@@ -149,7 +159,7 @@ def kernel_launcher(cp, raw, module, func, kernel, x_dev, out_dtype=None,
            for v in kernel.inputs]
     (out_value,) = kernel.outputs
     out = cp.zeros(out_value.type.shape, out_dtype or out_value.type.dtype.np)
-    args = tuple(ins + [out] + [cp.empty(size, cp.uint8) for size in info.workspace])
+    args = launch_args(cp, info, ins + [out])
     launches = []
     for lc in info.launches:
         fn = raw.get_function(lc.name)

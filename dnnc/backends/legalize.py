@@ -635,7 +635,7 @@ _STATEMENTS: dict[type, Callable] = {
     L.Store: _Legalizer.store, L.Mma: _Legalizer.mma,
     **{kind: _Legalizer.leaf for kind in (L.Prefetch, L.LdMatrix, L.CopyAsync, L.AsyncCommit,
                                           L.AsyncWait, L.Wgmma, L.WgmmaFence, L.WgmmaCommit, L.WgmmaWait,
-                                          L.ProxyFence, L.ClusterBarrier, L.Mbarrier,
+                                          L.ProxyFence, L.ClusterBarrier, L.Mbarrier, L.TmaLoad,
                                           L.TileProduct)},
 }
 

@@ -1,6 +1,7 @@
 """The `cuda` target's artifact codec: what its runtime adds to an artifact's manifest (the
 GPU architecture, opt level, output kind, precision, tuned configs, the plan, one entry per
-compiled specialisation with its launches) and members (`segments/K.cu`, the CUDA C;
+compiled specialisation with its launches and the descriptions of the tensor maps they read,
+never a map's bytes: they hold device addresses) and members (`segments/K.cu`, the CUDA C;
 `.cubin`, what NVRTC made of it; `.loop`, the loop IR), the checks a load makes before it
 trusts them, and the runtime rebuilt from them (a cubin for another architecture is rebuilt
 from its source). `compiler/artifact.py` owns the container; the registry names these three
@@ -14,11 +15,13 @@ from __future__ import annotations
 import re
 
 from ...errors import ArtifactError
+from ...ir import loop as L
 from ...ir.graph import Graph
 from ...ir.target import PRECISIONS
 from ..manifest import (MAX_ARENA, MAX_SLOTS, check_segments, check_tuned, export_tuned,
                         ints, is_int, need, type_doc, type_from)
 from . import device
+from .tensor_map import DATA_TYPES as TENSOR_MAP_TYPES
 
 
 def export(runtime, manifest: dict, files: dict) -> None:
@@ -42,6 +45,9 @@ def export(runtime, manifest: dict, files: dict) -> None:
                                "block": list(b.block), "shared_bytes": b.shared_bytes,
                                "args": [[kind, at] for kind, at in b.args]}
                               for b in image.launches],
+                 "tensor_maps": [{"place": list(m.place), "dtype": m.dtype,
+                                  "extents": list(m.extents), "strides": list(m.strides),
+                                  "box": list(m.box)} for m in image.tensor_maps],
                  "arch": image.arch, "source": f"{base}.cu", "cubin": f"{base}.cubin"}
         if image.loop_ir:
             files[f"{base}.loop"] = image.loop_ir.encode()
@@ -99,11 +105,19 @@ def _segment(e: dict, what: str) -> list:
         all(type(a) is list and len(a) == 2 and type(a[0]) is str and is_int(a[1], 0, MAX_ARENA)
             for a in b["args"])
         for b in e["launches"]), what + " launches")
+    need(type(e.get("tensor_maps", [])) is list and all(
+        type(m) is dict and type(m.get("place")) is list and len(m["place"]) == 2 and
+        m["place"][0] in ("ext", "arena") and is_int(m["place"][1], 0, MAX_ARENA) and
+        m.get("dtype") in TENSOR_MAP_TYPES and all(
+            ints(m.get(key), 1, 1 << 40) and len(m[key]) == size
+            for key, size in (("extents", L.TMA_RANK), ("strides", L.TMA_RANK - 1),
+                              ("box", L.TMA_RANK)))
+        for m in e.get("tensor_maps", [])), what + " tensor maps")
     return [e.get("source"), e.get("cubin")] + [e[m] for m in ("loop_ir",) if m in e]
 
 
 def restore(spec, graph: Graph, manifest: dict, read, progress):
-    from .executable import BoundLaunch, CUDARuntime, SegmentImage
+    from .executable import BoundLaunch, CUDARuntime, SegmentImage, TensorMapPlace
 
     target = manifest["target"]
     images = []
@@ -120,7 +134,10 @@ def restore(spec, graph: Graph, manifest: dict, read, progress):
             launches=launches, source=read(entry["source"]).decode(), arch=entry["arch"],
             cubin=read(entry["cubin"]),
             loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else "",
-            kernel_count=entry.get("kernels", 0)))
+            kernel_count=entry.get("kernels", 0),
+            tensor_maps=[TensorMapPlace(tuple(m["place"]), m["dtype"], tuple(m["extents"]),
+                                        tuple(m["strides"]), tuple(m["box"]))
+                         for m in entry.get("tensor_maps", [])]))
     # this machine's GPU: a cubin built for another architecture is rebuilt from its source
     return CUDARuntime.restore(graph, manifest["plan"], images,
                                # (older artifacts: fp32, the only precision there was)

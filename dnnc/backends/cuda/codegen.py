@@ -13,14 +13,20 @@ The interface the cuda runtime codes against:
     CudaKernel.workspace: list[int]   byte sizes of the PrimFunc's top-level GLOBAL scratch
                                       Allocates, in order (the runtime carves them from device
                                       memory, each aligned as cudaMalloc's, 256 bytes)
+    CudaKernel.tensor_maps: list[TensorMapArg]   the tensor maps its `L.TmaLoad`s read, in
+                                      order: each the parameter it describes (its index), its
+                                      dtype, extents, byte strides and box (the runtime encodes
+                                      each once the parameter's address is known, 128 bytes in
+                                      device memory, `tensor_map.py`)
     Launch.name, .grid, .block, .shared_bytes
         the `__global__` symbol, (x, y, z) blocks and threads, dynamic shared memory bytes
         (0 unless the stage's shared buffers pass STATIC_SHARED_BYTES or it holds an
         `L.Wgmma`: then all of them, carved from one dynamic pool)
 
 Every `__global__` takes, in order, one pointer per PrimFunc parameter (the element type's
-pointer, `const` for buffers it never stores) and then one pointer per workspace buffer
-(`unsigned char*`-compatible: declared with its element type). Shapes are static.
+pointer, `const` for buffers it never stores), then one pointer per workspace buffer
+(`unsigned char*`-compatible: declared with its element type), then one per tensor map
+(`const unsigned long long*`, the map's 16 words). Shapes are static.
 
 A PrimFunc's body, inside its top-level GLOBAL Allocates (the workspace), is a sequence of
 *stages* (`stages`); each stage becomes one `__global__` function and one launch (launches
@@ -63,7 +69,9 @@ them takes all its shared buffers from the dynamic pool, each from a multiple of
 compile-time attribute: a plain launch honours it); they and `cluster_load` (a load through
 the generic address `mapa` gives: `ld.shared::cluster`) are WGMMA_PRELUDE's too, and so are
 `L.Mbarrier`'s operations (`mbarrier.init`, `mbarrier.arrive`, `cp.async.mbarrier.arrive.noinc`,
-a `mbarrier.try_wait.parity` loop).
+`mbarrier.arrive.expect_tx`, a `mbarrier.try_wait.parity` loop). `L.TmaLoad` is TMA_PRELUDE's
+`cp.async.bulk.tensor.3d` from its map's kernel argument; in a stage holding one, each
+mbarrier init is followed by `fence.mbarrier_init` (the copy engine then sees it).
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -82,7 +90,7 @@ from ...ir import types as T
 from ..legalize import check_legal, legalize
 from .device import STATIC_SHARED_BYTES
 from .indices import CudaCodegenError, linearize, narrow_indices
-from .prelude import MMA_PRELUDE, PRELUDE, WGMMA_N, WGMMA_PRELUDE
+from .prelude import MMA_PRELUDE, PRELUDE, TMA_PRELUDE, WGMMA_N, WGMMA_PRELUDE
 
 ERRORS = L.index_checks.INDEX_ERRORS
 CHECKS_HOIST_FROM = frozenset({L.ForKind.SERIAL, L.ForKind.UNROLLED, L.ForKind.VECTORIZED})
@@ -101,8 +109,12 @@ TENSOR_CORE_NODES = (L.Mma, L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait)
 """Statements rendered through MMA_PRELUDE."""
 
 WGMMA_NODES = (L.Wgmma, L.WgmmaFence, L.WgmmaCommit, L.WgmmaWait, L.ProxyFence,
-               L.ClusterBarrier, L.Mbarrier)
-"""Statements rendered through WGMMA_PRELUDE (which uses MMA_PRELUDE's shared addresses)."""
+               L.ClusterBarrier, L.Mbarrier, L.TmaLoad)
+"""Statements rendered through WGMMA_PRELUDE (which uses MMA_PRELUDE's shared addresses);
+`L.TmaLoad` and an "expect_tx" `L.Mbarrier` through TMA_PRELUDE too."""
+
+MAP_PREFIX = "dnnc_map"
+"""A kernel's tensor-map parameters are named this and their place among its maps."""
 
 C_TYPES: dict[T.DType, str] = {
     T.bool_: "bool", T.int8: "signed char", T.int16: "short", T.int32: "int",
@@ -131,10 +143,23 @@ class Launch:
     cluster: int = 1               # blocks a cluster along z (its __cluster_dims__)
 
 
+@dataclass(frozen=True)
+class TensorMapArg:
+    """A tensor map a kernel takes (`L.TensorMap` with its tensor named by place): the map of
+    parameter `param` (its index among the PrimFunc's) of `dtype` (a NumPy name)."""
+
+    param: int
+    dtype: str
+    extents: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+
+
 @dataclass
 class CudaKernel:
     launches: list[Launch]
     workspace: list[int] = field(default_factory=list)
+    tensor_maps: list[TensorMapArg] = field(default_factory=list)
 
 
 @dataclass
@@ -156,8 +181,16 @@ def render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule:
                      n.name == "cluster_load" for n in nodes)
     uses_mma = uses_wgmma or any(isinstance(n, TENSOR_CORE_NODES) or isinstance(n, L.Call) and
                                  n.name in L.PACKS.values() for n in nodes)
+    uses_tma = any(isinstance(n, L.TmaLoad) or isinstance(n, L.Mbarrier) and
+                   n.op == "expect_tx" for n in nodes)
     return CudaModule("\n".join([PRELUDE] + [MMA_PRELUDE] * uses_mma +
-                                [WGMMA_PRELUDE] * uses_wgmma + parts), kernels)
+                                [WGMMA_PRELUDE] * uses_wgmma + [TMA_PRELUDE] * uses_tma +
+                                parts), kernels)
+
+
+def tensor_maps(func: L.PrimFunc) -> list[L.TensorMap]:
+    """The distinct tensor maps `func`'s TMA copies read, in the order they first appear."""
+    return list(dict.fromkeys(n.map for n in L.walk(func.body) if isinstance(n, L.TmaLoad)))
 
 
 def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel]:
@@ -168,6 +201,10 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         L.verify(func, placement=False)
     except L.LoopIRError as exc:
         raise CudaCodegenError(str(exc)) from None
+    maps = tensor_maps(func)
+    places = {b.name: k for k, b in enumerate(func.params)}
+    map_args = [TensorMapArg(places[m.tensor.name], m.tensor.dtype.name, m.extents,
+                             m.strides, m.box) for m in maps]
     func = legalize(linearize(L.index_checks.hoist(func, CHECKS_HOIST_FROM)), NATIVE)
     check_legal(func, NATIVE)
     func = narrow_indices(func)
@@ -187,13 +224,18 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
     params = [f"{'' if b.name in stored else 'const '}{C_TYPES[b.dtype]}*{restrict(b)} "
               f"{c_name(b.name)}" for b in func.params]
     params += [f"{C_TYPES[b.dtype]}*{restrict(b)} {c_name(b.name)}" for b in workspace]
+    params += [f"const unsigned long long* __restrict__ {MAP_PREFIX}{k}"
+               for k in range(len(maps))]
     base = c_name(func.name)
     texts, launches = [], []
     for k, stage in enumerate(body):
         name = base if len(body) == 1 else f"{base}_s{k}"
         grid, block = launch_dims(stage, func.name)
         em = _Emitter(func.name, grid, block)
-        align = L.SWIZZLE_BYTES if any(isinstance(n, L.Wgmma) for n in L.walk(stage)) else 16
+        em.maps = {m: f"{MAP_PREFIX}{k}" for k, m in enumerate(maps)}
+        em.tma = any(isinstance(n, L.TmaLoad) for n in L.walk(stage))
+        align = L.SWIZZLE_BYTES if any(isinstance(n, (L.Wgmma, L.TmaLoad))
+                                       for n in L.walk(stage)) else 16
         pool = shared_pool_bytes(stage, align)
         if shared_bytes(stage, align) > STATIC_SHARED_BYTES or align > 16:
             em.pool, em.pool_align = 0, align   # one dynamic pool, buffers carved from it
@@ -211,7 +253,7 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         if shape is None:
             raise CudaCodegenError(f"{func.name}: scratch {b.name} has a symbolic shape")
         sizes.append(max(1, math.prod(shape)) * b.dtype.itemsize)
-    return "\n".join(texts), CudaKernel(launches, sizes)
+    return "\n".join(texts), CudaKernel(launches, sizes, map_args)
 
 
 def _cluster_size(stage: L.Stmt, name: str) -> int:
@@ -465,6 +507,8 @@ class _Emitter:
         self.pool: int | None = None   # bytes of the dynamic shared pool carved so far
         self.pool_align = 16           # each buffer of it from a multiple of this
         self.pool_used = 0             # bytes of the pool any buffer has held so far
+        self.maps: dict[L.TensorMap, str] = {}   # the function's tensor maps' parameters
+        self.tma = False               # the stage holds a TMA copy
 
     def fail(self, what: str):
         raise CudaCodegenError(f"{self.func}: {what}")
@@ -664,9 +708,19 @@ class _Emitter:
         self.emit(depth, "dnnc_cluster_sync();")
 
     def mbarrier(self, s: L.Mbarrier, depth: int) -> None:
-        """`dnnc_mbarrier_<op>(&bar[, value])` (WGMMA_PRELUDE)."""
+        """`dnnc_mbarrier_<op>(&bar[, value])` (WGMMA_PRELUDE; expect_tx TMA_PRELUDE's); an
+        init in a stage with TMA copies fenced for the copy engine (`fence.mbarrier_init`)."""
         value = "" if s.value is None else f", (unsigned)({self.expr(s.value)})"
         self.emit(depth, f"dnnc_mbarrier_{s.op}(&{self.load(s.bar)}{value});")
+        if s.op == "init" and self.tma:
+            self.emit(depth, "dnnc_fence_mbarrier_init();")
+
+    def tma_load(self, s: L.TmaLoad, depth: int) -> None:
+        """`dnnc_tma_load_3d(&dst, map, &bar, x, y, z)` (TMA_PRELUDE), the map the kernel's
+        argument of that name."""
+        coords = ", ".join(f"(int)({self.expr(c)})" for c in s.coords)
+        self.emit(depth, f"dnnc_tma_load_3d(&{self.load(s.dst)}, {self.maps[s.map]}, "
+                         f"&{self.load(s.bar)}, {coords});")
 
     # -- expressions (dispatched through _EXPR) ----------------------------------------------
 
@@ -760,6 +814,7 @@ _STMT: dict[type, Callable] = {
     L.WgmmaCommit: _Emitter.wgmma_commit, L.WgmmaWait: _Emitter.wgmma_wait,
     L.ProxyFence: _Emitter.proxy_fence, L.Prefetch: _Emitter.prefetch,
     L.ClusterBarrier: _Emitter.cluster_barrier, L.Mbarrier: _Emitter.mbarrier,
+    L.TmaLoad: _Emitter.tma_load,
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,

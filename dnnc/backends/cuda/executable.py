@@ -4,8 +4,11 @@ Each segment specialisation (`plan.Program`) becomes one CUDA C unit (`codegen.r
 over `program.unique`), compiled by NVRTC for the GPU's architecture through the on-disk
 module cache (`device.ModuleCache`) and loaded once. Its calls become a launch list
 (`launch_list`): every kernel's launches in order, each argument an external slot, an arena
-offset or a workspace offset (scratch a kernel's launches share, carved per call from one
-region sized for the hungriest kernel).
+offset, a workspace offset (scratch a kernel's launches share, carved per call from one
+region sized for the hungriest kernel) or a tensor map's (`TensorMapPlace`: a TMA copy's map
+of an argument, `codegen.TensorMapArg`, encoded once that argument's address is known: when a
+launch list is resolved on a frame's or a caller's addresses, 128 bytes a map copied to the
+device then, kept as long as the segment; an artifact carries the description, not the bytes).
 
 Memory (`_Layout`): constants are uploaded once per specialisation; each calling thread's
 frame holds one device allocation with the arena (`plan_memory`'s offsets), the workspace and
@@ -62,7 +65,8 @@ from ..contract import CompiledSegment
 from ..executable import Executable, index_error
 from ..plan import Call, Program, image_consts, in_place_outputs
 from ..specialisations import DEFAULT_CACHE_SIZE
-from . import device
+from . import device, tensor_map
+from .tensor_map import MAP_BYTES
 
 DEVICE_ALIGN = 256
 """Byte alignment of every device buffer (cudaMalloc's): enough for any vector access."""
@@ -113,12 +117,27 @@ class BoundLaunch:
     args: tuple[tuple[str, int], ...]
 
 
-def launch_list(calls: list[Call], kernels: dict) -> tuple[list[BoundLaunch], int]:
-    """Every launch of `calls` in order, and the workspace bytes they need: a call's kernel
-    (`kernels[call.func]`, a `codegen.CudaKernel`) takes the call's arguments and then one
-    pointer per workspace buffer; calls run one after another, so each carves its buffers
-    from offset 0 of one shared region."""
+@dataclass(frozen=True)
+class TensorMapPlace:
+    """A tensor map a segment's launches read (`codegen.TensorMapArg`), its tensor an
+    argument place ("ext", slot) or ("arena", offset)."""
+
+    place: tuple[str, int]
+    dtype: str
+    extents: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+
+
+def launch_list(calls: list[Call], kernels: dict
+                ) -> tuple[list[BoundLaunch], int, list[TensorMapPlace]]:
+    """Every launch of `calls` in order, the workspace bytes they need and the tensor maps
+    they read: a call's kernel (`kernels[call.func]`, a `codegen.CudaKernel`) takes the call's
+    arguments, then one pointer per workspace buffer, then one per tensor map ("map", its
+    offset among the segment's maps: one a distinct tensor and box); calls run one after
+    another, so each carves its buffers from offset 0 of one shared region."""
     launches: list[BoundLaunch] = []
+    maps: list[TensorMapPlace] = []
     workspace = 0
     for k, call in enumerate(calls):
         kernel = kernels.get(call.func)
@@ -130,16 +149,22 @@ def launch_list(calls: list[Call], kernels: dict) -> tuple[list[BoundLaunch], in
             used += _aligned(size)
         workspace = max(workspace, used)
         args = tuple(call.args) + tuple(("workspace", o) for o in offsets)
+        for arg in kernel.tensor_maps:
+            place = TensorMapPlace(tuple(call.args[arg.param]), arg.dtype, tuple(arg.extents),
+                                   tuple(arg.strides), tuple(arg.box))
+            if place not in maps:
+                maps.append(place)
+            args += (("map", maps.index(place) * MAP_BYTES),)
         for launch in kernel.launches:
             launches.append(BoundLaunch(k, launch.name, tuple(launch.grid), tuple(launch.block),
                                         launch.shared_bytes, args))
-    return launches, workspace
+    return launches, workspace, maps
 
 
 def resolve(args: tuple[tuple[str, int], ...], ext: list[int], arena: int,
-            workspace: int) -> tuple[int, ...]:
-    """A launch's argument places as device addresses."""
-    base = {"arena": arena, "workspace": workspace}
+            workspace: int, maps: int = 0) -> tuple[int, ...]:
+    """A launch's argument places as device addresses (`maps`: the tensor maps')."""
+    base = {"arena": arena, "workspace": workspace, "map": maps}
     return tuple(ext[k] if kind == "ext" else base[kind] + k for kind, k in args)
 
 
@@ -161,6 +186,7 @@ class SegmentImage:
     cubin: bytes
     loop_ir: str = ""
     kernel_count: int = 0                  # kernels a call (0: not recorded)
+    tensor_maps: list[TensorMapPlace] = field(default_factory=list)   # ("map", offset)'s
 
     @property
     def slots(self) -> int:
@@ -171,7 +197,13 @@ def _check_launches(step: Segment, image: SegmentImage) -> None:
     """Refuse launches that would reach outside the segment's buffers: every argument a slot
     the segment has or an offset inside the arena or the workspace (an `ArtifactError`)."""
     bounds = {"ext": image.slots + 1, "arena": max(image.arena_bytes, 1),   # + error record
-              "workspace": max(image.workspace_bytes, 1)}
+              "workspace": max(image.workspace_bytes, 1),
+              "map": MAP_BYTES * len(image.tensor_maps)}
+    for m in image.tensor_maps:
+        kind, k = m.place
+        if kind not in ("ext", "arena") or not 0 <= k < bounds[kind]:
+            raise ArtifactError(f"segment {step.index}: a tensor map of ({kind}, {k}), "
+                                f"outside the segment's buffers")
     for launch in image.launches:
         for kind, k in launch.args:
             if kind not in bounds or not 0 <= k < bounds[kind]:
@@ -599,7 +631,8 @@ class _CompiledSegment(CompiledSegment):
         self._take_program(program)
         self.source = module.source
         self._loop_ir = ""
-        self.launches, self.workspace_bytes = launch_list(program.calls, module.kernels)
+        self.launches, self.workspace_bytes, self.tensor_maps = launch_list(program.calls,
+                                                                            module.kernels)
         self._bind(rt, program.consts, None, "")
 
     @classmethod
@@ -611,6 +644,7 @@ class _CompiledSegment(CompiledSegment):
         self.source = image.source
         self._loop_ir = image.loop_ir
         self.launches, self.workspace_bytes = list(image.launches), image.workspace_bytes
+        self.tensor_maps = list(image.tensor_maps)
         consts = image_consts(step, image)
         _check_launches(step, image)
         self._bind(rt, consts, image.cubin, image.arch)
@@ -622,6 +656,7 @@ class _CompiledSegment(CompiledSegment):
         architecture, else compiled from the source) and the constants on the device."""
         step = self.step
         self.frames = threading.local()
+        self._maps_kept: dict[tuple, object] = {}   # tensor addresses -> their maps' memory
         data = [i for i, v in enumerate(step.inputs) if v.const is None]
         self.input_types = [(self.shapes[i], step.inputs[i].type.dtype.np) for i in data]
         self.input_names = [step.inputs[i].name for i in data]
@@ -666,7 +701,7 @@ class _CompiledSegment(CompiledSegment):
             n_inputs=self.n_inputs, arena_bytes=self.arena_bytes,
             workspace_bytes=self.workspace_bytes, launches=list(self.launches),
             source=self.source, arch=self.arch, cubin=self.cubin, loop_ir=self.loop_source(),
-            kernel_count=self.kernel_count)
+            kernel_count=self.kernel_count, tensor_maps=list(self.tensor_maps))
 
     def _function(self, launch: BoundLaunch):
         """The loaded __global__ function, allowed the dynamic shared memory its largest
@@ -725,9 +760,31 @@ class _CompiledSegment(CompiledSegment):
     def _resolved(self, ext: list[int], arena: int, workspace: int) -> list[tuple]:
         """Every launch with its arguments as device addresses: (function, grid, block,
         shared bytes, argument tuple)."""
+        maps = self._maps(ext, arena, workspace)
         return [(self._functions[b.name], b.grid, b.block, b.shared_bytes,
-                 tuple(np.uint64(p) for p in resolve(b.args, ext, arena, workspace)))
+                 tuple(np.uint64(p) for p in resolve(b.args, ext, arena, workspace, maps)))
                 for b in self.launches]
+
+    def _maps(self, ext: list[int], arena: int, workspace: int) -> int:
+        """The device address of the segment's tensor maps (`TensorMapPlace`) of the tensors
+        at these addresses: encoded and copied to the device the first time they come, then
+        kept with the segment (a graph captured on them reads them; 128 bytes a map a
+        distinct tuple of addresses: a frame's own, and each caller's a graph was captured
+        for); 0 without maps."""
+        if not self.tensor_maps:
+            return 0
+        addresses = tuple(resolve(tuple(m.place for m in self.tensor_maps), ext, arena,
+                                  workspace))
+        memory = self._maps_kept.get(addresses)
+        if memory is None:
+            words = np.concatenate([tensor_map.kernel_map(m, at) for m, at in
+                                    zip(self.tensor_maps, addresses)])
+            memory = self.cupy.cuda.alloc(words.nbytes)
+            runtime = self.cupy.cuda.runtime
+            runtime.memcpy(memory.ptr, words.ctypes.data, words.nbytes,
+                           runtime.memcpyHostToDevice)
+            self._maps_kept[addresses] = memory
+        return memory.ptr
 
     def _data(self, arrays: list) -> list:
         """The segment's data inputs among `arrays` (its constants are uploaded once)."""

@@ -70,7 +70,8 @@ def linearize(func: L.PrimFunc) -> L.PrimFunc:
         if isinstance(s, L.Mma):
             return L.Mma(s.precision, buffer(s.acc), offset(s.acc, (s.offset,), env)[0],
                          tuple(expr(x, env) for x in s.a), tuple(expr(x, env) for x in s.b))
-        if isinstance(s, (L.LdMatrix, L.CopyAsync, L.Wgmma, L.WgmmaWait, L.Mbarrier)):
+        if isinstance(s, (L.LdMatrix, L.CopyAsync, L.Wgmma, L.WgmmaWait, L.Mbarrier,
+                          L.TmaLoad)):
             return L.map_exprs(s, lambda e: expr(e, env))
         return s
 
@@ -134,7 +135,8 @@ def narrow_indices(func: L.PrimFunc) -> L.PrimFunc:
             return L.Mma(s.precision, s.acc, offset(rewrite(s.offset, env), env),
                          tuple(rewrite(x, env) for x in s.a),
                          tuple(rewrite(x, env) for x in s.b))
-        if isinstance(s, (L.LdMatrix, L.CopyAsync, L.Wgmma, L.WgmmaWait, L.Mbarrier)):
+        if isinstance(s, (L.LdMatrix, L.CopyAsync, L.Wgmma, L.WgmmaWait, L.Mbarrier,
+                          L.TmaLoad)):
             return L.map_exprs(s, lambda e: rewrite(e, env))
         return s
 

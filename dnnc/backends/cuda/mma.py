@@ -148,12 +148,21 @@ class TensorCoreConfig:
     refill_first: bool = False   # with wgmma: a k tile's refill issued before its wgmmas
     staged: bool = False   # results through shared memory, stored in runs of a row (staged.py)
     cluster_split: bool = False   # with wgmma: the k slices of a tile one cluster, summed in it
-    producer: bool = False   # with wgmma: PRODUCER_WARPS more copy the k tiles (mbarriers)
+    # with wgmma: PRODUCER_WARPS more copy the k tiles (mbarriers), by cp.async (True) or
+    # by TMA (PRODUCERS' "tma": one thread's bulk tensor copies, wgmma.py)
+    producer: bool | str = False
 
     @property
     def threads(self) -> int:
         """The block's threads: its warps', and the producer's (`producer`)."""
-        return WARP * (self.warps_m * self.warps_n + PRODUCER_WARPS * self.producer)
+        return WARP * (self.warps_m * self.warps_n + PRODUCER_WARPS * bool(self.producer))
+
+
+PRODUCERS = (False, True, "tma")
+"""The `producer` knob's values: none (the warps copy), a warpgroup copying by cp.async, a
+warpgroup one thread of which copies by TMA (fp16 / bf16 operands only)."""
+TMA_PRECISIONS = ("fp16", "bf16")
+"""Precisions whose k tiles TMA copies (a box row of 64 16-bit elements: 128 bytes)."""
 
 
 def product_space(name: str, k: int, batch: int, precision: str, arch: str | None = None
@@ -170,7 +179,7 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         "early_refill": (False, True)[:1 + warpgroups],
         "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
         "cluster_split": (False, True)[:1 + warpgroups],
-        "producer": (False, True)[:1 + warpgroups],
+        "producer": PRODUCERS[:1 + 2 * warpgroups],
     }, [Constraint("a warp's rows (block_m / warps_m) and columns (block_n / warps_n) "
                    "multiples of 16",
                    lambda c: c.block_m % (16 * c.warps_m) == 0 and
@@ -191,6 +200,8 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
         Constraint("producer only with wgmma, neither early_refill nor refill_first",
                    lambda c: not c.producer or c.wgmma and not c.early_refill and
                    not c.refill_first),
+        Constraint(f"a TMA producer only at {' or '.join(TMA_PRECISIONS)}",
+                   lambda c: c.producer != "tma" or precision in TMA_PRECISIONS),
         Constraint(f"the stages' shared tiles (and staged results) within "
                    f"{MAX_SHARED_BYTES >> 10} KiB ({MAX_WGMMA_SHARED_BYTES >> 10} KiB with "
                    "wgmma)",
@@ -1044,38 +1055,35 @@ def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
 
 
 DNNC_PRODUCER = "DNNC_PRODUCER"
-"""=1: the dense default gives every wgmma tile it picks the producer warpgroup (`producer`,
-wgmma.py) where it fits; =0: never; unset: where PRODUCER_TILES says."""
+"""=tma: the dense default gives every wgmma tile it picks at fp16 and bf16 the TMA producer
+(`producer="tma"`, wgmma.py; the plain loop where an operand has no tensor map); unset: the
+same for products deeper than SHALLOW_K (PRODUCER_DEFAULT); =1: the cp.async producer on every
+wgmma tile; =0: neither."""
 
-PRODUCER_TILES = {(64, 64): 0, (128, 256): 64}
-"""(block_m, block_n) of a wgmma tile -> the fewest k tiles a block's slice must have for the
-dense default to give it the producer warpgroup (DNNC_PRODUCER unset); other tiles keep the
-warps copying. Session 47, one H200, two calls of bench/gpu_gemm_ab.py (fp16 / bf16 in and
-out, graphs interleaved with cuBLAS; the default's tile with and without the producer, the
-same numbers in both calls within 0.05): 64 x 64 (the 128-row products, 12 k tiles a
-slice) 0.92 -> 0.97 / 0.89 -> 0.94 of cuBLAS at 128 x 768 x 3072, 1.13 -> 1.18 / 1.12 ->
-1.15 at 128 x 3072 x 768 (split 4); 128 x 256 at 4096^3 (64 k tiles) 0.77 -> 0.86 / 0.81 ->
-0.91, but at k = 768 (12 tiles; 4096 and 8192 x 768 x 3072) 0.79 -> 0.79, 0.74 -> 0.76 at
-fp16 and 0.84 -> 0.75, 0.80 -> 0.71 at bf16. Every 64 x 128, 64 x 192 and 128 x 192 tile
-the transformer shapes take lost with it (10-15%: 1024 x 3072 x 768 64 x 192 split 2 16.0 ->
-18.2 us at fp16), and so did 128 x 128 in 6 slots wherever timed (4096^3 329 us against
-128 x 256's 215)."""
+PRODUCER_DEFAULT = "tma"
+"""The producer the dense default gives a 16-bit wgmma tile (DNNC_PRODUCER unset). Session 49,
+one H200, bench/gpu_gemm_ab.py (fp16 / bf16 in and out, B [k, n], graphs interleaved with
+cuBLAS, every result within the bound): the default's tile with the TMA producer against
+without a producer (session 47's cp.async one where it took it) reached 0.8 of cuBLAS on 29
+of the 30 transformer / 4096^3 cells against 14 (two calls), faster everywhere but 512 x 768 x
+3072 (within 0.02 either way), e.g. fp16 8192 x 768 x 3072 0.71 -> 0.88, 2048 x 3072 x 768
+0.73 -> 0.96, 4096^3 0.92 -> 0.99 (the cp.async producer's); the cp.async producer was slower
+than TMA on every tile timed (docs/cuda_backend.md, "TMA in the template").
+Shallow products (k <= SHALLOW_K, SHALLOW_STAGED_TILE's) were not timed with it: they keep
+the plain loop."""
 
 
 def producer_by_default(c: TensorCoreConfig, precision: str, k: int) -> TensorCoreConfig:
-    """Default config `c` of a product of depth `k` with the producer warpgroup where
-    DNNC_PRODUCER (else PRODUCER_TILES, at fp16 and bf16) says, `c` a wgmma tile and its ring and barriers
-    within the limit (its refill knobs off: the producer refills)."""
+    """Default config `c` of a product of depth `k` with the producer DNNC_PRODUCER (else
+    PRODUCER_DEFAULT, at TMA_PRECISIONS, deeper than SHALLOW_K) names, `c` a wgmma tile and
+    its ring and barriers within the limit (its refill knobs off: the producer refills)."""
     switch = os.environ.get(DNNC_PRODUCER)
-    if switch is None:   # (timed at fp16 and bf16 only)
-        fewest = PRODUCER_TILES.get((c.block_m, c.block_n))
-        per = -(-(-(-k // c.block_k)) // c.split_k)   # k tiles a slice
-        on = precision in ("fp16", "bf16") and fewest is not None and per >= fewest
-    else:
-        on = switch == "1"
-    if not c.wgmma or not on:
+    if switch is None:
+        switch = PRODUCER_DEFAULT if k > SHALLOW_K else "0"
+    value: bool | str = {"tma": "tma", "1": True}.get(switch, False)
+    if not c.wgmma or not value or value == "tma" and precision not in TMA_PRECISIONS:
         return c
-    produced = replace(c, producer=True, refill_first=False, early_refill=False)
+    produced = replace(c, producer=value, refill_first=False, early_refill=False)
     return produced if shared_bytes(produced, precision) <= _shared_limit(produced) else c
 
 

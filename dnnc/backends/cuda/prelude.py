@@ -354,7 +354,7 @@ template <int N> __device__ __forceinline__ void dnnc_setmaxnreg_dec() {
 }
 """
 """TMA's copies, their mbarrier byte counts and the warp specialisation's register split,
-after WGMMA_PRELUDE (whose shared addresses and mbarriers they use). No loop-IR statement
-renders to them yet (the wgmma producer still copies by cp.async): `tma.py`'s hand-written
-product uses them."""
+after WGMMA_PRELUDE (whose shared addresses and mbarriers they use): what `L.TmaLoad` and an
+"expect_tx" `L.Mbarrier` render to (the wgmma producer's "tma" value), and `tma.py`'s
+hand-written product."""
 

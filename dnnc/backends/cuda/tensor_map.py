@@ -3,9 +3,10 @@
 `cuTensorMapEncodeTiled` (libcuda through ctypes: CuPy 14 does not wrap it).
 
 A map holds its tensor's global address, so it is built where the address is known (at run
-time, once the arena is allocated; in a test or bench, once its buffers are), then handed
-to the kernel as a `__grid_constant__` parameter or copied to global memory before the launch
-(a generic address of either is what the copy takes). `operand_map` is the map of a 16-bit
+time, once the arena is allocated: `kernel_map` of each `codegen.TensorMapArg` a kernel
+takes; in a test or bench, once its buffers are), then copied to global memory, a pointer to
+it the kernel's argument (a `__grid_constant__` parameter would do too: a generic address of
+either is what the copy takes). `operand_map` is the map of a 16-bit
 operand as wgmma.py's tiles lie in shared memory: boxes of 64 elements along the operand's
 contiguous dimension (one 128-byte swizzle row) by `rows` of the other, in the 128-byte
 swizzle (chunk c of box row r at chunk c ^ r % 8: `wgmma._SwizzledTile`'s layout, K-major
@@ -30,7 +31,7 @@ SWIZZLE_BYTES = 128
 MAX_BOX = 256
 """The driver's largest box extent in any dimension."""
 
-_DATA_TYPE = {"float16": 6, "bfloat16": 9, "uint16": 1}
+DATA_TYPES = {"float16": 6, "bfloat16": 9, "uint16": 1}
 """dtype name -> CUtensorMapDataType (CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16, _UINT16)."""
 _INTERLEAVE_NONE = 0
 _SWIZZLE_128B = 3
@@ -57,12 +58,12 @@ def _encode():
 def encode_tiled(address: int, dtype: str, extents: tuple[int, ...],
                  strides: tuple[int, ...], box: tuple[int, ...]) -> np.ndarray:
     """The tensor map (16 uint64 words) of the tensor at global `address` of `dtype` (a name
-    of `_DATA_TYPE`), `extents` in elements and the byte `strides` of every dimension but
+    of `DATA_TYPES`), `extents` in elements and the byte `strides` of every dimension but
     the first, innermost first; TMA copies a `box` of it (innermost first) into shared
     memory in the 128-byte swizzle, zeros where the box passes the tensor's edges."""
     rank = len(extents)
-    if dtype not in _DATA_TYPE:
-        raise DeviceError(f"no TMA data type for {dtype} (have {sorted(_DATA_TYPE)})")
+    if dtype not in DATA_TYPES:
+        raise DeviceError(f"no TMA data type for {dtype} (have {sorted(DATA_TYPES)})")
     if len(strides) != rank - 1 or len(box) != rank or not 1 <= rank <= 5:
         raise DeviceError(f"a tensor map of rank {rank} takes {rank - 1} strides and "
                           f"{rank} box extents: {strides}, {box}")
@@ -73,7 +74,7 @@ def encode_tiled(address: int, dtype: str, extents: tuple[int, ...],
                           f"address {address:#x} and strides {strides} multiples of 16")
     out = np.zeros(MAP_BYTES // 8, np.uint64)
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
-    status = _encode()(out.ctypes.data, _DATA_TYPE[dtype], rank, address,
+    status = _encode()(out.ctypes.data, DATA_TYPES[dtype], rank, address,
                        (u64 * rank)(*extents), (u64 * max(1, rank - 1))(*strides),
                        (u32 * rank)(*box), (u32 * rank)(*([1] * rank)),
                        _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZERO)
@@ -81,6 +82,13 @@ def encode_tiled(address: int, dtype: str, extents: tuple[int, ...],
         raise DeviceError(f"cuTensorMapEncodeTiled failed (CUresult {status}): {dtype} "
                           f"extents {extents}, strides {strides}, box {box}")
     return out
+
+
+def kernel_map(arg, address: int) -> np.ndarray:
+    """The map a kernel's argument `arg` (a `codegen.TensorMapArg`: its parameter's dtype,
+    extents, byte strides and box) names, of that parameter at device `address`."""
+    return encode_tiled(address, arg.dtype, tuple(arg.extents), tuple(arg.strides),
+                        tuple(arg.box))
 
 
 def operand_map(address: int, dtype: str, shape: tuple[int, int, int], rows: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 """What the autotuner (`dnnc/autotune/`) needs from the cuda target: the template and problem
 of a kernel, the kernel built with a config, and a compiled kernel to call on arrays (the
-same three functions as `backends/llvm/tuning.py`), plus how to measure it safely.
+same three functions as `backends/llvm/tuning.py`), plus how to measure it safely. A kernel
+with TMA copies gets its tensor maps built here from the device copies' addresses.
 
 A CUDA context does not survive `fork`: the tuner's process asks the GPU its architecture
 (its `Target`), so each candidate runs in a child of a fork server started fresh
@@ -18,7 +19,7 @@ import numpy as np
 from ...ir import loop as L
 from ...ir.target import Target
 from ..lower import Kernel
-from . import device
+from . import device, tensor_map
 from .codegen import render_module
 from .schedules import schedule_kernel, template_for as _template_for
 
@@ -53,8 +54,10 @@ def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
     loaded.load(cubin)
     on_device = [cupy.asarray(a) for a in arrays]
     workspace = [cupy.cuda.alloc(max(n, 1)) for n in kernel.workspace]
+    maps = [cupy.asarray(tensor_map.kernel_map(m, on_device[m.param].data.ptr))
+            for m in kernel.tensor_maps]   # (TMA copies': after the workspace)
     args = tuple(np.uint64(a.data.ptr) for a in on_device) + \
-        tuple(np.uint64(w.ptr) for w in workspace)
+        tuple(np.uint64(w.ptr) for w in workspace) + tuple(np.uint64(m.data.ptr) for m in maps)
     launches = []
     for launch in kernel.launches:
         fn = loaded.get_function(launch.name)
@@ -94,5 +97,5 @@ def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
         return float(np.median([batch(n) / n for _ in range(repeat)])) * 1e3
 
     call.fetch, call.time_ms = fetch, time_ms
-    call.keep = (loaded, on_device, workspace, stream)   # alive as long as the function
+    call.keep = (loaded, on_device, workspace, maps, stream)   # alive as long as the function
     return call

@@ -63,10 +63,17 @@ guard is `dnnc_warp_index()` (lane 0's warp, `__shfl_sync`): with a plain thread
 guard ptxas took the wgmmas for divergent and serialized them (C7518), and one k loop
 inside one guard keeps wgmmas in flight from crossing a region's end (C7517). Where an
 operand does not come by cp.async as it lies (through registers, tf32 rounded in place) the
-config falls back to the plain loop, without the warpgroup. The default takes it where it
-measured faster (`mma.PRODUCER_TILES`). Not done: TMA copies and `setmaxnreg` here (a
-tensor map is a kernel argument built at run time: the executable's launches would carry
-it); `tma.py`'s hand-written TMA product measured them (docs/cuda_backend.md).
+config falls back to the plain loop, without the warpgroup.
+
+The TMA producer (`producer="tma"`, session 49, fp16 / bf16): the same warpgroup, but its
+first thread alone copies: per k tile it waits for the slot's `empty`, announces the tile's
+bytes on its `full` barrier (`L.Mbarrier` "expect_tx", count 1) and issues the operands'
+boxes (`L.TmaLoad`: a K-major tile one box of 64 k by its rows, an MN-major one a box of 64
+rows by 64 k an atom, landing in the layouts above; `_SwizzledTile.tensor_map`), the maps
+kernel arguments the runtime builds (`codegen.TensorMapArg`). The consumers need no proxy
+fence. An operand without a map (not a plain 16-bit array with 16-byte strides) makes the
+block the plain loop's. The dense default takes it on 16-bit wgmma tiles
+(`mma.PRODUCER_DEFAULT`). Not done: `setmaxnreg` and `elect.sync` (`tma.py` has them).
 
 Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer the knob on
 sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-last conv
@@ -92,7 +99,7 @@ from dataclasses import replace
 from ...ir import loop as L
 from ...ir import types as T
 from .dense import Operand
-from .mma import CHUNK_WORDS, WARP, TensorCoreConfig, _allocated, _Tile
+from .mma import CHUNK_WORDS, TMA_PRECISIONS, WARP, TensorCoreConfig, _allocated, _Tile
 
 WARPGROUP = 4 * WARP
 TILE_M = 64
@@ -176,6 +183,51 @@ class _SwizzledTile(_Tile):
         start = base + first // ATOM_ROWS * (self.bk * ROW_WORDS) + ks * 16 * ROW_WORDS
         return self.tile[start], (atom_bytes, L.SWIZZLE_BYTES)
 
+    def tensor_map(self) -> tuple[L.TensorMap, bool] | None:
+        """The map TMA copies this operand's k tiles through (boxes of 64 elements along its
+        contiguous dimension: a K-major tile's k by its rows, an MN-major atom's 64 rows by
+        the k tile: `L.TmaLoad` lands them in this layout), and whether its third dimension
+        is the batch (else one matrix serves every batch); None unless the operand is a plain
+        16-bit array [batch or 1, outer, inner] read as it lies (cp.async's condition), its
+        inner extent a multiple of 8 (TMA's 16-byte strides). The map's extents are the
+        product's (m or n, and k), so a box past them reads zeros, as the ring's copies do."""
+        op = self.operand
+        if self.precision not in TMA_PRECISIONS or not self.asynchronous or \
+                op.chunk is not None or op.word is not None or not op.array:
+            return None
+        row, kk = L.Var("tma_row"), L.Var("tma_k")
+        sample = op.at(self.bi, row, kk)
+        if not isinstance(sample, L.Load) or sample.buffer.scope is not L.Scope.GLOBAL:
+            return None
+        shape = L.static_shape(sample.buffer.shape)
+        outer, inner = (kk, row) if op.rows_contiguous else (row, kk)
+        if shape is None or len(shape) != 3 or sample.indices[1:] != (outer, inner):
+            return None
+        batched = sample.indices[0] == self.bi
+        if not batched and sample.indices[0] != L.const(0):
+            return None
+        _, outer_extent, inner_extent = shape
+        extents = (self.extent, self.k) if op.rows_contiguous else (self.k, self.extent)
+        if inner_extent % 8 or extents[0] > inner_extent or extents[1] > outer_extent:
+            return None
+        e = sample.dtype.itemsize
+        box = (ATOM_ROWS, self.bk if op.rows_contiguous else self.rows, 1)
+        return L.TensorMap(sample.buffer, (*extents, shape[0] if batched else 1),
+                           (inner_extent * e, outer_extent * inner_extent * e), box), batched
+
+    def tma_copies(self, tensor_map: L.TensorMap, batched: bool, kt: L.Expr, slot: L.Expr,
+                   bar: L.Load) -> list[L.Stmt]:
+        """k tile `kt` into `slot` by TMA through `tensor_map` (what the method of that name
+        gave), completing on `bar`: one box for a K-major tile, one an atom of 64 rows for an
+        MN-major one."""
+        z = self.bi if batched else L.const(0)
+        base = slot * self.slot_words
+        if self.k_inner:
+            return [L.TmaLoad(self.tile[base], tensor_map, bar, (kt * self.bk, self.first, z))]
+        return [L.TmaLoad(self.tile[base + a * (self.bk * ROW_WORDS)], tensor_map, bar,
+                          (self.first + a * ATOM_ROWS, kt * self.bk, z))
+                for a in range(self.rows // ATOM_ROWS)]
+
 
 class Warpgroups:
     """One block of a warpgroup product: its operands' tiles in shared memory, each
@@ -204,6 +256,13 @@ class Warpgroups:
                                   past_k or n % bn != 0, bi, precision, c.stages))
         self.producers = c.threads - self.consumers   # (mma.PRODUCER_WARPS' threads)
         self.a_in, self.b_in = tiles(self.producers if c.producer else self.consumers)
+        # TMA where both operands have a map
+        maps = [x.tensor_map() for x in (self.a_in, self.b_in)] \
+            if c.producer == "tma" else []
+        self.maps = maps if maps and all(maps) else None
+        if c.producer == "tma" and self.maps is None:   # the plain loop (the cp.async
+            self.c = c = replace(c, producer=False)     # producer lost to it on most tiles)
+            self.a_in, self.b_in = tiles(self.consumers)
         # the producer copies only what cp.async brings as it lies (not through registers,
         # nor rounded in place at tf32): elsewhere its warpgroup idles, the warps copy
         self.producer = c.producer and all(
@@ -212,6 +271,7 @@ class Warpgroups:
         if c.producer and not self.producer:   # (no idle warpgroup in the block either)
             self.c = c = replace(c, producer=False)
             self.a_in, self.b_in = tiles(self.consumers)
+        self.tma = self.producer and self.maps is not None
         self.bars = L.Buffer("k_bars", T.uint64, (2 * c.stages,), L.Scope.SHARED)
         self.count = self.tm * self.cols // 2
         self.acc_type = T.int32 if precision in L.INTEGER_MMA else T.float32
@@ -242,15 +302,17 @@ class Warpgroups:
 
     def init(self) -> L.Stmt:
         """Every accumulator zeroed; with the producer, its barriers made (a k slot's `full`
-        awaits each producer thread's copies, its `empty` each consumer warp's arrival)."""
+        awaits each producer thread's copies, by TMA its one thread's arrival and bytes; its
+        `empty` each consumer warp's arrival)."""
         r = L.Var("r")
         zero = self.per_thread(L.For(r, self.count, L.Store(
             self.acc, (r,), L.const(0, self.acc_type)), L.ForKind.UNROLLED))
         if not self.producer:
             return zero
         stages = self.c.stages
+        copying = 1 if self.tma else self.producers
         made = [L.Mbarrier("init", self.bars[s], L.const(
-            self.producers if s < stages else self.consumers // WARP))
+            copying if s < stages else self.consumers // WARP))
             for s in range(2 * stages)]
         return L.seq(zero, self._producing(lambda p: L.If(L.eq(p, L.const(0)), L.seq(*made))),
                      L.Barrier())
@@ -293,6 +355,13 @@ class Warpgroups:
         full, empty = self.bars[slot], self.bars[stages + slot]
 
         def copies(p: L.Expr) -> L.Stmt:
+            if self.tma:   # one thread: the tile's bytes announced, its boxes copied
+                loads = [copy for x, (m, batched) in zip(self.rings(), self.maps)
+                         for copy in x.tma_copies(m, batched, first + kt, slot, full)]
+                tile_bytes = sum(copy.map.box_bytes for copy in loads)
+                return L.If(L.eq(p, L.const(0)), L.For(kt, per, L.seq(
+                    L.If(kt >= stages, L.Mbarrier("wait", empty, (kt // stages + 1) % 2)),
+                    L.Mbarrier("expect_tx", full, L.const(tile_bytes)), *loads)))
             issued = []
             for x in self.rings():   # each a loop over the producer's threads
                 loop = x.issue(first + kt, slot, None)
@@ -303,8 +372,10 @@ class Warpgroups:
                 *issued, L.Mbarrier("copy_arrive", full)))
         # one thread loop around the k loop: the wgmmas in flight never cross the end of
         # a guarded region (ptxas would wait for them there, C7517)
+        # (TMA writes through the async proxy the wgmmas read: no proxy fence)
+        fence = [] if self.tma else [L.ProxyFence()]
         consumed = self.per_thread(L.seq(L.For(kt, per, L.seq(
-            L.Mbarrier("wait", full, kt // stages % 2), L.ProxyFence(), self._updated(slot),
+            L.Mbarrier("wait", full, kt // stages % 2), *fence, self._updated(slot),
             L.If(L.logical_and(kt > 0, L.eq(self.t % WARP, L.const(0))),   # a warp's
                  L.Mbarrier("arrive", self.bars[stages + (kt + stages - 1) % stages])))),
             L.WgmmaWait(0, self.acc[0], self.count)))

@@ -520,7 +520,7 @@ _STMT: dict[type, Callable] = {
     **{kind: FunctionEmitter.warp_memory for kind in (
         L.LdMatrix, L.CopyAsync, L.AsyncCommit, L.AsyncWait, L.Wgmma, L.WgmmaFence,
         L.WgmmaCommit, L.WgmmaWait, L.ProxyFence, L.ClusterBarrier,
-        L.Mbarrier)},
+        L.Mbarrier, L.TmaLoad)},
 }
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: FunctionEmitter.serial_for,

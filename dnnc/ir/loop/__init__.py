@@ -19,10 +19,12 @@ backend.
 from .nodes import (
     ARITH, ASYNC_COPY_BYTES, BITWISE, COMPARE, INDEX, INTEGER_MMA, INTRINSICS, LDMATRIX_COUNTS,
     LOGIC, MBARRIER_OPS, MMA_REGISTERS, MMA_SHAPES, PACKS, REDUCE_COMBINERS, SHUFFLES, SPARSE_MMA,
-    SPARSE_MMA_REGISTERS, SWIZZLE_BYTES, TILE_PRECISIONS, TILE_REGISTERS, TILE_ROWS, WGMMA_K,
+    SPARSE_MMA_REGISTERS, SWIZZLE_BYTES, TILE_PRECISIONS, TILE_REGISTERS, TILE_ROWS, TMA_RANK,
+    WGMMA_K,
     Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Buffer, Call, Cast, ClusterBarrier, Const,
     CopyAsync, Expr, For, ForKind, If, IterVar, LdMatrix, Let, Load, Mbarrier, Mma, Prefetch,
-    PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
+    PrimFunc, ProxyFence, Reduce, Scope, Select, Seq, Stmt, Store, TensorMap, TileProduct, TmaLoad,
+    Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait,
     call, const, eq, logical_and, logical_or, loop_nest, maximum, minimum, mma_fragments, ne,
     seq, static_shape)
 from .printer import print_expr, print_func, print_stmt
@@ -39,13 +41,13 @@ __all__ = [
     "LDMATRIX_COUNTS",
     "LOGIC", "MBARRIER_OPS", "MMA_REGISTERS", "MMA_SHAPES", "PACKS", "REDUCE_COMBINERS", "SHUFFLES",
     "SPARSE_MMA", "SPARSE_MMA_REGISTERS", "SWIZZLE_BYTES", "TILE_PRECISIONS", "TILE_REGISTERS",
-    "TILE_ROWS", "WGMMA_K",
+    "TILE_ROWS", "TMA_RANK", "WGMMA_K",
     "Allocate", "AsyncCommit", "AsyncWait", "Barrier", "BinOp", "Buffer", "Call", "Cast",
     "ClusterBarrier", "Const",
     "CopyAsync", "Expr", "For", "ForKind", "If", "IterVar", "LdMatrix", "Let", "Load", "Mbarrier",
     "Mma",
     "Prefetch", "PrimFunc", "ProxyFence", "Reduce", "Scope", "Select", "Seq", "Stmt", "Store",
-    "TileProduct", "Var", "Wgmma", "WgmmaCommit", "WgmmaFence", "WgmmaWait", "call", "const", "eq",
+    "TensorMap", "TileProduct", "TmaLoad", "Var", "Wgmma", "WgmmaCommit", "WgmmaFence", "WgmmaWait", "call", "const", "eq",
     "logical_and", "logical_or", "loop_nest", "maximum", "minimum", "mma_fragments", "ne", "seq",
     "static_shape",
     # traversal

@@ -34,6 +34,7 @@ backend beyond `Mma`'s fragment layout.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from .. import types as T
@@ -727,7 +728,7 @@ class ClusterBarrier(Stmt):
         return hash(("ClusterBarrier", self.size))
 
 
-MBARRIER_OPS = ("init", "arrive", "copy_arrive", "wait")
+MBARRIER_OPS = ("init", "arrive", "copy_arrive", "expect_tx", "wait")
 
 
 @dataclass(frozen=True, eq=True)
@@ -740,13 +741,16 @@ class Mbarrier(Stmt):
     - "arrive": one arrival, ordering this thread's memory accesses before it (release);
     - "copy_arrive": one arrival once every `CopyAsync` this thread issued before it has
       landed (PTX's `cp.async.mbarrier.arrive.noinc`: the count at init includes it);
+    - "expect_tx": one arrival, and the phase awaits `value` (an integer expression) bytes
+      more from `TmaLoad`s completing on it (`mbarrier.arrive.expect_tx`);
     - "wait": this thread waits until the phase of parity `value` (an integer 0 or 1, an
       expression) has completed (`try_wait.parity`, acquire): what the arrivals of that
       phase ordered before them is then visible to it.
 
-    A phase completes when its count of arrivals has come; the next begins at once. A
-    waiter must not fall two phases behind (parity names one of two). CPU backends do not
-    render it."""
+    A phase completes when its count of arrivals has come and the bytes its "expect_tx"
+    arrivals announced have landed (a `TmaLoad`'s may land before its announcement: the
+    byte count goes below zero within the phase); the next begins at once. A waiter must
+    not fall two phases behind (parity names one of two). CPU backends do not render it."""
 
     op: str
     bar: Load
@@ -754,6 +758,57 @@ class Mbarrier(Stmt):
 
     def __hash__(self):
         return hash(("Mbarrier", self.op, self.bar, self.value))
+
+
+TMA_RANK = 3
+"""Dimensions of a `TensorMap` (the prelude's copy is `cp.async.bulk.tensor.3d`)."""
+
+
+@dataclass(frozen=True, eq=True)
+class TensorMap:
+    """What a tensor map describes (sm_90's `CUtensorMap`, built on the host once the
+    tensor's address is known: a kernel argument, not an IR node): global `tensor` (a
+    function parameter) viewed as `extents` elements a dimension, innermost first, the first
+    dimension contiguous and dimension d + 1 `strides[d]` bytes apart; a `TmaLoad` copies one
+    `box` of it (box[0] elements of the innermost dimension: 128 bytes, one swizzle row)."""
+
+    tensor: Buffer
+    extents: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+
+    @property
+    def box_bytes(self) -> int:
+        """Bytes a copy of one box brings (the zeros past the tensor's edges included)."""
+        return math.prod(self.box) * self.tensor.dtype.itemsize
+
+    def __hash__(self):
+        return hash(("TensorMap", self.tensor.name, self.extents, self.strides, self.box))
+
+
+@dataclass(frozen=True, eq=True)
+class TmaLoad(Stmt):
+    """One thread's bulk tensor copy (sm_90's TMA, `cp.async.bulk.tensor`): the box of `map`
+    whose first element is at `coords` (integer expressions, innermost first, in elements)
+    into shared memory from `dst` on (a Load of a SHARED uint32 buffer, used as a place,
+    1024-byte aligned), its bytes completing on barrier `bar` (a Load of a SHARED uint64
+    buffer, as `Mbarrier`'s) in the phase current when they land.
+
+    Box element (i_0, i_1, i_2) is tensor element coords + i, or zero where one coordinate
+    lies outside [0, extent); it lands in box row r = i_1 + box_1 i_2 at byte r 128 + i_0 e
+    (e the element's bytes) from `dst`, in the 128-byte swizzle (16-byte chunk c of row r at
+    chunk c ^ r % 8: `Wgmma`'s K-major layout of a tile whose rows are 128 bytes). The
+    copy is asynchronous: `dst` may be read once a wait on `bar` saw the phase complete, by
+    `Wgmma` directly (no `ProxyFence`: the copy writes through the async proxy). CPU
+    backends do not render it."""
+
+    dst: Load
+    map: TensorMap
+    bar: Load
+    coords: tuple[Expr, ...]
+
+    def __hash__(self):
+        return hash(("TmaLoad", self.dst, self.map, self.bar, self.coords))
 
 
 TILE_ROWS = 16

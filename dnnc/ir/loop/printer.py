@@ -10,7 +10,7 @@ from .nodes import (
     INDEX, MMA_SHAPES, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, Cast,
     ClusterBarrier, Const,
     CopyAsync, Expr, For, ForKind, If, LdMatrix, Let, Load, Mbarrier, Mma, Prefetch, PrimFunc,
-    ProxyFence, Reduce, Select, Seq, Stmt, Store, TileProduct, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+    ProxyFence, Reduce, Select, Seq, Stmt, Store, TileProduct, TmaLoad, Var, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 
 
 _PRECEDENCE = {"or": 1, "and": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3,
@@ -109,6 +109,11 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
     if isinstance(s, Mbarrier):
         value = "" if s.value is None else f", {print_expr(s.value)}"
         return f"{pad}mbarrier_{s.op}({print_expr(s.bar)}{value})\n"
+    if isinstance(s, TmaLoad):
+        m = s.map
+        return (f"{pad}tma_load({print_expr(s.dst)}, {m.tensor.name}{list(m.extents)} strides "
+                f"{list(m.strides)} box {list(m.box)} at "
+                f"[{', '.join(print_expr(c) for c in s.coords)}], {print_expr(s.bar)})\n")
     if isinstance(s, TileProduct):
         op = "+=" if s.accumulate else "="
         return (f"{pad}tile_product_{s.precision}_{s.m_tiles}x{s.n_tiles}("

@@ -17,7 +17,7 @@ from .nodes import (
     TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, ClusterBarrier, Const,
     CopyAsync,
     For, If, LdMatrix, Let, Load, MBARRIER_OPS, Mbarrier, Mma, Prefetch, PrimFunc, ProxyFence,
-    Reduce, Scope, Select, Seq, Store, TileProduct, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+    Reduce, Scope, Select, Seq, Store, TMA_RANK, TileProduct, TmaLoad, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from .printer import print_expr
 from .traversal import walk
 
@@ -217,16 +217,48 @@ def _check_mbarrier(func, s: Mbarrier, gpu: set) -> None:
     if s.op not in MBARRIER_OPS or not _is_place(s.bar, Scope.SHARED, T.uint64):
         raise LoopIRError(f"{func.name}: mbarrier {s.op!r} (one of {MBARRIER_OPS}) on a "
                           f"shared uint64 object")
-    takes = {"init": "a positive integer constant", "wait": "an integer parity"}.get(s.op)
+    takes = {"init": "a positive integer constant", "wait": "an integer parity",
+             "expect_tx": "an integer count of bytes"}.get(s.op)
     if s.op == "init":
         fits = isinstance(s.value, Const) and s.value.dtype.is_int and \
             0 < s.value.value < 1 << 20
-    elif s.op == "wait":
+    elif s.op in ("wait", "expect_tx"):
         fits = s.value is not None and s.value.dtype.is_int
     else:
         fits = s.value is None
     if not fits:
         raise LoopIRError(f"{func.name}: mbarrier {s.op} takes {takes or 'no value'}")
+
+
+SWIZZLE_ROW = 128
+"""Bytes of a `TmaLoad` box's innermost row (the 128-byte swizzle's span)."""
+
+
+def _check_tma_load(func, s: TmaLoad, gpu: set) -> None:
+    """A bulk tensor copy: on a GPU's threads, into shared uint32 words on a shared uint64
+    barrier, from a map of a global parameter of rank `TMA_RANK` whose boxes' rows are one
+    128-byte swizzle row, at most 256 a dimension, strides multiples of 16 bytes, one integer
+    coordinate a dimension."""
+    if "threadIdx.x" not in gpu:
+        raise LoopIRError(f"{func.name}: TMA copy outside a threadIdx.x loop")
+    if not (_is_place(s.dst, Scope.SHARED, T.uint32) and
+            _is_place(s.bar, Scope.SHARED, T.uint64)):
+        raise LoopIRError(f"{func.name}: a TMA copy lands in shared uint32 words, counted "
+                          f"on a shared uint64 barrier")
+    m = s.map
+    if m.tensor.scope is not Scope.GLOBAL or m.tensor.name not in {b.name for b in func.params}:
+        raise LoopIRError(f"{func.name}: a tensor map describes a parameter, not "
+                          f"{m.tensor.name}")
+    rank = TMA_RANK
+    if not (len(m.extents) == len(m.box) == len(s.coords) == rank and
+            len(m.strides) == rank - 1 and all(x > 0 for x in m.extents) and
+            all(1 <= b <= 256 for b in m.box) and all(x > 0 and x % 16 == 0 for x in m.strides)
+            and m.box[0] * m.tensor.dtype.itemsize == SWIZZLE_ROW and
+            all(c.dtype.is_int for c in s.coords)):
+        raise LoopIRError(f"{func.name}: tensor map of {m.tensor.name} (extents {m.extents}, "
+                          f"strides {m.strides}, box {m.box}, at {len(s.coords)} coordinates): "
+                          f"rank {rank}, box rows of {SWIZZLE_ROW} bytes, at most 256 a "
+                          f"dimension, strides multiples of 16 bytes")
 
 
 def _check_tile_product(func, s: TileProduct, gpu: set) -> None:
@@ -340,6 +372,9 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
     elif isinstance(s, Mbarrier):
         _check_mbarrier(func, s, gpu if placement else {"threadIdx.x"})
         exprs(s.bar, *(() if s.value is None else (s.value,)))
+    elif isinstance(s, TmaLoad):
+        _check_tma_load(func, s, gpu if placement else {"threadIdx.x"})
+        exprs(s.dst, s.bar, *s.coords)
     elif isinstance(s, AsyncWait):
         if s.pending < 0:
             raise LoopIRError(f"{func.name}: cp.async wait for {s.pending} groups")

@@ -29,6 +29,7 @@ class FakeLaunch:
 class FakeKernel:
     launches: list
     workspace: list = field(default_factory=list)
+    tensor_maps: list = field(default_factory=list)
 
 
 class FakeArray(np.ndarray):

@@ -20,8 +20,9 @@ import pytest
 import dnnc
 from dnnc import zoo
 from dnnc.backends.cuda import device
-from dnnc.backends.cuda.executable import (DEVICE_ALIGN, BoundLaunch, _Layout, launch_list,
-                                           resolve)
+from dnnc.backends.cuda.codegen import TensorMapArg
+from dnnc.backends.cuda.executable import (DEVICE_ALIGN, BoundLaunch, TensorMapPlace, _Layout,
+                                           launch_list, resolve)
 from dnnc.backends.plan import Call
 from dnnc.compiler import cli
 from dnnc.compiler.cli.exits import EXIT_OK, EXIT_USAGE
@@ -149,7 +150,8 @@ def test_launch_list_keeps_call_order_and_appends_workspace_pointers():
              Call("k1_relu", [("arena", 0), ("arena", 512)]),
              Call("k1_relu", [("arena", 512), ("arena", 0)]),   # a de-duplicated kernel
              Call("k2_softmax", [("arena", 0), ("ext", 1)])]
-    launches, workspace = launch_list(calls, kernels)
+    launches, workspace, maps = launch_list(calls, kernels)
+    assert maps == []
     assert [(b.call, b.name) for b in launches] == [
         (0, "k0_dense_split"), (0, "k0_dense_reduce"), (1, "k1_relu"), (2, "k1_relu"),
         (3, "k2_softmax")]
@@ -161,6 +163,35 @@ def test_launch_list_keeps_call_order_and_appends_workspace_pointers():
     assert launches[4].args == (("arena", 0), ("ext", 1), ("workspace", 0))
     # calls run one after another: the region fits the hungriest kernel, not the sum
     assert workspace == max(DEVICE_ALIGN + 512, 1024)
+
+
+def test_launch_list_appends_each_distinct_tensor_map_after_the_workspace():
+    """A kernel's tensor maps (`CudaKernel.tensor_maps`: its parameter and box) become the
+    segment's `TensorMapPlace`s of the call's argument places, one a distinct place and box,
+    each launch's ("map", offset) arguments after its workspace's; `resolve` places them
+    from the maps' address."""
+    arg = TensorMapArg(1, "float16", (64, 128, 1), (128, 16384), (64, 64, 1))
+    kernels = {"k0_mm": FakeKernel([FakeLaunch("k0_mm", (4, 1, 1), (384, 1, 1), 99328)],
+                                   workspace=[100], tensor_maps=[arg, TensorMapArg(
+                                       0, "float16", (64, 128, 1), (128, 16384),
+                                       (128, 64, 1))])}
+    calls = [Call("k0_mm", [("ext", 0), ("arena", 512), ("arena", 0)]),
+             Call("k0_mm", [("arena", 0), ("arena", 512), ("ext", 1)]),   # B's map again
+             Call("k0_mm", [("ext", 0), ("arena", 1024), ("arena", 0)])]
+    launches, workspace, maps = launch_list(calls, kernels)
+    assert maps == [TensorMapPlace(("arena", 512), "float16", (64, 128, 1), (128, 16384),
+                                   (64, 64, 1)),
+                    TensorMapPlace(("ext", 0), "float16", (64, 128, 1), (128, 16384),
+                                   (128, 64, 1)),
+                    TensorMapPlace(("arena", 0), "float16", (64, 128, 1), (128, 16384),
+                                   (128, 64, 1)),
+                    TensorMapPlace(("arena", 1024), "float16", (64, 128, 1), (128, 16384),
+                                   (64, 64, 1))]
+    assert [b.args[-2:] for b in launches] == [
+        (("map", 0), ("map", 128)), (("map", 0), ("map", 256)), (("map", 384), ("map", 128))]
+    assert launches[0].args[3] == ("workspace", 0)
+    assert resolve(launches[1].args, [0x1000, 0x2000], 0x10000, 0x20000, 0x30000) == \
+        (0x10000, 0x10200, 0x2000, 0x20000, 0x30000, 0x30100)
 
 
 def test_launch_list_names_a_function_the_module_lacks():
@@ -589,6 +620,17 @@ def _rewrite_manifest(path, edit):
     (lambda m: m["segments"][0]["launches"][0].update(name="k0; rm"),
      "segment entry 0 launches is malformed"),
     (lambda m: m["segments"][0].update(arch="compute_90"), "segment entry 0 arch"),
+    (lambda m: m["segments"][0]["launches"][0]["args"].append(["map", 0]),
+     r"argument \(map, 0\) outside"),
+    (lambda m: m["segments"][0].update(tensor_maps=[dict(
+        place=["ext", 99], dtype="float16", extents=[64, 8, 1], strides=[128, 1024],
+        box=[64, 8, 1])]), r"a tensor map of \(ext, 99\), outside"),
+    (lambda m: m["segments"][0].update(tensor_maps=[dict(
+        place=["workspace", 0], dtype="float16", extents=[64, 8, 1], strides=[128, 1024],
+        box=[64, 8, 1])]), "segment entry 0 tensor maps is malformed"),
+    (lambda m: m["segments"][0].update(tensor_maps=[dict(
+        place=["arena", 0], dtype="float64", extents=[64, 8, 1], strides=[128, 1024],
+        box=[64, 8, 1])]), "segment entry 0 tensor maps is malformed"),
     (lambda m: m["target"].update(arch=90), "target is malformed"),
 ])
 def test_artifact_with_impossible_launches_is_refused(simulated, tmp_path, edit, message):

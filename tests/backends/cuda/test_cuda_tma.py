@@ -1,26 +1,76 @@
-"""TMA on sm_90a (`prelude.TMA_PRELUDE`, `tensor_map.py`): the tensor maps' limits checked on
-the host; the PTX helpers compiled by NVRTC for sm_90a (no GPU needed); on an H100 / H200
-(`gpu`) a tensor map's box lands in shared memory exactly where `wgmma._SwizzledTile` puts
-it (K-major and MN-major), and a warp-specialised product (one elected producer thread's
-TMA copies counted on mbarriers by bytes, `setmaxnreg` moving the producer's registers to
-two consumer warpgroups issuing wgmmas from the 128-byte swizzle: `tma.py`, written by
-hand, no loop-IR statement renders TMA yet) is within the precision's bound.
+"""TMA on sm_90a (`prelude.TMA_PRELUDE`, `tensor_map.py`, `L.TmaLoad`, the wgmma template's
+`producer="tma"`): the tensor maps' limits checked on the host; the IR's TMA copy and
+"expect_tx" barrier verified, printed, rendered (the kernel's tensor-map arguments named by
+parameter and box) and refused by llvm; on host threads (test_host_semantics.py's shim: a
+map is a plain struct, a copy lands at once in the swizzle and completes its bytes on the
+barrier) a copy means what the IR says, and the template's TMA producer's products are
+within the precision's bound (both layouts, edges, batches, split k, cluster sums, staged
+results, operands TMA cannot copy falling back); NVRTC compiles them and the PTX helpers
+for sm_90a (no GPU needed) without spills; on an H100 / H200 (`gpu`) a tensor map's box
+lands in shared memory exactly where `wgmma._SwizzledTile` puts it (K-major and MN-major),
+the template's products are within the bound with maps `tensor_map.kernel_map` built, and
+a warp-specialised product written by hand (`tma.py`: one elected producer thread's copies,
+`setmaxnreg` moving its registers to two consumer warpgroups) is within the bound too.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from dnnc.backends.cuda import device, mma, tensor_map, tma, wgmma
+from dnnc.backends.cuda.codegen import render_module
 from dnnc.backends.cuda.dense import Operand
 from dnnc.backends.cuda.prelude import MMA_PRELUDE, PRELUDE, TMA_PRELUDE, WGMMA_PRELUDE
 from dnnc.errors import DeviceError
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from cuda_kernels import nvrtc_compiled
+from test_cuda_mma_pipeline import check, operands, product
+
+on_host = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+
+
+def W(*args, **kw):
+    return mma.TensorCoreConfig(*args, wgmma=True, **kw)
+
+
+# (precision, m, n, k, batch, config, operand dtype, trans_a, trans_b): the template's TMA
+# producer; the last two cannot copy by TMA (an fp32 operand; a K-major B of k 300, rows
+# not 16-byte strided): the plain loop, no producer
+TMA_CASES = [
+    ("fp16", 128, 128, 384, 1, W(64, 128, 64, 4, 1, 3, producer="tma"), T.float16, False,
+     False),
+    ("bf16", 136, 200, 296, 2, W(128, 128, 64, 8, 1, 3, producer="tma"), T.bfloat16, True,
+     False),
+    ("bf16", 72, 136, 712, 1, W(64, 128, 64, 4, 1, 5, 2, producer="tma"), T.bfloat16, False,
+     True),
+    ("fp16", 104, 200, 520, 1, W(128, 192, 64, 8, 1, 3, producer="tma", staged=True),
+     T.float16, True, False),
+    ("fp16", 128, 192, 512, 1, W(64, 192, 64, 4, 1, 5, 4, producer="tma",
+                                 cluster_split=True), T.float16, False, False),
+    ("fp16", 200, 512, 1096, 1, W(128, 256, 64, 8, 1, 4, producer="tma"), T.float16, False,
+     True),
+    ("bf16", 100, 136, 300, 1, W(64, 128, 64, 4, 1, 3, producer="tma"), T.float32, True,
+     True),
+    ("fp16", 96, 136, 300, 1, W(128, 128, 64, 8, 1, 4, producer="tma", staged=True),
+     T.float16, False, True),
+]
+TMA_DEVICE_CASES = TMA_CASES + [
+    ("fp16", 4096, 4096, 4096, 1, W(128, 256, 64, 8, 1, 4, producer="tma", staged=True),
+     T.float16, False, False),
+    ("bf16", 1024, 768, 3072, 1, W(64, 192, 64, 4, 1, 6, 2, producer="tma"), T.bfloat16,
+     False, False),
+    ("fp16", 8192, 3072, 768, 1, W(128, 192, 64, 8, 1, 5, producer="tma", staged=True),
+     T.float16, False, True),
+    ("bf16", 128, 768, 3072, 1, W(64, 64, 64, 4, 1, 4, producer="tma"), T.bfloat16, False,
+     False),
+]
+"""What NVRTC compiles (and the GPU runs): TMA_CASES and the bench's shapes."""
 
 BOX = PRELUDE + MMA_PRELUDE + WGMMA_PRELUDE + TMA_PRELUDE + r"""
 // one box of `map` at (x, y) into shared memory by TMA, then its bytes as they lie to `out`
@@ -190,3 +240,299 @@ def test_the_tma_product_is_within_the_precision_s_bound(precision, m, k, n, blo
         limit += 2 * k * 2.0 ** -25   # (fp16 subnormals)
     assert np.isfinite(got).all()
     assert (np.abs(got - want) <= limit).all()
+
+
+# -- the loop IR's TMA copy ----------------------------------------------------------------------
+
+def _copy_func(x_shape=(3, 100, 72), box=(64, 8, 1), coords=(16, 96, 1), dtype=T.float16):
+    """One block: thread 0 makes a barrier, copies the box of x's map at `coords` into
+    shared memory by TMA and announces its bytes; every thread waits, then the tile's words
+    go to y as they lie."""
+    x = L.Buffer("x", dtype, x_shape)
+    rows = box[1] * box[2]
+    y = L.Buffer("y", T.uint32, (rows * 32,))
+    tile = L.Buffer("tile", T.uint32, (rows * 32,), L.Scope.SHARED)
+    bar = L.Buffer("bar", T.uint64, (1,), L.Scope.SHARED)
+    b, i, o = x_shape[::-1], 2, dtype.itemsize
+    m = L.TensorMap(x, b, (b[0] * o, b[0] * b[1] * o), box)
+    t, w = L.Var("t"), L.Var("w")
+    one = L.eq(t, L.const(0))
+    body = L.seq(
+        L.For(t, 128, L.If(one, L.Mbarrier("init", bar[0], L.const(1))), L.ForKind.THREAD_X),
+        L.Barrier(),
+        L.For(t, 128, L.seq(
+            # (the copy before its announcement: its bytes land first, the count below 0)
+            L.If(one, L.seq(L.TmaLoad(tile[0], m, bar[0], tuple(L.const(c) for c in coords)),
+                            L.Mbarrier("expect_tx", bar[0], L.const(m.box_bytes)))),
+            L.Mbarrier("wait", bar[0], L.const(0)),
+            L.For(w, rows * 32 // 128, L.Store(y, (w * 128 + t,), tile[w * 128 + t]),
+                  L.ForKind.UNROLLED)), L.ForKind.THREAD_X))
+    body = L.Allocate(bar, L.Allocate(tile, body))
+    return L.PrimFunc("tma_copy", (x, y), L.For(L.Var("blk"), 1, body, L.ForKind.BLOCK_X)), m
+
+
+def test_tma_nodes_are_verified_printed_rendered_and_refused_by_llvm():
+    """`L.TmaLoad` and an "expect_tx" `L.Mbarrier`: verified (box rows of 128 bytes, rank 3,
+    16-byte strides, a parameter's map, shared places, inside the thread loops), printed,
+    rendered as TMA_PRELUDE's calls on a tensor-map argument the kernel names by its
+    parameter and box (after its workspace), the barriers' inits fenced for the copy
+    engine; llvm refuses them."""
+    from dnnc.backends.llvm.codegen import CodegenError, ModuleBuilder
+
+    func, m = _copy_func()
+    L.verify(func)
+    text = str(func)
+    assert "mbarrier_expect_tx(bar[0], 1024)" in text, text
+    assert "tma_load(tile[0], x[72, 100, 3] strides [144, 14400] box [64, 8, 1] at " \
+           "[16, 96, 1], bar[0])" in text, text
+    module = render_module([(func, True)])
+    assert TMA_PRELUDE in module.source and WGMMA_PRELUDE in module.source
+    kernel = module.kernels["tma_copy"]
+    assert kernel.tensor_maps == [codegen_arg(0, "float16", (72, 100, 3), (144, 14400),
+                                              (64, 8, 1))]
+    body = module.source[module.source.index('extern "C"'):]
+    assert "const unsigned long long* __restrict__ dnnc_map0)" in body
+    assert "dnnc_tma_load_3d(&tile[0LL], dnnc_map0, &bar[0LL], (int)(16LL), (int)(96LL), " \
+           "(int)(1LL));" in body, body
+    assert "dnnc_mbarrier_expect_tx(&bar[0LL], (unsigned)(1024LL));" in body
+    assert body.index("dnnc_fence_mbarrier_init();") > body.index("dnnc_mbarrier_init(")
+    assert "DNNC_SHARED_POOL" in body   # (the swizzle is of addresses: a 1024-aligned pool)
+    x, tile, bar = func.params[0], L.Buffer("tile", T.uint32, (256,), L.Scope.SHARED), \
+        L.Buffer("bar", T.uint64, (1,), L.Scope.SHARED)
+    copy = next(n for n in L.walk(func.body) if isinstance(n, L.TmaLoad))
+    other = L.Buffer("other", T.float16, (3, 100, 72))
+    for bad, why in ((replace(copy, map=replace(m, box=(32, 8, 1))), "box rows of 128"),
+                     (replace(copy, map=replace(m, strides=(136, 14400))), "multiples of 16"),
+                     (replace(copy, map=replace(m, box=(64, 300, 1))), "at most 256"),
+                     (replace(copy, coords=copy.coords[:2]), "rank 3"),
+                     (replace(copy, map=replace(m, tensor=other)), "describes a parameter"),
+                     (replace(copy, dst=func.params[1][0]), "shared uint32"),
+                     (replace(copy, bar=tile[0]), "shared uint64")):
+        swapped = L.transform(func.body, lambda n: bad if isinstance(n, L.TmaLoad) else None)
+        with pytest.raises(L.LoopIRError, match=why):
+            L.verify(replace(func, body=swapped))
+    expect = next(n for n in L.walk(func.body) if isinstance(n, L.Mbarrier) and
+                  n.op == "expect_tx")
+    swapped = L.transform(func.body, lambda n: replace(expect, value=None)
+                          if isinstance(n, L.Mbarrier) and n.op == "expect_tx" else None)
+    with pytest.raises(L.LoopIRError, match="expect_tx takes an integer count"):
+        L.verify(replace(func, body=swapped))
+    serial = L.transform(func.body, lambda s: replace(s, kind=L.ForKind.SERIAL)
+                         if isinstance(s, L.For) and s.kind is L.ForKind.THREAD_X and
+                         any(isinstance(n, L.TmaLoad) for n in L.walk(s)) else None)
+    with pytest.raises(L.LoopIRError, match="TMA copy outside a threadIdx.x loop"):
+        L.verify(replace(func, body=serial))
+    on_cpu = L.transform(func.body, lambda s: replace(s, kind=L.ForKind.SERIAL)
+                         if isinstance(s, L.For) else None)
+    with pytest.raises(CodegenError, match="GPU-only"):
+        ModuleBuilder("m").add(replace(func, body=on_cpu))
+
+
+def codegen_arg(*args):
+    from dnnc.backends.cuda.codegen import TensorMapArg
+
+    return TensorMapArg(*args)
+
+
+@on_host
+@pytest.mark.parametrize("x_shape,box,coords", [
+    ((3, 100, 72), (64, 8, 1), (16, 96, 1)),     # past the rows' and columns' edges
+    ((2, 40, 64), (64, 16, 2), (0, -4, 1)),      # before row 0, past the batches
+    ((1, 256, 128), (64, 256, 1), (64, 0, 0))])  # 256 rows, inside
+def test_a_tma_copy_on_host_means_what_the_ir_says(x_shape, box, coords, rng, tmp_path):
+    """The box of a tensor map lands as `L.TmaLoad` says: element (i0, i1, i2) of the box
+    from x at coords + i (zero outside x), box row i1 + box1 i2 at 128 bytes a row, its
+    16-byte chunks in the 128-byte swizzle; its barrier's phase completes once the copy's
+    bytes and the announcing arrival are in (the waiters read the tile after)."""
+    from test_host_semantics import host_library, launch_on_host
+
+    func, m = _copy_func(x_shape, box, coords)
+    module = render_module([(func, True)])
+    lib = host_library([(func, True)], tmp_path, module)
+    x = rng.integers(1, 2 ** 16, x_shape, dtype=np.uint16).view(np.float16)
+    rows = box[1] * box[2]
+    y = np.zeros(rows * 32, np.uint32)
+    launch_on_host(lib, module.kernels["tma_copy"], [x, y])
+    got = y.view(np.uint16).reshape(rows, 64)
+    padded = np.zeros((x_shape[0] + 8, x_shape[1] + 512, x_shape[2] + 128), np.uint16)
+    padded[4:4 + x_shape[0], 256:256 + x_shape[1], :x_shape[2]] = x.view(np.uint16)
+    want = np.zeros((rows, 64), np.uint16)
+    for i2 in range(box[2]):
+        for i1 in range(box[1]):
+            r = i1 + box[1] * i2
+            row = padded[4 + coords[2] + i2, 256 + coords[1] + i1,
+                         coords[0]: coords[0] + 64]
+            for c in range(8):   # chunk c of row r at chunk c ^ r % 8
+                place = (c ^ r % 8) * 8
+                want[r, place: place + 8] = row[8 * c: 8 * c + 8]
+    np.testing.assert_array_equal(got, want)
+
+
+# -- the template's TMA producer ------------------------------------------------------------------
+
+def _tma_product(case, name="mm"):
+    func, config = product(*case, name=name)
+    return func, config
+
+
+@on_host
+@pytest.mark.parametrize("case", TMA_CASES, ids=[str(i) for i in range(len(TMA_CASES))])
+def test_the_tma_producer_s_products_on_host_within_the_precision_bound(case, rng, tmp_path):
+    """`producer="tma"`: the producer warpgroup's one thread announces each k tile's bytes on
+    its slot's `full` barrier (count 1) and copies the operands' boxes by TMA (A K-major: one
+    box of its block rows; MN-major: one a 64-row atom), no cp.async and no proxy fence in
+    the block; the maps' extents the product's, so tiles past m, n and k read zeros. Where
+    an operand has no map (fp32 through registers; rows not 16-byte strided) the block is
+    the plain loop's: its warps copy, no producer warpgroup, no mbarrier."""
+    from test_host_semantics import host_library, launch_on_host
+
+    precision, m, n, k, batch, config, dtype, trans_a, trans_b = case
+    func, config = _tma_product(case)
+    module = render_module([(func, True)])
+    info = module.kernels[func.name]
+    body = module.source[module.source.index('extern "C"'):]
+    runs = (m if trans_a else k, k if trans_b else n)
+    by_tma = dtype is mma.STORAGE[precision] and all(x % 8 == 0 for x in runs)
+    assert ("dnnc_tma_load_3d(" in body) == by_tma == (len(info.tensor_maps) == 2)
+    assert ("dnnc_mbarrier_" in body) == by_tma
+    assert info.launches[0].block[0] == (config.threads if by_tma else
+                                         config.warps_m * config.warps_n * 32)
+    if by_tma:
+        assert "dnnc_cp_async(" not in body and "dnnc_fence_proxy_async" not in body
+        assert [t.param for t in info.tensor_maps] == [0, 1]
+        assert info.tensor_maps[0].extents[:2] == ((m, k) if trans_a else (k, m))
+        assert info.tensor_maps[1].box == (64, 64 if not trans_b else config.block_n, 1)
+    lib = host_library([(func, True)], tmp_path, module)
+    a, b, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
+    y = np.full((batch, m, n), np.nan, np.float32)
+    launch_on_host(lib, info, stored + [y] + [np.full(size, 0xFF, np.uint8)
+                                              for size in info.workspace])
+    check(precision, k, a, b, bias, y)
+
+
+def test_the_tma_producer_s_products_compile_for_sm90a_without_spills():
+    """NVRTC compiles the TMA cases and the bench's shapes for sm_90a: TMA copies and byte
+    counts in the PTX, no spills, the wgmmas not serialized (no C7515-C7518)."""
+    nvrtc = pytest.importorskip("cupy.cuda").nvrtc
+    funcs = [(_tma_product(case, f"case{i}")[0], True)
+             for i, case in enumerate(TMA_DEVICE_CASES)]
+    source = render_module(funcs).source
+    assert device.compile_arch("sm_90", source) == "sm_90a"
+    prog, log = nvrtc_compiled(source, "sm_90a", "--ptxas-options=-v")
+    ptx = nvrtc.getPTX(prog)
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    nvrtc.destroyProgram(prog)
+    assert re.search(r"C75\d\d", log) is None, log[-4000:]
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    assert len(spills) >= len(funcs) and all(int(x) == 0 for x in spills), log[-4000:]
+    for instruction in ("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::"
+                        "complete_tx::bytes", "mbarrier.arrive.expect_tx",
+                        "fence.mbarrier_init", "wgmma.mma_async.sync.aligned.m64n256k16"):
+        assert instruction in ptx, instruction
+
+
+def test_the_tma_producer_is_a_value_of_the_producer_knob():
+    """The sm_90 space's `producer` knob takes "tma" beside False and True, at fp16 and bf16
+    only; sm_80's has none of them."""
+    def values(arch, precision="fp16"):
+        space = mma.product_space("s", 4096, 1, precision, arch)
+        return dict((x.name, x.values) for x in space.knobs)["producer"]
+
+    assert values("sm_90") == (False, True, "tma") and values("sm_80") == (False,)
+    mma.product_space("s", 4096, 1, "bf16", "sm_90").check(
+        W(128, 256, 64, 8, 1, 4, producer="tma"))
+    with pytest.raises(Exception, match="TMA producer only"):
+        mma.product_space("s", 4096, 1, "tf32", "sm_90").check(
+            W(128, 256, 32, 8, 1, 4, producer="tma"))
+    assert W(128, 256, 64, 8, 1, 4, producer="tma").threads == 384
+
+
+@pytest.mark.parametrize("switch", [None, "tma"])
+def test_the_dense_default_gives_every_16_bit_wgmma_tile_the_tma_producer(switch,
+                                                                         monkeypatch):
+    """DNNC_PRODUCER unset (PRODUCER_DEFAULT, products deeper than SHALLOW_K) or =tma: the
+    dense default's wgmma tiles take producer "tma" at fp16 and bf16 (the refill knobs off),
+    not at tf32 nor on mma.sync; =1 the cp.async producer, =0 none."""
+    if switch is None:
+        monkeypatch.delenv(mma.DNNC_PRODUCER, raising=False)
+    else:
+        monkeypatch.setenv(mma.DNNC_PRODUCER, switch)
+    tile = W(64, 192, 64, 4, 1, 5, 2, refill_first=True)
+    for precision in ("fp16", "bf16"):
+        c = mma.producer_by_default(tile, precision, 768)
+        assert c == replace(tile, producer="tma", refill_first=False)
+    assert not mma.producer_by_default(replace(tile, block_k=32), "tf32", 768).producer
+    assert not mma.producer_by_default(mma.TensorCoreConfig(64, 64, 32, 2, 2, 3), "fp16",
+                                       768).producer
+    if switch is None:   # shallow products: untimed with it, the plain loop
+        assert mma.producer_by_default(tile, "fp16", mma.SHALLOW_K) == tile
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "1")
+    assert mma.producer_by_default(tile, "fp16", 768).producer is True
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "0")
+    assert mma.producer_by_default(tile, "fp16", 768) == tile
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TMA_DEVICE_CASES,
+                         ids=[str(i) for i in range(len(TMA_DEVICE_CASES))])
+def test_the_tma_producer_s_products_on_the_gpu_within_the_precision_bound(case, rng):
+    """On an H100 / H200: each kernel's tensor maps built by `tensor_map.kernel_map` from
+    its `TensorMapArg`s and the operands' addresses, passed after the workspace."""
+    import cupy as cp
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"TMA and wgmma need sm_90, not {device.gpu_arch()}")
+    precision, m, n, k, batch, config, dtype, trans_a, trans_b = case
+    func, config = _tma_product(case)
+    module = render_module([(func, True)])
+    arch = device.compile_arch(device.gpu_arch(), module.source)
+    raw = cp.cuda.function.Module()
+    raw.load(device.nvrtc_compile(module.source, arch, device.nvrtc_options(arch)))
+    a, b, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
+    arrays = [cp.asarray(x.view(np.uint16) if x.dtype.itemsize == 2 else x) for x in stored]
+    y = cp.full((batch, m, n), np.nan, cp.float32)
+    info = module.kernels[func.name]
+    params = arrays + [y]
+    maps = [cp.asarray(tensor_map.kernel_map(t, params[t.param].data.ptr))
+            for t in info.tensor_maps]
+    args = tuple(params + [cp.empty(size, cp.uint8) for size in info.workspace] + maps)
+    for launch in info.launches:
+        fn = raw.get_function(launch.name)
+        device.allow_shared(fn, launch.shared_bytes)
+        fn(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+    check(precision, k, a, b, bias, cp.asnumpy(y), gpu=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_model_runs_on_the_tma_producer_on_the_gpu(precision, monkeypatch, tmp_path):
+    """The runtime's path on an H100 / H200 with DNNC_PRODUCER=tma: the executable encodes
+    each kernel's tensor maps once the frame's arena is allocated (and again for a caller's
+    array read in place: its graph's maps), an artifact carries their description and the
+    loaded model builds them again; every output within the precision's model bound of the
+    numpy target's."""
+    import cupy as cp
+
+    import dnnc
+    from dnnc import zoo
+    from dnnc.ir.target import model_error_bound
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"TMA and wgmma need sm_90, not {device.gpu_arch()}")
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "tma")
+    model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
+    (x,) = zoo.inputs_for(model, np.random.default_rng(0)).values()
+    want = np.asarray(dnnc.compile(model, "numpy")(x), np.float64)
+    compiled = dnnc.compile(model, "cuda", precision=precision, outputs="numpy")
+    assert "dnnc_tma_load_3d(" in compiled.source("cuda")
+
+    def error(got) -> float:
+        return np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
+
+    assert error(compiled(x)) <= model_error_bound(precision)
+    x_dev = cp.asarray(x)
+    for _ in range(3):   # the second call captures a graph on x_dev's address
+        assert error(compiled(x_dev)) <= model_error_bound(precision)
+    compiled.save(tmp_path / "m.dnnc")
+    loaded = dnnc.load(tmp_path / "m.dnnc")
+    assert error(loaded(x)) <= model_error_bound(precision)

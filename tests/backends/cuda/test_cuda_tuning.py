@@ -12,6 +12,7 @@ from dnnc.autotune.measure import measure
 from dnnc.autotune.tasks import extract
 from dnnc.backends.cuda import tuning as cuda_tuning
 from dnnc.compiler.driver import load_graph
+from dnnc.ir import loop as L
 from dnnc.backends.registry import REGISTRY
 from dnnc.passes.manager import optimize
 
@@ -59,3 +60,28 @@ def test_a_cuda_artifact_keeps_its_tuned_configs(tmp_path):
     compiled.save(tmp_path / "m.dnnc")
     loaded = dnnc.load(tmp_path / "m.dnnc")
     assert loaded.runtime.tuned == compiled.runtime.tuned != {}
+
+
+def test_tma_producer_candidates_are_measured_with_their_tensor_maps():
+    """On sm_90 at fp16: a dense product's candidates without a producer, with the cp.async
+    one and with the TMA one (`compile_kernel` builds its tensor maps from the device copies'
+    addresses) run and agree with the first's outputs."""
+    from dataclasses import replace
+
+    from dnnc.backends.cuda import device, mma
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"TMA and wgmma need sm_90, not {device.gpu_arch()}")
+    machine = REGISTRY["cuda"].target(precision="fp16")
+    model = zoo.build("mlp", hidden=(1024,), in_features=512, classes=256, batch=1024)
+    tasks = extract(optimize(load_graph(model), machine, 3), cuda_tuning, machine)
+    task = next(t for t in tasks if t.template.name == "cuda_mma_dense")
+    space = task.template.space(task.problem, machine)
+    configs = [space.check(mma.TensorCoreConfig(128, 128, 64, 8, 1, 4, wgmma=True,
+                                                producer=p)) for p in (False, True, "tma")]
+    func = cuda_tuning.build(task.kernel, machine, configs[2])
+    assert any(isinstance(n, L.TmaLoad) for n in L.walk(func.body))
+    ref = measure(cuda_tuning, task.kernel, machine, configs[:1], timed=False)[0]
+    assert ref.error is None, ref.error
+    for r in measure(cuda_tuning, task.kernel, machine, configs, reference=ref.outputs):
+        assert r.error is None and r.ms > 0, (r.config, r.error)

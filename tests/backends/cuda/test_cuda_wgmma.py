@@ -663,19 +663,18 @@ def test_cluster_split_is_searched_on_sm90_with_wgmma_and_its_splits():
             space.check(bad)
 
 
-def test_the_producer_is_searched_with_wgmma_and_taken_where_it_measured_faster(
-        monkeypatch):
+def test_the_producer_is_searched_with_wgmma_and_taken_by_the_default(monkeypatch):
     """The `producer` knob is in the sm_90 space, with wgmma only, not with the refill knobs;
-    the dense default takes it (DNNC_PRODUCER unset) on the tiles and depths PRODUCER_TILES
-    names at fp16 and bf16 (H200, session 47: 64 x 64 and 128 x 256 of 64 k tiles and
-    more), never with DNNC_PRODUCER=0, on every wgmma tile with =1."""
+    the dense default's 16-bit wgmma tiles take the TMA producer (DNNC_PRODUCER unset:
+    `PRODUCER_DEFAULT`, test_cuda_tma.py) and keep their tiles, never a producer with
+    DNNC_PRODUCER=0, the cp.async one on every wgmma tile with =1."""
     from dnnc.backends.cuda.device import REFERENCE
 
     def values(arch):
         space = mma.product_space("s", 4096, 1, "fp16", arch)
         return dict((x.name, x.values) for x in space.knobs)["producer"]
 
-    assert values("sm_90") == (False, True) and values("sm_80") == (False,)
+    assert values("sm_90") == (False, True, "tma") and values("sm_80") == (False,)
     space = mma.product_space("s", 4096, 1, "fp16", "sm_90")
     space.check(W(128, 256, 64, 8, 1, 4, producer=True))
     for bad in (C(64, 64, 32, 2, 2, 3, producer=True),
@@ -691,20 +690,17 @@ def test_the_producer_is_searched_with_wgmma_and_taken_where_it_measured_faster(
                                        precision, k)
 
     for precision in ("fp16", "bf16"):
-        for shape, tile, produced in (((4096, 4096, 4096), (128, 256), True),
-                                      ((8192, 768, 3072), (128, 256), False),
-                                      ((128, 768, 3072), (64, 64), True),
-                                      ((128, 3072, 768), (64, 64), True),
-                                      ((1024, 3072, 768), (64, 192), False),
-                                      ((8192, 3072, 768), (128, 192), False)):
+        for shape, tile in (((4096, 4096, 4096), (128, 256)), ((8192, 768, 3072), (128, 256)),
+                            ((128, 768, 3072), (64, 64)), ((128, 3072, 768), (64, 64)),
+                            ((1024, 3072, 768), (64, 192)), ((8192, 3072, 768), (128, 192))):
             c = default(*shape, precision)
-            assert (c.block_m, c.block_n) == tile and c.producer == produced, (shape, c)
-            assert not c.producer or not c.refill_first and space.check(c) == c
+            assert (c.block_m, c.block_n) == tile and c.producer == "tma", (shape, c)
+            assert not c.refill_first and space.check(c) == c
     assert not default(4096, 4096, 4096, "tf32").producer
     monkeypatch.setenv(mma.DNNC_PRODUCER, "0")
     assert not default(4096, 4096, 4096).producer
     monkeypatch.setenv(mma.DNNC_PRODUCER, "1")
-    assert default(1024, 3072, 768).producer and default(8192, 768, 3072).producer
+    assert default(1024, 3072, 768).producer is True and default(8192, 768, 3072).producer
     assert not mma.producer_by_default(C(64, 64, 32, 2, 2, 3), "fp16", 4096).producer
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from dnnc.backends.cuda.codegen import C_TYPES, c_name, render_module, stages
-from dnnc.backends.cuda.prelude import MMA_PRELUDE, PRELUDE, WGMMA_N, WGMMA_PRELUDE
+from dnnc.backends.cuda.prelude import MMA_PRELUDE, PRELUDE, TMA_PRELUDE, WGMMA_N, WGMMA_PRELUDE
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from cuda_kernels import (programs, reference, renamed, suite_cases, suite_inputs, suite_sample,
@@ -38,7 +38,9 @@ SHIM = r"""
 #include <barrier>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 struct dnnc_dim3 { unsigned x = 0, y = 0, z = 0; };
@@ -465,23 +467,45 @@ static void dnnc_fence_proxy_async() { dnnc_unfenced_copies.clear(); }
 static void dnnc_cluster_sync() { dnnc_cluster->arrive_and_wait(); }
 static unsigned dnnc_warp_index() { return threadIdx.x / 32; }
 // mbarriers: the object's 64 bits hold its phase's parity (bit 63), its count (bits 32-51)
-// and the arrivals the phase still awaits (bits 0-31), changed atomically by the block's
-// host threads; a cp.async lands at once, so its arrival is an arrival; an arrival on a
-// complete phase, or on an object not made, traps
+// and the arrivals the phase still awaits (bits 0-31); the bytes the phase still awaits
+// from TMA copies (announced by expect_tx less those landed: below zero when a copy lands
+// first) in a table beside; every change by the block's host threads under one lock, a
+// waiter reading the parity alone. A phase completes when neither arrivals nor bytes are
+// awaited. A cp.async lands at once, so its arrival is an arrival; an arrival on a phase
+// whose arrivals have all come, or on an object not made, traps
+static std::mutex dnnc_mbarrier_lock;
+static std::map<const unsigned long long*, long> dnnc_mbarrier_bytes;
 static void dnnc_mbarrier_init(unsigned long long* bar, unsigned count) {
   if (count == 0 || count >= 1u << 20) __builtin_trap();
+  std::lock_guard<std::mutex> hold(dnnc_mbarrier_lock);
+  dnnc_mbarrier_bytes[bar] = 0;
   std::atomic_ref<unsigned long long>(*bar).store((unsigned long long)count << 32 | count);
 }
-static void dnnc_mbarrier_arrive(unsigned long long* bar) {
+// (the lock held) the phase complete where nothing is awaited: the parity flips, the count
+// of arrivals awaited starts again
+static void dnnc_mbarrier_settle(unsigned long long* bar) {
   std::atomic_ref<unsigned long long> word(*bar);
-  unsigned long long old = word.load(), next;
-  do {
-    const unsigned long long count = old >> 32 & 0xfffff, pending = old & 0xffffffffull;
-    if (count == 0 || pending == 0) __builtin_trap();
-    next = pending > 1 ? old - 1 : ((old ^ 1ull << 63) & ~0xffffffffull) | count;
-  } while (!word.compare_exchange_weak(old, next));
+  const unsigned long long old = word.load();
+  if ((old & 0xffffffffull) == 0 && dnnc_mbarrier_bytes[bar] == 0)
+    word.store(((old ^ 1ull << 63) & ~0xffffffffull) | (old >> 32 & 0xfffff));
 }
+static void dnnc_mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
+  std::lock_guard<std::mutex> hold(dnnc_mbarrier_lock);
+  std::atomic_ref<unsigned long long> word(*bar);
+  const unsigned long long old = word.load();
+  if ((old >> 32 & 0xfffff) == 0 || (old & 0xffffffffull) == 0) __builtin_trap();
+  dnnc_mbarrier_bytes[bar] += bytes;
+  word.store(old - 1);
+  dnnc_mbarrier_settle(bar);
+}
+static void dnnc_mbarrier_arrive(unsigned long long* bar) { dnnc_mbarrier_expect_tx(bar, 0); }
 static void dnnc_mbarrier_copy_arrive(unsigned long long* bar) { dnnc_mbarrier_arrive(bar); }
+static void dnnc_mbarrier_complete_tx(unsigned long long* bar, long bytes) {
+  std::lock_guard<std::mutex> hold(dnnc_mbarrier_lock);
+  if ((std::atomic_ref<unsigned long long>(*bar).load() >> 32 & 0xfffff) == 0) __builtin_trap();
+  dnnc_mbarrier_bytes[bar] -= bytes;
+  dnnc_mbarrier_settle(bar);
+}
 // the phase of `parity` has completed once the current phase's parity is the other
 static void dnnc_mbarrier_wait(unsigned long long* bar, unsigned parity) {
   std::atomic_ref<unsigned long long> word(*bar);
@@ -566,6 +590,58 @@ template <int TA, int TB> static void NAME(float* d, unsigned long long a,      
     f"DNNC_SPARSE_WGMMA(dnnc_wgmma_sp_{name}_n{n}, {kind}, {n})\n"
     for kind, name in ((1, "fp16"), (2, "bf16")) for n in WGMMA_N)
 
+TMA_SHIM = r"""
+// TMA (prelude.py's TMA_PRELUDE): a tensor map is the plain struct `host_tensor_map` writes
+// (the tensor's address, its extents innermost first, the byte strides of dimensions 1 and
+// 2, the box, the element's bytes); a copy lands at once, zeros outside the tensor, box row
+// r (i1 + box1 i2) at byte r 128 + i0 e from the destination in the 128-byte swizzle (chunk
+// c of row r at c ^ r % 8), then its box's bytes complete on the barrier. A destination off
+// a 1024-byte boundary of the pool, or a box row other than 128 bytes, traps
+struct dnnc_tensor_map {
+  unsigned long long address, extents[3], strides[2], box[3], element;
+};
+static void dnnc_tma_load_3d(void* dst, const void* map, unsigned long long* bar, int x, int y,
+                             int z) {
+  const dnnc_tensor_map& m = *static_cast<const dnnc_tensor_map*>(map);
+  unsigned char* const out = static_cast<unsigned char*>(dst);
+  const long offset = out - dnnc_shared_window;
+  if (!dnnc_shared_window || offset < 0 || offset % 1024 || m.box[0] * m.element != 128)
+    __builtin_trap();
+  const long long at[3] = {x, y, z};
+  const unsigned e = (unsigned)m.element;
+  for (unsigned long long i2 = 0; i2 < m.box[2]; ++i2)
+    for (unsigned long long i1 = 0; i1 < m.box[1]; ++i1)
+      for (unsigned long long i0 = 0; i0 < m.box[0]; ++i0) {
+        const long long g[3] = {at[0] + (long long)i0, at[1] + (long long)i1,
+                                at[2] + (long long)i2};
+        unsigned long long p = (i1 + m.box[1] * i2) * 128 + i0 * e;
+        p ^= (p >> 7) % 8 << 4;
+        bool inside = true;
+        for (int d = 0; d < 3; ++d) inside &= g[d] >= 0 && g[d] < (long long)m.extents[d];
+        if (inside)
+          std::memcpy(out + p, reinterpret_cast<const unsigned char*>(m.address) + g[0] * e +
+                      g[1] * m.strides[0] + g[2] * m.strides[1], e);
+        else
+          std::memset(out + p, 0, e);
+      }
+  dnnc_mbarrier_complete_tx(bar, (long)(m.box[0] * m.box[1] * m.box[2] * e));
+}
+static void dnnc_fence_mbarrier_init() {}
+static void dnnc_prefetch_tensor_map(const void*) {}
+static bool dnnc_elect_one() { return threadIdx.x % 32 == 0; }
+template <int N> static void dnnc_setmaxnreg_inc() {}
+template <int N> static void dnnc_setmaxnreg_dec() {}
+"""
+
+
+def host_tensor_map(tensor: np.ndarray, arg) -> np.ndarray:
+    """The struct TMA_SHIM reads as tensor map `arg` (a `codegen.TensorMapArg`) of host array
+    `tensor`: what the runtime's `tensor_map.encode_tiled` builds from the same description."""
+    words = np.zeros(16, np.uint64)
+    words[:10] = [tensor.ctypes.data, *arg.extents, *arg.strides, *arg.box,
+                  np.dtype(tensor.dtype).itemsize]
+    return words
+
 
 def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
     """The rendered module of `funcs` ((PrimFunc, noalias) pairs) as a host library, with
@@ -580,14 +656,15 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
         kernel = module.kernels[func.name]
         types = [C_TYPES[b.dtype] for b in func.params + tuple(stages(func.body)[0])]
         assert len(types) == len(func.params) + len(kernel.workspace)
+        types += ["const unsigned long long"] * len(kernel.tensor_maps)
         args = ", ".join(f"({t}*)a[{k}]" for k, t in enumerate(types))
         wrappers += [f'extern "C" void {launch.name}_host(void** a) {{ {launch.name}({args}); }}'
                      for launch in kernel.launches]
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "kernels.cc"
     # the tensor cores' inline PTX replaced by their emulation
-    kernels = source[len(PRELUDE):].replace(MMA_PRELUDE, MMA_SHIM).replace(WGMMA_PRELUDE,
-                                                                            WGMMA_SHIM)
+    kernels = source[len(PRELUDE):].replace(MMA_PRELUDE, MMA_SHIM).replace(
+        WGMMA_PRELUDE, WGMMA_SHIM).replace(TMA_PRELUDE, TMA_SHIM)
     path.write_text(SHIM + device_only + kernels + "\n".join(wrappers) + "\n")
     lib = tmp_path / "kernels.so"
     # -fwrapv: signed overflow wraps, as the IR says (CUDA C leaves it undefined; nvcc does
@@ -602,7 +679,9 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
 
 def launch_on_host(lib, info, arrays) -> None:
     """Every launch of a kernel (`info`: its `render_module` entry) from `host_library` `lib`
-    on the host, on `arrays` (its parameters, then its workspace) in place."""
+    on the host, on `arrays` (its parameters, then its workspace) in place; its tensor maps
+    (`host_tensor_map`) made of its parameters here."""
+    arrays = list(arrays) + [host_tensor_map(arrays[m.param], m) for m in info.tensor_maps]
     args = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
     for launch in info.launches:
         assert launch.block[1:] == (1, 1)   # (the shim runs threadIdx.x only)
