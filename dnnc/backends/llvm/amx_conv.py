@@ -46,8 +46,10 @@ remaining pixels: blocks never cross a row, so no grid column past OW is compute
 and a channel's pixels are stored along a tile row, one vector store per 16 pixels. With
 the products rendered as loops ('loops' mode, so the tiles' share is out), on 1 znver5
 thread: the stem's image 93 -> 59 us, image and store 337 -> 175 us; a 3x3 64 -> 64 conv
-at 56^2, 47 -> 20 and 108 -> 42 us. Not yet measured on the tiles (its B rows start at
-any pixel, not at a 64-byte line), so not the default. The worker pool shares the blocks (batch, pixel block, channel block; knob
+at 56^2, 47 -> 20 and 108 -> 42 us. On the tiles (16-thread AMX Xeon, whole kernel): the
+stem 166 -> 146 us, but the 3x3s slower (64 -> 64 at 56^2 67 -> 105 us: its B rows start at
+any pixel, not at a 64-byte line, and its weights are copied a call): the default for folded
+convs only (`default`). The worker pool shares the blocks (batch, pixel block, channel block; knob
 `order`: the bigger operand's blocks outside, read once past L2). It must never be chosen for
 a target without the tiles (its Template's `features`), nor read the image or the weights
 outside what it wrote or ConvPacked holds.
@@ -216,8 +218,16 @@ def default(p: Conv2d, machine) -> AmxConvConfig:
     256 pair products a cycle on the tiles). Channel blocks outside where the weights
     outweigh the image operand, so that the bigger is read once past L2 (resnet50's 3x3
     512->512 at 7^2: 4.7 MB of weights, one pass over them, not one a pixel block), pixel
-    blocks outside otherwise (its 64->64 at 56^2: 74 KB of weights, 430 KB of image)."""
-    return default_for(p, 2)
+    blocks outside otherwise (its 64->64 at 56^2: 74 KB of weights, 430 KB of image).
+    Blocks of Y^T (`rows_along` "channels") where folded: on the 16-thread AMX Xeon (kernel
+    profile, one call) the stem 166 -> 146 us, while a 3x3 64 -> 64 at 56^2 went 67 -> 105
+    and 16 -> 64 at 55^2 65 -> 71 us (every conv so: light_resnet50 1.31x, light_squeezenet
+    1.08x)."""
+    config = default_for(p, 2)
+    if config.fold:   # (rows now channels: the pixels' tiles along the rows, at most 2)
+        return AmxConvConfig(config.col_tiles, min(2, config.row_tiles), True, config.order,
+                             "channels")
+    return config
 
 
 def default_for(p, per_word: int) -> AmxConvConfig:

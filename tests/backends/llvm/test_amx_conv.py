@@ -119,11 +119,14 @@ def test_default_folds_few_channels_and_fills_the_tile_registers():
     machine = REGISTRY["llvm"].target(amx_cpu(), "bf16")
     rng = np.random.default_rng(8)
     # (order: the 64-channel weights outweigh 3 images of 8 x 8, not of 24 x 24)
-    cases = [(dict(c=3, oc=64, k=7, h=15, w=15), AmxConvConfig(2, 2, True)),     # the stem
+    # (folded: blocks of Y^T, channels along the rows)
+    cases = [(dict(c=3, oc=64, k=7, h=15, w=15),
+              AmxConvConfig(2, 2, True, rows_along="channels")),                 # the stem
              (dict(c=64, oc=64, k=3, h=8, w=8), AmxConvConfig(2, 2, False, "channels")),
              (dict(c=64, oc=64, k=3, h=24, w=24), AmxConvConfig(2, 2, False)),   # 288 both
               (dict(c=48, oc=64, k=3, h=8, w=8), AmxConvConfig(2, 2, False, "channels")),  # 240/288
-             (dict(c=8, oc=16, k=3, h=8, w=8), AmxConvConfig(3, 1, True))]       # 48 / 144
+             (dict(c=8, oc=16, k=3, h=8, w=8),
+              AmxConvConfig(1, 2, True, rows_along="channels"))]                 # 48 / 144
     for attrs, want in cases:
         kernel = _kernel(rng, lambda r: conv_bias_relu(r, **attrs), "bf16",
                          cpu=amx_cpu())[0]
