@@ -33,6 +33,11 @@ The chains, in the two formats onnxruntime's quantizer writes:
   moves or selects values (MaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat;
   Relu as Max with the zero point) runs the op on the integers: exact, since Q(DQ(v)) = v.
 
+4-bit values (int4 / uint4, held as int8 / uint8 within their range: `frontend/onnx.py`) are
+the 8-bit values they hold: int4 weights are int8 weights; a Q to 4 bits (its `bits`) gives
+the integer op its range as clamp bounds (within a Relu's or Clip's); QuantizedAdd and the
+moves are not made for one.
+
 Taken only where it is exact or the model says so: constant per-tensor activation scales and
 zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them;
 a dense product's weights also uint8 or with zero points, per tensor or per column:
@@ -53,7 +58,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.conv import CONV_ATTRS
-from ..ir.ops.quant import add_reciprocal
+from ..ir.ops.quant import add_reciprocal, quant_range
 from ..ir.ops.quantized import (GROUP_DEPTH, QUANT_ATTRS, clamp_bounds, pack_conv_groups,
                                  pack_groups, panel_span)
 from ..ir.ops.registry import Pattern, get_op, infer_node
@@ -246,13 +251,19 @@ class _Rewriter:
         if sy is None or zy is None or sy.size != 1 or zy.size != 1 or \
                 out not in (T.int8, T.uint8) or sy.dtype != np.float32:
             return False
-        chain, y, lo, hi = [q], q.inputs[0], None, None
+        chain, y = [q], q.inputs[0]
+        # a 4-bit output's range (its `bits`) as clamp bounds, or None: the type's own
+        lo, hi = quant_range(out, q.attrs["bits"]) if q.attrs["bits"] else (None, None)
         node = y.producer
         if node is not None and node.op in ("Relu", "Clip") and self.only_reader(y, q):
             bounds = self.clamp(node, sy, zy, out)
             if bounds is None:
                 return False
-            lo, hi = bounds
+            # clamp(clamp(v, a, b), c, d) = clamp(v, max(a, c), min(b, d)) where they overlap
+            lo, hi = (b if a is None else a if b is None else f(a, b)
+                      for a, b, f in ((lo, bounds[0], max), (hi, bounds[1], min)))
+            if lo is not None and hi is not None and lo > hi:
+                return False
             chain.insert(0, node)
             y = node.inputs[0]
             node = y.producer
@@ -306,7 +317,7 @@ class _Rewriter:
         y = q.inputs[0]
         node = y.producer
         if node is None or node.op != "Add" or not self.only_reader(y, q) or \
-                q.attrs["block_size"] or len(q.inputs) < 2:
+                q.attrs["block_size"] or q.attrs["bits"] or len(q.inputs) < 2:
             return False
         out = q.outputs[0].type.dtype
         sy = _const(q.inputs[1])
@@ -557,7 +568,7 @@ class _Rewriter:
         y = q.inputs[0]
         node = y.producer
         if node is None or (node.op not in MOVES and node.op != "Relu") or \
-                not self.only_reader(y, q) or q.attrs["block_size"]:
+                not self.only_reader(y, q) or q.attrs["block_size"] or q.attrs["bits"]:
             return False
         sy = _const(q.inputs[1])
         zy = _const(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] is not None else None

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from .. import zoo
+from ..frontend.onnx import NARROW_FROM_ONNX
 
 CALIBRATION_INPUTS = 4
 
@@ -171,13 +172,18 @@ def onnxruntime_values(path: Path, feeds: dict) -> dict[str, np.ndarray]:
     """The file's semantics as onnxruntime computes them one op at a time (its graph
     optimisations off: no fused int8 kernels, no conversion of int8 chains to uint8; each
     DequantizeLinear, float op and QuantizeLinear as the file writes it): the graph's inputs
-    (`feeds`), its outputs and every QuantizeLinear's output, by name."""
+    (`feeds`), its outputs and every QuantizeLinear's output but 4-bit ones, by name."""
     import onnxruntime as ort
 
     model = onnx.load(str(path))
     named = {o.name for o in model.graph.output}
+    four_bit = {t.name for t in model.graph.initializer if t.data_type in NARROW_FROM_ONNX}
     for node in model.graph.node:
-        if node.op_type == "QuantizeLinear" and node.output[0] not in named:
+        # (not a 4-bit one: onnxruntime's Python binding has no 4-bit arrays)
+        if node.op_type == "QuantizeLinear" and node.output[0] not in named and not (
+                len(node.input) > 2 and node.input[2] in four_bit or any(
+                    a.name == "output_dtype" and a.i in NARROW_FROM_ONNX
+                    for a in node.attribute)):
             model.graph.output.append(onnx.ValueInfoProto(name=node.output[0]))
             named.add(node.output[0])
     options = ort.SessionOptions()
