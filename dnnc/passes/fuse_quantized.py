@@ -36,10 +36,12 @@ The chains, in the two formats onnxruntime's quantizer writes:
 4-bit values (int4 / uint4, held as int8 / uint8 within their range: `frontend/onnx.py`) are
 the 8-bit values they hold: int4 weights are int8 weights; a Q to 4 bits (its `bits`) gives
 the integer op its range as clamp bounds (within a Relu's or Clip's); QuantizedAdd and the
-moves are not made for one.
+moves are not made for one. A QDQ file's weights of a zero point (uint4's 8) are taken less it
+where the differences fit int8 (`shifted_weights`): DQ's values unchanged.
 
 Taken only where it is exact or the model says so: constant per-tensor activation scales and
-zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them;
+zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them,
+or shifted so: `shifted_weights`;
 a dense product's weights also uint8 or with zero points, per tensor or per column:
 `signed_weights`),
 per-tensor or per-output-channel weight scales, an int32 bias of scale x_scale * w_scale. A
@@ -211,9 +213,9 @@ class _Rewriter:
         None) of a float Conv / MatMul / Gemm of DQ'd operands; None where not exact."""
         wq = _dequantized(anchor.inputs[1])
         x = _dequantized(anchor.inputs[0])
-        if wq is None or x is None or wq.q.const is None or np.any(wq.zero_point != 0):
+        w = None if wq is None or x is None else shifted_weights(wq)
+        if w is None:
             return None
-        w = wq.q.const
         if anchor.op == "Conv":
             axis = 0
         elif anchor.op == "MatMul":
@@ -606,6 +608,25 @@ def packed(w: np.ndarray, group: int) -> bool:
     m, cin = w.shape[:2]
     return group == 1 or (m // group >= GROUP_DEPTH and
                           panel_span(m, cin * group, group) is not None)
+
+
+def shifted_weights(wq: _Quantized) -> np.ndarray | None:
+    """Constant weights less their zero point (DequantizeLinear's (w - z) s is w' s) as int8,
+    where every difference fits: int8 weights of zero points 0, int4 ones of any, uint4
+    ones (onnxruntime's QUInt4: zero point 8) and symmetric uint8 ones (128); None where
+    not constant, not 8-bit, or a difference does not fit."""
+    w, zp = wq.q.const, wq.zero_point
+    if w is None or w.dtype not in (np.int8, np.uint8) or zp.dtype != w.dtype:
+        return None
+    if w.dtype == np.int8 and not np.any(zp):
+        return w
+    dims = [1] * w.ndim
+    if zp.size > 1:
+        if w.ndim == 0 or zp.size != w.shape[wq.axis % w.ndim]:
+            return None
+        dims[wq.axis % w.ndim] = zp.size
+    d = w.astype(np.int16) - zp.reshape(dims).astype(np.int16)
+    return d.astype(np.int8) if d.size and -128 <= d.min() and d.max() <= 127 else None
 
 
 def signed_weights(w: np.ndarray, zero_point: np.ndarray, columns: int

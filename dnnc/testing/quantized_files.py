@@ -40,18 +40,20 @@ def _reader(model: onnx.ModelProto, seed: int):
 
 def quantize_static(model: onnx.ModelProto, folder: Path, name: str, seed: int = 0,
                     activations: str = "int8", operators: bool = False,
-                    preprocess: bool = True) -> Path:
+                    preprocess: bool = True, weights: str = "int8") -> Path:
     """`model` quantized to a QDQ file in `folder` (calibrated on seeded random inputs), or
     with `operators` to the operator format (QLinearMatMul, com.microsoft's QGemm,
     QLinearAdd, ...); `preprocess`: after quant_pre_process (whose MatMul + Add fusion makes
-    onnxruntime 1.32 write a BERT's QGemm with a uint8 bias, a file it refuses)."""
+    onnxruntime 1.32 write a BERT's QGemm with a uint8 bias, a file it refuses); `weights`:
+    int8, int4 or uint4 (below opset 21 onnxruntime writes com.microsoft's Q / DQ for them)."""
     from onnxruntime.quantization import QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static as quantize
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     folder = Path(folder)
     float_path, pre_path = folder / f"{name}.onnx", folder / f"{name}_pre.onnx"
-    out = folder / f"{name}_{'qop' if operators else 'qdq'}_{activations}.onnx"
+    out = folder / (f"{name}_{'qop' if operators else 'qdq'}_{activations}"
+                    f"{'' if weights == 'int8' else '_' + weights}.onnx")
     onnx.save(model, float_path)
     logging.getLogger().setLevel(logging.ERROR)   # (its advice to pre-process, which we do)
     if preprocess:
@@ -59,9 +61,11 @@ def quantize_static(model: onnx.ModelProto, folder: Path, name: str, seed: int =
     else:
         pre_path = float_path
     kind = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}[activations]
+    weight_kind = {"int8": QuantType.QInt8, "int4": QuantType.QInt4,
+                   "uint4": QuantType.QUInt4}[weights]
     quantize(str(pre_path), str(out), _reader(model, seed),
              quant_format=QuantFormat.QOperator if operators else QuantFormat.QDQ,
-             per_channel=True, activation_type=kind, weight_type=QuantType.QInt8)
+             per_channel=True, activation_type=kind, weight_type=weight_kind)
     return out
 
 

@@ -52,6 +52,31 @@ def test_a_qdq_cnn_runs_integer_ops_equal_to_onnxruntime(tmp_path, name, config,
     assert np.array_equal(dnnc.load(tmp_path / "model.dnnc")(**feeds), want[0])
 
 
+FOUR_BIT = [("mlp", "uint8", "int4", 0, 3), ("mlp", "int8", "uint4", 0, 3),
+            ("cnn", "int8", "int4", 3, 1), ("cnn", "uint8", "uint4", 3, 1)]
+"""(zoo model, activation type, weight type, its convolutions, its dense layers)."""
+
+
+@pytest.mark.parametrize("name,activations,weights,convs,dense", FOUR_BIT)
+def test_a_qdq_file_of_four_bit_weights_runs_integer_ops_equal_to_onnxruntime(
+        tmp_path, name, activations, weights, convs, dense):
+    # quantize_static's QInt4 / QUInt4 weights (per channel; com.microsoft's Q / DQ below
+    # opset 21): int4 weights are int8 ones, uint4 ones less their zero point 8 too
+    model = zoo.build(name)
+    path = quantize_static(model, tmp_path, name, seed=5, activations=activations,
+                           weights=weights)
+    feeds = zoo.inputs_for(model, np.random.default_rng(12))
+    want = onnxruntime_outputs(path, feeds)
+    got, ops = _reference_outputs(path, feeds)
+    assert ops["QuantizedConvPacked"] == convs and ops["QuantizedDense"] == dense
+    assert not {"Conv", "Gemm", "MatMul"} & set(ops)
+    assert np.array_equal(got[0], want[0])
+    compiled = dnnc.compile(str(path), "llvm")
+    assert np.array_equal(compiled(**feeds), want[0])
+    compiled.save(tmp_path / "model.dnnc")
+    assert np.array_equal(dnnc.load(tmp_path / "model.dnnc")(**feeds), want[0])
+
+
 def _block_model(seed: int = 0):
     """efficientnet's and regnet's block shapes in one float model: a 3x3 conv and a
     depthwise one each with SiLU (Sigmoid, Mul), a grouped 3x3 (groups of 8) with Relu,

@@ -66,12 +66,13 @@ def test_qlinear_conv_and_matmul_equal_onnxruntime(tmp_path, act):
     assert len(np.unique(want[0])) > 10   # (not saturated flat)
 
 
-def _qdq_conv_model(rng, relu: bool, bias_dq: bool = True, wzp: int = 0):
+def _qdq_conv_model(rng, relu: bool, bias_dq: bool = True, wzp: int = 0, w_range=(-127, 127)):
     """x -> Q -> DQ -> Conv(DQ(w), DQ(b)) [-> Relu] -> Q -> DQ -> MaxPool -> Q -> DQ -> y."""
     f32 = TensorProto.FLOAT
     sx, sw = np.float32(0.02), _scales(rng, 8)
-    inits = {"sx": sx, "zx": np.int8(-3),
-             "wq": rng.integers(-127, 128, (8, 4, 3, 3)).astype(np.int8),
+    wq = rng.integers(w_range[0], w_range[1] + 1, (8, 4, 3, 3)).astype(np.int8)
+    wq.flat[:2] = w_range
+    inits = {"sx": sx, "zx": np.int8(-3), "wq": wq,
              "sw": sw, "zw": np.full(8, wzp, np.int8),
              "bq": rng.integers(-500, 500, 8).astype(np.int32), "sb": sx * sw,
              "zb": np.zeros(8, np.int32), "sy": np.float32(0.05), "zy": np.int8(-20),
@@ -99,6 +100,20 @@ def _qdq_conv_model(rng, relu: bool, bias_dq: bool = True, wzp: int = 0):
 def test_a_qdq_conv_chain_becomes_one_integer_conv_and_an_integer_maxpool(tmp_path, relu):
     rng = np.random.default_rng(7)
     model = _qdq_conv_model(rng, relu)
+    x = rng.standard_normal((1, 4, 10, 10)).astype(np.float32)
+    ops, got, want = _fused(model, {"x": x}, tmp_path)
+    assert ops == ["QuantizeLinear", "QuantizedConvPacked", "MaxPool", "DequantizeLinear"]
+    assert np.array_equal(got[0], want[0])
+    if relu:   # the clamp at the zero point: no value below 0
+        assert got[0].min() == 0.0
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_weights_less_their_zero_point_within_int8_become_an_integer_conv(tmp_path, relu):
+    # (w - 3 of w in [-125, 127]: DQ's values, as int8 weights of zero point 0; a uint4
+    # file's weights less their 8 likewise)
+    rng = np.random.default_rng(8)
+    model = _qdq_conv_model(rng, relu, wzp=3, w_range=(-125, 127))
     x = rng.standard_normal((1, 4, 10, 10)).astype(np.float32)
     ops, got, want = _fused(model, {"x": x}, tmp_path)
     assert ops == ["QuantizeLinear", "QuantizedConvPacked", "MaxPool", "DequantizeLinear"]
@@ -223,6 +238,7 @@ def test_a_relu_before_q_is_the_zero_point_as_lower_bound():
 
 @pytest.mark.parametrize("kind", ["float_bias", "weight_zero_point"])
 def test_a_chain_that_is_not_exact_stays_float(kind):
+    # (w - 3 of w = -127 is below int8's range)
     model = _qdq_conv_model(np.random.default_rng(2), relu=False, bias_dq=kind != "float_bias",
                             wzp=3 if kind == "weight_zero_point" else 0)
     g = import_onnx(model)
