@@ -1,8 +1,8 @@
 """Op generators for QDQ-quantized models as onnxruntime.quantization.quantize_static writes
 them (QDQ format, issue 30): activations as QuantizeLinear -> DequantizeLinear pairs (int8 or
-uint8, per-tensor scale and zero point as initializers), weights as int8 initializers ->
-DequantizeLinear (per channel: axis 0 of a Conv weight, axis 1 of a MatMul weight; or per
-tensor), biases as int32 initializers -> DequantizeLinear at the input scale times the weight
+uint8, per-tensor scale and zero point as initializers), weights as int8 initializers (from
+opset 21 also int4 / uint4: `WEIGHT_TYPES`) -> DequantizeLinear (per channel: axis 0 of a
+Conv weight, axis 1 of a MatMul weight; or per tensor), biases as int32 initializers -> DequantizeLinear at the input scale times the weight
 scale, and between them the float ops quantize_static leaves: Conv (regular, depthwise, 1x1),
 MatMul, Gemm, Add, Mul, Sigmoid, SiLU (x * Sigmoid(x)), HardSwish, Relu, Clip, AveragePool,
 GlobalAveragePool, MaxPool, Concat, Reshape, Flatten and squeeze-excitation, one to four blocks
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from ..graph_builder import F32, I8, U8, Builder, Rejected, Val, broadcastable
@@ -102,23 +103,34 @@ def _range(v: Val) -> tuple[float, float]:
     return -3.0 * v.scale, 3.0 * v.scale
 
 
+WEIGHT_TYPES = {   # weight type: (its dtype, largest |w - zero point|, zero point)
+    "int8": (np.int8, 127, 0), "int4": (ml_dtypes.int4, 7, 0), "uint4": (ml_dtypes.uint4, 7, 8)}
+"""As quantize_static writes weights: symmetric int8, QInt4 (opset 21's int4 type, held by
+dnnc as int8) and QUInt4 (zero point 8)."""
+
+
 def weight(g: Builder, shape: tuple, fan_in: int, axis: int) -> tuple[Val, np.ndarray]:
-    """An int8 weight -> DequantizeLinear, per channel along `axis` or per tensor, symmetric
-    (zero points 0) as quantize_static writes it; and its scale (scalar or per channel)."""
+    """A quantized weight -> DequantizeLinear (int8; from opset 21 sometimes int4 or uint4:
+    `WEIGHT_TYPES`), per channel along `axis` or per tensor, symmetric as quantize_static
+    writes it; and its scale (scalar or per channel)."""
+    kind = "int8" if g.opset < 21 or g.chance(0.6) else g.choice(["int4", "uint4"])
+    dtype, top, zero = WEIGHT_TYPES[kind]
     w = g.rng.standard_normal(shape) / math.sqrt(max(fan_in, 1))
     per_channel = g.chance(0.75) and shape[axis] > 1
     if per_channel:
         others = tuple(a for a in range(len(shape)) if a != axis)
-        scale = (np.max(np.abs(w), axis=others) / 127).astype(np.float32)
+        scale = (np.max(np.abs(w), axis=others) / top).astype(np.float32)
         dims = [1] * len(shape)
         dims[axis] = shape[axis]
-        q = np.clip(np.rint(w / scale.reshape(dims)), -127, 127).astype(np.int8)
+        q = np.clip(np.rint(w / scale.reshape(dims)), -top, top) + zero
     else:
-        scale = np.asarray(np.max(np.abs(w)) / 127, np.float32)
-        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        scale = np.asarray(np.max(np.abs(w)) / top, np.float32)
+        q = np.clip(np.rint(w / scale), -top, top) + zero
+    q = q.astype(np.int8).astype(dtype)
     params = [g.initializer(scale, "w_scale", exact=True)]
-    if g.chance(0.7):
-        params.append(g.initializer(np.zeros(scale.shape, np.int8), "w_zero_point", exact=True))
+    if zero or g.chance(0.7):
+        params.append(g.initializer(np.full(scale.shape, zero).astype(dtype), "w_zero_point",
+                                    exact=True))
     attrs = {"axis": axis} if per_channel else {}
     dq = g.node("DequantizeLinear", [g.initializer(q, "w_quantized", exact=True)] + params,
                 **attrs)[0]
