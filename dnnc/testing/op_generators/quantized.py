@@ -27,10 +27,13 @@ import math
 import ml_dtypes
 import numpy as np
 
-from ..graph_builder import F32, I8, U8, Builder, Rejected, Val, broadcastable
+from ..graph_builder import F32, I4, I8, U4, U8, Builder, Rejected, Val, broadcastable
 from .layers import check_windows
 
-QRANGE = {I8: (-128, 127), U8: (0, 255)}
+QRANGE = {I8: (-128, 127), U8: (0, 255), I4: (-8, 7), U4: (0, 15)}
+FOUR_BIT_ACTIVATIONS = 0.15
+"""The share of activations quantized to int4 or uint4 from opset 21 (quantize_static's
+QInt4 / QUInt4 activation types)."""
 
 
 # --- quantization parameters and the pairs that use them -------------------------------------
@@ -40,12 +43,16 @@ def _params(g: Builder, lo: float, hi: float, exact_step: float | None = None):
     (the range widened to hold 0); sometimes narrower (values saturate) or symmetric. An exact
     value on a grid of `exact_step` gets a power-of-two scale of 2 or 4 steps instead: exact
     ties, where the rounding mode shows."""
-    dtype = I8 if g.chance(0.55) else U8
+    if g.opset >= 21 and g.chance(FOUR_BIT_ACTIVATIONS):
+        dtype = g.choice([I4, U4])
+    else:
+        dtype = I8 if g.chance(0.55) else U8
+    signed = dtype in (I8, I4)
     qmin, qmax = QRANGE[dtype]
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     if g.chance(0.25):   # calibrated on fewer values than it sees: the tails saturate
         lo, hi = lo * 0.6, hi * 0.6
-    if dtype == I8 and g.chance(0.3):   # symmetric activations: zero point 0
+    if signed and g.chance(0.3):   # symmetric activations: zero point 0
         hi = max(-lo, hi, 1e-3)
         lo = -hi
     if exact_step is not None:
@@ -54,7 +61,7 @@ def _params(g: Builder, lo: float, hi: float, exact_step: float | None = None):
         scale = np.float32(max(hi - lo, 1e-3) / (qmax - qmin))
         if g.chance(0.2):   # a power of two, as some quantizers round it
             scale = np.float32(2.0 ** round(math.log2(scale)))
-    if lo == -hi and dtype == I8:
+    if lo == -hi and signed:
         zero = 0
     else:
         zero = int(np.clip(round(qmin - lo / float(scale)), qmin, qmax))
@@ -83,7 +90,8 @@ def requantize(g: Builder, y: Val, lo: float, hi: float, same_as: Val | None = N
         scale, zero = _params(g, lo, hi, exact_step if y.exact else None)
     s = g.initializer(np.asarray(scale, np.float32), "scale", exact=True)
     params = [s]
-    if zero.dtype == I8 or int(zero) != 0 or g.chance(0.7):   # uint8's zero point defaults to 0
+    # (uint8's zero point defaults to 0; another type's is needed for its type)
+    if zero.dtype != U8 or int(zero) != 0 or g.chance(0.7):
         params.append(g.initializer(zero, "zero_point", exact=True))
     q = g.node("QuantizeLinear", [y] + params, exact=y.exact)[0]
     qmin, qmax = QRANGE[zero.dtype]
