@@ -38,11 +38,10 @@ DTYPE_FROM_ONNX: dict[int, T.DType] = {
 ONNX_FROM_DTYPE = {d.name: code for code, d in DTYPE_FROM_ONNX.items()}
 NARROW_FROM_ONNX: dict[int, T.DType] = {TensorProto.INT4: T.int8, TensorProto.UINT4: T.uint8}
 """ONNX's 4-bit integer types as dnnc holds them: one value a byte, in the 8-bit type of their
-signedness, every value within the 4-bit range (`NARROW_RANGE`). The ops that read them (the
+signedness, every value within [-8, 7] / [0, 15]. The ops that read them (the
 integer products, DequantizeLinear, moves) need nothing else: a 4-bit value is an 8-bit one.
 Where the range itself matters (QuantizeLinear's saturation, Cast's wrap-around), the importer
 reads the ONNX type of its operands from `_GraphBuilder.narrow`."""
-NARROW_RANGE = {TensorProto.INT4: (-8, 7), TensorProto.UINT4: (0, 15)}
 NARROW_THROUGH = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze",
                             "Unsqueeze", "Pad"})
 """The ONNX ops that take a 4-bit tensor and give its values back (of input 0's type)."""

@@ -1,12 +1,14 @@
 """Op generators for QDQ-quantized models as onnxruntime.quantization.quantize_static writes
 them (QDQ format, issue 30): activations as QuantizeLinear -> DequantizeLinear pairs (int8 or
-uint8, per-tensor scale and zero point as initializers), weights as int8 initializers (from
-opset 21 also int4 / uint4: `WEIGHT_TYPES`) -> DequantizeLinear (per channel: axis 0 of a
-Conv weight, axis 1 of a MatMul weight; or per tensor), biases as int32 initializers -> DequantizeLinear at the input scale times the weight
-scale, and between them the float ops quantize_static leaves: Conv (regular, depthwise, 1x1),
-MatMul, Gemm, Add, Mul, Sigmoid, SiLU (x * Sigmoid(x)), HardSwish, Relu, Clip, AveragePool,
-GlobalAveragePool, MaxPool, Concat, Reshape, Flatten and squeeze-excitation, one to four blocks
-in a row (efficientnet's DQ -> Conv -> Q -> DQ -> Sigmoid -> Q -> DQ -> Mul -> Q ...).
+uint8, from opset 21 also int4 / uint4: `FOUR_BIT_ACTIVATIONS`; per-tensor scale and zero
+point as initializers), weights as int8 initializers (from opset 21 also int4 / uint4:
+`WEIGHT_TYPES`) -> DequantizeLinear (per channel: axis 0 of a Conv weight, axis 1 of a
+MatMul weight; or per tensor), biases as int32 initializers -> DequantizeLinear at the input
+scale times the weight scale, and between them the float ops quantize_static leaves: Conv
+(regular, depthwise, 1x1), MatMul, Gemm, Add, Mul, Sigmoid, SiLU (x * Sigmoid(x)), HardSwish,
+Relu, Clip, AveragePool, GlobalAveragePool, MaxPool, Concat, Reshape, Flatten and
+squeeze-excitation, one to four blocks in a row (efficientnet's DQ -> Conv -> Q -> DQ ->
+Sigmoid -> Q -> DQ -> Mul -> Q ...).
 
 Activation scales follow MinMax calibration over the value's rough range (`Val.scale`), some
 narrower so that values saturate; values on a grid (`grid` inputs, sums and products of them)
