@@ -44,8 +44,9 @@ def quantize_static(model: onnx.ModelProto, folder: Path, name: str, seed: int =
     """`model` quantized to a QDQ file in `folder` (calibrated on seeded random inputs), or
     with `operators` to the operator format (QLinearMatMul, com.microsoft's QGemm,
     QLinearAdd, ...); `preprocess`: after quant_pre_process (whose MatMul + Add fusion makes
-    onnxruntime 1.32 write a BERT's QGemm with a uint8 bias, a file it refuses); `weights`:
-    int8, int4 or uint4 (below opset 21 onnxruntime writes com.microsoft's Q / DQ for them)."""
+    onnxruntime 1.32 write a BERT's QGemm with a uint8 bias, a file it refuses); `activations`
+    int8, uint8, int4 or uint4, `weights` int8, int4 or uint4 (for 4-bit types below opset 21
+    onnxruntime writes com.microsoft's Q / DQ)."""
     from onnxruntime.quantization import QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static as quantize
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -60,9 +61,9 @@ def quantize_static(model: onnx.ModelProto, folder: Path, name: str, seed: int =
         quant_pre_process(str(float_path), str(pre_path))
     else:
         pre_path = float_path
-    kind = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}[activations]
-    weight_kind = {"int8": QuantType.QInt8, "int4": QuantType.QInt4,
-                   "uint4": QuantType.QUInt4}[weights]
+    types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8, "int4": QuantType.QInt4,
+             "uint4": QuantType.QUInt4}
+    kind, weight_kind = types[activations], types[weights]
     quantize(str(pre_path), str(out), _reader(model, seed),
              quant_format=QuantFormat.QOperator if operators else QuantFormat.QDQ,
              per_channel=True, activation_type=kind, weight_type=weight_kind)
