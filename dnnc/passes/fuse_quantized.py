@@ -35,8 +35,8 @@ The chains, in the two formats onnxruntime's quantizer writes:
 
 4-bit values (int4 / uint4, held as int8 / uint8 within their range: `frontend/onnx.py`) are
 the 8-bit values they hold: int4 weights are int8 weights; a Q to 4 bits (its `bits`) gives
-the integer op its range as clamp bounds (within a Relu's or Clip's); QuantizedAdd and the
-moves are not made for one. A QDQ file's weights of a zero point (uint4's 8) are taken less it
+the integer op its range as clamp bounds (within a Relu's or Clip's); a move ends in one
+where its inputs are known within that range (`within`); QuantizedAdd is not made for one. A QDQ file's weights of a zero point (uint4's 8) are taken less it
 where the differences fit int8 (`shifted_weights`): DQ's values unchanged.
 
 Taken only where it is exact or the model says so: constant per-tensor activation scales and
@@ -61,8 +61,8 @@ from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.conv import CONV_ATTRS
 from ..ir.ops.quant import add_reciprocal, quant_range
-from ..ir.ops.quantized import (GROUP_DEPTH, QUANT_ATTRS, clamp_bounds, pack_conv_groups,
-                                 pack_groups, panel_span)
+from ..ir.ops.quantized import (GROUP_DEPTH, INTEGER_PRODUCTS, QUANT_ATTRS, clamp_bounds,
+                                 pack_conv_groups, pack_groups, panel_span)
 from ..ir.ops.registry import Pattern, get_op, infer_node
 from .eliminate import eliminate_dead_code
 
@@ -570,7 +570,7 @@ class _Rewriter:
         y = q.inputs[0]
         node = y.producer
         if node is None or (node.op not in MOVES and node.op != "Relu") or \
-                not self.only_reader(y, q) or q.attrs["block_size"] or q.attrs["bits"]:
+                not self.only_reader(y, q) or q.attrs["block_size"]:
             return False
         sy = _const(q.inputs[1])
         zy = _const(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] is not None else None
@@ -584,11 +584,36 @@ class _Rewriter:
                     x.scale.reshape(()) != sy.reshape(()) or \
                     x.zero_point.reshape(()) != zy.reshape(()):
                 return False
+            # Q(DQ(v)) = v needs v within a 4-bit Q's range (an 8-bit v may lie beyond it)
+            if q.attrs["bits"] and not within(x.q, *quant_range(q.outputs[0].type.dtype,
+                                                                 q.attrs["bits"])):
+                return False
             inputs[k] = x.q
         if node.op == "Relu":   # relu(s (x - z)) quantized is max(x, z)
             return self.replace([node, q], "Max", [inputs[0], _value(
                 self.graph, f"{node.name}.zero_point", zy.reshape(()))], {})
         return self.replace([node, q], node.op, inputs, node.attrs)
+
+
+def within(v: Value, lo: int, hi: int, depth: int = 8) -> bool:
+    """Whether every value of integer `v` is known to lie in [lo, hi]: a constant's, a
+    QuantizeLinear's or an integer op's saturation, through moves and Max (as far as `depth`
+    producers)."""
+    if v.const is not None:
+        return v.const.size > 0 and lo <= v.const.min() and v.const.max() <= hi
+    node = v.producer
+    if node is None or depth == 0:
+        return False
+    if node.op == "QuantizeLinear":
+        a, b = quant_range(v.type.dtype, node.attrs["bits"])
+    elif node.op in INTEGER_PRODUCTS and v.type.dtype in (T.int8, T.uint8):
+        a, b = clamp_bounds(v.type.dtype, node.attrs["lo"], node.attrs["hi"])
+    elif node.op in MOVES or node.op == "Max":
+        data = node.inputs if node.op in ("Concat", "Max") else node.inputs[:1]
+        return all(within(i, lo, hi, depth - 1) for i in data)
+    else:
+        return False
+    return lo <= a and b <= hi
 
 
 def _scalar_constant(v: Value) -> bool:

@@ -521,3 +521,39 @@ def test_blocked_four_bit_weights_of_a_float_matmul_fold_to_float32(code, lo, hi
     by_ort = ort.InferenceSession(model.SerializeToString(), options,
                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, by_ort, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("bits_in", [8, 4])
+def test_a_move_into_an_int4_q_is_on_integers_only_from_values_within_its_range(tmp_path,
+                                                                                bits_in):
+    # DQ -> MaxPool -> Q(int4) of the same scale and zero point is MaxPool on the integers
+    # where they are int4's (Q(DQ(v)) = v); from int8 values Q saturates: it stays float
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(49)
+    four, z = TensorProto.INT4, int(rng.integers(-3, 4))
+    zx = helper.make_tensor("zx", four if bits_in == 4 else TensorProto.INT8, [], [z])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "zx"], ["xd"]),
+             helper.make_node("MaxPool", ["xd"], ["p"], kernel_shape=[2, 2]),
+             helper.make_node("QuantizeLinear", ["p", "s", "z4"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "s", "z4"], ["y"])]
+    inits = [numpy_helper.from_array(np.float32(0.1), "s"), zx,
+             helper.make_tensor("z4", four, [], [z])]
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", 1, [1, 2, 6, 6])],
+                              [helper.make_tensor_value_info("y", 1, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"x": (rng.standard_normal((1, 2, 6, 6)) * 2).astype(np.float32)}
+    g = import_onnx(model)
+    fuse_quantized(g)
+    ops = [n.op for n in g.nodes]
+    assert ops == (["QuantizeLinear", "MaxPool", "DequantizeLinear"] if bits_in == 4 else
+                   ["QuantizeLinear", "DequantizeLinear", "MaxPool", "QuantizeLinear",
+                    "DequantizeLinear"])
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    np.testing.assert_array_equal(onnxruntime_values(path, feeds)["y"], want)
+    np.testing.assert_array_equal(run_graph(g, [feeds["x"]])[0], want)
+    np.testing.assert_array_equal(dnnc.compile(model, "llvm")(**feeds), want)
+    assert bits_in == 4 or np.abs(feeds["x"] / 0.1).max() > 9   # (int8 values past int4's)
