@@ -35,9 +35,10 @@ The chains, in the two formats onnxruntime's quantizer writes:
 
 4-bit values (int4 / uint4, held as int8 / uint8 within their range: `frontend/onnx.py`) are
 the 8-bit values they hold: int4 weights are int8 weights; a Q to 4 bits (its `bits`) gives
-the integer op its range as clamp bounds (within a Relu's or Clip's); a move ends in one
-where its inputs are known within that range (`within`); QuantizedAdd is not made for one. A QDQ file's weights of a zero point (uint4's 8) are taken less it
-where the differences fit int8 (`shifted_weights`): DQ's values unchanged.
+the integer op its range as clamp bounds (within a Relu's or Clip's), and QuantizedAdd its
+`bits`; a move ends in one where its inputs are known within that range (`within`). A QDQ
+file's weights of a zero point (uint4's 8) are taken less it where the differences fit int8
+(`shifted_weights`): DQ's values unchanged.
 
 Taken only where it is exact or the model says so: constant per-tensor activation scales and
 zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them,
@@ -319,7 +320,7 @@ class _Rewriter:
         y = q.inputs[0]
         node = y.producer
         if node is None or node.op != "Add" or not self.only_reader(y, q) or \
-                q.attrs["block_size"] or q.attrs["bits"] or len(q.inputs) < 2:
+                q.attrs["block_size"] or len(q.inputs) < 2:
             return False
         out = q.outputs[0].type.dtype
         sy = _const(q.inputs[1])
@@ -345,7 +346,8 @@ class _Rewriter:
                                     sy.item())
         reciprocal, refined = reciprocal or (None, False)
         return self.replace([node, q], "QuantizedAdd", inputs,
-                            {"c_reciprocal": reciprocal, "c_refined": refined})
+                            {"c_reciprocal": reciprocal, "c_refined": refined,
+                             "bits": q.attrs["bits"]})
 
     # -- operator format ----------------------------------------------------------------------
 

@@ -557,3 +557,39 @@ def test_a_move_into_an_int4_q_is_on_integers_only_from_values_within_its_range(
     np.testing.assert_array_equal(run_graph(g, [feeds["x"]])[0], want)
     np.testing.assert_array_equal(dnnc.compile(model, "llvm")(**feeds), want)
     assert bits_in == 4 or np.abs(feeds["x"] / 0.1).max() > 9   # (int8 values past int4's)
+
+
+@pytest.mark.parametrize("code", [TensorProto.INT4, TensorProto.UINT4], ids=["int4", "uint4"])
+def test_a_dequantized_add_requantized_to_four_bits_is_a_quantized_add_of_its_range(tmp_path,
+                                                                                  code):
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(50)
+    z = int(rng.integers(-3, 4)) + (8 if code == TensorProto.UINT4 else 0)
+    nodes = [helper.make_node("QuantizeLinear", [x, "sx", "zx"], [f"{x}q"]) for x in "ab"]
+    nodes += [helper.make_node("DequantizeLinear", [f"{x}q", "sx", "zx"], [f"{x}d"])
+              for x in "ab"]
+    nodes += [helper.make_node("Add", ["ad", "bd"], ["s"]),
+              helper.make_node("QuantizeLinear", ["s", "sy", "zy"], ["sq"]),
+              helper.make_node("DequantizeLinear", ["sq", "sy", "zy"], ["y"])]
+    inits = [numpy_helper.from_array(np.float32(0.05), "sx"),
+             numpy_helper.from_array(np.int8(-4), "zx"),
+             numpy_helper.from_array(np.float32(0.3), "sy"),
+             helper.make_tensor("zy", code, [], [z])]
+    vi = [helper.make_tensor_value_info(x, 1, [2, 3, 8]) for x in "ab"]
+    graph = helper.make_graph(nodes, "q", vi, [helper.make_tensor_value_info("y", 1, None)],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {x: (rng.standard_normal((2, 3, 8)) * 2).astype(np.float32) for x in "ab"}
+    g = import_onnx(model)
+    fuse_quantized(g)
+    (add,) = [n for n in g.nodes if n.op == "QuantizedAdd"]
+    assert add.attrs["bits"] == 4
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    np.testing.assert_array_equal(onnxruntime_values(path, feeds)["y"], want)
+    np.testing.assert_array_equal(run_graph(g, [feeds["a"], feeds["b"]])[0], want)
+    np.testing.assert_array_equal(dnnc.compile(model, "llvm")(**feeds), want)
+    lo, hi = (-8, 7) if code == TensorProto.INT4 else (0, 15)
+    assert {np.float32(0.3) * (lo - z), np.float32(0.3) * (hi - z)} <= set(want.ravel())

@@ -505,13 +505,14 @@ register_op("QLinearAdd", pattern=Pattern.BROADCAST, infer=_qlinear_add_infer,
 # QuantizedAdd(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point) is
 # QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b)) of scalar parameters, every step
 # the chain's own float32 arithmetic: ((a - za) sa + (b - zb) sb) / sc, rounded half to even,
-# plus zc, saturated. fuse_quantized makes it of a QDQ file's residual add so that the 8-bit
-# operands reach a product's epilogue as they are (the chain's DequantizeLinear of the other
-# operand was a float32 tensor of its own, a kernel and 4 bytes a value). Its `c_reciprocal`
-# (None, or 1 / sc in float32 that `add_reciprocal` proved rounds as the quotient, alone or
-# with one fma refinement: `c_refined`) makes the compute rule multiply instead of divide:
-# the same results, and a GPU's division is ~10 instructions with a branch (resnet50 b32's
-# int8 64 -> 256 residual conv on an H200: 0.11 ms dividing, 0.055 multiplying).
+# plus zc, saturated (to 4 bits with `bits` 4, as the chain's Q). fuse_quantized makes it
+# of a QDQ file's residual add so that the 8-bit operands reach a product's epilogue as they
+# are (the chain's DequantizeLinear of the other operand was a float32 tensor of its own, a
+# kernel and 4 bytes a value). Its `c_reciprocal` (None, or 1 / sc in float32 that
+# `add_reciprocal` proved rounds as the quotient, alone or with one fma refinement:
+# `c_refined`) makes the compute rule multiply instead of divide: the same results, and a
+# GPU's division is ~10 instructions with a branch (resnet50 b32's int8 64 -> 256 residual
+# conv on an H200: 0.11 ms dividing, 0.055 multiplying).
 
 
 def add_reciprocal(a_dtype, a_scale, a_zero_point, b_dtype, b_scale, b_zero_point,
@@ -581,20 +582,23 @@ def _quantized_add_infer(ctx):
             raise ctx.fail(f"input {i} is a scalar, given {ctx.type(i)}")
     for i in (1, 4, 6):
         check_dtype(ctx, i, (T.float32,), "a scale")
+    if ctx.attrs["bits"] not in (0, 4):
+        raise ctx.fail(f"bits {ctx.attrs['bits']} is neither 0 (the type's width) nor 4")
     return [T.TensorType(ctx.dtype(7), T.broadcast_shapes(ctx.shape(0), ctx.shape(3)))]
 
 
 def quantized_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point,
-                  c_reciprocal=None, c_refined=False):
-    """The chain, by its ops' references (`c_reciprocal`, `c_refined` change no result)."""
+                  c_reciprocal=None, c_refined=False, bits=0):
+    """The chain, by its ops' references (`c_reciprocal`, `c_refined` change no result; `bits`
+    is the QuantizeLinear's)."""
     per_tensor = {"axis": 1, "block_size": 0}
     total = dequantize_linear(a, a_scale, a_zero_point, output_dtype=None, **per_tensor) + \
         dequantize_linear(b, b_scale, b_zero_point, output_dtype=None, **per_tensor)
     return quantize_linear(total, c_scale, c_zero_point, output_dtype=None, saturate=1,
-                           precision=None, **per_tensor)
+                           precision=None, bits=bits, **per_tensor)
 
 
-def _quantized_add_rule(inputs, outputs, *, c_reciprocal, c_refined):
+def _quantized_add_rule(inputs, outputs, *, c_reciprocal, c_refined, bits):
     a, sa, za, b, sb, zb, sc, zc = inputs
     out, f32 = outputs[0], T.float32
 
@@ -611,11 +615,11 @@ def _quantized_add_rule(inputs, outputs, *, c_reciprocal, c_refined):
             if c_refined:   # + (total - quotient sc) / sc, the remainder exact in an fma
                 remainder = call("fma", const(0.0, f32) - quotient, widen(f32, sc[()]), total)
                 quotient = call("fma", remainder, reciprocal, quotient)
-        return _saturate(call("round", quotient) + widen(f32, zc[()]), out.dtype)
+        return _saturate(call("round", quotient) + widen(f32, zc[()]), out.dtype, bits)
 
     return [compute(out.shape, element, "quantized_add", out.dtype)]
 
 
 register_op("QuantizedAdd", pattern=Pattern.BROADCAST, infer=_quantized_add_infer,
             evaluate=quantized_add, inputs=8, compute=_quantized_add_rule,
-            attrs={"c_reciprocal": None, "c_refined": False})
+            attrs={"c_reciprocal": None, "c_refined": False, "bits": 0})
