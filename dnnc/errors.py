@@ -34,7 +34,8 @@ class UnsupportedOpError(DNNCError):
 
 
 class UnsupportedTypeError(DNNCError):
-    """A tensor element type dnnc does not handle (float8, int4, string, ...)."""
+    """A tensor element type dnnc does not handle (float8, int2, float4, string, ...; int4 /
+    uint4 are held as int8 / uint8, not refused)."""
 
 
 class ShapeError(DNNCError):

@@ -36,9 +36,22 @@ DTYPE_FROM_ONNX: dict[int, T.DType] = {
     TensorProto.FLOAT: T.float32, TensorProto.DOUBLE: T.float64,
 }
 ONNX_FROM_DTYPE = {d.name: code for code, d in DTYPE_FROM_ONNX.items()}
+NARROW_FROM_ONNX: dict[int, T.DType] = {TensorProto.INT4: T.int8, TensorProto.UINT4: T.uint8}
+"""ONNX's 4-bit integer types as dnnc holds them: one value a byte, in the 8-bit type of their
+signedness, every value within [-8, 7] / [0, 15]. The ops that read them (the
+integer products, DequantizeLinear, moves) need nothing else: a 4-bit value is an 8-bit one.
+Where the range itself matters (QuantizeLinear's saturation, Cast's wrap-around), the importer
+reads the ONNX type of its operands from `_GraphBuilder.narrow`."""
+NARROW_THROUGH = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze",
+                            "Unsqueeze", "Pad"})
+"""The ONNX ops that take a 4-bit tensor and give its values back (of input 0's type)."""
 
 
-def dtype_from_onnx(code: int, where: str = "") -> T.DType:
+def dtype_from_onnx(code: int, where: str = "", narrow: bool = False) -> T.DType:
+    """dnnc's dtype of ONNX element type `code`; `narrow`: also of a 4-bit one (as held:
+    `NARROW_FROM_ONNX`), where the caller keeps its range."""
+    if narrow and code in NARROW_FROM_ONNX:
+        return NARROW_FROM_ONNX[code]
     try:
         return DTYPE_FROM_ONNX[code]
     except KeyError:
@@ -49,7 +62,8 @@ def dtype_from_onnx(code: int, where: str = "") -> T.DType:
 
 
 def tensor_to_array(tensor: TensorProto, where: str = "") -> np.ndarray:
-    dtype = dtype_from_onnx(tensor.data_type, where or tensor.name)
+    """The tensor's values (a 4-bit one's unpacked and sign-extended: `NARROW_FROM_ONNX`)."""
+    dtype = dtype_from_onnx(tensor.data_type, where or tensor.name, narrow=True)
     try:
         array = numpy_helper.to_array(tensor)
     except Exception as exc:
@@ -118,6 +132,7 @@ class ImportContext:
         self.inputs = inputs
         self.num_outputs = len(node.output)
         self.attrs = {a.name: _attribute_value(a, name) for a in node.attribute}
+        self.output_narrow: int | None = None   # the 4-bit ONNX type of its outputs, if one
         self._emitted = 0
 
     def emit(self, op: str, inputs: list[Value | None], attrs: dict | None = None,
@@ -144,6 +159,11 @@ class ImportContext:
 
     def input(self, i: int) -> Value | None:
         return self.inputs[i] if i < len(self.inputs) else None
+
+    def narrow(self, i: int) -> int | None:
+        """Input i's ONNX type where it is a 4-bit one (`NARROW_FROM_ONNX`), else None."""
+        names = self.node.input
+        return self.builder.narrow.get(names[i]) if i < len(names) and names[i] else None
 
     def subgraph(self, attr: str, input_types: list[T.TensorType] | None = None) -> Graph:
         """Import the GraphProto attribute `attr`; it may read this graph's values."""
@@ -338,6 +358,8 @@ class _GraphBuilder:
         self.scopes: list[dict[str, Value]] = []
         self.symbols: set[str] = set()   # symbolic dim names handed out
         self.dim_params: dict[str, str] = {}   # ONNX dim_param -> its symbol
+        self.narrow: dict[str, int] = {}   # ONNX value name -> its 4-bit type, where it has one
+        self.declared: dict[str, int] = {}   # names value_info or outputs declare 4-bit
 
     def lookup(self, name: str) -> Value | None:
         for scope in reversed(self.scopes):
@@ -357,8 +379,13 @@ class _GraphBuilder:
                     if d.dim_param and d.dim_param not in self.dim_params:
                         self.dim_params[d.dim_param] = self._fresh_symbol(_symbol(d.dim_param))
             initializers = {t.name for t in proto.initializer}
+            for vi in list(proto.value_info) + list(proto.output):
+                if vi.type.tensor_type.elem_type in NARROW_FROM_ONNX:
+                    self.declared[vi.name] = vi.type.tensor_type.elem_type
             for t in proto.initializer:
                 scope[t.name] = constant_value(t.name, tensor_to_array(t, "initializer"))
+                if t.data_type in NARROW_FROM_ONNX:
+                    self.narrow[t.name] = t.data_type
             for sp in proto.sparse_initializer:
                 array = numpy_helper.to_array(sp)
                 scope[sp.values.name] = constant_value(sp.values.name, array)
@@ -366,6 +393,8 @@ class _GraphBuilder:
             for k, vi in enumerate(real_inputs):
                 given = input_types[k] if input_types and k < len(input_types) else None
                 scope[vi.name] = graph.add_input(vi.name, given or self._input_type(vi, outer))
+                if vi.type.tensor_type.elem_type in NARROW_FROM_ONNX:
+                    self.narrow[vi.name] = vi.type.tensor_type.elem_type
             for i, node in enumerate(_sorted_nodes(proto, scope, self)):
                 self._import_node(graph, scope, node, i)
             for vi in proto.output:
@@ -384,7 +413,7 @@ class _GraphBuilder:
             raise UnsupportedTypeError(f"input {vi.name!r} is a {kind}; only tensors are "
                                        f"supported")
         tt = vi.type.tensor_type
-        dtype = dtype_from_onnx(tt.elem_type, f"input {vi.name!r}")
+        dtype = dtype_from_onnx(tt.elem_type, f"input {vi.name!r}", narrow=True)
         if vi.name in self.input_shapes and not outer:
             return T.TensorType(dtype, tuple(d if isinstance(d, str) else int(d)
                                              for d in self.input_shapes[vi.name]))
@@ -439,13 +468,27 @@ class _GraphBuilder:
                                       f"{type(exc).__name__}: {exc}") from exc
         outputs = [result] if isinstance(result, Value) else list(result)
         new_nodes = {id(n) for n in graph.nodes[first_new:]}
+        narrow = _narrow_output(ctx)
         for out_name, value in zip(node.output, outputs):
             if out_name == "":
                 continue
+            if narrow or out_name in self.declared:
+                self.narrow[out_name] = narrow or self.declared[out_name]
             if value.producer is not None and id(value.producer) in new_nodes or \
                     value.is_const and value.name.startswith(f"{name}.const"):
                 value.name = out_name  # a value this node created takes its ONNX name
             scope[out_name] = value
+
+
+def _narrow_output(ctx: ImportContext) -> int | None:
+    """The 4-bit ONNX type of an imported node's outputs, where they have one: as its importer
+    says (QuantizeLinear, Cast), a constant's, or a 4-bit input's through `NARROW_THROUGH`."""
+    if ctx.output_narrow is not None:
+        return ctx.output_narrow
+    if ctx.op_type in ("Constant", "ConstantOfShape"):
+        value = [a.t for a in ctx.node.attribute if a.name == "value"]
+        return value[0].data_type if value and value[0].data_type in NARROW_FROM_ONNX else None
+    return ctx.narrow(0) if ctx.op_type in NARROW_THROUGH else None
 
 
 def _check_single_assignment(proto: onnx.GraphProto) -> None:

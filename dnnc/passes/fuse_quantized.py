@@ -33,8 +33,16 @@ The chains, in the two formats onnxruntime's quantizer writes:
   moves or selects values (MaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat;
   Relu as Max with the zero point) runs the op on the integers: exact, since Q(DQ(v)) = v.
 
+4-bit values (int4 / uint4, held as int8 / uint8 within their range: `frontend/onnx.py`) are
+the 8-bit values they hold: int4 weights are int8 weights; a Q to 4 bits (its `bits`) gives
+the integer op its range as clamp bounds (within a Relu's or Clip's), and QuantizedAdd its
+`bits`; a move ends in one where its inputs are known within that range (`within`). A QDQ
+file's weights of a zero point (uint4's 8) are taken less it where the differences fit int8
+(`shifted_weights`): DQ's values unchanged.
+
 Taken only where it is exact or the model says so: constant per-tensor activation scales and
-zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them;
+zero points, int8 weights with zero zero points (symmetric, as the quantizer writes them,
+or shifted so: `shifted_weights`;
 a dense product's weights also uint8 or with zero points, per tensor or per column:
 `signed_weights`),
 per-tensor or per-output-channel weight scales, an int32 bias of scale x_scale * w_scale. A
@@ -53,9 +61,9 @@ import numpy as np
 from ..ir import types as T
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.conv import CONV_ATTRS
-from ..ir.ops.quant import add_reciprocal
-from ..ir.ops.quantized import (GROUP_DEPTH, QUANT_ATTRS, clamp_bounds, pack_conv_groups,
-                                 pack_groups, panel_span)
+from ..ir.ops.quant import add_reciprocal, quant_range
+from ..ir.ops.quantized import (GROUP_DEPTH, INTEGER_PRODUCTS, QUANT_ATTRS, clamp_bounds,
+                                 pack_conv_groups, pack_groups, panel_span)
 from ..ir.ops.registry import Pattern, get_op, infer_node
 from .eliminate import eliminate_dead_code
 
@@ -206,9 +214,9 @@ class _Rewriter:
         None) of a float Conv / MatMul / Gemm of DQ'd operands; None where not exact."""
         wq = _dequantized(anchor.inputs[1])
         x = _dequantized(anchor.inputs[0])
-        if wq is None or x is None or wq.q.const is None or np.any(wq.zero_point != 0):
+        w = None if wq is None or x is None else shifted_weights(wq)
+        if w is None:
             return None
-        w = wq.q.const
         if anchor.op == "Conv":
             axis = 0
         elif anchor.op == "MatMul":
@@ -246,13 +254,19 @@ class _Rewriter:
         if sy is None or zy is None or sy.size != 1 or zy.size != 1 or \
                 out not in (T.int8, T.uint8) or sy.dtype != np.float32:
             return False
-        chain, y, lo, hi = [q], q.inputs[0], None, None
+        chain, y = [q], q.inputs[0]
+        # a 4-bit output's range (its `bits`) as clamp bounds, or None: the type's own
+        lo, hi = quant_range(out, q.attrs["bits"]) if q.attrs["bits"] else (None, None)
         node = y.producer
         if node is not None and node.op in ("Relu", "Clip") and self.only_reader(y, q):
             bounds = self.clamp(node, sy, zy, out)
             if bounds is None:
                 return False
-            lo, hi = bounds
+            # clamp(clamp(v, a, b), c, d) = clamp(v, max(a, c), min(b, d)) where they overlap
+            lo, hi = (b if a is None else a if b is None else f(a, b)
+                      for a, b, f in ((lo, bounds[0], max), (hi, bounds[1], min)))
+            if lo is not None and hi is not None and lo > hi:
+                return False
             chain.insert(0, node)
             y = node.inputs[0]
             node = y.producer
@@ -332,7 +346,8 @@ class _Rewriter:
                                     sy.item())
         reciprocal, refined = reciprocal or (None, False)
         return self.replace([node, q], "QuantizedAdd", inputs,
-                            {"c_reciprocal": reciprocal, "c_refined": refined})
+                            {"c_reciprocal": reciprocal, "c_refined": refined,
+                             "bits": q.attrs["bits"]})
 
     # -- operator format ----------------------------------------------------------------------
 
@@ -571,11 +586,36 @@ class _Rewriter:
                     x.scale.reshape(()) != sy.reshape(()) or \
                     x.zero_point.reshape(()) != zy.reshape(()):
                 return False
+            # Q(DQ(v)) = v needs v within a 4-bit Q's range (an 8-bit v may lie beyond it)
+            if q.attrs["bits"] and not within(x.q, *quant_range(q.outputs[0].type.dtype,
+                                                                 q.attrs["bits"])):
+                return False
             inputs[k] = x.q
         if node.op == "Relu":   # relu(s (x - z)) quantized is max(x, z)
             return self.replace([node, q], "Max", [inputs[0], _value(
                 self.graph, f"{node.name}.zero_point", zy.reshape(()))], {})
         return self.replace([node, q], node.op, inputs, node.attrs)
+
+
+def within(v: Value, lo: int, hi: int, depth: int = 8) -> bool:
+    """Whether every value of integer `v` is known to lie in [lo, hi]: a constant's, a
+    QuantizeLinear's or an integer op's saturation, through moves and Max (as far as `depth`
+    producers)."""
+    if v.const is not None:
+        return v.const.size > 0 and lo <= v.const.min() and v.const.max() <= hi
+    node = v.producer
+    if node is None or depth == 0:
+        return False
+    if node.op == "QuantizeLinear":
+        a, b = quant_range(v.type.dtype, node.attrs["bits"])
+    elif node.op in INTEGER_PRODUCTS and v.type.dtype in (T.int8, T.uint8):
+        a, b = clamp_bounds(v.type.dtype, node.attrs["lo"], node.attrs["hi"])
+    elif node.op in MOVES or node.op == "Max":
+        data = node.inputs if node.op in ("Concat", "Max") else node.inputs[:1]
+        return all(within(i, lo, hi, depth - 1) for i in data)
+    else:
+        return False
+    return lo <= a and b <= hi
 
 
 def _scalar_constant(v: Value) -> bool:
@@ -595,6 +635,25 @@ def packed(w: np.ndarray, group: int) -> bool:
     m, cin = w.shape[:2]
     return group == 1 or (m // group >= GROUP_DEPTH and
                           panel_span(m, cin * group, group) is not None)
+
+
+def shifted_weights(wq: _Quantized) -> np.ndarray | None:
+    """Constant weights less their zero point (DequantizeLinear's (w - z) s is w' s) as int8,
+    where every difference fits: int8 weights of zero points 0, int4 ones of any, uint4
+    ones (onnxruntime's QUInt4: zero point 8) and symmetric uint8 ones (128); None where
+    not constant, not 8-bit, or a difference does not fit."""
+    w, zp = wq.q.const, wq.zero_point
+    if w is None or w.dtype not in (np.int8, np.uint8) or zp.dtype != w.dtype:
+        return None
+    if w.dtype == np.int8 and not np.any(zp):
+        return w
+    dims = [1] * w.ndim
+    if zp.size > 1:
+        if w.ndim == 0 or zp.size != w.shape[wq.axis % w.ndim]:
+            return None
+        dims[wq.axis % w.ndim] = zp.size
+    d = w.astype(np.int16) - zp.reshape(dims).astype(np.int16)
+    return d.astype(np.int8) if d.size and -128 <= d.min() and d.max() <= 127 else None
 
 
 def signed_weights(w: np.ndarray, zero_point: np.ndarray, columns: int

@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .graph_builder import BATCH, F32, ONNX_DTYPE, Builder, InputSpec, Rejected
+from .graph_builder import BATCH, F32, I4, ONNX_DTYPE, U4, Builder, InputSpec, Rejected
 from .op_generators import OPS, SPARSE_OPS, SPECIAL_OPS
 from .op_generators.layers import gen_softmax, gen_softmax_chain
 
@@ -155,9 +155,11 @@ def _finish(g: Builder, seed, index, symbolic, big, batch) -> Case:
     produced = {o for n in g.nodes for o in n.output}
     leaves = [v for v in g.values if v.name in produced and v.name not in g.consumed]
     outputs = leaves[-4:] or [v for v in g.values if v.name in produced][-1:]
-    # a rounded float other than a DQ's is compared in quanta only as far as QDQ chains go
+    # a rounded float other than a DQ's is compared in quanta only as far as QDQ chains go;
+    # no 4-bit value (onnxruntime's Python binding has no 4-bit arrays)
     inner = [v for v in g.values if v.name in produced and v.name in g.consumed and
-             v not in outputs and (not v.rounded or v.quant is not None or v.dtype != F32)]
+             v not in outputs and (not v.rounded or v.quant is not None or v.dtype != F32)
+             and v.dtype not in (I4, U4)]
     if inner and g.chance(0.2):   # an output that other nodes also read
         outputs.append(g.choice(inner))
     if not outputs:   # no op applied: one Identity so the graph has an output

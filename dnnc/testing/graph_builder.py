@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -35,10 +36,13 @@ ONNX_DTYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): Tenso
               np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL,
               # int8 / uint8: QDQ chains; the others only special mode's casts (leaves)
               **{np.dtype(t): getattr(TensorProto, np.dtype(t).name.upper())
-                 for t in (np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64)}}
+                 for t in (np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64)},
+              # int4 / uint4: QDQ chains' 4-bit activations (opset 21)
+              np.dtype(ml_dtypes.int4): TensorProto.INT4,
+              np.dtype(ml_dtypes.uint4): TensorProto.UINT4}
 NP_DTYPE = {v: k for k, v in ONNX_DTYPE.items()}
-F32, I32, I64, BOOL, I8, U8 = (np.dtype(t) for t in (np.float32, np.int32, np.int64, np.bool_,
-                                                     np.int8, np.uint8))
+F32, I32, I64, BOOL, I8, U8, I4, U4 = (np.dtype(t) for t in (
+    np.float32, np.int32, np.int64, np.bool_, np.int8, np.uint8, ml_dtypes.int4, ml_dtypes.uint4))
 CORE = (F32, I32, I64, BOOL)
 """The dtypes generators pick from without naming one (int8/uint8: QDQ chains name theirs)."""
 

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from .. import zoo
+from ..frontend.onnx import NARROW_FROM_ONNX
 
 CALIBRATION_INPUTS = 4
 
@@ -39,28 +40,33 @@ def _reader(model: onnx.ModelProto, seed: int):
 
 def quantize_static(model: onnx.ModelProto, folder: Path, name: str, seed: int = 0,
                     activations: str = "int8", operators: bool = False,
-                    preprocess: bool = True) -> Path:
+                    preprocess: bool = True, weights: str = "int8") -> Path:
     """`model` quantized to a QDQ file in `folder` (calibrated on seeded random inputs), or
     with `operators` to the operator format (QLinearMatMul, com.microsoft's QGemm,
     QLinearAdd, ...); `preprocess`: after quant_pre_process (whose MatMul + Add fusion makes
-    onnxruntime 1.32 write a BERT's QGemm with a uint8 bias, a file it refuses)."""
+    onnxruntime 1.32 write a BERT's QGemm with a uint8 bias, a file it refuses); `activations`
+    int8, uint8, int4 or uint4, `weights` int8, int4 or uint4 (for 4-bit types below opset 21
+    onnxruntime writes com.microsoft's Q / DQ)."""
     from onnxruntime.quantization import QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static as quantize
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     folder = Path(folder)
     float_path, pre_path = folder / f"{name}.onnx", folder / f"{name}_pre.onnx"
-    out = folder / f"{name}_{'qop' if operators else 'qdq'}_{activations}.onnx"
+    out = folder / (f"{name}_{'qop' if operators else 'qdq'}_{activations}"
+                    f"{'' if weights == 'int8' else '_' + weights}.onnx")
     onnx.save(model, float_path)
     logging.getLogger().setLevel(logging.ERROR)   # (its advice to pre-process, which we do)
     if preprocess:
         quant_pre_process(str(float_path), str(pre_path))
     else:
         pre_path = float_path
-    kind = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}[activations]
+    types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8, "int4": QuantType.QInt4,
+             "uint4": QuantType.QUInt4}
+    kind, weight_kind = types[activations], types[weights]
     quantize(str(pre_path), str(out), _reader(model, seed),
              quant_format=QuantFormat.QOperator if operators else QuantFormat.QDQ,
-             per_channel=True, activation_type=kind, weight_type=QuantType.QInt8)
+             per_channel=True, activation_type=kind, weight_type=weight_kind)
     return out
 
 
@@ -171,13 +177,18 @@ def onnxruntime_values(path: Path, feeds: dict) -> dict[str, np.ndarray]:
     """The file's semantics as onnxruntime computes them one op at a time (its graph
     optimisations off: no fused int8 kernels, no conversion of int8 chains to uint8; each
     DequantizeLinear, float op and QuantizeLinear as the file writes it): the graph's inputs
-    (`feeds`), its outputs and every QuantizeLinear's output, by name."""
+    (`feeds`), its outputs and every QuantizeLinear's output but 4-bit ones, by name."""
     import onnxruntime as ort
 
     model = onnx.load(str(path))
     named = {o.name for o in model.graph.output}
+    four_bit = {t.name for t in model.graph.initializer if t.data_type in NARROW_FROM_ONNX}
     for node in model.graph.node:
-        if node.op_type == "QuantizeLinear" and node.output[0] not in named:
+        # (not a 4-bit one: onnxruntime's Python binding has no 4-bit arrays)
+        if node.op_type == "QuantizeLinear" and node.output[0] not in named and not (
+                len(node.input) > 2 and node.input[2] in four_bit or any(
+                    a.name == "output_dtype" and a.i in NARROW_FROM_ONNX
+                    for a in node.attribute)):
             model.graph.output.append(onnx.ValueInfoProto(name=node.output[0]))
             named.add(node.output[0])
     options = ort.SessionOptions()

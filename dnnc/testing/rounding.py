@@ -23,6 +23,7 @@ the rules state: a bound is a proof that a difference is a rounding's, not a tol
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -263,7 +264,7 @@ def _quantize(m: _BoundModel, n: onnx.NodeProto) -> list[str] | None:
     down = m.op("Sub", [centre, m.op("Ceil", [m.op("Sub", [lo, half])])])
     # never more than the integer type's span: saturation keeps deep chains' bounds finite
     zero = m.constants.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
-    info = np.iinfo(zero.dtype if zero is not None else np.uint8)
+    info = ml_dtypes.iinfo(zero.dtype if zero is not None else np.uint8)   # (int4's too)
     return [m.op("Min", [m.op("Max", [up, down]), m.const(float(info.max) - info.min)])]
 
 

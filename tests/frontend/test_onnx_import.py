@@ -139,3 +139,73 @@ def test_external_data_and_bytes(rng, tmp_path):
     (tmp_path / "ext.bin").unlink()
     with pytest.raises(ModelFormatError):
         import_onnx(str(path))
+
+
+# -- 4-bit types (int4 / uint4): held as int8 / uint8 -----------------------------------------
+
+
+@pytest.mark.parametrize("code,held,lo,hi", [(TensorProto.INT4, np.int8, -8, 7),
+                                             (TensorProto.UINT4, np.uint8, 0, 15)])
+def test_four_bit_tensors_unpack_and_keep_their_range_through_moves(rng, code, held, lo, hi):
+    from onnx.reference import ReferenceEvaluator
+
+    # an odd count: the last byte's high nibble is padding; the zero point reaches the
+    # QuantizeLinear through a Constant, Reshape and Identity, and still saturates to 4 bits
+    values = rng.integers(lo, hi + 1, 7)
+    values[:2] = lo, hi
+    init = helper.make_tensor("w", code, [7], values.tolist())
+    zero = helper.make_tensor("z0", code, [1], [int(rng.integers(lo, hi + 1))])
+    nodes = [helper.make_node("Constant", [], ["zc"], value=zero),
+             helper.make_node("Constant", [], ["shape"], value=helper.make_tensor(
+                 "shape", TensorProto.INT64, [0], [])),
+             helper.make_node("Reshape", ["zc", "shape"], ["zr"]),
+             helper.make_node("Identity", ["zr"], ["z"]),
+             helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["w", "s", "z"], ["d"])]
+    scale = helper.make_tensor("s", TensorProto.FLOAT, [], [0.25])
+    model = _model(nodes, [_vi("x", [7])], [_vi("q", [7], code), _vi("d", [7])],
+                   [init, scale], opset=21)
+    x = (rng.standard_normal(7) * 4).astype(np.float32)
+    graph = import_onnx(model)
+    w = [v for v in graph.constants() if v.name == "w"][0]
+    assert w.type.dtype.name == held.__name__ and np.array_equal(w.const, values.astype(held))
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    for target in ("numpy", "llvm"):
+        q, d = dnnc.compile(model, target=target).run(x)
+        assert q.dtype == held and np.array_equal(q, want[0].astype(held))
+        np.testing.assert_array_equal(d, want[1])
+    assert {lo, hi} <= set(want[0].tolist())
+
+
+@pytest.mark.parametrize("code", [TensorProto.INT4, TensorProto.UINT4], ids=["int4", "uint4"])
+def test_cast_to_four_bits_truncates_and_wraps_as_the_reference(rng, code):
+    from onnx.reference import ReferenceEvaluator
+
+    x = (rng.standard_normal(64) * 40).astype(np.float32)
+    model = _model([helper.make_node("Cast", ["x"], ["y"], to=code)], [_vi("x", [64])],
+                   [_vi("y", [64], code)], opset=21)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    held = np.int8 if code == TensorProto.INT4 else np.uint8
+    for target in ("numpy", "llvm"):
+        got = dnnc.compile(model, target=target).run(x)[0]
+        np.testing.assert_array_equal(got, want.astype(held))
+    like = _model([helper.make_node("CastLike", ["x", "t"], ["y"])], [_vi("x", [64])],
+                  [_vi("y", [64], code)], [helper.make_tensor("t", code, [1], [1])], opset=21)
+    np.testing.assert_array_equal(dnnc.compile(like, target="llvm").run(x)[0],
+                                  want.astype(held))
+
+
+def test_four_bit_mistakes_are_named():
+    from dnnc.errors import UnsupportedTypeError
+
+    bitcast = _model([helper.make_node("BitCast", ["x"], ["y"], to=TensorProto.INT4)],
+                     [_vi("x", [2], TensorProto.INT8)], [_vi("y", [2], TensorProto.INT4)],
+                     opset=26)
+    with pytest.raises(UnsupportedTypeError, match="INT4"):
+        import_onnx(bitcast)
+    mixed = _model([helper.make_node("DequantizeLinear", ["x", "s", "z"], ["y"])],
+                   [_vi("x", [2], TensorProto.INT4)], [_vi("y", [2])],
+                   [helper.make_tensor("s", TensorProto.FLOAT, [], [0.5]),
+                    helper.make_tensor("z", TensorProto.INT8, [], [1])], opset=21)
+    with pytest.raises(ModelFormatError, match="zero point"):
+        import_onnx(mixed)

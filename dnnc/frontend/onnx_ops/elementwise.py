@@ -4,8 +4,10 @@ NumPy broadcasting in 7)."""
 
 from __future__ import annotations
 
+from onnx import TensorProto
+
 from ...ir import types as T
-from ..onnx import ImportContext, direct, dtype_from_onnx, onnx_op
+from ..onnx import NARROW_FROM_ONNX, ImportContext, direct, dtype_from_onnx, onnx_op
 
 for _name in ("Abs", "Neg", "Reciprocal", "Sqrt", "Exp", "Log", "Ceil", "Floor", "Relu",
               "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "PRelu"):
@@ -29,13 +31,32 @@ for _name, _since in (("Not", 1), ("Identity", 1), ("Softplus", 1), ("Softsign",
 @onnx_op("Cast", since=6)
 def import_cast(ctx: ImportContext):
     # `saturate` only concerns float8 targets, which dnnc does not support
-    to = dtype_from_onnx(ctx.attrs["to"], f"Cast node {ctx.name!r}")
+    code = ctx.attrs["to"]
+    if code in NARROW_FROM_ONNX:
+        return _cast_to_4_bits(ctx, code)
+    to = dtype_from_onnx(code, f"Cast node {ctx.name!r}")
     return ctx.emit("Cast", ctx.inputs[:1], {"to": to})
 
 
 @onnx_op("CastLike", since=15)
 def import_cast_like(ctx: ImportContext):
+    if ctx.narrow(1):
+        return _cast_to_4_bits(ctx, ctx.narrow(1))
     return ctx.emit("Cast", ctx.inputs[:1], {"to": ctx.inputs[1].dtype})
+
+
+def _cast_to_4_bits(ctx: ImportContext, code: int):
+    """A Cast to int4 / uint4 as the reference casts (ml_dtypes: truncated toward zero, then
+    wrapped to 4 bits, as to any integer type): through int32, the low 4 bits kept (int4:
+    ((v + 8) & 15) - 8, their two's complement value), held as int8 / uint8."""
+    v = ctx.add("Cast", ctx.inputs[0], to=T.int32)
+    if code == TensorProto.INT4:
+        v = ctx.add("Add", v, ctx.const(8, T.int32))
+    v = ctx.add("BitwiseAnd", v, ctx.const(15, T.int32))
+    if code == TensorProto.INT4:
+        v = ctx.add("Sub", v, ctx.const(8, T.int32))
+    ctx.output_narrow = code
+    return ctx.emit("Cast", [v], {"to": NARROW_FROM_ONNX[code]})
 
 
 @onnx_op("Clip", since=6)

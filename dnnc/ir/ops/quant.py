@@ -2,9 +2,12 @@
 QLinearConv, com.microsoft's QLinearAdd (MLAS's arithmetic: a fused multiply-add chain), and
 QuantizedAdd (a QDQ file's Q(DQ(a) + DQ(b)) as one op, the chain's float32 arithmetic).
 
-Integer types only (int8, uint8, int16, uint16); the float8 / int4 families are outside dnnc's
-dtypes and rejected by the frontend. Scales and zero points are scalars, per-axis vectors, or
-(since opset 21) blocks along `axis`.
+Integer types only (int8, uint8, int16, uint16; the float8 family is outside dnnc's dtypes
+and rejected by the frontend). ONNX's int4 / uint4 are held as int8 / uint8 values within the
+4-bit range (`frontend/onnx.py`'s NARROW_FROM_ONNX): QuantizeLinear's `bits` (4; 0: the
+output type's own width) saturates to [-8, 7] / [0, 15]; every other op reads them as the
+8-bit values they are. Scales and zero points are scalars, per-axis vectors, or (since opset
+21) blocks along `axis`.
 
 Compute rules mirror the references' arithmetic types exactly (float32 quotients, rint as
 round-half-to-even, saturation by clamping) since a one-off rounding changes a quantized value.
@@ -49,10 +52,21 @@ def param_at(p: Tensor, idx: tuple, axis: int, block_size: int) -> Expr:
     return p[idx[axis]]
 
 
-def _saturate(q: Expr, dtype: T.DType) -> Expr:
-    """q (float) clamped to dtype's range and converted, as np.clip then astype."""
-    info = np.iinfo(dtype.np)
-    return Cast(dtype, minimum(maximum(q, const(info.min, q.dtype)), const(info.max, q.dtype)))
+def quant_range(dtype: T.DType, bits: int = 0) -> tuple[int, int]:
+    """The integers a quantization to `dtype` saturates to: its own range, or that of `bits`
+    (a 4-bit type held in an 8-bit one) of its signedness."""
+    if not bits:
+        info = np.iinfo(dtype.np)
+        return int(info.min), int(info.max)
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.kind == "i" else \
+        (0, (1 << bits) - 1)
+
+
+def _saturate(q: Expr, dtype: T.DType, bits: int = 0) -> Expr:
+    """q (float) clamped to dtype's range (of `bits`: `quant_range`) and converted, as np.clip
+    then astype."""
+    lo, hi = quant_range(dtype, bits)
+    return Cast(dtype, minimum(maximum(q, const(lo, q.dtype)), const(hi, q.dtype)))
 
 
 def _rule_axis(x: Tensor, scale: Tensor, axis: int) -> int:
@@ -102,11 +116,14 @@ def _quantize_infer(ctx):
     out = out or T.uint8
     if out not in QUANT_DTYPES:
         raise ctx.fail(f"cannot quantize to {out.name}")
+    if ctx.attrs["bits"] not in (0, 4) or (ctx.attrs["bits"] and out.itemsize != 1):
+        raise ctx.fail(f"bits {ctx.attrs['bits']} is neither 0 (the type's width) nor 4 in "
+                       f"an 8-bit type ({out.name})")
     return [T.TensorType(out, ctx.shape(0))]
 
 
 def quantize_linear(x, y_scale, y_zero_point=None, *, axis, block_size, output_dtype,
-                    saturate, precision):
+                    saturate, precision, bits=0):
     out = (y_zero_point.dtype if y_zero_point is not None
            else (output_dtype or T.uint8).np)
     axis = axis % x.ndim if x.ndim and y_scale.size > 1 else 0
@@ -118,11 +135,11 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis, block_size, output_d
     q = np.rint(q.astype(np.float32))
     if y_zero_point is not None:
         q = q + expand_param(y_zero_point, x.shape, axis, block_size).astype(np.float32)
-    info = np.iinfo(out)
-    return np.clip(q, info.min, info.max).astype(out)
+    return np.clip(q, *quant_range(T.DType.from_numpy(out), bits)).astype(out)
 
 
-def _quantize_rule(inputs, outputs, *, axis, block_size, output_dtype, saturate, precision):
+def _quantize_rule(inputs, outputs, *, axis, block_size, output_dtype, saturate, precision,
+                   bits):
     x, scale, zp = (list(inputs) + [None])[:3]
     out = outputs[0]
     axis = _rule_axis(x, scale, axis)
@@ -133,7 +150,7 @@ def _quantize_rule(inputs, outputs, *, axis, block_size, output_dtype, saturate,
         q = call("round", widen(T.float32, q))
         if zp is not None:
             q = q + widen(T.float32, param_at(zp, idx, axis, block_size))
-        return _saturate(q, out.dtype)
+        return _saturate(q, out.dtype, bits)
 
     return [compute(out.shape, element, "quantize", out.dtype)]
 
@@ -141,7 +158,7 @@ def _quantize_rule(inputs, outputs, *, axis, block_size, output_dtype, saturate,
 register_op("QuantizeLinear", pattern=Pattern.ELEMWISE, infer=_quantize_infer,
             evaluate=quantize_linear, inputs=(2, 3), compute=_quantize_rule,
             attrs={"axis": 1, "block_size": 0, "output_dtype": None, "saturate": 1,
-                   "precision": None})
+                   "precision": None, "bits": 0})
 
 
 # -- DequantizeLinear ---------------------------------------------------------------------------
@@ -488,13 +505,14 @@ register_op("QLinearAdd", pattern=Pattern.BROADCAST, infer=_qlinear_add_infer,
 # QuantizedAdd(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point) is
 # QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b)) of scalar parameters, every step
 # the chain's own float32 arithmetic: ((a - za) sa + (b - zb) sb) / sc, rounded half to even,
-# plus zc, saturated. fuse_quantized makes it of a QDQ file's residual add so that the 8-bit
-# operands reach a product's epilogue as they are (the chain's DequantizeLinear of the other
-# operand was a float32 tensor of its own, a kernel and 4 bytes a value). Its `c_reciprocal`
-# (None, or 1 / sc in float32 that `add_reciprocal` proved rounds as the quotient, alone or
-# with one fma refinement: `c_refined`) makes the compute rule multiply instead of divide:
-# the same results, and a GPU's division is ~10 instructions with a branch (resnet50 b32's
-# int8 64 -> 256 residual conv on an H200: 0.11 ms dividing, 0.055 multiplying).
+# plus zc, saturated (to 4 bits with `bits` 4, as the chain's Q). fuse_quantized makes it
+# of a QDQ file's residual add so that the 8-bit operands reach a product's epilogue as they
+# are (the chain's DequantizeLinear of the other operand was a float32 tensor of its own, a
+# kernel and 4 bytes a value). Its `c_reciprocal` (None, or 1 / sc in float32 that
+# `add_reciprocal` proved rounds as the quotient, alone or with one fma refinement:
+# `c_refined`) makes the compute rule multiply instead of divide: the same results, and a
+# GPU's division is ~10 instructions with a branch (resnet50 b32's int8 64 -> 256 residual
+# conv on an H200: 0.11 ms dividing, 0.055 multiplying).
 
 
 def add_reciprocal(a_dtype, a_scale, a_zero_point, b_dtype, b_scale, b_zero_point,
@@ -564,20 +582,23 @@ def _quantized_add_infer(ctx):
             raise ctx.fail(f"input {i} is a scalar, given {ctx.type(i)}")
     for i in (1, 4, 6):
         check_dtype(ctx, i, (T.float32,), "a scale")
+    if ctx.attrs["bits"] not in (0, 4):
+        raise ctx.fail(f"bits {ctx.attrs['bits']} is neither 0 (the type's width) nor 4")
     return [T.TensorType(ctx.dtype(7), T.broadcast_shapes(ctx.shape(0), ctx.shape(3)))]
 
 
 def quantized_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point,
-                  c_reciprocal=None, c_refined=False):
-    """The chain, by its ops' references (`c_reciprocal`, `c_refined` change no result)."""
+                  c_reciprocal=None, c_refined=False, bits=0):
+    """The chain, by its ops' references (`c_reciprocal`, `c_refined` change no result; `bits`
+    is the QuantizeLinear's)."""
     per_tensor = {"axis": 1, "block_size": 0}
     total = dequantize_linear(a, a_scale, a_zero_point, output_dtype=None, **per_tensor) + \
         dequantize_linear(b, b_scale, b_zero_point, output_dtype=None, **per_tensor)
     return quantize_linear(total, c_scale, c_zero_point, output_dtype=None, saturate=1,
-                           precision=None, **per_tensor)
+                           precision=None, bits=bits, **per_tensor)
 
 
-def _quantized_add_rule(inputs, outputs, *, c_reciprocal, c_refined):
+def _quantized_add_rule(inputs, outputs, *, c_reciprocal, c_refined, bits):
     a, sa, za, b, sb, zb, sc, zc = inputs
     out, f32 = outputs[0], T.float32
 
@@ -594,11 +615,11 @@ def _quantized_add_rule(inputs, outputs, *, c_reciprocal, c_refined):
             if c_refined:   # + (total - quotient sc) / sc, the remainder exact in an fma
                 remainder = call("fma", const(0.0, f32) - quotient, widen(f32, sc[()]), total)
                 quotient = call("fma", remainder, reciprocal, quotient)
-        return _saturate(call("round", quotient) + widen(f32, zc[()]), out.dtype)
+        return _saturate(call("round", quotient) + widen(f32, zc[()]), out.dtype, bits)
 
     return [compute(out.shape, element, "quantized_add", out.dtype)]
 
 
 register_op("QuantizedAdd", pattern=Pattern.BROADCAST, infer=_quantized_add_infer,
             evaluate=quantized_add, inputs=8, compute=_quantized_add_rule,
-            attrs={"c_reciprocal": None, "c_refined": False})
+            attrs={"c_reciprocal": None, "c_refined": False, "bits": 0})

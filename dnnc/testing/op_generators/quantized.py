@@ -1,12 +1,14 @@
 """Op generators for QDQ-quantized models as onnxruntime.quantization.quantize_static writes
 them (QDQ format, issue 30): activations as QuantizeLinear -> DequantizeLinear pairs (int8 or
-uint8, per-tensor scale and zero point as initializers), weights as int8 initializers ->
-DequantizeLinear (per channel: axis 0 of a Conv weight, axis 1 of a MatMul weight; or per
-tensor), biases as int32 initializers -> DequantizeLinear at the input scale times the weight
-scale, and between them the float ops quantize_static leaves: Conv (regular, depthwise, 1x1),
-MatMul, Gemm, Add, Mul, Sigmoid, SiLU (x * Sigmoid(x)), HardSwish, Relu, Clip, AveragePool,
-GlobalAveragePool, MaxPool, Concat, Reshape, Flatten and squeeze-excitation, one to four blocks
-in a row (efficientnet's DQ -> Conv -> Q -> DQ -> Sigmoid -> Q -> DQ -> Mul -> Q ...).
+uint8, from opset 21 also int4 / uint4: `FOUR_BIT_ACTIVATIONS`; per-tensor scale and zero
+point as initializers), weights as int8 initializers (from opset 21 also int4 / uint4:
+`WEIGHT_TYPES`) -> DequantizeLinear (per channel: axis 0 of a Conv weight, axis 1 of a
+MatMul weight; or per tensor), biases as int32 initializers -> DequantizeLinear at the input
+scale times the weight scale, and between them the float ops quantize_static leaves: Conv
+(regular, depthwise, 1x1), MatMul, Gemm, Add, Mul, Sigmoid, SiLU (x * Sigmoid(x)), HardSwish,
+Relu, Clip, AveragePool, GlobalAveragePool, MaxPool, Concat, Reshape, Flatten and
+squeeze-excitation, one to four blocks in a row (efficientnet's DQ -> Conv -> Q -> DQ ->
+Sigmoid -> Q -> DQ -> Mul -> Q ...).
 
 Activation scales follow MinMax calibration over the value's rough range (`Val.scale`), some
 narrower so that values saturate; values on a grid (`grid` inputs, sums and products of them)
@@ -24,12 +26,16 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
-from ..graph_builder import F32, I8, U8, Builder, Rejected, Val, broadcastable
+from ..graph_builder import F32, I4, I8, U4, U8, Builder, Rejected, Val, broadcastable
 from .layers import check_windows
 
-QRANGE = {I8: (-128, 127), U8: (0, 255)}
+QRANGE = {I8: (-128, 127), U8: (0, 255), I4: (-8, 7), U4: (0, 15)}
+FOUR_BIT_ACTIVATIONS = 0.15
+"""The share of activations quantized to int4 or uint4 from opset 21 (quantize_static's
+QInt4 / QUInt4 activation types)."""
 
 
 # --- quantization parameters and the pairs that use them -------------------------------------
@@ -39,12 +45,16 @@ def _params(g: Builder, lo: float, hi: float, exact_step: float | None = None):
     (the range widened to hold 0); sometimes narrower (values saturate) or symmetric. An exact
     value on a grid of `exact_step` gets a power-of-two scale of 2 or 4 steps instead: exact
     ties, where the rounding mode shows."""
-    dtype = I8 if g.chance(0.55) else U8
+    if g.opset >= 21 and g.chance(FOUR_BIT_ACTIVATIONS):
+        dtype = g.choice([I4, U4])
+    else:
+        dtype = I8 if g.chance(0.55) else U8
+    signed = dtype in (I8, I4)
     qmin, qmax = QRANGE[dtype]
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     if g.chance(0.25):   # calibrated on fewer values than it sees: the tails saturate
         lo, hi = lo * 0.6, hi * 0.6
-    if dtype == I8 and g.chance(0.3):   # symmetric activations: zero point 0
+    if signed and g.chance(0.3):   # symmetric activations: zero point 0
         hi = max(-lo, hi, 1e-3)
         lo = -hi
     if exact_step is not None:
@@ -53,7 +63,7 @@ def _params(g: Builder, lo: float, hi: float, exact_step: float | None = None):
         scale = np.float32(max(hi - lo, 1e-3) / (qmax - qmin))
         if g.chance(0.2):   # a power of two, as some quantizers round it
             scale = np.float32(2.0 ** round(math.log2(scale)))
-    if lo == -hi and dtype == I8:
+    if lo == -hi and signed:
         zero = 0
     else:
         zero = int(np.clip(round(qmin - lo / float(scale)), qmin, qmax))
@@ -82,7 +92,8 @@ def requantize(g: Builder, y: Val, lo: float, hi: float, same_as: Val | None = N
         scale, zero = _params(g, lo, hi, exact_step if y.exact else None)
     s = g.initializer(np.asarray(scale, np.float32), "scale", exact=True)
     params = [s]
-    if zero.dtype == I8 or int(zero) != 0 or g.chance(0.7):   # uint8's zero point defaults to 0
+    # (uint8's zero point defaults to 0; another type's is needed for its type)
+    if zero.dtype != U8 or int(zero) != 0 or g.chance(0.7):
         params.append(g.initializer(zero, "zero_point", exact=True))
     q = g.node("QuantizeLinear", [y] + params, exact=y.exact)[0]
     qmin, qmax = QRANGE[zero.dtype]
@@ -102,23 +113,34 @@ def _range(v: Val) -> tuple[float, float]:
     return -3.0 * v.scale, 3.0 * v.scale
 
 
+WEIGHT_TYPES = {   # weight type: (its dtype, largest |w - zero point|, zero point)
+    "int8": (np.int8, 127, 0), "int4": (ml_dtypes.int4, 7, 0), "uint4": (ml_dtypes.uint4, 7, 8)}
+"""As quantize_static writes weights: symmetric int8, QInt4 (opset 21's int4 type, held by
+dnnc as int8) and QUInt4 (zero point 8)."""
+
+
 def weight(g: Builder, shape: tuple, fan_in: int, axis: int) -> tuple[Val, np.ndarray]:
-    """An int8 weight -> DequantizeLinear, per channel along `axis` or per tensor, symmetric
-    (zero points 0) as quantize_static writes it; and its scale (scalar or per channel)."""
+    """A quantized weight -> DequantizeLinear (int8; from opset 21 sometimes int4 or uint4:
+    `WEIGHT_TYPES`), per channel along `axis` or per tensor, symmetric as quantize_static
+    writes it; and its scale (scalar or per channel)."""
+    kind = "int8" if g.opset < 21 or g.chance(0.6) else g.choice(["int4", "uint4"])
+    dtype, top, zero = WEIGHT_TYPES[kind]
     w = g.rng.standard_normal(shape) / math.sqrt(max(fan_in, 1))
     per_channel = g.chance(0.75) and shape[axis] > 1
     if per_channel:
         others = tuple(a for a in range(len(shape)) if a != axis)
-        scale = (np.max(np.abs(w), axis=others) / 127).astype(np.float32)
+        scale = (np.max(np.abs(w), axis=others) / top).astype(np.float32)
         dims = [1] * len(shape)
         dims[axis] = shape[axis]
-        q = np.clip(np.rint(w / scale.reshape(dims)), -127, 127).astype(np.int8)
+        q = np.clip(np.rint(w / scale.reshape(dims)), -top, top) + zero
     else:
-        scale = np.asarray(np.max(np.abs(w)) / 127, np.float32)
-        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        scale = np.asarray(np.max(np.abs(w)) / top, np.float32)
+        q = np.clip(np.rint(w / scale), -top, top) + zero
+    q = q.astype(np.int8).astype(dtype)
     params = [g.initializer(scale, "w_scale", exact=True)]
-    if g.chance(0.7):
-        params.append(g.initializer(np.zeros(scale.shape, np.int8), "w_zero_point", exact=True))
+    if zero or g.chance(0.7):
+        params.append(g.initializer(np.full(scale.shape, zero).astype(dtype), "w_zero_point",
+                                    exact=True))
     attrs = {"axis": axis} if per_channel else {}
     dq = g.node("DequantizeLinear", [g.initializer(q, "w_quantized", exact=True)] + params,
                 **attrs)[0]

@@ -294,6 +294,34 @@ def test_quantized_files_on_host(name, tmp_path):
         assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("name,activations,weights,dense,convs", [
+    ("cnn", "int8", "uint4", 1, 3), ("cnn", "uint4", "int4", 1, 3),
+    ("mlp", "int4", "int4", 3, 0)])
+def test_four_bit_quantized_files_on_host(name, activations, weights, dense, convs, tmp_path):
+    """quantize_static files of int4 / uint4 weights (and activations), held as int8 / uint8:
+    the int8 templates, run on host threads, give onnxruntime's outputs (one op at a time:
+    its optimized session refuses the 4-bit CNN) bit for bit."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from dnnc.frontend.onnx import import_onnx
+    from dnnc.testing.quantized_files import onnxruntime_values, quantize_static
+
+    model = zoo.build(name)
+    path = quantize_static(model, tmp_path, name, seed=5, activations=activations,
+                           weights=weights)
+    feeds = zoo.inputs_for(model, np.random.default_rng(14))
+    graph, (program,) = programs(import_onnx(str(path)), machine=MACHINE)
+    templates = collections.Counter(k.schedule[0] for k in program.kernels)
+    assert templates["cuda_int8_dense"] + templates["cuda_int8_gemv"] == dense
+    assert templates["cuda_int8_conv2d"] == convs
+    module = render_module(program.unique)
+    lib = host_library(program.unique, tmp_path / "lib", module)
+    got = program_on_host(lib, module, program, feeds)[graph.outputs[0].name]
+    output = onnx.load(str(path)).graph.output[0].name
+    assert np.array_equal(got, onnxruntime_values(path, feeds)[output])
+
+
 @pytest.mark.parametrize("shape,values", [
     ((300, 500), "normal"), ((64, 33), "normal"), ((7, 5), "positive"), ((1000, 3), "negative"),
     ((2, 129), "zero")])

@@ -244,3 +244,69 @@ def test_qlinear_conv_rule(rng, attrs, per_channel, bias, dtype):
         arrays.append(_ints(rng, np.int32, (m,), -500, 500))
     _check_rule("QLinearConv", arrays, attrs)
     _check_rule("QLinearConv", arrays, attrs, dims={0: {0: "N"}})
+
+
+# -- 4-bit types: int4 / uint4 held as int8 / uint8 ----------------------------------------------
+
+FOUR_BIT = {TensorProto.INT4: (-8, 7, np.int8), TensorProto.UINT4: (0, 15, np.uint8)}
+LAYOUTS = {   # x [3, 8]: the parameters' shape and the node's attributes
+    "tensor": ((), {}), "axis1": ((8,), {"axis": 1}), "axis0": ((3,), {"axis": 0}),
+    "blocked": ((3, 3), {"axis": 1, "block_size": 3}),   # the last block of 2
+    "blocked0": ((2, 8), {"axis": 0, "block_size": 2})}
+
+
+def _four_bit_model(op, code, layout, scale, zp, through_int8=False):
+    """Q (x float32 -> `code`) or DQ (`code` -> float32) of `scale` and `zp` in `layout`;
+    `through_int8`: the 4-bit values cross the graph's boundary as int8 (a Cast), as
+    onnxruntime's Python binding needs (it has no 4-bit arrays)."""
+    shape, attrs = LAYOUTS[layout]
+    inits = [numpy_helper.from_array(scale, "s"), helper.make_tensor("z", code, shape,
+                                                                      zp.ravel().tolist())]
+    four_bit = TensorProto.INT8 if through_int8 else code
+    if op == "QuantizeLinear":
+        nodes = [helper.make_node(op, ["x", "s", "z"], ["q" if through_int8 else "y"], **attrs)]
+        nodes += [helper.make_node("Cast", ["q"], ["y"], to=TensorProto.INT8)][:through_int8]
+        io = (TensorProto.FLOAT, four_bit)
+    else:
+        nodes = [helper.make_node("Cast", ["x"], ["q"], to=code)][:through_int8]
+        nodes += [helper.make_node(op, ["q" if through_int8 else "x", "s", "z"], ["y"], **attrs)]
+        io = (four_bit, TensorProto.FLOAT)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", io[0], (3, 8))],
+                              [helper.make_tensor_value_info("y", io[1], (3, 8))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("code", list(FOUR_BIT), ids=["int4", "uint4"])
+@pytest.mark.parametrize("op", ["QuantizeLinear", "DequantizeLinear"])
+def test_four_bit_quantization_matches_the_reference_and_onnxruntime(rng, op, code, layout):
+    from onnx.reference import ReferenceEvaluator
+
+    lo, hi, held = FOUR_BIT[code]
+    shape = LAYOUTS[layout][0]
+    scale, zp = _scales(rng, shape), rng.integers(lo, hi + 1, shape)
+    if op == "DequantizeLinear":
+        x = rng.integers(lo, hi + 1, (3, 8)).astype(held)
+        x.flat[:2] = lo, hi
+    else:   # beyond the range both ways, and halves of the scale (ties to even) per tensor
+        x = (rng.standard_normal((3, 8)) * 0.1 * (hi - lo)).astype(np.float32)
+        if layout == "tensor":
+            x[0, :4] = np.array([0.5, 1.5, -0.5, 2.5], np.float32) * scale
+    direct = _four_bit_model(op, code, layout, scale, zp)
+    wrapped = _four_bit_model(op, code, layout, scale, zp, through_int8=True)
+    # the reference takes and gives 4-bit arrays (ml_dtypes), dnnc int8 / uint8 ones
+    four_bit = helper.tensor_dtype_to_np_dtype(code)
+    want = ReferenceEvaluator(direct).run(None, {"x": x.astype(four_bit) if op ==
+                                                 "DequantizeLinear" else x})[0]
+    want = want.astype(held) if op == "QuantizeLinear" else want
+    ort_x = x.astype(np.int8) if op == "DequantizeLinear" else x
+    by_ort = ort.InferenceSession(wrapped.SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": ort_x})[0]
+    np.testing.assert_array_equal(by_ort.astype(want.dtype), want)
+    if op == "QuantizeLinear":   # (saturated both ways: the inputs reach the range's ends)
+        assert {lo, hi} <= set(want.ravel().tolist())
+    for target in ("numpy", "llvm"):
+        for model, arg, expect in ((direct, x, want), (wrapped, ort_x, by_ort)):
+            got = dnnc.compile(model, target=target).run(arg)[0]
+            assert got.dtype == expect.dtype, (target, got.dtype)
+            np.testing.assert_array_equal(got, expect)
