@@ -160,6 +160,15 @@ class ConvGeometry:
         return u // (self.phases * self.plane_rows), u // self.plane_rows % self.phases, \
             u % self.plane_rows
 
+    def block(self, v: L.Expr) -> tuple:
+        """(image, pixel block, channel block) of unit v of the products' parallel loop, the
+        config's `order` outside."""
+        per_image = self.pixel_blocks * self.channel_blocks
+        bi, rest = v // per_image, v % per_image
+        if self.config.order == "channels":
+            return bi, rest % self.pixel_blocks, rest // self.pixel_blocks
+        return bi, rest // self.channel_blocks, rest % self.channel_blocks
+
     def tap(self, index: int) -> tuple[int, int]:
         """(phase, grid pixels it is shifted by) of tap run `index`."""
         r, s = self.taps[index]
@@ -383,12 +392,7 @@ def _products(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, weights: L.Buffer,
     the config's order, a block's tile product over every tap run, then its store."""
     c = g.config
     v = L.Var("v")
-    per_image = g.pixel_blocks * g.channel_blocks
-    bi, rest = v // per_image, v % per_image
-    if c.order == "channels":
-        cb, pb = rest // g.pixel_blocks, rest % g.pixel_blocks
-    else:
-        pb, cb = rest // g.channel_blocks, rest % g.channel_blocks
+    bi, pb, cb = g.block(v)
     k_rows = g.pairs if g.in_place else g.k16     # rows of k a panel holds
     runs = len(g.taps)
     jp, c0 = cb * g.bn // g.nr, cb * g.bn % g.nr
@@ -399,7 +403,7 @@ def _products(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, weights: L.Buffer,
         (runs * g.nr, ROWS, ROWS * runs * g.nr), c.row_tiles, c.col_tiles, g.steps,
         accumulate=False, runs=tuple(g.run(i) for i in range(runs)))
     block = L.Allocate(cacc, L.seq(product, _store(p, g, cacc, bi, pb, cb, finish)))
-    units = p.x_dims[0] * per_image
+    units = p.x_dims[0] * g.pixel_blocks * g.channel_blocks
     return L.For(v, units, block, par if units > 1 else L.ForKind.SERIAL)
 
 
@@ -497,12 +501,7 @@ def _products_transposed(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, wrows: L.Bu
     its remaining pixels)."""
     c = g.config
     v, x, y = L.Var("v"), L.Var("v_ch"), L.Var("v_px")
-    per_image = g.pixel_blocks * g.channel_blocks
-    bi, rest = v // per_image, v % per_image
-    if c.order == "channels":
-        cb, pb = rest // g.pixel_blocks, rest % g.pixel_blocks
-    else:
-        pb, cb = rest // g.channel_blocks, rest % g.channel_blocks
+    bi, pb, cb = g.block(v)
     oy, j = pb // g.line_blocks, pb % g.line_blocks
     runs = len(g.taps)
     cacc = L.Buffer("cacc", L.TILE_PRECISIONS[precision], (g.bm * g.bn,), L.Scope.LOCAL)
@@ -522,7 +521,7 @@ def _products_transposed(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, wrows: L.Bu
 
     last = g.ow - (g.line_blocks - 1) * g.bn
     stores = line(g.bn) if last == g.bn else L.If(j < g.line_blocks - 1, line(g.bn), line(last))
-    units = p.x_dims[0] * per_image
+    units = p.x_dims[0] * g.pixel_blocks * g.channel_blocks
     return L.For(v, units, L.Allocate(cacc, L.seq(product, stores)),
                  par if units > 1 else L.ForKind.SERIAL)
 
