@@ -97,23 +97,15 @@ def _qdq_conv_model(rng, relu: bool, bias_dq: bool = True, wzp: int = 0, w_range
 
 
 @pytest.mark.parametrize("relu", [False, True])
-def test_a_qdq_conv_chain_becomes_one_integer_conv_and_an_integer_maxpool(tmp_path, relu):
-    rng = np.random.default_rng(7)
-    model = _qdq_conv_model(rng, relu)
-    x = rng.standard_normal((1, 4, 10, 10)).astype(np.float32)
-    ops, got, want = _fused(model, {"x": x}, tmp_path)
-    assert ops == ["QuantizeLinear", "QuantizedConvPacked", "MaxPool", "DequantizeLinear"]
-    assert np.array_equal(got[0], want[0])
-    if relu:   # the clamp at the zero point: no value below 0
-        assert got[0].min() == 0.0
-
-
-@pytest.mark.parametrize("relu", [False, True])
-def test_weights_less_their_zero_point_within_int8_become_an_integer_conv(tmp_path, relu):
-    # (w - 3 of w in [-125, 127]: DQ's values, as int8 weights of zero point 0; a uint4
-    # file's weights less their 8 likewise)
-    rng = np.random.default_rng(8)
-    model = _qdq_conv_model(rng, relu, wzp=3, w_range=(-125, 127))
+@pytest.mark.parametrize("weights", [{}, dict(wzp=3, w_range=(-125, 127))],
+                         ids=["zero-point-0", "weights-less-zero-point"])
+def test_a_qdq_conv_chain_becomes_one_integer_conv_and_an_integer_maxpool(tmp_path, relu,
+                                                                          weights):
+    """Also where the weights less their zero point lie within int8 (w - 3 of w in
+    [-125, 127]: DQ's values, as int8 weights of zero point 0; a uint4 file's weights less
+    their 8 likewise)."""
+    rng = np.random.default_rng(8 if weights else 7)
+    model = _qdq_conv_model(rng, relu, **weights)
     x = rng.standard_normal((1, 4, 10, 10)).astype(np.float32)
     ops, got, want = _fused(model, {"x": x}, tmp_path)
     assert ops == ["QuantizeLinear", "QuantizedConvPacked", "MaxPool", "DequantizeLinear"]

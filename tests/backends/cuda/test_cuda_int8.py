@@ -271,7 +271,6 @@ def test_quantized_files_on_host(name, tmp_path):
     onnxruntime's outputs (the CNNs bit for bit; BERT, whose float ops sum in another order,
     as tests/models/test_quantized_files.py bounds it)."""
     pytest.importorskip("onnxruntime")
-    from dnnc.frontend.onnx import import_onnx
     from dnnc.testing.quantized_files import (onnxruntime_outputs, quantize_dynamic,
                                               quantize_static)
 
@@ -280,18 +279,26 @@ def test_quantized_files_on_host(name, tmp_path):
     path = quantize_dynamic(model, tmp_path, name) if name == "bert_tiny" else \
         quantize_static(model, tmp_path, name, seed=3)
     feeds = zoo.inputs_for(model, np.random.default_rng(13))
+    got = _int8_file_on_host(path, feeds, dense, convs, tmp_path)
+    want = onnxruntime_outputs(path, feeds)[0]
+    if name == "bert_tiny":
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    else:
+        assert np.array_equal(got, want)
+
+
+def _int8_file_on_host(path, feeds, dense: int, convs: int, tmp_path):
+    """The file's output on host threads, having checked that `dense` products and `convs`
+    convolutions took the int8 templates."""
+    from dnnc.frontend.onnx import import_onnx
+
     graph, (program,) = programs(import_onnx(str(path)), machine=MACHINE)
     templates = collections.Counter(k.schedule[0] for k in program.kernels)
     assert templates["cuda_int8_dense"] + templates["cuda_int8_gemv"] == dense
     assert templates["cuda_int8_conv2d"] == convs
     module = render_module(program.unique)
     lib = host_library(program.unique, tmp_path / "lib", module)
-    got = program_on_host(lib, module, program, feeds)[graph.outputs[0].name]
-    want = onnxruntime_outputs(path, feeds)[0]
-    if name == "bert_tiny":
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    else:
-        assert np.array_equal(got, want)
+    return program_on_host(lib, module, program, feeds)[graph.outputs[0].name]
 
 
 @pytest.mark.parametrize("name,activations,weights,dense,convs", [
@@ -304,20 +311,13 @@ def test_four_bit_quantized_files_on_host(name, activations, weights, dense, con
     pytest.importorskip("onnxruntime")
     import onnx
 
-    from dnnc.frontend.onnx import import_onnx
     from dnnc.testing.quantized_files import onnxruntime_values, quantize_static
 
     model = zoo.build(name)
     path = quantize_static(model, tmp_path, name, seed=5, activations=activations,
                            weights=weights)
     feeds = zoo.inputs_for(model, np.random.default_rng(14))
-    graph, (program,) = programs(import_onnx(str(path)), machine=MACHINE)
-    templates = collections.Counter(k.schedule[0] for k in program.kernels)
-    assert templates["cuda_int8_dense"] + templates["cuda_int8_gemv"] == dense
-    assert templates["cuda_int8_conv2d"] == convs
-    module = render_module(program.unique)
-    lib = host_library(program.unique, tmp_path / "lib", module)
-    got = program_on_host(lib, module, program, feeds)[graph.outputs[0].name]
+    got = _int8_file_on_host(path, feeds, dense, convs, tmp_path)
     output = onnx.load(str(path)).graph.output[0].name
     assert np.array_equal(got, onnxruntime_values(path, feeds)[output])
 
