@@ -41,16 +41,18 @@ the weights, copied once a call into `wrows` [M rounded up to blocks, runs, K16]
 one channel's 16 words of a run), B the image, made word-major into `ximg` [batch, phases,
 K16, plane] (a tile row: one word of 16 consecutive grid pixels; a word's row of pixels is
 made from loads at the stride S, vectorised, the columns outside the image apart). A block
-is 16 row_tiles channels by 16 col_tiles pixels of one output row (a row's last block its
-remaining pixels: blocks never cross a row, so no grid column past OW is computed there),
+is 16 row_tiles channels by 16 col_tiles pixels of one output row (blocks never cross a
+row: a row's last block stores the pixels left, its other columns computed and dropped),
 and a channel's pixels are stored along a tile row, one vector store per 16 pixels. With
 the products rendered as loops ('loops' mode, so the tiles' share is out), on 1 znver5
 thread: the stem's image 93 -> 59 us, image and store 337 -> 175 us; a 3x3 64 -> 64 conv
 at 56^2, 47 -> 20 and 108 -> 42 us. On the tiles (16-thread AMX Xeon, whole kernel): the
 stem 166 -> 146 us, but the 3x3s slower (64 -> 64 at 56^2 67 -> 105 us: its B rows start at
 any pixel, not at a 64-byte line, and its weights are copied a call): the default for folded
-convs only (`default`). The worker pool shares the blocks (batch, pixel block, channel block; knob
-`order`: the bigger operand's blocks outside, read once past L2). It must never be chosen for
+convs only (`default`).
+
+The worker pool shares the blocks (batch, pixel block, channel block; knob `order`: the
+bigger operand's blocks outside, read once past L2). It must never be chosen for
 a target without the tiles (its Template's `features`), nor read the image or the weights
 outside what it wrote or ConvPacked holds.
 """
@@ -153,6 +155,18 @@ class ConvGeometry:
         for k in range(len(self.tap_order) - 2, -1, -1):
             s = L.Select(L.eq(position, k), L.const(self.tap_order[k]), s)
         return s
+
+    def weight_word(self, w5: L.Buffer, panel: L.Expr, column: L.Expr, t: L.Expr,
+                    kk: L.Expr) -> L.Expr:
+        """Word kk (zero past k) of tap run t's weights of the output channel at `column` of
+        `panel` in ConvPacked's `w5` [panels, P, kh, kw, NR]."""
+        if self.fold:   # run t is window row t, kk = (s's place in tap_order) P + q
+            s, q, r = self.tap_at(kk), kk % self.pairs, t
+        else:           # run t is tap (t // kw, t % kw), kk = q
+            s, q, r = t % self.kw, kk, t // self.kw
+        return L.Select(kk < self.words, w5[panel, L.minimum(q, self.pairs - 1), r,
+                                            L.minimum(s, self.kw - 1), column],
+                        L.Const(0, T.uint32))
 
     def grid_row(self, u: L.Expr) -> tuple:
         """(image, phase, row of the phase's grid) of the image's grid row `u`, the unit the
@@ -374,12 +388,7 @@ def _xrow(p: Conv2d, g: ConvGeometry) -> L.Buffer:
 def _weights(g: ConvGeometry, w5: L.Buffer, wtaps: L.Buffer, par: L.ForKind) -> L.Stmt:
     """`wtaps` [panels, K16, runs, NR]: row kk of run t's tap, zero past k."""
     jp, kk, t, j = L.Var("jp"), L.Var("kk"), L.Var("t"), L.Var("j")
-    if g.fold:   # run t is window row t, kk = (s's place in tap_order) P + q
-        s, q, r = g.tap_at(kk), kk % g.pairs, t
-    else:        # run t is tap (t // kw, t % kw), kk = q
-        s, q, r = t % g.kw, kk, t // g.kw
-    value = L.Select(kk < g.words, w5[jp, L.minimum(q, g.pairs - 1), r,
-                                      L.minimum(s, g.kw - 1), j], L.Const(0, T.uint32))
+    value = g.weight_word(w5, jp, j, t, kk)
     runs = len(g.taps)
     return L.For(jp, g.panels, L.For(kk, g.k16, L.For(t, runs, L.For(
         j, g.nr, L.Store(wtaps, (((jp * g.k16 + kk) * runs + t) * g.nr + j,), value),
@@ -453,7 +462,7 @@ def _image_by_words(p: Conv2d, g: ConvGeometry, ximg: L.Buffer, par: L.ForKind, 
         at = (((bi * g.phases + phase) * g.k16 + kk) * g.plane_rows + py) * g.wg
         if word is None:
             return L.For(px, g.wg, L.Store(ximg, (at + px,), pad))
-        lo = min(g.wg, max(0, -(-(-offset) // g.sw)))
+        lo = min(g.wg, max(0, -(offset // g.sw)))     # the first px of column >= 0
         hi = max(lo, min(g.wg, (w - 1 - offset) // g.sw + 1))
         parts = [L.For(px, lo, L.Store(ximg, (at + px,), pad))] if lo else []
         if hi > lo:
@@ -481,14 +490,9 @@ def _weight_rows(g: ConvGeometry, w5: L.Buffer, wrows: L.Buffer, par: L.ForKind)
     operand of blocks of Y^T (a tile row: 16 words of one channel), zero past k and past M;
     copied once a call from ConvPacked's [panels, P, kh, kw, NR]."""
     ch, t, kk = L.Var("ch"), L.Var("t"), L.Var("kk")
-    if g.fold:   # run t is window row t, kk = s P + q
-        s, q, r = kk // g.pairs, kk % g.pairs, t
-    else:        # run t is tap (t // kw, t % kw), kk = q
-        s, q, r = t % g.kw, kk, t // g.kw
     oc = L.minimum(ch, g.oc - 1)
-    value = L.Select(L.logical_and(kk < g.words, ch < g.oc), w5[
-        oc // g.nr, L.minimum(q, g.pairs - 1), r, L.minimum(s, g.kw - 1), oc % g.nr],
-        L.Const(0, T.uint32))
+    value = L.Select(ch < g.oc, g.weight_word(w5, oc // g.nr, oc % g.nr, t, kk),
+                     L.Const(0, T.uint32))
     runs = len(g.taps)
     return L.For(ch, g.channel_blocks * g.bm, L.For(t, runs, L.For(
         kk, g.k16, L.Store(wrows, ((ch * runs + t) * g.k16 + kk,), value))), par)

@@ -44,15 +44,16 @@ from .process import initialize, llvm_lock, on_fork_in_child
 # ---------------------------------------------------------------------------------------------
 # The worker pool
 #
-# A region's life: the caller fills the task (fn, closure, n, chunk size, every thread's home
+# A region's life: the caller fills the task (fn, closure, chunk size, every thread's home
 # range: the caller's is 0, worker i's i, the id `pthread_create` hands it), *opens* the region
 # (`state` = 0 workers inside) and bumps `generation`, waking sleeping workers only when there
 # are any. Everyone, caller included, claims chunks from its home counter, then from the
-# others' (in turn from the next thread's) until none are left. A worker enters a region by incrementing `state`'s count with a compare-and-swap that
-# fails once the region is closed, so a worker that arrives late never reads the task of a
-# region whose closure is gone. When the caller runs out of chunks it *closes* the region
-# (sets CLOSED in `state`) and waits only for the workers counted inside, which are running
-# chunks they claimed; a worker that never started is never waited for.
+# others' (in turn from the next thread's) until none are left. A worker enters a region by
+# incrementing `state`'s count with a compare-and-swap that fails once the region is closed,
+# so a worker that arrives late never reads the task of a region whose closure is gone. When
+# the caller runs out of chunks it *closes* the region (sets CLOSED in `state`) and waits only
+# for the workers counted inside, which are running chunks they claimed; a worker that never
+# started is never waited for.
 #
 # Waiting (a worker for the next region, the caller for workers inside) backs off by time:
 # PAUSE for SPIN_NS, then sched_yield until BLOCK_NS, then sleep on a condition variable.
@@ -65,9 +66,9 @@ _BLOCK_NS = 1_000_000
 _BUSY_YIELD_NS = 50_000
 # chunks per thread (the claims a home range takes): a worker descheduled while running a
 # chunk delays the region by at most that chunk, so finer chunks bound the damage under load;
-# the cost is one atomic add and an indirect call each. Beside one busy process on 2 cores, 16 rather than 4 took mobilenet_v2
-# from 1.61x to 1.18-1.49x its time alone and resnet18 from 1.78x to 1.64-1.69x, with no
-# measurable loss alone (docs/llvm_backend.md, "Threads")
+# the cost is one atomic add and an indirect call each. Beside one busy process on 2 cores,
+# 16 rather than 4 took mobilenet_v2 from 1.61x to 1.18-1.49x its time alone and resnet18
+# from 1.78x to 1.64-1.69x, with no measurable loss alone (docs/llvm_backend.md, "Threads")
 _CHUNKS_PER_THREAD = 16
 
 # threads the pool starts at most, and the words between two threads' home counters (a cache
@@ -102,9 +103,7 @@ PAUSE_DECL
 @done_cond = internal global [128 x i8] zeroinitializer, align 64
 @task_fn = internal global ptr null, align 64
 @task_ctx = internal global ptr null
-@task_n = internal global i64 0
 @task_chunk = internal global i64 1
-@task_threads = internal global i64 1
 ; per thread (HOME_STRIDE words apart: a cache line each): its home range's next unclaimed
 ; iteration and its end
 @home = internal global [HOME_WORDS x i64] zeroinitializer, align 64
@@ -156,7 +155,7 @@ entry:
   %fn = load ptr, ptr @task_fn
   %ctx = load ptr, ptr @task_ctx
   %chunk = load i64, ptr @task_chunk
-  %nt = load i64, ptr @task_threads
+  %nt = load i64, ptr @nthreads
   br label %range
 range:
   %k = phi i64 [ 0, %entry ], [ %k1, %next_range ]
@@ -308,13 +307,11 @@ serial:
 open:
   store ptr %fn, ptr @task_fn
   store ptr %ctx, ptr @task_ctx
-  store i64 %n, ptr @task_n
   %parts = mul i64 %nt, CHUNKS_PER_THREAD
   %c0 = sdiv i64 %n, %parts
   %cz = icmp slt i64 %c0, 1
   %chunk = select i1 %cz, i64 1, i64 %c0
   store i64 %chunk, ptr @task_chunk
-  store i64 %nt, ptr @task_threads
   br label %homes
 homes:
   ; thread t's home: iterations [t n / nt, (t + 1) n / nt)

@@ -478,29 +478,12 @@ def test_the_dense_default_gives_every_16_bit_wgmma_tile_the_tma_producer(switch
 def test_the_tma_producer_s_products_on_the_gpu_within_the_precision_bound(case, rng):
     """On an H100 / H200: each kernel's tensor maps built by `tensor_map.kernel_map` from
     its `TensorMapArg`s and the operands' addresses, passed after the workspace."""
-    import cupy as cp
+    from test_cuda_wgmma import product_on_the_gpu_within_the_bound
 
     if not device.has_wgmma(device.gpu_arch()):
         pytest.skip(f"TMA and wgmma need sm_90, not {device.gpu_arch()}")
-    precision, m, n, k, batch, config, dtype, trans_a, trans_b = case
-    func, config = _tma_product(case)
-    module = render_module([(func, True)])
-    arch = device.compile_arch(device.gpu_arch(), module.source)
-    raw = cp.cuda.function.Module()
-    raw.load(device.nvrtc_compile(module.source, arch, device.nvrtc_options(arch)))
-    a, b, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
-    arrays = [cp.asarray(x.view(np.uint16) if x.dtype.itemsize == 2 else x) for x in stored]
-    y = cp.full((batch, m, n), np.nan, cp.float32)
-    info = module.kernels[func.name]
-    params = arrays + [y]
-    maps = [cp.asarray(tensor_map.kernel_map(t, params[t.param].data.ptr))
-            for t in info.tensor_maps]
-    args = tuple(params + [cp.empty(size, cp.uint8) for size in info.workspace] + maps)
-    for launch in info.launches:
-        fn = raw.get_function(launch.name)
-        device.allow_shared(fn, launch.shared_bytes)
-        fn(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
-    check(precision, k, a, b, bias, cp.asnumpy(y), gpu=True)
+    func, _ = _tma_product(case)
+    product_on_the_gpu_within_the_bound(func, case, rng)
 
 
 @pytest.mark.gpu

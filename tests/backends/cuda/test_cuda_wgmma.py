@@ -405,12 +405,22 @@ def test_every_case_compiles_with_nvcc_for_sm90a(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", DEVICE_CASES, ids=[str(i) for i in range(len(DEVICE_CASES))])
 def test_wgmma_products_on_the_gpu_within_the_precision_bound(case, rng):
-    import cupy as cp
-
     if not device.has_wgmma(device.gpu_arch()):
         pytest.skip(f"wgmma needs sm_90, not {device.gpu_arch()}")
+    func, _ = product(*case)
+    product_on_the_gpu_within_the_bound(func, case, rng)
+
+
+def product_on_the_gpu_within_the_bound(func: L.PrimFunc, case, rng) -> None:
+    """`func` (a product of `case`'s operands) compiled by NVRTC for this GPU, launched on
+    fresh operands (its arguments: the operands, Y, its workspace, then its tensor maps,
+    built by `tensor_map.kernel_map` from the operands' addresses) and checked against the
+    precision's bound."""
+    import cupy as cp
+
+    from dnnc.backends.cuda import tensor_map
+
     precision, m, n, k, batch, config, dtype, trans_a, trans_b = case
-    func, config = product(*case)
     module = render_module([(func, True)])
     arch = device.compile_arch(device.gpu_arch(), module.source)   # sm_90a
     raw = cp.cuda.function.Module()
@@ -419,7 +429,10 @@ def test_wgmma_products_on_the_gpu_within_the_precision_bound(case, rng):
     arrays = [cp.asarray(x.view(np.uint16) if x.dtype.itemsize == 2 else x) for x in stored]
     y = cp.full((batch, m, n), np.nan, cp.float32)
     info = module.kernels[func.name]
-    args = tuple(arrays + [y] + [cp.empty(size, cp.uint8) for size in info.workspace])
+    params = arrays + [y]
+    maps = [cp.asarray(tensor_map.kernel_map(t, params[t.param].data.ptr))
+            for t in info.tensor_maps]
+    args = tuple(params + [cp.empty(size, cp.uint8) for size in info.workspace] + maps)
     for launch in info.launches:
         fn = raw.get_function(launch.name)
         device.allow_shared(fn, launch.shared_bytes)
