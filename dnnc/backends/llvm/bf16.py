@@ -52,36 +52,58 @@ class PairedA:
     """A tile's rows of A rounded to bf16 in pairs along K, packed once per row block and
     k-slice into the workspace `buffer` that every panel's tiles read: a tile's MR rows one
     after another, each its `slots` words (the slice's pairs, rounded up to whole vectors so
-    that the packing loop stores whole vectors). `a_at(bi, row, k)` reads A in float32."""
+    that the packing loop stores whole vectors); or, with `k_major` (A stored [k, m]: a 1x1
+    conv's NCHW image), pair by pair, each pair's MR words side by side. `a_at(bi, row, k)`
+    reads A in float32."""
 
-    def __init__(self, a_at, k: int, kc: int, mr: int, lanes: int, blocks: int, tiles: int):
+    def __init__(self, a_at, k: int, kc: int, mr: int, lanes: int, blocks: int, tiles: int,
+                 k_major: bool = False):
         self.a_at, self.k, self.kc, self.mr, self.lanes = a_at, k, kc, mr, lanes
-        self.tiles = tiles
+        self.tiles, self.k_major = tiles, k_major
         self.slots = -(-(-(-kc // 2)) // lanes) * lanes
         self.buffer = L.Buffer("apairs", T.uint32, (blocks * tiles * mr * self.slots,),
                                L.Scope.GLOBAL)
 
     def slot(self, block: L.Expr, tile: L.Expr, ii, t) -> L.Expr:
         """Where row ii of tile `tile` of row block `block` holds pair t of the slice."""
+        if self.k_major:
+            return ((block * self.tiles + tile) * self.slots + t) * self.mr + ii
         return ((block * self.tiles + tile) * self.mr + ii) * self.slots + t
 
-    def pack(self, bi, row_of, kb, block: L.Expr, tile: L.Expr) -> L.Stmt:
+    def pack(self, bi, row_of, kb, block: L.Expr, tile: L.Expr, whole_rows=None) -> L.Stmt:
         """Pairs of this k-slice for each row ii of the tile (`row_of(ii)`: rows past M repeat
         the last): whole pairs a vector of pairs at a time (A's even and odd k as two stride-2
-        loads), the rest one by one, a k past K read as 0."""
+        loads), the rest one by one, a k past K read as 0. k_major: pair by pair, the tile's
+        rows a vector (two contiguous loads of A's k and k + 1 rows), the tile's rows read as
+        `whole_rows(ii)` where that condition (`whole_rows`: all MR rows inside M) holds."""
         ii, tv, lane, t = L.Var("pi"), L.Var("pv"), L.Var("pl"), L.Var("pt")
         start = kb * self.kc
         depth = L.minimum(L.const(self.kc), self.k - start)
         whole = depth // 2 // self.lanes   # vectors of pairs wholly inside the slice
 
-        def word(t_expr, guard: bool) -> L.Expr:
+        def word(t_expr, guard: bool, rows=row_of) -> L.Expr:
             k0 = start + 2 * t_expr
-            row = row_of(ii)
+            row = rows(ii)
             if not guard:
                 return pair(self.a_at(bi, row, k0), self.a_at(bi, row, k0 + 1))
             hi = self.a_at(bi, row, L.minimum(k0 + 1, self.k - 1))
             return pair(self.a_at(bi, row, k0), L.Select(k0 + 1 < self.k, hi, L.const(0.0)))
 
+        if self.k_major:
+            # (a vector along pairs would gather: a pair's two k a whole image apart, the
+            # next pair two more; 960 -> 160 at 7x7, 1 thread, znver5: the pack cost 18 of 55 us)
+            def pairs(rows) -> L.Stmt:
+                kind = L.ForKind.VECTORIZED if self.mr >= 2 else L.ForKind.SERIAL
+                full = L.For(t, depth // 2, L.For(ii, self.mr, L.Store(
+                    self.buffer, (self.slot(block, tile, ii, t),), word(t, False, rows)), kind))
+                odd = L.If(depth % 2 > 0, L.For(ii, self.mr, L.Store(
+                    self.buffer, (self.slot(block, tile, ii, depth // 2),),
+                    word(depth // 2, True, rows)), kind))
+                return L.seq(full, odd)
+            if whole_rows is None:
+                return pairs(row_of)
+            condition, rows = whole_rows
+            return L.If(condition, pairs(rows), pairs(row_of))
         first = whole * self.lanes
         vectors = L.For(tv, whole, L.For(lane, self.lanes, L.Store(
             self.buffer, (self.slot(block, tile, ii, tv * self.lanes + lane),),

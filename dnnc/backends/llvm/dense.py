@@ -251,7 +251,7 @@ class _Blocking:
         by_panels = threads > 1 and n_mb * p.batch < threads and n_main // nr >= 2
         if p.pairs:
             self.paired = bf16.PairedA(self.views.a_at, p.k, self.kc, self.mr, self.lanes,
-                                       p.batch * n_mb, self.mc // self.mr)
+                                       p.batch * n_mb, self.mc // self.mr, p.trans_a)
             self.apack, self.ablock = self.paired.buffer, bi * n_mb + mb
         elif p.trans_a and p.n >= 2 * nr:
             # a workspace (`codegen.workspace_params`: the caller's memory, nothing allocated
@@ -342,7 +342,8 @@ class _Blocking:
         i0 = self.mb * self.mc + self.ib * mr
         if self.paired is not None:
             return L.If(i0 < p.m, self.paired.pack(
-                self.bi, lambda r: L.minimum(i0 + r, p.m - 1), kb, self.ablock, self.ib))
+                self.bi, lambda r: L.minimum(i0 + r, p.m - 1), kb, self.ablock, self.ib,
+                (i0 + mr <= p.m, lambda r: i0 + r)))
         row = L.minimum(i0 + ii, p.m - 1)
         depth = L.minimum(L.const(kc), p.k - kb * kc)
         copy = L.For(kk, depth, L.For(ii, mr, L.Store(

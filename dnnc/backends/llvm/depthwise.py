@@ -5,7 +5,8 @@ plane crossing rows (`_depthwise_flat`); or, on small planes, a vector of channe
 (`_depthwise_channels`: the planes of a block of channels interleaved, as onnxruntime's and
 oneDNN's NCHWc kernels hold them). It never serves a conv that is not depthwise.
 
-Knobs (`DepthwiseConfig`): pixels (a block's width), flat, channels.
+Knobs (`DepthwiseConfig`): pixels (a block's width), flat, channels, rows (by rows: output
+rows a block computes together).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class DepthwiseConfig:
     pixels: int    # output pixels per block of a row (a narrower block ends the row)
     flat: bool = False   # stride 1: blocks of the flattened padded plane, not of a row
     channels: bool = False   # a vector of channels a step, their planes interleaved
+    rows: int = 1   # by rows: output rows a block computes, sharing their input rows' loads
 
 
 def _finish(p: Conv2d, acc: L.Expr, ch, index) -> L.Expr:
@@ -32,18 +34,32 @@ def _finish(p: Conv2d, acc: L.Expr, ch, index) -> L.Expr:
     return p.epilogue(acc if p.bias is None else acc + p.bias[ch], index)
 
 
-FLAT_MAX_WIDTH = 32
+FLAT_MAX_WIDTH = 16
 """Output rows narrower than this run a stride-1 depthwise conv flat by default (but a 3x3
 window on rows of 7 or fewer): a 7- or 14-pixel row is one partial vector (or 4 + 2 + 1
 lanes), where blocks of the flattened padded plane fill every lane. bench/depthwise.py, 1
 thread, znver5, rows / flat: 5x5 1.17 (240x28x28) to 1.54 (1152x7x7); 3x3 384x14x14 1.20,
 192x28x28 1.14, but 960x7x7 0.94 (its padded plane's copies cost what its 9 taps gain) and
-56x56 or wider 0.85-0.96."""
+56x56 or wider 0.85-0.96. Since rows share their loads (`DEFAULT_ROWS`), 28-pixel rows run
+faster by rows (2 threads, znver5, kernel alone: 192x28x28 3x3 21.9 -> 15.5 us, 240x28x28
+5x5 58.5 -> 50.4, 120x28x28 5x5 32.9 -> 28.4) and 14-pixel ones stay flat (480x14x14 5x5
+34.4 -> 33.3, 672x14x14 47.6 -> 51.7, 384x14x14 3x3 11.1 -> 12.7)."""
+
+DEFAULT_ROWS = 4
+"""Output rows a block by rows computes by default: their windows overlap, so a tap's vector
+loaded once serves up to kh of them (most loads of a padded row cross a cache line: the
+one-row block was bound by them). 2 threads, znver5, kernel alone, 1 -> 4 rows: 3x3 stride 1
+32x112x112 60.7 -> 37.0 us, 144x56x56 65.0 -> 38.5, 96x56x56 48.2 -> 28.6; stride 2
+96x112x112 95.1 -> 85.8, 144x56x56 35.0 -> 31.2, 576x14x14 14.5 -> 11.0; 5x5 stride 2
+144x56x56 61.4 -> 43.3, 672x28x28 71.1 -> 56.8. (6 rows lost at 144x56x56: 68.2.)"""
 
 
 CHANNELS_PLANE_BYTES = 32 << 10
 """A vector of channels' padded planes, interleaved, at most this big for `channels` (the
 taps read it from L1)."""
+
+ROW_BLOCKS = (1, 2, 3, 4)
+"""Output rows a block by rows may compute together (`rows`)."""
 
 CHANNELS_MAX_PIXELS = 16
 """Pixels a block of `channels` has at most: a vector of accumulators each, with the weight
@@ -59,9 +75,11 @@ def space(p: Conv2d, machine) -> Space:
         f"within {CHANNELS_PLANE_BYTES} bytes",
         lambda c: not c.channels or (not c.flat and c.pixels <= CHANNELS_MAX_PIXELS
                                      and _channels_fit(p, lanes)))
+    rows_ok = Constraint("rows > 1 only by rows (not flat, not channels)",
+                         lambda c: c.rows == 1 or not (c.flat or c.channels))
     return Space("depthwise", DepthwiseConfig, {"pixels": PIXEL_BLOCKS, "flat": (False, True),
-                                                "channels": (False, True)},
-                 [flat_ok, channels_ok])
+                                                "channels": (False, True), "rows": ROW_BLOCKS},
+                 [flat_ok, channels_ok, rows_ok])
 
 
 def _channels_fit(p: Conv2d, lanes: int) -> bool:
@@ -104,7 +122,7 @@ def default(p: Conv2d, machine) -> DepthwiseConfig:
         return DepthwiseConfig(_channels_pixels(ow), channels=True)
     if _flat_applies(p) and ow < FLAT_MAX_WIDTH and (kw > 3 or ow > 7):
         return DepthwiseConfig(lanes, True)
-    return DepthwiseConfig(lanes)
+    return DepthwiseConfig(lanes, rows=min(DEFAULT_ROWS, p.y_dims[2]))
 
 
 def build(p: Conv2d, config: DepthwiseConfig, machine) -> L.PrimFunc:
@@ -144,13 +162,16 @@ def plane_parallel(p, machine) -> L.ForKind:
 
 
 def _depthwise_rows(p: Conv2d, config: DepthwiseConfig, plane: L.Var) -> L.Stmt:
-    """Plane `plane`'s output rows in blocks of `pixels`."""
+    """Plane `plane`'s output rows, `rows` at a time, each in blocks of `pixels`: a block's
+    output rows share the input rows their windows overlap on, each tap's vector loaded once
+    and multiplied into every output row it reaches (a 3x3 window over 4 output rows loads 6
+    input rows' taps for 4 rows' sums, not 12; the tap loads, most of them crossing a cache
+    line, bounded the one-row block)."""
     w, y = p.w, p.y
     c = p.x_dims[1]
     _, _, kh, kw = p.w_dims
     _, _, oh, ow = p.y_dims
     (sh, sw), (dh, dw) = p.strides, p.dilations
-    row = L.Var("row")
     bn, ch = plane // c, plane % c
     # a stride-2 window reads every other column: the plane is kept in phases (pad_plane),
     # so a tap's pixels are consecutive (Zen 3, 2 threads, 3x3 stride 2: c144 56x56 0.230 ->
@@ -160,28 +181,48 @@ def _depthwise_rows(p: Conv2d, config: DepthwiseConfig, plane: L.Var) -> L.Stmt:
     phases = sw if sw > 1 and dw == 1 else 1
     xpad, pad_stmt = pad_plane(p.x, bn, ch, p.x_dims[2:], p.begins, p.padded_hw,
                                phases=phases)
-    r, s, jj = L.Var("r"), L.Var("s"), L.Var("j")
-    wv = L.Var("wv", T.float32)
+    jj = L.Var("j")
 
-    def tap_at(rr: L.Expr, col: L.Expr, ss: L.Expr) -> L.Expr:
+    def tap_at(rr: L.Expr, col: L.Expr, ss: int) -> L.Expr:
         """The padded plane at row `rr`, column col * sw + ss * dw."""
         if phases == 1:
             return xpad[rr, col * sw + ss * dw]
         return xpad[rr, ss % phases, col + ss // phases]
 
-    def block(width: int, ow0: L.Expr) -> L.Stmt:
-        acc = L.Buffer("acc", T.float32, (width,), L.Scope.LOCAL)
+    def block(count: int, row0: L.Expr, width: int, ow0: L.Expr) -> L.Stmt:
+        """Output rows row0 .. row0 + count - 1, pixels ow0 .. ow0 + width - 1."""
+        acc = L.Buffer("acc", T.float32, (count * width,), L.Scope.LOCAL)
         kind = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
-        init = L.For(jj, width, L.Store(acc, (jj,), L.const(0.0)), kind)
-        tap = L.Let(wv, w[ch, 0, r, s], L.For(jj, width, L.Store(
-            acc, (jj,), L.call("fma", tap_at(row * sh + r * dh, ow0 + jj, s), wv, acc[jj])),
-            kind))
-        value = _finish(p, acc[jj], ch, (bn, ch, row, ow0 + jj))
-        store = L.For(jj, width, L.Store(y, (bn, ch, row, ow0 + jj), value), kind)
-        return L.Allocate(acc, L.seq(init, L.For(r, kh, L.For(s, kw, tap)), store))
+        init = L.For(jj, count * width, L.Store(acc, (jj,), L.const(0.0)), kind)
+        # each input row the block reads (offset ro * sh + r * dh from row0 * sh), its taps
+        # in turn, each into every output row ro whose window row r reads it
+        reach: dict[int, list[tuple[int, int]]] = {}
+        for ro in range(count):
+            for r in range(kh):
+                reach.setdefault(ro * sh + r * dh, []).append((ro, r))
+        taps = []
+        for offset in sorted(reach):
+            for s in range(kw):
+                for ro, r in reach[offset]:
+                    at = ro * width + jj
+                    taps.append(L.For(jj, width, L.Store(acc, (at,), L.call(
+                        "fma", tap_at(row0 * sh + offset, ow0 + jj, s), w[ch, 0, r, s],
+                        acc[at])), kind))
+        stores = []
+        for ro in range(count):
+            index = (bn, ch, row0 + ro, ow0 + jj)
+            stores.append(L.For(jj, width, L.Store(
+                y, index, _finish(p, acc[ro * width + jj], ch, index)), kind))
+        return L.Allocate(acc, L.seq(init, *taps, *stores))
 
-    return L.Allocate(xpad, L.seq(pad_stmt, L.For(row, oh, row_in_vectors(block, ow,
-                                                                          config.pixels))))
+    rb = L.Var("rb")
+    count = min(config.rows, oh)   # (a tuning record may hold more rows than a smaller plane has)
+    parts = [L.For(rb, oh // count, row_in_vectors(
+        lambda width, ow0: block(count, rb * count, width, ow0), ow, config.pixels))]
+    if oh % count:
+        parts.append(row_in_vectors(lambda width, ow0: block(
+            oh % count, L.const(oh // count * count), width, ow0), ow, config.pixels))
+    return L.Allocate(xpad, L.seq(pad_stmt, *parts))
 
 
 def _depthwise_flat(p: Conv2d, config: DepthwiseConfig, plane: L.Var, lanes: int

@@ -2,7 +2,8 @@
 flattened padded plane crossing rows) and by channels (a vector of channels a step, their
 planes interleaved), against the NumPy reference: odd and even planes, 3x3 and 5x5, padded
 and not, rows narrower and wider than a vector, channel counts below, at and past a vector's
-lanes, strided and dilated, with bias and a fused residual Add + Relu, at 1 and 2 threads; the
+lanes, strided and dilated, with bias and a fused residual Add + Relu, at 1 and 2 threads, by
+rows one to four output rows a block (a plane's last block fewer); the
 default takes channels for rows of CHANNELS_MAX_WIDTH (7) or fewer at stride 1, flat for other
 narrow rows, and neither at a stride or dilation (the space's constraints)."""
 
@@ -56,6 +57,37 @@ CASES = [   # (channels, height, width, kernel, pads, bias, residual)
     (4, 11, 40, 5, 2, True, False),    # rows of 40: by rows
     (2, 1, 1, 5, 2, True, False),      # one pixel
 ]
+
+
+ROW_CASES = [   # (channels, height, width, kernel, pads, strides, dilations, bias, residual)
+    (6, 14, 14, 3, 1, 1, 1, True, True),     # 14 rows: 3 blocks of 4 and one of 2, a residual
+    (3, 9, 40, 5, 2, 1, 1, True, False),     # rows of 40 (2 vectors + 8), 9 rows
+    (4, 15, 15, 3, 1, 2, 1, True, False),    # stride 2: 8 output rows
+    (5, 17, 23, 5, 2, 2, 1, False, False),   # 5x5 stride 2, odd sizes, no bias
+    (4, 13, 13, 3, 2, 1, 2, True, True),     # dilation 2
+    (2, 3, 5, 3, 0, 1, 1, True, False),      # one output row, fewer than a block's
+]
+
+
+@pytest.mark.parametrize("case", ROW_CASES,
+                         ids=[f"{c[0]}x{c[1]}x{c[2]}k{c[3]}s{c[5]}d{c[6]}" for c in ROW_CASES])
+@pytest.mark.parametrize("rows", depthwise.ROW_BLOCKS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_rows_at_a_time_match_the_reference(rng, monkeypatch, case, rows, threads):
+    c, h, w, k, pads, strides, dilations, bias, residual = case
+    monkeypatch.setattr(depthwise, "FLAT_MAX_WIDTH", 0)
+    monkeypatch.setattr(depthwise, "CHANNELS_MAX_WIDTH", 0)
+    monkeypatch.setattr(depthwise, "DEFAULT_ROWS", rows)
+    graph = depthwise_graph(rng, c, h, w, k, pads, strides, dilations, bias=bias,
+                            residual=residual)
+    feeds = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
+    model = compiled(graph, threads)
+    source = model.runtime.source("loop")
+    oh = graph.outputs[0].type.shape[2]
+    blocks = oh // min(rows, oh)
+    assert blocks == 1 or f"for rb in range({blocks})" in source   # (a loop of 1 is folded)
+    np.testing.assert_allclose(model.run(*feeds)[0], reference(graph, feeds), rtol=1e-5,
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}k{c[3]}" for c in CASES])

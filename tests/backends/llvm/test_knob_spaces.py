@@ -80,10 +80,10 @@ def conv_bias_relu(rng, c=5, oc=7, k=3, h=9, w=11, **attrs):
     return g
 
 
-def pointwise_residual(rng, h=9, w=11, strides=(1, 1)):
+def pointwise_residual(rng, h=9, w=11, strides=(1, 1), c=6):
     oh, ow = -(-h // strides[0]), -(-w // strides[1])
-    g, (x, r) = _graph([("x", ("N", 6, h, w)), ("r", ("N", 9, oh, ow))])
-    y = g.add("Conv", x, _const(rng, "w", (9, 6, 1, 1), 0.3), _const(rng, "c", (9,)),
+    g, (x, r) = _graph([("x", ("N", c, h, w)), ("r", ("N", 9, oh, ow))])
+    y = g.add("Conv", x, _const(rng, "w", (9, c, 1, 1), 0.3), _const(rng, "c", (9,)),
               strides=list(strides))
     g.outputs = [g.add("Relu", g.add("Add", y, r))]
     return g
@@ -178,6 +178,10 @@ CASES = [
                                                dilations=[2, 1]), "bf16", "conv2d", 1e-4),
     ("pointwise-bf16", pointwise_residual, "bf16", "pointwise", 1e-4),
     ("pointwise-gemm-bf16-strided", lambda rng: pointwise_residual(rng, 11, 9, (2, 2)),
+     "bf16", "pointwise_gemm", 1e-4),
+    # A packed pair by pair (NCHW: [k, m]): 37 channels, slices of 16 and 32 ending in an
+    # odd pair, 49 pixels (a last tile past M)
+    ("pointwise-gemm-bf16-odd", lambda rng: pointwise_residual(rng, 7, 7, c=37),
      "bf16", "pointwise_gemm", 1e-4),
     # weights of 95% zeros, in CSR ("sparse_weights"): a 1x1 conv with a residual, a MatMul
     # over two slices of the depth (300 > 256)
