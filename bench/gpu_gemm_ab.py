@@ -13,8 +13,9 @@ default without the producer (`old`: the dense default's pick, `producer` off), 
 (as `mma.dense_default` takes it: DNNC_PRODUCER / PRODUCER_DEFAULT), the old default's tile
 with the cp.async producer (`+producer`) and with the TMA producer (`+tma`), and, for each
 `--tile-s`, what `mma.choose` picks with a k tile's fixed cost (`mma.WGMMA_TILE_S`, 190 ns
-fitted without the producer) that small, with the producer: what the model would choose
-were the producer to take that cost away; then 128 x 256 (4 slots), 128 x 192 (5 slots), 128
+fitted without the producer) that small, with the producer the default gives it
+(`mma.producer_by_default`): what the default would be were the TMA producer to take that
+cost away; then 128 x 256 (4 slots), 128 x 192 (5 slots), 128
 x 128 (6 slots) and 128 x 64 (8 slots) unsplit, staged, with the TMA producer (the template's
 tensor maps built per cell from `CudaKernel.tensor_maps`, `tensor_map.kernel_map`); then
 `tma.py`'s hand-written TMA product (one elected thread's TMA copies, setmaxnreg, unsplit,
@@ -92,8 +93,8 @@ def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float],
     try:
         for seconds in tile_s:
             mma.WGMMA_TILE_S = seconds
-            pick = old_default(m, k, n, precision, gpu)
-            rows.append((f"pick at {seconds * 1e9:.0f} ns +producer", produced(pick)))
+            pick = mma.producer_by_default(old_default(m, k, n, precision, gpu), precision, k)
+            rows.append((f"pick at {seconds * 1e9:.0f} ns", pick))
     finally:
         mma.WGMMA_TILE_S = saved
     out, seen = [], set()
