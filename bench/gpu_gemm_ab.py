@@ -7,19 +7,23 @@ stored in and out (a half-storage model's products; B stored [k, n]).
     python bench/gpu_gemm_ab.py [--precisions fp16,bf16] [--shapes MxKxN,...]
                                 [--trials 7] [--repeat 20] [--jobs 16]
                                 [--tile-s 80e-9,30e-9] [--out rows.json] [--tma 0]
+                                [--sweep]
 
 Per cell (shape, precision) the rows are cuBLAS (torch.matmul in the precision), the
 default without the producer (`old`: the dense default's pick, `producer` off), the default
 (as `mma.dense_default` takes it: DNNC_PRODUCER / PRODUCER_DEFAULT), the old default's tile
 with the cp.async producer (`+producer`) and with the TMA producer (`+tma`), and, for each
 `--tile-s`, what `mma.choose` picks with a k tile's fixed cost (`mma.WGMMA_TILE_S`, 190 ns
-fitted without the producer) that small, with the producer: what the model would choose
-were the producer to take that cost away; then 128 x 256 (4 slots), 128 x 192 (5 slots), 128
+fitted without the producer) that small, with the producer the default gives it
+(`mma.producer_by_default`): what the default would be were the TMA producer to take that
+cost away; then 128 x 256 (4 slots), 128 x 192 (5 slots), 128
 x 128 (6 slots) and 128 x 64 (8 slots) unsplit, staged, with the TMA producer (the template's
 tensor maps built per cell from `CudaKernel.tensor_maps`, `tensor_map.kernel_map`); then
 `tma.py`'s hand-written TMA product (one elected thread's TMA copies, setmaxnreg, unsplit,
 16-bit results staged: session 48 found staging faster on every cell) at the same four
-blocks, its tensor maps built once per cell (`tensor_map.operand_map`). Every launch is a
+blocks, its tensor maps built once per cell (`tensor_map.operand_map`). `--sweep` times
+instead the default and every `SWEEP_TILES` block with the TMA producer at each split
+(`sweep`). Every launch is a
 CUDA graph replayed (`cupy_graph_timer` / `torch_graph_timer`), a cell's rows timed in turn,
 trial by trial (`interleaved_ms`); every result checked against the float64 product within
 the precision's bound (as bench/gpu_kernels.py's dense rows, the 16-bit output's own
@@ -76,6 +80,34 @@ def produced(c: mma.TensorCoreConfig, slots: int = 0,
     return p if fits else None
 
 
+SWEEP_TILES = tuple((bm, bn, wm, wn, stages) for bm, bn, wm, wn, stages, _ in
+                    mma.WGMMA_DEFAULTS) + ((128, 64, 8, 1, 8),)
+"""`--sweep`'s blocks: the default's wgmma tiles and 128 x 64 in 8 slots (the fastest block at
+1024 x 3072 x 768 in session 49's and 50's calls, which the default does not offer)."""
+
+
+def sweep(m: int, k: int, n: int, precision: str, gpu) -> list:
+    """(label, config) of `--sweep`'s rows: the default, then every SWEEP_TILES block with
+    the TMA producer, unsplit (results staged) and split in 2, 4 and 8 as far as each slice
+    keeps `mma.WGMMA_MIN_SLICE_TILES` k tiles (the default's floor): the timings a refit of
+    `mma.WGMMA_TILE_S`'s model with the TMA producer needs."""
+    default = mma.producer_by_default(old_default(m, k, n, precision, gpu), precision, k)
+    rows = [("default", default)]
+    for bm, bn, wm, wn, stages in SWEEP_TILES:
+        for split in (1, 2, 4, 8):
+            if split > 1 and -(-k // 64) < split * mma.WGMMA_MIN_SLICE_TILES:
+                break
+            tile = mma.TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, stages,
+                                        wgmma=True, split_k=split, staged=split == 1)
+            rows.append((f"sweep {bm}x{bn} sk{split}", produced(tile, producer="tma")))
+    out, seen = [], set()
+    for label, c in rows:
+        if c is not None and c not in seen:
+            seen.add(c)
+            out.append((label, c))
+    return out
+
+
 def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float],
             with_tma: bool = True) -> list:
     """(label, config) of a cell's dnnc rows, each config once (`tma.py`'s with `with_tma`)."""
@@ -92,8 +124,8 @@ def configs(m: int, k: int, n: int, precision: str, gpu, tile_s: list[float],
     try:
         for seconds in tile_s:
             mma.WGMMA_TILE_S = seconds
-            pick = old_default(m, k, n, precision, gpu)
-            rows.append((f"pick at {seconds * 1e9:.0f} ns +producer", produced(pick)))
+            pick = mma.producer_by_default(old_default(m, k, n, precision, gpu), precision, k)
+            rows.append((f"pick at {seconds * 1e9:.0f} ns", pick))
     finally:
         mma.WGMMA_TILE_S = saved
     out, seen = [], set()
@@ -161,17 +193,22 @@ def main() -> int:
     parser.add_argument("--tile-s", default="80e-9,30e-9")
     parser.add_argument("--out", default="")
     parser.add_argument("--tma", type=int, default=1, help="0: without tma.py's rows")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the default and SWEEP_TILES' blocks with TMA at each split only")
     parser.add_argument("--list", action="store_true",
                         help="print each cell's configs (device.REFERENCE's figures), time none")
     args = parser.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] \
         or SHAPES
     tile_s = [float(x) for x in args.tile_s.split(",") if x]
+
+    def rows_of(m: int, k: int, n: int, precision: str, gpu) -> list:
+        return sweep(m, k, n, precision, gpu) if args.sweep else \
+            configs(m, k, n, precision, gpu, tile_s, bool(args.tma))
     if args.list:
         for precision in args.precisions.split(","):
             for m, k, n in shapes:
-                for label, c in configs(m, k, n, precision, device.REFERENCE, tile_s,
-                                            bool(args.tma)):
+                for label, c in rows_of(m, k, n, precision, device.REFERENCE):
                     print(precision, f"{m}x{k}x{n}", label, _tiles(c))
         return 0
     gpu = device.describe_gpu(device.properties())
@@ -180,7 +217,7 @@ def main() -> int:
     for precision in args.precisions.split(","):
         for m, k, n in shapes:
             rows = [(label, c, *source(precision, m, k, n, c))
-                    for label, c in configs(m, k, n, precision, gpu, tile_s, bool(args.tma))]
+                    for label, c in rows_of(m, k, n, precision, gpu)]
             cells.append((precision, (m, k, n), rows))
     items = sorted({(row[2], device.compile_arch(arch, row[2]))
                     for _, _, rows in cells for row in rows})

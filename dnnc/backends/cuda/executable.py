@@ -8,7 +8,8 @@ offset, a workspace offset (scratch a kernel's launches share, carved per call f
 region sized for the hungriest kernel) or a tensor map's (`TensorMapPlace`: a TMA copy's map
 of an argument, `codegen.TensorMapArg`, encoded once that argument's address is known: when a
 launch list is resolved on a frame's or a caller's addresses, 128 bytes a map copied to the
-device then, kept as long as the segment; an artifact carries the description, not the bytes).
+device then, kept as long as what reads them: the frame, or the graph captured on a caller's
+addresses (`_CompiledSegment._retire`); an artifact carries the description, not the bytes).
 
 Memory (`_Layout`): constants are uploaded once per specialisation; each calling thread's
 frame holds one device allocation with the arena (`plan_memory`'s offsets), the workspace and
@@ -614,14 +615,17 @@ class _Frame:
     arena: int                      # the arena's address
     workspace: int                  # the workspace's address
     launches: list[tuple]           # (function, grid, block, shared bytes, argument tuple)
+    maps: object                    # the device memory of `launches`' tensor maps (or None)
     capture: object                 # the non-blocking stream graphs are captured on
     errors: int = 0                 # the error record's address (`loop.index_checks`)
     errors_host: np.ndarray | None = None   # its pinned host copy, read after a checking run
     errors_dirty: bool = True       # the device's record may hold an error: zero it first
     own_graph: object = None        # the graph on its own input buffers, once captured
-    # callers' input addresses -> their graph (least recently used first); tuples met once
+    # callers' input addresses -> (their graph, its tensor maps' memory or None), least
+    # recently used first; tuples met once; dropped maps' memory with the event it waits for
     graphs: OrderedDict = field(default_factory=OrderedDict)
     seen: OrderedDict = field(default_factory=OrderedDict)
+    retired: list = field(default_factory=list)
 
 
 class _CompiledSegment(CompiledSegment):
@@ -656,7 +660,6 @@ class _CompiledSegment(CompiledSegment):
         architecture, else compiled from the source) and the constants on the device."""
         step = self.step
         self.frames = threading.local()
-        self._maps_kept: dict[tuple, object] = {}   # tensor addresses -> their maps' memory
         data = [i for i, v in enumerate(step.inputs) if v.const is None]
         self.input_types = [(self.shapes[i], step.inputs[i].type.dtype.np) for i in data]
         self.input_names = [step.inputs[i].name for i in data]
@@ -745,7 +748,7 @@ class _CompiledSegment(CompiledSegment):
         arena, workspace = base + self.layout.arena, base + self.layout.workspace
         pinned = cupy.cuda.alloc_pinned_memory(ERROR_BYTES)
         return _Frame(memory, inputs, outputs, own_inputs, ext, arena, workspace,
-                      self._resolved(ext, arena, workspace),
+                      *self._resolved(ext, arena, workspace),
                       cupy.cuda.Stream(non_blocking=True), errors,
                       np.frombuffer(pinned, np.int64, 3))
 
@@ -757,34 +760,36 @@ class _CompiledSegment(CompiledSegment):
             ext[len(places) + e] = places[d]
         return ext
 
-    def _resolved(self, ext: list[int], arena: int, workspace: int) -> list[tuple]:
+    def _resolved(self, ext: list[int], arena: int,
+                  workspace: int) -> tuple[list[tuple], object]:
         """Every launch with its arguments as device addresses: (function, grid, block,
-        shared bytes, argument tuple)."""
+        shared bytes, argument tuple); and the device memory of the tensor maps they read
+        (`_maps`), which must outlive every run of them."""
         maps = self._maps(ext, arena, workspace)
+        at = 0 if maps is None else maps.ptr
         return [(self._functions[b.name], b.grid, b.block, b.shared_bytes,
-                 tuple(np.uint64(p) for p in resolve(b.args, ext, arena, workspace, maps)))
-                for b in self.launches]
+                 tuple(np.uint64(p) for p in resolve(b.args, ext, arena, workspace, at)))
+                for b in self.launches], maps
 
-    def _maps(self, ext: list[int], arena: int, workspace: int) -> int:
-        """The device address of the segment's tensor maps (`TensorMapPlace`) of the tensors
-        at these addresses: encoded and copied to the device the first time they come, then
-        kept with the segment (a graph captured on them reads them; 128 bytes a map a
-        distinct tuple of addresses: a frame's own, and each caller's a graph was captured
-        for); 0 without maps."""
+    def _maps(self, ext: list[int], arena: int, workspace: int):
+        """The segment's tensor maps (`TensorMapPlace`) of the tensors at these addresses,
+        encoded and copied to new device memory (128 bytes a map), or None without maps.
+        Built only when launches are resolved (a frame's, a graph's capture), never per call:
+        a graph's replay reads the maps in place (a kernel's argument is their address, not
+        their bytes), so the memory lives as long as the frame or the graph (`_retire`).
+        The copy is queued on the current stream, which CuPy's pool allots the block to:
+        after any earlier user's work on it, before the runs that read it (pageable host
+        memory is staged before memcpyAsync returns)."""
         if not self.tensor_maps:
-            return 0
-        addresses = tuple(resolve(tuple(m.place for m in self.tensor_maps), ext, arena,
-                                  workspace))
-        memory = self._maps_kept.get(addresses)
-        if memory is None:
-            words = np.concatenate([tensor_map.kernel_map(m, at) for m, at in
-                                    zip(self.tensor_maps, addresses)])
-            memory = self.cupy.cuda.alloc(words.nbytes)
-            runtime = self.cupy.cuda.runtime
-            runtime.memcpy(memory.ptr, words.ctypes.data, words.nbytes,
-                           runtime.memcpyHostToDevice)
-            self._maps_kept[addresses] = memory
-        return memory.ptr
+            return None
+        addresses = resolve(tuple(m.place for m in self.tensor_maps), ext, arena, workspace)
+        words = np.concatenate([tensor_map.kernel_map(m, at) for m, at in
+                                zip(self.tensor_maps, addresses)])
+        memory = self.cupy.cuda.alloc(words.nbytes)
+        runtime = self.cupy.cuda.runtime
+        runtime.memcpyAsync(memory.ptr, words.ctypes.data, words.nbytes,
+                            runtime.memcpyHostToDevice, self.cupy.cuda.get_current_stream().ptr)
+        return memory
 
     def _data(self, arrays: list) -> list:
         """The segment's data inputs among `arrays` (its constants are uploaded once)."""
@@ -882,20 +887,39 @@ class _CompiledSegment(CompiledSegment):
         first time."""
         if places == frame.inputs:
             return frame.own_graph or self._own_graph(frame)
-        graph = frame.graphs.get(places)
-        if graph is not None:
+        kept = frame.graphs.get(places)
+        if kept is not None:
             frame.graphs.move_to_end(places)
-            return graph
+            return kept[0]
         self._check_devices(places, frame)
         if frame.seen.pop(places, None) is None:
             frame.seen[places] = True
             if len(frame.seen) > SEEN_PER_FRAME:
                 frame.seen.popitem(last=False)
             return None
-        graph = frame.graphs[places] = self._capture(frame, places)
+        kept = frame.graphs[places] = self._capture(frame, places)
         if len(frame.graphs) > GRAPHS_PER_FRAME:
-            frame.graphs.popitem(last=False)
-        return graph
+            _, (_, maps) = frame.graphs.popitem(last=False)
+            self._retire(frame, maps)
+        return kept[0]
+
+    def _retire(self, frame: _Frame, maps) -> None:
+        """Free the tensor maps of a graph the frame dropped (`maps`: their memory, or None)
+        once no launch can read them. The dropped graph may still be queued or running: CUDA
+        frees an executing graph when it completes (cuGraphExecDestroy), but its kernels read
+        the maps from global memory as they run, and CuPy's pool hands a freed block to the
+        next allocation on its stream at once. So the memory is kept with an event recorded
+        now on the caller's stream, and freed at a later drop once the event has passed
+        (`frame.retired`: the memory of the drops whose events had not passed at the last
+        one). The event passes after every earlier run of the graph: those ran on this
+        frame, whose arena every run uses, so a thread's calls must be ordered already (one
+        stream, a stream wait or a host synchronisation), and any such order puts them
+        before work queued now."""
+        frame.retired = [r for r in frame.retired if not _event_done(r[0])]
+        if maps is not None:
+            event = self.cupy.cuda.Event(disable_timing=True)
+            event.record()
+            frame.retired.append((event, maps))
 
     def _check_devices(self, places: tuple[int, ...], frame: _Frame) -> None:
         """Refuse a caller's array that a kernel of this GPU cannot read (an `InputError`
@@ -913,7 +937,7 @@ class _CompiledSegment(CompiledSegment):
                                  f"on GPU {self.device_id}: copy it there first")
 
     def _own_graph(self, frame: _Frame):
-        frame.own_graph = self._capture(frame, frame.inputs)
+        frame.own_graph, _ = self._capture(frame, frame.inputs)   # (its maps: the frame's)
         return frame.own_graph
 
     def _capture(self, frame: _Frame, places: tuple[int, ...]):
@@ -921,7 +945,7 @@ class _CompiledSegment(CompiledSegment):
         CUDA graph on the frame's non-blocking stream (nothing in it allocates, copies to the
         host or synchronises)."""
         ext = self._ext(places, frame.ext[len(places):])
-        launches = frame.launches if places == frame.inputs else \
+        launches, maps = (frame.launches, frame.maps) if places == frame.inputs else \
             self._resolved(ext, frame.arena, frame.workspace)
         stream = frame.capture
         stream.begin_capture()
@@ -929,7 +953,7 @@ class _CompiledSegment(CompiledSegment):
             self._launch(launches, stream)
         finally:
             graph = stream.end_capture()
-        return graph
+        return graph, maps
 
     def profile(self, arrays: list, frame: _Frame, repeat: int) -> tuple[list, list]:
         """The outputs, and each kernel's median milliseconds over `repeat` runs of its

@@ -130,6 +130,69 @@ def test_graphs_per_frame_are_bounded(simulated, rng):
     assert len(seg.frames.frame.graphs) == GRAPHS_PER_FRAME
 
 
+def test_tensor_maps_live_as_long_as_what_reads_them(simulated, rng, monkeypatch):
+    """A kernel reading a tensor map of the segment's input (`TensorMapPlace`): the frame's
+    maps are built once, a caller's array's when its graph is captured; a frame keeps at most
+    GRAPHS_PER_FRAME graphs' maps however many arrays come, each of its own addresses, and a
+    dropped graph's maps wait until the event recorded when it was dropped has passed
+    (`_retire`: its kernels may still be running), then go at the next drop."""
+    from dnnc.backends.cuda import tensor_map
+    from dnnc.backends.cuda.executable import GRAPHS_PER_FRAME
+
+    codegen = sys.modules["dnnc.backends.cuda.codegen"]   # (the simulated renderer)
+    plain = codegen.render_module
+
+    def with_a_map(funcs):
+        module = plain(funcs)
+        for kernel in module.kernels.values():
+            kernel.tensor_maps = [types.SimpleNamespace(param=0, dtype="float16",
+                                                        extents=(2400,), strides=(),
+                                                        box=(64,))]
+        return module
+
+    monkeypatch.setattr(codegen, "render_module", with_a_map)
+    encoded = []
+    monkeypatch.setattr(tensor_map, "kernel_map",   # a map's words: its tensor's address
+                        lambda arg, at: encoded.append(at) or np.full(16, at, np.uint64))
+
+    class Event:   # passed once the test says the GPU has caught up
+        passed = False
+
+        def __init__(self, disable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            pass
+
+        @property
+        def done(self):
+            return Event.passed
+
+    rt = simulated(relu_model([1200]), outputs="numpy")   # (read in place: 4800 bytes)
+    monkeypatch.setattr(rt.cupy.cuda, "Event", Event)
+    (seg,) = rt.compiled_segments()
+    buffers = [rng.uniform(0.5, 2.0, 1200).astype(np.float32).view(FakeArray)
+               for _ in range(GRAPHS_PER_FRAME + 4)]
+    for b in buffers:
+        for _ in range(2):   # the second call captures a graph on b's address
+            np.testing.assert_array_equal(rt.run([b], {})[0], b)
+    frame = seg.frames.frame
+    assert frame.maps.buffer.view(np.uint64)[0] == frame.inputs[0]
+    assert len(frame.graphs) == GRAPHS_PER_FRAME and len(frame.retired) == 4
+    for places, (_, maps) in frame.graphs.items():
+        assert maps.buffer.view(np.uint64)[0] == places[0]
+    assert encoded == [frame.inputs[0]] + [b.ctypes.data for b in buffers]
+    dropped = [maps for _, maps in frame.retired]
+    assert [m.buffer.view(np.uint64)[0] for m in dropped] == \
+        [b.ctypes.data for b in buffers[:4]]
+    Event.passed = True
+    last = rng.uniform(0.5, 2.0, 1200).astype(np.float32).view(FakeArray)
+    for _ in range(2):
+        np.testing.assert_array_equal(rt.run([last], {})[0], last)
+    assert len(frame.graphs) == GRAPHS_PER_FRAME and len(frame.retired) == 1
+    assert frame.retired[0][1].buffer.view(np.uint64)[0] == buffers[4].ctypes.data
+
+
 def test_a_device_array_another_gpu_holds_is_refused_by_name(simulated, rng):
     from dnnc.compiler.module import CompiledModel
 

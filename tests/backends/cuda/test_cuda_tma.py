@@ -519,3 +519,50 @@ def test_a_model_runs_on_the_tma_producer_on_the_gpu(precision, monkeypatch, tmp
     compiled.save(tmp_path / "m.dnnc")
     loaded = dnnc.load(tmp_path / "m.dnnc")
     assert error(loaded(x)) <= model_error_bound(precision)
+
+
+@pytest.mark.gpu
+def test_the_tma_producer_s_maps_stay_bounded_over_many_callers_arrays(monkeypatch):
+    """A serving loop on the runtime's path with DNNC_PRODUCER=tma: 3 * GRAPHS_PER_FRAME
+    device arrays (two contents, each array at its own address), each called twice (the
+    second call captures a graph with its own tensor maps): every output within the model
+    bound, at most GRAPHS_PER_FRAME graphs a frame and one dropped graph's maps waiting, and
+    the CuPy pool's bytes in use no higher after the last third than after the second (a
+    dropped graph's maps are freed once it has run: `_CompiledSegment._retire`)."""
+    import cupy as cp
+
+    import dnnc
+    from dnnc import zoo
+    from dnnc.backends.cuda.executable import GRAPHS_PER_FRAME
+    from dnnc.ir.target import model_error_bound
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"TMA and wgmma need sm_90, not {device.gpu_arch()}")
+    monkeypatch.setenv(mma.DNNC_PRODUCER, "tma")
+    model = zoo.build("mlp", hidden=(2048,), in_features=1024, classes=512, batch=4096)
+    rng = np.random.default_rng(3)
+    (name, x), = zoo.inputs_for(model, rng).items()
+    xs = [x, rng.standard_normal(x.shape).astype(x.dtype)]
+    reference = dnnc.compile(model, "numpy")
+    wants = [np.asarray(reference(v), np.float64) for v in xs]
+    compiled = dnnc.compile(model, "cuda", precision="fp16", outputs="numpy")
+    assert "dnnc_tma_load_3d(" in compiled.source("cuda")
+    arrays = [cp.asarray(xs[i % 2]) for i in range(3 * GRAPHS_PER_FRAME)]
+    pool = cp.get_default_memory_pool()
+    used = []
+    for third in range(3):
+        for i in range(third * GRAPHS_PER_FRAME, (third + 1) * GRAPHS_PER_FRAME):
+            for _ in range(2):
+                got = np.asarray(compiled(arrays[i]), np.float64)
+                want = wants[i % 2]
+                error = np.abs(got - want).max() / np.abs(want).max()
+                assert error <= model_error_bound("fp16"), (i, error)
+        cp.cuda.Device().synchronize()
+        used.append(pool.used_bytes())
+    frames = [seg.frames.frame for seg in compiled.runtime.compiled_segments()
+              if getattr(seg.frames, "frame", None) is not None]
+    assert any(f.maps is not None for f in frames)
+    for f in frames:
+        assert len(f.graphs) <= GRAPHS_PER_FRAME and len(f.retired) <= 1, \
+            (len(f.graphs), len(f.retired))
+    assert used[2] <= used[1], used
