@@ -2,7 +2,8 @@
 onnxruntime's `quantize_static` (QDQ format, per-channel int8 weights, int8 activations,
 calibrated on a few seeded random inputs, after its recommended `quant_pre_process`, which
 folds batch normalisations into convolutions) and `quantize_dynamic` (MatMulInteger after
-DynamicQuantizeLinear; int8 or uint8 weights, per tensor or per channel), on zoo models or on
+DynamicQuantizeLinear; int8 or uint8 weights, per tensor or per channel), weight-only
+`quantize_weights` (MatMulNBitsQuantizer: com.microsoft's MatMulNBits), on zoo models or on
 transformers' own BERT and GPT-2 exported by torch (`export_transformer`: small configs built
 here with seeded random weights, nothing downloaded).
 
@@ -86,6 +87,22 @@ def quantize_dynamic(model: onnx.ModelProto, folder: Path, name: str, weights: s
     quantize(str(float_path), str(out), weight_type=kind, per_channel=per_channel,
              extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     return out
+
+
+def quantize_weights(model: onnx.ModelProto, bits: int = 4, block_size: int = 128,
+                     symmetric: bool = False, accuracy_level: int | None = None
+                     ) -> onnx.ModelProto:
+    """A copy of `model` whose MatMuls of constant weights are com.microsoft's MatMulNBits
+    (onnxruntime's weight-only quantizer, MatMulNBitsQuantizer: `bits`-bit codes in blocks of
+    `block_size` along K, symmetric or with zero points; `accuracy_level` written as given)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger().setLevel(logging.ERROR)
+    quantizer = MatMulNBitsQuantizer(onnx.load_from_string(model.SerializeToString()),
+                                     bits=bits, block_size=block_size,
+                                     is_symmetric=symmetric, accuracy_level=accuracy_level)
+    quantizer.process()   # (in place: hence the copy)
+    return quantizer.model.model
 
 
 def optimize_transformer(model: onnx.ModelProto, folder: Path, name: str, heads: int,
