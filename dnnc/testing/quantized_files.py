@@ -105,6 +105,21 @@ def quantize_weights(model: onnx.ModelProto, bits: int = 4, block_size: int = 12
     return quantizer.model.model
 
 
+def nbits_rounding_bound(x: np.ndarray, scales: np.ndarray, block: int, bits: int,
+                         zero: float = 0.0) -> np.ndarray:
+    """How far two float32 evaluations of a MatMulNBits, x @ W, may part, element by element
+    ([rows of x, N]): each sums K products in its own order (|error| <= K u sum |x w|,
+    Higham's gamma_K), onnxruntime's int8 path as exact block sums times two scales plus
+    scale * zero point * A's block sum, so |x| (and A's int8 step, max|a| / 254, at
+    accuracy_level 4) times the largest term a block holds, scale * (2**bits + |zero
+    point|). scales: the node's [N, blocks]; zero: the largest float zero point."""
+    k = x.shape[-1]
+    rows = np.abs(x).reshape(-1, k).astype(np.float64)
+    rows = rows + rows.max(axis=1, keepdims=True) / 254
+    magnitude = np.repeat(np.abs(scales.astype(np.float64)).T, block, axis=0)[:k]
+    return 2 * (k + 8) * 2.0 ** -24 * (rows @ (magnitude * (2 ** bits + abs(zero))))
+
+
 def optimize_transformer(model: onnx.ModelProto, folder: Path, name: str, heads: int,
                          hidden: int, level: int = 1) -> onnx.ModelProto:
     """`model` after onnxruntime's transformer optimizer (`model_type="bert"`, its fusions

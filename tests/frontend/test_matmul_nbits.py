@@ -1,7 +1,7 @@
 """com.microsoft's MatMulNBits (onnxruntime's weight-only quantizer, MatMulNBitsQuantizer)
 against onnxruntime's CPU kernel on the same file, fresh random inputs: dnnc's llvm target and
 its numpy references give onnxruntime's outputs within float32 rounding, element by element
-(`_rounding_bound`), at accuracy_level 4 too (onnxruntime then quantizes A's blocks to int8,
+(`nbits_rounding_bound`), at accuracy_level 4 too (onnxruntime then quantizes A's blocks to int8,
 and so does dnnc's import); the packed weight becomes one float32 constant at compile time;
 what dnnc cannot translate is reported up front with the node's name."""
 
@@ -19,7 +19,7 @@ from dnnc.frontend.onnx import import_onnx
 from dnnc.ir.interpreter import run_graph
 from dnnc.ir.target import Target
 from dnnc.passes.manager import optimize
-from dnnc.testing.quantized_files import quantize_weights
+from dnnc.testing.quantized_files import nbits_rounding_bound, quantize_weights
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
@@ -36,19 +36,6 @@ def _matmul_model(k: int, n: int, lead: tuple, seed: int) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, n])],
         [numpy_helper.from_array(w, "w")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def _rounding_bound(x, scales, block: int, bits: int, zero: float = 0.0):
-    """How far two float32 evaluations of x @ W may part, element by element: each sums K
-    products in its own order (|error| <= K u sum |x w|, Higham's gamma_K), onnxruntime's
-    int8 path as exact block sums times two scales plus scale * zero point * A's block sum,
-    so |x| (and A's int8 step, max|a| / 254, at accuracy_level 4) times the largest term a
-    block holds, scale * (2**bits + |zero point|). scales: [N, blocks]."""
-    k = x.shape[-1]
-    rows = np.abs(x).reshape(-1, k).astype(np.float64)
-    rows = rows + rows.max(axis=1, keepdims=True) / 254
-    magnitude = np.repeat(np.abs(scales.astype(np.float64)).T, block, axis=0)[:k]
-    return 2 * (k + 8) * U * (rows @ (magnitude * (2 ** bits + abs(zero))))
 
 
 def _onnxruntime(model, feeds, outputs=None):
@@ -81,7 +68,7 @@ def test_quantizer_files_equal_onnxruntime(rng, bits, block, symmetric, level, k
     ops = collections.Counter(n.op for n in g.nodes)
     assert ops["MatMul"] == 1 and "DequantizeLinear" not in ops   # W folded to float32
     assert ("Round" in ops) == (level == 4)
-    bound = _rounding_bound(x, _initializer(model, node.input[2]), block, bits)
+    bound = nbits_rounding_bound(x, _initializer(model, node.input[2]), block, bits)
     reference = optimize(import_onnx(model), Target("numpy"), opt_level=1)
     for got in (dnnc.compile(model, "llvm")(x), run_graph(reference, [x])[0]):
         assert got.shape == want.shape and got.dtype == np.float32
@@ -135,7 +122,7 @@ def test_float_zero_points_a_bias_and_an_identity_g_idx(rng):
     a = rng.standard_normal((3, 4, 80)).astype(np.float32)
     want = _onnxruntime(model, {"a": a})[0]
     got = dnnc.compile(model, "llvm")(a)
-    bound = _rounding_bound(a, inits["s"], 32, 4, zero=inits["z"].max())
+    bound = nbits_rounding_bound(a, inits["s"], 32, 4, zero=inits["z"].max())
     assert (np.abs(got - want).reshape(bound.shape) - bound - 2 * U * np.abs(want).reshape(
         bound.shape)).max() <= 0
 
@@ -151,7 +138,7 @@ def test_float16_a_is_computed_in_float32_and_rounded_once(rng, level):
     want = _onnxruntime(model, {"a": a})[0]
     got = dnnc.compile(model, "llvm")(a)
     assert got.dtype == np.float16
-    bound = _rounding_bound(a.astype(np.float32), inits["s"], 32, 4).reshape(want.shape)
+    bound = nbits_rounding_bound(a.astype(np.float32), inits["s"], 32, 4).reshape(want.shape)
     step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
     assert (np.abs(got.astype(np.float32) - want) - bound - step).max() <= 0
 
@@ -230,6 +217,6 @@ def test_each_int8_level_layer_of_a_bert_equals_onnxruntime_on_its_activations(b
             [inits[name] for name in layer.input[1:] if name])
         alone = helper.make_model(graph, opset_imports=list(model.opset_import))
         got = dnnc.compile(alone, "llvm")(a)
-        bound = _rounding_bound(a, numpy_helper.to_array(inits[layer.input[2]]), block, 4)
+        bound = nbits_rounding_bound(a, numpy_helper.to_array(inits[layer.input[2]]), block, 4)
         bias = np.abs(want).reshape(bound.shape) * 2 * U    # (the bias added after)
         assert (np.abs(got - want).reshape(bound.shape) - bound - bias).max() <= 0, layer.name

@@ -322,6 +322,45 @@ def test_four_bit_quantized_files_on_host(name, activations, weights, dense, con
     assert np.array_equal(got, onnxruntime_values(path, feeds)[output])
 
 
+@pytest.mark.parametrize("level", [0, 4])
+def test_weight_only_quantized_file_on_host(level, rng, tmp_path):
+    """A MatMulNBits file (MatMulNBitsQuantizer: 4-bit blocks of 32 with zero points, K 200
+    not a multiple of them; accuracy_level 4 quantizes A's blocks to int8 first): its float
+    dense product and A's quantization, run on host threads, give onnxruntime's output within
+    the float32 rounding bound, and the module compiles with NVRTC for sm_90."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from dnnc.frontend.onnx import import_onnx
+    from dnnc.testing.quantized_files import (nbits_rounding_bound, onnxruntime_values,
+                                              quantize_weights)
+
+    k, n = 200, 24
+    w = np.random.default_rng(1).standard_normal((k, n)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "fc",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 5, k])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 5, n])],
+        [numpy_helper.from_array(w, "w")])
+    model = quantize_weights(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17)]), 4, 32, accuracy_level=level or None)
+    path = tmp_path / "nbits.onnx"
+    onnx.save(model, path)
+    x = rng.standard_normal((3, 5, k)).astype(np.float32)
+    want = onnxruntime_values(path, {"x": x})["y"]
+    g, (program,) = programs(import_onnx(model), machine=MACHINE)
+    assert ("Round" in [nd.op for nd in g.nodes]) == (level == 4)
+    module = render_module(program.unique)
+    lib = host_library(program.unique, tmp_path / "lib", module)
+    got = program_on_host(lib, module, program, {"x": x})[g.outputs[0].name]
+    scales = next(numpy_helper.to_array(t) for t in model.graph.initializer
+                  if t.name == model.graph.node[0].input[2])
+    bound = nbits_rounding_bound(x, scales, 32, 4)
+    assert (np.abs(got - want).reshape(bound.shape) - bound).max() <= 0
+    nvrtc_compiled(module.source, "sm_90")
+
+
 @pytest.mark.parametrize("shape,values", [
     ((300, 500), "normal"), ((64, 33), "normal"), ((7, 5), "positive"), ((1000, 3), "negative"),
     ((2, 129), "zero")])
