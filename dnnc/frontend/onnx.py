@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import onnx
@@ -82,8 +82,15 @@ Refusal = Callable[[onnx.NodeProto, "dict[str, TensorProto | None]"], "str | Non
 """Given an ONNX node and the constants it may read (initializer and Constant outputs by
 name, the tensor where one is at hand), why dnnc cannot run it (attribute values, inputs that
 must be constant), or None where it can."""
-_IMPORTERS: dict[tuple[str, str], list[tuple[int, Importer, Refusal | None]]] = \
-    defaultdict(list)
+
+
+class _Entry(NamedTuple):
+    since: int
+    importer: Importer
+    refuses: Refusal | None
+
+
+_IMPORTERS: dict[tuple[str, str], list[_Entry]] = defaultdict(list)
 
 
 def onnx_op(op_type: str, since: int = 1, domain: str = "", refuses: Refusal | None = None):
@@ -92,8 +99,8 @@ def onnx_op(op_type: str, since: int = 1, domain: str = "", refuses: Refusal | N
     translate, reported with the unsupported ops before anything is built."""
 
     def register(fn: Importer) -> Importer:
-        _IMPORTERS[domain, op_type].append((since, fn, refuses))
-        _IMPORTERS[domain, op_type].sort(key=lambda entry: entry[0])
+        _IMPORTERS[domain, op_type].append(_Entry(since, fn, refuses))
+        _IMPORTERS[domain, op_type].sort(key=lambda entry: entry.since)
         return fn
 
     return register
@@ -111,14 +118,14 @@ def direct(op_type: str, since: int = 1, op: str | None = None, domain: str = ""
 
 def find_importer(op_type: str, opset: int, domain: str = "") -> Importer | None:
     entry = _find_entry(op_type, opset, domain)
-    return entry[1] if entry else None
+    return entry.importer if entry else None
 
 
-def _find_entry(op_type: str, opset: int, domain: str):
+def _find_entry(op_type: str, opset: int, domain: str) -> _Entry | None:
     _load_importers()
     best = None
     for entry in _IMPORTERS.get((domain, op_type), ()):
-        if entry[0] <= opset:
+        if entry.since <= opset:
             best = entry
     return best
 
@@ -270,7 +277,9 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[s
     missing: dict[tuple[str, str], list[str]] = defaultdict(list)
 
     def scan(graph: onnx.GraphProto, outer: dict[str, TensorProto | None]):
-        constants = {**outer, **{t.name: t for t in graph.initializer}}
+        inner = {vi.name for vi in graph.input}   # (a subgraph's inputs hide outer names)
+        constants = {name: t for name, t in outer.items() if name not in inner}
+        constants.update({t.name: t for t in graph.initializer})
         for node in graph.node:
             if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:
                 value = [a.t for a in node.attribute if a.name == "value"]
@@ -283,7 +292,7 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[s
                 missing[(node.op_type, domain)].append(name + " (model-local function)")
             elif entry is None:
                 missing[(node.op_type, domain)].append(name)
-            elif entry[2] is not None and (reason := entry[2](node, constants)):
+            elif entry.refuses is not None and (reason := entry.refuses(node, constants)):
                 missing[(node.op_type, domain)].append(f"{name} ({reason})")
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
