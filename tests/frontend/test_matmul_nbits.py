@@ -76,6 +76,26 @@ def test_quantizer_files_equal_onnxruntime(rng, bits, block, symmetric, level, k
         assert excess.max() <= 0, excess.max()
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_the_quantizers_qdq_format_equals_onnxruntime_op_by_op(rng, symmetric):
+    # quant_format=QDQ: a blocked int4 / uint4 DequantizeLinear (opset 21) feeding the MatMul,
+    # docs/passes.md's 4-bit types; onnxruntime's optimized session fuses the two into a
+    # MatMulNBits of accuracy_level 4 (~0.35% of the largest output off), so one op at a time
+    model = _matmul_model(128, 24, (3, 5), seed=21)
+    model.opset_import[0].version = 21
+    model = quantize_weights(model, 4, 32, symmetric, qdq=True)
+    assert [n.op_type for n in model.graph.node] == ["DequantizeLinear", "MatMul"]
+    x = rng.standard_normal((3, 5, 128)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    scales = _initializer(model, model.graph.node[0].input[1]).T   # ([blocks, N] here)
+    bound = nbits_rounding_bound(x, scales, 32, 4)
+    got = dnnc.compile(model, "llvm")(x)
+    assert (np.abs(got - want).reshape(bound.shape) - bound).max() <= 0
+
+
 def _packed(codes: np.ndarray, bits: int) -> np.ndarray:
     """[..., m] codes as bytes, low bits first (MatMulNBits' packing)."""
     per = 8 // bits
