@@ -91,20 +91,24 @@ def quantize_dynamic(model: onnx.ModelProto, folder: Path, name: str, weights: s
 
 def quantize_weights(model: onnx.ModelProto, bits: int = 4, block_size: int = 128,
                      symmetric: bool = False, accuracy_level: int | None = None,
-                     qdq: bool = False) -> onnx.ModelProto:
+                     qdq: bool = False, hqq: bool = False) -> onnx.ModelProto:
     """A copy of `model` whose MatMuls of constant weights are com.microsoft's MatMulNBits
     (onnxruntime's weight-only quantizer, MatMulNBitsQuantizer: `bits`-bit codes in blocks of
     `block_size` along K, symmetric or with zero points; `accuracy_level` written as given),
-    or with `qdq` (4 bits only) a blocked int4 / uint4 DequantizeLinear feeding each."""
+    or with `qdq` (4 bits only) a blocked int4 / uint4 DequantizeLinear feeding each; `hqq`:
+    its HQQ algorithm (float zero points; needs torch)."""
     from onnxruntime.quantization import QuantFormat
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.matmul_nbits_quantizer import (HQQWeightOnlyQuantConfig,
+                                                                 MatMulNBitsQuantizer)
 
     logging.getLogger().setLevel(logging.ERROR)
     quantizer = MatMulNBitsQuantizer(onnx.load_from_string(model.SerializeToString()),
                                      bits=bits, block_size=block_size,
                                      is_symmetric=symmetric, accuracy_level=accuracy_level,
                                      quant_format=QuantFormat.QDQ if qdq else
-                                     QuantFormat.QOperator)
+                                     QuantFormat.QOperator,
+                                     algo_config=HQQWeightOnlyQuantConfig(
+                                         block_size=block_size, bits=bits) if hqq else None)
     quantizer.process()   # (in place: hence the copy)
     return quantizer.model.model
 

@@ -96,6 +96,22 @@ def test_the_quantizers_qdq_format_equals_onnxruntime_op_by_op(rng, symmetric):
     assert (np.abs(got - want).reshape(bound.shape) - bound).max() <= 0
 
 
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+def test_an_hqq_file_equals_onnxruntime(rng):
+    # the quantizer's HQQ algorithm: float zero points, scales and zero points written 1-D
+    pytest.importorskip("torch")
+    model = quantize_weights(_matmul_model(128, 24, (3, 5), seed=22), 4, 32, hqq=True)
+    node = model.graph.node[0]
+    zero = _initializer(model, node.input[3])
+    assert node.op_type == "MatMulNBits" and zero.dtype == np.float32 and zero.ndim == 1
+    x = rng.standard_normal((3, 5, 128)).astype(np.float32)
+    want = _onnxruntime(model, {"x": x})[0]
+    bound = nbits_rounding_bound(x, _initializer(model, node.input[2]).reshape(24, 4), 32, 4,
+                                 zero=np.abs(zero).max())
+    got = dnnc.compile(model, "llvm")(x)
+    assert (np.abs(got - want).reshape(bound.shape) - bound).max() <= 0
+
+
 def _packed(codes: np.ndarray, bits: int) -> np.ndarray:
     """[..., m] codes as bytes, low bits first (MatMulNBits' packing)."""
     per = 8 // bits
