@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import dnnc
 from dnnc import zoo
-from dnnc.errors import UnsupportedOpError
+from dnnc.errors import ModelFormatError, UnsupportedOpError
 from dnnc.frontend.onnx import import_onnx
 from dnnc.ir.interpreter import run_graph
 from dnnc.ir.target import Target
@@ -211,6 +211,41 @@ def test_what_dnnc_cannot_translate_is_reported_up_front_with_the_node_names():
                  "'prepacked (weight_prepacked=1"):
         assert said in message
     assert "fine" not in message
+
+
+def test_refusals_read_constants_through_subgraphs_and_a_malformed_b_is_named():
+    # an If branch's MatMulNBits reads the outer graph's B (a constant: accepted) or its own
+    # of 3 bits (refused, named); a B of the wrong shape is the file's error, named too
+    def nbits(name, b, bits=4):
+        return helper.make_node("MatMulNBits", ["a", b, "s"], [f"y_{name}"], name=name,
+                                domain=MS, K=64, N=8, bits=bits, block_size=32)
+
+    def branch(name, node, inits=()):
+        out = helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, [2, 8])
+        return helper.make_graph([node], name, [], [out], list(inits))
+
+    b3 = numpy_helper.from_array(np.zeros((8, 2, 12), np.uint8), "b3")
+    inits = [numpy_helper.from_array(np.zeros((8, 2, 16), np.uint8), "b"),
+             numpy_helper.from_array(np.ones((8, 2), np.float32), "s")]
+    node = helper.make_node("If", ["c"], ["y"], name="if",
+                            then_branch=branch("then", nbits("outer_b", "b")),
+                            else_branch=branch("else", nbits("inner", "b3", 3), [b3]))
+    inputs = [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 64])]
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    model = helper.make_model(helper.make_graph([node], "m", inputs, out, inits),
+                              opset_imports=opsets)
+    with pytest.raises(UnsupportedOpError) as err:
+        import_onnx(model)
+    assert err.value.ops == [("MatMulNBits", MS, 1,
+                              ["inner (bits=3: only 2, 4, 8 are supported)"])]
+    inits[0] = numpy_helper.from_array(np.zeros((8, 2, 15), np.uint8), "b")
+    model = helper.make_model(helper.make_graph([nbits("short_b", "b")], "m", inputs[1:],
+                                                [out[0]], inits), opset_imports=opsets)
+    model.graph.output[0].name = "y_short_b"
+    with pytest.raises(ModelFormatError, match=r"MatMulNBits node 'short_b'.*\[8, 2, 16\]"):
+        import_onnx(model)
 
 
 @pytest.fixture(scope="module")
