@@ -1,4 +1,5 @@
-"""com.microsoft's MatMulNBits (onnxruntime's weight-only quantizer, MatMulNBitsQuantizer)
+"""com.microsoft's MatMulNBits (onnxruntime's weight-only quantizer, MatMulNBitsQuantizer;
+and GatherBlockQuantized, its quantized embeddings, bit for bit)
 against onnxruntime's CPU kernel on the same file, fresh random inputs: dnnc's llvm target and
 its numpy references give onnxruntime's outputs within float32 rounding, element by element
 (`nbits_rounding_bound`), at accuracy_level 4 too (onnxruntime then quantizes A's blocks to int8,
@@ -246,6 +247,84 @@ def test_refusals_read_constants_through_subgraphs_and_a_malformed_b_is_named():
     model.graph.output[0].name = "y_short_b"
     with pytest.raises(ModelFormatError, match=r"MatMulNBits node 'short_b'.*\[8, 2, 16\]"):
         import_onnx(model)
+
+
+def _gather_model(data, indices_shape, scales, zero_points, **attrs):
+    inits = [data, numpy_helper.from_array(scales, "s")] + (
+        [zero_points] if zero_points is not None else [])
+    node = helper.make_node("GatherBlockQuantized",
+                            ["data", "i", "s"] + (["z"] if zero_points is not None else []),
+                            ["y"], domain=MS, **attrs)
+    graph = helper.make_graph(
+        [node], "gbq", [helper.make_tensor_value_info("i", TensorProto.INT64, indices_shape)],
+        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(scales.dtype),
+                                       None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                   helper.make_opsetid(MS, 1)])
+
+
+@pytest.mark.parametrize("bits,zero_points", [(4, True), (4, False), (8, False), (2, True)])
+def test_gather_block_quantized_of_packed_uint8_equals_onnxruntime_bit_for_bit(rng, bits,
+                                                                                zero_points):
+    # uint8 data of `bits`-bit codes packed along the last axis (zero points packed alike;
+    # absent: 2^(bits - 1)); float32((q - zero point) * scale) on both sides, so equal
+    rows, cols, block = 40, 96, 32
+    codes = rng.integers(0, 1 << bits, (rows, cols))
+    data = numpy_helper.from_array(_packed(codes, bits), "data")
+    scales = rng.uniform(0.01, 0.1, (rows, cols // block)).astype(np.float32)
+    z = numpy_helper.from_array(_packed(np.pad(rng.integers(0, 1 << bits, scales.shape),
+                                               ((0, 0), (0, 1))), bits)[:, :-(-3 * bits // 8)],
+                                "z") if zero_points else None
+    model = _gather_model(data, [2, 3], scales, z, bits=bits, block_size=block,
+                          gather_axis=0, quantize_axis=1)
+    i = rng.integers(-rows, rows, (2, 3))
+    want = _onnxruntime(model, {"i": i})[0]
+    got = dnnc.compile(model, "llvm")(i)
+    assert got.shape == (2, 3, cols) and np.array_equal(got, want)
+
+
+def test_gather_block_quantized_of_int4_along_another_axis_equals_onnxruntime(rng):
+    # int4 data (zero point 0 when absent), gathered along axis 1 and quantized along 0
+    codes = rng.integers(-8, 8, (64, 10))
+    data = helper.make_tensor("data", TensorProto.INT4, codes.shape, codes.ravel().tolist())
+    scales = rng.uniform(0.01, 0.1, (4, 10)).astype(np.float32)
+    model = _gather_model(data, [5], scales, None, bits=4, block_size=16, gather_axis=1,
+                          quantize_axis=0)
+    i = rng.integers(0, 10, 5)
+    want = _onnxruntime(model, {"i": i})[0]
+    got = dnnc.compile(model, "llvm")(i)
+    assert got.shape == (64, 5) and np.array_equal(got, want)
+
+
+def test_gather_block_quantized_refusals_are_reported_up_front():
+    scales = np.ones((8, 2), np.float32)
+    same_axis = _gather_model(numpy_helper.from_array(np.zeros((8, 32), np.uint8), "data"),
+                              [3], scales, None, bits=8, block_size=16, gather_axis=1,
+                              quantize_axis=1)
+    three_bits = _gather_model(numpy_helper.from_array(np.zeros((8, 12), np.uint8), "data"),
+                               [3], scales, None, bits=3, block_size=16)
+    for model, reason in ((same_axis, "gather_axis equal to quantize_axis"),
+                          (three_bits, "bits=3 of UINT8 data")):
+        with pytest.raises(UnsupportedOpError, match=reason):
+            import_onnx(model)
+
+
+def test_a_bert_of_quantized_embeddings_and_dense_layers_equals_onnxruntime(bert, rng):
+    # MatMulNBitsQuantizer asked for Gathers too: the three embedding tables are
+    # GatherBlockQuantized of uint4 codes (blocks of 32 along the hidden axis)
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load_from_string(bert.SerializeToString()),
+                                     block_size=32, op_types_to_quantize=("MatMul", "Gather"),
+                                     quant_axes=(("MatMul", 0), ("Gather", 1)))
+    quantizer.process()
+    model = quantizer.model.model
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    assert ops["GatherBlockQuantized"] == 3 and ops["MatMulNBits"] == 12
+    feeds = zoo.inputs_for(model, rng)
+    want = _onnxruntime(model, feeds)[0]
+    np.testing.assert_allclose(dnnc.compile(model, "llvm")(**feeds), want, rtol=1e-4,
+                               atol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,9 @@ tables), a quantized value may differ by one unit on a tie: issue 33's accuracy 
 QLinearAveragePool adds y's zero point before rounding, as onnxruntime's kernel does (bit for
 bit on random inputs). MatMulNBits (onnxruntime's weight-only quantizer,
 MatMulNBitsQuantizer) is a blocked DequantizeLinear of its constant weight, unpacked here,
-feeding a MatMul. This module only translates (unpacking packed codes is reading a format);
-it never evaluates.
+feeding a MatMul; GatherBlockQuantized (its quantized embeddings) a Gather of the codes,
+scales and zero points, dequantized after. This module only translates (unpacking packed
+codes is reading a format); it never evaluates.
 """
 
 from __future__ import annotations
@@ -362,3 +363,65 @@ def import_matmul_nbits(ctx: ImportContext):
     if bias is not None:
         y = ctx.add("Add", y, ctx.add("Cast", bias, to=f32) if narrow else bias)
     return ctx.add("Cast", y, to=a.type.dtype) if narrow else y
+
+
+def _refuses_gather_block_quantized(node: onnx.NodeProto,
+                                    constants: dict[str, TensorProto | None]) -> str | None:
+    """A GatherBlockQuantized dnnc cannot translate: another bit width, data or zero points
+    not constants (unpacked at import), or the gather axis the quantized one."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inputs = list(node.input) + [""] * (4 - len(node.input))
+    data = constants.get(inputs[0])
+    if data is None:
+        return "data is not a constant"
+    if inputs[3] and constants.get(inputs[3]) is None:
+        return "zero_points is not a constant"
+    bits = attrs.get("bits", 4)
+    if bits not in (NBITS if data.data_type == TensorProto.UINT8 else (4,)):
+        return f"bits={bits} of {TensorProto.DataType.Name(data.data_type)} data"
+    rank = len(data.dims)
+    if rank and attrs.get("gather_axis", 0) % rank == attrs.get("quantize_axis", 1) % rank:
+        return "gather_axis equal to quantize_axis is not supported"
+    return None
+
+
+@onnx_op("GatherBlockQuantized", domain=MICROSOFT, refuses=_refuses_gather_block_quantized)
+def import_gather_block_quantized(ctx: ImportContext):
+    """Gather of data quantized in blocks along `quantize_axis` (MatMulNBitsQuantizer's
+    embeddings), as onnxruntime's CPU kernel computes it: float32((q - zero point) * scale),
+    in the scales' type. The codes (int4 / uint4, or uint8 of `bits`-bit codes packed along
+    the last axis) are gathered first, with their scales and zero points, and dequantized
+    after (a blocked DequantizeLinear): the table stays one byte a value. Zero points absent:
+    0 for int4 / uint4, 2^(bits - 1) for uint8 (taken off the codes, int8). An index out of
+    range is an InputError here (onnxruntime's kernel gives zeros)."""
+    data, indices, scales, zero_points = (ctx.input(k) for k in range(4))
+    codes = ctx.value(0)
+    rank = codes.ndim
+    bits = ctx.attrs.get("bits", 4)
+    block = int(ctx.attrs.get("block_size", 128))
+    gather_axis = ctx.attrs.get("gather_axis", 0) % rank
+    quantize_axis = ctx.attrs.get("quantize_axis", 1) % rank
+    packed = ctx.narrow(0) is None and codes.dtype == np.uint8 and bits < 8
+    if ctx.narrow(0) is None and codes.dtype == np.uint8 and (
+            gather_axis != 0 or quantize_axis != rank - 1):
+        raise ctx.fail("uint8 data is gathered along axis 0 and quantized along its last")
+    if packed:
+        codes = _unpack(codes, bits)
+    if block <= 0 or scales.type.rank != rank or scales.type.shape[quantize_axis] != \
+            -(-codes.shape[quantize_axis] // block):
+        raise ctx.fail(f"expects scales of data's rank with ceil({codes.shape[quantize_axis]} "
+                       f"/ block_size {block}) blocks along axis {quantize_axis}, given "
+                       f"{scales.type}")
+    zp = ctx.value(3)
+    if zp is not None and packed:
+        zp = _unpack(zp, bits)[..., :scales.type.shape[-1]]
+    if zp is None and ctx.narrow(0) is None:   # uint8 data: 2^(bits - 1)
+        codes = (codes.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
+    def gather(v: Value | None) -> Value | None:
+        return None if v is None else ctx.add("Gather", v, indices, axis=gather_axis)
+
+    axis = quantize_axis if quantize_axis < gather_axis else \
+        quantize_axis + indices.type.rank - 1
+    return ctx.add("DequantizeLinear", gather(ctx.const(codes)), gather(scales),
+                   gather(None if zp is None else ctx.const(np.ascontiguousarray(zp))),
+                   axis=axis, block_size=block, output_dtype=scales.type.dtype)
