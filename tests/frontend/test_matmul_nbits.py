@@ -303,8 +303,11 @@ def test_gather_block_quantized_refusals_are_reported_up_front():
                               quantize_axis=1)
     three_bits = _gather_model(numpy_helper.from_array(np.zeros((8, 12), np.uint8), "data"),
                                [3], scales, None, bits=3, block_size=16)
+    float8 = _gather_model(helper.make_tensor("data", TensorProto.FLOAT8E4M3FN, [8, 32],
+                                              [0.0] * 256), [3], scales, None, block_size=16)
     for model, reason in ((same_axis, "gather_axis equal to quantize_axis"),
-                          (three_bits, "bits=3 of UINT8 data")):
+                          (three_bits, "bits=3 of UINT8 data"),
+                          (float8, r"FLOAT8E4M3FN data \(int4, uint4, uint8 are\)")):
         with pytest.raises(UnsupportedOpError, match=reason):
             import_onnx(model)
 

@@ -367,8 +367,9 @@ def import_matmul_nbits(ctx: ImportContext):
 
 def _refuses_gather_block_quantized(node: onnx.NodeProto,
                                     constants: dict[str, TensorProto | None]) -> str | None:
-    """A GatherBlockQuantized dnnc cannot translate: another bit width, data or zero points
-    not constants (unpacked at import), or the gather axis the quantized one."""
+    """A GatherBlockQuantized dnnc cannot translate: data or zero points not constants
+    (unpacked at import), float8 / float4 data, another bit width, or the gather axis the
+    quantized one."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     inputs = list(node.input) + [""] * (4 - len(node.input))
     data = constants.get(inputs[0])
@@ -376,6 +377,8 @@ def _refuses_gather_block_quantized(node: onnx.NodeProto,
         return "data is not a constant"
     if inputs[3] and constants.get(inputs[3]) is None:
         return "zero_points is not a constant"
+    if data.data_type not in (TensorProto.INT4, TensorProto.UINT4, TensorProto.UINT8):
+        return f"{TensorProto.DataType.Name(data.data_type)} data (int4, uint4, uint8 are)"
     bits = attrs.get("bits", 4)
     if bits not in (NBITS if data.data_type == TensorProto.UINT8 else (4,)):
         return f"bits={bits} of {TensorProto.DataType.Name(data.data_type)} data"
