@@ -397,18 +397,17 @@ def import_gather_block_quantized(ctx: ImportContext):
     after (a blocked DequantizeLinear): the table stays one byte a value. Zero points absent:
     0 for int4 / uint4, 2^(bits - 1) for uint8 (taken off the codes, int8). An index out of
     range is an InputError here (onnxruntime's kernel gives zeros)."""
-    data, indices, scales, zero_points = (ctx.input(k) for k in range(4))
+    indices, scales = ctx.input(1), ctx.input(2)
     codes = ctx.value(0)
     rank = codes.ndim
     bits = ctx.attrs.get("bits", 4)
     block = int(ctx.attrs.get("block_size", 128))
     gather_axis = ctx.attrs.get("gather_axis", 0) % rank
     quantize_axis = ctx.attrs.get("quantize_axis", 1) % rank
-    packed = ctx.narrow(0) is None and codes.dtype == np.uint8 and bits < 8
-    if ctx.narrow(0) is None and codes.dtype == np.uint8 and (
-            gather_axis != 0 or quantize_axis != rank - 1):
+    uint8 = ctx.narrow(0) is None   # (else int4 / uint4, one value a byte already)
+    if uint8 and (gather_axis != 0 or quantize_axis != rank - 1):
         raise ctx.fail("uint8 data is gathered along axis 0 and quantized along its last")
-    if packed:
+    if uint8 and bits < 8:
         codes = _unpack(codes, bits)
     if block <= 0 or scales.type.rank != rank or scales.type.shape[quantize_axis] != \
             -(-codes.shape[quantize_axis] // block):
@@ -416,10 +415,11 @@ def import_gather_block_quantized(ctx: ImportContext):
                        f"/ block_size {block}) blocks along axis {quantize_axis}, given "
                        f"{scales.type}")
     zp = ctx.value(3)
-    if zp is not None and packed:
+    if zp is not None and uint8 and bits < 8:
         zp = _unpack(zp, bits)[..., :scales.type.shape[-1]]
-    if zp is None and ctx.narrow(0) is None:   # uint8 data: 2^(bits - 1)
+    if zp is None and uint8:   # the default 2^(bits - 1), taken off the codes
         codes = (codes.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
+
     def gather(v: Value | None) -> Value | None:
         return None if v is None else ctx.add("Gather", v, indices, axis=gather_axis)
 
