@@ -2,7 +2,8 @@
 in one run.
 
     python bench/cpu_int8.py [--models resnet50,mobilenet_v2,efficientnet_b0,...]
-                             [--dynamic int8,uint8,int8_pc,uint8_pc,qdq,qop] [--size 224]
+                             [--dynamic int8,uint8,int8_pc,uint8_pc,qdq,qop,nbits4,...]
+                             [--size 224]
                              [--threads 1,2] [--repeat 20] [--blocks 3] [--layers N]
                              [--peers onnxruntime,openvino] [--cpu-time]
 
@@ -13,7 +14,9 @@ a note where they are missing), transformers' bert_hf and gpt2_hf (dynamically q
 Each model is written as float32 and quantized as users do (CNNs: onnxruntime's
 quantize_static, QDQ, per-channel int8 weights, int8 activations, calibrated on seeded random
 inputs; transformers: one file per `--dynamic` variant: quantize_dynamic with int8 or uint8
-weights, `_pc` per channel; `qdq` / `qop`: quantize_static, QDQ / operator format), then the
+weights, `_pc` per channel; `qdq` / `qop`: quantize_static, QDQ / operator format; `nbits4`,
+`nbits8`, `nbits4_acc4`, ...: the weight-only MatMulNBitsQuantizer, 4 / 8-bit blocks of 32
+along K (its command line's default) with zero points, accuracy_level 4 with `_acc4`), then the
 float file compiled by dnnc, each quantized file compiled by dnnc (fuse_quantized's integer
 ops: the `amx_*_int8` templates on AMX tiles where the CPU has AMX-INT8, `dense_int8` /
 `conv_int8` on vpdpbusd where it has VNNI) and run by each peer of `--peers` that is installed
@@ -56,7 +59,7 @@ from dnnc import zoo  # noqa: E402
 from dnnc.backends.llvm.amx_int8 import int8_products  # noqa: E402
 from dnnc.backends.llvm.cpu import host_target  # noqa: E402
 from dnnc.testing.quantized_files import (  # noqa: E402
-    export_transformer, quantize_dynamic, quantize_static)
+    export_transformer, quantize_dynamic, quantize_static, quantize_weights)
 from cpu import EXPORTS, median_block_ms  # noqa: E402  (bench/cpu.py, beside this script)
 
 ISSUE_MODELS = "resnet50,mobilenet_v2,efficientnet_b0,regnet_y_400mf,convnext_tiny,bert_hf,gpt2_hf"
@@ -91,12 +94,19 @@ def float_model(name: str, size: int, layers: int | None = None):
 
 def quantized(name: str, model, folder: Path, variants: list[str]) -> dict[str, Path]:
     """label -> quantized file: a CNN's QDQ file, a transformer's per variant (`--dynamic`;
-    `qdq` and `qop`: quantize_static's QDQ and operator formats, uint8 activations)."""
+    `qdq` and `qop`: quantize_static's QDQ and operator formats, uint8 activations;
+    `nbits<bits>[_acc4]`: MatMulNBitsQuantizer's weight-only file)."""
     if name not in ZOO_TRANSFORMERS and name not in EXPORTED:
         return {name: quantize_static(model, folder, name)}
     files = {}
     for v in variants:
-        if v in ("qdq", "qop"):
+        if v.startswith("nbits"):
+            bits, _, level = v.removeprefix("nbits").partition("_acc")
+            files[f"{name}/{v}"] = folder / f"{name}_{v}.onnx"
+            onnx.save(quantize_weights(model, int(bits), 32,
+                                       accuracy_level=int(level) if level else None),
+                      files[f"{name}/{v}"])
+        elif v in ("qdq", "qop"):
             files[f"{name}/{v}"] = quantize_static(model, folder, name, activations="uint8",
                                                    operators=v == "qop",
                                                    preprocess=v == "qdq")

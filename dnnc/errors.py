@@ -17,9 +17,12 @@ class ModelFormatError(DNNCError):
 
 
 class UnsupportedOpError(DNNCError):
-    """One or more ops of a model have no importer; lists every one of them at once.
+    """One or more ops of a model have no importer, or nodes their importer refuses (an
+    attribute value or a non-constant input it cannot translate); lists every one of them at
+    once.
 
-    `ops` holds (op_type, domain, opset, [node names]) tuples.
+    `ops` holds (op_type, domain, opset, [node names]) tuples; a refused node's name carries
+    the reason in parentheses.
     """
 
     def __init__(self, ops: list[tuple[str, str, int, list[str]]]):

@@ -4,8 +4,10 @@ Importers are registered explicitly per ONNX op and the opset it changed in
 (`@onnx_op("Clip", since=11)`; an op of another domain names it: `@onnx_op("QGemm",
 domain=MICROSOFT)`), in `frontend/onnx_ops/<family>.py`; an importer translates one
 ONNX node into registered dnnc ops (older opsets' attributes that became inputs turn into
-constants). Before building anything, every node (subgraphs included) is checked for an importer,
-so one `UnsupportedOpError` lists all unsupported ops at once.
+constants). Before building anything, every node (subgraphs included) is checked for an importer
+and against its importer's refusals (`onnx_op(..., refuses=)`: attribute values or
+non-constant inputs it cannot translate), so one `UnsupportedOpError` lists all unsupported
+ops and nodes at once.
 This module never evaluates a graph and never imports a backend.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import onnx
@@ -76,16 +78,29 @@ def tensor_to_array(tensor: TensorProto, where: str = "") -> np.ndarray:
 # Importer registry
 
 Importer = Callable[["ImportContext"], "list[Value] | Value"]
-_IMPORTERS: dict[tuple[str, str], list[tuple[int, Importer]]] = defaultdict(list)
+Refusal = Callable[[onnx.NodeProto, "dict[str, TensorProto | None]"], "str | None"]
+"""Given an ONNX node and the constants it may read (initializer and Constant outputs by
+name, the tensor where one is at hand), why dnnc cannot run it (attribute values, inputs that
+must be constant), or None where it can."""
 
 
-def onnx_op(op_type: str, since: int = 1, domain: str = ""):
+class _Entry(NamedTuple):
+    since: int
+    importer: Importer
+    refuses: Refusal | None
+
+
+_IMPORTERS: dict[tuple[str, str], list[_Entry]] = defaultdict(list)
+
+
+def onnx_op(op_type: str, since: int = 1, domain: str = "", refuses: Refusal | None = None):
     """Register an importer for `op_type` of `domain` ("": the default one) at its opset
-    versions >= `since` (until a newer one)."""
+    versions >= `since` (until a newer one). `refuses`: the nodes of this op it cannot
+    translate, reported with the unsupported ops before anything is built."""
 
     def register(fn: Importer) -> Importer:
-        _IMPORTERS[domain, op_type].append((since, fn))
-        _IMPORTERS[domain, op_type].sort(key=lambda entry: entry[0])
+        _IMPORTERS[domain, op_type].append(_Entry(since, fn, refuses))
+        _IMPORTERS[domain, op_type].sort(key=lambda entry: entry.since)
         return fn
 
     return register
@@ -102,11 +117,16 @@ def direct(op_type: str, since: int = 1, op: str | None = None, domain: str = ""
 
 
 def find_importer(op_type: str, opset: int, domain: str = "") -> Importer | None:
+    entry = _find_entry(op_type, opset, domain)
+    return entry.importer if entry else None
+
+
+def _find_entry(op_type: str, opset: int, domain: str) -> _Entry | None:
     _load_importers()
     best = None
-    for since, fn in _IMPORTERS.get((domain, op_type), ()):
-        if since <= opset:
-            best = fn
+    for entry in _IMPORTERS.get((domain, op_type), ()):
+        if entry.since <= opset:
+            best = entry
     return best
 
 
@@ -250,26 +270,37 @@ def opset_of(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[str]]]:
-    """Every (op, domain, opset, node names) without an importer, subgraphs included."""
+    """Every (op, domain, opset, node names) without an importer, subgraphs included, and
+    the nodes their importer refuses (the reason beside the node's name)."""
     opsets = opset_of(model)
     local_functions = {(f.domain, f.name) for f in model.functions}
     missing: dict[tuple[str, str], list[str]] = defaultdict(list)
 
-    def scan(graph: onnx.GraphProto):
+    def scan(graph: onnx.GraphProto, outer: dict[str, TensorProto | None]):
+        inner = {vi.name for vi in graph.input}   # (a subgraph's inputs hide outer names)
+        constants = {name: t for name, t in outer.items() if name not in inner}
+        constants.update({t.name: t for t in graph.initializer})
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:
+                value = [a.t for a in node.attribute if a.name == "value"]
+                constants[node.output[0]] = value[0] if value else None
         for i, node in enumerate(graph.node):
             domain = "" if node.domain == "ai.onnx" else node.domain
             name = node.name or f"{node.op_type}_{i}"
+            entry = _find_entry(node.op_type, opsets.get(domain, 1), domain)
             if (node.domain, node.op_type) in local_functions:
                 missing[(node.op_type, domain)].append(name + " (model-local function)")
-            elif find_importer(node.op_type, opsets.get(domain, 1), domain) is None:
+            elif entry is None:
                 missing[(node.op_type, domain)].append(name)
+            elif entry.refuses is not None and (reason := entry.refuses(node, constants)):
+                missing[(node.op_type, domain)].append(f"{name} ({reason})")
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
-                    scan(attr.g)
+                    scan(attr.g, constants)
                 for g in attr.graphs:
-                    scan(g)
+                    scan(g, constants)
 
-    scan(model.graph)
+    scan(model.graph, {})
     return [(op, dom, opsets.get(dom, 1), names) for (op, dom), names in sorted(missing.items())]
 
 

@@ -2,7 +2,8 @@
 onnxruntime's `quantize_static` (QDQ format, per-channel int8 weights, int8 activations,
 calibrated on a few seeded random inputs, after its recommended `quant_pre_process`, which
 folds batch normalisations into convolutions) and `quantize_dynamic` (MatMulInteger after
-DynamicQuantizeLinear; int8 or uint8 weights, per tensor or per channel), on zoo models or on
+DynamicQuantizeLinear; int8 or uint8 weights, per tensor or per channel), weight-only
+`quantize_weights` (MatMulNBitsQuantizer: com.microsoft's MatMulNBits), on zoo models or on
 transformers' own BERT and GPT-2 exported by torch (`export_transformer`: small configs built
 here with seeded random weights, nothing downloaded).
 
@@ -86,6 +87,45 @@ def quantize_dynamic(model: onnx.ModelProto, folder: Path, name: str, weights: s
     quantize(str(float_path), str(out), weight_type=kind, per_channel=per_channel,
              extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     return out
+
+
+def quantize_weights(model: onnx.ModelProto, bits: int = 4, block_size: int = 128,
+                     symmetric: bool = False, accuracy_level: int | None = None,
+                     qdq: bool = False, hqq: bool = False) -> onnx.ModelProto:
+    """A copy of `model` whose MatMuls of constant weights are com.microsoft's MatMulNBits
+    (onnxruntime's weight-only quantizer, MatMulNBitsQuantizer: `bits`-bit codes in blocks of
+    `block_size` along K, symmetric or with zero points; `accuracy_level` written as given),
+    or with `qdq` (4 bits only) a blocked int4 / uint4 DequantizeLinear feeding each; `hqq`:
+    its HQQ algorithm (float zero points; needs torch)."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (HQQWeightOnlyQuantConfig,
+                                                                 MatMulNBitsQuantizer)
+
+    logging.getLogger().setLevel(logging.ERROR)
+    quantizer = MatMulNBitsQuantizer(onnx.load_from_string(model.SerializeToString()),
+                                     bits=bits, block_size=block_size,
+                                     is_symmetric=symmetric, accuracy_level=accuracy_level,
+                                     quant_format=QuantFormat.QDQ if qdq else
+                                     QuantFormat.QOperator,
+                                     algo_config=HQQWeightOnlyQuantConfig(
+                                         block_size=block_size, bits=bits) if hqq else None)
+    quantizer.process()   # (in place: hence the copy)
+    return quantizer.model.model
+
+
+def nbits_rounding_bound(x: np.ndarray, scales: np.ndarray, block: int, bits: int,
+                         zero: float = 0.0) -> np.ndarray:
+    """How far two float32 evaluations of a MatMulNBits, x @ W, may part, element by element
+    ([rows of x, N]): each sums K products in its own order (|error| <= K u sum |x w|,
+    Higham's gamma_K), onnxruntime's int8 path as exact block sums times two scales plus
+    scale * zero point * A's block sum, so |x| (and A's int8 step, max|a| / 254, at
+    accuracy_level 4) times the largest term a block holds, scale * (2**bits + |zero
+    point|). scales: the node's [N, blocks]; zero: the largest float zero point."""
+    k = x.shape[-1]
+    rows = np.abs(x).reshape(-1, k).astype(np.float64)
+    rows = rows + rows.max(axis=1, keepdims=True) / 254
+    magnitude = np.repeat(np.abs(scales.astype(np.float64)).T, block, axis=0)[:k]
+    return 2 * (k + 8) * 2.0 ** -24 * (rows @ (magnitude * (2 ** bits + abs(zero))))
 
 
 def optimize_transformer(model: onnx.ModelProto, folder: Path, name: str, heads: int,

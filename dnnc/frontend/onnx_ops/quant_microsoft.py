@@ -16,12 +16,18 @@ MLAS's own formula too (the exact integer product times one multiplier s_a s_b /
 Where onnxruntime's kernel rounds otherwise (QLinearSoftmax and QLinearSigmoid through
 tables), a quantized value may differ by one unit on a tie: issue 33's accuracy contract.
 QLinearAveragePool adds y's zero point before rounding, as onnxruntime's kernel does (bit for
-bit on random inputs). This module only translates; it never evaluates.
+bit on random inputs). MatMulNBits (onnxruntime's weight-only quantizer,
+MatMulNBitsQuantizer) is a blocked DequantizeLinear of its constant weight, unpacked here,
+feeding a MatMul; GatherBlockQuantized (its quantized embeddings) a Gather of the codes,
+scales and zero points, dequantized after. This module only translates (unpacking packed
+codes is reading a format); it never evaluates.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from ...ir import types as T
 from ...ir.graph import Value
@@ -216,3 +222,209 @@ def import_qattention(ctx: ImportContext):
     return ctx.add("Attention", *inputs, q_num_heads=heads, kv_num_heads=heads,
                    is_causal=int(ctx.attrs.get("unidirectional", 0)),
                    scale=float(scale) if scale else None)
+
+
+def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
+    """The `bits`-bit codes of uint8 bytes along the last axis, low bits first:
+    [..., n] -> [..., n * 8 // bits] (MatMulNBits' packing of B and of its zero points)."""
+    shifts = np.arange(0, 8, bits, dtype=np.uint8)
+    codes = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
+    return codes.reshape(*packed.shape[:-1], -1)
+
+
+NBITS = (2, 4, 8)
+"""MatMulNBits' bit widths dnnc imports: those onnxruntime's CPU kernel runs (whole codes a
+byte; its schema names 2 to 8)."""
+
+
+def _refuses_matmul_nbits(node: onnx.NodeProto,
+                          constants: dict[str, TensorProto | None]) -> str | None:
+    """A MatMulNBits dnnc cannot translate: another bit width, a weight prepacked for an
+    execution provider, B or zero_points not constants (they are unpacked at import), a
+    g_idx that reorders K (act-order; a deprecated input) or is not a constant."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inputs = list(node.input) + [""] * (6 - len(node.input))
+    bits = attrs.get("bits", 4)
+    if bits not in NBITS:
+        return f"bits={bits}: only {', '.join(map(str, NBITS))} are supported"
+    if attrs.get("weight_prepacked", 0):
+        return (f"weight_prepacked={attrs['weight_prepacked']}: B is prepacked for an "
+                f"execution provider")
+    for i, what in ((1, "B"), (3, "zero_points")):
+        if inputs[i] and constants.get(inputs[i]) is None:
+            return f"{what} is not a constant"
+    if inputs[4]:
+        g_idx = constants.get(inputs[4])
+        k, block = attrs.get("K", 0), attrs.get("block_size", 0)
+        if g_idx is None or not block or not np.array_equal(
+                numpy_helper.to_array(g_idx).ravel(), np.arange(k) // block):
+            return "g_idx that reorders K (act-order) is not supported"
+    return None
+
+
+def _ints(ctx: ImportContext, values: list[int]) -> Value:
+    return ctx.const(np.array(values, np.int64))
+
+
+def _first(ctx: ImportContext, x: Value, k: int, axis: int) -> Value:
+    """x's first k entries along `axis` (a blocked K's padding dropped)."""
+    if x.type.shape[axis] == k:
+        return x
+    return ctx.add("Slice", x, _ints(ctx, [0]), _ints(ctx, [k]), _ints(ctx, [axis]))
+
+
+def _rows_of_blocks(ctx: ImportContext, t: Value, block: int, k: int) -> Value:
+    """[blocks, n] -> [k, n]: each block's row repeated `block` times, cut to k rows."""
+    blocks, n = t.type.shape
+    t = ctx.add("Reshape", t, _ints(ctx, [blocks, 1, n]))
+    t = ctx.add("Expand", t, _ints(ctx, [blocks, block, n]))
+    return _first(ctx, ctx.add("Reshape", t, _ints(ctx, [blocks * block, n])), k, 0)
+
+
+def _int8_blocks(ctx: ImportContext, a: Value, block: int, k: int) -> Value:
+    """A as onnxruntime's accuracy_level 4 reads it on x86 (MLAS's QuantizeARow_CompInt8):
+    each row's blocks of `block` values along K quantized to int8 symmetrically, codes
+    round_half_even(a * (127 / max|a|)) (0 in an all-zero block) times the scale
+    max|a| / 127 -- the same product of A's and W's blocks that MLAS's int8 kernels sum."""
+    rank, padded = a.type.rank, -(-k // block) * block
+
+    def f32(value):
+        return ctx.const(np.float32(value))
+
+    if padded != k:
+        a = ctx.add("Pad", a, _ints(ctx, [0, padded - k]), None, _ints(ctx, [rank - 1]))
+    x = ctx.add("Reshape", a, _ints(ctx, [0] * (rank - 1) + [padded // block, block]))
+    amax = ctx.add("ReduceMax", ctx.add("Abs", x), _ints(ctx, [rank]), keepdims=1)
+    inverse = ctx.add("Where", ctx.add("Equal", amax, f32(0)), f32(0),
+                      ctx.add("Div", f32(127), amax))
+    x = ctx.add("Mul", ctx.add("Round", ctx.add("Mul", x, inverse)),
+                ctx.add("Div", amax, f32(127)))
+    return _first(ctx, ctx.add("Reshape", x, _ints(ctx, [0] * (rank - 1) + [padded])), k,
+                  rank - 1)
+
+
+@onnx_op("MatMulNBits", domain=MICROSOFT, refuses=_refuses_matmul_nbits)
+def import_matmul_nbits(ctx: ImportContext):
+    """A @ W (+ bias), W [K, N] of B's `bits`-bit codes q, blocked along K: (q - zero point)
+    * scale, as onnxruntime's CPU kernel dequantizes B: zero points packed like B (uint8),
+    8 / 128 / 2 where absent (the codes then less it, int8: the 4-bit ones int4 values),
+    or float (then q * scale - scale * zero point, onnxruntime's order). A blocked
+    DequantizeLinear of the unpacked constant codes feeds a MatMul, so fold_constants makes
+    W float32 once. float16 / bfloat16 A is computed in float32 and rounded once, as
+    onnxruntime's x86 kernel does. accuracy_level 4 (A may be int8) quantizes A's blocks
+    as onnxruntime does (`_int8_blocks`); the other levels are float32 (which meets them)."""
+    a, scales, zero_points, bias = ctx.input(0), ctx.input(2), ctx.input(3), ctx.input(5)
+    try:
+        k, n, block = (int(ctx.attrs[key]) for key in ("K", "N", "block_size"))
+    except KeyError as missing:
+        raise ctx.fail(f"attribute {missing} is required") from None
+    bits = ctx.attrs.get("bits", 4)
+    blocks = -(-k // block) if block > 0 else 0
+    packed = ctx.value(1)
+    if block <= 0 or block * bits % 8 or packed.dtype != np.uint8 or \
+            packed.shape != (n, blocks, block * bits // 8):
+        raise ctx.fail(f"expects B of uint8 [N, ceil(K / block_size), block_size * bits / 8] "
+                       f"= [{n}, {blocks}, {block * bits // 8}] (K {k}, N {n}, block_size "
+                       f"{block}, bits {bits}), given {packed.dtype} {list(packed.shape)}")
+    if scales.type.numel != n * blocks:
+        raise ctx.fail(f"expects scales of N * ceil(K / block_size) = {n * blocks} values, "
+                       f"given {scales.type}")
+    codes = np.ascontiguousarray(_unpack(packed, bits).reshape(n, -1)[:, :k].T)   # [K, N]
+    scales_t = ctx.add("Transpose", ctx.add("Reshape", scales, _ints(ctx, [n, blocks])),
+                       perm=[1, 0])
+    f32 = T.float32
+    dequantize = {"axis": 0, "block_size": block, "output_dtype": f32}
+    zp = ctx.value(3)
+    if zero_points is None:
+        shifted = codes.astype(np.int16) - (1 << (bits - 1))
+        w = ctx.add("DequantizeLinear", ctx.const(shifted.astype(np.int8)), scales_t,
+                    None, **dequantize)
+    elif zp.dtype == np.uint8:
+        per_row = -(-blocks * bits // 8)
+        if zp.size != n * per_row:
+            raise ctx.fail(f"expects packed uint8 zero_points [N, ceil(ceil(K / block_size) "
+                           f"* bits / 8)] = [{n}, {per_row}], given {list(zp.shape)}")
+        zp_t = np.ascontiguousarray(_unpack(zp.reshape(n, per_row), bits)[:, :blocks].T)
+        w = ctx.add("DequantizeLinear", ctx.const(codes), scales_t, ctx.const(zp_t),
+                    **dequantize)
+    else:
+        if zp.size != n * blocks:
+            raise ctx.fail(f"expects float zero_points [N, ceil(K / block_size)] = "
+                           f"[{n}, {blocks}], given {list(zp.shape)}")
+        zp_t = ctx.const(np.ascontiguousarray(zp.reshape(n, blocks).T).astype(np.float32))
+        scale = _rows_of_blocks(ctx, ctx.add("Cast", scales_t, to=f32), block, k)
+        w = ctx.add("Sub", ctx.add("Mul", ctx.const(codes.astype(np.float32)), scale),
+                    ctx.add("Mul", scale, _rows_of_blocks(ctx, zp_t, block, k)))
+    narrow = a.type.dtype != f32
+    x = ctx.add("Cast", a, to=f32) if narrow else a
+    if ctx.attrs.get("accuracy_level", 0) == 4:
+        x = _int8_blocks(ctx, x, block, k)
+    y = ctx.add("MatMul", x, w)
+    if bias is not None:
+        y = ctx.add("Add", y, ctx.add("Cast", bias, to=f32) if narrow else bias)
+    return ctx.add("Cast", y, to=a.type.dtype) if narrow else y
+
+
+def _refuses_gather_block_quantized(node: onnx.NodeProto,
+                                    constants: dict[str, TensorProto | None]) -> str | None:
+    """A GatherBlockQuantized dnnc cannot translate: data or zero points not constants
+    (unpacked at import), float8 / float4 data, another bit width, or the gather axis the
+    quantized one."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inputs = list(node.input) + [""] * (4 - len(node.input))
+    data = constants.get(inputs[0])
+    if data is None:
+        return "data is not a constant"
+    if inputs[3] and constants.get(inputs[3]) is None:
+        return "zero_points is not a constant"
+    if data.data_type not in (TensorProto.INT4, TensorProto.UINT4, TensorProto.UINT8):
+        return f"{TensorProto.DataType.Name(data.data_type)} data (int4, uint4, uint8 are)"
+    bits = attrs.get("bits", 4)
+    if bits not in (NBITS if data.data_type == TensorProto.UINT8 else (4,)):
+        return f"bits={bits} of {TensorProto.DataType.Name(data.data_type)} data"
+    rank = len(data.dims)
+    if rank and attrs.get("gather_axis", 0) % rank == attrs.get("quantize_axis", 1) % rank:
+        return "gather_axis equal to quantize_axis is not supported"
+    return None
+
+
+@onnx_op("GatherBlockQuantized", domain=MICROSOFT, refuses=_refuses_gather_block_quantized)
+def import_gather_block_quantized(ctx: ImportContext):
+    """Gather of data quantized in blocks along `quantize_axis` (MatMulNBitsQuantizer's
+    embeddings), as onnxruntime's CPU kernel computes it: float32((q - zero point) * scale),
+    in the scales' type. The codes (int4 / uint4, or uint8 of `bits`-bit codes packed along
+    the last axis) are gathered first, with their scales and zero points, and dequantized
+    after (a blocked DequantizeLinear): the table stays one byte a value. Zero points absent:
+    0 for int4 / uint4, 2^(bits - 1) for uint8 (taken off the codes, int8). An index out of
+    range is an InputError here (onnxruntime's kernel gives zeros)."""
+    indices, scales = ctx.input(1), ctx.input(2)
+    codes = ctx.value(0)
+    rank = codes.ndim
+    bits = ctx.attrs.get("bits", 4)
+    block = int(ctx.attrs.get("block_size", 128))
+    gather_axis = ctx.attrs.get("gather_axis", 0) % rank
+    quantize_axis = ctx.attrs.get("quantize_axis", 1) % rank
+    uint8 = ctx.narrow(0) is None   # (else int4 / uint4, one value a byte already)
+    if uint8 and (gather_axis != 0 or quantize_axis != rank - 1):
+        raise ctx.fail("uint8 data is gathered along axis 0 and quantized along its last")
+    if uint8 and bits < 8:
+        codes = _unpack(codes, bits)
+    if block <= 0 or scales.type.rank != rank or scales.type.shape[quantize_axis] != \
+            -(-codes.shape[quantize_axis] // block):
+        raise ctx.fail(f"expects scales of data's rank with ceil({codes.shape[quantize_axis]} "
+                       f"/ block_size {block}) blocks along axis {quantize_axis}, given "
+                       f"{scales.type}")
+    zp = ctx.value(3)
+    if zp is not None and uint8 and bits < 8:
+        zp = _unpack(zp, bits)[..., :scales.type.shape[-1]]
+    if zp is None and uint8:   # the default 2^(bits - 1), taken off the codes
+        codes = (codes.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
+
+    def gather(v: Value | None) -> Value | None:
+        return None if v is None else ctx.add("Gather", v, indices, axis=gather_axis)
+
+    axis = quantize_axis if quantize_axis < gather_axis else \
+        quantize_axis + indices.type.rank - 1
+    return ctx.add("DequantizeLinear", gather(ctx.const(codes)), gather(scales),
+                   gather(None if zp is None else ctx.const(np.ascontiguousarray(zp))),
+                   axis=axis, block_size=block, output_dtype=scales.type.dtype)

@@ -322,6 +322,58 @@ def test_four_bit_quantized_files_on_host(name, activations, weights, dense, con
     assert np.array_equal(got, onnxruntime_values(path, feeds)[output])
 
 
+def _weight_only_file(level: int):
+    """A MatMulNBits file (MatMulNBitsQuantizer: 4-bit blocks of 32 with zero points, K 200
+    not a multiple of them) and its program scheduled for cuda: (model, graph, program)."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from dnnc.frontend.onnx import import_onnx
+    from dnnc.testing.quantized_files import quantize_weights
+
+    k, n = 200, 24
+    w = np.random.default_rng(1).standard_normal((k, n)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "fc",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 5, k])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 5, n])],
+        [numpy_helper.from_array(w, "w")])
+    model = quantize_weights(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17)]), 4, 32, accuracy_level=level or None)
+    g, (program,) = programs(import_onnx(model), machine=MACHINE)
+    assert ("Round" in [nd.op for nd in g.nodes]) == (level == 4)
+    return model, g, program
+
+
+@pytest.mark.parametrize("level", [0, 4])
+def test_weight_only_quantized_file_on_host(level, rng, tmp_path):
+    """The file's float dense product (and at accuracy_level 4 A's quantization to int8
+    blocks before it), run on host threads, gives onnxruntime's output within the float32
+    rounding bound."""
+    import onnx
+    from onnx import numpy_helper
+
+    from dnnc.testing.quantized_files import nbits_rounding_bound, onnxruntime_values
+
+    model, g, program = _weight_only_file(level)
+    path = tmp_path / "nbits.onnx"
+    onnx.save(model, path)
+    x = rng.standard_normal((3, 5, 200)).astype(np.float32)
+    want = onnxruntime_values(path, {"x": x})["y"]
+    module = render_module(program.unique)
+    lib = host_library(program.unique, tmp_path / "lib", module)
+    got = program_on_host(lib, module, program, {"x": x})[g.outputs[0].name]
+    scales = next(numpy_helper.to_array(t) for t in model.graph.initializer
+                  if t.name == model.graph.node[0].input[2])
+    bound = nbits_rounding_bound(x, scales, 32, 4)
+    assert (np.abs(got - want).reshape(bound.shape) - bound).max() <= 0
+
+
+def test_weight_only_quantized_file_compiles_with_nvrtc():
+    nvrtc_compiled(render_module(_weight_only_file(4)[2].unique).source, "sm_90")
+
+
 @pytest.mark.parametrize("shape,values", [
     ((300, 500), "normal"), ((64, 33), "normal"), ((7, 5), "positive"), ((1000, 3), "negative"),
     ((2, 129), "zero")])
