@@ -495,6 +495,11 @@ def _pool(rng, op, attrs, shape):
     ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
     ("MaxPool", dict(kernel_shape=[2, 3], strides=[1, 3], dilations=[2, 1], pads=[0, 1, 1, 2])),
+    # strided max pools run separably (rows' maximum, then columns'): unpadded odd sizes,
+    # dilated rows and columns at a row stride
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2])),
+    ("MaxPool", dict(kernel_shape=[3, 2], strides=[2, 1], dilations=[2, 3])),
+    ("MaxPool", dict(kernel_shape=[1, 1], strides=[3, 2])),
     ("AveragePool", dict(kernel_shape=[3, 3], strides=[1, 1])),
     ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
                          count_include_pad=1)),
@@ -503,7 +508,10 @@ def _pool(rng, op, attrs, shape):
 def test_pool_template_matches_reference(rng, op, attrs):
     model, x = _pool(rng, op, attrs, (2, 3, 23, 37))
     compiled = dnnc.compile(model, target="llvm")
-    assert "for plane in range(6)" in compiled.source("loop")        # the template's loop
+    source = compiled.source("loop")
+    assert "for plane in range(6)" in source        # the template's loop
+    strided = attrs.get("strides", [1, 1]) != [1, 1]
+    assert ("rowmax" in source) == (op == "MaxPool" and strided)
     want = dnnc.compile(model, target="numpy").run(x)[0]
     np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-6, atol=1e-6)
 
