@@ -83,7 +83,7 @@ def produced(c: mma.TensorCoreConfig, slots: int = 0,
 SWEEP_TILES = tuple((bm, bn, wm, wn, stages) for bm, bn, wm, wn, stages, _ in
                     mma.WGMMA_DEFAULTS) + ((128, 64, 8, 1, 8),)
 """`--sweep`'s blocks: the default's wgmma tiles and 128 x 64 in 8 slots (the fastest block at
-1024 x 3072 x 768 in session 49's and 50's calls, which the default does not offer)."""
+1024 x 3072 x 768 in session 49's and 50's calls: `mma.WGMMA_TALL_TILE`)."""
 
 
 def sweep(m: int, k: int, n: int, precision: str, gpu) -> list:

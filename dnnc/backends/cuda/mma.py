@@ -165,6 +165,11 @@ TMA_PRECISIONS = ("fp16", "bf16")
 """Precisions whose k tiles TMA copies (a box row of 64 16-bit elements: 128 bytes)."""
 
 
+STAGES = (2, 3, 4, 5, 8)
+"""The stages knob's values: 8 slots for WGMMA_TALL_TILE's 128 x 64 block (its ring of 24 KiB
+slots, the depth session 50's sweep timed it at)."""
+
+
 def product_space(name: str, k: int, batch: int, precision: str, arch: str | None = None
                   ) -> Space:
     """The knobs of a tensor-core product of depth `k`, `batch` of them (dense and conv), at
@@ -175,7 +180,7 @@ def product_space(name: str, k: int, batch: int, precision: str, arch: str | Non
     return Space(name, TensorCoreConfig, {
         "block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 192, 256),
         "block_k": (16, 32, 64), "warps_m": (1, 2, 4, 8), "warps_n": (1, 2, 4),
-        "stages": (2, 3, 4, 5), "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
+        "stages": STAGES, "split_k": SPLITS, "wgmma": (False, True)[:1 + warpgroups],
         "early_refill": (False, True)[:1 + warpgroups],
         "refill_first": (False, True)[:1 + warpgroups], "staged": (False, True),
         "cluster_split": (False, True)[:1 + warpgroups],
@@ -344,6 +349,26 @@ call (us, fp16 / bf16, cuBLAS): 512 x 3072 x 768 64 x 64 -> 64 x 192 split 4 12.
 10.8 / 10.8 (8.1 / 8.7), 256 x 3072 x 768 64 x 64 split 2 -> 64 x 128 split 4 9.4 / 9.3 -> 8.4
 / 8.4 (7.7 / 7.8), 1000^3 64 x 64 -> 64 x 128 13.3 / 13.6 -> 10.4 / 11.1 (7.5 / 8.4); every
 other transformer shape and 4096^3 keeps its tile."""
+
+WGMMA_TALL_TILE = TensorCoreConfig(128, 64, 64, 8, 1, 8, wgmma=True)
+WGMMA_TALL_TILE_S = 140e-9
+WGMMA_TALL_SM_FLOPS = 8.3e12
+WGMMA_TALL_MIN_TILES = 48
+"""A dense fp16 / bf16 product's 128 x 64 wgmma block (two warpgroups of 64 x 64 sharing B's
+tile, 8 slots, with the TMA producer the default gives it), offered unsplit where its blocks
+fill at most one wave (one an SM) and k is at least WGMMA_TALL_MIN_TILES k tiles deep, timed
+as a lone block is: a k tile WGMMA_TALL_TILE_S plus its FLOPs at WGMMA_TALL_SM_FLOPS, its
+launch and results included (session 50's H200 sweep, bench/gpu_gemm_ab.py --sweep: lone
+blocks over 48 k tiles with TMA, 64 x 64 to 128 x 256, fit that line within 9%; 128 x 64
+245-254 ns a tile). WGMMA_TILE_S's model, fitted without a producer, rates the block as 64 x
+128 (363 ns a tile) and never took it; in one wave no block shares its SM, so the lone
+block's time is the product's. The same sweep: 1024 x 3072 x 768 (96 blocks) 128 x 64
+unsplit 12.1 / 12.2 us (fp16 / bf16) against the default's 64 x 192 split 2 13.3 (cuBLAS
+10.4 at bf16); taken by the default (bench/gpu_kernels.py --graphs, 16-bit in and out, one
+call) 12.5 / 12.4 us against cuBLAS's 11.6 / 11.1 (0.93 / 0.89, was 0.81 / 0.79), no other
+of issue 31's 30 cells moved. Shallower one-wave products (256 x 768 x 3072: 12 tiles, 128 x
+64 4.8 us against 5.2) are left to the model: the line's launch and results were spread
+over 48 tiles."""
 
 CLUSTER_SPLIT_S = 4e-6
 """What a `cluster_split` costs a wgmma product in the model (its blocks' staged tiles summed
@@ -520,7 +545,8 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     `shallow_rule`: SHALLOW_K's tiles for shallow products (dense ones; see SHALLOW_EFFICIENCY);
     `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE);
     `cluster_split`: a wgmma tile's split of CLUSTER_SPLITS may be summed in its cluster
-    (CLUSTER_SPLIT_S), else every split is summed by a second launch."""
+    (CLUSTER_SPLIT_S), else every split is summed by a second launch. Where WGMMA_TALL_TILE
+    fills one wave of a deep fp16 / bf16 product, it is rated by its lone-block line too."""
     best, best_time = None, math.inf
     for base, efficiency in _candidates(precision, wgmma, k, m * n * batch, shallow_rule,
                                         staged):
@@ -555,7 +581,28 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
             for option, option_seconds in options:
                 if option_seconds < best_time:
                     best, best_time = option, option_seconds
+    tall = _tall_seconds(m, n, k, batch, gpu, precision) if wgmma and shallow_rule and \
+        precision in ("fp16", "bf16") and k > SHALLOW_K else None
+    if tall is not None and tall < best_time:
+        from . import wgmma as wg   # (it builds on this module's tiles)
+        best = replace(WGMMA_TALL_TILE, block_k=wg.block_k(precision))
     return best
+
+
+def _tall_seconds(m: int, n: int, k: int, batch: int, gpu: GPU,
+                  precision: str) -> float | None:
+    """WGMMA_TALL_TILE's time at an m x n x k product (`batch` of them), unsplit, where its
+    blocks fill at most one wave and k is WGMMA_TALL_MIN_TILES tiles deep, else None."""
+    from . import wgmma as wg   # (it builds on this module's tiles)
+
+    c = WGMMA_TALL_TILE
+    blocks = -(-m // c.block_m) * -(-n // c.block_n) * batch
+    block_k = wg.block_k(precision)
+    k_tiles = -(-k // block_k)
+    if blocks > gpu.sms or k_tiles < WGMMA_TALL_MIN_TILES:
+        return None
+    return k_tiles * (WGMMA_TALL_TILE_S + 2 * c.block_m * c.block_n * block_k /
+                      WGMMA_TALL_SM_FLOPS)
 
 
 def _wgmma_seconds(c: TensorCoreConfig, k: int, blocks: int, gpu: GPU) -> float:

@@ -59,6 +59,8 @@ TMA_CASES = [
      True),
     ("fp16", 96, 136, 300, 1, W(128, 128, 64, 8, 1, 4, producer="tma", staged=True),
      T.float16, False, True),
+    ("bf16", 200, 136, 3080, 1, W(128, 64, 64, 8, 1, 8, producer="tma", staged=True),
+     T.bfloat16, False, False),
 ]
 TMA_DEVICE_CASES = TMA_CASES + [
     ("fp16", 4096, 4096, 4096, 1, W(128, 256, 64, 8, 1, 4, producer="tma", staged=True),
@@ -69,6 +71,8 @@ TMA_DEVICE_CASES = TMA_CASES + [
      T.float16, False, True),
     ("bf16", 128, 768, 3072, 1, W(64, 64, 64, 4, 1, 4, producer="tma"), T.bfloat16, False,
      False),
+    ("fp16", 1024, 768, 3072, 1, W(128, 64, 64, 8, 1, 8, producer="tma", staged=True),
+     T.float16, False, False),
 ]
 """What NVRTC compiles (and the GPU runs): TMA_CASES and the bench's shapes."""
 

@@ -705,7 +705,8 @@ def test_the_producer_is_searched_with_wgmma_and_taken_by_the_default(monkeypatc
     for precision in ("fp16", "bf16"):
         for shape, tile in (((4096, 4096, 4096), (128, 256)), ((8192, 768, 3072), (128, 256)),
                             ((128, 768, 3072), (64, 64)), ((128, 3072, 768), (64, 64)),
-                            ((1024, 3072, 768), (64, 192)), ((8192, 3072, 768), (128, 192))):
+                            ((1024, 3072, 768), (128, 64)), ((2048, 3072, 768), (64, 192)),
+                            ((8192, 3072, 768), (128, 192))):
             c = default(*shape, precision)
             assert (c.block_m, c.block_n) == tile and c.producer == "tma", (shape, c)
             assert not c.refill_first and space.check(c) == c
@@ -808,10 +809,11 @@ def test_shallow_products_of_16_bit_outputs_take_the_staged_wgmma_tile(monkeypat
 
 def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
     """bert b8's fc2 (1024 x 3072 x 768: 64 tiles of 64 x 192 for 132 SMs) splits k on wgmma
-    tiles at fp16, bf16 and tf32 (tf32 operands): by default in 2 on 64 x 192 tiles summed by
-    a second launch (the model counts the busiest SM's blocks, so 192 blocks of 64 x 64 do
-    not rate as one full wave); with DNNC_CLUSTER_SPLIT=1 summed in clusters, its split
-    blocks within one wave. The 4096-row product keeps its unsplit tile either way."""
+    tiles at tf32 (tf32 operands): by default in 2 on 64 x 192 tiles summed by a second
+    launch (the model counts the busiest SM's blocks, so 192 blocks of 64 x 64 do not rate
+    as one full wave); with DNNC_CLUSTER_SPLIT=1 summed in clusters, its split blocks within
+    one wave. At fp16 and bf16 one wave of WGMMA_TALL_TILE unsplit beats both. The 4096-row
+    product keeps its unsplit tile either way."""
     from types import SimpleNamespace
 
     from dnnc.backends.cuda.device import REFERENCE
@@ -830,9 +832,12 @@ def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
                 p = SimpleNamespace(m=m, n=768, k=3072, batch=1, a_tf32=precision == "tf32",
                                     b_tf32=precision == "tf32", y=SimpleNamespace(dtype=y))
                 config = mma.dense_default(p, machine)
-                assert config.wgmma and (config.split_k > 1) == (m == 1024)
-                assert config.cluster_split == (m == 1024 and switch == "1")
-                if config.cluster_split:
+                split = m == 1024 and precision == "tf32"
+                assert config.wgmma and (config.split_k > 1) == split
+                assert config.cluster_split == (split and switch == "1")
+                if m == 1024 and not split:
+                    assert (config.block_m, config.block_n, config.split_k) == (128, 64, 1)
+                elif config.cluster_split:
                     blocks = -(-m // config.block_m) * -(-768 // config.block_n)
                     assert blocks * config.split_k <= mma.CLUSTER_WAVES * REFERENCE.sms
                 elif m == 1024:
@@ -847,8 +852,10 @@ def test_the_default_models_a_wgmma_k_tile_s_fixed_cost(monkeypatch):
     in 4 (10.8 us against the efficiencies' 64 x 64 unsplit, 12.6 / 13.0), 256 x 3072 x 768
     64 x 128 in 4 (8.4 against 64 x 64 split 2's 9.4), 1000^3 takes 64 x 128 (10.4 against
     13.3); no slice is shallower than WGMMA_MIN_SLICE_TILES k tiles (vit's 197 x 768 x 192
-    stays unsplit: 4.5 us against split 4's 4.9); a convolution's GEMM keeps the
-    efficiencies."""
+    stays unsplit: 4.5 us against split 4's 4.9); 1024 x 3072 x 768, one wave of 128 x 64
+    blocks 48 k tiles deep, takes WGMMA_TALL_TILE unsplit (session 50: 12.5 / 12.4 us
+    against 64 x 192 split 2's 13.3), 2048 x 3072 x 768 (two waves of it) does not; a
+    convolution's GEMM keeps the efficiencies."""
     from dnnc.backends.cuda.device import REFERENCE
 
     monkeypatch.delenv("DNNC_WGMMA", raising=False)
@@ -858,7 +865,8 @@ def test_the_default_models_a_wgmma_k_tile_s_fixed_cost(monkeypatch):
                                 ((256, 3072, 768), (64, 128, 4)),
                                 ((1000, 1000, 1000), (64, 128, 1)),
                                 ((197, 768, 192), (64, 64, 1)),
-                                ((1024, 3072, 768), (64, 192, 2)),
+                                ((1024, 3072, 768), (128, 64, 1)),
+                                ((2048, 3072, 768), (64, 192, 1)),
                                 ((4096, 4096, 4096), (128, 256, 1))):
             c = mma.choose(m, n, k, 1, REFERENCE, precision, wgmma=True, staged=True)
             assert c.wgmma and (c.block_m, c.block_n, c.split_k) == tile, (m, k, n, c)
