@@ -74,12 +74,12 @@ class PairedA:
         """Pairs of this k-slice for each row ii of the tile (`row_of(ii)`: rows past M repeat
         the last): whole pairs a vector of pairs at a time (A's even and odd k as two stride-2
         loads), the rest one by one, a k past K read as 0. k_major: pair by pair, the tile's
-        rows a vector (two contiguous loads of A's k and k + 1 rows), the tile's rows read as
-        `whole_rows(ii)` where that condition (`whole_rows`: all MR rows inside M) holds."""
+        rows a vector (two contiguous loads of A's k and k + 1 rows); `whole_rows`, a pair
+        (condition, rows) where the condition says all MR rows are inside M, reads them as
+        `rows(ii)` (no clamp: contiguous loads) when it holds."""
         ii, tv, lane, t = L.Var("pi"), L.Var("pv"), L.Var("pl"), L.Var("pt")
         start = kb * self.kc
         depth = L.minimum(L.const(self.kc), self.k - start)
-        whole = depth // 2 // self.lanes   # vectors of pairs wholly inside the slice
 
         def word(t_expr, guard: bool, rows=row_of) -> L.Expr:
             k0 = start + 2 * t_expr
@@ -104,6 +104,7 @@ class PairedA:
                 return pairs(row_of)
             condition, rows = whole_rows
             return L.If(condition, pairs(rows), pairs(row_of))
+        whole = depth // 2 // self.lanes   # vectors of pairs wholly inside the slice
         first = whole * self.lanes
         vectors = L.For(tv, whole, L.For(lane, self.lanes, L.Store(
             self.buffer, (self.slot(block, tile, ii, tv * self.lanes + lane),),

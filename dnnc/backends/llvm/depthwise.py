@@ -53,13 +53,13 @@ one-row block was bound by them). 2 threads, znver5, kernel alone, 1 -> 4 rows: 
 96x112x112 95.1 -> 85.8, 144x56x56 35.0 -> 31.2, 576x14x14 14.5 -> 11.0; 5x5 stride 2
 144x56x56 61.4 -> 43.3, 672x28x28 71.1 -> 56.8. (6 rows lost at 144x56x56: 68.2.)"""
 
+ROW_BLOCKS = (1, 2, 3, 4)
+"""Output rows a block by rows may compute together (`rows`)."""
+
 
 CHANNELS_PLANE_BYTES = 32 << 10
 """A vector of channels' padded planes, interleaved, at most this big for `channels` (the
 taps read it from L1)."""
-
-ROW_BLOCKS = (1, 2, 3, 4)
-"""Output rows a block by rows may compute together (`rows`)."""
 
 CHANNELS_MAX_PIXELS = 16
 """Pixels a block of `channels` has at most: a vector of accumulators each, with the weight
@@ -122,7 +122,7 @@ def default(p: Conv2d, machine) -> DepthwiseConfig:
         return DepthwiseConfig(_channels_pixels(ow), channels=True)
     if _flat_applies(p) and ow < FLAT_MAX_WIDTH and (kw > 3 or ow > 7):
         return DepthwiseConfig(lanes, True)
-    return DepthwiseConfig(lanes, rows=min(DEFAULT_ROWS, p.y_dims[2]))
+    return DepthwiseConfig(lanes, rows=DEFAULT_ROWS)
 
 
 def build(p: Conv2d, config: DepthwiseConfig, machine) -> L.PrimFunc:
@@ -216,7 +216,7 @@ def _depthwise_rows(p: Conv2d, config: DepthwiseConfig, plane: L.Var) -> L.Stmt:
         return L.Allocate(acc, L.seq(init, *taps, *stores))
 
     rb = L.Var("rb")
-    count = min(config.rows, oh)   # (a tuning record may hold more rows than a smaller plane has)
+    count = min(config.rows, oh)   # (more rows than the plane has: all of them at once)
     parts = [L.For(rb, oh // count, row_in_vectors(
         lambda width, ow0: block(count, rb * count, width, ow0), ow, config.pixels))]
     if oh % count:

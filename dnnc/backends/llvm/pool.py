@@ -96,13 +96,13 @@ def _separable_max_row(p: Pool2d, config: PoolConfig, tap, row: L.Var, bn, ch
                        ) -> tuple[L.Buffer, L.Stmt]:
     """Output row `row` of a strided max pool in two passes: the window's rows' maximum over
     every column the row's windows read (contiguous vector loads), into a row buffer (the
-    returned buffer, allocated by the caller around its rows); then
-    each output pixel the maximum of its window's columns of that buffer (at stride 2, one
-    load and a shuffle). A max is the same in any order (NaN propagates), so the passes give
-    the window's maximum exactly. The one pass's strided loads, kh of them a tap column, cost
-    squeezenet's 3x3 stride-2 pool of 96x109x109 312 us at 1 thread (znver5)."""
+    returned buffer, allocated by the caller around its rows); then each output pixel the
+    maximum of its window's columns of that buffer (at stride 2, one load and a shuffle). A
+    max is the same in any order (NaN propagates), so the passes give the window's maximum
+    exactly. The one pass's strided loads, kh of them a tap column, cost squeezenet's 3x3
+    stride-2 pool of 96x109x109 312 us at 1 thread (znver5)."""
     y = p.y
-    _, _, oh, ow = p.y_dims
+    ow = p.y_dims[3]
     kh, kw = p.kernel_hw
     (sh, sw), (dh, dw) = p.strides, p.dilations
     cols = (ow - 1) * sw + (kw - 1) * dw + 1   # the columns the row's windows read
