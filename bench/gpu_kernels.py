@@ -405,17 +405,17 @@ def _dense_variants(k: int, precision: str = "fp32", m: int = 0,
 
 
 def parse_configs(text: str) -> list[dict]:
-    """`--configs`: dense configs as `knob=value,...` separated by `;` (values ints or
-    True / False), each a complete tensor-core config where it sets block_m (the knobs a
-    variant leaves out as `_dense_variants` sets them: no wgmma, no refill, direct, unsplit),
-    else overrides of the default."""
+    """`--configs`: dense configs as `knob=value,...` separated by `;` (values ints,
+    True / False or tma: the producer's), each a complete tensor-core config where it sets
+    block_m (the knobs a variant leaves out as `_dense_variants` sets them: no wgmma, no
+    refill, direct, unsplit), else overrides of the default."""
     configs = []
     for item in filter(None, (x.strip() for x in text.split(";"))):
         knobs = {}
         for pair in item.split(","):
             name, value = (x.strip() for x in pair.split("="))
             knobs[name] = {"True": True, "False": False}.get(value) if value in (
-                "True", "False") else int(value)
+                "True", "False") else value if value == "tma" else int(value)
         if "block_m" in knobs:
             knobs = {"wgmma": False, "early_refill": False, "refill_first": False,
                      "staged": False, "cluster_split": False, "split_k": 1, **knobs}
@@ -825,13 +825,17 @@ def main(argv=None) -> int:
                              "cache (gpu_attention.DECODE_SHAPES, with DECODE_VARIANTS)")
     parser.add_argument("--dense-epilogue", default="", choices=("", "gelu"),
                         help="the dense rows' product followed by GELU (fp32 only)")
-    parser.add_argument("--b-layout", default="kn", choices=("kn", "nk"),
-                        help="the dense rows' constant B: [k, n] (MatMul, default) or [n, k] "
-                             "(Gemm transB: K-major, a Linear's weight)")
+    parser.add_argument("--b-layout", default="", choices=("", "kn", "nk"),
+                        help="the dense rows' constant B: [k, n] (MatMul) or [n, k] (Gemm "
+                             "transB: K-major, a Linear's weight); default: as a compiled "
+                             "model stores a MatMul's constant B, [n, k] at tf32 (convert_"
+                             "layout's tf32_dense: 32-bit tiles are K-major, a B stored [k, n] "
+                             "reaches them only through registers), [k, n] otherwise")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="the compile's precision: tensor cores for the dense rows at "
                              "tf32, fp16 or bf16, against cuBLAS at the same precision")
     args = parser.parse_args(argv)
+    args.b_layout = args.b_layout or ("nk" if args.precision == "tf32" else "kn")
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in CASES]
     if unknown:

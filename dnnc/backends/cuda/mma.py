@@ -50,12 +50,14 @@ Shared tiles beyond 48 KiB (up to MAX_SHARED_BYTES) are one dynamic pool (codege
 
 On sm_90 the `wgmma` knob swaps the warps' mma.sync for warpgroups' wgmma.mma_async on the
 same shared tiles (`wgmma.py`, which says why it is a knob), in the dense and conv spaces
-at every precision; the dense default picks it on sm_90 at fp16 and bf16 (`WGMMA_DEFAULT`,
-`WGMMA_PRECISIONS`; DNNC_WGMMA=0 turns it off, =1 on at tf32 too).
+at every precision; the dense default picks it on sm_90 at fp16 and bf16, and at tf32 where
+both operands hold tf32 values (`WGMMA_DEFAULT`, `WGMMA_PRECISIONS`, `wgmma_by_default`;
+DNNC_WGMMA=0 turns it off, =1 on at tf32 always), with the TMA producer where TMA copies its
+operands (`PRODUCER_DEFAULT`, `tf32_copied`).
 
 With the `staged` knob (staged.py) results go through shared memory and are stored in
 vector runs, through epilogues that read memory too; the defaults stage a 16-bit Y
-(`staged_by_default`). Not yet: TMA on sm_90; the next k
+(`staged_by_default`). Not yet: the next k
 tile's first fragments loaded before this tile's last mmas (CUTLASS's overlap of the
 barrier); fp32 operands at fp16 / bf16 and tf32 operands
 contiguous along their rows through cp.async (converting or transposing in shared memory);
@@ -160,9 +162,12 @@ class TensorCoreConfig:
 
 PRODUCERS = (False, True, "tma")
 """The `producer` knob's values: none (the warps copy), a warpgroup copying by cp.async, a
-warpgroup one thread of which copies by TMA (fp16 / bf16 operands only)."""
-TMA_PRECISIONS = ("fp16", "bf16")
-"""Precisions whose k tiles TMA copies (a box row of 64 16-bit elements: 128 bytes)."""
+warpgroup one thread of which copies by TMA (fp16 / bf16 operands, and float32 ones holding
+tf32 values at tf32)."""
+TMA_PRECISIONS = ("tf32", "fp16", "bf16")
+"""Precisions whose k tiles TMA copies (a box row of 128 bytes: 64 16-bit elements, 32 float32
+ones; at tf32 only operands holding tf32 values already, `Operand.rounded`: TMA copies words
+as they lie and wgmma ignores their low bits, so an operand to round keeps the plain loop)."""
 
 
 STAGES = (2, 3, 4, 5, 8)
@@ -370,6 +375,18 @@ of issue 31's 30 cells moved. Shallower one-wave products (256 x 768 x 3072: 12 
 64 4.8 us against 5.2) are left to the model: the line's launch and results were spread
 over 48 tiles."""
 
+WGMMA_TF32_TILE_S = WGMMA_TALL_TILE_S
+WGMMA_TF32_SM_FLOPS = WGMMA_TALL_SM_FLOPS / 2
+"""A tf32 k tile in WGMMA_TILE_S's model of a dense product whose operands TMA copies
+(`tf32_copied`): WGMMA_TALL_TILE_S plus its FLOPs at half WGMMA_TALL_SM_FLOPS (tf32's rate),
+the TMA producer's lone-block line (WGMMA_TILE_S' 190 ns and 6.25 TFLOP/s an SM were fitted
+without a producer). On session 51's H200 call (bench/gpu_gemm_ab.py --precisions tf32: 69
+timings of TMA tiles over issue 31's 15 shapes, graphs interleaved with cuBLAS) it put each
+time within 10% rms (log), against 32% for WGMMA_TILE_S' figures at tf32's rate, and of the
+tiles timed at each shape picked one within 1.011 of the fastest on average (worst 1.10:
+256 x 768 x 3072, 64 x 128 8.1 us against 128 x 64's 7.4; WGMMA_TILE_S' figures 1.018,
+2048 x 3072 x 768 split in 2 on 128 x 192, 34.7 us against 64 x 192's 31.3)."""
+
 CLUSTER_SPLIT_S = 4e-6
 """What a `cluster_split` costs a wgmma product in the model (its blocks' staged tiles summed
 over the cluster through distributed shared memory, two cluster barriers; no second launch,
@@ -473,10 +490,11 @@ it slower than mma.sync but at 8192 x 768 x 3072 (0.23 against 0.35 at 8192 x 30
 
 TF32_WGMMA_OUTPUTS = 3 << 18
 """At tf32 (operands tf32 values already: `wgmma_by_default`) the default offers wgmma tiles
-only to products deeper than SHALLOW_K with at least this many outputs; the others keep
-mma.sync's tiles and EFFICIENCY. On an H200 (bench/gpu_kernels.py, operands tf32 values,
-against cuBLAS tf32): wgmma 0.49 at 4096^3 (mma.sync 0.31), 0.68 at 8192 x 768 x 3072 (0.40),
-0.47 at 8192 x 3072 x 768 (0.37), 0.80 at 1024 x 768 x 3072 (0.75), but 0.54 at 1024 x 3072 x
+only to products deeper than SHALLOW_K with at least this many outputs, unless TMA copies
+both operands (`tf32_copied`, session 51: then at any number, as at fp16 / bf16); the others
+keep mma.sync's tiles and EFFICIENCY. On an H200 (without TMA; bench/gpu_kernels.py,
+operands tf32 values, against cuBLAS tf32): wgmma 0.49 at 4096^3 (mma.sync 0.31), 0.68 at
+8192 x 768 x 3072 (0.40), 0.47 at 8192 x 3072 x 768 (0.37), 0.80 at 1024 x 768 x 3072 (0.75), but 0.54 at 1024 x 3072 x
 768 (0.8 M outputs) where mma.sync split 4 ways took 0.64; lowered to 1024 x 768 outputs
 (bert b8's) with the wave of one wgmma block an SM (SM_SHARED_BYTES' figures: 1024 x 3072 x
 768 0.98 of cuBLAS split in 2 on 64 x 192, 1024 x 768 x 768 0.94 against 0.76 on mma.sync);
@@ -497,16 +515,29 @@ def wgmma_by_default(arch: str | None, precision: str = "fp16", rounded: bool = 
     return on and arch is not None and has_wgmma(arch)
 
 
+def _latency_rule(precision: str, tf32_copied: bool) -> bool:
+    """Whether a dense product's wgmma tiles are rated by WGMMA_TILE_S's model (and
+    WGMMA_TALL_TILE offered): at fp16 and bf16, and at tf32 where both operands reach the
+    tiles as they lie (`tf32_copied`: tf32 values, K-major, copied by TMA). A k tile is 128
+    bytes a row at each, so a tf32 one (32 deep at half the 16-bit rate) takes a 16-bit one's
+    time (at tf32 WGMMA_TF32_TILE_S' figures). Session 51's H200 calls (bench/gpu_gemm_ab.py
+    --precisions tf32, B [n, k]): the wgmma tiles so chosen, with TMA, took 1.48 to 1.75 of
+    cuBLAS tf32 at 128 to 512 x 3072 x 768 and 128 x 768 x 3072, where TF32_WGMMA_OUTPUTS'
+    mma.sync tiles took 0.96 to 1.09."""
+    return precision in ("fp16", "bf16") or precision == "tf32" and tf32_copied
+
+
 def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
-                shallow_rule: bool = True, staged: bool = False):
+                shallow_rule: bool = True, staged: bool = False, tf32_copied: bool = False):
     """(config without split, guessed efficiency) of the tiles the default tries for a
     product of depth `k` and `outputs` results (m n, every batch); `shallow_rule`: whether
     SHALLOW_K's tiles and DENSE_WGMMA_EFFICIENCY apply (dense products; a convolution's
     do not: WGMMA_EFFICIENCY); `staged`: whether its
-    results will be staged (`results_staged`: a 16-bit Y)."""
+    results will be staged (`results_staged`: a 16-bit Y); `tf32_copied`: see `choose`."""
     from . import wgmma   # (it builds on this module's tiles)
 
-    if precision == "tf32" and (k <= SHALLOW_K or outputs < TF32_WGMMA_OUTPUTS):
+    if precision == "tf32" and (k <= SHALLOW_K or not (shallow_rule and tf32_copied) and
+                                outputs < TF32_WGMMA_OUTPUTS):
         with_wgmma = False
     shallow = shallow_rule and with_wgmma and k <= SHALLOW_K
     if shallow and staged and outputs >= SHALLOW_STAGED_OUTPUTS:
@@ -532,7 +563,7 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
            precision: str = "fp16", wgmma: bool = False,
            shallow_rule: bool = True, staged: bool = False,
-           cluster_split: bool = False) -> TensorCoreConfig:
+           cluster_split: bool = False, tf32_copied: bool = False) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
@@ -546,10 +577,15 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     `staged`: the results will be staged (`results_staged`; SHALLOW_STAGED_TILE);
     `cluster_split`: a wgmma tile's split of CLUSTER_SPLITS may be summed in its cluster
     (CLUSTER_SPLIT_S), else every split is summed by a second launch. Where WGMMA_TALL_TILE
-    fills one wave of a deep fp16 / bf16 product, it is rated by its lone-block line too."""
+    fills one wave of a deep fp16 / bf16 product, it is rated by its lone-block line too.
+    `tf32_copied`: at tf32, both operands of a dense product reach the tiles as they lie
+    (tf32 values, K-major: what TMA copies): its wgmma tiles are rated as fp16's are
+    (`_latency_rule`), at any number of outputs; else tf32 keeps the efficiencies and
+    TF32_WGMMA_OUTPUTS."""
     best, best_time = None, math.inf
+    latency_rule = shallow_rule and _latency_rule(precision, tf32_copied)
     for base, efficiency in _candidates(precision, wgmma, k, m * n * batch, shallow_rule,
-                                        staged):
+                                        staged, tf32_copied):
         bm, bn = base.block_m, base.block_n
         blocks = -(-m // bm) * -(-n // bn) * batch
         if base.wgmma and 2 * m * n * batch < blocks * bm * bn:
@@ -557,7 +593,7 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
         # a wgmma block fills its SM: one a SM is full, a second one's waits (SM_SHARED_BYTES)
         full = gpu.sms if base.wgmma else min_blocks(gpu)
         wave = gpu.sms if base.wgmma else gpu.sms * resident(base, precision)
-        latency = base.wgmma and shallow_rule and precision in ("fp16", "bf16")
+        latency = base.wgmma and latency_rule
         for split in SPLITS:
             if split > 1 and (k < split * MIN_SPLIT_K or batch * split > MAX_GRID_YZ or
                               latency and k < split * WGMMA_MIN_SLICE_TILES * base.block_k):
@@ -566,7 +602,7 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
             count = blocks * split
             fill = min(1.0, count / full)
             waves = -(-count // wave) * wave / count if count > wave else 1.0
-            seconds = _wgmma_seconds(config, k, count, gpu) if latency else \
+            seconds = _wgmma_seconds(config, k, count, gpu, precision) if latency else \
                 2 * blocks * bm * bn * k * waves / (gpu.tensor_flops * efficiency * fill)
             options = [(config, seconds)]
             if split > 1:
@@ -581,8 +617,8 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
             for option, option_seconds in options:
                 if option_seconds < best_time:
                     best, best_time = option, option_seconds
-    tall = _tall_seconds(m, n, k, batch, gpu, precision) if wgmma and shallow_rule and \
-        precision in ("fp16", "bf16") and k > SHALLOW_K else None
+    tall = _tall_seconds(m, n, k, batch, gpu, precision) if wgmma and latency_rule and \
+        k > SHALLOW_K else None
     if tall is not None and tall < best_time:
         from . import wgmma as wg   # (it builds on this module's tiles)
         best = replace(WGMMA_TALL_TILE, block_k=wg.block_k(precision))
@@ -601,17 +637,20 @@ def _tall_seconds(m: int, n: int, k: int, batch: int, gpu: GPU,
     k_tiles = -(-k // block_k)
     if blocks > gpu.sms or k_tiles < WGMMA_TALL_MIN_TILES:
         return None
-    return k_tiles * (WGMMA_TALL_TILE_S + 2 * c.block_m * c.block_n * block_k /
-                      WGMMA_TALL_SM_FLOPS)
+    sm_flops = WGMMA_TALL_SM_FLOPS / (2 if precision == "tf32" else 1)   # (tf32: half rate)
+    return k_tiles * (WGMMA_TALL_TILE_S + 2 * c.block_m * c.block_n * block_k / sm_flops)
 
 
-def _wgmma_seconds(c: TensorCoreConfig, k: int, blocks: int, gpu: GPU) -> float:
-    """The time of `blocks` wgmma blocks of config `c` (fp16 / bf16) over depth `k` split in
-    c.split_k, as WGMMA_TILE_S's model says, before a split's second launch."""
+def _wgmma_seconds(c: TensorCoreConfig, k: int, blocks: int, gpu: GPU,
+                   precision: str = "fp16") -> float:
+    """The time of `blocks` wgmma blocks of config `c` at `precision` (`_latency_rule`'s)
+    over depth `k` split in c.split_k, as WGMMA_TILE_S's model says, before a split's second
+    launch."""
     k_tiles = -(-k // c.block_k)
     tiles = -(-k_tiles // c.split_k)
-    sm_rate = 2 * gpu.tensor_flops / gpu.sms
-    block = tiles * (WGMMA_TILE_S + 2 * c.block_m * c.block_n * c.block_k / sm_rate) + \
+    tile_s, sm_rate = (WGMMA_TF32_TILE_S, WGMMA_TF32_SM_FLOPS) if precision == "tf32" else \
+        (WGMMA_TILE_S, 2 * gpu.tensor_flops / gpu.sms)
+    block = tiles * (tile_s + 2 * c.block_m * c.block_n * c.block_k / sm_rate) + \
         WGMMA_EPILOGUE_S * c.block_m * c.block_n / (128 * 128)
     return -(-blocks // gpu.sms) * block
 
@@ -1092,13 +1131,27 @@ def dense_space(p: problems.Dense, machine) -> Space:
                          getattr(machine, "arch", None))
 
 
+def tf32_copied(p: problems.Dense) -> bool:
+    """Whether both operands of dense product `p` reach a tf32 product's tiles as they lie:
+    tf32 values (`a_tf32`, `b_tf32`: passes/store_tf32.py), A stored [m, k] and B [n, k] or
+    in one-column panels (convert_layout's tf32_dense), float32 arrays: what TMA copies (a
+    B stored [k, n] comes through registers, transposed)."""
+    return p.a_tf32 and p.b_tf32 and not p.trans_a and not p.pairs and \
+        (p.trans_b if not p.packed_panel else p.packed_panel == 1)
+
+
 def dense_default(p: problems.Dense, machine) -> TensorCoreConfig:
-    return producer_by_default(staged_by_default(choose(
-        p.m, p.n, p.k, p.batch, gpu_of(machine), machine.precision,
-        wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
+    precision = machine.precision
+    copied = precision == "tf32" and tf32_copied(p)
+    chosen = staged_by_default(choose(
+        p.m, p.n, p.k, p.batch, gpu_of(machine), precision,
+        wgmma=wgmma_by_default(getattr(machine, "arch", None), precision,
                                p.a_tf32 and p.b_tf32), staged=results_staged(p.y.dtype),
-        cluster_split=os.environ.get(DNNC_CLUSTER_SPLIT) == "1"),
-        p.y.dtype, machine.precision), machine.precision, p.k)
+        cluster_split=os.environ.get(DNNC_CLUSTER_SPLIT) == "1", tf32_copied=copied),
+        p.y.dtype, precision)
+    if precision == "tf32" and not copied:   # (no TMA: the plain loop's refill knobs)
+        return chosen
+    return producer_by_default(chosen, precision, p.k)
 
 
 DNNC_PRODUCER = "DNNC_PRODUCER"
@@ -1117,7 +1170,12 @@ of the 30 transformer / 4096^3 cells against 14 (two calls), faster everywhere b
 0.73 -> 0.96, 4096^3 0.92 -> 0.99 (the cp.async producer's); the cp.async producer was slower
 than TMA on every tile timed (docs/cuda_backend.md, "TMA in the template").
 Shallow products (k <= SHALLOW_K, SHALLOW_STAGED_TILE's) were not timed with it: they keep
-the plain loop."""
+the plain loop. At tf32 (session 51) the dense default gives it to a wgmma tile whose
+operands TMA copies (`tf32_copied`; else the plain loop with its refill knobs): one H200,
+bench/gpu_gemm_ab.py --precisions tf32 (B [n, k], tf32 values), the same tile with TMA
+against without, of cuBLAS tf32: 4096^3 0.84 -> 1.01, 8192 x 768 x 3072 0.87 -> 0.96,
+8192 x 3072 x 768 0.90 -> 1.13, 2048 x 3072 x 768 0.88 -> 1.16 (64 x 192), 1024 x 768 x 3072
+1.37 -> 1.64; faster at every tile timed both ways."""
 
 
 def producer_by_default(c: TensorCoreConfig, precision: str, k: int) -> TensorCoreConfig:

@@ -8,7 +8,8 @@ takes; in a test or bench, once its buffers are), then copied to global memory, 
 it the kernel's argument (a `__grid_constant__` parameter would do too: a generic address of
 either is what the copy takes). `operand_map` is the map of a 16-bit
 operand as wgmma.py's tiles lie in shared memory: boxes of 64 elements along the operand's
-contiguous dimension (one 128-byte swizzle row) by `rows` of the other, in the 128-byte
+contiguous dimension (one 128-byte swizzle row; the template's float32 operands at tf32: 32
+elements, `kernel_map`) by `rows` of the other, in the 128-byte
 swizzle (chunk c of box row r at chunk c ^ r % 8: `wgmma._SwizzledTile`'s layout, K-major
 and MN-major alike), elements outside the tensor read as zero (a k tile past k, a block
 past m or n: what the cp.async ring's zero fill does). This module builds maps only; it
@@ -31,8 +32,11 @@ SWIZZLE_BYTES = 128
 MAX_BOX = 256
 """The driver's largest box extent in any dimension."""
 
-DATA_TYPES = {"float16": 6, "bfloat16": 9, "uint16": 1}
-"""dtype name -> CUtensorMapDataType (CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16, _UINT16)."""
+DATA_TYPES = {"float16": 6, "bfloat16": 9, "uint16": 1, "float32": 7}
+"""dtype name -> CUtensorMapDataType (CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16, _UINT16,
+_FLOAT32: a tf32 product's operands, tf32 values already, copied as the words they are)."""
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "uint16": 2, "float32": 4}
+"""dtype name -> bytes of an element (a box row holds SWIZZLE_BYTES of them)."""
 _INTERLEAVE_NONE = 0
 _SWIZZLE_128B = 3
 _L2_PROMOTION_256B = 3   # (CUTLASS's choice for its Hopper GEMM's operand maps)
@@ -67,8 +71,9 @@ def encode_tiled(address: int, dtype: str, extents: tuple[int, ...],
     if len(strides) != rank - 1 or len(box) != rank or not 1 <= rank <= 5:
         raise DeviceError(f"a tensor map of rank {rank} takes {rank - 1} strides and "
                           f"{rank} box extents: {strides}, {box}")
-    if box[0] * 2 > SWIZZLE_BYTES or any(not 1 <= b <= MAX_BOX for b in box) or \
-            address % 16 or any(s % 16 for s in strides):
+    if box[0] * ELEMENT_BYTES[dtype] > SWIZZLE_BYTES or \
+            any(not 1 <= b <= MAX_BOX for b in box) or address % 16 or \
+            any(s % 16 for s in strides):
         raise DeviceError(f"tensor map out of TMA's limits: box {box} (at most "
                           f"{SWIZZLE_BYTES} bytes inner, {MAX_BOX} a dimension), "
                           f"address {address:#x} and strides {strides} multiples of 16")

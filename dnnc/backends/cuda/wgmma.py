@@ -65,19 +65,22 @@ inside one guard keeps wgmmas in flight from crossing a region's end (C7517). Wh
 operand does not come by cp.async as it lies (through registers, tf32 rounded in place) the
 config falls back to the plain loop, without the warpgroup.
 
-The TMA producer (`producer="tma"`, session 49, fp16 / bf16): the same warpgroup, but its
-first thread alone copies: per k tile it waits for the slot's `empty`, announces the tile's
-bytes on its `full` barrier (`L.Mbarrier` "expect_tx", count 1) and issues the operands'
-boxes (`L.TmaLoad`: a K-major tile one box of 64 k by its rows, an MN-major one a box of 64
-rows by 64 k an atom, landing in the layouts above; `_SwizzledTile.tensor_map`), the maps
-kernel arguments the runtime builds (`codegen.TensorMapArg`). The consumers need no proxy
-fence. An operand without a map (not a plain 16-bit array with 16-byte strides) makes the
-block the plain loop's. The dense default takes it on 16-bit wgmma tiles
-(`mma.PRODUCER_DEFAULT`). Not done: `setmaxnreg` and `elect.sync` (`tma.py` has them).
+The TMA producer (`producer="tma"`, session 49 at fp16 / bf16, session 51 at tf32): the
+same warpgroup, but its first thread alone copies: per k tile it waits for the slot's
+`empty`, announces the tile's bytes on its `full` barrier (`L.Mbarrier` "expect_tx", count
+1) and issues the operands' boxes (`L.TmaLoad`: a K-major tile one box of 128 bytes of k (64
+16-bit elements, 32 float32) by its rows, an MN-major one a box of 64 rows by 64 k an atom,
+landing in the layouts above; `_SwizzledTile.tensor_map`), the maps kernel arguments the
+runtime builds (`codegen.TensorMapArg`). The consumers need no proxy fence. An operand
+without a map (not a plain array of 16-bit values, or of float32 ones holding tf32 values
+K-major, with 16-byte strides) makes the block the plain loop's. The dense default takes it
+on 16-bit wgmma tiles and on tf32 ones whose operands TMA copies (`mma.PRODUCER_DEFAULT`,
+`mma.tf32_copied`). Not done: `setmaxnreg` and `elect.sync` (`tma.py` has them).
 
 Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer the knob on
 sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-last conv
-defaults take it at fp16 / bf16 (`mma.WGMMA_DEFAULT`; DNNC_WGMMA=1 at tf32 too), the NCHW
+defaults take it at fp16 / bf16 and at tf32 where both operands hold tf32 values
+(`mma.WGMMA_DEFAULT`, `mma.wgmma_by_default`; DNNC_WGMMA=1 at tf32 always), the NCHW
 conv default stays on mma.sync (its gathered patches come through registers: not measured).
 int8.py's and int8_nhwc.py's spaces offer it at "s8" / "u8" on sm_90, and their defaults
 take it (DNNC_WGMMA=0: mma.sync). sparse24.py's 2:4 product builds its sm_90 block on
@@ -86,7 +89,7 @@ output tiles, its cp.async ring running on into the next tile's first k tiles wh
 one's results were stored) measured slower on an H200 at fp16 in and out: 4096^3 0.61-0.66
 of cuBLAS against 0.76 unpersistent, 8192 x 768 x 3072 0.32 against 0.60 (the same
 issuing threads then do the epilogue and the next tile's address arithmetic; a
-warp-specialised producer is what would make it pay). Not done: TMA bulk copies, MN-major
+warp-specialised producer is what would make it pay). Not done: MN-major
 tf32 operands in shared memory (wgmma reads tf32 K-major only: such an operand is transposed
 through registers, as mma.py does).
 """
@@ -188,12 +191,15 @@ class _SwizzledTile(_Tile):
         contiguous dimension: a K-major tile's k by its rows, an MN-major atom's 64 rows by
         the k tile: `L.TmaLoad` lands them in this layout), and whether its third dimension
         is the batch (else one matrix serves every batch); None unless the operand is a plain
-        16-bit array [batch or 1, outer, inner] read as it lies (cp.async's condition), its
-        inner extent a multiple of 8 (TMA's 16-byte strides). The map's extents are the
-        product's (m or n, and k), so a box past them reads zeros, as the ring's copies do."""
+        array [batch or 1, outer, inner] read as it lies (cp.async's condition: 16-bit, or at
+        tf32 float32 K-major holding tf32 values already, `Operand.rounded`, which the tile
+        then never rounds), its rows 16-byte strided (TMA's strides). A box row is 128
+        bytes: 64 16-bit elements, 32 float32 (a K-major tf32 tile's k). The map's extents are
+        the product's (m or n, and k), so a box past them reads zeros, as the ring's copies do."""
         op = self.operand
         if self.precision not in TMA_PRECISIONS or not self.asynchronous or \
-                op.chunk is not None or op.word is not None or not op.array:
+                op.chunk is not None or op.word is not None or not op.array or \
+                self.precision == "tf32" and not op.rounded:
             return None
         row, kk = L.Var("tma_row"), L.Var("tma_k")
         sample = op.at(self.bi, row, kk)
@@ -208,10 +214,12 @@ class _SwizzledTile(_Tile):
             return None
         _, outer_extent, inner_extent = shape
         extents = (self.extent, self.k) if op.rows_contiguous else (self.k, self.extent)
-        if inner_extent % 8 or extents[0] > inner_extent or extents[1] > outer_extent:
+        if extents[0] > inner_extent or extents[1] > outer_extent:
             return None
         e = sample.dtype.itemsize
-        box = (ATOM_ROWS, self.bk if op.rows_contiguous else self.rows, 1)
+        if inner_extent * e % 16 or e * self.bk != ROW_BYTES:
+            return None
+        box = (ROW_BYTES // e, self.bk if op.rows_contiguous else self.rows, 1)
         return L.TensorMap(sample.buffer, (*extents, shape[0] if batched else 1),
                            (inner_extent * e, outer_extent * inner_extent * e), box), batched
 

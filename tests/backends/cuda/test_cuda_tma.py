@@ -76,6 +76,32 @@ TMA_DEVICE_CASES = TMA_CASES + [
 ]
 """What NVRTC compiles (and the GPU runs): TMA_CASES and the bench's shapes."""
 
+# (m, n, k, batch, config, trans_a, trans_b, rounded): tf32 products of float32 operands; TMA
+# copies those holding tf32 values already (`rounded`) and K-major (A [m, k], B [n, k]: boxes
+# of 32 float32 by the block's rows); an MN-major B (through registers) or operands to round
+# keep the plain loop
+TF32_TMA_CASES = [
+    (128, 128, 384, 1, W(64, 128, 32, 4, 1, 3, producer="tma"), False, True, True),
+    (136, 200, 296, 2, W(128, 128, 32, 8, 1, 4, producer="tma"), False, True, True),
+    (72, 136, 712, 1, W(64, 192, 32, 4, 1, 5, 2, producer="tma"), False, True, True),
+    (104, 200, 520, 1, W(128, 64, 32, 8, 1, 8, producer="tma"), False, True, True),
+    (100, 136, 300, 1, W(64, 128, 32, 4, 1, 3, producer="tma"), False, False, True),
+    (100, 136, 300, 1, W(64, 128, 32, 4, 1, 3, producer="tma"), False, True, False),
+]
+TF32_TMA_DEVICE_CASES = TF32_TMA_CASES + [
+    (4096, 4096, 4096, 1, W(128, 256, 32, 8, 1, 4, producer="tma"), False, True, True),
+    (1024, 768, 3072, 1, W(128, 64, 32, 8, 1, 8, producer="tma"), False, True, True),
+    (8192, 768, 3072, 1, W(128, 192, 32, 8, 1, 5, producer="tma"), False, True, True),
+    (2048, 3072, 768, 1, W(128, 192, 32, 8, 1, 5, producer="tma"), False, True, True),
+]
+"""tf32's: what NVRTC compiles and the GPU runs (TF32_TMA_CASES and the bench's shapes)."""
+
+
+def _tf32_case(case) -> tuple:
+    """A TF32_TMA_CASES entry as TMA_CASES' (precision, ..., trans_b) and its `rounded`."""
+    m, n, k, batch, config, trans_a, trans_b, rounded = case
+    return ("tf32", m, n, k, batch, config, T.float32, trans_a, trans_b), rounded
+
 BOX = PRELUDE + MMA_PRELUDE + WGMMA_PRELUDE + TMA_PRELUDE + r"""
 // one box of `map` at (x, y) into shared memory by TMA, then its bytes as they lie to `out`
 extern "C" __global__ void tma_box(const unsigned long long* map, unsigned* out, int x, int y,
@@ -414,12 +440,54 @@ def test_the_tma_producer_s_products_on_host_within_the_precision_bound(case, rn
     check(precision, k, a, b, bias, y)
 
 
+@on_host
+@pytest.mark.parametrize("case", TF32_TMA_CASES, ids=[str(i) for i in range(len(TF32_TMA_CASES))])
+def test_the_tma_producer_copies_tf32_values_on_host_within_the_bound(case, rng, tmp_path):
+    """At tf32, K-major float32 operands holding tf32 values (`Operand.rounded`, as
+    passes/store_tf32.py stores them) are copied by TMA as they lie: maps of float32 in boxes
+    of 32 k (128 bytes) by the block's rows, no rounding in the kernel; an MN-major B or an
+    operand to round keeps the plain loop (no producer). Within the tf32 bound of the
+    rounded operands' product."""
+    from test_host_semantics import host_library, launch_on_host
+
+    from dnnc.ir.ops.packed import round_tf32
+
+    full, rounded = _tf32_case(case)
+    _, m, n, k, batch, config, dtype, trans_a, trans_b = full
+    func, config = product(*full, name="mm", rounded=rounded)
+    module = render_module([(func, True)])
+    info = module.kernels[func.name]
+    body = module.source[module.source.index('extern "C"'):]
+    by_tma = rounded and trans_b and not trans_a
+    assert ("dnnc_tma_load_3d(" in body) == by_tma == (len(info.tensor_maps) == 2)
+    assert info.launches[0].block[0] == (config.threads if by_tma else
+                                         config.warps_m * config.warps_n * 32)
+    if by_tma:
+        assert "dnnc_cp_async(" not in body and "dnnc_tf32(" not in body
+        assert [(t.dtype, t.box) for t in info.tensor_maps] == [
+            ("float32", (32, config.block_m, 1)), ("float32", (32, config.block_n, 1))]
+        assert info.tensor_maps[0].extents[:2] == (k, m)
+        assert info.tensor_maps[1].strides[0] == 4 * k
+    lib = host_library([(func, True)], tmp_path, module)
+    _, _, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
+    if rounded:
+        stored[:2] = [round_tf32(x) for x in stored[:2]]
+    a = (stored[0].transpose(0, 2, 1) if trans_a else stored[0]).astype(np.float64)
+    b = (stored[1].transpose(0, 2, 1) if trans_b else stored[1]).astype(np.float64)
+    y = np.full((batch, m, n), np.nan, np.float32)
+    launch_on_host(lib, info, stored + [y] + [np.full(size, 0xFF, np.uint8)
+                                              for size in info.workspace])
+    check("tf32", k, a, b, bias, y)
+
+
 def test_the_tma_producer_s_products_compile_for_sm90a_without_spills():
     """NVRTC compiles the TMA cases and the bench's shapes for sm_90a: TMA copies and byte
     counts in the PTX, no spills, the wgmmas not serialized (no C7515-C7518)."""
     nvrtc = pytest.importorskip("cupy.cuda").nvrtc
     funcs = [(_tma_product(case, f"case{i}")[0], True)
-             for i, case in enumerate(TMA_DEVICE_CASES)]
+             for i, case in enumerate(TMA_DEVICE_CASES)] + [
+        (product(*full, name=f"tf32_case{i}", rounded=rounded)[0], True)
+        for i, (full, rounded) in enumerate(map(_tf32_case, TF32_TMA_DEVICE_CASES))]
     source = render_module(funcs).source
     assert device.compile_arch("sm_90", source) == "sm_90a"
     prog, log = nvrtc_compiled(source, "sm_90a", "--ptxas-options=-v")
@@ -431,13 +499,14 @@ def test_the_tma_producer_s_products_compile_for_sm90a_without_spills():
     assert len(spills) >= len(funcs) and all(int(x) == 0 for x in spills), log[-4000:]
     for instruction in ("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::"
                         "complete_tx::bytes", "mbarrier.arrive.expect_tx",
-                        "fence.mbarrier_init", "wgmma.mma_async.sync.aligned.m64n256k16"):
+                        "fence.mbarrier_init", "wgmma.mma_async.sync.aligned.m64n256k16",
+                        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32"):
         assert instruction in ptx, instruction
 
 
 def test_the_tma_producer_is_a_value_of_the_producer_knob():
-    """The sm_90 space's `producer` knob takes "tma" beside False and True, at fp16 and bf16
-    only; sm_80's has none of them."""
+    """The sm_90 space's `producer` knob takes "tma" beside False and True, at fp16, bf16 and
+    tf32; sm_80's has none of them."""
     def values(arch, precision="fp16"):
         space = mma.product_space("s", 4096, 1, precision, arch)
         return dict((x.name, x.values) for x in space.knobs)["producer"]
@@ -445,18 +514,17 @@ def test_the_tma_producer_is_a_value_of_the_producer_knob():
     assert values("sm_90") == (False, True, "tma") and values("sm_80") == (False,)
     mma.product_space("s", 4096, 1, "bf16", "sm_90").check(
         W(128, 256, 64, 8, 1, 4, producer="tma"))
-    with pytest.raises(Exception, match="TMA producer only"):
-        mma.product_space("s", 4096, 1, "tf32", "sm_90").check(
-            W(128, 256, 32, 8, 1, 4, producer="tma"))
+    mma.product_space("s", 4096, 1, "tf32", "sm_90").check(
+        W(128, 256, 32, 8, 1, 4, producer="tma"))
     assert W(128, 256, 64, 8, 1, 4, producer="tma").threads == 384
 
 
 @pytest.mark.parametrize("switch", [None, "tma"])
-def test_the_dense_default_gives_every_16_bit_wgmma_tile_the_tma_producer(switch,
-                                                                         monkeypatch):
+def test_the_dense_default_gives_every_wgmma_tile_the_tma_producer(switch, monkeypatch):
     """DNNC_PRODUCER unset (PRODUCER_DEFAULT, products deeper than SHALLOW_K) or =tma: the
-    dense default's wgmma tiles take producer "tma" at fp16 and bf16 (the refill knobs off),
-    not at tf32 nor on mma.sync; =1 the cp.async producer, =0 none."""
+    dense default's wgmma tiles take producer "tma" at fp16, bf16 and tf32 (the refill knobs
+    off; at tf32 the default takes wgmma only where both operands hold tf32 values, which
+    TMA copies), not on mma.sync; =1 the cp.async producer, =0 none."""
     if switch is None:
         monkeypatch.delenv(mma.DNNC_PRODUCER, raising=False)
     else:
@@ -465,7 +533,8 @@ def test_the_dense_default_gives_every_16_bit_wgmma_tile_the_tma_producer(switch
     for precision in ("fp16", "bf16"):
         c = mma.producer_by_default(tile, precision, 768)
         assert c == replace(tile, producer="tma", refill_first=False)
-    assert not mma.producer_by_default(replace(tile, block_k=32), "tf32", 768).producer
+    assert mma.producer_by_default(replace(tile, block_k=32), "tf32", 768) == replace(
+        tile, block_k=32, producer="tma", refill_first=False)
     assert not mma.producer_by_default(mma.TensorCoreConfig(64, 64, 32, 2, 2, 3), "fp16",
                                        768).producer
     if switch is None:   # shallow products: untimed with it, the plain loop
@@ -491,7 +560,22 @@ def test_the_tma_producer_s_products_on_the_gpu_within_the_precision_bound(case,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", TF32_TMA_DEVICE_CASES,
+                         ids=[str(i) for i in range(len(TF32_TMA_DEVICE_CASES))])
+def test_the_tma_producer_s_tf32_products_on_the_gpu_within_the_bound(case, rng):
+    """On an H100 / H200, tf32: float32 maps of operands holding tf32 values (rounded here
+    first, as the kernels producing them store them), within the bound."""
+    from test_cuda_wgmma import product_on_the_gpu_within_the_bound
+
+    if not device.has_wgmma(device.gpu_arch()):
+        pytest.skip(f"TMA and wgmma need sm_90, not {device.gpu_arch()}")
+    full, rounded = _tf32_case(case)
+    func, _ = product(*full, name="mm", rounded=rounded)
+    product_on_the_gpu_within_the_bound(func, full, rng, rounded=rounded)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 def test_a_model_runs_on_the_tma_producer_on_the_gpu(precision, monkeypatch, tmp_path):
     """The runtime's path on an H100 / H200 with DNNC_PRODUCER=tma: the executable encodes
     each kernel's tensor maps once the frame's arena is allocated (and again for a caller's

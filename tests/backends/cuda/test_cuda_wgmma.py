@@ -411,11 +411,13 @@ def test_wgmma_products_on_the_gpu_within_the_precision_bound(case, rng):
     product_on_the_gpu_within_the_bound(func, case, rng)
 
 
-def product_on_the_gpu_within_the_bound(func: L.PrimFunc, case, rng) -> None:
+def product_on_the_gpu_within_the_bound(func: L.PrimFunc, case, rng,
+                                        rounded: bool = False) -> None:
     """`func` (a product of `case`'s operands) compiled by NVRTC for this GPU, launched on
     fresh operands (its arguments: the operands, Y, its workspace, then its tensor maps,
     built by `tensor_map.kernel_map` from the operands' addresses) and checked against the
-    precision's bound."""
+    precision's bound; `rounded`: the operands rounded to tf32 first (`Operand.rounded`
+    products read them as they lie)."""
     import cupy as cp
 
     from dnnc.backends.cuda import tensor_map
@@ -426,6 +428,12 @@ def product_on_the_gpu_within_the_bound(func: L.PrimFunc, case, rng) -> None:
     raw = cp.cuda.function.Module()
     raw.load(device.nvrtc_compile(module.source, arch, device.nvrtc_options(arch)))
     a, b, bias, stored = operands(rng, m, n, k, batch, dtype, trans_a, trans_b)
+    if rounded:
+        from dnnc.ir.ops.packed import round_tf32
+
+        stored[:2] = [round_tf32(x) for x in stored[:2]]
+        a, b = ((x.transpose(0, 2, 1) if trans else x).astype(np.float64)
+                for x, trans in zip(stored[:2], (trans_a, trans_b)))
     arrays = [cp.asarray(x.view(np.uint16) if x.dtype.itemsize == 2 else x) for x in stored]
     y = cp.full((batch, m, n), np.nan, cp.float32)
     info = module.kernels[func.name]
@@ -710,7 +718,9 @@ def test_the_producer_is_searched_with_wgmma_and_taken_by_the_default(monkeypatc
             c = default(*shape, precision)
             assert (c.block_m, c.block_n) == tile and c.producer == "tma", (shape, c)
             assert not c.refill_first and space.check(c) == c
-    assert not default(4096, 4096, 4096, "tf32").producer
+    # (at tf32 `mma.dense_default` asks for it only where TMA copies both operands:
+    # test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma)
+    assert default(4096, 4096, 4096, "tf32").producer == "tma"
     monkeypatch.setenv(mma.DNNC_PRODUCER, "0")
     assert not default(4096, 4096, 4096).producer
     monkeypatch.setenv(mma.DNNC_PRODUCER, "1")
@@ -813,7 +823,9 @@ def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
     launch (the model counts the busiest SM's blocks, so 192 blocks of 64 x 64 do not rate
     as one full wave); with DNNC_CLUSTER_SPLIT=1 summed in clusters, its split blocks within
     one wave. At fp16 and bf16 one wave of WGMMA_TALL_TILE unsplit beats both. The 4096-row
-    product keeps its unsplit tile either way."""
+    product keeps its unsplit tile either way. At tf32 a B stored [n, k] (as tf32_dense
+    stores a weight: `mma.tf32_copied`) gets the TMA producer, a B stored [k, n] (through
+    registers) none, its refill knobs kept."""
     from types import SimpleNamespace
 
     from dnnc.backends.cuda.device import REFERENCE
@@ -825,13 +837,17 @@ def test_deep_products_whose_tiles_leave_sms_idle_split_k_on_wgmma(monkeypatch):
             monkeypatch.delenv(mma.DNNC_CLUSTER_SPLIT, raising=False)
         else:
             monkeypatch.setenv(mma.DNNC_CLUSTER_SPLIT, switch)
-        for precision in ("fp16", "bf16", "tf32"):
+        for precision, trans_b in (("fp16", False), ("bf16", False), ("tf32", False),
+                                   ("tf32", True)):
             machine = replace(machine, precision=precision)
             y = mma.STORAGE.get(precision, T.float32)
             for m in (1024, 4096):
                 p = SimpleNamespace(m=m, n=768, k=3072, batch=1, a_tf32=precision == "tf32",
-                                    b_tf32=precision == "tf32", y=SimpleNamespace(dtype=y))
+                                    b_tf32=precision == "tf32", trans_a=False,
+                                    trans_b=trans_b, packed_panel=0, pairs=False,
+                                    y=SimpleNamespace(dtype=y))
                 config = mma.dense_default(p, machine)
+                assert (config.producer == "tma") == (precision != "tf32" or trans_b)
                 split = m == 1024 and precision == "tf32"
                 assert config.wgmma and (config.split_k > 1) == split
                 assert config.cluster_split == (split and switch == "1")
@@ -874,6 +890,36 @@ def test_the_default_models_a_wgmma_k_tile_s_fixed_cost(monkeypatch):
     assert mma.choose(512, 768, 3072, 1, REFERENCE, "fp16", wgmma=True, staged=True) != \
         mma.choose(512, 768, 3072, 1, REFERENCE, "fp16", wgmma=True, shallow_rule=False,
                    staged=True)   # a convolution's GEMM keeps the efficiencies' 64 x 64
+
+
+def test_tf32_products_whose_operands_tma_copies_are_rated_as_16_bit_ones(monkeypatch):
+    """At tf32 with both operands tf32 values stored K-major (`tf32_copied`) the dense
+    default rates wgmma tiles by WGMMA_TILE_S's model at WGMMA_TF32_TILE_S' figures (the TMA
+    lone-block line at half rate) at any number of outputs (session 51, H200, us against
+    cuBLAS tf32): 128 x 768 x 3072 64 x 64 wgmma (6.8 / 10.6; mma.sync's 32 x 64 9.6), 2048 x
+    3072 x 768 64 x 192 unsplit (31.5 / 37.3; the 16-bit figures split 128 x 192 in 2, 34.7),
+    1024 x 3072 x 768 64 x 192 split 2 (20.4 / 24.8; WGMMA_TALL_TILE 21.7); without it tf32
+    keeps the efficiencies and TF32_WGMMA_OUTPUTS (mma.sync at 128 rows); a convolution's
+    GEMM (shallow_rule off) too."""
+    from dnnc.backends.cuda.device import REFERENCE
+
+    monkeypatch.delenv(mma.DNNC_CLUSTER_SPLIT, raising=False)
+    for (m, k, n), tile in (((128, 768, 3072), (64, 64, 1)), ((2048, 3072, 768), (64, 192, 1)),
+                            ((1024, 3072, 768), (64, 192, 2)),
+                            ((4096, 4096, 4096), (128, 256, 1))):
+        c = mma.choose(m, n, k, 1, REFERENCE, "tf32", wgmma=True, tf32_copied=True)
+        assert c.wgmma and (c.block_m, c.block_n, c.split_k) == tile, (m, k, n, c)
+        assert c.block_k == 32
+    assert not mma.choose(128, 3072, 768, 1, REFERENCE, "tf32", wgmma=True).wgmma
+    assert not mma.choose(128, 3072, 768, 1, REFERENCE, "tf32", wgmma=True,
+                          shallow_rule=False, tf32_copied=True).wgmma
+    assert not mma.choose(197, 192, 768, 1, REFERENCE, "tf32", wgmma=True,
+                          tf32_copied=True).wgmma   # (shallow: k <= SHALLOW_K)
+    # a tf32 k tile of 128 bytes costs a 16-bit one's time at half the rate
+    tile = W(64, 192, 32, 4, 1, 5)
+    assert mma._wgmma_seconds(tile, 3072, 132, REFERENCE, "tf32") == pytest.approx(
+        96 * (mma.WGMMA_TALL_TILE_S + 2 * 64 * 192 * 32 / (mma.WGMMA_TALL_SM_FLOPS / 2)) +
+        mma.WGMMA_EPILOGUE_S * 64 * 192 / (128 * 128))
 
 
 def test_modules_using_wgmma_compile_for_sm90a():
