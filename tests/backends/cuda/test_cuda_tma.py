@@ -130,6 +130,7 @@ def test_tensor_maps_outside_tma_s_limits_are_refused():
     """Boxes wider than the swizzle's 128 bytes or past 256 a dimension, unaligned addresses
     or strides, unknown types: a DeviceError naming them, before the driver is asked."""
     for args in ((0x1000, "float16", (64, 8), (128,), (128, 8)),     # 256 bytes inner
+                 (0x1000, "float32", (64, 8), (256,), (64, 8)),      # 256 bytes inner
                  (0x1000, "float16", (64, 512), (128,), (64, 512)),  # 512 rows
                  (0x1008, "float16", (64, 8), (128,), (64, 8)),      # address
                  (0x1000, "float16", (60, 8), (120,), (60, 8)),      # stride
