@@ -86,6 +86,10 @@ class TargetSpec:
     # (the machine's Target) -> the half types its kernels compute in on that machine
     # (`Target.half_arithmetic`); None: both float16 and bfloat16
     half_arithmetic: Callable | None = None
+    # (the machine's Target, the graph) -> the precision a compile that names none computes
+    # the graph in (llvm: a bfloat16 file's products in bf16 where the CPU has vdpbf16ps);
+    # None: fp32 for every graph
+    file_precision: Callable | None = None
 
     @property
     def generates_code(self) -> bool:

@@ -203,11 +203,13 @@ def compile(model, target: str | None = None, *, input_shapes: dict | None = Non
     start = time.perf_counter()
     level = DEFAULT_OPT_LEVEL if opt_level is None else opt_level
     spec = REGISTRY[target]
+    graph = load_graph(model, input_shapes)
     machine = spec.target(cpu, precision)
+    if precision is None and spec.file_precision is not None:
+        machine = spec.target(cpu, spec.file_precision(machine, graph))
     tuned = None
     if tuning_log is not None:
         tuned = ranked_configs(read(tuning_log), machine.key)
-    graph = load_graph(model, input_shapes)
     entry = None
     if (compile_cache.enabled(cache is not False) and spec.cached
             and passes is None and dump_ir is None and cache_size is None and not render_only):

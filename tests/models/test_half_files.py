@@ -5,8 +5,11 @@ float32 kernels (passes/widen_half.py: no generic per-element loops, no host fal
 its declared output types, and matches onnxruntime on the same file, on fresh random inputs,
 within the documented bound: `model_error_bound("fp16")` of the output's largest magnitude
 (onnxruntime rounds intermediates to float16 in places, dnnc computes them in float32;
-docs/llvm_backend.md, "Half-precision files"). A bfloat16 model matches its float32 twin
-(the same weights, exactly) up to the one rounding of its output to bfloat16."""
+docs/llvm_backend.md, "Half-precision files"). A bfloat16 model computed in float32
+(precision="fp32", or a CPU without vdpbf16ps) matches its float32 twin (the same weights,
+exactly) up to the one rounding of its output to bfloat16; compiled with no precision named on
+a CPU with vdpbf16ps, its products take bf16 operands (precision "bf16") and it matches the
+twin within `model_error_bound("bf16")`."""
 
 import numpy as np
 import onnx
@@ -15,6 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import dnnc
 from dnnc import zoo
+from dnnc.backends.llvm.bf16 import BF16_FEATURES
+from dnnc.backends.llvm.cpu import cpu_from, host_target
 from dnnc.ir import types as T
 from dnnc.ir.target import model_error_bound
 
@@ -85,16 +90,39 @@ def bf16_cnn(dtype: int, rng: np.random.Generator) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_a_bfloat16_file_is_its_float32_twin_rounded_once_at_the_output(rng):
+def _bf16_file_and_twin_output(rng, **options):
     x = rng.standard_normal((2, 3, 12, 12)).astype(T.bfloat16.np)
     model = bf16_cnn(TensorProto.BFLOAT16, np.random.default_rng(7))
     twin = bf16_cnn(TensorProto.FLOAT, np.random.default_rng(7))
-    compiled = dnnc.compile(model, target="llvm", cache=False, progress=False)
+    compiled = dnnc.compile(model, target="llvm", cache=False, progress=False, **options)
     assert compiled.stats["host_fallback_ops"] == 0
     (got,) = compiled.run(x)
     (want,) = ort.InferenceSession(twin.SerializeToString(),
                                    providers=["CPUExecutionProvider"]).run(
         None, {"x": x.astype(np.float32)})
     assert got.dtype == T.bfloat16.np and got.shape == want.shape
+    return compiled, got.astype(np.float32), want
+
+
+@pytest.mark.parametrize("how", ["fp32", "no vdpbf16ps"])
+def test_a_bfloat16_file_in_float32_is_its_twin_rounded_once_at_the_output(rng, how):
+    options = {"precision": "fp32"} if how == "fp32" else {
+        "cpu": cpu_from(mattr="-avx512bf16")}
+    compiled, got, want = _bf16_file_and_twin_output(rng, **options)
+    assert compiled.stats["precision"] == "fp32"
     # each output rounded once to bfloat16 (unit roundoff 2**-8), plus float32 noise
-    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2.0 ** -8, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=2.0 ** -8, atol=1e-6)
+
+
+@pytest.mark.skipif(not BF16_FEATURES <= host_target().feature_set,
+                    reason="this CPU has no vdpbf16ps (AVX512_BF16 and AVX512VL)")
+def test_a_bfloat16_file_computes_its_products_in_bf16_where_the_cpu_has_vdpbf16ps(rng):
+    compiled, got, want = _bf16_file_and_twin_output(rng)
+    assert compiled.stats["precision"] == "bf16"
+    assert _relative_error(got, want) <= model_error_bound("bf16")
+
+
+def test_a_float16_file_stays_fp32_whatever_the_cpu():
+    model = zoo.float16(zoo.build("mlp", batch=1), keep_io_types=True)
+    assert dnnc.compile(model, target="llvm", cache=False,
+                        progress=False).stats["precision"] == "fp32"

@@ -55,6 +55,24 @@ def half_arithmetic(machine: Target) -> tuple[str, ...]:
     return ()
 
 
+def file_precision(machine: Target, graph) -> str | None:
+    """"bf16" for a bfloat16 file (most of its weights' elements bfloat16, as torch's
+    `.bfloat16()` exports write them) on a CPU with vdpbf16ps (`bf16.BF16_FEATURES`): its
+    products then take bf16 operands, the file's own type, on the bf16 templates (its weights,
+    bfloat16 already, pack exactly); elsewhere None: fp32, the file widened to float32 once
+    (passes/widen_half.py). A float16 file stays fp32: x86 has no product of float16 operands
+    accumulating in fp32 before AVX10.2's vdpphps (AVX512-FP16's accumulate in float16)."""
+    if not bf16.BF16_FEATURES <= machine.feature_set:
+        return None
+    held = {}   # elements of float constants by type (a value read twice counted once)
+    for v in {id(v): v for node in graph.nodes for v in node.inputs
+              if v is not None and v.const is not None}.values():
+        held[v.dtype.name] = held.get(v.dtype.name, 0) + int(v.const.size)
+    if held.get("bfloat16", 0) > held.get("float32", 0) + held.get("float16", 0):
+        return "bf16"
+    return None
+
+
 LAYOUTS = ("sparse_weights", "winograd_conv", "pack_dense", "pack_conv")
 """convert_layout's rewrites for llvm: products whose weights are sparse enough as sparse ops
 (CSR), 3x3 convs Winograd's where its rule takes them, else dense and conv weights packed
@@ -92,4 +110,5 @@ SPEC = TargetSpec(
     layouts=LAYOUTS, layouts_for=layouts, fusion=lambda: FUSION, panels=panels,
     templates=lazy(f"{__package__}.schedules", "TEMPLATES"),
     tuning=lazy(f"{__package__}.tuning"), speed=10, available=available, about=about,
-    versions=versions, cpu_from=cpu_from, half_arithmetic=half_arithmetic)
+    versions=versions, cpu_from=cpu_from, half_arithmetic=half_arithmetic,
+    file_precision=file_precision)

@@ -20,6 +20,10 @@ gracefully when the machine is busy (another process, or more threads than cores
   of it (the closure lives on the caller's stack);
 - a waiting thread backs off by time (PAUSE, then sched_yield, then sleep on a condition
   variable), and sleeps at once when sched_yield shows another thread wanted its core;
+- where the pool uses every CPU of the affinity mask, worker i pins itself to the i-th CPU
+  and a caller found on a worker's CPU when it opens a region hops to the remaining one
+  (`leave_workers_cpu`), so the two never share a core while another idles
+  (DNNC_PIN_WORKERS=0: neither);
 - the thread count follows the process's affinity mask and its cgroup CPU quota;
   DNNC_NUM_THREADS overrides both.
 
@@ -76,6 +80,12 @@ _CHUNKS_PER_THREAD = 16
 _MAX_THREADS = 1024
 _HOME_STRIDE = 8
 
+# the least time between two hops of the caller off a worker's CPU (`leave_workers_cpu`)
+_HOP_INTERVAL_NS = 10_000_000
+
+# CPUs a pinning mask covers (glibc's cpu_set_t: 1024)
+_CPU_MASK_BITS = 1024
+
 _CLOSED = 1 << 40   # in `state`: the region takes no more workers; low bits count those inside
 
 # the spin-wait hint per architecture (llvmlite's triple's first component)
@@ -94,6 +104,9 @@ declare i32 @pthread_cond_broadcast(ptr)
 declare i32 @pthread_cond_signal(ptr)
 declare i32 @sched_yield()
 declare i32 @clock_gettime(i32, ptr)
+declare i32 @sched_setaffinity(i32, i64, ptr)
+declare i32 @sched_getaffinity(i32, i64, ptr)
+declare i32 @sched_getcpu()
 declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
 PAUSE_DECL
 
@@ -112,6 +125,10 @@ PAUSE_DECL
 @sleepers = internal global i64 0, align 64
 @busy = internal global i32 0, align 64
 @nthreads = internal global i64 1
+; per worker: the CPU it pins itself to when it starts (-1: none); the caller's, thread 0's,
+; is the CPU no worker is pinned to, where a caller found on a worker's CPU hops (-1: none)
+@pin_cpu = global [MAX_THREADS x i32] zeroinitializer, align 64
+@last_hop = internal global i64 0
 
 define internal i64 @now_ns() {
 entry:
@@ -191,9 +208,80 @@ done:
   ret void
 }
 
+; pins the calling thread to CPU %cpu (a mask of CPU_MASK_WORDS words); none when negative
+define internal void @pin_to(i32 %cpu) {
+entry:
+  %none = icmp slt i32 %cpu, 0
+  %far = icmp sge i32 %cpu, CPU_MASK_BITS
+  %skip = or i1 %none, %far
+  br i1 %skip, label %done, label %pin
+pin:
+  %mask = alloca [CPU_MASK_WORDS x i64], align 8
+  call void @llvm.memset.p0.i64(ptr %mask, i8 0, i64 CPU_MASK_BYTES, i1 false)
+  %c = zext i32 %cpu to i64
+  %w = lshr i64 %c, 6
+  %b = and i64 %c, 63
+  %bit = shl i64 1, %b
+  %pw = getelementptr i64, ptr %mask, i64 %w
+  store i64 %bit, ptr %pw
+  %r = call i32 @sched_setaffinity(i32 0, i64 CPU_MASK_BYTES, ptr %mask)
+  br label %done
+done:
+  ret void
+}
+
+; where the workers are pinned and the caller runs on one of their CPUs (the scheduler put it
+; back where it last ran, or woke it there), the worker of that CPU would wait for the caller
+; to be preempted while another CPU idles: the caller moves to its own CPU (pin_cpu[0]) and
+; takes its affinity back at once, so it stays free to move (it is the user's thread). Not
+; where its affinity excludes that CPU (the user pinned it): it stays where it was put.
+define internal void @leave_workers_cpu() {
+entry:
+  %home = load i32, ptr @pin_cpu
+  %pinned = icmp sge i32 %home, 0
+  br i1 %pinned, label %where, label %done
+where:
+  %cpu = call i32 @sched_getcpu()
+  %away = icmp ne i32 %cpu, %home
+  br i1 %away, label %check, label %done
+check:
+  %saved = alloca [CPU_MASK_WORDS x i64], align 8
+  call void @llvm.memset.p0.i64(ptr %saved, i8 0, i64 CPU_MASK_BYTES, i1 false)
+  %r0 = call i32 @sched_getaffinity(i32 0, i64 CPU_MASK_BYTES, ptr %saved)
+  %failed = icmp slt i32 %r0, 0
+  br i1 %failed, label %done, label %test
+test:
+  %c = zext i32 %home to i64
+  %w = lshr i64 %c, 6
+  %b = and i64 %c, 63
+  %pw = getelementptr i64, ptr %saved, i64 %w
+  %word = load i64, ptr %pw
+  %bit = lshr i64 %word, %b
+  %allowed = trunc i64 %bit to i1
+  br i1 %allowed, label %recent, label %done
+recent:
+  ; at most one hop every HOP_INTERVAL_NS: on a loaded machine the scheduler moves the caller
+  ; back and forth, and chasing it costs a migration a region
+  %t = call i64 @now_ns()
+  %last = load i64, ptr @last_hop
+  %since = sub i64 %t, %last
+  %due = icmp sge i64 %since, HOP_INTERVAL_NS
+  br i1 %due, label %hop, label %done
+hop:
+  store i64 %t, ptr @last_hop
+  call void @pin_to(i32 %home)
+  %r1 = call i32 @sched_setaffinity(i32 0, i64 CPU_MASK_BYTES, ptr %saved)
+  br label %done
+done:
+  ret void
+}
+
 define internal ptr @worker(ptr %arg) {
 entry:
   %me = ptrtoint ptr %arg to i64
+  %pc = getelementptr [MAX_THREADS x i32], ptr @pin_cpu, i64 0, i64 %me
+  %cpu = load i32, ptr %pc
+  call void @pin_to(i32 %cpu)
   %gen0 = load atomic i64, ptr @generation acquire, align 8
   br label %wait
 wait:
@@ -305,6 +393,7 @@ serial:
   call void %fn(ptr %ctx, i64 0, i64 %n)
   ret void
 open:
+  call void @leave_workers_cpu()
   store ptr %fn, ptr @task_fn
   store ptr %ctx, ptr @task_ctx
   %parts = mul i64 %nt, CHUNKS_PER_THREAD
@@ -381,7 +470,9 @@ def _pool_ir(arch: str) -> str:
             "BLOCK_NS": _BLOCK_NS, "BUSY_YIELD_NS": _BUSY_YIELD_NS, "LAST_OUT": _CLOSED + 1,
             "CLOSED": _CLOSED, "CHUNKS_PER_THREAD": _CHUNKS_PER_THREAD,
             "MAX_THREADS": _MAX_THREADS, "HOME_STRIDE": _HOME_STRIDE,
-            "HOME_WORDS": _MAX_THREADS * _HOME_STRIDE}
+            "HOME_WORDS": _MAX_THREADS * _HOME_STRIDE, "CPU_MASK_WORDS": _CPU_MASK_BITS // 64,
+            "CPU_MASK_BYTES": _CPU_MASK_BITS // 8, "CPU_MASK_BITS": _CPU_MASK_BITS,
+            "HOP_INTERVAL_NS": _HOP_INTERVAL_NS}
     return re.sub("|".join(sorted(subs, key=len, reverse=True)),
                   lambda m: str(subs[m.group(0)]), _POOL_IR)
 
@@ -405,6 +496,26 @@ def num_threads() -> int:
     if quota is not None:
         cores = min(cores, max(1, math.ceil(quota)))
     return max(1, cores)
+
+
+def worker_cpus(threads: int) -> list[int]:
+    """The CPU each of the pool's threads pins itself to, by thread index, -1 for none: where
+    the pool uses every CPU of the affinity mask, worker i the i-th CPU, so that two of its
+    threads never share a core while another is idle. The caller, index 0, is never pinned
+    (it is the user's thread): its CPU is where it hops when a parallel loop finds it on a
+    worker's. Not where the pool has fewer threads than CPUs (a quota, an
+    explicit DNNC_NUM_THREADS: processes sharing the machine would pile onto the same first
+    CPUs), nor where DNNC_PIN_WORKERS=0."""
+    unpinned = [-1] * threads
+    if os.environ.get("DNNC_PIN_WORKERS", "1") == "0":
+        return unpinned
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return unpinned
+    if threads != len(cpus):
+        return unpinned
+    return cpus[:]
 
 
 def cgroup_cpu_quota(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup"
@@ -489,12 +600,21 @@ class _Pool:
             self.engine.get_function_address("dnnc_pool_start"))
         self._reset = ctypes.CFUNCTYPE(None)(self.engine.get_function_address("dnnc_pool_reset"))
         self.wanted = threads
+        self._pins = (ctypes.c_int32 * _MAX_THREADS).from_address(
+            self.engine.get_global_value_address("pin_cpu"))
+        self._set_pins()
         self.threads = self._start(threads)
+
+    def _set_pins(self) -> None:
+        cpus = worker_cpus(self.wanted)
+        for i in range(_MAX_THREADS):
+            self._pins[i] = cpus[i] if i < len(cpus) else -1
 
     def after_fork_in_child(self) -> None:
         """The child has only the forking thread: reset the pool's locks and counters and
         start workers of its own, so it runs parallel loops like its parent."""
         self._reset()
+        self._set_pins()
         self.threads = self._start(self.wanted)
 
 

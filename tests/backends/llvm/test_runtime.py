@@ -336,6 +336,71 @@ def test_num_threads_follows_quota_and_env(monkeypatch):
     assert workers.num_threads() == 3   # the override wins over the quota
 
 
+def test_worker_cpus_pins_only_a_pool_using_every_cpu(monkeypatch):
+    from dnnc.backends.llvm import workers
+
+    monkeypatch.delenv("DNNC_PIN_WORKERS", raising=False)
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {5, 0, 3})
+    assert workers.worker_cpus(3) == [0, 3, 5]    # the caller's CPU first, then worker i's
+    assert workers.worker_cpus(2) == [-1, -1]     # fewer threads than CPUs: none pinned
+    assert workers.worker_cpus(4) == [-1] * 4
+    monkeypatch.setenv("DNNC_PIN_WORKERS", "0")
+    assert workers.worker_cpus(3) == [-1, -1, -1]
+
+
+def test_workers_pinned_and_the_caller_hops_off_a_workers_cpu():
+    """A pool using every CPU of the mask: each worker pinned to a CPU of its own; a caller
+    that opens a region on a worker's CPU moves to the first CPU and keeps its own mask; a
+    caller whose mask the user narrowed to a worker's CPU stays there."""
+    out = _in_subprocess("""
+        import ctypes, os, time
+        import numpy as np
+        from dnnc.ir import loop as L, types as T
+        from dnnc.backends.llvm.codegen import ModuleBuilder
+        from dnnc.backends.llvm.cpu import host_target
+        from dnnc.backends.llvm.jit import JITModule
+        from dnnc.backends.llvm.workers import ensure_pool
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2 or ensure_pool() != len(cpus):
+            print("skip"); raise SystemExit
+        main = os.getpid()
+        masks = [os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")
+                 if int(t) != main]
+        assert all(masks.count({c}) == 1 for c in cpus[1:]), masks
+        assert os.sched_getaffinity(0) == set(cpus)
+        n = L.Var("N")
+        x, y = L.Buffer("x", T.float32, (n,)), L.Buffer("y", T.float32, (n,))
+        i = L.Var("i")
+        f = L.PrimFunc("twice", (x, y), L.For(i, n, L.Store(y, (i,), x[i] * 2.0),
+                                              L.ForKind.PARALLEL), (n,))
+        mb = ModuleBuilder("rt"); mb.add(f)
+        jm = JITModule(str(mb), host_target(), 2)
+        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jm.address("twice_packed"))
+        a = np.arange(4096, dtype=np.float32)
+        o = np.zeros_like(a)
+        ptrs, size = (ctypes.c_void_p * 2)(a.ctypes.data, o.ctypes.data), (ctypes.c_int64 * 1)(4096)
+        def cpu_now():
+            return int(open("/proc/thread-self/stat").read().rsplit(")", 1)[1].split()[36])
+        hopped = 0
+        for _ in range(20):
+            time.sleep(0.011)                        # past the hops' 10 ms limit
+            os.sched_setaffinity(0, {cpus[1]})       # on worker 1's CPU, then free again
+            os.sched_setaffinity(0, set(cpus))
+            fn(ptrs, size)
+            hopped += cpu_now() == cpus[0]
+            assert os.sched_getaffinity(0) == set(cpus)
+        assert np.array_equal(o, a * 2)
+        os.sched_setaffinity(0, {cpus[1]})           # the user's own pinning
+        time.sleep(0.011)
+        fn(ptrs, size)
+        assert os.sched_getaffinity(0) == {cpus[1]} and cpu_now() == cpus[1]
+        print(hopped)
+    """, env={"DNNC_NUM_THREADS": "", "DNNC_PIN_WORKERS": "1"})
+    if out.strip() == "skip":
+        pytest.skip("one CPU, or a pool smaller than the affinity mask (a CPU quota)")
+    assert int(out) >= 15, out   # without the hop: 0 of 20 here
+
+
 def _in_subprocess(code: str, env: dict | None = None, timeout: float = 60):
     """Runs `code` in a fresh interpreter (a hang or a signal fails the test, not pytest)."""
     import subprocess
