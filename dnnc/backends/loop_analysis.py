@@ -253,16 +253,26 @@ def distinct_per_iteration(components: tuple, loop: L.For) -> bool:
 
 
 def _digit(e: L.Expr, var: L.Var) -> tuple[int, int | None] | None:
-    """(d, m) when `e` is `var // d % m` (m None: no modulus; d 1: no division), nested
-    divisions multiplied out; None for any other form."""
-    modulus = None
-    if isinstance(e, L.BinOp) and e.op == "%" and isinstance(e.b, L.Const) and e.b.value > 0:
-        modulus, e = e.b.value, e.a
-    divisor = 1
-    while isinstance(e, L.BinOp) and e.op == "//" and isinstance(e.b, L.Const) and \
-            e.b.value > 0:
-        divisor, e = divisor * e.b.value, e.a
-    return (divisor, modulus) if e == var else None
+    """(d, m) when `e` is `var // d % m` (m None: no modulus; d 1: no division), in any
+    nesting of divisions and moduli by constants that is one: `var // a // b` is
+    `var // (a b)`, `(var // d % m) // a` is `var // (d a) % (m / a)` where a divides m,
+    `(var // d % m) % a` is `var // d % a` where a divides m (what fusing three loops or
+    more leaves: `k % 50176 // 224`, `k % 50176 % 224`); None for any other form."""
+    if e == var:
+        return 1, None
+    if not (isinstance(e, L.BinOp) and e.op in ("//", "%") and isinstance(e.b, L.Const)
+            and e.b.value > 0):
+        return None
+    inner = _digit(e.a, var)
+    if inner is None:
+        return None
+    d, m = inner
+    a = e.b.value
+    if e.op == "//":
+        if m is None:
+            return d * a, None
+        return (d * a, m // a) if m % a == 0 else None
+    return (d, a) if m is None or m % a == 0 else None
 
 
 def mixed_radix(components: tuple, var: L.Var, extent: int) -> bool:
