@@ -355,10 +355,6 @@ def test_workers_pinned_and_the_caller_hops_off_a_workers_cpu():
     out = _in_subprocess("""
         import ctypes, os, time
         import numpy as np
-        from dnnc.ir import loop as L, types as T
-        from dnnc.backends.llvm.codegen import ModuleBuilder
-        from dnnc.backends.llvm.cpu import host_target
-        from dnnc.backends.llvm.jit import JITModule
         from dnnc.backends.llvm.workers import ensure_pool
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < 2 or ensure_pool() != len(cpus):
@@ -372,14 +368,7 @@ def test_workers_pinned_and_the_caller_hops_off_a_workers_cpu():
             time.sleep(0.01)
         assert all(masks.count({c}) == 1 for c in cpus[1:]), masks
         assert os.sched_getaffinity(0) == set(cpus)
-        n = L.Var("N")
-        x, y = L.Buffer("x", T.float32, (n,)), L.Buffer("y", T.float32, (n,))
-        i = L.Var("i")
-        f = L.PrimFunc("twice", (x, y), L.For(i, n, L.Store(y, (i,), x[i] * 2.0),
-                                              L.ForKind.PARALLEL), (n,))
-        mb = ModuleBuilder("rt"); mb.add(f)
-        jm = JITModule(str(mb), host_target(), 2)
-        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jm.address("twice_packed"))
+        fn = twice_kernel()
         a = np.arange(4096, dtype=np.float32)
         o = np.zeros_like(a)
         ptrs, size = (ctypes.c_void_p * 2)(a.ctypes.data, o.ctypes.data), (ctypes.c_int64 * 1)(4096)
@@ -399,21 +388,43 @@ def test_workers_pinned_and_the_caller_hops_off_a_workers_cpu():
         fn(ptrs, size)
         assert os.sched_getaffinity(0) == {cpus[1]} and cpu_now() == cpus[1]
         print(hopped)
-    """, env={"DNNC_NUM_THREADS": "", "DNNC_PIN_WORKERS": "1"})
+    """, env={"DNNC_NUM_THREADS": "", "DNNC_PIN_WORKERS": "1"}, prelude=_TWICE_KERNEL)
     if out.strip() == "skip":
         pytest.skip("one CPU, or a pool smaller than the affinity mask (a CPU quota)")
     assert int(out) >= 15, out   # without the hop: 0 of 20 here
 
 
-def _in_subprocess(code: str, env: dict | None = None, timeout: float = 60):
-    """Runs `code` in a fresh interpreter (a hang or a signal fails the test, not pytest)."""
+_TWICE_KERNEL = """
+    def twice_kernel():
+        \"\"\"y[i] = 2 x[i], a parallel loop over N, as a ctypes function of (ptrs, sizes).\"\"\"
+        import ctypes
+        from dnnc.ir import loop as L, types as T
+        from dnnc.backends.llvm.codegen import ModuleBuilder
+        from dnnc.backends.llvm.cpu import host_target
+        from dnnc.backends.llvm.jit import JITModule
+        n, i = L.Var("N"), L.Var("i")
+        x, y = L.Buffer("x", T.float32, (n,)), L.Buffer("y", T.float32, (n,))
+        f = L.PrimFunc("twice", (x, y), L.For(i, n, L.Store(y, (i,), x[i] * 2.0),
+                                              L.ForKind.PARALLEL), (n,))
+        mb = ModuleBuilder("rt"); mb.add(f)
+        twice_kernel.jm = JITModule(str(mb), host_target(), 2)   # (kept alive)
+        return ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(
+            twice_kernel.jm.address("twice_packed"))
+"""
+"""Source both pool subprocess tests run: a parallel kernel for the pool to run."""
+
+
+def _in_subprocess(code: str, env: dict | None = None, timeout: float = 60, prelude: str = ""):
+    """Runs `code`, after `prelude`, in a fresh interpreter (a hang or a signal fails the
+    test, not pytest)."""
     import subprocess
     import sys
     import textwrap
 
     full_env = dict(os.environ, **(env or {}))
     try:
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(prelude) +
+                               textwrap.dedent(code)], env=full_env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         pytest.fail(f"hung for {timeout} s")
@@ -430,20 +441,9 @@ def test_caller_does_not_wait_for_workers_that_never_started():
         import os, time, ctypes
         import numpy as np
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        from dnnc.ir import loop as L, types as T
-        from dnnc.backends.llvm.codegen import ModuleBuilder
-        from dnnc.backends.llvm.cpu import host_target
-        from dnnc.backends.llvm.jit import JITModule
         from dnnc.backends.llvm.workers import ensure_pool
         assert ensure_pool() == 4
-        n = L.Var("N")
-        x, y = L.Buffer("x", T.float32, (n,)), L.Buffer("y", T.float32, (n,))
-        i = L.Var("i")
-        f = L.PrimFunc("twice", (x, y), L.For(i, n, L.Store(y, (i,), x[i] * 2.0),
-                                              L.ForKind.PARALLEL), (n,))
-        mb = ModuleBuilder("rt"); mb.add(f)
-        jm = JITModule(str(mb), host_target(), 2)
-        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jm.address("twice_packed"))
+        fn = twice_kernel()
         rng = np.random.default_rng(0)
         # a fresh input and output per region: a worker arriving late, after its region
         # closed, must not run that region's chunks (its closure is gone) nor the next one's
@@ -458,7 +458,7 @@ def test_caller_does_not_wait_for_workers_that_never_started():
         for a, o in zip(ins, outs):
             assert np.array_equal(o, a * 2)
         print(per_region_us)
-    """, env={"DNNC_NUM_THREADS": "4"})
+    """, env={"DNNC_NUM_THREADS": "4"}, prelude=_TWICE_KERNEL)
     # measured on 2 loaded cores: ~10 us a region now, 4100 us before the fix (the caller spun,
     # then slept until every woken worker had run); 200 us leaves room for a slow CI machine
     assert float(out) < 200, out
