@@ -13,9 +13,9 @@ from . import FUSION, amx, artifact, bf16, panels
 
 def runtime(graph, opt_level: int, target: Target, progress=None, reuse_memory=True,
             cache_size=None, tuned=None, render_only=False, outputs=None):
-    """An `LLVMRuntime` for `graph` (the passes ran), its static shapes compiled (`start`). render_only changes nothing here: the
-    CPU that compiles is the one that runs; outputs can only be "numpy" (`check_options`),
-    what it returns anyway."""
+    """An `LLVMRuntime` for `graph` (the passes ran), its static shapes compiled (`start`).
+    render_only changes nothing here: the CPU that compiles is the one that runs; outputs
+    can only be "numpy" (`check_options`), what it returns anyway."""
     from .executable import DEFAULT_CACHE_SIZE, LLVMRuntime
 
     return LLVMRuntime(graph, target=target, opt_level=opt_level, progress=progress,
