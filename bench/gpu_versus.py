@@ -150,10 +150,17 @@ def main(argv=None) -> int:
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.folder or tmp)
-        names = library_models.export_all(folder, "torchscript", args.models.split(","))
+        wanted = args.models.split(",")
+        names = library_models.export_all(folder, "torchscript", wanted)
+        exported = {Path(n).stem for n in names}
+        # what TorchScript cannot export (transformers' gpt2 and llama: aten::diff) goes
+        # through torch's dynamo exporter, as NAME_dynamo.onnx
+        left = [n for n in wanted if n not in exported]
+        if left:
+            names += library_models.export_all(folder, "dynamo", left, suffix="_dynamo")
         for path in names:
             path = Path(path)
-            name = path.stem
+            name = path.stem.removesuffix("_dynamo")
             for batch in sorted({int(b) for b in args.batches.split(",")}):
                 for precision in args.precisions.split(","):
                     try:

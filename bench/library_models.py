@@ -127,10 +127,11 @@ def export(name: str, path: Path, exporter: str = "torchscript") -> Path:
     return export_module(model, x, path, exporter, {0: "batch"})
 
 
-def export_all(folder: Path, exporter: str, names=None) -> list[str]:
-    """Every model of `names` (default: all) exported into `folder` once; those that cannot
-    be built or exported here are reported and left out (torch_models.export_all)."""
-    return torch_models.export_all(MODELS, export, folder, exporter, names)
+def export_all(folder: Path, exporter: str, names=None, suffix: str = "") -> list[str]:
+    """Every model of `names` (default: all) exported into `folder` once, as
+    NAME`suffix`.onnx; those that cannot be built or exported here are reported and left out
+    (torch_models.export_all)."""
+    return torch_models.export_all(MODELS, export, folder, exporter, names, suffix)
 
 
 if __name__ == "__main__":

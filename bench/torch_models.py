@@ -201,6 +201,10 @@ def export_module(model: nn.Module, x: torch.Tensor, path: Path, exporter: str,
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
+            if 0 in dynamic and x.shape[0] == 1:
+                # torch.export specializes a dimension of size 1: an example of batch 1
+                # would fix the batch axis whatever dynamic_shapes says
+                x = torch.cat([x, x])
             # a tuple, by position: a dict must use forward()'s own argument names
             shapes = ({axis: torch.export.Dim(dim) for axis, dim in dynamic.items()},)
             torch.onnx.export(model, (x,), str(path), dynamo=True, input_names=["x"],
