@@ -7,9 +7,11 @@
 
 Models are bench/library_models.py's (torchvision, timm and transformers modules with seeded
 random weights; needs those libraries: the GPU machine's host has them), each exported once
-as a float32 ONNX file with a symbolic batch. A transformer runs at batch 8 where the others
-run at 32 (`--batches`' largest, capped at 8 for token inputs). Per (model, precision,
-batch), in one process:
+as a float32 ONNX file with a symbolic batch (by TorchScript, else by torch's dynamo exporter:
+gpt2_hf, llama_hf), and dnnc's zoo models named `zoo:NAME` (`zoo:resnet50`, `zoo:bert_base`:
+the zoo's file with a symbolic batch against its torch mirror, bench/zoo_torch.py, on the
+same weights). A model of token inputs runs at batch 8 where the others run at 32
+(`--batches`' largest, capped at 8). Per (model, precision, batch), in one process:
 - torch: the module in each of `--modes` (eager, default = torch.compile(), reduce-overhead =
   torch.compile with CUDA graphs), median ms of a call ended by torch.cuda.synchronize. fp32:
   TF32 off in matmuls and cuDNN; tf32: TF32 allowed in both; fp16 / bf16: the module and its
@@ -50,12 +52,12 @@ def torch_precision(precision: str) -> None:
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
-def torch_times(module, x, modes: list[str], repeat: int, warmup: int) -> dict:
+def torch_times(module, xs: tuple, modes: list[str], repeat: int, warmup: int) -> dict:
     import torch
 
     def timed(fn):
         def call():
-            fn(x)
+            fn(*xs)
             torch.cuda.synchronize()
         return median_ms(call, repeat, warmup)
 
@@ -69,7 +71,7 @@ def torch_times(module, x, modes: list[str], repeat: int, warmup: int) -> dict:
                 torch._dynamo.reset()
                 compiled = torch.compile(module, mode=None if mode == "default" else mode)
                 for _ in range(3):
-                    compiled(x)
+                    compiled(*xs)
                 out[mode] = timed(compiled)
             except Exception as exc:   # one mode's failure must not hide the others
                 print(f"#   torch {mode} failed: {type(exc).__name__}: {str(exc)[:150]}",
@@ -78,13 +80,27 @@ def torch_times(module, x, modes: list[str], repeat: int, warmup: int) -> dict:
     return out
 
 
-def one(name: str, path: Path, precision: str, batch: int, args) -> tuple[float, str] | None:
-    """(dnnc / the fastest torch mode, the printed row) of model `name` at `precision` and
-    `batch` (at most TOKEN_BATCH for a model of token inputs)."""
+def inputs(name: str, path: Path, batch: int):
+    """(torch module, its inputs as CPU tensors, whether they are tokens) of model `name` at
+    `batch` (at most TOKEN_BATCH for a model of token inputs): a zoo model's inputs are
+    `zoo.inputs_for`'s, seeded; a library model's its example's shape, seeded by the batch."""
     import numpy as np
+    import onnx
     import torch
 
-    import dnnc
+    if name.startswith("zoo:"):
+        from zoo_torch import module_for
+
+        from dnnc import zoo
+
+        module = module_for(onnx.load(str(path)))
+        config = zoo.build(name[4:], batch=1)
+        tokens = any(i.type.tensor_type.elem_type == onnx.TensorProto.INT64
+                     for i in config.graph.input)
+        batch = min(batch, TOKEN_BATCH) if tokens else batch
+        feeds = zoo.inputs_for(zoo.build(name[4:], batch=batch), np.random.default_rng(batch))
+        return module, tuple(torch.from_numpy(np.ascontiguousarray(v))
+                             for v in feeds.values()), tokens
     from library_models import build
 
     module, example = build(name)
@@ -93,25 +109,44 @@ def one(name: str, path: Path, precision: str, batch: int, args) -> tuple[float,
     gen = torch.Generator().manual_seed(batch)
     x = torch.randint(0, 5000, (batch, *example.shape[1:]), generator=gen) if tokens else \
         torch.randn((batch, *example.shape[1:]), generator=gen)
-    module, x = module.cuda(), x.cuda()
+    return module, (x,), tokens
+
+
+def one(name: str, path: Path, precision: str, batch: int, args) -> tuple[float, str] | None:
+    """(dnnc / the fastest torch mode, the printed row) of model `name` at `precision` and
+    `batch` (at most TOKEN_BATCH for a model of token inputs)."""
+    import numpy as np
+    import onnx
+    import torch
+
+    import dnnc
+
+    module, xs, tokens = inputs(name, path, batch)
+    batch = xs[0].shape[0]
+    module, xs = module.cuda(), tuple(x.cuda() for x in xs)
     torch_precision("fp32")
     with torch.no_grad():
-        want = module(x).float().cpu().numpy()
+        want = module(*xs).float().cpu().numpy()
     torch_precision(precision)
     if precision in TORCH_DTYPES:
         dtype = getattr(torch, TORCH_DTYPES[precision])
-        t_module, t_x = module.to(dtype), (x if tokens else x.to(dtype))
+        t_module = module.to(dtype)
+        t_xs = tuple(x.to(dtype) if x.dtype.is_floating_point else x for x in xs)
     else:
-        t_module, t_x = module, x
-    times = torch_times(t_module, t_x, args.modes, args.repeat, args.warmup)
+        t_module, t_xs = module, xs
+    times = torch_times(t_module, t_xs, args.modes, args.repeat, args.warmup)
     del t_module
     options = {} if precision == "fp32" else {"precision": precision}
-    model = dnnc.compile(str(path), "cuda", input_shapes={"x": tuple(x.shape)},
-                         progress=False, **options)
-    got = model.run(x, to="numpy")[0]
+    graph = onnx.load(str(path), load_external_data=False).graph
+    constants = {t.name for t in graph.initializer}
+    names = [i.name for i in graph.input if i.name not in constants]
+    model = dnnc.compile(str(path), "cuda", progress=False,
+                         input_shapes={n: tuple(x.shape) for n, x in zip(names, xs)},
+                         **options)
+    got = model.run(*xs, to="numpy")[0]
 
     def call():
-        model.run(x)
+        model.run(*xs)
         torch.cuda.current_stream().synchronize()
 
     ours = median_ms(call, args.repeat, args.warmup)
@@ -126,6 +161,18 @@ def one(name: str, path: Path, precision: str, batch: int, args) -> tuple[float,
     line = (f"{name:<18} {precision:<5} b{batch:<4} dnnc {ours:8.3f} ms | {cells} | "
             f"dnnc/best {ratio:5.2f} | rel err {err:.1e}{top1}")
     return ratio, line
+
+
+def zoo_file(name: str, folder: Path) -> Path:
+    """Zoo model `name` with a symbolic batch, written into `folder` as zoo_NAME.onnx."""
+    import onnx
+
+    from dnnc import zoo
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"zoo_{name}.onnx"
+    onnx.save(zoo.build(name, batch="N"), str(path))
+    return path
 
 
 def main(argv=None) -> int:
@@ -150,8 +197,10 @@ def main(argv=None) -> int:
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.folder or tmp)
-        wanted = args.models.split(",")
-        names = library_models.export_all(folder, "torchscript", wanted)
+        wanted = [n for n in args.models.split(",") if not n.startswith("zoo:")]
+        names = [str(zoo_file(n[4:], folder)) for n in args.models.split(",")
+                 if n.startswith("zoo:")]
+        names += library_models.export_all(folder, "torchscript", wanted)
         exported = {Path(n).stem for n in names}
         # what TorchScript cannot export (transformers' gpt2 and llama: aten::diff) goes
         # through torch's dynamo exporter, as NAME_dynamo.onnx
@@ -161,6 +210,7 @@ def main(argv=None) -> int:
         for path in names:
             path = Path(path)
             name = path.stem.removesuffix("_dynamo")
+            name = f"zoo:{name[4:]}" if name.startswith("zoo_") else name
             for batch in sorted({int(b) for b in args.batches.split(",")}):
                 for precision in args.precisions.split(","):
                     try:
