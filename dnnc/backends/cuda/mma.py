@@ -563,7 +563,8 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
            precision: str = "fp16", wgmma: bool = False,
            shallow_rule: bool = True, staged: bool = False,
-           cluster_split: bool = False, tf32_copied: bool = False) -> TensorCoreConfig:
+           cluster_split: bool = False, tf32_copied: bool = False,
+           latency: bool | None = None) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
@@ -581,9 +582,13 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     `tf32_copied`: at tf32, both operands of a dense product reach the tiles as they lie
     (tf32 values, K-major: what TMA copies): its wgmma tiles are rated as fp16's are
     (`_latency_rule`), at any number of outputs; else tf32 keeps the efficiencies and
-    TF32_WGMMA_OUTPUTS."""
+    TF32_WGMMA_OUTPUTS.
+    `latency`: whether the wgmma tiles are rated by WGMMA_TILE_S's model (and WGMMA_TALL_TILE
+    offered) at `_latency_rule`'s precisions; default `shallow_rule` (dense products; a
+    pointwise convolution's operands are copied as theirs are: conv_nhwc.py)."""
     best, best_time = None, math.inf
-    latency_rule = shallow_rule and _latency_rule(precision, tf32_copied)
+    latency_rule = (shallow_rule if latency is None else latency) and \
+        _latency_rule(precision, tf32_copied)
     for base, efficiency in _candidates(precision, wgmma, k, m * n * batch, shallow_rule,
                                         staged, tf32_copied):
         bm, bn = base.block_m, base.block_n
