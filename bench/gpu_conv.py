@@ -289,7 +289,8 @@ def mma_text(c) -> str:
     if not isinstance(c, mma.TensorCoreConfig):
         return str(c)[:22]
     return (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.warps_m}x{c.warps_n} s{c.stages}"
-            + (f" k/{c.split_k}" if c.split_k > 1 else "") + PRODUCER_TEXT.get(c.producer, ""))
+            + (f" k/{c.split_k}" if c.split_k > 1 else "") + PRODUCER_TEXT.get(c.producer, "")
+            + " rf" * c.refill_first + " st" * c.staged + " cl" * c.cluster_split)
 
 
 def model_row(torch, name: str, args) -> str:

@@ -189,6 +189,20 @@ def test_deep_pointwise_convs_take_the_dense_defaults_rules():
                                  target("tf32")).producer
 
 
+def test_3x3_convs_of_128_channels_take_the_64_x_128_wgmma_tile():
+    """resnet50's 3x3 convs of 128 channels at batch 32 (H 28, and H 56 stride 2) take the
+    64 x 128 wgmma tile, staged (CONV_WGMMA_EFFICIENCY; on an H200 1.08 of cuDNN where 64 x 64
+    took 0.87), at fp16 and bf16."""
+    from dnnc.backends.cuda import conv_nhwc
+
+    for precision in ("fp16", "bf16"):
+        for image, stride in (((32, 28, 28, 128), 1), ((32, 56, 56, 128), 2)):
+            chosen = conv_nhwc.default(_conv_problem(precision, image, 128, 3, stride, 1),
+                                       target(precision))
+            assert chosen.wgmma and chosen.staged and chosen.split_k == 1
+            assert (chosen.block_m, chosen.block_n) == (64, 128)
+
+
 @needs_gxx
 @pytest.mark.parametrize("split", [1, 2])
 def test_a_pointwise_conv_on_the_tma_producer_on_host(split, rng, tmp_path):
