@@ -1,7 +1,8 @@
 """Channels-last convolutions on tensor cores against cuDNN (issue 31, item 3), one run.
 
     PYTHONPATH=$PWD python bench/gpu_conv.py [--batch 32] [--precision fp16|bf16|fp32]
-        [--repeat 30] [--trials 5] [--no-variants] [--no-nchw] [--no-shapes] [--no-model]
+        [--repeat 30] [--trials 5] [--no-variants] [--variant-set tiles|splits] [--no-nchw]
+        [--no-shapes] [--no-model]
         [--shapes C,H,M,k,s;...|resnet18]
         [--models resnet18,mobilenet_v2] [--modes eager,reduce-overhead]
 
@@ -19,6 +20,12 @@ output is checked against cuDNN's: max |d| / max |cuDNN| within `model_error_bou
 
 (`--no-shapes`: none of those kernel rows; `--shapes C,H,M,k,s;...`: these in their place;
 `--shapes resnet18`: resnet18's, with their counts.)
+
+A stem (channels that are not whole 16-byte chunks) is timed as a compile runs it:
+`convert_layout`'s rewrite (its input's space to depth, or its channels padded to a chunk;
+one kernel, made from the NCHW input) and the ConvNHWC on that, the two launches timed
+together; the ConvNHWC on the image as given (3 channels: patches through registers) is the
+row `(as given)`.
 
 `--precision fp32`: the SIMT implicit GEMM on NCHW float32 (`backends/cuda/conv.py`, the
 fp32 bar of issue 31) at its default and, unless `--no-variants`, `SIMT_VARIANTS` (each
@@ -53,6 +60,7 @@ from dnnc.backends.lower import lower_group  # noqa: E402
 from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.target import model_error_bound  # noqa: E402
+from dnnc.passes.convert_layout import convert_layout  # noqa: E402
 from gpu_timing import cuda_torch, cupy_timer, header, interleaved_ms, kernel_launcher, \
     load_module, median_ms, torch_graph_timer  # noqa: E402
 
@@ -76,8 +84,34 @@ VARIANTS = [C(256, 128, 32, 4, 2, 3), C(256, 64, 32, 4, 1, 3), C(128, 128, 32, 2
             C(64, 128, 64, 4, 1, 5, wgmma=True), C(64, 64, 64, 4, 1, 4, wgmma=True),
             C(128, 64, 64, 8, 1, 4, wgmma=True), C(128, 64, 64, 8, 1, 3, wgmma=True),
             C(64, 64, 64, 4, 1, 3, wgmma=True), C(256, 64, 64, 8, 1, 3, wgmma=True)]
-"""Other configs timed beside the default (those outside a shape's space, and all for a
-stem of fewer channels than a chunk, are skipped)."""
+"""Other configs timed beside the default (those outside a shape's space are skipped)."""
+
+W = dict(block_k=64, wgmma=True)
+SPLIT_VARIANTS = [
+    C(128, 128, warps_m=8, warps_n=1, stages=5, split_k=2, refill_first=True, **W),
+    C(128, 128, warps_m=8, warps_n=1, stages=5, split_k=2, producer=True, **W),
+    C(128, 128, warps_m=8, warps_n=1, stages=4, split_k=3, **W),
+    C(128, 256, warps_m=8, warps_n=1, stages=4, split_k=2, **W),
+    C(128, 256, warps_m=8, warps_n=1, stages=4, split_k=4, producer=True, **W),
+    C(128, 64, warps_m=8, warps_n=1, stages=4, split_k=2, **W),
+    C(256, 64, warps_m=8, warps_n=1, stages=4, split_k=2, **W),
+    C(256, 128, warps_m=8, warps_n=1, stages=4, split_k=4, **W),
+    C(128, 128, warps_m=8, warps_n=1, stages=4, split_k=2, early_refill=True, **W),
+    C(128, 64, warps_m=8, warps_n=1, stages=6, split_k=2, producer=True, **W),
+    C(64, 256, warps_m=4, warps_n=1, stages=4, split_k=2, **W),
+    C(64, 128, warps_m=4, warps_n=1, stages=4, split_k=2, **W),
+    C(64, 128, warps_m=4, warps_n=1, stages=4, split_k=3, **W),
+    C(64, 128, warps_m=4, warps_n=1, stages=5, split_k=2, producer=True, **W),
+    C(64, 64, warps_m=4, warps_n=1, stages=4, split_k=2, **W),
+    C(64, 64, warps_m=4, warps_n=1, stages=4, producer=True, staged=True, **W),
+    C(64, 64, warps_m=4, warps_n=1, stages=4, split_k=2, producer="tma", **W),
+    C(64, 128, warps_m=4, warps_n=1, stages=5, producer="tma", staged=True, **W),
+    C(64, 128, warps_m=4, warps_n=1, stages=5, split_k=2, producer="tma", **W),
+    C(128, 64, warps_m=8, warps_n=1, stages=8, producer="tma", staged=True, **W),
+    C(128, 128, warps_m=8, warps_n=1, stages=5, split_k=2, producer="tma", **W)]
+"""`--variant-set splits`: wgmma tiles split along k, with the cp.async producer and (where
+the patches are a plain array: a pointwise conv) TMA's, for products of few pixels and deep
+k (resnet50's 7 x 7 layers at batch 32: 1568 rows, 32 to 72 k tiles)."""
 
 STORED = {"fp16": T.float16, "bf16": T.bfloat16}
 RESNET18 = [(3, 224, 64, 7, 2, 1), (64, 56, 64, 3, 1, 4), (64, 56, 128, 3, 2, 1),
@@ -123,6 +157,20 @@ def conv_graph(c, h, m, k, s, batch, dtype, nhwc: bool, rng, arrays=None
     return g, [x, w, b]
 
 
+def compiled_route(graph: Graph, machine) -> tuple[list, Graph]:
+    """(the nodes before the conv, the conv's own graph) of NCHW `graph`'s one Conv as a
+    compile runs it: `convert_layout`'s "nhwc_conv" (a stem's channels padded to whole chunks,
+    or its input's space to depth), the conv's input made by those nodes (one kernel), the
+    ConvNHWC alone a graph of that input."""
+    convert_layout(graph, dataclasses.replace(machine, layouts=("nhwc_conv",)))
+    at = next(n for n, node in enumerate(graph.nodes) if node.op == "ConvNHWC")
+    conv = graph.nodes[at]
+    g = Graph("g")
+    xv = g.add_input("x", conv.inputs[0].type)
+    g.outputs = [g.add("ConvNHWC", xv, *conv.inputs[1:], **conv.attrs)]
+    return graph.nodes[:at], g
+
+
 def kernels(graph: Graph, machine, configs: list) -> list:
     """[(name, config, scheduled PrimFunc, kernel)] of the graph's one node under its
     template's default and each of `configs` inside its space."""
@@ -148,21 +196,33 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
     """(dnnc default ms, best dnnc ms, cuDNN ms, printed lines) of one shape."""
     c, h, m, k, s, count = shape
     fp32 = args.precision == "fp32"
+    variants = SPLIT_VARIANTS if args.variant_set == "splits" else VARIANTS
     dtype = T.float32 if fp32 else STORED[args.precision]
     t_dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16",
                               "fp32": "float32"}[args.precision])
     graph, (x, w, b) = conv_graph(c, h, m, k, s, args.batch, dtype, not fp32, rng)
+    edge = []   # a stem's: the kernel making its conv's input (compiled_route)
     if fp32:
         n = args.batch * (-(-h // s)) ** 2
         cases = kernels(graph, machine, [] if args.no_variants else
                         simt_variants(m, n, device.gpu_of(machine).sms))
+    elif c % 8:
+        nchw, _ = conv_graph(c, h, m, k, s, args.batch, dtype, False, rng, (x, w, b))
+        edge, routed = compiled_route(nchw, machine)
+        cases = kernels(routed, machine, [] if args.no_variants else variants)
+        cases += [(f"{name} (as given)", *rest) for name, *rest in kernels(graph, machine, [])]
     else:
-        cases = kernels(graph, machine, [] if args.no_variants or c % 8 else VARIANTS)
+        cases = kernels(graph, machine, [] if args.no_variants else variants)
     if not args.no_nchw and not fp32:
         nchw, _ = conv_graph(c, h, m, k, s, args.batch, dtype, False, rng, (x, w, b))
         cases += [(f"{name} (nchw)", *rest) for name, *rest in kernels(nchw, machine, [])]
     funcs = [(dataclasses.replace(f, name=f"c{n}_{f.name}"), True)
              for n, (_, _, f, _) in enumerate(cases)]
+    if edge:
+        made = lower_group(edge, "edge", outputs=[edge[-1].outputs[0]])
+        template, problem = template_for(made, machine=machine)
+        funcs.append((template.build(problem, template.default(problem, machine), machine),
+                      True))
     module = render_module(funcs)
     raw = load_module(cp, module.source)   # (sm_90a where a variant uses wgmma)
     layout = torch.contiguous_format if fp32 else torch.channels_last
@@ -176,13 +236,21 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
                          .view(np.uint16))
     nchw_in = cp.asarray(x.astype(dtype.np).view(np.uint16))
     timers, outs = [torch_graph_timer(lambda: f(tx, tw, tb, stride=s, padding=k // 2))], []
+    made_launch = None
+    if edge:   # the conv's input as the compile makes it, timed with each routed conv
+        made_launch, made_in = kernel_launcher(cp, raw, module, funcs[-1][0], made, nchw_in,
+                                               cp.uint16, lambda a: a.view(np.uint16))
     for (name, config, _, kernel), (func, _) in zip(cases, funcs):
+        routed_case = made_launch is not None and not name.endswith(")")
         if fp32:
             launch, out = kernel_launcher(cp, raw, module, func, kernel, cp.asarray(x))
         else:
             launch, out = kernel_launcher(cp, raw, module, func, kernel,
+                                          made_in if routed_case else
                                           nchw_in if name.endswith("(nchw)") else nhwc_in,
                                           cp.uint16, lambda a: a.view(np.uint16))
+        if routed_case:
+            launch = (lambda conv: lambda: (made_launch(), conv()))(launch)
         timers.append(cupy_timer(cp, launch))
         outs.append(out)
     times = interleaved_ms(timers, args.repeat, args.trials)
@@ -204,7 +272,14 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
                      f"err {err:.1e} {ok}")
     head = (f"C {c:>4} H {h:>3} M {m:>4} {k}x{k} s{s} x{count}: cuDNN {cudnn:.4f} ms "
             f"({flops / cudnn / 1e9:.1f} TF/s)")
+    if edge:
+        head += (f"; dnnc's rows but '(as given)': one kernel of {', '.join(n.op for n in edge)}"
+                 f" making its input {'x'.join(map(str, cases[0][3].inputs[0].type.shape))},"
+                 " then the conv, timed together")
     return times[1], best, cudnn, [head] + lines
+
+
+PRODUCER_TEXT = {True: " p", "tma": " tma"}
 
 
 def mma_text(c) -> str:
@@ -214,7 +289,8 @@ def mma_text(c) -> str:
     if not isinstance(c, mma.TensorCoreConfig):
         return str(c)[:22]
     return (f"{c.block_m}x{c.block_n}x{c.block_k} w{c.warps_m}x{c.warps_n} s{c.stages}"
-            + (f" k/{c.split_k}" if c.split_k > 1 else ""))
+            + (f" k/{c.split_k}" if c.split_k > 1 else "") + PRODUCER_TEXT.get(c.producer, "")
+            + " rf" * c.refill_first + " st" * c.staged + " cl" * c.cluster_split)
 
 
 def model_row(torch, name: str, args) -> str:
@@ -262,6 +338,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=None,
                         help="C,H,M,kernel,stride[;...] in place of resnet50's (a count of 1 each)")
     parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--variant-set", default="tiles", choices=("tiles", "splits"))
     parser.add_argument("--no-nchw", action="store_true")
     parser.add_argument("--no-shapes", action="store_true")
     parser.add_argument("--no-model", action="store_true")

@@ -20,11 +20,13 @@ chunks becomes Transpose(NCHW -> NHWC) -> ConvNHWC (weights OHWI, once) -> Trans
 an ungrouped one of fewer or other channels (a stem's 3) reads its input padded with zero
 channels to whole chunks (Pad after the Transpose; zero weights for them: 8 channels of 3
 at fp16 is 2.7x the products, on tensor cores, where the NCHW kernel gathered patches
-element by element: resnet18's stem at b32 took 0.73 ms, 40% of the model's kernels),
-and then `sink_transposes` moves the Transposes through the elementwise ops between
-convolutions and cancels the inverse pairs, so that a chain of convolutions (resnet's,
-mobilenet's) runs channels-last with Transposes only at its edges (pools, reshapes, the
-model's inputs and outputs). On an image of one pixel (squeeze-and-excitation's 1x1 convs of
+element by element: resnet18's stem at b32 took 0.73 ms, 40% of the model's kernels;
+a strided stem whose patches copy fewer chunks so, as resnet's 7x7/2 at fp16 / bf16, reads
+its input's space to depth instead: `_space_to_depth`, FLOAT_S2D_MOST), and then
+`sink_transposes` moves the Transposes through the elementwise ops between convolutions
+and cancels the inverse pairs, so that a chain of convolutions (resnet's, mobilenet's) runs
+channels-last with Transposes only at its edges (pools, reshapes, the model's inputs and
+outputs). On an image of one pixel (squeeze-and-excitation's 1x1 convs of
 4 or 6 channels, through the registers) no channel is padded: there a Transpose moves
 nothing (`sink_transposes` makes it a Reshape or cancels it). Convs next to a grouped conv
 that is not depthwise (which has no channels-last kernel) through elementwise ops only stay
@@ -310,9 +312,12 @@ def _padded_channels(xt: Value, name: str, channels: int, padded: int
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     """Conv(x, W const, B) (2-D, one group or depthwise) at a reduced precision ->
     Transpose(x) -> [Pad of its channels to whole chunks, one group only and not on a
-    one-pixel image] -> ConvNHWC(., OHWI(W), B) -> Transpose(back); a QuantizedConvPacked at
-    any precision: `_nhwc_int8_conv`. At tf32 a one-group conv's weights are rounded to tf32
-    here (`round_tf32`, as its tensor-core tiles would round them: they then need not)."""
+    one-pixel image] -> ConvNHWC(., OHWI(W), B) -> Transpose(back), a strided stem on its
+    input's space to depth where that copies at most FLOAT_S2D_MOST of the chunks
+    (`_space_to_depth`: Pad, Reshape, Transpose, Reshape -> [Pad of its channels] ->
+    ConvNHWC of stride 1); a QuantizedConvPacked at any precision: `_nhwc_int8_conv`. At
+    tf32 a one-group conv's weights are rounded to tf32 here (`round_tf32`, as its
+    tensor-core tiles would round them: they then need not)."""
     if node.op == "QuantizedConvPacked":
         return _nhwc_int8_conv(node)
     if node.op != "Conv" or target.precision == "fp32":
@@ -332,15 +337,25 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     if padded != channels and node.attrs.get("group", 1) != 1:
         return None
     ohwi = np.asarray(w.const).transpose(NHWC_OF_NCHW)
+    attrs = dict(node.attrs, kernel_shape=list(node.attrs.get("kernel_shape") or
+                                                w.const.shape[2:]))
+    # a strided stem whose patches copy fewer chunks so: on its input's space to depth
+    folded = _space_to_depth(node, ohwi, attrs, chunk, None, FLOAT_S2D_MOST) \
+        if padded != channels else None
+    if folded is not None:
+        edge, xt, ohwi, attrs = folded
+        channels = ohwi.shape[3]
+        padded = -(-channels // chunk) * chunk
+        more, xt = _padded_channels(xt, node.name, channels, padded)
+        edge += more
+    else:
+        edge, xt = _channels_last_input(x, node.name, channels, padded)
     ohwi = np.ascontiguousarray(np.pad(ohwi, [(0, 0)] * 3 + [(0, padded - channels)]))
     if target.precision == "tf32" and ohwi.dtype == np.float32 and \
             (node.attrs.get("group") or 1) == 1:   # (a depthwise one: no tensor cores)
         ohwi = round_tf32(ohwi)   # once here: the product's tiles then leave them as they are
     wv = Value(f"{w.name}.ohwi", TensorType(w.type.dtype, ohwi.shape), const=ohwi)
-    edge, xt = _channels_last_input(x, node.name, channels, padded)
     inputs = [xt, wv] + list(node.inputs[2:])
-    attrs = dict(node.attrs, kernel_shape=list(node.attrs.get("kernel_shape") or
-                                                w.const.shape[2:]))
     return _channels_last_conv("ConvNHWC", inputs, attrs, node, edge)
 
 
@@ -376,7 +391,9 @@ def _nhwc_int8_conv(node: Node):
     full = unpack_conv_groups(np.asarray(w.const), node.attrs["oc"], channels, kernel)
     attrs = {k: v for k, v in node.attrs.items() if k != "oc"}
     ohwi = full.transpose(NHWC_OF_NCHW)
-    folded = _space_to_depth(node, ohwi, attrs)
+    za = node.inputs[1]
+    folded = _space_to_depth(node, ohwi, attrs, CHUNK_BYTES, za) \
+        if za is not None and za.const is not None and za.type.numel == 1 else None
     if folded is not None:
         edge, xt, ohwi, attrs = folded
         channels = ohwi.shape[3]
@@ -395,34 +412,41 @@ def _nhwc_int8_conv(node: Node):
     return _channels_last_conv("QuantizedConvNHWC", inputs, attrs, node, edge)
 
 
-def _chunks(channels: int) -> int:
-    return -(-channels // CHUNK_BYTES)
+FLOAT_S2D_MOST = 0.75
+"""A float stem takes its input's space to depth (`_nhwc_conv`) where the rewrite copies at
+most this fraction of the chunks a patch copied: resnet's 7x7/2 stem of 3 channels at fp16 /
+bf16 (32 of 49 chunks, k 256 of 392), not a 3x3/2 one (8 of 9: mobilenet's) nor the 7x7/2 at
+tf32 (48 of 49), whose gain would not pay its input kernel's reshuffle."""
 
 
-def _space_to_depth(node: Node, ohwi: np.ndarray, attrs: dict):
-    """(edge nodes, channels-last x', OHWI weights', attrs') of a QuantizedConvPacked of
-    stride s (both axes) computed as a stride-1 conv of x's s x s space to depth, where its
-    patches copy fewer 16-byte chunks: resnet's stem (7x7, stride 2, 3 channels padded to
-    16: 49 chunks a patch) becomes a 4x4 conv of 12 channels (16 chunks, a third of the
-    products). x is padded with its zero point by the conv's pads (and at the end up to
-    whole s x s blocks, or cropped to the rows and columns the outputs read), then
-    x'[n, i, j, c'] = x[n, c, s i + a, s j + b] with c' = (a s + b) C + c (a Reshape, a
+def _space_to_depth(node: Node, ohwi: np.ndarray, attrs: dict, chunk: int,
+                    fill: Value | None, most: float = 1.0):
+    """(edge nodes, channels-last x', OHWI weights', attrs') of a conv (QuantizedConvPacked,
+    or a float Conv: `_nhwc_conv`) of stride s (both axes) computed as a stride-1 conv of x's
+    s x s space to depth, where its patches copy fewer chunks of `chunk` channels (16 bytes):
+    resnet's stem (7x7, stride 2, 3 channels padded to a chunk: 49 chunks a patch) becomes a
+    4x4 conv of 12 channels (int8: 16 chunks, a third of the products; fp16: 32, two thirds).
+    x is padded with `fill` (int8: its zero point; None: zeros) by the conv's pads (and at
+    the end up to whole s x s blocks, or cropped to the rows and columns the outputs read),
+    then x'[n, i, j, c'] = x[n, c, s i + a, s j + b] with c' = (a s + b) C + c (a Reshape, a
     Transpose, a Reshape: channels-last at once), the kernel padded with zeros to whole
-    blocks and rearranged alike: the same products summed in int32, so the same results;
-    none of x' is padding (no w_tap_sums share). None where it does not apply or copies no
-    fewer chunks."""
-    x, za = node.inputs[0], node.inputs[1]
+    blocks and rearranged alike: the same products (and zeros) summed, so the same results up
+    to the sum's order (int8: exactly); none of x' is padding (no w_tap_sums share). None
+    where it does not apply or copies more than `most` of the chunks (int8: any fewer;
+    DNNC_SPACE_TO_DEPTH=0: never)."""
+    x = node.inputs[0]
     (n, c, h, w), (m, kh, kw, _) = x.type.shape, ohwi.shape
     strides = tuple(attrs.get("strides") or (1, 1))
     pads = tuple(attrs.get("pads") or (0, 0, 0, 0))
     s = strides[0]
     if s < 2 or strides != (s, s) or tuple(attrs.get("dilations") or (1, 1)) != (1, 1) or \
             attrs.get("auto_pad", "NOTSET") != "NOTSET" or not isinstance(h, int) or \
-            not isinstance(w, int) or za is None or za.const is None or za.type.numel != 1 or \
-            os.environ.get("DNNC_SPACE_TO_DEPTH") == "0":   # (bench/gpu_int8.py's A/B switch)
+            not isinstance(w, int) or not isinstance(c, int) or \
+            os.environ.get("DNNC_SPACE_TO_DEPTH") == "0":   # (the benches' A/B switch)
         return None
     bh, bw = -(-kh // s), -(-kw // s)   # the kernel in blocks of s x s taps
-    if bh * bw * _chunks(s * s * c) >= kh * kw * _chunks(c):
+    chunks, before = bh * bw * -(-s * s * c // chunk), kh * kw * -(-c // chunk)
+    if chunks >= before or chunks > most * before:
         return None
     oh = (h + pads[0] + pads[2] - kh) // s + 1
     ow = (w + pads[1] + pads[3] - kw) // s + 1
@@ -442,8 +466,9 @@ def _space_to_depth(node: Node, ohwi: np.ndarray, attrs: dict):
     blocks = value("s2d_blocks", (n, c, hp // s, s, wp // s, s))
     moved = value("s2d_moved", (n, hp // s, wp // s, s, s, c))
     xs = value("s2d_nhwc", (n, hp // s, wp // s, s * s * c))
-    edge = [Node("Pad", [x, ints("s2d_pads", [0, 0, pads[0], pads[1], 0, 0, bottom, right]),
-                         za], [xp], {"mode": "constant"}, f"{name}.s2d_pad"),
+    edge = [Node("Pad", [x, ints("s2d_pads", [0, 0, pads[0], pads[1], 0, 0, bottom, right])] +
+                 ([fill] if fill is not None else []), [xp], {"mode": "constant"},
+                 f"{name}.s2d_pad"),
             Node("Reshape", [xp, ints("s2d_blocks", [0, c, hp // s, s, wp // s, s])],
                  [blocks], {"allowzero": 0}, f"{name}.s2d_blocks"),
             Node("Transpose", [blocks], [moved], {"perm": [0, 2, 4, 3, 5, 1]},

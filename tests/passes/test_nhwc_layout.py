@@ -121,6 +121,37 @@ def test_narrow_convs_read_channels_padded_to_a_whole_chunk(rng, dtype, channels
     np.testing.assert_allclose(run_graph(g, [xv])[0], want, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype,precision,kernel,stride,pad,size", [
+    (T.float16, "fp16", 7, 2, 3, 16),     # resnet's stem: a 4x4 conv of 12 channels (16)
+    (T.bfloat16, "bf16", 7, 2, 3, 15),    # an odd image: the last block cropped
+    (T.float16, "fp16", 5, 3, 1, 17)])    # stride 3: a 2x2 conv of 27 channels (32)
+def test_strided_stems_read_their_inputs_space_to_depth(rng, dtype, precision, kernel,
+                                                        stride, pad, size):
+    """A strided stem of 3 channels whose patches copy at most FLOAT_S2D_MOST of their chunks
+    so: a stride-1 ConvNHWC of its input's s x s space to depth (no Transpose of the input,
+    no padding left in the conv), the channels padded to a whole chunk; the same values."""
+    g = Graph("g")
+    x = g.add_input("x", T.TensorType(dtype, (2, 3, size, size)))
+    shape = (8, 3, kernel, kernel)
+    w = Value("w", T.TensorType(dtype, shape), const=rng.uniform(-1, 1, shape).astype(dtype.np))
+    b = Value("b", T.TensorType(dtype, (8,)), const=rng.uniform(-1, 1, 8).astype(dtype.np))
+    g.outputs = [g.add("Relu", g.add("Conv", x, w, b, pads=[pad] * 4, strides=[stride] * 2))]
+    xv = rng.uniform(-1, 1, (2, 3, size, size)).astype(dtype.np)
+    want = run_graph(g, [xv])[0].astype(np.float32)
+    assert convert_layout(g, replace(NHWC, precision=precision)) == 1
+    g.verify()
+    conv = next(n for n in g.nodes if n.op == "ConvNHWC")
+    blocks, channels = -(-kernel // stride), stride * stride * 3
+    padded = -(-channels // 8) * 8
+    assert conv.inputs[1].type.shape == (8, blocks, blocks, padded)
+    assert list(conv.attrs["strides"]) == [1, 1] and list(conv.attrs["pads"]) == [0] * 4
+    assert [n.op for n in g.nodes][:5] == ["Pad", "Reshape", "Transpose", "Reshape", "Pad"]
+    got = run_graph(g, [xv])[0].astype(np.float32)
+    assert got.shape == want.shape
+    unit = 2.0 ** -11 if dtype is T.float16 else 2.0 ** -8   # the stored output's roundings
+    np.testing.assert_allclose(got, want, rtol=0, atol=4 * unit * np.abs(want).max())
+
+
 def test_inverse_transposes_cancel_and_others_stay(rng):
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (2, 3, 4, 5)))
@@ -152,16 +183,20 @@ def test_positional_ops_do_not_take_a_transpose(rng):
 @pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
 def test_resnet18_has_no_transpose_between_its_convolutions(precision):
     """The cuda target's compile of resnet18 at a reduced precision: every conv
-    channels-last (the 3-channel stem's input padded to a chunk), the stem's MaxPool too, one
-    Transpose (of the input), the global pool a mean over the channels-last plane."""
+    channels-last, the stem's MaxPool too, one Transpose (at tf32 of the input, the
+    3-channel stem's input padded to a chunk; at fp16 / bf16 the stem's space to depth's),
+    the global pool a mean over the channels-last plane."""
     target = REGISTRY["cuda"].target(Target("cuda", arch="sm_90"), precision)
     graph = optimize(import_onnx(zoo.build("resnet18", size=32)), target, 3)
     ops = Counter(n.op for n in graph.nodes)
-    assert ops["ConvNHWC"] == 20 and ops["Conv"] == 0 and ops["Pad"] == 1
+    assert ops["ConvNHWC"] == 20 and ops["Conv"] == 0
     assert ops["MaxPoolNHWC"] == 1 and ops["MaxPool"] == 0
     (transpose,) = [n for n in graph.nodes if n.op == "Transpose"]
-    source = transpose.inputs[0].producer   # the input (cast to the half type)
-    assert source is None or source.op == "Cast"
+    if precision == "tf32":
+        source = transpose.inputs[0].producer   # the input
+        assert ops["Pad"] == 1 and (source is None or source.op == "Cast")
+    else:   # the image's and the channels' Pads, its 2 x 2 blocks moved to the channels
+        assert ops["Pad"] == 2 and list(transpose.attrs["perm"]) == [0, 2, 4, 3, 5, 1]
     assert ops["ReduceMean"] == 1 and ops["GlobalAveragePool"] == 0
 
 

@@ -16,7 +16,10 @@ when K fills whole chunks (at tf32 as they are: `convert_layout` rounded them to
 `Operand.rounded`). The bias and the fused epilogue apply on the store
 (`Conv2dNHWC.finish`). Knobs: `mma.product_space`'s, searched by the tuner, the `wgmma`
 knob on sm_90 among them (both tiles k-major, as wgmma.py's swizzle takes them), which the
-default takes where the dense default does (`default`).
+default takes where the dense default does (`default`). A pointwise conv's two operands are
+plain arrays (viewed [1, rows, k]: the TMA producer's maps take them so), and deeper than
+SHALLOW_K it takes the dense default's rules, the TMA producer among them (`pointwise`,
+`DENSE_RULE_PRECISIONS`).
 
 Never used at fp32 (its `Template.precisions`): fp32 compiles keep NCHW. Never used for a
 depthwise ConvNHWC (depthwise_nhwc.py).
@@ -31,8 +34,8 @@ from .. import problems
 from ..space import Space, Template
 from .dense import Operand
 from .device import gpu_of
-from .mma import (PRECISIONS, TensorCoreConfig, choose, mma_product, product_space,
-                  staged_by_default, wgmma_by_default)
+from .mma import (PRECISIONS, SHALLOW_K, TensorCoreConfig, choose, mma_product,
+                  producer_by_default, product_space, staged_by_default, wgmma_by_default)
 
 
 def gemm(p: problems.Conv2dNHWC) -> tuple[int, int, int]:
@@ -45,6 +48,19 @@ def gemm(p: problems.Conv2dNHWC) -> tuple[int, int, int]:
 
 def applies(p: problems.Conv2dNHWC) -> bool:
     return p.group == 1   # a depthwise one: depthwise_nhwc.py
+
+
+def pointwise(p: problems.Conv2dNHWC) -> bool:
+    """Whether `p`'s patches are X itself, a plain [pixels, C] array (a 1x1 conv of stride 1,
+    unpadded): then both operands are plain arrays, as a dense product's."""
+    _, kh, kw, _ = p.w_dims
+    return (kh, kw, *p.strides, *p.begins) == (1, 1, 1, 1, 0, 0) and \
+        tuple(p.y_dims[1:3]) == tuple(p.x_dims[1:3])
+
+
+DENSE_RULE_PRECISIONS = ("fp16", "bf16")
+"""Where a pointwise conv deeper than SHALLOW_K takes the dense default's rules (`default`);
+tf32 keeps the conv's (untimed there)."""
 
 
 def space(p: problems.Conv2dNHWC, machine) -> Space:
@@ -62,11 +78,14 @@ def default(p: problems.Conv2dNHWC, machine) -> TensorCoreConfig:
     256@56 -> 64 against 35.7 on the 64 x 64 wgmma tile, 36.4 at 256@14 -> 1024 against 29.6
     (H200, fp16, batch 32, bench/gpu_conv.py). Its results staged as a dense product's
     (`staged_by_default`)."""
-    return staged_by_default(choose(
-        *gemm(p), gpu=gpu_of(machine), precision=machine.precision,
+    m, n, k = gemm(p)
+    dense = pointwise(p) and k > SHALLOW_K and machine.precision in DENSE_RULE_PRECISIONS
+    chosen = staged_by_default(choose(
+        m, n, k, gpu=gpu_of(machine), precision=machine.precision,
         wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
                                p.x_tf32 and p.w_tf32),
-        shallow_rule=False), p.y.dtype, machine.precision)
+        shallow_rule=False, latency=dense), p.y.dtype, machine.precision)
+    return producer_by_default(chosen, machine.precision, k) if dense else chosen
 
 
 def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:
@@ -74,8 +93,8 @@ def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:
     the bias and epilogue on the store."""
     m, n, k = gemm(p)
     patches, store, views = implicit_gemm(p)
-    w = L.Buffer(p.w.name, p.w.dtype, (n, k))
-    weights = Operand(lambda bi, j, kk: w[j, kk], False, array=True, rounded=p.w_tf32)
+    w = L.Buffer(p.w.name, p.w.dtype, (1, n, k))   # (3-D: TMA's map of a plain array)
+    weights = Operand(lambda bi, j, kk: w[0, j, kk], False, array=True, rounded=p.w_tf32)
     body = mma_product(c, 1, m, n, k, patches, weights, store, precision=machine.precision)
     views[w.name] = w
     return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
@@ -117,10 +136,12 @@ def implicit_gemm(p: problems.Conv2dNHWC) -> tuple[Operand, Callable, dict]:
         return L.Store(y, index, p.finish(value, index))
 
     patches = Operand(patch, False, chunk=lambda bi, i, kk: tap(i, kk), rounded=p.x_tf32)
-    if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and (oh, ow) == (h, wid):
-        # a pointwise conv's patches are X itself, [pixels, C]: a plain array
-        flat = L.Buffer(p.x.name, p.x.dtype, (m, ch))
-        patches = Operand(lambda bi, i, kk: flat[i, kk], False, array=True, rounded=p.x_tf32)
+    if pointwise(p):
+        # a pointwise conv's patches are X itself, [pixels, C]: a plain array (3-D, as
+        # the TMA producer's maps take one)
+        flat = L.Buffer(p.x.name, p.x.dtype, (1, m, ch))
+        patches = Operand(lambda bi, i, kk: flat[0, i, kk], False, array=True,
+                          rounded=p.x_tf32)
         x = flat
     return patches, store, {x.name: x, y.name: y}
 

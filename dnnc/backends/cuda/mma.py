@@ -259,6 +259,7 @@ WGMMA_DEFAULTS = ((128, 256, 8, 1, 4, False), (128, 192, 8, 1, 5, True),
                   (64, 64, 4, 1, 4, False))
 WGMMA_EFFICIENCY = (0.95, 0.85, 0.75, 0.8, 0.5, 0.6)
 DENSE_WGMMA_EFFICIENCY = (0.95, 0.85, 0.75, 0.8, 0.6, 0.6)
+CONV_WGMMA_EFFICIENCY = (0.95, 0.85, 0.75, 0.8, 0.65, 0.6)
 """(block_m, block_n, warps_m, warps_n, stages, refill_first) the default tries with the
 `wgmma` knob (warpgroups down m: 64 x 256, 64 x 192, 64 x 128 or 64 x 64 each, as CUTLASS's
 sm_90 kernels), k tiles of 128 bytes, and their guessed fractions of the peak on DEFAULTS'
@@ -278,13 +279,20 @@ worst 1.43, bert b8's fc2 at tf32, which keeps mma.sync: TF32_WGMMA_OUTPUTS).
 - 64 x 64 (one warpgroup, 4 stages) for products of a few hundred rows (batch 1: vit's 197,
   bert's 128): on an H200 at fp16 the fastest tile at all seven such shapes timed, 7.1 to 10.6
   us, against the 64 x 128 default's 7.1 to 12.6; `refill_first` within 2% either way.
-- DENSE_WGMMA_EFFICIENCY, the dense products' (convolutions keep these: their tiles were not
+- DENSE_WGMMA_EFFICIENCY, the dense products' (convolutions kept these: their tiles were not
   timed): 64 x 128 0.5 -> 0.6 (session 45's H200 sweep, .devrun/s45_sweep.py: fp16 / bf16 in
   and out, 17 transformer shapes, 7 wgmma tiles x splits each, graphs interleaved with
   cuBLAS): it was the fastest tile at 256 x 768 x 3072 (6.3 / 6.2 us against 64 x 64's 6.8 /
   6.8) and 1024 x 768 x 768 (6.4 / 6.1 against 7.0 / 6.8); the default's time over the fastest
   timed, geometric mean of the 34 shape-precision pairs, 1.005 (worst 1.05) against 1.016
-  (1.12). With it, resnet50's 3x3 128- and 1x1 512-channel convs would move to 64 x 128.
+  (1.12).
+- CONV_WGMMA_EFFICIENCY, the convolutions' (WGMMA_EFFICIENCY but 64 x 128 0.5 -> 0.65;
+  int8.py's products keep WGMMA_EFFICIENCY, untimed with it) (session 52, H200, fp16,
+  batch 32, bench/gpu_conv.py, two rounds in one call): resnet50's 3 x 3 convs of 128
+  channels (H 56 stride 2, H 28) moved from 64 x 64 to 64 x 128 (5 stages, refill_first,
+  staged), 0.0296-0.0301 ms -> 0.0240-0.0245 (cuDNN 0.026: 0.87-0.89 -> 1.08); the 23 shapes
+  weighted 1.154 / 1.164 -> 1.136 / 1.136 ms, no other shape moved on the H200 (resnet50's
+  1x1 convs deeper than SHALLOW_K take the dense rule: conv_nhwc.py; tf32's keep mma.sync).
   The sweep also fits one line to every lone block's k tile: 190 ns + its FLOPs at 6.25
   TFLOP/s (77% of an SM's peak), from 64 x 64's 258 ns to 128 x 256's 875: a fixed cost a
   k tile that neither the proxy fence (dropping it: 0.97-1.03) nor the refill's place moves."""
@@ -532,7 +540,7 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
     """(config without split, guessed efficiency) of the tiles the default tries for a
     product of depth `k` and `outputs` results (m n, every batch); `shallow_rule`: whether
     SHALLOW_K's tiles and DENSE_WGMMA_EFFICIENCY apply (dense products; a convolution's
-    do not: WGMMA_EFFICIENCY); `staged`: whether its
+    do not: CONV_WGMMA_EFFICIENCY); `staged`: whether its
     results will be staged (`results_staged`: a 16-bit Y); `tf32_copied`: see `choose`."""
     from . import wgmma   # (it builds on this module's tiles)
 
@@ -555,7 +563,7 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
     if not with_wgmma or shallow:
         return
     for (bm, bn, wm, wn, stages, first), efficiency in zip(
-            WGMMA_DEFAULTS, DENSE_WGMMA_EFFICIENCY if shallow_rule else WGMMA_EFFICIENCY):
+            WGMMA_DEFAULTS, DENSE_WGMMA_EFFICIENCY if shallow_rule else CONV_WGMMA_EFFICIENCY):
         yield TensorCoreConfig(bm, bn, wgmma.block_k(precision), wm, wn, stages, wgmma=True,
                                refill_first=first), efficiency
 
@@ -563,7 +571,8 @@ def _candidates(precision: str, with_wgmma: bool, k: int, outputs: int,
 def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
            precision: str = "fp16", wgmma: bool = False,
            shallow_rule: bool = True, staged: bool = False,
-           cluster_split: bool = False, tf32_copied: bool = False) -> TensorCoreConfig:
+           cluster_split: bool = False, tf32_copied: bool = False,
+           latency: bool | None = None) -> TensorCoreConfig:
     """The default config of an m x n x k product (`batch` of them) on `gpu`, as
     dense.choose: of the DEFAULTS tiles (and with `wgmma` the WGMMA_DEFAULTS), each with k
     unsplit or split into slices at least MIN_SPLIT_K deep, the one a rough model says is
@@ -581,9 +590,13 @@ def choose(m: int, n: int, k: int, batch: int = 1, gpu: GPU = REFERENCE,
     `tf32_copied`: at tf32, both operands of a dense product reach the tiles as they lie
     (tf32 values, K-major: what TMA copies): its wgmma tiles are rated as fp16's are
     (`_latency_rule`), at any number of outputs; else tf32 keeps the efficiencies and
-    TF32_WGMMA_OUTPUTS."""
+    TF32_WGMMA_OUTPUTS.
+    `latency`: whether the wgmma tiles are rated by WGMMA_TILE_S's model (and WGMMA_TALL_TILE
+    offered) at `_latency_rule`'s precisions; default `shallow_rule` (dense products; a
+    pointwise convolution's operands are copied as theirs are: conv_nhwc.py)."""
     best, best_time = None, math.inf
-    latency_rule = shallow_rule and _latency_rule(precision, tf32_copied)
+    latency_rule = (shallow_rule if latency is None else latency) and \
+        _latency_rule(precision, tf32_copied)
     for base, efficiency in _candidates(precision, wgmma, k, m * n * batch, shallow_rule,
                                         staged, tf32_copied):
         bm, bn = base.block_m, base.block_n

@@ -100,15 +100,16 @@ def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
     # the patches by cp.async where C fills chunks (the weights: where kh kw C does)
     patches = re.search(r"dnnc_cp_async\(&a_tile", source) is not None
     assert patches == (case in COPIED)
-    _on_host_within_the_bound(case, graph, x, program, module, tmp_path)
+    _on_host_within_the_bound(CASES[case], graph, x, program, module, tmp_path)
 
 
 def _on_host_within_the_bound(case, graph, x, program, module, tmp_path):
-    """Run `program` of CASES[case]'s graph on host threads and hold its output to the
-    precision's bound (sum_k |x| |w| of each output; 16-bit results rounded once more)."""
+    """Run `program` of `case`'s graph (a CASES entry) on host threads and hold its output
+    to the precision's bound (sum_k |x| |w| of each output; 16-bit results rounded once
+    more)."""
     from test_host_semantics import host_library, program_on_host
 
-    precision, image, oc, kernel, stride, pad, dilation = CASES[case]
+    precision, image, oc, kernel, stride, pad, dilation = case
     lib = host_library(program.unique, tmp_path, module)
     got = program_on_host(lib, module, program, {"x": x})[graph.outputs[0].name]
     want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
@@ -141,7 +142,7 @@ def test_convolutions_with_the_wgmma_knob_on_host(case, rng, tmp_path):
     assert conv_kernel.schedule == ("cuda_mma_conv2d_nhwc", config)
     module = render_module(program.unique)
     assert f"dnnc_wgmma_{precision}_n64<" in module.source
-    _on_host_within_the_bound(case, graph, x, program, module, tmp_path)
+    _on_host_within_the_bound(CASES[case], graph, x, program, module, tmp_path)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -156,6 +157,69 @@ def test_every_case_compiles_for_sm80_and_sm90(arch):
         funcs += renamed(program, f"c{n}_")
     module = render_module(funcs)
     nvrtc_compiled(module.source, arch + ("a" if "dnnc_wgmma_" in module.source else ""))
+
+
+def _conv_problem(precision, image, oc, kernel, stride, pad):
+    from dnnc.backends.lower import lower_group
+    from dnnc.backends.problems import conv2d_nhwc
+
+    graph, _ = nhwc_graph(np.random.default_rng(0), precision, image, oc, kernel, stride, pad, 1)
+    node = graph.nodes[0]
+    return conv2d_nhwc(lower_group([node], "k", outputs=node.outputs))
+
+
+def test_deep_pointwise_convs_take_the_dense_defaults_rules():
+    """A 1x1 conv of stride 1 deeper than SHALLOW_K at fp16 / bf16 (both operands plain
+    arrays) takes the dense default's rules on sm_90: wgmma tiles rated by WGMMA_TILE_S's
+    model, the TMA producer; a 3x3 conv and a shallow or strided 1x1 keep the conv's rule (no
+    producer: their patches are gathered)."""
+    from dnnc.backends.cuda import conv_nhwc
+
+    for precision in ("fp16", "bf16"):
+        machine = target(precision)
+        deep = _conv_problem(precision, (32, 7, 7, 2048), 512, 1, 1, 0)   # resnet50's
+        assert conv_nhwc.pointwise(deep)
+        chosen = conv_nhwc.default(deep, machine)
+        assert chosen.wgmma and chosen.producer == "tma"
+        for others in ((32, 7, 7, 512), 512, 3, 1, 1), ((32, 14, 14, 256), 1024, 1, 1, 0), \
+                ((32, 14, 14, 1024), 2048, 1, 2, 0):
+            problem = _conv_problem(precision, *others)
+            assert not conv_nhwc.default(problem, machine).producer
+    assert not conv_nhwc.default(_conv_problem("tf32", (32, 7, 7, 2048), 512, 1, 1, 0),
+                                 target("tf32")).producer
+
+
+def test_3x3_convs_of_128_channels_take_the_64_x_128_wgmma_tile():
+    """resnet50's 3x3 convs of 128 channels at batch 32 (H 28, and H 56 stride 2) take the
+    64 x 128 wgmma tile, staged (CONV_WGMMA_EFFICIENCY; on an H200 1.08 of cuDNN where 64 x 64
+    took 0.87), at fp16 and bf16."""
+    from dnnc.backends.cuda import conv_nhwc
+
+    for precision in ("fp16", "bf16"):
+        for image, stride in (((32, 28, 28, 128), 1), ((32, 56, 56, 128), 2)):
+            chosen = conv_nhwc.default(_conv_problem(precision, image, 128, 3, stride, 1),
+                                       target(precision))
+            assert chosen.wgmma and chosen.staged and chosen.split_k == 1
+            assert (chosen.block_m, chosen.block_n) == (64, 128)
+
+
+@needs_gxx
+@pytest.mark.parametrize("split", [1, 2])
+def test_a_pointwise_conv_on_the_tma_producer_on_host(split, rng, tmp_path):
+    """A 1x1 conv whose image and weights TMA copies (3-D maps of the plain arrays), 130
+    pixels (a ragged row tile) by 72 channels (a ragged column tile), within the precision's
+    bound on host threads, unsplit and split."""
+    from dnnc.backends.cuda.mma import TensorCoreConfig
+
+    case = ("fp16", (2, 5, 13, 320), 72, 1, 1, 0, 1)
+    config = TensorCoreConfig(64, 64, 64, 4, 1, 4, split_k=split, wgmma=True, producer="tma")
+    graph, x = nhwc_graph(rng, *case)
+    graph, (program,) = programs(graph, machine=target("fp16"), config=config)
+    (conv_kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
+    assert conv_kernel.schedule == ("cuda_mma_conv2d_nhwc", config)
+    module = render_module(program.unique)
+    assert module.source.count("dnnc_tma_load_3d(&") >= 2   # the image and the weights
+    _on_host_within_the_bound(case, graph, x, program, module, tmp_path)
 
 
 # -- whole models ---------------------------------------------------------------------------------
@@ -252,6 +316,21 @@ def test_convolutions_on_the_gpu(case, rng):
     graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
     compiled = dnnc.compile(graph, "cuda", precision=precision)
     assert f"dnnc_mma_{precision}(" in compiled.source("cuda")
+    got = compiled.run(x, to="numpy")[0].astype(np.float64)
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("image,oc", [((4, 7, 7, 2048), 512), ((2, 14, 14, 1024), 256)])
+def test_deep_pointwise_convs_on_tma_on_the_gpu(precision, image, oc, rng):
+    """resnet50's deep 1x1 convs (batches 4 and 2) on their default, the TMA producer (maps
+    of the image and the weights built by the runtime), against the NumPy reference within
+    the model bound of the precision."""
+    graph, x = nhwc_graph(rng, precision, image, oc, 1, 1, 0, 1)
+    compiled = dnnc.compile(graph, "cuda", precision=precision)
+    assert "dnnc_tma_load_3d(&" in compiled.source("cuda")
     got = compiled.run(x, to="numpy")[0].astype(np.float64)
     want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
     assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
