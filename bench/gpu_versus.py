@@ -200,7 +200,8 @@ def main(argv=None) -> int:
         wanted = [n for n in args.models.split(",") if not n.startswith("zoo:")]
         names = [str(zoo_file(n[4:], folder)) for n in args.models.split(",")
                  if n.startswith("zoo:")]
-        names += library_models.export_all(folder, "torchscript", wanted)
+        if wanted:   # (export_all of no names would export every library model)
+            names += library_models.export_all(folder, "torchscript", wanted)
         exported = {Path(n).stem for n in names}
         # what TorchScript cannot export (transformers' gpt2 and llama: aten::diff) goes
         # through torch's dynamo exporter, as NAME_dynamo.onnx
