@@ -93,10 +93,10 @@ def inputs(name: str, path: Path, batch: int):
 
         from dnnc import zoo
 
-        module = module_for(onnx.load(str(path)))
-        config = zoo.build(name[4:], batch=1)
+        model = onnx.load(str(path))
+        module = module_for(model)
         tokens = any(i.type.tensor_type.elem_type == onnx.TensorProto.INT64
-                     for i in config.graph.input)
+                     for i in model.graph.input)
         batch = min(batch, TOKEN_BATCH) if tokens else batch
         feeds = zoo.inputs_for(zoo.build(name[4:], batch=batch), np.random.default_rng(batch))
         return module, tuple(torch.from_numpy(np.ascontiguousarray(v))
