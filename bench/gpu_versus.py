@@ -175,6 +175,47 @@ def zoo_file(name: str, folder: Path) -> Path:
     return path
 
 
+def row_name(path: Path) -> str:
+    """The model name a file `path` of main's folder stands for."""
+    name = path.stem.removesuffix("_dynamo")
+    return f"zoo:{name[4:]}" if name.startswith("zoo_") else name
+
+
+def compile_rows(args) -> int:
+    """A prewarm job: each of `args.rows` (path|precision|batch, comma-separated) compiled and
+    called once by dnnc and by every torch mode, nothing timed or printed but failures."""
+    args.repeat, args.warmup = 1, 0
+    for row in args.rows.split(","):
+        path, precision, batch = row.split("|")
+        try:
+            one(row_name(Path(path)), Path(path), precision, int(batch), args)
+        except Exception as exc:
+            print(f"# prewarm {row}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
+    return 0
+
+
+def prewarm(names: list[str], args) -> None:
+    """Every (file, precision, batch) row compiled in `args.prewarm` processes at once."""
+    import os
+    import subprocess
+    import time
+
+    rows = [f"{path}|{precision}|{batch}" for path in names
+            for batch in sorted({int(b) for b in args.batches.split(",")})
+            for precision in args.precisions.split(",")]
+    jobs = [rows[i::args.prewarm] for i in range(args.prewarm)]
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(
+        max(1, (os.cpu_count() or 1) // args.prewarm)))
+    start = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, __file__, "--rows", ",".join(job),
+                               "--modes", ",".join(args.modes)], env=env)
+             for job in jobs if job]
+    for proc in procs:
+        proc.wait()
+    print(f"# prewarm: {len(rows)} rows compiled in {len(procs)} processes, "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="convnext_tiny,resnet18_tv,efficientnet_b0,"
@@ -186,8 +227,14 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--folder", default=None, help="where the exported files go (kept)")
+    p.add_argument("--prewarm", type=int, default=0, metavar="JOBS",
+                   help="first compile every row (dnnc and torch, untimed) in JOBS processes "
+                        "at once, so the timed rows find dnnc's and inductor's caches warm")
+    p.add_argument("--rows", default=None, help=argparse.SUPPRESS)   # a prewarm job's rows
     args = p.parse_args(argv)
     args.modes = args.modes.split(",")
+    if args.rows:
+        return compile_rows(args)
     import library_models
 
     print(header())
@@ -208,10 +255,11 @@ def main(argv=None) -> int:
         left = [n for n in wanted if n not in exported]
         if left:
             names += library_models.export_all(folder, "dynamo", left, suffix="_dynamo")
+        if args.prewarm:
+            prewarm(names, args)
         for path in names:
             path = Path(path)
-            name = path.stem.removesuffix("_dynamo")
-            name = f"zoo:{name[4:]}" if name.startswith("zoo_") else name
+            name = row_name(path)
             for batch in sorted({int(b) for b in args.batches.split(",")}):
                 for precision in args.precisions.split(","):
                     try:

@@ -550,11 +550,12 @@ def winograd_conv2d(kernel: Kernel) -> Conv2d | None:
 
 @dataclass(frozen=True)
 class Conv2dNHWC:
-    """A channels-last 2-D convolution of one group or depthwise (ConvNHWC), `STORAGE` types,
-    static shapes: y [N, OH, OW, M] = epilogue(conv(x [N, H, W, C], w [M, kh, kw, C / group])
-    + bias), the sum over k = (ky, kx, c) in that order (a patch's run along k is contiguous
-    in x for each (ky, kx)); depthwise (`group` = C = M, w [C, kh, kw, 1]): channel c's
-    filter on channel c alone."""
+    """A channels-last 2-D convolution (ConvNHWC), `STORAGE` types, static shapes:
+    y [N, OH, OW, M] = epilogue(conv(x [N, H, W, C], w [M, kh, kw, C / group]) + bias), the
+    sum over k = (ky, kx, c) in that order (a patch's run along k is contiguous in x for each
+    (ky, kx)); output channel o of group o // (M / group) reads that group's C / group input
+    channels; depthwise (`group` = C = M, w [C, kh, kw, 1]): channel c's filter on channel c
+    alone."""
 
     name: str
     params: tuple
@@ -590,8 +591,8 @@ class Conv2dNHWC:
 
 
 def conv2d_nhwc(kernel: Kernel) -> Conv2dNHWC | None:
-    """A ConvNHWC of one group or depthwise, `STORAGE` types, anchoring `kernel` (first in
-    its group, static shapes) as a `Conv2dNHWC`; None otherwise."""
+    """A ConvNHWC of `STORAGE` types anchoring `kernel` (first in its group, static shapes)
+    as a `Conv2dNHWC`; None otherwise."""
     node = kernel.anchor
     if node is not kernel.nodes[0] or node.op != "ConvNHWC":
         return None
@@ -611,7 +612,7 @@ def conv2d_nhwc(kernel: Kernel) -> Conv2dNHWC | None:
                          node.attrs.get("group") or 1,
                          w.dtype is T.float32 and holds_tf32(node.inputs[1]),
                          x.dtype is T.float32 and holds_tf32(node.inputs[0]))
-    return problem if problem.group == 1 or problem.depthwise else None
+    return problem
 
 
 @dataclass(frozen=True)

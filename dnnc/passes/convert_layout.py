@@ -28,9 +28,11 @@ and cancels the inverse pairs, so that a chain of convolutions (resnet's, mobile
 channels-last with Transposes only at its edges (pools, reshapes, the model's inputs and
 outputs). On an image of one pixel (squeeze-and-excitation's 1x1 convs of
 4 or 6 channels, through the registers) no channel is padded: there a Transpose moves
-nothing (`sink_transposes` makes it a Reshape or cancels it). Convs next to a grouped conv
-that is not depthwise (which has no channels-last kernel) through elementwise ops only stay
-NCHW. The same layout makes a 2-D QuantizedConvPacked (at any precision: its products are
+nothing (`sink_transposes` makes it a Reshape or cancels it). A grouped conv (not
+depthwise) whose channels a group fill whole 16-byte chunks (RegNet's 8 at fp16) converts as
+well (the tensor-core conv runs one product a group); one whose do not (ResNeXt's 4 at fp16)
+has no channels-last kernel and stays NCHW, and so do the convs next to it through
+elementwise ops only. The same layout makes a 2-D QuantizedConvPacked (at any precision: its products are
 integers) Transpose -> [Pad of its channels to whole 16-byte chunks of int8] ->
 QuantizedConvNHWC (weights OHWI and their sums at each tap, once) -> Transpose
 (`_nhwc_int8_conv`), so a QDQ CNN's int8 values run channels-last between its convolutions
@@ -310,7 +312,7 @@ def _padded_channels(xt: Value, name: str, channels: int, padded: int
 
 
 def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
-    """Conv(x, W const, B) (2-D, one group or depthwise) at a reduced precision ->
+    """Conv(x, W const, B) (2-D; grouped ones as `_nchw_grouped` says) at a reduced precision ->
     Transpose(x) -> [Pad of its channels to whole chunks, one group only and not on a
     one-pixel image] -> ConvNHWC(., OHWI(W), B) -> Transpose(back), a strided stem on its
     input's space to depth where that copies at most FLOAT_S2D_MOST of the chunks
@@ -324,7 +326,7 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
         return None
     x, w = node.inputs[0], node.inputs[1]
     if w is None or w.const is None or w.type.rank != 4 or x.type.rank != 4 or \
-            x.type.dtype not in FLOAT_DTYPES or _grouped(node):
+            x.type.dtype not in FLOAT_DTYPES or _nchw_grouped(node):
         return None
     channels, element = x.type.shape[1], np.dtype(x.type.dtype.np).itemsize
     one_pixel = tuple(x.type.shape[2:]) == (1, 1)
@@ -352,7 +354,7 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
         edge, xt = _channels_last_input(x, node.name, channels, padded)
     ohwi = np.ascontiguousarray(np.pad(ohwi, [(0, 0)] * 3 + [(0, padded - channels)]))
     if target.precision == "tf32" and ohwi.dtype == np.float32 and \
-            (node.attrs.get("group") or 1) == 1:   # (a depthwise one: no tensor cores)
+            not _depthwise(node):   # (a depthwise one: no tensor cores)
         ohwi = round_tf32(ohwi)   # once here: the product's tiles then leave them as they are
     wv = Value(f"{w.name}.ohwi", TensorType(w.type.dtype, ohwi.shape), const=ohwi)
     inputs = [xt, wv] + list(node.inputs[2:])
@@ -482,17 +484,30 @@ def _space_to_depth(node: Node, ohwi: np.ndarray, attrs: dict, chunk: int,
                                   pads=[0, 0, 0, 0])
 
 
-def _grouped(node: Node) -> bool:
-    """A Conv of several groups, not depthwise: no channels-last kernel takes it."""
+def _depthwise(node: Node) -> bool:
+    """A Conv of one filter per channel."""
     group = node.attrs.get("group") or 1
     w = node.inputs[1]
-    return group > 1 and not (w.type.shape[1] == 1 and w.type.shape[0] == group)
+    return group > 1 and w.type.shape[1] == 1 and w.type.shape[0] == group
+
+
+def _nchw_grouped(node: Node) -> bool:
+    """A Conv of several groups, not depthwise, whose channels a group do not fill whole
+    16-byte chunks (ResNeXt's 4 a group at fp16): no channels-last kernel takes it. Those that
+    do (RegNet's 8) are cuda's tensor-core conv's, one product a group (conv_nhwc.py)."""
+    group = node.attrs.get("group") or 1
+    if group == 1 or _depthwise(node):
+        return False
+    x, w = node.inputs[0], node.inputs[1]
+    element = np.dtype(x.type.dtype.np).itemsize
+    return not isinstance(w.type.shape[1], int) or \
+        w.type.shape[1] * element % CHUNK_BYTES != 0
 
 
 def _beside_grouped(x: Value, y: Value, users) -> bool:
-    """Whether a grouped Conv (`_grouped`: it stays NCHW) produces `x` or reads `y` through
-    positionwise ops only: converting there would put a Transpose pair around every such
-    conv (2 round trips of the activation a block), so the conv stays NCHW with it."""
+    """Whether a grouped Conv that stays NCHW (`_nchw_grouped`) produces `x` or reads `y`
+    through positionwise ops only: converting there would put a Transpose pair around every
+    such conv (2 round trips of the activation a block), so the conv stays NCHW with it."""
     seen, todo = set(), [(x, False), (y, True)]
     while todo:
         v, forward = todo.pop()
@@ -501,7 +516,7 @@ def _beside_grouped(x: Value, y: Value, users) -> bool:
         seen.add(id(v))
         nodes = users.get(v, []) if forward else [v.producer] if v.producer else []
         for n in nodes:
-            if n.op == "Conv" and _grouped(n):
+            if n.op == "Conv" and _nchw_grouped(n):
                 return True
             if positionwise(n):
                 todo += [(n.outputs[0], True)] if forward else \

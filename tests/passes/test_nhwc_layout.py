@@ -84,19 +84,28 @@ def test_depthwise_convs_convert_and_grouped_ones_keep_their_neighbours_nchw(rng
     assert convert_layout(g, NHWC) == 2
     assert [n.op for n in g.nodes] == ["Transpose", "ConvNHWC", "Relu", "ConvNHWC", "Transpose"]
     np.testing.assert_allclose(_run(g, xv), want, rtol=1e-5, atol=1e-5)
-    g = Graph("g")   # the same after a grouped conv (2 groups of 4): both stay NCHW
+    g = Graph("g")   # the same after a grouped conv of 4 groups of 2 channels (half a
+    x = g.add_input("x", T.TensorType(T.float32, (1, 8, 5, 5)))   # 16-byte chunk): NCHW
+    d = g.add("Relu", g.add("Conv", x, _const(rng, "d", (8, 2, 3, 3)), group=4, pads=[1] * 4))
+    g.outputs = [g.add("Conv", d, _const(rng, "p", (8, 8, 1, 1)))]
+    assert convert_layout(g, NHWC) == 0
+    g = Graph("g")   # 2 groups of 4 float32 channels (a whole chunk): both channels-last
     x = g.add_input("x", T.TensorType(T.float32, (1, 8, 5, 5)))
     d = g.add("Relu", g.add("Conv", x, _const(rng, "d", (8, 4, 3, 3)), group=2, pads=[1] * 4))
     g.outputs = [g.add("Conv", d, _const(rng, "p", (8, 8, 1, 1)))]
-    assert convert_layout(g, NHWC) == 0
+    want = _run(g, xv)
+    assert convert_layout(g, NHWC) == 2
+    assert [n.op for n in g.nodes] == ["Transpose", "ConvNHWC", "Relu", "ConvNHWC", "Transpose"]
+    assert g.nodes[1].attrs["group"] == 2
+    np.testing.assert_allclose(_run(g, xv), want, rtol=1e-5, atol=1e-5)
 
 
 def test_fp32_grouped_and_narrow_convs_are_left_alone(rng):
     assert convert_layout(_block(rng), replace(NHWC, precision="fp32")) == 0
     g = Graph("g")
     x = g.add_input("x", T.TensorType(T.float32, (1, 8, 5, 5)))
-    g.outputs = [g.add("Conv", x, _const(rng, "w", (8, 4, 3, 3)), group=2),   # grouped
-                 g.add("Conv", x, _const(rng, "v", (8, 8, 3, 3)), group=1)]
+    g.outputs = [g.add("Conv", x, _const(rng, "w", (8, 2, 3, 3)), group=4),   # grouped,
+                 g.add("Conv", x, _const(rng, "v", (8, 8, 3, 3)), group=1)]   # half chunks
     assert convert_layout(g, NHWC) == 1                 # the ungrouped one
 
 

@@ -21,6 +21,13 @@ plain arrays (viewed [1, rows, k]: the TMA producer's maps take them so), and de
 SHALLOW_K it takes the dense default's rules, the TMA producer among them (`pointwise`,
 `DENSE_RULE_PRECISIONS`).
 
+A grouped ConvNHWC (not depthwise) whose channels a group fill whole chunks (RegNet's 8 at
+fp16 and tf32) is one product a group on the grid's z (`mma_product`'s batch): group g's
+patches read its channels [g C/G, (g + 1) C/G), its weights are W's rows of its outputs (W
+viewed [G, M/G, K]), its results go to its output channels. Before, such convs ran on the
+default one-thread-an-output template in NCHW and kept their neighbours NCHW; an H200 ran
+RegNetY-400MF at batch 32 in tf32 1.81x torch's time (issue 31's "no cliffs").
+
 Never used at fp32 (its `Template.precisions`): fp32 compiles keep NCHW. Never used for a
 depthwise ConvNHWC (depthwise_nhwc.py).
 """
@@ -32,22 +39,30 @@ from typing import Callable
 from ...ir import loop as L
 from .. import problems
 from ..space import Space, Template
-from .dense import Operand
+from .dense import MAX_GRID_YZ, Operand
 from .device import gpu_of
 from .mma import (PRECISIONS, SHALLOW_K, TensorCoreConfig, choose, mma_product,
                   producer_by_default, product_space, staged_by_default, wgmma_by_default)
 
 
 def gemm(p: problems.Conv2dNHWC) -> tuple[int, int, int]:
-    """(M, N, K) of the implicit product: pixels, out channels, kh kw C."""
-    images, _, _, c = p.x_dims
-    oc, kh, kw, _ = p.w_dims
+    """(M, N, K) of the implicit product of one group: pixels, the group's out channels,
+    kh kw C / group."""
+    images, _, _, _ = p.x_dims
+    oc, kh, kw, cg = p.w_dims
     _, oh, ow, _ = p.y_dims
-    return images * oh * ow, oc, kh * kw * c
+    return images * oh * ow, oc // p.group, kh * kw * cg
 
 
 def applies(p: problems.Conv2dNHWC) -> bool:
-    return p.group == 1   # a depthwise one: depthwise_nhwc.py
+    """One group, or several (not depthwise: depthwise_nhwc.py) whose channels a group fill
+    whole 16-byte chunks (a patch's run of a group's channels at a tap is then whole
+    cp.async copies: `convert_layout` makes no other grouped ConvNHWC) and whose groups fit
+    the grid's z (`MAX_GRID_YZ`)."""
+    if p.group == 1:
+        return True
+    chunk = 16 // p.x.dtype.itemsize   # (elements a 16-byte chunk)
+    return not p.depthwise and p.w_dims[3] % chunk == 0 and p.group <= MAX_GRID_YZ
 
 
 def pointwise(p: problems.Conv2dNHWC) -> bool:
@@ -64,7 +79,7 @@ tf32 keeps the conv's (untimed there)."""
 
 
 def space(p: problems.Conv2dNHWC, machine) -> Space:
-    return product_space("cuda_mma_conv2d_nhwc", gemm(p)[2], 1, machine.precision,
+    return product_space("cuda_mma_conv2d_nhwc", gemm(p)[2], p.group, machine.precision,
                          getattr(machine, "arch", None))
 
 
@@ -79,9 +94,10 @@ def default(p: problems.Conv2dNHWC, machine) -> TensorCoreConfig:
     (H200, fp16, batch 32, bench/gpu_conv.py). Its results staged as a dense product's
     (`staged_by_default`)."""
     m, n, k = gemm(p)
-    dense = pointwise(p) and k > SHALLOW_K and machine.precision in DENSE_RULE_PRECISIONS
+    dense = pointwise(p) and k > SHALLOW_K and machine.precision in DENSE_RULE_PRECISIONS \
+        and p.group == 1
     chosen = staged_by_default(choose(
-        m, n, k, gpu=gpu_of(machine), precision=machine.precision,
+        m, n, k, p.group, gpu=gpu_of(machine), precision=machine.precision,
         wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
                                p.x_tf32 and p.w_tf32),
         shallow_rule=False, latency=dense), p.y.dtype, machine.precision)
@@ -93,21 +109,23 @@ def build(p: problems.Conv2dNHWC, c: TensorCoreConfig, machine) -> L.PrimFunc:
     the bias and epilogue on the store."""
     m, n, k = gemm(p)
     patches, store, views = implicit_gemm(p)
-    w = L.Buffer(p.w.name, p.w.dtype, (1, n, k))   # (3-D: TMA's map of a plain array)
-    weights = Operand(lambda bi, j, kk: w[0, j, kk], False, array=True, rounded=p.w_tf32)
-    body = mma_product(c, 1, m, n, k, patches, weights, store, precision=machine.precision)
+    # (3-D: TMA's map of a plain array; a group's weights [n, k] at bi)
+    w = L.Buffer(p.w.name, p.w.dtype, (p.group, n, k))
+    weights = Operand(lambda bi, j, kk: w[bi, j, kk], False, array=True, rounded=p.w_tf32)
+    body = mma_product(c, p.group, m, n, k, patches, weights, store,
+                       precision=machine.precision)
     views[w.name] = w
     return L.PrimFunc(p.name, tuple(views.get(b.name, b) for b in p.params), body)
 
 
 def implicit_gemm(p: problems.Conv2dNHWC) -> tuple[Operand, Callable, dict]:
-    """(the patches as the product's operand: row i an output pixel, k = (ky, kx, c); the
-    store of the result of pixel i, output channel j: `store(bi, i, j, value)`; the views of
-    X and Y the kernel takes, by name) of `p`'s implicit GEMM (also sparse24.py's, whose
-    weights are 2:4)."""
+    """(the patches as the product's operand: row i an output pixel, k = (ky, kx, c) over
+    group bi's channels c; the store of the result of pixel i, group bi's output channel j:
+    `store(bi, i, j, value)`; the views of X and Y the kernel takes, by name) of `p`'s
+    implicit GEMM (also sparse24.py's, whose weights are 2:4), one product a group."""
     m, n, k = gemm(p)
-    _, h, wid, ch = p.x_dims
-    oc, kh, kw, _ = p.w_dims
+    _, h, wid, _ = p.x_dims
+    oc, kh, kw, ch = p.w_dims
     _, oh, ow, _ = p.y_dims
     (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
     x = L.Buffer(p.x.name, p.x.dtype, p.x_dims)
@@ -117,26 +135,28 @@ def implicit_gemm(p: problems.Conv2dNHWC) -> tuple[Operand, Callable, dict]:
         """(image, output row, output column) of output pixel i."""
         return i // (oh * ow), i // ow % oh, i % ow
 
-    def tap(i, kk):
-        """(X's element of patch row i at k = kk, clamped into X; whether it is inside)."""
+    def tap(bi, i, kk):
+        """(X's element of group bi's patch row i at k = kk, clamped into X; whether it is
+        inside)."""
         img, oy, ox = pixel(i)
         ky, kx = kk // (kw * ch), kk // ch % kw
         iy, ix = oy * sh - ph + ky * dh, ox * sw - pw + kx * dw
         inside = L.logical_and(iy >= 0, iy < h, ix >= 0, ix < wid)
+        c = kk % ch if p.group == 1 else bi * ch + kk % ch
         return x[img, L.minimum(L.maximum(iy, 0), h - 1), L.minimum(L.maximum(ix, 0), wid - 1),
-                 kk % ch], inside
+                 c], inside
 
     def patch(bi, i, kk):
-        value, inside = tap(i, kk)
+        value, inside = tap(bi, i, kk)
         return L.Select(inside, value, L.const(0.0, x.dtype))
 
     def store(bi, i, j, value):
         img, oy, ox = pixel(i)
-        index = (img, oy, ox, j)
+        index = (img, oy, ox, j if p.group == 1 else bi * n + j)
         return L.Store(y, index, p.finish(value, index))
 
-    patches = Operand(patch, False, chunk=lambda bi, i, kk: tap(i, kk), rounded=p.x_tf32)
-    if pointwise(p):
+    patches = Operand(patch, False, chunk=tap, rounded=p.x_tf32)
+    if pointwise(p) and p.group == 1:
         # a pointwise conv's patches are X itself, [pixels, C]: a plain array (3-D, as
         # the TMA producer's maps take one)
         flat = L.Buffer(p.x.name, p.x.dtype, (1, m, ch))

@@ -19,9 +19,10 @@ consecutive channels) instead of a Transpose each side.
 
 ConvNHWC(x, w, b) is a 2-D Conv on channels-last tensors: x [N, H, W, C], w [M, kh, kw,
 C / group] (OHWI), y [N, OH, OW, M], the Conv attributes as Conv's (pads, strides, dilations
-over (H, W), group); `convert_layout`'s "nhwc_conv" makes it, ungrouped for the cuda
-tensor-core template (a patch's channels are contiguous: 16-byte cp.async copies) and
-depthwise (consecutive threads read consecutive channels), with Transposes at its edges.
+over (H, W), group); `convert_layout`'s "nhwc_conv" makes it, ungrouped or grouped in
+whole 16-byte chunks of channels a group for the cuda tensor-core template (a patch's
+channels are contiguous: 16-byte cp.async copies) and depthwise (consecutive threads read
+consecutive channels), with Transposes at its edges.
 """
 
 from __future__ import annotations

@@ -64,17 +64,17 @@ def target(precision: str, arch: str = MACHINE.arch):
     return REGISTRY["cuda"].target(replace(MACHINE, arch=arch), precision)
 
 
-def nhwc_graph(rng, precision, image, oc, kernel, stride, pad, dilation):
+def nhwc_graph(rng, precision, image, oc, kernel, stride, pad, dilation, group=1):
     """(graph of Relu(ConvNHWC(x, w, b)) in the precision's storage type, x)."""
     dtype = STORED[precision]
     draw = lambda shape: rng.uniform(-1, 1, shape)   # noqa: E731
-    w = draw((oc, kernel, kernel, image[-1])).astype(NUMPY[dtype])
+    w = draw((oc, kernel, kernel, image[-1] // group)).astype(NUMPY[dtype])
     b = draw(oc).astype(NUMPY[dtype])
     g = Graph("g")
     x = g.add_input("x", T.TensorType(dtype, image))
     y = g.add("ConvNHWC", x, Value("w", T.TensorType(dtype, w.shape), const=w),
               Value("b", T.TensorType(dtype, b.shape), const=b), strides=[stride] * 2,
-              pads=[pad] * 4, dilations=[dilation] * 2, name="conv")
+              pads=[pad] * 4, dilations=[dilation] * 2, group=group, name="conv")
     g.outputs = [g.add("Relu", y)]
     return g, draw(image).astype(NUMPY[dtype])
 
@@ -109,15 +109,16 @@ def _on_host_within_the_bound(case, graph, x, program, module, tmp_path):
     more)."""
     from test_host_semantics import host_library, program_on_host
 
-    precision, image, oc, kernel, stride, pad, dilation = case
+    precision, image, oc, kernel, stride, pad, dilation, *grouped = case
+    group = grouped[0] if grouped else 1
     lib = host_library(program.unique, tmp_path, module)
     got = program_on_host(lib, module, program, {"x": x})[graph.outputs[0].name]
     want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
     scale = np.abs(conv(np.abs(x.astype(np.float64)).transpose(0, 3, 1, 2),
                         np.abs(graph.nodes[0].inputs[1].const.astype(np.float64))
                         .transpose(0, 3, 1, 2), strides=[stride] * 2, pads=[pad] * 4,
-                        dilations=[dilation] * 2)).transpose(0, 2, 3, 1)
-    limit = bound(precision, kernel * kernel * image[-1], scale, want)
+                        dilations=[dilation] * 2, group=group)).transpose(0, 2, 3, 1)
+    limit = bound(precision, kernel * kernel * image[-1] // group, scale, want)
     if precision != "tf32":   # the result stored in 16 bits: rounded once more
         limit = limit + 2 * {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[precision] * np.abs(want)
     error = np.abs(got.astype(np.float64) - want)
@@ -145,13 +146,73 @@ def test_convolutions_with_the_wgmma_knob_on_host(case, rng, tmp_path):
     _on_host_within_the_bound(CASES[case], graph, x, program, module, tmp_path)
 
 
+# (precision, image NHWC, out channels, kernel, stride, pad, dilation, group): a group's
+# channels whole 16-byte chunks (RegNet's 8 at fp16)
+GROUPED = [
+    ("fp16", (2, 9, 9, 32), 32, 3, 1, 1, 1, 4),    # 4 groups of 8, padding
+    ("fp16", (2, 8, 8, 48), 48, 3, 2, 1, 1, 6),    # stride 2 (a RegNet stage's first block)
+    ("bf16", (1, 7, 7, 16), 32, 3, 1, 1, 1, 2),    # 16 out channels a group
+    ("tf32", (1, 7, 7, 16), 16, 3, 1, 1, 1, 2),    # 8 channels: 2 chunks of 4 a tap
+    ("fp16", (1, 6, 6, 32), 16, 1, 1, 0, 1, 2),    # pointwise, grouped: a gather, not X
+]
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", range(len(GROUPED)))
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_grouped_convolutions_on_host_within_the_precision_bound(case, wgmma, rng, tmp_path):
+    """A grouped conv (not depthwise) is one implicit product a group on the grid's z:
+    group bi's patches read its channels, its outputs go to its channels; the default's
+    config and the wgmma knob's, within the precision's bound on host threads."""
+    from dnnc.backends.cuda.mma import TensorCoreConfig
+    from dnnc.backends.cuda.wgmma import block_k
+
+    precision = GROUPED[case][0]
+    config = TensorCoreConfig(64, 64, block_k(precision), 4, 1, 3, wgmma=True) \
+        if wgmma else None
+    graph, x = nhwc_graph(rng, precision, *GROUPED[case][1:])
+    graph, (program,) = programs(graph, machine=target(precision), config=config)
+    (conv_kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
+    assert conv_kernel.schedule[0] == "cuda_mma_conv2d_nhwc"
+    module = render_module(program.unique)
+    source = module.source[module.source.index('extern "C"'):]
+    assert "blockIdx.z" in source   # the groups
+    assert re.search(r"dnnc_cp_async\(&a_tile", source) is not None   # patches copied
+    _on_host_within_the_bound(GROUPED[case], graph, x, program, module, tmp_path)
+
+
+def test_grouped_convs_of_whole_chunks_run_channels_last():
+    """At fp16 a RegNet-like block (1x1, grouped 3x3 of 8 channels a group, 1x1) runs
+    channels-last end to end: no Transpose between its convs; a ResNeXt-like one (4 channels
+    a group: half a chunk) keeps its convs NCHW, the grouped one on the default template."""
+    for per_group, nhwc in ((8, True), (4, False)):
+        rng = np.random.default_rng(per_group)
+        c, groups = 32, 32 // per_group
+        g = Graph("g")
+        x = g.add_input("x", T.TensorType(T.float32, (2, c, 8, 8)))
+        h = x
+        for n, (kernel, group) in enumerate(((1, 1), (3, groups), (1, 1))):
+            w = rng.uniform(-1, 1, (c, c // group, kernel, kernel)).astype(np.float32)
+            h = g.add("Relu", g.add("Conv", h, Value(f"w{n}", T.TensorType(T.float32, w.shape),
+                                                      const=w),
+                                    pads=[kernel // 2] * 4, group=group, name=f"conv{n}"))
+        g.outputs = [h]
+        optimized, (program,) = programs(g, machine=target("fp16"))
+        ops = [n.op for n in optimized.nodes]
+        assert ops.count("ConvNHWC") == (3 if nhwc else 0), ops
+        assert ops.count("Transpose") == (2 if nhwc else 0), ops
+        schedules = {k.anchor.op: k.schedule[0] for k in program.kernels}
+        if nhwc:
+            assert schedules["ConvNHWC"] == "cuda_mma_conv2d_nhwc"
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_case_compiles_for_sm80_and_sm90(arch):
     """Each case scheduled for `arch` (sm_90: wgmma at fp16 / bf16 by default, compiled for
     sm_90a as the runtime does) compiles with NVRTC."""
     pytest.importorskip("cupy.cuda")   # NVRTC, before the programs are built
     funcs = []
-    for n, case in enumerate(CASES):
+    for n, case in enumerate(CASES + GROUPED):
         graph, _ = nhwc_graph(np.random.default_rng(n), case[0], *case[1:])
         _, (program,) = programs(graph, machine=target(case[0], arch))
         funcs += renamed(program, f"c{n}_")
@@ -316,6 +377,20 @@ def test_convolutions_on_the_gpu(case, rng):
     graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
     compiled = dnnc.compile(graph, "cuda", precision=precision)
     assert f"dnnc_mma_{precision}(" in compiled.source("cuda")
+    got = compiled.run(x, to="numpy")[0].astype(np.float64)
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(GROUPED)))
+def test_grouped_convolutions_on_the_gpu(case, rng):
+    """Each grouped case (one product a group) compiled by dnnc for the GPU at its
+    precision, against the NumPy reference within the model bound of the precision."""
+    precision = GROUPED[case][0]
+    graph, x = nhwc_graph(rng, precision, *GROUPED[case][1:])
+    compiled = dnnc.compile(graph, "cuda", precision=precision)
+    assert "blockIdx.z" in compiled.source("cuda")
     got = compiled.run(x, to="numpy")[0].astype(np.float64)
     want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
     assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
