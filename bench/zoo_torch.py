@@ -313,8 +313,9 @@ class _Bert(nn.Module):
     def forward(self, input_ids, token_type_ids, attention_mask):
         x = self.words(input_ids) + self.types(token_type_ids)
         x = self.norm(x + self.positions(self.position_ids))
-        # (1 - mask) * -10000, broadcast over heads and query positions
-        mask = (1.0 - attention_mask[:, None, None, :].float()) * -10000.0
+        # (1 - mask) * -10000, broadcast over heads and query positions, in the embeddings'
+        # type (float16 where the module was made half)
+        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0
         return self.encoder(x, mask)
 
 
