@@ -1,7 +1,7 @@
 """Channels-last convolutions on tensor cores against cuDNN (issue 31, item 3), one run.
 
     PYTHONPATH=$PWD python bench/gpu_conv.py [--batch 32] [--precision fp16|bf16|fp32]
-        [--repeat 30] [--trials 5] [--no-variants] [--variant-set tiles|splits] [--no-nchw]
+        [--repeat 30] [--trials 5] [--no-variants] [--variant-set tiles|splits|im2col] [--no-nchw]
         [--no-shapes] [--no-model]
         [--shapes C,H,M,k,s;...|resnet18]
         [--models resnet18,mobilenet_v2] [--modes eager,reduce-overhead]
@@ -113,6 +113,20 @@ SPLIT_VARIANTS = [
 the patches are a plain array: a pointwise conv) TMA's, for products of few pixels and deep
 k (resnet50's 7 x 7 layers at batch 32: 1568 rows, 32 to 72 k tiles)."""
 
+IM2COL_VARIANTS = [
+    C(128, 64, warps_m=8, warps_n=1, stages=6, producer="tma", staged=True, **W),
+    C(64, 128, warps_m=4, warps_n=1, stages=5, producer="tma", staged=True, **W),
+    C(64, 128, warps_m=4, warps_n=1, stages=8, producer="tma", staged=True, **W),
+    C(128, 128, warps_m=8, warps_n=1, stages=5, producer="tma", staged=True, **W),
+    C(128, 256, warps_m=8, warps_n=1, stages=4, producer="tma", staged=True, **W),
+    C(64, 64, warps_m=4, warps_n=1, stages=8, producer="tma", staged=True, **W),
+    C(128, 128, warps_m=8, warps_n=1, stages=5, split_k=2, producer="tma", **W),
+    C(128, 64, warps_m=8, warps_n=1, stages=8, split_k=2, producer="tma", **W),
+    C(64, 128, warps_m=4, warps_n=1, stages=5, split_k=2, producer="tma", **W)]
+"""`--variant-set im2col`: wgmma tiles with the TMA producer, the patches of a conv whose
+channels fill 128-byte rows copied in TMA's im2col mode (conv_nhwc.Im2col), unsplit
+(staged) and split in 2."""
+
 STORED = {"fp16": T.float16, "bf16": T.bfloat16}
 RESNET18 = [(3, 224, 64, 7, 2, 1), (64, 56, 64, 3, 1, 4), (64, 56, 128, 3, 2, 1),
             (64, 56, 128, 1, 2, 1), (128, 28, 128, 3, 1, 3), (128, 28, 256, 3, 2, 1),
@@ -196,7 +210,8 @@ def conv_row(cp, torch, shape, args, machine, rng) -> tuple[float, float, float,
     """(dnnc default ms, best dnnc ms, cuDNN ms, printed lines) of one shape."""
     c, h, m, k, s, count = shape
     fp32 = args.precision == "fp32"
-    variants = SPLIT_VARIANTS if args.variant_set == "splits" else VARIANTS
+    variants = {"splits": SPLIT_VARIANTS, "im2col": IM2COL_VARIANTS}.get(args.variant_set,
+                                                                         VARIANTS)
     dtype = T.float32 if fp32 else STORED[args.precision]
     t_dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16",
                               "fp32": "float32"}[args.precision])
@@ -338,7 +353,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=None,
                         help="C,H,M,kernel,stride[;...] in place of resnet50's (a count of 1 each)")
     parser.add_argument("--no-variants", action="store_true")
-    parser.add_argument("--variant-set", default="tiles", choices=("tiles", "splits"))
+    parser.add_argument("--variant-set", default="tiles", choices=("tiles", "splits", "im2col"))
     parser.add_argument("--no-nchw", action="store_true")
     parser.add_argument("--no-shapes", action="store_true")
     parser.add_argument("--no-model", action="store_true")

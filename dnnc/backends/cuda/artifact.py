@@ -47,7 +47,9 @@ def export(runtime, manifest: dict, files: dict) -> None:
                               for b in image.launches],
                  "tensor_maps": [{"place": list(m.place), "dtype": m.dtype,
                                   "extents": list(m.extents), "strides": list(m.strides),
-                                  "box": list(m.box)} for m in image.tensor_maps],
+                                  "box": list(m.box),
+                                  **({"im2col": list(m.im2col)} if m.im2col else {})}
+                                 for m in image.tensor_maps],
                  "arch": image.arch, "source": f"{base}.cu", "cubin": f"{base}.cubin"}
         if image.loop_ir:
             files[f"{base}.loop"] = image.loop_ir.encode()
@@ -108,12 +110,21 @@ def _segment(e: dict, what: str) -> list:
     need(type(e.get("tensor_maps", [])) is list and all(
         type(m) is dict and type(m.get("place")) is list and len(m["place"]) == 2 and
         m["place"][0] in ("ext", "arena") and is_int(m["place"][1], 0, MAX_ARENA) and
-        m.get("dtype") in TENSOR_MAP_TYPES and all(
-            ints(m.get(key), 1, 1 << 40) and len(m[key]) == size
-            for key, size in (("extents", L.TMA_RANK), ("strides", L.TMA_RANK - 1),
-                              ("box", L.TMA_RANK)))
+        m.get("dtype") in TENSOR_MAP_TYPES and _map_fields(m)
         for m in e.get("tensor_maps", [])), what + " tensor maps")
     return [e.get("source"), e.get("cubin")] + [e[m] for m in ("loop_ir",) if m in e]
+
+
+def _map_fields(m: dict) -> bool:
+    """Whether a tensor map entry's extents, strides and box (and an im2col map's corners
+    and traversal strides, `L.TensorMap.im2col`) have their rank's lengths and ranges."""
+    im2col = m.get("im2col", [])
+    rank = L.IM2COL_RANK if im2col else L.TMA_RANK
+    spatial = rank - 2
+    return all(ints(m.get(key), 1, 1 << 40) and len(m[key]) == size
+               for key, size in (("extents", rank), ("strides", rank - 1),
+                                 ("box", 2 if im2col else rank))) and \
+        (not im2col or ints(im2col, -(1 << 15), 1 << 15) and len(im2col) == 3 * spatial)
 
 
 def restore(spec, graph: Graph, manifest: dict, read, progress):
@@ -136,7 +147,8 @@ def restore(spec, graph: Graph, manifest: dict, read, progress):
             loop_ir=read(entry["loop_ir"]).decode() if "loop_ir" in entry else "",
             kernel_count=entry.get("kernels", 0),
             tensor_maps=[TensorMapPlace(tuple(m["place"]), m["dtype"], tuple(m["extents"]),
-                                        tuple(m["strides"]), tuple(m["box"]))
+                                        tuple(m["strides"]), tuple(m["box"]),
+                                        tuple(m.get("im2col", ())))
                          for m in entry.get("tensor_maps", [])]))
     # this machine's GPU: a cubin built for another architecture is rebuilt from its source
     return CUDARuntime.restore(graph, manifest["plan"], images,

@@ -146,13 +146,16 @@ class Launch:
 @dataclass(frozen=True)
 class TensorMapArg:
     """A tensor map a kernel takes (`L.TensorMap` with its tensor named by place): the map of
-    parameter `param` (its index among the PrimFunc's) of `dtype` (a NumPy name)."""
+    parameter `param` (its index among the PrimFunc's) of `dtype` (a NumPy name); `im2col`:
+    an im2col map's corners and traversal strides (`L.TensorMap.im2col`), empty for a tiled
+    one."""
 
     param: int
     dtype: str
     extents: tuple[int, ...]
     strides: tuple[int, ...]
     box: tuple[int, ...]
+    im2col: tuple[int, ...] = ()
 
 
 @dataclass
@@ -204,7 +207,7 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
     maps = tensor_maps(func)
     places = {b.name: k for k, b in enumerate(func.params)}
     map_args = [TensorMapArg(places[m.tensor.name], m.tensor.dtype.name, m.extents,
-                             m.strides, m.box) for m in maps]
+                             m.strides, m.box, m.im2col) for m in maps]
     func = legalize(linearize(L.index_checks.hoist(func, CHECKS_HOIST_FROM)), NATIVE)
     check_legal(func, NATIVE)
     func = narrow_indices(func)
@@ -717,9 +720,11 @@ class _Emitter:
 
     def tma_load(self, s: L.TmaLoad, depth: int) -> None:
         """`dnnc_tma_load_3d(&dst, map, &bar, x, y, z)` (TMA_PRELUDE), the map the kernel's
-        argument of that name."""
-        coords = ", ".join(f"(int)({self.expr(c)})" for c in s.coords)
-        self.emit(depth, f"dnnc_tma_load_3d(&{self.load(s.dst)}, {self.maps[s.map]}, "
+        argument of that name; from an im2col map `dnnc_tma_load_im2col_4d(&dst, map, &bar,
+        c, w, h, n, dw, dh)`."""
+        coords = ", ".join(f"(int)({self.expr(c)})" for c in (*s.coords, *s.offsets))
+        copy = "dnnc_tma_load_im2col_4d" if s.map.im2col else "dnnc_tma_load_3d"
+        self.emit(depth, f"{copy}(&{self.load(s.dst)}, {self.maps[s.map]}, "
                          f"&{self.load(s.bar)}, {coords});")
 
     # -- expressions (dispatched through _EXPR) ----------------------------------------------

@@ -19,7 +19,11 @@ knob on sm_90 among them (both tiles k-major, as wgmma.py's swizzle takes them),
 default takes where the dense default does (`default`). A pointwise conv's two operands are
 plain arrays (viewed [1, rows, k]: the TMA producer's maps take them so), and deeper than
 SHALLOW_K it takes the dense default's rules, the TMA producer among them (`pointwise`,
-`DENSE_RULE_PRECISIONS`).
+`DENSE_RULE_PRECISIONS`). Where C fills whole 128-byte rows (64 16-bit channels) the patches
+carry TMA's im2col view of X too (`Im2col`, as CUTLASS's sm_90 convolutions): with the TMA
+producer a k tile of them is one `cp.async.bulk.tensor ... im2col` box, the tap its offsets,
+in the swizzle wgmma reads; such a conv deeper than SHALLOW_K takes the dense default's
+rules as a pointwise one does (`im2col_copied`).
 
 A grouped ConvNHWC (not depthwise) whose channels a group fill whole chunks (RegNet's 8 at
 fp16 and tf32) is one product a group on the grid's z (`mma_product`'s batch): group g's
@@ -34,13 +38,16 @@ depthwise ConvNHWC (depthwise_nhwc.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from ...ir import loop as L
+from ...ir import types as T
 from .. import problems
 from ..space import Space, Template
 from .dense import MAX_GRID_YZ, Operand
 from .device import gpu_of
+from . import mma, wgmma
 from .mma import (PRECISIONS, SHALLOW_K, TensorCoreConfig, choose, mma_product,
                   producer_by_default, product_space, staged_by_default, wgmma_by_default)
 
@@ -78,6 +85,68 @@ DENSE_RULE_PRECISIONS = ("fp16", "bf16")
 tf32 keeps the conv's (untimed there)."""
 
 
+IM2COL_LIMIT = 1 << 7
+"""A 4-d im2col map's corners lie in [-IM2COL_LIMIT, IM2COL_LIMIT) and a copy's offsets
+(the filter tap) below it (the driver's and PTX's ranges for rank 4)."""
+
+
+@dataclass(frozen=True)
+class Im2col:
+    """TMA's im2col view of `p`'s patches (`Operand.im2col`; CUTLASS's sm_90 convolutions take
+    their activations so): X [N, H, W, C] as a 4-d map (c, w, h, n), a tile's box k_tile
+    channels of one tap (ky, kx) for `rows` patch rows, i.e. output pixels: TMA walks them
+    in the order ox, oy, image from the tile's first pixel, each at (ox sw - pw, oy sh - ph)
+    plus the tap's offsets (kx dw, ky dh), zeros in the padding and past the last image
+    (`L.TensorMap.im2col`). The spatial corners bound the walk to the output's positions:
+    lower -pad, upper the last output's position less the last input's."""
+
+    p: problems.Conv2dNHWC
+    x: L.Buffer
+
+    def tensor_map(self, rows: int, k_tile: int) -> L.TensorMap | None:
+        """The map of tiles of `rows` patch rows by `k_tile` (one 128-byte swizzle row of
+        channels of one tap), or None where TMA has none: C not a multiple of k_tile, more
+        than 256 rows, corners or offsets past IM2COL_LIMIT, strides past 8."""
+        p = self.p
+        images, h, w, c = p.x_dims
+        _, kh, kw, _ = p.w_dims
+        _, oh, ow, _ = p.y_dims
+        (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
+        e = p.x.dtype.itemsize
+        lower = (-pw, -ph)
+        upper = (lower[0] + (ow - 1) * sw - (w - 1), lower[1] + (oh - 1) * sh - (h - 1))
+        if p.x.dtype not in (T.float16, T.bfloat16) or c % k_tile or \
+                k_tile * e != wgmma.ROW_BYTES or not 1 <= rows <= 256 or \
+                not all(-IM2COL_LIMIT <= x < IM2COL_LIMIT for x in lower + upper) or \
+                max((kw - 1) * dw, (kh - 1) * dh) >= IM2COL_LIMIT or \
+                not (1 <= sw <= 8 and 1 <= sh <= 8):
+            return None
+        return L.TensorMap(self.x, (c, w, h, images), (c * e, w * c * e, h * w * c * e),
+                           (k_tile, rows), (*lower, *upper, sw, sh))
+
+    def place(self, row: L.Expr, kk: L.Expr) -> tuple[tuple, tuple]:
+        """(coordinates (c, w, h, n), offsets (w, h)) of the box from patch row `row`, k
+        `kk` (a multiple of the k tile) on: its first pixel's position and channel, the tap."""
+        p = self.p
+        c = p.x_dims[3]
+        _, _, kw, _ = p.w_dims
+        _, oh, ow, _ = p.y_dims
+        (sh, sw), (dh, dw), (ph, pw) = p.strides, p.dilations, p.begins
+        img, oy, ox = row // (oh * ow), row // ow % oh, row % ow
+        ky, kx = kk // (kw * c), kk // c % kw
+        return (kk % c, ox * sw - pw, oy * sh - ph, img), (kx * dw, ky * dh)
+
+
+def im2col_copied(p: problems.Conv2dNHWC, machine) -> bool:
+    """Whether TMA's im2col mode copies `p`'s patches (a wgmma tile's 128 rows: `Im2col`) at
+    `machine`'s precision (16-bit: the patches are X's elements as they lie)."""
+    return machine.precision in DENSE_RULE_PRECISIONS and not pointwise(p) and \
+        p.group == 1 and \
+        p.x.dtype is mma.STORAGE[machine.precision] and \
+        Im2col(p, L.Buffer(p.x.name, p.x.dtype, p.x_dims)).tensor_map(
+            128, wgmma.block_k(machine.precision)) is not None
+
+
 def space(p: problems.Conv2dNHWC, machine) -> Space:
     return product_space("cuda_mma_conv2d_nhwc", gemm(p)[2], p.group, machine.precision,
                          getattr(machine, "arch", None))
@@ -92,10 +161,15 @@ def default(p: problems.Conv2dNHWC, machine) -> TensorCoreConfig:
     resnet50's 1x1 convs of 256 input channels took 32 x 64 mma.sync tiles by it, 55.2 us at
     256@56 -> 64 against 35.7 on the 64 x 64 wgmma tile, 36.4 at 256@14 -> 1024 against 29.6
     (H200, fp16, batch 32, bench/gpu_conv.py). Its results staged as a dense product's
-    (`staged_by_default`)."""
+    (`staged_by_default`). A conv whose operands TMA copies (`pointwise`, `im2col_copied`)
+    deeper than SHALLOW_K at DENSE_RULE_PRECISIONS takes the dense default's rules
+    (WGMMA_TILE_S's model, the TMA producer): on an H200 (fp16, batch 32, bench/gpu_conv.py,
+    session 53) resnet50's 3x3 convs of 512 channels went from 0.58-0.60 of cuDNN (128 x 256
+    split 4) to 1.06-1.09 (128 x 64, 8 slots), of 256 from 0.84-0.86 to 1.40-1.42 (128 x
+    128), of 128 from 1.08 to 1.20 (64 x 128); of 64 1.32 -> 1.28 (64 x 64)."""
     m, n, k = gemm(p)
-    dense = pointwise(p) and k > SHALLOW_K and machine.precision in DENSE_RULE_PRECISIONS \
-        and p.group == 1
+    dense = p.group == 1 and k > SHALLOW_K and machine.precision in DENSE_RULE_PRECISIONS \
+        and (pointwise(p) or im2col_copied(p, machine))
     chosen = staged_by_default(choose(
         m, n, k, p.group, gpu=gpu_of(machine), precision=machine.precision,
         wgmma=wgmma_by_default(getattr(machine, "arch", None), machine.precision,
@@ -155,7 +229,9 @@ def implicit_gemm(p: problems.Conv2dNHWC) -> tuple[Operand, Callable, dict]:
         index = (img, oy, ox, j if p.group == 1 else bi * n + j)
         return L.Store(y, index, p.finish(value, index))
 
-    patches = Operand(patch, False, chunk=tap, rounded=p.x_tf32)
+    # (TMA's im2col view walks all of X's channels: one group's only)
+    patches = Operand(patch, False, chunk=tap, rounded=p.x_tf32,
+                      im2col=Im2col(p, x) if p.group == 1 else None)
     if pointwise(p) and p.group == 1:
         # a pointwise conv's patches are X itself, [pixels, C]: a plain array (3-D, as
         # the TMA producer's maps take one)

@@ -241,7 +241,11 @@ class Operand:
     kw)` (indices in range) is elements (row, 4 kw) .. (row, 4 kw + 3) as the bytes of a
     uint32, the first lowest, so that the tiles stage a word at a time. `rounded`: its
     float32 values are tf32 values already (weights rounded at compile time,
-    `packed.round_tf32`): a tf32 product's tiles copy them as they are, unrounded."""
+    `packed.round_tf32`): a tf32 product's tiles copy them as they are, unrounded.
+    `im2col`, for a gather that TMA's im2col mode copies (a channels-last convolution's
+    patches: conv_nhwc.Im2col): `im2col.tensor_map(rows, k_tile)` is the map of a tile of
+    `rows` patch rows by `k_tile` (or None where there is none), `im2col.place(row, k)` the
+    copy's coordinates and offsets of the tile from patch row `row`, k `k` on."""
 
     at: Callable[[L.Expr, L.Expr, L.Expr], L.Expr]
     rows_contiguous: bool
@@ -249,6 +253,7 @@ class Operand:
     chunk: Callable | None = None
     word: Callable | None = None
     rounded: bool = False
+    im2col: object | None = None
 
     @property
     def dtype(self) -> T.DType:

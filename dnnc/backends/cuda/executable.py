@@ -128,6 +128,7 @@ class TensorMapPlace:
     extents: tuple[int, ...]
     strides: tuple[int, ...]
     box: tuple[int, ...]
+    im2col: tuple[int, ...] = ()
 
 
 def launch_list(calls: list[Call], kernels: dict
@@ -152,7 +153,7 @@ def launch_list(calls: list[Call], kernels: dict
         args = tuple(call.args) + tuple(("workspace", o) for o in offsets)
         for arg in kernel.tensor_maps:
             place = TensorMapPlace(tuple(call.args[arg.param]), arg.dtype, tuple(arg.extents),
-                                   tuple(arg.strides), tuple(arg.box))
+                                   tuple(arg.strides), tuple(arg.box), tuple(arg.im2col))
             if place not in maps:
                 maps.append(place)
             args += (("map", maps.index(place) * MAP_BYTES),)

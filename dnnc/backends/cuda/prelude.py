@@ -334,6 +334,17 @@ __device__ __forceinline__ void dnnc_tma_load_3d(void* dst, const void* map,
                :: "r"(dnnc_shared_address(dst)), "l"(map), "r"(x), "r"(y), "r"(z),
                   "r"(dnnc_shared_address(bar)) : "memory");
 }
+// the box of 4-d im2col tensor map `map` (NHWC: c innermost, w, h, n) whose first pixel
+// is at (c, w, h, n), every pixel read at its position plus the filter tap (dw, dh)
+__device__ __forceinline__ void dnnc_tma_load_im2col_4d(void* dst, const void* map,
+                                                        unsigned long long* bar, int c, int w,
+                                                        int h, int n, int dw, int dh) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx"
+               "::bytes [%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};"
+               :: "r"(dnnc_shared_address(dst)), "l"(map), "r"(c), "r"(w), "r"(h), "r"(n),
+                  "r"(dnnc_shared_address(bar)), "h"((unsigned short)dw),
+                  "h"((unsigned short)dh) : "memory");
+}
 __device__ __forceinline__ void dnnc_prefetch_tensor_map(const void* map) {
   asm volatile("prefetch.tensormap [%0];" :: "l"(map) : "memory");
 }

@@ -1,6 +1,7 @@
 """Tensor maps for Hopper's TMA copies (`cp.async.bulk.tensor`, `prelude.TMA_PRELUDE`): the
 128-byte `CUtensorMap` a kernel's copies read, built on the host by the driver's
-`cuTensorMapEncodeTiled` (libcuda through ctypes: CuPy 14 does not wrap it).
+`cuTensorMapEncodeTiled` (libcuda through ctypes: CuPy 14 does not wrap it), or for a
+convolution's activations `cuTensorMapEncodeIm2col` (`encode_im2col`: `L.TensorMap.im2col`).
 
 A map holds its tensor's global address, so it is built where the address is known (at run
 time, once the arena is allocated: `kernel_map` of each `codegen.TensorMapArg` a kernel
@@ -44,17 +45,34 @@ _OOB_FILL_ZERO = 0       # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: elements outside r
 
 
 @functools.cache
-def _encode():
-    """libcuda's cuTensorMapEncodeTiled with its argument types, or a DeviceError."""
+def _driver():
     try:
-        driver = ctypes.CDLL("libcuda.so.1")
+        return ctypes.CDLL("libcuda.so.1")
     except OSError as e:
         raise DeviceError(f"TMA tensor maps need the CUDA driver (libcuda.so.1): {e}") from e
-    fn = driver.cuTensorMapEncodeTiled
+
+
+@functools.cache
+def _encode():
+    """libcuda's cuTensorMapEncodeTiled with its argument types, or a DeviceError."""
+    fn = _driver().cuTensorMapEncodeTiled
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p,
                    ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u32),
                    ctypes.POINTER(u32), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+@functools.cache
+def _encode_im2col():
+    """libcuda's cuTensorMapEncodeIm2col with its argument types, or a DeviceError."""
+    fn = _driver().cuTensorMapEncodeIm2col
+    i32, u32, u64 = ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p,
+                   ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(i32),
+                   ctypes.POINTER(i32), u32, u32, ctypes.POINTER(u32),
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn
 
@@ -89,9 +107,50 @@ def encode_tiled(address: int, dtype: str, extents: tuple[int, ...],
     return out
 
 
+def encode_im2col(address: int, dtype: str, extents: tuple[int, ...],
+                  strides: tuple[int, ...], box: tuple[int, int],
+                  im2col: tuple[int, ...]) -> np.ndarray:
+    """The im2col tensor map (16 uint64 words) of the channels-last tensor at global
+    `address` of `dtype`, `extents` (c, w, h, n) in elements and the byte `strides` of all
+    but c: TMA copies `box` (box[0] channels, one 128-byte swizzle row, of box[1] pixels)
+    into shared memory in the 128-byte swizzle, the pixels walked within the spatial lower
+    and upper corners by the traversal strides `im2col` holds (w then h each:
+    `L.TensorMap.im2col`), zeros outside the tensor."""
+    rank = len(extents)
+    spatial = rank - 2
+    if dtype not in DATA_TYPES:
+        raise DeviceError(f"no TMA data type for {dtype} (have {sorted(DATA_TYPES)})")
+    if len(strides) != rank - 1 or len(box) != 2 or len(im2col) != 3 * spatial or \
+            not 3 <= rank <= 5:
+        raise DeviceError(f"an im2col map of rank {rank} takes {rank - 1} strides, a box of "
+                          f"(channels, pixels) and {3 * spatial} corners and strides: "
+                          f"{strides}, {box}, {im2col}")
+    if box[0] * ELEMENT_BYTES[dtype] > SWIZZLE_BYTES or \
+            any(not 1 <= b <= MAX_BOX for b in box) or address % 16 or \
+            any(s % 16 for s in strides):
+        raise DeviceError(f"im2col map out of TMA's limits: box {box}, address {address:#x} "
+                          f"and strides {strides} multiples of 16")
+    lower, upper, traversal = (im2col[k * spatial:(k + 1) * spatial] for k in range(3))
+    out = np.zeros(MAP_BYTES // 8, np.uint64)
+    i32, u32, u64 = ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64
+    status = _encode_im2col()(out.ctypes.data, DATA_TYPES[dtype], rank, address,
+                              (u64 * rank)(*extents), (u64 * (rank - 1))(*strides),
+                              (i32 * spatial)(*lower), (i32 * spatial)(*upper), box[0], box[1],
+                              (u32 * rank)(1, *traversal, 1), _INTERLEAVE_NONE,
+                              _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZERO)
+    if status != 0:
+        raise DeviceError(f"cuTensorMapEncodeIm2col failed (CUresult {status}): {dtype} "
+                          f"extents {extents}, strides {strides}, box {box}, im2col {im2col}")
+    return out
+
+
 def kernel_map(arg, address: int) -> np.ndarray:
     """The map a kernel's argument `arg` (a `codegen.TensorMapArg`: its parameter's dtype,
-    extents, byte strides and box) names, of that parameter at device `address`."""
+    extents, byte strides and box, and an im2col map's corners and strides) names, of that
+    parameter at device `address`."""
+    if arg.im2col:
+        return encode_im2col(address, arg.dtype, tuple(arg.extents), tuple(arg.strides),
+                             tuple(arg.box), tuple(arg.im2col))
     return encode_tiled(address, arg.dtype, tuple(arg.extents), tuple(arg.strides),
                         tuple(arg.box))
 

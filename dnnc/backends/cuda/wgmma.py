@@ -71,11 +71,14 @@ same warpgroup, but its first thread alone copies: per k tile it waits for the s
 1) and issues the operands' boxes (`L.TmaLoad`: a K-major tile one box of 128 bytes of k (64
 16-bit elements, 32 float32) by its rows, an MN-major one a box of 64 rows by 64 k an atom,
 landing in the layouts above; `_SwizzledTile.tensor_map`), the maps kernel arguments the
-runtime builds (`codegen.TensorMapArg`). The consumers need no proxy fence. An operand
-without a map (not a plain array of 16-bit values, or of float32 ones holding tf32 values
-K-major, with 16-byte strides) makes the block the plain loop's. The dense default takes it
-on 16-bit wgmma tiles and on tf32 ones whose operands TMA copies (`mma.PRODUCER_DEFAULT`,
-`mma.tf32_copied`). Not done: `setmaxnreg` and `elect.sync` (`tma.py` has them).
+runtime builds (`codegen.TensorMapArg`). A channels-last convolution's gathered patches whose
+channels fill 128-byte rows come by TMA's im2col mode (`Operand.im2col`, session 53): a k
+tile one box of a tap's 64 channels by the tile's pixels, the tap the copy's offsets. The
+consumers need no proxy fence. An operand without a map (not a plain array of 16-bit
+values, or of float32 ones holding tf32 values K-major, with 16-byte strides) makes the block
+the plain loop's. The dense default takes it on 16-bit wgmma tiles and on tf32 ones whose
+operands TMA copies (`mma.PRODUCER_DEFAULT`, `mma.tf32_copied`). Not done: `setmaxnreg`
+and `elect.sync` (`tma.py` has them).
 
 Which problems: `mma.py`'s spaces (dense, NCHW conv) and conv_nhwc.py's offer the knob on
 sm_90 (`device.has_wgmma`) at every reduced precision; the dense and channels-last conv
@@ -195,8 +198,14 @@ class _SwizzledTile(_Tile):
         tf32 float32 K-major holding tf32 values already, `Operand.rounded`, which the tile
         then never rounds), its rows 16-byte strided (TMA's strides). A box row is 128
         bytes: 64 16-bit elements, 32 float32 (a K-major tf32 tile's k). The map's extents are
-        the product's (m or n, and k), so a box past them reads zeros, as the ring's copies do."""
+        the product's (m or n, and k), so a box past them reads zeros, as the ring's copies do.
+        A gather with an im2col map (`Operand.im2col`: a convolution's patches, 16-bit,
+        K-major) takes that map, each box a k tile of the tile's patch rows."""
         op = self.operand
+        if op.im2col is not None and self.asynchronous and self.k_inner and \
+                self.precision in TMA_PRECISIONS and self.precision != "tf32":
+            tensor_map = op.im2col.tensor_map(self.rows, self.bk)
+            return None if tensor_map is None else (tensor_map, False)
         if self.precision not in TMA_PRECISIONS or not self.asynchronous or \
                 op.chunk is not None or op.word is not None or not op.array or \
                 self.precision == "tf32" and not op.rounded:
@@ -226,10 +235,13 @@ class _SwizzledTile(_Tile):
     def tma_copies(self, tensor_map: L.TensorMap, batched: bool, kt: L.Expr, slot: L.Expr,
                    bar: L.Load) -> list[L.Stmt]:
         """k tile `kt` into `slot` by TMA through `tensor_map` (what the method of that name
-        gave), completing on `bar`: one box for a K-major tile, one an atom of 64 rows for an
-        MN-major one."""
+        gave), completing on `bar`: one box for a K-major tile (from an im2col map, the
+        tile's patch rows, `Operand.im2col`), one an atom of 64 rows for an MN-major one."""
         z = self.bi if batched else L.const(0)
         base = slot * self.slot_words
+        if tensor_map.im2col:
+            coords, offsets = self.operand.im2col.place(self.first, kt * self.bk)
+            return [L.TmaLoad(self.tile[base], tensor_map, bar, coords, offsets)]
         if self.k_inner:
             return [L.TmaLoad(self.tile[base], tensor_map, bar, (kt * self.bk, self.first, z))]
         return [L.TmaLoad(self.tile[base + a * (self.bk * ROW_WORDS)], tensor_map, bar,

@@ -761,7 +761,10 @@ class Mbarrier(Stmt):
 
 
 TMA_RANK = 3
-"""Dimensions of a `TensorMap` (the prelude's copy is `cp.async.bulk.tensor.3d`)."""
+"""Dimensions of a tiled `TensorMap` (the prelude's copy is `cp.async.bulk.tensor.3d`)."""
+IM2COL_RANK = 4
+"""Dimensions of an im2col `TensorMap`: an NHWC tensor, (c, w, h, n) innermost first (the
+prelude's copy is `cp.async.bulk.tensor.4d ... im2col`)."""
 
 
 @dataclass(frozen=True, eq=True)
@@ -770,12 +773,22 @@ class TensorMap:
     tensor's address is known: a kernel argument, not an IR node): global `tensor` (a
     function parameter) viewed as `extents` elements a dimension, innermost first, the first
     dimension contiguous and dimension d + 1 `strides[d]` bytes apart; a `TmaLoad` copies one
-    `box` of it (box[0] elements of the innermost dimension: 128 bytes, one swizzle row)."""
+    `box` of it (box[0] elements of the innermost dimension: 128 bytes, one swizzle row).
+
+    With `im2col` (an IM2COL_RANK tensor (c, w, h, n), TMA's im2col mode, as CUTLASS's sm_90
+    convolutions take their activations): the spatial dimensions' lower corners, upper
+    corners and traversal strides, w then h (a conv's -pad_begin, pad_end - (kernel - 1)
+    dilation, and its strides); a box is (box[0] channels, box[1] pixels): from the pixel
+    at the copy's coordinates, box[1] pixels in the order w, h, n, stepping by the traversal
+    strides within [lower, extent - 1 + upper] of each spatial dimension, each pixel's
+    box[0] channels read at its position plus the copy's `offsets` (the filter tap), zeros
+    outside the tensor; pixel p lands as box row p."""
 
     tensor: Buffer
     extents: tuple[int, ...]
     strides: tuple[int, ...]
     box: tuple[int, ...]
+    im2col: tuple[int, ...] = ()
 
     @property
     def box_bytes(self) -> int:
@@ -783,7 +796,8 @@ class TensorMap:
         return math.prod(self.box) * self.tensor.dtype.itemsize
 
     def __hash__(self):
-        return hash(("TensorMap", self.tensor.name, self.extents, self.strides, self.box))
+        return hash(("TensorMap", self.tensor.name, self.extents, self.strides, self.box,
+                     self.im2col))
 
 
 @dataclass(frozen=True, eq=True)
@@ -800,15 +814,21 @@ class TmaLoad(Stmt):
     chunk c ^ r % 8: `Wgmma`'s K-major layout of a tile whose rows are 128 bytes). The
     copy is asynchronous: `dst` may be read once a wait on `bar` saw the phase complete, by
     `Wgmma` directly (no `ProxyFence`: the copy writes through the async proxy). CPU
-    backends do not render it."""
+    backends do not render it.
+
+    From an im2col map (`TensorMap.im2col`), `coords` (c, w, h, n) name the box's first pixel
+    (its traversal position, the tap not added) and `offsets` (w, h: integer expressions,
+    each 0 to 255) the filter tap added to every pixel's position; box pixel p's channel i
+    lands at byte p 128 + i e, swizzled as above."""
 
     dst: Load
     map: TensorMap
     bar: Load
     coords: tuple[Expr, ...]
+    offsets: tuple[Expr, ...] = ()
 
     def __hash__(self):
-        return hash(("TmaLoad", self.dst, self.map, self.bar, self.coords))
+        return hash(("TmaLoad", self.dst, self.map, self.bar, self.coords, self.offsets))
 
 
 TILE_ROWS = 16

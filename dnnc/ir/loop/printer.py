@@ -111,9 +111,12 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
         return f"{pad}mbarrier_{s.op}({print_expr(s.bar)}{value})\n"
     if isinstance(s, TmaLoad):
         m = s.map
+        im2col = f" im2col {list(m.im2col)}" if m.im2col else ""
+        offsets = f" + [{', '.join(print_expr(c) for c in s.offsets)}]" if s.offsets else ""
         return (f"{pad}tma_load({print_expr(s.dst)}, {m.tensor.name}{list(m.extents)} strides "
-                f"{list(m.strides)} box {list(m.box)} at "
-                f"[{', '.join(print_expr(c) for c in s.coords)}], {print_expr(s.bar)})\n")
+                f"{list(m.strides)} box {list(m.box)}{im2col} at "
+                f"[{', '.join(print_expr(c) for c in s.coords)}]{offsets}, "
+                f"{print_expr(s.bar)})\n")
     if isinstance(s, TileProduct):
         op = "+=" if s.accumulate else "="
         return (f"{pad}tile_product_{s.precision}_{s.m_tiles}x{s.n_tiles}("

@@ -15,7 +15,7 @@ from .nodes import (
     INTEGER_MMA, LDMATRIX_COUNTS, MMA_REGISTERS, MMA_SHAPES, PACKS, SHUFFLES, SPARSE_MMA,
     SPARSE_MMA_REGISTERS, TILE_PRECISIONS,
     TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, ClusterBarrier, Const,
-    CopyAsync,
+    CopyAsync, IM2COL_RANK,
     For, If, LdMatrix, Let, Load, MBARRIER_OPS, Mbarrier, Mma, Prefetch, PrimFunc, ProxyFence,
     Reduce, Scope, Select, Seq, Store, TMA_RANK, TileProduct, TmaLoad, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from .printer import print_expr
@@ -238,7 +238,9 @@ def _check_tma_load(func, s: TmaLoad, gpu: set) -> None:
     """A bulk tensor copy: on a GPU's threads, into shared uint32 words on a shared uint64
     barrier, from a map of a global parameter of rank `TMA_RANK` whose boxes' rows are one
     128-byte swizzle row, at most 256 a dimension, strides multiples of 16 bytes, one integer
-    coordinate a dimension."""
+    coordinate a dimension; from an im2col map (`TensorMap.im2col`) of rank IM2COL_RANK, a box
+    of (channels, pixels), a lower corner, upper corner and traversal stride (1 to 8) a
+    spatial dimension, and an offset a spatial dimension."""
     if "threadIdx.x" not in gpu:
         raise LoopIRError(f"{func.name}: TMA copy outside a threadIdx.x loop")
     if not (_is_place(s.dst, Scope.SHARED, T.uint32) and
@@ -249,8 +251,17 @@ def _check_tma_load(func, s: TmaLoad, gpu: set) -> None:
     if m.tensor.scope is not Scope.GLOBAL or m.tensor.name not in {b.name for b in func.params}:
         raise LoopIRError(f"{func.name}: a tensor map describes a parameter, not "
                           f"{m.tensor.name}")
-    rank = TMA_RANK
-    if not (len(m.extents) == len(m.box) == len(s.coords) == rank and
+    rank = IM2COL_RANK if m.im2col else TMA_RANK
+    spatial = rank - 2
+    boxed = 2 if m.im2col else rank
+    if m.im2col and not (len(m.im2col) == 3 * spatial and len(s.offsets) == spatial and
+                         all(1 <= x <= 8 for x in m.im2col[2 * spatial:]) and
+                         all(x.dtype.is_int for x in s.offsets)) or \
+            not m.im2col and s.offsets:
+        raise LoopIRError(f"{func.name}: tensor map of {m.tensor.name}: im2col {m.im2col} "
+                          f"with {len(s.offsets)} offsets (an im2col map's corners and "
+                          f"strides, 1 to 8, and an offset a spatial dimension)")
+    if not (len(m.extents) == len(s.coords) == rank and len(m.box) == boxed and
             len(m.strides) == rank - 1 and all(x > 0 for x in m.extents) and
             all(1 <= b <= 256 for b in m.box) and all(x > 0 and x % 16 == 0 for x in m.strides)
             and m.box[0] * m.tensor.dtype.itemsize == SWIZZLE_ROW and
@@ -374,7 +385,7 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
         exprs(s.bar, *(() if s.value is None else (s.value,)))
     elif isinstance(s, TmaLoad):
         _check_tma_load(func, s, gpu if placement else {"threadIdx.x"})
-        exprs(s.dst, s.bar, *s.coords)
+        exprs(s.dst, s.bar, *s.coords, *s.offsets)
     elif isinstance(s, AsyncWait):
         if s.pending < 0:
             raise LoopIRError(f"{func.name}: cp.async wait for {s.pending} groups")

@@ -147,7 +147,7 @@ def test_tensor_maps_live_as_long_as_what_reads_them(simulated, rng, monkeypatch
         for kernel in module.kernels.values():
             kernel.tensor_maps = [types.SimpleNamespace(param=0, dtype="float16",
                                                         extents=(2400,), strides=(),
-                                                        box=(64,))]
+                                                        box=(64,), im2col=())]
         return module
 
     monkeypatch.setattr(codegen, "render_module", with_a_map)

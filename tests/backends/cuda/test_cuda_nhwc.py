@@ -97,8 +97,10 @@ def test_convolutions_on_host_within_the_precision_bound(case, rng, tmp_path):
     else:
         assert f"dnnc_mma_{precision}(" in source and "dnnc_ldmatrix_x4(&" in source
     assert "dnnc_ldmatrix_x4_trans(" not in source   # both tiles k-major
-    # the patches by cp.async where C fills chunks (the weights: where kh kw C does)
-    patches = re.search(r"dnnc_cp_async\(&a_tile", source) is not None
+    # the patches by cp.async where C fills chunks (the weights: where kh kw C does), or
+    # by TMA's im2col mode where C fills 128-byte rows on the TMA producer (case 7)
+    patches = re.search(r"dnnc_cp_async\(&a_tile", source) is not None or \
+        "dnnc_tma_load_im2col_4d(&" in source
     assert patches == (case in COPIED)
     _on_host_within_the_bound(CASES[case], graph, x, program, module, tmp_path)
 
@@ -154,7 +156,8 @@ GROUPED = [
     ("bf16", (1, 7, 7, 16), 32, 3, 1, 1, 1, 2),    # 16 out channels a group
     ("tf32", (1, 7, 7, 16), 16, 3, 1, 1, 1, 2),    # 8 channels: 2 chunks of 4 a tap
     ("fp16", (1, 6, 6, 32), 16, 1, 1, 0, 1, 2),    # pointwise, grouped: a gather, not X
-]
+    ("fp16", (2, 7, 7, 64), 64, 3, 1, 1, 1, 8),    # 128-byte rows of X: no im2col map (a
+]                                                  # group's channels, not all of X's)
 
 
 @needs_gxx
@@ -232,8 +235,8 @@ def _conv_problem(precision, image, oc, kernel, stride, pad):
 def test_deep_pointwise_convs_take_the_dense_defaults_rules():
     """A 1x1 conv of stride 1 deeper than SHALLOW_K at fp16 / bf16 (both operands plain
     arrays) takes the dense default's rules on sm_90: wgmma tiles rated by WGMMA_TILE_S's
-    model, the TMA producer; a 3x3 conv and a shallow or strided 1x1 keep the conv's rule (no
-    producer: their patches are gathered)."""
+    model, the TMA producer; a shallow one keeps the conv's rule (no producer); a 3x3 and a
+    strided 1x1 take the TMA producer in im2col mode (`Im2col`)."""
     from dnnc.backends.cuda import conv_nhwc
 
     for precision in ("fp16", "bf16"):
@@ -242,10 +245,12 @@ def test_deep_pointwise_convs_take_the_dense_defaults_rules():
         assert conv_nhwc.pointwise(deep)
         chosen = conv_nhwc.default(deep, machine)
         assert chosen.wgmma and chosen.producer == "tma"
-        for others in ((32, 7, 7, 512), 512, 3, 1, 1), ((32, 14, 14, 256), 1024, 1, 1, 0), \
-                ((32, 14, 14, 1024), 2048, 1, 2, 0):
-            problem = _conv_problem(precision, *others)
-            assert not conv_nhwc.default(problem, machine).producer
+        shallow = _conv_problem(precision, (32, 14, 14, 256), 1024, 1, 1, 0)
+        assert not conv_nhwc.default(shallow, machine).producer
+        for gathered in ((32, 7, 7, 512), 512, 3, 1, 1), ((32, 14, 14, 1024), 2048, 1, 2, 0):
+            problem = _conv_problem(precision, *gathered)
+            assert not conv_nhwc.pointwise(problem) and conv_nhwc.im2col_copied(problem, machine)
+            assert conv_nhwc.default(problem, machine).producer == "tma"
     assert not conv_nhwc.default(_conv_problem("tf32", (32, 7, 7, 2048), 512, 1, 1, 0),
                                  target("tf32")).producer
 
@@ -281,6 +286,60 @@ def test_a_pointwise_conv_on_the_tma_producer_on_host(split, rng, tmp_path):
     module = render_module(program.unique)
     assert module.source.count("dnnc_tma_load_3d(&") >= 2   # the image and the weights
     _on_host_within_the_bound(case, graph, x, program, module, tmp_path)
+
+
+IM2COL_CASES = [
+    ("fp16", (2, 9, 9, 64), 72, 3, 1, 1, 1),      # padding, 162 pixels: tiles across images
+    ("fp16", (3, 7, 7, 128), 64, 3, 2, 1, 1),     # stride 2, 48 pixels, 2 k tiles a tap
+    ("bf16", (1, 11, 10, 64), 16, 3, 1, 2, 2),    # dilation, pads beyond the window
+]
+"""3x3 convs whose patches TMA's im2col mode copies (C a multiple of 64 16-bit channels)."""
+
+
+@needs_gxx
+@pytest.mark.parametrize("case,rows,split", [(0, 64, 1), (0, 128, 1), (1, 64, 2), (2, 64, 1),
+                                             (1, 128, 1)])
+def test_3x3_convs_on_tma_im2col_on_host(case, rows, split, rng, tmp_path):
+    """A 3x3 conv whose patches TMA copies in im2col mode (`conv_nhwc.Im2col`: one box a
+    tap's 64 channels of a tile's pixels, the tap as the copy's offsets) and its weights by a
+    tiled map, on host threads (the shim walks the pixels as the map's corners say), one
+    and two warpgroups, unsplit and split, within the precision's bound."""
+    from dnnc.backends.cuda.mma import TensorCoreConfig
+
+    config = TensorCoreConfig(rows, 64, 64, rows // 16, 1, 4, split_k=split, wgmma=True,
+                              producer="tma")
+    graph, x = nhwc_graph(rng, *IM2COL_CASES[case])
+    graph, (program,) = programs(graph, machine=target(IM2COL_CASES[case][0]), config=config)
+    (conv_kernel,) = [k for k in program.kernels if k.anchor.op == "ConvNHWC"]
+    assert conv_kernel.schedule == ("cuda_mma_conv2d_nhwc", config)
+    module = render_module(program.unique)
+    assert module.source.count("dnnc_tma_load_im2col_4d(&") == 1   # the patches
+    assert module.source.count("dnnc_tma_load_3d(&") == 1           # the weights
+    _on_host_within_the_bound(IM2COL_CASES[case], graph, x, program, module, tmp_path)
+
+
+def test_deep_3x3_convs_take_the_tma_im2col_producer():
+    """A conv whose patches TMA's im2col mode copies, deeper than SHALLOW_K, at fp16 / bf16
+    on sm_90 takes the dense default's rules as a pointwise one does (WGMMA_TILE_S's model,
+    the TMA producer): resnet50's 3x3 convs of 512 channels the 128 x 64 tall tile,
+    unsplit; C not a multiple of 64, a shallow conv, tf32 and sm_80 keep the conv's rule."""
+    from dnnc.backends.cuda import conv_nhwc
+
+    for precision in ("fp16", "bf16"):
+        machine = target(precision)
+        for image, stride in (((32, 7, 7, 512), 1), ((32, 14, 14, 512), 2)):
+            problem = _conv_problem(precision, image, 512, 3, stride, 1)
+            assert conv_nhwc.im2col_copied(problem, machine)
+            chosen = conv_nhwc.default(problem, machine)
+            assert chosen.producer == "tma" and chosen.split_k == 1
+            assert (chosen.block_m, chosen.block_n) == (128, 64)
+        for others in (((32, 7, 7, 24), 64, 3, 1, 1), ((32, 7, 7, 16), 64, 3, 1, 1)):
+            problem = _conv_problem(precision, *others)
+            assert not conv_nhwc.default(problem, machine).producer
+    problem = _conv_problem("fp16", (32, 7, 7, 512), 512, 3, 1, 1)
+    assert not conv_nhwc.default(problem, target("fp16", "sm_80")).producer
+    tf32 = _conv_problem("tf32", (32, 7, 7, 512), 512, 3, 1, 1)
+    assert not conv_nhwc.default(tf32, target("tf32")).producer
 
 
 # -- whole models ---------------------------------------------------------------------------------
@@ -391,6 +450,24 @@ def test_grouped_convolutions_on_the_gpu(case, rng):
     graph, x = nhwc_graph(rng, precision, *GROUPED[case][1:])
     compiled = dnnc.compile(graph, "cuda", precision=precision)
     assert "blockIdx.z" in compiled.source("cuda")
+    got = compiled.run(x, to="numpy")[0].astype(np.float64)
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [("fp16", (4, 7, 7, 512), 512, 3, 1, 1, 1),
+                                  ("bf16", (3, 14, 14, 512), 512, 3, 2, 1, 1),
+                                  ("bf16", (2, 14, 14, 256), 256, 3, 1, 2, 2)])
+def test_3x3_convs_on_tma_im2col_on_the_gpu(case, rng):
+    """3x3 convs (stride 2, dilation 2) on their default, the TMA producer with the patches
+    in im2col mode (maps built by the runtime: `tensor_map.encode_im2col`; split 4 to 8 at
+    these batches), against the NumPy reference within the model bound of the precision.
+    (IM2COL_CASES' products are too small for a wgmma tile by default.)"""
+    precision = case[0]
+    graph, x = nhwc_graph(rng, *case)
+    compiled = dnnc.compile(graph, "cuda", precision=precision)
+    assert "dnnc_tma_load_im2col_4d(&" in compiled.source("cuda")
     got = compiled.run(x, to="numpy")[0].astype(np.float64)
     want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
     assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)

@@ -631,6 +631,9 @@ def _rewrite_manifest(path, edit):
     (lambda m: m["segments"][0].update(tensor_maps=[dict(
         place=["arena", 0], dtype="float64", extents=[64, 8, 1], strides=[128, 1024],
         box=[64, 8, 1])]), "segment entry 0 tensor maps is malformed"),
+    (lambda m: m["segments"][0].update(tensor_maps=[dict(   # an im2col map of rank 3
+        place=["arena", 0], dtype="float16", extents=[64, 8, 1], strides=[128, 1024],
+        box=[64, 8], im2col=[-1, -1, -1, -1, 1, 1])]), "segment entry 0 tensor maps is malformed"),
     (lambda m: m["target"].update(arch=90), "target is malformed"),
 ])
 def test_artifact_with_impossible_launches_is_refused(simulated, tmp_path, edit, message):

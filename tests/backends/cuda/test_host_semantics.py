@@ -626,6 +626,52 @@ static void dnnc_tma_load_3d(void* dst, const void* map, unsigned long long* bar
       }
   dnnc_mbarrier_complete_tx(bar, (long)(m.box[0] * m.box[1] * m.box[2] * e));
 }
+// an im2col map (`host_tensor_map` of a `TensorMapArg` with `im2col`): the NHWC tensor's
+// address, extents (c, w, h, n), byte strides of w, h and n, the box (channels, pixels), the
+// element's bytes, the spatial lower and upper corners and traversal strides (w, h). Pixel p
+// of the box is the p-th of the walk from (w, h, n): w by its stride within [lower, extent
+// - 1 + upper], then h, then n; its channels read at its position plus the offsets, zeros
+// outside the tensor; it lands as box row p, swizzled as a tiled box's rows
+struct dnnc_im2col_map {
+  unsigned long long address, extents[4], strides[3], box[2], element;
+  long long lower[2], upper[2], traversal[2];
+};
+static void dnnc_tma_load_im2col_4d(void* dst, const void* map, unsigned long long* bar,
+                                    int c, int w, int h, int n, int dw, int dh) {
+  const dnnc_im2col_map& m = *static_cast<const dnnc_im2col_map*>(map);
+  unsigned char* const out = static_cast<unsigned char*>(dst);
+  const long offset = out - dnnc_shared_window;
+  if (!dnnc_shared_window || offset < 0 || offset % 1024 || m.box[0] * m.element != 128 ||
+      dw < 0 || dh < 0 || w < m.lower[0] || h < m.lower[1] ||
+      w > (long long)m.extents[1] - 1 + m.upper[0] || h > (long long)m.extents[2] - 1 + m.upper[1])
+    __builtin_trap();
+  const unsigned e = (unsigned)m.element;
+  long long pw = w, ph = h, pn = n;
+  for (unsigned long long row = 0; row < m.box[1]; ++row) {
+    const long long x = pw + dw, y = ph + dh;
+    for (unsigned long long i0 = 0; i0 < m.box[0]; ++i0) {
+      const long long ch = c + (long long)i0;
+      unsigned long long p = row * 128 + i0 * e;
+      p ^= (p >> 7) % 8 << 4;
+      if (ch >= 0 && ch < (long long)m.extents[0] && x >= 0 && x < (long long)m.extents[1] &&
+          y >= 0 && y < (long long)m.extents[2] && pn >= 0 && pn < (long long)m.extents[3])
+        std::memcpy(out + p, reinterpret_cast<const unsigned char*>(m.address) + ch * e +
+                    x * m.strides[0] + y * m.strides[1] + pn * m.strides[2], e);
+      else
+        std::memset(out + p, 0, e);
+    }
+    pw += m.traversal[0];
+    if (pw > (long long)m.extents[1] - 1 + m.upper[0]) {
+      pw = m.lower[0];
+      ph += m.traversal[1];
+      if (ph > (long long)m.extents[2] - 1 + m.upper[1]) {
+        ph = m.lower[1];
+        ++pn;
+      }
+    }
+  }
+  dnnc_mbarrier_complete_tx(bar, (long)(m.box[0] * m.box[1] * e));
+}
 static void dnnc_fence_mbarrier_init() {}
 static void dnnc_prefetch_tensor_map(const void*) {}
 static bool dnnc_elect_one() { return threadIdx.x % 32 == 0; }
@@ -636,10 +682,15 @@ template <int N> static void dnnc_setmaxnreg_dec() {}
 
 def host_tensor_map(tensor: np.ndarray, arg) -> np.ndarray:
     """The struct TMA_SHIM reads as tensor map `arg` (a `codegen.TensorMapArg`) of host array
-    `tensor`: what the runtime's `tensor_map.encode_tiled` builds from the same description."""
-    words = np.zeros(16, np.uint64)
-    words[:10] = [tensor.ctypes.data, *arg.extents, *arg.strides, *arg.box,
-                  np.dtype(tensor.dtype).itemsize]
+    `tensor`: what the runtime's `tensor_map.encode_tiled` (`encode_im2col` for an im2col
+    map: `dnnc_im2col_map`) builds from the same description."""
+    words = np.zeros(32 if arg.im2col else 16, np.uint64)
+    fields = [tensor.ctypes.data, *arg.extents, *arg.strides, *arg.box,
+              np.dtype(tensor.dtype).itemsize]
+    words[:len(fields)] = fields
+    if arg.im2col:   # (signed corners as two's complement words)
+        words[len(fields):len(fields) + len(arg.im2col)] = \
+            np.array(arg.im2col, np.int64).view(np.uint64)
     return words
 
 
