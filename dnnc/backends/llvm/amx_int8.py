@@ -363,10 +363,11 @@ def y_t_default(m: int, pixels: int, n: int, machine) -> AmxInt8Config:
 
 def pointwise_build(p: QuantizedConvProblem, config: AmxInt8Config, machine) -> L.PrimFunc:
     """Each call: the weights copied into tiles of W^T (`wt`: [channel tiles, steps, 16
-    channels, 16 groups], zero past M and C), the image into groups of 4 channels by pixels
+    channels, 16 groups], zero past M and C) and the image into groups of 4 channels by pixels
     (`xq`: [images, steps x 16, pixels rounded up to a block], zero past C and the pixels,
-    vector rows as `int8`'s pack), then every block's tile product over C and its store, an
-    output channel's pixels one vector of the NCHW plane."""
+    vector rows as `int8`'s pack), both in one parallel region (a layer takes tens of us at 16
+    threads, so a region's fork and join count), then every block's tile product over C and
+    its store, an output channel's pixels one vector of the NCHW plane."""
     g = _Pointwise(p, config)
     n, c, h, wid = p.x_dims
     par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
@@ -377,28 +378,35 @@ def pointwise_build(p: QuantizedConvProblem, config: AmxInt8Config, machine) -> 
     tiles = g.row_blocks * config.row_tiles
     wt = L.Buffer("wt", T.uint32, (tiles * g.steps * TILE_WORDS,), L.Scope.GLOBAL)
     xq = L.Buffer("xq", T.uint32, (n * g.k16 * g.width,), L.Scope.GLOBAL)
-    u, t, ii, q = L.Var("u"), L.Var("t"), L.Var("ii"), L.Var("q")
-    ch, group = u * ROWS + ii, t * ROWS + q
-    word = L.Select(L.logical_and(ch < g.channels, group < g.groups), w[
-        L.minimum(ch, g.channels - 1) // GROUP_COLUMNS, L.minimum(group, g.groups - 1),
-        L.minimum(ch, g.channels - 1) % GROUP_COLUMNS], L.Const(0, T.uint32))
-    weights = L.For(u, tiles, L.For(t, g.steps, L.For(ii, ROWS, L.For(q, ROWS, L.Store(
-        wt, (((u * g.steps + t) * ROWS + ii) * ROWS + q,), word), L.ForKind.VECTORIZED))),
-        par if tiles > 1 else L.ForKind.SERIAL)
-    stmts = [weights, _pack_pixels(p, g, x, xq, par), _pointwise_blocks(p, g, wt, xq, y, par)]
+    v = L.Var("v")
+    packs = L.For(v, tiles + n * g.k16, L.If(
+        v < tiles, _pack_weights(g, w, wt, v), _pack_pixels(p, g, x, xq, v - tiles)), par)
+    stmts = [packs, _pointwise_blocks(p, g, wt, xq, y, par)]
     body = L.Allocate(wt, L.Allocate(xq, L.seq(*stmts)))
     views = {b.name: b for b in (w, x, y)}
     params = tuple(views.get(b.name, b) for b in p.params)
     return L.simplify(L.PrimFunc(p.name, params, body))
 
 
+def _pack_weights(g: _Pointwise, w: L.Buffer, wt: L.Buffer, u: L.Expr) -> L.Stmt:
+    """`wt`'s tile row `u` (16 output channels) over every step: channel ii's word q of step
+    t is its group t x 16 + q, zero past M and C."""
+    t, ii, q = L.Var("t"), L.Var("ii"), L.Var("q")
+    ch, group = u * ROWS + ii, t * ROWS + q
+    word = L.Select(L.logical_and(ch < g.channels, group < g.groups), w[
+        L.minimum(ch, g.channels - 1) // GROUP_COLUMNS, L.minimum(group, g.groups - 1),
+        L.minimum(ch, g.channels - 1) % GROUP_COLUMNS], L.Const(0, T.uint32))
+    return L.For(t, g.steps, L.For(ii, ROWS, L.For(q, ROWS, L.Store(
+        wt, (((u * g.steps + t) * ROWS + ii) * ROWS + q,), word), L.ForKind.VECTORIZED)))
+
+
 def _pack_pixels(p: QuantizedConvProblem, g: _Pointwise, x: L.Buffer, xq: L.Buffer,
-                 par: L.ForKind) -> L.Stmt:
-    """`xq`: row (image, group kk), word px: channels 4 kk .. 4 kk + 3 of pixel px (past C:
-    channel C - 1, whose weights are 0 in `wt`), a vector of pixels a row; zero past the
+                 v: L.Expr) -> L.Stmt:
+    """`xq`'s row `v` (image, group kk), word px: channels 4 kk .. 4 kk + 3 of pixel px (past
+    C: channel C - 1, whose weights are 0 in `wt`), a vector of pixels a row; zero past the
     pixels and for groups past C's."""
     c = p.x_dims[1]
-    v, px = L.Var("v"), L.Var("px")
+    px = L.Var("px")
     bi, kk = v // g.k16, v % g.k16
     word = None
     for t in range(GROUP_DEPTH):
@@ -412,9 +420,8 @@ def _pack_pixels(p: QuantizedConvProblem, g: _Pointwise, x: L.Buffer, xq: L.Buff
     if g.width > g.pixels:
         pixels = L.seq(pixels, L.For(px, g.width - g.pixels, L.Store(
             xq, (v * g.width + g.pixels + px,), zero), vec))
-    row = pixels if g.k16 == g.groups else L.If(kk < g.groups, pixels, L.For(
+    return pixels if g.k16 == g.groups else L.If(kk < g.groups, pixels, L.For(
         px, g.width, L.Store(xq, (v * g.width + px,), zero), vec))
-    return L.For(v, g.images * g.k16, row, par)
 
 
 def _pointwise_blocks(p: QuantizedConvProblem, g: _Pointwise, wt: L.Buffer, xq: L.Buffer,
