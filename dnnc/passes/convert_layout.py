@@ -288,6 +288,25 @@ def _winograd_conv(graph: Graph, node: Node, users, target: Target):
     return Node("ConvWinograd", inputs, node.outputs, full, node.name), []
 
 
+def _channels_last_operands(x: Value, node: Node, ohwi: np.ndarray, attrs: dict,
+                            channels: int, padded: int, chunk: int, folded
+                            ) -> tuple[list[Node], Value, np.ndarray, dict]:
+    """(the edge nodes, the channels-last input, the OHWI weights with as many more zero
+    channels as the input got, the attrs) of conv `node`: its input `x` of `channels`
+    channels transposed and padded to `padded`, or where `_space_to_depth` `folded` it (its
+    edge, input, weights and attrs) that input padded to whole chunks of `chunk` elements."""
+    if folded is None:
+        edge, xt = _channels_last_input(x, node.name, channels, padded)
+    else:
+        edge, xt, ohwi, attrs = folded
+        channels = ohwi.shape[3]
+        padded = -(-channels // chunk) * chunk
+        more, xt = _padded_channels(xt, node.name, channels, padded)
+        edge = edge + more
+    ohwi = np.ascontiguousarray(np.pad(ohwi, [(0, 0)] * 3 + [(0, padded - channels)]))
+    return edge, xt, ohwi, attrs
+
+
 def _channels_last_input(x: Value, name: str, channels: int, padded: int
                          ) -> tuple[list[Node], Value]:
     """(the nodes, the value) of NCHW `x` made channels-last: a Transpose, then a Pad of its
@@ -344,15 +363,8 @@ def _nhwc_conv(graph: Graph, node: Node, users, target: Target):
     # a strided stem whose patches copy fewer chunks so: on its input's space to depth
     folded = _space_to_depth(node, ohwi, attrs, chunk, None, FLOAT_S2D_MOST) \
         if padded != channels else None
-    if folded is not None:
-        edge, xt, ohwi, attrs = folded
-        channels = ohwi.shape[3]
-        padded = -(-channels // chunk) * chunk
-        more, xt = _padded_channels(xt, node.name, channels, padded)
-        edge += more
-    else:
-        edge, xt = _channels_last_input(x, node.name, channels, padded)
-    ohwi = np.ascontiguousarray(np.pad(ohwi, [(0, 0)] * 3 + [(0, padded - channels)]))
+    edge, xt, ohwi, attrs = _channels_last_operands(x, node, ohwi, attrs, channels, padded,
+                                                    chunk, folded)
     if target.precision == "tf32" and ohwi.dtype == np.float32 and \
             not _depthwise(node):   # (a depthwise one: no tensor cores)
         ohwi = round_tf32(ohwi)   # once here: the product's tiles then leave them as they are
@@ -396,19 +408,12 @@ def _nhwc_int8_conv(node: Node):
     za = node.inputs[1]
     folded = _space_to_depth(node, ohwi, attrs, CHUNK_BYTES, za) \
         if za is not None and za.const is not None and za.type.numel == 1 else None
-    if folded is not None:
-        edge, xt, ohwi, attrs = folded
-        channels = ohwi.shape[3]
     padded = -(-channels // CHUNK_BYTES) * CHUNK_BYTES
-    ohwi = np.ascontiguousarray(np.pad(ohwi, [(0, 0)] * 3 + [(0, padded - channels)]))
+    edge, xt, ohwi, attrs = _channels_last_operands(x, node, ohwi, attrs, channels, padded,
+                                                    CHUNK_BYTES, folded)
     wv = Value(f"{w.name}.ohwi", TensorType(int8, ohwi.shape), const=ohwi)
     taps = tap_sums(ohwi)
     tv = Value(f"{w.name}.tap_sums", TensorType(int32, taps.shape), const=taps)
-    if folded is None:
-        edge, xt = _channels_last_input(x, node.name, channels, padded)
-    else:
-        more, xt = _padded_channels(xt, node.name, channels, padded)
-        edge += more
     extra = list(node.inputs[4:7]) + [None] * (7 - len(node.inputs[:7]))
     inputs = [xt, node.inputs[1], wv, node.inputs[3]] + extra[:3] + [tv]
     return _channels_last_conv("QuantizedConvNHWC", inputs, attrs, node, edge)
