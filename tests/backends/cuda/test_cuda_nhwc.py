@@ -427,6 +427,17 @@ def test_an_artifact_keeps_the_channels_last_graph(simulated, tmp_path, monkeypa
 
 # -- on a GPU -------------------------------------------------------------------------------------
 
+def _matches_the_reference_on_the_gpu(graph, x, precision, marker):
+    """`graph` compiled by dnnc for the GPU at `precision` (its source holding `marker`, the
+    path the test is about), its output on `x` against the NumPy reference within the model
+    bound of the precision."""
+    compiled = dnnc.compile(graph, "cuda", precision=precision)
+    assert marker in compiled.source("cuda")
+    got = compiled.run(x, to="numpy")[0].astype(np.float64)
+    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
+    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_convolutions_on_the_gpu(case, rng):
@@ -434,11 +445,7 @@ def test_convolutions_on_the_gpu(case, rng):
     within the model bound of the precision (one layer)."""
     precision = CASES[case][0]
     graph, x = nhwc_graph(rng, precision, *CASES[case][1:])
-    compiled = dnnc.compile(graph, "cuda", precision=precision)
-    assert f"dnnc_mma_{precision}(" in compiled.source("cuda")
-    got = compiled.run(x, to="numpy")[0].astype(np.float64)
-    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
-    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+    _matches_the_reference_on_the_gpu(graph, x, precision, f"dnnc_mma_{precision}(")
 
 
 @pytest.mark.gpu
@@ -448,11 +455,7 @@ def test_grouped_convolutions_on_the_gpu(case, rng):
     precision, against the NumPy reference within the model bound of the precision."""
     precision = GROUPED[case][0]
     graph, x = nhwc_graph(rng, precision, *GROUPED[case][1:])
-    compiled = dnnc.compile(graph, "cuda", precision=precision)
-    assert "blockIdx.z" in compiled.source("cuda")
-    got = compiled.run(x, to="numpy")[0].astype(np.float64)
-    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
-    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+    _matches_the_reference_on_the_gpu(graph, x, precision, "blockIdx.z")
 
 
 @pytest.mark.gpu
@@ -466,11 +469,7 @@ def test_3x3_convs_on_tma_im2col_on_the_gpu(case, rng):
     (IM2COL_CASES' products are too small for a wgmma tile by default.)"""
     precision = case[0]
     graph, x = nhwc_graph(rng, *case)
-    compiled = dnnc.compile(graph, "cuda", precision=precision)
-    assert "dnnc_tma_load_im2col_4d(&" in compiled.source("cuda")
-    got = compiled.run(x, to="numpy")[0].astype(np.float64)
-    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
-    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+    _matches_the_reference_on_the_gpu(graph, x, precision, "dnnc_tma_load_im2col_4d(&")
 
 
 @pytest.mark.gpu
@@ -481,11 +480,7 @@ def test_deep_pointwise_convs_on_tma_on_the_gpu(precision, image, oc, rng):
     of the image and the weights built by the runtime), against the NumPy reference within
     the model bound of the precision."""
     graph, x = nhwc_graph(rng, precision, image, oc, 1, 1, 0, 1)
-    compiled = dnnc.compile(graph, "cuda", precision=precision)
-    assert "dnnc_tma_load_3d(&" in compiled.source("cuda")
-    got = compiled.run(x, to="numpy")[0].astype(np.float64)
-    want = reference(graph, {"x": x})[graph.outputs[0].name].astype(np.float64)
-    assert np.abs(got - want).max() / np.abs(want).max() <= model_error_bound(precision)
+    _matches_the_reference_on_the_gpu(graph, x, precision, "dnnc_tma_load_3d(&")
 
 
 @pytest.mark.gpu
