@@ -6,7 +6,8 @@ cores (issue 31): stored in 16 bits, every weight and activation moves half the 
 rewrite, one pass over the nodes in order:
 
 - float32 constants (the weights) are converted once, here, at compile time (round to
-  nearest even: NumPy's `astype`);
+  nearest even: NumPy's `astype`), a finite value past the half type's range saturated to
+  its largest finite value (`half_constant`);
 - every node whose op takes the half type runs on half values (its outputs typed so): the
   op's own meaning then computes in float32 registers and rounds its result once (products
   and convolutions accumulate in float32; reductions, Softmax, LayerNormalization and the
@@ -35,6 +36,7 @@ it reads the `Target` only.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import DNNCError
@@ -50,6 +52,19 @@ FLOAT32_OPS = frozenset({"Pow", "Exp"})
 """Ops computed on float32 values even in a half-stored model: their results leave the half
 type's range (x**2 past 65504 for |x| > 256 in float16: a decomposed LayerNorm's variance;
 exp(x) for x > 11) or carry statistics (a variance's squares, a softmax's exponentials)."""
+
+
+def half_constant(array, half: T.DType) -> np.ndarray:
+    """Float32 constant `array` in the half type `half`, rounded to nearest even, its finite
+    values past the type's range saturated to the largest finite one (infinities and NaNs
+    kept). Rounding them to infinity would change what the model computes, not only how
+    precisely: the additive masks transformers write hold finfo(float32).min (-3.4e38, past
+    float16's 65504 and, rounded, past bfloat16's 3.39e38), and 0 * -inf is NaN where the
+    float32 model has 0 (an unmasked position of `(1 - mask) * min`), while -65504 masks as
+    the float32 value does (what a `.half()` export of the same model would hold)."""
+    array = np.asarray(array)
+    big = float(ml_dtypes.finfo(half.np).max)
+    return np.where(np.isfinite(array), np.clip(array, -big, big), array).astype(half.np)
 
 
 DISCONTINUOUS_OPS = frozenset({"Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal",
@@ -220,7 +235,7 @@ class _HalfStorage:
             return Value(v.name, T.TensorType(self.half, v.type.shape))
         if v.is_const:
             twin = Value(v.name, T.TensorType(self.half, v.type.shape),
-                         np.asarray(v.const).astype(self.half.np))
+                         half_constant(v.const, self.half))
         else:
             twin = self.cast(v, self.half)
         self.to_half[id(v)] = twin

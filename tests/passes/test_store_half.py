@@ -295,3 +295,45 @@ def test_elementwise_chains_into_a_discontinuous_op_run_in_float32():
     want, got = run_graph(g, [xs]), run_graph(out, [xs])
     for w_, o in zip(want[:2], got[:2]):
         np.testing.assert_array_equal(o, w_)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_mask_of_float32s_lowest_saturates_and_masks_as_in_float32(precision):
+    """transformers' additive mask, `(1 - mask) * finfo(float32).min` added to the scores
+    before a Softmax: the constant, past float16's range (and, rounded, bfloat16's), is
+    stored as the type's lowest finite value, not -inf, so an unmasked position gets 0 (0 *
+    -inf would be NaN) and a masked one a weight of 0, as in float32."""
+    lowest = np.finfo(np.float32).min
+    g = Graph("masked")
+    scores = g.add_input("scores", T.TensorType(F32, (2, 8)))
+    mask = g.add_input("mask", T.TensorType(F32, (2, 8)))
+    one, low = _const("one", np.float32(1)), _const("lowest", np.float32(lowest))
+    add = g.add("Mul", g.add("Sub", one, mask, name="sub"), low, name="mul")
+    g.outputs = [g.add("Softmax", g.add("Add", scores, add, name="add"), name="softmax",
+                       axis=-1)]
+    half = store_half(g, cuda_like(precision))
+    stored = next(v for v in half.constants() if v.name == "lowest")
+    assert stored.dtype is HALF[precision]
+    assert float(stored.const) == -float(np.finfo(HALF[precision].np).max) if precision == \
+        "fp16" else np.isfinite(float(stored.const)) and float(stored.const) < -1e38
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    m = (rng.random((2, 8)) < 0.6).astype(np.float32)
+    m[:, 0] = 1   # every row keeps a position
+    want = run_graph(g, [x, m])[0]
+    got = run_graph(half, [x, m])[0]
+    assert np.isfinite(got).all()
+    assert (got[m == 0] == 0).all()
+    np.testing.assert_allclose(got, want, atol=model_error_bound(precision))
+
+
+def test_half_constants_keep_infinities_and_nans_and_round_in_range_values():
+    from dnnc.passes.store_half import half_constant
+
+    values = np.array([np.inf, -np.inf, np.nan, 1e6, -1e6, 65519.0, 0.1, -3.0], np.float32)
+    got = half_constant(values, F16)
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got[:2], [np.inf, -np.inf])
+    assert np.isnan(got[2])
+    np.testing.assert_array_equal(got[3:], np.array([65504, -65504, 65504, 0.1, -3.0],
+                                                    np.float16))
