@@ -38,7 +38,7 @@ from ..ir.target import UNIT_ROUNDOFF
 from ..levels import DEFAULT_OPT_LEVEL
 from . import rounding, worker as worker_protocol
 from .generate import Case, generate
-from .op_generators import OPS, SPARSE_OPS
+from .op_generators import MASK_OPS, OPS, SPARSE_OPS
 
 # ---------------------------------------------------------------------------------------------
 # Tolerances
@@ -610,7 +610,7 @@ def parse_args(argv):
         problems.append(f"--threads must be at least 1, got {args.threads}")
     if args.timeout <= 0:
         problems.append(f"--timeout must be positive, got {args.timeout}")
-    known = {fn.__name__[4:] for _, fn in OPS + SPARSE_OPS}
+    known = {fn.__name__[4:] for _, fn in OPS + SPARSE_OPS + MASK_OPS}
     for name in args.boost:
         if name not in known:
             problems.append(f"--boost {name!r} is not one of {', '.join(sorted(known))}")

@@ -100,6 +100,9 @@ DRAW = {
                                                       SPECIAL_NONFINITE),
     "special_huge": lambda rng, shape: with_special_values(rng, rng.standard_normal(shape),
                                                            SPECIAL),
+    # an attention mask: 1.0 (keep) or 0.0, the first position of every row kept
+    "mask": lambda rng, shape: np.concatenate(
+        [np.ones(shape[:-1] + (1,)), rng.random(shape[:-1] + (shape[-1] - 1,)) < 0.7], -1),
     # divisors: nonzero integers, and floats away from zero (|x| in [0.5, 2])
     "nonzero_int": lambda rng, shape: rng.integers(1, 8, shape) * rng.choice([-1, 1], shape),
     "away_from_zero": lambda rng, shape: rng.uniform(0.5, 2.0, shape) * rng.choice([-1, 1],

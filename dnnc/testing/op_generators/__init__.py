@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .elementwise import gen_binary, gen_cast, gen_clip, gen_exp, gen_gelu, gen_int, gen_unary, \
     gen_where
-from .layers import gen_batchnorm, gen_conv, gen_gemm, gen_layernorm, gen_matmul, gen_pool, \
+from .layers import gen_additive_mask, gen_batchnorm, gen_conv, gen_gemm, gen_layernorm, gen_matmul, gen_pool, \
     gen_reduce, gen_resize, gen_softmax, gen_softmax_chain
 from .quantized import gen_qdq
 from .sparse import gen_sparse, gen_sparse24
@@ -30,6 +30,10 @@ OPS = [  # (weight, generator)
 
 SPARSE_OPS = [(6, gen_sparse), (2, gen_sparse24)]
 """Drawn besides OPS in a sparse case: layers with pruned constant weights (issue 34)."""
+
+MASK_OPS = [(4, gen_additive_mask)]
+"""Drawn besides OPS only when boosted (`--boost additive_mask`): transformers' additive
+attention mask, whose float32 constant a half-stored model must keep finite."""
 
 SPECIAL_OPS = OPS + [(4, gen_softmax_chain)]
 """The draw in special mode (`generate(..., special=True)`): OPS and softmax written by hand

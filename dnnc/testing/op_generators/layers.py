@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph_builder import F32, Builder, Rejected
+from ..graph_builder import BATCH, F32, Builder, Rejected
 
 
 def gen_conv(g: Builder):
@@ -122,6 +122,25 @@ def gen_softmax_chain(g: Builder):
     e = g.node("Exp", [g.node("Sub", [x, top])[0]])[0]
     e.huge = False   # exp(x - max) is in [0, 1] (or NaN): its sum cannot overflow
     g.node("Div", [e, reduce("ReduceSum", e)], scale=1.0)[0].huge = False
+
+
+def gen_additive_mask(g: Builder):
+    """An attention mask as transformers adds it to the scores before their Softmax:
+    Softmax(x + (1 - m) * finfo(float32).min) over the last axis, m a new 0 / 1 input of x's
+    last dim (every row keeps its first position). At fp16 and bf16 the constant is past the
+    half type's range: stored as -inf, 0 * -inf made every kept score NaN (`store_half`'s
+    `half_constant` saturates it). The masked sums, far past any other value's scale, are
+    no value's for another generator: only the Softmax's output stays usable."""
+    x = g.pick(lambda v: v.rank >= 1 and v.shape[-1] != BATCH and v.shape[-1] > 1 and
+               not v.huge)
+    shape = tuple(1 if d == BATCH or g.chance(0.5) else d for d in x.shape[:-1])
+    m = g.add_input(shape + (x.shape[-1],), kind="mask", hint="mask")
+    one = g.initializer(np.float32(1), "one", exact=True)
+    lowest = g.initializer(np.finfo(np.float32).min, "lowest", exact=True)
+    masked = g.node("Mul", [g.node("Sub", [one, m], exact=True)[0], lowest], exact=True)[0]
+    scores = g.node("Add", [x, masked])[0]
+    g.node("Softmax", [scores], axis=-1, scale=1.0)
+    g.values = [v for v in g.values if v.name not in (masked.name, scores.name)]
 
 
 def gen_layernorm(g: Builder):
