@@ -66,8 +66,8 @@ import numpy as np
 from ..errors import CompileError
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.linalg import PACKED_PRECISIONS, pack_pairs, pack_panels
-from ..ir.ops.packed import (NHWC_OF_NCHW, NCHW_OF_NHWC, pack_conv_pairs, pack_conv_weights,
-                              round_tf32)
+from ..ir.ops.packed import (CHUNK_BYTES, NHWC_OF_NCHW, NCHW_OF_NHWC, channels_fill_chunks,
+                              pack_conv_pairs, pack_conv_weights, round_tf32)
 from ..ir.ops.quantized import dense_weights, pack_rows, tap_sums, unpack_conv_groups
 from ..ir.ops.winograd import winograd_weights
 from ..ir.ops.registry import infer_node
@@ -81,10 +81,6 @@ PAIRED = tuple(p for p in PACKED_PRECISIONS if p != "fp32")
 """Target precisions at which "pack_dense" and "pack_conv" pack weights in bf16 pairs
 (MatMulPacked's and ConvPacked's precision): a target whose layouts include them computes
 those products in bf16 (llvm)."""
-
-CHUNK_BYTES = 16
-"""A cp.async copy: "nhwc_conv" converts convs whose channels fill whole chunks."""
-
 
 def _pack_dense(graph: Graph, node: Node, users, target: Target):
     """MatMul(A, B const) / Gemm(A, B const, C) -> MatMulPacked(A, panels(B), C);
@@ -504,9 +500,8 @@ def _nchw_grouped(node: Node) -> bool:
     if group == 1 or _depthwise(node):
         return False
     x, w = node.inputs[0], node.inputs[1]
-    element = np.dtype(x.type.dtype.np).itemsize
     return not isinstance(w.type.shape[1], int) or \
-        w.type.shape[1] * element % CHUNK_BYTES != 0
+        not channels_fill_chunks(w.type.shape[1], np.dtype(x.type.dtype.np).itemsize)
 
 
 def _beside_grouped(x: Value, y: Value, users) -> bool:

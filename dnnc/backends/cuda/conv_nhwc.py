@@ -43,6 +43,7 @@ from typing import Callable
 
 from ...ir import loop as L
 from ...ir import types as T
+from ...ir.ops.packed import channels_fill_chunks
 from .. import problems
 from ..space import Space, Template
 from .dense import MAX_GRID_YZ, Operand
@@ -68,8 +69,8 @@ def applies(p: problems.Conv2dNHWC) -> bool:
     the grid's z (`MAX_GRID_YZ`)."""
     if p.group == 1:
         return True
-    chunk = 16 // p.x.dtype.itemsize   # (elements a 16-byte chunk)
-    return not p.depthwise and p.w_dims[3] % chunk == 0 and p.group <= MAX_GRID_YZ
+    return not p.depthwise and channels_fill_chunks(p.w_dims[3], p.x.dtype.itemsize) and \
+        p.group <= MAX_GRID_YZ
 
 
 def pointwise(p: problems.Conv2dNHWC) -> bool:

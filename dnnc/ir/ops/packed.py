@@ -229,6 +229,18 @@ NHWC_OF_NCHW = (0, 2, 3, 1)
 """The Transpose perm taking an NCHW tensor to NHWC (OIHW weights to OHWI)."""
 
 
+CHUNK_BYTES = 16
+"""A cp.async copy's bytes: cuda's channels-last convs copy a patch's channels in such chunks
+(`convert_layout` converts convs whose channels fill them whole)."""
+
+
+def channels_fill_chunks(channels: int, itemsize: int) -> bool:
+    """Whether a run of `channels` values of `itemsize` bytes is whole `CHUNK_BYTES` chunks:
+    the condition on a grouped ConvNHWC's channels a group (convert_layout makes no other;
+    cuda's tensor-core conv takes each group's patches as whole copies)."""
+    return channels * itemsize % CHUNK_BYTES == 0
+
+
 def _nchw_type(t: T.TensorType) -> T.TensorType:
     return T.TensorType(t.dtype, tuple(t.shape[i] for i in NCHW_OF_NHWC))
 
