@@ -427,3 +427,52 @@ def test_an_artifact_keeps_the_half_weights(precision, simulated, tmp_path, monk
     graph = loaded.runtime.graph
     assert [v.type.dtype for v in graph.inputs + graph.outputs] == [T.float32, T.float32]
     assert loaded.stats["precision"] == precision
+
+
+@needs_gxx
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_an_additive_mask_of_float32s_lowest_runs_finite_on_host(precision, tmp_path):
+    """transformers' additive attention mask, Softmax(scores + (1 - mask) * finfo(float32).min),
+    stored half: the constant saturates to the half type's lowest finite value (store_half),
+    so the kernels, chained on the host shim, give the float32 model's masked softmax; as
+    -inf it made every kept score NaN (0 * -inf)."""
+    import test_host_semantics as host
+    from dataclasses import replace
+
+    rng = np.random.default_rng(5)
+    scores = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+    mask = (rng.random((2, 1, 1, 8)) < 0.6).astype(np.float32)
+    mask[..., 0] = 1   # every row keeps a position
+    lowest = np.finfo(np.float32).min
+    nodes = [helper.make_node("Sub", ["one", "mask"], ["kept"]),
+             helper.make_node("Mul", ["kept", "lowest"], ["added"]),
+             helper.make_node("Add", ["scores", "added"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["y"], axis=-1)]
+    graph = helper.make_graph(
+        nodes, "masked_softmax",
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, scores.shape),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, mask.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, scores.shape)],
+        [numpy_helper.from_array(np.float32(1), "one"),
+         numpy_helper.from_array(np.float32(lowest), "lowest")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want = np.exp(scores - scores.max(-1, keepdims=True)) * mask
+    want /= want.sum(-1, keepdims=True)   # (the float32 model's masked softmax)
+    target = replace(machine(precision), half_storage=True)
+    optimized, progs = programs(import_onnx(model), machine=target)
+    values = {"scores": scores, "mask": mask}
+    for p, program in enumerate(progs):   # kernels chained: each reads what ran before
+        module = render_module(program.unique)
+        lib = host.host_library(program.unique, tmp_path / f"p{p}", module)
+        for kernel in program.kernels:
+            info = module.kernels[kernel.func.name]
+            ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+                   for v in kernel.inputs]
+            outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+            scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
+            host.launch_on_host(lib, info, ins + outs + scratch)
+            values.update((v.name, a) for v, a in zip(kernel.outputs, outs))
+    got = np.asarray(values[optimized.outputs[0].name], np.float64)
+    assert np.isfinite(got).all()
+    assert (got[np.broadcast_to(mask, got.shape) == 0] == 0).all()
+    np.testing.assert_allclose(got, want, atol=4 * STORAGE[precision][2])
