@@ -286,12 +286,7 @@ def test_zoo_kernels_stored_half_on_host(model, precision, tmp_path):
             if kernel.anchor.op in ("MatMul", "Gemm", "FusedAttention"):   # the real templates
                 assert kernel.schedule[0] in ("cuda_mma_dense", "cuda_gemv",
                                               "cuda_attention"), kernel.schedule
-            info = module.kernels[kernel.func.name]
-            ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
-                   for v in kernel.inputs]
-            outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
-            scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
-            host.launch_on_host(lib, info, ins + outs + scratch)
+            outs, _ = host.kernel_on_host(lib, module, kernel, values)
             for v, got in zip(kernel.outputs, outs):
                 want = np.asarray(values[v.name])
                 halves += v.type.dtype is not T.float32
@@ -465,12 +460,7 @@ def test_an_additive_mask_of_float32s_lowest_runs_finite_on_host(precision, tmp_
         module = render_module(program.unique)
         lib = host.host_library(program.unique, tmp_path / f"p{p}", module)
         for kernel in program.kernels:
-            info = module.kernels[kernel.func.name]
-            ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
-                   for v in kernel.inputs]
-            outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
-            scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
-            host.launch_on_host(lib, info, ins + outs + scratch)
+            outs, _ = host.kernel_on_host(lib, module, kernel, values)
             values.update((v.name, a) for v, a in zip(kernel.outputs, outs))
     got = np.asarray(values[optimized.outputs[0].name], np.float64)
     assert np.isfinite(got).all()

@@ -867,21 +867,29 @@ def _value(v, values: dict, viewed) -> np.ndarray:
     return values[v.name]
 
 
+def kernel_on_host(lib, module, kernel, values) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """`kernel` of a Program launched on the host library `lib` of its `module`, its inputs
+    its constants or `values[name]`, its outputs and workspace poisoned first: (its outputs,
+    its index-error record or None where it checks no index)."""
+    info = module.kernels[kernel.func.name]
+    ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
+           for v in kernel.inputs]
+    outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
+    scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
+    errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in kernel.func.params \
+        else []
+    launch_on_host(lib, info, ins + outs + errors + scratch)
+    return outs, errors[0] if errors else None
+
+
 def run_on_host(lib, module, program, values) -> list[str]:
     """Every kernel of `program` launched on the host library (inputs from `values`, outputs
     poisoned), against `values`: the mismatches."""
     problems = []
     for kernel in program.kernels:
-        info = module.kernels[kernel.func.name]
-        ins = [np.ascontiguousarray(v.const if v.const is not None else values[v.name])
-               for v in kernel.inputs]
-        outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
-        scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
-        errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in \
-            kernel.func.params else []
-        launch_on_host(lib, info, ins + outs + errors + scratch)
-        if errors and errors[0].any():   # the reference's data is in range
-            problems.append(f"{kernel.func.name}: index error recorded: {errors[0]}")
+        outs, errors = kernel_on_host(lib, module, kernel, values)
+        if errors is not None and errors.any():   # the reference's data is in range
+            problems.append(f"{kernel.func.name}: index error recorded: {errors}")
         for v, got in zip(kernel.outputs, outs):
             want = np.asarray(values[v.name])
             try:
