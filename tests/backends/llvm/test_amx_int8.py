@@ -153,7 +153,7 @@ def test_tile_product_accumulates_into_int32_places():
 
 
 @pytest.mark.parametrize("case", ["dense-u8", "dense-s8-tail", "conv-3x3", "conv-stem",
-                                  "pointwise", "conv-t"])
+                                  "pointwise", "pointwise-tail", "conv-t"])
 def test_amx_int8_kernels_compile_for_sapphire_rapids(case):
     rng = np.random.default_rng(3)
     graph, dot = {
@@ -166,6 +166,9 @@ def test_amx_int8_kernels_compile_for_sapphire_rapids(case):
                       "tdpbssd"),
         "pointwise": (lambda: conv_graph(rng, 1, 64, 9, 9, 40, 1, 1, 0, np.int8, np.int8)[0],
                       "tdpbssd"),
+        # k of 10 words, one step that deep: A's tiles configured 40 bytes wide, B's 10 rows
+        "pointwise-tail": (lambda: conv_graph(rng, 1, 40, 9, 9, 40, 1, 1, 0, np.uint8,
+                                              np.int8)[0], "tdpbsud"),
         "conv-t": (lambda: conv_graph(rng, 1, 64, 16, 16, 40, 3, 1, 1, np.uint8, np.int8)[0],
                    "tdpbsud")}[case]
     graph = graph()
