@@ -56,6 +56,9 @@ def render(em, s: L.TileProduct) -> None:
     for each run a loop over its whole k steps carrying them in phis (straight-line for one
     step), then its tail step, stored."""
     b, ops = em.b, _Intrinsics(em.mb, s.precision)
+    if s.tail:   # a function configures a tile register with one shape: the tail's kernel
+        # inlined into the entry beside others of other shapes ran out of tile registers
+        em.fn.attributes.add("noinline")
     rows, width = ir.Constant(I16, L.TILE_ROWS), ir.Constant(I16, TILE_BYTES)
     c0, a0, b0 = (em.address(x.buffer, x.indices) for x in (s.c, s.a, s.b))
     (a_row, a_tile, a_step), (b_row, b_tile, b_step) = s.a_layout, s.b_layout

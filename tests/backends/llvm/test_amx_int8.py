@@ -327,3 +327,42 @@ def test_a_qdq_cnn_on_tiles_equals_onnxruntime_and_vnni(tmp_path, name, activati
     got = compiled(**feeds)
     assert np.array_equal(got, onnxruntime_outputs(path, feeds)[0])
     assert np.array_equal(got, on_vnni(str(path))(**feeds))
+
+
+def squeeze_excitation_chain():
+    """A float chain of 1x1 convs on one pixel, 8 -> 40 -> 4 -> 24 -> 12 -> 96 channels (a
+    squeeze-excitation's shapes), each followed by a Relu."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    chans, nodes, weights, prev = [8, 40, 4, 24, 12, 96], [], [], "x"
+    for i, (c, m) in enumerate(zip(chans, chans[1:])):
+        weights += [numpy_helper.from_array(rng.standard_normal((m, c, 1, 1)).astype(
+            np.float32), f"w{i}"), numpy_helper.from_array(rng.standard_normal(m).astype(
+                np.float32), f"b{i}")]
+        nodes += [helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        prev = f"r{i}"
+    graph = helper.make_graph(
+        nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 1, 1])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 96, 1, 1])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_kernels_of_several_tile_depths_compile_into_one_module(tmp_path):
+    """Serial 1x1 convs of 8 to 40 input channels, each one step of its own depth
+    (`TileProduct.tail`): compiled for a CPU with the tiles, every kernel keeps its own tile
+    configuration (LLVM configures a tile register with one shape a function: inlined into
+    the entry they ran out of tile registers, efficientnet_b0's squeeze-excitations on the
+    AMX host); where the tiles run, the vpdpbusd compile's bits."""
+    pytest.importorskip("onnxruntime")
+    from dnnc.testing.quantized_files import quantize_static
+
+    model = squeeze_excitation_chain()
+    path = quantize_static(model, tmp_path, "se", seed=2)
+    compiled = dnnc.compile(str(path), "llvm", cache=False, cpu=amx_int8_cpu())
+    loop, asm = compiled.source("loop"), compiled.source("asm")
+    assert loop.count("tail=") >= 4 and "tdpbssd" in asm
+    if HAS_AMX_INT8:
+        x = np.random.default_rng(8).standard_normal((1, 8, 1, 1)).astype(np.float32)
+        assert np.array_equal(compiled(x), on_vnni(str(path))(x))
