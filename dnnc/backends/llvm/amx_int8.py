@@ -306,7 +306,7 @@ class _Pointwise:
     """The sizes a config gives a 1x1 stride-1 unpadded conv as blocks of Y^T = W^T X: rows
     the output channels (row_tiles tiles a block), columns an image's pixels (col_tiles)."""
 
-    def __init__(self, p: QuantizedConvProblem, config: AmxInt8Config):
+    def __init__(self, p: QuantizedConvProblem, config: AmxInt8Config, threads: int = 1):
         n, c, h, w = p.x_dims
         self.config, self.images, self.channels = config, n, p.y_dims[1]
         self.pixels = h * w
@@ -326,11 +326,15 @@ class _Pointwise:
         self.units = n * self.row_groups * self.col_groups
         self.tiles = self.row_blocks * config.row_tiles     # tile rows of `wt`
         self.chunks = n * self.col_groups                    # `xq`'s units of pixels
+        # a chunk's rows in slices where the chunks are fewer than the threads (a 14 x 14
+        # plane of 576 channels: 7 chunks of 144 rows)
+        self.slice_rows = -(-self.rows // max(1, min(self.rows, -(-threads // self.chunks))))
+        self.slices = -(-self.rows // self.slice_rows)
         # the larger operand is read where it was made: units of one pixel group side by
         # side (their thread packed those pixels) where the image outweighs W^T, else units
         # of one channel group (their thread copied those tiles)
         self.pixel_major = self.rows * self.width * n >= self.tiles * self.steps * TILE_WORDS
-        self.packs = max(self.chunks, self.tiles)
+        self.packs = max(self.chunks * self.slices, self.tiles)
 
 
 def pointwise_space(p: QuantizedConvProblem, machine) -> Space:
@@ -383,7 +387,7 @@ def pointwise_build(p: QuantizedConvProblem, config: AmxInt8Config, machine) -> 
     takes tens of us at 16 threads, so a region's fork and join count), then every block's
     tile product over C and its store, an output channel's pixels one vector of the NCHW
     plane."""
-    g = _Pointwise(p, config)
+    g = _Pointwise(p, config, machine.threads)
     n, c, h, wid = p.x_dims
     par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
     w = L.Buffer(p.w.name, T.uint32, (-(-g.channels // GROUP_COLUMNS), g.groups,
@@ -393,12 +397,13 @@ def pointwise_build(p: QuantizedConvProblem, config: AmxInt8Config, machine) -> 
     wt = L.Buffer("wt", T.uint32, (g.tiles * g.steps * TILE_WORDS,), L.Scope.GLOBAL)
     xq = L.Buffer("xq", T.uint32, (n * g.rows * g.width,), L.Scope.GLOBAL)
     v = L.Var("v")
-    # pack v: chunk v of the image, and tile row v tiles // packs where v starts it
+    # pack v: slice v of the image, and tile row v tiles // packs where v starts it
     # (tiles <= packs: at most one a pack, spread evenly as the blocks' units spread)
     starts = v * g.tiles % g.packs < g.tiles if g.tiles < g.packs else None
     weights = _pack_weights(g, w, wt, v * g.tiles // g.packs)
     image = _pack_pixels(p, g, x, xq, v)
-    packs = L.seq(image if g.chunks == g.packs else L.If(v < g.chunks, image),
+    images = g.chunks * g.slices
+    packs = L.seq(image if images == g.packs else L.If(v < images, image),
                   weights if starts is None else L.If(starts, weights))
     stmts = [L.For(v, g.packs, packs, par), _pointwise_blocks(p, g, wt, xq, y, par)]
     body = L.Allocate(wt, L.Allocate(xq, L.seq(*stmts)))
@@ -421,13 +426,14 @@ def _pack_weights(g: _Pointwise, w: L.Buffer, wt: L.Buffer, u: L.Expr) -> L.Stmt
 
 def _pack_pixels(p: QuantizedConvProblem, g: _Pointwise, x: L.Buffer, xq: L.Buffer,
                  v: L.Expr) -> L.Stmt:
-    """`xq`'s chunk `v` (image, a unit's pixel blocks) in every row (group kk), word px:
-    channels 4 kk .. 4 kk + 3 of pixel px (past C: channel C - 1, whose weights are 0 in
-    `wt`), a vector of pixels a block; zero past the pixels and for groups past C's (a padded
-    step's)."""
+    """`xq`'s slice `v` (image, a unit's pixel blocks, `slice_rows` rows) in its rows (group
+    kk), word px: channels 4 kk .. 4 kk + 3 of pixel px (past C: channel C - 1, whose weights
+    are 0 in `wt`), a vector of pixels a block; zero past the pixels and for groups past C's
+    (a padded step's)."""
     c, bn = p.x_dims[1], g.bn
-    kk, cl, px = L.Var("kk"), L.Var("cl"), L.Var("px")
-    bi, cb = v // g.col_groups, v % g.col_groups * g.config.unit_cols + cl
+    k, cl, px = L.Var("k"), L.Var("cl"), L.Var("px")
+    chunk, kk = v // g.slices, v % g.slices * g.slice_rows + k
+    bi, cb = chunk // g.col_groups, chunk % g.col_groups * g.config.unit_cols + cl
     word = None
     for t in range(GROUP_DEPTH):
         byte = L.Cast(T.uint32, L.Cast(T.uint8, x[bi, L.minimum(kk * GROUP_DEPTH + t, c - 1),
@@ -450,7 +456,8 @@ def _pack_pixels(p: QuantizedConvProblem, g: _Pointwise, x: L.Buffer, xq: L.Buff
         pixels = L.If(kk < g.groups, pixels, block(bn, zero))
     blocks = L.For(cl, g.config.unit_cols, L.If(cb < g.col_blocks, pixels)
                    if g.col_blocks % g.config.unit_cols else pixels)
-    return L.For(kk, g.rows, blocks)
+    return L.For(k, g.slice_rows, L.If(kk < g.rows, blocks)
+                 if g.rows % g.slice_rows else blocks)
 
 
 def _pointwise_blocks(p: QuantizedConvProblem, g: _Pointwise, wt: L.Buffer, xq: L.Buffer,

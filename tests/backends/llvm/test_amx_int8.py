@@ -289,6 +289,30 @@ def test_every_config_of_the_space_equals_the_reference(case, mode):
         assert np.array_equal(got, want), config
 
 
+@pytest.mark.parametrize("threads", [2, 16])
+@pytest.mark.parametrize("shape", [(1, 52, 10, 10, 40), (1, 576, 14, 14, 96),
+                                   (1, 960, 7, 7, 160), (2, 16, 20, 20, 96)],
+                         ids=lambda s: "n{}c{}_{}x{}_m{}".format(*s))
+def test_pointwise_packs_for_each_thread_count_equal_the_reference(shape, threads, mode):
+    """amx_pointwise_int8 scheduled for 2 and 16 threads (run on this host's pool): the
+    image's chunks in row slices where they are fewer than the threads (13 rows in slices
+    of 4, 144 of 36), W^T's tile rows spread over the packs, units pixel-major or not (the
+    larger operand's), k of one step under 64 channels: the reference's bits."""
+    import dataclasses
+
+    n, c, h, w, m = shape
+    rng = np.random.default_rng(c * m + threads)
+    graph, x, want = conv_graph(rng, n, c, h, w, m, 1, 1, 0, np.uint8, np.int8)
+    kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
+    machine = dataclasses.replace(REGISTRY["llvm"].target(amx_int8_cpu()), threads=threads)
+    assert template_for(kernel, machine=machine)[0].name == "amx_pointwise_int8"
+    func = schedule_kernel(kernel, machine)
+    inputs = [np.ascontiguousarray(v.const if v.const is not None else x)
+              for v in kernel.inputs]
+    (got,), = run_all([func], inputs, [want])
+    assert np.array_equal(got, want)
+
+
 def test_a_dynamically_quantized_transformer_on_tiles_equals_vnni(tmp_path, mode):
     """bert_tiny through onnxruntime's quantize_dynamic: every MatMulInteger on the tiles
     (uint8 activations), the outputs the vpdpbusd compile's bits and onnxruntime's within its
