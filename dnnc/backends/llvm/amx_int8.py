@@ -35,7 +35,9 @@ flipped to A + 128 and the zero point's compensation is za sum_k w[k, j]
   weights are copied once a call into tiles of W^T (`wt`), the image into groups of 4
   channels by pixels (`xq`, the B operand: a tile row is one group at 16 pixels, made a vector
   of pixels at a time as `int8`'s pack makes `quads`; C under 64 channels one step of its
-  groups, not padded to 16). Knobs `AmxInt8Config` (row tiles are
+  groups, not padded to 16), a unit's pixels at a time (in row slices where those chunks
+  are fewer than the threads), the units pixel-major where the image outweighs W^T so that
+  a unit reads the pixels its own thread packed. Knobs `AmxInt8Config` (row tiles are
   output channels, column tiles pixels; 2 x 2 by default).
 
 It must never be chosen for a target without the tiles (its Templates' `features`), nor read
