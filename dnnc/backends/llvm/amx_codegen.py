@@ -1,8 +1,8 @@
 """Render the loop IR's `TileProduct` as AMX tile instructions: LLVM's
 `llvm.x86.tileloadd64.internal`, `tilezero.internal`, the precision's dot (`amx.TILE_DOTS`:
 `tdpbf16ps.internal`, `tdpbusd.internal`) and `tilestored64.internal` on values of type
-`x86_amx`, whose tile configuration (`ldtilecfg`, every tile 16 rows of 64 bytes) LLVM emits
-itself. The k loop carries C's tiles in registers (phis), each step loading its A and B
+`x86_amx`, whose tile configuration (`ldtilecfg`: C's tiles 16 rows of 64 bytes, A's and
+B's a step's depth: 16 words, or the tail's fewer) LLVM emits itself. The k loop carries C's tiles in registers (phis), each step loading its A and B
 tiles once for all of C's.
 
 On a CPU without the tiles (`expand_tile_products`) a `TileProduct` becomes loops of the
@@ -53,9 +53,12 @@ class _Intrinsics:
 
 def render(em, s: L.TileProduct) -> None:
     """Emit `s` (`TileProduct`) at the emitter `em`'s builder: C's tiles loaded (or zeroed),
-    for each run a loop over its k steps carrying them in phis (straight-line for one step),
-    stored."""
+    for each run a loop over its whole k steps carrying them in phis (straight-line for one
+    step), then its tail step, stored."""
     b, ops = em.b, _Intrinsics(em.mb, s.precision)
+    if s.tail:   # a function configures a tile register with one shape: the tail's kernel
+        # inlined into the entry beside others of other shapes ran out of tile registers
+        em.fn.attributes.add("noinline")
     rows, width = ir.Constant(I16, L.TILE_ROWS), ir.Constant(I16, TILE_BYTES)
     c0, a0, b0 = (em.address(x.buffer, x.indices) for x in (s.c, s.a, s.b))
     (a_row, a_tile, a_step), (b_row, b_tile, b_step) = s.a_layout, s.b_layout
@@ -79,38 +82,50 @@ def render(em, s: L.TileProduct) -> None:
         acc = [[b.call(ops.zero, [rows, width]) for _ in range(s.n_tiles)]
                for _ in range(s.m_tiles)]
 
-    def step(t, tiles, a_run: int, b_run: int):
-        a_tiles = [b.call(ops.load, [rows, width, at(a0, a_run + r * a_tile, t, a_step),
+    def step(t, tiles, a_run: int, b_run: int, words: int = L.TILE_ROWS):
+        """One step of k, `words` words deep: A's tiles `words` words wide, B's `words`
+        rows (the shapes LLVM configures the tiles with)."""
+        depth, k_rows = ir.Constant(I16, 4 * words), ir.Constant(I16, words)
+        a_tiles = [b.call(ops.load, [rows, depth, at(a0, a_run + r * a_tile, t, a_step),
                                      stride(a_row)]) for r in range(s.m_tiles)]
-        b_tiles = [b.call(ops.load, [rows, width, at(b0, b_run + j * b_tile, t, b_step),
+        b_tiles = [b.call(ops.load, [k_rows, width, at(b0, b_run + j * b_tile, t, b_step),
                                      stride(b_row)]) for j in range(s.n_tiles)]
-        return [[b.call(ops.dot, [rows, width, width, tiles[r][j], a_tiles[r], b_tiles[j]])
+        return [[b.call(ops.dot, [rows, width, depth, tiles[r][j], a_tiles[r], b_tiles[j]])
                  for j in range(s.n_tiles)] for r in range(s.m_tiles)]
 
     for a_run, b_run in s.runs:   # (C's tiles carried from run to run)
-        if s.steps == 1:
+        if s.steps > 1:
+            acc = _steps(em, s, acc, lambda t, tiles: step(t, tiles, a_run, b_run))
+        elif s.steps == 1:
             acc = step(None, acc, a_run, b_run)
-            continue
-        head = b.block
-        body = em.fn.append_basic_block("tiles.k")
-        done = em.fn.append_basic_block("tiles.done")
-        b.branch(body)
-        b.position_at_end(body)
-        t = b.phi(I64, "t")
-        t.add_incoming(ir.Constant(I64, 0), head)
-        phis = [[b.phi(TILE, f"c{r}{j}") for j in range(s.n_tiles)] for r in range(s.m_tiles)]
-        for r, j in _grid(s):
-            phis[r][j].add_incoming(acc[r][j], head)
-        out = step(t, phis, a_run, b_run)
-        t_next = b.add(t, ir.Constant(I64, 1))
-        t.add_incoming(t_next, b.block)
-        for r, j in _grid(s):
-            phis[r][j].add_incoming(out[r][j], b.block)
-        b.cbranch(b.icmp_unsigned("<", t_next, ir.Constant(I64, s.steps)), body, done)
-        b.position_at_end(done)
-        acc = out
+        if s.tail:
+            acc = step(ir.Constant(I64, s.steps), acc, a_run, b_run, s.tail)
     for r, j in _grid(s):
         b.call(ops.store, [rows, width, c_at[r][j], stride(s.c_row), acc[r][j]])
+
+
+def _steps(em, s: L.TileProduct, acc, step):
+    """A loop over the run's `steps` whole steps, C's tiles carried in phis; their values
+    after it."""
+    b = em.b
+    head = b.block
+    body = em.fn.append_basic_block("tiles.k")
+    done = em.fn.append_basic_block("tiles.done")
+    b.branch(body)
+    b.position_at_end(body)
+    t = b.phi(I64, "t")
+    t.add_incoming(ir.Constant(I64, 0), head)
+    phis = [[b.phi(TILE, f"c{r}{j}") for j in range(s.n_tiles)] for r in range(s.m_tiles)]
+    for r, j in _grid(s):
+        phis[r][j].add_incoming(acc[r][j], head)
+    out = step(t, phis)
+    t_next = b.add(t, ir.Constant(I64, 1))
+    t.add_incoming(t_next, b.block)
+    for r, j in _grid(s):
+        phis[r][j].add_incoming(out[r][j], b.block)
+    b.cbranch(b.icmp_unsigned("<", t_next, ir.Constant(I64, s.steps)), body, done)
+    b.position_at_end(done)
+    return out
 
 
 def _grid(s: L.TileProduct):
@@ -164,7 +179,8 @@ _DOTS = {
 
 def _expanded(s: L.TileProduct) -> L.Stmt:
     """`s` as loops: each row of each C tile summed in a 16-lane local vector, one dot of
-    the precision (`_DOTS`) per (run, step, word) and column, in that order."""
+    the precision (`_DOTS`) per (run, step, word) and column, in that order (the tail's
+    words last in each run)."""
     dot_of = _DOTS[s.precision]
     (c, c0), (a, a0), (b, b0) = (_flat(x) for x in (s.c, s.a, s.b))
     (a_row, a_tile, a_step), (b_row, b_tile, b_step) = s.a_layout, s.b_layout
@@ -178,12 +194,18 @@ def _expanded(s: L.TileProduct) -> L.Stmt:
     start = c[c_at] if s.accumulate else L.const(0, acc_type)
     init = L.For(col, rows, L.Store(acc, (col,), start), vec)
 
-    def run(a_run: int, b_run: int) -> L.Stmt:
-        dot = L.Let(word, a[a0 + a_run + r * a_tile + t * a_step + i * a_row + q], L.For(
+    def words(a_run: int, b_run: int, step: L.Expr, count: int) -> L.Stmt:
+        """The dots of `count` words of k at `step`."""
+        dot = L.Let(word, a[a0 + a_run + r * a_tile + step * a_step + i * a_row + q], L.For(
             col, rows, L.Store(acc, (col,), dot_of(
-                acc[col], word, b[b0 + b_run + t * b_step + j * b_tile + q * b_row + col])),
+                acc[col], word, b[b0 + b_run + step * b_step + j * b_tile + q * b_row + col])),
             vec))
-        return L.For(t, s.steps, L.For(q, rows, dot))
+        return L.For(q, count, dot)
+
+    def run(a_run: int, b_run: int) -> L.Stmt:
+        whole = L.For(t, s.steps, words(a_run, b_run, t, rows)) if s.steps else None
+        tail = words(a_run, b_run, L.const(s.steps), s.tail) if s.tail else None
+        return L.seq(*(x for x in (whole, tail) if x is not None))
 
     done = L.For(col, rows, L.Store(c, (c_at,), acc[col]), vec)
     row = L.Allocate(acc, L.seq(init, *(run(*offsets) for offsets in s.runs), done))

@@ -34,7 +34,10 @@ flipped to A + 128 and the zero point's compensation is za sum_k w[k, j]
   the plane (the pixel-rows tile scattered them; amx_dense's Y^T has the same reason). The
   weights are copied once a call into tiles of W^T (`wt`), the image into groups of 4
   channels by pixels (`xq`, the B operand: a tile row is one group at 16 pixels, made a vector
-  of pixels at a time as `int8`'s pack makes `quads`). Knobs `AmxInt8Config` (row tiles are
+  of pixels at a time as `int8`'s pack makes `quads`; C under 64 channels one step of its
+  groups, not padded to 16), a unit's pixels at a time (in row slices where those chunks
+  are fewer than the threads), the units pixel-major where the image outweighs W^T so that
+  a unit reads the pixels its own thread packed. Knobs `AmxInt8Config` (row tiles are
   output channels, column tiles pixels; 2 x 2 by default).
 
 It must never be chosen for a target without the tiles (its Templates' `features`), nor read
@@ -305,13 +308,17 @@ class _Pointwise:
     """The sizes a config gives a 1x1 stride-1 unpadded conv as blocks of Y^T = W^T X: rows
     the output channels (row_tiles tiles a block), columns an image's pixels (col_tiles)."""
 
-    def __init__(self, p: QuantizedConvProblem, config: AmxInt8Config):
+    def __init__(self, p: QuantizedConvProblem, config: AmxInt8Config, threads: int = 1):
         n, c, h, w = p.x_dims
         self.config, self.images, self.channels = config, n, p.y_dims[1]
         self.pixels = h * w
-        self.groups = -(-c // GROUP_DEPTH)
+        self.groups = -(-c // GROUP_DEPTH)              # words of k
+        # k under one step: one step of its words (`TileProduct.tail`); else whole steps,
+        # the last padded (a tail beside whole steps takes 4 more tile registers)
+        self.tail = self.groups if self.groups < ROWS else 0
         self.steps = -(-self.groups // ROWS)
-        self.k16 = self.steps * ROWS
+        self.whole = 0 if self.tail else self.steps
+        self.rows = self.tail or self.steps * ROWS      # rows of `xq` an image
         self.bm, self.bn = ROWS * config.row_tiles, ROWS * config.col_tiles
         self.row_blocks = -(-self.channels // self.bm)
         self.col_blocks = -(-self.pixels // self.bn)
@@ -319,6 +326,17 @@ class _Pointwise:
         self.row_groups = -(-self.row_blocks // config.unit_rows)
         self.col_groups = -(-self.col_blocks // config.unit_cols)
         self.units = n * self.row_groups * self.col_groups
+        self.tiles = self.row_blocks * config.row_tiles     # tile rows of `wt`
+        self.chunks = n * self.col_groups                    # `xq`'s units of pixels
+        # a chunk's rows in slices where the chunks are fewer than the threads (a 14 x 14
+        # plane of 576 channels: 7 chunks of 144 rows)
+        self.slice_rows = -(-self.rows // max(1, min(self.rows, -(-threads // self.chunks))))
+        self.slices = -(-self.rows // self.slice_rows)
+        # the larger operand is read where it was made: units of one pixel group side by
+        # side (their thread packed those pixels) where the image outweighs W^T, else units
+        # of one channel group (their thread copied those tiles)
+        self.pixel_major = self.rows * self.width * n >= self.tiles * self.steps * TILE_WORDS
+        self.packs = max(self.chunks * self.slices, self.tiles)
 
 
 def pointwise_space(p: QuantizedConvProblem, machine) -> Space:
@@ -364,24 +382,32 @@ def y_t_default(m: int, pixels: int, n: int, machine) -> AmxInt8Config:
 def pointwise_build(p: QuantizedConvProblem, config: AmxInt8Config, machine) -> L.PrimFunc:
     """Each call: the weights copied into tiles of W^T (`wt`: [channel tiles, steps, 16
     channels, 16 groups], zero past M and C) and the image into groups of 4 channels by pixels
-    (`xq`: [images, steps x 16, pixels rounded up to a block], zero past C and the pixels,
-    vector rows as `int8`'s pack), both in one parallel region (a layer takes tens of us at 16
-    threads, so a region's fork and join count), then every block's tile product over C and
-    its store, an output channel's pixels one vector of the NCHW plane."""
-    g = _Pointwise(p, config)
+    (`xq`: [images, groups, pixels rounded up to a block], zero past the pixels, vector rows
+    as `int8`'s pack; groups: ceil(C / 4) where under 16, one step of that depth
+    (`TileProduct.tail`: a 16-channel layer's image was three quarters zeros padded to 64
+    bytes), else padded to whole steps with zero rows), both in one parallel region (a layer
+    takes tens of us at 16 threads, so a region's fork and join count), then every block's
+    tile product over C and its store, an output channel's pixels one vector of the NCHW
+    plane."""
+    g = _Pointwise(p, config, machine.threads)
     n, c, h, wid = p.x_dims
     par = L.ForKind.PARALLEL if machine.threads > 1 else L.ForKind.SERIAL
     w = L.Buffer(p.w.name, T.uint32, (-(-g.channels // GROUP_COLUMNS), g.groups,
                                       GROUP_COLUMNS))
     x = L.Buffer(p.x.name, p.x.dtype, (n, c, g.pixels))
     y = L.Buffer(p.y.name, p.y.dtype, (n, g.channels, g.pixels))
-    tiles = g.row_blocks * config.row_tiles
-    wt = L.Buffer("wt", T.uint32, (tiles * g.steps * TILE_WORDS,), L.Scope.GLOBAL)
-    xq = L.Buffer("xq", T.uint32, (n * g.k16 * g.width,), L.Scope.GLOBAL)
+    wt = L.Buffer("wt", T.uint32, (g.tiles * g.steps * TILE_WORDS,), L.Scope.GLOBAL)
+    xq = L.Buffer("xq", T.uint32, (n * g.rows * g.width,), L.Scope.GLOBAL)
     v = L.Var("v")
-    packs = L.For(v, tiles + n * g.k16, L.If(
-        v < tiles, _pack_weights(g, w, wt, v), _pack_pixels(p, g, x, xq, v - tiles)), par)
-    stmts = [packs, _pointwise_blocks(p, g, wt, xq, y, par)]
+    # pack v: slice v of the image, and tile row v tiles // packs where v starts it
+    # (tiles <= packs: at most one a pack, spread evenly as the blocks' units spread)
+    starts = v * g.tiles % g.packs < g.tiles if g.tiles < g.packs else None
+    weights = _pack_weights(g, w, wt, v * g.tiles // g.packs)
+    image = _pack_pixels(p, g, x, xq, v)
+    images = g.chunks * g.slices
+    packs = L.seq(image if images == g.packs else L.If(v < images, image),
+                  weights if starts is None else L.If(starts, weights))
+    stmts = [L.For(v, g.packs, packs, par), _pointwise_blocks(p, g, wt, xq, y, par)]
     body = L.Allocate(wt, L.Allocate(xq, L.seq(*stmts)))
     views = {b.name: b for b in (w, x, y)}
     params = tuple(views.get(b.name, b) for b in p.params)
@@ -402,46 +428,63 @@ def _pack_weights(g: _Pointwise, w: L.Buffer, wt: L.Buffer, u: L.Expr) -> L.Stmt
 
 def _pack_pixels(p: QuantizedConvProblem, g: _Pointwise, x: L.Buffer, xq: L.Buffer,
                  v: L.Expr) -> L.Stmt:
-    """`xq`'s row `v` (image, group kk), word px: channels 4 kk .. 4 kk + 3 of pixel px (past
-    C: channel C - 1, whose weights are 0 in `wt`), a vector of pixels a row; zero past the
-    pixels and for groups past C's."""
-    c = p.x_dims[1]
-    px = L.Var("px")
-    bi, kk = v // g.k16, v % g.k16
+    """`xq`'s slice `v` (image, a unit's pixel blocks, `slice_rows` rows) in its rows (group
+    kk), word px: channels 4 kk .. 4 kk + 3 of pixel px (past C: channel C - 1, whose weights
+    are 0 in `wt`), a vector of pixels a block; zero past the pixels and for groups past C's
+    (a padded step's)."""
+    c, bn = p.x_dims[1], g.bn
+    k, cl, px = L.Var("k"), L.Var("cl"), L.Var("px")
+    chunk, kk = v // g.slices, v % g.slices * g.slice_rows + k
+    bi, cb = chunk // g.col_groups, chunk % g.col_groups * g.config.unit_cols + cl
     word = None
     for t in range(GROUP_DEPTH):
         byte = L.Cast(T.uint32, L.Cast(T.uint8, x[bi, L.minimum(kk * GROUP_DEPTH + t, c - 1),
-                                                  px]))
+                                                  cb * bn + px]))
         byte = byte if t == 0 else L.BinOp("<<", byte, L.Const(8 * t, T.uint32))
         word = byte if word is None else L.BinOp("|", word, byte)
     vec = L.ForKind.VECTORIZED
     zero = L.Const(0, T.uint32)
-    pixels = L.For(px, g.pixels, L.Store(xq, (v * g.width + px,), word), vec)
-    if g.width > g.pixels:
-        pixels = L.seq(pixels, L.For(px, g.width - g.pixels, L.Store(
-            xq, (v * g.width + g.pixels + px,), zero), vec))
-    return pixels if g.k16 == g.groups else L.If(kk < g.groups, pixels, L.For(
-        px, g.width, L.Store(xq, (v * g.width + px,), zero), vec))
+    row = (bi * g.rows + kk) * g.width + cb * bn
+
+    def block(count: int, value: L.Expr) -> L.Stmt:
+        return L.For(px, count, L.Store(xq, (row + px,), value), vec)
+
+    last = g.pixels - (g.col_blocks - 1) * bn
+    pixels = block(bn, word)
+    if last < bn:   # the last block: its pixels, then zeros
+        pixels = L.If(cb < g.col_blocks - 1, pixels, L.seq(block(last, word), L.For(
+            px, bn - last, L.Store(xq, (row + last + px,), zero), vec)))
+    if g.rows > g.groups:
+        pixels = L.If(kk < g.groups, pixels, block(bn, zero))
+    blocks = L.For(cl, g.config.unit_cols, L.If(cb < g.col_blocks, pixels)
+                   if g.col_blocks % g.config.unit_cols else pixels)
+    return L.For(k, g.slice_rows, L.If(kk < g.rows, blocks)
+                 if g.rows % g.slice_rows else blocks)
 
 
 def _pointwise_blocks(p: QuantizedConvProblem, g: _Pointwise, wt: L.Buffer, xq: L.Buffer,
                       y: L.Buffer, par: L.ForKind) -> L.Stmt:
     """Every unit's blocks, channel blocks outside pixel blocks (a unit writes its planes
     front to back: amx_dense.ORDER_OF_Y_T's finding), each C^T over every step then its
-    store."""
+    store; units of a pixel group side by side where `pixel_major` (the pack's chunk v is
+    unit v's pixels then), else of a channel group."""
     c = g.config
     v, rl, cl = L.Var("v"), L.Var("rl"), L.Var("cl")
     per_image = g.row_groups * g.col_groups
     bi, rest = v // per_image, v % per_image
-    rb = rest // g.col_groups * c.unit_rows + rl
-    cb = rest % g.col_groups * c.unit_cols + cl
+    if g.pixel_major:
+        rb = rest % g.row_groups * c.unit_rows + rl
+        cb = rest // g.row_groups * c.unit_cols + cl
+    else:
+        rb = rest // g.col_groups * c.unit_rows + rl
+        cb = rest % g.col_groups * c.unit_cols + cl
     cacc = L.Buffer("cacc", T.int32, (g.bm * g.bn,), L.Scope.LOCAL)
     product = L.TileProduct(
         tile_precision(p, transposed=True), cacc[0],
         wt[rb * c.row_tiles * g.steps * TILE_WORDS],
-        xq[bi * g.k16 * g.width + cb * g.bn], g.bn,
+        xq[bi * g.rows * g.width + cb * g.bn], g.bn,
         (ROWS, g.steps * TILE_WORDS, TILE_WORDS), (g.width, ROWS, ROWS * g.width),
-        c.row_tiles, c.col_tiles, g.steps, accumulate=False)
+        c.row_tiles, c.col_tiles, g.whole, accumulate=False, tail=g.tail)
     sx, sy = L.Var("sx"), L.Var("sy")
     ch, pix = rb * g.bm + sx, cb * g.bn + sy
     ow = p.y_dims[3]

@@ -857,8 +857,12 @@ class TileProduct(Stmt):
     u8s8, s8s8 and s8u8, the four products of A's and B's bytes, unsigned or signed as the
     name says (A's first), summed in int32 with wraparound (tdpbusd, tdpbssd, tdpbsud). `runs`:
     (A, B) offsets in words of k's runs of `steps` steps each, one after another with C in
-    the tile registers (a convolution's taps; by default one run at offset 0). GPU backends
-    do not render it."""
+    the tile registers (a convolution's taps; by default one run at offset 0). `tail`: each
+    run's last step, after its `steps` whole ones, holds only `tail` words of k (0: none),
+    A's rows `tail` words wide and B `tail` rows (tiles configured that size: k's padding
+    neither packed nor multiplied). A function configures each tile register with one shape,
+    so a tail beside whole steps holds registers of both (`registers`). GPU backends do not
+    render it."""
 
     precision: str
     c: Load
@@ -872,16 +876,23 @@ class TileProduct(Stmt):
     steps: int
     accumulate: bool = True
     runs: tuple[tuple[int, int], ...] = ((0, 0),)
+    tail: int = 0
 
     def __hash__(self):
         return hash(("TileProduct", self.precision, self.c, self.a, self.b, self.c_row,
                      self.a_layout, self.b_layout, self.m_tiles, self.n_tiles, self.steps,
-                     self.accumulate, self.runs))
+                     self.accumulate, self.runs, self.tail))
 
     @property
     def tiles(self) -> int:
         """Tile registers the block holds at once: C's, a step's A and B tiles."""
         return self.m_tiles * self.n_tiles + self.m_tiles + self.n_tiles
+
+    @property
+    def registers(self) -> int:
+        """Tile registers the product takes: `tiles`, and where a tail follows whole steps
+        its A and B tiles too (a register keeps one shape in a function)."""
+        return self.tiles + (self.m_tiles + self.n_tiles if self.tail and self.steps else 0)
 
 
 TILE_REGISTERS = 8

@@ -122,6 +122,7 @@ def print_stmt(s: Stmt, indent: int = 0) -> str:
         return (f"{pad}tile_product_{s.precision}_{s.m_tiles}x{s.n_tiles}("
                 f"{print_expr(s.c)} rows {s.c_row} {op} a={print_expr(s.a)} {s.a_layout}, "
                 f"b={print_expr(s.b)} {s.b_layout}, steps={s.steps}"
+                f"{f', tail={s.tail}' if s.tail else ''}"
                 f"{'' if s.runs == ((0, 0),) else f', runs={list(s.runs)}'})\n")
     raise TypeError(f"not a statement: {s!r}")
 

@@ -17,7 +17,7 @@ from .nodes import (
     TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, ClusterBarrier, Const,
     CopyAsync, IM2COL_RANK,
     For, If, LdMatrix, Let, Load, MBARRIER_OPS, Mbarrier, Mma, Prefetch, PrimFunc, ProxyFence,
-    Reduce, Scope, Select, Seq, Store, TMA_RANK, TileProduct, TmaLoad, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
+    Reduce, Scope, Select, Seq, Store, TILE_ROWS, TMA_RANK, TileProduct, TmaLoad, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from .printer import print_expr
 from .traversal import walk
 
@@ -274,8 +274,8 @@ def _check_tma_load(func, s: TmaLoad, gpu: set) -> None:
 
 def _check_tile_product(func, s: TileProduct, gpu: set) -> None:
     """A tile unit's product: on a CPU (outside the GPU loops), a known precision, C's places
-    of its accumulator type, uint32 operands, at most `TILE_REGISTERS` tiles at once, and
-    positive strides (rows of 16 elements never overlapping)."""
+    of its accumulator type, uint32 operands, at most `TILE_REGISTERS` tiles at once, a step
+    at least (whole or the tail's, of fewer than 16 words), and positive strides (rows of 16 elements never overlapping)."""
     if gpu:
         raise LoopIRError(f"{func.name}: tile product inside the GPU loops")
     acc = TILE_PRECISIONS.get(s.precision)
@@ -289,9 +289,11 @@ def _check_tile_product(func, s: TileProduct, gpu: set) -> None:
     if not s.runs or any(len(r) != 2 or min(r) < 0 for r in s.runs):
         raise LoopIRError(f"{func.name}: tile product runs {s.runs} (one at least, of "
                           f"offsets (A, B) at least 0)")
-    if min(s.m_tiles, s.n_tiles, s.steps) < 1 or s.tiles > TILE_REGISTERS:
+    if min(s.m_tiles, s.n_tiles, s.steps + (s.tail > 0)) < 1 or s.steps < 0 or \
+            s.registers > TILE_REGISTERS or not 0 <= s.tail < TILE_ROWS:
         raise LoopIRError(f"{func.name}: tile product of {s.m_tiles} x {s.n_tiles} tiles "
-                          f"({s.tiles} registers of {TILE_REGISTERS}), {s.steps} steps")
+                          f"({s.registers} registers of {TILE_REGISTERS}), {s.steps} steps, a "
+                          f"last step of {s.tail} words (0 to {TILE_ROWS - 1})")
     if s.c_row < 16 or s.a_layout[0] < 16 or s.b_layout[0] < 16 or \
             min(s.a_layout + s.b_layout) < 0:
         raise LoopIRError(f"{func.name}: tile product strides {s.c_row}, {s.a_layout}, "

@@ -153,7 +153,7 @@ def test_tile_product_accumulates_into_int32_places():
 
 
 @pytest.mark.parametrize("case", ["dense-u8", "dense-s8-tail", "conv-3x3", "conv-stem",
-                                  "pointwise", "conv-t"])
+                                  "pointwise", "pointwise-tail", "conv-t"])
 def test_amx_int8_kernels_compile_for_sapphire_rapids(case):
     rng = np.random.default_rng(3)
     graph, dot = {
@@ -166,6 +166,9 @@ def test_amx_int8_kernels_compile_for_sapphire_rapids(case):
                       "tdpbssd"),
         "pointwise": (lambda: conv_graph(rng, 1, 64, 9, 9, 40, 1, 1, 0, np.int8, np.int8)[0],
                       "tdpbssd"),
+        # k of 10 words, one step that deep: A's tiles configured 40 bytes wide, B's 10 rows
+        "pointwise-tail": (lambda: conv_graph(rng, 1, 40, 9, 9, 40, 1, 1, 0, np.uint8,
+                                              np.int8)[0], "tdpbsud"),
         "conv-t": (lambda: conv_graph(rng, 1, 64, 16, 16, 40, 3, 1, 1, np.uint8, np.int8)[0],
                    "tdpbsud")}[case]
     graph = graph()
@@ -286,6 +289,30 @@ def test_every_config_of_the_space_equals_the_reference(case, mode):
         assert np.array_equal(got, want), config
 
 
+@pytest.mark.parametrize("threads", [2, 16])
+@pytest.mark.parametrize("shape", [(1, 52, 10, 10, 40), (1, 576, 14, 14, 96),
+                                   (1, 960, 7, 7, 160), (2, 16, 20, 20, 96)],
+                         ids=lambda s: "n{}c{}_{}x{}_m{}".format(*s))
+def test_pointwise_packs_for_each_thread_count_equal_the_reference(shape, threads, mode):
+    """amx_pointwise_int8 scheduled for 2 and 16 threads (run on this host's pool): the
+    image's chunks in row slices where they are fewer than the threads (13 rows in slices
+    of 4, 144 of 36), W^T's tile rows spread over the packs, units pixel-major or not (the
+    larger operand's), k of one step under 64 channels: the reference's bits."""
+    import dataclasses
+
+    n, c, h, w, m = shape
+    rng = np.random.default_rng(c * m + threads)
+    graph, x, want = conv_graph(rng, n, c, h, w, m, 1, 1, 0, np.uint8, np.int8)
+    kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
+    machine = dataclasses.replace(REGISTRY["llvm"].target(amx_int8_cpu()), threads=threads)
+    assert template_for(kernel, machine=machine)[0].name == "amx_pointwise_int8"
+    func = schedule_kernel(kernel, machine)
+    inputs = [np.ascontiguousarray(v.const if v.const is not None else x)
+              for v in kernel.inputs]
+    (got,), = run_all([func], inputs, [want])
+    assert np.array_equal(got, want)
+
+
 def test_a_dynamically_quantized_transformer_on_tiles_equals_vnni(tmp_path, mode):
     """bert_tiny through onnxruntime's quantize_dynamic: every MatMulInteger on the tiles
     (uint8 activations), the outputs the vpdpbusd compile's bits and onnxruntime's within its
@@ -324,3 +351,42 @@ def test_a_qdq_cnn_on_tiles_equals_onnxruntime_and_vnni(tmp_path, name, activati
     got = compiled(**feeds)
     assert np.array_equal(got, onnxruntime_outputs(path, feeds)[0])
     assert np.array_equal(got, on_vnni(str(path))(**feeds))
+
+
+def squeeze_excitation_chain():
+    """A float chain of 1x1 convs on one pixel, 8 -> 40 -> 4 -> 24 -> 12 -> 96 channels (a
+    squeeze-excitation's shapes), each followed by a Relu."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    chans, nodes, weights, prev = [8, 40, 4, 24, 12, 96], [], [], "x"
+    for i, (c, m) in enumerate(zip(chans, chans[1:])):
+        weights += [numpy_helper.from_array(rng.standard_normal((m, c, 1, 1)).astype(
+            np.float32), f"w{i}"), numpy_helper.from_array(rng.standard_normal(m).astype(
+                np.float32), f"b{i}")]
+        nodes += [helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        prev = f"r{i}"
+    graph = helper.make_graph(
+        nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 1, 1])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 96, 1, 1])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_kernels_of_several_tile_depths_compile_into_one_module(tmp_path):
+    """Serial 1x1 convs of 8 to 40 input channels, each one step of its own depth
+    (`TileProduct.tail`): compiled for a CPU with the tiles, every kernel keeps its own tile
+    configuration (LLVM configures a tile register with one shape a function: inlined into
+    the entry they ran out of tile registers, efficientnet_b0's squeeze-excitations on the
+    AMX host); where the tiles run, the vpdpbusd compile's bits."""
+    pytest.importorskip("onnxruntime")
+    from dnnc.testing.quantized_files import quantize_static
+
+    model = squeeze_excitation_chain()
+    path = quantize_static(model, tmp_path, "se", seed=2)
+    compiled = dnnc.compile(str(path), "llvm", cache=False, cpu=amx_int8_cpu())
+    loop, asm = compiled.source("loop"), compiled.source("asm")
+    assert loop.count("tail=") >= 4 and "tdpbssd" in asm
+    if HAS_AMX_INT8:
+        x = np.random.default_rng(8).standard_normal((1, 8, 1, 1)).astype(np.float32)
+        assert np.array_equal(compiled(x), on_vnni(str(path))(x))
