@@ -24,21 +24,26 @@ into shared memory, and an output whose place has some makes its sum NaN unless 
 them meets an entry of its row (its sum is then non-finite already: counted exactly, on
 that rare path only), as the llvm template's `_Flag.fix`.
 
-Staged (`SpmmConfig.staged`; the default where its blocks fill the GPU twice over): B's
-slices of `slice_depth` columns (the CSR rows' slices, `starts[j, s]`: find_sparsity's
-GPU_SLICE_DEPTH) are copied a tile of places at a time into shared memory by the whole block,
-and each subwarp runs `row_steps` rows' entries of the slice against it (`_StagedSpmm`): an
-activation is read from L2 once a block of `block_rows * row_steps` rows, not once an entry
-(the unstaged product's 2.7-4.2 TFLOP/s on an H200 were its L2 reads). The staging reads a
-SparseDense's A directly (coalesced along a row of A; the stores to shared memory transpose)
-and flags the places holding a non-finite activation, so the product is one kernel; an
-output of a flagged place counts them over the depth on that rare path.
+Staged (`SpmmConfig.staged`; the default where STAGED_PLACES says it pays): B's slices of
+`slice_depth` columns (the CSR rows' slices, `starts[j, s]`: find_sparsity's GPU_SLICE_DEPTH)
+are copied a tile of places at a time into shared memory by the whole block, and each subwarp
+runs `row_steps` rows' entries of the slice against it (`_StagedSpmm`): an activation is read
+from L2 once a block of `block_rows * row_steps` rows (128 by default: 12.8 entries use it at
+90% zeros), not once an entry (the unstaged product's 2.7-4.2 TFLOP/s on an H200 were its L2
+reads). A thread's places are runs of 4 (`SpmmConfig.width`: one 128-bit shared load an
+entry each; at vector 8 two runs a subwarp's width apart, conflict-free), its rows' entry
+ranges of the slice loaded before the staging (their latency hidden behind it). The staging
+reads a SparseDense's A directly, 4 columns a thread where the depth allows (`stage_quads`:
+a 128-bit load, stores down the slice's columns conflict-free) and flags the places holding
+a non-finite activation, so the product is one kernel; an output of a flagged place counts
+them over the depth on that rare path.
 
 A windowed SparseConv (kh x kw, padded, strided) runs staged only: its places are its output
 pixels (`gathered_product`), and the staging gathers column (c, ky, kx) of each from the
 image (`_Operand.window`: zero in the padding), as an implicit GEMM's patches.
 
-Knobs (`SpmmConfig`): subwarp, vector, block_rows, stage, staged, row_steps. The arithmetic
+Knobs (`SpmmConfig`): subwarp, vector (1, 2, 4; 8 staged), block_rows, stage, staged,
+row_steps. The arithmetic
 is fp32 FMAs with fp32 accumulation; operands are float32 (SparseDense / SparseConv are
 float32 ops). It never serves a dense product.
 
@@ -101,7 +106,7 @@ weights, the multiply-add ~3: twice the rows halves that (rows' sums: 32 registe
 @dataclass(frozen=True)
 class SpmmConfig:
     subwarp: int = 32     # threads sharing a row (its places split over them)
-    vector: int = 4       # consecutive places a thread (one vector load of B an entry)
+    vector: int = 4       # places a thread (runs of up to 4: one vector load of B each)
     block_rows: int = 4   # subwarps a block (each a row at a time)
     stage: int = 32       # entries of a row copied to shared memory at a time (B not staged)
     staged: bool = False  # B's slices staged in shared memory, a block's rows reading them

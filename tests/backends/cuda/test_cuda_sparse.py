@@ -208,7 +208,10 @@ def test_staged_configs_compute_the_same(rng, tmp_path, config):
 
 
 WIDE = [SpmmConfig(4, 8, 8, 32, True, 2), SpmmConfig(8, 8, 4, 32, True, 1),
-        SpmmConfig(8, 4, 8, 32, True, 4), SpmmConfig(4, 2, 16, 32, True, 2)]
+        SpmmConfig(8, 4, 8, 32, True, 4), SpmmConfig(4, 2, 16, 32, True, 2),
+        SpmmConfig(8, 4, 32, 32, True, 4), SpmmConfig(8, 8, 32, 32, True, 2)]
+"""Staged configs of 4 or 8 places a thread, the last two the default staged shapes of a
+product or 1x1 conv (256 threads, 128 or 64 rows a block)."""
 
 
 @needs_gxx
