@@ -227,9 +227,9 @@ split-k reduction, a wave of small tiles): the 1x1 convs of resnet50 at batch 1 
 GPU_SPARSE_EFFICIENCY = 0.105
 """The fraction of the fp32 figure the SpMM (cuda/sparse.py's default configs) reaches per
 nonzero's multiply-add past its floor and row term (fitted with them to the best config's
-times of the same 44 layer runs, 70% and 90% zeros, batches 1 and 32; rms 28%): 3-5 TFLOP/s
-of nonzero multiply-adds at batch 32 (the staged product, session 54: 2-4 before), where the
-dense templates reach 27-45."""
+times of the same 44 layer runs, 70% and 90% zeros, batches 1 and 32; rms 28%): 2.7-4.9
+TFLOP/s of nonzero multiply-adds at batch 32 at 90% (session 40's staged default: 2.1-2.2 on
+BERT-base's products), where the dense templates reach 26-45."""
 GPU_SPARSE_FLOOR_S = 8e-6
 """The SpMM's cost before its multiply-adds (its launches, a SparseDense's flag pass and
 transpose where unstaged; fitted: 9-12 us at batch 1 for 5 M nonzero multiply-adds)."""
