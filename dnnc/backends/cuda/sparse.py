@@ -43,9 +43,8 @@ pixels (`gathered_product`), and the staging gathers column (c, ky, kx) of each 
 image (`_Operand.window`: zero in the padding), as an implicit GEMM's patches.
 
 Knobs (`SpmmConfig`): subwarp, vector (1, 2, 4; 8 staged), block_rows, stage, staged,
-row_steps. The arithmetic
-is fp32 FMAs with fp32 accumulation; operands are float32 (SparseDense / SparseConv are
-float32 ops). It never serves a dense product.
+row_steps. The arithmetic is fp32 FMAs with fp32 accumulation; operands are float32
+(SparseDense / SparseConv are float32 ops). It never serves a dense product.
 
 2:4 structured weights (Sparse24Dense) are sparse24.py's, on the sparse tensor cores.
 """
