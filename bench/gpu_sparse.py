@@ -2,8 +2,8 @@
 against dnnc's dense fp32 kernels, one run.
 
     PYTHONPATH=$PWD python bench/gpu_sparse.py [--batches 1,32] [--sparsity 0.7,0.9]
-        [--repeat 20] [--trials 5] [--no-layers] [--no-variants]
-        [--models bert_base,resnet50] [--model-batches 1,32]
+        [--repeat 20] [--trials 5] [--no-layers] [--no-variants] [--only bert,1x1]
+        [--jobs 12] [--compile-only] [--models bert_base,resnet50] [--model-batches 1,32]
 
 Layers: BERT-base's products at 128 tokens a sequence (768->768, 768->3072, 3072->768) and
 resnet50's 1x1 and stride-1 3x3 convs (224 x 224 images) at each of `--batches`, each with a
@@ -23,6 +23,10 @@ rule's choice) compiled for cuda at fp32: median ms of a call ended by a synchro
 running sparse, the speed-up, and the largest output difference of the pruned file on cuda
 from onnxruntime's (CPU; relative to its largest output: a sanity check).
 
+`--jobs N` compiles the layers' modules in N processes into the on-disk module cache first
+(NVRTC is most of the time on the device); `--compile-only` only fills the cache (layers with
+`--jobs`, and each model's dense and pruned compile: run one process a model beside others).
+
 `--sparse24` runs bench/gpu_sparse24.py instead (2:4 weights at fp16 against dnnc's dense fp16
 kernels and cuBLAS; its options after `--sparse24`).
 Never imported by dnnc.
@@ -33,10 +37,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import multiprocessing
 import sys
 import tempfile
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -64,12 +70,13 @@ RESNET50_1X1 = [(256, 56, 64), (64, 56, 256), (512, 28, 128), (128, 28, 512),
 """(C, H = W, M) of resnet50's stride-1 1x1 convs."""
 RESNET50_3X3 = [(64, 56, 64), (128, 28, 128), (256, 14, 256), (512, 7, 512)]
 """(C, H = W, M) of resnet50's stride-1 3x3 convs (padded 1)."""
-VARIANTS = [SpmmConfig(32, 4, 8, 32), SpmmConfig(16, 4, 8, 32), SpmmConfig(32, 2, 4, 64),
-            SpmmConfig(16, 4, 8, 32, True, 4), SpmmConfig(16, 4, 8, 32, True, 8),
-            SpmmConfig(8, 4, 16, 32, True, 2), SpmmConfig(16, 4, 16, 32, True, 4),
-            SpmmConfig(8, 4, 16, 32, True, 1), SpmmConfig(16, 1, 8, 32, True, 4)]
+VARIANTS = [SpmmConfig(32, 4, 8, 32), SpmmConfig(16, 4, 8, 32), SpmmConfig(16, 4, 8, 32, True, 4),
+            SpmmConfig(16, 4, 16, 32, True, 4), SpmmConfig(16, 4, 16, 32, True, 8),
+            SpmmConfig(8, 8, 32, 32, True, 4), SpmmConfig(8, 8, 16, 32, True, 4),
+            SpmmConfig(8, 8, 32, 32, True, 2), SpmmConfig(4, 8, 32, 32, True, 4),
+            SpmmConfig(8, 4, 32, 32, True, 4)]
 """SpMM configs timed beside the default (those outside a layer's space skipped): unstaged,
-and B staged (`staged`) at 8 to 64 rows a block and 16 to 64 places."""
+and B staged (`staged`) at 32 to 128 rows a block, 32 to 64 places, 4 or 8 a thread."""
 SEQ = 128
 
 
@@ -131,10 +138,12 @@ def cases(graph: Graph, machine, configs: list) -> list:
     return out
 
 
-def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> list[str]:
-    places = batch * hw * hw if kind != "dense" else batch * SEQ
-    shape = (batch, depth, hw, hw) if kind != "dense" else (batch * SEQ, depth)
-    x = cp.random.standard_normal(shape, dtype=cp.float32)
+def layer_kernels(machine, args, kind, name, batch, depth, rows, hw) -> tuple:
+    """(entries, funcs, module) of a layer: the dense kernel, then for each sparsity the
+    SpMM's default and variants and the dense kernel on the pruned weights, rendered into
+    one module (weights seeded by the layer's name and batch: a `--jobs` worker renders the
+    same source)."""
+    rng = np.random.default_rng(zlib.crc32(f"{name} b{batch}".encode()))
     width = depth * (9 if kind == "conv3" else 1)   # the weights' columns
     dense = cases(layer_graph(kind, batch, depth, rows, hw, _pruned(rng, rows, width, 0.0),
                               False), machine, [])
@@ -148,7 +157,25 @@ def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> li
         entries.append((f"dense@{zeros}", *dense_w))
     funcs = [(dataclasses.replace(e[3], name=f"c{n}_{e[3].name}"), True)
              for n, e in enumerate(entries)]
-    module = render_module(funcs)
+    return dense, entries, funcs, render_module(funcs)
+
+
+def _compiled(job) -> str:
+    """A pool worker: the layer's module compiled into the on-disk module cache."""
+    machine, args, arch, layer = job
+    source = layer_kernels(machine, args, *layer)[-1].source
+    target = device.compile_arch(arch, source)
+    device.ModuleCache().get(source, target, device.nvrtc_options(target))
+    return layer[1]
+
+
+def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw) -> list[str]:
+    places = batch * hw * hw if kind != "dense" else batch * SEQ
+    shape = (batch, depth, hw, hw) if kind != "dense" else (batch * SEQ, depth)
+    x = cp.random.standard_normal(shape, dtype=cp.float32)
+    width = depth * (9 if kind == "conv3" else 1)   # the weights' columns
+    dense, entries, funcs, module = layer_kernels(machine, args, kind, name, batch, depth,
+                                                  rows, hw)
     raw = load_module(cp, module.source)
     timers, outs = [], []
     for entry, (func, _) in zip(entries, funcs):
@@ -170,10 +197,8 @@ def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> li
                   for _, _, o in picks]
         w_nnz = int(default[4].inputs[1].type.shape[0])
         flops, bandwidth = machine.gpu.fp32_flops, machine.gpu.copy_bytes_per_s
-        estimate = find_sparsity.gpu_dense_seconds(places, rows, width, flops, bandwidth) / \
-            find_sparsity.gpu_sparse_seconds(places, rows, width, w_nnz, kind == "dense",
-                                             flops, bandwidth)
-        rule = "sparse" if estimate > find_sparsity.GPU_MARGIN and \
+        estimate = find_sparsity.gpu_speedup(places, rows, width, w_nnz, flops, bandwidth)
+        rule = "sparse" if estimate >= find_sparsity.GPU_MARGIN and kind != "conv3" and \
             zeros >= 1 - find_sparsity.MAX_DENSITY else "dense"
         ok = "ok" if max(errors) <= 1e-4 else "WRONG"
         lines.append(f"  {zeros:4.0%} zeros: sparse {d_ms * 1e3:9.1f} us  speed-up "
@@ -183,20 +208,34 @@ def layer_rows(cp, machine, args, kind, name, batch, depth, rows, hw, rng) -> li
     return lines
 
 
-def layers_table(cp, machine, args) -> None:
-    rng = np.random.default_rng(0)
+def layer_list(args) -> list[tuple]:
+    """(kind, name, batch, depth, rows, hw) of every layer timed (`--only`: those whose
+    name holds one of its words)."""
+    out = []
     for batch in args.batches:
-        for name, depth, rows in BERT:
-            print("\n".join(layer_rows(cp, machine, args, "dense", name, batch, depth, rows, 0,
-                                       rng)), flush=True)
-        for c, hw, m in RESNET50_1X1:
-            name = f"conv1x1 {c}->{m} @{hw}"
-            print("\n".join(layer_rows(cp, machine, args, "conv", name, batch, c, m, hw, rng)),
-                  flush=True)
-        for c, hw, m in RESNET50_3X3:
-            name = f"conv3x3 {c}->{m} @{hw}"
-            print("\n".join(layer_rows(cp, machine, args, "conv3", name, batch, c, m, hw,
-                                        rng)), flush=True)
+        out += [("dense", name, batch, depth, rows, 0) for name, depth, rows in BERT]
+        out += [("conv", f"conv1x1 {c}->{m} @{hw}", batch, c, m, hw)
+                for c, hw, m in RESNET50_1X1]
+        out += [("conv3", f"conv3x3 {c}->{m} @{hw}", batch, c, m, hw)
+                for c, hw, m in RESNET50_3X3]
+    if args.only:
+        out = [x for x in out if any(word in x[1] for word in args.only.split(","))]
+    return out
+
+
+def layers_table(cp, machine, args) -> None:
+    layers = layer_list(args)
+    if args.jobs > 1:
+        start = time.perf_counter()
+        jobs = [(machine, args, device.gpu_arch(), layer) for layer in layers]
+        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+            pool.map(_compiled, jobs, chunksize=1)
+        print(f"# {len(jobs)} layers' modules compiled in {args.jobs} processes in "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
+    if args.compile_only:
+        return
+    for layer in layers:
+        print("\n".join(layer_rows(cp, machine, args, *layer)), flush=True)
 
 
 def model_rows(cp, name: str, batch: int, args) -> str:
@@ -216,9 +255,13 @@ def model_rows(cp, name: str, batch: int, args) -> str:
         models[label] = dnnc.compile(source, "cuda")
         compile_s = time.perf_counter() - start
         model = models[label]
+        if args.compile_only:
+            continue
         times[label] = (model.benchmark(*dev.values(), repeat=args.repeat,
                                         warmup=3)["median_ms"],
                         compile_s)
+    if args.compile_only:
+        return f"{name} b{batch}: compiled"
     ops = [n.op for n in models["pruned"].graph.nodes]
     sparse = sum(op in ("SparseConv", "SparseDense") for op in ops)
     error = float("nan")
@@ -257,6 +300,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-models", action="store_true")
     parser.add_argument("--models", default="bert_base,resnet50")
     parser.add_argument("--model-batches", default="1,32")
+    parser.add_argument("--only", default="", help="layers whose name holds one of these "
+                        "comma-separated words (bert, 1x1, 3x3, 768->3072, ...)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes compiling the layers' "
+                        "modules into the on-disk cache first (NVRTC is most of the time)")
+    parser.add_argument("--compile-only", action="store_true", help="only fill the module "
+                        "cache (layers with --jobs, and models), time nothing")
     parser.add_argument("--folder", default=str(Path(tempfile.gettempdir()) / "dnnc_pruned"))
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]

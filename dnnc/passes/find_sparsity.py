@@ -23,9 +23,10 @@ compiles or times anything, and it never changes what a layer computes (a sparse
 reference is its dense product).
 
 On a GPU target (`Target.arch`; cuda at precision fp32) the rule is `gpu_sparse_faster`: the
-cuda SpMM's estimated time (a roofline of its multiply-adds at GPU_SPARSE_EFFICIENCY of the
-GPU's fp32 figure and its bytes, its passes over the activations and its launches) against
-the dense template's, for products and 1x1 convs only (DNNC_SPARSE_GPU=1 takes every product
+cuda SpMM's estimated time (its multiply-adds at GPU_SPARSE_EFFICIENCY of the GPU's fp32
+figure or its bytes, a floor, and a term for its rows' length; fitted to bench/gpu_sparse.py's
+times) GPU_MARGIN times under the dense template's (likewise fitted), rows of at most
+GPU_MAX_ROW_ENTRIES entries on average, for products and 1x1 convs only (DNNC_SPARSE_GPU=1 takes every product
 and conv that fits, windowed ones too, =0 none: for measuring); the sparse op then also takes
 the rows' `order` (`row_order`, the SpMM's row swizzle) and slices of GPU_SLICE_DEPTH
 columns. At fp16 / bf16 on a GPU the rewrite is `sparse24.py`'s instead: 2:4 weights as
@@ -215,27 +216,39 @@ def sparse_faster(places: int, w: np.ndarray, lanes: int, transposed: bool = Fal
 
 # -- the GPU's cost rule -----------------------------------------------------------------------
 
-GPU_DENSE_EFFICIENCY = 0.5
+GPU_DENSE_EFFICIENCY = 0.72
 """The fraction of the GPU's fp32 figure (`GPU.fp32_flops`) the dense templates reach on a
-layer (cuda/dense.py's large tiles, fitted on an H200: 0.43-0.5)."""
-GPU_SPARSE_EFFICIENCY = 0.05
-"""The fraction of it the SpMM (cuda/sparse.py) reaches per nonzero's multiply-add. Measured
-on an H200 (bench/gpu_sparse.py, 90% zeros, batch 32): 2.7 to 4.2 TFLOP/s of nonzero
-multiply-adds (BERT-base's 768 x 3072 products 2.7, resnet50's 1x1 convs 3.8 to 4.2), 0.04 to
-0.065 of the fp32 figure, where the dense templates reached 22 to 44; first estimated at 0.12
-from its loads (an entry: two broadcast shared loads and one 128-bit load of B for 4 x 32
-FMAs), which chose the SpMM at BERT's products where it ran 0.61 to 0.90 of dense. At this
-value the rule keeps every layer timed there dense at 90% (the faster 1x1 convs, 1.2 to 1.6x,
-were estimated at break-even): the SpMM is a kernel for the tuner, not yet the default. Kept
-after the staged SpMM's timings (H200, BERT-base's products at 90%: batch 32 0.34-0.52 of
-dense by default, batch 1 0.71-1.43; docs/cuda_backend.md): the measured / estimated ratio
-ran 1.09-1.66 at batch 1 and 0.36-0.55 at batch 32, which no one efficiency fits."""
+layer past GPU_DENSE_FLOOR_S (cuda/dense.py's tiles; fitted with the floor to the dense
+times of bench/gpu_sparse.py's 22 layers, H200, session 54: 9.8 to 434 us, rms 21%)."""
+GPU_DENSE_FLOOR_S = 12e-6
+"""What a dense product costs before its multiply-adds count (a GPU_LAUNCH_S launch, its
+split-k reduction, a wave of small tiles): the 1x1 convs of resnet50 at batch 1 took 10 to
+17 us for 0.1 GFLOP (fitted, as GPU_DENSE_EFFICIENCY)."""
+GPU_SPARSE_EFFICIENCY = 0.105
+"""The fraction of the fp32 figure the SpMM (cuda/sparse.py's default configs) reaches per
+nonzero's multiply-add past its floor and row term (fitted with them to the best config's
+times of the same 44 layer runs, 70% and 90% zeros, batches 1 and 32; rms 28%): 2.7-4.9
+TFLOP/s of nonzero multiply-adds at batch 32 at 90% (session 40's staged default: 2.1-2.2 on
+BERT-base's products), where the dense templates reach 26-45."""
+GPU_SPARSE_FLOOR_S = 8e-6
+"""The SpMM's cost before its multiply-adds (its launches, a SparseDense's flag pass and
+transpose where unstaged; fitted: 9-12 us at batch 1 for 5 M nonzero multiply-adds)."""
+GPU_ROW_ENTRY_S = 30e-9
+"""Each entry of an average row: a subwarp runs its row's entries one after another (the
+latency of the chain; fitted)."""
+GPU_MAX_ROW_ENTRIES = 128
+"""Rows of more entries than this on average stay dense whatever the estimate: 205 and 307
+(resnet50's 1x1 2048->512, BERT-base's 3072->768 at 90% zeros) ran 0.88-0.93 of dense at
+batch 1 and 32 where the fitted estimate said 1.0-1.4 (their long rows, one subwarp's chain
+each); 102 (1024->256) ran 1.30."""
+GPU_MARGIN = 1.25
+"""How much faster the SpMM must be estimated for a layer to go sparse on a GPU: the fit's
+error is ~25%, and a pruned model must never run slower than the dense one. With the
+constants above no layer of the fit's 44 runs that measured slower than dense is taken (the
+closest: BERT-base's 768->768 at batch 1, 0.95 measured, 1.23 estimated), at the cost of a
+few that win (resnet50's 1x1 1024->256 at batch 1: 1.31 measured, 1.14 estimated)."""
 GPU_LAUNCH_S = 2e-6
-"""A launch in a CUDA graph (GPU.md): the SpMM is two of them (three for a SparseDense)."""
-GPU_MARGIN = 1.2
-"""How much faster the SpMM must be estimated for a layer to go sparse on a GPU: the
-efficiencies above are estimates, not yet fitted to bench/gpu_sparse.py on a device, and a
-pruned model must never run slower than the dense one."""
+"""A launch in a CUDA graph (GPU.md)."""
 GPU_FIGURES = (51e12, 2.9e12)
 """(fp32 FLOP/s, copy bytes/s) of the reference GPU (an H100, GPU.md) for a GPU target built
 without its figures (`Target.gpu` None)."""
@@ -246,29 +259,35 @@ def gpu_dense_seconds(places: int, rows: int, depth: int, flops: float,
     """Estimated seconds of the dense fp32 product on a GPU of `flops` and `bandwidth`."""
     work = 2 * places * rows * depth / (flops * GPU_DENSE_EFFICIENCY)
     moved = 4 * (places * depth + rows * depth + places * rows) / bandwidth
-    return max(work, moved) + GPU_LAUNCH_S
+    return max(work, moved) + GPU_DENSE_FLOOR_S
 
 
-def gpu_sparse_seconds(places: int, rows: int, depth: int, nnz: int, transposed: bool,
-                       flops: float, bandwidth: float) -> float:
-    """Estimated seconds of the SpMM (its non-finite counts' pass over the activations, and a
-    SparseDense's transpose of them, included)."""
+def gpu_sparse_seconds(places: int, rows: int, depth: int, nnz: int, flops: float,
+                       bandwidth: float) -> float:
+    """Estimated seconds of the SpMM (its default config, as fitted)."""
     work = 2 * places * nnz / (flops * GPU_SPARSE_EFFICIENCY)
     moved = (4 * (places * depth + places * rows) + 8 * nnz) / bandwidth
-    passes = 4 * places * depth * (3 if transposed else 1) / bandwidth
-    return max(work, moved) + passes + (3 if transposed else 2) * GPU_LAUNCH_S
+    return max(work, moved) + GPU_SPARSE_FLOOR_S + nnz / max(rows, 1) * GPU_ROW_ENTRY_S
 
 
-def gpu_sparse_faster(places: int, w: np.ndarray, transposed: bool, target: Target) -> bool:
+def gpu_speedup(places: int, rows: int, depth: int, nnz: int, flops: float,
+                bandwidth: float) -> float:
+    """The SpMM's estimated speed-up over the dense product; 0 where the rows average more
+    than GPU_MAX_ROW_ENTRIES entries."""
+    if nnz > GPU_MAX_ROW_ENTRIES * rows:
+        return 0.0
+    return gpu_dense_seconds(places, rows, depth, flops, bandwidth) / \
+        gpu_sparse_seconds(places, rows, depth, nnz, flops, bandwidth)
+
+
+def gpu_sparse_faster(places: int, w: np.ndarray, target: Target) -> bool:
     """Whether the SpMM is estimated GPU_MARGIN times faster than the dense product on
     `target`'s GPU."""
     rows, depth = w.shape
     flops, bandwidth = (target.gpu.fp32_flops, target.gpu.copy_bytes_per_s) \
         if target.gpu is not None else GPU_FIGURES
     nnz = int(np.count_nonzero(w))
-    return GPU_MARGIN * gpu_sparse_seconds(places, rows, depth, nnz, transposed, flops,
-                                           bandwidth) < \
-        gpu_dense_seconds(places, rows, depth, flops, bandwidth)
+    return gpu_speedup(places, rows, depth, nnz, flops, bandwidth) >= GPU_MARGIN
 
 
 def row_order(starts: np.ndarray) -> np.ndarray:
@@ -359,7 +378,7 @@ def _estimated_faster(node: Node, places: int, w: np.ndarray, window, target: Ta
     if target.arch:   # a GPU: by its rule products and 1x1 convs only; forced, any conv
         switch = os.environ.get("DNNC_SPARSE_GPU")
         return switch != "0" and (switch == "1" or unit and gpu_sparse_faster(
-            places, w, node.op != "Conv", target))
+            places, w, target))
     lanes = max(target.vector_bits // 32, 1)
     if unit:
         return sparse_faster(places, w, lanes, node.op != "Conv")

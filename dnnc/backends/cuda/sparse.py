@@ -24,23 +24,27 @@ into shared memory, and an output whose place has some makes its sum NaN unless 
 them meets an entry of its row (its sum is then non-finite already: counted exactly, on
 that rare path only), as the llvm template's `_Flag.fix`.
 
-Staged (`SpmmConfig.staged`; the default where its blocks fill the GPU twice over): B's
-slices of `slice_depth` columns (the CSR rows' slices, `starts[j, s]`: find_sparsity's
-GPU_SLICE_DEPTH) are copied a tile of places at a time into shared memory by the whole block,
-and each subwarp runs `row_steps` rows' entries of the slice against it (`_StagedSpmm`): an
-activation is read from L2 once a block of `block_rows * row_steps` rows, not once an entry
-(the unstaged product's 2.7-4.2 TFLOP/s on an H200 were its L2 reads). The staging reads a
-SparseDense's A directly (coalesced along a row of A; the stores to shared memory transpose)
-and flags the places holding a non-finite activation, so the product is one kernel; an
-output of a flagged place counts them over the depth on that rare path.
+Staged (`SpmmConfig.staged`; the default where STAGED_PLACES says it pays): B's slices of
+`slice_depth` columns (the CSR rows' slices, `starts[j, s]`: find_sparsity's GPU_SLICE_DEPTH)
+are copied a tile of places at a time into shared memory by the whole block, and each subwarp
+runs `row_steps` rows' entries of the slice against it (`_StagedSpmm`): an activation is read
+from L2 once a block of `block_rows * row_steps` rows (128 by default: 12.8 entries use it at
+90% zeros), not once an entry (the unstaged product's 2.7-4.2 TFLOP/s on an H200 were its L2
+reads). A thread's places are runs of 4 (`SpmmConfig.width`: one 128-bit shared load an
+entry each; at vector 8 two runs a subwarp's width apart, conflict-free), its rows' entry
+ranges of the slice loaded before the staging (their latency hidden behind it). The staging
+reads a SparseDense's A directly, 4 columns a thread where the depth allows (`stage_quads`:
+a 128-bit load, stores down the slice's columns conflict-free) and flags the places holding
+a non-finite activation, so the product is one kernel; an output of a flagged place counts
+them over the depth on that rare path.
 
 A windowed SparseConv (kh x kw, padded, strided) runs staged only: its places are its output
 pixels (`gathered_product`), and the staging gathers column (c, ky, kx) of each from the
 image (`_Operand.window`: zero in the padding), as an implicit GEMM's patches.
 
-Knobs (`SpmmConfig`): subwarp, vector, block_rows, stage, staged, row_steps. The arithmetic
-is fp32 FMAs with fp32 accumulation; operands are float32 (SparseDense / SparseConv are
-float32 ops). It never serves a dense product.
+Knobs (`SpmmConfig`): subwarp, vector (1, 2, 4; 8 staged), block_rows, stage, staged,
+row_steps. The arithmetic is fp32 FMAs with fp32 accumulation; operands are float32
+(SparseDense / SparseConv are float32 ops). It never serves a dense product.
 
 2:4 structured weights (Sparse24Dense) are sparse24.py's, on the sparse tensor cores.
 """
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ...errors import ConfigError
 from ...ir import loop as L
 from ...ir import types as T
 from ..sparse_problems import SparseProblem, sparse_product
@@ -70,10 +75,25 @@ STAGE = 32
 ENTRY_UNROLL = 4
 """Entries of a row a staged product's loop runs unrolled (their values', columns' and B's
 loads issued together: the trip count is the row's, unknown to the compiler)."""
-STAGED_ROWS = 32
-"""Rows a block of the default staged config computes (8 subwarps of 4 rows): each staged
-activation then serves 3 of their entries at 90% zeros, where the unstaged SpMM reads B
-from L2 an entry (measured there: 2.7-4.2 TFLOP/s of nonzero multiply-adds on an H200)."""
+STAGED_PLACES = (512, 2048)
+"""The places (an image's pixels; a SparseDense's rows of A) from which B is staged by
+default: 512 where the depth is at most STAGED_SHALLOW, 2048 up to STAGED_DEEP; else the
+unstaged product. Fitted (bench/gpu_sparse.py, H200, 90% zeros, session 54): staged won on
+BERT-base's 768-deep products at batch 32 (4096 places) and resnet50's 1x1 convs of depth
+64-256 at 784 and 3136 places (1.05-1.60x dense, against 0.70-1.23 unstaged), lost on
+512-deep ones at 784 places, every 196- and 49-place layer (a tile of 32 or 64 half empty)
+and 3072-deep BERT (0.71 against 0.93 unstaged)."""
+STAGED_SHALLOW = 256
+STAGED_DEEP = 1024
+STAGED_ROWS = 128
+"""Rows a block of the default staged config (256 threads, subwarps of 8): an activation
+staged once serves 12.8 entries at 90% zeros (session 40's 32 rows served 3.2, and its
+staging, not its multiply-adds, bounded it); fewer where the layer has fewer rows."""
+WIDE_TILE_BLOCKS = 4
+"""Blocks per SM from which the default staged config takes 8 places a thread (a tile of
+64, two 128-bit loads an entry) over 4 (a tile of 32): the wider tile won where it left
+many waves (BERT's 768->3072 at batch 32: 1536 blocks, 1.09x against 1.00; 1x1 256->64 at
+3136 places) and lost where it left one and a half (768->768: 384 blocks, 0.89x)."""
 MAX_SUMS = 32
 """Sums (registers) a thread of the staged product keeps."""
 WINDOW_ROWS = 64
@@ -85,7 +105,7 @@ weights, the multiply-add ~3: twice the rows halves that (rows' sums: 32 registe
 @dataclass(frozen=True)
 class SpmmConfig:
     subwarp: int = 32     # threads sharing a row (its places split over them)
-    vector: int = 4       # consecutive places a thread (one vector load of B an entry)
+    vector: int = 4       # places a thread (runs of up to 4: one vector load of B each)
     block_rows: int = 4   # subwarps a block (each a row at a time)
     stage: int = 32       # entries of a row copied to shared memory at a time (B not staged)
     staged: bool = False  # B's slices staged in shared memory, a block's rows reading them
@@ -94,6 +114,20 @@ class SpmmConfig:
     @property
     def threads(self) -> int:
         return self.subwarp * self.block_rows
+
+    @property
+    def width(self) -> int:
+        """Places of one vector access of B (a 128-bit load at 4): a thread's `vector`
+        places are runs of `width`, a subwarp's runs side by side (8 places a thread are two
+        runs of 4 a tile's half apart: each load conflict-free, as a 4-place thread's)."""
+        return min(self.vector, 4)
+
+    def slot(self, lane: L.Expr, v: L.Expr) -> L.Expr:
+        """The tile's place (0 .. tile - 1) of the thread's v-th place."""
+        if self.vector == self.width:
+            return lane * self.vector + v
+        return v // self.width * (self.subwarp * self.width) + lane * self.width + \
+            v % self.width
 
     @property
     def tile(self) -> int:
@@ -127,7 +161,7 @@ def _shared_bytes(c: SpmmConfig, p: SparseProblem) -> int:
 
 def space(p: SparseProblem, machine) -> Space:
     return Space("cuda_spmm", SpmmConfig, {
-        "subwarp": (4, 8, 16, 32), "vector": (1, 2, 4), "block_rows": (1, 2, 4, 8, 16, 32),
+        "subwarp": (4, 8, 16, 32), "vector": (1, 2, 4, 8), "block_rows": (1, 2, 4, 8, 16, 32),
         "stage": (16, 32, 64, 128), "staged": (False, True), "row_steps": (1, 2, 4, 8, 16),
     }, [Constraint("32 <= subwarp * block_rows <= 1024 threads",
                    lambda c: 32 <= c.threads <= 1024),
@@ -142,6 +176,9 @@ def space(p: SparseProblem, machine) -> Space:
                    lambda c: c.row_steps == 1 if not c.staged else c.stage == STAGE),
         Constraint(f"at most {MAX_SUMS} sums a thread (row_steps * vector)",
                    lambda c: c.row_steps * c.vector <= MAX_SUMS),
+        Constraint("vector 8 staged, its tile dividing the places (a thread's two runs of "
+                   "places inside together)",
+                   lambda c: c.vector < 8 or c.staged and p.places % c.tile == 0),
         Constraint("a windowed conv's B staged (only the staging gathers its windows)",
                    lambda c: c.staged or not p.windowed),
         Constraint("row groups and images within the grid's y and z",
@@ -150,14 +187,13 @@ def space(p: SparseProblem, machine) -> Space:
 
 
 def default(p: SparseProblem, machine) -> SpmmConfig:
-    """B staged (`_staged_default`) where its blocks fill the GPU twice over; else the
-    widest vector dividing the places, a subwarp as wide as the places need (4 to 32),
+    """B staged where it pays (`_staged_default`; a windowed conv always); else the widest
+    vector dividing the places, a subwarp as wide as the places need (4 to 32),
     BLOCK_THREADS threads, fewer rows a block while the blocks are under two per SM."""
     vector = next(v for v in (4, 2, 1) if p.places % v == 0)
     sms = gpu_of(machine).sms
-    staged = _staged_default(p, vector)
-    if staged is not None and (p.windowed or p.batch * -(-p.places // staged.tile) *
-                               -(-p.rows // staged.block_span) >= 2 * sms):
+    staged = _staged_default(p, vector, sms)
+    if staged is not None:
         return staged
     lanes = -(-p.places // vector)
     subwarp = min(32, max(4, 1 << (lanes - 1).bit_length()))
@@ -171,24 +207,45 @@ def default(p: SparseProblem, machine) -> SpmmConfig:
     return SpmmConfig(subwarp, vector, rows, max(STAGE, subwarp))
 
 
-def _staged_default(p: SparseProblem, vector: int) -> SpmmConfig | None:
-    """The widest subwarp (32 to 8) whose staged slice fits in shared memory, BLOCK_THREADS
-    threads, STAGED_ROWS rows a block (a windowed conv's WINDOW_ROWS where it has them);
-    None where none fits or the places fill no tile."""
-    span = WINDOW_ROWS if p.windowed and p.rows >= WINDOW_ROWS else STAGED_ROWS
-    for subwarp in (32, 16, 8):
-        rows = BLOCK_THREADS // subwarp
-        c = SpmmConfig(subwarp, vector, rows, STAGE, True, max(1, span // rows))
-        if _shared_bytes(c, p) <= MAX_SHARED_BYTES and (c.tile <= p.places or p.windowed) \
-                and -(-p.rows // c.block_span) <= MAX_GRID_YZ:
-            return c
-    return None
+def _staged_default(p: SparseProblem, vector: int, sms: int) -> SpmmConfig | None:
+    """A product's or 1x1 conv's staged config where STAGED_PLACES says staging pays:
+    subwarps of 8, 256 threads, STAGED_ROWS rows a block (fewer for fewer rows), 8 places a
+    thread where WIDE_TILE_BLOCKS says so, else 4. A windowed conv's: the widest subwarp (32
+    to 8) whose staged slice fits in shared memory, BLOCK_THREADS threads, WINDOW_ROWS rows a
+    block (32 where it has fewer). None where none is in the space."""
+    if p.windowed:
+        span = WINDOW_ROWS if p.rows >= WINDOW_ROWS else 32
+        for subwarp in (32, 16, 8):
+            rows = BLOCK_THREADS // subwarp
+            c = SpmmConfig(subwarp, vector, rows, STAGE, True, max(1, span // rows))
+            if _in_space(c, p):
+                return c
+        return None
+    shallow, deep = STAGED_PLACES
+    if p.places < shallow or p.depth > STAGED_DEEP or \
+            p.depth > STAGED_SHALLOW and p.places < deep:
+        return None
+    steps = min(STAGED_ROWS // 32, max(1, 1 << (-(-p.rows // 32) - 1).bit_length()))
+    wide = SpmmConfig(8, 8, 32, STAGE, True, steps)
+    blocks = p.batch * -(-p.places // wide.tile) * -(-p.rows // wide.block_span)
+    if p.depth >= STAGED_SHALLOW and blocks >= WIDE_TILE_BLOCKS * sms and _in_space(wide, p):
+        return wide
+    c = SpmmConfig(8, 4, 32, STAGE, True, steps)
+    return c if _in_space(c, p) else None
+
+
+def _in_space(c: SpmmConfig, p: SparseProblem) -> bool:
+    try:
+        space(p, None).check(c)
+    except ConfigError:
+        return False
+    return True
 
 
 def applies(p: SparseProblem) -> bool:
     """float32; a windowed conv only where a staged config fits (its slices' depth)."""
     return p.x.dtype is T.float32 and p.batch <= MAX_GRID_YZ and \
-        (not p.windowed or _staged_default(p, 1) is not None)
+        (not p.windowed or _staged_default(p, 1, 0) is not None)
 
 
 def gathered_product(kernel) -> SparseProblem | None:
@@ -417,7 +474,7 @@ class _Spmm:
         docstring), then through the bias and epilogue to Y."""
         p, c = self.p, self.c
         v, e, nf = L.Var("sfv"), L.Var("sfe"), L.Var("sfn", T.int32)
-        place = self.place() + v
+        place = self.bx * c.tile + c.slot(self.lane, v)
         s = self.acc[at + v]
         nan = L.Store(self.acc, (at + v,), L.const(float("nan")))
         counted, total = self.nonfinite_total(place, nf)
@@ -430,7 +487,7 @@ class _Spmm:
         b = self.bz if not p.transposed else L.const(0)
         store = self.out(j, v, at) if self.out is not None else \
             L.Store(p.y, p.y_at(b, j, place), p.finish(self.acc[at + v], b, j, place))
-        return L.For(v, c.vector, L.Let(nf, self.nfs[self.lane * c.vector + v],
+        return L.For(v, c.vector, L.Let(nf, self.nfs[c.slot(self.lane, v)],
                                         L.seq(fix, store)), L.ForKind.UNROLLED)
 
     out = None
@@ -471,6 +528,10 @@ class _StagedSpmm(_Spmm):
         self.acc = L.Buffer("acc", T.float32, (c.row_steps * c.vector,), L.Scope.LOCAL)
         self.row = L.Buffer("row_of", T.int32, (c.row_steps,), L.Scope.LOCAL)
         self.total = L.Buffer("nf_total", T.int32, (1,), L.Scope.LOCAL)
+        # each row's entries of the slice (first, end), loaded before the staging: their
+        # latency hides behind it, not in front of the row's first multiply-add
+        self.bounds = L.Buffer("row_bounds", T.int32, (2 * c.row_steps,), L.Scope.LOCAL)
+        self.quad = L.Buffer("a_quad", T.float32, (4,), L.Scope.LOCAL)
 
     def row_at(self, q: L.Expr) -> L.Expr:
         """A SparseDense's rows in their natural order (a block's rows are a run of Y's
@@ -481,7 +542,7 @@ class _StagedSpmm(_Spmm):
         """A SparseDense's sum into shared memory at (its place, its row) of the block."""
         c = self.c
         row = at // c.vector * c.block_rows + self.r
-        return L.Store(self.sb, ((self.lane * c.vector + v) * (c.block_span + 1) + row,),
+        return L.Store(self.sb, (c.slot(self.lane, v) * (c.block_span + 1) + row,),
                        self.acc[at + v])
 
     def write_out(self) -> L.Stmt:
@@ -531,6 +592,8 @@ class _StagedSpmm(_Spmm):
         p, c = self.p, self.c
         sd, i, v = p.slice_depth, L.Var("sgi"), L.Var("sgv")
         idx = i * c.threads + self.t
+        if self.quads:
+            return self.stage_quads(s)
         if p.transposed:
             width, total = 1, sd * c.tile
             k, pl = idx % sd, idx // sd
@@ -538,8 +601,8 @@ class _StagedSpmm(_Spmm):
             width, total = 1, sd * c.tile
             k, pl = idx // c.tile, idx % c.tile
         else:
-            width, total = c.vector, sd * (c.tile // c.vector)
-            k, pl = idx // (c.tile // c.vector), idx % (c.tile // c.vector) * c.vector
+            width, total = c.width, sd * (c.tile // c.width)
+            k, pl = idx // (c.tile // c.width), idx % (c.tile // c.width) * c.width
         col, place = s * sd + k, self.bx * c.tile + pl
         at = k * c.stride + pl
         copy = L.seq(
@@ -557,29 +620,79 @@ class _StagedSpmm(_Spmm):
         return L.For(self.t, c.threads, L.For(i, rounds, body, L.ForKind.UNROLLED),
                      L.ForKind.THREAD_X)
 
+    @property
+    def quads(self) -> bool:
+        """A SparseDense's A staged 4 columns a thread (`stage_quads`): its depth and
+        slices in whole 128-bit loads."""
+        return self.p.transposed and self.p.depth % 4 == 0 and self.p.slice_depth % 4 == 0
+
+    def stage_quads(self, s: L.Expr) -> L.Stmt:
+        """`stage_b` for a SparseDense of `quads`: a thread loads 4 columns of a row of A
+        (one 128-bit load) and stores them down a column of the slice, consecutive threads
+        consecutive places (conflict-free stores; one column a thread, consecutive threads
+        consecutive columns, stored 4 (+ 4) floats apart: 8-way bank conflicts)."""
+        p, c = self.p, self.c
+        sd, i, v = p.slice_depth, L.Var("sgi"), L.Var("sgv")
+        idx = i * c.threads + self.t
+        total = sd // 4 * c.tile
+        kq, pl = idx // c.tile, idx % c.tile
+        col, place = s * sd + kq * 4, self.bx * c.tile + pl
+        at = kq * 4 * c.stride + pl
+        copy = L.seq(
+            L.For(v, 4, L.Store(self.quad, (v,), p.x[place, col + v]), L.ForKind.VECTORIZED),
+            L.For(v, 4, L.Store(self.sb, (at + v * c.stride,), self.quad[v]),
+                  L.ForKind.UNROLLED),
+            # a place's flag, as `stage_b`'s (the same value stored by all: no race)
+            L.For(v, 4, L.If(L.ne(_nonfinite(self.quad[v]), 0), L.Store(
+                self.nfs, (pl,), L.const(1, T.int32))), L.ForKind.UNROLLED))
+        zero = L.For(v, 4, L.Store(self.sb, (at + v * c.stride,), L.const(0.0)),
+                     L.ForKind.UNROLLED)
+        body = L.If(L.logical_and(col < p.depth, place < p.places), copy, zero)
+        rounds = -(-total // c.threads)
+        if rounds * c.threads > total:
+            body = L.If(idx < total, body)
+        return L.For(self.t, c.threads, L.For(i, rounds, body, L.ForKind.UNROLLED),
+                     L.ForKind.THREAD_X)
+
+    def load_bounds(self, s: L.Expr) -> L.Stmt:
+        """Each thread's rows' (first, end) entries of slice s into `bounds` (an empty
+        range for a row past the last)."""
+        p, c = self.p, self.c
+        i, j = L.Var("sbi"), L.Var("sbj")
+        inside = self.position(i) < p.rows
+        return self.per_thread(L.For(i, c.row_steps, L.Let(j, _index(self.row[i]), L.seq(
+            L.Store(self.bounds, (2 * i,), L.Select(inside, p.starts[j, s],
+                                                    L.const(0, T.int32))),
+            L.Store(self.bounds, (2 * i + 1,), L.Select(inside, p.starts[j, s + 1],
+                                                        L.const(0, T.int32))))),
+            L.ForKind.UNROLLED))
+
     def multiply_slice(self, s: L.Expr) -> L.Stmt:
         """Each thread's rows' entries of slice s times its places of the staged slice,
-        ENTRY_UNROLL at a time (their loads in flight together) and the rest one by one."""
+        ENTRY_UNROLL at a time (their loads in flight together) and the rest one by one;
+        a thread's places in runs of `width` (one vector load of the slice each)."""
         p, c = self.p, self.c
         i, q, u, r, v = L.Var("smi"), L.Var("smq"), L.Var("smu"), L.Var("smr"), L.Var("smv")
-        j, first, end = L.Var("smj"), L.Var("smf"), L.Var("smn")
+        first, end = L.Var("smf", T.int32), L.Var("smn", T.int32)
+        runs, width = c.vector // c.width, c.width
 
         def step(e: L.Expr, tag: str) -> L.Stmt:
-            w, col = L.Var(f"smw{tag}", T.float32), L.Var(f"smc{tag}")
-            at = (col - s * p.slice_depth) * c.stride + self.lane * c.vector
-            return L.Let(w, p.values[first + e], L.Let(col, _index(p.columns[first + e]), L.seq(
-                L.For(v, c.vector, L.Store(self.xr, (v,), self.sb[at + v]),
-                      L.ForKind.VECTORIZED),
-                L.For(v, c.vector, L.Store(self.acc, (i * c.vector + v,), L.call(
+            w, col = L.Var(f"smw{tag}", T.float32), L.Var(f"smc{tag}", T.int32)
+            e = first + L.Cast(T.int32, e)
+            base = (col - L.Cast(T.int32, s) * p.slice_depth) * c.stride + \
+                L.Cast(T.int32, self.lane) * width
+            loads = [L.For(v, width, L.Store(self.xr, (h * width + v,), self.sb[
+                base + h * (c.subwarp * width) + L.Cast(T.int32, v)]), L.ForKind.VECTORIZED)
+                for h in range(runs)]
+            return L.Let(w, p.values[e], L.Let(col, p.columns[e], L.seq(*loads, L.For(
+                v, c.vector, L.Store(self.acc, (i * c.vector + v,), L.call(
                     "fma", w, self.xr[v], self.acc[i * c.vector + v])), L.ForKind.UNROLLED))))
 
-        n, k = end - first, ENTRY_UNROLL
+        n, k = _index(end - first), ENTRY_UNROLL
         entries = L.seq(
             L.For(q, n // k, L.For(u, k, step(q * k + u, "q"), L.ForKind.UNROLLED)),
             L.For(r, n - n // k * k, step(n // k * k + r, "r")))
-        # the bounds as Lets: a loop's extent is not linearized (starts is 2-D)
-        row = L.If(self.position(i) < p.rows, L.Let(j, _index(self.row[i]), L.Let(
-            first, _index(p.starts[j, s]), L.Let(end, _index(p.starts[j, s + 1]), entries))))
+        row = L.Let(first, self.bounds[2 * i], L.Let(end, self.bounds[2 * i + 1], entries))
         return self.per_thread(L.For(i, c.row_steps, row, L.ForKind.UNROLLED))
 
     def nonfinite_total(self, place: L.Expr, nf: L.Expr) -> tuple[L.Stmt, L.Expr]:
@@ -607,8 +720,10 @@ class _StagedSpmm(_Spmm):
         done = [self.finish()] if not p.transposed else \
             [L.Barrier(), self.finish(), L.Barrier(), self.write_out()]
         body = L.seq(self.setup(), L.For(s, p.slices, L.seq(
-            L.Barrier(), self.stage_b(s), L.Barrier(), self.multiply_slice(s))), *done)
-        for buffer in (self.sb, self.nfs, self.acc, self.xr, self.row, self.count, self.total):
+            L.Barrier(), self.load_bounds(s), self.stage_b(s), L.Barrier(),
+            self.multiply_slice(s))), *done)
+        for buffer in (self.sb, self.nfs, self.acc, self.xr, self.row, self.count, self.total,
+                       self.bounds, self.quad):
             body = L.Allocate(buffer, body)
         return L.For(self.bz, p.batch, L.For(self.by, -(-p.rows // c.block_span), L.For(
             self.bx, -(-p.places // c.tile), body, L.ForKind.BLOCK_X), L.ForKind.BLOCK_Y),

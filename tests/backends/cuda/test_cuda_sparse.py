@@ -207,6 +207,35 @@ def test_staged_configs_compute_the_same(rng, tmp_path, config):
                                equal_nan=True)
 
 
+WIDE = [SpmmConfig(4, 8, 8, 32, True, 2), SpmmConfig(8, 8, 4, 32, True, 1),
+        SpmmConfig(8, 4, 8, 32, True, 4), SpmmConfig(4, 2, 16, 32, True, 2),
+        SpmmConfig(8, 4, 32, 32, True, 4), SpmmConfig(8, 8, 32, 32, True, 2)]
+"""Staged configs of 4 or 8 places a thread, the last two the default staged shapes of a
+product or 1x1 conv (256 threads, 128 or 64 rows a block)."""
+
+
+@needs_gxx
+@pytest.mark.parametrize("config", WIDE, ids=str)
+def test_wide_staged_configs_compute_the_same(rng, tmp_path, config):
+    """Staged configs of 8 places a thread (two runs of 4, a subwarp's width apart) and a
+    SparseDense whose depth is whole quads (A staged 4 columns a thread, `stage_quads`;
+    one slice partial), with NaNs, on a SparseDense and a 1x1 SparseConv whose places the
+    tile divides (vector 8 needs it), rows past the last block's."""
+    g, w, b = dense_graph(rng, (64, 76), 37, 0.3, True, True, (4,), slice_depth=32)
+    a = _nonfinite(rng, rng.standard_normal((64, 76)).astype(np.float32))
+    graph, program = _scheduled(g, config)
+    assert program.kernels[0].schedule == ("cuda_spmm", config)
+    got = _on_host(g, {"a": a}, tmp_path, config)
+    np.testing.assert_allclose(got, _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+    g, w, b = conv_graph(rng, 2, 40, 19, 4, 16, 0.3, True, True, (2,), slice_depth=32)
+    x = _nonfinite(rng, rng.standard_normal((2, 40, 4, 16)).astype(np.float32))
+    r = rng.standard_normal((2, 19, 4, 16)).astype(np.float32)
+    got = _on_host(g, {"x": x, "r": r}, tmp_path / "conv", config)
+    np.testing.assert_allclose(got, _conv_want(x, r, w, b), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+
+
 def window_graph(rng, n, c, m, h, wid, k, pads, stride, density, ordered, slice_depth=32):
     """A k x k SparseConv (+ bias), padded and strided -> Relu; the graph, its weights [m, c,
     k, k] and bias."""
@@ -365,20 +394,20 @@ def test_spmm_kernels_on_the_gpu(rng):
 
 @pytest.mark.gpu
 def test_staged_spmm_kernels_on_the_gpu(rng):
-    """Shapes whose default stages B (a SparseDense of 2048 rows, a batch of 32 images of a
-    1x1 conv), NaNs included, on the device."""
+    """Shapes whose default stages B (a SparseDense of 4096 rows: 8 places a thread; a
+    batch of 32 images of a 1x1 conv: 4), NaNs included, on the device."""
     import dnnc
 
-    g, w, b = dense_graph(rng, (2048, 256), 512, 0.1, True, True, (3,), slice_depth=128)
+    g, w, b = dense_graph(rng, (4096, 256), 768, 0.1, True, True, (3,), slice_depth=128)
     assert _scheduled(g)[1].kernels[0].schedule[1].staged
-    a = _nonfinite(rng, rng.standard_normal((2048, 256)).astype(np.float32), 40)
+    a = _nonfinite(rng, rng.standard_normal((4096, 256)).astype(np.float32), 40)
     model = dnnc.compile(g, target="cuda", outputs="numpy")
     np.testing.assert_allclose(model(a), _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
                                equal_nan=True)
-    g, w, b = conv_graph(rng, 32, 256, 128, 14, 14, 0.1, True, True, (5,), slice_depth=128)
+    g, w, b = conv_graph(rng, 32, 256, 384, 14, 14, 0.1, True, True, (5,), slice_depth=128)
     assert _scheduled(g)[1].kernels[0].schedule[1].staged
     x = _nonfinite(rng, rng.standard_normal((32, 256, 14, 14)).astype(np.float32), 40)
-    r = rng.standard_normal((32, 128, 14, 14)).astype(np.float32)
+    r = rng.standard_normal((32, 384, 14, 14)).astype(np.float32)
     model = dnnc.compile(g, target="cuda", outputs="numpy")
     np.testing.assert_allclose(model(x, r), _conv_want(x, r, w, b), rtol=1e-5, atol=1e-5,
                                equal_nan=True)
