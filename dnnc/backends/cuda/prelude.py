@@ -299,9 +299,16 @@ __device__ __forceinline__ void dnnc_mbarrier_wait(unsigned long long* bar, unsi
 }
 // the float at shared p's offset in the shared memory of block `rank` of this cluster: a
 // plain load through the generic address `mapa` gives (ordered by the cluster barriers'
-// memory clobbers; free to be issued together with its neighbours)
+// memory clobbers; free to be issued together with its neighbours). Clusters are sm_90's:
+// NVRTC 13.5 declares the intrinsic for sm_90 and later only, so a module compiled for an
+// earlier GPU (whose kernels never take a cluster) gets a body that traps
 __device__ __forceinline__ float dnnc_cluster_load(const float* p, unsigned rank) {
+#if __CUDA_ARCH__ >= 900
   return *static_cast<const float*>(__cluster_map_shared_rank(p, rank));
+#else
+  __trap();
+  return 0.0f;
+#endif
 }
 """ + "".join(_wgmma_function(name, n, k, ptx) for name, k, ptx in (
     ("tf32", 8, "tf32"), ("fp16", 16, "f16"), ("bf16", 16, "bf16")) for n in WGMMA_N) + \

@@ -14,6 +14,7 @@ precisions (issue 31, item 3): channels-last end to end.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections import Counter
 
@@ -24,6 +25,7 @@ import pytest
 from cuda_kernels import MACHINE, nvrtc_compiled, programs, reference
 from test_cuda_depthwise_nhwc import in_space, run_programs
 from dnnc.backends.cuda.codegen import render_module
+from dnnc.backends.cuda.device import compile_arch
 from dnnc.backends.cuda.plane_mean import PLANE_MEAN_NHWC, PlaneMeanConfig
 from dnnc.backends.cuda.schedules import schedule_kernel
 from dnnc.backends.lower import lower_group
@@ -165,8 +167,9 @@ def mean_graph(precision, image, sigmoid):
     return g
 
 
-def mean_program(precision, image, sigmoid, config=None):
-    machine = target(precision)
+def mean_program(precision, image, sigmoid, config=None, arch=None):
+    machine = target(precision) if arch is None else \
+        dataclasses.replace(target(precision), arch=arch)
     graph = optimize(mean_graph(precision, image, sigmoid), machine, DEFAULT_OPT_LEVEL)
     (step,) = [s for s in plan_steps(graph) if isinstance(s, Segment)]
     schedule = lambda k: schedule_kernel(k, machine, config)   # noqa: E731
@@ -230,10 +233,11 @@ def test_the_model_and_the_means_compile_for_sm80_and_sm90():
     pytest.importorskip("cupy.cuda")   # NVRTC, before the programs are built
     from cuda_kernels import renamed
 
-    _, progs = programs(se_model(np.random.default_rng(0)), machine=target("fp16"))
-    funcs = [f for p, program in enumerate(progs) for f in renamed(program, f"m{p}_")]
-    for n, case in enumerate(MEANS):
-        funcs += renamed(mean_program(*case)[1], f"c{n}_")
-    source = render_module(funcs).source
-    for arch in ("sm_80", "sm_90"):
-        nvrtc_compiled(source, arch)
+    for arch in ("sm_80", "sm_90"):   # each GPU's own kernels (sm_90's wgmma: sm_90a)
+        machine = dataclasses.replace(target("fp16"), arch=arch)
+        _, progs = programs(se_model(np.random.default_rng(0)), machine=machine)
+        funcs = [f for p, program in enumerate(progs) for f in renamed(program, f"m{p}_")]
+        for n, case in enumerate(MEANS):
+            funcs += renamed(mean_program(*case, arch=arch)[1], f"c{n}_")
+        source = render_module(funcs).source
+        nvrtc_compiled(source, compile_arch(arch, source))
