@@ -269,6 +269,7 @@ def test_cli_refuses_a_file_that_is_not_onnx_and_writing_over_the_model(tmp_path
 
 
 def test_a_float16_model_is_pruned_in_float16():
+    pytest.importorskip("onnxconverter_common")   # (zoo.float16's converter, optional)
     model = zoo.float16(zoo.build("cnn", size=8))
     pruning = prune(model, 0.8)
     assert [round(r.after, 2) for r in pruning.layers] == [0.8] * 4
