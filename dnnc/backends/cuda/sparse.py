@@ -614,10 +614,16 @@ class _StagedSpmm(_Spmm):
                 self.nfs, (pl + v,), L.const(1, T.int32))), L.ForKind.UNROLLED))
         zero = L.For(v, width, L.Store(self.sb, (at + v,), L.const(0.0)), L.ForKind.VECTORIZED)
         body = L.If(L.logical_and(col < p.depth, place < p.places), copy, zero)
-        rounds = -(-total // c.threads)
-        if rounds * c.threads > total:
+        return self._over_threads(i, idx, total, body)
+
+    def _over_threads(self, i: L.Var, idx: L.Expr, total, body: L.Stmt) -> L.Stmt:
+        """`body` for every `idx` (= i * threads + t) below `total`: the block's threads
+        take `rounds` of it each, unrolled, the last round guarded where it runs past."""
+        threads = self.c.threads
+        rounds = -(-total // threads)
+        if rounds * threads > total:
             body = L.If(idx < total, body)
-        return L.For(self.t, c.threads, L.For(i, rounds, body, L.ForKind.UNROLLED),
+        return L.For(self.t, threads, L.For(i, rounds, body, L.ForKind.UNROLLED),
                      L.ForKind.THREAD_X)
 
     @property
@@ -648,11 +654,7 @@ class _StagedSpmm(_Spmm):
         zero = L.For(v, 4, L.Store(self.sb, (at + v * c.stride,), L.const(0.0)),
                      L.ForKind.UNROLLED)
         body = L.If(L.logical_and(col < p.depth, place < p.places), copy, zero)
-        rounds = -(-total // c.threads)
-        if rounds * c.threads > total:
-            body = L.If(idx < total, body)
-        return L.For(self.t, c.threads, L.For(i, rounds, body, L.ForKind.UNROLLED),
-                     L.ForKind.THREAD_X)
+        return self._over_threads(i, idx, total, body)
 
     def load_bounds(self, s: L.Expr) -> L.Stmt:
         """Each thread's rows' (first, end) entries of slice s into `bounds` (an empty
