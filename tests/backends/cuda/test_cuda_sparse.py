@@ -194,14 +194,26 @@ def test_staged_configs_compute_the_same(rng, tmp_path, config):
     partial one; 40 is one and a partial one), a subwarp taking 1 to 8 rows: a SparseDense
     (A transposed by the staging) and a 1x1 SparseConv with NaNs, places filling no tile and
     rows past the last block's."""
-    g, w, b = dense_graph(rng, (20, 90), 33, 0.3, True, True, (4,), slice_depth=32)
-    a = _nonfinite(rng, rng.standard_normal((20, 90)).astype(np.float32))
+    _staged_dense_and_conv_match(rng, tmp_path, config, (20, 90), 33, 5)
+
+
+def _staged_dense_and_conv_match(rng, tmp_path, config, a_shape, rows, width,
+                                 scheduled=False):
+    """A SparseDense of A `a_shape` into `rows` rows and a 1x1 SparseConv (40 -> 19
+    channels, 4 x `width` pixels, a residual), both 30% dense with NaNs and staged in slices
+    of 32, computed with `config` on the host shim as the dense products do (with
+    `scheduled`: the SparseDense's kernel scheduled with `config` itself)."""
+    g, w, b = dense_graph(rng, a_shape, rows, 0.3, True, True, (4,), slice_depth=32)
+    a = _nonfinite(rng, rng.standard_normal(a_shape).astype(np.float32))
+    if scheduled:
+        _, program = _scheduled(g, config)
+        assert program.kernels[0].schedule == ("cuda_spmm", config)
     got = _on_host(g, {"a": a}, tmp_path, config)
     np.testing.assert_allclose(got, _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
                                equal_nan=True)
-    g, w, b = conv_graph(rng, 2, 40, 19, 4, 5, 0.3, True, True, (2,), slice_depth=32)
-    x = _nonfinite(rng, rng.standard_normal((2, 40, 4, 5)).astype(np.float32))
-    r = rng.standard_normal((2, 19, 4, 5)).astype(np.float32)
+    g, w, b = conv_graph(rng, 2, 40, 19, 4, width, 0.3, True, True, (2,), slice_depth=32)
+    x = _nonfinite(rng, rng.standard_normal((2, 40, 4, width)).astype(np.float32))
+    r = rng.standard_normal((2, 19, 4, width)).astype(np.float32)
     got = _on_host(g, {"x": x, "r": r}, tmp_path / "conv", config)
     np.testing.assert_allclose(got, _conv_want(x, r, w, b), rtol=1e-5, atol=1e-5,
                                equal_nan=True)
@@ -221,19 +233,7 @@ def test_wide_staged_configs_compute_the_same(rng, tmp_path, config):
     SparseDense whose depth is whole quads (A staged 4 columns a thread, `stage_quads`;
     one slice partial), with NaNs, on a SparseDense and a 1x1 SparseConv whose places the
     tile divides (vector 8 needs it), rows past the last block's."""
-    g, w, b = dense_graph(rng, (64, 76), 37, 0.3, True, True, (4,), slice_depth=32)
-    a = _nonfinite(rng, rng.standard_normal((64, 76)).astype(np.float32))
-    graph, program = _scheduled(g, config)
-    assert program.kernels[0].schedule == ("cuda_spmm", config)
-    got = _on_host(g, {"a": a}, tmp_path, config)
-    np.testing.assert_allclose(got, _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
-                               equal_nan=True)
-    g, w, b = conv_graph(rng, 2, 40, 19, 4, 16, 0.3, True, True, (2,), slice_depth=32)
-    x = _nonfinite(rng, rng.standard_normal((2, 40, 4, 16)).astype(np.float32))
-    r = rng.standard_normal((2, 19, 4, 16)).astype(np.float32)
-    got = _on_host(g, {"x": x, "r": r}, tmp_path / "conv", config)
-    np.testing.assert_allclose(got, _conv_want(x, r, w, b), rtol=1e-5, atol=1e-5,
-                               equal_nan=True)
+    _staged_dense_and_conv_match(rng, tmp_path, config, (64, 76), 37, 16, scheduled=True)
 
 
 def window_graph(rng, n, c, m, h, wid, k, pads, stride, density, ordered, slice_depth=32):
