@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import multiprocessing
 import sys
 import tempfile
 import time
@@ -59,8 +58,8 @@ from dnnc.ir import types as T  # noqa: E402
 from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.sparse import encode_csr, row_max  # noqa: E402
 from dnnc.passes import find_sparsity  # noqa: E402
-from gpu_timing import (cupy_timer, header, interleaved_ms, kernel_launcher,  # noqa: E402
-                        load_module)
+from gpu_timing import (cache_module, compile_in_processes, cupy_timer, header,  # noqa: E402
+                        interleaved_ms, kernel_launcher, load_module)
 
 BERT = [("dense 768->768", 768, 768), ("dense 768->3072", 768, 3072),
         ("dense 3072->768", 3072, 768)]
@@ -163,9 +162,7 @@ def layer_kernels(machine, args, kind, name, batch, depth, rows, hw) -> tuple:
 def _compiled(job) -> str:
     """A pool worker: the layer's module compiled into the on-disk module cache."""
     machine, args, arch, layer = job
-    source = layer_kernels(machine, args, *layer)[-1].source
-    target = device.compile_arch(arch, source)
-    device.ModuleCache().get(source, target, device.nvrtc_options(target))
+    cache_module(layer_kernels(machine, args, *layer)[-1].source, arch)
     return layer[1]
 
 
@@ -226,12 +223,8 @@ def layer_list(args) -> list[tuple]:
 def layers_table(cp, machine, args) -> None:
     layers = layer_list(args)
     if args.jobs > 1:
-        start = time.perf_counter()
-        jobs = [(machine, args, device.gpu_arch(), layer) for layer in layers]
-        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-            pool.map(_compiled, jobs, chunksize=1)
-        print(f"# {len(jobs)} layers' modules compiled in {args.jobs} processes in "
-              f"{time.perf_counter() - start:.0f} s", flush=True)
+        compile_in_processes(_compiled, [(machine, args, device.gpu_arch(), layer)
+                                         for layer in layers], args.jobs)
     if args.compile_only:
         return
     for layer in layers:

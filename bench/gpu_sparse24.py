@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import multiprocessing
 import sys
 import tempfile
 import time
@@ -62,8 +61,8 @@ from dnnc.ir.graph import Graph, Value  # noqa: E402
 from dnnc.ir.ops.sparse import encode_2of4  # noqa: E402
 from dnnc.passes import sparse24 as rule  # noqa: E402
 from gpu_sparse import BERT, RESNET50_1X1, RESNET50_3X3, SEQ, cases  # noqa: E402
-from gpu_timing import (cupy_timer, header, interleaved_ms, kernel_launcher,  # noqa: E402
-                        load_module, torch_timer)
+from gpu_timing import (cache_module, compile_in_processes, cupy_timer, header,  # noqa: E402
+                        interleaved_ms, kernel_launcher, load_module, torch_timer)
 
 BERT_BATCH, RESNET_BATCH = 8, 32
 S = functools.partial(TensorCoreConfig, wgmma=True, staged=True)
@@ -166,9 +165,7 @@ def layer_kernels(machine, args, kind, name, places, depth, rows, hw) -> tuple:
 def _compiled(job) -> str:
     """A pool worker: the layer's module compiled into the on-disk module cache."""
     machine, args, arch, shape = job
-    source = layer_kernels(machine, args, *shape)[-1].source
-    target = device.compile_arch(arch, source)
-    device.ModuleCache().get(source, target, device.nvrtc_options(target))
+    cache_module(layer_kernels(machine, args, *shape)[-1].source, arch)
     return shape[1]
 
 
@@ -254,12 +251,8 @@ def layers_table(cp, machine, args) -> int:
     if args.only:
         shapes = [x for x in shapes if any(word in x[1] for word in args.only.split(","))]
     if args.jobs > 1:
-        start = time.perf_counter()
-        jobs = [(machine, args, device.gpu_arch(), shape) for shape in shapes]
-        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-            pool.map(_compiled, jobs, chunksize=1)
-        print(f"# {len(jobs)} layers' modules compiled in {args.jobs} processes in "
-              f"{time.perf_counter() - start:.0f} s", flush=True)
+        compile_in_processes(_compiled, [(machine, args, device.gpu_arch(), shape)
+                                         for shape in shapes], args.jobs)
     if args.compile_only:
         return failed
     ratios = []

@@ -19,8 +19,10 @@ Needs CuPy (header) and, for the torch functions, torch; never imported by dnnc.
 
 from __future__ import annotations
 
+import multiprocessing
 import platform
 import sys
+import time
 import traceback
 from typing import Callable
 
@@ -137,6 +139,24 @@ def torch_cells(medians: dict[str, float | None], dnnc_ms: float) -> tuple[str, 
     ratios = " ".join(f"{dnnc_ms / medians[m]:6.2f}" if medians.get(m) else f"{'-':>6}"
                       for m in TORCH_MODES)
     return times, ratios
+
+
+def cache_module(source: str, arch: str) -> None:
+    """Rendered `source` compiled by NVRTC for a GPU of `arch` (as `load_module` would) into
+    the on-disk module cache, not loaded: a pool worker's part of `compile_in_processes`."""
+    target = device.compile_arch(arch, source)
+    device.ModuleCache().get(source, target, device.nvrtc_options(target))
+
+
+def compile_in_processes(worker, jobs: list, processes: int) -> None:
+    """`worker(job)` for every job, in `processes` spawned processes at once (each filling
+    the on-disk module cache: NVRTC is most of a layer bench's time on the device), the
+    time printed."""
+    start = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        pool.map(worker, jobs, chunksize=1)
+    print(f"# {len(jobs)} layers' modules compiled in {processes} processes in "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
 
 
 def load_module(cp, source: str):
