@@ -395,7 +395,7 @@ def test_spmm_kernels_on_the_gpu(rng):
 @pytest.mark.gpu
 def test_staged_spmm_kernels_on_the_gpu(rng):
     """Shapes whose default stages B (a SparseDense of 4096 rows: 8 places a thread; a
-    batch of 32 images of a 1x1 conv: 4), NaNs included, on the device."""
+    1x1 conv of 784 places an image, 8 images: 4), NaNs included, on the device."""
     import dnnc
 
     g, w, b = dense_graph(rng, (4096, 256), 768, 0.1, True, True, (3,), slice_depth=128)
@@ -404,10 +404,10 @@ def test_staged_spmm_kernels_on_the_gpu(rng):
     model = dnnc.compile(g, target="cuda", outputs="numpy")
     np.testing.assert_allclose(model(a), _dense_want(a, w, b), rtol=1e-5, atol=1e-5,
                                equal_nan=True)
-    g, w, b = conv_graph(rng, 32, 256, 384, 14, 14, 0.1, True, True, (5,), slice_depth=128)
+    g, w, b = conv_graph(rng, 8, 256, 384, 28, 28, 0.1, True, True, (5,), slice_depth=128)
     assert _scheduled(g)[1].kernels[0].schedule[1].staged
-    x = _nonfinite(rng, rng.standard_normal((32, 256, 14, 14)).astype(np.float32), 40)
-    r = rng.standard_normal((32, 384, 14, 14)).astype(np.float32)
+    x = _nonfinite(rng, rng.standard_normal((8, 256, 28, 28)).astype(np.float32), 40)
+    r = rng.standard_normal((8, 384, 28, 28)).astype(np.float32)
     model = dnnc.compile(g, target="cuda", outputs="numpy")
     np.testing.assert_allclose(model(x, r), _conv_want(x, r, w, b), rtol=1e-5, atol=1e-5,
                                equal_nan=True)
