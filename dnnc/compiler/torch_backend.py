@@ -175,11 +175,17 @@ def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None
     options = check_backend_options(options, device)
     if options["tag_guards"]:
         _tag_guards()
-    frozen = frozen_inputs(gm, example_inputs)
+    # what aot_autograd lifts to the front of its graph's inputs: the graph module's own
+    # parameters and buffers, where dynamo left them attributes (`inline_inbuilt_nn_modules`
+    # off), the module's weights frozen as dynamo's inputs are where it passes them
+    lifted = [*dict(gm.named_parameters(remove_duplicate=False)).values(),
+              *dict(gm.named_buffers(remove_duplicate=False)).values()]
+    frozen = set(range(len(lifted))) | {len(lifted) + i for i in
+                                         frozen_inputs(gm, example_inputs)}
     state: dict = {}
-    fw = functools.partial(compile_aten, real_inputs=list(example_inputs), frozen=frozen,
-                           options=options, state=state,
-                           place=placement(options["target"], device))
+    fw = functools.partial(compile_aten, real_inputs=[*lifted, *example_inputs],
+                           frozen=frozen, options=options, state=state,
+                           place=placement(options["target"], device), lifted=len(lifted))
     with torch.no_grad():
         # the writes of inputs stay in the graph (`copy_` of the new value, which aot's
         # metadata marks MUTATED_IN_GRAPH), where dnnc's partition writes the cache itself
@@ -294,11 +300,12 @@ class _Support(OperatorSupportBase):
 
 def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[int],
                  options: dict, state: dict | None = None,
-                 place: Placement | None = None) -> "LiveArguments":
+                 place: Placement | None = None, lifted: int = 0) -> "LiveArguments":
     """aot_autograd's fw_compiler: `gm` (core ATen, placeholders in the order of dynamo's
     inputs `real_inputs`) with its supported partitions (tensors on `place.device`) compiled
     by dnnc (default: `HOST`), the rest in torch.
-    `state["direct"]` is set to the result when dynamo may call it directly (`_plain`)."""
+    `state["direct"]` is set to the result when dynamo may call it directly (`_plain`, and
+    none of the inputs is one of the `lifted` weights aot_autograd adds to dynamo's)."""
     place = place or HOST
     report = GraphReport()
     _REPORTS.append(report)
@@ -333,7 +340,7 @@ def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[in
                     report.torch_ops[op_name(inner)] += 1
     _log(report, options)
     runner = LiveArguments(fused)
-    report.direct_call = _plain(len(real_inputs))
+    report.direct_call = not lifted and _plain(len(real_inputs))
     if state is not None and report.direct_call:
         state["direct"] = runner
     return runner

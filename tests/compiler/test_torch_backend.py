@@ -199,17 +199,20 @@ def test_unsupported_op_stays_in_torch_between_partitions():
     assert report.partitions == 2
 
 
+class Counting(nn.Module):
+    """A buffer the forward writes: how many calls it has seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.fc(x) * self.calls
+
+
 def test_a_buffer_the_graph_writes_is_not_frozen():
-    class Counting(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-            self.register_buffer("calls", torch.zeros(()))
-
-        def forward(self, x):
-            self.calls.add_(1)
-            return self.fc(x) * self.calls
-
     torch.manual_seed(0)
     model = Counting().eval()
     twin = Counting().eval()
@@ -227,6 +230,42 @@ def test_a_buffer_the_graph_writes_is_not_frozen():
     report = torch_backend.reports()[-1]
     assert report.direct_call and not report.torch_ops, report.torch_ops
     assert len(report.models[0].graph.aliases) == 1
+
+
+def test_weights_dynamo_leaves_as_attributes_are_frozen_too():
+    """With `inline_inbuilt_nn_modules` off (torch 2.11: torch 2.13 ignores it), dynamo
+    keeps torch.nn modules' parameters and buffers as attributes of its graph and
+    aot_autograd lifts them to the front of the inputs: they are constants of the compile all
+    the same (were: inputs, BatchNorm left unfolded), and a buffer the graph writes is still
+    written."""
+    held = []
+
+    def spy(gm, example_inputs, options=None):
+        held.append(len(list(gm.parameters())))
+        return dnnc_backend(gm, example_inputs, options)
+
+    torch.manual_seed(0)
+    cnn = randomize_batch_norm(SmallCNN()).eval()
+    x = torch.randn(2, 3, 20, 20)
+    before = len(torch_backend.reports())
+    with torch._dynamo.config.patch(inline_inbuilt_nn_modules=False), torch.no_grad():
+        torch._dynamo.reset()
+        got = torch.compile(cnn, backend=spy)(x)
+        if not held[0]:
+            pytest.skip("this torch passes every weight as an input (always inlines modules)")
+        np.testing.assert_allclose(got.numpy(), cnn(x).numpy(), rtol=1e-4, atol=1e-4)
+        (report,) = new_reports(before)
+        (model,) = report.models
+        assert len(model.input_names) == 1   # the image; every weight a constant
+        assert not report.direct_call   # aot_autograd's call adds the lifted weights
+        model = Counting().eval()
+        twin = Counting().eval()
+        twin.load_state_dict(model.state_dict())
+        fn = compiled(twin)
+        y = torch.randn(2, 4)
+        for _ in range(3):
+            np.testing.assert_allclose(fn(y).numpy(), model(y).numpy(), rtol=1e-5, atol=1e-6)
+    assert float(twin.calls) == 3
 
 
 class Cache(nn.Module):
