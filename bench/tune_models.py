@@ -14,7 +14,8 @@ median of `--repeat` calls; `--rounds` rounds, the order alternating: default, t
 default, ...) so that both see the same machine state. Models of a millisecond vary by up to
 2x from block to block on a shared host: many short blocks, not a few long ones. Prints trials,
 tasks, tuning wall time, tuned kernels, both medians (of the blocks), the speedup, and the
-share of rounds in which the tuned block was the faster.
+share of rounds in which the tuned block was the faster. The tuning's progress goes to
+stderr: a bar on a terminal, a line per task where stderr is a file or a pipe (a device log).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def main() -> None:
             tasks, trials, tune_s = len({r.task for r in records}), len(records), float("nan")
         else:
             reports = dnnc.tune(model, args.target, log=log, trials=args.trials,
-                                progress=False, **options)
+                                progress=True, **options)
             tune_s = time.perf_counter() - start
             tasks, trials = len(reports), sum(r.trials for r in reports) + len(reports)
         inputs = list(zoo.inputs_for(model, np.random.default_rng(0)).values())

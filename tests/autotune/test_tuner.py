@@ -201,3 +201,25 @@ def test_a_kernel_scheduled_again_counts_once_as_tuned(llvm_tasks):
     for _ in range(3):
         builder.schedule(task.kernel)
     assert builder.tuned_kernels == 1
+
+
+def test_a_task_off_a_terminal_prints_its_trials_and_an_eta_while_it_runs(
+        monkeypatch, capsys, llvm_tasks):
+    """Where stderr is no terminal (a CI or device log) a task's progress is lines: one
+    every `LINE_SECONDS` with the trials done and an ETA (here every update), none for its
+    last trial (`_done` closes the task with its own line); nothing with progress off."""
+    from dnnc.autotune import tuner
+
+    monkeypatch.setattr(tuner.sys.stderr, "isatty", lambda: False, raising=False)
+    task = llvm_tasks[1][0]
+    assert tuner._bar(task, 4, False) is None
+    bar = tuner._bar(task, 4, True)
+    assert isinstance(bar, tuner.TrialLines)
+    monkeypatch.setattr(tuner.TrialLines, "LINE_SECONDS", 0.0)
+    capsys.readouterr()
+    bar.set_postfix_str("best 1.000 ms, default 1.800 ms, errors 0")
+    for _ in range(4):
+        bar.update(1)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "trials" in line]
+    assert len(lines) == 3, lines
+    assert f"{task.name}: 1/4 trials, best 1.000 ms" in lines[0] and "ETA" in lines[0]
