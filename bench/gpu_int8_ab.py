@@ -1,13 +1,15 @@
-"""resnet50 b32 (QDQ, as bench/gpu_int8.py makes it) at int8 against dnnc's fp16, with rows
-compiled each in its own process at once and timed one after the other (file turns under
-/tmp/fin): `prep` quantizes the model once (and onnxruntime's int8 output, 16 threads); then
-`fp16`, `before` (run under DNNC_SPACE_TO_DEPTH=0: the stem as it came before
-convert_layout's `_space_to_depth`), `after` (as compiled) and `after-64x128`
-(int8.SHALLOW_TILE 64 x 128) each compile, wait for their turn, take three medians of 50
-calls (inputs on the device), trace their kernels in the model (bench/gpu_breakdown.py's
-`traced`) and profile them alone; $OUT/<row>.json. bench/gpu_int8_ab.sh drives it (with the
-GPU int8 tests and the fuzzer's QDQ cases on cuda while the rows compile). Session 46's
-resnet50 table in docs/cuda_backend.md comes from it. Never imported by dnnc.
+"""resnet50 b32 (QDQ, as bench/gpu_int8.py makes it) at int8 against dnnc's fp16, two dnnc trees
+(main and a branch) in one call, each row compiled in its own process at once and timed one
+after the other (file turns under /tmp/fin): `prep` quantizes the model once (and
+onnxruntime's int8 output, 16 threads); then `ROW LABEL` (run from the tree whose dnnc it
+times: `fp16`, `int8` as compiled, `int8-64x128` with int8.SHALLOW_TILE 64 x 128) compiles,
+waits for its turn (LABEL names the turn files), takes three medians of 50 calls (inputs on
+the device), traces its kernels in the model (bench/gpu_breakdown.py's `traced`) and profiles
+them alone; it prints the 1x1 convs that add the residual (the conv kernels whose nodes hold
+an Add: QuantizedAdd in the int8 model) in the model and alone, and writes
+$OUT/LABEL.json. bench/gpu_int8_ab.sh drives it (with the GPU int8 tests and the fuzzer's QDQ
+cases on cuda while the rows compile). Session 55's resnet50 table in docs/cuda_backend.md
+comes from it. Never imported by dnnc.
 """
 import json, os, sys, time
 from pathlib import Path
@@ -37,7 +39,7 @@ if sys.argv[1] == "prep":
     print(f"prep {time.perf_counter() - t0:.1f}s", flush=True)
     sys.exit(0)
 
-name = sys.argv[1]
+row, name = sys.argv[1], sys.argv[2]
 import dnnc
 import onnx
 from gpu_int8 import on_device, by_template
@@ -45,11 +47,11 @@ from gpu_breakdown import traced
 feeds = dict(np.load(W / "feeds.npz"))
 dev = on_device(feeds)
 t0 = time.perf_counter()
-if name == "after-64x128":   # an informative variant: int8's shallow tile 64 x 128 (3 blocks an SM)
+if row == "int8-64x128":   # an informative variant: int8's shallow tile 64 x 128 (3 blocks an SM)
     from dataclasses import replace
     from dnnc.backends.cuda import int8 as int8_module
     int8_module.SHALLOW_TILE = replace(int8_module.SHALLOW_TILE, block_m=64, warps_m=4)
-if name == "fp16":
+if row == "fp16":
     m = dnnc.compile(onnx.load(str(W / "float.onnx")), "cuda", precision="fp16", cache=False)
 else:
     m = dnnc.compile((W / "path").read_text(), "cuda", cache=False)
@@ -60,8 +62,8 @@ wait(W / f"go.{name}")
 ms = [m.benchmark(*dev, repeat=50)["median_ms"] for _ in range(3)]
 kern, cnt = traced(lambda: m.run(*dev), 10)
 rows = m.profile(*dev, repeat=5)
-res = {"name": name, "ms": ms, "compile_s": seconds}
-if name != "fp16":
+res = {"name": name, "row": row, "ms": ms, "compile_s": seconds}
+if row != "fp16":
     want = np.load(W / "want.npy")
     d = np.abs(got.astype(np.float64) - want)
     res["mismatch"] = float(np.mean(d > 0)); res["max_steps"] = float(d.max() / (np.abs(want).max() / 127))
@@ -70,6 +72,12 @@ res["kernels"] = {k: [v, cnt.get(k, 0)] for k, v in kern.items()}
 res["alone"] = [{k: (str(v) if k == "config" else v) for k, v in r.items()} for r in rows]
 (OUT / f"{name}.json").write_text(json.dumps(res, default=str))
 print(f"{name}: median of 50 (3 rounds) {ms}, compile {seconds:.1f}s, traced sum {sum(kern.values()):.3f} ms"
-      + (f", mismatch vs ORT {res['mismatch']:.2e}, max |d|/step {res['max_steps']:.3g}" if name != 'fp16' else ""), flush=True)
+      + (f", mismatch vs ORT {res['mismatch']:.2e}, max |d|/step {res['max_steps']:.3g}" if row != 'fp16' else ""), flush=True)
+residual = [r for r in rows if "conv" in str(r.get("template")) and
+            any("add" in n.lower() for n in r.get("nodes", []))]
+print(f"  {name} residual convs ({len(residual)}): in the model "
+      f"{1000 * sum(kern.get(r['kernel'], 0) for r in residual):.0f} us, alone "
+      f"{1000 * sum(r['ms'] for r in residual):.0f} us; each in the model (us): "
+      + " ".join(f"{1000 * kern.get(r['kernel'], 0):.0f}" for r in residual), flush=True)
 by_template(name, m, dev, rows, slowest=5)
 (W / f"done.{name}").touch()

@@ -785,12 +785,25 @@ class _Emitter:
             return emit(args[0], e.dtype)
         if e.name == "cluster_load":   # (WGMMA_PRELUDE) the element's place, not its value
             return f"dnnc_cluster_load(&{self.load(e.args[0])}, (unsigned)({args[1]}))"
+        if e.name == "load_word":
+            return self.load_word(e.args[0])
         if e.name == L.index_checks.CHECK:   # (PRELUDE)
             return f"dnnc_check_index({', '.join(args)}, {c_name(ERRORS.name)})"
         emit = _CALLS.get((_class(src), e.name))
         if emit is None:
             self.fail(f"no CUDA rendering for intrinsic {e.name} on {src.name} (legalized?)")
         return emit(*args, e.dtype)
+
+    def load_word(self, at: L.Load) -> str:
+        """`load_word(at)`: `dnnc_load_word(&at)` (PRELUDE) where the byte offset is a proven
+        multiple of 4 (`L.divisor`; `at` a global element: a parameter or workspace, whose
+        start is aligned), else its four bytes one at a time, the first lowest."""
+        *lead, last = at.indices
+        if not lead and L.divisor(last, self.divisors) % 4 == 0:
+            return f"dnnc_load_word(&{self.load(at)})"
+        return "(" + " | ".join(
+            f"((unsigned)(unsigned char)({self.load(L.Load(at.buffer, (*lead, last + k)))})"
+            f" << {8 * k})" for k in range(4)) + ")"
 
     def cast(self, e: L.Cast) -> str:
         src, dst = e.value.dtype, e.dtype

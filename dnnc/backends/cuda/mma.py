@@ -700,8 +700,8 @@ def mma_product(c: TensorCoreConfig, batch: int, m: int, n: int, k: int, a: Oper
     grid = (-(-m // w.bm), -(-n // w.bn))
     if c.split_k == 1:
         if c.staged:
-            from .staged import staged_results   # (it builds on this module's tiles)
-            body = w.block(L.seq(w.init(), w.product(L.const(0))), staged_results(w, store))
+            from .staged import staged_block   # (it builds on this module's tiles)
+            body = staged_block(w, L.seq(w.init(), w.product(L.const(0))), store)
         else:
             done = w.each_result(lambda i, j, value: store(bi, i, j, value))
             body = w.block(L.seq(w.init(), w.product(L.const(0)), done))
@@ -738,20 +738,27 @@ def _grouped(body: L.Stmt, grid: tuple[int, int], by: L.Var, bx: L.Var) -> L.Stm
         by, first + within % height, L.Let(bx, within // height, body))), L.ForKind.BLOCK_X)
 
 
-def _over_threads(threads: int, count: int, body) -> L.Stmt:
+def _over_threads(threads: int, count: int, body):
     """`body(step, e)` for items e < count, item e on thread e % threads at its step
     e // threads. e is the expression step * threads + t, not a variable, so that the
     simplifier sees e % d = t % d for d dividing `threads`: the staged epilogue's columns
     are then the same at every step, and NVCC loads their parameters once (an int8 conv's
-    128 x 256 tile: 12 loads of scales, sums and biases a thread, not 384)."""
+    128 x 256 tile: 12 loads of scales, sums and biases a thread, not 384). Where `body`
+    returns a tuple of statements, a tuple of such loops, one each, on the same thread and
+    step variables (statements run apart, each over every step: the staged epilogue's
+    prefetch and its finishing)."""
     t, step = L.Var("t"), L.Var("l")
     steps = -(-count // threads)
     e = step * threads + t
+
+    def loop(inner: L.Stmt) -> L.Stmt:
+        if steps * threads > count:
+            inner = L.If(e < count, inner)
+        return L.For(t, threads, L.For(step, steps, inner, L.ForKind.UNROLLED),
+                     L.ForKind.THREAD_X)
+
     inner = body(step, e)
-    if steps * threads > count:
-        inner = L.If(e < count, inner)
-    return L.For(t, threads, L.For(step, steps, inner, L.ForKind.UNROLLED),
-                 L.ForKind.THREAD_X)
+    return tuple(map(loop, inner)) if isinstance(inner, tuple) else loop(inner)
 
 
 class _Tile:

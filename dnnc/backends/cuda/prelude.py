@@ -38,6 +38,11 @@ __device__ __forceinline__ float dnnc_bf2f(unsigned short h) {
 __device__ __forceinline__ int dnnc_dp4a(int acc, unsigned a, unsigned b) {
   int d; asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc)); return d;
 }
+// L.load_word: the 4 bytes at p (4-byte aligned) as one word, by ld.global.cg (through L2):
+// ptxas keeps it where it is, where it moves a read-only (ld.global.nc) load down to its use
+__device__ __forceinline__ unsigned dnnc_load_word(const void* p) {
+  return __ldcg(static_cast<const unsigned*>(p));
+}
 // NaN-propagating, as NumPy's maximum / minimum (fmaxf would drop the NaN)
 template <typename T> __device__ __forceinline__ T dnnc_fmax(T a, T b) {
   return a != a ? a : b != b ? b : a > b ? a : b;

@@ -10,7 +10,9 @@ it reads along the run (a residual, per-channel sums and scales) first copied in
 a vector load each (`threads.vector_loads`: resnet50's int8 residual a char4, not 4 byte
 loads), and stores them with one vector store where the renderer proves the run contiguous
 and aligned in Y
-(through a layout tail too: the simplifier splits a run's lane off an aligned base). The
+(through a layout tail too: the simplifier splits a run's lane off an aligned base). Where
+the k loop is one tile, an 8-bit operand that differs from step to step (an int8 residual)
+is loaded ahead of the k loop instead, a 32-bit word a step (`_ahead`, `L.load_word`). The
 tile takes the memory the operands' ring held (`codegen.shared_pool_bytes`).
 
 A knob the tuner searches. The defaults stage the unsplit products of a 16-bit Y, wgmma or
@@ -39,8 +41,11 @@ its partials in); a second cluster barrier keeps every tile in place until all a
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...ir import loop as L
 from ...ir import types as T
+from ..loop_analysis import flat_offsets
 from .mma import TensorCoreConfig, _over_threads
 from .threads import Names, vector_loads
 
@@ -63,14 +68,24 @@ def staging_bytes(c: TensorCoreConfig, transposed: bool = False) -> int:
     return c.block_m * (c.block_n + STAGING_PAD) * 4
 
 
-def staged_results(w, store) -> L.Stmt:
-    """The statements of `w`'s staged epilogue (the module's docstring), `w` a
-    `mma._WarpTiles` or `wgmma.Warpgroups` whose k loop has ended (its
-    `transposed_results`, where it has one, says Y runs along its rows)."""
+def staged_block(w, k_loop: L.Stmt, store) -> L.Stmt:
+    """`w.block` of `k_loop` (the accumulators zeroed and summed) then `w`'s staged epilogue
+    (the module's docstring), `w` a `mma._WarpTiles` or `wgmma.Warpgroups` (its
+    `transposed_results`, where it has one, says Y runs along its rows); where the k loop
+    is one tile, the epilogue's 8-bit operands that differ from step to step (an int8
+    residual) loaded ahead of it (`_ahead`). On an H200 (bench/gpu_int8_ab.sh, session 55)
+    that took resnet50 b32's int8 residual convs of one k tile (56 x 56 and 28 x 28) 2-9%
+    less time in the model; those of two (14 x 14, k = 256: their registers 118-122 ->
+    128) took 3-7% more, so they load theirs after the k loop as before."""
     tile = _staging_tile(w)
     rows = _geometry(w)[0]
-    return L.Allocate(tile, L.seq(_kept(w, tile), L.Barrier(), _finished(
-        w, store, rows, L.const(0), lambda at: tile[at], L.ForKind.VECTORIZED)))
+    ahead, finished, registers = _finished(w, store, rows, L.const(0), lambda at: tile[at],
+                                           L.ForKind.VECTORIZED, prefetch=w.per == 1)
+    body = w.block(L.seq(*ahead, k_loop), L.Allocate(tile, L.seq(
+        _kept(w, tile), L.Barrier(), finished)))
+    for reg in registers:
+        body = L.Allocate(reg, body)
+    return body
 
 
 def cluster_results(w, store, sk: L.Expr) -> L.Stmt:
@@ -88,7 +103,7 @@ def cluster_results(w, store, sk: L.Expr) -> L.Stmt:
         return value
     return L.Allocate(tile, L.seq(
         _kept(w, tile), L.ClusterBarrier(split),
-        _finished(w, store, rows, sk * rows, summed, L.ForKind.UNROLLED),
+        _finished(w, store, rows, sk * rows, summed, L.ForKind.UNROLLED)[1],
         L.ClusterBarrier(split)))
 
 
@@ -116,14 +131,19 @@ def _kept(w, tile: L.Buffer) -> L.Stmt:
         tile, ((j * stride + i) if transposed else (i * stride + j),), value), within_tile=True)
 
 
-def _finished(w, store, rows: int, first: L.Expr, value, kind: L.ForKind) -> L.Stmt:
+def _finished(w, store, rows: int, first: L.Expr, value, kind: L.ForKind,
+              prefetch: bool = False) -> tuple[list, L.Stmt, list]:
     """Rows first .. first + rows - 1 of the staged tile finished through `store` in runs of
-    STAGED_RUN, a run's results `value(offset into tile)` (read as one vector: `kind`)."""
+    STAGED_RUN, a run's results `value(offset into tile)` (read as one vector: `kind`): ([the
+    statement loading operands ahead of the k loop, with `prefetch` where `_ahead` takes
+    some], the finishing, [the registers it loads them into])."""
     transposed = _transposed(w)
     _, width, stride = _geometry(w)
     run = STAGED_RUN
     results = L.Buffer("y_run", w.acc.dtype, (run,), L.Scope.LOCAL)
     v = L.Var("v")
+    steps = -(-rows * width // run // w.c.threads)
+    early, words = [], []
 
     def finish(step, e):
         r, col = first + e // (width // run), e % (width // run) * run
@@ -143,6 +163,10 @@ def _finished(w, store, rows: int, first: L.Expr, value, kind: L.ForKind) -> L.S
                 copies, registers, finished = vector_loads(
                     L.Store(out, (v,), done.value), v, run, L.free_vars(done.value), v,
                     L.const(0, v.dtype), run, Names(done))
+                if prefetch:
+                    loads, copies, registers, finished, words[:] = _ahead(
+                        copies, registers, finished, step, steps)
+                    early.extend(loads)
             body = L.seq(*copies, L.For(v, run, finished, L.ForKind.UNROLLED),
                          L.For(v, run, L.Store(done.buffer, done.indices, out[v]),
                                L.ForKind.VECTORIZED))
@@ -156,6 +180,50 @@ def _finished(w, store, rows: int, first: L.Expr, value, kind: L.ForKind) -> L.S
             inside = None
         body = L.seq(L.For(v, run, L.Store(results, (v,), value(r * stride + col + v)), kind),
                      body if inside is None else L.If(inside, body))
-        return L.Allocate(results, L.Allocate(out, body))
+        loads = L.seq(*early)
+        return loads if inside is None else L.If(inside, loads), \
+            L.Allocate(results, L.Allocate(out, body))
 
-    return _over_threads(w.c.threads, rows * width // run, finish)
+    loads, finishing = _over_threads(w.c.threads, rows * width // run, finish)
+    return [loads] if early else [], finishing, words
+
+
+AHEAD_WORDS = 16
+"""The most 32-bit words of operands a thread loads ahead of the k loop (`_ahead`): a 128 x
+128 tile's int8 residual on 256 threads, 16 steps of a word."""
+
+
+def _ahead(copies: list, registers: list, finished: L.Stmt, step: L.Var, steps: int
+           ) -> tuple:
+    """(the loads to issue ahead of the k loop, the copies left, their registers, `finished`
+    reading both, the registers loaded ahead): of `vector_loads`' copies into `registers`
+    (a step's run of an operand each), those of an 8-bit operand (a run of STAGED_RUN bytes:
+    one word) whose place differs from step to step (an int8 residual; not a per-channel
+    parameter, the same at every step, which NVCC loads once), where they fit AHEAD_WORDS
+    together, each made one `load_word` a step into a word register of its own, `finished`
+    taking its bytes from there: a block's epilogue then does not wait for them after its
+    k loop. (Loaded into registers as they were, NVCC issued them before the k loop but
+    ptxas moved each read-only load back down to its first use, after the k loop's
+    barriers; `load_word`'s stays.)"""
+    points = np.arange(steps)
+    varying = [(copy, reg) for copy, reg in zip(copies, registers)
+               if reg.dtype.itemsize * STAGED_RUN == 4 and not np.all(
+                   flat_offsets(copy.body.value, step, points) ==
+                   flat_offsets(copy.body.value, step, points[:1]))]
+    if not varying or steps * len(varying) > AHEAD_WORDS:
+        return [], copies, registers, finished, []
+    words = {reg.name: L.Buffer(reg.name, T.uint32, (steps,), L.Scope.LOCAL)
+             for _, reg in varying}
+
+    def byte(x):
+        if isinstance(x, L.Load) and x.buffer.name in words:
+            shift = L.Cast(T.uint32, x.indices[0]) * L.const(8, T.uint32)
+            return L.Cast(x.dtype, L.BinOp(">>", words[x.buffer.name][step], shift))
+        return None
+
+    loads = [L.Store(words[reg.name], (step,), L.call("load_word", L.substitute(
+        copy.body.value, {copy.var: L.const(0, copy.var.dtype)}), dtype=T.uint32))
+        for copy, reg in varying]
+    kept = [(copy, reg) for copy, reg in zip(copies, registers) if reg.name not in words]
+    return loads, [c for c, _ in kept], [r for _, r in kept], \
+        L.transform(finished, byte), list(words.values())

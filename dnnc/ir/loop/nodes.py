@@ -145,7 +145,7 @@ INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "f
               "asinh", "acosh", "atanh", "pow", "fmod", "isnan", "isinf", "not", "neg",
               "log1p", "expm1", "sign", "atan2", "fma", "bitcast", "shfl_xor", "shfl_down",
               "pack_tf32", "pack_fp16x2", "pack_bf16x2", "check_index", "dot_bf16x2",
-              "dot_u8s8x4", "pack_u8x4", "cluster_load")
+              "dot_u8s8x4", "pack_u8x4", "cluster_load", "load_word")
 """`fma(a, b, c)` is a*b + c, fused where the target has it (kernels' inner products);
 `dot_bf16x2(acc, a, b)` is acc + hi(a) hi(b) + lo(a) lo(b) in float32, where lo(x) and hi(x)
 are the bfloat16 numbers in bits 0-15 and 16-31 of the uint32 x: the high pair's product
@@ -160,7 +160,12 @@ and the signed bytes of uint32 b, exact (AVX-512 VNNI / AVX-VNNI `vpdpbusd` on o
 GPU warp's (`SHUFFLES`); the packs make tensor-core operand registers (`PACKS`);
 `cluster_load(x, rank)` (GPU-only, sm_90) is the value the shared float32 element `x` (a
 `Load`: a place, never evaluated here) holds in the shared memory of block `rank` of this
-block's cluster (`ClusterBarrier`), read between two cluster barriers."""
+block's cluster (`ClusterBarrier`), read between two cluster barriers;
+`load_word(x)` (GPU-only) is the uint32 whose bytes, lowest first, are the 1-byte global
+element `x` (a `Load`: a place, never evaluated here) and the three after it, read (where
+the renderer proves x's offset a multiple of 4) as one load that stays where it is issued
+(through L2, not the read-only path: the GPU's assembler moves a read-only load down to its
+first use, past barriers; staged.py's loads ahead of a k loop)."""
 
 PACKS = {"tf32": "pack_tf32", "fp16": "pack_fp16x2", "bf16": "pack_bf16x2"}
 """Precision -> the intrinsic making an `Mma` operand register (uint32, PTX's .b32) from

@@ -108,6 +108,15 @@ def _check_cluster_load(func, call: Call, gpu: set) -> None:
                           f"float32 element, an integer rank) giving float32")
 
 
+def _check_load_word(func, call: Call) -> None:
+    """A word load reads the place of a global element of one byte, giving uint32."""
+    if len(call.args) != 1 or not isinstance(call.args[0], Load) or \
+            call.args[0].buffer.scope is not Scope.GLOBAL or \
+            call.args[0].dtype.itemsize != 1 or call.dtype is not T.uint32:
+        raise LoopIRError(f"{func.name}: {print_expr(call)} is not load_word(a global "
+                          f"element of one byte) giving uint32")
+
+
 def _check_dot_bf16x2(func, call: Call) -> None:
     """A bf16 pair product: a float32 accumulator and two uint32 words of bf16 pairs."""
     types = tuple(a.dtype for a in call.args)
@@ -316,6 +325,8 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
                     _check_dot_bf16x2(func, n)
                 elif isinstance(n, Call) and n.name == "cluster_load" and placement:
                     _check_cluster_load(func, n, gpu)
+                elif isinstance(n, Call) and n.name == "load_word":
+                    _check_load_word(func, n)
 
     if isinstance(s, For):
         exprs(s.extent)

@@ -249,6 +249,40 @@ def test_a_vectorized_copy_is_one_vector_load_only_where_alignment_is_proven(
         assert f"const {vector} " in text and "v_vec.y" in text
 
 
+@pytest.mark.parametrize("start,stride,whole", [(0, 4, True), (8, 12, True), (1, 4, False),
+                                                (0, 6, False)])
+def test_load_word_is_one_load_only_where_alignment_is_proven(start, stride, whole, tmp_path):
+    """`load_word(x[e])` (staged.py's int8 residual loaded ahead): `dnnc_load_word` (one
+    32-bit ld.global.cg) where e is a proven multiple of 4, else its four bytes one at a
+    time; the same word either way on host threads; the verifier takes only a global
+    element of one byte."""
+    from test_host_semantics import host_library
+
+    src = L.Buffer("src", T.int8, (1024,))
+    dst = L.Buffer("dst", T.uint32, (64,))
+    t, e = L.Var("t"), L.Var("e")
+    word = L.call("load_word", src[e], dtype=T.uint32)
+    func = L.PrimFunc("f", (src, dst), L.For(t, 64, L.Let(
+        e, t * stride + start, L.Store(dst, (t,), word)), L.ForKind.THREAD_X))
+    L.verify(func)
+    module = render_module([(func, True)])
+    assert ("dnnc_load_word(&" in module.source) == whole
+    lib = host_library([(func, True)], tmp_path, module)
+    x = np.random.default_rng(start).integers(-128, 128, 1024).astype(np.int8)
+    got = np.zeros(64, np.uint32)
+    args = (ctypes.c_void_p * 2)(x.ctypes.data, got.ctypes.data)
+    (launch,) = module.kernels["f"].launches
+    lib.dnnc_launch(ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p), args,
+                    *[ctypes.c_uint(g) for g in launch.grid], ctypes.c_uint(launch.block[0]))
+    at = np.arange(64) * stride + start
+    assert np.array_equal(got, x.view(np.uint8)[at[:, None] + np.arange(4)].astype(
+        np.uint32) @ (1 << 8 * np.arange(4, dtype=np.uint32)))
+    wide = L.Buffer("wide", T.int32, (1024,))
+    with pytest.raises(L.LoopIRError, match="not load_word"):
+        L.verify(L.PrimFunc("g", (wide, dst), L.For(t, 64, L.Store(dst, (t,), L.call(
+            "load_word", wide[t], dtype=T.uint32)), L.ForKind.THREAD_X)))
+
+
 def _register_store(start, stride, lanes, dtype=T.float32, dst_scope=L.Scope.GLOBAL,
                     value=None, name="f"):
     """t < 64 threads, each computing `lanes` values into registers, then a VECTORIZED loop
@@ -803,11 +837,12 @@ def _every_op() -> list[L.PrimFunc]:
         # (check_index: test_host_semantics.test_check_index_records_the_first_bad_index;
         # dot_bf16x2 and dot_u8s8x4, a CPU's bf16 and int8 products, pack_u8x4 their
         # operand: tests/backends/llvm/test_bf16.py and test_int8.py; cluster_load, a
-        # shared element of another block: test_cuda_wgmma.py's cluster splits)
+        # shared element of another block: test_cuda_wgmma.py's cluster splits; load_word,
+        # a place's word: test_load_word_is_one_load_only_where_alignment_is_proven)
         calls = [n for n in L.INTRINSICS if n not in ("bitcast", "fma", "pow", "fmod",
                                                       "atan2", "check_index", "dot_bf16x2",
                                                       "dot_u8s8x4", "pack_u8x4",
-                                                      "cluster_load", *L.SHUFFLES,
+                                                      "cluster_load", "load_word", *L.SHUFFLES,
                                                       *L.PACKS.values())]
         if not dt.is_float:
             calls = ["abs", "neg", "sign", "not", "isnan", "isinf"] if dt.kind != "b" \

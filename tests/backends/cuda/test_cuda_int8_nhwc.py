@@ -206,6 +206,39 @@ def test_int8_wgmma_on_host(act, tmp_path):
     assert templates == ["cuda_int8_conv2d"] and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("n,h,w,m,act", [(2, 8, 8, 128, np.int8), (2, 9, 7, 136, np.uint8)])
+def test_int8_residual_loaded_ahead_on_host(n, h, w, m, act, tmp_path):
+    """A 1x1 conv whose staged epilogue adds an 8-bit residual (QuantizedAdd, as a QDQ
+    ResNet's bottleneck ends) on the shallow products' tile (`int8.SHALLOW_TILE`, 16 steps a
+    thread): the residual's runs are loaded ahead of the k loop, a word a step
+    (`dnnc_load_word`, staged.py's `_ahead`), whole tiles and tiles past Y's edges, bit for
+    bit the reference."""
+    import dataclasses
+
+    from dnnc.backends.cuda.int8 import SHALLOW_TILE
+    from dnnc.ir.interpreter import run_graph
+
+    rng = np.random.default_rng(m)
+    g, x, _ = nhwc_graph(rng, n, 64, h, w, m, 1, 1, 0, act, act.__name__)
+    conv = g.outputs[0].producer.inputs[0]   # (the Relu's input)
+    residual = g.add_input("r", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, h, w, m)))
+    scalars = [_const(name, value) for name, value in (
+        ("sa", np.float32(0.03)), ("za", act(3)), ("sb", np.float32(0.05)),
+        ("zb", act(-7 % 256 if act is np.uint8 else -7)), ("sc", np.float32(0.07)),
+        ("zc", act(5)))]
+    g.outputs = [g.add("QuantizedAdd", conv, *scalars[:2], residual, *scalars[2:])]
+    info = np.iinfo(act)
+    r = rng.integers(info.min, info.max + 1, (n, h, w, m)).astype(act)
+    optimised, (program,) = programs(g, machine=MACHINE,
+                                     config=dataclasses.replace(SHALLOW_TILE, staged=True))
+    module = render_module(program.unique)
+    assert [k.schedule[0] for k in program.kernels] == ["cuda_int8_conv2d_nhwc"]
+    assert "dnnc_load_word(&" in module.source
+    lib = host_library(program.unique, tmp_path, module)
+    got = program_on_host(lib, module, program, {"x": x, "r": r})[optimised.outputs[0].name]
+    assert np.array_equal(got, run_graph(g, [x, r])[0])
+
+
 def test_int8_wgmma_compiles_for_sm90a_without_spills():
     """NVRTC (where CuPy is) compiles the channels-last conv at each WGMMA_TILES tile, s8 and
     u8, for sm_90a to wgmma's integer form, without register spills."""

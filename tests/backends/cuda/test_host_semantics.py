@@ -162,6 +162,10 @@ static inline int dnnc_dp4a(int acc, unsigned a, unsigned b) {
     sum += (unsigned)((int)(a >> 8 * t & 0xffu) * (int)(signed char)(b >> 8 * t & 0xffu));
   return (int)sum;
 }
+// L.load_word: the 4 bytes at p as one word, the first lowest (the host is little-endian)
+static inline unsigned dnnc_load_word(const void* p) {
+  unsigned w; std::memcpy(&w, p, 4); return w;
+}
 """
 
 MMA_SHIM = r"""

@@ -368,7 +368,7 @@ def test_every_intrinsic_is_rendered_or_rejected():
                                            "check_index", *L.SHUFFLES, *L.PACKS.values(),
                                            "dot_bf16x2",   # (test_bf16.py)
                                            "dot_u8s8x4", "pack_u8x4",   # (test_int8.py)
-                                           "cluster_load"}
+                                           "cluster_load", "load_word"}
     assert tested == set(L.INTRINSICS)
 
 
@@ -693,6 +693,14 @@ def test_cluster_loads_are_codegen_errors():
     f = elementwise("cluster_load", [T.float32], T.float32,
                     lambda x: L.call("cluster_load", x, L.const(1, T.int32), dtype=T.float32))
     with pytest.raises(CodegenError, match="cluster_load"):
+        ModuleBuilder().add(f)
+
+
+def test_word_loads_are_codegen_errors():
+    """A GPU-only intrinsic (staged.py's loads ahead; test_cuda_codegen.py renders it)."""
+    f = elementwise("load_word", [T.int8], T.uint32,
+                    lambda x: L.call("load_word", x, dtype=T.uint32))
+    with pytest.raises(CodegenError, match="load_word"):
         ModuleBuilder().add(f)
 
 
