@@ -50,14 +50,19 @@ from .process import initialize, llvm_lock, on_fork_in_child
 #
 # A region's life: the caller fills the task (fn, closure, chunk size, every thread's home
 # range: the caller's is 0, worker i's i, the id `pthread_create` hands it), *opens* the region
-# (`state` = 0 workers inside) and bumps `generation`, waking sleeping workers only when there
-# are any. Everyone, caller included, claims chunks from its home counter, then from the
-# others' (in turn from the next thread's) until none are left. A worker enters a region by
-# incrementing `state`'s count with a compare-and-swap that fails once the region is closed,
-# so a worker that arrives late never reads the task of a region whose closure is gone. When
-# the caller runs out of chunks it *closes* the region (sets CLOSED in `state`) and waits only
-# for the workers counted inside, which are running chunks they claimed; a worker that never
-# started is never waited for.
+# (`state` = 0) and bumps `generation`, waking sleeping workers only when there are any.
+# Everyone, caller included, claims chunks from its home counter, then from the others' (in
+# turn from the next thread's) until none are left. A worker enters a region by raising the
+# *inside* flag on its own home line, then reading `state`: if the region is closed it lowers
+# the flag and touches nothing, so a worker that arrives late never reads the task of a region
+# whose closure is gone. When the caller runs out of chunks it *closes* the region (`state` =
+# 1), then reads every worker's flag and waits for those raised, which are running chunks they
+# claimed (or about to see the region closed); a worker that never started is never waited
+# for. Both sides write first and read second (seq_cst), so one of them sees the other's
+# write: the caller never misses a worker inside. Entering and leaving write only the
+# worker's own line (16 threads incrementing and decrementing one shared count, one after
+# another: an empty region 5.1 us at 16 threads on the AMX Xeon, 4.0 with the flags;
+# docs/llvm_backend.md, "Threads").
 #
 # Waiting (a worker for the next region, the caller for workers inside) backs off by time:
 # PAUSE for SPIN_NS, then sched_yield until BLOCK_NS, then sleep on a condition variable.
@@ -85,8 +90,6 @@ _HOP_INTERVAL_NS = 10_000_000
 
 # CPUs a pinning mask covers (glibc's cpu_set_t: 1024)
 _CPU_MASK_BITS = 1024
-
-_CLOSED = 1 << 40   # in `state`: the region takes no more workers; low bits count those inside
 
 # the spin-wait hint per architecture (llvmlite's triple's first component)
 _PAUSE = {
@@ -118,9 +121,13 @@ PAUSE_DECL
 @task_ctx = internal global ptr null
 @task_chunk = internal global i64 1
 ; per thread (HOME_STRIDE words apart: a cache line each): its home range's next unclaimed
-; iteration and its end
+; iteration, its end, and (workers) whether it is inside the region: a line the owner writes
+; anyway, so a worker enters and leaves without writing one another thread writes
 @home = internal global [HOME_WORDS x i64] zeroinitializer, align 64
-@state = internal global i64 CLOSED, align 64
+; 0 while a region is open, 1 closed (it takes no more workers)
+@state = internal global i64 1, align 64
+; the caller sleeps on done_cond waiting for a worker (set and cleared under the mutex)
+@caller_asleep = internal global i64 0, align 64
 @generation = internal global i64 0, align 64
 @sleepers = internal global i64 0, align 64
 @busy = internal global i32 0, align 64
@@ -282,6 +289,9 @@ entry:
   %pc = getelementptr [MAX_THREADS x i32], ptr @pin_cpu, i64 0, i64 %me
   %cpu = load i32, ptr %pc
   call void @pin_to(i32 %cpu)
+  %at = mul i64 %me, HOME_STRIDE
+  %at2 = add i64 %at, 2
+  %inside = getelementptr i64, ptr @home, i64 %at2
   %gen0 = load atomic i64, ptr @generation acquire, align 8
   br label %wait
 wait:
@@ -312,26 +322,22 @@ woken:
   br label %join
 join:
   %g = phi i64 [ %g1, %poll ], [ %g2, %woken ]
-  %st0 = load atomic i64, ptr @state acquire, align 8
-  br label %try
-try:
-  %cur = phi i64 [ %st0, %join ], [ %found, %cas ]
-  %closed_bit = and i64 %cur, CLOSED
-  %closed = icmp ne i64 %closed_bit, 0
-  br i1 %closed, label %next_region, label %cas
-cas:
-  %inc = add i64 %cur, 1
-  %pair = cmpxchg ptr @state, i64 %cur, i64 %inc acq_rel acquire
-  %found = extractvalue { i64, i1 } %pair, 0
-  %ok = extractvalue { i64, i1 } %pair, 1
-  br i1 %ok, label %work, label %try
+  ; inside first, then look: the caller closes first, then looks (both seq_cst), so either
+  ; this worker sees the region closed or the caller sees it inside and waits for it
+  store atomic i64 1, ptr %inside seq_cst, align 8
+  %st = load atomic i64, ptr @state seq_cst, align 8
+  %closed = icmp ne i64 %st, 0
+  br i1 %closed, label %leave, label %work
 work:
   call void @run_chunks(i64 %me)
-  %old = atomicrmw sub ptr @state, i64 1 acq_rel
-  %last = icmp eq i64 %old, LAST_OUT
-  br i1 %last, label %signal, label %next_region
+  br label %leave
+leave:
+  store atomic i64 0, ptr %inside seq_cst, align 8
+  %asleep = load atomic i64, ptr @caller_asleep seq_cst, align 8
+  %wake = icmp ne i64 %asleep, 0
+  br i1 %wake, label %signal, label %next_region
 signal:
-  ; the caller may be asleep waiting for this worker, the last inside a closed region
+  ; the caller is asleep waiting for a worker inside a closed region, maybe this one
   %r3 = call i32 @pthread_mutex_lock(ptr @mutex)
   %r4 = call i32 @pthread_cond_signal(ptr @done_cond)
   %r5 = call i32 @pthread_mutex_unlock(ptr @mutex)
@@ -371,7 +377,9 @@ entry:
   call void @llvm.memset.p0.i64(ptr @work_cond, i8 0, i64 128, i1 false)
   call void @llvm.memset.p0.i64(ptr @done_cond, i8 0, i64 128, i1 false)
   store i64 1, ptr @nthreads
-  store i64 CLOSED, ptr @state
+  call void @llvm.memset.p0.i64(ptr @home, i8 0, i64 HOME_BYTES, i1 false)
+  store i64 1, ptr @state
+  store i64 0, ptr @caller_asleep
   store i64 0, ptr @sleepers
   store atomic i32 0, ptr @busy release, align 4
   ret void
@@ -431,32 +439,48 @@ wake:
   br label %run
 run:
   call void @run_chunks(i64 0)
-  %before = atomicrmw or ptr @state, i64 CLOSED acq_rel
-  %none_inside = icmp eq i64 %before, 0
-  br i1 %none_inside, label %release, label %wait
+  store atomic i64 1, ptr @state seq_cst, align 8
+  br label %look
+look:
+  ; the workers inside, one after another (a flag on each one's home line)
+  %w = phi i64 [ 1, %run ], [ %w1, %out ]
+  %any = icmp slt i64 %w, %nt
+  br i1 %any, label %check, label %release
+check:
+  %wat = mul i64 %w, HOME_STRIDE
+  %wat2 = add i64 %wat, 2
+  %inside = getelementptr i64, ptr @home, i64 %wat2
+  %in0 = load atomic i64, ptr %inside seq_cst, align 8
+  %gone = icmp eq i64 %in0, 0
+  br i1 %gone, label %out, label %wait
 wait:
   %t0 = call i64 @now_ns()
   br label %poll
 poll:
-  %st = load atomic i64, ptr @state acquire, align 8
-  %drained = icmp eq i64 %st, CLOSED
-  br i1 %drained, label %release, label %poll_more
+  %in1 = load atomic i64, ptr %inside acquire, align 8
+  %left = icmp eq i64 %in1, 0
+  br i1 %left, label %out, label %poll_more
 poll_more:
   %again = call i1 @backoff(i64 %t0)
   br i1 %again, label %poll, label %sleep_lock
 sleep_lock:
   %r3 = call i32 @pthread_mutex_lock(ptr @mutex)
+  store atomic i64 1, ptr @caller_asleep seq_cst, align 8
   br label %sleep_check
 sleep_check:
-  %st2 = load atomic i64, ptr @state acquire, align 8
-  %drained2 = icmp eq i64 %st2, CLOSED
-  br i1 %drained2, label %woken, label %sleep
+  %in2 = load atomic i64, ptr %inside seq_cst, align 8
+  %left2 = icmp eq i64 %in2, 0
+  br i1 %left2, label %woken, label %sleep
 sleep:
   %r4 = call i32 @pthread_cond_wait(ptr @done_cond, ptr @mutex)
   br label %sleep_check
 woken:
+  store atomic i64 0, ptr @caller_asleep seq_cst, align 8
   %r5 = call i32 @pthread_mutex_unlock(ptr @mutex)
-  br label %release
+  br label %out
+out:
+  %w1 = add i64 %w, 1
+  br label %look
 release:
   store atomic i32 0, ptr @busy release, align 4
   ret void
@@ -467,10 +491,10 @@ release:
 def _pool_ir(arch: str) -> str:
     decl, call = _PAUSE.get(arch, _NO_PAUSE)
     subs = {"PAUSE_DECL": decl, "PAUSE_CALL": call, "SPIN_NS": _SPIN_NS,
-            "BLOCK_NS": _BLOCK_NS, "BUSY_YIELD_NS": _BUSY_YIELD_NS, "LAST_OUT": _CLOSED + 1,
-            "CLOSED": _CLOSED, "CHUNKS_PER_THREAD": _CHUNKS_PER_THREAD,
+            "BLOCK_NS": _BLOCK_NS, "BUSY_YIELD_NS": _BUSY_YIELD_NS, "CHUNKS_PER_THREAD": _CHUNKS_PER_THREAD,
             "MAX_THREADS": _MAX_THREADS, "HOME_STRIDE": _HOME_STRIDE,
-            "HOME_WORDS": _MAX_THREADS * _HOME_STRIDE, "CPU_MASK_WORDS": _CPU_MASK_BITS // 64,
+            "HOME_WORDS": _MAX_THREADS * _HOME_STRIDE,
+            "HOME_BYTES": _MAX_THREADS * _HOME_STRIDE * 8, "CPU_MASK_WORDS": _CPU_MASK_BITS // 64,
             "CPU_MASK_BYTES": _CPU_MASK_BITS // 8, "CPU_MASK_BITS": _CPU_MASK_BITS,
             "HOP_INTERVAL_NS": _HOP_INTERVAL_NS}
     return re.sub("|".join(sorted(subs, key=len, reverse=True)),

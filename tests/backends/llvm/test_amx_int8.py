@@ -355,8 +355,10 @@ def test_a_qdq_cnn_on_tiles_equals_onnxruntime_and_vnni(tmp_path, name, activati
 
 def squeeze_excitation_chain():
     """A float chain of 1x1 convs on one pixel, 8 -> 40 -> 4 -> 24 -> 12 -> 96 channels (a
-    squeeze-excitation's shapes), each followed by a Relu."""
+    squeeze-excitation's shapes), each followed by a Relu; the zoo's IR version (onnx's own
+    default, 14 with onnx 1.23, is past what the AMX host's onnxruntime loads: 13)."""
     from onnx import TensorProto, helper, numpy_helper
+    from dnnc.zoo import IR_VERSION
 
     rng = np.random.default_rng(5)
     chans, nodes, weights, prev = [8, 40, 4, 24, 12, 96], [], [], "x"
@@ -370,7 +372,8 @@ def squeeze_excitation_chain():
     graph = helper.make_graph(
         nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 1, 1])],
         [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 96, 1, 1])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def test_kernels_of_several_tile_depths_compile_into_one_module(tmp_path):

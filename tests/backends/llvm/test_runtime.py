@@ -464,6 +464,47 @@ def test_caller_does_not_wait_for_workers_that_never_started():
     assert float(out) < 200, out
 
 
+def test_regions_of_every_size_on_more_threads_than_cpus():
+    """16 pool threads on this host's CPUs (2 here: workers preempted inside a region, late,
+    asleep, the caller asleep waiting for one inside): regions of 1 to 300 iterations and of
+    10 to 100 thousand, some after a pause long enough for the workers to sleep, each on a
+    poisoned output, each iteration 256 dependent adds (a chunk long enough to be inside when
+    the caller runs out of chunks); every iteration has run when its region returns (the
+    caller waited for every worker inside)."""
+    out = _in_subprocess("""
+        import ctypes, time
+        import numpy as np
+        from dnnc.ir import loop as L, types as T
+        from dnnc.backends.llvm.codegen import ModuleBuilder
+        from dnnc.backends.llvm.cpu import host_target
+        from dnnc.backends.llvm.jit import JITModule
+        from dnnc.backends.llvm.workers import ensure_pool
+        assert ensure_pool() == 16
+        n, i, j = L.Var("N"), L.Var("i"), L.Var("j")
+        x, y = L.Buffer("x", T.float32, (n,)), L.Buffer("y", T.float32, (n,))
+        body = L.Seq((L.Store(y, (i,), x[i] * 0.0),
+                      L.For(j, 256, L.Store(y, (i,), y[i] + x[i]))))
+        f = L.PrimFunc("sum256", (x, y), L.For(i, n, body, L.ForKind.PARALLEL), (n,))
+        mb = ModuleBuilder("rt"); mb.add(f)
+        jm = JITModule(str(mb), host_target(), 2)
+        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(jm.address("sum256_packed"))
+        rng = np.random.default_rng(1)
+        sizes = np.concatenate([rng.integers(1, 300, 2000), rng.integers(10_000, 100_000, 60)])
+        rng.shuffle(sizes)
+        x = rng.integers(-8, 8, sizes.max()).astype(np.float32)
+        y = np.empty_like(x)
+        wrong = 0
+        for k, n in enumerate(sizes):
+            if k % 250 == 0:
+                time.sleep(0.005)      # past the workers' 1 ms of spinning and yielding
+            y[:n] = np.nan
+            fn((ctypes.c_void_p * 2)(x.ctypes.data, y.ctypes.data), (ctypes.c_int64 * 1)(int(n)))
+            wrong += not np.array_equal(y[:n], x[:n] * 256)
+        print(wrong)
+    """, env={"DNNC_NUM_THREADS": "16"})
+    assert out.strip() == "0", f"{out.strip()} of 2060 regions returned unfinished"
+
+
 def test_forked_child_compiles_while_another_thread_held_the_lock(rng):
     """Issue 10 item 6: a thread holds the runtime's lock (as while compiling) when the main
     thread forks; the child needs a new batch size, so it must take that lock, and it must
