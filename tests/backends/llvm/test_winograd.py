@@ -181,13 +181,18 @@ CASES = [   # (input channels, output channels, height, width, pads, bias, resid
     (64, 64, 15, 15, 1, True, True),
 ]
 
+CASE_THREADS = [(CASES[0], 1)] + [(case, 2) for case in CASES]
+"""Every case on 2 threads (blocks split between the threads), the first also on one: each
+tile and loop form meets both schedules, and the parallel one every shape (the big cases on
+one thread too took a third of this module's time, the largest share of CI's)."""
+CASE_IDS = [f"{c[0]}x{c[1]}@{c[2]}x{c[3]}-{t}" for (c, t) in CASE_THREADS]
+
 ERROR_FACTOR = {2: 2, 4: 8, 6: 400}
 """Each tile's error at most this many times the direct conv's (docs/llvm_backend.md,
 "Winograd convolutions": F(2x2) measured below it, F(4x4) ~2-4x, F(6x6) ~100x)."""
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}@{c[2]}x{c[3]}" for c in CASES])
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case, threads", CASE_THREADS, ids=CASE_IDS)
 @pytest.mark.parametrize("m, fused", [(m, fused) for m in sorted(POINTS)
                                       for fused in ((False, True) if m < 6 else (False,))],
                          ids=lambda v: {False: "two_loops", True: "fused"}.get(v, str(v))
@@ -262,8 +267,7 @@ BF16_ERROR_FACTOR = 3
 on these cases)."""
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}@{c[2]}x{c[3]}" for c in CASES])
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case, threads", CASE_THREADS, ids=CASE_IDS)
 @pytest.mark.parametrize("fused", [False, True], ids=["two_loops", "fused"])
 def test_bf16_winograd_matches_its_reference_and_the_conv(rng, case, threads, fused, force_tile,
                                                           force_fused):
