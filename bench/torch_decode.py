@@ -16,9 +16,10 @@ by 20-50% over a device call, which timing the runtimes one after the other took
 difference), or `--order alone`, each runtime's in a row. Prints the median tokens/s (new
 tokens x batch / seconds), the ratio of tokens/s dnnc / inductor (above 1: dnnc decodes faster;
 issue 35 asks >= 1), `wins` (the share of rounds whose dnnc generate beat inductor's), the
-graphs the backend compiled (2: prefill and decode), the decode step's dnnc partitions and ops left in torch (`parts`, `torch`: 1 and 0 once the cache writes
-are dnnc's), whether its tokens equal eager's, and the seconds of each compiled runtime's first
-generate (its compiles). `--runtimes` times a subset (eager is always run: its tokens are the
+graphs the backend compiled (2: prefill and decode), the decode step's dnnc partitions and ops
+left in torch (`parts`, `torch`: 1 and 0 once the cache writes are dnnc's), whether its
+tokens equal eager's, and the seconds of each compiled runtime's first generate (its
+compiles). `--runtimes` times a subset (eager is always run: its tokens are the
 reference); `--cpu-time` times by the process's CPU time (a loaded machine; meant for
 `--threads 1`, where no worker spins).
 generate's own compile is off for every other runtime (`decoder`). Needs torch and transformers;

@@ -302,8 +302,8 @@ def compile_aten(gm: fx.GraphModule, fake_inputs, *, real_inputs, frozen: set[in
                  options: dict, state: dict | None = None,
                  place: Placement | None = None, lifted: int = 0) -> "LiveArguments":
     """aot_autograd's fw_compiler: `gm` (core ATen, placeholders in the order of
-    `real_inputs`: the `lifted` weights, then dynamo's inputs) with its supported partitions (tensors on `place.device`) compiled
-    by dnnc (default: `HOST`), the rest in torch.
+    `real_inputs`: the `lifted` weights, then dynamo's inputs) with its supported partitions
+    (tensors on `place.device`) compiled by dnnc (default: `HOST`), the rest in torch.
     `state["direct"]` is set to the result when dynamo may call it directly (`_plain`, and
     none of the inputs is one of the `lifted` weights aot_autograd adds to dynamo's)."""
     place = place or HOST
