@@ -20,6 +20,9 @@ and optionally dumped.
        between them), + store_tf32 (at tf32 on a target with `half_storage`: what the
        tensor-core products read stored as tf32 values, rounded in their producers'
        epilogues), + fuse_ops (the kernels each segment's nodes form, recorded as `Graph.groups`)
+       (sink_updates, from level 1, runs before fuse_ops: a node writing an input in place,
+       such as a static cache's counter `+ 1`, moved after the input's other readers, so
+       that its kernel can write the caller's array)
     3  the same as 2 today (the default: the fastest correct level)
 
 Memory planning is not a graph pass: arena offsets need the final kernels and concrete sizes,
@@ -53,6 +56,7 @@ from .fuse_attention import fuse_attention
 from .fuse_ops import fuse_ops
 from .fuse_quantized import QUANTIZED, fuse_quantized
 from .simplify import simplify
+from .sink_updates import sink_updates
 from .specialize import specialize
 from .store_half import store_half
 from .store_tf32 import store_tf32
@@ -100,7 +104,7 @@ PIPELINE = [("fuse_quantized", 1, _quantized), ("fold_constants", 1, _fold), ("s
             ("fuse_attention", 2, fuse_attention),
             ("store_half", 2, store_half), ("expand_powers", 1, _expand_powers),
             ("convert_layout", 2, _layout), ("store_tf32", 2, store_tf32),
-            ("fuse_ops", 2, fuse_ops)]
+            ("sink_updates", 1, sink_updates), ("fuse_ops", 2, fuse_ops)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""
 
 

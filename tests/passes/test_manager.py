@@ -39,7 +39,7 @@ def _conv_bn_graph():
 def test_levels():
     assert passes_at(0) == []
     assert passes_at(1) == ["fuse_quantized", "fold_constants", "simplify", "eliminate",
-                           "widen_half", "expand_powers"]
+                           "widen_half", "expand_powers", "sink_updates"]
     assert passes_at(2) == passes_at(3) == [name for name, _, _ in PIPELINE]
     assert PIPELINE[-1][0] == "fuse_ops"   # groups the final graph's nodes into kernels
 

@@ -254,6 +254,15 @@ def _storage(dtype: np.dtype) -> np.dtype:
     return np.dtype(f"u{dtype.itemsize}") if dtype.kind == "V" else dtype
 
 
+def _torch_stream(torch, index: int) -> int:
+    """The address of PyTorch's current CUDA stream on GPU `index`: its raw getter, which
+    inductor's generated code calls at every launch (`torch.cuda.current_stream(...)
+    .cuda_stream` builds a Stream object: ~7 us a call on an H200's host, where a decode
+    step's call is a few hundred us), else that."""
+    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def _is_device(a) -> bool:
     return hasattr(a, "__cuda_array_interface__")
 
@@ -400,7 +409,8 @@ class CUDARuntime(Executable):
         if not wait and not _event_done(event):
             return   # still running: the record is read by a later call
         self._checking.pending = None
-        event.synchronize()
+        if wait:   # (else it has passed)
+            event.synchronize()
         if any(frame.errors_host[0] for _, frame in runs):   # let a later call's copy land
             self.cupy.cuda.Device().synchronize()
         for segment, frame in runs:
@@ -454,9 +464,10 @@ class CUDARuntime(Executable):
             for a in inputs:
                 tensor = getattr(a, "obj", None)
                 if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
-                    ptr = torch.cuda.current_stream(tensor.device).cuda_stream
+                    index = tensor.device.index
+                    ptr = _torch_stream(torch, index)
                     if ptr != self.cupy.cuda.get_current_stream().ptr:
-                        return self.cupy.cuda.ExternalStream(ptr, tensor.device.index)
+                        return self.cupy.cuda.ExternalStream(ptr, index)
                     break
         return contextlib.nullcontext()
 
@@ -513,8 +524,10 @@ class CUDARuntime(Executable):
 
         cupy = self.cupy
         runtime = cupy.cuda.runtime
-        device = torch.device("cuda", cupy.cuda.Device().id)
+        index = cupy.cuda.Device().id
+        device = torch.device("cuda", index)
         stream = cupy.cuda.get_current_stream()
+        cupy_array = getattr(cupy, "ndarray", None)
         keep, tensors = [], []   # keep: contiguous copies of strided outputs, until enqueued
         for k, (v, a) in enumerate(zip(self.graph.outputs, outs)):
             if k in skip:   # (the caller's own tensor, written in place)
@@ -522,6 +535,13 @@ class CUDARuntime(Executable):
                 continue
             dtype = v.type.dtype.np
             kind = _torch_dtype(torch, dtype)
+            if type(a) is cupy_array and a.flags.c_contiguous:   # (a frame's buffer: its
+                out = torch.empty(a.shape, dtype=kind, device=device)   # interface is built
+                if a.nbytes:                                    # anew at each access)
+                    runtime.memcpyAsync(out.data_ptr(), a.data.ptr, a.nbytes,
+                                        runtime.memcpyDeviceToDevice, stream.ptr)
+                tensors.append(out)
+                continue
             face = _face(a)
             if face is None:   # a host step's output
                 host = np.ascontiguousarray(a)
@@ -536,9 +556,9 @@ class CUDARuntime(Executable):
                 runtime.memcpyAsync(out.data_ptr(), _contiguous_address(a, face, cupy, keep),
                                     nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
             tensors.append(out)
-        current = torch.cuda.current_stream(device)
-        if current.cuda_stream != stream.ptr:
-            current.wait_stream(torch.cuda.ExternalStream(stream.ptr, device=device))
+        if _torch_stream(torch, index) != stream.ptr:
+            torch.cuda.current_stream(device).wait_stream(
+                torch.cuda.ExternalStream(stream.ptr, device=device))
         return tensors
 
     def _to_host(self, a, dtype: np.dtype) -> np.ndarray:
@@ -847,9 +867,10 @@ class _CompiledSegment(CompiledSegment):
                 _wait_for_producer(face, stream, self.cupy)
         keep = self._copy_in(data, faces, frame, stream, places)
         self._clear_errors(frame, stream)
-        graph.launch(stream=stream)
+        graph.launch(stream=stream)   # (copying the error record back: `_capture`)
         del keep   # host sources were staged by memcpyAsync; device ones are the caller's
-        self._fetch_errors(frame, stream)
+        if self.checks:
+            self.rt.checked(self, frame)
         outs = list(frame.outputs)
         for e, d in self.in_place.items():   # written where the kernels read the input
             outs[e] = frame.own_inputs[d] if places[d] == frame.inputs[d] else data[d]
@@ -867,7 +888,8 @@ class _CompiledSegment(CompiledSegment):
     def _fetch_errors(self, frame: _Frame, stream) -> None:
         """Copy the error record to the frame's pinned host copy after the run's kernels, on
         their stream, and tell the runtime to read it when the call's outputs are delivered
-        (`CUDARuntime._raise_recorded`): no synchronisation here."""
+        (`CUDARuntime._raise_recorded`): no synchronisation here. (A profile's launches, run
+        outside any graph; a graph's replay copies the record itself: `_capture`.)"""
         if self.checks:
             runtime = self.cupy.cuda.runtime
             runtime.memcpyAsync(frame.errors_host.ctypes.data, frame.errors, ERROR_BYTES,
@@ -943,8 +965,9 @@ class _CompiledSegment(CompiledSegment):
 
     def _capture(self, frame: _Frame, places: tuple[int, ...]):
         """Every launch of the segment reading its inputs at `places`, captured once as a
-        CUDA graph on the frame's non-blocking stream (nothing in it allocates, copies to the
-        host or synchronises)."""
+        CUDA graph on the frame's non-blocking stream, and where the kernels check indices
+        the copy of the error record to the frame's pinned host copy after them (one
+        memcpyAsync less a call: `run_data`). Nothing in it allocates or synchronises."""
         ext = self._ext(places, frame.ext[len(places):])
         launches, maps = (frame.launches, frame.maps) if places == frame.inputs else \
             self._resolved(ext, frame.arena, frame.workspace)
@@ -952,6 +975,10 @@ class _CompiledSegment(CompiledSegment):
         stream.begin_capture()
         try:
             self._launch(launches, stream)
+            if self.checks:
+                runtime = self.cupy.cuda.runtime
+                runtime.memcpyAsync(frame.errors_host.ctypes.data, frame.errors, ERROR_BYTES,
+                                    runtime.memcpyDeviceToHost, stream.ptr)
         finally:
             graph = stream.end_capture()
         return graph, maps

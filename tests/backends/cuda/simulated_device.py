@@ -65,10 +65,11 @@ class FakeStream:
         FAKE.waits.append(event.stream)
 
     def begin_capture(self):
-        self.recording = []
+        self.recording = FAKE.capturing = []
 
     def end_capture(self):
         graph, self.recording = FakeGraph(self.recording), None
+        FAKE.capturing = None
         FAKE.graphs.append(graph)
         return graph
 
@@ -107,8 +108,14 @@ def fake_cupy():
     import ctypes
 
     def memcpy(dst, src, n, kind, stream=0):
-        FAKE.copies.append(kind)
-        ctypes.memmove(dst, src, n)
+        def run():
+            FAKE.copies.append(kind)
+            ctypes.memmove(dst, src, n)
+
+        if FAKE.capturing is not None:   # (a capture is in progress: the graph's)
+            FAKE.capturing.append(run)
+        else:
+            run()
 
     def pointer_attributes(ptr):   # device memory of GPU 0, unless a test says otherwise
         return types.SimpleNamespace(**{"type": 2, "device": 0, **FAKE.places.get(ptr, {})})
@@ -178,6 +185,7 @@ class Fake:
     graphs: list = []
     sizes: dict = {}
     copies: list = []     # the kind of every memcpy: 1 host to device, 3 device to device
+    capturing: list | None = None   # the work of the graph being captured, if one is
     places: dict = {}     # address -> pointerGetAttributes fields other than GPU 0's memory
     entered: list = []    # the pointer of every ExternalStream a run entered
     waits: list = []      # the stream of every event a stream was made to wait for
@@ -205,7 +213,7 @@ def install(monkeypatch, tmp_path):
     from dnnc.ir.target import Fusion, Target
 
     FAKE.graphs, FAKE.sizes, FAKE.copies, FAKE.places = [], {}, [], {}
-    FAKE.entered, FAKE.waits = [], []
+    FAKE.entered, FAKE.waits, FAKE.capturing = [], [], None
 
     def render_module(funcs):
         kernels = {}

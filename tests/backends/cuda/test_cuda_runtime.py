@@ -230,9 +230,9 @@ def _gather_model():
 @pytest.mark.parametrize("outputs", ["cupy", "numpy"])
 def test_a_recorded_index_error_is_raised_after_the_call_and_cleared(simulated, outputs):
     """The kernels' error record (`loop.index_checks`) is a slot past the segment's in the
-    frame's allocation, copied to the host after the launches and read once the stream's
-    work is done: the call raises InputError naming the node, the index and the bound, the
-    record is zeroed, and the next call answers."""
+    frame's allocation, copied to the host after the launches (by the captured graph's
+    replay) and read once the stream's work is done: the call raises InputError naming the
+    node, the index and the bound, the record is zeroed, and the next call answers."""
     from dnnc.errors import InputError
 
     rt = simulated(_gather_model(), outputs=outputs)
