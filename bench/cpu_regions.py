@@ -46,16 +46,7 @@ declare i32 @sched_getcpu()
 ; every chunk's end contend)
 @busy = global [CPUS x [8 x i64]] zeroinitializer, align 64
 
-define internal i64 @now_ns() {
-  %ts = alloca [2 x i64]
-  %r = call i32 @clock_gettime(i32 1, ptr %ts)
-  %sec = load i64, ptr %ts
-  %p = getelementptr [2 x i64], ptr %ts, i64 0, i64 1
-  %nsec = load i64, ptr %p
-  %s = mul i64 %sec, 1000000000
-  %t = add i64 %s, %nsec
-  ret i64 %t
-}
+NOW_NS
 
 define internal void @timed_chunk(ptr %c, i64 %s, i64 %e) {
   %t0 = call i64 @now_ns()
@@ -164,7 +155,8 @@ summed per CPU.
         workers.ensure_pool()
         real = workers._pool.parallel_for
         ir = (_SHIM_IR.replace("REAL", str(real)).replace("LOG", str(_LOG))
-              .replace("CPUMASK", str(_CPUS - 1)).replace("CPUS", str(_CPUS)))
+              .replace("CPUMASK", str(_CPUS - 1)).replace("CPUS", str(_CPUS))
+              .replace("NOW_NS", workers.NOW_NS_IR))
         module = llvm.parse_assembly(ir)
         module.verify()
         tm = llvm.Target.from_default_triple().create_target_machine(opt=2)

@@ -98,6 +98,22 @@ _PAUSE = {
 }
 _NO_PAUSE = ("", "")
 
+NOW_NS_IR = r"""
+define internal i64 @now_ns() {
+entry:
+  %ts = alloca [2 x i64]
+  %r = call i32 @clock_gettime(i32 1, ptr %ts)   ; CLOCK_MONOTONIC, through the vDSO
+  %sec = load i64, ptr %ts
+  %p = getelementptr [2 x i64], ptr %ts, i64 0, i64 1
+  %nsec = load i64, ptr %p
+  %s = mul i64 %sec, 1000000000
+  %t = add i64 %s, %nsec
+  ret i64 %t
+}
+"""
+"""`now_ns()`: CLOCK_MONOTONIC in nanoseconds, for IR that declares `clock_gettime` (the pool's
+timed waits; bench/cpu_regions.py's shim)."""
+
 _POOL_IR = r"""
 declare i32 @pthread_create(ptr, ptr, ptr, ptr)
 declare i32 @pthread_mutex_lock(ptr)
@@ -137,17 +153,7 @@ PAUSE_DECL
 @pin_cpu = global [MAX_THREADS x i32] zeroinitializer, align 64
 @last_hop = internal global i64 0
 
-define internal i64 @now_ns() {
-entry:
-  %ts = alloca [2 x i64]
-  %r = call i32 @clock_gettime(i32 1, ptr %ts)   ; CLOCK_MONOTONIC, through the vDSO
-  %sec = load i64, ptr %ts
-  %p = getelementptr [2 x i64], ptr %ts, i64 0, i64 1
-  %nsec = load i64, ptr %p
-  %s = mul i64 %sec, 1000000000
-  %t = add i64 %s, %nsec
-  ret i64 %t
-}
+NOW_NS
 
 ; one step of a wait that began at %t0: false when the waiter should sleep instead
 define internal i1 @backoff(i64 %t0) {
@@ -496,7 +502,7 @@ def _pool_ir(arch: str) -> str:
             "HOME_WORDS": _MAX_THREADS * _HOME_STRIDE,
             "HOME_BYTES": _MAX_THREADS * _HOME_STRIDE * 8, "CPU_MASK_WORDS": _CPU_MASK_BITS // 64,
             "CPU_MASK_BYTES": _CPU_MASK_BITS // 8, "CPU_MASK_BITS": _CPU_MASK_BITS,
-            "HOP_INTERVAL_NS": _HOP_INTERVAL_NS}
+            "HOP_INTERVAL_NS": _HOP_INTERVAL_NS, "NOW_NS": NOW_NS_IR}
     return re.sub("|".join(sorted(subs, key=len, reverse=True)),
                   lambda m: str(subs[m.group(0)]), _POOL_IR)
 
