@@ -38,9 +38,9 @@ def compiled(mlp):
     ({"input_shapes": {"input": (2.5, 4)}}, r"input_shapes\['input'\] must be a tuple"),
     ({"input_shapes": [(2, 4)]}, "input_shapes must be a dict"),
     ({"target": "tpu"}, "target must be one of numpy, llvm, cuda, not 'tpu'"),
-    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 11"),
-    ({"passes": 12, "target": "llvm"}, "passes must be from 0 to 11, not 12"),  # 11 at level 3
-    ({"passes": 7, "opt_level": 1, "target": "llvm"}, "passes must be from 0 to 6, not 7"),
+    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 12"),
+    ({"passes": 13, "target": "llvm"}, "passes must be from 0 to 12, not 13"),  # 12 at level 3
+    ({"passes": 8, "opt_level": 1, "target": "llvm"}, "passes must be from 0 to 7, not 8"),
     ({"passes": 2}, "passes does not apply to the numpy target"),
     ({"dump_ir": "ir"}, "dump_ir does not apply to the numpy target"),
     ({"dump_ir": 3, "target": "llvm"}, "dump_ir must be a path"),
