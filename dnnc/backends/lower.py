@@ -15,7 +15,7 @@ This module must never import a backend's renderer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -320,19 +320,19 @@ def _wrap(allocs: list, stmt: L.Stmt) -> L.Stmt:
 def _map_children(node, fn):
     """`node` rebuilt with `fn` applied to its direct Expr children (top-down traversal)."""
     changes = {}
-    for f in fields(node):
-        value = getattr(node, f.name)
+    for name in L.field_names(node):
+        value = getattr(node, name)
         if isinstance(value, L.Expr):
             new = fn(value)
             if new is not value:
-                changes[f.name] = new
+                changes[name] = new
         elif isinstance(value, tuple) and any(isinstance(v, L.Expr) for v in value):
             new = tuple(fn(v) if isinstance(v, L.Expr) else v for v in value)
             if any(a is not b for a, b in zip(new, value)):
-                changes[f.name] = new
+                changes[name] = new
     if not changes:
         return node
-    values = {f.name: getattr(node, f.name) for f in fields(node)}
+    values = {name: getattr(node, name) for name in L.field_names(node)}
     values.update(changes)
     return type(node)(**values)
 

@@ -30,8 +30,8 @@ from .nodes import (
 from .printer import print_expr, print_func, print_stmt
 from .simplifier import (EXPR_RULES, UNBOUNDED, Bounds, bounds, divisor, simplify,
                          simplify_expr)
-from .traversal import (alpha_normal, children, free_vars, map_exprs, structural_equal,
-                        substitute, transform, walk)
+from .traversal import (alpha_normal, children, field_names, free_vars, map_exprs,
+                        structural_equal, substitute, transform, walk)
 from .verifier import LoopIRError, verify
 from . import index_checks
 
@@ -51,8 +51,8 @@ __all__ = [
     "logical_and", "logical_or", "loop_nest", "maximum", "minimum", "mma_fragments", "ne", "seq",
     "static_shape",
     # traversal
-    "alpha_normal", "children", "free_vars", "map_exprs", "structural_equal", "substitute",
-    "transform", "walk",
+    "alpha_normal", "children", "field_names", "free_vars", "map_exprs", "structural_equal",
+    "substitute", "transform", "walk",
     # printer
     "print_expr", "print_func", "print_stmt",
     # verifier

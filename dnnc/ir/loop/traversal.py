@@ -13,10 +13,24 @@ from typing import Callable, Iterator
 from .nodes import Expr, For, IterVar, Let, Stmt, Var
 
 
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(node) -> tuple[str, ...]:
+    """The names of `node`'s dataclass fields, in order: `dataclasses.fields` once per class
+    (it builds its tuple anew at each call, and a traversal asks for every node: 5% of the
+    node suite's time went there)."""
+    cls = type(node)
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def children(node) -> Iterator:
     """The IR nodes directly inside `node` (Exprs, Stmts, Buffers, IterVars)."""
-    for f in fields(node):
-        value = getattr(node, f.name)
+    for name in field_names(node):
+        value = getattr(node, name)
         if isinstance(value, (Expr, Stmt, IterVar)):
             yield value
         elif isinstance(value, tuple):
@@ -38,18 +52,18 @@ def transform(node, fn: Callable):
     """Rebuild `node` bottom-up: children first, then `fn(rebuilt)`; `fn` returns a
     replacement or None to keep the node."""
     changes = {}
-    for f in fields(node):
-        value = getattr(node, f.name)
+    for name in field_names(node):
+        value = getattr(node, name)
         if isinstance(value, (Expr, Stmt, IterVar)):
             new = transform(value, fn)
             if new is not value:
-                changes[f.name] = new
+                changes[name] = new
         elif isinstance(value, tuple) and any(isinstance(v, (Expr, Stmt, IterVar))
                                               for v in value):
             new = tuple(transform(v, fn) if isinstance(v, (Expr, Stmt, IterVar)) else v
                         for v in value)
             if any(a is not b for a, b in zip(new, value)):
-                changes[f.name] = new
+                changes[name] = new
     if changes:
         node = _replace(node, changes)
     out = fn(node)
@@ -57,7 +71,7 @@ def transform(node, fn: Callable):
 
 
 def _replace(node, changes: dict):
-    values = {f.name: getattr(node, f.name) for f in fields(node)}
+    values = {name: getattr(node, name) for name in field_names(node)}
     values.update(changes)
     return type(node)(**values)
 
@@ -66,12 +80,12 @@ def map_exprs(node, fn: Callable):
     """`node` rebuilt with `fn(e)` for each expression directly in its fields (and in tuples
     of them); statements inside it are left as they are (a leaf statement's expressions)."""
     changes = {}
-    for f in fields(node):
-        value = getattr(node, f.name)
+    for name in field_names(node):
+        value = getattr(node, name)
         if isinstance(value, Expr):
-            changes[f.name] = fn(value)
+            changes[name] = fn(value)
         elif isinstance(value, tuple) and value and all(isinstance(v, Expr) for v in value):
-            changes[f.name] = tuple(fn(v) for v in value)
+            changes[name] = tuple(fn(v) for v in value)
     return _replace(node, changes) if changes else node
 
 

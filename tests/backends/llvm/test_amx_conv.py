@@ -307,7 +307,11 @@ def test_every_config_of_the_space_matches_the_reference(case, mode):
 def test_resnet_with_every_conv_on_tiles_within_the_contract(name, mode):
     """Every conv of the model on the tiles (the stem, 3x3s at stride 1 and 2 on amx_conv,
     1x1s on amx_pointwise): no conv left on vdpbf16ps, outputs within
-    `model_error_bound("bf16")` of the fp32 reference."""
+    `model_error_bound("bf16")` of the fp32 reference. resnet50 on the tiles themselves only:
+    in loops its templates are resnet18's and test_amx.py's resnet50 1x1s (15 s a CI run)."""
+    if name == "resnet50" and mode == "loops":
+        pytest.skip("resnet50's templates run in loops through resnet18 here and "
+                    "test_amx.py's resnet50; on the tiles it runs where they are")
     from dnnc import zoo
 
     model = zoo.build(name, batch=2, **SMALL[name])
