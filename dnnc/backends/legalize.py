@@ -641,4 +641,4 @@ _STATEMENTS: dict[type, Callable] = {
 
 
 def _fields(node) -> dict:
-    return {name: getattr(node, name) for name in node.__dataclass_fields__}
+    return {name: getattr(node, name) for name in L.field_names(node)}

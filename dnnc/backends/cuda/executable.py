@@ -536,25 +536,23 @@ class CUDARuntime(Executable):
             dtype = v.type.dtype.np
             kind = _torch_dtype(torch, dtype)
             if type(a) is cupy_array and a.flags.c_contiguous:   # (a frame's buffer: its
-                out = torch.empty(a.shape, dtype=kind, device=device)   # interface is built
-                if a.nbytes:                                    # anew at each access)
-                    runtime.memcpyAsync(out.data_ptr(), a.data.ptr, a.nbytes,
-                                        runtime.memcpyDeviceToDevice, stream.ptr)
-                tensors.append(out)
-                continue
-            face = _face(a)
-            if face is None:   # a host step's output
-                host = np.ascontiguousarray(a)
-                if kind is torch.bfloat16:
-                    tensors.append(torch.from_numpy(host.view(np.int16)).view(kind).to(device))
-                else:
-                    tensors.append(torch.from_numpy(host).to(device))
-                continue
-            out = torch.empty(tuple(face["shape"]), dtype=kind, device=device)
-            nbytes = _nbytes(face["shape"], dtype)
+                shape, nbytes, src = a.shape, a.nbytes, a.data.ptr   # interface is built
+            else:                                                # anew at each access)
+                face = _face(a)
+                if face is None:   # a host step's output
+                    host = np.ascontiguousarray(a)
+                    if kind is torch.bfloat16:
+                        host = torch.from_numpy(host.view(np.int16)).view(kind)
+                    else:
+                        host = torch.from_numpy(host)
+                    tensors.append(host.to(device))
+                    continue
+                shape, nbytes = tuple(face["shape"]), _nbytes(face["shape"], dtype)
+                src = _contiguous_address(a, face, cupy, keep) if nbytes else 0
+            out = torch.empty(shape, dtype=kind, device=device)
             if nbytes:
-                runtime.memcpyAsync(out.data_ptr(), _contiguous_address(a, face, cupy, keep),
-                                    nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
+                runtime.memcpyAsync(out.data_ptr(), src, nbytes, runtime.memcpyDeviceToDevice,
+                                    stream.ptr)
             tensors.append(out)
         if _torch_stream(torch, index) != stream.ptr:
             torch.cuda.current_stream(device).wait_stream(
@@ -891,10 +889,14 @@ class _CompiledSegment(CompiledSegment):
         (`CUDARuntime._raise_recorded`): no synchronisation here. (A profile's launches, run
         outside any graph; a graph's replay copies the record itself: `_capture`.)"""
         if self.checks:
-            runtime = self.cupy.cuda.runtime
-            runtime.memcpyAsync(frame.errors_host.ctypes.data, frame.errors, ERROR_BYTES,
-                                runtime.memcpyDeviceToHost, stream.ptr)
+            self._copy_record(frame, stream)
             self.rt.checked(self, frame)
+
+    def _copy_record(self, frame: _Frame, stream) -> None:
+        """The error record's copy to the frame's pinned host copy, queued on `stream`."""
+        runtime = self.cupy.cuda.runtime
+        runtime.memcpyAsync(frame.errors_host.ctypes.data, frame.errors, ERROR_BYTES,
+                            runtime.memcpyDeviceToHost, stream.ptr)
 
     def recorded_error(self, frame: _Frame) -> InputError | None:
         """The error the last run on `frame` recorded (its host copy must be done), or
@@ -976,9 +978,7 @@ class _CompiledSegment(CompiledSegment):
         try:
             self._launch(launches, stream)
             if self.checks:
-                runtime = self.cupy.cuda.runtime
-                runtime.memcpyAsync(frame.errors_host.ctypes.data, frame.errors, ERROR_BYTES,
-                                    runtime.memcpyDeviceToHost, stream.ptr)
+                self._copy_record(frame, stream)
         finally:
             graph = stream.end_capture()
         return graph, maps
