@@ -93,11 +93,10 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
         args = [None if v is None else tensors[id(v)] for v in n.inputs]
         try:
             with L.index_checks.checking(site):
+                outs = None
                 if len(nodes) == 1 and op.updates is not None and id(n.outputs[0]) in in_place:
-                    values, where = op.updates(args, [v.type for v in n.outputs], **n.attrs)
-                    wheres[id(values)] = _checking(where, site)
-                    outs = [values]
-                else:
+                    outs = _updates(op, n, args, wheres, site)
+                if outs is None:
                     outs = apply_rule(n.op, args, n.attrs, [v.type for v in n.outputs])
         except NoCompute:
             raise
@@ -122,6 +121,19 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
     func = L.PrimFunc(name, tuple(params), body, tuple(size_vars))
     func = L.simplify(func)
     return Kernel(name, func, inputs, outputs, nodes, names)
+
+
+def _updates(op, n: Node, args: list, wheres: dict, site) -> list | None:
+    """The node's changed elements only (its op's `updates` rule), their positions recorded
+    in `wheres`; None where that rule has no loop form for this node (an IndexCopy of a
+    run-time length): the compute rule then writes the whole array, which is as safe in
+    place, since an in-place op reads its updated input only at each element's own index."""
+    try:
+        values, where = op.updates(args, [v.type for v in n.outputs], **n.attrs)
+    except NoCompute:
+        return None
+    wheres[id(values)] = _checking(where, site)
+    return [values]
 
 
 def _checking(where, site):

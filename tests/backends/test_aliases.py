@@ -12,13 +12,14 @@ from dnnc.ir import types as T
 from dnnc.ir.graph import Graph, Value
 
 
-def cache_graph(old_read: bool, width: int = 4) -> Graph:
+def cache_graph(old_read: bool, width: int = 4, positions: int | str = 2) -> Graph:
     """cache[:, pos] = relu(x); returns the new cache (written into input 0) and
-    new cache * 2 (+ the old cache's sum with `old_read`)."""
+    new cache * 2 (+ the old cache's sum with `old_read`). `positions`: pos's length, or a
+    symbolic dim's name (a prompt's length under dynamic shapes)."""
     g = Graph("cache")
     cache = g.add_input("cache", T.TensorType(T.float32, (2, 6, width)))
-    pos = g.add_input("pos", T.TensorType(T.int64, (2,)))
-    x = g.add_input("x", T.TensorType(T.float32, (2, 2, width)))
+    pos = g.add_input("pos", T.TensorType(T.int64, (positions,)))
+    x = g.add_input("x", T.TensorType(T.float32, (2, positions, width)))
     new = g.add("IndexCopy", cache, pos, g.add("Relu", x), axis=1)
     two = Value("two", T.TensorType(T.float32, ()), const=np.array(2, np.float32))
     out = g.add("Mul", new, two)
@@ -66,6 +67,26 @@ def test_a_position_written_twice_keeps_its_last_value(rng, target):
         want, _ = reference(cache.copy(), pos, x, False)
         model(cache, pos, x)
         np.testing.assert_array_equal(cache, want)
+
+
+@pytest.mark.parametrize("target", ["numpy", "llvm"])
+def test_positions_of_a_run_time_length_are_written_by_a_kernel(rng, target):
+    """A prompt's positions, their count symbolic (dynamo's dynamic sequence length): the
+    IndexCopy runs in a kernel (the staged form: each cache row's last writer), in the
+    caller's array, for any count, repeated positions keeping their last value."""
+    model = dnnc.compile(cache_graph(False, positions="S"), target, cache=False)
+    cache = rng.standard_normal((2, 6, 4)).astype(np.float32)
+    for pos in ([3], [0, 5, 1, -1], [2, -4, 3, 2, 0, 2, 5], list(range(6)) * 12):
+        pos = np.array(pos, np.int64)
+        x = rng.standard_normal((2, len(pos), 4)).astype(np.float32)
+        want, out = reference(cache.copy(), pos, x, False)
+        got = model(cache, pos, x)
+        assert got[0] is cache
+        np.testing.assert_array_equal(cache, want)
+        np.testing.assert_array_equal(got[1], out)
+    if target == "llvm":
+        assert model.stats["host_fallback_ops"] == 0
+        assert all(list(seg.in_place) == [0] for seg in model.runtime.compiled_segments())
 
 
 def test_an_in_place_write_stores_only_its_positions():

@@ -313,6 +313,34 @@ def test_a_cache_write_is_compiled_and_writes_the_cache_itself(early):
     assert bool(segment.in_place) == (not early)
 
 
+def test_a_prompt_of_any_length_writes_the_cache_on_the_target():
+    """The cache written at a prompt's positions, their count symbolic (torch.compile's
+    dynamic shapes, as dynamo makes a prefill's length after it has seen two): the IndexCopy
+    is a kernel (its staged form), not a step on the host, and the cache is eager's after
+    prompts of several lengths, one longer than INDEX_COPY_MOST positions of a 6-row cache
+    (repeats: the last write wins)."""
+    from dnnc.ir.ops.indexing import INDEX_COPY_MOST
+
+    torch.manual_seed(0)
+    model, twin = Cache(False).eval(), Cache(False).eval()
+    twin.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    before = len(torch_backend.reports())
+    fn = torch.compile(twin, backend=dnnc_backend, dynamic=True)
+    with torch.no_grad():
+        for length in (3, 5, INDEX_COPY_MOST + 2):
+            x, pos = torch.randn(2, length, 4), torch.arange(length) % 6
+            np.testing.assert_allclose(fn(x, pos).numpy(), model(x, pos).numpy(),
+                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(twin.cache.numpy(), model.cache.numpy(), rtol=1e-5,
+                                       atol=1e-6)
+    reports = new_reports(before)
+    assert reports and all(m.stats["host_fallback_ops"] == 0
+                           for r in reports for m in r.models)
+    assert any(not v.type.is_static for r in reports for m in r.models
+               for v in m.graph.inputs)   # (the positions' count symbolic)
+
+
 def test_import_names_every_node_it_cannot_take():
     from torch.fx.experimental.proxy_tensor import make_fx
 

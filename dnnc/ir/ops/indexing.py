@@ -23,7 +23,7 @@ import numpy as np
 from .. import batching
 from .. import types as T
 from ...errors import IndexRangeError
-from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_sum
+from ..compute import NoCompute, compute, dim_expr, reduce_axis, reduce_max, reduce_sum
 from ..loop import (Select, const, eq, index_checks, logical_and, logical_or, maximum,
                      minimum, ne)
 from .index_exprs import as_index, check_sizes_bound, clamp_index, const_int, unravel
@@ -360,23 +360,45 @@ def index_copy(data, index, updates, axis):
 INDEX_COPY_MOST = 64
 """Positions an IndexCopy kernel compares each element against (one Select each; in place,
 each written element against the later positions): a decode step writes 1, a prompt its
-length; a longer index runs on the host."""
+length. A longer index, or one of a length known only at run time (a prompt under dynamic
+shapes), takes the staged form (`_last_writers`), which writes the whole array."""
 
 
 def _index_copy_count(index) -> int:
     count = const_int(index.shape[0])
     if count is None or count > INDEX_COPY_MOST:
         raise NoCompute(f"IndexCopy of {index.shape[0]} positions (at most {INDEX_COPY_MOST} "
-                        f"on a target)")
+                        f"written in place; the staged form writes the whole array)")
     return count
+
+
+def _last_writers(index, size):
+    """A stage of `size` elements along the copy's axis: 1 + the last position j of `index`
+    that writes there (the reference's last write wins), 0 where none does. Its work is the
+    axis's size times the index's length, whatever the other dimensions."""
+    q = reduce_axis(index.shape[0])
+    return compute((size,), lambda at: reduce_max(
+        Select(eq(_index(index[(q.var,)], size), at), q.var + 1, const(0)), q),
+        name="last_writer")
 
 
 def _index_copy_rule(inputs, outputs, axis):
     # each output element is data's, or the last update whose position is its index: a
-    # Select per position, reading data only at the element's own index (`in_place=0`)
+    # Select per position, reading data only at the element's own index (`in_place=0`); an
+    # index longer than INDEX_COPY_MOST, or of a run-time length, through `_last_writers`
     data, index, updates = inputs
     axis %= data.ndim
-    count = _index_copy_count(index)
+    count = const_int(index.shape[0])
+    if count is None or count > INDEX_COPY_MOST:
+        last = _last_writers(index, data.shape[axis])
+
+        def staged(*i):
+            writer = last[(i[axis],)]
+            src = list(i)
+            src[axis] = clamp_index(writer - 1, index.shape[0])
+            return Select(writer > 0, updates[tuple(src)], data[i])
+
+        return [compute(outputs[0].shape, staged, dtype=outputs[0].dtype)]
 
     def element(*i):
         out = data[i]

@@ -941,3 +941,30 @@ def test_node_suite_sample_on_host(tmp_path):
     for name, program, values in jobs:
         problems += [f"{name}: {x}" for x in run_on_host(lib, module, program, values)]
     assert len(jobs) > 60 and not problems, "\n".join(problems)
+
+
+def test_a_long_index_copy_on_host(rng, tmp_path):
+    """An IndexCopy of more positions than INDEX_COPY_MOST (a prompt written into a KV
+    cache), some repeated: its kernels (each cache row's last writer, then the rows) as the
+    reference, the last of repeated positions winning."""
+    from dnnc.ir.graph import Graph
+    from dnnc.ir.ops.indexing import INDEX_COPY_MOST
+
+    count = INDEX_COPY_MOST + 6
+    g = Graph("prompt")
+    cache = g.add_input("cache", T.TensorType(T.float32, (2, 80, 8)))
+    pos = g.add_input("pos", T.TensorType(T.int64, (count,)))
+    x = g.add_input("x", T.TensorType(T.float32, (2, count, 8)))
+    g.outputs = [g.add("IndexCopy", cache, pos, x, axis=1)]
+    g.verify()
+    graph, progs = programs(g)
+    inputs = {"cache": rng.standard_normal((2, 80, 8)).astype(np.float32),
+              "pos": rng.integers(-80, 80, count).astype(np.int64),
+              "x": rng.standard_normal((2, count, 8)).astype(np.float32)}
+    assert len(set(inputs["pos"] % 80)) < count   # (repeats)
+    values = reference(graph, inputs)
+    (program,) = progs
+    module = render_module(program.unique)
+    lib = host_library(program.unique, tmp_path, module)
+    problems = run_on_host(lib, module, program, values)
+    assert not problems, "\n".join(problems)

@@ -476,8 +476,9 @@ def test_tensor_scatter_rule(rng, mode):
 @pytest.mark.parametrize("axis", [0, 2, -1])
 def test_index_copy_rule_and_reference(rng, axis):
     """IndexCopy: data with the updates at the index's positions along `axis` (negative ones
-    wrap), as torch's index_copy / index_put; the rule as the reference, a long index on the
-    host (NoCompute)."""
+    wrap, the last of repeated ones wins), as torch's index_copy / index_put; the rule as the
+    reference for a short index (a Select per position), a long one and one of a symbolic
+    length (both through each position's last writer)."""
     from dnnc.ir.ops.indexing import INDEX_COPY_MOST
 
     data = _data(rng, 3, 4, 6)
@@ -489,10 +490,22 @@ def test_index_copy_rule_and_reference(rng, axis):
     np.moveaxis(want, axis, 0)[index % data.shape[axis]] = np.moveaxis(updates, axis, 0)
     _same(get_op("IndexCopy").run([data, index, updates], {"axis": axis}), [want])
     _check_rule("IndexCopy", [data, index, updates], {"axis": axis})
-    long = np.zeros(INDEX_COPY_MOST + 1, np.int64)
+    size = data.shape[axis]
+    long = _indices(rng, size, (INDEX_COPY_MOST + 5,))   # (repeats: the last one wins)
     shape[axis] = len(long)
-    with pytest.raises(NoCompute):
-        run_rule("IndexCopy", [data, long, _data(rng, *shape)], {"axis": axis})
+    updates = _data(rng, *shape)
+    _check_rule("IndexCopy", [data, long, updates], {"axis": axis})
+    values = [Value("d", T.TensorType(T.float32, data.shape)),
+              Value("i", T.TensorType(T.int64, ("S",))),
+              Value("u", T.TensorType(T.float32, tuple("S" if k == axis % 3 else d
+                                                       for k, d in enumerate(data.shape))))]
+    types, _, full = infer_node("IndexCopy", values, {"axis": axis}, 1, "c")
+    outs = apply_rule("IndexCopy", [placeholder(v.name, v.type.dtype, v.type.shape)
+                                    for v in values], full, types)
+    for count in (1, 7, INDEX_COPY_MOST + 5):
+        short, part = long[:count], np.take(updates, np.arange(count), axis=axis)
+        got = evaluate(outs, {"d": data, "i": short, "u": part}, {"S": count})
+        _same(got, get_op("IndexCopy").run([data, short, part], {"axis": axis}))
 
 
 def test_rules_on_symbolic_batch(rng):
