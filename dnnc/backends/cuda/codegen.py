@@ -394,9 +394,23 @@ _BINARY: dict[tuple[str, str], Callable] = {
 _BINARY_BY_NUMBER: dict[tuple[str, str], Callable] = {
     ("f", "min"): _func("dnnc_fmin_k"), ("f", "max"): _func("dnnc_fmax_k"),
 }
-"""(class, op) -> emitter where b is a constant other than NaN (a clamp's bound, Relu's 0):
+"""(class, op) -> emitter where b is never NaN (`_never_nan`: a clamp's bound, Relu's 0):
 min and max as one unordered compare and a select, the same results as `_BINARY`'s (a clamp
 to a byte's range was 8 instructions, 4 here)."""
+
+
+def _never_nan(e: L.Expr) -> bool:
+    """Whether float `e` is never NaN: a constant other than NaN, or a finite value (a finite
+    constant, an integer converted) or the sum or difference of two (a clamp's bound less a
+    zero point: `quant.rounded_saturated`'s)."""
+    def finite(x):
+        return isinstance(x, L.Const) and math.isfinite(x.value) or \
+            isinstance(x, L.Cast) and not x.value.dtype.is_float
+    if isinstance(e, L.Const):
+        return e.dtype.is_float and not math.isnan(e.value)
+    return finite(e) or isinstance(e, L.BinOp) and e.op in ("+", "-") and \
+        finite(e.a) and finite(e.b)
+
 
 _MATH = ("exp", "log", "sqrt", "tanh", "erf", "floor", "ceil", "trunc", "sin", "cos", "tan",
          "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "fmod",
@@ -456,6 +470,12 @@ _BF16_CASTS: dict[tuple[T.DType, T.DType], Callable] = {
 }
 """The bfloat16 casts (NATIVE's `bf16_cast`; legalize leaves no other): (source, destination)
 -> emitter."""
+
+_BYTE_CASTS: dict[tuple[T.DType, T.DType], Callable] = {
+    (T.int8, T.float32): _func("dnnc_s8_to_f32"), (T.uint8, T.float32): _func("dnnc_u8_to_f32"),
+}
+"""8-bit integers to float32 by their bits (PRELUDE's): a quantized epilogue's dequantizations
+off the conversion pipe, which a residual 1x1 conv's epilogue filled (docs/cuda_backend.md)."""
 
 _BITCASTS: dict[tuple[T.DType, T.DType], Callable] = {
     (T.float32, T.uint32): _func("__float_as_uint"),
@@ -763,7 +783,7 @@ class _Emitter:
     def binop(self, e: L.BinOp) -> str:
         key = (_class(e.a.dtype), e.op)
         emit = _BINARY.get(key)
-        if isinstance(e.b, L.Const) and e.b.dtype.is_float and not math.isnan(e.b.value):
+        if _never_nan(e.b):
             emit = _BINARY_BY_NUMBER.get(key, emit)
         if emit is None:
             self.fail(f"no CUDA rendering for operator {e.op} on {e.a.dtype.name} "
@@ -811,7 +831,7 @@ class _Emitter:
         if src is dst:
             return value
         emit = _BF16_CASTS.get((src, dst)) if T.bfloat16 in (src, dst) else \
-            _CASTS.get((_class(src), _class(dst)))
+            _BYTE_CASTS.get((src, dst)) or _CASTS.get((_class(src), _class(dst)))
         if emit is None:
             self.fail(f"no CUDA cast from {src.name} to {dst.name} (legalized?)")
         return emit(value, dst)

@@ -69,6 +69,28 @@ def _saturate(q: Expr, dtype: T.DType, bits: int = 0) -> Expr:
     return Cast(dtype, minimum(maximum(q, const(lo, q.dtype)), const(hi, q.dtype)))
 
 
+MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
+"""1.5 * 2**23 and its float32 bits: x + MAGIC holds integral x (|x| <= 2**22) in its low
+mantissa bits."""
+
+
+def rounded_saturated(x: Expr, zero_point: Expr, dtype: T.DType, lo: int, hi: int) -> Expr:
+    """Cast(dtype, clamp(rint(x) + zero_point, lo, hi)) of float32 x and an integral float32
+    zero point (lo, hi: integers of dtype's range), without a rounding or conversion
+    instruction (a GPU's conversion pipe issues 16 a clock an SM, its adds 128): x clamped to
+    [lo - zero_point, hi - zero_point] first (rint commutes with a clamp to integers), then
+    x + 1.5 * 2**23 rounds it half to even (an ulp of 1 there, 1.5 * 2**23 even), the zero
+    point is added exactly and the integer read off the bits. Bit for bit for every x,
+    infinities included; a NaN x gives the low bits of the NaN its adds make, where
+    `_saturate`'s cast gives 0 (so only where x is never NaN). The clamp's operand is no
+    product, so no compiler fuses a multiply into the rounding add."""
+    zp = zero_point
+    clamped = minimum(maximum(x, const(float(lo)) - zp), const(float(hi)) - zp)
+    bits = call("bitcast", clamped + const(MAGIC) + zp, dtype=T.int32) - \
+        const(MAGIC_BITS, T.int32)
+    return Cast(dtype, bits)
+
+
 def _rule_axis(x: Tensor, scale: Tensor, axis: int) -> int:
     """The references' axis: `axis` of a non-scalar scale, else unused."""
     per_tensor = all(d == const(1) for d in scale.shape)
@@ -615,6 +637,9 @@ def _quantized_add_rule(inputs, outputs, *, c_reciprocal, c_refined, bits):
             if c_refined:   # + (total - quotient sc) / sc, the remainder exact in an fma
                 remainder = call("fma", const(0.0, f32) - quotient, widen(f32, sc[()]), total)
                 quotient = call("fma", remainder, reciprocal, quotient)
+            # (add_reciprocal's quotients of every pair of operands are no NaN)
+            return rounded_saturated(quotient, widen(f32, zc[()]), out.dtype,
+                                     *quant_range(out.dtype, bits))
         return _saturate(call("round", quotient) + widen(f32, zc[()]), out.dtype, bits)
 
     return [compute(out.shape, element, "quantized_add", out.dtype)]
