@@ -181,7 +181,7 @@ def finish_expr(acc: Expr, bias: Expr | None, scale: Expr | None, y_zp: Expr | N
     if y_zp is None:
         return y
     # (vector code too: a float -> int cast is legalized lane by lane; y is NaN only where
-    # the scale is, and gives the bits of its NaN as rounding then adding did)
+    # the scale is NaN or infinite, and gives the bits of its NaN as rounding then adding did)
     return rounded_saturated(y, Cast(T.float32, y_zp), out, *clamp_bounds(out, lo, hi))
 
 

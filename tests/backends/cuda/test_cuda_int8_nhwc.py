@@ -239,7 +239,7 @@ def test_int8_residual_loaded_ahead_on_host(n, h, w, m, act, tmp_path):
     assert np.array_equal(got, run_graph(g, [x, r])[0])
 
 
-REQUANTIZATIONS = [   # (activation type, zero points (x, conv / add's a, residual, add), add's scales)
+REQUANTIZATIONS = [   # (type, zero points (x, conv = add's a, residual, add), add's scales)
     (np.int8, (-77, -3, 5, -3), (1.0, 0.5, 1.0)),
     (np.uint8, (200, 128, 255, 100), (1.0, 0.5, 0.75)),
     (np.int8, (127, 0, -128, 0), (0.06, 0.05, 0.07)),

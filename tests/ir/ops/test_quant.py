@@ -323,9 +323,10 @@ def _probes(rng) -> np.ndarray:
     big = np.array([2**22, 2**22 + 1, 2**22 + 1.5, 2**23 - 0.5, 2**23, 2**23 + 1, 2**24, 2**24 + 2,
                     3e38, np.finfo(f32).max, np.finfo(f32).tiny, 1e-45, 0.0, np.inf], f32)
     x = np.concatenate([near, big, -big])
-    x = np.concatenate([x, np.nextafter(x, f32(np.inf)), np.nextafter(x, f32(-np.inf)),
-                        rng.integers(0, 2**32, 200000, dtype=np.uint64).astype(
-                            np.uint32).view(f32)])
+    with np.errstate(over="ignore"):   # (the largest float's neighbour is infinite)
+        x = np.concatenate([x, np.nextafter(x, f32(np.inf)), np.nextafter(x, f32(-np.inf)),
+                            rng.integers(0, 2**32, 200000, dtype=np.uint64).astype(
+                                np.uint32).view(f32)])
     return x[~np.isnan(x)]
 
 
