@@ -250,9 +250,11 @@ REQUANTIZATIONS = [   # (type, zero points (x, conv = add's a, residual, add), a
 
 def requantization_graph(rng, act, zeros, scales, n, h, w, m, c=64):
     """QuantizedAdd(a 1x1 QuantizedConvNHWC, an 8-bit residual) as a QDQ ResNet's bottleneck
-    ends, the add multiplying by add_reciprocal's 1 / c_scale: power-of-two scales put the
-    conv's products on ties at .5 (and the add's quotients, with scales 1, 0.5, 1), its sums
-    saturate. The graph, its inputs, and the conv's float32 products before rounding."""
+    ends, the add multiplying by add_reciprocal's 1 / c_scale: power-of-two scales (even
+    channels) put the conv's products on ties at .5 (and the add's quotients, with scales 1,
+    0.5, 1), other scales (odd channels) make products that round to a tie without being one
+    (`contracted_ties`: where a multiply fused into the rounding add would round the other
+    way), its sums saturate. The graph, its inputs, and the conv's int32 sums and scales."""
     from dnnc.ir.ops.quant import add_reciprocal
 
     info = np.iinfo(act)
@@ -260,6 +262,7 @@ def requantization_graph(rng, act, zeros, scales, n, h, w, m, c=64):
     g = Graph("q")
     x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, h, w, c)))
     per_channel = np.float32(2.0) ** -rng.integers(5, 9, m).astype(np.float32)
+    per_channel[1::2] = rng.uniform(2.0 ** -9, 2.0 ** -5, m // 2).astype(np.float32)
     bias = rng.integers(-5000, 5000, m).astype(np.int32)
     ins = [x, _const("za", act(zeros[0])), _const("w", wq),
            _const("s", wq.astype(np.int32).reshape(m, -1).sum(1).astype(np.int32)),
@@ -279,7 +282,16 @@ def requantization_graph(rng, act, zeros, scales, n, h, w, m, c=64):
              "r": rng.integers(info.min, info.max + 1, (n, h, w, m)).astype(act)}
     acc = (feeds["x"].reshape(-1, c).astype(np.int64) - zeros[0]) @ \
         wq.reshape(m, c).T.astype(np.int64) + bias
-    return g, feeds, acc.astype(np.float32) * per_channel
+    return g, feeds, (acc, per_channel)
+
+
+def contracted_ties(acc, scales) -> tuple[int, int]:
+    """(float32 products acc * scale that are ties at .5, those of them that are not the exact
+    product: rint of the exact product, as an fma rounds it, goes the other way)."""
+    y = acc.astype(np.float32) * scales
+    ties = np.abs(y - np.rint(y)) == 0.5
+    return int(ties.sum()), int((ties & (y.astype(np.float64) != acc * scales.astype(
+        np.float64))).sum())
 
 
 @pytest.mark.parametrize("act,zeros,scales", REQUANTIZATIONS)
@@ -295,7 +307,7 @@ def test_int8_requantization_ties_and_saturation_on_host(act, zeros, scales, tmp
     from dnnc.ir.interpreter import run_graph
 
     rng = np.random.default_rng(abs(zeros[0]))
-    g, feeds, y = requantization_graph(rng, act, zeros, scales, 2, 9, 7, 136)
+    g, feeds, products = requantization_graph(rng, act, zeros, scales, 2, 9, 7, 136)
     optimised, (program,) = programs(g, machine=MACHINE,
                                      config=dataclasses.replace(SHALLOW_TILE, staged=True))
     module = render_module(program.unique)
@@ -308,7 +320,7 @@ def test_int8_requantization_ties_and_saturation_on_host(act, zeros, scales, tmp
     assert np.array_equal(got, want), f"{np.sum(got != want)} of {got.size} differ"
     info = np.iinfo(act)
     assert {info.min, info.max} & set(want.ravel().tolist())   # (saturated)
-    assert np.sum(np.abs(y - np.rint(y)) == 0.5) > 100   # (the conv's ties)
+    assert contracted_ties(*products)[0] > 100   # (the conv's ties)
 
 
 def test_int8_wgmma_compiles_for_sm90a_without_spills():
