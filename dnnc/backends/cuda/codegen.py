@@ -396,22 +396,9 @@ _BINARY: dict[tuple[str, str], Callable] = {
 _BINARY_BY_NUMBER: dict[tuple[str, str], Callable] = {
     ("f", "min"): _func("dnnc_fmin_k"), ("f", "max"): _func("dnnc_fmax_k"),
 }
-"""(class, op) -> emitter where b is never NaN (`_never_nan`: a clamp's bound, Relu's 0):
+"""(class, op) -> emitter where b is a constant other than NaN (a clamp's bound, Relu's 0):
 min and max as one unordered compare and a select, the same results as `_BINARY`'s (a clamp
 to a byte's range was 8 instructions, 4 here)."""
-
-
-def _never_nan(e: L.Expr) -> bool:
-    """Whether float `e` is never NaN: a constant other than NaN, or a finite value (a finite
-    constant, an integer converted) or the sum or difference of two (a clamp's bound less a
-    zero point: `quant.rounded_saturated`'s)."""
-    def finite(x):
-        return isinstance(x, L.Const) and math.isfinite(x.value) or \
-            isinstance(x, L.Cast) and not x.value.dtype.is_float
-    if isinstance(e, L.Const):
-        return e.dtype.is_float and not math.isnan(e.value)
-    return finite(e) or isinstance(e, L.BinOp) and e.op in ("+", "-") and \
-        finite(e.a) and finite(e.b)
 
 
 _MATH = ("exp", "log", "sqrt", "tanh", "erf", "floor", "ceil", "trunc", "sin", "cos", "tan",
@@ -803,7 +790,7 @@ class _Emitter:
             return f"({bits}({self.expr(e.a.value)}) - {bits}({self.expr(e.b.value)}))"
         key = (_class(e.a.dtype), e.op)
         emit = _BINARY.get(key)
-        if _never_nan(e.b):
+        if isinstance(e.b, L.Const) and e.b.dtype.is_float and not math.isnan(e.b.value):
             emit = _BINARY_BY_NUMBER.get(key, emit)
         if emit is None:
             self.fail(f"no CUDA rendering for operator {e.op} on {e.a.dtype.name} "

@@ -77,18 +77,24 @@ mantissa bits."""
 def rounded_saturated(x: Expr, zero_point: Expr, dtype: T.DType, lo: int, hi: int) -> Expr:
     """Cast(dtype, clamp(rint(x) + zero_point, lo, hi)) of float32 x and an integral float32
     zero point (lo, hi: integers of dtype's range), without a rounding or conversion
-    instruction (a GPU's conversion pipe issues 16 a clock an SM, its adds 128): x clamped to
-    [lo - zero_point, hi - zero_point] first (rint commutes with a clamp to integers), then
-    x + 1.5 * 2**23 rounds it half to even (an ulp of 1 there, 1.5 * 2**23 even), the zero
-    point is added exactly and the integer read off the bits. Bit for bit for every x,
-    infinities included; a NaN x gives the low bits of the NaN its adds make, where
-    `_saturate`'s cast gives 0 (so only where x is never NaN). The clamp's operand is no
-    product, so no compiler fuses a multiply into the rounding add."""
-    zp = zero_point
-    clamped = minimum(maximum(x, const(float(lo)) - zp), const(float(hi)) - zp)
-    bits = call("bitcast", clamped + const(MAGIC) + zp, dtype=T.int32) - \
-        const(MAGIC_BITS, T.int32)
-    return Cast(dtype, bits)
+    instruction (a GPU's conversion pipe issues 16 a clock an SM, its adds 128): x + 1.5 *
+    2**23 rounds x half to even where |x| <= 2**22 (an ulp of 1 there, 1.5 * 2**23 even) and
+    is monotone beyond, the zero point is added exactly, the clamp to 1.5 * 2**23 + lo and +
+    hi (constants) saturates, and the integer is read off the bits. Bit for bit for every
+    x, infinities included; a NaN x gives the low bits of the NaN its adds make, where
+    `_saturate`'s cast gives 0 (so only where x is never NaN). x must be no product: a
+    compiler may contract a multiply and the rounding add into one fma, which rounds the
+    exact product (`unfused` writes a product that no compiler contracts)."""
+    bits = call("bitcast", minimum(maximum(x + const(MAGIC) + zero_point, const(MAGIC + lo)),
+                                   const(MAGIC + hi)), dtype=T.int32)
+    return Cast(dtype, bits - const(MAGIC_BITS, T.int32))
+
+
+def unfused(a: Expr, b: Expr) -> Expr:
+    """a * b (float32) as fma(a, b, 0): the same value but for a zero's sign (a rounding then
+    takes it to the same integer), and no compiler contracts an fma with the add after it
+    (NVVM keeps fmaf(a, b, 0.0f), and ptxas an FFMA, before `rounded_saturated`'s add)."""
+    return call("fma", a, b, const(0.0, a.dtype))
 
 
 def _rule_axis(x: Tensor, scale: Tensor, axis: int) -> int:
@@ -633,10 +639,12 @@ def _quantized_add_rule(inputs, outputs, *, c_reciprocal, c_refined, bits):
             quotient = total / widen(f32, sc[()])
         else:
             reciprocal = const(c_reciprocal, f32)
-            quotient = total * reciprocal
             if c_refined:   # + (total - quotient sc) / sc, the remainder exact in an fma
+                quotient = total * reciprocal
                 remainder = call("fma", const(0.0, f32) - quotient, widen(f32, sc[()]), total)
                 quotient = call("fma", remainder, reciprocal, quotient)
+            else:
+                quotient = unfused(total, reciprocal)
             # (add_reciprocal's quotients of every pair of operands are no NaN)
             return rounded_saturated(quotient, widen(f32, zc[()]), out.dtype,
                                      *quant_range(out.dtype, bits))

@@ -55,7 +55,7 @@ from .index_exprs import const_int
 from .infer import check_dtype
 from .linalg import widen
 from .packed import NCHW_OF_NHWC, NHWC_OF_NCHW
-from .quant import rounded_saturated
+from .quant import rounded_saturated, unfused
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 GROUP_COLUMNS = 16
@@ -177,12 +177,13 @@ def finish_expr(acc: Expr, bias: Expr | None, scale: Expr | None, y_zp: Expr | N
         acc = acc + widen(T.int32, bias)
     if scale is None:
         return acc
-    y = Cast(T.float32, acc) * widen(T.float32, scale)
     if y_zp is None:
-        return y
-    # (vector code too: a float -> int cast is legalized lane by lane; y is NaN only where
-    # the scale is NaN or infinite, and gives the bits of its NaN as rounding then adding did)
-    return rounded_saturated(y, Cast(T.float32, y_zp), out, *clamp_bounds(out, lo, hi))
+        return Cast(T.float32, acc) * widen(T.float32, scale)
+    # (vector code too: a float -> int cast is legalized lane by lane; the product is NaN
+    # only where the scale is NaN or infinite, and gives the bits of its NaN as rounding then
+    # adding did)
+    return rounded_saturated(unfused(Cast(T.float32, acc), widen(T.float32, scale)),
+                             Cast(T.float32, y_zp), out, *clamp_bounds(out, lo, hi))
 
 
 def _optional(inputs, k: int):

@@ -339,7 +339,7 @@ def test_rounded_saturated_is_rint_plus_zero_point_saturated(rng, dtype, zp, lo,
     a rounding or conversion instruction) is Cast(clip(rint(x) + zp, lo, hi)) bit for bit on
     every probe: ties to even with odd and negative zero points (a zero point folded into
     the rounding add would round ties by the sum's parity), values past the clamp and past
-    2**22 (where the add no longer rounds: the clamp must come first), bounds narrowed as
+    2**22 (where the add no longer rounds to integers: the clamp saturates them), bounds narrowed as
     a Relu or Clip narrows them, crossed bounds (Clip's min above its max: the max wins)."""
     from dnnc.ir.loop import Cast
     from dnnc.ir.compute import compute
