@@ -8,8 +8,8 @@ the device), traces its kernels in the model (bench/gpu_breakdown.py's `traced`)
 them alone; it prints the 1x1 convs that add the residual (the conv kernels whose nodes hold
 an Add: QuantizedAdd in the int8 model) in the model and alone, and writes
 $OUT/LABEL.json. bench/gpu_int8_ab.sh drives it (with the GPU int8 tests and the fuzzer's QDQ
-cases on cuda while the rows compile). Session 55's resnet50 table in docs/cuda_backend.md
-comes from it. Never imported by dnnc.
+cases on cuda while the rows compile). Sessions 55's and 57's resnet50 tables in
+docs/cuda_backend.md come from it. Never imported by dnnc.
 """
 import json, os, sys, time
 from pathlib import Path

@@ -48,7 +48,9 @@ and conversions to and from float32): float16 converts through PTX `cvt` in two 
 functions of the prelude (what cuda_fp16.h does, without needing its header), bfloat16
 likewise (`dnnc_f2bf`: `cvt.rn.bf16.f32` with legalize's NaN, NATIVE's `bf16_cast`; before
 sm_80 legalize's integer bit operations). Index arithmetic is `long long` (the IR's int64)
-unless `narrow_indices` proves 32 bits enough.
+unless `narrow_indices` proves 32 bits enough. int8 / uint8 become float32 by their bits
+(`_BYTE_CASTS`; the difference of two, a dequantization, `_BYTE_BITS`), not by the conversion
+pipe's I2F.
 Warp shuffles (`L.SHUFFLES`) are `__shfl_xor_sync` / `__shfl_down_sync` over the full warp.
 A gather's run-time index check (`L.index_checks`) is the prelude's `dnnc_check_index`, on the
 kernel's error record (its last parameter, device memory the runtime reads back).
@@ -398,6 +400,7 @@ _BINARY_BY_NUMBER: dict[tuple[str, str], Callable] = {
 min and max as one unordered compare and a select, the same results as `_BINARY`'s (a clamp
 to a byte's range was 8 instructions, 4 here)."""
 
+
 _MATH = ("exp", "log", "sqrt", "tanh", "erf", "floor", "ceil", "trunc", "sin", "cos", "tan",
          "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "fmod",
          "log1p", "expm1", "atan2", "fma")
@@ -456,6 +459,27 @@ _BF16_CASTS: dict[tuple[T.DType, T.DType], Callable] = {
 }
 """The bfloat16 casts (NATIVE's `bf16_cast`; legalize leaves no other): (source, destination)
 -> emitter."""
+
+_BYTE_CASTS: dict[tuple[T.DType, T.DType], Callable] = {
+    (T.int8, T.float32): _func("dnnc_s8_to_f32"), (T.uint8, T.float32): _func("dnnc_u8_to_f32"),
+}
+"""8-bit integers to float32 by their bits (PRELUDE's): a quantized epilogue's dequantizations
+off the conversion pipe, which a residual 1x1 conv's epilogue filled (docs/cuda_backend.md)."""
+
+_BYTE_BITS = {T.int8: "dnnc_s8_bits", T.uint8: "dnnc_u8_bits"}
+"""An 8-bit type -> PRELUDE's function of a value's float 2**23 + offset + b: float(a) -
+float(b) of two of one type (x - zero point) is the difference of theirs, one FADD."""
+
+
+def _byte_difference(e: L.BinOp) -> str | None:
+    """`_BYTE_BITS`' function where `e` is float32(a) - float32(b) of two 8-bit integers of one
+    type, else None."""
+    if e.op != "-" or e.dtype is not T.float32 or not all(
+            isinstance(x, L.Cast) for x in (e.a, e.b)) or e.a.value.dtype is not \
+            e.b.value.dtype:
+        return None
+    return _BYTE_BITS.get(e.a.value.dtype)
+
 
 _BITCASTS: dict[tuple[T.DType, T.DType], Callable] = {
     (T.float32, T.uint32): _func("__float_as_uint"),
@@ -761,6 +785,9 @@ class _Emitter:
         return f"({self.expr(e.cond)} ? {self.expr(e.true)} : {self.expr(e.false)})"
 
     def binop(self, e: L.BinOp) -> str:
+        bits = _byte_difference(e)
+        if bits is not None:
+            return f"({bits}({self.expr(e.a.value)}) - {bits}({self.expr(e.b.value)}))"
         key = (_class(e.a.dtype), e.op)
         emit = _BINARY.get(key)
         if isinstance(e.b, L.Const) and e.b.dtype.is_float and not math.isnan(e.b.value):
@@ -811,7 +838,7 @@ class _Emitter:
         if src is dst:
             return value
         emit = _BF16_CASTS.get((src, dst)) if T.bfloat16 in (src, dst) else \
-            _CASTS.get((_class(src), _class(dst)))
+            _BYTE_CASTS.get((src, dst)) or _CASTS.get((_class(src), _class(dst)))
         if emit is None:
             self.fail(f"no CUDA cast from {src.name} to {dst.name} (legalized?)")
         return emit(value, dst)

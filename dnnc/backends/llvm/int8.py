@@ -45,8 +45,8 @@ import numpy as np
 
 from ...ir import loop as L
 from ...ir import types as T
-from ...ir.ops.quantized import (GROUP_COLUMNS, GROUP_DEPTH, MAGIC, MAGIC_BITS, finish_expr,
-                                  panel_base, panel_span)
+from ...ir.ops.quant import MAGIC, MAGIC_BITS
+from ...ir.ops.quantized import GROUP_COLUMNS, GROUP_DEPTH, finish_expr, panel_base, panel_span
 from ..quantized_problems import (DynamicQuantize, MaxPool8, QuantizedConvProblem,
                                   QuantizedDenseProblem, channel_param, dynamic_quantize,
                                   dynamic_quantized, dynamic_scale, dynamic_zero_point,

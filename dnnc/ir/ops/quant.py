@@ -69,6 +69,34 @@ def _saturate(q: Expr, dtype: T.DType, bits: int = 0) -> Expr:
     return Cast(dtype, minimum(maximum(q, const(lo, q.dtype)), const(hi, q.dtype)))
 
 
+MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
+"""1.5 * 2**23 and its float32 bits: x + MAGIC holds integral x (|x| <= 2**22) in its low
+mantissa bits."""
+
+
+def rounded_saturated(x: Expr, zero_point: Expr, dtype: T.DType, lo: int, hi: int) -> Expr:
+    """Cast(dtype, clamp(rint(x) + zero_point, lo, hi)) of float32 x and an integral float32
+    zero point (lo, hi: integers of dtype's range), without a rounding or conversion
+    instruction (a GPU's conversion pipe issues 16 a clock an SM, its adds 128): x + 1.5 *
+    2**23 rounds x half to even where |x| <= 2**22 (an ulp of 1 there, 1.5 * 2**23 even) and
+    is monotone beyond, the zero point is added exactly, the clamp to 1.5 * 2**23 + lo and +
+    hi (constants) saturates, and the integer is read off the bits. Bit for bit for every
+    x, infinities included; a NaN x gives the low bits of the NaN its adds make, where
+    `_saturate`'s cast gives 0 (so only where x is never NaN). x must be no product: a
+    compiler may contract a multiply and the rounding add into one fma, which rounds the
+    exact product (`unfused` writes a product that no compiler contracts)."""
+    bits = call("bitcast", minimum(maximum(x + const(MAGIC) + zero_point, const(MAGIC + lo)),
+                                   const(MAGIC + hi)), dtype=T.int32)
+    return Cast(dtype, bits - const(MAGIC_BITS, T.int32))
+
+
+def unfused(a: Expr, b: Expr) -> Expr:
+    """a * b (float32) as fma(a, b, 0): the same value but for a zero's sign (a rounding then
+    takes it to the same integer), and no compiler contracts an fma with the add after it
+    (NVVM keeps fmaf(a, b, 0.0f), and ptxas an FFMA, before `rounded_saturated`'s add)."""
+    return call("fma", a, b, const(0.0, a.dtype))
+
+
 def _rule_axis(x: Tensor, scale: Tensor, axis: int) -> int:
     """The references' axis: `axis` of a non-scalar scale, else unused."""
     per_tensor = all(d == const(1) for d in scale.shape)
@@ -611,10 +639,15 @@ def _quantized_add_rule(inputs, outputs, *, c_reciprocal, c_refined, bits):
             quotient = total / widen(f32, sc[()])
         else:
             reciprocal = const(c_reciprocal, f32)
-            quotient = total * reciprocal
             if c_refined:   # + (total - quotient sc) / sc, the remainder exact in an fma
+                quotient = total * reciprocal
                 remainder = call("fma", const(0.0, f32) - quotient, widen(f32, sc[()]), total)
                 quotient = call("fma", remainder, reciprocal, quotient)
+            else:
+                quotient = unfused(total, reciprocal)
+            # (add_reciprocal's quotients of every pair of operands are no NaN)
+            return rounded_saturated(quotient, widen(f32, zc[()]), out.dtype,
+                                     *quant_range(out.dtype, bits))
         return _saturate(call("round", quotient) + widen(f32, zc[()]), out.dtype, bits)
 
     return [compute(out.shape, element, "quantized_add", out.dtype)]

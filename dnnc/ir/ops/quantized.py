@@ -49,12 +49,13 @@ from .. import types as T
 from ..compute import NoCompute, compute, reduce_axis, reduce_sum
 from ..flops import Count, has_input, numel
 from ..graph import Value
-from ..loop import Cast, Expr, call, const, maximum, minimum
+from ..loop import Cast, Expr, const, minimum
 from .conv import CONV_ATTRS, conv, conv_flops, conv_shape, conv_sum, scalar_or_per_channel
 from .index_exprs import const_int
 from .infer import check_dtype
 from .linalg import widen
 from .packed import NCHW_OF_NHWC, NHWC_OF_NCHW
+from .quant import rounded_saturated, unfused
 from .registry import REQUIRED, Pattern, infer_node, register_op
 
 GROUP_COLUMNS = 16
@@ -63,9 +64,6 @@ GROUP_DEPTH = 4
 """k per group: the 4 bytes one int32 lane of `vpdpbusd` / `tdpbusd` sums."""
 ACTIVATIONS = (T.uint8, T.int8)
 QUANT_ATTRS = {"lo": None, "hi": None}
-MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
-"""1.5 * 2**23 and its float32 bits: x + MAGIC holds integral x (|x| <= 2**22) in its low
-mantissa bits."""
 INTEGER_PRODUCTS = ("QuantizedDense", "QuantizedConv", "QuantizedConvPacked", "QuantizedConvNHWC")
 """The ops of this module: products computed on integers (`dnnc inspect` counts them)."""
 
@@ -179,17 +177,13 @@ def finish_expr(acc: Expr, bias: Expr | None, scale: Expr | None, y_zp: Expr | N
         acc = acc + widen(T.int32, bias)
     if scale is None:
         return acc
-    y = Cast(T.float32, acc) * widen(T.float32, scale)
     if y_zp is None:
-        return y
-    low, high = clamp_bounds(out, lo, hi)
-    q = minimum(maximum(call("round", y) + Cast(T.float32, y_zp), const(float(low))),
-                const(float(high)))
-    # an integral float in [-2**22, 2**22] to int32 as the bits of q + 1.5 * 2**23 less
-    # those of 1.5 * 2**23: exact, and vector code (a float -> int cast is legalized lane by
-    # lane)
-    bits = call("bitcast", q + const(MAGIC), dtype=T.int32) - const(MAGIC_BITS, T.int32)
-    return Cast(out, bits)
+        return Cast(T.float32, acc) * widen(T.float32, scale)
+    # (vector code too: a float -> int cast is legalized lane by lane; the product is NaN
+    # only where the scale is NaN or infinite, and gives the bits of its NaN as rounding then
+    # adding did)
+    return rounded_saturated(unfused(Cast(T.float32, acc), widen(T.float32, scale)),
+                             Cast(T.float32, y_zp), out, *clamp_bounds(out, lo, hi))
 
 
 def _optional(inputs, k: int):

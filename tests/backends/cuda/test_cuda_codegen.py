@@ -283,6 +283,36 @@ def test_load_word_is_one_load_only_where_alignment_is_proven(start, stride, who
             "load_word", wide[t], dtype=T.uint32)), L.ForKind.THREAD_X)))
 
 
+@pytest.mark.parametrize("dtype", [T.int8, T.uint8])
+def test_bytes_become_floats_by_their_bits(dtype, tmp_path):
+    """An 8-bit integer to float32 is PRELUDE's `dnnc_s8_to_f32` / `dnnc_u8_to_f32` (2**23
+    + 128 + b or 2**23 + b as bits, less the offset: no I2F), the difference of two of one
+    type (x - zero point) that of their bits' floats (`dnnc_s8_bits` / `dnnc_u8_bits`),
+    exact for all 256 bytes on host threads."""
+    from test_host_semantics import host_library
+
+    src = L.Buffer("src", dtype, (256,))
+    dst = L.Buffer("dst", T.float32, (256,))
+    t = L.Var("t")
+    f, zp = L.Cast(T.float32, src[t]), L.Cast(T.float32, src[L.const(7)])
+    func = L.PrimFunc("f", (src, dst), L.For(t, 256, L.Store(
+        dst, (t,), f * L.const(0.5) + (f - zp) * L.const(0.25)), L.ForKind.THREAD_X))
+    module = render_module([(func, True)])
+    kernel = module.source.split("__global__")[-1]
+    sign = "s" if dtype is T.int8 else "u"
+    assert f"dnnc_{sign}8_to_f32(" in kernel and f"dnnc_{sign}8_bits(" in kernel
+    assert "(float)" not in kernel
+    lib = host_library([(func, True)], tmp_path, module)
+    x = np.arange(256).astype(np.uint8).view(dtype.np)
+    got = np.zeros(256, np.float32)
+    args = (ctypes.c_void_p * 2)(x.ctypes.data, got.ctypes.data)
+    (launch,) = module.kernels["f"].launches
+    lib.dnnc_launch(ctypes.cast(getattr(lib, f"{launch.name}_host"), ctypes.c_void_p), args,
+                    *[ctypes.c_uint(g) for g in launch.grid], ctypes.c_uint(launch.block[0]))
+    xf, zf = x.astype(np.float32), np.float32(x[7])
+    assert np.array_equal(got, xf * np.float32(0.5) + (xf - zf) * np.float32(0.25))
+
+
 def _register_store(start, stride, lanes, dtype=T.float32, dst_scope=L.Scope.GLOBAL,
                     value=None, name="f"):
     """t < 64 threads, each computing `lanes` values into registers, then a VECTORIZED loop

@@ -14,7 +14,8 @@ import pytest
 import dnnc
 from dnnc import zoo
 from test_cuda_int8 import CONV_CASES, DENSE_CASES, conv_graph, dense_graph, dense_template
-from test_cuda_int8_nhwc import WGMMA_TILES
+from test_cuda_int8_nhwc import (REQUANTIZATIONS, WGMMA_TILES, contracted_ties,
+                                 requantization_graph)
 
 pytestmark = pytest.mark.gpu
 
@@ -213,3 +214,24 @@ def test_dynamic_quantize_on_the_gpu_equals_the_reference(shape, config, monkeyp
               np.abs(rng.standard_normal(shape)).astype(np.float32) + 1):
         for got, want in zip(model(a), dynamic_quantize_linear(a)):
             assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("act,zeros,scales", REQUANTIZATIONS)
+def test_int8_requantization_on_the_gpu_equals_the_reference(act, zeros, scales):
+    """test_cuda_int8_nhwc's requantization graphs (ties at .5, saturation, odd and negative
+    zero points; the residual conv's epilogue without rintf or conversions) as NVRTC
+    compiles them (its contractions into fmas) on the GPU: large enough for the shallow
+    products' tile and for products that round to a tie without being one (a multiply
+    fused into the rounding add would round them the other way), bit for bit the
+    reference."""
+    from dnnc.ir.interpreter import run_graph
+
+    rng = np.random.default_rng(abs(zeros[0]) + 1)
+    g, feeds, products = requantization_graph(rng, act, zeros, scales, 8, 28, 28, 256)
+    assert contracted_ties(*products)[1] > 0
+    model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
+    assert "rintf" not in model.source("cuda")
+    got = model(feeds["x"], feeds["r"])
+    want = run_graph(g, [feeds["x"], feeds["r"]])[0]
+    assert got.dtype == want.dtype and np.array_equal(got, want), \
+        f"{np.sum(got != want)} of {got.size} differ"

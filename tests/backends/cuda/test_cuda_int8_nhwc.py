@@ -239,6 +239,90 @@ def test_int8_residual_loaded_ahead_on_host(n, h, w, m, act, tmp_path):
     assert np.array_equal(got, run_graph(g, [x, r])[0])
 
 
+REQUANTIZATIONS = [   # (type, zero points (x, conv = add's a, residual, add), add's scales)
+    (np.int8, (-77, -3, 5, -3), (1.0, 0.5, 1.0)),
+    (np.uint8, (200, 128, 255, 100), (1.0, 0.5, 0.75)),
+    (np.int8, (127, 0, -128, 0), (0.06, 0.05, 0.07)),
+    (np.uint8, (3, 128, 250, 0), (0.02, 0.03, 0.0449230782687664))]
+"""Zero points negative, odd, at the types' ends; the add's 1 / c_scale exact, rounded and
+(the last) refined (`add_reciprocal`)."""
+
+
+def requantization_graph(rng, act, zeros, scales, n, h, w, m, c=64):
+    """QuantizedAdd(a 1x1 QuantizedConvNHWC, an 8-bit residual) as a QDQ ResNet's bottleneck
+    ends, the add multiplying by add_reciprocal's 1 / c_scale: power-of-two scales (even
+    channels) put the conv's products on ties at .5 (and the add's quotients, with scales 1,
+    0.5, 1), other scales (odd channels) make products that round to a tie without being one
+    (`contracted_ties`: where a multiply fused into the rounding add would round the other
+    way), its sums saturate. The graph, its inputs, and the conv's int32 sums and scales."""
+    from dnnc.ir.ops.quant import add_reciprocal
+
+    info = np.iinfo(act)
+    wq = rng.integers(-128, 128, (m, 1, 1, c)).astype(np.int8)
+    g = Graph("q")
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, h, w, c)))
+    per_channel = np.float32(2.0) ** -rng.integers(5, 9, m).astype(np.float32)
+    per_channel[1::2] = rng.uniform(2.0 ** -9, 2.0 ** -5, m // 2).astype(np.float32)
+    bias = rng.integers(-5000, 5000, m).astype(np.int32)
+    ins = [x, _const("za", act(zeros[0])), _const("w", wq),
+           _const("s", wq.astype(np.int32).reshape(m, -1).sum(1).astype(np.int32)),
+           _const("b", bias), _const("sc", per_channel), _const("yz", act(zeros[1])),
+           _const("t", tap_sums(wq))]
+    conv = g.add("QuantizedConvNHWC", *ins, kernel_shape=[1, 1], strides=[1, 1],
+                 pads=[0] * 4, lo=None, hi=None)
+    residual = g.add_input("r", T.TensorType(T.DType.from_numpy(np.dtype(act)), (n, h, w, m)))
+    (sa, sb, sc), (za, zb, zc) = scales, (act(zeros[1]), act(zeros[2]), act(zeros[3]))
+    reciprocal = add_reciprocal(act, sa, za, act, sb, zb, sc)
+    assert reciprocal is not None
+    g.outputs = [g.add("QuantizedAdd", conv, _const("sa", np.float32(sa)), _const("za2", za),
+                       residual, _const("sb", np.float32(sb)), _const("zb", zb),
+                       _const("sc2", np.float32(sc)), _const("zc", zc),
+                       c_reciprocal=reciprocal[0], c_refined=reciprocal[1])]
+    feeds = {"x": rng.integers(info.min, info.max + 1, (n, h, w, c)).astype(act),
+             "r": rng.integers(info.min, info.max + 1, (n, h, w, m)).astype(act)}
+    acc = (feeds["x"].reshape(-1, c).astype(np.int64) - zeros[0]) @ \
+        wq.reshape(m, c).T.astype(np.int64) + bias
+    return g, feeds, (acc, per_channel)
+
+
+def contracted_ties(acc, scales) -> tuple[int, int]:
+    """(float32 products acc * scale that are ties at .5, those of them that are not the exact
+    product: rint of the exact product, as an fma rounds it, goes the other way)."""
+    y = acc.astype(np.float32) * scales
+    ties = np.abs(y - np.rint(y)) == 0.5
+    return int(ties.sum()), int((ties & (y.astype(np.float64) != acc * scales.astype(
+        np.float64))).sum())
+
+
+@pytest.mark.parametrize("act,zeros,scales", REQUANTIZATIONS)
+def test_int8_requantization_ties_and_saturation_on_host(act, zeros, scales, tmp_path):
+    """The residual 1x1 conv's epilogue with `quant.rounded_saturated`'s requantizations (no
+    rintf, no float -> int conversion) and bytes made floats by their bits (PRELUDE's
+    `dnnc_s8_bits` / `dnnc_u8_bits`) on the shallow products' tile (the residual loaded
+    ahead), bit for bit the reference on host threads (`requantization_graph`: ties at .5,
+    saturation, odd and negative zero points), int8 and uint8."""
+    import dataclasses
+
+    from dnnc.backends.cuda.int8 import SHALLOW_TILE
+    from dnnc.ir.interpreter import run_graph
+
+    rng = np.random.default_rng(abs(zeros[0]))
+    g, feeds, products = requantization_graph(rng, act, zeros, scales, 2, 9, 7, 136)
+    optimised, (program,) = programs(g, machine=MACHINE,
+                                     config=dataclasses.replace(SHALLOW_TILE, staged=True))
+    module = render_module(program.unique)
+    assert [k.schedule[0] for k in program.kernels] == ["cuda_int8_conv2d_nhwc"]
+    assert "rintf" not in module.source and "? _t" not in module.source
+    assert f"dnnc_{'s' if act is np.int8 else 'u'}8_bits(" in module.source
+    lib = host_library(program.unique, tmp_path, module)
+    got = program_on_host(lib, module, program, feeds)[optimised.outputs[0].name]
+    want = run_graph(g, [feeds["x"], feeds["r"]])[0]
+    assert np.array_equal(got, want), f"{np.sum(got != want)} of {got.size} differ"
+    info = np.iinfo(act)
+    assert {info.min, info.max} & set(want.ravel().tolist())   # (saturated)
+    assert contracted_ties(*products)[0] > 100   # (the conv's ties)
+
+
 def test_int8_wgmma_compiles_for_sm90a_without_spills():
     """NVRTC (where CuPy is) compiles the channels-last conv at each WGMMA_TILES tile, s8 and
     u8, for sm_90a to wgmma's integer form, without register spills."""

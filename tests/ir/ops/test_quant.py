@@ -310,3 +310,50 @@ def test_four_bit_quantization_matches_the_reference_and_onnxruntime(rng, op, co
             got = dnnc.compile(model, target=target).run(arg)[0]
             assert got.dtype == expect.dtype, (target, got.dtype)
             np.testing.assert_array_equal(got, expect)
+
+
+def _probes(rng) -> np.ndarray:
+    """float32 values where rounding then saturating goes wrong first: every tie k + 0.5 and
+    integer k of [-700, 700] and both their float32 neighbours, where x + 1.5 * 2**23 stops
+    rounding to integers (2**22, 2**23, 2**24), the largest and smallest floats, +-0,
+    infinities, and random bit patterns (NaN left out: `rounded_saturated`'s own rule)."""
+    f32 = np.float32
+    k = np.arange(-700, 701, dtype=f32)
+    near = np.concatenate([k, k + f32(0.5)])
+    big = np.array([2**22, 2**22 + 1, 2**22 + 1.5, 2**23 - 0.5, 2**23, 2**23 + 1, 2**24, 2**24 + 2,
+                    3e38, np.finfo(f32).max, np.finfo(f32).tiny, 1e-45, 0.0, np.inf], f32)
+    x = np.concatenate([near, big, -big])
+    with np.errstate(over="ignore"):   # (the largest float's neighbour is infinite)
+        x = np.concatenate([x, np.nextafter(x, f32(np.inf)), np.nextafter(x, f32(-np.inf)),
+                            rng.integers(0, 2**32, 200000, dtype=np.uint64).astype(
+                                np.uint32).view(f32)])
+    return x[~np.isnan(x)]
+
+
+@pytest.mark.parametrize("dtype,zp,lo,hi", [
+    (np.int8, 5, -128, 127), (np.int8, -77, -128, 127), (np.int8, -128, 0, 127),
+    (np.int8, 100, -5, 9), (np.uint8, 200, 0, 255), (np.uint8, 0, 0, 255),
+    (np.uint8, 255, 3, 250), (np.uint8, 3, 200, 40)])
+def test_rounded_saturated_is_rint_plus_zero_point_saturated(rng, dtype, zp, lo, hi):
+    """`quant.rounded_saturated` (the requantization of finish_expr and QuantizedAdd without
+    a rounding or conversion instruction) is Cast(clip(rint(x) + zp, lo, hi)) bit for bit on
+    every probe: ties to even with odd and negative zero points (a zero point folded into
+    the rounding add would round ties by the sum's parity), values past the clamp and past
+    2**22 (where the add no longer rounds to integers: the clamp saturates them), bounds narrowed as
+    a Relu or Clip narrows them, crossed bounds (Clip's min above its max: the max wins)."""
+    from dnnc.ir.loop import Cast
+    from dnnc.ir.compute import compute
+    from dnnc.ir.ops.quant import rounded_saturated
+
+    x = _probes(rng)
+    xs, zs = placeholder("x", T.float32, x.shape), placeholder("z", T.DType.from_numpy(
+        np.dtype(dtype)), ())
+    out = compute(x.shape, lambda i: rounded_saturated(xs[i], Cast(T.float32, zs[()]),
+                                                       T.DType.from_numpy(np.dtype(dtype)), lo,
+                                                       hi), "q", T.DType.from_numpy(
+                                                           np.dtype(dtype)))
+    (got,) = evaluate([out], {"x": x, "z": np.array(zp, dtype)})
+    want = np.minimum(np.maximum(np.rint(x) + np.float32(zp), lo), hi).astype(dtype)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} differ, first x = {x[bad[:5]]}: {got[bad[:5]]} " \
+                          f"against {want[bad[:5]]}"
