@@ -18,9 +18,11 @@ of the transformed tile. Two parallel loops:
    after another: see "Units" below): for each block and each of the alpha^2
    positions, T x NR accumulators summed over C, a step one broadcast V value times one
    NR-vector of U (the direct conv's micro-kernel, conv.py), kept in `m` [alpha^2, T, NR];
-   then `m` transformed back into each tile's m x m pixels, through bias and the fused
-   epilogue. (One loop of tile blocks, each transforming its own input, left a 7x7 image's
-   two blocks to two threads: 2x slower than the direct conv at 2 threads.)
+   then `m` transformed back into each tile's m x m pixels (the NR channels in the vector
+   lanes) into `o` [m, T m, NR], and each channel's m rows of T m pixels stored from `o`
+   as vectors through bias and the fused epilogue (`store_rows`). (One loop of tile
+   blocks, each transforming its own input, left a 7x7 image's two blocks to two threads:
+   2x slower than the direct conv at 2 threads.)
 
 But where there are tile blocks enough for every thread, the two loops cost more than they
 share out: a block's V, written by the thread that transformed it, is read by whichever
