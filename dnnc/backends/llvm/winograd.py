@@ -379,9 +379,10 @@ class _Winograd:
         """Y's rows of tile block `block` and channel block ob from `o`: a channel at a time,
         each of its m rows of T m pixels one vector through bias and epilogue (contiguous in
         Y, as a residual the epilogue reads; a row's last block only its pixels inside the
-        image). One scattered store a lane, 16 pixels x NR lanes a tile, left LLVM's
-        loop-load elimination and SLP vectorizer quadratic in them (F(4x4): 1.7 s of a
-        conv's 2.2 s optimisation)."""
+        image). Stored straight from the transform, a pixel was NR scattered stores, one a
+        lane (F(4x4), NR 32: 512 a tile), and LLVM's loop-load elimination and SLP
+        vectorizer took time quadratic in them: 1.75 s of a 64 -> 64 @56 conv's 2.2 s of
+        optimisation; 0.28 s in all now (docs/llvm_backend.md, "Compile time")."""
         p, jj, nr, tile = self.p, self.jj, self.nr, self.tile
         width = self.t_n * tile
         i, x = L.Var("i"), L.Var("x")
