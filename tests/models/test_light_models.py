@@ -93,8 +93,10 @@ def test_light_model_logits_match_onnxruntime(name):
 
 ON_LLVM = [name for name in MODELS if name != "vgg19"]
 """The models the llvm test compiles: all but VGG-19, whose ops (3x3 convs, Relu, max pools,
-Gemm) AlexNet's and ZFNet-512's are, and whose sixteen 3x3 convs at 224x224 took 44 s to
-compile (fused Winograd kernels of ~23k lines of LLVM IR each), the suite's longest test."""
+Gemm) AlexNet's and ZFNet-512's are, and whose compile, the suite's longest test, takes ~25 s
+(44 s until session 57 shrank its fused Winograd kernels' LLVM IR from ~23k lines each to
+~4k: docs/llvm_backend.md, "Compile time"; most of the rest is its layout passes and the
+code's Python and machine-code generation)."""
 
 
 @pytest.mark.parametrize("name", ON_LLVM)

@@ -18,9 +18,11 @@ of the transformed tile. Two parallel loops:
    after another: see "Units" below): for each block and each of the alpha^2
    positions, T x NR accumulators summed over C, a step one broadcast V value times one
    NR-vector of U (the direct conv's micro-kernel, conv.py), kept in `m` [alpha^2, T, NR];
-   then `m` transformed back into each tile's m x m pixels, through bias and the fused
-   epilogue. (One loop of tile blocks, each transforming its own input, left a 7x7 image's
-   two blocks to two threads: 2x slower than the direct conv at 2 threads.)
+   then `m` transformed back into each tile's m x m pixels (the NR channels in the vector
+   lanes) into `o` [m, T m, NR], and each channel's m rows of T m pixels stored from `o`
+   as vectors through bias and the fused epilogue (`store_rows`). (One loop of tile
+   blocks, each transforming its own input, left a 7x7 image's two blocks to two threads:
+   2x slower than the direct conv at 2 threads.)
 
 But where there are tile blocks enough for every thread, the two loops cost more than they
 share out: a block's V, written by the thread that transformed it, is read by whichever
@@ -231,6 +233,8 @@ class _Winograd:
             else p.w
         self.m = L.Buffer("m", T.float32, (self.positions * self.t_n * self.nr,))
         self.acc = L.Buffer("acc", T.float32, (self.t_n * self.nr,), L.Scope.LOCAL)
+        # the output transform's results: [row of a tile, pixel of the block's row, channel]
+        self.o = L.Buffer("o", T.float32, (self.tile * self.t_n * self.tile * self.nr,))
 
     def corner(self, block: L.Expr, t: L.Expr) -> tuple[L.Expr, L.Expr, L.Expr]:
         """(image, first row, first column) of tile t of tile block `block` (of all images)."""
@@ -303,9 +307,9 @@ class _Winograd:
     def channel_block(self, block, ob, v_buf: L.Buffer, at: L.Expr) -> L.Stmt:
         """Channel block ob of tile block `block` (its transformed input v_buf[at]): the
         alpha^2 products into m, then m transformed into the tiles' pixels."""
-        return L.Allocate(self.m, L.seq(
+        return L.Allocate(self.m, L.Allocate(self.o, L.seq(
             L.For(self.xi, self.positions, L.Allocate(self.acc, self.products(v_buf, at, ob))),
-            self.transform_output(block, ob)))
+            self.transform_output(block, ob))))
 
     def fused_units(self) -> L.Stmt:
         """One parallel unit a row of tile blocks (`WinogradConfig.fused`), each block's input
@@ -358,32 +362,49 @@ class _Winograd:
         return L.seq(init, L.For(self.ic, self.depth, step), keep)
 
     def transform_output(self, block, ob) -> L.Stmt:
-        """Each tile's m x m pixels of the NR channels, A^T m A, through bias and epilogue."""
-        p, t, jj, nr, t_n, alpha = self.p, self.t, self.jj, self.nr, self.t_n, self.alpha
+        """Each tile's m x m pixels of the NR channels, A^T m A, staged in `o`; then each
+        channel's rows of the block through bias and epilogue into Y (`store_rows`)."""
+        t, jj, nr, t_n, alpha, tile = self.t, self.jj, self.nr, self.t_n, self.alpha, self.tile
         lets, y = output_transform(
-            lambda a, b: self.m[((a * alpha + b) * t_n + t) * nr + jj], self.tile)
+            lambda a, b: self.m[((a * alpha + b) * t_n + t) * nr + jj], tile)
+        width = t_n * tile
+        stores = [L.Store(self.o, (((i * width) + t * tile + j) * nr + jj,), y[i][j])
+                  for i in range(tile) for j in range(tile)]
+        _, _, x0 = self.corner(block, t)
+        stage = L.For(t, t_n, L.If(x0 < tile * self.tw, L.For(
+            jj, nr, bind(lets, L.seq(*stores)), L.ForKind.VECTORIZED)))
+        return L.seq(stage, self.store_rows(block, ob))
+
+    def store_rows(self, block, ob) -> L.Stmt:
+        """Y's rows of tile block `block` and channel block ob from `o`: a channel at a time,
+        each of its m rows of T m pixels one vector through bias and epilogue (contiguous in
+        Y, as a residual the epilogue reads; a row's last block only its pixels inside the
+        image). Stored straight from the transform, a pixel was NR scattered stores, one a
+        lane (F(4x4), NR 32: 512 a tile), and LLVM's loop-load elimination and SLP
+        vectorizer took time quadratic in them: 1.75 s of a 64 -> 64 @56 conv's 2.2 s of
+        optimisation; 0.28 s in all now (docs/llvm_backend.md, "Compile time")."""
+        p, jj, nr, tile = self.p, self.jj, self.nr, self.tile
+        width = self.t_n * tile
+        i, x = L.Var("i"), L.Var("x")
+        bn, y0, x0 = self.corner(block, L.const(0))
         out_c = ob * nr + jj
-        bn, y0, x0 = self.corner(block, t)
-        stores = []
-        for i in range(self.tile):
-            for j in range(self.tile):
-                value = y[i][j]
-                if p.bias is not None:
-                    value = value + p.bias[L.minimum(out_c, self.oc - 1)]
-                index = (bn, out_c, y0 + i, x0 + j)
-                store = L.Store(p.y, index, p.epilogue(value, index))
-                # a pixel past the image in a partial last tile: computed, never stored
-                inside = [cond for cond, past in (
-                    (y0 + i < self.oh, self.oh % self.tile and i >= self.oh % self.tile),
-                    (x0 + j < self.ow, self.ow % self.tile and j >= self.ow % self.tile))
-                    if past]
-                stores.append(L.If(L.logical_and(*inside), store) if inside else store)
-        pixels = bind(lets, L.seq(*stores))
+        value = self.o[(i * width + x) * nr + jj]
+        if p.bias is not None:
+            value = value + p.bias[out_c]
+        index = (bn, out_c, y0 + i, x0 + x)
+        store = L.Store(p.y, index, p.epilogue(value, index))
+        row = L.For(x, width, store, L.ForKind.VECTORIZED)
+        last = self.ow - (self.row_blocks - 1) * width     # pixels of a row's last block
+        if last < width:
+            # the last block runs past the image: its pixels there computed, not stored
+            row = L.If(x0 + width <= self.ow, row,
+                       L.For(x, last, store, L.ForKind.VECTORIZED))
+        if self.oh % tile:
+            row = L.If(y0 + i < self.oh, row)
+        rows = L.For(i, tile, row)
         if self.oc % nr:
-            channels = L.For(jj, nr, L.If(out_c < self.oc, pixels), L.ForKind.UNROLLED)
-        else:
-            channels = L.For(jj, nr, pixels, L.ForKind.VECTORIZED)
-        return L.For(t, t_n, L.If(x0 < self.tile * self.tw, channels))
+            rows = L.If(out_c < self.oc, rows)
+        return L.For(jj, nr, rows)
 
 
 WINOGRAD = Template("winograd", problems.winograd_conv2d, lambda p: p.float32, space, default,
