@@ -3,7 +3,7 @@ dnnc through ONNX, on torchvision's, timm's and transformers' own modules, in on
 
     python bench/torch_backend.py [--models resnet18_tv,efficientnet_b0,bert_hf,...]
                                   [--threads 2] [--repeat 10] [--blocks 3] [--no-onnx]
-                                  [--target llvm|cuda] [--cpu-time] [--prepare-freezing]
+                                  [--target llvm|cuda] [--cpu-time]
 
 Models are bench/library_models.py's (random seeded weights, nothing downloaded) at batch 1.
 Every runtime gets `--threads` threads (torch.set_num_threads, DNNC_NUM_THREADS) and runs
@@ -20,11 +20,6 @@ wall clock, so that other jobs on a shared machine, which take the core away mid
 nothing (every runtime computes on the caller's thread at 1 thread: torch's intra-op pool
 and dnnc's run there).
 
-`--prepare-freezing` also times the backend compiled under dynamo's `prepare_freezing`
-(`dnnc-pf`, on a copy of the module: dynamo's entry of its own): the module's parameters and
-buffers reach the backend as attributes of its graph, not as arguments of every call
-(docs/torch_backend.md, "Per-call cost"); `pf/onnx` is its ratio to dnnc through ONNX.
-
 `--target cuda` runs every runtime on the GPU (model and input moved there): inductor with
 `mode="reduce-overhead"` (CUDA graphs), the backend with the cuda target (CUDA tensors read in
 place on torch's stream), dnnc through ONNX on cuda given the CUDA tensor; each call is timed
@@ -35,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import math
 import os
 import platform
@@ -98,10 +92,6 @@ def measure(name: str, args, folder: Path) -> dict | None:
                 "inductor": torch.compile(module, mode="reduce-overhead" if gpu else None),
                 "dnnc": torch.compile(module, backend=torch_backend.dnnc_backend,
                                       options={"target": args.target})}
-    if args.prepare_freezing:
-        runtimes["dnnc-pf"] = torch.compile(copy.deepcopy(module),
-                                            backend=torch_backend.dnnc_backend,
-                                            options={"target": args.target})
     if not args.no_onnx:
         onnx_fn = through_onnx(name, folder, args.target)
         if onnx_fn is not None:
@@ -109,12 +99,9 @@ def measure(name: str, args, folder: Path) -> dict | None:
     if gpu:   # a call ends when its results are ready
         runtimes = {k: (lambda x, fn=fn: (fn(x), torch.cuda.synchronize())[0])
                     for k, fn in runtimes.items()}
-    with torch._dynamo.config.patch(prepare_freezing=True):   # (its compile: the first call)
-        compiles = {k: compile_seconds(fn, x) for k, fn in runtimes.items() if k == "dnnc-pf"}
-    compiles.update({k: compile_seconds(fn, x) for k, fn in runtimes.items() if k != "dnnc-pf"})
-    want = runtimes["eager"](x)
-    error = max(float((runtimes[k](x) - want).abs().max()) / max(float(want.abs().max()), 1e-30)
-                for k in ("dnnc", "dnnc-pf") if k in runtimes)
+    compiles = {k: compile_seconds(fn, x) for k, fn in runtimes.items()}
+    want, got = runtimes["eager"](x), runtimes["dnnc"](x)
+    error = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
     left = sum(sum(r.torch_ops.values()) for r in torch_backend.reports()[before:])
     times = median_block_ms({k: (lambda fn=fn: fn(x)) for k, fn in runtimes.items()},
                             args.repeat, args.blocks, args.cpu_time)
@@ -132,8 +119,6 @@ def main(argv=None) -> None:
                         help="cuda: every runtime on the GPU, inductor in reduce-overhead mode")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time calls by the process's CPU time (llvm, 1 thread only)")
-    parser.add_argument("--prepare-freezing", action="store_true",
-                        help="also the backend compiled under dynamo's prepare_freezing")
     args = parser.parse_args(argv)
     if args.cpu_time and (args.threads != 1 or args.target != "llvm"):
         parser.error("--cpu-time needs --threads 1 and the llvm target")
@@ -146,14 +131,10 @@ def main(argv=None) -> None:
     print(f"# {machine}, {args.target}, {args.threads} threads, batch 1; "
           f"torch {torch.__version__}, dnnc {dnnc.__version__}; median of {args.blocks} "
           f"blocks of {args.repeat} calls, ms{' of CPU time' if args.cpu_time else ''}")
-    columns = ["eager", "inductor", "dnnc", "dnnc-onnx"] + \
-        (["dnnc-pf"] if args.prepare_freezing else [])
+    columns = ["eager", "inductor", "dnnc", "dnnc-onnx"]
     print(f"{'model':22}" + "".join(f"{c:>10}" for c in columns) +
-          f"{'/ind':>7}{'/eager':>7}{'/onnx':>7}" +
-          (f"{'pf/onnx':>8}" if args.prepare_freezing else "") +
-          "  compile s (ind, dnnc, onnx)  rel.err  in torch")
+          f"{'/ind':>7}{'/eager':>7}{'/onnx':>7}  compile s (ind, dnnc, onnx)  rel.err  in torch")
     ratios = {"inductor": [], "eager": [], "dnnc-onnx": []}
-    frozen_ratios = []
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         for name in args.models.split(","):
             try:
@@ -168,19 +149,12 @@ def main(argv=None) -> None:
             rel = {k: t["dnnc"] / t[k] for k in ratios if k in t}
             for k, v in rel.items():
                 ratios[k].append(v)
-            frozen = t["dnnc-pf"] / t["dnnc-onnx"] if {"dnnc-pf", "dnnc-onnx"} <= set(t) \
-                else None
-            if frozen is not None:
-                frozen_ratios.append(frozen)
             print(f"{name:22}{cells}" + "".join(f"{rel[k]:7.2f}" if k in rel else f"{'-':>7}"
                                                 for k in ratios) +
-                  ((f"{frozen:8.2f}" if frozen is not None else f"{'-':>8}")
-                   if args.prepare_freezing else "") +
                   f"  {c['inductor']:6.1f} {c['dnnc']:6.1f} {c.get('dnnc-onnx', math.nan):6.1f}"
                   f"          {row['error']:8.1e}  {row['left']}", flush=True)
-    print("geomean" + " " * (55 + 10 * args.prepare_freezing) + "".join(
-        f"{math.exp(np.mean(np.log(v))):7.2f}" if v else f"{'-':>7}"
-        for v in [*ratios.values()] + ([frozen_ratios] if args.prepare_freezing else [])))
+    print("geomean" + " " * 55 + "".join(
+        f"{math.exp(np.mean(np.log(v))):7.2f}" if v else f"{'-':>7}" for v in ratios.values()))
 
 
 if __name__ == "__main__":

@@ -79,6 +79,29 @@ def test_mlp_runs_in_one_partition_with_frozen_weights():
     assert report.direct_call   # dynamo's arguments go straight to the partitions
 
 
+@pytest.mark.parametrize("flag", [None, "prepare_freezing"])
+def test_each_module_runs_its_own_weights(flag):
+    """Two modules of one class compiled in turn: dynamo keeps its compiles per code object
+    and, unguarded, the second module's call passed the first's guards (which check the
+    weights' shapes) and ran the first's frozen weights. The backend guards the frozen
+    weights' identity (`_guard_identity`): the second compiles on its own, and so does the
+    first again after a parameter is replaced."""
+    torch.manual_seed(0)
+    first, second = (nn.Sequential(nn.Linear(6, 5), nn.ReLU()).eval() for _ in range(2))
+    x = torch.randn(2, 6)
+    before = len(torch_backend.reports())
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(**({flag: True} if flag else {})), torch.no_grad():
+        for module in (first, second, first):
+            got = torch.compile(module, backend=dnnc_backend)(x)
+            np.testing.assert_allclose(got.numpy(), module(x).numpy(), rtol=1e-5, atol=1e-6)
+        assert len(new_reports(before)) == 2
+        first[0].weight = nn.Parameter(torch.randn(5, 6))
+        got = torch.compile(first, backend=dnnc_backend)(x)
+        np.testing.assert_allclose(got.numpy(), first(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert len(new_reports(before)) == 3
+
+
 def test_an_output_that_views_an_input_keeps_aot_autograds_wrapper():
     class Views(nn.Module):
         def forward(self, x):
