@@ -6,7 +6,8 @@ Dynamo hands `dnnc_backend` an FX graph of torch calls; aot_autograd (in inferen
 outputs carry no autograd history) functionalises it and decomposes it to core ATen
 (`torch_fx.DECOMPOSITIONS`); `compile_aten` then freezes the module's parameters and buffers into
 constants (read once, at compile time, as torch's own freezing does: weights fold and pack at
-compile time; a parameter changed after the compile is not seen), splits the graph with
+compile time; a parameter changed in place after the compile is not seen, one replaced, or
+another module's, compiles again: `_guard_identity`), splits the graph with
 torch's CapabilityBasedPartitioner into the largest subgraphs `frontend/torch_fx.py` imports
 (no cycles), compiles each with `dnnc.compile`, and leaves the rest to torch: the result is
 one FX GraphModule that calls dnnc's partitions and torch's ops in turn. An input the graph
