@@ -67,6 +67,18 @@ def _free(pm) -> None:
     pm.detach()
 
 
+def _owned_context():
+    """A new LLVM context that only its JITModule frees (`pointer`: its address), after the
+    engine. Its own finalizer would free it whenever Python runs it: a cyclic collection
+    runs the finalizers of everything it frees in no set order, and the context freed
+    before the engine frees the engine's module twice (the torch backend's tests aborted so
+    on the device host)."""
+    context = llvm.create_context()
+    context.pointer = context._ptr
+    context._owned = True   # (llvmlite's flag: ObjectRef.close then frees nothing)
+    return context
+
+
 class JITModule:
     """One compiled LLVM module, alive as long as this object, compiled at `codegen_level`
     (LLVM's -O level: `levels.levels(opt_level).codegen` for a model's segments). Its engine,
@@ -81,7 +93,7 @@ class JITModule:
         with llvm_lock():   # fork safety: process.py
             # a context of its own: LLVM's global one keeps every constant and type a module
             # used (each batch size's bounds, the layout digest) for the process's life
-            self.context = llvm.create_context()
+            self.context = _owned_context()
             self.module = llvm.parse_assembly(ir_text, context=self.context)
             self.module.name = name
             self.module.verify()
@@ -103,14 +115,21 @@ class JITModule:
             self._object = compiled[0] if compiled else None
 
     def __del__(self):
-        # the engine before the context: llvmlite lets go of its modules (the last
-        # reference to the context, which frees them too) before it frees the engine, which
-        # frees them again. Runs once no caller holds this module's code (references keep a
-        # specialisation that a call runs alive).
-        engine = getattr(self, "engine", None)
-        if engine is not None and not _is_shutting_down():
-            with llvm_lock():
+        # the engine (which frees its module), then the context. Runs once no caller holds
+        # this module's code (references keep a specialisation that a call runs alive).
+        if _is_shutting_down():
+            return
+        with llvm_lock():
+            engine = getattr(self, "engine", None)
+            if engine is not None:
                 engine.close()
+            module = getattr(self, "module", None)
+            if module is not None:   # (no engine took it: a compile that failed)
+                module.close()
+            context = getattr(self, "context", None)
+            if context is not None:
+                ffi.lib.LLVMPY_ContextDispose(context.pointer)
+                context.detach()
 
     def address(self, name: str) -> int:
         addr = self.engine.get_function_address(name)

@@ -685,3 +685,31 @@ def test_evicted_specialisations_free_their_native_memory():
     assert int(evictions) == 238
     # before the fix: ~90,000 bytes a compile; after: ~3,000
     assert float(per_compile) < 20_000, out
+
+
+def test_a_module_freed_in_any_finalizer_order():
+    """A cyclic collection runs the finalizers of the objects it frees in no set order: the
+    LLVM context's, the engine's and the JITModule's, any of them first. Each order frees the
+    engine before the context (before: the context first freed the engine's module, which
+    the engine then freed again, and the process crashed)."""
+    out = _in_subprocess("""
+        import gc, itertools
+        from dnnc.backends.llvm.cpu import host_target
+        from dnnc.backends.llvm.jit import JITModule
+        ir = "define i32 @f(i32 %x) {\\n  %y = add i32 %x, 1\\n  ret i32 %y\\n}\\n"
+        for order in itertools.permutations(("context", "engine", "module")):
+            for _ in range(20):
+                jm = JITModule(ir, host_target(), 2)
+                for name in order:
+                    getattr(jm, name).__del__()
+                del jm
+        class Cycle:
+            pass
+        for _ in range(50):
+            c = Cycle()
+            c.me, c.jm = c, JITModule(ir, host_target(), 2)
+            del c
+        gc.collect()
+        print("freed")
+    """)
+    assert "freed" in out
