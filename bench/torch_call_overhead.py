@@ -8,16 +8,14 @@ layer of a call timed alone, next to dnnc through ONNX, in one run.
 Models: `mlp`, bench/torch_models.py's (plain torch: no torchvision needed),
 bench/library_models.py's, and `zoo:NAME` (dnnc.zoo's ONNX model NAME and its torch mirror
 from bench/zoo_torch.py, on the same weights). Layers, microseconds per call (the minimum
-over `--rounds` rounds, each runtime timed in turn within a round, the order reversed every
-other round, `--calls` calls each, a large model fewer): `onnx` (the model exported by
-TorchScript, or the zoo's own file, `dnnc.compile`d, called with NumPy arrays), `model.run`
-(the backend's compiled partition called with NumPy arrays), `partition` (its
-`DnncPartition`: tensors in and out), `torch.compile` (dynamo's guards, the backend's callable, the partitions; each compile of a
+over `--rounds` rounds, each runtime timed in turn within a round, `--calls` calls each, a
+large model fewer): `onnx` (the model exported by TorchScript, or the zoo's own file,
+`dnnc.compile`d, called with NumPy arrays), `model.run` (the backend's compiled partition
+called with NumPy arrays), `partition` (its `DnncPartition`: tensors in and out),
+`torch.compile` (dynamo's guards, the backend's callable, the partitions; each compile of a
 function calling the module, dynamo's entry of its own: `entry`) and
 `torch.compile full guards` (the same with `options={"tag_guards": False}`: dynamo's guards
-walk every module attribute and parameter) and `torch.compile prepare_freezing` (compiled
-under dynamo's `prepare_freezing`: the weights are attributes of dynamo's graph, not
-arguments its frame loads at every call). `--cpu-time`: each round timed by the process's
+walk every module attribute and parameter). `--cpu-time`: each round timed by the process's
 CPU time, not the wall clock (a loaded machine; meant for `--threads 1`, where the kernels'
 work is the same in every layer and only the layers' own cost differs). `--against FILE`
 also times the backend module at FILE (a copy of an older `dnnc/compiler/torch_backend.py`,
@@ -85,15 +83,12 @@ def layers(backend, module, inputs, label: str) -> dict:
     """The callables of one backend module's layers for `module`."""
     torch._dynamo.reset()
     rows = {}
-    for suffix, options, config in (("", None, {}),
-                                    (" full guards", {"tag_guards": False}, {}),
-                                    (" prepare_freezing", None, {"prepare_freezing": True})):
+    for suffix, options in (("", None), (" full guards", {"tag_guards": False})):
         if options and "tag_guards" not in getattr(backend, "OPTIONS", {}):
             continue
         name = f"{label}{suffix}".replace(" ", "_") or "default"
         fn = torch.compile(entry(module, name), backend=backend.dnnc_backend, options=options)
-        with torch._dynamo.config.patch(**config):   # (the compile: its first call)
-            fn(*inputs)
+        fn(*inputs)
         rows[f"{label}torch.compile{suffix}"] = lambda fn=fn: fn(*inputs)
     report = backend.reports()[-1]
     parts = [o for o in gc.get_objects() if type(o) is backend.DnncPartition]
@@ -154,9 +149,9 @@ def main(argv=None) -> None:
             for fn in rows.values():
                 for _ in range(max(calls // 10, 5)):
                     fn()
-            for r in range(args.rounds):   # the order reversed every other round
-                for k in list(rows) if r % 2 == 0 else list(rows)[::-1]:
-                    best[k] = min(best[k], per_call_us(rows[k], calls, clock))
+            for _ in range(args.rounds):
+                for k, fn in rows.items():
+                    best[k] = min(best[k], per_call_us(fn, calls, clock))
             for k in sorted(rows, key=lambda k: (k.startswith("old"), k)):
                 print(f"{name:24}{k:30}{best[k]:10.1f}{best[k] / best['onnx']:8.3f}",
                       flush=True)
