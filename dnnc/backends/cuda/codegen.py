@@ -400,7 +400,6 @@ _BINARY_BY_NUMBER: dict[tuple[str, str], Callable] = {
 min and max as one unordered compare and a select, the same results as `_BINARY`'s (a clamp
 to a byte's range was 8 instructions, 4 here)."""
 
-
 _MATH = ("exp", "log", "sqrt", "tanh", "erf", "floor", "ceil", "trunc", "sin", "cos", "tan",
          "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "fmod",
          "log1p", "expm1", "atan2", "fma")

@@ -364,9 +364,16 @@ length. A longer index, or one of a length known only at run time (a prompt unde
 shapes), takes the staged form (`_last_writers`), which writes the whole array."""
 
 
-def _index_copy_count(index) -> int:
+def _short_count(index) -> int | None:
+    """The index's length where a Select per position takes it (known, at most
+    INDEX_COPY_MOST), else None."""
     count = const_int(index.shape[0])
-    if count is None or count > INDEX_COPY_MOST:
+    return count if count is not None and count <= INDEX_COPY_MOST else None
+
+
+def _index_copy_count(index) -> int:
+    count = _short_count(index)
+    if count is None:
         raise NoCompute(f"IndexCopy of {index.shape[0]} positions (at most {INDEX_COPY_MOST} "
                         f"written in place; the staged form writes the whole array)")
     return count
@@ -388,8 +395,8 @@ def _index_copy_rule(inputs, outputs, axis):
     # index longer than INDEX_COPY_MOST, or of a run-time length, through `_last_writers`
     data, index, updates = inputs
     axis %= data.ndim
-    count = const_int(index.shape[0])
-    if count is None or count > INDEX_COPY_MOST:
+    count = _short_count(index)
+    if count is None:
         last = _last_writers(index, data.shape[axis])
 
         def staged(*i):
