@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.guards import GuardBuilder, install_guard
 from torch._functorch._aot_autograd.schemas import MutationType, OutputType
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -176,12 +177,16 @@ def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None
     if options["tag_guards"]:
         _tag_guards()
     # what aot_autograd lifts to the front of its graph's inputs: the graph module's own
-    # parameters and buffers, where dynamo left them attributes (`inline_inbuilt_nn_modules`
-    # off), the module's weights frozen as dynamo's inputs are where it passes them
-    lifted = [*dict(gm.named_parameters(remove_duplicate=False)).values(),
-              *dict(gm.named_buffers(remove_duplicate=False)).values()]
-    frozen = set(range(len(lifted))) | {len(lifted) + i for i in
-                                         frozen_inputs(gm, example_inputs)}
+    # parameters and buffers, where dynamo left them attributes (`prepare_freezing`, or
+    # `inline_inbuilt_nn_modules` off), the module's weights frozen as dynamo's inputs are
+    # where it passes them
+    lifted = {**dict(gm.named_parameters(remove_duplicate=False)),
+              **dict(gm.named_buffers(remove_duplicate=False))}
+    weights = {**frozen_attributes(gm, lifted),
+               **{len(lifted) + i: source for i, source in
+                  frozen_inputs(gm, example_inputs).items()}}
+    _guard_identity(weights.values())
+    frozen, lifted = set(weights), list(lifted.values())
     state: dict = {}
     fw = functools.partial(compile_aten, real_inputs=[*lifted, *example_inputs],
                            frozen=frozen, options=options, state=state,
@@ -236,21 +241,54 @@ def _untag_guards(_args=None) -> None:
         setattr(torch._dynamo.config, _GUARD_CONFIG, _untagged.pop())
 
 
-def frozen_inputs(gm: fx.GraphModule, example_inputs) -> set[int]:
+def frozen_inputs(gm: fx.GraphModule, example_inputs) -> dict:
     """Positions of dynamo's graph inputs that are a module's parameters or buffers (read
-    from their sources, `L['self']._modules['fc']._parameters['weight']`): the constants
-    `compile_aten` freezes."""
-    found = set()
+    from their sources, `L['self']._modules['fc']._parameters['weight']`), the constants
+    `compile_aten` freezes, each with its source."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, (node, example) in enumerate(zip(placeholders, example_inputs)):
-        source = getattr(node.meta.get("grapharg"), "source", None)
-        name = getattr(source, "name", "") if source is not None else ""
-        name = name() if callable(name) else name
-        if isinstance(example, torch.Tensor) and (
-                isinstance(example, torch.nn.Parameter) or "._parameters[" in name or
-                "._buffers[" in name):
-            found.add(i)
-    return found
+    sources = [getattr(n.meta.get("grapharg"), "source", None) for n in placeholders]
+    return {i: source for i, (source, example) in enumerate(zip(sources, example_inputs))
+            if isinstance(example, torch.Tensor) and _weight(example, source)}
+
+
+def frozen_attributes(gm: fx.GraphModule, lifted: dict) -> dict:
+    """Positions in `lifted` (the graph module's parameters and buffers, by name, in the
+    order aot_autograd lifts them) of a module's parameters and buffers, each with its
+    source where dynamo records one: each tensor of a torch.nn module dynamo kept whole
+    (`inline_inbuilt_nn_modules` off: a dotted name, `L__self___fc.weight`; dynamo guards
+    the module itself), and each tensor dynamo made an attribute itself
+    (`prepare_freezing`) whose source says so; not a module's other tensor attributes, nor a
+    global tensor (`install_free_tensors`), which stay arguments read at every call, as they
+    are where dynamo passes them."""
+    sources = getattr(gm, "_param_name_to_source", None) or {}
+    return {i: sources.get(name) for i, (name, tensor) in enumerate(lifted.items())
+            if "." in name or _weight(tensor, sources.get(name))}
+
+
+def _guard_identity(sources) -> None:
+    """Guard each frozen weight's identity (dynamo's ID_MATCH on its source), as dynamo
+    guards the parameters for torch's own freezing (`mark_static_input(guard=True)` under
+    `torch._inductor.config.freezing`). Without it a compile served every module of the
+    class: dynamo keeps its compiles per code object, and its guards check a weight's
+    shape and dtype, not which tensor it is, so `torch.compile(b)` after
+    `torch.compile(a)` ran a's frozen weights on b's calls; a parameter replaced
+    (`fc.weight = nn.Parameter(w)`) now compiles again too (one changed in place is still
+    not seen). Added while dynamo compiles the frame (it builds the frame's guards after the
+    backend returns); nothing for a backend called by hand."""
+    if torch._guards.TracingContext.try_get() is None:
+        return
+    for source in sources:
+        if source is not None:
+            install_guard(source.make_guard(GuardBuilder.ID_MATCH))
+
+
+def _weight(tensor: torch.Tensor, source) -> bool:
+    """Whether `tensor`, reached through dynamo's `source`, is a parameter or a buffer of a
+    module."""
+    name = getattr(source, "name", "") if source is not None else ""
+    name = name() if callable(name) else name
+    return isinstance(tensor, torch.nn.Parameter) or "._parameters[" in name or \
+        "._buffers[" in name
 
 
 def _fw_metadata():

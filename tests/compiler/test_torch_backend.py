@@ -79,6 +79,29 @@ def test_mlp_runs_in_one_partition_with_frozen_weights():
     assert report.direct_call   # dynamo's arguments go straight to the partitions
 
 
+@pytest.mark.parametrize("flag", [None, "prepare_freezing"])
+def test_each_module_runs_its_own_weights(flag):
+    """Two modules of one class compiled in turn: dynamo keeps its compiles per code object
+    and, unguarded, the second module's call passed the first's guards (which check the
+    weights' shapes) and ran the first's frozen weights. The backend guards the frozen
+    weights' identity (`_guard_identity`): the second compiles on its own, and so does the
+    first again after a parameter is replaced."""
+    torch.manual_seed(0)
+    first, second = (nn.Sequential(nn.Linear(6, 5), nn.ReLU()).eval() for _ in range(2))
+    x = torch.randn(2, 6)
+    before = len(torch_backend.reports())
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(**({flag: True} if flag else {})), torch.no_grad():
+        for module in (first, second, first):
+            got = torch.compile(module, backend=dnnc_backend)(x)
+            np.testing.assert_allclose(got.numpy(), module(x).numpy(), rtol=1e-5, atol=1e-6)
+        assert len(new_reports(before)) == 2
+        first[0].weight = nn.Parameter(torch.randn(5, 6))
+        got = torch.compile(first, backend=dnnc_backend)(x)
+        np.testing.assert_allclose(got.numpy(), first(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert len(new_reports(before)) == 3
+
+
 def test_an_output_that_views_an_input_keeps_aot_autograds_wrapper():
     class Views(nn.Module):
         def forward(self, x):
@@ -266,6 +289,66 @@ def test_weights_dynamo_leaves_as_attributes_are_frozen_too():
         for _ in range(3):
             np.testing.assert_allclose(fn(y).numpy(), model(y).numpy(), rtol=1e-5, atol=1e-6)
     assert float(twin.calls) == 3
+
+
+SHIFT = torch.full((6,), 0.5)   # a global tensor the module reads
+
+
+class Attributes(nn.Module):
+    """Weights of each kind dynamo may make attributes of its graph: parameters, a
+    BatchNorm's buffers, a tensor attribute that is no buffer (`scale`), a global (`SHIFT`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 6)
+        self.norm = nn.BatchNorm1d(6)
+        self.scale = torch.full((6,), 2.0)
+
+    def forward(self, x):
+        return self.norm(self.fc(x)) * self.scale + SHIFT
+
+
+@pytest.mark.parametrize("flag", ["prepare_freezing", "install_free_tensors"])
+def test_only_a_modules_weights_dynamo_makes_attributes_are_frozen(flag):
+    """Under dynamo's `prepare_freezing` (or `install_free_tensors`) the module's weights are
+    attributes of dynamo's graph, which aot_autograd lifts in front of its inputs. The
+    module's parameters and buffers are constants of the compile (a change after it is not
+    seen, as without the flag); its other tensors, the global and the plain attribute, stay
+    live arguments, read at every call as they are where dynamo passes them (were frozen)."""
+    held = []
+
+    def spy(gm, example_inputs, options=None):
+        held.append(len(dict(gm.named_parameters())))
+        return dnnc_backend(gm, example_inputs, options)
+
+    torch.manual_seed(0)
+    module = Attributes().eval()
+    module.norm.running_mean.normal_(generator=torch.Generator().manual_seed(1))
+    x = torch.randn(3, 5)
+    before = len(torch_backend.reports())
+    with torch._dynamo.config.patch(**{flag: True}), torch.no_grad():
+        torch._dynamo.reset()
+        fn = torch.compile(module, backend=spy)
+        np.testing.assert_allclose(fn(x).numpy(), module(x).numpy(), rtol=1e-5, atol=1e-5)
+    if not held[0]:
+        pytest.skip(f"this torch passes the weights as arguments under {flag}")
+    (report,) = new_reports(before)
+    (model,) = report.models
+    assert not report.torch_ops
+    assert len(model.input_names) == 3   # x, scale, SHIFT; the parameters, buffers constants
+    with torch.no_grad():
+        want = module(x)
+        module.scale.mul_(3)
+        SHIFT.add_(1)
+        try:
+            np.testing.assert_allclose(fn(x).numpy(), (want - 0.5) * 3 + 1.5,
+                                       rtol=1e-5, atol=1e-5)
+            module.fc.weight.mul_(2)   # frozen: not seen (docs/torch_backend.md)
+            module.norm.running_mean.add_(1)
+            np.testing.assert_allclose(fn(x).numpy(), (want - 0.5) * 3 + 1.5,
+                                       rtol=1e-5, atol=1e-5)
+        finally:
+            SHIFT.sub_(1)
 
 
 class Cache(nn.Module):
