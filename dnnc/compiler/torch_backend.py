@@ -32,6 +32,7 @@ import collections
 import functools
 import logging
 import operator
+import sys
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -64,7 +65,8 @@ OPTIONS = {"target": None, "precision": None, "tuning_log": None, "opt_level": N
 and `cache` are `dnnc.compile`'s (`target` None: the fastest target taking the example
 inputs where they are: host arrays for CPU tensors, device arrays for CUDA ones); `verbose`
 logs the ops left in torch by name; `tag_guards` has dynamo guard the modules by their
-dicts' tags (`_tag_guards`), False its guard on every attribute and parameter each call."""
+dicts' tags (`_guard_tags`, where `GUARD_TAGS_SAFE`), False (and where they are not safe) its
+guard on every attribute and parameter each call."""
 
 VIEW_OPS = {"aten.view.default", "aten._unsafe_view.default", "aten.permute.default",
             "aten.expand.default", "aten.unsqueeze.default", "aten.squeeze.dim",
@@ -174,8 +176,7 @@ def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None
     grad mode, so its outputs carry no autograd history."""
     device = tensor_device(example_inputs)
     options = check_backend_options(options, device)
-    if options["tag_guards"]:
-        _tag_guards()
+    _guard_tags(options["tag_guards"] and GUARD_TAGS_SAFE)
     # what aot_autograd lifts to the front of its graph's inputs: the graph module's own
     # parameters and buffers, where dynamo left them attributes (`prepare_freezing`, or
     # `inline_inbuilt_nn_modules` off), the module's weights frozen as dynamo's inputs are
@@ -210,35 +211,51 @@ def dnnc_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None
 
 
 _GUARD_CONFIG = "use_recursive_dict_tags_for_guards"
-_untagged: list[bool] = []   # the config's value before `_tag_guards` set it
+_guard_config_before: list[bool] = []   # the config's value before `_guard_tags` set it
+
+GUARD_TAGS_SAFE = sys.version_info < (3, 12) or \
+    torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+"""Whether this torch's recursive dict tags are safe to guard by. Before torch 2.13 on
+Python 3.12 and later (where they use CPython's dict watchers), a watched dict freed or
+changed while two guard managers recorded it crashes the process: the watcher callback
+walks the dict's list of managers while each one it disables erases itself from that list
+(pytorch/pytorch#178703). Two compiles of one module's frame record the same dicts, and
+the identity guards (`_guard_identity`) make one compile per module: on torch 2.11 with
+Python 3.12 a test compiling two modules in turn segfaulted in
+`GuardManager::unwatch_all_saved_dict_pointers` (torch 2.11 turns the tags on by default,
+so main's backend crashed there too after some rounds of compiles, without the identity
+guards); with the tags off, none did. Torch 2.13 on Python 3.12 ran the same rounds
+clean, as does any torch on Python 3.11, which reads the tags without watchers."""
 
 
-def _tag_guards() -> None:
+def _guard_tags(on: bool) -> None:
     """Have dynamo build the guards of the frame it is compiling with torch's recursive dict
-    tags: a call then checks each module's `__dict__` tag, and walks a module's attributes,
-    hooks and parameters (mobilenet_v3_small: 3189 guards, 215 of them on tensors) only where
-    an attribute was set since. The full walk cost a call ~300 us of CPU time there (cold
-    caches after dnnc's kernels), more than the rest of the backend's call. What the tags do
-    not see, a tensor in a module changed in place (`.data =`, `resize_`), dnnc does not read
-    anyway: it froze the parameters and buffers at the compile. Set for the frame's guard
-    build only (dynamo builds its guards after the backend returns, then runs its compile-end
-    callbacks: `_untag_guards` restores the user's setting). Nothing where this torch has no
-    such guards, or outside a dynamo compile (a backend called by hand)."""
+    tags (`on`) or without them. With them a call checks each module's `__dict__` tag, and
+    walks a module's attributes, hooks and parameters (mobilenet_v3_small: 3189 guards, 215
+    of them on tensors) only where an attribute was set since. The full walk cost a call
+    ~300 us of CPU time there (cold caches after dnnc's kernels), more than the rest of the
+    backend's call. What the tags do not see, a tensor in a module changed in place
+    (`.data =`, `resize_`), dnnc does not read anyway: it froze the parameters and buffers at
+    the compile. Set for the frame's guard build only (dynamo builds its guards after the
+    backend returns, then runs its compile-end callbacks: `_restore_guard_tags` puts back
+    the user's setting). Nothing where this torch has no such guards, where the config
+    already says `on`, or outside a dynamo compile (a backend called by hand)."""
     config, handler = torch._dynamo.config, getattr(torch._dynamo, "callback_handler", None)
     if not hasattr(handler, "end_callbacks") or not hasattr(config, _GUARD_CONFIG) or \
-            torch._guards.TracingContext.try_get() is None:
+            torch._guards.TracingContext.try_get() is None or \
+            getattr(config, _GUARD_CONFIG) == on:
         return
-    if _untag_guards not in handler.end_callbacks:   # (torch._dynamo.reset() clears them)
-        handler.register_end_callback(_untag_guards)
-    if not _untagged:
-        _untagged.append(getattr(config, _GUARD_CONFIG))
-    setattr(config, _GUARD_CONFIG, True)
+    if _restore_guard_tags not in handler.end_callbacks:   # (torch._dynamo.reset() clears them)
+        handler.register_end_callback(_restore_guard_tags)
+    if not _guard_config_before:
+        _guard_config_before.append(getattr(config, _GUARD_CONFIG))
+    setattr(config, _GUARD_CONFIG, on)
 
 
-def _untag_guards(_args=None) -> None:
-    """dynamo's compile-end callback: the guard config as it was before `_tag_guards`."""
-    if _untagged:
-        setattr(torch._dynamo.config, _GUARD_CONFIG, _untagged.pop())
+def _restore_guard_tags(_args=None) -> None:
+    """dynamo's compile-end callback: the guard config as it was before `_guard_tags`."""
+    if _guard_config_before:
+        setattr(torch._dynamo.config, _GUARD_CONFIG, _guard_config_before.pop())
 
 
 def frozen_inputs(gm: fx.GraphModule, example_inputs) -> dict:
@@ -274,11 +291,14 @@ def _guard_identity(sources) -> None:
     `torch.compile(a)` ran a's frozen weights on b's calls; a parameter replaced
     (`fc.weight = nn.Parameter(w)`) now compiles again too (one changed in place is still
     not seen). Added while dynamo compiles the frame (it builds the frame's guards after the
-    backend returns); nothing for a backend called by hand."""
+    backend returns); nothing for a backend called by hand, nor for a weight of a module
+    dynamo kept whole (`inline_inbuilt_nn_modules` off, torch 2.11: a source under the
+    module's, `L['self'].fc.bias`), where dynamo guards the module's identity itself and
+    refuses a guard on its tensors."""
     if torch._guards.TracingContext.try_get() is None:
         return
     for source in sources:
-        if source is not None:
+        if source is not None and not source.is_specialized_nn_module():
             install_guard(source.make_guard(GuardBuilder.ID_MATCH))
 
 
