@@ -37,5 +37,5 @@ for r in $ROWS; do IFS=: read row tree name <<< "$r"
 done
 echo "all done at $(( $(date +%s) - T0 ))s"
 wait
-tail -3 $OUT/tests.txt $OUT/host_tests.txt; tail -20 $OUT/fuzz.txt
+tail -n 3 $OUT/tests.txt $OUT/host_tests.txt; tail -20 $OUT/fuzz.txt
 cat $OUT/rows.txt

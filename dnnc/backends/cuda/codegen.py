@@ -569,10 +569,13 @@ class _Emitter:
 
     def claimed_for(self, s: L.For, depth: int) -> None:
         """Each block takes iterations (thread 0 through GRID_PRELUDE's counters, the index
-        passed on in shared memory) and runs them, every thread, until none is left; each
-        iteration's writes fenced by every thread, then counted done; then it waits until
-        all are done (`L.For`'s CLAIMED: what every block reaches, so every block counts
-        itself past and the last zeroes the counters)."""
+        passed on in shared memory) and runs them, every thread, until none is left, the
+        next taken as soon as the last is known (its atomic's latency under the body: a
+        block holding two still runs them without waiting); after each, a barrier (every
+        thread's writes, and its read of the index, before it) and thread 0 counts it done
+        (a fence there, as cooperative groups' grid sync after its barrier); then it waits
+        until all are done (`L.For`'s CLAIMED: what every block reaches, so every block
+        counts itself past and the last zeroes the counters)."""
         if self.partial:
             self.fail("a claimed loop under a condition or inside a loop other than the "
                       "block loops covering the grid")
@@ -580,14 +583,15 @@ class _Emitter:
         first = "threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0"
         extent = self.expr(s.extent)
         self.emit(depth, f"{{ __shared__ unsigned {v}_taken;")
+        self.emit(depth + 1, f"unsigned {v}_next = {first} ? dnnc_grid_take({counters}) : 0u;")
         self.emit(depth + 1, "for (;;) {")
-        self.emit(depth + 2, f"if ({first}) {v}_taken = dnnc_grid_take({counters});")
+        self.emit(depth + 2, f"if ({first}) {v}_taken = {v}_next;")
         self.emit(depth + 2, "__syncthreads();")
         self.emit(depth + 2, f"const long long {v} = {v}_taken;")
         self.emit(depth + 2, f"if ({v} >= {extent}) break;")
+        self.emit(depth + 2, f"if ({first}) {v}_next = dnnc_grid_take({counters});")
         self.stmt(s.body, depth + 2)
-        self.emit(depth + 2, "__threadfence();")
-        self.emit(depth + 2, "__syncthreads();   // (and every thread read the index)")
+        self.emit(depth + 2, "__syncthreads();")
         self.emit(depth + 2, f"if ({first}) dnnc_grid_done({counters});")
         self.emit(depth + 1, "}")
         self.emit(depth + 1, f"if ({first}) dnnc_grid_wait({counters}, {extent}, "

@@ -93,6 +93,7 @@ class _Launch:
         self.b, self.t = L.Var("b"), L.Var("t")
         self.run = L.Buffer("dq_run", f32, (2,), L.Scope.LOCAL)
         self.regs = L.Buffer("dq_x", f32, (c.unroll * self.lanes,), L.Scope.LOCAL)
+        self.ahead = L.Buffer("dq_ahead", f32, (c.unroll * self.lanes,), L.Scope.LOCAL)
         self.hi = L.Buffer("dq_hi", f32, (self.warps,), L.Scope.SHARED)
         self.lo = L.Buffer("dq_lo", f32, (self.warps,), L.Scope.SHARED)
 
@@ -104,36 +105,56 @@ class _Launch:
         return L.seq(L.Store(run, (0,), L.maximum(run[0], top)),
                      L.Store(run, (1,), L.minimum(run[1], bottom)))
 
-    def loaded(self, index, each) -> L.Stmt:
-        """The thread's `unroll` chunks `index(u)` loaded into `regs` (zeros past x's end: 0
-        is in the range already), then `each(chunk, lane)` (the chunk's index, its first
-        register) for every one of them."""
-        c, lanes, regs = self.c, self.lanes, self.regs
-        u, v, chunk = L.Var("u"), L.Var("v"), L.Var("chunk")
+    def _chunks(self, index, body) -> L.Stmt:
+        """`body(chunk, u)` for the thread's `unroll` chunks `index(u)`."""
+        u, chunk = L.Var("u"), L.Var("chunk")
+        return L.For(u, self.c.unroll, L.Let(chunk, index(u), body(chunk, u)),
+                     L.ForKind.UNROLLED)
 
-        def at(body):
-            return L.Let(chunk, index(u), body)
+    def load(self, index, regs: L.Buffer) -> L.Stmt:
+        """The thread's chunks `index(u)` into `regs` (zeros past x's end: 0 is in the range
+        already)."""
+        lanes, v = self.lanes, L.Var("v")
+        return self._chunks(index, lambda chunk, u: L.If(
+            chunk < self.chunks,
+            L.For(v, lanes, L.Store(regs, (u * lanes + v,), self.x[chunk * lanes + v]),
+                  L.ForKind.VECTORIZED),
+            L.For(v, lanes, L.Store(regs, (u * lanes + v,), L.const(0.0)),
+                  L.ForKind.UNROLLED)))
 
-        load = L.If(chunk < self.chunks,
-                    L.For(v, lanes, L.Store(regs, (u * lanes + v,), self.x[chunk * lanes + v]),
-                          L.ForKind.VECTORIZED),
-                    L.For(v, lanes, L.Store(regs, (u * lanes + v,), L.const(0.0)),
-                          L.ForKind.UNROLLED))
-        return L.seq(L.For(u, c.unroll, at(load), L.ForKind.UNROLLED),
-                     L.For(u, c.unroll, at(each(chunk, u * lanes)), L.ForKind.UNROLLED))
+    def loaded(self, index, each, regs: L.Buffer) -> L.Stmt:
+        """The thread's chunks `index(u)` loaded into `regs`, all before any is used, then
+        `each(chunk, lane, regs)` (the chunk's index, its first register) for each."""
+        return L.seq(self.load(index, regs), self._chunks(
+            index, lambda chunk, u: each(chunk, u * self.lanes, regs)))
+
+    def share(self, g) -> callable:
+        """Chunk u of group `g` of the thread's share of x (grid-strided)."""
+        c = self.c
+        return lambda u: (g * c.unroll + u) * self.blocks * c.threads + self.b * c.threads + \
+            self.t
+
+    def ahead_of_time(self) -> L.Stmt:
+        """The first group of the thread's share loaded into `ahead` (before the range: its
+        loads then wait on nothing the range does)."""
+        return self.load(self.share(0), self.ahead)
 
     def shares(self, each) -> L.Stmt:
-        """The thread's share of x grid-strided, `unroll` chunks at a time (`loaded`)."""
+        """`each` over the thread's share of x, `unroll` chunks at a time: the first group
+        from `ahead` (`ahead_of_time`), the others loaded into `regs` (`loaded`)."""
         c, g = self.c, L.Var("g")
-        stride = self.blocks * c.threads
-        return L.For(g, -(-self.chunks // (stride * c.unroll)), self.loaded(
-            lambda u: (g * c.unroll + u) * stride + self.b * c.threads + self.t, each))
+        groups = -(-self.chunks // (self.blocks * c.threads * c.unroll))
+        first = self._chunks(self.share(0), lambda chunk, u: each(chunk, u * self.lanes,
+                                                                   self.ahead))
+        rest = L.For(g, groups - 1, self.loaded(self.share(g + 1), each, self.regs)) \
+            if groups > 1 else None
+        return L.seq(*[s for s in (first, rest) if s is not None])
 
     def piece(self, q: L.Expr, each) -> L.Stmt:
         """The thread's chunks of piece `q` (`threads * unroll` consecutive chunks, a block's
         registers-full), consecutive threads on consecutive chunks (`loaded`)."""
         c = self.c
-        return self.loaded(lambda u: (q * c.unroll + u) * c.threads + self.t, each)
+        return self.loaded(lambda u: (q * c.unroll + u) * c.threads + self.t, each, self.regs)
 
     @property
     def pieces(self) -> int:
@@ -173,7 +194,7 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
     b, t, q, v, e = k.b, k.t, L.Var("q"), L.Var("v"), L.Var("e")
     first_thread = L.eq(t, L.const(0))
 
-    def chunk_range(chunk, at):
+    def chunk_range(chunk, at, regs):
         lane = L.Var("lane")
         return L.For(lane, lanes, k.widen(regs[at + lane], regs[at + lane]), L.ForKind.UNROLLED)
 
@@ -190,7 +211,7 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
     from_parts = L.For(e, -(-pieces // c.threads), L.Let(v, e * c.threads + t, L.If(
         v < pieces, k.widen(parts[v], parts[pieces + v]))))
 
-    def quantize(chunk, at):
+    def quantize(chunk, at, regs):
         """The chunk's results into registers, then one store (a uchar4: values from
         registers only, `codegen.vector_for`)."""
         lane = L.Var("lane")
@@ -206,8 +227,9 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
         return L.Let(scale, dynamic_scale(top, bottom), L.Let(
             z, dynamic_zero_point(bottom, scale), L.seq(params, k.shares(quantize))))
 
-    whole = L.For(b, blocks, L.Allocate(regs, L.Allocate(out, L.seq(
-        partials, k.block_range(from_parts, finish)))), L.ForKind.BLOCK_X)
+    whole = L.For(b, blocks, L.Allocate(regs, L.Allocate(k.ahead, L.Allocate(out, L.seq(
+        k.on_threads(k.ahead_of_time()), partials, k.block_range(from_parts, finish))))),
+        L.ForKind.BLOCK_X)
     views = {x.name: x, y.name: y}
     return L.PrimFunc(p.name, tuple(views.get(v.name, v) for v in p.params) +
                       (L.GRID_COUNTERS,), L.Allocate(parts, whole))

@@ -404,8 +404,8 @@ GRID_PRELUDE = r"""// a claimed loop's counters (L.GRID_COUNTERS, each on its ow
 __device__ __forceinline__ unsigned dnnc_grid_take(unsigned* counters) {
   return atomicAdd(&counters[0], 1u);
 }
-// one iteration done: the block's writes (each thread fenced them before the barrier
-// that precedes this) ordered before the count
+// one iteration done: the block's writes (before the barrier that precedes this: a fence
+// is cumulative) ordered before the count
 __device__ __forceinline__ void dnnc_grid_done(unsigned* counters) {
   __threadfence();
   atomicAdd(&counters[32], 1u);
