@@ -27,10 +27,10 @@ FOCUS = {
 """Per model: the kernels `ROW` reports one by one, and which `profile` records they are."""
 
 
-def in_model(kern: dict, kernel: str) -> float:
-    """Milliseconds a call of `kernel`'s launches traced in the model (one `__global__` a
-    launch: its name, or its name and _s<k> where it has several)."""
-    return sum(v for k, v in kern.items() if k == kernel or k.startswith(kernel + "_s"))
+def launched(kern: dict, kernel: str) -> list[str]:
+    """The `__global__` functions of `kernel` traced in the model: its name, or its name and
+    _s<k> where it has several launches."""
+    return [k for k in kern if k == kernel or k.startswith(kernel + "_s")]
 
 
 def wait(p):
@@ -90,11 +90,12 @@ print(f"{name}: median of 50 (3 rounds) {ms}, compile {seconds:.1f}s, traced sum
       + (f", mismatch vs ORT {res['mismatch']:.2e}, max |d|/step {res['max_steps']:.3g}" if row != 'fp16' else ""), flush=True)
 what, chosen = FOCUS[MODEL]
 focus = [r for r in rows if chosen(r)]
-launches = sum(c for k, c in cnt.items() if any(k == r["kernel"] or k.startswith(r["kernel"] + "_s")
-                                                for r in focus))
-print(f"  {name} {what} ({len(focus)}, {launches} launches): in the model "
-      f"{1000 * sum(in_model(kern, r['kernel']) for r in focus):.0f} us, alone "
-      f"{1000 * sum(r['ms'] for r in focus):.0f} us; each in the model (us): "
-      + " ".join(f"{1000 * in_model(kern, r['kernel']):.1f}" for r in focus), flush=True)
+functions = sorted({f for r in focus for f in launched(kern, r["kernel"])})   # (deduplicated
+# kernels share a function: the trace sums its calls)
+print(f"  {name} {what} ({len(focus)}, {sum(cnt.get(f, 0) for f in functions)} launches): in "
+      f"the model {1000 * sum(kern[f] for f in functions):.1f} us, alone "
+      f"{1000 * sum(r['ms'] for r in focus):.0f} us; in the model, us a launch: " +
+      ", ".join(f"{f} {1000 * kern[f] / max(cnt.get(f, 1), 1):.2f} x{cnt.get(f, 0)}"
+                for f in functions), flush=True)
 by_template(name, m, dev, rows, slowest=5)
 (W / f"done.{name}").touch()
