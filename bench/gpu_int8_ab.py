@@ -3,7 +3,8 @@ bench/gpu_int8.py makes them) at int8 against dnnc's fp16, two dnnc trees (main 
 in one call, each row compiled in its own process at once and timed one after the other (file
 turns under /tmp/fin): `prep` quantizes the model once (and onnxruntime's int8 output, 16
 threads); then `ROW LABEL` (run with the dnnc of the tree it times first on PYTHONPATH:
-`fp16`, `int8` as compiled, `int8-64x128` with int8.SHALLOW_TILE 64 x 128) compiles, waits
+`fp16`, `int8` as compiled, `int8-64x128` with int8.SHALLOW_TILE 64 x 128, `int8-unroll8`
+with cuda_dynamic_quantize's unroll 8) compiles, waits
 for its turn (LABEL names the turn files), takes three medians of 50 calls (inputs on the
 device), traces its kernels in the model (bench/gpu_breakdown.py's `traced`) and profiles
 them alone; it prints the model's kernels of interest (`FOCUS`: resnet50's 1x1 convs that
@@ -66,6 +67,15 @@ if row == "int8-64x128":   # an informative variant: int8's shallow tile 64 x 12
     from dataclasses import replace
     from dnnc.backends.cuda import int8 as int8_module
     int8_module.SHALLOW_TILE = replace(int8_module.SHALLOW_TILE, block_m=64, warps_m=4)
+if row == "int8-unroll8":   # another: cuda_dynamic_quantize's pieces of 8 chunks a thread
+    from dataclasses import replace
+    from dnnc.backends.cuda import schedules
+    from dnnc.backends.cuda.dynamic_quantize import DYNAMIC_QUANTIZE, QuantizeConfig
+    from dnnc.ir.ops.registry import Pattern
+    fixed = replace(DYNAMIC_QUANTIZE, default=lambda p, machine: QuantizeConfig(unroll=8))
+    key = ("cuda", Pattern.OPAQUE)
+    schedules.TEMPLATES[key] = tuple(fixed if t is DYNAMIC_QUANTIZE else t
+                                     for t in schedules.TEMPLATES[key])
 if row == "fp16":
     m = dnnc.compile(onnx.load(str(W / "float.onnx")), "cuda", precision="fp16", cache=False)
 else:
