@@ -67,7 +67,7 @@ if row == "int8-64x128":   # an informative variant: int8's shallow tile 64 x 12
     from dataclasses import replace
     from dnnc.backends.cuda import int8 as int8_module
     int8_module.SHALLOW_TILE = replace(int8_module.SHALLOW_TILE, block_m=64, warps_m=4)
-if row == "int8-unroll8":   # another: cuda_dynamic_quantize's pieces of 8 chunks a thread
+if row == "int8-unroll8":   # another: cuda_dynamic_quantize at unroll 8 (its default 4)
     from dataclasses import replace
     from dnnc.backends.cuda import schedules
     from dnnc.backends.cuda.dynamic_quantize import DYNAMIC_QUANTIZE, QuantizeConfig

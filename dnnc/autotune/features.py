@@ -31,7 +31,7 @@ LENGTH = _PER_STMT + 7
 
 
 def _kind(kind: L.ForKind) -> int:
-    if kind.value.startswith("blockIdx") or kind is L.ForKind.CLAIMED:   # (blocks share it)
+    if kind.value.startswith("blockIdx"):
         return KINDS.index("block")
     if kind.value.startswith("threadIdx"):
         return KINDS.index("thread")

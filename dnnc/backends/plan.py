@@ -61,9 +61,8 @@ class Program:
 
     Slots, in order: the segment's data inputs, its escaping outputs, its constants, and one
     past them (`slots`) the error record of the kernels that check indices
-    (`loop.index_checks`), two past them the counters of the kernels with a claimed loop
-    (`L.GRID_COUNTERS`), both of which each calling thread's frame holds; every other value
-    lives in the arena at `memory.offsets`."""
+    (`loop.index_checks`), which each calling thread's frame holds; every other value lives
+    in the arena at `memory.offsets`."""
 
     step: Segment
     shapes: tuple                        # the input shapes (the cache key, with key_values)
@@ -385,13 +384,11 @@ def _calls(kernels: list[Kernel], slot: dict[int, int], memory: MemoryPlan
             continue
         rendered[signature] = kernel.func.name
         unique.append((kernel.func, noalias))
-    # past the program's slots: the error record, then the grid counters (`Program`)
-    frame_slots = {L.index_checks.INDEX_ERRORS: ("ext", len(slot)),
-                   L.GRID_COUNTERS: ("ext", len(slot) + 1)}
+    errors = [("ext", len(slot))]   # the error record: one slot past the program's
     calls = [Call(kernel.func.name,
                   [("ext", slot[id(v)]) if id(v) in slot else ("arena", memory.offsets[id(v)])
                    for v in kernel.inputs + kernel.outputs] +
-                  [frame_slots[b] for b in kernel.func.params if b in frame_slots])
+                  (errors if L.index_checks.INDEX_ERRORS in kernel.func.params else []))
              for kernel in kernels]
     return unique, calls
 

@@ -73,9 +73,7 @@ the generic address `mapa` gives: `ld.shared::cluster`) are WGMMA_PRELUDE's too,
 `L.Mbarrier`'s operations (`mbarrier.init`, `mbarrier.arrive`, `cp.async.mbarrier.arrive.noinc`,
 `mbarrier.arrive.expect_tx`, a `mbarrier.try_wait.parity` loop). `L.TmaLoad` is TMA_PRELUDE's
 `cp.async.bulk.tensor.3d` from its map's kernel argument; in a stage holding one, each
-mbarrier init is followed by `fence.mbarrier_init` (the copy engine then sees it). A
-CLAIMED loop (`L.For`) is a `for (;;)` whose iterations the blocks take through
-GRID_PRELUDE's atomics on `L.GRID_COUNTERS` (`_Emitter.claimed_for`), then wait for.
+mbarrier init is followed by `fence.mbarrier_init` (the copy engine then sees it).
 Math calls are CUDA's accurate ones (expf, erff, ..., within 2 ulp), never the `__expf`
 intrinsics. Signed integer overflow wraps in the IR; in C it is undefined, which nvcc does
 not exploit in this straight-line code (noted, not guarded).
@@ -94,7 +92,7 @@ from ...ir import types as T
 from ..legalize import check_legal, legalize
 from .device import STATIC_SHARED_BYTES
 from .indices import CudaCodegenError, linearize, narrow_indices
-from .prelude import GRID_PRELUDE, MMA_PRELUDE, PRELUDE, TMA_PRELUDE, WGMMA_N, WGMMA_PRELUDE
+from .prelude import MMA_PRELUDE, PRELUDE, TMA_PRELUDE, WGMMA_N, WGMMA_PRELUDE
 
 ERRORS = L.index_checks.INDEX_ERRORS
 CHECKS_HOIST_FROM = frozenset({L.ForKind.SERIAL, L.ForKind.UNROLLED, L.ForKind.VECTORIZED})
@@ -190,10 +188,9 @@ def render_module(funcs: list[tuple[L.PrimFunc, bool]]) -> CudaModule:
                                  n.name in L.PACKS.values() for n in nodes)
     uses_tma = any(isinstance(n, L.TmaLoad) or isinstance(n, L.Mbarrier) and
                    n.op == "expect_tx" for n in nodes)
-    uses_grid = any(isinstance(n, L.For) and n.kind is L.ForKind.CLAIMED for n in nodes)
     return CudaModule("\n".join([PRELUDE] + [MMA_PRELUDE] * uses_mma +
                                 [WGMMA_PRELUDE] * uses_wgmma + [TMA_PRELUDE] * uses_tma +
-                                [GRID_PRELUDE] * uses_grid + parts), kernels)
+                                parts), kernels)
 
 
 def tensor_maps(func: L.PrimFunc) -> list[L.TensorMap]:
@@ -217,11 +214,9 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
     check_legal(func, NATIVE)
     func = narrow_indices(func)
     workspace, body = stages(func.body)
-    # the grid counters: read and written by every block (the claimed loop's atomics)
-    counters = {L.GRID_COUNTERS.name} if L.GRID_COUNTERS in func.params else set()
     stored = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Store)} | \
-        ({ERRORS.name} if L.index_checks.has_checks(func.body) else set()) | counters
-    loaded = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Load)} | counters
+        ({ERRORS.name} if L.index_checks.has_checks(func.body) else set())
+    loaded = {n.buffer.name for n in L.walk(func.body) if isinstance(n, L.Load)}
 
     def restrict(b: L.Buffer) -> str:
         # a buffer one thread writes and other threads then read in the same launch (a row's
@@ -540,7 +535,6 @@ class _Emitter:
         self.pool_used = 0             # bytes of the pool any buffer has held so far
         self.maps: dict[L.TensorMap, str] = {}   # the function's tensor maps' parameters
         self.tma = False               # the stage holds a TMA copy
-        self.partial = 0   # conditions and loops around (other than block loops on the grid)
 
     def fail(self, what: str):
         raise CudaCodegenError(f"{self.func}: {what}")
@@ -561,43 +555,7 @@ class _Emitter:
             self.stmt(x, depth)
 
     def loop(self, s: L.For, depth: int) -> None:
-        whole = s.kind is L.ForKind.CLAIMED or s.kind.is_gpu_block and \
-            s.extent.value == self.grid[_AXES[s.kind]]
-        self.partial += not whole
         _LOOP[s.kind](self, s, depth)
-        self.partial -= not whole
-
-    def claimed_for(self, s: L.For, depth: int) -> None:
-        """Each block takes iterations (thread 0 through GRID_PRELUDE's counters, the index
-        passed on in shared memory) and runs them, every thread, until none is left, the
-        next taken as soon as the last is known (its atomic's latency under the body: a
-        block holding two still runs them without waiting); after each, a barrier (every
-        thread's writes, and its read of the index, before it) and thread 0 counts it done
-        (a fence there, as cooperative groups' grid sync after its barrier); then it waits
-        until all are done (`L.For`'s CLAIMED: what every block reaches, so every block
-        counts itself past and the last zeroes the counters)."""
-        if self.partial:
-            self.fail("a claimed loop under a condition or inside a loop other than the "
-                      "block loops covering the grid")
-        v, counters = c_name(s.var.name), c_name(L.GRID_COUNTERS.name)
-        first = "threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0"
-        extent = self.expr(s.extent)
-        self.emit(depth, f"{{ __shared__ unsigned {v}_taken;")
-        self.emit(depth + 1, f"unsigned {v}_next = {first} ? dnnc_grid_take({counters}) : 0u;")
-        self.emit(depth + 1, "for (;;) {")
-        self.emit(depth + 2, f"if ({first}) {v}_taken = {v}_next;")
-        self.emit(depth + 2, "__syncthreads();")
-        self.emit(depth + 2, f"const long long {v} = {v}_taken;")
-        self.emit(depth + 2, f"if ({v} >= {extent}) break;")
-        self.emit(depth + 2, f"if ({first}) {v}_next = dnnc_grid_take({counters});")
-        self.stmt(s.body, depth + 2)
-        self.emit(depth + 2, "__syncthreads();")
-        self.emit(depth + 2, f"if ({first}) dnnc_grid_done({counters});")
-        self.emit(depth + 1, "}")
-        self.emit(depth + 1, f"if ({first}) dnnc_grid_wait({counters}, {extent}, "
-                             f"{math.prod(self.grid)}u);")
-        self.emit(depth + 1, "__syncthreads();")
-        self.emit(depth, "}")
 
     def serial_for(self, s: L.For, depth: int, pragma: str = "") -> None:
         if pragma:
@@ -685,14 +643,12 @@ class _Emitter:
         self.emit(depth, "}")
 
     def if_(self, s: L.If, depth: int) -> None:
-        self.partial += 1
         self.emit(depth, f"if ({self.expr(s.cond)}) {{")
         self.stmt(s.then, depth + 1)
         if s.orelse is not None:
             self.emit(depth, "} else {")
             self.stmt(s.orelse, depth + 1)
         self.emit(depth, "}")
-        self.partial -= 1
 
     def allocate(self, s: L.Allocate, depth: int) -> None:
         b = s.buffer
@@ -907,7 +863,7 @@ _STMT: dict[type, Callable] = {
 _LOOP: dict[L.ForKind, Callable] = {
     L.ForKind.SERIAL: _Emitter.serial_for, L.ForKind.PARALLEL: _Emitter.serial_for,
     L.ForKind.VECTORIZED: _Emitter.vector_for, L.ForKind.UNROLLED: _Emitter.unrolled_for,
-    **{kind: _Emitter.gpu_for for kind in _AXES}, L.ForKind.CLAIMED: _Emitter.claimed_for,
+    **{kind: _Emitter.gpu_for for kind in _AXES},
 }
 """Loop kind -> emitter: a parallel loop runs serially within a thread (a GPU schedule binds
 loops to blocks and threads instead); a vectorized one is a vector load where proven."""

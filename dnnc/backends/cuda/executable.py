@@ -198,8 +198,7 @@ class SegmentImage:
 def _check_launches(step: Segment, image: SegmentImage) -> None:
     """Refuse launches that would reach outside the segment's buffers: every argument a slot
     the segment has or an offset inside the arena or the workspace (an `ArtifactError`)."""
-    bounds = {"ext": image.slots + 2, "arena": max(image.arena_bytes, 1),   # + error record
-              # and grid counters
+    bounds = {"ext": image.slots + 1, "arena": max(image.arena_bytes, 1),   # + error record
               "workspace": max(image.workspace_bytes, 1),
               "map": MAP_BYTES * len(image.tensor_maps)}
     for m in image.tensor_maps:
@@ -217,13 +216,12 @@ def _check_launches(step: Segment, image: SegmentImage) -> None:
 @dataclass(frozen=True)
 class _Layout:
     """Byte offsets in a frame's one allocation: arena, workspace, the kernels' error record
-    (`loop.index_checks`), their grid counters (`L.GRID_COUNTERS`), then each input and
-    output buffer, every one `DEVICE_ALIGN`-aligned."""
+    (`loop.index_checks`), then each input and output buffer, every one
+    `DEVICE_ALIGN`-aligned."""
 
     arena: int
     workspace: int
     errors: int
-    counters: int
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     total: int
@@ -233,21 +231,16 @@ class _Layout:
            output_bytes: list[int]) -> "_Layout":
         at = 0
         places = []
-        for size in [arena_bytes, workspace_bytes, ERROR_BYTES, COUNTER_BYTES, *input_bytes,
-                     *output_bytes]:
+        for size in [arena_bytes, workspace_bytes, ERROR_BYTES, *input_bytes, *output_bytes]:
             places.append(at)
             at += _aligned(max(size, 1))
         n = len(input_bytes)
-        return cls(places[0], places[1], places[2], places[3], tuple(places[4:4 + n]),
-                   tuple(places[4 + n:]), at)
+        return cls(places[0], places[1], places[2], tuple(places[3:3 + n]),
+                   tuple(places[3 + n:]), at)
 
 
 ERROR_BYTES = 24
 """The error record: int64 [site + 1, index, size] (`loop.index_checks`)."""
-COUNTER_BYTES = L.GRID_COUNTERS.dtype.itemsize * L.static_shape(L.GRID_COUNTERS.shape)[0]
-"""The grid counters of the kernels with a claimed loop: zeroed when the frame is made, left
-zero by every launch (`L.GRID_COUNTERS`); one set serves a frame's kernels, which run one
-after another."""
 
 
 def _event_done(event) -> bool:
@@ -769,12 +762,8 @@ class _CompiledSegment(CompiledSegment):
         own_inputs = [cupy.ndarray(shape, _storage(dtype), memory + o)
                       for (shape, dtype), o in zip(self.input_types, self.layout.inputs)]
         errors = base + self.layout.errors   # zeroed before each run (`_clear_errors`)
-        counters = base + self.layout.counters   # zeroed once, here
-        stream = cupy.cuda.get_current_stream()
-        cupy.cuda.runtime.memsetAsync(counters, 0, COUNTER_BYTES, stream.ptr)
-        stream.synchronize()   # before any stream's run
         ext = self._ext(inputs, [base + o for o in self.layout.outputs] + self._const_ptrs +
-                        [errors, counters])   # slots `slots` and `slots` + 1 (plan.Program)
+                        [errors])   # the record: slot `slots` (plan.Program)
         arena, workspace = base + self.layout.arena, base + self.layout.workspace
         pinned = cupy.cuda.alloc_pinned_memory(ERROR_BYTES)
         return _Frame(memory, inputs, outputs, own_inputs, ext, arena, workspace,

@@ -3,8 +3,7 @@ NaN-propagating min / max, the run-time index check, the dynamic shared-memory p
 of the tensor cores (`MMA_PRELUDE`: operand conversions, mma.sync, ldmatrix, cp.async) and
 those of Hopper's warpgroup products (`WGMMA_PRELUDE`: matrix descriptors, wgmma.mma_async,
 its fence, groups and wait, the async-proxy fence; sm_90a only, the module then holds the
-line `ARCH_SPECIFIC`), TMA's (`TMA_PRELUDE`: tensor-map copies, sm_90a) and a claimed
-loop's (`GRID_PRELUDE`: the grid counters' atomics), as CUDA C
+line `ARCH_SPECIFIC`) and TMA's (`TMA_PRELUDE`: tensor-map copies, sm_90a), as CUDA C
 with inline PTX that NVRTC compiles without any header.
 
 `codegen.py` renders calls of them and decides which a module holds; this module is only
@@ -398,34 +397,3 @@ after WGMMA_PRELUDE (whose shared addresses and mbarriers they use): what `L.Tma
 "expect_tx" `L.Mbarrier` render to (the wgmma producer's "tma" value), and `tma.py`'s
 hand-written product."""
 
-
-GRID_PRELUDE = r"""// a claimed loop's counters (L.GRID_COUNTERS, each on its own 128-byte line: blocks
-// polling one do not slow the atomics on the others): iterations taken, done, blocks past
-__device__ __forceinline__ unsigned dnnc_grid_take(unsigned* counters) {
-  return atomicAdd(&counters[0], 1u);
-}
-// one iteration done: the block's writes (before the barrier that precedes this: a fence
-// is cumulative) ordered before the count
-__device__ __forceinline__ void dnnc_grid_done(unsigned* counters) {
-  __threadfence();
-  atomicAdd(&counters[32], 1u);
-}
-// wait until all `iterations` are done (acquire: their writes visible after), then count
-// this block past; the last of `blocks` past zeroes the counters for the next launch (no
-// block reads them any more: each counted itself past after its last take and its wait)
-__device__ __forceinline__ void dnnc_grid_wait(unsigned* counters, unsigned iterations,
-                                               unsigned blocks) {
-  unsigned done;
-  do {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(done) : "l"(counters + 32)
-                 : "memory");
-  } while (done < iterations);
-  if (atomicAdd(&counters[64], 1u) == blocks - 1) {
-    counters[0] = 0u;
-    counters[32] = 0u;
-    counters[64] = 0u;
-  }
-}
-"""
-"""What a CLAIMED `L.For` renders to (`codegen._Emitter.claimed_for`), in a module that has
-one: the counters' atomics, one thread a block."""

@@ -44,9 +44,8 @@ def compile_kernel(func: L.PrimFunc, arrays: list[np.ndarray], target: Target):
     the device arrays back into `arrays`, `call.time_ms(repeat, min_seconds)` times it."""
     cupy = device.import_cupy()
     func = L.index_checks.with_errors(func)   # a record to write, never read: tuning data
-    trailing = {L.GRID_COUNTERS: np.zeros(L.static_shape(L.GRID_COUNTERS.shape), np.uint32),
-                L.index_checks.INDEX_ERRORS: np.zeros(3, np.int64)}   # (counters left zero)
-    arrays = list(arrays) + [trailing[b] for b in func.params if b in trailing]
+    if L.index_checks.INDEX_ERRORS in func.params:
+        arrays = list(arrays) + [np.zeros(3, np.int64)]
     module = render_module([(func, True)])   # the arrays are distinct: no aliasing
     kernel = module.kernels[func.name]
     arch = device.compile_arch(target.arch, module.source)

@@ -9,8 +9,7 @@ comparisons other than `==`/`!=` do too (`i < n`); use `eq(a, b)` / `ne(a, b)` f
 
 `Reduce` appears only in op `compute` rules (an output element as a reduction over reduce axes);
 lowering turns it into loops. A `For` names how it runs: serial, parallel (CPU cores),
-vectorized, unrolled, bound to a GPU axis (blockIdx.x, threadIdx.y, ...) or claimed by the blocks
-of a launch (CLAIMED: a GPU renderer's grid-wide barrier); an `Allocate` names
+vectorized, unrolled, or bound to a GPU axis (blockIdx.x, threadIdx.y, ...); an `Allocate` names
 its memory scope (global, shared, local).
 
 Some statements are not target-neutral: `Mma`, a warp's tensor-core multiply-accumulate, whose
@@ -379,7 +378,6 @@ class ForKind(str, enum.Enum):
     THREAD_X = "threadIdx.x"
     THREAD_Y = "threadIdx.y"
     THREAD_Z = "threadIdx.z"
-    CLAIMED = "claimed"
 
     @property
     def is_gpu_block(self) -> bool:
@@ -392,18 +390,7 @@ class ForKind(str, enum.Enum):
 
 @dataclass(frozen=True, eq=True)
 class For(Stmt):
-    """`for var in [0, extent)`, run as `kind` says.
-
-    A CLAIMED loop shares its iterations among the blocks of a launch: each block, every
-    thread of it together, takes the next iteration no block has taken (one atomic add on
-    `GRID_COUNTERS`) and runs the body for it, until none is left; then it waits until every
-    iteration has completed, in whichever block ran it. After the loop, what any iteration
-    stored is visible to every thread of every block: a grid-wide barrier that never waits
-    on a block not yet running (a block waits only once every iteration has been taken, by
-    blocks that were running when they took it and finish it without waiting), so it holds
-    however few blocks the GPU runs at once. Every block of the launch reaches it (under
-    block loops covering the grid, no condition, no thread loop); at most one a PrimFunc,
-    which takes `GRID_COUNTERS` as a parameter."""
+    """`for var in [0, extent)`, run as `kind` says."""
 
     var: Var
     extent: Expr
@@ -415,15 +402,6 @@ class For(Stmt):
 
     def __hash__(self):
         return hash(("For", self.var, self.extent, self.body, self.kind))
-
-
-GRID_COUNTERS = Buffer("dnnc_grid_counters", T.uint32, (96,))
-"""The counters of a kernel with a CLAIMED loop (a trailing parameter, before `INDEX_ERRORS`):
-iterations taken, iterations done, blocks past the loop, words 0, 32 and 64 (a 128-byte line
-each, the rest unused: blocks polling one leave the others' atomics alone). Zero when a
-launch begins: the
-runtime zeroes a calling thread's counters once, and the last block past the loop zeroes them
-again (no launch of one caller overlaps another: they run in its stream's order)."""
 
 
 @dataclass(frozen=True, eq=True)

@@ -16,7 +16,7 @@ from .nodes import (
     SPARSE_MMA_REGISTERS, TILE_PRECISIONS,
     TILE_REGISTERS, Allocate, AsyncCommit, AsyncWait, Barrier, BinOp, Call, ClusterBarrier, Const,
     CopyAsync, IM2COL_RANK,
-    GRID_COUNTERS, For, ForKind, If, LdMatrix, Let, Load, MBARRIER_OPS, Mbarrier, Mma, Prefetch, PrimFunc, ProxyFence,
+    For, If, LdMatrix, Let, Load, MBARRIER_OPS, Mbarrier, Mma, Prefetch, PrimFunc, ProxyFence,
     Reduce, Scope, Select, Seq, Store, TILE_ROWS, TMA_RANK, TileProduct, TmaLoad, Var, WGMMA_K, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait)
 from .printer import print_expr
 from .traversal import walk
@@ -38,18 +38,7 @@ def verify(func: PrimFunc, placement: bool = True) -> None:
         if b.scope is not Scope.GLOBAL:
             raise LoopIRError(f"{func.name}: parameter {b.name} must be in global scope")
         _check_expr_vars(func, b.shape, scope_vars)
-    _check_claimed(func)
     _verify_stmt(func, func.body, scope_vars, dict(params), set(), placement)
-
-
-def _check_claimed(func: PrimFunc) -> None:
-    """At most one CLAIMED loop (its counters are zero only when it begins), and the counters
-    among the parameters where there is one."""
-    claimed = sum(isinstance(n, For) and n.kind is ForKind.CLAIMED for n in walk(func.body))
-    if claimed > 1:
-        raise LoopIRError(f"{func.name}: {claimed} claimed loops (one at most)")
-    if claimed and GRID_COUNTERS not in func.params:
-        raise LoopIRError(f"{func.name}: a claimed loop without {GRID_COUNTERS.name}")
 
 
 def _check_expr_vars(func, exprs, scope_vars) -> None:
@@ -350,11 +339,6 @@ def _verify_stmt(func, s, scope_vars, buffers, gpu: set, placement: bool) -> Non
             if placement and s.kind.is_gpu_block and any(k.startswith("threadIdx") for k in gpu):
                 raise LoopIRError(f"{func.name}: {s.kind.value} inside a thread loop")
             inner_gpu = gpu | {s.kind.value}
-        if placement and s.kind is ForKind.CLAIMED and (
-                not any(k.startswith("blockIdx") for k in gpu) or
-                any(k.startswith("threadIdx") for k in gpu)):
-            raise LoopIRError(f"{func.name}: a claimed loop outside a block loop or inside a "
-                              f"thread loop")
         _verify_stmt(func, s.body, scope_vars | {s.var}, buffers, inner_gpu, placement)
     elif isinstance(s, Store):
         exprs(*s.indices, s.value)

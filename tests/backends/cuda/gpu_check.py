@@ -130,11 +130,9 @@ def check_programs(cp, progs, values: dict, precision: str = "fp32"
             outs = [_poisoned(cp, np.dtype(v.type.dtype.np), v.type.shape)
                     for v in kernel.outputs]
             scratch = [cp.full(size, 0xFF, cp.uint8) for size in info.workspace]
-            counters = [cp.zeros(L.static_shape(L.GRID_COUNTERS.shape), cp.uint32)] \
-                if L.GRID_COUNTERS in kernel.func.params else []   # (a claimed loop's)
             errors = [cp.zeros(3, cp.int64)] if L.index_checks.INDEX_ERRORS in \
                 kernel.func.params else []   # (in-range data: stays zero)
-            args = tuple(ins + outs + counters + errors + scratch)
+            args = tuple(ins + outs + errors + scratch)
             for launch in info.launches:
                 raw.get_function(launch.name)(launch.grid, launch.block, args,
                                               shared_mem=launch.shared_bytes)

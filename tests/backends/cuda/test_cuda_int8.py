@@ -378,13 +378,11 @@ def test_weight_only_quantized_file_compiles_with_nvrtc():
     ((300, 500), "normal"), ((64, 33), "normal"), ((7, 5), "positive"), ((1000, 3), "negative"),
     ((2, 129), "zero")])
 def test_dynamic_quantize_on_host(shape, values, rng, tmp_path):
-    """DynamicQuantizeLinear as cuda_dynamic_quantize's one launch (the pieces' ranges claimed
-    by the blocks; every block the whole range from them, then its share quantized): the
-    reference's outputs exactly on host threads, whose blocks run one after another (the
-    first claims every piece; the others, claiming none, find them done: never a wait on a
-    block not yet run), the grid counters left zero, for 150,000 elements down to fewer than
-    a block's threads, ranges on both sides of 0, one side only (the range widened to 0) and
-    none (scale 1)."""
+    """DynamicQuantizeLinear as cuda_dynamic_quantize's two launches (partial ranges of a
+    grid-stride share a block; every block the whole range from them, then its share
+    quantized): the reference's outputs exactly on host threads, for 150,000 elements down
+    to fewer than a block's threads, ranges on both sides of 0, one side only (the range
+    widened to 0) and none (scale 1)."""
     import test_host_semantics as host
     from dnnc.ir.ops.quant import dynamic_quantize_linear
 

@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 
 from dnnc.backends.cuda.codegen import C_TYPES, c_name, render_module, stages
-from dnnc.backends.cuda.prelude import (GRID_PRELUDE, MMA_PRELUDE, PRELUDE, TMA_PRELUDE, WGMMA_N,
-                                        WGMMA_PRELUDE)
+from dnnc.backends.cuda.prelude import MMA_PRELUDE, PRELUDE, TMA_PRELUDE, WGMMA_N, WGMMA_PRELUDE
 from dnnc.ir import loop as L
 from dnnc.ir import types as T
 from cuda_kernels import (programs, reference, renamed, suite_cases, suite_inputs, suite_sample,
@@ -684,25 +683,6 @@ template <int N> static void dnnc_setmaxnreg_inc() {}
 template <int N> static void dnnc_setmaxnreg_dec() {}
 """
 
-GRID_SHIM = r"""
-// a claimed loop's counters (prelude.py's GRID_PRELUDE) on the shim's blocks, which run one
-// after another: the extreme of a GPU holding one block at a time. A block waits only once
-// every iteration is taken, by blocks that ran before it or by itself, so all are done
-// already; a wait that would spin is a deadlock on a GPU that holds few blocks: it traps.
-static void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-static unsigned dnnc_grid_take(unsigned* counters) {
-  return std::atomic_ref<unsigned>(counters[0]).fetch_add(1u);
-}
-static void dnnc_grid_done(unsigned* counters) {
-  std::atomic_ref<unsigned>(counters[32]).fetch_add(1u);
-}
-static void dnnc_grid_wait(unsigned* counters, unsigned iterations, unsigned blocks) {
-  if (std::atomic_ref<unsigned>(counters[32]).load() != iterations) __builtin_trap();
-  if (std::atomic_ref<unsigned>(counters[64]).fetch_add(1u) == blocks - 1)
-    counters[0] = counters[32] = counters[64] = 0u;
-}
-"""
-
 
 def host_tensor_map(tensor: np.ndarray, arg) -> np.ndarray:
     """The struct TMA_SHIM reads as tensor map `arg` (a `codegen.TensorMapArg`) of host array
@@ -739,8 +719,7 @@ def host_library(funcs, tmp_path, module=None) -> ctypes.CDLL:
     path = tmp_path / "kernels.cc"
     # the tensor cores' inline PTX replaced by their emulation
     kernels = source[len(PRELUDE):].replace(MMA_PRELUDE, MMA_SHIM).replace(
-        WGMMA_PRELUDE, WGMMA_SHIM).replace(TMA_PRELUDE, TMA_SHIM).replace(GRID_PRELUDE,
-                                                                          GRID_SHIM)
+        WGMMA_PRELUDE, WGMMA_SHIM).replace(TMA_PRELUDE, TMA_SHIM)
     path.write_text(SHIM + device_only + kernels + "\n".join(wrappers) + "\n")
     lib = tmp_path / "kernels.so"
     # -fwrapv: signed overflow wraps, as the IR says (CUDA C leaves it undefined; nvcc does
@@ -867,23 +846,14 @@ def program_on_host(lib, module, program, feeds: dict, prefix: str = "") -> dict
                                     _value(v, values, program.viewed))
                for v in kernel.inputs]
         outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
-        counters, errors = trailing(kernel.func)
-        launch_on_host(lib, info, ins + outs + counters + errors +
+        errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in \
+            kernel.func.params else []
+        launch_on_host(lib, info, ins + outs + errors +
                        [np.full(n, 0xFF, np.uint8) for n in info.workspace])
-        assert not (counters and counters[0].any()), \
-            f"{kernel.func.name}: grid counters left at {counters[0][::32]}"
         assert not (errors and errors[0].any()), \
             f"{kernel.func.name}: index error recorded: {errors[0]}"
         values.update((v.name, out) for v, out in zip(kernel.outputs, outs))
     return values
-
-
-def trailing(func: L.PrimFunc) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The zeroed grid counters and index-error record `func` takes after its parameters
-    (each an empty list where it takes none), as a frame holds them."""
-    return ([np.zeros(L.static_shape(L.GRID_COUNTERS.shape), np.uint32)]
-            if L.GRID_COUNTERS in func.params else [],
-            [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in func.params else [])
 
 
 def _value(v, values: dict, viewed) -> np.ndarray:
@@ -910,8 +880,9 @@ def kernel_on_host(lib, module, kernel, values) -> tuple[list[np.ndarray], np.nd
            for v in kernel.inputs]
     outs = [poisoned(np.dtype(v.type.dtype.np), v.type.shape) for v in kernel.outputs]
     scratch = [np.full(size, 0xFF, np.uint8) for size in info.workspace]
-    counters, errors = trailing(kernel.func)
-    launch_on_host(lib, info, ins + outs + counters + errors + scratch)
+    errors = [np.zeros(3, np.int64)] if L.index_checks.INDEX_ERRORS in kernel.func.params \
+        else []
+    launch_on_host(lib, info, ins + outs + errors + scratch)
     return outs, errors[0] if errors else None
 
 
