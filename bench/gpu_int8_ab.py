@@ -1,14 +1,17 @@
-"""resnet50 b32 (QDQ, as bench/gpu_int8.py makes it) at int8 against dnnc's fp16, two dnnc trees
-(main and a branch) in one call, each row compiled in its own process at once and timed one
-after the other (file turns under /tmp/fin): `prep` quantizes the model once (and
-onnxruntime's int8 output, 16 threads); then `ROW LABEL` (run from the tree whose dnnc it
-times: `fp16`, `int8` as compiled, `int8-64x128` with int8.SHALLOW_TILE 64 x 128) compiles,
-waits for its turn (LABEL names the turn files), takes three medians of 50 calls (inputs on
-the device), traces its kernels in the model (bench/gpu_breakdown.py's `traced`) and profiles
-them alone; it prints the 1x1 convs that add the residual (the conv kernels whose nodes hold
-an Add: QuantizedAdd in the int8 model) in the model and alone, and writes
-$OUT/LABEL.json. bench/gpu_int8_ab.sh drives it (with the GPU int8 tests and the fuzzer's QDQ
-cases on cuda while the rows compile). Sessions 55's and 57's resnet50 tables in
+"""$MODEL (resnet50 b32 QDQ, the default, or bert_base b8 dynamically quantized, as
+bench/gpu_int8.py makes them) at int8 against dnnc's fp16, two dnnc trees (main and a branch)
+in one call, each row compiled in its own process at once and timed one after the other (file
+turns under /tmp/fin): `prep` quantizes the model once (and onnxruntime's int8 output, 16
+threads); then `ROW LABEL` (run with the dnnc of the tree it times first on PYTHONPATH:
+`fp16`, `int8` as compiled, `int8-64x128` with int8.SHALLOW_TILE 64 x 128, `int8-unroll8`
+with cuda_dynamic_quantize's unroll 8) compiles, waits
+for its turn (LABEL names the turn files), takes three medians of 50 calls (inputs on the
+device), traces its kernels in the model (bench/gpu_breakdown.py's `traced`) and profiles
+them alone; it prints the model's kernels of interest (`FOCUS`: resnet50's 1x1 convs that
+add the residual, the conv kernels whose nodes hold an Add, QuantizedAdd in the int8 model;
+BERT's DynamicQuantizeLinear kernels) in the model and alone, and writes $OUT/LABEL.json.
+bench/gpu_int8_ab.sh drives it (with the GPU int8 tests and the fuzzer's QDQ cases on cuda
+while the rows compile). Sessions 55's and 57's resnet50 tables and session 58's BERT one in
 docs/cuda_backend.md come from it. Never imported by dnnc.
 """
 import json, os, sys, time
@@ -17,6 +20,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 W = Path("/tmp/fin")
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
+MODEL = os.environ.get("MODEL", "resnet50")
+FOCUS = {
+    "resnet50": ("residual convs", lambda r: "conv" in str(r.get("template")) and
+                 any("add" in n.lower() for n in r.get("nodes", []))),
+    "bert_base": ("quantizations", lambda r: r.get("template") == "cuda_dynamic_quantize")}
+"""Per model: the kernels `ROW` reports one by one, and which `profile` records they are."""
+
+
+def launched(kern: dict, kernel: str) -> list[str]:
+    """The `__global__` functions of `kernel` traced in the model: its name, or its name and
+    _s<k> where it has several launches."""
+    return [k for k in kern if k == kernel or k.startswith(kernel + "_s")]
+
 
 def wait(p):
     while not p.exists():
@@ -29,7 +45,7 @@ if sys.argv[1] == "prep":
     from dnnc.testing.quantized_files import onnxruntime_outputs
     import onnx
     t0 = time.perf_counter()
-    model, path = quantized_file("resnet50", W)
+    model, path = quantized_file(MODEL, W)
     onnx.save(model, str(W / "float.onnx")) if not isinstance(model, (str, Path)) else None
     feeds = zoo.inputs_for(model, np.random.default_rng(1))
     np.savez(W / "feeds.npz", **feeds)
@@ -51,6 +67,15 @@ if row == "int8-64x128":   # an informative variant: int8's shallow tile 64 x 12
     from dataclasses import replace
     from dnnc.backends.cuda import int8 as int8_module
     int8_module.SHALLOW_TILE = replace(int8_module.SHALLOW_TILE, block_m=64, warps_m=4)
+if row == "int8-unroll8":   # another: cuda_dynamic_quantize at unroll 8 (its default 4)
+    from dataclasses import replace
+    from dnnc.backends.cuda import schedules
+    from dnnc.backends.cuda.dynamic_quantize import DYNAMIC_QUANTIZE, QuantizeConfig
+    from dnnc.ir.ops.registry import Pattern
+    fixed = replace(DYNAMIC_QUANTIZE, default=lambda p, machine: QuantizeConfig(unroll=8))
+    key = ("cuda", Pattern.OPAQUE)
+    schedules.TEMPLATES[key] = tuple(fixed if t is DYNAMIC_QUANTIZE else t
+                                     for t in schedules.TEMPLATES[key])
 if row == "fp16":
     m = dnnc.compile(onnx.load(str(W / "float.onnx")), "cuda", precision="fp16", cache=False)
 else:
@@ -73,11 +98,14 @@ res["alone"] = [{k: (str(v) if k == "config" else v) for k, v in r.items()} for 
 (OUT / f"{name}.json").write_text(json.dumps(res, default=str))
 print(f"{name}: median of 50 (3 rounds) {ms}, compile {seconds:.1f}s, traced sum {sum(kern.values()):.3f} ms"
       + (f", mismatch vs ORT {res['mismatch']:.2e}, max |d|/step {res['max_steps']:.3g}" if row != 'fp16' else ""), flush=True)
-residual = [r for r in rows if "conv" in str(r.get("template")) and
-            any("add" in n.lower() for n in r.get("nodes", []))]
-print(f"  {name} residual convs ({len(residual)}): in the model "
-      f"{1000 * sum(kern.get(r['kernel'], 0) for r in residual):.0f} us, alone "
-      f"{1000 * sum(r['ms'] for r in residual):.0f} us; each in the model (us): "
-      + " ".join(f"{1000 * kern.get(r['kernel'], 0):.0f}" for r in residual), flush=True)
+what, chosen = FOCUS[MODEL]
+focus = [r for r in rows if chosen(r)]
+functions = sorted({f for r in focus for f in launched(kern, r["kernel"])})   # (deduplicated
+# kernels share a function: the trace sums its calls)
+print(f"  {name} {what} ({len(focus)}, {sum(cnt.get(f, 0) for f in functions)} launches): in "
+      f"the model {1000 * sum(kern[f] for f in functions):.1f} us, alone "
+      f"{1000 * sum(r['ms'] for r in focus):.0f} us; in the model, us a launch: " +
+      ", ".join(f"{f} {1000 * kern[f] / max(cnt.get(f, 1), 1):.2f} x{cnt.get(f, 0)}"
+                for f in functions), flush=True)
 by_template(name, m, dev, rows, slowest=5)
 (W / f"done.{name}").touch()
