@@ -217,15 +217,16 @@ GUARD_TAGS_SAFE = sys.version_info < (3, 12) or \
     torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
 """Whether this torch's recursive dict tags are safe to guard by. Before torch 2.13 on
 Python 3.12 and later (where they use CPython's dict watchers), a watched dict freed or
-changed while two guard managers recorded it crashes the process: the watcher callback
+changed while two guard managers recorded it is undefined behaviour: the watcher callback
 walks the dict's list of managers while each one it disables erases itself from that list
-(pytorch/pytorch#178703). Two compiles of one module's frame record the same dicts, and
-the identity guards (`_guard_identity`) make one compile per module: on torch 2.11 with
-Python 3.12 a test compiling two modules in turn segfaulted in
-`GuardManager::unwatch_all_saved_dict_pointers` (torch 2.11 turns the tags on by default,
-so main's backend crashed there too after some rounds of compiles, without the identity
-guards); with the tags off, none did. Torch 2.13 on Python 3.12 ran the same rounds
-clean, as does any torch on Python 3.11, which reads the tags without watchers."""
+(pytorch/pytorch#178703). A module checked against another module's compile records its
+dicts in that compile's manager too, and the identity guards (`_guard_identity`) make one
+compile per module: torch 2.11 with Python 3.12 segfaulted in
+`GuardManager::unwatch_all_saved_dict_pointers` compiling two modules of one class in
+turn, in the first round or within 25 (torch 2.11 turns the tags on by default; main's
+backend, without the identity guards, crashed once in 10 rounds and ran 25 clean twice).
+With the tags off no round crashed; torch 2.13 with Python 3.12 ran 25 rounds clean with
+them on, as does any torch on Python 3.11, which reads the tags without watchers."""
 
 
 def _guard_tags(on: bool) -> None:
