@@ -546,7 +546,7 @@ class _DirectConv:
         ran a pixel at a time across the NR channels (a residual loaded a lane at a time),
         and a tile crossing a row's end or the image's was stored a lane at a time: LLVM's
         SLP vectorizer took time quadratic in those lanes (docs/llvm_backend.md, "Compile
-        time")."""
+        time of the direct convolutions")."""
         p, ii, jj, nr, mr, acc = self.p, self.ii, self.jj, self.nr, self.mr, self.acc
         bn, out_c, ow = self.bn, self.out_c, self.ow
         # Y with each plane's pixels one axis: a channel's MR pixels one contiguous store

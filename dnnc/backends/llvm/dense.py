@@ -394,11 +394,17 @@ class _Blocking:
         acc = L.Buffer("acc", T.float32, (splits * mr * width,), L.Scope.LOCAL)
         row = L.minimum(i0 + ii, p.m - 1)   # rows past M repeat the last row; never stored
         vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
-        # later k-slices start from the partial sums the earlier ones left in the output
-        start = L.const(0.0) if n_kb == 1 else L.Select(L.eq(kb, 0), L.const(0.0),
-                                                          views.y_at(bi, row, j0, jj))
+        by_columns = views.rows_contiguous and mr > 1   # (`column_store`)
+        # later k-slices start from the partial sums the earlier ones left in the output (a
+        # column's rows one vector where the tile is stored so)
+        start = L.const(0.0) if n_kb == 1 or by_columns else \
+            L.Select(L.eq(kb, 0), L.const(0.0), views.y_at(bi, row, j0, jj))
         init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), start), vec),
                      L.ForKind.UNROLLED)
+        if n_kb > 1 and by_columns:
+            init = L.seq(init, L.If(kb > 0, self.columns(i0, j0, width, lambda i, j, place:
+                                                         L.Store(acc, (i * width + j,),
+                                                                 views.y_flat[place]))))
         a = L.Var("a", T.uint32 if self.paired else T.float32)
         depth = L.minimum(L.const(kc), p.k - kb * kc)
         if self.paired is not None:
@@ -440,7 +446,7 @@ class _Blocking:
                 L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), sum(
                     (acc[part * mr * width + ii * width + jj] for part in range(1, splits)),
                     acc[ii * width + jj])), vec), L.ForKind.UNROLLED))
-        if views.rows_contiguous and mr > 1:
+        if by_columns:
             store = self.column_store(acc, i0, j0, width, stored)
         else:
             target = views.y_at(bi, i0 + ii, j0, jj)
@@ -460,32 +466,39 @@ class _Blocking:
             done = L.Select(L.eq(self.kb, self.n_kb - 1), done, value)
         return done
 
+    def columns(self, i0: L.Expr, j0: L.Expr, count: int, body) -> L.Stmt:
+        """`body(ii, jj, place)` for each of the tile's first `count` columns jj, its rows ii
+        one vector (`place`: where row i0 + ii of column j0 + jj lies in `DenseViews.y_flat`,
+        consecutive rows consecutive there: `DenseViews.rows_contiguous`): all MR rows, or a
+        batch's last tile's rows only (tiles start at multiples of MR)."""
+        ii, jj = L.Var("ii"), L.Var("jj")
+
+        def rows(n: int) -> L.Stmt:
+            place = self.views.column_start(self.bi, i0, j0 + jj) + ii
+            kind = L.ForKind.VECTORIZED if n >= 2 else L.ForKind.UNROLLED
+            return L.For(jj, count, L.For(ii, n, body(ii, jj, place), kind), L.ForKind.UNROLLED)
+        last = self.p.m % self.mr
+        return rows(self.mr) if not last else L.If(i0 + self.mr <= self.p.m, rows(self.mr),
+                                                   rows(last))
+
     def column_store(self, acc: L.Buffer, i0: L.Expr, j0: L.Expr, width: int,
                      stored: int) -> L.Stmt:
         """The tile stored a column at a time, its rows one vector through the epilogue (a
         residual read as a vector too: `PointwiseDense.epilogue_index`), where the output
         holds a column's rows consecutively (`DenseViews.rows_contiguous`); a batch's last
-        tile, short of MR rows, its rows only. Stored a row at a time, each of the row's
-        columns went to a plane of its own, one lane a store. Row / column stores, 1
-        thread, znver5, CPU time (the same bits): convnext's 384 -> 96 at 56x56 through its
-        Transpose to NCHW 845 / 767 us in bf16, 1160 / 1094 in float32; 1536 -> 384 at
+        tile, short of MR rows, its rows only (`columns`). Stored a row at a time, each of
+        the row's columns went to a plane of its own, one lane a store. Row / column stores,
+        1 thread, znver5, CPU time (the same bits): convnext's 384 -> 96 at 56x56 through
+        its Transpose to NCHW 845 / 767 us in bf16, 1160 / 1094 in float32; 1536 -> 384 at
         14x14 668 / 612 (bf16); 1x1 convs through `pointwise_gemm`, bf16: stride-2 256 ->
         512 at 56x56 569 / 518, 1024 -> 256 at 14x14 316 / 310. Until session 58 the
-        epilogue ran a row at a time (a residual loaded a lane at a time) into a staged tile,
-        and a short tile was stored a lane at a time: LLVM's SLP vectorizer and dead-store
-        elimination took time quadratic in those lanes (docs/llvm_backend.md, "Compile
-        time")."""
-        mr, ii, jj = self.mr, L.Var("ii"), L.Var("jj")
-
-        def columns(rows: int) -> L.Stmt:
-            start = self.views.column_start(self.bi, i0, j0 + jj)
-            value = self.finished(acc[ii * width + jj], i0 + ii, j0 + jj)
-            kind = L.ForKind.VECTORIZED if rows >= 2 else L.ForKind.UNROLLED
-            return L.For(jj, stored, L.For(ii, rows, L.Store(
-                self.views.y_flat, (start + ii,), value), kind), L.ForKind.UNROLLED)
-        last = self.p.m % mr   # rows of a batch's last tile (tiles start at multiples of MR)
-        return columns(mr) if not last else L.If(i0 + mr <= self.p.m, columns(mr),
-                                                   columns(last))
+        epilogue ran a row at a time (a residual, and a later k-slice's partial sums, loaded
+        a lane at a time) into a staged tile, and a short tile was stored a lane at a time:
+        LLVM's SLP vectorizer and dead-store elimination took time quadratic in those lanes
+        (docs/llvm_backend.md, "Compile time of the direct convolutions")."""
+        return self.columns(i0, j0, stored, lambda ii, jj, place: L.Store(
+            self.views.y_flat, (place,), self.finished(acc[ii * width + jj], i0 + ii,
+                                                       j0 + jj)))
 
     def prefetch_ahead(self, depth: L.Expr):
         """k step -> the prefetches of a packed B's next panel (this k-slice's; the next
