@@ -49,11 +49,16 @@ def import_old(tree: Path, folder: Path):
     return importlib.import_module("dnnc_old")
 
 
-def time_llvm_optimisation(package) -> list[float]:
-    """A list that collects the CPU seconds of each of `package`'s runs of LLVM's optimisation
-    pipeline from now on."""
+OPTIMISING: dict[str, list[float]] = {}
+"""package name -> the CPU seconds of each of its runs of LLVM's optimisation pipeline, once
+`time_llvm_optimisation` wrapped it (llvm target)."""
+
+
+def time_llvm_optimisation(package) -> None:
+    """From now on, each of `package`'s runs of LLVM's optimisation pipeline adds its CPU
+    seconds to OPTIMISING."""
     jit = importlib.import_module(package.__name__ + ".backends.llvm.jit")
-    seconds: list[float] = []
+    seconds = OPTIMISING.setdefault(package.__name__, [])
     optimize = jit.optimize
 
     def timed(*args, **kwargs):
@@ -63,13 +68,12 @@ def time_llvm_optimisation(package) -> list[float]:
         finally:
             seconds.append(time.process_time() - start)
     jit.optimize = timed
-    return seconds
 
 
 def compile_seconds(package, model, target: str, precision: str | None = None
                     ) -> tuple[float, float, object]:
     """(wall seconds, CPU seconds of LLVM's optimisation, the compiled model)."""
-    optimising = getattr(package, "_optimise_seconds", [])
+    optimising = OPTIMISING.get(package.__name__, [])
     before = sum(optimising)
     start = time.perf_counter()
     options = {"precision": precision} if precision else {}
@@ -172,7 +176,7 @@ def main() -> int:
         old = import_old(args.old.resolve(), Path(folder))
         if args.target == "llvm":
             for package in (dnnc, old):
-                package._optimise_seconds = time_llvm_optimisation(package)
+                time_llvm_optimisation(package)
         print(f"# {platform.machine()} {os.cpu_count()} cores, threads "
               f"{os.environ.get('DNNC_NUM_THREADS', 'all')}, target {args.target}; new "
               f"{ROOT} vs old {args.old}; medians of {args.compiles} compiles and "
