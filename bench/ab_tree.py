@@ -2,15 +2,21 @@
 models, each compiled by both trees and timed in interleaved blocks, printed as new/old ratios.
 
     git worktree add /tmp/dnnc-old <commit>
-    python bench/ab_tree.py --old /tmp/dnnc-old [--models mlp,cnn,resnet18] [--target llvm]
-                            [--rounds 5] [--compiles 2] [--precision fp16] [--batch 32]
+    python bench/ab_tree.py --old /tmp/dnnc-old [--models mlp,cnn,resnet18,light_resnet50]
+                            [--target llvm] [--rounds 5] [--compiles 2] [--precision fp16]
+                            [--batch 32] [--kernels]
 
 The old tree's package is copied to a temporary folder as `dnnc_old` and imported beside this
 tree's `dnnc` (dnnc imports itself relatively, so both live in one interpreter, each with its
 own JIT, worker pool and caches). Both compile the same ONNX model (built by this tree's zoo,
-with the same seeded weights and inputs); the on-disk compile cache is off, so each compile is
+with the same seeded weights and inputs; `light_NAME`: the onnx package's light model, random
+inputs by `zoo.inputs_for`); the on-disk compile cache is off, so each compile is
 cold. Compiles alternate old/new/new/old...; calls run in blocks of each tree's calls,
-alternating which goes first, 0.2 s apart; each ratio is new/old of the medians. Made for
+alternating which goes first, 0.2 s apart; each ratio is new/old of the medians. On llvm the
+CPU seconds of LLVM's optimisation pipeline (`jit.optimize`) are printed as well: steadier than
+a compile's wall time on a shared machine. `--kernels`: each kernel's time too (`profile`, both
+trees alternating, `--rounds` times), new/old of its medians, where the trees' kernels are the
+same list. Made for
 refactorings that must change neither speed nor compile time (issue 29); a ratio near 1.00
 within this machine's noise is the expected result.
 """
@@ -28,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 os.environ["DNNC_CACHE"] = "0"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -41,12 +49,48 @@ def import_old(tree: Path, folder: Path):
     return importlib.import_module("dnnc_old")
 
 
+OPTIMISING: dict[str, list[float]] = {}
+"""package name -> the CPU seconds of each of its runs of LLVM's optimisation pipeline, once
+`time_llvm_optimisation` wrapped it (llvm target)."""
+
+
+def time_llvm_optimisation(package) -> None:
+    """From now on, each of `package`'s runs of LLVM's optimisation pipeline adds its CPU
+    seconds to OPTIMISING."""
+    jit = importlib.import_module(package.__name__ + ".backends.llvm.jit")
+    seconds = OPTIMISING.setdefault(package.__name__, [])
+    optimize = jit.optimize
+
+    def timed(*args, **kwargs):
+        start = time.process_time()
+        try:
+            return optimize(*args, **kwargs)
+        finally:
+            seconds.append(time.process_time() - start)
+    jit.optimize = timed
+
+
 def compile_seconds(package, model, target: str, precision: str | None = None
-                    ) -> tuple[float, object]:
+                    ) -> tuple[float, float, object]:
+    """(wall seconds, CPU seconds of LLVM's optimisation, the compiled model)."""
+    optimising = OPTIMISING.get(package.__name__, [])
+    before = sum(optimising)
     start = time.perf_counter()
     options = {"precision": precision} if precision else {}
     compiled = package.compile(model, target=target, cache=False, **options)
-    return time.perf_counter() - start, compiled
+    return time.perf_counter() - start, sum(optimising) - before, compiled
+
+
+def load_model(name: str, batch: int | None):
+    """The zoo model `name`, or the onnx package's light model for `light_NAME`."""
+    from dnnc import zoo
+
+    if name.startswith("light_"):
+        import onnx
+
+        return onnx.load(Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" /
+                         f"{name}.onnx")
+    return zoo.build(name) if batch is None else zoo.build(name, batch=batch)
 
 
 def host(y):
@@ -63,20 +107,21 @@ def block_ms(compiled, inputs: list, calls: int) -> float:
 
 
 def measure(name: str, new, old, target: str, rounds: int, compiles: int,
-            precision: str | None = None, batch: int | None = None) -> dict:
+            precision: str | None = None, batch: int | None = None,
+            kernels: bool = False) -> dict:
     from dnnc import zoo
 
-    import numpy as np
-
-    model = zoo.build(name) if batch is None else zoo.build(name, batch=batch)
+    model = load_model(name, batch)
     inputs = list(zoo.inputs_for(model, np.random.default_rng(0)).values())
     times = {"new": [], "old": []}
+    optimising = {"new": [], "old": []}
     compiled = {}
     for i in range(compiles):
         for which in (("old", "new") if i % 2 == 0 else ("new", "old")):
-            seconds, compiled[which] = compile_seconds(new if which == "new" else old, model,
-                                                       target, precision)
+            seconds, cpu, compiled[which] = compile_seconds(
+                new if which == "new" else old, model, target, precision)
             times[which].append(seconds)
+            optimising[which].append(cpu)
     ya, yb = compiled["new"].run(*inputs), compiled["old"].run(*inputs)
     same = all(np.array_equal(host(a), host(b)) for a, b in zip(ya, yb))
     one = block_ms(compiled["new"], inputs, 3)
@@ -86,10 +131,32 @@ def measure(name: str, new, old, target: str, rounds: int, compiles: int,
         for which in (("old", "new") if r % 2 == 0 else ("new", "old")):
             time.sleep(0.2)
             ms[which].append(block_ms(compiled[which], inputs, calls))
-    return {"model": name, "compile_new": statistics.median(times["new"]),
-            "compile_old": statistics.median(times["old"]),
-            "ms_new": statistics.median(ms["new"]), "ms_old": statistics.median(ms["old"]),
-            "same_outputs": same}
+    out = {"model": name, "compile_new": statistics.median(times["new"]),
+           "compile_old": statistics.median(times["old"]),
+           "llvm_new": statistics.median(optimising["new"]),
+           "llvm_old": statistics.median(optimising["old"]),
+           "ms_new": statistics.median(ms["new"]), "ms_old": statistics.median(ms["old"]),
+           "same_outputs": same}
+    if kernels:
+        out["kernels"] = kernel_ratios(compiled, inputs, rounds)
+    return out
+
+
+def kernel_ratios(compiled: dict, inputs: list, rounds: int) -> list[tuple]:
+    """(kernel, template, new ms, old ms) of each kernel, the medians of `rounds` profiles of
+    each tree, alternating which goes first; [] where the trees' kernels differ."""
+    ms: dict = {"new": [], "old": []}
+    rows: dict = {}
+    for r in range(rounds):
+        for which in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            rows[which] = compiled[which].profile(*inputs)
+            ms[which].append([row["ms"] for row in rows[which]])
+    names = [row["kernel"] for row in rows["new"]]
+    if names != [row["kernel"] for row in rows["old"]]:
+        return []
+    new, old = np.median(ms["new"], axis=0), np.median(ms["old"], axis=0)
+    return [(row["kernel"], row.get("template") or "", a, b)
+            for row, a, b in zip(rows["new"], new, old)]
 
 
 def main() -> int:
@@ -101,27 +168,37 @@ def main() -> int:
     parser.add_argument("--compiles", type=int, default=2)
     parser.add_argument("--precision", default=None, help="compile option (cuda: fp16, tf32...)")
     parser.add_argument("--batch", type=int, default=None, help="the zoo models' batch")
+    parser.add_argument("--kernels", action="store_true", help="each kernel's time too")
     args = parser.parse_args()
     import dnnc
 
     with tempfile.TemporaryDirectory() as folder:
         old = import_old(args.old.resolve(), Path(folder))
+        if args.target == "llvm":
+            for package in (dnnc, old):
+                time_llvm_optimisation(package)
         print(f"# {platform.machine()} {os.cpu_count()} cores, threads "
               f"{os.environ.get('DNNC_NUM_THREADS', 'all')}, target {args.target}; new "
               f"{ROOT} vs old {args.old}; medians of {args.compiles} compiles and "
-              f"{args.rounds} call blocks each")
-        print(f"{'model':14} {'compile new s':>13} {'old s':>7} {'new/old':>7} "
-              f"{'call new ms':>11} {'old ms':>8} {'new/old':>7}  outputs")
+              f"{args.rounds} call blocks each; LLVM: its optimisation's CPU seconds")
+        print(f"{'model':18} {'compile new s':>13} {'old s':>7} {'new/old':>7} "
+              f"{'LLVM new s':>10} {'old s':>7} {'call new ms':>11} {'old ms':>8} "
+              f"{'new/old':>7}  outputs")
         measure("mlp", dnnc, old, args.target, 1, 1)   # each tree's JIT and pool started
         for name in args.models.split(","):
             r = measure(name, dnnc, old, args.target, args.rounds, args.compiles,
-                        args.precision, args.batch)
-            print(f"{name:14} {r['compile_new']:13.2f} {r['compile_old']:7.2f} "
-                  f"{r['compile_new'] / r['compile_old']:7.2f} {r['ms_new']:11.3f} "
+                        args.precision, args.batch, args.kernels)
+            print(f"{name:18} {r['compile_new']:13.2f} {r['compile_old']:7.2f} "
+                  f"{r['compile_new'] / r['compile_old']:7.2f} {r['llvm_new']:10.2f} "
+                  f"{r['llvm_old']:7.2f} {r['ms_new']:11.3f} "
                   f"{r['ms_old']:8.3f} {r['ms_new'] / r['ms_old']:7.2f}  "
                   f"{'identical' if r['same_outputs'] else 'DIFFER'}", flush=True)
+            if args.kernels:
+                for kernel, template, a, b in r.get("kernels") or []:
+                    print(f"    {kernel:40} {template:16} {a:9.3f} {b:9.3f} {a / b:6.2f}")
+                if not r.get("kernels"):
+                    print("    (the trees' kernels differ: no per-kernel ratios)")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -165,11 +165,16 @@ class Dense:
             value = value + (term * self.beta if self.beta != 1.0 else term)
         return value
 
+    def epilogue_index(self, bi, i, j) -> tuple:
+        """Where the epilogue reads its other inputs for the product's element (bi, i, j):
+        the anchor's own index."""
+        return self.anchor_index(bi, i, j)
+
     def finish(self, value: L.Expr, bi, i, j) -> L.Expr:
         """The value of the product's element (bi, i, j) (its float32 sum `value`) as stored
         in Y: scaled, rounded once to the anchor's type, through the epilogue, in Y's type."""
         value = rounded(self.scaled(value, i, j), self.anchor_dtype)
-        return rounded(self.epilogue(value, self.anchor_index(bi, i, j)), self.y.dtype)
+        return rounded(self.epilogue(value, self.epilogue_index(bi, i, j)), self.y.dtype)
 
 
 DENSE_OPS = ("MatMul", "Gemm", "MatMulPacked")
@@ -200,6 +205,14 @@ class PointwiseDense(Dense):
 
     def anchor_index(self, bi, i, j) -> tuple:
         return (bi, j, i // self.width, i % self.width)
+
+    def epilogue_index(self, bi, i, j) -> tuple:
+        """(bi, j, 0, i) where the epilogue's reads allow it (`flat_epilogue_reads`): an
+        output channel's consecutive pixels are then consecutive in the index's last axis,
+        one vector load of a residual where the template stores them as one vector."""
+        if self.flat_epilogue_reads:
+            return (bi, j, L.const(0), i)
+        return self.anchor_index(bi, i, j)
 
 
 def dense(kernel: Kernel) -> Dense | None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from ...ir import loop as L
 from ...ir import types as T
 from .. import problems
-from ..problems import Dense, PointwiseDense, rounded
+from ..problems import Dense, PointwiseDense
 from ..space import Constraint, Space, Template
 from . import bf16
 from .amx import AMX_FEATURES, TILES_FIT
@@ -393,12 +393,8 @@ def _store_transposed(p: Dense, views: DenseViews, acc: L.Expr, bi, i, j) -> L.S
     if not isinstance(p, PointwiseDense):
         target = views.y_at(bi, i, j, L.const(0))
         return L.Store(target.buffer, target.indices, p.finish(acc, bi, i, j))
-    if p.flat_epilogue_reads:
-        value = rounded(p.scaled(acc, i, j), p.anchor_dtype)
-        value = rounded(p.epilogue(value, (bi, j, L.const(0), i)), p.y.dtype)
-    else:
-        value = p.finish(acc, bi, i, j)
-    return L.Store(L.Buffer(p.y.name, p.y.dtype, (p.batch, p.n, p.m)), (bi, j, i), value)
+    return L.Store(L.Buffer(p.y.name, p.y.dtype, (p.batch, p.n, p.m)), (bi, j, i),
+                   p.finish(acc, bi, i, j))   # (`PointwiseDense.epilogue_index`)
 
 
 AMX_DENSE = Template("amx_dense", problems.dense, applies, space, default, build,

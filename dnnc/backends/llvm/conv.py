@@ -443,10 +443,8 @@ class _DirectConv:
             self.channel0, self.block0 = g * self.depth, g * ocb_n + self.ob
         self.bn, self.strip = image_strip // strips_n, image_strip % strips_n
         self.p0 = (self.strip * self.strip_tiles + self.pb) * mr
-        self.px = self.p0 + self.ii
         self.in_group = self.ob * nr + self.jj                  # output channel in its group
         self.out_c = self.in_group if groups == 1 else g * self.mg + self.in_group
-        self.out_index = (self.bn, self.out_c, self.px // ow, self.px % ow)
         # the input the reduction reads: a band of the padded input a unit, the whole input
         # padded (or paired) once a call, or the input itself
         self.band_rows = self.banded_rows(strips_n) if config.band and \
@@ -540,39 +538,37 @@ class _DirectConv:
         return L.For(ic, self.depth, L.For(r, self.kh, L.For(s, self.kw, step)))
 
     def store(self) -> L.Stmt:
-        """The tile's results through bias and the fused epilogue into Y: a vector per
-        channel when the tile lies inside one output row, else a pixel at a time."""
-        p, ii, jj, nr, mr, mg, acc = self.p, self.ii, self.jj, self.nr, self.mr, self.mg, \
-            self.acc
-        y, out_c, out_index, p0, ow = p.y, self.out_c, self.out_index, self.p0, self.ow
+        """The tile's results through bias and the fused epilogue into Y, a channel at a
+        time: its MR pixels, consecutive in an NCHW plane whether or not the tile crosses a
+        row's end, one vector (the accumulators transposed in registers; a residual the
+        epilogue reads one vector too, where its reads allow `flat_epilogue_reads`); the
+        image's last tile, short of MR pixels, its pixels only. Until session 58 the epilogue
+        ran a pixel at a time across the NR channels (a residual loaded a lane at a time),
+        and a tile crossing a row's end or the image's was stored a lane at a time, through
+        the epilogue again: 64 -> 64 3x3 stride 2 at 56x56 with a residual took 1.49 CPU s of
+        LLVM's optimisation, 0.14 now, its outputs the same bits (docs/llvm_backend.md,
+        "Compile time of the direct convolutions")."""
+        p, ii, jj, nr, mr, acc = self.p, self.ii, self.jj, self.nr, self.mr, self.acc
+        bn, out_c, ow = self.bn, self.out_c, self.ow
+        # Y with each plane's pixels one axis: a channel's MR pixels one contiguous store
+        y = L.Buffer(p.y.name, p.y.dtype, (p.y_dims[0], self.oc, self.pixels_n))
+        px = self.p0 + ii
         value = acc[ii * nr + jj]
         if p.bias is not None:
-            value = value + p.bias[L.minimum(out_c, self.oc - 1)]
-        value = p.epilogue(value, out_index)   # the fused epilogue (bias, ReLU, add)
-        target = L.Store(y, out_index, value)
-        if mg % nr == 0:   # whole channel blocks: one vector store per pixel
-            row_store = L.For(jj, nr, target, L.ForKind.VECTORIZED)
-        else:
-            row_store = L.For(jj, nr, L.If(self.in_group < mg, target), L.ForKind.UNROLLED)
-        store = L.For(ii, mr, L.If(self.px < self.pixels_n, row_store), L.ForKind.UNROLLED)
-        if mr == 1:
-            return store
-        # a tile inside one output row stores each channel's MR pixels as one vector (the
-        # accumulators transposed in registers) instead of every output a lane at a time; the
-        # finished values wait in acc, or in a tile of Y's type when the epilogue changes the
-        # type (a fused QuantizeLinear's int8: never int8 stored into float32 acc)
-        staged = acc if value.dtype is acc.dtype else \
-            L.Buffer("yt", value.dtype, (mr * nr,), L.Scope.LOCAL)
-        finish = L.For(ii, mr, L.For(jj, nr, L.Store(staged, (ii * nr + jj,), value),
-                                     L.ForKind.VECTORIZED), L.ForKind.UNROLLED)
-        by_channel = L.For(ii, mr, L.Store(y, (self.bn, out_c, p0 // ow, p0 % ow + ii),
-                                           staged[ii * nr + jj]), L.ForKind.VECTORIZED)
-        if mg % nr:
-            by_channel = L.If(self.in_group < mg, by_channel)
-        row = L.seq(finish, L.For(jj, nr, by_channel, L.ForKind.UNROLLED))
-        if staged is not acc:
-            row = L.Allocate(staged, row)
-        return L.If(L.logical_and(p0 % ow + mr <= ow, p0 + mr <= self.pixels_n), row, store)
+            value = value + p.bias[out_c]
+        value = p.epilogue(value, (bn, out_c, L.const(0), px) if p.flat_epilogue_reads else
+                           (bn, out_c, px // ow, px % ow))
+
+        def channels(pixels: int) -> L.Stmt:
+            kind = L.ForKind.VECTORIZED if pixels >= 2 else L.ForKind.UNROLLED
+            one = L.For(ii, pixels, L.Store(y, (bn, out_c, px), value), kind)
+            if self.mg % nr:   # a group's last block: its channels past the group not stored
+                one = L.If(self.in_group < self.mg, one)
+            return L.For(jj, nr, one, L.ForKind.UNROLLED)
+        last = self.pixels_n - (self.tiles_n - 1) * mr   # pixels of the image's last tile
+        if last == mr:
+            return channels(mr)
+        return L.If(self.p0 + mr <= self.pixels_n, channels(mr), channels(last))
 
     def strip_tiles_loop(self, wpk: L.Buffer) -> L.Stmt:
         """A strip's tiles, each reduced and stored; with a chunk, the reduction in slices

@@ -184,8 +184,10 @@ class DenseViews:
         self.y_full = L.Buffer(p.y.name, p.y.dtype, p.y_dims)
         self.panels_contiguous = _panels_contiguous(p, nr)
         # a column's rows consecutive in the output (NCHW pixels of a 1x1 conv, a product
-        # stored through a Transpose to channels first): a tile is stored a column at a time
+        # stored through a Transpose to channels first): a tile is stored a column at a time,
+        # into Y viewed as one axis (`column_start`)
         self.rows_contiguous = not self.panels_contiguous and p.rows_contiguous
+        self.y_flat = L.Buffer(p.y.name, p.y.dtype, (math.prod(p.y_dims),))
 
     def a_at(self, bi, i, kk) -> L.Expr:
         return self.a[self.p.a_index(bi, i, kk)]
@@ -207,6 +209,15 @@ class DenseViews:
             base = where(self.p.anchor_index(bi, i, j0))
             return self.y_full[base[:-1] + (base[-1] + jj,)]
         return self.y_full[where(self.p.anchor_index(bi, i, j0 + jj))]
+
+    def column_start(self, bi, i, j) -> L.Expr:
+        """Where the output element (bi, i, j) lies in `y_flat`: with `rows_contiguous`, rows
+        i + 1, i + 2, ... of column j (of batch bi) follow it."""
+        p = self.p
+        place = L.const(0)
+        for e, d in zip(p.store_index(p.anchor_index(bi, i, j)), p.y_dims):
+            place = place * d + e
+        return place
 
     def params(self) -> tuple:
         """The kernel's parameters with A, B and Y as viewed here."""
@@ -383,11 +394,17 @@ class _Blocking:
         acc = L.Buffer("acc", T.float32, (splits * mr * width,), L.Scope.LOCAL)
         row = L.minimum(i0 + ii, p.m - 1)   # rows past M repeat the last row; never stored
         vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
-        # later k-slices start from the partial sums the earlier ones left in the output
-        start = L.const(0.0) if n_kb == 1 else L.Select(L.eq(kb, 0), L.const(0.0),
-                                                          views.y_at(bi, row, j0, jj))
+        by_columns = views.rows_contiguous and mr > 1   # (`column_store`)
+        # later k-slices start from the partial sums the earlier ones left in the output (a
+        # column's rows one vector where the tile is stored so)
+        start = L.const(0.0) if n_kb == 1 or by_columns else \
+            L.Select(L.eq(kb, 0), L.const(0.0), views.y_at(bi, row, j0, jj))
         init = L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), start), vec),
                      L.ForKind.UNROLLED)
+        if n_kb > 1 and by_columns:
+            init = L.seq(init, L.If(kb > 0, self.columns(i0, j0, width, lambda i, j, place:
+                                                         L.Store(acc, (i * width + j,),
+                                                                 views.y_flat[place]))))
         a = L.Var("a", T.uint32 if self.paired else T.float32)
         depth = L.minimum(L.const(kc), p.k - kb * kc)
         if self.paired is not None:
@@ -429,41 +446,59 @@ class _Blocking:
                 L.For(ii, mr, L.For(jj, width, L.Store(acc, (ii * width + jj,), sum(
                     (acc[part * mr * width + ii * width + jj] for part in range(1, splits)),
                     acc[ii * width + jj])), vec), L.ForKind.UNROLLED))
-        value = acc[ii * width + jj]
-        done = p.finish(value, bi, i0 + ii, j0 + jj)
-        if n_kb > 1:
-            done = L.Select(L.eq(kb, n_kb - 1), done, value)
-        target = views.y_at(bi, i0 + ii, j0, jj)
-        store = L.For(ii, mr, L.If(i0 + ii < p.m, L.For(jj, stored, L.Store(
-            target.buffer, target.indices, done), vec)), L.ForKind.UNROLLED)
-        if views.rows_contiguous and mr > 1:
-            store = L.If(i0 + mr <= p.m, self.column_store(acc, done, target, width, stored),
-                         store)
+        if by_columns:
+            store = self.column_store(acc, i0, j0, width, stored)
+        else:
+            target = views.y_at(bi, i0 + ii, j0, jj)
+            store = L.For(ii, mr, L.If(i0 + ii < p.m, L.For(jj, stored, L.Store(
+                target.buffer, target.indices,
+                self.finished(acc[ii * width + jj], i0 + ii, j0 + jj)), vec)),
+                L.ForKind.UNROLLED)
         body = L.Allocate(acc, L.seq(init, kloop, store))
         return L.Let(i0, self.mb * self.mc + self.ib * mr, L.If(i0 < p.m, body))
 
 
-    def column_store(self, acc: L.Buffer, done: L.Expr, target: L.Load, width: int,
+    def finished(self, value: L.Expr, i, j) -> L.Expr:
+        """Y's element (row i, column j) from its sum `value`: through `Dense.finish` after
+        the last k-slice, the partial sum itself after an earlier one."""
+        done = self.p.finish(value, self.bi, i, j)
+        if self.n_kb > 1:
+            done = L.Select(L.eq(self.kb, self.n_kb - 1), done, value)
+        return done
+
+    def columns(self, i0: L.Expr, j0: L.Expr, count: int, body) -> L.Stmt:
+        """`body(ii, jj, place)` for each of the tile's first `count` columns jj, its rows ii
+        one vector (`place`: where row i0 + ii of column j0 + jj lies in `DenseViews.y_flat`,
+        consecutive rows consecutive there: `DenseViews.rows_contiguous`): all MR rows, or a
+        batch's last tile's rows only (tiles start at multiples of MR)."""
+        ii, jj = L.Var("ii"), L.Var("jj")
+
+        def rows(n: int) -> L.Stmt:
+            place = self.views.column_start(self.bi, i0, j0 + jj) + ii
+            kind = L.ForKind.VECTORIZED if n >= 2 else L.ForKind.UNROLLED
+            return L.For(jj, count, L.For(ii, n, body(ii, jj, place), kind), L.ForKind.UNROLLED)
+        last = self.p.m % self.mr
+        return rows(self.mr) if not last else L.If(i0 + self.mr <= self.p.m, rows(self.mr),
+                                                   rows(last))
+
+    def column_store(self, acc: L.Buffer, i0: L.Expr, j0: L.Expr, width: int,
                      stored: int) -> L.Stmt:
-        """A whole tile stored a column at a time, its MR rows one vector (the finished values
-        staged in acc, or a tile of Y's type, then transposed in registers), where the
-        output holds a column's rows consecutively (`DenseViews.rows_contiguous`): stored a
-        row at a time, each of the row's columns went to a plane of its own, one lane a store.
-        Row / column stores, 1 thread, znver5, CPU time (the same bits): convnext's 384 -> 96
-        at 56x56 through its Transpose to NCHW 845 / 767 us in bf16, 1160 / 1094 in float32;
-        1536 -> 384 at 14x14 668 / 612 (bf16); 1x1 convs through `pointwise_gemm`, bf16:
-        stride-2 256 -> 512 at 56x56 569 / 518, 1024 -> 256 at 14x14 316 / 310."""
-        mr, ii, jj = self.mr, L.Var("ii"), L.Var("jj")
-        vec = L.ForKind.VECTORIZED if width >= 2 else L.ForKind.UNROLLED
-        staged = acc if done.dtype is acc.dtype else \
-            L.Buffer("yt", done.dtype, (mr * width,), L.Scope.LOCAL)
-        finish = L.For(ii, mr, L.For(jj, width, L.Store(staged, (ii * width + jj,), done), vec),
-                       L.ForKind.UNROLLED)
-        columns = L.For(jj, stored, L.For(ii, mr, L.Store(
-            target.buffer, target.indices, staged[ii * width + jj]), L.ForKind.VECTORIZED),
-            L.ForKind.UNROLLED)
-        out = L.seq(finish, columns)
-        return out if staged is acc else L.Allocate(staged, out)
+        """The tile stored a column at a time, its rows one vector through the epilogue (a
+        residual read as a vector too: `PointwiseDense.epilogue_index`), where the output
+        holds a column's rows consecutively (`DenseViews.rows_contiguous`); a batch's last
+        tile, short of MR rows, its rows only (`columns`). Stored a row at a time, each of
+        the row's columns went to a plane of its own, one lane a store. Row / column stores,
+        1 thread, znver5, CPU time (the same bits): convnext's 384 -> 96 at 56x56 through
+        its Transpose to NCHW 845 / 767 us in bf16, 1160 / 1094 in float32; 1536 -> 384 at
+        14x14 668 / 612 (bf16); 1x1 convs through `pointwise_gemm`, bf16: stride-2 256 ->
+        512 at 56x56 569 / 518, 1024 -> 256 at 14x14 316 / 310. Until session 58 the
+        epilogue ran a row at a time (a residual, and a later k-slice's partial sums, loaded
+        a lane at a time) into a staged tile, and a short tile was stored a lane at a time:
+        LLVM's SLP vectorizer and dead-store elimination took time quadratic in those lanes
+        (docs/llvm_backend.md, "Compile time of the direct convolutions")."""
+        return self.columns(i0, j0, stored, lambda ii, jj, place: L.Store(
+            self.views.y_flat, (place,), self.finished(acc[ii * width + jj], i0 + ii,
+                                                       j0 + jj)))
 
     def prefetch_ahead(self, depth: L.Expr):
         """k step -> the prefetches of a packed B's next panel (this k-slice's; the next
