@@ -1,10 +1,11 @@
 """$MODEL (resnet50 b32 QDQ, the default, or bert_base b8 dynamically quantized, as
-bench/gpu_int8.py makes them) at int8 against dnnc's fp16, two dnnc trees (main and a branch)
-in one call, each row compiled in its own process at once and timed one after the other (file
-turns under /tmp/fin): `prep` quantizes the model once (and onnxruntime's int8 output, 16
-threads); then `ROW LABEL` (run with the dnnc of the tree it times first on PYTHONPATH:
-`fp16`, `int8` as compiled, `int8-64x128` with int8.SHALLOW_TILE 64 x 128, `int8-unroll8`
-with cuda_dynamic_quantize's unroll 8) compiles, waits
+bench/gpu_int8.py makes them) at int8 against dnnc's fp16, two dnnc trees (main and a
+branch) in one call, each row compiled in its own process at once and timed one after the
+other (file turns under $FIN, /tmp/fin by default): `prep` quantizes the model once (and
+onnxruntime's int8 output, 16 threads); then `ROW LABEL` (run with the dnnc of the tree it
+times first on PYTHONPATH: `fp16`, `int8` as compiled, `int8-64x128` with int8.SHALLOW_TILE
+64 x 128, `int8-unroll8` with cuda_dynamic_quantize's unroll 8, `int8-tiles` with each
+product's fastest tile in $OUT/int8_tiles.json, bench/gpu_int8_tiles.py's) compiles, waits
 for its turn (LABEL names the turn files), takes three medians of 50 calls (inputs on the
 device), traces its kernels in the model (bench/gpu_breakdown.py's `traced`) and profiles
 them alone; it prints the model's kernels of interest (`FOCUS`: resnet50's 1x1 convs that
@@ -18,7 +19,7 @@ import json, os, sys, time
 from pathlib import Path
 import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-W = Path("/tmp/fin")
+W = Path(os.environ.get("FIN", "/tmp/fin"))
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 MODEL = os.environ.get("MODEL", "resnet50")
 FOCUS = {
@@ -76,6 +77,20 @@ if row == "int8-unroll8":   # another: cuda_dynamic_quantize at unroll 8 (its de
     key = ("cuda", Pattern.OPAQUE)
     schedules.TEMPLATES[key] = tuple(fixed if t is DYNAMIC_QUANTIZE else t
                                      for t in schedules.TEMPLATES[key])
+if row == "int8-tiles":   # each product's tile: the fastest bench/gpu_int8_tiles.py timed
+    from dataclasses import replace   # for its m x n x k (its kinds' kernels summed)
+    from dnnc.backends.cuda import int8 as int8_module
+    from dnnc.backends.cuda.mma import TensorCoreConfig
+    timed = {}
+    for r in json.loads((OUT / "int8_tiles.json").read_text()):
+        for us, ok, c in r["tiles"]:
+            c = replace(TensorCoreConfig(**c), staged=False)   # (dense_default stages it)
+            shape = timed.setdefault((r["m"], r["n"], r["k"]), {})
+            shape[c] = shape.get(c, 0.0) + (us * r["count"] if ok else float("inf"))
+    fastest = {shape: min(tiles, key=tiles.get) for shape, tiles in timed.items()}
+    chosen = int8_module.choose
+    int8_module.choose = lambda m, n, k, gpu, with_wgmma=False: fastest.get(
+        (m, n, k)) or chosen(m, n, k, gpu, with_wgmma)
 if row == "fp16":
     m = dnnc.compile(onnx.load(str(W / "float.onnx")), "cuda", precision="fp16", cache=False)
 else:

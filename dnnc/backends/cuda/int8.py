@@ -114,8 +114,8 @@ def choose(m: int, n: int, k: int, gpu: GPU, with_wgmma: bool = False) -> Tensor
     512) and BERT at batch 8 (1024 x 768 x 3072) take 64 x 64 to 128 x 256 tiles of 4 or 8
     warps; a product of a few dozen rows 16 x 32. `with_wgmma` (`mma.wgmma_by_default` of
     the arch and precision: on sm_90 unless DNNC_WGMMA=0) adds mma.py's
-    WGMMA_DEFAULTS tiles, k tiles of 128 bytes, and scales the others' guesses as mma.py
-    does; a shallow product of many outputs takes SHALLOW_TILE there."""
+    WGMMA_DEFAULTS tiles and RESIDENT_TILE, k tiles of 128 bytes, and scales the others'
+    guesses as mma.py does; a shallow product of many outputs takes SHALLOW_TILE there."""
     if with_wgmma and k <= SHALLOW_K and n >= SHALLOW_TILE.block_n and \
             m * n >= SHALLOW_OUTPUTS:
         return SHALLOW_TILE
@@ -128,8 +128,11 @@ def choose(m: int, n: int, k: int, gpu: GPU, with_wgmma: bool = False) -> Tensor
         if config.wgmma and 2 * m * n < -(-m // bm) * -(-n // bn) * bm * bn:
             continue   # mostly past the edges: a warpgroup's 64 rows for a few
         blocks = -(-m // bm) * -(-n // bn)
-        # a wgmma block fills its SM's shared memory: one a SM is full
-        fill = min(1.0, blocks / (gpu.sms if config.wgmma else min_blocks(gpu)))
+        # a wgmma block fills its SM's shared memory: one a SM is full; the blocks of
+        # RESIDENT_TILE fill it together
+        full = gpu.sms * (resident(config, "s8") if config == RESIDENT_TILE else 1) \
+            if config.wgmma else min_blocks(gpu)
+        fill = min(1.0, blocks / full)
         wave = gpu.sms * resident(config, "s8")
         waves = -(-blocks // wave) * wave / blocks if blocks > wave else 1.0
         seconds = 2 * blocks * bm * bn * k * waves / (gpu.tensor_flops * efficiency * fill)
@@ -151,6 +154,24 @@ its residual 1x1 convs of 64 input channels 0.10-0.12 ms (main's tile and epilog
 0.19-0.22; fp16: 0.051)."""
 
 
+RESIDENT_TILE = TensorCoreConfig(64, 128, WGMMA_BLOCK_K, 4, 1, 3, wgmma=True)
+RESIDENT_EFFICIENCY = 0.75
+"""A wgmma tile of a shallow ring (3 slots of 24 KiB: three blocks an SM) that `choose`
+tries beside WGMMA_DEFAULTS, rated full only when its SMs hold three blocks each (the others
+hide a block's loads and epilogue behind its own deep ring, this one behind its SM's other
+blocks). Fitted on an H200 (bench/gpu_int8_tiles.py, session 58: BERT-base b8's products,
+each kernel alone): 1024 x 768 -> 3072 (k of six 128-byte tiles, Gelu in the epilogue)
+took 12.9 us on it against 16.4 on the 128 x 256 tile the model chose before (96 blocks,
+one an SM; 28.8 against 12.9 traced in the model) and 17.0 / 20.9 in 4 / 5 slots (two /
+one an SM); where its blocks are fewer than the SMs' room it is slow (3072 -> 768: 96
+blocks, 14.9 us against 10.0 in 4 slots and 11.3 on the 64 x 64 tile the model keeps).
+BERT's product takes it from 0.72 up (resnet50's 25088 x 128 convs from 0.65, two more of
+its convs from 0.8, untimed); at 0.75, between, eight of resnet50 b32's convs take it
+(25088 x 128 x 1152 and x 512, 6272 x 512 x 1024): traced in the model they took 102.5 us
+on it against 110.1 before (the model's kernels 1.034 ms against 1.044), though alone the
+25088 x 128 x 512 one took 11.4 us against 8.8 on the 64 x 64 tile."""
+
+
 def _candidates(with_wgmma: bool):
     """(config, guessed efficiency) of the tiles `choose` tries."""
     scale = MMA_UNDER_WGMMA if with_wgmma else 1.0
@@ -162,6 +183,7 @@ def _candidates(with_wgmma: bool):
             if bn != 192:   # (not in this space: timed at fp16, bf16 and tf32 only)
                 yield TensorCoreConfig(bm, bn, WGMMA_BLOCK_K, wm, wn, stages, wgmma=True), \
                     efficiency
+        yield RESIDENT_TILE, RESIDENT_EFFICIENCY
 
 
 def _finished(p, acc: L.Expr, j, shift: int = 0) -> L.Expr:

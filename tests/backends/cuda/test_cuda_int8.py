@@ -231,6 +231,24 @@ def test_shallow_products_on_wgmma_take_the_shallow_tile(m, n, k):
     assert int8.choose(m, n, k, REFERENCE) != tile   # (mma.sync only)
 
 
+def test_shallow_wide_products_on_wgmma_take_the_resident_tile():
+    """BERT-base b8's first feed-forward product (k of six 128-byte tiles, 3072 columns):
+    int8.RESIDENT_TILE, three blocks an SM, in the space; the second (3072 -> 768) and the
+    768 -> 768 projections, whose 64 x 128 blocks would not fill the SMs three deep, keep
+    the 64 x 64 tile, as mma.sync's tiles alone do."""
+    from dnnc.backends.cuda import wgmma
+    from dnnc.backends.cuda.device import REFERENCE
+    from dnnc.backends.cuda.mma import resident
+
+    tile = int8.RESIDENT_TILE
+    assert int8.choose(1024, 3072, 768, REFERENCE, True) == tile
+    assert wgmma.fits(tile, "s8") and resident(replace(tile, staged=True), "s8") == 3
+    for n, k in ((768, 3072), (768, 768)):
+        c = int8.choose(1024, n, k, REFERENCE, True)
+        assert (c.block_m, c.block_n, c.wgmma) == (64, 64, True)
+    assert int8.choose(1024, 3072, 768, REFERENCE) != tile   # (mma.sync only)
+
+
 def test_default_tile_of_a_small_product_is_small():
     from dnnc.backends.cuda.device import REFERENCE
 
