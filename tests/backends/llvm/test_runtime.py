@@ -352,7 +352,7 @@ def test_workers_pinned_and_the_caller_hops_off_a_workers_cpu():
     """A pool using every CPU of the mask: each worker pinned to a CPU of its own; a caller
     that opens a region on a worker's CPU moves to the first CPU and keeps its own mask; a
     caller whose mask the user narrowed to a worker's CPU stays there."""
-    out = _in_subprocess("""
+    script = """
         import ctypes, os, time
         import numpy as np
         from dnnc.backends.llvm.workers import ensure_pool
@@ -388,10 +388,20 @@ def test_workers_pinned_and_the_caller_hops_off_a_workers_cpu():
         fn(ptrs, size)
         assert os.sched_getaffinity(0) == {cpus[1]} and cpu_now() == cpus[1]
         print(hopped)
-    """, env={"DNNC_NUM_THREADS": "", "DNNC_PIN_WORKERS": "1"}, prelude=_TWICE_KERNEL)
-    if out.strip() == "skip":
-        pytest.skip("one CPU, or a pool smaller than the affinity mask (a CPU quota)")
-    assert int(out) >= 15, out   # without the hop: 0 of 20 here
+    """
+    # the CPU is read after the call returns, and the scheduler may move the caller back in
+    # between on a busy host (CI, both cores loaded: 14 of 20 once): the best of three
+    # processes; without the hop one gave 0 of 20 (commit d3c756c)
+    hops = []
+    for _ in range(3):
+        out = _in_subprocess(script, env={"DNNC_NUM_THREADS": "", "DNNC_PIN_WORKERS": "1"},
+                             prelude=_TWICE_KERNEL)
+        if out.strip() == "skip":
+            pytest.skip("one CPU, or a pool smaller than the affinity mask (a CPU quota)")
+        hops.append(int(out))
+        if hops[-1] >= 15:
+            break
+    assert max(hops) >= 15, hops
 
 
 _TWICE_KERNEL = """
