@@ -41,6 +41,7 @@ class Kernel:
     names: dict[int, str]   # id(value) -> its buffer's name, for inputs and outputs
     # the template that scheduled it and its config, once scheduled (profiles show them)
     schedule: tuple[str, object] | None = None
+    sites: list[int] | None = None   # the nodes' positions in their segment (lower_group's)
 
     @property
     def anchor(self) -> Node:
@@ -120,7 +121,7 @@ def lower_group(nodes: list[Node], name: str, outputs: list[Value] | None = None
     size_vars = _size_vars(params, body)
     func = L.PrimFunc(name, tuple(params), body, tuple(size_vars))
     func = L.simplify(func)
-    return Kernel(name, func, inputs, outputs, nodes, names)
+    return Kernel(name, func, inputs, outputs, nodes, names, sites=sites)
 
 
 def _updates(op, n: Node, args: list, wheres: dict, site) -> list | None:

@@ -219,12 +219,21 @@ def build_program(step: Segment, shapes: tuple, key_values: tuple, groups: list[
     data = [values[id(v)] for v in step.inputs if v.const is None]
     over = {id(escaping[e]): data[d] for e, d in in_place.items()}
     escaping_ids = {id(v) for v in escaping}
+    # value id -> the groups reading it (a group's earlier node's value read by another group:
+    # a layernorm's before the DynamicRange fused after it, fuse_ops.take_ranges)
+    readers: dict[int, set[int]] = {}
+    for k, members in enumerate(groups):
+        for i in members:
+            for v in nodes[i].inputs:
+                if v is not None:
+                    readers.setdefault(id(v), set()).add(k)
     kernels = []
     for k, members in enumerate(groups):
         group = [nodes[i] for i in members]
         node = group[0]
         needed = list(group[-1].outputs) + \
-            [v for n in group[:-1] for v in n.outputs if id(v) in escaping_ids]
+            [v for n in group[:-1] for v in n.outputs
+             if id(v) in escaping_ids or readers.get(id(v), set()) - {k}]
         try:
             kernel = lower_group(group, f"k{k}_{node.op}", outputs=needed, sites=members,
                                  in_place=frozenset(over))

@@ -258,7 +258,9 @@ def _buffers(kernel: Kernel, node, count: int = 7) -> list:
 @dataclass(frozen=True)
 class DynamicQuantize:
     """A DynamicQuantizeLinear alone in its kernel, static shape: x (float32, `size`
-    elements) -> y (uint8), scale (float32) and zero point (uint8), as its reference."""
+    elements) -> y (uint8), scale (float32) and zero point (uint8), as its reference; with
+    `x_range` where a producer took x's range (DynamicRange's partials: `pieces` maxima,
+    then as many minima)."""
 
     name: str
     params: tuple
@@ -267,20 +269,24 @@ class DynamicQuantize:
     scale: L.Buffer
     zero_point: L.Buffer
     size: int
+    x_range: L.Buffer | None = None
+    pieces: int = 0
 
 
 def dynamic_quantize(kernel: Kernel) -> DynamicQuantize | None:
     """The kernel's DynamicQuantizeLinear (its one node, static shape) as a problem."""
     node = kernel.anchor
     if len(kernel.nodes) != 1 or node.op != "DynamicQuantizeLinear" or \
-            len(kernel.func.params) != 4:
+            len(kernel.func.params) not in (4, 5):
         return None
-    x, y, scale, zero_point = kernel.func.params
+    x, *x_range, y, scale, zero_point = kernel.func.params
     dims = L.static_shape(x.shape)
-    if dims is None or math.prod(dims) == 0:
+    pieces = L.static_shape(x_range[0].shape[1:]) if x_range else ()
+    if dims is None or math.prod(dims) == 0 or pieces is None:
         return None
     return DynamicQuantize(kernel.func.name, kernel.func.params, x, y, scale, zero_point,
-                           math.prod(dims))
+                           math.prod(dims), x_range[0] if x_range else None,
+                           math.prod(pieces))
 
 
 def dynamic_scale(top: L.Expr, bottom: L.Expr) -> L.Expr:

@@ -58,6 +58,9 @@ class Fusion:
     # scaled dot-product attention chains become one FusedAttention node (the
     # fuse_attention pass), which the target's templates compute in one kernel
     attention: bool = False
+    # ops whose kernels take a DynamicQuantizeLinear's range where they store its input (the
+    # take_range pass: the quantization then reads the range, one launch fewer)
+    range_producers: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

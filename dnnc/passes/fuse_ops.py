@@ -20,6 +20,10 @@ By op pattern, as TVM fuses (Chen et al., OSDI 2018, section 3), in two phases:
    reduction read by another (a mean, then the variance around it) joins it: lowering keeps
    it as a scratch stage of the one kernel, as nervanagpu compiles such expressions.
 
+Then each DynamicRange (the take_range pass's: a quantization's range, taken where its input
+is made) joins the group whose last output it reads, as that group's second output, where
+the group's last node is one of the target's `range_producers` (`take_ranges`).
+
 What stays apart: an anchor never fuses into what it reads or what reads it beyond its
 epilogue (a conv or matmul is computed once, by its template); a value read outside its group
 (by another group or after the segment) is a group's last output and nothing inside it is
@@ -55,8 +59,9 @@ def fuse_ops(graph: Graph, target: Target) -> Graph:
     groups: list[list[Node]] = []
     for step in plan_steps(graph):
         if isinstance(step, Segment):
-            groups += fusion_groups(step.nodes, {id(v) for v in step.escaping},
-                                    limits.max_group, dict(limits.store_remaps))
+            groups += take_ranges(fusion_groups(step.nodes, {id(v) for v in step.escaping},
+                                                limits.max_group, dict(limits.store_remaps)),
+                                  limits.range_producers)
         else:
             groups.append([step.node])
     graph.groups = groups
@@ -73,6 +78,23 @@ def fusion_groups(nodes: list[Node], needed_outside: set[int], max_group: int = 
     layout ops its template can store through (default: none).
     """
     return _Fusion(nodes, needed_outside, max_group, store_remaps or {}).run()
+
+
+def take_ranges(groups: list[list[Node]], producers: frozenset[str]) -> list[list[Node]]:
+    """`groups` with each lone DynamicRange moved into the group whose last node (one of
+    `producers`) makes the value it reads: that kernel stores x and takes its range as it
+    does (its template's range epilogue), a second output."""
+    last = {id(g[-1].outputs[0]): g for g in groups if g[-1].op in producers}
+    out = []
+    for group in groups:
+        node = group[0]
+        taker = last.get(id(node.inputs[0])) if len(group) == 1 and \
+            node.op == "DynamicRange" else None
+        if taker is None:
+            out.append(group)
+        else:
+            taker.append(node)
+    return out
 
 
 class _Fusion:

@@ -60,6 +60,7 @@ from .sink_updates import sink_updates
 from .specialize import specialize
 from .store_half import store_half
 from .store_tf32 import store_tf32
+from .take_range import take_range
 from .widen_half import widen_half
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,8 @@ PIPELINE = [("fuse_quantized", 1, _quantized), ("fold_constants", 1, _fold), ("s
             ("fuse_attention", 2, fuse_attention),
             ("store_half", 2, store_half), ("expand_powers", 1, _expand_powers),
             ("convert_layout", 2, _layout), ("store_tf32", 2, store_tf32),
-            ("sink_updates", 1, sink_updates), ("fuse_ops", 2, fuse_ops)]
+            ("sink_updates", 1, sink_updates), ("take_range", 2, take_range),
+            ("fuse_ops", 2, fuse_ops)]
 """(name, first opt level, pass) in order; a pass takes and returns the graph."""
 
 

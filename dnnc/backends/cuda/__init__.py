@@ -19,7 +19,7 @@ from ..lower import STORE_REMAPS
 FUSION = Fusion(max_group=8, store_remaps=tuple(sorted(
     (op, frozenset(STORE_REMAPS))
     for op in problems.DENSE_OPS + ("FusedAttention", "Sparse24Dense", "QuantizedDense"))),
-    attention=True)
+    attention=True, range_producers=frozenset({"LayerNormalization"}))
 """What the cuda target's kernels take as one: any fused group of up to 8 nodes (a reduction
 with its injective producers and consumers, as a softmax or layernorm row), and a dense
 product with the layout ops after its epilogue (the dense and gemv templates store through
@@ -27,4 +27,5 @@ them: attention's Q, K and V projections write heads-first straight from the acc
 int8 ones too: int8.py's QuantizedDense),
 and attention fused into one FusedAttention node (`passes/fuse_attention.py`), whose template
 (`attention.py`) stores through the layout ops after it too (the heads merged back), as
-the 2:4 product's (Sparse24Dense: `sparse24.py`) does."""
+the 2:4 product's (Sparse24Dense: `sparse24.py`) does; a layernorm's row kernel takes the
+range of the DynamicQuantizeLinear reading its output (`range_epilogue.py`)."""

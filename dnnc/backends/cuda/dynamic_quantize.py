@@ -68,30 +68,62 @@ def _grid(p: DynamicQuantize, c: QuantizeConfig, machine) -> int:
     return max(1, min(c.blocks_per_sm * gpu_of(machine).sms, -(-chunks // c.threads)))
 
 
-class _Launch:
-    """What both launches share: their block and thread variables, a thread's running max
-    and min (`run`), the block's warps' (`hi`, `lo` in shared memory), the chunk registers."""
+class BlockRange:
+    """A block's range of values from 0: each thread's running max and min (`run`), met
+    across the block's warps in shared memory (`hi`, `lo`); what both launches of a
+    quantization and a producer's range epilogue (`range_epilogue.py`) share. `threads` is
+    a whole number of warps."""
 
-    def __init__(self, p: DynamicQuantize, c: QuantizeConfig, blocks: int):
+    def __init__(self, threads: int, t: L.Var):
         f32 = T.float32
-        self.c, self.blocks = c, blocks
-        self.lanes = _lanes(p)
-        self.chunks = p.size // self.lanes
-        self.warps = -(-c.threads // WARP)
-        self.x = L.Buffer(p.x.name, f32, (p.size,))
-        self.b, self.t = L.Var("b"), L.Var("t")
+        self.threads, self.t = threads, t
+        self.warps = -(-threads // WARP)
         self.run = L.Buffer("dq_run", f32, (2,), L.Scope.LOCAL)
-        self.regs = L.Buffer("dq_x", f32, (c.unroll * self.lanes,), L.Scope.LOCAL)
         self.hi = L.Buffer("dq_hi", f32, (self.warps,), L.Scope.SHARED)
         self.lo = L.Buffer("dq_lo", f32, (self.warps,), L.Scope.SHARED)
 
     def on_threads(self, body: L.Stmt) -> L.Stmt:
-        return L.For(self.t, self.c.threads, body, L.ForKind.THREAD_X)
+        return L.For(self.t, self.threads, body, L.ForKind.THREAD_X)
 
     def widen(self, top: L.Expr, bottom: L.Expr) -> L.Stmt:
         run = self.run
         return L.seq(L.Store(run, (0,), L.maximum(run[0], top)),
                      L.Store(run, (1,), L.minimum(run[1], bottom)))
+
+    def block_range(self, own: L.Stmt, after) -> L.Stmt:
+        """Each thread's range from 0 (`own`, block-level statements, widens `run`), met
+        across the block: a butterfly of shuffles in each warp, its first lane's result into
+        `hi` / `lo`, a barrier, then every thread the block's max and min from the warps',
+        and `after(top, bottom)`."""
+        run, hi, lo, t = self.run, self.hi, self.lo, self.t
+        zero = L.const(0.0)
+        w = L.Var("w")
+        steps = [self.on_threads(L.seq(L.Store(run, (0,), zero), L.Store(run, (1,), zero))),
+                 own]
+        steps += [self.on_threads(s) for pair in zip(_butterfly(run, (0,), "max", WARP),
+                                                     _butterfly(run, (1,), "min", WARP))
+                  for s in pair]
+        steps += [self.on_threads(L.If(L.eq(t % WARP, 0), L.seq(
+                      L.Store(hi, (t // WARP,), run[0]), L.Store(lo, (t // WARP,), run[1])))),
+                  L.Barrier(),
+                  self.on_threads(L.seq(L.For(w, self.warps, self.widen(hi[w], lo[w]),
+                                              L.ForKind.UNROLLED),
+                                        after(run[0], run[1])))]
+        return L.Allocate(hi, L.Allocate(lo, L.Allocate(run, L.seq(*steps))))
+
+
+class _Launch(BlockRange):
+    """What both launches share: their block and thread variables, the block's range
+    (`BlockRange`), the chunk registers."""
+
+    def __init__(self, p: DynamicQuantize, c: QuantizeConfig, blocks: int):
+        super().__init__(c.threads, L.Var("t"))
+        self.c, self.blocks = c, blocks
+        self.lanes = _lanes(p)
+        self.chunks = p.size // self.lanes
+        self.x = L.Buffer(p.x.name, T.float32, (p.size,))
+        self.b = L.Var("b")
+        self.regs = L.Buffer("dq_x", T.float32, (c.unroll * self.lanes,), L.Scope.LOCAL)
 
     def shares(self, each) -> L.Stmt:
         """The thread's chunks, `unroll` at a time: each group's chunks loaded into `regs`
@@ -115,36 +147,16 @@ class _Launch:
             L.For(u, c.unroll, at(load), L.ForKind.UNROLLED),
             L.For(u, c.unroll, at(each(chunk, u * lanes)), L.ForKind.UNROLLED)))
 
-    def block_range(self, own: L.Stmt, after) -> L.Stmt:
-        """Each thread's range from 0 (`own` widens `run`), met across the block: a butterfly
-        of shuffles in each warp, its first lane's result into `hi` / `lo`, a barrier, then
-        every thread the block's max and min from the warps', and `after(top, bottom)`."""
-        run, hi, lo, t = self.run, self.hi, self.lo, self.t
-        zero = L.const(0.0)
-        w = L.Var("w")
-        steps = [self.on_threads(L.seq(L.Store(run, (0,), zero), L.Store(run, (1,), zero),
-                                       own))]
-        steps += [self.on_threads(s) for pair in zip(_butterfly(run, (0,), "max", WARP),
-                                                     _butterfly(run, (1,), "min", WARP))
-                  for s in pair]
-        steps += [self.on_threads(L.If(L.eq(t % WARP, 0), L.seq(
-                      L.Store(hi, (t // WARP,), run[0]), L.Store(lo, (t // WARP,), run[1])))),
-                  L.Barrier(),
-                  self.on_threads(L.seq(L.For(w, self.warps, self.widen(hi[w], lo[w]),
-                                              L.ForKind.UNROLLED),
-                                        after(run[0], run[1])))]
-        return L.Allocate(hi, L.Allocate(lo, L.Allocate(run, L.seq(*steps))))
-
 
 def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
-    """The two launches of `p` (see the module's docstring)."""
+    """The launches of `p` (see the module's docstring): two, or one where a producer
+    took x's range (`p.x_range`)."""
     f32 = T.float32
     blocks = _grid(p, c, machine)
     k = _Launch(p, c, blocks)
     x, lanes, regs = k.x, k.lanes, k.regs
     y = L.Buffer(p.y.name, T.uint8, (p.size,))
     out = L.Buffer("dq_y", T.uint8, (lanes,), L.Scope.LOCAL)
-    parts = L.Buffer("dq_parts", f32, (2 * blocks,), L.Scope.GLOBAL)
     b, t, v, e = k.b, k.t, L.Var("v"), L.Var("e")
     first_thread = L.eq(t, L.const(0))
 
@@ -152,18 +164,28 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
         lane = L.Var("lane")
         return L.For(lane, lanes, k.widen(regs[at + lane], regs[at + lane]), L.ForKind.UNROLLED)
 
-    # launch 1: each block's share of x -> its partial max and min
-    def store_part(top, bottom):
-        return L.If(first_thread, L.seq(L.Store(parts, (b,), top),
-                                        L.Store(parts, (blocks + b,), bottom)))
+    # launch 1 (where no producer took the range): each block's share of x -> its partial
+    # max and min; else the producer's partials (DynamicRange's: maxima, then minima)
+    if p.x_range is None:
+        pieces = blocks
+        parts = L.Buffer("dq_parts", f32, (2 * blocks,), L.Scope.GLOBAL)
 
-    partials = L.For(b, blocks, L.Allocate(regs, k.block_range(
-        k.shares(chunk_range), store_part)), L.ForKind.BLOCK_X)
+        def store_part(top, bottom):
+            return L.If(first_thread, L.seq(L.Store(parts, (b,), top),
+                                            L.Store(parts, (blocks + b,), bottom)))
 
-    # launch 2: every block the whole range from the partials, then its share quantized
+        launches = [L.For(b, blocks, L.Allocate(regs, k.block_range(
+            k.on_threads(k.shares(chunk_range)), store_part)), L.ForKind.BLOCK_X)]
+    else:
+        pieces = p.pieces
+        parts = L.Buffer(p.x_range.name, f32, (2 * pieces,))
+        launches = []
+
+    # the last launch: every block the whole range from the partials, then its share
+    # quantized
     scale, z = L.Var("scale", f32), L.Var("z", f32)
-    from_parts = L.For(e, -(-blocks // c.threads), L.Let(v, e * c.threads + t, L.If(
-        v < blocks, k.widen(parts[v], parts[blocks + v]))))
+    from_parts = k.on_threads(L.For(e, -(-pieces // c.threads), L.Let(
+        v, e * c.threads + t, L.If(v < pieces, k.widen(parts[v], parts[pieces + v])))))
 
     def quantize(chunk, at):
         """The chunk's results into registers, then one store (a uchar4: values from
@@ -181,11 +203,12 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
         return L.Let(scale, dynamic_scale(top, bottom), L.Let(
             z, dynamic_zero_point(bottom, scale), L.seq(params, k.shares(quantize))))
 
-    whole = L.For(b, blocks, L.Allocate(regs, L.Allocate(out, k.block_range(
-        from_parts, finish))), L.ForKind.BLOCK_X)
-    views = {x.name: x, y.name: y}
+    launches.append(L.For(b, blocks, L.Allocate(regs, L.Allocate(out, k.block_range(
+        from_parts, finish))), L.ForKind.BLOCK_X))
+    views = {x.name: x, y.name: y, parts.name: parts}
+    body = L.seq(*launches)
     return L.PrimFunc(p.name, tuple(views.get(v.name, v) for v in p.params),
-                      L.Allocate(parts, L.seq(partials, whole)))
+                      body if p.x_range is not None else L.Allocate(parts, body))
 
 
 DYNAMIC_QUANTIZE = Template("cuda_dynamic_quantize", dynamic_quantize, lambda p: True, space,

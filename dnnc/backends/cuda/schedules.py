@@ -80,6 +80,7 @@ from .conv_nhwc import MMA_CONV2D_NHWC
 from .depthwise import DEPTHWISE
 from .depthwise_nhwc import DEPTHWISE_NHWC
 from .dense import DENSE
+from . import range_epilogue
 from .dynamic_quantize import DYNAMIC_QUANTIZE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
@@ -129,7 +130,13 @@ def schedule_kernel(kernel, machine, config=None) -> L.PrimFunc:
 
 def template_for(kernel, target: str = "cuda", machine=None) -> tuple[Template, object]:
     """The template that schedules `kernel` on `target` (`machine`: the Target compiled for;
-    its precision lets the tensor-core templates in), and the kernel's problem."""
+    its precision lets the tensor-core templates in), and the kernel's problem. A kernel
+    ending in a DynamicRange takes the template of the kernel without it, with the range
+    epilogue after its build (`range_epilogue.py`)."""
+    if range_epilogue.ranged(kernel):
+        template, problem = choose_template(range_epilogue.unranged(kernel), TEMPLATES,
+                                            target, machine)
+        return range_epilogue.ranging(template, kernel), problem
     return choose_template(kernel, TEMPLATES, target, machine)
 
 

@@ -236,12 +236,16 @@ register_op("DequantizeLinear", pattern=Pattern.ELEMWISE, infer=_dequantize_infe
 
 def _dynamic_quantize_infer(ctx):
     check_dtype(ctx, 0, (T.float32,), "x")
+    if ctx.has(1):
+        check_dtype(ctx, 1, (T.float32,), "x_range")
     return [T.TensorType(T.uint8, ctx.shape(0)), T.TensorType(T.float32, ()),
             T.TensorType(T.uint8, ())]
 
 
-def dynamic_quantize_linear(x):
-    """uint8 asymmetric quantization over [min(x, 0), max(x, 0)], as ONNX specifies."""
+def dynamic_quantize_linear(x, x_range=None):
+    """uint8 asymmetric quantization over [min(x, 0), max(x, 0)], as ONNX specifies. The
+    optional `x_range` (DynamicRange's partials of x, which the take_range pass adds) holds
+    that range in pieces: the reference reads x itself, which gives the same."""
     hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))
     lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
@@ -263,9 +267,16 @@ DQ_ONE_LEVEL = 1 << 16
 
 def _dynamic_quantize_rule(inputs, outputs):
     """Three stages: x's max and min (each a full reduction, in two levels past DQ_ONE_LEVEL
-    elements: DQ_PARTS), then scale, zero point and the elementwise quantization reading
-    them."""
+    elements: DQ_PARTS; or of x_range's partials where it is given), then scale, zero point
+    and the elementwise quantization reading them."""
     x = inputs[0]
+    given = len(inputs) > 1 and inputs[1] is not None
+    return _quantized_outputs(x, _partials_range(inputs[1]) if given else _whole_range(x),
+                              outputs)
+
+
+def _whole_range(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x's max and min, each a full reduction (two levels past DQ_ONE_LEVEL elements)."""
     f32 = T.float32
     dims = list(x.shape)
     size = const(1)
@@ -291,8 +302,26 @@ def _dynamic_quantize_rule(inputs, outputs):
         r = reduce_axis(DQ_PARTS, "rp")
         return compute((), lambda: reducer(parts[r.var], r), name, f32)
 
-    hi = whole(reduce_max, "dq_max")
-    lo = whole(reduce_min, "dq_min")
+    return whole(reduce_max, "dq_max"), whole(reduce_min, "dq_min")
+
+
+def _partials_range(parts: Tensor) -> tuple[Tensor, Tensor]:
+    """x's max and min from DynamicRange's partials (row 0 maxima, row 1 minima)."""
+    dims = list(parts.shape[1:])
+
+    def whole(row, reducer, name):
+        def fn():
+            r = [reduce_axis(d, f"r{i}") for i, d in enumerate(dims)]
+            return reducer(parts[(row,) + tuple(a.var for a in r)], r)
+        return compute((), fn, name, T.float32)
+
+    return whole(0, reduce_max, "dq_max"), whole(1, reduce_min, "dq_min")
+
+
+def _quantized_outputs(x: Tensor, extremes: tuple[Tensor, Tensor], outputs) -> list[Tensor]:
+    """y, scale and zero point from x's max and min (`extremes`, scalar tensors)."""
+    f32 = T.float32
+    hi, lo = extremes
     # range widened to include 0, as the reference
     top, bottom = maximum(hi[()], const(0.0)), minimum(lo[()], const(0.0))
     scale = compute((), lambda: Select(eq(top, bottom), const(1.0), top - bottom)
@@ -309,7 +338,42 @@ def _dynamic_quantize_rule(inputs, outputs):
 
 
 register_op("DynamicQuantizeLinear", pattern=Pattern.OPAQUE, infer=_dynamic_quantize_infer,
-            evaluate=dynamic_quantize_linear, outputs=3, compute=_dynamic_quantize_rule)
+            evaluate=dynamic_quantize_linear, inputs=(1, 2), outputs=3,
+            compute=_dynamic_quantize_rule)
+
+
+# -- DynamicRange (dnnc's: a DynamicQuantizeLinear's range taken where x is made) ---------------
+
+
+def _dynamic_range_infer(ctx):
+    check_dtype(ctx, 0, (T.float32,), "x")
+    return [T.TensorType(T.float32, (2,) + tuple(ctx.shape(0)[:-1] or (1,)))]
+
+
+def dynamic_range(x):
+    """x's range in partials: row 0 maxima, row 1 minima, each column the max and min of
+    some of x's elements and 0, every element in some column. Kernels choose the pieces
+    (a block's stores: `backends/cuda/range_epilogue.py`); the reference's pieces are the
+    whole tensor, every column the same."""
+    columns = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
+    hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))
+    lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
+    return np.stack([np.full(columns, hi, np.float32),
+                     np.full(columns, lo, np.float32)]).reshape(
+        (2,) + (tuple(x.shape[:-1]) or (1,)))
+
+
+def _dynamic_range_rule(inputs, outputs):
+    """Alone in a kernel (where no producer takes it): the reference's pieces, the whole
+    range in every column, from DynamicQuantizeLinear's own reductions."""
+    hi, lo = _whole_range(inputs[0])
+    zero = const(0.0)
+    return [compute(outputs[0].shape, lambda r, *_: Select(
+        eq(r, const(0)), maximum(hi[()], zero), minimum(lo[()], zero)), "range", T.float32)]
+
+
+register_op("DynamicRange", pattern=Pattern.OPAQUE, infer=_dynamic_range_infer,
+            evaluate=dynamic_range, compute=_dynamic_range_rule)
 
 
 # -- QLinearMatMul ------------------------------------------------------------------------------

@@ -417,3 +417,62 @@ def test_dynamic_quantize_on_host(shape, values, rng, tmp_path):
     got = host.program_on_host(lib, module, program, {"x": a})
     for out, want in zip(graph.outputs, dynamic_quantize_linear(a)):
         assert np.array_equal(got[out.name], want)
+
+
+@pytest.mark.parametrize("shape,bias", [
+    ((3, 5, 77), 0.0), ((64, 768), 0.0), (("batch", 33), 0.0), ((2, 129), 10.0),
+    ((4, 96), -10.0), ((2, 64), None)])
+def test_range_in_layernorm_on_host(shape, bias, rng, tmp_path):
+    """A layernorm's row kernel taking the range of the DynamicQuantizeLinear that reads it
+    (take_range, `range_epilogue.py`), the quantization then one launch: on host threads its
+    outputs are the reference's of the layernorm's output bit for bit, and the layernorm's
+    output is what it is without the range (odd rows, a symbolic batch, outputs all
+    positive, all negative, all zero: scale 1)."""
+    import dataclasses
+    import test_host_semantics as host
+    from dnnc.backends.cuda.codegen import stages
+    from dnnc.backends.plan import build_program, segment_groups
+    from dnnc.ir.ops.quant import dynamic_quantize_linear
+    from dnnc.ir.segments import Segment, plan_steps
+    from dnnc.passes.manager import optimize
+    from cuda_kernels import schedule_kernel
+
+    static = tuple(5 if d == "batch" else d for d in shape)
+    g = Graph("ln_dq")
+    x = g.add_input("x", T.TensorType(T.float32, shape))
+    scale = rng.standard_normal(static[-1]).astype(np.float32)
+    shift = rng.standard_normal(static[-1]).astype(np.float32)
+    if bias is None:
+        scale, shift = np.zeros_like(scale), np.zeros_like(shift)
+    else:
+        scale, shift = scale * 0.1 if bias else scale, shift + np.float32(bias)
+    y = g.add("LayerNormalization", x, Value("scale", T.TensorType(T.float32, scale.shape),
+                                             const=scale),
+              Value("bias", T.TensorType(T.float32, shift.shape), const=shift), axis=-1)
+    g.outputs = [y] + list(g.add_node("DynamicQuantizeLinear", [y], {}, num_outputs=3))
+    plain = dataclasses.replace(MACHINE, fusion=dataclasses.replace(
+        MACHINE.fusion, range_producers=frozenset()))
+    a = (rng.standard_normal(static) * 3).astype(np.float32)
+    got = {}
+    for name, machine in (("ranged", MACHINE), ("plain", plain)):
+        graph = optimize(g, machine)
+        (step,) = [s for s in plan_steps(graph) if isinstance(s, Segment)]
+        program = build_program(step, (static,), (), segment_groups(step, graph.groups),
+                                lambda k: schedule_kernel(k, machine), True)
+        ops = [[n.op for n in k.nodes] for k in program.kernels]
+        quantize = program.kernels[-1].func
+        if name == "ranged":
+            assert ops == [["LayerNormalization", "DynamicRange"], ["DynamicQuantizeLinear"]]
+            assert len(stages(quantize.body)[1]) == 1
+        else:
+            assert ops == [["LayerNormalization"], ["DynamicQuantizeLinear"]]
+            assert len(stages(quantize.body)[1]) == 2
+        module = render_module(program.unique)
+        lib = host.host_library(program.unique, tmp_path / name, module)
+        got[name] = host.program_on_host(lib, module, program, {"x": a})
+        outs = [got[name][v.name] for v in graph.outputs]
+        assert np.array_equal(outs[0], got.get("ranged", got[name])[graph.outputs[0].name])
+        for out, want in zip(outs[1:], dynamic_quantize_linear(outs[0])):
+            assert np.array_equal(out, want)
+    if bias is not None and bias:
+        assert (np.sign(got["plain"][graph.outputs[0].name]) == np.sign(bias)).all()
