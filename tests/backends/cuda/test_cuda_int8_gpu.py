@@ -216,6 +216,41 @@ def test_dynamic_quantize_on_the_gpu_equals_the_reference(shape, config, monkeyp
             assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("shape,bias", [((8, 128, 768), 0.0), ((3, 5, 77), 0.0),
+                                        ((64, 768), 10.0), ((33, 96), -10.0)])
+def test_range_in_layernorm_on_the_gpu(shape, bias):
+    """A layernorm's row kernel taking the range of the DynamicQuantizeLinear reading it
+    (take_range, `range_epilogue.py`; the quantization one launch): the quantization's
+    outputs are the reference's of the layernorm's output exactly, and that output is the
+    one a layernorm compiled alone gives, bit for bit."""
+    from dnnc.ir import types as T
+    from dnnc.ir.graph import Graph, Value
+    from dnnc.ir.ops.quant import dynamic_quantize_linear
+
+    rng = np.random.default_rng(shape[-1])
+    scale = (rng.standard_normal(shape[-1]) * (0.1 if bias else 1)).astype(np.float32)
+    shift = (rng.standard_normal(shape[-1]) + bias).astype(np.float32)
+    models = []
+    for quantized in (True, False):
+        g = Graph("ln_dq")
+        x = g.add_input("x", T.TensorType(T.float32, shape))
+        y = g.add("LayerNormalization", x, Value("s", T.TensorType(T.float32, scale.shape),
+                                                 const=scale),
+                  Value("b", T.TensorType(T.float32, shift.shape), const=shift), axis=-1)
+        g.outputs = [y] + (list(g.add_node("DynamicQuantizeLinear", [y], {}, num_outputs=3))
+                           if quantized else [])
+        models.append(dnnc.compile(g, "cuda", cache=False, outputs="numpy"))
+    a = (rng.standard_normal(shape) * 3).astype(np.float32)
+    ranged = [r for r in models[0].profile(a, repeat=1)
+              if r.get("template") == "cuda_dynamic_quantize"]
+    assert len(ranged) == 1
+    got = models[0](a)
+    alone = models[1](a)
+    assert np.array_equal(got[0], alone)
+    for out, want in zip(got[1:], dynamic_quantize_linear(got[0])):
+        assert np.array_equal(out, want)
+
+
 @pytest.mark.parametrize("act,zeros,scales", REQUANTIZATIONS)
 def test_int8_requantization_on_the_gpu_equals_the_reference(act, zeros, scales):
     """test_cuda_int8_nhwc's requantization graphs (ties at .5, saturation, odd and negative
