@@ -289,6 +289,32 @@ def dynamic_quantize(kernel: Kernel) -> DynamicQuantize | None:
                            math.prod(pieces))
 
 
+@dataclass(frozen=True)
+class DynamicRange:
+    """A DynamicRange alone in its kernel (no producer took it), static shape: x (float32,
+    `size` elements) -> its partials, `pieces` maxima then as many minima."""
+
+    name: str
+    params: tuple
+    x: L.Buffer
+    parts: L.Buffer
+    size: int
+    pieces: int
+
+
+def dynamic_range(kernel: Kernel) -> DynamicRange | None:
+    """The kernel's DynamicRange (its one node, static shape) as a problem."""
+    if len(kernel.nodes) != 1 or kernel.anchor.op != "DynamicRange" or \
+            len(kernel.func.params) != 2:
+        return None
+    x, parts = kernel.func.params
+    dims = L.static_shape(x.shape)
+    if dims is None or math.prod(dims) == 0:
+        return None
+    return DynamicRange(kernel.func.name, kernel.func.params, x, parts, math.prod(dims),
+                        math.prod(L.static_shape(parts.shape[1:])))
+
+
 def dynamic_scale(top: L.Expr, bottom: L.Expr) -> L.Expr:
     """DynamicQuantizeLinear's scale from x's range widened to include 0 (`top` >= 0 >=
     `bottom`), as its reference forms it."""

@@ -22,7 +22,7 @@ By op pattern, as TVM fuses (Chen et al., OSDI 2018, section 3), in two phases:
 
 Then each DynamicRange (the take_range pass's: a quantization's range, taken where its input
 is made) joins the group whose last output it reads, as that group's second output, where
-the group's last node is one of the target's `range_producers` (`take_ranges`).
+the group's anchor is one of the target's `range_producers` (`take_ranges`).
 
 What stays apart: an anchor never fuses into what it reads or what reads it beyond its
 epilogue (a conv or matmul is computed once, by its template); a value read outside its group
@@ -81,10 +81,12 @@ def fusion_groups(nodes: list[Node], needed_outside: set[int], max_group: int = 
 
 
 def take_ranges(groups: list[list[Node]], producers: frozenset[str]) -> list[list[Node]]:
-    """`groups` with each lone DynamicRange moved into the group whose last node (one of
-    `producers`) makes the value it reads: that kernel stores x and takes its range as it
-    does (its template's range epilogue), a second output."""
-    last = {id(g[-1].outputs[0]): g for g in groups if g[-1].op in producers}
+    """`groups` with each lone DynamicRange moved into the group whose last node makes the
+    value it reads, where that group's anchor (its node of the highest pattern) is one of
+    `producers`: that kernel stores x and takes its range as it does (its template's range
+    epilogue), a second output."""
+    last = {id(g[-1].outputs[0]): g for g in groups
+            if max(g, key=lambda n: get_op(n.op).pattern).op in producers}
     out = []
     for group in groups:
         node = group[0]

@@ -19,7 +19,8 @@ from ..lower import STORE_REMAPS
 FUSION = Fusion(max_group=8, store_remaps=tuple(sorted(
     (op, frozenset(STORE_REMAPS))
     for op in problems.DENSE_OPS + ("FusedAttention", "Sparse24Dense", "QuantizedDense"))),
-    attention=True, range_producers=frozenset({"LayerNormalization"}))
+    attention=True,
+    range_producers=frozenset({"LayerNormalization", "QuantizedDense", "FusedAttention"}))
 """What the cuda target's kernels take as one: any fused group of up to 8 nodes (a reduction
 with its injective producers and consumers, as a softmax or layernorm row), and a dense
 product with the layout ops after its epilogue (the dense and gemv templates store through
@@ -27,5 +28,6 @@ them: attention's Q, K and V projections write heads-first straight from the acc
 int8 ones too: int8.py's QuantizedDense),
 and attention fused into one FusedAttention node (`passes/fuse_attention.py`), whose template
 (`attention.py`) stores through the layout ops after it too (the heads merged back), as
-the 2:4 product's (Sparse24Dense: `sparse24.py`) does; a layernorm's row kernel takes the
-range of the DynamicQuantizeLinear reading its output (`range_epilogue.py`)."""
+the 2:4 product's (Sparse24Dense: `sparse24.py`) does; the kernels of layernorms, int8
+products and attention take the range of the DynamicQuantizeLinear reading their output
+(`range_epilogue.py`)."""

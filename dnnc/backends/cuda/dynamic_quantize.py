@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 from ...ir import loop as L
 from ...ir import types as T
-from ..quantized_problems import (DynamicQuantize, dynamic_quantize, dynamic_quantized,
-                                  dynamic_scale, dynamic_zero_point)
+from ..quantized_problems import (DynamicQuantize, DynamicRange, dynamic_quantize,
+                                  dynamic_quantized, dynamic_range, dynamic_scale,
+                                  dynamic_zero_point)
 from ..space import Space, Template
 from .attention import _butterfly
 from .device import gpu_of
@@ -46,25 +47,25 @@ class QuantizeConfig:
     unroll: int = 4
 
 
-def space(p: DynamicQuantize, machine) -> Space:
+def space(p: DynamicQuantize | DynamicRange, machine) -> Space:
     return Space("cuda_dynamic_quantize", QuantizeConfig,
                  {"threads": (128, 256, 512, 1024), "blocks_per_sm": (1, 2, 4, 8),
                   "unroll": (1, 2, 4, 8)}, [])
 
 
-def default(p: DynamicQuantize, machine) -> QuantizeConfig:
+def default(p: DynamicQuantize | DynamicRange, machine) -> QuantizeConfig:
     return QuantizeConfig()
 
 
-def _lanes(p: DynamicQuantize) -> int:
+def _lanes(size: int) -> int:
     """Elements a chunk: a float4 where x's size allows (x is aligned, as every parameter)."""
-    return 4 if p.size % 4 == 0 else 1
+    return 4 if size % 4 == 0 else 1
 
 
-def _grid(p: DynamicQuantize, c: QuantizeConfig, machine) -> int:
+def _grid(size: int, c: QuantizeConfig, machine) -> int:
     """Blocks of each launch: blocks_per_sm a SM, fewer where x has fewer chunks than
     threads."""
-    chunks = p.size // _lanes(p)
+    chunks = size // _lanes(size)
     return max(1, min(c.blocks_per_sm * gpu_of(machine).sms, -(-chunks // c.threads)))
 
 
@@ -111,17 +112,27 @@ class BlockRange:
                                         after(run[0], run[1])))]
         return L.Allocate(hi, L.Allocate(lo, L.Allocate(run, L.seq(*steps))))
 
+    def store_columns(self, top: L.Expr, bottom: L.Expr, parts: L.Buffer, pieces: int,
+                      b: L.Expr, blocks: int) -> L.Stmt:
+        """Block b's range (every thread holds it) into columns b, b + blocks, ... of
+        `parts` (`pieces` maxima, then as many minima), a column a thread: every column
+        written, so none holds an earlier call's range."""
+        e, column = L.Var("e_range"), L.Var("column")
+        return L.For(e, -(-(-(-pieces // blocks)) // self.threads), L.Let(
+            column, (e * self.threads + self.t) * blocks + b, L.If(column < pieces, L.seq(
+                L.Store(parts, (column,), top), L.Store(parts, (pieces + column,), bottom)))))
+
 
 class _Launch(BlockRange):
     """What both launches share: their block and thread variables, the block's range
     (`BlockRange`), the chunk registers."""
 
-    def __init__(self, p: DynamicQuantize, c: QuantizeConfig, blocks: int):
+    def __init__(self, x: str, size: int, c: QuantizeConfig, blocks: int):
         super().__init__(c.threads, L.Var("t"))
         self.c, self.blocks = c, blocks
-        self.lanes = _lanes(p)
-        self.chunks = p.size // self.lanes
-        self.x = L.Buffer(p.x.name, T.float32, (p.size,))
+        self.lanes = _lanes(size)
+        self.chunks = size // self.lanes
+        self.x = L.Buffer(x, T.float32, (size,))
         self.b = L.Var("b")
         self.regs = L.Buffer("dq_x", T.float32, (c.unroll * self.lanes,), L.Scope.LOCAL)
 
@@ -148,35 +159,41 @@ class _Launch(BlockRange):
             L.For(u, c.unroll, at(each(chunk, u * lanes)), L.ForKind.UNROLLED)))
 
 
+def range_launch(x: str, size: int, parts: L.Buffer, pieces: int, c: QuantizeConfig,
+                 machine) -> L.Stmt:
+    """Launch 1: at most `pieces` blocks, each its share of x's (`size` floats) max and min
+    into its columns of `parts` (`pieces` maxima, then as many minima)."""
+    blocks = min(_grid(size, c, machine), pieces)
+    k = _Launch(x, size, c, blocks)
+
+    def chunk_range(chunk, at):
+        lane = L.Var("lane")
+        return L.For(lane, k.lanes, k.widen(k.regs[at + lane], k.regs[at + lane]),
+                     L.ForKind.UNROLLED)
+
+    def store(top, bottom):
+        return k.store_columns(top, bottom, parts, pieces, k.b, blocks)
+
+    return L.For(k.b, blocks, L.Allocate(k.regs, k.block_range(
+        k.on_threads(k.shares(chunk_range)), store)), L.ForKind.BLOCK_X)
+
+
 def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
     """The launches of `p` (see the module's docstring): two, or one where a producer
     took x's range (`p.x_range`)."""
     f32 = T.float32
-    blocks = _grid(p, c, machine)
-    k = _Launch(p, c, blocks)
+    blocks = _grid(p.size, c, machine)
+    k = _Launch(p.x.name, p.size, c, blocks)
     x, lanes, regs = k.x, k.lanes, k.regs
     y = L.Buffer(p.y.name, T.uint8, (p.size,))
     out = L.Buffer("dq_y", T.uint8, (lanes,), L.Scope.LOCAL)
     b, t, v, e = k.b, k.t, L.Var("v"), L.Var("e")
     first_thread = L.eq(t, L.const(0))
-
-    def chunk_range(chunk, at):
-        lane = L.Var("lane")
-        return L.For(lane, lanes, k.widen(regs[at + lane], regs[at + lane]), L.ForKind.UNROLLED)
-
-    # launch 1 (where no producer took the range): each block's share of x -> its partial
-    # max and min; else the producer's partials (DynamicRange's: maxima, then minima)
-    if p.x_range is None:
+    if p.x_range is None:   # launch 1 into a workspace of partials, a column a block
         pieces = blocks
         parts = L.Buffer("dq_parts", f32, (2 * blocks,), L.Scope.GLOBAL)
-
-        def store_part(top, bottom):
-            return L.If(first_thread, L.seq(L.Store(parts, (b,), top),
-                                            L.Store(parts, (blocks + b,), bottom)))
-
-        launches = [L.For(b, blocks, L.Allocate(regs, k.block_range(
-            k.on_threads(k.shares(chunk_range)), store_part)), L.ForKind.BLOCK_X)]
-    else:
+        launches = [range_launch(x.name, p.size, parts, pieces, c, machine)]
+    else:   # a producer's partials (DynamicRange's)
         pieces = p.pieces
         parts = L.Buffer(p.x_range.name, f32, (2 * pieces,))
         launches = []
@@ -185,7 +202,8 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
     # quantized
     scale, z = L.Var("scale", f32), L.Var("z", f32)
     from_parts = k.on_threads(L.For(e, -(-pieces // c.threads), L.Let(
-        v, e * c.threads + t, L.If(v < pieces, k.widen(parts[v], parts[pieces + v])))))
+        v, e * c.threads + t, L.If(v < pieces, k.widen(parts[v], parts[pieces + v]))),
+        L.ForKind.UNROLLED))
 
     def quantize(chunk, at):
         """The chunk's results into registers, then one store (a uchar4: values from
@@ -211,5 +229,16 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
                       body if p.x_range is not None else L.Allocate(parts, body))
 
 
+def build_range(p: DynamicRange, c: QuantizeConfig, machine) -> L.PrimFunc:
+    """A DynamicRange no producer took: launch 1 into its partials."""
+    parts = L.Buffer(p.parts.name, T.float32, (2 * p.pieces,))
+    x = L.Buffer(p.x.name, T.float32, (p.size,))
+    views = {x.name: x, parts.name: parts}
+    return L.PrimFunc(p.name, tuple(views.get(v.name, v) for v in p.params),
+                      range_launch(x.name, p.size, parts, p.pieces, c, machine))
+
+
 DYNAMIC_QUANTIZE = Template("cuda_dynamic_quantize", dynamic_quantize, lambda p: True, space,
                             default, build)
+DYNAMIC_RANGE = Template("cuda_dynamic_range", dynamic_range, lambda p: True, space, default,
+                         build_range)

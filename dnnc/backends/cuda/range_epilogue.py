@@ -21,13 +21,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ...errors import ConfigError
 from ...ir import loop as L
 from ...ir import types as T
 from ..lower import Kernel, lower_group
 from ..space import Template
 from .codegen import launch_dims, stages
-from .dynamic_quantize import BlockRange
+from .dynamic_quantize import BlockRange, QuantizeConfig, range_launch
 from .threads import WARP
 
 
@@ -53,48 +52,63 @@ def ranging(template: Template, kernel: Kernel) -> Template:
     params = kernel.func.params
 
     def build(problem, config, machine):
-        return with_range(template.build(problem, config, machine), x, parts, params)
+        return with_range(template.build(problem, config, machine), x, parts, params, machine)
 
     return dataclasses.replace(template, build=build)
 
 
-def with_range(func: L.PrimFunc, x: str, parts: str, params: tuple) -> L.PrimFunc:
-    """`func` (storing buffer `x` in one launch of blocks and threads along x only) also
-    writing x's range partials to `parts`; its parameters `params` (the ranged kernel's)."""
+def with_range(func: L.PrimFunc, x: str, parts: str, params: tuple, machine) -> L.PrimFunc:
+    """`func` also writing x's range partials to `parts`; its parameters `params` (the
+    ranged kernel's). In the launch that stores buffer `x` where it is the only one and its
+    blocks are no more than the partials' columns and its threads whole warps along x;
+    else (a product split along k, ...) in a launch of its own after it, as the
+    quantization's first launch (`dynamic_quantize.range_launch`)."""
     workspace, launches = stages(func.body)
-    storing = [k for k, s in enumerate(launches) if _stores(s, x)]
-    if len(storing) != 1:
-        raise ConfigError(f"{func.name}: a range epilogue needs x stored by one launch, "
-                          f"not {len(storing)}")
-    k = storing[0]
-    (blocks, gy, gz), (threads, ty, tz) = launch_dims(launches[k], func.name)
-    block = launches[k]
-    if gy * gz * ty * tz != 1 or threads % WARP or not isinstance(block, L.For) or \
-            block.kind is not L.ForKind.BLOCK_X:
-        raise ConfigError(f"{func.name}: a range epilogue needs blocks and whole warps of "
-                          f"threads along x only")
     out = next(p for p in params if p.name == parts)
     pieces = math.prod(L.static_shape(out.shape[1:]))
-    if blocks > pieces:
-        raise ConfigError(f"{func.name}: {blocks} blocks, more than the range's "
-                          f"{pieces} partials")
     flat = L.Buffer(parts, T.float32, (2 * pieces,))
-    r = BlockRange(threads, L.Var("t_range"))
-    e, column = L.Var("e_range"), L.Var("column")
-
-    def write(top, bottom):
-        return L.If(L.eq(r.t, L.const(0)), L.For(e, -(-pieces // blocks), L.Let(
-            column, e * blocks + block.var, L.If(column < pieces, L.seq(
-                L.Store(flat, (column,), top), L.Store(flat, (pieces + column,), bottom))))))
-
-    launches[k] = L.For(block.var, block.extent,
-                        r.block_range(_widening(block.body, x, r), write), block.kind)
+    storing = [k for k, s in enumerate(launches) if _stores(s, x)]
+    epilogue = _in_launch(launches[storing[0]], func.name, x, flat, pieces) \
+        if len(storing) == 1 else None
+    if epilogue is None:
+        size = math.prod(L.static_shape(next(p for p in func.params if p.name == x).shape))
+        launches.append(range_launch(x, size, flat, pieces, QuantizeConfig(), machine))
+    else:
+        launches[storing[0]] = epilogue
     body = L.seq(*launches)
     for buffer in reversed(workspace):
         body = L.Allocate(buffer, body)
-    views = {parts: flat}
-    return L.PrimFunc(func.name, tuple(views.get(p.name, p) for p in params), body,
-                      func.size_vars)
+    views = {p.name: p for p in func.params} | {parts: flat}   # (the template's views)
+    return L.PrimFunc(func.name, tuple(views[p.name] for p in params), body, func.size_vars)
+
+
+def _in_launch(launch: L.Stmt, name: str, x: str, parts: L.Buffer,
+               pieces: int) -> L.Stmt | None:
+    """`launch` (storing x) with the range epilogue, or None where it cannot take one: its
+    blocks (the nest of block loops it starts with) more than `pieces`, or threads other
+    than whole warps along x."""
+    _, (threads, ty, tz) = launch_dims(launch, name)
+    blocks, index, inner = 1, L.const(0), launch
+    loops = []
+    while isinstance(inner, L.For) and inner.kind in _BLOCKS:
+        index = index + inner.var * blocks
+        blocks *= inner.extent.value
+        loops.append(inner)
+        inner = inner.body
+    if not loops or ty * tz != 1 or threads % WARP or blocks > pieces:
+        return None
+    r = BlockRange(threads, L.Var("t_range"))
+
+    def write(top, bottom):
+        return r.store_columns(top, bottom, parts, pieces, index, blocks)
+
+    body = r.block_range(_widening(inner, x, r), write)
+    for loop in reversed(loops):
+        body = L.For(loop.var, loop.extent, body, loop.kind)
+    return body
+
+
+_BLOCKS = (L.ForKind.BLOCK_X, L.ForKind.BLOCK_Y, L.ForKind.BLOCK_Z)
 
 
 def _stores(s: L.Stmt, name: str) -> bool:
@@ -102,20 +116,23 @@ def _stores(s: L.Stmt, name: str) -> bool:
 
 
 def _widening(body: L.Stmt, x: str, r: BlockRange) -> L.Stmt:
-    """`body` with each store to `x` followed by widening the thread's range by its value;
-    a vectorized store loop (its values in registers, `codegen.vector_for`) followed by an
-    unrolled loop over the same values."""
-    added: set[int] = set()
+    """`body` with each store to `x` followed by widening the thread's range by its value
+    (bound once); a vectorized store loop (its values in registers, `codegen.vector_for`)
+    followed by an unrolled loop over the same values."""
+    added: dict[int, L.Store] = {}
 
     def rule(n):
         if isinstance(n, L.Store) and n.buffer.name == x:
-            widened = L.Seq((n, r.widen(n.value, n.value)))
-            added.add(id(widened))
-            return widened
+            value = L.Var("stored", T.float32)
+            bound = L.Let(value, n.value, L.seq(L.Store(n.buffer, n.indices, value),
+                                                r.widen(value, value)))
+            added[id(bound)] = n
+            return bound
         if isinstance(n, L.For) and n.kind is L.ForKind.VECTORIZED and id(n.body) in added:
-            store, widen = n.body.stmts
+            store = added[id(n.body)]
             return L.seq(L.For(n.var, n.extent, store, n.kind),
-                         L.For(n.var, n.extent, widen, L.ForKind.UNROLLED))
+                         L.For(n.var, n.extent, r.widen(store.value, store.value),
+                               L.ForKind.UNROLLED))
         return None
 
     return L.transform(body, rule)

@@ -81,7 +81,7 @@ from .depthwise import DEPTHWISE
 from .depthwise_nhwc import DEPTHWISE_NHWC
 from .dense import DENSE
 from . import range_epilogue
-from .dynamic_quantize import DYNAMIC_QUANTIZE
+from .dynamic_quantize import DYNAMIC_QUANTIZE, DYNAMIC_RANGE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
 from .int8 import INT8_CONV2D, INT8_DENSE, INT8_GEMV
@@ -305,8 +305,9 @@ TEMPLATES = {
     # the mean over a channels-last plane (squeeze-and-excitation's pool) a block per image
     # x run of channels (plane_mean.py)
     ("cuda", Pattern.REDUCE): (PLANE_MEAN_NHWC, ROWS, DEFAULT),
-    # DynamicQuantizeLinear in two launches (dynamic_quantize.py)
-    ("cuda", Pattern.OPAQUE): (DYNAMIC_QUANTIZE, ROWS, DEFAULT),
+    # DynamicQuantizeLinear in two launches, or one after its producer's range
+    # (dynamic_quantize.py, range_epilogue.py); a DynamicRange no producer took, the first
+    ("cuda", Pattern.OPAQUE): (DYNAMIC_QUANTIZE, DYNAMIC_RANGE, ROWS, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
 row reductions worth a warp or more a row, DEFAULT (every kernel) otherwise."""

@@ -392,23 +392,35 @@ def test_weight_only_quantized_file_compiles_with_nvrtc():
     nvrtc_compiled(render_module(_weight_only_file(4)[2].unique).source, "sm_90")
 
 
+def _without_ranges():
+    """The cuda target with no kernel taking a quantization's range (take_range off)."""
+    import dataclasses
+
+    return dataclasses.replace(MACHINE, fusion=dataclasses.replace(
+        MACHINE.fusion, range_producers=frozenset()))
+
+
+@pytest.mark.parametrize("ranged", [True, False])
 @pytest.mark.parametrize("shape,values", [
     ((300, 500), "normal"), ((64, 33), "normal"), ((7, 5), "positive"), ((1000, 3), "negative"),
     ((2, 129), "zero")])
-def test_dynamic_quantize_on_host(shape, values, rng, tmp_path):
+def test_dynamic_quantize_on_host(shape, values, ranged, rng, tmp_path):
     """DynamicQuantizeLinear as cuda_dynamic_quantize's two launches (partial ranges of a
     grid-stride share a block; every block the whole range from them, then its share
-    quantized): the reference's outputs exactly on host threads, for 150,000 elements down
-    to fewer than a block's threads, ranges on both sides of 0, one side only (the range
-    widened to 0) and none (scale 1)."""
+    quantized), or, of a model input under take_range, the first as a DynamicRange kernel
+    (cuda_dynamic_range: the partials a column a block) and the quantization one launch:
+    the reference's outputs exactly on host threads, for 150,000 elements down to fewer
+    than a block's threads, ranges on both sides of 0, one side only (the range widened to
+    0) and none (scale 1)."""
     import test_host_semantics as host
     from dnnc.ir.ops.quant import dynamic_quantize_linear
 
     g = Graph("dq")
     x = g.add_input("x", T.TensorType(T.float32, shape))
     g.outputs = list(g.add_node("DynamicQuantizeLinear", [x], {}, num_outputs=3))
-    graph, (program,) = programs(g)
-    assert [k.schedule[0] for k in program.kernels] == ["cuda_dynamic_quantize"]
+    graph, (program,) = programs(g, machine=MACHINE if ranged else _without_ranges())
+    assert [k.schedule[0] for k in program.kernels] == \
+        ["cuda_dynamic_range", "cuda_dynamic_quantize"] * ranged or ["cuda_dynamic_quantize"]
     module = render_module(program.unique)
     lib = host.host_library(program.unique, tmp_path, module)
     a = (rng.standard_normal(shape) * 3).astype(np.float32)
@@ -428,7 +440,6 @@ def test_range_in_layernorm_on_host(shape, bias, rng, tmp_path):
     outputs are the reference's of the layernorm's output bit for bit, and the layernorm's
     output is what it is without the range (odd rows, a symbolic batch, outputs all
     positive, all negative, all zero: scale 1)."""
-    import dataclasses
     import test_host_semantics as host
     from dnnc.backends.cuda.codegen import stages
     from dnnc.backends.plan import build_program, segment_groups
@@ -450,8 +461,7 @@ def test_range_in_layernorm_on_host(shape, bias, rng, tmp_path):
                                              const=scale),
               Value("bias", T.TensorType(T.float32, shift.shape), const=shift), axis=-1)
     g.outputs = [y] + list(g.add_node("DynamicQuantizeLinear", [y], {}, num_outputs=3))
-    plain = dataclasses.replace(MACHINE, fusion=dataclasses.replace(
-        MACHINE.fusion, range_producers=frozenset()))
+    plain = _without_ranges()
     a = (rng.standard_normal(static) * 3).astype(np.float32)
     got = {}
     for name, machine in (("ranged", MACHINE), ("plain", plain)):

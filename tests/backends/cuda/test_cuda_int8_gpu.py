@@ -184,10 +184,11 @@ def test_quantized_files_on_the_gpu(name, tmp_path):
     ((1024, 768), None), ((1024, 3072), None), ((3, 1001), None), ((7, 5), None),
     ((1024, 3072), (1024, 8, 1)), ((513, 200), (128, 1, 8))])
 def test_dynamic_quantize_on_the_gpu_equals_the_reference(shape, config, monkeypatch):
-    """DynamicQuantizeLinear as cuda_dynamic_quantize's two launches: the reference's
-    outputs exactly, at BERT-base's shapes (float4 chunks, several a thread), sizes that are
-    no multiple of 4 (a float a chunk) or smaller than a block, and at the space's extreme
-    knobs (threads, blocks_per_sm, unroll)."""
+    """DynamicQuantizeLinear of a model input as cuda_dynamic_range's launch (the partials)
+    and cuda_dynamic_quantize's one: the reference's outputs exactly, at BERT-base's shapes
+    (float4 chunks, several a thread), sizes that are no multiple of 4 (a float a chunk) or
+    smaller than a block, and at the space's extreme knobs (threads, blocks_per_sm,
+    unroll)."""
     from dataclasses import replace
 
     from dnnc.backends.cuda import schedules
@@ -208,7 +209,8 @@ def test_dynamic_quantize_on_the_gpu_equals_the_reference(shape, config, monkeyp
     x = g.add_input("x", T.TensorType(T.float32, shape))
     g.outputs = list(g.add_node("DynamicQuantizeLinear", [x], {}, num_outputs=3))
     model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
-    assert _templates(model, np.zeros(shape, np.float32)) == ["cuda_dynamic_quantize"]
+    assert _templates(model, np.zeros(shape, np.float32)) == ["cuda_dynamic_range",
+                                                              "cuda_dynamic_quantize"]
     rng = np.random.default_rng(shape[0] * shape[1])
     for a in ((rng.standard_normal(shape) * 3).astype(np.float32),
               np.abs(rng.standard_normal(shape)).astype(np.float32) + 1):
