@@ -377,7 +377,8 @@ def _dynamic_range_rule(inputs, outputs):
 
 
 register_op("DynamicRange", pattern=Pattern.OPAQUE, infer=_dynamic_range_infer,
-            evaluate=dynamic_range, compute=_dynamic_range_rule)
+            evaluate=dynamic_range, compute=_dynamic_range_rule,
+            flops=lambda node: 2 * numel(node.inputs[0]))
 
 
 # -- QLinearMatMul ------------------------------------------------------------------------------

@@ -215,6 +215,24 @@ def test_dynamic_quantize_linear_rule(rng, sign):
     _check_rule("DynamicQuantizeLinear", [np.zeros(4, np.float32)], num_outputs=3)
 
 
+@pytest.mark.parametrize("sign", [1, 0, -1])
+def test_dynamic_range_and_a_quantization_of_its_partials(rng, sign):
+    """DynamicRange's rule (the whole range in every column, as its reference) and
+    DynamicQuantizeLinear's of partials that split x into pieces (as a producer's blocks
+    write them, some columns repeated) give the reference's quantization of x."""
+    from dnnc.ir.ops.quant import RANGE_PIECES
+
+    x = (rng.standard_normal((6, 7)) * 3).astype(np.float32)
+    x = np.abs(x) * sign + sign if sign else x
+    _check_rule("DynamicRange", [x])
+    rows = np.arange(RANGE_PIECES) % 3   # column c: the range of x's rows 2 (c % 3), + 1
+    pieces = x.reshape(3, -1)
+    parts = np.stack([np.maximum(pieces.max(1), 0)[rows], np.minimum(pieces.min(1), 0)[rows]])
+    _check_rule("DynamicQuantizeLinear", [x, parts.astype(np.float32)], num_outputs=3)
+    _check_rule("DynamicQuantizeLinear", [x, parts.astype(np.float32)], num_outputs=3,
+                dims={0: {0: "N"}})
+
+
 @pytest.mark.parametrize("a_shape, b_shape, dtype, per_column, y_zp", [
     ((3, 4), (4, 5), np.uint8, False, True), ((2, 3, 4), (4, 5), np.int8, True, True),
     ((3, 4), (4, 5), np.uint8, False, False), ((4,), (4, 5), np.uint8, True, True)])
