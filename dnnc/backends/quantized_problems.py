@@ -257,8 +257,9 @@ def _buffers(kernel: Kernel, node, count: int = 7) -> list:
 
 @dataclass(frozen=True)
 class DynamicQuantize:
-    """A DynamicQuantizeLinear alone in its kernel, static shape: x (float32, `size`
-    elements) -> y (uint8), scale (float32) and zero point (uint8), as its reference."""
+    """A DynamicQuantizeLinear alone in its kernel, static shape: x (`size` elements of
+    float32, or of a half type where store_half left it so) -> y (uint8), scale (float32) and
+    zero point (uint8), as its reference."""
 
     name: str
     params: tuple

@@ -3,7 +3,8 @@ and every element quantized in two launches, as quantize_dynamic's files run one
 each integer product (BERT-base at batch 8: 48 of them).
 
 Both launches read x in chunks of `lanes` elements (one float4 where x's size is a multiple
-of 4), a thread's share grid-strided (consecutive threads on consecutive chunks), `unroll`
+of 4; four halves, one 8-byte load, of an x store_half left in its half type: widened as
+they are used), a thread's share grid-strided (consecutive threads on consecutive chunks), `unroll`
 chunks loaded into registers before any is used: the loads in flight decide a kernel that
 moves bytes and does little else (4.3 TB/s times HBM's ~0.8 us latency is ~3.4 MB in flight;
 132 SMs x 1024 threads x 4 float4 is 8.6 MB; one float a thread at a time was 0.5).
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from ...ir import loop as L
 from ...ir import types as T
+from ...ir.ops.linalg import widen
 from ..quantized_problems import (DynamicQuantize, dynamic_quantize, dynamic_quantized,
                                   dynamic_scale, dynamic_zero_point)
 from ..space import Space, Template
@@ -78,12 +80,16 @@ class _Launch:
         self.lanes = _lanes(p)
         self.chunks = p.size // self.lanes
         self.warps = -(-c.threads // WARP)
-        self.x = L.Buffer(p.x.name, f32, (p.size,))
+        self.x = L.Buffer(p.x.name, p.x.dtype, (p.size,))
         self.b, self.t = L.Var("b"), L.Var("t")
         self.run = L.Buffer("dq_run", f32, (2,), L.Scope.LOCAL)
-        self.regs = L.Buffer("dq_x", f32, (c.unroll * self.lanes,), L.Scope.LOCAL)
+        self.regs = L.Buffer("dq_x", p.x.dtype, (c.unroll * self.lanes,), L.Scope.LOCAL)
         self.hi = L.Buffer("dq_hi", f32, (self.warps,), L.Scope.SHARED)
         self.lo = L.Buffer("dq_lo", f32, (self.warps,), L.Scope.SHARED)
+
+    def value(self, at: L.Expr) -> L.Expr:
+        """Chunk register `at` as float32 (a half x widened: exact)."""
+        return widen(T.float32, self.regs[at])
 
     def on_threads(self, body: L.Stmt) -> L.Stmt:
         return L.For(self.t, self.c.threads, body, L.ForKind.THREAD_X)
@@ -109,7 +115,7 @@ class _Launch:
         load = L.If(chunk < self.chunks,
                     L.For(v, lanes, L.Store(regs, (u * lanes + v,), self.x[chunk * lanes + v]),
                           L.ForKind.VECTORIZED),
-                    L.For(v, lanes, L.Store(regs, (u * lanes + v,), L.const(0.0)),
+                    L.For(v, lanes, L.Store(regs, (u * lanes + v,), L.const(0.0, regs.dtype)),
                           L.ForKind.UNROLLED))
         return L.For(g, groups, L.seq(
             L.For(u, c.unroll, at(load), L.ForKind.UNROLLED),
@@ -150,7 +156,8 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
 
     def chunk_range(chunk, at):
         lane = L.Var("lane")
-        return L.For(lane, lanes, k.widen(regs[at + lane], regs[at + lane]), L.ForKind.UNROLLED)
+        return L.For(lane, lanes, k.widen(k.value(at + lane), k.value(at + lane)),
+                     L.ForKind.UNROLLED)
 
     # launch 1: each block's share of x -> its partial max and min
     def store_part(top, bottom):
@@ -171,7 +178,7 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
         lane = L.Var("lane")
         return L.If(chunk < k.chunks, L.seq(
             L.For(lane, lanes, L.Store(out, (lane,), L.Cast(
-                T.uint8, dynamic_quantized(regs[at + lane], scale, z))), L.ForKind.UNROLLED),
+                T.uint8, dynamic_quantized(k.value(at + lane), scale, z))), L.ForKind.UNROLLED),
             L.For(lane, lanes, L.Store(y, (chunk * lanes + lane,), out[lane]),
                   L.ForKind.VECTORIZED)))
 

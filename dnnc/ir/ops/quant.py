@@ -235,13 +235,17 @@ register_op("DequantizeLinear", pattern=Pattern.ELEMWISE, infer=_dequantize_infe
 
 
 def _dynamic_quantize_infer(ctx):
-    check_dtype(ctx, 0, (T.float32,), "x")
+    # float16 / bfloat16 beyond ONNX's float32: store_half hands a value already stored in the
+    # half type over as it is (its float32 widening is exact: the same results)
+    check_dtype(ctx, 0, (T.float32, T.float16, T.bfloat16), "x")
     return [T.TensorType(T.uint8, ctx.shape(0)), T.TensorType(T.float32, ()),
             T.TensorType(T.uint8, ())]
 
 
 def dynamic_quantize_linear(x):
-    """uint8 asymmetric quantization over [min(x, 0), max(x, 0)], as ONNX specifies."""
+    """uint8 asymmetric quantization over [min(x, 0), max(x, 0)], as ONNX specifies (a half
+    x widened to float32 first: exact)."""
+    x = np.asarray(x).astype(np.float32)
     hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))
     lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
@@ -265,28 +269,32 @@ def _dynamic_quantize_rule(inputs, outputs):
     """Three stages: x's max and min (each a full reduction, in two levels past DQ_ONE_LEVEL
     elements: DQ_PARTS), then scale, zero point and the elementwise quantization reading
     them."""
-    x = inputs[0]
+    buffer = inputs[0]
     f32 = T.float32
-    dims = list(x.shape)
+    dims = list(buffer.shape)
     size = const(1)
     for d in dims:
         size = size * d
     static = [d.value for d in dims if isinstance(d, Const)]
     two_levels = len(static) < len(dims) or int(np.prod(static)) > DQ_ONE_LEVEL
 
+    def x(index):
+        """x's element as float32 (a half x widened: exact)."""
+        return widen(f32, buffer[index])
+
     def whole(reducer, name):
         if not dims:
-            return compute((), lambda: x[()], name, f32)
+            return compute((), lambda: x(()), name, f32)
         if not two_levels:
             def fn():
                 r = [reduce_axis(d, f"r{i}") for i, d in enumerate(dims)]
-                return reducer(x[tuple(a.var for a in r)], r)
+                return reducer(x(tuple(a.var for a in r)), r)
             return compute((), fn, name, f32)
         step = reduce_axis((size + (DQ_PARTS - 1)) // DQ_PARTS, "rs")
 
         def part(b):
             flat = step.var * DQ_PARTS + b
-            return reducer(x[tuple(unravel(flat, dims))], step, where=flat < size)
+            return reducer(x(tuple(unravel(flat, dims))), step, where=flat < size)
         parts = compute((DQ_PARTS,), part, f"{name}_parts", f32)
         r = reduce_axis(DQ_PARTS, "rp")
         return compute((), lambda: reducer(parts[r.var], r), name, f32)
@@ -303,7 +311,7 @@ def _dynamic_quantize_rule(inputs, outputs):
                                      const(255.0)))
 
     zp = compute((), zero_point, "dq_zero_point", f32)
-    y = compute(outputs[0].shape, lambda *i: _saturate(call("round", x[i] / scale[()])
+    y = compute(outputs[0].shape, lambda *i: _saturate(call("round", x(i) / scale[()])
                                                         + zp[()], T.uint8), "dq_y", T.uint8)
     return [y, scale, compute((), lambda: Cast(T.uint8, zp[()]), "dq_zp", T.uint8)]
 
