@@ -5,7 +5,9 @@ other (file turns under $FIN, /tmp/fin by default): `prep` quantizes the model o
 onnxruntime's int8 output, 16 threads); then `ROW LABEL` (run with the dnnc of the tree it
 times first on PYTHONPATH: `fp16`, `int8` as compiled, `int8-64x128` with int8.SHALLOW_TILE
 64 x 128, `int8-unroll8` with cuda_dynamic_quantize's unroll 8, `int8-tiles` with each
-product's fastest tile in $OUT/int8_tiles.json, bench/gpu_int8_tiles.py's) compiles, waits
+product's fastest tile in $OUT/int8_tiles.json, bench/gpu_int8_tiles.py's; `int8-fp16` the
+int8 file compiled at precision="fp16": its float ops between the integer products stored
+half, as TensorRT's int8 with fp16 runs) compiles, waits
 for its turn (LABEL names the turn files), takes three medians of 50 calls (inputs on the
 device), traces its kernels in the model (bench/gpu_breakdown.py's `traced`) and profiles
 them alone; it prints the model's kernels of interest (`FOCUS`: resnet50's 1x1 convs that
@@ -93,6 +95,8 @@ if row == "int8-tiles":   # each product's tile: the fastest bench/gpu_int8_tile
         (m, n, k)) or chosen(m, n, k, gpu, with_wgmma)
 if row == "fp16":
     m = dnnc.compile(onnx.load(str(W / "float.onnx")), "cuda", precision="fp16", cache=False)
+elif row == "int8-fp16":   # the int8 file with the float ops between stored in fp16
+    m = dnnc.compile((W / "path").read_text(), "cuda", precision="fp16", cache=False)
 else:
     m = dnnc.compile((W / "path").read_text(), "cuda", cache=False)
 seconds = time.perf_counter() - t0

@@ -257,10 +257,10 @@ def _buffers(kernel: Kernel, node, count: int = 7) -> list:
 
 @dataclass(frozen=True)
 class DynamicQuantize:
-    """A DynamicQuantizeLinear alone in its kernel, static shape: x (float32, `size`
-    elements) -> y (uint8), scale (float32) and zero point (uint8), as its reference; with
-    `x_range` where a producer took x's range (DynamicRange's partials: `pieces` maxima,
-    then as many minima)."""
+    """A DynamicQuantizeLinear alone in its kernel, static shape: x (`size` elements of
+    float32, or of a half type where store_half left it so) -> y (uint8), scale (float32) and
+    zero point (uint8), as its reference; with `x_range` where a producer took x's range
+    (DynamicRange's partials: `pieces` maxima, then as many minima)."""
 
     name: str
     params: tuple
@@ -291,8 +291,9 @@ def dynamic_quantize(kernel: Kernel) -> DynamicQuantize | None:
 
 @dataclass(frozen=True)
 class DynamicRange:
-    """A DynamicRange alone in its kernel (no producer took it), static shape: x (float32,
-    `size` elements) -> its partials, `pieces` maxima then as many minima."""
+    """A DynamicRange alone in its kernel (no producer took it), static shape: x (`size`
+    elements, float32 or half as DynamicQuantize's) -> its partials, `pieces` maxima then as
+    many minima."""
 
     name: str
     params: tuple

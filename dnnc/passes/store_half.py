@@ -77,6 +77,14 @@ They read their float inputs in float32 (as a Cast to a non-float type does): a 
 a constant or a float32 node's output is then read as the model gives it, not rounded first."""
 
 
+WIDENING_READERS = frozenset({"DynamicQuantizeLinear"})
+"""Ops among DISCONTINUOUS_OPS that read a value already stored in the half type as it is
+(their kernels widen it to float32 on load: exact, so the results are those of reading its
+float32 Cast) instead of through a Cast kernel of its own. A dynamically quantized
+transformer's LayerNorm output, stored half for the residual Add, reaches the quantization
+of the next product so without a launch in between."""
+
+
 FLOAT32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
 """Op -> the float inputs that are parameters, not data, read as float32 in a half node: a
 Resize's roi and scales (a scale of 4/3 in float16 is 1.333984: another output size)."""
@@ -125,6 +133,7 @@ class _HalfStorage:
         self.nodes: list[Node] = []
         self.now: dict[int, Value] = {}        # id of an original value -> its replacement
         self.converted: set[int] = set()       # ids of half values that were float32
+        self.stored: set[int] = set()          # ids of those a half node computes
         self.to_half: dict[int, Value] = {}    # id of a float32 value -> its half twin
         self.to_f32: dict[int, Value] = {}     # id of a converted value -> its float32 twin
         self.outputs = {id(v) for v in graph.outputs}
@@ -197,9 +206,13 @@ class _HalfStorage:
         return True
 
     def in_float32(self, node: Node) -> None:
-        """`node` rebuilt on float32 inputs (the converted ones cast back), its float32
-        outputs kept: a half node reading them casts them then."""
-        inputs = [None if v is None else self.as_f32(v) for v in node.inputs]
+        """`node` rebuilt on float32 inputs (the converted ones cast back, but a half node's
+        output that a WIDENING_READERS op reads as it is), its float32 outputs kept: a half
+        node reading them casts them then."""
+        widening = node.op in WIDENING_READERS
+        inputs = [None if v is None else
+                  self.current(v) if widening and id(self.current(v)) in self.stored else
+                  self.as_f32(v) for v in node.inputs]
         types, known, attrs = infer_node(node.op, inputs, node.attrs, len(node.outputs),
                                          node.name)
         self.rebuild(node, inputs, attrs, types, known)
@@ -213,6 +226,7 @@ class _HalfStorage:
             self.now[id(old)] = new
             if old.dtype is T.float32 and t.dtype is self.half:
                 self.converted.add(id(new))
+                self.stored.add(id(new))
             outs.append(new)
         self.nodes.append(Node(node.op, inputs, outs, attrs, node.name))
 

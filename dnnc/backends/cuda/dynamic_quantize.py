@@ -3,7 +3,8 @@ and every element quantized in two launches, as quantize_dynamic's files run one
 each integer product (BERT-base at batch 8: 48 of them).
 
 Both launches read x in chunks of `lanes` elements (one float4 where x's size is a multiple
-of 4), a thread's share grid-strided (consecutive threads on consecutive chunks), `unroll`
+of 4; four halves, one 8-byte load, of an x store_half left in its half type: widened as
+they are used), a thread's share grid-strided (consecutive threads on consecutive chunks), `unroll`
 chunks loaded into registers before any is used: the loads in flight decide a kernel that
 moves bytes and does little else (4.3 TB/s times HBM's ~0.8 us latency is ~3.4 MB in flight;
 132 SMs x 1024 threads x 4 float4 is 8.6 MB; one float a thread at a time was 0.5).
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from ...ir import loop as L
 from ...ir import types as T
+from ...ir.ops.linalg import widen
 from ..quantized_problems import (DynamicQuantize, DynamicRange, dynamic_quantize,
                                   dynamic_quantized, dynamic_range, dynamic_scale,
                                   dynamic_zero_point)
@@ -127,14 +129,18 @@ class _Launch(BlockRange):
     """What both launches share: their block and thread variables, the block's range
     (`BlockRange`), the chunk registers."""
 
-    def __init__(self, x: str, size: int, c: QuantizeConfig, blocks: int):
+    def __init__(self, x: L.Buffer, size: int, c: QuantizeConfig, blocks: int):
         super().__init__(c.threads, L.Var("t"))
         self.c, self.blocks = c, blocks
         self.lanes = _lanes(size)
         self.chunks = size // self.lanes
-        self.x = L.Buffer(x, T.float32, (size,))
+        self.x = L.Buffer(x.name, x.dtype, (size,))
         self.b = L.Var("b")
-        self.regs = L.Buffer("dq_x", T.float32, (c.unroll * self.lanes,), L.Scope.LOCAL)
+        self.regs = L.Buffer("dq_x", x.dtype, (c.unroll * self.lanes,), L.Scope.LOCAL)
+
+    def value(self, at: L.Expr) -> L.Expr:
+        """Chunk register `at` as float32 (a half x widened: exact)."""
+        return widen(T.float32, self.regs[at])
 
     def shares(self, each) -> L.Stmt:
         """The thread's chunks, `unroll` at a time: each group's chunks loaded into `regs`
@@ -152,23 +158,23 @@ class _Launch(BlockRange):
         load = L.If(chunk < self.chunks,
                     L.For(v, lanes, L.Store(regs, (u * lanes + v,), self.x[chunk * lanes + v]),
                           L.ForKind.VECTORIZED),
-                    L.For(v, lanes, L.Store(regs, (u * lanes + v,), L.const(0.0)),
+                    L.For(v, lanes, L.Store(regs, (u * lanes + v,), L.const(0.0, regs.dtype)),
                           L.ForKind.UNROLLED))
         return L.For(g, groups, L.seq(
             L.For(u, c.unroll, at(load), L.ForKind.UNROLLED),
             L.For(u, c.unroll, at(each(chunk, u * lanes)), L.ForKind.UNROLLED)))
 
 
-def range_launch(x: str, size: int, parts: L.Buffer, pieces: int, c: QuantizeConfig,
+def range_launch(x: L.Buffer, size: int, parts: L.Buffer, pieces: int, c: QuantizeConfig,
                  machine) -> L.Stmt:
-    """Launch 1: at most `pieces` blocks, each its share of x's (`size` floats) max and min
-    into its columns of `parts` (`pieces` maxima, then as many minima)."""
+    """Launch 1: at most `pieces` blocks, each its share of x's (`size` elements) max and
+    min into its columns of `parts` (`pieces` maxima, then as many minima)."""
     blocks = min(_grid(size, c, machine), pieces)
     k = _Launch(x, size, c, blocks)
 
     def chunk_range(chunk, at):
         lane = L.Var("lane")
-        return L.For(lane, k.lanes, k.widen(k.regs[at + lane], k.regs[at + lane]),
+        return L.For(lane, k.lanes, k.widen(k.value(at + lane), k.value(at + lane)),
                      L.ForKind.UNROLLED)
 
     def store(top, bottom):
@@ -183,7 +189,7 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
     took x's range (`p.x_range`)."""
     f32 = T.float32
     blocks = _grid(p.size, c, machine)
-    k = _Launch(p.x.name, p.size, c, blocks)
+    k = _Launch(p.x, p.size, c, blocks)
     x, lanes, regs = k.x, k.lanes, k.regs
     y = L.Buffer(p.y.name, T.uint8, (p.size,))
     out = L.Buffer("dq_y", T.uint8, (lanes,), L.Scope.LOCAL)
@@ -192,7 +198,7 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
     if p.x_range is None:   # launch 1 into a workspace of partials, a column a block
         pieces = blocks
         parts = L.Buffer("dq_parts", f32, (2 * blocks,), L.Scope.GLOBAL)
-        launches = [range_launch(x.name, p.size, parts, pieces, c, machine)]
+        launches = [range_launch(x, p.size, parts, pieces, c, machine)]
     else:   # a producer's partials (DynamicRange's)
         pieces = p.pieces
         parts = L.Buffer(p.x_range.name, f32, (2 * pieces,))
@@ -211,7 +217,7 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
         lane = L.Var("lane")
         return L.If(chunk < k.chunks, L.seq(
             L.For(lane, lanes, L.Store(out, (lane,), L.Cast(
-                T.uint8, dynamic_quantized(regs[at + lane], scale, z))), L.ForKind.UNROLLED),
+                T.uint8, dynamic_quantized(k.value(at + lane), scale, z))), L.ForKind.UNROLLED),
             L.For(lane, lanes, L.Store(y, (chunk * lanes + lane,), out[lane]),
                   L.ForKind.VECTORIZED)))
 
@@ -232,10 +238,10 @@ def build(p: DynamicQuantize, c: QuantizeConfig, machine) -> L.PrimFunc:
 def build_range(p: DynamicRange, c: QuantizeConfig, machine) -> L.PrimFunc:
     """A DynamicRange no producer took: launch 1 into its partials."""
     parts = L.Buffer(p.parts.name, T.float32, (2 * p.pieces,))
-    x = L.Buffer(p.x.name, T.float32, (p.size,))
+    x = L.Buffer(p.x.name, p.x.dtype, (p.size,))
     views = {x.name: x, parts.name: parts}
     return L.PrimFunc(p.name, tuple(views.get(v.name, v) for v in p.params),
-                      range_launch(x.name, p.size, parts, p.pieces, c, machine))
+                      range_launch(x, p.size, parts, p.pieces, c, machine))
 
 
 DYNAMIC_QUANTIZE = Template("cuda_dynamic_quantize", dynamic_quantize, lambda p: True, space,

@@ -23,6 +23,7 @@ import math
 
 from ...ir import loop as L
 from ...ir import types as T
+from ...ir.ops.linalg import widen
 from ..lower import Kernel, lower_group
 from ..space import Template
 from .codegen import launch_dims, stages
@@ -71,8 +72,9 @@ def with_range(func: L.PrimFunc, x: str, parts: str, params: tuple, machine) -> 
     epilogue = _in_launch(launches[storing[0]], func.name, x, flat, pieces) \
         if len(storing) == 1 else None
     if epilogue is None:
-        size = math.prod(L.static_shape(next(p for p in func.params if p.name == x).shape))
-        launches.append(range_launch(x, size, flat, pieces, QuantizeConfig(), machine))
+        stored = next(p for p in func.params if p.name == x)
+        launches.append(range_launch(stored, math.prod(L.static_shape(stored.shape)), flat,
+                                     pieces, QuantizeConfig(), machine))
     else:
         launches[storing[0]] = epilogue
     body = L.seq(*launches)
@@ -123,16 +125,17 @@ def _widening(body: L.Stmt, x: str, r: BlockRange) -> L.Stmt:
 
     def rule(n):
         if isinstance(n, L.Store) and n.buffer.name == x:
-            value = L.Var("stored", T.float32)
+            value = L.Var("stored", n.buffer.dtype)
+            wide = widen(T.float32, value)   # (a half x: exact)
             bound = L.Let(value, n.value, L.seq(L.Store(n.buffer, n.indices, value),
-                                                r.widen(value, value)))
+                                                r.widen(wide, wide)))
             added[id(bound)] = n
             return bound
         if isinstance(n, L.For) and n.kind is L.ForKind.VECTORIZED and id(n.body) in added:
             store = added[id(n.body)]
+            wide = widen(T.float32, store.value)
             return L.seq(L.For(n.var, n.extent, store, n.kind),
-                         L.For(n.var, n.extent, r.widen(store.value, store.value),
-                               L.ForKind.UNROLLED))
+                         L.For(n.var, n.extent, r.widen(wide, wide), L.ForKind.UNROLLED))
         return None
 
     return L.transform(body, rule)

@@ -566,5 +566,6 @@ CONV_INT8 = Template("conv_int8", quantized_conv, lambda p: True, conv_space, co
                      conv_build)
 MAXPOOL_INT8 = Template("maxpool_int8", max_pool8, lambda p: True, pool_space, pool_default,
                         pool_build)
-DYNAMIC_QUANTIZE = Template("dynamic_quantize", dynamic_quantize, lambda p: True,
+DYNAMIC_QUANTIZE = Template("dynamic_quantize", dynamic_quantize,
+                            lambda p: p.x.dtype is T.float32,   # (no half storage on llvm)
                             quantize_space, quantize_default, quantize_build)

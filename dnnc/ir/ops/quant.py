@@ -235,7 +235,9 @@ register_op("DequantizeLinear", pattern=Pattern.ELEMWISE, infer=_dequantize_infe
 
 
 def _dynamic_quantize_infer(ctx):
-    check_dtype(ctx, 0, (T.float32,), "x")
+    # float16 / bfloat16 beyond ONNX's float32: store_half hands a value already stored in the
+    # half type over as it is (its float32 widening is exact: the same results)
+    check_dtype(ctx, 0, (T.float32, T.float16, T.bfloat16), "x")
     if ctx.has(1):
         check_dtype(ctx, 1, (T.float32,), "x_range")
     return [T.TensorType(T.uint8, ctx.shape(0)), T.TensorType(T.float32, ()),
@@ -243,9 +245,11 @@ def _dynamic_quantize_infer(ctx):
 
 
 def dynamic_quantize_linear(x, x_range=None):
-    """uint8 asymmetric quantization over [min(x, 0), max(x, 0)], as ONNX specifies. The
-    optional `x_range` (DynamicRange's partials of x, which the take_range pass adds) holds
-    that range in pieces: the reference reads x itself, which gives the same."""
+    """uint8 asymmetric quantization over [min(x, 0), max(x, 0)], as ONNX specifies (a half
+    x widened to float32 first: exact). The optional `x_range` (DynamicRange's partials of x,
+    which the take_range pass adds) holds that range in pieces: the reference reads x
+    itself, which gives the same."""
+    x = np.asarray(x).astype(np.float32)
     hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))
     lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
@@ -269,16 +273,21 @@ def _dynamic_quantize_rule(inputs, outputs):
     """Three stages: x's max and min (each a full reduction, in two levels past DQ_ONE_LEVEL
     elements: DQ_PARTS; or of x_range's partials where it is given), then scale, zero point
     and the elementwise quantization reading them."""
-    x = inputs[0]
     given = len(inputs) > 1 and inputs[1] is not None
-    return _quantized_outputs(x, _partials_range(inputs[1]) if given else _whole_range(x),
-                              outputs)
+    return _quantized_outputs(inputs[0], _partials_range(inputs[1]) if given else
+                              _whole_range(inputs[0]), outputs)
 
 
-def _whole_range(x: Tensor) -> tuple[Tensor, Tensor]:
+def _as_float32(buffer: Tensor):
+    """x's element at an index as float32 (a half x widened: exact)."""
+    return lambda index: widen(T.float32, buffer[index])
+
+
+def _whole_range(buffer: Tensor) -> tuple[Tensor, Tensor]:
     """x's max and min, each a full reduction (two levels past DQ_ONE_LEVEL elements)."""
     f32 = T.float32
-    dims = list(x.shape)
+    x = _as_float32(buffer)
+    dims = list(buffer.shape)
     size = const(1)
     for d in dims:
         size = size * d
@@ -287,17 +296,17 @@ def _whole_range(x: Tensor) -> tuple[Tensor, Tensor]:
 
     def whole(reducer, name):
         if not dims:
-            return compute((), lambda: x[()], name, f32)
+            return compute((), lambda: x(()), name, f32)
         if not two_levels:
             def fn():
                 r = [reduce_axis(d, f"r{i}") for i, d in enumerate(dims)]
-                return reducer(x[tuple(a.var for a in r)], r)
+                return reducer(x(tuple(a.var for a in r)), r)
             return compute((), fn, name, f32)
         step = reduce_axis((size + (DQ_PARTS - 1)) // DQ_PARTS, "rs")
 
         def part(b):
             flat = step.var * DQ_PARTS + b
-            return reducer(x[tuple(unravel(flat, dims))], step, where=flat < size)
+            return reducer(x(tuple(unravel(flat, dims))), step, where=flat < size)
         parts = compute((DQ_PARTS,), part, f"{name}_parts", f32)
         r = reduce_axis(DQ_PARTS, "rp")
         return compute((), lambda: reducer(parts[r.var], r), name, f32)
@@ -318,9 +327,11 @@ def _partials_range(parts: Tensor) -> tuple[Tensor, Tensor]:
     return whole(0, reduce_max, "dq_max"), whole(1, reduce_min, "dq_min")
 
 
-def _quantized_outputs(x: Tensor, extremes: tuple[Tensor, Tensor], outputs) -> list[Tensor]:
-    """y, scale and zero point from x's max and min (`extremes`, scalar tensors)."""
+def _quantized_outputs(buffer: Tensor, extremes: tuple[Tensor, Tensor],
+                       outputs) -> list[Tensor]:
+    """y, scale and zero point of x from its max and min (`extremes`, scalar tensors)."""
     f32 = T.float32
+    x = _as_float32(buffer)
     hi, lo = extremes
     # range widened to include 0, as the reference
     top, bottom = maximum(hi[()], const(0.0)), minimum(lo[()], const(0.0))
@@ -332,7 +343,7 @@ def _quantized_outputs(x: Tensor, extremes: tuple[Tensor, Tensor], outputs) -> l
                                      const(255.0)))
 
     zp = compute((), zero_point, "dq_zero_point", f32)
-    y = compute(outputs[0].shape, lambda *i: _saturate(call("round", x[i] / scale[()])
+    y = compute(outputs[0].shape, lambda *i: _saturate(call("round", x(i) / scale[()])
                                                         + zp[()], T.uint8), "dq_y", T.uint8)
     return [y, scale, compute((), lambda: Cast(T.uint8, zp[()]), "dq_zp", T.uint8)]
 
@@ -352,7 +363,7 @@ and its products, 384); the quantization reads them all (8 KB, from L2)."""
 
 
 def _dynamic_range_infer(ctx):
-    check_dtype(ctx, 0, (T.float32,), "x")
+    check_dtype(ctx, 0, (T.float32, T.float16, T.bfloat16), "x")   # (as the quantization's)
     return [T.TensorType(T.float32, (2, RANGE_PIECES))]
 
 
@@ -361,6 +372,7 @@ def dynamic_range(x):
     some of x's elements and 0, every element in some column. Kernels choose the pieces
     (a block's stores: `backends/cuda/range_epilogue.py`); the reference's pieces are the
     whole tensor, every column the same."""
+    x = np.asarray(x).astype(np.float32)
     hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))
     lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
     return np.stack([np.full(RANGE_PIECES, hi, np.float32),

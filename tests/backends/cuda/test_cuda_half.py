@@ -301,6 +301,57 @@ def test_zoo_kernels_stored_half_on_host(model, precision, tmp_path):
     assert halves and not failures, "\n".join(failures)
 
 
+@needs_gxx
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_dynamically_quantized_file_stored_half_on_host(precision, tmp_path):
+    """A quantize_dynamic BERT compiled at fp16 / bf16 (int8 products, the float ops between
+    them stored half, as TensorRT's int8 with fp16 runs): each quantization reads a half
+    node's output as it is (no Cast kernel of its own: store_half's WIDENING_READERS), and
+    every kernel on the host shim gives the NumPy reference of the same half graph, the
+    quantized values bit for bit, the float ones within the storage bound (as above; a
+    DynamicRange's partials by the range they make: the pieces are the kernel's)."""
+    pytest.importorskip("onnxruntime")
+    import test_host_semantics as host
+    from dataclasses import replace
+    from dnnc import zoo
+    from dnnc.testing.quantized_files import quantize_dynamic
+
+    model = zoo.build("bert_tiny", seq=16, vocab=512)
+    path = quantize_dynamic(model, tmp_path, "bert_tiny")
+    target = replace(machine(precision), half_storage=True)
+    graph, progs = programs(import_onnx(str(path)), machine=target)
+    producer = {id(v): n for n in graph.nodes for v in n.outputs}
+    quantized = [producer.get(id(n.inputs[0])) for n in graph.nodes
+                 if n.op == "DynamicQuantizeLinear"]
+    assert not any(q is not None and q.op == "Cast" for q in quantized)
+    half = STORAGE[precision][1]
+    assert sum(n.inputs[0].type.dtype.np == half for n in graph.nodes
+               if n.op == "DynamicQuantizeLinear") >= 2   # (the LayerNorms' outputs)
+    values = reference(graph, zoo.inputs_for(model, np.random.default_rng(5)))
+    unit = STORAGE[precision][2]
+    failures = []
+    for p, program in enumerate(progs):
+        module = render_module(program.unique)
+        lib = host.host_library(program.unique, tmp_path / f"p{p}", module)
+        for kernel in program.kernels:
+            outs, _ = host.kernel_on_host(lib, module, kernel, values)
+            for v, got in zip(kernel.outputs, outs):
+                want = np.asarray(values[v.name])
+                if v.producer.op == "DynamicRange":   # (the pieces are the kernel's)
+                    got, want = (np.array([a[0].max(), a[1].min()]) for a in (got, want))
+                if want.dtype.kind in "biu" or not got.size:
+                    if not np.array_equal(got, want):
+                        failures.append(f"{kernel.func.name} {v.name}: "
+                                        f"{np.mean(got != want):.3%} differ")
+                    continue
+                g, w = got.astype(np.float64), want.astype(np.float64)
+                bound = 2 * unit * (np.abs(w) + np.abs(w).max()) + 2.0 ** -24
+                if np.isnan(g).any() or (np.abs(g - w) > bound).any():
+                    failures.append(f"{kernel.func.name} {v.name}: max error "
+                                    f"{np.abs(g - w).max():.3g}, bound {bound.min():.3g}")
+    assert not failures, "\n".join(failures)
+
+
 def test_cuda_compiles_store_half_at_fp16_and_bf16_only():
     from dnnc import zoo
     from dnnc.backends.registry import REGISTRY

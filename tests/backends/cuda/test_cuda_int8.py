@@ -401,22 +401,28 @@ def _without_ranges():
 
 
 @pytest.mark.parametrize("ranged", [True, False])
-@pytest.mark.parametrize("shape,values", [
-    ((300, 500), "normal"), ((64, 33), "normal"), ((7, 5), "positive"), ((1000, 3), "negative"),
-    ((2, 129), "zero")])
-def test_dynamic_quantize_on_host(shape, values, ranged, rng, tmp_path):
+@pytest.mark.parametrize("shape,values,dtype", [
+    ((300, 500), "normal", "float32"), ((64, 33), "normal", "float32"),
+    ((7, 5), "positive", "float32"), ((1000, 3), "negative", "float32"),
+    ((2, 129), "zero", "float32"), ((300, 500), "normal", "float16"),
+    ((64, 33), "positive", "float16"), ((7, 5), "negative", "bfloat16"),
+    ((1000, 3), "normal", "bfloat16")])
+def test_dynamic_quantize_on_host(shape, values, dtype, ranged, rng, tmp_path):
     """DynamicQuantizeLinear as cuda_dynamic_quantize's two launches (partial ranges of a
     grid-stride share a block; every block the whole range from them, then its share
     quantized), or, of a model input under take_range, the first as a DynamicRange kernel
     (cuda_dynamic_range: the partials a column a block) and the quantization one launch:
     the reference's outputs exactly on host threads, for 150,000 elements down to fewer
     than a block's threads, ranges on both sides of 0, one side only (the range widened to
-    0) and none (scale 1)."""
+    0) and none (scale 1); x in float16 or bfloat16 too (as store_half leaves a half node's
+    output: widened on load), the reference's outputs for its float32 values."""
+    import ml_dtypes
     import test_host_semantics as host
     from dnnc.ir.ops.quant import dynamic_quantize_linear
 
+    np_type = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     g = Graph("dq")
-    x = g.add_input("x", T.TensorType(T.float32, shape))
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(np_type)), shape))
     g.outputs = list(g.add_node("DynamicQuantizeLinear", [x], {}, num_outputs=3))
     graph, (program,) = programs(g, machine=MACHINE if ranged else _without_ranges())
     assert [k.schedule[0] for k in program.kernels] == \
@@ -425,7 +431,7 @@ def test_dynamic_quantize_on_host(shape, values, ranged, rng, tmp_path):
     lib = host.host_library(program.unique, tmp_path, module)
     a = (rng.standard_normal(shape) * 3).astype(np.float32)
     a = {"normal": a, "positive": np.abs(a) + 1, "negative": -np.abs(a) - 0.5,
-         "zero": np.zeros_like(a)}[values]
+         "zero": np.zeros_like(a)}[values].astype(np_type)
     got = host.program_on_host(lib, module, program, {"x": a})
     for out, want in zip(graph.outputs, dynamic_quantize_linear(a)):
         assert np.array_equal(got[out.name], want)

@@ -180,15 +180,52 @@ def test_quantized_files_on_the_gpu(name, tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
 
 
-@pytest.mark.parametrize("shape,config", [
-    ((1024, 768), None), ((1024, 3072), None), ((3, 1001), None), ((7, 5), None),
-    ((1024, 3072), (1024, 8, 1)), ((513, 200), (128, 1, 8))])
-def test_dynamic_quantize_on_the_gpu_equals_the_reference(shape, config, monkeypatch):
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_dynamically_quantized_file_stored_half_on_the_gpu(precision, tmp_path):
+    """A quantize_dynamic BERT compiled at fp16 / bf16 (int8 products, the float ops between
+    stored half): no quantization reads a Cast of its own, and the outputs are as far from
+    the float model's as onnxruntime's int8 outputs are, give or take the half storage's
+    model bound (`model_error_bound`): each quantized activation is the quantization of its
+    half-rounded value (bit for bit on host threads: test_cuda_half.py's
+    test_dynamically_quantized_file_stored_half_on_host)."""
+    pytest.importorskip("onnxruntime")
+    from dnnc.ir.target import model_error_bound
+    from dnnc.testing.quantized_files import onnxruntime_outputs, quantize_dynamic
+
+    model = zoo.build("bert_tiny", batch=2, seq=32, vocab=512)
+    path = quantize_dynamic(model, tmp_path, "bert_tiny")
+    feeds = zoo.inputs_for(model, np.random.default_rng(22))
+    cuda = dnnc.compile(str(path), "cuda", precision=precision, cache=False,
+                        outputs="numpy")
+    records = cuda.profile(*feeds.values(), repeat=1)
+    templates = [r.get("template") for r in records]
+    assert {"cuda_int8_dense", "cuda_int8_gemv"} & set(templates)
+    assert not any(r.get("nodes") and all(".float32" in n for n in r["nodes"])
+                   for r in records), "a Cast kernel of its own"
+    got = np.asarray(cuda(**feeds), np.float64)
+    float_model = np.asarray(dnnc.compile(model, "numpy")(**feeds), np.float64)
+    int8 = np.asarray(onnxruntime_outputs(path, feeds)[0], np.float64)
+    scale = np.abs(float_model).max()
+    error = np.abs(got - float_model).max() / scale
+    int8_error = np.abs(int8 - float_model).max() / scale
+    assert error <= int8_error + model_error_bound(precision), (error, int8_error)
+
+
+@pytest.mark.parametrize("shape,config,dtype", [
+    ((1024, 768), None, "float32"), ((1024, 3072), None, "float32"),
+    ((3, 1001), None, "float32"), ((7, 5), None, "float32"),
+    ((1024, 3072), (1024, 8, 1), "float32"), ((513, 200), (128, 1, 8), "float32"),
+    ((1024, 768), None, "float16"), ((3, 1001), None, "float16"),
+    ((1024, 3072), None, "bfloat16")])
+def test_dynamic_quantize_on_the_gpu_equals_the_reference(shape, config, dtype, monkeypatch):
     """DynamicQuantizeLinear of a model input as cuda_dynamic_range's launch (the partials)
     and cuda_dynamic_quantize's one: the reference's outputs exactly, at BERT-base's shapes
     (float4 chunks, several a thread), sizes that are no multiple of 4 (a float a chunk) or
-    smaller than a block, and at the space's extreme knobs (threads, blocks_per_sm,
-    unroll)."""
+    smaller than a block, at the space's extreme knobs (threads, blocks_per_sm, unroll),
+    and of a float16 / bfloat16 x (as store_half hands a half node's output over: widened
+    on load)."""
+    import ml_dtypes
+
     from dataclasses import replace
 
     from dnnc.backends.cuda import schedules
@@ -205,15 +242,16 @@ def test_dynamic_quantize_on_the_gpu_equals_the_reference(shape, config, monkeyp
         fixed = replace(DYNAMIC_QUANTIZE, default=lambda p, machine: config)
         monkeypatch.setitem(schedules.TEMPLATES, key, tuple(
             fixed if t is DYNAMIC_QUANTIZE else t for t in schedules.TEMPLATES[key]))
+    np_type = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     g = Graph("dq")
-    x = g.add_input("x", T.TensorType(T.float32, shape))
+    x = g.add_input("x", T.TensorType(T.DType.from_numpy(np.dtype(np_type)), shape))
     g.outputs = list(g.add_node("DynamicQuantizeLinear", [x], {}, num_outputs=3))
     model = dnnc.compile(g, "cuda", cache=False, outputs="numpy")
-    assert _templates(model, np.zeros(shape, np.float32)) == ["cuda_dynamic_range",
-                                                              "cuda_dynamic_quantize"]
+    assert _templates(model, np.zeros(shape, np_type)) == ["cuda_dynamic_range",
+                                                           "cuda_dynamic_quantize"]
     rng = np.random.default_rng(shape[0] * shape[1])
-    for a in ((rng.standard_normal(shape) * 3).astype(np.float32),
-              np.abs(rng.standard_normal(shape)).astype(np.float32) + 1):
+    for a in ((rng.standard_normal(shape) * 3).astype(np_type),
+              (np.abs(rng.standard_normal(shape)) + 1).astype(np_type)):
         for got, want in zip(model(a), dynamic_quantize_linear(a)):
             assert np.array_equal(got, want)
 
