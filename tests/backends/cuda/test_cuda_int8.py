@@ -439,13 +439,14 @@ def test_dynamic_quantize_on_host(shape, values, dtype, ranged, rng, tmp_path):
 
 @pytest.mark.parametrize("shape,bias", [
     ((3, 5, 77), 0.0), ((64, 768), 0.0), (("batch", 33), 0.0), ((2, 129), 10.0),
-    ((4, 96), -10.0), ((2, 64), None)])
+    ((4, 96), -10.0), ((2, 64), None), ((4100, 32), 0.0)])
 def test_range_in_layernorm_on_host(shape, bias, rng, tmp_path):
     """A layernorm's row kernel taking the range of the DynamicQuantizeLinear that reads it
     (take_range, `range_epilogue.py`), the quantization then one launch: on host threads its
     outputs are the reference's of the layernorm's output bit for bit, and the layernorm's
     output is what it is without the range (odd rows, a symbolic batch, outputs all
-    positive, all negative, all zero: scale 1)."""
+    positive, all negative, all zero: scale 1; 1025 blocks of 4 rows, more than the
+    partials' columns: the range a launch of its own in the layernorm's kernel)."""
     import test_host_semantics as host
     from dnnc.backends.cuda.codegen import stages
     from dnnc.backends.plan import build_program, segment_groups
@@ -480,6 +481,7 @@ def test_range_in_layernorm_on_host(shape, bias, rng, tmp_path):
         if name == "ranged":
             assert ops == [["LayerNormalization", "DynamicRange"], ["DynamicQuantizeLinear"]]
             assert len(stages(quantize.body)[1]) == 1
+            assert len(stages(program.kernels[0].func.body)[1]) == 1 + (static[0] > 1024)
         else:
             assert ops == [["LayerNormalization"], ["DynamicQuantizeLinear"]]
             assert len(stages(quantize.body)[1]) == 2
