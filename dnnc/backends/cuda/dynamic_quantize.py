@@ -97,22 +97,27 @@ class BlockRange:
         """Each thread's range from 0 (`own`, block-level statements, widens `run`), met
         across the block: a butterfly of shuffles in each warp, its first lane's result into
         `hi` / `lo`, a barrier, then every thread the block's max and min from the warps',
-        and `after(top, bottom)`."""
+        and `after(top, bottom)`. `hi` and `lo` live only after `own`: in a dynamic shared
+        pool they may reuse memory of `own`'s shared buffers, so where it has any a barrier
+        first waits for every warp to be done with them."""
         run, hi, lo, t = self.run, self.hi, self.lo, self.t
         zero = L.const(0.0)
         w = L.Var("w")
-        steps = [self.on_threads(L.seq(L.Store(run, (0,), zero), L.Store(run, (1,), zero))),
-                 own]
-        steps += [self.on_threads(s) for pair in zip(_butterfly(run, (0,), "max", WARP),
-                                                     _butterfly(run, (1,), "min", WARP))
-                  for s in pair]
-        steps += [self.on_threads(L.If(L.eq(t % WARP, 0), L.seq(
-                      L.Store(hi, (t // WARP,), run[0]), L.Store(lo, (t // WARP,), run[1])))),
-                  L.Barrier(),
-                  self.on_threads(L.seq(L.For(w, self.warps, self.widen(hi[w], lo[w]),
-                                              L.ForKind.UNROLLED),
-                                        after(run[0], run[1])))]
-        return L.Allocate(hi, L.Allocate(lo, L.Allocate(run, L.seq(*steps))))
+        shuffles = [self.on_threads(s) for pair in zip(_butterfly(run, (0,), "max", WARP),
+                                                       _butterfly(run, (1,), "min", WARP))
+                    for s in pair]
+        shares = any(isinstance(n, L.Allocate) and n.buffer.scope is L.Scope.SHARED
+                     for n in L.walk(own))
+        meet = [L.Barrier()] * shares + [
+            self.on_threads(L.If(L.eq(t % WARP, 0), L.seq(
+                L.Store(hi, (t // WARP,), run[0]), L.Store(lo, (t // WARP,), run[1])))),
+            L.Barrier(),
+            self.on_threads(L.seq(L.For(w, self.warps, self.widen(hi[w], lo[w]),
+                                        L.ForKind.UNROLLED),
+                                  after(run[0], run[1])))]
+        return L.Allocate(run, L.seq(
+            self.on_threads(L.seq(L.Store(run, (0,), zero), L.Store(run, (1,), zero))),
+            own, *shuffles, L.Allocate(hi, L.Allocate(lo, L.seq(*meet)))))
 
     def store_columns(self, top: L.Expr, bottom: L.Expr, parts: L.Buffer, pieces: int,
                       b: L.Expr, blocks: int) -> L.Stmt:

@@ -8,8 +8,8 @@ The producer's kernel is scheduled by its own template as if the DynamicRange we
 running max and min from 0 of the values it stores (registers: after a vector store, an
 unrolled copy of its loop over the same registers), and at the end of the block the block's
 range is met as the quantization's launches meet theirs (`BlockRange`: warp shuffles, one
-shared exchange, one barrier) and thread 0 writes it into the partials, block b into columns
-b, b + blocks, ... (every column written each call, so none is stale). The quantization's
+shared exchange) and written into the partials, block b into columns b, b + blocks, ..., a
+column a thread (every column written each call, so none is stale). The quantization's
 max and min of the columns are x's max and min widened to 0, exactly (max and min are exact
 in any order): its results are the reference's bit for bit, and x's values are untouched.
 
@@ -87,8 +87,11 @@ def with_range(func: L.PrimFunc, x: str, parts: str, params: tuple, machine) -> 
 def _in_launch(launch: L.Stmt, name: str, x: str, parts: L.Buffer,
                pieces: int) -> L.Stmt | None:
     """`launch` (storing x) with the range epilogue, or None where it cannot take one: its
-    blocks (the nest of block loops it starts with) more than `pieces`, or threads other
-    than whole warps along x."""
+    blocks (the nest of block loops it starts with) more than `pieces`, threads other than
+    whole warps along x, or x read back (a value stored and then updated, as an
+    accumulator: the range would see its partial values)."""
+    if any(isinstance(n, L.Load) and n.buffer.name == x for n in L.walk(launch)):
+        return None
     _, (threads, ty, tz) = launch_dims(launch, name)
     blocks, index, inner = 1, L.const(0), launch
     loops = []
