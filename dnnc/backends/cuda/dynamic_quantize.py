@@ -125,7 +125,8 @@ class BlockRange:
         `parts` (`pieces` maxima, then as many minima), a column a thread: every column
         written, so none holds an earlier call's range."""
         e, column = L.Var("e_range"), L.Var("column")
-        return L.For(e, -(-(-(-pieces // blocks)) // self.threads), L.Let(
+        each = -(-pieces // blocks)   # columns a block
+        return L.For(e, -(-each // self.threads), L.Let(
             column, (e * self.threads + self.t) * blocks + b, L.If(column < pieces, L.seq(
                 L.Store(parts, (column,), top), L.Store(parts, (pieces + column,), bottom)))))
 

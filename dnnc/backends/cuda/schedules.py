@@ -80,7 +80,6 @@ from .conv_nhwc import MMA_CONV2D_NHWC
 from .depthwise import DEPTHWISE
 from .depthwise_nhwc import DEPTHWISE_NHWC
 from .dense import DENSE
-from . import range_epilogue
 from .dynamic_quantize import DYNAMIC_QUANTIZE, DYNAMIC_RANGE
 from .device import REFERENCE, gpu_of
 from .gemv import GEMV
@@ -89,6 +88,7 @@ from .int8_nhwc import INT8_CONV2D_NHWC
 from .mma import MMA_CONV2D, MMA_DENSE
 from .mma_attention import MMA_ATTENTION
 from .plane_mean import PLANE_MEAN_NHWC
+from . import range_epilogue
 from .rows import (Layout, RowBuilder, RowsConfig, is_row_reduction, on_rows, one_row,
                    pow2, reads_columns, reduction, row_length, writes_rows)
 from .sparse import SPMM
@@ -306,7 +306,8 @@ TEMPLATES = {
     # x run of channels (plane_mean.py)
     ("cuda", Pattern.REDUCE): (PLANE_MEAN_NHWC, ROWS, DEFAULT),
     # DynamicQuantizeLinear in two launches, or one after its producer's range
-    # (dynamic_quantize.py, range_epilogue.py); a DynamicRange no producer took, the first
+    # (dynamic_quantize.py, range_epilogue.py); a DynamicRange no producer took as the
+    # quantization's first launch
     ("cuda", Pattern.OPAQUE): (DYNAMIC_QUANTIZE, DYNAMIC_RANGE, ROWS, DEFAULT),
 }
 """(target name, anchor pattern) -> the templates tried in order: ROWS where a kernel has
