@@ -38,8 +38,8 @@ def compiled(mlp):
     ({"input_shapes": {"input": (2.5, 4)}}, r"input_shapes\['input'\] must be a tuple"),
     ({"input_shapes": [(2, 4)]}, "input_shapes must be a dict"),
     ({"target": "tpu"}, "target must be one of numpy, llvm, cuda, not 'tpu'"),
-    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 12"),
-    ({"passes": 13, "target": "llvm"}, "passes must be from 0 to 12, not 13"),  # 12 at level 3
+    ({"passes": -1, "target": "llvm"}, "passes must be from 0 to 13"),
+    ({"passes": 14, "target": "llvm"}, "passes must be from 0 to 13, not 14"),  # 13 at level 3
     ({"passes": 8, "opt_level": 1, "target": "llvm"}, "passes must be from 0 to 7, not 8"),
     ({"passes": 2}, "passes does not apply to the numpy target"),
     ({"dump_ir": "ir"}, "dump_ir does not apply to the numpy target"),

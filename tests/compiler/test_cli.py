@@ -405,7 +405,7 @@ def test_inspect_passes_prints_nodes_and_kernels_after_each_pass(tmp_path, capsy
     assert list(rows) == ["(imported)", "fuse_quantized", "fold_constants", "simplify",
                           "eliminate", "widen_half", "fuse_attention", "store_half",
                           "expand_powers", "convert_layout", "store_tf32", "sink_updates",
-                          "fuse_ops"]
+                          "take_range", "fuse_ops"]
     # columns: index, pass, level, nodes, kernels, ms
     assert rows["(imported)"][2:5] == ["-", "5", "5"]
     assert rows["convert_layout"][3:5] == ["5", "5"]
@@ -427,7 +427,7 @@ def test_inspect_passes_level_and_json(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--json", "--target", "llvm")
     passes = json.loads(out)["passes"]
     assert passes["target"] == "llvm" and passes["opt_level"] == 3
-    assert [r["pass"] for r in passes["after"]][-3:] == ["store_tf32", "sink_updates",
+    assert [r["pass"] for r in passes["after"]][-3:] == ["sink_updates", "take_range",
                                                          "fuse_ops"]
     assert passes["after"][-1]["kernels"] == 3 and passes["after"][0]["seconds"] is None
     code, out, _ = run_cli(capsys, "inspect", path, "--passes", "--target", "numpy")
@@ -445,7 +445,7 @@ def test_compile_dump_ir_writes_the_graph_after_every_pass(tmp_path, capsys):
                      "03_simplify.txt", "04_eliminate.txt", "05_widen_half.txt",
                      "06_fuse_attention.txt", "07_store_half.txt", "08_expand_powers.txt",
                      "09_convert_layout.txt", "10_store_tf32.txt", "11_sink_updates.txt",
-                     "12_fuse_ops.txt"]
+                     "12_take_range.txt", "13_fuse_ops.txt"]
     assert "Gemm" in (tmp_path / "ir" / "00_input.txt").read_text()
     assert "MatMulPacked" in (tmp_path / "ir" / "09_convert_layout.txt").read_text()
     assert "MatMulPacked" not in (tmp_path / "ir" / "04_eliminate.txt").read_text()

@@ -399,7 +399,7 @@ def test_bisect_draws_a_bar_and_ctrl_c_leaves_one_line(mlp, monkeypatch, capsys)
     drawn = terminal.getvalue()
     assert code == 130 and calls == [0, 1, 2]
     # (fuse_quantized first, then fold_constants)
-    assert re.search(r"\| 3/15 \[.*compiling after 2 pass\(es\): fold_constants", drawn), drawn
+    assert re.search(r"\| 3/16 \[.*compiling after 2 pass\(es\): fold_constants", drawn), drawn
     assert visible_lines(drawn) == ["dnnc: interrupted"]
 
 
