@@ -38,7 +38,7 @@ from ..ir.target import UNIT_ROUNDOFF
 from ..levels import DEFAULT_OPT_LEVEL
 from . import rounding, worker as worker_protocol
 from .generate import Case, generate
-from .op_generators import MASK_OPS, OPS, SPARSE_OPS
+from .op_generators import DYNAMIC_OPS, MASK_OPS, OPS, SPARSE_OPS
 
 # ---------------------------------------------------------------------------------------------
 # Tolerances
@@ -589,7 +589,8 @@ def parse_args(argv):
                    help="special-values cases: inputs with +-inf, NaN, huge values, +-0 and "
                         "subnormals, casts of them to every integer type, softmax over them")
     p.add_argument("--boost", action="append", default=[], metavar="GENERATOR",
-                   help="draw this op generator (e.g. qdq; sparse: layers with pruned "
+                   help="draw this op generator (e.g. qdq; dynamic: quantize_dynamic's products, "
+                        "drawn only so; sparse: layers with pruned "
                         "weights in every case) 12 times as often; other cases than without "
                         "it (repeatable)")
     p.add_argument("--precision", default="fp32", choices=("fp32", *UNIT_ROUNDOFF),
@@ -610,7 +611,7 @@ def parse_args(argv):
         problems.append(f"--threads must be at least 1, got {args.threads}")
     if args.timeout <= 0:
         problems.append(f"--timeout must be positive, got {args.timeout}")
-    known = {fn.__name__[4:] for _, fn in OPS + SPARSE_OPS + MASK_OPS}
+    known = {fn.__name__[4:] for _, fn in OPS + SPARSE_OPS + MASK_OPS + DYNAMIC_OPS}
     for name in args.boost:
         if name not in known:
             problems.append(f"--boost {name!r} is not one of {', '.join(sorted(known))}")

@@ -41,7 +41,7 @@ import onnx
 from onnx import helper
 
 from .graph_builder import BATCH, F32, I4, ONNX_DTYPE, U4, Builder, InputSpec, Rejected
-from .op_generators import MASK_OPS, OPS, SPARSE_OPS, SPECIAL_OPS
+from .op_generators import DYNAMIC_OPS, MASK_OPS, OPS, SPARSE_OPS, SPECIAL_OPS
 from .op_generators.layers import gen_softmax, gen_softmax_chain
 
 OPSETS = (13, 17, 18, 21)
@@ -132,6 +132,8 @@ def generate(seed: int, index: int, boost: tuple = (), special: bool = False) ->
         else OPS
     if "additive_mask" in boost:   # (never drawn otherwise: every other case stays as it was)
         ops = ops + MASK_OPS
+    if "dynamic" in boost:   # (the same)
+        ops = ops + DYNAMIC_OPS
     weights = np.array([w * (BOOST if fn.__name__[4:] in boost else 1) for w, fn in ops],
                        float)
     target = int(rng.integers(2, 5 if big else 11))

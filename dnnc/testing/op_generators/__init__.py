@@ -14,7 +14,7 @@ from .elementwise import gen_binary, gen_cast, gen_clip, gen_exp, gen_gelu, gen_
     gen_where
 from .layers import gen_additive_mask, gen_batchnorm, gen_conv, gen_gemm, gen_layernorm, gen_matmul, gen_pool, \
     gen_reduce, gen_resize, gen_softmax, gen_softmax_chain
-from .quantized import gen_qdq
+from .quantized import gen_dynamic, gen_qdq
 from .sparse import gen_sparse, gen_sparse24
 from .movement import gen_concat, gen_expand, gen_gather, gen_pad, gen_reshape, gen_slice, \
     gen_split, gen_squeeze, gen_transpose
@@ -30,6 +30,11 @@ OPS = [  # (weight, generator)
 
 SPARSE_OPS = [(6, gen_sparse), (2, gen_sparse24)]
 """Drawn besides OPS in a sparse case: layers with pruned constant weights (issue 34)."""
+
+DYNAMIC_OPS = [(4, gen_dynamic)]
+"""Drawn besides OPS only when boosted (`--boost dynamic`): quantize_dynamic's
+DynamicQuantizeLinear -> MatMulInteger products (issue 33), so that every other case stays
+as it was."""
 
 MASK_OPS = [(4, gen_additive_mask)]
 """Drawn besides OPS only when boosted (`--boost additive_mask`): transformers' additive

@@ -28,8 +28,9 @@ import math
 
 import ml_dtypes
 import numpy as np
+from onnx import TensorProto
 
-from ..graph_builder import F32, I4, I8, U4, U8, Builder, Rejected, Val, broadcastable
+from ..graph_builder import BATCH, F32, I4, I8, U4, U8, Builder, Rejected, Val, broadcastable
 from .layers import check_windows
 
 QRANGE = {I8: (-128, 127), U8: (0, 255), I4: (-8, 7), U4: (0, 15)}
@@ -394,3 +395,48 @@ def gen_qdq(g: Builder):
         fits = [(w, fn) for w, ok, fn in BLOCKS if ok(x)]
         weights = np.array([w for w, _ in fits], float)
         x = fits[int(g.rng.choice(len(fits), p=weights / weights.sum()))][1](g, x)
+
+
+# --- dynamic quantization, as quantize_dynamic writes it -------------------------------------
+
+def gen_dynamic(g: Builder):
+    """A MatMul as onnxruntime.quantization.quantize_dynamic writes it (issue 33's operator
+    format for transformers): DynamicQuantizeLinear of the activation (uint8, its scale and
+    zero point from the values' range at run time), MatMulInteger with int8 weights
+    (QInt8: symmetric, zero point 0) or uint8 ones (QUInt8: a zero point near 128), per
+    tensor or per output column, Cast to float, times the activation's scale times the
+    weights'; then a bias Add sometimes.
+
+    The activation is a graph input (sometimes a new one with rows and depth the int8
+    product templates take): every correct implementation quantizes it bit for bit (its max
+    and min are exact, the scale and zero point follow from them, the rounding is
+    half-to-even), the integer product is exact and the two float Muls round once each, so
+    the output is compared as any float one. A computed activation would need a rounding
+    bound for the run-time scale (rounding.py has none), and at a reduced precision a
+    half-stored producer rounds it first; the quantizations of computed values are the
+    tests' (bert_tiny's files, on every target and precision)."""
+    inputs = {s.name for s in g.inputs}
+    x = g.pick(lambda v: v.name in inputs and v.exact and not v.special and v.rank >= 2 and
+               v.shape[-1] != BATCH and v.shape[-1] <= 512)
+    if g.chance(0.3):   # rows and depth the int8 product templates take
+        x = g.add_input((g.batch_dim, g.choice([16, 32, 40]), g.choice([32, 64, 96])), F32)
+    k = x.shape[-1]
+    n = g.choice([1, 3, 8, 16, 33, 64])
+    per_column = g.chance(0.5)
+    if g.chance(0.7):   # QInt8 weights
+        w = g.rng.integers(-127, 128, (k, n)).astype(np.int8)
+        zero = np.zeros(n if per_column else (), np.int8)
+    else:               # QUInt8 weights
+        w = g.rng.integers(0, 256, (k, n)).astype(np.uint8)
+        zero = g.rng.integers(120, 137, n if per_column else ()).astype(np.uint8)
+    scale = g.rng.uniform(2e-3, 2e-2, n if per_column else ()).astype(np.float32)
+    xq, xs, xz = g.node("DynamicQuantizeLinear", [x], n_out=3)
+    both = g.node("Mul", [xs, g.initializer(scale, "w_scale", exact=True)])[0]
+    product = g.node("MatMulInteger", [xq, g.initializer(w, "w_quantized", exact=True), xz,
+                                       g.initializer(zero, "w_zero_point", exact=True)])[0]
+    y = g.node("Mul", [g.node("Cast", [product], to=TensorProto.FLOAT)[0], both],
+               scale=float(x.scale))[0]
+    if g.chance(0.5):
+        bias = g.initializer(g.rng.standard_normal(n).astype(np.float32), "b")
+        y = g.node("Add", [y, bias], scale=float(x.scale))[0]
+    return y
