@@ -245,6 +245,7 @@ def render_func(func: L.PrimFunc, noalias: bool = True) -> tuple[str, CudaKernel
         if shared_bytes(stage, align) > STATIC_SHARED_BYTES or align > 16:
             em.pool, em.pool_align = 0, align   # one dynamic pool, buffers carved from it
             em.emit(1, f"DNNC_SHARED_POOL({SHARED_POOL}, {pool});")
+        em.emit(1, "DNNC_GRID_DEPENDENCY();")   # (programmatic.py: before any global access)
         em.stmt(stage, 1)
         threads = math.prod(block)
         cluster = _cluster_size(stage, func.name)

@@ -66,7 +66,8 @@ from ..contract import CompiledSegment
 from ..executable import Executable, index_error
 from ..plan import Call, Program, image_consts, in_place_outputs
 from ..specialisations import DEFAULT_CACHE_SIZE
-from . import device, tensor_map
+from . import device, programmatic, tensor_map
+from .programmatic import launch_after_kernel
 from .tensor_map import MAP_BYTES
 
 DEVICE_ALIGN = 256
@@ -711,6 +712,10 @@ class _CompiledSegment(CompiledSegment):
         for launch in self.launches:
             if launch.name not in self._functions:
                 self._functions[launch.name] = self._function(launch)
+        # its graphs' launches: programmatic where every kernel waits for the one ahead
+        # (an artifact rendered before the kernels' `DNNC_GRID_DEPENDENCY()` does not)
+        self.programmatic = programmatic.supported(self.arch) and \
+            "DNNC_GRID_DEPENDENCY();" in self.source
         self._upload_constants(consts)
 
     def loop_source(self) -> str:
@@ -838,9 +843,14 @@ class _CompiledSegment(CompiledSegment):
         return keep
 
     @staticmethod
-    def _launch(launches: list[tuple], stream) -> None:
-        for fn, grid, block, shared, args in launches:
-            fn(grid, block, args, shared_mem=shared, stream=stream)
+    def _launch(launches: list[tuple], stream, programmatic: bool = False) -> None:
+        """The launches in order on `stream`; with `programmatic`, each after the first
+        allowed to start before the one ahead of it finishes (programmatic.py)."""
+        for k, (fn, grid, block, shared, args) in enumerate(launches):
+            if programmatic and k:
+                launch_after_kernel(fn, grid, block, shared, args, stream)
+            else:
+                fn(grid, block, args, shared_mem=shared, stream=stream)
 
     def run(self, arrays: list, frame: _Frame) -> list:
         """The segment's outputs as device arrays: the frame's output buffers, valid until
@@ -976,7 +986,7 @@ class _CompiledSegment(CompiledSegment):
         stream = frame.capture
         stream.begin_capture()
         try:
-            self._launch(launches, stream)
+            self._launch(launches, stream, self.programmatic)
             if self.checks:
                 self._copy_record(frame, stream)
         finally:

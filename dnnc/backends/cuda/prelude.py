@@ -14,6 +14,13 @@ and signatures in step with it.
 
 PRELUDE = r"""// dnnc: CUDA C for NVRTC (built-in headers only)
 #define DNNC_SHARED_POOL(name, bytes) extern __shared__ __align__(1024) unsigned char name[]
+// every kernel's first statement: wait for the grids it depends on (complete, their writes
+// visible) before any global access (programmatic.py; sm_90 and later)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DNNC_GRID_DEPENDENCY() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define DNNC_GRID_DEPENDENCY()
+#endif
 __device__ __forceinline__ float dnnc_h2f(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
 }

@@ -209,6 +209,31 @@ def test_elementwise_launch_covers_the_extent_with_a_guard():
     assert "const float* __restrict__ v_x" in text             # an input is const
 
 
+def test_every_kernel_waits_for_the_one_ahead_before_any_global_access():
+    """Programmatic dependent launch (programmatic.py): every `__global__` function of a
+    model's module (products, convs, attention, reductions, layout copies) starts with
+    `DNNC_GRID_DEPENDENCY()`, after the shared pool's declaration at most, so that a kernel
+    launched before the one ahead of it has finished reads nothing it has not written; and
+    programmatic launches are refused before sm_90 and under DNNC_PDL=0."""
+    from dnnc.backends.cuda import programmatic
+    from cuda_kernels import zoo_programs
+
+    for name in ("cnn", "bert"):
+        _, progs = zoo_programs(name)
+        for program in progs:
+            source = render_module(program.unique).source
+            bodies = re.findall(r'extern "C" __global__[^{]*\{\n([^\n]*)\n([^\n]*)', source)
+            assert bodies
+            for first, second in bodies:
+                assert first.strip() == "DNNC_GRID_DEPENDENCY();" or (
+                    first.strip().startswith("DNNC_SHARED_POOL(") and
+                    second.strip() == "DNNC_GRID_DEPENDENCY();"), (first, second)
+    assert not programmatic.supported("sm_80")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DNNC_PDL", "0")
+        assert not programmatic.supported("sm_90")
+
+
 @pytest.mark.parametrize("op,shape,attrs", [("Relu", (0, 5), {}),
                                             ("ReduceSum", (0, 7), {"keepdims": 0})])
 def test_empty_tensors_launch_one_idle_block(op, shape, attrs):

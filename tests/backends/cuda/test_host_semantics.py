@@ -103,6 +103,7 @@ static thread_local std::vector<const unsigned char*> dnnc_unfenced_copies;
   static __attribute__((aligned(1024))) unsigned char name##_ranks[8][bytes]; \
   unsigned char* const name = name##_ranks[dnnc_rank]; \
   dnnc_shared_window = dnnc_windows[dnnc_rank] = name
+#define DNNC_GRID_DEPENDENCY()   // (one block runs at a time here: nothing ahead to wait for)
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 struct alignas(8) float2 { float x, y; };
