@@ -15,10 +15,9 @@ cold. Compiles alternate old/new/new/old...; calls run in blocks of each tree's 
 alternating which goes first, 0.2 s apart; each ratio is new/old of the medians. On llvm the
 CPU seconds of LLVM's optimisation pipeline (`jit.optimize`) and of its whole JIT compiles
 (`JITModule`: with the machine code, as costly as the optimisation) are printed as well:
-steadier than a compile's wall time on a shared machine. `--kernels`: each kernel's time too (`profile`, both
-trees alternating, `--rounds` times), new/old of its medians, where the trees' kernels are the
-same list. Made for
-refactorings that must change neither speed nor compile time (issue 29); a ratio near 1.00
+steadier than a compile's wall time on a shared machine. `--kernels`: each kernel's time
+too (`profile`, both trees alternating, `--rounds` times), new/old of its medians, where the
+trees' kernels are the same list. Made for refactorings that must change neither speed nor compile time (issue 29); a ratio near 1.00
 within this machine's noise is the expected result.
 """
 
