@@ -13,11 +13,11 @@ with the same seeded weights and inputs; `light_NAME`: the onnx package's light 
 inputs by `zoo.inputs_for`); the on-disk compile cache is off, so each compile is
 cold. Compiles alternate old/new/new/old...; calls run in blocks of each tree's calls,
 alternating which goes first, 0.2 s apart; each ratio is new/old of the medians. On llvm the
-CPU seconds of LLVM's optimisation pipeline (`jit.optimize`) are printed as well: steadier than
-a compile's wall time on a shared machine. `--kernels`: each kernel's time too (`profile`, both
-trees alternating, `--rounds` times), new/old of its medians, where the trees' kernels are the
-same list. Made for
-refactorings that must change neither speed nor compile time (issue 29); a ratio near 1.00
+CPU seconds of LLVM's optimisation pipeline (`jit.optimize`) and of its whole JIT compiles
+(`JITModule`: with the machine code, as costly as the optimisation) are printed as well:
+steadier than a compile's wall time on a shared machine. `--kernels`: each kernel's time
+too (`profile`, both trees alternating, `--rounds` times), new/old of its medians, where the
+trees' kernels are the same list. Made for refactorings that must change neither speed nor compile time (issue 29); a ratio near 1.00
 within this machine's noise is the expected result.
 """
 
@@ -49,36 +49,44 @@ def import_old(tree: Path, folder: Path):
     return importlib.import_module("dnnc_old")
 
 
-OPTIMISING: dict[str, list[float]] = {}
-"""package name -> the CPU seconds of each of its runs of LLVM's optimisation pipeline, once
-`time_llvm_optimisation` wrapped it (llvm target)."""
+LLVM_SECONDS: dict[tuple[str, str], list[float]] = {}
+"""(package name, "optimise" or "jit") -> the CPU seconds of each of its runs of LLVM's
+optimisation pipeline (`jit.optimize`), or of each whole JIT compile of a module (`JITModule`:
+parsing, that pipeline and the machine code MCJIT generates), once `time_llvm` wrapped them
+(llvm target)."""
 
 
-def time_llvm_optimisation(package) -> None:
-    """From now on, each of `package`'s runs of LLVM's optimisation pipeline adds its CPU
-    seconds to OPTIMISING."""
+def time_llvm(package) -> None:
+    """From now on, each of `package`'s runs of LLVM's optimisation pipeline and each of its
+    JIT compiles add their CPU seconds to LLVM_SECONDS."""
     jit = importlib.import_module(package.__name__ + ".backends.llvm.jit")
-    seconds = OPTIMISING.setdefault(package.__name__, [])
-    optimize = jit.optimize
 
-    def timed(*args, **kwargs):
-        start = time.process_time()
-        try:
-            return optimize(*args, **kwargs)
-        finally:
-            seconds.append(time.process_time() - start)
-    jit.optimize = timed
+    def timed(function, stage):
+        seconds = LLVM_SECONDS.setdefault((package.__name__, stage), [])
+
+        def run(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds.append(time.process_time() - start)
+        return run
+    jit.optimize = timed(jit.optimize, "optimise")
+    jit.JITModule.__init__ = timed(jit.JITModule.__init__, "jit")
 
 
 def compile_seconds(package, model, target: str, precision: str | None = None
-                    ) -> tuple[float, float, object]:
-    """(wall seconds, CPU seconds of LLVM's optimisation, the compiled model)."""
-    optimising = OPTIMISING.get(package.__name__, [])
-    before = sum(optimising)
+                    ) -> tuple[float, float, float, object]:
+    """(wall seconds, CPU seconds of LLVM's optimisation, of its whole JIT compiles, the
+    compiled model)."""
+    tables = [LLVM_SECONDS.get((package.__name__, stage), []) for stage in ("optimise", "jit")]
+    before = [sum(t) for t in tables]
     start = time.perf_counter()
     options = {"precision": precision} if precision else {}
     compiled = package.compile(model, target=target, cache=False, **options)
-    return time.perf_counter() - start, sum(optimising) - before, compiled
+    wall = time.perf_counter() - start
+    optimising, jitting = (sum(t) - b for t, b in zip(tables, before))
+    return wall, optimising, jitting, compiled
 
 
 def load_model(name: str, batch: int | None):
@@ -115,13 +123,15 @@ def measure(name: str, new, old, target: str, rounds: int, compiles: int,
     inputs = list(zoo.inputs_for(model, np.random.default_rng(0)).values())
     times = {"new": [], "old": []}
     optimising = {"new": [], "old": []}
+    jitting = {"new": [], "old": []}
     compiled = {}
     for i in range(compiles):
         for which in (("old", "new") if i % 2 == 0 else ("new", "old")):
-            seconds, cpu, compiled[which] = compile_seconds(
+            seconds, cpu, jit_cpu, compiled[which] = compile_seconds(
                 new if which == "new" else old, model, target, precision)
             times[which].append(seconds)
             optimising[which].append(cpu)
+            jitting[which].append(jit_cpu)
     ya, yb = compiled["new"].run(*inputs), compiled["old"].run(*inputs)
     same = all(np.array_equal(host(a), host(b)) for a, b in zip(ya, yb))
     one = block_ms(compiled["new"], inputs, 3)
@@ -135,6 +145,8 @@ def measure(name: str, new, old, target: str, rounds: int, compiles: int,
            "compile_old": statistics.median(times["old"]),
            "llvm_new": statistics.median(optimising["new"]),
            "llvm_old": statistics.median(optimising["old"]),
+           "jit_new": statistics.median(jitting["new"]),
+           "jit_old": statistics.median(jitting["old"]),
            "ms_new": statistics.median(ms["new"]), "ms_old": statistics.median(ms["old"]),
            "same_outputs": same}
     if kernels:
@@ -176,13 +188,15 @@ def main() -> int:
         old = import_old(args.old.resolve(), Path(folder))
         if args.target == "llvm":
             for package in (dnnc, old):
-                time_llvm_optimisation(package)
+                time_llvm(package)
         print(f"# {platform.machine()} {os.cpu_count()} cores, threads "
               f"{os.environ.get('DNNC_NUM_THREADS', 'all')}, target {args.target}; new "
               f"{ROOT} vs old {args.old}; medians of {args.compiles} compiles and "
-              f"{args.rounds} call blocks each; LLVM: its optimisation's CPU seconds")
+              f"{args.rounds} call blocks each; LLVM: CPU seconds of its optimisation, "
+              f"JIT: of LLVM's whole compiles (optimisation and machine code)")
         print(f"{'model':18} {'compile new s':>13} {'old s':>7} {'new/old':>7} "
-              f"{'LLVM new s':>10} {'old s':>7} {'call new ms':>11} {'old ms':>8} "
+              f"{'LLVM new s':>10} {'old s':>7} {'JIT new s':>9} {'old s':>7} "
+              f"{'call new ms':>11} {'old ms':>8} "
               f"{'new/old':>7}  outputs")
         measure("mlp", dnnc, old, args.target, 1, 1)   # each tree's JIT and pool started
         for name in args.models.split(","):
@@ -190,7 +204,8 @@ def main() -> int:
                         args.precision, args.batch, args.kernels)
             print(f"{name:18} {r['compile_new']:13.2f} {r['compile_old']:7.2f} "
                   f"{r['compile_new'] / r['compile_old']:7.2f} {r['llvm_new']:10.2f} "
-                  f"{r['llvm_old']:7.2f} {r['ms_new']:11.3f} "
+                  f"{r['llvm_old']:7.2f} {r['jit_new']:9.2f} {r['jit_old']:7.2f} "
+                  f"{r['ms_new']:11.3f} "
                   f"{r['ms_old']:8.3f} {r['ms_new'] / r['ms_old']:7.2f}  "
                   f"{'identical' if r['same_outputs'] else 'DIFFER'}", flush=True)
             if args.kernels:

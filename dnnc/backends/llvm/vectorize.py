@@ -33,23 +33,24 @@ def vectorizable(body: L.Stmt) -> bool:
     return isinstance(body, L.Store)
 
 
-def _lane_coefficient(e: L.Expr, var: L.Var, vector_vars) -> int | None:
-    """The coefficient of `var` in `e` when `e` is affine in it (0: invariant), else None."""
-    free = L.free_vars(e)
-    if var not in free and not (free & vector_vars):
+def _lane_coefficient(e: L.Expr, var: L.Var, vector_vars, free=L.free_vars) -> int | None:
+    """The coefficient of `var` in `e` when `e` is affine in it (0: invariant), else None
+    (`free`: an expression's free variables)."""
+    used = free(e)
+    if var not in used and not (used & vector_vars):
         return 0
     if e == var:
         return 1
     if isinstance(e, L.BinOp) and e.op in ("+", "-"):
-        a = _lane_coefficient(e.a, var, vector_vars)
-        b = _lane_coefficient(e.b, var, vector_vars)
+        a = _lane_coefficient(e.a, var, vector_vars, free)
+        b = _lane_coefficient(e.b, var, vector_vars, free)
         if a is None or b is None:
             return None
         return a + b if e.op == "+" else a - b
     if isinstance(e, L.BinOp) and e.op == "*":
         for x, y in ((e.a, e.b), (e.b, e.a)):
             if isinstance(y, L.Const):
-                cx = _lane_coefficient(x, var, vector_vars)
+                cx = _lane_coefficient(x, var, vector_vars, free)
                 return None if cx is None else cx * y.value
     return None
 
@@ -91,9 +92,27 @@ class VectorLoop:
         self.lanes = loop.extent.value
         self.body = loop.body
         self.vectors: dict[L.Var, ir.Value] = {}   # let-bound vector values
+        self._free: dict[int, tuple[L.Expr, frozenset]] = {}   # `free`'s, by node
 
     def emit(self) -> None:
         self.stmt(self.body)
+
+    def free(self, e: L.Expr) -> frozenset:
+        """`e`'s free variables, each node's computed once from its children's: `expr` asks
+        at every node of a tree, and `L.free_vars` walked each subtree again (a Winograd
+        F(6x6) transform's sums: 350k walks, a third of its kernel's Python)."""
+        known = self._free.get(id(e))
+        if known is not None:
+            return known[1]
+        if isinstance(e, L.Var):
+            used = frozenset((e,))
+        elif isinstance(e, L.Reduce):   # (binds its axes)
+            used = frozenset(L.free_vars(e))
+        else:
+            used = frozenset().union(*(self.free(x) for x in L.children(e)
+                                       if isinstance(x, L.Expr)))
+        self._free[id(e)] = (e, used)   # (e kept: its id is not reused while this lives)
+        return used
 
     def vtype(self, dtype: T.DType) -> ir.VectorType:
         return ir.VectorType(compute_type(dtype), self.lanes)
@@ -123,7 +142,8 @@ class VectorLoop:
     def _lane_stride(self, indices) -> int | None:
         """Elements between consecutive lanes' addresses: 0 when every lane reads one element,
         k when lane i reads base + k * i along the last axis, None otherwise."""
-        coefs = [_lane_coefficient(i, self.var, set(self.vectors)) for i in indices]
+        vectors = set(self.vectors)
+        coefs = [_lane_coefficient(i, self.var, vectors, self.free) for i in indices]
         if any(c is None for c in coefs) or any(c != 0 for c in coefs[:-1]):
             return None
         return coefs[-1] if coefs else 0
@@ -153,7 +173,7 @@ class VectorLoop:
             return self._table_lookup(e.buffer, self._as_vector(e.indices[0]))
         indices, temps = [], []
         for k, i in enumerate(e.indices):
-            if _lane_coefficient(i, self.var, set(self.vectors)) is not None:
+            if _lane_coefficient(i, self.var, set(self.vectors), self.free) is not None:
                 indices.append(i)
                 continue
             temp = L.Var(f"lane_index{k}", i.dtype)
@@ -215,7 +235,7 @@ class VectorLoop:
             self.b.store(mem, ptr, align=dtype.itemsize)
             return
         for k in range(self.lanes):   # scatter, lane by lane
-            with self._lane(k):
+            with self._lane(k, s.indices):
                 lane_value = self.b.extract_element(value, ir.Constant(I32, k)) \
                     if is_vector else value
                 ptr = self.em.address(s.buffer, s.indices)
@@ -224,9 +244,13 @@ class VectorLoop:
     def _to_memory(self, vec, dtype):
         return self.b.zext(vec, ir.VectorType(I8, self.lanes)) if dtype.kind == "b" else vec
 
-    def _lane(self, k: int):
-        em, var, vectors = self.em, self.var, self.vectors
-        b = self.b
+    def _lane(self, k: int, exprs):
+        """Lane k's scalars of the loop variable and of the let-bound vectors that `exprs`
+        read, in the scalar emitter's environment while inside. Only those: every vector in
+        scope a lane was IR that LLVM deleted (a Winograd F(6x6) kernel's 55k lines)."""
+        em, var, b = self.em, self.var, self.b
+        used = frozenset().union(*(self.free(e) for e in exprs))
+        vectors = {v: vec for v, vec in self.vectors.items() if v in used}
 
         class Lane:
             def __enter__(self_):
@@ -247,15 +271,15 @@ class VectorLoop:
     def lanewise(self, e: L.Expr) -> ir.Value:
         out = ir.Constant(self.vtype(e.dtype), ir.Undefined)
         for k in range(self.lanes):
-            with self._lane(k):
+            with self._lane(k, (e,)):
                 out = self.b.insert_element(out, self.em.expr(e), ir.Constant(I32, k))
         return out
 
     def expr(self, e: L.Expr) -> tuple[ir.Value, bool]:
         """(value, is_vector): invariant expressions stay scalars; the rest is vector code
         where `_VECTOR_EXPR` has a vector emitter for the node, else lane by lane."""
-        free = L.free_vars(e)
-        if self.var not in free and not (free & set(self.vectors)):
+        free = self.free(e)
+        if self.var not in free and not (free & self.vectors.keys()):
             return self.em.expr(e), False
         if e == self.var:
             return ir.Constant(ir.VectorType(I64, self.lanes), list(range(self.lanes))), True
