@@ -244,14 +244,20 @@ def _dynamic_quantize_infer(ctx):
             T.TensorType(T.uint8, ())]
 
 
+def _range_from_zero(x) -> tuple[np.ndarray, np.float32, np.float32]:
+    """(x as float32: a half x widened, exact; max(x, 0); min(x, 0)): the range
+    DynamicQuantizeLinear quantizes over, which DynamicRange's partials hold in pieces."""
+    x = np.asarray(x).astype(np.float32)
+    return (x, np.float32(max(0.0, float(np.max(x)) if x.size else 0.0)),
+            np.float32(min(0.0, float(np.min(x)) if x.size else 0.0)))
+
+
 def dynamic_quantize_linear(x, x_range=None):
     """uint8 asymmetric quantization over [min(x, 0), max(x, 0)], as ONNX specifies (a half
     x widened to float32 first: exact). The optional `x_range` (DynamicRange's partials of x,
     which the take_range pass adds) holds that range in pieces: the reference reads x
     itself, which gives the same."""
-    x = np.asarray(x).astype(np.float32)
-    hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))
-    lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
+    x, hi, lo = _range_from_zero(x)
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
     zero_point = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
     y = np.clip(np.rint(x / scale) + zero_point, 0, 255)
@@ -372,9 +378,7 @@ def dynamic_range(x):
     some of x's elements and 0, every element in some column. Kernels choose the pieces
     (a block's stores: `backends/cuda/range_epilogue.py`); the reference's pieces are the
     whole tensor, every column the same."""
-    x = np.asarray(x).astype(np.float32)
-    hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))
-    lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
+    _, hi, lo = _range_from_zero(x)
     return np.stack([np.full(RANGE_PIECES, hi, np.float32),
                      np.full(RANGE_PIECES, lo, np.float32)])
 
