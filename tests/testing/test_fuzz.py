@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 from dnnc.testing import fuzz
 from dnnc.testing.generate import generate
 from dnnc.testing.minimize import minimize
+from fuzz_checks import seeded_batch_finds_nothing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -701,12 +702,7 @@ def test_a_seeded_qdq_batch_finds_nothing(tmp_path):
     onnxruntime, within the rounding bounds. Cases 14 and 25 hold efficientnet's block with
     a 3x3 expansion whose conv kernel ends in a QuantizeLinear: before the conv2d template
     staged int8 in its own type (issue 30), both were mismatches."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "dnnc.testing.fuzz", "--cases", "30", "--seed", str(QDQ_SEED),
-         "--boost", "qdq", "--threads", "2", "--out", str(tmp_path)],
-        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "cases 30, passed" in proc.stdout
+    seeded_batch_finds_nothing(tmp_path, QDQ_SEED, 30, "qdq")
 
 
 def test_reduced_precision_tolerance_catches_wrong_code_not_rounding():

@@ -3,21 +3,14 @@ DynamicQuantizeLinear -> MatMulInteger, `--boost dynamic`): what the cases hold,
 other case changed, that the comparison catches a quantization bug, and a seeded batch on
 the llvm target."""
 
-import dataclasses
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from onnx import numpy_helper
 
-from dnnc.testing import fuzz
 from dnnc.testing.generate import generate
 from dnnc.testing.op_generators import OPS, gen_dynamic
+from fuzz_checks import cases_a_planted_bug_changes, seeded_batch_finds_nothing
 
-ROOT = Path(__file__).resolve().parents[2]
 DYNAMIC_SEED = 33
 
 
@@ -95,33 +88,14 @@ def test_seeded_dynamic_cases_find_an_injected_quantization_bug(kind, monkeypatc
     """The bug planted in the numpy target's DynamicQuantizeLinear, run as the target under
     test, against the true reference: reported in some seeded cases, and no case differs
     without it."""
-    from dnnc.ir.ops import registry
-
     cases = [c for c in _dynamic_cases() if "DynamicQuantizeLinear" in c.ops]
-    truth = []
-    for case in cases:
-        runs = [case.draw_inputs(r) for r in range(2)]
-        truth.append((runs, fuzz.numpy_outputs(case.model.SerializeToString(), runs)))
-    op = registry.get_op("DynamicQuantizeLinear")
-    monkeypatch.setitem(registry._REGISTRY, "DynamicQuantizeLinear", dataclasses.replace(
-        op, evaluate=_buggy_dynamic_quantize(kind, op.evaluate)))
-    found = 0
-    for case, (runs, want) in zip(cases, truth):
-        names = [o.name for o in case.model.graph.output]
-        assert not fuzz.differences(want, want, names)
-        got = fuzz.numpy_outputs(case.model.SerializeToString(), runs)
-        found += bool(fuzz.differences(got, want, names))
+    found = cases_a_planted_bug_changes(
+        cases, "DynamicQuantizeLinear",
+        lambda reference: _buggy_dynamic_quantize(kind, reference), monkeypatch)
     assert found >= 3, found
 
 
 def test_a_seeded_dynamic_batch_finds_nothing(tmp_path):
     """20 cases of dynamically quantized products (--boost dynamic) on the llvm target
     against numpy and onnxruntime."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-m", "dnnc.testing.fuzz", "--cases", "20", "--seed",
-         str(DYNAMIC_SEED), "--boost", "dynamic", "--threads", "2", "--out", str(tmp_path)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "cases 20, passed" in proc.stdout
+    seeded_batch_finds_nothing(tmp_path, DYNAMIC_SEED, 20, "dynamic")

@@ -2,21 +2,14 @@
 that the other cases stay as they were, that the comparison catches bugs sparse kernels make,
 and a seeded batch on the llvm target."""
 
-import dataclasses
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from onnx import numpy_helper
 
 from dnnc.compiler.sparsify import constant_tensors, find_layers, zero_fraction
-from dnnc.testing import fuzz
 from dnnc.testing.generate import SPARSE_RATE, generate, sparse_case
+from fuzz_checks import cases_a_planted_bug_changes, seeded_batch_finds_nothing
 
-ROOT = Path(__file__).resolve().parents[2]
 SPARSE_SEED = 34
 
 
@@ -102,33 +95,13 @@ def test_seeded_sparse_cases_find_an_injected_sparse_kernel_bug(kind, monkeypatc
     it. 200 cases: a NaN input meeting a sparse MatMul (what `zeros_skipped` needs) is
     rare, 6 of their 148 MatMul cases (2 of the first 60 before the 4-bit QDQ draws changed
     the cases holding a QDQ pair, 1 after)."""
-    from dnnc.ir.ops import registry
-
     cases = [c for c in _sparse_cases(200) if "MatMul" in c.ops]
-    truth = []
-    for case in cases:
-        runs = [case.draw_inputs(r) for r in range(2)]
-        truth.append((runs, fuzz.numpy_outputs(case.model.SerializeToString(), runs)))
-    op = registry.get_op("MatMul")
-    monkeypatch.setitem(registry._REGISTRY, "MatMul",
-                        dataclasses.replace(op, evaluate=_buggy_matmul(kind, op.evaluate)))
-    found = 0
-    for case, (runs, want) in zip(cases, truth):
-        names = [o.name for o in case.model.graph.output]
-        assert not fuzz.differences(want, want, names)
-        got = fuzz.numpy_outputs(case.model.SerializeToString(), runs)
-        found += bool(fuzz.differences(got, want, names))
+    found = cases_a_planted_bug_changes(
+        cases, "MatMul", lambda reference: _buggy_matmul(kind, reference), monkeypatch)
     assert found >= 2, found
 
 
 def test_a_seeded_sparse_batch_finds_nothing(tmp_path):
     """30 cases of layers with sparse weights (--boost sparse) on the llvm target against
     numpy and onnxruntime."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-m", "dnnc.testing.fuzz", "--cases", "30", "--seed",
-         str(SPARSE_SEED), "--boost", "sparse", "--threads", "2", "--out", str(tmp_path)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "cases 30, passed" in proc.stdout
+    seeded_batch_finds_nothing(tmp_path, SPARSE_SEED, 30, "sparse")
