@@ -31,7 +31,8 @@ load at the pixel's base plus the group's offset. A grouped conv's panel reads o
 groups' channels (`panel_span` from `panel_base`: regnet's groups of 8 channels, 2 a panel,
 half its products zeros: 4.36 -> 0.12 ms for its first 3x3, 1 thread, where the generic
 loops ran it), a tile of one panel where the next reads other channels. A pointwise conv
-(one group) transposes the tile (`_PointwiseTile`).
+(one group) transposes the tile (`_PointwiseTile`) unless its image has fewer pixels than a
+panel (`few_pixels`). A product under `conv.MIN_PARALLEL_MACS` runs on one thread.
 
 Knobs (`Int8Config`): mr (rows a tile), nr (16 or 32 columns). This module builds loop IR and
 names features; it must never import llvmlite.
@@ -53,6 +54,7 @@ from ..quantized_problems import (DynamicQuantize, MaxPool8, QuantizedConvProble
                                   max_pool8, quantized_conv, quantized_dense, scale_param,
                                   untailed_groups)
 from ..space import Constraint, Space, Template
+from .conv import parallel_kind
 
 VNNI512 = frozenset({"avx512vnni", "avx512vl"})
 """The features of vpdpbusd at 512, 256 and 128 bits."""
@@ -113,6 +115,7 @@ class _Tile:
     def __init__(self, p, config: Int8Config, rows: int, columns: int, depth: int):
         self.p, self.mr, self.nr = p, config.mr, config.nr
         self.rows, self.columns = rows, columns
+        self.macs = rows * columns * depth * GROUP_DEPTH   # (padded to whole groups)
         self.halves = config.nr // GROUP_COLUMNS
         self.w = L.Buffer(p.w.name, T.uint32, (-(-columns // GROUP_COLUMNS), depth,
                                                GROUP_COLUMNS))
@@ -163,16 +166,23 @@ class _Tile:
         return L.For(ii, self.mr, L.If(i < self.rows, L.If(
             jp * self.nr + self.nr <= self.columns, whole, part)), L.ForKind.UNROLLED)
 
+    def kind(self, threads: int, units: int) -> L.ForKind:
+        """PARALLEL for a loop of `units` where threads share the product: where it has
+        `conv.MIN_PARALLEL_MACS` (a squeeze-excitation's 1x1 convs on a pooled image, 55 K
+        multiply-adds, took 11-16 us in each of two regions at 16 threads, 2-9 us on one),
+        and more than one unit."""
+        return parallel_kind(threads if units > 1 else 1, self.macs)
+
     def nest(self, threads: int, tile_body) -> L.Stmt:
         """Every (row tile, panel), panel-major (a panel stays in L2 while row tiles pass),
-        shared by the worker pool: `tile_body(i0, jp)` after the accumulators are zeroed."""
+        shared by the worker pool (`kind`): `tile_body(i0, jp)` after the accumulators are
+        zeroed."""
         tiles, panels = -(-self.rows // self.mr), -(-self.columns // self.nr)
         t, z = L.Var("t"), L.Var("z")
         zero = L.For(z, self.mr * self.nr, L.Store(self.acc, (z,), L.const(0, T.int32)),
                      L.ForKind.VECTORIZED)
         body = L.Allocate(self.acc, L.seq(zero, tile_body((t % tiles) * self.mr, t // tiles)))
-        kind = L.ForKind.PARALLEL if threads > 1 and tiles * panels > 1 else L.ForKind.SERIAL
-        return L.For(t, tiles * panels, body, kind)
+        return L.For(t, tiles * panels, body, self.kind(threads, tiles * panels))
 
 
 class DenseTile(_Tile):
@@ -222,8 +232,7 @@ class DenseTile(_Tile):
                      L.For(lane, p.k % GROUP_COLUMNS, add(
                          L.const(0), whole * GROUP_COLUMNS + lane)),
                      L.Store(self.row_sums, (i,), total))
-        kind = L.ForKind.PARALLEL if threads > 1 and p.m > 1 else L.ForKind.SERIAL
-        return L.For(i, p.m, L.Allocate(lanes, body), kind)
+        return L.For(i, p.m, L.Allocate(lanes, body), self.kind(threads, p.m))
 
     def word(self, row, g, guard: bool, flip: bool | None = None) -> L.Expr:
         """A's bytes 4g..4g+3 of `row` as one uint32 (byte t in bits 8t..8t+7; past K: 0),
@@ -331,8 +340,7 @@ class _ConvTile(_Tile):
         inner = L.seq(pads(0, pw), L.For(ix, wid, L.Store(self.quads, at(pw + ix), word), vec),
                       pads(pw + wid, self.wp - pw - wid))
         rows = L.If(L.logical_and(iy >= ph, iy < ph + h), inner, pads(0, self.wp))
-        kind = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
-        return L.For(nc, n * self.c4, L.For(iy, self.hp, rows), kind)
+        return L.For(nc, n * self.c4, L.For(iy, self.hp, rows), self.kind(threads, n * self.c4))
 
     def body(self, threads: int) -> L.Stmt:
         p = self.p
@@ -392,7 +400,7 @@ def conv_default(p: QuantizedConvProblem, machine) -> Int8Config:
 
 
 def conv_build(p: QuantizedConvProblem, config: Int8Config, machine) -> L.PrimFunc:
-    tile = (_PointwiseTile if pointwise(p) else _ConvTile)(p, config)
+    tile = (_PointwiseTile if pointwise(p) and not few_pixels(p) else _ConvTile)(p, config)
     return L.simplify(L.PrimFunc(p.name, tile.params(), tile.body(machine.threads)))
 
 
@@ -402,6 +410,15 @@ def pointwise(p: QuantizedConvProblem) -> bool:
     return p.group == 1 and p.kernel == (1, 1) and p.strides == (1, 1) and \
         tuple(p.begins) == (0, 0) and \
         tuple(p.padded_hw) == tuple(p.x_dims[2:])
+
+
+def few_pixels(p: QuantizedConvProblem) -> bool:
+    """An image of fewer output pixels than a panel's 16 columns: squeeze-excitation's 1x1
+    convs on a pooled [C, 1, 1]. A vector of an image's pixels (the transposed tile, an AMX
+    tile's rows) is then mostly padding, so such a pointwise conv takes `_ConvTile`'s rows
+    of pixels of every image against vectors of output channels (efficientnet_b0's 32 took
+    2.3-15 us each transposed, 0.3-1.5 us as rows, znver4, 1 thread)."""
+    return p.y_dims[2] * p.y_dims[3] < GROUP_COLUMNS
 
 
 class _PointwiseTile(_ConvTile):
@@ -431,8 +448,8 @@ class _PointwiseTile(_ConvTile):
         zero = L.For(z, self.mr * self.nr, L.Store(self.acc, (z,), L.const(0, T.int32)),
                      L.ForKind.VECTORIZED)
         tile = L.seq(zero, L.For(c4, self.c4, L.seq(*rows)), self.store_rows(img, p0, m0))
-        kind = L.ForKind.PARALLEL if threads > 1 else L.ForKind.SERIAL
-        main = L.For(t, n * pix_tiles * ch_tiles, L.Allocate(self.acc, tile), kind)
+        tiles = n * pix_tiles * ch_tiles
+        main = L.For(t, tiles, L.Allocate(self.acc, tile), self.kind(threads, tiles))
         return L.Allocate(self.quads, L.seq(self.pack(threads), main))
 
     def store_rows(self, img, p0, m0) -> L.Stmt:

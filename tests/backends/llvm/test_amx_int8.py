@@ -91,7 +91,8 @@ def test_int8_products_take_the_tiles_where_the_target_has_amx_int8():
     as blocks of Y^T, a strided 1x1 and a 3x3 of many pixels as Y^T over taps, a 3x3 of fewer
     pixels than weight words a channel) take the AMX templates on a target with amx-tile and
     amx-int8, at fp32 and bf16; the same CPU without amx-int8 (or with amx-bf16 alone) keeps
-    vpdpbusd's templates."""
+    vpdpbusd's templates. A 1x1 on a pooled image (fewer pixels than a tile row) keeps them
+    everywhere."""
     rng = np.random.default_rng(1)
     cases = [(dense_graph(rng, 5, 40, 20, np.uint8, "int8")[0], "amx_dense_int8", "dense_int8"),
              (conv_graph(rng, 1, 8, 9, 9, 20, 3, 1, 1, np.int8, np.int8)[0], "amx_conv_int8",
@@ -103,7 +104,9 @@ def test_int8_products_take_the_tiles_where_the_target_has_amx_int8():
              (conv_graph(rng, 1, 64, 7, 7, 24, 3, 1, 1, np.uint8, None)[0], "amx_conv_int8",
               "conv_int8"),
              (conv_graph(rng, 1, 64, 14, 14, 32, 3, 1, 1, np.int8, None)[0],
-              "amx_conv_t_int8", "conv_int8")]
+              "amx_conv_t_int8", "conv_int8"),
+             (conv_graph(rng, 2, 96, 1, 1, 24, 1, 1, 0, np.uint8, None)[0], "conv_int8",
+              "conv_int8")]
     for graph, tiles, plain in cases:
         kernel = lower_group(graph.nodes, "k", outputs=graph.outputs)
         for precision in ("fp32", "bf16"):
@@ -334,10 +337,10 @@ def test_a_dynamically_quantized_transformer_on_tiles_equals_vnni(tmp_path, mode
 @pytest.mark.parametrize("name,activations", [("resnet18", "int8"), ("mobilenet_v2", "uint8")])
 def test_a_qdq_cnn_on_tiles_equals_onnxruntime_and_vnni(tmp_path, name, activations, mode):
     """A zoo CNN through onnxruntime's quantize_static (QDQ, per-channel weights): every
-    product but the depthwise convs on the tiles (the stem and the 3x3s of few pixels on
-    amx_conv_int8, strided 1x1s on amx_conv_t_int8, 1x1s on amx_pointwise_int8, the
-    classifier on amx_dense_int8), the outputs onnxruntime's int8 outputs and the vpdpbusd
-    compile's, bit for bit."""
+    product but the depthwise convs and the 1x1s on fewer than 16 pixels (conv_int8's rows)
+    on the tiles (the stem and the 3x3s of few pixels on amx_conv_int8, strided 1x1s on
+    amx_conv_t_int8, 1x1s on amx_pointwise_int8, the classifier on amx_dense_int8), the
+    outputs onnxruntime's int8 outputs and the vpdpbusd compile's, bit for bit."""
     pytest.importorskip("onnxruntime")
     from dnnc import zoo
     from dnnc.testing.quantized_files import onnxruntime_outputs, quantize_static
@@ -346,17 +349,45 @@ def test_a_qdq_cnn_on_tiles_equals_onnxruntime_and_vnni(tmp_path, name, activati
     path = quantize_static(model, tmp_path, name, seed=3, activations=activations)
     feeds = zoo.inputs_for(model, np.random.default_rng(11))
     compiled = on_tiles(str(path), mode, signed=activations == "int8")
-    templates = {r["template"] for r in compiled.profile(*feeds.values(), repeat=1)}
-    assert "amx_dense_int8" in templates and not templates & {"dense_int8", "conv_int8"}
+    rows = compiled.profile(*feeds.values(), repeat=1)
+    templates = {r["template"] for r in rows}
+    assert "amx_dense_int8" in templates and "dense_int8" not in templates
+    few = _pointwise_convs_of_few_pixels(path)
+    assert all(set(r["nodes"]) & few for r in rows if r["template"] == "conv_int8")
+    assert all(any(name in r["nodes"] for r in rows if r["template"] == "conv_int8")
+               for name in few)
     got = compiled(**feeds)
     assert np.array_equal(got, onnxruntime_outputs(path, feeds)[0])
     assert np.array_equal(got, on_vnni(str(path))(**feeds))
 
 
+def _pointwise_convs_of_few_pixels(path) -> set[str]:
+    """The names of the 1x1 stride-1 unpadded one-group Convs of a model file whose output
+    has fewer than 16 pixels an image (at size 32, the last stages' 1 x 1 and 2 x 2)."""
+    import onnx
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in model.graph.value_info}
+    names = set()
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "Conv" or list(attrs.get("kernel_shape", [])) != [1, 1] or \
+                attrs.get("group", 1) != 1 or set(attrs.get("strides", [1])) != {1} or \
+                set(attrs.get("pads", [0])) != {0}:
+            continue
+        _, _, h, w = dims[node.output[0]]
+        if h * w < 16:
+            names.add(node.name)
+    return names
+
+
 def squeeze_excitation_chain():
-    """A float chain of 1x1 convs on one pixel, 8 -> 40 -> 4 -> 24 -> 12 -> 96 channels (a
-    squeeze-excitation's shapes), each followed by a Relu; the zoo's IR version (onnx's own
-    default, 14 with onnx 1.23, is past what the AMX host's onnxruntime loads: 13)."""
+    """A float chain of 1x1 convs, 8 -> 40 -> 4 -> 24 -> 12 -> 96 channels (a
+    squeeze-excitation's shapes), each followed by a Relu, on a 4 x 4 image (a tile row of
+    pixels: on its pooled 1 x 1 they take vpdpbusd's rows, `int8.few_pixels`); the zoo's IR
+    version (onnx's own default, 14 with onnx 1.23, is past what the AMX host's onnxruntime
+    loads: 13)."""
     from onnx import TensorProto, helper, numpy_helper
     from dnnc.zoo import IR_VERSION
 
@@ -370,8 +401,8 @@ def squeeze_excitation_chain():
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
         prev = f"r{i}"
     graph = helper.make_graph(
-        nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 1, 1])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 96, 1, 1])], weights)
+        nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 96, 4, 4])], weights)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                              ir_version=IR_VERSION)
 
@@ -391,5 +422,5 @@ def test_kernels_of_several_tile_depths_compile_into_one_module(tmp_path):
     loop, asm = compiled.source("loop"), compiled.source("asm")
     assert loop.count("tail=") >= 4 and "tdpbssd" in asm
     if HAS_AMX_INT8:
-        x = np.random.default_rng(8).standard_normal((1, 8, 1, 1)).astype(np.float32)
+        x = np.random.default_rng(8).standard_normal((1, 8, 4, 4)).astype(np.float32)
         assert np.array_equal(compiled(x), on_vnni(str(path))(x))

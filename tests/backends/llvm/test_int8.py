@@ -209,10 +209,12 @@ def _conv_inputs(rng, x, act, w, wq, scales, out) -> list:
     (1, 5, 9, 7, 19, 3, 1, 1, np.uint8, np.int8), (2, 16, 8, 8, 40, 1, 1, 0, np.int8, np.uint8),
     (1, 3, 11, 11, 8, 3, 2, 1, np.int8, None), (1, 8, 7, 7, 33, 1, 2, 0, np.uint8, np.int8),
     (1, 6, 10, 10, 16, 7, 2, 3, np.int8, np.int8), (3, 20, 5, 7, 13, 1, 1, 0, np.uint8, np.int8),
-    (1, 9, 9, 9, 70, 1, 1, 0, np.int8, None)])
+    (1, 9, 9, 9, 70, 1, 1, 0, np.int8, None), (1, 1152, 1, 1, 48, 1, 1, 0, np.int8, np.int8),
+    (3, 37, 3, 3, 20, 1, 1, 0, np.uint8, None)])
 def test_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, pad, act, out):
     """Odd channels (a group of 4 part zero), padding (the zero point), strides, batches;
-    pointwise convs (the transposed tile) of pixels and channels that fill no whole tile."""
+    pointwise convs (the transposed tile) of pixels and channels that fill no whole tile, and
+    of fewer pixels than a panel (pixel rows: squeeze-excitation's, one image and three)."""
     rng = np.random.default_rng(n * c * h * m * k)
     g, x, want = conv_graph(rng, n, c, h, w, m, k, stride, pad, act, out)
     mattr = FEATURE_PATHS[path][1]
@@ -221,6 +223,29 @@ def test_conv_int8_equals_the_reference(path, n, c, h, w, m, k, stride, pad, act
     assert ("vpdpbusd" in model.source("llvm-ir")) == (path != "widening")
     got = model(x)
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("threads", [2, 16])
+def test_a_product_too_small_to_share_runs_on_one_thread(threads):
+    """A squeeze-excitation's 1x1 conv on a pooled image (55 K multiply-adds, under
+    conv.MIN_PARALLEL_MACS) opens no parallel region, where waking the pool costs more than
+    its products; a 1x1 conv over a 28 x 28 image (3.6 M) shares its tiles and its pack."""
+    import dataclasses
+
+    from dnnc.backends.llvm.schedules import schedule_kernel
+    from dnnc.backends.registry import REGISTRY
+    from dnnc.ir import loop as L
+    from dnnc.ir.loop.traversal import walk
+    from dnnc.backends.lower import lower_group
+
+    rng = np.random.default_rng(threads)
+    machine = dataclasses.replace(REGISTRY["llvm"].target(cpu_from(None, "-amx-int8")),
+                                  threads=threads)
+    for (c, h, m), regions in (((1152, 1, 48), 0), ((96, 28, 48), 2)):
+        graph = conv_graph(rng, 1, c, h, h, m, 1, 1, 0, np.uint8, np.int8)[0]
+        func = schedule_kernel(lower_group(graph.nodes, "k", outputs=graph.outputs), machine)
+        assert sum(isinstance(s, L.For) and s.kind is L.ForKind.PARALLEL
+                   for s in walk(func.body)) == regions
 
 
 @pytest.mark.parametrize("path", PATHS)
