@@ -2,7 +2,7 @@
 models, each compiled by both trees and timed in interleaved blocks, printed as new/old ratios.
 
     git worktree add /tmp/dnnc-old <commit>
-    python bench/ab_tree.py --old /tmp/dnnc-old [--models mlp,cnn,resnet18,light_resnet50]
+    python bench/ab_tree.py --old /tmp/dnnc-old [--models mlp,cnn,resnet18,light_resnet50,f.onnx]
                             [--target llvm] [--rounds 5] [--compiles 2] [--precision fp16]
                             [--batch 32] [--kernels]
 
@@ -90,9 +90,19 @@ def compile_seconds(package, model, target: str, precision: str | None = None
 
 
 def load_model(name: str, batch: int | None):
-    """The zoo model `name`, or the onnx package's light model for `light_NAME`."""
+    """The zoo model `name`, the onnx package's light model for `light_NAME`, or the file
+    `name` where it ends in .onnx (its inputs' symbolic dims fixed at 1, or `batch`)."""
     from dnnc import zoo
 
+    if name.endswith(".onnx"):
+        import onnx
+
+        model = onnx.load(name)
+        for value in model.graph.input:
+            for dim in value.type.tensor_type.shape.dim:
+                if not dim.HasField("dim_value"):
+                    dim.dim_value = batch or 1
+        return model
     if name.startswith("light_"):
         import onnx
 

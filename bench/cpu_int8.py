@@ -3,6 +3,7 @@ in one run.
 
     python bench/cpu_int8.py [--models resnet50,mobilenet_v2,efficientnet_b0,...]
                              [--dynamic int8,uint8,int8_pc,uint8_pc,qdq,qop,nbits4,...]
+                             [--activations int8|uint8]
                              [--size 224]
                              [--threads 1,2] [--repeat 20] [--blocks 3] [--layers N]
                              [--peers onnxruntime,openvino] [--cpu-time]
@@ -12,7 +13,8 @@ efficientnet_b0, regnet_y_400mf and convnext_tiny (bench/library_models.py: expo
 torch into ~/.cache/dnnc/bench/library-torchscript/; needs torch and torchvision, left out with
 a note where they are missing), transformers' bert_hf and gpt2_hf (dynamically quantized).
 Each model is written as float32 and quantized as users do (CNNs: onnxruntime's
-quantize_static, QDQ, per-channel int8 weights, int8 activations, calibrated on seeded random
+quantize_static, QDQ, per-channel int8 weights, int8 activations (`--activations uint8`:
+uint8), calibrated on seeded random
 inputs; transformers: one file per `--dynamic` variant: quantize_dynamic with int8 or uint8
 weights, `_pc` per channel; `qdq` / `qop`: quantize_static, QDQ / operator format; `nbits4`,
 `nbits8`, `nbits4_acc4`, ...: the weight-only MatMulNBitsQuantizer, 4 / 8-bit blocks of 32
@@ -92,12 +94,14 @@ def float_model(name: str, size: int, layers: int | None = None):
     return zoo.build(name, size=size)
 
 
-def quantized(name: str, model, folder: Path, variants: list[str]) -> dict[str, Path]:
-    """label -> quantized file: a CNN's QDQ file, a transformer's per variant (`--dynamic`;
+def quantized(name: str, model, folder: Path, variants: list[str],
+              activations: str = "int8") -> dict[str, Path]:
+    """label -> quantized file: a CNN's QDQ file (`activations` int8 or uint8), a
+    transformer's per variant (`--dynamic`;
     `qdq` and `qop`: quantize_static's QDQ and operator formats, uint8 activations;
     `nbits<bits>[_acc4]`: MatMulNBitsQuantizer's weight-only file)."""
     if name not in ZOO_TRANSFORMERS and name not in EXPORTED:
-        return {name: quantize_static(model, folder, name)}
+        return {name: quantize_static(model, folder, name, activations=activations)}
     files = {}
     for v in variants:
         if v.startswith("nbits"):
@@ -170,7 +174,7 @@ def one_model(name: str, args, folder: Path, threads: int, peers: list[str]) -> 
     model = float_model(name, args.size, args.layers)
     if model is None:
         return {}
-    files = quantized(name, model, folder, args.dynamic.split(","))
+    files = quantized(name, model, folder, args.dynamic.split(","), args.activations)
     feeds = zoo.inputs_for(model, np.random.default_rng(0))
     shapes = {k: v.shape for k, v in feeds.items()}   # (a symbolic batch: compiled at 1)
     fp32 = dnnc.compile(model, "llvm", input_shapes=shapes)
@@ -232,6 +236,9 @@ def main() -> None:
     parser.add_argument("--models", default=ISSUE_MODELS)
     parser.add_argument("--dynamic", default="int8",
                         help="transformers' quantized variants (module docstring)")
+    parser.add_argument("--activations", default="int8", choices=("int8", "uint8"),
+                        help="the CNNs' quantized activations (OpenVINO 2026.4 on an AMX "
+                             "Xeon refuses int8 ones: 'No suitable implementations')")
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeat", type=int, default=20)
@@ -254,6 +261,7 @@ def main() -> None:
         env = {**os.environ, "DNNC_NUM_THREADS": n}
         subprocess.run([sys.executable, __file__, "--one", n, "--models", args.models,
                         "--dynamic", args.dynamic, "--peers", args.peers,
+                        "--activations", args.activations,
                         "--size", str(args.size), "--repeat", str(args.repeat),
                         "--blocks", str(args.blocks)] +
                        (["--cpu-time"] if args.cpu_time else []) +
