@@ -58,7 +58,7 @@ from ..space import Constraint, Space, Template
 from . import amx_conv
 from .amx import AMX_INT8_FEATURES, TILES_FIT
 from .amx_dense import power_of_two_below, unit_cols
-from .int8 import (DenseTile, Int8Config, cast_to, dot_widths, few_pixels, pointwise,
+from .int8 import (DenseTile, Int8Config, cast_to, dot_widths, pixel_vectors, pointwise,
                    requantized, zero_point)
 
 ROWS = L.TILE_ROWS          # rows of a tile; words (4 bytes of k) of a tile row
@@ -511,25 +511,21 @@ def _pointwise_blocks(p: QuantizedConvProblem, g: _Pointwise, wt: L.Buffer, xq: 
 AMX_DENSE_INT8 = Template("amx_dense_int8", quantized_dense, untailed_groups, space,
                           default, build, features=AMX_INT8_FEATURES)
 
-
-def tiled_pointwise(p: QuantizedConvProblem) -> bool:
-    """A pointwise conv whose image fills a tile's 16 columns of pixels. One of fewer pixels
-    (`int8.few_pixels`: squeeze-excitation's on a pooled [C, 1, 1]) goes to `int8.CONV_INT8`'s
-    vpdpbusd rows: its tiles would be one column in 16 and the per-call copy of W^T costs
-    more than its products (efficientnet_b0's 32 took 0.39 ms on tiles at 16 threads, 0.20
-    on one, against float32's 0.11 / 0.07; Emerald Rapids)."""
-    return pointwise(p) and not few_pixels(p)
-
-
-AMX_POINTWISE_INT8 = Template("amx_pointwise_int8", quantized_conv, tiled_pointwise,
+# a pointwise conv of fewer pixels than a tile's 16 columns (`int8.few_pixels`:
+# squeeze-excitation's on a pooled [C, 1, 1]) goes to `int8.CONV_INT8`'s vpdpbusd rows: its
+# tiles would be one column in 16 and the per-call copy of W^T costs more than its products
+# (efficientnet_b0's 32 took 0.39 ms on tiles at 16 threads, 0.20 on one, against float32's
+# 0.11 / 0.07; Emerald Rapids)
+AMX_POINTWISE_INT8 = Template("amx_pointwise_int8", quantized_conv, pixel_vectors,
                               pointwise_space, pointwise_default, pointwise_build,
                               features=AMX_INT8_FEATURES)
 
 
 def one_group(p: QuantizedConvProblem) -> bool:
     """A conv of one group (grouped ones: `int8.CONV_INT8`, whose panels read their groups'
-    channels), not a pointwise one of few pixels (`tiled_pointwise`)."""
-    return p.group == 1 and not (pointwise(p) and few_pixels(p))
+    channels), not a pointwise one of few pixels (`int8.few_pixels`: AMX_POINTWISE_INT8's
+    comment)."""
+    return p.group == 1 and (pixel_vectors(p) or not pointwise(p))
 
 
 AMX_CONV_INT8 = Template("amx_conv_int8", quantized_conv, one_group, conv_space,

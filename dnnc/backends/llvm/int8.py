@@ -400,7 +400,7 @@ def conv_default(p: QuantizedConvProblem, machine) -> Int8Config:
 
 
 def conv_build(p: QuantizedConvProblem, config: Int8Config, machine) -> L.PrimFunc:
-    tile = (_PointwiseTile if pointwise(p) and not few_pixels(p) else _ConvTile)(p, config)
+    tile = (_PointwiseTile if pixel_vectors(p) else _ConvTile)(p, config)
     return L.simplify(L.PrimFunc(p.name, tile.params(), tile.body(machine.threads)))
 
 
@@ -419,6 +419,12 @@ def few_pixels(p: QuantizedConvProblem) -> bool:
     of pixels of every image against vectors of output channels (efficientnet_b0's 32 took
     2.3-15 us each transposed, 0.3-1.5 us as rows, znver4, 1 thread)."""
     return p.y_dims[2] * p.y_dims[3] < GROUP_COLUMNS
+
+
+def pixel_vectors(p: QuantizedConvProblem) -> bool:
+    """A pointwise conv whose image fills a vector of pixels (not `few_pixels`): the
+    transposed tile's here, an AMX tile's rows in `amx_int8.AMX_POINTWISE_INT8`."""
+    return pointwise(p) and not few_pixels(p)
 
 
 class _PointwiseTile(_ConvTile):
