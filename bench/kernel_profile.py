@@ -1,4 +1,4 @@
-"""Where a zoo model's time goes on the llvm target: each kernel called alone.
+"""Where a model's time goes on the llvm target: each kernel called alone.
 
     python bench/kernel_profile.py resnet50 [--top 15] [--repeat 20] [--batch 1] [--int8]
                                         [--json rows.json]
@@ -45,8 +45,9 @@ def load(name: str, batch: int, int8: bool) -> onnx.ModelProto:
         sys.exit(f"{name}: cannot be built here")
     if not int8:
         return model
-    folder = Path(tempfile.mkdtemp(prefix="dnnc_kernel_profile_"))
-    return onnx.load(next(iter(cpu_int8.quantized(name, model, folder, ["int8"]).values())))
+    with tempfile.TemporaryDirectory(prefix="dnnc_kernel_profile_") as folder:
+        files = cpu_int8.quantized(name, model, Path(folder), ["int8"])
+        return onnx.load(next(iter(files.values())))
 
 
 def main() -> None:
